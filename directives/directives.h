@@ -1,0 +1,91 @@
+/* directives: the directive program (SPEC §4). Parses a JSON array of directives (accepting
+ * Python-Piper files unchanged), validates every field, and applies the program to the IR as
+ * rewrites in the fixed phase order: all split, the BI/BW split of backward, place,
+ * replicate/shard in program order, communication insertion, then order.
+ *
+ *   struct dir_program *p = dir_program_load_file("directives/base-schedules/dp2.json", &err);
+ *   if (!dir_program_apply(p, graph, &err)) ...
+ *   dir_program_free(p);
+ */
+#ifndef PIPER_DIRECTIVES_DIRECTIVES_H
+#define PIPER_DIRECTIVES_DIRECTIVES_H
+
+#include <cJSON.h>
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../ir/ir.h"
+
+#define DIR_MAX_DIRECTIVES 100000
+#define DIR_MAX_MICROBATCHES 4096     /* per split; the product over splits is capped too */
+#define DIR_MAX_FILTER_KEYS 16
+#define DIR_NAME_MAX IR_NAME_MAX
+#define DIR_DEFAULT_BUCKET_MB 25.0    /* PyTorch DDP's default bucket size */
+
+enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM };
+
+/* A filter as written: key names are resolved against the graph's tags when applied, since
+ * split dimensions only exist once the splits ran. */
+struct dir_filter_key {
+  char name[DIR_NAME_MAX];
+  int32_t value;                      /* >= 0, or IR_FILTER_ANY for "*" */
+};
+struct dir_filter {
+  uint32_t n_keys;
+  struct dir_filter_key keys[DIR_MAX_FILTER_KEYS];
+  enum ir_pass pass;                  /* IR_PASS_NONE when no PASS key */
+};
+
+struct dir_directive {
+  enum dir_op op;
+  uint32_t index;                     /* position in the program, for messages */
+  struct dir_filter filter;           /* place, replicate, shard, split */
+  uint32_t n_devices;                 /* place, replicate, shard */
+  uint32_t *devices;
+  char stream[DIR_NAME_MAX];          /* place (send/recv), shard (all-to-all); "" = default */
+  char reduce_stream[DIR_NAME_MAX];   /* replicate; "" = default */
+  char gather_stream[DIR_NAME_MAX];   /* replicate; "" = default */
+  double bucket_size_mb;              /* replicate */
+  bool shard_grads, shard_params;     /* replicate */
+  char dim_name[DIR_NAME_MAX];        /* split */
+  int64_t num_microbatches;           /* split */
+  uint32_t n_slots;                   /* order: slot s holds filters[slot_first[s] .. slot_first[s+1]) */
+  uint32_t *slot_first;               /* [n_slots + 1] */
+  struct dir_filter *filters;         /* order */
+  /* stream declaration (beyond the reference): {"op":"stream","name":..,"priority":..,"sm_share":..} */
+  char name[DIR_NAME_MAX];
+  int64_t priority;
+  double sm_share;                    /* fraction of the device's SMs, (0, 1] */
+};
+
+struct dir_program {
+  char *name;                         /* file path, for messages */
+  uint32_t n;
+  struct dir_directive *d;
+  uint32_t max_device;                /* largest device id named + 1 (0 when none) */
+};
+
+struct dir_program *dir_program_load_file(const char *path, GError **err);
+struct dir_program *dir_program_parse_json(const char *name, const cJSON *root, GError **err);
+/* Builds an empty program to which directives are appended (schedule builders). */
+struct dir_program *dir_program_new(const char *name);
+/* Appends a deep copy of d, renumbering its index. */
+void dir_program_append(struct dir_program *p, const struct dir_directive *d);
+/* Removes every directive of the given op (renumbering the rest). */
+void dir_program_remove_op(struct dir_program *p, enum dir_op op);
+void dir_program_free(struct dir_program *p);
+/* The program as JSON, in the input format (round trip through dir_program_parse_json). */
+cJSON *dir_program_to_json(const struct dir_program *p);
+const char *dir_op_name(enum dir_op op);
+
+/* n_devices_limit > 0 makes ids >= limit an error (a world size given by the user); 0 accepts
+ * ids up to IR_MAX_DEVICES - 1. Errors name p->name, the directive index and op, and the key. */
+bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t n_devices_limit,
+                       GError **err);
+
+/* Resolves a written filter against the graph's tag names; fails naming an unknown key. */
+bool dir_filter_resolve(const struct dir_filter *f, const struct ir_graph *g, struct ir_filter *out,
+                        const char *ctx, GError **err);
+
+#endif

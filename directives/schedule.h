@@ -1,0 +1,85 @@
+/* schedule: the schedule builders (SPEC §4): for R physical pipeline ranks, M micro-batches and
+ * a stage-to-rank layout taken from a base schedule's place directives, each builder produces
+ * the per-rank sequence of slots (the `order` directives) of one schedule family, plus the
+ * PyTorch pipeline-schedule CSV interchange of those sequences.
+ *
+ *   struct sched_layout l = {.n_ranks = 2, .n_stages = 2, .stage_rank = (int32_t[]){0, 1}};
+ *   struct sched_program *s = sched_build(SCHED_1F1B, &l, 4, &err);
+ *   ... s->ranks[r].slots[i].actions[0] ...
+ *   sched_program_free(s);
+ */
+#ifndef PIPER_DIRECTIVES_SCHEDULE_H
+#define PIPER_DIRECTIVES_SCHEDULE_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../ir/ir.h"
+#include "directives.h"
+
+enum sched_family {
+  SCHED_GPIPE,
+  SCHED_1F1B,
+  SCHED_INTERLEAVED_1F1B,
+  SCHED_ZEROBUBBLE,
+  SCHED_ZBV,
+  SCHED_DUALPIPE,
+  SCHED_DUALPIPEV,
+  SCHED_CUSTOM,
+  SCHED_FAMILY_COUNT
+};
+
+/* stage_rank[s] = physical pipeline rank of stage s (stage = PP region index). */
+struct sched_layout {
+  uint32_t n_ranks;
+  uint32_t n_stages;
+  const int32_t *stage_rank;
+};
+
+struct sched_action {
+  int32_t stage;
+  int32_t mb;
+  enum ir_pass pass;                  /* F, B, BI or BW */
+};
+
+/* One slot: one action, or two that may interleave (an overlapped F&B, DualPipe-style). */
+struct sched_slot {
+  uint32_t n_actions;                 /* 1 or 2 */
+  struct sched_action actions[2];
+};
+
+struct sched_rank {
+  uint32_t n_slots;
+  struct sched_slot *slots;
+};
+
+struct sched_program {
+  enum sched_family family;
+  uint32_t n_ranks, n_stages, n_microbatches;
+  struct sched_rank *ranks;           /* [n_ranks] */
+};
+
+/* Refuses impossible inputs (too few micro-batches, a layout not of the family's shape, odd R
+ * for dualpipe) with a PIPER_ERROR_INPUT message that says what is needed. */
+struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
+                                  uint32_t n_microbatches, GError **err);
+void sched_program_free(struct sched_program *s);
+
+/* Name <-> family ("gpipe", "1f1b", "interleaved_1f1b", "zerobubble", "zbv", "dualpipe",
+ * "dualpipev", "custom"); sched_family_parse returns false for an unknown name. */
+const char *sched_family_name(enum sched_family f);
+bool sched_family_parse(const char *name, enum sched_family *out);
+
+/* One `order` directive per rank, slots of {"PP": stage, "<dim>": mb, "PASS": pass} filters. */
+bool sched_to_directives(const struct sched_program *s, const char *dim_name,
+                         struct dir_program *out, GError **err);
+
+/* PyTorch pipeline-schedule CSV: one row per rank, cells "<stage>F<mb>", "<stage>B<mb>",
+ * "<stage>I<mb>", "<stage>W<mb>", "(<a>;<b>)OVERLAP_F_B", empty = idle. */
+bool sched_write_csv(const struct sched_program *s, FILE *f);
+/* name is used in messages. n_stages is taken from the largest stage seen + 1. */
+struct sched_program *sched_read_csv(const char *name, const char *text, GError **err);
+
+#endif

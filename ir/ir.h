@@ -1,0 +1,171 @@
+/* ir: the global training DAG (SPEC §3-§4). One graph holds every compute and communication op
+ * of one training step. A node runs on a device group; replicas of a data-parallel group are one
+ * node (they differ only in rank ids), so the graph stays small at thousands of devices.
+ * Nodes, edges, groups and streams live in flat arrays and refer to each other by index.
+ *
+ *   struct ir_graph *g = ir_graph_build(model);      // F, B and optimizer nodes, one micro-batch
+ *   dir_program_apply(prog, g, &err);                // directives rewrite it (directives.h)
+ *   ir_graph_dump_json(g, "ir.json", &err);
+ *   ir_graph_free(g);
+ */
+#ifndef PIPER_IR_IR_H
+#define PIPER_IR_IR_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../models/model.h"
+
+#define IR_NONE UINT32_MAX
+#define IR_MAX_TAGS 12           /* model tags + split dimensions */
+#define IR_MAX_DEVICES 65536     /* largest device id + 1 accepted */
+#define IR_NAME_MAX 32           /* stream and tag names */
+
+enum ir_pass { IR_PASS_F, IR_PASS_B, IR_PASS_BI, IR_PASS_BW, IR_PASS_NONE };
+
+enum ir_node_kind {
+  IR_NODE_COMPUTE,        /* a model segment in one pass */
+  IR_NODE_SEND,           /* to peer_group, same position in the group */
+  IR_NODE_RECV,           /* from peer_group, same position in the group */
+  IR_NODE_ALL_REDUCE,     /* gradient sync over group */
+  IR_NODE_REDUCE_SCATTER, /* gradient sync under shard_grads / shard_params */
+  IR_NODE_ALL_GATHER,     /* parameter gather under shard_params */
+  IR_NODE_ALL_TO_ALL,     /* expert dispatch / combine under shard */
+  IR_NODE_OPTIMIZER,      /* AdamW update of the parameters one device group holds */
+  IR_NODE_KIND_COUNT
+};
+
+enum ir_edge_kind { IR_EDGE_DATA, IR_EDGE_TEMPORAL, IR_EDGE_DEAD };
+
+/* What a communication node serves, which fixes its communicator purpose. */
+enum ir_comm_purpose { IR_COMM_NONE, IR_COMM_PP, IR_COMM_DP, IR_COMM_EP };
+
+struct ir_node {
+  enum ir_node_kind kind;
+  enum ir_pass pass;           /* compute: its pass; comm: the pass it serves; else NONE */
+  enum ir_comm_purpose purpose;
+  int32_t tags[IR_MAX_TAGS];   /* value per graph tag name, -1 = absent */
+  uint32_t segment;            /* compute: model segment; all-to-all/gather: the segment served */
+  uint32_t group;              /* device group running it */
+  uint32_t peer_group;         /* send: destination, recv: source; else IR_NONE */
+  uint32_t stream;             /* logical stream (graph stream table) */
+  uint32_t pair;               /* send <-> recv partner node */
+  uint32_t segset;             /* collectives, gathers, optimizer: the segments they cover */
+  uint64_t bytes;              /* comm: payload per device; compute: output bytes */
+  uint32_t shard_degree;       /* compute on an expert region: EP group size, else 1 */
+  uint32_t replica_degree;     /* data-parallel replicas of this node (group size), 1 if none */
+  bool shard_grads, shard_params;
+  uint32_t directive;          /* last directive that rewrote it (for messages), IR_NONE */
+};
+
+struct ir_edge {
+  uint32_t src, dst;
+  enum ir_edge_kind kind;
+  uint32_t slot;               /* data: which output of src (0 = out, 1 = saved activations) */
+  uint64_t bytes;              /* data: tensor bytes per device */
+};
+
+/* A device group: devices[first .. first+count) of the graph's device pool. Interned: equal
+ * lists share one id. Position in the list is the rank within the group. */
+struct ir_group {
+  uint32_t first, count;
+};
+
+/* A set of model segments handled together: a gradient bucket (synced by one collective), a
+ * ZeRO-3 gather unit, or what one optimizer node updates. segments[first .. first+count) of
+ * the graph's segment pool. */
+struct ir_segset {
+  uint32_t first, count;
+  uint64_t param_bytes;        /* on one device (expert segments divided by their shard degree) */
+};
+
+/* A logical stream. Priority and SM share come from `stream` directives. */
+struct ir_stream {
+  char name[IR_NAME_MAX];
+  int32_t priority;            /* higher runs first where the backend can say so; 0 default */
+  double sm_share;             /* fraction of the device's SMs it may use; 1 = no limit */
+};
+
+struct ir_graph {
+  const struct model *model;   /* not owned */
+  uint32_t n_tags;
+  char tag_names[IR_MAX_TAGS][MODEL_TAG_NAME_MAX]; /* model tags then split dims (e.g. MB) */
+
+  GArray *nodes;               /* struct ir_node */
+  GArray *edges;               /* struct ir_edge */
+  GArray *groups;              /* struct ir_group */
+  GArray *device_pool;         /* uint32_t */
+  GHashTable *group_index;     /* interned device lists -> group id + 1 */
+  GArray *streams;             /* struct ir_stream; 0 = "compute" */
+  GArray *segsets;             /* struct ir_segset */
+  GArray *segment_pool;        /* uint32_t model segment ids */
+  uint32_t n_devices;          /* largest device id used + 1 */
+  uint32_t n_microbatches;     /* product of split counts, 1 before any split */
+};
+
+#define IR_NODE(g, i) (&g_array_index((g)->nodes, struct ir_node, (i)))
+#define IR_EDGE(g, i) (&g_array_index((g)->edges, struct ir_edge, (i)))
+#define IR_GROUP(g, i) (&g_array_index((g)->groups, struct ir_group, (i)))
+#define IR_STREAM(g, i) (&g_array_index((g)->streams, struct ir_stream, (i)))
+#define IR_SEGSET(g, i) (&g_array_index((g)->segsets, struct ir_segset, (i)))
+#define IR_GROUP_DEVICES(g, i) (&g_array_index((g)->device_pool, uint32_t, IR_GROUP(g, i)->first))
+
+/* The unsplit training DAG: per model segment an F and a B node (tags copied from the model),
+ * data edges in forward and reversed in backward, F -> B edges for saved activations, and one
+ * optimizer node per PP region after every B of the region. Everything on group {0}. */
+struct ir_graph *ir_graph_build(const struct model *m);
+void ir_graph_free(struct ir_graph *g);
+
+uint32_t ir_graph_add_node(struct ir_graph *g, const struct ir_node *n);
+uint32_t ir_graph_add_edge(struct ir_graph *g, uint32_t src, uint32_t dst, enum ir_edge_kind kind,
+                           uint32_t slot, uint64_t bytes);
+/* Interns a device list (order matters: it fixes ranks within the group). */
+uint32_t ir_graph_group(struct ir_graph *g, const uint32_t *devices, uint32_t count);
+/* Adds a segment set; param_bytes is computed from the model and the shard degrees given
+ * (shard_degree[i] for segments[i], NULL = all 1). */
+uint32_t ir_graph_add_segset(struct ir_graph *g, const uint32_t *segments, uint32_t count,
+                             const uint32_t *shard_degree);
+/* Interns a stream name (new streams get priority 0, share 1). */
+uint32_t ir_graph_stream(struct ir_graph *g, const char *name);
+/* Tag index of name, adding it when add is true; -1 when absent and not added, or full. */
+int ir_graph_tag(struct ir_graph *g, const char *name, bool add);
+/* Position of device in group, or -1. */
+int ir_group_position(const struct ir_graph *g, uint32_t group, uint32_t device);
+
+/* Removes dead edges (kind IR_EDGE_DEAD), keeping the order of the others. */
+void ir_graph_compact(struct ir_graph *g);
+
+/* Adjacency in CSR form, built on demand after rewrites. */
+struct ir_adjacency {
+  uint32_t *out_first, *out_edges;  /* out_edges[out_first[v] .. out_first[v+1]) */
+  uint32_t *in_first, *in_edges;
+};
+void ir_adjacency_build(const struct ir_graph *g, struct ir_adjacency *adj);
+void ir_adjacency_free(struct ir_adjacency *adj);
+
+/* A filter (SPEC §4): every key must match. value >= 0 matches that index, IR_FILTER_ANY any
+ * value with the tag present. pass is IR_PASS_NONE when the filter has no PASS key. A filter
+ * PASS of B also matches BI and BW nodes (the backward of the key, however split). */
+#define IR_FILTER_ANY (-2)
+#define IR_FILTER_UNSET (-1)
+struct ir_filter {
+  int32_t tags[IR_MAX_TAGS];  /* IR_FILTER_UNSET = key not in the filter */
+  enum ir_pass pass;
+};
+bool ir_filter_match(const struct ir_filter *f, const struct ir_node *n);
+
+const char *ir_pass_name(enum ir_pass p);
+const char *ir_node_kind_name(enum ir_node_kind k);
+/* A readable, unique name such as "F PP=0 EP=1 MB=3", "send F PP=0 MB=3 ->g2",
+ * "all_reduce PP=1 set=4". The graph form and the form plans use (nodes + tag names). */
+void ir_node_name(const struct ir_graph *g, uint32_t node, char *buf, size_t len);
+void ir_node_format_name(const struct ir_node *n, uint32_t n_tags,
+                         const char (*tag_names)[MODEL_TAG_NAME_MAX], char *buf, size_t len);
+
+/* Dumps (--dump-ir, --dump-dot). */
+bool ir_graph_dump_json(const struct ir_graph *g, const char *path, GError **err);
+bool ir_graph_dump_dot(const struct ir_graph *g, const char *path, GError **err);
+
+#endif

@@ -1,0 +1,201 @@
+/* json: file parsing with located errors, typed getters, atomic writes. */
+#include "json.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+G_DEFINE_QUARK(piper-error-quark, piper_error)
+
+bool json_fail(GError **err, const char *fmt, ...) {
+  if (err && !*err) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error_literal(err, PIPER_ERROR, PIPER_ERROR_INPUT, msg);
+    g_free(msg);
+  }
+  return false;
+}
+
+/* Line and column (1-based) of pos within buf. */
+static void locate(const char *buf, const char *pos, int *line, int *col) {
+  *line = 1;
+  *col = 1;
+  for (const char *c = buf; c < pos && *c; c++) {
+    if (*c == '\n') {
+      (*line)++;
+      *col = 1;
+    } else {
+      (*col)++;
+    }
+  }
+}
+
+cJSON *json_parse_buffer(const char *name, const char *buf, size_t len, GError **err) {
+  /* cJSON recurses per nesting level; deep nesting is refused by cJSON's own limit
+   * (CJSON_NESTING_LIMIT, 1000), which keeps the stack bounded. */
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, false);
+  if (!root) {
+    int line, col;
+    const char *at = end ? end : buf;
+    if (at > buf + len) at = buf + len;
+    locate(buf, at, &line, &col);
+    json_fail(err, "%s:%d:%d: malformed JSON", name, line, col);
+    return NULL;
+  }
+  /* Anything but whitespace after the value is an error too. */
+  for (const char *c = end; c && c < buf + len && *c; c++) {
+    if (*c != ' ' && *c != '\n' && *c != '\r' && *c != '\t') {
+      int line, col;
+      locate(buf, c, &line, &col);
+      cJSON_Delete(root);
+      json_fail(err, "%s:%d:%d: malformed JSON: text after the value", name, line, col);
+      return NULL;
+    }
+  }
+  return root;
+}
+
+cJSON *json_parse_file(const char *path, GError **err) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    json_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    return NULL;
+  }
+  cJSON *root = NULL;
+  GString *text = g_string_new(NULL);
+  char chunk[65536];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+    if (text->len + n > JSON_MAX_FILE_BYTES) {
+      json_fail(err, "%s: file larger than %u MiB", path, JSON_MAX_FILE_BYTES >> 20);
+      goto out;
+    }
+    g_string_append_len(text, chunk, (gssize)n);
+  }
+  if (ferror(f)) {
+    json_fail(err, "%s: read error: %s", path, strerror(errno));
+    goto out;
+  }
+  if (memchr(text->str, '\0', text->len)) {
+    json_fail(err, "%s: not a text file (NUL byte)", path);
+    goto out;
+  }
+  root = json_parse_buffer(path, text->str, text->len, err);
+out:
+  fclose(f);
+  g_string_free(text, TRUE);
+  return root;
+}
+
+bool json_check_keys(const cJSON *obj, const char *const *allowed, const char *ctx, GError **err) {
+  if (!cJSON_IsObject(obj)) return json_fail(err, "%s: expected an object", ctx);
+  for (const cJSON *it = obj->child; it; it = it->next) {
+    bool ok = false;
+    for (const char *const *a = allowed; *a; a++)
+      if (it->string && strcmp(it->string, *a) == 0) ok = true;
+    if (!ok) return json_fail(err, "%s: unknown key \"%s\"", ctx, it->string ? it->string : "");
+  }
+  return true;
+}
+
+bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const char *ctx,
+                 const char *what, GError **err) {
+  if (!cJSON_IsNumber(v)) return json_fail(err, "%s: \"%s\" must be an integer", ctx, what);
+  double d = v->valuedouble;
+  if (!isfinite(d) || d != floor(d))
+    return json_fail(err, "%s: \"%s\" must be an integer", ctx, what);
+  if (d < (double)lo || d > (double)hi)
+    return json_fail(err, "%s: \"%s\" = %.17g is out of range [%lld, %lld]", ctx, what, d,
+                     (long long)lo, (long long)hi);
+  *out = (int64_t)d;
+  return true;
+}
+
+static const cJSON *lookup(const cJSON *obj, const char *key, bool required, const char *ctx,
+                           GError **err, bool *missing) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  *missing = v == NULL;
+  if (!v && required) json_fail(err, "%s: missing key \"%s\"", ctx, key);
+  return v;
+}
+
+bool json_get_int(const cJSON *obj, const char *key, bool required, int64_t lo, int64_t hi,
+                  int64_t *out, const char *ctx, GError **err) {
+  bool missing;
+  const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
+  if (missing) return !required;
+  return json_as_int(v, lo, hi, out, ctx, key, err);
+}
+
+bool json_get_double(const cJSON *obj, const char *key, bool required, double lo, double hi,
+                     double *out, const char *ctx, GError **err) {
+  bool missing;
+  const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
+  if (missing) return !required;
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+    return json_fail(err, "%s: \"%s\" must be a number", ctx, key);
+  if (v->valuedouble < lo || v->valuedouble > hi)
+    return json_fail(err, "%s: \"%s\" = %g is out of range [%g, %g]", ctx, key, v->valuedouble, lo,
+                     hi);
+  *out = v->valuedouble;
+  return true;
+}
+
+bool json_get_bool(const cJSON *obj, const char *key, bool required, bool *out, const char *ctx,
+                   GError **err) {
+  bool missing;
+  const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
+  if (missing) return !required;
+  if (!cJSON_IsBool(v)) return json_fail(err, "%s: \"%s\" must be true or false", ctx, key);
+  *out = cJSON_IsTrue(v);
+  return true;
+}
+
+bool json_get_string(const cJSON *obj, const char *key, bool required, const char **out,
+                     const char *ctx, GError **err) {
+  bool missing;
+  const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
+  if (missing) return !required;
+  if (!cJSON_IsString(v) || !v->valuestring)
+    return json_fail(err, "%s: \"%s\" must be a string", ctx, key);
+  *out = v->valuestring;
+  return true;
+}
+
+bool json_write_file(const char *path, const cJSON *root, GError **err) {
+  char *text = cJSON_Print(root);
+  if (!text) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: out of memory serialising", path);
+    return false;
+  }
+  char *tmp = g_strdup_printf("%s.tmp", path);
+  bool ok = false;
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", tmp,
+                strerror(errno));
+    goto out;
+  }
+  bool wrote = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+  if (fclose(f) != 0 || !wrote) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed: %s", tmp,
+                strerror(errno));
+    goto out;
+  }
+  if (rename(tmp, path) != 0) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: rename failed: %s", path,
+                strerror(errno));
+    goto out;
+  }
+  ok = true;
+out:
+  g_free(tmp);
+  cJSON_free(text);
+  return ok;
+}

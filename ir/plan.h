@@ -1,0 +1,125 @@
+/* plan: per-device plans lowered from the rewritten IR (SPEC §5). Each device runs, per logical
+ * stream, an ordered list of instructions, with event waits on other streams, communicators per
+ * purpose with sequence numbers, and tensors with sizes, producers and consumers.
+ * Devices that belong to the same device groups run the same program up to rank ids, so they
+ * share one program ("class"); peers and communicator ranks are resolved per device from the
+ * groups. Plans are self-contained: they carry the model config, nodes, groups and streams.
+ *
+ *   struct plan *p = plan_lower(graph, &err);        // also runs plan_check_progress
+ *   const struct plan_class *c = plan_device_class(p, device);
+ *   for (uint32_t i = 0; i < c->n_instrs; i++) ... c->instrs[i] ...
+ *   plan_write_dir(p, "out/plan", &err); plan_free(p);
+ */
+#ifndef PIPER_IR_PLAN_H
+#define PIPER_IR_PLAN_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../models/model.h"
+#include "ir.h"
+
+struct plan_instr {
+  uint32_t node;               /* index into plan.nodes (the IR node it runs) */
+  uint32_t stream;             /* index into plan.streams */
+  uint32_t comm;               /* communicator (plan.comms), IR_NONE for compute / optimizer */
+  uint32_t seq;                /* position among this device's instructions on comm */
+  uint32_t wait_first, wait_count;  /* class.waits: instructions on other streams to wait for */
+  uint32_t read_first, read_count;  /* class.reads: tensors consumed */
+  uint32_t write_first, write_count;/* class.writes: tensors produced */
+};
+
+/* A buffer a device holds for one step: activations sent on, activations saved for backward,
+ * gradients, received data. Lifetime: from its producer's end to its last consumer's end. */
+enum plan_tensor_kind { PLAN_TENSOR_OUT, PLAN_TENSOR_SAVED };
+struct plan_tensor {
+  uint64_t bytes;              /* on one device */
+  uint32_t producer;           /* class instruction index */
+  enum plan_tensor_kind kind;
+  uint32_t consumer_first, consumer_count;  /* class.consumers */
+};
+
+/* The program of every device with the same group memberships. instrs are in issue order
+ * (a topological order of the whole step); a stream's list is its subsequence. */
+struct plan_class {
+  uint32_t n_devices;
+  uint32_t *devices;           /* members, ascending */
+  uint32_t n_instrs;
+  struct plan_instr *instrs;
+  uint32_t *stream_first;      /* [n_streams + 1]: stream s runs stream_instrs[first[s] .. first[s+1]) */
+  uint32_t *stream_instrs;     /* instruction indices grouped by stream, in issue order */
+  uint32_t n_waits, n_reads, n_writes, n_consumers;
+  uint32_t *waits, *reads, *writes, *consumers;
+  uint32_t n_tensors;
+  struct plan_tensor *tensors;
+};
+
+/* DP and EP: the members of group (rank = position). PP: for each position p the pair
+ * {group[p], peer_group[p]}, group sending to peer_group (one communicator per direction). */
+struct plan_comm {
+  enum ir_comm_purpose purpose;
+  uint32_t group;
+  uint32_t peer_group;         /* PP only, else IR_NONE */
+};
+
+struct plan {
+  struct model *model;         /* owned, rebuilt from model_json */
+  char *model_json;            /* model_to_json text */
+  char *program_json;          /* the directive program compiled (text), may be NULL */
+  uint32_t n_devices;
+  uint32_t n_microbatches;
+  uint32_t n_tags;
+  char tag_names[IR_MAX_TAGS][MODEL_TAG_NAME_MAX];
+  uint32_t n_nodes;
+  struct ir_node *nodes;
+  uint32_t n_groups;
+  struct ir_group *groups;
+  uint32_t n_device_pool;
+  uint32_t *device_pool;
+  uint32_t n_segsets;
+  struct ir_segset *segsets;
+  uint32_t n_segment_pool;
+  uint32_t *segment_pool;
+  uint32_t n_streams;
+  struct ir_stream *streams;
+  uint32_t n_comms;
+  struct plan_comm *comms;
+  uint32_t n_classes;
+  struct plan_class *classes;
+  uint32_t *device_class;      /* [n_devices] */
+};
+
+/* Lowers a rewritten graph and runs the progress check. The graph's model is copied. */
+struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GError **err);
+void plan_free(struct plan *p);
+
+/* Unit-time dry run of all devices: every instruction takes one step once its stream is free
+ * and its waits are done; sends meet recvs and collectives start when all members are at them
+ * with equal sequence numbers. Fails (PIPER_ERROR_INPUT) naming the devices and instructions
+ * that wait on each other. */
+bool plan_check_progress(const struct plan *p, GError **err);
+
+/* Serialisation: dir/plan.json (index) and dir/device-<d>.json per device. */
+bool plan_write_dir(const struct plan *p, const char *dir, GError **err);
+struct plan *plan_read_dir(const char *dir, GError **err);
+bool plan_equal(const struct plan *a, const struct plan *b);
+
+/* Per-device views. */
+const struct plan_class *plan_device_class(const struct plan *p, uint32_t device);
+/* Rank of device in the node's group, or -1. */
+int plan_node_position(const struct plan *p, uint32_t node, uint32_t device);
+/* The device a send/recv of `device` talks to. */
+uint32_t plan_peer(const struct plan *p, uint32_t node, uint32_t device);
+/* Size of the communicator instance device is in (2 for PP), its rank in it, and its members
+ * (members may be NULL; else room for the size). */
+uint32_t plan_comm_size(const struct plan *p, uint32_t comm);
+int plan_comm_rank(const struct plan *p, uint32_t comm, uint32_t device);
+void plan_comm_members(const struct plan *p, uint32_t comm, uint32_t device, uint32_t *members);
+/* e.g. "pp g1->g2", "dp g0", "ep g0" */
+void plan_comm_name(const struct plan *p, uint32_t comm, char *buf, size_t len);
+void plan_node_name(const struct plan *p, uint32_t node, char *buf, size_t len);
+/* Counts for --stats and plan.json: instructions over all devices (class size times members). */
+uint64_t plan_instruction_count(const struct plan *p);
+
+#endif

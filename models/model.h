@@ -1,0 +1,143 @@
+/* model: loads an annotated model file (HF config.json keys plus a "piper" object, SPEC §3) and
+ * builds its forward op list, its tags (PP, EP, user tags) and its segments: maximal runs of ops
+ * with identical tags, which become the compute nodes of the IR.
+ *
+ *   struct model *m = model_load_file("models/tiny-moe.json", 0, &err);
+ *   for (uint32_t s = 0; s < m->n_segments; s++) ... m->segments[s].flops_fwd ...
+ *   model_free(m);
+ */
+#ifndef PIPER_MODELS_MODEL_H
+#define PIPER_MODELS_MODEL_H
+
+#include <cJSON.h>
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define MODEL_MAX_TAGS 8       /* PP, EP and up to 6 user tag names */
+#define MODEL_TAG_NAME_MAX 32
+#define MODEL_MAX_LAYERS 4096
+#define MODEL_TAG_PP 0         /* tag index of PP in every model */
+#define MODEL_TAG_EP 1         /* tag index of EP in every model (present even if dense) */
+
+enum model_family { MODEL_FAMILY_DENSE, MODEL_FAMILY_MOE, MODEL_FAMILY_DEEPSEEK_V3 };
+enum model_dtype { MODEL_DTYPE_FP32, MODEL_DTYPE_BF16 };
+
+/* Op kinds, in the order a layer runs them. Each op reads and writes the per-micro-batch
+ * state of the decoder: x (residual stream, [T, hidden]), h (normalised hidden), a/m (block
+ * outputs), r (routing: top-k expert ids and weights per token). T = micro_batch_size * seq_len.
+ * Shape fields (shape[]) per kind:
+ *   EMBEDDING      tokens -> x          [T, vocab, hidden]
+ *   RMSNORM        x -> h               [T, hidden]
+ *   ATTENTION      h -> a (GQA, RoPE)   [batch, seq, heads, kv_heads, head_dim, hidden]
+ *   MLA_ATTENTION  h -> a (DeepSeek)    [batch, seq, heads, q_lora_rank, kv_lora_rank,
+ *                                        qk_head_dim (nope+rope), v_head_dim, hidden]
+ *   RESIDUAL_ADD   x += a | m (+ s)     [T, hidden]
+ *   MLP            h -> m (SwiGLU)      [T, hidden, ffn]
+ *   SHARED_EXPERT  h -> s (SwiGLU)      [T, hidden, ffn * n_shared]
+ *   ROUTER         h -> r (softmax top-k, normalised weights)  [T, hidden, experts, top_k]
+ *   EXPERT_FFN     h, r -> m            [T, hidden, expert_ffn, experts, top_k]
+ *   LM_HEAD_LOSS   x -> loss (final RMSNorm is its own op before it)  [T, hidden, vocab]
+ */
+enum model_op_kind {
+  MODEL_OP_EMBEDDING,
+  MODEL_OP_RMSNORM,
+  MODEL_OP_ATTENTION,
+  MODEL_OP_MLA_ATTENTION,
+  MODEL_OP_RESIDUAL_ADD,
+  MODEL_OP_MLP,
+  MODEL_OP_SHARED_EXPERT,
+  MODEL_OP_ROUTER,
+  MODEL_OP_EXPERT_FFN,
+  MODEL_OP_LM_HEAD_LOSS,
+  MODEL_OP_KIND_COUNT
+};
+
+/* Costs are per micro-batch on one device holding the whole op (no sharding). */
+struct model_op {
+  enum model_op_kind kind;
+  int32_t layer;            /* decoder layer, -1 for embedding, final norm and head */
+  int64_t shape[8];         /* see the kind table above; unused entries are 0 */
+  double flops_fwd;         /* forward FLOPs (2 per multiply-add) */
+  double flops_bwd_input;   /* backward for inputs (BI) */
+  double flops_bwd_weight;  /* backward for weights (BW) */
+  uint64_t bytes_fwd;       /* bytes read + written by the forward kernel(s) */
+  uint64_t param_count;     /* parameters (elements) */
+  uint64_t param_bytes;     /* param_count * dtype bytes */
+  uint64_t saved_bytes;     /* activations kept from F until the last backward use */
+  uint64_t out_bytes;       /* output activation bytes */
+};
+
+/* A data edge between segments of one micro-batch's forward pass (backward runs it reversed,
+ * carrying the gradient of the same tensor). */
+struct model_edge {
+  uint32_t src, dst;        /* segment indices, src < dst */
+  uint64_t bytes;           /* per micro-batch */
+};
+
+struct model_segment {
+  uint32_t op_first, op_count;          /* range in model.ops */
+  int32_t tags[MODEL_MAX_TAGS];         /* value per tag name, -1 = tag absent */
+  double flops_fwd, flops_bwd_input, flops_bwd_weight;
+  uint64_t bytes_fwd, param_count, param_bytes, saved_bytes;
+  bool expert;                          /* routed-expert region (has an EP tag) */
+};
+
+struct model_user_tag {
+  char name[MODEL_TAG_NAME_MAX];
+  int32_t first_layer, last_layer;      /* inclusive */
+};
+
+struct model {
+  char name[64];                        /* file basename without .json */
+  char model_type[32];                  /* HF model_type, e.g. "qwen3_moe" */
+  enum model_family family;
+  enum model_dtype dtype;
+  int64_t hidden_size, num_layers, num_heads, num_kv_heads, head_dim;
+  int64_t intermediate_size, moe_intermediate_size, num_experts, experts_per_tok;
+  int64_t n_shared_experts, first_k_dense, vocab_size;
+  int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+  bool tie_word_embeddings;
+  int64_t seq_len, micro_batch_size;
+  int32_t pp_regions;
+  int32_t *pp_layers;                   /* [pp_regions] layer count per region */
+  uint32_t n_user_tags;
+  struct model_user_tag *user_tags;
+  uint32_t n_tags;                      /* tag names: PP, EP, then user tag names */
+  char tag_names[MODEL_MAX_TAGS][MODEL_TAG_NAME_MAX];
+  int32_t n_ep_regions;                 /* MoE layers (EP regions) */
+
+  uint32_t n_ops;
+  struct model_op *ops;
+  int32_t *op_tags;                     /* [n_ops * MODEL_MAX_TAGS], -1 = absent */
+  uint32_t n_segments;
+  struct model_segment *segments;
+  uint32_t n_edges;
+  struct model_edge *edges;
+
+  char *source_json;                    /* the normalised config (model_to_json), owned */
+};
+
+/* pp_regions_override > 0 replaces the file's PP split with an equal split into that many
+ * regions (--pp-regions). Errors are PIPER_ERROR_INPUT naming the file and key. */
+struct model *model_load_file(const char *path, int pp_regions_override, GError **err);
+/* name is used in messages and as model.name. */
+struct model *model_load_json(const char *name, const cJSON *root, int pp_regions_override,
+                              GError **err);
+void model_free(struct model *m);
+
+/* The model's configuration as a JSON object that model_load_json reads back to the same model
+ * (embedded in plans so they are self-contained). Caller frees. */
+cJSON *model_to_json(const struct model *m);
+
+size_t model_dtype_bytes(enum model_dtype d);
+const char *model_dtype_name(enum model_dtype d);
+const char *model_op_kind_name(enum model_op_kind k);
+/* Tag index of name, or -1. */
+int model_tag_index(const struct model *m, const char *name);
+/* Totals over the whole model, one micro-batch. */
+uint64_t model_param_count(const struct model *m);
+double model_flops_per_microbatch(const struct model *m); /* F + BI + BW */
+int64_t model_tokens_per_microbatch(const struct model *m);
+
+#endif

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Piper needs to build and test. Idempotent: when
+# every package is already present it only checks and returns (well under a
+# second), so the README's commands can call it every time.
+set -euo pipefail
+
+packages=(
+  build-essential pkg-config
+  libcjson-dev libglib2.0-dev libcairo2-dev gnuplot-nox libcmocka-dev
+  libopenmpi-dev openmpi-bin libopenblas-dev
+  clang python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
