@@ -9,14 +9,16 @@ BUILD ?= build
 BIN ?= bin
 OPT ?= -O2
 FUZZ_SECONDS ?= 8
-VERSION := 0.1.0
+
 
 WARN := -Wall -Wextra -Wpedantic -Werror
-CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -D_GNU_SOURCE -DPIPER_VERSION='"$(VERSION)"' \
+CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -D_GNU_SOURCE \
   $(shell pkg-config --cflags libcjson glib-2.0 cairo) $(EXTRA_CFLAGS)
 LDLIBS_ALL := $(shell pkg-config --libs libcjson glib-2.0 cairo) -lm -lpthread
 
 # --- optional parts -------------------------------------------------------------------------
+# One line per part, printed once (not by recursive makes, not for print-* queries).
+report = $(if $(filter print-%,$(MAKECMDGOALS)),,$(if $(filter 0,$(MAKELEVEL)),$(info $(1))))
 ifeq ($(NO_MPI),)
   MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
   MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null)
@@ -24,9 +26,9 @@ endif
 ifneq ($(MPI_LIBS),)
   CFLAGS_ALL += -DHAVE_MPI $(MPI_CFLAGS)
   LDLIBS_ALL += $(MPI_LIBS)
-  $(info ✓ MPI found: piper-exec runs multi-process plans)
+  $(call report,✓ MPI found: piper-exec runs multi-process plans)
 else
-  $(info ✗ MPI skipped: piper-exec runs one-device plans only)
+  $(call report,✗ MPI skipped: piper-exec runs one-device plans only)
 endif
 
 ifeq ($(NO_BLAS),)
@@ -35,9 +37,9 @@ endif
 ifneq ($(BLAS_LIBS),)
   CFLAGS_ALL += -DHAVE_BLAS $(shell pkg-config --cflags openblas)
   LDLIBS_ALL += $(BLAS_LIBS)
-  $(info ✓ OpenBLAS found: host GEMMs use cblas_sgemm)
+  $(call report,✓ OpenBLAS found: host GEMMs use cblas_sgemm)
 else
-  $(info ✗ OpenBLAS skipped: host GEMMs use the reference loops)
+  $(call report,✗ OpenBLAS skipped: host GEMMs use the reference loops)
 endif
 
 CUDA_HOME ?= /usr/local/cuda
@@ -45,14 +47,14 @@ ifeq ($(NO_CUDA),)
   NVCC := $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
 endif
 ifneq ($(NVCC),)
-  $(info ✓ nvcc found: $(NVCC))
+  $(call report,✓ nvcc found: $(NVCC))
   ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
-    $(info ✓ NCCL found: $(CUDA_HOME)/include/nccl.h)
+    $(call report,✓ NCCL found: $(CUDA_HOME)/include/nccl.h)
   else
-    $(info ✗ NCCL skipped: no nccl.h under $(CUDA_HOME)/include)
+    $(call report,✗ NCCL skipped: no nccl.h under $(CUDA_HOME)/include)
   endif
 else
-  $(info ✗ nvcc skipped: the cuda backend is not built)
+  $(call report,✗ nvcc skipped: the cuda backend is not built)
 endif
 
 # --- sources --------------------------------------------------------------------------------
