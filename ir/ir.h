@@ -21,6 +21,7 @@
 #define IR_NONE UINT32_MAX
 #define IR_MAX_TAGS 12           /* model tags + split dimensions */
 #define IR_MAX_DEVICES 65536     /* largest device id + 1 accepted */
+#define IR_MAX_NODES (4u << 20)  /* a rewrite that would exceed it is refused */
 #define IR_NAME_MAX 32           /* stream and tag names */
 
 enum ir_pass { IR_PASS_F, IR_PASS_B, IR_PASS_BI, IR_PASS_BW, IR_PASS_NONE };
@@ -58,6 +59,10 @@ struct ir_node {
   uint32_t replica_degree;     /* data-parallel replicas of this node (group size), 1 if none */
   bool shard_grads, shard_params;
   uint32_t directive;          /* last directive that rewrote it (for messages), IR_NONE */
+  /* Lowering's tie-break among ready nodes (lower first): an `order` slot and the node's
+   * place in the slot's interleaving, or by default pass then micro-batch (GPipe-like).
+   * Communication nodes inherit their producers' priority when lowered. */
+  uint64_t priority;
 };
 
 struct ir_edge {

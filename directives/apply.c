@@ -1,0 +1,961 @@
+/* directives: applying a program to the IR as rewrites, in the fixed phase order of SPEC §4:
+ *   1. every split (program order), 2. the BI/BW split of backward nodes named by orders,
+ *   3. place, 4. replicate / shard (program order), 5. communication insertion
+ *   (optimizer regrouping, gradient buckets, ZeRO-3 gathers, all-to-all, send/recv),
+ *   6. order (temporal edges, cycle check), then default priorities for lowering. */
+#include <assert.h>
+#include <string.h>
+
+#include "../ir/json.h"
+#include "directives.h"
+
+#define MIB (1024.0 * 1024.0)
+
+/* Side information per node that only the rewrites need. */
+struct node_info {
+  uint32_t grouped_by;   /* directive that set the group (place, replicate, shard), IR_NONE */
+  uint32_t replicate;    /* replicate directive covering it, IR_NONE */
+  uint32_t shard;        /* shard directive covering it, IR_NONE */
+  uint32_t send_stream;  /* from place's "stream", IR_NONE = default */
+  uint32_t recv_stream;
+};
+
+struct apply {
+  const struct dir_program *p;
+  struct ir_graph *g;
+  uint32_t limit;        /* device ids must be below it */
+  GArray *info;          /* struct node_info, parallel to g->nodes */
+  int split_tag;         /* tag index of the first split dimension, -1 before any split */
+};
+
+#define INFO(a, i) (&g_array_index((a)->info, struct node_info, (i)))
+
+static uint32_t add_node(struct apply *a, const struct ir_node *n) {
+  uint32_t id = ir_graph_add_node(a->g, n);
+  struct node_info ni = {IR_NONE, IR_NONE, IR_NONE, IR_NONE, IR_NONE};
+  g_array_append_val(a->info, ni);
+  return id;
+}
+
+static bool fail_at(const struct apply *a, uint32_t d, GError **err, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+static bool fail_at(const struct apply *a, uint32_t d, GError **err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *what = g_strdup_vprintf(fmt, ap);
+  va_end(ap);
+  if (d == IR_NONE)
+    json_fail(err, "%s: %s", a->p->name, what);
+  else
+    json_fail(err, "%s: directive %u (%s): %s", a->p->name, a->p->d[d].index,
+              dir_op_name(a->p->d[d].op), what);
+  g_free(what);
+  return false;
+}
+
+static char *node_name(const struct ir_graph *g, uint32_t i) {
+  char buf[256];
+  ir_node_name(g, i, buf, sizeof buf);
+  return g_strdup(buf);
+}
+
+static char *filter_text(const struct dir_filter *f) {
+  GString *s = g_string_new("{");
+  for (uint32_t k = 0; k < f->n_keys; k++) {
+    if (f->keys[k].value == IR_FILTER_ANY)
+      g_string_append_printf(s, "%s\"%s\": \"*\"", k ? ", " : "", f->keys[k].name);
+    else
+      g_string_append_printf(s, "%s\"%s\": %d", k ? ", " : "", f->keys[k].name, f->keys[k].value);
+  }
+  if (f->pass != IR_PASS_NONE)
+    g_string_append_printf(s, "%s\"PASS\": \"%s\"", f->n_keys ? ", " : "", ir_pass_name(f->pass));
+  g_string_append(s, "}");
+  return g_string_free(s, FALSE);
+}
+
+bool dir_filter_resolve(const struct dir_filter *f, const struct ir_graph *g, struct ir_filter *out,
+                        const char *ctx, GError **err) {
+  for (int t = 0; t < IR_MAX_TAGS; t++) out->tags[t] = IR_FILTER_UNSET;
+  out->pass = f->pass;
+  for (uint32_t k = 0; k < f->n_keys; k++) {
+    int t = ir_graph_tag((struct ir_graph *)g, f->keys[k].name, false);
+    if (t < 0) {
+      GString *known = g_string_new(NULL);
+      for (uint32_t i = 0; i < g->n_tags; i++) g_string_append_printf(known, "%s, ", g->tag_names[i]);
+      g_string_append(known, "PASS");
+      json_fail(err, "%s: filter key \"%s\" is not a tag of the model (tags: %s)", ctx,
+                f->keys[k].name, known->str);
+      g_string_free(known, TRUE);
+      return false;
+    }
+    out->tags[t] = f->keys[k].value;
+  }
+  return true;
+}
+
+static bool resolve(const struct apply *a, uint32_t d, const struct dir_filter *f,
+                    struct ir_filter *out, GError **err) {
+  char *ctx = g_strdup_printf("%s: directive %u (%s)", a->p->name, a->p->d[d].index,
+                              dir_op_name(a->p->d[d].op));
+  bool ok = dir_filter_resolve(f, a->g, out, ctx, err);
+  g_free(ctx);
+  return ok;
+}
+
+/* Matched nodes of the kinds a directive acts on (compute, optionally optimizer). */
+static GArray *match(const struct apply *a, const struct ir_filter *f, bool optimizer) {
+  GArray *m = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  for (uint32_t i = 0; i < a->g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(a->g, i);
+    if (n->kind != IR_NODE_COMPUTE && !(optimizer && n->kind == IR_NODE_OPTIMIZER)) continue;
+    if (ir_filter_match(f, n)) g_array_append_val(m, i);
+  }
+  return m;
+}
+
+static bool check_devices(const struct apply *a, uint32_t d) {
+  const struct dir_directive *dd = &a->p->d[d];
+  for (uint32_t i = 0; i < dd->n_devices; i++)
+    if (dd->devices[i] >= a->limit) return false;
+  return true;
+}
+
+/* ---- phase 1: split ---------------------------------------------------------------------- */
+
+static bool apply_split(struct apply *a, uint32_t d, GError **err) {
+  const struct dir_directive *dd = &a->p->d[d];
+  struct ir_graph *g = a->g;
+  if (ir_graph_tag(g, dd->dim_name, false) >= 0 || strcmp(dd->dim_name, "PASS") == 0)
+    return fail_at(a, d, err, "\"dim_name\" \"%s\" already names a tag", dd->dim_name);
+  struct ir_filter f;
+  if (!resolve(a, d, &dd->filter, &f, err)) return false;
+  GArray *m = match(a, &f, false);
+  bool ok = false;
+  uint32_t n = (uint32_t)dd->num_microbatches;
+  if (m->len == 0) {
+    char *ft = filter_text(&dd->filter);
+    fail_at(a, d, err, "\"filter\" %s matches nothing", ft);
+    g_free(ft);
+    goto out;
+  }
+  if ((uint64_t)g->n_microbatches * n > DIR_MAX_MICROBATCHES) {
+    fail_at(a, d, err, "\"num_microbatches\": %u micro-batches in all exceed the limit of %u",
+            g->n_microbatches * n, DIR_MAX_MICROBATCHES);
+    goto out;
+  }
+  if ((uint64_t)g->nodes->len + (uint64_t)m->len * (n - 1) > IR_MAX_NODES) {
+    fail_at(a, d, err, "splitting %u nodes %u ways exceeds the graph limit of %u nodes", m->len, n,
+            IR_MAX_NODES);
+    goto out;
+  }
+  int tag = ir_graph_tag(g, dd->dim_name, true);
+  if (tag < 0) {
+    fail_at(a, d, err, "too many tags (limit %d) to add \"%s\"", IR_MAX_TAGS, dd->dim_name);
+    goto out;
+  }
+  if (a->split_tag < 0) a->split_tag = tag;
+  uint32_t nn = g->nodes->len, ne = g->edges->len;
+  /* copy[i] = first copy (k = 1) of matched node i; copy k is copy[i] + (k-1) * m->len. */
+  uint32_t *copy = g_new(uint32_t, nn);
+  for (uint32_t i = 0; i < nn; i++) copy[i] = IR_NONE;
+  for (uint32_t k = 1; k < n; k++) {
+    for (uint32_t j = 0; j < m->len; j++) {
+      uint32_t i = g_array_index(m, uint32_t, j);
+      struct ir_node c = *IR_NODE(g, i);
+      c.tags[tag] = (int32_t)k;
+      uint32_t id = add_node(a, &c);
+      *INFO(a, id) = *INFO(a, i);
+      if (k == 1) copy[i] = id;
+    }
+  }
+  for (uint32_t j = 0; j < m->len; j++) IR_NODE(g, g_array_index(m, uint32_t, j))->tags[tag] = 0;
+  uint32_t stride = m->len;
+  for (uint32_t e = 0; e < ne; e++) {
+    struct ir_edge ed = *IR_EDGE(g, e);
+    if (ed.kind == IR_EDGE_DEAD) continue;
+    bool ms = copy[ed.src] != IR_NONE, md = copy[ed.dst] != IR_NONE;
+    if (!ms && !md) continue;
+    for (uint32_t k = 1; k < n; k++) {
+      uint32_t s = ms ? copy[ed.src] + (k - 1) * stride : ed.src;
+      uint32_t t = md ? copy[ed.dst] + (k - 1) * stride : ed.dst;
+      ir_graph_add_edge(g, s, t, ed.kind, ed.slot, ed.bytes);
+    }
+  }
+  g_free(copy);
+  g->n_microbatches *= n;
+  ok = true;
+out:
+  g_array_free(m, TRUE);
+  return ok;
+}
+
+/* ---- phase 2: BI/BW split ---------------------------------------------------------------- */
+
+static void split_backward_node(struct apply *a, uint32_t b) {
+  struct ir_graph *g = a->g;
+  struct ir_node w = *IR_NODE(g, b);
+  IR_NODE(g, b)->pass = IR_PASS_BI;
+  w.pass = IR_PASS_BW;
+  uint32_t bw = add_node(a, &w);
+  *INFO(a, bw) = *INFO(a, b);
+  IR_NODE(g, b)->pair = bw;
+  IR_NODE(g, bw)->pair = b;
+  uint64_t grad_in = 0;
+  uint32_t ne = g->edges->len;
+  for (uint32_t e = 0; e < ne; e++) {
+    struct ir_edge *ed = IR_EDGE(g, e);
+    if (ed->kind == IR_EDGE_DEAD) continue;
+    if (ed->src == b && ed->kind == IR_EDGE_TEMPORAL) {
+      ed->src = bw; /* weight gradients now come from BW */
+    } else if (ed->dst == b && ed->kind == IR_EDGE_DATA) {
+      if (ed->slot == 1) {
+        uint32_t src = ed->src, slot = ed->slot;
+        uint64_t bytes = ed->bytes;
+        ir_graph_add_edge(g, src, bw, IR_EDGE_DATA, slot, bytes); /* BW reads the activations */
+      } else {
+        grad_in += ed->bytes;
+      }
+    }
+  }
+  /* BW also needs the output gradient BI received; BI keeps it for BW (slot 1 of BI). */
+  ir_graph_add_edge(g, b, bw, IR_EDGE_DATA, 1, grad_in);
+}
+
+static bool apply_bi_bw_split(struct apply *a, GError **err) {
+  struct ir_graph *g = a->g;
+  bool *split = g_new0(bool, g->nodes->len);
+  uint32_t nn = g->nodes->len;
+  for (uint32_t d = 0; d < a->p->n; d++) {
+    const struct dir_directive *dd = &a->p->d[d];
+    if (dd->op != DIR_ORDER) continue;
+    for (uint32_t s = 0; s < dd->n_slots; s++) {
+      for (uint32_t fi = dd->slot_first[s]; fi < dd->slot_first[s + 1]; fi++) {
+        const struct dir_filter *wf = &dd->filters[fi];
+        if (wf->pass != IR_PASS_BI && wf->pass != IR_PASS_BW) continue;
+        struct ir_filter f;
+        if (!resolve(a, d, wf, &f, err)) {
+          g_free(split);
+          return false;
+        }
+        f.pass = IR_PASS_B;
+        for (uint32_t i = 0; i < nn; i++) {
+          const struct ir_node *n = IR_NODE(g, i);
+          if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_B && ir_filter_match(&f, n))
+            split[i] = true;
+        }
+      }
+    }
+  }
+  for (uint32_t i = 0; i < nn; i++)
+    if (split[i]) split_backward_node(a, i);
+  g_free(split);
+  return true;
+}
+
+/* ---- phases 3-4: place, replicate, shard ------------------------------------------------- */
+
+static bool set_group(struct apply *a, uint32_t d, uint32_t node, uint32_t group, GError **err) {
+  struct node_info *ni = INFO(a, node);
+  struct ir_node *n = IR_NODE(a->g, node);
+  enum dir_op op = a->p->d[d].op;
+  if (op != DIR_PLACE && ni->grouped_by != IR_NONE && n->group != group) {
+    char *nm = node_name(a->g, node);
+    fail_at(a, d, err, "\"devices\" differ from the devices given to \"%s\" by directive %u (%s)",
+            nm, a->p->d[ni->grouped_by].index, dir_op_name(a->p->d[ni->grouped_by].op));
+    g_free(nm);
+    return false;
+  }
+  n->group = group;
+  n->directive = d;
+  ni->grouped_by = d;
+  return true;
+}
+
+static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
+  const struct dir_directive *dd = &a->p->d[d];
+  struct ir_graph *g = a->g;
+  if (!check_devices(a, d))
+    return fail_at(a, d, err, "\"devices\" names a device id out of range (the run has %u devices)",
+                   a->limit);
+  struct ir_filter f;
+  if (!resolve(a, d, &dd->filter, &f, err)) return false;
+  GArray *m = match(a, &f, dd->op == DIR_PLACE);
+  bool ok = false;
+  if (m->len == 0) {
+    char *ft = filter_text(&dd->filter);
+    fail_at(a, d, err, "\"filter\" %s matches nothing", ft);
+    g_free(ft);
+    goto out;
+  }
+  uint32_t group = ir_graph_group(g, dd->devices, dd->n_devices);
+  uint32_t stream = dd->stream[0] ? ir_graph_stream(g, dd->stream) : IR_NONE;
+  for (uint32_t j = 0; j < m->len; j++) {
+    uint32_t i = g_array_index(m, uint32_t, j);
+    struct ir_node *n = IR_NODE(g, i);
+    if (dd->op == DIR_SHARD) {
+      const struct model_segment *seg = &g->model->segments[n->segment];
+      if (!seg->expert) {
+        char *nm = node_name(g, i);
+        fail_at(a, d, err, "\"filter\" matches \"%s\", which is no expert region (add \"EP\": \"*\")",
+                nm);
+        g_free(nm);
+        goto out;
+      }
+      if (g->model->num_experts % dd->n_devices != 0) {
+        fail_at(a, d, err, "\"devices\": %lld experts do not divide evenly over %u devices",
+                (long long)g->model->num_experts, dd->n_devices);
+        goto out;
+      }
+    }
+    if (!set_group(a, d, i, group, err)) goto out;
+    n = IR_NODE(g, i);
+    struct node_info *ni = INFO(a, i);
+    switch (dd->op) {
+    case DIR_PLACE:
+      if (stream != IR_NONE) ni->send_stream = ni->recv_stream = stream;
+      break;
+    case DIR_REPLICATE:
+      n->replica_degree = dd->n_devices;
+      n->shard_grads = dd->shard_grads;
+      n->shard_params = dd->shard_params;
+      ni->replicate = d;
+      break;
+    case DIR_SHARD:
+      n->shard_degree = dd->n_devices;
+      ni->shard = d;
+      break;
+    default:
+      break;
+    }
+  }
+  ok = true;
+out:
+  g_array_free(m, TRUE);
+  return ok;
+}
+
+/* ---- phase 5: communication insertion ---------------------------------------------------- */
+
+static struct ir_node comm_node(const struct ir_node *like, enum ir_node_kind kind,
+                                enum ir_comm_purpose purpose, uint32_t stream, uint64_t bytes) {
+  struct ir_node n = *like;
+  n.kind = kind;
+  n.purpose = purpose;
+  n.stream = stream;
+  n.bytes = bytes;
+  n.peer_group = IR_NONE;
+  n.pair = IR_NONE;
+  n.segset = IR_NONE;
+  return n;
+}
+
+/* Nodes that produce weight gradients (B or BW), per model segment, in node order. */
+struct grad_index {
+  uint32_t *first;  /* [n_segments + 1] */
+  uint32_t *nodes;
+};
+
+static void grad_index_build(const struct ir_graph *g, struct grad_index *gi) {
+  uint32_t ns = g->model->n_segments;
+  gi->first = g_new0(uint32_t, ns + 1);
+  uint32_t total = 0;
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind == IR_NODE_COMPUTE && (n->pass == IR_PASS_B || n->pass == IR_PASS_BW)) {
+      gi->first[n->segment + 1]++;
+      total++;
+    }
+  }
+  for (uint32_t s = 0; s < ns; s++) gi->first[s + 1] += gi->first[s];
+  gi->nodes = g_new(uint32_t, total ? total : 1);
+  uint32_t *pos = g_memdup2(gi->first, (ns + 1) * sizeof(uint32_t));
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind == IR_NODE_COMPUTE && (n->pass == IR_PASS_B || n->pass == IR_PASS_BW))
+      gi->nodes[pos[n->segment]++] = i;
+  }
+  g_free(pos);
+}
+
+static void grad_index_free(struct grad_index *gi) {
+  g_free(gi->first);
+  g_free(gi->nodes);
+}
+
+/* Where each model segment runs and how: taken from its forward nodes, which must agree. */
+struct segment_home {
+  uint32_t group;        /* IR_NONE when the segment has no forward node */
+  uint32_t fwd_node;     /* one forward node, for flags and messages */
+};
+
+static bool segment_homes(struct apply *a, struct segment_home *home, GError **err) {
+  const struct ir_graph *g = a->g;
+  for (uint32_t s = 0; s < g->model->n_segments; s++) home[s] = (struct segment_home){IR_NONE, IR_NONE};
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_COMPUTE) continue;
+    struct segment_home *h = &home[n->segment];
+    if (h->group == IR_NONE) {
+      *h = (struct segment_home){n->group, i};
+    } else if (h->group != n->group && g->model->segments[n->segment].param_count > 0) {
+      char *x = node_name(g, h->fwd_node), *y = node_name(g, i);
+      fail_at(a, INFO(a, i)->grouped_by, err,
+              "\"%s\" runs on group g%u but \"%s\" of the same model segment on g%u: a segment's "
+              "parameters must live on one device group",
+              y, n->group, x, h->group);
+      g_free(x);
+      g_free(y);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Every node on several devices must be replicated or sharded over them. */
+static bool check_group_use(struct apply *a, GError **err) {
+  const struct ir_graph *g = a->g;
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_COMPUTE) continue;
+    uint32_t size = IR_GROUP(g, n->group)->count;
+    if (size > 1 && n->replica_degree != size && n->shard_degree != size) {
+      char *nm = node_name(g, i);
+      fail_at(a, INFO(a, i)->grouped_by, err,
+              "\"%s\" runs on %u devices but is neither replicated nor sharded over them "
+              "(add a replicate or shard directive for it)",
+              nm, size);
+      g_free(nm);
+      return false;
+    }
+  }
+  return true;
+}
+
+static uint32_t stream_or(struct ir_graph *g, const char *name, const char *fallback) {
+  return ir_graph_stream(g, name && name[0] ? name : fallback);
+}
+
+/* Regroups optimizer nodes (one per PP region and device group), inserts gradient buckets and
+ * ZeRO-3 gathers. */
+static bool insert_data_parallel(struct apply *a, const struct segment_home *home, GError **err) {
+  struct ir_graph *g = a->g;
+  const struct model *m = g->model;
+  struct grad_index gi;
+  grad_index_build(g, &gi);
+  uint32_t n_opt = g->nodes->len;
+  uint32_t *sync_of = g_new(uint32_t, m->n_segments);   /* segment -> gradient collective */
+  for (uint32_t s = 0; s < m->n_segments; s++) sync_of[s] = IR_NONE;
+
+  /* Gradient buckets: per (group, replicate directive), segments in reverse model order (the
+   * order backward produces their gradients), closed when the next would overflow. */
+  for (uint32_t d = 0; d < a->p->n; d++) {
+    const struct dir_directive *dd = &a->p->d[d];
+    if (dd->op != DIR_REPLICATE) continue;
+    double cap = dd->bucket_size_mb * MIB;
+    uint32_t grp_of_dir = ir_graph_group(g, dd->devices, dd->n_devices);
+    GArray *bucket = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    uint64_t bytes = 0;
+    for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
+      bool take = false;
+      if (s >= 0 && home[s].group == grp_of_dir && m->segments[s].param_count > 0) {
+        const struct node_info *ni = INFO(a, home[s].fwd_node);
+        const struct ir_node *fn = IR_NODE(g, home[s].fwd_node);
+        /* Sharded experts own distinct parameters on each device: nothing to sync. */
+        take = ni->replicate == d && fn->replica_degree > 1 && fn->shard_degree == 1;
+      }
+      uint64_t sb = take ? m->segments[s].param_bytes : 0;
+      bool flush = bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap));
+      if (flush) {
+        const struct ir_node *first = IR_NODE(g, home[g_array_index(bucket, uint32_t, 0)].fwd_node);
+        struct ir_node c = comm_node(first, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
+                                     IR_COMM_DP, stream_or(g, dd->reduce_stream, "dp"), bytes);
+        c.pass = IR_PASS_NONE;
+        c.segment = IR_NONE;
+        for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
+          if (t != MODEL_TAG_PP) c.tags[t] = -1;
+        c.segset = ir_graph_add_segset(g, (uint32_t *)bucket->data, bucket->len, NULL);
+        c.directive = d;
+        uint32_t cid = add_node(a, &c);
+        for (uint32_t j = 0; j < bucket->len; j++) {
+          uint32_t seg = g_array_index(bucket, uint32_t, j);
+          sync_of[seg] = cid;
+          for (uint32_t k = gi.first[seg]; k < gi.first[seg + 1]; k++)
+            ir_graph_add_edge(g, gi.nodes[k], cid, IR_EDGE_TEMPORAL, 0, 0);
+        }
+        g_array_set_size(bucket, 0);
+        bytes = 0;
+      }
+      if (take) {
+        uint32_t seg = (uint32_t)s;
+        g_array_append_val(bucket, seg);
+        bytes += sb;
+      }
+    }
+    g_array_free(bucket, TRUE);
+  }
+
+  /* Optimizer nodes: one per PP region and device group holding its parameters. */
+  for (uint32_t o = 0; o < n_opt; o++) {
+    struct ir_node *on = IR_NODE(g, o);
+    if (on->kind != IR_NODE_OPTIMIZER) continue;
+    for (uint32_t e = 0; e < g->edges->len; e++)
+      if (IR_EDGE(g, e)->dst == o) IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
+    const struct ir_segset orig = *IR_SEGSET(g, on->segset);
+    GArray *groups = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (uint32_t j = 0; j < orig.count; j++) {
+      uint32_t grp = home[g_array_index(g->segment_pool, uint32_t, orig.first + j)].group;
+      bool seen = false;
+      for (uint32_t k = 0; k < groups->len; k++) seen |= g_array_index(groups, uint32_t, k) == grp;
+      if (!seen && grp != IR_NONE) g_array_append_val(groups, grp);
+    }
+    for (uint32_t k = 0; k < groups->len; k++) {
+      uint32_t grp = g_array_index(groups, uint32_t, k);
+      GArray *segs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+      GArray *deg = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+      bool shard_grads = false, shard_params = false;
+      uint32_t replicas = 1;
+      for (uint32_t j = 0; j < orig.count; j++) {
+        uint32_t seg = g_array_index(g->segment_pool, uint32_t, orig.first + j);
+        if (home[seg].group != grp) continue;
+        const struct ir_node *fn = IR_NODE(g, home[seg].fwd_node);
+        g_array_append_val(segs, seg);
+        g_array_append_val(deg, fn->shard_degree);
+        shard_grads |= fn->shard_grads;
+        shard_params |= fn->shard_params;
+        if (fn->replica_degree > replicas) replicas = fn->replica_degree;
+      }
+      uint32_t target = o;
+      struct ir_node opt = *IR_NODE(g, o);
+      opt.group = grp;
+      opt.segset = ir_graph_add_segset(g, (uint32_t *)segs->data, segs->len, (uint32_t *)deg->data);
+      opt.shard_grads = shard_grads;
+      opt.shard_params = shard_params;
+      opt.replica_degree = replicas;
+      if (k == 0)
+        *IR_NODE(g, o) = opt;
+      else
+        target = add_node(a, &opt);
+      GHashTable *linked = g_hash_table_new(NULL, NULL);
+      for (uint32_t j = 0; j < segs->len; j++) {
+        uint32_t seg = g_array_index(segs, uint32_t, j);
+        if (sync_of[seg] != IR_NONE) {
+          /* One edge per bucket collective, however many of its segments this update owns. */
+          if (g_hash_table_add(linked, GUINT_TO_POINTER(sync_of[seg] + 1)))
+            ir_graph_add_edge(g, sync_of[seg], target, IR_EDGE_TEMPORAL, 0, 0);
+        } else {
+          for (uint32_t q = gi.first[seg]; q < gi.first[seg + 1]; q++)
+            ir_graph_add_edge(g, gi.nodes[q], target, IR_EDGE_TEMPORAL, 0, 0);
+        }
+      }
+      g_hash_table_destroy(linked);
+      g_array_free(segs, TRUE);
+      g_array_free(deg, TRUE);
+    }
+    g_array_free(groups, TRUE);
+  }
+  g_free(sync_of);
+  grad_index_free(&gi);
+  (void)err;
+  return true;
+}
+
+static gint compare_u32(gconstpointer x, gconstpointer y) {
+  uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck);
+
+/* ZeRO-3: one all-gather per bucket, micro-batch and use (F, and B or BI), feeding every
+ * compute node of the bucket in that use. It depends on the predecessors of the predecessors
+ * of the bucket's first node in that use, so it prefetches one segment ahead instead of
+ * gathering everything at once. */
+static void insert_gathers(struct apply *a) {
+  struct ir_graph *g = a->g;
+  uint32_t nn = g->nodes->len;
+  struct ir_adjacency adj;
+  ir_adjacency_build(g, &adj);
+  uint32_t *pos = g_new(uint32_t, nn ? nn : 1), stuck;
+  bool acyclic = topo_positions(g, pos, &stuck);
+  assert(acyclic);
+  (void)acyclic;
+  /* Consumers grouped by (bucket collective, micro-batch key, use). */
+  GHashTable *groups = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+  GPtrArray *lists = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
+  GArray *owners = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  uint32_t *bucket_of_seg = g_new(uint32_t, g->model->n_segments);
+  for (uint32_t s = 0; s < g->model->n_segments; s++) bucket_of_seg[s] = IR_NONE;
+  for (uint32_t i = 0; i < nn; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_REDUCE_SCATTER && n->kind != IR_NODE_ALL_REDUCE) continue;
+    const struct dir_directive *dd = &a->p->d[n->directive];
+    if (!dd->shard_params) continue;
+    const struct ir_segset *ss = IR_SEGSET(g, n->segset);
+    for (uint32_t j = 0; j < ss->count; j++)
+      bucket_of_seg[g_array_index(g->segment_pool, uint32_t, ss->first + j)] = i;
+  }
+  for (uint32_t i = 0; i < nn; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_COMPUTE || n->pass == IR_PASS_BW) continue;
+    uint32_t b = bucket_of_seg[n->segment];
+    if (b == IR_NONE || IR_NODE(g, b)->group != n->group) continue;
+    GString *key = g_string_new(NULL);
+    g_string_append_printf(key, "%u|%d", b, n->pass == IR_PASS_F ? 0 : 1);
+    for (uint32_t t = g->model->n_tags; t < g->n_tags; t++) g_string_append_printf(key, "|%d", n->tags[t]);
+    gpointer idx = g_hash_table_lookup(groups, key->str);
+    if (!idx) {
+      g_ptr_array_add(lists, g_array_new(FALSE, FALSE, sizeof(uint32_t)));
+      g_array_append_val(owners, b);
+      idx = GUINT_TO_POINTER(lists->len);
+      g_hash_table_insert(groups, g_string_free(key, FALSE), idx);
+    } else {
+      g_string_free(key, TRUE);
+    }
+    g_array_append_val(g_ptr_array_index(lists, GPOINTER_TO_UINT(idx) - 1), i);
+  }
+  for (uint32_t l = 0; l < lists->len; l++) {
+    GArray *cons = g_ptr_array_index(lists, l);
+    uint32_t b = g_array_index(owners, uint32_t, l);
+    const struct ir_node *first = IR_NODE(g, g_array_index(cons, uint32_t, 0));
+    const struct dir_directive *dd = &a->p->d[IR_NODE(g, b)->directive];
+    struct ir_node gn = comm_node(first, IR_NODE_ALL_GATHER, IR_COMM_DP,
+                                  stream_or(g, dd->gather_stream, "dp_gather"), IR_NODE(g, b)->bytes);
+    gn.segment = IR_NONE;
+    gn.segset = IR_NODE(g, b)->segset;
+    gn.directive = IR_NODE(g, b)->directive;
+    uint32_t gid = add_node(a, &gn);
+    GHashTable *pre = g_hash_table_new(NULL, NULL);
+    uint32_t head = g_array_index(cons, uint32_t, 0);
+    for (uint32_t j = 0; j < cons->len; j++) {
+      uint32_t c = g_array_index(cons, uint32_t, j);
+      ir_graph_add_edge(g, gid, c, IR_EDGE_DATA, 0, IR_NODE(g, b)->bytes);
+      if (pos[c] < pos[head]) head = c;
+    }
+    {
+      uint32_t c = head;
+      for (uint32_t k = adj.in_first[c]; k < adj.in_first[c + 1]; k++) {
+        uint32_t p1 = IR_EDGE(g, adj.in_edges[k])->src;
+        bool inside = false;
+        for (uint32_t q = 0; q < cons->len && !inside; q++) inside = g_array_index(cons, uint32_t, q) == p1;
+        if (inside || p1 >= nn) continue;
+        for (uint32_t r = adj.in_first[p1]; r < adj.in_first[p1 + 1]; r++) {
+          uint32_t p2 = IR_EDGE(g, adj.in_edges[r])->src;
+          /* p2 precedes the head, which precedes every consumer: no cycle. */
+          if (IR_NODE(g, p2)->group == gn.group) g_hash_table_add(pre, GUINT_TO_POINTER(p2 + 1));
+        }
+      }
+    }
+    GList *keys = g_hash_table_get_keys(pre);
+    GArray *sorted = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (GList *it = keys; it; it = it->next) {
+      uint32_t v = GPOINTER_TO_UINT(it->data) - 1;
+      g_array_append_val(sorted, v);
+    }
+    g_list_free(keys);
+    g_array_sort(sorted, compare_u32); /* hash order is undefined; edges must be deterministic */
+    for (uint32_t j = 0; j < sorted->len; j++)
+      ir_graph_add_edge(g, g_array_index(sorted, uint32_t, j), gid, IR_EDGE_TEMPORAL, 0, 0);
+    g_array_free(sorted, TRUE);
+    g_hash_table_destroy(pre);
+  }
+  g_free(pos);
+  g_free(bucket_of_seg);
+  g_array_free(owners, TRUE);
+  g_ptr_array_free(lists, TRUE);
+  g_hash_table_destroy(groups);
+  ir_adjacency_free(&adj);
+}
+
+/* Expert parallelism: an all-to-all on every data edge into and out of a sharded expert node
+ * (dispatch and combine in F; their transposes in B or BI). Saved activations stay local. */
+static void insert_all_to_all(struct apply *a) {
+  struct ir_graph *g = a->g;
+  const struct model *m = g->model;
+  uint64_t payload = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok *
+                     (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+  uint32_t ne = g->edges->len;
+  for (uint32_t e = 0; e < ne; e++) {
+    struct ir_edge ed = *IR_EDGE(g, e);
+    if (ed.kind != IR_EDGE_DATA || ed.slot == 1) continue;
+    const struct ir_node *src = IR_NODE(g, ed.src), *dst = IR_NODE(g, ed.dst);
+    bool into = dst->kind == IR_NODE_COMPUTE && dst->shard_degree > 1 && src->kind == IR_NODE_COMPUTE &&
+                src->segment != dst->segment;
+    bool out = src->kind == IR_NODE_COMPUTE && src->shard_degree > 1 && dst->kind == IR_NODE_COMPUTE &&
+               src->segment != dst->segment;
+    if (!into && !out) continue;
+    const struct ir_node *expert = into ? dst : src;
+    uint32_t ex = into ? ed.dst : ed.src;
+    const struct dir_directive *sd = &a->p->d[INFO(a, ex)->shard];
+    struct ir_node c = comm_node(expert, IR_NODE_ALL_TO_ALL, IR_COMM_EP, stream_or(g, sd->stream, "ep"),
+                                 payload);
+    c.directive = INFO(a, ex)->shard;
+    uint32_t cid = add_node(a, &c);
+    IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
+    ir_graph_add_edge(g, ed.src, cid, IR_EDGE_DATA, ed.slot, ed.bytes);
+    ir_graph_add_edge(g, cid, ed.dst, IR_EDGE_DATA, 0, ed.bytes);
+  }
+}
+
+/* Pipeline communication: a send/recv pair on every data edge between device groups. */
+static bool insert_send_recv(struct apply *a, GError **err) {
+  struct ir_graph *g = a->g;
+  uint32_t ne = g->edges->len;
+  for (uint32_t e = 0; e < ne; e++) {
+    struct ir_edge ed = *IR_EDGE(g, e);
+    if (ed.kind == IR_EDGE_DEAD) continue;
+    struct ir_node src = *IR_NODE(g, ed.src), dst = *IR_NODE(g, ed.dst);
+    if (src.group == dst.group) continue;
+    assert(ed.kind == IR_EDGE_DATA);
+    if (IR_GROUP(g, src.group)->count != IR_GROUP(g, dst.group)->count) {
+      char *x = node_name(g, ed.src), *y = node_name(g, ed.dst);
+      uint32_t d = INFO(a, ed.dst)->grouped_by;
+      fail_at(a, d != IR_NONE ? d : INFO(a, ed.src)->grouped_by, err,
+              "\"%s\" on %u devices sends to \"%s\" on %u devices: device groups that exchange "
+              "data must have equal sizes",
+              x, IR_GROUP(g, src.group)->count, y, IR_GROUP(g, dst.group)->count);
+      g_free(x);
+      g_free(y);
+      return false;
+    }
+    uint32_t ss = INFO(a, ed.src)->send_stream, rs = INFO(a, ed.dst)->recv_stream;
+    struct ir_node s = comm_node(&src, IR_NODE_SEND, IR_COMM_PP,
+                                 ss != IR_NONE ? ss : ir_graph_stream(g, "pp_send"), ed.bytes);
+    s.peer_group = dst.group;
+    s.shard_degree = 1;
+    struct ir_node r = s;
+    r.kind = IR_NODE_RECV;
+    r.group = dst.group;
+    r.peer_group = src.group;
+    r.stream = rs != IR_NONE ? rs : ir_graph_stream(g, "pp_recv");
+    uint32_t sid = add_node(a, &s), rid = add_node(a, &r);
+    IR_NODE(g, sid)->pair = rid;
+    IR_NODE(g, rid)->pair = sid;
+    IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
+    ir_graph_add_edge(g, ed.src, sid, IR_EDGE_DATA, ed.slot, ed.bytes);
+    ir_graph_add_edge(g, sid, rid, IR_EDGE_DATA, 0, ed.bytes);
+    ir_graph_add_edge(g, rid, ed.dst, IR_EDGE_DATA, 0, ed.bytes);
+  }
+  return true;
+}
+
+/* ---- phase 6: order ---------------------------------------------------------------------- */
+
+/* Topological positions by Kahn's algorithm (lowest id first); false on a cycle, with
+ * *stuck set to a node on it. */
+static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck) {
+  uint32_t nn = g->nodes->len;
+  struct ir_adjacency adj;
+  ir_adjacency_build(g, &adj);
+  uint32_t *indeg = g_new0(uint32_t, nn);
+  for (uint32_t v = 0; v < nn; v++) indeg[v] = adj.in_first[v + 1] - adj.in_first[v];
+  uint32_t *queue = g_new(uint32_t, nn ? nn : 1);
+  uint32_t head = 0, tail = 0;
+  for (uint32_t v = 0; v < nn; v++)
+    if (!indeg[v]) queue[tail++] = v;
+  while (head < tail) {
+    uint32_t v = queue[head];
+    pos[v] = head++;
+    for (uint32_t k = adj.out_first[v]; k < adj.out_first[v + 1]; k++) {
+      uint32_t w = IR_EDGE(g, adj.out_edges[k])->dst;
+      if (--indeg[w] == 0) queue[tail++] = w;
+    }
+  }
+  bool ok = tail == nn;
+  if (!ok) {
+    *stuck = IR_NONE;
+    for (uint32_t v = 0; v < nn && *stuck == IR_NONE; v++)
+      if (indeg[v] && IR_NODE(g, v)->kind == IR_NODE_COMPUTE) *stuck = v;
+    for (uint32_t v = 0; v < nn && *stuck == IR_NONE; v++)
+      if (indeg[v]) *stuck = v;
+  }
+  g_free(queue);
+  g_free(indeg);
+  ir_adjacency_free(&adj);
+  return ok;
+}
+
+static const uint32_t *sort_pos; /* qsort context for by_position */
+static int by_position(const void *x, const void *y) {
+  uint32_t a = sort_pos[*(const uint32_t *)x], b = sort_pos[*(const uint32_t *)y];
+  return a < b ? -1 : a > b;
+}
+
+static bool apply_order(struct apply *a, uint32_t d, uint32_t *pos, GError **err) {
+  const struct dir_directive *dd = &a->p->d[d];
+  struct ir_graph *g = a->g;
+  bool ok = false;
+  GPtrArray *slots = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
+  uint32_t group = IR_NONE, group_node = IR_NONE;
+  for (uint32_t s = 0; s < dd->n_slots; s++) {
+    GArray *slot = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_ptr_array_add(slots, slot);
+    for (uint32_t fi = dd->slot_first[s]; fi < dd->slot_first[s + 1]; fi++) {
+      struct ir_filter f;
+      if (!resolve(a, d, &dd->filters[fi], &f, err)) goto out;
+      GArray *m = match(a, &f, false);
+      if (m->len == 0) {
+        char *ft = filter_text(&dd->filters[fi]);
+        fail_at(a, d, err, "\"filters\" group %u filter %u %s matches nothing", s,
+                fi - dd->slot_first[s], ft);
+        g_free(ft);
+        g_array_free(m, TRUE);
+        goto out;
+      }
+      /* Round-robin interleaving inside a slot: the k-th node (topological order) of each
+       * filter comes before the (k+1)-th of any, filters taken in the order written. */
+      qsort(m->data, m->len, sizeof(uint32_t), by_position);
+      for (uint32_t j = 0; j < m->len; j++) {
+        uint32_t i = g_array_index(m, uint32_t, j);
+        struct ir_node *n = IR_NODE(g, i);
+        if (group == IR_NONE) {
+          group = n->group;
+          group_node = i;
+        } else if (n->group != group) {
+          char *x = node_name(g, group_node), *y = node_name(g, i);
+          fail_at(a, d, err,
+                  "\"filters\" group %u spans device groups: \"%s\" runs on g%u, \"%s\" on g%u "
+                  "(one order directive orders one device group)",
+                  s, y, n->group, x, group);
+          g_free(x);
+          g_free(y);
+          g_array_free(m, TRUE);
+          goto out;
+        }
+        n->priority = ((uint64_t)s << 32) | ((uint64_t)j << 8) | (fi - dd->slot_first[s]);
+        g_array_append_val(slot, i);
+      }
+      g_array_free(m, TRUE);
+    }
+  }
+  /* BI of a key must be followed by its BW in a later slot. */
+  for (uint32_t s = 0; s < slots->len; s++) {
+    GArray *slot = g_ptr_array_index(slots, s);
+    for (uint32_t j = 0; j < slot->len; j++) {
+      uint32_t i = g_array_index(slot, uint32_t, j);
+      const struct ir_node *n = IR_NODE(g, i);
+      if (n->pass != IR_PASS_BI) continue;
+      bool later = false;
+      for (uint32_t t = s + 1; t < slots->len && !later; t++) {
+        GArray *ls = g_ptr_array_index(slots, t);
+        for (uint32_t k = 0; k < ls->len && !later; k++) later = g_array_index(ls, uint32_t, k) == n->pair;
+      }
+      if (!later) {
+        char *nm = node_name(g, i);
+        fail_at(a, d, err, "\"filters\" group %u orders \"%s\" but no later group has its BW", s, nm);
+        g_free(nm);
+        goto out;
+      }
+    }
+  }
+  /* Temporal edges from the last nodes of each slot to the first nodes of the next. */
+  for (uint32_t s = 0; s + 1 < slots->len; s++) {
+    GArray *from = g_ptr_array_index(slots, s), *to = g_ptr_array_index(slots, s + 1);
+    for (uint32_t j = 0; j < from->len; j++)
+      for (uint32_t k = 0; k < to->len; k++) {
+        uint32_t u = g_array_index(from, uint32_t, j), v = g_array_index(to, uint32_t, k);
+        if (u != v) ir_graph_add_edge(g, u, v, IR_EDGE_TEMPORAL, 0, 0);
+      }
+  }
+  uint32_t stuck;
+  if (!topo_positions(g, pos, &stuck)) {
+    char *nm = node_name(g, stuck);
+    fail_at(a, d, err, "the order creates a cycle against dataflow (\"%s\" would wait on itself)", nm);
+    g_free(nm);
+    goto out;
+  }
+  ok = true;
+out:
+  g_ptr_array_free(slots, TRUE);
+  return ok;
+}
+
+/* Default lowering priorities for nodes no order named: forward before backward, then
+ * micro-batch (GPipe-like); weight gradients after input gradients. */
+static void default_priorities(struct apply *a, const bool *ordered) {
+  struct ir_graph *g = a->g;
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    struct ir_node *n = IR_NODE(g, i);
+    if (ordered[i] || n->kind != IR_NODE_COMPUTE) continue;
+    uint64_t pass = n->pass == IR_PASS_F ? 0 : n->pass == IR_PASS_BW ? 2 : 1;
+    uint64_t mb = a->split_tag >= 0 && n->tags[a->split_tag] >= 0 ? (uint64_t)n->tags[a->split_tag] : 0;
+    n->priority = (1ull << 62) | (pass << 56) | (mb << 32);
+  }
+}
+
+/* ---- driver ------------------------------------------------------------------------------ */
+
+bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t n_devices_limit,
+                       GError **err) {
+  struct apply a = {.p = p, .g = g, .limit = n_devices_limit ? n_devices_limit : IR_MAX_DEVICES,
+                    .split_tag = -1};
+  a.info = g_array_new(FALSE, FALSE, sizeof(struct node_info));
+  struct node_info none = {IR_NONE, IR_NONE, IR_NONE, IR_NONE, IR_NONE};
+  for (uint32_t i = 0; i < g->nodes->len; i++) g_array_append_val(a.info, none);
+  bool ok = false;
+  uint32_t *pos = NULL;
+  bool *ordered = NULL;
+
+  for (uint32_t d = 0; d < p->n; d++)
+    if (p->d[d].op == DIR_SPLIT && !apply_split(&a, d, err)) goto out;
+  if (!apply_bi_bw_split(&a, err)) goto out;
+  for (uint32_t d = 0; d < p->n; d++)
+    if (p->d[d].op == DIR_PLACE && !apply_placement(&a, d, err)) goto out;
+  for (uint32_t d = 0; d < p->n; d++)
+    if ((p->d[d].op == DIR_REPLICATE || p->d[d].op == DIR_SHARD) && !apply_placement(&a, d, err))
+      goto out;
+  for (uint32_t d = 0; d < p->n; d++) {
+    const struct dir_directive *dd = &p->d[d];
+    if (dd->op != DIR_STREAM) continue;
+    struct ir_stream *s = IR_STREAM(g, ir_graph_stream(g, dd->name));
+    s->priority = (int32_t)dd->priority;
+    s->sm_share = dd->sm_share;
+  }
+  if (!check_group_use(&a, err)) goto out;
+  {
+    struct segment_home *home = g_new(struct segment_home, g->model->n_segments);
+    bool homes_ok = segment_homes(&a, home, err) && insert_data_parallel(&a, home, err);
+    g_free(home);
+    if (!homes_ok) goto out;
+  }
+  insert_gathers(&a);
+  insert_all_to_all(&a);
+  if (!insert_send_recv(&a, err)) goto out;
+  ir_graph_compact(g);
+
+  pos = g_new(uint32_t, g->nodes->len);
+  uint32_t stuck;
+  if (!topo_positions(g, pos, &stuck)) {
+    char *nm = node_name(g, stuck);
+    fail_at(&a, IR_NONE, err, "the program creates a cycle at \"%s\"", nm);
+    g_free(nm);
+    goto out;
+  }
+  sort_pos = pos;
+  for (uint32_t d = 0; d < p->n; d++) {
+    if (p->d[d].op != DIR_ORDER) continue;
+    if (!apply_order(&a, d, pos, err)) goto out;
+  }
+  ordered = g_new0(bool, g->nodes->len);
+  for (uint32_t d = 0; d < p->n; d++) {
+    const struct dir_directive *dd = &p->d[d];
+    if (dd->op != DIR_ORDER) continue;
+    for (uint32_t fi = 0; fi < dd->slot_first[dd->n_slots]; fi++) {
+      struct ir_filter f;
+      if (!resolve(&a, d, &dd->filters[fi], &f, err)) goto out;
+      for (uint32_t i = 0; i < g->nodes->len; i++)
+        if (IR_NODE(g, i)->kind == IR_NODE_COMPUTE && ir_filter_match(&f, IR_NODE(g, i))) ordered[i] = true;
+    }
+  }
+  default_priorities(&a, ordered);
+  if (g->n_devices > a.limit) {
+    fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices, a.limit);
+    goto out;
+  }
+  ok = true;
+out:
+  sort_pos = NULL;
+  g_free(ordered);
+  g_free(pos);
+  g_array_free(a.info, TRUE);
+  return ok;
+}
