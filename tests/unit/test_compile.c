@@ -1,0 +1,449 @@
+/* Tests of the compile pipeline: the training DAG, the effect of each directive counted
+ * exactly on small graphs, lowering to per-device plans, determinism and the progress check. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../../directives/compile.h"
+#include "../../directives/directives.h"
+#include "../../ir/ir.h"
+#include "../../ir/json.h"
+#include "../../ir/plan.h"
+#include "../../models/model.h"
+
+struct counts {
+  uint32_t kind[IR_NODE_KIND_COUNT];
+  uint32_t pass[IR_PASS_NONE + 1]; /* compute nodes by pass */
+  uint32_t data_edges, temporal_edges;
+};
+
+static struct counts count(const struct ir_graph *g) {
+  struct counts c;
+  memset(&c, 0, sizeof c);
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    c.kind[n->kind]++;
+    if (n->kind == IR_NODE_COMPUTE) c.pass[n->pass]++;
+  }
+  for (uint32_t i = 0; i < g->edges->len; i++) {
+    const struct ir_edge *e = IR_EDGE(g, i);
+    if (e->kind == IR_EDGE_DATA) c.data_edges++;
+    if (e->kind == IR_EDGE_TEMPORAL) c.temporal_edges++;
+  }
+  return c;
+}
+
+/* Applies a directive program given as JSON text; returns the graph or NULL with *err. */
+static struct ir_graph *apply_text(const struct model *m, const char *text, GError **err) {
+  cJSON *root = json_parse_buffer("test.json", text, strlen(text), err);
+  if (!root) return NULL;
+  struct dir_program *p = dir_program_parse_json("test.json", root, err);
+  cJSON_Delete(root);
+  if (!p) return NULL;
+  struct ir_graph *g = ir_graph_build(m);
+  bool ok = dir_program_apply(p, g, 0, err);
+  dir_program_free(p);
+  if (!ok) {
+    ir_graph_free(g);
+    return NULL;
+  }
+  return g;
+}
+
+static struct model *load(const char *path, int pp) {
+  GError *err = NULL;
+  struct model *m = model_load_file(path, pp, &err);
+  if (!m) fail_msg("%s", err->message);
+  return m;
+}
+
+static struct ir_graph *must_apply(const struct model *m, const char *text) {
+  GError *err = NULL;
+  struct ir_graph *g = apply_text(m, text, &err);
+  if (!g) fail_msg("%s", err->message);
+  return g;
+}
+
+static void expect_error(const struct model *m, const char *text, const char *substring) {
+  GError *err = NULL;
+  struct ir_graph *g = apply_text(m, text, &err);
+  assert_null(g);
+  assert_non_null(err);
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  if (!strstr(err->message, substring)) fail_msg("message \"%s\" lacks \"%s\"", err->message, substring);
+  g_error_free(err);
+}
+
+static uint32_t param_segments(const struct model *m) {
+  uint32_t n = 0;
+  for (uint32_t s = 0; s < m->n_segments; s++) n += m->segments[s].param_count > 0;
+  return n;
+}
+
+/* ---- the unsplit graph ------------------------------------------------------------------- */
+
+static void test_build_dense(void **state) {
+  (void)state;
+  struct model *m = load("models/tiny-dense.json", 0);
+  struct ir_graph *g = ir_graph_build(m);
+  struct counts c = count(g);
+  /* tiny-dense: 4 PP regions, no experts -> one segment (compute node) per stage and pass. */
+  assert_int_equal(m->n_segments, 4);
+  assert_int_equal(c.pass[IR_PASS_F], 4);
+  assert_int_equal(c.pass[IR_PASS_B], 4);
+  assert_int_equal(c.kind[IR_NODE_OPTIMIZER], 4);
+  /* 3 forward edges, 3 reversed gradient edges, 4 saved-activation edges. */
+  assert_int_equal(c.data_edges, 3 + 3 + 4);
+  assert_int_equal(c.temporal_edges, 4); /* each B feeds its region's optimizer */
+  ir_graph_free(g);
+  model_free(m);
+}
+
+/* ---- split -------------------------------------------------------------------------------- */
+
+static void test_split_multiplies_matched_nodes(void **state) {
+  (void)state;
+  struct model *m = load("models/tiny-dense.json", 0);
+  struct ir_graph *g = must_apply(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
+  struct counts c = count(g);
+  assert_int_equal(c.pass[IR_PASS_F], 4 * 3);
+  assert_int_equal(c.pass[IR_PASS_B], 4 * 3);
+  assert_int_equal(c.kind[IR_NODE_OPTIMIZER], 4); /* the update stays single */
+  assert_int_equal(g->n_microbatches, 3);
+  /* Each optimizer waits for its region's B of every micro-batch. */
+  assert_int_equal(c.temporal_edges, 4 * 3);
+  ir_graph_free(g);
+
+  /* A split of one region copies only its nodes. */
+  g = must_apply(m, "[{\"op\":\"split\",\"filter\":{\"PP\":1},\"dim_name\":\"MB\",\"num_microbatches\":5}]");
+  c = count(g);
+  assert_int_equal(c.pass[IR_PASS_F], 3 + 5);
+  assert_int_equal(c.pass[IR_PASS_B], 3 + 5);
+  ir_graph_free(g);
+  model_free(m);
+}
+
+/* ---- place -------------------------------------------------------------------------------- */
+
+static void test_place_adds_send_recv_per_crossing_edge(void **state) {
+  (void)state;
+  struct model *m = load("models/tiny-dense.json", 0);
+  struct ir_graph *g = must_apply(m,
+                                  "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0]},"
+                                  "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[0]},"
+                                  "{\"op\":\"place\",\"filter\":{\"PP\":2},\"devices\":[1]},"
+                                  "{\"op\":\"place\",\"filter\":{\"PP\":3},\"devices\":[1]},"
+                                  "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
+  struct counts c = count(g);
+  /* One crossing edge forward (PP1 -> PP2) and one backward (gradient) per micro-batch. */
+  assert_int_equal(c.kind[IR_NODE_SEND], 2 * 3);
+  assert_int_equal(c.kind[IR_NODE_RECV], 2 * 3);
+  assert_int_equal(g->n_devices, 2);
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind == IR_NODE_SEND) {
+      assert_int_equal(IR_NODE(g, n->pair)->kind, IR_NODE_RECV);
+      assert_int_equal(IR_NODE(g, n->pair)->pair, i);
+      assert_int_equal(n->peer_group, IR_NODE(g, n->pair)->group);
+    }
+  }
+  ir_graph_free(g);
+  model_free(m);
+}
+
+/* ---- replicate ---------------------------------------------------------------------------- */
+
+static void test_replicate_buckets(void **state) {
+  (void)state;
+  struct model *m = load("models/tiny-dense.json", 0);
+  uint32_t ps = param_segments(m);
+  /* A tiny bucket holds one segment each: one all-reduce per parameter segment. */
+  struct ir_graph *g = must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001}]");
+  struct counts c = count(g);
+  assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], ps);
+  assert_int_equal(c.kind[IR_NODE_REDUCE_SCATTER], 0);
+  ir_graph_free(g);
+  /* The default 25 MB bucket holds the whole tiny model. */
+  g = must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]}]");
+  c = count(g);
+  assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], 1);
+  ir_graph_free(g);
+  /* ZeRO-2: reduce-scatter instead of all-reduce. */
+  g = must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
+                    "\"shard_grads\":true}]");
+  c = count(g);
+  assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], 0);
+  assert_int_equal(c.kind[IR_NODE_REDUCE_SCATTER], ps);
+  assert_int_equal(c.kind[IR_NODE_ALL_GATHER], 0);
+  ir_graph_free(g);
+  /* ZeRO-3: and an all-gather per bucket before F and before B of each micro-batch. */
+  g = must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
+                    "\"shard_params\":true},"
+                    "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]");
+  c = count(g);
+  assert_int_equal(c.kind[IR_NODE_REDUCE_SCATTER], ps);
+  assert_int_equal(c.kind[IR_NODE_ALL_GATHER], ps * 2 * 2);
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind == IR_NODE_OPTIMIZER) assert_true(n->shard_params && n->shard_grads);
+  }
+  ir_graph_free(g);
+  model_free(m);
+}
+
+/* ---- shard -------------------------------------------------------------------------------- */
+
+static void test_shard_adds_all_to_all(void **state) {
+  (void)state;
+  struct model *m = load("models/tiny-moe.json", 0);
+  uint32_t mbs = 3;
+  struct ir_graph *g = must_apply(m,
+                                  "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]},"
+                                  "{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1]},"
+                                  "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
+  struct counts c = count(g);
+  /* Per MoE layer and micro-batch: dispatch + combine in F, and both again in backward. */
+  assert_int_equal(c.kind[IR_NODE_ALL_TO_ALL], (uint32_t)m->n_ep_regions * 4 * mbs);
+  /* Sharded experts own distinct parameters: only the non-expert segments are synced, and the
+   * default bucket holds all of them. */
+  assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], 1);
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_ALL_REDUCE) continue;
+    const struct ir_segset *ss = IR_SEGSET(g, n->segset);
+    for (uint32_t j = 0; j < ss->count; j++)
+      assert_false(m->segments[g_array_index(g->segment_pool, uint32_t, ss->first + j)].expert);
+  }
+  ir_graph_free(g);
+  model_free(m);
+}
+
+/* ---- order -------------------------------------------------------------------------------- */
+
+static const char *pp2_place =
+    "{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0]},"
+    "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[1]},"
+    "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}";
+
+static void test_order_adds_temporal_edges(void **state) {
+  (void)state;
+  struct model *m = load("models/tiny-dense.json", 2);
+  char *base = g_strdup_printf("[%s]", pp2_place);
+  struct ir_graph *g0 = must_apply(m, base);
+  char *ordered = g_strdup_printf(
+      "[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}],"
+      "[{\"PP\":0,\"MB\":1,\"PASS\":\"F\"}],[{\"PP\":0,\"MB\":0,\"PASS\":\"B\"}],[{\"PP\":0,\"MB\":1,\"PASS\":\"B\"}]]}]",
+      pp2_place);
+  struct ir_graph *g1 = must_apply(m, ordered);
+  /* One segment per stage: each of the 3 slot boundaries adds exactly one edge. */
+  assert_int_equal(count(g1).temporal_edges, count(g0).temporal_edges + 3);
+  ir_graph_free(g0);
+  ir_graph_free(g1);
+  g_free(base);
+  g_free(ordered);
+
+  /* Backward before forward of the same micro-batch runs against dataflow. */
+  char *reverse = g_strdup_printf(
+      "[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"B\"}],[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}]]}]",
+      pp2_place);
+  expect_error(m, reverse, "directive 3 (order): the order creates a cycle against dataflow");
+  g_free(reverse);
+  /* A slot spanning two device groups. */
+  char *cross = g_strdup_printf(
+      "[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}],[{\"PP\":1,\"MB\":0,\"PASS\":\"F\"}]]}]",
+      pp2_place);
+  expect_error(m, cross, "spans device groups");
+  g_free(cross);
+  /* BI without a later BW. */
+  char *bi = g_strdup_printf(
+      "[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":1,\"MB\":0,\"PASS\":\"F\"}],[{\"PP\":1,\"MB\":0,\"PASS\":\"BI\"}]]}]",
+      pp2_place);
+  expect_error(m, bi, "no later group has its BW");
+  g_free(bi);
+  model_free(m);
+}
+
+static void test_bad_programs(void **state) {
+  (void)state;
+  struct model *m = load("models/tiny-moe.json", 0);
+  expect_error(m, "[{\"op\":\"place\",\"filter\":{\"XX\":0},\"devices\":[0]}]", "filter key \"XX\" is not a tag");
+  expect_error(m, "[{\"op\":\"place\",\"filter\":{\"PP\":7},\"devices\":[0]}]", "matches nothing");
+  expect_error(m, "[{\"op\":\"shard\",\"filter\":{\"PP\":0},\"devices\":[0,1]}]", "no expert region");
+  expect_error(m, "[{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1,2]}]", "do not divide evenly");
+  expect_error(m,
+               "[{\"op\":\"replicate\",\"filter\":{\"PP\":0},\"devices\":[0,1]},"
+               "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[2]}]",
+               "must have equal sizes");
+  expect_error(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]}]", "neither replicated nor sharded");
+  expect_error(m,
+               "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
+               "{\"op\":\"replicate\",\"filter\":{},\"devices\":[2,3]}]",
+               "differ from the devices given");
+  expect_error(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"PP\",\"num_microbatches\":2}]", "already names a tag");
+  model_free(m);
+}
+
+/* ---- lowering ----------------------------------------------------------------------------- */
+
+static struct compile_result compile_files(const char *model, int pp, const char *directives,
+                                           enum sched_family f, uint32_t mbs) {
+  struct compile_options o = compile_options_default();
+  o.model_path = model;
+  o.directives_path = directives;
+  o.pp_regions = pp;
+  o.have_schedule = f != SCHED_CUSTOM;
+  o.schedule.family = f;
+  o.schedule.mbs = mbs;
+  struct compile_result r;
+  GError *err = NULL;
+  if (!compile_run(&o, &r, &err)) fail_msg("%s", err->message);
+  return r;
+}
+
+static void test_lower_pp2_dp2_ep2(void **state) {
+  (void)state;
+  struct compile_result r = compile_files("models/tiny-moe.json", 0, "directives/base-schedules/pp2_dp2_ep2.json",
+                                          SCHED_1F1B, 4);
+  const struct plan *p = r.plan;
+  assert_int_equal(p->n_devices, 4);
+  assert_int_equal(p->n_classes, 2); /* DP replicas share their program */
+  assert_int_equal(p->device_class[0], p->device_class[1]);
+  assert_int_equal(p->device_class[2], p->device_class[3]);
+  assert_int_not_equal(p->device_class[0], p->device_class[2]);
+  /* Every send's peer is the device at the same position of the next group. */
+  const struct plan_class *c0 = plan_device_class(p, 1);
+  uint32_t sends = 0, computes = 0;
+  for (uint32_t i = 0; i < c0->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c0->instrs[i].node];
+    if (n->kind == IR_NODE_SEND) {
+      sends++;
+      assert_int_equal(plan_peer(p, c0->instrs[i].node, 1), 3);
+      assert_int_equal(plan_peer(p, c0->instrs[i].node, 0), 2);
+    }
+    computes += n->kind == IR_NODE_COMPUTE;
+  }
+  assert_int_equal(sends, 4); /* one activation per micro-batch leaves stage 0 */
+  /* Per-communicator sequence numbers count 0, 1, 2, ... on each device. */
+  for (uint32_t cm = 0; cm < p->n_comms; cm++) {
+    uint32_t next[2] = {0, 0};
+    for (uint32_t i = 0; i < c0->n_instrs; i++) {
+      if (c0->instrs[i].comm != cm) continue;
+      int side = p->nodes[c0->instrs[i].node].kind == IR_NODE_RECV;
+      assert_int_equal(c0->instrs[i].seq, next[side]++);
+    }
+  }
+  /* Waits only name instructions on other streams that come earlier. */
+  for (uint32_t i = 0; i < c0->n_instrs; i++)
+    for (uint32_t w = 0; w < c0->instrs[i].wait_count; w++) {
+      uint32_t j = c0->waits[c0->instrs[i].wait_first + w];
+      assert_true(j < i);
+      assert_int_not_equal(c0->instrs[j].stream, c0->instrs[i].stream);
+    }
+  /* Tensors: consumers read what producers wrote. */
+  for (uint32_t t = 0; t < c0->n_tensors; t++) {
+    const struct plan_tensor *pt = &c0->tensors[t];
+    assert_true(pt->producer < c0->n_instrs);
+    assert_true(pt->consumer_count >= 1);
+    for (uint32_t k = 0; k < pt->consumer_count; k++)
+      assert_true(c0->consumers[pt->consumer_first + k] > pt->producer);
+  }
+  assert_true(computes > 0);
+  compile_result_free(&r);
+}
+
+/* 1F1B on 2 ranks, 4 micro-batches: the compute order of each rank (one segment per stage). */
+static void test_lower_1f1b_order(void **state) {
+  (void)state;
+  char *path = g_build_filename(g_get_tmp_dir(), "piper-test-pp2.json", NULL);
+  g_file_set_contents(path,
+                      "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0]},"
+                      "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[1]}]",
+                      -1, NULL);
+  struct compile_result r = compile_files("models/tiny-dense.json", 2, path, SCHED_1F1B, 4);
+  const char *want[2] = {"F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"};
+  int mb_tag = -1;
+  for (uint32_t t = 0; t < r.plan->n_tags; t++)
+    if (strcmp(r.plan->tag_names[t], "MB") == 0) mb_tag = (int)t;
+  assert_true(mb_tag >= 0);
+  for (uint32_t d = 0; d < 2; d++) {
+    const struct plan_class *c = plan_device_class(r.plan, d);
+    GString *got = g_string_new(NULL);
+    for (uint32_t i = 0; i < c->n_instrs; i++) {
+      const struct ir_node *n = &r.plan->nodes[c->instrs[i].node];
+      if (n->kind != IR_NODE_COMPUTE) continue;
+      g_string_append_printf(got, "%s%s%d", got->len ? " " : "", ir_pass_name(n->pass), n->tags[mb_tag]);
+    }
+    assert_string_equal(got->str, want[d]);
+    g_string_free(got, TRUE);
+  }
+  compile_result_free(&r);
+  g_unlink(path);
+  g_free(path);
+}
+
+/* The progress check rejects a hand-made deadlock: device 1 made to send its gradient before
+ * receiving the activation the gradient depends on, on one shared stream. */
+static void test_progress_catches_deadlock(void **state) {
+  (void)state;
+  char *path = g_build_filename(g_get_tmp_dir(), "piper-test-pp2s.json", NULL);
+  g_file_set_contents(path,
+                      "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0],\"stream\":\"pp\"},"
+                      "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[1],\"stream\":\"pp\"}]",
+                      -1, NULL);
+  struct compile_result r = compile_files("models/tiny-dense.json", 2, path, SCHED_CUSTOM, 0);
+  GError *err = NULL;
+  assert_true(plan_check_progress(r.plan, &err));
+  struct plan_class *c = &r.plan->classes[r.plan->device_class[1]];
+  uint32_t pp = IR_NONE;
+  for (uint32_t s = 0; s < r.plan->n_streams; s++)
+    if (strcmp(r.plan->streams[s].name, "pp") == 0) pp = s;
+  assert_int_not_equal(pp, IR_NONE);
+  uint32_t first = c->stream_first[pp], len = c->stream_first[pp + 1] - first;
+  assert_int_equal(len, 2); /* recv activation, send gradient */
+  uint32_t tmp = c->stream_instrs[first];
+  c->stream_instrs[first] = c->stream_instrs[first + 1];
+  c->stream_instrs[first + 1] = tmp;
+  assert_false(plan_check_progress(r.plan, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "plan deadlocks"));
+  assert_non_null(strstr(err->message, "device 1 stream pp waits at \"send B"));
+  g_error_free(err);
+  compile_result_free(&r);
+  g_unlink(path);
+  g_free(path);
+}
+
+/* Same inputs, same plan: every lowered field is equal across two compilations. */
+static void test_lower_deterministic(void **state) {
+  (void)state;
+  struct compile_result a = compile_files("models/tiny-moe.json", 4, "directives/base-schedules/pp4_dp2_ep2_v_placement.json",
+                                          SCHED_DUALPIPEV, 8);
+  struct compile_result b = compile_files("models/tiny-moe.json", 4, "directives/base-schedules/pp4_dp2_ep2_v_placement.json",
+                                          SCHED_DUALPIPEV, 8);
+  assert_true(plan_equal(a.plan, b.plan));
+  assert_int_equal(a.plan->n_nodes, b.plan->n_nodes);
+  assert_memory_equal(a.plan->nodes, b.plan->nodes, sizeof(struct ir_node) * a.plan->n_nodes);
+  compile_result_free(&a);
+  compile_result_free(&b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_build_dense),
+      cmocka_unit_test(test_split_multiplies_matched_nodes),
+      cmocka_unit_test(test_place_adds_send_recv_per_crossing_edge),
+      cmocka_unit_test(test_replicate_buckets),
+      cmocka_unit_test(test_shard_adds_all_to_all),
+      cmocka_unit_test(test_order_adds_temporal_edges),
+      cmocka_unit_test(test_bad_programs),
+      cmocka_unit_test(test_lower_pp2_dp2_ep2),
+      cmocka_unit_test(test_lower_1f1b_order),
+      cmocka_unit_test(test_progress_catches_deadlock),
+      cmocka_unit_test(test_lower_deterministic),
+  };
+  return cmocka_run_group_tests_name("compile", tests, NULL, NULL);
+}
