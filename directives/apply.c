@@ -553,6 +553,24 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
     }
     g_array_free(groups, TRUE);
   }
+  /* ZeRO-2: the update touched only this device's shard; gather the updated parameters. */
+  uint32_t nn = g->nodes->len;
+  for (uint32_t c = n_opt; c < nn; c++) {
+    const struct ir_node *cn = IR_NODE(g, c);
+    if (cn->kind != IR_NODE_REDUCE_SCATTER || cn->shard_params) continue;
+    const struct dir_directive *dd = &a->p->d[cn->directive];
+    uint32_t ne = g->edges->len;
+    for (uint32_t e = 0; e < ne; e++) {
+      const struct ir_edge *ed = IR_EDGE(g, e);
+      if (ed->src != c || ed->kind == IR_EDGE_DEAD || IR_NODE(g, ed->dst)->kind != IR_NODE_OPTIMIZER) continue;
+      uint32_t opt = ed->dst;
+      struct ir_node gn = comm_node(IR_NODE(g, c), IR_NODE_ALL_GATHER, IR_COMM_DP,
+                                    stream_or(g, dd->gather_stream, "dp_gather"), IR_NODE(g, c)->bytes);
+      gn.segset = IR_NODE(g, c)->segset;
+      uint32_t gid = add_node(a, &gn);
+      ir_graph_add_edge(g, opt, gid, IR_EDGE_TEMPORAL, 0, 0);
+    }
+  }
   g_free(sync_of);
   grad_index_free(&gi);
   (void)err;

@@ -1,0 +1,29 @@
+/* kernels-impl: helpers private to kernels/ (pointwise SwiGLU shared by MLP and expert FFN). */
+#ifndef PIPER_KERNELS_KERNELS_IMPL_H
+#define PIPER_KERNELS_KERNELS_IMPL_H
+
+#include <math.h>
+#include <stddef.h>
+
+/* act = silu(g) * u over n elements; silu(g) = g * sigmoid(g). */
+static inline void kernels_impl_swiglu_forward(float *act, const float *g, const float *u,
+                                               size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float sig = 1.0f / (1.0f + expf(-g[i]));
+    act[i] = g[i] * sig * u[i];
+  }
+}
+
+/* On entry dg holds dact; on exit dg = dact * u * silu'(g), du = dact * silu(g), with
+ * silu'(g) = sig * (1 + g * (1 - sig)). */
+static inline void kernels_impl_swiglu_backward(float *dg, float *du, const float *g,
+                                                const float *u, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float sig = 1.0f / (1.0f + expf(-g[i]));
+    float dact = dg[i];
+    du[i] = dact * g[i] * sig;
+    dg[i] = dact * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+  }
+}
+
+#endif

@@ -1,0 +1,267 @@
+/* kernels: host (CPU) reference kernels for every model op the executor runs: forward,
+ * backward-for-inputs (BI) and backward-for-weights (BW) as separate entry points, plus AdamW.
+ * fp32, flat row-major float arrays, one function per layer (llm.c style); GEMMs use BLAS.
+ *
+ *   float *saved = malloc(kernels_mlp_saved_floats(T, C, F) * sizeof(float));
+ *   kernels_mlp_forward(m, saved, h, params, T, C, F);                       // F
+ *   kernels_mlp_backward_input(dh, bwork, dm, saved, params, T, C, F, true);  // BI: dh += ...
+ *   kernels_mlp_backward_weight(dparams, bwork, dm, h, saved, T, C, F);       // BW (later)
+ *   kernels_adamw_step(params, dparams, m1, v1, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+ *
+ * Conventions, for every op:
+ * - Shapes are row-major; [T, C] means T rows of C floats. T = tokens of the micro-batch.
+ * - `params` is the op's flat parameter block, exactly kernels_<op>_param_count() floats, laid
+ *   out as documented per op (the same count models/ reports as model_op.param_count).
+ *   `dparams` has the same layout.
+ * - Gradients to weights ACCUMULATE (+=), so micro-batches add up; the caller zeroes them.
+ * - Gradients to inputs are written (=) when `accumulate` is false and added (+=) when true
+ *   (the residual stream x and the normalised h fan out to several ops, whose input gradients
+ *   must be summed).
+ * - What the forward keeps for the backward goes into a caller-provided `saved` buffer of
+ *   kernels_<op>_saved_floats() floats; it must live until the op's last backward (BW).
+ *   Inputs the caller already holds (x, h, the output gradient) are passed again explicitly
+ *   rather than copied into `saved`.
+ * - BI hands BW its intermediate gradients through `bwork`, kernels_<op>_bwork_floats()
+ *   floats, which must live from BI until BW (zero-bubble schedules run BW much later).
+ * - The fused kernels_<op>_backward is exactly BI followed by BW (bit-identical results).
+ * - Deterministic: same inputs give bit-identical outputs. Kernels do not thread; OpenBLAS may
+ *   thread a GEMM, but it splits only the M and N dimensions, never the summed K dimension, so
+ *   results do not depend on timing. Kernels never allocate.
+ * - Sizes are int (host runs use small models); offsets are computed in size_t.
+ */
+#ifndef PIPER_KERNELS_KERNELS_H
+#define PIPER_KERNELS_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KERNELS_RMSNORM_EPS 1e-6f
+#define KERNELS_ROPE_THETA 10000.0f
+
+/* ---- GEMM -------------------------------------------------------------------------------- */
+
+/* C = alpha * op(A) * op(B) + beta * C, row-major. op(A) is [m, k], op(B) is [k, n], C is
+ * [m, n]. A is stored [m, k] (lda >= k), or [k, m] when trans_a (lda >= m); likewise B.
+ * beta == 0 ignores C's old contents (NaN included). cblas_sgemm under HAVE_BLAS, else loops. */
+void kernels_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                  int lda, const float *b, int ldb, float beta, float *c, int ldc);
+
+/* ---- EMBEDDING: tokens -> x ------------------------------------------------------------
+ * params: wte [V, C]. tokens: int32 [T], each in [0, V). No BI: tokens are not differentiable.
+ * Nothing is saved: BW needs the tokens and dx. */
+size_t kernels_embedding_param_count(int V, int C);
+/* x [T, C] = wte[tokens[t]] */
+void kernels_embedding_forward(float *x, const int32_t *tokens, const float *params, int T,
+                               int V, int C);
+/* dwte[tokens[t]] += dx[t], t ascending (deterministic for repeated tokens). */
+void kernels_embedding_backward_weight(float *dparams, const float *dx, const int32_t *tokens,
+                                       int T, int V, int C);
+void kernels_embedding_backward(float *dparams, const float *dx, const int32_t *tokens, int T,
+                                int V, int C);
+
+/* ---- RMSNORM: x -> h ---------------------------------------------------------------------
+ * h = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). params: w [C]. eps: KERNELS_RMSNORM_EPS.
+ * saved: rstd [T]. BI and BW need x, saved and dh; nothing goes from BI to BW. */
+size_t kernels_rmsnorm_param_count(int C);
+size_t kernels_rmsnorm_saved_floats(int T);
+/* h [T, C], saved [T] <- x [T, C] */
+void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float *params, int T,
+                             int C, float eps);
+/* dx [T, C] (= or +=) <- dh [T, C] */
+void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x,
+                                    const float *saved, const float *params, int T, int C,
+                                    bool accumulate);
+/* dw [C] += sum_t dh * x * rstd */
+void kernels_rmsnorm_backward_weight(float *dparams, const float *dh, const float *x,
+                                     const float *saved, int T, int C);
+void kernels_rmsnorm_backward(float *dx, float *dparams, const float *dh, const float *x,
+                              const float *saved, const float *params, int T, int C,
+                              bool accumulate);
+
+/* ---- ROTARY POSITION EMBEDDING (used by attention; public for the CUDA reference) --------
+ * x [batch * seq, n_heads * head_dim]; row b*seq + s is at position s. Pairs (i, i + D/2)
+ * (the Hugging Face "rotate_half" layout) rotate by angle s * theta^(-2i/D), i < D/2:
+ *   x'[i] = x[i] cos - x[i+D/2] sin,  x'[i+D/2] = x[i+D/2] cos + x[i] sin.
+ * inverse rotates the other way, which is also the backward (the map is orthogonal). In place;
+ * head_dim must be even. */
+void kernels_rope(float *x, int batch, int seq, int n_heads, int head_dim, float theta,
+                  bool inverse);
+
+/* ---- ATTENTION: h -> a (causal, RoPE, grouped-query) --------------------------------------
+ * params: wq [C, H*D], wk [C, KV*D], wv [C, KV*D], wo [H*D, C], in that order, no biases.
+ * q = rope(h wq), k = rope(h wk), v = h wv; head j uses kv head j / (H / KV);
+ * p = softmax(q k^T / sqrt(D)) over keys s' <= s of the same sequence; y = p v; a = y wo.
+ * saved (in order): q [T, H*D] (after RoPE), k [T, KV*D] (after RoPE), v [T, KV*D],
+ *   p [B, H, S, S] (row s holds keys 0..s, the rest 0), y [T, H*D].
+ * bwork (in order): dy [T, H*D] (BI scratch), dq [T, H*D], dk [T, KV*D], dv [T, KV*D]
+ *   (gradients before RoPE, i.e. of h wq, h wk, h wv), written by BI, read by BW.
+ * BW also needs h and da. T = B * S; H % KV == 0; D even. */
+struct kernels_attention_dims {
+  int batch, seq, heads, kv_heads, head_dim, hidden;
+  float rope_theta; /* KERNELS_ROPE_THETA unless the model says otherwise */
+};
+size_t kernels_attention_param_count(const struct kernels_attention_dims *d);
+size_t kernels_attention_saved_floats(const struct kernels_attention_dims *d);
+size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d);
+/* a [T, C], saved <- h [T, C] */
+void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
+                               const struct kernels_attention_dims *d);
+/* dh [T, C] (= or +=), bwork <- da [T, C] */
+void kernels_attention_backward_input(float *dh, float *bwork, const float *da,
+                                      const float *saved, const float *params,
+                                      const struct kernels_attention_dims *d, bool accumulate);
+/* dparams += ... <- bwork, da [T, C], h [T, C], saved */
+void kernels_attention_backward_weight(float *dparams, const float *bwork, const float *da,
+                                       const float *h, const float *saved,
+                                       const struct kernels_attention_dims *d);
+void kernels_attention_backward(float *dh, float *dparams, float *bwork, const float *da,
+                                const float *h, const float *saved, const float *params,
+                                const struct kernels_attention_dims *d, bool accumulate);
+
+/* ---- MLP (SwiGLU; also SHARED_EXPERT with F = ffn * n_shared): h -> m ----------------------
+ * params: w_gate [C, F], w_up [C, F], w_down [F, C]. m = (silu(h wg) * (h wu)) wd.
+ * saved (in order): g = h wg [T, F], u = h wu [T, F], act = silu(g) * u [T, F].
+ * bwork (in order): dg [T, F], du [T, F], written by BI, read by BW. BW also needs h and dm. */
+size_t kernels_mlp_param_count(int C, int F);
+size_t kernels_mlp_saved_floats(int T, int F);
+size_t kernels_mlp_bwork_floats(int T, int F);
+/* m [T, C], saved <- h [T, C] */
+void kernels_mlp_forward(float *m, float *saved, const float *h, const float *params, int T,
+                         int C, int F);
+/* dh [T, C] (= or +=), bwork <- dm [T, C] */
+void kernels_mlp_backward_input(float *dh, float *bwork, const float *dm, const float *saved,
+                                const float *params, int T, int C, int F, bool accumulate);
+void kernels_mlp_backward_weight(float *dparams, const float *bwork, const float *dm,
+                                 const float *h, const float *saved, int T, int C, int F);
+void kernels_mlp_backward(float *dh, float *dparams, float *bwork, const float *dm,
+                          const float *h, const float *saved, const float *params, int T, int C,
+                          int F, bool accumulate);
+
+/* ---- ROUTER: h -> r (softmax over E experts, top-k, weights renormalised) ------------------
+ * params: w [C, E]. probs = softmax(h w); ids[t] = the K most probable experts, most probable
+ * first, ties to the lower expert id; weights[t, k] = probs[ids[t, k]] / sum_k' probs[ids[t,k']].
+ * The choice is piecewise constant, so gradients flow only through the chosen probabilities.
+ * saved: probs [T, E]. bwork: dlogits [T, E], written by BI, read by BW. BW also needs h. */
+size_t kernels_router_param_count(int C, int E);
+size_t kernels_router_saved_floats(int T, int E);
+size_t kernels_router_bwork_floats(int T, int E);
+/* ids int32 [T, K], weights [T, K], saved <- h [T, C] */
+void kernels_router_forward(int32_t *ids, float *weights, float *saved, const float *h,
+                            const float *params, int T, int C, int E, int K);
+/* dh [T, C] (= or +=), bwork <- dweights [T, K] (from kernels_moe_combine_backward) */
+void kernels_router_backward_input(float *dh, float *bwork, const float *dweights,
+                                   const int32_t *ids, const float *weights, const float *saved,
+                                   const float *params, int T, int C, int E, int K,
+                                   bool accumulate);
+void kernels_router_backward_weight(float *dparams, const float *bwork, const float *h, int T,
+                                    int C, int E);
+void kernels_router_backward(float *dh, float *dparams, float *bwork, const float *dweights,
+                             const int32_t *ids, const float *weights, const float *saved,
+                             const float *h, const float *params, int T, int C, int E, int K,
+                             bool accumulate);
+
+/* ---- TOKEN DISPATCH / COMBINE for expert parallelism (no parameters) -----------------------
+ * The EXPERT_FFN op is: plan -> dispatch (rows to send) -> [all-to-all] -> expert FFN on the
+ * rows received -> [all-to-all back, same counts] -> combine. On one device n_ranks = 1 and the
+ * all-to-alls are skipped: the send buffer is the expert FFN's input and output row order.
+ * E experts are split evenly over n_ranks ranks: rank r owns [r*E/n, (r+1)*E/n).
+ * Send order: by destination rank, then token, then route slot; route_row[t*K + k] is the row
+ * of the send buffer that carries route (t, k). All T*K routes are sent (the local rank's
+ * share too). The backward of dispatch and combine is the same permutation reversed, and sums
+ * over the K routes of a token in slot order (deterministic). */
+int kernels_moe_owner(int expert, int E, int n_ranks);
+/* send_counts int32 [n_ranks] (rows to each rank), route_row int32 [T * K] <- ids [T, K] */
+void kernels_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_t *ids,
+                               int T, int K, int E, int n_ranks);
+/* send [T*K, C], send_expert int32 [T*K] (the expert of each row) <- h [T, C] */
+void kernels_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h,
+                                  const int32_t *ids, const int32_t *route_row, int T, int K,
+                                  int C);
+/* dh [T, C] (= or +=) <- dsend [T*K, C]: dh[t] = sum_k dsend[route_row[t, k]] */
+void kernels_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row,
+                                   int T, int K, int C, bool accumulate);
+/* m [T, C] = sum_k weights[t, k] * y[route_row[t, k]] <- y [T*K, C] (expert outputs, in send
+ * order) */
+void kernels_moe_combine_forward(float *m, const float *y, const float *weights,
+                                 const int32_t *route_row, int T, int K, int C);
+/* dy [T*K, C] = weights * dm[t] (written), dweights [T, K] = dm[t] . y[row] (written, feeds
+ * kernels_router_backward_input) <- dm [T, C]. Keep y (the expert outputs) for this. */
+void kernels_moe_combine_backward(float *dy, float *dweights, const float *dm, const float *y,
+                                  const float *weights, const int32_t *route_row, int T, int K,
+                                  int C);
+
+/* ---- EXPERT_FFN: SwiGLU experts over routed rows -------------------------------------------
+ * params of the whole op: [E][w_gate C*F, w_up C*F, w_down F*C], contiguous per expert. These
+ * kernels run the experts [e_first, e_first + e_count) that one rank holds, and `params` /
+ * `dparams` point at expert e_first's block (full + e_first * kernels_expert_ffn_param_count(
+ * 1, C, F)). out[r] = expert_{row_expert[r]}(in[r]), unweighted (combine applies the routing
+ * weights); every row_expert must be in the range. Rows may come in any order (after dispatch
+ * they come by source rank, then token); each expert's rows run as one GEMM, in row order.
+ * saved (in order, rows grouped by expert, experts ascending, rows ascending within one):
+ *   xs [n, C] (the inputs), g [n, F], u [n, F], act [n, F].
+ * bwork (same grouping): dys [n, C] (the output gradient), dg [n, F], du [n, F].
+ * scratch: [n, C], used within one call only (forward and BI). */
+size_t kernels_expert_ffn_param_count(int E, int C, int F);
+size_t kernels_expert_ffn_saved_floats(int n_rows, int C, int F);
+size_t kernels_expert_ffn_bwork_floats(int n_rows, int C, int F);
+size_t kernels_expert_ffn_scratch_floats(int n_rows, int C);
+/* out [n, C], saved <- in [n, C], row_expert int32 [n] */
+void kernels_expert_ffn_forward(float *out, float *saved, float *scratch, const float *in,
+                                const int32_t *row_expert, int n_rows, const float *params,
+                                int e_first, int e_count, int C, int F);
+/* din [n, C] (= or +=), bwork <- dout [n, C] */
+void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch,
+                                       const float *dout, const int32_t *row_expert,
+                                       int n_rows, const float *saved, const float *params,
+                                       int e_first, int e_count, int C, int F, bool accumulate);
+void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
+                                        const int32_t *row_expert, int n_rows,
+                                        const float *saved, int e_first, int e_count, int C,
+                                        int F);
+void kernels_expert_ffn_backward(float *din, float *dparams, float *bwork, float *scratch,
+                                 const float *dout, const int32_t *row_expert, int n_rows,
+                                 const float *saved, const float *params, int e_first,
+                                 int e_count, int C, int F, bool accumulate);
+
+/* ---- LM_HEAD_LOSS: h -> loss ------------------------------------------------------------
+ * params: w [C, V] (KERNELS_LM_HEAD_UNTIED), or, with tied embeddings (models/ then counts no
+ * head parameters), the embedding's wte [V, C] (KERNELS_LM_HEAD_TIED), whose gradient then
+ * goes into dwte. logits = h w; loss = mean over the T tokens of -log softmax(logits)[target].
+ * targets int32 [T], each in [0, V). saved: probs [T, V]. bwork: dlogits [T, V], written by BI,
+ * read by BW (it may be the same buffer as saved: BI overwrites probs elementwise). BW also
+ * needs h. dloss scales the gradient (1 for one micro-batch; 1/n to average n of them). */
+enum kernels_lm_head_layout { KERNELS_LM_HEAD_UNTIED, KERNELS_LM_HEAD_TIED };
+size_t kernels_lm_head_loss_param_count(int C, int V); /* untied: C * V */
+size_t kernels_lm_head_loss_saved_floats(int T, int V);
+size_t kernels_lm_head_loss_bwork_floats(int T, int V);
+/* returns the mean loss; saved <- h [T, C] */
+float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *targets,
+                                   const float *params, enum kernels_lm_head_layout layout,
+                                   int T, int C, int V);
+/* dh [T, C] (= or +=), bwork */
+void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *saved,
+                                         const int32_t *targets, const float *params,
+                                         enum kernels_lm_head_layout layout, float dloss, int T,
+                                         int C, int V, bool accumulate);
+void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *h,
+                                          enum kernels_lm_head_layout layout, int T, int C,
+                                          int V);
+void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, const float *saved,
+                                   const float *h, const int32_t *targets, const float *params,
+                                   enum kernels_lm_head_layout layout, float dloss, int T, int C,
+                                   int V, bool accumulate);
+
+/* ---- RESIDUAL_ADD: x += y ----------------------------------------------------------------
+ * Backward passes the gradient to both: dx is unchanged, dy = dx (or dy += dx). */
+void kernels_residual_add_forward(float *x, const float *y, size_t n);
+void kernels_residual_add_backward(float *dy, const float *dx, size_t n, bool accumulate);
+
+/* ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1) --------------------
+ * m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  mh = m / (1 - b1^step);  vh = v / (1 - b2^step)
+ * p -= lr * (mh / (sqrt(vh) + eps) + weight_decay * p)      over n elements, in place. */
+void kernels_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
+                        float lr, float beta1, float beta2, float eps, float weight_decay,
+                        int step);
+
+#endif
