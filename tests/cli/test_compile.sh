@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# piper-compile as a user runs it: good programs compile and write plans (byte-identical across
+# runs); bad input of every kind gets one line on stderr naming the fault, and exit status 2.
+set -u
+BIN=${PIPER_BIN:-bin}
+PC="$BIN/piper-compile"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0
+failed=0
+
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# expect_ok NAME ARGS...: exit 0
+expect_ok() {
+  local name=$1; shift
+  if "$PC" "$@" >"$T/out" 2>"$T/err"; then ok; else bad "$name: exit $? $(cat "$T/err")"; fi
+}
+
+# expect_bad NAME SUBSTRING ARGS...: exit 2, exactly one stderr line with the prefix and SUBSTRING
+expect_bad() {
+  local name=$1 want=$2; shift 2
+  "$PC" "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$T/err")
+  if [ "$rc" -ne 2 ]; then bad "$name: exit $rc, want 2 ($(head -c 300 "$T/err"))"; return; fi
+  if [ "$lines" -ne 1 ]; then bad "$name: $lines stderr lines"; return; fi
+  if ! grep -q "^piper-compile: error: " "$T/err"; then bad "$name: no error prefix: $(cat "$T/err")"; return; fi
+  if ! grep -qF -- "$want" "$T/err"; then bad "$name: message lacks '$want': $(cat "$T/err")"; return; fi
+  ok
+}
+
+BS=directives/base-schedules
+MOE=models/tiny-moe.json
+DENSE=models/tiny-dense.json
+
+# --- good input -------------------------------------------------------------------------------
+expect_ok "dp-only" --model $MOE --directives $BS/dp2.json --mbs 4 -o "$T/dp2"
+expect_ok "pp2_dp2_ep2" --model $MOE --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 -o "$T/a" --stats
+grep -q "^instructions: " "$T/out" || bad "--stats prints instruction counts"
+[ -f "$T/a/plan.json" ] && [ -f "$T/a/device-3.json" ] && [ -f "$T/a/1f1b_pp2_mbs4.json" ] && ok || bad "plan files written"
+expect_ok "pp2_dp2_ep2 again" --model $MOE --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 -o "$T/b"
+diff -r "$T/a" "$T/b" >/dev/null && ok || bad "plans are not byte-identical across runs"
+expect_ok "dump" --model $MOE --directives $BS/pp2_dp2_ep2_zero3.json --dump-ir "$T/ir.json" --dump-dot "$T/ir.dot"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['nodes'] and d['edges']" "$T/ir.json" && ok || bad "--dump-ir is not valid JSON"
+grep -q "^digraph piper" "$T/ir.dot" && ok || bad "--dump-dot is not DOT"
+expect_ok "deepseek 2048" --model models/deepseek-v3.json --pp-regions 32 \
+  --directives $BS/deepseek_v3_pp32_v_dp128_ep128.json --schedule dualpipev --mbs 32
+grep -q "2048 devices" "$T/out" && ok || bad "deepseek-v3 compiles to 2048 devices: $(cat "$T/out")"
+expect_ok "csv export" --model $MOE --pp-regions 4 --directives $BS/pp4_dp2_ep2_v_placement.json \
+  --schedule dualpipev --mbs 8 --export-csv "$T/dpv.csv"
+expect_ok "csv import" --model $MOE --pp-regions 4 --directives $BS/pp4_dp2_ep2_v_placement.json \
+  --mbs 8 --import-csv "$T/dpv.csv" --export-csv "$T/dpv2.csv"
+cmp -s "$T/dpv.csv" "$T/dpv2.csv" && ok || bad "CSV export -> import -> export is not lossless"
+"$PC" --help | grep -q -- "--base-schedule" && ok || bad "--help"
+"$PC" --version | grep -q "^piper-compile " && ok || bad "--version"
+
+# --- bad input: 24 cases, each exit 2 with one line naming the fault ---------------------------
+printf '[{"op": "place", "filter": {"PP": 0}, "devices": [0]},\n {"op": "place" "filter": {}}]' >"$T/malformed.json"
+expect_bad "malformed JSON" "malformed.json:2:17: malformed JSON" --model $MOE --directives "$T/malformed.json"
+echo '{"op":"place"}' >"$T/notarray.json"
+expect_bad "root not an array" "notarray.json" --model $MOE --directives "$T/notarray.json"
+echo '[{"op":"plase","filter":{},"devices":[0]}]' >"$T/op.json"
+expect_bad "unknown op" 'unknown op "plase"' --model $MOE --directives "$T/op.json"
+echo '[{"op":"place","filter":{},"devices":[0],"colour":1}]' >"$T/key.json"
+expect_bad "unknown key" '"colour"' --model $MOE --directives "$T/key.json"
+echo '[{"op":"place","filter":{},"devices":"0"}]' >"$T/type.json"
+expect_bad "wrong type" 'directive 0 (place): "devices"' --model $MOE --directives "$T/type.json"
+echo '[{"op":"place","filter":{},"devices":[]}]' >"$T/empty.json"
+expect_bad "empty devices" '"devices"' --model $MOE --directives "$T/empty.json"
+echo '[{"op":"place","filter":{"PP":0},"devices":[-1]}]' >"$T/neg.json"
+expect_bad "negative device" '"devices[0]" = -1' --model $MOE --directives "$T/neg.json"
+echo '[{"op":"place","filter":{"PP":0},"devices":[0]},{"op":"place","filter":{"PP":1},"devices":[9]}]' >"$T/range.json"
+expect_bad "device out of range" "out of range" --model $MOE --directives "$T/range.json" --devices 4
+echo '[{"op":"place","filter":{"LAYER":0},"devices":[0]}]' >"$T/tag.json"
+expect_bad "filter key no tag" 'filter key "LAYER" is not a tag' --model $MOE --directives "$T/tag.json"
+echo '[{"op":"place","filter":{"PP":5},"devices":[0]}]' >"$T/nothing.json"
+expect_bad "filter matches nothing" 'matches nothing' --model $MOE --directives "$T/nothing.json"
+echo '[{"op":"replicate","filter":{"PP":0},"devices":[0,1]},{"op":"place","filter":{"PP":1},"devices":[2]}]' >"$T/sizes.json"
+expect_bad "unequal group sizes" 'equal sizes' --model $MOE --directives "$T/sizes.json"
+echo '[{"op":"split","filter":{},"dim_name":"MB","num_microbatches":0}]' >"$T/split0.json"
+expect_bad "split count 0" '"num_microbatches"' --model $MOE --directives "$T/split0.json"
+echo '[{"op":"split","filter":{},"dim_name":"MB","num_microbatches":1000000000}]' >"$T/split9.json"
+expect_bad "absurd split count" '"num_microbatches"' --model $MOE --directives "$T/split9.json"
+echo '[{"op":"split","filter":{},"dim_name":"MB","num_microbatches":2.5}]' >"$T/splitf.json"
+expect_bad "fractional split count" '"num_microbatches"' --model $MOE --directives "$T/splitf.json"
+python3 -c "print('[{\"op\":\"place\",\"filter\":{},\"devices\":[' + ','.join(str(i) for i in range(10**7)) + ']}]')" >"$T/huge.json"
+expect_bad "10^7-device list" "huge.json" --model $MOE --directives "$T/huge.json"
+cat >"$T/cycle.json" <<'EOF'
+[{"op":"place","filter":{"PP":0},"devices":[0]},{"op":"place","filter":{"PP":1},"devices":[1]},
+ {"op":"split","filter":{},"dim_name":"MB","num_microbatches":2},
+ {"op":"order","filters":[[{"PP":0,"MB":0,"PASS":"B"}],[{"PP":0,"MB":0,"PASS":"F"}]]}]
+EOF
+expect_bad "order against dataflow" 'directive 3 (order): the order creates a cycle' --model $MOE --directives "$T/cycle.json"
+cat >"$T/span.json" <<'EOF'
+[{"op":"place","filter":{"PP":0},"devices":[0]},{"op":"place","filter":{"PP":1},"devices":[1]},
+ {"op":"split","filter":{},"dim_name":"MB","num_microbatches":2},
+ {"op":"order","filters":[[{"PP":0,"MB":0,"PASS":"F"}],[{"PP":1,"MB":0,"PASS":"F"}]]}]
+EOF
+expect_bad "order spans groups" 'spans device groups' --model $MOE --directives "$T/span.json"
+cat >"$T/bi.json" <<'EOF'
+[{"op":"split","filter":{},"dim_name":"MB","num_microbatches":2},
+ {"op":"order","filters":[[{"PP":1,"MB":0,"PASS":"F"}],[{"PP":1,"MB":0,"PASS":"BI"}]]}]
+EOF
+expect_bad "BI without BW" 'no later group has its BW' --model $MOE --directives "$T/bi.json"
+echo '[{"op":"order","filters":[[{"PP":0,"PASS":"X"}],[{"PP":0}]]}]' >"$T/pass.json"
+expect_bad "bad PASS" '"PASS"' --model $MOE --directives "$T/pass.json"
+echo '[{"op":"order","filters":[[{"PP":0}]]}]' >"$T/oneslot.json"
+expect_bad "order with one group" '"filters"' --model $MOE --directives "$T/oneslot.json"
+expect_bad "schedule needs micro-batches" "dualpipev" --model $MOE --pp-regions 4 \
+  --directives $BS/pp4_dp2_ep2_v_placement.json --schedule dualpipev --mbs 2
+expect_bad "ranks mismatch" "4 ranks was asked" --model $MOE --directives $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 4 --mbs 4
+expect_bad "unknown schedule" 'unknown schedule "2f2b"' --model $MOE --directives $BS/dp2.json --schedule 2f2b
+expect_bad "missing model file" "nonexistent.json" --model "$T/nonexistent.json" --directives $BS/dp2.json
+echo '{"model_type":"llama","hidden_size":64}' >"$T/model.json"
+expect_bad "model missing keys" "model.json" --model "$T/model.json" --directives $BS/dp2.json
+expect_bad "bad --mbs" "--mbs" --model $MOE --directives $BS/dp2.json --mbs 0
+expect_bad "bad --pp-regions" "--pp-regions 99" --model $MOE --directives $BS/dp2.json --pp-regions 99
+expect_bad "unknown option" "--frobnicate" --model $MOE --directives $BS/dp2.json --frobnicate
+
+echo "$pass passed, $failed failed"
+[ "$failed" -eq 0 ]
