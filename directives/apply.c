@@ -113,6 +113,56 @@ static GArray *match(const struct apply *a, const struct ir_filter *f, bool opti
   return m;
 }
 
+/* Compute nodes by (tag, value), so the many small filters of order directives look at a few
+ * candidates instead of the whole graph (schedules have O(M) filters per rank). */
+struct tag_index {
+  GHashTable *lists; /* (tag << 32 | value) -> GArray of node ids, ascending */
+};
+
+static void tag_index_build(const struct ir_graph *g, struct tag_index *ix) {
+  ix->lists = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, (GDestroyNotify)g_array_unref);
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_COMPUTE) continue;
+    for (uint32_t t = 0; t < g->n_tags; t++) {
+      if (n->tags[t] < 0) continue;
+      int64_t key = ((int64_t)t << 32) | n->tags[t];
+      GArray *l = g_hash_table_lookup(ix->lists, &key);
+      if (!l) {
+        l = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+        g_hash_table_insert(ix->lists, g_memdup2(&key, sizeof key), l);
+      }
+      g_array_append_val(l, i);
+    }
+  }
+}
+
+static void tag_index_free(struct tag_index *ix) {
+  if (ix->lists) g_hash_table_destroy(ix->lists);
+  ix->lists = NULL;
+}
+
+/* match() restricted to compute nodes, through the index when the filter names a value. */
+static GArray *match_indexed(const struct apply *a, const struct tag_index *ix, const struct ir_filter *f) {
+  const GArray *best = NULL;
+  bool any_exact = false;
+  for (uint32_t t = 0; t < a->g->n_tags; t++) {
+    if (f->tags[t] < 0) continue;
+    any_exact = true;
+    int64_t key = ((int64_t)t << 32) | f->tags[t];
+    const GArray *l = g_hash_table_lookup(ix->lists, &key);
+    if (!l) return g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    if (!best || l->len < best->len) best = l;
+  }
+  if (!any_exact) return match(a, f, false);
+  GArray *m = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  for (uint32_t j = 0; j < best->len; j++) {
+    uint32_t i = g_array_index(best, uint32_t, j);
+    if (ir_filter_match(f, IR_NODE(a->g, i))) g_array_append_val(m, i);
+  }
+  return m;
+}
+
 static bool check_devices(const struct apply *a, uint32_t d) {
   const struct dir_directive *dd = &a->p->d[d];
   for (uint32_t i = 0; i < dd->n_devices; i++)
@@ -798,7 +848,8 @@ static int by_position(const void *x, const void *y) {
   return a < b ? -1 : a > b;
 }
 
-static bool apply_order(struct apply *a, uint32_t d, uint32_t *pos, GError **err) {
+static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix, uint32_t *pos,
+                        GError **err) {
   const struct dir_directive *dd = &a->p->d[d];
   struct ir_graph *g = a->g;
   bool ok = false;
@@ -810,7 +861,7 @@ static bool apply_order(struct apply *a, uint32_t d, uint32_t *pos, GError **err
     for (uint32_t fi = dd->slot_first[s]; fi < dd->slot_first[s + 1]; fi++) {
       struct ir_filter f;
       if (!resolve(a, d, &dd->filters[fi], &f, err)) goto out;
-      GArray *m = match(a, &f, false);
+      GArray *m = match_indexed(a, ix, &f);
       if (m->len == 0) {
         char *ft = filter_text(&dd->filters[fi]);
         fail_at(a, d, err, "\"filters\" group %u filter %u %s matches nothing", s,
@@ -912,6 +963,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   bool ok = false;
   uint32_t *pos = NULL;
   bool *ordered = NULL;
+  struct tag_index ix = {NULL};
 
   for (uint32_t d = 0; d < p->n; d++)
     if (p->d[d].op == DIR_SPLIT && !apply_split(&a, d, err)) goto out;
@@ -949,9 +1001,10 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     goto out;
   }
   sort_pos = pos;
+  tag_index_build(g, &ix);
   for (uint32_t d = 0; d < p->n; d++) {
     if (p->d[d].op != DIR_ORDER) continue;
-    if (!apply_order(&a, d, pos, err)) goto out;
+    if (!apply_order(&a, d, &ix, pos, err)) goto out;
   }
   ordered = g_new0(bool, g->nodes->len);
   for (uint32_t d = 0; d < p->n; d++) {
@@ -960,8 +1013,9 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     for (uint32_t fi = 0; fi < dd->slot_first[dd->n_slots]; fi++) {
       struct ir_filter f;
       if (!resolve(&a, d, &dd->filters[fi], &f, err)) goto out;
-      for (uint32_t i = 0; i < g->nodes->len; i++)
-        if (IR_NODE(g, i)->kind == IR_NODE_COMPUTE && ir_filter_match(&f, IR_NODE(g, i))) ordered[i] = true;
+      GArray *m = match_indexed(&a, &ix, &f);
+      for (uint32_t j = 0; j < m->len; j++) ordered[g_array_index(m, uint32_t, j)] = true;
+      g_array_free(m, TRUE);
     }
   }
   default_priorities(&a, ordered);
@@ -971,6 +1025,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   }
   ok = true;
 out:
+  tag_index_free(&ix);
   sort_pos = NULL;
   g_free(ordered);
   g_free(pos);

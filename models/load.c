@@ -1,0 +1,547 @@
+/* model loading: reads an annotated model file (HF config.json keys plus a "piper" object),
+ * validates every key with one-line errors naming the file and the key, and writes the
+ * normalised configuration back (model_to_json). build.c derives ops, segments and edges. */
+#include "model-impl.h"
+
+#include <string.h>
+
+#include "../ir/json.h"
+
+/* Upper bounds on sizes. They are far above any real model and keep every derived product
+ * (bytes of a [tokens, vocab] logits tensor, expert parameter counts) inside 64 bits or
+ * close enough that build.c's checked arithmetic reports the rest. */
+#define MAX_HIDDEN (INT64_C(1) << 20)
+#define MAX_HEADS (INT64_C(1) << 16)
+#define MAX_HEAD_DIM (INT64_C(1) << 16)
+#define MAX_FFN (INT64_C(1) << 24)
+#define MAX_EXPERTS INT64_C(4096)
+#define MAX_VOCAB (INT64_C(1) << 24)
+#define MAX_LORA (INT64_C(1) << 20)
+#define MAX_SEQ (INT64_C(1) << 22)
+#define MAX_MICRO_BATCH (INT64_C(1) << 16)
+
+static const char *const reserved_tags[] = {"PP", "EP", "PASS", "MB", NULL};
+
+struct family_entry {
+  const char *model_type;
+  enum model_family family;
+};
+
+static const struct family_entry families[] = {
+    {"llama", MODEL_FAMILY_DENSE},     {"mistral", MODEL_FAMILY_DENSE},
+    {"qwen2", MODEL_FAMILY_DENSE},     {"qwen3", MODEL_FAMILY_DENSE},
+    {"qwen3_moe", MODEL_FAMILY_MOE},   {"qwen2_moe", MODEL_FAMILY_MOE},
+    {"mixtral", MODEL_FAMILY_MOE},     {"deepseek_v3", MODEL_FAMILY_DEEPSEEK_V3},
+};
+
+size_t model_dtype_bytes(enum model_dtype d) { return d == MODEL_DTYPE_BF16 ? 2 : 4; }
+
+const char *model_dtype_name(enum model_dtype d) { return d == MODEL_DTYPE_BF16 ? "bf16" : "fp32"; }
+
+const char *model_op_kind_name(enum model_op_kind k) {
+  static const char *const names[MODEL_OP_KIND_COUNT] = {
+      "embedding", "rmsnorm", "attention",  "mla_attention", "residual_add",
+      "mlp",       "shared_expert", "router", "expert_ffn",  "lm_head_loss",
+  };
+  return (unsigned)k < MODEL_OP_KIND_COUNT ? names[k] : "unknown";
+}
+
+int model_tag_index(const struct model *m, const char *name) {
+  for (uint32_t i = 0; i < m->n_tags; i++)
+    if (strcmp(m->tag_names[i], name) == 0) return (int)i;
+  return -1;
+}
+
+uint64_t model_param_count(const struct model *m) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < m->n_ops; i++) n += m->ops[i].param_count;
+  return n;
+}
+
+double model_flops_per_microbatch(const struct model *m) {
+  double f = 0;
+  for (uint32_t i = 0; i < m->n_ops; i++)
+    f += m->ops[i].flops_fwd + m->ops[i].flops_bwd_input + m->ops[i].flops_bwd_weight;
+  return f;
+}
+
+int64_t model_tokens_per_microbatch(const struct model *m) {
+  return m->micro_batch_size * m->seq_len;
+}
+
+void model_free(struct model *m) {
+  if (!m) return;
+  g_free(m->pp_layers);
+  g_free(m->user_tags);
+  g_free(m->ops);
+  g_free(m->op_tags);
+  g_free(m->segments);
+  g_free(m->edges);
+  g_free(m->source_json);
+  g_free(m);
+}
+
+/* --- getters ------------------------------------------------------------------------------- */
+
+/* An integer key of obj. prefix ("piper" or NULL) makes the key's full name in messages.
+ * At top level a JSON null counts as absent: real HF configs write "head_dim": null and
+ * "q_lora_rank": null for "not used". */
+static bool get_int(const cJSON *obj, const char *prefix, const char *key, bool required,
+                    int64_t lo, int64_t hi, int64_t *out, const char *file, GError **err) {
+  char full[64];
+  g_snprintf(full, sizeof full, "%s%s%s", prefix ? prefix : "", prefix ? "." : "", key);
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (!v || (!prefix && cJSON_IsNull(v))) {
+    if (required) return json_fail(err, "%s: missing key \"%s\"", file, full);
+    return true;
+  }
+  return json_as_int(v, lo, hi, out, file, full, err);
+}
+
+static bool present(const cJSON *obj, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  return v && !cJSON_IsNull(v);
+}
+
+/* Tag and display names end up in directive files, charts and CSV columns: keep them to
+ * characters that need no quoting anywhere. */
+static bool name_ok(const char *s, size_t max) {
+  size_t n = strlen(s);
+  if (n == 0 || n >= max) return false;
+  for (const char *c = s; *c; c++)
+    if (!g_ascii_isalnum(*c) && *c != '_' && *c != '-' && *c != '.') return false;
+  return true;
+}
+
+/* --- the HF part --------------------------------------------------------------------------- */
+
+static bool load_family(struct model *m, const cJSON *root, const char *file, GError **err) {
+  const char *type = NULL;
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+  if (!v) return json_fail(err, "%s: missing key \"model_type\"", file);
+  if (!cJSON_IsString(v) || !v->valuestring)
+    return json_fail(err, "%s: \"model_type\" must be a string", file);
+  type = v->valuestring;
+  for (size_t i = 0; i < G_N_ELEMENTS(families); i++) {
+    if (strcmp(type, families[i].model_type) == 0) {
+      m->family = families[i].family;
+      g_strlcpy(m->model_type, type, sizeof m->model_type);
+      return true;
+    }
+  }
+  /* %.40s: the value is user text; keep the message one short line. */
+  return json_fail(err,
+                   "%s: \"model_type\" = \"%.40s\" is not supported (llama, mistral, qwen2, "
+                   "qwen3, qwen2_moe, qwen3_moe, mixtral, deepseek_v3)",
+                   file, type);
+}
+
+/* The routed-expert count goes by three names (qwen: num_experts, mixtral: num_local_experts,
+ * deepseek: n_routed_experts); any one is accepted, several must agree. */
+static bool load_expert_count(struct model *m, const cJSON *root, const char *file,
+                              GError **err) {
+  static const char *const keys[] = {"num_experts", "num_local_experts", "n_routed_experts"};
+  const char *seen = NULL;
+  for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
+    if (!present(root, keys[i])) continue;
+    int64_t n = 0;
+    if (!get_int(root, NULL, keys[i], true, 1, MAX_EXPERTS, &n, file, err)) return false;
+    if (seen && n != m->num_experts)
+      return json_fail(err, "%s: \"%s\" = %lld disagrees with \"%s\" = %lld", file, keys[i],
+                       (long long)n, seen, (long long)m->num_experts);
+    m->num_experts = n;
+    seen = keys[i];
+  }
+  if (!seen)
+    return json_fail(err, "%s: missing key \"%s\" (number of routed experts)", file,
+                     m->family == MODEL_FAMILY_DEEPSEEK_V3 ? "n_routed_experts"
+                     : strcmp(m->model_type, "mixtral") == 0 ? "num_local_experts"
+                                                             : "num_experts");
+  return true;
+}
+
+/* Layouts this module does not build (some layers dense in a MoE family) are refused rather
+ * than silently costed as all-MoE. */
+static bool check_all_moe(const struct model *m, const cJSON *root, const char *file,
+                          GError **err) {
+  const cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
+  if (only && cJSON_IsArray(only) && cJSON_GetArraySize(only) > 0)
+    return json_fail(err, "%s: \"mlp_only_layers\" is not supported (every layer of %s is MoE)",
+                     file, m->model_type);
+  static const char *const step_keys[] = {"decoder_sparse_step", "moe_layer_freq"};
+  for (size_t i = 0; i < G_N_ELEMENTS(step_keys); i++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, step_keys[i]);
+    if (v && cJSON_IsNumber(v) && v->valuedouble != 1)
+      return json_fail(err, "%s: \"%s\" = %g is not supported (only 1: every layer MoE)", file,
+                       step_keys[i], v->valuedouble);
+  }
+  return true;
+}
+
+static bool load_hf(struct model *m, const cJSON *root, const char *file, GError **err) {
+  if (!load_family(m, root, file, err)) return false;
+  if (!get_int(root, NULL, "hidden_size", true, 1, MAX_HIDDEN, &m->hidden_size, file, err) ||
+      !get_int(root, NULL, "num_hidden_layers", true, 1, MODEL_MAX_LAYERS, &m->num_layers, file,
+               err) ||
+      !get_int(root, NULL, "num_attention_heads", true, 1, MAX_HEADS, &m->num_heads, file, err) ||
+      !get_int(root, NULL, "vocab_size", true, 1, MAX_VOCAB, &m->vocab_size, file, err))
+    return false;
+
+  m->num_kv_heads = m->num_heads;
+  if (!get_int(root, NULL, "num_key_value_heads", false, 1, MAX_HEADS, &m->num_kv_heads, file,
+               err))
+    return false;
+  if (m->num_heads % m->num_kv_heads != 0)
+    return json_fail(err,
+                     "%s: \"num_attention_heads\" = %lld is not a multiple of "
+                     "\"num_key_value_heads\" = %lld",
+                     file, (long long)m->num_heads, (long long)m->num_kv_heads);
+
+  bool tie = false;
+  const cJSON *tv = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+  if (tv && !cJSON_IsNull(tv) &&
+      !json_get_bool(root, "tie_word_embeddings", false, &tie, file, err))
+    return false;
+  m->tie_word_embeddings = tie;
+
+  bool deepseek = m->family == MODEL_FAMILY_DEEPSEEK_V3;
+  bool mixtral = strcmp(m->model_type, "mixtral") == 0;
+  if (deepseek) {
+    /* MLA has no single head_dim; record the query/key head width for information. */
+    m->q_lora_rank = 0;
+    if (!get_int(root, NULL, "q_lora_rank", false, 0, MAX_LORA, &m->q_lora_rank, file, err) ||
+        !get_int(root, NULL, "kv_lora_rank", true, 1, MAX_LORA, &m->kv_lora_rank, file, err) ||
+        !get_int(root, NULL, "qk_nope_head_dim", true, 1, MAX_HEAD_DIM, &m->qk_nope_head_dim,
+                 file, err) ||
+        !get_int(root, NULL, "qk_rope_head_dim", true, 0, MAX_HEAD_DIM, &m->qk_rope_head_dim,
+                 file, err) ||
+        !get_int(root, NULL, "v_head_dim", true, 1, MAX_HEAD_DIM, &m->v_head_dim, file, err))
+      return false;
+    m->head_dim = m->qk_nope_head_dim + m->qk_rope_head_dim;
+  } else if (present(root, "head_dim")) {
+    if (!get_int(root, NULL, "head_dim", true, 1, MAX_HEAD_DIM, &m->head_dim, file, err))
+      return false;
+  } else {
+    if (m->hidden_size % m->num_heads != 0)
+      return json_fail(err,
+                       "%s: missing key \"head_dim\" and \"hidden_size\" = %lld is not a "
+                       "multiple of \"num_attention_heads\" = %lld",
+                       file, (long long)m->hidden_size, (long long)m->num_heads);
+    m->head_dim = m->hidden_size / m->num_heads;
+  }
+
+  if (m->family == MODEL_FAMILY_DENSE)
+    return get_int(root, NULL, "intermediate_size", true, 1, MAX_FFN, &m->intermediate_size, file,
+                   err);
+
+  /* MoE and deepseek_v3 */
+  if (!load_expert_count(m, root, file, err) ||
+      !get_int(root, NULL, "num_experts_per_tok", true, 1, MAX_EXPERTS, &m->experts_per_tok, file,
+               err) ||
+      !get_int(root, NULL, "n_shared_experts", false, 0, MAX_EXPERTS, &m->n_shared_experts, file,
+               err))
+    return false;
+  if (m->experts_per_tok > m->num_experts)
+    return json_fail(err, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld routed experts",
+                     file, (long long)m->experts_per_tok, (long long)m->num_experts);
+  if (mixtral) {
+    /* Mixtral's experts are full-width MLPs: intermediate_size is the expert width. */
+    if (!get_int(root, NULL, "intermediate_size", true, 1, MAX_FFN, &m->intermediate_size, file,
+                 err))
+      return false;
+    m->moe_intermediate_size = m->intermediate_size;
+    return true;
+  }
+  if (!get_int(root, NULL, "moe_intermediate_size", true, 1, MAX_FFN, &m->moe_intermediate_size,
+               file, err) ||
+      !check_all_moe(m, root, file, err))
+    return false;
+  if (deepseek) {
+    if (!get_int(root, NULL, "first_k_dense_replace", false, 0, m->num_layers, &m->first_k_dense,
+                 file, err))
+      return false;
+    /* The dense first layers need intermediate_size; without them it is unused. */
+    return get_int(root, NULL, "intermediate_size", m->first_k_dense > 0, 1, MAX_FFN,
+                   &m->intermediate_size, file, err);
+  }
+  /* qwen MoE configs carry intermediate_size for optional dense layers, which we never build;
+   * keep it only so model_to_json writes back what it read. */
+  return get_int(root, NULL, "intermediate_size", false, 1, MAX_FFN, &m->intermediate_size, file,
+                 err);
+}
+
+/* --- the "piper" object -------------------------------------------------------------------- */
+
+static void split_equally(struct model *m, int32_t regions) {
+  g_free(m->pp_layers);
+  m->pp_regions = regions;
+  m->pp_layers = g_new0(int32_t, regions);
+  /* The first (L mod N) regions take one extra layer (DeepSeek-V3 has 61 layers). */
+  for (int32_t r = 0; r < regions; r++)
+    m->pp_layers[r] = (int32_t)(m->num_layers / regions + (r < m->num_layers % regions ? 1 : 0));
+}
+
+static bool load_pp(struct model *m, const cJSON *piper, const char *file, GError **err) {
+  bool has_regions = cJSON_GetObjectItemCaseSensitive(piper, "pp_regions") != NULL;
+  const cJSON *layers = cJSON_GetObjectItemCaseSensitive(piper, "pp_layers");
+  if (has_regions == (layers != NULL))
+    return json_fail(err, "%s: \"piper\" needs exactly one of \"pp_regions\" and \"pp_layers\"",
+                     file);
+  if (has_regions) {
+    int64_t n = 0;
+    if (!get_int(piper, "piper", "pp_regions", true, 1, m->num_layers, &n, file, err))
+      return false;
+    split_equally(m, (int32_t)n);
+    return true;
+  }
+  if (!cJSON_IsArray(layers))
+    return json_fail(err, "%s: \"piper.pp_layers\" must be an array of layer counts", file);
+  int n = cJSON_GetArraySize(layers);
+  if (n < 1 || n > m->num_layers)
+    return json_fail(err, "%s: \"piper.pp_layers\" has %d entries; it needs 1 to %lld", file, n,
+                     (long long)m->num_layers);
+  m->pp_regions = n;
+  m->pp_layers = g_new0(int32_t, n);
+  int64_t sum = 0;
+  int i = 0;
+  for (const cJSON *v = layers->child; v; v = v->next, i++) {
+    char what[48];
+    int64_t c = 0;
+    g_snprintf(what, sizeof what, "piper.pp_layers[%d]", i);
+    if (!json_as_int(v, 1, m->num_layers, &c, file, what, err)) return false;
+    m->pp_layers[i] = (int32_t)c;
+    sum += c;
+  }
+  if (sum != m->num_layers)
+    return json_fail(err, "%s: \"piper.pp_layers\" sums to %lld but num_hidden_layers is %lld",
+                     file, (long long)sum, (long long)m->num_layers);
+  return true;
+}
+
+static bool load_tags(struct model *m, const cJSON *piper, const char *file, GError **err) {
+  static const char *const tag_keys[] = {"tag", "layers", NULL};
+  const cJSON *tags = cJSON_GetObjectItemCaseSensitive(piper, "tags");
+  if (!tags) return true;
+  if (!cJSON_IsArray(tags))
+    return json_fail(err, "%s: \"piper.tags\" must be an array of {\"tag\", \"layers\"}", file);
+  int n = cJSON_GetArraySize(tags);
+  /* Entries of one name may not overlap, so there are at most layers entries per name. */
+  if (n > (MODEL_MAX_TAGS - 2) * m->num_layers)
+    return json_fail(err, "%s: \"piper.tags\" has %d entries, more than tags x layers", file, n);
+  m->user_tags = g_new0(struct model_user_tag, n > 0 ? n : 1);
+  int i = 0;
+  for (const cJSON *t = tags->child; t; t = t->next, i++) {
+    char ctx[512];
+    g_snprintf(ctx, sizeof ctx, "%s: piper.tags[%d]", file, i);
+    const char *name = NULL;
+    if (!json_check_keys(t, tag_keys, ctx, err) ||
+        !json_get_string(t, "tag", true, &name, ctx, err))
+      return false;
+    if (!name_ok(name, MODEL_TAG_NAME_MAX))
+      return json_fail(err,
+                       "%s: \"tag\" = \"%.40s\" must be 1 to %d characters of letters, digits, "
+                       "'_', '-', '.'",
+                       ctx, name, MODEL_TAG_NAME_MAX - 1);
+    for (const char *const *r = reserved_tags; *r; r++)
+      if (strcmp(name, *r) == 0)
+        return json_fail(err, "%s: tag name \"%s\" is reserved (PP, EP, PASS, MB)", ctx, name);
+    const cJSON *range = cJSON_GetObjectItemCaseSensitive(t, "layers");
+    if (!range) return json_fail(err, "%s: missing key \"layers\"", ctx);
+    if (!cJSON_IsArray(range) || cJSON_GetArraySize(range) != 2)
+      return json_fail(err, "%s: \"layers\" must be [first, last]", ctx);
+    int64_t first = 0, last = 0;
+    if (!json_as_int(range->child, 0, m->num_layers - 1, &first, ctx, "layers[0]", err) ||
+        !json_as_int(range->child->next, 0, m->num_layers - 1, &last, ctx, "layers[1]", err))
+      return false;
+    if (first > last)
+      return json_fail(err, "%s: \"layers\" = [%lld, %lld] has first > last", ctx,
+                       (long long)first, (long long)last);
+    /* Values count entries of one name in model order, so entries must come in layer order. */
+    for (int j = i - 1; j >= 0; j--) {
+      if (strcmp(m->user_tags[j].name, name) != 0) continue;
+      if (first <= m->user_tags[j].last_layer)
+        return json_fail(err,
+                         "%s: layers [%lld, %lld] of tag \"%s\" must start after its previous "
+                         "entry (which ends at layer %d)",
+                         ctx, (long long)first, (long long)last, name,
+                         m->user_tags[j].last_layer);
+      break;
+    }
+    if (model_tag_index(m, name) < 0) {
+      if (m->n_tags >= MODEL_MAX_TAGS)
+        return json_fail(err, "%s: more than %d distinct user tag names (\"%s\")", ctx,
+                         MODEL_MAX_TAGS - 2, name);
+      g_strlcpy(m->tag_names[m->n_tags++], name, MODEL_TAG_NAME_MAX);
+    }
+    g_strlcpy(m->user_tags[i].name, name, MODEL_TAG_NAME_MAX);
+    m->user_tags[i].first_layer = (int32_t)first;
+    m->user_tags[i].last_layer = (int32_t)last;
+    m->n_user_tags = (uint32_t)i + 1;
+  }
+  return true;
+}
+
+static bool load_piper(struct model *m, const cJSON *root, const char *file, GError **err) {
+  static const char *const keys[] = {"name",       "seq_len",   "micro_batch_size", "dtype",
+                                     "pp_regions", "pp_layers", "tags",             NULL};
+  const cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
+  if (!piper)
+    return json_fail(err, "%s: missing key \"piper\" (training fields: seq_len, "
+                          "micro_batch_size, dtype, pp_regions or pp_layers)",
+                     file);
+  char ctx[512];
+  g_snprintf(ctx, sizeof ctx, "%s: piper", file);
+  if (!json_check_keys(piper, keys, ctx, err)) return false;
+
+  const cJSON *name = cJSON_GetObjectItemCaseSensitive(piper, "name");
+  if (name) {
+    if (!cJSON_IsString(name) || !name->valuestring || !name_ok(name->valuestring, sizeof m->name))
+      return json_fail(err,
+                       "%s: \"piper.name\" must be a string of 1 to %zu letters, digits, '_', "
+                       "'-', '.'",
+                       file, sizeof m->name - 1);
+    g_strlcpy(m->name, name->valuestring, sizeof m->name);
+  }
+  if (!get_int(piper, "piper", "seq_len", true, 1, MAX_SEQ, &m->seq_len, file, err) ||
+      !get_int(piper, "piper", "micro_batch_size", true, 1, MAX_MICRO_BATCH, &m->micro_batch_size,
+               file, err))
+    return false;
+  const cJSON *dt = cJSON_GetObjectItemCaseSensitive(piper, "dtype");
+  if (!dt) return json_fail(err, "%s: missing key \"piper.dtype\" (\"fp32\" or \"bf16\")", file);
+  if (cJSON_IsString(dt) && dt->valuestring && strcmp(dt->valuestring, "fp32") == 0)
+    m->dtype = MODEL_DTYPE_FP32;
+  else if (cJSON_IsString(dt) && dt->valuestring && strcmp(dt->valuestring, "bf16") == 0)
+    m->dtype = MODEL_DTYPE_BF16;
+  else
+    return json_fail(err, "%s: \"piper.dtype\" must be \"fp32\" or \"bf16\"", file);
+  return load_pp(m, piper, file, err) && load_tags(m, piper, file, err);
+}
+
+/* --- entry points -------------------------------------------------------------------------- */
+
+/* "models/tiny-moe.json" -> "tiny-moe". Characters name_ok refuses become '_', so the name
+ * model_to_json writes as "piper.name" always reads back. */
+static void default_name(char *out, size_t size, const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  size_t n = strlen(base);
+  if (n > 5 && strcmp(base + n - 5, ".json") == 0) n -= 5;
+  if (n >= size) n = size - 1;
+  for (size_t i = 0; i < n; i++) {
+    char c = base[i];
+    out[i] = g_ascii_isalnum(c) || c == '_' || c == '-' || c == '.' ? c : '_';
+  }
+  out[n] = '\0';
+  if (n == 0) g_strlcpy(out, "model", size);
+}
+
+struct model *model_load_json(const char *name, const cJSON *root, int pp_regions_override,
+                              GError **err) {
+  const char *file = name ? name : "<model>";
+  struct model *m = g_new0(struct model, 1);
+  default_name(m->name, sizeof m->name, file);
+  m->n_tags = 2;
+  g_strlcpy(m->tag_names[MODEL_TAG_PP], "PP", MODEL_TAG_NAME_MAX);
+  g_strlcpy(m->tag_names[MODEL_TAG_EP], "EP", MODEL_TAG_NAME_MAX);
+
+  if (!cJSON_IsObject(root)) {
+    json_fail(err, "%s: expected a JSON object at the top level", file);
+    goto fail;
+  }
+  if (!load_hf(m, root, file, err) || !load_piper(m, root, file, err)) goto fail;
+  if (pp_regions_override > 0) {
+    if (pp_regions_override > m->num_layers) {
+      json_fail(err, "%s: --pp-regions %d exceeds num_hidden_layers %lld", file,
+                pp_regions_override, (long long)m->num_layers);
+      goto fail;
+    }
+    split_equally(m, pp_regions_override);
+  }
+  if (!model_build(m, file, err)) goto fail;
+
+  cJSON *j = model_to_json(m);
+  char *text = cJSON_PrintUnformatted(j);
+  m->source_json = g_strdup(text);
+  cJSON_free(text);
+  cJSON_Delete(j);
+  return m;
+fail:
+  model_free(m);
+  return NULL;
+}
+
+struct model *model_load_file(const char *path, int pp_regions_override, GError **err) {
+  cJSON *root = json_parse_file(path, err);
+  if (!root) return NULL;
+  struct model *m = model_load_json(path, root, pp_regions_override, err);
+  cJSON_Delete(root);
+  return m;
+}
+
+/* --- writing back -------------------------------------------------------------------------- */
+
+static void put_int(cJSON *obj, const char *key, int64_t v) {
+  cJSON_AddItemToObject(obj, key, cJSON_CreateNumber((double)v));
+}
+
+static bool split_is_equal(const struct model *m) {
+  for (int32_t r = 0; r < m->pp_regions; r++)
+    if (m->pp_layers[r] != m->num_layers / m->pp_regions + (r < m->num_layers % m->pp_regions))
+      return false;
+  return true;
+}
+
+cJSON *model_to_json(const struct model *m) {
+  bool deepseek = m->family == MODEL_FAMILY_DEEPSEEK_V3;
+  bool mixtral = strcmp(m->model_type, "mixtral") == 0;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "model_type", m->model_type);
+  put_int(o, "hidden_size", m->hidden_size);
+  put_int(o, "num_hidden_layers", m->num_layers);
+  put_int(o, "num_attention_heads", m->num_heads);
+  put_int(o, "num_key_value_heads", m->num_kv_heads);
+  if (!deepseek) put_int(o, "head_dim", m->head_dim);
+  if (m->intermediate_size > 0) put_int(o, "intermediate_size", m->intermediate_size);
+  if (m->family != MODEL_FAMILY_DENSE) {
+    if (!mixtral) put_int(o, "moe_intermediate_size", m->moe_intermediate_size);
+    put_int(o, deepseek ? "n_routed_experts" : mixtral ? "num_local_experts" : "num_experts",
+            m->num_experts);
+    put_int(o, "num_experts_per_tok", m->experts_per_tok);
+    if (m->n_shared_experts > 0 || deepseek) put_int(o, "n_shared_experts", m->n_shared_experts);
+  }
+  if (deepseek) {
+    put_int(o, "first_k_dense_replace", m->first_k_dense);
+    put_int(o, "q_lora_rank", m->q_lora_rank);
+    put_int(o, "kv_lora_rank", m->kv_lora_rank);
+    put_int(o, "qk_nope_head_dim", m->qk_nope_head_dim);
+    put_int(o, "qk_rope_head_dim", m->qk_rope_head_dim);
+    put_int(o, "v_head_dim", m->v_head_dim);
+  }
+  put_int(o, "vocab_size", m->vocab_size);
+  cJSON_AddBoolToObject(o, "tie_word_embeddings", m->tie_word_embeddings);
+
+  cJSON *p = cJSON_AddObjectToObject(o, "piper");
+  cJSON_AddStringToObject(p, "name", m->name);
+  put_int(p, "seq_len", m->seq_len);
+  put_int(p, "micro_batch_size", m->micro_batch_size);
+  cJSON_AddStringToObject(p, "dtype", model_dtype_name(m->dtype));
+  if (split_is_equal(m)) {
+    put_int(p, "pp_regions", m->pp_regions);
+  } else {
+    cJSON *a = cJSON_AddArrayToObject(p, "pp_layers");
+    for (int32_t r = 0; r < m->pp_regions; r++)
+      cJSON_AddItemToArray(a, cJSON_CreateNumber(m->pp_layers[r]));
+  }
+  if (m->n_user_tags > 0) {
+    cJSON *tags = cJSON_AddArrayToObject(p, "tags");
+    for (uint32_t i = 0; i < m->n_user_tags; i++) {
+      cJSON *t = cJSON_CreateObject();
+      cJSON_AddStringToObject(t, "tag", m->user_tags[i].name);
+      cJSON *range = cJSON_AddArrayToObject(t, "layers");
+      cJSON_AddItemToArray(range, cJSON_CreateNumber(m->user_tags[i].first_layer));
+      cJSON_AddItemToArray(range, cJSON_CreateNumber(m->user_tags[i].last_layer));
+      cJSON_AddItemToArray(tags, t);
+    }
+  }
+  return o;
+}
