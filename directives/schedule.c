@@ -1,0 +1,737 @@
+/* schedule: the schedule builders (SPEC §4) and the harness that puts their `order` directives
+ * into a directive program. The CSV interchange lives in schedule_csv.c.
+ *
+ * Conventions.
+ * - A stage is a PP region index. An action is (stage, micro-batch, pass); a rank's schedule is
+ *   its list of slots, one action or two that may interleave (an overlapped F&B).
+ * - Builders work on pipeline positions p = 0..R-1 and map them to physical ranks through the
+ *   layout, so any numbering of the ranks works as long as the layout has the family's shape:
+ *     one stage per rank (gpipe, 1f1b, zerobubble, dualpipe): position p holds stage p;
+ *     loop (interleaved_1f1b): v = stages / R >= 2, stage s is on the rank of stage s mod R, so
+ *       position p holds stages p, p+R, ..., p+(v-1)R;
+ *     V (zbv, dualpipev): 2R stages, stage 2R-1-s is on the rank of stage s, so position p holds
+ *       stages p and 2R-1-p.
+ * - DualPipe runs two copies of an R-stage model in opposite directions. The IR has one copy,
+ *   so the copies are told apart by micro-batch: micro-batches 0..M/2-1 belong to copy A and go
+ *   down (stage s on the rank that holds stage s in the layout), micro-batches M/2..M-1 belong to
+ *   copy B and go up (stage s on the rank that holds stage R-1-s). Actions keep PP = the region
+ *   index in both copies; rank r thus runs stage r for copy A and stage R-1-r for copy B. The
+ *   harness places copy B's micro-batches accordingly (place {"PP": s, "MB": m}).
+ * - Dependencies every builder respects (checked by the unit tests): F(s,m) after F(s-1,m);
+ *   B or BI of (s,m) after F(s,m) and after the B/BI of (s+1,m); BW(s,m) after BI(s,m). */
+#include "schedule.h"
+
+#include <string.h>
+
+#include "../ir/json.h"
+#include "schedule-impl.h"
+
+static const char *const family_names[SCHED_FAMILY_COUNT] = {
+    "gpipe", "1f1b", "interleaved_1f1b", "zerobubble", "zbv", "dualpipe", "dualpipev", "custom"};
+
+const char *sched_family_name(enum sched_family f) {
+  return (unsigned)f < SCHED_FAMILY_COUNT ? family_names[f] : "?";
+}
+
+bool sched_family_parse(const char *name, enum sched_family *out) {
+  if (!name)
+    return false;
+  for (int i = 0; i < SCHED_FAMILY_COUNT; i++)
+    if (strcmp(name, family_names[i]) == 0) {
+      if (out)
+        *out = (enum sched_family)i;
+      return true;
+    }
+  return false;
+}
+
+void sched_program_free(struct sched_program *s) {
+  if (!s)
+    return;
+  for (uint32_t r = 0; r < s->n_ranks; r++)
+    g_free(s->ranks[r].slots);
+  g_free(s->ranks);
+  g_free(s);
+}
+
+/* ---- emitting ------------------------------------------------------------------------------ */
+
+struct builder {
+  struct sched_rows rows;
+  const int32_t *pos_rank; /* physical rank of pipeline position p */
+};
+
+static struct sched_action act(int32_t stage, int32_t mb, enum ir_pass pass) {
+  return (struct sched_action){.stage = stage, .mb = mb, .pass = pass};
+}
+
+static void emit(struct builder *b, uint32_t pos, struct sched_action a) {
+  struct sched_slot s = {.n_actions = 1, .actions = {a}};
+  sched_rows_push(&b->rows, (uint32_t)b->pos_rank[pos], &s);
+}
+
+static void emit2(struct builder *b, uint32_t pos, struct sched_action x, struct sched_action y) {
+  struct sched_slot s = {.n_actions = 2, .actions = {x, y}};
+  sched_rows_push(&b->rows, (uint32_t)b->pos_rank[pos], &s);
+}
+
+/* ---- builders ------------------------------------------------------------------------------ */
+
+/* GPipe (Huang et al. 2019): all forwards, then all backwards in micro-batch order. Peak
+ * activations M on every rank; bubble (R-1)(F+B) per rank. */
+static void build_gpipe(struct builder *b, uint32_t R, uint32_t M) {
+  for (uint32_t p = 0; p < R; p++) {
+    for (uint32_t m = 0; m < M; m++)
+      emit(b, p, act((int32_t)p, (int32_t)m, IR_PASS_F));
+    for (uint32_t m = 0; m < M; m++)
+      emit(b, p, act((int32_t)p, (int32_t)m, IR_PASS_B));
+  }
+}
+
+/* 1F1B (PipeDream-flush, Narayanan et al. 2021): min(R-1-p, M) warm-up forwards, then one
+ * forward and one backward alternately, then the remaining backwards. Same bubble as GPipe,
+ * peak activations min(R-p, M) at position p. ZB-H1 is the same shape with the backward split
+ * into BI and BW and position p holding back p of its BW (Qi et al. 2024, "Zero Bubble Pipeline
+ * Parallelism", ZB-H1; PyTorch's _get_1f1b_rank_ops with enable_zero_bubble): the deferred BW
+ * fill the cool-down, which cuts the bubble from (R-1)(F+B) to (R-1)(F+B-W) while the peak
+ * stays R micro-batches, 1F1B's peak. */
+static void build_1f1b(struct builder *b, uint32_t R, uint32_t M, bool zero_bubble) {
+  for (uint32_t p = 0; p < R; p++) {
+    int32_t s = (int32_t)p;
+    uint32_t warmup = R - 1 - p < M ? R - 1 - p : M;
+    uint32_t f = 0, bk = 0, w = 0, lag = p;
+    enum ir_pass back = zero_bubble ? IR_PASS_BI : IR_PASS_B;
+    for (; f < warmup; f++)
+      emit(b, p, act(s, (int32_t)f, IR_PASS_F));
+    while (bk < M) {
+      if (f < M) {
+        emit(b, p, act(s, (int32_t)f, IR_PASS_F));
+        f++;
+      }
+      emit(b, p, act(s, (int32_t)bk, back));
+      bk++;
+      if (zero_bubble && bk - w > lag) {
+        emit(b, p, act(s, (int32_t)w, IR_PASS_BW));
+        w++;
+      }
+    }
+    if (zero_bubble)
+      for (; w < M; w++)
+        emit(b, p, act(s, (int32_t)w, IR_PASS_BW));
+  }
+}
+
+/* Interleaved 1F1B (Narayanan et al. 2021, §2.2; Megatron-LM's
+ * forward_backward_pipelining_with_interleaving): v chunks per rank in a loop layout. The k-th
+ * forward of a rank runs chunk (k / R) mod v of micro-batch (k / (R v)) R + k mod R, i.e.
+ * groups of R micro-batches go through all v chunks in turn; backwards run the same sequence
+ * with the chunks reversed. Warm-up: (R-1-p)*2 + (v-1)*R forwards, capped at M v. Needs M a
+ * multiple of R (Megatron's condition) so that every group of R micro-batches is whole: then
+ * the mapping above is a bijection onto [0, M) x chunks and never names a micro-batch >= M.
+ * Bubble (R-1)(F+B)/v per rank for chunk costs F and B, at the price of about v times more
+ * in-flight chunk activations in the warm-up. */
+static void build_interleaved(struct builder *b, uint32_t R, uint32_t v, uint32_t M) {
+  uint32_t total = M * v;
+  for (uint32_t p = 0; p < R; p++) {
+    uint32_t warmup = (R - 1 - p) * 2 + (v - 1) * R;
+    if (warmup > total)
+      warmup = total;
+#define FWD_CHUNK(k) (((k) / R) % v)
+#define MB_OF(k) ((int32_t)(((k) / (R * v)) * R + (k) % R))
+    for (uint32_t k = 0; k < warmup; k++)
+      emit(b, p, act((int32_t)(FWD_CHUNK(k) * R + p), MB_OF(k), IR_PASS_F));
+    for (uint32_t k = 0; k < total; k++) {
+      uint32_t kf = k + warmup;
+      if (kf < total)
+        emit(b, p, act((int32_t)(FWD_CHUNK(kf) * R + p), MB_OF(kf), IR_PASS_F));
+      uint32_t cb = v - 1 - FWD_CHUNK(k);
+      emit(b, p, act((int32_t)(cb * R + p), MB_OF(k), IR_PASS_B));
+    }
+#undef FWD_CHUNK
+#undef MB_OF
+  }
+}
+
+/* ZB-V (Qi et al. 2024, zero-bubble V schedule; PyTorch's ScheduleZBVZeroBubble): two stages
+ * per rank in a V, backward split into BI and BW. Position p warms up with 2(R-p)-1 forwards of
+ * its first stage, then alternates the two stages so that in steady state every rank runs
+ * F BI BW of one stage then of the other; the cool-down defers BW to fill what is left. With
+ * F = BI = BW the only idle time is the R-1 units before the last rank's first forward, and the
+ * peak is 2R chunk activations (R full stages: 1F1B's peak). Needs M >= 2R-1 (the first rank's
+ * warm-up). */
+static void build_zbv(struct builder *b, uint32_t R, uint32_t M) {
+  for (uint32_t p = 0; p < R; p++) {
+    int32_t c0 = (int32_t)p, c1 = (int32_t)(2 * R - 1 - p);
+    uint32_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    for (uint32_t i = 0; i < 2 * (R - p) - 1; i++)
+      emit(b, p, act(c0, (int32_t)f0++, IR_PASS_F));
+    for (uint32_t i = 0; i < p; i++) {
+      emit(b, p, act(c1, (int32_t)f1++, IR_PASS_F));
+      emit(b, p, act(c0, (int32_t)f0++, IR_PASS_F));
+    }
+    for (uint32_t i = 0; i < R - p; i++) {
+      emit(b, p, act(c1, (int32_t)f1++, IR_PASS_F));
+      emit(b, p, act(c1, (int32_t)b1, IR_PASS_BI));
+      emit(b, p, act(c1, (int32_t)b1++, IR_PASS_BW));
+    }
+    while (f1 < f0 || f0 < M) {
+      if (f0 < M)
+        emit(b, p, act(c0, (int32_t)f0++, IR_PASS_F));
+      emit(b, p, act(c0, (int32_t)b0, IR_PASS_BI));
+      emit(b, p, act(c0, (int32_t)b0++, IR_PASS_BW));
+      emit(b, p, act(c1, (int32_t)f1++, IR_PASS_F));
+      emit(b, p, act(c1, (int32_t)b1, IR_PASS_BI));
+      emit(b, p, act(c1, (int32_t)b1++, IR_PASS_BW));
+    }
+    uint32_t w0 = b0, w1 = b1;
+    for (uint32_t i = 0; i < p; i++) {
+      emit(b, p, act(c0, (int32_t)b0++, IR_PASS_BI));
+      emit(b, p, act(c1, (int32_t)b1++, IR_PASS_BI));
+    }
+    for (uint32_t i = 0; i < R - p; i++) {
+      emit(b, p, act(c0, (int32_t)b0++, IR_PASS_BI));
+      emit(b, p, act(c0, (int32_t)w0++, IR_PASS_BW));
+    }
+    while (w1 < b1)
+      emit(b, p, act(c1, (int32_t)w1++, IR_PASS_BW));
+    while (w0 < b0)
+      emit(b, p, act(c0, (int32_t)w0++, IR_PASS_BW));
+    g_assert(f0 == M && f1 == M && b0 == M && b1 == M);
+  }
+}
+
+/* One rank of DualPipe / DualPipeV (DeepSeek-AI 2025, deepseek-ai/DualPipe, the eight steps of
+ * DualPipe.step / DualPipeV.step). Local phase 0 is the direction in which the rank is nearer
+ * the start; phase 1 the other. H = ranks in one half (DualPipe: R/2; DualPipeV: R), h = the
+ * rank's distance from the end of its half, C = chunks per phase (DualPipe: M/2; DualPipeV: M).
+ * Backwards with "zero bubble" enabled split into BI now and BW later (a FIFO queue, like
+ * WeightGradStore); overlapped F&B pairs are two-action slots with full backwards. */
+struct dp_rank {
+  struct builder *b;
+  uint32_t pos;
+  int32_t stage[2], mb0[2]; /* per local phase */
+  uint32_t f[2], bk[2];
+  struct sched_action *wq; /* deferred BW, FIFO */
+  uint32_t wq_head, wq_tail;
+};
+
+static struct sched_action dp_f(struct dp_rank *d, int ph) {
+  return act(d->stage[ph], d->mb0[ph] + (int32_t)d->f[ph]++, IR_PASS_F);
+}
+
+static struct sched_action dp_b(struct dp_rank *d, int ph, bool zb) {
+  int32_t mb = d->mb0[ph] + (int32_t)d->bk[ph]++;
+  if (!zb)
+    return act(d->stage[ph], mb, IR_PASS_B);
+  d->wq[d->wq_tail++] = act(d->stage[ph], mb, IR_PASS_BW);
+  return act(d->stage[ph], mb, IR_PASS_BI);
+}
+
+static void dp_w(struct dp_rank *d) {
+  g_assert(d->wq_head < d->wq_tail);
+  emit(d->b, d->pos, d->wq[d->wq_head++]);
+}
+
+static void build_dualpipe_rank(struct dp_rank *d, uint32_t H, uint32_t h, uint32_t C) {
+  struct builder *b = d->b;
+  uint32_t p = d->pos;
+  /* 1: nF0 */
+  for (uint32_t i = 0; i < (H - h - 1) * 2; i++)
+    emit(b, p, dp_f(d, 0));
+  /* 2: nF0F1 */
+  for (uint32_t i = 0; i < h + 1; i++) {
+    emit(b, p, dp_f(d, 0));
+    emit(b, p, dp_f(d, 1));
+  }
+  /* 3: nB1W1F1, zero bubble */
+  for (uint32_t i = 0; i < H - h - 1; i++) {
+    emit(b, p, dp_b(d, 1, true));
+    dp_w(d);
+    emit(b, p, dp_f(d, 1));
+  }
+  /* 4 (main): nF0B1F1B0. The rank at the turn does not overlap its first pair: its F feeds its
+   * own next stage, and running them apart shortens the bubble (DualPipe's NOTE). */
+  for (uint32_t i = 0; i < C - 2 * H + h + 1; i++) {
+    if (i == 0 && h == H - 1) {
+      emit(b, p, dp_f(d, 0));
+      emit(b, p, dp_b(d, 1, false));
+    } else {
+      struct sched_action x = dp_f(d, 0);
+      emit2(b, p, x, dp_b(d, 1, false));
+    }
+    struct sched_action x = dp_f(d, 1);
+    emit2(b, p, x, dp_b(d, 0, false));
+  }
+  /* 5: nB1F1B0 */
+  for (uint32_t i = 0; i < H - h - 1; i++) {
+    emit(b, p, dp_b(d, 1, false));
+    struct sched_action x = dp_f(d, 1);
+    emit2(b, p, x, dp_b(d, 0, false));
+  }
+  /* 6: nB1B0, the second half with zero bubble */
+  bool zb = false;
+  uint32_t n6 = h + 1;
+  for (uint32_t i = 0; i < n6; i++) {
+    if (i == n6 / 2 && h % 2 == 1)
+      zb = true;
+    emit(b, p, dp_b(d, 1, zb));
+    if (i == n6 / 2 && h % 2 == 0)
+      zb = true;
+    emit(b, p, dp_b(d, 0, zb));
+  }
+  /* 7: nWB0, zero bubble */
+  for (uint32_t i = 0; i < H - h - 1; i++) {
+    dp_w(d);
+    emit(b, p, dp_b(d, 0, true));
+  }
+  /* 8: nW */
+  for (uint32_t i = 0; i < h + 1; i++)
+    dp_w(d);
+  g_assert(d->wq_head == d->wq_tail);
+  g_assert(d->f[0] == C && d->f[1] == C && d->bk[0] == C && d->bk[1] == C);
+}
+
+/* DualPipe: bidirectional, one stage per rank per copy (see the file comment for the copies).
+ * Needs R even, M even and M >= 2R (DualPipe.step's assertions). Bubble
+ * (R/2-1)(F&B + B - 3W), activations R+1 chunks per rank, parameters twice (two copies). */
+static void build_dualpipe(struct builder *b, uint32_t R, uint32_t M) {
+  uint32_t H = R / 2, C = M / 2;
+  struct sched_action *wq = g_new(struct sched_action, 2 * (size_t)C);
+  for (uint32_t p = 0; p < R; p++) {
+    /* Ranks in the second half are nearer the start of copy B: their phase 0 is copy B. */
+    int second = p >= H;
+    int32_t stage[2] = {(int32_t)p, (int32_t)(R - 1 - p)}, mb0[2] = {0, (int32_t)C};
+    struct dp_rank d = {.b = b, .pos = p, .wq = wq};
+    for (int ph = 0; ph < 2; ph++) {
+      d.stage[ph] = stage[ph ^ second];
+      d.mb0[ph] = mb0[ph ^ second];
+    }
+    build_dualpipe_rank(&d, H, p < H ? p : R - 1 - p, C);
+  }
+  g_free(wq);
+}
+
+/* DualPipeV: DualPipe cut in half, one copy in a V (position p holds stages p and 2R-1-p).
+ * Needs M >= 2R (DualPipeV.step's assertion). Bubble (R-1)(F&B + B - 3W) with PP = 2R stages,
+ * i.e. (PP/2-1)(F&B + B - 3W); activations 2R+1 chunks per rank. */
+static void build_dualpipev(struct builder *b, uint32_t R, uint32_t M) {
+  struct sched_action *wq = g_new(struct sched_action, 2 * (size_t)M);
+  for (uint32_t p = 0; p < R; p++) {
+    struct dp_rank d = {
+        .b = b, .pos = p, .stage = {(int32_t)p, (int32_t)(2 * R - 1 - p)}, .mb0 = {0, 0}, .wq = wq};
+    build_dualpipe_rank(&d, R, p, M);
+  }
+  g_free(wq);
+}
+
+/* ---- layout checks --------------------------------------------------------------------------- */
+
+enum layout_shape { SHAPE_SINGLE, SHAPE_LOOP, SHAPE_V };
+
+/* Checks the layout has the family's shape and fills pos_rank[R]; *v = stages per rank. */
+static bool check_layout(enum sched_family f, enum layout_shape shape, const struct sched_layout *l,
+                         int32_t *pos_rank, uint32_t *v, GError **err) {
+  const char *fam = sched_family_name(f);
+  uint32_t R = l->n_ranks, S = l->n_stages;
+  static const char *const shape_text[] = {
+      "one stage per rank (stage s on its own rank)",
+      "a loop layout (v >= 2 stages per rank, stage s on the rank of stage s mod R)",
+      "a V layout (2R stages, rank r holding stages r and 2R-1-r)"};
+  uint32_t want = shape == SHAPE_SINGLE ? R : shape == SHAPE_V ? 2 * R : 0;
+  if (shape == SHAPE_LOOP) {
+    if (S % R != 0 || S / R < 2)
+      return json_fail(err,
+                       "%s: needs %s, i.e. a multiple of R = %u stages, at least %u; the "
+                       "layout has %u stages",
+                       fam, shape_text[shape], R, 2 * R, S);
+  } else if (S != want) {
+    return json_fail(err, "%s: needs %s: %u stages on %u ranks; the layout has %u stages", fam,
+                     shape_text[shape], want, R, S);
+  }
+  *v = S / R;
+  /* Positions 0..R-1 are the first R stages; they must sit on distinct ranks. */
+  g_autofree int32_t *seen = g_new0(int32_t, R);
+  for (uint32_t p = 0; p < R; p++) {
+    int32_t r = l->stage_rank[p];
+    if (seen[r])
+      return json_fail(err, "%s: needs %s; stages %d and %u are both on rank %d", fam,
+                       shape_text[shape], seen[r] - 1, p, r);
+    seen[r] = (int32_t)p + 1;
+    pos_rank[p] = r;
+  }
+  for (uint32_t s = R; s < S; s++) {
+    uint32_t p = shape == SHAPE_V ? 2 * R - 1 - s : s % R;
+    if (l->stage_rank[s] != l->stage_rank[p])
+      return json_fail(err, "%s: needs %s; stage %u is on rank %d, stage %u on rank %d", fam,
+                       shape_text[shape], s, l->stage_rank[s], p, l->stage_rank[p]);
+  }
+  return true;
+}
+
+struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
+                                  uint32_t M, GError **err) {
+  if ((unsigned)f >= SCHED_FAMILY_COUNT) {
+    json_fail(err, "schedule: unknown schedule family %d", (int)f);
+    return NULL;
+  }
+  const char *fam = sched_family_name(f);
+  if (f == SCHED_CUSTOM) {
+    json_fail(err, "custom: the base schedule's own split and order directives are the schedule; "
+                   "there is nothing to build (keep the base file as written)");
+    return NULL;
+  }
+  if (!layout || !layout->stage_rank || layout->n_ranks == 0 || layout->n_stages == 0) {
+    json_fail(err, "%s: the layout is empty: at least one rank and one stage are needed", fam);
+    return NULL;
+  }
+  uint32_t R = layout->n_ranks, S = layout->n_stages;
+  if (R > SCHED_MAX_RANKS || S > SCHED_MAX_STAGES) {
+    json_fail(err, "%s: %u ranks and %u stages; at most %u of each", fam, R, S,
+              (unsigned)SCHED_MAX_RANKS);
+    return NULL;
+  }
+  for (uint32_t s = 0; s < S; s++)
+    if (layout->stage_rank[s] < 0 || (uint32_t)layout->stage_rank[s] >= R) {
+      json_fail(err, "%s: stage %u is on rank %d, outside [0, %u)", fam, s, layout->stage_rank[s],
+                R);
+      return NULL;
+    }
+  if (M == 0 || M > DIR_MAX_MICROBATCHES) {
+    json_fail(err, "%s: %u micro-batches; between 1 and %d are accepted", fam, M,
+              DIR_MAX_MICROBATCHES);
+    return NULL;
+  }
+  if ((uint64_t)S * M * 3 > SCHED_MAX_ACTIONS) {
+    json_fail(err,
+              "%s: %u stages x %u micro-batches make more than %u actions; use fewer "
+              "micro-batches",
+              fam, S, M, SCHED_MAX_ACTIONS);
+    return NULL;
+  }
+
+  enum layout_shape shape = SHAPE_SINGLE;
+  if (f == SCHED_INTERLEAVED_1F1B)
+    shape = SHAPE_LOOP;
+  if (f == SCHED_ZBV || f == SCHED_DUALPIPEV)
+    shape = SHAPE_V;
+  g_autofree int32_t *pos_rank = g_new(int32_t, R);
+  uint32_t v = 1;
+  if (!check_layout(f, shape, layout, pos_rank, &v, err))
+    return NULL;
+
+  /* Conditions on R and M, each saying what is needed. */
+  switch (f) {
+  case SCHED_INTERLEAVED_1F1B:
+    if (M % R != 0) {
+      if (M < R)
+        json_fail(err,
+                  "interleaved_1f1b: needs the number of micro-batches to be a multiple of "
+                  "the %u ranks (micro-batches go through the chunks in groups of R); got M = %u, "
+                  "use M = %u",
+                  R, M, R);
+      else
+        json_fail(err,
+                  "interleaved_1f1b: needs the number of micro-batches to be a multiple of "
+                  "the %u ranks (micro-batches go through the chunks in groups of R); got M = %u, "
+                  "use M = %u or %u",
+                  R, M, M / R * R, (M / R + 1) * R);
+      return NULL;
+    }
+    break;
+  case SCHED_ZBV:
+    if (M < 2 * R - 1) {
+      json_fail(err,
+                "zbv: needs at least 2R-1 = %u micro-batches for %u ranks (the first "
+                "rank's warm-up runs 2R-1 forwards); got M = %u",
+                2 * R - 1, R, M);
+      return NULL;
+    }
+    break;
+  case SCHED_DUALPIPE:
+    if (R % 2 != 0) {
+      json_fail(err,
+                "dualpipe: needs an even number of ranks (the two directions meet in the "
+                "middle); got R = %u (dualpipev works with any R)",
+                R);
+      return NULL;
+    }
+    if (M % 2 != 0 || M < 2 * R) {
+      json_fail(err,
+                "dualpipe: needs an even number of micro-batches, at least 2R = %u (half go "
+                "each way); got M = %u",
+                2 * R, M);
+      return NULL;
+    }
+    break;
+  case SCHED_DUALPIPEV:
+    if (M < 2 * R) {
+      json_fail(err, "dualpipev: needs at least 2R = %u micro-batches for %u ranks; got M = %u",
+                2 * R, R, M);
+      return NULL;
+    }
+    break;
+  default: break;
+  }
+
+  struct builder b = {.pos_rank = pos_rank};
+  sched_rows_init(&b.rows, R);
+  switch (f) {
+  case SCHED_GPIPE: build_gpipe(&b, R, M); break;
+  case SCHED_1F1B: build_1f1b(&b, R, M, false); break;
+  case SCHED_ZEROBUBBLE: build_1f1b(&b, R, M, true); break;
+  case SCHED_INTERLEAVED_1F1B: build_interleaved(&b, R, v, M); break;
+  case SCHED_ZBV: build_zbv(&b, R, M); break;
+  case SCHED_DUALPIPE: build_dualpipe(&b, R, M); break;
+  case SCHED_DUALPIPEV: build_dualpipev(&b, R, M); break;
+  default: g_assert_not_reached();
+  }
+  return sched_rows_finish(&b.rows, f, S, M);
+}
+
+/* ---- directives ------------------------------------------------------------------------------ */
+
+static void filter_set(struct dir_filter *flt, const char *dim, const struct sched_action *a) {
+  memset(flt, 0, sizeof *flt);
+  flt->n_keys = 2;
+  g_strlcpy(flt->keys[0].name, "PP", DIR_NAME_MAX);
+  flt->keys[0].value = a->stage;
+  g_strlcpy(flt->keys[1].name, dim, DIR_NAME_MAX);
+  flt->keys[1].value = a->mb;
+  flt->pass = a->pass;
+}
+
+bool sched_to_directives(const struct sched_program *s, const char *dim_name,
+                         struct dir_program *out, GError **err) {
+  g_assert(s && out);
+  if (!dim_name || !dim_name[0] || strlen(dim_name) >= DIR_NAME_MAX ||
+      strcmp(dim_name, "PP") == 0 || strcmp(dim_name, "PASS") == 0)
+    return json_fail(err,
+                     "%s: the split dimension name must be a tag name other than PP and "
+                     "PASS, shorter than %d bytes (e.g. \"MB\")",
+                     out->name, DIR_NAME_MAX);
+  for (uint32_t r = 0; r < s->n_ranks; r++) {
+    const struct sched_rank *rk = &s->ranks[r];
+    if (rk->n_slots < 2)
+      continue; /* one slot orders nothing */
+    uint32_t n_filters = 0;
+    for (uint32_t i = 0; i < rk->n_slots; i++) {
+      g_assert(rk->slots[i].n_actions == 1 || rk->slots[i].n_actions == 2);
+      n_filters += rk->slots[i].n_actions;
+    }
+    struct dir_directive d = {.op = DIR_ORDER, .n_slots = rk->n_slots};
+    d.filter.pass = IR_PASS_NONE;
+    d.slot_first = g_new(uint32_t, rk->n_slots + 1);
+    d.filters = g_new0(struct dir_filter, n_filters);
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < rk->n_slots; i++) {
+      d.slot_first[i] = at;
+      for (uint32_t k = 0; k < rk->slots[i].n_actions; k++)
+        filter_set(&d.filters[at++], dim_name, &rk->slots[i].actions[k]);
+    }
+    d.slot_first[rk->n_slots] = at;
+    dir_program_append(out, &d); /* deep copy */
+    g_free(d.slot_first);
+    g_free(d.filters);
+  }
+  return true;
+}
+
+/* ---- harness --------------------------------------------------------------------------------- */
+
+char *sched_program_file_name(enum sched_family f, uint32_t ranks, uint32_t mbs) {
+  return g_strdup_printf("%s_pp%u_mbs%u.json", sched_family_name(f), ranks, mbs);
+}
+
+/* The stages a directive's filter selects for layout purposes: a filter whose only key is PP
+ * (an index, or "*"), or {} (every stage). Filters with other keys or a PASS place parts of
+ * stages (experts, passes, micro-batches) and do not move a stage. Returns false when the
+ * directive says nothing about whole stages. */
+static bool filter_stages(const struct dir_filter *f, uint32_t n_stages, uint32_t *first,
+                          uint32_t *last) {
+  if (f->pass != IR_PASS_NONE || f->n_keys > 1)
+    return false;
+  if (f->n_keys == 0 || f->keys[0].value == IR_FILTER_ANY) {
+    if (f->n_keys == 1 && strcmp(f->keys[0].name, "PP") != 0)
+      return false;
+    *first = 0;
+    *last = n_stages - 1;
+    return true;
+  }
+  if (strcmp(f->keys[0].name, "PP") != 0)
+    return false;
+  if (f->keys[0].value < 0 || (uint32_t)f->keys[0].value >= n_stages)
+    return false;
+  *first = *last = (uint32_t)f->keys[0].value;
+  return true;
+}
+
+int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
+                                   uint32_t *n_ranks, GError **err) {
+  g_assert(p && n_ranks);
+  if (n_stages == 0 || n_stages > SCHED_MAX_STAGES) {
+    json_fail(err, "%s: the model has %u PP regions; 1 to %u are accepted", p->name, n_stages,
+              (unsigned)SCHED_MAX_STAGES);
+    return NULL;
+  }
+  /* Which directive gives each stage its devices: the last place that selects it, else the
+   * first replicate or shard that does (they place what no place did), else device 0. */
+  g_autofree const struct dir_directive **by = g_new0(const struct dir_directive *, n_stages);
+  for (uint32_t i = 0; i < p->n; i++) {
+    const struct dir_directive *d = &p->d[i];
+    uint32_t lo, hi;
+    if (d->op != DIR_PLACE && d->op != DIR_REPLICATE && d->op != DIR_SHARD)
+      continue;
+    if (!d->n_devices || !filter_stages(&d->filter, n_stages, &lo, &hi))
+      continue;
+    for (uint32_t s = lo; s <= hi; s++) {
+      if (d->op == DIR_PLACE || !by[s])
+        by[s] = d;
+    }
+  }
+  /* A rank is a distinct device list, numbered by the lowest stage it holds; a stage nothing
+   * places is on [0]. */
+  static const uint32_t device0 = 0;
+  int32_t *stage_rank = g_new(int32_t, n_stages);
+  g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);
+  g_autofree uint32_t *rank_n = g_new0(uint32_t, n_stages);
+  uint32_t R = 0;
+  for (uint32_t s = 0; s < n_stages; s++) {
+    const uint32_t *dev = by[s] ? by[s]->devices : &device0;
+    uint32_t n = by[s] ? by[s]->n_devices : 1;
+    int32_t found = -1;
+    for (uint32_t r = 0; r < R && found < 0; r++)
+      if (rank_n[r] == n && memcmp(rank_dev[r], dev, n * sizeof *dev) == 0)
+        found = (int32_t)r;
+    if (found < 0) {
+      rank_dev[R] = dev;
+      rank_n[R] = n;
+      found = (int32_t)R++;
+    }
+    stage_rank[s] = found;
+  }
+  *n_ranks = R;
+  return stage_rank;
+}
+
+/* Finds the single MB split of p without changing p: *index is its position, or UINT32_MAX
+ * when p has none; *M the micro-batch count it will have (mbs, or the split's own when mbs is
+ * 0). False (err set) when p has splits the builders cannot use or no count is known. */
+static bool find_split(const struct dir_program *p, uint32_t mbs, uint32_t *index, uint32_t *M,
+                       GError **err) {
+  uint32_t n = 0;
+  *index = UINT32_MAX;
+  for (uint32_t i = 0; i < p->n; i++)
+    if (p->d[i].op == DIR_SPLIT && n++ == 0)
+      *index = i;
+  if (n > 1)
+    return json_fail(err,
+                     "%s: %u split directives; the schedule builders need exactly one, with "
+                     "dim_name \"MB\"",
+                     p->name, n);
+  if (n == 1 && strcmp(p->d[*index].dim_name, "MB") != 0)
+    return json_fail(err,
+                     "%s: directive %u (split): dim_name is \"%s\"; the schedule builders "
+                     "need \"MB\"",
+                     p->name, *index, p->d[*index].dim_name);
+  if (n == 0 && mbs == 0)
+    return json_fail(err, "%s: no split directive and no micro-batch count given (--mbs M)",
+                     p->name);
+  *M = mbs ? mbs : (uint32_t)p->d[*index].num_microbatches;
+  return true;
+}
+
+/* Makes the split found by find_split say M micro-batches, adding it when there is none. */
+static void set_split(struct dir_program *p, uint32_t index, uint32_t M) {
+  if (index != UINT32_MAX) {
+    p->d[index].num_microbatches = M;
+    return;
+  }
+  struct dir_directive d = {.op = DIR_SPLIT, .num_microbatches = M};
+  d.filter.pass = IR_PASS_NONE;
+  g_strlcpy(d.dim_name, "MB", DIR_NAME_MAX);
+  dir_program_append(p, &d);
+}
+
+/* DualPipe's copy B runs stage s on the rank holding stage R-1-s (file comment): place its
+ * micro-batches there, after the base's places so that they win. */
+static void place_dualpipe_copy_b(struct dir_program *p, uint32_t n_stages,
+                                  const int32_t *stage_rank, uint32_t R, uint32_t M) {
+  /* Directive index giving each rank its devices (indices: appending moves p->d). */
+  g_autofree uint32_t *group = g_new(uint32_t, R);
+  for (uint32_t r = 0; r < R; r++)
+    group[r] = UINT32_MAX;
+  for (uint32_t i = 0; i < p->n; i++) {
+    const struct dir_directive *d = &p->d[i];
+    uint32_t lo, hi;
+    if ((d->op == DIR_PLACE || d->op == DIR_REPLICATE || d->op == DIR_SHARD) && d->n_devices &&
+        filter_stages(&d->filter, n_stages, &lo, &hi))
+      for (uint32_t st = lo; st <= hi; st++)
+        if (d->op == DIR_PLACE || group[stage_rank[st]] == UINT32_MAX)
+          group[stage_rank[st]] = i;
+  }
+  for (uint32_t st = 0; st < n_stages; st++) {
+    uint32_t gi = group[stage_rank[n_stages - 1 - st]];
+    uint32_t dev0 = 0, n_dev = gi == UINT32_MAX ? 1 : p->d[gi].n_devices;
+    g_autofree uint32_t *devices =
+        g_memdup2(gi == UINT32_MAX ? &dev0 : p->d[gi].devices, n_dev * sizeof(uint32_t));
+    for (uint32_t m = M / 2; m < M; m++) {
+      struct dir_directive d = {.op = DIR_PLACE, .n_devices = n_dev, .devices = devices};
+      d.filter.pass = IR_PASS_NONE;
+      d.filter.n_keys = 2;
+      g_strlcpy(d.filter.keys[0].name, "PP", DIR_NAME_MAX);
+      d.filter.keys[0].value = (int32_t)st;
+      g_strlcpy(d.filter.keys[1].name, "MB", DIR_NAME_MAX);
+      d.filter.keys[1].value = (int32_t)m;
+      dir_program_append(p, &d); /* deep copy */
+    }
+  }
+}
+
+/* Everything is checked and built before p changes: on failure p is as it was. */
+bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struct sched_options *o,
+                           GError **err) {
+  g_assert(p && o);
+  if ((unsigned)o->family >= SCHED_FAMILY_COUNT)
+    return json_fail(err, "%s: unknown schedule family %d", p->name, (int)o->family);
+  const char *fam = sched_family_name(o->family);
+  if (o->mbs > DIR_MAX_MICROBATCHES)
+    return json_fail(err, "%s: %u micro-batches; at most %d", p->name, o->mbs,
+                     DIR_MAX_MICROBATCHES);
+  uint32_t split = UINT32_MAX, M = 0;
+  if (o->family == SCHED_CUSTOM) {
+    if (o->mbs == 0)
+      return true;
+    if (!find_split(p, o->mbs, &split, &M, err))
+      return false;
+    set_split(p, split, M);
+    return true;
+  }
+  if (!find_split(p, o->mbs, &split, &M, err))
+    return false;
+  uint32_t R = 0;
+  g_autofree int32_t *stage_rank = sched_layout_from_program(p, n_stages, &R, err);
+  if (!stage_rank)
+    return false;
+  if (o->ranks > 0 && o->ranks != R)
+    return json_fail(err,
+                     "%s: %s with %u ranks was asked, but the base schedule places its %u "
+                     "stages on %u device groups (ranks)",
+                     p->name, fam, o->ranks, n_stages, R);
+  struct sched_layout l = {.n_ranks = R, .n_stages = n_stages, .stage_rank = stage_rank};
+  g_autoptr(GError) e = NULL;
+  struct sched_program *s = sched_build(o->family, &l, M, &e);
+  if (!s)
+    return json_fail(err, "%s: %s", p->name, e->message);
+
+  if (!o->keep_order)
+    dir_program_remove_op(p, DIR_ORDER);
+  /* remove_op renumbers: find the split again (it cannot fail now). */
+  if (!find_split(p, M, &split, &M, NULL))
+    g_assert_not_reached();
+  set_split(p, split, M);
+  if (o->family == SCHED_DUALPIPE)
+    place_dualpipe_copy_b(p, n_stages, stage_rank, R, M);
+  bool ok = sched_to_directives(s, "MB", p, err);
+  sched_program_free(s);
+  return ok;
+}

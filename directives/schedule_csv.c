@@ -1,0 +1,243 @@
+/* schedule: the PyTorch pipeline-schedule CSV interchange (torch.distributed.pipelining,
+ * _dump_csv / _load_csv with format "compute_only"). One row per rank, in rank order, one cell
+ * per action: "<stage>F<mb>" forward, "<stage>B<mb>" full backward, "<stage>I<mb>" backward for
+ * inputs, "<stage>W<mb>" backward for weights, "(<a>;<b>)OVERLAP_F_B" two actions that may
+ * interleave, an empty cell an idle step (skipped on reading). Rows end in "\n" ("\r\n" is
+ * read too, as Python's csv module writes it); spaces around a cell are ignored, as PyTorch's
+ * _Action.from_str strips them. Communication actions (SEND_F, RECV_B, UNSHARD, ...) are not
+ * part of the compute-only dialect and are refused: Piper inserts its own communication.
+ * Writing what was read gives the same bytes back for every file this writer produced. */
+#include <string.h>
+
+#include "../ir/json.h"
+#include "schedule-impl.h"
+#include "schedule.h"
+
+static bool write_action(FILE *f, const struct sched_action *a) {
+  return fprintf(f, "%d%c%d", a->stage, sched_pass_letter(a->pass), a->mb) > 0;
+}
+
+bool sched_write_csv(const struct sched_program *s, FILE *f) {
+  g_assert(s && f);
+  for (uint32_t r = 0; r < s->n_ranks; r++) {
+    const struct sched_rank *rk = &s->ranks[r];
+    for (uint32_t i = 0; i < rk->n_slots; i++) {
+      const struct sched_slot *sl = &rk->slots[i];
+      if (i > 0)
+        fputc(',', f);
+      if (sl->n_actions == 2) {
+        fputc('(', f);
+        write_action(f, &sl->actions[0]);
+        fputc(';', f);
+        write_action(f, &sl->actions[1]);
+        fputs(")OVERLAP_F_B", f);
+      } else {
+        write_action(f, &sl->actions[0]);
+      }
+    }
+    fputc('\n', f);
+  }
+  return !ferror(f);
+}
+
+/* ---- reading --------------------------------------------------------------------------------- */
+
+#define CELL_QUOTE_MAX 40
+
+/* A cell made safe for a one-line message: quoted, escaped, cut after CELL_QUOTE_MAX bytes. */
+static char *quote_cell(const char *s, size_t n) {
+  GString *q = g_string_new("\"");
+  size_t i = 0;
+  for (; i < n && i < CELL_QUOTE_MAX; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\')
+      g_string_append_printf(q, "\\%c", c);
+    else if (c < 0x20 || c >= 0x7f)
+      g_string_append_printf(q, "\\x%02x", c);
+    else
+      g_string_append_c(q, (char)c);
+  }
+  g_string_append(q, i < n ? "\"..." : "\"");
+  return g_string_free(q, FALSE);
+}
+
+/* Reads a decimal index of at most 9 digits at s[*i], below limit. */
+static bool read_index(const char *s, size_t n, size_t *i, int64_t limit, int32_t *out) {
+  size_t start = *i;
+  int64_t v = 0;
+  while (*i < n && s[*i] >= '0' && s[*i] <= '9') {
+    if (*i - start >= 9)
+      return false;
+    v = v * 10 + (s[*i] - '0');
+    (*i)++;
+  }
+  if (*i == start || v >= limit)
+    return false;
+  *out = (int32_t)v;
+  return true;
+}
+
+/* One "<stage><letter><mb>" occupying all of s[0..n). */
+static bool parse_action(const char *s, size_t n, struct sched_action *a) {
+  size_t i = 0;
+  if (!read_index(s, n, &i, SCHED_MAX_STAGES, &a->stage) || i >= n)
+    return false;
+  switch (s[i++]) {
+  case 'F': a->pass = IR_PASS_F; break;
+  case 'B': a->pass = IR_PASS_B; break;
+  case 'I': a->pass = IR_PASS_BI; break;
+  case 'W': a->pass = IR_PASS_BW; break;
+  default: return false;
+  }
+  return read_index(s, n, &i, DIR_MAX_MICROBATCHES, &a->mb) && i == n;
+}
+
+static bool is_comm_action(const char *s, size_t n) {
+  static const char *const names[] = {"SEND_F",  "RECV_F",  "SEND_B",     "RECV_B",
+                                      "UNSHARD", "RESHARD", "REDUCE_GRAD"};
+  size_t i = 0;
+  while (i < n && s[i] >= '0' && s[i] <= '9')
+    i++;
+  if (i == 0)
+    return false;
+  for (size_t k = 0; k < G_N_ELEMENTS(names); k++) {
+    size_t len = strlen(names[k]);
+    if (n - i >= len && memcmp(s + i, names[k], len) == 0)
+      return true;
+  }
+  return false;
+}
+
+static bool parse_cell(const char *s, size_t n, struct sched_slot *slot) {
+  static const char suffix[] = ")OVERLAP_F_B";
+  size_t sl = sizeof suffix - 1;
+  memset(slot, 0, sizeof *slot);
+  if (n > 0 && s[0] == '(') {
+    if (n < 1 + sl || memcmp(s + n - sl, suffix, sl) != 0)
+      return false;
+    const char *in = s + 1;
+    size_t in_n = n - 1 - sl;
+    const char *semi = memchr(in, ';', in_n);
+    if (!semi)
+      return false;
+    size_t first = (size_t)(semi - in);
+    slot->n_actions = 2;
+    return parse_action(in, first, &slot->actions[0]) &&
+           parse_action(semi + 1, in_n - first - 1, &slot->actions[1]);
+  }
+  slot->n_actions = 1;
+  return parse_action(s, n, &slot->actions[0]);
+}
+
+/* Key of an action for the duplicate check: stage < 2^16, mb < 2^12, pass < 4. */
+static guint action_key(const struct sched_action *a) {
+  return ((guint)a->stage * DIR_MAX_MICROBATCHES + (guint)a->mb) * 4u + (guint)a->pass + 1u;
+}
+G_STATIC_ASSERT((uint64_t)SCHED_MAX_STAGES *DIR_MAX_MICROBATCHES * 4 < UINT32_MAX);
+
+struct sched_program *sched_read_csv(const char *name, const char *text, GError **err) {
+  if (!name)
+    name = "<csv>";
+  if (!text) {
+    json_fail(err, "%s: no text", name);
+    return NULL;
+  }
+  struct sched_rows w;
+  sched_rows_init(&w, 0);
+  g_autoptr(GHashTable) seen = g_hash_table_new(g_direct_hash, g_direct_equal);
+  int32_t max_stage = -1, max_mb = -1;
+  const char *line = text;
+  uint32_t row = 0;
+  const char *msg = NULL;
+  g_autofree char *cellq = NULL;
+  uint32_t col = 0;
+  while (*line) {
+    const char *nl = strchr(line, '\n');
+    size_t len = nl ? (size_t)(nl - line) : strlen(line);
+    const char *next = nl ? nl + 1 : line + len;
+    if (len > 0 && line[len - 1] == '\r')
+      len--;
+    row++;
+    if (row > SCHED_MAX_RANKS) {
+      json_fail(err, "%s: more than %u rows (one per rank)", name, (unsigned)SCHED_MAX_RANKS);
+      goto fail;
+    }
+    uint32_t rank = sched_rows_add_rank(&w);
+    size_t at = 0;
+    col = 0;
+    while (at <= len) {
+      const char *c = memchr(line + at, ',', len - at);
+      size_t end = c ? (size_t)(c - line) : len;
+      size_t b = at, e = end;
+      col++;
+      while (b < e && (line[b] == ' ' || line[b] == '\t'))
+        b++;
+      while (e > b && (line[e - 1] == ' ' || line[e - 1] == '\t'))
+        e--;
+      if (e > b) {
+        struct sched_slot slot;
+        if (!parse_cell(line + b, e - b, &slot)) {
+          cellq = quote_cell(line + b, e - b);
+          msg = is_comm_action(line + b, e - b)
+                    ? "is a communication action, not part of the compute-only dialect (Piper "
+                      "inserts its own communication)"
+                    : "is malformed (expected <stage>F<mb>, <stage>B<mb>, <stage>I<mb>, "
+                      "<stage>W<mb> or (<a>;<b>)OVERLAP_F_B, indices below 65536 and 4096)";
+          goto cell_fail;
+        }
+        for (uint32_t k = 0; k < slot.n_actions; k++) {
+          const struct sched_action *a = &slot.actions[k];
+          gpointer key = GUINT_TO_POINTER(action_key(a));
+          if (g_hash_table_contains(seen, key)) {
+            cellq = quote_cell(line + b, e - b);
+            msg = "repeats an action already scheduled";
+            goto cell_fail;
+          }
+          g_hash_table_add(seen, key);
+          /* A full backward and a split one of the same (stage, mb) cannot both run. */
+          struct sched_action other = *a;
+          bool clash = false;
+          if (a->pass == IR_PASS_B) {
+            other.pass = IR_PASS_BI;
+            clash = g_hash_table_contains(seen, GUINT_TO_POINTER(action_key(&other)));
+            other.pass = IR_PASS_BW;
+            clash = clash || g_hash_table_contains(seen, GUINT_TO_POINTER(action_key(&other)));
+          } else if (a->pass == IR_PASS_BI || a->pass == IR_PASS_BW) {
+            other.pass = IR_PASS_B;
+            clash = g_hash_table_contains(seen, GUINT_TO_POINTER(action_key(&other)));
+          }
+          if (clash) {
+            cellq = quote_cell(line + b, e - b);
+            msg = "mixes a full backward (B) with a split one (I/W) of the same stage and "
+                  "micro-batch";
+            goto cell_fail;
+          }
+          if (a->stage > max_stage)
+            max_stage = a->stage;
+          if (a->mb > max_mb)
+            max_mb = a->mb;
+        }
+        if (w.n_actions + slot.n_actions > SCHED_MAX_ACTIONS) {
+          json_fail(err, "%s: more than %u actions", name, SCHED_MAX_ACTIONS);
+          goto fail;
+        }
+        sched_rows_push(&w, rank, &slot);
+      }
+      if (!c)
+        break;
+      at = end + 1;
+    }
+    line = next;
+  }
+  if (row == 0 || max_stage < 0) {
+    json_fail(err, "%s: no actions (expected one row per rank of cells such as 0F0,0B0)", name);
+    goto fail;
+  }
+  return sched_rows_finish(&w, SCHED_CUSTOM, (uint32_t)max_stage + 1, (uint32_t)max_mb + 1);
+
+cell_fail:
+  json_fail(err, "%s: row %u, column %u: cell %s %s", name, row, col, cellq, msg);
+fail:
+  sched_rows_free(&w);
+  return NULL;
+}
