@@ -432,32 +432,71 @@ static void grad_index_free(struct grad_index *gi) {
   g_free(gi->nodes);
 }
 
-/* Where each model segment runs and how: taken from its forward nodes, which must agree. */
+static gint compare_u32(gconstpointer x, gconstpointer y) {
+  uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* Where each model segment runs: the device groups of its compute nodes. A segment with
+ * parameters normally has one home; schedules with two model copies (DualPipe) place a
+ * segment's micro-batches on two groups, and the copies' gradients are then summed across. */
+#define MAX_HOMES 4
 struct segment_home {
-  uint32_t group;        /* IR_NONE when the segment has no forward node */
-  uint32_t fwd_node;     /* one forward node, for flags and messages */
+  uint32_t group;              /* first home, IR_NONE when the segment has no compute node */
+  uint32_t fwd_node;           /* one compute node, for flags and messages */
+  uint32_t n_homes;
+  uint32_t homes[MAX_HOMES];
 };
+
+static bool has_home(const struct segment_home *h, uint32_t group) {
+  for (uint32_t k = 0; k < h->n_homes; k++)
+    if (h->homes[k] == group) return true;
+  return false;
+}
 
 static bool segment_homes(struct apply *a, struct segment_home *home, GError **err) {
   const struct ir_graph *g = a->g;
-  for (uint32_t s = 0; s < g->model->n_segments; s++) home[s] = (struct segment_home){IR_NONE, IR_NONE};
+  for (uint32_t s = 0; s < g->model->n_segments; s++)
+    home[s] = (struct segment_home){.group = IR_NONE, .fwd_node = IR_NONE};
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
     if (n->kind != IR_NODE_COMPUTE) continue;
     struct segment_home *h = &home[n->segment];
     if (h->group == IR_NONE) {
-      *h = (struct segment_home){n->group, i};
-    } else if (h->group != n->group && g->model->segments[n->segment].param_count > 0) {
-      char *x = node_name(g, h->fwd_node), *y = node_name(g, i);
-      fail_at(a, INFO(a, i)->grouped_by, err,
-              "\"%s\" runs on group g%u but \"%s\" of the same model segment on g%u: a segment's "
-              "parameters must live on one device group",
-              y, n->group, x, h->group);
-      g_free(x);
-      g_free(y);
-      return false;
+      h->group = n->group;
+      h->fwd_node = i;
+      h->homes[h->n_homes++] = n->group;
+      continue;
     }
+    if (has_home(h, n->group) || g->model->segments[n->segment].param_count == 0) continue;
+    char *x = node_name(g, h->fwd_node), *y = node_name(g, i);
+    uint32_t d = INFO(a, i)->grouped_by;
+    bool failed = true;
+    if (h->n_homes == MAX_HOMES)
+      fail_at(a, d, err, "\"%s\" puts a model segment on more than %d device groups", y, MAX_HOMES);
+    else if (IR_GROUP(g, n->group)->count != IR_GROUP(g, h->group)->count)
+      fail_at(a, d, err, "\"%s\" runs on %u devices but \"%s\" of the same segment on %u: copies of a "
+              "segment need equal groups", y, IR_GROUP(g, n->group)->count, x, IR_GROUP(g, h->group)->count);
+    else if (n->shard_degree > 1 || IR_NODE(g, h->fwd_node)->shard_degree > 1 || n->shard_grads ||
+             IR_NODE(g, h->fwd_node)->shard_grads)
+      fail_at(a, d, err, "\"%s\" and \"%s\" put copies of a sharded segment on two device groups, "
+              "which is not supported", y, x);
+    else {
+      h->homes[h->n_homes++] = n->group;
+      failed = false;
+    }
+    g_free(x);
+    g_free(y);
+    if (failed) return false;
   }
+  return true;
+}
+
+/* True when every device of group a is in group b. */
+static bool group_within(const struct ir_graph *g, uint32_t a, uint32_t b) {
+  const uint32_t *da = IR_GROUP_DEVICES(g, a);
+  for (uint32_t i = 0; i < IR_GROUP(g, a)->count; i++)
+    if (ir_group_position(g, b, da[i]) < 0) return false;
   return true;
 }
 
@@ -507,7 +546,7 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
     uint64_t bytes = 0;
     for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
       bool take = false;
-      if (s >= 0 && home[s].group == grp_of_dir && m->segments[s].param_count > 0) {
+      if (s >= 0 && home[s].n_homes == 1 && home[s].group == grp_of_dir && m->segments[s].param_count > 0) {
         const struct node_info *ni = INFO(a, home[s].fwd_node);
         const struct ir_node *fn = IR_NODE(g, home[s].fwd_node);
         /* Sharded experts own distinct parameters on each device: nothing to sync. */
@@ -544,6 +583,79 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
     g_array_free(bucket, TRUE);
   }
 
+  /* Segments with several homes (model copies): their gradients are summed over the union of
+   * the homes, which also covers any data parallelism inside each home. Buckets per union. */
+  {
+    GArray *unions = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    GPtrArray *buckets = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
+    GArray *bucket_bytes = g_array_new(FALSE, TRUE, sizeof(uint64_t));
+    for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
+      uint32_t u = IR_NONE;
+      if (s >= 0 && home[s].n_homes > 1) {
+        GArray *devs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+        for (uint32_t k = 0; k < home[s].n_homes; k++)
+          g_array_append_vals(devs, IR_GROUP_DEVICES(g, home[s].homes[k]), IR_GROUP(g, home[s].homes[k])->count);
+        g_array_sort(devs, compare_u32);
+        for (uint32_t k = 1; k < devs->len; k++)
+          if (g_array_index(devs, uint32_t, k) == g_array_index(devs, uint32_t, k - 1)) {
+            char *x = node_name(g, home[s].fwd_node);
+            fail_at(a, INFO(a, home[s].fwd_node)->grouped_by, err,
+                    "copies of \"%s\" share device %u", x, g_array_index(devs, uint32_t, k));
+            g_free(x);
+            g_array_free(devs, TRUE);
+            g_array_free(unions, TRUE);
+            g_ptr_array_free(buckets, TRUE);
+            g_array_free(bucket_bytes, TRUE);
+            g_free(sync_of);
+            grad_index_free(&gi);
+            return false;
+          }
+        u = ir_graph_group(g, (uint32_t *)devs->data, devs->len);
+        g_array_free(devs, TRUE);
+      }
+      for (uint32_t k = 0; k < unions->len; k++) {
+        GArray *b = g_ptr_array_index(buckets, k);
+        uint64_t *bytes = &g_array_index(bucket_bytes, uint64_t, k);
+        uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
+        bool mine = g_array_index(unions, uint32_t, k) == u;
+        if (b->len == 0 || !(s < 0 || (mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB))) continue;
+        const struct ir_node *first = IR_NODE(g, home[g_array_index(b, uint32_t, 0)].fwd_node);
+        struct ir_node c = comm_node(first, IR_NODE_ALL_REDUCE, IR_COMM_DP, stream_or(g, "", "dp"), *bytes);
+        c.pass = IR_PASS_NONE;
+        c.segment = IR_NONE;
+        c.group = g_array_index(unions, uint32_t, k);
+        c.replica_degree = IR_GROUP(g, c.group)->count;
+        for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
+          if (t != MODEL_TAG_PP) c.tags[t] = -1;
+        c.segset = ir_graph_add_segset(g, (uint32_t *)b->data, b->len, NULL);
+        c.directive = IR_NONE;
+        uint32_t cid = add_node(a, &c);
+        for (uint32_t j = 0; j < b->len; j++) {
+          uint32_t seg = g_array_index(b, uint32_t, j);
+          sync_of[seg] = cid;
+          for (uint32_t q = gi.first[seg]; q < gi.first[seg + 1]; q++)
+            ir_graph_add_edge(g, gi.nodes[q], cid, IR_EDGE_TEMPORAL, 0, 0);
+        }
+        g_array_set_size(b, 0);
+        *bytes = 0;
+      }
+      if (u == IR_NONE || m->segments[s].param_count == 0) continue;
+      uint32_t k = 0;
+      while (k < unions->len && g_array_index(unions, uint32_t, k) != u) k++;
+      if (k == unions->len) {
+        g_array_append_val(unions, u);
+        g_ptr_array_add(buckets, g_array_new(FALSE, FALSE, sizeof(uint32_t)));
+        g_array_set_size(bucket_bytes, unions->len);
+      }
+      uint32_t seg = (uint32_t)s;
+      g_array_append_val(g_ptr_array_index(buckets, k), seg);
+      g_array_index(bucket_bytes, uint64_t, k) += m->segments[s].param_bytes;
+    }
+    g_array_free(unions, TRUE);
+    g_ptr_array_free(buckets, TRUE);
+    g_array_free(bucket_bytes, TRUE);
+  }
+
   /* Optimizer nodes: one per PP region and device group holding its parameters. */
   for (uint32_t o = 0; o < n_opt; o++) {
     struct ir_node *on = IR_NODE(g, o);
@@ -553,10 +665,13 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
     const struct ir_segset orig = *IR_SEGSET(g, on->segset);
     GArray *groups = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (uint32_t j = 0; j < orig.count; j++) {
-      uint32_t grp = home[g_array_index(g->segment_pool, uint32_t, orig.first + j)].group;
-      bool seen = false;
-      for (uint32_t k = 0; k < groups->len; k++) seen |= g_array_index(groups, uint32_t, k) == grp;
-      if (!seen && grp != IR_NONE) g_array_append_val(groups, grp);
+      const struct segment_home *h = &home[g_array_index(g->segment_pool, uint32_t, orig.first + j)];
+      for (uint32_t q = 0; q < h->n_homes; q++) {
+        uint32_t grp = h->homes[q];
+        bool seen = false;
+        for (uint32_t k = 0; k < groups->len; k++) seen |= g_array_index(groups, uint32_t, k) == grp;
+        if (!seen) g_array_append_val(groups, grp);
+      }
     }
     for (uint32_t k = 0; k < groups->len; k++) {
       uint32_t grp = g_array_index(groups, uint32_t, k);
@@ -566,7 +681,7 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       uint32_t replicas = 1;
       for (uint32_t j = 0; j < orig.count; j++) {
         uint32_t seg = g_array_index(g->segment_pool, uint32_t, orig.first + j);
-        if (home[seg].group != grp) continue;
+        if (!has_home(&home[seg], grp)) continue;
         const struct ir_node *fn = IR_NODE(g, home[seg].fwd_node);
         g_array_append_val(segs, seg);
         g_array_append_val(deg, fn->shard_degree);
@@ -594,7 +709,8 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
             ir_graph_add_edge(g, sync_of[seg], target, IR_EDGE_TEMPORAL, 0, 0);
         } else {
           for (uint32_t q = gi.first[seg]; q < gi.first[seg + 1]; q++)
-            ir_graph_add_edge(g, gi.nodes[q], target, IR_EDGE_TEMPORAL, 0, 0);
+            if (IR_NODE(g, gi.nodes[q])->group == grp)
+              ir_graph_add_edge(g, gi.nodes[q], target, IR_EDGE_TEMPORAL, 0, 0);
         }
       }
       g_hash_table_destroy(linked);
@@ -627,11 +743,6 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   return true;
 }
 
-static gint compare_u32(gconstpointer x, gconstpointer y) {
-  uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-  return a < b ? -1 : a > b;
-}
-
 static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck);
 
 /* ZeRO-3: one all-gather per bucket, micro-batch and use (F, and B or BI), feeding every
@@ -656,8 +767,7 @@ static void insert_gathers(struct apply *a) {
   for (uint32_t i = 0; i < nn; i++) {
     const struct ir_node *n = IR_NODE(g, i);
     if (n->kind != IR_NODE_REDUCE_SCATTER && n->kind != IR_NODE_ALL_REDUCE) continue;
-    const struct dir_directive *dd = &a->p->d[n->directive];
-    if (!dd->shard_params) continue;
+    if (n->directive == IR_NONE || !a->p->d[n->directive].shard_params) continue; /* copy sync */
     const struct ir_segset *ss = IR_SEGSET(g, n->segset);
     for (uint32_t j = 0; j < ss->count; j++)
       bucket_of_seg[g_array_index(g->segment_pool, uint32_t, ss->first + j)] = i;
@@ -773,7 +883,12 @@ static bool insert_send_recv(struct apply *a, GError **err) {
     if (ed.kind == IR_EDGE_DEAD) continue;
     struct ir_node src = *IR_NODE(g, ed.src), dst = *IR_NODE(g, ed.dst);
     if (src.group == dst.group) continue;
-    assert(ed.kind == IR_EDGE_DATA);
+    if (ed.kind == IR_EDGE_TEMPORAL) {
+      /* A dependency between a group and a group containing it (gradients of model copies
+       * into their union's all-reduce) is local to each device; nothing to send. */
+      assert(group_within(g, src.group, dst.group) || group_within(g, dst.group, src.group));
+      continue;
+    }
     if (IR_GROUP(g, src.group)->count != IR_GROUP(g, dst.group)->count) {
       char *x = node_name(g, ed.src), *y = node_name(g, ed.dst);
       uint32_t d = INFO(a, ed.dst)->grouped_by;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <glib/gstdio.h>
 
 #include "../../directives/compile.h"
 #include "../../directives/directives.h"
@@ -433,6 +434,28 @@ static void test_lower_deterministic(void **state) {
   compile_result_free(&b);
 }
 
+/* DualPipe runs two model copies: stage s on rank s for the first half of the micro-batches and
+ * on rank R-1-s for the second; each pair's gradients are summed by an all-reduce over both. */
+static void test_dualpipe_copies_sync(void **state) {
+  (void)state;
+  struct compile_result r = compile_files("models/tiny-dense.json", 4, "directives/base-schedules/pp4.json",
+                                          SCHED_DUALPIPE, 8);
+  uint32_t syncs = 0, optimizers = 0;
+  for (uint32_t i = 0; i < r.plan->n_nodes; i++) {
+    const struct ir_node *n = &r.plan->nodes[i];
+    if (n->kind == IR_NODE_OPTIMIZER) optimizers++;
+    if (n->kind != IR_NODE_ALL_REDUCE) continue;
+    syncs++;
+    const struct ir_group *grp = &r.plan->groups[n->group];
+    assert_int_equal(grp->count, 2);
+    uint32_t a = r.plan->device_pool[grp->first], b = r.plan->device_pool[grp->first + 1];
+    assert_int_equal(a + b, 3); /* ranks s and R-1-s */
+  }
+  assert_int_equal(syncs, 2);      /* {0,3} and {1,2}, one bucket each for the tiny model */
+  assert_int_equal(optimizers, 8); /* every device updates its two stages' copies */
+  compile_result_free(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build_dense),
@@ -446,6 +469,7 @@ int main(void) {
       cmocka_unit_test(test_lower_1f1b_order),
       cmocka_unit_test(test_progress_catches_deadlock),
       cmocka_unit_test(test_lower_deterministic),
+      cmocka_unit_test(test_dualpipe_copies_sync),
   };
   return cmocka_run_group_tests_name("compile", tests, NULL, NULL);
 }
