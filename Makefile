@@ -119,7 +119,7 @@ fuzz: $(FUZZ_BINS)
 	@fail=0; for f in $(FUZZ_BINS); do n=$$(basename $$f); echo "== $$n ($(FUZZ_SECONDS) s)"; \
 	  mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
-	    -print_final_stats=0 $(FUZZ_BUILD)/corpus-$$n tests/fuzz/seeds/$${n#fuzz_} \
+	    -print_final_stats=0 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus-$$n tests/fuzz/seeds/$${n#fuzz_} \
 	    > $(FUZZ_BUILD)/$$n.log 2>&1 \
 	    && echo "$$n: no crash in $(FUZZ_SECONDS) s" || { tail -40 $(FUZZ_BUILD)/$$n.log; fail=1; }; \
 	done; exit $$fail
