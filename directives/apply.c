@@ -900,16 +900,21 @@ static bool insert_send_recv(struct apply *a, GError **err) {
       g_free(y);
       return false;
     }
+    /* By default each direction between two groups (one PP communicator) gets a stream of its
+     * own on both ends: a FIFO channel whose receives run in its sends' order, so a message
+     * that arrives late never holds up one from another peer or direction. */
+    char channel[IR_NAME_MAX];
+    g_snprintf(channel, sizeof channel, "pp g%u->g%u", src.group, dst.group);
     uint32_t ss = INFO(a, ed.src)->send_stream, rs = INFO(a, ed.dst)->recv_stream;
-    struct ir_node s = comm_node(&src, IR_NODE_SEND, IR_COMM_PP,
-                                 ss != IR_NONE ? ss : ir_graph_stream(g, "pp_send"), ed.bytes);
+    uint32_t cs = ir_graph_stream(g, channel);
+    struct ir_node s = comm_node(&src, IR_NODE_SEND, IR_COMM_PP, ss != IR_NONE ? ss : cs, ed.bytes);
     s.peer_group = dst.group;
     s.shard_degree = 1;
     struct ir_node r = s;
     r.kind = IR_NODE_RECV;
     r.group = dst.group;
     r.peer_group = src.group;
-    r.stream = rs != IR_NONE ? rs : ir_graph_stream(g, "pp_recv");
+    r.stream = rs != IR_NONE ? rs : cs;
     uint32_t sid = add_node(a, &s), rid = add_node(a, &r);
     IR_NODE(g, sid)->pair = rid;
     IR_NODE(g, rid)->pair = sid;

@@ -1,0 +1,1052 @@
+/* sim engine: the discrete-event simulation of SPEC §6.
+ *
+ * Time is continuous (seconds, double). A device runs kernels as a fluid: each running compute
+ * kernel has remaining work (seconds it would take alone on the whole device) and a rate; the
+ * rates are recomputed whenever the set of kernels on the device changes (processor sharing with
+ * per-stream SM caps, minus the SMs and memory bandwidth held by communication). A communication
+ * op has a latency part (not shared) and a transfer part progressing at 1 / (transfers sharing
+ * the busiest participant's link). Events carry a version so that rescheduling a kernel leaves
+ * its stale events to be skipped.
+ *
+ * Devices are grouped in units that provably behave alike (same program class, same link spans,
+ * partners in the same units: a colour refinement); one representative per unit is simulated.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../ir/json.h"
+#include "sim.h"
+
+/* ---- small helpers over the plan ------------------------------------------------------------ */
+
+static const uint32_t *group_devices(const struct plan *p, uint32_t g, uint32_t *count) {
+  *count = p->groups[g].count;
+  return p->device_pool + p->groups[g].first;
+}
+
+static int group_pos(const struct plan *p, uint32_t g, uint32_t device) {
+  uint32_t n;
+  const uint32_t *d = group_devices(p, g, &n);
+  for (uint32_t i = 0; i < n; i++)
+    if (d[i] == device) return (int)i;
+  return -1;
+}
+
+/* The other end of a send/recv node run by device. */
+static uint32_t node_peer(const struct plan *p, const struct ir_node *n, uint32_t device) {
+  int pos = group_pos(p, n->group, device);
+  if (pos < 0 || n->peer_group == IR_NONE) return IR_NONE;
+  uint32_t cnt;
+  const uint32_t *d = group_devices(p, n->peer_group, &cnt);
+  return (uint32_t)pos < cnt ? d[pos] : IR_NONE;
+}
+
+static bool kind_is_p2p(enum ir_node_kind k) { return k == IR_NODE_SEND || k == IR_NODE_RECV; }
+static bool kind_is_comm(enum ir_node_kind k) {
+  return k != IR_NODE_COMPUTE && k != IR_NODE_OPTIMIZER && k < IR_NODE_KIND_COUNT;
+}
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- static memory ------------------------------------------------------------------------ */
+
+void sim_static_memory(const struct plan *p, const struct plan_class *c,
+                       uint64_t bytes[REPORT_MEM_KIND_COUNT]) {
+  memset(bytes, 0, sizeof(uint64_t) * REPORT_MEM_KIND_COUNT);
+  const struct model *m = p->model;
+  bool *seen = g_new0(bool, m->n_segments);
+  /* Mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020, §3.1): 2 bytes of bf16
+   * parameters, 2 of gradients, 12 of optimizer state (fp32 master copy, momentum, variance)
+   * per parameter; fp32 training: 4 + 4 + 8 (momentum, variance). */
+  bool bf16 = m->dtype == MODEL_DTYPE_BF16;
+  double pb = bf16 ? 2 : 4, gb = bf16 ? 2 : 4, ob = bf16 ? 12 : 8;
+  double params = 0, grads = 0, opt = 0;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind != IR_NODE_COMPUTE || n->segment == IR_NONE || n->segment >= m->n_segments)
+      continue;
+    if (seen[n->segment]) continue;
+    seen[n->segment] = true;
+    double psi = (double)m->segments[n->segment].param_count /
+                 (double)(n->shard_degree ? n->shard_degree : 1);
+    double N = n->replica_degree ? n->replica_degree : 1;
+    if (n->shard_params) { /* ZeRO-3: 16 psi / N */
+      params += pb * psi / N;
+      grads += gb * psi / N;
+      opt += ob * psi / N;
+    } else if (n->shard_grads) { /* ZeRO-2: 2 psi + 14 psi / N */
+      params += pb * psi;
+      grads += gb * psi / N;
+      opt += ob * psi / N;
+    } else {
+      params += pb * psi;
+      grads += gb * psi;
+      opt += ob * psi;
+    }
+  }
+  g_free(seen);
+  bytes[REPORT_MEM_PARAMS] = (uint64_t)llround(params);
+  bytes[REPORT_MEM_GRADS] = (uint64_t)llround(grads);
+  bytes[REPORT_MEM_OPTIMIZER] = (uint64_t)llround(opt);
+}
+
+/* ---- per-class costs ---------------------------------------------------------------------- */
+
+struct class_info {
+  double *work;                 /* [n_instrs] compute: seconds alone; comm: unused */
+  float *mem_frac;              /* [n_instrs] */
+  uint32_t *measured, *fallback;/* [n_instrs] op counts */
+  uint8_t *tensor_kind;         /* [n_tensors] report_mem_kind */
+  uint8_t *tensor_saved;        /* [n_tensors] saved activations */
+  uint32_t n_streams_used;
+  uint32_t *streams_used;
+  uint32_t n_comms;             /* distinct comms used, ascending */
+  uint32_t *comms;
+  uint32_t *comm_kind;          /* per used comm: node kind of its first instruction */
+  uint32_t *comm_node;          /* per used comm: a node of it (p2p: to find the peer) */
+};
+
+struct cost_key {
+  uint32_t segment, pass, shard;
+};
+
+static void class_info_build(const struct plan *p, const struct plan_class *c,
+                             const struct profile *prof, GHashTable *cost_cache,
+                             struct class_info *ci) {
+  ci->work = g_new0(double, c->n_instrs + 1);
+  ci->mem_frac = g_new0(float, c->n_instrs + 1);
+  ci->measured = g_new0(uint32_t, c->n_instrs + 1);
+  ci->fallback = g_new0(uint32_t, c->n_instrs + 1);
+  GArray *comms = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  GHashTable *seen = g_hash_table_new(g_direct_hash, g_direct_equal);
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct plan_instr *in = &c->instrs[i];
+    const struct ir_node *n = &p->nodes[in->node];
+    if (n->kind == IR_NODE_COMPUTE) {
+      /* costs depend on (segment, pass, shard) only; many micro-batches share them */
+      uint64_t key = ((uint64_t)n->segment << 24) ^ ((uint64_t)n->pass << 20) ^
+                     (uint64_t)(n->shard_degree & 0xfffff);
+      struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
+      if (!pc) {
+        pc = g_new(struct profile_cost, 1);
+        *pc = n->segment < p->model->n_segments
+                  ? profile_compute_cost(prof, p->model, n->segment, n->pass, n->shard_degree)
+                  : (struct profile_cost){0};
+        uint64_t *k = g_new(uint64_t, 1);
+        *k = key;
+        g_hash_table_insert(cost_cache, k, pc);
+      }
+      ci->work[i] = pc->seconds;
+      ci->mem_frac[i] = (float)pc->mem_fraction;
+      ci->measured[i] = pc->measured_ops;
+      ci->fallback[i] = pc->fallback_ops;
+    } else if (n->kind == IR_NODE_OPTIMIZER) {
+      double params = 0;
+      if (n->segset != IR_NONE && n->segset < p->n_segsets)
+        params = (double)p->segsets[n->segset].param_bytes /
+                 (double)model_dtype_bytes(p->model->dtype);
+      if ((n->shard_grads || n->shard_params) && n->replica_degree > 1)
+        params /= n->replica_degree;
+      struct profile_cost pc = profile_optimizer_cost(prof, params);
+      ci->work[i] = pc.seconds;
+      ci->mem_frac[i] = (float)pc.mem_fraction;
+    } else if (in->comm != IR_NONE && !g_hash_table_contains(seen, GUINT_TO_POINTER(in->comm + 1))) {
+      g_hash_table_add(seen, GUINT_TO_POINTER(in->comm + 1));
+      g_array_append_val(comms, in->comm);
+    }
+  }
+  /* sort the used comms, keep a representative node each */
+  uint32_t nc = comms->len;
+  uint32_t *cs = (uint32_t *)g_array_free(comms, FALSE);
+  for (uint32_t i = 1; i < nc; i++) {
+    uint32_t v = cs[i], j = i;
+    while (j > 0 && cs[j - 1] > v) {
+      cs[j] = cs[j - 1];
+      j--;
+    }
+    cs[j] = v;
+  }
+  ci->n_comms = nc;
+  ci->comms = cs;
+  ci->comm_kind = g_new0(uint32_t, nc + 1);
+  ci->comm_node = g_new0(uint32_t, nc + 1);
+  for (uint32_t k = 0; k < nc; k++) ci->comm_node[k] = IR_NONE;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct plan_instr *in = &c->instrs[i];
+    if (in->comm == IR_NONE) continue;
+    uint32_t lo = 0, hi = nc;
+    while (lo < hi) {
+      uint32_t mid = (lo + hi) / 2;
+      if (cs[mid] < in->comm) lo = mid + 1; else hi = mid;
+    }
+    if (lo < nc && ci->comm_node[lo] == IR_NONE) {
+      ci->comm_node[lo] = in->node;
+      ci->comm_kind[lo] = p->nodes[in->node].kind;
+    }
+  }
+  g_hash_table_destroy(seen);
+  ci->tensor_kind = g_new0(uint8_t, c->n_tensors + 1);
+  ci->tensor_saved = g_new0(uint8_t, c->n_tensors + 1);
+  for (uint32_t t = 0; t < c->n_tensors; t++) {
+    const struct plan_tensor *pt = &c->tensors[t];
+    enum ir_node_kind k = pt->producer < c->n_instrs ? p->nodes[c->instrs[pt->producer].node].kind
+                                                     : IR_NODE_COMPUTE;
+    uint8_t kind = k == IR_NODE_COMPUTE || k == IR_NODE_OPTIMIZER ? REPORT_MEM_ACTIVATIONS
+                   : k == IR_NODE_ALL_GATHER                      ? REPORT_MEM_GATHERED
+                                                                  : REPORT_MEM_COMM;
+    ci->tensor_kind[t] = kind;
+    ci->tensor_saved[t] = kind == REPORT_MEM_ACTIVATIONS && pt->kind == PLAN_TENSOR_SAVED;
+  }
+  ci->streams_used = g_new0(uint32_t, p->n_streams + 1);
+  for (uint32_t s = 0; s < p->n_streams; s++)
+    if (c->stream_first[s + 1] > c->stream_first[s]) ci->streams_used[ci->n_streams_used++] = s;
+}
+
+static void class_info_free(struct class_info *ci) {
+  g_free(ci->work);
+  g_free(ci->mem_frac);
+  g_free(ci->measured);
+  g_free(ci->fallback);
+  g_free(ci->tensor_kind);
+  g_free(ci->tensor_saved);
+  g_free(ci->streams_used);
+  g_free(ci->comms);
+  g_free(ci->comm_kind);
+  g_free(ci->comm_node);
+}
+
+/* ---- units (colour refinement) ------------------------------------------------------------ */
+
+static uint32_t intern_key(GHashTable *h, GArray *key) {
+  GBytes *b = g_bytes_new(key->data, key->len * sizeof(uint32_t));
+  gpointer v = g_hash_table_lookup(h, b);
+  if (v) {
+    g_bytes_unref(b);
+    return GPOINTER_TO_UINT(v) - 1;
+  }
+  uint32_t id = g_hash_table_size(h);
+  g_hash_table_insert(h, b, GUINT_TO_POINTER(id + 1));
+  return id;
+}
+
+/* colour[d] for every device: devices of one colour provably run at the same times. */
+static uint32_t *refine_colours(const struct plan *p, const struct profile *prof,
+                                const struct class_info *ci, bool collapse, uint32_t *n_colours) {
+  uint32_t nd = p->n_devices;
+  uint32_t *col = g_new(uint32_t, nd);
+  if (!collapse) {
+    for (uint32_t d = 0; d < nd; d++) col[d] = d;
+    *n_colours = nd;
+    return col;
+  }
+  uint32_t *next = g_new(uint32_t, nd);
+  GArray *key = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  /* initial colour: class and the span of every p2p link (intra or inter node) */
+  GHashTable *h = g_hash_table_new_full(g_bytes_hash, g_bytes_equal,
+                                        (GDestroyNotify)g_bytes_unref, NULL);
+  for (uint32_t d = 0; d < nd; d++) {
+    uint32_t c = p->device_class[d];
+    g_array_set_size(key, 0);
+    g_array_append_val(key, c);
+    for (uint32_t k = 0; k < ci[c].n_comms; k++) {
+      if (!kind_is_p2p(ci[c].comm_kind[k])) continue;
+      uint32_t peer = node_peer(p, &p->nodes[ci[c].comm_node[k]], d);
+      uint32_t devs[2] = {d, peer};
+      struct profile_span sp = profile_span_of(prof, devs, peer == IR_NONE ? 1 : 2);
+      g_array_append_val(key, sp.n_nodes);
+    }
+    col[d] = intern_key(h, key);
+  }
+  uint32_t n = g_hash_table_size(h);
+  g_hash_table_destroy(h);
+  /* refine by partners' colours until stable */
+  for (int iter = 0; iter < 64; iter++) {
+    h = g_hash_table_new_full(g_bytes_hash, g_bytes_equal, (GDestroyNotify)g_bytes_unref, NULL);
+    GHashTable *set_ids = g_hash_table_new_full(g_bytes_hash, g_bytes_equal,
+                                                (GDestroyNotify)g_bytes_unref, NULL);
+    /* colour set of every collective comm (shared by its members) */
+    uint32_t *comm_set = g_new(uint32_t, p->n_comms + 1);
+    for (uint32_t k = 0; k < p->n_comms; k++) {
+      comm_set[k] = IR_NONE;
+      if (p->comms[k].purpose == IR_COMM_PP || p->comms[k].group >= p->n_groups) continue;
+      uint32_t cnt;
+      const uint32_t *gd = group_devices(p, p->comms[k].group, &cnt);
+      GArray *set = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+      for (uint32_t i = 0; i < cnt; i++) g_array_append_val(set, col[gd[i]]);
+      uint32_t *v = (uint32_t *)set->data;
+      for (uint32_t i = 1; i < set->len; i++) {
+        uint32_t x = v[i], j = i;
+        while (j > 0 && v[j - 1] > x) {
+          v[j] = v[j - 1];
+          j--;
+        }
+        v[j] = x;
+      }
+      uint32_t w = 0;
+      for (uint32_t i = 0; i < set->len; i++)
+        if (i == 0 || v[i] != v[w - 1]) v[w++] = v[i];
+      g_array_set_size(set, w);
+      comm_set[k] = intern_key(set_ids, set);
+      g_array_free(set, TRUE);
+    }
+    for (uint32_t d = 0; d < nd; d++) {
+      uint32_t c = p->device_class[d];
+      g_array_set_size(key, 0);
+      g_array_append_val(key, col[d]);
+      for (uint32_t k = 0; k < ci[c].n_comms; k++) {
+        uint32_t v;
+        if (kind_is_p2p(ci[c].comm_kind[k])) {
+          uint32_t peer = node_peer(p, &p->nodes[ci[c].comm_node[k]], d);
+          v = peer == IR_NONE ? IR_NONE : col[peer];
+        } else {
+          v = comm_set[ci[c].comms[k]];
+        }
+        g_array_append_val(key, v);
+      }
+      next[d] = intern_key(h, key);
+    }
+    uint32_t n2 = g_hash_table_size(h);
+    g_hash_table_destroy(h);
+    g_hash_table_destroy(set_ids);
+    g_free(comm_set);
+    memcpy(col, next, nd * sizeof(uint32_t));
+    if (n2 == n) break;
+    n = n2;
+  }
+  g_array_free(key, TRUE);
+  g_free(next);
+  *n_colours = n;
+  return col;
+}
+
+/* ---- runtime state ------------------------------------------------------------------------ */
+
+enum { EV_KERNEL_END, EV_COMM_END };
+
+struct event {
+  double t;
+  uint64_t seq;
+  uint32_t type, id, version;
+};
+
+struct heap {
+  struct event *a;
+  size_t n, cap;
+  uint64_t seq;
+};
+
+static bool ev_less(const struct event *x, const struct event *y) {
+  return x->t < y->t || (x->t == y->t && x->seq < y->seq);
+}
+
+static void heap_push(struct heap *h, double t, uint32_t type, uint32_t id, uint32_t version) {
+  if (h->n == h->cap) {
+    h->cap = h->cap ? h->cap * 2 : 1024;
+    h->a = g_renew(struct event, h->a, h->cap);
+  }
+  struct event e = {t, h->seq++, type, id, version};
+  size_t i = h->n++;
+  while (i > 0) {
+    size_t parent = (i - 1) / 2;
+    if (!ev_less(&e, &h->a[parent])) break;
+    h->a[i] = h->a[parent];
+    i = parent;
+  }
+  h->a[i] = e;
+}
+
+static struct event heap_pop(struct heap *h) {
+  struct event top = h->a[0];
+  struct event last = h->a[--h->n];
+  size_t i = 0;
+  for (;;) {
+    size_t l = 2 * i + 1, r = l + 1, m = i;
+    const struct event *best = &last;
+    if (l < h->n && ev_less(&h->a[l], best)) {
+      m = l;
+      best = &h->a[l];
+    }
+    if (r < h->n && ev_less(&h->a[r], best)) m = r;
+    if (m == i) break;
+    h->a[i] = h->a[m];
+    i = m;
+  }
+  if (h->n > 0) h->a[i] = last;
+  return top;
+}
+
+struct kernel {                 /* a running compute kernel */
+  uint32_t instr;
+  double remaining, rate, last, cap;
+  float mem_frac;
+};
+
+struct unit_rt {
+  uint32_t cls;
+  uint32_t rep;
+  uint32_t base;                /* global id of instruction 0: base + instr */
+  uint32_t *pos;                /* [n_streams] next entry of stream_instrs */
+  uint8_t *busy;                /* [n_streams] */
+  double *start, *end;          /* [n_instrs], end < 0 while not done */
+  uint32_t *slot;               /* [n_instrs] rendezvous of comm instructions */
+  uint32_t *remaining;          /* [n_tensors] consumers still to run */
+  uint32_t done;
+  uint32_t n_kernels, cap_kernels;
+  struct kernel *kernels;
+  uint32_t n_ops, cap_ops;
+  uint32_t *ops;                /* running comm ops (slot ids) */
+  uint32_t n_link[2];           /* transfers running: intra, inter node */
+  double comm_sm;               /* SM share held by running communication */
+  int64_t mem[REPORT_MEM_KIND_COUNT];
+  int64_t saved, peak_saved;
+  int64_t peak_total;
+  int64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
+  GArray *timeline;             /* struct report_memory_point */
+};
+
+struct slot {                   /* a rendezvous: p2p pair or collective; its comm op */
+  uint32_t expected, arrived;
+  uint32_t part_first, part_count;  /* into sim.parts: (unit, instr) */
+  double latency, transfer, sm_share;
+  bool inter;
+  /* running state */
+  double lat_end, remaining, rate, last, end_t;
+  uint32_t version;
+  bool running;
+};
+
+struct sim {
+  const struct plan *p;
+  const struct profile *prof;
+  const struct sim_options *o;
+  struct class_info *ci;
+  uint32_t n_units;
+  struct unit_rt *u;
+  uint32_t *unit_of_device;
+  uint32_t *kversion;           /* [total unit instrs] version of kernel end events */
+  uint32_t *gid_unit;           /* not stored: found via bases (binary search) */
+  uint32_t n_slots;
+  struct slot *slots;
+  uint32_t *parts;              /* pairs (unit, instr) */
+  struct heap heap;
+  uint64_t events;
+  double t_first, t_last;
+};
+
+static uint32_t unit_of_gid(const struct sim *s, uint32_t gid) {
+  uint32_t lo = 0, hi = s->n_units;
+  while (hi - lo > 1) {
+    uint32_t mid = (lo + hi) / 2;
+    if (s->u[mid].base <= gid) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+/* Water-filling of the device's compute capacity among running kernels, each capped by its
+ * stream's SM share; communication holds comm_sm of the SMs and, while it runs, a share of
+ * the memory bandwidth that slows the memory-bound part of every kernel. */
+static void unit_rates(struct sim *s, struct unit_rt *u, double *rates) {
+  uint32_t n = u->n_kernels;
+  if (n == 0) return;
+  double capacity = 1.0 - (u->comm_sm < 0.95 ? u->comm_sm : 0.95);
+  /* caps are few and small in number: order kernels by cap (selection by index) */
+  uint32_t order[64];
+  uint32_t m = n < 64 ? n : 64;
+  for (uint32_t i = 0; i < m; i++) order[i] = i;
+  for (uint32_t i = 1; i < m; i++) {
+    uint32_t v = order[i], j = i;
+    while (j > 0 && u->kernels[order[j - 1]].cap > u->kernels[v].cap) {
+      order[j] = order[j - 1];
+      j--;
+    }
+    order[j] = v;
+  }
+  double left = capacity;
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t i = k < m ? order[k] : k;
+    double share = left / (double)(n - k);
+    double r = u->kernels[i].cap < share ? u->kernels[i].cap : share;
+    rates[i] = r;
+    left -= r;
+  }
+  double mem_slow = u->n_ops > 0 ? 1.0 - s->prof->comm_memory_share : 1.0;
+  for (uint32_t i = 0; i < n; i++) {
+    double mf = u->kernels[i].mem_frac;
+    if (mf > 0 && mem_slow < 1.0) {
+      /* time per unit work = (1-mf)/r + mf/(r*mem_slow) */
+      rates[i] = rates[i] / ((1.0 - mf) + mf / mem_slow);
+    }
+  }
+}
+
+static void unit_settle(struct unit_rt *u, double t) {
+  for (uint32_t i = 0; i < u->n_kernels; i++) {
+    struct kernel *k = &u->kernels[i];
+    k->remaining -= (t - k->last) * k->rate;
+    if (k->remaining < 0) k->remaining = 0;
+    k->last = t;
+  }
+}
+
+static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
+  double rates[256];
+  double *r = u->n_kernels <= 256 ? rates : g_new(double, u->n_kernels);
+  unit_rates(s, u, r);
+  for (uint32_t i = 0; i < u->n_kernels; i++) {
+    struct kernel *k = &u->kernels[i];
+    if (r[i] == k->rate) continue;
+    k->rate = r[i];
+    uint32_t gid = u->base + k->instr;
+    double end = k->remaining <= 0 ? t : t + k->remaining / (k->rate > 0 ? k->rate : 1e-30);
+    heap_push(&s->heap, end, EV_KERNEL_END, gid, ++s->kversion[gid]);
+  }
+  if (r != rates) g_free(r);
+}
+
+static void op_settle(struct slot *sl, double t) {
+  if (t > sl->lat_end) {
+    double from = sl->last > sl->lat_end ? sl->last : sl->lat_end;
+    sl->remaining -= (t - from) * sl->rate;
+    if (sl->remaining < 0) sl->remaining = 0;
+  }
+  sl->last = t;
+}
+
+static void op_reschedule(struct sim *s, uint32_t id, double t) {
+  struct slot *sl = &s->slots[id];
+  uint32_t share = 1;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    uint32_t n = s->u[s->parts[2 * (sl->part_first + k)]].n_link[sl->inter];
+    if (n > share) share = n;
+  }
+  double rate = 1.0 / share;
+  if (rate == sl->rate) return;
+  sl->rate = rate;
+  double from = t > sl->lat_end ? t : sl->lat_end;
+  sl->end_t = sl->remaining <= 0 ? from : from + sl->remaining / rate;
+  heap_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version);
+}
+
+static void mem_point(struct sim *s, struct unit_rt *u, double t) {
+  int64_t total = 0;
+  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) total += u->mem[k];
+  if (total > u->peak_total) {
+    u->peak_total = total;
+    memcpy(u->peak_breakdown, u->mem, sizeof u->mem);
+  }
+  if (u->saved > u->peak_saved) u->peak_saved = u->saved;
+  if (s->o->no_memory_timeline) return;
+  struct report_memory_point pt = {.t = t};
+  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) pt.bytes[k] = (uint64_t)u->mem[k];
+  GArray *tl = u->timeline;
+  if (tl->len > 0 && g_array_index(tl, struct report_memory_point, tl->len - 1).t == t)
+    g_array_index(tl, struct report_memory_point, tl->len - 1) = pt;
+  else
+    g_array_append_val(tl, pt);
+}
+
+static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  const struct class_info *ci = &s->ci[u->cls];
+  const struct plan_instr *in = &c->instrs[i];
+  u->end[i] = t;
+  u->busy[in->stream] = 0;
+  u->pos[in->stream]++;
+  u->done++;
+  if (t > s->t_last) s->t_last = t;
+  bool changed = false;
+  /* outputs come to life at the producer's end; inputs die at their last consumer's end.
+   * Allocating first makes an instruction's inputs and outputs coexist, as they do on a GPU. */
+  for (uint32_t k = 0; k < in->write_count; k++) {
+    uint32_t tid = c->writes[in->write_first + k];
+    const struct plan_tensor *pt = &c->tensors[tid];
+    if (pt->consumer_count == 0 || pt->bytes == 0) continue;
+    u->mem[ci->tensor_kind[tid]] += (int64_t)pt->bytes;
+    if (ci->tensor_saved[tid]) u->saved += (int64_t)pt->bytes;
+    changed = true;
+  }
+  if (changed) mem_point(s, u, t);
+  bool freed = false;
+  for (uint32_t k = 0; k < in->read_count; k++) {
+    uint32_t tid = c->reads[in->read_first + k];
+    if (u->remaining[tid] == 0) continue;
+    if (--u->remaining[tid] > 0) continue;
+    const struct plan_tensor *pt = &c->tensors[tid];
+    if (pt->bytes == 0) continue;
+    u->mem[ci->tensor_kind[tid]] -= (int64_t)pt->bytes;
+    if (ci->tensor_saved[tid]) u->saved -= (int64_t)pt->bytes;
+    freed = true;
+  }
+  if (freed) mem_point(s, u, t);
+}
+
+static void start_comm(struct sim *s, uint32_t id, double t) {
+  struct slot *sl = &s->slots[id];
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
+    unit_settle(u, t);
+    for (uint32_t j = 0; j < u->n_ops; j++) op_settle(&s->slots[u->ops[j]], t);
+  }
+  sl->running = true;
+  sl->lat_end = t + sl->latency;
+  sl->remaining = sl->transfer;
+  sl->last = t;
+  sl->rate = 0;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    uint32_t ui = s->parts[2 * (sl->part_first + k)], instr = s->parts[2 * (sl->part_first + k) + 1];
+    struct unit_rt *u = &s->u[ui];
+    u->start[instr] = t;
+    if (t < s->t_first) s->t_first = t;
+    if (u->n_ops == u->cap_ops) {
+      u->cap_ops = u->cap_ops ? 2 * u->cap_ops : 8;
+      u->ops = g_renew(uint32_t, u->ops, u->cap_ops);
+    }
+    u->ops[u->n_ops++] = id;
+    u->n_link[sl->inter]++;
+    u->comm_sm += sl->sm_share;
+  }
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
+    unit_reschedule(s, u, t);
+    for (uint32_t j = 0; j < u->n_ops; j++) op_reschedule(s, u->ops[j], t);
+  }
+}
+
+static void try_advance(struct sim *s, struct unit_rt *u, double t);
+
+static void end_comm(struct sim *s, uint32_t id, double t) {
+  struct slot *sl = &s->slots[id];
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
+    unit_settle(u, t);
+    for (uint32_t j = 0; j < u->n_ops; j++) op_settle(&s->slots[u->ops[j]], t);
+  }
+  sl->running = false;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    uint32_t ui = s->parts[2 * (sl->part_first + k)], instr = s->parts[2 * (sl->part_first + k) + 1];
+    struct unit_rt *u = &s->u[ui];
+    for (uint32_t j = 0; j < u->n_ops; j++)
+      if (u->ops[j] == id) {
+        u->ops[j] = u->ops[--u->n_ops];
+        break;
+      }
+    u->n_link[sl->inter]--;
+    u->comm_sm -= sl->sm_share;
+    if (u->n_ops == 0) u->comm_sm = 0; /* no drift from repeated add/subtract */
+    finish_instr(s, u, instr, t);
+  }
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
+    unit_reschedule(s, u, t);
+    for (uint32_t j = 0; j < u->n_ops; j++) op_reschedule(s, u->ops[j], t);
+  }
+  for (uint32_t k = 0; k < sl->part_count; k++)
+    try_advance(s, &s->u[s->parts[2 * (sl->part_first + k)]], t);
+}
+
+static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  const struct class_info *ci = &s->ci[u->cls];
+  unit_settle(u, t);
+  if (u->n_kernels == u->cap_kernels) {
+    u->cap_kernels = u->cap_kernels ? 2 * u->cap_kernels : 4;
+    u->kernels = g_renew(struct kernel, u->kernels, u->cap_kernels);
+  }
+  double cap = s->p->streams[c->instrs[i].stream].sm_share;
+  if (!(cap > 0 && cap <= 1)) cap = 1;
+  u->kernels[u->n_kernels++] = (struct kernel){
+      .instr = i, .remaining = ci->work[i], .rate = -1, .last = t, .cap = cap,
+      .mem_frac = ci->mem_frac[i]};
+  u->start[i] = t;
+  if (t < s->t_first) s->t_first = t;
+  unit_reschedule(s, u, t);
+}
+
+static void try_advance(struct sim *s, struct unit_rt *u, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  const struct class_info *ci = &s->ci[u->cls];
+  for (uint32_t k = 0; k < ci->n_streams_used; k++) {
+    uint32_t st = ci->streams_used[k];
+    if (u->busy[st] || u->pos[st] >= c->stream_first[st + 1]) continue;
+    uint32_t i = c->stream_instrs[u->pos[st]];
+    const struct plan_instr *in = &c->instrs[i];
+    bool ready = true;
+    for (uint32_t w = 0; w < in->wait_count && ready; w++)
+      if (u->end[c->waits[in->wait_first + w]] < 0) ready = false;
+    if (!ready) continue;
+    u->busy[st] = 1;
+    if (u->slot[i] != IR_NONE) {
+      struct slot *sl = &s->slots[u->slot[i]];
+      if (++sl->arrived == sl->expected) start_comm(s, u->slot[i], t);
+    } else {
+      start_kernel(s, u, i, t);
+    }
+  }
+}
+
+static void end_kernel(struct sim *s, uint32_t gid, double t) {
+  uint32_t ui = unit_of_gid(s, gid);
+  struct unit_rt *u = &s->u[ui];
+  uint32_t instr = gid - u->base;
+  unit_settle(u, t);
+  for (uint32_t j = 0; j < u->n_kernels; j++)
+    if (u->kernels[j].instr == instr) {
+      u->kernels[j] = u->kernels[--u->n_kernels];
+      break;
+    }
+  finish_instr(s, u, instr, t);
+  unit_reschedule(s, u, t);
+  try_advance(s, u, t);
+}
+
+/* ---- setup -------------------------------------------------------------------------------- */
+
+struct slot_key {
+  uint32_t comm, a, b, seq;
+};
+static guint slot_key_hash(gconstpointer k) {
+  const struct slot_key *x = k;
+  return x->comm * 2654435761u ^ x->a * 40503u ^ x->b * 9973u ^ x->seq * 374761393u;
+}
+static gboolean slot_key_equal(gconstpointer a, gconstpointer b) {
+  return memcmp(a, b, sizeof(struct slot_key)) == 0;
+}
+
+static bool build_slots(struct sim *s, GError **err) {
+  const struct plan *p = s->p;
+  GHashTable *h = g_hash_table_new_full(slot_key_hash, slot_key_equal, g_free, NULL);
+  GArray *slots = g_array_new(FALSE, TRUE, sizeof(struct slot));
+  GArray *parts = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2); /* unit, instr, slot */
+  GArray *part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  /* distinct units per collective comm */
+  uint32_t *comm_units = g_new0(uint32_t, p->n_comms + 1);
+  struct profile_span *comm_span = g_new0(struct profile_span, p->n_comms + 1);
+  for (uint32_t k = 0; k < p->n_comms; k++) {
+    if (p->comms[k].purpose == IR_COMM_PP || p->comms[k].group >= p->n_groups) continue;
+    uint32_t cnt;
+    const uint32_t *gd = group_devices(p, p->comms[k].group, &cnt);
+    GHashTable *us = g_hash_table_new(g_direct_hash, g_direct_equal);
+    for (uint32_t i = 0; i < cnt; i++)
+      g_hash_table_add(us, GUINT_TO_POINTER(s->unit_of_device[gd[i]] + 1));
+    comm_units[k] = g_hash_table_size(us);
+    g_hash_table_destroy(us);
+    comm_span[k] = profile_span_of(s->prof, gd, cnt);
+  }
+  bool ok = true;
+  for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
+    struct unit_rt *u = &s->u[ui];
+    const struct plan_class *c = &p->classes[u->cls];
+    for (uint32_t i = 0; i < c->n_instrs; i++) {
+      u->slot[i] = IR_NONE;
+      const struct plan_instr *in = &c->instrs[i];
+      const struct ir_node *n = &p->nodes[in->node];
+      if (!kind_is_comm(n->kind)) continue;
+      struct slot_key key = {.comm = in->comm, .a = IR_NONE, .b = IR_NONE, .seq = in->seq};
+      uint32_t expected;
+      struct profile_span span;
+      if (kind_is_p2p(n->kind)) {
+        uint32_t peer = node_peer(p, n, u->rep);
+        if (peer == IR_NONE || peer >= p->n_devices) {
+          char name[160];
+          plan_node_name(p, in->node, name, sizeof name);
+          g_set_error(err, PIPER_ERROR, PIPER_ERROR_INPUT,
+                      "plan: device %u: %s has no peer device", u->rep, name);
+          ok = false;
+          break;
+        }
+        uint32_t pu = s->unit_of_device[peer];
+        key.a = n->kind == IR_NODE_SEND ? ui : pu;
+        key.b = n->kind == IR_NODE_SEND ? pu : ui;
+        expected = 2;
+        uint32_t devs[2] = {u->rep, peer};
+        span = profile_span_of(s->prof, devs, 2);
+      } else {
+        if (in->comm == IR_NONE || in->comm >= p->n_comms) {
+          char name[160];
+          plan_node_name(p, in->node, name, sizeof name);
+          g_set_error(err, PIPER_ERROR, PIPER_ERROR_INPUT,
+                      "plan: device %u: %s has no communicator", u->rep, name);
+          ok = false;
+          break;
+        }
+        expected = comm_units[in->comm];
+        span = comm_span[in->comm];
+      }
+      gpointer v = g_hash_table_lookup(h, &key);
+      uint32_t id;
+      if (v) {
+        id = GPOINTER_TO_UINT(v) - 1;
+      } else {
+        id = slots->len;
+        struct slot sl = {.expected = expected};
+        if (s->prof->synthetic) {
+          sl.latency = s->prof->syn_comm;
+        } else {
+          struct profile_comm_cost cc = profile_comm_cost(s->prof, n->kind, n->bytes, &span);
+          sl.latency = cc.latency;
+          sl.transfer = cc.transfer;
+          sl.inter = cc.inter_node;
+        }
+        double share = p->streams[in->stream].sm_share;
+        sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
+        g_array_append_val(slots, sl);
+        struct slot_key *kk = g_new(struct slot_key, 1);
+        *kk = key;
+        g_hash_table_insert(h, kk, GUINT_TO_POINTER(id + 1));
+      }
+      u->slot[i] = id;
+      uint32_t pr[2] = {ui, i};
+      g_array_append_val(parts, pr);
+      g_array_append_val(part_slot, id);
+    }
+  }
+  g_free(comm_units);
+  g_free(comm_span);
+  g_hash_table_destroy(h);
+  s->n_slots = slots->len;
+  s->slots = (struct slot *)g_array_free(slots, FALSE);
+  /* group participants by slot (counting sort) */
+  uint32_t np = parts->len;
+  s->parts = g_new(uint32_t, 2 * (size_t)np + 2);
+  uint32_t *ps = (uint32_t *)part_slot->data, *pp = (uint32_t *)parts->data;
+  for (uint32_t k = 0; k < np; k++) s->slots[ps[k]].part_count++;
+  uint32_t acc = 0;
+  for (uint32_t k = 0; k < s->n_slots; k++) {
+    s->slots[k].part_first = acc;
+    acc += s->slots[k].part_count;
+    s->slots[k].part_count = 0;
+  }
+  for (uint32_t k = 0; k < np; k++) {
+    struct slot *sl = &s->slots[ps[k]];
+    uint32_t at = sl->part_first + sl->part_count++;
+    s->parts[2 * at] = pp[2 * k];
+    s->parts[2 * at + 1] = pp[2 * k + 1];
+  }
+  g_array_free(parts, TRUE);
+  g_array_free(part_slot, TRUE);
+  if (ok) {
+    for (uint32_t k = 0; k < s->n_slots; k++)
+      if (s->slots[k].part_count != s->slots[k].expected) {
+        uint32_t ui = s->parts[2 * s->slots[k].part_first];
+        uint32_t instr = s->parts[2 * s->slots[k].part_first + 1];
+        const struct plan_class *c = &p->classes[s->u[ui].cls];
+        char name[160];
+        plan_node_name(p, c->instrs[instr].node, name, sizeof name);
+        g_set_error(err, PIPER_ERROR, PIPER_ERROR_INPUT,
+                    "plan: device %u: %s (seq %u) has %u of %u parties in the plans", s->u[ui].rep,
+                    name, c->instrs[instr].seq, s->slots[k].part_count, s->slots[k].expected);
+        ok = false;
+        break;
+      }
+  }
+  return ok;
+}
+
+static int interval_cmp(const void *a, const void *b) {
+  const struct report_interval *x = a, *y = b;
+  if (x->start != y->start) return x->start < y->start ? -1 : 1;
+  if (x->stream != y->stream) return x->stream < y->stream ? -1 : 1;
+  return x->node < y->node ? -1 : x->node > y->node;
+}
+
+struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
+                           const struct sim_options *o, GError **err) {
+  static const struct sim_options defaults = {.collapse = true};
+  if (!o) o = &defaults;
+  double w0 = now_seconds();
+  struct sim s = {.p = p, .prof = prof, .o = o, .t_first = INFINITY, .t_last = -INFINITY};
+  struct sim_result *res = NULL;
+  bool ok = false;
+  s.ci = g_new0(struct class_info, p->n_classes + 1);
+  GHashTable *cost_cache = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    class_info_build(p, &p->classes[c], prof, cost_cache, &s.ci[c]);
+  g_hash_table_destroy(cost_cache);
+
+  uint32_t n_col;
+  uint32_t *col = refine_colours(p, prof, s.ci, o->collapse, &n_col);
+  /* units numbered by their lowest device */
+  uint32_t *col_unit = g_new(uint32_t, n_col + 1);
+  for (uint32_t k = 0; k < n_col; k++) col_unit[k] = IR_NONE;
+  s.unit_of_device = g_new(uint32_t, p->n_devices + 1);
+  uint32_t nu = 0;
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    if (col_unit[col[d]] == IR_NONE) col_unit[col[d]] = nu++;
+    s.unit_of_device[d] = col_unit[col[d]];
+  }
+  g_free(col);
+  g_free(col_unit);
+  s.n_units = nu;
+  s.u = g_new0(struct unit_rt, nu + 1);
+  res = g_new0(struct sim_result, 1);
+  res->n_units = nu;
+  res->units = g_new0(struct sim_unit, nu + 1);
+  res->device_unit = s.unit_of_device;
+  for (uint32_t d = 0; d < p->n_devices; d++) res->units[s.unit_of_device[d]].n_members++;
+  for (uint32_t k = 0; k < nu; k++) {
+    res->units[k].members = g_new(uint32_t, res->units[k].n_members);
+    res->units[k].n_members = 0;
+  }
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    struct sim_unit *su = &res->units[s.unit_of_device[d]];
+    su->members[su->n_members++] = d;
+  }
+  uint64_t total = 0;
+  for (uint32_t k = 0; k < nu; k++) {
+    struct unit_rt *u = &s.u[k];
+    u->rep = res->units[k].members[0];
+    u->cls = p->device_class[u->rep];
+    res->units[k].class_index = u->cls;
+    const struct plan_class *c = &p->classes[u->cls];
+    u->base = (uint32_t)total;
+    total += c->n_instrs;
+    if (total >= UINT32_MAX) {
+      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+                  "plan: more than 2^32 instructions to simulate; rerun without --no-collapse");
+      goto out;
+    }
+    u->pos = g_new(uint32_t, p->n_streams + 1);
+    for (uint32_t st = 0; st < p->n_streams; st++) u->pos[st] = c->stream_first[st];
+    u->busy = g_new0(uint8_t, p->n_streams + 1);
+    u->start = g_new(double, c->n_instrs + 1);
+    u->end = g_new(double, c->n_instrs + 1);
+    for (uint32_t i = 0; i < c->n_instrs; i++) u->start[i] = u->end[i] = -1;
+    u->slot = g_new(uint32_t, c->n_instrs + 1);
+    u->remaining = g_new(uint32_t, c->n_tensors + 1);
+    for (uint32_t t = 0; t < c->n_tensors; t++) u->remaining[t] = c->tensors[t].consumer_count;
+    u->timeline = g_array_new(FALSE, FALSE, sizeof(struct report_memory_point));
+    sim_static_memory(p, c, res->units[k].static_bytes);
+    for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
+      u->mem[m] = (int64_t)res->units[k].static_bytes[m];
+  }
+  s.kversion = g_new0(uint32_t, total + 1);
+  if (!build_slots(&s, err)) goto out;
+  res->seconds_setup = now_seconds() - w0;
+
+  double w1 = now_seconds();
+  for (uint32_t k = 0; k < nu; k++) mem_point(&s, &s.u[k], 0);
+  for (uint32_t k = 0; k < nu; k++) try_advance(&s, &s.u[k], 0);
+  while (s.heap.n > 0) {
+    struct event e = heap_pop(&s.heap);
+    if (e.type == EV_KERNEL_END) {
+      if (e.version != s.kversion[e.id]) continue;
+      s.events++;
+      end_kernel(&s, e.id, e.t);
+    } else {
+      if (e.version != s.slots[e.id].version || !s.slots[e.id].running) continue;
+      s.events++;
+      end_comm(&s, e.id, e.t);
+    }
+  }
+  res->seconds_run = now_seconds() - w1;
+  /* every instruction must have run; a plan that stalls names where */
+  for (uint32_t k = 0; k < nu; k++) {
+    struct unit_rt *u = &s.u[k];
+    const struct plan_class *c = &p->classes[u->cls];
+    if (u->done == c->n_instrs) continue;
+    for (uint32_t st = 0; st < p->n_streams; st++) {
+      if (u->pos[st] >= c->stream_first[st + 1]) continue;
+      uint32_t i = c->stream_instrs[u->pos[st]];
+      char name[160];
+      plan_node_name(p, c->instrs[i].node, name, sizeof name);
+      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+                  "simulation stalled: device %u stream \"%s\" waits at instruction %u (%s)",
+                  u->rep, p->streams[st].name, i, name);
+      goto out;
+    }
+  }
+  res->t_start = nu > 0 && isfinite(s.t_first) ? s.t_first : 0;
+  res->t_end = nu > 0 && isfinite(s.t_last) ? s.t_last : 0;
+  res->iteration_time = res->t_end - res->t_start;
+  res->events = s.events;
+  for (uint32_t k = 0; k < nu; k++) {
+    struct unit_rt *u = &s.u[k];
+    struct sim_unit *su = &res->units[k];
+    const struct plan_class *c = &p->classes[u->cls];
+    res->unit_instructions += c->n_instrs;
+    res->device_instructions += (uint64_t)c->n_instrs * su->n_members;
+    for (uint32_t i = 0; i < c->n_instrs; i++) {
+      res->measured_ops += (uint64_t)s.ci[u->cls].measured[i] * su->n_members;
+      res->fallback_ops += (uint64_t)s.ci[u->cls].fallback[i] * su->n_members;
+    }
+    su->peak_bytes = (uint64_t)u->peak_total;
+    for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
+      su->peak_breakdown[m] = (uint64_t)u->peak_breakdown[m];
+    su->peak_saved_activation_bytes = (uint64_t)u->peak_saved;
+    su->n_memory = u->timeline->len;
+    su->memory = (struct report_memory_point *)g_array_free(u->timeline, FALSE);
+    u->timeline = NULL;
+    if (!o->no_intervals) {
+      su->intervals = g_new(struct report_interval, c->n_instrs + 1);
+      for (uint32_t i = 0; i < c->n_instrs; i++)
+        su->intervals[i] = (struct report_interval){.start = u->start[i], .end = u->end[i],
+                                                    .node = c->instrs[i].node,
+                                                    .stream = c->instrs[i].stream};
+      su->n_intervals = c->n_instrs;
+      qsort(su->intervals, su->n_intervals, sizeof *su->intervals, interval_cmp);
+    }
+  }
+  ok = true;
+out:
+  for (uint32_t k = 0; k < nu; k++) {
+    struct unit_rt *u = &s.u[k];
+    g_free(u->pos);
+    g_free(u->busy);
+    g_free(u->start);
+    g_free(u->end);
+    g_free(u->slot);
+    g_free(u->remaining);
+    g_free(u->kernels);
+    g_free(u->ops);
+    if (u->timeline) g_array_free(u->timeline, TRUE);
+  }
+  g_free(s.u);
+  g_free(s.kversion);
+  g_free(s.slots);
+  g_free(s.parts);
+  g_free(s.heap.a);
+  for (uint32_t c = 0; c < p->n_classes; c++) class_info_free(&s.ci[c]);
+  g_free(s.ci);
+  if (!ok) {
+    if (res) {
+      res->device_unit = s.unit_of_device;
+      sim_result_free(res);
+    } else {
+      g_free(s.unit_of_device);
+    }
+    return NULL;
+  }
+  return res;
+}
+
+void sim_result_free(struct sim_result *r) {
+  if (!r) return;
+  for (uint32_t k = 0; k < r->n_units; k++) {
+    g_free(r->units[k].members);
+    g_free(r->units[k].intervals);
+    g_free(r->units[k].memory);
+  }
+  g_free(r->units);
+  g_free(r->device_unit);
+  g_free(r);
+}
+
+void sim_fill_report(const struct sim_result *s, struct report_run *r) {
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    struct report_device *d = &r->devices[i];
+    if (d->device >= r->plan->n_devices) continue;
+    const struct sim_unit *u = &s->units[s->device_unit[d->device]];
+    d->n_intervals = u->n_intervals;
+    d->intervals = u->intervals;
+    d->n_memory = u->n_memory;
+    d->memory = u->memory;
+    d->peak_memory_bytes = u->peak_bytes;
+    memcpy(d->peak_breakdown, u->peak_breakdown, sizeof d->peak_breakdown);
+  }
+}

@@ -1,0 +1,113 @@
+/* profile: the hardware a simulation runs on (SPEC §6). A device profile gives peak FLOP/s per
+ * dtype, memory bandwidth and capacity, efficiency factors, an optional measured table (op kind +
+ * pass + shape -> time) and a network (GPUs per node, NVLink and NIC bandwidth and latency); a
+ * synthetic profile gives fixed milliseconds per compute node by pass and per communication.
+ *
+ *   struct profile *pr = profile_load_file("profiles/h200.json", &err);
+ *   struct profile_cost c = profile_compute_cost(pr, model, segment, IR_PASS_F, 1);
+ *   double t = profile_collective_seconds(pr, IR_NODE_ALL_REDUCE, bytes, &span);
+ *   profile_free(pr);
+ */
+#ifndef PIPER_SIM_PROFILE_H
+#define PIPER_SIM_PROFILE_H
+
+#include <cJSON.h>
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../ir/ir.h"
+#include "../models/model.h"
+
+#define PROFILE_MAX_SHAPE 8
+
+enum profile_collective_algo { PROFILE_ALGO_RING, PROFILE_ALGO_TREE, PROFILE_ALGO_AUTO };
+
+/* One measured kernel time: op kind + pass + shape (the model_op shape fields) -> seconds. */
+struct profile_entry {
+  enum model_op_kind kind;
+  enum ir_pass pass;
+  int64_t shape[PROFILE_MAX_SHAPE];
+  double seconds;
+};
+
+struct profile {
+  char *name;                   /* "name" key, else the file basename */
+  char *path;                   /* for messages */
+  bool synthetic;
+
+  /* device (SI units: FLOP/s, bytes/s, bytes, seconds) */
+  double peak_flops[2];         /* by enum model_dtype: [FP32], [BF16]; dense, no sparsity */
+  double memory_bandwidth;
+  uint64_t memory_capacity;
+  uint32_t sm_count;
+  double compute_efficiency;    /* achieved / peak FLOP/s for large GEMMs */
+  double memory_efficiency;     /* achieved / peak bandwidth for streaming kernels */
+  double kernel_overhead;       /* per op launch, added to every roofline op */
+  double optimizer_bytes_per_param; /* AdamW traffic per parameter updated */
+
+  /* contention: a running communication kernel holds these shares of the device */
+  double comm_sm_share;
+  double comm_memory_share;
+
+  /* network */
+  uint32_t gpus_per_node, nics_per_node;
+  double intra_bandwidth, intra_latency;  /* per GPU, one direction (NVLink) */
+  double nic_bandwidth, inter_latency;    /* per NIC, one direction */
+  double network_efficiency;              /* bus bandwidth achieved / link bandwidth */
+  enum profile_collective_algo algo;
+
+  /* measured table, sorted by (kind, pass, shape) */
+  uint32_t n_entries;
+  struct profile_entry *entries;
+
+  /* synthetic costs (seconds) */
+  double syn_f, syn_b, syn_bi, syn_bw, syn_optimizer, syn_comm;
+};
+
+struct profile *profile_load_file(const char *path, GError **err);
+/* name is used in messages (a path). */
+struct profile *profile_parse_json(const char *name, const cJSON *root, GError **err);
+void profile_free(struct profile *p);
+
+/* Time of one compute node on one device when it runs alone. mem_fraction is the part of that
+ * time spent memory-bound (it is what a communication kernel's bandwidth share slows down);
+ * measured_ops/fallback_ops count the node's ops costed from the table or by the roofline. */
+struct profile_cost {
+  double seconds;
+  double mem_fraction;
+  uint32_t measured_ops, fallback_ops;
+};
+struct profile_cost profile_compute_cost(const struct profile *p, const struct model *m,
+                                         uint32_t segment, enum ir_pass pass,
+                                         uint32_t shard_degree);
+/* AdamW over `params` parameters held by one device. */
+struct profile_cost profile_optimizer_cost(const struct profile *p, double params);
+
+/* Where a communication runs: p ranks over n_nodes nodes, with at least min_per_node of them on
+ * every node spanned. p2p transfers are p = 2. */
+struct profile_span {
+  uint32_t p;
+  uint32_t n_nodes;
+  uint32_t min_per_node;
+};
+/* The span of a device list under the profile's GPUs per node (node = device / gpus_per_node). */
+struct profile_span profile_span_of(const struct profile *pr, const uint32_t *devices, uint32_t n);
+
+/* Alpha-beta cost split in the latency part (not shared) and the bandwidth part (shared by
+ * concurrent transfers on the same link of a device). */
+struct profile_comm_cost {
+  double latency;
+  double transfer;              /* seconds at the full link bandwidth */
+  bool inter_node;
+};
+/* kind is SEND/RECV (a p2p transfer of bytes), ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER (bytes =
+ * the full buffer on one device) or ALL_TO_ALL (bytes = what one device sends in all). */
+struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node_kind kind,
+                                           uint64_t bytes, const struct profile_span *span);
+/* Effective bandwidth (bytes/s) and latency of a span: NVLink inside a node; across nodes the
+ * share of the node's NICs held by the members on it. */
+void profile_link(const struct profile *p, const struct profile_span *span, double *bandwidth,
+                  double *latency);
+
+#endif

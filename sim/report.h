@@ -1,0 +1,106 @@
+/* report: the run directory of SPEC §8, shared by piper-sim (simulated runs) and piper-exec
+ * (measured runs). It takes per-device intervals (what ran on which stream, when) and memory
+ * numbers, derives the pinned metrics (bubble, exposed communication, overlap) and writes the
+ * directive program, results.csv, metrics.json and trace.json.
+ *
+ *   struct report_run r = {.plan = plan, .kind = "sim", .schedule = "1f1b", ...};
+ *   report_run_init_devices(&r);             // devices[], pp/dp ranks from the plan
+ *   r.devices[d].intervals = ...; r.devices[d].memory = ...;
+ *   report_compute_stats(&r);
+ *   report_write_dir(&r, "out/run", &err);
+ *   report_run_free_devices(&r);
+ */
+#ifndef PIPER_SIM_REPORT_H
+#define PIPER_SIM_REPORT_H
+
+#include <cJSON.h>
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../ir/plan.h"
+
+enum report_mem_kind {
+  REPORT_MEM_PARAMS,
+  REPORT_MEM_GRADS,
+  REPORT_MEM_OPTIMIZER,
+  REPORT_MEM_ACTIVATIONS,
+  REPORT_MEM_GATHERED,          /* ZeRO-3 parameters gathered for a use */
+  REPORT_MEM_COMM,              /* receive and collective buffers */
+  REPORT_MEM_KIND_COUNT
+};
+const char *report_mem_kind_name(enum report_mem_kind k);
+
+/* One instruction that ran: plan node and stream, seconds on a clock shared by all devices. */
+struct report_interval {
+  double start, end;
+  uint32_t node;
+  uint32_t stream;
+};
+
+/* Memory held by kind from time t on (static kinds included). */
+struct report_memory_point {
+  double t;
+  uint64_t bytes[REPORT_MEM_KIND_COUNT];
+};
+
+struct report_device {
+  uint32_t device;
+  int32_t pp_rank, dp_rank;     /* from the plan (report_run_init_devices) */
+  /* inputs; not owned: devices that behave alike may share one array */
+  uint32_t n_intervals;
+  const struct report_interval *intervals;  /* sorted by start */
+  uint32_t n_memory;
+  const struct report_memory_point *memory; /* sorted by t; may be empty */
+  uint64_t peak_memory_bytes;
+  uint64_t peak_breakdown[REPORT_MEM_KIND_COUNT]; /* at the moment of the peak */
+  /* derived by report_compute_stats (pinned definitions, SPEC §6) */
+  double compute_s;             /* time with some compute running */
+  double comm_s;                /* time with some communication running */
+  double bubble_fraction;       /* 1 - compute_s / iteration time */
+  double exposed_comm_s;        /* communication running, no compute */
+  double overlap_fraction;      /* communication under compute / comm_s (0 without comm) */
+  double idle_s;                /* nothing running */
+};
+
+struct report_run {
+  const struct plan *plan;      /* nodes, streams, model, program */
+  const char *kind;             /* "sim" or "exec" */
+  const char *schedule;         /* schedule family name, or "custom" */
+  const char *program_file;     /* "<schedule>_pp<R>_mbs<M>.json" */
+  uint32_t n_iterations;        /* >= 1 */
+  const double *iteration_times;
+  double peak_flops_per_device; /* for MFU; 0 = unknown (MFU written as null) */
+  uint32_t pp, dp;              /* set by report_run_init_devices */
+  uint32_t n_devices;
+  struct report_device *devices;
+  cJSON *extra;                 /* owned by the caller; its items are copied into metrics.json */
+  uint32_t trace_device_limit;  /* trace every device when the trace would hold at most this
+                                   many events in all, else one device per pp rank; 0 = all */
+};
+
+/* Allocates devices[] (one per plan device) and fills device, pp_rank and dp_rank: a device's
+ * pp rank is the position of its lowest PP stage among the devices' lowest stages; its dp rank
+ * its position among the devices of its pp rank. pp = pp ranks, dp = devices per pp rank. */
+void report_run_init_devices(struct report_run *r);
+void report_run_free_devices(struct report_run *r);
+
+/* Iteration time of the run (first start to last end over every device). */
+double report_iteration_time(const struct report_run *r);
+/* Fills the derived fields of every device from its intervals, over [t0, t0 + iter). */
+void report_compute_stats(struct report_run *r);
+
+/* Global figures. */
+double report_tokens_per_iteration(const struct report_run *r);
+double report_mean_iteration_time(const struct report_run *r, double *stddev);
+
+/* Writes dir/<program_file>, results.csv, metrics.json and trace.json (creating dir). */
+bool report_write_dir(const struct report_run *r, const char *dir, GError **err);
+bool report_write_results_csv(const struct report_run *r, const char *path, GError **err);
+cJSON *report_metrics_json(const struct report_run *r);
+bool report_write_trace(const struct report_run *r, const char *path, GError **err);
+
+/* Kind of node: compute (compute and optimizer nodes) or communication. */
+bool report_node_is_compute(const struct ir_node *n);
+
+#endif

@@ -1,0 +1,77 @@
+/* sim: discrete-event simulation of per-device plans on a hardware profile (SPEC §6). Streams
+ * run in order, cross-stream waits, send/recv rendezvous and collectives that start when every
+ * member is there; concurrent kernels share a device (processor sharing; communication holds a
+ * share of SMs and memory bandwidth) and concurrent transfers share a device's links; memory is
+ * tracked per kind with a timeline. Devices that provably behave alike are simulated once.
+ *
+ *   struct sim_result *r = sim_run(plan, profile, &(struct sim_options){.collapse = true}, &err);
+ *   printf("%g s\n", r->iteration_time);
+ *   sim_fill_report(r, &run);                 // report.h: intervals and memory per device
+ *   sim_result_free(r);
+ */
+#ifndef PIPER_SIM_SIM_H
+#define PIPER_SIM_SIM_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../directives/schedule.h"
+#include "../ir/plan.h"
+#include "profile.h"
+#include "report.h"
+
+struct sim_options {
+  /* Simulate one device per class of devices whose programs, link spans and partners are
+   * equivalent (they provably run at the same times); false simulates every device. */
+  bool collapse;
+  bool no_intervals;            /* keep no per-instruction intervals (sweeps) */
+  bool no_memory_timeline;      /* keep only memory peaks */
+};
+
+/* A set of devices simulated as one (its representative is members[0]). */
+struct sim_unit {
+  uint32_t class_index;
+  uint32_t n_members;
+  uint32_t *members;            /* ascending */
+  uint32_t n_intervals;
+  struct report_interval *intervals;    /* sorted by start */
+  uint32_t n_memory;
+  struct report_memory_point *memory;   /* sorted by t, static kinds included */
+  uint64_t static_bytes[REPORT_MEM_KIND_COUNT];
+  uint64_t peak_bytes;
+  uint64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
+  uint64_t peak_saved_activation_bytes; /* activations saved for backward only */
+};
+
+struct sim_result {
+  double t_start, t_end, iteration_time;  /* seconds */
+  uint32_t n_units;
+  struct sim_unit *units;
+  uint32_t *device_unit;        /* [n_devices] */
+  uint64_t unit_instructions;   /* instructions the engine ran */
+  uint64_t device_instructions; /* the same weighted by unit size: instructions of the step */
+  uint64_t events;              /* events processed */
+  uint64_t measured_ops, fallback_ops;  /* op executions costed by table / by roofline */
+  double seconds_setup, seconds_run;    /* wall clock of the simulator itself */
+};
+
+struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
+                           const struct sim_options *o, GError **err);
+void sim_result_free(struct sim_result *r);
+
+/* Static memory of a plan class (params, grads, optimizer state by the ZeRO formulas). */
+void sim_static_memory(const struct plan *p, const struct plan_class *c,
+                       uint64_t bytes[REPORT_MEM_KIND_COUNT]);
+
+/* Points every device of r->devices (report_run_init_devices done) at its unit's intervals and
+ * memory, and fills the peaks. */
+void sim_fill_report(const struct sim_result *s, struct report_run *r);
+
+/* The compile pipeline of a run: model (pp_regions > 0 overrides its PP split), directive
+ * program, schedule harness (when sched is not NULL), graph, rewrite, lowering with its
+ * progress check. */
+struct plan *sim_compile(const char *model_path, const char *directives_path,
+                         const struct sched_options *sched, int pp_regions, GError **err);
+
+#endif

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# piper-sim as a user runs it: a run on bundled examples writes every output file of SPEC §8
+# with the right shape; the textbook 1F1B time comes out of results.csv; --plans reads what
+# piper-compile wrote; a sweep writes its ranked CSV; bad input exits 2 with one line
+# "piper-sim: error: ..." naming the file or option at fault. Run from the repository root.
+set -u
+BIN=${PIPER_BIN:-bin}
+SIM="$BIN/piper-sim"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok: $*"; }
+
+[ -x "$SIM" ] || { echo "FAIL: $SIM not built"; exit 1; }
+
+# --help / --version
+"$SIM" --help | grep -q -- "--profile FILE" && ok "--help" || fail "--help"
+"$SIM" --version | grep -Eq '^piper-sim [0-9]+\.[0-9]+\.[0-9]+$' && ok "--version" || fail "--version"
+
+# 1. the README's main command (unit profile: textbook numbers)
+out="$tmp/run"
+if "$SIM" --model models/tiny-dense.json --directives directives/base-schedules/pp4.json \
+    --schedule 1f1b --ranks 4 --mbs 8 --profile profiles/unit.json --out "$out" --format pdf \
+    --viz > "$tmp/stdout" 2> "$tmp/stderr"; then
+  ok "run exits 0"
+else
+  fail "run exits non-zero: $(cat "$tmp/stderr")"
+fi
+for f in 1f1b_pp4_mbs8.json results.csv metrics.json trace.json schedule.png schedule.svg \
+    schedule.pdf memory.png dag_pp0.dot; do
+  [ -s "$out/$f" ] && ok "wrote $f" || fail "missing $f"
+done
+grep -q "iteration" "$tmp/stdout" && ok "summary printed" || fail "no summary"
+[ "$(head -c 4 "$out/schedule.png" | od -An -c | tr -d ' ')" = "211PNG" ] && ok "schedule.png is a PNG" \
+  || fail "schedule.png is not a PNG"
+head -1 "$out/results.csv" | grep -q '^dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,peak_memory_pp0_gb,peak_memory_pp1_gb,peak_memory_pp2_gb,peak_memory_pp3_gb$' \
+  && ok "results.csv columns" || fail "results.csv columns: $(head -1 "$out/results.csv")"
+python3 - "$out" <<'EOF' && ok "metrics.json, trace.json, program file" || fail "metrics/trace/program check"
+import json, sys
+d = sys.argv[1]
+m = json.load(open(d + "/metrics.json"))
+for k in ("iteration_time_s", "throughput_tokens_per_s", "mfu", "devices"):
+    assert k in m, k
+assert len(m["devices"]) == 4
+for dev in m["devices"]:
+    for k in ("device", "pp_rank", "dp_rank", "bubble_fraction", "exposed_comm_s",
+              "overlap_fraction", "peak_memory_bytes", "memory_breakdown_bytes"):
+        assert k in dev, k
+    for k in ("params", "grads", "optimizer", "activations", "comm"):
+        assert k in dev["memory_breakdown_bytes"], k
+t = json.load(open(d + "/trace.json"))
+ev = t["traceEvents"]
+xs = [e for e in ev if e["ph"] == "X"]
+assert xs and all(e["dur"] >= 0 and e["ts"] >= 0 and "args" in e for e in xs)
+assert any(e["ph"] == "C" for e in ev)
+assert {e["pid"] for e in ev if e.get("name") == "process_name"} == {0, 1, 2, 3}
+assert any(e.get("name") == "thread_name" for e in ev)
+p = json.load(open(d + "/1f1b_pp4_mbs8.json"))
+assert any(x["op"] == "order" for x in p) and any(x["op"] == "split" for x in p)
+EOF
+# 1F1B with F=1, B=2 ms: (M + R - 1)(F + B) = 33 ms
+awk -F, 'NR == 2 { exit !($10 > 0.033 - 1e-9 && $10 < 0.033 + 1e-9) }' "$out/results.csv" \
+  && ok "1F1B iteration is 33 ms" || fail "1F1B iteration: $(awk -F, 'NR==2{print $10}' "$out/results.csv") s, want 0.033"
+
+# 2. a device profile with data and expert parallelism, every device simulated
+if "$SIM" --model models/tiny-moe.json --directives directives/base-schedules/pp2_dp2_ep2.json \
+    --schedule zerobubble --mbs 4 --profile profiles/h100-sxm.json --out "$tmp/moe" --no-collapse \
+    --quiet 2> "$tmp/stderr"; then
+  python3 -c "
+import json; m = json.load(open('$tmp/moe/metrics.json'))
+assert m['mfu'] is not None and m['mfu'] > 0 and m['dp'] == 2 and m['pp'] == 2
+assert any(d['exposed_comm_s'] > 0 or d['overlap_fraction'] > 0 for d in m['devices'])
+" && ok "MoE run on h100-sxm" || fail "MoE metrics"
+  [ "$(wc -l < "$tmp/moe/results.csv")" -eq 3 ] && ok "one results row per dp rank" || fail "results rows"
+else
+  fail "MoE run: $(cat "$tmp/stderr")"
+fi
+
+# 3. --plans DIR from piper-compile
+if [ -x "$BIN/piper-compile" ]; then
+  if "$BIN/piper-compile" --model models/tiny-dense.json --directives directives/base-schedules/pp4.json \
+      --schedule gpipe --mbs 4 -o "$tmp/plans" > /dev/null 2>&1; then
+    if "$SIM" --plans "$tmp/plans" --profile profiles/unit.json --out "$tmp/fromplans" --quiet \
+        --no-charts 2> "$tmp/stderr"; then
+      # GPipe, R = 4, M = 4: (4 + 4 - 1) * 3 ms = 21 ms
+      awk -F, 'NR == 2 { exit !($10 > 0.021 - 1e-9 && $10 < 0.021 + 1e-9) }' "$tmp/fromplans/results.csv" \
+        && ok "--plans DIR" || fail "--plans: iteration $(awk -F, 'NR==2{print $10}' "$tmp/fromplans/results.csv")"
+    else
+      fail "--plans: $(cat "$tmp/stderr")"
+    fi
+  else
+    echo "skip: piper-compile -o failed (plans not written)"
+  fi
+fi
+
+# 4. sweep
+cat > "$tmp/sweep.json" <<EOF
+{"model": "models/tiny-dense.json", "base_schedules": ["directives/base-schedules/pp4.json"],
+ "schedules": ["gpipe", "1f1b", "zerobubble"], "microbatches": [4, 8],
+ "profiles": ["profiles/unit.json"], "memory_cap_gib": 1}
+EOF
+if "$SIM" --sweep "$tmp/sweep.json" --out "$tmp/sweep" > "$tmp/stdout" 2> "$tmp/stderr"; then
+  [ "$(wc -l < "$tmp/sweep/sweep.csv")" -eq 7 ] && ok "sweep.csv has 6 rows" || fail "sweep rows"
+  [ -s "$tmp/sweep/sweep.png" ] && ok "sweep.png" || fail "no sweep.png"
+  [ ! -s "$tmp/stderr" ] && ok "no progress output when stderr is not a terminal" || fail "stderr: $(cat "$tmp/stderr")"
+  head -2 "$tmp/sweep/sweep.csv" | tail -1 | grep -q '^1,ok,' && ok "sweep ranked" || fail "sweep rank 1"
+else
+  fail "sweep: $(cat "$tmp/stderr")"
+fi
+
+# 5. bad input: exit 2, one line naming the file or option
+expect_input_error() {  # expect_input_error WHAT-IN-MESSAGE ARGS...
+  local want=$1
+  shift
+  "$SIM" "$@" > /dev/null 2> "$tmp/err"
+  local rc=$?
+  if [ $rc -ne 2 ]; then fail "exit $rc, want 2: $*"; return; fi
+  if [ "$(wc -l < "$tmp/err")" -ne 1 ]; then fail "not one line: $(cat "$tmp/err")"; return; fi
+  grep -q "^piper-sim: error: .*$want" "$tmp/err" && ok "bad input: $want" \
+    || fail "message lacks '$want': $(cat "$tmp/err")"
+}
+echo '{"kind": "synthetic", "synthetic": {"F_ms": 1}}' > "$tmp/bad_profile.json"
+echo '{"kind": "device", "device": {"peak_tflops": {"bf16": 1, "fp32": 1}, "memory_bandwidth_gbs": 1, "memory_capacity_gib": 1}, "network": {"gpus_per_node": 8}, "typo": 1}' > "$tmp/bad_key.json"
+echo '{ not json' > "$tmp/broken.json"
+run=(--model models/tiny-dense.json --directives directives/base-schedules/pp4.json --schedule 1f1b --mbs 8 --out "$tmp/x")
+expect_input_error "bad_profile.json.*B_ms" "${run[@]}" --profile "$tmp/bad_profile.json"
+expect_input_error "bad_key.json.*typo" "${run[@]}" --profile "$tmp/bad_key.json"
+expect_input_error "broken.json:1" "${run[@]}" --profile "$tmp/broken.json"
+expect_input_error "nope.json" "${run[@]}" --profile "$tmp/nope.json"
+expect_input_error "unknown schedule" --model models/tiny-dense.json --directives directives/base-schedules/pp4.json --schedule bogus --profile profiles/unit.json
+expect_input_error "--mbs" "${run[@]}" --profile profiles/unit.json --mbs zero
+expect_input_error "unknown option --frobnicate" --frobnicate
+expect_input_error "--profile" --model models/tiny-dense.json --directives directives/base-schedules/pp4.json
+expect_input_error "png, svg or pdf" "${run[@]}" --profile profiles/unit.json --format gif
+expect_input_error "dualpipev" --model models/tiny-dense.json --directives directives/base-schedules/pp4.json --schedule dualpipev --mbs 8 --profile profiles/unit.json
+echo '{"model": "models/tiny-dense.json"}' > "$tmp/bad_sweep.json"
+expect_input_error "bad_sweep.json.*base_schedules" --sweep "$tmp/bad_sweep.json" --out "$tmp/s2"
+
+if [ $fails -ne 0 ]; then
+  echo "test_sim.sh: $fails failure(s)"
+  exit 1
+fi
+echo "test_sim.sh: all passed"

@@ -1,0 +1,1015 @@
+/* Tests of the simulator (sim/): profile loading and cost formulas (roofline, measured table
+ * with interpolation, ring/tree alpha-beta collectives on the group's span), the engine on
+ * hand-built plans (stream order, waits, rendezvous, processor sharing, SM shares, contention,
+ * link sharing, memory lifetimes), the pinned metrics from synthetic intervals, the report files
+ * (results.csv columns, trace.json schema), the charts, and the textbook results of SPEC §6 end
+ * to end through the real compile pipeline with profiles/unit.json. Run from the repo root.
+ *
+ * Times: the unit profile's costs are decimal milliseconds, which binary floating point cannot
+ * hold exactly; a step sums at most a few hundred of them, so results agree with the textbook
+ * integers to far better than 1e-9 s (TIME_TOL). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cairo.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../ir/json.h"
+#include "../../sim/chart.h"
+#include "../../sim/profile.h"
+#include "../../sim/report.h"
+#include "../../sim/sim.h"
+#include "../../sim/sweep.h"
+
+#define TIME_TOL 1e-9
+#define MS 1e-3
+
+static void assert_near(double got, double want, double atol, double rtol, const char *what) {
+  if (fabs(got - want) > atol + rtol * fabs(want))
+    fail_msg("%s: got %.12g, want %.12g", what, got, want);
+}
+
+static struct profile *profile_from(const char *text, GError **err) {
+  cJSON *root = json_parse_buffer("test.json", text, strlen(text), err);
+  if (!root) return NULL;
+  struct profile *p = profile_parse_json("test.json", root, err);
+  cJSON_Delete(root);
+  return p;
+}
+
+static struct profile *load_profile(const char *path) {
+  GError *err = NULL;
+  struct profile *p = profile_load_file(path, &err);
+  if (!p) fail_msg("%s: %s", path, err->message);
+  return p;
+}
+
+/* A device profile with round numbers: one GPU per node unless said, efficiencies 1. */
+static const char *const plain_profile =
+    "{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":100,\"fp32\":10},"
+    "\"memory_bandwidth_gbs\":1000,\"memory_capacity_gib\":80},"
+    "\"network\":{\"gpus_per_node\":8,\"nics_per_node\":8,\"nvlink_bandwidth_gbs\":100,"
+    "\"nvlink_latency_us\":2,\"nic_bandwidth_gbs\":10,\"inter_node_latency_us\":5}}";
+
+/* ---- profiles ----------------------------------------------------------------------------- */
+
+static void test_profile_bundled(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  assert_true(u->synthetic);
+  assert_near(u->syn_f, 1 * MS, 1e-15, 0, "F");
+  assert_near(u->syn_b, 2 * MS, 1e-15, 0, "B");
+  assert_near(u->syn_bi, 1 * MS, 1e-15, 0, "BI");
+  assert_near(u->syn_bw, 1 * MS, 1e-15, 0, "BW");
+  assert_true(u->syn_optimizer == 0 && u->syn_comm == 0);
+  profile_free(u);
+  const char *dev[] = {"profiles/h100-sxm.json", "profiles/h200.json", "profiles/a100-80g.json"};
+  for (int i = 0; i < 3; i++) {
+    struct profile *p = load_profile(dev[i]);
+    assert_false(p->synthetic);
+    assert_true(p->peak_flops[MODEL_DTYPE_BF16] > 1e14);
+    assert_true(p->memory_bandwidth > 1e12);
+    assert_true(p->memory_capacity > (40ull << 30));
+    assert_int_equal(p->gpus_per_node, 8);
+    profile_free(p);
+  }
+  /* H200 = H100 compute with more and faster memory (datasheets) */
+  struct profile *h100 = load_profile("profiles/h100-sxm.json");
+  struct profile *h200 = load_profile("profiles/h200.json");
+  assert_true(h100->peak_flops[MODEL_DTYPE_BF16] == h200->peak_flops[MODEL_DTYPE_BF16]);
+  assert_true(h200->memory_bandwidth > h100->memory_bandwidth);
+  profile_free(h100);
+  profile_free(h200);
+}
+
+static void test_profile_errors(void **state) {
+  (void)state;
+  static const struct {
+    const char *text, *want;
+  } cases[] = {
+      {"{\"kind\":\"device\"}", "\"device\" is required"},
+      {"{\"kind\":\"gpu\"}", "\"kind\""},
+      {"{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":2,\"BI_ms\":1}}", "BW_ms"},
+      {"{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":2,\"BI_ms\":1,\"BW_ms\":1,"
+       "\"X_ms\":1}}",
+       "X_ms"},
+      {"{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":-1,\"B_ms\":2,\"BI_ms\":1,\"BW_ms\":1}}",
+       "F_ms"},
+      {"{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":1,\"fp32\":1},"
+       "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1}}",
+       "\"network\" is required"},
+      {"{\"bogus\":1}", "bogus"},
+      {"[1]", "object"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    GError *err = NULL;
+    struct profile *p = profile_from(cases[i].text, &err);
+    if (p) fail_msg("case %zu accepted", i);
+    assert_non_null(err);
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    if (!strstr(err->message, cases[i].want) || !strstr(err->message, "test.json"))
+      fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err->message, cases[i].want);
+    g_error_free(err);
+  }
+  /* measured table: unknown op kind and duplicate entries */
+  GError *err = NULL;
+  char buf[2048];
+  snprintf(buf, sizeof buf, "%.*s,\"measured\":[{\"op\":\"conv\",\"pass\":\"F\",\"shape\":[1],"
+                            "\"ms\":1}]}",
+           (int)strlen(plain_profile) - 1, plain_profile);
+  assert_null(profile_from(buf, &err));
+  assert_non_null(strstr(err->message, "measured[0]"));
+  g_clear_error(&err);
+  snprintf(buf, sizeof buf, "%.*s,\"measured\":[{\"op\":\"mlp\",\"pass\":\"F\",\"shape\":[1],"
+                            "\"ms\":1},{\"op\":\"mlp\",\"pass\":\"F\",\"shape\":[1],\"ms\":2}]}",
+           (int)strlen(plain_profile) - 1, plain_profile);
+  assert_null(profile_from(buf, &err));
+  assert_non_null(strstr(err->message, "duplicate"));
+  g_clear_error(&err);
+}
+
+static struct model *load_model(const char *path, int pp) {
+  GError *err = NULL;
+  struct model *m = model_load_file(path, pp, &err);
+  if (!m) fail_msg("%s: %s", path, err->message);
+  return m;
+}
+
+static void test_roofline_and_table(void **state) {
+  (void)state;
+  struct model *m = load_model("models/tiny-dense.json", 0);
+  GError *err = NULL;
+  struct profile *p = profile_from(plain_profile, &err);
+  assert_non_null(p);
+  /* roofline by hand over the segment's ops (fp32 model: the fp32 peak) */
+  uint32_t s = 1;
+  const struct model_segment *seg = &m->segments[s];
+  double want = 0;
+  for (uint32_t i = seg->op_first; i < seg->op_first + seg->op_count; i++) {
+    double tc = m->ops[i].flops_fwd / 10e12, tm = (double)m->ops[i].bytes_fwd / 1000e9;
+    want += tc > tm ? tc : tm;
+  }
+  struct profile_cost c = profile_compute_cost(p, m, s, IR_PASS_F, 1);
+  assert_near(c.seconds, want, 0, 1e-12, "roofline F");
+  assert_int_equal(c.fallback_ops, seg->op_count);
+  assert_int_equal(c.measured_ops, 0);
+  /* sharding over 4 devices divides per-device work by 4 */
+  struct profile_cost c4 = profile_compute_cost(p, m, s, IR_PASS_F, 4);
+  assert_near(c4.seconds, want / 4, 0, 1e-12, "sharded");
+  /* B = BI + BW under the roofline when every op has one bound for all passes is not given;
+   * B must at least cost as much as its heavier half */
+  struct profile_cost bi = profile_compute_cost(p, m, s, IR_PASS_BI, 1);
+  struct profile_cost b = profile_compute_cost(p, m, s, IR_PASS_B, 1);
+  assert_true(b.seconds >= bi.seconds);
+  profile_free(p);
+
+  /* measured table: exact entry, interpolation in one dimension, proportional extrapolation */
+  const struct model_op *op = &m->ops[seg->op_first];
+  char buf[4096];
+  int64_t T = op->shape[0];
+  GString *shape_lo = g_string_new(""), *shape_hi = g_string_new("");
+  for (int k = 0; k < PROFILE_MAX_SHAPE; k++) {
+    g_string_append_printf(shape_lo, "%s%lld", k ? "," : "", (long long)(k == 0 ? T / 2 : op->shape[k]));
+    g_string_append_printf(shape_hi, "%s%lld", k ? "," : "", (long long)(k == 0 ? T * 2 : op->shape[k]));
+  }
+  snprintf(buf, sizeof buf,
+           "%.*s,\"measured\":[{\"op\":\"%s\",\"pass\":\"F\",\"shape\":[%s],\"ms\":1},"
+           "{\"op\":\"%s\",\"pass\":\"F\",\"shape\":[%s],\"ms\":4}]}",
+           (int)strlen(plain_profile) - 1, plain_profile, model_op_kind_name(op->kind),
+           shape_lo->str, model_op_kind_name(op->kind), shape_hi->str);
+  p = profile_from(buf, &err);
+  if (!p) fail_msg("%s", err->message);
+  struct profile_cost cm = profile_compute_cost(p, m, s, IR_PASS_F, 1);
+  /* every op of the segment with that kind and shape is measured (layers repeat ops) */
+  uint32_t same = 0;
+  double rest = 0;
+  for (uint32_t i = seg->op_first; i < seg->op_first + seg->op_count; i++) {
+    if (m->ops[i].kind == op->kind && memcmp(m->ops[i].shape, op->shape, sizeof op->shape) == 0) {
+      same++;
+      continue;
+    }
+    double tc = m->ops[i].flops_fwd / 10e12, tm = (double)m->ops[i].bytes_fwd / 1000e9;
+    rest += tc > tm ? tc : tm;
+  }
+  assert_int_equal(cm.measured_ops, same);
+  assert_int_equal(cm.fallback_ops, seg->op_count - same);
+  /* T lies a third of the way from T/2 to 2T: 1 ms + (4-1) ms * (T - T/2) / (2T - T/2) = 2 ms */
+  assert_near(cm.seconds, rest + same * 2 * MS, 0, 1e-12, "interpolated");
+  profile_free(p);
+  /* outside the measured range: the nearest entry scaled in proportion (T/2 -> 1 ms: T -> 2) */
+  snprintf(buf, sizeof buf,
+           "%.*s,\"measured\":[{\"op\":\"%s\",\"pass\":\"F\",\"shape\":[%s],\"ms\":1}]}",
+           (int)strlen(plain_profile) - 1, plain_profile, model_op_kind_name(op->kind),
+           shape_lo->str);
+  p = profile_from(buf, &err);
+  if (!p) fail_msg("%s", err->message);
+  struct profile_cost ce = profile_compute_cost(p, m, s, IR_PASS_F, 1);
+  assert_int_equal(ce.measured_ops, same);
+  assert_near(ce.seconds, rest + same * 2 * MS, 0, 1e-12, "extrapolated");
+  profile_free(p);
+  g_string_free(shape_lo, TRUE);
+  g_string_free(shape_hi, TRUE);
+  model_free(m);
+}
+
+static void test_collectives(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct profile *p = profile_from(plain_profile, &err);
+  assert_non_null(p);
+  double alpha = 2e-6, B = 100e9, n = 64e6;
+  for (uint32_t size = 2; size <= 8; size *= 2) {
+    uint32_t devs[8];
+    for (uint32_t i = 0; i < size; i++) devs[i] = i; /* one node */
+    struct profile_span sp = profile_span_of(p, devs, size);
+    assert_int_equal(sp.n_nodes, 1);
+    double pr = size;
+    struct profile_comm_cost ar = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
+    /* ring all-reduce: 2(p-1) alpha + 2(p-1)/p n/B */
+    assert_near(ar.latency + ar.transfer, 2 * (pr - 1) * alpha + 2 * (pr - 1) / pr * n / B, 0,
+                1e-12, "ring all-reduce");
+    struct profile_comm_cost ag = profile_comm_cost(p, IR_NODE_ALL_GATHER, (uint64_t)n, &sp);
+    struct profile_comm_cost rs = profile_comm_cost(p, IR_NODE_REDUCE_SCATTER, (uint64_t)n, &sp);
+    assert_near(ag.latency + ag.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12, "all-gather");
+    assert_near(rs.latency + rs.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12, "reduce-scatter");
+    assert_false(ar.inter_node);
+  }
+  /* across nodes: 16 ranks on 2 nodes of 8 use all 8 NICs of 10 GB/s each = 80 GB/s, inter-node
+   * latency */
+  uint32_t devs[16];
+  for (uint32_t i = 0; i < 16; i++) devs[i] = i;
+  struct profile_span sp = profile_span_of(p, devs, 16);
+  assert_int_equal(sp.n_nodes, 2);
+  assert_int_equal(sp.min_per_node, 8);
+  struct profile_comm_cost ar = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
+  assert_true(ar.inter_node);
+  assert_near(ar.latency + ar.transfer, 2 * 15 * 5e-6 + 2 * 15.0 / 16 * n / 80e9, 0, 1e-12,
+              "inter-node ring");
+  /* one rank per node (devices 0, 8): one NIC's share, 8 * 10 / 8 = 10 GB/s */
+  uint32_t two[2] = {0, 8};
+  sp = profile_span_of(p, two, 2);
+  struct profile_comm_cost pp = profile_comm_cost(p, IR_NODE_SEND, (uint64_t)n, &sp);
+  assert_near(pp.latency + pp.transfer, 5e-6 + n / 10e9, 0, 1e-12, "p2p inter");
+  /* tree is chosen by "auto" only where it is cheaper: small messages over many ranks */
+  p->algo = PROFILE_ALGO_AUTO;
+  struct profile_comm_cost small = profile_comm_cost(p, IR_NODE_ALL_REDUCE, 1024, &sp);
+  p->algo = PROFILE_ALGO_RING;
+  struct profile_comm_cost ring = profile_comm_cost(p, IR_NODE_ALL_REDUCE, 1024, &sp);
+  assert_true(small.latency + small.transfer <= ring.latency + ring.transfer);
+  profile_free(p);
+}
+
+/* ---- hand-built plans --------------------------------------------------------------------- */
+
+/* One instruction of a hand-built plan. */
+struct hi {
+  enum ir_node_kind kind;
+  uint32_t stream;
+  enum ir_pass pass;
+  uint32_t peer;                /* send/recv: the other device; collectives: group index */
+  uint64_t bytes;               /* comm payload */
+  int wait;                     /* class instruction it waits for, -1 none */
+  uint64_t out_bytes;           /* a tensor it writes (0 none) ... */
+  int consumer;                 /* ... read by this instruction of the device (-1: none) */
+  int saved;                    /* that tensor is saved activations */
+};
+
+struct hplan {
+  uint32_t n_devices, n_streams;
+  double shares[4];             /* stream SM shares (0 = 1) */
+  uint32_t n[8];
+  struct hi ins[8][16];
+  uint32_t n_coll_groups;
+  uint32_t coll_group[2][8];    /* members */
+  uint32_t coll_size[2];
+};
+
+/* Builds a plan: one class per device, one node per instruction, groups {d} per device plus
+ * the collective groups, a PP comm per ordered device pair and a DP comm per collective group. */
+static struct plan *hplan_build(const struct hplan *h) {
+  struct plan *p = g_new0(struct plan, 1);
+  p->model = load_model("models/tiny-dense.json", 0);
+  p->n_devices = h->n_devices;
+  p->n_microbatches = 1;
+  p->n_tags = 1;
+  strcpy(p->tag_names[0], "PP");
+  uint32_t ng = h->n_devices + h->n_coll_groups;
+  p->n_groups = ng;
+  p->groups = g_new0(struct ir_group, ng);
+  p->device_pool = g_new0(uint32_t, h->n_devices + 16);
+  uint32_t pool = 0;
+  for (uint32_t d = 0; d < h->n_devices; d++) {
+    p->groups[d] = (struct ir_group){pool, 1};
+    p->device_pool[pool++] = d;
+  }
+  for (uint32_t g = 0; g < h->n_coll_groups; g++) {
+    p->groups[h->n_devices + g] = (struct ir_group){pool, h->coll_size[g]};
+    for (uint32_t i = 0; i < h->coll_size[g]; i++) p->device_pool[pool++] = h->coll_group[g][i];
+  }
+  p->n_device_pool = pool;
+  p->n_streams = h->n_streams;
+  p->streams = g_new0(struct ir_stream, h->n_streams);
+  for (uint32_t s = 0; s < h->n_streams; s++) {
+    snprintf(p->streams[s].name, IR_NAME_MAX, "s%u", s);
+    p->streams[s].sm_share = h->shares[s] > 0 ? h->shares[s] : 1;
+  }
+  /* comms: PP a->b at a * n + b, then DP per collective group */
+  p->n_comms = h->n_devices * h->n_devices + h->n_coll_groups;
+  p->comms = g_new0(struct plan_comm, p->n_comms);
+  for (uint32_t a = 0; a < h->n_devices; a++)
+    for (uint32_t b = 0; b < h->n_devices; b++)
+      p->comms[a * h->n_devices + b] = (struct plan_comm){IR_COMM_PP, a, b};
+  for (uint32_t g = 0; g < h->n_coll_groups; g++)
+    p->comms[h->n_devices * h->n_devices + g] =
+        (struct plan_comm){IR_COMM_DP, h->n_devices + g, IR_NONE};
+  uint32_t total = 0;
+  for (uint32_t d = 0; d < h->n_devices; d++) total += h->n[d];
+  p->nodes = g_new0(struct ir_node, total + 1);
+  p->n_classes = h->n_devices;
+  p->classes = g_new0(struct plan_class, h->n_devices);
+  p->device_class = g_new0(uint32_t, h->n_devices);
+  uint32_t node = 0;
+  for (uint32_t d = 0; d < h->n_devices; d++) {
+    p->device_class[d] = d;
+    struct plan_class *c = &p->classes[d];
+    uint32_t n = h->n[d];
+    c->n_devices = 1;
+    c->devices = g_new(uint32_t, 1);
+    c->devices[0] = d;
+    c->n_instrs = n;
+    c->instrs = g_new0(struct plan_instr, n + 1);
+    c->waits = g_new0(uint32_t, n + 1);
+    c->reads = g_new0(uint32_t, n + 1);
+    c->writes = g_new0(uint32_t, n + 1);
+    c->consumers = g_new0(uint32_t, n + 1);
+    c->tensors = g_new0(struct plan_tensor, n + 1);
+    uint32_t seq[64] = {0};
+    for (uint32_t i = 0; i < n; i++) {
+      const struct hi *x = &h->ins[d][i];
+      struct ir_node *nd = &p->nodes[node];
+      for (int t = 0; t < IR_MAX_TAGS; t++) nd->tags[t] = -1;
+      nd->kind = x->kind;
+      nd->pass = x->kind == IR_NODE_COMPUTE ? x->pass : IR_PASS_NONE;
+      nd->segment = x->kind == IR_NODE_COMPUTE ? 0 : IR_NONE;
+      nd->group = d;
+      nd->peer_group = IR_NONE;
+      nd->segset = IR_NONE;
+      nd->pair = IR_NONE;
+      nd->stream = x->stream;
+      nd->bytes = x->bytes;
+      nd->shard_degree = 1;
+      nd->replica_degree = 1;
+      nd->directive = IR_NONE;
+      struct plan_instr *in = &c->instrs[i];
+      in->node = node++;
+      in->stream = x->stream;
+      in->comm = IR_NONE;
+      if (x->kind == IR_NODE_SEND || x->kind == IR_NODE_RECV) {
+        nd->peer_group = x->peer;
+        nd->purpose = IR_COMM_PP;
+        in->comm = x->kind == IR_NODE_SEND ? d * h->n_devices + x->peer
+                                           : x->peer * h->n_devices + d;
+      } else if (x->kind != IR_NODE_COMPUTE && x->kind != IR_NODE_OPTIMIZER) {
+        nd->group = h->n_devices + x->peer;
+        nd->purpose = IR_COMM_DP;
+        in->comm = h->n_devices * h->n_devices + x->peer;
+      }
+      if (in->comm != IR_NONE) in->seq = seq[in->comm]++;
+      if (x->wait >= 0) {
+        in->wait_first = c->n_waits;
+        in->wait_count = 1;
+        c->waits[c->n_waits++] = (uint32_t)x->wait;
+      }
+    }
+    /* tensors, then reads in instruction order */
+    for (uint32_t i = 0; i < n; i++) {
+      const struct hi *x = &h->ins[d][i];
+      c->instrs[i].write_first = c->n_writes;
+      if (!x->out_bytes) continue;
+      uint32_t t = c->n_tensors++;
+      c->tensors[t] = (struct plan_tensor){x->out_bytes, i,
+                                           x->saved ? PLAN_TENSOR_SAVED : PLAN_TENSOR_OUT,
+                                           c->n_consumers, x->consumer >= 0 ? 1u : 0u};
+      if (x->consumer >= 0) c->consumers[c->n_consumers++] = (uint32_t)x->consumer;
+      c->writes[c->n_writes++] = t;
+      c->instrs[i].write_count = 1;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+      c->instrs[i].read_first = c->n_reads;
+      for (uint32_t t = 0; t < c->n_tensors; t++)
+        if (c->tensors[t].consumer_count && c->consumers[c->tensors[t].consumer_first] == i) {
+          c->reads[c->n_reads++] = t;
+          c->instrs[i].read_count++;
+        }
+    }
+    c->stream_first = g_new0(uint32_t, h->n_streams + 1);
+    c->stream_instrs = g_new0(uint32_t, n + 1);
+    uint32_t k = 0;
+    for (uint32_t s = 0; s < h->n_streams; s++) {
+      c->stream_first[s] = k;
+      for (uint32_t i = 0; i < n; i++)
+        if (c->instrs[i].stream == s) c->stream_instrs[k++] = i;
+    }
+    c->stream_first[h->n_streams] = k;
+  }
+  p->n_nodes = node;
+  return p;
+}
+
+static struct sim_result *run(const struct plan *p, const struct profile *prof, bool collapse) {
+  GError *err = NULL;
+  struct sim_options o = {.collapse = collapse};
+  struct sim_result *r = sim_run(p, prof, &o, &err);
+  if (!r) fail_msg("sim_run: %s", err->message);
+  return r;
+}
+
+/* interval of class instruction i of device d (by node: one node per instruction here) */
+static const struct report_interval *iv_of(const struct sim_result *r, const struct plan *p,
+                                           uint32_t d, uint32_t i) {
+  const struct sim_unit *u = &r->units[r->device_unit[d]];
+  uint32_t node = p->classes[p->device_class[d]].instrs[i].node;
+  for (uint32_t k = 0; k < u->n_intervals; k++)
+    if (u->intervals[k].node == node) return &u->intervals[k];
+  fail_msg("no interval for device %u instruction %u", d, i);
+  return NULL;
+}
+
+#define C(stream, pass) {IR_NODE_COMPUTE, stream, pass, 0, 0, -1, 0, -1, 0}
+
+static void test_engine_order_and_rendezvous(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  /* device 0: F (1 ms) then send; device 1: recv then F. Device 1's stream 1 waits for the
+   * recv; the rendezvous makes device 1's F start at 1 ms. */
+  struct hplan h = {.n_devices = 2, .n_streams = 2, .n = {2, 2}};
+  h.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h.ins[0][1] = (struct hi){IR_NODE_SEND, 1, IR_PASS_NONE, 1, 1000, 0, 0, -1, 0};
+  h.ins[1][0] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  h.ins[1][1] = (struct hi){IR_NODE_COMPUTE, 0, IR_PASS_B, 0, 0, 0, 0, -1, 0};
+  struct plan *p = hplan_build(&h);
+  struct sim_result *r = run(p, u, false);
+  assert_near(iv_of(r, p, 1, 0)->start, 1 * MS, TIME_TOL, 0, "recv start");
+  assert_near(iv_of(r, p, 1, 1)->start, 1 * MS, TIME_TOL, 0, "B start");
+  assert_near(r->iteration_time, 3 * MS, TIME_TOL, 0, "iteration");
+  sim_result_free(r);
+  plan_free(p);
+
+  /* processor sharing: two 1 ms kernels on two streams of one device both end at 2 ms */
+  struct hplan h2 = {.n_devices = 1, .n_streams = 2, .n = {2}};
+  h2.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h2.ins[0][1] = (struct hi)C(1, IR_PASS_F);
+  p = hplan_build(&h2);
+  r = run(p, u, false);
+  assert_near(iv_of(r, p, 0, 0)->end, 2 * MS, TIME_TOL, 0, "shared end 0");
+  assert_near(iv_of(r, p, 0, 1)->end, 2 * MS, TIME_TOL, 0, "shared end 1");
+  sim_result_free(r);
+  plan_free(p);
+
+  /* SM shares: stream 0 capped at 0.25 takes 4 ms alone; with stream 1 (0.75) running a 3 ms
+   * B beside it both proceed at their caps: 1 ms of work at 0.75 takes... B is 2 ms: 2/0.75 */
+  struct hplan h3 = {.n_devices = 1, .n_streams = 2, .shares = {0.25, 0.75}, .n = {2}};
+  h3.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h3.ins[0][1] = (struct hi)C(1, IR_PASS_B);
+  p = hplan_build(&h3);
+  r = run(p, u, false);
+  assert_near(iv_of(r, p, 0, 0)->end, 4 * MS, TIME_TOL, 0, "capped F");
+  assert_near(iv_of(r, p, 0, 1)->end, 2 * MS / 0.75, TIME_TOL, 0, "capped B");
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(u);
+}
+
+static void test_engine_contention(void **state) {
+  (void)state;
+  /* a synthetic profile with communication of 1 ms holding half the SMs */
+  GError *err = NULL;
+  struct profile *pr = profile_from(
+      "{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":2,\"B_ms\":2,\"BI_ms\":1,\"BW_ms\":1,"
+      "\"comm_ms\":1},\"contention\":{\"comm_sm_share\":0.5}}",
+      &err);
+  assert_non_null(pr);
+  /* device 0: F (2 ms of work) on stream 0 while an all-reduce over {0} runs on stream 1 for
+   * 1 ms: the F runs at half speed for 1 ms (0.5 ms of work) then full speed: ends at 2.5 ms */
+  struct hplan h = {.n_devices = 1, .n_streams = 2, .n = {2}, .n_coll_groups = 1,
+                    .coll_group = {{0}}, .coll_size = {1}};
+  h.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h.ins[0][1] = (struct hi){IR_NODE_ALL_REDUCE, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  struct plan *p = hplan_build(&h);
+  struct sim_result *r = run(p, pr, false);
+  assert_near(iv_of(r, p, 0, 1)->end, 1 * MS, TIME_TOL, 0, "all-reduce");
+  assert_near(iv_of(r, p, 0, 0)->end, 2.5 * MS, TIME_TOL, 0, "slowed F");
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(pr);
+
+  /* link sharing: two sends from device 0 to device 1 at once on two streams share the link.
+   * 100 MB at 100 GB/s is 1 ms alone; together each takes 2 ms (+ latency 2 us). */
+  pr = profile_from(plain_profile, &err);
+  assert_non_null(pr);
+  struct hplan h2 = {.n_devices = 2, .n_streams = 2, .n = {2, 2}};
+  h2.ins[0][0] = (struct hi){IR_NODE_SEND, 0, IR_PASS_NONE, 1, 100000000, -1, 0, -1, 0};
+  h2.ins[0][1] = (struct hi){IR_NODE_SEND, 1, IR_PASS_NONE, 1, 100000000, -1, 0, -1, 0};
+  h2.ins[1][0] = (struct hi){IR_NODE_RECV, 0, IR_PASS_NONE, 0, 100000000, -1, 0, -1, 0};
+  h2.ins[1][1] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 100000000, -1, 0, -1, 0};
+  p = hplan_build(&h2);
+  r = run(p, pr, false);
+  assert_near(iv_of(r, p, 0, 0)->end, 2e-6 + 2e-3, 1e-12, 1e-9, "shared link 0");
+  assert_near(iv_of(r, p, 0, 1)->end, 2e-6 + 2e-3, 1e-12, 1e-9, "shared link 1");
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(pr);
+}
+
+static void test_engine_memory(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  /* F0, F1 save 100 and 200 bytes read by B0, B1 (order F0 F1 B0 B1): peak 300 at 2 ms;
+   * B0 also writes a 50-byte output nobody reads (never alive). */
+  struct hplan h = {.n_devices = 1, .n_streams = 1, .n = {4}};
+  h.ins[0][0] = (struct hi){IR_NODE_COMPUTE, 0, IR_PASS_F, 0, 0, -1, 100, 2, 1};
+  h.ins[0][1] = (struct hi){IR_NODE_COMPUTE, 0, IR_PASS_F, 0, 0, -1, 200, 3, 1};
+  h.ins[0][2] = (struct hi){IR_NODE_COMPUTE, 0, IR_PASS_B, 0, 0, -1, 50, -1, 0};
+  h.ins[0][3] = (struct hi)C(0, IR_PASS_B);
+  struct plan *p = hplan_build(&h);
+  struct sim_result *r = run(p, u, false);
+  const struct sim_unit *su = &r->units[0];
+  uint64_t stat = su->static_bytes[REPORT_MEM_PARAMS] + su->static_bytes[REPORT_MEM_GRADS] +
+                  su->static_bytes[REPORT_MEM_OPTIMIZER];
+  assert_int_equal(su->peak_bytes, stat + 300);
+  assert_int_equal(su->peak_saved_activation_bytes, 300);
+  assert_int_equal(su->peak_breakdown[REPORT_MEM_ACTIVATIONS], 300);
+  /* timeline: ends at static only; activations at 2 ms = 300, at 4 ms (B0 done) = 200 */
+  const struct report_memory_point *last = &su->memory[su->n_memory - 1];
+  assert_int_equal(last->bytes[REPORT_MEM_ACTIVATIONS], 0);
+  bool saw200 = false;
+  for (uint32_t k = 0; k < su->n_memory; k++)
+    if (fabs(su->memory[k].t - 4 * MS) < TIME_TOL)
+      saw200 = su->memory[k].bytes[REPORT_MEM_ACTIVATIONS] == 200;
+  assert_true(saw200);
+  /* static memory of one segment of an fp32 model: 4 + 4 + 8 bytes per parameter */
+  double psi = (double)p->model->segments[0].param_count;
+  assert_int_equal(su->static_bytes[REPORT_MEM_PARAMS], (uint64_t)(4 * psi));
+  assert_int_equal(su->static_bytes[REPORT_MEM_GRADS], (uint64_t)(4 * psi));
+  assert_int_equal(su->static_bytes[REPORT_MEM_OPTIMIZER], (uint64_t)(8 * psi));
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(u);
+}
+
+/* ---- metrics from intervals --------------------------------------------------------------- */
+
+static void test_report_stats(void **state) {
+  (void)state;
+  /* a one-device plan whose nodes are a compute and a send, to classify intervals */
+  struct hplan h = {.n_devices = 2, .n_streams = 2, .n = {2, 1}};
+  h.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h.ins[0][1] = (struct hi){IR_NODE_SEND, 1, IR_PASS_NONE, 1, 10, -1, 0, -1, 0};
+  h.ins[1][0] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 10, -1, 0, -1, 0};
+  struct plan *p = hplan_build(&h);
+  uint32_t nc = p->classes[0].instrs[0].node, ns = p->classes[0].instrs[1].node;
+  /* compute [0,4) and [6,8); comm [3,7): overlap 1 + 1 = 2 of 4; exposed 2; bubble over the
+   * window [0,10) (device 1's comm ends at 10): 1 - 6/10 */
+  struct report_interval iv0[] = {{0, 4, nc, 0}, {3, 7, ns, 1}, {6, 8, nc, 0}};
+  struct report_interval iv1[] = {{9, 10, p->classes[1].instrs[0].node, 1}};
+  struct report_run rr = {.plan = p, .kind = "sim", .schedule = "custom"};
+  report_run_init_devices(&rr);
+  rr.devices[0].intervals = iv0;
+  rr.devices[0].n_intervals = 3;
+  rr.devices[1].intervals = iv1;
+  rr.devices[1].n_intervals = 1;
+  report_compute_stats(&rr);
+  assert_near(report_iteration_time(&rr), 10, 1e-12, 0, "window");
+  const struct report_device *d = &rr.devices[0];
+  assert_near(d->compute_s, 6, 1e-12, 0, "compute");
+  assert_near(d->comm_s, 4, 1e-12, 0, "comm");
+  assert_near(d->exposed_comm_s, 2, 1e-12, 0, "exposed");
+  assert_near(d->overlap_fraction, 0.5, 1e-12, 0, "overlap");
+  assert_near(d->bubble_fraction, 0.4, 1e-12, 0, "bubble");
+  assert_near(d->idle_s, 2, 1e-12, 0, "idle");
+  assert_near(rr.devices[1].bubble_fraction, 1.0, 1e-12, 0, "no compute");
+  assert_near(rr.devices[1].overlap_fraction, 0, 1e-12, 0, "no overlap");
+  report_run_free_devices(&rr);
+  plan_free(p);
+}
+
+/* ---- end to end through the real pipeline -------------------------------------------------- */
+
+static struct plan *compile(const char *model, const char *base, const char *schedule,
+                            uint32_t mbs, int pp_regions) {
+  GError *err = NULL;
+  struct sched_options so = {.mbs = mbs};
+  if (!sched_family_parse(schedule, &so.family)) fail_msg("schedule %s", schedule);
+  struct plan *p = sim_compile(model, base, &so, pp_regions, &err);
+  if (!p) fail_msg("%s %s %s: %s", model, base, schedule, err->message);
+  return p;
+}
+
+/* Saved-activation bytes of one micro-batch on device d: its SAVED tensors over micro-batches. */
+static uint64_t saved_per_mb(const struct plan *p, uint32_t d) {
+  const struct plan_class *c = plan_device_class(p, d);
+  uint64_t sum = 0;
+  for (uint32_t t = 0; t < c->n_tensors; t++)
+    if (c->tensors[t].kind == PLAN_TENSOR_SAVED &&
+        p->nodes[c->instrs[c->tensors[t].producer].node].kind == IR_NODE_COMPUTE)
+      sum += c->tensors[t].bytes;
+  return sum / (p->n_microbatches ? p->n_microbatches : 1);
+}
+
+static void test_textbook_gpipe_1f1b(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  const uint32_t R = 4;
+  const uint32_t Ms[] = {4, 8};
+  for (int k = 0; k < 2; k++) {
+    uint32_t M = Ms[k];
+    const char *sch[] = {"gpipe", "1f1b"};
+    for (int s = 0; s < 2; s++) {
+      struct plan *p = compile("models/tiny-dense.json", "directives/base-schedules/pp4.json",
+                               sch[s], M, 0);
+      struct sim_result *r = run(p, u, true);
+      char what[64];
+      snprintf(what, sizeof what, "%s M=%u: (M+R-1)(F+B)", sch[s], M);
+      assert_near(r->iteration_time, (M + R - 1) * 3 * MS, TIME_TOL, 0, what);
+      /* peak activations: 1F1B rank r holds min(R-r, M) micro-batches, GPipe M */
+      for (uint32_t d = 0; d < R; d++) {
+        const struct sim_unit *su = &r->units[r->device_unit[d]];
+        uint64_t per = saved_per_mb(p, d);
+        assert_true(per > 0);
+        uint32_t want = s == 0 ? M : (R - d < M ? R - d : M);
+        if (su->peak_saved_activation_bytes != (uint64_t)want * per)
+          fail_msg("%s M=%u rank %u: peak saved %llu = %.3f micro-batches, want %u", sch[s], M,
+                   d, (unsigned long long)su->peak_saved_activation_bytes,
+                   (double)su->peak_saved_activation_bytes / (double)per, want);
+      }
+      sim_result_free(r);
+      plan_free(p);
+    }
+  }
+  profile_free(u);
+}
+
+static void test_textbook_zb_interleaved(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  const uint32_t R = 4, M = 8;
+  struct plan *p = compile("models/tiny-dense.json", "directives/base-schedules/pp4.json",
+                           "zerobubble", M, 0);
+  struct sim_result *r = run(p, u, true);
+  assert_near(r->iteration_time, (3 * M + R - 1) * MS, TIME_TOL, 0, "ZB-H1: 3M+R-1");
+  sim_result_free(r);
+  plan_free(p);
+  /* interleaved 1F1B, v = 2 (8 stages on 4 ranks): 2M(F+B) + (R-1)(F+B) */
+  p = compile("models/tiny-dense.json", "directives/base-schedules/pp4_interleaved.json",
+              "interleaved_1f1b", M, 8);
+  r = run(p, u, true);
+  assert_near(r->iteration_time, (2 * M * 3 + (R - 1) * 3) * MS, TIME_TOL, 0,
+              "interleaved v=2");
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(u);
+}
+
+static void test_textbook_dualpipev(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  const uint32_t R = 4, M = 8, PP = 2 * R;
+  struct plan *p = compile("models/tiny-dense.json", "directives/base-schedules/pp4_v.json",
+                           "dualpipev", M, (int)PP);
+  struct sim_result *r = run(p, u, true);
+  /* per-rank work: two stages, M micro-batches, F + B = 3 ms each; bubble at most
+   * (PP/2 - 1)(F&B + B - 3W) with F&B = F + B = 3, B = 2, W = 1 */
+  double work = 2.0 * M * 3 * MS, bound = work + (PP / 2 - 1) * (3 + 2 - 3) * MS;
+  if (r->iteration_time < work - TIME_TOL || r->iteration_time > bound + TIME_TOL)
+    fail_msg("DualPipeV: %.6g ms, want within [%.6g, %.6g] ms", r->iteration_time * 1e3,
+             work * 1e3, bound * 1e3);
+  /* peak activations: at most PP + 1 chunks (a chunk: one stage's saved activations of one
+   * micro-batch; the larger of the rank's two stages bounds both) */
+  for (uint32_t d = 0; d < R; d++) {
+    const struct plan_class *c = plan_device_class(p, d);
+    uint64_t chunk[64] = {0};
+    for (uint32_t t = 0; t < c->n_tensors; t++) {
+      const struct ir_node *n = &p->nodes[c->instrs[c->tensors[t].producer].node];
+      if (c->tensors[t].kind == PLAN_TENSOR_SAVED && n->kind == IR_NODE_COMPUTE &&
+          n->tags[MODEL_TAG_PP] >= 0 && n->tags[MODEL_TAG_PP] < 64)
+        chunk[n->tags[MODEL_TAG_PP]] += c->tensors[t].bytes;
+    }
+    uint64_t biggest = 0;
+    for (int s = 0; s < 64; s++)
+      if (chunk[s] / M > biggest) biggest = chunk[s] / M;
+    const struct sim_unit *su = &r->units[r->device_unit[d]];
+    if (su->peak_saved_activation_bytes > (PP + 1) * biggest)
+      fail_msg("DualPipeV rank %u: peak saved %.2f chunks, want at most %u", d,
+               (double)su->peak_saved_activation_bytes / (double)biggest, PP + 1);
+  }
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(u);
+}
+
+/* Collapsing devices into units changes nothing: same times, same peaks. */
+static void test_collapse_exact(void **state) {
+  (void)state;
+  struct profile *pr = load_profile("profiles/h100-sxm.json");
+  struct plan *p = compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json",
+                           "1f1b", 4, 0);
+  struct sim_result *a = run(p, pr, true), *b = run(p, pr, false);
+  assert_true(a->n_units < b->n_units);
+  assert_int_equal(a->device_instructions, b->device_instructions);
+  assert_true(a->iteration_time == b->iteration_time);
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    const struct sim_unit *ua = &a->units[a->device_unit[d]], *ub = &b->units[b->device_unit[d]];
+    assert_int_equal(ua->peak_bytes, ub->peak_bytes);
+    assert_int_equal(ua->n_intervals, ub->n_intervals);
+    for (uint32_t k = 0; k < ua->n_intervals; k++) {
+      assert_true(ua->intervals[k].start == ub->intervals[k].start);
+      assert_true(ua->intervals[k].end == ub->intervals[k].end);
+    }
+  }
+  assert_true(a->iteration_time > 0);
+  assert_true(a->fallback_ops > 0);
+  sim_result_free(a);
+  sim_result_free(b);
+  plan_free(p);
+  profile_free(pr);
+}
+
+/* Static memory against the ZeRO formulas, through the real pipeline. */
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void test_static_memory_zero(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  char dir[] = "/tmp/test_sim_XXXXXX";
+  assert_non_null(g_mkdtemp(dir));
+  const char *variants[] = {"", ", \"shard_grads\": true", ", \"shard_params\": true"};
+  struct model *m = load_model("models/tiny-moe.json", 0);
+  for (int v = 0; v < 3; v++) {
+    char path[256], text[512];
+    snprintf(path, sizeof path, "%s/dp2_%d.json", dir, v);
+    snprintf(text, sizeof text,
+             "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
+             "{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]%s}]",
+             variants[v]);
+    write_text(path, text);
+    GError *err = NULL;
+    struct plan *p = sim_compile("models/tiny-moe.json", path, NULL, 0, &err);
+    if (!p) fail_msg("%s: %s", path, err->message);
+    struct sim_result *r = run(p, u, false);
+    /* every segment whole on each device (no shard directive): psi = the model's parameters */
+    double psi = (double)model_param_count(m), N = 2;
+    double pb = m->dtype == MODEL_DTYPE_BF16 ? 2 : 4, gb = pb,
+           ob = m->dtype == MODEL_DTYPE_BF16 ? 12 : 8;
+    double want_p = v == 2 ? pb * psi / N : pb * psi;
+    double want_g = v == 0 ? gb * psi : gb * psi / N;
+    double want_o = v == 0 ? ob * psi : ob * psi / N;
+    for (uint32_t d = 0; d < 2; d++) {
+      const struct sim_unit *su = &r->units[r->device_unit[d]];
+      assert_near((double)su->static_bytes[REPORT_MEM_PARAMS], want_p, 1, 0, "params");
+      assert_near((double)su->static_bytes[REPORT_MEM_GRADS], want_g, 1, 0, "grads");
+      assert_near((double)su->static_bytes[REPORT_MEM_OPTIMIZER], want_o, 1, 0, "optimizer");
+    }
+    /* for bf16 the totals are the paper's 16 psi, 2 psi + 14 psi / N, 16 psi / N */
+    if (m->dtype == MODEL_DTYPE_BF16) {
+      const struct sim_unit *su = &r->units[0];
+      double tot = (double)(su->static_bytes[0] + su->static_bytes[1] + su->static_bytes[2]);
+      double want = v == 0 ? 16 * psi : v == 1 ? 2 * psi + 14 * psi / N : 16 * psi / N;
+      assert_near(tot, want, 3, 0, "ZeRO total");
+    }
+    sim_result_free(r);
+    plan_free(p);
+    remove(path);
+  }
+  model_free(m);
+  rmdir(dir);
+  profile_free(u);
+}
+
+/* ---- report files and charts ---------------------------------------------------------------- */
+
+static char *slurp(const char *path) {
+  char *text = NULL;
+  if (!g_file_get_contents(path, &text, NULL, NULL)) fail_msg("cannot read %s", path);
+  return text;
+}
+
+static void test_report_files(void **state) {
+  (void)state;
+  struct profile *pr = load_profile("profiles/h100-sxm.json");
+  struct plan *p = compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json",
+                           "1f1b", 4, 0);
+  struct sim_result *r = run(p, pr, true);
+  struct report_run rr = {.plan = p, .kind = "sim", .schedule = "1f1b",
+                          .program_file = "1f1b_pp2_mbs4.json", .n_iterations = 1,
+                          .iteration_times = &r->iteration_time,
+                          .peak_flops_per_device = pr->peak_flops[p->model->dtype]};
+  report_run_init_devices(&rr);
+  assert_int_equal(rr.pp, 2);
+  assert_int_equal(rr.dp, 2);
+  sim_fill_report(r, &rr);
+  report_compute_stats(&rr);
+  char dir[] = "/tmp/test_sim_XXXXXX";
+  assert_non_null(g_mkdtemp(dir));
+  GError *err = NULL;
+  if (!report_write_dir(&rr, dir, &err)) fail_msg("%s", err->message);
+  char path[512];
+
+  /* results.csv: the SPEC §8 columns, one row per dp rank */
+  snprintf(path, sizeof path, "%s/results.csv", dir);
+  char *csv = slurp(path);
+  const char *header = "dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,"
+                       "samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,"
+                       "peak_memory_pp0_gb,peak_memory_pp1_gb\n";
+  assert_memory_equal(csv, header, strlen(header));
+  int lines = 0;
+  for (char *c = csv; *c; c++) lines += *c == '\n';
+  assert_int_equal(lines, 3);
+  g_free(csv);
+
+  /* metrics.json: the required keys */
+  snprintf(path, sizeof path, "%s/metrics.json", dir);
+  cJSON *mj = json_parse_file(path, &err);
+  assert_non_null(mj);
+  const char *keys[] = {"iteration_time_s", "throughput_tokens_per_s", "mfu", "devices"};
+  for (int k = 0; k < 4; k++) assert_non_null(cJSON_GetObjectItem(mj, keys[k]));
+  assert_true(cJSON_IsNumber(cJSON_GetObjectItem(mj, "mfu")));
+  cJSON *devs = cJSON_GetObjectItem(mj, "devices");
+  assert_int_equal(cJSON_GetArraySize(devs), 4);
+  const char *dkeys[] = {"device", "pp_rank", "dp_rank", "bubble_fraction", "exposed_comm_s",
+                         "overlap_fraction", "peak_memory_bytes", "memory_breakdown_bytes"};
+  cJSON *dv;
+  cJSON_ArrayForEach(dv, devs) {
+    for (int k = 0; k < 8; k++)
+      if (!cJSON_GetObjectItem(dv, dkeys[k])) fail_msg("device lacks %s", dkeys[k]);
+    cJSON *b = cJSON_GetObjectItem(dv, "memory_breakdown_bytes");
+    const char *bk[] = {"params", "grads", "optimizer", "activations", "comm"};
+    double sum = 0;
+    for (int k = 0; k < 5; k++) {
+      assert_non_null(cJSON_GetObjectItem(b, bk[k]));
+      sum += cJSON_GetObjectItem(b, bk[k])->valuedouble;
+    }
+    sum += cJSON_GetObjectItem(b, "gathered_params")->valuedouble;
+    assert_near(sum, cJSON_GetObjectItem(dv, "peak_memory_bytes")->valuedouble, 0.5, 0,
+                "breakdown sums to the peak");
+  }
+  cJSON_Delete(mj);
+
+  /* trace.json: Chrome trace schema */
+  snprintf(path, sizeof path, "%s/trace.json", dir);
+  cJSON *tj = json_parse_file(path, &err);
+  if (!tj) fail_msg("%s", err->message);
+  cJSON *evs = cJSON_GetObjectItem(tj, "traceEvents");
+  assert_true(cJSON_IsArray(evs));
+  int nx = 0, nc = 0, nproc = 0, nthread = 0;
+  cJSON *e;
+  cJSON_ArrayForEach(e, evs) {
+    const char *ph = cJSON_GetStringValue(cJSON_GetObjectItem(e, "ph"));
+    assert_non_null(ph);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(e, "name")));
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(e, "pid")));
+    if (strcmp(ph, "X") == 0) {
+      nx++;
+      assert_true(cJSON_IsNumber(cJSON_GetObjectItem(e, "tid")));
+      assert_true(cJSON_GetObjectItem(e, "ts")->valuedouble >= 0);
+      assert_true(cJSON_GetObjectItem(e, "dur")->valuedouble >= 0);
+      assert_true(cJSON_IsObject(cJSON_GetObjectItem(e, "args")));
+    } else if (strcmp(ph, "C") == 0) {
+      nc++;
+      cJSON *a = cJSON_GetObjectItem(e, "args"), *v;
+      assert_true(cJSON_IsObject(a));
+      cJSON_ArrayForEach(v, a) assert_true(cJSON_IsNumber(v));
+    } else if (strcmp(ph, "M") == 0) {
+      const char *n = cJSON_GetStringValue(cJSON_GetObjectItem(e, "name"));
+      nproc += strcmp(n, "process_name") == 0;
+      nthread += strcmp(n, "thread_name") == 0;
+      if (strcmp(n, "process_sort_index") != 0)
+        assert_non_null(
+            cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "name")));
+    } else {
+      fail_msg("unexpected phase %s", ph);
+    }
+  }
+  assert_int_equal(nx, (int)r->device_instructions);
+  assert_true(nc > 0);
+  assert_int_equal(nproc, 4);
+  assert_true(nthread >= 4);
+  cJSON_Delete(tj);
+
+  /* schedule charts: PNG, SVG and PDF files with their signatures */
+  const char *ext[] = {"png", "svg", "pdf"};
+  const char *sig[] = {"\x89PNG", "<?xml", "%PDF"};
+  for (int k = 0; k < 3; k++) {
+    snprintf(path, sizeof path, "%s/schedule.%s", dir, ext[k]);
+    if (!chart_schedule(&rr, path, (enum chart_format)k, &err)) fail_msg("%s", err->message);
+    char *data = slurp(path);
+    assert_memory_equal(data, sig[k], strlen(sig[k]));
+    g_free(data);
+  }
+  if (g_find_program_in_path("gnuplot")) {
+    gchar *gp = g_find_program_in_path("gnuplot");
+    g_free(gp);
+    if (!chart_memory(&rr, dir, &err)) fail_msg("%s", err->message);
+    snprintf(path, sizeof path, "%s/memory.png", dir);
+    char *data = slurp(path);
+    assert_memory_equal(data, "\x89PNG", 4);
+    g_free(data);
+  }
+  char *cmd = g_strdup_printf("rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+  g_free(cmd);
+  report_run_free_devices(&rr);
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(pr);
+}
+
+static void test_sweep(void **state) {
+  (void)state;
+  char dir[] = "/tmp/test_sim_XXXXXX";
+  assert_non_null(g_mkdtemp(dir));
+  char path[256];
+  snprintf(path, sizeof path, "%s/sweep.json", dir);
+  write_text(path, "{\"model\":\"models/tiny-dense.json\","
+                   "\"base_schedules\":[\"directives/base-schedules/pp4.json\"],"
+                   "\"schedules\":[\"gpipe\",\"1f1b\",\"dualpipev\"],\"microbatches\":[4,8],"
+                   "\"profiles\":[\"profiles/unit.json\"],\"memory_cap_gib\":0.0024}");
+  GError *err = NULL;
+  struct sweep *s = sweep_load_file(path, &err);
+  if (!s) fail_msg("%s", err->message);
+  char out[300];
+  snprintf(out, sizeof out, "%s/out", dir);
+  bool ok = sweep_run(s, out, false, &err);
+  if (!ok && !(err && strstr(err->message, "gnuplot"))) fail_msg("%s", err->message);
+  assert_int_equal(s->n_points, 6);
+  /* ranked: feasible by throughput, then over the cap, then errors (dualpipev on a 4-stage
+   * layout is refused by its builder) */
+  int cls_prev = 0;
+  for (uint32_t i = 0; i < s->n_points; i++) {
+    const struct sweep_point *pt = &s->points[i];
+    int cls = pt->feasible ? 0 : pt->ok ? 1 : 2;
+    assert_true(cls >= cls_prev);
+    if (i > 0 && cls == cls_prev && cls < 2)
+      assert_true(pt->throughput_tokens_per_s <= s->points[i - 1].throughput_tokens_per_s);
+    cls_prev = cls;
+    if (strcmp(pt->schedule, "dualpipev") == 0) {
+      assert_false(pt->ok);
+      assert_non_null(pt->error);
+    }
+  }
+  assert_true(s->points[0].ok);
+  sweep_free(s);
+  /* bad sweep files name the file and key */
+  write_text(path, "{\"model\":\"m.json\",\"base_schedules\":[\"b.json\"],\"schedules\":[\"nope\"],"
+                   "\"microbatches\":[4],\"profiles\":[\"p.json\"]}");
+  assert_null(sweep_load_file(path, &err));
+  assert_non_null(strstr(err->message, "schedules"));
+  g_clear_error(&err);
+  write_text(path, "{\"model\":\"m.json\",\"base_schedules\":[\"b.json\"],\"schedules\":[\"1f1b\"],"
+                   "\"microbatches\":[0],\"profiles\":[\"p.json\"]}");
+  assert_null(sweep_load_file(path, &err));
+  assert_non_null(strstr(err->message, "microbatches"));
+  g_clear_error(&err);
+  char *cmd = g_strdup_printf("rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+  g_free(cmd);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_profile_bundled),
+      cmocka_unit_test(test_profile_errors),
+      cmocka_unit_test(test_roofline_and_table),
+      cmocka_unit_test(test_collectives),
+      cmocka_unit_test(test_engine_order_and_rendezvous),
+      cmocka_unit_test(test_engine_contention),
+      cmocka_unit_test(test_engine_memory),
+      cmocka_unit_test(test_report_stats),
+      cmocka_unit_test(test_collapse_exact),
+      cmocka_unit_test(test_static_memory_zero),
+      cmocka_unit_test(test_report_files),
+      cmocka_unit_test(test_sweep),
+      cmocka_unit_test(test_textbook_gpipe_1f1b),
+      cmocka_unit_test(test_textbook_zb_interleaved),
+      cmocka_unit_test(test_textbook_dualpipev),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  /* cairo's and fontconfig's caches, so that the leak checker sees only our allocations */
+  cairo_debug_reset_static_data();
+  void (*fc_fini)(void) = NULL;
+  void *sym = dlsym(RTLD_DEFAULT, "FcFini");
+  memcpy(&fc_fini, &sym, sizeof sym);
+  if (fc_fini) fc_fini();
+  return rc;
+}
