@@ -82,4 +82,26 @@ bool sched_write_csv(const struct sched_program *s, FILE *f);
 /* name is used in messages. n_stages is taken from the largest stage seen + 1. */
 struct sched_program *sched_read_csv(const char *name, const char *text, GError **err);
 
+/* The harness shared by piper-compile, piper-sim and piper-exec (--schedule NAME --ranks R
+ * --mbs M [--keep-order]): drops the base program's `order` directives (unless keep_order),
+ * makes sure there is exactly one `split` with dim_name "MB" and num_microbatches = mbs
+ * (adding or rewriting it), derives the stage-to-rank layout from the `place` directives (a
+ * rank is a distinct device group, numbered by the lowest stage it holds), checks it has
+ * `ranks` ranks, builds the family's schedule and appends its `order` directives. With
+ * SCHED_CUSTOM only the split is enforced (when mbs > 0) and the program is otherwise kept. */
+struct sched_options {
+  enum sched_family family;
+  uint32_t ranks;                     /* 0 = take it from the layout */
+  uint32_t mbs;                       /* 0 = keep the program's split */
+  bool keep_order;
+};
+bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struct sched_options *o,
+                           GError **err);
+/* The layout the harness derives from p's place directives: stage_rank[n_stages] (caller
+ * frees with g_free), *n_ranks set. Stages not placed are on the rank of device 0. */
+int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
+                                   uint32_t *n_ranks, GError **err);
+/* "<schedule>_pp<R>_mbs<M>.json", the name of the compiled program in a run directory. */
+char *sched_program_file_name(enum sched_family f, uint32_t ranks, uint32_t mbs);
+
 #endif
