@@ -68,11 +68,20 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(wildcard tests/bench/*.c))
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs
+.PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example
 all: $(TOOLS)
 
 deps:
 	@tools/install-deps.sh
+
+# The README's main job: simulate DualPipeV with data and expert parallelism on the tiny MoE
+# model and draw its schedule (out/example/schedule.png).
+EXAMPLE_OUT ?= out/example
+example: deps
+	@$(MAKE) --no-print-directory all
+	$(BIN)/piper-sim --model models/tiny-moe.json --pp-regions 4 \
+	  --base-schedule directives/base-schedules/pp4_dp2_ep2_v_placement.json \
+	  --schedule dualpipev --mbs 8 --profile profiles/h100-sxm.json --out $(EXAMPLE_OUT)
 
 $(BUILD)/%.o: %.c $(wildcard */*.h)
 	@mkdir -p $(dir $@)

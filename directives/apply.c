@@ -524,6 +524,33 @@ static uint32_t stream_or(struct ir_graph *g, const char *name, const char *fall
   return ir_graph_stream(g, name && name[0] ? name : fallback);
 }
 
+/* Adds the gradient collective of one bucket on group: every weight-gradient node of the
+ * bucket's segments feeds it; sync_of records it per segment. */
+static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket, const struct segment_home *home,
+                                      enum ir_node_kind kind, uint32_t group, uint32_t stream,
+                                      uint64_t bytes, uint32_t directive, const struct grad_index *gi,
+                                      uint32_t *sync_of) {
+  struct ir_graph *g = a->g;
+  const struct ir_node *first = IR_NODE(g, home[g_array_index(bucket, uint32_t, 0)].fwd_node);
+  struct ir_node c = comm_node(first, kind, IR_COMM_DP, stream, bytes);
+  c.pass = IR_PASS_NONE;
+  c.segment = IR_NONE;
+  c.group = group;
+  c.replica_degree = IR_GROUP(g, group)->count;
+  for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
+    if (t != MODEL_TAG_PP) c.tags[t] = -1;
+  c.segset = ir_graph_add_segset(g, (const uint32_t *)bucket->data, bucket->len, NULL);
+  c.directive = directive;
+  uint32_t cid = add_node(a, &c);
+  for (uint32_t j = 0; j < bucket->len; j++) {
+    uint32_t seg = g_array_index(bucket, uint32_t, j);
+    sync_of[seg] = cid;
+    for (uint32_t q = gi->first[seg]; q < gi->first[seg + 1]; q++)
+      ir_graph_add_edge(g, gi->nodes[q], cid, IR_EDGE_TEMPORAL, 0, 0);
+  }
+  return cid;
+}
+
 /* Regroups optimizer nodes (one per PP region and device group), inserts gradient buckets and
  * ZeRO-3 gathers. */
 static bool insert_data_parallel(struct apply *a, const struct segment_home *home, GError **err) {
@@ -555,22 +582,8 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       uint64_t sb = take ? m->segments[s].param_bytes : 0;
       bool flush = bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap));
       if (flush) {
-        const struct ir_node *first = IR_NODE(g, home[g_array_index(bucket, uint32_t, 0)].fwd_node);
-        struct ir_node c = comm_node(first, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
-                                     IR_COMM_DP, stream_or(g, dd->reduce_stream, "dp"), bytes);
-        c.pass = IR_PASS_NONE;
-        c.segment = IR_NONE;
-        for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
-          if (t != MODEL_TAG_PP) c.tags[t] = -1;
-        c.segset = ir_graph_add_segset(g, (uint32_t *)bucket->data, bucket->len, NULL);
-        c.directive = d;
-        uint32_t cid = add_node(a, &c);
-        for (uint32_t j = 0; j < bucket->len; j++) {
-          uint32_t seg = g_array_index(bucket, uint32_t, j);
-          sync_of[seg] = cid;
-          for (uint32_t k = gi.first[seg]; k < gi.first[seg + 1]; k++)
-            ir_graph_add_edge(g, gi.nodes[k], cid, IR_EDGE_TEMPORAL, 0, 0);
-        }
+        add_bucket_collective(a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
+                              grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &gi, sync_of);
         g_array_set_size(bucket, 0);
         bytes = 0;
       }
@@ -619,23 +632,8 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
         uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
         bool mine = g_array_index(unions, uint32_t, k) == u;
         if (b->len == 0 || !(s < 0 || (mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB))) continue;
-        const struct ir_node *first = IR_NODE(g, home[g_array_index(b, uint32_t, 0)].fwd_node);
-        struct ir_node c = comm_node(first, IR_NODE_ALL_REDUCE, IR_COMM_DP, stream_or(g, "", "dp"), *bytes);
-        c.pass = IR_PASS_NONE;
-        c.segment = IR_NONE;
-        c.group = g_array_index(unions, uint32_t, k);
-        c.replica_degree = IR_GROUP(g, c.group)->count;
-        for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
-          if (t != MODEL_TAG_PP) c.tags[t] = -1;
-        c.segset = ir_graph_add_segset(g, (uint32_t *)b->data, b->len, NULL);
-        c.directive = IR_NONE;
-        uint32_t cid = add_node(a, &c);
-        for (uint32_t j = 0; j < b->len; j++) {
-          uint32_t seg = g_array_index(b, uint32_t, j);
-          sync_of[seg] = cid;
-          for (uint32_t q = gi.first[seg]; q < gi.first[seg + 1]; q++)
-            ir_graph_add_edge(g, gi.nodes[q], cid, IR_EDGE_TEMPORAL, 0, 0);
-        }
+        add_bucket_collective(a, b, home, IR_NODE_ALL_REDUCE, g_array_index(unions, uint32_t, k),
+                              stream_or(g, "", "dp"), *bytes, IR_NONE, &gi, sync_of);
         g_array_set_size(b, 0);
         *bytes = 0;
       }
