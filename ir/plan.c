@@ -1,0 +1,327 @@
+/* plan: ownership, per-device views and equality of lowered plans (plan.h).
+ * The views resolve what a class leaves open per device (peers, communicator ranks) from the
+ * plan's device groups. They scan one group, so they cost O(group size); the serialiser, which
+ * asks for every instruction of every device, uses its own per-device position table instead. */
+#include "plan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void plan_class_clear(struct plan_class *c) {
+  g_free(c->devices);
+  g_free(c->instrs);
+  g_free(c->stream_first);
+  g_free(c->stream_instrs);
+  g_free(c->waits);
+  g_free(c->reads);
+  g_free(c->writes);
+  g_free(c->consumers);
+  g_free(c->tensors);
+  memset(c, 0, sizeof *c);
+}
+
+void plan_free(struct plan *p) {
+  if (!p)
+    return;
+  model_free(p->model);
+  g_free(p->model_json);
+  g_free(p->program_json);
+  g_free(p->nodes);
+  g_free(p->groups);
+  g_free(p->device_pool);
+  g_free(p->segsets);
+  g_free(p->segment_pool);
+  g_free(p->streams);
+  g_free(p->comms);
+  if (p->classes)
+    for (uint32_t c = 0; c < p->n_classes; c++)
+      plan_class_clear(&p->classes[c]);
+  g_free(p->classes);
+  g_free(p->device_class);
+  g_free(p);
+}
+
+const struct plan_class *plan_device_class(const struct plan *p, uint32_t device) {
+  if (!p || device >= p->n_devices || !p->device_class)
+    return NULL;
+  uint32_t c = p->device_class[device];
+  return c < p->n_classes ? &p->classes[c] : NULL;
+}
+
+/* Position of device in group g, or -1. */
+static int group_position(const struct plan *p, uint32_t g, uint32_t device) {
+  if (g >= p->n_groups)
+    return -1;
+  const struct ir_group *gr = &p->groups[g];
+  for (uint32_t i = 0; i < gr->count; i++)
+    if (p->device_pool[gr->first + i] == device)
+      return (int)i;
+  return -1;
+}
+
+int plan_node_position(const struct plan *p, uint32_t node, uint32_t device) {
+  if (!p || node >= p->n_nodes)
+    return -1;
+  return group_position(p, p->nodes[node].group, device);
+}
+
+uint32_t plan_peer(const struct plan *p, uint32_t node, uint32_t device) {
+  int pos = plan_node_position(p, node, device);
+  if (pos < 0)
+    return IR_NONE;
+  const struct ir_node *n = &p->nodes[node];
+  if (n->kind != IR_NODE_SEND && n->kind != IR_NODE_RECV)
+    return IR_NONE;
+  if (n->peer_group >= p->n_groups)
+    return IR_NONE;
+  const struct ir_group *peer = &p->groups[n->peer_group];
+  if ((uint32_t)pos >= peer->count)
+    return IR_NONE;
+  return p->device_pool[peer->first + (uint32_t)pos];
+}
+
+uint32_t plan_comm_size(const struct plan *p, uint32_t comm) {
+  if (!p || comm >= p->n_comms)
+    return 0;
+  const struct plan_comm *c = &p->comms[comm];
+  if (c->purpose == IR_COMM_PP)
+    return 2;
+  return c->group < p->n_groups ? p->groups[c->group].count : 0;
+}
+
+/* For PP: the instance (position p) device belongs to and its rank there (0 = the sending side).
+ * A device that is in both groups is taken as a sender, the first way the comment in plan.h
+ * names; plans never put one device on both sides of one direction. */
+static int pp_instance(const struct plan *p, const struct plan_comm *c, uint32_t device,
+                       int *rank) {
+  int pos = group_position(p, c->group, device);
+  if (pos >= 0) {
+    *rank = 0;
+    return pos;
+  }
+  pos = group_position(p, c->peer_group, device);
+  *rank = 1;
+  return pos;
+}
+
+int plan_comm_rank(const struct plan *p, uint32_t comm, uint32_t device) {
+  if (!p || comm >= p->n_comms)
+    return -1;
+  const struct plan_comm *c = &p->comms[comm];
+  if (c->purpose != IR_COMM_PP)
+    return group_position(p, c->group, device);
+  int rank;
+  return pp_instance(p, c, device, &rank) < 0 ? -1 : rank;
+}
+
+void plan_comm_members(const struct plan *p, uint32_t comm, uint32_t device, uint32_t *members) {
+  if (!p || !members || comm >= p->n_comms)
+    return;
+  const struct plan_comm *c = &p->comms[comm];
+  if (c->purpose != IR_COMM_PP) {
+    if (c->group >= p->n_groups)
+      return;
+    const struct ir_group *g = &p->groups[c->group];
+    memcpy(members, &p->device_pool[g->first], g->count * sizeof *members);
+    return;
+  }
+  int rank;
+  int pos = pp_instance(p, c, device, &rank);
+  if (pos < 0 || c->peer_group >= p->n_groups)
+    return;
+  if ((uint32_t)pos >= p->groups[c->group].count || (uint32_t)pos >= p->groups[c->peer_group].count)
+    return;
+  members[0] = p->device_pool[p->groups[c->group].first + (uint32_t)pos];
+  members[1] = p->device_pool[p->groups[c->peer_group].first + (uint32_t)pos];
+}
+
+void plan_comm_name(const struct plan *p, uint32_t comm, char *buf, size_t len) {
+  if (!buf || len == 0)
+    return;
+  if (!p || comm >= p->n_comms) {
+    snprintf(buf, len, "comm %u?", comm);
+    return;
+  }
+  const struct plan_comm *c = &p->comms[comm];
+  switch (c->purpose) {
+  case IR_COMM_PP: snprintf(buf, len, "pp g%u->g%u", c->group, c->peer_group); break;
+  case IR_COMM_DP: snprintf(buf, len, "dp g%u", c->group); break;
+  case IR_COMM_EP: snprintf(buf, len, "ep g%u", c->group); break;
+  default: snprintf(buf, len, "none g%u", c->group); break;
+  }
+}
+
+void plan_node_name(const struct plan *p, uint32_t node, char *buf, size_t len) {
+  if (!buf || len == 0)
+    return;
+  if (!p || node >= p->n_nodes) {
+    snprintf(buf, len, "node %u?", node);
+    return;
+  }
+  ir_node_format_name(&p->nodes[node], p->n_tags, (const char(*)[MODEL_TAG_NAME_MAX])p->tag_names,
+                      buf, len);
+}
+
+uint64_t plan_instruction_count(const struct plan *p) {
+  uint64_t total = 0;
+  if (!p)
+    return 0;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    total += (uint64_t)p->classes[c].n_instrs * p->classes[c].n_devices;
+  return total;
+}
+
+/* --- equality ------------------------------------------------------------------------------
+ * Two plans are equal when they mean the same thing: every field of every record is equal, and
+ * every pool-backed list (group devices, segset segments, waits, reads, writes, consumers) holds
+ * the same entries in the same order. Where a list starts in its pool is not compared, so a
+ * plan whose pools are laid out in another order (the reader lays them out in issue order)
+ * still equals it. Fields that mean nothing are skipped: tags past n_tags, text after a name's
+ * NUL, the sequence number of an instruction without a communicator. The model is compared by
+ * its configuration (as JSON values, so formatting does not matter) and its name. */
+
+static bool lists_equal(const uint32_t *pa, uint32_t fa, uint32_t ca, const uint32_t *pb,
+                        uint32_t fb, uint32_t cb) {
+  if (ca != cb)
+    return false;
+  return ca == 0 || memcmp(pa + fa, pb + fb, ca * sizeof *pa) == 0;
+}
+
+static bool json_text_equal(const char *a, const char *b) {
+  if (!a || !b)
+    return a == b;
+  if (strcmp(a, b) == 0)
+    return true;
+  cJSON *ja = cJSON_Parse(a), *jb = cJSON_Parse(b);
+  bool eq = ja && jb && cJSON_Compare(ja, jb, true);
+  cJSON_Delete(ja);
+  cJSON_Delete(jb);
+  return eq;
+}
+
+static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_t n_tags) {
+  for (uint32_t t = 0; t < n_tags; t++)
+    if (a->tags[t] != b->tags[t])
+      return false;
+  return a->kind == b->kind && a->pass == b->pass && a->purpose == b->purpose &&
+         a->segment == b->segment && a->group == b->group && a->peer_group == b->peer_group &&
+         a->stream == b->stream && a->pair == b->pair && a->segset == b->segset &&
+         a->bytes == b->bytes && a->shard_degree == b->shard_degree &&
+         a->replica_degree == b->replica_degree && a->shard_grads == b->shard_grads &&
+         a->shard_params == b->shard_params && a->directive == b->directive &&
+         a->priority == b->priority;
+}
+
+/* Exposed to plan_json.c (through this prototype only) so that the reader can say where two
+ * members of a class disagree. Returns true when equal; else writes what differs into what. */
+bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
+                     char *what, size_t len);
+
+bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
+                     char *what, size_t len) {
+  if (a->n_instrs != b->n_instrs) {
+    snprintf(what, len, "instruction count %u vs %u", a->n_instrs, b->n_instrs);
+    return false;
+  }
+  for (uint32_t i = 0; i < a->n_instrs; i++) {
+    const struct plan_instr *x = &a->instrs[i], *y = &b->instrs[i];
+    const char *field = NULL;
+    if (x->node != y->node)
+      field = "node";
+    else if (x->stream != y->stream)
+      field = "stream";
+    else if (x->comm != y->comm)
+      field = "comm";
+    else if (x->comm != IR_NONE && x->seq != y->seq)
+      field = "seq";
+    else if (!lists_equal(a->waits, x->wait_first, x->wait_count, b->waits, y->wait_first,
+                          y->wait_count))
+      field = "waits";
+    else if (!lists_equal(a->reads, x->read_first, x->read_count, b->reads, y->read_first,
+                          y->read_count))
+      field = "reads";
+    else if (!lists_equal(a->writes, x->write_first, x->write_count, b->writes, y->write_first,
+                          y->write_count))
+      field = "writes";
+    if (field) {
+      snprintf(what, len, "instruction %u \"%s\"", i, field);
+      return false;
+    }
+  }
+  if (!a->stream_first != !b->stream_first || !a->stream_instrs != !b->stream_instrs ||
+      (a->stream_first &&
+       memcmp(a->stream_first, b->stream_first, (n_streams + 1) * sizeof(uint32_t)) != 0) ||
+      (a->stream_instrs && a->n_instrs &&
+       memcmp(a->stream_instrs, b->stream_instrs, a->n_instrs * sizeof(uint32_t)) != 0)) {
+    snprintf(what, len, "stream lists");
+    return false;
+  }
+  if (a->n_tensors != b->n_tensors) {
+    snprintf(what, len, "tensor count %u vs %u", a->n_tensors, b->n_tensors);
+    return false;
+  }
+  for (uint32_t t = 0; t < a->n_tensors; t++) {
+    const struct plan_tensor *x = &a->tensors[t], *y = &b->tensors[t];
+    if (x->bytes != y->bytes || x->producer != y->producer || x->kind != y->kind ||
+        !lists_equal(a->consumers, x->consumer_first, x->consumer_count, b->consumers,
+                     y->consumer_first, y->consumer_count)) {
+      snprintf(what, len, "tensor %u", t);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool plan_equal(const struct plan *a, const struct plan *b) {
+  if (!a || !b)
+    return a == b;
+  if (!json_text_equal(a->model_json, b->model_json) ||
+      !json_text_equal(a->program_json, b->program_json))
+    return false;
+  if (!a->model != !b->model || (a->model && strcmp(a->model->name, b->model->name) != 0))
+    return false;
+  if (a->n_devices != b->n_devices || a->n_microbatches != b->n_microbatches ||
+      a->n_tags != b->n_tags || a->n_nodes != b->n_nodes || a->n_groups != b->n_groups ||
+      a->n_segsets != b->n_segsets || a->n_streams != b->n_streams || a->n_comms != b->n_comms ||
+      a->n_classes != b->n_classes)
+    return false;
+  for (uint32_t t = 0; t < a->n_tags; t++)
+    if (strncmp(a->tag_names[t], b->tag_names[t], MODEL_TAG_NAME_MAX) != 0)
+      return false;
+  for (uint32_t i = 0; i < a->n_nodes; i++)
+    if (!node_equal(&a->nodes[i], &b->nodes[i], a->n_tags))
+      return false;
+  for (uint32_t g = 0; g < a->n_groups; g++)
+    if (!lists_equal(a->device_pool, a->groups[g].first, a->groups[g].count, b->device_pool,
+                     b->groups[g].first, b->groups[g].count))
+      return false;
+  for (uint32_t s = 0; s < a->n_segsets; s++) {
+    const struct ir_segset *x = &a->segsets[s], *y = &b->segsets[s];
+    if (x->param_bytes != y->param_bytes ||
+        !lists_equal(a->segment_pool, x->first, x->count, b->segment_pool, y->first, y->count))
+      return false;
+  }
+  for (uint32_t s = 0; s < a->n_streams; s++) {
+    const struct ir_stream *x = &a->streams[s], *y = &b->streams[s];
+    if (strncmp(x->name, y->name, IR_NAME_MAX) != 0 || x->priority != y->priority ||
+        x->sm_share != y->sm_share)
+      return false;
+  }
+  for (uint32_t c = 0; c < a->n_comms; c++) {
+    const struct plan_comm *x = &a->comms[c], *y = &b->comms[c];
+    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group)
+      return false;
+  }
+  if (a->n_devices &&
+      memcmp(a->device_class, b->device_class, a->n_devices * sizeof(uint32_t)) != 0)
+    return false;
+  char what[96];
+  for (uint32_t c = 0; c < a->n_classes; c++) {
+    const struct plan_class *x = &a->classes[c], *y = &b->classes[c];
+    if (!lists_equal(x->devices, 0, x->n_devices, y->devices, 0, y->n_devices))
+      return false;
+    if (!plan_class_diff(x, y, a->n_streams, what, sizeof what))
+      return false;
+  }
+  return true;
+}

@@ -1,0 +1,2024 @@
+/* plan_json: plans to and from a directory of JSON files (SPEC §5).
+ *
+ * dir/plan.json holds everything devices share (model config, program, tags, streams, groups,
+ * segment sets, nodes, communicators, classes); dir/device-<d>.json holds one device's program:
+ * per stream its instructions in issue order, its tensors, and what is particular to the device
+ * (its positions in groups, its peers and communicator ranks). Devices of one class carry the
+ * same program; the reader checks that they agree, and checks every field a device file repeats
+ * from the index (op, pass, bytes, peer, rank, members) against the index, so an edited file
+ * cannot disagree silently. Readable names ("name") are informational and only type-checked, so
+ * a plan stays readable when the naming changes.
+ *
+ * Output layout: records that fit on one line (an instruction, a node, a tensor) are printed on
+ * one line, so `grep 'MB=3' device-0.json` shows whole instructions; everything else is indented.
+ * Arrays are walked in order and nothing iterates a hash table, so equal plans give equal bytes.
+ *
+ * Reading validates every index and count before using it and fails with one line naming the
+ * file and the JSON path, e.g. "out/device-3.json: streams[1].instructions[4]: \"node\" = 99 is
+ * out of range [0, 40]". Device files are read one at a time, so memory stays at one file's
+ * parse tree plus the plan. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <glib/gstdio.h>
+
+#include "json.h"
+#include "plan.h"
+
+/* plan.c: equality of two class programs, saying where they differ. */
+bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
+                     char *what, size_t len);
+
+#define PLAN_FORMAT "piper-plan"
+#define PLAN_DEVICE_FORMAT "piper-plan-device"
+#define PLAN_VERSION 1
+/* Bounds on what a plan file may declare. Counts are also bounded by the file size (64 MiB), so
+ * these mainly keep arithmetic in 32 bits. */
+#define PLAN_MAX_COUNT (1u << 24)
+#define PLAN_MAX_STREAMS 1024u
+#define PLAN_MAX_MICROBATCHES (1u << 20)
+#define PLAN_MAX_DIRECTIVE (1u << 24)
+/* Byte counts travel as JSON numbers (doubles), exact up to 2^53. */
+#define PLAN_MAX_BYTES (UINT64_C(1) << 53)
+/* A record is printed on one line when it has at most this many values and this many chars. */
+#define PLAN_FLAT_VALUES 64
+#define PLAN_FLAT_CHARS 400
+#define PLAN_NAME_LEN 256
+
+static const char *const purpose_names[] = {"none", "pp", "dp", "ep"};
+static const char *const tensor_kind_names[] = {"out", "saved"};
+
+/* Which end of its communicator an instruction is: a recv receives, everything else is on the
+ * sending side (or on a collective, where sides do not exist). Sequence numbers count per end,
+ * as lowering does, because a device on both ends of a PP communicator sends and receives. */
+static int comm_side(const struct ir_node *n) {
+  return n->kind == IR_NODE_RECV;
+}
+
+/* --- positions: which groups a device is in, at which position ----------------------------
+ * Built once per plan in O(device pool); selecting a device costs O(its groups), so peers and
+ * ranks of every instruction of every device are found without scanning groups. */
+
+struct positions {
+  uint32_t n_devices, n_groups;
+  uint32_t *first;       /* [n_devices + 1] */
+  uint32_t *group, *pos; /* device d: entries [first[d], first[d+1]), ascending group */
+  int32_t *pos_of;       /* [n_groups]: the selected device's position, or -1 */
+  uint32_t selected;     /* IR_NONE when none */
+};
+
+static void positions_init(struct positions *t, const struct plan *p) {
+  t->n_devices = p->n_devices;
+  t->n_groups = p->n_groups;
+  t->first = g_new0(uint32_t, (size_t)p->n_devices + 1);
+  uint32_t total = 0;
+  for (uint32_t g = 0; g < p->n_groups; g++)
+    for (uint32_t i = 0; i < p->groups[g].count; i++) {
+      uint32_t d = p->device_pool[p->groups[g].first + i];
+      if (d < p->n_devices) {
+        t->first[d + 1]++;
+        total++;
+      }
+    }
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    t->first[d + 1] += t->first[d];
+  t->group = g_new(uint32_t, total ? total : 1);
+  t->pos = g_new(uint32_t, total ? total : 1);
+  uint32_t *cursor = g_memdup2(t->first, ((size_t)p->n_devices + 1) * sizeof *cursor);
+  for (uint32_t g = 0; g < p->n_groups; g++)
+    for (uint32_t i = 0; i < p->groups[g].count; i++) {
+      uint32_t d = p->device_pool[p->groups[g].first + i];
+      if (d < p->n_devices) {
+        t->group[cursor[d]] = g;
+        t->pos[cursor[d]++] = i;
+      }
+    }
+  g_free(cursor);
+  t->pos_of = g_new(int32_t, p->n_groups ? p->n_groups : 1);
+  for (uint32_t g = 0; g < p->n_groups; g++)
+    t->pos_of[g] = -1;
+  t->selected = IR_NONE;
+}
+
+static void positions_select(struct positions *t, uint32_t d) {
+  if (t->selected != IR_NONE)
+    for (uint32_t e = t->first[t->selected]; e < t->first[t->selected + 1]; e++)
+      t->pos_of[t->group[e]] = -1;
+  t->selected = d;
+  for (uint32_t e = t->first[d]; e < t->first[d + 1]; e++)
+    t->pos_of[t->group[e]] = (int32_t)t->pos[e];
+}
+
+static void positions_free(struct positions *t) {
+  g_free(t->first);
+  g_free(t->group);
+  g_free(t->pos);
+  g_free(t->pos_of);
+  memset(t, 0, sizeof *t);
+}
+
+static int32_t position_in(const struct positions *t, uint32_t g) {
+  return g < t->n_groups ? t->pos_of[g] : -1;
+}
+
+/* The selected device's peer on send/recv node n, or IR_NONE. */
+static uint32_t peer_of(const struct plan *p, const struct positions *t, const struct ir_node *n) {
+  if (n->kind != IR_NODE_SEND && n->kind != IR_NODE_RECV)
+    return IR_NONE;
+  int32_t pos = position_in(t, n->group);
+  if (pos < 0 || n->peer_group >= p->n_groups)
+    return IR_NONE;
+  const struct ir_group *peer = &p->groups[n->peer_group];
+  return (uint32_t)pos < peer->count ? p->device_pool[peer->first + (uint32_t)pos] : IR_NONE;
+}
+
+/* The selected device's rank on comm, or -1; for PP also the pair (sender, receiver). side
+ * picks the end of a PP communicator: 0 the sender, 1 the receiver, -1 whichever the device is
+ * (the sender if both, as plan_comm_rank does). */
+static int32_t comm_rank_of(const struct plan *p, const struct positions *t, uint32_t comm,
+                            int side, uint32_t pair[2]) {
+  const struct plan_comm *c = &p->comms[comm];
+  if (c->purpose != IR_COMM_PP)
+    return position_in(t, c->group);
+  int32_t rank = 0, pos = side == 1 ? -1 : position_in(t, c->group);
+  if (pos < 0 && side != 0) {
+    rank = 1;
+    pos = position_in(t, c->peer_group);
+  }
+  if (pos < 0 || c->peer_group >= p->n_groups)
+    return -1;
+  const struct ir_group *a = &p->groups[c->group], *b = &p->groups[c->peer_group];
+  if ((uint32_t)pos >= a->count || (uint32_t)pos >= b->count)
+    return -1;
+  pair[0] = p->device_pool[a->first + (uint32_t)pos];
+  pair[1] = p->device_pool[b->first + (uint32_t)pos];
+  return rank;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The communicators a class uses, ascending, without repeats. */
+static uint32_t *class_comms(const struct plan_class *c, uint32_t *n_out) {
+  uint32_t *ids = g_new(uint32_t, c->n_instrs ? c->n_instrs : 1), n = 0;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    if (c->instrs[i].comm != IR_NONE)
+      ids[n++] = c->instrs[i].comm;
+  qsort(ids, n, sizeof *ids, cmp_u32);
+  uint32_t u = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (u == 0 || ids[u - 1] != ids[i])
+      ids[u++] = ids[i];
+  *n_out = u;
+  return ids;
+}
+
+/* A fixed-size name field as a C string (the field may fill its array without a NUL). */
+static void copy_name(char *dst, const char *src, size_t max) {
+  size_t n = strnlen(src, max);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* --- writing ------------------------------------------------------------------------------ */
+
+static void append_flat(GString *out, const cJSON *v) {
+  char *s = cJSON_PrintUnformatted(v);
+  g_string_append(out, s ? s : "null");
+  cJSON_free(s);
+}
+
+static void append_key(GString *out, const char *key) {
+  cJSON *s = cJSON_CreateString(key ? key : "");
+  append_flat(out, s);
+  cJSON_Delete(s);
+}
+
+static bool within_budget(const cJSON *v, int *budget) {
+  if (--*budget < 0)
+    return false;
+  for (const cJSON *c = v->child; c; c = c->next)
+    if (!within_budget(c, budget))
+      return false;
+  return true;
+}
+
+static void append_indent(GString *out, int depth) {
+  for (int i = 0; i < depth; i++)
+    g_string_append(out, "  ");
+}
+
+/* Prints v: scalars and arrays of scalars on one line, small records on one line, the rest
+ * one member per line, indented by two spaces per level. */
+static void emit(GString *out, const cJSON *v, int depth) {
+  bool object = cJSON_IsObject(v);
+  if (!object && !cJSON_IsArray(v)) {
+    append_flat(out, v);
+    return;
+  }
+  bool scalars = !object;
+  for (const cJSON *c = v->child; c && scalars; c = c->next)
+    if (cJSON_IsArray(c) || cJSON_IsObject(c))
+      scalars = false;
+  if (scalars || !v->child) {
+    append_flat(out, v);
+    return;
+  }
+  int budget = PLAN_FLAT_VALUES;
+  if (depth > 0 && within_budget(v, &budget)) {
+    char *s = cJSON_PrintUnformatted(v);
+    bool fits = s && strlen(s) + 2 * (size_t)depth <= PLAN_FLAT_CHARS;
+    if (fits)
+      g_string_append(out, s);
+    cJSON_free(s);
+    if (fits)
+      return;
+  }
+  g_string_append(out, object ? "{\n" : "[\n");
+  for (const cJSON *c = v->child; c; c = c->next) {
+    append_indent(out, depth + 1);
+    if (object) {
+      append_key(out, c->string);
+      g_string_append(out, ": ");
+    }
+    emit(out, c, depth + 1);
+    g_string_append(out, c->next ? ",\n" : "\n");
+  }
+  append_indent(out, depth);
+  g_string_append_c(out, object ? '}' : ']');
+}
+
+/* Writes text to path through a temporary file and a rename, so readers never see half. */
+static bool write_text(const char *path, const GString *text, GError **err) {
+  char *tmp = g_strdup_printf("%s.tmp", path);
+  bool ok = false;
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", tmp,
+                strerror(errno));
+    goto out;
+  }
+  bool wrote = fwrite(text->str, 1, text->len, f) == text->len;
+  if (fclose(f) != 0 || !wrote) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed: %s", tmp,
+                strerror(errno));
+    g_remove(tmp);
+    goto out;
+  }
+  if (g_rename(tmp, path) != 0) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: rename failed: %s", path,
+                strerror(errno));
+    g_remove(tmp);
+    goto out;
+  }
+  ok = true;
+out:
+  g_free(tmp);
+  return ok;
+}
+
+static bool write_json(const char *path, const cJSON *root, GString *buf, GError **err) {
+  g_string_truncate(buf, 0);
+  emit(buf, root, 0);
+  g_string_append_c(buf, '\n');
+  return write_text(path, buf, err);
+}
+
+/* An index or null (IR_NONE). */
+static void add_ref(cJSON *obj, const char *key, uint32_t v) {
+  if (v == IR_NONE)
+    cJSON_AddNullToObject(obj, key);
+  else
+    cJSON_AddNumberToObject(obj, key, v);
+}
+
+static cJSON *u32_array(const uint32_t *v, uint32_t n) {
+  cJSON *a = cJSON_CreateArray();
+  for (uint32_t i = 0; i < n; i++)
+    cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+  return a;
+}
+
+static void add_pass(cJSON *obj, enum ir_pass pass) {
+  if (pass == IR_PASS_NONE || pass > IR_PASS_NONE)
+    cJSON_AddNullToObject(obj, "pass");
+  else
+    cJSON_AddStringToObject(obj, "pass", ir_pass_name(pass));
+}
+
+static const char *kind_name(enum ir_node_kind k) {
+  return k < IR_NODE_KIND_COUNT ? ir_node_kind_name(k) : "?";
+}
+
+static cJSON *index_to_json(const struct plan *p, char *const *names, const char *path,
+                            GError **err) {
+  cJSON *model = p->model_json ? cJSON_Parse(p->model_json)
+                 : p->model    ? model_to_json(p->model)
+                               : NULL;
+  if (!model) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+                "%s: the plan's model configuration is missing or not JSON", path);
+    return NULL;
+  }
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "format", PLAN_FORMAT);
+  cJSON_AddNumberToObject(root, "version", PLAN_VERSION);
+  char model_name[sizeof p->model->name + 1] = "";
+  if (p->model)
+    copy_name(model_name, p->model->name, sizeof p->model->name);
+  cJSON_AddStringToObject(root, "model_name", model_name);
+  cJSON_AddItemToObject(root, "model", model);
+  cJSON *program = NULL;
+  if (p->program_json) {
+    program = cJSON_Parse(p->program_json);
+    if (!program)
+      program = cJSON_CreateString(p->program_json);
+  }
+  cJSON_AddItemToObject(root, "program", program ? program : cJSON_CreateNull());
+  cJSON_AddNumberToObject(root, "n_devices", p->n_devices);
+  cJSON_AddNumberToObject(root, "n_microbatches", p->n_microbatches);
+
+  char name[PLAN_NAME_LEN];
+  cJSON *tags = cJSON_AddArrayToObject(root, "tags");
+  for (uint32_t t = 0; t < p->n_tags; t++) {
+    copy_name(name, p->tag_names[t], MODEL_TAG_NAME_MAX);
+    cJSON_AddItemToArray(tags, cJSON_CreateString(name));
+  }
+  cJSON *streams = cJSON_AddArrayToObject(root, "streams");
+  for (uint32_t s = 0; s < p->n_streams; s++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", s);
+    copy_name(name, p->streams[s].name, IR_NAME_MAX);
+    cJSON_AddStringToObject(o, "name", name);
+    cJSON_AddNumberToObject(o, "priority", p->streams[s].priority);
+    cJSON_AddNumberToObject(o, "sm_share", p->streams[s].sm_share);
+    cJSON_AddItemToArray(streams, o);
+  }
+  cJSON *groups = cJSON_AddArrayToObject(root, "groups");
+  for (uint32_t g = 0; g < p->n_groups; g++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", g);
+    cJSON_AddItemToObject(o, "devices",
+                          u32_array(p->device_pool + p->groups[g].first, p->groups[g].count));
+    cJSON_AddItemToArray(groups, o);
+  }
+  cJSON *segsets = cJSON_AddArrayToObject(root, "segsets");
+  for (uint32_t s = 0; s < p->n_segsets; s++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", s);
+    cJSON_AddItemToObject(o, "segments",
+                          u32_array(p->segment_pool + p->segsets[s].first, p->segsets[s].count));
+    cJSON_AddNumberToObject(o, "param_bytes", (double)p->segsets[s].param_bytes);
+    cJSON_AddItemToArray(segsets, o);
+  }
+  cJSON *nodes = cJSON_AddArrayToObject(root, "nodes");
+  for (uint32_t i = 0; i < p->n_nodes; i++) {
+    const struct ir_node *n = &p->nodes[i];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", i);
+    cJSON_AddStringToObject(o, "name", names[i]);
+    cJSON_AddStringToObject(o, "kind", kind_name(n->kind));
+    add_pass(o, n->pass);
+    if (n->purpose == IR_COMM_NONE || n->purpose > IR_COMM_EP)
+      cJSON_AddNullToObject(o, "purpose");
+    else
+      cJSON_AddStringToObject(o, "purpose", purpose_names[n->purpose]);
+    cJSON *nt = cJSON_AddObjectToObject(o, "tags");
+    for (uint32_t t = 0; t < p->n_tags; t++)
+      if (n->tags[t] != -1) {
+        copy_name(name, p->tag_names[t], MODEL_TAG_NAME_MAX);
+        cJSON_AddNumberToObject(nt, name, n->tags[t]);
+      }
+    add_ref(o, "group", n->group);
+    add_ref(o, "peer_group", n->peer_group);
+    add_ref(o, "stream", n->stream);
+    add_ref(o, "segment", n->segment);
+    add_ref(o, "segset", n->segset);
+    add_ref(o, "pair", n->pair);
+    cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
+    cJSON_AddNumberToObject(o, "shard_degree", n->shard_degree);
+    cJSON_AddNumberToObject(o, "replica_degree", n->replica_degree);
+    cJSON_AddBoolToObject(o, "shard_grads", n->shard_grads);
+    cJSON_AddBoolToObject(o, "shard_params", n->shard_params);
+    add_ref(o, "directive", n->directive);
+    /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
+    char prio[24];
+    snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);
+    cJSON_AddStringToObject(o, "priority", prio);
+    cJSON_AddItemToArray(nodes, o);
+  }
+  cJSON *comms = cJSON_AddArrayToObject(root, "communicators");
+  for (uint32_t c = 0; c < p->n_comms; c++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", c);
+    plan_comm_name(p, c, name, sizeof name);
+    cJSON_AddStringToObject(o, "name", name);
+    uint32_t purpose = p->comms[c].purpose <= IR_COMM_EP ? p->comms[c].purpose : 0;
+    cJSON_AddStringToObject(o, "purpose", purpose_names[purpose]);
+    add_ref(o, "group", p->comms[c].group);
+    add_ref(o, "peer_group", p->comms[c].peer_group);
+    cJSON_AddItemToArray(comms, o);
+  }
+  cJSON *classes = cJSON_AddArrayToObject(root, "classes");
+  for (uint32_t c = 0; c < p->n_classes; c++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", c);
+    cJSON_AddNumberToObject(o, "instructions", p->classes[c].n_instrs);
+    cJSON_AddItemToObject(o, "devices", u32_array(p->classes[c].devices, p->classes[c].n_devices));
+    cJSON_AddItemToArray(classes, o);
+  }
+  cJSON *dc = cJSON_AddArrayToObject(root, "device_class");
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    cJSON_AddItemToArray(dc, p->device_class[d] == IR_NONE
+                                 ? cJSON_CreateNull()
+                                 : cJSON_CreateNumber(p->device_class[d]));
+  /* Summary counts: what --stats prints, and a cross-check for the reader. */
+  uint64_t per_op[IR_NODE_KIND_COUNT] = {0};
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    for (uint32_t i = 0; i < p->classes[c].n_instrs; i++) {
+      uint32_t node = p->classes[c].instrs[i].node;
+      if (node < p->n_nodes && p->nodes[node].kind < IR_NODE_KIND_COUNT)
+        per_op[p->nodes[node].kind] += p->classes[c].n_devices;
+    }
+  cJSON *summary = cJSON_AddObjectToObject(root, "summary");
+  cJSON_AddNumberToObject(summary, "devices", p->n_devices);
+  cJSON_AddNumberToObject(summary, "classes", p->n_classes);
+  cJSON_AddNumberToObject(summary, "nodes", p->n_nodes);
+  cJSON_AddNumberToObject(summary, "instructions", (double)plan_instruction_count(p));
+  cJSON *ops = cJSON_AddObjectToObject(summary, "instructions_per_op");
+  for (uint32_t k = 0; k < IR_NODE_KIND_COUNT; k++)
+    cJSON_AddNumberToObject(ops, ir_node_kind_name(k), (double)per_op[k]);
+  return root;
+}
+
+/* The text of a class's program that all its members share: each instruction record up to
+ * (not including) its device-specific members and closing brace, and the tensor list. Members
+ * of a class differ only in communicator ranks and peers, so writing a device appends these
+ * and a few numbers instead of rebuilding and printing every record. */
+struct class_text {
+  GString *instrs;          /* record prefixes, back to back */
+  uint32_t *instr_at;       /* [n_instrs + 1]: where each prefix starts in instrs */
+  GString *tensors;         /* the entries of "tensors", indented, comma separated */
+  uint32_t *comms, n_comms; /* communicators the class uses, ascending */
+};
+
+static void append_record(GString *out, cJSON *o) {
+  append_flat(out, o);
+  cJSON_Delete(o);
+}
+
+static void class_text_init(struct class_text *ct, const struct plan *p, const struct plan_class *c,
+                            char *const *names) {
+  ct->instrs = g_string_new(NULL);
+  ct->instr_at = g_new(uint32_t, (size_t)c->n_instrs + 1);
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct plan_instr *in = &c->instrs[i];
+    const struct ir_node *n = &p->nodes[in->node];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "i", i);
+    cJSON_AddStringToObject(o, "op", kind_name(n->kind));
+    cJSON_AddNumberToObject(o, "node", in->node);
+    cJSON_AddStringToObject(o, "name", names[in->node]);
+    add_pass(o, n->pass);
+    if (in->comm != IR_NONE) {
+      cJSON_AddNumberToObject(o, "comm", in->comm);
+      cJSON_AddNumberToObject(o, "seq", in->seq);
+    }
+    cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
+    cJSON_AddItemToObject(o, "waits", u32_array(c->waits + in->wait_first, in->wait_count));
+    cJSON_AddItemToObject(o, "reads", u32_array(c->reads + in->read_first, in->read_count));
+    cJSON_AddItemToObject(o, "writes", u32_array(c->writes + in->write_first, in->write_count));
+    ct->instr_at[i] = (uint32_t)ct->instrs->len;
+    append_record(ct->instrs, o);
+    g_string_truncate(ct->instrs, ct->instrs->len - 1); /* the closing brace */
+  }
+  ct->instr_at[c->n_instrs] = (uint32_t)ct->instrs->len;
+  ct->tensors = g_string_new(NULL);
+  for (uint32_t k = 0; k < c->n_tensors; k++) {
+    const struct plan_tensor *tn = &c->tensors[k];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", k);
+    cJSON_AddNumberToObject(o, "bytes", (double)tn->bytes);
+    cJSON_AddStringToObject(o, "kind", tensor_kind_names[tn->kind == PLAN_TENSOR_SAVED]);
+    cJSON_AddNumberToObject(o, "producer", tn->producer);
+    cJSON_AddItemToObject(o, "consumers",
+                          u32_array(c->consumers + tn->consumer_first, tn->consumer_count));
+    g_string_append(ct->tensors, k ? ",\n    " : "    ");
+    append_record(ct->tensors, o);
+  }
+  ct->comms = class_comms(c, &ct->n_comms);
+}
+
+static void class_text_free(struct class_text *ct) {
+  if (ct->instrs)
+    g_string_free(ct->instrs, TRUE);
+  if (ct->tensors)
+    g_string_free(ct->tensors, TRUE);
+  g_free(ct->instr_at);
+  g_free(ct->comms);
+  memset(ct, 0, sizeof *ct);
+}
+
+/* Writes device d's file text into out: a small header through cJSON, then the streams and
+ * tensors from the class text. Instruction records keep the device-specific members ("rank",
+ * "peer") last. */
+static void device_text(GString *out, const struct plan *p, const struct positions *t, uint32_t d,
+                        const struct class_text *ct, char *const *stream_names) {
+  const struct plan_class *c = plan_device_class(p, d);
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "format", PLAN_DEVICE_FORMAT);
+  cJSON_AddNumberToObject(root, "version", PLAN_VERSION);
+  cJSON_AddNumberToObject(root, "device", d);
+  add_ref(root, "class", p->device_class[d]);
+  cJSON *groups = cJSON_AddArrayToObject(root, "groups");
+  for (uint32_t e = t->first[d]; e < t->first[d + 1]; e++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "group", t->group[e]);
+    cJSON_AddNumberToObject(o, "position", t->pos[e]);
+    cJSON_AddItemToArray(groups, o);
+  }
+  cJSON *cl = cJSON_AddArrayToObject(root, "communicators");
+  char name[PLAN_NAME_LEN];
+  for (uint32_t k = 0; c && k < ct->n_comms; k++) {
+    uint32_t id = ct->comms[k], pair[2];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", id);
+    plan_comm_name(p, id, name, sizeof name);
+    cJSON_AddStringToObject(o, "name", name);
+    cJSON_AddNumberToObject(o, "size", plan_comm_size(p, id));
+    cJSON_AddNumberToObject(o, "rank", comm_rank_of(p, t, id, -1, pair));
+    /* DP and EP members are the group in plan.json; listing them per device would grow with
+     * the square of the group size. */
+    if (p->comms[id].purpose == IR_COMM_PP)
+      cJSON_AddItemToObject(o, "members", u32_array(pair, 2));
+    cJSON_AddItemToArray(cl, o);
+  }
+  g_string_truncate(out, 0);
+  emit(out, root, 0);
+  cJSON_Delete(root);
+  g_string_truncate(out, out->len - 2); /* reopen the object: drop "\n}" */
+
+  g_string_append(out, ",\n  \"streams\": [");
+  for (uint32_t s = 0; s < p->n_streams; s++) {
+    g_string_append_printf(out,
+                           "%s\n    {\n      \"stream\": %u,\n      \"name\": %s,\n"
+                           "      \"instructions\": [",
+                           s ? "," : "", s, stream_names[s]);
+    uint32_t k0 = c ? c->stream_first[s] : 0, k1 = c ? c->stream_first[s + 1] : 0;
+    for (uint32_t k = k0; k < k1; k++) {
+      uint32_t i = c->stream_instrs[k];
+      const struct plan_instr *in = &c->instrs[i];
+      const struct ir_node *n = &p->nodes[in->node];
+      g_string_append(out, k > k0 ? ",\n        " : "\n        ");
+      g_string_append_len(out, ct->instrs->str + ct->instr_at[i],
+                          (gssize)(ct->instr_at[i + 1] - ct->instr_at[i]));
+      if (in->comm != IR_NONE) {
+        uint32_t pair[2];
+        g_string_append_printf(out, ",\"rank\":%d",
+                               comm_rank_of(p, t, in->comm, comm_side(n), pair));
+      }
+      if (n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV) {
+        uint32_t peer = peer_of(p, t, n);
+        if (peer == IR_NONE)
+          g_string_append(out, ",\"peer\":null");
+        else
+          g_string_append_printf(out, ",\"peer\":%u", peer);
+      }
+      g_string_append_c(out, '}');
+    }
+    g_string_append(out, k1 > k0 ? "\n      ]\n    }" : "]\n    }");
+  }
+  g_string_append(out, p->n_streams ? "\n  ],\n  \"tensors\": [" : "],\n  \"tensors\": [");
+  if (c && c->n_tensors) {
+    g_string_append_c(out, '\n');
+    g_string_append_len(out, ct->tensors->str, (gssize)ct->tensors->len);
+    g_string_append(out, "\n  ]\n}\n");
+  } else {
+    g_string_append(out, "]\n}\n");
+  }
+}
+
+bool plan_write_dir(const struct plan *p, const char *dir, GError **err) {
+  if (g_mkdir_with_parents(dir, 0755) != 0) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot create directory: %s", dir,
+                strerror(errno));
+    return false;
+  }
+  bool ok = false;
+  GString *buf = g_string_new(NULL);
+  char *path = g_build_filename(dir, "plan.json", NULL);
+  struct positions t = {0};
+  struct class_text *texts = g_new0(struct class_text, p->n_classes ? p->n_classes : 1);
+  struct class_text none = {0};
+  /* Names once per node and stream: every member of a class repeats them. */
+  char **names = g_new0(char *, p->n_nodes ? p->n_nodes : 1);
+  char **stream_names = g_new0(char *, p->n_streams ? p->n_streams : 1);
+  char name[PLAN_NAME_LEN];
+  for (uint32_t i = 0; i < p->n_nodes; i++) {
+    plan_node_name(p, i, name, sizeof name);
+    names[i] = g_strdup(name);
+  }
+  for (uint32_t s = 0; s < p->n_streams; s++) {
+    copy_name(name, p->streams[s].name, IR_NAME_MAX);
+    cJSON *js = cJSON_CreateString(name);
+    char *text = cJSON_PrintUnformatted(js);
+    stream_names[s] = g_strdup(text ? text : "\"\"");
+    cJSON_free(text);
+    cJSON_Delete(js);
+  }
+
+  cJSON *index = index_to_json(p, names, path, err);
+  if (!index)
+    goto out;
+  bool wrote = write_json(path, index, buf, err);
+  cJSON_Delete(index);
+  if (!wrote)
+    goto out;
+
+  positions_init(&t, p);
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    class_text_init(&texts[c], p, &p->classes[c], names);
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    positions_select(&t, d);
+    uint32_t c = p->device_class[d];
+    device_text(buf, p, &t, d, c < p->n_classes ? &texts[c] : &none, stream_names);
+    g_free(path);
+    char file[32];
+    snprintf(file, sizeof file, "device-%u.json", d);
+    path = g_build_filename(dir, file, NULL);
+    if (!write_text(path, buf, err))
+      goto out;
+  }
+  /* Device files of an earlier, larger plan in the same directory would mislead a reader. */
+  for (uint32_t d = p->n_devices; d < IR_MAX_DEVICES; d++) {
+    g_free(path);
+    char file[32];
+    snprintf(file, sizeof file, "device-%u.json", d);
+    path = g_build_filename(dir, file, NULL);
+    if (g_remove(path) != 0)
+      break;
+  }
+  ok = true;
+out:
+  for (uint32_t i = 0; i < p->n_nodes; i++)
+    g_free(names[i]);
+  g_free(names);
+  for (uint32_t s = 0; s < p->n_streams; s++)
+    g_free(stream_names[s]);
+  g_free(stream_names);
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    class_text_free(&texts[c]);
+  g_free(texts);
+  positions_free(&t);
+  g_free(path);
+  g_string_free(buf, TRUE);
+  return ok;
+}
+
+/* --- reading: located errors and typed getters ---------------------------------------------
+ * A location is the file and a JSON path of at most two array steps ("streams[1].
+ * instructions[4]"); it is formatted only when an error is reported, so the reader does not
+ * pay for messages on the good path. */
+
+struct loc {
+  const char *file;
+  const char *a;
+  uint32_t ai;
+  const char *b;
+  uint32_t bi;
+};
+
+static bool fail_at(GError **err, const struct loc *l, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static bool fail_at(GError **err, const struct loc *l, const char *fmt, ...) {
+  if (!err || *err)
+    return false;
+  va_list ap;
+  va_start(ap, fmt);
+  char *msg = g_strdup_vprintf(fmt, ap);
+  va_end(ap);
+  GString *where = g_string_new(l->file);
+  if (l->a) {
+    g_string_append_printf(where, ": %s[%u]", l->a, l->ai);
+    if (l->b)
+      g_string_append_printf(where, ".%s[%u]", l->b, l->bi);
+  }
+  json_fail(err, "%s: %s", where->str, msg);
+  g_string_free(where, TRUE);
+  g_free(msg);
+  return false;
+}
+
+/* Looks up every member of obj among keys[0 .. n) into slot[]; unknown or repeated keys are
+ * errors. One pass over the members; the search starts after the previous key found, so a
+ * record written in the order of keys[] (as the writer does) costs about one comparison per
+ * member. Device files hold millions of records at scale. */
+static bool fetch(const cJSON *obj, const char *const *keys, size_t n, const cJSON **slot,
+                  const struct loc *l, GError **err) {
+  if (!cJSON_IsObject(obj))
+    return fail_at(err, l, "expected an object");
+  memset(slot, 0, n * sizeof *slot);
+  size_t next = 0;
+  for (const cJSON *c = obj->child; c; c = c->next) {
+    size_t k = n;
+    for (size_t j = 0; c->string && j < n; j++) {
+      size_t cand = (next + j) % n;
+      if (strcmp(c->string, keys[cand]) == 0) {
+        k = cand;
+        break;
+      }
+    }
+    if (k == n)
+      return fail_at(err, l, "unknown key \"%s\"", c->string ? c->string : "");
+    next = k + 1;
+    if (slot[k])
+      return fail_at(err, l, "key \"%s\" appears twice", keys[k]);
+    slot[k] = c;
+  }
+  return true;
+}
+
+static bool is_whole(const cJSON *v) {
+  return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
+}
+
+static bool range_fail(GError **err, const struct loc *l, const char *key, double v, int64_t lo,
+                       int64_t hi) {
+  if (hi < lo)
+    return fail_at(err, l, "\"%s\" = %.17g refers to nothing (the list is empty)", key, v);
+  return fail_at(err, l, "\"%s\" = %.17g is out of range [%lld, %lld]", key, v, (long long)lo,
+                 (long long)hi);
+}
+
+static bool get_int(const cJSON *v, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                    const struct loc *l, GError **err) {
+  if (!v)
+    return fail_at(err, l, "missing key \"%s\"", key);
+  if (!is_whole(v))
+    return fail_at(err, l, "\"%s\" must be an integer", key);
+  if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+    return range_fail(err, l, key, v->valuedouble, lo, hi);
+  *out = (int64_t)v->valuedouble;
+  return true;
+}
+
+static bool get_u32(const cJSON *v, const char *key, uint32_t lo, uint32_t hi, uint32_t *out,
+                    const struct loc *l, GError **err) {
+  int64_t x;
+  if (!get_int(v, key, lo, hi, &x, l, err))
+    return false;
+  *out = (uint32_t)x;
+  return true;
+}
+
+/* An index below lim, or (when nullable) null for IR_NONE. */
+static bool get_ref(const cJSON *v, const char *key, uint32_t lim, bool nullable, uint32_t *out,
+                    const struct loc *l, GError **err) {
+  if (!v)
+    return fail_at(err, l, "missing key \"%s\"", key);
+  if (cJSON_IsNull(v)) {
+    if (!nullable)
+      return fail_at(err, l, "\"%s\" must be an integer, not null", key);
+    *out = IR_NONE;
+    return true;
+  }
+  if (!is_whole(v))
+    return fail_at(err, l, "\"%s\" must be an integer%s", key, nullable ? " or null" : "");
+  if (v->valuedouble < 0 || v->valuedouble >= (double)lim)
+    return range_fail(err, l, key, v->valuedouble, 0, (int64_t)lim - 1);
+  *out = (uint32_t)v->valuedouble;
+  return true;
+}
+
+static bool get_bytes(const cJSON *v, const char *key, uint64_t *out, const struct loc *l,
+                      GError **err) {
+  int64_t x;
+  if (!get_int(v, key, 0, (int64_t)PLAN_MAX_BYTES, &x, l, err))
+    return false;
+  *out = (uint64_t)x;
+  return true;
+}
+
+static bool get_bool(const cJSON *v, const char *key, bool *out, const struct loc *l,
+                     GError **err) {
+  if (!v)
+    return fail_at(err, l, "missing key \"%s\"", key);
+  if (!cJSON_IsBool(v))
+    return fail_at(err, l, "\"%s\" must be true or false", key);
+  *out = cJSON_IsTrue(v);
+  return true;
+}
+
+/* A string of at most max - 1 bytes (so it fits a char[max] with its NUL). */
+static bool get_str(const cJSON *v, const char *key, size_t max, const char **out,
+                    const struct loc *l, GError **err) {
+  if (!v)
+    return fail_at(err, l, "missing key \"%s\"", key);
+  if (!cJSON_IsString(v) || !v->valuestring)
+    return fail_at(err, l, "\"%s\" must be a string", key);
+  if (strlen(v->valuestring) >= max)
+    return fail_at(err, l, "\"%s\" is longer than %zu characters", key, max - 1);
+  *out = v->valuestring;
+  return true;
+}
+
+/* The elements of array v (at most max); *n gets their count. */
+static bool get_array(const cJSON *v, const char *key, uint32_t max, const cJSON **first,
+                      uint32_t *n, const struct loc *l, GError **err) {
+  if (!v)
+    return fail_at(err, l, "missing key \"%s\"", key);
+  if (!cJSON_IsArray(v))
+    return fail_at(err, l, "\"%s\" must be an array", key);
+  uint32_t count = 0;
+  for (const cJSON *c = v->child; c; c = c->next)
+    if (++count > max)
+      return fail_at(err, l, "\"%s\" has more than %u entries", key, max);
+  *first = v->child;
+  *n = count;
+  return true;
+}
+
+/* Appends the entries of array v, each an index below lim, to pool. */
+static bool read_refs(const cJSON *v, const char *key, uint32_t lim, GArray *pool,
+                      const struct loc *l, GError **err) {
+  const cJSON *c;
+  uint32_t n;
+  if (!get_array(v, key, PLAN_MAX_COUNT, &c, &n, l, err))
+    return false;
+  for (uint32_t k = 0; c; c = c->next, k++) {
+    if (!is_whole(c) || c->valuedouble < 0 || c->valuedouble >= (double)lim) {
+      if (lim == 0)
+        return fail_at(err, l, "\"%s\"[%u] refers to nothing (the list is empty)", key, k);
+      return fail_at(err, l, "\"%s\"[%u] must be an integer in [0, %u]", key, k, lim - 1);
+    }
+    uint32_t x = (uint32_t)c->valuedouble;
+    g_array_append_val(pool, x);
+  }
+  if (pool->len > PLAN_MAX_COUNT)
+    return fail_at(err, l, "more than %u \"%s\" entries in all", PLAN_MAX_COUNT, key);
+  return true;
+}
+
+static bool expect_string(const cJSON *v, const char *key, const char *want, const struct loc *l,
+                          GError **err) {
+  const char *s;
+  if (!get_str(v, key, PLAN_NAME_LEN, &s, l, err))
+    return false;
+  if (strcmp(s, want) != 0)
+    return fail_at(err, l, "\"%s\" is \"%s\", expected \"%s\"", key, s, want);
+  return true;
+}
+
+static bool check_format(const cJSON *format, const cJSON *version, const char *want,
+                         const struct loc *l, GError **err) {
+  if (!expect_string(format, "format", want, l, err))
+    return false;
+  if (!version)
+    return fail_at(err, l, "missing key \"version\"");
+  if (!is_whole(version))
+    return fail_at(err, l, "\"version\" must be an integer");
+  if (version->valuedouble != PLAN_VERSION)
+    return fail_at(err, l, "plan format version %.17g is not supported (this build reads %d)",
+                   version->valuedouble, PLAN_VERSION);
+  return true;
+}
+
+/* --- reading the index --------------------------------------------------------------------- */
+
+struct reader {
+  char *dir; /* how messages name the plan directory */
+  char *index_file;
+  struct plan *p;
+  struct positions pos;
+  uint32_t n_classes;
+  uint32_t *class_instrs; /* [n_classes]: instruction count the index gives */
+  uint32_t *class_source; /* [n_classes]: device whose file defined the class, or IR_NONE */
+  uint32_t **class_comms; /* [n_classes]: communicators the class uses, ascending */
+  uint32_t *class_n_comms;
+  uint32_t *seq_next; /* [2 * n_comms]: scratch, next sequence number per end */
+  /* Summary from the index, checked once every class is known. */
+  int64_t sum_instrs, sum_per_op[IR_NODE_KIND_COUNT];
+};
+
+static struct reader *reader_new(const char *dir) {
+  struct reader *r = g_new0(struct reader, 1);
+  r->dir = g_strdup(dir);
+  r->index_file = g_build_filename(dir, "plan.json", NULL);
+  return r;
+}
+
+static void reader_free(struct reader *r) {
+  if (!r)
+    return;
+  plan_free(r->p);
+  positions_free(&r->pos);
+  if (r->class_comms)
+    for (uint32_t c = 0; c < r->n_classes; c++)
+      g_free(r->class_comms[c]);
+  g_free(r->class_comms);
+  g_free(r->class_n_comms);
+  g_free(r->class_instrs);
+  g_free(r->class_source);
+  g_free(r->seq_next);
+  g_free(r->index_file);
+  g_free(r->dir);
+  g_free(r);
+}
+
+static void class_clear(struct plan_class *c) {
+  g_free(c->devices);
+  g_free(c->instrs);
+  g_free(c->stream_first);
+  g_free(c->stream_instrs);
+  g_free(c->waits);
+  g_free(c->reads);
+  g_free(c->writes);
+  g_free(c->consumers);
+  g_free(c->tensors);
+  memset(c, 0, sizeof *c);
+}
+
+/* Moves a GArray of uint32_t into a plain g_malloc'd array. */
+static uint32_t *take_pool(GArray *a, uint32_t *n) {
+  *n = a->len;
+  return (uint32_t *)(void *)g_array_free(a, FALSE);
+}
+
+enum {
+  I_FORMAT,
+  I_VERSION,
+  I_MODEL_NAME,
+  I_MODEL,
+  I_PROGRAM,
+  I_N_DEVICES,
+  I_N_MICROBATCHES,
+  I_TAGS,
+  I_STREAMS,
+  I_GROUPS,
+  I_SEGSETS,
+  I_NODES,
+  I_COMMS,
+  I_CLASSES,
+  I_DEVICE_CLASS,
+  I_SUMMARY,
+  I_COUNT
+};
+static const char *const index_keys[I_COUNT] = {
+    "format",         "version", "model_name",   "model",  "program", "n_devices",
+    "n_microbatches", "tags",    "streams",      "groups", "segsets", "nodes",
+    "communicators",  "classes", "device_class", "summary"};
+
+/* Checks that an "id" member equals the record's position (ids are there for people). */
+static bool check_id(const cJSON *v, uint32_t want, const struct loc *l, GError **err) {
+  int64_t id;
+  if (!get_int(v, "id", 0, UINT32_MAX, &id, l, err))
+    return false;
+  if ((uint32_t)id != want)
+    return fail_at(err, l, "\"id\" is %lld, expected %u (its position in the list)", (long long)id,
+                   want);
+  return true;
+}
+
+static bool read_model(struct reader *r, const cJSON *const *k, GError **err) {
+  struct plan *p = r->p;
+  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  const char *model_name;
+  if (!get_str(k[I_MODEL_NAME], "model_name", sizeof p->model->name, &model_name, &l, err))
+    return false;
+  if (!k[I_MODEL])
+    return fail_at(err, &l, "missing key \"model\"");
+  if (!cJSON_IsObject(k[I_MODEL]))
+    return fail_at(err, &l, "\"model\" must be an object");
+  GError *e = NULL;
+  p->model = model_load_json(model_name, k[I_MODEL], 0, &e);
+  if (!p->model) {
+    if (!e)
+      return fail_at(err, &l, "\"model\": the model configuration is invalid");
+    g_propagate_prefixed_error(err, e, "%s: \"model\": ", r->index_file);
+    return false;
+  }
+  char *text = cJSON_PrintUnformatted(k[I_MODEL]);
+  p->model_json = g_strdup(text);
+  cJSON_free(text);
+  const cJSON *prog = k[I_PROGRAM];
+  if (!prog)
+    return fail_at(err, &l, "missing key \"program\"");
+  if (cJSON_IsString(prog)) {
+    p->program_json = g_strdup(prog->valuestring);
+  } else if (!cJSON_IsNull(prog)) {
+    text = cJSON_PrintUnformatted(prog);
+    p->program_json = g_strdup(text);
+    cJSON_free(text);
+  }
+  return true;
+}
+
+static bool read_tags_streams(struct reader *r, const cJSON *const *k, GError **err) {
+  struct plan *p = r->p;
+  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  const cJSON *c;
+  uint32_t n;
+  if (!get_array(k[I_TAGS], "tags", IR_MAX_TAGS, &c, &n, &l, err))
+    return false;
+  for (uint32_t t = 0; c; c = c->next, t++) {
+    struct loc lt = {r->index_file, "tags", t, NULL, 0};
+    if (!cJSON_IsString(c) || !c->valuestring || !c->valuestring[0] ||
+        strlen(c->valuestring) >= MODEL_TAG_NAME_MAX)
+      return fail_at(err, &lt, "a tag name must be a string of 1 to %d characters",
+                     MODEL_TAG_NAME_MAX - 1);
+    for (uint32_t u = 0; u < t; u++)
+      if (strcmp(p->tag_names[u], c->valuestring) == 0)
+        return fail_at(err, &lt, "tag \"%s\" is listed twice", c->valuestring);
+    memset(p->tag_names[t], 0, MODEL_TAG_NAME_MAX);
+    strcpy(p->tag_names[t], c->valuestring);
+  }
+  p->n_tags = n;
+  /* The graph's tags are the model's, then the split dimensions. */
+  if (p->n_tags < p->model->n_tags)
+    return fail_at(err, &l, "\"tags\" has %u names, fewer than the model's %u", p->n_tags,
+                   p->model->n_tags);
+  for (uint32_t t = 0; t < p->model->n_tags; t++)
+    if (strncmp(p->tag_names[t], p->model->tag_names[t], MODEL_TAG_NAME_MAX) != 0) {
+      struct loc lt = {r->index_file, "tags", t, NULL, 0};
+      return fail_at(err, &lt, "\"%s\" differs from the model's tag %u \"%.*s\"", p->tag_names[t],
+                     t, MODEL_TAG_NAME_MAX, p->model->tag_names[t]);
+    }
+
+  if (!get_array(k[I_STREAMS], "streams", PLAN_MAX_STREAMS, &c, &n, &l, err))
+    return false;
+  if (n == 0)
+    return fail_at(err, &l, "\"streams\" is empty");
+  p->streams = g_new0(struct ir_stream, n);
+  p->n_streams = n;
+  GHashTable *seen = g_hash_table_new(g_str_hash, g_str_equal);
+  bool ok = false;
+  for (uint32_t s = 0; c; c = c->next, s++) {
+    struct loc ls = {r->index_file, "streams", s, NULL, 0};
+    enum { S_ID, S_NAME, S_PRIORITY, S_SHARE, S_N };
+    static const char *const keys[S_N] = {"id", "name", "priority", "sm_share"};
+    const cJSON *x[S_N];
+    const char *name;
+    int64_t prio;
+    if (!fetch(c, keys, S_N, x, &ls, err) || !check_id(x[S_ID], s, &ls, err) ||
+        !get_str(x[S_NAME], "name", IR_NAME_MAX, &name, &ls, err) ||
+        !get_int(x[S_PRIORITY], "priority", INT32_MIN, INT32_MAX, &prio, &ls, err))
+      goto out;
+    if (!name[0]) {
+      fail_at(err, &ls, "\"name\" is empty");
+      goto out;
+    }
+    if (g_hash_table_contains(seen, name)) {
+      fail_at(err, &ls, "stream \"%s\" is listed twice", name);
+      goto out;
+    }
+    g_hash_table_add(seen, (gpointer)name);
+    if (!x[S_SHARE] || !cJSON_IsNumber(x[S_SHARE]) || !(x[S_SHARE]->valuedouble >= 0) ||
+        !(x[S_SHARE]->valuedouble <= 1)) {
+      fail_at(err, &ls, "\"sm_share\" must be a number in [0, 1]");
+      goto out;
+    }
+    strcpy(p->streams[s].name, name);
+    p->streams[s].priority = (int32_t)prio;
+    p->streams[s].sm_share = x[S_SHARE]->valuedouble;
+  }
+  ok = true;
+out:
+  g_hash_table_destroy(seen);
+  return ok;
+}
+
+static bool read_groups_segsets(struct reader *r, const cJSON *const *k, GError **err) {
+  struct plan *p = r->p;
+  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  const cJSON *c;
+  uint32_t n;
+  bool ok = false;
+  GArray *pool = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  uint32_t *stamp = g_new0(uint32_t, p->n_devices);
+  if (!get_array(k[I_GROUPS], "groups", PLAN_MAX_COUNT, &c, &n, &l, err))
+    goto out;
+  p->groups = g_new0(struct ir_group, n ? n : 1);
+  p->n_groups = n;
+  for (uint32_t g = 0; c; c = c->next, g++) {
+    struct loc lg = {r->index_file, "groups", g, NULL, 0};
+    static const char *const keys[] = {"id", "devices"};
+    const cJSON *x[2];
+    uint32_t first = pool->len;
+    if (!fetch(c, keys, 2, x, &lg, err) || !check_id(x[0], g, &lg, err) ||
+        !read_refs(x[1], "devices", p->n_devices, pool, &lg, err))
+      goto out;
+    if (pool->len == first) {
+      fail_at(err, &lg, "\"devices\" is empty");
+      goto out;
+    }
+    /* A device twice in one group would have two ranks. */
+    for (uint32_t i = first; i < pool->len; i++) {
+      uint32_t d = g_array_index(pool, uint32_t, i);
+      if (stamp[d] == g + 1) {
+        fail_at(err, &lg, "device %u is listed twice", d);
+        goto out;
+      }
+      stamp[d] = g + 1;
+    }
+    p->groups[g].first = first;
+    p->groups[g].count = pool->len - first;
+  }
+  p->device_pool = take_pool(pool, &p->n_device_pool);
+  pool = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+
+  if (!get_array(k[I_SEGSETS], "segsets", PLAN_MAX_COUNT, &c, &n, &l, err))
+    goto out;
+  p->segsets = g_new0(struct ir_segset, n ? n : 1);
+  p->n_segsets = n;
+  for (uint32_t s = 0; c; c = c->next, s++) {
+    struct loc ls = {r->index_file, "segsets", s, NULL, 0};
+    static const char *const keys[] = {"id", "segments", "param_bytes"};
+    const cJSON *x[3];
+    uint32_t first = pool->len;
+    if (!fetch(c, keys, 3, x, &ls, err) || !check_id(x[0], s, &ls, err) ||
+        !read_refs(x[1], "segments", p->model->n_segments, pool, &ls, err) ||
+        !get_bytes(x[2], "param_bytes", &p->segsets[s].param_bytes, &ls, err))
+      goto out;
+    p->segsets[s].first = first;
+    p->segsets[s].count = pool->len - first;
+  }
+  p->segment_pool = take_pool(pool, &p->n_segment_pool);
+  pool = NULL;
+  ok = true;
+out:
+  if (pool)
+    g_array_free(pool, TRUE);
+  g_free(stamp);
+  return ok;
+}
+
+enum {
+  N_ID,
+  N_NAME,
+  N_KIND,
+  N_PASS,
+  N_PURPOSE,
+  N_TAGS,
+  N_GROUP,
+  N_PEER_GROUP,
+  N_STREAM,
+  N_SEGMENT,
+  N_SEGSET,
+  N_PAIR,
+  N_BYTES,
+  N_SHARD_DEGREE,
+  N_REPLICA_DEGREE,
+  N_SHARD_GRADS,
+  N_SHARD_PARAMS,
+  N_DIRECTIVE,
+  N_PRIORITY,
+  N_COUNT
+};
+static const char *const node_keys[N_COUNT] = {
+    "id",          "name",         "kind",       "pass",         "purpose",
+    "tags",        "group",        "peer_group", "stream",       "segment",
+    "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
+    "shard_grads", "shard_params", "directive",  "priority"};
+
+/* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
+static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct loc *l,
+                     GError **err) {
+  const char *s;
+  if (!get_str(v, key, PLAN_NAME_LEN, &s, l, err))
+    return false;
+  size_t n = strlen(s);
+  bool ok = n > 2 && n <= 18 && s[0] == '0' && s[1] == 'x';
+  uint64_t x = 0;
+  for (size_t i = 2; ok && i < n; i++) {
+    int d = g_ascii_xdigit_value(s[i]);
+    if (d < 0)
+      ok = false;
+    x = x << 4 | (uint64_t)(d < 0 ? 0 : d);
+  }
+  if (!ok)
+    return fail_at(err, l, "\"%s\" must be a hex string such as \"0x1f\"", key);
+  *out = x;
+  return true;
+}
+
+static bool read_pass(const cJSON *v, enum ir_pass *out, const struct loc *l, GError **err) {
+  if (!v)
+    return fail_at(err, l, "missing key \"pass\"");
+  if (cJSON_IsNull(v)) {
+    *out = IR_PASS_NONE;
+    return true;
+  }
+  if (cJSON_IsString(v) && v->valuestring)
+    for (int k = IR_PASS_F; k < IR_PASS_NONE; k++)
+      if (strcmp(v->valuestring, ir_pass_name((enum ir_pass)k)) == 0) {
+        *out = (enum ir_pass)k;
+        return true;
+      }
+  return fail_at(err, l, "\"pass\" must be null or a pass name (F, B, BI, BW)");
+}
+
+static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *out,
+                         const struct loc *l, GError **err) {
+  if (!v)
+    return fail_at(err, l, "missing key \"purpose\"");
+  if (nullable && cJSON_IsNull(v)) {
+    *out = IR_COMM_NONE;
+    return true;
+  }
+  if (cJSON_IsString(v) && v->valuestring)
+    for (int k = IR_COMM_PP; k <= IR_COMM_EP; k++)
+      if (strcmp(v->valuestring, purpose_names[k]) == 0) {
+        *out = (enum ir_comm_purpose)k;
+        return true;
+      }
+  return fail_at(err, l, "\"purpose\" must be %s\"pp\", \"dp\" or \"ep\"",
+                 nullable ? "null, " : "");
+}
+
+static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **err) {
+  struct plan *p = r->p;
+  struct ir_node *n = &p->nodes[i];
+  struct loc l = {r->index_file, "nodes", i, NULL, 0};
+  const cJSON *x[N_COUNT];
+  const char *name;
+  if (!fetch(rec, node_keys, N_COUNT, x, &l, err) || !check_id(x[N_ID], i, &l, err) ||
+      !get_str(x[N_NAME], "name", PLAN_NAME_LEN, &name, &l, err))
+    return false;
+  if (!x[N_KIND])
+    return fail_at(err, &l, "missing key \"kind\"");
+  n->kind = IR_NODE_KIND_COUNT;
+  if (cJSON_IsString(x[N_KIND]) && x[N_KIND]->valuestring)
+    for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
+      if (strcmp(x[N_KIND]->valuestring, ir_node_kind_name((enum ir_node_kind)k)) == 0)
+        n->kind = (enum ir_node_kind)k;
+  if (n->kind == IR_NODE_KIND_COUNT)
+    return fail_at(err, &l, "\"kind\" is not a node kind");
+  if (!read_pass(x[N_PASS], &n->pass, &l, err) ||
+      !read_purpose(x[N_PURPOSE], true, &n->purpose, &l, err))
+    return false;
+
+  for (int t = 0; t < IR_MAX_TAGS; t++)
+    n->tags[t] = -1;
+  if (!x[N_TAGS])
+    return fail_at(err, &l, "missing key \"tags\"");
+  if (!cJSON_IsObject(x[N_TAGS]))
+    return fail_at(err, &l, "\"tags\" must be an object");
+  for (const cJSON *c = x[N_TAGS]->child; c; c = c->next) {
+    uint32_t t = 0;
+    while (t < p->n_tags && !(c->string && strcmp(c->string, p->tag_names[t]) == 0))
+      t++;
+    if (t == p->n_tags)
+      return fail_at(err, &l, "\"tags\": \"%s\" is not a tag of the plan",
+                     c->string ? c->string : "");
+    if (n->tags[t] != -1)
+      return fail_at(err, &l, "\"tags\": \"%s\" appears twice", c->string);
+    int64_t v;
+    if (!get_int(c, c->string, 0, INT32_MAX, &v, &l, err))
+      return false;
+    n->tags[t] = (int32_t)v;
+  }
+  uint64_t bytes;
+  int64_t shard, replica;
+  if (!get_ref(x[N_GROUP], "group", p->n_groups, false, &n->group, &l, err) ||
+      !get_ref(x[N_PEER_GROUP], "peer_group", p->n_groups, true, &n->peer_group, &l, err) ||
+      !get_ref(x[N_STREAM], "stream", p->n_streams, false, &n->stream, &l, err) ||
+      !get_ref(x[N_SEGMENT], "segment", p->model->n_segments, true, &n->segment, &l, err) ||
+      !get_ref(x[N_SEGSET], "segset", p->n_segsets, true, &n->segset, &l, err) ||
+      !get_ref(x[N_PAIR], "pair", p->n_nodes, true, &n->pair, &l, err) ||
+      !get_bytes(x[N_BYTES], "bytes", &bytes, &l, err) ||
+      !get_int(x[N_SHARD_DEGREE], "shard_degree", 0, IR_MAX_DEVICES, &shard, &l, err) ||
+      !get_int(x[N_REPLICA_DEGREE], "replica_degree", 0, IR_MAX_DEVICES, &replica, &l, err) ||
+      !get_bool(x[N_SHARD_GRADS], "shard_grads", &n->shard_grads, &l, err) ||
+      !get_bool(x[N_SHARD_PARAMS], "shard_params", &n->shard_params, &l, err) ||
+      !get_ref(x[N_DIRECTIVE], "directive", PLAN_MAX_DIRECTIVE, true, &n->directive, &l, err))
+    return false;
+  if (!read_hex(x[N_PRIORITY], "priority", &n->priority, &l, err))
+    return false;
+  n->bytes = bytes;
+  n->shard_degree = (uint32_t)shard;
+  n->replica_degree = (uint32_t)replica;
+  /* A send or recv finds its peer at its own position in peer_group. */
+  if (n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV) {
+    if (n->peer_group == IR_NONE)
+      return fail_at(err, &l, "a %s needs a \"peer_group\"", ir_node_kind_name(n->kind));
+    if (p->groups[n->peer_group].count != p->groups[n->group].count)
+      return fail_at(err, &l, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
+                     n->peer_group, p->groups[n->peer_group].count, n->group,
+                     p->groups[n->group].count);
+  }
+  return true;
+}
+
+static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **err) {
+  struct plan *p = r->p;
+  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  const cJSON *c;
+  uint32_t n;
+  if (!get_array(k[I_NODES], "nodes", PLAN_MAX_COUNT, &c, &n, &l, err))
+    return false;
+  p->nodes = g_new0(struct ir_node, n ? n : 1);
+  p->n_nodes = n;
+  for (uint32_t i = 0; c; c = c->next, i++)
+    if (!read_node(r, c, i, err))
+      return false;
+
+  if (!get_array(k[I_COMMS], "communicators", PLAN_MAX_COUNT, &c, &n, &l, err))
+    return false;
+  p->comms = g_new0(struct plan_comm, n ? n : 1);
+  p->n_comms = n;
+  for (uint32_t i = 0; c; c = c->next, i++) {
+    struct loc lc = {r->index_file, "communicators", i, NULL, 0};
+    static const char *const keys[] = {"id", "name", "purpose", "group", "peer_group"};
+    const cJSON *x[5];
+    const char *name;
+    struct plan_comm *cm = &p->comms[i];
+    if (!fetch(c, keys, 5, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
+        !get_str(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
+        !read_purpose(x[2], false, &cm->purpose, &lc, err) ||
+        !get_ref(x[3], "group", p->n_groups, false, &cm->group, &lc, err) ||
+        !get_ref(x[4], "peer_group", p->n_groups, true, &cm->peer_group, &lc, err))
+      return false;
+    if (cm->purpose == IR_COMM_PP) {
+      if (cm->peer_group == IR_NONE)
+        return fail_at(err, &lc, "a pp communicator needs a \"peer_group\"");
+      if (p->groups[cm->peer_group].count != p->groups[cm->group].count)
+        return fail_at(err, &lc, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
+                       cm->peer_group, p->groups[cm->peer_group].count, cm->group,
+                       p->groups[cm->group].count);
+    } else if (cm->peer_group != IR_NONE) {
+      return fail_at(err, &lc, "\"peer_group\" must be null for a %s communicator",
+                     purpose_names[cm->purpose]);
+    }
+  }
+  return true;
+}
+
+static bool read_classes(struct reader *r, const cJSON *const *k, GError **err) {
+  struct plan *p = r->p;
+  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  const cJSON *c;
+  uint32_t n;
+  if (!get_array(k[I_CLASSES], "classes", p->n_devices, &c, &n, &l, err))
+    return false;
+  p->classes = g_new0(struct plan_class, n ? n : 1);
+  p->n_classes = r->n_classes = n;
+  r->class_instrs = g_new0(uint32_t, n ? n : 1);
+  r->class_source = g_new(uint32_t, n ? n : 1);
+  r->class_comms = g_new0(uint32_t *, n ? n : 1);
+  r->class_n_comms = g_new0(uint32_t, n ? n : 1);
+  uint32_t *owner = g_new(uint32_t, p->n_devices);
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    owner[d] = IR_NONE;
+  bool ok = false;
+  GArray *members = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  for (uint32_t i = 0; c; c = c->next, i++) {
+    struct loc lc = {r->index_file, "classes", i, NULL, 0};
+    static const char *const keys[] = {"id", "instructions", "devices"};
+    const cJSON *x[3];
+    r->class_source[i] = IR_NONE;
+    g_array_set_size(members, 0);
+    if (!fetch(c, keys, 3, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
+        !get_u32(x[1], "instructions", 0, PLAN_MAX_COUNT, &r->class_instrs[i], &lc, err) ||
+        !read_refs(x[2], "devices", p->n_devices, members, &lc, err))
+      goto out;
+    if (members->len == 0) {
+      fail_at(err, &lc, "\"devices\" is empty");
+      goto out;
+    }
+    const uint32_t *m = (const uint32_t *)(void *)members->data;
+    for (uint32_t j = 0; j < members->len; j++) {
+      if (j > 0 && m[j] <= m[j - 1]) {
+        fail_at(err, &lc, "\"devices\" must be ascending without repeats");
+        goto out;
+      }
+      if (owner[m[j]] != IR_NONE) {
+        fail_at(err, &lc, "device %u is also in class %u", m[j], owner[m[j]]);
+        goto out;
+      }
+      owner[m[j]] = i;
+    }
+    p->classes[i].n_devices = members->len;
+    p->classes[i].devices = g_memdup2(m, members->len * sizeof *m);
+  }
+
+  if (!get_array(k[I_DEVICE_CLASS], "device_class", IR_MAX_DEVICES, &c, &n, &l, err))
+    goto out;
+  if (n != p->n_devices) {
+    fail_at(err, &l, "\"device_class\" has %u entries for %u devices", n, p->n_devices);
+    goto out;
+  }
+  p->device_class = g_new(uint32_t, p->n_devices);
+  for (uint32_t d = 0; c; c = c->next, d++) {
+    struct loc ld = {r->index_file, "device_class", d, NULL, 0};
+    if (!get_ref(c, "device_class", p->n_classes, false, &p->device_class[d], &ld, err))
+      goto out;
+    if (p->device_class[d] != owner[d]) {
+      if (owner[d] == IR_NONE)
+        fail_at(err, &ld, "device %u is in no class's \"devices\"", d);
+      else
+        fail_at(err, &ld, "device %u is listed in class %u", d, owner[d]);
+      goto out;
+    }
+  }
+  ok = true;
+out:
+  g_array_free(members, TRUE);
+  g_free(owner);
+  return ok;
+}
+
+static bool read_summary(struct reader *r, const cJSON *v, GError **err) {
+  struct plan *p = r->p;
+  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  static const char *const keys[] = {"devices", "classes", "nodes", "instructions",
+                                     "instructions_per_op"};
+  const cJSON *x[5];
+  int64_t devices, classes, nodes;
+  if (!v)
+    return fail_at(err, &l, "missing key \"summary\"");
+  if (!fetch(v, keys, 5, x, &l, err) ||
+      !get_int(x[0], "devices", 0, INT64_C(1) << 53, &devices, &l, err) ||
+      !get_int(x[1], "classes", 0, INT64_C(1) << 53, &classes, &l, err) ||
+      !get_int(x[2], "nodes", 0, INT64_C(1) << 53, &nodes, &l, err) ||
+      !get_int(x[3], "instructions", 0, INT64_C(1) << 53, &r->sum_instrs, &l, err))
+    return false;
+  if (devices != p->n_devices || classes != p->n_classes || nodes != p->n_nodes)
+    return fail_at(err, &l,
+                   "\"summary\" counts (devices %lld, classes %lld, nodes %lld) differ "
+                   "from the plan's (%u, %u, %u)",
+                   (long long)devices, (long long)classes, (long long)nodes, p->n_devices,
+                   p->n_classes, p->n_nodes);
+  const char *kinds[IR_NODE_KIND_COUNT];
+  const cJSON *y[IR_NODE_KIND_COUNT];
+  for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
+    kinds[k] = ir_node_kind_name((enum ir_node_kind)k);
+  if (!x[4])
+    return fail_at(err, &l, "\"summary\": missing key \"instructions_per_op\"");
+  if (!fetch(x[4], kinds, IR_NODE_KIND_COUNT, y, &l, err))
+    return false;
+  for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
+    if (!get_int(y[k], kinds[k], 0, INT64_C(1) << 53, &r->sum_per_op[k], &l, err))
+      return false;
+  return true;
+}
+
+static bool reader_index(struct reader *r, const cJSON *index, GError **err) {
+  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  const cJSON *k[I_COUNT];
+  if (!fetch(index, index_keys, I_COUNT, k, &l, err) ||
+      !check_format(k[I_FORMAT], k[I_VERSION], PLAN_FORMAT, &l, err))
+    return false;
+  struct plan *p = r->p = g_new0(struct plan, 1);
+  if (!read_model(r, k, err) ||
+      !get_u32(k[I_N_DEVICES], "n_devices", 1, IR_MAX_DEVICES, &p->n_devices, &l, err) ||
+      !get_u32(k[I_N_MICROBATCHES], "n_microbatches", 1, PLAN_MAX_MICROBATCHES, &p->n_microbatches,
+               &l, err) ||
+      !read_tags_streams(r, k, err) || !read_groups_segsets(r, k, err) ||
+      !read_nodes_comms(r, k, err) || !read_classes(r, k, err) ||
+      !read_summary(r, k[I_SUMMARY], err))
+    return false;
+  positions_init(&r->pos, p);
+  r->seq_next = g_new0(uint32_t, 2 * (size_t)(p->n_comms ? p->n_comms : 1));
+  return true;
+}
+
+/* --- reading device files ------------------------------------------------------------------ */
+
+enum { D_FORMAT, D_VERSION, D_DEVICE, D_CLASS, D_GROUPS, D_COMMS, D_STREAMS, D_TENSORS, D_COUNT };
+static const char *const device_keys[D_COUNT] = {"format", "version",       "device",  "class",
+                                                 "groups", "communicators", "streams", "tensors"};
+
+enum {
+  X_I,
+  X_OP,
+  X_NODE,
+  X_NAME,
+  X_PASS,
+  X_COMM,
+  X_SEQ,
+  X_BYTES,
+  X_WAITS,
+  X_READS,
+  X_WRITES,
+  X_RANK,
+  X_PEER,
+  X_COUNT
+};
+static const char *const instr_keys[X_COUNT] = {"i",      "op",   "node",  "name",  "pass",
+                                                "comm",   "seq",  "bytes", "waits", "reads",
+                                                "writes", "rank", "peer"};
+
+static bool list_has(const uint32_t *pool, uint32_t first, uint32_t count, uint32_t v) {
+  for (uint32_t k = 0; k < count; k++)
+    if (pool[first + k] == v)
+      return true;
+  return false;
+}
+
+/* The communicator fields of instruction in (node nd) of device d. */
+static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
+                            const struct ir_node *nd, struct plan_instr *in, uint32_t n_instrs,
+                            const struct loc *l, GError **err) {
+  struct plan *p = r->p;
+  /* Lowering gives every node that serves a purpose (pp, dp, ep) a communicator. */
+  if (nd->purpose == IR_COMM_NONE) {
+    static const int absent[] = {X_COMM, X_SEQ, X_RANK};
+    for (size_t k = 0; k < G_N_ELEMENTS(absent); k++)
+      if (x[absent[k]])
+        return fail_at(err, l, "\"%s\" is set, but node %u uses no communicator",
+                       instr_keys[absent[k]], in->node);
+    in->comm = in->seq = IR_NONE;
+    return true;
+  }
+  if (!get_ref(x[X_COMM], "comm", p->n_comms, false, &in->comm, l, err))
+    return false;
+  const struct plan_comm *cm = &p->comms[in->comm];
+  if (cm->purpose != nd->purpose)
+    return fail_at(err, l, "communicator %u is a %s communicator, node %u needs %s", in->comm,
+                   purpose_names[cm->purpose], in->node,
+                   nd->purpose <= IR_COMM_EP ? purpose_names[nd->purpose] : "?");
+  uint32_t pair[2];
+  int side = comm_side(nd);
+  int32_t rank = comm_rank_of(p, &r->pos, in->comm, side, pair);
+  if (rank < 0)
+    return fail_at(err, l, "device %u is not a member of communicator %u", d, in->comm);
+  int64_t written;
+  if (!get_int(x[X_RANK], "rank", 0, IR_MAX_DEVICES, &written, l, err))
+    return false;
+  if (written != rank)
+    return fail_at(err, l, "\"rank\" is %lld, but device %u has rank %d on communicator %u",
+                   (long long)written, d, rank, in->comm);
+  if ((nd->kind == IR_NODE_SEND || nd->kind == IR_NODE_RECV) && cm->purpose == IR_COMM_PP &&
+      peer_of(p, &r->pos, nd) != pair[rank ^ 1])
+    return fail_at(err, l,
+                   "node %u talks to device %u, which is not the other end of "
+                   "communicator %u (devices %u -> %u)",
+                   in->node, peer_of(p, &r->pos, nd), in->comm, pair[0], pair[1]);
+  if (!get_ref(x[X_SEQ], "seq", n_instrs, false, &in->seq, l, err))
+    return false;
+  /* seq numbers the device's instructions on one end of a communicator in issue order; a gap
+   * or a repeat is refused here (members that disagree would deadlock). */
+  uint32_t *next = &r->seq_next[2 * (size_t)in->comm + (uint32_t)side];
+  if (in->seq != *next)
+    return fail_at(err, l,
+                   "\"seq\" is %u, but this is instruction %u of device %u on "
+                   "communicator %u",
+                   in->seq, *next, d, in->comm);
+  (*next)++;
+  return true;
+}
+
+/* Reads one device's program into c (a fresh class without members). */
+static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, struct plan_class *c,
+                         const struct loc *l, GError **err) {
+  struct plan *p = r->p;
+  uint32_t cls = p->device_class[d], n = r->class_instrs[cls];
+  const cJSON *tfirst, *sfirst;
+  uint32_t nt, ns;
+  if (!get_array(k[D_TENSORS], "tensors", PLAN_MAX_COUNT, &tfirst, &nt, l, err) ||
+      !get_array(k[D_STREAMS], "streams", PLAN_MAX_STREAMS, &sfirst, &ns, l, err))
+    return false;
+  if (ns != p->n_streams)
+    return fail_at(err, l, "\"streams\" has %u entries, plan.json declares %u streams", ns,
+                   p->n_streams);
+  /* Count what the file lists before allocating for the count the index declares. */
+  uint64_t listed = 0;
+  for (const cJSON *x = sfirst; x; x = x->next) {
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(x, "instructions");
+    for (const cJSON *y = cJSON_IsArray(list) ? list->child : NULL; y; y = y->next)
+      listed++;
+  }
+  if (listed != n)
+    return fail_at(err, l, "lists %llu instructions, plan.json says class %u has %u",
+                   (unsigned long long)listed, cls, n);
+  bool ok = false;
+  c->n_instrs = n;
+  c->instrs = g_new0(struct plan_instr, n ? n : 1);
+  c->stream_first = g_new0(uint32_t, (size_t)ns + 1);
+  c->stream_instrs = g_new(uint32_t, n ? n : 1);
+  const cJSON **recs = g_new0(const cJSON *, n ? n : 1);
+  uint32_t *at = g_new(uint32_t, n ? n : 1); /* position of instruction i in its stream list */
+  GArray *waits = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  GArray *reads = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  GArray *writes = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  GArray *consumers = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  uint32_t filled = 0;
+
+  /* First pass: where each issue index is listed, so the second can go in issue order and
+   * lay out the pools the way lowering does. */
+  const cJSON *srec = sfirst;
+  for (uint32_t s = 0; s < ns; s++, srec = srec->next) {
+    struct loc ls = {l->file, "streams", s, NULL, 0};
+    static const char *const keys[] = {"stream", "name", "instructions"};
+    const cJSON *x[3], *irec;
+    uint32_t sid, ni;
+    char want[IR_NAME_MAX + 1];
+    copy_name(want, p->streams[s].name, IR_NAME_MAX);
+    if (!fetch(srec, keys, 3, x, &ls, err) || !get_ref(x[0], "stream", ns, false, &sid, &ls, err))
+      goto out;
+    if (sid != s) {
+      fail_at(err, &ls, "\"stream\" is %u, expected %u (streams are listed in order)", sid, s);
+      goto out;
+    }
+    if (!expect_string(x[1], "name", want, &ls, err) ||
+        !get_array(x[2], "instructions", PLAN_MAX_COUNT, &irec, &ni, &ls, err))
+      goto out;
+    c->stream_first[s] = filled;
+    uint32_t prev = IR_NONE;
+    for (uint32_t kk = 0; irec; irec = irec->next, kk++) {
+      struct loc li = {l->file, "streams", s, "instructions", kk};
+      uint32_t i;
+      if (!cJSON_IsObject(irec)) {
+        fail_at(err, &li, "expected an object");
+        goto out;
+      }
+      if (!get_ref(cJSON_GetObjectItemCaseSensitive(irec, "i"), "i", n, false, &i, &li, err))
+        goto out;
+      if (recs[i]) {
+        fail_at(err, &li, "instruction %u is listed twice", i);
+        goto out;
+      }
+      if (prev != IR_NONE && i < prev) {
+        fail_at(err, &li, "\"i\" is %u after %u: a stream lists its instructions in issue order", i,
+                prev);
+        goto out;
+      }
+      prev = i;
+      recs[i] = irec;
+      at[i] = kk;
+      c->instrs[i].stream = s;
+      c->stream_instrs[filled++] = i;
+    }
+  }
+  c->stream_first[ns] = filled;
+  if (filled != n) {
+    fail_at(err, l, "lists %u instructions, plan.json says class %u has %u", filled, cls, n);
+    goto out;
+  }
+
+  for (uint32_t i = 0; i < n; i++) {
+    struct loc li = {l->file, "streams", c->instrs[i].stream, "instructions", at[i]};
+    struct plan_instr *in = &c->instrs[i];
+    const cJSON *x[X_COUNT];
+    const char *name;
+    uint64_t bytes;
+    if (!fetch(recs[i], instr_keys, X_COUNT, x, &li, err) ||
+        !get_ref(x[X_NODE], "node", p->n_nodes, false, &in->node, &li, err) ||
+        !get_str(x[X_NAME], "name", PLAN_NAME_LEN, &name, &li, err))
+      goto out;
+    const struct ir_node *nd = &p->nodes[in->node];
+    if (position_in(&r->pos, nd->group) < 0) {
+      fail_at(err, &li, "device %u is not in group %u, which runs node %u", d, nd->group, in->node);
+      goto out;
+    }
+    if (!expect_string(x[X_OP], "op", ir_node_kind_name(nd->kind), &li, err))
+      goto out;
+    if (nd->pass == IR_PASS_NONE) {
+      if (!x[X_PASS] || !cJSON_IsNull(x[X_PASS])) {
+        fail_at(err, &li, "\"pass\" must be null: node %u has no pass", in->node);
+        goto out;
+      }
+    } else if (!expect_string(x[X_PASS], "pass", ir_pass_name(nd->pass), &li, err)) {
+      goto out;
+    }
+    if (!get_bytes(x[X_BYTES], "bytes", &bytes, &li, err))
+      goto out;
+    if (bytes != nd->bytes) {
+      fail_at(err, &li, "\"bytes\" is %llu, but node %u has %llu", (unsigned long long)bytes,
+              in->node, (unsigned long long)nd->bytes);
+      goto out;
+    }
+    if (!read_instr_comm(r, d, x, nd, in, n, &li, err))
+      goto out;
+    if (nd->kind == IR_NODE_SEND || nd->kind == IR_NODE_RECV) {
+      uint32_t peer;
+      if (!get_ref(x[X_PEER], "peer", p->n_devices, true, &peer, &li, err))
+        goto out;
+      if (peer != peer_of(p, &r->pos, nd)) {
+        fail_at(err, &li, "\"peer\" is %u, but device %u's peer on node %u is %u", peer, d,
+                in->node, peer_of(p, &r->pos, nd));
+        goto out;
+      }
+    } else if (x[X_PEER]) {
+      fail_at(err, &li, "\"peer\" is set, but a %s has no peer", ir_node_kind_name(nd->kind));
+      goto out;
+    }
+    /* Issue order is a topological order, so an instruction waits only on earlier ones. */
+    in->wait_first = waits->len;
+    if (!read_refs(x[X_WAITS], "waits", i, waits, &li, err))
+      goto out;
+    in->wait_count = waits->len - in->wait_first;
+    in->read_first = reads->len;
+    if (!read_refs(x[X_READS], "reads", nt, reads, &li, err))
+      goto out;
+    in->read_count = reads->len - in->read_first;
+    in->write_first = writes->len;
+    if (!read_refs(x[X_WRITES], "writes", nt, writes, &li, err))
+      goto out;
+    in->write_count = writes->len - in->write_first;
+  }
+  c->waits = take_pool(waits, &c->n_waits);
+  c->reads = take_pool(reads, &c->n_reads);
+  c->writes = take_pool(writes, &c->n_writes);
+  waits = reads = writes = NULL;
+
+  c->n_tensors = nt;
+  c->tensors = g_new0(struct plan_tensor, nt ? nt : 1);
+  const cJSON *trec = tfirst;
+  for (uint32_t t = 0; t < nt; t++, trec = trec->next) {
+    struct loc lt = {l->file, "tensors", t, NULL, 0};
+    static const char *const keys[] = {"id", "bytes", "kind", "producer", "consumers"};
+    const cJSON *x[5];
+    struct plan_tensor *tn = &c->tensors[t];
+    if (!fetch(trec, keys, 5, x, &lt, err) || !check_id(x[0], t, &lt, err) ||
+        !get_bytes(x[1], "bytes", &tn->bytes, &lt, err))
+      goto out;
+    if (!x[2]) {
+      fail_at(err, &lt, "missing key \"kind\"");
+      goto out;
+    }
+    if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "out") == 0) {
+      tn->kind = PLAN_TENSOR_OUT;
+    } else if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "saved") == 0) {
+      tn->kind = PLAN_TENSOR_SAVED;
+    } else {
+      fail_at(err, &lt, "\"kind\" must be \"out\" or \"saved\"");
+      goto out;
+    }
+    tn->consumer_first = consumers->len;
+    if (!get_ref(x[3], "producer", n, false, &tn->producer, &lt, err) ||
+        !read_refs(x[4], "consumers", n, consumers, &lt, err))
+      goto out;
+    tn->consumer_count = consumers->len - tn->consumer_first;
+    /* Producer and consumers must name the tensor, so lifetimes computed either way agree. */
+    const struct plan_instr *pr = &c->instrs[tn->producer];
+    if (!list_has(c->writes, pr->write_first, pr->write_count, t)) {
+      fail_at(err, &lt, "its producer, instruction %u, does not list it in \"writes\"",
+              tn->producer);
+      goto out;
+    }
+    for (uint32_t j = tn->consumer_first; j < consumers->len; j++) {
+      uint32_t u = g_array_index(consumers, uint32_t, j);
+      if (u <= tn->producer) {
+        fail_at(err, &lt, "consumer %u does not come after its producer %u", u, tn->producer);
+        goto out;
+      }
+      if (!list_has(c->reads, c->instrs[u].read_first, c->instrs[u].read_count, t)) {
+        fail_at(err, &lt, "its consumer, instruction %u, does not list it in \"reads\"", u);
+        goto out;
+      }
+    }
+  }
+  c->consumers = take_pool(consumers, &c->n_consumers);
+  consumers = NULL;
+  ok = true;
+out:
+  if (waits)
+    g_array_free(waits, TRUE);
+  if (reads)
+    g_array_free(reads, TRUE);
+  if (writes)
+    g_array_free(writes, TRUE);
+  if (consumers)
+    g_array_free(consumers, TRUE);
+  g_free(recs);
+  g_free(at);
+  return ok;
+}
+
+/* Checks the device-specific lists a device file repeats: its groups and communicators. */
+static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *k,
+                              const struct loc *l, GError **err) {
+  struct plan *p = r->p;
+  const struct positions *t = &r->pos;
+  const cJSON *c;
+  uint32_t n, want = t->first[d + 1] - t->first[d];
+  if (!get_array(k[D_GROUPS], "groups", PLAN_MAX_COUNT, &c, &n, l, err))
+    return false;
+  if (n != want)
+    return fail_at(err, l, "\"groups\" has %u entries, but device %u is in %u groups", n, d, want);
+  for (uint32_t j = 0; c; c = c->next, j++) {
+    struct loc lg = {l->file, "groups", j, NULL, 0};
+    static const char *const keys[] = {"group", "position"};
+    const cJSON *x[2];
+    int64_t g, pos;
+    uint32_t e = t->first[d] + j;
+    if (!fetch(c, keys, 2, x, &lg, err) || !get_int(x[0], "group", 0, UINT32_MAX, &g, &lg, err) ||
+        !get_int(x[1], "position", 0, UINT32_MAX, &pos, &lg, err))
+      return false;
+    if ((uint32_t)g != t->group[e] || (uint32_t)pos != t->pos[e])
+      return fail_at(err, &lg, "expected group %u, position %u (from plan.json)", t->group[e],
+                     t->pos[e]);
+  }
+  uint32_t cls = p->device_class[d];
+  uint32_t nc = r->class_n_comms[cls];
+  if (!get_array(k[D_COMMS], "communicators", PLAN_MAX_COUNT, &c, &n, l, err))
+    return false;
+  if (n != nc)
+    return fail_at(err, l, "\"communicators\" has %u entries, but the program uses %u", n, nc);
+  for (uint32_t j = 0; c; c = c->next, j++) {
+    struct loc lc = {l->file, "communicators", j, NULL, 0};
+    static const char *const keys[] = {"id", "name", "size", "rank", "members"};
+    const cJSON *x[5];
+    uint32_t id = r->class_comms[cls][j], pair[2];
+    int64_t written_id, size, rank;
+    const char *name;
+    if (!fetch(c, keys, 5, x, &lc, err) ||
+        !get_int(x[0], "id", 0, UINT32_MAX, &written_id, &lc, err))
+      return false;
+    if ((uint32_t)written_id != id)
+      return fail_at(err, &lc,
+                     "\"id\" is %lld, expected %u (the communicators the program uses, "
+                     "ascending)",
+                     (long long)written_id, id);
+    int32_t want_rank = comm_rank_of(p, t, id, -1, pair);
+    if (!get_str(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
+        !get_int(x[2], "size", 0, UINT32_MAX, &size, &lc, err) ||
+        !get_int(x[3], "rank", 0, UINT32_MAX, &rank, &lc, err))
+      return false;
+    if ((uint32_t)size != plan_comm_size(p, id) || rank != want_rank)
+      return fail_at(err, &lc, "\"size\" %lld and \"rank\" %lld, expected %u and %d",
+                     (long long)size, (long long)rank, plan_comm_size(p, id), want_rank);
+    if (p->comms[id].purpose == IR_COMM_PP) {
+      const cJSON *m = x[4];
+      if (!m)
+        return fail_at(err, &lc, "missing key \"members\"");
+      if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) != 2 || !is_whole(m->child) ||
+          !is_whole(m->child->next) || m->child->valuedouble != pair[0] ||
+          m->child->next->valuedouble != pair[1])
+        return fail_at(err, &lc, "\"members\" must be [%u, %u]", pair[0], pair[1]);
+    } else if (x[4]) {
+      return fail_at(err, &lc, "\"members\" is only listed for pp communicators");
+    }
+  }
+  return true;
+}
+
+static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError **err) {
+  struct plan *p = r->p;
+  char file_name[32];
+  snprintf(file_name, sizeof file_name, "device-%u.json", d);
+  char *file = g_build_filename(r->dir, file_name, NULL);
+  struct loc l = {file, NULL, 0, NULL, 0};
+  struct plan_class tmp = {0};
+  const cJSON *k[D_COUNT];
+  uint32_t dev, cls;
+  bool ok = false;
+  if (!fetch(doc, device_keys, D_COUNT, k, &l, err) ||
+      !check_format(k[D_FORMAT], k[D_VERSION], PLAN_DEVICE_FORMAT, &l, err) ||
+      !get_u32(k[D_DEVICE], "device", 0, IR_MAX_DEVICES, &dev, &l, err))
+    goto out;
+  if (dev != d) {
+    fail_at(err, &l, "\"device\" is %u, but this is the file of device %u", dev, d);
+    goto out;
+  }
+  if (!get_ref(k[D_CLASS], "class", p->n_classes, false, &cls, &l, err))
+    goto out;
+  if (cls != p->device_class[d]) {
+    fail_at(err, &l, "\"class\" differs from plan.json's device_class[%u]", d);
+    goto out;
+  }
+  positions_select(&r->pos, d);
+  bool read = read_program(r, d, k, &tmp, &l, err);
+  /* seq_next is scratch for one device: clear what it touched. */
+  for (uint32_t i = 0; i < tmp.n_instrs; i++) {
+    uint32_t comm = tmp.instrs[i].comm;
+    if (comm < p->n_comms)
+      r->seq_next[2 * (size_t)comm] = r->seq_next[2 * (size_t)comm + 1] = 0;
+  }
+  if (!read)
+    goto out;
+  struct plan_class *dst = &p->classes[cls];
+  if (r->class_source[cls] == IR_NONE) {
+    /* The first member defines the class; the index already gave its member list. */
+    uint32_t n_devices = dst->n_devices, *devices = dst->devices;
+    *dst = tmp;
+    dst->n_devices = n_devices;
+    dst->devices = devices;
+    memset(&tmp, 0, sizeof tmp);
+    r->class_source[cls] = d;
+    r->class_comms[cls] = class_comms(dst, &r->class_n_comms[cls]);
+  } else {
+    char what[96];
+    if (!plan_class_diff(dst, &tmp, p->n_streams, what, sizeof what)) {
+      fail_at(err, &l, "its program differs from device %u's (both in class %u) at %s",
+              r->class_source[cls], cls, what);
+      goto out;
+    }
+  }
+  if (!read_device_views(r, d, k, &l, err))
+    goto out;
+  ok = true;
+out:
+  class_clear(&tmp);
+  g_free(file);
+  return ok;
+}
+
+/* Checks what needs every device read, then the progress check; the plan moves to the caller. */
+static struct plan *reader_finish(struct reader *r, GError **err) {
+  struct plan *p = r->p;
+  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    if (r->class_source[c] == IR_NONE) {
+      fail_at(err, &l, "class %u: no device file read", c);
+      return NULL;
+    }
+  int64_t per_op[IR_NODE_KIND_COUNT] = {0};
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    for (uint32_t i = 0; i < p->classes[c].n_instrs; i++)
+      per_op[p->nodes[p->classes[c].instrs[i].node].kind] += p->classes[c].n_devices;
+  if ((uint64_t)r->sum_instrs != plan_instruction_count(p)) {
+    fail_at(err, &l, "\"summary\": \"instructions\" is %lld, the device files hold %llu",
+            (long long)r->sum_instrs, (unsigned long long)plan_instruction_count(p));
+    return NULL;
+  }
+  for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
+    if (per_op[k] != r->sum_per_op[k]) {
+      fail_at(err, &l,
+              "\"summary\": \"instructions_per_op\" \"%s\" is %lld, the device files "
+              "hold %lld",
+              ir_node_kind_name((enum ir_node_kind)k), (long long)r->sum_per_op[k],
+              (long long)per_op[k]);
+      return NULL;
+    }
+  if (!plan_check_progress(p, err)) {
+    g_prefix_error(err, "%s: ", r->dir);
+    return NULL;
+  }
+  r->p = NULL;
+  return p;
+}
+
+/* Messages echo keys and strings from the files, which may hold control characters; an error
+ * stays one line whatever the input (this also covers messages from the model loader). */
+static void one_line(GError *err) {
+  if (!err || !err->message)
+    return;
+  GString *s = g_string_new(NULL);
+  for (const unsigned char *c = (const unsigned char *)err->message; *c; c++)
+    if (*c < 0x20 || *c == 0x7f)
+      g_string_append_printf(s, "\\x%02x", *c);
+    else
+      g_string_append_c(s, (char)*c);
+  g_free(err->message);
+  err->message = g_string_free(s, FALSE);
+}
+
+struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *const *device_docs,
+                            uint32_t n_docs, GError **err) {
+  struct reader *r = reader_new(name);
+  struct plan *p = NULL;
+  if (!reader_index(r, index, err))
+    goto out;
+  if (n_docs != r->p->n_devices) {
+    json_fail(err, "%s: %u device documents for %u devices", r->index_file, n_docs,
+              r->p->n_devices);
+    goto out;
+  }
+  for (uint32_t d = 0; d < n_docs; d++)
+    if (!reader_device(r, d, device_docs[d], err))
+      goto out;
+  p = reader_finish(r, err);
+out:
+  reader_free(r);
+  if (!p && err)
+    one_line(*err);
+  return p;
+}
+
+struct plan *plan_read_dir(const char *dir, GError **err) {
+  struct reader *r = reader_new(dir);
+  struct plan *p = NULL;
+  cJSON *index = json_parse_file(r->index_file, err);
+  if (!index)
+    goto out;
+  bool ok = reader_index(r, index, err);
+  cJSON_Delete(index);
+  if (!ok)
+    goto out;
+  for (uint32_t d = 0; d < r->p->n_devices; d++) {
+    char file_name[32];
+    snprintf(file_name, sizeof file_name, "device-%u.json", d);
+    char *path = g_build_filename(dir, file_name, NULL);
+    cJSON *doc = json_parse_file(path, err);
+    g_free(path);
+    if (!doc)
+      goto out;
+    ok = reader_device(r, d, doc, err);
+    cJSON_Delete(doc);
+    if (!ok)
+      goto out;
+  }
+  p = reader_finish(r, err);
+out:
+  reader_free(r);
+  if (!p && err)
+    one_line(*err);
+  return p;
+}
