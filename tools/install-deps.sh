@@ -8,7 +8,7 @@ packages=(
   build-essential pkg-config
   libcjson-dev libglib2.0-dev libcairo2-dev gnuplot-nox libcmocka-dev
   libopenmpi-dev openmpi-bin libopenblas-dev
-  clang python3
+  clang python3 graphviz
 )
 
 missing=()

@@ -43,7 +43,8 @@ static const char usage[] =
     "output:\n"
     "  --out DIR           run directory (default out/<YYYYmmdd_HHMMSS>)\n"
     "  --format FMT        also draw the schedule as FMT: png, svg or pdf (png and svg always)\n"
-    "  --viz               also write the DAG of each pipeline rank (dag_pp<k>.dot)\n"
+    "  --viz               also write the DAG of each pipeline rank (dag_pp<k>.dot, and .svg\n"
+    "                      when Graphviz is installed)\n"
     "  --no-charts         write no pictures\n"
     "  --trace-all         trace every device even when the trace gets large\n"
     "  --no-collapse       simulate every device, not one per class of alike devices\n"
@@ -116,6 +117,27 @@ static bool write_viz(const struct report_run *r, const char *dir, GError **err)
                 c->waits[c->instrs[i].wait_first + w], i);
     fputs("}\n", f);
     fclose(f);
+    /* Render with Graphviz when it is installed (tools/install-deps.sh installs it); the .dot
+     * file stays either way. */
+    char *dot = g_find_program_in_path("dot");
+    if (dot) {
+      char *svg = g_strdup_printf("%.*s.svg", (int)strlen(path) - 4, path);
+      char *argv[] = {dot, "-Tsvg", path, "-o", svg, NULL};
+      gint status = 0;
+      GError *spawn_err = NULL;
+      if (!g_spawn_sync(NULL, argv, NULL, G_SPAWN_STDOUT_TO_DEV_NULL | G_SPAWN_STDERR_TO_DEV_NULL, NULL,
+                        NULL, NULL, NULL, &status, &spawn_err) ||
+          !g_spawn_check_wait_status(status, NULL)) {
+        g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: Graphviz could not render it", path);
+        if (spawn_err) g_error_free(spawn_err);
+        g_free(svg);
+        g_free(dot);
+        g_free(path);
+        return false;
+      }
+      g_free(svg);
+      g_free(dot);
+    }
     g_free(path);
   }
   return true;
