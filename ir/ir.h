@@ -55,7 +55,9 @@ struct ir_node {
   uint32_t pair;               /* send <-> recv partner node */
   uint32_t segset;             /* collectives, gathers, optimizer: the segments they cover */
   uint64_t bytes;              /* comm: payload per device; compute: output bytes */
-  uint32_t shard_degree;       /* compute on an expert region: EP group size, else 1 */
+  uint32_t shard_degree;       /* compute on an expert region: EP group size, else 1. Each
+                                * device holds 1/shard_degree of the experts and runs as many
+                                * routed tokens as its own micro-batch has (EP group = DP group) */
   uint32_t replica_degree;     /* data-parallel replicas of this node (group size), 1 if none */
   bool shard_grads, shard_params;
   uint32_t directive;          /* last directive that rewrote it (for messages), IR_NONE */

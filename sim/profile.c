@@ -372,11 +372,17 @@ struct profile_cost profile_compute_cost(const struct profile *p, const struct m
     }
     double flops, bytes;
     op_pass_load(op, pass, &flops, &bytes);
-    /* An expert op split over shard_degree devices does 1/shard_degree of the work on each. */
-    flops /= shard_degree;
-    bytes /= shard_degree;
+    /* Experts sharded over an EP group that is also the data-parallel group (the only layout
+     * the compiler accepts): each device holds 1/shard_degree of the expert weights, and the
+     * all-to-all brings it as many routed tokens as its own micro-batch has (balanced routing),
+     * so the FLOPs stay whole and only the weight traffic divides. */
+    if (shard_degree > 1) {
+      double pbytes = (double)op->param_bytes;
+      if (pass == IR_PASS_B) pbytes *= 2.0; /* B streams the weights twice, as op_pass_load counts */
+      if (pbytes > bytes) pbytes = bytes;
+      bytes -= pbytes - pbytes / shard_degree;
+    }
     if (t >= 0) {
-      t /= shard_degree;
       c.measured_ops++;
       /* measured times say nothing of their bound; take the roofline's verdict */
       if (bytes / bw > flops / peak) mem_time += t;
