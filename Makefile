@@ -68,6 +68,7 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(wildcard tests/bench/*.c))
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
+.SECONDARY:
 .PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example
 all: $(TOOLS)
 
