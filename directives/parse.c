@@ -29,21 +29,7 @@ const char *dir_op_name(enum dir_op op) {
 }
 
 /* s made safe for a one-line message: quoted, escaped, cut after QUOTE_MAX bytes. */
-static char *quote(const char *s) {
-  GString *q = g_string_new("\"");
-  size_t i = 0;
-  for (; s[i] && i < QUOTE_MAX; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c == '"' || c == '\\')
-      g_string_append_printf(q, "\\%c", c);
-    else if (c < 0x20 || c >= 0x7f)
-      g_string_append_printf(q, "\\x%02x", c);
-    else
-      g_string_append_c(q, (char)c);
-  }
-  g_string_append(q, s[i] ? "\"..." : "\"");
-  return g_string_free(q, FALSE);
-}
+static char *quote(const char *s) { return json_quote(s, strlen(s), QUOTE_MAX); }
 
 /* The shortest of %.15g / %.17g that reads back as d, as cJSON writes numbers. */
 static void format_number(double d, char buf[32]) {

@@ -45,21 +45,7 @@ bool sched_write_csv(const struct sched_program *s, FILE *f) {
 #define CELL_QUOTE_MAX 40
 
 /* A cell made safe for a one-line message: quoted, escaped, cut after CELL_QUOTE_MAX bytes. */
-static char *quote_cell(const char *s, size_t n) {
-  GString *q = g_string_new("\"");
-  size_t i = 0;
-  for (; i < n && i < CELL_QUOTE_MAX; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c == '"' || c == '\\')
-      g_string_append_printf(q, "\\%c", c);
-    else if (c < 0x20 || c >= 0x7f)
-      g_string_append_printf(q, "\\x%02x", c);
-    else
-      g_string_append_c(q, (char)c);
-  }
-  g_string_append(q, i < n ? "\"..." : "\"");
-  return g_string_free(q, FALSE);
-}
+static char *quote_cell(const char *s, size_t n) { return json_quote(s, n, CELL_QUOTE_MAX); }
 
 /* Reads a decimal index of at most 9 digits at s[*i], below limit. */
 static bool read_index(const char *s, size_t n, size_t *i, int64_t limit, int32_t *out) {

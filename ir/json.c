@@ -15,10 +15,33 @@ bool json_fail(GError **err, const char *fmt, ...) {
     va_start(ap, fmt);
     char *msg = g_strdup_vprintf(fmt, ap);
     va_end(ap);
-    g_set_error_literal(err, PIPER_ERROR, PIPER_ERROR_INPUT, msg);
+    GString *line = g_string_sized_new(strlen(msg));
+    for (const unsigned char *c = (const unsigned char *)msg; *c; c++)
+      if (*c < 0x20 || *c == 0x7f)
+        g_string_append_printf(line, "\\x%02x", *c);
+      else
+        g_string_append_c(line, (char)*c);
+    g_set_error_literal(err, PIPER_ERROR, PIPER_ERROR_INPUT, line->str);
+    g_string_free(line, TRUE);
     g_free(msg);
   }
   return false;
+}
+
+char *json_quote(const char *s, size_t len, size_t max) {
+  GString *q = g_string_new("\"");
+  size_t i = 0;
+  for (; i < len && s[i] && i < max; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\')
+      g_string_append_printf(q, "\\%c", c);
+    else if (c < 0x20 || c >= 0x7f)
+      g_string_append_printf(q, "\\x%02x", c);
+    else
+      g_string_append_c(q, (char)c);
+  }
+  g_string_append(q, i < len && s[i] ? "\"..." : "\"");
+  return g_string_free(q, FALSE);
 }
 
 /* Line and column (1-based) of pos within buf. */

@@ -52,7 +52,13 @@ bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const cha
 /* Writes root to path (pretty-printed, trailing newline) through a temp file and rename. */
 bool json_write_file(const char *path, const cJSON *root, GError **err);
 
-/* Sets err to an input error; printf-style. Always returns false, for `return json_fail(...)`. */
+/* Sets err to an input error; printf-style. Control characters in the message (echoed from
+ * input files) are written as \xNN, so an error is always one line. Always returns false, for
+ * `return json_fail(...)`. */
 bool json_fail(GError **err, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+/* s[0 .. len) made safe to echo in a one-line message: in double quotes, quotes and
+ * backslashes escaped, other non-printable bytes as \xNN, cut after max bytes ("..."). */
+char *json_quote(const char *s, size_t len, size_t max);
 
 #endif

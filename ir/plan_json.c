@@ -1955,20 +1955,6 @@ static struct plan *reader_finish(struct reader *r, GError **err) {
   return p;
 }
 
-/* Messages echo keys and strings from the files, which may hold control characters; an error
- * stays one line whatever the input (this also covers messages from the model loader). */
-static void one_line(GError *err) {
-  if (!err || !err->message)
-    return;
-  GString *s = g_string_new(NULL);
-  for (const unsigned char *c = (const unsigned char *)err->message; *c; c++)
-    if (*c < 0x20 || *c == 0x7f)
-      g_string_append_printf(s, "\\x%02x", *c);
-    else
-      g_string_append_c(s, (char)*c);
-  g_free(err->message);
-  err->message = g_string_free(s, FALSE);
-}
 
 struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *const *device_docs,
                             uint32_t n_docs, GError **err) {
@@ -1987,8 +1973,6 @@ struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *c
   p = reader_finish(r, err);
 out:
   reader_free(r);
-  if (!p && err)
-    one_line(*err);
   return p;
 }
 
@@ -2018,7 +2002,5 @@ struct plan *plan_read_dir(const char *dir, GError **err) {
   p = reader_finish(r, err);
 out:
   reader_free(r);
-  if (!p && err)
-    one_line(*err);
   return p;
 }
