@@ -1,0 +1,225 @@
+/* exec-impl: what the executor's sources share. program.c derives, from the plan alone, what
+ * each instruction of this device means for training (which model edge a send carries, which
+ * all-to-all is a dispatch, where each segment's parameters live); train.c runs the segments;
+ * runner.c drives steps on a backend; checkpoint.c saves and restores the state. */
+#ifndef PIPER_EXEC_EXEC_IMPL_H
+#define PIPER_EXEC_EXEC_IMPL_H
+
+#include <stdatomic.h>
+
+#include "exec.h"
+
+/* The decoder state one micro-batch passes between ops (models/model.h's kind table). r holds
+ * the top-k expert ids (int32) then their weights (float): 2 * T * K words. */
+enum exec_tensor { EXEC_T_X, EXEC_T_H, EXEC_T_A, EXEC_T_M, EXEC_T_S, EXEC_T_R, EXEC_T_COUNT };
+#define EXEC_BIT(t) (1u << (t))
+
+/* ---- model level: the same on every device ------------------------------------------------ */
+
+struct exec_value {
+  uint8_t tensor;
+  int32_t op;    /* producing op (index in the segment), -1 = segment input */
+  uint32_t edge; /* input: the model edge that carries it */
+};
+
+struct exec_seg_op {
+  uint32_t op; /* model op index */
+  enum model_op_kind kind;
+  int32_t in[3];         /* value indices, -1 = unused (see train.c per kind) */
+  int32_t out;           /* value index, -1 for the LM head */
+  uint64_t param_offset; /* in the segment's full parameter block */
+  uint64_t param_count;  /* full (all experts) */
+};
+
+struct exec_segment {
+  uint32_t n_values;
+  struct exec_value *values;
+  uint32_t n_ops;
+  struct exec_seg_op *ops;
+  int32_t final_value[EXEC_T_COUNT]; /* value of tensor t at the end, -1 = not written */
+  uint32_t n_out_edges, n_in_edges;
+  uint32_t *out_edges, *in_edges; /* model edge indices, ascending */
+  uint64_t param_count;           /* full */
+  bool expert;
+};
+
+struct exec_model {
+  const struct model *m;
+  int T, C, V, K, E, F_expert; /* tokens per micro-batch, hidden, vocab, top-k, experts, ffn */
+  int batch, seq;
+  uint8_t *edge_mask;        /* [n_edges]: tensors each model edge carries */
+  struct exec_segment *segs; /* [n_segments] */
+  uint32_t embedding_op, head_op;
+  bool tied; /* the head reads the embedding's table (same segment) */
+};
+
+bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err);
+void exec_model_clear(struct exec_model *xm);
+/* Floats (4-byte words) of tensor t, and of its gradient (r: the weights only). */
+size_t exec_tensor_words(const struct exec_model *xm, enum exec_tensor t);
+size_t exec_grad_floats(const struct exec_model *xm, enum exec_tensor t);
+/* Model edge index of (src, dst), or IR_NONE. */
+uint32_t exec_model_edge(const struct exec_model *xm, uint32_t src, uint32_t dst);
+const char *exec_tensor_name(enum exec_tensor t);
+
+/* ---- device level ------------------------------------------------------------------------ */
+
+enum exec_role {
+  EXEC_ROLE_COMPUTE,
+  EXEC_ROLE_SEND,
+  EXEC_ROLE_RECV,
+  EXEC_ROLE_A2A_TO_EXPERT,   /* F: dispatch; B/BI: combine's transpose (output gradients) */
+  EXEC_ROLE_A2A_FROM_EXPERT, /* F: combine; B/BI: dispatch's transpose (input gradients) */
+  EXEC_ROLE_ALL_REDUCE,
+  EXEC_ROLE_REDUCE_SCATTER,
+  EXEC_ROLE_GATHER_USE,    /* ZeRO-3: parameters for one use, into a fresh buffer */
+  EXEC_ROLE_GATHER_UPDATE, /* ZeRO-2: updated shards back into the parameters */
+  EXEC_ROLE_OPTIMIZER,
+};
+
+struct exec_instr {
+  enum exec_role role;
+  uint32_t node, stream;
+  enum ir_pass pass;
+  int32_t mb;       /* local micro-batch (MB tag), -1 = none */
+  uint32_t segment; /* compute / a2a: model segment, else IR_NONE */
+  uint32_t edge;    /* send / recv / a2a: model edge */
+  uint32_t peer;    /* send / recv: world rank */
+  uint32_t comm;    /* index into exec_device.comm_keys, IR_NONE */
+  int tag;
+  uint32_t bucket;       /* collectives, gathers: index into exec_device.buckets */
+  uint32_t gather;       /* compute: instruction whose buffer holds its parameters */
+  uint32_t gather_users; /* gather-use: consumers of its buffer */
+  uint32_t segset;       /* optimizer */
+};
+
+/* A DP gradient bucket: its segments' parameters are contiguous in the device's flat arrays
+ * [offset, offset + padded), padded to a multiple of the group size for reduce-scatter. */
+struct exec_bucket {
+  uint32_t node; /* the collective's plan node */
+  uint32_t n_segs;
+  uint32_t *segs;
+  uint64_t offset, count, padded, shard; /* shard = padded / group size */
+  uint32_t group_size, rank;
+  bool sharded_grads, sharded_params;
+};
+
+/* A communicator to create: plan communicator + the streams that use it. */
+struct exec_comm_key {
+  uint32_t comm;
+  uint32_t stream_a, stream_b; /* PP: send and recv stream; else the stream, IR_NONE */
+};
+
+struct exec_device {
+  const struct plan *plan;
+  const struct exec_model *xm;
+  uint32_t device, class_id;
+  const struct plan_class *cls;
+  uint32_t n_instrs;
+  struct exec_instr *instrs;
+  uint32_t M; /* micro-batches per step on one device */
+  uint32_t dp_degree, dp_rank;
+  int mb_tag; /* tag index of "MB", -1 */
+  /* parameters this device holds, per segment (expert segments: the local experts only) */
+  bool *holds;                 /* [n_segments] */
+  uint64_t *param_offset;      /* [n_segments] into the flat arrays */
+  uint64_t *param_local;       /* [n_segments] local count */
+  uint32_t *bucket_of;         /* [n_segments] IR_NONE if in no bucket */
+  uint32_t *ep_size, *ep_rank; /* [n_segments]: expert parallel group of expert segments */
+  uint64_t n_params;           /* flat length, padding included */
+  uint32_t n_buckets;
+  struct exec_bucket *buckets;
+  uint32_t *mb_instr_count; /* [M]: instructions tagged with each micro-batch */
+  uint32_t n_comm_keys;     /* every communicator of the plan (all ranks create all) */
+  struct exec_comm_key *comm_keys;
+};
+
+/* Derives the device program from the plan; fails (input error) for what the executor cannot
+ * run, naming the instruction. */
+bool exec_device_init(struct exec_device *d, const struct plan *p, const struct exec_model *xm,
+                      uint32_t device, GError **err);
+void exec_device_clear(struct exec_device *d);
+/* Fingerprint of what a checkpoint of this device holds (model, layout). */
+uint64_t exec_device_fingerprint(const struct exec_device *d);
+
+/* ---- runtime state ----------------------------------------------------------------------- */
+
+struct exec_state;
+
+struct exec_block {
+  void *p;
+  size_t bytes;
+  enum report_mem_kind kind;
+};
+
+/* One micro-batch of the current step on this device. Buffers come from its arena, freed when
+ * the last instruction tagged with it completes. */
+struct exec_mb {
+  GMutex lock;
+  GArray *allocs; /* struct exec_block */
+  uint64_t bytes; /* live in the arena */
+  atomic_uint remaining;
+  uint32_t global_index; /* micro-batch index in the global batch */
+  int32_t *tokens, *targets;
+  float **out;               /* [n_segments * T_COUNT] final values of local segments */
+  float **in_val;            /* [n_edges * T_COUNT] values received */
+  float **grad;              /* [n_edges * T_COUNT] gradients carried by edges */
+  struct exec_seg_run **seg; /* [n_segments] */
+  struct exec_moe **moe;     /* [n_segments] expert-parallel state */
+  double loss;
+  bool has_loss;
+};
+
+/* Counters a task accumulates (kernel and communication time). */
+struct exec_task_stats {
+  double kernel_s, comm_s;
+};
+
+struct exec_state {
+  const struct exec_options *o;
+  const struct exec_backend_ops *ops;
+  struct exec_backend *b;
+  const struct exec_kernels *k;
+  const struct exec_model *xm;
+  const struct exec_device *dev;
+  struct exec_data *data;
+  struct exec_comm **comms;                /* [n_comm_keys], NULL where not a member */
+  float *params, *grads, *adam_m, *adam_v; /* [n_params] */
+  uint32_t step;                           /* 1-based step being run (AdamW's t) */
+  struct exec_mb *mbs;                     /* [M] */
+  void **gathered;                         /* [n_instrs] ZeRO-3 buffers by gather instruction */
+  atomic_uint *gathered_users;             /* [n_instrs] consumers left */
+  /* buffers come from a cache of freed ones by exact size: every step asks for the same sizes,
+   * and going back to malloc each time costs more than the smaller kernels take */
+  GMutex pool_lock;
+  GHashTable *pool; /* size -> GPtrArray of free buffers */
+  bool poison;      /* fill fresh buffers with NaN (PIPER_EXEC_POISON=1, tests) */
+  /* memory accounting (bytes by report kind) */
+  GMutex mem_lock;
+  uint64_t mem[REPORT_MEM_KIND_COUNT];
+  uint64_t mem_peak, mem_peak_breakdown[REPORT_MEM_KIND_COUNT];
+};
+
+/* train.c */
+bool exec_state_init_params(struct exec_state *s, GError **err);
+void exec_state_free_params(struct exec_state *s);
+void exec_mb_begin(struct exec_state *s, uint32_t mb);
+void exec_mb_end(struct exec_state *s, uint32_t mb);
+bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_stats *st, GError **err);
+void exec_mem_add(struct exec_state *s, enum report_mem_kind k, int64_t bytes);
+void *exec_pool_get(struct exec_state *s, size_t bytes);
+void exec_pool_put(struct exec_state *s, void *p, size_t bytes);
+void exec_pool_clear(struct exec_state *s);
+/* Full model parameters in model op order (floats): what this device holds current copies of
+ * (held[i] set), zeros elsewhere. */
+void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
+uint64_t exec_model_param_total(const struct exec_model *xm);
+
+/* checkpoint.c */
+bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t step,
+                           GError **err);
+/* Reads this rank's file of the latest checkpoint under dir; *step = steps done. */
+bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step, GError **err);
+bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t n_ranks, GError **err);
+
+#endif

@@ -1,0 +1,598 @@
+/* host_comm: the host backend's communication. Under an MPI launcher (mpirun, srun): one
+ * process per device (rank = device), MPI_THREAD_MULTIPLE so every stream's worker calls MPI
+ * itself, communicators split per purpose and stream, and every operation nonblocking, polled
+ * with a short backoff: a blocked operation never spins a CPU that compute needs (CI has 2
+ * cores for 4 ranks), and it notices a cancel, so a watchdog can end the run. A process
+ * started alone (or a build without MPI) runs one device without MPI: communicators of one
+ * member only. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../ir/json.h"
+#include "host-impl.h"
+
+#ifdef HAVE_MPI
+#include <mpi.h>
+#endif
+
+struct host_world {
+  bool mpi; /* false: one process, local communicators */
+#ifdef HAVE_MPI
+  MPI_Comm control; /* job-wide operations outside the plan */
+  bool finalize;    /* we initialised MPI, so we finalise it */
+  char library[128];
+#endif
+};
+
+struct exec_comm {
+  struct exec_backend *b;
+  char label[64];
+  bool local; /* one member: this process */
+#ifdef HAVE_MPI
+  MPI_Comm comm;
+  uint32_t size, rank;
+  uint32_t *members; /* world rank of each comm rank */
+#endif
+};
+
+/* ---- one process ------------------------------------------------------------------------- */
+
+static bool local_comm_init(struct exec_backend *b, const struct exec_backend_params *p,
+                            GError **err) {
+  (void)p;
+  (void)err;
+  b->rank = 0;
+  b->size = 1;
+  b->world->mpi = false;
+  return true;
+}
+
+static void local_comm_barrier(struct exec_backend *b) {
+  (void)b;
+}
+static void local_comm_finalize(struct exec_backend *b) {
+  (void)b;
+}
+static void local_comm_abort(struct exec_backend *b, int code) {
+  (void)b;
+  (void)code;
+}
+static const char *local_comm_library(struct exec_backend *b) {
+  (void)b;
+#ifdef HAVE_MPI
+  return "one process, no MPI";
+#else
+  return "one process (built without MPI)";
+#endif
+}
+
+static struct exec_comm *local_comm_create(struct exec_backend *b, const char *label,
+                                           const uint32_t *members, uint32_t n_members,
+                                           bool point_to_point, GError **err) {
+  (void)point_to_point;
+  if (n_members != 1 || members[0] != 0) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+                "%s spans %u devices but this process runs alone (launch with mpirun or srun)",
+                label, n_members);
+    return NULL;
+  }
+  struct exec_comm *c = g_new0(struct exec_comm, 1);
+  c->b = b;
+  c->local = true;
+  g_strlcpy(c->label, label, sizeof c->label);
+  return c;
+}
+
+static void local_comm_destroy(struct exec_comm *c) {
+  g_free(c);
+}
+
+static bool no_peer(struct exec_comm *c, GError **err) {
+  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+              "%s: point-to-point needs another process (launch with mpirun or srun)", c->label);
+  return false;
+}
+
+static bool local_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
+                       GError **err) {
+  (void)peer, (void)buf, (void)bytes, (void)tag;
+  return no_peer(c, err);
+}
+
+static bool local_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
+                       GError **err) {
+  (void)peer, (void)buf, (void)bytes, (void)tag;
+  return no_peer(c, err);
+}
+
+static bool local_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {
+  (void)c, (void)buf, (void)n, (void)err;
+  return true;
+}
+
+static bool local_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
+                                     size_t n_per_rank, GError **err) {
+  (void)c, (void)err;
+  memmove(out, in, n_per_rank * sizeof(float));
+  return true;
+}
+
+static bool local_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
+                             GError **err) {
+  (void)c, (void)err;
+  if (in != out)
+    memmove(out, in, bytes_per_rank);
+  return true;
+}
+
+static bool local_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out,
+                                 GError **err) {
+  (void)c, (void)err;
+  out[0] = in[0];
+  return true;
+}
+
+static bool local_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes,
+                               void *out, const size_t *recv_bytes, GError **err) {
+  (void)c, (void)err, (void)recv_bytes;
+  memmove(out, in, send_bytes[0]);
+  return true;
+}
+
+static bool local_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+                                       enum exec_reduce_op op, GError **err) {
+  (void)b, (void)buf, (void)n, (void)op, (void)err;
+  return true;
+}
+
+static bool local_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+                               size_t **out_sizes, GError **err) {
+  (void)b, (void)err;
+  *out = g_memdup2(in, bytes ? bytes : 1);
+  *out_sizes = g_new(size_t, 1);
+  (*out_sizes)[0] = bytes;
+  return true;
+}
+
+static bool local_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
+  (void)b, (void)buf, (void)bytes, (void)err;
+  return true;
+}
+
+#ifdef HAVE_MPI
+/* ---- MPI ------------------------------------------------------------------------------- */
+
+/* Whether this process was started by an MPI launcher: alone, it runs one device without
+ * initialising MPI at all (faster, and nothing to tear down). PIPER_EXEC_MPI=1 forces MPI. */
+static bool launched_by_mpi(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                     "MPI_LOCALNRANKS", "PIPER_EXEC_MPI"};
+  for (size_t i = 0; i < G_N_ELEMENTS(vars); i++)
+    if (getenv(vars[i]))
+      return true;
+  const char *tasks = getenv("SLURM_NTASKS");
+  return tasks && atoi(tasks) > 1;
+}
+
+static bool mpi_fail(GError **err, struct exec_backend *b, const char *label, const char *what,
+                     int rc) {
+  char msg[MPI_MAX_ERROR_STRING] = "";
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+              "rank %u: %s on %s failed: %s (a peer may have died)", b->rank, what, label, msg);
+  return false;
+}
+
+/* Polls requests to completion; false on an MPI error or a cancel. */
+static bool wait_requests(struct exec_backend *b, const char *label, const char *what, int n,
+                          MPI_Request *reqs, GError **err) {
+  long sleep_ns = 0;
+  for (;;) {
+    int flag = 0;
+    int rc = MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS)
+      return mpi_fail(err, b, label, what, rc);
+    if (flag)
+      return true;
+    if (atomic_load(&b->cancelled)) {
+      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "rank %u: %s on %s cancelled", b->rank,
+                  what, label);
+      return false;
+    }
+    /* spin briefly (a matching operation is usually close), then back off up to 50 us */
+    if (sleep_ns < 50000)
+      sleep_ns = sleep_ns ? sleep_ns * 2 : 500;
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static bool mpi_comm_init(struct exec_backend *b, const struct exec_backend_params *p,
+                          GError **err) {
+  b->world->mpi = true;
+  int inited = 0, provided = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int rc =
+        MPI_Init_thread(p ? p->argc : NULL, p ? p->argv : NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) {
+      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "MPI_Init_thread failed (code %d)", rc);
+      return false;
+    }
+    b->world->finalize = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_MULTIPLE) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+                "the MPI library provides thread level %d, but piper-exec needs "
+                "MPI_THREAD_MULTIPLE (%d): every stream calls MPI from its own thread; use an MPI "
+                "built with thread support",
+                provided, MPI_THREAD_MULTIPLE);
+    if (b->world->finalize)
+      MPI_Finalize();
+    return false;
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  b->rank = (uint32_t)rank;
+  b->size = (uint32_t)size;
+  MPI_Comm_dup(MPI_COMM_WORLD, &b->world->control);
+  MPI_Comm_set_errhandler(b->world->control, MPI_ERRORS_RETURN);
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  char *nl = strchr(lib, '\n');
+  if (nl)
+    *nl = 0;
+  char *comma = strchr(lib, ',');
+  if (comma)
+    *comma = 0;
+  g_snprintf(b->world->library, sizeof b->world->library, "MPI (%s)", lib);
+  return true;
+}
+
+static void mpi_comm_barrier(struct exec_backend *b) {
+  MPI_Barrier(b->world->control);
+}
+
+static void mpi_comm_finalize(struct exec_backend *b) {
+  MPI_Comm_free(&b->world->control);
+  if (b->world->finalize)
+    MPI_Finalize();
+}
+
+static void mpi_comm_abort(struct exec_backend *b, int code) {
+  (void)b;
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+static const char *mpi_comm_library(struct exec_backend *b) {
+  return b->world->library;
+}
+
+static struct exec_comm *mpi_comm_create(struct exec_backend *b, const char *label,
+                                         const uint32_t *members, uint32_t n_members,
+                                         bool point_to_point, GError **err) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int pos = -1;
+  for (uint32_t i = 0; i < n_members; i++)
+    if (members[i] == b->rank)
+      pos = (int)i;
+  int rc;
+  if (point_to_point)
+    rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm); /* every rank is in it: peers are world ranks */
+  else
+    rc = MPI_Comm_split(MPI_COMM_WORLD, pos >= 0 ? 0 : MPI_UNDEFINED, pos, &comm);
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(err, b, label, "creating the communicator", rc), NULL;
+  if (comm == MPI_COMM_NULL)
+    return NULL;
+  if (point_to_point)
+    pos = (int)b->rank;
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  struct exec_comm *c = g_new0(struct exec_comm, 1);
+  c->b = b;
+  c->local = false;
+  c->comm = comm;
+  int size;
+  MPI_Comm_size(comm, &size);
+  c->size = (uint32_t)size;
+  c->rank = (uint32_t)pos;
+  c->members = g_new(uint32_t, c->size);
+  if (point_to_point)
+    for (uint32_t i = 0; i < c->size; i++)
+      c->members[i] = i;
+  else
+    memcpy(c->members, members, c->size * sizeof(uint32_t));
+  g_strlcpy(c->label, label, sizeof c->label);
+  return c;
+}
+
+static void mpi_comm_destroy(struct exec_comm *c) {
+  if (!c)
+    return;
+  MPI_Comm_free(&c->comm);
+  g_free(c->members);
+  g_free(c);
+}
+
+static int comm_rank_of(const struct exec_comm *c, uint32_t world_rank) {
+  for (uint32_t i = 0; i < c->size; i++)
+    if (c->members[i] == world_rank)
+      return (int)i;
+  return -1;
+}
+
+/* Messages above INT_MAX bytes go in pieces (MPI counts are int); order is kept. */
+#define CHUNK ((size_t)1 << 30)
+
+static bool p2p(struct exec_comm *c, bool is_send, uint32_t peer, void *buf, size_t bytes, int tag,
+                GError **err) {
+  int r = comm_rank_of(c, peer);
+  if (r < 0) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "rank %u: rank %u is not in %s", c->b->rank,
+                peer, c->label);
+    return false;
+  }
+  char what[64];
+  g_snprintf(what, sizeof what, "%s rank %u", is_send ? "send to" : "receive from", peer);
+  size_t off = 0;
+  do {
+    size_t n = bytes - off < CHUNK ? bytes - off : CHUNK;
+    MPI_Request req;
+    int rc = is_send ? MPI_Isend((char *)buf + off, (int)n, MPI_BYTE, r, tag, c->comm, &req)
+                     : MPI_Irecv((char *)buf + off, (int)n, MPI_BYTE, r, tag, c->comm, &req);
+    if (rc != MPI_SUCCESS)
+      return mpi_fail(err, c->b, c->label, what, rc);
+    if (!wait_requests(c->b, c->label, what, 1, &req, err))
+      return false;
+    off += n;
+  } while (off < bytes);
+  return true;
+}
+
+static bool mpi_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
+                     GError **err) {
+  return p2p(c, true, peer, (void *)buf, bytes, tag, err);
+}
+
+static bool mpi_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
+                     GError **err) {
+  return p2p(c, false, peer, buf, bytes, tag, err);
+}
+
+static bool too_big(struct exec_comm *c, size_t n, const char *what, GError **err) {
+  if (n <= INT_MAX)
+    return false;
+  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+              "rank %u: %s on %s: %zu elements exceed "
+              "what one MPI call takes",
+              c->b->rank, what, c->label, n);
+  return true;
+}
+
+static bool mpi_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {
+  if (too_big(c, n, "all-reduce", err))
+    return false;
+  MPI_Request req;
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->comm, &req);
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(err, c->b, c->label, "all-reduce", rc);
+  return wait_requests(c->b, c->label, "all-reduce", 1, &req, err);
+}
+
+static bool mpi_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
+                                   size_t n_per_rank, GError **err) {
+  if (too_big(c, n_per_rank * c->size, "reduce-scatter", err))
+    return false;
+  MPI_Request req;
+  int rc = MPI_Ireduce_scatter_block(in, out, (int)n_per_rank, MPI_FLOAT, MPI_SUM, c->comm, &req);
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(err, c->b, c->label, "reduce-scatter", rc);
+  return wait_requests(c->b, c->label, "reduce-scatter", 1, &req, err);
+}
+
+static bool mpi_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
+                           GError **err) {
+  if (too_big(c, bytes_per_rank * c->size, "all-gather", err))
+    return false;
+  const void *send = in == (const char *)out + (size_t)c->rank * bytes_per_rank ? MPI_IN_PLACE : in;
+  MPI_Request req;
+  int rc = MPI_Iallgather(send, (int)bytes_per_rank, MPI_BYTE, out, (int)bytes_per_rank, MPI_BYTE,
+                          c->comm, &req);
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(err, c->b, c->label, "all-gather", rc);
+  return wait_requests(c->b, c->label, "all-gather", 1, &req, err);
+}
+
+static bool mpi_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err) {
+  MPI_Request req;
+  int rc = MPI_Ialltoall(in, 1, MPI_INT32_T, out, 1, MPI_INT32_T, c->comm, &req);
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(err, c->b, c->label, "all-to-all (counts)", rc);
+  return wait_requests(c->b, c->label, "all-to-all (counts)", 1, &req, err);
+}
+
+static bool mpi_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes,
+                             void *out, const size_t *recv_bytes, GError **err) {
+  int *sc = g_new(int, 4 * (size_t)c->size), *sd = sc + c->size, *rcn = sd + c->size,
+      *rd = rcn + c->size;
+  size_t so = 0, ro = 0;
+  bool ok = true;
+  for (uint32_t i = 0; i < c->size; i++) {
+    sc[i] = (int)send_bytes[i];
+    rcn[i] = (int)recv_bytes[i];
+    sd[i] = (int)so;
+    rd[i] = (int)ro;
+    so += send_bytes[i];
+    ro += recv_bytes[i];
+  }
+  if (too_big(c, so > ro ? so : ro, "all-to-all", err)) {
+    ok = false;
+  } else {
+    MPI_Request req;
+    int rc = MPI_Ialltoallv(in, sc, sd, MPI_BYTE, out, rcn, rd, MPI_BYTE, c->comm, &req);
+    ok = rc == MPI_SUCCESS ? wait_requests(c->b, c->label, "all-to-all", 1, &req, err)
+                           : mpi_fail(err, c->b, c->label, "all-to-all", rc);
+  }
+  g_free(sc);
+  return ok;
+}
+
+static bool mpi_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+                                     enum exec_reduce_op op, GError **err) {
+  MPI_Op mop = op == EXEC_REDUCE_MAX ? MPI_MAX : op == EXEC_REDUCE_MIN ? MPI_MIN : MPI_SUM;
+  MPI_Request req;
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, mop, b->world->control, &req);
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(err, b, "the job", "all-reduce", rc);
+  return wait_requests(b, "the job", "all-reduce", 1, &req, err);
+}
+
+static bool mpi_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+                             size_t **out_sizes, GError **err) {
+  *out = NULL;
+  *out_sizes = NULL;
+  long long mine = (long long)bytes;
+  long long *sizes = g_new0(long long, b->size);
+  MPI_Request req;
+  int rc =
+      MPI_Igather(&mine, 1, MPI_LONG_LONG, sizes, 1, MPI_LONG_LONG, 0, b->world->control, &req);
+  if (rc != MPI_SUCCESS || !wait_requests(b, "the job", "gather", 1, &req, err)) {
+    g_free(sizes);
+    return rc == MPI_SUCCESS ? false : mpi_fail(err, b, "the job", "gather", rc);
+  }
+  int *cnt = g_new0(int, 2 * (size_t)b->size), *disp = cnt + b->size;
+  size_t total = 0;
+  for (uint32_t i = 0; i < b->size; i++) {
+    cnt[i] = (int)sizes[i];
+    disp[i] = (int)total;
+    total += (size_t)sizes[i];
+  }
+  char *all = b->rank == 0 ? g_malloc(total ? total : 1) : NULL;
+  rc = MPI_Igatherv(in, (int)bytes, MPI_BYTE, all, cnt, disp, MPI_BYTE, 0, b->world->control, &req);
+  bool ok = rc == MPI_SUCCESS ? wait_requests(b, "the job", "gather", 1, &req, err)
+                              : mpi_fail(err, b, "the job", "gather", rc);
+  if (ok && b->rank == 0) {
+    *out = all;
+    *out_sizes = g_new(size_t, b->size);
+    for (uint32_t i = 0; i < b->size; i++)
+      (*out_sizes)[i] = (size_t)sizes[i];
+  } else {
+    g_free(all);
+  }
+  g_free(cnt);
+  g_free(sizes);
+  return ok;
+}
+
+static bool mpi_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
+  MPI_Request req;
+  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, b->world->control, &req);
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(err, b, "the job", "broadcast", rc);
+  return wait_requests(b, "the job", "broadcast", 1, &req, err);
+}
+
+#endif
+
+/* ---- the backend's entry points: MPI when launched so, else local ------------------------- */
+
+#ifdef HAVE_MPI
+#define VIA_WORLD(b, call) ((b)->world->mpi ? mpi_##call : local_##call)
+#define VIA_COMM(c, call) ((c)->local ? local_##call : mpi_##call)
+#else
+#define VIA_WORLD(b, call) local_##call
+#define VIA_COMM(c, call) local_##call
+#endif
+
+bool host_comm_init(struct exec_backend *b, const struct exec_backend_params *p, GError **err) {
+  b->world = g_new0(struct host_world, 1);
+#ifdef HAVE_MPI
+  if (launched_by_mpi())
+    return mpi_comm_init(b, p, err);
+#endif
+  return local_comm_init(b, p, err);
+}
+
+void host_comm_barrier(struct exec_backend *b) {
+  VIA_WORLD(b, comm_barrier)(b);
+}
+
+void host_comm_finalize(struct exec_backend *b) {
+  if (!b->world)
+    return;
+  VIA_WORLD(b, comm_finalize)(b);
+  g_free(b->world);
+  b->world = NULL;
+}
+
+void host_comm_abort(struct exec_backend *b, int code) {
+  VIA_WORLD(b, comm_abort)(b, code);
+}
+const char *host_comm_library(struct exec_backend *b) {
+  return VIA_WORLD(b, comm_library)(b);
+}
+
+struct exec_comm *host_comm_create(struct exec_backend *b, const char *label,
+                                   const uint32_t *members, uint32_t n_members, bool point_to_point,
+                                   GError **err) {
+  return VIA_WORLD(b, comm_create)(b, label, members, n_members, point_to_point, err);
+}
+
+void host_comm_destroy(struct exec_comm *c) {
+  if (c)
+    VIA_COMM(c, comm_destroy)(c);
+}
+
+bool host_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
+               GError **err) {
+  return VIA_COMM(c, send)(c, peer, buf, bytes, tag, err);
+}
+
+bool host_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag, GError **err) {
+  return VIA_COMM(c, recv)(c, peer, buf, bytes, tag, err);
+}
+
+bool host_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {
+  return VIA_COMM(c, all_reduce_f32)(c, buf, n, err);
+}
+
+bool host_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out, size_t n_per_rank,
+                             GError **err) {
+  return VIA_COMM(c, reduce_scatter_f32)(c, in, out, n_per_rank, err);
+}
+
+bool host_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
+                     GError **err) {
+  return VIA_COMM(c, all_gather)(c, in, out, bytes_per_rank, err);
+}
+
+bool host_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err) {
+  return VIA_COMM(c, all_to_all_i32)(c, in, out, err);
+}
+
+bool host_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes, void *out,
+                       const size_t *recv_bytes, GError **err) {
+  return VIA_COMM(c, all_to_all_v)(c, in, send_bytes, out, recv_bytes, err);
+}
+
+bool host_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+                               enum exec_reduce_op op, GError **err) {
+  return VIA_WORLD(b, world_all_reduce_f64)(b, buf, n, op, err);
+}
+
+bool host_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+                       size_t **out_sizes, GError **err) {
+  return VIA_WORLD(b, world_gather)(b, in, bytes, out, out_sizes, err);
+}
+
+bool host_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
+  return VIA_WORLD(b, world_broadcast)(b, buf, bytes, err);
+}

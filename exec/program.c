@@ -1,0 +1,724 @@
+/* program: what the plan means for training on one device, derived from the plan alone (so
+ * plans read from disk run as well as plans compiled in-process).
+ *
+ * Model level: each op reads and writes decoder state tensors (the rule of models/build.c);
+ * a model edge carries the tensors its destination reads whose last writer is its source.
+ * Device level: a send/recv carries one model edge (values in F, their gradients in backward),
+ * found from the segment of the sending node and the segment that consumes the receive; an
+ * all-to-all is a dispatch or a combine depending on whether the expert computes its input. */
+#include <string.h>
+
+#include "../ir/json.h"
+#include "exec-impl.h"
+
+const char *exec_tensor_name(enum exec_tensor t) {
+  static const char *const names[EXEC_T_COUNT] = {"x", "h", "a", "m", "s", "r"};
+  return (unsigned)t < EXEC_T_COUNT ? names[t] : "?";
+}
+
+size_t exec_tensor_words(const struct exec_model *xm, enum exec_tensor t) {
+  if (t == EXEC_T_R)
+    return 2 * (size_t)xm->T * (size_t)xm->K;
+  return (size_t)xm->T * (size_t)xm->C;
+}
+
+size_t exec_grad_floats(const struct exec_model *xm, enum exec_tensor t) {
+  if (t == EXEC_T_R)
+    return (size_t)xm->T * (size_t)xm->K;
+  return (size_t)xm->T * (size_t)xm->C;
+}
+
+uint32_t exec_model_edge(const struct exec_model *xm, uint32_t src, uint32_t dst) {
+  for (uint32_t e = 0; e < xm->m->n_edges; e++)
+    if (xm->m->edges[e].src == src && xm->m->edges[e].dst == dst)
+      return e;
+  return IR_NONE;
+}
+
+static bool layer_has_shared_expert(const struct model *m, int32_t layer) {
+  for (uint32_t o = 0; o < m->n_ops; o++)
+    if (m->ops[o].layer == layer && m->ops[o].kind == MODEL_OP_SHARED_EXPERT)
+      return true;
+  return false;
+}
+
+/* Reads and writes of op o (models/build.c's table). */
+static void op_io(const struct model *m, uint32_t o, unsigned *reads, unsigned *writes) {
+  const struct model_op *op = &m->ops[o];
+  *reads = *writes = 0;
+  switch (op->kind) {
+  case MODEL_OP_EMBEDDING: *writes = EXEC_BIT(EXEC_T_X); break;
+  case MODEL_OP_RMSNORM:
+    *reads = EXEC_BIT(EXEC_T_X);
+    *writes = EXEC_BIT(EXEC_T_H);
+    break;
+  case MODEL_OP_ATTENTION:
+  case MODEL_OP_MLA_ATTENTION:
+    *reads = EXEC_BIT(EXEC_T_H);
+    *writes = EXEC_BIT(EXEC_T_A);
+    break;
+  case MODEL_OP_RESIDUAL_ADD: {
+    enum model_op_kind prev = o > 0 ? m->ops[o - 1].kind : MODEL_OP_EMBEDDING;
+    if (prev == MODEL_OP_ATTENTION || prev == MODEL_OP_MLA_ATTENTION) {
+      *reads = EXEC_BIT(EXEC_T_X) | EXEC_BIT(EXEC_T_A);
+    } else {
+      *reads = EXEC_BIT(EXEC_T_X) | EXEC_BIT(EXEC_T_M);
+      if (prev == MODEL_OP_EXPERT_FFN && layer_has_shared_expert(m, op->layer))
+        *reads |= EXEC_BIT(EXEC_T_S);
+    }
+    *writes = EXEC_BIT(EXEC_T_X);
+    break;
+  }
+  case MODEL_OP_MLP:
+    *reads = EXEC_BIT(EXEC_T_H);
+    *writes = EXEC_BIT(EXEC_T_M);
+    break;
+  case MODEL_OP_SHARED_EXPERT:
+    *reads = EXEC_BIT(EXEC_T_H);
+    *writes = EXEC_BIT(EXEC_T_S);
+    break;
+  case MODEL_OP_ROUTER:
+    *reads = EXEC_BIT(EXEC_T_H);
+    *writes = EXEC_BIT(EXEC_T_R);
+    break;
+  case MODEL_OP_EXPERT_FFN:
+    *reads = EXEC_BIT(EXEC_T_H) | EXEC_BIT(EXEC_T_R);
+    *writes = EXEC_BIT(EXEC_T_M);
+    break;
+  case MODEL_OP_LM_HEAD_LOSS: *reads = EXEC_BIT(EXEC_T_H); break;
+  default: break;
+  }
+}
+
+/* Parameter count the host kernels expect for op o (what models/ must report too). */
+static uint64_t kernel_param_count(const struct exec_model *xm, const struct model_op *op) {
+  switch (op->kind) {
+  case MODEL_OP_EMBEDDING: return kernels_embedding_param_count(xm->V, xm->C);
+  case MODEL_OP_RMSNORM: return kernels_rmsnorm_param_count(xm->C);
+  case MODEL_OP_ATTENTION: {
+    struct kernels_attention_dims d = {(int)op->shape[0], (int)op->shape[1], (int)op->shape[2],
+                                       (int)op->shape[3], (int)op->shape[4], (int)op->shape[5],
+                                       KERNELS_ROPE_THETA};
+    return kernels_attention_param_count(&d);
+  }
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: return kernels_mlp_param_count(xm->C, (int)op->shape[2]);
+  case MODEL_OP_ROUTER: return kernels_router_param_count(xm->C, xm->E);
+  case MODEL_OP_EXPERT_FFN: return kernels_expert_ffn_param_count(xm->E, xm->C, xm->F_expert);
+  case MODEL_OP_LM_HEAD_LOSS: return xm->tied ? 0 : kernels_lm_head_loss_param_count(xm->C, xm->V);
+  default: return 0;
+  }
+}
+
+void exec_model_clear(struct exec_model *xm) {
+  if (!xm)
+    return;
+  if (xm->segs && xm->m)
+    for (uint32_t s = 0; s < xm->m->n_segments; s++) {
+      g_free(xm->segs[s].values);
+      g_free(xm->segs[s].ops);
+      g_free(xm->segs[s].out_edges);
+      g_free(xm->segs[s].in_edges);
+    }
+  g_free(xm->segs);
+  g_free(xm->edge_mask);
+  memset(xm, 0, sizeof *xm);
+}
+
+bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err) {
+  memset(xm, 0, sizeof *xm);
+  xm->m = m;
+  if (m->family == MODEL_FAMILY_DEEPSEEK_V3)
+    return json_fail(err,
+                     "%s: model_type %s uses MLA attention, which has no host kernel (the "
+                     "host backend trains dense and MoE decoders)",
+                     m->name, m->model_type);
+  int64_t T = m->micro_batch_size * m->seq_len;
+  if (T > (1 << 20) || m->hidden_size > (1 << 16) || m->vocab_size > (1 << 20))
+    return json_fail(err,
+                     "%s: too large for the host backend (tokens per micro-batch %lld, "
+                     "hidden_size %lld, vocab_size %lld)",
+                     m->name, (long long)T, (long long)m->hidden_size, (long long)m->vocab_size);
+  xm->T = (int)T;
+  xm->batch = (int)m->micro_batch_size;
+  xm->seq = (int)m->seq_len;
+  xm->C = (int)m->hidden_size;
+  xm->V = (int)m->vocab_size;
+  xm->K = (int)(m->experts_per_tok > 0 ? m->experts_per_tok : 1);
+  xm->E = (int)(m->num_experts > 0 ? m->num_experts : 1);
+  xm->F_expert = (int)m->moe_intermediate_size;
+  xm->embedding_op = xm->head_op = IR_NONE;
+  for (uint32_t o = 0; o < m->n_ops; o++) {
+    if (m->ops[o].kind == MODEL_OP_EMBEDDING)
+      xm->embedding_op = o;
+    if (m->ops[o].kind == MODEL_OP_LM_HEAD_LOSS)
+      xm->head_op = o;
+  }
+  if (xm->embedding_op == IR_NONE || xm->head_op == IR_NONE)
+    return json_fail(err, "%s: the model has no embedding or no LM head", m->name);
+  uint32_t *op_seg = g_new(uint32_t, m->n_ops);
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    for (uint32_t o = 0; o < m->segments[s].op_count; o++)
+      op_seg[m->segments[s].op_first + o] = s;
+  xm->tied = m->ops[xm->head_op].param_count == 0;
+  bool ok = false;
+  if (xm->tied && op_seg[xm->head_op] != op_seg[xm->embedding_op]) {
+    json_fail(err,
+              "%s: tied embeddings need the embedding and the LM head in one segment (one "
+              "PP region without expert layers)",
+              m->name);
+    goto out;
+  }
+
+  /* Edges: replay the writers (models/build.c's build_edges) and check we agree. */
+  xm->edge_mask = g_new0(uint8_t, m->n_edges ? m->n_edges : 1);
+  uint32_t writer[EXEC_T_COUNT];
+  for (int t = 0; t < EXEC_T_COUNT; t++)
+    writer[t] = IR_NONE;
+  xm->segs = g_new0(struct exec_segment, m->n_segments ? m->n_segments : 1);
+  for (uint32_t s = 0; s < m->n_segments; s++) {
+    const struct model_segment *ms = &m->segments[s];
+    struct exec_segment *es = &xm->segs[s];
+    es->expert = ms->expert;
+    es->ops = g_new0(struct exec_seg_op, ms->op_count ? ms->op_count : 1);
+    es->n_ops = ms->op_count;
+    GArray *vals = g_array_new(FALSE, TRUE, sizeof(struct exec_value));
+    int32_t cur[EXEC_T_COUNT];
+    for (int t = 0; t < EXEC_T_COUNT; t++) {
+      cur[t] = -1;
+      es->final_value[t] = -1;
+    }
+    uint64_t poff = 0;
+    for (uint32_t j = 0; j < ms->op_count; j++) {
+      uint32_t o = ms->op_first + j;
+      const struct model_op *op = &m->ops[o];
+      unsigned rd, wr;
+      op_io(m, o, &rd, &wr);
+      struct exec_seg_op *so = &es->ops[j];
+      so->op = o;
+      so->kind = op->kind;
+      so->in[0] = so->in[1] = so->in[2] = so->out = -1;
+      so->param_offset = poff;
+      so->param_count = op->param_count;
+      uint64_t want = kernel_param_count(xm, op);
+      if (op->param_count != want) {
+        json_fail(err, "%s: op %u (%s) has %llu parameters but the host kernel takes %llu", m->name,
+                  o, model_op_kind_name(op->kind), (unsigned long long)op->param_count,
+                  (unsigned long long)want);
+        g_array_free(vals, TRUE);
+        goto out;
+      }
+      poff += op->param_count;
+      int slot = 0;
+      /* inputs in role order: x first, then a|h, m, s, r (train.c relies on it) */
+      static const enum exec_tensor order[] = {EXEC_T_X, EXEC_T_H, EXEC_T_A,
+                                               EXEC_T_M, EXEC_T_R, EXEC_T_S};
+      for (size_t q = 0; q < G_N_ELEMENTS(order); q++) {
+        enum exec_tensor t = order[q];
+        if (!(rd & EXEC_BIT(t)))
+          continue;
+        if (cur[t] < 0) {
+          if (writer[t] == IR_NONE) {
+            json_fail(err, "%s: op %u (%s) reads %s before anything writes it", m->name, o,
+                      model_op_kind_name(op->kind), exec_tensor_name(t));
+            g_array_free(vals, TRUE);
+            goto out;
+          }
+          uint32_t e = IR_NONE;
+          for (uint32_t k = 0; k < m->n_edges; k++)
+            if (m->edges[k].src == writer[t] && m->edges[k].dst == s)
+              e = k;
+          if (e == IR_NONE) {
+            json_fail(err,
+                      "%s: segment %u reads %s from segment %u but the model has no such "
+                      "edge",
+                      m->name, s, exec_tensor_name(t), writer[t]);
+            g_array_free(vals, TRUE);
+            goto out;
+          }
+          xm->edge_mask[e] |= (uint8_t)EXEC_BIT(t);
+          struct exec_value v = {.tensor = (uint8_t)t, .op = -1, .edge = e};
+          g_array_append_val(vals, v);
+          cur[t] = (int32_t)vals->len - 1;
+        }
+        so->in[slot++] = cur[t];
+      }
+      for (int t = 0; t < EXEC_T_COUNT; t++) {
+        if (!(wr & EXEC_BIT(t)))
+          continue;
+        struct exec_value v = {.tensor = (uint8_t)t, .op = (int32_t)j, .edge = IR_NONE};
+        g_array_append_val(vals, v);
+        cur[t] = (int32_t)vals->len - 1;
+        es->final_value[t] = cur[t];
+      }
+      if (wr)
+        so->out = cur[__builtin_ctz(wr)];
+    }
+    for (int t = 0; t < EXEC_T_COUNT; t++)
+      if (es->final_value[t] >= 0)
+        writer[t] = s;
+    es->param_count = poff;
+    es->n_values = vals->len;
+    es->values = (struct exec_value *)g_array_free(vals, FALSE);
+  }
+  /* Every model edge must carry something, and edge bytes must match what we derived. */
+  for (uint32_t e = 0; e < m->n_edges; e++) {
+    uint64_t bytes = 0;
+    for (int t = 0; t < EXEC_T_COUNT; t++)
+      if (xm->edge_mask[e] & EXEC_BIT(t))
+        bytes += t == EXEC_T_R ? (uint64_t)xm->T * (uint64_t)xm->K * 8
+                               : (uint64_t)xm->T * (uint64_t)xm->C * model_dtype_bytes(m->dtype);
+    if (bytes != m->edges[e].bytes) {
+      json_fail(err,
+                "%s: edge %u (segment %u -> %u) carries %llu bytes in the model but %llu "
+                "by the executor's rule",
+                m->name, e, m->edges[e].src, m->edges[e].dst, (unsigned long long)m->edges[e].bytes,
+                (unsigned long long)bytes);
+      goto out;
+    }
+  }
+  /* in/out edge lists per segment */
+  for (uint32_t s = 0; s < m->n_segments; s++) {
+    GArray *in = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    GArray *outs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    for (uint32_t e = 0; e < m->n_edges; e++) {
+      if (m->edges[e].dst == s)
+        g_array_append_val(in, e);
+      if (m->edges[e].src == s)
+        g_array_append_val(outs, e);
+    }
+    xm->segs[s].n_in_edges = in->len;
+    xm->segs[s].n_out_edges = outs->len;
+    xm->segs[s].in_edges = (uint32_t *)g_array_free(in, FALSE);
+    xm->segs[s].out_edges = (uint32_t *)g_array_free(outs, FALSE);
+  }
+  ok = true;
+out:
+  g_free(op_seg);
+  if (!ok)
+    exec_model_clear(xm);
+  return ok;
+}
+
+/* ---- device ------------------------------------------------------------------------------ */
+
+static bool fail_instr(const struct plan *p, uint32_t device, uint32_t node, GError **err,
+                       const char *what) {
+  char nb[256];
+  plan_node_name(p, node, nb, sizeof nb);
+  return json_fail(err, "plan: device %u: instruction \"%s\": %s", device, nb, what);
+}
+
+/* First consumer instruction of what instruction i writes, or IR_NONE. */
+static uint32_t first_consumer(const struct plan_class *c, uint32_t i) {
+  const struct plan_instr *in = &c->instrs[i];
+  for (uint32_t w = 0; w < in->write_count; w++) {
+    const struct plan_tensor *t = &c->tensors[c->writes[in->write_first + w]];
+    if (t->consumer_count)
+      return c->consumers[t->consumer_first];
+  }
+  return IR_NONE;
+}
+
+/* Producer instruction of the first tensor instruction i reads, or IR_NONE. */
+static uint32_t first_producer(const struct plan_class *c, uint32_t i) {
+  const struct plan_instr *in = &c->instrs[i];
+  if (!in->read_count)
+    return IR_NONE;
+  return c->tensors[c->reads[in->read_first]].producer;
+}
+
+static int compare_key(const void *a, const void *b) {
+  const struct exec_comm_key *x = a, *y = b;
+  if (x->comm != y->comm)
+    return x->comm < y->comm ? -1 : 1;
+  if (x->stream_a != y->stream_a)
+    return x->stream_a < y->stream_a ? -1 : 1;
+  return x->stream_b < y->stream_b ? -1 : x->stream_b > y->stream_b;
+}
+
+static struct exec_comm_key key_of(const struct plan *p, const struct plan_instr *in) {
+  const struct ir_node *n = &p->nodes[in->node];
+  struct exec_comm_key k = {in->comm, n->stream, IR_NONE};
+  if (n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV) {
+    uint32_t other = n->pair < p->n_nodes ? p->nodes[n->pair].stream : IR_NONE;
+    k.stream_a = n->kind == IR_NODE_SEND ? n->stream : other;
+    k.stream_b = n->kind == IR_NODE_SEND ? other : n->stream;
+  }
+  return k;
+}
+
+void exec_device_clear(struct exec_device *d) {
+  if (!d)
+    return;
+  g_free(d->instrs);
+  g_free(d->holds);
+  g_free(d->param_offset);
+  g_free(d->param_local);
+  g_free(d->bucket_of);
+  g_free(d->ep_size);
+  g_free(d->ep_rank);
+  for (uint32_t b = 0; b < d->n_buckets; b++)
+    g_free(d->buckets[b].segs);
+  g_free(d->buckets);
+  g_free(d->mb_instr_count);
+  g_free(d->comm_keys);
+  memset(d, 0, sizeof *d);
+}
+
+bool exec_device_init(struct exec_device *d, const struct plan *p, const struct exec_model *xm,
+                      uint32_t device, GError **err) {
+  memset(d, 0, sizeof *d);
+  d->plan = p;
+  d->xm = xm;
+  d->device = device;
+  const struct model *m = xm->m;
+  uint32_t ns = m->n_segments;
+  if (device >= p->n_devices)
+    return json_fail(err,
+                     "plan: the plan has %u devices but this process is rank %u (launch "
+                     "as many processes as devices)",
+                     p->n_devices, device);
+  d->class_id = p->device_class[device];
+  d->cls = plan_device_class(p, device);
+  const struct plan_class *c = d->cls;
+  d->M = p->n_microbatches ? p->n_microbatches : 1;
+  d->mb_tag = -1;
+  for (uint32_t t = m->n_tags; t < p->n_tags; t++) {
+    if (d->mb_tag >= 0)
+      return json_fail(err,
+                       "plan: the program splits micro-batches along two dimensions (%s "
+                       "and %s); the executor needs one",
+                       p->tag_names[d->mb_tag], p->tag_names[t]);
+    d->mb_tag = (int)t;
+  }
+  /* DP degree: every compute node of the plan has the same number of replicas. */
+  d->dp_degree = 0;
+  for (uint32_t i = 0; i < p->n_nodes; i++) {
+    const struct ir_node *n = &p->nodes[i];
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    if (d->dp_degree == 0)
+      d->dp_degree = n->replica_degree;
+    if (n->replica_degree != d->dp_degree)
+      return fail_instr(p, device, i, err,
+                        "regions are replicated over different numbers of devices; the "
+                        "executor needs one data-parallel degree for the whole model");
+  }
+  if (d->dp_degree == 0)
+    d->dp_degree = 1;
+  d->dp_rank = 0;
+  bool dp_set = false;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind != IR_NODE_COMPUTE || d->dp_degree == 1)
+      continue;
+    int pos = plan_node_position(p, c->instrs[i].node, device);
+    if (dp_set && (uint32_t)pos != d->dp_rank)
+      return fail_instr(p, device, c->instrs[i].node, err,
+                        "this device has different positions in its data-parallel groups");
+    d->dp_rank = (uint32_t)pos;
+    dp_set = true;
+  }
+
+  d->n_instrs = c->n_instrs;
+  d->instrs = g_new0(struct exec_instr, c->n_instrs ? c->n_instrs : 1);
+  d->holds = g_new0(bool, ns ? ns : 1);
+  d->param_offset = g_new0(uint64_t, ns ? ns : 1);
+  d->param_local = g_new0(uint64_t, ns ? ns : 1);
+  d->bucket_of = g_new(uint32_t, ns ? ns : 1);
+  d->ep_size = g_new(uint32_t, ns ? ns : 1);
+  d->ep_rank = g_new0(uint32_t, ns ? ns : 1);
+  for (uint32_t s = 0; s < ns; s++) {
+    d->bucket_of[s] = IR_NONE;
+    d->ep_size[s] = 1;
+  }
+  d->mb_instr_count = g_new0(uint32_t, d->M);
+  GArray *buckets = g_array_new(FALSE, TRUE, sizeof(struct exec_bucket));
+  GHashTable **class_index = g_new0(GHashTable *, p->n_classes);
+  bool ok = false;
+
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct plan_instr *pi = &c->instrs[i];
+    const struct ir_node *n = &p->nodes[pi->node];
+    struct exec_instr *x = &d->instrs[i];
+    x->node = pi->node;
+    x->stream = pi->stream;
+    x->pass = n->pass;
+    x->segment = IR_NONE;
+    x->edge = x->peer = x->comm = x->bucket = x->gather = x->segset = IR_NONE;
+    x->mb = -1;
+    bool per_mb = n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_SEND ||
+                  n->kind == IR_NODE_RECV || n->kind == IR_NODE_ALL_TO_ALL ||
+                  (n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE);
+    if (per_mb) {
+      int32_t v = d->mb_tag >= 0 ? n->tags[d->mb_tag] : 0;
+      if (v < 0 || (uint32_t)v >= d->M) {
+        fail_instr(p, device, pi->node, err, "has no micro-batch index in range");
+        goto out;
+      }
+      x->mb = v;
+      d->mb_instr_count[v]++;
+    }
+    switch (n->kind) {
+    case IR_NODE_COMPUTE: {
+      x->role = EXEC_ROLE_COMPUTE;
+      if (n->segment >= ns || n->pass == IR_PASS_NONE) {
+        fail_instr(p, device, pi->node, err, "is a compute node without a segment and pass");
+        goto out;
+      }
+      x->segment = n->segment;
+      d->holds[n->segment] = true;
+      if (m->segments[n->segment].expert && n->shard_degree > 1) {
+        if (xm->E % (int)n->shard_degree != 0) {
+          fail_instr(p, device, pi->node, err, "shards experts unevenly");
+          goto out;
+        }
+        if (n->replica_degree != 1 && n->replica_degree != n->shard_degree) {
+          /* experts are never gradient-synced: replicas in other EP groups would drift */
+          fail_instr(p, device, pi->node, err,
+                     "replicates sharded experts over a different group than it shards them");
+          goto out;
+        }
+        d->ep_size[n->segment] = n->shard_degree;
+        d->ep_rank[n->segment] = (uint32_t)plan_node_position(p, pi->node, device);
+      }
+      break;
+    }
+    case IR_NODE_SEND:
+    case IR_NODE_RECV: {
+      x->role = n->kind == IR_NODE_SEND ? EXEC_ROLE_SEND : EXEC_ROLE_RECV;
+      x->peer = plan_peer(p, pi->node, device);
+      if (x->peer == IR_NONE || x->peer >= p->n_devices || n->pair >= p->n_nodes) {
+        fail_instr(p, device, pi->node, err, "has no peer device");
+        goto out;
+      }
+      /* the receiving side's consumer names the destination segment */
+      const struct plan_class *rc = c;
+      uint32_t ri = i;
+      if (n->kind == IR_NODE_SEND) {
+        uint32_t pc = p->device_class[x->peer];
+        rc = &p->classes[pc];
+        if (!class_index[pc]) {
+          class_index[pc] = g_hash_table_new(NULL, NULL);
+          for (uint32_t k = 0; k < rc->n_instrs; k++)
+            g_hash_table_insert(class_index[pc], GUINT_TO_POINTER(rc->instrs[k].node + 1),
+                                GUINT_TO_POINTER(k + 1));
+        }
+        ri = GPOINTER_TO_UINT(g_hash_table_lookup(class_index[pc], GUINT_TO_POINTER(n->pair + 1)));
+        if (ri == 0) {
+          fail_instr(p, device, pi->node, err, "its receive is not in the peer's plan");
+          goto out;
+        }
+        ri--;
+      }
+      uint32_t ci = first_consumer(rc, ri);
+      const struct ir_node *cn = ci == IR_NONE ? NULL : &p->nodes[rc->instrs[ci].node];
+      if (!cn || cn->kind != IR_NODE_COMPUTE) {
+        fail_instr(p, device, pi->node, err,
+                   "the data it carries is not consumed by a compute node (expert parallelism "
+                   "needs the expert region on the devices of its neighbours)");
+        goto out;
+      }
+      bool fwd = n->pass == IR_PASS_F;
+      if (fwd != (cn->pass == IR_PASS_F) || cn->pass == IR_PASS_BW) {
+        fail_instr(p, device, pi->node, err,
+                   "carries activations saved for backward between devices; place the forward "
+                   "and backward of a region on the same devices");
+        goto out;
+      }
+      uint32_t a = n->segment, bseg = cn->segment;
+      x->segment = a;
+      x->edge = exec_model_edge(xm, a < bseg ? a : bseg, a < bseg ? bseg : a);
+      if (x->edge == IR_NONE) {
+        fail_instr(p, device, pi->node, err, "joins segments that no model edge joins");
+        goto out;
+      }
+      break;
+    }
+    case IR_NODE_ALL_TO_ALL: {
+      uint32_t e = n->segment;
+      uint32_t pr = first_producer(c, i), co = first_consumer(c, i);
+      const struct ir_node *pn = pr == IR_NONE ? NULL : &p->nodes[c->instrs[pr].node];
+      const struct ir_node *cn = co == IR_NONE ? NULL : &p->nodes[c->instrs[co].node];
+      if (!pn || !cn || pn->kind != IR_NODE_COMPUTE || cn->kind != IR_NODE_COMPUTE) {
+        fail_instr(p, device, pi->node, err,
+                   "expert parallelism needs the expert region and its neighbours on the same "
+                   "devices");
+        goto out;
+      }
+      bool from = pn->segment == e;
+      x->role = from ? EXEC_ROLE_A2A_FROM_EXPERT : EXEC_ROLE_A2A_TO_EXPERT;
+      uint32_t other = from ? cn->segment : pn->segment;
+      x->segment = e;
+      x->edge = exec_model_edge(xm, e < other ? e : other, e < other ? other : e);
+      if (e >= ns || !m->segments[e].expert || x->edge == IR_NONE) {
+        fail_instr(p, device, pi->node, err, "is an all-to-all that serves no expert region edge");
+        goto out;
+      }
+      break;
+    }
+    case IR_NODE_ALL_REDUCE:
+    case IR_NODE_REDUCE_SCATTER: {
+      x->role = n->kind == IR_NODE_ALL_REDUCE ? EXEC_ROLE_ALL_REDUCE : EXEC_ROLE_REDUCE_SCATTER;
+      if (n->segset >= p->n_segsets) {
+        fail_instr(p, device, pi->node, err, "has no segment set");
+        goto out;
+      }
+      const struct ir_segset *ss = &p->segsets[n->segset];
+      struct exec_bucket bk = {.node = pi->node,
+                               .n_segs = ss->count,
+                               .segs = g_memdup2(&p->segment_pool[ss->first],
+                                                 (ss->count ? ss->count : 1) * sizeof(uint32_t)),
+                               .group_size = p->groups[n->group].count,
+                               .rank = (uint32_t)plan_node_position(p, pi->node, device),
+                               .sharded_grads = n->kind == IR_NODE_REDUCE_SCATTER,
+                               .sharded_params = n->shard_params};
+      x->bucket = buckets->len;
+      g_array_append_val(buckets, bk);
+      break;
+    }
+    case IR_NODE_ALL_GATHER:
+      x->role = n->pass == IR_PASS_NONE ? EXEC_ROLE_GATHER_UPDATE : EXEC_ROLE_GATHER_USE;
+      x->segset = n->segset;
+      break;
+    case IR_NODE_OPTIMIZER:
+      x->role = EXEC_ROLE_OPTIMIZER;
+      x->segset = n->segset;
+      if (n->segset >= p->n_segsets) {
+        fail_instr(p, device, pi->node, err, "has no segment set");
+        goto out;
+      }
+      break;
+    default: fail_instr(p, device, pi->node, err, "has an unknown kind"); goto out;
+    }
+  }
+  d->n_buckets = buckets->len;
+  d->buckets = (struct exec_bucket *)g_array_free(buckets, FALSE);
+  buckets = NULL;
+
+  /* gathers find their bucket by segment set; compute finds its gathered parameters */
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    struct exec_instr *x = &d->instrs[i];
+    if (x->role == EXEC_ROLE_GATHER_USE || x->role == EXEC_ROLE_GATHER_UPDATE) {
+      for (uint32_t b = 0; b < d->n_buckets; b++)
+        if (p->nodes[d->buckets[b].node].segset == x->segset)
+          x->bucket = b;
+      if (x->bucket == IR_NONE) {
+        fail_instr(p, device, x->node, err, "gathers parameters of no gradient bucket here");
+        goto out;
+      }
+      const struct plan_instr *pi = &c->instrs[i];
+      for (uint32_t w = 0; w < pi->write_count; w++)
+        x->gather_users += c->tensors[c->writes[pi->write_first + w]].consumer_count;
+    }
+    if (x->role == EXEC_ROLE_COMPUTE) {
+      const struct plan_instr *pi = &c->instrs[i];
+      for (uint32_t r = 0; r < pi->read_count; r++) {
+        uint32_t prod = c->tensors[c->reads[pi->read_first + r]].producer;
+        if (p->nodes[c->instrs[prod].node].kind == IR_NODE_ALL_GATHER)
+          x->gather = prod;
+      }
+    }
+  }
+
+  /* Parameter layout: buckets first (contiguous, padded), then the other segments held. */
+  uint64_t off = 0;
+  for (uint32_t s = 0; s < ns; s++)
+    d->param_local[s] = d->holds[s] ? m->segments[s].param_count / d->ep_size[s] : 0;
+  for (uint32_t b = 0; b < d->n_buckets; b++) {
+    struct exec_bucket *bk = &d->buckets[b];
+    bk->offset = off;
+    for (uint32_t j = 0; j < bk->n_segs; j++) {
+      uint32_t s = bk->segs[j];
+      if (s >= ns || !d->holds[s] || d->ep_size[s] > 1 || d->bucket_of[s] != IR_NONE) {
+        fail_instr(p, device, bk->node, err, "syncs a segment this device does not replicate");
+        goto out;
+      }
+      d->bucket_of[s] = b;
+      d->param_offset[s] = off;
+      off += d->param_local[s];
+    }
+    bk->count = off - bk->offset;
+    bk->shard = (bk->count + bk->group_size - 1) / bk->group_size;
+    bk->padded = bk->shard * bk->group_size;
+    off = bk->offset + bk->padded;
+  }
+  for (uint32_t s = 0; s < ns; s++) {
+    if (!d->holds[s] || d->bucket_of[s] != IR_NONE)
+      continue;
+    d->param_offset[s] = off;
+    off += d->param_local[s];
+  }
+  d->n_params = off;
+
+  /* Communicators of the whole plan, in one order every rank computes alike. */
+  {
+    GArray *keys = g_array_new(FALSE, FALSE, sizeof(struct exec_comm_key));
+    for (uint32_t k = 0; k < p->n_classes; k++)
+      for (uint32_t i = 0; i < p->classes[k].n_instrs; i++) {
+        const struct plan_instr *pi = &p->classes[k].instrs[i];
+        if (pi->comm == IR_NONE)
+          continue;
+        struct exec_comm_key key = key_of(p, pi);
+        g_array_append_val(keys, key);
+      }
+    if (keys->len)
+      qsort(keys->data, keys->len, sizeof(struct exec_comm_key), compare_key);
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < keys->len; i++) {
+      struct exec_comm_key *ki = &g_array_index(keys, struct exec_comm_key, i);
+      if (w > 0 && compare_key(ki, &g_array_index(keys, struct exec_comm_key, w - 1)) == 0)
+        continue;
+      g_array_index(keys, struct exec_comm_key, w++) = *ki;
+    }
+    g_array_set_size(keys, w);
+    d->n_comm_keys = keys->len;
+    d->comm_keys = (struct exec_comm_key *)g_array_free(keys, FALSE);
+    for (uint32_t i = 0; i < c->n_instrs; i++) {
+      if (c->instrs[i].comm == IR_NONE)
+        continue;
+      struct exec_comm_key key = key_of(p, &c->instrs[i]);
+      struct exec_comm_key *hit =
+          bsearch(&key, d->comm_keys, d->n_comm_keys, sizeof(struct exec_comm_key), compare_key);
+      d->instrs[i].comm = (uint32_t)(hit - d->comm_keys);
+      /* sends and receives pair up in sequence order on their communicator */
+      d->instrs[i].tag = (int)(c->instrs[i].seq & 0x7fff);
+    }
+  }
+  ok = true;
+out:
+  if (buckets) {
+    for (guint b = 0; b < buckets->len; b++)
+      g_free(g_array_index(buckets, struct exec_bucket, b).segs);
+    g_array_free(buckets, TRUE);
+  }
+  for (uint32_t k = 0; k < p->n_classes; k++)
+    if (class_index[k])
+      g_hash_table_destroy(class_index[k]);
+  g_free(class_index);
+  if (!ok)
+    exec_device_clear(d);
+  return ok;
+}
+
+static uint64_t fnv(uint64_t h, const void *data, size_t n) {
+  const unsigned char *b = data;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+uint64_t exec_device_fingerprint(const struct exec_device *d) {
+  uint64_t h = 14695981039346656037ull;
+  const char *mj = d->plan->model_json ? d->plan->model_json : "";
+  h = fnv(h, mj, strlen(mj));
+  uint32_t hdr[4] = {d->plan->n_devices, d->device, d->dp_degree, d->dp_rank};
+  h = fnv(h, hdr, sizeof hdr);
+  h = fnv(h, &d->n_params, sizeof d->n_params);
+  for (uint32_t s = 0; s < d->xm->m->n_segments; s++) {
+    uint64_t rec[3] = {d->holds[s], d->param_offset[s], d->param_local[s]};
+    h = fnv(h, rec, sizeof rec);
+  }
+  return h;
+}

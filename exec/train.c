@@ -1,0 +1,1047 @@
+/* train: what each instruction does to the training state of one device: a segment's forward,
+ * fused backward, or its BI and BW halves (op by op, through the backend's kernel table), the
+ * expert-parallel dispatch and combine around an expert segment, point-to-point transfers of a
+ * model edge, gradient buckets, ZeRO gathers and AdamW.
+ *
+ * Inside a segment every tensor version is a value (SSA): ops read values and write new ones,
+ * so the backward finds each op's inputs as the forward saw them. Values, saved activations
+ * and gradients of a micro-batch live in its arena until its last instruction is done. */
+#include <math.h>
+#include <string.h>
+
+#include "../ir/json.h"
+#include "exec-impl.h"
+
+#define TC EXEC_T_COUNT
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+void exec_mem_add(struct exec_state *s, enum report_mem_kind k, int64_t bytes) {
+  g_mutex_lock(&s->mem_lock);
+  s->mem[k] = (uint64_t)((int64_t)s->mem[k] + bytes);
+  uint64_t total = 0;
+  for (int i = 0; i < REPORT_MEM_KIND_COUNT; i++)
+    total += s->mem[i];
+  if (total > s->mem_peak) {
+    s->mem_peak = total;
+    memcpy(s->mem_peak_breakdown, s->mem, sizeof s->mem);
+  }
+  g_mutex_unlock(&s->mem_lock);
+}
+
+void *exec_pool_get(struct exec_state *s, size_t bytes) {
+  void *p = NULL;
+  g_mutex_lock(&s->pool_lock);
+  GPtrArray *free_list = s->pool ? g_hash_table_lookup(s->pool, GSIZE_TO_POINTER(bytes)) : NULL;
+  if (free_list && free_list->len)
+    p = g_ptr_array_steal_index_fast(free_list, free_list->len - 1);
+  g_mutex_unlock(&s->pool_lock);
+  if (!p)
+    p = s->ops->alloc(s->b, bytes);
+  return p;
+}
+
+void exec_pool_put(struct exec_state *s, void *p, size_t bytes) {
+  g_mutex_lock(&s->pool_lock);
+  if (!s->pool)
+    s->pool = g_hash_table_new(g_direct_hash, g_direct_equal);
+  GPtrArray *free_list = g_hash_table_lookup(s->pool, GSIZE_TO_POINTER(bytes));
+  if (!free_list) {
+    free_list = g_ptr_array_new();
+    g_hash_table_insert(s->pool, GSIZE_TO_POINTER(bytes), free_list);
+  }
+  g_ptr_array_add(free_list, p);
+  g_mutex_unlock(&s->pool_lock);
+}
+
+void exec_pool_clear(struct exec_state *s) {
+  if (!s->pool)
+    return;
+  GHashTableIter it;
+  gpointer key, value;
+  g_hash_table_iter_init(&it, s->pool);
+  while (g_hash_table_iter_next(&it, &key, &value)) {
+    GPtrArray *free_list = value;
+    for (guint i = 0; i < free_list->len; i++)
+      s->ops->release(s->b, g_ptr_array_index(free_list, i));
+    g_ptr_array_free(free_list, TRUE);
+  }
+  g_hash_table_destroy(s->pool);
+  s->pool = NULL;
+}
+
+/* A buffer of the micro-batch's arena (never NULL, even for 0 bytes): zeroed when asked,
+ * else with undefined contents (NaN under poisoning, so a kernel that reads what it did not
+ * write shows up in the equivalence tests). */
+static void *mb_buffer(struct exec_state *s, struct exec_mb *mb, size_t bytes,
+                       enum report_mem_kind kind, bool zero) {
+  size_t n = (bytes + 15) & ~(size_t)15;
+  if (!n)
+    n = 16;
+  struct exec_block blk = {exec_pool_get(s, n), n, kind};
+  if (zero)
+    s->k->fill(blk.p, 0.0f, n / sizeof(float));
+  else if (s->poison)
+    s->k->fill(blk.p, NAN, n / sizeof(float));
+  g_mutex_lock(&mb->lock);
+  g_array_append_val(mb->allocs, blk);
+  mb->bytes += n;
+  g_mutex_unlock(&mb->lock);
+  exec_mem_add(s, kind, (int64_t)n);
+  return blk.p;
+}
+
+/* Zeroed (small metadata, pointer tables). */
+static void *mb_alloc(struct exec_state *s, struct exec_mb *mb, size_t bytes,
+                      enum report_mem_kind kind) {
+  return mb_buffer(s, mb, bytes, kind, true);
+}
+
+/* Written in full before it is read. */
+static float *mb_floats_raw(struct exec_state *s, struct exec_mb *mb, size_t n) {
+  return mb_buffer(s, mb, n * sizeof(float), REPORT_MEM_ACTIVATIONS, false);
+}
+
+static float *mb_floats(struct exec_state *s, struct exec_mb *mb, size_t n) {
+  return mb_alloc(s, mb, n * sizeof(float), REPORT_MEM_ACTIVATIONS);
+}
+
+static void *mb_raw(struct exec_state *s, struct exec_mb *mb, size_t bytes,
+                    enum report_mem_kind kind) {
+  return mb_buffer(s, mb, bytes, kind, false);
+}
+
+void exec_mb_begin(struct exec_state *s, uint32_t k) {
+  const struct exec_model *xm = s->xm;
+  const struct model *m = xm->m;
+  struct exec_mb *mb = &s->mbs[k];
+  if (!mb->allocs) {
+    g_mutex_init(&mb->lock);
+    mb->allocs = g_array_new(FALSE, FALSE, sizeof(struct exec_block));
+  }
+  uint32_t ns = m->n_segments, ne = m->n_edges ? m->n_edges : 1;
+  mb->out = g_new0(float *, (size_t)ns *TC);
+  mb->in_val = g_new0(float *, (size_t)ne *TC);
+  mb->grad = g_new0(float *, (size_t)ne *TC);
+  mb->seg = g_new0(struct exec_seg_run *, ns);
+  mb->moe = g_new0(struct exec_moe *, ns);
+  mb->loss = 0;
+  mb->has_loss = false;
+  atomic_store(&mb->remaining, s->dev->mb_instr_count[k]);
+  mb->global_index = s->dev->dp_rank * s->dev->M + k;
+  /* tokens and targets of this micro-batch: its place in the global batch of this step */
+  size_t T = (size_t)xm->T;
+  int32_t *tok = g_new(int32_t, T), *tgt = g_new(int32_t, T);
+  uint64_t block = (uint64_t)(s->step - 1) * s->dev->dp_degree * s->dev->M + mb->global_index;
+  exec_data_batch(s->data, block, xm->batch, xm->seq, tok, tgt);
+  mb->tokens = mb_raw(s, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  mb->targets = mb_raw(s, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  s->ops->from_host(s->b, mb->tokens, tok, T * sizeof(int32_t));
+  s->ops->from_host(s->b, mb->targets, tgt, T * sizeof(int32_t));
+  g_free(tok);
+  g_free(tgt);
+}
+
+void exec_mb_end(struct exec_state *s, uint32_t k) {
+  struct exec_mb *mb = &s->mbs[k];
+  if (!mb->allocs || !mb->out)
+    return;
+  g_mutex_lock(&mb->lock);
+  for (guint i = 0; i < mb->allocs->len; i++) {
+    struct exec_block *blk = &g_array_index(mb->allocs, struct exec_block, i);
+    exec_mem_add(s, blk->kind, -(int64_t)blk->bytes);
+    exec_pool_put(s, blk->p, blk->bytes);
+  }
+  g_array_set_size(mb->allocs, 0);
+  mb->bytes = 0;
+  g_mutex_unlock(&mb->lock);
+  g_free(mb->out);
+  g_free(mb->in_val);
+  g_free(mb->grad);
+  g_free(mb->seg);
+  g_free(mb->moe);
+  mb->out = mb->in_val = mb->grad = NULL;
+  mb->seg = NULL;
+  mb->moe = NULL;
+  mb->tokens = mb->targets = NULL;
+}
+
+/* ---- parameters -------------------------------------------------------------------------- */
+
+/* splitmix64: a counter-based hash, so each parameter's value depends only on its key. */
+static uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+float exec_init_param(const struct model *m, uint64_t seed, uint32_t op, uint64_t index) {
+  if (op < m->n_ops && m->ops[op].kind == MODEL_OP_RMSNORM)
+    return 1.0f;
+  uint64_t h = mix(mix(seed ^ 0x5049504552ull) ^ ((uint64_t)op << 40) ^ index);
+  /* Box-Muller on two 24-bit uniforms in (0, 1]; std 0.02 (GPT-2's initialisation). */
+  double u1 = ((double)(h >> 40) + 1.0) / 16777216.0;
+  double u2 = (double)((h >> 16) & 0xffffff) / 16777216.0;
+  return (float)(0.02 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+uint64_t exec_model_param_total(const struct exec_model *xm) {
+  uint64_t n = 0;
+  for (uint32_t o = 0; o < xm->m->n_ops; o++)
+    n += xm->m->ops[o].param_count;
+  return n;
+}
+
+/* Calls fn(local index, global index) for every parameter of segment seg held here. */
+static void for_each_param(const struct exec_state *s, uint32_t seg,
+                           void (*fn)(const struct exec_state *, uint32_t op, uint64_t local,
+                                      uint64_t global_in_op, void *),
+                           void *data) {
+  const struct exec_segment *es = &s->xm->segs[seg];
+  const struct exec_device *d = s->dev;
+  uint32_t S = d->ep_size[seg];
+  for (uint32_t j = 0; j < es->n_ops; j++) {
+    const struct exec_seg_op *so = &es->ops[j];
+    uint64_t n = so->param_count / S;
+    uint64_t first = (uint64_t)d->ep_rank[seg] * n; /* local experts start here in the op */
+    uint64_t base = so->param_offset / S;
+    for (uint64_t i = 0; i < n; i++)
+      fn(s, so->op, base + i, first + i, data);
+  }
+}
+
+struct fill_ctx {
+  float *host;
+  uint64_t seg_offset;
+};
+
+static void fill_init(const struct exec_state *s, uint32_t op, uint64_t local, uint64_t g,
+                      void *data) {
+  struct fill_ctx *c = data;
+  c->host[c->seg_offset + local] = exec_init_param(s->xm->m, s->o->seed, op, g);
+}
+
+bool exec_state_init_params(struct exec_state *s, GError **err) {
+  const struct exec_device *d = s->dev;
+  size_t n = (size_t)(d->n_params ? d->n_params : 1);
+  size_t bytes = n * sizeof(float);
+  s->params = s->ops->alloc(s->b, bytes);
+  s->grads = s->ops->alloc(s->b, bytes);
+  s->adam_m = s->ops->alloc(s->b, bytes);
+  s->adam_v = s->ops->alloc(s->b, bytes);
+  if (!s->params || !s->grads || !s->adam_m || !s->adam_v) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+                "rank %u: cannot allocate %zu bytes of parameters and optimizer state", d->device,
+                4 * bytes);
+    return false;
+  }
+  exec_mem_add(s, REPORT_MEM_PARAMS, (int64_t)bytes);
+  exec_mem_add(s, REPORT_MEM_GRADS, (int64_t)bytes);
+  exec_mem_add(s, REPORT_MEM_OPTIMIZER, 2 * (int64_t)bytes);
+  float *host = g_new0(float, n);
+  for (uint32_t seg = 0; seg < s->xm->m->n_segments; seg++) {
+    if (!d->holds[seg])
+      continue;
+    struct fill_ctx c = {host, d->param_offset[seg]};
+    for_each_param(s, seg, fill_init, &c);
+  }
+  s->ops->from_host(s->b, s->params, host, bytes);
+  g_free(host);
+  return true;
+}
+
+void exec_state_free_params(struct exec_state *s) {
+  if (!s->ops)
+    return;
+  s->ops->release(s->b, s->params);
+  s->ops->release(s->b, s->grads);
+  s->ops->release(s->b, s->adam_m);
+  s->ops->release(s->b, s->adam_v);
+  s->params = s->grads = s->adam_m = s->adam_v = NULL;
+}
+
+/* Whether this device holds a current copy of element `local` of segment seg: everywhere but
+ * outside its own shard under ZeRO-3 (the rest is stale until the next gather). */
+static bool current(const struct exec_state *s, uint32_t seg, uint64_t local) {
+  const struct exec_device *d = s->dev;
+  uint32_t b = d->bucket_of[seg];
+  if (b == IR_NONE || !d->buckets[b].sharded_params)
+    return true;
+  const struct exec_bucket *bk = &d->buckets[b];
+  uint64_t flat = d->param_offset[seg] + local, lo = bk->offset + (uint64_t)bk->rank * bk->shard;
+  return flat >= lo && flat < lo + bk->shard;
+}
+
+struct export_ctx {
+  const float *host;
+  float *full;
+  bool *held;
+  uint32_t seg;
+  const uint64_t *op_offset; /* global (model order) offset of each op's parameters */
+};
+
+static void export_one(const struct exec_state *s, uint32_t op, uint64_t local, uint64_t g,
+                       void *data) {
+  struct export_ctx *c = data;
+  if (!current(s, c->seg, local))
+    return;
+  c->full[c->op_offset[op] + g] = c->host[s->dev->param_offset[c->seg] + local];
+  c->held[c->op_offset[op] + g] = true;
+}
+
+void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full) {
+  const struct exec_device *d = s->dev;
+  memset(full, 0, n_full * sizeof(float));
+  memset(held, 0, n_full * sizeof(bool));
+  size_t n = (size_t)(d->n_params ? d->n_params : 1);
+  float *host = g_new(float, n);
+  s->ops->to_host(s->b, host, s->params, n * sizeof(float));
+  const struct model *m = s->xm->m;
+  uint64_t *op_offset = g_new(uint64_t, m->n_ops + 1);
+  op_offset[0] = 0;
+  for (uint32_t o = 0; o < m->n_ops; o++)
+    op_offset[o + 1] = op_offset[o] + m->ops[o].param_count;
+  for (uint32_t seg = 0; seg < m->n_segments; seg++) {
+    if (!d->holds[seg])
+      continue;
+    struct export_ctx c = {host, full, held, seg, op_offset};
+    for_each_param(s, seg, export_one, &c);
+  }
+  g_free(op_offset);
+  g_free(host);
+}
+
+/* ---- segments ---------------------------------------------------------------------------- */
+
+/* The expert op of a segment run on one device (no expert parallelism): dispatch, experts,
+ * combine all local. */
+struct local_moe {
+  int32_t *counts, *route_row, *row_expert;
+  float *rows, *y, *scratch;
+};
+
+struct exec_seg_run {
+  float **val, **dval;
+  float **saved, **bwork;
+  struct local_moe **moe;
+};
+
+/* Expert-parallel state of one micro-batch at one expert segment. */
+struct exec_moe {
+  uint32_t S, rank;
+  int e_first, e_count;
+  uint32_t in_edge;
+  int32_t *send_counts, *recv_counts; /* host memory [S] */
+  size_t n_recv;
+  const int32_t *ids;
+  const float *weights;
+  int32_t *route_row, *send_expert, *recv_expert;
+  float *send_rows, *recv_rows, *y_recv, *y_send, *saved, *bwork, *scratch;
+  float *dy_recv, *drows_recv;
+};
+
+#define KT(st, s, call)                                                                            \
+  do {                                                                                             \
+    double kt0_ = (s)->ops->clock((s)->b);                                                         \
+    call;                                                                                          \
+    (st)->kernel_s += (s)->ops->clock((s)->b) - kt0_;                                              \
+  } while (0)
+
+#define CT(st, s, ok, call)                                                                        \
+  do {                                                                                             \
+    double ct0_ = (s)->ops->clock((s)->b);                                                         \
+    ok = (call);                                                                                   \
+    (st)->comm_s += (s)->ops->clock((s)->b) - ct0_;                                                \
+  } while (0)
+
+static bool internal(GError **err, const struct exec_state *s, uint32_t i, const char *what) {
+  char nb[256];
+  plan_node_name(s->dev->plan, s->dev->instrs[i].node, nb, sizeof nb);
+  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "rank %u: instruction %u \"%s\": %s",
+              s->dev->device, i, nb, what);
+  return false;
+}
+
+/* Input tensor t of model edge e for this micro-batch: computed here, or received. Which one
+ * is a property of the micro-batch, not of the segment: DualPipe runs a segment here for some
+ * micro-batches and on another device for the others. */
+static float *edge_value(struct exec_state *s, struct exec_mb *mb, uint32_t e, enum exec_tensor t) {
+  float *local = mb->out[(size_t)s->xm->m->edges[e].src * TC + t];
+  return local ? local : mb->in_val[(size_t)e * TC + t];
+}
+
+static const float *params_of(struct exec_state *s, const struct exec_instr *x) {
+  const struct exec_device *d = s->dev;
+  if (x->gather != IR_NONE) {
+    const struct exec_bucket *bk = &d->buckets[d->instrs[x->gather].bucket];
+    return (const float *)s->gathered[x->gather] + (d->param_offset[x->segment] - bk->offset);
+  }
+  return s->params + d->param_offset[x->segment];
+}
+
+static struct kernels_attention_dims attention_dims(const struct model_op *op) {
+  struct kernels_attention_dims dd = {(int)op->shape[0], (int)op->shape[1], (int)op->shape[2],
+                                      (int)op->shape[3], (int)op->shape[4], (int)op->shape[5],
+                                      KERNELS_ROPE_THETA};
+  return dd;
+}
+
+static float *dval_out(struct exec_state *s, struct exec_mb *mb, struct exec_seg_run *run,
+                       const struct exec_segment *es, int32_t v) {
+  if (!run->dval[v])
+    run->dval[v] =
+        mb_floats(s, mb, exec_grad_floats(s->xm, (enum exec_tensor)es->values[v].tensor));
+  return run->dval[v];
+}
+
+/* Gradient buffer of input value v and whether to accumulate into it. */
+static float *dval_in(struct exec_state *s, struct exec_mb *mb, struct exec_seg_run *run,
+                      const struct exec_segment *es, int32_t v, bool *acc) {
+  *acc = run->dval[v] != NULL;
+  if (!*acc) /* the kernel writes it (accumulate = false) */
+    run->dval[v] =
+        mb_floats_raw(s, mb, exec_grad_floats(s->xm, (enum exec_tensor)es->values[v].tensor));
+  return run->dval[v];
+}
+
+static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_stats *st,
+                        GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  const struct exec_segment *es = &xm->segs[x->segment];
+  const struct model *m = xm->m;
+  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
+  struct exec_seg_run *run = mb_alloc(s, mb, sizeof *run, REPORT_MEM_ACTIVATIONS);
+  run->val = mb_alloc(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->dval = mb_alloc(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->saved = mb_alloc(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->bwork = mb_alloc(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->moe = mb_alloc(s, mb, es->n_ops * sizeof(struct local_moe *), REPORT_MEM_ACTIVATIONS);
+  mb->seg[x->segment] = run;
+  for (uint32_t v = 0; v < es->n_values; v++) {
+    if (es->values[v].op >= 0)
+      continue;
+    run->val[v] = edge_value(s, mb, es->values[v].edge, (enum exec_tensor)es->values[v].tensor);
+    if (!run->val[v])
+      return internal(err, s, i, "an input of the segment has not arrived");
+  }
+  const float *P = params_of(s, x);
+  for (uint32_t j = 0; j < es->n_ops; j++) {
+    const struct exec_seg_op *so = &es->ops[j];
+    const struct model_op *op = &m->ops[so->op];
+    const float *prm = P + so->param_offset;
+    float *out = NULL;
+    if (so->out >= 0)
+      out = run->val[so->out] =
+          mb_floats_raw(s, mb, exec_tensor_words(xm, (enum exec_tensor)es->values[so->out].tensor));
+    const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
+    const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
+    const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
+    switch (so->kind) {
+    case MODEL_OP_EMBEDDING: KT(st, s, k->embedding_forward(out, mb->tokens, prm, T, V, C)); break;
+    case MODEL_OP_RMSNORM:
+      run->saved[j] = mb_floats_raw(s, mb, kernels_rmsnorm_saved_floats(T));
+      KT(st, s, k->rmsnorm_forward(out, run->saved[j], in0, prm, T, C, KERNELS_RMSNORM_EPS));
+      break;
+    case MODEL_OP_ATTENTION: {
+      struct kernels_attention_dims dd = attention_dims(op);
+      run->saved[j] = mb_floats_raw(s, mb, kernels_attention_saved_floats(&dd));
+      KT(st, s, k->attention_forward(out, run->saved[j], in0, prm, &dd));
+      break;
+    }
+    case MODEL_OP_RESIDUAL_ADD: {
+      size_t n = (size_t)T * C;
+      KT(st, s, k->copy(out, in0, n * sizeof(float)));
+      KT(st, s, k->residual_add_forward(out, in1, n));
+      if (in2)
+        KT(st, s, k->residual_add_forward(out, in2, n));
+      break;
+    }
+    case MODEL_OP_MLP:
+    case MODEL_OP_SHARED_EXPERT: {
+      int F = (int)op->shape[2];
+      run->saved[j] = mb_floats_raw(s, mb, kernels_mlp_saved_floats(T, F));
+      KT(st, s, k->mlp_forward(out, run->saved[j], in0, prm, T, C, F));
+      break;
+    }
+    case MODEL_OP_ROUTER:
+      run->saved[j] = mb_floats_raw(s, mb, kernels_router_saved_floats(T, E));
+      KT(st, s, k->router_forward((int32_t *)out, out + TK, run->saved[j], in0, prm, T, C, E, K));
+      break;
+    case MODEL_OP_EXPERT_FFN: {
+      if (s->dev->ep_size[x->segment] > 1)
+        return internal(err, s, i, "expert op outside EP path");
+      int F = xm->F_expert;
+      struct local_moe *lm = mb_alloc(s, mb, sizeof *lm, REPORT_MEM_ACTIVATIONS);
+      run->moe[j] = lm;
+      lm->counts = mb_raw(s, mb, sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->route_row = mb_raw(s, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->row_expert = mb_raw(s, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->rows = mb_floats_raw(s, mb, (size_t)TK * C);
+      lm->y = mb_floats_raw(s, mb, (size_t)TK * C);
+      lm->scratch = mb_floats_raw(s, mb, kernels_expert_ffn_scratch_floats(TK, C));
+      run->saved[j] = mb_floats_raw(s, mb, kernels_expert_ffn_saved_floats(TK, C, F));
+      const int32_t *ids = (const int32_t *)in1;
+      const float *weights = in1 + TK;
+      KT(st, s, k->moe_dispatch_plan(lm->counts, lm->route_row, ids, T, K, E, 1));
+      KT(st, s,
+         k->moe_dispatch_forward(lm->rows, lm->row_expert, in0, ids, lm->route_row, T, K, C));
+      KT(st, s,
+         k->expert_ffn_forward(lm->y, run->saved[j], lm->scratch, lm->rows, lm->row_expert, TK, prm,
+                               0, E, C, F));
+      KT(st, s, k->moe_combine_forward(out, lm->y, weights, lm->route_row, T, K, C));
+      break;
+    }
+    case MODEL_OP_LM_HEAD_LOSS: {
+      run->saved[j] = mb_floats_raw(s, mb, kernels_lm_head_loss_saved_floats(T, V));
+      const float *w = xm->tied ? P + es->ops[0].param_offset : prm;
+      float loss = 0;
+      KT(st, s,
+         loss = k->lm_head_loss_forward(run->saved[j], in0, mb->targets, w,
+                                        xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED, T,
+                                        C, V));
+      mb->loss = loss;
+      mb->has_loss = true;
+      break;
+    }
+    default: return internal(err, s, i, "op kind without a host kernel");
+    }
+  }
+  for (int t = 0; t < TC; t++)
+    if (es->final_value[t] >= 0)
+      mb->out[(size_t)x->segment * TC + t] = run->val[es->final_value[t]];
+  return true;
+}
+
+enum bwd_mode { BWD_FUSED, BWD_INPUT, BWD_WEIGHT };
+
+static bool seg_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
+                         struct exec_task_stats *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  const struct model *m = xm->m;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  const struct exec_segment *es = &xm->segs[x->segment];
+  struct exec_seg_run *run = mb->seg[x->segment];
+  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
+  if (!run)
+    return internal(err, s, i, "backward before its forward");
+  const float *P = mode == BWD_WEIGHT ? NULL : params_of(s, x);
+  float *G = s->grads + s->dev->param_offset[x->segment];
+  float dloss = 1.0f / (float)(s->dev->dp_degree * s->dev->M);
+  if (mode != BWD_WEIGHT) {
+    /* gradients of the outputs: the sum over the edges that carried them, in edge order */
+    for (uint32_t q = 0; q < es->n_out_edges; q++) {
+      uint32_t e = es->out_edges[q];
+      for (int t = 0; t < TC; t++) {
+        if (!(xm->edge_mask[e] & EXEC_BIT(t)))
+          continue;
+        const float *g = mb->grad[(size_t)e * TC + t];
+        if (!g)
+          return internal(err, s, i, "an output gradient of the segment has not arrived");
+        int32_t v = es->final_value[t];
+        size_t n = exec_grad_floats(xm, (enum exec_tensor)t);
+        if (!run->dval[v]) {
+          run->dval[v] = mb_floats_raw(s, mb, n);
+          KT(st, s, k->copy(run->dval[v], g, n * sizeof(float)));
+        } else {
+          KT(st, s, k->add(run->dval[v], g, n));
+        }
+      }
+    }
+  }
+  bool fused = mode == BWD_FUSED;
+  for (int32_t j = (int32_t)es->n_ops - 1; j >= 0; j--) {
+    const struct exec_seg_op *so = &es->ops[j];
+    const struct model_op *op = &m->ops[so->op];
+    const float *prm = P ? P + so->param_offset : NULL;
+    float *dprm = G + so->param_offset;
+    const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
+    const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
+    float *dout = so->out >= 0 ? dval_out(s, mb, run, es, so->out) : NULL;
+    bool acc = false;
+    float *din = NULL;
+    if (mode != BWD_WEIGHT && so->in[0] >= 0 && so->kind != MODEL_OP_EXPERT_FFN &&
+        so->kind != MODEL_OP_RESIDUAL_ADD)
+      din = dval_in(s, mb, run, es, so->in[0], &acc);
+    switch (so->kind) {
+    case MODEL_OP_EMBEDDING:
+      if (mode == BWD_FUSED)
+        KT(st, s, k->embedding_backward(dprm, dout, mb->tokens, T, V, C));
+      else if (mode == BWD_WEIGHT)
+        KT(st, s, k->embedding_backward_weight(dprm, dout, mb->tokens, T, V, C));
+      break;
+    case MODEL_OP_RMSNORM:
+      if (fused)
+        KT(st, s, k->rmsnorm_backward(din, dprm, dout, in0, run->saved[j], prm, T, C, acc));
+      else if (mode == BWD_INPUT)
+        KT(st, s, k->rmsnorm_backward_input(din, dout, in0, run->saved[j], prm, T, C, acc));
+      else
+        KT(st, s, k->rmsnorm_backward_weight(dprm, dout, in0, run->saved[j], T, C));
+      break;
+    case MODEL_OP_ATTENTION: {
+      struct kernels_attention_dims dd = attention_dims(op);
+      if (mode != BWD_WEIGHT)
+        run->bwork[j] = mb_floats_raw(s, mb, kernels_attention_bwork_floats(&dd));
+      if (fused)
+        KT(st, s,
+           k->attention_backward(din, dprm, run->bwork[j], dout, in0, run->saved[j], prm, &dd,
+                                 acc));
+      else if (mode == BWD_INPUT)
+        KT(st, s,
+           k->attention_backward_input(din, run->bwork[j], dout, run->saved[j], prm, &dd, acc));
+      else
+        KT(st, s, k->attention_backward_weight(dprm, run->bwork[j], dout, in0, run->saved[j], &dd));
+      break;
+    }
+    case MODEL_OP_RESIDUAL_ADD:
+      if (mode == BWD_WEIGHT)
+        break;
+      for (int q = 0; q < 3; q++) {
+        if (so->in[q] < 0)
+          continue;
+        bool a;
+        float *g = dval_in(s, mb, run, es, so->in[q], &a);
+        KT(st, s, k->residual_add_backward(g, dout, (size_t)T * C, a));
+      }
+      break;
+    case MODEL_OP_MLP:
+    case MODEL_OP_SHARED_EXPERT: {
+      int F = (int)op->shape[2];
+      if (mode != BWD_WEIGHT)
+        run->bwork[j] = mb_floats_raw(s, mb, kernels_mlp_bwork_floats(T, F));
+      if (fused)
+        KT(st, s,
+           k->mlp_backward(din, dprm, run->bwork[j], dout, in0, run->saved[j], prm, T, C, F, acc));
+      else if (mode == BWD_INPUT)
+        KT(st, s,
+           k->mlp_backward_input(din, run->bwork[j], dout, run->saved[j], prm, T, C, F, acc));
+      else
+        KT(st, s, k->mlp_backward_weight(dprm, run->bwork[j], dout, in0, run->saved[j], T, C, F));
+      break;
+    }
+    case MODEL_OP_ROUTER: {
+      const float *r = run->val[so->out];
+      const int32_t *ids = (const int32_t *)r;
+      if (mode != BWD_WEIGHT)
+        run->bwork[j] = mb_floats_raw(s, mb, kernels_router_bwork_floats(T, E));
+      if (fused)
+        KT(st, s,
+           k->router_backward(din, dprm, run->bwork[j], dout, ids, r + TK, run->saved[j], in0, prm,
+                              T, C, E, K, acc));
+      else if (mode == BWD_INPUT)
+        KT(st, s,
+           k->router_backward_input(din, run->bwork[j], dout, ids, r + TK, run->saved[j], prm, T, C,
+                                    E, K, acc));
+      else
+        KT(st, s, k->router_backward_weight(dprm, run->bwork[j], in0, T, C, E));
+      break;
+    }
+    case MODEL_OP_EXPERT_FFN: {
+      int F = xm->F_expert;
+      struct local_moe *lm = run->moe[j];
+      if (mode == BWD_WEIGHT) {
+        KT(st, s,
+           k->expert_ffn_backward_weight(dprm, run->bwork[j], lm->row_expert, TK, run->saved[j], 0,
+                                         E, C, F));
+        break;
+      }
+      run->bwork[j] = mb_floats_raw(s, mb, kernels_expert_ffn_bwork_floats(TK, C, F));
+      float *dy = mb_floats_raw(s, mb, (size_t)TK * C),
+            *drows = mb_floats_raw(s, mb, (size_t)TK * C);
+      bool ar;
+      float *dw = dval_in(s, mb, run, es, so->in[1], &ar);
+      float *dwt = ar ? mb_floats_raw(s, mb, (size_t)TK) : dw;
+      KT(st, s, k->moe_combine_backward(dy, dwt, dout, lm->y, in1 + TK, lm->route_row, T, K, C));
+      if (ar)
+        KT(st, s, k->add(dw, dwt, (size_t)TK));
+      if (fused)
+        KT(st, s,
+           k->expert_ffn_backward(drows, dprm, run->bwork[j], lm->scratch, dy, lm->row_expert, TK,
+                                  run->saved[j], prm, 0, E, C, F, false));
+      else
+        KT(st, s,
+           k->expert_ffn_backward_input(drows, run->bwork[j], lm->scratch, dy, lm->row_expert, TK,
+                                        run->saved[j], prm, 0, E, C, F, false));
+      bool ah;
+      float *dh = dval_in(s, mb, run, es, so->in[0], &ah);
+      KT(st, s, k->moe_dispatch_backward(dh, drows, lm->route_row, T, K, C, ah));
+      break;
+    }
+    case MODEL_OP_LM_HEAD_LOSS: {
+      enum kernels_lm_head_layout lay = xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
+      const float *w = xm->tied && P ? P + es->ops[0].param_offset : prm;
+      float *dw = xm->tied ? G + es->ops[0].param_offset : dprm;
+      run->bwork[j] = run->saved[j]; /* BI turns the probabilities into dlogits in place */
+      if (fused)
+        KT(st, s,
+           k->lm_head_loss_backward(din, dw, run->bwork[j], run->saved[j], in0, mb->targets, w, lay,
+                                    dloss, T, C, V, acc));
+      else if (mode == BWD_INPUT)
+        KT(st, s,
+           k->lm_head_loss_backward_input(din, run->bwork[j], run->saved[j], mb->targets, w, lay,
+                                          dloss, T, C, V, acc));
+      else
+        KT(st, s, k->lm_head_loss_backward_weight(dw, run->bwork[j], in0, lay, T, C, V));
+      break;
+    }
+    default: return internal(err, s, i, "op kind without a host kernel");
+    }
+  }
+  if (mode != BWD_WEIGHT) {
+    /* gradients of the inputs go onto the edges that brought them */
+    for (uint32_t v = 0; v < es->n_values; v++) {
+      const struct exec_value *val = &es->values[v];
+      if (val->op >= 0)
+        continue;
+      float *g = dval_out(s, mb, run, es, (int32_t)v);
+      mb->grad[(size_t)val->edge * TC + val->tensor] = g;
+    }
+  }
+  return true;
+}
+
+/* ---- expert parallelism ------------------------------------------------------------------ */
+
+static struct exec_comm *comm_of(struct exec_state *s, uint32_t i) {
+  uint32_t c = s->dev->instrs[i].comm;
+  return c == IR_NONE ? NULL : s->comms[c];
+}
+
+static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_t *out) {
+  for (uint32_t r = 0; r < S; r++)
+    out[r] = (size_t)rows[r] * row_bytes;
+}
+
+static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, bool forward,
+                           struct exec_task_stats *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  struct exec_moe *moe = mb->moe[x->segment];
+  int C = xm->C, F = xm->F_expert;
+  if (!moe)
+    return internal(err, s, i, "experts run before their dispatch");
+  int n = (int)moe->n_recv;
+  float *G = s->grads + s->dev->param_offset[x->segment];
+  if (forward) {
+    const float *P = params_of(s, x);
+    moe->y_recv = mb_floats_raw(s, mb, (size_t)n * C);
+    moe->saved = mb_floats_raw(s, mb, kernels_expert_ffn_saved_floats(n, C, F));
+    moe->scratch = mb_floats_raw(s, mb, kernels_expert_ffn_scratch_floats(n, C));
+    if (n)
+      KT(st, s,
+         k->expert_ffn_forward(moe->y_recv, moe->saved, moe->scratch, moe->recv_rows,
+                               moe->recv_expert, n, P, moe->e_first, moe->e_count, C, F));
+    return true;
+  }
+  if (mode == BWD_WEIGHT) {
+    if (n)
+      KT(st, s,
+         k->expert_ffn_backward_weight(G, moe->bwork, moe->recv_expert, n, moe->saved, moe->e_first,
+                                       moe->e_count, C, F));
+    return true;
+  }
+  if (!moe->dy_recv)
+    return internal(err, s, i, "expert backward before its output gradient");
+  const float *P = params_of(s, x);
+  moe->bwork = mb_floats_raw(s, mb, kernels_expert_ffn_bwork_floats(n, C, F));
+  moe->drows_recv = mb_floats_raw(s, mb, (size_t)n * C);
+  if (n && mode == BWD_FUSED)
+    KT(st, s,
+       k->expert_ffn_backward(moe->drows_recv, G, moe->bwork, moe->scratch, moe->dy_recv,
+                              moe->recv_expert, n, moe->saved, P, moe->e_first, moe->e_count, C, F,
+                              false));
+  else if (n)
+    KT(st, s,
+       k->expert_ffn_backward_input(moe->drows_recv, moe->bwork, moe->scratch, moe->dy_recv,
+                                    moe->recv_expert, n, moe->saved, P, moe->e_first, moe->e_count,
+                                    C, F, false));
+  return true;
+}
+
+static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_stats *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  const struct exec_backend_ops *ops = s->ops;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  struct exec_comm *comm = comm_of(s, i);
+  int T = xm->T, C = xm->C, K = xm->K, E = xm->E, TK = T * K;
+  size_t row = (size_t)C * sizeof(float);
+  bool ok = true;
+  if (!comm)
+    return internal(err, s, i, "no communicator");
+  uint32_t S = s->dev->ep_size[x->segment];
+  size_t *sb = g_new(size_t, S), *rb = g_new(size_t, S);
+  struct exec_moe *moe = mb->moe[x->segment];
+  bool forward = x->pass == IR_PASS_F;
+  if (x->role == EXEC_ROLE_A2A_TO_EXPERT && forward) {
+    /* dispatch: route this micro-batch's tokens to the experts' owners */
+    moe = mb_alloc(s, mb, sizeof *moe, REPORT_MEM_COMM);
+    mb->moe[x->segment] = moe;
+    moe->S = S;
+    moe->rank = s->dev->ep_rank[x->segment];
+    moe->e_count = E / (int)S;
+    moe->e_first = (int)moe->rank * moe->e_count;
+    moe->in_edge = x->edge;
+    const float *h = edge_value(s, mb, x->edge, EXEC_T_H);
+    const float *r = edge_value(s, mb, x->edge, EXEC_T_R);
+    if (!h || !r) {
+      ok = internal(err, s, i, "the router's output has not arrived");
+      goto out;
+    }
+    moe->ids = (const int32_t *)r;
+    moe->weights = r + TK;
+    moe->send_counts = mb_raw(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+    int32_t *counts_dev = mb_raw(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+    moe->route_row = mb_raw(s, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+    moe->send_expert = mb_raw(s, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+    moe->send_rows = mb_raw(s, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    KT(st, s, k->moe_dispatch_plan(counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
+    KT(st, s,
+       k->moe_dispatch_forward(moe->send_rows, moe->send_expert, h, moe->ids, moe->route_row, T, K,
+                               C));
+    ops->to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
+    int32_t *rc = mb_raw(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+    CT(st, s, ok, ops->all_to_all_i32(comm, moe->send_counts, rc, err));
+    moe->recv_counts = rc;
+    if (!ok)
+      goto out;
+    moe->n_recv = 0;
+    for (uint32_t q = 0; q < S; q++)
+      moe->n_recv += (size_t)rc[q];
+    moe->recv_rows = mb_raw(s, mb, moe->n_recv * row, REPORT_MEM_COMM);
+    moe->recv_expert = mb_raw(s, mb, moe->n_recv * sizeof(int32_t), REPORT_MEM_COMM);
+    byte_counts(moe->send_counts, S, row, sb);
+    byte_counts(moe->recv_counts, S, row, rb);
+    CT(st, s, ok, ops->all_to_all_v(comm, moe->send_rows, sb, moe->recv_rows, rb, err));
+    if (!ok)
+      goto out;
+    byte_counts(moe->send_counts, S, sizeof(int32_t), sb);
+    byte_counts(moe->recv_counts, S, sizeof(int32_t), rb);
+    CT(st, s, ok, ops->all_to_all_v(comm, moe->send_expert, sb, moe->recv_expert, rb, err));
+    goto out;
+  }
+  if (!moe) {
+    ok = internal(err, s, i, "all-to-all before its dispatch");
+    goto out;
+  }
+  byte_counts(moe->send_counts, S, row, sb);
+  byte_counts(moe->recv_counts, S, row, rb);
+  if (x->role == EXEC_ROLE_A2A_FROM_EXPERT && forward) {
+    /* combine: expert outputs back to the tokens' owners, weighted sum per token */
+    if (!moe->y_recv) {
+      ok = internal(err, s, i, "combine before the experts ran");
+      goto out;
+    }
+    moe->y_send = mb_raw(s, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    CT(st, s, ok, ops->all_to_all_v(comm, moe->y_recv, rb, moe->y_send, sb, err));
+    if (!ok)
+      goto out;
+    float *mout = mb_floats_raw(s, mb, (size_t)T * C);
+    KT(st, s, k->moe_combine_forward(mout, moe->y_send, moe->weights, moe->route_row, T, K, C));
+    mb->out[(size_t)x->segment * TC + EXEC_T_M] = mout;
+  } else if (x->role == EXEC_ROLE_A2A_TO_EXPERT) {
+    /* combine's transpose: output gradients to the experts; routing weights' gradient here */
+    const float *dm = mb->grad[(size_t)x->edge * TC + EXEC_T_M];
+    if (!dm) {
+      ok = internal(err, s, i, "the experts' output gradient has not arrived");
+      goto out;
+    }
+    float *dy_send = mb_raw(s, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    float *dweights = mb_floats_raw(s, mb, (size_t)TK);
+    KT(st, s,
+       k->moe_combine_backward(dy_send, dweights, dm, moe->y_send, moe->weights, moe->route_row, T,
+                               K, C));
+    mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R] = dweights;
+    moe->dy_recv = mb_raw(s, mb, moe->n_recv * row, REPORT_MEM_COMM);
+    CT(st, s, ok, ops->all_to_all_v(comm, dy_send, sb, moe->dy_recv, rb, err));
+  } else {
+    /* dispatch's transpose: input gradients back, summed over each token's routes */
+    if (!moe->drows_recv) {
+      ok = internal(err, s, i, "input gradients before the experts' backward");
+      goto out;
+    }
+    float *dsend = mb_raw(s, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    CT(st, s, ok, ops->all_to_all_v(comm, moe->drows_recv, rb, dsend, sb, err));
+    if (!ok)
+      goto out;
+    float *dh = mb_floats_raw(s, mb, (size_t)T * C);
+    KT(st, s, k->moe_dispatch_backward(dh, dsend, moe->route_row, T, K, C, false));
+    mb->grad[(size_t)x->edge * TC + EXEC_T_H] = dh;
+  }
+out:
+  g_free(sb);
+  g_free(rb);
+  return ok;
+}
+
+/* ---- pipeline transfers ------------------------------------------------------------------ */
+
+static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_stats *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  struct exec_comm *comm = comm_of(s, i);
+  bool fwd = x->pass == IR_PASS_F, ok = true;
+  if (!comm)
+    return internal(err, s, i, "no communicator");
+  for (int t = 0; t < TC && ok; t++) {
+    if (!(xm->edge_mask[x->edge] & EXEC_BIT(t)))
+      continue;
+    size_t words = fwd ? exec_tensor_words(xm, (enum exec_tensor)t)
+                       : exec_grad_floats(xm, (enum exec_tensor)t);
+    size_t slot = (size_t)x->edge * TC + (size_t)t;
+    if (x->role == EXEC_ROLE_SEND) {
+      const float *buf = fwd ? mb->out[(size_t)xm->m->edges[x->edge].src * TC + t] : mb->grad[slot];
+      if (!buf)
+        return internal(err, s, i, "sends data that was never computed");
+      CT(st, s, ok, s->ops->send(comm, x->peer, buf, words * 4, x->tag, err));
+    } else {
+      float *buf = mb_raw(s, mb, words * 4, REPORT_MEM_COMM);
+      CT(st, s, ok, s->ops->recv(comm, x->peer, buf, words * 4, x->tag, err));
+      if (fwd)
+        mb->in_val[slot] = buf;
+      else
+        mb->grad[slot] = buf;
+    }
+  }
+  return ok;
+}
+
+/* ---- data parallelism and the optimizer -------------------------------------------------- */
+
+static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_stats *st,
+                          GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_bucket *bk = &s->dev->buckets[x->bucket];
+  const struct exec_backend_ops *ops = s->ops;
+  struct exec_comm *comm = comm_of(s, i);
+  bool ok = true;
+  if (!comm)
+    return internal(err, s, i, "no communicator");
+  float *own_p = s->params + bk->offset + (uint64_t)bk->rank * bk->shard;
+  switch (x->role) {
+  case EXEC_ROLE_ALL_REDUCE:
+    CT(st, s, ok, ops->all_reduce_f32(comm, s->grads + bk->offset, bk->count, err));
+    break;
+  case EXEC_ROLE_REDUCE_SCATTER: {
+    float *tmp = ops->alloc(s->b, (bk->shard ? bk->shard : 1) * sizeof(float));
+    exec_mem_add(s, REPORT_MEM_COMM, (int64_t)(bk->shard * sizeof(float)));
+    CT(st, s, ok, ops->reduce_scatter_f32(comm, s->grads + bk->offset, tmp, bk->shard, err));
+    if (ok)
+      KT(st, s,
+         s->k->copy(s->grads + bk->offset + (uint64_t)bk->rank * bk->shard, tmp,
+                    bk->shard * sizeof(float)));
+    ops->release(s->b, tmp);
+    exec_mem_add(s, REPORT_MEM_COMM, -(int64_t)(bk->shard * sizeof(float)));
+    break;
+  }
+  case EXEC_ROLE_GATHER_UPDATE:
+    CT(st, s, ok,
+       ops->all_gather(comm, own_p, s->params + bk->offset, bk->shard * sizeof(float), err));
+    break;
+  case EXEC_ROLE_GATHER_USE: {
+    float *buf = ops->alloc(s->b, (bk->padded ? bk->padded : 1) * sizeof(float));
+    exec_mem_add(s, REPORT_MEM_GATHERED, (int64_t)(bk->padded * sizeof(float)));
+    CT(st, s, ok, ops->all_gather(comm, own_p, buf, bk->shard * sizeof(float), err));
+    s->gathered[i] = buf;
+    atomic_store(&s->gathered_users[i], x->gather_users);
+    break;
+  }
+  default: break;
+  }
+  return ok;
+}
+
+/* A consumer of gathered parameters is done; the last one frees them. */
+static void gathered_release(struct exec_state *s, uint32_t g) {
+  if (atomic_fetch_sub(&s->gathered_users[g], 1) != 1)
+    return;
+  const struct exec_bucket *bk = &s->dev->buckets[s->dev->instrs[g].bucket];
+  s->ops->release(s->b, s->gathered[g]);
+  s->gathered[g] = NULL;
+  exec_mem_add(s, REPORT_MEM_GATHERED, -(int64_t)(bk->padded * sizeof(float)));
+}
+
+static bool optimizer(struct exec_state *s, uint32_t i, struct exec_task_stats *st) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_device *d = s->dev;
+  const struct plan *p = d->plan;
+  const struct ir_segset *ss = &p->segsets[x->segset];
+  const struct exec_options *o = s->o;
+  for (uint32_t j = 0; j < ss->count; j++) {
+    uint32_t seg = p->segment_pool[ss->first + j];
+    if (seg >= s->xm->m->n_segments || !d->holds[seg] || !d->param_local[seg])
+      continue;
+    uint64_t lo = d->param_offset[seg], hi = lo + d->param_local[seg];
+    uint64_t ulo = lo, uhi = hi;
+    const struct exec_bucket *bk =
+        d->bucket_of[seg] != IR_NONE ? &d->buckets[d->bucket_of[seg]] : NULL;
+    if (bk && bk->sharded_grads) {
+      /* ZeRO: only this device's shard holds reduced gradients; update just that */
+      uint64_t olo = bk->offset + (uint64_t)bk->rank * bk->shard, ohi = olo + bk->shard;
+      ulo = lo > olo ? lo : olo;
+      uhi = hi < ohi ? hi : ohi;
+    }
+    if (uhi > ulo)
+      KT(st, s,
+         s->k->adamw_step(s->params + ulo, s->grads + ulo, s->adam_m + ulo, s->adam_v + ulo,
+                          uhi - ulo, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                          (int)s->step));
+    if (bk && bk->sharded_params) {
+      /* ZeRO-3 keeps only the shard: poison the rest so a use without a gather shows up */
+      if (uhi <= ulo) {
+        KT(st, s, s->k->fill(s->params + lo, NAN, hi - lo));
+      } else {
+        if (ulo > lo)
+          KT(st, s, s->k->fill(s->params + lo, NAN, ulo - lo));
+        if (hi > uhi)
+          KT(st, s, s->k->fill(s->params + uhi, NAN, hi - uhi));
+      }
+    }
+  }
+  return true;
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_stats *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  bool ok = true;
+  switch (x->role) {
+  case EXEC_ROLE_COMPUTE: {
+    bool ep = s->dev->ep_size[x->segment] > 1;
+    enum bwd_mode mode = x->pass == IR_PASS_BI   ? BWD_INPUT
+                         : x->pass == IR_PASS_BW ? BWD_WEIGHT
+                                                 : BWD_FUSED;
+    if (ep)
+      ok = expert_compute(s, i, mode, x->pass == IR_PASS_F, st, err);
+    else if (x->pass == IR_PASS_F)
+      ok = seg_forward(s, i, st, err);
+    else
+      ok = seg_backward(s, i, mode, st, err);
+    if (x->gather != IR_NONE)
+      gathered_release(s, x->gather);
+    break;
+  }
+  case EXEC_ROLE_SEND:
+  case EXEC_ROLE_RECV: ok = transfer(s, i, st, err); break;
+  case EXEC_ROLE_A2A_TO_EXPERT:
+  case EXEC_ROLE_A2A_FROM_EXPERT: ok = all_to_all(s, i, st, err); break;
+  case EXEC_ROLE_ALL_REDUCE:
+  case EXEC_ROLE_REDUCE_SCATTER:
+  case EXEC_ROLE_GATHER_USE:
+  case EXEC_ROLE_GATHER_UPDATE: ok = data_parallel(s, i, st, err); break;
+  case EXEC_ROLE_OPTIMIZER: ok = optimizer(s, i, st); break;
+  }
+  if (x->mb >= 0 && atomic_fetch_sub(&s->mbs[x->mb].remaining, 1) == 1)
+    exec_mb_end(s, (uint32_t)x->mb);
+  return ok;
+}

@@ -1,0 +1,614 @@
+/* Tests for exec/ in one process: what the executor derives from a model and from plans (edge
+ * tensors, instruction roles, data-parallel ranks, parameter layout), the data reader, the
+ * initialisation, the host backend's streams and events, and one-device training: the loss
+ * falls, BI + BW equals the fused backward, a checkpoint resumes bit-identically, a corrupt one
+ * is refused, and the watchdog turns a stuck instruction into an error. Multi-process runs
+ * (the equivalence tests) are in tests/cli/test_exec.sh. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+/* cmocka needs the four above first */
+#include <cmocka.h>
+
+#include <glib/gstdio.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../directives/compile.h"
+#include "../../exec/exec-impl.h"
+#include "../../ir/json.h"
+
+static const struct exec_backend_ops *ops = &exec_backend_host;
+static struct exec_backend *backend; /* one per process: MPI initialises once */
+
+static char *write_temp(const char *name, const char *text, size_t len) {
+  char *dir = g_dir_make_tmp("test_exec_XXXXXX", NULL);
+  assert_non_null(dir);
+  char *path = g_build_filename(dir, name, NULL);
+  assert_true(g_file_set_contents(path, text, (gssize)len, NULL));
+  g_free(dir);
+  return path;
+}
+
+static void remove_tree(const char *path) {
+  char *cmd = g_strdup_printf("rm -rf '%s'", path);
+  assert_int_equal(system(cmd), 0);
+  g_free(cmd);
+}
+
+/* Compiles model + program text (+ mbs, schedule) in-process. */
+static struct compile_result compile_text(const char *model, const char *program, uint32_t mbs,
+                                          const char *schedule, int pp_regions) {
+  char *path = write_temp("program.json", program, strlen(program));
+  struct compile_options o = compile_options_default();
+  o.model_path = model;
+  o.directives_path = path;
+  o.pp_regions = pp_regions;
+  o.schedule.mbs = mbs;
+  if (schedule) {
+    o.have_schedule = true;
+    assert_true(sched_family_parse(schedule, &o.schedule.family));
+  }
+  struct compile_result r;
+  GError *err = NULL;
+  bool ok = compile_run(&o, &r, &err);
+  if (!ok)
+    fail_msg("compile: %s", err->message);
+  g_free(path);
+  return r;
+}
+
+/* ---- model level ------------------------------------------------------------------------- */
+
+static void test_model_edges(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct model *m = model_load_file("models/tiny-moe.json", 0, &err);
+  assert_non_null(m);
+  struct exec_model xm;
+  assert_true(exec_model_init(&xm, m, &err));
+  assert_int_equal(xm.T, 64);
+  assert_int_equal(xm.K, 2);
+  assert_int_equal(xm.E, 8);
+  uint32_t experts = 0;
+  for (uint32_t s = 0; s < m->n_segments; s++) {
+    const struct exec_segment *es = &xm.segs[s];
+    if (!es->expert)
+      continue;
+    experts++;
+    /* an expert region reads h and the routing from its router's segment, writes m */
+    assert_int_equal(es->n_in_edges, 1);
+    assert_int_equal(es->n_out_edges, 1);
+    assert_int_equal(xm.edge_mask[es->in_edges[0]], EXEC_BIT(EXEC_T_H) | EXEC_BIT(EXEC_T_R));
+    assert_int_equal(xm.edge_mask[es->out_edges[0]], EXEC_BIT(EXEC_T_M));
+    assert_int_equal(es->n_ops, 1);
+    assert_int_equal(es->ops[0].kind, MODEL_OP_EXPERT_FFN);
+    assert_int_equal(es->final_value[EXEC_T_M], 2); /* inputs h, r, then its output */
+  }
+  assert_int_equal(experts, 4);
+  /* the residual after an expert region reads x from two segments back */
+  const struct exec_segment *after = &xm.segs[2];
+  assert_int_equal(after->n_in_edges, 2);
+  assert_int_equal(xm.edge_mask[after->in_edges[0]], EXEC_BIT(EXEC_T_X));
+  assert_int_equal(m->edges[after->in_edges[0]].src, 0);
+  assert_int_equal(xm.edge_mask[after->in_edges[1]], EXEC_BIT(EXEC_T_M));
+  /* every edge carries something */
+  for (uint32_t e = 0; e < m->n_edges; e++)
+    assert_true(xm.edge_mask[e] != 0);
+  assert_int_equal(exec_tensor_words(&xm, EXEC_T_R), 2 * 64 * 2);
+  assert_int_equal(exec_grad_floats(&xm, EXEC_T_R), 64 * 2);
+  exec_model_clear(&xm);
+  model_free(m);
+}
+
+static void test_model_refuses_mla(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct model *m = model_load_file("models/deepseek-v3.json", 0, &err);
+  assert_non_null(m);
+  struct exec_model xm;
+  assert_false(exec_model_init(&xm, m, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "deepseek-v3"));
+  assert_non_null(strstr(err->message, "MLA"));
+  g_error_free(err);
+  model_free(m);
+}
+
+/* ---- device level ------------------------------------------------------------------------ */
+
+static void test_device_pp2_dp2_ep2(void **state) {
+  (void)state;
+  gchar *prog = NULL;
+  assert_true(g_file_get_contents("directives/base-schedules/pp2_dp2_ep2.json", &prog, NULL, NULL));
+  struct compile_result r = compile_text("models/tiny-moe.json", prog, 4, "1f1b", 0);
+  g_free(prog);
+  struct exec_model xm;
+  GError *err = NULL;
+  assert_true(exec_model_init(&xm, r.plan->model, &err));
+  uint32_t want_dp_rank[4] = {0, 1, 0, 1};
+  for (uint32_t d = 0; d < 4; d++) {
+    struct exec_device dev;
+    if (!exec_device_init(&dev, r.plan, &xm, d, &err))
+      fail_msg("%s", err->message);
+    assert_int_equal(dev.M, 4);
+    assert_int_equal(dev.dp_degree, 2);
+    assert_int_equal(dev.dp_rank, want_dp_rank[d]);
+    uint32_t sends = 0, recvs = 0, to = 0, from = 0, opt = 0, ar = 0;
+    for (uint32_t i = 0; i < dev.n_instrs; i++) {
+      const struct exec_instr *x = &dev.instrs[i];
+      switch (x->role) {
+      case EXEC_ROLE_SEND: sends++; break;
+      case EXEC_ROLE_RECV: recvs++; break;
+      case EXEC_ROLE_A2A_TO_EXPERT: to++; break;
+      case EXEC_ROLE_A2A_FROM_EXPERT: from++; break;
+      case EXEC_ROLE_OPTIMIZER: opt++; break;
+      case EXEC_ROLE_ALL_REDUCE: ar++; break;
+      default: break;
+      }
+      if (x->role == EXEC_ROLE_SEND || x->role == EXEC_ROLE_RECV) {
+        /* PP=0 devices talk to PP=1 devices at the same DP position and back */
+        assert_int_equal(x->peer, d < 2 ? d + 2 : d - 2);
+        assert_true(x->edge < r.plan->model->n_edges);
+        assert_int_equal(xm.edge_mask[x->edge], EXEC_BIT(EXEC_T_X));
+      }
+      if (x->mb >= 0)
+        assert_true((uint32_t)x->mb < dev.M);
+    }
+    /* one activation edge between the stages, each way, per micro-batch */
+    assert_int_equal(sends, 4);
+    assert_int_equal(recvs, 4);
+    /* two expert regions per stage: dispatch and combine in F and in B, per micro-batch */
+    assert_int_equal(to, 2 * 2 * 4);
+    assert_int_equal(from, 2 * 2 * 4);
+    assert_int_equal(opt, 1);
+    assert_true(ar >= 1);
+    for (uint32_t s = 0; s < r.plan->model->n_segments; s++) {
+      if (!dev.holds[s])
+        continue;
+      bool expert = r.plan->model->segments[s].expert;
+      assert_int_equal(dev.ep_size[s], expert ? 2 : 1);
+      assert_int_equal(dev.param_local[s],
+                       r.plan->model->segments[s].param_count / (expert ? 2 : 1));
+      /* sharded experts are never in a gradient bucket */
+      if (expert)
+        assert_int_equal(dev.bucket_of[s], IR_NONE);
+      assert_true(dev.param_offset[s] + dev.param_local[s] <= dev.n_params);
+    }
+    exec_device_clear(&dev);
+  }
+  /* a 4-device plan cannot be run as device 4 */
+  struct exec_device dev;
+  assert_false(exec_device_init(&dev, r.plan, &xm, 4, &err));
+  assert_non_null(strstr(err->message, "4 devices"));
+  g_clear_error(&err);
+  exec_model_clear(&xm);
+  compile_result_free(&r);
+}
+
+/* ---- data -------------------------------------------------------------------------------- */
+
+static void test_data_token_file(void **state) {
+  (void)state;
+  int32_t hdr[256] = {EXEC_DATA_MAGIC, 1, 10};
+  uint16_t toks[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+  char buf[sizeof hdr + sizeof toks];
+  memcpy(buf, hdr, sizeof hdr);
+  memcpy(buf + sizeof hdr, toks, sizeof toks);
+  char *path = write_temp("tokens.bin", buf, sizeof buf);
+  GError *err = NULL;
+  struct exec_data *d = exec_data_open(path, 256, 0, &err);
+  assert_non_null(d);
+  assert_string_equal(exec_data_kind(d), "tokens");
+  assert_int_equal(exec_data_tokens(d), 10);
+  /* block 1 of 2 sequences of 3: sequences 2 and 3 start at 6 and 9 (mod 10 - 3 - 1 = 6) */
+  int32_t in[6], tg[6];
+  exec_data_batch(d, 1, 2, 3, in, tg);
+  int32_t want_in[6] = {5 + 6 % 6, 6 + 6 % 6, 7 + 6 % 6, 5 + 9 % 6, 6 + 9 % 6, 7 + 9 % 6};
+  for (int i = 0; i < 6; i++) {
+    assert_int_equal(in[i], want_in[i]);
+    assert_int_equal(tg[i], want_in[i] + 1);
+  }
+  exec_data_free(d);
+  /* a token at or above the vocabulary is refused, naming the file */
+  assert_null(exec_data_open(path, 12, 0, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "vocab_size 12"));
+  g_clear_error(&err);
+  /* a header that promises more tokens than the file holds */
+  hdr[2] = 11;
+  memcpy(buf, hdr, sizeof hdr);
+  assert_true(g_file_set_contents(path, buf, sizeof buf, NULL));
+  assert_null(exec_data_open(path, 256, 0, &err));
+  assert_non_null(strstr(err->message, "header says 11 tokens"));
+  g_clear_error(&err);
+  char *dir = g_path_get_dirname(path);
+  remove_tree(dir);
+  g_free(dir);
+  g_free(path);
+}
+
+static void test_data_bytes_and_synthetic(void **state) {
+  (void)state;
+  const char *text = "hello, world";
+  char *path = write_temp("text.txt", text, strlen(text));
+  GError *err = NULL;
+  struct exec_data *d = exec_data_open(path, 256, 0, &err);
+  assert_non_null(d);
+  assert_string_equal(exec_data_kind(d), "bytes");
+  int32_t in[4], tg[4];
+  exec_data_batch(d, 0, 1, 4, in, tg);
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(in[i], (unsigned char)text[i]);
+    assert_int_equal(tg[i], (unsigned char)text[i + 1]);
+  }
+  exec_data_free(d);
+  assert_null(exec_data_open(path, 128, 0, &err)); /* bytes need a 256-token vocabulary */
+  assert_non_null(strstr(err->message, "vocab_size >= 256"));
+  g_clear_error(&err);
+  assert_null(exec_data_open("/nonexistent/piper.bin", 256, 0, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  g_clear_error(&err);
+  /* synthetic: a function of the seed only */
+  struct exec_data *a = exec_data_open(NULL, 256, 7, &err), *b = exec_data_open(NULL, 256, 7, &err);
+  struct exec_data *c = exec_data_open(NULL, 256, 8, &err);
+  int32_t x[64], y[64], z[64], t[64];
+  exec_data_batch(a, 3, 2, 32, x, t);
+  exec_data_batch(b, 3, 2, 32, y, t);
+  exec_data_batch(c, 3, 2, 32, z, t);
+  assert_memory_equal(x, y, sizeof x);
+  assert_memory_not_equal(x, z, sizeof x);
+  for (int i = 0; i < 64; i++)
+    assert_true(x[i] >= 0 && x[i] < 256);
+  exec_data_free(a);
+  exec_data_free(b);
+  exec_data_free(c);
+  char *dir = g_path_get_dirname(path);
+  remove_tree(dir);
+  g_free(dir);
+  g_free(path);
+}
+
+static void test_init_params(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct model *m = model_load_file("models/tiny-dense.json", 0, &err);
+  assert_non_null(m);
+  uint32_t norm = UINT32_MAX, attn = UINT32_MAX;
+  for (uint32_t o = 0; o < m->n_ops; o++) {
+    if (m->ops[o].kind == MODEL_OP_RMSNORM && norm == UINT32_MAX)
+      norm = o;
+    if (m->ops[o].kind == MODEL_OP_ATTENTION && attn == UINT32_MAX)
+      attn = o;
+  }
+  assert_true(exec_init_param(m, 1, norm, 3) == 1.0f);
+  /* a counter-based hash: the same key gives the same value, another key another */
+  assert_true(exec_init_param(m, 1, attn, 5) == exec_init_param(m, 1, attn, 5));
+  assert_true(exec_init_param(m, 1, attn, 5) != exec_init_param(m, 2, attn, 5));
+  assert_true(exec_init_param(m, 1, attn, 5) != exec_init_param(m, 1, attn, 6));
+  /* normal(0, 0.02): over 100000 draws the sample mean is within 5 standard errors
+   * (5 * 0.02 / sqrt(1e5) = 3.2e-4) and the sample std within 2% */
+  double sum = 0, sq = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; i++) {
+    double v = exec_init_param(m, 1, attn, (uint64_t)i);
+    sum += v;
+    sq += v * v;
+  }
+  double mean = sum / n, sd = sqrt(sq / n - mean * mean);
+  assert_true(fabs(mean) < 3.2e-4);
+  assert_true(fabs(sd - 0.02) < 0.02 * 0.02);
+  model_free(m);
+}
+
+/* ---- host backend ------------------------------------------------------------------------ */
+
+struct seq_task {
+  int *log;
+  int *n;
+  int value;
+  useconds_t sleep_us;
+};
+
+static bool seq_fn(void *arg, GError **err) {
+  (void)err;
+  struct seq_task *t = arg;
+  if (t->sleep_us)
+    g_usleep(t->sleep_us);
+  t->log[__atomic_fetch_add(t->n, 1, __ATOMIC_SEQ_CST)] = t->value;
+  return true;
+}
+
+static bool fail_fn(void *arg, GError **err) {
+  (void)arg;
+  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "task failed on purpose");
+  return false;
+}
+
+static void test_host_streams_events(void **state) {
+  (void)state;
+  GError *err = NULL;
+  ops->reset(backend);
+  struct exec_stream *a = ops->stream_create(backend, "a", 0, &err);
+  struct exec_stream *b = ops->stream_create(backend, "b", 0, &err);
+  struct exec_event *ea = ops->event_create(backend), *eb = ops->event_create(backend);
+  int log[4] = {0}, n = 0;
+  /* b's task waits for a's slow task through an event, so it logs second */
+  struct seq_task t1 = {log, &n, 1, 50000}, t2 = {log, &n, 2, 0}, t3 = {log, &n, 3, 0};
+  ops->stream_submit(a, seq_fn, &t1, 1);
+  ops->event_record(ea, a);
+  ops->stream_wait_event(b, ea);
+  ops->stream_submit(b, seq_fn, &t2, 2);
+  ops->event_record(eb, b);
+  /* in-order on one stream: t3 after t1 */
+  ops->stream_submit(a, seq_fn, &t3, 3);
+  ops->event_record(ea, a);
+  assert_true(ops->event_synchronize(eb, 5));
+  assert_true(ops->event_synchronize(ea, 5));
+  assert_int_equal(n, 3);
+  assert_int_equal(log[0], 1);
+  assert_true((log[1] == 2 && log[2] == 3) || (log[1] == 3 && log[2] == 2));
+  /* a timeout is reported as such */
+  struct seq_task slow = {log, &n, 4, 300000};
+  ops->stream_submit(a, seq_fn, &slow, 4);
+  ops->event_record(ea, a);
+  assert_false(ops->event_synchronize(ea, 0.01));
+  struct exec_stream_status st;
+  ops->stream_status(a, &st);
+  assert_int_equal(st.phase, EXEC_STREAM_RUNNING);
+  assert_int_equal(st.task_id, 4);
+  assert_true(ops->event_synchronize(ea, 5));
+  /* a failing task fails its stream and keeps its error */
+  ops->stream_submit(b, fail_fn, NULL, 9);
+  ops->event_record(eb, b);
+  assert_true(ops->event_synchronize(eb, 5) || true);
+  ops->stream_status(b, &st);
+  assert_true(st.failed);
+  assert_non_null(ops->stream_error(b));
+  assert_string_equal(ops->stream_error(b)->message, "task failed on purpose");
+  ops->stream_destroy(a);
+  ops->stream_destroy(b);
+  ops->event_destroy(ea);
+  ops->event_destroy(eb);
+  ops->reset(backend);
+  assert_non_null(exec_backend_find("host"));
+  assert_null(exec_backend_find("nonexistent"));
+}
+
+/* ---- one-device training ----------------------------------------------------------------- */
+
+struct trained {
+  double *losses;
+  uint32_t n;
+  float *params;
+  uint64_t n_params;
+};
+
+static bool train(const struct plan *plan, struct exec_options *o, struct trained *out,
+                  GError **err) {
+  char *dir = g_dir_make_tmp("test_exec_params_XXXXXX", NULL);
+  char *dump = g_build_filename(dir, "params.bin", NULL);
+  o->plan = plan;
+  o->dump_params_path = dump;
+  struct exec_result r;
+  bool ok = exec_run(o, ops, backend, &r, err);
+  if (ok) {
+    out->n = r.n_steps;
+    out->losses = g_memdup2(r.losses, r.n_steps * sizeof(double));
+    gchar *data = NULL;
+    gsize len = 0;
+    assert_true(g_file_get_contents(dump, &data, &len, NULL));
+    out->params = (float *)data;
+    out->n_params = len / sizeof(float);
+    exec_result_clear(&r);
+  }
+  remove_tree(dir);
+  g_free(dump);
+  g_free(dir);
+  return ok;
+}
+
+static void trained_free(struct trained *t) {
+  g_free(t->losses);
+  g_free(t->params);
+}
+
+static void test_train_loss_falls(void **state) {
+  (void)state;
+  struct compile_result r = compile_text("models/tiny-dense.json", "[]", 2, NULL, 0);
+  struct exec_options o = exec_options_default();
+  o.warmup = 0;
+  o.iters = 25;
+  o.lr = 3e-3f;
+  struct trained t;
+  GError *err = NULL;
+  if (!train(r.plan, &o, &t, &err))
+    fail_msg("%s", err->message);
+  assert_int_equal(t.n, 25);
+  /* from ln(256) = 5.55 at random init; the synthetic stream is 3/4 predictable */
+  assert_true(fabs(t.losses[0] - log(256.0)) < 0.2);
+  assert_true(t.losses[24] < t.losses[0] - 0.5);
+  trained_free(&t);
+  compile_result_free(&r);
+}
+
+/* The same steps with the backward split into BI and BW (all BI, then all BW, as zero-bubble
+ * schedules do) give bit-identical results: the fused kernels are BI followed by BW, and each
+ * op's weight gradient sums the micro-batches in the same order either way. */
+static void test_bi_bw_split_equals_fused(void **state) {
+  (void)state;
+  const char *split =
+      "[{\"op\": \"split\", \"filter\": {}, \"dim_name\": \"MB\", \"num_microbatches\": 2},"
+      " {\"op\": \"order\", \"filters\": [[{\"PASS\": \"F\"}], [{\"PASS\": \"BI\"}],"
+      " [{\"PASS\": \"BW\"}]]}]";
+  struct compile_result fused = compile_text("models/tiny-moe.json", "[]", 2, NULL, 0);
+  struct compile_result bibw = compile_text("models/tiny-moe.json", split, 0, NULL, 0);
+  uint32_t bi = 0;
+  for (uint32_t i = 0; i < bibw.plan->n_nodes; i++)
+    bi += bibw.plan->nodes[i].pass == IR_PASS_BI;
+  assert_true(bi > 0);
+  struct exec_options o = exec_options_default();
+  o.warmup = 0;
+  o.iters = 3;
+  struct trained a, b;
+  GError *err = NULL;
+  if (!train(fused.plan, &o, &a, &err))
+    fail_msg("%s", err->message);
+  if (!train(bibw.plan, &o, &b, &err))
+    fail_msg("%s", err->message);
+  assert_memory_equal(a.losses, b.losses, 3 * sizeof(double));
+  assert_int_equal(a.n_params, b.n_params);
+  assert_memory_equal(a.params, b.params, a.n_params * sizeof(float));
+  trained_free(&a);
+  trained_free(&b);
+  compile_result_free(&fused);
+  compile_result_free(&bibw);
+}
+
+static void test_checkpoint_resume(void **state) {
+  (void)state;
+  struct compile_result r = compile_text("models/tiny-moe.json", "[]", 2, NULL, 0);
+  char *dir = g_dir_make_tmp("test_exec_ckpt_XXXXXX", NULL);
+  GError *err = NULL;
+  struct exec_options o = exec_options_default();
+  o.warmup = 0;
+  o.iters = 4;
+  struct trained whole, first, rest;
+  if (!train(r.plan, &o, &whole, &err))
+    fail_msg("%s", err->message);
+  o.iters = 2;
+  o.checkpoint_dir = dir;
+  o.checkpoint_every = 2;
+  if (!train(r.plan, &o, &first, &err))
+    fail_msg("%s", err->message);
+  o.iters = 4;
+  o.checkpoint_dir = NULL;
+  o.resume_dir = dir;
+  if (!train(r.plan, &o, &rest, &err))
+    fail_msg("%s", err->message);
+  assert_int_equal(rest.n, 2);
+  assert_memory_equal(first.losses, whole.losses, 2 * sizeof(double));
+  assert_memory_equal(rest.losses, whole.losses + 2, 2 * sizeof(double));
+  assert_memory_equal(rest.params, whole.params, whole.n_params * sizeof(float));
+  /* another seed, another model, a flipped byte: each refused with what is wrong */
+  struct trained none;
+  o.seed = 99;
+  assert_false(train(r.plan, &o, &none, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "--seed"));
+  g_clear_error(&err);
+  o.seed = exec_options_default().seed;
+  struct compile_result dense = compile_text("models/tiny-dense.json", "[]", 2, NULL, 0);
+  assert_false(train(dense.plan, &o, &none, &err));
+  assert_non_null(strstr(err->message, "different model or parameter layout"));
+  g_clear_error(&err);
+  compile_result_free(&dense);
+  char *file = g_build_filename(dir, "step-2", "rank-0.ckpt", NULL);
+  gchar *data = NULL;
+  gsize len = 0;
+  assert_true(g_file_get_contents(file, &data, &len, NULL));
+  data[len / 2] ^= 0x10;
+  assert_true(g_file_set_contents(file, data, (gssize)len, NULL));
+  assert_false(train(r.plan, &o, &none, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "checksum mismatch"));
+  g_clear_error(&err);
+  g_free(data);
+  g_free(file);
+  trained_free(&whole);
+  trained_free(&first);
+  trained_free(&rest);
+  remove_tree(dir);
+  g_free(dir);
+  compile_result_free(&r);
+}
+
+static void test_watchdog(void **state) {
+  (void)state;
+  struct compile_result r = compile_text("models/tiny-dense.json", "[]", 2, NULL, 0);
+  struct exec_options o = exec_options_default();
+  o.warmup = 0;
+  o.iters = 3;
+  o.timeout_s = 0.3;
+  o.fault = EXEC_FAULT_STALL;
+  o.fault_rank = 0;
+  o.fault_step = 2;
+  o.plan = r.plan;
+  struct exec_result res;
+  GError *err = NULL;
+  double t0 = g_get_monotonic_time() / 1e6;
+  assert_false(exec_run(&o, ops, backend, &res, &err));
+  double took = g_get_monotonic_time() / 1e6 - t0;
+  assert_int_equal(err->code, PIPER_ERROR_RUNTIME);
+  /* one line naming the rank, the stream and the instruction */
+  assert_non_null(strstr(err->message, "rank 0: watchdog: no progress for"));
+  assert_non_null(strstr(err->message, "stream \"compute\" is stuck in instruction 0 \"F s0"));
+  assert_null(strchr(err->message, '\n'));
+  assert_true(took < 5);
+  g_clear_error(&err);
+  /* the backend runs again after a reset (exec_run does it) */
+  o.fault = EXEC_FAULT_NONE;
+  struct trained t;
+  if (!train(r.plan, &o, &t, &err))
+    fail_msg("%s", err->message);
+  trained_free(&t);
+  compile_result_free(&r);
+}
+
+static void test_refuses_plan_larger_than_job(void **state) {
+  (void)state;
+  gchar *prog = NULL;
+  assert_true(g_file_get_contents("directives/base-schedules/dp2.json", &prog, NULL, NULL));
+  struct compile_result r = compile_text("models/tiny-moe.json", prog, 2, NULL, 0);
+  g_free(prog);
+  struct exec_options o = exec_options_default();
+  o.plan = r.plan;
+  struct exec_result res;
+  GError *err = NULL;
+  assert_false(exec_run(&o, ops, backend, &res, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "the plan has 2 devices but the job has 1 processes"));
+  g_clear_error(&err);
+  compile_result_free(&r);
+}
+
+static int setup(void **state) {
+  (void)state;
+  GError *err = NULL;
+  backend = ops->create(NULL, &err);
+  if (!backend) {
+    fprintf(stderr, "host backend: %s\n", err->message);
+    return -1;
+  }
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  ops->destroy(backend);
+  return 0;
+}
+
+int main(void) {
+  /* the tests run kernels on several streams: keep BLAS from adding threads on 2 cores */
+  g_setenv("OPENBLAS_NUM_THREADS", "1", FALSE);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_model_edges),
+      cmocka_unit_test(test_model_refuses_mla),
+      cmocka_unit_test(test_device_pp2_dp2_ep2),
+      cmocka_unit_test(test_data_token_file),
+      cmocka_unit_test(test_data_bytes_and_synthetic),
+      cmocka_unit_test(test_init_params),
+      cmocka_unit_test(test_host_streams_events),
+      cmocka_unit_test(test_train_loss_falls),
+      cmocka_unit_test(test_bi_bw_split_equals_fused),
+      cmocka_unit_test(test_checkpoint_resume),
+      cmocka_unit_test(test_watchdog),
+      cmocka_unit_test(test_refuses_plan_larger_than_job),
+  };
+  return cmocka_run_group_tests_name("exec", tests, setup, teardown);
+}
