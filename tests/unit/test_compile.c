@@ -455,6 +455,71 @@ static void test_dualpipe_copies_sync(void **state) {
   compile_result_free(&r);
 }
 
+/* Every schedule builder through the real compiler, lowering and progress check, for R in
+ * {2, 4, 8} and micro-batch counts at and above each family's minimum. llama3-8b (32 layers)
+ * gives every layout its stages; placements are written per layout. */
+static char *write_layout(const char *shape, uint32_t R, uint32_t *n_stages) {
+  GString *s = g_string_new("[");
+  uint32_t stages = strcmp(shape, "one") == 0 ? R : 2 * R;
+  for (uint32_t st = 0; st < stages; st++) {
+    uint32_t rank = strcmp(shape, "one") == 0 ? st : strcmp(shape, "loop") == 0 ? st % R
+                    : st < R ? st : 2 * R - 1 - st;
+    g_string_append_printf(s, "%s{\"op\":\"place\",\"filter\":{\"PP\":%u},\"devices\":[%u]}",
+                           st ? "," : "", st, rank);
+  }
+  g_string_append(s, "]");
+  char *path = g_strdup_printf("%s/piper-test-layout-%s-%u.json", g_get_tmp_dir(), shape, R);
+  g_file_set_contents(path, s->str, -1, NULL);
+  g_string_free(s, TRUE);
+  *n_stages = stages;
+  return path;
+}
+
+static void test_every_builder_compiles(void **state) {
+  (void)state;
+  static const struct {
+    enum sched_family f;
+    const char *shape;
+    uint32_t min_mult; /* micro-batches tried: k * R for k = min_mult .. min_mult + 2 */
+  } cases[] = {
+      {SCHED_GPIPE, "one", 1},     {SCHED_1F1B, "one", 1},     {SCHED_ZEROBUBBLE, "one", 1},
+      {SCHED_DUALPIPE, "one", 2},  {SCHED_INTERLEAVED_1F1B, "loop", 1},
+      {SCHED_ZBV, "v", 2},         {SCHED_DUALPIPEV, "v", 2},
+  };
+  static const uint32_t ranks[] = {2, 4, 8};
+  uint32_t compiled = 0;
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+    for (size_t r = 0; r < sizeof ranks / sizeof *ranks; r++) {
+      uint32_t R = ranks[r], stages;
+      char *path = write_layout(cases[c].shape, R, &stages);
+      for (uint32_t k = cases[c].min_mult; k < cases[c].min_mult + 3; k++) {
+        uint32_t M = k * R;
+        struct compile_result res = compile_files("models/llama3-8b.json", (int)stages, path, cases[c].f, M);
+        assert_int_equal(res.ranks, R);
+        assert_int_equal(res.mbs, M);
+        /* one F and one backward (B, or BI and BW) per stage and micro-batch */
+        uint32_t f = 0, b = 0, bi = 0, bw = 0;
+        for (uint32_t i = 0; i < res.plan->n_nodes; i++) {
+          const struct ir_node *n = &res.plan->nodes[i];
+          if (n->kind != IR_NODE_COMPUTE) continue;
+          f += n->pass == IR_PASS_F;
+          b += n->pass == IR_PASS_B;
+          bi += n->pass == IR_PASS_BI;
+          bw += n->pass == IR_PASS_BW;
+        }
+        uint32_t per_pass = res.model->n_segments * M;
+        assert_int_equal(f, per_pass);
+        assert_int_equal(b + bi, per_pass);
+        assert_int_equal(bi, bw);
+        compile_result_free(&res);
+        compiled++;
+      }
+      g_unlink(path);
+      g_free(path);
+    }
+  assert_int_equal(compiled, 7 * 3 * 3);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build_dense),
@@ -469,6 +534,7 @@ int main(void) {
       cmocka_unit_test(test_progress_catches_deadlock),
       cmocka_unit_test(test_lower_deterministic),
       cmocka_unit_test(test_dualpipe_copies_sync),
+      cmocka_unit_test(test_every_builder_compiles),
   };
   return cmocka_run_group_tests_name("compile", tests, NULL, NULL);
 }
