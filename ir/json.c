@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 G_DEFINE_QUARK(piper-error-quark, piper_error)
@@ -221,4 +222,29 @@ out:
   g_free(tmp);
   cJSON_free(text);
   return ok;
+}
+
+int piper_error_exit(const char *program, GError *err) {
+  fprintf(stderr, "%s: error: %s\n", program, err ? err->message : "unknown error");
+  int code = err && err->domain == PIPER_ERROR && err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
+  if (err) g_error_free(err);
+  return code;
+}
+
+bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(text, &end, 10);
+  if (errno || end == text || *end || v < (long long)lo || v > (long long)hi) return false;
+  *out = (uint32_t)v;
+  return true;
+}
+
+bool piper_parse_double(const char *text, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (errno || end == text || *end || !(v >= lo && v <= hi)) return false;
+  *out = v;
+  return true;
 }

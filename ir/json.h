@@ -61,4 +61,13 @@ bool json_fail(GError **err, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
  * backslashes escaped, other non-printable bytes as \xNN, cut after max bytes ("..."). */
 char *json_quote(const char *s, size_t len, size_t max);
 
+/* Command-line helpers shared by the program entry points. */
+/* Prints "<program>: error: <message>" on stderr, frees err, returns the exit status (SPEC §8):
+ * 1 for PIPER_ERROR_RUNTIME, 2 for everything else. */
+int piper_error_exit(const char *program, GError *err);
+/* Whole decimal number in [lo, hi]; false otherwise. */
+bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out);
+/* Finite decimal number in [lo, hi]; false otherwise. */
+bool piper_parse_double(const char *text, double lo, double hi, double *out);
+
 #endif

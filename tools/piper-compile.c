@@ -35,20 +35,10 @@ static const char *usage =
     "\n"
     "Exit status: 0 success, 1 runtime failure, 2 bad input.\n";
 
-static int fail(GError *err) {
-  fprintf(stderr, "piper-compile: error: %s\n", err->message);
-  int code = err->domain == PIPER_ERROR && err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
-  g_error_free(err);
-  return code;
-}
-
 static bool parse_count(const char *opt, const char *text, uint32_t lo, uint32_t hi, uint32_t *out,
                         GError **err) {
-  char *end = NULL;
-  long long v = strtoll(text, &end, 10);
-  if (!*text || *end || v < lo || v > hi)
+  if (!piper_parse_u32(text, lo, hi, out))
     return json_fail(err, "%s: expected an integer in [%u, %u], got \"%s\"", opt, lo, hi, text);
-  *out = (uint32_t)v;
   return true;
 }
 
@@ -165,23 +155,23 @@ int main(int argc, char **argv) {
       if (!sched_family_parse(optarg, &o.schedule.family)) {
         json_fail(&err, "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, zerobubble, "
                         "zbv, dualpipe, dualpipev, custom)", optarg);
-        return fail(err);
+        return piper_error_exit("piper-compile", err);
       }
       o.have_schedule = true;
       break;
     case OPT_RANKS:
-      if (!parse_count("--ranks", optarg, 1, IR_MAX_DEVICES, &o.schedule.ranks, &err)) return fail(err);
+      if (!parse_count("--ranks", optarg, 1, IR_MAX_DEVICES, &o.schedule.ranks, &err)) return piper_error_exit("piper-compile", err);
       break;
     case OPT_MBS:
-      if (!parse_count("--mbs", optarg, 1, DIR_MAX_MICROBATCHES, &o.schedule.mbs, &err)) return fail(err);
+      if (!parse_count("--mbs", optarg, 1, DIR_MAX_MICROBATCHES, &o.schedule.mbs, &err)) return piper_error_exit("piper-compile", err);
       break;
     case OPT_KEEP: o.schedule.keep_order = true; break;
     case OPT_PP:
-      if (!parse_count("--pp-regions", optarg, 1, MODEL_MAX_LAYERS, &v, &err)) return fail(err);
+      if (!parse_count("--pp-regions", optarg, 1, MODEL_MAX_LAYERS, &v, &err)) return piper_error_exit("piper-compile", err);
       o.pp_regions = (int)v;
       break;
     case OPT_DEVICES:
-      if (!parse_count("--devices", optarg, 1, IR_MAX_DEVICES, &o.n_devices, &err)) return fail(err);
+      if (!parse_count("--devices", optarg, 1, IR_MAX_DEVICES, &o.n_devices, &err)) return piper_error_exit("piper-compile", err);
       break;
     case OPT_IMPORT: o.import_csv = optarg; break;
     case OPT_EXPORT: export_csv = optarg; break;
@@ -193,18 +183,18 @@ int main(int argc, char **argv) {
     case OPT_VERSION: printf("piper-compile %s\n", PIPER_VERSION); return 0;
     default:
       json_fail(&err, "unknown or incomplete option \"%s\" (see --help)", argv[optind - 1]);
-      return fail(err);
+      return piper_error_exit("piper-compile", err);
     }
   }
   if (optind < argc) {
     json_fail(&err, "unexpected argument \"%s\" (see --help)", argv[optind]);
-    return fail(err);
+    return piper_error_exit("piper-compile", err);
   }
 
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   struct compile_result r;
-  if (!compile_run(&o, &r, &err)) return fail(err);
+  if (!compile_run(&o, &r, &err)) return piper_error_exit("piper-compile", err);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   int status = 0;
   if (dump_ir && !ir_graph_dump_json(r.graph, dump_ir, &err)) goto error;
@@ -255,5 +245,5 @@ int main(int argc, char **argv) {
   return status;
 error:
   compile_result_free(&r);
-  return fail(err);
+  return piper_error_exit("piper-compile", err);
 }

@@ -76,38 +76,11 @@ static void leak_check_before_mpi(void) {
     __lsan_do_leak_check();
 }
 
-static int fail(GError *err) {
-  fprintf(stderr, "piper-exec: error: %s\n", err->message);
-  int code = err->domain == PIPER_ERROR && err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
-  g_error_free(err);
-  return code;
-}
-
 static int usage_error(const char *fmt, const char *arg) {
   fprintf(stderr, "piper-exec: error: ");
   fprintf(stderr, fmt, arg);
   fprintf(stderr, " (see piper-exec --help)\n");
   return 2;
-}
-
-static bool parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi)
-    return false;
-  *out = (uint32_t)v;
-  return true;
-}
-
-static bool parse_double(const char *s, double lo, double hi, double *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || *end || !(v >= lo && v <= hi))
-    return false;
-  *out = v;
-  return true;
 }
 
 /* The launcher ends every rank when one fails: say so in one line instead of vanishing. */
@@ -214,7 +187,7 @@ int main(int argc, char **argv) {
         uint32_t max = num == &mbs                           ? DIR_MAX_MICROBATCHES
                        : num == &ranks || num == &pp_regions ? IR_MAX_DEVICES
                                                              : UINT32_MAX - 1;
-        if (!parse_u32(v, zero_ok ? 0 : 1, max, num)) {
+        if (!piper_parse_u32(v, zero_ok ? 0 : 1, max, num)) {
           fprintf(stderr, "piper-exec: error: %s: \"%s\" is not a %s integer in range\n", a, v,
                   zero_ok ? "non-negative" : "positive");
           return 2;
@@ -222,7 +195,7 @@ int main(int argc, char **argv) {
         if (num == &u32tmp)
           o.seed = u32tmp;
       } else {
-        if (!parse_double(v, lo, hi, real)) {
+        if (!piper_parse_double(v, lo, hi, real)) {
           fprintf(stderr, "piper-exec: error: %s: \"%s\" is not a number in [%g, %g]\n", a, v, lo,
                   hi);
           return 2;
@@ -270,7 +243,7 @@ int main(int argc, char **argv) {
   if (plans) {
     owned = plan_read_dir(plans, &err);
     if (!owned)
-      return fail(err);
+      return piper_error_exit("piper-exec", err);
     plan = owned;
   } else {
     struct compile_options co = compile_options_default();
@@ -284,7 +257,7 @@ int main(int argc, char **argv) {
     if (schedule && !sched_family_parse(schedule, &co.schedule.family))
       return usage_error("--schedule: unknown schedule \"%s\"", schedule);
     if (!compile_run(&co, &cr, &err))
-      return fail(err);
+      return piper_error_exit("piper-exec", err);
     plan = cr.plan;
     program_file = g_strdup(cr.program_file_name);
   }
@@ -316,7 +289,7 @@ int main(int argc, char **argv) {
   struct exec_backend *b = ops->create(&bp, &err);
   int rc = 0;
   if (!b) {
-    rc = fail(err);
+    rc = piper_error_exit("piper-exec", err);
     goto done;
   }
   uint32_t rank = ops->world_rank(b), size = ops->world_size(b);
@@ -340,7 +313,7 @@ int main(int argc, char **argv) {
   }
   struct exec_result res = {0};
   if (!exec_run(&o, ops, b, &res, &err)) {
-    rc = fail(err);
+    rc = piper_error_exit("piper-exec", err);
     if (rc == 1 && size > 1)
       ops->abort(b, 1); /* peers may be blocked on us */
     if (rc == 2 && size > 1)

@@ -51,27 +51,11 @@ static const char usage[] =
     "  --quiet             print no summary\n"
     "  --help, --version\n";
 
-static int fail(GError *err) {
-  fprintf(stderr, "piper-sim: error: %s\n", err->message);
-  int code = err->domain == PIPER_ERROR && err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
-  g_error_free(err);
-  return code;
-}
-
 static int usage_error(const char *fmt, const char *arg) {
   fprintf(stderr, "piper-sim: error: ");
   fprintf(stderr, fmt, arg);
   fprintf(stderr, " (see piper-sim --help)\n");
   return 2;
-}
-
-static bool parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return false;
-  *out = (uint32_t)v;
-  return true;
 }
 
 /* --viz: each pipeline rank's program as a DOT graph (stream order and cross-stream waits). */
@@ -222,7 +206,7 @@ int main(int argc, char **argv) {
       const char *v = argv[++i];
       if (target) {
         *target = v;
-      } else if (!parse_u32(v, num == &pp_regions ? 1 : 1,
+      } else if (!piper_parse_u32(v, num == &pp_regions ? 1 : 1,
                             num == &mbs ? DIR_MAX_MICROBATCHES : IR_MAX_DEVICES, num)) {
         fprintf(stderr, "piper-sim: error: %s: \"%s\" is not a positive integer in range\n", a, v);
         return 2;
@@ -245,7 +229,7 @@ int main(int argc, char **argv) {
     if (model || directives || plans || schedule)
       return usage_error("%s", "--sweep takes the model, schedules and profiles from its file");
     struct sweep *s = sweep_load_file(sweep, &err);
-    if (!s) return fail(err);
+    if (!s) return piper_error_exit("piper-sim", err);
     bool ok = sweep_run(s, dir, isatty(STDERR_FILENO), &err);
     if (ok && !quiet) {
       uint32_t feasible = 0, failed = 0;
@@ -264,7 +248,7 @@ int main(int argc, char **argv) {
       printf("  wrote %s/ (sweep.csv sweep.png)\n", dir);
     }
     sweep_free(s);
-    return ok ? 0 : fail(err);
+    return ok ? 0 : piper_error_exit("piper-sim", err);
   }
 
   if (!profile) return usage_error("%s", "--profile FILE is required");
@@ -279,13 +263,13 @@ int main(int argc, char **argv) {
     return usage_error("%s", "--ranks and --mbs need --schedule");
 
   struct profile *prof = profile_load_file(profile, &err);
-  if (!prof) return fail(err);
+  if (!prof) return piper_error_exit("piper-sim", err);
   struct plan *plan = plans ? plan_read_dir(plans, &err)
                             : sim_compile(model, directives, schedule ? &so : NULL,
                                           (int)pp_regions, &err);
   if (!plan) {
     profile_free(prof);
-    return fail(err);
+    return piper_error_exit("piper-sim", err);
   }
   struct sim_options o = {.collapse = collapse};
   struct sim_result *res = sim_run(plan, prof, &o, &err);
@@ -294,7 +278,7 @@ int main(int argc, char **argv) {
   char *program_file = NULL;
   cJSON *extra = NULL;
   if (!res) {
-    rc = fail(err);
+    rc = piper_error_exit("piper-sim", err);
     goto out;
   }
   run.plan = plan;
@@ -323,7 +307,7 @@ int main(int argc, char **argv) {
   cJSON_AddNumberToObject(sim, "wall_seconds", res->seconds_setup + res->seconds_run);
   run.extra = extra;
   if (!report_write_dir(&run, dir, &err)) {
-    rc = fail(err);
+    rc = piper_error_exit("piper-sim", err);
     goto out;
   }
   GString *files = g_string_new("");
@@ -345,14 +329,14 @@ int main(int argc, char **argv) {
     }
     if (!ok) {
       g_string_free(files, TRUE);
-      rc = fail(err);
+      rc = piper_error_exit("piper-sim", err);
       goto out;
     }
     g_string_append(files, " schedule.png schedule.svg");
     if (chart_memory(&run, dir, &err)) {
       g_string_append(files, " memory.png");
     } else {
-      rc = fail(err);
+      rc = piper_error_exit("piper-sim", err);
       g_string_free(files, TRUE);
       goto out;
     }
@@ -360,7 +344,7 @@ int main(int argc, char **argv) {
   if (viz) {
     if (!write_viz(&run, dir, &err)) {
       g_string_free(files, TRUE);
-      rc = fail(err);
+      rc = piper_error_exit("piper-sim", err);
       goto out;
     }
     g_string_append(files, " dag_pp*.dot");
