@@ -192,35 +192,42 @@ bool json_get_string(const cJSON *obj, const char *key, bool required, const cha
   return true;
 }
 
+bool json_write_text(const char *path, const char *text, size_t len, GError **err) {
+  char *tmp = g_strdup_printf("%s.tmp", path);
+  bool ok = false;
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", tmp, strerror(errno));
+    goto out;
+  }
+  bool wrote = fwrite(text, 1, len, f) == len;
+  if (fclose(f) != 0 || !wrote) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed: %s", tmp, strerror(errno));
+    remove(tmp);
+    goto out;
+  }
+  if (rename(tmp, path) != 0) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: rename failed: %s", path, strerror(errno));
+    remove(tmp);
+    goto out;
+  }
+  ok = true;
+out:
+  g_free(tmp);
+  return ok;
+}
+
 bool json_write_file(const char *path, const cJSON *root, GError **err) {
   char *text = cJSON_Print(root);
   if (!text) {
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: out of memory serialising", path);
     return false;
   }
-  char *tmp = g_strdup_printf("%s.tmp", path);
-  bool ok = false;
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", tmp,
-                strerror(errno));
-    goto out;
-  }
-  bool wrote = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-  if (fclose(f) != 0 || !wrote) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed: %s", tmp,
-                strerror(errno));
-    goto out;
-  }
-  if (rename(tmp, path) != 0) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: rename failed: %s", path,
-                strerror(errno));
-    goto out;
-  }
-  ok = true;
-out:
-  g_free(tmp);
+  GString *s = g_string_new(text);
+  g_string_append_c(s, '\n');
   cJSON_free(text);
+  bool ok = json_write_text(path, s->str, s->len, err);
+  g_string_free(s, TRUE);
   return ok;
 }
 

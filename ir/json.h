@@ -51,6 +51,8 @@ bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const cha
 
 /* Writes root to path (pretty-printed, trailing newline) through a temp file and rename. */
 bool json_write_file(const char *path, const cJSON *root, GError **err);
+/* Writes len bytes to path through a temp file and a rename, so readers never see half. */
+bool json_write_text(const char *path, const char *text, size_t len, GError **err);
 
 /* Sets err to an input error; printf-style. Control characters in the message (echoed from
  * input files) are written as \xNN, so an error is always one line. Always returns false, for

@@ -3,11 +3,12 @@
  * plan's device groups. They scan one group, so they cost O(group size); the serialiser, which
  * asks for every instruction of every device, uses its own per-device position table instead. */
 #include "plan.h"
+#include "plan-impl.h"
 
 #include <stdio.h>
 #include <string.h>
 
-static void plan_class_clear(struct plan_class *c) {
+void plan_class_clear(struct plan_class *c) {
   g_free(c->devices);
   g_free(c->instrs);
   g_free(c->stream_first);
@@ -211,11 +212,6 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->shard_params == b->shard_params && a->directive == b->directive &&
          a->priority == b->priority;
 }
-
-/* Exposed to plan_json.c (through this prototype only) so that the reader can say where two
- * members of a class disagree. Returns true when equal; else writes what differs into what. */
-bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
-                     char *what, size_t len);
 
 bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
                      char *what, size_t len) {

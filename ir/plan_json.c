@@ -28,10 +28,7 @@
 
 #include "json.h"
 #include "plan.h"
-
-/* plan.c: equality of two class programs, saying where they differ. */
-bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
-                     char *what, size_t len);
+#include "plan-impl.h"
 
 #define PLAN_FORMAT "piper-plan"
 #define PLAN_DEVICE_FORMAT "piper-plan-device"
@@ -254,40 +251,11 @@ static void emit(GString *out, const cJSON *v, int depth) {
   g_string_append_c(out, object ? '}' : ']');
 }
 
-/* Writes text to path through a temporary file and a rename, so readers never see half. */
-static bool write_text(const char *path, const GString *text, GError **err) {
-  char *tmp = g_strdup_printf("%s.tmp", path);
-  bool ok = false;
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", tmp,
-                strerror(errno));
-    goto out;
-  }
-  bool wrote = fwrite(text->str, 1, text->len, f) == text->len;
-  if (fclose(f) != 0 || !wrote) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed: %s", tmp,
-                strerror(errno));
-    g_remove(tmp);
-    goto out;
-  }
-  if (g_rename(tmp, path) != 0) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: rename failed: %s", path,
-                strerror(errno));
-    g_remove(tmp);
-    goto out;
-  }
-  ok = true;
-out:
-  g_free(tmp);
-  return ok;
-}
-
 static bool write_json(const char *path, const cJSON *root, GString *buf, GError **err) {
   g_string_truncate(buf, 0);
   emit(buf, root, 0);
   g_string_append_c(buf, '\n');
-  return write_text(path, buf, err);
+  return json_write_text(path, buf->str, buf->len, err);
 }
 
 /* An index or null (IR_NONE). */
@@ -652,7 +620,7 @@ bool plan_write_dir(const struct plan *p, const char *dir, GError **err) {
     char file[32];
     snprintf(file, sizeof file, "device-%u.json", d);
     path = g_build_filename(dir, file, NULL);
-    if (!write_text(path, buf, err))
+    if (!json_write_text(path, buf->str, buf->len, err))
       goto out;
   }
   /* Device files of an earlier, larger plan in the same directory would mislead a reader. */
@@ -928,19 +896,6 @@ static void reader_free(struct reader *r) {
   g_free(r->index_file);
   g_free(r->dir);
   g_free(r);
-}
-
-static void class_clear(struct plan_class *c) {
-  g_free(c->devices);
-  g_free(c->instrs);
-  g_free(c->stream_first);
-  g_free(c->stream_instrs);
-  g_free(c->waits);
-  g_free(c->reads);
-  g_free(c->writes);
-  g_free(c->consumers);
-  g_free(c->tensors);
-  memset(c, 0, sizeof *c);
 }
 
 /* Moves a GArray of uint32_t into a plain g_malloc'd array. */
@@ -1915,7 +1870,7 @@ static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError
     goto out;
   ok = true;
 out:
-  class_clear(&tmp);
+  plan_class_clear(&tmp);
   g_free(file);
   return ok;
 }
@@ -1954,7 +1909,6 @@ static struct plan *reader_finish(struct reader *r, GError **err) {
   r->p = NULL;
   return p;
 }
-
 
 struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *const *device_docs,
                             uint32_t n_docs, GError **err) {
