@@ -520,6 +520,40 @@ static void test_every_builder_compiles(void **state) {
   assert_int_equal(compiled, 7 * 3 * 3);
 }
 
+/* Every bundled base schedule compiles, lowers and passes the progress check with the model it
+ * is written for. */
+static void test_base_schedules_compile(void **state) {
+  (void)state;
+  static const struct {
+    const char *file, *model;
+    int pp;
+    enum sched_family f;
+    uint32_t mbs;
+  } cases[] = {
+      {"dp2", "models/tiny-moe.json", 1, SCHED_1F1B, 4},
+      {"pp2_dp2_ep2", "models/tiny-moe.json", 0, SCHED_1F1B, 4},
+      {"pp2_dp2_ep2_bucket100", "models/tiny-moe.json", 0, SCHED_ZEROBUBBLE, 4},
+      {"pp2_dp2_ep2_zero2", "models/tiny-moe.json", 0, SCHED_GPIPE, 4},
+      {"pp2_dp2_ep2_zero3", "models/tiny-moe.json", 0, SCHED_1F1B, 4},
+      {"pp2_dp2_ep2_custom_order", "models/tiny-moe.json", 0, SCHED_CUSTOM, 0},
+      {"pp4_dp2_ep2_interleaved", "models/tiny-moe.json", 4, SCHED_INTERLEAVED_1F1B, 4},
+      {"pp4_dp2_ep2_v_placement", "models/tiny-moe.json", 4, SCHED_DUALPIPEV, 4},
+      {"pp4", "models/tiny-dense.json", 4, SCHED_DUALPIPE, 8},
+      {"pp4_v", "models/tiny-dense.json", 8, SCHED_ZBV, 8},
+      {"pp4_interleaved", "models/tiny-dense.json", 8, SCHED_INTERLEAVED_1F1B, 8},
+      {"pp8", "models/tiny-dense.json", 8, SCHED_ZEROBUBBLE, 8},
+      {"deepseek_v3_pp32_v_dp128_ep128", "models/deepseek-v3.json", 32, SCHED_DUALPIPEV, 32},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *path = g_strdup_printf("directives/base-schedules/%s.json", cases[i].file);
+    struct compile_result r = compile_files(cases[i].model, cases[i].pp, path, cases[i].f, cases[i].mbs);
+    assert_non_null(r.plan);
+    assert_true(r.plan->n_devices >= 2);
+    compile_result_free(&r);
+    g_free(path);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build_dense),
@@ -535,6 +569,7 @@ int main(void) {
       cmocka_unit_test(test_lower_deterministic),
       cmocka_unit_test(test_dualpipe_copies_sync),
       cmocka_unit_test(test_every_builder_compiles),
+      cmocka_unit_test(test_base_schedules_compile),
   };
   return cmocka_run_group_tests_name("compile", tests, NULL, NULL);
 }
