@@ -13,19 +13,19 @@
 
 /* Side information per node that only the rewrites need. */
 struct node_info {
-  uint32_t grouped_by;   /* directive that set the group (place, replicate, shard), IR_NONE */
-  uint32_t replicate;    /* replicate directive covering it, IR_NONE */
-  uint32_t shard;        /* shard directive covering it, IR_NONE */
-  uint32_t send_stream;  /* from place's "stream", IR_NONE = default */
+  uint32_t grouped_by;  /* directive that set the group (place, replicate, shard), IR_NONE */
+  uint32_t replicate;   /* replicate directive covering it, IR_NONE */
+  uint32_t shard;       /* shard directive covering it, IR_NONE */
+  uint32_t send_stream; /* from place's "stream", IR_NONE = default */
   uint32_t recv_stream;
 };
 
 struct apply {
   const struct dir_program *p;
   struct ir_graph *g;
-  uint32_t limit;        /* device ids must be below it */
-  GArray *info;          /* struct node_info, parallel to g->nodes */
-  int split_tag;         /* tag index of the first split dimension, -1 before any split */
+  uint32_t limit; /* device ids must be below it */
+  GArray *info;   /* struct node_info, parallel to g->nodes */
+  int split_tag;  /* tag index of the first split dimension, -1 before any split */
 };
 
 #define INFO(a, i) (&g_array_index((a)->info, struct node_info, (i)))
@@ -75,13 +75,15 @@ static char *filter_text(const struct dir_filter *f) {
 
 bool dir_filter_resolve(const struct dir_filter *f, const struct ir_graph *g, struct ir_filter *out,
                         const char *ctx, GError **err) {
-  for (int t = 0; t < IR_MAX_TAGS; t++) out->tags[t] = IR_FILTER_UNSET;
+  for (int t = 0; t < IR_MAX_TAGS; t++)
+    out->tags[t] = IR_FILTER_UNSET;
   out->pass = f->pass;
   for (uint32_t k = 0; k < f->n_keys; k++) {
     int t = ir_graph_tag((struct ir_graph *)g, f->keys[k].name, false);
     if (t < 0) {
       GString *known = g_string_new(NULL);
-      for (uint32_t i = 0; i < g->n_tags; i++) g_string_append_printf(known, "%s, ", g->tag_names[i]);
+      for (uint32_t i = 0; i < g->n_tags; i++)
+        g_string_append_printf(known, "%s, ", g->tag_names[i]);
       g_string_append(known, "PASS");
       json_fail(err, "%s: filter key \"%s\" is not a tag of the model (tags: %s)", ctx,
                 f->keys[k].name, known->str);
@@ -107,8 +109,10 @@ static GArray *match(const struct apply *a, const struct ir_filter *f, bool opti
   GArray *m = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   for (uint32_t i = 0; i < a->g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(a->g, i);
-    if (n->kind != IR_NODE_COMPUTE && !(optimizer && n->kind == IR_NODE_OPTIMIZER)) continue;
-    if (ir_filter_match(f, n)) g_array_append_val(m, i);
+    if (n->kind != IR_NODE_COMPUTE && !(optimizer && n->kind == IR_NODE_OPTIMIZER))
+      continue;
+    if (ir_filter_match(f, n))
+      g_array_append_val(m, i);
   }
   return m;
 }
@@ -120,12 +124,15 @@ struct tag_index {
 };
 
 static void tag_index_build(const struct ir_graph *g, struct tag_index *ix) {
-  ix->lists = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, (GDestroyNotify)g_array_unref);
+  ix->lists =
+      g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, (GDestroyNotify)g_array_unref);
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->kind != IR_NODE_COMPUTE) continue;
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
     for (uint32_t t = 0; t < g->n_tags; t++) {
-      if (n->tags[t] < 0) continue;
+      if (n->tags[t] < 0)
+        continue;
       int64_t key = ((int64_t)t << 32) | n->tags[t];
       GArray *l = g_hash_table_lookup(ix->lists, &key);
       if (!l) {
@@ -138,27 +145,34 @@ static void tag_index_build(const struct ir_graph *g, struct tag_index *ix) {
 }
 
 static void tag_index_free(struct tag_index *ix) {
-  if (ix->lists) g_hash_table_destroy(ix->lists);
+  if (ix->lists)
+    g_hash_table_destroy(ix->lists);
   ix->lists = NULL;
 }
 
 /* match() restricted to compute nodes, through the index when the filter names a value. */
-static GArray *match_indexed(const struct apply *a, const struct tag_index *ix, const struct ir_filter *f) {
+static GArray *match_indexed(const struct apply *a, const struct tag_index *ix,
+                             const struct ir_filter *f) {
   const GArray *best = NULL;
   bool any_exact = false;
   for (uint32_t t = 0; t < a->g->n_tags; t++) {
-    if (f->tags[t] < 0) continue;
+    if (f->tags[t] < 0)
+      continue;
     any_exact = true;
     int64_t key = ((int64_t)t << 32) | f->tags[t];
     const GArray *l = g_hash_table_lookup(ix->lists, &key);
-    if (!l) return g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    if (!best || l->len < best->len) best = l;
+    if (!l)
+      return g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    if (!best || l->len < best->len)
+      best = l;
   }
-  if (!any_exact) return match(a, f, false);
+  if (!any_exact)
+    return match(a, f, false);
   GArray *m = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   for (uint32_t j = 0; j < best->len; j++) {
     uint32_t i = g_array_index(best, uint32_t, j);
-    if (ir_filter_match(f, IR_NODE(a->g, i))) g_array_append_val(m, i);
+    if (ir_filter_match(f, IR_NODE(a->g, i)))
+      g_array_append_val(m, i);
   }
   return m;
 }
@@ -166,7 +180,8 @@ static GArray *match_indexed(const struct apply *a, const struct tag_index *ix, 
 static bool check_devices(const struct apply *a, uint32_t d) {
   const struct dir_directive *dd = &a->p->d[d];
   for (uint32_t i = 0; i < dd->n_devices; i++)
-    if (dd->devices[i] >= a->limit) return false;
+    if (dd->devices[i] >= a->limit)
+      return false;
   return true;
 }
 
@@ -178,7 +193,8 @@ static bool apply_split(struct apply *a, uint32_t d, GError **err) {
   if (ir_graph_tag(g, dd->dim_name, false) >= 0 || strcmp(dd->dim_name, "PASS") == 0)
     return fail_at(a, d, err, "\"dim_name\" \"%s\" already names a tag", dd->dim_name);
   struct ir_filter f;
-  if (!resolve(a, d, &dd->filter, &f, err)) return false;
+  if (!resolve(a, d, &dd->filter, &f, err))
+    return false;
   GArray *m = match(a, &f, false);
   bool ok = false;
   uint32_t n = (uint32_t)dd->num_microbatches;
@@ -203,11 +219,13 @@ static bool apply_split(struct apply *a, uint32_t d, GError **err) {
     fail_at(a, d, err, "too many tags (limit %d) to add \"%s\"", IR_MAX_TAGS, dd->dim_name);
     goto out;
   }
-  if (a->split_tag < 0) a->split_tag = tag;
+  if (a->split_tag < 0)
+    a->split_tag = tag;
   uint32_t nn = g->nodes->len, ne = g->edges->len;
   /* copy[i] = first copy (k = 1) of matched node i; copy k is copy[i] + (k-1) * m->len. */
   uint32_t *copy = g_new(uint32_t, nn);
-  for (uint32_t i = 0; i < nn; i++) copy[i] = IR_NONE;
+  for (uint32_t i = 0; i < nn; i++)
+    copy[i] = IR_NONE;
   for (uint32_t k = 1; k < n; k++) {
     for (uint32_t j = 0; j < m->len; j++) {
       uint32_t i = g_array_index(m, uint32_t, j);
@@ -215,16 +233,20 @@ static bool apply_split(struct apply *a, uint32_t d, GError **err) {
       c.tags[tag] = (int32_t)k;
       uint32_t id = add_node(a, &c);
       *INFO(a, id) = *INFO(a, i);
-      if (k == 1) copy[i] = id;
+      if (k == 1)
+        copy[i] = id;
     }
   }
-  for (uint32_t j = 0; j < m->len; j++) IR_NODE(g, g_array_index(m, uint32_t, j))->tags[tag] = 0;
+  for (uint32_t j = 0; j < m->len; j++)
+    IR_NODE(g, g_array_index(m, uint32_t, j))->tags[tag] = 0;
   uint32_t stride = m->len;
   for (uint32_t e = 0; e < ne; e++) {
     struct ir_edge ed = *IR_EDGE(g, e);
-    if (ed.kind == IR_EDGE_DEAD) continue;
+    if (ed.kind == IR_EDGE_DEAD)
+      continue;
     bool ms = copy[ed.src] != IR_NONE, md = copy[ed.dst] != IR_NONE;
-    if (!ms && !md) continue;
+    if (!ms && !md)
+      continue;
     for (uint32_t k = 1; k < n; k++) {
       uint32_t s = ms ? copy[ed.src] + (k - 1) * stride : ed.src;
       uint32_t t = md ? copy[ed.dst] + (k - 1) * stride : ed.dst;
@@ -254,7 +276,8 @@ static void split_backward_node(struct apply *a, uint32_t b) {
   uint32_t ne = g->edges->len;
   for (uint32_t e = 0; e < ne; e++) {
     struct ir_edge *ed = IR_EDGE(g, e);
-    if (ed->kind == IR_EDGE_DEAD) continue;
+    if (ed->kind == IR_EDGE_DEAD)
+      continue;
     if (ed->src == b && ed->kind == IR_EDGE_TEMPORAL) {
       ed->src = bw; /* weight gradients now come from BW */
     } else if (ed->dst == b && ed->kind == IR_EDGE_DATA) {
@@ -277,11 +300,13 @@ static bool apply_bi_bw_split(struct apply *a, GError **err) {
   uint32_t nn = g->nodes->len;
   for (uint32_t d = 0; d < a->p->n; d++) {
     const struct dir_directive *dd = &a->p->d[d];
-    if (dd->op != DIR_ORDER) continue;
+    if (dd->op != DIR_ORDER)
+      continue;
     for (uint32_t s = 0; s < dd->n_slots; s++) {
       for (uint32_t fi = dd->slot_first[s]; fi < dd->slot_first[s + 1]; fi++) {
         const struct dir_filter *wf = &dd->filters[fi];
-        if (wf->pass != IR_PASS_BI && wf->pass != IR_PASS_BW) continue;
+        if (wf->pass != IR_PASS_BI && wf->pass != IR_PASS_BW)
+          continue;
         struct ir_filter f;
         if (!resolve(a, d, wf, &f, err)) {
           g_free(split);
@@ -297,7 +322,8 @@ static bool apply_bi_bw_split(struct apply *a, GError **err) {
     }
   }
   for (uint32_t i = 0; i < nn; i++)
-    if (split[i]) split_backward_node(a, i);
+    if (split[i])
+      split_backward_node(a, i);
   g_free(split);
   return true;
 }
@@ -328,7 +354,8 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
     return fail_at(a, d, err, "\"devices\" names a device id out of range (the run has %u devices)",
                    a->limit);
   struct ir_filter f;
-  if (!resolve(a, d, &dd->filter, &f, err)) return false;
+  if (!resolve(a, d, &dd->filter, &f, err))
+    return false;
   GArray *m = match(a, &f, dd->op == DIR_PLACE);
   bool ok = false;
   if (m->len == 0) {
@@ -346,8 +373,8 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
       const struct model_segment *seg = &g->model->segments[n->segment];
       if (!seg->expert) {
         char *nm = node_name(g, i);
-        fail_at(a, d, err, "\"filter\" matches \"%s\", which is no expert region (add \"EP\": \"*\")",
-                nm);
+        fail_at(a, d, err,
+                "\"filter\" matches \"%s\", which is no expert region (add \"EP\": \"*\")", nm);
         g_free(nm);
         goto out;
       }
@@ -357,12 +384,14 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
         goto out;
       }
     }
-    if (!set_group(a, d, i, group, err)) goto out;
+    if (!set_group(a, d, i, group, err))
+      goto out;
     n = IR_NODE(g, i);
     struct node_info *ni = INFO(a, i);
     switch (dd->op) {
     case DIR_PLACE:
-      if (stream != IR_NONE) ni->send_stream = ni->recv_stream = stream;
+      if (stream != IR_NONE)
+        ni->send_stream = ni->recv_stream = stream;
       break;
     case DIR_REPLICATE:
       n->replica_degree = dd->n_devices;
@@ -374,8 +403,7 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
       n->shard_degree = dd->n_devices;
       ni->shard = d;
       break;
-    default:
-      break;
+    default: break;
     }
   }
   ok = true;
@@ -401,7 +429,7 @@ static struct ir_node comm_node(const struct ir_node *like, enum ir_node_kind ki
 
 /* Nodes that produce weight gradients (B or BW), per model segment, in node order. */
 struct grad_index {
-  uint32_t *first;  /* [n_segments + 1] */
+  uint32_t *first; /* [n_segments + 1] */
   uint32_t *nodes;
 };
 
@@ -416,7 +444,8 @@ static void grad_index_build(const struct ir_graph *g, struct grad_index *gi) {
       total++;
     }
   }
-  for (uint32_t s = 0; s < ns; s++) gi->first[s + 1] += gi->first[s];
+  for (uint32_t s = 0; s < ns; s++)
+    gi->first[s + 1] += gi->first[s];
   gi->nodes = g_new(uint32_t, total ? total : 1);
   uint32_t *pos = g_memdup2(gi->first, (ns + 1) * sizeof(uint32_t));
   for (uint32_t i = 0; i < g->nodes->len; i++) {
@@ -442,15 +471,16 @@ static gint compare_u32(gconstpointer x, gconstpointer y) {
  * segment's micro-batches on two groups, and the copies' gradients are then summed across. */
 #define MAX_HOMES 4
 struct segment_home {
-  uint32_t group;              /* first home, IR_NONE when the segment has no compute node */
-  uint32_t fwd_node;           /* one compute node, for flags and messages */
+  uint32_t group;    /* first home, IR_NONE when the segment has no compute node */
+  uint32_t fwd_node; /* one compute node, for flags and messages */
   uint32_t n_homes;
   uint32_t homes[MAX_HOMES];
 };
 
 static bool has_home(const struct segment_home *h, uint32_t group) {
   for (uint32_t k = 0; k < h->n_homes; k++)
-    if (h->homes[k] == group) return true;
+    if (h->homes[k] == group)
+      return true;
   return false;
 }
 
@@ -460,7 +490,8 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
     home[s] = (struct segment_home){.group = IR_NONE, .fwd_node = IR_NONE};
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->kind != IR_NODE_COMPUTE) continue;
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
     struct segment_home *h = &home[n->segment];
     if (h->group == IR_NONE) {
       h->group = n->group;
@@ -468,26 +499,32 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
       h->homes[h->n_homes++] = n->group;
       continue;
     }
-    if (has_home(h, n->group) || g->model->segments[n->segment].param_count == 0) continue;
+    if (has_home(h, n->group) || g->model->segments[n->segment].param_count == 0)
+      continue;
     char *x = node_name(g, h->fwd_node), *y = node_name(g, i);
     uint32_t d = INFO(a, i)->grouped_by;
     bool failed = true;
     if (h->n_homes == MAX_HOMES)
       fail_at(a, d, err, "\"%s\" puts a model segment on more than %d device groups", y, MAX_HOMES);
     else if (IR_GROUP(g, n->group)->count != IR_GROUP(g, h->group)->count)
-      fail_at(a, d, err, "\"%s\" runs on %u devices but \"%s\" of the same segment on %u: copies of a "
-              "segment need equal groups", y, IR_GROUP(g, n->group)->count, x, IR_GROUP(g, h->group)->count);
+      fail_at(a, d, err,
+              "\"%s\" runs on %u devices but \"%s\" of the same segment on %u: copies of a "
+              "segment need equal groups",
+              y, IR_GROUP(g, n->group)->count, x, IR_GROUP(g, h->group)->count);
     else if (n->shard_degree > 1 || IR_NODE(g, h->fwd_node)->shard_degree > 1 || n->shard_grads ||
              IR_NODE(g, h->fwd_node)->shard_grads)
-      fail_at(a, d, err, "\"%s\" and \"%s\" put copies of a sharded segment on two device groups, "
-              "which is not supported", y, x);
+      fail_at(a, d, err,
+              "\"%s\" and \"%s\" put copies of a sharded segment on two device groups, "
+              "which is not supported",
+              y, x);
     else {
       h->homes[h->n_homes++] = n->group;
       failed = false;
     }
     g_free(x);
     g_free(y);
-    if (failed) return false;
+    if (failed)
+      return false;
   }
   return true;
 }
@@ -496,7 +533,8 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
 static bool group_within(const struct ir_graph *g, uint32_t a, uint32_t b) {
   const uint32_t *da = IR_GROUP_DEVICES(g, a);
   for (uint32_t i = 0; i < IR_GROUP(g, a)->count; i++)
-    if (ir_group_position(g, b, da[i]) < 0) return false;
+    if (ir_group_position(g, b, da[i]) < 0)
+      return false;
   return true;
 }
 
@@ -505,7 +543,8 @@ static bool check_group_use(struct apply *a, GError **err) {
   const struct ir_graph *g = a->g;
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->kind != IR_NODE_COMPUTE) continue;
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
     uint32_t size = IR_GROUP(g, n->group)->count;
     if (size > 1 && n->replica_degree != size && n->shard_degree != size) {
       char *nm = node_name(g, i);
@@ -526,9 +565,10 @@ static uint32_t stream_or(struct ir_graph *g, const char *name, const char *fall
 
 /* Adds the gradient collective of one bucket on group: every weight-gradient node of the
  * bucket's segments feeds it; sync_of records it per segment. */
-static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket, const struct segment_home *home,
-                                      enum ir_node_kind kind, uint32_t group, uint32_t stream,
-                                      uint64_t bytes, uint32_t directive, const struct grad_index *gi,
+static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket,
+                                      const struct segment_home *home, enum ir_node_kind kind,
+                                      uint32_t group, uint32_t stream, uint64_t bytes,
+                                      uint32_t directive, const struct grad_index *gi,
                                       uint32_t *sync_of) {
   struct ir_graph *g = a->g;
   const struct ir_node *first = IR_NODE(g, home[g_array_index(bucket, uint32_t, 0)].fwd_node);
@@ -538,7 +578,8 @@ static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket, con
   c.group = group;
   c.replica_degree = IR_GROUP(g, group)->count;
   for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
-    if (t != MODEL_TAG_PP) c.tags[t] = -1;
+    if (t != MODEL_TAG_PP)
+      c.tags[t] = -1;
   c.segset = ir_graph_add_segset(g, (const uint32_t *)bucket->data, bucket->len, NULL);
   c.directive = directive;
   uint32_t cid = add_node(a, &c);
@@ -559,21 +600,24 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   struct grad_index gi;
   grad_index_build(g, &gi);
   uint32_t n_opt = g->nodes->len;
-  uint32_t *sync_of = g_new(uint32_t, m->n_segments);   /* segment -> gradient collective */
-  for (uint32_t s = 0; s < m->n_segments; s++) sync_of[s] = IR_NONE;
+  uint32_t *sync_of = g_new(uint32_t, m->n_segments); /* segment -> gradient collective */
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    sync_of[s] = IR_NONE;
 
   /* Gradient buckets: per (group, replicate directive), segments in reverse model order (the
    * order backward produces their gradients), closed when the next would overflow. */
   for (uint32_t d = 0; d < a->p->n; d++) {
     const struct dir_directive *dd = &a->p->d[d];
-    if (dd->op != DIR_REPLICATE) continue;
+    if (dd->op != DIR_REPLICATE)
+      continue;
     double cap = dd->bucket_size_mb * MIB;
     uint32_t grp_of_dir = ir_graph_group(g, dd->devices, dd->n_devices);
     GArray *bucket = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     uint64_t bytes = 0;
     for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
       bool take = false;
-      if (s >= 0 && home[s].n_homes == 1 && home[s].group == grp_of_dir && m->segments[s].param_count > 0) {
+      if (s >= 0 && home[s].n_homes == 1 && home[s].group == grp_of_dir &&
+          m->segments[s].param_count > 0) {
         const struct node_info *ni = INFO(a, home[s].fwd_node);
         const struct ir_node *fn = IR_NODE(g, home[s].fwd_node);
         /* Sharded experts own distinct parameters on each device: nothing to sync. */
@@ -582,8 +626,9 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       uint64_t sb = take ? m->segments[s].param_bytes : 0;
       bool flush = bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap));
       if (flush) {
-        add_bucket_collective(a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
-                              grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &gi, sync_of);
+        add_bucket_collective(
+            a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
+            grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &gi, sync_of);
         g_array_set_size(bucket, 0);
         bytes = 0;
       }
@@ -607,7 +652,8 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       if (s >= 0 && home[s].n_homes > 1) {
         GArray *devs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
         for (uint32_t k = 0; k < home[s].n_homes; k++)
-          g_array_append_vals(devs, IR_GROUP_DEVICES(g, home[s].homes[k]), IR_GROUP(g, home[s].homes[k])->count);
+          g_array_append_vals(devs, IR_GROUP_DEVICES(g, home[s].homes[k]),
+                              IR_GROUP(g, home[s].homes[k])->count);
         g_array_sort(devs, compare_u32);
         for (uint32_t k = 1; k < devs->len; k++)
           if (g_array_index(devs, uint32_t, k) == g_array_index(devs, uint32_t, k - 1)) {
@@ -631,15 +677,19 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
         uint64_t *bytes = &g_array_index(bucket_bytes, uint64_t, k);
         uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
         bool mine = g_array_index(unions, uint32_t, k) == u;
-        if (b->len == 0 || !(s < 0 || (mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB))) continue;
+        if (b->len == 0 ||
+            !(s < 0 || (mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB)))
+          continue;
         add_bucket_collective(a, b, home, IR_NODE_ALL_REDUCE, g_array_index(unions, uint32_t, k),
                               stream_or(g, "", "dp"), *bytes, IR_NONE, &gi, sync_of);
         g_array_set_size(b, 0);
         *bytes = 0;
       }
-      if (u == IR_NONE || m->segments[s].param_count == 0) continue;
+      if (u == IR_NONE || m->segments[s].param_count == 0)
+        continue;
       uint32_t k = 0;
-      while (k < unions->len && g_array_index(unions, uint32_t, k) != u) k++;
+      while (k < unions->len && g_array_index(unions, uint32_t, k) != u)
+        k++;
       if (k == unions->len) {
         g_array_append_val(unions, u);
         g_ptr_array_add(buckets, g_array_new(FALSE, FALSE, sizeof(uint32_t)));
@@ -657,18 +707,23 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   /* Optimizer nodes: one per PP region and device group holding its parameters. */
   for (uint32_t o = 0; o < n_opt; o++) {
     struct ir_node *on = IR_NODE(g, o);
-    if (on->kind != IR_NODE_OPTIMIZER) continue;
+    if (on->kind != IR_NODE_OPTIMIZER)
+      continue;
     for (uint32_t e = 0; e < g->edges->len; e++)
-      if (IR_EDGE(g, e)->dst == o) IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
+      if (IR_EDGE(g, e)->dst == o)
+        IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
     const struct ir_segset orig = *IR_SEGSET(g, on->segset);
     GArray *groups = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     for (uint32_t j = 0; j < orig.count; j++) {
-      const struct segment_home *h = &home[g_array_index(g->segment_pool, uint32_t, orig.first + j)];
+      const struct segment_home *h =
+          &home[g_array_index(g->segment_pool, uint32_t, orig.first + j)];
       for (uint32_t q = 0; q < h->n_homes; q++) {
         uint32_t grp = h->homes[q];
         bool seen = false;
-        for (uint32_t k = 0; k < groups->len; k++) seen |= g_array_index(groups, uint32_t, k) == grp;
-        if (!seen) g_array_append_val(groups, grp);
+        for (uint32_t k = 0; k < groups->len; k++)
+          seen |= g_array_index(groups, uint32_t, k) == grp;
+        if (!seen)
+          g_array_append_val(groups, grp);
       }
     }
     for (uint32_t k = 0; k < groups->len; k++) {
@@ -679,13 +734,15 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       uint32_t replicas = 1;
       for (uint32_t j = 0; j < orig.count; j++) {
         uint32_t seg = g_array_index(g->segment_pool, uint32_t, orig.first + j);
-        if (!has_home(&home[seg], grp)) continue;
+        if (!has_home(&home[seg], grp))
+          continue;
         const struct ir_node *fn = IR_NODE(g, home[seg].fwd_node);
         g_array_append_val(segs, seg);
         g_array_append_val(deg, fn->shard_degree);
         shard_grads |= fn->shard_grads;
         shard_params |= fn->shard_params;
-        if (fn->replica_degree > replicas) replicas = fn->replica_degree;
+        if (fn->replica_degree > replicas)
+          replicas = fn->replica_degree;
       }
       uint32_t target = o;
       struct ir_node opt = *IR_NODE(g, o);
@@ -721,15 +778,19 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   uint32_t nn = g->nodes->len;
   for (uint32_t c = n_opt; c < nn; c++) {
     const struct ir_node *cn = IR_NODE(g, c);
-    if (cn->kind != IR_NODE_REDUCE_SCATTER || cn->shard_params) continue;
+    if (cn->kind != IR_NODE_REDUCE_SCATTER || cn->shard_params)
+      continue;
     const struct dir_directive *dd = &a->p->d[cn->directive];
     uint32_t ne = g->edges->len;
     for (uint32_t e = 0; e < ne; e++) {
       const struct ir_edge *ed = IR_EDGE(g, e);
-      if (ed->src != c || ed->kind == IR_EDGE_DEAD || IR_NODE(g, ed->dst)->kind != IR_NODE_OPTIMIZER) continue;
+      if (ed->src != c || ed->kind == IR_EDGE_DEAD ||
+          IR_NODE(g, ed->dst)->kind != IR_NODE_OPTIMIZER)
+        continue;
       uint32_t opt = ed->dst;
-      struct ir_node gn = comm_node(IR_NODE(g, c), IR_NODE_ALL_GATHER, IR_COMM_DP,
-                                    stream_or(g, dd->gather_stream, "dp_gather"), IR_NODE(g, c)->bytes);
+      struct ir_node gn =
+          comm_node(IR_NODE(g, c), IR_NODE_ALL_GATHER, IR_COMM_DP,
+                    stream_or(g, dd->gather_stream, "dp_gather"), IR_NODE(g, c)->bytes);
       gn.segset = IR_NODE(g, c)->segset;
       uint32_t gid = add_node(a, &gn);
       ir_graph_add_edge(g, opt, gid, IR_EDGE_TEMPORAL, 0, 0);
@@ -761,23 +822,29 @@ static void insert_gathers(struct apply *a) {
   GPtrArray *lists = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
   GArray *owners = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   uint32_t *bucket_of_seg = g_new(uint32_t, g->model->n_segments);
-  for (uint32_t s = 0; s < g->model->n_segments; s++) bucket_of_seg[s] = IR_NONE;
+  for (uint32_t s = 0; s < g->model->n_segments; s++)
+    bucket_of_seg[s] = IR_NONE;
   for (uint32_t i = 0; i < nn; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->kind != IR_NODE_REDUCE_SCATTER && n->kind != IR_NODE_ALL_REDUCE) continue;
-    if (n->directive == IR_NONE || !a->p->d[n->directive].shard_params) continue; /* copy sync */
+    if (n->kind != IR_NODE_REDUCE_SCATTER && n->kind != IR_NODE_ALL_REDUCE)
+      continue;
+    if (n->directive == IR_NONE || !a->p->d[n->directive].shard_params)
+      continue; /* copy sync */
     const struct ir_segset *ss = IR_SEGSET(g, n->segset);
     for (uint32_t j = 0; j < ss->count; j++)
       bucket_of_seg[g_array_index(g->segment_pool, uint32_t, ss->first + j)] = i;
   }
   for (uint32_t i = 0; i < nn; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->kind != IR_NODE_COMPUTE || n->pass == IR_PASS_BW) continue;
+    if (n->kind != IR_NODE_COMPUTE || n->pass == IR_PASS_BW)
+      continue;
     uint32_t b = bucket_of_seg[n->segment];
-    if (b == IR_NONE || IR_NODE(g, b)->group != n->group) continue;
+    if (b == IR_NONE || IR_NODE(g, b)->group != n->group)
+      continue;
     GString *key = g_string_new(NULL);
     g_string_append_printf(key, "%u|%d", b, n->pass == IR_PASS_F ? 0 : 1);
-    for (uint32_t t = g->model->n_tags; t < g->n_tags; t++) g_string_append_printf(key, "|%d", n->tags[t]);
+    for (uint32_t t = g->model->n_tags; t < g->n_tags; t++)
+      g_string_append_printf(key, "|%d", n->tags[t]);
     gpointer idx = g_hash_table_lookup(groups, key->str);
     if (!idx) {
       g_ptr_array_add(lists, g_array_new(FALSE, FALSE, sizeof(uint32_t)));
@@ -794,8 +861,9 @@ static void insert_gathers(struct apply *a) {
     uint32_t b = g_array_index(owners, uint32_t, l);
     const struct ir_node *first = IR_NODE(g, g_array_index(cons, uint32_t, 0));
     const struct dir_directive *dd = &a->p->d[IR_NODE(g, b)->directive];
-    struct ir_node gn = comm_node(first, IR_NODE_ALL_GATHER, IR_COMM_DP,
-                                  stream_or(g, dd->gather_stream, "dp_gather"), IR_NODE(g, b)->bytes);
+    struct ir_node gn =
+        comm_node(first, IR_NODE_ALL_GATHER, IR_COMM_DP,
+                  stream_or(g, dd->gather_stream, "dp_gather"), IR_NODE(g, b)->bytes);
     gn.segment = IR_NONE;
     gn.segset = IR_NODE(g, b)->segset;
     gn.directive = IR_NODE(g, b)->directive;
@@ -805,19 +873,23 @@ static void insert_gathers(struct apply *a) {
     for (uint32_t j = 0; j < cons->len; j++) {
       uint32_t c = g_array_index(cons, uint32_t, j);
       ir_graph_add_edge(g, gid, c, IR_EDGE_DATA, 0, IR_NODE(g, b)->bytes);
-      if (pos[c] < pos[head]) head = c;
+      if (pos[c] < pos[head])
+        head = c;
     }
     {
       uint32_t c = head;
       for (uint32_t k = adj.in_first[c]; k < adj.in_first[c + 1]; k++) {
         uint32_t p1 = IR_EDGE(g, adj.in_edges[k])->src;
         bool inside = false;
-        for (uint32_t q = 0; q < cons->len && !inside; q++) inside = g_array_index(cons, uint32_t, q) == p1;
-        if (inside || p1 >= nn) continue;
+        for (uint32_t q = 0; q < cons->len && !inside; q++)
+          inside = g_array_index(cons, uint32_t, q) == p1;
+        if (inside || p1 >= nn)
+          continue;
         for (uint32_t r = adj.in_first[p1]; r < adj.in_first[p1 + 1]; r++) {
           uint32_t p2 = IR_EDGE(g, adj.in_edges[r])->src;
           /* p2 precedes the head, which precedes every consumer: no cycle. */
-          if (IR_NODE(g, p2)->group == gn.group) g_hash_table_add(pre, GUINT_TO_POINTER(p2 + 1));
+          if (IR_NODE(g, p2)->group == gn.group)
+            g_hash_table_add(pre, GUINT_TO_POINTER(p2 + 1));
         }
       }
     }
@@ -852,18 +924,20 @@ static void insert_all_to_all(struct apply *a) {
   uint32_t ne = g->edges->len;
   for (uint32_t e = 0; e < ne; e++) {
     struct ir_edge ed = *IR_EDGE(g, e);
-    if (ed.kind != IR_EDGE_DATA || ed.slot == 1) continue;
+    if (ed.kind != IR_EDGE_DATA || ed.slot == 1)
+      continue;
     const struct ir_node *src = IR_NODE(g, ed.src), *dst = IR_NODE(g, ed.dst);
-    bool into = dst->kind == IR_NODE_COMPUTE && dst->shard_degree > 1 && src->kind == IR_NODE_COMPUTE &&
-                src->segment != dst->segment;
-    bool out = src->kind == IR_NODE_COMPUTE && src->shard_degree > 1 && dst->kind == IR_NODE_COMPUTE &&
-               src->segment != dst->segment;
-    if (!into && !out) continue;
+    bool into = dst->kind == IR_NODE_COMPUTE && dst->shard_degree > 1 &&
+                src->kind == IR_NODE_COMPUTE && src->segment != dst->segment;
+    bool out = src->kind == IR_NODE_COMPUTE && src->shard_degree > 1 &&
+               dst->kind == IR_NODE_COMPUTE && src->segment != dst->segment;
+    if (!into && !out)
+      continue;
     const struct ir_node *expert = into ? dst : src;
     uint32_t ex = into ? ed.dst : ed.src;
     const struct dir_directive *sd = &a->p->d[INFO(a, ex)->shard];
-    struct ir_node c = comm_node(expert, IR_NODE_ALL_TO_ALL, IR_COMM_EP, stream_or(g, sd->stream, "ep"),
-                                 payload);
+    struct ir_node c =
+        comm_node(expert, IR_NODE_ALL_TO_ALL, IR_COMM_EP, stream_or(g, sd->stream, "ep"), payload);
     c.directive = INFO(a, ex)->shard;
     uint32_t cid = add_node(a, &c);
     IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
@@ -878,9 +952,11 @@ static bool insert_send_recv(struct apply *a, GError **err) {
   uint32_t ne = g->edges->len;
   for (uint32_t e = 0; e < ne; e++) {
     struct ir_edge ed = *IR_EDGE(g, e);
-    if (ed.kind == IR_EDGE_DEAD) continue;
+    if (ed.kind == IR_EDGE_DEAD)
+      continue;
     struct ir_node src = *IR_NODE(g, ed.src), dst = *IR_NODE(g, ed.dst);
-    if (src.group == dst.group) continue;
+    if (src.group == dst.group)
+      continue;
     if (ed.kind == IR_EDGE_TEMPORAL) {
       /* A dependency between a group and a group containing it (gradients of model copies
        * into their union's all-reduce) is local to each device; nothing to send. */
@@ -933,26 +1009,31 @@ static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *st
   struct ir_adjacency adj;
   ir_adjacency_build(g, &adj);
   uint32_t *indeg = g_new0(uint32_t, nn);
-  for (uint32_t v = 0; v < nn; v++) indeg[v] = adj.in_first[v + 1] - adj.in_first[v];
+  for (uint32_t v = 0; v < nn; v++)
+    indeg[v] = adj.in_first[v + 1] - adj.in_first[v];
   uint32_t *queue = g_new(uint32_t, nn ? nn : 1);
   uint32_t head = 0, tail = 0;
   for (uint32_t v = 0; v < nn; v++)
-    if (!indeg[v]) queue[tail++] = v;
+    if (!indeg[v])
+      queue[tail++] = v;
   while (head < tail) {
     uint32_t v = queue[head];
     pos[v] = head++;
     for (uint32_t k = adj.out_first[v]; k < adj.out_first[v + 1]; k++) {
       uint32_t w = IR_EDGE(g, adj.out_edges[k])->dst;
-      if (--indeg[w] == 0) queue[tail++] = w;
+      if (--indeg[w] == 0)
+        queue[tail++] = w;
     }
   }
   bool ok = tail == nn;
   if (!ok) {
     *stuck = IR_NONE;
     for (uint32_t v = 0; v < nn && *stuck == IR_NONE; v++)
-      if (indeg[v] && IR_NODE(g, v)->kind == IR_NODE_COMPUTE) *stuck = v;
+      if (indeg[v] && IR_NODE(g, v)->kind == IR_NODE_COMPUTE)
+        *stuck = v;
     for (uint32_t v = 0; v < nn && *stuck == IR_NONE; v++)
-      if (indeg[v]) *stuck = v;
+      if (indeg[v])
+        *stuck = v;
   }
   g_free(queue);
   g_free(indeg);
@@ -978,7 +1059,8 @@ static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix,
     g_ptr_array_add(slots, slot);
     for (uint32_t fi = dd->slot_first[s]; fi < dd->slot_first[s + 1]; fi++) {
       struct ir_filter f;
-      if (!resolve(a, d, &dd->filters[fi], &f, err)) goto out;
+      if (!resolve(a, d, &dd->filters[fi], &f, err))
+        goto out;
       GArray *m = match_indexed(a, ix, &f);
       if (m->len == 0) {
         char *ft = filter_text(&dd->filters[fi]);
@@ -1020,15 +1102,18 @@ static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix,
     for (uint32_t j = 0; j < slot->len; j++) {
       uint32_t i = g_array_index(slot, uint32_t, j);
       const struct ir_node *n = IR_NODE(g, i);
-      if (n->pass != IR_PASS_BI) continue;
+      if (n->pass != IR_PASS_BI)
+        continue;
       bool later = false;
       for (uint32_t t = s + 1; t < slots->len && !later; t++) {
         GArray *ls = g_ptr_array_index(slots, t);
-        for (uint32_t k = 0; k < ls->len && !later; k++) later = g_array_index(ls, uint32_t, k) == n->pair;
+        for (uint32_t k = 0; k < ls->len && !later; k++)
+          later = g_array_index(ls, uint32_t, k) == n->pair;
       }
       if (!later) {
         char *nm = node_name(g, i);
-        fail_at(a, d, err, "\"filters\" group %u orders \"%s\" but no later group has its BW", s, nm);
+        fail_at(a, d, err, "\"filters\" group %u orders \"%s\" but no later group has its BW", s,
+                nm);
         g_free(nm);
         goto out;
       }
@@ -1040,13 +1125,15 @@ static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix,
     for (uint32_t j = 0; j < from->len; j++)
       for (uint32_t k = 0; k < to->len; k++) {
         uint32_t u = g_array_index(from, uint32_t, j), v = g_array_index(to, uint32_t, k);
-        if (u != v) ir_graph_add_edge(g, u, v, IR_EDGE_TEMPORAL, 0, 0);
+        if (u != v)
+          ir_graph_add_edge(g, u, v, IR_EDGE_TEMPORAL, 0, 0);
       }
   }
   uint32_t stuck;
   if (!topo_positions(g, pos, &stuck)) {
     char *nm = node_name(g, stuck);
-    fail_at(a, d, err, "the order creates a cycle against dataflow (\"%s\" would wait on itself)", nm);
+    fail_at(a, d, err, "the order creates a cycle against dataflow (\"%s\" would wait on itself)",
+            nm);
     g_free(nm);
     goto out;
   }
@@ -1062,9 +1149,11 @@ static void default_priorities(struct apply *a, const bool *ordered) {
   struct ir_graph *g = a->g;
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     struct ir_node *n = IR_NODE(g, i);
-    if (ordered[i] || n->kind != IR_NODE_COMPUTE) continue;
+    if (ordered[i] || n->kind != IR_NODE_COMPUTE)
+      continue;
     uint64_t pass = n->pass == IR_PASS_F ? 0 : n->pass == IR_PASS_BW ? 2 : 1;
-    uint64_t mb = a->split_tag >= 0 && n->tags[a->split_tag] >= 0 ? (uint64_t)n->tags[a->split_tag] : 0;
+    uint64_t mb =
+        a->split_tag >= 0 && n->tags[a->split_tag] >= 0 ? (uint64_t)n->tags[a->split_tag] : 0;
     n->priority = (1ull << 62) | (pass << 56) | (mb << 32);
   }
 }
@@ -1073,41 +1162,49 @@ static void default_priorities(struct apply *a, const bool *ordered) {
 
 bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t n_devices_limit,
                        GError **err) {
-  struct apply a = {.p = p, .g = g, .limit = n_devices_limit ? n_devices_limit : IR_MAX_DEVICES,
-                    .split_tag = -1};
+  struct apply a = {
+      .p = p, .g = g, .limit = n_devices_limit ? n_devices_limit : IR_MAX_DEVICES, .split_tag = -1};
   a.info = g_array_new(FALSE, FALSE, sizeof(struct node_info));
   struct node_info none = {IR_NONE, IR_NONE, IR_NONE, IR_NONE, IR_NONE};
-  for (uint32_t i = 0; i < g->nodes->len; i++) g_array_append_val(a.info, none);
+  for (uint32_t i = 0; i < g->nodes->len; i++)
+    g_array_append_val(a.info, none);
   bool ok = false;
   uint32_t *pos = NULL;
   bool *ordered = NULL;
   struct tag_index ix = {NULL};
 
   for (uint32_t d = 0; d < p->n; d++)
-    if (p->d[d].op == DIR_SPLIT && !apply_split(&a, d, err)) goto out;
-  if (!apply_bi_bw_split(&a, err)) goto out;
+    if (p->d[d].op == DIR_SPLIT && !apply_split(&a, d, err))
+      goto out;
+  if (!apply_bi_bw_split(&a, err))
+    goto out;
   for (uint32_t d = 0; d < p->n; d++)
-    if (p->d[d].op == DIR_PLACE && !apply_placement(&a, d, err)) goto out;
+    if (p->d[d].op == DIR_PLACE && !apply_placement(&a, d, err))
+      goto out;
   for (uint32_t d = 0; d < p->n; d++)
     if ((p->d[d].op == DIR_REPLICATE || p->d[d].op == DIR_SHARD) && !apply_placement(&a, d, err))
       goto out;
   for (uint32_t d = 0; d < p->n; d++) {
     const struct dir_directive *dd = &p->d[d];
-    if (dd->op != DIR_STREAM) continue;
+    if (dd->op != DIR_STREAM)
+      continue;
     struct ir_stream *s = IR_STREAM(g, ir_graph_stream(g, dd->name));
     s->priority = (int32_t)dd->priority;
     s->sm_share = dd->sm_share;
   }
-  if (!check_group_use(&a, err)) goto out;
+  if (!check_group_use(&a, err))
+    goto out;
   {
     struct segment_home *home = g_new(struct segment_home, g->model->n_segments);
     bool homes_ok = segment_homes(&a, home, err) && insert_data_parallel(&a, home, err);
     g_free(home);
-    if (!homes_ok) goto out;
+    if (!homes_ok)
+      goto out;
   }
   insert_gathers(&a);
   insert_all_to_all(&a);
-  if (!insert_send_recv(&a, err)) goto out;
+  if (!insert_send_recv(&a, err))
+    goto out;
   ir_graph_compact(g);
 
   pos = g_new(uint32_t, g->nodes->len);
@@ -1121,24 +1218,30 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   sort_pos = pos;
   tag_index_build(g, &ix);
   for (uint32_t d = 0; d < p->n; d++) {
-    if (p->d[d].op != DIR_ORDER) continue;
-    if (!apply_order(&a, d, &ix, pos, err)) goto out;
+    if (p->d[d].op != DIR_ORDER)
+      continue;
+    if (!apply_order(&a, d, &ix, pos, err))
+      goto out;
   }
   ordered = g_new0(bool, g->nodes->len);
   for (uint32_t d = 0; d < p->n; d++) {
     const struct dir_directive *dd = &p->d[d];
-    if (dd->op != DIR_ORDER) continue;
+    if (dd->op != DIR_ORDER)
+      continue;
     for (uint32_t fi = 0; fi < dd->slot_first[dd->n_slots]; fi++) {
       struct ir_filter f;
-      if (!resolve(&a, d, &dd->filters[fi], &f, err)) goto out;
+      if (!resolve(&a, d, &dd->filters[fi], &f, err))
+        goto out;
       GArray *m = match_indexed(&a, &ix, &f);
-      for (uint32_t j = 0; j < m->len; j++) ordered[g_array_index(m, uint32_t, j)] = true;
+      for (uint32_t j = 0; j < m->len; j++)
+        ordered[g_array_index(m, uint32_t, j)] = true;
       g_array_free(m, TRUE);
     }
   }
   default_priorities(&a, ordered);
   if (g->n_devices > a.limit) {
-    fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices, a.limit);
+    fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices,
+            a.limit);
     goto out;
   }
   ok = true;

@@ -14,7 +14,8 @@ struct compile_options compile_options_default(void) {
 }
 
 void compile_result_free(struct compile_result *r) {
-  if (!r) return;
+  if (!r)
+    return;
   plan_free(r->plan);
   ir_graph_free(r->graph);
   dir_program_free(r->program);
@@ -35,7 +36,8 @@ static bool import_csv(struct dir_program *p, const char *path, GError **err) {
   }
   struct sched_program *s = sched_read_csv(path, text, err);
   g_free(text);
-  if (!s) return false;
+  if (!s)
+    return false;
   dir_program_remove_op(p, DIR_ORDER);
   bool ok = sched_to_directives(s, "MB", p, err);
   sched_program_free(s);
@@ -44,23 +46,32 @@ static bool import_csv(struct dir_program *p, const char *path, GError **err) {
 
 bool compile_run(const struct compile_options *o, struct compile_result *r, GError **err) {
   memset(r, 0, sizeof *r);
-  if (!o->model_path) return json_fail(err, "--model is required");
-  if (!o->directives_path) return json_fail(err, "--directives (or --base-schedule) is required");
+  if (!o->model_path)
+    return json_fail(err, "--model is required");
+  if (!o->directives_path)
+    return json_fail(err, "--directives (or --base-schedule) is required");
   r->model = model_load_file(o->model_path, o->pp_regions, err);
-  if (!r->model) goto fail;
+  if (!r->model)
+    goto fail;
   r->program = dir_program_load_file(o->directives_path, err);
-  if (!r->program) goto fail;
+  if (!r->program)
+    goto fail;
   if (o->have_schedule || o->schedule.mbs > 0) {
-    if (!sched_prepare_program(r->program, (uint32_t)r->model->pp_regions, &o->schedule, err)) goto fail;
+    if (!sched_prepare_program(r->program, (uint32_t)r->model->pp_regions, &o->schedule, err))
+      goto fail;
   }
-  if (o->import_csv && !import_csv(r->program, o->import_csv, err)) goto fail;
+  if (o->import_csv && !import_csv(r->program, o->import_csv, err))
+    goto fail;
   uint32_t n_ranks = 1;
-  int32_t *layout = sched_layout_from_program(r->program, (uint32_t)r->model->pp_regions, &n_ranks, err);
-  if (!layout) goto fail;
+  int32_t *layout =
+      sched_layout_from_program(r->program, (uint32_t)r->model->pp_regions, &n_ranks, err);
+  if (!layout)
+    goto fail;
   g_free(layout);
   r->ranks = n_ranks;
   r->graph = ir_graph_build(r->model);
-  if (!dir_program_apply(r->program, r->graph, o->n_devices, err)) goto fail;
+  if (!dir_program_apply(r->program, r->graph, o->n_devices, err))
+    goto fail;
   r->mbs = r->graph->n_microbatches;
   r->program_file_name = sched_program_file_name(o->schedule.family, r->ranks, r->mbs);
   if (o->lower) {
@@ -69,7 +80,8 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
     cJSON_Delete(pj);
     r->plan = plan_lower(r->graph, text, err);
     cJSON_free(text);
-    if (!r->plan) goto fail;
+    if (!r->plan)
+      goto fail;
   }
   return true;
 fail:
@@ -79,7 +91,8 @@ fail:
 
 bool compile_write_program(const struct compile_result *r, const char *dir, GError **err) {
   if (g_mkdir_with_parents(dir, 0755) != 0) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot create: %s", dir, strerror(errno));
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot create: %s", dir,
+                strerror(errno));
     return false;
   }
   char *path = g_build_filename(dir, r->program_file_name, NULL);

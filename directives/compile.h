@@ -3,10 +3,9 @@
  * applies the directives and lowers to per-device plans (with the progress check).
  *
  *   struct compile_options o = compile_options_default();
- *   o.model_path = "models/tiny-moe.json"; o.directives_path = "directives/base-schedules/dp2.json";
- *   struct compile_result r = {0};
- *   if (!compile_run(&o, &r, &err)) ...;   // r.plan is ready
- *   compile_result_free(&r);
+ *   o.model_path = "models/tiny-moe.json"; o.directives_path =
+ * "directives/base-schedules/dp2.json"; struct compile_result r = {0}; if (!compile_run(&o, &r,
+ * &err)) ...;   // r.plan is ready compile_result_free(&r);
  */
 #ifndef PIPER_DIRECTIVES_COMPILE_H
 #define PIPER_DIRECTIVES_COMPILE_H
@@ -24,12 +23,12 @@
 struct compile_options {
   const char *model_path;
   const char *directives_path;
-  int pp_regions;              /* > 0 overrides the model's PP split */
-  bool have_schedule;          /* --schedule given */
+  int pp_regions;     /* > 0 overrides the model's PP split */
+  bool have_schedule; /* --schedule given */
   struct sched_options schedule;
-  uint32_t n_devices;          /* > 0: the run's world size; device ids must be below it */
-  const char *import_csv;      /* replace the program's order directives by this CSV */
-  bool lower;                  /* false stops after the rewrites (no plan) */
+  uint32_t n_devices;     /* > 0: the run's world size; device ids must be below it */
+  const char *import_csv; /* replace the program's order directives by this CSV */
+  bool lower;             /* false stops after the rewrites (no plan) */
 };
 
 struct compile_result {
@@ -37,9 +36,9 @@ struct compile_result {
   struct dir_program *program; /* after the harness: what was compiled */
   struct ir_graph *graph;
   struct plan *plan;
-  uint32_t ranks;              /* pipeline ranks of the layout */
-  uint32_t mbs;                /* micro-batches (product of splits) */
-  char *program_file_name;     /* "<schedule>_pp<R>_mbs<M>.json" */
+  uint32_t ranks;          /* pipeline ranks of the layout */
+  uint32_t mbs;            /* micro-batches (product of splits) */
+  char *program_file_name; /* "<schedule>_pp<R>_mbs<M>.json" */
 };
 
 struct compile_options compile_options_default(void);

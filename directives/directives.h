@@ -18,10 +18,10 @@
 #include "../ir/ir.h"
 
 #define DIR_MAX_DIRECTIVES 100000
-#define DIR_MAX_MICROBATCHES 4096     /* per split; the product over splits is capped too */
+#define DIR_MAX_MICROBATCHES 4096 /* per split; the product over splits is capped too */
 #define DIR_MAX_FILTER_KEYS 16
 #define DIR_NAME_MAX IR_NAME_MAX
-#define DIR_DEFAULT_BUCKET_MB 25.0    /* PyTorch DDP's default bucket size */
+#define DIR_DEFAULT_BUCKET_MB 25.0 /* PyTorch DDP's default bucket size */
 
 enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM };
 
@@ -29,41 +29,42 @@ enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STR
  * split dimensions only exist once the splits ran. */
 struct dir_filter_key {
   char name[DIR_NAME_MAX];
-  int32_t value;                      /* >= 0, or IR_FILTER_ANY for "*" */
+  int32_t value; /* >= 0, or IR_FILTER_ANY for "*" */
 };
 struct dir_filter {
   uint32_t n_keys;
   struct dir_filter_key keys[DIR_MAX_FILTER_KEYS];
-  enum ir_pass pass;                  /* IR_PASS_NONE when no PASS key */
+  enum ir_pass pass; /* IR_PASS_NONE when no PASS key */
 };
 
 struct dir_directive {
   enum dir_op op;
-  uint32_t index;                     /* position in the program, for messages */
-  struct dir_filter filter;           /* place, replicate, shard, split */
-  uint32_t n_devices;                 /* place, replicate, shard */
+  uint32_t index;           /* position in the program, for messages */
+  struct dir_filter filter; /* place, replicate, shard, split */
+  uint32_t n_devices;       /* place, replicate, shard */
   uint32_t *devices;
-  char stream[DIR_NAME_MAX];          /* place (send/recv), shard (all-to-all); "" = default */
-  char reduce_stream[DIR_NAME_MAX];   /* replicate; "" = default */
-  char gather_stream[DIR_NAME_MAX];   /* replicate; "" = default */
-  double bucket_size_mb;              /* replicate */
-  bool shard_grads, shard_params;     /* replicate */
-  char dim_name[DIR_NAME_MAX];        /* split */
-  int64_t num_microbatches;           /* split */
-  uint32_t n_slots;                   /* order: slot s holds filters[slot_first[s] .. slot_first[s+1]) */
-  uint32_t *slot_first;               /* [n_slots + 1] */
-  struct dir_filter *filters;         /* order */
-  /* stream declaration (beyond the reference): {"op":"stream","name":..,"priority":..,"sm_share":..} */
+  char stream[DIR_NAME_MAX];        /* place (send/recv), shard (all-to-all); "" = default */
+  char reduce_stream[DIR_NAME_MAX]; /* replicate; "" = default */
+  char gather_stream[DIR_NAME_MAX]; /* replicate; "" = default */
+  double bucket_size_mb;            /* replicate */
+  bool shard_grads, shard_params;   /* replicate */
+  char dim_name[DIR_NAME_MAX];      /* split */
+  int64_t num_microbatches;         /* split */
+  uint32_t n_slots;           /* order: slot s holds filters[slot_first[s] .. slot_first[s+1]) */
+  uint32_t *slot_first;       /* [n_slots + 1] */
+  struct dir_filter *filters; /* order */
+  /* stream declaration (beyond the reference):
+   * {"op":"stream","name":..,"priority":..,"sm_share":..} */
   char name[DIR_NAME_MAX];
   int64_t priority;
-  double sm_share;                    /* fraction of the device's SMs, (0, 1] */
+  double sm_share; /* fraction of the device's SMs, (0, 1] */
 };
 
 struct dir_program {
-  char *name;                         /* file path, for messages */
+  char *name; /* file path, for messages */
   uint32_t n;
   struct dir_directive *d;
-  uint32_t max_device;                /* largest device id named + 1 (0 when none) */
+  uint32_t max_device; /* largest device id named + 1 (0 when none) */
 };
 
 struct dir_program *dir_program_load_file(const char *path, GError **err);

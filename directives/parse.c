@@ -29,19 +29,23 @@ const char *dir_op_name(enum dir_op op) {
 }
 
 /* s made safe for a one-line message: quoted, escaped, cut after QUOTE_MAX bytes. */
-static char *quote(const char *s) { return json_quote(s, strlen(s), QUOTE_MAX); }
+static char *quote(const char *s) {
+  return json_quote(s, strlen(s), QUOTE_MAX);
+}
 
 /* The shortest of %.15g / %.17g that reads back as d, as cJSON writes numbers. */
 static void format_number(double d, char buf[32]) {
   snprintf(buf, 32, "%.15g", d);
-  if (strtod(buf, NULL) != d) snprintf(buf, 32, "%.17g", d);
+  if (strtod(buf, NULL) != d)
+    snprintf(buf, 32, "%.17g", d);
 }
 
 /* Counts the elements of a JSON array, stopping once past cap: a list with millions of
  * entries is refused without walking it all (cJSON_GetArraySize walks everything). */
 static size_t count_upto(const cJSON *arr, size_t cap) {
   size_t n = 0;
-  for (const cJSON *it = arr->child; it && n <= cap; it = it->next) n++;
+  for (const cJSON *it = arr->child; it && n <= cap; it = it->next)
+    n++;
   return n;
 }
 
@@ -53,7 +57,8 @@ static bool check_keys(const cJSON *obj, const char *const *allowed, const char 
     const char *k = it->string ? it->string : "";
     bool ok = false;
     for (const char *const *a = allowed; *a; a++)
-      if (strcmp(k, *a) == 0) ok = true;
+      if (strcmp(k, *a) == 0)
+        ok = true;
     if (!ok) {
       g_autofree char *q = quote(k);
       GString *list = g_string_new(NULL);
@@ -77,7 +82,8 @@ static bool check_keys(const cJSON *obj, const char *const *allowed, const char 
 static bool check_name(const char *s, char out[DIR_NAME_MAX], const char *ctx, const char *what,
                        GError **err) {
   size_t len = strlen(s);
-  if (len == 0) return json_fail(err, "%s: %s must not be empty", ctx, what);
+  if (len == 0)
+    return json_fail(err, "%s: %s must not be empty", ctx, what);
   if (len >= DIR_NAME_MAX)
     return json_fail(err, "%s: %s is %zu bytes long, at most %d", ctx, what, len, DIR_NAME_MAX - 1);
   for (size_t i = 0; i < len; i++)
@@ -90,7 +96,8 @@ static bool check_name(const char *s, char out[DIR_NAME_MAX], const char *ctx, c
 static bool get_name(const cJSON *obj, const char *key, bool required, char out[DIR_NAME_MAX],
                      const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v) return required ? json_fail(err, "%s: missing key \"%s\"", ctx, key) : true;
+  if (!v)
+    return required ? json_fail(err, "%s: missing key \"%s\"", ctx, key) : true;
   if (!cJSON_IsString(v) || !v->valuestring)
     return json_fail(err, "%s: \"%s\" must be a string (a name)", ctx, key);
   g_autofree char *q = quote(v->valuestring);
@@ -102,10 +109,11 @@ static bool get_name(const cJSON *obj, const char *key, bool required, char out[
 static bool get_int(const cJSON *obj, const char *key, bool required, int64_t lo, int64_t hi,
                     int64_t *out, const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v) return required ? json_fail(err, "%s: missing key \"%s\"", ctx, key) : true;
+  if (!v)
+    return required ? json_fail(err, "%s: missing key \"%s\"", ctx, key) : true;
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
-    return json_fail(err, "%s: \"%s\" must be an integer in [%lld, %lld]", ctx, key,
-                     (long long)lo, (long long)hi);
+    return json_fail(err, "%s: \"%s\" must be an integer in [%lld, %lld]", ctx, key, (long long)lo,
+                     (long long)hi);
   double d = v->valuedouble;
   if (d < (double)lo || d > (double)hi) {
     char num[32];
@@ -118,10 +126,11 @@ static bool get_int(const cJSON *obj, const char *key, bool required, int64_t lo
 }
 
 /* A number in (0, hi]: a zero bucket or SM share is meaningless. */
-static bool get_positive(const cJSON *obj, const char *key, double hi, double *out,
-                         const char *ctx, GError **err) {
+static bool get_positive(const cJSON *obj, const char *key, double hi, double *out, const char *ctx,
+                         GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v) return true;
+  if (!v)
+    return true;
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
     return json_fail(err, "%s: \"%s\" must be a number in (0, %.15g]", ctx, key, hi);
   if (!(v->valuedouble > 0) || v->valuedouble > hi) {
@@ -133,11 +142,12 @@ static bool get_positive(const cJSON *obj, const char *key, double hi, double *o
   return true;
 }
 
-static bool get_bool(const cJSON *obj, const char *key, bool *out, const char *ctx,
-                     GError **err) {
+static bool get_bool(const cJSON *obj, const char *key, bool *out, const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v) return true;
-  if (!cJSON_IsBool(v)) return json_fail(err, "%s: \"%s\" must be true or false", ctx, key);
+  if (!v)
+    return true;
+  if (!cJSON_IsBool(v))
+    return json_fail(err, "%s: \"%s\" must be true or false", ctx, key);
   *out = cJSON_IsTrue(v);
   return true;
 }
@@ -155,13 +165,16 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
     const char *k = it->string ? it->string : "";
     g_autofree char *q = quote(k);
     if (strcmp(k, "PASS") == 0) {
-      if (have_pass) return json_fail(err, "%s: %s: duplicate key \"PASS\"", ctx, where);
+      if (have_pass)
+        return json_fail(err, "%s: %s: duplicate key \"PASS\"", ctx, where);
       have_pass = true;
       int p = -1;
       if (cJSON_IsString(it) && it->valuestring)
         for (int i = 0; i < (int)G_N_ELEMENTS(pass_names); i++)
-          if (strcmp(it->valuestring, pass_names[i]) == 0) p = i;
-      if (p < 0) return json_fail(err, "%s: %s: \"PASS\" must be one of F, B, BI, BW", ctx, where);
+          if (strcmp(it->valuestring, pass_names[i]) == 0)
+            p = i;
+      if (p < 0)
+        return json_fail(err, "%s: %s: \"PASS\" must be one of F, B, BI, BW", ctx, where);
       f->pass = (enum ir_pass)p;
       continue;
     }
@@ -170,7 +183,8 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
                        DIR_MAX_FILTER_KEYS);
     struct dir_filter_key *key = &f->keys[f->n_keys];
     g_autofree char *what = g_strdup_printf("%s: key %s", where, q);
-    if (!check_name(k, key->name, ctx, what, err)) return false;
+    if (!check_name(k, key->name, ctx, what, err))
+      return false;
     for (uint32_t i = 0; i < f->n_keys; i++)
       if (strcmp(f->keys[i].name, key->name) == 0)
         return json_fail(err, "%s: %s: duplicate key %s", ctx, where, q);
@@ -199,7 +213,8 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
 static bool parse_devices(const cJSON *obj, struct dir_directive *d, uint32_t *max_device,
                           const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "devices");
-  if (!v) return json_fail(err, "%s: missing key \"devices\"", ctx);
+  if (!v)
+    return json_fail(err, "%s: missing key \"devices\"", ctx);
   if (!cJSON_IsArray(v) || !v->child)
     return json_fail(err, "%s: \"devices\" must be a non-empty list of device ids", ctx);
   size_t n = count_upto(v, IR_MAX_DEVICES);
@@ -215,12 +230,14 @@ static bool parse_devices(const cJSON *obj, struct dir_directive *d, uint32_t *m
     char what[32];
     snprintf(what, sizeof what, "devices[%zu]", i);
     int64_t id;
-    if (!json_as_int(it, 0, IR_MAX_DEVICES - 1, &id, ctx, what, err)) return false;
+    if (!json_as_int(it, 0, IR_MAX_DEVICES - 1, &id, ctx, what, err))
+      return false;
     if (seen[id / 8] & (1u << (id % 8)))
       return json_fail(err, "%s: \"devices\" names device %lld twice", ctx, (long long)id);
     seen[id / 8] |= (uint8_t)(1u << (id % 8));
     d->devices[i] = (uint32_t)id;
-    if ((uint32_t)id + 1 > *max_device) *max_device = (uint32_t)id + 1;
+    if ((uint32_t)id + 1 > *max_device)
+      *max_device = (uint32_t)id + 1;
   }
   return true;
 }
@@ -228,9 +245,11 @@ static bool parse_devices(const cJSON *obj, struct dir_directive *d, uint32_t *m
 static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_order_filters,
                         const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "filters");
-  if (!v) return json_fail(err, "%s: missing key \"filters\"", ctx);
+  if (!v)
+    return json_fail(err, "%s: missing key \"filters\"", ctx);
   const char *shape = "a list of at least 2 groups, each a non-empty list of filters";
-  if (!cJSON_IsArray(v)) return json_fail(err, "%s: \"filters\" must be %s", ctx, shape);
+  if (!cJSON_IsArray(v))
+    return json_fail(err, "%s: \"filters\" must be %s", ctx, shape);
   size_t n_groups = count_upto(v, DIR_MAX_ORDER_FILTERS);
   if (n_groups < 2)
     return json_fail(err, "%s: \"filters\" has %zu group%s; it must be %s", ctx, n_groups,
@@ -244,16 +263,20 @@ static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_ord
     } else if (cJSON_IsArray(grp)) {
       k = count_upto(grp, DIR_MAX_ORDER_FILTERS);
       if (k == 0)
-        return json_fail(err, "%s: \"filters\" group %zu is empty (a group is a non-empty list of "
-                         "filters)", ctx, g);
+        return json_fail(err,
+                         "%s: \"filters\" group %zu is empty (a group is a non-empty list of "
+                         "filters)",
+                         ctx, g);
     } else {
       return json_fail(err, "%s: \"filters\" group %zu must be a list of filters or a filter", ctx,
                        g);
     }
     total += k;
     if (*n_order_filters + total > DIR_MAX_ORDER_FILTERS)
-      return json_fail(err, "%s: \"filters\": the program's order directives hold more than %d "
-                       "filters", ctx, DIR_MAX_ORDER_FILTERS);
+      return json_fail(err,
+                       "%s: \"filters\": the program's order directives hold more than %d "
+                       "filters",
+                       ctx, DIR_MAX_ORDER_FILTERS);
   }
   *n_order_filters += total;
   d->n_slots = (uint32_t)n_groups;
@@ -268,7 +291,8 @@ static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_ord
     for (const cJSON *f = first; f; f = cJSON_IsObject(grp) ? NULL : f->next, j++) {
       char where[64];
       snprintf(where, sizeof where, "\"filters\" group %zu filter %zu", g, j);
-      if (!parse_filter(f, &d->filters[at], ctx, where, err)) return false;
+      if (!parse_filter(f, &d->filters[at], ctx, where, err))
+        return false;
       at++;
     }
   }
@@ -286,24 +310,28 @@ static void directive_clear(struct dir_directive *d) {
 }
 
 static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
-                            struct dir_directive *d, uint32_t *max_device,
-                            size_t *n_order_filters, GError **err) {
+                            struct dir_directive *d, uint32_t *max_device, size_t *n_order_filters,
+                            GError **err) {
   memset(d, 0, sizeof *d);
   d->index = index;
   d->filter.pass = IR_PASS_NONE;
   if (!cJSON_IsObject(obj))
     return json_fail(err, "%s: directive %u: must be an object with an \"op\"", name, index);
   const cJSON *op = cJSON_GetObjectItemCaseSensitive(obj, "op");
-  if (!op) return json_fail(err, "%s: directive %u: missing key \"op\"", name, index);
+  if (!op)
+    return json_fail(err, "%s: directive %u: missing key \"op\"", name, index);
   if (!cJSON_IsString(op) || !op->valuestring)
     return json_fail(err, "%s: directive %u: \"op\" must be a string", name, index);
   int found = -1;
   for (int i = 0; i < (int)G_N_ELEMENTS(op_names); i++)
-    if (strcmp(op->valuestring, op_names[i]) == 0) found = i;
+    if (strcmp(op->valuestring, op_names[i]) == 0)
+      found = i;
   if (found < 0) {
     g_autofree char *q = quote(op->valuestring);
-    return json_fail(err, "%s: directive %u: unknown op %s (one of place, replicate, shard, "
-                     "split, order, stream)", name, index, q);
+    return json_fail(err,
+                     "%s: directive %u: unknown op %s (one of place, replicate, shard, "
+                     "split, order, stream)",
+                     name, index, q);
   }
   d->op = (enum dir_op)found;
   g_autofree char *ctx = g_strdup_printf("%s: directive %u (%s)", name, index, op_names[found]);
@@ -312,29 +340,34 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   case DIR_PLACE:
   case DIR_SHARD: {
     static const char *const keys[] = {"op", "filter", "devices", "stream", NULL};
-    if (!check_keys(obj, keys, ctx, err)) return false;
+    if (!check_keys(obj, keys, ctx, err))
+      return false;
     break;
   }
   case DIR_REPLICATE: {
-    static const char *const keys[] = {"op", "filter", "devices", "reduce_stream",
-                                       "gather_stream", "bucket_size", "shard_grads",
-                                       "shard_params", NULL};
-    if (!check_keys(obj, keys, ctx, err)) return false;
+    static const char *const keys[] = {
+        "op",          "filter",       "devices", "reduce_stream", "gather_stream", "bucket_size",
+        "shard_grads", "shard_params", NULL};
+    if (!check_keys(obj, keys, ctx, err))
+      return false;
     break;
   }
   case DIR_SPLIT: {
     static const char *const keys[] = {"op", "filter", "dim_name", "num_microbatches", NULL};
-    if (!check_keys(obj, keys, ctx, err)) return false;
+    if (!check_keys(obj, keys, ctx, err))
+      return false;
     break;
   }
   case DIR_ORDER: {
     static const char *const keys[] = {"op", "filters", NULL};
-    if (!check_keys(obj, keys, ctx, err)) return false;
+    if (!check_keys(obj, keys, ctx, err))
+      return false;
     return parse_order(obj, d, n_order_filters, ctx, err);
   }
   case DIR_STREAM: {
     static const char *const keys[] = {"op", "name", "priority", "sm_share", NULL};
-    if (!check_keys(obj, keys, ctx, err)) return false;
+    if (!check_keys(obj, keys, ctx, err))
+      return false;
     d->sm_share = 1.0;
     return get_name(obj, "name", true, d->name, ctx, err) &&
            get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority, ctx,
@@ -345,8 +378,10 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
 
   /* place, replicate, shard, split: all carry one filter. */
   const cJSON *f = cJSON_GetObjectItemCaseSensitive(obj, "filter");
-  if (!f) return json_fail(err, "%s: missing key \"filter\"", ctx);
-  if (!parse_filter(f, &d->filter, ctx, "\"filter\"", err)) return false;
+  if (!f)
+    return json_fail(err, "%s: missing key \"filter\"", ctx);
+  if (!parse_filter(f, &d->filter, ctx, "\"filter\"", err))
+    return false;
 
   switch (d->op) {
   case DIR_PLACE:
@@ -363,19 +398,20 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
         !get_bool(obj, "shard_params", &d->shard_params, ctx, err))
       return false;
     /* ZeRO-3 shards gradients as well as parameters. */
-    if (d->shard_params) d->shard_grads = true;
+    if (d->shard_params)
+      d->shard_grads = true;
     return true;
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
            get_int(obj, "num_microbatches", true, 1, DIR_MAX_MICROBATCHES, &d->num_microbatches,
                    ctx, err);
-  default:
-    return true;
+  default: return true;
   }
 }
 
 struct dir_program *dir_program_parse_json(const char *name, const cJSON *root, GError **err) {
-  if (!name) name = "<directives>";
+  if (!name)
+    name = "<directives>";
   if (!cJSON_IsArray(root)) {
     json_fail(err, "%s: a directive program must be a JSON array of directive objects", name);
     return NULL;
@@ -388,7 +424,8 @@ struct dir_program *dir_program_parse_json(const char *name, const cJSON *root, 
   struct dir_program *p = dir_program_new(name);
   /* Capacity is a power of two so dir_program_append can grow by doubling (see there). */
   size_t cap = 1;
-  while (cap < n) cap *= 2;
+  while (cap < n)
+    cap *= 2;
   p->d = g_new0(struct dir_directive, cap);
   size_t n_order_filters = 0;
   for (const cJSON *it = root->child; it; it = it->next) {
@@ -405,7 +442,8 @@ struct dir_program *dir_program_parse_json(const char *name, const cJSON *root, 
 
 struct dir_program *dir_program_load_file(const char *path, GError **err) {
   cJSON *root = json_parse_file(path, err);
-  if (!root) return NULL;
+  if (!root)
+    return NULL;
   struct dir_program *p = dir_program_parse_json(path, root, err);
   cJSON_Delete(root);
   return p;
@@ -420,7 +458,8 @@ struct dir_program *dir_program_new(const char *name) {
 static uint32_t directive_max_device(const struct dir_directive *d) {
   uint32_t m = 0;
   for (uint32_t i = 0; i < d->n_devices; i++)
-    if (d->devices[i] + 1 > m) m = d->devices[i] + 1;
+    if (d->devices[i] + 1 > m)
+      m = d->devices[i] + 1;
   return m;
 }
 
@@ -435,7 +474,8 @@ void dir_program_append(struct dir_program *p, const struct dir_directive *d) {
   *c = *d;
   c->index = p->n;
   c->devices = d->n_devices ? g_memdup2(d->devices, d->n_devices * sizeof *d->devices) : NULL;
-  if (!d->devices) c->n_devices = 0;
+  if (!d->devices)
+    c->n_devices = 0;
   if (d->n_slots && d->slot_first) {
     uint32_t n_filters = d->slot_first[d->n_slots];
     c->slot_first = g_memdup2(d->slot_first, (d->n_slots + 1) * sizeof *d->slot_first);
@@ -446,12 +486,14 @@ void dir_program_append(struct dir_program *p, const struct dir_directive *d) {
     c->filters = NULL;
   }
   uint32_t m = directive_max_device(c);
-  if (m > p->max_device) p->max_device = m;
+  if (m > p->max_device)
+    p->max_device = m;
   p->n++;
 }
 
 void dir_program_remove_op(struct dir_program *p, enum dir_op op) {
-  if (!p) return;
+  if (!p)
+    return;
   uint32_t kept = 0;
   p->max_device = 0;
   for (uint32_t i = 0; i < p->n; i++) {
@@ -462,15 +504,18 @@ void dir_program_remove_op(struct dir_program *p, enum dir_op op) {
     p->d[kept] = p->d[i];
     p->d[kept].index = kept;
     uint32_t m = directive_max_device(&p->d[kept]);
-    if (m > p->max_device) p->max_device = m;
+    if (m > p->max_device)
+      p->max_device = m;
     kept++;
   }
   p->n = kept;
 }
 
 void dir_program_free(struct dir_program *p) {
-  if (!p) return;
-  for (uint32_t i = 0; i < p->n; i++) directive_clear(&p->d[i]);
+  if (!p)
+    return;
+  for (uint32_t i = 0; i < p->n; i++)
+    directive_clear(&p->d[i]);
   g_free(p->d);
   g_free(p->name);
   g_free(p);
@@ -496,7 +541,8 @@ static void devices_to_json(cJSON *o, const struct dir_directive *d) {
 }
 
 static void name_to_json(cJSON *o, const char *key, const char *value) {
-  if (value[0]) cJSON_AddStringToObject(o, key, value);
+  if (value[0])
+    cJSON_AddStringToObject(o, key, value);
 }
 
 cJSON *dir_program_to_json(const struct dir_program *p) {

@@ -41,12 +41,12 @@ struct sched_layout {
 struct sched_action {
   int32_t stage;
   int32_t mb;
-  enum ir_pass pass;                  /* F, B, BI or BW */
+  enum ir_pass pass; /* F, B, BI or BW */
 };
 
 /* One slot: one action, or two that may interleave (an overlapped F&B, DualPipe-style). */
 struct sched_slot {
-  uint32_t n_actions;                 /* 1 or 2 */
+  uint32_t n_actions; /* 1 or 2 */
   struct sched_action actions[2];
 };
 
@@ -58,7 +58,7 @@ struct sched_rank {
 struct sched_program {
   enum sched_family family;
   uint32_t n_ranks, n_stages, n_microbatches;
-  struct sched_rank *ranks;           /* [n_ranks] */
+  struct sched_rank *ranks; /* [n_ranks] */
 };
 
 /* Refuses impossible inputs (too few micro-batches, a layout not of the family's shape, odd R
@@ -91,8 +91,8 @@ struct sched_program *sched_read_csv(const char *name, const char *text, GError 
  * SCHED_CUSTOM only the split is enforced (when mbs > 0) and the program is otherwise kept. */
 struct sched_options {
   enum sched_family family;
-  uint32_t ranks;                     /* 0 = take it from the layout */
-  uint32_t mbs;                       /* 0 = keep the program's split */
+  uint32_t ranks; /* 0 = take it from the layout */
+  uint32_t mbs;   /* 0 = keep the program's split */
   bool keep_order;
 };
 bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struct sched_options *o,

@@ -45,7 +45,9 @@ bool sched_write_csv(const struct sched_program *s, FILE *f) {
 #define CELL_QUOTE_MAX 40
 
 /* A cell made safe for a one-line message: quoted, escaped, cut after CELL_QUOTE_MAX bytes. */
-static char *quote_cell(const char *s, size_t n) { return json_quote(s, n, CELL_QUOTE_MAX); }
+static char *quote_cell(const char *s, size_t n) {
+  return json_quote(s, n, CELL_QUOTE_MAX);
+}
 
 /* Reads a decimal index of at most 9 digits at s[*i], below limit. */
 static bool read_index(const char *s, size_t n, size_t *i, int64_t limit, int32_t *out) {

@@ -7,7 +7,8 @@
 static guint group_key_hash(gconstpointer key) {
   const GArray *a = key;
   guint h = 2166136261u;
-  for (guint i = 0; i < a->len; i++) h = (h ^ g_array_index(a, uint32_t, i)) * 16777619u;
+  for (guint i = 0; i < a->len; i++)
+    h = (h ^ g_array_index(a, uint32_t, i)) * 16777619u;
   return h;
 }
 
@@ -16,7 +17,9 @@ static gboolean group_key_equal(gconstpointer x, gconstpointer y) {
   return a->len == b->len && memcmp(a->data, b->data, a->len * sizeof(uint32_t)) == 0;
 }
 
-static void group_key_free(gpointer p) { g_array_free(p, TRUE); }
+static void group_key_free(gpointer p) {
+  g_array_free(p, TRUE);
+}
 
 static struct ir_graph *graph_new(const struct model *m) {
   struct ir_graph *g = g_new0(struct ir_graph, 1);
@@ -31,7 +34,8 @@ static struct ir_graph *graph_new(const struct model *m) {
   g->segment_pool = g_array_new(FALSE, TRUE, sizeof(uint32_t));
   g->n_microbatches = 1;
   g->n_tags = m->n_tags;
-  for (uint32_t t = 0; t < m->n_tags; t++) memcpy(g->tag_names[t], m->tag_names[t], MODEL_TAG_NAME_MAX);
+  for (uint32_t t = 0; t < m->n_tags; t++)
+    memcpy(g->tag_names[t], m->tag_names[t], MODEL_TAG_NAME_MAX);
   ir_graph_stream(g, "compute");
   uint32_t dev0 = 0;
   ir_graph_group(g, &dev0, 1);
@@ -39,7 +43,8 @@ static struct ir_graph *graph_new(const struct model *m) {
 }
 
 void ir_graph_free(struct ir_graph *g) {
-  if (!g) return;
+  if (!g)
+    return;
   g_array_free(g->nodes, TRUE);
   g_array_free(g->edges, TRUE);
   g_array_free(g->groups, TRUE);
@@ -79,7 +84,8 @@ uint32_t ir_graph_group(struct ir_graph *g, const uint32_t *devices, uint32_t co
   uint32_t id = g->groups->len - 1;
   g_hash_table_insert(g->group_index, key, GUINT_TO_POINTER(id + 1));
   for (uint32_t i = 0; i < count; i++)
-    if (devices[i] + 1 > g->n_devices) g->n_devices = devices[i] + 1;
+    if (devices[i] + 1 > g->n_devices)
+      g->n_devices = devices[i] + 1;
   return id;
 }
 
@@ -87,13 +93,15 @@ int ir_group_position(const struct ir_graph *g, uint32_t group, uint32_t device)
   const struct ir_group *grp = IR_GROUP(g, group);
   const uint32_t *d = IR_GROUP_DEVICES(g, group);
   for (uint32_t i = 0; i < grp->count; i++)
-    if (d[i] == device) return (int)i;
+    if (d[i] == device)
+      return (int)i;
   return -1;
 }
 
 uint32_t ir_graph_stream(struct ir_graph *g, const char *name) {
   for (uint32_t i = 0; i < g->streams->len; i++)
-    if (strcmp(IR_STREAM(g, i)->name, name) == 0) return i;
+    if (strcmp(IR_STREAM(g, i)->name, name) == 0)
+      return i;
   struct ir_stream s = {.priority = 0, .sm_share = 1.0};
   g_strlcpy(s.name, name, sizeof s.name);
   g_array_append_val(g->streams, s);
@@ -102,8 +110,10 @@ uint32_t ir_graph_stream(struct ir_graph *g, const char *name) {
 
 int ir_graph_tag(struct ir_graph *g, const char *name, bool add) {
   for (uint32_t t = 0; t < g->n_tags; t++)
-    if (strcmp(g->tag_names[t], name) == 0) return (int)t;
-  if (!add || g->n_tags >= IR_MAX_TAGS) return -1;
+    if (strcmp(g->tag_names[t], name) == 0)
+      return (int)t;
+  if (!add || g->n_tags >= IR_MAX_TAGS)
+    return -1;
   g_strlcpy(g->tag_names[g->n_tags], name, MODEL_TAG_NAME_MAX);
   return (int)g->n_tags++;
 }
@@ -123,7 +133,8 @@ uint32_t ir_graph_add_segset(struct ir_graph *g, const uint32_t *segments, uint3
 static struct ir_node node_template(const struct ir_graph *g) {
   struct ir_node n;
   memset(&n, 0, sizeof n);
-  for (int t = 0; t < IR_MAX_TAGS; t++) n.tags[t] = -1;
+  for (int t = 0; t < IR_MAX_TAGS; t++)
+    n.tags[t] = -1;
   n.pass = IR_PASS_NONE;
   n.purpose = IR_COMM_NONE;
   n.segment = IR_NONE;
@@ -149,7 +160,8 @@ struct ir_graph *ir_graph_build(const struct model *m) {
       n.kind = IR_NODE_COMPUTE;
       n.pass = pass == 0 ? IR_PASS_F : IR_PASS_B;
       n.segment = s;
-      for (uint32_t t = 0; t < m->n_tags; t++) n.tags[t] = m->segments[s].tags[t];
+      for (uint32_t t = 0; t < m->n_tags; t++)
+        n.tags[t] = m->segments[s].tags[t];
       ir_graph_add_node(g, &n);
     }
   }
@@ -188,8 +200,10 @@ void ir_graph_compact(struct ir_graph *g) {
   uint32_t w = 0;
   for (uint32_t i = 0; i < g->edges->len; i++) {
     struct ir_edge *e = IR_EDGE(g, i);
-    if (e->kind == IR_EDGE_DEAD) continue;
-    if (w != i) *IR_EDGE(g, w) = *e;
+    if (e->kind == IR_EDGE_DEAD)
+      continue;
+    if (w != i)
+      *IR_EDGE(g, w) = *e;
     w++;
   }
   g_array_set_size(g->edges, w);
@@ -203,7 +217,8 @@ void ir_adjacency_build(const struct ir_graph *g, struct ir_adjacency *adj) {
   adj->in_edges = g_new(uint32_t, ne ? ne : 1);
   for (uint32_t i = 0; i < ne; i++) {
     const struct ir_edge *e = IR_EDGE(g, i);
-    if (e->kind == IR_EDGE_DEAD) continue;
+    if (e->kind == IR_EDGE_DEAD)
+      continue;
     adj->out_first[e->src + 1]++;
     adj->in_first[e->dst + 1]++;
   }
@@ -217,7 +232,8 @@ void ir_adjacency_build(const struct ir_graph *g, struct ir_adjacency *adj) {
   /* Edges keep their creation order inside each list, so walks are deterministic. */
   for (uint32_t i = 0; i < ne; i++) {
     const struct ir_edge *e = IR_EDGE(g, i);
-    if (e->kind == IR_EDGE_DEAD) continue;
+    if (e->kind == IR_EDGE_DEAD)
+      continue;
     adj->out_edges[op[e->src]++] = i;
     adj->in_edges[ip[e->dst]++] = i;
   }
@@ -226,7 +242,8 @@ void ir_adjacency_build(const struct ir_graph *g, struct ir_adjacency *adj) {
 }
 
 void ir_adjacency_free(struct ir_adjacency *adj) {
-  if (!adj) return;
+  if (!adj)
+    return;
   g_free(adj->out_first);
   g_free(adj->out_edges);
   g_free(adj->in_first);
@@ -236,15 +253,20 @@ void ir_adjacency_free(struct ir_adjacency *adj) {
 
 bool ir_filter_match(const struct ir_filter *f, const struct ir_node *n) {
   if (f->pass != IR_PASS_NONE) {
-    if (n->pass == IR_PASS_NONE) return false;
+    if (n->pass == IR_PASS_NONE)
+      return false;
     bool backward = n->pass == IR_PASS_B || n->pass == IR_PASS_BI || n->pass == IR_PASS_BW;
-    if (f->pass == IR_PASS_B ? !backward : f->pass != n->pass) return false;
+    if (f->pass == IR_PASS_B ? !backward : f->pass != n->pass)
+      return false;
   }
   for (int t = 0; t < IR_MAX_TAGS; t++) {
     int32_t want = f->tags[t];
-    if (want == IR_FILTER_UNSET) continue;
-    if (n->tags[t] < 0) return false;
-    if (want != IR_FILTER_ANY && n->tags[t] != want) return false;
+    if (want == IR_FILTER_UNSET)
+      continue;
+    if (n->tags[t] < 0)
+      return false;
+    if (want != IR_FILTER_ANY && n->tags[t] != want)
+      return false;
   }
   return true;
 }
@@ -271,19 +293,24 @@ void ir_node_format_name(const struct ir_node *n, uint32_t n_tags,
     g_string_append_printf(s, "%s %s", ir_node_kind_name(n->kind), ir_pass_name(n->pass));
   /* Two segments may carry the same tags (the non-expert runs before and after an expert
    * region), so the segment index keeps names unique. */
-  if (n->segment != IR_NONE) g_string_append_printf(s, " s%u", n->segment);
+  if (n->segment != IR_NONE)
+    g_string_append_printf(s, " s%u", n->segment);
   for (uint32_t t = 0; t < n_tags && t < IR_MAX_TAGS; t++)
-    if (n->tags[t] >= 0) g_string_append_printf(s, " %s=%d", tag_names[t], n->tags[t]);
-  if (n->kind == IR_NODE_SEND) g_string_append_printf(s, " ->g%u", n->peer_group);
-  if (n->kind == IR_NODE_RECV) g_string_append_printf(s, " <-g%u", n->peer_group);
+    if (n->tags[t] >= 0)
+      g_string_append_printf(s, " %s=%d", tag_names[t], n->tags[t]);
+  if (n->kind == IR_NODE_SEND)
+    g_string_append_printf(s, " ->g%u", n->peer_group);
+  if (n->kind == IR_NODE_RECV)
+    g_string_append_printf(s, " <-g%u", n->peer_group);
   if (n->segset != IR_NONE && n->kind != IR_NODE_OPTIMIZER)
     g_string_append_printf(s, " set=%u", n->segset);
-  if (n->kind != IR_NODE_COMPUTE) g_string_append_printf(s, " @g%u", n->group);
+  if (n->kind != IR_NODE_COMPUTE)
+    g_string_append_printf(s, " @g%u", n->group);
   g_strlcpy(buf, s->str, len);
   g_string_free(s, TRUE);
 }
 
 void ir_node_name(const struct ir_graph *g, uint32_t node, char *buf, size_t len) {
-  ir_node_format_name(IR_NODE(g, node), g->n_tags, (const char (*)[MODEL_TAG_NAME_MAX])g->tag_names,
+  ir_node_format_name(IR_NODE(g, node), g->n_tags, (const char(*)[MODEL_TAG_NAME_MAX])g->tag_names,
                       buf, len);
 }

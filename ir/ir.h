@@ -19,10 +19,10 @@
 #include "../models/model.h"
 
 #define IR_NONE UINT32_MAX
-#define IR_MAX_TAGS 12           /* model tags + split dimensions */
-#define IR_MAX_DEVICES 65536     /* largest device id + 1 accepted */
-#define IR_MAX_NODES (4u << 20)  /* a rewrite that would exceed it is refused */
-#define IR_NAME_MAX 32           /* stream and tag names */
+#define IR_MAX_TAGS 12          /* model tags + split dimensions */
+#define IR_MAX_DEVICES 65536    /* largest device id + 1 accepted */
+#define IR_MAX_NODES (4u << 20) /* a rewrite that would exceed it is refused */
+#define IR_NAME_MAX 32          /* stream and tag names */
 
 enum ir_pass { IR_PASS_F, IR_PASS_B, IR_PASS_BI, IR_PASS_BW, IR_PASS_NONE };
 
@@ -45,22 +45,22 @@ enum ir_comm_purpose { IR_COMM_NONE, IR_COMM_PP, IR_COMM_DP, IR_COMM_EP };
 
 struct ir_node {
   enum ir_node_kind kind;
-  enum ir_pass pass;           /* compute: its pass; comm: the pass it serves; else NONE */
+  enum ir_pass pass; /* compute: its pass; comm: the pass it serves; else NONE */
   enum ir_comm_purpose purpose;
-  int32_t tags[IR_MAX_TAGS];   /* value per graph tag name, -1 = absent */
-  uint32_t segment;            /* compute: model segment; all-to-all/gather: the segment served */
-  uint32_t group;              /* device group running it */
-  uint32_t peer_group;         /* send: destination, recv: source; else IR_NONE */
-  uint32_t stream;             /* logical stream (graph stream table) */
-  uint32_t pair;               /* send <-> recv partner node */
-  uint32_t segset;             /* collectives, gathers, optimizer: the segments they cover */
-  uint64_t bytes;              /* comm: payload per device; compute: output bytes */
-  uint32_t shard_degree;       /* compute on an expert region: EP group size, else 1. Each
-                                * device holds 1/shard_degree of the experts and runs as many
-                                * routed tokens as its own micro-batch has (EP group = DP group) */
-  uint32_t replica_degree;     /* data-parallel replicas of this node (group size), 1 if none */
+  int32_t tags[IR_MAX_TAGS]; /* value per graph tag name, -1 = absent */
+  uint32_t segment;          /* compute: model segment; all-to-all/gather: the segment served */
+  uint32_t group;            /* device group running it */
+  uint32_t peer_group;       /* send: destination, recv: source; else IR_NONE */
+  uint32_t stream;           /* logical stream (graph stream table) */
+  uint32_t pair;             /* send <-> recv partner node */
+  uint32_t segset;           /* collectives, gathers, optimizer: the segments they cover */
+  uint64_t bytes;            /* comm: payload per device; compute: output bytes */
+  uint32_t shard_degree;     /* compute on an expert region: EP group size, else 1. Each
+                              * device holds 1/shard_degree of the experts and runs as many
+                              * routed tokens as its own micro-batch has (EP group = DP group) */
+  uint32_t replica_degree;   /* data-parallel replicas of this node (group size), 1 if none */
   bool shard_grads, shard_params;
-  uint32_t directive;          /* last directive that rewrote it (for messages), IR_NONE */
+  uint32_t directive; /* last directive that rewrote it (for messages), IR_NONE */
   /* Lowering's tie-break among ready nodes (lower first): an `order` slot and the node's
    * place in the slot's interleaving, or by default pass then micro-batch (GPipe-like).
    * Communication nodes inherit their producers' priority when lowered. */
@@ -70,8 +70,8 @@ struct ir_node {
 struct ir_edge {
   uint32_t src, dst;
   enum ir_edge_kind kind;
-  uint32_t slot;               /* data: which output of src (0 = out, 1 = saved activations) */
-  uint64_t bytes;              /* data: tensor bytes per device */
+  uint32_t slot;  /* data: which output of src (0 = out, 1 = saved activations) */
+  uint64_t bytes; /* data: tensor bytes per device */
 };
 
 /* A device group: devices[first .. first+count) of the graph's device pool. Interned: equal
@@ -85,31 +85,31 @@ struct ir_group {
  * the graph's segment pool. */
 struct ir_segset {
   uint32_t first, count;
-  uint64_t param_bytes;        /* on one device (expert segments divided by their shard degree) */
+  uint64_t param_bytes; /* on one device (expert segments divided by their shard degree) */
 };
 
 /* A logical stream. Priority and SM share come from `stream` directives. */
 struct ir_stream {
   char name[IR_NAME_MAX];
-  int32_t priority;            /* higher runs first where the backend can say so; 0 default */
-  double sm_share;             /* fraction of the device's SMs it may use; 1 = no limit */
+  int32_t priority; /* higher runs first where the backend can say so; 0 default */
+  double sm_share;  /* fraction of the device's SMs it may use; 1 = no limit */
 };
 
 struct ir_graph {
-  const struct model *model;   /* not owned */
+  const struct model *model; /* not owned */
   uint32_t n_tags;
   char tag_names[IR_MAX_TAGS][MODEL_TAG_NAME_MAX]; /* model tags then split dims (e.g. MB) */
 
-  GArray *nodes;               /* struct ir_node */
-  GArray *edges;               /* struct ir_edge */
-  GArray *groups;              /* struct ir_group */
-  GArray *device_pool;         /* uint32_t */
-  GHashTable *group_index;     /* interned device lists -> group id + 1 */
-  GArray *streams;             /* struct ir_stream; 0 = "compute" */
-  GArray *segsets;             /* struct ir_segset */
-  GArray *segment_pool;        /* uint32_t model segment ids */
-  uint32_t n_devices;          /* largest device id used + 1 */
-  uint32_t n_microbatches;     /* product of split counts, 1 before any split */
+  GArray *nodes;           /* struct ir_node */
+  GArray *edges;           /* struct ir_edge */
+  GArray *groups;          /* struct ir_group */
+  GArray *device_pool;     /* uint32_t */
+  GHashTable *group_index; /* interned device lists -> group id + 1 */
+  GArray *streams;         /* struct ir_stream; 0 = "compute" */
+  GArray *segsets;         /* struct ir_segset */
+  GArray *segment_pool;    /* uint32_t model segment ids */
+  uint32_t n_devices;      /* largest device id used + 1 */
+  uint32_t n_microbatches; /* product of split counts, 1 before any split */
 };
 
 #define IR_NODE(g, i) (&g_array_index((g)->nodes, struct ir_node, (i)))
@@ -146,7 +146,7 @@ void ir_graph_compact(struct ir_graph *g);
 
 /* Adjacency in CSR form, built on demand after rewrites. */
 struct ir_adjacency {
-  uint32_t *out_first, *out_edges;  /* out_edges[out_first[v] .. out_first[v+1]) */
+  uint32_t *out_first, *out_edges; /* out_edges[out_first[v] .. out_first[v+1]) */
   uint32_t *in_first, *in_edges;
 };
 void ir_adjacency_build(const struct ir_graph *g, struct ir_adjacency *adj);
@@ -158,7 +158,7 @@ void ir_adjacency_free(struct ir_adjacency *adj);
 #define IR_FILTER_ANY (-2)
 #define IR_FILTER_UNSET (-1)
 struct ir_filter {
-  int32_t tags[IR_MAX_TAGS];  /* IR_FILTER_UNSET = key not in the filter */
+  int32_t tags[IR_MAX_TAGS]; /* IR_FILTER_UNSET = key not in the filter */
   enum ir_pass pass;
 };
 bool ir_filter_match(const struct ir_filter *f, const struct ir_node *n);

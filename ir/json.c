@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-G_DEFINE_QUARK(piper-error-quark, piper_error)
+G_DEFINE_QUARK(piper - error - quark, piper_error)
 
 bool json_fail(GError **err, const char *fmt, ...) {
   if (err && !*err) {
@@ -67,7 +67,8 @@ cJSON *json_parse_buffer(const char *name, const char *buf, size_t len, GError *
   if (!root) {
     int line, col;
     const char *at = end ? end : buf;
-    if (at > buf + len) at = buf + len;
+    if (at > buf + len)
+      at = buf + len;
     locate(buf, at, &line, &col);
     json_fail(err, "%s:%d:%d: malformed JSON", name, line, col);
     return NULL;
@@ -118,19 +119,23 @@ out:
 }
 
 bool json_check_keys(const cJSON *obj, const char *const *allowed, const char *ctx, GError **err) {
-  if (!cJSON_IsObject(obj)) return json_fail(err, "%s: expected an object", ctx);
+  if (!cJSON_IsObject(obj))
+    return json_fail(err, "%s: expected an object", ctx);
   for (const cJSON *it = obj->child; it; it = it->next) {
     bool ok = false;
     for (const char *const *a = allowed; *a; a++)
-      if (it->string && strcmp(it->string, *a) == 0) ok = true;
-    if (!ok) return json_fail(err, "%s: unknown key \"%s\"", ctx, it->string ? it->string : "");
+      if (it->string && strcmp(it->string, *a) == 0)
+        ok = true;
+    if (!ok)
+      return json_fail(err, "%s: unknown key \"%s\"", ctx, it->string ? it->string : "");
   }
   return true;
 }
 
 bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const char *ctx,
                  const char *what, GError **err) {
-  if (!cJSON_IsNumber(v)) return json_fail(err, "%s: \"%s\" must be an integer", ctx, what);
+  if (!cJSON_IsNumber(v))
+    return json_fail(err, "%s: \"%s\" must be an integer", ctx, what);
   double d = v->valuedouble;
   if (!isfinite(d) || d != floor(d))
     return json_fail(err, "%s: \"%s\" must be an integer", ctx, what);
@@ -145,7 +150,8 @@ static const cJSON *lookup(const cJSON *obj, const char *key, bool required, con
                            GError **err, bool *missing) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
   *missing = v == NULL;
-  if (!v && required) json_fail(err, "%s: missing key \"%s\"", ctx, key);
+  if (!v && required)
+    json_fail(err, "%s: missing key \"%s\"", ctx, key);
   return v;
 }
 
@@ -153,7 +159,8 @@ bool json_get_int(const cJSON *obj, const char *key, bool required, int64_t lo, 
                   int64_t *out, const char *ctx, GError **err) {
   bool missing;
   const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
-  if (missing) return !required;
+  if (missing)
+    return !required;
   return json_as_int(v, lo, hi, out, ctx, key, err);
 }
 
@@ -161,7 +168,8 @@ bool json_get_double(const cJSON *obj, const char *key, bool required, double lo
                      double *out, const char *ctx, GError **err) {
   bool missing;
   const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
-  if (missing) return !required;
+  if (missing)
+    return !required;
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
     return json_fail(err, "%s: \"%s\" must be a number", ctx, key);
   if (v->valuedouble < lo || v->valuedouble > hi)
@@ -175,8 +183,10 @@ bool json_get_bool(const cJSON *obj, const char *key, bool required, bool *out, 
                    GError **err) {
   bool missing;
   const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
-  if (missing) return !required;
-  if (!cJSON_IsBool(v)) return json_fail(err, "%s: \"%s\" must be true or false", ctx, key);
+  if (missing)
+    return !required;
+  if (!cJSON_IsBool(v))
+    return json_fail(err, "%s: \"%s\" must be true or false", ctx, key);
   *out = cJSON_IsTrue(v);
   return true;
 }
@@ -185,7 +195,8 @@ bool json_get_string(const cJSON *obj, const char *key, bool required, const cha
                      const char *ctx, GError **err) {
   bool missing;
   const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
-  if (missing) return !required;
+  if (missing)
+    return !required;
   if (!cJSON_IsString(v) || !v->valuestring)
     return json_fail(err, "%s: \"%s\" must be a string", ctx, key);
   *out = v->valuestring;
@@ -197,17 +208,20 @@ bool json_write_text(const char *path, const char *text, size_t len, GError **er
   bool ok = false;
   FILE *f = fopen(tmp, "wb");
   if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", tmp, strerror(errno));
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", tmp,
+                strerror(errno));
     goto out;
   }
   bool wrote = fwrite(text, 1, len, f) == len;
   if (fclose(f) != 0 || !wrote) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed: %s", tmp, strerror(errno));
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed: %s", tmp,
+                strerror(errno));
     remove(tmp);
     goto out;
   }
   if (rename(tmp, path) != 0) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: rename failed: %s", path, strerror(errno));
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: rename failed: %s", path,
+                strerror(errno));
     remove(tmp);
     goto out;
   }
@@ -234,7 +248,8 @@ bool json_write_file(const char *path, const cJSON *root, GError **err) {
 int piper_error_exit(const char *program, GError *err) {
   fprintf(stderr, "%s: error: %s\n", program, err ? err->message : "unknown error");
   int code = err && err->domain == PIPER_ERROR && err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
-  if (err) g_error_free(err);
+  if (err)
+    g_error_free(err);
   return code;
 }
 
@@ -242,7 +257,8 @@ bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out) 
   char *end;
   errno = 0;
   long long v = strtoll(text, &end, 10);
-  if (errno || end == text || *end || v < (long long)lo || v > (long long)hi) return false;
+  if (errno || end == text || *end || v < (long long)lo || v > (long long)hi)
+    return false;
   *out = (uint32_t)v;
   return true;
 }
@@ -251,7 +267,8 @@ bool piper_parse_double(const char *text, double lo, double hi, double *out) {
   char *end;
   errno = 0;
   double v = strtod(text, &end);
-  if (errno || end == text || *end || !(v >= lo && v <= hi)) return false;
+  if (errno || end == text || *end || !(v >= lo && v <= hi))
+    return false;
   *out = v;
   return true;
 }

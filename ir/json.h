@@ -3,7 +3,8 @@
  * messages name the file and the key, and parse errors carry line and column.
  *
  *   cJSON *root = json_parse_file("models/tiny-moe.json", &err);
- *   int64_t n; json_get_int(root, "hidden_size", true, 1, 1 << 20, &n, "models/tiny-moe.json", &err);
+ *   int64_t n; json_get_int(root, "hidden_size", true, 1, 1 << 20, &n, "models/tiny-moe.json",
+ * &err);
  */
 #ifndef PIPER_IR_JSON_H
 #define PIPER_IR_JSON_H

@@ -21,34 +21,34 @@
 #include "ir.h"
 
 struct plan_instr {
-  uint32_t node;               /* index into plan.nodes (the IR node it runs) */
-  uint32_t stream;             /* index into plan.streams */
-  uint32_t comm;               /* communicator (plan.comms), IR_NONE for compute / optimizer */
-  uint32_t seq;                /* position among this device's instructions on comm */
-  uint32_t wait_first, wait_count;  /* class.waits: instructions on other streams to wait for */
-  uint32_t read_first, read_count;  /* class.reads: tensors consumed */
-  uint32_t write_first, write_count;/* class.writes: tensors produced */
+  uint32_t node;                   /* index into plan.nodes (the IR node it runs) */
+  uint32_t stream;                 /* index into plan.streams */
+  uint32_t comm;                   /* communicator (plan.comms), IR_NONE for compute / optimizer */
+  uint32_t seq;                    /* position among this device's instructions on comm */
+  uint32_t wait_first, wait_count; /* class.waits: instructions on other streams to wait for */
+  uint32_t read_first, read_count; /* class.reads: tensors consumed */
+  uint32_t write_first, write_count; /* class.writes: tensors produced */
 };
 
 /* A buffer a device holds for one step: activations sent on, activations saved for backward,
  * gradients, received data. Lifetime: from its producer's end to its last consumer's end. */
 enum plan_tensor_kind { PLAN_TENSOR_OUT, PLAN_TENSOR_SAVED };
 struct plan_tensor {
-  uint64_t bytes;              /* on one device */
-  uint32_t producer;           /* class instruction index */
+  uint64_t bytes;    /* on one device */
+  uint32_t producer; /* class instruction index */
   enum plan_tensor_kind kind;
-  uint32_t consumer_first, consumer_count;  /* class.consumers */
+  uint32_t consumer_first, consumer_count; /* class.consumers */
 };
 
 /* The program of every device with the same group memberships. instrs are in issue order
  * (a topological order of the whole step); a stream's list is its subsequence. */
 struct plan_class {
   uint32_t n_devices;
-  uint32_t *devices;           /* members, ascending */
+  uint32_t *devices; /* members, ascending */
   uint32_t n_instrs;
   struct plan_instr *instrs;
-  uint32_t *stream_first;      /* [n_streams + 1]: stream s runs stream_instrs[first[s] .. first[s+1]) */
-  uint32_t *stream_instrs;     /* instruction indices grouped by stream, in issue order */
+  uint32_t *stream_first; /* [n_streams + 1]: stream s runs stream_instrs[first[s] .. first[s+1]) */
+  uint32_t *stream_instrs; /* instruction indices grouped by stream, in issue order */
   uint32_t n_waits, n_reads, n_writes, n_consumers;
   uint32_t *waits, *reads, *writes, *consumers;
   uint32_t n_tensors;
@@ -60,13 +60,13 @@ struct plan_class {
 struct plan_comm {
   enum ir_comm_purpose purpose;
   uint32_t group;
-  uint32_t peer_group;         /* PP only, else IR_NONE */
+  uint32_t peer_group; /* PP only, else IR_NONE */
 };
 
 struct plan {
-  struct model *model;         /* owned, rebuilt from model_json */
-  char *model_json;            /* model_to_json text */
-  char *program_json;          /* the directive program compiled (text), may be NULL */
+  struct model *model; /* owned, rebuilt from model_json */
+  char *model_json;    /* model_to_json text */
+  char *program_json;  /* the directive program compiled (text), may be NULL */
   uint32_t n_devices;
   uint32_t n_microbatches;
   uint32_t n_tags;
@@ -87,7 +87,7 @@ struct plan {
   struct plan_comm *comms;
   uint32_t n_classes;
   struct plan_class *classes;
-  uint32_t *device_class;      /* [n_devices] */
+  uint32_t *device_class; /* [n_devices] */
 };
 
 /* Lowers a rewritten graph and runs the progress check. The graph's model is copied. */

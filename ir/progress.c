@@ -11,9 +11,9 @@
 
 struct arrival {
   uint32_t count;
-  uint32_t first_node;   /* node of the first arrival, to check the others agree */
+  uint32_t first_node; /* node of the first arrival, to check the others agree */
   uint32_t first_device;
-  GArray *who;           /* (device, stream) pairs waiting */
+  GArray *who; /* (device, stream) pairs waiting */
 };
 
 struct progress {
@@ -30,7 +30,8 @@ static uint64_t arrival_key(const struct plan *p, const struct plan_instr *in, u
   /* The instance of a communicator a device is in: PP pairs differ by the position of the
    * device in its side's group (a send of A[k] meets the recv of B[k]). */
   uint64_t instance = 0;
-  if (p->comms[in->comm].purpose == IR_COMM_PP) instance = (uint64_t)plan_node_position(p, in->node, device);
+  if (p->comms[in->comm].purpose == IR_COMM_PP)
+    instance = (uint64_t)plan_node_position(p, in->node, device);
   return ((uint64_t)in->comm << 44) | (instance << 28) | in->seq;
 }
 
@@ -41,7 +42,8 @@ static bool done(const struct progress *s, uint32_t device, uint32_t instr) {
 }
 
 static void enqueue(struct progress *s, uint32_t device) {
-  if (s->queued[device]) return;
+  if (s->queued[device])
+    return;
   s->queued[device] = true;
   g_array_append_val(s->work, device);
 }
@@ -74,12 +76,15 @@ static bool advance(struct progress *s, uint32_t device, GError **err) {
     for (uint32_t st = 0; st < p->n_streams; st++) {
       for (;;) {
         uint32_t pos = s->pc[device][st];
-        if (pos >= c->stream_first[st + 1] - c->stream_first[st] || s->arrived[device][st]) break;
+        if (pos >= c->stream_first[st + 1] - c->stream_first[st] || s->arrived[device][st])
+          break;
         uint32_t i = c->stream_instrs[c->stream_first[st] + pos];
         const struct plan_instr *in = &c->instrs[i];
         bool ready = true;
-        for (uint32_t w = 0; w < in->wait_count && ready; w++) ready = done(s, device, c->waits[in->wait_first + w]);
-        if (!ready) break;
+        for (uint32_t w = 0; w < in->wait_count && ready; w++)
+          ready = done(s, device, c->waits[in->wait_first + w]);
+        if (!ready)
+          break;
         if (in->comm == IR_NONE) {
           s->pc[device][st]++;
           changed = true;
@@ -97,8 +102,9 @@ static bool advance(struct progress *s, uint32_t device, GError **err) {
           g_hash_table_insert(s->arrivals, k, a);
         } else {
           const struct ir_node *x = &p->nodes[a->first_node], *y = &p->nodes[in->node];
-          bool pair = (x->kind == IR_NODE_SEND && y->kind == IR_NODE_RECV && x->pair == in->node) ||
-                      (x->kind == IR_NODE_RECV && y->kind == IR_NODE_SEND && y->pair == a->first_node);
+          bool pair =
+              (x->kind == IR_NODE_SEND && y->kind == IR_NODE_RECV && x->pair == in->node) ||
+              (x->kind == IR_NODE_RECV && y->kind == IR_NODE_SEND && y->pair == a->first_node);
           if (x->kind != y->kind ? !pair : a->first_node != in->node)
             return mismatch(s, a, device, in->node, in->comm, in->seq, err);
         }
@@ -111,7 +117,8 @@ static bool advance(struct progress *s, uint32_t device, GError **err) {
             uint32_t *w = &g_array_index(a->who, uint32_t, 2 * k);
             s->arrived[w[0]][w[1]] = false;
             s->pc[w[0]][w[1]]++;
-            if (w[0] != device) enqueue(s, w[0]);
+            if (w[0] != device)
+              enqueue(s, w[0]);
           }
           g_hash_table_remove(s->arrivals, &key);
         }
@@ -131,9 +138,11 @@ static void report_deadlock(const struct progress *s, GError **err) {
     const struct plan_class *c = plan_device_class(p, d);
     for (uint32_t st = 0; st < p->n_streams; st++) {
       uint32_t pos = s->pc[d][st];
-      if (pos >= c->stream_first[st + 1] - c->stream_first[st]) continue;
+      if (pos >= c->stream_first[st + 1] - c->stream_first[st])
+        continue;
       stuck++;
-      if (shown >= 6) continue;
+      if (shown >= 6)
+        continue;
       uint32_t i = c->stream_instrs[c->stream_first[st] + pos];
       const struct plan_instr *in = &c->instrs[i];
       plan_node_name(p, in->node, name, sizeof name);
@@ -145,7 +154,8 @@ static void report_deadlock(const struct progress *s, GError **err) {
       } else if (in->wait_count) {
         for (uint32_t w = 0; w < in->wait_count; w++) {
           uint32_t wi = c->waits[in->wait_first + w];
-          if (done(s, d, wi)) continue;
+          if (done(s, d, wi))
+            continue;
           plan_node_name(p, c->instrs[wi].node, name, sizeof name);
           g_string_append_printf(msg, " (after \"%s\")", name);
           break;
@@ -154,7 +164,8 @@ static void report_deadlock(const struct progress *s, GError **err) {
       shown++;
     }
   }
-  if (stuck > shown) g_string_append_printf(msg, "; and %u more", stuck - shown);
+  if (stuck > shown)
+    g_string_append_printf(msg, "; and %u more", stuck - shown);
   json_fail(err, "%s", msg->str);
   g_string_free(msg, TRUE);
 }
@@ -179,11 +190,13 @@ bool plan_check_progress(const struct plan *p, GError **err) {
   s.arrivals = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, arrival_free);
   s.work = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   s.queued = g_new0(bool, p->n_devices ? p->n_devices : 1);
-  for (uint32_t d = 0; d < p->n_devices; d++) enqueue(&s, d);
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    enqueue(&s, d);
   for (uint32_t k = 0; k < s.work->len; k++) {
     uint32_t d = g_array_index(s.work, uint32_t, k);
     s.queued[d] = false;
-    if (!advance(&s, d, err)) goto out;
+    if (!advance(&s, d, err))
+      goto out;
     /* Compact the queue now and then so it stays bounded by the device count. */
     if (k > 4096 && k * 2 > s.work->len) {
       g_array_remove_range(s.work, 0, k + 1);
@@ -206,7 +219,8 @@ out:
   }
   g_free(s.pc);
   g_free(s.arrived);
-  for (uint32_t c = 0; c < p->n_classes; c++) g_free(s.stream_pos[c]);
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    g_free(s.stream_pos[c]);
   g_free(s.stream_pos);
   g_hash_table_destroy(s.arrivals);
   g_array_free(s.work, TRUE);

@@ -145,9 +145,9 @@ void kernels_attention_forward(float *a, float *saved, const float *h, const flo
 /* dh [B*S, C] (= or +=), bwork <- da [B*S, C]
  * dp_ij = dy_i . v_j;  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij');
  * dq_i = scale sum_j ds_ij k_j;  dk_j += scale ds_ij q_i;  dv_j += p_ij dy_i;  then RoPE^T. */
-void kernels_attention_backward_input(float *dh, float *bwork, const float *da,
-                                      const float *saved, const float *params,
-                                      const struct kernels_attention_dims *d, bool accumulate) {
+void kernels_attention_backward_input(float *dh, float *bwork, const float *da, const float *saved,
+                                      const float *params, const struct kernels_attention_dims *d,
+                                      bool accumulate) {
   struct attention_views w = attention_views(d, params, saved, bwork);
   int B = d->batch, S = d->seq, H = d->heads, D = d->head_dim, C = d->hidden;
   int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD, group = H / d->kv_heads;
@@ -184,8 +184,7 @@ void kernels_attention_backward_input(float *dh, float *bwork, const float *da,
   }
   kernels_rope(w.dq, B, S, H, D, d->rope_theta, true);
   kernels_rope(w.dk, B, S, d->kv_heads, D, d->rope_theta, true);
-  kernels_gemm(false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh,
-               C);
+  kernels_gemm(false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
   kernels_gemm(false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
   kernels_gemm(false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);
 }

@@ -52,8 +52,8 @@ void kernels_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
  * Nothing is saved: BW needs the tokens and dx. */
 size_t kernels_embedding_param_count(int V, int C);
 /* x [T, C] = wte[tokens[t]] */
-void kernels_embedding_forward(float *x, const int32_t *tokens, const float *params, int T,
-                               int V, int C);
+void kernels_embedding_forward(float *x, const int32_t *tokens, const float *params, int T, int V,
+                               int C);
 /* dwte[tokens[t]] += dx[t], t ascending (deterministic for repeated tokens). */
 void kernels_embedding_backward_weight(float *dparams, const float *dx, const int32_t *tokens,
                                        int T, int V, int C);
@@ -69,9 +69,8 @@ size_t kernels_rmsnorm_saved_floats(int T);
 void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float *params, int T,
                              int C, float eps);
 /* dx [T, C] (= or +=) <- dh [T, C] */
-void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x,
-                                    const float *saved, const float *params, int T, int C,
-                                    bool accumulate);
+void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *saved,
+                                    const float *params, int T, int C, bool accumulate);
 /* dw [C] += sum_t dh * x * rstd */
 void kernels_rmsnorm_backward_weight(float *dparams, const float *dh, const float *x,
                                      const float *saved, int T, int C);
@@ -108,9 +107,9 @@ size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d);
 void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
                                const struct kernels_attention_dims *d);
 /* dh [T, C] (= or +=), bwork <- da [T, C] */
-void kernels_attention_backward_input(float *dh, float *bwork, const float *da,
-                                      const float *saved, const float *params,
-                                      const struct kernels_attention_dims *d, bool accumulate);
+void kernels_attention_backward_input(float *dh, float *bwork, const float *da, const float *saved,
+                                      const float *params, const struct kernels_attention_dims *d,
+                                      bool accumulate);
 /* dparams += ... <- bwork, da [T, C], h [T, C], saved */
 void kernels_attention_backward_weight(float *dparams, const float *bwork, const float *da,
                                        const float *h, const float *saved,
@@ -127,16 +126,16 @@ size_t kernels_mlp_param_count(int C, int F);
 size_t kernels_mlp_saved_floats(int T, int F);
 size_t kernels_mlp_bwork_floats(int T, int F);
 /* m [T, C], saved <- h [T, C] */
-void kernels_mlp_forward(float *m, float *saved, const float *h, const float *params, int T,
-                         int C, int F);
+void kernels_mlp_forward(float *m, float *saved, const float *h, const float *params, int T, int C,
+                         int F);
 /* dh [T, C] (= or +=), bwork <- dm [T, C] */
 void kernels_mlp_backward_input(float *dh, float *bwork, const float *dm, const float *saved,
                                 const float *params, int T, int C, int F, bool accumulate);
 void kernels_mlp_backward_weight(float *dparams, const float *bwork, const float *dm,
                                  const float *h, const float *saved, int T, int C, int F);
-void kernels_mlp_backward(float *dh, float *dparams, float *bwork, const float *dm,
-                          const float *h, const float *saved, const float *params, int T, int C,
-                          int F, bool accumulate);
+void kernels_mlp_backward(float *dh, float *dparams, float *bwork, const float *dm, const float *h,
+                          const float *saved, const float *params, int T, int C, int F,
+                          bool accumulate);
 
 /* ---- ROUTER: h -> r (softmax over E experts, top-k, weights renormalised) ------------------
  * params: w [C, E]. probs = softmax(h w); ids[t] = the K most probable experts, most probable
@@ -172,15 +171,15 @@ void kernels_router_backward(float *dh, float *dparams, float *bwork, const floa
  * over the K routes of a token in slot order (deterministic). */
 int kernels_moe_owner(int expert, int E, int n_ranks);
 /* send_counts int32 [n_ranks] (rows to each rank), route_row int32 [T * K] <- ids [T, K] */
-void kernels_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_t *ids,
-                               int T, int K, int E, int n_ranks);
+void kernels_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_t *ids, int T,
+                               int K, int E, int n_ranks);
 /* send [T*K, C], send_expert int32 [T*K] (the expert of each row) <- h [T, C] */
 void kernels_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h,
                                   const int32_t *ids, const int32_t *route_row, int T, int K,
                                   int C);
 /* dh [T, C] (= or +=) <- dsend [T*K, C]: dh[t] = sum_k dsend[route_row[t, k]] */
-void kernels_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row,
-                                   int T, int K, int C, bool accumulate);
+void kernels_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T,
+                                   int K, int C, bool accumulate);
 /* m [T, C] = sum_k weights[t, k] * y[route_row[t, k]] <- y [T*K, C] (expert outputs, in send
  * order) */
 void kernels_moe_combine_forward(float *m, const float *y, const float *weights,
@@ -211,18 +210,17 @@ void kernels_expert_ffn_forward(float *out, float *saved, float *scratch, const 
                                 const int32_t *row_expert, int n_rows, const float *params,
                                 int e_first, int e_count, int C, int F);
 /* din [n, C] (= or +=), bwork <- dout [n, C] */
-void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch,
-                                       const float *dout, const int32_t *row_expert,
-                                       int n_rows, const float *saved, const float *params,
-                                       int e_first, int e_count, int C, int F, bool accumulate);
+void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch, const float *dout,
+                                       const int32_t *row_expert, int n_rows, const float *saved,
+                                       const float *params, int e_first, int e_count, int C, int F,
+                                       bool accumulate);
 void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
-                                        const int32_t *row_expert, int n_rows,
-                                        const float *saved, int e_first, int e_count, int C,
-                                        int F);
+                                        const int32_t *row_expert, int n_rows, const float *saved,
+                                        int e_first, int e_count, int C, int F);
 void kernels_expert_ffn_backward(float *din, float *dparams, float *bwork, float *scratch,
                                  const float *dout, const int32_t *row_expert, int n_rows,
-                                 const float *saved, const float *params, int e_first,
-                                 int e_count, int C, int F, bool accumulate);
+                                 const float *saved, const float *params, int e_first, int e_count,
+                                 int C, int F, bool accumulate);
 
 /* ---- LM_HEAD_LOSS: h -> loss ------------------------------------------------------------
  * params: w [C, V] (KERNELS_LM_HEAD_UNTIED), or, with tied embeddings (models/ then counts no
@@ -237,16 +235,15 @@ size_t kernels_lm_head_loss_saved_floats(int T, int V);
 size_t kernels_lm_head_loss_bwork_floats(int T, int V);
 /* returns the mean loss; saved <- h [T, C] */
 float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *targets,
-                                   const float *params, enum kernels_lm_head_layout layout,
-                                   int T, int C, int V);
+                                   const float *params, enum kernels_lm_head_layout layout, int T,
+                                   int C, int V);
 /* dh [T, C] (= or +=), bwork */
 void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *saved,
                                          const int32_t *targets, const float *params,
                                          enum kernels_lm_head_layout layout, float dloss, int T,
                                          int C, int V, bool accumulate);
 void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *h,
-                                          enum kernels_lm_head_layout layout, int T, int C,
-                                          int V);
+                                          enum kernels_lm_head_layout layout, int T, int C, int V);
 void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, const float *saved,
                                    const float *h, const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, float dloss, int T, int C,
@@ -260,8 +257,7 @@ void kernels_residual_add_backward(float *dy, const float *dx, size_t n, bool ac
 /* ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1) --------------------
  * m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  mh = m / (1 - b1^step);  vh = v / (1 - b2^step)
  * p -= lr * (mh / (sqrt(vh) + eps) + weight_decay * p)      over n elements, in place. */
-void kernels_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
-                        float lr, float beta1, float beta2, float eps, float weight_decay,
-                        int step);
+void kernels_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                        float beta1, float beta2, float eps, float weight_decay, int step);
 
 #endif

@@ -4,15 +4,21 @@
 #include <assert.h>
 #include <math.h>
 
-size_t kernels_lm_head_loss_param_count(int C, int V) { return (size_t)C * V; }
-size_t kernels_lm_head_loss_saved_floats(int T, int V) { return (size_t)T * V; }
-size_t kernels_lm_head_loss_bwork_floats(int T, int V) { return (size_t)T * V; }
+size_t kernels_lm_head_loss_param_count(int C, int V) {
+  return (size_t)C * V;
+}
+size_t kernels_lm_head_loss_saved_floats(int T, int V) {
+  return (size_t)T * V;
+}
+size_t kernels_lm_head_loss_bwork_floats(int T, int V) {
+  return (size_t)T * V;
+}
 
 /* probs [T, V] <- h [T, C], w [C, V] (or wte [V, C] tied), targets [T];
  * returns mean_t -log probs[t, target] */
 float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *targets,
-                                   const float *params, enum kernels_lm_head_layout layout,
-                                   int T, int C, int V) {
+                                   const float *params, enum kernels_lm_head_layout layout, int T,
+                                   int C, int V) {
   if (layout == KERNELS_LM_HEAD_TIED)
     kernels_gemm(false, true, T, V, C, 1.0f, h, C, params, C, 0.0f, saved, V);
   else
@@ -57,8 +63,7 @@ void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *s
 
 /* dw [C, V] += h^T dlogits, or dwte [V, C] += dlogits^T h when tied */
 void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *h,
-                                          enum kernels_lm_head_layout layout, int T, int C,
-                                          int V) {
+                                          enum kernels_lm_head_layout layout, int T, int C, int V) {
   if (layout == KERNELS_LM_HEAD_TIED)
     kernels_gemm(true, false, V, C, T, 1.0f, bwork, V, h, C, 1.0f, dparams, C);
   else

@@ -2,13 +2,19 @@
 #include "kernels.h"
 #include "kernels-impl.h"
 
-size_t kernels_mlp_param_count(int C, int F) { return 3 * (size_t)C * F; }
-size_t kernels_mlp_saved_floats(int T, int F) { return 3 * (size_t)T * F; }
-size_t kernels_mlp_bwork_floats(int T, int F) { return 2 * (size_t)T * F; }
+size_t kernels_mlp_param_count(int C, int F) {
+  return 3 * (size_t)C * F;
+}
+size_t kernels_mlp_saved_floats(int T, int F) {
+  return 3 * (size_t)T * F;
+}
+size_t kernels_mlp_bwork_floats(int T, int F) {
+  return 2 * (size_t)T * F;
+}
 
 /* m [T, C], saved = g, u, act [T, F] each <- h [T, C] */
-void kernels_mlp_forward(float *m, float *saved, const float *h, const float *params, int T,
-                         int C, int F) {
+void kernels_mlp_forward(float *m, float *saved, const float *h, const float *params, int T, int C,
+                         int F) {
   const float *wg = params, *wu = wg + (size_t)C * F, *wd = wu + (size_t)C * F;
   float *g = saved, *u = g + (size_t)T * F, *act = u + (size_t)T * F;
   kernels_gemm(false, false, T, F, C, 1.0f, h, C, wg, F, 0.0f, g, F);
@@ -41,9 +47,9 @@ void kernels_mlp_backward_weight(float *dparams, const float *bwork, const float
 }
 
 /* Fused backward: BI then BW, same shapes (BW reads what BI left in bwork). */
-void kernels_mlp_backward(float *dh, float *dparams, float *bwork, const float *dm,
-                          const float *h, const float *saved, const float *params, int T, int C,
-                          int F, bool accumulate) {
+void kernels_mlp_backward(float *dh, float *dparams, float *bwork, const float *dm, const float *h,
+                          const float *saved, const float *params, int T, int C, int F,
+                          bool accumulate) {
   kernels_mlp_backward_input(dh, bwork, dm, saved, params, T, C, F, accumulate);
   kernels_mlp_backward_weight(dparams, bwork, dm, h, saved, T, C, F);
 }

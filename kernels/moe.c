@@ -9,9 +9,15 @@
 
 /* ---- router ------------------------------------------------------------------------------ */
 
-size_t kernels_router_param_count(int C, int E) { return (size_t)C * E; }
-size_t kernels_router_saved_floats(int T, int E) { return (size_t)T * E; }
-size_t kernels_router_bwork_floats(int T, int E) { return (size_t)T * E; }
+size_t kernels_router_param_count(int C, int E) {
+  return (size_t)C * E;
+}
+size_t kernels_router_saved_floats(int T, int E) {
+  return (size_t)T * E;
+}
+size_t kernels_router_bwork_floats(int T, int E) {
+  return (size_t)T * E;
+}
 
 /* Sum of the chosen probabilities, in slot order (BI recomputes exactly the forward's value). */
 static float chosen_sum(const float *probs, const int32_t *ids, int K) {
@@ -84,8 +90,7 @@ void kernels_router_backward_input(float *dh, float *bwork, const float *dweight
     for (int e = 0; e < E; e++)
       dl[e] = p[e] * (dl[e] - pdp);
   }
-  kernels_gemm(false, true, T, C, E, 1.0f, bwork, E, params, E, accumulate ? 1.0f : 0.0f, dh,
-               C);
+  kernels_gemm(false, true, T, C, E, 1.0f, bwork, E, params, E, accumulate ? 1.0f : 0.0f, dh, C);
 }
 
 /* dw [C, E] += h^T dlogits */
@@ -112,8 +117,8 @@ int kernels_moe_owner(int expert, int E, int n_ranks) {
 }
 
 /* send_counts [n_ranks], route_row [T*K] <- ids [T, K] */
-void kernels_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_t *ids,
-                               int T, int K, int E, int n_ranks) {
+void kernels_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_t *ids, int T,
+                               int K, int E, int n_ranks) {
   /* One pass per rank keeps the order (rank, token, slot) without a cursor array. */
   int32_t row = 0;
   for (int r = 0; r < n_ranks; r++) {
@@ -139,8 +144,8 @@ void kernels_moe_dispatch_forward(float *send, int32_t *send_expert, const float
 }
 
 /* dh [T, C] (= or +=) <- dsend [T*K, C] */
-void kernels_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row,
-                                   int T, int K, int C, bool accumulate) {
+void kernels_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T,
+                                   int K, int C, bool accumulate) {
   for (int t = 0; t < T; t++) {
     float *d = dh + (size_t)t * C;
     if (!accumulate)
@@ -190,14 +195,18 @@ void kernels_moe_combine_backward(float *dy, float *dweights, const float *dm, c
 
 /* ---- expert FFN -------------------------------------------------------------------------- */
 
-size_t kernels_expert_ffn_param_count(int E, int C, int F) { return 3 * (size_t)E * C * F; }
+size_t kernels_expert_ffn_param_count(int E, int C, int F) {
+  return 3 * (size_t)E * C * F;
+}
 size_t kernels_expert_ffn_saved_floats(int n_rows, int C, int F) {
   return (size_t)n_rows * ((size_t)C + 3 * (size_t)F);
 }
 size_t kernels_expert_ffn_bwork_floats(int n_rows, int C, int F) {
   return (size_t)n_rows * ((size_t)C + 2 * (size_t)F);
 }
-size_t kernels_expert_ffn_scratch_floats(int n_rows, int C) { return (size_t)n_rows * C; }
+size_t kernels_expert_ffn_scratch_floats(int n_rows, int C) {
+  return (size_t)n_rows * C;
+}
 
 /* Copies the rows of expert e from src (row order) into dst (packed), or back when to_rows;
  * returns their number. add: when to_rows, dst rows += instead of =. */
@@ -260,10 +269,10 @@ void kernels_expert_ffn_forward(float *out, float *saved, float *scratch, const 
 }
 
 /* din [n, C] (= or +=), bwork = dys [n, C], dg, du [n, F] (grouped) <- dout [n, C] */
-void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch,
-                                       const float *dout, const int32_t *row_expert,
-                                       int n_rows, const float *saved, const float *params,
-                                       int e_first, int e_count, int C, int F, bool accumulate) {
+void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch, const float *dout,
+                                       const int32_t *row_expert, int n_rows, const float *saved,
+                                       const float *params, int e_first, int e_count, int C, int F,
+                                       bool accumulate) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
   const float *g = saved + n * C, *u = g + n * F;
@@ -287,9 +296,8 @@ void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch,
 
 /* per expert e: dwg += xs^T dg, dwu += xs^T du, dwd += act^T dys */
 void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
-                                        const int32_t *row_expert, int n_rows,
-                                        const float *saved, int e_first, int e_count, int C,
-                                        int F) {
+                                        const int32_t *row_expert, int n_rows, const float *saved,
+                                        int e_first, int e_count, int C, int F) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
   const float *xs = saved, *act = saved + n * C + 2 * n * F;
@@ -303,8 +311,7 @@ void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
     float *dwu = dwg + (size_t)C * F, *dwd = dwu + (size_t)C * F;
     kernels_gemm(true, false, C, F, cnt, 1.0f, xs + off * C, C, dg + off * F, F, 1.0f, dwg, F);
     kernels_gemm(true, false, C, F, cnt, 1.0f, xs + off * C, C, du + off * F, F, 1.0f, dwu, F);
-    kernels_gemm(true, false, F, C, cnt, 1.0f, act + off * F, F, dys + off * C, C, 1.0f, dwd,
-                 C);
+    kernels_gemm(true, false, F, C, cnt, 1.0f, act + off * F, F, dys + off * C, C, 1.0f, dwd, C);
     off += (size_t)cnt;
   }
 }
@@ -312,10 +319,10 @@ void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
 /* Fused backward: BI then BW, same shapes (BW reads what BI left in bwork). */
 void kernels_expert_ffn_backward(float *din, float *dparams, float *bwork, float *scratch,
                                  const float *dout, const int32_t *row_expert, int n_rows,
-                                 const float *saved, const float *params, int e_first,
-                                 int e_count, int C, int F, bool accumulate) {
-  kernels_expert_ffn_backward_input(din, bwork, scratch, dout, row_expert, n_rows, saved,
-                                    params, e_first, e_count, C, F, accumulate);
-  kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, e_first,
-                                     e_count, C, F);
+                                 const float *saved, const float *params, int e_first, int e_count,
+                                 int C, int F, bool accumulate) {
+  kernels_expert_ffn_backward_input(din, bwork, scratch, dout, row_expert, n_rows, saved, params,
+                                    e_first, e_count, C, F, accumulate);
+  kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, e_first, e_count, C,
+                                     F);
 }

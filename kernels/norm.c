@@ -5,11 +5,13 @@
 #include <math.h>
 #include <string.h>
 
-size_t kernels_embedding_param_count(int V, int C) { return (size_t)V * C; }
+size_t kernels_embedding_param_count(int V, int C) {
+  return (size_t)V * C;
+}
 
 /* x [T, C] <- tokens [T], wte [V, C] */
-void kernels_embedding_forward(float *x, const int32_t *tokens, const float *params, int T,
-                               int V, int C) {
+void kernels_embedding_forward(float *x, const int32_t *tokens, const float *params, int T, int V,
+                               int C) {
   (void)V; /* only checked */
   for (int t = 0; t < T; t++) {
     assert(tokens[t] >= 0 && tokens[t] < V);
@@ -36,8 +38,12 @@ void kernels_embedding_backward(float *dparams, const float *dx, const int32_t *
   kernels_embedding_backward_weight(dparams, dx, tokens, T, V, C);
 }
 
-size_t kernels_rmsnorm_param_count(int C) { return (size_t)C; }
-size_t kernels_rmsnorm_saved_floats(int T) { return (size_t)T; }
+size_t kernels_rmsnorm_param_count(int C) {
+  return (size_t)C;
+}
+size_t kernels_rmsnorm_saved_floats(int T) {
+  return (size_t)T;
+}
 
 /* h [T, C], rstd [T] <- x [T, C], w [C] */
 void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float *params, int T,
@@ -57,9 +63,8 @@ void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float
 
 /* dx [T, C] (= or +=) <- dh [T, C], x [T, C], rstd [T], w [C]
  * dx_j = rstd * w_j dh_j - x_j * rstd^3 / C * sum_i w_i dh_i x_i */
-void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x,
-                                    const float *saved, const float *params, int T, int C,
-                                    bool accumulate) {
+void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *saved,
+                                    const float *params, int T, int C, bool accumulate) {
   for (int t = 0; t < T; t++) {
     const float *xt = x + (size_t)t * C, *dht = dh + (size_t)t * C;
     float *dxt = dx + (size_t)t * C;

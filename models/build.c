@@ -52,7 +52,9 @@ static uint64_t add(struct builder *b, uint64_t x, uint64_t y) {
   return x + y;
 }
 
-static uint64_t u(int64_t v) { return (uint64_t)v; }
+static uint64_t u(int64_t v) {
+  return (uint64_t)v;
+}
 
 static struct model_op *emit(struct builder *b, enum model_op_kind kind, int32_t layer,
                              unsigned reads, unsigned writes) {
@@ -79,7 +81,7 @@ static void emit_embedding(struct builder *b) {
   op->flops_bwd_weight = (double)b->T * (double)b->h;
   set_params(b, op, mul(b, u(m->vocab_size), b->h));
   op->bytes_fwd = add(b, mul(b, b->T, 4), 2 * b->act); /* int32 ids, rows read, x written */
-  op->saved_bytes = mul(b, b->T, 4);                    /* ids, for the scatter-add */
+  op->saved_bytes = mul(b, b->T, 4);                   /* ids, for the scatter-add */
   op->out_bytes = b->act;
 }
 
@@ -107,13 +109,13 @@ static void emit_attention(struct builder *b, int32_t layer) {
   struct model_op *op = emit(b, MODEL_OP_ATTENTION, layer, BIT(TENSOR_H), BIT(TENSOR_A));
   uint64_t qd = mul(b, u(m->num_heads), u(m->head_dim));
   uint64_t kvd = mul(b, u(m->num_kv_heads), u(m->head_dim));
-  int64_t shape[] = {m->micro_batch_size, m->seq_len, m->num_heads, m->num_kv_heads,
-                     m->head_dim,         m->hidden_size};
+  int64_t shape[] = {m->micro_batch_size, m->seq_len,  m->num_heads,
+                     m->num_kv_heads,     m->head_dim, m->hidden_size};
   memcpy(op->shape, shape, sizeof shape);
   double T = (double)b->T, h = (double)b->h;
   double mm = 2 * T * h * ((double)qd + 2 * (double)kvd) + 2 * T * (double)qd * h;
-  double core = 2.0 * 2 * (double)m->micro_batch_size * (double)m->num_heads *
-                (double)m->seq_len * (double)m->seq_len * (double)m->head_dim / 2;
+  double core = 2.0 * 2 * (double)m->micro_batch_size * (double)m->num_heads * (double)m->seq_len *
+                (double)m->seq_len * (double)m->head_dim / 2;
   op->flops_fwd = mm + core;
   op->flops_bwd_input = mm + 2 * core;
   op->flops_bwd_weight = mm;
@@ -123,8 +125,8 @@ static void emit_attention(struct builder *b, int32_t layer) {
   uint64_t lse = mul3(b, b->T, u(m->num_heads), 4); /* fp32 logsumexp per row */
   /* params, h in, q/k/v written then read by the core, core output written then read by o,
    * logsumexp written, a written. */
-  op->bytes_fwd = add(b, add(b, op->param_bytes, 2 * b->act),
-                      add(b, add(b, 2 * qkv, 2 * core_out), lse));
+  op->bytes_fwd =
+      add(b, add(b, op->param_bytes, 2 * b->act), add(b, add(b, 2 * qkv, 2 * core_out), lse));
   op->saved_bytes = add(b, add(b, b->act, qkv), add(b, core_out, lse));
   op->out_bytes = b->act;
 }
@@ -138,8 +140,8 @@ static void emit_mla(struct builder *b, int32_t layer) {
   struct model *m = b->m;
   struct model_op *op = emit(b, MODEL_OP_MLA_ATTENTION, layer, BIT(TENSOR_H), BIT(TENSOR_A));
   int64_t qk = m->qk_nope_head_dim + m->qk_rope_head_dim;
-  int64_t shape[] = {m->micro_batch_size, m->seq_len, m->num_heads,
-                     m->q_lora_rank,      m->kv_lora_rank, qk, m->v_head_dim, m->hidden_size};
+  int64_t shape[] = {m->micro_batch_size, m->seq_len, m->num_heads,  m->q_lora_rank,
+                     m->kv_lora_rank,     qk,         m->v_head_dim, m->hidden_size};
   memcpy(op->shape, shape, sizeof shape);
   uint64_t H = u(m->num_heads), ql = u(m->q_lora_rank), kvl = u(m->kv_lora_rank);
   uint64_t rope = u(m->qk_rope_head_dim), nope = u(m->qk_nope_head_dim), vd = u(m->v_head_dim);
@@ -148,10 +150,11 @@ static void emit_mla(struct builder *b, int32_t layer) {
   /* weight matrices as (in, out) pairs; their sum of in*out is the parameter count and
    * 2*T*in*out their forward FLOPs */
   uint64_t mats[][2] = {
-      {b->h, ql}, {ql, hq}, /* q_a, q_b (absent when q_lora_rank is 0) */
+      {b->h, ql},       {ql, hq}, /* q_a, q_b (absent when q_lora_rank is 0) */
       {b->h, kv_a_out}, {kvl, kv_b_out}, {hv, b->h},
   };
-  if (ql == 0) mats[0][1] = hq; /* q_proj: [hidden, heads*qk] */
+  if (ql == 0)
+    mats[0][1] = hq;                 /* q_proj: [hidden, heads*qk] */
   uint64_t params = add(b, ql, kvl); /* q_a_norm, kv_a_norm weights */
   double mm = 0;
   for (size_t i = 0; i < G_N_ELEMENTS(mats); i++) {
@@ -159,14 +162,14 @@ static void emit_mla(struct builder *b, int32_t layer) {
     mm += 2 * (double)b->T * (double)mats[i][0] * (double)mats[i][1];
   }
   double norm_el = (double)b->T * (double)(ql + kvl); /* elements of the two latent norms */
-  double core = (double)m->micro_batch_size * (double)H * (double)m->seq_len *
-                (double)m->seq_len * (double)(qk + m->v_head_dim);
+  double core = (double)m->micro_batch_size * (double)H * (double)m->seq_len * (double)m->seq_len *
+                (double)(qk + m->v_head_dim);
   op->flops_fwd = mm + core + 4 * norm_el;
   op->flops_bwd_input = mm + 2 * core + 6 * norm_el;
   op->flops_bwd_weight = mm + 2 * norm_el;
   set_params(b, op, params);
-  uint64_t lat = mul3(b, b->T, ql + kv_a_out, b->B);              /* c_q, [c_kv, k_rope] */
-  uint64_t qkv = mul3(b, b->T, add(b, 2 * hq, hv), b->B);         /* q, k (with rope), v */
+  uint64_t lat = mul3(b, b->T, ql + kv_a_out, b->B);      /* c_q, [c_kv, k_rope] */
+  uint64_t qkv = mul3(b, b->T, add(b, 2 * hq, hv), b->B); /* q, k (with rope), v */
   uint64_t core_out = mul3(b, b->T, hv, b->B);
   uint64_t lse = mul3(b, b->T, H, 4);
   op->bytes_fwd = add(b, add(b, op->param_bytes, 2 * b->act),
@@ -195,8 +198,7 @@ static void emit_residual(struct builder *b, int32_t layer, unsigned reads) {
  * router of the same layer saves it. */
 static void emit_mlp(struct builder *b, enum model_op_kind kind, int32_t layer, uint64_t ffn) {
   bool shared = kind == MODEL_OP_SHARED_EXPERT;
-  struct model_op *op =
-      emit(b, kind, layer, BIT(TENSOR_H), BIT(shared ? TENSOR_S : TENSOR_M));
+  struct model_op *op = emit(b, kind, layer, BIT(TENSOR_H), BIT(shared ? TENSOR_S : TENSOR_M));
   op->shape[0] = (int64_t)b->T;
   op->shape[1] = (int64_t)b->h;
   op->shape[2] = (int64_t)ffn;
@@ -255,8 +257,8 @@ static void emit_experts(struct builder *b, int32_t layer) {
   op->flops_bwd_input = mm + 8 * rf + 2 * rh;
   op->flops_bwd_weight = mm;
   set_params(b, op, mul(b, E, mul3(b, 3, b->h, f)));
-  uint64_t rows = mul3(b, tk, b->h, b->B);  /* routed copies of h, or of the expert outputs */
-  uint64_t gu = mul3(b, tk, 2 * f, b->B);   /* gate and up per routed row */
+  uint64_t rows = mul3(b, tk, b->h, b->B); /* routed copies of h, or of the expert outputs */
+  uint64_t gu = mul3(b, tk, 2 * f, b->B);  /* gate and up per routed row */
   uint64_t act = mul3(b, tk, f, b->B);
   uint64_t r = mul(b, tk, 8);
   /* params, h and r in, dispatched rows written and read, gate/up and silu*up written and
@@ -295,7 +297,8 @@ static void emit_head(struct builder *b) {
 }
 
 static bool layer_is_moe(const struct model *m, int64_t layer) {
-  if (m->family == MODEL_FAMILY_MOE) return true;
+  if (m->family == MODEL_FAMILY_MOE)
+    return true;
   return m->family == MODEL_FAMILY_DEEPSEEK_V3 && layer >= m->first_k_dense;
 }
 
@@ -336,9 +339,11 @@ static void build_ops(struct builder *b) {
 static void assign_tags(struct model *m) {
   size_t L = (size_t)m->num_layers;
   int32_t *layer_tags = g_new(int32_t, L * MODEL_MAX_TAGS);
-  for (size_t i = 0; i < L * MODEL_MAX_TAGS; i++) layer_tags[i] = -1;
+  for (size_t i = 0; i < L * MODEL_MAX_TAGS; i++)
+    layer_tags[i] = -1;
   for (int32_t r = 0, l = 0; r < m->pp_regions; r++)
-    for (int32_t i = 0; i < m->pp_layers[r]; i++) layer_tags[(size_t)l++ * MODEL_MAX_TAGS] = r;
+    for (int32_t i = 0; i < m->pp_layers[r]; i++)
+      layer_tags[(size_t)l++ * MODEL_MAX_TAGS] = r;
   int32_t count[MODEL_MAX_TAGS] = {0}; /* entries seen per tag name */
   for (uint32_t i = 0; i < m->n_user_tags; i++) {
     const struct model_user_tag *ut = &m->user_tags[i];
@@ -356,10 +361,12 @@ static void assign_tags(struct model *m) {
     if (op->layer >= 0) {
       memcpy(t, &layer_tags[(size_t)op->layer * MODEL_MAX_TAGS], sizeof(int32_t) * MODEL_MAX_TAGS);
     } else {
-      for (int i = 0; i < MODEL_MAX_TAGS; i++) t[i] = -1;
+      for (int i = 0; i < MODEL_MAX_TAGS; i++)
+        t[i] = -1;
       t[MODEL_TAG_PP] = op->kind == MODEL_OP_EMBEDDING ? 0 : m->pp_regions - 1;
     }
-    if (op->kind == MODEL_OP_EXPERT_FFN) t[MODEL_TAG_EP] = ep++;
+    if (op->kind == MODEL_OP_EXPERT_FFN)
+      t[MODEL_TAG_EP] = ep++;
   }
   m->n_ep_regions = ep;
   g_free(layer_tags);
@@ -367,7 +374,8 @@ static void assign_tags(struct model *m) {
 
 static bool same_tags(const int32_t *a, const int32_t *b) {
   for (int i = 0; i < MODEL_MAX_TAGS; i++)
-    if (a[i] != b[i]) return false;
+    if (a[i] != b[i])
+      return false;
   return true;
 }
 
@@ -405,8 +413,10 @@ static void build_segments(struct builder *b) {
 
 static int edge_cmp(const void *pa, const void *pb) {
   const struct model_edge *a = pa, *b = pb;
-  if (a->src != b->src) return a->src < b->src ? -1 : 1;
-  if (a->dst != b->dst) return a->dst < b->dst ? -1 : 1;
+  if (a->src != b->src)
+    return a->src < b->src ? -1 : 1;
+  if (a->dst != b->dst)
+    return a->dst < b->dst ? -1 : 1;
   return 0;
 }
 
@@ -415,10 +425,12 @@ static int edge_cmp(const void *pa, const void *pb) {
 static void build_edges(struct builder *b) {
   struct model *m = b->m;
   uint64_t size[TENSOR_COUNT];
-  for (int t = 0; t < TENSOR_COUNT; t++) size[t] = b->act;
+  for (int t = 0; t < TENSOR_COUNT; t++)
+    size[t] = b->act;
   size[TENSOR_R] = mul3(b, b->T, u(m->experts_per_tok), 8);
   uint32_t writer[TENSOR_COUNT];
-  for (int t = 0; t < TENSOR_COUNT; t++) writer[t] = UINT32_MAX;
+  for (int t = 0; t < TENSOR_COUNT; t++)
+    writer[t] = UINT32_MAX;
   GArray *edges = g_array_new(FALSE, TRUE, sizeof(struct model_edge));
   for (uint32_t s = 0; s < m->n_segments; s++) {
     const struct model_segment *seg = &m->segments[s];
@@ -430,7 +442,8 @@ static void build_edges(struct builder *b) {
         if (!(io.reads & BIT(t)) || writer[t] == UINT32_MAX || writer[t] == s || received[t])
           continue;
         guint e = first_edge;
-        while (e < edges->len && g_array_index(edges, struct model_edge, e).src != writer[t]) e++;
+        while (e < edges->len && g_array_index(edges, struct model_edge, e).src != writer[t])
+          e++;
         if (e == edges->len) {
           struct model_edge ne = {.src = writer[t], .dst = s};
           g_array_append_val(edges, ne);
@@ -441,14 +454,17 @@ static void build_edges(struct builder *b) {
         received[t] = true;
       }
       for (int t = 0; t < TENSOR_COUNT; t++)
-        if (io.writes & BIT(t)) writer[t] = s;
+        if (io.writes & BIT(t))
+          writer[t] = s;
     }
   }
-  if (edges->len > 1) qsort(edges->data, edges->len, sizeof(struct model_edge), edge_cmp);
+  if (edges->len > 1)
+    qsort(edges->data, edges->len, sizeof(struct model_edge), edge_cmp);
   m->n_edges = edges->len;
   m->edges = (struct model_edge *)g_array_free(edges, FALSE);
   /* Never NULL, so callers may memcpy/memcmp zero edges without undefined behaviour. */
-  if (!m->edges) m->edges = g_new0(struct model_edge, 1);
+  if (!m->edges)
+    m->edges = g_new0(struct model_edge, 1);
 }
 
 bool model_build(struct model *m, const char *ctx, GError **err) {

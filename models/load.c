@@ -28,33 +28,39 @@ struct family_entry {
 };
 
 static const struct family_entry families[] = {
-    {"llama", MODEL_FAMILY_DENSE},     {"mistral", MODEL_FAMILY_DENSE},
-    {"qwen2", MODEL_FAMILY_DENSE},     {"qwen3", MODEL_FAMILY_DENSE},
-    {"qwen3_moe", MODEL_FAMILY_MOE},   {"qwen2_moe", MODEL_FAMILY_MOE},
-    {"mixtral", MODEL_FAMILY_MOE},     {"deepseek_v3", MODEL_FAMILY_DEEPSEEK_V3},
+    {"llama", MODEL_FAMILY_DENSE},   {"mistral", MODEL_FAMILY_DENSE},
+    {"qwen2", MODEL_FAMILY_DENSE},   {"qwen3", MODEL_FAMILY_DENSE},
+    {"qwen3_moe", MODEL_FAMILY_MOE}, {"qwen2_moe", MODEL_FAMILY_MOE},
+    {"mixtral", MODEL_FAMILY_MOE},   {"deepseek_v3", MODEL_FAMILY_DEEPSEEK_V3},
 };
 
-size_t model_dtype_bytes(enum model_dtype d) { return d == MODEL_DTYPE_BF16 ? 2 : 4; }
+size_t model_dtype_bytes(enum model_dtype d) {
+  return d == MODEL_DTYPE_BF16 ? 2 : 4;
+}
 
-const char *model_dtype_name(enum model_dtype d) { return d == MODEL_DTYPE_BF16 ? "bf16" : "fp32"; }
+const char *model_dtype_name(enum model_dtype d) {
+  return d == MODEL_DTYPE_BF16 ? "bf16" : "fp32";
+}
 
 const char *model_op_kind_name(enum model_op_kind k) {
   static const char *const names[MODEL_OP_KIND_COUNT] = {
-      "embedding", "rmsnorm", "attention",  "mla_attention", "residual_add",
-      "mlp",       "shared_expert", "router", "expert_ffn",  "lm_head_loss",
+      "embedding", "rmsnorm",       "attention", "mla_attention", "residual_add",
+      "mlp",       "shared_expert", "router",    "expert_ffn",    "lm_head_loss",
   };
   return (unsigned)k < MODEL_OP_KIND_COUNT ? names[k] : "unknown";
 }
 
 int model_tag_index(const struct model *m, const char *name) {
   for (uint32_t i = 0; i < m->n_tags; i++)
-    if (strcmp(m->tag_names[i], name) == 0) return (int)i;
+    if (strcmp(m->tag_names[i], name) == 0)
+      return (int)i;
   return -1;
 }
 
 uint64_t model_param_count(const struct model *m) {
   uint64_t n = 0;
-  for (uint32_t i = 0; i < m->n_ops; i++) n += m->ops[i].param_count;
+  for (uint32_t i = 0; i < m->n_ops; i++)
+    n += m->ops[i].param_count;
   return n;
 }
 
@@ -70,7 +76,8 @@ int64_t model_tokens_per_microbatch(const struct model *m) {
 }
 
 void model_free(struct model *m) {
-  if (!m) return;
+  if (!m)
+    return;
   g_free(m->pp_layers);
   g_free(m->user_tags);
   g_free(m->ops);
@@ -92,7 +99,8 @@ static bool get_int(const cJSON *obj, const char *prefix, const char *key, bool 
   g_snprintf(full, sizeof full, "%s%s%s", prefix ? prefix : "", prefix ? "." : "", key);
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
   if (!v || (!prefix && cJSON_IsNull(v))) {
-    if (required) return json_fail(err, "%s: missing key \"%s\"", file, full);
+    if (required)
+      return json_fail(err, "%s: missing key \"%s\"", file, full);
     return true;
   }
   return json_as_int(v, lo, hi, out, file, full, err);
@@ -107,9 +115,11 @@ static bool present(const cJSON *obj, const char *key) {
  * characters that need no quoting anywhere. */
 static bool name_ok(const char *s, size_t max) {
   size_t n = strlen(s);
-  if (n == 0 || n >= max) return false;
+  if (n == 0 || n >= max)
+    return false;
   for (const char *c = s; *c; c++)
-    if (!g_ascii_isalnum(*c) && *c != '_' && *c != '-' && *c != '.') return false;
+    if (!g_ascii_isalnum(*c) && *c != '_' && *c != '-' && *c != '.')
+      return false;
   return true;
 }
 
@@ -118,7 +128,8 @@ static bool name_ok(const char *s, size_t max) {
 static bool load_family(struct model *m, const cJSON *root, const char *file, GError **err) {
   const char *type = NULL;
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-  if (!v) return json_fail(err, "%s: missing key \"model_type\"", file);
+  if (!v)
+    return json_fail(err, "%s: missing key \"model_type\"", file);
   if (!cJSON_IsString(v) || !v->valuestring)
     return json_fail(err, "%s: \"model_type\" must be a string", file);
   type = v->valuestring;
@@ -138,14 +149,15 @@ static bool load_family(struct model *m, const cJSON *root, const char *file, GE
 
 /* The routed-expert count goes by three names (qwen: num_experts, mixtral: num_local_experts,
  * deepseek: n_routed_experts); any one is accepted, several must agree. */
-static bool load_expert_count(struct model *m, const cJSON *root, const char *file,
-                              GError **err) {
+static bool load_expert_count(struct model *m, const cJSON *root, const char *file, GError **err) {
   static const char *const keys[] = {"num_experts", "num_local_experts", "n_routed_experts"};
   const char *seen = NULL;
   for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
-    if (!present(root, keys[i])) continue;
+    if (!present(root, keys[i]))
+      continue;
     int64_t n = 0;
-    if (!get_int(root, NULL, keys[i], true, 1, MAX_EXPERTS, &n, file, err)) return false;
+    if (!get_int(root, NULL, keys[i], true, 1, MAX_EXPERTS, &n, file, err))
+      return false;
     if (seen && n != m->num_experts)
       return json_fail(err, "%s: \"%s\" = %lld disagrees with \"%s\" = %lld", file, keys[i],
                        (long long)n, seen, (long long)m->num_experts);
@@ -154,7 +166,7 @@ static bool load_expert_count(struct model *m, const cJSON *root, const char *fi
   }
   if (!seen)
     return json_fail(err, "%s: missing key \"%s\" (number of routed experts)", file,
-                     m->family == MODEL_FAMILY_DEEPSEEK_V3 ? "n_routed_experts"
+                     m->family == MODEL_FAMILY_DEEPSEEK_V3   ? "n_routed_experts"
                      : strcmp(m->model_type, "mixtral") == 0 ? "num_local_experts"
                                                              : "num_experts");
   return true;
@@ -179,7 +191,8 @@ static bool check_all_moe(const struct model *m, const cJSON *root, const char *
 }
 
 static bool load_hf(struct model *m, const cJSON *root, const char *file, GError **err) {
-  if (!load_family(m, root, file, err)) return false;
+  if (!load_family(m, root, file, err))
+    return false;
   if (!get_int(root, NULL, "hidden_size", true, 1, MAX_HIDDEN, &m->hidden_size, file, err) ||
       !get_int(root, NULL, "num_hidden_layers", true, 1, MODEL_MAX_LAYERS, &m->num_layers, file,
                err) ||
@@ -188,8 +201,7 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
     return false;
 
   m->num_kv_heads = m->num_heads;
-  if (!get_int(root, NULL, "num_key_value_heads", false, 1, MAX_HEADS, &m->num_kv_heads, file,
-               err))
+  if (!get_int(root, NULL, "num_key_value_heads", false, 1, MAX_HEADS, &m->num_kv_heads, file, err))
     return false;
   if (m->num_heads % m->num_kv_heads != 0)
     return json_fail(err,
@@ -211,10 +223,10 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
     m->q_lora_rank = 0;
     if (!get_int(root, NULL, "q_lora_rank", false, 0, MAX_LORA, &m->q_lora_rank, file, err) ||
         !get_int(root, NULL, "kv_lora_rank", true, 1, MAX_LORA, &m->kv_lora_rank, file, err) ||
-        !get_int(root, NULL, "qk_nope_head_dim", true, 1, MAX_HEAD_DIM, &m->qk_nope_head_dim,
-                 file, err) ||
-        !get_int(root, NULL, "qk_rope_head_dim", true, 0, MAX_HEAD_DIM, &m->qk_rope_head_dim,
-                 file, err) ||
+        !get_int(root, NULL, "qk_nope_head_dim", true, 1, MAX_HEAD_DIM, &m->qk_nope_head_dim, file,
+                 err) ||
+        !get_int(root, NULL, "qk_rope_head_dim", true, 0, MAX_HEAD_DIM, &m->qk_rope_head_dim, file,
+                 err) ||
         !get_int(root, NULL, "v_head_dim", true, 1, MAX_HEAD_DIM, &m->v_head_dim, file, err))
       return false;
     m->head_dim = m->qk_nope_head_dim + m->qk_rope_head_dim;
@@ -308,7 +320,8 @@ static bool load_pp(struct model *m, const cJSON *piper, const char *file, GErro
     char what[48];
     int64_t c = 0;
     g_snprintf(what, sizeof what, "piper.pp_layers[%d]", i);
-    if (!json_as_int(v, 1, m->num_layers, &c, file, what, err)) return false;
+    if (!json_as_int(v, 1, m->num_layers, &c, file, what, err))
+      return false;
     m->pp_layers[i] = (int32_t)c;
     sum += c;
   }
@@ -321,7 +334,8 @@ static bool load_pp(struct model *m, const cJSON *piper, const char *file, GErro
 static bool load_tags(struct model *m, const cJSON *piper, const char *file, GError **err) {
   static const char *const tag_keys[] = {"tag", "layers", NULL};
   const cJSON *tags = cJSON_GetObjectItemCaseSensitive(piper, "tags");
-  if (!tags) return true;
+  if (!tags)
+    return true;
   if (!cJSON_IsArray(tags))
     return json_fail(err, "%s: \"piper.tags\" must be an array of {\"tag\", \"layers\"}", file);
   int n = cJSON_GetArraySize(tags);
@@ -346,7 +360,8 @@ static bool load_tags(struct model *m, const cJSON *piper, const char *file, GEr
       if (strcmp(name, *r) == 0)
         return json_fail(err, "%s: tag name \"%s\" is reserved (PP, EP, PASS, MB)", ctx, name);
     const cJSON *range = cJSON_GetObjectItemCaseSensitive(t, "layers");
-    if (!range) return json_fail(err, "%s: missing key \"layers\"", ctx);
+    if (!range)
+      return json_fail(err, "%s: missing key \"layers\"", ctx);
     if (!cJSON_IsArray(range) || cJSON_GetArraySize(range) != 2)
       return json_fail(err, "%s: \"layers\" must be [first, last]", ctx);
     int64_t first = 0, last = 0;
@@ -354,17 +369,17 @@ static bool load_tags(struct model *m, const cJSON *piper, const char *file, GEr
         !json_as_int(range->child->next, 0, m->num_layers - 1, &last, ctx, "layers[1]", err))
       return false;
     if (first > last)
-      return json_fail(err, "%s: \"layers\" = [%lld, %lld] has first > last", ctx,
-                       (long long)first, (long long)last);
+      return json_fail(err, "%s: \"layers\" = [%lld, %lld] has first > last", ctx, (long long)first,
+                       (long long)last);
     /* Values count entries of one name in model order, so entries must come in layer order. */
     for (int j = i - 1; j >= 0; j--) {
-      if (strcmp(m->user_tags[j].name, name) != 0) continue;
+      if (strcmp(m->user_tags[j].name, name) != 0)
+        continue;
       if (first <= m->user_tags[j].last_layer)
         return json_fail(err,
                          "%s: layers [%lld, %lld] of tag \"%s\" must start after its previous "
                          "entry (which ends at layer %d)",
-                         ctx, (long long)first, (long long)last, name,
-                         m->user_tags[j].last_layer);
+                         ctx, (long long)first, (long long)last, name, m->user_tags[j].last_layer);
       break;
     }
     if (model_tag_index(m, name) < 0) {
@@ -382,16 +397,18 @@ static bool load_tags(struct model *m, const cJSON *piper, const char *file, GEr
 }
 
 static bool load_piper(struct model *m, const cJSON *root, const char *file, GError **err) {
-  static const char *const keys[] = {"name",       "seq_len",   "micro_batch_size", "dtype",
-                                     "pp_regions", "pp_layers", "tags",             NULL};
+  static const char *const keys[] = {
+      "name", "seq_len", "micro_batch_size", "dtype", "pp_regions", "pp_layers", "tags", NULL};
   const cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
   if (!piper)
-    return json_fail(err, "%s: missing key \"piper\" (training fields: seq_len, "
-                          "micro_batch_size, dtype, pp_regions or pp_layers)",
+    return json_fail(err,
+                     "%s: missing key \"piper\" (training fields: seq_len, "
+                     "micro_batch_size, dtype, pp_regions or pp_layers)",
                      file);
   char ctx[512];
   g_snprintf(ctx, sizeof ctx, "%s: piper", file);
-  if (!json_check_keys(piper, keys, ctx, err)) return false;
+  if (!json_check_keys(piper, keys, ctx, err))
+    return false;
 
   const cJSON *name = cJSON_GetObjectItemCaseSensitive(piper, "name");
   if (name) {
@@ -407,7 +424,8 @@ static bool load_piper(struct model *m, const cJSON *root, const char *file, GEr
                file, err))
     return false;
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(piper, "dtype");
-  if (!dt) return json_fail(err, "%s: missing key \"piper.dtype\" (\"fp32\" or \"bf16\")", file);
+  if (!dt)
+    return json_fail(err, "%s: missing key \"piper.dtype\" (\"fp32\" or \"bf16\")", file);
   if (cJSON_IsString(dt) && dt->valuestring && strcmp(dt->valuestring, "fp32") == 0)
     m->dtype = MODEL_DTYPE_FP32;
   else if (cJSON_IsString(dt) && dt->valuestring && strcmp(dt->valuestring, "bf16") == 0)
@@ -425,14 +443,17 @@ static void default_name(char *out, size_t size, const char *path) {
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;
   size_t n = strlen(base);
-  if (n > 5 && strcmp(base + n - 5, ".json") == 0) n -= 5;
-  if (n >= size) n = size - 1;
+  if (n > 5 && strcmp(base + n - 5, ".json") == 0)
+    n -= 5;
+  if (n >= size)
+    n = size - 1;
   for (size_t i = 0; i < n; i++) {
     char c = base[i];
     out[i] = g_ascii_isalnum(c) || c == '_' || c == '-' || c == '.' ? c : '_';
   }
   out[n] = '\0';
-  if (n == 0) g_strlcpy(out, "model", size);
+  if (n == 0)
+    g_strlcpy(out, "model", size);
 }
 
 struct model *model_load_json(const char *name, const cJSON *root, int pp_regions_override,
@@ -448,7 +469,8 @@ struct model *model_load_json(const char *name, const cJSON *root, int pp_region
     json_fail(err, "%s: expected a JSON object at the top level", file);
     goto fail;
   }
-  if (!load_hf(m, root, file, err) || !load_piper(m, root, file, err)) goto fail;
+  if (!load_hf(m, root, file, err) || !load_piper(m, root, file, err))
+    goto fail;
   if (pp_regions_override > 0) {
     if (pp_regions_override > m->num_layers) {
       json_fail(err, "%s: --pp-regions %d exceeds num_hidden_layers %lld", file,
@@ -457,7 +479,8 @@ struct model *model_load_json(const char *name, const cJSON *root, int pp_region
     }
     split_equally(m, pp_regions_override);
   }
-  if (!model_build(m, file, err)) goto fail;
+  if (!model_build(m, file, err))
+    goto fail;
 
   cJSON *j = model_to_json(m);
   char *text = cJSON_PrintUnformatted(j);
@@ -472,7 +495,8 @@ fail:
 
 struct model *model_load_file(const char *path, int pp_regions_override, GError **err) {
   cJSON *root = json_parse_file(path, err);
-  if (!root) return NULL;
+  if (!root)
+    return NULL;
   struct model *m = model_load_json(path, root, pp_regions_override, err);
   cJSON_Delete(root);
   return m;
@@ -500,14 +524,21 @@ cJSON *model_to_json(const struct model *m) {
   put_int(o, "num_hidden_layers", m->num_layers);
   put_int(o, "num_attention_heads", m->num_heads);
   put_int(o, "num_key_value_heads", m->num_kv_heads);
-  if (!deepseek) put_int(o, "head_dim", m->head_dim);
-  if (m->intermediate_size > 0) put_int(o, "intermediate_size", m->intermediate_size);
+  if (!deepseek)
+    put_int(o, "head_dim", m->head_dim);
+  if (m->intermediate_size > 0)
+    put_int(o, "intermediate_size", m->intermediate_size);
   if (m->family != MODEL_FAMILY_DENSE) {
-    if (!mixtral) put_int(o, "moe_intermediate_size", m->moe_intermediate_size);
-    put_int(o, deepseek ? "n_routed_experts" : mixtral ? "num_local_experts" : "num_experts",
+    if (!mixtral)
+      put_int(o, "moe_intermediate_size", m->moe_intermediate_size);
+    put_int(o,
+            deepseek  ? "n_routed_experts"
+            : mixtral ? "num_local_experts"
+                      : "num_experts",
             m->num_experts);
     put_int(o, "num_experts_per_tok", m->experts_per_tok);
-    if (m->n_shared_experts > 0 || deepseek) put_int(o, "n_shared_experts", m->n_shared_experts);
+    if (m->n_shared_experts > 0 || deepseek)
+      put_int(o, "n_shared_experts", m->n_shared_experts);
   }
   if (deepseek) {
     put_int(o, "first_k_dense_replace", m->first_k_dense);

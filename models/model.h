@@ -14,11 +14,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define MODEL_MAX_TAGS 8       /* PP, EP and up to 6 user tag names */
+#define MODEL_MAX_TAGS 8 /* PP, EP and up to 6 user tag names */
 #define MODEL_TAG_NAME_MAX 32
 #define MODEL_MAX_LAYERS 4096
-#define MODEL_TAG_PP 0         /* tag index of PP in every model */
-#define MODEL_TAG_EP 1         /* tag index of EP in every model (present even if dense) */
+#define MODEL_TAG_PP 0 /* tag index of PP in every model */
+#define MODEL_TAG_EP 1 /* tag index of EP in every model (present even if dense) */
 
 enum model_family { MODEL_FAMILY_DENSE, MODEL_FAMILY_MOE, MODEL_FAMILY_DEEPSEEK_V3 };
 enum model_dtype { MODEL_DTYPE_FP32, MODEL_DTYPE_BF16 };
@@ -56,41 +56,41 @@ enum model_op_kind {
 /* Costs are per micro-batch on one device holding the whole op (no sharding). */
 struct model_op {
   enum model_op_kind kind;
-  int32_t layer;            /* decoder layer, -1 for embedding, final norm and head */
-  int64_t shape[8];         /* see the kind table above; unused entries are 0 */
-  double flops_fwd;         /* forward FLOPs (2 per multiply-add) */
-  double flops_bwd_input;   /* backward for inputs (BI) */
-  double flops_bwd_weight;  /* backward for weights (BW) */
-  uint64_t bytes_fwd;       /* bytes read + written by the forward kernel(s) */
-  uint64_t param_count;     /* parameters (elements) */
-  uint64_t param_bytes;     /* param_count * dtype bytes */
-  uint64_t saved_bytes;     /* activations kept from F until the last backward use */
-  uint64_t out_bytes;       /* output activation bytes */
+  int32_t layer;           /* decoder layer, -1 for embedding, final norm and head */
+  int64_t shape[8];        /* see the kind table above; unused entries are 0 */
+  double flops_fwd;        /* forward FLOPs (2 per multiply-add) */
+  double flops_bwd_input;  /* backward for inputs (BI) */
+  double flops_bwd_weight; /* backward for weights (BW) */
+  uint64_t bytes_fwd;      /* bytes read + written by the forward kernel(s) */
+  uint64_t param_count;    /* parameters (elements) */
+  uint64_t param_bytes;    /* param_count * dtype bytes */
+  uint64_t saved_bytes;    /* activations kept from F until the last backward use */
+  uint64_t out_bytes;      /* output activation bytes */
 };
 
 /* A data edge between segments of one micro-batch's forward pass (backward runs it reversed,
  * carrying the gradient of the same tensor). */
 struct model_edge {
-  uint32_t src, dst;        /* segment indices, src < dst */
-  uint64_t bytes;           /* per micro-batch */
+  uint32_t src, dst; /* segment indices, src < dst */
+  uint64_t bytes;    /* per micro-batch */
 };
 
 struct model_segment {
-  uint32_t op_first, op_count;          /* range in model.ops */
-  int32_t tags[MODEL_MAX_TAGS];         /* value per tag name, -1 = tag absent */
+  uint32_t op_first, op_count;  /* range in model.ops */
+  int32_t tags[MODEL_MAX_TAGS]; /* value per tag name, -1 = tag absent */
   double flops_fwd, flops_bwd_input, flops_bwd_weight;
   uint64_t bytes_fwd, param_count, param_bytes, saved_bytes;
-  bool expert;                          /* routed-expert region (has an EP tag) */
+  bool expert; /* routed-expert region (has an EP tag) */
 };
 
 struct model_user_tag {
   char name[MODEL_TAG_NAME_MAX];
-  int32_t first_layer, last_layer;      /* inclusive */
+  int32_t first_layer, last_layer; /* inclusive */
 };
 
 struct model {
-  char name[64];                        /* file basename without .json */
-  char model_type[32];                  /* HF model_type, e.g. "qwen3_moe" */
+  char name[64];       /* file basename without .json */
+  char model_type[32]; /* HF model_type, e.g. "qwen3_moe" */
   enum model_family family;
   enum model_dtype dtype;
   int64_t hidden_size, num_layers, num_heads, num_kv_heads, head_dim;
@@ -100,22 +100,22 @@ struct model {
   bool tie_word_embeddings;
   int64_t seq_len, micro_batch_size;
   int32_t pp_regions;
-  int32_t *pp_layers;                   /* [pp_regions] layer count per region */
+  int32_t *pp_layers; /* [pp_regions] layer count per region */
   uint32_t n_user_tags;
   struct model_user_tag *user_tags;
-  uint32_t n_tags;                      /* tag names: PP, EP, then user tag names */
+  uint32_t n_tags; /* tag names: PP, EP, then user tag names */
   char tag_names[MODEL_MAX_TAGS][MODEL_TAG_NAME_MAX];
-  int32_t n_ep_regions;                 /* MoE layers (EP regions) */
+  int32_t n_ep_regions; /* MoE layers (EP regions) */
 
   uint32_t n_ops;
   struct model_op *ops;
-  int32_t *op_tags;                     /* [n_ops * MODEL_MAX_TAGS], -1 = absent */
+  int32_t *op_tags; /* [n_ops * MODEL_MAX_TAGS], -1 = absent */
   uint32_t n_segments;
   struct model_segment *segments;
   uint32_t n_edges;
   struct model_edge *edges;
 
-  char *source_json;                    /* the normalised config (model_to_json), owned */
+  char *source_json; /* the normalised config (model_to_json), owned */
 };
 
 /* pp_regions_override > 0 replaces the file's PP split with an equal split into that many

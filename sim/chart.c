@@ -12,10 +12,14 @@
 #include "../ir/json.h"
 
 bool chart_format_parse(const char *name, enum chart_format *out) {
-  if (strcmp(name, "png") == 0) *out = CHART_PNG;
-  else if (strcmp(name, "svg") == 0) *out = CHART_SVG;
-  else if (strcmp(name, "pdf") == 0) *out = CHART_PDF;
-  else return false;
+  if (strcmp(name, "png") == 0)
+    *out = CHART_PNG;
+  else if (strcmp(name, "svg") == 0)
+    *out = CHART_SVG;
+  else if (strcmp(name, "pdf") == 0)
+    *out = CHART_PDF;
+  else
+    return false;
   return true;
 }
 
@@ -23,24 +27,29 @@ uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint
   uint32_t *out = g_new(uint32_t, r->n_devices + 1);
   *n = 0;
   if (r->n_devices <= max_rows) {
-    for (uint32_t i = 0; i < r->n_devices; i++) out[(*n)++] = i;
+    for (uint32_t i = 0; i < r->n_devices; i++)
+      out[(*n)++] = i;
     return out;
   }
   /* one device per pp rank, in pp order */
   uint32_t *by_pp = g_new(uint32_t, r->pp + 1);
-  for (uint32_t k = 0; k < r->pp; k++) by_pp[k] = UINT32_MAX;
+  for (uint32_t k = 0; k < r->pp; k++)
+    by_pp[k] = UINT32_MAX;
   for (uint32_t i = 0; i < r->n_devices; i++) {
     const struct report_device *d = &r->devices[i];
-    if (d->dp_rank == 0 && d->pp_rank >= 0 && (uint32_t)d->pp_rank < r->pp) by_pp[d->pp_rank] = i;
+    if (d->dp_rank == 0 && d->pp_rank >= 0 && (uint32_t)d->pp_rank < r->pp)
+      by_pp[d->pp_rank] = i;
   }
   uint32_t cnt = 0;
   for (uint32_t k = 0; k < r->pp; k++)
-    if (by_pp[k] != UINT32_MAX) by_pp[cnt++] = by_pp[k];
+    if (by_pp[k] != UINT32_MAX)
+      by_pp[cnt++] = by_pp[k];
   if (cnt <= max_rows) {
     memcpy(out, by_pp, cnt * sizeof *out);
     *n = cnt;
   } else {
-    for (uint32_t k = 0; k < max_rows; k++) out[(*n)++] = by_pp[(uint64_t)k * cnt / max_rows];
+    for (uint32_t k = 0; k < max_rows; k++)
+      out[(*n)++] = by_pp[(uint64_t)k * cnt / max_rows];
   }
   g_free(by_pp);
   return out;
@@ -85,11 +94,15 @@ static const struct {
   unsigned colour;
   bool comm;
 } legend[] = {
-    {"F", 0x4E79A7, false},          {"B", 0x59A14F, false},
-    {"BI", 0x8CD17D, false},         {"BW", 0xF28E2B, false},
-    {"optimizer", 0x79706E, false},  {"send/recv", 0x6B3FA0, true},
+    {"F", 0x4E79A7, false},
+    {"B", 0x59A14F, false},
+    {"BI", 0x8CD17D, false},
+    {"BW", 0xF28E2B, false},
+    {"optimizer", 0x79706E, false},
+    {"send/recv", 0x6B3FA0, true},
     {"all-reduce / reduce-scatter", 0xC0392B, true},
-    {"all-gather", 0x9C755F, true},  {"all-to-all", 0xD4477F, true},
+    {"all-gather", 0x9C755F, true},
+    {"all-to-all", 0xD4477F, true},
 };
 
 /* Tick step: 1, 2 or 5 times a power of ten, giving about `want` ticks over span. */
@@ -123,8 +136,10 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
   double t0 = INFINITY, t1 = -INFINITY;
   for (uint32_t i = 0; i < r->n_devices; i++)
     for (uint32_t k = 0; k < r->devices[i].n_intervals; k++) {
-      if (r->devices[i].intervals[k].start < t0) t0 = r->devices[i].intervals[k].start;
-      if (r->devices[i].intervals[k].end > t1) t1 = r->devices[i].intervals[k].end;
+      if (r->devices[i].intervals[k].start < t0)
+        t0 = r->devices[i].intervals[k].start;
+      if (r->devices[i].intervals[k].end > t1)
+        t1 = r->devices[i].intervals[k].end;
     }
   if (!isfinite(t0) || t1 <= t0) {
     t0 = 0;
@@ -137,16 +152,20 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
   for (uint32_t ri = 0; ri < nrows; ri++) {
     const struct report_device *d = &r->devices[rows[ri]];
     uint32_t *lo = lane_of + (size_t)ri * (p->n_streams + 1);
-    for (uint32_t s = 0; s < p->n_streams; s++) lo[s] = UINT32_MAX;
-    for (uint32_t k = 0; k < d->n_intervals; k++)
-      if (d->intervals[k].stream < p->n_streams) lo[d->intervals[k].stream] = 0;
     for (uint32_t s = 0; s < p->n_streams; s++)
-      if (lo[s] != UINT32_MAX) lo[s] = n_lanes[ri]++;
-    if (n_lanes[ri] == 0) n_lanes[ri] = 1;
+      lo[s] = UINT32_MAX;
+    for (uint32_t k = 0; k < d->n_intervals; k++)
+      if (d->intervals[k].stream < p->n_streams)
+        lo[d->intervals[k].stream] = 0;
+    for (uint32_t s = 0; s < p->n_streams; s++)
+      if (lo[s] != UINT32_MAX)
+        lo[s] = n_lanes[ri]++;
+    if (n_lanes[ri] == 0)
+      n_lanes[ri] = 1;
     height += n_lanes[ri] * LANE_H + ROW_GAP;
   }
   double axis_y = height + 4;
-  height += 40; /* axis */
+  height += 40;     /* axis */
   height += 28 * 2; /* legend, two lines */
   double width = LEFT + PLOT_W + RIGHT;
 
@@ -175,8 +194,8 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
   char title[512];
   double iter = t1 - t0;
   snprintf(title, sizeof title, "%s · %s · pp %u × dp %u · %u micro-batches · iteration %.4g %s%s",
-           p->model->name, r->schedule ? r->schedule : "custom", r->pp, r->dp,
-           p->n_microbatches, iter >= 1 ? iter : iter * 1e3, iter >= 1 ? "s" : "ms",
+           p->model->name, r->schedule ? r->schedule : "custom", r->pp, r->dp, p->n_microbatches,
+           iter >= 1 ? iter : iter * 1e3, iter >= 1 ? "s" : "ms",
            nrows < r->n_devices ? " · dp rank 0 of each pp rank shown" : "");
   cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
   cairo_set_font_size(cr, 16);
@@ -186,8 +205,10 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
   /* the micro-batch dimension: "MB" (the schedule harness), else the first split dimension */
   int mb_tag = -1;
   for (uint32_t t = 0; t < p->n_tags && t < IR_MAX_TAGS; t++)
-    if (strcmp(p->tag_names[t], "MB") == 0) mb_tag = (int)t;
-  if (mb_tag < 0 && p->model->n_tags < p->n_tags) mb_tag = (int)p->model->n_tags;
+    if (strcmp(p->tag_names[t], "MB") == 0)
+      mb_tag = (int)t;
+  if (mb_tag < 0 && p->model->n_tags < p->n_tags)
+    mb_tag = (int)p->model->n_tags;
   /* time grid */
   double unit = iter >= 1 ? 1 : 1e-3;
   const char *unit_name = iter >= 1 ? "s" : "ms";
@@ -224,7 +245,8 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
         min_stage = n->tags[MODEL_TAG_PP];
     }
     /* row background and labels */
-    cairo_set_source_rgb(cr, ri % 2 ? 0.965 : 0.985, ri % 2 ? 0.965 : 0.985, ri % 2 ? 0.965 : 0.985);
+    cairo_set_source_rgb(cr, ri % 2 ? 0.965 : 0.985, ri % 2 ? 0.965 : 0.985,
+                         ri % 2 ? 0.965 : 0.985);
     cairo_rectangle(cr, LEFT, y, PLOT_W, row_h);
     cairo_fill(cr);
     /* device and ranks on two short lines at the left edge, clear of the stream names */
@@ -240,16 +262,19 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
     cairo_set_font_size(cr, 9);
     cairo_set_source_rgb(cr, 0.45, 0.45, 0.45);
     for (uint32_t s = 0; s < p->n_streams; s++)
-      if (lo[s] != UINT32_MAX) text_at(cr, LEFT - 4, y + lo[s] * LANE_H + 11, p->streams[s].name, 1);
+      if (lo[s] != UINT32_MAX)
+        text_at(cr, LEFT - 4, y + lo[s] * LANE_H + 11, p->streams[s].name, 1);
     /* boxes */
     cairo_set_font_size(cr, 9);
     for (uint32_t k = 0; k < d->n_intervals; k++) {
       const struct report_interval *iv = &d->intervals[k];
-      if (iv->stream >= p->n_streams || lo[iv->stream] == UINT32_MAX) continue;
+      if (iv->stream >= p->n_streams || lo[iv->stream] == UINT32_MAX)
+        continue;
       const struct ir_node *n = &p->nodes[iv->node];
       bool comm = !report_node_is_compute(n);
       double x0 = LEFT + (iv->start - t0) * sx, x1 = LEFT + (iv->end - t0) * sx;
-      if (x1 - x0 < 0.6) x1 = x0 + 0.6; /* zero-cost ops stay visible as hairlines */
+      if (x1 - x0 < 0.6)
+        x1 = x0 + 0.6; /* zero-cost ops stay visible as hairlines */
       double ly = y + lo[iv->stream] * LANE_H;
       double by = comm ? ly + (LANE_H - COMM_H) / 2 : ly + 1, bh = comm ? COMM_H : LANE_H - 2;
       struct rgb c = node_colour(n);
@@ -334,10 +359,9 @@ bool chart_run_gnuplot(const char *dir, const char *script, GError **err) {
   gchar *out = NULL, *errout = NULL;
   gint status = 0;
   GError *e = NULL;
-  if (!g_spawn_sync(dir, argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &out, &errout, &status,
-                    &e)) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s/%s: cannot run gnuplot: %s", dir,
-                script, e->message);
+  if (!g_spawn_sync(dir, argv, NULL, G_SPAWN_SEARCH_PATH, NULL, NULL, &out, &errout, &status, &e)) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s/%s: cannot run gnuplot: %s", dir, script,
+                e->message);
     g_error_free(e);
     g_free(out);
     g_free(errout);
@@ -346,7 +370,8 @@ bool chart_run_gnuplot(const char *dir, const char *script, GError **err) {
   bool ok = g_spawn_check_wait_status(status, NULL);
   if (!ok) {
     char *nl = errout ? strchr(errout, '\n') : NULL;
-    if (nl) *nl = 0;
+    if (nl)
+      *nl = 0;
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s/%s: gnuplot failed: %s", dir, script,
                 errout && *errout ? errout : "(no message)");
   }
@@ -370,16 +395,20 @@ bool chart_memory(const struct report_run *r, const char *dir, GError **err) {
   double t0 = INFINITY, t1 = -INFINITY;
   for (uint32_t i = 0; i < r->n_devices; i++)
     for (uint32_t k = 0; k < r->devices[i].n_intervals; k++) {
-      if (r->devices[i].intervals[k].start < t0) t0 = r->devices[i].intervals[k].start;
-      if (r->devices[i].intervals[k].end > t1) t1 = r->devices[i].intervals[k].end;
+      if (r->devices[i].intervals[k].start < t0)
+        t0 = r->devices[i].intervals[k].start;
+      if (r->devices[i].intervals[k].end > t1)
+        t1 = r->devices[i].intervals[k].end;
     }
-  if (!isfinite(t0)) t0 = t1 = 0;
+  if (!isfinite(t0))
+    t0 = t1 = 0;
   bool secs = t1 - t0 >= 1;
   double scale = secs ? 1 : 1e3;
   /* GiB for real models, MiB for the tiny ones (whose peaks are a few MiB) */
   uint64_t top = 0;
   for (uint32_t i = 0; i < n; i++)
-    if (r->devices[rows[i]].peak_memory_bytes > top) top = r->devices[rows[i]].peak_memory_bytes;
+    if (r->devices[rows[i]].peak_memory_bytes > top)
+      top = r->devices[rows[i]].peak_memory_bytes;
   bool gibs = top >= (1ull << 30);
   double mem_unit = gibs ? (double)(1ull << 30) : (double)(1ull << 20);
   /* one gnuplot data block per device: time, total GiB (a step function) */
@@ -389,9 +418,11 @@ bool chart_memory(const struct report_run *r, const char *dir, GError **err) {
     uint64_t last = 0;
     for (uint32_t k = 0; k < d->n_memory; k++) {
       uint64_t tot = 0;
-      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++) tot += d->memory[k].bytes[j];
+      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
+        tot += d->memory[k].bytes[j];
       double t = d->memory[k].t - t0;
-      if (t < 0) t = 0;
+      if (t < 0)
+        t = 0;
       fprintf(f, "%.9g %.6f\n", t * scale, (double)tot / mem_unit);
       last = tot;
     }
@@ -400,8 +431,7 @@ bool chart_memory(const struct report_run *r, const char *dir, GError **err) {
   fclose(f);
   f = fopen(gp, "w");
   if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", gp,
-                strerror(errno));
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", gp, strerror(errno));
     goto out;
   }
   fprintf(f,
@@ -418,7 +448,8 @@ bool chart_memory(const struct report_run *r, const char *dir, GError **err) {
     fprintf(f, "%s'memory.dat' index %u using 1:2 with steps lw 2 title 'dev %u (pp %d)'",
             i ? ", \\\n     " : "", i, d->device, d->pp_rank);
   }
-  if (n == 0) fprintf(f, "0 notitle");
+  if (n == 0)
+    fprintf(f, "0 notitle");
   fputc('\n', f);
   fclose(f);
   ok = chart_run_gnuplot(dir, "memory.gp", err);

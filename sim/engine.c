@@ -30,20 +30,24 @@ static int group_pos(const struct plan *p, uint32_t g, uint32_t device) {
   uint32_t n;
   const uint32_t *d = group_devices(p, g, &n);
   for (uint32_t i = 0; i < n; i++)
-    if (d[i] == device) return (int)i;
+    if (d[i] == device)
+      return (int)i;
   return -1;
 }
 
 /* The other end of a send/recv node run by device. */
 static uint32_t node_peer(const struct plan *p, const struct ir_node *n, uint32_t device) {
   int pos = group_pos(p, n->group, device);
-  if (pos < 0 || n->peer_group == IR_NONE) return IR_NONE;
+  if (pos < 0 || n->peer_group == IR_NONE)
+    return IR_NONE;
   uint32_t cnt;
   const uint32_t *d = group_devices(p, n->peer_group, &cnt);
   return (uint32_t)pos < cnt ? d[pos] : IR_NONE;
 }
 
-static bool kind_is_p2p(enum ir_node_kind k) { return k == IR_NODE_SEND || k == IR_NODE_RECV; }
+static bool kind_is_p2p(enum ir_node_kind k) {
+  return k == IR_NODE_SEND || k == IR_NODE_RECV;
+}
 static bool kind_is_comm(enum ir_node_kind k) {
   return k != IR_NODE_COMPUTE && k != IR_NODE_OPTIMIZER && k < IR_NODE_KIND_COUNT;
 }
@@ -71,7 +75,8 @@ void sim_static_memory(const struct plan *p, const struct plan_class *c,
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
     if (n->kind != IR_NODE_COMPUTE || n->segment == IR_NONE || n->segment >= m->n_segments)
       continue;
-    if (seen[n->segment]) continue;
+    if (seen[n->segment])
+      continue;
     seen[n->segment] = true;
     double psi = (double)m->segments[n->segment].param_count /
                  (double)(n->shard_degree ? n->shard_degree : 1);
@@ -99,17 +104,17 @@ void sim_static_memory(const struct plan *p, const struct plan_class *c,
 /* ---- per-class costs ---------------------------------------------------------------------- */
 
 struct class_info {
-  double *work;                 /* [n_instrs] compute: seconds alone; comm: unused */
-  float *mem_frac;              /* [n_instrs] */
-  uint32_t *measured, *fallback;/* [n_instrs] op counts */
-  uint8_t *tensor_kind;         /* [n_tensors] report_mem_kind */
-  uint8_t *tensor_saved;        /* [n_tensors] saved activations */
+  double *work;                  /* [n_instrs] compute: seconds alone; comm: unused */
+  float *mem_frac;               /* [n_instrs] */
+  uint32_t *measured, *fallback; /* [n_instrs] op counts */
+  uint8_t *tensor_kind;          /* [n_tensors] report_mem_kind */
+  uint8_t *tensor_saved;         /* [n_tensors] saved activations */
   uint32_t n_streams_used;
   uint32_t *streams_used;
-  uint32_t n_comms;             /* distinct comms used, ascending */
+  uint32_t n_comms; /* distinct comms used, ascending */
   uint32_t *comms;
-  uint32_t *comm_kind;          /* per used comm: node kind of its first instruction */
-  uint32_t *comm_node;          /* per used comm: a node of it (p2p: to find the peer) */
+  uint32_t *comm_kind; /* per used comm: node kind of its first instruction */
+  uint32_t *comm_node; /* per used comm: a node of it (p2p: to find the peer) */
 };
 
 struct cost_key {
@@ -149,14 +154,15 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     } else if (n->kind == IR_NODE_OPTIMIZER) {
       double params = 0;
       if (n->segset != IR_NONE && n->segset < p->n_segsets)
-        params = (double)p->segsets[n->segset].param_bytes /
-                 (double)model_dtype_bytes(p->model->dtype);
+        params =
+            (double)p->segsets[n->segset].param_bytes / (double)model_dtype_bytes(p->model->dtype);
       if ((n->shard_grads || n->shard_params) && n->replica_degree > 1)
         params /= n->replica_degree;
       struct profile_cost pc = profile_optimizer_cost(prof, params);
       ci->work[i] = pc.seconds;
       ci->mem_frac[i] = (float)pc.mem_fraction;
-    } else if (in->comm != IR_NONE && !g_hash_table_contains(seen, GUINT_TO_POINTER(in->comm + 1))) {
+    } else if (in->comm != IR_NONE &&
+               !g_hash_table_contains(seen, GUINT_TO_POINTER(in->comm + 1))) {
       g_hash_table_add(seen, GUINT_TO_POINTER(in->comm + 1));
       g_array_append_val(comms, in->comm);
     }
@@ -176,14 +182,19 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
   ci->comms = cs;
   ci->comm_kind = g_new0(uint32_t, nc + 1);
   ci->comm_node = g_new0(uint32_t, nc + 1);
-  for (uint32_t k = 0; k < nc; k++) ci->comm_node[k] = IR_NONE;
+  for (uint32_t k = 0; k < nc; k++)
+    ci->comm_node[k] = IR_NONE;
   for (uint32_t i = 0; i < c->n_instrs; i++) {
     const struct plan_instr *in = &c->instrs[i];
-    if (in->comm == IR_NONE) continue;
+    if (in->comm == IR_NONE)
+      continue;
     uint32_t lo = 0, hi = nc;
     while (lo < hi) {
       uint32_t mid = (lo + hi) / 2;
-      if (cs[mid] < in->comm) lo = mid + 1; else hi = mid;
+      if (cs[mid] < in->comm)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     if (lo < nc && ci->comm_node[lo] == IR_NONE) {
       ci->comm_node[lo] = in->node;
@@ -195,8 +206,8 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
   ci->tensor_saved = g_new0(uint8_t, c->n_tensors + 1);
   for (uint32_t t = 0; t < c->n_tensors; t++) {
     const struct plan_tensor *pt = &c->tensors[t];
-    enum ir_node_kind k = pt->producer < c->n_instrs ? p->nodes[c->instrs[pt->producer].node].kind
-                                                     : IR_NODE_COMPUTE;
+    enum ir_node_kind k =
+        pt->producer < c->n_instrs ? p->nodes[c->instrs[pt->producer].node].kind : IR_NODE_COMPUTE;
     uint8_t kind = k == IR_NODE_COMPUTE || k == IR_NODE_OPTIMIZER ? REPORT_MEM_ACTIVATIONS
                    : k == IR_NODE_ALL_GATHER                      ? REPORT_MEM_GATHERED
                                                                   : REPORT_MEM_COMM;
@@ -205,7 +216,8 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
   }
   ci->streams_used = g_new0(uint32_t, p->n_streams + 1);
   for (uint32_t s = 0; s < p->n_streams; s++)
-    if (c->stream_first[s + 1] > c->stream_first[s]) ci->streams_used[ci->n_streams_used++] = s;
+    if (c->stream_first[s + 1] > c->stream_first[s])
+      ci->streams_used[ci->n_streams_used++] = s;
 }
 
 static void class_info_free(struct class_info *ci) {
@@ -241,21 +253,23 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
   uint32_t nd = p->n_devices;
   uint32_t *col = g_new(uint32_t, nd);
   if (!collapse) {
-    for (uint32_t d = 0; d < nd; d++) col[d] = d;
+    for (uint32_t d = 0; d < nd; d++)
+      col[d] = d;
     *n_colours = nd;
     return col;
   }
   uint32_t *next = g_new(uint32_t, nd);
   GArray *key = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   /* initial colour: class and the span of every p2p link (intra or inter node) */
-  GHashTable *h = g_hash_table_new_full(g_bytes_hash, g_bytes_equal,
-                                        (GDestroyNotify)g_bytes_unref, NULL);
+  GHashTable *h =
+      g_hash_table_new_full(g_bytes_hash, g_bytes_equal, (GDestroyNotify)g_bytes_unref, NULL);
   for (uint32_t d = 0; d < nd; d++) {
     uint32_t c = p->device_class[d];
     g_array_set_size(key, 0);
     g_array_append_val(key, c);
     for (uint32_t k = 0; k < ci[c].n_comms; k++) {
-      if (!kind_is_p2p(ci[c].comm_kind[k])) continue;
+      if (!kind_is_p2p(ci[c].comm_kind[k]))
+        continue;
       uint32_t peer = node_peer(p, &p->nodes[ci[c].comm_node[k]], d);
       uint32_t devs[2] = {d, peer};
       struct profile_span sp = profile_span_of(prof, devs, peer == IR_NONE ? 1 : 2);
@@ -268,17 +282,19 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
   /* refine by partners' colours until stable */
   for (int iter = 0; iter < 64; iter++) {
     h = g_hash_table_new_full(g_bytes_hash, g_bytes_equal, (GDestroyNotify)g_bytes_unref, NULL);
-    GHashTable *set_ids = g_hash_table_new_full(g_bytes_hash, g_bytes_equal,
-                                                (GDestroyNotify)g_bytes_unref, NULL);
+    GHashTable *set_ids =
+        g_hash_table_new_full(g_bytes_hash, g_bytes_equal, (GDestroyNotify)g_bytes_unref, NULL);
     /* colour set of every collective comm (shared by its members) */
     uint32_t *comm_set = g_new(uint32_t, p->n_comms + 1);
     for (uint32_t k = 0; k < p->n_comms; k++) {
       comm_set[k] = IR_NONE;
-      if (p->comms[k].purpose == IR_COMM_PP || p->comms[k].group >= p->n_groups) continue;
+      if (p->comms[k].purpose == IR_COMM_PP || p->comms[k].group >= p->n_groups)
+        continue;
       uint32_t cnt;
       const uint32_t *gd = group_devices(p, p->comms[k].group, &cnt);
       GArray *set = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-      for (uint32_t i = 0; i < cnt; i++) g_array_append_val(set, col[gd[i]]);
+      for (uint32_t i = 0; i < cnt; i++)
+        g_array_append_val(set, col[gd[i]]);
       uint32_t *v = (uint32_t *)set->data;
       for (uint32_t i = 1; i < set->len; i++) {
         uint32_t x = v[i], j = i;
@@ -290,7 +306,8 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
       }
       uint32_t w = 0;
       for (uint32_t i = 0; i < set->len; i++)
-        if (i == 0 || v[i] != v[w - 1]) v[w++] = v[i];
+        if (i == 0 || v[i] != v[w - 1])
+          v[w++] = v[i];
       g_array_set_size(set, w);
       comm_set[k] = intern_key(set_ids, set);
       g_array_free(set, TRUE);
@@ -316,7 +333,8 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
     g_hash_table_destroy(set_ids);
     g_free(comm_set);
     memcpy(col, next, nd * sizeof(uint32_t));
-    if (n2 == n) break;
+    if (n2 == n)
+      break;
     n = n2;
   }
   g_array_free(key, TRUE);
@@ -354,7 +372,8 @@ static void heap_push(struct heap *h, double t, uint32_t type, uint32_t id, uint
   size_t i = h->n++;
   while (i > 0) {
     size_t parent = (i - 1) / 2;
-    if (!ev_less(&e, &h->a[parent])) break;
+    if (!ev_less(&e, &h->a[parent]))
+      break;
     h->a[i] = h->a[parent];
     i = parent;
   }
@@ -372,16 +391,19 @@ static struct event heap_pop(struct heap *h) {
       m = l;
       best = &h->a[l];
     }
-    if (r < h->n && ev_less(&h->a[r], best)) m = r;
-    if (m == i) break;
+    if (r < h->n && ev_less(&h->a[r], best))
+      m = r;
+    if (m == i)
+      break;
     h->a[i] = h->a[m];
     i = m;
   }
-  if (h->n > 0) h->a[i] = last;
+  if (h->n > 0)
+    h->a[i] = last;
   return top;
 }
 
-struct kernel {                 /* a running compute kernel */
+struct kernel { /* a running compute kernel */
   uint32_t instr;
   double remaining, rate, last, cap;
   float mem_frac;
@@ -390,29 +412,29 @@ struct kernel {                 /* a running compute kernel */
 struct unit_rt {
   uint32_t cls;
   uint32_t rep;
-  uint32_t base;                /* global id of instruction 0: base + instr */
-  uint32_t *pos;                /* [n_streams] next entry of stream_instrs */
-  uint8_t *busy;                /* [n_streams] */
-  double *start, *end;          /* [n_instrs], end < 0 while not done */
-  uint32_t *slot;               /* [n_instrs] rendezvous of comm instructions */
-  uint32_t *remaining;          /* [n_tensors] consumers still to run */
+  uint32_t base;       /* global id of instruction 0: base + instr */
+  uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
+  uint8_t *busy;       /* [n_streams] */
+  double *start, *end; /* [n_instrs], end < 0 while not done */
+  uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
+  uint32_t *remaining; /* [n_tensors] consumers still to run */
   uint32_t done;
   uint32_t n_kernels, cap_kernels;
   struct kernel *kernels;
   uint32_t n_ops, cap_ops;
-  uint32_t *ops;                /* running comm ops (slot ids) */
-  uint32_t n_link[2];           /* transfers running: intra, inter node */
-  double comm_sm;               /* SM share held by running communication */
+  uint32_t *ops;      /* running comm ops (slot ids) */
+  uint32_t n_link[2]; /* transfers running: intra, inter node */
+  double comm_sm;     /* SM share held by running communication */
   int64_t mem[REPORT_MEM_KIND_COUNT];
   int64_t saved, peak_saved;
   int64_t peak_total;
   int64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
-  GArray *timeline;             /* struct report_memory_point */
+  GArray *timeline; /* struct report_memory_point */
 };
 
-struct slot {                   /* a rendezvous: p2p pair or collective; its comm op */
+struct slot { /* a rendezvous: p2p pair or collective; its comm op */
   uint32_t expected, arrived;
-  uint32_t part_first, part_count;  /* into sim.parts: (unit, instr) */
+  uint32_t part_first, part_count; /* into sim.parts: (unit, instr) */
   double latency, transfer, sm_share;
   bool inter;
   /* running state */
@@ -429,11 +451,11 @@ struct sim {
   uint32_t n_units;
   struct unit_rt *u;
   uint32_t *unit_of_device;
-  uint32_t *kversion;           /* [total unit instrs] version of kernel end events */
-  uint32_t *gid_unit;           /* not stored: found via bases (binary search) */
+  uint32_t *kversion; /* [total unit instrs] version of kernel end events */
+  uint32_t *gid_unit; /* not stored: found via bases (binary search) */
   uint32_t n_slots;
   struct slot *slots;
-  uint32_t *parts;              /* pairs (unit, instr) */
+  uint32_t *parts; /* pairs (unit, instr) */
   struct heap heap;
   uint64_t events;
   double t_first, t_last;
@@ -443,7 +465,10 @@ static uint32_t unit_of_gid(const struct sim *s, uint32_t gid) {
   uint32_t lo = 0, hi = s->n_units;
   while (hi - lo > 1) {
     uint32_t mid = (lo + hi) / 2;
-    if (s->u[mid].base <= gid) lo = mid; else hi = mid;
+    if (s->u[mid].base <= gid)
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -453,12 +478,14 @@ static uint32_t unit_of_gid(const struct sim *s, uint32_t gid) {
  * the memory bandwidth that slows the memory-bound part of every kernel. */
 static void unit_rates(struct sim *s, struct unit_rt *u, double *rates) {
   uint32_t n = u->n_kernels;
-  if (n == 0) return;
+  if (n == 0)
+    return;
   double capacity = 1.0 - (u->comm_sm < 0.95 ? u->comm_sm : 0.95);
   /* caps are few and small in number: order kernels by cap (selection by index) */
   uint32_t order[64];
   uint32_t m = n < 64 ? n : 64;
-  for (uint32_t i = 0; i < m; i++) order[i] = i;
+  for (uint32_t i = 0; i < m; i++)
+    order[i] = i;
   for (uint32_t i = 1; i < m; i++) {
     uint32_t v = order[i], j = i;
     while (j > 0 && u->kernels[order[j - 1]].cap > u->kernels[v].cap) {
@@ -489,7 +516,8 @@ static void unit_settle(struct unit_rt *u, double t) {
   for (uint32_t i = 0; i < u->n_kernels; i++) {
     struct kernel *k = &u->kernels[i];
     k->remaining -= (t - k->last) * k->rate;
-    if (k->remaining < 0) k->remaining = 0;
+    if (k->remaining < 0)
+      k->remaining = 0;
     k->last = t;
   }
 }
@@ -500,20 +528,23 @@ static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
   unit_rates(s, u, r);
   for (uint32_t i = 0; i < u->n_kernels; i++) {
     struct kernel *k = &u->kernels[i];
-    if (r[i] == k->rate) continue;
+    if (r[i] == k->rate)
+      continue;
     k->rate = r[i];
     uint32_t gid = u->base + k->instr;
     double end = k->remaining <= 0 ? t : t + k->remaining / (k->rate > 0 ? k->rate : 1e-30);
     heap_push(&s->heap, end, EV_KERNEL_END, gid, ++s->kversion[gid]);
   }
-  if (r != rates) g_free(r);
+  if (r != rates)
+    g_free(r);
 }
 
 static void op_settle(struct slot *sl, double t) {
   if (t > sl->lat_end) {
     double from = sl->last > sl->lat_end ? sl->last : sl->lat_end;
     sl->remaining -= (t - from) * sl->rate;
-    if (sl->remaining < 0) sl->remaining = 0;
+    if (sl->remaining < 0)
+      sl->remaining = 0;
   }
   sl->last = t;
 }
@@ -523,10 +554,12 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
   uint32_t share = 1;
   for (uint32_t k = 0; k < sl->part_count; k++) {
     uint32_t n = s->u[s->parts[2 * (sl->part_first + k)]].n_link[sl->inter];
-    if (n > share) share = n;
+    if (n > share)
+      share = n;
   }
   double rate = 1.0 / share;
-  if (rate == sl->rate) return;
+  if (rate == sl->rate)
+    return;
   sl->rate = rate;
   double from = t > sl->lat_end ? t : sl->lat_end;
   sl->end_t = sl->remaining <= 0 ? from : from + sl->remaining / rate;
@@ -535,15 +568,19 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
 
 static void mem_point(struct sim *s, struct unit_rt *u, double t) {
   int64_t total = 0;
-  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) total += u->mem[k];
+  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+    total += u->mem[k];
   if (total > u->peak_total) {
     u->peak_total = total;
     memcpy(u->peak_breakdown, u->mem, sizeof u->mem);
   }
-  if (u->saved > u->peak_saved) u->peak_saved = u->saved;
-  if (s->o->no_memory_timeline) return;
+  if (u->saved > u->peak_saved)
+    u->peak_saved = u->saved;
+  if (s->o->no_memory_timeline)
+    return;
   struct report_memory_point pt = {.t = t};
-  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) pt.bytes[k] = (uint64_t)u->mem[k];
+  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+    pt.bytes[k] = (uint64_t)u->mem[k];
   GArray *tl = u->timeline;
   if (tl->len > 0 && g_array_index(tl, struct report_memory_point, tl->len - 1).t == t)
     g_array_index(tl, struct report_memory_point, tl->len - 1) = pt;
@@ -559,31 +596,40 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   u->busy[in->stream] = 0;
   u->pos[in->stream]++;
   u->done++;
-  if (t > s->t_last) s->t_last = t;
+  if (t > s->t_last)
+    s->t_last = t;
   bool changed = false;
   /* outputs come to life at the producer's end; inputs die at their last consumer's end.
    * Allocating first makes an instruction's inputs and outputs coexist, as they do on a GPU. */
   for (uint32_t k = 0; k < in->write_count; k++) {
     uint32_t tid = c->writes[in->write_first + k];
     const struct plan_tensor *pt = &c->tensors[tid];
-    if (pt->consumer_count == 0 || pt->bytes == 0) continue;
+    if (pt->consumer_count == 0 || pt->bytes == 0)
+      continue;
     u->mem[ci->tensor_kind[tid]] += (int64_t)pt->bytes;
-    if (ci->tensor_saved[tid]) u->saved += (int64_t)pt->bytes;
+    if (ci->tensor_saved[tid])
+      u->saved += (int64_t)pt->bytes;
     changed = true;
   }
-  if (changed) mem_point(s, u, t);
+  if (changed)
+    mem_point(s, u, t);
   bool freed = false;
   for (uint32_t k = 0; k < in->read_count; k++) {
     uint32_t tid = c->reads[in->read_first + k];
-    if (u->remaining[tid] == 0) continue;
-    if (--u->remaining[tid] > 0) continue;
+    if (u->remaining[tid] == 0)
+      continue;
+    if (--u->remaining[tid] > 0)
+      continue;
     const struct plan_tensor *pt = &c->tensors[tid];
-    if (pt->bytes == 0) continue;
+    if (pt->bytes == 0)
+      continue;
     u->mem[ci->tensor_kind[tid]] -= (int64_t)pt->bytes;
-    if (ci->tensor_saved[tid]) u->saved -= (int64_t)pt->bytes;
+    if (ci->tensor_saved[tid])
+      u->saved -= (int64_t)pt->bytes;
     freed = true;
   }
-  if (freed) mem_point(s, u, t);
+  if (freed)
+    mem_point(s, u, t);
 }
 
 static void start_comm(struct sim *s, uint32_t id, double t) {
@@ -591,7 +637,8 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
   for (uint32_t k = 0; k < sl->part_count; k++) {
     struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
     unit_settle(u, t);
-    for (uint32_t j = 0; j < u->n_ops; j++) op_settle(&s->slots[u->ops[j]], t);
+    for (uint32_t j = 0; j < u->n_ops; j++)
+      op_settle(&s->slots[u->ops[j]], t);
   }
   sl->running = true;
   sl->lat_end = t + sl->latency;
@@ -599,10 +646,12 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
   sl->last = t;
   sl->rate = 0;
   for (uint32_t k = 0; k < sl->part_count; k++) {
-    uint32_t ui = s->parts[2 * (sl->part_first + k)], instr = s->parts[2 * (sl->part_first + k) + 1];
+    uint32_t ui = s->parts[2 * (sl->part_first + k)],
+             instr = s->parts[2 * (sl->part_first + k) + 1];
     struct unit_rt *u = &s->u[ui];
     u->start[instr] = t;
-    if (t < s->t_first) s->t_first = t;
+    if (t < s->t_first)
+      s->t_first = t;
     if (u->n_ops == u->cap_ops) {
       u->cap_ops = u->cap_ops ? 2 * u->cap_ops : 8;
       u->ops = g_renew(uint32_t, u->ops, u->cap_ops);
@@ -614,7 +663,8 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
   for (uint32_t k = 0; k < sl->part_count; k++) {
     struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
     unit_reschedule(s, u, t);
-    for (uint32_t j = 0; j < u->n_ops; j++) op_reschedule(s, u->ops[j], t);
+    for (uint32_t j = 0; j < u->n_ops; j++)
+      op_reschedule(s, u->ops[j], t);
   }
 }
 
@@ -625,11 +675,13 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
   for (uint32_t k = 0; k < sl->part_count; k++) {
     struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
     unit_settle(u, t);
-    for (uint32_t j = 0; j < u->n_ops; j++) op_settle(&s->slots[u->ops[j]], t);
+    for (uint32_t j = 0; j < u->n_ops; j++)
+      op_settle(&s->slots[u->ops[j]], t);
   }
   sl->running = false;
   for (uint32_t k = 0; k < sl->part_count; k++) {
-    uint32_t ui = s->parts[2 * (sl->part_first + k)], instr = s->parts[2 * (sl->part_first + k) + 1];
+    uint32_t ui = s->parts[2 * (sl->part_first + k)],
+             instr = s->parts[2 * (sl->part_first + k) + 1];
     struct unit_rt *u = &s->u[ui];
     for (uint32_t j = 0; j < u->n_ops; j++)
       if (u->ops[j] == id) {
@@ -638,13 +690,15 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
       }
     u->n_link[sl->inter]--;
     u->comm_sm -= sl->sm_share;
-    if (u->n_ops == 0) u->comm_sm = 0; /* no drift from repeated add/subtract */
+    if (u->n_ops == 0)
+      u->comm_sm = 0; /* no drift from repeated add/subtract */
     finish_instr(s, u, instr, t);
   }
   for (uint32_t k = 0; k < sl->part_count; k++) {
     struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
     unit_reschedule(s, u, t);
-    for (uint32_t j = 0; j < u->n_ops; j++) op_reschedule(s, u->ops[j], t);
+    for (uint32_t j = 0; j < u->n_ops; j++)
+      op_reschedule(s, u->ops[j], t);
   }
   for (uint32_t k = 0; k < sl->part_count; k++)
     try_advance(s, &s->u[s->parts[2 * (sl->part_first + k)]], t);
@@ -659,12 +713,17 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
     u->kernels = g_renew(struct kernel, u->kernels, u->cap_kernels);
   }
   double cap = s->p->streams[c->instrs[i].stream].sm_share;
-  if (!(cap > 0 && cap <= 1)) cap = 1;
-  u->kernels[u->n_kernels++] = (struct kernel){
-      .instr = i, .remaining = ci->work[i], .rate = -1, .last = t, .cap = cap,
-      .mem_frac = ci->mem_frac[i]};
+  if (!(cap > 0 && cap <= 1))
+    cap = 1;
+  u->kernels[u->n_kernels++] = (struct kernel){.instr = i,
+                                               .remaining = ci->work[i],
+                                               .rate = -1,
+                                               .last = t,
+                                               .cap = cap,
+                                               .mem_frac = ci->mem_frac[i]};
   u->start[i] = t;
-  if (t < s->t_first) s->t_first = t;
+  if (t < s->t_first)
+    s->t_first = t;
   unit_reschedule(s, u, t);
 }
 
@@ -673,17 +732,21 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
   const struct class_info *ci = &s->ci[u->cls];
   for (uint32_t k = 0; k < ci->n_streams_used; k++) {
     uint32_t st = ci->streams_used[k];
-    if (u->busy[st] || u->pos[st] >= c->stream_first[st + 1]) continue;
+    if (u->busy[st] || u->pos[st] >= c->stream_first[st + 1])
+      continue;
     uint32_t i = c->stream_instrs[u->pos[st]];
     const struct plan_instr *in = &c->instrs[i];
     bool ready = true;
     for (uint32_t w = 0; w < in->wait_count && ready; w++)
-      if (u->end[c->waits[in->wait_first + w]] < 0) ready = false;
-    if (!ready) continue;
+      if (u->end[c->waits[in->wait_first + w]] < 0)
+        ready = false;
+    if (!ready)
+      continue;
     u->busy[st] = 1;
     if (u->slot[i] != IR_NONE) {
       struct slot *sl = &s->slots[u->slot[i]];
-      if (++sl->arrived == sl->expected) start_comm(s, u->slot[i], t);
+      if (++sl->arrived == sl->expected)
+        start_comm(s, u->slot[i], t);
     } else {
       start_kernel(s, u, i, t);
     }
@@ -728,7 +791,8 @@ static bool build_slots(struct sim *s, GError **err) {
   uint32_t *comm_units = g_new0(uint32_t, p->n_comms + 1);
   struct profile_span *comm_span = g_new0(struct profile_span, p->n_comms + 1);
   for (uint32_t k = 0; k < p->n_comms; k++) {
-    if (p->comms[k].purpose == IR_COMM_PP || p->comms[k].group >= p->n_groups) continue;
+    if (p->comms[k].purpose == IR_COMM_PP || p->comms[k].group >= p->n_groups)
+      continue;
     uint32_t cnt;
     const uint32_t *gd = group_devices(p, p->comms[k].group, &cnt);
     GHashTable *us = g_hash_table_new(g_direct_hash, g_direct_equal);
@@ -746,7 +810,8 @@ static bool build_slots(struct sim *s, GError **err) {
       u->slot[i] = IR_NONE;
       const struct plan_instr *in = &c->instrs[i];
       const struct ir_node *n = &p->nodes[in->node];
-      if (!kind_is_comm(n->kind)) continue;
+      if (!kind_is_comm(n->kind))
+        continue;
       struct slot_key key = {.comm = in->comm, .a = IR_NONE, .b = IR_NONE, .seq = in->seq};
       uint32_t expected;
       struct profile_span span;
@@ -755,8 +820,8 @@ static bool build_slots(struct sim *s, GError **err) {
         if (peer == IR_NONE || peer >= p->n_devices) {
           char name[160];
           plan_node_name(p, in->node, name, sizeof name);
-          g_set_error(err, PIPER_ERROR, PIPER_ERROR_INPUT,
-                      "plan: device %u: %s has no peer device", u->rep, name);
+          g_set_error(err, PIPER_ERROR, PIPER_ERROR_INPUT, "plan: device %u: %s has no peer device",
+                      u->rep, name);
           ok = false;
           break;
         }
@@ -815,7 +880,8 @@ static bool build_slots(struct sim *s, GError **err) {
   uint32_t np = parts->len;
   s->parts = g_new(uint32_t, 2 * (size_t)np + 2);
   uint32_t *ps = (uint32_t *)part_slot->data, *pp = (uint32_t *)parts->data;
-  for (uint32_t k = 0; k < np; k++) s->slots[ps[k]].part_count++;
+  for (uint32_t k = 0; k < np; k++)
+    s->slots[ps[k]].part_count++;
   uint32_t acc = 0;
   for (uint32_t k = 0; k < s->n_slots; k++) {
     s->slots[k].part_first = acc;
@@ -850,15 +916,18 @@ static bool build_slots(struct sim *s, GError **err) {
 
 static int interval_cmp(const void *a, const void *b) {
   const struct report_interval *x = a, *y = b;
-  if (x->start != y->start) return x->start < y->start ? -1 : 1;
-  if (x->stream != y->stream) return x->stream < y->stream ? -1 : 1;
+  if (x->start != y->start)
+    return x->start < y->start ? -1 : 1;
+  if (x->stream != y->stream)
+    return x->stream < y->stream ? -1 : 1;
   return x->node < y->node ? -1 : x->node > y->node;
 }
 
 struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
                            const struct sim_options *o, GError **err) {
   static const struct sim_options defaults = {.collapse = true};
-  if (!o) o = &defaults;
+  if (!o)
+    o = &defaults;
   double w0 = now_seconds();
   struct sim s = {.p = p, .prof = prof, .o = o, .t_first = INFINITY, .t_last = -INFINITY};
   struct sim_result *res = NULL;
@@ -873,11 +942,13 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
   uint32_t *col = refine_colours(p, prof, s.ci, o->collapse, &n_col);
   /* units numbered by their lowest device */
   uint32_t *col_unit = g_new(uint32_t, n_col + 1);
-  for (uint32_t k = 0; k < n_col; k++) col_unit[k] = IR_NONE;
+  for (uint32_t k = 0; k < n_col; k++)
+    col_unit[k] = IR_NONE;
   s.unit_of_device = g_new(uint32_t, p->n_devices + 1);
   uint32_t nu = 0;
   for (uint32_t d = 0; d < p->n_devices; d++) {
-    if (col_unit[col[d]] == IR_NONE) col_unit[col[d]] = nu++;
+    if (col_unit[col[d]] == IR_NONE)
+      col_unit[col[d]] = nu++;
     s.unit_of_device[d] = col_unit[col[d]];
   }
   g_free(col);
@@ -888,7 +959,8 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
   res->n_units = nu;
   res->units = g_new0(struct sim_unit, nu + 1);
   res->device_unit = s.unit_of_device;
-  for (uint32_t d = 0; d < p->n_devices; d++) res->units[s.unit_of_device[d]].n_members++;
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    res->units[s.unit_of_device[d]].n_members++;
   for (uint32_t k = 0; k < nu; k++) {
     res->units[k].members = g_new(uint32_t, res->units[k].n_members);
     res->units[k].n_members = 0;
@@ -912,34 +984,42 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
       goto out;
     }
     u->pos = g_new(uint32_t, p->n_streams + 1);
-    for (uint32_t st = 0; st < p->n_streams; st++) u->pos[st] = c->stream_first[st];
+    for (uint32_t st = 0; st < p->n_streams; st++)
+      u->pos[st] = c->stream_first[st];
     u->busy = g_new0(uint8_t, p->n_streams + 1);
     u->start = g_new(double, c->n_instrs + 1);
     u->end = g_new(double, c->n_instrs + 1);
-    for (uint32_t i = 0; i < c->n_instrs; i++) u->start[i] = u->end[i] = -1;
+    for (uint32_t i = 0; i < c->n_instrs; i++)
+      u->start[i] = u->end[i] = -1;
     u->slot = g_new(uint32_t, c->n_instrs + 1);
     u->remaining = g_new(uint32_t, c->n_tensors + 1);
-    for (uint32_t t = 0; t < c->n_tensors; t++) u->remaining[t] = c->tensors[t].consumer_count;
+    for (uint32_t t = 0; t < c->n_tensors; t++)
+      u->remaining[t] = c->tensors[t].consumer_count;
     u->timeline = g_array_new(FALSE, FALSE, sizeof(struct report_memory_point));
     sim_static_memory(p, c, res->units[k].static_bytes);
     for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
       u->mem[m] = (int64_t)res->units[k].static_bytes[m];
   }
   s.kversion = g_new0(uint32_t, total + 1);
-  if (!build_slots(&s, err)) goto out;
+  if (!build_slots(&s, err))
+    goto out;
   res->seconds_setup = now_seconds() - w0;
 
   double w1 = now_seconds();
-  for (uint32_t k = 0; k < nu; k++) mem_point(&s, &s.u[k], 0);
-  for (uint32_t k = 0; k < nu; k++) try_advance(&s, &s.u[k], 0);
+  for (uint32_t k = 0; k < nu; k++)
+    mem_point(&s, &s.u[k], 0);
+  for (uint32_t k = 0; k < nu; k++)
+    try_advance(&s, &s.u[k], 0);
   while (s.heap.n > 0) {
     struct event e = heap_pop(&s.heap);
     if (e.type == EV_KERNEL_END) {
-      if (e.version != s.kversion[e.id]) continue;
+      if (e.version != s.kversion[e.id])
+        continue;
       s.events++;
       end_kernel(&s, e.id, e.t);
     } else {
-      if (e.version != s.slots[e.id].version || !s.slots[e.id].running) continue;
+      if (e.version != s.slots[e.id].version || !s.slots[e.id].running)
+        continue;
       s.events++;
       end_comm(&s, e.id, e.t);
     }
@@ -949,9 +1029,11 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
   for (uint32_t k = 0; k < nu; k++) {
     struct unit_rt *u = &s.u[k];
     const struct plan_class *c = &p->classes[u->cls];
-    if (u->done == c->n_instrs) continue;
+    if (u->done == c->n_instrs)
+      continue;
     for (uint32_t st = 0; st < p->n_streams; st++) {
-      if (u->pos[st] >= c->stream_first[st + 1]) continue;
+      if (u->pos[st] >= c->stream_first[st + 1])
+        continue;
       uint32_t i = c->stream_instrs[u->pos[st]];
       char name[160];
       plan_node_name(p, c->instrs[i].node, name, sizeof name);
@@ -985,7 +1067,8 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
     if (!o->no_intervals) {
       su->intervals = g_new(struct report_interval, c->n_instrs + 1);
       for (uint32_t i = 0; i < c->n_instrs; i++)
-        su->intervals[i] = (struct report_interval){.start = u->start[i], .end = u->end[i],
+        su->intervals[i] = (struct report_interval){.start = u->start[i],
+                                                    .end = u->end[i],
                                                     .node = c->instrs[i].node,
                                                     .stream = c->instrs[i].stream};
       su->n_intervals = c->n_instrs;
@@ -1004,14 +1087,16 @@ out:
     g_free(u->remaining);
     g_free(u->kernels);
     g_free(u->ops);
-    if (u->timeline) g_array_free(u->timeline, TRUE);
+    if (u->timeline)
+      g_array_free(u->timeline, TRUE);
   }
   g_free(s.u);
   g_free(s.kversion);
   g_free(s.slots);
   g_free(s.parts);
   g_free(s.heap.a);
-  for (uint32_t c = 0; c < p->n_classes; c++) class_info_free(&s.ci[c]);
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    class_info_free(&s.ci[c]);
   g_free(s.ci);
   if (!ok) {
     if (res) {
@@ -1026,7 +1111,8 @@ out:
 }
 
 void sim_result_free(struct sim_result *r) {
-  if (!r) return;
+  if (!r)
+    return;
   for (uint32_t k = 0; k < r->n_units; k++) {
     g_free(r->units[k].members);
     g_free(r->units[k].intervals);
@@ -1040,7 +1126,8 @@ void sim_result_free(struct sim_result *r) {
 void sim_fill_report(const struct sim_result *s, struct report_run *r) {
   for (uint32_t i = 0; i < r->n_devices; i++) {
     struct report_device *d = &r->devices[i];
-    if (d->device >= r->plan->n_devices) continue;
+    if (d->device >= r->plan->n_devices)
+      continue;
     const struct sim_unit *u = &s->units[s->device_unit[d->device]];
     d->n_intervals = u->n_intervals;
     d->intervals = u->intervals;

@@ -13,8 +13,10 @@ static bool get_obj(const cJSON *root, const char *key, const cJSON **out, const
                     GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
   *out = NULL;
-  if (!v) return true;
-  if (!cJSON_IsObject(v)) return json_fail(err, "%s: key \"%s\" must be an object", ctx, key);
+  if (!v)
+    return true;
+  if (!cJSON_IsObject(v))
+    return json_fail(err, "%s: key \"%s\" must be an object", ctx, key);
   *out = v;
   return true;
 }
@@ -31,15 +33,19 @@ static bool parse_pass(const char *s, enum ir_pass *out) {
 
 static int entry_cmp(const void *a, const void *b) {
   const struct profile_entry *x = a, *y = b;
-  if (x->kind != y->kind) return x->kind < y->kind ? -1 : 1;
-  if (x->pass != y->pass) return x->pass < y->pass ? -1 : 1;
+  if (x->kind != y->kind)
+    return x->kind < y->kind ? -1 : 1;
+  if (x->pass != y->pass)
+    return x->pass < y->pass ? -1 : 1;
   for (int i = 0; i < PROFILE_MAX_SHAPE; i++)
-    if (x->shape[i] != y->shape[i]) return x->shape[i] < y->shape[i] ? -1 : 1;
+    if (x->shape[i] != y->shape[i])
+      return x->shape[i] < y->shape[i] ? -1 : 1;
   return 0;
 }
 
 static bool parse_measured(struct profile *p, const cJSON *arr, const char *name, GError **err) {
-  if (!cJSON_IsArray(arr)) return json_fail(err, "%s: key \"measured\" must be an array", name);
+  if (!cJSON_IsArray(arr))
+    return json_fail(err, "%s: key \"measured\" must be an array", name);
   int n = cJSON_GetArraySize(arr);
   p->entries = g_new0(struct profile_entry, n > 0 ? n : 1);
   static const char *const keys[] = {"op", "pass", "shape", "ms", NULL};
@@ -48,15 +54,20 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
   cJSON_ArrayForEach(e, arr) {
     char ctx[256];
     snprintf(ctx, sizeof ctx, "%s: measured[%d]", name, i);
-    if (!cJSON_IsObject(e)) return json_fail(err, "%s: must be an object", ctx);
-    if (!json_check_keys(e, keys, ctx, err)) return false;
+    if (!cJSON_IsObject(e))
+      return json_fail(err, "%s: must be an object", ctx);
+    if (!json_check_keys(e, keys, ctx, err))
+      return false;
     struct profile_entry *en = &p->entries[i];
     const char *op, *pass;
-    if (!json_get_string(e, "op", true, &op, ctx, err)) return false;
-    if (!json_get_string(e, "pass", true, &pass, ctx, err)) return false;
+    if (!json_get_string(e, "op", true, &op, ctx, err))
+      return false;
+    if (!json_get_string(e, "pass", true, &pass, ctx, err))
+      return false;
     int k;
     for (k = 0; k < MODEL_OP_KIND_COUNT; k++)
-      if (strcmp(op, model_op_kind_name((enum model_op_kind)k)) == 0) break;
+      if (strcmp(op, model_op_kind_name((enum model_op_kind)k)) == 0)
+        break;
     if (k == MODEL_OP_KIND_COUNT)
       return json_fail(err, "%s: key \"op\": unknown op kind \"%s\"", ctx, op);
     en->kind = (enum model_op_kind)k;
@@ -71,11 +82,13 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
     const cJSON *d;
     cJSON_ArrayForEach(d, shape) {
       int64_t v;
-      if (!json_as_int(d, 0, INT64_MAX / 2, &v, ctx, "shape", err)) return false;
+      if (!json_as_int(d, 0, INT64_MAX / 2, &v, ctx, "shape", err))
+        return false;
       en->shape[j++] = v;
     }
     double ms;
-    if (!json_get_double(e, "ms", true, 0, 1e9, &ms, ctx, err)) return false;
+    if (!json_get_double(e, "ms", true, 0, 1e9, &ms, ctx, err))
+      return false;
     en->seconds = ms * 1e-3;
     i++;
   }
@@ -105,21 +118,25 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
     json_fail(err, "%s: a profile must be a JSON object", name);
     goto fail;
   }
-  static const char *const top[] = {"name",    "kind",       "description", "sources", "device",
+  static const char *const top[] = {"name",    "kind",       "description", "sources",   "device",
                                     "network", "contention", "measured",    "synthetic", NULL};
-  if (!json_check_keys(root, top, name, err)) goto fail;
+  if (!json_check_keys(root, top, name, err))
+    goto fail;
   const char *s = NULL;
-  if (!json_get_string(root, "name", false, &s, name, err)) goto fail;
+  if (!json_get_string(root, "name", false, &s, name, err))
+    goto fail;
   if (s) {
     p->name = g_strdup(s);
   } else {
     char *base = g_path_get_basename(name);
     char *dot = strrchr(base, '.');
-    if (dot) *dot = 0;
+    if (dot)
+      *dot = 0;
     p->name = base;
   }
   const char *kind = "device";
-  if (!json_get_string(root, "kind", false, &kind, name, err)) goto fail;
+  if (!json_get_string(root, "kind", false, &kind, name, err))
+    goto fail;
   if (strcmp(kind, "synthetic") == 0) {
     p->synthetic = true;
   } else if (strcmp(kind, "device") != 0) {
@@ -129,8 +146,7 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
 
   const cJSON *dev, *net, *con, *syn;
   if (!get_obj(root, "device", &dev, name, err) || !get_obj(root, "network", &net, name, err) ||
-      !get_obj(root, "contention", &con, name, err) ||
-      !get_obj(root, "synthetic", &syn, name, err))
+      !get_obj(root, "contention", &con, name, err) || !get_obj(root, "synthetic", &syn, name, err))
     goto fail;
   if (!p->synthetic && !dev) {
     json_fail(err, "%s: key \"device\" is required for a device profile", name);
@@ -142,13 +158,15 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   }
   if (dev) {
     snprintf(ctx, sizeof ctx, "%s: device", name);
-    static const char *const keys[] = {"peak_tflops",       "memory_bandwidth_gbs",
-                                       "memory_capacity_gib", "sm_count",
-                                       "compute_efficiency", "memory_efficiency",
-                                       "kernel_overhead_us", "optimizer_bytes_per_param", NULL};
-    if (!json_check_keys(dev, keys, ctx, err)) goto fail;
+    static const char *const keys[] = {
+        "peak_tflops",        "memory_bandwidth_gbs",      "memory_capacity_gib",
+        "sm_count",           "compute_efficiency",        "memory_efficiency",
+        "kernel_overhead_us", "optimizer_bytes_per_param", NULL};
+    if (!json_check_keys(dev, keys, ctx, err))
+      goto fail;
     const cJSON *pk;
-    if (!get_obj(dev, "peak_tflops", &pk, ctx, err)) goto fail;
+    if (!get_obj(dev, "peak_tflops", &pk, ctx, err))
+      goto fail;
     if (!pk && !p->synthetic) {
       json_fail(err, "%s: key \"peak_tflops\" is required", ctx);
       goto fail;
@@ -157,7 +175,8 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
       char c2[320];
       snprintf(c2, sizeof c2, "%s.peak_tflops", ctx);
       static const char *const dk[] = {"bf16", "fp32", NULL};
-      if (!json_check_keys(pk, dk, c2, err)) goto fail;
+      if (!json_check_keys(pk, dk, c2, err))
+        goto fail;
       double bf = 0, f32 = 0;
       if (!json_get_double(pk, "bf16", !p->synthetic, 1e-6, 1e6, &bf, c2, err) ||
           !json_get_double(pk, "fp32", !p->synthetic, 1e-6, 1e6, &f32, c2, err))
@@ -188,17 +207,17 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
     static const char *const keys[] = {"comm_sm_share", "comm_memory_share", NULL};
     if (!json_check_keys(con, keys, ctx, err) ||
         !json_get_double(con, "comm_sm_share", false, 0, 0.9, &p->comm_sm_share, ctx, err) ||
-        !json_get_double(con, "comm_memory_share", false, 0, 0.9, &p->comm_memory_share, ctx,
-                         err))
+        !json_get_double(con, "comm_memory_share", false, 0, 0.9, &p->comm_memory_share, ctx, err))
       goto fail;
   }
   if (net) {
     snprintf(ctx, sizeof ctx, "%s: network", name);
-    static const char *const keys[] = {"gpus_per_node",     "nics_per_node",
-                                       "nvlink_bandwidth_gbs", "nvlink_latency_us",
-                                       "nic_bandwidth_gbs", "inter_node_latency_us",
-                                       "efficiency",        "collective_algorithm", NULL};
-    if (!json_check_keys(net, keys, ctx, err)) goto fail;
+    static const char *const keys[] = {
+        "gpus_per_node",     "nics_per_node",        "nvlink_bandwidth_gbs",
+        "nvlink_latency_us", "nic_bandwidth_gbs",    "inter_node_latency_us",
+        "efficiency",        "collective_algorithm", NULL};
+    if (!json_check_keys(net, keys, ctx, err))
+      goto fail;
     int64_t gpn = p->gpus_per_node, nics = p->nics_per_node;
     double ibw = 0, ilat = 0, nbw = 0, nlat = 0;
     bool req = !p->synthetic;
@@ -217,7 +236,8 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
     p->nic_bandwidth = nbw * 1e9;
     p->inter_latency = nlat * 1e-6;
     const char *algo = NULL;
-    if (!json_get_string(net, "collective_algorithm", false, &algo, ctx, err)) goto fail;
+    if (!json_get_string(net, "collective_algorithm", false, &algo, ctx, err))
+      goto fail;
     if (algo) {
       if (strcmp(algo, "ring") == 0) {
         p->algo = PROFILE_ALGO_RING;
@@ -237,18 +257,21 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   }
   if (syn) {
     snprintf(ctx, sizeof ctx, "%s: synthetic", name);
-    static const char *const keys[] = {"F_ms", "B_ms", "BI_ms", "BW_ms", "optimizer_ms", "comm_ms",
-                                       NULL};
-    if (!json_check_keys(syn, keys, ctx, err)) goto fail;
+    static const char *const keys[] = {"F_ms",         "B_ms",    "BI_ms", "BW_ms",
+                                       "optimizer_ms", "comm_ms", NULL};
+    if (!json_check_keys(syn, keys, ctx, err))
+      goto fail;
     double *dst[] = {&p->syn_f, &p->syn_b, &p->syn_bi, &p->syn_bw, &p->syn_optimizer, &p->syn_comm};
     for (int i = 0; i < 6; i++) {
       double v = 0;
-      if (!json_get_double(syn, keys[i], i < 4, 0, 1e9, &v, ctx, err)) goto fail;
+      if (!json_get_double(syn, keys[i], i < 4, 0, 1e9, &v, ctx, err))
+        goto fail;
       *dst[i] = v * 1e-3;
     }
   }
   const cJSON *meas = cJSON_GetObjectItemCaseSensitive(root, "measured");
-  if (meas && !parse_measured(p, meas, name, err)) goto fail;
+  if (meas && !parse_measured(p, meas, name, err))
+    goto fail;
   return p;
 fail:
   profile_free(p);
@@ -257,14 +280,16 @@ fail:
 
 struct profile *profile_load_file(const char *path, GError **err) {
   cJSON *root = json_parse_file(path, err);
-  if (!root) return NULL;
+  if (!root)
+    return NULL;
   struct profile *p = profile_parse_json(path, root, err);
   cJSON_Delete(root);
   return p;
 }
 
 void profile_free(struct profile *p) {
-  if (!p) return;
+  if (!p)
+    return;
   g_free(p->name);
   g_free(p->path);
   g_free(p->entries);
@@ -296,9 +321,11 @@ static double table_lookup(const struct profile *p, enum model_op_kind kind, enu
   uint32_t last = first;
   while (last < p->n_entries && p->entries[last].kind == kind && p->entries[last].pass == pass)
     last++;
-  if (first == last) return -1;
+  if (first == last)
+    return -1;
   for (uint32_t i = first; i < last; i++)
-    if (entry_cmp(&p->entries[i], &key) == 0) return p->entries[i].seconds;
+    if (entry_cmp(&p->entries[i], &key) == 0)
+      return p->entries[i].seconds;
   /* one differing dimension: best bracket per dimension, the first dimension that has one */
   for (int d = 0; d < PROFILE_MAX_SHAPE; d++) {
     const struct profile_entry *below = NULL, *above = NULL;
@@ -306,17 +333,22 @@ static double table_lookup(const struct profile *p, enum model_op_kind kind, enu
       const struct profile_entry *e = &p->entries[i];
       bool others = true;
       for (int k = 0; k < PROFILE_MAX_SHAPE && others; k++)
-        if (k != d && e->shape[k] != shape[k]) others = false;
-      if (!others) continue;
-      if (e->shape[d] < shape[d] && (!below || e->shape[d] > below->shape[d])) below = e;
-      if (e->shape[d] > shape[d] && (!above || e->shape[d] < above->shape[d])) above = e;
+        if (k != d && e->shape[k] != shape[k])
+          others = false;
+      if (!others)
+        continue;
+      if (e->shape[d] < shape[d] && (!below || e->shape[d] > below->shape[d]))
+        below = e;
+      if (e->shape[d] > shape[d] && (!above || e->shape[d] < above->shape[d]))
+        above = e;
     }
     if (below && above) {
       double x0 = (double)below->shape[d], x1 = (double)above->shape[d], x = (double)shape[d];
       return below->seconds + (above->seconds - below->seconds) * (x - x0) / (x1 - x0);
     }
     const struct profile_entry *near = below ? below : above;
-    if (near && near->shape[d] > 0) return near->seconds * (double)shape[d] / (double)near->shape[d];
+    if (near && near->shape[d] > 0)
+      return near->seconds * (double)shape[d] / (double)near->shape[d];
   }
   return -1;
 }
@@ -350,7 +382,8 @@ struct profile_cost profile_compute_cost(const struct profile *p, const struct m
                                          uint32_t segment, enum ir_pass pass,
                                          uint32_t shard_degree) {
   struct profile_cost c = {0};
-  if (shard_degree == 0) shard_degree = 1;
+  if (shard_degree == 0)
+    shard_degree = 1;
   if (p->synthetic) {
     c.seconds = pass == IR_PASS_F    ? p->syn_f
                 : pass == IR_PASS_BI ? p->syn_bi
@@ -368,7 +401,8 @@ struct profile_cost profile_compute_cost(const struct profile *p, const struct m
     if (t < 0 && pass == IR_PASS_B) {
       double ti = table_lookup(p, op->kind, IR_PASS_BI, op->shape);
       double tw = table_lookup(p, op->kind, IR_PASS_BW, op->shape);
-      if (ti >= 0 && tw >= 0) t = ti + tw;
+      if (ti >= 0 && tw >= 0)
+        t = ti + tw;
     }
     double flops, bytes;
     op_pass_load(op, pass, &flops, &bytes);
@@ -378,18 +412,22 @@ struct profile_cost profile_compute_cost(const struct profile *p, const struct m
      * so the FLOPs stay whole and only the weight traffic divides. */
     if (shard_degree > 1) {
       double pbytes = (double)op->param_bytes;
-      if (pass == IR_PASS_B) pbytes *= 2.0; /* B streams the weights twice, as op_pass_load counts */
-      if (pbytes > bytes) pbytes = bytes;
+      if (pass == IR_PASS_B)
+        pbytes *= 2.0; /* B streams the weights twice, as op_pass_load counts */
+      if (pbytes > bytes)
+        pbytes = bytes;
       bytes -= pbytes - pbytes / shard_degree;
     }
     if (t >= 0) {
       c.measured_ops++;
       /* measured times say nothing of their bound; take the roofline's verdict */
-      if (bytes / bw > flops / peak) mem_time += t;
+      if (bytes / bw > flops / peak)
+        mem_time += t;
     } else {
       double tc = flops / peak, tm = bytes / bw;
       t = (tc > tm ? tc : tm) + p->kernel_overhead;
-      if (tm > tc) mem_time += t;
+      if (tm > tc)
+        mem_time += t;
       c.fallback_ops++;
     }
     c.seconds += t;
@@ -405,7 +443,8 @@ struct profile_cost profile_optimizer_cost(const struct profile *p, double param
     return c;
   }
   c.seconds = params * p->optimizer_bytes_per_param / (p->memory_bandwidth * p->memory_efficiency);
-  if (params > 0) c.seconds += p->kernel_overhead;
+  if (params > 0)
+    c.seconds += p->kernel_overhead;
   c.mem_fraction = 1;
   return c;
 }
@@ -414,11 +453,13 @@ struct profile_cost profile_optimizer_cost(const struct profile *p, double param
 
 struct profile_span profile_span_of(const struct profile *pr, const uint32_t *devices, uint32_t n) {
   struct profile_span s = {.p = n, .n_nodes = 0, .min_per_node = 0};
-  if (n == 0) return s;
+  if (n == 0)
+    return s;
   uint32_t gpn = pr->gpus_per_node ? pr->gpus_per_node : 1;
   /* count members per node; device lists are small next to the cost of sorting them */
   uint32_t *nodes = g_new(uint32_t, n);
-  for (uint32_t i = 0; i < n; i++) nodes[i] = devices[i] / gpn;
+  for (uint32_t i = 0; i < n; i++)
+    nodes[i] = devices[i] / gpn;
   for (uint32_t i = 1; i < n; i++) { /* insertion sort: lists are mostly ascending already */
     uint32_t v = nodes[i], j = i;
     while (j > 0 && nodes[j - 1] > v) {
@@ -435,7 +476,8 @@ struct profile_span profile_span_of(const struct profile *pr, const uint32_t *de
       continue;
     }
     s.n_nodes++;
-    if (run < s.min_per_node) s.min_per_node = run;
+    if (run < s.min_per_node)
+      s.min_per_node = run;
     run = 1;
   }
   g_free(nodes);
@@ -470,7 +512,8 @@ struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node
   double pr = span->p;
   profile_link(p, span, &B, &a);
   c.inter_node = span->n_nodes > 1;
-  if (B <= 0) B = 1;
+  if (B <= 0)
+    B = 1;
   switch (kind) {
   case IR_NODE_SEND:
   case IR_NODE_RECV:
@@ -478,7 +521,8 @@ struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node
     c.transfer = n / B;
     break;
   case IR_NODE_ALL_REDUCE: {
-    if (span->p <= 1) break;
+    if (span->p <= 1)
+      break;
     /* ring: reduce-scatter then all-gather, each (p-1) steps of n/p bytes */
     double ring_l = 2 * (pr - 1) * a, ring_t = 2 * (pr - 1) / pr * n / B;
     /* double binary tree (NCCL): log2(p) hops up and down, pipelined, every byte crosses
@@ -495,12 +539,12 @@ struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node
   case IR_NODE_ALL_TO_ALL:
     /* ring reduce-scatter / all-gather; all-to-all as p-1 pairwise exchanges, each moving
      * n/p bytes, so the same alpha-beta form */
-    if (span->p <= 1) break;
+    if (span->p <= 1)
+      break;
     c.latency = (pr - 1) * a;
     c.transfer = (pr - 1) / pr * n / B;
     break;
-  default:
-    break;
+  default: break;
   }
   return c;
 }

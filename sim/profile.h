@@ -32,18 +32,18 @@ struct profile_entry {
 };
 
 struct profile {
-  char *name;                   /* "name" key, else the file basename */
-  char *path;                   /* for messages */
+  char *name; /* "name" key, else the file basename */
+  char *path; /* for messages */
   bool synthetic;
 
   /* device (SI units: FLOP/s, bytes/s, bytes, seconds) */
-  double peak_flops[2];         /* by enum model_dtype: [FP32], [BF16]; dense, no sparsity */
+  double peak_flops[2]; /* by enum model_dtype: [FP32], [BF16]; dense, no sparsity */
   double memory_bandwidth;
   uint64_t memory_capacity;
   uint32_t sm_count;
-  double compute_efficiency;    /* achieved / peak FLOP/s for large GEMMs */
-  double memory_efficiency;     /* achieved / peak bandwidth for streaming kernels */
-  double kernel_overhead;       /* per op launch, added to every roofline op */
+  double compute_efficiency;        /* achieved / peak FLOP/s for large GEMMs */
+  double memory_efficiency;         /* achieved / peak bandwidth for streaming kernels */
+  double kernel_overhead;           /* per op launch, added to every roofline op */
   double optimizer_bytes_per_param; /* AdamW traffic per parameter updated */
 
   /* contention: a running communication kernel holds these shares of the device */
@@ -52,9 +52,9 @@ struct profile {
 
   /* network */
   uint32_t gpus_per_node, nics_per_node;
-  double intra_bandwidth, intra_latency;  /* per GPU, one direction (NVLink) */
-  double nic_bandwidth, inter_latency;    /* per NIC, one direction */
-  double network_efficiency;              /* bus bandwidth achieved / link bandwidth */
+  double intra_bandwidth, intra_latency; /* per GPU, one direction (NVLink) */
+  double nic_bandwidth, inter_latency;   /* per NIC, one direction */
+  double network_efficiency;             /* bus bandwidth achieved / link bandwidth */
   enum profile_collective_algo algo;
 
   /* measured table, sorted by (kind, pass, shape) */
@@ -98,7 +98,7 @@ struct profile_span profile_span_of(const struct profile *pr, const uint32_t *de
  * concurrent transfers on the same link of a device). */
 struct profile_comm_cost {
   double latency;
-  double transfer;              /* seconds at the full link bandwidth */
+  double transfer; /* seconds at the full link bandwidth */
   bool inter_node;
 };
 /* kind is SEND/RECV (a p2p transfer of bytes), ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER (bytes =

@@ -43,11 +43,13 @@ void report_run_init_devices(struct report_run *r) {
   GArray *stages = g_array_new(FALSE, FALSE, sizeof(int32_t));
   for (uint32_t d = 0; d < p->n_devices; d++) {
     int32_t s = cls_stage[p->device_class[d]];
-    if (s == INT32_MAX) continue;
+    if (s == INT32_MAX)
+      continue;
     bool found = false;
     for (uint32_t k = 0; k < stages->len && !found; k++)
       found = g_array_index(stages, int32_t, k) == s;
-    if (!found) g_array_append_val(stages, s);
+    if (!found)
+      g_array_append_val(stages, s);
   }
   int32_t *sv = (int32_t *)stages->data;
   for (uint32_t i = 1; i < stages->len; i++) {
@@ -77,9 +79,12 @@ void report_run_init_devices(struct report_run *r) {
   r->pp = pp;
   r->dp = 0;
   for (uint32_t k = 0; k < pp; k++)
-    if (count[k] > r->dp) r->dp = count[k];
-  if (r->pp == 0) r->pp = 1;
-  if (r->dp == 0) r->dp = 1;
+    if (count[k] > r->dp)
+      r->dp = count[k];
+  if (r->pp == 0)
+    r->pp = 1;
+  if (r->dp == 0)
+    r->dp = 1;
   g_free(count);
   g_array_free(stages, TRUE);
   g_free(cls_stage);
@@ -98,15 +103,18 @@ static void run_window(const struct report_run *r, double *t0, double *t1) {
   for (uint32_t i = 0; i < r->n_devices; i++) {
     const struct report_device *d = &r->devices[i];
     for (uint32_t k = 0; k < d->n_intervals; k++) {
-      if (d->intervals[k].start < lo) lo = d->intervals[k].start;
-      if (d->intervals[k].end > hi) hi = d->intervals[k].end;
+      if (d->intervals[k].start < lo)
+        lo = d->intervals[k].start;
+      if (d->intervals[k].end > hi)
+        hi = d->intervals[k].end;
     }
     /* intervals are sorted by start: later devices sharing an array add nothing new */
     while (i + 1 < r->n_devices && r->devices[i + 1].intervals == d->intervals &&
            r->devices[i + 1].n_intervals == d->n_intervals)
       i++;
   }
-  if (!isfinite(lo)) lo = hi = 0;
+  if (!isfinite(lo))
+    lo = hi = 0;
   *t0 = lo;
   *t1 = hi;
 }
@@ -119,12 +127,13 @@ double report_iteration_time(const struct report_run *r) {
 
 struct endpoint {
   double t;
-  int8_t compute, comm;         /* +1 start, -1 end */
+  int8_t compute, comm; /* +1 start, -1 end */
 };
 
 static int endpoint_cmp(const void *a, const void *b) {
   const struct endpoint *x = a, *y = b;
-  if (x->t != y->t) return x->t < y->t ? -1 : 1;
+  if (x->t != y->t)
+    return x->t < y->t ? -1 : 1;
   /* ends before starts at one instant: back-to-back kernels leave no gap and no overlap */
   int sx = x->compute + x->comm, sy = y->compute + y->comm;
   return sx < sy ? -1 : sx > sy;
@@ -136,7 +145,8 @@ static void device_stats(const struct plan *p, struct report_device *d, double i
   uint32_t m = 0;
   for (uint32_t k = 0; k < n; k++) {
     const struct report_interval *iv = &d->intervals[k];
-    if (!(iv->end > iv->start)) continue;
+    if (!(iv->end > iv->start))
+      continue;
     bool comp = report_node_is_compute(&p->nodes[iv->node]);
     e[m++] = (struct endpoint){iv->start, comp ? 1 : 0, comp ? 0 : 1};
     e[m++] = (struct endpoint){iv->end, comp ? -1 : 0, comp ? 0 : -1};
@@ -147,10 +157,14 @@ static void device_stats(const struct plan *p, struct report_device *d, double i
   for (uint32_t k = 0; k < m; k++) {
     if (k > 0) {
       double dt = e[k].t - e[k - 1].t;
-      if (nc > 0) compute += dt;
-      if (nm > 0) comm += dt;
-      if (nc > 0 && nm > 0) both += dt;
-      if (nc > 0 || nm > 0) any += dt;
+      if (nc > 0)
+        compute += dt;
+      if (nm > 0)
+        comm += dt;
+      if (nc > 0 && nm > 0)
+        both += dt;
+      if (nc > 0 || nm > 0)
+        any += dt;
     }
     nc += e[k].compute;
     nm += e[k].comm;
@@ -184,7 +198,8 @@ void report_compute_stats(struct report_run *r) {
       }
     }
     device_stats(r->plan, d, iter);
-    if (d->intervals) g_hash_table_insert(done, (gpointer)d->intervals, GUINT_TO_POINTER(i + 1));
+    if (d->intervals)
+      g_hash_table_insert(done, (gpointer)d->intervals, GUINT_TO_POINTER(i + 1));
   }
   g_hash_table_destroy(done);
 }
@@ -193,13 +208,17 @@ double report_mean_iteration_time(const struct report_run *r, double *stddev) {
   double mean = 0, var = 0;
   uint32_t n = r->n_iterations;
   if (n == 0 || !r->iteration_times) {
-    if (stddev) *stddev = 0;
+    if (stddev)
+      *stddev = 0;
     return report_iteration_time(r);
   }
-  for (uint32_t i = 0; i < n; i++) mean += r->iteration_times[i];
+  for (uint32_t i = 0; i < n; i++)
+    mean += r->iteration_times[i];
   mean /= n;
-  for (uint32_t i = 0; i < n; i++) var += (r->iteration_times[i] - mean) * (r->iteration_times[i] - mean);
-  if (stddev) *stddev = n > 1 ? sqrt(var / (n - 1)) : 0;
+  for (uint32_t i = 0; i < n; i++)
+    var += (r->iteration_times[i] - mean) * (r->iteration_times[i] - mean);
+  if (stddev)
+    *stddev = n > 1 ? sqrt(var / (n - 1)) : 0;
   return mean;
 }
 
@@ -230,7 +249,8 @@ static FILE *open_tmp(const char *path, char **tmp, GError **err) {
 
 static bool close_tmp(FILE *f, char *tmp, const char *path, GError **err) {
   bool ok = !ferror(f);
-  if (fclose(f) != 0) ok = false;
+  if (fclose(f) != 0)
+    ok = false;
   if (!ok) {
     fail_io(err, tmp, "write failed");
     remove(tmp);
@@ -241,12 +261,15 @@ static bool close_tmp(FILE *f, char *tmp, const char *path, GError **err) {
   return ok;
 }
 
-static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }
+static double gib(uint64_t b) {
+  return (double)b / (double)(1ull << 30);
+}
 
 bool report_write_results_csv(const struct report_run *r, const char *path, GError **err) {
   char *tmp;
   FILE *f = open_tmp(path, &tmp, err);
-  if (!f) return false;
+  if (!f)
+    return false;
   const struct model *m = r->plan->model;
   double stddev;
   double mean = report_mean_iteration_time(r, &stddev);
@@ -256,11 +279,13 @@ bool report_write_results_csv(const struct report_run *r, const char *path, GErr
   int64_t batch = (int64_t)M * m->micro_batch_size;
   fprintf(f, "dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,samples,"
              "iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s");
-  for (uint32_t k = 0; k < r->pp; k++) fprintf(f, ",peak_memory_pp%u_gb", k);
+  for (uint32_t k = 0; k < r->pp; k++)
+    fprintf(f, ",peak_memory_pp%u_gb", k);
   fputc('\n', f);
   /* device at (pp, dp) */
   int64_t *at = g_new(int64_t, (size_t)r->pp * r->dp + 1);
-  for (size_t i = 0; i < (size_t)r->pp * r->dp; i++) at[i] = -1;
+  for (size_t i = 0; i < (size_t)r->pp * r->dp; i++)
+    at[i] = -1;
   for (uint32_t i = 0; i < r->n_devices; i++) {
     const struct report_device *d = &r->devices[i];
     if (d->pp_rank >= 0 && d->dp_rank >= 0 && (uint32_t)d->pp_rank < r->pp &&
@@ -319,7 +344,8 @@ cJSON *report_metrics_json(const struct report_run *r) {
   uint64_t peak = 0;
   double bubble = 0, exposed = 0;
   for (uint32_t i = 0; i < r->n_devices; i++) {
-    if (r->devices[i].peak_memory_bytes > peak) peak = r->devices[i].peak_memory_bytes;
+    if (r->devices[i].peak_memory_bytes > peak)
+      peak = r->devices[i].peak_memory_bytes;
     bubble += r->devices[i].bubble_fraction;
     exposed += r->devices[i].exposed_comm_s;
   }
@@ -328,8 +354,8 @@ cJSON *report_metrics_json(const struct report_run *r) {
   cJSON_AddNumberToObject(root, "exposed_comm_s_mean", r->n_devices ? exposed / r->n_devices : 0);
   if (r->extra) {
     const cJSON *it;
-    cJSON_ArrayForEach(it, r->extra) cJSON_AddItemToObject(root, it->string,
-                                                           cJSON_Duplicate(it, true));
+    cJSON_ArrayForEach(it, r->extra)
+        cJSON_AddItemToObject(root, it->string, cJSON_Duplicate(it, true));
   }
   cJSON *devs = cJSON_AddArrayToObject(root, "devices");
   for (uint32_t i = 0; i < r->n_devices; i++) {
@@ -372,12 +398,14 @@ static void json_escape(FILE *f, const char *s) {
 static bool *trace_selection(const struct report_run *r, uint32_t *n_selected) {
   bool *sel = g_new0(bool, r->n_devices + 1);
   uint64_t total = 0;
-  for (uint32_t i = 0; i < r->n_devices; i++) total += r->devices[i].n_intervals;
+  for (uint32_t i = 0; i < r->n_devices; i++)
+    total += r->devices[i].n_intervals;
   bool all = r->trace_device_limit == 0 || total <= r->trace_device_limit;
   *n_selected = 0;
   for (uint32_t i = 0; i < r->n_devices; i++) {
     sel[i] = all || r->devices[i].dp_rank == 0 || r->devices[i].pp_rank < 0;
-    if (sel[i]) (*n_selected)++;
+    if (sel[i])
+      (*n_selected)++;
   }
   return sel;
 }
@@ -386,7 +414,8 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
   const struct plan *p = r->plan;
   char *tmp;
   FILE *f = open_tmp(path, &tmp, err);
-  if (!f) return false;
+  if (!f)
+    return false;
   static char buf[1 << 20];
   setvbuf(f, buf, _IOFBF, sizeof buf);
   double t0, t1;
@@ -394,28 +423,34 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
   uint32_t n_sel;
   bool *sel = trace_selection(r, &n_sel);
   char **names = g_new0(char *, p->n_nodes + 1);
-  fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"version\":\"%s\",\"kind\":\"%s\","
-             "\"devices_in_trace\":%u,\"devices\":%u},\n\"traceEvents\":[\n",
+  fprintf(f,
+          "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"version\":\"%s\",\"kind\":\"%s\","
+          "\"devices_in_trace\":%u,\"devices\":%u},\n\"traceEvents\":[\n",
           PIPER_VERSION, r->kind ? r->kind : "sim", n_sel, r->n_devices);
   bool first = true;
 #define SEP() (first ? (void)(first = false) : (void)fputs(",\n", f))
   for (uint32_t i = 0; i < r->n_devices; i++) {
-    if (!sel[i]) continue;
+    if (!sel[i])
+      continue;
     const struct report_device *d = &r->devices[i];
     SEP();
-    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{\"name\":"
-               "\"device %u (pp %d, dp %d)\"}}",
+    fprintf(f,
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{\"name\":"
+            "\"device %u (pp %d, dp %d)\"}}",
             d->device, d->device, d->pp_rank, d->dp_rank);
     SEP();
-    fprintf(f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{"
-               "\"sort_index\":%u}}",
+    fprintf(f,
+            "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{"
+            "\"sort_index\":%u}}",
             d->device, d->device);
     /* thread names for the streams this device uses */
     bool *used = g_new0(bool, p->n_streams + 1);
     for (uint32_t k = 0; k < d->n_intervals; k++)
-      if (d->intervals[k].stream < p->n_streams) used[d->intervals[k].stream] = true;
+      if (d->intervals[k].stream < p->n_streams)
+        used[d->intervals[k].stream] = true;
     for (uint32_t s = 0; s < p->n_streams; s++) {
-      if (!used[s]) continue;
+      if (!used[s])
+        continue;
       SEP();
       fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%u,\"args\":{\"name\":",
               d->device, s);
@@ -425,7 +460,8 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
     g_free(used);
     for (uint32_t k = 0; k < d->n_intervals; k++) {
       const struct report_interval *iv = &d->intervals[k];
-      if (iv->node >= p->n_nodes) continue;
+      if (iv->node >= p->n_nodes)
+        continue;
       const struct ir_node *n = &p->nodes[iv->node];
       if (!names[iv->node]) {
         char nb[256];
@@ -435,11 +471,13 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
       SEP();
       fputs("{\"name\":", f);
       json_escape(f, names[iv->node]);
-      fprintf(f, ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
-                 "\"args\":{\"kind\":\"%s\"",
+      fprintf(f,
+              ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
+              "\"args\":{\"kind\":\"%s\"",
               report_node_is_compute(n) ? "compute" : "comm", d->device, iv->stream,
               (iv->start - t0) * 1e6, (iv->end - iv->start) * 1e6, ir_node_kind_name(n->kind));
-      if (n->pass != IR_PASS_NONE) fprintf(f, ",\"PASS\":\"%s\"", ir_pass_name(n->pass));
+      if (n->pass != IR_PASS_NONE)
+        fprintf(f, ",\"PASS\":\"%s\"", ir_pass_name(n->pass));
       for (uint32_t t = 0; t < p->n_tags && t < IR_MAX_TAGS; t++)
         if (n->tags[t] >= 0) {
           fputc(',', f);
@@ -454,7 +492,8 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
       const struct report_memory_point *mp = &d->memory[k];
       SEP();
       double ts = mp->t - t0;
-      if (ts < 0) ts = 0;
+      if (ts < 0)
+        ts = 0;
       fprintf(f, "{\"name\":\"memory (GiB)\",\"ph\":\"C\",\"pid\":%u,\"ts\":%.3f,\"args\":{",
               d->device, ts * 1e6);
       for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
@@ -465,7 +504,8 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
   }
 #undef SEP
   fputs("\n]}\n", f);
-  for (uint32_t i = 0; i < p->n_nodes; i++) g_free(names[i]);
+  for (uint32_t i = 0; i < p->n_nodes; i++)
+    g_free(names[i]);
   g_free(names);
   g_free(sel);
   bool ok = close_tmp(f, tmp, path, err);
@@ -473,7 +513,8 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
 }
 
 bool report_write_dir(const struct report_run *r, const char *dir, GError **err) {
-  if (g_mkdir_with_parents(dir, 0755) != 0) return fail_io(err, dir, "cannot create directory");
+  if (g_mkdir_with_parents(dir, 0755) != 0)
+    return fail_io(err, dir, "cannot create directory");
   bool ok = true;
   char *path;
   if (r->program_file && r->plan->program_json) {
@@ -485,18 +526,21 @@ bool report_write_dir(const struct report_run *r, const char *dir, GError **err)
       ok = false;
     }
     g_free(path);
-    if (!ok) return false;
+    if (!ok)
+      return false;
   }
   path = g_build_filename(dir, "results.csv", NULL);
   ok = report_write_results_csv(r, path, err);
   g_free(path);
-  if (!ok) return false;
+  if (!ok)
+    return false;
   path = g_build_filename(dir, "metrics.json", NULL);
   cJSON *mj = report_metrics_json(r);
   ok = json_write_file(path, mj, err);
   cJSON_Delete(mj);
   g_free(path);
-  if (!ok) return false;
+  if (!ok)
+    return false;
   path = g_build_filename(dir, "trace.json", NULL);
   ok = report_write_trace(r, path, err);
   g_free(path);

@@ -25,8 +25,8 @@ enum report_mem_kind {
   REPORT_MEM_GRADS,
   REPORT_MEM_OPTIMIZER,
   REPORT_MEM_ACTIVATIONS,
-  REPORT_MEM_GATHERED,          /* ZeRO-3 parameters gathered for a use */
-  REPORT_MEM_COMM,              /* receive and collective buffers */
+  REPORT_MEM_GATHERED, /* ZeRO-3 parameters gathered for a use */
+  REPORT_MEM_COMM,     /* receive and collective buffers */
   REPORT_MEM_KIND_COUNT
 };
 const char *report_mem_kind_name(enum report_mem_kind k);
@@ -46,37 +46,37 @@ struct report_memory_point {
 
 struct report_device {
   uint32_t device;
-  int32_t pp_rank, dp_rank;     /* from the plan (report_run_init_devices) */
+  int32_t pp_rank, dp_rank; /* from the plan (report_run_init_devices) */
   /* inputs; not owned: devices that behave alike may share one array */
   uint32_t n_intervals;
-  const struct report_interval *intervals;  /* sorted by start */
+  const struct report_interval *intervals; /* sorted by start */
   uint32_t n_memory;
   const struct report_memory_point *memory; /* sorted by t; may be empty */
   uint64_t peak_memory_bytes;
   uint64_t peak_breakdown[REPORT_MEM_KIND_COUNT]; /* at the moment of the peak */
   /* derived by report_compute_stats (pinned definitions, SPEC §6) */
-  double compute_s;             /* time with some compute running */
-  double comm_s;                /* time with some communication running */
-  double bubble_fraction;       /* 1 - compute_s / iteration time */
-  double exposed_comm_s;        /* communication running, no compute */
-  double overlap_fraction;      /* communication under compute / comm_s (0 without comm) */
-  double idle_s;                /* nothing running */
+  double compute_s;        /* time with some compute running */
+  double comm_s;           /* time with some communication running */
+  double bubble_fraction;  /* 1 - compute_s / iteration time */
+  double exposed_comm_s;   /* communication running, no compute */
+  double overlap_fraction; /* communication under compute / comm_s (0 without comm) */
+  double idle_s;           /* nothing running */
 };
 
 struct report_run {
-  const struct plan *plan;      /* nodes, streams, model, program */
-  const char *kind;             /* "sim" or "exec" */
-  const char *schedule;         /* schedule family name, or "custom" */
-  const char *program_file;     /* "<schedule>_pp<R>_mbs<M>.json" */
-  uint32_t n_iterations;        /* >= 1 */
+  const struct plan *plan;  /* nodes, streams, model, program */
+  const char *kind;         /* "sim" or "exec" */
+  const char *schedule;     /* schedule family name, or "custom" */
+  const char *program_file; /* "<schedule>_pp<R>_mbs<M>.json" */
+  uint32_t n_iterations;    /* >= 1 */
   const double *iteration_times;
   double peak_flops_per_device; /* for MFU; 0 = unknown (MFU written as null) */
   uint32_t pp, dp;              /* set by report_run_init_devices */
   uint32_t n_devices;
   struct report_device *devices;
-  cJSON *extra;                 /* owned by the caller; its items are copied into metrics.json */
-  uint32_t trace_device_limit;  /* trace every device when the trace would hold at most this
-                                   many events in all, else one device per pp rank; 0 = all */
+  cJSON *extra;                /* owned by the caller; its items are copied into metrics.json */
+  uint32_t trace_device_limit; /* trace every device when the trace would hold at most this
+                                  many events in all, else one device per pp rank; 0 = all */
 };
 
 /* Allocates devices[] (one per plan device) and fills device, pp_rank and dp_rank: a device's

@@ -25,19 +25,19 @@ struct sim_options {
   /* Simulate one device per class of devices whose programs, link spans and partners are
    * equivalent (they provably run at the same times); false simulates every device. */
   bool collapse;
-  bool no_intervals;            /* keep no per-instruction intervals (sweeps) */
-  bool no_memory_timeline;      /* keep only memory peaks */
+  bool no_intervals;       /* keep no per-instruction intervals (sweeps) */
+  bool no_memory_timeline; /* keep only memory peaks */
 };
 
 /* A set of devices simulated as one (its representative is members[0]). */
 struct sim_unit {
   uint32_t class_index;
   uint32_t n_members;
-  uint32_t *members;            /* ascending */
+  uint32_t *members; /* ascending */
   uint32_t n_intervals;
-  struct report_interval *intervals;    /* sorted by start */
+  struct report_interval *intervals; /* sorted by start */
   uint32_t n_memory;
-  struct report_memory_point *memory;   /* sorted by t, static kinds included */
+  struct report_memory_point *memory; /* sorted by t, static kinds included */
   uint64_t static_bytes[REPORT_MEM_KIND_COUNT];
   uint64_t peak_bytes;
   uint64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
@@ -45,15 +45,15 @@ struct sim_unit {
 };
 
 struct sim_result {
-  double t_start, t_end, iteration_time;  /* seconds */
+  double t_start, t_end, iteration_time; /* seconds */
   uint32_t n_units;
   struct sim_unit *units;
   uint32_t *device_unit;        /* [n_devices] */
   uint64_t unit_instructions;   /* instructions the engine ran */
   uint64_t device_instructions; /* the same weighted by unit size: instructions of the step */
   uint64_t events;              /* events processed */
-  uint64_t measured_ops, fallback_ops;  /* op executions costed by table / by roofline */
-  double seconds_setup, seconds_run;    /* wall clock of the simulator itself */
+  uint64_t measured_ops, fallback_ops; /* op executions costed by table / by roofline */
+  double seconds_setup, seconds_run;   /* wall clock of the simulator itself */
 };
 
 struct sim_result *sim_run(const struct plan *p, const struct profile *prof,

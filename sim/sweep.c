@@ -14,7 +14,8 @@
 static bool string_list(const cJSON *root, const char *key, char ***out, uint32_t *n,
                         const char *ctx, GError **err) {
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
-  if (!a) return json_fail(err, "%s: key \"%s\" is required", ctx, key);
+  if (!a)
+    return json_fail(err, "%s: key \"%s\" is required", ctx, key);
   if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) == 0)
     return json_fail(err, "%s: key \"%s\" must be a non-empty array of strings", ctx, key);
   *n = (uint32_t)cJSON_GetArraySize(a);
@@ -31,26 +32,31 @@ static bool string_list(const cJSON *root, const char *key, char ***out, uint32_
 
 struct sweep *sweep_load_file(const char *path, GError **err) {
   cJSON *root = json_parse_file(path, err);
-  if (!root) return NULL;
+  if (!root)
+    return NULL;
   struct sweep *s = g_new0(struct sweep, 1);
   s->path = g_strdup(path);
   bool ok = false;
-  static const char *const keys[] = {"model",    "pp_regions",   "base_schedules", "schedules",
-                                     "microbatches", "profiles", "ranks",
-                                     "memory_cap_gib", "description", NULL};
+  static const char *const keys[] = {
+      "model",    "pp_regions", "base_schedules", "schedules",   "microbatches",
+      "profiles", "ranks",      "memory_cap_gib", "description", NULL};
   if (!cJSON_IsObject(root)) {
     json_fail(err, "%s: a sweep file must be a JSON object", path);
     goto out;
   }
-  if (!json_check_keys(root, keys, path, err)) goto out;
+  if (!json_check_keys(root, keys, path, err))
+    goto out;
   const char *model;
-  if (!json_get_string(root, "model", true, &model, path, err)) goto out;
+  if (!json_get_string(root, "model", true, &model, path, err))
+    goto out;
   s->model = g_strdup(model);
   int64_t v = 0;
-  if (!json_get_int(root, "pp_regions", false, 0, MODEL_MAX_LAYERS, &v, path, err)) goto out;
+  if (!json_get_int(root, "pp_regions", false, 0, MODEL_MAX_LAYERS, &v, path, err))
+    goto out;
   s->pp_regions = (int)v;
   v = 0;
-  if (!json_get_int(root, "ranks", false, 0, IR_MAX_DEVICES, &v, path, err)) goto out;
+  if (!json_get_int(root, "ranks", false, 0, IR_MAX_DEVICES, &v, path, err))
+    goto out;
   s->ranks = (uint32_t)v;
   if (!json_get_double(root, "memory_cap_gib", false, 0, 1e9, &s->memory_cap_gib, path, err))
     goto out;
@@ -76,7 +82,8 @@ struct sweep *sweep_load_file(const char *path, GError **err) {
   const cJSON *it;
   cJSON_ArrayForEach(it, mb) {
     int64_t m;
-    if (!json_as_int(it, 1, DIR_MAX_MICROBATCHES, &m, path, "microbatches", err)) goto out;
+    if (!json_as_int(it, 1, DIR_MAX_MICROBATCHES, &m, path, "microbatches", err))
+      goto out;
     s->mbs[i++] = (uint32_t)m;
   }
   uint64_t total = (uint64_t)s->n_bases * s->n_schedules * s->n_mbs * s->n_profiles;
@@ -102,12 +109,14 @@ static void point_clear(struct sweep_point *p) {
 }
 
 void sweep_free(struct sweep *s) {
-  if (!s) return;
+  if (!s)
+    return;
   g_strfreev(s->bases);
   g_strfreev(s->schedules);
   g_strfreev(s->profiles);
   g_free(s->mbs);
-  for (uint32_t i = 0; i < s->n_points; i++) point_clear(&s->points[i]);
+  for (uint32_t i = 0; i < s->n_points; i++)
+    point_clear(&s->points[i]);
   g_free(s->points);
   g_free(s->model);
   g_free(s->path);
@@ -117,7 +126,8 @@ void sweep_free(struct sweep *s) {
 static int point_rank_cmp(const void *a, const void *b) {
   const struct sweep_point *x = a, *y = b;
   int cx = x->feasible ? 0 : x->ok ? 1 : 2, cy = y->feasible ? 0 : y->ok ? 1 : 2;
-  if (cx != cy) return cx < cy ? -1 : 1;
+  if (cx != cy)
+    return cx < cy ? -1 : 1;
   if (x->throughput_tokens_per_s != y->throughput_tokens_per_s)
     return x->throughput_tokens_per_s > y->throughput_tokens_per_s ? -1 : 1;
   return x->order < y->order ? -1 : x->order > y->order;
@@ -131,7 +141,8 @@ static void csv_field(FILE *f, const char *s) {
   }
   fputc('"', f);
   for (; *s; s++) {
-    if (*s == '"') fputc('"', f);
+    if (*s == '"')
+      fputc('"', f);
     fputc(*s == '\n' ? ' ' : *s, f);
   }
   fputc('"', f);
@@ -160,8 +171,8 @@ static bool write_outputs(const struct sweep *s, const char *dir, GError **err) 
     csv_field(f, p->profile);
     if (p->ok)
       fprintf(f, ",%.9g,%.9g,%.6f,%.6f,%.6f,", p->iteration_time_s, p->throughput_tokens_per_s,
-              p->peak_memory_bytes / (double)(1ull << 30), p->memory_cap_bytes / (double)(1ull << 30),
-              p->bubble_fraction);
+              p->peak_memory_bytes / (double)(1ull << 30),
+              p->memory_cap_bytes / (double)(1ull << 30), p->bubble_fraction);
     else
       fputs(",,,,,,", f);
     csv_field(f, p->error ? p->error : "");
@@ -181,24 +192,27 @@ static bool write_outputs(const struct sweep *s, const char *dir, GError **err) 
     int rows = 0;
     for (uint32_t i = 0; i < s->n_points; i++) {
       const struct sweep_point *p = &s->points[i];
-      if (!p->ok || p->feasible != (block == 0)) continue;
-      if (p->memory_cap_bytes > cap) cap = p->memory_cap_bytes;
+      if (!p->ok || p->feasible != (block == 0))
+        continue;
+      if (p->memory_cap_bytes > cap)
+        cap = p->memory_cap_bytes;
       char *base = g_path_get_basename(p->base);
       char *dot = strrchr(base, '.');
-      if (dot) *dot = 0;
+      if (dot)
+        *dot = 0;
       fprintf(f, "%.6f %.9g \"%s/%s/%u\"\n", p->peak_memory_bytes / (double)(1ull << 30),
               p->throughput_tokens_per_s, p->schedule, base, p->microbatches);
       g_free(base);
       rows++;
     }
-    if (rows == 0) fputs("NaN NaN \"\"\n", f); /* gnuplot needs a non-empty block */
+    if (rows == 0)
+      fputs("NaN NaN \"\"\n", f); /* gnuplot needs a non-empty block */
     fputs("\n\n", f);
   }
   fclose(f);
   f = fopen(gp, "w");
   if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", gp,
-                strerror(errno));
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", gp, strerror(errno));
     goto out;
   }
   char *mname = g_path_get_basename(s->model);
@@ -238,7 +252,8 @@ bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err) {
   bool ok = true;
   for (uint32_t i = 0; i < s->n_profiles && ok; i++) {
     profs[i] = profile_load_file(s->profiles[i], err);
-    if (!profs[i]) ok = false;
+    if (!profs[i])
+      ok = false;
   }
   uint32_t total = s->n_bases * s->n_schedules * s->n_mbs * s->n_profiles;
   s->points = g_new0(struct sweep_point, total + 1);
@@ -276,7 +291,9 @@ bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err) {
             g_error_free(se);
             continue;
           }
-          struct report_run run = {.plan = plan, .kind = "sim", .n_iterations = 1,
+          struct report_run run = {.plan = plan,
+                                   .kind = "sim",
+                                   .n_iterations = 1,
                                    .iteration_times = &r->iteration_time};
           report_run_init_devices(&run);
           sim_fill_report(r, &run);
@@ -293,20 +310,23 @@ bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err) {
           }
           pt->peak_memory_bytes = peak;
           pt->bubble_fraction = run.n_devices ? bubble / run.n_devices : 0;
-          pt->memory_cap_bytes = s->memory_cap_gib > 0
-                                     ? s->memory_cap_gib * (double)(1ull << 30)
-                                     : (double)profs[pi]->memory_capacity;
+          pt->memory_cap_bytes = s->memory_cap_gib > 0 ? s->memory_cap_gib * (double)(1ull << 30)
+                                                       : (double)profs[pi]->memory_capacity;
           pt->feasible = pt->memory_cap_bytes <= 0 || peak <= pt->memory_cap_bytes;
           report_run_free_devices(&run);
           sim_result_free(r);
         }
-        if (e) g_error_free(e);
+        if (e)
+          g_error_free(e);
         plan_free(plan);
       }
-  if (progress && ok) fprintf(stderr, "\r\033[K[%u/%u] done\n", total, total);
-  for (uint32_t i = 0; i < s->n_profiles; i++) profile_free(profs[i]);
+  if (progress && ok)
+    fprintf(stderr, "\r\033[K[%u/%u] done\n", total, total);
+  for (uint32_t i = 0; i < s->n_profiles; i++)
+    profile_free(profs[i]);
   g_free(profs);
-  if (!ok) return false;
+  if (!ok)
+    return false;
   qsort(s->points, s->n_points, sizeof *s->points, point_rank_cmp);
   return write_outputs(s, dir, err);
 }

@@ -17,12 +17,12 @@
 struct sweep_point {
   char *base, *schedule, *profile;
   uint32_t microbatches;
-  bool ok;                      /* compiled and simulated */
-  bool feasible;                /* ok and peak memory <= cap */
+  bool ok;       /* compiled and simulated */
+  bool feasible; /* ok and peak memory <= cap */
   double iteration_time_s, throughput_tokens_per_s, peak_memory_bytes, memory_cap_bytes;
-  double bubble_fraction;       /* mean over devices */
-  char *error;                  /* when !ok: the one-line reason */
-  uint32_t order;               /* position in the grid (ties rank in grid order) */
+  double bubble_fraction; /* mean over devices */
+  char *error;            /* when !ok: the one-line reason */
+  uint32_t order;         /* position in the grid (ties rank in grid order) */
 };
 
 struct sweep {
@@ -30,12 +30,12 @@ struct sweep {
   char *model;
   int pp_regions;
   uint32_t ranks;
-  double memory_cap_gib;        /* 0: each profile's memory capacity */
+  double memory_cap_gib; /* 0: each profile's memory capacity */
   uint32_t n_bases, n_schedules, n_mbs, n_profiles;
   char **bases, **schedules, **profiles;
   uint32_t *mbs;
   uint32_t n_points;
-  struct sweep_point *points;   /* after sweep_run, ranked */
+  struct sweep_point *points; /* after sweep_run, ranked */
 };
 
 struct sweep *sweep_load_file(const char *path, GError **err);

@@ -48,14 +48,17 @@ static struct sched_program *plan_to_schedule(const struct compile_result *r, GE
   const struct plan *p = r->plan;
   int pp = 0, mb = -1;
   for (uint32_t t = 0; t < p->n_tags; t++)
-    if (strcmp(p->tag_names[t], "MB") == 0) mb = (int)t;
+    if (strcmp(p->tag_names[t], "MB") == 0)
+      mb = (int)t;
   if (mb < 0) {
     json_fail(err, "--export-csv needs a program with an MB split");
     return NULL;
   }
   uint32_t n_ranks = 0;
-  int32_t *layout = sched_layout_from_program(r->program, (uint32_t)r->model->pp_regions, &n_ranks, err);
-  if (!layout) return NULL;
+  int32_t *layout =
+      sched_layout_from_program(r->program, (uint32_t)r->model->pp_regions, &n_ranks, err);
+  if (!layout)
+    return NULL;
   struct sched_program *s = g_new0(struct sched_program, 1);
   s->family = SCHED_CUSTOM;
   s->n_ranks = n_ranks;
@@ -65,18 +68,21 @@ static struct sched_program *plan_to_schedule(const struct compile_result *r, GE
   for (uint32_t rank = 0; rank < n_ranks; rank++) {
     /* The first stage on this rank names the device group; its first device is the rank. */
     uint32_t stage = 0;
-    while (stage < s->n_stages && layout[stage] != (int32_t)rank) stage++;
+    while (stage < s->n_stages && layout[stage] != (int32_t)rank)
+      stage++;
     uint32_t device = IR_NONE;
     for (uint32_t n = 0; n < p->n_nodes && device == IR_NONE; n++)
       if (p->nodes[n].kind == IR_NODE_COMPUTE && p->nodes[n].tags[pp] == (int32_t)stage)
         device = p->device_pool[p->groups[p->nodes[n].group].first];
-    if (device == IR_NONE) continue;
+    if (device == IR_NONE)
+      continue;
     const struct plan_class *c = plan_device_class(p, device);
     GArray *slots = g_array_new(FALSE, TRUE, sizeof(struct sched_slot));
     uint64_t last_slot = UINT64_MAX;
     for (uint32_t i = 0; i < c->n_instrs; i++) {
       const struct ir_node *n = &p->nodes[c->instrs[i].node];
-      if (n->kind != IR_NODE_COMPUTE || n->tags[mb] < 0) continue;
+      if (n->kind != IR_NODE_COMPUTE || n->tags[mb] < 0)
+        continue;
       struct sched_action a = {.stage = n->tags[pp], .mb = n->tags[mb], .pass = n->pass};
       /* Ordered nodes carry their order slot in the priority's high word and the filter's
        * index in the low byte (apply.c); unordered ones each make a slot of their own. */
@@ -86,7 +92,8 @@ static struct sched_program *plan_to_schedule(const struct compile_result *r, GE
       if (!ordered && slots->len) {
         const struct sched_slot *prev = &g_array_index(slots, struct sched_slot, slots->len - 1);
         const struct sched_action *pa = &prev->actions[prev->n_actions - 1];
-        if (pa->stage == a.stage && pa->mb == a.mb && pa->pass == a.pass) continue;
+        if (pa->stage == a.stage && pa->mb == a.mb && pa->pass == a.pass)
+          continue;
       }
       if (slot_id != last_slot || slots->len == 0) {
         struct sched_slot sl = {.n_actions = 0};
@@ -96,10 +103,13 @@ static struct sched_program *plan_to_schedule(const struct compile_result *r, GE
       struct sched_slot *sl = &g_array_index(slots, struct sched_slot, slots->len - 1);
       bool seen = false;
       for (uint32_t q = 0; q < sl->n_actions; q++)
-        seen |= sl->actions[q].stage == a.stage && sl->actions[q].mb == a.mb && sl->actions[q].pass == a.pass;
-      if (seen) continue;
+        seen |= sl->actions[q].stage == a.stage && sl->actions[q].mb == a.mb &&
+                sl->actions[q].pass == a.pass;
+      if (seen)
+        continue;
       if (sl->n_actions >= 2 || filter >= 2) {
-        json_fail(err, "--export-csv: slot with more than two actions on rank %u cannot be written", rank);
+        json_fail(err, "--export-csv: slot with more than two actions on rank %u cannot be written",
+                  rank);
         g_array_free(slots, TRUE);
         g_free(layout);
         sched_program_free(s);
@@ -132,18 +142,41 @@ int main(int argc, char **argv) {
   const char *out_dir = NULL, *dump_ir = NULL, *dump_dot = NULL, *export_csv = NULL;
   bool stats = false;
   GError *err = NULL;
-  enum { OPT_MODEL = 256, OPT_DIRECTIVES, OPT_SCHEDULE, OPT_RANKS, OPT_MBS, OPT_KEEP, OPT_PP, OPT_DEVICES,
-         OPT_IMPORT, OPT_EXPORT, OPT_DUMP_IR, OPT_DUMP_DOT, OPT_STATS, OPT_HELP, OPT_VERSION };
-  static const struct option longopts[] = {
-      {"model", required_argument, 0, OPT_MODEL},          {"directives", required_argument, 0, OPT_DIRECTIVES},
-      {"base-schedule", required_argument, 0, OPT_DIRECTIVES}, {"schedule", required_argument, 0, OPT_SCHEDULE},
-      {"ranks", required_argument, 0, OPT_RANKS},          {"mbs", required_argument, 0, OPT_MBS},
-      {"keep-order", no_argument, 0, OPT_KEEP},            {"pp-regions", required_argument, 0, OPT_PP},
-      {"devices", required_argument, 0, OPT_DEVICES},      {"import-csv", required_argument, 0, OPT_IMPORT},
-      {"export-csv", required_argument, 0, OPT_EXPORT},    {"out", required_argument, 0, 'o'},
-      {"dump-ir", required_argument, 0, OPT_DUMP_IR},      {"dump-dot", required_argument, 0, OPT_DUMP_DOT},
-      {"stats", no_argument, 0, OPT_STATS},                {"help", no_argument, 0, OPT_HELP},
-      {"version", no_argument, 0, OPT_VERSION},            {0, 0, 0, 0}};
+  enum {
+    OPT_MODEL = 256,
+    OPT_DIRECTIVES,
+    OPT_SCHEDULE,
+    OPT_RANKS,
+    OPT_MBS,
+    OPT_KEEP,
+    OPT_PP,
+    OPT_DEVICES,
+    OPT_IMPORT,
+    OPT_EXPORT,
+    OPT_DUMP_IR,
+    OPT_DUMP_DOT,
+    OPT_STATS,
+    OPT_HELP,
+    OPT_VERSION
+  };
+  static const struct option longopts[] = {{"model", required_argument, 0, OPT_MODEL},
+                                           {"directives", required_argument, 0, OPT_DIRECTIVES},
+                                           {"base-schedule", required_argument, 0, OPT_DIRECTIVES},
+                                           {"schedule", required_argument, 0, OPT_SCHEDULE},
+                                           {"ranks", required_argument, 0, OPT_RANKS},
+                                           {"mbs", required_argument, 0, OPT_MBS},
+                                           {"keep-order", no_argument, 0, OPT_KEEP},
+                                           {"pp-regions", required_argument, 0, OPT_PP},
+                                           {"devices", required_argument, 0, OPT_DEVICES},
+                                           {"import-csv", required_argument, 0, OPT_IMPORT},
+                                           {"export-csv", required_argument, 0, OPT_EXPORT},
+                                           {"out", required_argument, 0, 'o'},
+                                           {"dump-ir", required_argument, 0, OPT_DUMP_IR},
+                                           {"dump-dot", required_argument, 0, OPT_DUMP_DOT},
+                                           {"stats", no_argument, 0, OPT_STATS},
+                                           {"help", no_argument, 0, OPT_HELP},
+                                           {"version", no_argument, 0, OPT_VERSION},
+                                           {0, 0, 0, 0}};
   opterr = 0;
   int c;
   uint32_t v;
@@ -153,25 +186,31 @@ int main(int argc, char **argv) {
     case OPT_DIRECTIVES: o.directives_path = optarg; break;
     case OPT_SCHEDULE:
       if (!sched_family_parse(optarg, &o.schedule.family)) {
-        json_fail(&err, "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, zerobubble, "
-                        "zbv, dualpipe, dualpipev, custom)", optarg);
+        json_fail(&err,
+                  "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, zerobubble, "
+                  "zbv, dualpipe, dualpipev, custom)",
+                  optarg);
         return piper_error_exit("piper-compile", err);
       }
       o.have_schedule = true;
       break;
     case OPT_RANKS:
-      if (!parse_count("--ranks", optarg, 1, IR_MAX_DEVICES, &o.schedule.ranks, &err)) return piper_error_exit("piper-compile", err);
+      if (!parse_count("--ranks", optarg, 1, IR_MAX_DEVICES, &o.schedule.ranks, &err))
+        return piper_error_exit("piper-compile", err);
       break;
     case OPT_MBS:
-      if (!parse_count("--mbs", optarg, 1, DIR_MAX_MICROBATCHES, &o.schedule.mbs, &err)) return piper_error_exit("piper-compile", err);
+      if (!parse_count("--mbs", optarg, 1, DIR_MAX_MICROBATCHES, &o.schedule.mbs, &err))
+        return piper_error_exit("piper-compile", err);
       break;
     case OPT_KEEP: o.schedule.keep_order = true; break;
     case OPT_PP:
-      if (!parse_count("--pp-regions", optarg, 1, MODEL_MAX_LAYERS, &v, &err)) return piper_error_exit("piper-compile", err);
+      if (!parse_count("--pp-regions", optarg, 1, MODEL_MAX_LAYERS, &v, &err))
+        return piper_error_exit("piper-compile", err);
       o.pp_regions = (int)v;
       break;
     case OPT_DEVICES:
-      if (!parse_count("--devices", optarg, 1, IR_MAX_DEVICES, &o.n_devices, &err)) return piper_error_exit("piper-compile", err);
+      if (!parse_count("--devices", optarg, 1, IR_MAX_DEVICES, &o.n_devices, &err))
+        return piper_error_exit("piper-compile", err);
       break;
     case OPT_IMPORT: o.import_csv = optarg; break;
     case OPT_EXPORT: export_csv = optarg; break;
@@ -194,20 +233,26 @@ int main(int argc, char **argv) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   struct compile_result r;
-  if (!compile_run(&o, &r, &err)) return piper_error_exit("piper-compile", err);
+  if (!compile_run(&o, &r, &err))
+    return piper_error_exit("piper-compile", err);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   int status = 0;
-  if (dump_ir && !ir_graph_dump_json(r.graph, dump_ir, &err)) goto error;
-  if (dump_dot && !ir_graph_dump_dot(r.graph, dump_dot, &err)) goto error;
+  if (dump_ir && !ir_graph_dump_json(r.graph, dump_ir, &err))
+    goto error;
+  if (dump_dot && !ir_graph_dump_dot(r.graph, dump_dot, &err))
+    goto error;
   if (out_dir) {
-    if (!plan_write_dir(r.plan, out_dir, &err) || !compile_write_program(&r, out_dir, &err)) goto error;
+    if (!plan_write_dir(r.plan, out_dir, &err) || !compile_write_program(&r, out_dir, &err))
+      goto error;
   }
   if (export_csv) {
     struct sched_program *s = plan_to_schedule(&r, &err);
-    if (!s) goto error;
+    if (!s)
+      goto error;
     FILE *f = fopen(export_csv, "w");
     bool ok = f && sched_write_csv(s, f);
-    if (f && fclose(f) != 0) ok = false;
+    if (f && fclose(f) != 0)
+      ok = false;
     sched_program_free(s);
     if (!ok) {
       g_set_error(&err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write", export_csv);
@@ -224,23 +269,27 @@ int main(int argc, char **argv) {
     uint32_t live_edges = 0, temporal = 0;
     for (uint32_t i = 0; i < r.graph->edges->len; i++) {
       const struct ir_edge *e = IR_EDGE(r.graph, i);
-      if (e->kind == IR_EDGE_DEAD) continue;
+      if (e->kind == IR_EDGE_DEAD)
+        continue;
       live_edges++;
       temporal += e->kind == IR_EDGE_TEMPORAL;
     }
     uint32_t kinds[IR_NODE_KIND_COUNT] = {0};
-    for (uint32_t i = 0; i < r.graph->nodes->len; i++) kinds[IR_NODE(r.graph, i)->kind]++;
+    for (uint32_t i = 0; i < r.graph->nodes->len; i++)
+      kinds[IR_NODE(r.graph, i)->kind]++;
     printf("nodes: %u\n", r.graph->nodes->len);
     for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
-      if (kinds[k]) printf("  %s: %u\n", ir_node_kind_name(k), kinds[k]);
+      if (kinds[k])
+        printf("  %s: %u\n", ir_node_kind_name(k), kinds[k]);
     printf("edges: %u (data %u, temporal %u)\n", live_edges, live_edges - temporal, temporal);
-    printf("instructions: %llu over %u devices (%u distinct programs)\n", (unsigned long long)instrs,
-           r.plan->n_devices, r.plan->n_classes);
+    printf("instructions: %llu over %u devices (%u distinct programs)\n",
+           (unsigned long long)instrs, r.plan->n_devices, r.plan->n_classes);
     printf("communicators: %u\n", r.plan->n_comms);
     printf("streams: %u\n", r.plan->n_streams);
     printf("compile seconds: %.3f\npeak RSS MiB: %.1f\n", secs, peak_rss_kib() / 1024.0);
   }
-  if (out_dir) printf("wrote %s/plan.json and %u device plans\n", out_dir, r.plan->n_devices);
+  if (out_dir)
+    printf("wrote %s/plan.json and %u device plans\n", out_dir, r.plan->n_devices);
   compile_result_free(&r);
   return status;
 error:

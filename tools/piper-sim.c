@@ -30,7 +30,8 @@ static const char usage[] =
     "\n"
     "input:\n"
     "  --model FILE        annotated model (models/*.json)\n"
-    "  --directives FILE   directive program (a base schedule with --schedule); alias --base-schedule\n"
+    "  --directives FILE   directive program (a base schedule with --schedule); alias "
+    "--base-schedule\n"
     "  --schedule NAME     gpipe, 1f1b, interleaved_1f1b, zerobubble, zbv, dualpipe, dualpipev,\n"
     "                      custom: build the order directives for R ranks and M micro-batches\n"
     "  --ranks R           pipeline ranks (default: from the base schedule's placement)\n"
@@ -64,8 +65,10 @@ static bool write_viz(const struct report_run *r, const char *dir, GError **err)
   for (uint32_t k = 0; k < r->pp; k++) {
     uint32_t dev = UINT32_MAX;
     for (uint32_t i = 0; i < r->n_devices; i++)
-      if (r->devices[i].pp_rank == (int32_t)k && r->devices[i].dp_rank == 0) dev = i;
-    if (dev == UINT32_MAX) continue;
+      if (r->devices[i].pp_rank == (int32_t)k && r->devices[i].dp_rank == 0)
+        dev = i;
+    if (dev == UINT32_MAX)
+      continue;
     const struct plan_class *c = plan_device_class(p, r->devices[dev].device);
     char name[64];
     snprintf(name, sizeof name, "dag_pp%u.dot", k);
@@ -79,7 +82,8 @@ static bool write_viz(const struct report_run *r, const char *dir, GError **err)
     }
     fprintf(f, "digraph pp%u {\n  rankdir=LR; node [shape=box, style=filled, fontsize=10];\n", k);
     for (uint32_t s = 0; s < p->n_streams; s++) {
-      if (c->stream_first[s + 1] == c->stream_first[s]) continue;
+      if (c->stream_first[s + 1] == c->stream_first[s])
+        continue;
       fprintf(f, "  subgraph cluster_%u { label=\"%s\";\n", s, p->streams[s].name);
       for (uint32_t j = c->stream_first[s]; j < c->stream_first[s + 1]; j++) {
         uint32_t i = c->stream_instrs[j];
@@ -87,11 +91,12 @@ static bool write_viz(const struct report_run *r, const char *dir, GError **err)
         char nb[256];
         plan_node_name(p, c->instrs[i].node, nb, sizeof nb);
         const char *col = n->kind != IR_NODE_COMPUTE ? "#d9c8ef"
-                          : n->pass == IR_PASS_F      ? "#a9c4e0"
-                          : n->pass == IR_PASS_BW     ? "#f9c89b"
-                                                      : "#b6dcae";
+                          : n->pass == IR_PASS_F     ? "#a9c4e0"
+                          : n->pass == IR_PASS_BW    ? "#f9c89b"
+                                                     : "#b6dcae";
         fprintf(f, "    i%u [label=\"%s\", fillcolor=\"%s\"];\n", i, nb, col);
-        if (j > c->stream_first[s]) fprintf(f, "    i%u -> i%u;\n", c->stream_instrs[j - 1], i);
+        if (j > c->stream_first[s])
+          fprintf(f, "    i%u -> i%u;\n", c->stream_instrs[j - 1], i);
       }
       fputs("  }\n", f);
     }
@@ -109,11 +114,13 @@ static bool write_viz(const struct report_run *r, const char *dir, GError **err)
       char *argv[] = {dot, "-Tsvg", path, "-o", svg, NULL};
       gint status = 0;
       GError *spawn_err = NULL;
-      if (!g_spawn_sync(NULL, argv, NULL, G_SPAWN_STDOUT_TO_DEV_NULL | G_SPAWN_STDERR_TO_DEV_NULL, NULL,
-                        NULL, NULL, NULL, &status, &spawn_err) ||
+      if (!g_spawn_sync(NULL, argv, NULL, G_SPAWN_STDOUT_TO_DEV_NULL | G_SPAWN_STDERR_TO_DEV_NULL,
+                        NULL, NULL, NULL, NULL, &status, &spawn_err) ||
           !g_spawn_check_wait_status(status, NULL)) {
-        g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: Graphviz could not render it", path);
-        if (spawn_err) g_error_free(spawn_err);
+        g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: Graphviz could not render it",
+                    path);
+        if (spawn_err)
+          g_error_free(spawn_err);
         g_free(svg);
         g_free(dot);
         g_free(path);
@@ -136,7 +143,8 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
   for (uint32_t i = 0; i < r->n_devices; i++) {
     bubble += r->devices[i].bubble_fraction;
     exposed += r->devices[i].exposed_comm_s;
-    if (r->devices[i].peak_memory_bytes > r->devices[peak_dev].peak_memory_bytes) peak_dev = i;
+    if (r->devices[i].peak_memory_bytes > r->devices[peak_dev].peak_memory_bytes)
+      peak_dev = i;
   }
   uint32_t n = r->n_devices ? r->n_devices : 1;
   printf("piper-sim: %s, %s, pp %u x dp %u (%u devices), %u micro-batches, profile %s\n",
@@ -183,31 +191,50 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--version") == 0) {
       printf("piper-sim %s\n", PIPER_VERSION);
       return 0;
-    } else if (strcmp(a, "--model") == 0) target = &model;
-    else if (strcmp(a, "--directives") == 0 || strcmp(a, "--base-schedule") == 0) target = &directives;
-    else if (strcmp(a, "--schedule") == 0) target = &schedule;
-    else if (strcmp(a, "--plans") == 0) target = &plans;
-    else if (strcmp(a, "--profile") == 0) target = &profile;
-    else if (strcmp(a, "--out") == 0) target = &out;
-    else if (strcmp(a, "--sweep") == 0) target = &sweep;
-    else if (strcmp(a, "--format") == 0) target = &format;
-    else if (strcmp(a, "--ranks") == 0) num = &ranks;
-    else if (strcmp(a, "--mbs") == 0) num = &mbs;
-    else if (strcmp(a, "--pp-regions") == 0) num = &pp_regions;
-    else if (strcmp(a, "--keep-order") == 0) keep_order = true;
-    else if (strcmp(a, "--viz") == 0) viz = true;
-    else if (strcmp(a, "--no-charts") == 0) no_charts = true;
-    else if (strcmp(a, "--trace-all") == 0) trace_all = true;
-    else if (strcmp(a, "--no-collapse") == 0) collapse = false;
-    else if (strcmp(a, "--quiet") == 0) quiet = true;
-    else return usage_error("unknown option %s", a);
+    } else if (strcmp(a, "--model") == 0)
+      target = &model;
+    else if (strcmp(a, "--directives") == 0 || strcmp(a, "--base-schedule") == 0)
+      target = &directives;
+    else if (strcmp(a, "--schedule") == 0)
+      target = &schedule;
+    else if (strcmp(a, "--plans") == 0)
+      target = &plans;
+    else if (strcmp(a, "--profile") == 0)
+      target = &profile;
+    else if (strcmp(a, "--out") == 0)
+      target = &out;
+    else if (strcmp(a, "--sweep") == 0)
+      target = &sweep;
+    else if (strcmp(a, "--format") == 0)
+      target = &format;
+    else if (strcmp(a, "--ranks") == 0)
+      num = &ranks;
+    else if (strcmp(a, "--mbs") == 0)
+      num = &mbs;
+    else if (strcmp(a, "--pp-regions") == 0)
+      num = &pp_regions;
+    else if (strcmp(a, "--keep-order") == 0)
+      keep_order = true;
+    else if (strcmp(a, "--viz") == 0)
+      viz = true;
+    else if (strcmp(a, "--no-charts") == 0)
+      no_charts = true;
+    else if (strcmp(a, "--trace-all") == 0)
+      trace_all = true;
+    else if (strcmp(a, "--no-collapse") == 0)
+      collapse = false;
+    else if (strcmp(a, "--quiet") == 0)
+      quiet = true;
+    else
+      return usage_error("unknown option %s", a);
     if (target || num) {
-      if (i + 1 >= argc) return usage_error("%s needs a value", a);
+      if (i + 1 >= argc)
+        return usage_error("%s needs a value", a);
       const char *v = argv[++i];
       if (target) {
         *target = v;
       } else if (!piper_parse_u32(v, num == &pp_regions ? 1 : 1,
-                            num == &mbs ? DIR_MAX_MICROBATCHES : IR_MAX_DEVICES, num)) {
+                                  num == &mbs ? DIR_MAX_MICROBATCHES : IR_MAX_DEVICES, num)) {
         fprintf(stderr, "piper-sim: error: %s: \"%s\" is not a positive integer in range\n", a, v);
         return 2;
       }
@@ -229,7 +256,8 @@ int main(int argc, char **argv) {
     if (model || directives || plans || schedule)
       return usage_error("%s", "--sweep takes the model, schedules and profiles from its file");
     struct sweep *s = sweep_load_file(sweep, &err);
-    if (!s) return piper_error_exit("piper-sim", err);
+    if (!s)
+      return piper_error_exit("piper-sim", err);
     bool ok = sweep_run(s, dir, isatty(STDERR_FILENO), &err);
     if (ok && !quiet) {
       uint32_t feasible = 0, failed = 0;
@@ -251,7 +279,8 @@ int main(int argc, char **argv) {
     return ok ? 0 : piper_error_exit("piper-sim", err);
   }
 
-  if (!profile) return usage_error("%s", "--profile FILE is required");
+  if (!profile)
+    return usage_error("%s", "--profile FILE is required");
   if (plans && (model || directives || schedule))
     return usage_error("%s", "--plans replaces --model, --directives and --schedule");
   if (!plans && (!model || !directives))
@@ -263,10 +292,11 @@ int main(int argc, char **argv) {
     return usage_error("%s", "--ranks and --mbs need --schedule");
 
   struct profile *prof = profile_load_file(profile, &err);
-  if (!prof) return piper_error_exit("piper-sim", err);
-  struct plan *plan = plans ? plan_read_dir(plans, &err)
-                            : sim_compile(model, directives, schedule ? &so : NULL,
-                                          (int)pp_regions, &err);
+  if (!prof)
+    return piper_error_exit("piper-sim", err);
+  struct plan *plan =
+      plans ? plan_read_dir(plans, &err)
+            : sim_compile(model, directives, schedule ? &so : NULL, (int)pp_regions, &err);
   if (!plan) {
     profile_free(prof);
     return piper_error_exit("piper-sim", err);
@@ -325,7 +355,8 @@ int main(int argc, char **argv) {
       path = g_build_filename(dir, "schedule.pdf", NULL);
       ok = chart_schedule(&run, path, CHART_PDF, &err);
       g_free(path);
-      if (ok) g_string_append(files, " schedule.pdf");
+      if (ok)
+        g_string_append(files, " schedule.pdf");
     }
     if (!ok) {
       g_string_free(files, TRUE);
@@ -349,7 +380,8 @@ int main(int argc, char **argv) {
     }
     g_string_append(files, " dag_pp*.dot");
   }
-  if (!quiet) print_summary(&run, res, prof, dir, files->str);
+  if (!quiet)
+    print_summary(&run, res, prof, dir, files->str);
   g_string_free(files, TRUE);
 out:
   cJSON_Delete(extra);
@@ -364,6 +396,7 @@ out:
   void (*fc_fini)(void) = NULL;
   void *sym = dlsym(RTLD_DEFAULT, "FcFini");
   memcpy(&fc_fini, &sym, sizeof sym); /* POSIX: object and function pointers convert */
-  if (fc_fini) fc_fini();
+  if (fc_fini)
+    fc_fini();
   return rc;
 }

@@ -26,10 +26,16 @@ static char *write_program(uint32_t per_group) {
   for (uint32_t st = 0; st < STAGES; st++) {
     uint32_t grp = st < GROUPS ? st : 2 * GROUPS - 1 - st;
     GString *devs = g_string_new(NULL);
-    for (uint32_t k = 0; k < per_group; k++) g_string_append_printf(devs, "%s%u", k ? "," : "", grp * per_group + k);
-    g_string_append_printf(s, "%s{\"op\":\"place\",\"filter\":{\"PP\":%u},\"devices\":[%s]},\n", st ? "" : "", st, devs->str);
-    g_string_append_printf(s, "{\"op\":\"replicate\",\"filter\":{\"PP\":%u},\"devices\":[%s]}", st, devs->str);
-    if (st > 0) g_string_append_printf(s, ",\n{\"op\":\"shard\",\"filter\":{\"PP\":%u,\"EP\":\"*\"},\"devices\":[%s]}", st, devs->str);
+    for (uint32_t k = 0; k < per_group; k++)
+      g_string_append_printf(devs, "%s%u", k ? "," : "", grp * per_group + k);
+    g_string_append_printf(s, "%s{\"op\":\"place\",\"filter\":{\"PP\":%u},\"devices\":[%s]},\n",
+                           st ? "" : "", st, devs->str);
+    g_string_append_printf(s, "{\"op\":\"replicate\",\"filter\":{\"PP\":%u},\"devices\":[%s]}", st,
+                           devs->str);
+    if (st > 0)
+      g_string_append_printf(
+          s, ",\n{\"op\":\"shard\",\"filter\":{\"PP\":%u,\"EP\":\"*\"},\"devices\":[%s]}", st,
+          devs->str);
     g_string_append(s, st + 1 < STAGES ? ",\n" : "\n]\n");
     g_string_free(devs, TRUE);
   }
@@ -72,20 +78,24 @@ int main(void) {
   static const uint32_t per_group[] = {8, 32, 128};
   static const uint32_t mbs[] = {32, 48, 64, 96}; /* dualpipev needs M >= 2R = 32 */
   printf("DeepSeek-V3, 32 PP regions (V layout over 16 groups), DP = EP = group size, dualpipev\n");
-  printf("%8s %6s %10s %14s %9s %12s\n", "devices", "mbs", "IR nodes", "instructions", "seconds", "peak RSS MiB");
+  printf("%8s %6s %10s %14s %9s %12s\n", "devices", "mbs", "IR nodes", "instructions", "seconds",
+         "peak RSS MiB");
   fflush(stdout); /* the children must not inherit buffered lines */
   int status = 0;
   for (size_t i = 0; i < sizeof per_group / sizeof *per_group; i++) {
     pid_t pid = fork();
-    if (pid == 0) _exit(run_one(per_group[i], 32));
+    if (pid == 0)
+      _exit(run_one(per_group[i], 32));
     int ws;
     waitpid(pid, &ws, 0);
     status |= !WIFEXITED(ws) || WEXITSTATUS(ws);
   }
   for (size_t i = 0; i < sizeof mbs / sizeof *mbs; i++) {
-    if (mbs[i] == 32) continue;
+    if (mbs[i] == 32)
+      continue;
     pid_t pid = fork();
-    if (pid == 0) _exit(run_one(128, mbs[i]));
+    if (pid == 0)
+      _exit(run_one(128, mbs[i]));
     int ws;
     waitpid(pid, &ws, 0);
     status |= !WIFEXITED(ws) || WEXITSTATUS(ws);

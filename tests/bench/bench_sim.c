@@ -47,11 +47,10 @@ static void write_base(const char *path, uint32_t n_stages, const uint32_t *rank
     fprintf(f, "%s{\"op\":\"place\",\"filter\":{\"PP\":%u},\"devices\":[%s]}", s ? ",\n" : "", s,
             devs->str);
     if (g > 1) {
-      fprintf(f, ",\n{\"op\":\"replicate\",\"filter\":{\"PP\":%u},\"devices\":[%s]}", s,
-              devs->str);
+      fprintf(f, ",\n{\"op\":\"replicate\",\"filter\":{\"PP\":%u},\"devices\":[%s]}", s, devs->str);
       if (s >= first_moe_stage)
-        fprintf(f, ",\n{\"op\":\"shard\",\"filter\":{\"PP\":%u,\"EP\":\"*\"},\"devices\":[%s]}",
-                s, devs->str);
+        fprintf(f, ",\n{\"op\":\"shard\",\"filter\":{\"PP\":%u,\"EP\":\"*\"},\"devices\":[%s]}", s,
+                devs->str);
     }
     g_string_free(devs, TRUE);
   }
@@ -60,7 +59,8 @@ static void write_base(const char *path, uint32_t n_stages, const uint32_t *rank
 }
 
 static void v_layout(uint32_t ranks, uint32_t *rank_of) {
-  for (uint32_t s = 0; s < 2 * ranks; s++) rank_of[s] = s < ranks ? s : 2 * ranks - 1 - s;
+  for (uint32_t s = 0; s < 2 * ranks; s++)
+    rank_of[s] = s < ranks ? s : 2 * ranks - 1 - s;
 }
 
 static int deepseek(const char *dir, uint32_t g, bool collapse) {
@@ -93,7 +93,10 @@ static int deepseek(const char *dir, uint32_t g, bool collapse) {
     return 1;
   }
   /* the run's report figures too, as piper-sim computes them */
-  struct report_run run = {.plan = p, .kind = "sim", .schedule = "dualpipev", .n_iterations = 1,
+  struct report_run run = {.plan = p,
+                           .kind = "sim",
+                           .schedule = "dualpipev",
+                           .n_iterations = 1,
                            .iteration_times = &r->iteration_time};
   report_run_init_devices(&run);
   sim_fill_report(r, &run);
@@ -103,9 +106,8 @@ static int deepseek(const char *dir, uint32_t g, bool collapse) {
   printf("deepseek-v3 %5u devices %-11s compile %6.3f s  simulate %6.3f s  (+ metrics %5.3f s)  "
          "%9llu instr  %7.2f M instr/s  units %4u  iteration %.4f s  peak RSS %.2f GiB\n",
          p->n_devices, collapse ? "(collapsed)" : "(all)", t1 - t0, sim_s, t4 - t3,
-         (unsigned long long)r->device_instructions,
-         (double)r->device_instructions / sim_s / 1e6, r->n_units, r->iteration_time,
-         peak_rss_gib());
+         (unsigned long long)r->device_instructions, (double)r->device_instructions / sim_s / 1e6,
+         r->n_units, r->iteration_time, peak_rss_gib());
   fflush(stdout);
   report_run_free_devices(&run);
   sim_result_free(r);
@@ -120,14 +122,16 @@ static int qwen_sweep(const char *dir) {
    * schedule families, 17 micro-batch counts and two profiles: 102 configurations, all of which
    * compile and simulate. */
   uint32_t lin[8];
-  for (uint32_t s = 0; s < 8; s++) lin[s] = s;
+  for (uint32_t s = 0; s < 8; s++)
+    lin[s] = s;
   GString *bases = g_string_new("");
   char base_path[512];
   snprintf(base_path, sizeof base_path, "%s/qwen_pp8_dp8.json", dir);
   write_base(base_path, 8, lin, 8, 0);
   g_string_append_printf(bases, "\"%s\"", base_path);
   GString *mbs = g_string_new("");
-  for (uint32_t m = 8; m <= 136; m += 8) g_string_append_printf(mbs, "%s%u", m > 8 ? "," : "", m);
+  for (uint32_t m = 8; m <= 136; m += 8)
+    g_string_append_printf(mbs, "%s%u", m > 8 ? "," : "", m);
   char sweep_path[512];
   snprintf(sweep_path, sizeof sweep_path, "%s/qwen_sweep.json", dir);
   FILE *f = fopen(sweep_path, "w");
@@ -176,12 +180,16 @@ int main(int argc, char **argv) {
   }
   int rc = 0;
   const uint32_t gs[] = {32, 64, 128};
-  for (int i = quick ? 2 : 0; i < 3 && rc == 0; i++) rc = deepseek(dir, gs[i], true);
+  for (int i = quick ? 2 : 0; i < 3 && rc == 0; i++)
+    rc = deepseek(dir, gs[i], true);
   /* every device simulated: the engine's raw speed, linear in devices */
-  for (int i = 0; i < 3 && rc == 0 && !quick; i++) rc = deepseek(dir, gs[i], false);
-  if (rc == 0 && !quick) rc = qwen_sweep(dir);
+  for (int i = 0; i < 3 && rc == 0 && !quick; i++)
+    rc = deepseek(dir, gs[i], false);
+  if (rc == 0 && !quick)
+    rc = qwen_sweep(dir);
   char *cmd = g_strdup_printf("rm -rf %s", dir);
-  if (system(cmd) != 0) rc = 1;
+  if (system(cmd) != 0)
+    rc = 1;
   g_free(cmd);
   return rc;
 }

@@ -29,30 +29,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cJSON_Delete(root);
   if (!p) {
     /* every refusal is an input error, one line */
-    if (!err || err->code != PIPER_ERROR_INPUT || strchr(err->message, '\n')) abort();
+    if (!err || err->code != PIPER_ERROR_INPUT || strchr(err->message, '\n'))
+      abort();
     g_clear_error(&err);
     return 0;
   }
-  if (err) abort();
+  if (err)
+    abort();
 
   char *text = to_text(p);
-  if (!text) abort();
+  if (!text)
+    abort();
   cJSON *again = json_parse_buffer("again.json", text, strlen(text), &err);
-  if (!again) abort();
+  if (!again)
+    abort();
   struct dir_program *q = dir_program_parse_json("again.json", again, &err);
   cJSON_Delete(again);
-  if (!q || q->n != p->n || q->max_device != p->max_device) abort();
+  if (!q || q->n != p->n || q->max_device != p->max_device)
+    abort();
   char *text2 = to_text(q);
-  if (strcmp(text, text2) != 0) abort();
+  if (strcmp(text, text2) != 0)
+    abort();
 
   /* deep copies, then removal of one op, must stay consistent */
   struct dir_program *c = dir_program_new("copy");
-  for (uint32_t i = 0; i < p->n; i++) dir_program_append(c, &p->d[i]);
+  for (uint32_t i = 0; i < p->n; i++)
+    dir_program_append(c, &p->d[i]);
   char *text3 = to_text(c);
-  if (strcmp(text, text3) != 0 || c->max_device != p->max_device) abort();
+  if (strcmp(text, text3) != 0 || c->max_device != p->max_device)
+    abort();
   dir_program_remove_op(c, size ? (enum dir_op)(data[0] % 6) : DIR_PLACE);
   for (uint32_t i = 0; i < c->n; i++)
-    if (c->d[i].index != i) abort();
+    if (c->d[i].index != i)
+      abort();
 
   cJSON_free(text3);
   cJSON_free(text2);

@@ -38,7 +38,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     model_free(m);
   } else {
     /* Every failure must say why. */
-    if (!err || !err->message || !*err->message) abort();
+    if (!err || !err->message || !*err->message)
+      abort();
     g_clear_error(&err);
   }
   cJSON_Delete(root);

@@ -28,12 +28,15 @@ static struct counts count(const struct ir_graph *g) {
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
     c.kind[n->kind]++;
-    if (n->kind == IR_NODE_COMPUTE) c.pass[n->pass]++;
+    if (n->kind == IR_NODE_COMPUTE)
+      c.pass[n->pass]++;
   }
   for (uint32_t i = 0; i < g->edges->len; i++) {
     const struct ir_edge *e = IR_EDGE(g, i);
-    if (e->kind == IR_EDGE_DATA) c.data_edges++;
-    if (e->kind == IR_EDGE_TEMPORAL) c.temporal_edges++;
+    if (e->kind == IR_EDGE_DATA)
+      c.data_edges++;
+    if (e->kind == IR_EDGE_TEMPORAL)
+      c.temporal_edges++;
   }
   return c;
 }
@@ -41,10 +44,12 @@ static struct counts count(const struct ir_graph *g) {
 /* Applies a directive program given as JSON text; returns the graph or NULL with *err. */
 static struct ir_graph *apply_text(const struct model *m, const char *text, GError **err) {
   cJSON *root = json_parse_buffer("test.json", text, strlen(text), err);
-  if (!root) return NULL;
+  if (!root)
+    return NULL;
   struct dir_program *p = dir_program_parse_json("test.json", root, err);
   cJSON_Delete(root);
-  if (!p) return NULL;
+  if (!p)
+    return NULL;
   struct ir_graph *g = ir_graph_build(m);
   bool ok = dir_program_apply(p, g, 0, err);
   dir_program_free(p);
@@ -58,14 +63,16 @@ static struct ir_graph *apply_text(const struct model *m, const char *text, GErr
 static struct model *load(const char *path, int pp) {
   GError *err = NULL;
   struct model *m = model_load_file(path, pp, &err);
-  if (!m) fail_msg("%s", err->message);
+  if (!m)
+    fail_msg("%s", err->message);
   return m;
 }
 
 static struct ir_graph *must_apply(const struct model *m, const char *text) {
   GError *err = NULL;
   struct ir_graph *g = apply_text(m, text, &err);
-  if (!g) fail_msg("%s", err->message);
+  if (!g)
+    fail_msg("%s", err->message);
   return g;
 }
 
@@ -75,13 +82,15 @@ static void expect_error(const struct model *m, const char *text, const char *su
   assert_null(g);
   assert_non_null(err);
   assert_int_equal(err->code, PIPER_ERROR_INPUT);
-  if (!strstr(err->message, substring)) fail_msg("message \"%s\" lacks \"%s\"", err->message, substring);
+  if (!strstr(err->message, substring))
+    fail_msg("message \"%s\" lacks \"%s\"", err->message, substring);
   g_error_free(err);
 }
 
 static uint32_t param_segments(const struct model *m) {
   uint32_t n = 0;
-  for (uint32_t s = 0; s < m->n_segments; s++) n += m->segments[s].param_count > 0;
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    n += m->segments[s].param_count > 0;
   return n;
 }
 
@@ -109,7 +118,8 @@ static void test_build_dense(void **state) {
 static void test_split_multiplies_matched_nodes(void **state) {
   (void)state;
   struct model *m = load("models/tiny-dense.json", 0);
-  struct ir_graph *g = must_apply(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
+  struct ir_graph *g = must_apply(
+      m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
   struct counts c = count(g);
   assert_int_equal(c.pass[IR_PASS_F], 4 * 3);
   assert_int_equal(c.pass[IR_PASS_B], 4 * 3);
@@ -120,7 +130,8 @@ static void test_split_multiplies_matched_nodes(void **state) {
   ir_graph_free(g);
 
   /* A split of one region copies only its nodes. */
-  g = must_apply(m, "[{\"op\":\"split\",\"filter\":{\"PP\":1},\"dim_name\":\"MB\",\"num_microbatches\":5}]");
+  g = must_apply(
+      m, "[{\"op\":\"split\",\"filter\":{\"PP\":1},\"dim_name\":\"MB\",\"num_microbatches\":5}]");
   c = count(g);
   assert_int_equal(c.pass[IR_PASS_F], 3 + 5);
   assert_int_equal(c.pass[IR_PASS_B], 3 + 5);
@@ -133,12 +144,12 @@ static void test_split_multiplies_matched_nodes(void **state) {
 static void test_place_adds_send_recv_per_crossing_edge(void **state) {
   (void)state;
   struct model *m = load("models/tiny-dense.json", 0);
-  struct ir_graph *g = must_apply(m,
-                                  "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0]},"
-                                  "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[0]},"
-                                  "{\"op\":\"place\",\"filter\":{\"PP\":2},\"devices\":[1]},"
-                                  "{\"op\":\"place\",\"filter\":{\"PP\":3},\"devices\":[1]},"
-                                  "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
+  struct ir_graph *g =
+      must_apply(m, "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0]},"
+                    "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[0]},"
+                    "{\"op\":\"place\",\"filter\":{\"PP\":2},\"devices\":[1]},"
+                    "{\"op\":\"place\",\"filter\":{\"PP\":3},\"devices\":[1]},"
+                    "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
   struct counts c = count(g);
   /* One crossing edge forward (PP1 -> PP2) and one backward (gradient) per micro-batch. */
   assert_int_equal(c.kind[IR_NODE_SEND], 2 * 3);
@@ -163,7 +174,8 @@ static void test_replicate_buckets(void **state) {
   struct model *m = load("models/tiny-dense.json", 0);
   uint32_t ps = param_segments(m);
   /* A tiny bucket holds one segment each: one all-reduce per parameter segment. */
-  struct ir_graph *g = must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001}]");
+  struct ir_graph *g = must_apply(
+      m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001}]");
   struct counts c = count(g);
   assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], ps);
   assert_int_equal(c.kind[IR_NODE_REDUCE_SCATTER], 0);
@@ -192,7 +204,8 @@ static void test_replicate_buckets(void **state) {
   assert_int_equal(c.kind[IR_NODE_ALL_GATHER], ps * 2 * 2);
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->kind == IR_NODE_OPTIMIZER) assert_true(n->shard_params && n->shard_grads);
+    if (n->kind == IR_NODE_OPTIMIZER)
+      assert_true(n->shard_params && n->shard_grads);
   }
   ir_graph_free(g);
   model_free(m);
@@ -204,10 +217,10 @@ static void test_shard_adds_all_to_all(void **state) {
   (void)state;
   struct model *m = load("models/tiny-moe.json", 0);
   uint32_t mbs = 3;
-  struct ir_graph *g = must_apply(m,
-                                  "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]},"
-                                  "{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1]},"
-                                  "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
+  struct ir_graph *g =
+      must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]},"
+                    "{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1]},"
+                    "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
   struct counts c = count(g);
   /* Per MoE layer and micro-batch: dispatch + combine in F, and both again in backward. */
   assert_int_equal(c.kind[IR_NODE_ALL_TO_ALL], (uint32_t)m->n_ep_regions * 4 * mbs);
@@ -216,7 +229,8 @@ static void test_shard_adds_all_to_all(void **state) {
   assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], 1);
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->kind != IR_NODE_ALL_REDUCE) continue;
+    if (n->kind != IR_NODE_ALL_REDUCE)
+      continue;
     const struct ir_segset *ss = IR_SEGSET(g, n->segset);
     for (uint32_t j = 0; j < ss->count; j++)
       assert_false(m->segments[g_array_index(g->segment_pool, uint32_t, ss->first + j)].expert);
@@ -237,10 +251,11 @@ static void test_order_adds_temporal_edges(void **state) {
   struct model *m = load("models/tiny-dense.json", 2);
   char *base = g_strdup_printf("[%s]", pp2_place);
   struct ir_graph *g0 = must_apply(m, base);
-  char *ordered = g_strdup_printf(
-      "[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}],"
-      "[{\"PP\":0,\"MB\":1,\"PASS\":\"F\"}],[{\"PP\":0,\"MB\":0,\"PASS\":\"B\"}],[{\"PP\":0,\"MB\":1,\"PASS\":\"B\"}]]}]",
-      pp2_place);
+  char *ordered =
+      g_strdup_printf("[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}],"
+                      "[{\"PP\":0,\"MB\":1,\"PASS\":\"F\"}],[{\"PP\":0,\"MB\":0,\"PASS\":\"B\"}],[{"
+                      "\"PP\":0,\"MB\":1,\"PASS\":\"B\"}]]}]",
+                      pp2_place);
   struct ir_graph *g1 = must_apply(m, ordered);
   /* One segment per stage: each of the 3 slot boundaries adds exactly one edge. */
   assert_int_equal(count(g1).temporal_edges, count(g0).temporal_edges + 3);
@@ -250,21 +265,24 @@ static void test_order_adds_temporal_edges(void **state) {
   g_free(ordered);
 
   /* Backward before forward of the same micro-batch runs against dataflow. */
-  char *reverse = g_strdup_printf(
-      "[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"B\"}],[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}]]}]",
-      pp2_place);
+  char *reverse = g_strdup_printf("[%s, "
+                                  "{\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":"
+                                  "\"B\"}],[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}]]}]",
+                                  pp2_place);
   expect_error(m, reverse, "directive 3 (order): the order creates a cycle against dataflow");
   g_free(reverse);
   /* A slot spanning two device groups. */
-  char *cross = g_strdup_printf(
-      "[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}],[{\"PP\":1,\"MB\":0,\"PASS\":\"F\"}]]}]",
-      pp2_place);
+  char *cross = g_strdup_printf("[%s, "
+                                "{\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}"
+                                "],[{\"PP\":1,\"MB\":0,\"PASS\":\"F\"}]]}]",
+                                pp2_place);
   expect_error(m, cross, "spans device groups");
   g_free(cross);
   /* BI without a later BW. */
-  char *bi = g_strdup_printf(
-      "[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":1,\"MB\":0,\"PASS\":\"F\"}],[{\"PP\":1,\"MB\":0,\"PASS\":\"BI\"}]]}]",
-      pp2_place);
+  char *bi = g_strdup_printf("[%s, "
+                             "{\"op\":\"order\",\"filters\":[[{\"PP\":1,\"MB\":0,\"PASS\":\"F\"}],["
+                             "{\"PP\":1,\"MB\":0,\"PASS\":\"BI\"}]]}]",
+                             pp2_place);
   expect_error(m, bi, "no later group has its BW");
   g_free(bi);
   model_free(m);
@@ -273,20 +291,25 @@ static void test_order_adds_temporal_edges(void **state) {
 static void test_bad_programs(void **state) {
   (void)state;
   struct model *m = load("models/tiny-moe.json", 0);
-  expect_error(m, "[{\"op\":\"place\",\"filter\":{\"XX\":0},\"devices\":[0]}]", "filter key \"XX\" is not a tag");
+  expect_error(m, "[{\"op\":\"place\",\"filter\":{\"XX\":0},\"devices\":[0]}]",
+               "filter key \"XX\" is not a tag");
   expect_error(m, "[{\"op\":\"place\",\"filter\":{\"PP\":7},\"devices\":[0]}]", "matches nothing");
-  expect_error(m, "[{\"op\":\"shard\",\"filter\":{\"PP\":0},\"devices\":[0,1]}]", "no expert region");
-  expect_error(m, "[{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1,2]}]", "do not divide evenly");
+  expect_error(m, "[{\"op\":\"shard\",\"filter\":{\"PP\":0},\"devices\":[0,1]}]",
+               "no expert region");
+  expect_error(m, "[{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1,2]}]",
+               "do not divide evenly");
   expect_error(m,
                "[{\"op\":\"replicate\",\"filter\":{\"PP\":0},\"devices\":[0,1]},"
                "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[2]}]",
                "must have equal sizes");
-  expect_error(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]}]", "neither replicated nor sharded");
+  expect_error(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]}]",
+               "neither replicated nor sharded");
   expect_error(m,
                "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
                "{\"op\":\"replicate\",\"filter\":{},\"devices\":[2,3]}]",
                "differ from the devices given");
-  expect_error(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"PP\",\"num_microbatches\":2}]", "already names a tag");
+  expect_error(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"PP\",\"num_microbatches\":2}]",
+               "already names a tag");
   model_free(m);
 }
 
@@ -303,14 +326,15 @@ static struct compile_result compile_files(const char *model, int pp, const char
   o.schedule.mbs = mbs;
   struct compile_result r;
   GError *err = NULL;
-  if (!compile_run(&o, &r, &err)) fail_msg("%s", err->message);
+  if (!compile_run(&o, &r, &err))
+    fail_msg("%s", err->message);
   return r;
 }
 
 static void test_lower_pp2_dp2_ep2(void **state) {
   (void)state;
-  struct compile_result r = compile_files("models/tiny-moe.json", 0, "directives/base-schedules/pp2_dp2_ep2.json",
-                                          SCHED_1F1B, 4);
+  struct compile_result r = compile_files(
+      "models/tiny-moe.json", 0, "directives/base-schedules/pp2_dp2_ep2.json", SCHED_1F1B, 4);
   const struct plan *p = r.plan;
   assert_int_equal(p->n_devices, 4);
   assert_int_equal(p->n_classes, 2); /* DP replicas share their program */
@@ -334,7 +358,8 @@ static void test_lower_pp2_dp2_ep2(void **state) {
   for (uint32_t cm = 0; cm < p->n_comms; cm++) {
     uint32_t next[2] = {0, 0};
     for (uint32_t i = 0; i < c0->n_instrs; i++) {
-      if (c0->instrs[i].comm != cm) continue;
+      if (c0->instrs[i].comm != cm)
+        continue;
       int side = p->nodes[c0->instrs[i].node].kind == IR_NODE_RECV;
       assert_int_equal(c0->instrs[i].seq, next[side]++);
     }
@@ -370,15 +395,18 @@ static void test_lower_1f1b_order(void **state) {
   const char *want[2] = {"F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"};
   int mb_tag = -1;
   for (uint32_t t = 0; t < r.plan->n_tags; t++)
-    if (strcmp(r.plan->tag_names[t], "MB") == 0) mb_tag = (int)t;
+    if (strcmp(r.plan->tag_names[t], "MB") == 0)
+      mb_tag = (int)t;
   assert_true(mb_tag >= 0);
   for (uint32_t d = 0; d < 2; d++) {
     const struct plan_class *c = plan_device_class(r.plan, d);
     GString *got = g_string_new(NULL);
     for (uint32_t i = 0; i < c->n_instrs; i++) {
       const struct ir_node *n = &r.plan->nodes[c->instrs[i].node];
-      if (n->kind != IR_NODE_COMPUTE) continue;
-      g_string_append_printf(got, "%s%s%d", got->len ? " " : "", ir_pass_name(n->pass), n->tags[mb_tag]);
+      if (n->kind != IR_NODE_COMPUTE)
+        continue;
+      g_string_append_printf(got, "%s%s%d", got->len ? " " : "", ir_pass_name(n->pass),
+                             n->tags[mb_tag]);
     }
     assert_string_equal(got->str, want[d]);
     g_string_free(got, TRUE);
@@ -403,7 +431,8 @@ static void test_progress_catches_deadlock(void **state) {
   struct plan_class *c = &r.plan->classes[r.plan->device_class[1]];
   uint32_t pp = IR_NONE;
   for (uint32_t s = 0; s < r.plan->n_streams; s++)
-    if (strcmp(r.plan->streams[s].name, "pp") == 0) pp = s;
+    if (strcmp(r.plan->streams[s].name, "pp") == 0)
+      pp = s;
   assert_int_not_equal(pp, IR_NONE);
   uint32_t first = c->stream_first[pp], len = c->stream_first[pp + 1] - first;
   assert_int_equal(len, 2); /* recv activation, send gradient */
@@ -423,10 +452,12 @@ static void test_progress_catches_deadlock(void **state) {
 /* Same inputs, same plan: every lowered field is equal across two compilations. */
 static void test_lower_deterministic(void **state) {
   (void)state;
-  struct compile_result a = compile_files("models/tiny-moe.json", 4, "directives/base-schedules/pp4_dp2_ep2_v_placement.json",
-                                          SCHED_DUALPIPEV, 8);
-  struct compile_result b = compile_files("models/tiny-moe.json", 4, "directives/base-schedules/pp4_dp2_ep2_v_placement.json",
-                                          SCHED_DUALPIPEV, 8);
+  struct compile_result a =
+      compile_files("models/tiny-moe.json", 4,
+                    "directives/base-schedules/pp4_dp2_ep2_v_placement.json", SCHED_DUALPIPEV, 8);
+  struct compile_result b =
+      compile_files("models/tiny-moe.json", 4,
+                    "directives/base-schedules/pp4_dp2_ep2_v_placement.json", SCHED_DUALPIPEV, 8);
   assert_true(plan_equal(a.plan, b.plan));
   assert_int_equal(a.plan->n_nodes, b.plan->n_nodes);
   compile_result_free(&a);
@@ -437,13 +468,15 @@ static void test_lower_deterministic(void **state) {
  * on rank R-1-s for the second; each pair's gradients are summed by an all-reduce over both. */
 static void test_dualpipe_copies_sync(void **state) {
   (void)state;
-  struct compile_result r = compile_files("models/tiny-dense.json", 4, "directives/base-schedules/pp4.json",
-                                          SCHED_DUALPIPE, 8);
+  struct compile_result r = compile_files("models/tiny-dense.json", 4,
+                                          "directives/base-schedules/pp4.json", SCHED_DUALPIPE, 8);
   uint32_t syncs = 0, optimizers = 0;
   for (uint32_t i = 0; i < r.plan->n_nodes; i++) {
     const struct ir_node *n = &r.plan->nodes[i];
-    if (n->kind == IR_NODE_OPTIMIZER) optimizers++;
-    if (n->kind != IR_NODE_ALL_REDUCE) continue;
+    if (n->kind == IR_NODE_OPTIMIZER)
+      optimizers++;
+    if (n->kind != IR_NODE_ALL_REDUCE)
+      continue;
     syncs++;
     const struct ir_group *grp = &r.plan->groups[n->group];
     assert_int_equal(grp->count, 2);
@@ -462,8 +495,10 @@ static char *write_layout(const char *shape, uint32_t R, uint32_t *n_stages) {
   GString *s = g_string_new("[");
   uint32_t stages = strcmp(shape, "one") == 0 ? R : 2 * R;
   for (uint32_t st = 0; st < stages; st++) {
-    uint32_t rank = strcmp(shape, "one") == 0 ? st : strcmp(shape, "loop") == 0 ? st % R
-                    : st < R ? st : 2 * R - 1 - st;
+    uint32_t rank = strcmp(shape, "one") == 0    ? st
+                    : strcmp(shape, "loop") == 0 ? st % R
+                    : st < R                     ? st
+                                                 : 2 * R - 1 - st;
     g_string_append_printf(s, "%s{\"op\":\"place\",\"filter\":{\"PP\":%u},\"devices\":[%u]}",
                            st ? "," : "", st, rank);
   }
@@ -482,9 +517,13 @@ static void test_every_builder_compiles(void **state) {
     const char *shape;
     uint32_t min_mult; /* micro-batches tried: k * R for k = min_mult .. min_mult + 2 */
   } cases[] = {
-      {SCHED_GPIPE, "one", 1},     {SCHED_1F1B, "one", 1},     {SCHED_ZEROBUBBLE, "one", 1},
-      {SCHED_DUALPIPE, "one", 2},  {SCHED_INTERLEAVED_1F1B, "loop", 1},
-      {SCHED_ZBV, "v", 2},         {SCHED_DUALPIPEV, "v", 2},
+      {SCHED_GPIPE, "one", 1},
+      {SCHED_1F1B, "one", 1},
+      {SCHED_ZEROBUBBLE, "one", 1},
+      {SCHED_DUALPIPE, "one", 2},
+      {SCHED_INTERLEAVED_1F1B, "loop", 1},
+      {SCHED_ZBV, "v", 2},
+      {SCHED_DUALPIPEV, "v", 2},
   };
   static const uint32_t ranks[] = {2, 4, 8};
   uint32_t compiled = 0;
@@ -494,14 +533,16 @@ static void test_every_builder_compiles(void **state) {
       char *path = write_layout(cases[c].shape, R, &stages);
       for (uint32_t k = cases[c].min_mult; k < cases[c].min_mult + 3; k++) {
         uint32_t M = k * R;
-        struct compile_result res = compile_files("models/llama3-8b.json", (int)stages, path, cases[c].f, M);
+        struct compile_result res =
+            compile_files("models/llama3-8b.json", (int)stages, path, cases[c].f, M);
         assert_int_equal(res.ranks, R);
         assert_int_equal(res.mbs, M);
         /* one F and one backward (B, or BI and BW) per stage and micro-batch */
         uint32_t f = 0, b = 0, bi = 0, bw = 0;
         for (uint32_t i = 0; i < res.plan->n_nodes; i++) {
           const struct ir_node *n = &res.plan->nodes[i];
-          if (n->kind != IR_NODE_COMPUTE) continue;
+          if (n->kind != IR_NODE_COMPUTE)
+            continue;
           f += n->pass == IR_PASS_F;
           b += n->pass == IR_PASS_B;
           bi += n->pass == IR_PASS_BI;
@@ -546,7 +587,8 @@ static void test_base_schedules_compile(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char *path = g_strdup_printf("directives/base-schedules/%s.json", cases[i].file);
-    struct compile_result r = compile_files(cases[i].model, cases[i].pp, path, cases[i].f, cases[i].mbs);
+    struct compile_result r =
+        compile_files(cases[i].model, cases[i].pp, path, cases[i].f, cases[i].mbs);
     assert_non_null(r.plan);
     assert_true(r.plan->n_devices >= 2);
     compile_result_free(&r);

@@ -19,7 +19,8 @@
 /* Parses text as if it were the file "t.json". */
 static struct dir_program *parse_text(const char *text, GError **err) {
   cJSON *root = json_parse_buffer("t.json", text, strlen(text), err);
-  if (!root) return NULL;
+  if (!root)
+    return NULL;
   struct dir_program *p = dir_program_parse_json("t.json", root, err);
   cJSON_Delete(root);
   return p;
@@ -28,7 +29,8 @@ static struct dir_program *parse_text(const char *text, GError **err) {
 static struct dir_program *parse_ok(const char *text) {
   GError *err = NULL;
   struct dir_program *p = parse_text(text, &err);
-  if (!p) fail_msg("unexpected error: %s", err ? err->message : "(none)");
+  if (!p)
+    fail_msg("unexpected error: %s", err ? err->message : "(none)");
   assert_null(err);
   return p;
 }
@@ -38,7 +40,8 @@ static void assert_input_error(struct dir_program *p, GError *err, const char *w
   assert_null(p);
   assert_non_null(err);
   assert_true(g_error_matches(err, PIPER_ERROR, PIPER_ERROR_INPUT));
-  if (!strstr(err->message, want)) fail_msg("message \"%s\" lacks \"%s\"", err->message, want);
+  if (!strstr(err->message, want))
+    fail_msg("message \"%s\" lacks \"%s\"", err->message, want);
   assert_null(strchr(err->message, '\n'));
   g_error_free(err);
 }
@@ -71,10 +74,10 @@ static void test_parse_empty_program(void **state) {
 
 static void test_parse_place(void **state) {
   (void)state;
-  struct dir_program *p = parse_ok(
-      "[{\"op\": \"place\", \"filter\": {\"PP\": 1, \"EP\": \"*\", \"PASS\": \"B\"},"
-      "  \"devices\": [3, 1], \"stream\": \"p2p\"},"
-      " {\"op\": \"place\", \"filter\": {}, \"devices\": [0]}]");
+  struct dir_program *p =
+      parse_ok("[{\"op\": \"place\", \"filter\": {\"PP\": 1, \"EP\": \"*\", \"PASS\": \"B\"},"
+               "  \"devices\": [3, 1], \"stream\": \"p2p\"},"
+               " {\"op\": \"place\", \"filter\": {}, \"devices\": [0]}]");
   assert_int_equal(p->n, 2);
   const struct dir_directive *d = &p->d[0];
   assert_int_equal(d->op, DIR_PLACE);
@@ -173,11 +176,11 @@ static void test_parse_split(void **state) {
 static void test_parse_order(void **state) {
   (void)state;
   /* Python-Piper shape (list of lists) mixed with the one-filter shorthand. */
-  struct dir_program *p = parse_ok(
-      "[{\"op\": \"order\", \"filters\": ["
-      "   [{\"PP\": 0, \"MB\": 0, \"PASS\": \"F\"}],"
-      "   [{\"MB\": 1, \"PASS\": \"F\"}, {\"MB\": 0, \"PASS\": \"BI\"}],"
-      "   {\"MB\": 1, \"PASS\": \"BW\"}]}]");
+  struct dir_program *p =
+      parse_ok("[{\"op\": \"order\", \"filters\": ["
+               "   [{\"PP\": 0, \"MB\": 0, \"PASS\": \"F\"}],"
+               "   [{\"MB\": 1, \"PASS\": \"F\"}, {\"MB\": 0, \"PASS\": \"BI\"}],"
+               "   {\"MB\": 1, \"PASS\": \"BW\"}]}]");
   const struct dir_directive *d = &p->d[0];
   assert_int_equal(d->op, DIR_ORDER);
   assert_int_equal(d->n_slots, 3);
@@ -198,9 +201,9 @@ static void test_parse_order(void **state) {
 
 static void test_parse_stream(void **state) {
   (void)state;
-  struct dir_program *p = parse_ok(
-      "[{\"op\": \"stream\", \"name\": \"comm\", \"priority\": -1, \"sm_share\": 0.25},"
-      " {\"op\": \"stream\", \"name\": \"compute\"}]");
+  struct dir_program *p =
+      parse_ok("[{\"op\": \"stream\", \"name\": \"comm\", \"priority\": -1, \"sm_share\": 0.25},"
+               " {\"op\": \"stream\", \"name\": \"compute\"}]");
   assert_int_equal(p->d[0].op, DIR_STREAM);
   assert_string_equal(p->d[0].name, "comm");
   assert_int_equal(p->d[0].priority, -1);
@@ -390,7 +393,8 @@ static void test_parse_bad_inputs(void **state) {
   for (size_t i = 0; i < G_N_ELEMENTS(bad_cases); i++) {
     GError *err = NULL;
     struct dir_program *p = parse_text(bad_cases[i].text, &err);
-    if (p || !err) fail_msg("case %zu accepted: %s", i, bad_cases[i].text);
+    if (p || !err)
+      fail_msg("case %zu accepted: %s", i, bad_cases[i].text);
     if (!strstr(err->message, bad_cases[i].want))
       fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err->message, bad_cases[i].want);
     assert_input_error(p, err, bad_cases[i].want);
@@ -403,7 +407,8 @@ static void test_parse_bad_inputs(void **state) {
  * about 3 s and 800 MB to parse with cJSON, too much for a unit test; the ring is harder still.
  * Returns the last element (to break the ring with before freeing). */
 static cJSON *make_ring(cJSON *arr, const cJSON *item, int n) {
-  for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_Duplicate(item, true));
+  for (int i = 0; i < n; i++)
+    cJSON_AddItemToArray(arr, cJSON_Duplicate(item, true));
   cJSON *last = arr->child->prev; /* cJSON keeps the tail in child->prev */
   last->next = arr->child;
   return last;
@@ -459,7 +464,8 @@ static void test_parse_endless_lists(void **state) {
 static void test_parse_long_device_list(void **state) {
   (void)state;
   GString *s = g_string_new("[{\"op\": \"place\", \"filter\": {}, \"devices\": [");
-  for (int i = 0; i <= IR_MAX_DEVICES; i++) g_string_append_printf(s, "%s%d", i ? "," : "", i);
+  for (int i = 0; i <= IR_MAX_DEVICES; i++)
+    g_string_append_printf(s, "%s%d", i ? "," : "", i);
   g_string_append(s, "]}]");
   expect_error(s->str, "\"devices\" has more than 65536 entries");
   g_string_free(s, TRUE);
@@ -480,7 +486,8 @@ static void assert_directive_equal(const struct dir_directive *a, const struct d
   assert_int_equal(a->index, b->index);
   assert_filter_equal(&a->filter, &b->filter);
   assert_int_equal(a->n_devices, b->n_devices);
-  for (uint32_t i = 0; i < a->n_devices; i++) assert_int_equal(a->devices[i], b->devices[i]);
+  for (uint32_t i = 0; i < a->n_devices; i++)
+    assert_int_equal(a->devices[i], b->devices[i]);
   assert_string_equal(a->stream, b->stream);
   assert_string_equal(a->reduce_stream, b->reduce_stream);
   assert_string_equal(a->gather_stream, b->gather_stream);
@@ -491,7 +498,8 @@ static void assert_directive_equal(const struct dir_directive *a, const struct d
   assert_int_equal(a->num_microbatches, b->num_microbatches);
   assert_int_equal(a->n_slots, b->n_slots);
   if (a->n_slots) {
-    for (uint32_t s = 0; s <= a->n_slots; s++) assert_int_equal(a->slot_first[s], b->slot_first[s]);
+    for (uint32_t s = 0; s <= a->n_slots; s++)
+      assert_int_equal(a->slot_first[s], b->slot_first[s]);
     for (uint32_t k = 0; k < a->slot_first[a->n_slots]; k++)
       assert_filter_equal(&a->filters[k], &b->filters[k]);
   }
@@ -503,7 +511,8 @@ static void assert_directive_equal(const struct dir_directive *a, const struct d
 static void assert_program_equal(const struct dir_program *a, const struct dir_program *b) {
   assert_int_equal(a->n, b->n);
   assert_int_equal(a->max_device, b->max_device);
-  for (uint32_t i = 0; i < a->n; i++) assert_directive_equal(&a->d[i], &b->d[i]);
+  for (uint32_t i = 0; i < a->n; i++)
+    assert_directive_equal(&a->d[i], &b->d[i]);
 }
 
 /* Every op with every field set, and every op with its defaults. */
@@ -581,8 +590,8 @@ static void test_append_deep_copies(void **state) {
 
   uint32_t slot_first[] = {0, 1, 3};
   struct dir_filter filters[3] = {{.pass = IR_PASS_F}, {.pass = IR_PASS_B}, {.pass = IR_PASS_BW}};
-  struct dir_directive o = {.op = DIR_ORDER, .n_slots = 2, .slot_first = slot_first,
-                            .filters = filters};
+  struct dir_directive o = {
+      .op = DIR_ORDER, .n_slots = 2, .slot_first = slot_first, .filters = filters};
   o.filter.pass = IR_PASS_NONE;
   dir_program_append(p, &o);
 
@@ -604,7 +613,8 @@ static void test_append_deep_copies(void **state) {
   struct dir_directive s = {.op = DIR_SPLIT, .num_microbatches = 2};
   s.filter.pass = IR_PASS_NONE;
   strcpy(s.dim_name, "MB");
-  for (int i = 0; i < 1000; i++) dir_program_append(p, &s);
+  for (int i = 0; i < 1000; i++)
+    dir_program_append(p, &s);
   assert_int_equal(p->n, 1002);
   assert_int_equal(p->d[1001].index, 1001);
   cJSON *json = dir_program_to_json(p);
@@ -636,7 +646,8 @@ static void test_append_deep_copies(void **state) {
   dir_program_append(p, &d);
   assert_int_equal(p->n, 12);
   assert_int_equal(p->d[11].index, 11);
-  for (int op = DIR_PLACE; op <= DIR_STREAM; op++) dir_program_remove_op(p, (enum dir_op)op);
+  for (int op = DIR_PLACE; op <= DIR_STREAM; op++)
+    dir_program_remove_op(p, (enum dir_op)op);
   assert_int_equal(p->n, 0);
   dir_program_append(p, &s);
   assert_int_equal(p->n, 1);
@@ -671,8 +682,8 @@ static void test_load_file(void **state) {
 
   err = NULL;
   p = dir_program_load_file(wrong, &err);
-  want = g_strdup_printf("%s: directive 0 (split): \"num_microbatches\" = 0 is out of range",
-                         wrong);
+  want =
+      g_strdup_printf("%s: directive 0 (split): \"num_microbatches\" = 0 is out of range", wrong);
   assert_input_error(p, err, want);
   g_free(want);
 

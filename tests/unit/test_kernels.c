@@ -220,8 +220,8 @@ static void test_embedding(void **state) {
   /* Row 1 is never used: its gradient stays exactly 0; row 2 sums rows 0, 2, 4 in order. */
   for (int j = 0; j < c.C; j++) {
     assert_true(dw[1 * c.C + j] == 0.0f);
-    assert_true(dw[2 * c.C + j] == ((0.0f + c.R[0 * c.C + j]) + c.R[2 * c.C + j]) +
-                                       c.R[4 * c.C + j]);
+    assert_true(dw[2 * c.C + j] ==
+                ((0.0f + c.R[0 * c.C + j]) + c.R[2 * c.C + j]) + c.R[4 * c.C + j]);
   }
   fd_check("embedding dwte", c.params, np, dw, emb_loss, &c);
   kernels_embedding_backward(dw2, c.R, tokens, c.T, c.V, c.C);
@@ -288,7 +288,7 @@ static void test_rope_known(void **state) {
   (void)state;
   /* D = 4: pairs (0, 2) at frequency 1 and (1, 3) at 10000^(-1/2) = 0.01. Position 0 is the
    * identity; at position 1, e0 -> (cos 1, 0, sin 1, 0) and e1 -> (0, cos .01, 0, sin .01). */
-  float x[2 * 2 * 4] = {1, 0, 0, 0, 0, 1, 0, 0, /* s = 0, heads 0 and 1 */
+  float x[2 * 2 * 4] = {1, 0, 0, 0, 0, 1, 0, 0,  /* s = 0, heads 0 and 1 */
                         1, 0, 0, 0, 0, 1, 0, 0}; /* s = 1 */
   float x0[16];
   memcpy(x0, x, sizeof x);
@@ -331,8 +331,13 @@ static void attn_free(struct attn_ctx *c) {
 
 static void test_attention_grad(void **state) {
   (void)state;
-  struct attn_ctx c = {.d = {.batch = 2, .seq = 5, .heads = 4, .kv_heads = 2, .head_dim = 4,
-                             .hidden = 8, .rope_theta = KERNELS_ROPE_THETA}};
+  struct attn_ctx c = {.d = {.batch = 2,
+                             .seq = 5,
+                             .heads = 4,
+                             .kv_heads = 2,
+                             .head_dim = 4,
+                             .hidden = 8,
+                             .rope_theta = KERNELS_ROPE_THETA}};
   assert_int_equal(kernels_attention_param_count(&c.d), 8 * 4 * (2 * 4 + 2 * 2));
   attn_alloc(&c);
   size_t n = attn_tc(&c.d), np = kernels_attention_param_count(&c.d);
@@ -362,8 +367,13 @@ static void test_attention_grad(void **state) {
 
 static void test_attention_causal(void **state) {
   (void)state;
-  struct attn_ctx c = {.d = {.batch = 2, .seq = 6, .heads = 2, .kv_heads = 1, .head_dim = 4,
-                             .hidden = 8, .rope_theta = KERNELS_ROPE_THETA}};
+  struct attn_ctx c = {.d = {.batch = 2,
+                             .seq = 6,
+                             .heads = 2,
+                             .kv_heads = 1,
+                             .head_dim = 4,
+                             .hidden = 8,
+                             .rope_theta = KERNELS_ROPE_THETA}};
   attn_alloc(&c);
   size_t n = attn_tc(&c.d);
   int C = c.d.hidden, S = c.d.seq;
@@ -383,8 +393,13 @@ static void test_attention_causal(void **state) {
  * v_0..v_i and p_ij = 1 / (i + 1) for j <= i, 0 after. */
 static void test_attention_uniform(void **state) {
   (void)state;
-  struct attn_ctx c = {.d = {.batch = 1, .seq = 4, .heads = 2, .kv_heads = 2, .head_dim = 2,
-                             .hidden = 4, .rope_theta = KERNELS_ROPE_THETA}};
+  struct attn_ctx c = {.d = {.batch = 1,
+                             .seq = 4,
+                             .heads = 2,
+                             .kv_heads = 2,
+                             .head_dim = 2,
+                             .hidden = 4,
+                             .rope_theta = KERNELS_ROPE_THETA}};
   attn_alloc(&c);
   size_t T = 4, C = 4, HD = 4, KD = 4;
   memset(c.params, 0, C * HD * sizeof(float)); /* wq [C, HD] */
@@ -413,8 +428,13 @@ static void test_attention_uniform(void **state) {
  * KV = 4 and kv heads 2g, 2g+1 both copies of kv head g must give the same output. */
 static void test_attention_gqa(void **state) {
   (void)state;
-  struct attn_ctx g = {.d = {.batch = 1, .seq = 5, .heads = 4, .kv_heads = 2, .head_dim = 4,
-                             .hidden = 8, .rope_theta = KERNELS_ROPE_THETA}};
+  struct attn_ctx g = {.d = {.batch = 1,
+                             .seq = 5,
+                             .heads = 4,
+                             .kv_heads = 2,
+                             .head_dim = 4,
+                             .hidden = 8,
+                             .rope_theta = KERNELS_ROPE_THETA}};
   struct attn_ctx f = g;
   f.d.kv_heads = 4;
   attn_alloc(&g);
@@ -533,8 +553,7 @@ struct router_ctx {
 
 static double router_loss(void *p) {
   struct router_ctx *c = p;
-  kernels_router_forward(c->ids, c->weights, c->saved, c->h, c->params, c->T, c->C, c->E,
-                         c->K);
+  kernels_router_forward(c->ids, c->weights, c->saved, c->h, c->params, c->T, c->C, c->E, c->K);
   /* The choice is piecewise constant: a step that flips it makes the difference meaningless. */
   assert_memory_equal(c->ids, c->ids0, (size_t)c->T * c->K * sizeof(int32_t));
   return dotd(c->weights, c->R, (size_t)c->T * c->K);
@@ -552,18 +571,18 @@ static void test_router_grad(void **state) {
   kernels_router_forward(c.ids0, c.weights, c.saved, c.h, c.params, c.T, c.C, c.E, c.K);
   router_loss(&c);
   float *dh = fz(n), *dw = fz(np), *bw = fz(nb), *dh2 = fz(n), *dw2 = fz(np), *bw2 = fz(nb);
-  kernels_router_backward_input(dh, bw, c.R, c.ids, c.weights, c.saved, c.params, c.T, c.C,
-                                c.E, c.K, false);
+  kernels_router_backward_input(dh, bw, c.R, c.ids, c.weights, c.saved, c.params, c.T, c.C, c.E,
+                                c.K, false);
   kernels_router_backward_weight(dw, bw, c.h, c.T, c.C, c.E);
-  kernels_router_backward(dh2, dw2, bw2, c.R, c.ids, c.weights, c.saved, c.h, c.params, c.T,
-                          c.C, c.E, c.K, false);
+  kernels_router_backward(dh2, dw2, bw2, c.R, c.ids, c.weights, c.saved, c.h, c.params, c.T, c.C,
+                          c.E, c.K, false);
   assert_same("router fused dh", dh, dh2, n);
   assert_same("router fused dw", dw, dw2, np);
   float *dh3 = fz(n);
   fill(dh3, n, 1.0f);
   float *old = fdup(dh3, n);
-  kernels_router_backward_input(dh3, bw2, c.R, c.ids, c.weights, c.saved, c.params, c.T, c.C,
-                                c.E, c.K, true);
+  kernels_router_backward_input(dh3, bw2, c.R, c.ids, c.weights, c.saved, c.params, c.T, c.C, c.E,
+                                c.K, true);
   check_accumulated("router accumulate", dh3, old, dh, n);
   fd_check("router dh", c.h, n, dh, router_loss, &c);
   fd_check("router dw", c.params, np, dw, router_loss, &c);
@@ -644,8 +663,7 @@ static double dc_loss(void *p) {
   kernels_moe_dispatch_forward(c->send, c->send_expert, c->h, c->ids, c->route_row, c->T, c->K,
                                c->C);
   kernels_moe_combine_forward(c->m, c->y, c->weights, c->route_row, c->T, c->K, c->C);
-  return dotd(c->send, c->Rs, (size_t)c->T * c->K * c->C) +
-         dotd(c->m, c->Rm, (size_t)c->T * c->C);
+  return dotd(c->send, c->Rs, (size_t)c->T * c->K * c->C) + dotd(c->m, c->Rm, (size_t)c->T * c->C);
 }
 
 static void test_dispatch_combine_grad(void **state) {
@@ -681,8 +699,8 @@ struct exp_ctx {
 
 static double exp_loss(void *p) {
   struct exp_ctx *c = p;
-  kernels_expert_ffn_forward(c->out, c->saved, c->scratch, c->in, c->row_expert, c->n,
-                             c->params, c->e_first, c->e_count, c->C, c->F);
+  kernels_expert_ffn_forward(c->out, c->saved, c->scratch, c->in, c->row_expert, c->n, c->params,
+                             c->e_first, c->e_count, c->C, c->F);
   return dotd(c->out, c->R, (size_t)c->n * c->C);
 }
 
@@ -715,10 +733,10 @@ static void test_expert_ffn_grad(void **state) {
   float *dx = fz(n), *dw = fz(np), *bw = fz(nb), *dx2 = fz(n), *dw2 = fz(np), *bw2 = fz(nb);
   kernels_expert_ffn_backward_input(dx, bw, c.scratch, c.R, row_expert, c.n, c.saved, c.params,
                                     c.e_first, c.e_count, c.C, c.F, false);
-  kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, c.e_first, c.e_count,
-                                     c.C, c.F);
-  kernels_expert_ffn_backward(dx2, dw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved,
-                              c.params, c.e_first, c.e_count, c.C, c.F, false);
+  kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, c.e_first, c.e_count, c.C,
+                                     c.F);
+  kernels_expert_ffn_backward(dx2, dw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, c.params,
+                              c.e_first, c.e_count, c.C, c.F, false);
   assert_same("expert fused dx", dx, dx2, n);
   assert_same("expert fused dw", dw, dw2, np);
   /* Expert 2 had no rows: its gradient block stays exactly zero. */
@@ -728,8 +746,8 @@ static void test_expert_ffn_grad(void **state) {
   float *dx3 = fz(n);
   fill(dx3, n, 1.0f);
   float *old = fdup(dx3, n);
-  kernels_expert_ffn_backward_input(dx3, bw2, c.scratch, c.R, row_expert, c.n, c.saved,
-                                    c.params, c.e_first, c.e_count, c.C, c.F, true);
+  kernels_expert_ffn_backward_input(dx3, bw2, c.scratch, c.R, row_expert, c.n, c.saved, c.params,
+                                    c.e_first, c.e_count, c.C, c.F, true);
   check_accumulated("expert accumulate", dx3, old, dx, n);
   fd_check("expert din", c.in, n, dx, exp_loss, &c);
   fd_check("expert dw", c.params, np, dw, exp_loss, &c);
@@ -765,9 +783,9 @@ static void test_expert_parallel_equals_full(void **state) {
     size_t off = 0;
     for (int r = 0; r < n_ranks; r++) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
-      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F), scratch,
-                                 send + off * C, send_expert + off, (int)cnt, params + e0 * per,
-                                 (int)e0, per_rank, C, F);
+      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F), scratch, send + off * C,
+                                 send_expert + off, (int)cnt, params + e0 * per, (int)e0, per_rank,
+                                 C, F);
       off += cnt;
     }
     kernels_moe_combine_forward(m[run], y, weights, route_row, T, K, C);
@@ -836,8 +854,8 @@ static void test_moe_layer_grad(void **state) {
   kernels_expert_ffn_backward(dsend, dew, ebw, c.scratch, dy, c.send_expert, (int)nk, c.esaved,
                               c.ew, 0, c.E, c.C, c.F, false);
   kernels_moe_dispatch_backward(dh, dsend, c.route_row, c.T, c.K, c.C, false);
-  kernels_router_backward(dh, drw, rbw, dwt, c.ids, c.weights, c.probs, c.h, c.rw, c.T, c.C,
-                          c.E, c.K, true); /* h fans out to router and experts: sum */
+  kernels_router_backward(dh, drw, rbw, dwt, c.ids, c.weights, c.probs, c.h, c.rw, c.T, c.C, c.E,
+                          c.K, true); /* h fans out to router and experts: sum */
   fd_check("moe layer dh", c.h, n, dh, moe_loss, &c);
   fd_check("moe layer d router", c.rw, nrw, drw, moe_loss, &c);
   fd_check("moe layer d experts", c.ew, new_, dew, moe_loss, &c);
@@ -856,8 +874,7 @@ static void test_lm_head_known(void **state) {
   int32_t targets[T] = {0, 17, 49};
   fill(h, T * C, 1.0f);
   memset(w, 0, sizeof w);
-  float loss =
-      kernels_lm_head_loss_forward(probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
+  float loss = kernels_lm_head_loss_forward(probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
   double want = log((double)V);
   assert_close("uniform logits: ln V", &loss, &want, 1, 0.0, 1e-6); /* rounded to fp32 */
   /* V = 2, C = 1, h = 1, logits (0, d): -log p[0] = log(1 + e^d). */
@@ -877,8 +894,8 @@ struct lm_ctx {
 
 static double lm_loss(void *p) {
   struct lm_ctx *c = p;
-  return kernels_lm_head_loss_forward(c->saved, c->h, c->targets, c->params, c->layout, c->T,
-                                      c->C, c->V);
+  return kernels_lm_head_loss_forward(c->saved, c->h, c->targets, c->params, c->layout, c->T, c->C,
+                                      c->V);
 }
 
 static void test_lm_head_grad(void **state) {
@@ -893,11 +910,11 @@ static void test_lm_head_grad(void **state) {
   fill(c.h, n, 1.0f), fill(c.params, np, 1.0f);
   lm_loss(&c);
   float *dh = fz(n), *dw = fz(np), *bw = fz(nb), *dh2 = fz(n), *dw2 = fz(np), *bw2 = fz(nb);
-  kernels_lm_head_loss_backward_input(dh, bw, c.saved, targets, c.params, c.layout, 1.0f, c.T,
-                                      c.C, c.V, false);
+  kernels_lm_head_loss_backward_input(dh, bw, c.saved, targets, c.params, c.layout, 1.0f, c.T, c.C,
+                                      c.V, false);
   kernels_lm_head_loss_backward_weight(dw, bw, c.h, c.layout, c.T, c.C, c.V);
-  kernels_lm_head_loss_backward(dh2, dw2, bw2, c.saved, c.h, targets, c.params, c.layout, 1.0f,
-                                c.T, c.C, c.V, false);
+  kernels_lm_head_loss_backward(dh2, dw2, bw2, c.saved, c.h, targets, c.params, c.layout, 1.0f, c.T,
+                                c.C, c.V, false);
   assert_same("lm head fused dh", dh, dh2, n);
   assert_same("lm head fused dw", dw, dw2, np);
   /* bwork may alias saved (BI overwrites probs in place). */
@@ -934,14 +951,12 @@ static void test_lm_head_tied(void **state) {
   for (int c = 0; c < C; c++)
     for (int v = 0; v < V; v++)
       wte[v * C + c] = w[c * V + v];
-  float loss = kernels_lm_head_loss_forward(probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C,
-                                            V);
-  kernels_lm_head_loss_backward(dh[0], dw, bw, probs, h, targets, w, KERNELS_LM_HEAD_UNTIED,
-                                1.0f, T, C, V, false);
-  float tied = kernels_lm_head_loss_forward(probs, h, targets, wte, KERNELS_LM_HEAD_TIED, T, C,
-                                            V);
-  kernels_lm_head_loss_backward(dh[1], dwte, bw, probs, h, targets, wte, KERNELS_LM_HEAD_TIED,
-                                1.0f, T, C, V, false);
+  float loss = kernels_lm_head_loss_forward(probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
+  kernels_lm_head_loss_backward(dh[0], dw, bw, probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, 1.0f,
+                                T, C, V, false);
+  float tied = kernels_lm_head_loss_forward(probs, h, targets, wte, KERNELS_LM_HEAD_TIED, T, C, V);
+  kernels_lm_head_loss_backward(dh[1], dwte, bw, probs, h, targets, wte, KERNELS_LM_HEAD_TIED, 1.0f,
+                                T, C, V, false);
   assert_close_f("tied loss", &tied, &loss, 1, 1e-6, 1e-6);
   assert_close_f("tied dh", dh[1], dh[0], T * C, 1e-6, 1e-5);
   for (int c = 0; c < C; c++)
@@ -996,8 +1011,7 @@ static void test_adamw(void **state) {
   for (int step = 1; step <= 2; step++) {
     if (step == 2) /* a second step with another gradient exercises the moments */
       g[0] = -0.3f, g[1] = 0.05f, g[2] = 0.4f;
-    kernels_adamw_step(p, g, m, v, 3, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
-                       step);
+    kernels_adamw_step(p, g, m, v, 3, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step);
     for (int i = 0; i < 3; i++) {
       md[i] = b1 * md[i] + (1 - b1) * g[i];
       vd[i] = b2 * vd[i] + (1 - b2) * (double)g[i] * g[i];

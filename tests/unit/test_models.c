@@ -18,14 +18,14 @@
 static struct model *load(const char *path, int override) {
   GError *err = NULL;
   struct model *m = model_load_file(path, override, &err);
-  if (!m) fail_msg("%s: %s", path, err->message);
+  if (!m)
+    fail_msg("%s: %s", path, err->message);
   return m;
 }
 
 /* Parses base, applies patch (an object of top-level keys, or "piper.KEY" keys, whose values
  * replace the base's; the string "<delete>" removes the key) and loads the result. */
-static struct model *load_patched(const char *base, const char *patch, int override,
-                                  GError **err) {
+static struct model *load_patched(const char *base, const char *patch, int override, GError **err) {
   cJSON *root = json_parse_buffer("base", base, strlen(base), NULL);
   cJSON *p = json_parse_buffer("patch", patch, strlen(patch), NULL);
   assert_non_null(root);
@@ -38,7 +38,8 @@ static struct model *load_patched(const char *base, const char *patch, int overr
       key += 6;
     }
     cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
-    if (cJSON_IsString(it) && strcmp(it->valuestring, "<delete>") == 0) continue;
+    if (cJSON_IsString(it) && strcmp(it->valuestring, "<delete>") == 0)
+      continue;
     cJSON_AddItemToObject(obj, key, cJSON_Duplicate(it, true));
   }
   struct model *m = model_load_json("bad.json", root, override, err);
@@ -49,7 +50,8 @@ static struct model *load_patched(const char *base, const char *patch, int overr
 
 static char *read_text(const char *path) {
   char *text = NULL;
-  if (!g_file_get_contents(path, &text, NULL, NULL)) fail_msg("cannot read %s", path);
+  if (!g_file_get_contents(path, &text, NULL, NULL))
+    fail_msg("cannot read %s", path);
   return text;
 }
 
@@ -106,10 +108,12 @@ static void test_tiny_dense_structure(void **state) {
   assert_segment(m, 2, 25, 12, 2, -1);
   assert_segment(m, 3, 37, 14, 3, -1);
   for (uint32_t o = 0; o < m->n_ops; o++)
-    for (int t = 2; t < MODEL_MAX_TAGS; t++) assert_int_equal(op_tags(m, o)[t], -1);
+    for (int t = 2; t < MODEL_MAX_TAGS; t++)
+      assert_int_equal(op_tags(m, o)[t], -1);
   /* the residual stream x, [64 tokens, 64] fp32, crosses each boundary */
   assert_int_equal(m->n_edges, 3);
-  for (uint32_t e = 0; e < 3; e++) assert_edge(m, e, e, e + 1, 64 * 64 * 4);
+  for (uint32_t e = 0; e < 3; e++)
+    assert_edge(m, e, e, e + 1, 64 * 64 * 4);
   model_free(m);
 }
 
@@ -119,10 +123,11 @@ static void test_tiny_moe_structure(void **state) {
   assert_int_equal(m->family, MODEL_FAMILY_MOE);
   /* embedding, 4 x (norm, attention, add, norm, router, experts, add), final norm, head */
   assert_int_equal(m->n_ops, 1 + 4 * 7 + 2);
-  const enum model_op_kind layer0[] = {MODEL_OP_EMBEDDING, MODEL_OP_RMSNORM,  MODEL_OP_ATTENTION,
-                                       MODEL_OP_RESIDUAL_ADD, MODEL_OP_RMSNORM, MODEL_OP_ROUTER,
-                                       MODEL_OP_EXPERT_FFN,   MODEL_OP_RESIDUAL_ADD};
-  for (size_t i = 0; i < G_N_ELEMENTS(layer0); i++) assert_int_equal(m->ops[i].kind, layer0[i]);
+  const enum model_op_kind layer0[] = {
+      MODEL_OP_EMBEDDING, MODEL_OP_RMSNORM, MODEL_OP_ATTENTION,  MODEL_OP_RESIDUAL_ADD,
+      MODEL_OP_RMSNORM,   MODEL_OP_ROUTER,  MODEL_OP_EXPERT_FFN, MODEL_OP_RESIDUAL_ADD};
+  for (size_t i = 0; i < G_N_ELEMENTS(layer0); i++)
+    assert_int_equal(m->ops[i].kind, layer0[i]);
   assert_int_equal(m->n_ep_regions, 4);
   for (uint32_t o = 0; o < m->n_ops; o++) {
     bool expert = m->ops[o].kind == MODEL_OP_EXPERT_FFN;
@@ -255,7 +260,8 @@ static void test_flops_sanity(void **state) {
   struct model *m = load("models/llama3-8b.json", 0);
   double per_token = model_flops_per_microbatch(m) / (double)model_tokens_per_microbatch(m);
   double ratio = per_token / (6.0 * (double)model_param_count(m));
-  if (fabs(ratio - 1) > 0.15) fail_msg("F+BI+BW per token / 6N = %.4f", ratio);
+  if (fabs(ratio - 1) > 0.15)
+    fail_msg("F+BI+BW per token / 6N = %.4f", ratio);
   assert_int_equal(model_tokens_per_microbatch(m), 4096);
   model_free(m);
 }
@@ -268,7 +274,8 @@ static void test_deepseek(void **state) {
   assert_int_equal(m->family, MODEL_FAMILY_DEEPSEEK_V3);
   /* 61 layers in 16 regions: 13 regions of 4, then 3 of 3 */
   assert_int_equal(m->pp_regions, 16);
-  for (int r = 0; r < 16; r++) assert_int_equal(m->pp_layers[r], r < 13 ? 4 : 3);
+  for (int r = 0; r < 16; r++)
+    assert_int_equal(m->pp_layers[r], r < 13 ? 4 : 3);
   assert_int_equal(m->n_ep_regions, 58);
   /* per layer: norm, MLA, add, norm, then MLP, add (3 dense) or router, shared, experts, add */
   assert_int_equal(m->n_ops, 1 + 3 * 6 + 58 * 8 + 2);
@@ -301,9 +308,8 @@ static void test_uneven_pp_layers(void **state) {
   (void)state;
   char *base = read_text("models/tiny-dense.json");
   GError *err = NULL;
-  struct model *m =
-      load_patched(base, "{\"piper.pp_regions\": \"<delete>\", \"piper.pp_layers\": [1, 3, 4]}",
-                   0, &err);
+  struct model *m = load_patched(
+      base, "{\"piper.pp_regions\": \"<delete>\", \"piper.pp_layers\": [1, 3, 4]}", 0, &err);
   assert_non_null(m);
   assert_int_equal(m->pp_regions, 3);
   assert_int_equal(m->n_segments, 3);
@@ -377,7 +383,8 @@ static void test_user_tags(void **state) {
                                  " {\"tag\": \"X\", \"layers\": [1, 6]},"
                                  " {\"tag\": \"ATTN\", \"layers\": [4, 5]}]}",
                                  0, &err);
-  if (!m) fail_msg("%s", err->message);
+  if (!m)
+    fail_msg("%s", err->message);
   assert_int_equal(m->n_tags, 4);
   assert_string_equal(m->tag_names[2], "ATTN");
   assert_string_equal(m->tag_names[3], "X");
@@ -395,11 +402,13 @@ static void test_user_tags(void **state) {
    * region 2: layers 4-5 ATTN=1 X=0; region 3: [layer 6: X=0], [layer 7, norm, head] */
   assert_int_equal(m->n_segments, 7);
   const uint32_t first[] = {0, 1, 7, 13, 25, 37, 43};
-  for (uint32_t s = 0; s < 7; s++) assert_int_equal(m->segments[s].op_first, first[s]);
+  for (uint32_t s = 0; s < 7; s++)
+    assert_int_equal(m->segments[s].op_first, first[s]);
   assert_int_equal(m->segments[4].tags[2], 1);
   assert_int_equal(m->segments[4].tags[3], 0);
   assert_int_equal(m->n_edges, 6);
-  for (uint32_t e = 0; e < 6; e++) assert_edge(m, e, e, e + 1, 64 * 64 * 4);
+  for (uint32_t e = 0; e < 6; e++)
+    assert_edge(m, e, e, e + 1, 64 * 64 * 4);
   model_free(m);
   g_free(base);
 }
@@ -433,7 +442,8 @@ static void round_trip(const struct model *m) {
   cJSON *j = model_to_json(m);
   GError *err = NULL;
   struct model *back = model_load_json("roundtrip", j, 0, &err);
-  if (!back) fail_msg("%s: %s", m->name, err->message);
+  if (!back)
+    fail_msg("%s: %s", m->name, err->message);
   assert_same_model(m, back);
   model_free(back);
   cJSON_Delete(j);
@@ -460,7 +470,8 @@ static void test_round_trip(void **state) {
                    " \"piper.name\": \"moe-variant\", \"n_shared_experts\": 2,"
                    " \"tie_word_embeddings\": true, \"piper.dtype\": \"bf16\"}",
                    0, &err);
-  if (!m) fail_msg("%s", err->message);
+  if (!m)
+    fail_msg("%s", err->message);
   assert_string_equal(m->name, "moe-variant");
   assert_int_equal(m->ops[6].kind, MODEL_OP_SHARED_EXPERT);
   assert_int_equal(m->ops[6].shape[2], 64); /* 2 shared x 32 */
@@ -471,7 +482,8 @@ static void test_round_trip(void **state) {
                    "{\"model_type\": \"mixtral\", \"num_experts\": \"<delete>\","
                    " \"num_local_experts\": 8, \"moe_intermediate_size\": \"<delete>\"}",
                    0, &err);
-  if (!m) fail_msg("%s", err->message);
+  if (!m)
+    fail_msg("%s", err->message);
   assert_int_equal(m->moe_intermediate_size, 128);
   round_trip(m);
   model_free(m);
@@ -494,9 +506,9 @@ static void test_nulls_and_defaults(void **state) {
   char *base = read_text("models/tiny-dense.json");
   GError *err = NULL;
   struct model *m = load_patched(
-      base, "{\"head_dim\": null, \"num_key_value_heads\": null, \"rope_scaling\": null}", 0,
-      &err);
-  if (!m) fail_msg("%s", err->message);
+      base, "{\"head_dim\": null, \"num_key_value_heads\": null, \"rope_scaling\": null}", 0, &err);
+  if (!m)
+    fail_msg("%s", err->message);
   assert_int_equal(m->head_dim, 16);
   assert_int_equal(m->num_kv_heads, 4);
   model_free(m);
@@ -558,8 +570,9 @@ static void test_bad_inputs(void **state) {
       {dense, "{\"piper.tags\": [{\"tag\": \"A\", \"layers\": [3, 2]}]}", "has first > last"},
       {dense, "{\"piper.tags\": [{\"tag\": \"A\", \"layers\": [0, 8]}]}",
        "\"layers[1]\" = 8 is out of range"},
-      {dense, "{\"piper.tags\": [{\"tag\": \"A\", \"layers\": [0, 3]}, "
-              "{\"tag\": \"A\", \"layers\": [3, 4]}]}",
+      {dense,
+       "{\"piper.tags\": [{\"tag\": \"A\", \"layers\": [0, 3]}, "
+       "{\"tag\": \"A\", \"layers\": [3, 4]}]}",
        "must start after its previous entry"},
       {dense, "{\"piper.tags\": [{\"tag\": \"a b\", \"layers\": [0, 3]}]}",
        "\"tag\" = \"a b\" must be 1 to 31 characters"},
@@ -578,7 +591,8 @@ static void test_bad_inputs(void **state) {
   for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
     GError *err = NULL;
     struct model *m = load_patched(cases[i].base, cases[i].patch, 0, &err);
-    if (m) fail_msg("case %zu (%s) loaded", i, cases[i].patch);
+    if (m)
+      fail_msg("case %zu (%s) loaded", i, cases[i].patch);
     assert_non_null(err);
     assert_true(err->domain == PIPER_ERROR);
     assert_int_equal(err->code, PIPER_ERROR_INPUT);
@@ -615,13 +629,20 @@ static void test_names(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_tiny_dense_structure), cmocka_unit_test(test_tiny_moe_structure),
-      cmocka_unit_test(test_param_counts_tiny),    cmocka_unit_test(test_op_costs_tiny),
-      cmocka_unit_test(test_param_counts_real),    cmocka_unit_test(test_flops_sanity),
-      cmocka_unit_test(test_deepseek),             cmocka_unit_test(test_uneven_pp_layers),
-      cmocka_unit_test(test_pp_override),          cmocka_unit_test(test_tied_embeddings),
-      cmocka_unit_test(test_user_tags),            cmocka_unit_test(test_round_trip),
-      cmocka_unit_test(test_nulls_and_defaults),   cmocka_unit_test(test_bad_inputs),
+      cmocka_unit_test(test_tiny_dense_structure),
+      cmocka_unit_test(test_tiny_moe_structure),
+      cmocka_unit_test(test_param_counts_tiny),
+      cmocka_unit_test(test_op_costs_tiny),
+      cmocka_unit_test(test_param_counts_real),
+      cmocka_unit_test(test_flops_sanity),
+      cmocka_unit_test(test_deepseek),
+      cmocka_unit_test(test_uneven_pp_layers),
+      cmocka_unit_test(test_pp_override),
+      cmocka_unit_test(test_tied_embeddings),
+      cmocka_unit_test(test_user_tags),
+      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_nulls_and_defaults),
+      cmocka_unit_test(test_bad_inputs),
       cmocka_unit_test(test_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -38,7 +38,8 @@ static void assert_near(double got, double want, double atol, double rtol, const
 
 static struct profile *profile_from(const char *text, GError **err) {
   cJSON *root = json_parse_buffer("test.json", text, strlen(text), err);
-  if (!root) return NULL;
+  if (!root)
+    return NULL;
   struct profile *p = profile_parse_json("test.json", root, err);
   cJSON_Delete(root);
   return p;
@@ -47,7 +48,8 @@ static struct profile *profile_from(const char *text, GError **err) {
 static struct profile *load_profile(const char *path) {
   GError *err = NULL;
   struct profile *p = profile_load_file(path, &err);
-  if (!p) fail_msg("%s: %s", path, err->message);
+  if (!p)
+    fail_msg("%s: %s", path, err->message);
   return p;
 }
 
@@ -111,7 +113,8 @@ static void test_profile_errors(void **state) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     GError *err = NULL;
     struct profile *p = profile_from(cases[i].text, &err);
-    if (p) fail_msg("case %zu accepted", i);
+    if (p)
+      fail_msg("case %zu accepted", i);
     assert_non_null(err);
     assert_int_equal(err->code, PIPER_ERROR_INPUT);
     if (!strstr(err->message, cases[i].want) || !strstr(err->message, "test.json"))
@@ -121,14 +124,16 @@ static void test_profile_errors(void **state) {
   /* measured table: unknown op kind and duplicate entries */
   GError *err = NULL;
   char buf[2048];
-  snprintf(buf, sizeof buf, "%.*s,\"measured\":[{\"op\":\"conv\",\"pass\":\"F\",\"shape\":[1],"
-                            "\"ms\":1}]}",
+  snprintf(buf, sizeof buf,
+           "%.*s,\"measured\":[{\"op\":\"conv\",\"pass\":\"F\",\"shape\":[1],"
+           "\"ms\":1}]}",
            (int)strlen(plain_profile) - 1, plain_profile);
   assert_null(profile_from(buf, &err));
   assert_non_null(strstr(err->message, "measured[0]"));
   g_clear_error(&err);
-  snprintf(buf, sizeof buf, "%.*s,\"measured\":[{\"op\":\"mlp\",\"pass\":\"F\",\"shape\":[1],"
-                            "\"ms\":1},{\"op\":\"mlp\",\"pass\":\"F\",\"shape\":[1],\"ms\":2}]}",
+  snprintf(buf, sizeof buf,
+           "%.*s,\"measured\":[{\"op\":\"mlp\",\"pass\":\"F\",\"shape\":[1],"
+           "\"ms\":1},{\"op\":\"mlp\",\"pass\":\"F\",\"shape\":[1],\"ms\":2}]}",
            (int)strlen(plain_profile) - 1, plain_profile);
   assert_null(profile_from(buf, &err));
   assert_non_null(strstr(err->message, "duplicate"));
@@ -138,7 +143,8 @@ static void test_profile_errors(void **state) {
 static struct model *load_model(const char *path, int pp) {
   GError *err = NULL;
   struct model *m = model_load_file(path, pp, &err);
-  if (!m) fail_msg("%s: %s", path, err->message);
+  if (!m)
+    fail_msg("%s: %s", path, err->message);
   return m;
 }
 
@@ -166,7 +172,8 @@ static void test_roofline_and_table(void **state) {
   double want4 = 0;
   for (uint32_t i = seg->op_first; i < seg->op_first + seg->op_count; i++) {
     double pb = (double)m->ops[i].param_bytes;
-    double tc = m->ops[i].flops_fwd / 10e12, tm = ((double)m->ops[i].bytes_fwd - pb + pb / 4) / 1000e9;
+    double tc = m->ops[i].flops_fwd / 10e12,
+           tm = ((double)m->ops[i].bytes_fwd - pb + pb / 4) / 1000e9;
     want4 += tc > tm ? tc : tm;
   }
   struct profile_cost c4 = profile_compute_cost(p, m, s, IR_PASS_F, 4);
@@ -185,8 +192,10 @@ static void test_roofline_and_table(void **state) {
   int64_t T = op->shape[0];
   GString *shape_lo = g_string_new(""), *shape_hi = g_string_new("");
   for (int k = 0; k < PROFILE_MAX_SHAPE; k++) {
-    g_string_append_printf(shape_lo, "%s%lld", k ? "," : "", (long long)(k == 0 ? T / 2 : op->shape[k]));
-    g_string_append_printf(shape_hi, "%s%lld", k ? "," : "", (long long)(k == 0 ? T * 2 : op->shape[k]));
+    g_string_append_printf(shape_lo, "%s%lld", k ? "," : "",
+                           (long long)(k == 0 ? T / 2 : op->shape[k]));
+    g_string_append_printf(shape_hi, "%s%lld", k ? "," : "",
+                           (long long)(k == 0 ? T * 2 : op->shape[k]));
   }
   snprintf(buf, sizeof buf,
            "%.*s,\"measured\":[{\"op\":\"%s\",\"pass\":\"F\",\"shape\":[%s],\"ms\":1},"
@@ -194,7 +203,8 @@ static void test_roofline_and_table(void **state) {
            (int)strlen(plain_profile) - 1, plain_profile, model_op_kind_name(op->kind),
            shape_lo->str, model_op_kind_name(op->kind), shape_hi->str);
   p = profile_from(buf, &err);
-  if (!p) fail_msg("%s", err->message);
+  if (!p)
+    fail_msg("%s", err->message);
   struct profile_cost cm = profile_compute_cost(p, m, s, IR_PASS_F, 1);
   /* every op of the segment with that kind and shape is measured (layers repeat ops) */
   uint32_t same = 0;
@@ -218,7 +228,8 @@ static void test_roofline_and_table(void **state) {
            (int)strlen(plain_profile) - 1, plain_profile, model_op_kind_name(op->kind),
            shape_lo->str);
   p = profile_from(buf, &err);
-  if (!p) fail_msg("%s", err->message);
+  if (!p)
+    fail_msg("%s", err->message);
   struct profile_cost ce = profile_compute_cost(p, m, s, IR_PASS_F, 1);
   assert_int_equal(ce.measured_ops, same);
   assert_near(ce.seconds, rest + same * 2 * MS, 0, 1e-12, "extrapolated");
@@ -236,7 +247,8 @@ static void test_collectives(void **state) {
   double alpha = 2e-6, B = 100e9, n = 64e6;
   for (uint32_t size = 2; size <= 8; size *= 2) {
     uint32_t devs[8];
-    for (uint32_t i = 0; i < size; i++) devs[i] = i; /* one node */
+    for (uint32_t i = 0; i < size; i++)
+      devs[i] = i; /* one node */
     struct profile_span sp = profile_span_of(p, devs, size);
     assert_int_equal(sp.n_nodes, 1);
     double pr = size;
@@ -247,13 +259,15 @@ static void test_collectives(void **state) {
     struct profile_comm_cost ag = profile_comm_cost(p, IR_NODE_ALL_GATHER, (uint64_t)n, &sp);
     struct profile_comm_cost rs = profile_comm_cost(p, IR_NODE_REDUCE_SCATTER, (uint64_t)n, &sp);
     assert_near(ag.latency + ag.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12, "all-gather");
-    assert_near(rs.latency + rs.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12, "reduce-scatter");
+    assert_near(rs.latency + rs.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12,
+                "reduce-scatter");
     assert_false(ar.inter_node);
   }
   /* across nodes: 16 ranks on 2 nodes of 8 use all 8 NICs of 10 GB/s each = 80 GB/s, inter-node
    * latency */
   uint32_t devs[16];
-  for (uint32_t i = 0; i < 16; i++) devs[i] = i;
+  for (uint32_t i = 0; i < 16; i++)
+    devs[i] = i;
   struct profile_span sp = profile_span_of(p, devs, 16);
   assert_int_equal(sp.n_nodes, 2);
   assert_int_equal(sp.min_per_node, 8);
@@ -282,21 +296,21 @@ struct hi {
   enum ir_node_kind kind;
   uint32_t stream;
   enum ir_pass pass;
-  uint32_t peer;                /* send/recv: the other device; collectives: group index */
-  uint64_t bytes;               /* comm payload */
-  int wait;                     /* class instruction it waits for, -1 none */
-  uint64_t out_bytes;           /* a tensor it writes (0 none) ... */
-  int consumer;                 /* ... read by this instruction of the device (-1: none) */
-  int saved;                    /* that tensor is saved activations */
+  uint32_t peer;      /* send/recv: the other device; collectives: group index */
+  uint64_t bytes;     /* comm payload */
+  int wait;           /* class instruction it waits for, -1 none */
+  uint64_t out_bytes; /* a tensor it writes (0 none) ... */
+  int consumer;       /* ... read by this instruction of the device (-1: none) */
+  int saved;          /* that tensor is saved activations */
 };
 
 struct hplan {
   uint32_t n_devices, n_streams;
-  double shares[4];             /* stream SM shares (0 = 1) */
+  double shares[4]; /* stream SM shares (0 = 1) */
   uint32_t n[8];
   struct hi ins[8][16];
   uint32_t n_coll_groups;
-  uint32_t coll_group[2][8];    /* members */
+  uint32_t coll_group[2][8]; /* members */
   uint32_t coll_size[2];
 };
 
@@ -320,7 +334,8 @@ static struct plan *hplan_build(const struct hplan *h) {
   }
   for (uint32_t g = 0; g < h->n_coll_groups; g++) {
     p->groups[h->n_devices + g] = (struct ir_group){pool, h->coll_size[g]};
-    for (uint32_t i = 0; i < h->coll_size[g]; i++) p->device_pool[pool++] = h->coll_group[g][i];
+    for (uint32_t i = 0; i < h->coll_size[g]; i++)
+      p->device_pool[pool++] = h->coll_group[g][i];
   }
   p->n_device_pool = pool;
   p->n_streams = h->n_streams;
@@ -339,7 +354,8 @@ static struct plan *hplan_build(const struct hplan *h) {
     p->comms[h->n_devices * h->n_devices + g] =
         (struct plan_comm){IR_COMM_DP, h->n_devices + g, IR_NONE};
   uint32_t total = 0;
-  for (uint32_t d = 0; d < h->n_devices; d++) total += h->n[d];
+  for (uint32_t d = 0; d < h->n_devices; d++)
+    total += h->n[d];
   p->nodes = g_new0(struct ir_node, total + 1);
   p->n_classes = h->n_devices;
   p->classes = g_new0(struct plan_class, h->n_devices);
@@ -363,7 +379,8 @@ static struct plan *hplan_build(const struct hplan *h) {
     for (uint32_t i = 0; i < n; i++) {
       const struct hi *x = &h->ins[d][i];
       struct ir_node *nd = &p->nodes[node];
-      for (int t = 0; t < IR_MAX_TAGS; t++) nd->tags[t] = -1;
+      for (int t = 0; t < IR_MAX_TAGS; t++)
+        nd->tags[t] = -1;
       nd->kind = x->kind;
       nd->pass = x->kind == IR_NODE_COMPUTE ? x->pass : IR_PASS_NONE;
       nd->segment = x->kind == IR_NODE_COMPUTE ? 0 : IR_NONE;
@@ -383,14 +400,15 @@ static struct plan *hplan_build(const struct hplan *h) {
       if (x->kind == IR_NODE_SEND || x->kind == IR_NODE_RECV) {
         nd->peer_group = x->peer;
         nd->purpose = IR_COMM_PP;
-        in->comm = x->kind == IR_NODE_SEND ? d * h->n_devices + x->peer
-                                           : x->peer * h->n_devices + d;
+        in->comm =
+            x->kind == IR_NODE_SEND ? d * h->n_devices + x->peer : x->peer * h->n_devices + d;
       } else if (x->kind != IR_NODE_COMPUTE && x->kind != IR_NODE_OPTIMIZER) {
         nd->group = h->n_devices + x->peer;
         nd->purpose = IR_COMM_DP;
         in->comm = h->n_devices * h->n_devices + x->peer;
       }
-      if (in->comm != IR_NONE) in->seq = seq[in->comm]++;
+      if (in->comm != IR_NONE)
+        in->seq = seq[in->comm]++;
       if (x->wait >= 0) {
         in->wait_first = c->n_waits;
         in->wait_count = 1;
@@ -401,12 +419,14 @@ static struct plan *hplan_build(const struct hplan *h) {
     for (uint32_t i = 0; i < n; i++) {
       const struct hi *x = &h->ins[d][i];
       c->instrs[i].write_first = c->n_writes;
-      if (!x->out_bytes) continue;
+      if (!x->out_bytes)
+        continue;
       uint32_t t = c->n_tensors++;
-      c->tensors[t] = (struct plan_tensor){x->out_bytes, i,
-                                           x->saved ? PLAN_TENSOR_SAVED : PLAN_TENSOR_OUT,
-                                           c->n_consumers, x->consumer >= 0 ? 1u : 0u};
-      if (x->consumer >= 0) c->consumers[c->n_consumers++] = (uint32_t)x->consumer;
+      c->tensors[t] =
+          (struct plan_tensor){x->out_bytes, i, x->saved ? PLAN_TENSOR_SAVED : PLAN_TENSOR_OUT,
+                               c->n_consumers, x->consumer >= 0 ? 1u : 0u};
+      if (x->consumer >= 0)
+        c->consumers[c->n_consumers++] = (uint32_t)x->consumer;
       c->writes[c->n_writes++] = t;
       c->instrs[i].write_count = 1;
     }
@@ -424,7 +444,8 @@ static struct plan *hplan_build(const struct hplan *h) {
     for (uint32_t s = 0; s < h->n_streams; s++) {
       c->stream_first[s] = k;
       for (uint32_t i = 0; i < n; i++)
-        if (c->instrs[i].stream == s) c->stream_instrs[k++] = i;
+        if (c->instrs[i].stream == s)
+          c->stream_instrs[k++] = i;
     }
     c->stream_first[h->n_streams] = k;
   }
@@ -436,7 +457,8 @@ static struct sim_result *run(const struct plan *p, const struct profile *prof, 
   GError *err = NULL;
   struct sim_options o = {.collapse = collapse};
   struct sim_result *r = sim_run(p, prof, &o, &err);
-  if (!r) fail_msg("sim_run: %s", err->message);
+  if (!r)
+    fail_msg("sim_run: %s", err->message);
   return r;
 }
 
@@ -446,12 +468,14 @@ static const struct report_interval *iv_of(const struct sim_result *r, const str
   const struct sim_unit *u = &r->units[r->device_unit[d]];
   uint32_t node = p->classes[p->device_class[d]].instrs[i].node;
   for (uint32_t k = 0; k < u->n_intervals; k++)
-    if (u->intervals[k].node == node) return &u->intervals[k];
+    if (u->intervals[k].node == node)
+      return &u->intervals[k];
   fail_msg("no interval for device %u instruction %u", d, i);
   return NULL;
 }
 
-#define C(stream, pass) {IR_NODE_COMPUTE, stream, pass, 0, 0, -1, 0, -1, 0}
+#define C(stream, pass)                                                                            \
+  { IR_NODE_COMPUTE, stream, pass, 0, 0, -1, 0, -1, 0 }
 
 static void test_engine_order_and_rendezvous(void **state) {
   (void)state;
@@ -507,8 +531,12 @@ static void test_engine_contention(void **state) {
   assert_non_null(pr);
   /* device 0: F (2 ms of work) on stream 0 while an all-reduce over {0} runs on stream 1 for
    * 1 ms: the F runs at half speed for 1 ms (0.5 ms of work) then full speed: ends at 2.5 ms */
-  struct hplan h = {.n_devices = 1, .n_streams = 2, .n = {2}, .n_coll_groups = 1,
-                    .coll_group = {{0}}, .coll_size = {1}};
+  struct hplan h = {.n_devices = 1,
+                    .n_streams = 2,
+                    .n = {2},
+                    .n_coll_groups = 1,
+                    .coll_group = {{0}},
+                    .coll_size = {1}};
   h.ins[0][0] = (struct hi)C(0, IR_PASS_F);
   h.ins[0][1] = (struct hi){IR_NODE_ALL_REDUCE, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
   struct plan *p = hplan_build(&h);
@@ -611,13 +639,15 @@ static void test_report_stats(void **state) {
 
 /* ---- end to end through the real pipeline -------------------------------------------------- */
 
-static struct plan *compile(const char *model, const char *base, const char *schedule,
-                            uint32_t mbs, int pp_regions) {
+static struct plan *compile(const char *model, const char *base, const char *schedule, uint32_t mbs,
+                            int pp_regions) {
   GError *err = NULL;
   struct sched_options so = {.mbs = mbs};
-  if (!sched_family_parse(schedule, &so.family)) fail_msg("schedule %s", schedule);
+  if (!sched_family_parse(schedule, &so.family))
+    fail_msg("schedule %s", schedule);
   struct plan *p = sim_compile(model, base, &so, pp_regions, &err);
-  if (!p) fail_msg("%s %s %s: %s", model, base, schedule, err->message);
+  if (!p)
+    fail_msg("%s %s %s: %s", model, base, schedule, err->message);
   return p;
 }
 
@@ -641,8 +671,8 @@ static void test_textbook_gpipe_1f1b(void **state) {
     uint32_t M = Ms[k];
     const char *sch[] = {"gpipe", "1f1b"};
     for (int s = 0; s < 2; s++) {
-      struct plan *p = compile("models/tiny-dense.json", "directives/base-schedules/pp4.json",
-                               sch[s], M, 0);
+      struct plan *p =
+          compile("models/tiny-dense.json", "directives/base-schedules/pp4.json", sch[s], M, 0);
       struct sim_result *r = run(p, u, true);
       char what[64];
       snprintf(what, sizeof what, "%s M=%u: (M+R-1)(F+B)", sch[s], M);
@@ -654,8 +684,8 @@ static void test_textbook_gpipe_1f1b(void **state) {
         assert_true(per > 0);
         uint32_t want = s == 0 ? M : (R - d < M ? R - d : M);
         if (su->peak_saved_activation_bytes != (uint64_t)want * per)
-          fail_msg("%s M=%u rank %u: peak saved %llu = %.3f micro-batches, want %u", sch[s], M,
-                   d, (unsigned long long)su->peak_saved_activation_bytes,
+          fail_msg("%s M=%u rank %u: peak saved %llu = %.3f micro-batches, want %u", sch[s], M, d,
+                   (unsigned long long)su->peak_saved_activation_bytes,
                    (double)su->peak_saved_activation_bytes / (double)per, want);
       }
       sim_result_free(r);
@@ -669,8 +699,8 @@ static void test_textbook_zb_interleaved(void **state) {
   (void)state;
   struct profile *u = load_profile("profiles/unit.json");
   const uint32_t R = 4, M = 8;
-  struct plan *p = compile("models/tiny-dense.json", "directives/base-schedules/pp4.json",
-                           "zerobubble", M, 0);
+  struct plan *p =
+      compile("models/tiny-dense.json", "directives/base-schedules/pp4.json", "zerobubble", M, 0);
   struct sim_result *r = run(p, u, true);
   assert_near(r->iteration_time, (3 * M + R - 1) * MS, TIME_TOL, 0, "ZB-H1: 3M+R-1");
   sim_result_free(r);
@@ -679,8 +709,7 @@ static void test_textbook_zb_interleaved(void **state) {
   p = compile("models/tiny-dense.json", "directives/base-schedules/pp4_interleaved.json",
               "interleaved_1f1b", M, 8);
   r = run(p, u, true);
-  assert_near(r->iteration_time, (2 * M * 3 + (R - 1) * 3) * MS, TIME_TOL, 0,
-              "interleaved v=2");
+  assert_near(r->iteration_time, (2 * M * 3 + (R - 1) * 3) * MS, TIME_TOL, 0, "interleaved v=2");
   sim_result_free(r);
   plan_free(p);
   profile_free(u);
@@ -697,8 +726,8 @@ static void test_textbook_dualpipev(void **state) {
    * (PP/2 - 1)(F&B + B - 3W) with F&B = F + B = 3, B = 2, W = 1 */
   double work = 2.0 * M * 3 * MS, bound = work + (PP / 2 - 1) * (3 + 2 - 3) * MS;
   if (r->iteration_time < work - TIME_TOL || r->iteration_time > bound + TIME_TOL)
-    fail_msg("DualPipeV: %.6g ms, want within [%.6g, %.6g] ms", r->iteration_time * 1e3,
-             work * 1e3, bound * 1e3);
+    fail_msg("DualPipeV: %.6g ms, want within [%.6g, %.6g] ms", r->iteration_time * 1e3, work * 1e3,
+             bound * 1e3);
   /* peak activations: at most PP + 1 chunks (a chunk: one stage's saved activations of one
    * micro-batch; the larger of the rank's two stages bounds both) */
   for (uint32_t d = 0; d < R; d++) {
@@ -712,7 +741,8 @@ static void test_textbook_dualpipev(void **state) {
     }
     uint64_t biggest = 0;
     for (int s = 0; s < 64; s++)
-      if (chunk[s] / M > biggest) biggest = chunk[s] / M;
+      if (chunk[s] / M > biggest)
+        biggest = chunk[s] / M;
     const struct sim_unit *su = &r->units[r->device_unit[d]];
     if (su->peak_saved_activation_bytes > (PP + 1) * biggest)
       fail_msg("DualPipeV rank %u: peak saved %.2f chunks, want at most %u", d,
@@ -727,8 +757,8 @@ static void test_textbook_dualpipev(void **state) {
 static void test_collapse_exact(void **state) {
   (void)state;
   struct profile *pr = load_profile("profiles/h100-sxm.json");
-  struct plan *p = compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json",
-                           "1f1b", 4, 0);
+  struct plan *p =
+      compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json", "1f1b", 4, 0);
   struct sim_result *a = run(p, pr, true), *b = run(p, pr, false);
   assert_true(a->n_units < b->n_units);
   assert_int_equal(a->device_instructions, b->device_instructions);
@@ -775,7 +805,8 @@ static void test_static_memory_zero(void **state) {
     write_text(path, text);
     GError *err = NULL;
     struct plan *p = sim_compile("models/tiny-moe.json", path, NULL, 0, &err);
-    if (!p) fail_msg("%s: %s", path, err->message);
+    if (!p)
+      fail_msg("%s: %s", path, err->message);
     struct sim_result *r = run(p, u, false);
     /* every segment whole on each device (no shard directive): psi = the model's parameters */
     double psi = (double)model_param_count(m), N = 2;
@@ -810,18 +841,22 @@ static void test_static_memory_zero(void **state) {
 
 static char *slurp(const char *path) {
   char *text = NULL;
-  if (!g_file_get_contents(path, &text, NULL, NULL)) fail_msg("cannot read %s", path);
+  if (!g_file_get_contents(path, &text, NULL, NULL))
+    fail_msg("cannot read %s", path);
   return text;
 }
 
 static void test_report_files(void **state) {
   (void)state;
   struct profile *pr = load_profile("profiles/h100-sxm.json");
-  struct plan *p = compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json",
-                           "1f1b", 4, 0);
+  struct plan *p =
+      compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json", "1f1b", 4, 0);
   struct sim_result *r = run(p, pr, true);
-  struct report_run rr = {.plan = p, .kind = "sim", .schedule = "1f1b",
-                          .program_file = "1f1b_pp2_mbs4.json", .n_iterations = 1,
+  struct report_run rr = {.plan = p,
+                          .kind = "sim",
+                          .schedule = "1f1b",
+                          .program_file = "1f1b_pp2_mbs4.json",
+                          .n_iterations = 1,
                           .iteration_times = &r->iteration_time,
                           .peak_flops_per_device = pr->peak_flops[p->model->dtype]};
   report_run_init_devices(&rr);
@@ -832,7 +867,8 @@ static void test_report_files(void **state) {
   char dir[] = "/tmp/test_sim_XXXXXX";
   assert_non_null(g_mkdtemp(dir));
   GError *err = NULL;
-  if (!report_write_dir(&rr, dir, &err)) fail_msg("%s", err->message);
+  if (!report_write_dir(&rr, dir, &err))
+    fail_msg("%s", err->message);
   char path[512];
 
   /* results.csv: the SPEC §8 columns, one row per dp rank */
@@ -843,7 +879,8 @@ static void test_report_files(void **state) {
                        "peak_memory_pp0_gb,peak_memory_pp1_gb\n";
   assert_memory_equal(csv, header, strlen(header));
   int lines = 0;
-  for (char *c = csv; *c; c++) lines += *c == '\n';
+  for (char *c = csv; *c; c++)
+    lines += *c == '\n';
   assert_int_equal(lines, 3);
   g_free(csv);
 
@@ -852,16 +889,19 @@ static void test_report_files(void **state) {
   cJSON *mj = json_parse_file(path, &err);
   assert_non_null(mj);
   const char *keys[] = {"iteration_time_s", "throughput_tokens_per_s", "mfu", "devices"};
-  for (int k = 0; k < 4; k++) assert_non_null(cJSON_GetObjectItem(mj, keys[k]));
+  for (int k = 0; k < 4; k++)
+    assert_non_null(cJSON_GetObjectItem(mj, keys[k]));
   assert_true(cJSON_IsNumber(cJSON_GetObjectItem(mj, "mfu")));
   cJSON *devs = cJSON_GetObjectItem(mj, "devices");
   assert_int_equal(cJSON_GetArraySize(devs), 4);
-  const char *dkeys[] = {"device", "pp_rank", "dp_rank", "bubble_fraction", "exposed_comm_s",
-                         "overlap_fraction", "peak_memory_bytes", "memory_breakdown_bytes"};
+  const char *dkeys[] = {
+      "device",         "pp_rank",          "dp_rank",           "bubble_fraction",
+      "exposed_comm_s", "overlap_fraction", "peak_memory_bytes", "memory_breakdown_bytes"};
   cJSON *dv;
   cJSON_ArrayForEach(dv, devs) {
     for (int k = 0; k < 8; k++)
-      if (!cJSON_GetObjectItem(dv, dkeys[k])) fail_msg("device lacks %s", dkeys[k]);
+      if (!cJSON_GetObjectItem(dv, dkeys[k]))
+        fail_msg("device lacks %s", dkeys[k]);
     cJSON *b = cJSON_GetObjectItem(dv, "memory_breakdown_bytes");
     const char *bk[] = {"params", "grads", "optimizer", "activations", "comm"};
     double sum = 0;
@@ -878,7 +918,8 @@ static void test_report_files(void **state) {
   /* trace.json: Chrome trace schema */
   snprintf(path, sizeof path, "%s/trace.json", dir);
   cJSON *tj = json_parse_file(path, &err);
-  if (!tj) fail_msg("%s", err->message);
+  if (!tj)
+    fail_msg("%s", err->message);
   cJSON *evs = cJSON_GetObjectItem(tj, "traceEvents");
   assert_true(cJSON_IsArray(evs));
   int nx = 0, nc = 0, nproc = 0, nthread = 0;
@@ -921,13 +962,15 @@ static void test_report_files(void **state) {
   const char *sig[] = {"\x89PNG", "<?xml", "%PDF"};
   for (int k = 0; k < 3; k++) {
     snprintf(path, sizeof path, "%s/schedule.%s", dir, ext[k]);
-    if (!chart_schedule(&rr, path, (enum chart_format)k, &err)) fail_msg("%s", err->message);
+    if (!chart_schedule(&rr, path, (enum chart_format)k, &err))
+      fail_msg("%s", err->message);
     char *data = slurp(path);
     assert_memory_equal(data, sig[k], strlen(sig[k]));
     g_free(data);
   }
   { /* gnuplot is a dependency (tools/install-deps.sh): the chart must come out */
-    if (!chart_memory(&rr, dir, &err)) fail_msg("%s", err->message);
+    if (!chart_memory(&rr, dir, &err))
+      fail_msg("%s", err->message);
     snprintf(path, sizeof path, "%s/memory.png", dir);
     char *data = slurp(path);
     assert_memory_equal(data, "\x89PNG", 4);
@@ -954,11 +997,13 @@ static void test_sweep(void **state) {
                    "\"profiles\":[\"profiles/unit.json\"],\"memory_cap_gib\":0.0024}");
   GError *err = NULL;
   struct sweep *s = sweep_load_file(path, &err);
-  if (!s) fail_msg("%s", err->message);
+  if (!s)
+    fail_msg("%s", err->message);
   char out[300];
   snprintf(out, sizeof out, "%s/out", dir);
   bool ok = sweep_run(s, out, false, &err);
-  if (!ok && !(err && strstr(err->message, "gnuplot"))) fail_msg("%s", err->message);
+  if (!ok && !(err && strstr(err->message, "gnuplot")))
+    fail_msg("%s", err->message);
   assert_int_equal(s->n_points, 6);
   /* ranked: feasible by throughput, then over the cap, then errors (dualpipev on a 4-stage
    * layout is refused by its builder) */
@@ -1017,6 +1062,7 @@ int main(void) {
   void (*fc_fini)(void) = NULL;
   void *sym = dlsym(RTLD_DEFAULT, "FcFini");
   memcpy(&fc_fini, &sym, sizeof sym);
-  if (fc_fini) fc_fini();
+  if (fc_fini)
+    fc_fini();
   return rc;
 }
