@@ -798,7 +798,6 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   }
   g_free(sync_of);
   grad_index_free(&gi);
-  (void)err;
   return true;
 }
 

@@ -130,7 +130,7 @@ uint32_t ir_graph_add_segset(struct ir_graph *g, const uint32_t *segments, uint3
   return g->segsets->len - 1;
 }
 
-static struct ir_node node_template(const struct ir_graph *g) {
+static struct ir_node node_template(void) {
   struct ir_node n;
   memset(&n, 0, sizeof n);
   for (int t = 0; t < IR_MAX_TAGS; t++)
@@ -146,7 +146,6 @@ static struct ir_node node_template(const struct ir_graph *g) {
   n.shard_degree = 1;
   n.replica_degree = 1;
   n.directive = IR_NONE;
-  (void)g;
   return n;
 }
 
@@ -156,7 +155,7 @@ struct ir_graph *ir_graph_build(const struct model *m) {
   /* Forward nodes are 0..ns-1 and backward nodes ns..2ns-1, in model order. */
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t s = 0; s < ns; s++) {
-      struct ir_node n = node_template(g);
+      struct ir_node n = node_template();
       n.kind = IR_NODE_COMPUTE;
       n.pass = pass == 0 ? IR_PASS_F : IR_PASS_B;
       n.segment = s;
@@ -184,7 +183,7 @@ struct ir_graph *ir_graph_build(const struct model *m) {
     for (uint32_t s = 0; s < ns; s++)
       if (m->segments[s].tags[MODEL_TAG_PP] == r && m->segments[s].param_count > 0)
         g_array_append_val(segs, s);
-    struct ir_node n = node_template(g);
+    struct ir_node n = node_template();
     n.kind = IR_NODE_OPTIMIZER;
     n.tags[MODEL_TAG_PP] = r;
     n.segset = ir_graph_add_segset(g, (uint32_t *)segs->data, segs->len, NULL);
