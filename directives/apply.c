@@ -330,11 +330,31 @@ static bool apply_bi_bw_split(struct apply *a, GError **err) {
 
 /* ---- phases 3-4: place, replicate, shard ------------------------------------------------- */
 
+/* True when directive d is a place whose filter names a split dimension (e.g. "MB"). */
+static bool placed_per_microbatch(const struct apply *a, uint32_t d) {
+  const struct dir_directive *dd = &a->p->d[d];
+  if (dd->op != DIR_PLACE)
+    return false;
+  for (uint32_t k = 0; k < dd->filter.n_keys; k++) {
+    int t = ir_graph_tag(a->g, dd->filter.keys[k].name, false);
+    if (t >= (int)a->g->model->n_tags)
+      return true;
+  }
+  return false;
+}
+
 static bool set_group(struct apply *a, uint32_t d, uint32_t node, uint32_t group, GError **err) {
   struct node_info *ni = INFO(a, node);
   struct ir_node *n = IR_NODE(a->g, node);
   enum dir_op op = a->p->d[d].op;
   if (op != DIR_PLACE && ni->grouped_by != IR_NONE && n->group != group) {
+    /* A region placed per micro-batch (DualPipe's second model copy) keeps its own group:
+     * replicate / shard then act over that group, which must have the same size. */
+    if (placed_per_microbatch(a, ni->grouped_by) &&
+        IR_GROUP(a->g, n->group)->count == IR_GROUP(a->g, group)->count) {
+      n->directive = d;
+      return true;
+    }
     char *nm = node_name(a->g, node);
     fail_at(a, d, err, "\"devices\" differ from the devices given to \"%s\" by directive %u (%s)",
             nm, a->p->d[ni->grouped_by].index, dir_op_name(a->p->d[ni->grouped_by].op));
@@ -511,10 +531,9 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
               "\"%s\" runs on %u devices but \"%s\" of the same segment on %u: copies of a "
               "segment need equal groups",
               y, IR_GROUP(g, n->group)->count, x, IR_GROUP(g, h->group)->count);
-    else if (n->shard_degree > 1 || IR_NODE(g, h->fwd_node)->shard_degree > 1 || n->shard_grads ||
-             IR_NODE(g, h->fwd_node)->shard_grads)
+    else if (n->shard_grads || IR_NODE(g, h->fwd_node)->shard_grads)
       fail_at(a, d, err,
-              "\"%s\" and \"%s\" put copies of a sharded segment on two device groups, "
+              "\"%s\" and \"%s\" put copies of a ZeRO-sharded segment on two device groups, "
               "which is not supported",
               y, x);
     else {
@@ -526,15 +545,6 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
     if (failed)
       return false;
   }
-  return true;
-}
-
-/* True when every device of group a is in group b. */
-static bool group_within(const struct ir_graph *g, uint32_t a, uint32_t b) {
-  const uint32_t *da = IR_GROUP_DEVICES(g, a);
-  for (uint32_t i = 0; i < IR_GROUP(g, a)->count; i++)
-    if (ir_group_position(g, b, da[i]) < 0)
-      return false;
   return true;
 }
 
@@ -563,13 +573,66 @@ static uint32_t stream_or(struct ir_graph *g, const char *name, const char *fall
   return ir_graph_stream(g, name && name[0] ? name : fallback);
 }
 
+/* True when groups a and b share a device: a dependency between them is kept by the shared
+ * devices (each device waits only for what it runs). */
+static bool groups_overlap(const struct ir_graph *g, uint32_t a, uint32_t b) {
+  if (a == b)
+    return true;
+  const uint32_t *da = IR_GROUP_DEVICES(g, a);
+  for (uint32_t i = 0; i < IR_GROUP(g, a)->count; i++)
+    if (ir_group_position(g, b, da[i]) >= 0)
+      return true;
+  return false;
+}
+
+static void free_syncs(GArray **syncs_of, uint32_t n) {
+  for (uint32_t s = 0; s < n; s++)
+    g_array_free(syncs_of[s], TRUE);
+  g_free(syncs_of);
+}
+
+/* The groups over which the copies of a segment with several homes sum their gradients. */
+static bool copy_sync_groups(struct apply *a, const struct segment_home *h, GArray *out,
+                             GError **err) {
+  struct ir_graph *g = a->g;
+  uint32_t size = IR_GROUP(g, h->homes[0])->count;
+  bool sharded = IR_NODE(g, h->fwd_node)->shard_degree > 1;
+  GArray *devs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  bool ok = true;
+  for (uint32_t p = 0; p < (sharded ? size : 1) && ok; p++) {
+    g_array_set_size(devs, 0);
+    for (uint32_t k = 0; k < h->n_homes; k++) {
+      const uint32_t *d = IR_GROUP_DEVICES(g, h->homes[k]);
+      if (sharded)
+        g_array_append_val(devs, d[p]);
+      else
+        g_array_append_vals(devs, d, size);
+    }
+    g_array_sort(devs, compare_u32);
+    for (uint32_t k = 1; k < devs->len && ok; k++)
+      if (g_array_index(devs, uint32_t, k) == g_array_index(devs, uint32_t, k - 1)) {
+        char *x = node_name(g, h->fwd_node);
+        fail_at(a, INFO(a, h->fwd_node)->grouped_by, err, "copies of \"%s\" share device %u", x,
+                g_array_index(devs, uint32_t, k));
+        g_free(x);
+        ok = false;
+      }
+    if (ok) {
+      uint32_t grp = ir_graph_group(g, (uint32_t *)devs->data, devs->len);
+      g_array_append_val(out, grp);
+    }
+  }
+  g_array_free(devs, TRUE);
+  return ok;
+}
+
 /* Adds the gradient collective of one bucket on group: every weight-gradient node of the
- * bucket's segments feeds it; sync_of records it per segment. */
+ * bucket's segments on devices of the group feeds it; syncs_of records it per segment. */
 static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket,
                                       const struct segment_home *home, enum ir_node_kind kind,
                                       uint32_t group, uint32_t stream, uint64_t bytes,
                                       uint32_t directive, const struct grad_index *gi,
-                                      uint32_t *sync_of) {
+                                      GArray **syncs_of) {
   struct ir_graph *g = a->g;
   const struct ir_node *first = IR_NODE(g, home[g_array_index(bucket, uint32_t, 0)].fwd_node);
   struct ir_node c = comm_node(first, kind, IR_COMM_DP, stream, bytes);
@@ -585,9 +648,10 @@ static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket,
   uint32_t cid = add_node(a, &c);
   for (uint32_t j = 0; j < bucket->len; j++) {
     uint32_t seg = g_array_index(bucket, uint32_t, j);
-    sync_of[seg] = cid;
+    g_array_append_val(syncs_of[seg], cid);
     for (uint32_t q = gi->first[seg]; q < gi->first[seg + 1]; q++)
-      ir_graph_add_edge(g, gi->nodes[q], cid, IR_EDGE_TEMPORAL, 0, 0);
+      if (groups_overlap(g, IR_NODE(g, gi->nodes[q])->group, group))
+        ir_graph_add_edge(g, gi->nodes[q], cid, IR_EDGE_TEMPORAL, 0, 0);
   }
   return cid;
 }
@@ -600,9 +664,9 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   struct grad_index gi;
   grad_index_build(g, &gi);
   uint32_t n_opt = g->nodes->len;
-  uint32_t *sync_of = g_new(uint32_t, m->n_segments); /* segment -> gradient collective */
+  GArray **syncs_of = g_new(GArray *, m->n_segments); /* segment -> gradient collectives */
   for (uint32_t s = 0; s < m->n_segments; s++)
-    sync_of[s] = IR_NONE;
+    syncs_of[s] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
 
   /* Gradient buckets: per (group, replicate directive), segments in reverse model order (the
    * order backward produces their gradients), closed when the next would overflow. */
@@ -628,7 +692,7 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       if (flush) {
         add_bucket_collective(
             a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
-            grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &gi, sync_of);
+            grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &gi, syncs_of);
         g_array_set_size(bucket, 0);
         bytes = 0;
       }
@@ -641,67 +705,59 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
     g_array_free(bucket, TRUE);
   }
 
-  /* Segments with several homes (model copies): their gradients are summed over the union of
-   * the homes, which also covers any data parallelism inside each home. Buckets per union. */
+  /* Segments with several homes (model copies, DualPipe): the copies' gradients are summed.
+   * A replicated segment is summed over the union of its homes, which covers the data
+   * parallelism inside each home too; a sharded expert segment over each position's devices
+   * (home k's device p holds the same experts as home l's device p). Buckets per sync group. */
   {
-    GArray *unions = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    GArray *sync_groups = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GPtrArray *buckets = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
     GArray *bucket_bytes = g_array_new(FALSE, TRUE, sizeof(uint64_t));
-    for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
-      uint32_t u = IR_NONE;
-      if (s >= 0 && home[s].n_homes > 1) {
-        GArray *devs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-        for (uint32_t k = 0; k < home[s].n_homes; k++)
-          g_array_append_vals(devs, IR_GROUP_DEVICES(g, home[s].homes[k]),
-                              IR_GROUP(g, home[s].homes[k])->count);
-        g_array_sort(devs, compare_u32);
-        for (uint32_t k = 1; k < devs->len; k++)
-          if (g_array_index(devs, uint32_t, k) == g_array_index(devs, uint32_t, k - 1)) {
-            char *x = node_name(g, home[s].fwd_node);
-            fail_at(a, INFO(a, home[s].fwd_node)->grouped_by, err,
-                    "copies of \"%s\" share device %u", x, g_array_index(devs, uint32_t, k));
-            g_free(x);
-            g_array_free(devs, TRUE);
-            g_array_free(unions, TRUE);
-            g_ptr_array_free(buckets, TRUE);
-            g_array_free(bucket_bytes, TRUE);
-            g_free(sync_of);
-            grad_index_free(&gi);
-            return false;
-          }
-        u = ir_graph_group(g, (uint32_t *)devs->data, devs->len);
-        g_array_free(devs, TRUE);
-      }
-      for (uint32_t k = 0; k < unions->len; k++) {
+    GArray *mine = g_array_new(FALSE, FALSE, sizeof(uint32_t)); /* this segment's sync groups */
+    bool ok = true;
+    for (int64_t s = (int64_t)m->n_segments - 1; s >= -1 && ok; s--) {
+      g_array_set_size(mine, 0);
+      if (s >= 0 && home[s].n_homes > 1 && m->segments[s].param_count > 0)
+        ok = copy_sync_groups(a, &home[s], mine, err);
+      uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
+      for (uint32_t k = 0; k < sync_groups->len; k++) {
         GArray *b = g_ptr_array_index(buckets, k);
         uint64_t *bytes = &g_array_index(bucket_bytes, uint64_t, k);
-        uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
-        bool mine = g_array_index(unions, uint32_t, k) == u;
+        uint32_t sg = g_array_index(sync_groups, uint32_t, k);
+        bool in_mine = false;
+        for (uint32_t q = 0; q < mine->len; q++)
+          in_mine |= g_array_index(mine, uint32_t, q) == sg;
         if (b->len == 0 ||
-            !(s < 0 || (mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB)))
+            !(s < 0 || (in_mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB)))
           continue;
-        add_bucket_collective(a, b, home, IR_NODE_ALL_REDUCE, g_array_index(unions, uint32_t, k),
-                              stream_or(g, "", "dp"), *bytes, IR_NONE, &gi, sync_of);
+        add_bucket_collective(a, b, home, IR_NODE_ALL_REDUCE, sg, stream_or(g, "", "dp"), *bytes,
+                              IR_NONE, &gi, syncs_of);
         g_array_set_size(b, 0);
         *bytes = 0;
       }
-      if (u == IR_NONE || m->segments[s].param_count == 0)
-        continue;
-      uint32_t k = 0;
-      while (k < unions->len && g_array_index(unions, uint32_t, k) != u)
-        k++;
-      if (k == unions->len) {
-        g_array_append_val(unions, u);
-        g_ptr_array_add(buckets, g_array_new(FALSE, FALSE, sizeof(uint32_t)));
-        g_array_set_size(bucket_bytes, unions->len);
+      for (uint32_t q = 0; q < mine->len; q++) {
+        uint32_t sg = g_array_index(mine, uint32_t, q), k = 0;
+        while (k < sync_groups->len && g_array_index(sync_groups, uint32_t, k) != sg)
+          k++;
+        if (k == sync_groups->len) {
+          g_array_append_val(sync_groups, sg);
+          g_ptr_array_add(buckets, g_array_new(FALSE, FALSE, sizeof(uint32_t)));
+          g_array_set_size(bucket_bytes, sync_groups->len);
+        }
+        uint32_t seg = (uint32_t)s;
+        g_array_append_val(g_ptr_array_index(buckets, k), seg);
+        g_array_index(bucket_bytes, uint64_t, k) += sb;
       }
-      uint32_t seg = (uint32_t)s;
-      g_array_append_val(g_ptr_array_index(buckets, k), seg);
-      g_array_index(bucket_bytes, uint64_t, k) += m->segments[s].param_bytes;
     }
-    g_array_free(unions, TRUE);
+    g_array_free(mine, TRUE);
+    g_array_free(sync_groups, TRUE);
     g_ptr_array_free(buckets, TRUE);
     g_array_free(bucket_bytes, TRUE);
+    if (!ok) {
+      free_syncs(syncs_of, m->n_segments);
+      grad_index_free(&gi);
+      return false;
+    }
   }
 
   /* Optimizer nodes: one per PP region and device group holding its parameters. */
@@ -758,10 +814,14 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       GHashTable *linked = g_hash_table_new(NULL, NULL);
       for (uint32_t j = 0; j < segs->len; j++) {
         uint32_t seg = g_array_index(segs, uint32_t, j);
-        if (sync_of[seg] != IR_NONE) {
+        if (syncs_of[seg]->len) {
           /* One edge per bucket collective, however many of its segments this update owns. */
-          if (g_hash_table_add(linked, GUINT_TO_POINTER(sync_of[seg] + 1)))
-            ir_graph_add_edge(g, sync_of[seg], target, IR_EDGE_TEMPORAL, 0, 0);
+          for (uint32_t q = 0; q < syncs_of[seg]->len; q++) {
+            uint32_t cid = g_array_index(syncs_of[seg], uint32_t, q);
+            if (groups_overlap(g, IR_NODE(g, cid)->group, grp) &&
+                g_hash_table_add(linked, GUINT_TO_POINTER(cid + 1)))
+              ir_graph_add_edge(g, cid, target, IR_EDGE_TEMPORAL, 0, 0);
+          }
         } else {
           for (uint32_t q = gi.first[seg]; q < gi.first[seg + 1]; q++)
             if (IR_NODE(g, gi.nodes[q])->group == grp)
@@ -796,7 +856,7 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       ir_graph_add_edge(g, opt, gid, IR_EDGE_TEMPORAL, 0, 0);
     }
   }
-  g_free(sync_of);
+  free_syncs(syncs_of, m->n_segments);
   grad_index_free(&gi);
   return true;
 }
@@ -957,9 +1017,9 @@ static bool insert_send_recv(struct apply *a, GError **err) {
     if (src.group == dst.group)
       continue;
     if (ed.kind == IR_EDGE_TEMPORAL) {
-      /* A dependency between a group and a group containing it (gradients of model copies
-       * into their union's all-reduce) is local to each device; nothing to send. */
-      assert(group_within(g, src.group, dst.group) || group_within(g, dst.group, src.group));
+      /* A dependency between overlapping groups (gradients of model copies into their
+       * all-reduce) is kept by the shared devices; nothing to send. */
+      assert(groups_overlap(g, src.group, dst.group));
       continue;
     }
     if (IR_GROUP(g, src.group)->count != IR_GROUP(g, dst.group)->count) {

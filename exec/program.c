@@ -631,7 +631,12 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
     bk->offset = off;
     for (uint32_t j = 0; j < bk->n_segs; j++) {
       uint32_t s = bk->segs[j];
-      if (s >= ns || !d->holds[s] || d->ep_size[s] > 1 || d->bucket_of[s] != IR_NONE) {
+      /* Sharded experts are synced only between model copies (DualPipe), by an all-reduce of
+       * the local experts' gradients with the device holding the same experts in the other
+       * copy; ZeRO never shards them. */
+      bool sharded_ok = p->nodes[bk->node].kind == IR_NODE_ALL_REDUCE;
+      if (s >= ns || !d->holds[s] || (d->ep_size[s] > 1 && !sharded_ok) ||
+          d->bucket_of[s] != IR_NONE) {
         fail_instr(p, device, bk->node, err, "syncs a segment this device does not replicate");
         goto out;
       }

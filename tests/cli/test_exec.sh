@@ -112,11 +112,11 @@ else
 fi
 
 # --- several processes ---------------------------------------------------------------------
+# MPI is a dependency (tools/install-deps.sh): without it these tests fail rather than skip.
 if ! command -v mpirun >/dev/null || ! "$PE" --list-backends | grep -q "MPI"; then
-  echo "test_exec.sh: mpirun or MPI support missing: multi-process tests skipped"
+  bad "mpirun or piper-exec's MPI support is missing"
   echo "test_exec.sh: $pass passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit
+  exit 1
 fi
 MPIRUN=(mpirun --oversubscribe)
 
@@ -172,6 +172,10 @@ if run ref 1 --directives "$T/one.json" --mbs 8; then
   run zerobubble 2 --directives "$T/pp2.json" --schedule zerobubble --ranks 2 --mbs 8 && same zerobubble
   # DualPipe runs each stage on two devices (one per direction) for different micro-batches
   run dualpipe 4 --pp-regions 4 --directives $BS/pp4.json --schedule dualpipe --mbs 8 && same dualpipe
+  # ... and with data and expert parallelism inside each rank: the copies' dense gradients are
+  # summed over all four devices, each expert's over the two devices that hold it
+  run dualpipe_dp_ep 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule dualpipe --ranks 2 --mbs 4 \
+    && same dualpipe_dp_ep
   # the traces of a multi-rank run hold every device
   python3 -c "
 import json,sys; t=json.load(open(sys.argv[1]))
