@@ -486,6 +486,27 @@ static void test_dualpipe_copies_sync(void **state) {
   assert_int_equal(syncs, 2);      /* {0,3} and {1,2}, one bucket each for the tiny model */
   assert_int_equal(optimizers, 8); /* every device updates its two stages' copies */
   compile_result_free(&r);
+  /* With data and expert parallelism in each rank (pp2_dp2_ep2: ranks [0,1] and [2,3]): the
+   * dense segments' copies are summed over all four devices, each expert's over the two devices
+   * holding it (position k of both groups: {0,2} and {1,3}). */
+  r = compile_files("models/tiny-moe.json", 0, "directives/base-schedules/pp2_dp2_ep2.json",
+                    SCHED_DUALPIPE, 4);
+  uint32_t sizes[5] = {0};
+  for (uint32_t i = 0; i < r.plan->n_nodes; i++) {
+    const struct ir_node *n = &r.plan->nodes[i];
+    if (n->kind != IR_NODE_ALL_REDUCE)
+      continue;
+    const struct ir_group *grp = &r.plan->groups[n->group];
+    assert_true(grp->count <= 4);
+    sizes[grp->count]++;
+    if (grp->count == 2) {
+      uint32_t a = r.plan->device_pool[grp->first], b = r.plan->device_pool[grp->first + 1];
+      assert_int_equal(b - a, 2);
+    }
+  }
+  assert_int_equal(sizes[4], 1);
+  assert_int_equal(sizes[2], 2);
+  compile_result_free(&r);
 }
 
 /* Every schedule builder through the real compiler, lowering and progress check, for R in
