@@ -103,4 +103,51 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
 /* Kind of node: compute (compute and optimizer nodes) or communication. */
 bool report_node_is_compute(const struct ir_node *n);
 
+/* ---- reading a run directory back (piper-compare) -------------------------------------------
+ * The inverse of report_write_dir for the figures a comparison needs. It sits beside the writer
+ * so that a change of format changes both. A missing or malformed file, or files of one directory
+ * that disagree (results.csv against metrics.json against trace.json), is a PIPER_ERROR_INPUT
+ * naming the file and the key.
+ *
+ *   struct report_dir *d = report_dir_load("out/run", &err);
+ *   printf("%s: %g s\n", d->kind, d->iteration_time_s);
+ *   report_dir_free(d);
+ */
+
+/* Instructions of one kind in trace.json: compute by pass ("F", "B", "BI", "BW"), "optimizer",
+ * communication by kind and the pass it serves ("send F", "all_to_all B", "all_reduce"). */
+struct report_trace_kind {
+  char name[48];
+  uint32_t rank; /* sort key: compute passes, communication kinds by pass, optimizer, unknown */
+  uint64_t count;
+  double total_s; /* sum of the events' durations */
+};
+
+struct report_dir {
+  char *path;
+  char *program_file; /* the "<schedule>_pp<R>_mbs<M>.json" file's name inside path */
+  cJSON *program;     /* that directive program, parsed */
+  cJSON *metrics;     /* metrics.json; the strings below point into it */
+  const char *kind;   /* "sim" or "exec": metrics.json "kind", else what its keys say */
+  const char *model, *schedule;
+  uint32_t pp, dp, n_devices, num_microbatches;
+  int64_t micro_batch_size, seq_len;
+  uint32_t n_iterations; /* iteration_times_s entries (steps measured; 1 for sim) */
+  double iteration_time_s, iteration_time_std_s, throughput_tokens_per_s;
+  double tokens_per_iteration, model_flops_per_iteration;
+  double mfu; /* NAN when null (synthetic profile, measured run) */
+  /* per device from metrics.json: device, pp/dp rank, the derived figures (busy_s is
+   * compute_s), peak_memory_bytes and peak_breakdown; no intervals or memory timeline */
+  struct report_device *devices;
+  uint32_t results_rows;  /* rows of results.csv (one per dp rank) */
+  uint32_t trace_devices; /* devices with instruction events in trace.json */
+  uint32_t n_trace_kinds;
+  struct report_trace_kind *trace_kinds; /* sorted by rank, then name */
+};
+
+/* Reads dir's program file, results.csv, metrics.json and trace.json. trace.json is read
+ * event by event, so a trace larger than JSON_MAX_FILE_BYTES is fine. */
+struct report_dir *report_dir_load(const char *dir, GError **err);
+void report_dir_free(struct report_dir *d);
+
 #endif

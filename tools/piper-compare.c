@@ -1,0 +1,414 @@
+/* piper-compare: put two run directories of the same plan side by side (SPEC §1, §8), typically
+ * one simulated (piper-sim) and one measured (piper-exec), to check the simulator against the
+ * measurement. Exit status: 0 success, 1 runtime failure (--tolerance: the iteration times
+ * differ by more than it allows; an output that cannot be written), 2 bad input. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ir/json.h"
+#include "../ir/version.h"
+#include "../sim/report.h"
+
+static const char usage[] =
+    "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE]\n"
+    "\n"
+    "Puts two run directories of the same plan side by side (written by piper-sim or\n"
+    "piper-exec; either may be either) and says which is simulated and which measured.\n"
+    "Both must hold the same directive program (<schedule>_pp<R>_mbs<M>.json), model and\n"
+    "device count. Prints, with the ratio B/A on every row: iteration time, throughput, MFU,\n"
+    "bubble fraction, exposed communication and overlap per device, peak memory and its\n"
+    "breakdown per device, and the mean duration of each kind of instruction (F, B, BI, BW,\n"
+    "send/recv, collectives by pass, optimizer) from trace.json.\n"
+    "\n"
+    "  --tolerance X   relative, e.g. 0.2: exit 1 when the iteration time ratio B/A is outside\n"
+    "                  [1/(1+X), 1+X] (the prediction is off)\n"
+    "  --json FILE     also write the comparison as JSON\n"
+    "  --help, --version\n"
+    "\n"
+    "Exit status: 0 success, 1 iteration times outside --tolerance (or FILE cannot be\n"
+    "written), 2 bad input (a missing or malformed run directory, runs of different plans).\n";
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "piper-compare: error: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, " (see piper-compare --help)\n");
+  return 2;
+}
+
+static const char *role(const struct report_dir *d) {
+  return strcmp(d->kind, "exec") == 0 ? "measured" : "simulated";
+}
+
+/* Instructions per step of the whole plan, when the run says (-1 otherwise). */
+static double plan_instructions(const struct report_dir *d) {
+  const cJSON *sim = cJSON_GetObjectItemCaseSensitive(d->metrics, "simulation");
+  const cJSON *n = sim ? cJSON_GetObjectItemCaseSensitive(sim, "instructions")
+                       : cJSON_GetObjectItemCaseSensitive(d->metrics, "instructions_per_step");
+  return cJSON_IsNumber(n) ? n->valuedouble : -1;
+}
+
+static const char *metrics_string(const cJSON *o, const char *key) {
+  const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static bool differ(double a, double b) {
+  return fabs(a - b) > 1e-9 * fmax(fabs(a), fabs(b));
+}
+
+/* Same model, program and devices, or an input error saying what differs. */
+static bool check_same_plan(const struct report_dir *a, const struct report_dir *b, GError **err) {
+  if (strcmp(a->model, b->model) != 0)
+    return json_fail(err, "%s and %s: different models (\"%s\" and \"%s\" in metrics.json)",
+                     a->path, b->path, a->model, b->model);
+  if (a->n_devices != b->n_devices)
+    return json_fail(err, "%s and %s: different device counts (%u and %u in metrics.json)", a->path,
+                     b->path, a->n_devices, b->n_devices);
+  if (!cJSON_Compare(a->program, b->program, true)) {
+    int na = cJSON_GetArraySize(a->program), nb = cJSON_GetArraySize(b->program);
+    int i = 0;
+    while (
+        i < na && i < nb &&
+        cJSON_Compare(cJSON_GetArrayItem(a->program, i), cJSON_GetArrayItem(b->program, i), true))
+      i++;
+    if (i < na && i < nb) {
+      const char *op = metrics_string(cJSON_GetArrayItem(a->program, i), "op");
+      return json_fail(err, "%s/%s and %s/%s: the directive programs differ at directive %d (%s)",
+                       a->path, a->program_file, b->path, b->program_file, i, op ? op : "?");
+    }
+    return json_fail(err, "%s/%s and %s/%s: the directive programs differ (%d and %d directives)",
+                     a->path, a->program_file, b->path, b->program_file, na, nb);
+  }
+  /* the same program over another configuration of a model of the same name */
+  static const char *const keys[] = {
+      "pp", "dp", "num_microbatches", "micro_batch_size", "seq_len", "model_flops_per_iteration"};
+  const double va[] = {a->pp,
+                       a->dp,
+                       a->num_microbatches,
+                       (double)a->micro_batch_size,
+                       (double)a->seq_len,
+                       a->model_flops_per_iteration};
+  const double vb[] = {b->pp,
+                       b->dp,
+                       b->num_microbatches,
+                       (double)b->micro_batch_size,
+                       (double)b->seq_len,
+                       b->model_flops_per_iteration};
+  for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+    if (differ(va[k], vb[k]))
+      return json_fail(err, "%s and %s: metrics.json key \"%s\" differs (%.17g and %.17g)", a->path,
+                       b->path, keys[k], va[k], vb[k]);
+  double ia = plan_instructions(a), ib = plan_instructions(b);
+  if (ia >= 0 && ib >= 0 && differ(ia, ib))
+    return json_fail(err,
+                     "%s and %s: the plans differ: %.0f and %.0f instructions per step (another "
+                     "--pp-regions?)",
+                     a->path, b->path, ia, ib);
+  return true;
+}
+
+/* ---- one row: A, B, B/A ------------------------------------------------------------------ */
+
+static double ratio(double a, double b) {
+  if (!isfinite(a) || !isfinite(b) || a == 0)
+    return NAN;
+  return b / a;
+}
+
+static cJSON *json_pair(double a, double b) {
+  cJSON *o = cJSON_CreateObject();
+  double r = ratio(a, b);
+  if (isfinite(a))
+    cJSON_AddNumberToObject(o, "a", a);
+  else
+    cJSON_AddNullToObject(o, "a");
+  if (isfinite(b))
+    cJSON_AddNumberToObject(o, "b", b);
+  else
+    cJSON_AddNullToObject(o, "b");
+  if (isfinite(r))
+    cJSON_AddNumberToObject(o, "ratio", r);
+  else
+    cJSON_AddNullToObject(o, "ratio");
+  return o;
+}
+
+static void print_value(double v) {
+  if (isfinite(v))
+    printf(" %14.6g", v);
+  else
+    printf(" %14s", "-");
+}
+
+/* scale converts the stored unit (seconds, bytes, fraction) into the printed one */
+static void print_row(int indent, const char *label, double a, double b, double scale) {
+  printf("%*s%-*s", indent, "", 36 - indent, label);
+  print_value(a * scale);
+  print_value(b * scale);
+  double r = ratio(a, b);
+  if (isfinite(r))
+    printf(" %10.4g\n", r);
+  else
+    printf(" %10s\n", "-");
+}
+
+static void add_row(cJSON *obj, const char *key, double a, double b) {
+  cJSON_AddItemToObject(obj, key, json_pair(a, b));
+}
+
+static double mean_of(const struct report_dir *d, size_t offset) {
+  double s = 0;
+  for (uint32_t i = 0; i < d->n_devices; i++)
+    s += *(const double *)((const char *)&d->devices[i] + offset);
+  return d->n_devices ? s / d->n_devices : 0;
+}
+
+static double peak_max(const struct report_dir *d) {
+  uint64_t m = 0;
+  for (uint32_t i = 0; i < d->n_devices; i++)
+    if (d->devices[i].peak_memory_bytes > m)
+      m = d->devices[i].peak_memory_bytes;
+  return (double)m;
+}
+
+static void describe(const char *letter, const struct report_dir *d) {
+  const cJSON *m = d->metrics;
+  printf("  %s = %s: %s", letter, d->path, role(d));
+  if (strcmp(d->kind, "exec") == 0) {
+    const char *backend = metrics_string(m, "backend"), *comm = metrics_string(m, "communication");
+    printf(" (piper-exec, backend %s, %s; mean of %u step%s; per-device figures and instruction "
+           "times from the last)\n",
+           backend ? backend : "?", comm ? comm : "?", d->n_iterations,
+           d->n_iterations == 1 ? "" : "s");
+  } else {
+    const cJSON *sim = cJSON_GetObjectItemCaseSensitive(m, "simulation");
+    const char *prof = metrics_string(sim, "profile");
+    const cJSON *fb = sim ? cJSON_GetObjectItemCaseSensitive(sim, "fallback_ops") : NULL;
+    printf(" (piper-sim, profile %s", prof ? prof : "?");
+    if (cJSON_IsNumber(fb))
+      printf(", %.0f ops costed by roofline", fb->valuedouble);
+    printf(")\n");
+  }
+}
+
+static cJSON *json_side(const struct report_dir *d) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "dir", d->path);
+  cJSON_AddStringToObject(o, "kind", d->kind);
+  cJSON_AddStringToObject(o, "role", role(d));
+  cJSON_AddStringToObject(o, "schedule", d->schedule);
+  cJSON_AddStringToObject(o, "program_file", d->program_file);
+  cJSON_AddNumberToObject(o, "iterations", d->n_iterations);
+  cJSON_AddNumberToObject(o, "trace_devices", d->trace_devices);
+  const cJSON *sim = cJSON_GetObjectItemCaseSensitive(d->metrics, "simulation");
+  if (sim) {
+    const char *prof = metrics_string(sim, "profile");
+    if (prof)
+      cJSON_AddStringToObject(o, "profile", prof);
+  }
+  const char *backend = metrics_string(d->metrics, "backend");
+  if (backend)
+    cJSON_AddStringToObject(o, "backend", backend);
+  return o;
+}
+
+int main(int argc, char **argv) {
+  const char *dirs[2] = {NULL, NULL}, *json_path = NULL;
+  double tolerance = NAN;
+  uint32_t n_dirs = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (strcmp(a, "--version") == 0) {
+      printf("piper-compare %s\n", PIPER_VERSION);
+      return 0;
+    } else if (strcmp(a, "--tolerance") == 0 || strcmp(a, "--json") == 0) {
+      if (i + 1 >= argc)
+        return usage_error("%s needs a value", a);
+      const char *v = argv[++i];
+      if (strcmp(a, "--json") == 0)
+        json_path = v;
+      else if (!piper_parse_double(v, 0, 1e6, &tolerance))
+        return usage_error("--tolerance: \"%s\" is not a number in [0, 1e6]", v);
+    } else if (a[0] == '-' && a[1]) {
+      return usage_error("unknown option %s", a);
+    } else if (n_dirs == 2) {
+      return usage_error("one run directory too many: %s", a);
+    } else {
+      dirs[n_dirs++] = a;
+    }
+  }
+  if (n_dirs < 2)
+    return usage_error("%s", "give two run directories, A_DIR and B_DIR");
+
+  GError *err = NULL;
+  struct report_dir *A = report_dir_load(dirs[0], &err);
+  struct report_dir *B = A ? report_dir_load(dirs[1], &err) : NULL;
+  if (!A || !B || !check_same_plan(A, B, &err)) {
+    report_dir_free(A);
+    report_dir_free(B);
+    return piper_error_exit("piper-compare", err);
+  }
+
+  cJSON *out = cJSON_CreateObject();
+  cJSON_AddStringToObject(out, "version", PIPER_VERSION);
+  cJSON_AddItemToObject(out, "a", json_side(A));
+  cJSON_AddItemToObject(out, "b", json_side(B));
+  cJSON_AddStringToObject(out, "model", A->model);
+  cJSON_AddNumberToObject(out, "pp", A->pp);
+  cJSON_AddNumberToObject(out, "dp", A->dp);
+  cJSON_AddNumberToObject(out, "n_devices", A->n_devices);
+  cJSON_AddNumberToObject(out, "num_microbatches", A->num_microbatches);
+
+  /* header */
+  printf("piper-compare: %s, %s", A->model, A->schedule);
+  if (strcmp(A->schedule, B->schedule) != 0)
+    printf(" (B: %s)", B->schedule);
+  printf(", pp %u x dp %u (%u devices), %u micro-batches of %lld x %lld tokens, same program "
+         "(%s)\n",
+         A->pp, A->dp, A->n_devices, A->num_microbatches, (long long)A->micro_batch_size,
+         (long long)A->seq_len, A->program_file);
+  describe("A", A);
+  describe("B", B);
+  double peak = fmax(peak_max(A), peak_max(B));
+  bool gib = peak >= (double)(1ull << 30);
+  double mem_scale = 1.0 / (double)(gib ? 1ull << 30 : 1ull << 20);
+  const char *mem_unit = gib ? "GiB" : "MiB";
+  char label[96];
+
+  /* the run */
+  printf("\n%-36s %14s %14s %10s\n", "", "A", "B", "B/A");
+  cJSON *g = cJSON_AddObjectToObject(out, "global");
+  print_row(2, "iteration time (ms)", A->iteration_time_s, B->iteration_time_s, 1e3);
+  add_row(g, "iteration_time_s", A->iteration_time_s, B->iteration_time_s);
+  print_row(2, "  std over steps (ms)", A->iteration_time_std_s, B->iteration_time_std_s, 1e3);
+  add_row(g, "iteration_time_std_s", A->iteration_time_std_s, B->iteration_time_std_s);
+  print_row(2, "throughput (tokens/s)", A->throughput_tokens_per_s, B->throughput_tokens_per_s, 1);
+  add_row(g, "throughput_tokens_per_s", A->throughput_tokens_per_s, B->throughput_tokens_per_s);
+  print_row(2, "MFU (%)", A->mfu, B->mfu, 100);
+  add_row(g, "mfu", A->mfu, B->mfu);
+  const size_t bubble_off = offsetof(struct report_device, bubble_fraction);
+  const size_t exposed_off = offsetof(struct report_device, exposed_comm_s);
+  const size_t overlap_off = offsetof(struct report_device, overlap_fraction);
+  print_row(2, "bubble (%, mean of devices)", mean_of(A, bubble_off), mean_of(B, bubble_off), 100);
+  add_row(g, "bubble_fraction_mean", mean_of(A, bubble_off), mean_of(B, bubble_off));
+  print_row(2, "exposed comm (ms, mean)", mean_of(A, exposed_off), mean_of(B, exposed_off), 1e3);
+  add_row(g, "exposed_comm_s_mean", mean_of(A, exposed_off), mean_of(B, exposed_off));
+  print_row(2, "overlap (%, mean)", mean_of(A, overlap_off), mean_of(B, overlap_off), 100);
+  add_row(g, "overlap_fraction_mean", mean_of(A, overlap_off), mean_of(B, overlap_off));
+  snprintf(label, sizeof label, "peak memory (%s, max)", mem_unit);
+  print_row(2, label, peak_max(A), peak_max(B), mem_scale);
+  add_row(g, "peak_memory_bytes_max", peak_max(A), peak_max(B));
+
+  /* per device: all of them in JSON; on screen all up to 16, else dp rank 0 of each pp rank */
+  bool all = A->n_devices <= 16;
+  printf("\nper device%s\n", all ? "" : " (dp rank 0 of each pipeline rank; --json has all)");
+  cJSON *devs = cJSON_AddArrayToObject(out, "devices");
+  for (uint32_t i = 0; i < A->n_devices; i++) {
+    const struct report_device *a = &A->devices[i], *b = &B->devices[i];
+    bool show = all || a->dp_rank <= 0;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "device", i);
+    cJSON_AddNumberToObject(o, "pp_rank", a->pp_rank);
+    cJSON_AddNumberToObject(o, "dp_rank", a->dp_rank);
+    add_row(o, "busy_s", a->compute_s, b->compute_s);
+    add_row(o, "comm_s", a->comm_s, b->comm_s);
+    add_row(o, "bubble_fraction", a->bubble_fraction, b->bubble_fraction);
+    add_row(o, "exposed_comm_s", a->exposed_comm_s, b->exposed_comm_s);
+    add_row(o, "overlap_fraction", a->overlap_fraction, b->overlap_fraction);
+    add_row(o, "peak_memory_bytes", (double)a->peak_memory_bytes, (double)b->peak_memory_bytes);
+    cJSON *bd = cJSON_AddObjectToObject(o, "memory_breakdown_bytes");
+    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+      add_row(bd, report_mem_kind_name((enum report_mem_kind)k), (double)a->peak_breakdown[k],
+              (double)b->peak_breakdown[k]);
+    cJSON_AddItemToArray(devs, o);
+    if (!show)
+      continue;
+    printf("  device %u (pp %d, dp %d)\n", i, a->pp_rank, a->dp_rank);
+    print_row(4, "busy (ms)", a->compute_s, b->compute_s, 1e3);
+    print_row(4, "communication (ms)", a->comm_s, b->comm_s, 1e3);
+    print_row(4, "bubble (%)", a->bubble_fraction, b->bubble_fraction, 100);
+    print_row(4, "exposed comm (ms)", a->exposed_comm_s, b->exposed_comm_s, 1e3);
+    print_row(4, "overlap (%)", a->overlap_fraction, b->overlap_fraction, 100);
+    snprintf(label, sizeof label, "peak memory (%s)", mem_unit);
+    print_row(4, label, (double)a->peak_memory_bytes, (double)b->peak_memory_bytes, mem_scale);
+    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+      if (a->peak_breakdown[k] || b->peak_breakdown[k])
+        print_row(6, report_mem_kind_name((enum report_mem_kind)k), (double)a->peak_breakdown[k],
+                  (double)b->peak_breakdown[k], mem_scale);
+  }
+
+  /* instructions: the union of both traces' kinds, in the readers' order */
+  printf("\nmean duration per instruction (us)   %14s %14s %10s   count A / B\n", "A", "B", "B/A");
+  cJSON *ins = cJSON_AddArrayToObject(out, "instructions");
+  uint32_t ia = 0, ib = 0;
+  while (ia < A->n_trace_kinds || ib < B->n_trace_kinds) {
+    const struct report_trace_kind *ka = ia < A->n_trace_kinds ? &A->trace_kinds[ia] : NULL;
+    const struct report_trace_kind *kb = ib < B->n_trace_kinds ? &B->trace_kinds[ib] : NULL;
+    int c = !ka                    ? 1
+            : !kb                  ? -1
+            : ka->rank != kb->rank ? (ka->rank < kb->rank ? -1 : 1)
+                                   : strcmp(ka->name, kb->name);
+    const struct report_trace_kind *use_a = c <= 0 ? ka : NULL, *use_b = c >= 0 ? kb : NULL;
+    ia += use_a != NULL;
+    ib += use_b != NULL;
+    double ma = use_a && use_a->count ? use_a->total_s / (double)use_a->count : NAN;
+    double mb = use_b && use_b->count ? use_b->total_s / (double)use_b->count : NAN;
+    const char *name = use_a ? use_a->name : use_b->name;
+    printf("  %-34s", name);
+    print_value(ma * 1e6);
+    print_value(mb * 1e6);
+    double r = ratio(ma, mb);
+    if (isfinite(r))
+      printf(" %10.4g", r);
+    else
+      printf(" %10s", "-");
+    printf("   %llu / %llu\n", (unsigned long long)(use_a ? use_a->count : 0),
+           (unsigned long long)(use_b ? use_b->count : 0));
+    cJSON *o = json_pair(ma, mb);
+    cJSON_AddStringToObject(o, "name", name);
+    cJSON_AddNumberToObject(o, "count_a", use_a ? (double)use_a->count : 0);
+    cJSON_AddNumberToObject(o, "count_b", use_b ? (double)use_b->count : 0);
+    cJSON_AddItemToArray(ins, o);
+  }
+
+  /* the verdict: symmetric band around 1, so it does not matter which side is the prediction */
+  double r = ratio(A->iteration_time_s, B->iteration_time_s);
+  if (A->iteration_time_s == 0 && B->iteration_time_s == 0)
+    r = 1;
+  int rc = 0;
+  if (isfinite(r))
+    cJSON_AddNumberToObject(out, "iteration_time_ratio", r);
+  else
+    cJSON_AddNullToObject(out, "iteration_time_ratio");
+  if (isfinite(tolerance)) {
+    double lo = 1 / (1 + tolerance), hi = 1 + tolerance;
+    bool within = isfinite(r) && r >= lo && r <= hi;
+    cJSON_AddNumberToObject(out, "tolerance", tolerance);
+    cJSON_AddBoolToObject(out, "within_tolerance", within);
+    printf("\niteration time B/A %.4g: %s [%.4g, %.4g] (--tolerance %g)\n", r,
+           within ? "within" : "outside", lo, hi, tolerance);
+    if (!within)
+      rc = 1;
+  } else {
+    cJSON_AddNullToObject(out, "tolerance");
+    cJSON_AddNullToObject(out, "within_tolerance");
+  }
+  fflush(stdout);
+  if (json_path && !json_write_file(json_path, out, &err))
+    rc = piper_error_exit("piper-compare", err);
+  else if (rc == 1)
+    fprintf(stderr,
+            "piper-compare: error: the prediction is off: iteration time B/A = %.4g (%s %s, %s "
+            "%s) is outside [%.4g, %.4g] (--tolerance %g)\n",
+            r, role(A), dirs[0], role(B), dirs[1], 1 / (1 + tolerance), 1 + tolerance, tolerance);
+  cJSON_Delete(out);
+  report_dir_free(A);
+  report_dir_free(B);
+  return rc;
+}
