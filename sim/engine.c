@@ -632,14 +632,20 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
     mem_point(s, u, t);
 }
 
-static void start_comm(struct sim *s, uint32_t id, double t) {
-  struct slot *sl = &s->slots[id];
+/* Brings every participant of a communication, and what runs beside it, up to time t before
+ * the set of running operations changes (rates are recomputed from then on). */
+static void settle_parts(struct sim *s, const struct slot *sl, double t) {
   for (uint32_t k = 0; k < sl->part_count; k++) {
     struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
     unit_settle(u, t);
     for (uint32_t j = 0; j < u->n_ops; j++)
       op_settle(&s->slots[u->ops[j]], t);
   }
+}
+
+static void start_comm(struct sim *s, uint32_t id, double t) {
+  struct slot *sl = &s->slots[id];
+  settle_parts(s, sl, t);
   sl->running = true;
   sl->lat_end = t + sl->latency;
   sl->remaining = sl->transfer;
@@ -672,12 +678,7 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t);
 
 static void end_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
-  for (uint32_t k = 0; k < sl->part_count; k++) {
-    struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
-    unit_settle(u, t);
-    for (uint32_t j = 0; j < u->n_ops; j++)
-      op_settle(&s->slots[u->ops[j]], t);
-  }
+  settle_parts(s, sl, t);
   sl->running = false;
   for (uint32_t k = 0; k < sl->part_count; k++) {
     uint32_t ui = s->parts[2 * (sl->part_first + k)],
