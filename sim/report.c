@@ -29,17 +29,28 @@ void report_run_init_devices(struct report_run *r) {
   const struct plan *p = r->plan;
   r->n_devices = p->n_devices;
   r->devices = g_new0(struct report_device, p->n_devices + 1);
-  /* lowest PP stage of each class (PP is tag 0 of every model and plan) */
+  /* Lowest PP stage of each class (PP is tag 0 of every model and plan) among the compute of
+   * the first micro-batch: with model copies (DualPipe) a device also runs another stage for
+   * later micro-batches, which must not make two pipeline ranks look like one. */
+  uint32_t n_model_tags = p->model->n_tags;
   int32_t *cls_stage = g_new(int32_t, p->n_classes + 1);
   for (uint32_t c = 0; c < p->n_classes; c++) {
     const struct plan_class *pc = &p->classes[c];
-    int32_t lo = INT32_MAX;
+    int32_t lo = INT32_MAX, lo_any = INT32_MAX;
     for (uint32_t i = 0; i < pc->n_instrs; i++) {
       const struct ir_node *n = &p->nodes[pc->instrs[i].node];
-      if (n->kind == IR_NODE_COMPUTE && n->tags[MODEL_TAG_PP] >= 0 && n->tags[MODEL_TAG_PP] < lo)
-        lo = n->tags[MODEL_TAG_PP];
+      int32_t st = n->tags[MODEL_TAG_PP];
+      if (n->kind != IR_NODE_COMPUTE || st < 0)
+        continue;
+      bool first_mb = true;
+      for (uint32_t t = n_model_tags; t < p->n_tags && t < IR_MAX_TAGS; t++)
+        first_mb &= n->tags[t] <= 0;
+      if (st < lo_any)
+        lo_any = st;
+      if (first_mb && st < lo)
+        lo = st;
     }
-    cls_stage[c] = lo;
+    cls_stage[c] = lo != INT32_MAX ? lo : lo_any;
   }
   /* distinct lowest stages in order give the pp ranks */
   GArray *stages = g_array_new(FALSE, FALSE, sizeof(int32_t));
