@@ -715,6 +715,25 @@ static void test_textbook_zb_interleaved(void **state) {
   profile_free(u);
 }
 
+/* DualPipe runs each stage on two devices (one per model copy): pipeline and data-parallel
+ * ranks still come out as the placement says (2 x 2), so throughput counts each token once. */
+static void test_ranks_with_model_copies(void **state) {
+  (void)state;
+  struct plan *p = compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json",
+                           "dualpipe", 4, 0);
+  struct report_run rr = {.plan = p, .kind = "sim", .schedule = "dualpipe"};
+  report_run_init_devices(&rr);
+  assert_int_equal(rr.pp, 2);
+  assert_int_equal(rr.dp, 2);
+  int32_t want_pp[4] = {0, 0, 1, 1}, want_dp[4] = {0, 1, 0, 1};
+  for (uint32_t d = 0; d < 4; d++) {
+    assert_int_equal(rr.devices[d].pp_rank, want_pp[d]);
+    assert_int_equal(rr.devices[d].dp_rank, want_dp[d]);
+  }
+  report_run_free_devices(&rr);
+  plan_free(p);
+}
+
 static void test_textbook_dualpipev(void **state) {
   (void)state;
   struct profile *u = load_profile("profiles/unit.json");
@@ -1055,6 +1074,7 @@ int main(void) {
       cmocka_unit_test(test_textbook_gpipe_1f1b),
       cmocka_unit_test(test_textbook_zb_interleaved),
       cmocka_unit_test(test_textbook_dualpipev),
+      cmocka_unit_test(test_ranks_with_model_copies),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   /* cairo's and fontconfig's caches, so that the leak checker sees only our allocations */
