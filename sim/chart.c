@@ -445,8 +445,12 @@ bool chart_memory(const struct report_run *r, const char *dir, GError **err) {
           gibs ? "GiB" : "MiB");
   for (uint32_t i = 0; i < n; i++) {
     const struct report_device *d = &r->devices[rows[i]];
-    fprintf(f, "%s'memory.dat' index %u using 1:2 with steps lw 2 title 'dev %u (pp %d)'",
-            i ? ", \\\n     " : "", i, d->device, d->pp_rank);
+    /* Data-parallel replicas often hold the same memory: later ranks are drawn dashed and
+     * thinner so a replica lying on top of another stays visible. */
+    fprintf(f,
+            "%s'memory.dat' index %u using 1:2 with steps lw %d dt %d title 'dev %u (pp %d, dp %d)'",
+            i ? ", \\\n     " : "", i, d->dp_rank > 0 ? 1 : 2, d->dp_rank > 0 ? 2 : 1, d->device,
+            d->pp_rank, d->dp_rank);
   }
   if (n == 0)
     fprintf(f, "0 notitle");
