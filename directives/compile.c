@@ -13,6 +13,59 @@ struct compile_options compile_options_default(void) {
   return o;
 }
 
+int compile_args_parse(struct compile_args *a, int argc, char **argv, int *i, GError **err) {
+  const char *opt = argv[*i];
+  const char **text = NULL;
+  uint32_t *num = NULL, hi = IR_MAX_DEVICES;
+  if (strcmp(opt, "--model") == 0)
+    text = &a->model;
+  else if (strcmp(opt, "--directives") == 0 || strcmp(opt, "--base-schedule") == 0)
+    text = &a->directives;
+  else if (strcmp(opt, "--schedule") == 0)
+    text = &a->schedule;
+  else if (strcmp(opt, "--ranks") == 0)
+    num = &a->ranks;
+  else if (strcmp(opt, "--mbs") == 0)
+    num = &a->mbs, hi = DIR_MAX_MICROBATCHES;
+  else if (strcmp(opt, "--pp-regions") == 0)
+    num = &a->pp_regions, hi = MODEL_MAX_LAYERS;
+  else if (strcmp(opt, "--keep-order") == 0) {
+    a->keep_order = true;
+    return 1;
+  } else
+    return 0;
+  if (*i + 1 >= argc) {
+    json_fail(err, "%s needs a value", opt);
+    return -1;
+  }
+  const char *v = argv[++*i];
+  if (text) {
+    *text = v;
+  } else if (!piper_parse_u32(v, 1, hi, num)) {
+    json_fail(err, "%s: expected an integer in [1, %u], got \"%s\"", opt, hi, v);
+    return -1;
+  }
+  return 1;
+}
+
+bool compile_args_to_options(const struct compile_args *a, struct compile_options *o,
+                             GError **err) {
+  *o = compile_options_default();
+  o->model_path = a->model;
+  o->directives_path = a->directives;
+  o->pp_regions = (int)a->pp_regions;
+  o->have_schedule = a->schedule != NULL;
+  o->schedule.ranks = a->ranks;
+  o->schedule.mbs = a->mbs;
+  o->schedule.keep_order = a->keep_order;
+  if (a->schedule && !sched_family_parse(a->schedule, &o->schedule.family))
+    return json_fail(err,
+                     "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, "
+                     "zerobubble, zbv, dualpipe, dualpipev, custom)",
+                     a->schedule);
+  return true;
+}
+
 void compile_result_free(struct compile_result *r) {
   if (!r)
     return;

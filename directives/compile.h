@@ -41,6 +41,20 @@ struct compile_result {
   char *program_file_name; /* "<schedule>_pp<R>_mbs<M>.json" */
 };
 
+/* The front-end options piper-compile, piper-sim and piper-exec share, as given on the command
+ * line: --model, --directives (alias --base-schedule), --schedule, --ranks, --mbs,
+ * --keep-order, --pp-regions. */
+struct compile_args {
+  const char *model, *directives, *schedule;
+  uint32_t ranks, mbs, pp_regions;
+  bool keep_order;
+};
+/* If argv[*i] is one of the shared options, stores it (advancing *i past its value) and
+ * returns 1; returns 0 for any other argument, -1 on a missing or bad value (err set). */
+int compile_args_parse(struct compile_args *a, int argc, char **argv, int *i, GError **err);
+/* Compile options from the arguments; fails naming an unknown --schedule. */
+bool compile_args_to_options(const struct compile_args *a, struct compile_options *o, GError **err);
+
 struct compile_options compile_options_default(void);
 bool compile_run(const struct compile_options *o, struct compile_result *r, GError **err);
 void compile_result_free(struct compile_result *r);

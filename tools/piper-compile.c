@@ -1,5 +1,4 @@
 /* piper-compile: model + directive program -> per-device plans (SPEC §5). */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,97 +137,62 @@ static long peak_rss_kib(void) {
 }
 
 int main(int argc, char **argv) {
-  struct compile_options o = compile_options_default();
+  struct compile_args ca = {0};
+  struct compile_options o;
   const char *out_dir = NULL, *dump_ir = NULL, *dump_dot = NULL, *export_csv = NULL;
+  const char *import_csv = NULL;
+  uint32_t n_devices = 0;
   bool stats = false;
   GError *err = NULL;
-  enum {
-    OPT_MODEL = 256,
-    OPT_DIRECTIVES,
-    OPT_SCHEDULE,
-    OPT_RANKS,
-    OPT_MBS,
-    OPT_KEEP,
-    OPT_PP,
-    OPT_DEVICES,
-    OPT_IMPORT,
-    OPT_EXPORT,
-    OPT_DUMP_IR,
-    OPT_DUMP_DOT,
-    OPT_STATS,
-    OPT_HELP,
-    OPT_VERSION
-  };
-  static const struct option longopts[] = {{"model", required_argument, 0, OPT_MODEL},
-                                           {"directives", required_argument, 0, OPT_DIRECTIVES},
-                                           {"base-schedule", required_argument, 0, OPT_DIRECTIVES},
-                                           {"schedule", required_argument, 0, OPT_SCHEDULE},
-                                           {"ranks", required_argument, 0, OPT_RANKS},
-                                           {"mbs", required_argument, 0, OPT_MBS},
-                                           {"keep-order", no_argument, 0, OPT_KEEP},
-                                           {"pp-regions", required_argument, 0, OPT_PP},
-                                           {"devices", required_argument, 0, OPT_DEVICES},
-                                           {"import-csv", required_argument, 0, OPT_IMPORT},
-                                           {"export-csv", required_argument, 0, OPT_EXPORT},
-                                           {"out", required_argument, 0, 'o'},
-                                           {"dump-ir", required_argument, 0, OPT_DUMP_IR},
-                                           {"dump-dot", required_argument, 0, OPT_DUMP_DOT},
-                                           {"stats", no_argument, 0, OPT_STATS},
-                                           {"help", no_argument, 0, OPT_HELP},
-                                           {"version", no_argument, 0, OPT_VERSION},
-                                           {0, 0, 0, 0}};
-  opterr = 0;
-  int c;
-  uint32_t v;
-  while ((c = getopt_long(argc, argv, "o:", longopts, NULL)) != -1) {
-    switch (c) {
-    case OPT_MODEL: o.model_path = optarg; break;
-    case OPT_DIRECTIVES: o.directives_path = optarg; break;
-    case OPT_SCHEDULE:
-      if (!sched_family_parse(optarg, &o.schedule.family)) {
-        json_fail(&err,
-                  "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, zerobubble, "
-                  "zbv, dualpipe, dualpipev, custom)",
-                  optarg);
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int shared = compile_args_parse(&ca, argc, argv, &i, &err);
+    if (shared < 0)
+      return piper_error_exit("piper-compile", err);
+    if (shared)
+      continue;
+    const char **text = NULL;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (strcmp(a, "--version") == 0) {
+      printf("piper-compile %s\n", PIPER_VERSION);
+      return 0;
+    } else if (strcmp(a, "--stats") == 0) {
+      stats = true;
+      continue;
+    } else if (strcmp(a, "-o") == 0 || strcmp(a, "--out") == 0)
+      text = &out_dir;
+    else if (strcmp(a, "--dump-ir") == 0)
+      text = &dump_ir;
+    else if (strcmp(a, "--dump-dot") == 0)
+      text = &dump_dot;
+    else if (strcmp(a, "--export-csv") == 0)
+      text = &export_csv;
+    else if (strcmp(a, "--import-csv") == 0)
+      text = &import_csv;
+    else if (strcmp(a, "--devices") == 0) {
+      if (i + 1 >= argc || !parse_count(a, argv[i + 1], 1, IR_MAX_DEVICES, &n_devices, &err)) {
+        if (!err)
+          json_fail(&err, "%s needs a value", a);
         return piper_error_exit("piper-compile", err);
       }
-      o.have_schedule = true;
-      break;
-    case OPT_RANKS:
-      if (!parse_count("--ranks", optarg, 1, IR_MAX_DEVICES, &o.schedule.ranks, &err))
-        return piper_error_exit("piper-compile", err);
-      break;
-    case OPT_MBS:
-      if (!parse_count("--mbs", optarg, 1, DIR_MAX_MICROBATCHES, &o.schedule.mbs, &err))
-        return piper_error_exit("piper-compile", err);
-      break;
-    case OPT_KEEP: o.schedule.keep_order = true; break;
-    case OPT_PP:
-      if (!parse_count("--pp-regions", optarg, 1, MODEL_MAX_LAYERS, &v, &err))
-        return piper_error_exit("piper-compile", err);
-      o.pp_regions = (int)v;
-      break;
-    case OPT_DEVICES:
-      if (!parse_count("--devices", optarg, 1, IR_MAX_DEVICES, &o.n_devices, &err))
-        return piper_error_exit("piper-compile", err);
-      break;
-    case OPT_IMPORT: o.import_csv = optarg; break;
-    case OPT_EXPORT: export_csv = optarg; break;
-    case 'o': out_dir = optarg; break;
-    case OPT_DUMP_IR: dump_ir = optarg; break;
-    case OPT_DUMP_DOT: dump_dot = optarg; break;
-    case OPT_STATS: stats = true; break;
-    case OPT_HELP: fputs(usage, stdout); return 0;
-    case OPT_VERSION: printf("piper-compile %s\n", PIPER_VERSION); return 0;
-    default:
-      json_fail(&err, "unknown or incomplete option \"%s\" (see --help)", argv[optind - 1]);
+      i++;
+      continue;
+    } else {
+      json_fail(&err, "unknown option \"%s\" (see --help)", a);
       return piper_error_exit("piper-compile", err);
     }
+    if (i + 1 >= argc) {
+      json_fail(&err, "%s needs a value (see --help)", a);
+      return piper_error_exit("piper-compile", err);
+    }
+    *text = argv[++i];
   }
-  if (optind < argc) {
-    json_fail(&err, "unexpected argument \"%s\" (see --help)", argv[optind]);
+  if (!compile_args_to_options(&ca, &o, &err))
     return piper_error_exit("piper-compile", err);
-  }
+  o.n_devices = n_devices;
+  o.import_csv = import_csv;
 
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);

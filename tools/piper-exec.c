@@ -107,13 +107,20 @@ static void fault_hook(uint32_t rank, uint32_t step, void *data) {
 }
 
 int main(int argc, char **argv) {
-  const char *model = NULL, *directives = NULL, *schedule = NULL, *plans = NULL, *out = NULL;
+  struct compile_args ca = {0};
+  const char *plans = NULL, *out = NULL;
   const char *backend_name = "host", *data = NULL, *ckpt = NULL, *resume = NULL, *dump = NULL;
-  uint32_t ranks = 0, mbs = 0, pp_regions = 0, ckpt_every = 0;
-  bool keep_order = false, quiet = false, no_report = false;
+  uint32_t ckpt_every = 0;
+  bool quiet = false, no_report = false;
   struct exec_options o = exec_options_default();
+  GError *parse_err = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
+    int shared = compile_args_parse(&ca, argc, argv, &i, &parse_err);
+    if (shared < 0)
+      return piper_error_exit("piper-exec", parse_err);
+    if (shared)
+      continue;
     const char **target = NULL;
     uint32_t *num = NULL;
     double *real = NULL, lo = 0, hi = 0, tmp = 0;
@@ -128,13 +135,7 @@ int main(int argc, char **argv) {
       for (size_t k = 0; exec_backends[k]; k++)
         printf("%s\t%s\n", exec_backends[k]->name, exec_backends[k]->description);
       return 0;
-    } else if (strcmp(a, "--model") == 0)
-      target = &model;
-    else if (strcmp(a, "--directives") == 0 || strcmp(a, "--base-schedule") == 0)
-      target = &directives;
-    else if (strcmp(a, "--schedule") == 0)
-      target = &schedule;
-    else if (strcmp(a, "--plans") == 0)
+    } else if (strcmp(a, "--plans") == 0)
       target = &plans;
     else if (strcmp(a, "--out") == 0)
       target = &out;
@@ -148,12 +149,6 @@ int main(int argc, char **argv) {
       target = &resume;
     else if (strcmp(a, "--dump-params") == 0)
       target = &dump;
-    else if (strcmp(a, "--ranks") == 0)
-      num = &ranks;
-    else if (strcmp(a, "--mbs") == 0)
-      num = &mbs;
-    else if (strcmp(a, "--pp-regions") == 0)
-      num = &pp_regions;
     else if (strcmp(a, "--checkpoint-every") == 0)
       num = &ckpt_every;
     else if (strcmp(a, "--iters") == 0)
@@ -168,8 +163,6 @@ int main(int argc, char **argv) {
       real = &tmp, lo = 0, hi = 10;
     else if (strcmp(a, "--timeout") == 0)
       real = &o.timeout_s, lo = 0.01, hi = 1e9;
-    else if (strcmp(a, "--keep-order") == 0)
-      keep_order = true;
     else if (strcmp(a, "--quiet") == 0)
       quiet = true;
     else if (strcmp(a, "--no-report") == 0)
@@ -184,9 +177,7 @@ int main(int argc, char **argv) {
         *target = v;
       } else if (num) {
         bool zero_ok = num == &o.warmup || num == &u32tmp;
-        uint32_t max = num == &mbs                           ? DIR_MAX_MICROBATCHES
-                       : num == &ranks || num == &pp_regions ? IR_MAX_DEVICES
-                                                             : UINT32_MAX - 1;
+        uint32_t max = UINT32_MAX - 1;
         if (!piper_parse_u32(v, zero_ok ? 0 : 1, max, num)) {
           fprintf(stderr, "piper-exec: error: %s: \"%s\" is not a %s integer in range\n", a, v,
                   zero_ok ? "non-negative" : "positive");
@@ -210,9 +201,9 @@ int main(int argc, char **argv) {
   const struct exec_backend_ops *ops = exec_backend_find(backend_name);
   if (!ops)
     return usage_error("--backend: \"%s\" is not built in (see --list-backends)", backend_name);
-  if (plans && (model || directives || schedule))
+  if (plans && (ca.model || ca.directives || ca.schedule))
     return usage_error("%s", "--plans replaces --model, --directives and --schedule");
-  if (!plans && (!model || !directives))
+  if (!plans && (!ca.model || !ca.directives))
     return usage_error("%s", "give --model FILE and --directives FILE, or --plans DIR");
   if (!!ckpt != !!ckpt_every)
     return usage_error("%s", "--checkpoint DIR and --checkpoint-every K go together");
@@ -246,16 +237,9 @@ int main(int argc, char **argv) {
       return piper_error_exit("piper-exec", err);
     plan = owned;
   } else {
-    struct compile_options co = compile_options_default();
-    co.model_path = model;
-    co.directives_path = directives;
-    co.pp_regions = (int)pp_regions;
-    co.have_schedule = schedule != NULL;
-    co.schedule.ranks = ranks;
-    co.schedule.mbs = mbs;
-    co.schedule.keep_order = keep_order;
-    if (schedule && !sched_family_parse(schedule, &co.schedule.family))
-      return usage_error("--schedule: unknown schedule \"%s\"", schedule);
+    struct compile_options co;
+    if (!compile_args_to_options(&ca, &co, &err))
+      return piper_error_exit("piper-exec", err);
     if (!compile_run(&co, &cr, &err))
       return piper_error_exit("piper-exec", err);
     plan = cr.plan;
@@ -275,7 +259,7 @@ int main(int argc, char **argv) {
   localtime_r(&now, &tmv);
   strftime(stamp, sizeof stamp, "out/%Y%m%d_%H%M%S", &tmv);
   o.plan = plan;
-  o.schedule = schedule ? schedule : "custom";
+  o.schedule = ca.schedule ? ca.schedule : "custom";
   o.program_file = program_file;
   o.data_path = data;
   o.checkpoint_dir = ckpt;

@@ -12,6 +12,7 @@
 #include <cairo.h>
 #include <dlfcn.h>
 
+#include "../directives/compile.h"
 #include "../ir/json.h"
 #include "../ir/version.h"
 #include "../sim/chart.h"
@@ -176,28 +177,27 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
 }
 
 int main(int argc, char **argv) {
-  const char *model = NULL, *directives = NULL, *schedule = NULL, *plans = NULL, *profile = NULL;
+  struct compile_args ca = {0};
+  const char *plans = NULL, *profile = NULL;
   const char *out = NULL, *sweep = NULL, *format = NULL;
-  uint32_t ranks = 0, mbs = 0, pp_regions = 0;
-  bool keep_order = false, viz = false, no_charts = false, trace_all = false, collapse = true;
+  bool viz = false, no_charts = false, trace_all = false, collapse = true;
   bool quiet = false;
+  GError *err = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char **target = NULL;
-    uint32_t *num = NULL;
+    int shared = compile_args_parse(&ca, argc, argv, &i, &err);
+    if (shared < 0)
+      return piper_error_exit("piper-sim", err);
+    if (shared)
+      continue;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(usage, stdout);
       return 0;
     } else if (strcmp(a, "--version") == 0) {
       printf("piper-sim %s\n", PIPER_VERSION);
       return 0;
-    } else if (strcmp(a, "--model") == 0)
-      target = &model;
-    else if (strcmp(a, "--directives") == 0 || strcmp(a, "--base-schedule") == 0)
-      target = &directives;
-    else if (strcmp(a, "--schedule") == 0)
-      target = &schedule;
-    else if (strcmp(a, "--plans") == 0)
+    } else if (strcmp(a, "--plans") == 0)
       target = &plans;
     else if (strcmp(a, "--profile") == 0)
       target = &profile;
@@ -207,14 +207,6 @@ int main(int argc, char **argv) {
       target = &sweep;
     else if (strcmp(a, "--format") == 0)
       target = &format;
-    else if (strcmp(a, "--ranks") == 0)
-      num = &ranks;
-    else if (strcmp(a, "--mbs") == 0)
-      num = &mbs;
-    else if (strcmp(a, "--pp-regions") == 0)
-      num = &pp_regions;
-    else if (strcmp(a, "--keep-order") == 0)
-      keep_order = true;
     else if (strcmp(a, "--viz") == 0)
       viz = true;
     else if (strcmp(a, "--no-charts") == 0)
@@ -227,17 +219,10 @@ int main(int argc, char **argv) {
       quiet = true;
     else
       return usage_error("unknown option %s", a);
-    if (target || num) {
+    if (target) {
       if (i + 1 >= argc)
         return usage_error("%s needs a value", a);
-      const char *v = argv[++i];
-      if (target) {
-        *target = v;
-      } else if (!piper_parse_u32(v, num == &pp_regions ? 1 : 1,
-                                  num == &mbs ? DIR_MAX_MICROBATCHES : IR_MAX_DEVICES, num)) {
-        fprintf(stderr, "piper-sim: error: %s: \"%s\" is not a positive integer in range\n", a, v);
-        return 2;
-      }
+      *target = argv[++i];
     }
   }
   enum chart_format extra_format = CHART_PNG;
@@ -251,9 +236,8 @@ int main(int argc, char **argv) {
   strftime(stamp, sizeof stamp, "out/%Y%m%d_%H%M%S", &tmv);
   const char *dir = out ? out : stamp;
 
-  GError *err = NULL;
   if (sweep) {
-    if (model || directives || plans || schedule)
+    if (ca.model || ca.directives || plans || ca.schedule)
       return usage_error("%s", "--sweep takes the model, schedules and profiles from its file");
     struct sweep *s = sweep_load_file(sweep, &err);
     if (!s)
@@ -281,22 +265,24 @@ int main(int argc, char **argv) {
 
   if (!profile)
     return usage_error("%s", "--profile FILE is required");
-  if (plans && (model || directives || schedule))
+  if (plans && (ca.model || ca.directives || ca.schedule))
     return usage_error("%s", "--plans replaces --model, --directives and --schedule");
-  if (!plans && (!model || !directives))
+  if (!plans && (!ca.model || !ca.directives))
     return usage_error("%s", "give --model FILE and --directives FILE, or --plans DIR");
-  struct sched_options so = {.ranks = ranks, .mbs = mbs, .keep_order = keep_order};
-  if (schedule && !sched_family_parse(schedule, &so.family))
-    return usage_error("--schedule: unknown schedule \"%s\"", schedule);
-  if (!schedule && (ranks || mbs))
+  struct compile_options co;
+  if (!compile_args_to_options(&ca, &co, &err))
+    return piper_error_exit("piper-sim", err);
+  if (!ca.schedule && (ca.ranks || ca.mbs))
     return usage_error("%s", "--ranks and --mbs need --schedule");
+  const struct sched_options so = co.schedule;
+  const char *schedule = ca.schedule;
 
   struct profile *prof = profile_load_file(profile, &err);
   if (!prof)
     return piper_error_exit("piper-sim", err);
   struct plan *plan =
       plans ? plan_read_dir(plans, &err)
-            : sim_compile(model, directives, schedule ? &so : NULL, (int)pp_regions, &err);
+            : sim_compile(ca.model, ca.directives, schedule ? &so : NULL, co.pp_regions, &err);
   if (!plan) {
     profile_free(prof);
     return piper_error_exit("piper-sim", err);
