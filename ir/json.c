@@ -253,6 +253,16 @@ int piper_error_exit(const char *program, GError *err) {
   return code;
 }
 
+int piper_usage_error(const char *program, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *what = g_strdup_vprintf(fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "%s: error: %s (see %s --help)\n", program, what, program);
+  g_free(what);
+  return 2;
+}
+
 bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out) {
   char *end;
   errno = 0;

@@ -68,6 +68,8 @@ char *json_quote(const char *s, size_t len, size_t max);
 /* Prints "<program>: error: <message>" on stderr, frees err, returns the exit status (SPEC §8):
  * 1 for PIPER_ERROR_RUNTIME, 2 for everything else. */
 int piper_error_exit(const char *program, GError *err);
+/* Prints "<program>: error: <what> (see <program> --help)" on stderr; returns 2 (bad input). */
+int piper_usage_error(const char *program, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 /* Whole decimal number in [lo, hi]; false otherwise. */
 bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out);
 /* Finite decimal number in [lo, hi]; false otherwise. */

@@ -31,13 +31,6 @@ static const char usage[] =
     "Exit status: 0 success, 1 iteration times outside --tolerance (or FILE cannot be\n"
     "written), 2 bad input (a missing or malformed run directory, runs of different plans).\n";
 
-static int usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "piper-compare: error: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, " (see piper-compare --help)\n");
-  return 2;
-}
-
 static const char *role(const struct report_dir *d) {
   return strcmp(d->kind, "exec") == 0 ? "measured" : "simulated";
 }
@@ -229,22 +222,23 @@ int main(int argc, char **argv) {
       return 0;
     } else if (strcmp(a, "--tolerance") == 0 || strcmp(a, "--json") == 0) {
       if (i + 1 >= argc)
-        return usage_error("%s needs a value", a);
+        return piper_usage_error("piper-compare", "%s needs a value", a);
       const char *v = argv[++i];
       if (strcmp(a, "--json") == 0)
         json_path = v;
       else if (!piper_parse_double(v, 0, 1e6, &tolerance))
-        return usage_error("--tolerance: \"%s\" is not a number in [0, 1e6]", v);
+        return piper_usage_error("piper-compare", "--tolerance: \"%s\" is not a number in [0, 1e6]",
+                                 v);
     } else if (a[0] == '-' && a[1]) {
-      return usage_error("unknown option %s", a);
+      return piper_usage_error("piper-compare", "unknown option %s", a);
     } else if (n_dirs == 2) {
-      return usage_error("one run directory too many: %s", a);
+      return piper_usage_error("piper-compare", "one run directory too many: %s", a);
     } else {
       dirs[n_dirs++] = a;
     }
   }
   if (n_dirs < 2)
-    return usage_error("%s", "give two run directories, A_DIR and B_DIR");
+    return piper_usage_error("piper-compare", "%s", "give two run directories, A_DIR and B_DIR");
 
   GError *err = NULL;
   struct report_dir *A = report_dir_load(dirs[0], &err);

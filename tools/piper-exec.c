@@ -76,13 +76,6 @@ static void leak_check_before_mpi(void) {
     __lsan_do_leak_check();
 }
 
-static int usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "piper-exec: error: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, " (see piper-exec --help)\n");
-  return 2;
-}
-
 /* The launcher ends every rank when one fails: say so in one line instead of vanishing. */
 static char term_message[160];
 static void on_term(int sig) {
@@ -168,10 +161,10 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--no-report") == 0)
       no_report = true;
     else
-      return usage_error("unknown option %s", a);
+      return piper_usage_error("piper-exec", "unknown option %s", a);
     if (target || num || real) {
       if (i + 1 >= argc)
-        return usage_error("%s needs a value", a);
+        return piper_usage_error("piper-exec", "%s needs a value", a);
       const char *v = argv[++i];
       if (target) {
         *target = v;
@@ -200,13 +193,17 @@ int main(int argc, char **argv) {
   }
   const struct exec_backend_ops *ops = exec_backend_find(backend_name);
   if (!ops)
-    return usage_error("--backend: \"%s\" is not built in (see --list-backends)", backend_name);
+    return piper_usage_error(
+        "piper-exec", "--backend: \"%s\" is not built in (see --list-backends)", backend_name);
   if (plans && (ca.model || ca.directives || ca.schedule))
-    return usage_error("%s", "--plans replaces --model, --directives and --schedule");
+    return piper_usage_error("piper-exec", "%s",
+                             "--plans replaces --model, --directives and --schedule");
   if (!plans && (!ca.model || !ca.directives))
-    return usage_error("%s", "give --model FILE and --directives FILE, or --plans DIR");
+    return piper_usage_error("piper-exec", "%s",
+                             "give --model FILE and --directives FILE, or --plans DIR");
   if (!!ckpt != !!ckpt_every)
-    return usage_error("%s", "--checkpoint DIR and --checkpoint-every K go together");
+    return piper_usage_error("piper-exec", "%s",
+                             "--checkpoint DIR and --checkpoint-every K go together");
   struct fault fault = {0};
   const char *fenv = getenv("PIPER_EXEC_FAULT");
   if (fenv && *fenv) {
@@ -214,7 +211,8 @@ int main(int argc, char **argv) {
     unsigned fr = 0, fs = 0;
     if (sscanf(fenv, "%15[a-z]:%u:%u", kind, &fr, &fs) != 3 ||
         (strcmp(kind, "stall") != 0 && strcmp(kind, "kill") != 0))
-      return usage_error("PIPER_EXEC_FAULT: \"%s\" is not stall:RANK:STEP or kill:RANK:STEP", fenv);
+      return piper_usage_error(
+          "piper-exec", "PIPER_EXEC_FAULT: \"%s\" is not stall:RANK:STEP or kill:RANK:STEP", fenv);
     if (strcmp(kind, "stall") == 0) {
       o.fault = EXEC_FAULT_STALL;
       o.fault_rank = fr;

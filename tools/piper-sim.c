@@ -53,13 +53,6 @@ static const char usage[] =
     "  --quiet             print no summary\n"
     "  --help, --version\n";
 
-static int usage_error(const char *fmt, const char *arg) {
-  fprintf(stderr, "piper-sim: error: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, " (see piper-sim --help)\n");
-  return 2;
-}
-
 /* --viz: each pipeline rank's program as a DOT graph (stream order and cross-stream waits). */
 static bool write_viz(const struct report_run *r, const char *dir, GError **err) {
   const struct plan *p = r->plan;
@@ -218,16 +211,16 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--quiet") == 0)
       quiet = true;
     else
-      return usage_error("unknown option %s", a);
+      return piper_usage_error("piper-sim", "unknown option %s", a);
     if (target) {
       if (i + 1 >= argc)
-        return usage_error("%s needs a value", a);
+        return piper_usage_error("piper-sim", "%s needs a value", a);
       *target = argv[++i];
     }
   }
   enum chart_format extra_format = CHART_PNG;
   if (format && !chart_format_parse(format, &extra_format))
-    return usage_error("--format: \"%s\" is not png, svg or pdf", format);
+    return piper_usage_error("piper-sim", "--format: \"%s\" is not png, svg or pdf", format);
 
   char stamp[32];
   time_t now = time(NULL);
@@ -238,7 +231,8 @@ int main(int argc, char **argv) {
 
   if (sweep) {
     if (ca.model || ca.directives || plans || ca.schedule)
-      return usage_error("%s", "--sweep takes the model, schedules and profiles from its file");
+      return piper_usage_error("piper-sim", "%s",
+                               "--sweep takes the model, schedules and profiles from its file");
     struct sweep *s = sweep_load_file(sweep, &err);
     if (!s)
       return piper_error_exit("piper-sim", err);
@@ -264,16 +258,18 @@ int main(int argc, char **argv) {
   }
 
   if (!profile)
-    return usage_error("%s", "--profile FILE is required");
+    return piper_usage_error("piper-sim", "%s", "--profile FILE is required");
   if (plans && (ca.model || ca.directives || ca.schedule))
-    return usage_error("%s", "--plans replaces --model, --directives and --schedule");
+    return piper_usage_error("piper-sim", "%s",
+                             "--plans replaces --model, --directives and --schedule");
   if (!plans && (!ca.model || !ca.directives))
-    return usage_error("%s", "give --model FILE and --directives FILE, or --plans DIR");
+    return piper_usage_error("piper-sim", "%s",
+                             "give --model FILE and --directives FILE, or --plans DIR");
   struct compile_options co;
   if (!compile_args_to_options(&ca, &co, &err))
     return piper_error_exit("piper-sim", err);
   if (!ca.schedule && (ca.ranks || ca.mbs))
-    return usage_error("%s", "--ranks and --mbs need --schedule");
+    return piper_usage_error("piper-sim", "%s", "--ranks and --mbs need --schedule");
   const struct sched_options so = co.schedule;
   const char *schedule = ca.schedule;
 
