@@ -3,10 +3,9 @@
  *   3. place, 4. replicate / shard (program order), 5. communication insertion
  *   (optimizer regrouping, gradient buckets, ZeRO-3 gathers, all-to-all, send/recv),
  *   6. order (temporal edges, cycle check), then default priorities for lowering. */
-#include <assert.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "directives.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -45,9 +44,9 @@ static bool fail_at(const struct apply *a, uint32_t d, GError **err, const char 
   char *what = g_strdup_vprintf(fmt, ap);
   va_end(ap);
   if (d == IR_NONE)
-    json_fail(err, "%s: %s", a->p->name, what);
+    piper_input_error(err, "%s: %s", a->p->name, what);
   else
-    json_fail(err, "%s: directive %u (%s): %s", a->p->name, a->p->d[d].index,
+    piper_input_error(err, "%s: directive %u (%s): %s", a->p->name, a->p->d[d].index,
               dir_op_name(a->p->d[d].op), what);
   g_free(what);
   return false;
@@ -85,7 +84,7 @@ bool dir_filter_resolve(const struct dir_filter *f, const struct ir_graph *g, st
       for (uint32_t i = 0; i < g->n_tags; i++)
         g_string_append_printf(known, "%s, ", g->tag_names[i]);
       g_string_append(known, "PASS");
-      json_fail(err, "%s: filter key \"%s\" is not a tag of the model (tags: %s)", ctx,
+      piper_input_error(err, "%s: filter key \"%s\" is not a tag of the model (tags: %s)", ctx,
                 f->keys[k].name, known->str);
       g_string_free(known, TRUE);
       return false;
@@ -874,7 +873,7 @@ static void insert_gathers(struct apply *a) {
   ir_adjacency_build(g, &adj);
   uint32_t *pos = g_new(uint32_t, nn ? nn : 1), stuck;
   bool acyclic = topo_positions(g, pos, &stuck);
-  assert(acyclic);
+  PIPER_ASSERT(acyclic);
   (void)acyclic;
   /* Consumers grouped by (bucket collective, micro-batch key, use). */
   GHashTable *groups = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
@@ -1019,7 +1018,7 @@ static bool insert_send_recv(struct apply *a, GError **err) {
     if (ed.kind == IR_EDGE_TEMPORAL) {
       /* A dependency between overlapping groups (gradients of model copies into their
        * all-reduce) is kept by the shared devices; nothing to send. */
-      assert(groups_overlap(g, src.group, dst.group));
+      PIPER_ASSERT(groups_overlap(g, src.group, dst.group));
       continue;
     }
     if (IR_GROUP(g, src.group)->count != IR_GROUP(g, dst.group)->count) {

@@ -2,7 +2,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "compile.h"
 
 struct compile_options compile_options_default(void) {
@@ -35,14 +35,14 @@ int compile_args_parse(struct compile_args *a, int argc, char **argv, int *i, GE
   } else
     return 0;
   if (*i + 1 >= argc) {
-    json_fail(err, "%s needs a value", opt);
+    piper_input_error(err, "%s needs a value", opt);
     return -1;
   }
   const char *v = argv[++*i];
   if (text) {
     *text = v;
   } else if (!piper_parse_u32(v, 1, hi, num)) {
-    json_fail(err, "%s: expected an integer in [1, %u], got \"%s\"", opt, hi, v);
+    piper_input_error(err, "%s: expected an integer in [1, %u], got \"%s\"", opt, hi, v);
     return -1;
   }
   return 1;
@@ -59,7 +59,7 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
   o->schedule.mbs = a->mbs;
   o->schedule.keep_order = a->keep_order;
   if (a->schedule && !sched_family_parse(a->schedule, &o->schedule.family))
-    return json_fail(err,
+    return piper_input_error(err,
                      "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, "
                      "zerobubble, zbv, dualpipe, dualpipev, custom)",
                      a->schedule);
@@ -83,7 +83,7 @@ static bool import_csv(struct dir_program *p, const char *path, GError **err) {
   gsize len = 0;
   GError *io = NULL;
   if (!g_file_get_contents(path, &text, &len, &io)) {
-    json_fail(err, "%s: cannot read: %s", path, io->message);
+    piper_input_error(err, "%s: cannot read: %s", path, io->message);
     g_error_free(io);
     return false;
   }
@@ -100,9 +100,9 @@ static bool import_csv(struct dir_program *p, const char *path, GError **err) {
 bool compile_run(const struct compile_options *o, struct compile_result *r, GError **err) {
   memset(r, 0, sizeof *r);
   if (!o->model_path)
-    return json_fail(err, "--model is required");
+    return piper_input_error(err, "--model is required");
   if (!o->directives_path)
-    return json_fail(err, "--directives (or --base-schedule) is required");
+    return piper_input_error(err, "--directives (or --base-schedule) is required");
   r->model = model_load_file(o->model_path, o->pp_regions, err);
   if (!r->model)
     goto fail;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 
 /* Program-wide cap on the filters of all order directives together. A struct dir_filter is about
  * 600 bytes while "{}," is 3 bytes of JSON, so without a cap a small file could ask for a huge
@@ -30,7 +30,7 @@ const char *dir_op_name(enum dir_op op) {
 
 /* s made safe for a one-line message: quoted, escaped, cut after QUOTE_MAX bytes. */
 static char *quote(const char *s) {
-  return json_quote(s, strlen(s), QUOTE_MAX);
+  return piper_quote(s, strlen(s), QUOTE_MAX);
 }
 
 /* The shortest of %.15g / %.17g that reads back as d, as cJSON writes numbers. */
@@ -64,14 +64,14 @@ static bool check_keys(const cJSON *obj, const char *const *allowed, const char 
       GString *list = g_string_new(NULL);
       for (const char *const *a = allowed; *a; a++)
         g_string_append_printf(list, "%s%s", a == allowed ? "" : ", ", *a);
-      json_fail(err, "%s: unknown key %s (allowed: %s)", ctx, q, list->str);
+      piper_input_error(err, "%s: unknown key %s (allowed: %s)", ctx, q, list->str);
       g_string_free(list, TRUE);
       return false;
     }
     /* Every key before it is allowed, so this scan is short. */
     for (const cJSON *prev = obj->child; prev != it; prev = prev->next)
       if (strcmp(prev->string ? prev->string : "", k) == 0)
-        return json_fail(err, "%s: duplicate key \"%s\"", ctx, k);
+        return piper_input_error(err, "%s: duplicate key \"%s\"", ctx, k);
   }
   return true;
 }
@@ -83,12 +83,12 @@ static bool check_name(const char *s, char out[DIR_NAME_MAX], const char *ctx, c
                        GError **err) {
   size_t len = strlen(s);
   if (len == 0)
-    return json_fail(err, "%s: %s must not be empty", ctx, what);
+    return piper_input_error(err, "%s: %s must not be empty", ctx, what);
   if (len >= DIR_NAME_MAX)
-    return json_fail(err, "%s: %s is %zu bytes long, at most %d", ctx, what, len, DIR_NAME_MAX - 1);
+    return piper_input_error(err, "%s: %s is %zu bytes long, at most %d", ctx, what, len, DIR_NAME_MAX - 1);
   for (size_t i = 0; i < len; i++)
     if (!g_ascii_isgraph(s[i]))
-      return json_fail(err, "%s: %s must be printable ASCII without spaces", ctx, what);
+      return piper_input_error(err, "%s: %s must be printable ASCII without spaces", ctx, what);
   memcpy(out, s, len + 1);
   return true;
 }
@@ -97,9 +97,9 @@ static bool get_name(const cJSON *obj, const char *key, bool required, char out[
                      const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
   if (!v)
-    return required ? json_fail(err, "%s: missing key \"%s\"", ctx, key) : true;
+    return required ? piper_input_error(err, "%s: missing key \"%s\"", ctx, key) : true;
   if (!cJSON_IsString(v) || !v->valuestring)
-    return json_fail(err, "%s: \"%s\" must be a string (a name)", ctx, key);
+    return piper_input_error(err, "%s: \"%s\" must be a string (a name)", ctx, key);
   g_autofree char *q = quote(v->valuestring);
   g_autofree char *what = g_strdup_printf("\"%s\" = %s", key, q);
   return check_name(v->valuestring, out, ctx, what, err);
@@ -110,15 +110,15 @@ static bool get_int(const cJSON *obj, const char *key, bool required, int64_t lo
                     int64_t *out, const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
   if (!v)
-    return required ? json_fail(err, "%s: missing key \"%s\"", ctx, key) : true;
+    return required ? piper_input_error(err, "%s: missing key \"%s\"", ctx, key) : true;
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
-    return json_fail(err, "%s: \"%s\" must be an integer in [%lld, %lld]", ctx, key, (long long)lo,
+    return piper_input_error(err, "%s: \"%s\" must be an integer in [%lld, %lld]", ctx, key, (long long)lo,
                      (long long)hi);
   double d = v->valuedouble;
   if (d < (double)lo || d > (double)hi) {
     char num[32];
     format_number(d, num);
-    return json_fail(err, "%s: \"%s\" = %s is out of range [%lld, %lld]", ctx, key, num,
+    return piper_input_error(err, "%s: \"%s\" = %s is out of range [%lld, %lld]", ctx, key, num,
                      (long long)lo, (long long)hi);
   }
   *out = (int64_t)d;
@@ -132,11 +132,11 @@ static bool get_positive(const cJSON *obj, const char *key, double hi, double *o
   if (!v)
     return true;
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-    return json_fail(err, "%s: \"%s\" must be a number in (0, %.15g]", ctx, key, hi);
+    return piper_input_error(err, "%s: \"%s\" must be a number in (0, %.15g]", ctx, key, hi);
   if (!(v->valuedouble > 0) || v->valuedouble > hi) {
     char num[32];
     format_number(v->valuedouble, num);
-    return json_fail(err, "%s: \"%s\" = %s is out of range (0, %.15g]", ctx, key, num, hi);
+    return piper_input_error(err, "%s: \"%s\" = %s is out of range (0, %.15g]", ctx, key, num, hi);
   }
   *out = v->valuedouble;
   return true;
@@ -147,7 +147,7 @@ static bool get_bool(const cJSON *obj, const char *key, bool *out, const char *c
   if (!v)
     return true;
   if (!cJSON_IsBool(v))
-    return json_fail(err, "%s: \"%s\" must be true or false", ctx, key);
+    return piper_input_error(err, "%s: \"%s\" must be true or false", ctx, key);
   *out = cJSON_IsTrue(v);
   return true;
 }
@@ -158,7 +158,7 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
   memset(f, 0, sizeof *f);
   f->pass = IR_PASS_NONE;
   if (!cJSON_IsObject(v))
-    return json_fail(err, "%s: %s must be an object such as {\"PP\": 0, \"PASS\": \"F\"}", ctx,
+    return piper_input_error(err, "%s: %s must be an object such as {\"PP\": 0, \"PASS\": \"F\"}", ctx,
                      where);
   bool have_pass = false;
   for (const cJSON *it = v->child; it; it = it->next) {
@@ -166,7 +166,7 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
     g_autofree char *q = quote(k);
     if (strcmp(k, "PASS") == 0) {
       if (have_pass)
-        return json_fail(err, "%s: %s: duplicate key \"PASS\"", ctx, where);
+        return piper_input_error(err, "%s: %s: duplicate key \"PASS\"", ctx, where);
       have_pass = true;
       int p = -1;
       if (cJSON_IsString(it) && it->valuestring)
@@ -174,12 +174,12 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
           if (strcmp(it->valuestring, pass_names[i]) == 0)
             p = i;
       if (p < 0)
-        return json_fail(err, "%s: %s: \"PASS\" must be one of F, B, BI, BW", ctx, where);
+        return piper_input_error(err, "%s: %s: \"PASS\" must be one of F, B, BI, BW", ctx, where);
       f->pass = (enum ir_pass)p;
       continue;
     }
     if (f->n_keys == DIR_MAX_FILTER_KEYS)
-      return json_fail(err, "%s: %s: more than %d keys besides PASS", ctx, where,
+      return piper_input_error(err, "%s: %s: more than %d keys besides PASS", ctx, where,
                        DIR_MAX_FILTER_KEYS);
     struct dir_filter_key *key = &f->keys[f->n_keys];
     g_autofree char *what = g_strdup_printf("%s: key %s", where, q);
@@ -187,7 +187,7 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
       return false;
     for (uint32_t i = 0; i < f->n_keys; i++)
       if (strcmp(f->keys[i].name, key->name) == 0)
-        return json_fail(err, "%s: %s: duplicate key %s", ctx, where, q);
+        return piper_input_error(err, "%s: %s: duplicate key %s", ctx, where, q);
     if (cJSON_IsString(it) && it->valuestring && strcmp(it->valuestring, "*") == 0) {
       key->value = IR_FILTER_ANY;
     } else if (cJSON_IsNumber(it) && isfinite(it->valuedouble) &&
@@ -195,12 +195,12 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
       if (it->valuedouble < 0 || it->valuedouble > DIR_MAX_INDEX) {
         char num[32];
         format_number(it->valuedouble, num);
-        return json_fail(err, "%s: %s: %s = %s is out of range [0, %d] (or \"*\" for any)", ctx,
+        return piper_input_error(err, "%s: %s: %s = %s is out of range [0, %d] (or \"*\" for any)", ctx,
                          where, q, num, DIR_MAX_INDEX);
       }
       key->value = (int32_t)it->valuedouble;
     } else {
-      return json_fail(err, "%s: %s: %s must be an integer index >= 0 or \"*\"", ctx, where, q);
+      return piper_input_error(err, "%s: %s: %s must be an integer index >= 0 or \"*\"", ctx, where, q);
     }
     f->n_keys++;
   }
@@ -214,12 +214,12 @@ static bool parse_devices(const cJSON *obj, struct dir_directive *d, uint32_t *m
                           const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "devices");
   if (!v)
-    return json_fail(err, "%s: missing key \"devices\"", ctx);
+    return piper_input_error(err, "%s: missing key \"devices\"", ctx);
   if (!cJSON_IsArray(v) || !v->child)
-    return json_fail(err, "%s: \"devices\" must be a non-empty list of device ids", ctx);
+    return piper_input_error(err, "%s: \"devices\" must be a non-empty list of device ids", ctx);
   size_t n = count_upto(v, IR_MAX_DEVICES);
   if (n > IR_MAX_DEVICES)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: \"devices\" has more than %d entries (ids are distinct and below %d)",
                      ctx, IR_MAX_DEVICES, IR_MAX_DEVICES);
   d->devices = g_new(uint32_t, n);
@@ -233,7 +233,7 @@ static bool parse_devices(const cJSON *obj, struct dir_directive *d, uint32_t *m
     if (!json_as_int(it, 0, IR_MAX_DEVICES - 1, &id, ctx, what, err))
       return false;
     if (seen[id / 8] & (1u << (id % 8)))
-      return json_fail(err, "%s: \"devices\" names device %lld twice", ctx, (long long)id);
+      return piper_input_error(err, "%s: \"devices\" names device %lld twice", ctx, (long long)id);
     seen[id / 8] |= (uint8_t)(1u << (id % 8));
     d->devices[i] = (uint32_t)id;
     if ((uint32_t)id + 1 > *max_device)
@@ -246,13 +246,13 @@ static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_ord
                         const char *ctx, GError **err) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "filters");
   if (!v)
-    return json_fail(err, "%s: missing key \"filters\"", ctx);
+    return piper_input_error(err, "%s: missing key \"filters\"", ctx);
   const char *shape = "a list of at least 2 groups, each a non-empty list of filters";
   if (!cJSON_IsArray(v))
-    return json_fail(err, "%s: \"filters\" must be %s", ctx, shape);
+    return piper_input_error(err, "%s: \"filters\" must be %s", ctx, shape);
   size_t n_groups = count_upto(v, DIR_MAX_ORDER_FILTERS);
   if (n_groups < 2)
-    return json_fail(err, "%s: \"filters\" has %zu group%s; it must be %s", ctx, n_groups,
+    return piper_input_error(err, "%s: \"filters\" has %zu group%s; it must be %s", ctx, n_groups,
                      n_groups == 1 ? "" : "s", shape);
   /* Count first, allocate after: the total is capped over the whole program. */
   size_t total = 0, g = 0;
@@ -263,17 +263,17 @@ static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_ord
     } else if (cJSON_IsArray(grp)) {
       k = count_upto(grp, DIR_MAX_ORDER_FILTERS);
       if (k == 0)
-        return json_fail(err,
+        return piper_input_error(err,
                          "%s: \"filters\" group %zu is empty (a group is a non-empty list of "
                          "filters)",
                          ctx, g);
     } else {
-      return json_fail(err, "%s: \"filters\" group %zu must be a list of filters or a filter", ctx,
+      return piper_input_error(err, "%s: \"filters\" group %zu must be a list of filters or a filter", ctx,
                        g);
     }
     total += k;
     if (*n_order_filters + total > DIR_MAX_ORDER_FILTERS)
-      return json_fail(err,
+      return piper_input_error(err,
                        "%s: \"filters\": the program's order directives hold more than %d "
                        "filters",
                        ctx, DIR_MAX_ORDER_FILTERS);
@@ -316,19 +316,19 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   d->index = index;
   d->filter.pass = IR_PASS_NONE;
   if (!cJSON_IsObject(obj))
-    return json_fail(err, "%s: directive %u: must be an object with an \"op\"", name, index);
+    return piper_input_error(err, "%s: directive %u: must be an object with an \"op\"", name, index);
   const cJSON *op = cJSON_GetObjectItemCaseSensitive(obj, "op");
   if (!op)
-    return json_fail(err, "%s: directive %u: missing key \"op\"", name, index);
+    return piper_input_error(err, "%s: directive %u: missing key \"op\"", name, index);
   if (!cJSON_IsString(op) || !op->valuestring)
-    return json_fail(err, "%s: directive %u: \"op\" must be a string", name, index);
+    return piper_input_error(err, "%s: directive %u: \"op\" must be a string", name, index);
   int found = -1;
   for (int i = 0; i < (int)G_N_ELEMENTS(op_names); i++)
     if (strcmp(op->valuestring, op_names[i]) == 0)
       found = i;
   if (found < 0) {
     g_autofree char *q = quote(op->valuestring);
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: directive %u: unknown op %s (one of place, replicate, shard, "
                      "split, order, stream)",
                      name, index, q);
@@ -379,7 +379,7 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   /* place, replicate, shard, split: all carry one filter. */
   const cJSON *f = cJSON_GetObjectItemCaseSensitive(obj, "filter");
   if (!f)
-    return json_fail(err, "%s: missing key \"filter\"", ctx);
+    return piper_input_error(err, "%s: missing key \"filter\"", ctx);
   if (!parse_filter(f, &d->filter, ctx, "\"filter\"", err))
     return false;
 
@@ -413,12 +413,12 @@ struct dir_program *dir_program_parse_json(const char *name, const cJSON *root, 
   if (!name)
     name = "<directives>";
   if (!cJSON_IsArray(root)) {
-    json_fail(err, "%s: a directive program must be a JSON array of directive objects", name);
+    piper_input_error(err, "%s: a directive program must be a JSON array of directive objects", name);
     return NULL;
   }
   size_t n = count_upto(root, DIR_MAX_DIRECTIVES);
   if (n > DIR_MAX_DIRECTIVES) {
-    json_fail(err, "%s: more than %d directives", name, DIR_MAX_DIRECTIVES);
+    piper_input_error(err, "%s: more than %d directives", name, DIR_MAX_DIRECTIVES);
     return NULL;
   }
   struct dir_program *p = dir_program_new(name);
@@ -466,8 +466,8 @@ static uint32_t directive_max_device(const struct dir_directive *d) {
 /* The array has no capacity field; its capacity is kept >= the power of two at or above n, so
  * growing when n reaches a power of two doubles it and appends stay amortised O(1). */
 void dir_program_append(struct dir_program *p, const struct dir_directive *d) {
-  g_assert(p && d);
-  g_assert(p->n < UINT32_MAX / 2);
+  PIPER_ASSERT(p && d);
+  PIPER_ASSERT(p->n < UINT32_MAX / 2);
   if (p->n == 0 || (p->n & (p->n - 1)) == 0)
     p->d = g_renew(struct dir_directive, p->d, p->n == 0 ? 1 : 2 * (size_t)p->n);
   struct dir_directive *c = &p->d[p->n];

@@ -40,7 +40,7 @@ static inline uint32_t sched_rows_add_rank(struct sched_rows *w) {
 
 static inline void sched_rows_push(struct sched_rows *w, uint32_t rank,
                                    const struct sched_slot *s) {
-  g_assert(rank < w->n_ranks && (s->n_actions == 1 || s->n_actions == 2));
+  PIPER_ASSERT(rank < w->n_ranks && (s->n_actions == 1 || s->n_actions == 2));
   g_array_append_val(w->rows[rank], *s);
   w->n_actions += s->n_actions;
 }

@@ -23,7 +23,7 @@
 
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "schedule-impl.h"
 
 static const char *const family_names[SCHED_FAMILY_COUNT] = {
@@ -196,7 +196,7 @@ static void build_zbv(struct builder *b, uint32_t R, uint32_t M) {
       emit(b, p, act(c1, (int32_t)w1++, IR_PASS_BW));
     while (w0 < b0)
       emit(b, p, act(c0, (int32_t)w0++, IR_PASS_BW));
-    g_assert(f0 == M && f1 == M && b0 == M && b1 == M);
+    PIPER_ASSERT(f0 == M && f1 == M && b0 == M && b1 == M);
   }
 }
 
@@ -228,7 +228,7 @@ static struct sched_action dp_b(struct dp_rank *d, int ph, bool zb) {
 }
 
 static void dp_w(struct dp_rank *d) {
-  g_assert(d->wq_head < d->wq_tail);
+  PIPER_ASSERT(d->wq_head < d->wq_tail);
   emit(d->b, d->pos, d->wq[d->wq_head++]);
 }
 
@@ -287,8 +287,8 @@ static void build_dualpipe_rank(struct dp_rank *d, uint32_t H, uint32_t h, uint3
   /* 8: nW */
   for (uint32_t i = 0; i < h + 1; i++)
     dp_w(d);
-  g_assert(d->wq_head == d->wq_tail);
-  g_assert(d->f[0] == C && d->f[1] == C && d->bk[0] == C && d->bk[1] == C);
+  PIPER_ASSERT(d->wq_head == d->wq_tail);
+  PIPER_ASSERT(d->f[0] == C && d->f[1] == C && d->bk[0] == C && d->bk[1] == C);
 }
 
 /* DualPipe: bidirectional, one stage per rank per copy (see the file comment for the copies).
@@ -340,12 +340,12 @@ static bool check_layout(enum sched_family f, enum layout_shape shape, const str
   uint32_t want = shape == SHAPE_SINGLE ? R : shape == SHAPE_V ? 2 * R : 0;
   if (shape == SHAPE_LOOP) {
     if (S % R != 0 || S / R < 2)
-      return json_fail(err,
+      return piper_input_error(err,
                        "%s: needs %s, i.e. a multiple of R = %u stages, at least %u; the "
                        "layout has %u stages",
                        fam, shape_text[shape], R, 2 * R, S);
   } else if (S != want) {
-    return json_fail(err, "%s: needs %s: %u stages on %u ranks; the layout has %u stages", fam,
+    return piper_input_error(err, "%s: needs %s: %u stages on %u ranks; the layout has %u stages", fam,
                      shape_text[shape], want, R, S);
   }
   *v = S / R;
@@ -354,7 +354,7 @@ static bool check_layout(enum sched_family f, enum layout_shape shape, const str
   for (uint32_t p = 0; p < R; p++) {
     int32_t r = l->stage_rank[p];
     if (seen[r])
-      return json_fail(err, "%s: needs %s; stages %d and %u are both on rank %d", fam,
+      return piper_input_error(err, "%s: needs %s; stages %d and %u are both on rank %d", fam,
                        shape_text[shape], seen[r] - 1, p, r);
     seen[r] = (int32_t)p + 1;
     pos_rank[p] = r;
@@ -362,7 +362,7 @@ static bool check_layout(enum sched_family f, enum layout_shape shape, const str
   for (uint32_t s = R; s < S; s++) {
     uint32_t p = shape == SHAPE_V ? 2 * R - 1 - s : s % R;
     if (l->stage_rank[s] != l->stage_rank[p])
-      return json_fail(err, "%s: needs %s; stage %u is on rank %d, stage %u on rank %d", fam,
+      return piper_input_error(err, "%s: needs %s; stage %u is on rank %d, stage %u on rank %d", fam,
                        shape_text[shape], s, l->stage_rank[s], p, l->stage_rank[p]);
   }
   return true;
@@ -371,38 +371,38 @@ static bool check_layout(enum sched_family f, enum layout_shape shape, const str
 struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
                                   uint32_t M, GError **err) {
   if ((unsigned)f >= SCHED_FAMILY_COUNT) {
-    json_fail(err, "schedule: unknown schedule family %d", (int)f);
+    piper_input_error(err, "schedule: unknown schedule family %d", (int)f);
     return NULL;
   }
   const char *fam = sched_family_name(f);
   if (f == SCHED_CUSTOM) {
-    json_fail(err, "custom: the base schedule's own split and order directives are the schedule; "
+    piper_input_error(err, "custom: the base schedule's own split and order directives are the schedule; "
                    "there is nothing to build (keep the base file as written)");
     return NULL;
   }
   if (!layout || !layout->stage_rank || layout->n_ranks == 0 || layout->n_stages == 0) {
-    json_fail(err, "%s: the layout is empty: at least one rank and one stage are needed", fam);
+    piper_input_error(err, "%s: the layout is empty: at least one rank and one stage are needed", fam);
     return NULL;
   }
   uint32_t R = layout->n_ranks, S = layout->n_stages;
   if (R > SCHED_MAX_RANKS || S > SCHED_MAX_STAGES) {
-    json_fail(err, "%s: %u ranks and %u stages; at most %u of each", fam, R, S,
+    piper_input_error(err, "%s: %u ranks and %u stages; at most %u of each", fam, R, S,
               (unsigned)SCHED_MAX_RANKS);
     return NULL;
   }
   for (uint32_t s = 0; s < S; s++)
     if (layout->stage_rank[s] < 0 || (uint32_t)layout->stage_rank[s] >= R) {
-      json_fail(err, "%s: stage %u is on rank %d, outside [0, %u)", fam, s, layout->stage_rank[s],
+      piper_input_error(err, "%s: stage %u is on rank %d, outside [0, %u)", fam, s, layout->stage_rank[s],
                 R);
       return NULL;
     }
   if (M == 0 || M > DIR_MAX_MICROBATCHES) {
-    json_fail(err, "%s: %u micro-batches; between 1 and %d are accepted", fam, M,
+    piper_input_error(err, "%s: %u micro-batches; between 1 and %d are accepted", fam, M,
               DIR_MAX_MICROBATCHES);
     return NULL;
   }
   if ((uint64_t)S * M * 3 > SCHED_MAX_ACTIONS) {
-    json_fail(err,
+    piper_input_error(err,
               "%s: %u stages x %u micro-batches make more than %u actions; use fewer "
               "micro-batches",
               fam, S, M, SCHED_MAX_ACTIONS);
@@ -424,13 +424,13 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   case SCHED_INTERLEAVED_1F1B:
     if (M % R != 0) {
       if (M < R)
-        json_fail(err,
+        piper_input_error(err,
                   "interleaved_1f1b: needs the number of micro-batches to be a multiple of "
                   "the %u ranks (micro-batches go through the chunks in groups of R); got M = %u, "
                   "use M = %u",
                   R, M, R);
       else
-        json_fail(err,
+        piper_input_error(err,
                   "interleaved_1f1b: needs the number of micro-batches to be a multiple of "
                   "the %u ranks (micro-batches go through the chunks in groups of R); got M = %u, "
                   "use M = %u or %u",
@@ -440,7 +440,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
     break;
   case SCHED_ZBV:
     if (M < 2 * R - 1) {
-      json_fail(err,
+      piper_input_error(err,
                 "zbv: needs at least 2R-1 = %u micro-batches for %u ranks (the first "
                 "rank's warm-up runs 2R-1 forwards); got M = %u",
                 2 * R - 1, R, M);
@@ -449,14 +449,14 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
     break;
   case SCHED_DUALPIPE:
     if (R % 2 != 0) {
-      json_fail(err,
+      piper_input_error(err,
                 "dualpipe: needs an even number of ranks (the two directions meet in the "
                 "middle); got R = %u (dualpipev works with any R)",
                 R);
       return NULL;
     }
     if (M % 2 != 0 || M < 2 * R) {
-      json_fail(err,
+      piper_input_error(err,
                 "dualpipe: needs an even number of micro-batches, at least 2R = %u (half go "
                 "each way); got M = %u",
                 2 * R, M);
@@ -465,7 +465,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
     break;
   case SCHED_DUALPIPEV:
     if (M < 2 * R) {
-      json_fail(err, "dualpipev: needs at least 2R = %u micro-batches for %u ranks; got M = %u",
+      piper_input_error(err, "dualpipev: needs at least 2R = %u micro-batches for %u ranks; got M = %u",
                 2 * R, R, M);
       return NULL;
     }
@@ -483,7 +483,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   case SCHED_ZBV: build_zbv(&b, R, M); break;
   case SCHED_DUALPIPE: build_dualpipe(&b, R, M); break;
   case SCHED_DUALPIPEV: build_dualpipev(&b, R, M); break;
-  default: g_assert_not_reached();
+  default: PIPER_UNREACHABLE();
   }
   return sched_rows_finish(&b.rows, f, S, M);
 }
@@ -502,10 +502,10 @@ static void filter_set(struct dir_filter *flt, const char *dim, const struct sch
 
 bool sched_to_directives(const struct sched_program *s, const char *dim_name,
                          struct dir_program *out, GError **err) {
-  g_assert(s && out);
+  PIPER_ASSERT(s && out);
   if (!dim_name || !dim_name[0] || strlen(dim_name) >= DIR_NAME_MAX ||
       strcmp(dim_name, "PP") == 0 || strcmp(dim_name, "PASS") == 0)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: the split dimension name must be a tag name other than PP and "
                      "PASS, shorter than %d bytes (e.g. \"MB\")",
                      out->name, DIR_NAME_MAX);
@@ -515,7 +515,7 @@ bool sched_to_directives(const struct sched_program *s, const char *dim_name,
       continue; /* one slot orders nothing */
     uint32_t n_filters = 0;
     for (uint32_t i = 0; i < rk->n_slots; i++) {
-      g_assert(rk->slots[i].n_actions == 1 || rk->slots[i].n_actions == 2);
+      PIPER_ASSERT(rk->slots[i].n_actions == 1 || rk->slots[i].n_actions == 2);
       n_filters += rk->slots[i].n_actions;
     }
     struct dir_directive d = {.op = DIR_ORDER, .n_slots = rk->n_slots};
@@ -567,9 +567,9 @@ static bool filter_stages(const struct dir_filter *f, uint32_t n_stages, uint32_
 
 int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
                                    uint32_t *n_ranks, GError **err) {
-  g_assert(p && n_ranks);
+  PIPER_ASSERT(p && n_ranks);
   if (n_stages == 0 || n_stages > SCHED_MAX_STAGES) {
-    json_fail(err, "%s: the model has %u PP regions; 1 to %u are accepted", p->name, n_stages,
+    piper_input_error(err, "%s: the model has %u PP regions; 1 to %u are accepted", p->name, n_stages,
               (unsigned)SCHED_MAX_STAGES);
     return NULL;
   }
@@ -624,17 +624,17 @@ static bool find_split(const struct dir_program *p, uint32_t mbs, uint32_t *inde
     if (p->d[i].op == DIR_SPLIT && n++ == 0)
       *index = i;
   if (n > 1)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: %u split directives; the schedule builders need exactly one, with "
                      "dim_name \"MB\"",
                      p->name, n);
   if (n == 1 && strcmp(p->d[*index].dim_name, "MB") != 0)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: directive %u (split): dim_name is \"%s\"; the schedule builders "
                      "need \"MB\"",
                      p->name, *index, p->d[*index].dim_name);
   if (n == 0 && mbs == 0)
-    return json_fail(err, "%s: no split directive and no micro-batch count given (--mbs M)",
+    return piper_input_error(err, "%s: no split directive and no micro-batch count given (--mbs M)",
                      p->name);
   *M = mbs ? mbs : (uint32_t)p->d[*index].num_microbatches;
   return true;
@@ -690,12 +690,12 @@ static void place_dualpipe_copy_b(struct dir_program *p, uint32_t n_stages,
 /* Everything is checked and built before p changes: on failure p is as it was. */
 bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struct sched_options *o,
                            GError **err) {
-  g_assert(p && o);
+  PIPER_ASSERT(p && o);
   if ((unsigned)o->family >= SCHED_FAMILY_COUNT)
-    return json_fail(err, "%s: unknown schedule family %d", p->name, (int)o->family);
+    return piper_input_error(err, "%s: unknown schedule family %d", p->name, (int)o->family);
   const char *fam = sched_family_name(o->family);
   if (o->mbs > DIR_MAX_MICROBATCHES)
-    return json_fail(err, "%s: %u micro-batches; at most %d", p->name, o->mbs,
+    return piper_input_error(err, "%s: %u micro-batches; at most %d", p->name, o->mbs,
                      DIR_MAX_MICROBATCHES);
   uint32_t split = UINT32_MAX, M = 0;
   if (o->family == SCHED_CUSTOM) {
@@ -713,7 +713,7 @@ bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struc
   if (!stage_rank)
     return false;
   if (o->ranks > 0 && o->ranks != R)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: %s with %u ranks was asked, but the base schedule places its %u "
                      "stages on %u device groups (ranks)",
                      p->name, fam, o->ranks, n_stages, R);
@@ -721,13 +721,13 @@ bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struc
   g_autoptr(GError) e = NULL;
   struct sched_program *s = sched_build(o->family, &l, M, &e);
   if (!s)
-    return json_fail(err, "%s: %s", p->name, e->message);
+    return piper_input_error(err, "%s: %s", p->name, e->message);
 
   if (!o->keep_order)
     dir_program_remove_op(p, DIR_ORDER);
   /* remove_op renumbers: find the split again (it cannot fail now). */
   if (!find_split(p, M, &split, &M, NULL))
-    g_assert_not_reached();
+    PIPER_UNREACHABLE();
   set_split(p, split, M);
   if (o->family == SCHED_DUALPIPE)
     place_dualpipe_copy_b(p, n_stages, stage_rank, R, M);

@@ -9,7 +9,7 @@
  * Writing what was read gives the same bytes back for every file this writer produced. */
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "schedule-impl.h"
 #include "schedule.h"
 
@@ -18,7 +18,7 @@ static bool write_action(FILE *f, const struct sched_action *a) {
 }
 
 bool sched_write_csv(const struct sched_program *s, FILE *f) {
-  g_assert(s && f);
+  PIPER_ASSERT(s && f);
   for (uint32_t r = 0; r < s->n_ranks; r++) {
     const struct sched_rank *rk = &s->ranks[r];
     for (uint32_t i = 0; i < rk->n_slots; i++) {
@@ -46,7 +46,7 @@ bool sched_write_csv(const struct sched_program *s, FILE *f) {
 
 /* A cell made safe for a one-line message: quoted, escaped, cut after CELL_QUOTE_MAX bytes. */
 static char *quote_cell(const char *s, size_t n) {
-  return json_quote(s, n, CELL_QUOTE_MAX);
+  return piper_quote(s, n, CELL_QUOTE_MAX);
 }
 
 /* Reads a decimal index of at most 9 digits at s[*i], below limit. */
@@ -127,7 +127,7 @@ struct sched_program *sched_read_csv(const char *name, const char *text, GError 
   if (!name)
     name = "<csv>";
   if (!text) {
-    json_fail(err, "%s: no text", name);
+    piper_input_error(err, "%s: no text", name);
     return NULL;
   }
   struct sched_rows w;
@@ -147,7 +147,7 @@ struct sched_program *sched_read_csv(const char *name, const char *text, GError 
       len--;
     row++;
     if (row > SCHED_MAX_RANKS) {
-      json_fail(err, "%s: more than %u rows (one per rank)", name, (unsigned)SCHED_MAX_RANKS);
+      piper_input_error(err, "%s: more than %u rows (one per rank)", name, (unsigned)SCHED_MAX_RANKS);
       goto fail;
     }
     uint32_t rank = sched_rows_add_rank(&w);
@@ -206,7 +206,7 @@ struct sched_program *sched_read_csv(const char *name, const char *text, GError 
             max_mb = a->mb;
         }
         if (w.n_actions + slot.n_actions > SCHED_MAX_ACTIONS) {
-          json_fail(err, "%s: more than %u actions", name, SCHED_MAX_ACTIONS);
+          piper_input_error(err, "%s: more than %u actions", name, SCHED_MAX_ACTIONS);
           goto fail;
         }
         sched_rows_push(&w, rank, &slot);
@@ -218,13 +218,13 @@ struct sched_program *sched_read_csv(const char *name, const char *text, GError 
     line = next;
   }
   if (row == 0 || max_stage < 0) {
-    json_fail(err, "%s: no actions (expected one row per rank of cells such as 0F0,0B0)", name);
+    piper_input_error(err, "%s: no actions (expected one row per rank of cells such as 0F0,0B0)", name);
     goto fail;
   }
   return sched_rows_finish(&w, SCHED_CUSTOM, (uint32_t)max_stage + 1, (uint32_t)max_mb + 1);
 
 cell_fail:
-  json_fail(err, "%s: row %u, column %u: cell %s %s", name, row, col, cellq, msg);
+  piper_input_error(err, "%s: row %u, column %u: cell %s %s", name, row, col, cellq, msg);
 fail:
   sched_rows_free(&w);
   return NULL;

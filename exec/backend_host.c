@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "host-impl.h"
 
 enum item_kind { ITEM_TASK, ITEM_RECORD, ITEM_WAIT };
@@ -43,14 +43,8 @@ struct exec_stream {
   GError *error;
 };
 
-double host_monotonic(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double host_clock(struct exec_backend *b) {
-  return host_monotonic() - b->epoch;
+  return piper_clock_seconds() - b->epoch;
 }
 
 /* Wakes the workers and the submitting thread blocked on event e (everyone for NULL). Lock
@@ -362,7 +356,7 @@ static struct exec_backend *host_create(const struct exec_backend_params *p, GEr
   }
   /* every rank leaves the barrier at about the same moment: a shared time origin */
   host_comm_barrier(b);
-  b->epoch = host_monotonic();
+  b->epoch = piper_clock_seconds();
   return b;
 }
 

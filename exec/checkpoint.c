@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "exec-impl.h"
 
 #define MAGIC "PIPERCKP"
@@ -20,20 +20,13 @@ struct header {
   uint64_t fingerprint, n_params, seed;
 };
 
-static uint64_t fnv(uint64_t h, const void *data, size_t n) {
-  const unsigned char *b = data;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 static bool io_fail(GError **err, const char *path, const char *what) {
   g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: %s: %s", path, what, strerror(errno));
   return false;
 }
 
 static bool write_all(FILE *f, const void *p, size_t n, uint64_t *h) {
-  *h = fnv(*h, p, n);
+  *h = piper_fnv1a(*h, p, n);
   return fwrite(p, 1, n, f) == n;
 }
 
@@ -42,19 +35,16 @@ bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t
   const struct exec_device *d = s->dev;
   char *sub = g_strdup_printf("%s/step-%u", dir, step);
   char *path = g_strdup_printf("%s/rank-%u.ckpt", sub, d->device);
-  char *tmp = g_strdup_printf("%s.tmp", path);
   bool ok = false;
-  FILE *f = NULL;
+  struct piper_out out = {0};
   float *host = NULL;
   if (g_mkdir_with_parents(sub, 0755) != 0) {
     io_fail(err, sub, "cannot create the checkpoint directory");
     goto out;
   }
-  f = fopen(tmp, "wb");
-  if (!f) {
-    io_fail(err, tmp, "cannot write");
+  if (!piper_out_open(&out, path, err))
     goto out;
-  }
+  out.sync = true;
   struct header h;
   memset(&h, 0, sizeof h);
   memcpy(h.magic, MAGIC, 8);
@@ -65,54 +55,40 @@ bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t
   h.fingerprint = exec_device_fingerprint(d);
   h.n_params = d->n_params;
   h.seed = s->o->seed;
-  uint64_t sum = 14695981039346656037ull;
+  uint64_t sum = PIPER_FNV1A_INIT;
   size_t n = (size_t)d->n_params;
   host = g_new(float, n ? n : 1);
-  ok = write_all(f, &h, sizeof h, &sum);
+  bool wrote = write_all(out.f, &h, sizeof h, &sum);
   const float *arrays[3] = {s->params, s->adam_m, s->adam_v};
-  for (int a = 0; a < 3 && ok; a++) {
+  for (int a = 0; a < 3 && wrote; a++) {
     s->ops->to_host(s->b, host, arrays[a], n * sizeof(float));
-    ok = write_all(f, host, n * sizeof(float), &sum);
+    wrote = write_all(out.f, host, n * sizeof(float), &sum);
   }
   uint64_t tail = sum;
-  ok = ok && fwrite(&tail, sizeof tail, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
-  if (fclose(f) != 0)
-    ok = false;
-  f = NULL;
-  if (!ok) {
-    io_fail(err, tmp, "write failed");
-    remove(tmp);
+  wrote = wrote && fwrite(&tail, sizeof tail, 1, out.f) == 1;
+  if (!wrote) { /* piper_out_close reports the stream's error naming the file */
+    ok = piper_out_close(&out, err);
+    if (ok)
+      ok = io_fail(err, path, "write failed");
     goto out;
   }
-  if (rename(tmp, path) != 0) {
-    ok = io_fail(err, path, "cannot rename into place");
-    goto out;
-  }
+  ok = piper_out_close(&out, err);
 out:
-  if (f)
-    fclose(f);
+  if (out.f)
+    piper_out_abandon(&out);
   g_free(host);
   g_free(sub);
   g_free(path);
-  g_free(tmp);
   return ok;
 }
 
 bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t n_ranks, GError **err) {
   (void)n_ranks;
-  char *path = g_strdup_printf("%s/latest", dir), *tmp = g_strdup_printf("%s/latest.tmp", dir);
+  char *path = g_strdup_printf("%s/latest", dir);
   char text[32];
-  g_snprintf(text, sizeof text, "step-%u\n", step);
-  bool ok = true;
-  FILE *f = fopen(tmp, "w");
-  if (!f || fputs(text, f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0)
-    ok = io_fail(err, tmp, "write failed");
-  if (f && fclose(f) != 0 && ok)
-    ok = io_fail(err, tmp, "write failed");
-  if (ok && rename(tmp, path) != 0)
-    ok = io_fail(err, path, "cannot rename into place");
+  int len = g_snprintf(text, sizeof text, "step-%u\n", step);
+  bool ok = piper_write_file_durable(path, text, (size_t)len, err);
   g_free(path);
-  g_free(tmp);
   return ok;
 }
 
@@ -124,7 +100,7 @@ static char *resolve(const char *dir, uint32_t rank, GError **err) {
   if (g_file_get_contents(latest, &text, NULL, NULL)) {
     g_strstrip(text);
     if (!g_str_has_prefix(text, "step-") || strchr(text, '/'))
-      json_fail(err, "%s: does not name a checkpoint step (\"%s\")", latest, text);
+      piper_input_error(err, "%s: does not name a checkpoint step (\"%s\")", latest, text);
     else
       path = g_strdup_printf("%s/%s/rank-%u.ckpt", dir, text, rank);
   } else {
@@ -132,7 +108,7 @@ static char *resolve(const char *dir, uint32_t rank, GError **err) {
     if (g_file_test(direct, G_FILE_TEST_EXISTS))
       path = g_strdup(direct);
     else
-      json_fail(err, "%s: no checkpoint here (no \"latest\" file and no rank-%u.ckpt)", dir, rank);
+      piper_input_error(err, "%s: no checkpoint here (no \"latest\" file and no rank-%u.ckpt)", dir, rank);
     g_free(direct);
   }
   g_free(text);
@@ -150,35 +126,35 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
   GError *io = NULL;
   bool ok = false;
   if (!g_file_get_contents(path, &data, &len, &io)) {
-    json_fail(err, "%s: cannot read: %s", path, io->message);
+    piper_input_error(err, "%s: cannot read: %s", path, io->message);
     g_error_free(io);
     goto out;
   }
   struct header h;
   size_t n = (size_t)d->n_params, body = 3 * n * sizeof(float);
   if (len < sizeof h + sizeof(uint64_t)) {
-    json_fail(err, "%s: truncated (%zu bytes)", path, (size_t)len);
+    piper_input_error(err, "%s: truncated (%zu bytes)", path, (size_t)len);
     goto out;
   }
   memcpy(&h, data, sizeof h);
   if (memcmp(h.magic, MAGIC, 8) != 0 || h.version != VERSION) {
-    json_fail(err, "%s: not a piper-exec checkpoint (version %u)", path, VERSION);
+    piper_input_error(err, "%s: not a piper-exec checkpoint (version %u)", path, VERSION);
     goto out;
   }
   uint64_t stored;
   memcpy(&stored, data + len - sizeof stored, sizeof stored);
-  if (fnv(14695981039346656037ull, data, len - sizeof stored) != stored) {
-    json_fail(err, "%s: checksum mismatch: the file is corrupt", path);
+  if (piper_fnv1a(PIPER_FNV1A_INIT, data, len - sizeof stored) != stored) {
+    piper_input_error(err, "%s: checksum mismatch: the file is corrupt", path);
     goto out;
   }
   if (h.rank != d->device || h.n_ranks != d->plan->n_devices) {
-    json_fail(err, "%s: written by rank %u of %u, read by rank %u of %u", path, h.rank, h.n_ranks,
+    piper_input_error(err, "%s: written by rank %u of %u, read by rank %u of %u", path, h.rank, h.n_ranks,
               d->device, d->plan->n_devices);
     goto out;
   }
   if (h.fingerprint != exec_device_fingerprint(d) || h.n_params != d->n_params ||
       len != sizeof h + body + sizeof stored) {
-    json_fail(err,
+    piper_input_error(err,
               "%s: written for a different model or parameter layout (fingerprint "
               "%016llx, this plan %016llx)",
               path, (unsigned long long)h.fingerprint,
@@ -186,7 +162,7 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
     goto out;
   }
   if (h.seed != s->o->seed) {
-    json_fail(err, "%s: written with --seed %llu, this run has --seed %llu", path,
+    piper_input_error(err, "%s: written with --seed %llu, this run has --seed %llu", path,
               (unsigned long long)h.seed, (unsigned long long)s->o->seed);
     goto out;
   }

@@ -4,7 +4,7 @@
  * Sequence block i is read at a fixed place, so a step's data depends only on its number. */
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "exec.h"
 
 enum data_kind { DATA_SYNTHETIC, DATA_TOKENS16, DATA_TOKENS32, DATA_BYTES };
@@ -65,7 +65,7 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
   GError *io = NULL;
   d->file = g_mapped_file_new(path, FALSE, &io);
   if (!d->file) {
-    json_fail(err, "%s: cannot read the data file: %s", path, io->message);
+    piper_input_error(err, "%s: cannot read the data file: %s", path, io->message);
     g_error_free(io);
     exec_data_free(d);
     return NULL;
@@ -77,7 +77,7 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     memcpy(hdr, p, sizeof hdr);
   if (size >= HEADER_BYTES && hdr[0] == EXEC_DATA_MAGIC) {
     if (hdr[1] != 1 && hdr[1] != 2) {
-      json_fail(err, "%s: token file version %d (known: 1 = uint16 tokens, 2 = uint32)", path,
+      piper_input_error(err, "%s: token file version %d (known: 1 = uint16 tokens, 2 = uint32)", path,
                 hdr[1]);
       exec_data_free(d);
       return NULL;
@@ -85,7 +85,7 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     size_t width = hdr[1] == 1 ? 2 : 4;
     uint64_t n = (uint32_t)hdr[2];
     if (hdr[2] < 0 || (size - HEADER_BYTES) / width < n) {
-      json_fail(err, "%s: the header says %d tokens but the file holds %zu", path, hdr[2],
+      piper_input_error(err, "%s: the header says %d tokens but the file holds %zu", path, hdr[2],
                 (size - HEADER_BYTES) / width);
       exec_data_free(d);
       return NULL;
@@ -96,7 +96,7 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     for (uint64_t i = 0; i < n; i++) {
       uint32_t t = token_at(d, i);
       if ((int64_t)t >= vocab) {
-        json_fail(err, "%s: token %u at position %llu is not below the model's vocab_size %lld",
+        piper_input_error(err, "%s: token %u at position %llu is not below the model's vocab_size %lld",
                   path, t, (unsigned long long)i, (long long)vocab);
         exec_data_free(d);
         return NULL;
@@ -104,7 +104,7 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     }
   } else {
     if (vocab < 256) {
-      json_fail(err,
+      piper_input_error(err,
                 "%s: read as bytes (no token-file header), which needs vocab_size >= 256 "
                 "(the model has %lld)",
                 path, (long long)vocab);
@@ -116,7 +116,7 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     d->n = size;
   }
   if (d->n < 2) {
-    json_fail(err, "%s: %llu tokens are too few to train on", path, (unsigned long long)d->n);
+    piper_input_error(err, "%s: %llu tokens are too few to train on", path, (unsigned long long)d->n);
     exec_data_free(d);
     return NULL;
   }

@@ -27,7 +27,6 @@ void host_comm_abort(struct exec_backend *b, int code);
 /* Barrier across the job used to align clocks at start (no-op alone). */
 void host_comm_barrier(struct exec_backend *b);
 const char *host_comm_library(struct exec_backend *b);
-double host_monotonic(void);
 
 struct exec_comm *host_comm_create(struct exec_backend *b, const char *label,
                                    const uint32_t *members, uint32_t n_members, bool point_to_point,

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "host-impl.h"
 
 #ifdef HAVE_MPI

@@ -8,7 +8,7 @@
  * all-to-all is a dispatch or a combine depending on whether the expert computes its input. */
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "exec-impl.h"
 
 const char *exec_tensor_name(enum exec_tensor t) {
@@ -129,13 +129,13 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
   memset(xm, 0, sizeof *xm);
   xm->m = m;
   if (m->family == MODEL_FAMILY_DEEPSEEK_V3)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: model_type %s uses MLA attention, which has no host kernel (the "
                      "host backend trains dense and MoE decoders)",
                      m->name, m->model_type);
   int64_t T = m->micro_batch_size * m->seq_len;
   if (T > (1 << 20) || m->hidden_size > (1 << 16) || m->vocab_size > (1 << 20))
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: too large for the host backend (tokens per micro-batch %lld, "
                      "hidden_size %lld, vocab_size %lld)",
                      m->name, (long long)T, (long long)m->hidden_size, (long long)m->vocab_size);
@@ -155,7 +155,7 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
       xm->head_op = o;
   }
   if (xm->embedding_op == IR_NONE || xm->head_op == IR_NONE)
-    return json_fail(err, "%s: the model has no embedding or no LM head", m->name);
+    return piper_input_error(err, "%s: the model has no embedding or no LM head", m->name);
   uint32_t *op_seg = g_new(uint32_t, m->n_ops);
   for (uint32_t s = 0; s < m->n_segments; s++)
     for (uint32_t o = 0; o < m->segments[s].op_count; o++)
@@ -163,7 +163,7 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
   xm->tied = m->ops[xm->head_op].param_count == 0;
   bool ok = false;
   if (xm->tied && op_seg[xm->head_op] != op_seg[xm->embedding_op]) {
-    json_fail(err,
+    piper_input_error(err,
               "%s: tied embeddings need the embedding and the LM head in one segment (one "
               "PP region without expert layers)",
               m->name);
@@ -202,7 +202,7 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
       so->param_count = op->param_count;
       uint64_t want = kernel_param_count(xm, op);
       if (op->param_count != want) {
-        json_fail(err, "%s: op %u (%s) has %llu parameters but the host kernel takes %llu", m->name,
+        piper_input_error(err, "%s: op %u (%s) has %llu parameters but the host kernel takes %llu", m->name,
                   o, model_op_kind_name(op->kind), (unsigned long long)op->param_count,
                   (unsigned long long)want);
         g_array_free(vals, TRUE);
@@ -219,7 +219,7 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
           continue;
         if (cur[t] < 0) {
           if (writer[t] == IR_NONE) {
-            json_fail(err, "%s: op %u (%s) reads %s before anything writes it", m->name, o,
+            piper_input_error(err, "%s: op %u (%s) reads %s before anything writes it", m->name, o,
                       model_op_kind_name(op->kind), exec_tensor_name(t));
             g_array_free(vals, TRUE);
             goto out;
@@ -229,7 +229,7 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
             if (m->edges[k].src == writer[t] && m->edges[k].dst == s)
               e = k;
           if (e == IR_NONE) {
-            json_fail(err,
+            piper_input_error(err,
                       "%s: segment %u reads %s from segment %u but the model has no such "
                       "edge",
                       m->name, s, exec_tensor_name(t), writer[t]);
@@ -269,7 +269,7 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
         bytes += t == EXEC_T_R ? (uint64_t)xm->T * (uint64_t)xm->K * 8
                                : (uint64_t)xm->T * (uint64_t)xm->C * model_dtype_bytes(m->dtype);
     if (bytes != m->edges[e].bytes) {
-      json_fail(err,
+      piper_input_error(err,
                 "%s: edge %u (segment %u -> %u) carries %llu bytes in the model but %llu "
                 "by the executor's rule",
                 m->name, e, m->edges[e].src, m->edges[e].dst, (unsigned long long)m->edges[e].bytes,
@@ -306,7 +306,7 @@ static bool fail_instr(const struct plan *p, uint32_t device, uint32_t node, GEr
                        const char *what) {
   char nb[256];
   plan_node_name(p, node, nb, sizeof nb);
-  return json_fail(err, "plan: device %u: instruction \"%s\": %s", device, nb, what);
+  return piper_input_error(err, "plan: device %u: instruction \"%s\": %s", device, nb, what);
 }
 
 /* First consumer instruction of what instruction i writes, or IR_NONE. */
@@ -375,7 +375,7 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
   const struct model *m = xm->m;
   uint32_t ns = m->n_segments;
   if (device >= p->n_devices)
-    return json_fail(err,
+    return piper_input_error(err,
                      "plan: the plan has %u devices but this process is rank %u (launch "
                      "as many processes as devices)",
                      p->n_devices, device);
@@ -386,7 +386,7 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
   d->mb_tag = -1;
   for (uint32_t t = m->n_tags; t < p->n_tags; t++) {
     if (d->mb_tag >= 0)
-      return json_fail(err,
+      return piper_input_error(err,
                        "plan: the program splits micro-batches along two dimensions (%s "
                        "and %s); the executor needs one",
                        p->tag_names[d->mb_tag], p->tag_names[t]);
@@ -707,23 +707,16 @@ out:
   return ok;
 }
 
-static uint64_t fnv(uint64_t h, const void *data, size_t n) {
-  const unsigned char *b = data;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 uint64_t exec_device_fingerprint(const struct exec_device *d) {
-  uint64_t h = 14695981039346656037ull;
+  uint64_t h = PIPER_FNV1A_INIT;
   const char *mj = d->plan->model_json ? d->plan->model_json : "";
-  h = fnv(h, mj, strlen(mj));
+  h = piper_fnv1a(h, mj, strlen(mj));
   uint32_t hdr[4] = {d->plan->n_devices, d->device, d->dp_degree, d->dp_rank};
-  h = fnv(h, hdr, sizeof hdr);
-  h = fnv(h, &d->n_params, sizeof d->n_params);
+  h = piper_fnv1a(h, hdr, sizeof hdr);
+  h = piper_fnv1a(h, &d->n_params, sizeof d->n_params);
   for (uint32_t s = 0; s < d->xm->m->n_segments; s++) {
     uint64_t rec[3] = {d->holds[s], d->param_offset[s], d->param_local[s]};
-    h = fnv(h, rec, sizeof rec);
+    h = piper_fnv1a(h, rec, sizeof rec);
   }
   return h;
 }

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "exec-impl.h"
 
 struct runner;
@@ -573,7 +573,7 @@ bool exec_run(const struct exec_options *o, const struct exec_backend_ops *ops,
   const struct plan *p = o->plan;
   uint32_t rank = ops->world_rank(b), size = ops->world_size(b);
   if (size != p->n_devices)
-    return json_fail(err,
+    return piper_input_error(err,
                      "the plan has %u devices but the job has %u processes (launch one process "
                      "per device: mpirun -np %u)",
                      p->n_devices, size, p->n_devices);
@@ -675,19 +675,19 @@ bool exec_run(const struct exec_options *o, const struct exec_backend_ops *ops,
       goto out;
     }
     if (a.v[0] != -a.v[1] || a.v[2] != -a.v[3]) {
-      json_fail(err, "the ranks run different plans (compile every rank from the same model, "
+      piper_input_error(err, "the ranks run different plans (compile every rank from the same model, "
                      "directives and options)");
       goto out;
     }
     if (a.v[4] != -a.v[5]) {
-      json_fail(err, "%s: ranks resume from different steps (%g and %g)",
+      piper_input_error(err, "%s: ranks resume from different steps (%g and %g)",
                 o->resume_dir ? o->resume_dir : "--resume", -a.v[5], a.v[4]);
       goto out;
     }
   }
   uint32_t total = o->warmup + o->iters;
   if (done >= total) {
-    json_fail(err, "%s: the checkpoint is at step %u; --warmup %u --iters %u leaves nothing to run",
+    piper_input_error(err, "%s: the checkpoint is at step %u; --warmup %u --iters %u leaves nothing to run",
               o->resume_dir, done, o->warmup, o->iters);
     goto out;
   }

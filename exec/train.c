@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "exec-impl.h"
 
 #define TC EXEC_T_COUNT

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "ir.h"
-#include "json.h"
+#include "../base/json.h"
 
 static cJSON *u32_array(const uint32_t *v, uint32_t n) {
   cJSON *a = cJSON_CreateArray();

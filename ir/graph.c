@@ -1,5 +1,4 @@
 /* ir: graph construction, interning of groups and streams, adjacency, filters and names. */
-#include <assert.h>
 #include <string.h>
 
 #include "ir.h"
@@ -63,14 +62,14 @@ uint32_t ir_graph_add_node(struct ir_graph *g, const struct ir_node *n) {
 
 uint32_t ir_graph_add_edge(struct ir_graph *g, uint32_t src, uint32_t dst, enum ir_edge_kind kind,
                            uint32_t slot, uint64_t bytes) {
-  assert(src < g->nodes->len && dst < g->nodes->len && src != dst);
+  PIPER_ASSERT(src < g->nodes->len && dst < g->nodes->len && src != dst);
   struct ir_edge e = {.src = src, .dst = dst, .kind = kind, .slot = slot, .bytes = bytes};
   g_array_append_val(g->edges, e);
   return g->edges->len - 1;
 }
 
 uint32_t ir_graph_group(struct ir_graph *g, const uint32_t *devices, uint32_t count) {
-  assert(count > 0);
+  PIPER_ASSERT(count > 0);
   GArray *key = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t), count);
   g_array_append_vals(key, devices, count);
   gpointer found = g_hash_table_lookup(g->group_index, key);

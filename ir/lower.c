@@ -7,10 +7,9 @@
  * and a collective is one node for all members. The projection is therefore deadlock-free by
  * construction; plan_check_progress proves it again on the lowered plans (and on plans read
  * from disk). Devices with the same group memberships get one shared program (a class). */
-#include <assert.h>
 #include <string.h>
 
-#include "json.h"
+#include "../base/json.h"
 #include "plan.h"
 
 /* ---- global order ------------------------------------------------------------------------ */
@@ -366,7 +365,7 @@ struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GErr
   l.order = g_new(uint32_t, nn ? nn : 1);
   l.order_pos = g_new(uint32_t, nn ? nn : 1);
   if (!global_order(g, &l.adj, l.order)) {
-    json_fail(err, "the training graph has a cycle");
+    piper_input_error(err, "the training graph has a cycle");
     goto out;
   }
   for (uint32_t i = 0; i < nn; i++)

@@ -26,7 +26,7 @@
 
 #include <glib/gstdio.h>
 
-#include "json.h"
+#include "../base/json.h"
 #include "plan.h"
 #include "plan-impl.h"
 
@@ -156,18 +156,13 @@ static int32_t comm_rank_of(const struct plan *p, const struct positions *t, uin
   return rank;
 }
 
-static int cmp_u32(const void *a, const void *b) {
-  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* The communicators a class uses, ascending, without repeats. */
 static uint32_t *class_comms(const struct plan_class *c, uint32_t *n_out) {
   uint32_t *ids = g_new(uint32_t, c->n_instrs ? c->n_instrs : 1), n = 0;
   for (uint32_t i = 0; i < c->n_instrs; i++)
     if (c->instrs[i].comm != IR_NONE)
       ids[n++] = c->instrs[i].comm;
-  qsort(ids, n, sizeof *ids, cmp_u32);
+  qsort(ids, n, sizeof *ids, piper_cmp_u32);
   uint32_t u = 0;
   for (uint32_t i = 0; i < n; i++)
     if (u == 0 || ids[u - 1] != ids[i])
@@ -255,7 +250,7 @@ static bool write_json(const char *path, const cJSON *root, GString *buf, GError
   g_string_truncate(buf, 0);
   emit(buf, root, 0);
   g_string_append_c(buf, '\n');
-  return json_write_text(path, buf->str, buf->len, err);
+  return piper_write_file(path, buf->str, buf->len, err);
 }
 
 /* An index or null (IR_NONE). */
@@ -620,7 +615,7 @@ bool plan_write_dir(const struct plan *p, const char *dir, GError **err) {
     char file[32];
     snprintf(file, sizeof file, "device-%u.json", d);
     path = g_build_filename(dir, file, NULL);
-    if (!json_write_text(path, buf->str, buf->len, err))
+    if (!piper_write_file(path, buf->str, buf->len, err))
       goto out;
   }
   /* Device files of an earlier, larger plan in the same directory would mislead a reader. */
@@ -676,7 +671,7 @@ static bool fail_at(GError **err, const struct loc *l, const char *fmt, ...) {
     if (l->b)
       g_string_append_printf(where, ".%s[%u]", l->b, l->bi);
   }
-  json_fail(err, "%s: %s", where->str, msg);
+  piper_input_error(err, "%s: %s", where->str, msg);
   g_string_free(where, TRUE);
   g_free(msg);
   return false;
@@ -1917,7 +1912,7 @@ struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *c
   if (!reader_index(r, index, err))
     goto out;
   if (n_docs != r->p->n_devices) {
-    json_fail(err, "%s: %u device documents for %u devices", r->index_file, n_docs,
+    piper_input_error(err, "%s: %u device documents for %u devices", r->index_file, n_docs,
               r->p->n_devices);
     goto out;
   }

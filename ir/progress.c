@@ -6,7 +6,7 @@
  * a deadlock, reported with the devices and instructions that wait on each other. */
 #include <string.h>
 
-#include "json.h"
+#include "../base/json.h"
 #include "plan.h"
 
 struct arrival {
@@ -60,7 +60,7 @@ static bool mismatch(const struct progress *s, const struct arrival *a, uint32_t
   plan_node_name(s->p, a->first_node, x, sizeof x);
   plan_node_name(s->p, node, y, sizeof y);
   plan_comm_name(s->p, comm, cn, sizeof cn);
-  return json_fail(err,
+  return piper_input_error(err,
                    "plan deadlocks: on communicator %s sequence %u device %u issues \"%s\" but "
                    "device %u issues \"%s\"",
                    cn, seq, a->first_device, x, device, y);
@@ -166,7 +166,7 @@ static void report_deadlock(const struct progress *s, GError **err) {
   }
   if (stuck > shown)
     g_string_append_printf(msg, "; and %u more", stuck - shown);
-  json_fail(err, "%s", msg->str);
+  piper_input_error(err, "%s", msg->str);
   g_string_free(msg, TRUE);
 }
 

@@ -1,13 +1,14 @@
 /* adamw: the optimizer step on flat parameter arrays (llm.c's gpt2_update formula). */
 #include "kernels.h"
 
-#include <assert.h>
+#include "../base/assert.h"
+
 #include <math.h>
 
 /* params, m, v [n] updated in place <- grads [n] */
 void kernels_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int step) {
-  assert(step >= 1);
+  PIPER_ASSERT(step >= 1);
   /* Bias corrections in double: 1 - beta^step loses digits in float for beta near 1. */
   float bc1 = (float)(1.0 - pow(beta1, step));
   float bc2 = (float)(1.0 - pow(beta2, step));

@@ -1,14 +1,15 @@
 /* attention: causal grouped-query self-attention with rotary embeddings (the llama family). */
 #include "kernels.h"
 
-#include <assert.h>
+#include "../base/assert.h"
+
 #include <math.h>
 #include <string.h>
 
 /* x [batch * seq, n_heads * D], rotated in place by position within the sequence. */
 void kernels_rope(float *x, int batch, int seq, int n_heads, int head_dim, float theta,
                   bool inverse) {
-  assert(head_dim % 2 == 0);
+  PIPER_ASSERT(head_dim % 2 == 0);
   int half = head_dim / 2;
   size_t row = (size_t)n_heads * head_dim;
   for (int s = 0; s < seq; s++) {
@@ -57,8 +58,8 @@ struct attention_views {
 static struct attention_views attention_views(const struct kernels_attention_dims *d,
                                               const float *params, const float *saved,
                                               const float *bwork) {
-  assert(d->heads > 0 && d->kv_heads > 0 && d->heads % d->kv_heads == 0);
-  assert(d->head_dim % 2 == 0);
+  PIPER_ASSERT(d->heads > 0 && d->kv_heads > 0 && d->heads % d->kv_heads == 0);
+  PIPER_ASSERT(d->head_dim % 2 == 0);
   struct attention_views w = {0};
   w.T = (size_t)d->batch * d->seq;
   w.HD = (size_t)d->heads * d->head_dim;

@@ -1,7 +1,8 @@
 /* gemm: the one matrix-multiply entry point every host kernel uses (BLAS or reference loops). */
 #include "kernels.h"
 
-#include <assert.h>
+#include "../base/assert.h"
+
 #include <string.h>
 
 #ifdef HAVE_BLAS
@@ -11,8 +12,8 @@
 /* C [m, n] = alpha * op(A) [m, k] * op(B) [k, n] + beta * C, row-major with leading dims. */
 void kernels_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
                   int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-  assert(m >= 0 && n >= 0 && k >= 0);
-  assert(ldc >= n);
+  PIPER_ASSERT(m >= 0 && n >= 0 && k >= 0);
+  PIPER_ASSERT(ldc >= n);
   if (m == 0 || n == 0)
     return;
   if (k == 0) {

@@ -1,7 +1,8 @@
 /* loss: the LM head (logits = h w) fused with mean cross-entropy against the targets. */
 #include "kernels.h"
 
-#include <assert.h>
+#include "../base/assert.h"
+
 #include <math.h>
 
 size_t kernels_lm_head_loss_param_count(int C, int V) {
@@ -25,7 +26,7 @@ float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *
     kernels_gemm(false, false, T, V, C, 1.0f, h, C, params, V, 0.0f, saved, V);
   double loss = 0.0;
   for (int t = 0; t < T; t++) {
-    assert(targets[t] >= 0 && targets[t] < V);
+    PIPER_ASSERT(targets[t] >= 0 && targets[t] < V);
     float *row = saved + (size_t)t * V;
     float maxv = -INFINITY;
     for (int v = 0; v < V; v++)

@@ -1,9 +1,10 @@
 /* moe: the mixture-of-experts layer: router (softmax top-k), token dispatch and combine for
  * expert parallelism, and the SwiGLU experts over routed rows. */
 #include "kernels.h"
+
+#include "../base/assert.h"
 #include "kernels-impl.h"
 
-#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -30,7 +31,7 @@ static float chosen_sum(const float *probs, const int32_t *ids, int K) {
 /* ids [T, K], weights [T, K], probs [T, E] <- h [T, C], w [C, E] */
 void kernels_router_forward(int32_t *ids, float *weights, float *saved, const float *h,
                             const float *params, int T, int C, int E, int K) {
-  assert(K >= 1 && K <= E);
+  PIPER_ASSERT(K >= 1 && K <= E);
   kernels_gemm(false, false, T, E, C, 1.0f, h, C, params, E, 0.0f, saved, E);
   for (int t = 0; t < T; t++) {
     float *p = saved + (size_t)t * E;
@@ -112,7 +113,7 @@ void kernels_router_backward(float *dh, float *dparams, float *bwork, const floa
 /* ---- dispatch / combine ------------------------------------------------------------------ */
 
 int kernels_moe_owner(int expert, int E, int n_ranks) {
-  assert(n_ranks >= 1 && E % n_ranks == 0 && expert >= 0 && expert < E);
+  PIPER_ASSERT(n_ranks >= 1 && E % n_ranks == 0 && expert >= 0 && expert < E);
   return expert / (E / n_ranks);
 }
 
@@ -239,7 +240,7 @@ static int expert_rows_count(const int32_t *row_expert, int n_rows, int e) {
 
 static void check_row_experts(const int32_t *row_expert, int n_rows, int e_first, int e_count) {
   for (int r = 0; r < n_rows; r++) {
-    assert(row_expert[r] >= e_first && row_expert[r] < e_first + e_count);
+    PIPER_ASSERT(row_expert[r] >= e_first && row_expert[r] < e_first + e_count);
     (void)row_expert, (void)r, (void)e_first, (void)e_count;
   }
 }

@@ -1,7 +1,8 @@
 /* norm: embedding lookup, RMSNorm and the residual add (the ops without GEMMs but the head's). */
 #include "kernels.h"
 
-#include <assert.h>
+#include "../base/assert.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -14,7 +15,7 @@ void kernels_embedding_forward(float *x, const int32_t *tokens, const float *par
                                int C) {
   (void)V; /* only checked */
   for (int t = 0; t < T; t++) {
-    assert(tokens[t] >= 0 && tokens[t] < V);
+    PIPER_ASSERT(tokens[t] >= 0 && tokens[t] < V);
     memcpy(x + (size_t)t * C, params + (size_t)tokens[t] * C, (size_t)C * sizeof(float));
   }
 }
@@ -24,7 +25,7 @@ void kernels_embedding_backward_weight(float *dparams, const float *dx, const in
                                        int T, int V, int C) {
   (void)V; /* only checked */
   for (int t = 0; t < T; t++) {
-    assert(tokens[t] >= 0 && tokens[t] < V);
+    PIPER_ASSERT(tokens[t] >= 0 && tokens[t] < V);
     float *dw = dparams + (size_t)tokens[t] * C;
     const float *d = dx + (size_t)t * C;
     for (int c = 0; c < C; c++)

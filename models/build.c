@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "model-impl.h"
 
 /* The decoder state one micro-batch's forward pass passes between ops (model.h's kind table).
@@ -348,7 +348,7 @@ static void assign_tags(struct model *m) {
   for (uint32_t i = 0; i < m->n_user_tags; i++) {
     const struct model_user_tag *ut = &m->user_tags[i];
     int index = model_tag_index(m, ut->name);
-    g_assert(index >= 2);
+    PIPER_ASSERT(index >= 2);
     int32_t value = count[index]++;
     for (int32_t l = ut->first_layer; l <= ut->last_layer; l++)
       layer_tags[(size_t)l * MODEL_MAX_TAGS + (size_t)index] = value;
@@ -485,7 +485,7 @@ bool model_build(struct model *m, const char *ctx, GError **err) {
   build_edges(&b);
   g_array_free(b.io, TRUE);
   if (b.overflow)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: sizes too large: a byte or parameter count exceeds 2^56 (check "
                      "seq_len, micro_batch_size, vocab_size, hidden and expert sizes)",
                      ctx);

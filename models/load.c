@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 
 /* Upper bounds on sizes. They are far above any real model and keep every derived product
  * (bytes of a [tokens, vocab] logits tensor, expert parameter counts) inside 64 bits or
@@ -100,7 +100,7 @@ static bool get_int(const cJSON *obj, const char *prefix, const char *key, bool 
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
   if (!v || (!prefix && cJSON_IsNull(v))) {
     if (required)
-      return json_fail(err, "%s: missing key \"%s\"", file, full);
+      return piper_input_error(err, "%s: missing key \"%s\"", file, full);
     return true;
   }
   return json_as_int(v, lo, hi, out, file, full, err);
@@ -129,9 +129,9 @@ static bool load_family(struct model *m, const cJSON *root, const char *file, GE
   const char *type = NULL;
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model_type");
   if (!v)
-    return json_fail(err, "%s: missing key \"model_type\"", file);
+    return piper_input_error(err, "%s: missing key \"model_type\"", file);
   if (!cJSON_IsString(v) || !v->valuestring)
-    return json_fail(err, "%s: \"model_type\" must be a string", file);
+    return piper_input_error(err, "%s: \"model_type\" must be a string", file);
   type = v->valuestring;
   for (size_t i = 0; i < G_N_ELEMENTS(families); i++) {
     if (strcmp(type, families[i].model_type) == 0) {
@@ -141,7 +141,7 @@ static bool load_family(struct model *m, const cJSON *root, const char *file, GE
     }
   }
   /* %.40s: the value is user text; keep the message one short line. */
-  return json_fail(err,
+  return piper_input_error(err,
                    "%s: \"model_type\" = \"%.40s\" is not supported (llama, mistral, qwen2, "
                    "qwen3, qwen2_moe, qwen3_moe, mixtral, deepseek_v3)",
                    file, type);
@@ -159,13 +159,13 @@ static bool load_expert_count(struct model *m, const cJSON *root, const char *fi
     if (!get_int(root, NULL, keys[i], true, 1, MAX_EXPERTS, &n, file, err))
       return false;
     if (seen && n != m->num_experts)
-      return json_fail(err, "%s: \"%s\" = %lld disagrees with \"%s\" = %lld", file, keys[i],
+      return piper_input_error(err, "%s: \"%s\" = %lld disagrees with \"%s\" = %lld", file, keys[i],
                        (long long)n, seen, (long long)m->num_experts);
     m->num_experts = n;
     seen = keys[i];
   }
   if (!seen)
-    return json_fail(err, "%s: missing key \"%s\" (number of routed experts)", file,
+    return piper_input_error(err, "%s: missing key \"%s\" (number of routed experts)", file,
                      m->family == MODEL_FAMILY_DEEPSEEK_V3   ? "n_routed_experts"
                      : strcmp(m->model_type, "mixtral") == 0 ? "num_local_experts"
                                                              : "num_experts");
@@ -178,13 +178,13 @@ static bool check_all_moe(const struct model *m, const cJSON *root, const char *
                           GError **err) {
   const cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
   if (only && cJSON_IsArray(only) && cJSON_GetArraySize(only) > 0)
-    return json_fail(err, "%s: \"mlp_only_layers\" is not supported (every layer of %s is MoE)",
+    return piper_input_error(err, "%s: \"mlp_only_layers\" is not supported (every layer of %s is MoE)",
                      file, m->model_type);
   static const char *const step_keys[] = {"decoder_sparse_step", "moe_layer_freq"};
   for (size_t i = 0; i < G_N_ELEMENTS(step_keys); i++) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, step_keys[i]);
     if (v && cJSON_IsNumber(v) && v->valuedouble != 1)
-      return json_fail(err, "%s: \"%s\" = %g is not supported (only 1: every layer MoE)", file,
+      return piper_input_error(err, "%s: \"%s\" = %g is not supported (only 1: every layer MoE)", file,
                        step_keys[i], v->valuedouble);
   }
   return true;
@@ -204,7 +204,7 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
   if (!get_int(root, NULL, "num_key_value_heads", false, 1, MAX_HEADS, &m->num_kv_heads, file, err))
     return false;
   if (m->num_heads % m->num_kv_heads != 0)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: \"num_attention_heads\" = %lld is not a multiple of "
                      "\"num_key_value_heads\" = %lld",
                      file, (long long)m->num_heads, (long long)m->num_kv_heads);
@@ -235,7 +235,7 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
       return false;
   } else {
     if (m->hidden_size % m->num_heads != 0)
-      return json_fail(err,
+      return piper_input_error(err,
                        "%s: missing key \"head_dim\" and \"hidden_size\" = %lld is not a "
                        "multiple of \"num_attention_heads\" = %lld",
                        file, (long long)m->hidden_size, (long long)m->num_heads);
@@ -254,7 +254,7 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
                err))
     return false;
   if (m->experts_per_tok > m->num_experts)
-    return json_fail(err, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld routed experts",
+    return piper_input_error(err, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld routed experts",
                      file, (long long)m->experts_per_tok, (long long)m->num_experts);
   if (mixtral) {
     /* Mixtral's experts are full-width MLPs: intermediate_size is the expert width. */
@@ -297,7 +297,7 @@ static bool load_pp(struct model *m, const cJSON *piper, const char *file, GErro
   bool has_regions = cJSON_GetObjectItemCaseSensitive(piper, "pp_regions") != NULL;
   const cJSON *layers = cJSON_GetObjectItemCaseSensitive(piper, "pp_layers");
   if (has_regions == (layers != NULL))
-    return json_fail(err, "%s: \"piper\" needs exactly one of \"pp_regions\" and \"pp_layers\"",
+    return piper_input_error(err, "%s: \"piper\" needs exactly one of \"pp_regions\" and \"pp_layers\"",
                      file);
   if (has_regions) {
     int64_t n = 0;
@@ -307,10 +307,10 @@ static bool load_pp(struct model *m, const cJSON *piper, const char *file, GErro
     return true;
   }
   if (!cJSON_IsArray(layers))
-    return json_fail(err, "%s: \"piper.pp_layers\" must be an array of layer counts", file);
+    return piper_input_error(err, "%s: \"piper.pp_layers\" must be an array of layer counts", file);
   int n = cJSON_GetArraySize(layers);
   if (n < 1 || n > m->num_layers)
-    return json_fail(err, "%s: \"piper.pp_layers\" has %d entries; it needs 1 to %lld", file, n,
+    return piper_input_error(err, "%s: \"piper.pp_layers\" has %d entries; it needs 1 to %lld", file, n,
                      (long long)m->num_layers);
   m->pp_regions = n;
   m->pp_layers = g_new0(int32_t, n);
@@ -326,7 +326,7 @@ static bool load_pp(struct model *m, const cJSON *piper, const char *file, GErro
     sum += c;
   }
   if (sum != m->num_layers)
-    return json_fail(err, "%s: \"piper.pp_layers\" sums to %lld but num_hidden_layers is %lld",
+    return piper_input_error(err, "%s: \"piper.pp_layers\" sums to %lld but num_hidden_layers is %lld",
                      file, (long long)sum, (long long)m->num_layers);
   return true;
 }
@@ -337,11 +337,11 @@ static bool load_tags(struct model *m, const cJSON *piper, const char *file, GEr
   if (!tags)
     return true;
   if (!cJSON_IsArray(tags))
-    return json_fail(err, "%s: \"piper.tags\" must be an array of {\"tag\", \"layers\"}", file);
+    return piper_input_error(err, "%s: \"piper.tags\" must be an array of {\"tag\", \"layers\"}", file);
   int n = cJSON_GetArraySize(tags);
   /* Entries of one name may not overlap, so there are at most layers entries per name. */
   if (n > (MODEL_MAX_TAGS - 2) * m->num_layers)
-    return json_fail(err, "%s: \"piper.tags\" has %d entries, more than tags x layers", file, n);
+    return piper_input_error(err, "%s: \"piper.tags\" has %d entries, more than tags x layers", file, n);
   m->user_tags = g_new0(struct model_user_tag, n > 0 ? n : 1);
   int i = 0;
   for (const cJSON *t = tags->child; t; t = t->next, i++) {
@@ -352,31 +352,31 @@ static bool load_tags(struct model *m, const cJSON *piper, const char *file, GEr
         !json_get_string(t, "tag", true, &name, ctx, err))
       return false;
     if (!name_ok(name, MODEL_TAG_NAME_MAX))
-      return json_fail(err,
+      return piper_input_error(err,
                        "%s: \"tag\" = \"%.40s\" must be 1 to %d characters of letters, digits, "
                        "'_', '-', '.'",
                        ctx, name, MODEL_TAG_NAME_MAX - 1);
     for (const char *const *r = reserved_tags; *r; r++)
       if (strcmp(name, *r) == 0)
-        return json_fail(err, "%s: tag name \"%s\" is reserved (PP, EP, PASS, MB)", ctx, name);
+        return piper_input_error(err, "%s: tag name \"%s\" is reserved (PP, EP, PASS, MB)", ctx, name);
     const cJSON *range = cJSON_GetObjectItemCaseSensitive(t, "layers");
     if (!range)
-      return json_fail(err, "%s: missing key \"layers\"", ctx);
+      return piper_input_error(err, "%s: missing key \"layers\"", ctx);
     if (!cJSON_IsArray(range) || cJSON_GetArraySize(range) != 2)
-      return json_fail(err, "%s: \"layers\" must be [first, last]", ctx);
+      return piper_input_error(err, "%s: \"layers\" must be [first, last]", ctx);
     int64_t first = 0, last = 0;
     if (!json_as_int(range->child, 0, m->num_layers - 1, &first, ctx, "layers[0]", err) ||
         !json_as_int(range->child->next, 0, m->num_layers - 1, &last, ctx, "layers[1]", err))
       return false;
     if (first > last)
-      return json_fail(err, "%s: \"layers\" = [%lld, %lld] has first > last", ctx, (long long)first,
+      return piper_input_error(err, "%s: \"layers\" = [%lld, %lld] has first > last", ctx, (long long)first,
                        (long long)last);
     /* Values count entries of one name in model order, so entries must come in layer order. */
     for (int j = i - 1; j >= 0; j--) {
       if (strcmp(m->user_tags[j].name, name) != 0)
         continue;
       if (first <= m->user_tags[j].last_layer)
-        return json_fail(err,
+        return piper_input_error(err,
                          "%s: layers [%lld, %lld] of tag \"%s\" must start after its previous "
                          "entry (which ends at layer %d)",
                          ctx, (long long)first, (long long)last, name, m->user_tags[j].last_layer);
@@ -384,7 +384,7 @@ static bool load_tags(struct model *m, const cJSON *piper, const char *file, GEr
     }
     if (model_tag_index(m, name) < 0) {
       if (m->n_tags >= MODEL_MAX_TAGS)
-        return json_fail(err, "%s: more than %d distinct user tag names (\"%s\")", ctx,
+        return piper_input_error(err, "%s: more than %d distinct user tag names (\"%s\")", ctx,
                          MODEL_MAX_TAGS - 2, name);
       g_strlcpy(m->tag_names[m->n_tags++], name, MODEL_TAG_NAME_MAX);
     }
@@ -401,7 +401,7 @@ static bool load_piper(struct model *m, const cJSON *root, const char *file, GEr
       "name", "seq_len", "micro_batch_size", "dtype", "pp_regions", "pp_layers", "tags", NULL};
   const cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
   if (!piper)
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s: missing key \"piper\" (training fields: seq_len, "
                      "micro_batch_size, dtype, pp_regions or pp_layers)",
                      file);
@@ -413,7 +413,7 @@ static bool load_piper(struct model *m, const cJSON *root, const char *file, GEr
   const cJSON *name = cJSON_GetObjectItemCaseSensitive(piper, "name");
   if (name) {
     if (!cJSON_IsString(name) || !name->valuestring || !name_ok(name->valuestring, sizeof m->name))
-      return json_fail(err,
+      return piper_input_error(err,
                        "%s: \"piper.name\" must be a string of 1 to %zu letters, digits, '_', "
                        "'-', '.'",
                        file, sizeof m->name - 1);
@@ -425,13 +425,13 @@ static bool load_piper(struct model *m, const cJSON *root, const char *file, GEr
     return false;
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(piper, "dtype");
   if (!dt)
-    return json_fail(err, "%s: missing key \"piper.dtype\" (\"fp32\" or \"bf16\")", file);
+    return piper_input_error(err, "%s: missing key \"piper.dtype\" (\"fp32\" or \"bf16\")", file);
   if (cJSON_IsString(dt) && dt->valuestring && strcmp(dt->valuestring, "fp32") == 0)
     m->dtype = MODEL_DTYPE_FP32;
   else if (cJSON_IsString(dt) && dt->valuestring && strcmp(dt->valuestring, "bf16") == 0)
     m->dtype = MODEL_DTYPE_BF16;
   else
-    return json_fail(err, "%s: \"piper.dtype\" must be \"fp32\" or \"bf16\"", file);
+    return piper_input_error(err, "%s: \"piper.dtype\" must be \"fp32\" or \"bf16\"", file);
   return load_pp(m, piper, file, err) && load_tags(m, piper, file, err);
 }
 
@@ -466,14 +466,14 @@ struct model *model_load_json(const char *name, const cJSON *root, int pp_region
   g_strlcpy(m->tag_names[MODEL_TAG_EP], "EP", MODEL_TAG_NAME_MAX);
 
   if (!cJSON_IsObject(root)) {
-    json_fail(err, "%s: expected a JSON object at the top level", file);
+    piper_input_error(err, "%s: expected a JSON object at the top level", file);
     goto fail;
   }
   if (!load_hf(m, root, file, err) || !load_piper(m, root, file, err))
     goto fail;
   if (pp_regions_override > 0) {
     if (pp_regions_override > m->num_layers) {
-      json_fail(err, "%s: --pp-regions %d exceeds num_hidden_layers %lld", file,
+      piper_input_error(err, "%s: --pp-regions %d exceeds num_hidden_layers %lld", file,
                 pp_regions_override, (long long)m->num_layers);
       goto fail;
     }

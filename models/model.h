@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../base/base.h"
+
 #define MODEL_MAX_TAGS 8 /* PP, EP and up to 6 user tag names */
 #define MODEL_TAG_NAME_MAX 32
 #define MODEL_MAX_LAYERS 4096

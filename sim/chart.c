@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 
 bool chart_format_parse(const char *name, enum chart_format *out) {
   if (strcmp(name, "png") == 0)

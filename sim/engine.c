@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "sim.h"
 
 /* ---- small helpers over the plan ------------------------------------------------------------ */
@@ -50,12 +50,6 @@ static bool kind_is_p2p(enum ir_node_kind k) {
 }
 static bool kind_is_comm(enum ir_node_kind k) {
   return k != IR_NODE_COMPUTE && k != IR_NODE_OPTIMIZER && k < IR_NODE_KIND_COUNT;
-}
-
-static double now_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- static memory ------------------------------------------------------------------------ */
@@ -929,7 +923,7 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
   static const struct sim_options defaults = {.collapse = true};
   if (!o)
     o = &defaults;
-  double w0 = now_seconds();
+  double w0 = piper_clock_seconds();
   struct sim s = {.p = p, .prof = prof, .o = o, .t_first = INFINITY, .t_last = -INFINITY};
   struct sim_result *res = NULL;
   bool ok = false;
@@ -1004,9 +998,9 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
   s.kversion = g_new0(uint32_t, total + 1);
   if (!build_slots(&s, err))
     goto out;
-  res->seconds_setup = now_seconds() - w0;
+  res->seconds_setup = piper_clock_seconds() - w0;
 
-  double w1 = now_seconds();
+  double w1 = piper_clock_seconds();
   for (uint32_t k = 0; k < nu; k++)
     mem_point(&s, &s.u[k], 0);
   for (uint32_t k = 0; k < nu; k++)
@@ -1025,7 +1019,7 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
       end_comm(&s, e.id, e.t);
     }
   }
-  res->seconds_run = now_seconds() - w1;
+  res->seconds_run = piper_clock_seconds() - w1;
   /* every instruction must have run; a plan that stalls names where */
   for (uint32_t k = 0; k < nu; k++) {
     struct unit_rt *u = &s.u[k];

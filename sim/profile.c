@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 
 /* ---- loading ------------------------------------------------------------------------------ */
 
@@ -16,7 +16,7 @@ static bool get_obj(const cJSON *root, const char *key, const cJSON **out, const
   if (!v)
     return true;
   if (!cJSON_IsObject(v))
-    return json_fail(err, "%s: key \"%s\" must be an object", ctx, key);
+    return piper_input_error(err, "%s: key \"%s\" must be an object", ctx, key);
   *out = v;
   return true;
 }
@@ -45,7 +45,7 @@ static int entry_cmp(const void *a, const void *b) {
 
 static bool parse_measured(struct profile *p, const cJSON *arr, const char *name, GError **err) {
   if (!cJSON_IsArray(arr))
-    return json_fail(err, "%s: key \"measured\" must be an array", name);
+    return piper_input_error(err, "%s: key \"measured\" must be an array", name);
   int n = cJSON_GetArraySize(arr);
   p->entries = g_new0(struct profile_entry, n > 0 ? n : 1);
   static const char *const keys[] = {"op", "pass", "shape", "ms", NULL};
@@ -55,7 +55,7 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
     char ctx[256];
     snprintf(ctx, sizeof ctx, "%s: measured[%d]", name, i);
     if (!cJSON_IsObject(e))
-      return json_fail(err, "%s: must be an object", ctx);
+      return piper_input_error(err, "%s: must be an object", ctx);
     if (!json_check_keys(e, keys, ctx, err))
       return false;
     struct profile_entry *en = &p->entries[i];
@@ -69,14 +69,14 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
       if (strcmp(op, model_op_kind_name((enum model_op_kind)k)) == 0)
         break;
     if (k == MODEL_OP_KIND_COUNT)
-      return json_fail(err, "%s: key \"op\": unknown op kind \"%s\"", ctx, op);
+      return piper_input_error(err, "%s: key \"op\": unknown op kind \"%s\"", ctx, op);
     en->kind = (enum model_op_kind)k;
     if (!parse_pass(pass, &en->pass))
-      return json_fail(err, "%s: key \"pass\": \"%s\" is not F, B, BI or BW", ctx, pass);
+      return piper_input_error(err, "%s: key \"pass\": \"%s\" is not F, B, BI or BW", ctx, pass);
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) < 1 ||
         cJSON_GetArraySize(shape) > PROFILE_MAX_SHAPE)
-      return json_fail(err, "%s: key \"shape\" must be an array of 1 to %d integers", ctx,
+      return piper_input_error(err, "%s: key \"shape\" must be an array of 1 to %d integers", ctx,
                        PROFILE_MAX_SHAPE);
     int j = 0;
     const cJSON *d;
@@ -96,7 +96,7 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
   qsort(p->entries, p->n_entries, sizeof *p->entries, entry_cmp);
   for (uint32_t k = 1; k < p->n_entries; k++)
     if (entry_cmp(&p->entries[k - 1], &p->entries[k]) == 0)
-      return json_fail(err, "%s: measured: duplicate entry for op \"%s\" pass %s", name,
+      return piper_input_error(err, "%s: measured: duplicate entry for op \"%s\" pass %s", name,
                        model_op_kind_name(p->entries[k].kind), ir_pass_name(p->entries[k].pass));
   return true;
 }
@@ -115,7 +115,7 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   char ctx[300];
 
   if (!cJSON_IsObject(root)) {
-    json_fail(err, "%s: a profile must be a JSON object", name);
+    piper_input_error(err, "%s: a profile must be a JSON object", name);
     goto fail;
   }
   static const char *const top[] = {"name",    "kind",       "description", "sources",   "device",
@@ -140,7 +140,7 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   if (strcmp(kind, "synthetic") == 0) {
     p->synthetic = true;
   } else if (strcmp(kind, "device") != 0) {
-    json_fail(err, "%s: key \"kind\": \"%s\" is not \"device\" or \"synthetic\"", name, kind);
+    piper_input_error(err, "%s: key \"kind\": \"%s\" is not \"device\" or \"synthetic\"", name, kind);
     goto fail;
   }
 
@@ -149,11 +149,11 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
       !get_obj(root, "contention", &con, name, err) || !get_obj(root, "synthetic", &syn, name, err))
     goto fail;
   if (!p->synthetic && !dev) {
-    json_fail(err, "%s: key \"device\" is required for a device profile", name);
+    piper_input_error(err, "%s: key \"device\" is required for a device profile", name);
     goto fail;
   }
   if (p->synthetic && !syn) {
-    json_fail(err, "%s: key \"synthetic\" is required for a synthetic profile", name);
+    piper_input_error(err, "%s: key \"synthetic\" is required for a synthetic profile", name);
     goto fail;
   }
   if (dev) {
@@ -168,7 +168,7 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
     if (!get_obj(dev, "peak_tflops", &pk, ctx, err))
       goto fail;
     if (!pk && !p->synthetic) {
-      json_fail(err, "%s: key \"peak_tflops\" is required", ctx);
+      piper_input_error(err, "%s: key \"peak_tflops\" is required", ctx);
       goto fail;
     }
     if (pk) {
@@ -246,13 +246,13 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
       } else if (strcmp(algo, "auto") == 0) {
         p->algo = PROFILE_ALGO_AUTO;
       } else {
-        json_fail(err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto", ctx,
+        piper_input_error(err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto", ctx,
                   algo);
         goto fail;
       }
     }
   } else if (!p->synthetic) {
-    json_fail(err, "%s: key \"network\" is required for a device profile", name);
+    piper_input_error(err, "%s: key \"network\" is required for a device profile", name);
     goto fail;
   }
   if (syn) {

@@ -10,8 +10,8 @@
 
 #include <glib/gstdio.h>
 
-#include "../ir/json.h"
-#include "../ir/version.h"
+#include "../base/json.h"
+#include "../base/version.h"
 
 const char *report_mem_kind_name(enum report_mem_kind k) {
   static const char *const names[REPORT_MEM_KIND_COUNT] = {
@@ -248,41 +248,15 @@ static bool fail_io(GError **err, const char *path, const char *what) {
   return false;
 }
 
-/* fopen on path.tmp; report_close renames it into place so readers never see half a file */
-static FILE *open_tmp(const char *path, char **tmp, GError **err) {
-  *tmp = g_strdup_printf("%s.tmp", path);
-  FILE *f = fopen(*tmp, "w");
-  if (!f) {
-    fail_io(err, *tmp, "cannot write");
-    g_free(*tmp);
-    *tmp = NULL;
-  }
-  return f;
-}
-
-static bool close_tmp(FILE *f, char *tmp, const char *path, GError **err) {
-  bool ok = !ferror(f);
-  if (fclose(f) != 0)
-    ok = false;
-  if (!ok) {
-    fail_io(err, tmp, "write failed");
-    remove(tmp);
-  } else if (rename(tmp, path) != 0) {
-    ok = fail_io(err, path, "cannot rename into place");
-  }
-  g_free(tmp);
-  return ok;
-}
-
 static double gib(uint64_t b) {
   return (double)b / (double)(1ull << 30);
 }
 
 bool report_write_results_csv(const struct report_run *r, const char *path, GError **err) {
-  char *tmp;
-  FILE *f = open_tmp(path, &tmp, err);
-  if (!f)
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
     return false;
+  FILE *f = out.f;
   const struct model *m = r->plan->model;
   double stddev;
   double mean = report_mean_iteration_time(r, &stddev);
@@ -320,7 +294,7 @@ bool report_write_results_csv(const struct report_run *r, const char *path, GErr
     fputc('\n', f);
   }
   g_free(at);
-  return close_tmp(f, tmp, path, err);
+  return piper_out_close(&out, err);
 }
 
 cJSON *report_metrics_json(const struct report_run *r) {
@@ -425,10 +399,10 @@ static bool *trace_selection(const struct report_run *r, uint32_t *n_selected) {
 
 bool report_write_trace(const struct report_run *r, const char *path, GError **err) {
   const struct plan *p = r->plan;
-  char *tmp;
-  FILE *f = open_tmp(path, &tmp, err);
-  if (!f)
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
     return false;
+  FILE *f = out.f;
   static char buf[1 << 20];
   setvbuf(f, buf, _IOFBF, sizeof buf);
   double t0, t1;
@@ -521,8 +495,7 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
     g_free(names[i]);
   g_free(names);
   g_free(sel);
-  bool ok = close_tmp(f, tmp, path, err);
-  return ok;
+  return piper_out_close(&out, err);
 }
 
 bool report_write_dir(const struct report_run *r, const char *dir, GError **err) {
@@ -596,7 +569,7 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
     return false;
   const cJSON *m = d->metrics;
   if (!cJSON_IsObject(m))
-    return json_fail(err, "%s: must be a JSON object", path);
+    return piper_input_error(err, "%s: must be a JSON object", path);
   if (!json_get_string(m, "kind", false, &d->kind, path, err))
     return false;
   /* older files may lack "kind": what only one writer puts there tells */
@@ -606,10 +579,10 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
                         cJSON_GetObjectItemCaseSensitive(m, "backend")))
     d->kind = "exec";
   if (!d->kind)
-    return json_fail(err, "%s: key \"kind\" is required (or a \"simulation\" or \"losses\" key)",
+    return piper_input_error(err, "%s: key \"kind\" is required (or a \"simulation\" or \"losses\" key)",
                      path);
   if (strcmp(d->kind, "sim") != 0 && strcmp(d->kind, "exec") != 0)
-    return json_fail(err, "%s: key \"kind\": \"%s\" is not \"sim\" or \"exec\"", path, d->kind);
+    return piper_input_error(err, "%s: key \"kind\": \"%s\" is not \"sim\" or \"exec\"", path, d->kind);
   int64_t mbs = 0, seq = 0;
   if (!json_get_string(m, "model", true, &d->model, path, err) ||
       !json_get_string(m, "schedule", true, &d->schedule, path, err) ||
@@ -634,7 +607,7 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
   d->n_iterations = 1;
   const cJSON *its = cJSON_GetObjectItemCaseSensitive(m, "iteration_times_s");
   if (its && !cJSON_IsArray(its))
-    return json_fail(err, "%s: key \"iteration_times_s\" must be an array", path);
+    return piper_input_error(err, "%s: key \"iteration_times_s\" must be an array", path);
   if (its && cJSON_GetArraySize(its) > 0)
     d->n_iterations = (uint32_t)cJSON_GetArraySize(its);
   d->mfu = NAN;
@@ -643,9 +616,9 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
     return false;
   const cJSON *devs = cJSON_GetObjectItemCaseSensitive(m, "devices");
   if (!cJSON_IsArray(devs))
-    return json_fail(err, "%s: key \"devices\" is required (an array)", path);
+    return piper_input_error(err, "%s: key \"devices\" is required (an array)", path);
   if ((uint32_t)cJSON_GetArraySize(devs) != d->n_devices)
-    return json_fail(err, "%s: key \"devices\" has %d entries, \"n_devices\" says %u", path,
+    return piper_input_error(err, "%s: key \"devices\" has %d entries, \"n_devices\" says %u", path,
                      cJSON_GetArraySize(devs), d->n_devices);
   d->devices = g_new0(struct report_device, d->n_devices + 1);
   uint32_t i = 0;
@@ -657,7 +630,7 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
     int64_t dev = 0, pr = 0, dr = 0;
     double peak = 0;
     if (!cJSON_IsObject(o))
-      return json_fail(err, "%s: must be an object", ctx);
+      return piper_input_error(err, "%s: must be an object", ctx);
     /* fractions are derived as 1 - x / iteration time: allow their rounding */
     const double lo_f = -1e-9, hi_f = 1 + 1e-9;
     if (!json_get_int(o, "device", true, 0, IR_MAX_DEVICES - 1, &dev, ctx, err) ||
@@ -673,7 +646,7 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
         !json_get_double(o, "peak_memory_bytes", true, 0, 1e30, &peak, ctx, err))
       return false;
     if (dev != (int64_t)i)
-      return json_fail(err, "%s: key \"device\" is %lld, expected %u (devices in order)", ctx,
+      return piper_input_error(err, "%s: key \"device\" is %lld, expected %u (devices in order)", ctx,
                        (long long)dev, i);
     rd->device = i;
     rd->pp_rank = (int32_t)pr;
@@ -681,7 +654,7 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
     rd->peak_memory_bytes = (uint64_t)peak;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "memory_breakdown_bytes");
     if (!cJSON_IsObject(b))
-      return json_fail(err, "%s: key \"memory_breakdown_bytes\" is required (an object)", ctx);
+      return piper_input_error(err, "%s: key \"memory_breakdown_bytes\" is required (an object)", ctx);
     char bctx[600];
     snprintf(bctx, sizeof bctx, "%s.memory_breakdown_bytes", ctx);
     for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) {
@@ -701,14 +674,14 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
 static bool read_results(struct report_dir *d, const char *path, GError **err) {
   GStatBuf st;
   if (g_stat(path, &st) != 0)
-    return json_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    return piper_input_error(err, "%s: cannot open: %s", path, strerror(errno));
   if ((guint64)st.st_size > JSON_MAX_FILE_BYTES)
-    return json_fail(err, "%s: file larger than %u MiB", path, JSON_MAX_FILE_BYTES >> 20);
+    return piper_input_error(err, "%s: file larger than %u MiB", path, JSON_MAX_FILE_BYTES >> 20);
   char *text = NULL;
   gsize len = 0;
   GError *e = NULL;
   if (!g_file_get_contents(path, &text, &len, &e)) {
-    json_fail(err, "%s: cannot read: %s", path, e->message);
+    piper_input_error(err, "%s: cannot read: %s", path, e->message);
     g_error_free(e);
     return false;
   }
@@ -720,11 +693,11 @@ static bool read_results(struct report_dir *d, const char *path, GError **err) {
   int col[5];
   uint32_t n_cols = 0, rows = 0;
   if (memchr(text, '\0', len)) {
-    json_fail(err, "%s: not a text file (NUL byte)", path);
+    piper_input_error(err, "%s: not a text file (NUL byte)", path);
     goto out;
   }
   if (!lines[0] || !*g_strstrip(lines[0])) {
-    json_fail(err, "%s: empty (a header line is required)", path);
+    piper_input_error(err, "%s: empty (a header line is required)", path);
     goto out;
   }
   head = g_strsplit(lines[0], ",", -1);
@@ -735,7 +708,7 @@ static bool read_results(struct report_dir *d, const char *path, GError **err) {
       if (strcmp(head[c], need[k]) == 0)
         col[k] = (int)c;
     if (col[k] < 0) {
-      json_fail(err, "%s: line 1: column \"%s\" is missing", path, need[k]);
+      piper_input_error(err, "%s: line 1: column \"%s\" is missing", path, need[k]);
       goto out;
     }
   }
@@ -763,13 +736,13 @@ static bool read_results(struct report_dir *d, const char *path, GError **err) {
       what = "num_microbatches is not a number or differs from metrics.json's";
     g_strfreev(f);
     if (what) {
-      json_fail(err, "%s: line %u: %s", path, l + 1, what);
+      piper_input_error(err, "%s: line %u: %s", path, l + 1, what);
       goto out;
     }
     rows++;
   }
   if (rows != d->dp) {
-    json_fail(err, "%s: %u rows, metrics.json says dp %u (one row per dp rank)", path, rows, d->dp);
+    piper_input_error(err, "%s: %u rows, metrics.json says dp %u (one row per dp rank)", path, rows, d->dp);
     goto out;
   }
   d->results_rows = rows;
@@ -820,10 +793,10 @@ static bool read_program(struct report_dir *d, GError **err) {
     if (found->len == 1) {
       d->program_file = g_strdup(g_ptr_array_index(found, 0));
     } else if (found->len == 0) {
-      json_fail(err, "%s: no directive program (<schedule>_pp<R>_mbs<M>.json) in the run directory",
+      piper_input_error(err, "%s: no directive program (<schedule>_pp<R>_mbs<M>.json) in the run directory",
                 d->path);
     } else {
-      json_fail(err, "%s: %u files look like the directive program (%s, %s, ...); keep one",
+      piper_input_error(err, "%s: %u files look like the directive program (%s, %s, ...); keep one",
                 d->path, found->len, (const char *)g_ptr_array_index(found, 0),
                 (const char *)g_ptr_array_index(found, 1));
     }
@@ -835,7 +808,7 @@ static bool read_program(struct report_dir *d, GError **err) {
   }
   d->program = json_parse_file(path, err);
   if (d->program && !cJSON_IsArray(d->program)) {
-    json_fail(err, "%s: a directive program must be a JSON array", path);
+    piper_input_error(err, "%s: a directive program must be a JSON array", path);
     cJSON_Delete(d->program);
     d->program = NULL;
   }
@@ -862,7 +835,7 @@ static bool scan_fail(struct trace_scan *s, size_t at, const char *what) {
       col++;
     }
   }
-  return json_fail(s->err, "%s:%d:%d: malformed JSON: %s", s->path, line, col, what);
+  return piper_input_error(s->err, "%s:%d:%d: malformed JSON: %s", s->path, line, col, what);
 }
 
 static void scan_space(struct trace_scan *s) {
@@ -959,7 +932,7 @@ static bool trace_event(struct report_dir_reader *rd, const cJSON *ev, uint64_t 
   char ctx[512];
   snprintf(ctx, sizeof ctx, "%s: traceEvents[%llu]", path, (unsigned long long)index);
   if (!cJSON_IsObject(ev))
-    return json_fail(err, "%s: must be an object", ctx);
+    return piper_input_error(err, "%s: must be an object", ctx);
   const char *ph = NULL, *kind = NULL, *pass = NULL;
   if (!json_get_string(ev, "ph", true, &ph, ctx, err))
     return false;
@@ -971,11 +944,11 @@ static bool trace_event(struct report_dir_reader *rd, const cJSON *ev, uint64_t 
       !json_get_int(ev, "pid", true, 0, IR_MAX_DEVICES - 1, &pid, ctx, err))
     return false;
   if ((uint64_t)pid >= rd->d->n_devices)
-    return json_fail(err, "%s: key \"pid\": device %lld, but metrics.json has %u devices", ctx,
+    return piper_input_error(err, "%s: key \"pid\": device %lld, but metrics.json has %u devices", ctx,
                      (long long)pid, rd->d->n_devices);
   const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
   if (!cJSON_IsObject(args))
-    return json_fail(err, "%s: key \"args\" is required (an object)", ctx);
+    return piper_input_error(err, "%s: key \"args\" is required (an object)", ctx);
   strncat(ctx, ".args", sizeof ctx - strlen(ctx) - 1);
   if (!json_get_string(args, "kind", true, &kind, ctx, err) ||
       !json_get_string(args, "PASS", false, &pass, ctx, err))
@@ -1048,7 +1021,7 @@ static bool read_trace(struct report_dir *d, const char *path, GError **err) {
   GError *e = NULL;
   GMappedFile *mf = g_mapped_file_new(path, FALSE, &e);
   if (!mf) {
-    json_fail(err, "%s: cannot open: %s", path, e->message);
+    piper_input_error(err, "%s: cannot open: %s", path, e->message);
     g_error_free(e);
     return false;
   }
@@ -1100,7 +1073,7 @@ static bool read_trace(struct report_dir *d, const char *path, GError **err) {
         const cJSON *k = cJSON_GetObjectItemCaseSensitive(other, "kind");
         bool mixed = cJSON_IsString(k) && strcmp(k->valuestring, d->kind) != 0;
         if (mixed)
-          json_fail(err, "%s: otherData.kind is \"%s\" but metrics.json says \"%s\"", path,
+          piper_input_error(err, "%s: otherData.kind is \"%s\" but metrics.json says \"%s\"", path,
                     k->valuestring, d->kind);
         cJSON_Delete(other);
         if (mixed)
@@ -1126,7 +1099,7 @@ static bool read_trace(struct report_dir *d, const char *path, GError **err) {
     goto out;
   }
   if (!events) {
-    json_fail(err, "%s: key \"traceEvents\" is required", path);
+    piper_input_error(err, "%s: key \"traceEvents\" is required", path);
     goto out;
   }
   qsort(rd.kinds->data, rd.kinds->len, sizeof(struct report_trace_kind), trace_kind_cmp);
@@ -1147,11 +1120,11 @@ out:
 
 struct report_dir *report_dir_load(const char *dir, GError **err) {
   if (!g_file_test(dir, G_FILE_TEST_EXISTS)) {
-    json_fail(err, "%s: no such run directory", dir);
+    piper_input_error(err, "%s: no such run directory", dir);
     return NULL;
   }
   if (!g_file_test(dir, G_FILE_TEST_IS_DIR)) {
-    json_fail(err, "%s: not a directory (give a run directory of piper-sim or piper-exec)", dir);
+    piper_input_error(err, "%s: not a directory (give a run directory of piper-sim or piper-exec)", dir);
     return NULL;
   }
   struct report_dir *d = g_new0(struct report_dir, 1);

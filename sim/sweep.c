@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ir/json.h"
+#include "../base/json.h"
 #include "chart.h"
 #include "sim.h"
 
@@ -15,16 +15,16 @@ static bool string_list(const cJSON *root, const char *key, char ***out, uint32_
                         const char *ctx, GError **err) {
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
   if (!a)
-    return json_fail(err, "%s: key \"%s\" is required", ctx, key);
+    return piper_input_error(err, "%s: key \"%s\" is required", ctx, key);
   if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) == 0)
-    return json_fail(err, "%s: key \"%s\" must be a non-empty array of strings", ctx, key);
+    return piper_input_error(err, "%s: key \"%s\" must be a non-empty array of strings", ctx, key);
   *n = (uint32_t)cJSON_GetArraySize(a);
   *out = g_new0(char *, *n + 1);
   uint32_t i = 0;
   const cJSON *v;
   cJSON_ArrayForEach(v, a) {
     if (!cJSON_IsString(v) || !v->valuestring[0])
-      return json_fail(err, "%s: key \"%s\": item %u must be a non-empty string", ctx, key, i);
+      return piper_input_error(err, "%s: key \"%s\": item %u must be a non-empty string", ctx, key, i);
     (*out)[i++] = g_strdup(v->valuestring);
   }
   return true;
@@ -41,7 +41,7 @@ struct sweep *sweep_load_file(const char *path, GError **err) {
       "model",    "pp_regions", "base_schedules", "schedules",   "microbatches",
       "profiles", "ranks",      "memory_cap_gib", "description", NULL};
   if (!cJSON_IsObject(root)) {
-    json_fail(err, "%s: a sweep file must be a JSON object", path);
+    piper_input_error(err, "%s: a sweep file must be a JSON object", path);
     goto out;
   }
   if (!json_check_keys(root, keys, path, err))
@@ -67,13 +67,13 @@ struct sweep *sweep_load_file(const char *path, GError **err) {
   for (uint32_t i = 0; i < s->n_schedules; i++) {
     enum sched_family f;
     if (!sched_family_parse(s->schedules[i], &f)) {
-      json_fail(err, "%s: key \"schedules\": unknown schedule \"%s\"", path, s->schedules[i]);
+      piper_input_error(err, "%s: key \"schedules\": unknown schedule \"%s\"", path, s->schedules[i]);
       goto out;
     }
   }
   const cJSON *mb = cJSON_GetObjectItemCaseSensitive(root, "microbatches");
   if (!cJSON_IsArray(mb) || cJSON_GetArraySize(mb) == 0) {
-    json_fail(err, "%s: key \"microbatches\" must be a non-empty array of integers", path);
+    piper_input_error(err, "%s: key \"microbatches\" must be a non-empty array of integers", path);
     goto out;
   }
   s->n_mbs = (uint32_t)cJSON_GetArraySize(mb);
@@ -88,7 +88,7 @@ struct sweep *sweep_load_file(const char *path, GError **err) {
   }
   uint64_t total = (uint64_t)s->n_bases * s->n_schedules * s->n_mbs * s->n_profiles;
   if (total > 100000) {
-    json_fail(err, "%s: %llu combinations; at most 100000", path, (unsigned long long)total);
+    piper_input_error(err, "%s: %llu combinations; at most 100000", path, (unsigned long long)total);
     goto out;
   }
   ok = true;

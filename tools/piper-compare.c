@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ir/json.h"
-#include "../ir/version.h"
+#include "../base/json.h"
+#include "../base/version.h"
 #include "../sim/report.h"
 
 static const char usage[] =
@@ -55,10 +55,10 @@ static bool differ(double a, double b) {
 /* Same model, program and devices, or an input error saying what differs. */
 static bool check_same_plan(const struct report_dir *a, const struct report_dir *b, GError **err) {
   if (strcmp(a->model, b->model) != 0)
-    return json_fail(err, "%s and %s: different models (\"%s\" and \"%s\" in metrics.json)",
+    return piper_input_error(err, "%s and %s: different models (\"%s\" and \"%s\" in metrics.json)",
                      a->path, b->path, a->model, b->model);
   if (a->n_devices != b->n_devices)
-    return json_fail(err, "%s and %s: different device counts (%u and %u in metrics.json)", a->path,
+    return piper_input_error(err, "%s and %s: different device counts (%u and %u in metrics.json)", a->path,
                      b->path, a->n_devices, b->n_devices);
   if (!cJSON_Compare(a->program, b->program, true)) {
     int na = cJSON_GetArraySize(a->program), nb = cJSON_GetArraySize(b->program);
@@ -69,10 +69,10 @@ static bool check_same_plan(const struct report_dir *a, const struct report_dir 
       i++;
     if (i < na && i < nb) {
       const char *op = metrics_string(cJSON_GetArrayItem(a->program, i), "op");
-      return json_fail(err, "%s/%s and %s/%s: the directive programs differ at directive %d (%s)",
+      return piper_input_error(err, "%s/%s and %s/%s: the directive programs differ at directive %d (%s)",
                        a->path, a->program_file, b->path, b->program_file, i, op ? op : "?");
     }
-    return json_fail(err, "%s/%s and %s/%s: the directive programs differ (%d and %d directives)",
+    return piper_input_error(err, "%s/%s and %s/%s: the directive programs differ (%d and %d directives)",
                      a->path, a->program_file, b->path, b->program_file, na, nb);
   }
   /* the same program over another configuration of a model of the same name */
@@ -92,11 +92,11 @@ static bool check_same_plan(const struct report_dir *a, const struct report_dir 
                        b->model_flops_per_iteration};
   for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
     if (differ(va[k], vb[k]))
-      return json_fail(err, "%s and %s: metrics.json key \"%s\" differs (%.17g and %.17g)", a->path,
+      return piper_input_error(err, "%s and %s: metrics.json key \"%s\" differs (%.17g and %.17g)", a->path,
                        b->path, keys[k], va[k], vb[k]);
   double ia = plan_instructions(a), ib = plan_instructions(b);
   if (ia >= 0 && ib >= 0 && differ(ia, ib))
-    return json_fail(err,
+    return piper_input_error(err,
                      "%s and %s: the plans differ: %.0f and %.0f instructions per step (another "
                      "--pp-regions?)",
                      a->path, b->path, ia, ib);

@@ -6,8 +6,8 @@
 #include <time.h>
 
 #include "../directives/compile.h"
-#include "../ir/json.h"
-#include "../ir/version.h"
+#include "../base/json.h"
+#include "../base/version.h"
 
 static const char *usage =
     "usage: piper-compile --model FILE --directives FILE [options] [-o DIR]\n"
@@ -37,7 +37,7 @@ static const char *usage =
 static bool parse_count(const char *opt, const char *text, uint32_t lo, uint32_t hi, uint32_t *out,
                         GError **err) {
   if (!piper_parse_u32(text, lo, hi, out))
-    return json_fail(err, "%s: expected an integer in [%u, %u], got \"%s\"", opt, lo, hi, text);
+    return piper_input_error(err, "%s: expected an integer in [%u, %u], got \"%s\"", opt, lo, hi, text);
   return true;
 }
 
@@ -50,7 +50,7 @@ static struct sched_program *plan_to_schedule(const struct compile_result *r, GE
     if (strcmp(p->tag_names[t], "MB") == 0)
       mb = (int)t;
   if (mb < 0) {
-    json_fail(err, "--export-csv needs a program with an MB split");
+    piper_input_error(err, "--export-csv needs a program with an MB split");
     return NULL;
   }
   uint32_t n_ranks = 0;
@@ -107,7 +107,7 @@ static struct sched_program *plan_to_schedule(const struct compile_result *r, GE
       if (seen)
         continue;
       if (sl->n_actions >= 2 || filter >= 2) {
-        json_fail(err, "--export-csv: slot with more than two actions on rank %u cannot be written",
+        piper_input_error(err, "--export-csv: slot with more than two actions on rank %u cannot be written",
                   rank);
         g_array_free(slots, TRUE);
         g_free(layout);
@@ -174,17 +174,17 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--devices") == 0) {
       if (i + 1 >= argc || !parse_count(a, argv[i + 1], 1, IR_MAX_DEVICES, &n_devices, &err)) {
         if (!err)
-          json_fail(&err, "%s needs a value", a);
+          piper_input_error(&err, "%s needs a value", a);
         return piper_error_exit("piper-compile", err);
       }
       i++;
       continue;
     } else {
-      json_fail(&err, "unknown option \"%s\" (see --help)", a);
+      piper_input_error(&err, "unknown option \"%s\" (see --help)", a);
       return piper_error_exit("piper-compile", err);
     }
     if (i + 1 >= argc) {
-      json_fail(&err, "%s needs a value (see --help)", a);
+      piper_input_error(&err, "%s needs a value (see --help)", a);
       return piper_error_exit("piper-compile", err);
     }
     *text = argv[++i];
@@ -194,12 +194,11 @@ int main(int argc, char **argv) {
   o.n_devices = n_devices;
   o.import_csv = import_csv;
 
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  double t0 = piper_clock_seconds();
   struct compile_result r;
   if (!compile_run(&o, &r, &err))
     return piper_error_exit("piper-compile", err);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double t1 = piper_clock_seconds();
   int status = 0;
   if (dump_ir && !ir_graph_dump_json(r.graph, dump_ir, &err))
     goto error;
@@ -223,7 +222,7 @@ int main(int argc, char **argv) {
       goto error;
     }
   }
-  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  double secs = t1 - t0;
   uint64_t instrs = plan_instruction_count(r.plan);
   printf("compiled %s with %s: %u devices, %u pipeline ranks, %u micro-batches, %u classes, "
          "%llu instructions (%.3f s)\n",

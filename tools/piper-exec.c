@@ -17,8 +17,8 @@
 
 #include "../directives/compile.h"
 #include "../exec/exec.h"
-#include "../ir/json.h"
-#include "../ir/version.h"
+#include "../base/json.h"
+#include "../base/version.h"
 
 static const char usage[] =
     "usage: piper-exec --model FILE --directives FILE [--schedule NAME --ranks R --mbs M]\n"

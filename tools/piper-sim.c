@@ -13,8 +13,8 @@
 #include <dlfcn.h>
 
 #include "../directives/compile.h"
-#include "../ir/json.h"
-#include "../ir/version.h"
+#include "../base/json.h"
+#include "../base/version.h"
 #include "../sim/chart.h"
 #include "../sim/sim.h"
 #include "../sim/sweep.h"

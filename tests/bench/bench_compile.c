@@ -53,18 +53,17 @@ static int run_one(uint32_t per_group, uint32_t mbs) {
   o.have_schedule = true;
   o.schedule.family = SCHED_DUALPIPEV;
   o.schedule.mbs = mbs;
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  double t0 = piper_clock_seconds();
   struct compile_result r;
   GError *err = NULL;
   if (!compile_run(&o, &r, &err)) {
     fprintf(stderr, "bench_compile: error: %s\n", err->message);
     return 1;
   }
-  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double t1 = piper_clock_seconds();
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  double secs = t1 - t0;
   printf("%8u %6u %10u %14llu %9.3f %12.1f\n", r.plan->n_devices, mbs, r.graph->nodes->len,
          (unsigned long long)plan_instruction_count(r.plan), secs, ru.ru_maxrss / 1024.0);
   fflush(stdout);

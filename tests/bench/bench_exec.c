@@ -17,7 +17,7 @@
 
 #include "../../directives/compile.h"
 #include "../../exec/exec.h"
-#include "../../ir/json.h"
+#include "../../base/json.h"
 
 static struct plan *compile_one(const char *model, uint32_t mbs, struct compile_result *r) {
   char *path = g_build_filename(g_get_tmp_dir(), "piper-bench-exec-one.json", NULL);

@@ -25,13 +25,8 @@
 #include <mpi.h>
 #endif
 
+#include "../../base/base.h"
 #include "../../kernels/kernels.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float *filled(size_t n, float v) {
   float *p = malloc(n * sizeof *p);
@@ -52,10 +47,10 @@ static double gemm_flops(int m, int n, int k, double min_s) {
   double best = INFINITY, t_all = 0;
   int reps = 1;
   while (t_all < min_s) {
-    double t0 = now();
+    double t0 = piper_clock_seconds();
     for (int r = 0; r < reps; r++)
       kernels_gemm(false, false, m, n, k, 1, a, k, b, n, 0, c, n);
-    double dt = (now() - t0) / reps;
+    double dt = (piper_clock_seconds() - t0) / reps;
     if (dt < best)
       best = dt;
     t_all += dt * reps;
@@ -73,12 +68,12 @@ static void stream(size_t n, double *triad, double *copy) {
   float *a = filled(n, 0), *b = filled(n, 1), *c = filled(n, 2);
   *triad = *copy = 0;
   for (int r = 0; r < 6; r++) {
-    double t0 = now();
+    double t0 = piper_clock_seconds();
     for (size_t i = 0; i < n; i++)
       a[i] = b[i] + 0.5f * c[i];
-    double t1 = now();
+    double t1 = piper_clock_seconds();
     memcpy(c, a, n * sizeof *a);
-    double t2 = now();
+    double t2 = piper_clock_seconds();
     if (12.0 * n / (t1 - t0) > *triad)
       *triad = 12.0 * n / (t1 - t0);
     if (8.0 * n / (t2 - t1) > *copy)
@@ -93,11 +88,6 @@ static void stream(size_t n, double *triad, double *copy) {
 }
 
 #ifdef HAVE_MPI
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Half the round trip of bytes between ranks 0 and 1: the best and the median of reps. */
 static void ping_pong(int rank, size_t bytes, int reps, double *best, double *median) {
   char *buf = calloc(bytes, 1);
@@ -114,7 +104,7 @@ static void ping_pong(int rank, size_t bytes, int reps, double *best, double *me
     }
     t[r] = (MPI_Wtime() - t0) / 2;
   }
-  qsort(t, (size_t)reps, sizeof *t, cmp_double);
+  qsort(t, (size_t)reps, sizeof *t, piper_cmp_double);
   *best = t[0];
   *median = t[reps / 2];
   free(t);

@@ -13,15 +13,10 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "../../ir/json.h"
+#include "../../base/base.h"
+#include "../../base/json.h"
 #include "../../sim/sim.h"
 #include "../../sim/sweep.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double peak_rss_gib(void) {
   struct rusage ru;
@@ -71,10 +66,10 @@ static int deepseek(const char *dir, uint32_t g, bool collapse) {
   snprintf(path, sizeof path, "%s/deepseek_v3_pp32_v_dp%u.json", dir, g);
   write_base(path, stages, rank_of, g, 1); /* stage 0: DeepSeek-V3's dense first layers */
   GError *err = NULL;
-  double t0 = now();
+  double t0 = piper_clock_seconds();
   struct sched_options so = {.family = SCHED_DUALPIPEV, .mbs = 32};
   struct plan *p = sim_compile("models/deepseek-v3.json", path, &so, (int)stages, &err);
-  double t1 = now();
+  double t1 = piper_clock_seconds();
   if (!p) {
     fprintf(stderr, "bench_sim: error: %s\n", err->message);
     return 1;
@@ -85,9 +80,9 @@ static int deepseek(const char *dir, uint32_t g, bool collapse) {
     return 1;
   }
   struct sim_options o = {.collapse = collapse};
-  double t2 = now();
+  double t2 = piper_clock_seconds();
   struct sim_result *r = sim_run(p, prof, &o, &err);
-  double t3 = now();
+  double t3 = piper_clock_seconds();
   if (!r) {
     fprintf(stderr, "bench_sim: error: %s\n", err->message);
     return 1;
@@ -101,7 +96,7 @@ static int deepseek(const char *dir, uint32_t g, bool collapse) {
   report_run_init_devices(&run);
   sim_fill_report(r, &run);
   report_compute_stats(&run);
-  double t4 = now();
+  double t4 = piper_clock_seconds();
   double sim_s = t3 - t2;
   printf("deepseek-v3 %5u devices %-11s compile %6.3f s  simulate %6.3f s  (+ metrics %5.3f s)  "
          "%9llu instr  %7.2f M instr/s  units %4u  iteration %.4f s  peak RSS %.2f GiB\n",
@@ -152,9 +147,9 @@ static int qwen_sweep(const char *dir) {
   }
   char out[512];
   snprintf(out, sizeof out, "%s/sweep-out", dir);
-  double t0 = now();
+  double t0 = piper_clock_seconds();
   bool ok = sweep_run(s, out, false, &err);
-  double t1 = now();
+  double t1 = piper_clock_seconds();
   if (!ok) {
     fprintf(stderr, "bench_sim: error: %s\n", err->message);
     return 1;

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../../directives/directives.h"
-#include "../../ir/json.h"
+#include "../../base/json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../ir/json.h"
+#include "../../base/json.h"
 #include "../../models/model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -9,7 +9,7 @@
 
 #include <glib/gstdio.h>
 
-#include "../../ir/json.h"
+#include "../../base/json.h"
 #include "../../ir/plan.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../../directives/schedule.h"
-#include "../../ir/json.h"
+#include "../../base/json.h"
 
 static char *to_csv(const struct sched_program *s) {
   char *buf = NULL;

@@ -12,7 +12,7 @@
 #include "../../directives/compile.h"
 #include "../../directives/directives.h"
 #include "../../ir/ir.h"
-#include "../../ir/json.h"
+#include "../../base/json.h"
 #include "../../ir/plan.h"
 #include "../../models/model.h"
 

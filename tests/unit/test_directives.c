@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "../../directives/directives.h"
-#include "../../ir/json.h"
+#include "../../base/json.h"
 
 /* ============================================================================================
  * Parser

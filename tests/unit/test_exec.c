@@ -20,7 +20,7 @@
 
 #include "../../directives/compile.h"
 #include "../../exec/exec-impl.h"
-#include "../../ir/json.h"
+#include "../../base/json.h"
 
 static const struct exec_backend_ops *ops = &exec_backend_host;
 static struct exec_backend *backend; /* one per process: MPI initialises once */

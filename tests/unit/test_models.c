@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../../ir/json.h"
+#include "../../base/json.h"
 #include "../../models/model.h"
 
 /* --- helpers ------------------------------------------------------------------------------- */

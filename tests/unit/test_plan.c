@@ -16,7 +16,7 @@
 #include <glib/gstdio.h>
 
 #include "../../directives/compile.h"
-#include "../../ir/json.h"
+#include "../../base/json.h"
 #include "../../ir/plan.h"
 #include "../../models/model.h"
 

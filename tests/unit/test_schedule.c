@@ -20,7 +20,7 @@
 
 #include "../../directives/directives.h"
 #include "../../directives/schedule.h"
-#include "../../ir/json.h"
+#include "../../base/json.h"
 
 /* ---- the unit-time checker ------------------------------------------------------------------- */
 

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../ir/json.h"
+#include "../../base/json.h"
 #include "../../sim/chart.h"
 #include "../../sim/profile.h"
 #include "../../sim/report.h"

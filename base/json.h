@@ -6,22 +6,15 @@
  *   int64_t n; json_get_int(root, "hidden_size", true, 1, 1 << 20, &n, "models/tiny-moe.json",
  * &err);
  */
-#ifndef PIPER_IR_JSON_H
-#define PIPER_IR_JSON_H
+#ifndef PIPER_BASE_JSON_H
+#define PIPER_BASE_JSON_H
 
 #include <cJSON.h>
 #include <glib.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#define PIPER_ERROR piper_error_quark()
-GQuark piper_error_quark(void);
-
-/* The code is the exit status the program entry points use (SPEC §8). */
-enum piper_error_code {
-  PIPER_ERROR_RUNTIME = 1, /* the run failed: I/O, a peer died, a watchdog fired */
-  PIPER_ERROR_INPUT = 2,   /* the user's input is wrong */
-};
+#include "base.h"
 
 /* Largest input file read (64 MiB): a bigger one is refused before reading. */
 #define JSON_MAX_FILE_BYTES (64u << 20)
@@ -50,29 +43,7 @@ bool json_get_string(const cJSON *obj, const char *key, bool required, const cha
 bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const char *ctx,
                  const char *what, GError **err);
 
-/* Writes root to path (pretty-printed, trailing newline) through a temp file and rename. */
+/* Writes root to path (pretty-printed, trailing newline) through piper_out. */
 bool json_write_file(const char *path, const cJSON *root, GError **err);
-/* Writes len bytes to path through a temp file and a rename, so readers never see half. */
-bool json_write_text(const char *path, const char *text, size_t len, GError **err);
-
-/* Sets err to an input error; printf-style. Control characters in the message (echoed from
- * input files) are written as \xNN, so an error is always one line. Always returns false, for
- * `return json_fail(...)`. */
-bool json_fail(GError **err, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-
-/* s[0 .. len) made safe to echo in a one-line message: in double quotes, quotes and
- * backslashes escaped, other non-printable bytes as \xNN, cut after max bytes ("..."). */
-char *json_quote(const char *s, size_t len, size_t max);
-
-/* Command-line helpers shared by the program entry points. */
-/* Prints "<program>: error: <message>" on stderr, frees err, returns the exit status (SPEC §8):
- * 1 for PIPER_ERROR_RUNTIME, 2 for everything else. */
-int piper_error_exit(const char *program, GError *err);
-/* Prints "<program>: error: <what> (see <program> --help)" on stderr; returns 2 (bad input). */
-int piper_usage_error(const char *program, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-/* Whole decimal number in [lo, hi]; false otherwise. */
-bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out);
-/* Finite decimal number in [lo, hi]; false otherwise. */
-bool piper_parse_double(const char *text, double lo, double hi, double *out);
 
 #endif

@@ -8,43 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-G_DEFINE_QUARK(piper - error - quark, piper_error)
-
-bool json_fail(GError **err, const char *fmt, ...) {
-  if (err && !*err) {
-    va_list ap;
-    va_start(ap, fmt);
-    char *msg = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    GString *line = g_string_sized_new(strlen(msg));
-    for (const unsigned char *c = (const unsigned char *)msg; *c; c++)
-      if (*c < 0x20 || *c == 0x7f)
-        g_string_append_printf(line, "\\x%02x", *c);
-      else
-        g_string_append_c(line, (char)*c);
-    g_set_error_literal(err, PIPER_ERROR, PIPER_ERROR_INPUT, line->str);
-    g_string_free(line, TRUE);
-    g_free(msg);
-  }
-  return false;
-}
-
-char *json_quote(const char *s, size_t len, size_t max) {
-  GString *q = g_string_new("\"");
-  size_t i = 0;
-  for (; i < len && s[i] && i < max; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c == '"' || c == '\\')
-      g_string_append_printf(q, "\\%c", c);
-    else if (c < 0x20 || c >= 0x7f)
-      g_string_append_printf(q, "\\x%02x", c);
-    else
-      g_string_append_c(q, (char)c);
-  }
-  g_string_append(q, i < len && s[i] ? "\"..." : "\"");
-  return g_string_free(q, FALSE);
-}
-
 /* Line and column (1-based) of pos within buf. */
 static void locate(const char *buf, const char *pos, int *line, int *col) {
   *line = 1;
@@ -70,7 +33,7 @@ cJSON *json_parse_buffer(const char *name, const char *buf, size_t len, GError *
     if (at > buf + len)
       at = buf + len;
     locate(buf, at, &line, &col);
-    json_fail(err, "%s:%d:%d: malformed JSON", name, line, col);
+    piper_input_error(err, "%s:%d:%d: malformed JSON", name, line, col);
     return NULL;
   }
   /* Anything but whitespace after the value is an error too. */
@@ -79,7 +42,7 @@ cJSON *json_parse_buffer(const char *name, const char *buf, size_t len, GError *
       int line, col;
       locate(buf, c, &line, &col);
       cJSON_Delete(root);
-      json_fail(err, "%s:%d:%d: malformed JSON: text after the value", name, line, col);
+      piper_input_error(err, "%s:%d:%d: malformed JSON: text after the value", name, line, col);
       return NULL;
     }
   }
@@ -89,7 +52,7 @@ cJSON *json_parse_buffer(const char *name, const char *buf, size_t len, GError *
 cJSON *json_parse_file(const char *path, GError **err) {
   FILE *f = fopen(path, "rb");
   if (!f) {
-    json_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    piper_input_error(err, "%s: cannot open: %s", path, strerror(errno));
     return NULL;
   }
   cJSON *root = NULL;
@@ -98,17 +61,17 @@ cJSON *json_parse_file(const char *path, GError **err) {
   size_t n;
   while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
     if (text->len + n > JSON_MAX_FILE_BYTES) {
-      json_fail(err, "%s: file larger than %u MiB", path, JSON_MAX_FILE_BYTES >> 20);
+      piper_input_error(err, "%s: file larger than %u MiB", path, JSON_MAX_FILE_BYTES >> 20);
       goto out;
     }
     g_string_append_len(text, chunk, (gssize)n);
   }
   if (ferror(f)) {
-    json_fail(err, "%s: read error: %s", path, strerror(errno));
+    piper_input_error(err, "%s: read error: %s", path, strerror(errno));
     goto out;
   }
   if (memchr(text->str, '\0', text->len)) {
-    json_fail(err, "%s: not a text file (NUL byte)", path);
+    piper_input_error(err, "%s: not a text file (NUL byte)", path);
     goto out;
   }
   root = json_parse_buffer(path, text->str, text->len, err);
@@ -120,14 +83,14 @@ out:
 
 bool json_check_keys(const cJSON *obj, const char *const *allowed, const char *ctx, GError **err) {
   if (!cJSON_IsObject(obj))
-    return json_fail(err, "%s: expected an object", ctx);
+    return piper_input_error(err, "%s: expected an object", ctx);
   for (const cJSON *it = obj->child; it; it = it->next) {
     bool ok = false;
     for (const char *const *a = allowed; *a; a++)
       if (it->string && strcmp(it->string, *a) == 0)
         ok = true;
     if (!ok)
-      return json_fail(err, "%s: unknown key \"%s\"", ctx, it->string ? it->string : "");
+      return piper_input_error(err, "%s: unknown key \"%s\"", ctx, it->string ? it->string : "");
   }
   return true;
 }
@@ -135,12 +98,12 @@ bool json_check_keys(const cJSON *obj, const char *const *allowed, const char *c
 bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const char *ctx,
                  const char *what, GError **err) {
   if (!cJSON_IsNumber(v))
-    return json_fail(err, "%s: \"%s\" must be an integer", ctx, what);
+    return piper_input_error(err, "%s: \"%s\" must be an integer", ctx, what);
   double d = v->valuedouble;
   if (!isfinite(d) || d != floor(d))
-    return json_fail(err, "%s: \"%s\" must be an integer", ctx, what);
+    return piper_input_error(err, "%s: \"%s\" must be an integer", ctx, what);
   if (d < (double)lo || d > (double)hi)
-    return json_fail(err, "%s: \"%s\" = %.17g is out of range [%lld, %lld]", ctx, what, d,
+    return piper_input_error(err, "%s: \"%s\" = %.17g is out of range [%lld, %lld]", ctx, what, d,
                      (long long)lo, (long long)hi);
   *out = (int64_t)d;
   return true;
@@ -151,7 +114,7 @@ static const cJSON *lookup(const cJSON *obj, const char *key, bool required, con
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
   *missing = v == NULL;
   if (!v && required)
-    json_fail(err, "%s: missing key \"%s\"", ctx, key);
+    piper_input_error(err, "%s: missing key \"%s\"", ctx, key);
   return v;
 }
 
@@ -171,9 +134,9 @@ bool json_get_double(const cJSON *obj, const char *key, bool required, double lo
   if (missing)
     return !required;
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-    return json_fail(err, "%s: \"%s\" must be a number", ctx, key);
+    return piper_input_error(err, "%s: \"%s\" must be a number", ctx, key);
   if (v->valuedouble < lo || v->valuedouble > hi)
-    return json_fail(err, "%s: \"%s\" = %g is out of range [%g, %g]", ctx, key, v->valuedouble, lo,
+    return piper_input_error(err, "%s: \"%s\" = %g is out of range [%g, %g]", ctx, key, v->valuedouble, lo,
                      hi);
   *out = v->valuedouble;
   return true;
@@ -186,7 +149,7 @@ bool json_get_bool(const cJSON *obj, const char *key, bool required, bool *out, 
   if (missing)
     return !required;
   if (!cJSON_IsBool(v))
-    return json_fail(err, "%s: \"%s\" must be true or false", ctx, key);
+    return piper_input_error(err, "%s: \"%s\" must be true or false", ctx, key);
   *out = cJSON_IsTrue(v);
   return true;
 }
@@ -198,37 +161,9 @@ bool json_get_string(const cJSON *obj, const char *key, bool required, const cha
   if (missing)
     return !required;
   if (!cJSON_IsString(v) || !v->valuestring)
-    return json_fail(err, "%s: \"%s\" must be a string", ctx, key);
+    return piper_input_error(err, "%s: \"%s\" must be a string", ctx, key);
   *out = v->valuestring;
   return true;
-}
-
-bool json_write_text(const char *path, const char *text, size_t len, GError **err) {
-  char *tmp = g_strdup_printf("%s.tmp", path);
-  bool ok = false;
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", tmp,
-                strerror(errno));
-    goto out;
-  }
-  bool wrote = fwrite(text, 1, len, f) == len;
-  if (fclose(f) != 0 || !wrote) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed: %s", tmp,
-                strerror(errno));
-    remove(tmp);
-    goto out;
-  }
-  if (rename(tmp, path) != 0) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: rename failed: %s", path,
-                strerror(errno));
-    remove(tmp);
-    goto out;
-  }
-  ok = true;
-out:
-  g_free(tmp);
-  return ok;
 }
 
 bool json_write_file(const char *path, const cJSON *root, GError **err) {
@@ -240,45 +175,8 @@ bool json_write_file(const char *path, const cJSON *root, GError **err) {
   GString *s = g_string_new(text);
   g_string_append_c(s, '\n');
   cJSON_free(text);
-  bool ok = json_write_text(path, s->str, s->len, err);
+  bool ok = piper_write_file(path, s->str, s->len, err);
   g_string_free(s, TRUE);
   return ok;
 }
 
-int piper_error_exit(const char *program, GError *err) {
-  fprintf(stderr, "%s: error: %s\n", program, err ? err->message : "unknown error");
-  int code = err && err->domain == PIPER_ERROR && err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
-  if (err)
-    g_error_free(err);
-  return code;
-}
-
-int piper_usage_error(const char *program, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  char *what = g_strdup_vprintf(fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "%s: error: %s (see %s --help)\n", program, what, program);
-  g_free(what);
-  return 2;
-}
-
-bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(text, &end, 10);
-  if (errno || end == text || *end || v < (long long)lo || v > (long long)hi)
-    return false;
-  *out = (uint32_t)v;
-  return true;
-}
-
-bool piper_parse_double(const char *text, double lo, double hi, double *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(text, &end);
-  if (errno || end == text || *end || !(v >= lo && v <= hi))
-    return false;
-  *out = v;
-  return true;
-}

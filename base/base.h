@@ -1,0 +1,97 @@
+/* base: what every module of Piper uses and none owns. Errors (the PIPER_ERROR domain whose
+ * codes are the programs' exit statuses), always-on assertions (assert.h), file output that never leaves
+ * half a file nor replaces a device, hashing, the clock, comparators and the command-line helpers
+ * of the program entry points. It depends on GLib and libc only.
+ *
+ *   if (n == 0)
+ *     return piper_input_error(err, "%s: \"layers\" must be positive", path);
+ *   struct piper_out out;
+ *   if (!piper_out_open(&out, "out/results.csv", err)) return false;
+ *   fprintf(out.f, "a,b\n");
+ *   return piper_out_close(&out, err);          // checks every write; renames into place
+ */
+#ifndef PIPER_BASE_BASE_H
+#define PIPER_BASE_BASE_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "assert.h"
+#include "version.h"
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+#define PIPER_ERROR piper_error_quark()
+GQuark piper_error_quark(void);
+
+/* The code is the exit status the program entry points use (SPEC §8). */
+enum piper_error_code {
+  PIPER_ERROR_RUNTIME = 1, /* the run failed: I/O, a peer died, a watchdog fired */
+  PIPER_ERROR_INPUT = 2,   /* the user's input is wrong */
+};
+
+/* Sets err (when unset) to an input error; printf-style. Control characters in the message
+ * (echoed from input files) are written as \xNN, so an error is always one line. Always returns
+ * false, for `return piper_input_error(...)`. */
+bool piper_input_error(GError **err, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+/* The same for a runtime failure (exit status 1). */
+bool piper_runtime_error(GError **err, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+/* s[0 .. len) made safe to echo in a one-line message: in double quotes, quotes and
+ * backslashes escaped, other non-printable bytes as \xNN, cut after max bytes ("..."). */
+char *piper_quote(const char *s, size_t len, size_t max);
+
+/* ---- output files ------------------------------------------------------------------------ */
+
+/* An output being written. A regular file or a new path is written to path.tmp and renamed into
+ * place on close, so readers never see half a file; a symlink is followed (its target is
+ * replaced, the link stays); a character device, FIFO or socket (/dev/null, /dev/stdout) and "-"
+ * (standard output) are written in place. */
+struct piper_out {
+  FILE *f;
+  char *path;  /* what error messages name (as given) */
+  char *final; /* where the rename goes; NULL when written in place */
+  char *tmp;   /* the temporary file; NULL when written in place */
+  bool sync;   /* fsync the file and its directory before and after the rename */
+};
+bool piper_out_open(struct piper_out *o, const char *path, GError **err);
+/* Checks every write (ferror, fflush, fclose), then renames into place. On failure removes the
+ * temporary file and sets a runtime error naming the path. Always releases o. */
+bool piper_out_close(struct piper_out *o, GError **err);
+/* Drops an output without publishing it (an error elsewhere). NULL-safe on a zeroed o. */
+void piper_out_abandon(struct piper_out *o);
+/* Writes len bytes to path as one piper_out. */
+bool piper_write_file(const char *path, const void *data, size_t len, GError **err);
+/* Same, with fsync of the file and the directory (checkpoints). */
+bool piper_write_file_durable(const char *path, const void *data, size_t len, GError **err);
+
+/* ---- hashing, clock, comparators --------------------------------------------------------- */
+
+#define PIPER_FNV1A_INIT 14695981039346656037ull
+/* 64-bit FNV-1a of n bytes, continuing from h (start with PIPER_FNV1A_INIT). */
+uint64_t piper_fnv1a(uint64_t h, const void *data, size_t n);
+
+/* Seconds on the monotonic clock. */
+double piper_clock_seconds(void);
+
+/* qsort comparators over arrays of the named type, ascending. */
+int piper_cmp_u32(const void *a, const void *b);
+int piper_cmp_u64(const void *a, const void *b);
+int piper_cmp_double(const void *a, const void *b);
+
+/* ---- command-line helpers of the program entry points ----------------------------------- */
+
+/* Prints "<program>: error: <message>" on stderr, frees err, returns the exit status (SPEC §8):
+ * 1 for PIPER_ERROR_RUNTIME, 2 for everything else. */
+int piper_error_exit(const char *program, GError *err);
+/* Prints "<program>: error: <what> (see <program> --help)" on stderr; returns 2 (bad input). */
+int piper_usage_error(const char *program, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+/* Whole decimal number in [lo, hi]; false otherwise. */
+bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out);
+/* Finite decimal number in [lo, hi]; false otherwise. */
+bool piper_parse_double(const char *text, double lo, double hi, double *out);
+
+#endif

@@ -1,0 +1,164 @@
+/* base output files: every file a program writes goes through piper_out, so a full disk is an
+ * error naming the file, readers never see half a file, and a device or FIFO given as the output
+ * is written, never replaced by a regular file. */
+#include "base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static bool io_error(GError **err, const char *path, const char *what, int code) {
+  return piper_runtime_error(err, "%s: %s: %s", path, what, strerror(code));
+}
+
+/* Where a rename must go for path: a symlink's final target (the link stays a link), path
+ * itself for a regular file or a new path; NULL (write in place) for anything else. */
+static bool resolve_target(const char *path, char **final, GError **err) {
+  struct stat st;
+  *final = NULL;
+  if (lstat(path, &st) != 0) {
+    if (errno != ENOENT)
+      return io_error(err, path, "cannot write", errno);
+    *final = g_strdup(path);
+    return true;
+  }
+  if (S_ISLNK(st.st_mode)) {
+    char *target = realpath(path, NULL);
+    if (!target) { /* dangling link: create what it names */
+      char buf[4096];
+      ssize_t n = readlink(path, buf, sizeof buf - 1);
+      if (n < 0)
+        return io_error(err, path, "cannot follow link", errno);
+      buf[n] = '\0';
+      if (buf[0] == '/') {
+        *final = g_strdup(buf);
+      } else {
+        char *dir = g_path_get_dirname(path);
+        *final = g_build_filename(dir, buf, NULL);
+        g_free(dir);
+      }
+      return true;
+    }
+    bool regular = stat(target, &st) == 0 && S_ISREG(st.st_mode);
+    if (regular)
+      *final = g_strdup(target);
+    free(target);
+    return true;
+  }
+  if (S_ISREG(st.st_mode))
+    *final = g_strdup(path);
+  return true;
+}
+
+bool piper_out_open(struct piper_out *o, const char *path, GError **err) {
+  memset(o, 0, sizeof *o);
+  o->path = g_strdup(path);
+  if (strcmp(path, "-") == 0) {
+    o->f = stdout;
+    return true;
+  }
+  if (!resolve_target(path, &o->final, err))
+    goto fail;
+  if (!o->final) { /* device, FIFO, socket: in place */
+    o->f = fopen(path, "w");
+    if (!o->f) {
+      io_error(err, path, "cannot write", errno);
+      goto fail;
+    }
+    return true;
+  }
+  o->tmp = g_strdup_printf("%s.tmp", o->final);
+  o->f = fopen(o->tmp, "wb");
+  if (!o->f) {
+    io_error(err, o->tmp, "cannot write", errno);
+    goto fail;
+  }
+  return true;
+fail:
+  piper_out_abandon(o);
+  return false;
+}
+
+static void release(struct piper_out *o) {
+  g_free(o->path);
+  g_free(o->final);
+  g_free(o->tmp);
+  memset(o, 0, sizeof *o);
+}
+
+void piper_out_abandon(struct piper_out *o) {
+  if (o->f && o->f != stdout)
+    fclose(o->f);
+  if (o->tmp)
+    remove(o->tmp);
+  release(o);
+}
+
+/* fsync of the directory holding path, so a rename survives a crash. */
+static bool sync_dir(const char *path, GError **err) {
+  char *dir = g_path_get_dirname(path);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  bool ok = fd >= 0 && fsync(fd) == 0;
+  int code = errno;
+  if (fd >= 0)
+    close(fd);
+  if (!ok)
+    io_error(err, dir, "cannot sync directory", code);
+  g_free(dir);
+  return ok;
+}
+
+bool piper_out_close(struct piper_out *o, GError **err) {
+  bool ok = !ferror(o->f) && fflush(o->f) == 0;
+  int code = errno ? errno : EIO;
+  if (ok && o->sync && o->tmp && fsync(fileno(o->f)) != 0) {
+    ok = false;
+    code = errno;
+  }
+  if (o->f != stdout && fclose(o->f) != 0 && ok) {
+    ok = false;
+    code = errno;
+  }
+  o->f = NULL;
+  if (!ok) {
+    io_error(err, o->tmp ? o->tmp : o->path, "write failed", code);
+  } else if (o->tmp && rename(o->tmp, o->final) != 0) {
+    ok = io_error(err, o->path, "cannot rename into place", errno);
+  } else if (o->tmp) {
+    g_free(o->tmp);
+    o->tmp = NULL; /* published: nothing to remove */
+    if (o->sync)
+      ok = sync_dir(o->final, err);
+  }
+  if (o->tmp)
+    remove(o->tmp);
+  release(o);
+  return ok;
+}
+
+static bool write_file(const char *path, const void *data, size_t len, bool sync, GError **err) {
+  struct piper_out o;
+  if (!piper_out_open(&o, path, err))
+    return false;
+  o.sync = sync;
+  if (len && fwrite(data, 1, len, o.f) != len) {
+    int code = errno ? errno : EIO;
+    char *tmp = g_strdup(o.tmp ? o.tmp : o.path);
+    piper_out_abandon(&o);
+    io_error(err, tmp, "write failed", code);
+    g_free(tmp);
+    return false;
+  }
+  return piper_out_close(&o, err);
+}
+
+bool piper_write_file(const char *path, const void *data, size_t len, GError **err) {
+  return write_file(path, data, len, false, err);
+}
+
+bool piper_write_file_durable(const char *path, const void *data, size_t len, GError **err) {
+  return write_file(path, data, len, true, err);
+}
