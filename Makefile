@@ -63,6 +63,11 @@ LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libpiper.a
 TOOLS := $(patsubst tools/%.c,$(BIN)/%,$(wildcard tools/piper-*.c))
+# tools/ also holds what the programs share above the library (option tables, drivers such as
+# the sweep): built into its own archive, linked into the programs only.
+TOOL_LIB_SRCS := $(filter-out tools/piper-%.c,$(wildcard tools/*.c))
+TOOL_LIB_OBJS := $(TOOL_LIB_SRCS:%.c=$(BUILD)/%.o)
+TOOL_LIB := $(BUILD)/libpiper-tools.a
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(wildcard tests/bench/*.c))
@@ -93,17 +98,22 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BIN)/%: tools/%.c $(LIB)
+$(TOOL_LIB): $(TOOL_LIB_OBJS)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN)/%: tools/%.c $(TOOL_LIB) $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS_ALL) $< $(LIB) $(LDLIBS_ALL) -o $@
+	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
 
-$(BUILD)/tests/%: tests/unit/%.c $(LIB) $(wildcard tests/unit/*.h)
+$(BUILD)/tests/%: tests/unit/%.c $(TOOL_LIB) $(LIB) $(wildcard tests/unit/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $< $(LIB) $(LDLIBS_ALL) -lcmocka -o $@
+	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -lcmocka -o $@
 
-$(BUILD)/bench/%: tests/bench/%.c $(LIB)
+$(BUILD)/bench/%: tests/bench/%.c $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $< $(LIB) $(LDLIBS_ALL) -o $@
+	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
 
 bench: $(BENCH_BINS) $(TOOLS)
 
