@@ -77,8 +77,18 @@ void compile_result_free(struct compile_result *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Replaces the program's order directives by those of a PyTorch-style schedule CSV. */
-static bool import_csv(struct dir_program *p, const char *path, GError **err) {
+/* Micro-batches of p's "MB" split (the dimension an imported schedule orders), or fallback when
+ * the program has none. */
+static uint32_t program_microbatches(const struct dir_program *p, uint32_t fallback) {
+  for (uint32_t i = 0; i < p->n; i++)
+    if (p->d[i].op == DIR_SPLIT && strcmp(p->d[i].dim_name, "MB") == 0)
+      return (uint32_t)p->d[i].num_microbatches;
+  return fallback;
+}
+
+/* Replaces the program's order directives by those of a PyTorch-style schedule CSV, which must
+ * schedule every action of the pipeline. */
+static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *path, GError **err) {
   gchar *text = NULL;
   gsize len = 0;
   GError *io = NULL;
@@ -87,12 +97,19 @@ static bool import_csv(struct dir_program *p, const char *path, GError **err) {
     g_error_free(io);
     return false;
   }
-  struct sched_program *s = sched_read_csv(path, text, err);
+  struct sched_program *s = sched_read_csv(path, text, len, err);
   g_free(text);
   if (!s)
     return false;
-  dir_program_remove_op(p, DIR_ORDER);
-  bool ok = sched_to_directives(s, "MB", p, err);
+  uint32_t n_ranks = 1;
+  int32_t *stage_rank = sched_layout_from_program(p, n_stages, &n_ranks, err);
+  uint32_t M = program_microbatches(p, s->n_microbatches);
+  bool ok = stage_rank && sched_check_complete(s, path, stage_rank, n_stages, n_ranks, M, err);
+  g_free(stage_rank);
+  if (ok) {
+    dir_program_remove_op(p, DIR_ORDER);
+    ok = sched_to_directives(s, "MB", p, err);
+  }
   sched_program_free(s);
   return ok;
 }
@@ -113,7 +130,8 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
     if (!sched_prepare_program(r->program, (uint32_t)r->model->pp_regions, &o->schedule, err))
       goto fail;
   }
-  if (o->import_csv && !import_csv(r->program, o->import_csv, err))
+  if (o->import_csv &&
+      !import_csv(r->program, (uint32_t)r->model->pp_regions, o->import_csv, err))
     goto fail;
   uint32_t n_ranks = 1;
   int32_t *layout =

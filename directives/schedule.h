@@ -80,7 +80,15 @@ bool sched_to_directives(const struct sched_program *s, const char *dim_name,
  * "<stage>I<mb>", "<stage>W<mb>", "(<a>;<b>)OVERLAP_F_B", empty = idle. */
 bool sched_write_csv(const struct sched_program *s, FILE *f);
 /* name is used in messages. n_stages is taken from the largest stage seen + 1. */
-struct sched_program *sched_read_csv(const char *name, const char *text, GError **err);
+struct sched_program *sched_read_csv(const char *name, const char *text, size_t len,
+                                     GError **err);
+/* Fails unless s schedules exactly the pipeline of the program it is imported into: one row per
+ * pipeline rank (stage_rank[n_stages] from sched_layout_from_program), every action in the row of
+ * the rank that holds its stage, and for every stage and micro-batch below n_microbatches a
+ * forward and a backward (B, or both I and W). Errors name the CSV (name), row and cell. */
+bool sched_check_complete(const struct sched_program *s, const char *name, const int32_t *stage_rank,
+                          uint32_t n_stages, uint32_t n_ranks, uint32_t n_microbatches,
+                          GError **err);
 
 /* The harness shared by piper-compile, piper-sim and piper-exec (--schedule NAME --ranks R
  * --mbs M [--keep-order]): drops the base program's `order` directives (unless keep_order),

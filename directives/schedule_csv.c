@@ -123,11 +123,33 @@ static guint action_key(const struct sched_action *a) {
 }
 G_STATIC_ASSERT((uint64_t)SCHED_MAX_STAGES *DIR_MAX_MICROBATCHES * 4 < UINT32_MAX);
 
-struct sched_program *sched_read_csv(const char *name, const char *text, GError **err) {
+/* Row and column (1-based, cells counted by commas) of byte pos of text. */
+static void locate_byte(const char *text, size_t pos, uint32_t *row, uint32_t *col) {
+  *row = 1;
+  *col = 1;
+  for (size_t i = 0; i < pos; i++) {
+    if (text[i] == '\n') {
+      (*row)++;
+      *col = 1;
+    } else if (text[i] == ',') {
+      (*col)++;
+    }
+  }
+}
+
+struct sched_program *sched_read_csv(const char *name, const char *text, size_t len,
+                                     GError **err) {
   if (!name)
     name = "<csv>";
   if (!text) {
     piper_input_error(err, "%s: no text", name);
+    return NULL;
+  }
+  const char *nul = memchr(text, '\0', len);
+  if (nul) { /* a reader stopping at the NUL would silently drop the rest of the file */
+    uint32_t r, c;
+    locate_byte(text, (size_t)(nul - text), &r, &c);
+    piper_input_error(err, "%s: row %u, column %u: NUL byte (not a text file)", name, r, c);
     return NULL;
   }
   struct sched_rows w;
@@ -228,4 +250,76 @@ cell_fail:
 fail:
   sched_rows_free(&w);
   return NULL;
+}
+
+/* ---- checking an import against its program ------------------------------------------------ */
+
+/* Bits of the passes seen per (stage, mb). */
+enum { SEEN_F = 1, SEEN_B = 2, SEEN_I = 4, SEEN_W = 8 };
+
+static uint8_t pass_bit(enum ir_pass p) {
+  switch (p) {
+  case IR_PASS_F: return SEEN_F;
+  case IR_PASS_B: return SEEN_B;
+  case IR_PASS_BI: return SEEN_I;
+  case IR_PASS_BW: return SEEN_W;
+  default: PIPER_UNREACHABLE();
+  }
+}
+
+/* Marks every action of s in seen[stage * M + mb]; fails on an action outside the program or on
+ * the wrong rank. */
+static bool mark_actions(const struct sched_program *s, const char *name, const int32_t *stage_rank,
+                         uint32_t n_stages, uint32_t M, uint8_t *seen, GError **err) {
+  for (uint32_t r = 0; r < s->n_ranks; r++) {
+    const struct sched_rank *rk = &s->ranks[r];
+    for (uint32_t i = 0; i < rk->n_slots; i++)
+      for (uint32_t k = 0; k < rk->slots[i].n_actions; k++) {
+        const struct sched_action *a = &rk->slots[i].actions[k];
+        if ((uint32_t)a->stage >= n_stages)
+          return piper_input_error(err, "%s: row %u: stage %d, but the program has %u stages",
+                                   name, r + 1, a->stage, n_stages);
+        if ((uint32_t)a->mb >= M)
+          return piper_input_error(err,
+                                   "%s: row %u: micro-batch %d, but the program splits into %u",
+                                   name, r + 1, a->mb, M);
+        if ((uint32_t)stage_rank[a->stage] != r)
+          return piper_input_error(err,
+                                   "%s: row %u schedules stage %d, which the placement puts on "
+                                   "pipeline rank %d (row %d)",
+                                   name, r + 1, a->stage, stage_rank[a->stage],
+                                   stage_rank[a->stage] + 1);
+        seen[(size_t)a->stage * M + (size_t)a->mb] |= pass_bit(a->pass);
+      }
+  }
+  return true;
+}
+
+bool sched_check_complete(const struct sched_program *s, const char *name, const int32_t *stage_rank,
+                          uint32_t n_stages, uint32_t n_ranks, uint32_t n_microbatches,
+                          GError **err) {
+  if (s->n_ranks != n_ranks)
+    return piper_input_error(err,
+                             "%s: %u rows, but the placement has %u pipeline ranks (one row per "
+                             "rank)",
+                             name, s->n_ranks, n_ranks);
+  uint32_t M = n_microbatches;
+  uint8_t *seen = g_new0(uint8_t, (size_t)n_stages * M);
+  bool ok = mark_actions(s, name, stage_rank, n_stages, M, seen, err);
+  for (uint32_t st = 0; ok && st < n_stages; st++)
+    for (uint32_t mb = 0; ok && mb < M; mb++) {
+      uint8_t b = seen[(size_t)st * M + mb];
+      const char *missing = !(b & SEEN_F)                              ? "F"
+                            : !(b & SEEN_B) && !(b & SEEN_I)           ? "B (or I and W)"
+                            : !(b & SEEN_B) && !(b & SEEN_W)           ? "W"
+                            : !(b & SEEN_B) && (b & SEEN_W) && !(b & SEEN_I) ? "I"
+                                                                       : NULL;
+      if (missing)
+        ok = piper_input_error(err,
+                               "%s: row %d has no %s action for stage %u, micro-batch %u (every "
+                               "action of the pipeline must be scheduled)",
+                               name, stage_rank[st] + 1, missing, st, mb);
+    }
+  g_free(seen);
+  return ok;
 }

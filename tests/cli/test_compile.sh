@@ -54,6 +54,18 @@ expect_ok "csv export" --model $MOE --pp-regions 4 --directives $BS/pp4_dp2_ep2_
 expect_ok "csv import" --model $MOE --pp-regions 4 --directives $BS/pp4_dp2_ep2_v_placement.json \
   --mbs 8 --import-csv "$T/dpv.csv" --export-csv "$T/dpv2.csv"
 cmp -s "$T/dpv.csv" "$T/dpv2.csv" && ok || bad "CSV export -> import -> export is not lossless"
+# an imported schedule must account for every rank and action, and be text to its end
+V4="--model $MOE --pp-regions 4 --directives $BS/pp4_dp2_ep2_v_placement.json --mbs 8"
+head -n 1 "$T/dpv.csv" >"$T/onerow.csv"
+expect_bad "csv row missing" "onerow.csv: 1 rows, but the placement has 2 pipeline ranks" $V4 --import-csv "$T/onerow.csv"
+sed '2s/,[^,]*$//' "$T/dpv.csv" >"$T/lastcut.csv"
+expect_bad "csv action missing" "every action of the pipeline must be scheduled" $V4 --import-csv "$T/lastcut.csv"
+{ head -c 20 "$T/dpv.csv"; printf '\0'; tail -c +21 "$T/dpv.csv"; } >"$T/nul.csv"
+expect_bad "csv NUL byte" "nul.csv: row 1, column" $V4 --import-csv "$T/nul.csv"
+tac "$T/dpv.csv" >"$T/swapped.csv"
+expect_bad "csv rows swapped" "which the placement puts on pipeline rank" $V4 --import-csv "$T/swapped.csv"
+expect_bad "csv micro-batches" "but the program splits into 4" --model $MOE --pp-regions 4 \
+  --directives $BS/pp4_dp2_ep2_v_placement.json --mbs 4 --import-csv "$T/dpv.csv"
 "$PC" --help | grep -q -- "--base-schedule" && ok || bad "--help"
 "$PC" --version | grep -q "^piper-compile " && ok || bad "--version"
 

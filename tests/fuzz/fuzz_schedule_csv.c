@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(text, data, size);
   text[size] = '\0';
   GError *err = NULL;
-  struct sched_program *s = sched_read_csv("fuzz.csv", text, &err);
+  struct sched_program *s = sched_read_csv("fuzz.csv", text, size, &err);
   if (!s) {
     if (!err || err->domain != PIPER_ERROR || err->code != PIPER_ERROR_INPUT)
       abort();
@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   char *once = to_csv(s);
-  struct sched_program *back = sched_read_csv("fuzz.csv", once, &err);
+  struct sched_program *back = sched_read_csv("fuzz.csv", once, strlen(once), &err);
   if (!back)
     abort();
   char *twice = to_csv(back);

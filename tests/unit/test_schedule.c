@@ -31,6 +31,11 @@ struct run {
   uint32_t peak[64]; /* per rank: F done minus B/BW done, at its highest */
 };
 
+/* sched_read_csv of a whole C string. */
+static struct sched_program *read_csv(const char *name, const char *text, GError **err) {
+  return sched_read_csv(name, text, strlen(text), err);
+}
+
 static int64_t cost(enum ir_pass p) {
   return p == IR_PASS_B ? 2 : 1;
 }
@@ -661,7 +666,7 @@ static void test_to_directives(void **state) {
 
   /* A rank with a single slot orders nothing and gets no directive. */
   g_autoptr(GError) e2 = NULL;
-  s = sched_read_csv("one", "0F0\n1F0,1B0\n", &e2);
+  s = read_csv("one", "0F0\n1F0,1B0\n", &e2);
   assert_non_null(s);
   dir_program_free(p);
   p = dir_program_new("test");
@@ -728,7 +733,7 @@ static void test_csv_round_trip(void **state) {
     struct sched_program *s = build_ok(cases[i].f, &l, cases[i].M);
     g_autofree char *t1 = csv_text(s);
     GError *e = NULL;
-    struct sched_program *back = sched_read_csv("rt.csv", t1, &e);
+    struct sched_program *back = read_csv("rt.csv", t1, &e);
     assert_non_null(back);
     assert_int_equal(back->family, SCHED_CUSTOM);
     assert_same_program(s, back);
@@ -744,7 +749,7 @@ static void test_csv_read_pytorch_style(void **state) {
   (void)state;
   GError *e = NULL;
   struct sched_program *s =
-      sched_read_csv("pt.csv", "0F0,,0B0, 0F1 \r\n,1F0,(1F1;1B0)OVERLAP_F_B,,1B1\r\n\r\n", &e);
+      read_csv("pt.csv", "0F0,,0B0, 0F1 \r\n,1F0,(1F1;1B0)OVERLAP_F_B,,1B1\r\n\r\n", &e);
   assert_non_null(s);
   assert_int_equal(s->n_ranks, 3);
   assert_int_equal(s->n_stages, 2);
@@ -756,7 +761,7 @@ static void test_csv_read_pytorch_style(void **state) {
   assert_int_equal(s->ranks[2].n_slots, 0);
   sched_program_free(s);
   /* no final newline */
-  s = sched_read_csv("pt.csv", "0F0,0B0", &e);
+  s = read_csv("pt.csv", "0F0,0B0", &e);
   assert_non_null(s);
   assert_int_equal(s->n_ranks, 1);
   sched_program_free(s);
@@ -764,7 +769,7 @@ static void test_csv_read_pytorch_style(void **state) {
 
 static void expect_csv_error(const char *text, const char *substring) {
   GError *e = NULL;
-  struct sched_program *s = sched_read_csv("bad.csv", text, &e);
+  struct sched_program *s = read_csv("bad.csv", text, &e);
   if (s) {
     print_error("accepted: %s\n", text);
     fail();
