@@ -68,6 +68,13 @@ bool piper_write_file(const char *path, const void *data, size_t len, GError **e
 /* Same, with fsync of the file and the directory (checkpoints). */
 bool piper_write_file_durable(const char *path, const void *data, size_t len, GError **err);
 
+/* ---- input files ------------------------------------------------------------------------- */
+
+/* Reads the whole of path (at most max bytes) into a NUL-terminated buffer (g_free), *len set
+ * when len is not NULL. Anything but a regular file (after links) is refused rather than read:
+ * a FIFO or a terminal would block, a device never ends. Errors are input errors naming path. */
+char *piper_read_file(const char *path, size_t max, size_t *len, GError **err);
+
 /* ---- hashing, clock, comparators --------------------------------------------------------- */
 
 #define PIPER_FNV1A_INIT 14695981039346656037ull

@@ -162,3 +162,52 @@ bool piper_write_file(const char *path, const void *data, size_t len, GError **e
 bool piper_write_file_durable(const char *path, const void *data, size_t len, GError **err) {
   return write_file(path, data, len, true, err);
 }
+
+char *piper_read_file(const char *path, size_t max, size_t *len, GError **err) {
+  /* O_NONBLOCK: opening a FIFO without a writer would block before fstat could refuse it */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    piper_input_error(err, "%s: cannot open: %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    piper_input_error(err, "%s: not a regular file", path);
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    piper_input_error(err, "%s: cannot open: %s", path, strerror(errno));
+    return NULL;
+  }
+  GString *text = NULL;
+  if ((uint64_t)st.st_size > max) {
+    piper_input_error(err, "%s: file larger than %zu MiB", path, max >> 20);
+    goto fail;
+  }
+  text = g_string_sized_new((gsize)st.st_size + 1);
+  char chunk[65536];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+    if (text->len + n > max) { /* grew while we read */
+      piper_input_error(err, "%s: file larger than %zu MiB", path, max >> 20);
+      goto fail;
+    }
+    g_string_append_len(text, chunk, (gssize)n);
+  }
+  if (ferror(f)) {
+    piper_input_error(err, "%s: read error: %s", path, strerror(errno));
+    goto fail;
+  }
+  fclose(f);
+  if (len)
+    *len = text->len;
+  return g_string_free(text, FALSE);
+fail:
+  fclose(f);
+  if (text)
+    g_string_free(text, TRUE);
+  return NULL;
+}

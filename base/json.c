@@ -50,34 +50,16 @@ cJSON *json_parse_buffer(const char *name, const char *buf, size_t len, GError *
 }
 
 cJSON *json_parse_file(const char *path, GError **err) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    piper_input_error(err, "%s: cannot open: %s", path, strerror(errno));
+  size_t len = 0;
+  char *text = piper_read_file(path, JSON_MAX_FILE_BYTES, &len, err);
+  if (!text)
     return NULL;
-  }
   cJSON *root = NULL;
-  GString *text = g_string_new(NULL);
-  char chunk[65536];
-  size_t n;
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-    if (text->len + n > JSON_MAX_FILE_BYTES) {
-      piper_input_error(err, "%s: file larger than %u MiB", path, JSON_MAX_FILE_BYTES >> 20);
-      goto out;
-    }
-    g_string_append_len(text, chunk, (gssize)n);
-  }
-  if (ferror(f)) {
-    piper_input_error(err, "%s: read error: %s", path, strerror(errno));
-    goto out;
-  }
-  if (memchr(text->str, '\0', text->len)) {
+  if (memchr(text, '\0', len))
     piper_input_error(err, "%s: not a text file (NUL byte)", path);
-    goto out;
-  }
-  root = json_parse_buffer(path, text->str, text->len, err);
-out:
-  fclose(f);
-  g_string_free(text, TRUE);
+  else
+    root = json_parse_buffer(path, text, len, err);
+  g_free(text);
   return root;
 }
 

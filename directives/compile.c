@@ -89,14 +89,10 @@ static uint32_t program_microbatches(const struct dir_program *p, uint32_t fallb
 /* Replaces the program's order directives by those of a PyTorch-style schedule CSV, which must
  * schedule every action of the pipeline. */
 static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *path, GError **err) {
-  gchar *text = NULL;
-  gsize len = 0;
-  GError *io = NULL;
-  if (!g_file_get_contents(path, &text, &len, &io)) {
-    piper_input_error(err, "%s: cannot read: %s", path, io->message);
-    g_error_free(io);
+  size_t len = 0;
+  char *text = piper_read_file(path, JSON_MAX_FILE_BYTES, &len, err);
+  if (!text)
     return false;
-  }
   struct sched_program *s = sched_read_csv(path, text, len, err);
   g_free(text);
   if (!s)

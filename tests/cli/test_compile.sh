@@ -64,6 +64,9 @@ expect_bad "csv action missing" "every action of the pipeline must be scheduled"
 expect_bad "csv NUL byte" "nul.csv: row 1, column" $V4 --import-csv "$T/nul.csv"
 tac "$T/dpv.csv" >"$T/swapped.csv"
 expect_bad "csv rows swapped" "which the placement puts on pipeline rank" $V4 --import-csv "$T/swapped.csv"
+mkfifo "$T/fifo.json"
+expect_bad "FIFO directives refused, not read" "fifo.json: not a regular file" --model $MOE --directives "$T/fifo.json"
+expect_bad "FIFO model refused, not read" "fifo.json: not a regular file" --model "$T/fifo.json" --directives $BS/dp2.json
 expect_bad "csv micro-batches" "but the program splits into 4" --model $MOE --pp-regions 4 \
   --directives $BS/pp4_dp2_ep2_v_placement.json --mbs 4 --import-csv "$T/dpv.csv"
 "$PC" --help | grep -q -- "--base-schedule" && ok || bad "--help"

@@ -184,6 +184,43 @@ static void test_abandon_leaves_nothing(void **state) {
   g_free(dir);
 }
 
+static void test_read_file(void **state) {
+  (void)state;
+  char *dir = temp_dir();
+  char *path = g_build_filename(dir, "in.txt", NULL);
+  GError *err = NULL;
+  assert_true(piper_write_file(path, "abc", 3, &err));
+  size_t len = 0;
+  char *text = piper_read_file(path, 1 << 20, &len, &err);
+  assert_non_null(text);
+  assert_int_equal(len, 3);
+  assert_string_equal(text, "abc");
+  g_free(text);
+  /* over the limit, a directory, a FIFO (would block), a missing file: one input error each */
+  assert_null(piper_read_file(path, 2, &len, &err));
+  assert_non_null(strstr(err->message, "larger than"));
+  g_clear_error(&err);
+  assert_null(piper_read_file(dir, 1 << 20, &len, &err));
+  assert_string_equal(err->message + strlen(dir), ": not a regular file");
+  g_clear_error(&err);
+  char *fifo = g_build_filename(dir, "pipe", NULL);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  /* no writer: a blocking open would hang here */
+  assert_null(piper_read_file(fifo, 1 << 20, &len, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "not a regular file"));
+  g_clear_error(&err);
+  remove(fifo);
+  remove(path);
+  assert_null(piper_read_file(path, 1 << 20, &len, &err));
+  assert_non_null(strstr(err->message, "cannot open"));
+  g_clear_error(&err);
+  rmdir(dir);
+  g_free(fifo);
+  g_free(path);
+  g_free(dir);
+}
+
 static void test_hash_clock_compare_parse(void **state) {
   (void)state;
   /* FNV-1a 64 reference values: "" and "a" */
@@ -223,6 +260,7 @@ int main(void) {
       cmocka_unit_test(test_devices_written_in_place),
       cmocka_unit_test(test_fifo_written_in_place),
       cmocka_unit_test(test_abandon_leaves_nothing),
+      cmocka_unit_test(test_read_file),
       cmocka_unit_test(test_hash_clock_compare_parse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
