@@ -1,0 +1,157 @@
+/* layout: place / replicate / shard directives generated from pp, dp, ep and the stage shape. */
+#include "layout.h"
+
+#include <string.h>
+
+#include "../base/json.h"
+
+/* "pp=4" -> key "pp", value 4; a bare "v" has no value. */
+static bool parse_item(const char *spec, const char *item, struct layout *l, GError **err) {
+  const char *eq = strchr(item, '=');
+  if (!eq) {
+    if (strcmp(item, "v") != 0)
+      return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, "
+                                    "interleave=, zero=, v)", spec, item);
+    l->shape = LAYOUT_V;
+    return true;
+  }
+  size_t klen = (size_t)(eq - item);
+  static const struct {
+    const char *key;
+    size_t offset;
+    uint32_t lo, hi;
+  } keys[] = {
+      {"pp", offsetof(struct layout, pp), 1, 65536},
+      {"dp", offsetof(struct layout, dp), 1, LAYOUT_MAX_DEVICES},
+      {"ep", offsetof(struct layout, ep), 1, LAYOUT_MAX_DEVICES},
+      {"interleave", offsetof(struct layout, interleave), 1, 64},
+      {"zero", offsetof(struct layout, zero), 0, 3},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(keys); k++) {
+    if (strlen(keys[k].key) != klen || strncmp(item, keys[k].key, klen) != 0)
+      continue;
+    uint32_t *field = (uint32_t *)((char *)l + keys[k].offset);
+    if (!piper_parse_u32(eq + 1, keys[k].lo, keys[k].hi, field))
+      return piper_input_error(err, "--layout \"%s\": \"%s\" must be a whole number in [%u, %u]",
+                               spec, keys[k].key, keys[k].lo, keys[k].hi);
+    return true;
+  }
+  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, interleave, "
+                                "zero, v)", spec, (int)klen, item);
+}
+
+/* What the compiler cannot express yet, and combinations that mean nothing. */
+static bool check(const char *spec, struct layout *l, GError **err) {
+  if (l->interleave > 1 && l->shape == LAYOUT_V)
+    return piper_input_error(err, "--layout \"%s\": interleave and v exclude each other (a V "
+                                  "holds two stages per rank)", spec);
+  if (l->interleave > 1)
+    l->shape = LAYOUT_INTERLEAVED;
+  if (l->ep != 1 && l->ep != l->dp)
+    return piper_input_error(err, "--layout \"%s\": ep must be 1 or equal to dp (%u): experts are "
+                                  "sharded over a rank's whole data-parallel group", spec, l->dp);
+  if (l->zero == 1)
+    return piper_input_error(err, "--layout \"%s\": zero=1 (optimizer sharding alone) is not "
+                                  "supported; zero=2 or zero=3", spec);
+  if (l->zero > 0 && l->dp < 2)
+    return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
+  if ((uint64_t)l->pp * l->dp > LAYOUT_MAX_DEVICES)
+    return piper_input_error(err, "--layout \"%s\": %llu devices, more than %u", spec,
+                             (unsigned long long)l->pp * l->dp, LAYOUT_MAX_DEVICES);
+  return true;
+}
+
+bool layout_parse(const char *spec, struct layout *out, GError **err) {
+  struct layout l = {.pp = 1, .dp = 1, .ep = 1, .shape = LAYOUT_LINEAR, .interleave = 1};
+  if (!spec || !spec[0])
+    return piper_input_error(err, "--layout: empty (e.g. pp=4,dp=2)");
+  gchar **items = g_strsplit(spec, ",", -1);
+  bool ok = true;
+  for (gchar **it = items; ok && *it; it++)
+    ok = parse_item(spec, g_strstrip(*it), &l, err);
+  g_strfreev(items);
+  if (!ok || !check(spec, &l, err))
+    return false;
+  *out = l;
+  return true;
+}
+
+uint32_t layout_stages(const struct layout *l) {
+  switch (l->shape) {
+  case LAYOUT_V: return 2 * l->pp;
+  case LAYOUT_INTERLEAVED: return l->pp * l->interleave;
+  default: return l->pp;
+  }
+}
+
+uint32_t layout_devices(const struct layout *l) {
+  return l->pp * l->dp;
+}
+
+uint32_t layout_stage_rank(const struct layout *l, uint32_t stage) {
+  PIPER_ASSERT(stage < layout_stages(l));
+  switch (l->shape) {
+  case LAYOUT_V: return stage < l->pp ? stage : 2 * l->pp - 1 - stage;
+  case LAYOUT_INTERLEAVED: return stage % l->pp;
+  default: return stage;
+  }
+}
+
+/* ", "-separated device ids of rank r. */
+static void append_devices(GString *s, const struct layout *l, uint32_t rank) {
+  g_string_append_c(s, '[');
+  for (uint32_t i = 0; i < l->dp; i++)
+    g_string_append_printf(s, i ? ", %u" : "%u", rank * l->dp + i);
+  g_string_append_c(s, ']');
+}
+
+/* One directive line: {"op": OP, "filter": FILTER, "devices": [...]EXTRA}. */
+static void append_line(GString *s, const char *op, const char *filter, const struct layout *l,
+                        uint32_t rank, const char *extra) {
+  if (s->len > 2)
+    g_string_append(s, ",\n");
+  g_string_append_printf(s, "  {\"op\": \"%s\", \"filter\": %s, \"devices\": ", op, filter);
+  append_devices(s, l, rank);
+  g_string_append_printf(s, "%s}", extra);
+}
+
+char *layout_to_json(const struct layout *l) {
+  GString *s = g_string_new("[\n");
+  uint32_t stages = layout_stages(l);
+  const char *zero = l->zero == 3 ? ", \"shard_grads\": true, \"shard_params\": true"
+                     : l->zero == 2 ? ", \"shard_grads\": true"
+                                    : "";
+  if (stages == 1) { /* one stage on every device: no place needed */
+    if (l->dp > 1 || l->ep == 1)
+      append_line(s, "replicate", "{}", l, 0, zero);
+    if (l->ep > 1)
+      append_line(s, "shard", "{\"EP\": \"*\"}", l, 0, "");
+  } else {
+    char filter[64];
+    for (uint32_t st = 0; st < stages; st++) {
+      g_snprintf(filter, sizeof filter, "{\"PP\": %u}", st);
+      append_line(s, "place", filter, l, layout_stage_rank(l, st), "");
+    }
+    for (uint32_t st = 0; st < stages && l->dp > 1; st++) {
+      g_snprintf(filter, sizeof filter, "{\"PP\": %u}", st);
+      append_line(s, "replicate", filter, l, layout_stage_rank(l, st), zero);
+    }
+    for (uint32_t st = 0; st < stages && l->ep > 1; st++) {
+      g_snprintf(filter, sizeof filter, "{\"PP\": %u, \"EP\": \"*\"}", st);
+      append_line(s, "shard", filter, l, layout_stage_rank(l, st), "");
+    }
+  }
+  g_string_append(s, "\n]\n");
+  return g_string_free(s, FALSE);
+}
+
+struct dir_program *layout_program(const struct layout *l, const char *name, GError **err) {
+  char *text = layout_to_json(l);
+  cJSON *root = json_parse_buffer(name, text, strlen(text), err);
+  g_free(text);
+  if (!root)
+    return NULL;
+  struct dir_program *p = dir_program_parse_json(name, root, err);
+  cJSON_Delete(root);
+  return p;
+}

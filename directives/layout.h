@@ -1,0 +1,56 @@
+/* layout: directive programs from a few numbers. `pp=4,dp=2,ep=2,v` says how many pipeline
+ * ranks, how many devices replicate each rank's stages (data parallelism), whether experts are
+ * sharded over them (expert parallelism) and how stages map to ranks (one each, a loop of
+ * `interleave` stages, or a V of two); the layout writes the place / replicate / shard
+ * directives, with devices in the usual rank order (data parallel ranks innermost, pipeline
+ * outermost: rank r holds devices r*dp .. r*dp+dp-1).
+ *
+ *   GError *err = NULL;
+ *   struct layout l;
+ *   if (layout_parse("pp=4,dp=2,ep=2,v", &l, &err)) {
+ *     char *json = layout_to_json(&l);          // the directive file, as the bundled ones read
+ *     g_free(json);
+ *   }
+ */
+#ifndef PIPER_DIRECTIVES_LAYOUT_H
+#define PIPER_DIRECTIVES_LAYOUT_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "directives.h"
+
+#define LAYOUT_MAX_DEVICES (1u << 20)
+
+enum layout_shape {
+  LAYOUT_LINEAR,      /* one stage per rank */
+  LAYOUT_INTERLEAVED, /* interleave stages per rank, stage s on rank s mod pp */
+  LAYOUT_V,           /* two stages per rank, rank r holds stages r and 2pp-1-r */
+};
+
+struct layout {
+  uint32_t pp;          /* pipeline ranks */
+  uint32_t dp;          /* devices per pipeline rank, each a data-parallel replica */
+  uint32_t ep;          /* expert parallelism: 1 (experts replicated) or dp (sharded) */
+  enum layout_shape shape;
+  uint32_t interleave;  /* stages per rank for LAYOUT_INTERLEAVED, else 1 (2 for a V) */
+  uint32_t zero;        /* 0 (none), 2 (shard_grads) or 3 (shard_params) */
+};
+
+/* Parses "key=value,..." with keys pp, dp, ep, interleave, zero and the flag v; unset counts
+ * are 1. Fails (input error naming the spec and key) on unknown keys, bad numbers, an ep other
+ * than 1 or dp, interleave together with v, and more than LAYOUT_MAX_DEVICES devices. */
+bool layout_parse(const char *spec, struct layout *out, GError **err);
+/* Pipeline stages (PP regions) the layout places: pp, pp*interleave or 2*pp. */
+uint32_t layout_stages(const struct layout *l);
+uint32_t layout_devices(const struct layout *l);
+/* Pipeline rank holding stage s. */
+uint32_t layout_stage_rank(const struct layout *l, uint32_t stage);
+/* The directive program as a JSON file's text: one directive per line, places first, then
+ * replicates, then shards (g_free). */
+char *layout_to_json(const struct layout *l);
+/* The same, parsed; name is what its error messages call it. */
+struct dir_program *layout_program(const struct layout *l, const char *name, GError **err);
+
+#endif
