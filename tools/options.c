@@ -68,14 +68,12 @@ static const struct option_spec *find_option(const struct option_program *p, con
 }
 
 /* Stores the value text of option o (as typed: arg) into its target; a usage error otherwise. */
-static int store_value(const struct option_program *p, const struct option_spec *o,
-                       const char *arg, const char *text, void *args) {
+static int store_value(const struct option_program *p, const struct option_spec *o, const char *arg,
+                       const char *text, void *args) {
   void *target = (char *)args + o->offset;
   double real = 0;
   switch (o->kind) {
-  case OPTION_STRING:
-    *(const char **)target = text;
-    return OPTIONS_CONTINUE;
+  case OPTION_STRING: *(const char **)target = text; return OPTIONS_CONTINUE;
   case OPTION_U32:
     if (!piper_parse_u32(text, (uint32_t)o->lo, (uint32_t)o->hi, target))
       return piper_usage_error(p->name, "%s: expected an integer in [%u, %u], got \"%s\"", arg,
@@ -84,15 +82,14 @@ static int store_value(const struct option_program *p, const struct option_spec 
   case OPTION_DOUBLE:
   case OPTION_FLOAT:
     if (!piper_parse_double(text, o->lo, o->hi, &real))
-      return piper_usage_error(p->name, "%s: \"%s\" is not a number in [%g, %g]", arg, text,
-                               o->lo, o->hi);
+      return piper_usage_error(p->name, "%s: \"%s\" is not a number in [%g, %g]", arg, text, o->lo,
+                               o->hi);
     if (o->kind == OPTION_DOUBLE)
       *(double *)target = real;
     else
       *(float *)target = (float)real;
     return OPTIONS_CONTINUE;
-  default:
-    PIPER_UNREACHABLE();
+  default: PIPER_UNREACHABLE();
   }
 }
 

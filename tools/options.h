@@ -54,6 +54,8 @@ struct option_spec {
   void (*action)(const struct option_program *p); /* OPTION_ACTION */
 };
 
+/* The rows below stay rows (one option per initializer, as in a table): not reflowed. */
+// clang-format off
 /* A row that ends a table. */
 #define OPTIONS_END {.kind = OPTION_END}
 
@@ -109,6 +111,8 @@ void options_print_version(const struct option_program *p);
     .hi = MODEL_MAX_LAYERS, .metavar = "N",                                                      \
     .help = "override the model's PP split: N equal regions of layers"                          \
   }
+
+// clang-format on
 
 /* options_parse's result when the program goes on (any other is its exit status). */
 #define OPTIONS_CONTINUE (-1)

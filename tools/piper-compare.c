@@ -29,6 +29,8 @@ static bool take_run_dir(void *args, const char *arg, GError **err) {
   return true;
 }
 
+/* One row per option, as in redis's config table: kept as rows, not reflowed. */
+// clang-format off
 static const struct option_spec options[] = {
     {.name = "--tolerance", .kind = OPTION_DOUBLE, .offset = offsetof(struct compare_cli, tolerance),
      .lo = 0, .hi = 1e6, .metavar = "X",
@@ -39,6 +41,7 @@ static const struct option_spec options[] = {
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
+// clang-format on
 
 static const struct option_program program = {
     .name = "piper-compare",
@@ -87,10 +90,10 @@ static bool differ(double a, double b) {
 static bool check_same_plan(const struct report_dir *a, const struct report_dir *b, GError **err) {
   if (strcmp(a->model, b->model) != 0)
     return piper_input_error(err, "%s and %s: different models (\"%s\" and \"%s\" in metrics.json)",
-                     a->path, b->path, a->model, b->model);
+                             a->path, b->path, a->model, b->model);
   if (a->n_devices != b->n_devices)
-    return piper_input_error(err, "%s and %s: different device counts (%u and %u in metrics.json)", a->path,
-                     b->path, a->n_devices, b->n_devices);
+    return piper_input_error(err, "%s and %s: different device counts (%u and %u in metrics.json)",
+                             a->path, b->path, a->n_devices, b->n_devices);
   if (!cJSON_Compare(a->program, b->program, true)) {
     int na = cJSON_GetArraySize(a->program), nb = cJSON_GetArraySize(b->program);
     int i = 0;
@@ -100,11 +103,13 @@ static bool check_same_plan(const struct report_dir *a, const struct report_dir 
       i++;
     if (i < na && i < nb) {
       const char *op = metrics_string(cJSON_GetArrayItem(a->program, i), "op");
-      return piper_input_error(err, "%s/%s and %s/%s: the directive programs differ at directive %d (%s)",
-                       a->path, a->program_file, b->path, b->program_file, i, op ? op : "?");
+      return piper_input_error(
+          err, "%s/%s and %s/%s: the directive programs differ at directive %d (%s)", a->path,
+          a->program_file, b->path, b->program_file, i, op ? op : "?");
     }
-    return piper_input_error(err, "%s/%s and %s/%s: the directive programs differ (%d and %d directives)",
-                     a->path, a->program_file, b->path, b->program_file, na, nb);
+    return piper_input_error(
+        err, "%s/%s and %s/%s: the directive programs differ (%d and %d directives)", a->path,
+        a->program_file, b->path, b->program_file, na, nb);
   }
   /* the same program over another configuration of a model of the same name */
   static const char *const keys[] = {
@@ -123,14 +128,15 @@ static bool check_same_plan(const struct report_dir *a, const struct report_dir 
                        b->model_flops_per_iteration};
   for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
     if (differ(va[k], vb[k]))
-      return piper_input_error(err, "%s and %s: metrics.json key \"%s\" differs (%.17g and %.17g)", a->path,
-                       b->path, keys[k], va[k], vb[k]);
+      return piper_input_error(err, "%s and %s: metrics.json key \"%s\" differs (%.17g and %.17g)",
+                               a->path, b->path, keys[k], va[k], vb[k]);
   double ia = plan_instructions(a), ib = plan_instructions(b);
   if (ia >= 0 && ib >= 0 && differ(ia, ib))
-    return piper_input_error(err,
-                     "%s and %s: the plans differ: %.0f and %.0f instructions per step (another "
-                     "--pp-regions?)",
-                     a->path, b->path, ia, ib);
+    return piper_input_error(
+        err,
+        "%s and %s: the plans differ: %.0f and %.0f instructions per step (another "
+        "--pp-regions?)",
+        a->path, b->path, ia, ib);
   return true;
 }
 
@@ -444,8 +450,8 @@ static int compare(const struct compare_cli *a, const struct report_dir *A,
     fprintf(stderr,
             "piper-compare: error: the prediction is off: iteration time B/A = %.4g (%s %s, %s "
             "%s) is outside [%.4g, %.4g] (--tolerance %g)\n",
-            r, role(A), a->dirs[0], role(B), a->dirs[1], 1 / (1 + a->tolerance),
-            1 + a->tolerance, a->tolerance);
+            r, role(A), a->dirs[0], role(B), a->dirs[1], 1 / (1 + a->tolerance), 1 + a->tolerance,
+            a->tolerance);
   cJSON_Delete(out);
   return rc;
 }

@@ -18,6 +18,8 @@ struct compile_cli {
   bool stats;
 };
 
+/* One row per option, as in redis's config table: kept as rows, not reflowed. */
+// clang-format off
 static const struct option_spec options[] = {
     OPTIONS_COMPILE_ARGS(struct compile_cli, compile),
     {.name = "--devices", .kind = OPTION_U32, .offset = offsetof(struct compile_cli, n_devices),
@@ -41,6 +43,7 @@ static const struct option_spec options[] = {
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
+// clang-format on
 
 static const struct option_program program = {
     .name = "piper-compile",
@@ -119,8 +122,9 @@ static struct sched_program *plan_to_schedule(const struct compile_result *r, GE
       if (seen)
         continue;
       if (sl->n_actions >= 2 || filter >= 2) {
-        piper_input_error(err, "--export-csv: slot with more than two actions on rank %u cannot be written",
-                  rank);
+        piper_input_error(
+            err, "--export-csv: slot with more than two actions on rank %u cannot be written",
+            rank);
         g_array_free(slots, TRUE);
         g_free(layout);
         sched_program_free(s);

@@ -36,6 +36,8 @@ static void list_backends(const struct option_program *p) {
     printf("%s\t%s\n", exec_backends[k]->name, exec_backends[k]->description);
 }
 
+/* One row per option, as in redis's config table: kept as rows, not reflowed. */
+// clang-format off
 #define EXEC_OPTION(field) .offset = offsetof(struct exec_cli, field)
 #define STEPS_MAX (UINT32_MAX - 1)
 static const struct option_spec options[] = {
@@ -81,6 +83,7 @@ static const struct option_spec options[] = {
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
+// clang-format on
 
 static const struct option_program program = {
     .name = "piper-exec",
@@ -146,8 +149,8 @@ static int check_inputs(const struct exec_cli *a, const struct exec_backend_ops 
   const struct compile_args *ca = &a->compile;
   *ops = exec_backend_find(a->backend);
   if (!*ops)
-    return piper_usage_error(
-        "piper-exec", "--backend: \"%s\" is not built in (see --list-backends)", a->backend);
+    return piper_usage_error("piper-exec",
+                             "--backend: \"%s\" is not built in (see --list-backends)", a->backend);
   if (a->plans && (ca->model || ca->directives || ca->schedule))
     return piper_usage_error("piper-exec", "%s",
                              "--plans replaces --model, --directives and --schedule");
@@ -259,9 +262,8 @@ static void print_result(const struct exec_options *o, const struct exec_result 
   printf("piper-exec: final loss %.6f, %.0f tokens/s over %u measured steps, peak memory %.1f MiB "
          "(rank 0), executor overhead %.2f us per instruction (%.2f us of it to start)\n",
          res->n_steps ? res->losses[res->n_steps - 1] : NAN,
-         mean > 0 ? res->tokens_per_step / mean : 0, nm,
-         (double)res->peak_memory_bytes / (1 << 20), res->job_overhead_per_instr_s * 1e6,
-         res->job_dispatch_per_instr_s * 1e6);
+         mean > 0 ? res->tokens_per_step / mean : 0, nm, (double)res->peak_memory_bytes / (1 << 20),
+         res->job_overhead_per_instr_s * 1e6, res->job_dispatch_per_instr_s * 1e6);
   if (res->run_dir)
     printf("  wrote %s/ (%s results.csv metrics.json trace.json)\n", res->run_dir, program_file);
 }

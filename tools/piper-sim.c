@@ -27,6 +27,8 @@ struct sim_cli {
   bool viz, no_charts, trace_all, no_collapse, quiet;
 };
 
+/* One row per option, as in redis's config table: kept as rows, not reflowed. */
+// clang-format off
 #define SIM_OPTION(field) .offset = offsetof(struct sim_cli, field)
 static const struct option_spec options[] = {
     {.kind = OPTION_HEADING, .help = "input:"},
@@ -55,6 +57,7 @@ static const struct option_spec options[] = {
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
+// clang-format on
 
 static const struct option_program program = {
     .name = "piper-sim",
@@ -309,9 +312,8 @@ static void fill_report(const struct sim_cli *a, const struct compile_options *c
   run->peak_flops_per_device = s->prof->synthetic ? 0 : s->prof->peak_flops[s->plan->model->dtype];
   run->trace_device_limit = a->trace_all ? 0 : 2000000;
   report_run_init_devices(run);
-  s->program_file =
-      sched_program_file_name(schedule ? co->schedule.family : SCHED_CUSTOM, run->pp,
-                              s->plan->n_microbatches ? s->plan->n_microbatches : 1);
+  s->program_file = sched_program_file_name(schedule ? co->schedule.family : SCHED_CUSTOM, run->pp,
+                                            s->plan->n_microbatches ? s->plan->n_microbatches : 1);
   run->program_file = s->program_file;
   sim_fill_report(s->res, run);
   report_compute_stats(run);
