@@ -11,12 +11,15 @@ packages=(
   clang python3 graphviz
 )
 # lizard (make lint) comes from PyPI; pip itself from Debian when it is missing.
-if ! command -v lizard >/dev/null 2>&1 && ! python3 -m pip --version >/dev/null 2>&1; then
+have_lizard() {
+  command -v lizard >/dev/null 2>&1 || python3 -c "import lizard" >/dev/null 2>&1
+}
+if ! have_lizard && ! python3 -m pip --version >/dev/null 2>&1; then
   packages+=(python3-pip)
 fi
 
 install_lizard() {
-  command -v lizard >/dev/null 2>&1 && return 0
+  have_lizard && return 0
   echo "install-deps: installing lizard (pip)"
   # Debian 12's pip refuses system-wide installs without --break-system-packages (PEP 668);
   # older pips do not know the flag.
