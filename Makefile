@@ -12,6 +12,9 @@ FUZZ_SECONDS ?= 8
 
 
 WARN := -Wall -Wextra -Wpedantic -Werror
+# Each object records the headers it includes (build/**/*.d, read below), so a header change
+# rebuilds exactly its users; -MP keeps the build going when a header is deleted.
+DEPFLAGS = -MMD -MP
 CFLAGS_ALL := -std=c11 $(WARN) $(OPT) -g -D_GNU_SOURCE \
   $(shell pkg-config --cflags libcjson glib-2.0 cairo) $(EXTRA_CFLAGS)
 LDLIBS_ALL := $(shell pkg-config --libs libcjson glib-2.0 cairo) -lm -lpthread
@@ -68,13 +71,17 @@ TOOLS := $(patsubst tools/%.c,$(BIN)/%,$(wildcard tools/piper-*.c))
 TOOL_LIB_SRCS := $(filter-out tools/piper-%.c,$(wildcard tools/*.c))
 TOOL_LIB_OBJS := $(TOOL_LIB_SRCS:%.c=$(BUILD)/%.o)
 TOOL_LIB := $(BUILD)/libpiper-tools.a
+TOOL_OBJS := $(patsubst tools/%.c,$(BUILD)/tools/%.o,$(wildcard tools/piper-*.c))
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
-BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(wildcard tests/bench/*.c))
+BENCH_SRCS := $(wildcard tests/bench/*.c)
+BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%.o) \
+  $(BENCH_SRCS:%.c=$(BUILD)/%.o)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
-.PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example
+.PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example lint
 all: $(TOOLS)
 
 deps:
@@ -89,9 +96,10 @@ example: deps
 	  --base-schedule directives/base-schedules/pp4_dp2_ep2_v_placement.json \
 	  --schedule dualpipev --mbs 8 --profile profiles/h100-sxm.json --out $(EXAMPLE_OUT)
 
-$(BUILD)/%.o: %.c $(wildcard */*.h)
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) -c $< -o $@
+-include $(ALL_OBJS:.o=.d)
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -103,15 +111,16 @@ $(TOOL_LIB): $(TOOL_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BIN)/%: tools/%.c $(TOOL_LIB) $(LIB)
+# Static pattern rules: the binaries' patterns must not compete with the objects' one.
+$(TOOLS): $(BIN)/%: $(BUILD)/tools/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(BIN)
 	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
 
-$(BUILD)/tests/%: tests/unit/%.c $(TOOL_LIB) $(LIB) $(wildcard tests/unit/*.h)
+$(UNIT_BINS): $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -lcmocka -o $@
 
-$(BUILD)/bench/%: tests/bench/%.c $(TOOL_LIB) $(LIB)
+$(BENCH_BINS): $(BUILD)/bench/%: $(BUILD)/tests/bench/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
 
@@ -130,9 +139,10 @@ FUZZ_BUILD := $(BUILD)/fuzz
 FUZZ_CFLAGS := $(filter-out -Werror,$(CFLAGS_ALL)) -O1 -fsanitize=fuzzer-no-link,address,undefined
 FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
-$(FUZZ_BUILD)/%.o: %.c $(wildcard */*.h)
+$(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -c $< -o $@
+-include $(FUZZ_LIB_OBJS:.o=.d)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL) -o $@
 fuzz: $(FUZZ_BINS)
@@ -153,6 +163,16 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDLIBS_EXTRA= unit cli
+
+# Function budget (issue 8): no function over 120 lines or cyclomatic complexity 40 in the
+# library or the programs. Prints the offenders and fails when there is any.
+LINT_SRCS = $(wildcard $(foreach d,base ir models directives sim exec kernels report tools,$(d)/*.c $(d)/*.h))
+lint:
+	@command -v lizard >/dev/null || python3 -c "import lizard" 2>/dev/null || tools/install-deps.sh
+	@if command -v lizard >/dev/null; then lizard=lizard; else lizard="python3 -m lizard"; fi; \
+	  out=$$($$lizard -L 120 -C 40 -w $(LINT_SRCS)); \
+	  if [ -n "$$out" ]; then echo "$$out"; echo "lint: $$(echo "$$out" | wc -l) function(s) over 120 lines or CCN 40"; exit 1; fi; \
+	  echo "lint: no function over 120 lines or CCN 40"
 
 install: all
 	install -d $(PREFIX)/bin

@@ -2,6 +2,7 @@
  * Programmer errors (broken invariants) abort with the condition, file and line in every build;
  * NDEBUG does not remove them.
  *
+ *   unsigned k = 2, n_experts = 8;
  *   PIPER_ASSERT(k >= 1 && k <= n_experts);
  */
 #ifndef PIPER_BASE_ASSERT_H

@@ -1,14 +1,19 @@
 /* base: what every module of Piper uses and none owns. Errors (the PIPER_ERROR domain whose
- * codes are the programs' exit statuses), always-on assertions (assert.h), file output that never leaves
- * half a file nor replaces a device, hashing, the clock, comparators and the command-line helpers
- * of the program entry points. It depends on GLib and libc only.
+ * codes are the programs' exit statuses), always-on assertions (assert.h), file output that
+ * never leaves half a file nor replaces a device, hashing, the clock, comparators and the
+ * command-line helpers of the program entry points. It depends on GLib and libc only.
  *
- *   if (n == 0)
- *     return piper_input_error(err, "%s: \"layers\" must be positive", path);
+ *   GError *err = NULL;
+ *   uint32_t n = 0;
+ *   if (n == 0)                                 // bad input: exit status 2 in the programs
+ *     piper_input_error(&err, "%s: \"layers\" must be positive", "models/tiny-moe.json");
+ *   g_clear_error(&err);
  *   struct piper_out out;
- *   if (!piper_out_open(&out, "out/results.csv", err)) return false;
- *   fprintf(out.f, "a,b\n");
- *   return piper_out_close(&out, err);          // checks every write; renames into place
+ *   if (piper_out_open(&out, "out/results.csv", &err)) {
+ *     fprintf(out.f, "a,b\n");
+ *     piper_out_close(&out, &err);              // checks every write; renames into place
+ *   }
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_BASE_BASE_H
 #define PIPER_BASE_BASE_H

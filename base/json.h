@@ -2,9 +2,14 @@
  * Every input error is a GError in PIPER_ERROR with code PIPER_ERROR_INPUT (exit status 2);
  * messages name the file and the key, and parse errors carry line and column.
  *
+ *   GError *err = NULL;
+ *   int64_t n = 0;
  *   cJSON *root = json_parse_file("models/tiny-moe.json", &err);
- *   int64_t n; json_get_int(root, "hidden_size", true, 1, 1 << 20, &n, "models/tiny-moe.json",
- * &err);
+ *   if (root && !json_get_int(root, "hidden_size", true, 1, 1 << 20, &n, "models/tiny-moe.json",
+ *                             &err))
+ *     fprintf(stderr, "%s\n", err->message);   // models/tiny-moe.json: "hidden_size" ...
+ *   cJSON_Delete(root);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_BASE_JSON_H
 #define PIPER_BASE_JSON_H

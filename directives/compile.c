@@ -13,41 +13,6 @@ struct compile_options compile_options_default(void) {
   return o;
 }
 
-int compile_args_parse(struct compile_args *a, int argc, char **argv, int *i, GError **err) {
-  const char *opt = argv[*i];
-  const char **text = NULL;
-  uint32_t *num = NULL, hi = IR_MAX_DEVICES;
-  if (strcmp(opt, "--model") == 0)
-    text = &a->model;
-  else if (strcmp(opt, "--directives") == 0 || strcmp(opt, "--base-schedule") == 0)
-    text = &a->directives;
-  else if (strcmp(opt, "--schedule") == 0)
-    text = &a->schedule;
-  else if (strcmp(opt, "--ranks") == 0)
-    num = &a->ranks;
-  else if (strcmp(opt, "--mbs") == 0)
-    num = &a->mbs, hi = DIR_MAX_MICROBATCHES;
-  else if (strcmp(opt, "--pp-regions") == 0)
-    num = &a->pp_regions, hi = MODEL_MAX_LAYERS;
-  else if (strcmp(opt, "--keep-order") == 0) {
-    a->keep_order = true;
-    return 1;
-  } else
-    return 0;
-  if (*i + 1 >= argc) {
-    piper_input_error(err, "%s needs a value", opt);
-    return -1;
-  }
-  const char *v = argv[++*i];
-  if (text) {
-    *text = v;
-  } else if (!piper_parse_u32(v, 1, hi, num)) {
-    piper_input_error(err, "%s: expected an integer in [1, %u], got \"%s\"", opt, hi, v);
-    return -1;
-  }
-  return 1;
-}
-
 bool compile_args_to_options(const struct compile_args *a, struct compile_options *o,
                              GError **err) {
   *o = compile_options_default();

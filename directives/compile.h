@@ -2,10 +2,17 @@
  * runs the schedule harness (--schedule/--ranks/--mbs) or a CSV import, builds the IR,
  * applies the directives and lowers to per-device plans (with the progress check).
  *
+ *   GError *err = NULL;
  *   struct compile_options o = compile_options_default();
- *   o.model_path = "models/tiny-moe.json"; o.directives_path =
- * "directives/base-schedules/dp2.json"; struct compile_result r = {0}; if (!compile_run(&o, &r,
- * &err)) ...;   // r.plan is ready compile_result_free(&r);
+ *   o.model_path = "models/tiny-moe.json";
+ *   o.directives_path = "directives/base-schedules/dp2.json";
+ *   struct compile_result r = {0};
+ *   if (compile_run(&o, &r, &err))
+ *     printf("%u devices\n", r.plan->n_devices);  // r.plan is ready
+ *   else
+ *     fprintf(stderr, "%s\n", err->message);      // names the file and directive at fault
+ *   compile_result_free(&r);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_DIRECTIVES_COMPILE_H
 #define PIPER_DIRECTIVES_COMPILE_H
@@ -43,15 +50,12 @@ struct compile_result {
 
 /* The front-end options piper-compile, piper-sim and piper-exec share, as given on the command
  * line: --model, --directives (alias --base-schedule), --schedule, --ranks, --mbs,
- * --keep-order, --pp-regions. */
+ * --keep-order, --pp-regions. The programs read them by one option table (tools/options.h). */
 struct compile_args {
   const char *model, *directives, *schedule;
   uint32_t ranks, mbs, pp_regions;
   bool keep_order;
 };
-/* If argv[*i] is one of the shared options, stores it (advancing *i past its value) and
- * returns 1; returns 0 for any other argument, -1 on a missing or bad value (err set). */
-int compile_args_parse(struct compile_args *a, int argc, char **argv, int *i, GError **err);
 /* Compile options from the arguments; fails naming an unknown --schedule. */
 bool compile_args_to_options(const struct compile_args *a, struct compile_options *o, GError **err);
 

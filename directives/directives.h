@@ -3,9 +3,16 @@
  * rewrites in the fixed phase order: all split, the BI/BW split of backward, place,
  * replicate/shard in program order, communication insertion, then order.
  *
+ *   GError *err = NULL;
+ *   struct model *m = model_load_file("models/tiny-moe.json", 0, &err);
+ *   struct ir_graph *graph = m ? ir_graph_build(m) : NULL;
  *   struct dir_program *p = dir_program_load_file("directives/base-schedules/dp2.json", &err);
- *   if (!dir_program_apply(p, graph, &err)) ...
+ *   if (graph && p && !dir_program_apply(p, graph, 0, &err))  // 0: no world size to check
+ *     fprintf(stderr, "%s\n", err->message);  // names the directive, its op and the key
  *   dir_program_free(p);
+ *   ir_graph_free(graph);
+ *   model_free(m);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_DIRECTIVES_DIRECTIVES_H
 #define PIPER_DIRECTIVES_DIRECTIVES_H

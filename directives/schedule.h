@@ -3,10 +3,16 @@
  * the per-rank sequence of slots (the `order` directives) of one schedule family, plus the
  * PyTorch pipeline-schedule CSV interchange of those sequences.
  *
+ *   GError *err = NULL;
  *   struct sched_layout l = {.n_ranks = 2, .n_stages = 2, .stage_rank = (int32_t[]){0, 1}};
  *   struct sched_program *s = sched_build(SCHED_1F1B, &l, 4, &err);
- *   ... s->ranks[r].slots[i].actions[0] ...
+ *   for (uint32_t r = 0; s && r < s->n_ranks; r++) {
+ *     const struct sched_action *a = &s->ranks[r].slots[0].actions[0];
+ *     printf("rank %u: %u slots, first stage %d mb %d\n", r, s->ranks[r].n_slots, a->stage,
+ *            a->mb);
+ *   }
  *   sched_program_free(s);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_DIRECTIVES_SCHEDULE_H
 #define PIPER_DIRECTIVES_SCHEDULE_H

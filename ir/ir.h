@@ -3,10 +3,15 @@
  * node (they differ only in rank ids), so the graph stays small at thousands of devices.
  * Nodes, edges, groups and streams live in flat arrays and refer to each other by index.
  *
- *   struct ir_graph *g = ir_graph_build(model);      // F, B and optimizer nodes, one micro-batch
- *   dir_program_apply(prog, g, &err);                // directives rewrite it (directives.h)
- *   ir_graph_dump_json(g, "ir.json", &err);
+ *   GError *err = NULL;
+ *   struct model *model = model_load_file("models/tiny-moe.json", 0, &err);
+ *   struct ir_graph *g = model ? ir_graph_build(model) : NULL;  // F, B and optimizer nodes
+ *   // here directives rewrite it: dir_program_apply (directives/directives.h)
+ *   if (g && !ir_graph_dump_json(g, "ir.json", &err))
+ *     fprintf(stderr, "%s\n", err->message);
  *   ir_graph_free(g);
+ *   model_free(model);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_IR_IR_H
 #define PIPER_IR_IR_H

@@ -1,14 +1,19 @@
 /* kernels: host (CPU) reference kernels for every model op the executor runs: forward,
  * backward-for-inputs (BI) and backward-for-weights (BW) as separate entry points, plus AdamW.
  * fp32, flat row-major float arrays, one function per layer (llm.c style); GEMMs use BLAS.
+ * The conventions every op follows are in the comment below.
  *
- *   float *saved = malloc(kernels_mlp_saved_floats(T, C, F) * sizeof(float));
- *   kernels_mlp_forward(m, saved, h, params, T, C, F);                       // F
- *   kernels_mlp_backward_input(dh, bwork, dm, saved, params, T, C, F, true);  // BI: dh += ...
- *   kernels_mlp_backward_weight(dparams, bwork, dm, h, saved, T, C, F);       // BW (later)
- *   kernels_adamw_step(params, dparams, m1, v1, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
- *
- * Conventions, for every op:
+ *   enum { T = 4, C = 8, F = 16, P = 3 * C * F };  // tokens, width, FFN width, parameters
+ *   static float params[P], dparams[P], m1[P], v1[P];  // P = kernels_mlp_param_count(C, F)
+ *   static float h[T * C], m[T * C], dm[T * C], dh[T * C];
+ *   static float saved[3 * T * F], bwork[2 * T * F];   // kernels_mlp_saved/bwork_floats(T, F)
+ *   kernels_mlp_forward(m, saved, h, params, T, C, F);                         // F
+ *   kernels_mlp_backward_input(dh, bwork, dm, saved, params, T, C, F, false);  // BI: dh = ...
+ *   kernels_mlp_backward_weight(dparams, bwork, dm, h, saved, T, C, F);        // BW (later)
+ *   kernels_adamw_step(params, dparams, m1, v1, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+ */
+
+/* Conventions, for every op:
  * - Shapes are row-major; [T, C] means T rows of C floats. T = tokens of the micro-batch.
  * - `params` is the op's flat parameter block, exactly kernels_<op>_param_count() floats, laid
  *   out as documented per op (the same count models/ reports as model_op.param_count).

@@ -2,9 +2,13 @@
  * builds its forward op list, its tags (PP, EP, user tags) and its segments: maximal runs of ops
  * with identical tags, which become the compute nodes of the IR.
  *
- *   struct model *m = model_load_file("models/tiny-moe.json", 0, &err);
- *   for (uint32_t s = 0; s < m->n_segments; s++) ... m->segments[s].flops_fwd ...
+ *   GError *err = NULL;
+ *   struct model *m = model_load_file("models/tiny-moe.json", 0, &err);  // 0: the file's PP split
+ *   double flops = 0;
+ *   for (uint32_t s = 0; m && s < m->n_segments; s++)
+ *     flops += m->segments[s].flops_fwd;
  *   model_free(m);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_MODELS_MODEL_H
 #define PIPER_MODELS_MODEL_H

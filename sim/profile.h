@@ -3,10 +3,19 @@
  * pass + shape -> time) and a network (GPUs per node, NVLink and NIC bandwidth and latency); a
  * synthetic profile gives fixed milliseconds per compute node by pass and per communication.
  *
+ *   GError *err = NULL;
+ *   struct model *model = model_load_file("models/tiny-moe.json", 0, &err);
  *   struct profile *pr = profile_load_file("profiles/h200.json", &err);
- *   struct profile_cost c = profile_compute_cost(pr, model, segment, IR_PASS_F, 1);
- *   double t = profile_collective_seconds(pr, IR_NODE_ALL_REDUCE, bytes, &span);
+ *   if (model && pr) {
+ *     struct profile_cost c = profile_compute_cost(pr, model, 0, IR_PASS_F, 1);  // segment 0
+ *     uint32_t devices[] = {0, 1, 2, 3};
+ *     struct profile_span span = profile_span_of(pr, devices, 4);
+ *     struct profile_comm_cost ar = profile_comm_cost(pr, IR_NODE_ALL_REDUCE, 1 << 20, &span);
+ *     printf("%g s compute, %g s all-reduce\n", c.seconds, ar.latency + ar.transfer);
+ *   }
  *   profile_free(pr);
+ *   model_free(model);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_SIM_PROFILE_H
 #define PIPER_SIM_PROFILE_H

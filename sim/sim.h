@@ -4,10 +4,20 @@
  * share of SMs and memory bandwidth) and concurrent transfers share a device's links; memory is
  * tracked per kind with a timeline. Devices that provably behave alike are simulated once.
  *
+ *   GError *err = NULL;
+ *   struct plan *plan = NULL;                   // from compile_run or plan_read_dir
+ *   struct profile *profile = profile_load_file("profiles/h100-sxm.json", &err);
  *   struct sim_result *r = sim_run(plan, profile, &(struct sim_options){.collapse = true}, &err);
- *   printf("%g s\n", r->iteration_time);
- *   sim_fill_report(r, &run);                 // report.h: intervals and memory per device
+ *   if (r) {
+ *     printf("%g s\n", r->iteration_time);
+ *     struct report_run run = {.plan = plan, .kind = "sim", .schedule = "1f1b"};
+ *     report_run_init_devices(&run);
+ *     sim_fill_report(r, &run);                 // report.h: intervals and memory per device
+ *     report_run_free_devices(&run);
+ *   }
  *   sim_result_free(r);
+ *   profile_free(profile);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_SIM_SIM_H
 #define PIPER_SIM_SIM_H

@@ -10,6 +10,22 @@ packages=(
   libopenmpi-dev openmpi-bin libopenblas-dev
   clang python3 graphviz
 )
+# lizard (make lint) comes from PyPI; pip itself from Debian when it is missing.
+have_lizard() {
+  command -v lizard >/dev/null 2>&1 || python3 -c "import lizard" >/dev/null 2>&1
+}
+if ! have_lizard && ! python3 -m pip --version >/dev/null 2>&1; then
+  packages+=(python3-pip)
+fi
+
+install_lizard() {
+  have_lizard && return 0
+  echo "install-deps: installing lizard (pip)"
+  # Debian 12's pip refuses system-wide installs without --break-system-packages (PEP 668);
+  # older pips do not know the flag.
+  python3 -m pip install -q --break-system-packages lizard 2>/dev/null ||
+    python3 -m pip install -q lizard
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -19,6 +35,7 @@ for p in "${packages[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  install_lizard
   exit 0
 fi
 
@@ -30,3 +47,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+install_lizard

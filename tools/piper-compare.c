@@ -11,25 +11,59 @@
 #include "../base/json.h"
 #include "../base/version.h"
 #include "../sim/report.h"
+#include "options.h"
 
-static const char usage[] =
-    "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE]\n"
-    "\n"
-    "Puts two run directories of the same plan side by side (written by piper-sim or\n"
-    "piper-exec; either may be either) and says which is simulated and which measured.\n"
-    "Both must hold the same directive program (<schedule>_pp<R>_mbs<M>.json), model and\n"
-    "device count. Prints, with the ratio B/A on every row: iteration time, throughput, MFU,\n"
-    "bubble fraction, exposed communication and overlap per device, peak memory and its\n"
-    "breakdown per device, and the mean duration of each kind of instruction (F, B, BI, BW,\n"
-    "send/recv, collectives by pass, optimizer) from trace.json.\n"
-    "\n"
-    "  --tolerance X   relative, e.g. 0.2: exit 1 when the iteration time ratio B/A is outside\n"
-    "                  [1/(1+X), 1+X] (the prediction is off)\n"
-    "  --json FILE     also write the comparison as JSON\n"
-    "  --help, --version\n"
-    "\n"
-    "Exit status: 0 success, 1 iteration times outside --tolerance (or FILE cannot be\n"
-    "written), 2 bad input (a missing or malformed run directory, runs of different plans).\n";
+/* What the command line asks for. */
+struct compare_cli {
+  const char *dirs[2];
+  uint32_t n_dirs;
+  const char *json_path;
+  double tolerance; /* NAN: no verdict */
+};
+
+static bool take_run_dir(void *args, const char *arg, GError **err) {
+  struct compare_cli *a = args;
+  if (a->n_dirs == 2)
+    return piper_input_error(err, "one run directory too many: %s", arg);
+  a->dirs[a->n_dirs++] = arg;
+  return true;
+}
+
+/* One row per option, as in redis's config table: kept as rows, not reflowed. */
+// clang-format off
+static const struct option_spec options[] = {
+    {.name = "--tolerance", .kind = OPTION_DOUBLE, .offset = offsetof(struct compare_cli, tolerance),
+     .lo = 0, .hi = 1e6, .metavar = "X",
+     .help = "relative, e.g. 0.2: exit 1 when the iteration time ratio B/A is outside\n"
+             "[1/(1+X), 1+X] (the prediction is off)"},
+    {.name = "--json", .kind = OPTION_STRING, .offset = offsetof(struct compare_cli, json_path),
+     .metavar = "FILE", .help = "also write the comparison as JSON"},
+    OPTIONS_HELP_VERSION,
+    OPTIONS_END,
+};
+// clang-format on
+
+static const struct option_program program = {
+    .name = "piper-compare",
+    .usage =
+        "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE]\n"
+        "\n"
+        "Puts two run directories of the same plan side by side (written by piper-sim or\n"
+        "piper-exec; either may be either) and says which is simulated and which measured.\n"
+        "Both must hold the same directive program (<schedule>_pp<R>_mbs<M>.json), model and\n"
+        "device count. Prints, with the ratio B/A on every row: iteration time, throughput, MFU,\n"
+        "bubble fraction, exposed communication and overlap per device, peak memory and its\n"
+        "breakdown per device, and the mean duration of each kind of instruction (F, B, BI, BW,\n"
+        "send/recv, collectives by pass, optimizer) from trace.json.\n"
+        "\n",
+    .epilogue =
+        "\n"
+        "Exit status: 0 success, 1 iteration times outside --tolerance (or FILE cannot be\n"
+        "written), 2 bad input (a missing or malformed run directory, runs of different plans).\n",
+    .options = options,
+    .help_column = 18,
+    .positional = take_run_dir,
+};
 
 static const char *role(const struct report_dir *d) {
   return strcmp(d->kind, "exec") == 0 ? "measured" : "simulated";
@@ -56,10 +90,10 @@ static bool differ(double a, double b) {
 static bool check_same_plan(const struct report_dir *a, const struct report_dir *b, GError **err) {
   if (strcmp(a->model, b->model) != 0)
     return piper_input_error(err, "%s and %s: different models (\"%s\" and \"%s\" in metrics.json)",
-                     a->path, b->path, a->model, b->model);
+                             a->path, b->path, a->model, b->model);
   if (a->n_devices != b->n_devices)
-    return piper_input_error(err, "%s and %s: different device counts (%u and %u in metrics.json)", a->path,
-                     b->path, a->n_devices, b->n_devices);
+    return piper_input_error(err, "%s and %s: different device counts (%u and %u in metrics.json)",
+                             a->path, b->path, a->n_devices, b->n_devices);
   if (!cJSON_Compare(a->program, b->program, true)) {
     int na = cJSON_GetArraySize(a->program), nb = cJSON_GetArraySize(b->program);
     int i = 0;
@@ -69,11 +103,13 @@ static bool check_same_plan(const struct report_dir *a, const struct report_dir 
       i++;
     if (i < na && i < nb) {
       const char *op = metrics_string(cJSON_GetArrayItem(a->program, i), "op");
-      return piper_input_error(err, "%s/%s and %s/%s: the directive programs differ at directive %d (%s)",
-                       a->path, a->program_file, b->path, b->program_file, i, op ? op : "?");
+      return piper_input_error(
+          err, "%s/%s and %s/%s: the directive programs differ at directive %d (%s)", a->path,
+          a->program_file, b->path, b->program_file, i, op ? op : "?");
     }
-    return piper_input_error(err, "%s/%s and %s/%s: the directive programs differ (%d and %d directives)",
-                     a->path, a->program_file, b->path, b->program_file, na, nb);
+    return piper_input_error(
+        err, "%s/%s and %s/%s: the directive programs differ (%d and %d directives)", a->path,
+        a->program_file, b->path, b->program_file, na, nb);
   }
   /* the same program over another configuration of a model of the same name */
   static const char *const keys[] = {
@@ -92,14 +128,15 @@ static bool check_same_plan(const struct report_dir *a, const struct report_dir 
                        b->model_flops_per_iteration};
   for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
     if (differ(va[k], vb[k]))
-      return piper_input_error(err, "%s and %s: metrics.json key \"%s\" differs (%.17g and %.17g)", a->path,
-                       b->path, keys[k], va[k], vb[k]);
+      return piper_input_error(err, "%s and %s: metrics.json key \"%s\" differs (%.17g and %.17g)",
+                               a->path, b->path, keys[k], va[k], vb[k]);
   double ia = plan_instructions(a), ib = plan_instructions(b);
   if (ia >= 0 && ib >= 0 && differ(ia, ib))
-    return piper_input_error(err,
-                     "%s and %s: the plans differ: %.0f and %.0f instructions per step (another "
-                     "--pp-regions?)",
-                     a->path, b->path, ia, ib);
+    return piper_input_error(
+        err,
+        "%s and %s: the plans differ: %.0f and %.0f instructions per step (another "
+        "--pp-regions?)",
+        a->path, b->path, ia, ib);
   return true;
 }
 
@@ -208,47 +245,20 @@ static cJSON *json_side(const struct report_dir *d) {
   return o;
 }
 
-int main(int argc, char **argv) {
-  const char *dirs[2] = {NULL, NULL}, *json_path = NULL;
-  double tolerance = NAN;
-  uint32_t n_dirs = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      fputs(usage, stdout);
-      return 0;
-    } else if (strcmp(a, "--version") == 0) {
-      printf("piper-compare %s\n", PIPER_VERSION);
-      return 0;
-    } else if (strcmp(a, "--tolerance") == 0 || strcmp(a, "--json") == 0) {
-      if (i + 1 >= argc)
-        return piper_usage_error("piper-compare", "%s needs a value", a);
-      const char *v = argv[++i];
-      if (strcmp(a, "--json") == 0)
-        json_path = v;
-      else if (!piper_parse_double(v, 0, 1e6, &tolerance))
-        return piper_usage_error("piper-compare", "--tolerance: \"%s\" is not a number in [0, 1e6]",
-                                 v);
-    } else if (a[0] == '-' && a[1]) {
-      return piper_usage_error("piper-compare", "unknown option %s", a);
-    } else if (n_dirs == 2) {
-      return piper_usage_error("piper-compare", "one run directory too many: %s", a);
-    } else {
-      dirs[n_dirs++] = a;
-    }
-  }
-  if (n_dirs < 2)
-    return piper_usage_error("piper-compare", "%s", "give two run directories, A_DIR and B_DIR");
+/* How memory is printed: GiB when either side reaches one, else MiB. */
+struct memory_unit {
+  double scale; /* bytes to the unit */
+  const char *name;
+};
 
-  GError *err = NULL;
-  struct report_dir *A = report_dir_load(dirs[0], &err);
-  struct report_dir *B = A ? report_dir_load(dirs[1], &err) : NULL;
-  if (!A || !B || !check_same_plan(A, B, &err)) {
-    report_dir_free(A);
-    report_dir_free(B);
-    return piper_error_exit("piper-compare", err);
-  }
+static struct memory_unit memory_unit_of(const struct report_dir *A, const struct report_dir *B) {
+  double peak = fmax(peak_max(A), peak_max(B));
+  bool gib = peak >= (double)(1ull << 30);
+  return (struct memory_unit){1.0 / (double)(gib ? 1ull << 30 : 1ull << 20), gib ? "GiB" : "MiB"};
+}
 
+/* The comparison's JSON: both sides and the plan they share. */
+static cJSON *json_header(const struct report_dir *A, const struct report_dir *B) {
   cJSON *out = cJSON_CreateObject();
   cJSON_AddStringToObject(out, "version", PIPER_VERSION);
   cJSON_AddItemToObject(out, "a", json_side(A));
@@ -258,8 +268,10 @@ int main(int argc, char **argv) {
   cJSON_AddNumberToObject(out, "dp", A->dp);
   cJSON_AddNumberToObject(out, "n_devices", A->n_devices);
   cJSON_AddNumberToObject(out, "num_microbatches", A->num_microbatches);
+  return out;
+}
 
-  /* header */
+static void print_header(const struct report_dir *A, const struct report_dir *B) {
   printf("piper-compare: %s, %s", A->model, A->schedule);
   if (strcmp(A->schedule, B->schedule) != 0)
     printf(" (B: %s)", B->schedule);
@@ -269,13 +281,12 @@ int main(int argc, char **argv) {
          (long long)A->seq_len, A->program_file);
   describe("A", A);
   describe("B", B);
-  double peak = fmax(peak_max(A), peak_max(B));
-  bool gib = peak >= (double)(1ull << 30);
-  double mem_scale = 1.0 / (double)(gib ? 1ull << 30 : 1ull << 20);
-  const char *mem_unit = gib ? "GiB" : "MiB";
-  char label[96];
+}
 
-  /* the run */
+/* The run as a whole: time, throughput, MFU, means over devices, peak memory. */
+static void compare_global(const struct report_dir *A, const struct report_dir *B,
+                           struct memory_unit mem, cJSON *out) {
+  char label[96];
   printf("\n%-36s %14s %14s %10s\n", "", "A", "B", "B/A");
   cJSON *g = cJSON_AddObjectToObject(out, "global");
   print_row(2, "iteration time (ms)", A->iteration_time_s, B->iteration_time_s, 1e3);
@@ -295,49 +306,87 @@ int main(int argc, char **argv) {
   add_row(g, "exposed_comm_s_mean", mean_of(A, exposed_off), mean_of(B, exposed_off));
   print_row(2, "overlap (%, mean)", mean_of(A, overlap_off), mean_of(B, overlap_off), 100);
   add_row(g, "overlap_fraction_mean", mean_of(A, overlap_off), mean_of(B, overlap_off));
-  snprintf(label, sizeof label, "peak memory (%s, max)", mem_unit);
-  print_row(2, label, peak_max(A), peak_max(B), mem_scale);
+  snprintf(label, sizeof label, "peak memory (%s, max)", mem.name);
+  print_row(2, label, peak_max(A), peak_max(B), mem.scale);
   add_row(g, "peak_memory_bytes_max", peak_max(A), peak_max(B));
+}
 
-  /* per device: all of them in JSON; on screen all up to 16, else dp rank 0 of each pp rank */
+static cJSON *json_device(uint32_t i, const struct report_device *a,
+                          const struct report_device *b) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "device", i);
+  cJSON_AddNumberToObject(o, "pp_rank", a->pp_rank);
+  cJSON_AddNumberToObject(o, "dp_rank", a->dp_rank);
+  add_row(o, "busy_s", a->compute_s, b->compute_s);
+  add_row(o, "comm_s", a->comm_s, b->comm_s);
+  add_row(o, "bubble_fraction", a->bubble_fraction, b->bubble_fraction);
+  add_row(o, "exposed_comm_s", a->exposed_comm_s, b->exposed_comm_s);
+  add_row(o, "overlap_fraction", a->overlap_fraction, b->overlap_fraction);
+  add_row(o, "peak_memory_bytes", (double)a->peak_memory_bytes, (double)b->peak_memory_bytes);
+  cJSON *bd = cJSON_AddObjectToObject(o, "memory_breakdown_bytes");
+  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+    add_row(bd, report_mem_kind_name((enum report_mem_kind)k), (double)a->peak_breakdown[k],
+            (double)b->peak_breakdown[k]);
+  return o;
+}
+
+static void print_device(uint32_t i, const struct report_device *a, const struct report_device *b,
+                         struct memory_unit mem) {
+  char label[96];
+  printf("  device %u (pp %d, dp %d)\n", i, a->pp_rank, a->dp_rank);
+  print_row(4, "busy (ms)", a->compute_s, b->compute_s, 1e3);
+  print_row(4, "communication (ms)", a->comm_s, b->comm_s, 1e3);
+  print_row(4, "bubble (%)", a->bubble_fraction, b->bubble_fraction, 100);
+  print_row(4, "exposed comm (ms)", a->exposed_comm_s, b->exposed_comm_s, 1e3);
+  print_row(4, "overlap (%)", a->overlap_fraction, b->overlap_fraction, 100);
+  snprintf(label, sizeof label, "peak memory (%s)", mem.name);
+  print_row(4, label, (double)a->peak_memory_bytes, (double)b->peak_memory_bytes, mem.scale);
+  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+    if (a->peak_breakdown[k] || b->peak_breakdown[k])
+      print_row(6, report_mem_kind_name((enum report_mem_kind)k), (double)a->peak_breakdown[k],
+                (double)b->peak_breakdown[k], mem.scale);
+}
+
+/* Per device: all of them in JSON; on screen all up to 16, else dp rank 0 of each pp rank. */
+static void compare_devices(const struct report_dir *A, const struct report_dir *B,
+                            struct memory_unit mem, cJSON *out) {
   bool all = A->n_devices <= 16;
   printf("\nper device%s\n", all ? "" : " (dp rank 0 of each pipeline rank; --json has all)");
   cJSON *devs = cJSON_AddArrayToObject(out, "devices");
   for (uint32_t i = 0; i < A->n_devices; i++) {
     const struct report_device *a = &A->devices[i], *b = &B->devices[i];
-    bool show = all || a->dp_rank <= 0;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "device", i);
-    cJSON_AddNumberToObject(o, "pp_rank", a->pp_rank);
-    cJSON_AddNumberToObject(o, "dp_rank", a->dp_rank);
-    add_row(o, "busy_s", a->compute_s, b->compute_s);
-    add_row(o, "comm_s", a->comm_s, b->comm_s);
-    add_row(o, "bubble_fraction", a->bubble_fraction, b->bubble_fraction);
-    add_row(o, "exposed_comm_s", a->exposed_comm_s, b->exposed_comm_s);
-    add_row(o, "overlap_fraction", a->overlap_fraction, b->overlap_fraction);
-    add_row(o, "peak_memory_bytes", (double)a->peak_memory_bytes, (double)b->peak_memory_bytes);
-    cJSON *bd = cJSON_AddObjectToObject(o, "memory_breakdown_bytes");
-    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
-      add_row(bd, report_mem_kind_name((enum report_mem_kind)k), (double)a->peak_breakdown[k],
-              (double)b->peak_breakdown[k]);
-    cJSON_AddItemToArray(devs, o);
-    if (!show)
-      continue;
-    printf("  device %u (pp %d, dp %d)\n", i, a->pp_rank, a->dp_rank);
-    print_row(4, "busy (ms)", a->compute_s, b->compute_s, 1e3);
-    print_row(4, "communication (ms)", a->comm_s, b->comm_s, 1e3);
-    print_row(4, "bubble (%)", a->bubble_fraction, b->bubble_fraction, 100);
-    print_row(4, "exposed comm (ms)", a->exposed_comm_s, b->exposed_comm_s, 1e3);
-    print_row(4, "overlap (%)", a->overlap_fraction, b->overlap_fraction, 100);
-    snprintf(label, sizeof label, "peak memory (%s)", mem_unit);
-    print_row(4, label, (double)a->peak_memory_bytes, (double)b->peak_memory_bytes, mem_scale);
-    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
-      if (a->peak_breakdown[k] || b->peak_breakdown[k])
-        print_row(6, report_mem_kind_name((enum report_mem_kind)k), (double)a->peak_breakdown[k],
-                  (double)b->peak_breakdown[k], mem_scale);
+    cJSON_AddItemToArray(devs, json_device(i, a, b));
+    if (all || a->dp_rank <= 0)
+      print_device(i, a, b, mem);
   }
+}
 
-  /* instructions: the union of both traces' kinds, in the readers' order */
+/* One kind of instruction: mean durations on both sides (either may lack it). */
+static void compare_instruction_kind(const struct report_trace_kind *use_a,
+                                     const struct report_trace_kind *use_b, cJSON *ins) {
+  double ma = use_a && use_a->count ? use_a->total_s / (double)use_a->count : NAN;
+  double mb = use_b && use_b->count ? use_b->total_s / (double)use_b->count : NAN;
+  const char *name = use_a ? use_a->name : use_b->name;
+  printf("  %-34s", name);
+  print_value(ma * 1e6);
+  print_value(mb * 1e6);
+  double r = ratio(ma, mb);
+  if (isfinite(r))
+    printf(" %10.4g", r);
+  else
+    printf(" %10s", "-");
+  printf("   %llu / %llu\n", (unsigned long long)(use_a ? use_a->count : 0),
+         (unsigned long long)(use_b ? use_b->count : 0));
+  cJSON *o = json_pair(ma, mb);
+  cJSON_AddStringToObject(o, "name", name);
+  cJSON_AddNumberToObject(o, "count_a", use_a ? (double)use_a->count : 0);
+  cJSON_AddNumberToObject(o, "count_b", use_b ? (double)use_b->count : 0);
+  cJSON_AddItemToArray(ins, o);
+}
+
+/* Instructions: the union of both traces' kinds, in the readers' order. */
+static void compare_instructions(const struct report_dir *A, const struct report_dir *B,
+                                 cJSON *out) {
   printf("\nmean duration per instruction (us)   %14s %14s %10s   count A / B\n", "A", "B", "B/A");
   cJSON *ins = cJSON_AddArrayToObject(out, "instructions");
   uint32_t ia = 0, ib = 0;
@@ -351,57 +400,76 @@ int main(int argc, char **argv) {
     const struct report_trace_kind *use_a = c <= 0 ? ka : NULL, *use_b = c >= 0 ? kb : NULL;
     ia += use_a != NULL;
     ib += use_b != NULL;
-    double ma = use_a && use_a->count ? use_a->total_s / (double)use_a->count : NAN;
-    double mb = use_b && use_b->count ? use_b->total_s / (double)use_b->count : NAN;
-    const char *name = use_a ? use_a->name : use_b->name;
-    printf("  %-34s", name);
-    print_value(ma * 1e6);
-    print_value(mb * 1e6);
-    double r = ratio(ma, mb);
-    if (isfinite(r))
-      printf(" %10.4g", r);
-    else
-      printf(" %10s", "-");
-    printf("   %llu / %llu\n", (unsigned long long)(use_a ? use_a->count : 0),
-           (unsigned long long)(use_b ? use_b->count : 0));
-    cJSON *o = json_pair(ma, mb);
-    cJSON_AddStringToObject(o, "name", name);
-    cJSON_AddNumberToObject(o, "count_a", use_a ? (double)use_a->count : 0);
-    cJSON_AddNumberToObject(o, "count_b", use_b ? (double)use_b->count : 0);
-    cJSON_AddItemToArray(ins, o);
+    compare_instruction_kind(use_a, use_b, ins);
   }
+}
 
-  /* the verdict: symmetric band around 1, so it does not matter which side is the prediction */
+/* The verdict: a symmetric band around 1, so it does not matter which side is the prediction.
+ * Returns the ratio B/A; *within is false when --tolerance is given and the ratio is out. */
+static double verdict(const struct report_dir *A, const struct report_dir *B, double tolerance,
+                      bool *within, cJSON *out) {
   double r = ratio(A->iteration_time_s, B->iteration_time_s);
   if (A->iteration_time_s == 0 && B->iteration_time_s == 0)
     r = 1;
-  int rc = 0;
+  *within = true;
   if (isfinite(r))
     cJSON_AddNumberToObject(out, "iteration_time_ratio", r);
   else
     cJSON_AddNullToObject(out, "iteration_time_ratio");
   if (isfinite(tolerance)) {
     double lo = 1 / (1 + tolerance), hi = 1 + tolerance;
-    bool within = isfinite(r) && r >= lo && r <= hi;
+    *within = isfinite(r) && r >= lo && r <= hi;
     cJSON_AddNumberToObject(out, "tolerance", tolerance);
-    cJSON_AddBoolToObject(out, "within_tolerance", within);
+    cJSON_AddBoolToObject(out, "within_tolerance", *within);
     printf("\niteration time B/A %.4g: %s [%.4g, %.4g] (--tolerance %g)\n", r,
-           within ? "within" : "outside", lo, hi, tolerance);
-    if (!within)
-      rc = 1;
+           *within ? "within" : "outside", lo, hi, tolerance);
   } else {
     cJSON_AddNullToObject(out, "tolerance");
     cJSON_AddNullToObject(out, "within_tolerance");
   }
+  return r;
+}
+
+/* Prints the comparison, writes --json; the exit status. */
+static int compare(const struct compare_cli *a, const struct report_dir *A,
+                   const struct report_dir *B) {
+  cJSON *out = json_header(A, B);
+  print_header(A, B);
+  struct memory_unit mem = memory_unit_of(A, B);
+  compare_global(A, B, mem, out);
+  compare_devices(A, B, mem, out);
+  compare_instructions(A, B, out);
+  bool within = true;
+  double r = verdict(A, B, a->tolerance, &within, out);
+  int rc = within ? 0 : 1;
   fflush(stdout);
-  if (json_path && !json_write_file(json_path, out, &err))
-    rc = piper_error_exit("piper-compare", err);
+  GError *err = NULL;
+  if (a->json_path && !json_write_file(a->json_path, out, &err))
+    rc = piper_error_exit(program.name, err);
   else if (rc == 1)
     fprintf(stderr,
             "piper-compare: error: the prediction is off: iteration time B/A = %.4g (%s %s, %s "
             "%s) is outside [%.4g, %.4g] (--tolerance %g)\n",
-            r, role(A), dirs[0], role(B), dirs[1], 1 / (1 + tolerance), 1 + tolerance, tolerance);
+            r, role(A), a->dirs[0], role(B), a->dirs[1], 1 / (1 + a->tolerance), 1 + a->tolerance,
+            a->tolerance);
   cJSON_Delete(out);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  struct compare_cli a = {.tolerance = NAN};
+  int rc = options_parse(&program, &a, argc, argv);
+  if (rc != OPTIONS_CONTINUE)
+    return rc;
+  if (a.n_dirs < 2)
+    return piper_usage_error(program.name, "%s", "give two run directories, A_DIR and B_DIR");
+  GError *err = NULL;
+  struct report_dir *A = report_dir_load(a.dirs[0], &err);
+  struct report_dir *B = A ? report_dir_load(a.dirs[1], &err) : NULL;
+  if (!A || !B || !check_same_plan(A, B, &err))
+    rc = piper_error_exit(program.name, err);
+  else
+    rc = compare(&a, A, B);
   report_dir_free(A);
   report_dir_free(B);
   return rc;

@@ -8,38 +8,53 @@
 #include "../directives/compile.h"
 #include "../base/json.h"
 #include "../base/version.h"
+#include "options.h"
 
-static const char *usage =
-    "usage: piper-compile --model FILE --directives FILE [options] [-o DIR]\n"
-    "\n"
-    "Compiles an annotated model and a directive program into per-device plans.\n"
-    "\n"
-    "  --model FILE           model JSON (HF config.json keys + a \"piper\" object)\n"
-    "  --directives FILE      directive program (JSON array); alias --base-schedule\n"
-    "  --schedule NAME        build the order for a schedule family: gpipe, 1f1b,\n"
-    "                         interleaved_1f1b, zerobubble, zbv, dualpipe, dualpipev,\n"
-    "                         custom (the file as written; default)\n"
-    "  --ranks R              pipeline ranks the schedule expects (checked against the placement)\n"
-    "  --mbs M                micro-batches: sets the program's MB split\n"
-    "  --keep-order           keep the file's order directives under --schedule\n"
-    "  --pp-regions N         override the model's PP split (equal split of layers)\n"
-    "  --devices N            world size: device ids must be below N\n"
-    "  --import-csv FILE      replace the order directives by a PyTorch schedule CSV\n"
-    "  --export-csv FILE      write each rank's compute order as a PyTorch schedule CSV\n"
-    "  -o, --out DIR          write DIR/plan.json, DIR/device-<d>.json and the program\n"
-    "  --dump-ir FILE         write the rewritten training DAG as JSON\n"
-    "  --dump-dot FILE        write the rewritten training DAG as Graphviz DOT\n"
-    "  --stats                print node, edge and instruction counts\n"
-    "  --help, --version\n"
-    "\n"
-    "Exit status: 0 success, 1 runtime failure, 2 bad input.\n";
+/* What the command line asks for. */
+struct compile_cli {
+  struct compile_args compile;
+  const char *out_dir, *dump_ir, *dump_dot, *export_csv, *import_csv;
+  uint32_t n_devices;
+  bool stats;
+};
 
-static bool parse_count(const char *opt, const char *text, uint32_t lo, uint32_t hi, uint32_t *out,
-                        GError **err) {
-  if (!piper_parse_u32(text, lo, hi, out))
-    return piper_input_error(err, "%s: expected an integer in [%u, %u], got \"%s\"", opt, lo, hi, text);
-  return true;
-}
+/* One row per option, as in redis's config table: kept as rows, not reflowed. */
+// clang-format off
+static const struct option_spec options[] = {
+    OPTIONS_COMPILE_ARGS(struct compile_cli, compile),
+    {.name = "--devices", .kind = OPTION_U32, .offset = offsetof(struct compile_cli, n_devices),
+     .lo = 1, .hi = IR_MAX_DEVICES, .metavar = "N",
+     .help = "world size: device ids must be below N"},
+    {.name = "--import-csv", .kind = OPTION_STRING,
+     .offset = offsetof(struct compile_cli, import_csv), .metavar = "FILE",
+     .help = "replace the order directives by a PyTorch schedule CSV"},
+    {.name = "--export-csv", .kind = OPTION_STRING,
+     .offset = offsetof(struct compile_cli, export_csv), .metavar = "FILE",
+     .help = "write each rank's compute order as a PyTorch schedule CSV"},
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING,
+     .offset = offsetof(struct compile_cli, out_dir), .metavar = "DIR",
+     .help = "write DIR/plan.json, DIR/device-<d>.json and the program"},
+    {.name = "--dump-ir", .kind = OPTION_STRING, .offset = offsetof(struct compile_cli, dump_ir),
+     .metavar = "FILE", .help = "write the rewritten training DAG as JSON"},
+    {.name = "--dump-dot", .kind = OPTION_STRING, .offset = offsetof(struct compile_cli, dump_dot),
+     .metavar = "FILE", .help = "write the rewritten training DAG as Graphviz DOT"},
+    {.name = "--stats", .kind = OPTION_FLAG, .offset = offsetof(struct compile_cli, stats),
+     .help = "print node, edge and instruction counts"},
+    OPTIONS_HELP_VERSION,
+    OPTIONS_END,
+};
+// clang-format on
+
+static const struct option_program program = {
+    .name = "piper-compile",
+    .usage = "usage: piper-compile --model FILE --directives FILE [options] [-o DIR]\n"
+             "\n"
+             "Compiles an annotated model and a directive program into per-device plans.\n"
+             "\n",
+    .epilogue = "\nExit status: 0 success, 1 runtime failure, 2 bad input.\n",
+    .options = options,
+    .help_column = 25,
+};
 
 /* One rank's compute actions, in issue order, as a schedule program row (F/B/BI/BW with stage
  * = PP tag and micro-batch = MB tag). Overlap groups come back as two-action slots. */
@@ -107,8 +122,9 @@ static struct sched_program *plan_to_schedule(const struct compile_result *r, GE
       if (seen)
         continue;
       if (sl->n_actions >= 2 || filter >= 2) {
-        piper_input_error(err, "--export-csv: slot with more than two actions on rank %u cannot be written",
-                  rank);
+        piper_input_error(
+            err, "--export-csv: slot with more than two actions on rank %u cannot be written",
+            rank);
         g_array_free(slots, TRUE);
         g_free(layout);
         sched_program_free(s);
@@ -136,126 +152,94 @@ static long peak_rss_kib(void) {
   return ru.ru_maxrss;
 }
 
-int main(int argc, char **argv) {
-  struct compile_args ca = {0};
-  struct compile_options o;
-  const char *out_dir = NULL, *dump_ir = NULL, *dump_dot = NULL, *export_csv = NULL;
-  const char *import_csv = NULL;
-  uint32_t n_devices = 0;
-  bool stats = false;
-  GError *err = NULL;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    int shared = compile_args_parse(&ca, argc, argv, &i, &err);
-    if (shared < 0)
-      return piper_error_exit("piper-compile", err);
-    if (shared)
+/* --export-csv: the plan's compute order per rank as a PyTorch schedule CSV. */
+static bool export_schedule_csv(const struct compile_result *r, const char *path, GError **err) {
+  struct sched_program *s = plan_to_schedule(r, err);
+  if (!s)
+    return false;
+  FILE *f = fopen(path, "w");
+  bool ok = f && sched_write_csv(s, f);
+  if (f && fclose(f) != 0)
+    ok = false;
+  sched_program_free(s);
+  if (!ok)
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write", path);
+  return ok;
+}
+
+/* The files the command line asks for: the IR dumps, the plan directory, the CSV. */
+static bool write_outputs(const struct compile_cli *a, const struct compile_result *r,
+                          GError **err) {
+  if (a->dump_ir && !ir_graph_dump_json(r->graph, a->dump_ir, err))
+    return false;
+  if (a->dump_dot && !ir_graph_dump_dot(r->graph, a->dump_dot, err))
+    return false;
+  if (a->out_dir &&
+      (!plan_write_dir(r->plan, a->out_dir, err) || !compile_write_program(r, a->out_dir, err)))
+    return false;
+  return !a->export_csv || export_schedule_csv(r, a->export_csv, err);
+}
+
+/* --stats: the size of the IR and of the plan, and what compiling cost. */
+static void print_stats(const struct compile_result *r, double secs) {
+  uint32_t live_edges = 0, temporal = 0;
+  for (uint32_t i = 0; i < r->graph->edges->len; i++) {
+    const struct ir_edge *e = IR_EDGE(r->graph, i);
+    if (e->kind == IR_EDGE_DEAD)
       continue;
-    const char **text = NULL;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      fputs(usage, stdout);
-      return 0;
-    } else if (strcmp(a, "--version") == 0) {
-      printf("piper-compile %s\n", PIPER_VERSION);
-      return 0;
-    } else if (strcmp(a, "--stats") == 0) {
-      stats = true;
-      continue;
-    } else if (strcmp(a, "-o") == 0 || strcmp(a, "--out") == 0)
-      text = &out_dir;
-    else if (strcmp(a, "--dump-ir") == 0)
-      text = &dump_ir;
-    else if (strcmp(a, "--dump-dot") == 0)
-      text = &dump_dot;
-    else if (strcmp(a, "--export-csv") == 0)
-      text = &export_csv;
-    else if (strcmp(a, "--import-csv") == 0)
-      text = &import_csv;
-    else if (strcmp(a, "--devices") == 0) {
-      if (i + 1 >= argc || !parse_count(a, argv[i + 1], 1, IR_MAX_DEVICES, &n_devices, &err)) {
-        if (!err)
-          piper_input_error(&err, "%s needs a value", a);
-        return piper_error_exit("piper-compile", err);
-      }
-      i++;
-      continue;
-    } else {
-      piper_input_error(&err, "unknown option \"%s\" (see --help)", a);
-      return piper_error_exit("piper-compile", err);
-    }
-    if (i + 1 >= argc) {
-      piper_input_error(&err, "%s needs a value (see --help)", a);
-      return piper_error_exit("piper-compile", err);
-    }
-    *text = argv[++i];
+    live_edges++;
+    temporal += e->kind == IR_EDGE_TEMPORAL;
   }
-  if (!compile_args_to_options(&ca, &o, &err))
-    return piper_error_exit("piper-compile", err);
-  o.n_devices = n_devices;
-  o.import_csv = import_csv;
+  uint32_t kinds[IR_NODE_KIND_COUNT] = {0};
+  for (uint32_t i = 0; i < r->graph->nodes->len; i++)
+    kinds[IR_NODE(r->graph, i)->kind]++;
+  printf("nodes: %u\n", r->graph->nodes->len);
+  for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
+    if (kinds[k])
+      printf("  %s: %u\n", ir_node_kind_name(k), kinds[k]);
+  printf("edges: %u (data %u, temporal %u)\n", live_edges, live_edges - temporal, temporal);
+  printf("instructions: %llu over %u devices (%u distinct programs)\n",
+         (unsigned long long)plan_instruction_count(r->plan), r->plan->n_devices,
+         r->plan->n_classes);
+  printf("communicators: %u\n", r->plan->n_comms);
+  printf("streams: %u\n", r->plan->n_streams);
+  printf("compile seconds: %.3f\npeak RSS MiB: %.1f\n", secs, peak_rss_kib() / 1024.0);
+}
+
+static void print_summary(const struct compile_cli *a, const struct compile_result *r,
+                          double secs) {
+  printf("compiled %s with %s: %u devices, %u pipeline ranks, %u micro-batches, %u classes, "
+         "%llu instructions (%.3f s)\n",
+         r->model->name, a->compile.directives, r->plan->n_devices, r->ranks, r->mbs,
+         r->plan->n_classes, (unsigned long long)plan_instruction_count(r->plan), secs);
+  if (a->stats)
+    print_stats(r, secs);
+  if (a->out_dir)
+    printf("wrote %s/plan.json and %u device plans\n", a->out_dir, r->plan->n_devices);
+}
+
+int main(int argc, char **argv) {
+  struct compile_cli a = {0};
+  int rc = options_parse(&program, &a, argc, argv);
+  if (rc != OPTIONS_CONTINUE)
+    return rc;
+  GError *err = NULL;
+  struct compile_options o;
+  if (!compile_args_to_options(&a.compile, &o, &err))
+    return piper_error_exit(program.name, err);
+  o.n_devices = a.n_devices;
+  o.import_csv = a.import_csv;
 
   double t0 = piper_clock_seconds();
   struct compile_result r;
   if (!compile_run(&o, &r, &err))
-    return piper_error_exit("piper-compile", err);
-  double t1 = piper_clock_seconds();
-  int status = 0;
-  if (dump_ir && !ir_graph_dump_json(r.graph, dump_ir, &err))
-    goto error;
-  if (dump_dot && !ir_graph_dump_dot(r.graph, dump_dot, &err))
-    goto error;
-  if (out_dir) {
-    if (!plan_write_dir(r.plan, out_dir, &err) || !compile_write_program(&r, out_dir, &err))
-      goto error;
+    return piper_error_exit(program.name, err);
+  double secs = piper_clock_seconds() - t0;
+  if (!write_outputs(&a, &r, &err)) {
+    compile_result_free(&r);
+    return piper_error_exit(program.name, err);
   }
-  if (export_csv) {
-    struct sched_program *s = plan_to_schedule(&r, &err);
-    if (!s)
-      goto error;
-    FILE *f = fopen(export_csv, "w");
-    bool ok = f && sched_write_csv(s, f);
-    if (f && fclose(f) != 0)
-      ok = false;
-    sched_program_free(s);
-    if (!ok) {
-      g_set_error(&err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write", export_csv);
-      goto error;
-    }
-  }
-  double secs = t1 - t0;
-  uint64_t instrs = plan_instruction_count(r.plan);
-  printf("compiled %s with %s: %u devices, %u pipeline ranks, %u micro-batches, %u classes, "
-         "%llu instructions (%.3f s)\n",
-         r.model->name, o.directives_path, r.plan->n_devices, r.ranks, r.mbs, r.plan->n_classes,
-         (unsigned long long)instrs, secs);
-  if (stats) {
-    uint32_t live_edges = 0, temporal = 0;
-    for (uint32_t i = 0; i < r.graph->edges->len; i++) {
-      const struct ir_edge *e = IR_EDGE(r.graph, i);
-      if (e->kind == IR_EDGE_DEAD)
-        continue;
-      live_edges++;
-      temporal += e->kind == IR_EDGE_TEMPORAL;
-    }
-    uint32_t kinds[IR_NODE_KIND_COUNT] = {0};
-    for (uint32_t i = 0; i < r.graph->nodes->len; i++)
-      kinds[IR_NODE(r.graph, i)->kind]++;
-    printf("nodes: %u\n", r.graph->nodes->len);
-    for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
-      if (kinds[k])
-        printf("  %s: %u\n", ir_node_kind_name(k), kinds[k]);
-    printf("edges: %u (data %u, temporal %u)\n", live_edges, live_edges - temporal, temporal);
-    printf("instructions: %llu over %u devices (%u distinct programs)\n",
-           (unsigned long long)instrs, r.plan->n_devices, r.plan->n_classes);
-    printf("communicators: %u\n", r.plan->n_comms);
-    printf("streams: %u\n", r.plan->n_streams);
-    printf("compile seconds: %.3f\npeak RSS MiB: %.1f\n", secs, peak_rss_kib() / 1024.0);
-  }
-  if (out_dir)
-    printf("wrote %s/plan.json and %u device plans\n", out_dir, r.plan->n_devices);
+  print_summary(&a, &r, secs);
   compile_result_free(&r);
-  return status;
-error:
-  compile_result_free(&r);
-  return piper_error_exit("piper-compile", err);
+  return 0;
 }

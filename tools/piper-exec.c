@@ -19,50 +19,95 @@
 #include "../exec/exec.h"
 #include "../base/json.h"
 #include "../base/version.h"
+#include "options.h"
 
-static const char usage[] =
-    "usage: piper-exec --model FILE --directives FILE [--schedule NAME --ranks R --mbs M]\n"
-    "                  [options]\n"
-    "       piper-exec --plans DIR [options]\n"
-    "       piper-exec --list-backends\n"
-    "\n"
-    "Trains the model by running the per-device plans, one process per device:\n"
-    "  mpirun -np N piper-exec ...   (or srun -n N piper-exec ...; one process runs a one-device\n"
-    "plan). Rank r runs device r. Writes out/<YYYYmmdd_HHMMSS>/ (or --out DIR): the program\n"
-    "compiled, results.csv, metrics.json (with the loss of every step) and trace.json, from\n"
-    "measured times.\n"
-    "\n"
-    "plan:\n"
-    "  --model FILE          annotated model (models/*.json)\n"
-    "  --directives FILE     directive program; --base-schedule FILE is the same\n"
-    "  --schedule NAME       gpipe, 1f1b, interleaved_1f1b, zerobubble, zbv, dualpipe,\n"
-    "                        dualpipev, custom\n"
-    "  --ranks R             pipeline ranks (default: from the placement)\n"
-    "  --mbs M               micro-batches per step on each data-parallel rank\n"
-    "  --keep-order          keep the base program's order directives\n"
-    "  --pp-regions N        split the model into N equal PP regions\n"
-    "  --plans DIR           plans written by piper-compile -o DIR instead\n"
-    "training:\n"
-    "  --backend NAME        host (default); see --list-backends\n"
-    "  --iters N             measured steps (default 10)\n"
-    "  --warmup K            steps before them, trained but not timed (default 1)\n"
-    "  --data FILE           token file (llm.c format, uint16) or any file as bytes;\n"
-    "                        default: a synthetic stream\n"
-    "  --seed S              initialisation and synthetic data (default 1234)\n"
-    "  --lr X                AdamW learning rate (default 0.001)\n"
-    "  --weight-decay X      AdamW weight decay (default 0)\n"
-    "  --checkpoint DIR      write checkpoints to DIR ...\n"
-    "  --checkpoint-every K  ... every K steps\n"
-    "  --resume DIR          continue from the latest checkpoint in DIR\n"
-    "  --timeout S           watchdog: fail when nothing progresses for S seconds (default 300)\n"
-    "output:\n"
-    "  --out DIR             run directory (default out/<YYYYmmdd_HHMMSS>)\n"
-    "  --no-report           write no run directory\n"
-    "  --dump-params FILE    write the final parameters (float32, model op order)\n"
-    "  --quiet               no per-step lines\n"
-    "  --list-backends, --help, --version\n"
-    "environment:\n"
-    "  PIPER_EXEC_FAULT=stall:RANK:STEP or kill:RANK:STEP   inject a hang or a crash (tests)\n";
+/* What the command line asks for. */
+struct exec_cli {
+  struct compile_args compile;
+  struct exec_options run; /* the training options the table fills (iters, lr, ...) */
+  const char *plans, *out, *backend, *data, *checkpoint, *resume, *dump_params;
+  uint32_t checkpoint_every, seed;
+  bool quiet, no_report;
+};
+
+static void list_backends(const struct option_program *p) {
+  (void)p;
+  for (size_t k = 0; exec_backends[k]; k++)
+    printf("%s\t%s\n", exec_backends[k]->name, exec_backends[k]->description);
+}
+
+/* One row per option, as in redis's config table: kept as rows, not reflowed. */
+// clang-format off
+#define EXEC_OPTION(field) .offset = offsetof(struct exec_cli, field)
+#define STEPS_MAX (UINT32_MAX - 1)
+static const struct option_spec options[] = {
+    {.kind = OPTION_HEADING, .help = "plan:"},
+    OPTIONS_COMPILE_ARGS(struct exec_cli, compile),
+    {.name = "--plans", .kind = OPTION_STRING, EXEC_OPTION(plans), .metavar = "DIR",
+     .help = "plans written by piper-compile -o DIR instead"},
+    {.kind = OPTION_HEADING, .help = "training:"},
+    {.name = "--backend", .kind = OPTION_STRING, EXEC_OPTION(backend), .metavar = "NAME",
+     .help = "host (default); see --list-backends"},
+    {.name = "--iters", .kind = OPTION_U32, EXEC_OPTION(run.iters), .lo = 1, .hi = STEPS_MAX,
+     .metavar = "N", .help = "measured steps (default 10)"},
+    {.name = "--warmup", .kind = OPTION_U32, EXEC_OPTION(run.warmup), .lo = 0, .hi = STEPS_MAX,
+     .metavar = "K", .help = "steps before them, trained but not timed (default 1)"},
+    {.name = "--data", .kind = OPTION_STRING, EXEC_OPTION(data), .metavar = "FILE",
+     .help = "token file (llm.c format, uint16) or any file as bytes;\n"
+             "default: a synthetic stream"},
+    {.name = "--seed", .kind = OPTION_U32, EXEC_OPTION(seed), .lo = 0, .hi = UINT32_MAX - 1,
+     .metavar = "S", .help = "initialisation and synthetic data (default 1234)"},
+    {.name = "--lr", .kind = OPTION_FLOAT, EXEC_OPTION(run.lr), .lo = 0, .hi = 10,
+     .metavar = "X", .help = "AdamW learning rate (default 0.001)"},
+    {.name = "--weight-decay", .kind = OPTION_FLOAT, EXEC_OPTION(run.weight_decay), .lo = 0,
+     .hi = 10, .metavar = "X", .help = "AdamW weight decay (default 0)"},
+    {.name = "--checkpoint", .kind = OPTION_STRING, EXEC_OPTION(checkpoint), .metavar = "DIR",
+     .help = "write checkpoints to DIR ..."},
+    {.name = "--checkpoint-every", .kind = OPTION_U32, EXEC_OPTION(checkpoint_every), .lo = 1,
+     .hi = STEPS_MAX, .metavar = "K", .help = "... every K steps"},
+    {.name = "--resume", .kind = OPTION_STRING, EXEC_OPTION(resume), .metavar = "DIR",
+     .help = "continue from the latest checkpoint in DIR"},
+    {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
+     .hi = 1e9, .metavar = "S",
+     .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
+    {.kind = OPTION_HEADING, .help = "output:"},
+    {.name = "--out", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
+     .help = "run directory (default out/<YYYYmmdd_HHMMSS>)"},
+    {.name = "--no-report", .kind = OPTION_FLAG, EXEC_OPTION(no_report),
+     .help = "write no run directory"},
+    {.name = "--dump-params", .kind = OPTION_STRING, EXEC_OPTION(dump_params), .metavar = "FILE",
+     .help = "write the final parameters (float32, model op order)"},
+    {.name = "--quiet", .kind = OPTION_FLAG, EXEC_OPTION(quiet), .help = "no per-step lines"},
+    {.name = "--list-backends", .kind = OPTION_ACTION, .action = list_backends,
+     .help = "print the backends built in, one per line, and exit"},
+    OPTIONS_HELP_VERSION,
+    OPTIONS_END,
+};
+// clang-format on
+
+static const struct option_program program = {
+    .name = "piper-exec",
+    .usage =
+        "usage: piper-exec --model FILE --directives FILE [--schedule NAME --ranks R --mbs M]\n"
+        "                  [options]\n"
+        "       piper-exec --plans DIR [options]\n"
+        "       piper-exec --list-backends\n"
+        "\n"
+        "Trains the model by running the per-device plans, one process per device:\n"
+        "  mpirun -np N piper-exec ...   (or srun -n N piper-exec ...; one process runs a "
+        "one-device\n"
+        "plan). Rank r runs device r. Writes out/<YYYYmmdd_HHMMSS>/ (or --out DIR): the program\n"
+        "compiled, results.csv, metrics.json (with the loss of every step) and trace.json, from\n"
+        "measured times.\n"
+        "\n",
+    .epilogue =
+        "environment:\n"
+        "  PIPER_EXEC_FAULT=stall:RANK:STEP or kill:RANK:STEP   inject a hang or a crash (tests)\n"
+        "\n"
+        "Exit status: 0 success, 1 runtime failure (a watchdog, a dead peer, I/O), 2 bad input.\n",
+    .options = options,
+    .help_column = 24,
+};
 
 /* Under AddressSanitizer (make asan): MPI keeps allocations until exit in modules it unloads
  * at MPI_Finalize, so their reports name no module and cannot be suppressed. Processes an MPI
@@ -99,181 +144,141 @@ static void fault_hook(uint32_t rank, uint32_t step, void *data) {
   }
 }
 
-int main(int argc, char **argv) {
-  struct compile_args ca = {0};
-  const char *plans = NULL, *out = NULL;
-  const char *backend_name = "host", *data = NULL, *ckpt = NULL, *resume = NULL, *dump = NULL;
-  uint32_t ckpt_every = 0;
-  bool quiet = false, no_report = false;
-  struct exec_options o = exec_options_default();
-  GError *parse_err = NULL;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    int shared = compile_args_parse(&ca, argc, argv, &i, &parse_err);
-    if (shared < 0)
-      return piper_error_exit("piper-exec", parse_err);
-    if (shared)
-      continue;
-    const char **target = NULL;
-    uint32_t *num = NULL;
-    double *real = NULL, lo = 0, hi = 0, tmp = 0;
-    uint32_t u32tmp = 0;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      fputs(usage, stdout);
-      return 0;
-    } else if (strcmp(a, "--version") == 0) {
-      printf("piper-exec %s\n", PIPER_VERSION);
-      return 0;
-    } else if (strcmp(a, "--list-backends") == 0) {
-      for (size_t k = 0; exec_backends[k]; k++)
-        printf("%s\t%s\n", exec_backends[k]->name, exec_backends[k]->description);
-      return 0;
-    } else if (strcmp(a, "--plans") == 0)
-      target = &plans;
-    else if (strcmp(a, "--out") == 0)
-      target = &out;
-    else if (strcmp(a, "--backend") == 0)
-      target = &backend_name;
-    else if (strcmp(a, "--data") == 0)
-      target = &data;
-    else if (strcmp(a, "--checkpoint") == 0)
-      target = &ckpt;
-    else if (strcmp(a, "--resume") == 0)
-      target = &resume;
-    else if (strcmp(a, "--dump-params") == 0)
-      target = &dump;
-    else if (strcmp(a, "--checkpoint-every") == 0)
-      num = &ckpt_every;
-    else if (strcmp(a, "--iters") == 0)
-      num = &o.iters;
-    else if (strcmp(a, "--warmup") == 0)
-      num = &o.warmup;
-    else if (strcmp(a, "--seed") == 0)
-      num = &u32tmp;
-    else if (strcmp(a, "--lr") == 0)
-      real = &tmp, lo = 0, hi = 10;
-    else if (strcmp(a, "--weight-decay") == 0)
-      real = &tmp, lo = 0, hi = 10;
-    else if (strcmp(a, "--timeout") == 0)
-      real = &o.timeout_s, lo = 0.01, hi = 1e9;
-    else if (strcmp(a, "--quiet") == 0)
-      quiet = true;
-    else if (strcmp(a, "--no-report") == 0)
-      no_report = true;
-    else
-      return piper_usage_error("piper-exec", "unknown option %s", a);
-    if (target || num || real) {
-      if (i + 1 >= argc)
-        return piper_usage_error("piper-exec", "%s needs a value", a);
-      const char *v = argv[++i];
-      if (target) {
-        *target = v;
-      } else if (num) {
-        bool zero_ok = num == &o.warmup || num == &u32tmp;
-        uint32_t max = UINT32_MAX - 1;
-        if (!piper_parse_u32(v, zero_ok ? 0 : 1, max, num)) {
-          fprintf(stderr, "piper-exec: error: %s: \"%s\" is not a %s integer in range\n", a, v,
-                  zero_ok ? "non-negative" : "positive");
-          return 2;
-        }
-        if (num == &u32tmp)
-          o.seed = u32tmp;
-      } else {
-        if (!piper_parse_double(v, lo, hi, real)) {
-          fprintf(stderr, "piper-exec: error: %s: \"%s\" is not a number in [%g, %g]\n", a, v, lo,
-                  hi);
-          return 2;
-        }
-        if (strcmp(a, "--lr") == 0)
-          o.lr = (float)tmp;
-        if (strcmp(a, "--weight-decay") == 0)
-          o.weight_decay = (float)tmp;
-      }
-    }
-  }
-  const struct exec_backend_ops *ops = exec_backend_find(backend_name);
-  if (!ops)
-    return piper_usage_error(
-        "piper-exec", "--backend: \"%s\" is not built in (see --list-backends)", backend_name);
-  if (plans && (ca.model || ca.directives || ca.schedule))
+/* The options that go together; OPTIONS_CONTINUE, or the usage error's exit status. */
+static int check_inputs(const struct exec_cli *a, const struct exec_backend_ops **ops) {
+  const struct compile_args *ca = &a->compile;
+  *ops = exec_backend_find(a->backend);
+  if (!*ops)
+    return piper_usage_error("piper-exec",
+                             "--backend: \"%s\" is not built in (see --list-backends)", a->backend);
+  if (a->plans && (ca->model || ca->directives || ca->schedule))
     return piper_usage_error("piper-exec", "%s",
                              "--plans replaces --model, --directives and --schedule");
-  if (!plans && (!ca.model || !ca.directives))
+  if (!a->plans && (!ca->model || !ca->directives))
     return piper_usage_error("piper-exec", "%s",
                              "give --model FILE and --directives FILE, or --plans DIR");
-  if (!!ckpt != !!ckpt_every)
+  if (!!a->checkpoint != !!a->checkpoint_every)
     return piper_usage_error("piper-exec", "%s",
                              "--checkpoint DIR and --checkpoint-every K go together");
-  struct fault fault = {0};
-  const char *fenv = getenv("PIPER_EXEC_FAULT");
-  if (fenv && *fenv) {
-    char kind[16] = "";
-    unsigned fr = 0, fs = 0;
-    if (sscanf(fenv, "%15[a-z]:%u:%u", kind, &fr, &fs) != 3 ||
-        (strcmp(kind, "stall") != 0 && strcmp(kind, "kill") != 0))
-      return piper_usage_error(
-          "piper-exec", "PIPER_EXEC_FAULT: \"%s\" is not stall:RANK:STEP or kill:RANK:STEP", fenv);
-    if (strcmp(kind, "stall") == 0) {
-      o.fault = EXEC_FAULT_STALL;
-      o.fault_rank = fr;
-      o.fault_step = fs;
-    } else {
-      fault = (struct fault){true, fr, fs};
-      o.step_hook = fault_hook;
-      o.step_hook_data = &fault;
-    }
-  }
+  return OPTIONS_CONTINUE;
+}
 
-  GError *err = NULL;
-  struct compile_result cr = {0};
-  struct plan *owned = NULL;
-  const struct plan *plan = NULL;
-  char *program_file = NULL;
-  if (plans) {
-    owned = plan_read_dir(plans, &err);
-    if (!owned)
-      return piper_error_exit("piper-exec", err);
-    plan = owned;
+/* PIPER_EXEC_FAULT (tests): a stall the runner injects, or a kill by the step hook. */
+static int read_fault(struct exec_options *o, struct fault *fault) {
+  const char *fenv = getenv("PIPER_EXEC_FAULT");
+  if (!fenv || !*fenv)
+    return OPTIONS_CONTINUE;
+  char kind[16] = "";
+  unsigned fr = 0, fs = 0;
+  if (sscanf(fenv, "%15[a-z]:%u:%u", kind, &fr, &fs) != 3 ||
+      (strcmp(kind, "stall") != 0 && strcmp(kind, "kill") != 0))
+    return piper_usage_error(
+        "piper-exec", "PIPER_EXEC_FAULT: \"%s\" is not stall:RANK:STEP or kill:RANK:STEP", fenv);
+  if (strcmp(kind, "stall") == 0) {
+    o->fault = EXEC_FAULT_STALL;
+    o->fault_rank = fr;
+    o->fault_step = fs;
+  } else {
+    *fault = (struct fault){true, fr, fs};
+    o->step_hook = fault_hook;
+    o->step_hook_data = fault;
+  }
+  return OPTIONS_CONTINUE;
+}
+
+/* The plans to run: read from --plans or compiled, and the name of their program file. */
+struct exec_plan {
+  struct compile_result compiled;
+  struct plan *read;
+  const struct plan *plan;
+  char *program_file;
+};
+
+static void exec_plan_free(struct exec_plan *p) {
+  g_free(p->program_file);
+  compile_result_free(&p->compiled);
+  plan_free(p->read);
+}
+
+static bool load_plan(const struct exec_cli *a, struct exec_plan *p, GError **err) {
+  if (a->plans) {
+    p->read = plan_read_dir(a->plans, err);
+    if (!p->read)
+      return false;
+    p->plan = p->read;
   } else {
     struct compile_options co;
-    if (!compile_args_to_options(&ca, &co, &err))
-      return piper_error_exit("piper-exec", err);
-    if (!compile_run(&co, &cr, &err))
-      return piper_error_exit("piper-exec", err);
-    plan = cr.plan;
-    program_file = g_strdup(cr.program_file_name);
+    if (!compile_args_to_options(&a->compile, &co, err))
+      return false;
+    if (!compile_run(&co, &p->compiled, err))
+      return false;
+    p->plan = p->compiled.plan;
+    p->program_file = g_strdup(p->compiled.program_file_name);
   }
-  if (!program_file) {
+  if (!p->program_file) {
     /* plans read from disk: name the program by the pipeline ranks the plan has */
-    struct report_run shape = {.plan = plan};
+    struct report_run shape = {.plan = p->plan};
     report_run_init_devices(&shape);
-    program_file = sched_program_file_name(SCHED_CUSTOM, shape.pp, plan->n_microbatches);
+    p->program_file = sched_program_file_name(SCHED_CUSTOM, shape.pp, p->plan->n_microbatches);
     report_run_free_devices(&shape);
   }
+  return true;
+}
 
-  char stamp[32];
+static const char *default_run_dir(char *stamp, size_t size) {
   time_t now = time(NULL);
   struct tm tmv;
   localtime_r(&now, &tmv);
-  strftime(stamp, sizeof stamp, "out/%Y%m%d_%H%M%S", &tmv);
-  o.plan = plan;
-  o.schedule = ca.schedule ? ca.schedule : "custom";
-  o.program_file = program_file;
-  o.data_path = data;
-  o.checkpoint_dir = ckpt;
-  o.checkpoint_every = ckpt_every;
-  o.resume_dir = resume;
-  o.out_dir = no_report ? NULL : out ? out : stamp;
-  o.dump_params_path = dump;
+  strftime(stamp, size, "out/%Y%m%d_%H%M%S", &tmv);
+  return stamp;
+}
 
-  leak_check_before_mpi();
-  struct exec_backend_params bp = {&argc, &argv};
-  struct exec_backend *b = ops->create(&bp, &err);
-  int rc = 0;
-  if (!b) {
-    rc = piper_error_exit("piper-exec", err);
-    goto done;
+/* The run's options from the command line and the plan. */
+static void fill_run_options(const struct exec_cli *a, const struct exec_plan *p,
+                             const char *default_dir, struct exec_options *o) {
+  o->plan = p->plan;
+  o->schedule = a->compile.schedule ? a->compile.schedule : "custom";
+  o->program_file = p->program_file;
+  o->data_path = a->data;
+  o->checkpoint_dir = a->checkpoint;
+  o->checkpoint_every = a->checkpoint_every;
+  o->resume_dir = a->resume;
+  o->out_dir = a->no_report ? NULL : a->out ? a->out : default_dir;
+  o->dump_params_path = a->dump_params;
+  o->seed = a->seed;
+}
+
+/* Rank 0's last words: loss, throughput over the measured steps, memory, overhead. */
+static void print_result(const struct exec_options *o, const struct exec_result *res,
+                         const char *program_file) {
+  double mean = 0;
+  uint32_t nm = 0;
+  for (uint32_t k = o->warmup >= res->first_step ? o->warmup - res->first_step + 1 : 0;
+       k < res->n_steps; k++) {
+    mean += res->step_times[k];
+    nm++;
   }
+  mean = nm ? mean / nm : 0;
+  printf("piper-exec: final loss %.6f, %.0f tokens/s over %u measured steps, peak memory %.1f MiB "
+         "(rank 0), executor overhead %.2f us per instruction (%.2f us of it to start)\n",
+         res->n_steps ? res->losses[res->n_steps - 1] : NAN,
+         mean > 0 ? res->tokens_per_step / mean : 0, nm, (double)res->peak_memory_bytes / (1 << 20),
+         res->job_overhead_per_instr_s * 1e6, res->job_dispatch_per_instr_s * 1e6);
+  if (res->run_dir)
+    printf("  wrote %s/ (%s results.csv metrics.json trace.json)\n", res->run_dir, program_file);
+}
+
+/* Starts the backend (MPI, when launched so), trains, and stops it. */
+static int run_on_backend(const struct exec_backend_ops *ops, struct exec_options *o,
+                          const struct exec_cli *a, const char *program_file, int *argc,
+                          char ***argv) {
+  GError *err = NULL;
+  const struct plan *plan = o->plan;
+  leak_check_before_mpi();
+  struct exec_backend_params bp = {argc, argv};
+  struct exec_backend *b = ops->create(&bp, &err);
+  if (!b)
+    return piper_error_exit("piper-exec", err);
   uint32_t rank = ops->world_rank(b), size = ops->world_size(b);
   g_snprintf(term_message, sizeof term_message,
              "piper-exec: error: rank %u: terminated by the launcher (another rank failed or the "
@@ -286,46 +291,51 @@ int main(int argc, char **argv) {
   if (size > 1 && !getenv("OPENBLAS_NUM_THREADS"))
     openblas_set_num_threads(1);
 #endif
-  o.progress = !quiet && rank == 0;
-  if (rank == 0 && !quiet) {
+  o->progress = !a->quiet && rank == 0;
+  if (rank == 0 && !a->quiet) {
     printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s\n",
            plan->model->name, plan->n_devices, plan->n_devices == 1 ? "" : "s", ops->name,
-           ops->comm_library(b), plan->n_microbatches, data ? data : "synthetic");
+           ops->comm_library(b), plan->n_microbatches, a->data ? a->data : "synthetic");
     fflush(stdout);
   }
   struct exec_result res = {0};
-  if (!exec_run(&o, ops, b, &res, &err)) {
-    rc = piper_error_exit("piper-exec", err);
+  if (!exec_run(o, ops, b, &res, &err)) {
+    int rc = piper_error_exit("piper-exec", err);
     if (rc == 1 && size > 1)
       ops->abort(b, 1); /* peers may be blocked on us */
     if (rc == 2 && size > 1)
       ops->abort(b, 2);
     ops->destroy(b);
-    goto done;
+    return rc;
   }
-  if (rank == 0 && !quiet) {
-    double mean = 0;
-    uint32_t nm = 0;
-    for (uint32_t k = o.warmup >= res.first_step ? o.warmup - res.first_step + 1 : 0;
-         k < res.n_steps; k++) {
-      mean += res.step_times[k];
-      nm++;
-    }
-    mean = nm ? mean / nm : 0;
-    printf(
-        "piper-exec: final loss %.6f, %.0f tokens/s over %u measured steps, peak memory %.1f MiB "
-        "(rank 0), executor overhead %.2f us per instruction (%.2f us of it to start)\n",
-        res.n_steps ? res.losses[res.n_steps - 1] : NAN, mean > 0 ? res.tokens_per_step / mean : 0,
-        nm, (double)res.peak_memory_bytes / (1 << 20), res.job_overhead_per_instr_s * 1e6,
-        res.job_dispatch_per_instr_s * 1e6);
-    if (res.run_dir)
-      printf("  wrote %s/ (%s results.csv metrics.json trace.json)\n", res.run_dir, program_file);
-  }
+  if (rank == 0 && !a->quiet)
+    print_result(o, &res, program_file);
   exec_result_clear(&res);
   ops->destroy(b);
-done:
-  g_free(program_file);
-  compile_result_free(&cr);
-  plan_free(owned);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  struct exec_cli a = {.backend = "host", .run = exec_options_default()};
+  a.seed = (uint32_t)a.run.seed;
+  int rc = options_parse(&program, &a, argc, argv);
+  if (rc != OPTIONS_CONTINUE)
+    return rc;
+  const struct exec_backend_ops *ops = NULL;
+  struct exec_options o = a.run;
+  struct fault fault = {0};
+  if ((rc = check_inputs(&a, &ops)) != OPTIONS_CONTINUE ||
+      (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE)
+    return rc;
+  GError *err = NULL;
+  struct exec_plan p = {0};
+  if (!load_plan(&a, &p, &err)) {
+    exec_plan_free(&p);
+    return piper_error_exit("piper-exec", err);
+  }
+  char stamp[32];
+  fill_run_options(&a, &p, default_run_dir(stamp, sizeof stamp), &o);
+  rc = run_on_backend(ops, &o, &a, p.program_file, &argc, &argv);
+  exec_plan_free(&p);
   return rc;
 }

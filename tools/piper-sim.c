@@ -18,40 +18,65 @@
 #include "../sim/chart.h"
 #include "../sim/sim.h"
 #include "../sim/sweep.h"
+#include "options.h"
 
-static const char usage[] =
-    "usage: piper-sim --model FILE --directives FILE [--schedule NAME --ranks R --mbs M]\n"
-    "                 --profile FILE [options]\n"
-    "       piper-sim --plans DIR --profile FILE [options]\n"
-    "       piper-sim --sweep FILE [--out DIR]\n"
-    "\n"
-    "Simulates one training step of the per-device plans on a hardware profile and writes\n"
-    "out/<YYYYmmdd_HHMMSS>/ (or --out DIR): <schedule>_pp<R>_mbs<M>.json (the program compiled),\n"
-    "results.csv, metrics.json, trace.json (Perfetto), schedule.png, schedule.svg, memory.png.\n"
-    "\n"
-    "input:\n"
-    "  --model FILE        annotated model (models/*.json)\n"
-    "  --directives FILE   directive program (a base schedule with --schedule); alias "
-    "--base-schedule\n"
-    "  --schedule NAME     gpipe, 1f1b, interleaved_1f1b, zerobubble, zbv, dualpipe, dualpipev,\n"
-    "                      custom: build the order directives for R ranks and M micro-batches\n"
-    "  --ranks R           pipeline ranks (default: from the base schedule's placement)\n"
-    "  --mbs M             micro-batches (default: the program's split)\n"
-    "  --keep-order        keep the base program's order directives\n"
-    "  --pp-regions N      split the model into N equal PP regions\n"
-    "  --plans DIR         plans written by piper-compile -o DIR instead of a model + program\n"
-    "  --profile FILE      hardware profile (profiles/*.json)\n"
-    "  --sweep FILE        what-if grid (see the README): sweep.csv, sweep.png\n"
-    "output:\n"
-    "  --out DIR           run directory (default out/<YYYYmmdd_HHMMSS>)\n"
-    "  --format FMT        also draw the schedule as FMT: png, svg or pdf (png and svg always)\n"
-    "  --viz               also write the DAG of each pipeline rank (dag_pp<k>.dot, and .svg\n"
-    "                      when Graphviz is installed)\n"
-    "  --no-charts         write no pictures\n"
-    "  --trace-all         trace every device even when the trace gets large\n"
-    "  --no-collapse       simulate every device, not one per class of alike devices\n"
-    "  --quiet             print no summary\n"
-    "  --help, --version\n";
+/* What the command line asks for. */
+struct sim_cli {
+  struct compile_args compile;
+  const char *plans, *profile, *sweep, *out, *format;
+  bool viz, no_charts, trace_all, no_collapse, quiet;
+};
+
+/* One row per option, as in redis's config table: kept as rows, not reflowed. */
+// clang-format off
+#define SIM_OPTION(field) .offset = offsetof(struct sim_cli, field)
+static const struct option_spec options[] = {
+    {.kind = OPTION_HEADING, .help = "input:"},
+    OPTIONS_COMPILE_ARGS(struct sim_cli, compile),
+    {.name = "--plans", .kind = OPTION_STRING, SIM_OPTION(plans), .metavar = "DIR",
+     .help = "plans written by piper-compile -o DIR instead of a model + program"},
+    {.name = "--profile", .kind = OPTION_STRING, SIM_OPTION(profile), .metavar = "FILE",
+     .help = "hardware profile (profiles/*.json)"},
+    {.name = "--sweep", .kind = OPTION_STRING, SIM_OPTION(sweep), .metavar = "FILE",
+     .help = "what-if grid (see the README): sweep.csv, sweep.png"},
+    {.kind = OPTION_HEADING, .help = "output:"},
+    {.name = "--out", .kind = OPTION_STRING, SIM_OPTION(out), .metavar = "DIR",
+     .help = "run directory (default out/<YYYYmmdd_HHMMSS>)"},
+    {.name = "--format", .kind = OPTION_STRING, SIM_OPTION(format), .metavar = "FMT",
+     .help = "also draw the schedule as FMT: png, svg or pdf (png and svg always)"},
+    {.name = "--viz", .kind = OPTION_FLAG, SIM_OPTION(viz),
+     .help = "also write the DAG of each pipeline rank (dag_pp<k>.dot, and .svg\n"
+             "when Graphviz is installed)"},
+    {.name = "--no-charts", .kind = OPTION_FLAG, SIM_OPTION(no_charts),
+     .help = "write no pictures"},
+    {.name = "--trace-all", .kind = OPTION_FLAG, SIM_OPTION(trace_all),
+     .help = "trace every device even when the trace gets large"},
+    {.name = "--no-collapse", .kind = OPTION_FLAG, SIM_OPTION(no_collapse),
+     .help = "simulate every device, not one per class of alike devices"},
+    {.name = "--quiet", .kind = OPTION_FLAG, SIM_OPTION(quiet), .help = "print no summary"},
+    OPTIONS_HELP_VERSION,
+    OPTIONS_END,
+};
+// clang-format on
+
+static const struct option_program program = {
+    .name = "piper-sim",
+    .usage =
+        "usage: piper-sim --model FILE --directives FILE [--schedule NAME --ranks R --mbs M]\n"
+        "                 --profile FILE [options]\n"
+        "       piper-sim --plans DIR --profile FILE [options]\n"
+        "       piper-sim --sweep FILE [--out DIR]\n"
+        "\n"
+        "Simulates one training step of the per-device plans on a hardware profile and writes\n"
+        "out/<YYYYmmdd_HHMMSS>/ (or --out DIR): <schedule>_pp<R>_mbs<M>.json (the program "
+        "compiled),\n"
+        "results.csv, metrics.json, trace.json (Perfetto), schedule.png, schedule.svg, "
+        "memory.png.\n"
+        "\n",
+    .epilogue = "\nExit status: 0 success, 1 runtime failure, 2 bad input.\n",
+    .options = options,
+    .help_column = 22,
+};
 
 /* --viz: each pipeline rank's program as a DOT graph (stream order and cross-stream waits). */
 static bool write_viz(const struct report_run *r, const char *dir, GError **err) {
@@ -169,216 +194,224 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
   printf("  wrote          %s/ (%s)\n", dir, files);
 }
 
-int main(int argc, char **argv) {
-  struct compile_args ca = {0};
-  const char *plans = NULL, *profile = NULL;
-  const char *out = NULL, *sweep = NULL, *format = NULL;
-  bool viz = false, no_charts = false, trace_all = false, collapse = true;
-  bool quiet = false;
-  GError *err = NULL;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char **target = NULL;
-    int shared = compile_args_parse(&ca, argc, argv, &i, &err);
-    if (shared < 0)
-      return piper_error_exit("piper-sim", err);
-    if (shared)
-      continue;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      fputs(usage, stdout);
-      return 0;
-    } else if (strcmp(a, "--version") == 0) {
-      printf("piper-sim %s\n", PIPER_VERSION);
-      return 0;
-    } else if (strcmp(a, "--plans") == 0)
-      target = &plans;
-    else if (strcmp(a, "--profile") == 0)
-      target = &profile;
-    else if (strcmp(a, "--out") == 0)
-      target = &out;
-    else if (strcmp(a, "--sweep") == 0)
-      target = &sweep;
-    else if (strcmp(a, "--format") == 0)
-      target = &format;
-    else if (strcmp(a, "--viz") == 0)
-      viz = true;
-    else if (strcmp(a, "--no-charts") == 0)
-      no_charts = true;
-    else if (strcmp(a, "--trace-all") == 0)
-      trace_all = true;
-    else if (strcmp(a, "--no-collapse") == 0)
-      collapse = false;
-    else if (strcmp(a, "--quiet") == 0)
-      quiet = true;
-    else
-      return piper_usage_error("piper-sim", "unknown option %s", a);
-    if (target) {
-      if (i + 1 >= argc)
-        return piper_usage_error("piper-sim", "%s needs a value", a);
-      *target = argv[++i];
-    }
-  }
-  enum chart_format extra_format = CHART_PNG;
-  if (format && !chart_format_parse(format, &extra_format))
-    return piper_usage_error("piper-sim", "--format: \"%s\" is not png, svg or pdf", format);
+/* What one simulation holds; session_free releases it. */
+struct sim_session {
+  struct profile *prof;
+  struct plan *plan;
+  struct sim_result *res;
+  struct report_run run;
+  char *program_file;
+  cJSON *extra;
+  GString *files; /* what was written, for the summary */
+};
 
-  char stamp[32];
-  time_t now = time(NULL);
-  struct tm tmv;
-  localtime_r(&now, &tmv);
-  strftime(stamp, sizeof stamp, "out/%Y%m%d_%H%M%S", &tmv);
-  const char *dir = out ? out : stamp;
+static void session_free(struct sim_session *s) {
+  if (s->files)
+    g_string_free(s->files, TRUE);
+  cJSON_Delete(s->extra);
+  g_free(s->program_file);
+  report_run_free_devices(&s->run);
+  sim_result_free(s->res);
+  plan_free(s->plan);
+  profile_free(s->prof);
+}
 
-  if (sweep) {
-    if (ca.model || ca.directives || plans || ca.schedule)
-      return piper_usage_error("piper-sim", "%s",
-                               "--sweep takes the model, schedules and profiles from its file");
-    struct sweep *s = sweep_load_file(sweep, &err);
-    if (!s)
-      return piper_error_exit("piper-sim", err);
-    bool ok = sweep_run(s, dir, isatty(STDERR_FILENO), &err);
-    if (ok && !quiet) {
-      uint32_t feasible = 0, failed = 0;
-      for (uint32_t i = 0; i < s->n_points; i++) {
-        feasible += s->points[i].feasible;
-        failed += !s->points[i].ok;
-      }
-      printf("piper-sim: sweep of %u configurations: %u feasible, %u over the memory cap, %u "
-             "failed to compile\n",
-             s->n_points, feasible, s->n_points - feasible - failed, failed);
-      if (s->n_points && s->points[0].feasible)
-        printf("  best: %s on %s, %u micro-batches, %s: %.6g tokens/s, %.3f GiB peak\n",
-               s->points[0].schedule, s->points[0].base, s->points[0].microbatches,
-               s->points[0].profile, s->points[0].throughput_tokens_per_s,
-               s->points[0].peak_memory_bytes / (double)(1ull << 30));
-      printf("  wrote %s/ (sweep.csv sweep.png)\n", dir);
-    }
-    sweep_free(s);
-    return ok ? 0 : piper_error_exit("piper-sim", err);
-  }
-
-  if (!profile)
-    return piper_usage_error("piper-sim", "%s", "--profile FILE is required");
-  if (plans && (ca.model || ca.directives || ca.schedule))
-    return piper_usage_error("piper-sim", "%s",
-                             "--plans replaces --model, --directives and --schedule");
-  if (!plans && (!ca.model || !ca.directives))
-    return piper_usage_error("piper-sim", "%s",
-                             "give --model FILE and --directives FILE, or --plans DIR");
-  struct compile_options co;
-  if (!compile_args_to_options(&ca, &co, &err))
-    return piper_error_exit("piper-sim", err);
-  if (!ca.schedule && (ca.ranks || ca.mbs))
-    return piper_usage_error("piper-sim", "%s", "--ranks and --mbs need --schedule");
-  const struct sched_options so = co.schedule;
-  const char *schedule = ca.schedule;
-
-  struct profile *prof = profile_load_file(profile, &err);
-  if (!prof)
-    return piper_error_exit("piper-sim", err);
-  struct plan *plan =
-      plans ? plan_read_dir(plans, &err)
-            : sim_compile(ca.model, ca.directives, schedule ? &so : NULL, co.pp_regions, &err);
-  if (!plan) {
-    profile_free(prof);
-    return piper_error_exit("piper-sim", err);
-  }
-  struct sim_options o = {.collapse = collapse};
-  struct sim_result *res = sim_run(plan, prof, &o, &err);
-  int rc = 0;
-  struct report_run run = {0};
-  char *program_file = NULL;
-  cJSON *extra = NULL;
-  if (!res) {
-    rc = piper_error_exit("piper-sim", err);
-    goto out;
-  }
-  run.plan = plan;
-  run.kind = "sim";
-  run.schedule = schedule ? schedule : "custom";
-  run.n_iterations = 1;
-  run.iteration_times = &res->iteration_time;
-  run.peak_flops_per_device = prof->synthetic ? 0 : prof->peak_flops[plan->model->dtype];
-  run.trace_device_limit = trace_all ? 0 : 2000000;
-  report_run_init_devices(&run);
-  program_file = sched_program_file_name(schedule ? so.family : SCHED_CUSTOM, run.pp,
-                                         plan->n_microbatches ? plan->n_microbatches : 1);
-  run.program_file = program_file;
-  sim_fill_report(res, &run);
-  report_compute_stats(&run);
-  extra = cJSON_CreateObject();
-  cJSON *sim = cJSON_AddObjectToObject(extra, "simulation");
-  cJSON_AddStringToObject(sim, "profile", prof->name);
-  cJSON_AddStringToObject(sim, "profile_file", profile);
-  cJSON_AddNumberToObject(sim, "fallback_ops", (double)res->fallback_ops);
-  cJSON_AddNumberToObject(sim, "measured_ops", (double)res->measured_ops);
-  cJSON_AddNumberToObject(sim, "instructions", (double)res->device_instructions);
-  cJSON_AddNumberToObject(sim, "instructions_simulated", (double)res->unit_instructions);
-  cJSON_AddNumberToObject(sim, "device_classes_simulated", res->n_units);
-  cJSON_AddNumberToObject(sim, "events", (double)res->events);
-  cJSON_AddNumberToObject(sim, "wall_seconds", res->seconds_setup + res->seconds_run);
-  run.extra = extra;
-  if (!report_write_dir(&run, dir, &err)) {
-    rc = piper_error_exit("piper-sim", err);
-    goto out;
-  }
-  GString *files = g_string_new("");
-  g_string_append_printf(files, "%s results.csv metrics.json trace.json", program_file);
-  if (!no_charts) {
-    char *path = g_build_filename(dir, "schedule.png", NULL);
-    bool ok = chart_schedule(&run, path, CHART_PNG, &err);
-    g_free(path);
-    if (ok) {
-      path = g_build_filename(dir, "schedule.svg", NULL);
-      ok = chart_schedule(&run, path, CHART_SVG, &err);
-      g_free(path);
-    }
-    if (ok && format && extra_format == CHART_PDF) {
-      path = g_build_filename(dir, "schedule.pdf", NULL);
-      ok = chart_schedule(&run, path, CHART_PDF, &err);
-      g_free(path);
-      if (ok)
-        g_string_append(files, " schedule.pdf");
-    }
-    if (!ok) {
-      g_string_free(files, TRUE);
-      rc = piper_error_exit("piper-sim", err);
-      goto out;
-    }
-    g_string_append(files, " schedule.png schedule.svg");
-    if (chart_memory(&run, dir, &err)) {
-      g_string_append(files, " memory.png");
-    } else {
-      rc = piper_error_exit("piper-sim", err);
-      g_string_free(files, TRUE);
-      goto out;
-    }
-  }
-  if (viz) {
-    if (!write_viz(&run, dir, &err)) {
-      g_string_free(files, TRUE);
-      rc = piper_error_exit("piper-sim", err);
-      goto out;
-    }
-    g_string_append(files, " dag_pp*.dot");
-  }
-  if (!quiet)
-    print_summary(&run, res, prof, dir, files->str);
-  g_string_free(files, TRUE);
-out:
-  cJSON_Delete(extra);
-  g_free(program_file);
-  report_run_free_devices(&run);
-  sim_result_free(res);
-  plan_free(plan);
-  profile_free(prof);
-  /* drop cairo's and fontconfig's caches so that leak checkers see only our own allocations;
-   * fontconfig comes in through cairo, so its FcFini is looked up rather than linked */
+/* Drops cairo's and fontconfig's caches so that leak checkers see only our own allocations;
+ * fontconfig comes in through cairo, so its FcFini is looked up rather than linked. */
+static void release_cairo_caches(void) {
   cairo_debug_reset_static_data();
   void (*fc_fini)(void) = NULL;
   void *sym = dlsym(RTLD_DEFAULT, "FcFini");
   memcpy(&fc_fini, &sym, sizeof sym); /* POSIX: object and function pointers convert */
   if (fc_fini)
     fc_fini();
+}
+
+static const char *default_run_dir(char *stamp, size_t size) {
+  time_t now = time(NULL);
+  struct tm tmv;
+  localtime_r(&now, &tmv);
+  strftime(stamp, size, "out/%Y%m%d_%H%M%S", &tmv);
+  return stamp;
+}
+
+/* --sweep FILE: every configuration of the grid, then one summary. */
+static int run_sweep(const struct sim_cli *a, const char *dir) {
+  if (a->compile.model || a->compile.directives || a->plans || a->compile.schedule)
+    return piper_usage_error(program.name, "%s",
+                             "--sweep takes the model, schedules and profiles from its file");
+  GError *err = NULL;
+  struct sweep *s = sweep_load_file(a->sweep, &err);
+  if (!s)
+    return piper_error_exit(program.name, err);
+  bool ok = sweep_run(s, dir, isatty(STDERR_FILENO), &err);
+  if (ok && !a->quiet) {
+    uint32_t feasible = 0, failed = 0;
+    for (uint32_t i = 0; i < s->n_points; i++) {
+      feasible += s->points[i].feasible;
+      failed += !s->points[i].ok;
+    }
+    printf("piper-sim: sweep of %u configurations: %u feasible, %u over the memory cap, %u "
+           "failed to compile\n",
+           s->n_points, feasible, s->n_points - feasible - failed, failed);
+    if (s->n_points && s->points[0].feasible)
+      printf("  best: %s on %s, %u micro-batches, %s: %.6g tokens/s, %.3f GiB peak\n",
+             s->points[0].schedule, s->points[0].base, s->points[0].microbatches,
+             s->points[0].profile, s->points[0].throughput_tokens_per_s,
+             s->points[0].peak_memory_bytes / (double)(1ull << 30));
+    printf("  wrote %s/ (sweep.csv sweep.png)\n", dir);
+  }
+  sweep_free(s);
+  return ok ? 0 : piper_error_exit(program.name, err);
+}
+
+/* The options that go together; OPTIONS_CONTINUE, or the usage error's exit status. */
+static int check_inputs(const struct sim_cli *a, struct compile_options *co) {
+  const struct compile_args *ca = &a->compile;
+  if (!a->profile)
+    return piper_usage_error(program.name, "%s", "--profile FILE is required");
+  if (a->plans && (ca->model || ca->directives || ca->schedule))
+    return piper_usage_error(program.name, "%s",
+                             "--plans replaces --model, --directives and --schedule");
+  if (!a->plans && (!ca->model || !ca->directives))
+    return piper_usage_error(program.name, "%s",
+                             "give --model FILE and --directives FILE, or --plans DIR");
+  GError *err = NULL;
+  if (!compile_args_to_options(ca, co, &err))
+    return piper_error_exit(program.name, err);
+  if (!ca->schedule && (ca->ranks || ca->mbs))
+    return piper_usage_error(program.name, "%s", "--ranks and --mbs need --schedule");
+  return OPTIONS_CONTINUE;
+}
+
+/* The profile, and the plan: read from --plans or compiled. */
+static bool load_inputs(const struct sim_cli *a, const struct compile_options *co,
+                        struct sim_session *s, GError **err) {
+  const struct compile_args *ca = &a->compile;
+  s->prof = profile_load_file(a->profile, err);
+  if (!s->prof)
+    return false;
+  const struct sched_options so = co->schedule;
+  s->plan = a->plans ? plan_read_dir(a->plans, err)
+                     : sim_compile(ca->model, ca->directives, ca->schedule ? &so : NULL,
+                                   co->pp_regions, err);
+  return s->plan != NULL;
+}
+
+/* The run directory's description of the simulated step, with the simulation's own figures
+ * under "simulation" in metrics.json. */
+static void fill_report(const struct sim_cli *a, const struct compile_options *co,
+                        struct sim_session *s) {
+  const char *schedule = a->compile.schedule;
+  struct report_run *run = &s->run;
+  run->plan = s->plan;
+  run->kind = "sim";
+  run->schedule = schedule ? schedule : "custom";
+  run->n_iterations = 1;
+  run->iteration_times = &s->res->iteration_time;
+  run->peak_flops_per_device = s->prof->synthetic ? 0 : s->prof->peak_flops[s->plan->model->dtype];
+  run->trace_device_limit = a->trace_all ? 0 : 2000000;
+  report_run_init_devices(run);
+  s->program_file = sched_program_file_name(schedule ? co->schedule.family : SCHED_CUSTOM, run->pp,
+                                            s->plan->n_microbatches ? s->plan->n_microbatches : 1);
+  run->program_file = s->program_file;
+  sim_fill_report(s->res, run);
+  report_compute_stats(run);
+  s->extra = cJSON_CreateObject();
+  cJSON *sim = cJSON_AddObjectToObject(s->extra, "simulation");
+  cJSON_AddStringToObject(sim, "profile", s->prof->name);
+  cJSON_AddStringToObject(sim, "profile_file", a->profile);
+  cJSON_AddNumberToObject(sim, "fallback_ops", (double)s->res->fallback_ops);
+  cJSON_AddNumberToObject(sim, "measured_ops", (double)s->res->measured_ops);
+  cJSON_AddNumberToObject(sim, "instructions", (double)s->res->device_instructions);
+  cJSON_AddNumberToObject(sim, "instructions_simulated", (double)s->res->unit_instructions);
+  cJSON_AddNumberToObject(sim, "device_classes_simulated", s->res->n_units);
+  cJSON_AddNumberToObject(sim, "events", (double)s->res->events);
+  cJSON_AddNumberToObject(sim, "wall_seconds", s->res->seconds_setup + s->res->seconds_run);
+  run->extra = s->extra;
+}
+
+/* schedule.png and .svg (and .pdf under --format pdf), memory.png. */
+static bool write_charts(struct sim_session *s, enum chart_format extra_format, const char *dir,
+                         GError **err) {
+  const struct report_run *run = &s->run;
+  char *path = g_build_filename(dir, "schedule.png", NULL);
+  bool ok = chart_schedule(run, path, CHART_PNG, err);
+  g_free(path);
+  if (ok) {
+    path = g_build_filename(dir, "schedule.svg", NULL);
+    ok = chart_schedule(run, path, CHART_SVG, err);
+    g_free(path);
+  }
+  if (ok && extra_format == CHART_PDF) {
+    path = g_build_filename(dir, "schedule.pdf", NULL);
+    ok = chart_schedule(run, path, CHART_PDF, err);
+    g_free(path);
+    if (ok)
+      g_string_append(s->files, " schedule.pdf");
+  }
+  if (!ok)
+    return false;
+  g_string_append(s->files, " schedule.png schedule.svg");
+  if (!chart_memory(run, dir, err))
+    return false;
+  g_string_append(s->files, " memory.png");
+  return true;
+}
+
+/* Simulates the step and writes the run directory: results, charts, the --viz graphs. */
+static bool simulate_and_write(const struct sim_cli *a, const struct compile_options *co,
+                               enum chart_format extra_format, const char *dir,
+                               struct sim_session *s, GError **err) {
+  struct sim_options o = {.collapse = !a->no_collapse};
+  s->res = sim_run(s->plan, s->prof, &o, err);
+  if (!s->res)
+    return false;
+  fill_report(a, co, s);
+  if (!report_write_dir(&s->run, dir, err))
+    return false;
+  s->files = g_string_new("");
+  g_string_append_printf(s->files, "%s results.csv metrics.json trace.json", s->program_file);
+  if (!a->no_charts && !write_charts(s, extra_format, dir, err))
+    return false;
+  if (a->viz) {
+    if (!write_viz(&s->run, dir, err))
+      return false;
+    g_string_append(s->files, " dag_pp*.dot");
+  }
+  return true;
+}
+
+static int run_simulation(const struct sim_cli *a, enum chart_format extra_format,
+                          const char *dir) {
+  struct compile_options co;
+  int rc = check_inputs(a, &co);
+  if (rc != OPTIONS_CONTINUE)
+    return rc;
+  struct sim_session s = {0};
+  GError *err = NULL;
+  if (load_inputs(a, &co, &s, &err) && simulate_and_write(a, &co, extra_format, dir, &s, &err)) {
+    if (!a->quiet)
+      print_summary(&s.run, s.res, s.prof, dir, s.files->str);
+    rc = 0;
+  } else {
+    rc = piper_error_exit(program.name, err);
+  }
+  session_free(&s);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  struct sim_cli a = {0};
+  int rc = options_parse(&program, &a, argc, argv);
+  if (rc != OPTIONS_CONTINUE)
+    return rc;
+  enum chart_format extra_format = CHART_PNG;
+  if (a.format && !chart_format_parse(a.format, &extra_format))
+    return piper_usage_error(program.name, "--format: \"%s\" is not png, svg or pdf", a.format);
+  char stamp[32];
+  const char *dir = a.out ? a.out : default_run_dir(stamp, sizeof stamp);
+  rc = a.sweep ? run_sweep(&a, dir) : run_simulation(&a, extra_format, dir);
+  release_cairo_caches();
   return rc;
 }

@@ -1,12 +1,7 @@
 /* Tests of the compile pipeline: the training DAG, the effect of each directive counted
  * exactly on small graphs, lowering to per-device plans, determinism and the progress check. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "test-helpers.h"
 #include <string.h>
-
-#include <cmocka.h>
 #include <glib/gstdio.h>
 
 #include "../../directives/compile.h"
@@ -60,14 +55,6 @@ static struct ir_graph *apply_text(const struct model *m, const char *text, GErr
   return g;
 }
 
-static struct model *load(const char *path, int pp) {
-  GError *err = NULL;
-  struct model *m = model_load_file(path, pp, &err);
-  if (!m)
-    fail_msg("%s", err->message);
-  return m;
-}
-
 static struct ir_graph *must_apply(const struct model *m, const char *text) {
   GError *err = NULL;
   struct ir_graph *g = apply_text(m, text, &err);
@@ -80,10 +67,7 @@ static void expect_error(const struct model *m, const char *text, const char *su
   GError *err = NULL;
   struct ir_graph *g = apply_text(m, text, &err);
   assert_null(g);
-  assert_non_null(err);
-  assert_int_equal(err->code, PIPER_ERROR_INPUT);
-  if (!strstr(err->message, substring))
-    fail_msg("message \"%s\" lacks \"%s\"", err->message, substring);
+  test_assert_input_error(err, substring);
   g_error_free(err);
 }
 
@@ -98,7 +82,7 @@ static uint32_t param_segments(const struct model *m) {
 
 static void test_build_dense(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-dense.json", 0);
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
   struct ir_graph *g = ir_graph_build(m);
   struct counts c = count(g);
   /* tiny-dense: 4 PP regions, no experts -> one segment (compute node) per stage and pass. */
@@ -117,7 +101,7 @@ static void test_build_dense(void **state) {
 
 static void test_split_multiplies_matched_nodes(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-dense.json", 0);
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
   struct ir_graph *g = must_apply(
       m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
   struct counts c = count(g);
@@ -143,7 +127,7 @@ static void test_split_multiplies_matched_nodes(void **state) {
 
 static void test_place_adds_send_recv_per_crossing_edge(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-dense.json", 0);
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
   struct ir_graph *g =
       must_apply(m, "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0]},"
                     "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[0]},"
@@ -171,7 +155,7 @@ static void test_place_adds_send_recv_per_crossing_edge(void **state) {
 
 static void test_replicate_buckets(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-dense.json", 0);
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
   uint32_t ps = param_segments(m);
   /* A tiny bucket holds one segment each: one all-reduce per parameter segment. */
   struct ir_graph *g = must_apply(
@@ -215,7 +199,7 @@ static void test_replicate_buckets(void **state) {
 
 static void test_shard_adds_all_to_all(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-moe.json", 0);
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
   uint32_t mbs = 3;
   struct ir_graph *g =
       must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]},"
@@ -248,7 +232,7 @@ static const char *pp2_place =
 
 static void test_order_adds_temporal_edges(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-dense.json", 2);
+  struct model *m = test_load_model("models/tiny-dense.json", 2);
   char *base = g_strdup_printf("[%s]", pp2_place);
   struct ir_graph *g0 = must_apply(m, base);
   char *ordered =
@@ -290,7 +274,7 @@ static void test_order_adds_temporal_edges(void **state) {
 
 static void test_bad_programs(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-moe.json", 0);
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
   expect_error(m, "[{\"op\":\"place\",\"filter\":{\"XX\":0},\"devices\":[0]}]",
                "filter key \"XX\" is not a tag");
   expect_error(m, "[{\"op\":\"place\",\"filter\":{\"PP\":7},\"devices\":[0]}]", "matches nothing");
@@ -324,11 +308,7 @@ static struct compile_result compile_files(const char *model, int pp, const char
   o.have_schedule = f != SCHED_CUSTOM;
   o.schedule.family = f;
   o.schedule.mbs = mbs;
-  struct compile_result r;
-  GError *err = NULL;
-  if (!compile_run(&o, &r, &err))
-    fail_msg("%s", err->message);
-  return r;
+  return test_compile(&o);
 }
 
 static void test_lower_pp2_dp2_ep2(void **state) {

@@ -1,13 +1,8 @@
 /* Tests of the directives module: the parser (directives/parse.c) and, further down, the
  * rewrites (directives/apply.c). Each section has its own tests; main() lists them by section. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "test-helpers.h"
 #include <stdio.h>
 #include <string.h>
-
-#include <cmocka.h>
 
 #include "../../directives/directives.h"
 #include "../../base/json.h"
@@ -38,10 +33,7 @@ static struct dir_program *parse_ok(const char *text) {
 /* The error is an input error, one line, containing want. */
 static void assert_input_error(struct dir_program *p, GError *err, const char *want) {
   assert_null(p);
-  assert_non_null(err);
-  assert_true(g_error_matches(err, PIPER_ERROR, PIPER_ERROR_INPUT));
-  if (!strstr(err->message, want))
-    fail_msg("message \"%s\" lacks \"%s\"", err->message, want);
+  test_assert_input_error(err, want);
   assert_null(strchr(err->message, '\n'));
   g_error_free(err);
 }
@@ -658,8 +650,7 @@ static void test_append_deep_copies(void **state) {
 static void test_load_file(void **state) {
   (void)state;
   GError *err = NULL;
-  char *dir = g_dir_make_tmp("test_directives-XXXXXX", &err);
-  assert_non_null(dir);
+  char *dir = test_tmp_dir("test_directives-XXXXXX");
   char *good = g_build_filename(dir, "good.json", NULL);
   char *bad = g_build_filename(dir, "bad.json", NULL);
   char *wrong = g_build_filename(dir, "wrong.json", NULL);

@@ -4,12 +4,7 @@
  * falls, BI + BW equals the fused backward, a checkpoint resumes bit-identically, a corrupt one
  * is refused, and the watchdog turns a stuck instruction into an error. Multi-process runs
  * (the equivalence tests) are in tests/cli/test_exec.sh. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-/* cmocka needs the four above first */
-#include <cmocka.h>
+#include "test-helpers.h"
 
 #include <glib/gstdio.h>
 #include <math.h>
@@ -26,18 +21,11 @@ static const struct exec_backend_ops *ops = &exec_backend_host;
 static struct exec_backend *backend; /* one per process: MPI initialises once */
 
 static char *write_temp(const char *name, const char *text, size_t len) {
-  char *dir = g_dir_make_tmp("test_exec_XXXXXX", NULL);
-  assert_non_null(dir);
+  char *dir = test_tmp_dir("test_exec_XXXXXX");
   char *path = g_build_filename(dir, name, NULL);
   assert_true(g_file_set_contents(path, text, (gssize)len, NULL));
   g_free(dir);
   return path;
-}
-
-static void remove_tree(const char *path) {
-  char *cmd = g_strdup_printf("rm -rf '%s'", path);
-  assert_int_equal(system(cmd), 0);
-  g_free(cmd);
 }
 
 /* Compiles model + program text (+ mbs, schedule) in-process. */
@@ -53,11 +41,7 @@ static struct compile_result compile_text(const char *model, const char *program
     o.have_schedule = true;
     assert_true(sched_family_parse(schedule, &o.schedule.family));
   }
-  struct compile_result r;
-  GError *err = NULL;
-  bool ok = compile_run(&o, &r, &err);
-  if (!ok)
-    fail_msg("compile: %s", err->message);
+  struct compile_result r = test_compile(&o);
   g_free(path);
   return r;
 }
@@ -227,7 +211,7 @@ static void test_data_token_file(void **state) {
   assert_non_null(strstr(err->message, "header says 11 tokens"));
   g_clear_error(&err);
   char *dir = g_path_get_dirname(path);
-  remove_tree(dir);
+  test_remove_tree(dir);
   g_free(dir);
   g_free(path);
 }
@@ -268,7 +252,7 @@ static void test_data_bytes_and_synthetic(void **state) {
   exec_data_free(b);
   exec_data_free(c);
   char *dir = g_path_get_dirname(path);
-  remove_tree(dir);
+  test_remove_tree(dir);
   g_free(dir);
   g_free(path);
 }
@@ -390,7 +374,7 @@ struct trained {
 
 static bool train(const struct plan *plan, struct exec_options *o, struct trained *out,
                   GError **err) {
-  char *dir = g_dir_make_tmp("test_exec_params_XXXXXX", NULL);
+  char *dir = test_tmp_dir("test_exec_params_XXXXXX");
   char *dump = g_build_filename(dir, "params.bin", NULL);
   o->plan = plan;
   o->dump_params_path = dump;
@@ -406,7 +390,7 @@ static bool train(const struct plan *plan, struct exec_options *o, struct traine
     out->n_params = len / sizeof(float);
     exec_result_clear(&r);
   }
-  remove_tree(dir);
+  test_remove_tree(dir);
   g_free(dump);
   g_free(dir);
   return ok;
@@ -472,7 +456,7 @@ static void test_bi_bw_split_equals_fused(void **state) {
 static void test_checkpoint_resume(void **state) {
   (void)state;
   struct compile_result r = compile_text("models/tiny-moe.json", "[]", 2, NULL, 0);
-  char *dir = g_dir_make_tmp("test_exec_ckpt_XXXXXX", NULL);
+  char *dir = test_tmp_dir("test_exec_ckpt_XXXXXX");
   GError *err = NULL;
   struct exec_options o = exec_options_default();
   o.warmup = 0;
@@ -522,7 +506,7 @@ static void test_checkpoint_resume(void **state) {
   trained_free(&whole);
   trained_free(&first);
   trained_free(&rest);
-  remove_tree(dir);
+  test_remove_tree(dir);
   g_free(dir);
   compile_result_free(&r);
 }

@@ -1,11 +1,7 @@
 /* Tests for kernels/: every backward against central finite differences, BI + BW against the
  * fused backward, hand-computed forwards, causality, routing ties, expert-parallel equivalence,
  * AdamW and cross-entropy against closed forms. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
+#include "test-helpers.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -71,7 +67,7 @@ static double dotd(const float *a, const float *b, size_t n) {
 static void assert_close(const char *what, const float *got, const double *ref, size_t n,
                          double atol, double rtol) {
   for (size_t i = 0; i < n; i++) {
-    if (!(fabs(got[i] - ref[i]) <= atol + rtol * fabs(ref[i]))) {
+    if (!test_near(got[i], ref[i], atol, rtol)) {
       print_error("%s[%zu]: got %.9g, want %.9g (atol %g, rtol %g)\n", what, i, (double)got[i],
                   ref[i], atol, rtol);
       fail();

@@ -1,11 +1,7 @@
 /* Tests of the model module: op lists, tags, segments and edges of the bundled models, the
  * parameter counts and FLOPs against hand formulas and published totals, PP splits, user tags,
  * the model_to_json round trip and the input errors. Run from the repository root. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
+#include "test-helpers.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,14 +10,6 @@
 #include "../../models/model.h"
 
 /* --- helpers ------------------------------------------------------------------------------- */
-
-static struct model *load(const char *path, int override) {
-  GError *err = NULL;
-  struct model *m = model_load_file(path, override, &err);
-  if (!m)
-    fail_msg("%s: %s", path, err->message);
-  return m;
-}
 
 /* Parses base, applies patch (an object of top-level keys, or "piper.KEY" keys, whose values
  * replace the base's; the string "<delete>" removes the key) and loads the result. */
@@ -46,13 +34,6 @@ static struct model *load_patched(const char *base, const char *patch, int overr
   cJSON_Delete(root);
   cJSON_Delete(p);
   return m;
-}
-
-static char *read_text(const char *path) {
-  char *text = NULL;
-  if (!g_file_get_contents(path, &text, NULL, NULL))
-    fail_msg("cannot read %s", path);
-  return text;
 }
 
 static const int32_t *op_tags(const struct model *m, uint32_t op) {
@@ -81,7 +62,7 @@ static void assert_edge(const struct model *m, uint32_t e, uint32_t src, uint32_
 
 static void test_tiny_dense_structure(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-dense.json", 0);
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
   assert_string_equal(m->name, "tiny-dense");
   assert_int_equal(m->family, MODEL_FAMILY_DENSE);
   assert_int_equal(m->head_dim, 16); /* default hidden / heads */
@@ -119,7 +100,7 @@ static void test_tiny_dense_structure(void **state) {
 
 static void test_tiny_moe_structure(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-moe.json", 0);
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
   assert_int_equal(m->family, MODEL_FAMILY_MOE);
   /* embedding, 4 x (norm, attention, add, norm, router, experts, add), final norm, head */
   assert_int_equal(m->n_ops, 1 + 4 * 7 + 2);
@@ -173,7 +154,7 @@ static void test_param_counts_tiny(void **state) {
   const uint64_t h = 64, hd = 16, V = 256;
   uint64_t attn = h * 4 * hd + 2 * h * 2 * hd + 4 * hd * h; /* q, k, v, o */
   uint64_t dense = V * h + 8 * (attn + 3 * h * 128 + 2 * h) + h + h * V;
-  struct model *m = load("models/tiny-dense.json", 0);
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
   assert_int_equal(model_param_count(m), dense);
   assert_int_equal(dense, 328768);
   uint64_t seg_sum = 0, byte_sum = 0;
@@ -186,7 +167,7 @@ static void test_param_counts_tiny(void **state) {
   model_free(m);
   /* tiny-moe: the same attention, router h x 8, 8 experts x 3 x h x 32, 4 layers */
   uint64_t moe = V * h + 4 * (attn + h * 8 + 8 * 3 * h * 32 + 2 * h) + h + h * V;
-  m = load("models/tiny-moe.json", 0);
+  m = test_load_model("models/tiny-moe.json", 0);
   assert_int_equal(model_param_count(m), moe);
   assert_int_equal(moe, 281152);
   model_free(m);
@@ -195,7 +176,7 @@ static void test_param_counts_tiny(void **state) {
 /* Exact op costs of the tiny models by the README formulas (2 FLOPs per multiply-add). */
 static void test_op_costs_tiny(void **state) {
   (void)state;
-  struct model *m = load("models/tiny-dense.json", 0);
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
   const double T = 64, h = 64, b = 2, s = 32, H = 4, hd = 16;
   const struct model_op *att = &m->ops[2];
   assert_int_equal(att->kind, MODEL_OP_ATTENTION);
@@ -215,7 +196,7 @@ static void test_op_costs_tiny(void **state) {
   assert_int_equal(mlp->param_bytes, 3 * 64 * 128 * 4);
   model_free(m);
 
-  m = load("models/tiny-moe.json", 0);
+  m = test_load_model("models/tiny-moe.json", 0);
   const struct model_op *ex = &m->ops[6];
   assert_int_equal(ex->kind, MODEL_OP_EXPERT_FFN);
   const int64_t eshape[] = {64, 64, 32, 8, 2, 0, 0, 0};
@@ -244,7 +225,7 @@ static void test_param_counts_real(void **state) {
       {"models/deepseek-v3.json", 671e9},
   };
   for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
-    struct model *m = load(cases[i].path, 0);
+    struct model *m = test_load_model(cases[i].path, 0);
     double n = (double)model_param_count(m);
     if (fabs(n - cases[i].published) > 0.02 * cases[i].published)
       fail_msg("%s: %.4g parameters, published %.4g", cases[i].path, n, cases[i].published);
@@ -257,7 +238,7 @@ static void test_param_counts_real(void **state) {
  * (-6.5%). Measured 1.002 for llama3-8b; 15% is the margin the brief allows. */
 static void test_flops_sanity(void **state) {
   (void)state;
-  struct model *m = load("models/llama3-8b.json", 0);
+  struct model *m = test_load_model("models/llama3-8b.json", 0);
   double per_token = model_flops_per_microbatch(m) / (double)model_tokens_per_microbatch(m);
   double ratio = per_token / (6.0 * (double)model_param_count(m));
   if (fabs(ratio - 1) > 0.15)
@@ -270,7 +251,7 @@ static void test_flops_sanity(void **state) {
 
 static void test_deepseek(void **state) {
   (void)state;
-  struct model *m = load("models/deepseek-v3.json", 0);
+  struct model *m = test_load_model("models/deepseek-v3.json", 0);
   assert_int_equal(m->family, MODEL_FAMILY_DEEPSEEK_V3);
   /* 61 layers in 16 regions: 13 regions of 4, then 3 of 3 */
   assert_int_equal(m->pp_regions, 16);
@@ -306,7 +287,7 @@ static void test_deepseek(void **state) {
 
 static void test_uneven_pp_layers(void **state) {
   (void)state;
-  char *base = read_text("models/tiny-dense.json");
+  char *base = test_read_file("models/tiny-dense.json");
   GError *err = NULL;
   struct model *m = load_patched(
       base, "{\"piper.pp_regions\": \"<delete>\", \"piper.pp_layers\": [1, 3, 4]}", 0, &err);
@@ -325,7 +306,7 @@ static void test_uneven_pp_layers(void **state) {
 static void test_pp_override(void **state) {
   (void)state;
   /* 8 layers into 3: the first 8 mod 3 = 2 regions get one extra layer */
-  struct model *m = load("models/tiny-dense.json", 3);
+  struct model *m = test_load_model("models/tiny-dense.json", 3);
   assert_int_equal(m->pp_regions, 3);
   assert_int_equal(m->pp_layers[0], 3);
   assert_int_equal(m->pp_layers[1], 3);
@@ -334,11 +315,11 @@ static void test_pp_override(void **state) {
   assert_segment(m, 2, 1 + 36, 12 + 2, 2, -1);
   assert_non_null(strstr(m->source_json, "\"pp_regions\":3"));
   model_free(m);
-  m = load("models/tiny-dense.json", 8);
+  m = test_load_model("models/tiny-dense.json", 8);
   assert_int_equal(m->n_segments, 8);
   model_free(m);
   /* the override also replaces an explicit pp_layers */
-  char *base = read_text("models/tiny-dense.json");
+  char *base = test_read_file("models/tiny-dense.json");
   GError *err = NULL;
   m = load_patched(base, "{\"piper.pp_regions\": \"<delete>\", \"piper.pp_layers\": [1, 7]}", 1,
                    &err);
@@ -358,7 +339,7 @@ static void test_pp_override(void **state) {
 /* Tied embeddings share parameters only within one PP region. */
 static void test_tied_embeddings(void **state) {
   (void)state;
-  char *base = read_text("models/tiny-dense.json");
+  char *base = test_read_file("models/tiny-dense.json");
   GError *err = NULL;
   struct model *m = load_patched(base, "{\"tie_word_embeddings\": true}", 1, &err);
   assert_non_null(m);
@@ -376,7 +357,7 @@ static void test_tied_embeddings(void **state) {
 
 static void test_user_tags(void **state) {
   (void)state;
-  char *base = read_text("models/tiny-dense.json");
+  char *base = test_read_file("models/tiny-dense.json");
   GError *err = NULL;
   struct model *m = load_patched(base,
                                  "{\"piper.tags\": [{\"tag\": \"ATTN\", \"layers\": [0, 1]},"
@@ -455,14 +436,14 @@ static void test_round_trip(void **state) {
                          "models/llama3-8b.json",     "models/llama3-70b.json",
                          "models/qwen3-30b-a3b.json", "models/deepseek-v3.json"};
   for (size_t i = 0; i < G_N_ELEMENTS(paths); i++) {
-    struct model *m = load(paths[i], 0);
+    struct model *m = test_load_model(paths[i], 0);
     round_trip(m);
     model_free(m);
   }
-  struct model *m = load("models/deepseek-v3.json", 7); /* uneven equal split: 61 = 7*8 + 5 */
+  struct model *m = test_load_model("models/deepseek-v3.json", 7); /* uneven equal split: 61 = 7*8 + 5 */
   round_trip(m);
   model_free(m);
-  char *base = read_text("models/tiny-moe.json");
+  char *base = test_read_file("models/tiny-moe.json");
   GError *err = NULL;
   m = load_patched(base,
                    "{\"piper.pp_regions\": \"<delete>\", \"piper.pp_layers\": [3, 1],"
@@ -489,7 +470,7 @@ static void test_round_trip(void **state) {
   model_free(m);
   g_free(base);
   /* a file name with characters a tag-safe name refuses still round-trips */
-  cJSON *root = model_to_json(m = load("models/tiny-dense.json", 0));
+  cJSON *root = model_to_json(m = test_load_model("models/tiny-dense.json", 0));
   model_free(m);
   cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "piper"), "name");
   m = model_load_json("some dir/my model.json", root, 0, &err);
@@ -503,7 +484,7 @@ static void test_round_trip(void **state) {
 /* Real configs write null for unused keys; null means "use the default". */
 static void test_nulls_and_defaults(void **state) {
   (void)state;
-  char *base = read_text("models/tiny-dense.json");
+  char *base = test_read_file("models/tiny-dense.json");
   GError *err = NULL;
   struct model *m = load_patched(
       base, "{\"head_dim\": null, \"num_key_value_heads\": null, \"rope_scaling\": null}", 0, &err);
@@ -519,9 +500,9 @@ static void test_nulls_and_defaults(void **state) {
 
 static void test_bad_inputs(void **state) {
   (void)state;
-  char *dense = read_text("models/tiny-dense.json");
-  char *moe = read_text("models/tiny-moe.json");
-  char *ds = read_text("models/deepseek-v3.json");
+  char *dense = test_read_file("models/tiny-dense.json");
+  char *moe = test_read_file("models/tiny-moe.json");
+  char *ds = test_read_file("models/deepseek-v3.json");
   const struct {
     const char *base, *patch, *expect;
   } cases[] = {

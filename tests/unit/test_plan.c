@@ -2,12 +2,7 @@
  * replicas = 4 devices, so each class has two members), its per-device views, write -> read ->
  * plan_equal, byte-identical rewrites, corrupt files each refused with a located message, and
  * the round trip of a lowered plan (tiny-moe, pp2_dp2_ep2, 1F1B). Run from the repository root. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-/* cmocka.h needs the four above first. */
-#include <cmocka.h>
+#include "test-helpers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,11 +36,8 @@ static void *copy_of(const void *src, size_t bytes) {
 }
 
 static struct plan *hand_plan(void) {
-  GError *err = NULL;
   struct plan *p = g_new0(struct plan, 1);
-  p->model = model_load_file("models/tiny-dense.json", 0, &err);
-  if (!p->model)
-    fail_msg("tiny-dense: %s", err->message);
+  p->model = test_load_model("models/tiny-dense.json", 0);
   cJSON *mj = model_to_json(p->model);
   p->model_json = cJSON_PrintUnformatted(mj);
   cJSON_Delete(mj);
@@ -186,31 +178,6 @@ static struct plan *hand_plan(void) {
 
 /* --- helpers ------------------------------------------------------------------------------- */
 
-static char *tmp_dir(void) {
-  GError *err = NULL;
-  char *d = g_dir_make_tmp("test_plan-XXXXXX", &err);
-  if (!d)
-    fail_msg("tmp dir: %s", err->message);
-  return d;
-}
-
-static void remove_tree(const char *dir) {
-  GDir *d = g_dir_open(dir, 0, NULL);
-  if (!d)
-    return;
-  const char *name;
-  while ((name = g_dir_read_name(d))) {
-    char *path = g_build_filename(dir, name, NULL);
-    if (g_file_test(path, G_FILE_TEST_IS_DIR))
-      remove_tree(path);
-    else
-      g_remove(path);
-    g_free(path);
-  }
-  g_dir_close(d);
-  g_rmdir(dir);
-}
-
 static void write_ok(const struct plan *p, const char *dir) {
   GError *err = NULL;
   if (!plan_write_dir(p, dir, &err))
@@ -226,9 +193,8 @@ static struct plan *read_ok(const char *dir) {
 }
 
 static char *slurp(const char *dir, const char *name) {
-  char *path = g_build_filename(dir, name, NULL), *text = NULL;
-  if (!g_file_get_contents(path, &text, NULL, NULL))
-    fail_msg("cannot read %s", path);
+  char *path = g_build_filename(dir, name, NULL);
+  char *text = test_read_file(path);
   g_free(path);
   return text;
 }
@@ -314,7 +280,7 @@ static void test_views(void **state) {
 static void test_round_trip(void **state) {
   (void)state;
   struct plan *p = hand_plan();
-  char *a = tmp_dir(), *b = tmp_dir(), *c = tmp_dir();
+  char *a = test_tmp_dir("test_plan-XXXXXX"), *b = test_tmp_dir("test_plan-XXXXXX"), *c = test_tmp_dir("test_plan-XXXXXX");
   write_ok(p, a);
   struct plan *q = read_ok(a);
   assert_true(plan_equal(p, q));
@@ -364,9 +330,9 @@ static void test_round_trip(void **state) {
 
   plan_free(q);
   plan_free(p);
-  remove_tree(a);
-  remove_tree(b);
-  remove_tree(c);
+  test_remove_tree(a);
+  test_remove_tree(b);
+  test_remove_tree(c);
   g_free(a);
   g_free(b);
   g_free(c);
@@ -376,7 +342,7 @@ static void test_round_trip(void **state) {
 static void test_readable(void **state) {
   (void)state;
   struct plan *p = hand_plan();
-  char *dir = tmp_dir();
+  char *dir = test_tmp_dir("test_plan-XXXXXX");
   write_ok(p, dir);
   char *dev = slurp(dir, "device-2.json");
   const char *send = strstr(dev, "\"op\":\"send\"");
@@ -393,7 +359,7 @@ static void test_readable(void **state) {
   g_free(dev);
   g_free(index);
   plan_free(p);
-  remove_tree(dir);
+  test_remove_tree(dir);
   g_free(dir);
 }
 
@@ -510,7 +476,7 @@ static const struct corrupt_case corrupt_cases[] = {
 static void test_corrupt(void **state) {
   (void)state;
   struct plan *p = hand_plan();
-  char *dir = tmp_dir();
+  char *dir = test_tmp_dir("test_plan-XXXXXX");
   for (size_t k = 0; k < G_N_ELEMENTS(corrupt_cases); k++) {
     const struct corrupt_case *c = &corrupt_cases[k];
     write_ok(p, dir);
@@ -536,7 +502,7 @@ static void test_corrupt(void **state) {
     g_error_free(err);
   }
   plan_free(p);
-  remove_tree(dir);
+  test_remove_tree(dir);
   g_free(dir);
 }
 
@@ -544,7 +510,7 @@ static void test_corrupt(void **state) {
 static void test_from_json(void **state) {
   (void)state;
   struct plan *p = hand_plan();
-  char *dir = tmp_dir();
+  char *dir = test_tmp_dir("test_plan-XXXXXX");
   write_ok(p, dir);
   GError *err = NULL;
   char *path = g_build_filename(dir, "plan.json", NULL);
@@ -577,7 +543,7 @@ static void test_from_json(void **state) {
     cJSON_Delete(docs[d]);
   cJSON_Delete(index);
   plan_free(p);
-  remove_tree(dir);
+  test_remove_tree(dir);
   g_free(dir);
 }
 
@@ -591,11 +557,8 @@ static void test_lowered_round_trip(void **state) {
   o.have_schedule = true;
   o.schedule.family = SCHED_1F1B;
   o.schedule.mbs = 4;
-  struct compile_result r = {0};
-  GError *err = NULL;
-  if (!compile_run(&o, &r, &err))
-    fail_msg("compile: %s", err->message);
-  char *a = tmp_dir(), *b = tmp_dir();
+  struct compile_result r = test_compile(&o);
+  char *a = test_tmp_dir("test_plan-XXXXXX"), *b = test_tmp_dir("test_plan-XXXXXX");
   write_ok(r.plan, a);
   struct plan *q = read_ok(a);
   assert_true(plan_equal(r.plan, q));
@@ -606,8 +569,8 @@ static void test_lowered_round_trip(void **state) {
   assert_same_files(a, b, q->n_devices);
   plan_free(q);
   compile_result_free(&r);
-  remove_tree(a);
-  remove_tree(b);
+  test_remove_tree(a);
+  test_remove_tree(b);
   g_free(a);
   g_free(b);
 }

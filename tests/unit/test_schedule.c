@@ -8,15 +8,10 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* open_memstream */
 #endif
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "test-helpers.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <cmocka.h>
 
 #include "../../directives/directives.h"
 #include "../../directives/schedule.h"
@@ -231,16 +226,6 @@ static char *csv_text(const struct sched_program *s) {
   assert_true(sched_write_csv(s, f));
   fclose(f);
   return buf;
-}
-
-static void assert_input_error(GError *e, const char *substring) {
-  assert_non_null(e);
-  assert_true(e->domain == PIPER_ERROR);
-  assert_int_equal(e->code, PIPER_ERROR_INPUT);
-  if (!strstr(e->message, substring)) {
-    print_error("message \"%s\" lacks \"%s\"\n", e->message, substring);
-    fail();
-  }
 }
 
 static struct sched_program *build_ok(enum sched_family f, const struct sched_layout *l,
@@ -540,7 +525,7 @@ static void expect_refusal(enum sched_family f, const struct sched_layout *l, ui
                 l ? l->n_stages : 0, M);
     fail();
   }
-  assert_input_error(e, substring);
+  test_assert_input_error(e, substring);
   g_error_free(e);
 }
 
@@ -657,7 +642,7 @@ static void test_to_directives(void **state) {
   assert_int_equal(p->n, 4);
   assert_string_equal(p->d[3].filters[0].keys[1].name, "mb");
   assert_false(sched_to_directives(s, "PASS", p, &e));
-  assert_input_error(e, "split dimension name");
+  test_assert_input_error(e, "split dimension name");
   g_clear_error(&e);
   assert_false(sched_to_directives(s, "", p, &e));
   g_clear_error(&e);
@@ -774,7 +759,7 @@ static void expect_csv_error(const char *text, const char *substring) {
     print_error("accepted: %s\n", text);
     fail();
   }
-  assert_input_error(e, substring);
+  test_assert_input_error(e, substring);
   assert_non_null(strstr(e->message, "bad.csv: "));
   g_error_free(e);
 }
@@ -917,20 +902,20 @@ static void test_prepare_program(void **state) {
   p = load("pp4_interleaved.json");
   o = (struct sched_options){.family = SCHED_DUALPIPEV, .mbs = 8};
   assert_false(sched_prepare_program(p, 8, &o, &e));
-  assert_input_error(e, "V layout");
+  test_assert_input_error(e, "V layout");
   assert_non_null(strstr(e->message, "pp4_interleaved.json"));
   g_clear_error(&e);
   dir_program_free(p);
   p = load("pp4_v.json");
   o = (struct sched_options){.family = SCHED_ZBV, .ranks = 8, .mbs = 16};
   assert_false(sched_prepare_program(p, 8, &o, &e));
-  assert_input_error(e, "on 4 device groups");
+  test_assert_input_error(e, "on 4 device groups");
   g_clear_error(&e);
   /* a failed call left p as it was: still no split, so no count is known */
   assert_int_equal(count_op(p, DIR_SPLIT), 0);
   o = (struct sched_options){.family = SCHED_ZBV, .ranks = 4};
   assert_false(sched_prepare_program(p, 8, &o, &e));
-  assert_input_error(e, "--mbs");
+  test_assert_input_error(e, "--mbs");
   g_clear_error(&e);
   o.mbs = 7;
   assert_true(sched_prepare_program(p, 8, &o, &e));

@@ -8,11 +8,7 @@
  * Times: the unit profile's costs are decimal milliseconds, which binary floating point cannot
  * hold exactly; a step sums at most a few hundred of them, so results agree with the textbook
  * integers to far better than 1e-9 s (TIME_TOL). */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
+#include "test-helpers.h"
 #include <cairo.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -30,11 +26,6 @@
 
 #define TIME_TOL 1e-9
 #define MS 1e-3
-
-static void assert_near(double got, double want, double atol, double rtol, const char *what) {
-  if (fabs(got - want) > atol + rtol * fabs(want))
-    fail_msg("%s: got %.12g, want %.12g", what, got, want);
-}
 
 static struct profile *profile_from(const char *text, GError **err) {
   cJSON *root = json_parse_buffer("test.json", text, strlen(text), err);
@@ -66,10 +57,10 @@ static void test_profile_bundled(void **state) {
   (void)state;
   struct profile *u = load_profile("profiles/unit.json");
   assert_true(u->synthetic);
-  assert_near(u->syn_f, 1 * MS, 1e-15, 0, "F");
-  assert_near(u->syn_b, 2 * MS, 1e-15, 0, "B");
-  assert_near(u->syn_bi, 1 * MS, 1e-15, 0, "BI");
-  assert_near(u->syn_bw, 1 * MS, 1e-15, 0, "BW");
+  test_assert_near(u->syn_f, 1 * MS, 1e-15, 0, "F");
+  test_assert_near(u->syn_b, 2 * MS, 1e-15, 0, "B");
+  test_assert_near(u->syn_bi, 1 * MS, 1e-15, 0, "BI");
+  test_assert_near(u->syn_bw, 1 * MS, 1e-15, 0, "BW");
   assert_true(u->syn_optimizer == 0 && u->syn_comm == 0);
   profile_free(u);
   const char *dev[] = {"profiles/h100-sxm.json", "profiles/h200.json", "profiles/a100-80g.json"};
@@ -140,17 +131,9 @@ static void test_profile_errors(void **state) {
   g_clear_error(&err);
 }
 
-static struct model *load_model(const char *path, int pp) {
-  GError *err = NULL;
-  struct model *m = model_load_file(path, pp, &err);
-  if (!m)
-    fail_msg("%s: %s", path, err->message);
-  return m;
-}
-
 static void test_roofline_and_table(void **state) {
   (void)state;
-  struct model *m = load_model("models/tiny-dense.json", 0);
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
   GError *err = NULL;
   struct profile *p = profile_from(plain_profile, &err);
   assert_non_null(p);
@@ -163,7 +146,7 @@ static void test_roofline_and_table(void **state) {
     want += tc > tm ? tc : tm;
   }
   struct profile_cost c = profile_compute_cost(p, m, s, IR_PASS_F, 1);
-  assert_near(c.seconds, want, 0, 1e-12, "roofline F");
+  test_assert_near(c.seconds, want, 0, 1e-12, "roofline F");
   assert_int_equal(c.fallback_ops, seg->op_count);
   assert_int_equal(c.measured_ops, 0);
   /* Experts sharded over 4 devices of a data-parallel group: each device keeps a quarter of the
@@ -177,7 +160,7 @@ static void test_roofline_and_table(void **state) {
     want4 += tc > tm ? tc : tm;
   }
   struct profile_cost c4 = profile_compute_cost(p, m, s, IR_PASS_F, 4);
-  assert_near(c4.seconds, want4, 0, 1e-12, "sharded");
+  test_assert_near(c4.seconds, want4, 0, 1e-12, "sharded");
   assert_true(want4 < want);
   /* B = BI + BW under the roofline when every op has one bound for all passes is not given;
    * B must at least cost as much as its heavier half */
@@ -220,7 +203,7 @@ static void test_roofline_and_table(void **state) {
   assert_int_equal(cm.measured_ops, same);
   assert_int_equal(cm.fallback_ops, seg->op_count - same);
   /* T lies a third of the way from T/2 to 2T: 1 ms + (4-1) ms * (T - T/2) / (2T - T/2) = 2 ms */
-  assert_near(cm.seconds, rest + same * 2 * MS, 0, 1e-12, "interpolated");
+  test_assert_near(cm.seconds, rest + same * 2 * MS, 0, 1e-12, "interpolated");
   profile_free(p);
   /* outside the measured range: the nearest entry scaled in proportion (T/2 -> 1 ms: T -> 2) */
   snprintf(buf, sizeof buf,
@@ -232,7 +215,7 @@ static void test_roofline_and_table(void **state) {
     fail_msg("%s", err->message);
   struct profile_cost ce = profile_compute_cost(p, m, s, IR_PASS_F, 1);
   assert_int_equal(ce.measured_ops, same);
-  assert_near(ce.seconds, rest + same * 2 * MS, 0, 1e-12, "extrapolated");
+  test_assert_near(ce.seconds, rest + same * 2 * MS, 0, 1e-12, "extrapolated");
   profile_free(p);
   g_string_free(shape_lo, TRUE);
   g_string_free(shape_hi, TRUE);
@@ -254,12 +237,12 @@ static void test_collectives(void **state) {
     double pr = size;
     struct profile_comm_cost ar = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
     /* ring all-reduce: 2(p-1) alpha + 2(p-1)/p n/B */
-    assert_near(ar.latency + ar.transfer, 2 * (pr - 1) * alpha + 2 * (pr - 1) / pr * n / B, 0,
+    test_assert_near(ar.latency + ar.transfer, 2 * (pr - 1) * alpha + 2 * (pr - 1) / pr * n / B, 0,
                 1e-12, "ring all-reduce");
     struct profile_comm_cost ag = profile_comm_cost(p, IR_NODE_ALL_GATHER, (uint64_t)n, &sp);
     struct profile_comm_cost rs = profile_comm_cost(p, IR_NODE_REDUCE_SCATTER, (uint64_t)n, &sp);
-    assert_near(ag.latency + ag.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12, "all-gather");
-    assert_near(rs.latency + rs.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12,
+    test_assert_near(ag.latency + ag.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12, "all-gather");
+    test_assert_near(rs.latency + rs.transfer, (ar.latency + ar.transfer) / 2, 0, 1e-12,
                 "reduce-scatter");
     assert_false(ar.inter_node);
   }
@@ -273,13 +256,13 @@ static void test_collectives(void **state) {
   assert_int_equal(sp.min_per_node, 8);
   struct profile_comm_cost ar = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
   assert_true(ar.inter_node);
-  assert_near(ar.latency + ar.transfer, 2 * 15 * 5e-6 + 2 * 15.0 / 16 * n / 80e9, 0, 1e-12,
+  test_assert_near(ar.latency + ar.transfer, 2 * 15 * 5e-6 + 2 * 15.0 / 16 * n / 80e9, 0, 1e-12,
               "inter-node ring");
   /* one rank per node (devices 0, 8): one NIC's share, 8 * 10 / 8 = 10 GB/s */
   uint32_t two[2] = {0, 8};
   sp = profile_span_of(p, two, 2);
   struct profile_comm_cost pp = profile_comm_cost(p, IR_NODE_SEND, (uint64_t)n, &sp);
-  assert_near(pp.latency + pp.transfer, 5e-6 + n / 10e9, 0, 1e-12, "p2p inter");
+  test_assert_near(pp.latency + pp.transfer, 5e-6 + n / 10e9, 0, 1e-12, "p2p inter");
   /* tree is chosen by "auto" only where it is cheaper: small messages over many ranks */
   p->algo = PROFILE_ALGO_AUTO;
   struct profile_comm_cost small = profile_comm_cost(p, IR_NODE_ALL_REDUCE, 1024, &sp);
@@ -318,7 +301,7 @@ struct hplan {
  * the collective groups, a PP comm per ordered device pair and a DP comm per collective group. */
 static struct plan *hplan_build(const struct hplan *h) {
   struct plan *p = g_new0(struct plan, 1);
-  p->model = load_model("models/tiny-dense.json", 0);
+  p->model = test_load_model("models/tiny-dense.json", 0);
   p->n_devices = h->n_devices;
   p->n_microbatches = 1;
   p->n_tags = 1;
@@ -489,9 +472,9 @@ static void test_engine_order_and_rendezvous(void **state) {
   h.ins[1][1] = (struct hi){IR_NODE_COMPUTE, 0, IR_PASS_B, 0, 0, 0, 0, -1, 0};
   struct plan *p = hplan_build(&h);
   struct sim_result *r = run(p, u, false);
-  assert_near(iv_of(r, p, 1, 0)->start, 1 * MS, TIME_TOL, 0, "recv start");
-  assert_near(iv_of(r, p, 1, 1)->start, 1 * MS, TIME_TOL, 0, "B start");
-  assert_near(r->iteration_time, 3 * MS, TIME_TOL, 0, "iteration");
+  test_assert_near(iv_of(r, p, 1, 0)->start, 1 * MS, TIME_TOL, 0, "recv start");
+  test_assert_near(iv_of(r, p, 1, 1)->start, 1 * MS, TIME_TOL, 0, "B start");
+  test_assert_near(r->iteration_time, 3 * MS, TIME_TOL, 0, "iteration");
   sim_result_free(r);
   plan_free(p);
 
@@ -501,8 +484,8 @@ static void test_engine_order_and_rendezvous(void **state) {
   h2.ins[0][1] = (struct hi)C(1, IR_PASS_F);
   p = hplan_build(&h2);
   r = run(p, u, false);
-  assert_near(iv_of(r, p, 0, 0)->end, 2 * MS, TIME_TOL, 0, "shared end 0");
-  assert_near(iv_of(r, p, 0, 1)->end, 2 * MS, TIME_TOL, 0, "shared end 1");
+  test_assert_near(iv_of(r, p, 0, 0)->end, 2 * MS, TIME_TOL, 0, "shared end 0");
+  test_assert_near(iv_of(r, p, 0, 1)->end, 2 * MS, TIME_TOL, 0, "shared end 1");
   sim_result_free(r);
   plan_free(p);
 
@@ -513,8 +496,8 @@ static void test_engine_order_and_rendezvous(void **state) {
   h3.ins[0][1] = (struct hi)C(1, IR_PASS_B);
   p = hplan_build(&h3);
   r = run(p, u, false);
-  assert_near(iv_of(r, p, 0, 0)->end, 4 * MS, TIME_TOL, 0, "capped F");
-  assert_near(iv_of(r, p, 0, 1)->end, 2 * MS / 0.75, TIME_TOL, 0, "capped B");
+  test_assert_near(iv_of(r, p, 0, 0)->end, 4 * MS, TIME_TOL, 0, "capped F");
+  test_assert_near(iv_of(r, p, 0, 1)->end, 2 * MS / 0.75, TIME_TOL, 0, "capped B");
   sim_result_free(r);
   plan_free(p);
   profile_free(u);
@@ -541,8 +524,8 @@ static void test_engine_contention(void **state) {
   h.ins[0][1] = (struct hi){IR_NODE_ALL_REDUCE, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
   struct plan *p = hplan_build(&h);
   struct sim_result *r = run(p, pr, false);
-  assert_near(iv_of(r, p, 0, 1)->end, 1 * MS, TIME_TOL, 0, "all-reduce");
-  assert_near(iv_of(r, p, 0, 0)->end, 2.5 * MS, TIME_TOL, 0, "slowed F");
+  test_assert_near(iv_of(r, p, 0, 1)->end, 1 * MS, TIME_TOL, 0, "all-reduce");
+  test_assert_near(iv_of(r, p, 0, 0)->end, 2.5 * MS, TIME_TOL, 0, "slowed F");
   sim_result_free(r);
   plan_free(p);
   profile_free(pr);
@@ -558,8 +541,8 @@ static void test_engine_contention(void **state) {
   h2.ins[1][1] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 100000000, -1, 0, -1, 0};
   p = hplan_build(&h2);
   r = run(p, pr, false);
-  assert_near(iv_of(r, p, 0, 0)->end, 2e-6 + 2e-3, 1e-12, 1e-9, "shared link 0");
-  assert_near(iv_of(r, p, 0, 1)->end, 2e-6 + 2e-3, 1e-12, 1e-9, "shared link 1");
+  test_assert_near(iv_of(r, p, 0, 0)->end, 2e-6 + 2e-3, 1e-12, 1e-9, "shared link 0");
+  test_assert_near(iv_of(r, p, 0, 1)->end, 2e-6 + 2e-3, 1e-12, 1e-9, "shared link 1");
   sim_result_free(r);
   plan_free(p);
   profile_free(pr);
@@ -623,16 +606,16 @@ static void test_report_stats(void **state) {
   rr.devices[1].intervals = iv1;
   rr.devices[1].n_intervals = 1;
   report_compute_stats(&rr);
-  assert_near(report_iteration_time(&rr), 10, 1e-12, 0, "window");
+  test_assert_near(report_iteration_time(&rr), 10, 1e-12, 0, "window");
   const struct report_device *d = &rr.devices[0];
-  assert_near(d->compute_s, 6, 1e-12, 0, "compute");
-  assert_near(d->comm_s, 4, 1e-12, 0, "comm");
-  assert_near(d->exposed_comm_s, 2, 1e-12, 0, "exposed");
-  assert_near(d->overlap_fraction, 0.5, 1e-12, 0, "overlap");
-  assert_near(d->bubble_fraction, 0.4, 1e-12, 0, "bubble");
-  assert_near(d->idle_s, 2, 1e-12, 0, "idle");
-  assert_near(rr.devices[1].bubble_fraction, 1.0, 1e-12, 0, "no compute");
-  assert_near(rr.devices[1].overlap_fraction, 0, 1e-12, 0, "no overlap");
+  test_assert_near(d->compute_s, 6, 1e-12, 0, "compute");
+  test_assert_near(d->comm_s, 4, 1e-12, 0, "comm");
+  test_assert_near(d->exposed_comm_s, 2, 1e-12, 0, "exposed");
+  test_assert_near(d->overlap_fraction, 0.5, 1e-12, 0, "overlap");
+  test_assert_near(d->bubble_fraction, 0.4, 1e-12, 0, "bubble");
+  test_assert_near(d->idle_s, 2, 1e-12, 0, "idle");
+  test_assert_near(rr.devices[1].bubble_fraction, 1.0, 1e-12, 0, "no compute");
+  test_assert_near(rr.devices[1].overlap_fraction, 0, 1e-12, 0, "no overlap");
   report_run_free_devices(&rr);
   plan_free(p);
 }
@@ -676,7 +659,7 @@ static void test_textbook_gpipe_1f1b(void **state) {
       struct sim_result *r = run(p, u, true);
       char what[64];
       snprintf(what, sizeof what, "%s M=%u: (M+R-1)(F+B)", sch[s], M);
-      assert_near(r->iteration_time, (M + R - 1) * 3 * MS, TIME_TOL, 0, what);
+      test_assert_near(r->iteration_time, (M + R - 1) * 3 * MS, TIME_TOL, 0, what);
       /* peak activations: 1F1B rank r holds min(R-r, M) micro-batches, GPipe M */
       for (uint32_t d = 0; d < R; d++) {
         const struct sim_unit *su = &r->units[r->device_unit[d]];
@@ -702,14 +685,14 @@ static void test_textbook_zb_interleaved(void **state) {
   struct plan *p =
       compile("models/tiny-dense.json", "directives/base-schedules/pp4.json", "zerobubble", M, 0);
   struct sim_result *r = run(p, u, true);
-  assert_near(r->iteration_time, (3 * M + R - 1) * MS, TIME_TOL, 0, "ZB-H1: 3M+R-1");
+  test_assert_near(r->iteration_time, (3 * M + R - 1) * MS, TIME_TOL, 0, "ZB-H1: 3M+R-1");
   sim_result_free(r);
   plan_free(p);
   /* interleaved 1F1B, v = 2 (8 stages on 4 ranks): 2M(F+B) + (R-1)(F+B) */
   p = compile("models/tiny-dense.json", "directives/base-schedules/pp4_interleaved.json",
               "interleaved_1f1b", M, 8);
   r = run(p, u, true);
-  assert_near(r->iteration_time, (2 * M * 3 + (R - 1) * 3) * MS, TIME_TOL, 0, "interleaved v=2");
+  test_assert_near(r->iteration_time, (2 * M * 3 + (R - 1) * 3) * MS, TIME_TOL, 0, "interleaved v=2");
   sim_result_free(r);
   plan_free(p);
   profile_free(u);
@@ -800,20 +783,13 @@ static void test_collapse_exact(void **state) {
 }
 
 /* Static memory against the ZeRO formulas, through the real pipeline. */
-static void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
 static void test_static_memory_zero(void **state) {
   (void)state;
   struct profile *u = load_profile("profiles/unit.json");
   char dir[] = "/tmp/test_sim_XXXXXX";
   assert_non_null(g_mkdtemp(dir));
   const char *variants[] = {"", ", \"shard_grads\": true", ", \"shard_params\": true"};
-  struct model *m = load_model("models/tiny-moe.json", 0);
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
   for (int v = 0; v < 3; v++) {
     char path[256], text[512];
     snprintf(path, sizeof path, "%s/dp2_%d.json", dir, v);
@@ -821,7 +797,7 @@ static void test_static_memory_zero(void **state) {
              "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
              "{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]%s}]",
              variants[v]);
-    write_text(path, text);
+    test_write_file(path, text);
     GError *err = NULL;
     struct plan *p = sim_compile("models/tiny-moe.json", path, NULL, 0, &err);
     if (!p)
@@ -836,16 +812,16 @@ static void test_static_memory_zero(void **state) {
     double want_o = v == 0 ? ob * psi : ob * psi / N;
     for (uint32_t d = 0; d < 2; d++) {
       const struct sim_unit *su = &r->units[r->device_unit[d]];
-      assert_near((double)su->static_bytes[REPORT_MEM_PARAMS], want_p, 1, 0, "params");
-      assert_near((double)su->static_bytes[REPORT_MEM_GRADS], want_g, 1, 0, "grads");
-      assert_near((double)su->static_bytes[REPORT_MEM_OPTIMIZER], want_o, 1, 0, "optimizer");
+      test_assert_near((double)su->static_bytes[REPORT_MEM_PARAMS], want_p, 1, 0, "params");
+      test_assert_near((double)su->static_bytes[REPORT_MEM_GRADS], want_g, 1, 0, "grads");
+      test_assert_near((double)su->static_bytes[REPORT_MEM_OPTIMIZER], want_o, 1, 0, "optimizer");
     }
     /* for bf16 the totals are the paper's 16 psi, 2 psi + 14 psi / N, 16 psi / N */
     if (m->dtype == MODEL_DTYPE_BF16) {
       const struct sim_unit *su = &r->units[0];
       double tot = (double)(su->static_bytes[0] + su->static_bytes[1] + su->static_bytes[2]);
       double want = v == 0 ? 16 * psi : v == 1 ? 2 * psi + 14 * psi / N : 16 * psi / N;
-      assert_near(tot, want, 3, 0, "ZeRO total");
+      test_assert_near(tot, want, 3, 0, "ZeRO total");
     }
     sim_result_free(r);
     plan_free(p);
@@ -857,13 +833,6 @@ static void test_static_memory_zero(void **state) {
 }
 
 /* ---- report files and charts ---------------------------------------------------------------- */
-
-static char *slurp(const char *path) {
-  char *text = NULL;
-  if (!g_file_get_contents(path, &text, NULL, NULL))
-    fail_msg("cannot read %s", path);
-  return text;
-}
 
 static void test_report_files(void **state) {
   (void)state;
@@ -892,7 +861,7 @@ static void test_report_files(void **state) {
 
   /* results.csv: the SPEC §8 columns, one row per dp rank */
   snprintf(path, sizeof path, "%s/results.csv", dir);
-  char *csv = slurp(path);
+  char *csv = test_read_file(path);
   const char *header = "dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,"
                        "samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,"
                        "peak_memory_pp0_gb,peak_memory_pp1_gb\n";
@@ -929,7 +898,7 @@ static void test_report_files(void **state) {
       sum += cJSON_GetObjectItem(b, bk[k])->valuedouble;
     }
     sum += cJSON_GetObjectItem(b, "gathered_params")->valuedouble;
-    assert_near(sum, cJSON_GetObjectItem(dv, "peak_memory_bytes")->valuedouble, 0.5, 0,
+    test_assert_near(sum, cJSON_GetObjectItem(dv, "peak_memory_bytes")->valuedouble, 0.5, 0,
                 "breakdown sums to the peak");
   }
   cJSON_Delete(mj);
@@ -983,7 +952,7 @@ static void test_report_files(void **state) {
     snprintf(path, sizeof path, "%s/schedule.%s", dir, ext[k]);
     if (!chart_schedule(&rr, path, (enum chart_format)k, &err))
       fail_msg("%s", err->message);
-    char *data = slurp(path);
+    char *data = test_read_file(path);
     assert_memory_equal(data, sig[k], strlen(sig[k]));
     g_free(data);
   }
@@ -991,7 +960,7 @@ static void test_report_files(void **state) {
     if (!chart_memory(&rr, dir, &err))
       fail_msg("%s", err->message);
     snprintf(path, sizeof path, "%s/memory.png", dir);
-    char *data = slurp(path);
+    char *data = test_read_file(path);
     assert_memory_equal(data, "\x89PNG", 4);
     g_free(data);
   }
@@ -1010,7 +979,7 @@ static void test_sweep(void **state) {
   assert_non_null(g_mkdtemp(dir));
   char path[256];
   snprintf(path, sizeof path, "%s/sweep.json", dir);
-  write_text(path, "{\"model\":\"models/tiny-dense.json\","
+  test_write_file(path, "{\"model\":\"models/tiny-dense.json\","
                    "\"base_schedules\":[\"directives/base-schedules/pp4.json\"],"
                    "\"schedules\":[\"gpipe\",\"1f1b\",\"dualpipev\"],\"microbatches\":[4,8],"
                    "\"profiles\":[\"profiles/unit.json\"],\"memory_cap_gib\":0.0024}");
@@ -1042,12 +1011,12 @@ static void test_sweep(void **state) {
   assert_true(s->points[0].ok);
   sweep_free(s);
   /* bad sweep files name the file and key */
-  write_text(path, "{\"model\":\"m.json\",\"base_schedules\":[\"b.json\"],\"schedules\":[\"nope\"],"
+  test_write_file(path, "{\"model\":\"m.json\",\"base_schedules\":[\"b.json\"],\"schedules\":[\"nope\"],"
                    "\"microbatches\":[4],\"profiles\":[\"p.json\"]}");
   assert_null(sweep_load_file(path, &err));
   assert_non_null(strstr(err->message, "schedules"));
   g_clear_error(&err);
-  write_text(path, "{\"model\":\"m.json\",\"base_schedules\":[\"b.json\"],\"schedules\":[\"1f1b\"],"
+  test_write_file(path, "{\"model\":\"m.json\",\"base_schedules\":[\"b.json\"],\"schedules\":[\"1f1b\"],"
                    "\"microbatches\":[0],\"profiles\":[\"p.json\"]}");
   assert_null(sweep_load_file(path, &err));
   assert_non_null(strstr(err->message, "microbatches"));
