@@ -10,7 +10,7 @@
 
 #include "../base/json.h"
 #include "../base/version.h"
-#include "../sim/report.h"
+#include "../report/report.h"
 
 static const char usage[] =
     "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE]\n"

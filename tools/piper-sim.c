@@ -15,9 +15,9 @@
 #include "../directives/compile.h"
 #include "../base/json.h"
 #include "../base/version.h"
-#include "../sim/chart.h"
+#include "../report/chart.h"
 #include "../sim/sim.h"
-#include "../sim/sweep.h"
+#include "sweep.h"
 
 static const char usage[] =
     "usage: piper-sim --model FILE --directives FILE [--schedule NAME --ranks R --mbs M]\n"
@@ -276,9 +276,17 @@ int main(int argc, char **argv) {
   struct profile *prof = profile_load_file(profile, &err);
   if (!prof)
     return piper_error_exit("piper-sim", err);
-  struct plan *plan =
-      plans ? plan_read_dir(plans, &err)
-            : sim_compile(ca.model, ca.directives, schedule ? &so : NULL, co.pp_regions, &err);
+  struct plan *plan = NULL;
+  if (plans) {
+    plan = plan_read_dir(plans, &err);
+  } else {
+    struct compile_result cr = {0};
+    if (compile_run(&co, &cr, &err)) {
+      plan = cr.plan;
+      cr.plan = NULL; /* the plan is ours; the rest of the front end's result goes */
+    }
+    compile_result_free(&cr);
+  }
   if (!plan) {
     profile_free(prof);
     return piper_error_exit("piper-sim", err);

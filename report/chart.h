@@ -6,8 +6,8 @@
  *   chart_schedule(&run, "out/schedule.png", CHART_PNG, &err);
  *   chart_memory(&run, "out", &err);            // out/memory.png (+ memory.dat, memory.gp)
  */
-#ifndef PIPER_SIM_CHART_H
-#define PIPER_SIM_CHART_H
+#ifndef PIPER_REPORT_CHART_H
+#define PIPER_REPORT_CHART_H
 
 #include <glib.h>
 #include <stdbool.h>

@@ -8,8 +8,29 @@
 #include <string.h>
 
 #include "../base/json.h"
-#include "chart.h"
-#include "sim.h"
+#include "../directives/compile.h"
+#include "../report/chart.h"
+#include "../sim/sim.h"
+
+/* model + directive program (+ schedule harness when sched is not NULL) -> plans */
+static struct plan *compile_plan(const char *model_path, const char *directives_path,
+                                 const struct sched_options *sched, int pp_regions, GError **err) {
+  struct compile_options o = compile_options_default();
+  o.model_path = model_path;
+  o.directives_path = directives_path;
+  o.pp_regions = pp_regions;
+  if (sched) {
+    o.have_schedule = true;
+    o.schedule = *sched;
+  }
+  struct compile_result r;
+  if (!compile_run(&o, &r, err))
+    return NULL;
+  struct plan *plan = r.plan;
+  r.plan = NULL; /* the caller owns the plan; the rest goes */
+  compile_result_free(&r);
+  return plan;
+}
 
 static bool string_list(const cJSON *root, const char *key, char ***out, uint32_t *n,
                         const char *ctx, GError **err) {
@@ -266,7 +287,7 @@ bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err) {
         sched_family_parse(s->schedules[sc], &so.family);
         GError *e = NULL;
         /* one compile serves every profile */
-        struct plan *plan = sim_compile(s->model, s->bases[b], &so, s->pp_regions, &e);
+        struct plan *plan = compile_plan(s->model, s->bases[b], &so, s->pp_regions, &e);
         for (uint32_t pi = 0; pi < s->n_profiles; pi++, k++) {
           struct sweep_point *pt = &s->points[s->n_points++];
           pt->base = g_strdup(s->bases[b]);

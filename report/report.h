@@ -10,8 +10,8 @@
  *   report_write_dir(&r, "out/run", &err);
  *   report_run_free_devices(&r);
  */
-#ifndef PIPER_SIM_REPORT_H
-#define PIPER_SIM_REPORT_H
+#ifndef PIPER_REPORT_REPORT_H
+#define PIPER_REPORT_REPORT_H
 
 #include <cJSON.h>
 #include <glib.h>
@@ -85,6 +85,8 @@ struct report_run {
 void report_run_init_devices(struct report_run *r);
 void report_run_free_devices(struct report_run *r);
 
+/* First start and last end over every device's intervals (0, 0 without intervals). */
+void report_run_window(const struct report_run *r, double *t0, double *t1);
 /* Iteration time of the run (first start to last end over every device). */
 double report_iteration_time(const struct report_run *r);
 /* Fills the derived fields of every device from its intervals, over [t0, t0 + iter). */

@@ -7,8 +7,8 @@
  *   sweep_run(s, "out/sweep", isatty(2), &err);
  *   sweep_free(s);
  */
-#ifndef PIPER_SIM_SWEEP_H
-#define PIPER_SIM_SWEEP_H
+#ifndef PIPER_TOOLS_SWEEP_H
+#define PIPER_TOOLS_SWEEP_H
 
 #include <glib.h>
 #include <stdbool.h>
