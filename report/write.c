@@ -275,12 +275,7 @@ bool report_write_dir(const struct report_run *r, const char *dir, GError **err)
   char *path;
   if (r->program_file && r->plan->program_json) {
     path = g_build_filename(dir, r->program_file, NULL);
-    GError *e = NULL;
-    if (!g_file_set_contents(path, r->plan->program_json, -1, &e)) {
-      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", path, e->message);
-      g_error_free(e);
-      ok = false;
-    }
+    ok = piper_write_file(path, r->plan->program_json, strlen(r->plan->program_json), err);
     g_free(path);
     if (!ok)
       return false;

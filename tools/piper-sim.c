@@ -333,32 +333,11 @@ int main(int argc, char **argv) {
   GString *files = g_string_new("");
   g_string_append_printf(files, "%s results.csv metrics.json trace.json", program_file);
   if (!no_charts) {
-    char *path = g_build_filename(dir, "schedule.png", NULL);
-    bool ok = chart_schedule(&run, path, CHART_PNG, &err);
-    g_free(path);
-    if (ok) {
-      path = g_build_filename(dir, "schedule.svg", NULL);
-      ok = chart_schedule(&run, path, CHART_SVG, &err);
-      g_free(path);
-    }
-    if (ok && format && extra_format == CHART_PDF) {
-      path = g_build_filename(dir, "schedule.pdf", NULL);
-      ok = chart_schedule(&run, path, CHART_PDF, &err);
-      g_free(path);
-      if (ok)
-        g_string_append(files, " schedule.pdf");
-    }
-    if (!ok) {
+    if (!chart_gnuplot_available())
+      fprintf(stderr, "piper-sim: note: gnuplot is not installed: no memory.png\n");
+    if (!report_write_charts(&run, dir, format ? extra_format : CHART_PNG, files, &err)) {
       g_string_free(files, TRUE);
       rc = piper_error_exit("piper-sim", err);
-      goto out;
-    }
-    g_string_append(files, " schedule.png schedule.svg");
-    if (chart_memory(&run, dir, &err)) {
-      g_string_append(files, " memory.png");
-    } else {
-      rc = piper_error_exit("piper-sim", err);
-      g_string_free(files, TRUE);
       goto out;
     }
   }
