@@ -14,7 +14,6 @@
 #include "../base/json.h"
 #include "../base/version.h"
 
-
 struct report_dir_reader {
   struct report_dir *d;
   GHashTable *kind_index; /* row name -> index + 1 into kinds */
@@ -43,16 +42,11 @@ static bool get_u32(const cJSON *o, const char *key, int64_t lo, int64_t hi, uin
   return true;
 }
 
-static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
-  d->metrics = json_parse_file(path, err);
-  if (!d->metrics)
-    return false;
+/* "kind": given, or (older files) told by what only one writer puts there. */
+static bool metrics_kind(struct report_dir *d, const char *path, GError **err) {
   const cJSON *m = d->metrics;
-  if (!cJSON_IsObject(m))
-    return piper_input_error(err, "%s: must be a JSON object", path);
   if (!json_get_string(m, "kind", false, &d->kind, path, err))
     return false;
-  /* older files may lack "kind": what only one writer puts there tells */
   if (!d->kind && cJSON_GetObjectItemCaseSensitive(m, "simulation"))
     d->kind = "sim";
   else if (!d->kind && (cJSON_GetObjectItemCaseSensitive(m, "losses") ||
@@ -63,6 +57,12 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
                      path);
   if (strcmp(d->kind, "sim") != 0 && strcmp(d->kind, "exec") != 0)
     return piper_input_error(err, "%s: key \"kind\": \"%s\" is not \"sim\" or \"exec\"", path, d->kind);
+  return true;
+}
+
+/* The run's global figures: model, layout, iteration time, throughput, MFU. */
+static bool metrics_run_figures(struct report_dir *d, const char *path, GError **err) {
+  const cJSON *m = d->metrics;
   int64_t mbs = 0, seq = 0;
   if (!json_get_string(m, "model", true, &d->model, path, err) ||
       !json_get_string(m, "schedule", true, &d->schedule, path, err) ||
@@ -94,7 +94,61 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
   const cJSON *mfu = cJSON_GetObjectItemCaseSensitive(m, "mfu");
   if (mfu && !cJSON_IsNull(mfu) && !json_get_double(m, "mfu", false, 0, 1e6, &d->mfu, path, err))
     return false;
-  const cJSON *devs = cJSON_GetObjectItemCaseSensitive(m, "devices");
+  return true;
+}
+
+/* devices[i].memory_breakdown_bytes: bytes by kind at the peak. */
+static bool metrics_breakdown(const cJSON *o, struct report_device *rd, const char *ctx,
+                              GError **err) {
+  const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "memory_breakdown_bytes");
+  if (!cJSON_IsObject(b))
+    return piper_input_error(err, "%s: key \"memory_breakdown_bytes\" is required (an object)", ctx);
+  char bctx[600];
+  snprintf(bctx, sizeof bctx, "%s.memory_breakdown_bytes", ctx);
+  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) {
+    double v = 0;
+    if (!json_get_double(b, report_mem_kind_name((enum report_mem_kind)k), false, 0, 1e30, &v,
+                         bctx, err))
+      return false;
+    rd->peak_breakdown[k] = (uint64_t)v;
+  }
+  return true;
+}
+
+/* devices[i]: its ranks, the derived figures and its peak memory. */
+static bool metrics_device(const cJSON *o, uint32_t i, struct report_device *rd, const char *ctx,
+                           GError **err) {
+  int64_t dev = 0, pr = 0, dr = 0;
+  double peak = 0;
+  if (!cJSON_IsObject(o))
+    return piper_input_error(err, "%s: must be an object", ctx);
+  /* fractions are derived as 1 - x / iteration time: allow their rounding */
+  const double lo_f = -1e-9, hi_f = 1 + 1e-9;
+  if (!json_get_int(o, "device", true, 0, IR_MAX_DEVICES - 1, &dev, ctx, err) ||
+      !json_get_int(o, "pp_rank", true, -1, IR_MAX_DEVICES, &pr, ctx, err) ||
+      !json_get_int(o, "dp_rank", true, -1, IR_MAX_DEVICES, &dr, ctx, err) ||
+      !json_get_double(o, "busy_s", true, 0, 1e12, &rd->compute_s, ctx, err) ||
+      !json_get_double(o, "comm_s", true, 0, 1e12, &rd->comm_s, ctx, err) ||
+      !json_get_double(o, "idle_s", false, 0, 1e12, &rd->idle_s, ctx, err) ||
+      !json_get_double(o, "bubble_fraction", true, lo_f, hi_f, &rd->bubble_fraction, ctx, err) ||
+      !json_get_double(o, "exposed_comm_s", true, 0, 1e12, &rd->exposed_comm_s, ctx, err) ||
+      !json_get_double(o, "overlap_fraction", true, lo_f, hi_f, &rd->overlap_fraction, ctx,
+                       err) ||
+      !json_get_double(o, "peak_memory_bytes", true, 0, 1e30, &peak, ctx, err))
+    return false;
+  if (dev != (int64_t)i)
+    return piper_input_error(err, "%s: key \"device\" is %lld, expected %u (devices in order)", ctx,
+                     (long long)dev, i);
+  rd->device = i;
+  rd->pp_rank = (int32_t)pr;
+  rd->dp_rank = (int32_t)dr;
+  rd->peak_memory_bytes = (uint64_t)peak;
+  return metrics_breakdown(o, rd, ctx, err);
+}
+
+/* "devices": one entry per device, in device order. */
+static bool metrics_devices(struct report_dir *d, const char *path, GError **err) {
+  const cJSON *devs = cJSON_GetObjectItemCaseSensitive(d->metrics, "devices");
   if (!cJSON_IsArray(devs))
     return piper_input_error(err, "%s: key \"devices\" is required (an array)", path);
   if ((uint32_t)cJSON_GetArraySize(devs) != d->n_devices)
@@ -106,47 +160,21 @@ static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
   cJSON_ArrayForEach(o, devs) {
     char ctx[512];
     snprintf(ctx, sizeof ctx, "%s: devices[%u]", path, i);
-    struct report_device *rd = &d->devices[i];
-    int64_t dev = 0, pr = 0, dr = 0;
-    double peak = 0;
-    if (!cJSON_IsObject(o))
-      return piper_input_error(err, "%s: must be an object", ctx);
-    /* fractions are derived as 1 - x / iteration time: allow their rounding */
-    const double lo_f = -1e-9, hi_f = 1 + 1e-9;
-    if (!json_get_int(o, "device", true, 0, IR_MAX_DEVICES - 1, &dev, ctx, err) ||
-        !json_get_int(o, "pp_rank", true, -1, IR_MAX_DEVICES, &pr, ctx, err) ||
-        !json_get_int(o, "dp_rank", true, -1, IR_MAX_DEVICES, &dr, ctx, err) ||
-        !json_get_double(o, "busy_s", true, 0, 1e12, &rd->compute_s, ctx, err) ||
-        !json_get_double(o, "comm_s", true, 0, 1e12, &rd->comm_s, ctx, err) ||
-        !json_get_double(o, "idle_s", false, 0, 1e12, &rd->idle_s, ctx, err) ||
-        !json_get_double(o, "bubble_fraction", true, lo_f, hi_f, &rd->bubble_fraction, ctx, err) ||
-        !json_get_double(o, "exposed_comm_s", true, 0, 1e12, &rd->exposed_comm_s, ctx, err) ||
-        !json_get_double(o, "overlap_fraction", true, lo_f, hi_f, &rd->overlap_fraction, ctx,
-                         err) ||
-        !json_get_double(o, "peak_memory_bytes", true, 0, 1e30, &peak, ctx, err))
+    if (!metrics_device(o, i, &d->devices[i], ctx, err))
       return false;
-    if (dev != (int64_t)i)
-      return piper_input_error(err, "%s: key \"device\" is %lld, expected %u (devices in order)", ctx,
-                       (long long)dev, i);
-    rd->device = i;
-    rd->pp_rank = (int32_t)pr;
-    rd->dp_rank = (int32_t)dr;
-    rd->peak_memory_bytes = (uint64_t)peak;
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "memory_breakdown_bytes");
-    if (!cJSON_IsObject(b))
-      return piper_input_error(err, "%s: key \"memory_breakdown_bytes\" is required (an object)", ctx);
-    char bctx[600];
-    snprintf(bctx, sizeof bctx, "%s.memory_breakdown_bytes", ctx);
-    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) {
-      double v = 0;
-      if (!json_get_double(b, report_mem_kind_name((enum report_mem_kind)k), false, 0, 1e30, &v,
-                           bctx, err))
-        return false;
-      rd->peak_breakdown[k] = (uint64_t)v;
-    }
     i++;
   }
   return true;
+}
+
+static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
+  d->metrics = json_parse_file(path, err);
+  if (!d->metrics)
+    return false;
+  if (!cJSON_IsObject(d->metrics))
+    return piper_input_error(err, "%s: must be a JSON object", path);
+  return metrics_kind(d, path, err) && metrics_run_figures(d, path, err) &&
+         metrics_devices(d, path, err);
 }
 
 /* results.csv must be the one written with metrics.json: same model, schedule, dp rows and
