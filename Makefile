@@ -61,7 +61,7 @@ else
 endif
 
 # --- sources --------------------------------------------------------------------------------
-MODULES := base ir models directives sim kernels exec
+MODULES := base ir models directives report sim kernels exec
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libpiper.a

@@ -25,7 +25,7 @@
 
 #include "../ir/plan.h"
 #include "../kernels/kernels.h"
-#include "../sim/report.h"
+#include "../report/report.h"
 
 /* ---- backend interface ------------------------------------------------------------------- */
 

@@ -26,10 +26,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../directives/schedule.h"
 #include "../ir/plan.h"
 #include "profile.h"
-#include "report.h"
+#include "../report/report.h"
 
 struct sim_options {
   /* Simulate one device per class of devices whose programs, link spans and partners are
@@ -77,11 +76,5 @@ void sim_static_memory(const struct plan *p, const struct plan_class *c,
 /* Points every device of r->devices (report_run_init_devices done) at its unit's intervals and
  * memory, and fills the peaks. */
 void sim_fill_report(const struct sim_result *s, struct report_run *r);
-
-/* The compile pipeline of a run: model (pp_regions > 0 overrides its PP split), directive
- * program, schedule harness (when sched is not NULL), graph, rewrite, lowering with its
- * progress check. */
-struct plan *sim_compile(const char *model_path, const char *directives_path,
-                         const struct sched_options *sched, int pp_regions, GError **err);
 
 #endif

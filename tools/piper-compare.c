@@ -10,7 +10,7 @@
 
 #include "../base/json.h"
 #include "../base/version.h"
-#include "../sim/report.h"
+#include "../report/report.h"
 #include "options.h"
 
 /* What the command line asks for. */

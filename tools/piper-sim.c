@@ -15,9 +15,9 @@
 #include "../directives/compile.h"
 #include "../base/json.h"
 #include "../base/version.h"
-#include "../sim/chart.h"
+#include "../report/chart.h"
 #include "../sim/sim.h"
-#include "../sim/sweep.h"
+#include "sweep.h"
 #include "options.h"
 
 /* What the command line asks for. */
@@ -287,14 +287,19 @@ static int check_inputs(const struct sim_cli *a, struct compile_options *co) {
 /* The profile, and the plan: read from --plans or compiled. */
 static bool load_inputs(const struct sim_cli *a, const struct compile_options *co,
                         struct sim_session *s, GError **err) {
-  const struct compile_args *ca = &a->compile;
   s->prof = profile_load_file(a->profile, err);
   if (!s->prof)
     return false;
-  const struct sched_options so = co->schedule;
-  s->plan = a->plans ? plan_read_dir(a->plans, err)
-                     : sim_compile(ca->model, ca->directives, ca->schedule ? &so : NULL,
-                                   co->pp_regions, err);
+  if (a->plans) {
+    s->plan = plan_read_dir(a->plans, err);
+  } else {
+    struct compile_result cr = {0};
+    if (compile_run(co, &cr, err)) {
+      s->plan = cr.plan;
+      cr.plan = NULL; /* the plan is ours; the rest of the front end's result goes */
+    }
+    compile_result_free(&cr);
+  }
   return s->plan != NULL;
 }
 
@@ -331,32 +336,12 @@ static void fill_report(const struct sim_cli *a, const struct compile_options *c
   run->extra = s->extra;
 }
 
-/* schedule.png and .svg (and .pdf under --format pdf), memory.png. */
+/* schedule.png and .svg (and .pdf under --format pdf), memory.png when gnuplot is there. */
 static bool write_charts(struct sim_session *s, enum chart_format extra_format, const char *dir,
                          GError **err) {
-  const struct report_run *run = &s->run;
-  char *path = g_build_filename(dir, "schedule.png", NULL);
-  bool ok = chart_schedule(run, path, CHART_PNG, err);
-  g_free(path);
-  if (ok) {
-    path = g_build_filename(dir, "schedule.svg", NULL);
-    ok = chart_schedule(run, path, CHART_SVG, err);
-    g_free(path);
-  }
-  if (ok && extra_format == CHART_PDF) {
-    path = g_build_filename(dir, "schedule.pdf", NULL);
-    ok = chart_schedule(run, path, CHART_PDF, err);
-    g_free(path);
-    if (ok)
-      g_string_append(s->files, " schedule.pdf");
-  }
-  if (!ok)
-    return false;
-  g_string_append(s->files, " schedule.png schedule.svg");
-  if (!chart_memory(run, dir, err))
-    return false;
-  g_string_append(s->files, " memory.png");
-  return true;
+  if (!chart_gnuplot_available())
+    fprintf(stderr, "%s: note: gnuplot is not installed: no memory.png\n", program.name);
+  return report_write_charts(&s->run, dir, extra_format, s->files, err);
 }
 
 /* Simulates the step and writes the run directory: results, charts, the --viz graphs. */

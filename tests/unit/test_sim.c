@@ -18,11 +18,12 @@
 #include <unistd.h>
 
 #include "../../base/json.h"
-#include "../../sim/chart.h"
+#include "../../directives/compile.h"
+#include "../../report/chart.h"
 #include "../../sim/profile.h"
-#include "../../sim/report.h"
+#include "../../report/report.h"
 #include "../../sim/sim.h"
-#include "../../sim/sweep.h"
+#include "../../tools/sweep.h"
 
 #define TIME_TOL 1e-9
 #define MS 1e-3
@@ -622,13 +623,33 @@ static void test_report_stats(void **state) {
 
 /* ---- end to end through the real pipeline -------------------------------------------------- */
 
+/* model + directive program (+ schedule harness when sched is not NULL) -> plans */
+static struct plan *compile_plan(const char *model_path, const char *directives_path,
+                                 const struct sched_options *sched, int pp_regions, GError **err) {
+  struct compile_options o = compile_options_default();
+  o.model_path = model_path;
+  o.directives_path = directives_path;
+  o.pp_regions = pp_regions;
+  if (sched) {
+    o.have_schedule = true;
+    o.schedule = *sched;
+  }
+  struct compile_result r;
+  if (!compile_run(&o, &r, err))
+    return NULL;
+  struct plan *plan = r.plan;
+  r.plan = NULL; /* the caller owns the plan; the rest goes */
+  compile_result_free(&r);
+  return plan;
+}
+
 static struct plan *compile(const char *model, const char *base, const char *schedule, uint32_t mbs,
                             int pp_regions) {
   GError *err = NULL;
   struct sched_options so = {.mbs = mbs};
   if (!sched_family_parse(schedule, &so.family))
     fail_msg("schedule %s", schedule);
-  struct plan *p = sim_compile(model, base, &so, pp_regions, &err);
+  struct plan *p = compile_plan(model, base, &so, pp_regions, &err);
   if (!p)
     fail_msg("%s %s %s: %s", model, base, schedule, err->message);
   return p;
@@ -799,7 +820,7 @@ static void test_static_memory_zero(void **state) {
              variants[v]);
     test_write_file(path, text);
     GError *err = NULL;
-    struct plan *p = sim_compile("models/tiny-moe.json", path, NULL, 0, &err);
+    struct plan *p = compile_plan("models/tiny-moe.json", path, NULL, 0, &err);
     if (!p)
       fail_msg("%s: %s", path, err->message);
     struct sim_result *r = run(p, u, false);

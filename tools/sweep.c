@@ -8,8 +8,29 @@
 #include <string.h>
 
 #include "../base/json.h"
-#include "chart.h"
-#include "sim.h"
+#include "../directives/compile.h"
+#include "../report/chart.h"
+#include "../sim/sim.h"
+
+/* model + directive program (+ schedule harness when sched is not NULL) -> plans */
+static struct plan *compile_plan(const char *model_path, const char *directives_path,
+                                 const struct sched_options *sched, int pp_regions, GError **err) {
+  struct compile_options o = compile_options_default();
+  o.model_path = model_path;
+  o.directives_path = directives_path;
+  o.pp_regions = pp_regions;
+  if (sched) {
+    o.have_schedule = true;
+    o.schedule = *sched;
+  }
+  struct compile_result r;
+  if (!compile_run(&o, &r, err))
+    return NULL;
+  struct plan *plan = r.plan;
+  r.plan = NULL; /* the caller owns the plan; the rest goes */
+  compile_result_free(&r);
+  return plan;
+}
 
 static bool string_list(const cJSON *root, const char *key, char ***out, uint32_t *n,
                         const char *ctx, GError **err) {
@@ -148,17 +169,11 @@ static void csv_field(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-static bool write_outputs(const struct sweep *s, const char *dir, GError **err) {
-  char *csv = g_build_filename(dir, "sweep.csv", NULL);
-  char *dat = g_build_filename(dir, "sweep.dat", NULL);
-  char *gp = g_build_filename(dir, "sweep.gp", NULL);
-  bool ok = false;
-  FILE *f = fopen(csv, "w");
-  if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", csv,
-                strerror(errno));
-    goto out;
-  }
+static bool write_csv(const struct sweep *s, const char *path, GError **err) {
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
+  FILE *f = out.f;
   fprintf(f, "rank,status,schedule,base,microbatches,profile,iteration_time_s,"
              "throughput_tokens_per_s,peak_memory_gb,memory_cap_gb,bubble_fraction,error\n");
   for (uint32_t i = 0; i < s->n_points; i++) {
@@ -178,15 +193,18 @@ static bool write_outputs(const struct sweep *s, const char *dir, GError **err) 
     csv_field(f, p->error ? p->error : "");
     fputc('\n', f);
   }
-  fclose(f);
-  /* chart data: two blocks, feasible and over the cap: peak GiB, throughput, label */
-  f = fopen(dat, "w");
-  if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", dat,
-                strerror(errno));
-    goto out;
-  }
-  double cap = 0;
+  return piper_out_close(&out, err);
+}
+
+/* Chart data: two blocks, feasible and over the cap: peak GiB, throughput, label. Sets *cap to
+ * the largest memory cap (where the chart draws its line). */
+static bool write_chart_data(const struct sweep *s, const char *path, double *cap,
+                             GError **err) {
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
+  FILE *f = out.f;
+  *cap = 0;
   for (int block = 0; block < 2; block++) {
     fprintf(f, "# %s\n", block == 0 ? "feasible" : "over the memory cap");
     int rows = 0;
@@ -194,8 +212,8 @@ static bool write_outputs(const struct sweep *s, const char *dir, GError **err) 
       const struct sweep_point *p = &s->points[i];
       if (!p->ok || p->feasible != (block == 0))
         continue;
-      if (p->memory_cap_bytes > cap)
-        cap = p->memory_cap_bytes;
+      if (p->memory_cap_bytes > *cap)
+        *cap = p->memory_cap_bytes;
       char *base = g_path_get_basename(p->base);
       char *dot = strrchr(base, '.');
       if (dot)
@@ -209,16 +227,18 @@ static bool write_outputs(const struct sweep *s, const char *dir, GError **err) 
       fputs("NaN NaN \"\"\n", f); /* gnuplot needs a non-empty block */
     fputs("\n\n", f);
   }
-  fclose(f);
-  f = fopen(gp, "w");
-  if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", gp, strerror(errno));
-    goto out;
-  }
+  return piper_out_close(&out, err);
+}
+
+static bool write_chart_script(const struct sweep *s, const char *path, double cap,
+                               GError **err) {
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
   char *mname = g_path_get_basename(s->model);
-  fprintf(f,
+  fprintf(out.f,
           "set terminal pngcairo size 1200,750 font 'sans,11'\n"
-          "set output 'sweep.png'\n"
+          "%s"
           "set title 'What-if sweep: %s (%u configurations; labels: schedule/base/micro-batches)'\n"
           "set xlabel 'peak memory per device (GiB)'\nset ylabel 'throughput (tokens/s)'\n"
           "set grid\nset key top left box opaque\nset yrange [0:*]\nset xrange [0:*]\n"
@@ -230,12 +250,21 @@ static bool write_outputs(const struct sweep *s, const char *dir, GError **err) 
           "title 'over the memory cap', \\\n"
           "     'sweep.dat' index 0 every ::0::7 using 1:2:3 with labels offset 0,1 font ',8' "
           "notitle\n",
-          mname, s->n_points, cap / (double)(1ull << 30), cap / (double)(1ull << 30),
-          cap / (double)(1ull << 30));
+          CHART_GNUPLOT_OUTPUT("sweep.png"), mname, s->n_points, cap / (double)(1ull << 30),
+          cap / (double)(1ull << 30), cap / (double)(1ull << 30));
   g_free(mname);
-  fclose(f);
-  ok = chart_run_gnuplot(dir, "sweep.gp", err);
-out:
+  return piper_out_close(&out, err);
+}
+
+/* dir/sweep.csv, sweep.dat, sweep.gp and sweep.png. */
+static bool write_outputs(const struct sweep *s, const char *dir, GError **err) {
+  char *csv = g_build_filename(dir, "sweep.csv", NULL);
+  char *dat = g_build_filename(dir, "sweep.dat", NULL);
+  char *gp = g_build_filename(dir, "sweep.gp", NULL);
+  double cap = 0;
+  bool ok = write_csv(s, csv, err) && write_chart_data(s, dat, &cap, err) &&
+            write_chart_script(s, gp, cap, err) &&
+            chart_run_gnuplot(dir, "sweep.gp", "sweep.png", err);
   g_free(csv);
   g_free(dat);
   g_free(gp);
@@ -266,7 +295,7 @@ bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err) {
         sched_family_parse(s->schedules[sc], &so.family);
         GError *e = NULL;
         /* one compile serves every profile */
-        struct plan *plan = sim_compile(s->model, s->bases[b], &so, s->pp_regions, &e);
+        struct plan *plan = compile_plan(s->model, s->bases[b], &so, s->pp_regions, &e);
         for (uint32_t pi = 0; pi < s->n_profiles; pi++, k++) {
           struct sweep_point *pt = &s->points[s->n_points++];
           pt->base = g_strdup(s->bases[b]);

@@ -1,17 +1,26 @@
 /* report: the run directory of SPEC §8, shared by piper-sim (simulated runs) and piper-exec
- * (measured runs). It takes per-device intervals (what ran on which stream, when) and memory
- * numbers, derives the pinned metrics (bubble, exposed communication, overlap) and writes the
- * directive program, results.csv, metrics.json and trace.json.
+ * (measured runs), read back by piper-compare. It takes per-device intervals (what ran on which
+ * stream, when) and memory numbers, derives the pinned metrics (bubble, exposed communication,
+ * overlap: stats.c), writes the directive program, results.csv, metrics.json and trace.json
+ * (write.c) and reads a run directory back (read.c); chart.h draws its pictures. It depends on
+ * base/, models/ and ir/ only.
  *
- *   struct report_run r = {.plan = plan, .kind = "sim", .schedule = "1f1b", ...};
- *   report_run_init_devices(&r);             // devices[], pp/dp ranks from the plan
- *   r.devices[d].intervals = ...; r.devices[d].memory = ...;
+ *   const struct plan *plan = NULL;           // from compile_run or plan_read_dir
+ *   struct report_interval ran[] = {{.start = 0, .end = 1e-3, .node = 0, .stream = 0}};
+ *   double step_s = 1e-3;
+ *   GError *err = NULL;
+ *   struct report_run r = {.plan = plan, .kind = "sim", .schedule = "1f1b",
+ *                          .n_iterations = 1, .iteration_times = &step_s};
+ *   report_run_init_devices(&r);              // devices[], pp/dp ranks from the plan
+ *   r.devices[0].intervals = ran;             // (and .memory) not owned by the report
+ *   r.devices[0].n_intervals = 1;
  *   report_compute_stats(&r);
- *   report_write_dir(&r, "out/run", &err);
+ *   if (!report_write_dir(&r, "out/run", &err))
+ *     fprintf(stderr, "%s\n", err->message);
  *   report_run_free_devices(&r);
  */
-#ifndef PIPER_SIM_REPORT_H
-#define PIPER_SIM_REPORT_H
+#ifndef PIPER_REPORT_REPORT_H
+#define PIPER_REPORT_REPORT_H
 
 #include <cJSON.h>
 #include <glib.h>
@@ -85,6 +94,8 @@ struct report_run {
 void report_run_init_devices(struct report_run *r);
 void report_run_free_devices(struct report_run *r);
 
+/* First start and last end over every device's intervals (0, 0 without intervals). */
+void report_run_window(const struct report_run *r, double *t0, double *t1);
 /* Iteration time of the run (first start to last end over every device). */
 double report_iteration_time(const struct report_run *r);
 /* Fills the derived fields of every device from its intervals, over [t0, t0 + iter). */
@@ -109,8 +120,10 @@ bool report_node_is_compute(const struct ir_node *n);
  * that disagree (results.csv against metrics.json against trace.json), is a PIPER_ERROR_INPUT
  * naming the file and the key.
  *
+ *   GError *err = NULL;
  *   struct report_dir *d = report_dir_load("out/run", &err);
- *   printf("%s: %g s\n", d->kind, d->iteration_time_s);
+ *   if (d)
+ *     printf("%s: %g s\n", d->kind, d->iteration_time_s);
  *   report_dir_free(d);
  */
 

@@ -3,12 +3,14 @@
  * combination is compiled and simulated, ranked by throughput among those under the memory cap,
  * and written as sweep.csv plus a gnuplot chart (throughput vs peak memory).
  *
+ *   GError *err = NULL;
  *   struct sweep *s = sweep_load_file("sweep.json", &err);
- *   sweep_run(s, "out/sweep", isatty(2), &err);
+ *   if (!s || !sweep_run(s, "out/sweep", true, &err))   // true: progress on stderr
+ *     fprintf(stderr, "%s\n", err->message);
  *   sweep_free(s);
  */
-#ifndef PIPER_SIM_SWEEP_H
-#define PIPER_SIM_SWEEP_H
+#ifndef PIPER_TOOLS_SWEEP_H
+#define PIPER_TOOLS_SWEEP_H
 
 #include <glib.h>
 #include <stdbool.h>

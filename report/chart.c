@@ -1,0 +1,705 @@
+/* chart: the schedule chart (Cairo) and the memory chart (gnuplot) of a run. */
+#include "chart.h"
+
+#include <cairo-pdf.h>
+#include <cairo-svg.h>
+#include <cairo.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <glib/gstdio.h>
+
+#include "../base/json.h"
+
+bool chart_format_parse(const char *name, enum chart_format *out) {
+  if (strcmp(name, "png") == 0)
+    *out = CHART_PNG;
+  else if (strcmp(name, "svg") == 0)
+    *out = CHART_SVG;
+  else if (strcmp(name, "pdf") == 0)
+    *out = CHART_PDF;
+  else
+    return false;
+  return true;
+}
+
+uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint32_t *n) {
+  uint32_t *out = g_new(uint32_t, r->n_devices + 1);
+  *n = 0;
+  if (r->n_devices <= max_rows) {
+    for (uint32_t i = 0; i < r->n_devices; i++)
+      out[(*n)++] = i;
+    return out;
+  }
+  /* one device per pp rank, in pp order */
+  uint32_t *by_pp = g_new(uint32_t, r->pp + 1);
+  for (uint32_t k = 0; k < r->pp; k++)
+    by_pp[k] = UINT32_MAX;
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    const struct report_device *d = &r->devices[i];
+    if (d->dp_rank == 0 && d->pp_rank >= 0 && (uint32_t)d->pp_rank < r->pp)
+      by_pp[d->pp_rank] = i;
+  }
+  uint32_t cnt = 0;
+  for (uint32_t k = 0; k < r->pp; k++)
+    if (by_pp[k] != UINT32_MAX)
+      by_pp[cnt++] = by_pp[k];
+  if (cnt <= max_rows) {
+    memcpy(out, by_pp, cnt * sizeof *out);
+    *n = cnt;
+  } else {
+    for (uint32_t k = 0; k < max_rows; k++)
+      out[(*n)++] = by_pp[(uint64_t)k * cnt / max_rows];
+  }
+  g_free(by_pp);
+  return out;
+}
+
+/* ---- schedule chart ------------------------------------------------------------------------ */
+
+struct rgb {
+  double r, g, b;
+};
+static struct rgb hex(unsigned v) {
+  return (struct rgb){((v >> 16) & 255) / 255.0, ((v >> 8) & 255) / 255.0, (v & 255) / 255.0};
+}
+static struct rgb lighten(struct rgb c, double f) {
+  return (struct rgb){c.r + (1 - c.r) * f, c.g + (1 - c.g) * f, c.b + (1 - c.b) * f};
+}
+
+/* Colours (Tableau 10): passes take the light-to-mid hues, communication dark ones. */
+static struct rgb node_colour(const struct ir_node *n) {
+  switch (n->kind) {
+  case IR_NODE_COMPUTE:
+    switch (n->pass) {
+    case IR_PASS_F: return hex(0x4E79A7);
+    case IR_PASS_B: return hex(0x59A14F);
+    case IR_PASS_BI: return hex(0x8CD17D);
+    case IR_PASS_BW: return hex(0xF28E2B);
+    default: return hex(0x999999);
+    }
+  case IR_NODE_OPTIMIZER: return hex(0x79706E);
+  case IR_NODE_SEND:
+  case IR_NODE_RECV: return hex(0x6B3FA0);
+  case IR_NODE_ALL_REDUCE:
+  case IR_NODE_REDUCE_SCATTER: return hex(0xC0392B);
+  case IR_NODE_ALL_GATHER: return hex(0x9C755F);
+  case IR_NODE_ALL_TO_ALL: return hex(0xD4477F);
+  default: return hex(0x333333);
+  }
+}
+
+static const struct {
+  const char *label;
+  unsigned colour;
+  bool comm;
+} legend[] = {
+    {"F", 0x4E79A7, false},
+    {"B", 0x59A14F, false},
+    {"BI", 0x8CD17D, false},
+    {"BW", 0xF28E2B, false},
+    {"optimizer", 0x79706E, false},
+    {"send/recv", 0x6B3FA0, true},
+    {"all-reduce / reduce-scatter", 0xC0392B, true},
+    {"all-gather", 0x9C755F, true},
+    {"all-to-all", 0xD4477F, true},
+};
+
+/* Tick step: 1, 2 or 5 times a power of ten, giving about `want` ticks over span. */
+static double nice_step(double span, int want) {
+  double raw = span / want;
+  double p = pow(10, floor(log10(raw)));
+  double m = raw / p;
+  return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+}
+
+static void text_at(cairo_t *cr, double x, double y, const char *s, double align) {
+  cairo_text_extents_t te;
+  cairo_text_extents(cr, s, &te);
+  cairo_move_to(cr, x - align * te.x_advance, y);
+  cairo_show_text(cr, s);
+}
+
+#define LANE_H 16.0
+#define COMM_H 8.0
+#define ROW_GAP 8.0
+#define LEFT 170.0
+#define RIGHT 24.0
+#define TOP 56.0
+#define PLOT_W 1500.0
+#define MAX_ROWS 32
+
+/* Where everything of the schedule chart goes: the devices drawn, a lane per stream each of
+ * them uses, the time window and the page size. */
+struct schedule_layout {
+  uint32_t n_rows;
+  uint32_t *rows;     /* indices into r->devices */
+  uint32_t stride;    /* n_streams + 1 */
+  uint32_t *lane_of;  /* [n_rows][stride]: lane of a stream in its row, UINT32_MAX: unused */
+  uint32_t *n_lanes;  /* [n_rows] */
+  double t0, t1, sx;  /* window (seconds) and pixels per second */
+  double width, height, axis_y;
+  int mb_tag;         /* the micro-batch tag, -1 when the plan has none */
+};
+
+/* First start and last end of every interval (a 1 ms window when there are none). */
+static void interval_window(const struct report_run *r, double *t0, double *t1) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (uint32_t i = 0; i < r->n_devices; i++)
+    for (uint32_t k = 0; k < r->devices[i].n_intervals; k++) {
+      if (r->devices[i].intervals[k].start < lo)
+        lo = r->devices[i].intervals[k].start;
+      if (r->devices[i].intervals[k].end > hi)
+        hi = r->devices[i].intervals[k].end;
+    }
+  if (!isfinite(lo) || hi <= lo) {
+    lo = 0;
+    hi = 1e-3;
+  }
+  *t0 = lo;
+  *t1 = hi;
+}
+
+/* The micro-batch dimension: "MB" (the schedule harness), else the first split dimension. */
+static int micro_batch_tag(const struct plan *p) {
+  int mb_tag = -1;
+  for (uint32_t t = 0; t < p->n_tags && t < IR_MAX_TAGS; t++)
+    if (strcmp(p->tag_names[t], "MB") == 0)
+      mb_tag = (int)t;
+  if (mb_tag < 0 && p->model->n_tags < p->n_tags)
+    mb_tag = (int)p->model->n_tags;
+  return mb_tag;
+}
+
+/* Lanes of row ri: the streams its device uses, in stream order (one empty lane at least). */
+static void assign_lanes(const struct report_run *r, struct schedule_layout *l, uint32_t ri) {
+  const struct plan *p = r->plan;
+  const struct report_device *d = &r->devices[l->rows[ri]];
+  uint32_t *lo = l->lane_of + (size_t)ri * l->stride;
+  for (uint32_t s = 0; s < p->n_streams; s++)
+    lo[s] = UINT32_MAX;
+  for (uint32_t k = 0; k < d->n_intervals; k++)
+    if (d->intervals[k].stream < p->n_streams)
+      lo[d->intervals[k].stream] = 0;
+  for (uint32_t s = 0; s < p->n_streams; s++)
+    if (lo[s] != UINT32_MAX)
+      lo[s] = l->n_lanes[ri]++;
+  if (l->n_lanes[ri] == 0)
+    l->n_lanes[ri] = 1;
+}
+
+static void layout_init(const struct report_run *r, struct schedule_layout *l) {
+  const struct plan *p = r->plan;
+  memset(l, 0, sizeof *l);
+  l->rows = chart_pick_devices(r, MAX_ROWS, &l->n_rows);
+  interval_window(r, &l->t0, &l->t1);
+  l->sx = PLOT_W / (l->t1 - l->t0);
+  l->stride = p->n_streams + 1;
+  l->lane_of = g_new(uint32_t, (size_t)l->n_rows * l->stride);
+  l->n_lanes = g_new0(uint32_t, l->n_rows + 1);
+  l->height = TOP;
+  for (uint32_t ri = 0; ri < l->n_rows; ri++) {
+    assign_lanes(r, l, ri);
+    l->height += l->n_lanes[ri] * LANE_H + ROW_GAP;
+  }
+  l->axis_y = l->height + 4;
+  l->height += 40;     /* axis */
+  l->height += 28 * 2; /* legend, two lines */
+  l->width = LEFT + PLOT_W + RIGHT;
+  l->mb_tag = micro_batch_tag(p);
+}
+
+static void layout_free(struct schedule_layout *l) {
+  g_free(l->rows);
+  g_free(l->lane_of);
+  g_free(l->n_lanes);
+}
+
+static void draw_title(cairo_t *cr, const struct report_run *r, const struct schedule_layout *l) {
+  const struct plan *p = r->plan;
+  char title[512];
+  double iter = l->t1 - l->t0;
+  snprintf(title, sizeof title, "%s · %s · pp %u × dp %u · %u micro-batches · iteration %.4g %s%s",
+           p->model->name, r->schedule ? r->schedule : "custom", r->pp, r->dp, p->n_microbatches,
+           iter >= 1 ? iter : iter * 1e3, iter >= 1 ? "s" : "ms",
+           l->n_rows < r->n_devices ? " · dp rank 0 of each pp rank shown" : "");
+  cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+  cairo_set_font_size(cr, 16);
+  text_at(cr, LEFT, 28, title, 0);
+}
+
+/* Vertical grid lines at round times, their labels and the axis title. */
+static void draw_time_axis(cairo_t *cr, const struct schedule_layout *l) {
+  double iter = l->t1 - l->t0;
+  double unit = iter >= 1 ? 1 : 1e-3;
+  const char *unit_name = iter >= 1 ? "s" : "ms";
+  double step = nice_step(iter / unit, 10) * unit;
+  cairo_set_font_size(cr, 11);
+  for (double t = 0; t <= iter * 1.0001; t += step) {
+    double x = LEFT + t * l->sx;
+    cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
+    cairo_set_line_width(cr, 1);
+    cairo_move_to(cr, x, TOP - 6);
+    cairo_line_to(cr, x, l->axis_y);
+    cairo_stroke(cr);
+    char lab[32];
+    snprintf(lab, sizeof lab, "%g", round(t / unit * 1e6) / 1e6);
+    cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
+    text_at(cr, x, l->axis_y + 16, lab, 0.5);
+  }
+  char axis_label[32];
+  snprintf(axis_label, sizeof axis_label, "time (%s)", unit_name);
+  cairo_set_font_size(cr, 12);
+  text_at(cr, LEFT + PLOT_W / 2, l->axis_y + 34, axis_label, 0.5);
+}
+
+/* The device's first PP stage, so that its later stage (V / interleaved chunk) is shaded
+ * lighter. */
+static int32_t first_stage(const struct plan *p, const struct report_device *d) {
+  int32_t min_stage = INT32_MAX;
+  for (uint32_t k = 0; k < d->n_intervals; k++) {
+    const struct ir_node *n = &p->nodes[d->intervals[k].node];
+    if (n->kind == IR_NODE_COMPUTE && n->tags[MODEL_TAG_PP] >= 0 &&
+        n->tags[MODEL_TAG_PP] < min_stage)
+      min_stage = n->tags[MODEL_TAG_PP];
+  }
+  return min_stage;
+}
+
+/* Alternating row background, the device and its ranks at the left edge, the stream names. */
+static void draw_row_frame(cairo_t *cr, const struct plan *p, const struct report_device *d,
+                           const uint32_t *lo, uint32_t ri, double y, double row_h) {
+  double shade = ri % 2 ? 0.965 : 0.985;
+  cairo_set_source_rgb(cr, shade, shade, shade);
+  cairo_rectangle(cr, LEFT, y, PLOT_W, row_h);
+  cairo_fill(cr);
+  /* device and ranks on two short lines at the left edge, clear of the stream names */
+  char lab[64];
+  snprintf(lab, sizeof lab, "device %u", d->device);
+  cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+  cairo_set_font_size(cr, 12);
+  text_at(cr, 8, y + LANE_H - 4, lab, 0);
+  snprintf(lab, sizeof lab, "pp %d · dp %d", d->pp_rank, d->dp_rank);
+  cairo_set_font_size(cr, 10);
+  cairo_set_source_rgb(cr, 0.35, 0.35, 0.35);
+  text_at(cr, 8, y + LANE_H + 9, lab, 0);
+  cairo_set_font_size(cr, 9);
+  cairo_set_source_rgb(cr, 0.45, 0.45, 0.45);
+  for (uint32_t s = 0; s < p->n_streams; s++)
+    if (lo[s] != UINT32_MAX)
+      text_at(cr, LEFT - 4, y + lo[s] * LANE_H + 11, p->streams[s].name, 1);
+}
+
+/* The micro-batch number inside a compute box, only where it fits. */
+static void draw_micro_batch(cairo_t *cr, int mb, double x0, double x1, double ly) {
+  char ml[16];
+  snprintf(ml, sizeof ml, "%d", mb);
+  cairo_text_extents_t te;
+  cairo_text_extents(cr, ml, &te);
+  if (te.x_advance + 2 <= x1 - x0) {
+    cairo_set_source_rgb(cr, 1, 1, 1);
+    text_at(cr, (x0 + x1) / 2, ly + 11.5, ml, 0.5);
+  }
+}
+
+/* One interval: a full-height box for compute, a thin bar for communication. */
+static void draw_interval(cairo_t *cr, const struct plan *p, const struct schedule_layout *l,
+                          const struct report_interval *iv, double ly, int32_t min_stage) {
+  const struct ir_node *n = &p->nodes[iv->node];
+  bool comm = !report_node_is_compute(n);
+  double x0 = LEFT + (iv->start - l->t0) * l->sx, x1 = LEFT + (iv->end - l->t0) * l->sx;
+  if (x1 - x0 < 0.6)
+    x1 = x0 + 0.6; /* zero-cost ops stay visible as hairlines */
+  double by = comm ? ly + (LANE_H - COMM_H) / 2 : ly + 1, bh = comm ? COMM_H : LANE_H - 2;
+  struct rgb c = node_colour(n);
+  if (!comm && n->tags[MODEL_TAG_PP] > min_stage && n->kind == IR_NODE_COMPUTE)
+    c = lighten(c, 0.35); /* the rank's later stage (chunk) */
+  cairo_set_source_rgb(cr, c.r, c.g, c.b);
+  cairo_rectangle(cr, x0, by, x1 - x0, bh);
+  cairo_fill(cr);
+  if (x1 - x0 >= 3) { /* a white edge separates back-to-back boxes */
+    cairo_set_source_rgb(cr, 1, 1, 1);
+    cairo_set_line_width(cr, 0.6);
+    cairo_rectangle(cr, x0 + 0.3, by + 0.3, x1 - x0 - 0.6, bh - 0.6);
+    cairo_stroke(cr);
+  }
+  int mb = l->mb_tag >= 0 ? n->tags[l->mb_tag] : -1;
+  if (!comm && mb >= 0)
+    draw_micro_batch(cr, mb, x0, x1, ly);
+}
+
+/* Row ri at height y; returns its height. */
+static double draw_device_row(cairo_t *cr, const struct report_run *r,
+                              const struct schedule_layout *l, uint32_t ri, double y) {
+  const struct plan *p = r->plan;
+  const struct report_device *d = &r->devices[l->rows[ri]];
+  const uint32_t *lo = l->lane_of + (size_t)ri * l->stride;
+  double row_h = l->n_lanes[ri] * LANE_H;
+  int32_t min_stage = first_stage(p, d);
+  draw_row_frame(cr, p, d, lo, ri, y, row_h);
+  cairo_set_font_size(cr, 9);
+  for (uint32_t k = 0; k < d->n_intervals; k++) {
+    const struct report_interval *iv = &d->intervals[k];
+    if (iv->stream >= p->n_streams || lo[iv->stream] == UINT32_MAX)
+      continue;
+    draw_interval(cr, p, l, iv, y + lo[iv->stream] * LANE_H, min_stage);
+  }
+  return row_h;
+}
+
+static void draw_legend(cairo_t *cr, const struct schedule_layout *l) {
+  double lx = LEFT, ly = l->axis_y + 50;
+  cairo_set_font_size(cr, 12);
+  for (size_t i = 0; i < sizeof legend / sizeof legend[0]; i++) {
+    struct rgb c = hex(legend[i].colour);
+    cairo_text_extents_t te;
+    cairo_text_extents(cr, legend[i].label, &te);
+    if (lx + 24 + te.x_advance > LEFT + PLOT_W) {
+      lx = LEFT;
+      ly += 24;
+    }
+    cairo_set_source_rgb(cr, c.r, c.g, c.b);
+    if (legend[i].comm)
+      cairo_rectangle(cr, lx, ly - 8, 18, COMM_H);
+    else
+      cairo_rectangle(cr, lx, ly - 12, 18, 14);
+    cairo_fill(cr);
+    cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
+    text_at(cr, lx + 24, ly, legend[i].label, 0);
+    lx += 24 + te.x_advance + 22;
+  }
+  cairo_set_source_rgb(cr, 0.35, 0.35, 0.35);
+  cairo_set_font_size(cr, 11);
+  text_at(cr, lx, ly, "(lighter: the rank's later stage; numbers: micro-batch)", 0);
+}
+
+static void draw_schedule(cairo_t *cr, const struct report_run *r,
+                          const struct schedule_layout *l) {
+  cairo_set_source_rgb(cr, 1, 1, 1);
+  cairo_paint(cr);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  draw_title(cr, r, l);
+  draw_time_axis(cr, l);
+  double y = TOP;
+  for (uint32_t ri = 0; ri < l->n_rows; ri++)
+    y += draw_device_row(cr, r, l, ri, y) + ROW_GAP;
+  draw_legend(cr, l);
+}
+
+/* Cairo's stream callback: every byte of the chart goes through the output's checked FILE. */
+static cairo_status_t write_to_out(void *closure, const unsigned char *data, unsigned int len) {
+  FILE *f = closure;
+  return fwrite(data, 1, len, f) == len ? CAIRO_STATUS_SUCCESS : CAIRO_STATUS_WRITE_ERROR;
+}
+
+static bool cairo_fail(GError **err, const char *path, const char *what, cairo_status_t st) {
+  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: %s: %s", path, what,
+              cairo_status_to_string(st));
+  return false;
+}
+
+/* A surface that streams into out: vector formats write as they draw, PNG is an image written
+ * once drawn (render_schedule). */
+static cairo_surface_t *schedule_surface(const struct schedule_layout *l, enum chart_format f,
+                                         struct piper_out *out) {
+  if (f == CHART_PNG)
+    return cairo_image_surface_create(CAIRO_FORMAT_RGB24, (int)l->width, (int)ceil(l->height));
+  if (f == CHART_SVG)
+    return cairo_svg_surface_create_for_stream(write_to_out, out->f, l->width, l->height);
+  return cairo_pdf_surface_create_for_stream(write_to_out, out->f, l->width, l->height);
+}
+
+/* Draws onto a surface streaming into out; false (err set) when cairo fails at any step. */
+static bool render_schedule(const struct report_run *r, const struct schedule_layout *l,
+                            enum chart_format f, struct piper_out *out, GError **err) {
+  cairo_surface_t *surf = schedule_surface(l, f, out);
+  if (cairo_surface_status(surf) != CAIRO_STATUS_SUCCESS) {
+    cairo_fail(err, out->path, "cannot create the chart", cairo_surface_status(surf));
+    cairo_surface_destroy(surf);
+    return false;
+  }
+  cairo_t *cr = cairo_create(surf);
+  draw_schedule(cr, r, l);
+  cairo_status_t st = cairo_status(cr);
+  cairo_destroy(cr);
+  if (st == CAIRO_STATUS_SUCCESS && f == CHART_PNG)
+    st = cairo_surface_write_to_png_stream(surf, write_to_out, out->f);
+  cairo_surface_finish(surf);
+  if (st == CAIRO_STATUS_SUCCESS)
+    st = cairo_surface_status(surf);
+  cairo_surface_destroy(surf);
+  if (st != CAIRO_STATUS_SUCCESS)
+    return cairo_fail(err, out->path, "cannot write", st);
+  return true;
+}
+
+bool chart_schedule(const struct report_run *r, const char *path, enum chart_format f,
+                    GError **err) {
+  struct schedule_layout l;
+  layout_init(r, &l);
+  struct piper_out out;
+  bool ok = piper_out_open(&out, path, err);
+  if (ok && !render_schedule(r, &l, f, &out, err)) {
+    piper_out_abandon(&out);
+    ok = false;
+  } else if (ok) {
+    ok = piper_out_close(&out, err);
+  }
+  layout_free(&l);
+  return ok;
+}
+
+/* ---- gnuplot charts ------------------------------------------------------------------------ */
+
+bool chart_gnuplot_available(void) {
+  char *path = g_find_program_in_path("gnuplot");
+  g_free(path);
+  return path != NULL;
+}
+
+/* Reads fd to its end into s (a child's standard error). */
+static void read_fd(int fd, GString *s) {
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+    if (n > 0)
+      g_string_append_len(s, buf, n);
+}
+
+/* Reads a file descriptor's whole content from its start. */
+static bool read_back(int fd, GByteArray *into) {
+  if (lseek(fd, 0, SEEK_SET) != 0)
+    return false;
+  guint8 buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) != 0) {
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return false;
+    g_byte_array_append(into, buf, (guint)n);
+  }
+  return true;
+}
+
+/* A PNG ends with its IEND chunk: anything shorter was cut off. */
+static bool png_complete(const GByteArray *png) {
+  static const guint8 iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xAE, 0x42, 0x60, 0x82};
+  return png->len >= 8 + sizeof iend && memcmp(png->data, "\x89PNG", 4) == 0 &&
+         memcmp(png->data + png->len - sizeof iend, iend, sizeof iend) == 0;
+}
+
+/* Waits for gnuplot and turns a failure into an error carrying its first line of stderr. */
+static bool gnuplot_wait(GPid pid, int err_fd, const char *dir, const char *script,
+                         GError **err) {
+  GString *errout = g_string_new("");
+  read_fd(err_fd, errout);
+  close(err_fd);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+    ;
+  g_spawn_close_pid(pid);
+  bool ok = g_spawn_check_wait_status(status, NULL);
+  if (!ok) {
+    char *nl = strchr(errout->str, '\n');
+    if (nl)
+      *nl = 0;
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s/%s: gnuplot failed: %s", dir, script,
+                *errout->str ? errout->str : "(no message)");
+  }
+  g_string_free(errout, TRUE);
+  return ok;
+}
+
+/* Runs gnuplot on dir/script with its picture on standard output (the script sets its own output
+ * only when piper_stdout is undefined, so a user re-running it gets the file) into png. */
+static bool gnuplot_render(const char *dir, const char *script, GByteArray *png, GError **err) {
+  GError *e = NULL;
+  char *tmp_name = NULL;
+  int out_fd = g_file_open_tmp("piper-gnuplot-XXXXXX", &tmp_name, &e);
+  if (out_fd < 0) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s/%s: %s", dir, script, e->message);
+    g_error_free(e);
+    return false;
+  }
+  g_unlink(tmp_name); /* the descriptor is all that is needed */
+  g_free(tmp_name);
+  const gchar *argv[] = {"gnuplot", "-e", "piper_stdout = 1", script, NULL};
+  GPid pid;
+  int err_fd = -1;
+  bool ok = g_spawn_async_with_pipes_and_fds(dir, argv, NULL,
+                                             G_SPAWN_SEARCH_PATH | G_SPAWN_DO_NOT_REAP_CHILD, NULL,
+                                             NULL, -1, out_fd, -1, NULL, NULL, 0, &pid, NULL, NULL,
+                                             &err_fd, &e);
+  if (!ok) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s/%s: cannot run gnuplot: %s", dir, script,
+                e->message);
+    g_error_free(e);
+  } else {
+    ok = gnuplot_wait(pid, err_fd, dir, script, err);
+    if (ok && !read_back(out_fd, png)) {
+      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s/%s: cannot read gnuplot's output: %s",
+                  dir, script, strerror(errno));
+      ok = false;
+    }
+  }
+  close(out_fd);
+  return ok;
+}
+
+bool chart_run_gnuplot(const char *dir, const char *script, const char *output, GError **err) {
+  GByteArray *png = g_byte_array_new();
+  GError *e = NULL;
+  bool ok = gnuplot_render(dir, script, png, &e);
+  char *path = g_build_filename(dir, output, NULL);
+  if (ok && !png_complete(png)) {
+    g_set_error(&e, PIPER_ERROR, PIPER_ERROR_RUNTIME,
+                "%s: gnuplot's picture is not a complete PNG (%u bytes)", path, png->len);
+    ok = false;
+  }
+  if (ok)
+    ok = piper_write_file(path, png->data, png->len, &e);
+  if (!ok)
+    g_propagate_error(err, e);
+  g_free(path);
+  g_byte_array_free(png, TRUE);
+  return ok;
+}
+
+/* The time window and the units the memory chart uses. */
+struct memory_axes {
+  double t0, t1;
+  bool secs, gibs;
+  double scale, mem_unit;
+};
+
+static struct memory_axes memory_axes(const struct report_run *r, const uint32_t *rows,
+                                      uint32_t n) {
+  struct memory_axes a;
+  double t0 = INFINITY, t1 = -INFINITY;
+  for (uint32_t i = 0; i < r->n_devices; i++)
+    for (uint32_t k = 0; k < r->devices[i].n_intervals; k++) {
+      if (r->devices[i].intervals[k].start < t0)
+        t0 = r->devices[i].intervals[k].start;
+      if (r->devices[i].intervals[k].end > t1)
+        t1 = r->devices[i].intervals[k].end;
+    }
+  if (!isfinite(t0))
+    t0 = t1 = 0;
+  a.t0 = t0;
+  a.t1 = t1;
+  a.secs = t1 - t0 >= 1;
+  a.scale = a.secs ? 1 : 1e3;
+  /* GiB for real models, MiB for the tiny ones (whose peaks are a few MiB) */
+  uint64_t top = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (r->devices[rows[i]].peak_memory_bytes > top)
+      top = r->devices[rows[i]].peak_memory_bytes;
+  a.gibs = top >= (1ull << 30);
+  a.mem_unit = a.gibs ? (double)(1ull << 30) : (double)(1ull << 20);
+  return a;
+}
+
+/* memory.dat: one gnuplot data block per device: time, total memory (a step function). */
+static bool write_memory_dat(const struct report_run *r, const uint32_t *rows, uint32_t n,
+                             const struct memory_axes *a, const char *path, GError **err) {
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
+  FILE *f = out.f;
+  for (uint32_t i = 0; i < n; i++) {
+    const struct report_device *d = &r->devices[rows[i]];
+    fprintf(f, "# device %u (pp %d, dp %d)\n", d->device, d->pp_rank, d->dp_rank);
+    uint64_t last = 0;
+    for (uint32_t k = 0; k < d->n_memory; k++) {
+      uint64_t tot = 0;
+      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
+        tot += d->memory[k].bytes[j];
+      double t = d->memory[k].t - a->t0;
+      if (t < 0)
+        t = 0;
+      fprintf(f, "%.9g %.6f\n", t * a->scale, (double)tot / a->mem_unit);
+      last = tot;
+    }
+    fprintf(f, "%.9g %.6f\n\n\n", (a->t1 - a->t0) * a->scale, (double)last / a->mem_unit);
+  }
+  return piper_out_close(&out, err);
+}
+
+static bool write_memory_gp(const struct report_run *r, const uint32_t *rows, uint32_t n,
+                            const struct memory_axes *a, const char *path, GError **err) {
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
+  FILE *f = out.f;
+  fprintf(f,
+          "set terminal pngcairo size 1400,700 font 'sans,11'\n"
+          "%s"
+          "set title 'Memory per device: %s, %s'\n"
+          "set xlabel 'time (%s)'\nset ylabel 'memory (%s)'\n"
+          "set grid\nset key outside right top\nset yrange [0:*]\n"
+          "plot ",
+          CHART_GNUPLOT_OUTPUT("memory.png"), r->plan->model->name,
+          r->schedule ? r->schedule : "custom", a->secs ? "s" : "ms", a->gibs ? "GiB" : "MiB");
+  for (uint32_t i = 0; i < n; i++) {
+    const struct report_device *d = &r->devices[rows[i]];
+    /* Data-parallel replicas often hold the same memory: later ranks are drawn dashed and
+     * thinner so a replica lying on top of another stays visible. */
+    fprintf(f,
+            "%s'memory.dat' index %u using 1:2 with steps lw %d dt %d title 'dev %u (pp %d, dp %d)'",
+            i ? ", \\\n     " : "", i, d->dp_rank > 0 ? 1 : 2, d->dp_rank > 0 ? 2 : 1, d->device,
+            d->pp_rank, d->dp_rank);
+  }
+  if (n == 0)
+    fprintf(f, "0 notitle");
+  fputc('\n', f);
+  return piper_out_close(&out, err);
+}
+
+bool chart_memory(const struct report_run *r, const char *dir, GError **err) {
+  uint32_t n;
+  uint32_t *rows = chart_pick_devices(r, 16, &n);
+  struct memory_axes a = memory_axes(r, rows, n);
+  char *dat = g_build_filename(dir, "memory.dat", NULL);
+  char *gp = g_build_filename(dir, "memory.gp", NULL);
+  bool ok = write_memory_dat(r, rows, n, &a, dat, err) && write_memory_gp(r, rows, n, &a, gp, err) &&
+            chart_run_gnuplot(dir, "memory.gp", "memory.png", err);
+  g_free(rows);
+  g_free(dat);
+  g_free(gp);
+  return ok;
+}
+
+/* ---- every chart of a run ------------------------------------------------------------------ */
+
+static bool schedule_chart_file(const struct report_run *r, const char *dir, const char *name,
+                                enum chart_format f, GString *written, GError **err) {
+  char *path = g_build_filename(dir, name, NULL);
+  bool ok = chart_schedule(r, path, f, err);
+  g_free(path);
+  if (ok && written)
+    g_string_append_printf(written, " %s", name);
+  return ok;
+}
+
+bool report_write_charts(const struct report_run *r, const char *dir, enum chart_format f,
+                         GString *written, GError **err) {
+  /* the names go into `written` in the order piper-sim has always listed them */
+  GString *schedule = g_string_new("");
+  bool ok = schedule_chart_file(r, dir, "schedule.png", CHART_PNG, schedule, err) &&
+            schedule_chart_file(r, dir, "schedule.svg", CHART_SVG, schedule, err) &&
+            (f != CHART_PDF || schedule_chart_file(r, dir, "schedule.pdf", CHART_PDF, written, err));
+  if (ok && written)
+    g_string_append(written, schedule->str);
+  g_string_free(schedule, TRUE);
+  if (ok && chart_gnuplot_available()) {
+    ok = chart_memory(r, dir, err);
+    if (ok && written)
+      g_string_append(written, " memory.png");
+  }
+  return ok;
+}

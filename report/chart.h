@@ -1,0 +1,51 @@
+/* chart: pictures of a run (SPEC §8). The schedule chart (Cairo: PNG, SVG or PDF) has a row per
+ * device and a lane per stream, boxes coloured by pass and labelled with the micro-batch,
+ * communication drawn as thin dark bars, a real time axis and a legend. The memory chart and
+ * the sweep chart are gnuplot scripts run by gnuplot (data and script are kept beside them).
+ * Every file goes through piper_out: a chart that cannot be written whole is an error.
+ *
+ *   struct report_run run = {0};               // filled as report.h shows (sim or exec)
+ *   GError *err = NULL;
+ *   GString *written = g_string_new("");
+ *   if (!report_write_charts(&run, "out/run", CHART_PNG, written, &err))
+ *     fprintf(stderr, "%s\n", err->message);   // else written is " schedule.png schedule.svg memory.png"
+ *   chart_schedule(&run, "out/run/schedule.pdf", CHART_PDF, &err);
+ *   g_string_free(written, TRUE);
+ */
+#ifndef PIPER_REPORT_CHART_H
+#define PIPER_REPORT_CHART_H
+
+#include <glib.h>
+#include <stdbool.h>
+
+#include "report.h"
+
+enum chart_format { CHART_PNG, CHART_SVG, CHART_PDF };
+bool chart_format_parse(const char *name, enum chart_format *out);
+
+/* The charts of a run in dir: schedule.png and schedule.svg, schedule.pdf too when f is
+ * CHART_PDF, and memory.png (with memory.dat and memory.gp) when gnuplot is installed
+ * (chart_gnuplot_available; without it the memory chart is skipped, the caller says so).
+ * Appends " <name>" to written (when not NULL) for each file made, pdf first. */
+bool report_write_charts(const struct report_run *r, const char *dir, enum chart_format f,
+                         GString *written, GError **err);
+
+/* The devices drawn: all when there are at most max_rows, else the dp rank 0 device of each
+ * pp rank (at most max_rows of them, evenly spaced). Returns indices into r->devices. */
+uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint32_t *n);
+
+bool chart_schedule(const struct report_run *r, const char *path, enum chart_format f,
+                    GError **err);
+/* dir/memory.png from dir/memory.dat and dir/memory.gp. */
+bool chart_memory(const struct report_run *r, const char *dir, GError **err);
+
+/* gnuplot is on the PATH. */
+bool chart_gnuplot_available(void);
+/* The output line of a script for chart_run_gnuplot: the script writes name when a user runs
+ * it, standard output when piper does (piper then checks the PNG and publishes it). */
+#define CHART_GNUPLOT_OUTPUT(name) "if (!exists(\"piper_stdout\")) set output '" name "'\n"
+/* Runs gnuplot on dir/script and writes its PNG to dir/output through piper_write_file; a
+ * gnuplot failure or a PNG cut short is an error. */
+bool chart_run_gnuplot(const char *dir, const char *script, const char *output, GError **err);
+
+#endif

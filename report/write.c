@@ -1,0 +1,299 @@
+/* report writing: results.csv, metrics.json, trace.json and the directive program of a run
+ * (SPEC §8), every file through piper_out. */
+#include "report.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <glib/gstdio.h>
+
+#include "../base/json.h"
+#include "../base/version.h"
+
+static bool fail_io(GError **err, const char *path, const char *what) {
+  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: %s: %s", path, what, strerror(errno));
+  return false;
+}
+
+static double gib(uint64_t b) {
+  return (double)b / (double)(1ull << 30);
+}
+
+bool report_write_results_csv(const struct report_run *r, const char *path, GError **err) {
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
+  FILE *f = out.f;
+  const struct model *m = r->plan->model;
+  double stddev;
+  double mean = report_mean_iteration_time(r, &stddev);
+  double tokens = report_tokens_per_iteration(r);
+  uint32_t M = r->plan->n_microbatches ? r->plan->n_microbatches : 1;
+  /* batch_size: samples one DP rank processes per iteration; samples: the global batch */
+  int64_t batch = (int64_t)M * m->micro_batch_size;
+  fprintf(f, "dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,samples,"
+             "iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s");
+  for (uint32_t k = 0; k < r->pp; k++)
+    fprintf(f, ",peak_memory_pp%u_gb", k);
+  fputc('\n', f);
+  /* device at (pp, dp) */
+  int64_t *at = g_new(int64_t, (size_t)r->pp * r->dp + 1);
+  for (size_t i = 0; i < (size_t)r->pp * r->dp; i++)
+    at[i] = -1;
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    const struct report_device *d = &r->devices[i];
+    if (d->pp_rank >= 0 && d->dp_rank >= 0 && (uint32_t)d->pp_rank < r->pp &&
+        (uint32_t)d->dp_rank < r->dp)
+      at[(size_t)d->pp_rank * r->dp + (size_t)d->dp_rank] = i;
+  }
+  for (uint32_t j = 0; j < r->dp; j++) {
+    fprintf(f, "%u,%s,%s,%u,%u,%lld,%u,%lld,%lld,%.9g,%.9g,%.9g", j, m->name,
+            r->schedule ? r->schedule : "custom", r->pp, r->dp, (long long)batch, M,
+            (long long)m->seq_len, (long long)(batch * r->dp), mean, stddev,
+            mean > 0 ? tokens / mean : 0);
+    for (uint32_t k = 0; k < r->pp; k++) {
+      int64_t di = at[(size_t)k * r->dp + j];
+      if (di >= 0)
+        fprintf(f, ",%.6f", gib(r->devices[di].peak_memory_bytes));
+      else
+        fputc(',', f);
+    }
+    fputc('\n', f);
+  }
+  g_free(at);
+  return piper_out_close(&out, err);
+}
+
+cJSON *report_metrics_json(const struct report_run *r) {
+  const struct model *m = r->plan->model;
+  cJSON *root = cJSON_CreateObject();
+  double stddev;
+  double mean = report_mean_iteration_time(r, &stddev);
+  double tokens = report_tokens_per_iteration(r);
+  uint32_t M = r->plan->n_microbatches ? r->plan->n_microbatches : 1;
+  cJSON_AddStringToObject(root, "version", PIPER_VERSION);
+  cJSON_AddStringToObject(root, "kind", r->kind ? r->kind : "sim");
+  cJSON_AddStringToObject(root, "model", m->name);
+  cJSON_AddStringToObject(root, "schedule", r->schedule ? r->schedule : "custom");
+  cJSON_AddNumberToObject(root, "pp", r->pp);
+  cJSON_AddNumberToObject(root, "dp", r->dp);
+  cJSON_AddNumberToObject(root, "n_devices", r->plan->n_devices);
+  cJSON_AddNumberToObject(root, "num_microbatches", M);
+  cJSON_AddNumberToObject(root, "micro_batch_size", (double)m->micro_batch_size);
+  cJSON_AddNumberToObject(root, "seq_len", (double)m->seq_len);
+  cJSON_AddNumberToObject(root, "iteration_time_s", mean);
+  cJSON_AddNumberToObject(root, "iteration_time_std_s", stddev);
+  cJSON *its = cJSON_AddArrayToObject(root, "iteration_times_s");
+  for (uint32_t i = 0; i < r->n_iterations && r->iteration_times; i++)
+    cJSON_AddItemToArray(its, cJSON_CreateNumber(r->iteration_times[i]));
+  cJSON_AddNumberToObject(root, "tokens_per_iteration", tokens);
+  cJSON_AddNumberToObject(root, "throughput_tokens_per_s", mean > 0 ? tokens / mean : 0);
+  double flops = (double)r->dp * M * model_flops_per_microbatch(m);
+  cJSON_AddNumberToObject(root, "model_flops_per_iteration", flops);
+  if (r->peak_flops_per_device > 0 && mean > 0)
+    cJSON_AddNumberToObject(root, "mfu",
+                            flops / mean / ((double)r->plan->n_devices * r->peak_flops_per_device));
+  else
+    cJSON_AddNullToObject(root, "mfu");
+  uint64_t peak = 0;
+  double bubble = 0, exposed = 0;
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    if (r->devices[i].peak_memory_bytes > peak)
+      peak = r->devices[i].peak_memory_bytes;
+    bubble += r->devices[i].bubble_fraction;
+    exposed += r->devices[i].exposed_comm_s;
+  }
+  cJSON_AddNumberToObject(root, "peak_memory_bytes_max", (double)peak);
+  cJSON_AddNumberToObject(root, "bubble_fraction_mean", r->n_devices ? bubble / r->n_devices : 0);
+  cJSON_AddNumberToObject(root, "exposed_comm_s_mean", r->n_devices ? exposed / r->n_devices : 0);
+  if (r->extra) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, r->extra)
+        cJSON_AddItemToObject(root, it->string, cJSON_Duplicate(it, true));
+  }
+  cJSON *devs = cJSON_AddArrayToObject(root, "devices");
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    const struct report_device *d = &r->devices[i];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "device", d->device);
+    cJSON_AddNumberToObject(o, "pp_rank", d->pp_rank);
+    cJSON_AddNumberToObject(o, "dp_rank", d->dp_rank);
+    cJSON_AddNumberToObject(o, "busy_s", d->compute_s);
+    cJSON_AddNumberToObject(o, "comm_s", d->comm_s);
+    cJSON_AddNumberToObject(o, "idle_s", d->idle_s);
+    cJSON_AddNumberToObject(o, "bubble_fraction", d->bubble_fraction);
+    cJSON_AddNumberToObject(o, "exposed_comm_s", d->exposed_comm_s);
+    cJSON_AddNumberToObject(o, "overlap_fraction", d->overlap_fraction);
+    cJSON_AddNumberToObject(o, "peak_memory_bytes", (double)d->peak_memory_bytes);
+    cJSON *b = cJSON_AddObjectToObject(o, "memory_breakdown_bytes");
+    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+      cJSON_AddNumberToObject(b, report_mem_kind_name((enum report_mem_kind)k),
+                              (double)d->peak_breakdown[k]);
+    cJSON_AddItemToArray(devs, o);
+  }
+  return root;
+}
+
+static void json_escape(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      fprintf(f, "\\%c", c);
+    else if (c < 0x20)
+      fprintf(f, "\\u%04x", c);
+    else
+      fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+/* Which devices go into the trace: all, or one per pp rank when the trace would be huge. */
+static bool *trace_selection(const struct report_run *r, uint32_t *n_selected) {
+  bool *sel = g_new0(bool, r->n_devices + 1);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < r->n_devices; i++)
+    total += r->devices[i].n_intervals;
+  bool all = r->trace_device_limit == 0 || total <= r->trace_device_limit;
+  *n_selected = 0;
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    sel[i] = all || r->devices[i].dp_rank == 0 || r->devices[i].pp_rank < 0;
+    if (sel[i])
+      (*n_selected)++;
+  }
+  return sel;
+}
+
+bool report_write_trace(const struct report_run *r, const char *path, GError **err) {
+  const struct plan *p = r->plan;
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
+  FILE *f = out.f;
+  static char buf[1 << 20];
+  setvbuf(f, buf, _IOFBF, sizeof buf);
+  double t0, t1;
+  report_run_window(r, &t0, &t1);
+  uint32_t n_sel;
+  bool *sel = trace_selection(r, &n_sel);
+  char **names = g_new0(char *, p->n_nodes + 1);
+  fprintf(f,
+          "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"version\":\"%s\",\"kind\":\"%s\","
+          "\"devices_in_trace\":%u,\"devices\":%u},\n\"traceEvents\":[\n",
+          PIPER_VERSION, r->kind ? r->kind : "sim", n_sel, r->n_devices);
+  bool first = true;
+#define SEP() (first ? (void)(first = false) : (void)fputs(",\n", f))
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    if (!sel[i])
+      continue;
+    const struct report_device *d = &r->devices[i];
+    SEP();
+    fprintf(f,
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{\"name\":"
+            "\"device %u (pp %d, dp %d)\"}}",
+            d->device, d->device, d->pp_rank, d->dp_rank);
+    SEP();
+    fprintf(f,
+            "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{"
+            "\"sort_index\":%u}}",
+            d->device, d->device);
+    /* thread names for the streams this device uses */
+    bool *used = g_new0(bool, p->n_streams + 1);
+    for (uint32_t k = 0; k < d->n_intervals; k++)
+      if (d->intervals[k].stream < p->n_streams)
+        used[d->intervals[k].stream] = true;
+    for (uint32_t s = 0; s < p->n_streams; s++) {
+      if (!used[s])
+        continue;
+      SEP();
+      fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%u,\"args\":{\"name\":",
+              d->device, s);
+      json_escape(f, p->streams[s].name);
+      fputs("}}", f);
+    }
+    g_free(used);
+    for (uint32_t k = 0; k < d->n_intervals; k++) {
+      const struct report_interval *iv = &d->intervals[k];
+      if (iv->node >= p->n_nodes)
+        continue;
+      const struct ir_node *n = &p->nodes[iv->node];
+      if (!names[iv->node]) {
+        char nb[256];
+        plan_node_name(p, iv->node, nb, sizeof nb);
+        names[iv->node] = g_strdup(nb);
+      }
+      SEP();
+      fputs("{\"name\":", f);
+      json_escape(f, names[iv->node]);
+      fprintf(f,
+              ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
+              "\"args\":{\"kind\":\"%s\"",
+              report_node_is_compute(n) ? "compute" : "comm", d->device, iv->stream,
+              (iv->start - t0) * 1e6, (iv->end - iv->start) * 1e6, ir_node_kind_name(n->kind));
+      if (n->pass != IR_PASS_NONE)
+        fprintf(f, ",\"PASS\":\"%s\"", ir_pass_name(n->pass));
+      for (uint32_t t = 0; t < p->n_tags && t < IR_MAX_TAGS; t++)
+        if (n->tags[t] >= 0) {
+          fputc(',', f);
+          json_escape(f, p->tag_names[t]);
+          fprintf(f, ":%d", n->tags[t]);
+        }
+      if (n->kind != IR_NODE_COMPUTE && n->kind != IR_NODE_OPTIMIZER)
+        fprintf(f, ",\"bytes\":%llu", (unsigned long long)n->bytes);
+      fputs("}}", f);
+    }
+    for (uint32_t k = 0; k < d->n_memory; k++) {
+      const struct report_memory_point *mp = &d->memory[k];
+      SEP();
+      double ts = mp->t - t0;
+      if (ts < 0)
+        ts = 0;
+      fprintf(f, "{\"name\":\"memory (GiB)\",\"ph\":\"C\",\"pid\":%u,\"ts\":%.3f,\"args\":{",
+              d->device, ts * 1e6);
+      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
+        fprintf(f, "%s\"%s\":%.6f", j ? "," : "", report_mem_kind_name((enum report_mem_kind)j),
+                gib(mp->bytes[j]));
+      fputs("}}", f);
+    }
+  }
+#undef SEP
+  fputs("\n]}\n", f);
+  for (uint32_t i = 0; i < p->n_nodes; i++)
+    g_free(names[i]);
+  g_free(names);
+  g_free(sel);
+  return piper_out_close(&out, err);
+}
+
+bool report_write_dir(const struct report_run *r, const char *dir, GError **err) {
+  if (g_mkdir_with_parents(dir, 0755) != 0)
+    return fail_io(err, dir, "cannot create directory");
+  bool ok = true;
+  char *path;
+  if (r->program_file && r->plan->program_json) {
+    path = g_build_filename(dir, r->program_file, NULL);
+    ok = piper_write_file(path, r->plan->program_json, strlen(r->plan->program_json), err);
+    g_free(path);
+    if (!ok)
+      return false;
+  }
+  path = g_build_filename(dir, "results.csv", NULL);
+  ok = report_write_results_csv(r, path, err);
+  g_free(path);
+  if (!ok)
+    return false;
+  path = g_build_filename(dir, "metrics.json", NULL);
+  cJSON *mj = report_metrics_json(r);
+  ok = json_write_file(path, mj, err);
+  cJSON_Delete(mj);
+  g_free(path);
+  if (!ok)
+    return false;
+  path = g_build_filename(dir, "trace.json", NULL);
+  ok = report_write_trace(r, path, err);
+  g_free(path);
+  return ok;
+}

@@ -1,0 +1,224 @@
+/* Tests of the run report's charts (report/chart.h) on a run filled the way the executor fills
+ * it (every device its own intervals, sorted by start, and its own memory timeline), and of the
+ * guarantee that a chart is written whole or not at all: a full disk, a missing directory, a
+ * gnuplot script that fails or draws nothing are errors naming the file. Run from the repo
+ * root; gnuplot is a dependency (tools/install-deps.sh). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cairo.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../directives/compile.h"
+#include "../../report/chart.h"
+#include "../../report/report.h"
+
+static struct plan *compile_plan(const char *model_path, const char *directives_path) {
+  struct compile_options o = compile_options_default();
+  o.model_path = model_path;
+  o.directives_path = directives_path;
+  struct compile_result r;
+  GError *err = NULL;
+  if (!compile_run(&o, &r, &err))
+    fail_msg("%s: %s", directives_path, err->message);
+  struct plan *plan = r.plan;
+  r.plan = NULL;
+  compile_result_free(&r);
+  return plan;
+}
+
+/* A measured-looking run: each device runs its instructions back to back on their streams,
+ * 1 ms each, and holds 1 MiB more activations after each compute. */
+struct fake_run {
+  struct report_run run;
+  struct report_interval **intervals;
+  struct report_memory_point **memory;
+};
+
+static void fake_run_init(struct fake_run *f, const struct plan *p) {
+  memset(f, 0, sizeof *f);
+  f->run = (struct report_run){.plan = p, .kind = "exec", .schedule = "custom"};
+  report_run_init_devices(&f->run);
+  f->intervals = g_new0(struct report_interval *, p->n_devices);
+  f->memory = g_new0(struct report_memory_point *, p->n_devices);
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    const struct plan_class *c = plan_device_class(p, d);
+    f->intervals[d] = g_new0(struct report_interval, c->n_instrs + 1);
+    f->memory[d] = g_new0(struct report_memory_point, c->n_instrs + 1);
+    uint64_t held = 0;
+    uint32_t n_memory = 0;
+    for (uint32_t i = 0; i < c->n_instrs; i++) {
+      double t = 1e-3 * (d + i);
+      f->intervals[d][i] = (struct report_interval){t, t + 1e-3, c->instrs[i].node,
+                                                    c->instrs[i].stream};
+      if (report_node_is_compute(&p->nodes[c->instrs[i].node])) {
+        held += 1u << 20;
+        f->memory[d][n_memory].t = t + 1e-3;
+        f->memory[d][n_memory].bytes[REPORT_MEM_ACTIVATIONS] = held;
+        n_memory++;
+      }
+    }
+    struct report_device *rd = &f->run.devices[d];
+    rd->n_intervals = c->n_instrs;
+    rd->intervals = f->intervals[d];
+    rd->n_memory = n_memory;
+    rd->memory = f->memory[d];
+    rd->peak_memory_bytes = held;
+    rd->peak_breakdown[REPORT_MEM_ACTIVATIONS] = held;
+  }
+  report_compute_stats(&f->run);
+}
+
+static void fake_run_free(struct fake_run *f) {
+  for (uint32_t d = 0; d < f->run.n_devices; d++) {
+    g_free(f->intervals[d]);
+    g_free(f->memory[d]);
+  }
+  g_free(f->intervals);
+  g_free(f->memory);
+  report_run_free_devices(&f->run);
+}
+
+static char *read_text(const char *path, gsize *len) {
+  char *text = NULL;
+  if (!g_file_get_contents(path, &text, len, NULL))
+    fail_msg("cannot read %s", path);
+  return text;
+}
+
+static void assert_starts_with_file(const char *dir, const char *name, const char *sig) {
+  char *path = g_build_filename(dir, name, NULL);
+  gsize len = 0;
+  char *data = read_text(path, &len);
+  if (len < strlen(sig) || memcmp(data, sig, strlen(sig)) != 0)
+    fail_msg("%s does not start with its signature", path);
+  g_free(data);
+  g_free(path);
+}
+
+static void remove_dir(const char *dir) {
+  char *cmd = g_strdup_printf("rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+  g_free(cmd);
+}
+
+static void test_charts_of_a_measured_run(void **state) {
+  (void)state;
+  struct plan *p = compile_plan("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
+  struct fake_run f;
+  fake_run_init(&f, p);
+  char dir[] = "/tmp/test_report_XXXXXX";
+  assert_non_null(g_mkdtemp(dir));
+  GError *err = NULL;
+  GString *written = g_string_new("");
+  if (!report_write_charts(&f.run, dir, CHART_PDF, written, &err))
+    fail_msg("%s", err->message);
+  assert_string_equal(written->str, " schedule.pdf schedule.png schedule.svg memory.png");
+  assert_starts_with_file(dir, "schedule.png", "\x89PNG");
+  assert_starts_with_file(dir, "schedule.svg", "<?xml");
+  assert_starts_with_file(dir, "schedule.pdf", "%PDF");
+  assert_starts_with_file(dir, "memory.png", "\x89PNG");
+  assert_starts_with_file(dir, "memory.dat", "# device 0 (pp 0, dp 0)\n");
+  /* the script draws memory.png when a user re-runs it, standard output when piper does */
+  char *gp = g_build_filename(dir, "memory.gp", NULL);
+  char *script = read_text(gp, NULL);
+  assert_non_null(strstr(script, "if (!exists(\"piper_stdout\")) set output 'memory.png'\n"));
+  g_free(script);
+  g_free(gp);
+  /* nothing half-written is left behind */
+  char *tmp = g_build_filename(dir, "schedule.png.tmp", NULL);
+  assert_false(g_file_test(tmp, G_FILE_TEST_EXISTS));
+  g_free(tmp);
+  g_string_free(written, TRUE);
+  remove_dir(dir);
+  fake_run_free(&f);
+  plan_free(p);
+}
+
+static void test_chart_write_errors(void **state) {
+  (void)state;
+  struct plan *p = compile_plan("models/tiny-moe.json", "directives/base-schedules/dp2.json");
+  struct fake_run f;
+  fake_run_init(&f, p);
+  const enum chart_format formats[] = {CHART_PNG, CHART_SVG, CHART_PDF};
+  for (int k = 0; k < 3; k++) {
+    GError *err = NULL;
+    /* a full disk: every write fails */
+    if (g_file_test("/dev/full", G_FILE_TEST_EXISTS)) {
+      assert_false(chart_schedule(&f.run, "/dev/full", formats[k], &err));
+      assert_non_null(err);
+      assert_non_null(strstr(err->message, "/dev/full"));
+      assert_int_equal(err->code, PIPER_ERROR_RUNTIME);
+      g_clear_error(&err);
+    }
+    assert_false(chart_schedule(&f.run, "/nonexistent-dir/schedule.png", formats[k], &err));
+    assert_non_null(err);
+    assert_non_null(strstr(err->message, "/nonexistent-dir/schedule.png"));
+    g_clear_error(&err);
+  }
+  GError *err = NULL;
+  assert_false(report_write_charts(&f.run, "/nonexistent-dir", CHART_PNG, NULL, &err));
+  assert_non_null(err);
+  g_clear_error(&err);
+  fake_run_free(&f);
+  plan_free(p);
+}
+
+static void write_script(const char *dir, const char *name, const char *text) {
+  char *path = g_build_filename(dir, name, NULL);
+  GError *err = NULL;
+  if (!piper_write_file(path, text, strlen(text), &err))
+    fail_msg("%s", err->message);
+  g_free(path);
+}
+
+static void test_gnuplot_failures(void **state) {
+  (void)state;
+  char dir[] = "/tmp/test_report_XXXXXX";
+  assert_non_null(g_mkdtemp(dir));
+  GError *err = NULL;
+  /* a script gnuplot rejects: its first line of stderr in the error */
+  write_script(dir, "bad.gp", "set terminal pngcairo\nthis is not gnuplot\n");
+  assert_false(chart_run_gnuplot(dir, "bad.gp", "bad.png", &err));
+  assert_non_null(err);
+  assert_non_null(strstr(err->message, "gnuplot failed"));
+  g_clear_error(&err);
+  /* a script that draws nothing: no PNG is not a PNG, and no file appears */
+  write_script(dir, "empty.gp", "set terminal pngcairo\n" CHART_GNUPLOT_OUTPUT("empty.png"));
+  assert_false(chart_run_gnuplot(dir, "empty.gp", "empty.png", &err));
+  assert_non_null(err);
+  assert_non_null(strstr(err->message, "not a complete PNG"));
+  g_clear_error(&err);
+  char *png = g_build_filename(dir, "empty.png", NULL);
+  assert_false(g_file_test(png, G_FILE_TEST_EXISTS));
+  g_free(png);
+  /* a script that draws: the PNG comes out whole */
+  write_script(dir, "ok.gp",
+               "set terminal pngcairo size 200,100\n" CHART_GNUPLOT_OUTPUT("ok.png") "plot x\n");
+  if (!chart_run_gnuplot(dir, "ok.gp", "ok.png", &err))
+    fail_msg("%s", err->message);
+  assert_starts_with_file(dir, "ok.png", "\x89PNG");
+  remove_dir(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_charts_of_a_measured_run),
+      cmocka_unit_test(test_chart_write_errors),
+      cmocka_unit_test(test_gnuplot_failures),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  /* cairo's and fontconfig's caches, so that the leak checker sees only our allocations */
+  cairo_debug_reset_static_data();
+  void (*fc_fini)(void) = NULL;
+  void *sym = dlsym(RTLD_DEFAULT, "FcFini");
+  memcpy(&fc_fini, &sym, sizeof sym);
+  if (fc_fini)
+    fc_fini();
+  return rc;
+}
