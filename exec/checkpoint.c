@@ -61,7 +61,7 @@ bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t
   bool wrote = write_all(out.f, &h, sizeof h, &sum);
   const float *arrays[3] = {s->params, s->adam_m, s->adam_v};
   for (int a = 0; a < 3 && wrote; a++) {
-    s->ops->to_host(s->b, host, arrays[a], n * sizeof(float));
+    exec_backend_to_host(s->b, host, arrays[a], n * sizeof(float));
     wrote = write_all(out.f, host, n * sizeof(float), &sum);
   }
   uint64_t tail = sum;
@@ -168,7 +168,7 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
   }
   float *arrays[3] = {s->params, s->adam_m, s->adam_v};
   for (int a = 0; a < 3; a++)
-    s->ops->from_host(s->b, arrays[a], data + sizeof h + (size_t)a * n * sizeof(float),
+    exec_backend_from_host(s->b, arrays[a], data + sizeof h + (size_t)a * n * sizeof(float),
                       n * sizeof(float));
   *step = h.step;
   ok = true;

@@ -22,7 +22,6 @@
 #include "../../exec/exec-impl.h"
 #include "../../base/json.h"
 
-static const struct exec_backend_ops *ops = &exec_backend_host;
 static struct exec_backend *backend; /* one per process: MPI initialises once */
 
 static char *write_temp(const char *name, const char *text, size_t len) {
@@ -314,7 +313,8 @@ struct seq_task {
   useconds_t sleep_us;
 };
 
-static bool seq_fn(void *arg, GError **err) {
+static bool seq_fn(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
   (void)err;
   struct seq_task *t = arg;
   if (t->sleep_us)
@@ -323,7 +323,8 @@ static bool seq_fn(void *arg, GError **err) {
   return true;
 }
 
-static bool fail_fn(void *arg, GError **err) {
+static bool fail_fn(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
   (void)arg;
   g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "task failed on purpose");
   return false;
@@ -332,49 +333,49 @@ static bool fail_fn(void *arg, GError **err) {
 static void test_host_streams_events(void **state) {
   (void)state;
   GError *err = NULL;
-  ops->reset(backend);
-  struct exec_stream *a = ops->stream_create(backend, "a", 0, &err);
-  struct exec_stream *b = ops->stream_create(backend, "b", 0, &err);
-  struct exec_event *ea = ops->event_create(backend), *eb = ops->event_create(backend);
+  exec_backend_reset(backend);
+  struct exec_stream *a = exec_stream_create(backend, "a", 0, &err);
+  struct exec_stream *b = exec_stream_create(backend, "b", 0, &err);
+  struct exec_event *ea = exec_event_create(backend), *eb = exec_event_create(backend);
   int log[4] = {0}, n = 0;
   /* b's task waits for a's slow task through an event, so it logs second */
   struct seq_task t1 = {log, &n, 1, 50000}, t2 = {log, &n, 2, 0}, t3 = {log, &n, 3, 0};
-  ops->stream_submit(a, seq_fn, &t1, 1);
-  ops->event_record(ea, a);
-  ops->stream_wait_event(b, ea);
-  ops->stream_submit(b, seq_fn, &t2, 2);
-  ops->event_record(eb, b);
+  exec_stream_submit(backend, a, seq_fn, &t1, 1);
+  exec_event_record(backend, ea, a);
+  exec_stream_wait_event(backend, b, ea);
+  exec_stream_submit(backend, b, seq_fn, &t2, 2);
+  exec_event_record(backend, eb, b);
   /* in-order on one stream: t3 after t1 */
-  ops->stream_submit(a, seq_fn, &t3, 3);
-  ops->event_record(ea, a);
-  assert_true(ops->event_synchronize(eb, 5));
-  assert_true(ops->event_synchronize(ea, 5));
+  exec_stream_submit(backend, a, seq_fn, &t3, 3);
+  exec_event_record(backend, ea, a);
+  assert_true(exec_event_synchronize(backend, eb, 5));
+  assert_true(exec_event_synchronize(backend, ea, 5));
   assert_int_equal(n, 3);
   assert_int_equal(log[0], 1);
   assert_true((log[1] == 2 && log[2] == 3) || (log[1] == 3 && log[2] == 2));
   /* a timeout is reported as such */
   struct seq_task slow = {log, &n, 4, 300000};
-  ops->stream_submit(a, seq_fn, &slow, 4);
-  ops->event_record(ea, a);
-  assert_false(ops->event_synchronize(ea, 0.01));
+  exec_stream_submit(backend, a, seq_fn, &slow, 4);
+  exec_event_record(backend, ea, a);
+  assert_false(exec_event_synchronize(backend, ea, 0.01));
   struct exec_stream_status st;
-  ops->stream_status(a, &st);
+  exec_stream_status(backend, a, &st);
   assert_int_equal(st.phase, EXEC_STREAM_RUNNING);
   assert_int_equal(st.task_id, 4);
-  assert_true(ops->event_synchronize(ea, 5));
+  assert_true(exec_event_synchronize(backend, ea, 5));
   /* a failing task fails its stream and keeps its error */
-  ops->stream_submit(b, fail_fn, NULL, 9);
-  ops->event_record(eb, b);
-  assert_true(ops->event_synchronize(eb, 5) || true);
-  ops->stream_status(b, &st);
+  exec_stream_submit(backend, b, fail_fn, NULL, 9);
+  exec_event_record(backend, eb, b);
+  assert_true(exec_event_synchronize(backend, eb, 5) || true);
+  exec_stream_status(backend, b, &st);
   assert_true(st.failed);
-  assert_non_null(ops->stream_error(b));
-  assert_string_equal(ops->stream_error(b)->message, "task failed on purpose");
-  ops->stream_destroy(a);
-  ops->stream_destroy(b);
-  ops->event_destroy(ea);
-  ops->event_destroy(eb);
-  ops->reset(backend);
+  assert_non_null(exec_stream_error(backend, b));
+  assert_string_equal(exec_stream_error(backend, b)->message, "task failed on purpose");
+  exec_stream_destroy(backend, a);
+  exec_stream_destroy(backend, b);
+  exec_event_destroy(backend, ea);
+  exec_event_destroy(backend, eb);
+  exec_backend_reset(backend);
   assert_non_null(exec_backend_find("host"));
   assert_null(exec_backend_find("nonexistent"));
 }
@@ -395,7 +396,7 @@ static bool train(const struct plan *plan, struct exec_options *o, struct traine
   o->plan = plan;
   o->dump_params_path = dump;
   struct exec_result r;
-  bool ok = exec_run(o, ops, backend, &r, err);
+  bool ok = exec_run(o, backend, &r, err);
   if (ok) {
     out->n = r.n_steps;
     out->losses = g_memdup2(r.losses, r.n_steps * sizeof(double));
@@ -541,7 +542,7 @@ static void test_watchdog(void **state) {
   struct exec_result res;
   GError *err = NULL;
   double t0 = g_get_monotonic_time() / 1e6;
-  assert_false(exec_run(&o, ops, backend, &res, &err));
+  assert_false(exec_run(&o, backend, &res, &err));
   double took = g_get_monotonic_time() / 1e6 - t0;
   assert_int_equal(err->code, PIPER_ERROR_RUNTIME);
   /* one line naming the rank, the stream and the instruction */
@@ -569,7 +570,7 @@ static void test_refuses_plan_larger_than_job(void **state) {
   o.plan = r.plan;
   struct exec_result res;
   GError *err = NULL;
-  assert_false(exec_run(&o, ops, backend, &res, &err));
+  assert_false(exec_run(&o, backend, &res, &err));
   assert_int_equal(err->code, PIPER_ERROR_INPUT);
   assert_non_null(strstr(err->message, "the plan has 2 devices but the job has 1 processes"));
   g_clear_error(&err);
@@ -579,7 +580,7 @@ static void test_refuses_plan_larger_than_job(void **state) {
 static int setup(void **state) {
   (void)state;
   GError *err = NULL;
-  backend = ops->create(NULL, &err);
+  backend = exec_backend_init(&exec_backend_host, NULL, &err);
   if (!backend) {
     fprintf(stderr, "host backend: %s\n", err->message);
     return -1;
@@ -589,7 +590,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  ops->destroy(backend);
+  exec_backend_free(backend);
   return 0;
 }
 
