@@ -546,202 +546,295 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
 
 enum bwd_mode { BWD_FUSED, BWD_INPUT, BWD_WEIGHT };
 
+/* One segment's backward (or its BI or BW half) on one micro-batch. */
+struct bwd {
+  struct exec_state *s;
+  struct exec_task_ctx *st;
+  const struct exec_kernels *k;
+  const struct exec_model *xm;
+  struct exec_mb *mb;
+  struct exec_seg_run *run;
+  const struct exec_segment *es;
+  enum bwd_mode mode;
+  const float *P; /* the segment's parameters (NULL for BW: it needs none) */
+  float *G;       /* and their gradients */
+  float dloss;    /* the loss gradient's scale: one over the global batch's micro-batches */
+};
+
+/* Op j of the segment, with its operands as the forward saw them. */
+struct bwd_op {
+  int32_t j;
+  const struct exec_seg_op *so;
+  const struct model_op *op;
+  const float *prm, *in0, *in1;
+  float *dprm, *dout, *din; /* din: gradient of input 0 (= or += by acc) */
+  bool acc;
+};
+
+/* Gradients of the segment's outputs: the sum over the edges that carried them, in edge
+ * order. */
+static bool output_grads(struct bwd *b, uint32_t i, GError **err) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  const struct exec_segment *es = b->es;
+  struct exec_seg_run *run = b->run;
+  for (uint32_t q = 0; q < es->n_out_edges; q++) {
+    uint32_t e = es->out_edges[q];
+    for (int t = 0; t < TC; t++) {
+      if (!(b->xm->edge_mask[e] & EXEC_BIT(t)))
+        continue;
+      const float *g = b->mb->grad[(size_t)e * TC + t];
+      if (!g)
+        return internal(err, s, i, "an output gradient of the segment has not arrived");
+      int32_t v = es->final_value[t];
+      size_t n = exec_grad_floats(b->xm, (enum exec_tensor)t);
+      if (!run->dval[v]) {
+        run->dval[v] = mb_floats_raw(s, st, b->mb, n);
+        KT(st, s, b->k->copy(st->stream, run->dval[v], g, n * sizeof(float)));
+      } else {
+        KT(st, s, b->k->add(st->stream, run->dval[v], g, n));
+      }
+    }
+  }
+  return true;
+}
+
+static void bwd_embedding(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  int T = b->xm->T, V = b->xm->V, C = b->xm->C;
+  if (b->mode == BWD_FUSED)
+    KT(st, s, b->k->embedding_backward(st->stream, o->dprm, o->dout, b->mb->tokens, T, V, C));
+  else if (b->mode == BWD_WEIGHT)
+    KT(st, s,
+       b->k->embedding_backward_weight(st->stream, o->dprm, o->dout, b->mb->tokens, T, V, C));
+}
+
+static void bwd_rmsnorm(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  const float *saved = b->run->saved[o->j];
+  int T = b->xm->T, C = b->xm->C;
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->rmsnorm_backward(st->stream, o->din, o->dprm, o->dout, o->in0, saved, o->prm, T, C,
+                              o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->rmsnorm_backward_input(st->stream, o->din, o->dout, o->in0, saved, o->prm, T, C,
+                                    o->acc));
+  else
+    KT(st, s, b->k->rmsnorm_backward_weight(st->stream, o->dprm, o->dout, o->in0, saved, T, C));
+}
+
+static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  int32_t j = o->j;
+  struct kernels_attention_dims dd = attention_dims(o->op);
+  if (b->mode != BWD_WEIGHT)
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_attention_bwork_floats(&dd));
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->attention_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, o->in0,
+                                run->saved[j], o->prm, &dd, o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->attention_backward_input(st->stream, o->din, run->bwork[j], o->dout, run->saved[j],
+                                      o->prm, &dd, o->acc));
+  else
+    KT(st, s,
+       b->k->attention_backward_weight(st->stream, o->dprm, run->bwork[j], o->dout, o->in0,
+                                       run->saved[j], &dd));
+}
+
+/* The output gradient passes to every input (none in BW: no parameters). */
+static void bwd_residual_add(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  if (b->mode == BWD_WEIGHT)
+    return;
+  for (int q = 0; q < 3; q++) {
+    if (o->so->in[q] < 0)
+      continue;
+    bool a;
+    float *g = dval_in(s, st, b->mb, b->run, b->es, o->so->in[q], &a);
+    KT(st, s, b->k->residual_add_backward(st->stream, g, o->dout, (size_t)b->xm->T * b->xm->C, a));
+  }
+}
+
+static void bwd_mlp(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  int32_t j = o->j;
+  int T = b->xm->T, C = b->xm->C, F = (int)o->op->shape[2];
+  if (b->mode != BWD_WEIGHT)
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_mlp_bwork_floats(T, F));
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->mlp_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, o->in0,
+                          run->saved[j], o->prm, T, C, F, o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->mlp_backward_input(st->stream, o->din, run->bwork[j], o->dout, run->saved[j], o->prm,
+                                T, C, F, o->acc));
+  else
+    KT(st, s,
+       b->k->mlp_backward_weight(st->stream, o->dprm, run->bwork[j], o->dout, o->in0, run->saved[j],
+                                 T, C, F));
+}
+
+static void bwd_router(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  int32_t j = o->j;
+  int T = b->xm->T, C = b->xm->C, E = b->xm->E, K = b->xm->K, TK = T * K;
+  const float *r = run->val[o->so->out];
+  const int32_t *ids = (const int32_t *)r;
+  if (b->mode != BWD_WEIGHT)
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_router_bwork_floats(T, E));
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->router_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, ids, r + TK,
+                             run->saved[j], o->in0, o->prm, T, C, E, K, o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->router_backward_input(st->stream, o->din, run->bwork[j], o->dout, ids, r + TK,
+                                   run->saved[j], o->prm, T, C, E, K, o->acc));
+  else
+    KT(st, s, b->k->router_backward_weight(st->stream, o->dprm, run->bwork[j], o->in0, T, C, E));
+}
+
+/* Experts on one device: combine's backward, the experts', dispatch's. */
+static void bwd_expert_ffn(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  struct exec_mb *mb = b->mb;
+  const struct exec_kernels *k = b->k;
+  int32_t j = o->j;
+  int T = b->xm->T, C = b->xm->C, E = b->xm->E, K = b->xm->K, TK = T * K, F = b->xm->F_expert;
+  struct local_moe *lm = run->moe[j];
+  if (b->mode == BWD_WEIGHT) {
+    KT(st, s,
+       k->expert_ffn_backward_weight(st->stream, o->dprm, run->bwork[j], lm->row_expert, TK,
+                                     run->saved[j], 0, E, C, F));
+    return;
+  }
+  run->bwork[j] = mb_floats_raw(s, st, mb, kernels_expert_ffn_bwork_floats(TK, C, F));
+  float *dy = mb_floats_raw(s, st, mb, (size_t)TK * C),
+        *drows = mb_floats_raw(s, st, mb, (size_t)TK * C);
+  bool ar;
+  float *dw = dval_in(s, st, mb, run, b->es, o->so->in[1], &ar);
+  float *dwt = ar ? mb_floats_raw(s, st, mb, (size_t)TK) : dw;
+  KT(st, s,
+     k->moe_combine_backward(st->stream, dy, dwt, o->dout, lm->y, o->in1 + TK, lm->route_row, T, K,
+                             C));
+  if (ar)
+    KT(st, s, k->add(st->stream, dw, dwt, (size_t)TK));
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       k->expert_ffn_backward(st->stream, drows, o->dprm, run->bwork[j], lm->scratch, dy,
+                              lm->row_expert, TK, run->saved[j], o->prm, 0, E, C, F, false));
+  else
+    KT(st, s,
+       k->expert_ffn_backward_input(st->stream, drows, run->bwork[j], lm->scratch, dy,
+                                    lm->row_expert, TK, run->saved[j], o->prm, 0, E, C, F, false));
+  bool ah;
+  float *dh = dval_in(s, st, mb, run, b->es, o->so->in[0], &ah);
+  KT(st, s, k->moe_dispatch_backward(st->stream, dh, drows, lm->route_row, T, K, C, ah));
+}
+
+static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  const struct exec_model *xm = b->xm;
+  int32_t j = o->j;
+  int T = xm->T, C = xm->C, V = xm->V;
+  enum kernels_lm_head_layout lay = xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
+  const float *w = xm->tied && b->P ? b->P + b->es->ops[0].param_offset : o->prm;
+  float *dw = xm->tied ? b->G + b->es->ops[0].param_offset : o->dprm;
+  run->bwork[j] = run->saved[j]; /* BI turns the probabilities into dlogits in place */
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->lm_head_loss_backward(st->stream, o->din, dw, run->bwork[j], run->saved[j], o->in0,
+                                   b->mb->targets, w, lay, b->dloss, T, C, V, o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->lm_head_loss_backward_input(st->stream, o->din, run->bwork[j], run->saved[j],
+                                         b->mb->targets, w, lay, b->dloss, T, C, V, o->acc));
+  else
+    KT(st, s,
+       b->k->lm_head_loss_backward_weight(st->stream, dw, run->bwork[j], o->in0, lay, T, C, V));
+}
+
+/* Op j's operands, then its kind's backward. */
+static bool backward_op(struct bwd *b, int32_t j, uint32_t i, GError **err) {
+  struct exec_seg_run *run = b->run;
+  const struct exec_seg_op *so = &b->es->ops[j];
+  struct bwd_op o = {.j = j, .so = so, .op = &b->xm->m->ops[so->op]};
+  o.prm = b->P ? b->P + so->param_offset : NULL;
+  o.dprm = b->G + so->param_offset;
+  o.in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
+  o.in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
+  o.dout = so->out >= 0 ? dval_out(b->s, b->st, b->mb, run, b->es, so->out) : NULL;
+  if (b->mode != BWD_WEIGHT && so->in[0] >= 0 && so->kind != MODEL_OP_EXPERT_FFN &&
+      so->kind != MODEL_OP_RESIDUAL_ADD)
+    o.din = dval_in(b->s, b->st, b->mb, run, b->es, so->in[0], &o.acc);
+  switch (so->kind) {
+  case MODEL_OP_EMBEDDING: bwd_embedding(b, &o); return true;
+  case MODEL_OP_RMSNORM: bwd_rmsnorm(b, &o); return true;
+  case MODEL_OP_ATTENTION: bwd_attention(b, &o); return true;
+  case MODEL_OP_RESIDUAL_ADD: bwd_residual_add(b, &o); return true;
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: bwd_mlp(b, &o); return true;
+  case MODEL_OP_ROUTER: bwd_router(b, &o); return true;
+  case MODEL_OP_EXPERT_FFN: bwd_expert_ffn(b, &o); return true;
+  case MODEL_OP_LM_HEAD_LOSS: bwd_lm_head(b, &o); return true;
+  default: return internal(err, b->s, i, "op kind without a host kernel");
+  }
+}
+
+/* Gradients of the segment's inputs go onto the edges that brought them. */
+static void input_grads(struct bwd *b) {
+  const struct exec_segment *es = b->es;
+  for (uint32_t v = 0; v < es->n_values; v++) {
+    const struct exec_value *val = &es->values[v];
+    if (val->op >= 0)
+      continue;
+    float *g = dval_out(b->s, b->st, b->mb, b->run, es, (int32_t)v);
+    b->mb->grad[(size_t)val->edge * TC + val->tensor] = g;
+  }
+}
+
 static bool seg_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
                          struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
-  const struct exec_model *xm = s->xm;
-  const struct exec_kernels *k = s->k;
-  const struct model *m = xm->m;
   struct exec_mb *mb = &s->mbs[x->mb];
-  const struct exec_segment *es = &xm->segs[x->segment];
-  struct exec_seg_run *run = mb->seg[x->segment];
-  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
-  if (!run)
+  struct bwd b = {.s = s,
+                  .st = st,
+                  .k = s->k,
+                  .xm = s->xm,
+                  .mb = mb,
+                  .run = mb->seg[x->segment],
+                  .es = &s->xm->segs[x->segment],
+                  .mode = mode,
+                  .G = s->grads + s->dev->param_offset[x->segment],
+                  .dloss = 1.0f / (float)(s->dev->dp_degree * s->dev->M)};
+  if (!b.run)
     return internal(err, s, i, "backward before its forward");
-  const float *P = mode == BWD_WEIGHT ? NULL : params_of(s, x);
-  float *G = s->grads + s->dev->param_offset[x->segment];
-  float dloss = 1.0f / (float)(s->dev->dp_degree * s->dev->M);
-  if (mode != BWD_WEIGHT) {
-    /* gradients of the outputs: the sum over the edges that carried them, in edge order */
-    for (uint32_t q = 0; q < es->n_out_edges; q++) {
-      uint32_t e = es->out_edges[q];
-      for (int t = 0; t < TC; t++) {
-        if (!(xm->edge_mask[e] & EXEC_BIT(t)))
-          continue;
-        const float *g = mb->grad[(size_t)e * TC + t];
-        if (!g)
-          return internal(err, s, i, "an output gradient of the segment has not arrived");
-        int32_t v = es->final_value[t];
-        size_t n = exec_grad_floats(xm, (enum exec_tensor)t);
-        if (!run->dval[v]) {
-          run->dval[v] = mb_floats_raw(s, st, mb, n);
-          KT(st, s, k->copy(st->stream, run->dval[v], g, n * sizeof(float)));
-        } else {
-          KT(st, s, k->add(st->stream, run->dval[v], g, n));
-        }
-      }
-    }
-  }
-  bool fused = mode == BWD_FUSED;
-  for (int32_t j = (int32_t)es->n_ops - 1; j >= 0; j--) {
-    const struct exec_seg_op *so = &es->ops[j];
-    const struct model_op *op = &m->ops[so->op];
-    const float *prm = P ? P + so->param_offset : NULL;
-    float *dprm = G + so->param_offset;
-    const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
-    const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
-    float *dout = so->out >= 0 ? dval_out(s, st, mb, run, es, so->out) : NULL;
-    bool acc = false;
-    float *din = NULL;
-    if (mode != BWD_WEIGHT && so->in[0] >= 0 && so->kind != MODEL_OP_EXPERT_FFN &&
-        so->kind != MODEL_OP_RESIDUAL_ADD)
-      din = dval_in(s, st, mb, run, es, so->in[0], &acc);
-    switch (so->kind) {
-    case MODEL_OP_EMBEDDING:
-      if (mode == BWD_FUSED)
-        KT(st, s, k->embedding_backward(st->stream, dprm, dout, mb->tokens, T, V, C));
-      else if (mode == BWD_WEIGHT)
-        KT(st, s, k->embedding_backward_weight(st->stream, dprm, dout, mb->tokens, T, V, C));
-      break;
-    case MODEL_OP_RMSNORM:
-      if (fused)
-        KT(st, s,
-           k->rmsnorm_backward(st->stream, din, dprm, dout, in0, run->saved[j], prm, T, C, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->rmsnorm_backward_input(st->stream, din, dout, in0, run->saved[j], prm, T, C, acc));
-      else
-        KT(st, s, k->rmsnorm_backward_weight(st->stream, dprm, dout, in0, run->saved[j], T, C));
-      break;
-    case MODEL_OP_ATTENTION: {
-      struct kernels_attention_dims dd = attention_dims(op);
-      if (mode != BWD_WEIGHT)
-        run->bwork[j] = mb_floats_raw(s, st, mb, kernels_attention_bwork_floats(&dd));
-      if (fused)
-        KT(st, s,
-           k->attention_backward(st->stream, din, dprm, run->bwork[j], dout, in0, run->saved[j],
-                                 prm, &dd, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->attention_backward_input(st->stream, din, run->bwork[j], dout, run->saved[j], prm,
-                                       &dd, acc));
-      else
-        KT(st, s,
-           k->attention_backward_weight(st->stream, dprm, run->bwork[j], dout, in0, run->saved[j],
-                                        &dd));
-      break;
-    }
-    case MODEL_OP_RESIDUAL_ADD:
-      if (mode == BWD_WEIGHT)
-        break;
-      for (int q = 0; q < 3; q++) {
-        if (so->in[q] < 0)
-          continue;
-        bool a;
-        float *g = dval_in(s, st, mb, run, es, so->in[q], &a);
-        KT(st, s, k->residual_add_backward(st->stream, g, dout, (size_t)T * C, a));
-      }
-      break;
-    case MODEL_OP_MLP:
-    case MODEL_OP_SHARED_EXPERT: {
-      int F = (int)op->shape[2];
-      if (mode != BWD_WEIGHT)
-        run->bwork[j] = mb_floats_raw(s, st, mb, kernels_mlp_bwork_floats(T, F));
-      if (fused)
-        KT(st, s,
-           k->mlp_backward(st->stream, din, dprm, run->bwork[j], dout, in0, run->saved[j], prm, T,
-                           C, F, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->mlp_backward_input(st->stream, din, run->bwork[j], dout, run->saved[j], prm, T, C, F,
-                                 acc));
-      else
-        KT(st, s,
-           k->mlp_backward_weight(st->stream, dprm, run->bwork[j], dout, in0, run->saved[j], T, C,
-                                  F));
-      break;
-    }
-    case MODEL_OP_ROUTER: {
-      const float *r = run->val[so->out];
-      const int32_t *ids = (const int32_t *)r;
-      if (mode != BWD_WEIGHT)
-        run->bwork[j] = mb_floats_raw(s, st, mb, kernels_router_bwork_floats(T, E));
-      if (fused)
-        KT(st, s,
-           k->router_backward(st->stream, din, dprm, run->bwork[j], dout, ids, r + TK,
-                              run->saved[j], in0, prm, T, C, E, K, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->router_backward_input(st->stream, din, run->bwork[j], dout, ids, r + TK,
-                                    run->saved[j], prm, T, C, E, K, acc));
-      else
-        KT(st, s, k->router_backward_weight(st->stream, dprm, run->bwork[j], in0, T, C, E));
-      break;
-    }
-    case MODEL_OP_EXPERT_FFN: {
-      int F = xm->F_expert;
-      struct local_moe *lm = run->moe[j];
-      if (mode == BWD_WEIGHT) {
-        KT(st, s,
-           k->expert_ffn_backward_weight(st->stream, dprm, run->bwork[j], lm->row_expert, TK,
-                                         run->saved[j], 0, E, C, F));
-        break;
-      }
-      run->bwork[j] = mb_floats_raw(s, st, mb, kernels_expert_ffn_bwork_floats(TK, C, F));
-      float *dy = mb_floats_raw(s, st, mb, (size_t)TK * C),
-            *drows = mb_floats_raw(s, st, mb, (size_t)TK * C);
-      bool ar;
-      float *dw = dval_in(s, st, mb, run, es, so->in[1], &ar);
-      float *dwt = ar ? mb_floats_raw(s, st, mb, (size_t)TK) : dw;
-      KT(st, s,
-         k->moe_combine_backward(st->stream, dy, dwt, dout, lm->y, in1 + TK, lm->route_row, T, K,
-                                 C));
-      if (ar)
-        KT(st, s, k->add(st->stream, dw, dwt, (size_t)TK));
-      if (fused)
-        KT(st, s,
-           k->expert_ffn_backward(st->stream, drows, dprm, run->bwork[j], lm->scratch, dy,
-                                  lm->row_expert, TK, run->saved[j], prm, 0, E, C, F, false));
-      else
-        KT(st, s,
-           k->expert_ffn_backward_input(st->stream, drows, run->bwork[j], lm->scratch, dy,
-                                        lm->row_expert, TK, run->saved[j], prm, 0, E, C, F, false));
-      bool ah;
-      float *dh = dval_in(s, st, mb, run, es, so->in[0], &ah);
-      KT(st, s, k->moe_dispatch_backward(st->stream, dh, drows, lm->route_row, T, K, C, ah));
-      break;
-    }
-    case MODEL_OP_LM_HEAD_LOSS: {
-      enum kernels_lm_head_layout lay = xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
-      const float *w = xm->tied && P ? P + es->ops[0].param_offset : prm;
-      float *dw = xm->tied ? G + es->ops[0].param_offset : dprm;
-      run->bwork[j] = run->saved[j]; /* BI turns the probabilities into dlogits in place */
-      if (fused)
-        KT(st, s,
-           k->lm_head_loss_backward(st->stream, din, dw, run->bwork[j], run->saved[j], in0,
-                                    mb->targets, w, lay, dloss, T, C, V, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->lm_head_loss_backward_input(st->stream, din, run->bwork[j], run->saved[j],
-                                          mb->targets, w, lay, dloss, T, C, V, acc));
-      else
-        KT(st, s,
-           k->lm_head_loss_backward_weight(st->stream, dw, run->bwork[j], in0, lay, T, C, V));
-      break;
-    }
-    default: return internal(err, s, i, "op kind without a host kernel");
-    }
-  }
-  if (mode != BWD_WEIGHT) {
-    /* gradients of the inputs go onto the edges that brought them */
-    for (uint32_t v = 0; v < es->n_values; v++) {
-      const struct exec_value *val = &es->values[v];
-      if (val->op >= 0)
-        continue;
-      float *g = dval_out(s, st, mb, run, es, (int32_t)v);
-      mb->grad[(size_t)val->edge * TC + val->tensor] = g;
-    }
-  }
+  b.P = mode == BWD_WEIGHT ? NULL : params_of(s, x);
+  if (mode != BWD_WEIGHT && !output_grads(&b, i, err))
+    return false;
+  for (int32_t j = (int32_t)b.es->n_ops - 1; j >= 0; j--)
+    if (!backward_op(&b, j, i, err))
+      return false;
+  if (mode != BWD_WEIGHT)
+    input_grads(&b);
   return true;
 }
 
