@@ -3,17 +3,23 @@
  * events, communication on communicators split per purpose, and training (forward, backward
  * with BI/BW where the plan splits it, gradient sync, AdamW) through a backend.
  *
+ *   GError *err = NULL;
+ *   const struct plan *plan = NULL; // from compile_run or plan_read_dir
+ *   struct exec_backend *b = exec_backend_init(&exec_backend_host, NULL, &err);
  *   struct exec_options o = exec_options_default();
- *   o.plan = plan; o.iters = 10;                       // plan from compile_run or plan_read_dir
- *   struct exec_backend *b = exec_backend_host.create(&(struct exec_backend_params){0}, &err);
+ *   o.plan = plan;
+ *   o.iters = 10;
  *   struct exec_result r = {0};
- *   if (!exec_run(&o, &exec_backend_host, b, &r, &err)) ...;   // r.losses[i], run directory
- *   exec_result_clear(&r); exec_backend_host.destroy(b);
+ *   if (b && exec_run(&o, b, &r, &err))
+ *     printf("final loss %f\n", r.losses[r.n_steps - 1]);
+ *   exec_result_clear(&r);
+ *   exec_backend_free(b);
  *
- * Backends implement one small table (struct exec_backend_ops, after ggml's backend interface):
- * memory, streams, events, communicators and the kernel table. The runner (exec/runner.c)
- * knows nothing of threads, MPI or CUDA; `host` (CPU threads + MPI) is always built, others
- * register in exec_backends[] where their build flag is set.
+ * A backend is an instance of one small table (struct exec_backend_ops, after ggml's backend
+ * interface): memory, streams, events, communicators and the kernel table, behind the wrappers
+ * of exec/backend.c. The runner (exec/runner.c) knows nothing of threads, MPI or CUDA; `host`
+ * (CPU threads + MPI) is always built, others register in exec_backends[] where their build
+ * flag is set, and an out-of-tree backend needs only this header.
  */
 #ifndef PIPER_EXEC_EXEC_H
 #define PIPER_EXEC_EXEC_H
