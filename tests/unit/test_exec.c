@@ -380,6 +380,53 @@ static void test_host_streams_events(void **state) {
   assert_null(exec_backend_find("nonexistent"));
 }
 
+/* The table's version and required entries are checked at init; the wrappers fill in what a
+ * one-process backend leaves out. */
+static void test_backend_table_checks_and_defaults(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct exec_backend_ops other = exec_backend_host;
+  other.api_version = EXEC_BACKEND_API_VERSION + 1;
+  assert_null(exec_backend_init(&other, NULL, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "interface version"));
+  g_clear_error(&err);
+  struct exec_backend_ops lacking = exec_backend_host;
+  lacking.send = NULL;
+  assert_null(exec_backend_init(&lacking, NULL, &err));
+  assert_non_null(strstr(err->message, "has no send"));
+  g_clear_error(&err);
+  assert_null(exec_backend_init_by_name("nonexistent", NULL, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  g_clear_error(&err);
+  struct exec_backend_ops minimal = exec_backend_host;
+  minimal.abort = NULL;
+  minimal.world_rank = NULL;
+  minimal.world_size = NULL;
+  minimal.comm_library = NULL;
+  minimal.world_all_reduce_f64 = NULL;
+  minimal.world_gather = NULL;
+  minimal.world_broadcast = NULL;
+  struct exec_backend *b = exec_backend_init(&minimal, NULL, &err);
+  assert_non_null(b);
+  assert_ptr_equal(b->ops, &minimal);
+  assert_string_equal(exec_backend_name(b), "host");
+  assert_string_equal(exec_backend_comm_library(b), "none");
+  assert_int_equal(exec_backend_world_rank(b), 0);
+  assert_int_equal(exec_backend_world_size(b), 1);
+  double x[2] = {1.5, -2};
+  assert_true(exec_world_all_reduce_f64(b, x, 2, EXEC_REDUCE_SUM, &err));
+  assert_true(x[0] == 1.5 && x[1] == -2);
+  void *all = NULL;
+  size_t *sizes = NULL;
+  assert_true(exec_world_gather(b, x, sizeof x, &all, &sizes, &err));
+  assert_int_equal(sizes[0], sizeof x);
+  assert_memory_equal(all, x, sizeof x);
+  g_free(all);
+  g_free(sizes);
+  exec_backend_free(b);
+}
+
 /* ---- one-device training ----------------------------------------------------------------- */
 
 struct trained {
@@ -605,6 +652,7 @@ int main(void) {
       cmocka_unit_test(test_data_bytes_and_synthetic),
       cmocka_unit_test(test_init_params),
       cmocka_unit_test(test_host_streams_events),
+      cmocka_unit_test(test_backend_table_checks_and_defaults),
       cmocka_unit_test(test_train_loss_falls),
       cmocka_unit_test(test_bi_bw_split_equals_fused),
       cmocka_unit_test(test_checkpoint_resume),
