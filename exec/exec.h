@@ -73,8 +73,10 @@ struct exec_stream_status {
 enum exec_reduce_op { EXEC_REDUCE_SUM, EXEC_REDUCE_MAX, EXEC_REDUCE_MIN };
 
 /* Kernel table: the entry points of kernels.h with the stream they run on first (a device
- * backend enqueues them there; the host runs them inline on the stream's worker). Every
- * pointer argument is device memory (from alloc). All entries are required. */
+ * backend enqueues them there; the host runs them inline on the stream's worker). s is NULL
+ * for work outside any task (the runner's step setup): the backend orders it before work
+ * submitted after it. Every pointer argument is device memory (from alloc). All entries are
+ * required. */
 struct exec_kernels {
   void (*fill)(struct exec_stream *s, float *x, float value, size_t n);
   void (*copy)(struct exec_stream *s, void *dst, const void *src, size_t bytes);
