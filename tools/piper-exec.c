@@ -291,8 +291,9 @@ int main(int argc, char **argv) {
   o.progress = !quiet && rank == 0;
   if (rank == 0 && !quiet) {
     printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s\n",
-           plan->model->name, plan->n_devices, plan->n_devices == 1 ? "" : "s", exec_backend_name(b),
-           exec_backend_comm_library(b), plan->n_microbatches, data ? data : "synthetic");
+           plan->model->name, plan->n_devices, plan->n_devices == 1 ? "" : "s",
+           exec_backend_name(b), exec_backend_comm_library(b), plan->n_microbatches,
+           data ? data : "synthetic");
     fflush(stdout);
   }
   struct exec_result res = {0};
