@@ -81,42 +81,104 @@ struct exec_kernels {
   void (*fill)(struct exec_stream *s, float *x, float value, size_t n);
   void (*copy)(struct exec_stream *s, void *dst, const void *src, size_t bytes);
   void (*add)(struct exec_stream *s, float *y, const float *x, size_t n); /* y += x */
-  void (*embedding_forward)(struct exec_stream *s, float *x, const int32_t *tokens, const float *params, int T, int V, int C);
-  void (*embedding_backward_weight)(struct exec_stream *s, float *dparams, const float *dx, const int32_t *tokens, int T, int V, int C);
-  void (*embedding_backward)(struct exec_stream *s, float *dparams, const float *dx, const int32_t *tokens, int T, int V, int C);
-  void (*rmsnorm_forward)(struct exec_stream *s, float *h, float *saved, const float *x, const float *params, int T, int C, float eps);
-  void (*rmsnorm_backward_input)(struct exec_stream *s, float *dx, const float *dh, const float *x, const float *saved, const float *params, int T, int C, bool accumulate);
-  void (*rmsnorm_backward_weight)(struct exec_stream *s, float *dparams, const float *dh, const float *x, const float *saved, int T, int C);
-  void (*rmsnorm_backward)(struct exec_stream *s, float *dx, float *dparams, const float *dh, const float *x, const float *saved, const float *params, int T, int C, bool accumulate);
-  void (*attention_forward)(struct exec_stream *s, float *a, float *saved, const float *h, const float *params, const struct kernels_attention_dims *d);
-  void (*attention_backward_input)(struct exec_stream *s, float *dh, float *bwork, const float *da, const float *saved, const float *params, const struct kernels_attention_dims *d, bool accumulate);
-  void (*attention_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork, const float *da, const float *h, const float *saved, const struct kernels_attention_dims *d);
-  void (*attention_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork, const float *da, const float *h, const float *saved, const float *params, const struct kernels_attention_dims *d, bool accumulate);
-  void (*mlp_forward)(struct exec_stream *s, float *m, float *saved, const float *h, const float *params, int T, int C, int F);
-  void (*mlp_backward_input)(struct exec_stream *s, float *dh, float *bwork, const float *dm, const float *saved, const float *params, int T, int C, int F, bool accumulate);
-  void (*mlp_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork, const float *dm, const float *h, const float *saved, int T, int C, int F);
-  void (*mlp_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork, const float *dm, const float *h, const float *saved, const float *params, int T, int C, int F, bool accumulate);
-  void (*router_forward)(struct exec_stream *s, int32_t *ids, float *weights, float *saved, const float *h, const float *params, int T, int C, int E, int K);
-  void (*router_backward_input)(struct exec_stream *s, float *dh, float *bwork, const float *dweights, const int32_t *ids, const float *weights, const float *saved, const float *params, int T, int C, int E, int K, bool accumulate);
-  void (*router_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork, const float *h, int T, int C, int E);
-  void (*router_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork, const float *dweights, const int32_t *ids, const float *weights, const float *saved, const float *h, const float *params, int T, int C, int E, int K, bool accumulate);
-  void (*moe_dispatch_plan)(struct exec_stream *s, int32_t *send_counts, int32_t *route_row, const int32_t *ids, int T, int K, int E, int n_ranks);
-  void (*moe_dispatch_forward)(struct exec_stream *s, float *send, int32_t *send_expert, const float *h, const int32_t *ids, const int32_t *route_row, int T, int K, int C);
-  void (*moe_dispatch_backward)(struct exec_stream *s, float *dh, const float *dsend, const int32_t *route_row, int T, int K, int C, bool accumulate);
-  void (*moe_combine_forward)(struct exec_stream *s, float *m, const float *y, const float *weights, const int32_t *route_row, int T, int K, int C);
-  void (*moe_combine_backward)(struct exec_stream *s, float *dy, float *dweights, const float *dm, const float *y, const float *weights, const int32_t *route_row, int T, int K, int C);
-  void (*expert_ffn_forward)(struct exec_stream *s, float *out, float *saved, float *scratch, const float *in, const int32_t *row_expert, int n_rows, const float *params, int e_first, int e_count, int C, int F);
-  void (*expert_ffn_backward_input)(struct exec_stream *s, float *din, float *bwork, float *scratch, const float *dout, const int32_t *row_expert, int n_rows, const float *saved, const float *params, int e_first, int e_count, int C, int F, bool accumulate);
-  void (*expert_ffn_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork, const int32_t *row_expert, int n_rows, const float *saved, int e_first, int e_count, int C, int F);
-  void (*expert_ffn_backward)(struct exec_stream *s, float *din, float *dparams, float *bwork, float *scratch, const float *dout, const int32_t *row_expert, int n_rows, const float *saved, const float *params, int e_first, int e_count, int C, int F, bool accumulate);
+  void (*embedding_forward)(struct exec_stream *s, float *x, const int32_t *tokens,
+                            const float *params, int T, int V, int C);
+  void (*embedding_backward_weight)(struct exec_stream *s, float *dparams, const float *dx,
+                                    const int32_t *tokens, int T, int V, int C);
+  void (*embedding_backward)(struct exec_stream *s, float *dparams, const float *dx,
+                             const int32_t *tokens, int T, int V, int C);
+  void (*rmsnorm_forward)(struct exec_stream *s, float *h, float *saved, const float *x,
+                          const float *params, int T, int C, float eps);
+  void (*rmsnorm_backward_input)(struct exec_stream *s, float *dx, const float *dh, const float *x,
+                                 const float *saved, const float *params, int T, int C,
+                                 bool accumulate);
+  void (*rmsnorm_backward_weight)(struct exec_stream *s, float *dparams, const float *dh,
+                                  const float *x, const float *saved, int T, int C);
+  void (*rmsnorm_backward)(struct exec_stream *s, float *dx, float *dparams, const float *dh,
+                           const float *x, const float *saved, const float *params, int T, int C,
+                           bool accumulate);
+  void (*attention_forward)(struct exec_stream *s, float *a, float *saved, const float *h,
+                            const float *params, const struct kernels_attention_dims *d);
+  void (*attention_backward_input)(struct exec_stream *s, float *dh, float *bwork, const float *da,
+                                   const float *saved, const float *params,
+                                   const struct kernels_attention_dims *d, bool accumulate);
+  void (*attention_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                                    const float *da, const float *h, const float *saved,
+                                    const struct kernels_attention_dims *d);
+  void (*attention_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                             const float *da, const float *h, const float *saved,
+                             const float *params, const struct kernels_attention_dims *d,
+                             bool accumulate);
+  void (*mlp_forward)(struct exec_stream *s, float *m, float *saved, const float *h,
+                      const float *params, int T, int C, int F);
+  void (*mlp_backward_input)(struct exec_stream *s, float *dh, float *bwork, const float *dm,
+                             const float *saved, const float *params, int T, int C, int F,
+                             bool accumulate);
+  void (*mlp_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                              const float *dm, const float *h, const float *saved, int T, int C,
+                              int F);
+  void (*mlp_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                       const float *dm, const float *h, const float *saved, const float *params,
+                       int T, int C, int F, bool accumulate);
+  void (*router_forward)(struct exec_stream *s, int32_t *ids, float *weights, float *saved,
+                         const float *h, const float *params, int T, int C, int E, int K);
+  void (*router_backward_input)(struct exec_stream *s, float *dh, float *bwork,
+                                const float *dweights, const int32_t *ids, const float *weights,
+                                const float *saved, const float *params, int T, int C, int E, int K,
+                                bool accumulate);
+  void (*router_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                                 const float *h, int T, int C, int E);
+  void (*router_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                          const float *dweights, const int32_t *ids, const float *weights,
+                          const float *saved, const float *h, const float *params, int T, int C,
+                          int E, int K, bool accumulate);
+  void (*moe_dispatch_plan)(struct exec_stream *s, int32_t *send_counts, int32_t *route_row,
+                            const int32_t *ids, int T, int K, int E, int n_ranks);
+  void (*moe_dispatch_forward)(struct exec_stream *s, float *send, int32_t *send_expert,
+                               const float *h, const int32_t *ids, const int32_t *route_row, int T,
+                               int K, int C);
+  void (*moe_dispatch_backward)(struct exec_stream *s, float *dh, const float *dsend,
+                                const int32_t *route_row, int T, int K, int C, bool accumulate);
+  void (*moe_combine_forward)(struct exec_stream *s, float *m, const float *y, const float *weights,
+                              const int32_t *route_row, int T, int K, int C);
+  void (*moe_combine_backward)(struct exec_stream *s, float *dy, float *dweights, const float *dm,
+                               const float *y, const float *weights, const int32_t *route_row,
+                               int T, int K, int C);
+  void (*expert_ffn_forward)(struct exec_stream *s, float *out, float *saved, float *scratch,
+                             const float *in, const int32_t *row_expert, int n_rows,
+                             const float *params, int e_first, int e_count, int C, int F);
+  void (*expert_ffn_backward_input)(struct exec_stream *s, float *din, float *bwork, float *scratch,
+                                    const float *dout, const int32_t *row_expert, int n_rows,
+                                    const float *saved, const float *params, int e_first,
+                                    int e_count, int C, int F, bool accumulate);
+  void (*expert_ffn_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                                     const int32_t *row_expert, int n_rows, const float *saved,
+                                     int e_first, int e_count, int C, int F);
+  void (*expert_ffn_backward)(struct exec_stream *s, float *din, float *dparams, float *bwork,
+                              float *scratch, const float *dout, const int32_t *row_expert,
+                              int n_rows, const float *saved, const float *params, int e_first,
+                              int e_count, int C, int F, bool accumulate);
   /* *loss (device memory, one float): the mean loss (kernels_lm_head_loss_forward's value) */
-  void (*lm_head_loss_forward)(struct exec_stream *s, float *loss, float *saved, const float *h, const int32_t *targets, const float *params, enum kernels_lm_head_layout layout, int T, int C, int V);
-  void (*lm_head_loss_backward_input)(struct exec_stream *s, float *dh, float *bwork, const float *saved, const int32_t *targets, const float *params, enum kernels_lm_head_layout layout, float dloss, int T, int C, int V, bool accumulate);
-  void (*lm_head_loss_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork, const float *h, enum kernels_lm_head_layout layout, int T, int C, int V);
-  void (*lm_head_loss_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork, const float *saved, const float *h, const int32_t *targets, const float *params, enum kernels_lm_head_layout layout, float dloss, int T, int C, int V, bool accumulate);
+  void (*lm_head_loss_forward)(struct exec_stream *s, float *loss, float *saved, const float *h,
+                               const int32_t *targets, const float *params,
+                               enum kernels_lm_head_layout layout, int T, int C, int V);
+  void (*lm_head_loss_backward_input)(struct exec_stream *s, float *dh, float *bwork,
+                                      const float *saved, const int32_t *targets,
+                                      const float *params, enum kernels_lm_head_layout layout,
+                                      float dloss, int T, int C, int V, bool accumulate);
+  void (*lm_head_loss_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                                       const float *h, enum kernels_lm_head_layout layout, int T,
+                                       int C, int V);
+  void (*lm_head_loss_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                                const float *saved, const float *h, const int32_t *targets,
+                                const float *params, enum kernels_lm_head_layout layout,
+                                float dloss, int T, int C, int V, bool accumulate);
   void (*residual_add_forward)(struct exec_stream *s, float *x, const float *y, size_t n);
-  void (*residual_add_backward)(struct exec_stream *s, float *dy, const float *dx, size_t n, bool accumulate);
-  void (*adamw_step)(struct exec_stream *s, float *params, const float *grads, float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int step);
+  void (*residual_add_backward)(struct exec_stream *s, float *dy, const float *dx, size_t n,
+                                bool accumulate);
+  void (*adamw_step)(struct exec_stream *s, float *params, const float *grads, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                     int step);
 };
 
 /* The table a backend implements (after ggml's backend interface). Entries marked optional may
