@@ -22,13 +22,13 @@ struct item {
 };
 
 struct exec_event {
-  struct exec_backend *b;
+  struct host_context *b;
   uint64_t recorded;
   atomic_uint_fast64_t completed; /* written under the lock; atomic for lock-free readers */
 };
 
 struct exec_stream {
-  struct exec_backend *b;
+  struct host_context *b;
   char name[64];
   GThread *thread;
   GCond cond;
@@ -43,14 +43,14 @@ struct exec_stream {
   GError *error;
 };
 
-static double host_clock(struct exec_backend *b) {
+static double host_clock(struct host_context *b) {
   return piper_clock_seconds() - b->epoch;
 }
 
 /* Wakes the workers and the submitting thread blocked on event e (everyone for NULL). Lock
  * held. Waking only the waiters matters: a wakeup costs microseconds, an instruction's whole
  * budget of executor overhead. */
-static void wake_waiters(struct exec_backend *b, const struct exec_event *e) {
+static void wake_waiters(struct host_context *b, const struct exec_event *e) {
   for (guint i = 0; i < b->streams->len; i++) {
     struct exec_stream *s = g_ptr_array_index(b->streams, i);
     if (s->phase == EXEC_STREAM_WAITING && (e == NULL || s->waiting_on == e))
@@ -62,7 +62,7 @@ static void wake_waiters(struct exec_backend *b, const struct exec_event *e) {
 
 static gpointer worker(gpointer data) {
   struct exec_stream *s = data;
-  struct exec_backend *b = s->b;
+  struct host_context *b = s->b;
   g_mutex_lock(&b->lock);
   for (;;) {
     while (s->head == s->queue->len && !s->stop) {
@@ -103,7 +103,7 @@ static gpointer worker(gpointer data) {
       s->since = host_clock(b);
       g_mutex_unlock(&b->lock);
       GError *err = NULL;
-      bool ok = it.fn(it.arg, &err);
+      bool ok = it.fn(s, it.arg, &err);
       g_mutex_lock(&b->lock);
       if (!ok) {
         s->failed = true;
@@ -126,8 +126,9 @@ static gpointer worker(gpointer data) {
   return NULL;
 }
 
-static struct exec_stream *host_stream_create(struct exec_backend *b, const char *name,
+static struct exec_stream *host_stream_create(struct exec_backend *backend, const char *name,
                                               int priority, GError **err) {
+  struct host_context *b = backend->context;
   (void)priority; /* threads of one process share the CPU; the OS schedules them */
   (void)err;
   struct exec_stream *s = g_new0(struct exec_stream, 1);
@@ -147,7 +148,7 @@ static struct exec_stream *host_stream_create(struct exec_backend *b, const char
 static void host_stream_destroy(struct exec_stream *s) {
   if (!s)
     return;
-  struct exec_backend *b = s->b;
+  struct host_context *b = s->b;
   g_mutex_lock(&b->lock);
   s->stop = true;
   g_cond_signal(&s->cond);
@@ -202,7 +203,8 @@ static const GError *host_stream_error(struct exec_stream *s) {
   return e;
 }
 
-static struct exec_event *host_event_create(struct exec_backend *b) {
+static struct exec_event *host_event_create(struct exec_backend *backend) {
+  struct host_context *b = backend->context;
   struct exec_event *e = g_new0(struct exec_event, 1);
   e->b = b;
   return e;
@@ -229,7 +231,7 @@ static void host_stream_wait_event(struct exec_stream *s, struct exec_event *e) 
 }
 
 static bool host_event_synchronize(struct exec_event *e, double timeout_s) {
-  struct exec_backend *b = e->b;
+  struct host_context *b = e->b;
   gint64 deadline = g_get_monotonic_time() + (gint64)(timeout_s * 1e6);
   g_mutex_lock(&b->lock);
   bool done;
@@ -245,18 +247,21 @@ static bool host_event_synchronize(struct exec_event *e, double timeout_s) {
   return done;
 }
 
-static uint64_t host_progress(struct exec_backend *b) {
+static uint64_t host_progress(struct exec_backend *backend) {
+  struct host_context *b = backend->context;
   return atomic_load(&b->progress);
 }
 
-static void host_cancel(struct exec_backend *b) {
+static void host_cancel(struct exec_backend *backend) {
+  struct host_context *b = backend->context;
   g_mutex_lock(&b->lock);
   atomic_store(&b->cancelled, true);
   wake_waiters(b, NULL);
   g_mutex_unlock(&b->lock);
 }
 
-static void host_reset(struct exec_backend *b) {
+static void host_reset(struct exec_backend *backend) {
+  struct host_context *b = backend->context;
   atomic_store(&b->cancelled, false);
 }
 
@@ -278,111 +283,395 @@ static void host_copy_bytes(struct exec_backend *b, void *dst, const void *src, 
     memmove(dst, src, bytes);
 }
 
-/* ---- kernels ----------------------------------------------------------------------------- */
+/* ---- kernels ----------------------------------------------------------------------------
+ * The host runs a kernel inline on the stream's worker thread: each entry is kernels.h's
+ * function, called now. */
 
 /* x [n] = value */
-static void host_fill(float *x, float value, size_t n) {
+static void host_fill(struct exec_stream *s, float *x, float value, size_t n) {
+  (void)s;
   for (size_t i = 0; i < n; i++)
     x[i] = value;
 }
 
 /* dst [bytes] = src */
-static void host_copy(void *dst, const void *src, size_t bytes) {
+static void host_copy(struct exec_stream *s, void *dst, const void *src, size_t bytes) {
+  (void)s;
   if (bytes)
     memmove(dst, src, bytes);
 }
 
 /* y [n] += x [n] */
-static void host_add(float *y, const float *x, size_t n) {
+static void host_add(struct exec_stream *s, float *y, const float *x, size_t n) {
+  (void)s;
   for (size_t i = 0; i < n; i++)
     y[i] += x[i];
+}
+
+static void k_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
+                                const float *params, int T, int V, int C) {
+  (void)s;
+  kernels_embedding_forward(x, tokens, params, T, V, C);
+}
+
+static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, const float *dx,
+                                        const int32_t *tokens, int T, int V, int C) {
+  (void)s;
+  kernels_embedding_backward_weight(dparams, dx, tokens, T, V, C);
+}
+
+static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,
+                                 const int32_t *tokens, int T, int V, int C) {
+  (void)s;
+  kernels_embedding_backward(dparams, dx, tokens, T, V, C);
+}
+
+static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, const float *x,
+                              const float *params, int T, int C, float eps) {
+  (void)s;
+  kernels_rmsnorm_forward(h, saved, x, params, T, C, eps);
+}
+
+static void k_rmsnorm_backward_input(struct exec_stream *s, float *dx, const float *dh,
+                                     const float *x, const float *saved, const float *params, int T,
+                                     int C, bool accumulate) {
+  (void)s;
+  kernels_rmsnorm_backward_input(dx, dh, x, saved, params, T, C, accumulate);
+}
+
+static void k_rmsnorm_backward_weight(struct exec_stream *s, float *dparams, const float *dh,
+                                      const float *x, const float *saved, int T, int C) {
+  (void)s;
+  kernels_rmsnorm_backward_weight(dparams, dh, x, saved, T, C);
+}
+
+static void k_rmsnorm_backward(struct exec_stream *s, float *dx, float *dparams, const float *dh,
+                               const float *x, const float *saved, const float *params, int T,
+                               int C, bool accumulate) {
+  (void)s;
+  kernels_rmsnorm_backward(dx, dparams, dh, x, saved, params, T, C, accumulate);
+}
+
+static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
+                                const float *params, const struct kernels_attention_dims *d) {
+  (void)s;
+  kernels_attention_forward(a, saved, h, params, d);
+}
+
+static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                       const float *da, const float *saved, const float *params,
+                                       const struct kernels_attention_dims *d, bool accumulate) {
+  (void)s;
+  kernels_attention_backward_input(dh, bwork, da, saved, params, d, accumulate);
+}
+
+static void k_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                        const float *da, const float *h, const float *saved,
+                                        const struct kernels_attention_dims *d) {
+  (void)s;
+  kernels_attention_backward_weight(dparams, bwork, da, h, saved, d);
+}
+
+static void k_attention_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                                 const float *da, const float *h, const float *saved,
+                                 const float *params, const struct kernels_attention_dims *d,
+                                 bool accumulate) {
+  (void)s;
+  kernels_attention_backward(dh, dparams, bwork, da, h, saved, params, d, accumulate);
+}
+
+static void k_mlp_forward(struct exec_stream *s, float *m, float *saved, const float *h,
+                          const float *params, int T, int C, int F) {
+  (void)s;
+  kernels_mlp_forward(m, saved, h, params, T, C, F);
+}
+
+static void k_mlp_backward_input(struct exec_stream *s, float *dh, float *bwork, const float *dm,
+                                 const float *saved, const float *params, int T, int C, int F,
+                                 bool accumulate) {
+  (void)s;
+  kernels_mlp_backward_input(dh, bwork, dm, saved, params, T, C, F, accumulate);
+}
+
+static void k_mlp_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                  const float *dm, const float *h, const float *saved, int T, int C,
+                                  int F) {
+  (void)s;
+  kernels_mlp_backward_weight(dparams, bwork, dm, h, saved, T, C, F);
+}
+
+static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                           const float *dm, const float *h, const float *saved, const float *params,
+                           int T, int C, int F, bool accumulate) {
+  (void)s;
+  kernels_mlp_backward(dh, dparams, bwork, dm, h, saved, params, T, C, F, accumulate);
+}
+
+static void k_router_forward(struct exec_stream *s, int32_t *ids, float *weights, float *saved,
+                             const float *h, const float *params, int T, int C, int E, int K) {
+  (void)s;
+  kernels_router_forward(ids, weights, saved, h, params, T, C, E, K);
+}
+
+static void k_router_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                    const float *dweights, const int32_t *ids, const float *weights,
+                                    const float *saved, const float *params, int T, int C, int E,
+                                    int K, bool accumulate) {
+  (void)s;
+  kernels_router_backward_input(dh, bwork, dweights, ids, weights, saved, params, T, C, E, K,
+                                accumulate);
+}
+
+static void k_router_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                     const float *h, int T, int C, int E) {
+  (void)s;
+  kernels_router_backward_weight(dparams, bwork, h, T, C, E);
+}
+
+static void k_router_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                              const float *dweights, const int32_t *ids, const float *weights,
+                              const float *saved, const float *h, const float *params, int T, int C,
+                              int E, int K, bool accumulate) {
+  (void)s;
+  kernels_router_backward(dh, dparams, bwork, dweights, ids, weights, saved, h, params, T, C, E, K,
+                          accumulate);
+}
+
+static void k_moe_dispatch_plan(struct exec_stream *s, int32_t *send_counts, int32_t *route_row,
+                                const int32_t *ids, int T, int K, int E, int n_ranks) {
+  (void)s;
+  kernels_moe_dispatch_plan(send_counts, route_row, ids, T, K, E, n_ranks);
+}
+
+static void k_moe_dispatch_forward(struct exec_stream *s, float *send, int32_t *send_expert,
+                                   const float *h, const int32_t *ids, const int32_t *route_row,
+                                   int T, int K, int C) {
+  (void)s;
+  kernels_moe_dispatch_forward(send, send_expert, h, ids, route_row, T, K, C);
+}
+
+static void k_moe_dispatch_backward(struct exec_stream *s, float *dh, const float *dsend,
+                                    const int32_t *route_row, int T, int K, int C,
+                                    bool accumulate) {
+  (void)s;
+  kernels_moe_dispatch_backward(dh, dsend, route_row, T, K, C, accumulate);
+}
+
+static void k_moe_combine_forward(struct exec_stream *s, float *m, const float *y,
+                                  const float *weights, const int32_t *route_row, int T, int K,
+                                  int C) {
+  (void)s;
+  kernels_moe_combine_forward(m, y, weights, route_row, T, K, C);
+}
+
+static void k_moe_combine_backward(struct exec_stream *s, float *dy, float *dweights,
+                                   const float *dm, const float *y, const float *weights,
+                                   const int32_t *route_row, int T, int K, int C) {
+  (void)s;
+  kernels_moe_combine_backward(dy, dweights, dm, y, weights, route_row, T, K, C);
+}
+
+static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *scratch,
+                                 const float *in, const int32_t *row_expert, int n_rows,
+                                 const float *params, int e_first, int e_count, int C, int F) {
+  (void)s;
+  kernels_expert_ffn_forward(out, saved, scratch, in, row_expert, n_rows, params, e_first, e_count,
+                             C, F);
+}
+
+static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float *bwork,
+                                        float *scratch, const float *dout,
+                                        const int32_t *row_expert, int n_rows, const float *saved,
+                                        const float *params, int e_first, int e_count, int C, int F,
+                                        bool accumulate) {
+  (void)s;
+  kernels_expert_ffn_backward_input(din, bwork, scratch, dout, row_expert, n_rows, saved, params,
+                                    e_first, e_count, C, F, accumulate);
+}
+
+static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                         const int32_t *row_expert, int n_rows, const float *saved,
+                                         int e_first, int e_count, int C, int F) {
+  (void)s;
+  kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, e_first, e_count, C,
+                                     F);
+}
+
+static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dparams, float *bwork,
+                                  float *scratch, const float *dout, const int32_t *row_expert,
+                                  int n_rows, const float *saved, const float *params, int e_first,
+                                  int e_count, int C, int F, bool accumulate) {
+  (void)s;
+  kernels_expert_ffn_backward(din, dparams, bwork, scratch, dout, row_expert, n_rows, saved, params,
+                              e_first, e_count, C, F, accumulate);
+}
+
+static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
+                                   const int32_t *targets, const float *params,
+                                   enum kernels_lm_head_layout layout, int T, int C, int V) {
+  (void)s;
+  *loss = kernels_lm_head_loss_forward(saved, h, targets, params, layout, T, C, V);
+}
+
+static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                          const float *saved, const int32_t *targets,
+                                          const float *params, enum kernels_lm_head_layout layout,
+                                          float dloss, int T, int C, int V, bool accumulate) {
+  (void)s;
+  kernels_lm_head_loss_backward_input(dh, bwork, saved, targets, params, layout, dloss, T, C, V,
+                                      accumulate);
+}
+
+static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams,
+                                           const float *bwork, const float *h,
+                                           enum kernels_lm_head_layout layout, int T, int C,
+                                           int V) {
+  (void)s;
+  kernels_lm_head_loss_backward_weight(dparams, bwork, h, layout, T, C, V);
+}
+
+static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                                    const float *saved, const float *h, const int32_t *targets,
+                                    const float *params, enum kernels_lm_head_layout layout,
+                                    float dloss, int T, int C, int V, bool accumulate) {
+  (void)s;
+  kernels_lm_head_loss_backward(dh, dparams, bwork, saved, h, targets, params, layout, dloss, T, C,
+                                V, accumulate);
+}
+
+static void k_residual_add_forward(struct exec_stream *s, float *x, const float *y, size_t n) {
+  (void)s;
+  kernels_residual_add_forward(x, y, n);
+}
+
+static void k_residual_add_backward(struct exec_stream *s, float *dy, const float *dx, size_t n,
+                                    bool accumulate) {
+  (void)s;
+  kernels_residual_add_backward(dy, dx, n, accumulate);
+}
+
+static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
+                         float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int step) {
+  (void)s;
+  kernels_adamw_step(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 
 static const struct exec_kernels host_kernels = {
     .fill = host_fill,
     .copy = host_copy,
     .add = host_add,
-    .embedding_forward = kernels_embedding_forward,
-    .embedding_backward_weight = kernels_embedding_backward_weight,
-    .embedding_backward = kernels_embedding_backward,
-    .rmsnorm_forward = kernels_rmsnorm_forward,
-    .rmsnorm_backward_input = kernels_rmsnorm_backward_input,
-    .rmsnorm_backward_weight = kernels_rmsnorm_backward_weight,
-    .rmsnorm_backward = kernels_rmsnorm_backward,
-    .attention_forward = kernels_attention_forward,
-    .attention_backward_input = kernels_attention_backward_input,
-    .attention_backward_weight = kernels_attention_backward_weight,
-    .attention_backward = kernels_attention_backward,
-    .mlp_forward = kernels_mlp_forward,
-    .mlp_backward_input = kernels_mlp_backward_input,
-    .mlp_backward_weight = kernels_mlp_backward_weight,
-    .mlp_backward = kernels_mlp_backward,
-    .router_forward = kernels_router_forward,
-    .router_backward_input = kernels_router_backward_input,
-    .router_backward_weight = kernels_router_backward_weight,
-    .router_backward = kernels_router_backward,
-    .moe_dispatch_plan = kernels_moe_dispatch_plan,
-    .moe_dispatch_forward = kernels_moe_dispatch_forward,
-    .moe_dispatch_backward = kernels_moe_dispatch_backward,
-    .moe_combine_forward = kernels_moe_combine_forward,
-    .moe_combine_backward = kernels_moe_combine_backward,
-    .expert_ffn_forward = kernels_expert_ffn_forward,
-    .expert_ffn_backward_input = kernels_expert_ffn_backward_input,
-    .expert_ffn_backward_weight = kernels_expert_ffn_backward_weight,
-    .expert_ffn_backward = kernels_expert_ffn_backward,
-    .lm_head_loss_forward = kernels_lm_head_loss_forward,
-    .lm_head_loss_backward_input = kernels_lm_head_loss_backward_input,
-    .lm_head_loss_backward_weight = kernels_lm_head_loss_backward_weight,
-    .lm_head_loss_backward = kernels_lm_head_loss_backward,
-    .residual_add_forward = kernels_residual_add_forward,
-    .residual_add_backward = kernels_residual_add_backward,
-    .adamw_step = kernels_adamw_step,
+    .embedding_forward = k_embedding_forward,
+    .embedding_backward_weight = k_embedding_backward_weight,
+    .embedding_backward = k_embedding_backward,
+    .rmsnorm_forward = k_rmsnorm_forward,
+    .rmsnorm_backward_input = k_rmsnorm_backward_input,
+    .rmsnorm_backward_weight = k_rmsnorm_backward_weight,
+    .rmsnorm_backward = k_rmsnorm_backward,
+    .attention_forward = k_attention_forward,
+    .attention_backward_input = k_attention_backward_input,
+    .attention_backward_weight = k_attention_backward_weight,
+    .attention_backward = k_attention_backward,
+    .mlp_forward = k_mlp_forward,
+    .mlp_backward_input = k_mlp_backward_input,
+    .mlp_backward_weight = k_mlp_backward_weight,
+    .mlp_backward = k_mlp_backward,
+    .router_forward = k_router_forward,
+    .router_backward_input = k_router_backward_input,
+    .router_backward_weight = k_router_backward_weight,
+    .router_backward = k_router_backward,
+    .moe_dispatch_plan = k_moe_dispatch_plan,
+    .moe_dispatch_forward = k_moe_dispatch_forward,
+    .moe_dispatch_backward = k_moe_dispatch_backward,
+    .moe_combine_forward = k_moe_combine_forward,
+    .moe_combine_backward = k_moe_combine_backward,
+    .expert_ffn_forward = k_expert_ffn_forward,
+    .expert_ffn_backward_input = k_expert_ffn_backward_input,
+    .expert_ffn_backward_weight = k_expert_ffn_backward_weight,
+    .expert_ffn_backward = k_expert_ffn_backward,
+    .lm_head_loss_forward = k_lm_head_loss_forward,
+    .lm_head_loss_backward_input = k_lm_head_loss_backward_input,
+    .lm_head_loss_backward_weight = k_lm_head_loss_backward_weight,
+    .lm_head_loss_backward = k_lm_head_loss_backward,
+    .residual_add_forward = k_residual_add_forward,
+    .residual_add_backward = k_residual_add_backward,
+    .adamw_step = k_adamw_step,
 };
 
 /* ---- lifecycle --------------------------------------------------------------------------- */
 
-static struct exec_backend *host_create(const struct exec_backend_params *p, GError **err) {
-  struct exec_backend *b = g_new0(struct exec_backend, 1);
-  g_mutex_init(&b->lock);
-  g_cond_init(&b->main_cond);
-  b->streams = g_ptr_array_new();
-  b->size = 1;
-  if (!host_comm_init(b, p, err)) {
-    g_ptr_array_free(b->streams, TRUE);
-    g_cond_clear(&b->main_cond);
-    g_mutex_clear(&b->lock);
-    g_free(b);
-    return NULL;
-  }
-  /* every rank leaves the barrier at about the same moment: a shared time origin */
-  host_comm_barrier(b);
-  b->epoch = piper_clock_seconds();
-  return b;
-}
-
-static void host_destroy(struct exec_backend *b) {
-  if (!b)
-    return;
-  while (b->streams->len)
-    host_stream_destroy(g_ptr_array_index(b->streams, 0));
-  host_comm_finalize(b);
+static void context_free(struct host_context *b) {
   g_ptr_array_free(b->streams, TRUE);
   g_cond_clear(&b->main_cond);
   g_mutex_clear(&b->lock);
   g_free(b);
 }
 
+static bool host_init(struct exec_backend *backend, const struct exec_backend_params *p,
+                      GError **err) {
+  struct host_context *b = g_new0(struct host_context, 1);
+  g_mutex_init(&b->lock);
+  g_cond_init(&b->main_cond);
+  b->streams = g_ptr_array_new();
+  b->size = 1;
+  if (!exec_host_comm_init(b, p, err)) {
+    g_free(b->world); /* a failed start has nothing to finalise */
+    context_free(b);
+    return false;
+  }
+  /* every rank leaves the barrier at about the same moment: a shared time origin */
+  exec_host_comm_barrier(b);
+  b->epoch = piper_clock_seconds();
+  backend->context = b;
+  return true;
+}
+
+static void host_free(struct exec_backend *backend) {
+  struct host_context *b = backend->context;
+  if (!b)
+    return;
+  while (b->streams->len)
+    host_stream_destroy(g_ptr_array_index(b->streams, 0));
+  exec_host_comm_finalize(b);
+  context_free(b);
+  backend->context = NULL;
+}
+
+/* The backend-wide entries: the public instance in, the host's context out. */
 static void host_abort(struct exec_backend *b, int code) {
-  host_comm_abort(b, code);
+  exec_host_comm_abort(b->context, code);
 }
 static uint32_t host_world_rank(struct exec_backend *b) {
-  return b->rank;
+  return ((struct host_context *)b->context)->rank;
 }
 static uint32_t host_world_size(struct exec_backend *b) {
-  return b->size;
+  return ((struct host_context *)b->context)->size;
+}
+static const char *host_comm_library(struct exec_backend *b) {
+  return exec_host_comm_library(b->context);
+}
+static double host_clock_op(struct exec_backend *b) {
+  return host_clock(b->context);
+}
+static struct exec_comm *host_comm_create(struct exec_backend *b, const char *label,
+                                          const uint32_t *members, uint32_t n_members,
+                                          bool point_to_point, GError **err) {
+  return exec_host_comm_create(b->context, label, members, n_members, point_to_point, err);
+}
+static bool host_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+                                      enum exec_reduce_op op, GError **err) {
+  return exec_host_world_all_reduce_f64(b->context, buf, n, op, err);
+}
+static bool host_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+                              size_t **out_sizes, GError **err) {
+  return exec_host_world_gather(b->context, in, bytes, out, out_sizes, err);
+}
+static bool host_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
+  return exec_host_world_broadcast(b->context, buf, bytes, err);
 }
 
 const struct exec_backend_ops exec_backend_host = {
+    .api_version = EXEC_BACKEND_API_VERSION,
     .name = "host",
     .description = "CPU: reference kernels in C with BLAS GEMMs, one thread per stream, "
 #ifdef HAVE_MPI
@@ -390,13 +679,13 @@ const struct exec_backend_ops exec_backend_host = {
 #else
                    "one process (built without MPI)",
 #endif
-    .create = host_create,
-    .destroy = host_destroy,
+    .init = host_init,
+    .free = host_free,
     .abort = host_abort,
     .world_rank = host_world_rank,
     .world_size = host_world_size,
     .comm_library = host_comm_library,
-    .clock = host_clock,
+    .clock = host_clock_op,
     .alloc = host_alloc,
     .release = host_release,
     .to_host = host_copy_bytes,
@@ -415,14 +704,14 @@ const struct exec_backend_ops exec_backend_host = {
     .cancel = host_cancel,
     .reset = host_reset,
     .comm_create = host_comm_create,
-    .comm_destroy = host_comm_destroy,
-    .send = host_send,
-    .recv = host_recv,
-    .all_reduce_f32 = host_all_reduce_f32,
-    .reduce_scatter_f32 = host_reduce_scatter_f32,
-    .all_gather = host_all_gather,
-    .all_to_all_i32 = host_all_to_all_i32,
-    .all_to_all_v = host_all_to_all_v,
+    .comm_destroy = exec_host_comm_destroy,
+    .send = exec_host_send,
+    .recv = exec_host_recv,
+    .all_reduce_f32 = exec_host_all_reduce_f32,
+    .reduce_scatter_f32 = exec_host_reduce_scatter_f32,
+    .all_gather = exec_host_all_gather,
+    .all_to_all_i32 = exec_host_all_to_all_i32,
+    .all_to_all_v = exec_host_all_to_all_v,
     .world_all_reduce_f64 = host_world_all_reduce_f64,
     .world_gather = host_world_gather,
     .world_broadcast = host_world_broadcast,

@@ -61,7 +61,7 @@ bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t
   bool wrote = write_all(out.f, &h, sizeof h, &sum);
   const float *arrays[3] = {s->params, s->adam_m, s->adam_v};
   for (int a = 0; a < 3 && wrote; a++) {
-    s->ops->to_host(s->b, host, arrays[a], n * sizeof(float));
+    exec_backend_to_host(s->b, host, arrays[a], n * sizeof(float));
     wrote = write_all(out.f, host, n * sizeof(float), &sum);
   }
   uint64_t tail = sum;
@@ -108,7 +108,8 @@ static char *resolve(const char *dir, uint32_t rank, GError **err) {
     if (g_file_test(direct, G_FILE_TEST_EXISTS))
       path = g_strdup(direct);
     else
-      piper_input_error(err, "%s: no checkpoint here (no \"latest\" file and no rank-%u.ckpt)", dir, rank);
+      piper_input_error(err, "%s: no checkpoint here (no \"latest\" file and no rank-%u.ckpt)", dir,
+                        rank);
     g_free(direct);
   }
   g_free(text);
@@ -148,28 +149,28 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
     goto out;
   }
   if (h.rank != d->device || h.n_ranks != d->plan->n_devices) {
-    piper_input_error(err, "%s: written by rank %u of %u, read by rank %u of %u", path, h.rank, h.n_ranks,
-              d->device, d->plan->n_devices);
+    piper_input_error(err, "%s: written by rank %u of %u, read by rank %u of %u", path, h.rank,
+                      h.n_ranks, d->device, d->plan->n_devices);
     goto out;
   }
   if (h.fingerprint != exec_device_fingerprint(d) || h.n_params != d->n_params ||
       len != sizeof h + body + sizeof stored) {
     piper_input_error(err,
-              "%s: written for a different model or parameter layout (fingerprint "
-              "%016llx, this plan %016llx)",
-              path, (unsigned long long)h.fingerprint,
-              (unsigned long long)exec_device_fingerprint(d));
+                      "%s: written for a different model or parameter layout (fingerprint "
+                      "%016llx, this plan %016llx)",
+                      path, (unsigned long long)h.fingerprint,
+                      (unsigned long long)exec_device_fingerprint(d));
     goto out;
   }
   if (h.seed != s->o->seed) {
     piper_input_error(err, "%s: written with --seed %llu, this run has --seed %llu", path,
-              (unsigned long long)h.seed, (unsigned long long)s->o->seed);
+                      (unsigned long long)h.seed, (unsigned long long)s->o->seed);
     goto out;
   }
   float *arrays[3] = {s->params, s->adam_m, s->adam_v};
   for (int a = 0; a < 3; a++)
-    s->ops->from_host(s->b, arrays[a], data + sizeof h + (size_t)a * n * sizeof(float),
-                      n * sizeof(float));
+    exec_backend_from_host(s->b, arrays[a], data + sizeof h + (size_t)a * n * sizeof(float),
+                           n * sizeof(float));
   *step = h.step;
   ok = true;
 out:

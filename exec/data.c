@@ -77,8 +77,8 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     memcpy(hdr, p, sizeof hdr);
   if (size >= HEADER_BYTES && hdr[0] == EXEC_DATA_MAGIC) {
     if (hdr[1] != 1 && hdr[1] != 2) {
-      piper_input_error(err, "%s: token file version %d (known: 1 = uint16 tokens, 2 = uint32)", path,
-                hdr[1]);
+      piper_input_error(err, "%s: token file version %d (known: 1 = uint16 tokens, 2 = uint32)",
+                        path, hdr[1]);
       exec_data_free(d);
       return NULL;
     }
@@ -86,7 +86,7 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     uint64_t n = (uint32_t)hdr[2];
     if (hdr[2] < 0 || (size - HEADER_BYTES) / width < n) {
       piper_input_error(err, "%s: the header says %d tokens but the file holds %zu", path, hdr[2],
-                (size - HEADER_BYTES) / width);
+                        (size - HEADER_BYTES) / width);
       exec_data_free(d);
       return NULL;
     }
@@ -96,8 +96,9 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     for (uint64_t i = 0; i < n; i++) {
       uint32_t t = token_at(d, i);
       if ((int64_t)t >= vocab) {
-        piper_input_error(err, "%s: token %u at position %llu is not below the model's vocab_size %lld",
-                  path, t, (unsigned long long)i, (long long)vocab);
+        piper_input_error(err,
+                          "%s: token %u at position %llu is not below the model's vocab_size %lld",
+                          path, t, (unsigned long long)i, (long long)vocab);
         exec_data_free(d);
         return NULL;
       }
@@ -105,9 +106,9 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
   } else {
     if (vocab < 256) {
       piper_input_error(err,
-                "%s: read as bytes (no token-file header), which needs vocab_size >= 256 "
-                "(the model has %lld)",
-                path, (long long)vocab);
+                        "%s: read as bytes (no token-file header), which needs vocab_size >= 256 "
+                        "(the model has %lld)",
+                        path, (long long)vocab);
       exec_data_free(d);
       return NULL;
     }
@@ -116,7 +117,8 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     d->n = size;
   }
   if (d->n < 2) {
-    piper_input_error(err, "%s: %llu tokens are too few to train on", path, (unsigned long long)d->n);
+    piper_input_error(err, "%s: %llu tokens are too few to train on", path,
+                      (unsigned long long)d->n);
     exec_data_free(d);
     return NULL;
   }

@@ -150,10 +150,12 @@ struct exec_block {
   void *p;
   size_t bytes;
   enum report_mem_kind kind;
+  bool host; /* host memory (g_malloc0), else device memory from the state's pool */
 };
 
 /* One micro-batch of the current step on this device. Buffers come from its arena, freed when
- * the last instruction tagged with it completes. */
+ * the last instruction tagged with it completes: device memory for what kernels touch, host
+ * memory for what the CPU reads (pointer tables, the expert-parallel state and counts). */
 struct exec_mb {
   GMutex lock;
   GArray *allocs; /* struct exec_block */
@@ -170,14 +172,15 @@ struct exec_mb {
   bool has_loss;
 };
 
-/* Counters a task accumulates (kernel and communication time). */
-struct exec_task_stats {
+/* What an instruction runs with: the stream its kernels go to (NULL: the backend's default
+ * stream, outside any task) and the time it spends in kernels and communication. */
+struct exec_task_ctx {
+  struct exec_stream *stream;
   double kernel_s, comm_s;
 };
 
 struct exec_state {
   const struct exec_options *o;
-  const struct exec_backend_ops *ops;
   struct exec_backend *b;
   const struct exec_kernels *k;
   const struct exec_model *xm;
@@ -185,6 +188,7 @@ struct exec_state {
   struct exec_data *data;
   struct exec_comm **comms;                /* [n_comm_keys], NULL where not a member */
   float *params, *grads, *adam_m, *adam_v; /* [n_params] */
+  float *loss_device;                      /* [M]: each micro-batch's loss, read back */
   uint32_t step;                           /* 1-based step being run (AdamW's t) */
   struct exec_mb *mbs;                     /* [M] */
   void **gathered;                         /* [n_instrs] ZeRO-3 buffers by gather instruction */
@@ -193,7 +197,7 @@ struct exec_state {
    * and going back to malloc each time costs more than the smaller kernels take */
   GMutex pool_lock;
   GHashTable *pool; /* size -> GPtrArray of free buffers */
-  bool poison;      /* fill fresh buffers with NaN (PIPER_EXEC_POISON=1, tests) */
+  bool poison;      /* fill fresh buffers with NaN (exec_options.poison, tests) */
   /* memory accounting (bytes by report kind) */
   GMutex mem_lock;
   uint64_t mem[REPORT_MEM_KIND_COUNT];
@@ -205,7 +209,7 @@ bool exec_state_init_params(struct exec_state *s, GError **err);
 void exec_state_free_params(struct exec_state *s);
 void exec_mb_begin(struct exec_state *s, uint32_t mb);
 void exec_mb_end(struct exec_state *s, uint32_t mb);
-bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_stats *st, GError **err);
+bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);
 void exec_mem_add(struct exec_state *s, enum report_mem_kind k, int64_t bytes);
 void *exec_pool_get(struct exec_state *s, size_t bytes);
 void exec_pool_put(struct exec_state *s, void *p, size_t bytes);

@@ -3,17 +3,23 @@
  * events, communication on communicators split per purpose, and training (forward, backward
  * with BI/BW where the plan splits it, gradient sync, AdamW) through a backend.
  *
+ *   GError *err = NULL;
+ *   const struct plan *plan = NULL; // from compile_run or plan_read_dir
+ *   struct exec_backend *b = exec_backend_init(&exec_backend_host, NULL, &err);
  *   struct exec_options o = exec_options_default();
- *   o.plan = plan; o.iters = 10;                       // plan from compile_run or plan_read_dir
- *   struct exec_backend *b = exec_backend_host.create(&(struct exec_backend_params){0}, &err);
+ *   o.plan = plan;
+ *   o.iters = 10;
  *   struct exec_result r = {0};
- *   if (!exec_run(&o, &exec_backend_host, b, &r, &err)) ...;   // r.losses[i], run directory
- *   exec_result_clear(&r); exec_backend_host.destroy(b);
+ *   if (b && exec_run(&o, b, &r, &err))
+ *     printf("final loss %f\n", r.losses[r.n_steps - 1]);
+ *   exec_result_clear(&r);
+ *   exec_backend_free(b);
  *
- * Backends implement one small table (struct exec_backend_ops, after ggml's backend interface):
- * memory, streams, events, communicators and the kernel table. The runner (exec/runner.c)
- * knows nothing of threads, MPI or CUDA; `host` (CPU threads + MPI) is always built, others
- * register in exec_backends[] where their build flag is set.
+ * A backend is an instance of one small table (struct exec_backend_ops, after ggml's backend
+ * interface): memory, streams, events, communicators and the kernel table, behind the wrappers
+ * of exec/backend.c. The runner (exec/runner.c) knows nothing of threads, MPI or CUDA; `host`
+ * (CPU threads + MPI) is always built, others register in exec_backends[] where their build
+ * flag is set, and an out-of-tree backend needs only this header.
  */
 #ifndef PIPER_EXEC_EXEC_H
 #define PIPER_EXEC_EXEC_H
@@ -29,18 +35,30 @@
 
 /* ---- backend interface ------------------------------------------------------------------- */
 
-struct exec_backend; /* one instance per process (opaque, owned by its ops) */
-struct exec_stream;  /* an in-order queue of work */
-struct exec_event;   /* marks a point in a stream's queue */
-struct exec_comm;    /* a communicator: a set of world ranks, rank = position */
+/* The version of the table below. A backend sets api_version to the value it was written
+ * against; exec_backend_init refuses a table of another version. */
+#define EXEC_BACKEND_API_VERSION 1
 
-/* Work run in stream order. Returns false with *err set to fail the stream (the runner then
- * reports the error). For the host backend the call runs on the stream's worker thread. */
-typedef bool (*exec_task_fn)(void *arg, GError **err);
+struct exec_backend_ops;
+struct exec_stream; /* an in-order queue of work (the backend's own type) */
+struct exec_event;  /* marks a point in a stream's queue */
+struct exec_comm;   /* a communicator: a set of world ranks, rank = position */
+
+/* A backend instance: its table and its private state. The same for every backend; made by
+ * exec_backend_init, freed by exec_backend_free. */
+struct exec_backend {
+  const struct exec_backend_ops *ops;
+  void *context; /* the backend's own (the host: struct host_context) */
+};
+
+/* Work run in stream order, given the stream it runs on (kernels are enqueued on it). Returns
+ * false with *err set to fail the stream (the runner then reports the error). */
+typedef bool (*exec_task_fn)(struct exec_stream *s, void *arg, GError **err);
 
 struct exec_backend_params {
   int *argc; /* for MPI_Init_thread; may be NULL */
   char ***argv;
+  bool force_mpi; /* host: start MPI even when no launcher started this process */
 };
 
 /* What a stream is doing, for the watchdog's message. */
@@ -54,69 +72,146 @@ struct exec_stream_status {
 
 enum exec_reduce_op { EXEC_REDUCE_SUM, EXEC_REDUCE_MAX, EXEC_REDUCE_MIN };
 
-/* Kernel table: the entry points of kernels.h (same signatures), plus the few memory helpers
- * the runner needs, so a device backend can supply its own. */
+/* Kernel table: the entry points of kernels.h with the stream they run on first (a device
+ * backend enqueues them there; the host runs them inline on the stream's worker). s is NULL
+ * for work outside any task (the runner's step setup): the backend orders it before work
+ * submitted after it. Every pointer argument is device memory (from alloc). All entries are
+ * required. */
 struct exec_kernels {
-  void (*fill)(float *x, float value, size_t n);
-  void (*copy)(void *dst, const void *src, size_t bytes);
-  void (*add)(float *y, const float *x, size_t n); /* y += x */
-  __typeof__(kernels_embedding_forward) *embedding_forward;
-  __typeof__(kernels_embedding_backward_weight) *embedding_backward_weight;
-  __typeof__(kernels_embedding_backward) *embedding_backward;
-  __typeof__(kernels_rmsnorm_forward) *rmsnorm_forward;
-  __typeof__(kernels_rmsnorm_backward_input) *rmsnorm_backward_input;
-  __typeof__(kernels_rmsnorm_backward_weight) *rmsnorm_backward_weight;
-  __typeof__(kernels_rmsnorm_backward) *rmsnorm_backward;
-  __typeof__(kernels_attention_forward) *attention_forward;
-  __typeof__(kernels_attention_backward_input) *attention_backward_input;
-  __typeof__(kernels_attention_backward_weight) *attention_backward_weight;
-  __typeof__(kernels_attention_backward) *attention_backward;
-  __typeof__(kernels_mlp_forward) *mlp_forward;
-  __typeof__(kernels_mlp_backward_input) *mlp_backward_input;
-  __typeof__(kernels_mlp_backward_weight) *mlp_backward_weight;
-  __typeof__(kernels_mlp_backward) *mlp_backward;
-  __typeof__(kernels_router_forward) *router_forward;
-  __typeof__(kernels_router_backward_input) *router_backward_input;
-  __typeof__(kernels_router_backward_weight) *router_backward_weight;
-  __typeof__(kernels_router_backward) *router_backward;
-  __typeof__(kernels_moe_dispatch_plan) *moe_dispatch_plan;
-  __typeof__(kernels_moe_dispatch_forward) *moe_dispatch_forward;
-  __typeof__(kernels_moe_dispatch_backward) *moe_dispatch_backward;
-  __typeof__(kernels_moe_combine_forward) *moe_combine_forward;
-  __typeof__(kernels_moe_combine_backward) *moe_combine_backward;
-  __typeof__(kernels_expert_ffn_forward) *expert_ffn_forward;
-  __typeof__(kernels_expert_ffn_backward_input) *expert_ffn_backward_input;
-  __typeof__(kernels_expert_ffn_backward_weight) *expert_ffn_backward_weight;
-  __typeof__(kernels_expert_ffn_backward) *expert_ffn_backward;
-  __typeof__(kernels_lm_head_loss_forward) *lm_head_loss_forward;
-  __typeof__(kernels_lm_head_loss_backward_input) *lm_head_loss_backward_input;
-  __typeof__(kernels_lm_head_loss_backward_weight) *lm_head_loss_backward_weight;
-  __typeof__(kernels_lm_head_loss_backward) *lm_head_loss_backward;
-  __typeof__(kernels_residual_add_forward) *residual_add_forward;
-  __typeof__(kernels_residual_add_backward) *residual_add_backward;
-  __typeof__(kernels_adamw_step) *adamw_step;
+  void (*fill)(struct exec_stream *s, float *x, float value, size_t n);
+  void (*copy)(struct exec_stream *s, void *dst, const void *src, size_t bytes);
+  void (*add)(struct exec_stream *s, float *y, const float *x, size_t n); /* y += x */
+  void (*embedding_forward)(struct exec_stream *s, float *x, const int32_t *tokens,
+                            const float *params, int T, int V, int C);
+  void (*embedding_backward_weight)(struct exec_stream *s, float *dparams, const float *dx,
+                                    const int32_t *tokens, int T, int V, int C);
+  void (*embedding_backward)(struct exec_stream *s, float *dparams, const float *dx,
+                             const int32_t *tokens, int T, int V, int C);
+  void (*rmsnorm_forward)(struct exec_stream *s, float *h, float *saved, const float *x,
+                          const float *params, int T, int C, float eps);
+  void (*rmsnorm_backward_input)(struct exec_stream *s, float *dx, const float *dh, const float *x,
+                                 const float *saved, const float *params, int T, int C,
+                                 bool accumulate);
+  void (*rmsnorm_backward_weight)(struct exec_stream *s, float *dparams, const float *dh,
+                                  const float *x, const float *saved, int T, int C);
+  void (*rmsnorm_backward)(struct exec_stream *s, float *dx, float *dparams, const float *dh,
+                           const float *x, const float *saved, const float *params, int T, int C,
+                           bool accumulate);
+  void (*attention_forward)(struct exec_stream *s, float *a, float *saved, const float *h,
+                            const float *params, const struct kernels_attention_dims *d);
+  void (*attention_backward_input)(struct exec_stream *s, float *dh, float *bwork, const float *da,
+                                   const float *saved, const float *params,
+                                   const struct kernels_attention_dims *d, bool accumulate);
+  void (*attention_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                                    const float *da, const float *h, const float *saved,
+                                    const struct kernels_attention_dims *d);
+  void (*attention_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                             const float *da, const float *h, const float *saved,
+                             const float *params, const struct kernels_attention_dims *d,
+                             bool accumulate);
+  void (*mlp_forward)(struct exec_stream *s, float *m, float *saved, const float *h,
+                      const float *params, int T, int C, int F);
+  void (*mlp_backward_input)(struct exec_stream *s, float *dh, float *bwork, const float *dm,
+                             const float *saved, const float *params, int T, int C, int F,
+                             bool accumulate);
+  void (*mlp_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                              const float *dm, const float *h, const float *saved, int T, int C,
+                              int F);
+  void (*mlp_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                       const float *dm, const float *h, const float *saved, const float *params,
+                       int T, int C, int F, bool accumulate);
+  void (*router_forward)(struct exec_stream *s, int32_t *ids, float *weights, float *saved,
+                         const float *h, const float *params, int T, int C, int E, int K);
+  void (*router_backward_input)(struct exec_stream *s, float *dh, float *bwork,
+                                const float *dweights, const int32_t *ids, const float *weights,
+                                const float *saved, const float *params, int T, int C, int E, int K,
+                                bool accumulate);
+  void (*router_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                                 const float *h, int T, int C, int E);
+  void (*router_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                          const float *dweights, const int32_t *ids, const float *weights,
+                          const float *saved, const float *h, const float *params, int T, int C,
+                          int E, int K, bool accumulate);
+  void (*moe_dispatch_plan)(struct exec_stream *s, int32_t *send_counts, int32_t *route_row,
+                            const int32_t *ids, int T, int K, int E, int n_ranks);
+  void (*moe_dispatch_forward)(struct exec_stream *s, float *send, int32_t *send_expert,
+                               const float *h, const int32_t *ids, const int32_t *route_row, int T,
+                               int K, int C);
+  void (*moe_dispatch_backward)(struct exec_stream *s, float *dh, const float *dsend,
+                                const int32_t *route_row, int T, int K, int C, bool accumulate);
+  void (*moe_combine_forward)(struct exec_stream *s, float *m, const float *y, const float *weights,
+                              const int32_t *route_row, int T, int K, int C);
+  void (*moe_combine_backward)(struct exec_stream *s, float *dy, float *dweights, const float *dm,
+                               const float *y, const float *weights, const int32_t *route_row,
+                               int T, int K, int C);
+  void (*expert_ffn_forward)(struct exec_stream *s, float *out, float *saved, float *scratch,
+                             const float *in, const int32_t *row_expert, int n_rows,
+                             const float *params, int e_first, int e_count, int C, int F);
+  void (*expert_ffn_backward_input)(struct exec_stream *s, float *din, float *bwork, float *scratch,
+                                    const float *dout, const int32_t *row_expert, int n_rows,
+                                    const float *saved, const float *params, int e_first,
+                                    int e_count, int C, int F, bool accumulate);
+  void (*expert_ffn_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                                     const int32_t *row_expert, int n_rows, const float *saved,
+                                     int e_first, int e_count, int C, int F);
+  void (*expert_ffn_backward)(struct exec_stream *s, float *din, float *dparams, float *bwork,
+                              float *scratch, const float *dout, const int32_t *row_expert,
+                              int n_rows, const float *saved, const float *params, int e_first,
+                              int e_count, int C, int F, bool accumulate);
+  /* *loss (device memory, one float): the mean loss (kernels_lm_head_loss_forward's value) */
+  void (*lm_head_loss_forward)(struct exec_stream *s, float *loss, float *saved, const float *h,
+                               const int32_t *targets, const float *params,
+                               enum kernels_lm_head_layout layout, int T, int C, int V);
+  void (*lm_head_loss_backward_input)(struct exec_stream *s, float *dh, float *bwork,
+                                      const float *saved, const int32_t *targets,
+                                      const float *params, enum kernels_lm_head_layout layout,
+                                      float dloss, int T, int C, int V, bool accumulate);
+  void (*lm_head_loss_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
+                                       const float *h, enum kernels_lm_head_layout layout, int T,
+                                       int C, int V);
+  void (*lm_head_loss_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                                const float *saved, const float *h, const int32_t *targets,
+                                const float *params, enum kernels_lm_head_layout layout,
+                                float dloss, int T, int C, int V, bool accumulate);
+  void (*residual_add_forward)(struct exec_stream *s, float *x, const float *y, size_t n);
+  void (*residual_add_backward)(struct exec_stream *s, float *dy, const float *dx, size_t n,
+                                bool accumulate);
+  void (*adamw_step)(struct exec_stream *s, float *params, const float *grads, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                     int step);
 };
 
+/* The table a backend implements (after ggml's backend interface). Entries marked optional may
+ * be NULL: the wrappers in exec/backend.c (exec_backend_*, exec_stream_*, exec_event_*,
+ * exec_comm_*, exec_world_*) supply the default named beside them. Callers use the wrappers,
+ * never the table. Everything else is required (exec_backend_init checks). "Host memory" is
+ * memory the CPU reads (g_malloc); "device memory" comes from alloc. */
 struct exec_backend_ops {
-  const char *name;        /* "host", "cuda" */
+  uint32_t api_version;    /* EXEC_BACKEND_API_VERSION */
+  const char *name;        /* "host", "cuda": the report's "backend" */
   const char *description; /* one line for --list-backends */
 
-  /* Lifecycle. create starts the process group (MPI for host) when there is one. abort ends
-   * every process of the job now (used after an unrecoverable error: peers may be blocked). */
-  struct exec_backend *(*create)(const struct exec_backend_params *p, GError **err);
-  void (*destroy)(struct exec_backend *b);
+  /* Lifecycle. init sets b->context (and starts the process group, MPI for host, when there
+   * is one); free releases it. Optional: abort ends every process of the job now, after an
+   * unrecoverable error (peers may be blocked) (default: nothing; the caller exits). */
+  bool (*init)(struct exec_backend *b, const struct exec_backend_params *p, GError **err);
+  void (*free)(struct exec_backend *b);
   void (*abort)(struct exec_backend *b, int code);
+  /* Optional: this process's rank in the job and the job's size (default 0 and 1). */
   uint32_t (*world_rank)(struct exec_backend *b);
   uint32_t (*world_size)(struct exec_backend *b);
-  const char *(*comm_library)(struct exec_backend *b); /* "MPI (Open MPI 4.1.4)", "none" */
-  /* Seconds on a clock all ranks share (offsets aligned at create). */
+  /* Optional: "MPI (Open MPI 4.1.4)" (default "none"). */
+  const char *(*comm_library)(struct exec_backend *b);
+  /* Optional: seconds on a clock all ranks share, offsets aligned at init (default: the
+   * process's monotonic clock). */
   double (*clock)(struct exec_backend *b);
 
-  /* Memory: zero-filled device buffers, and copies to and from host memory. */
+  /* Memory: zero-filled device buffers (NULL when out of memory), and synchronous copies to
+   * and from host memory (complete when they return, after work already enqueued). */
   void *(*alloc)(struct exec_backend *b, size_t bytes);
   void (*release)(struct exec_backend *b, void *p);
-  void (*to_host)(struct exec_backend *b, void *dst, const void *src, size_t bytes);
-  void (*from_host)(struct exec_backend *b, void *dst, const void *src, size_t bytes);
+  void (*to_host)(struct exec_backend *b, void *host_dst, const void *device_src, size_t bytes);
+  void (*from_host)(struct exec_backend *b, void *device_dst, const void *host_src, size_t bytes);
 
   /* Streams and events (CUDA semantics): work submitted to a stream runs in order;
    * event_record marks the stream's current end, stream_wait_event makes later work on a
@@ -126,25 +221,29 @@ struct exec_backend_ops {
                                        GError **err);
   void (*stream_destroy)(struct exec_stream *s);
   void (*stream_submit)(struct exec_stream *s, exec_task_fn fn, void *arg, uint32_t task_id);
+  /* Optional (default: idle, never failed). */
   void (*stream_status)(struct exec_stream *s, struct exec_stream_status *out);
-  /* First error of a failed stream (owned by the stream), or NULL. */
+  /* Optional: first error of a failed stream (owned by the stream), or NULL (default NULL). */
   const GError *(*stream_error)(struct exec_stream *s);
   struct exec_event *(*event_create)(struct exec_backend *b);
   void (*event_destroy)(struct exec_event *e);
   void (*event_record)(struct exec_event *e, struct exec_stream *s);
   void (*stream_wait_event)(struct exec_stream *s, struct exec_event *e);
   bool (*event_synchronize)(struct exec_event *e, double timeout_s);
-  /* Count of work items finished so far (the watchdog's progress signal). */
+  /* Optional: count of work items finished so far, the watchdog's progress signal (default 0:
+   * the watchdog then counts from the start of each wait). */
   uint64_t (*progress)(struct exec_backend *b);
-  /* Makes every blocked or queued item fail soon ("cancelled"), so streams can be joined;
-   * reset clears it before another run (when no stream is busy). */
+  /* Optional: cancel makes every blocked or queued item fail soon ("cancelled"), so streams
+   * can be joined; reset clears it before another run, when no stream is busy (default:
+   * nothing). */
   void (*cancel)(struct exec_backend *b);
   void (*reset)(struct exec_backend *b);
 
   /* Communicators. comm_create is collective over the whole job: every rank calls it for the
-   * same (key, members) lists in the same order, members or not; it returns NULL to non-members
-   * (err unset). purpose is only a label. Operations are called from tasks and block the
-   * stream until done; counts are elements, byte counts bytes. */
+   * same (label, members) lists in the same order, members or not; it returns NULL to
+   * non-members (err unset). Operations are called from tasks and block the stream until done;
+   * counts are elements, byte counts bytes; buffers are device memory except all_to_all_i32's
+   * and the size arrays, which are host memory. All required. */
   struct exec_comm *(*comm_create)(struct exec_backend *b, const char *label,
                                    const uint32_t *members, uint32_t n_members, bool point_to_point,
                                    GError **err);
@@ -160,13 +259,15 @@ struct exec_backend_ops {
   /* out: size * bytes_per_rank; in may point at out + rank * bytes_per_rank (in place). */
   bool (*all_gather)(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
                      GError **err);
-  /* One int32 to and from every member. */
+  /* One int32 to and from every member (host memory). */
   bool (*all_to_all_i32)(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err);
   /* Variable byte counts per member, in member order, packed. */
   bool (*all_to_all_v)(struct exec_comm *c, const void *in, const size_t *send_bytes, void *out,
                        const size_t *recv_bytes, GError **err);
 
-  /* Job-wide operations outside the plan (loss, timings, report), called from tasks. */
+  /* Job-wide operations outside the plan (loss, timings, report) on host memory, called from
+   * tasks. Optional for a one-process backend (defaults: the identity; gather returns this
+   * process's bytes). */
   bool (*world_all_reduce_f64)(struct exec_backend *b, double *buf, size_t n,
                                enum exec_reduce_op op, GError **err);
   /* Rank 0 receives every rank's bytes concatenated in rank order (*out, *out_sizes: g_free);
@@ -182,6 +283,72 @@ extern const struct exec_backend_ops exec_backend_host;
 /* Built-in backends, NULL-terminated. */
 extern const struct exec_backend_ops *const exec_backends[];
 const struct exec_backend_ops *exec_backend_find(const char *name);
+
+/* ---- using a backend (exec/backend.c) ------------------------------------------------------ */
+
+/* An instance of ops (input error: a table of another API version or missing a required
+ * entry); _by_name looks the backend up in exec_backends (input error: not built in). */
+struct exec_backend *exec_backend_init(const struct exec_backend_ops *ops,
+                                       const struct exec_backend_params *p, GError **err);
+struct exec_backend *exec_backend_init_by_name(const char *name,
+                                               const struct exec_backend_params *p, GError **err);
+void exec_backend_free(struct exec_backend *b);
+const char *exec_backend_name(const struct exec_backend *b);
+void exec_backend_abort(struct exec_backend *b, int code);
+uint32_t exec_backend_world_rank(struct exec_backend *b);
+uint32_t exec_backend_world_size(struct exec_backend *b);
+const char *exec_backend_comm_library(struct exec_backend *b);
+double exec_backend_clock(struct exec_backend *b);
+uint64_t exec_backend_progress(struct exec_backend *b);
+void exec_backend_cancel(struct exec_backend *b);
+void exec_backend_reset(struct exec_backend *b);
+const struct exec_kernels *exec_backend_kernels(const struct exec_backend *b);
+
+void *exec_backend_alloc(struct exec_backend *b, size_t bytes);
+void exec_backend_release(struct exec_backend *b, void *device_p);
+void exec_backend_to_host(struct exec_backend *b, void *host_dst, const void *device_src,
+                          size_t bytes);
+void exec_backend_from_host(struct exec_backend *b, void *device_dst, const void *host_src,
+                            size_t bytes);
+
+struct exec_stream *exec_stream_create(struct exec_backend *b, const char *name, int priority,
+                                       GError **err);
+void exec_stream_destroy(struct exec_backend *b, struct exec_stream *s);
+void exec_stream_submit(struct exec_backend *b, struct exec_stream *s, exec_task_fn fn, void *arg,
+                        uint32_t task_id);
+void exec_stream_status(struct exec_backend *b, struct exec_stream *s,
+                        struct exec_stream_status *out);
+const GError *exec_stream_error(struct exec_backend *b, struct exec_stream *s);
+void exec_stream_wait_event(struct exec_backend *b, struct exec_stream *s, struct exec_event *e);
+struct exec_event *exec_event_create(struct exec_backend *b);
+void exec_event_destroy(struct exec_backend *b, struct exec_event *e);
+void exec_event_record(struct exec_backend *b, struct exec_event *e, struct exec_stream *s);
+bool exec_event_synchronize(struct exec_backend *b, struct exec_event *e, double timeout_s);
+
+struct exec_comm *exec_comm_create(struct exec_backend *b, const char *label,
+                                   const uint32_t *members, uint32_t n_members, bool point_to_point,
+                                   GError **err);
+void exec_comm_destroy(struct exec_backend *b, struct exec_comm *c);
+bool exec_comm_send(struct exec_backend *b, struct exec_comm *c, uint32_t peer_world_rank,
+                    const void *buf, size_t bytes, int tag, GError **err);
+bool exec_comm_recv(struct exec_backend *b, struct exec_comm *c, uint32_t peer_world_rank,
+                    void *buf, size_t bytes, int tag, GError **err);
+bool exec_comm_all_reduce_f32(struct exec_backend *b, struct exec_comm *c, float *buf, size_t n,
+                              GError **err);
+bool exec_comm_reduce_scatter_f32(struct exec_backend *b, struct exec_comm *c, const float *in,
+                                  float *out, size_t n_per_rank, GError **err);
+bool exec_comm_all_gather(struct exec_backend *b, struct exec_comm *c, const void *in, void *out,
+                          size_t bytes_per_rank, GError **err);
+bool exec_comm_all_to_all_i32(struct exec_backend *b, struct exec_comm *c, const int32_t *in,
+                              int32_t *out, GError **err);
+bool exec_comm_all_to_all_v(struct exec_backend *b, struct exec_comm *c, const void *in,
+                            const size_t *send_bytes, void *out, const size_t *recv_bytes,
+                            GError **err);
+bool exec_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+                               enum exec_reduce_op op, GError **err);
+bool exec_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+                       size_t **out_sizes, GError **err);
+bool exec_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err);
 
 /* ---- running plans ----------------------------------------------------------------------- */
 
@@ -206,6 +373,9 @@ struct exec_options {
    * step fault_step (1-based) block until cancelled, as a broken plan would. */
   enum exec_fault fault;
   uint32_t fault_rank, fault_step;
+  /* Testing hook: fill every fresh activation buffer with NaN, so a kernel that reads what it
+   * did not write shows up as a NaN loss (piper-exec: PIPER_EXEC_POISON=1). */
+  bool poison;
   /* Called at the start of every step (rank, 1-based step), e.g. to inject a crash. */
   void (*step_hook)(uint32_t rank, uint32_t step, void *data);
   void *step_hook_data;
@@ -232,8 +402,8 @@ struct exec_result {
   char *run_dir; /* the report directory written (rank 0), or NULL */
 };
 
-bool exec_run(const struct exec_options *o, const struct exec_backend_ops *ops,
-              struct exec_backend *b, struct exec_result *r, GError **err);
+bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,
+              GError **err);
 void exec_result_clear(struct exec_result *r);
 
 /* ---- pieces with their own tests --------------------------------------------------------- */

@@ -28,7 +28,7 @@ struct host_world {
 };
 
 struct exec_comm {
-  struct exec_backend *b;
+  struct host_context *b;
   char label[64];
   bool local; /* one member: this process */
 #ifdef HAVE_MPI
@@ -40,7 +40,7 @@ struct exec_comm {
 
 /* ---- one process ------------------------------------------------------------------------- */
 
-static bool local_comm_init(struct exec_backend *b, const struct exec_backend_params *p,
+static bool local_comm_init(struct host_context *b, const struct exec_backend_params *p,
                             GError **err) {
   (void)p;
   (void)err;
@@ -50,17 +50,17 @@ static bool local_comm_init(struct exec_backend *b, const struct exec_backend_pa
   return true;
 }
 
-static void local_comm_barrier(struct exec_backend *b) {
+static void local_comm_barrier(struct host_context *b) {
   (void)b;
 }
-static void local_comm_finalize(struct exec_backend *b) {
+static void local_comm_finalize(struct host_context *b) {
   (void)b;
 }
-static void local_comm_abort(struct exec_backend *b, int code) {
+static void local_comm_abort(struct host_context *b, int code) {
   (void)b;
   (void)code;
 }
-static const char *local_comm_library(struct exec_backend *b) {
+static const char *local_comm_library(struct host_context *b) {
   (void)b;
 #ifdef HAVE_MPI
   return "one process, no MPI";
@@ -69,7 +69,7 @@ static const char *local_comm_library(struct exec_backend *b) {
 #endif
 }
 
-static struct exec_comm *local_comm_create(struct exec_backend *b, const char *label,
+static struct exec_comm *local_comm_create(struct host_context *b, const char *label,
                                            const uint32_t *members, uint32_t n_members,
                                            bool point_to_point, GError **err) {
   (void)point_to_point;
@@ -142,13 +142,13 @@ static bool local_all_to_all_v(struct exec_comm *c, const void *in, const size_t
   return true;
 }
 
-static bool local_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+static bool local_world_all_reduce_f64(struct host_context *b, double *buf, size_t n,
                                        enum exec_reduce_op op, GError **err) {
   (void)b, (void)buf, (void)n, (void)op, (void)err;
   return true;
 }
 
-static bool local_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+static bool local_world_gather(struct host_context *b, const void *in, size_t bytes, void **out,
                                size_t **out_sizes, GError **err) {
   (void)b, (void)err;
   *out = g_memdup2(in, bytes ? bytes : 1);
@@ -157,7 +157,7 @@ static bool local_world_gather(struct exec_backend *b, const void *in, size_t by
   return true;
 }
 
-static bool local_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
+static bool local_world_broadcast(struct host_context *b, void *buf, size_t bytes, GError **err) {
   (void)b, (void)buf, (void)bytes, (void)err;
   return true;
 }
@@ -166,10 +166,10 @@ static bool local_world_broadcast(struct exec_backend *b, void *buf, size_t byte
 /* ---- MPI ------------------------------------------------------------------------------- */
 
 /* Whether this process was started by an MPI launcher: alone, it runs one device without
- * initialising MPI at all (faster, and nothing to tear down). PIPER_EXEC_MPI=1 forces MPI. */
+ * initialising MPI at all (faster, and nothing to tear down); params.force_mpi forces MPI. */
 static bool launched_by_mpi(void) {
   static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
-                                     "MPI_LOCALNRANKS", "PIPER_EXEC_MPI"};
+                                     "MPI_LOCALNRANKS"};
   for (size_t i = 0; i < G_N_ELEMENTS(vars); i++)
     if (getenv(vars[i]))
       return true;
@@ -177,7 +177,7 @@ static bool launched_by_mpi(void) {
   return tasks && atoi(tasks) > 1;
 }
 
-static bool mpi_fail(GError **err, struct exec_backend *b, const char *label, const char *what,
+static bool mpi_fail(GError **err, struct host_context *b, const char *label, const char *what,
                      int rc) {
   char msg[MPI_MAX_ERROR_STRING] = "";
   int len = 0;
@@ -188,7 +188,7 @@ static bool mpi_fail(GError **err, struct exec_backend *b, const char *label, co
 }
 
 /* Polls requests to completion; false on an MPI error or a cancel. */
-static bool wait_requests(struct exec_backend *b, const char *label, const char *what, int n,
+static bool wait_requests(struct host_context *b, const char *label, const char *what, int n,
                           MPI_Request *reqs, GError **err) {
   long sleep_ns = 0;
   for (;;) {
@@ -211,7 +211,7 @@ static bool wait_requests(struct exec_backend *b, const char *label, const char 
   }
 }
 
-static bool mpi_comm_init(struct exec_backend *b, const struct exec_backend_params *p,
+static bool mpi_comm_init(struct host_context *b, const struct exec_backend_params *p,
                           GError **err) {
   b->world->mpi = true;
   int inited = 0, provided = 0;
@@ -257,26 +257,26 @@ static bool mpi_comm_init(struct exec_backend *b, const struct exec_backend_para
   return true;
 }
 
-static void mpi_comm_barrier(struct exec_backend *b) {
+static void mpi_comm_barrier(struct host_context *b) {
   MPI_Barrier(b->world->control);
 }
 
-static void mpi_comm_finalize(struct exec_backend *b) {
+static void mpi_comm_finalize(struct host_context *b) {
   MPI_Comm_free(&b->world->control);
   if (b->world->finalize)
     MPI_Finalize();
 }
 
-static void mpi_comm_abort(struct exec_backend *b, int code) {
+static void mpi_comm_abort(struct host_context *b, int code) {
   (void)b;
   MPI_Abort(MPI_COMM_WORLD, code);
 }
 
-static const char *mpi_comm_library(struct exec_backend *b) {
+static const char *mpi_comm_library(struct host_context *b) {
   return b->world->library;
 }
 
-static struct exec_comm *mpi_comm_create(struct exec_backend *b, const char *label,
+static struct exec_comm *mpi_comm_create(struct host_context *b, const char *label,
                                          const uint32_t *members, uint32_t n_members,
                                          bool point_to_point, GError **err) {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -445,7 +445,7 @@ static bool mpi_all_to_all_v(struct exec_comm *c, const void *in, const size_t *
   return ok;
 }
 
-static bool mpi_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+static bool mpi_world_all_reduce_f64(struct host_context *b, double *buf, size_t n,
                                      enum exec_reduce_op op, GError **err) {
   MPI_Op mop = op == EXEC_REDUCE_MAX ? MPI_MAX : op == EXEC_REDUCE_MIN ? MPI_MIN : MPI_SUM;
   MPI_Request req;
@@ -455,7 +455,7 @@ static bool mpi_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t
   return wait_requests(b, "the job", "all-reduce", 1, &req, err);
 }
 
-static bool mpi_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+static bool mpi_world_gather(struct host_context *b, const void *in, size_t bytes, void **out,
                              size_t **out_sizes, GError **err) {
   *out = NULL;
   *out_sizes = NULL;
@@ -492,7 +492,7 @@ static bool mpi_world_gather(struct exec_backend *b, const void *in, size_t byte
   return ok;
 }
 
-static bool mpi_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
+static bool mpi_world_broadcast(struct host_context *b, void *buf, size_t bytes, GError **err) {
   MPI_Request req;
   int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, b->world->control, &req);
   if (rc != MPI_SUCCESS)
@@ -512,20 +512,21 @@ static bool mpi_world_broadcast(struct exec_backend *b, void *buf, size_t bytes,
 #define VIA_COMM(c, call) local_##call
 #endif
 
-bool host_comm_init(struct exec_backend *b, const struct exec_backend_params *p, GError **err) {
+bool exec_host_comm_init(struct host_context *b, const struct exec_backend_params *p,
+                         GError **err) {
   b->world = g_new0(struct host_world, 1);
 #ifdef HAVE_MPI
-  if (launched_by_mpi())
+  if ((p && p->force_mpi) || launched_by_mpi())
     return mpi_comm_init(b, p, err);
 #endif
   return local_comm_init(b, p, err);
 }
 
-void host_comm_barrier(struct exec_backend *b) {
+void exec_host_comm_barrier(struct host_context *b) {
   VIA_WORLD(b, comm_barrier)(b);
 }
 
-void host_comm_finalize(struct exec_backend *b) {
+void exec_host_comm_finalize(struct host_context *b) {
   if (!b->world)
     return;
   VIA_WORLD(b, comm_finalize)(b);
@@ -533,66 +534,67 @@ void host_comm_finalize(struct exec_backend *b) {
   b->world = NULL;
 }
 
-void host_comm_abort(struct exec_backend *b, int code) {
+void exec_host_comm_abort(struct host_context *b, int code) {
   VIA_WORLD(b, comm_abort)(b, code);
 }
-const char *host_comm_library(struct exec_backend *b) {
+const char *exec_host_comm_library(struct host_context *b) {
   return VIA_WORLD(b, comm_library)(b);
 }
 
-struct exec_comm *host_comm_create(struct exec_backend *b, const char *label,
-                                   const uint32_t *members, uint32_t n_members, bool point_to_point,
-                                   GError **err) {
+struct exec_comm *exec_host_comm_create(struct host_context *b, const char *label,
+                                        const uint32_t *members, uint32_t n_members,
+                                        bool point_to_point, GError **err) {
   return VIA_WORLD(b, comm_create)(b, label, members, n_members, point_to_point, err);
 }
 
-void host_comm_destroy(struct exec_comm *c) {
+void exec_host_comm_destroy(struct exec_comm *c) {
   if (c)
     VIA_COMM(c, comm_destroy)(c);
 }
 
-bool host_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
-               GError **err) {
+bool exec_host_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
+                    GError **err) {
   return VIA_COMM(c, send)(c, peer, buf, bytes, tag, err);
 }
 
-bool host_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag, GError **err) {
+bool exec_host_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
+                    GError **err) {
   return VIA_COMM(c, recv)(c, peer, buf, bytes, tag, err);
 }
 
-bool host_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {
+bool exec_host_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {
   return VIA_COMM(c, all_reduce_f32)(c, buf, n, err);
 }
 
-bool host_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out, size_t n_per_rank,
-                             GError **err) {
+bool exec_host_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
+                                  size_t n_per_rank, GError **err) {
   return VIA_COMM(c, reduce_scatter_f32)(c, in, out, n_per_rank, err);
 }
 
-bool host_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
-                     GError **err) {
+bool exec_host_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
+                          GError **err) {
   return VIA_COMM(c, all_gather)(c, in, out, bytes_per_rank, err);
 }
 
-bool host_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err) {
+bool exec_host_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err) {
   return VIA_COMM(c, all_to_all_i32)(c, in, out, err);
 }
 
-bool host_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes, void *out,
-                       const size_t *recv_bytes, GError **err) {
+bool exec_host_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes,
+                            void *out, const size_t *recv_bytes, GError **err) {
   return VIA_COMM(c, all_to_all_v)(c, in, send_bytes, out, recv_bytes, err);
 }
 
-bool host_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
-                               enum exec_reduce_op op, GError **err) {
+bool exec_host_world_all_reduce_f64(struct host_context *b, double *buf, size_t n,
+                                    enum exec_reduce_op op, GError **err) {
   return VIA_WORLD(b, world_all_reduce_f64)(b, buf, n, op, err);
 }
 
-bool host_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
-                       size_t **out_sizes, GError **err) {
+bool exec_host_world_gather(struct host_context *b, const void *in, size_t bytes, void **out,
+                            size_t **out_sizes, GError **err) {
   return VIA_WORLD(b, world_gather)(b, in, bytes, out, out_sizes, err);
 }
 
-bool host_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
+bool exec_host_world_broadcast(struct host_context *b, void *buf, size_t bytes, GError **err) {
   return VIA_WORLD(b, world_broadcast)(b, buf, bytes, err);
 }

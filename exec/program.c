@@ -125,20 +125,20 @@ void exec_model_clear(struct exec_model *xm) {
   memset(xm, 0, sizeof *xm);
 }
 
-bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err) {
-  memset(xm, 0, sizeof *xm);
-  xm->m = m;
+/* The model's shape as the host kernels see it; input error for what they cannot train. */
+static bool model_dims(struct exec_model *xm, const struct model *m, GError **err) {
   if (m->family == MODEL_FAMILY_DEEPSEEK_V3)
     return piper_input_error(err,
-                     "%s: model_type %s uses MLA attention, which has no host kernel (the "
-                     "host backend trains dense and MoE decoders)",
-                     m->name, m->model_type);
+                             "%s: model_type %s uses MLA attention, which has no host kernel (the "
+                             "host backend trains dense and MoE decoders)",
+                             m->name, m->model_type);
   int64_t T = m->micro_batch_size * m->seq_len;
   if (T > (1 << 20) || m->hidden_size > (1 << 16) || m->vocab_size > (1 << 20))
     return piper_input_error(err,
-                     "%s: too large for the host backend (tokens per micro-batch %lld, "
-                     "hidden_size %lld, vocab_size %lld)",
-                     m->name, (long long)T, (long long)m->hidden_size, (long long)m->vocab_size);
+                             "%s: too large for the host backend (tokens per micro-batch %lld, "
+                             "hidden_size %lld, vocab_size %lld)",
+                             m->name, (long long)T, (long long)m->hidden_size,
+                             (long long)m->vocab_size);
   xm->T = (int)T;
   xm->batch = (int)m->micro_batch_size;
   xm->seq = (int)m->seq_len;
@@ -147,6 +147,13 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
   xm->K = (int)(m->experts_per_tok > 0 ? m->experts_per_tok : 1);
   xm->E = (int)(m->num_experts > 0 ? m->num_experts : 1);
   xm->F_expert = (int)m->moe_intermediate_size;
+  return true;
+}
+
+/* The embedding and the LM head, and whether the head reads the embedding's table (then
+ * both must be in one segment). */
+static bool find_ends(struct exec_model *xm, GError **err) {
+  const struct model *m = xm->m;
   xm->embedding_op = xm->head_op = IR_NONE;
   for (uint32_t o = 0; o < m->n_ops; o++) {
     if (m->ops[o].kind == MODEL_OP_EMBEDDING)
@@ -156,128 +163,152 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
   }
   if (xm->embedding_op == IR_NONE || xm->head_op == IR_NONE)
     return piper_input_error(err, "%s: the model has no embedding or no LM head", m->name);
-  uint32_t *op_seg = g_new(uint32_t, m->n_ops);
-  for (uint32_t s = 0; s < m->n_segments; s++)
-    for (uint32_t o = 0; o < m->segments[s].op_count; o++)
-      op_seg[m->segments[s].op_first + o] = s;
   xm->tied = m->ops[xm->head_op].param_count == 0;
-  bool ok = false;
-  if (xm->tied && op_seg[xm->head_op] != op_seg[xm->embedding_op]) {
-    piper_input_error(err,
-              "%s: tied embeddings need the embedding and the LM head in one segment (one "
-              "PP region without expert layers)",
-              m->name);
-    goto out;
-  }
-
-  /* Edges: replay the writers (models/build.c's build_edges) and check we agree. */
-  xm->edge_mask = g_new0(uint8_t, m->n_edges ? m->n_edges : 1);
-  uint32_t writer[EXEC_T_COUNT];
-  for (int t = 0; t < EXEC_T_COUNT; t++)
-    writer[t] = IR_NONE;
-  xm->segs = g_new0(struct exec_segment, m->n_segments ? m->n_segments : 1);
+  uint32_t head_seg = IR_NONE, embedding_seg = IR_NONE;
   for (uint32_t s = 0; s < m->n_segments; s++) {
     const struct model_segment *ms = &m->segments[s];
-    struct exec_segment *es = &xm->segs[s];
-    es->expert = ms->expert;
-    es->ops = g_new0(struct exec_seg_op, ms->op_count ? ms->op_count : 1);
-    es->n_ops = ms->op_count;
-    GArray *vals = g_array_new(FALSE, TRUE, sizeof(struct exec_value));
-    int32_t cur[EXEC_T_COUNT];
-    for (int t = 0; t < EXEC_T_COUNT; t++) {
-      cur[t] = -1;
-      es->final_value[t] = -1;
-    }
-    uint64_t poff = 0;
-    for (uint32_t j = 0; j < ms->op_count; j++) {
-      uint32_t o = ms->op_first + j;
-      const struct model_op *op = &m->ops[o];
-      unsigned rd, wr;
-      op_io(m, o, &rd, &wr);
-      struct exec_seg_op *so = &es->ops[j];
-      so->op = o;
-      so->kind = op->kind;
-      so->in[0] = so->in[1] = so->in[2] = so->out = -1;
-      so->param_offset = poff;
-      so->param_count = op->param_count;
-      uint64_t want = kernel_param_count(xm, op);
-      if (op->param_count != want) {
-        piper_input_error(err, "%s: op %u (%s) has %llu parameters but the host kernel takes %llu", m->name,
-                  o, model_op_kind_name(op->kind), (unsigned long long)op->param_count,
-                  (unsigned long long)want);
-        g_array_free(vals, TRUE);
-        goto out;
-      }
-      poff += op->param_count;
-      int slot = 0;
-      /* inputs in role order: x first, then a|h, m, s, r (train.c relies on it) */
-      static const enum exec_tensor order[] = {EXEC_T_X, EXEC_T_H, EXEC_T_A,
-                                               EXEC_T_M, EXEC_T_R, EXEC_T_S};
-      for (size_t q = 0; q < G_N_ELEMENTS(order); q++) {
-        enum exec_tensor t = order[q];
-        if (!(rd & EXEC_BIT(t)))
-          continue;
-        if (cur[t] < 0) {
-          if (writer[t] == IR_NONE) {
-            piper_input_error(err, "%s: op %u (%s) reads %s before anything writes it", m->name, o,
-                      model_op_kind_name(op->kind), exec_tensor_name(t));
-            g_array_free(vals, TRUE);
-            goto out;
-          }
-          uint32_t e = IR_NONE;
-          for (uint32_t k = 0; k < m->n_edges; k++)
-            if (m->edges[k].src == writer[t] && m->edges[k].dst == s)
-              e = k;
-          if (e == IR_NONE) {
-            piper_input_error(err,
-                      "%s: segment %u reads %s from segment %u but the model has no such "
-                      "edge",
-                      m->name, s, exec_tensor_name(t), writer[t]);
-            g_array_free(vals, TRUE);
-            goto out;
-          }
-          xm->edge_mask[e] |= (uint8_t)EXEC_BIT(t);
-          struct exec_value v = {.tensor = (uint8_t)t, .op = -1, .edge = e};
-          g_array_append_val(vals, v);
-          cur[t] = (int32_t)vals->len - 1;
-        }
-        so->in[slot++] = cur[t];
-      }
-      for (int t = 0; t < EXEC_T_COUNT; t++) {
-        if (!(wr & EXEC_BIT(t)))
-          continue;
-        struct exec_value v = {.tensor = (uint8_t)t, .op = (int32_t)j, .edge = IR_NONE};
-        g_array_append_val(vals, v);
-        cur[t] = (int32_t)vals->len - 1;
-        es->final_value[t] = cur[t];
-      }
-      if (wr)
-        so->out = cur[__builtin_ctz(wr)];
-    }
-    for (int t = 0; t < EXEC_T_COUNT; t++)
-      if (es->final_value[t] >= 0)
-        writer[t] = s;
-    es->param_count = poff;
-    es->n_values = vals->len;
-    es->values = (struct exec_value *)g_array_free(vals, FALSE);
+    if (xm->head_op - ms->op_first < ms->op_count)
+      head_seg = s;
+    if (xm->embedding_op - ms->op_first < ms->op_count)
+      embedding_seg = s;
   }
-  /* Every model edge must carry something, and edge bytes must match what we derived. */
+  if (xm->tied && head_seg != embedding_seg)
+    return piper_input_error(err,
+                             "%s: tied embeddings need the embedding and the LM head in one "
+                             "segment (one PP region without expert layers)",
+                             m->name);
+  return true;
+}
+
+/* Replaying the model's writers (models/build.c's build_edges) while walking the segments:
+ * the segment that last wrote each tensor, and the values of the segment being built. */
+struct seg_builder {
+  struct exec_model *xm;
+  uint32_t seg;
+  uint32_t writer[EXEC_T_COUNT];
+  int32_t cur[EXEC_T_COUNT]; /* current value of each tensor in the segment, -1 */
+  GArray *vals;              /* struct exec_value */
+};
+
+/* The value of tensor t for op o: the segment's current one, or a new input value carried by
+ * the edge from the tensor's last writer. */
+static int32_t input_value(struct seg_builder *sb, uint32_t o, enum exec_tensor t, GError **err) {
+  const struct model *m = sb->xm->m;
+  if (sb->cur[t] >= 0)
+    return sb->cur[t];
+  if (sb->writer[t] == IR_NONE) {
+    piper_input_error(err, "%s: op %u (%s) reads %s before anything writes it", m->name, o,
+                      model_op_kind_name(m->ops[o].kind), exec_tensor_name(t));
+    return -1;
+  }
+  uint32_t e = IR_NONE;
+  for (uint32_t k = 0; k < m->n_edges; k++)
+    if (m->edges[k].src == sb->writer[t] && m->edges[k].dst == sb->seg)
+      e = k;
+  if (e == IR_NONE) {
+    piper_input_error(err, "%s: segment %u reads %s from segment %u but the model has no such edge",
+                      m->name, sb->seg, exec_tensor_name(t), sb->writer[t]);
+    return -1;
+  }
+  sb->xm->edge_mask[e] |= (uint8_t)EXEC_BIT(t);
+  struct exec_value v = {.tensor = (uint8_t)t, .op = -1, .edge = e};
+  g_array_append_val(sb->vals, v);
+  sb->cur[t] = (int32_t)sb->vals->len - 1;
+  return sb->cur[t];
+}
+
+/* Op j of the segment: its parameters' place, its input values (in role order: x first, then
+ * a|h, m, s, r; train.c relies on it) and the values it writes. */
+static bool build_op(struct seg_builder *sb, struct exec_segment *es, uint32_t j, uint64_t *poff,
+                     GError **err) {
+  const struct model *m = sb->xm->m;
+  uint32_t o = m->segments[sb->seg].op_first + j;
+  const struct model_op *op = &m->ops[o];
+  unsigned rd, wr;
+  op_io(m, o, &rd, &wr);
+  struct exec_seg_op *so = &es->ops[j];
+  so->op = o;
+  so->kind = op->kind;
+  so->in[0] = so->in[1] = so->in[2] = so->out = -1;
+  so->param_offset = *poff;
+  so->param_count = op->param_count;
+  uint64_t want = kernel_param_count(sb->xm, op);
+  if (op->param_count != want)
+    return piper_input_error(err,
+                             "%s: op %u (%s) has %llu parameters but the host kernel takes %llu",
+                             m->name, o, model_op_kind_name(op->kind),
+                             (unsigned long long)op->param_count, (unsigned long long)want);
+  *poff += op->param_count;
+  static const enum exec_tensor order[] = {EXEC_T_X, EXEC_T_H, EXEC_T_A,
+                                           EXEC_T_M, EXEC_T_R, EXEC_T_S};
+  int slot = 0;
+  for (size_t q = 0; q < G_N_ELEMENTS(order); q++) {
+    if (!(rd & EXEC_BIT(order[q])))
+      continue;
+    int32_t v = input_value(sb, o, order[q], err);
+    if (v < 0)
+      return false;
+    so->in[slot++] = v;
+  }
+  for (int t = 0; t < EXEC_T_COUNT; t++) {
+    if (!(wr & EXEC_BIT(t)))
+      continue;
+    struct exec_value v = {.tensor = (uint8_t)t, .op = (int32_t)j, .edge = IR_NONE};
+    g_array_append_val(sb->vals, v);
+    sb->cur[t] = (int32_t)sb->vals->len - 1;
+    es->final_value[t] = sb->cur[t];
+  }
+  if (wr)
+    so->out = sb->cur[__builtin_ctz(wr)];
+  return true;
+}
+
+/* Segment s's ops and values (SSA, see exec-impl.h). */
+static bool build_segment(struct seg_builder *sb, uint32_t s, GError **err) {
+  const struct model_segment *ms = &sb->xm->m->segments[s];
+  struct exec_segment *es = &sb->xm->segs[s];
+  es->expert = ms->expert;
+  es->ops = g_new0(struct exec_seg_op, ms->op_count ? ms->op_count : 1);
+  es->n_ops = ms->op_count;
+  sb->seg = s;
+  sb->vals = g_array_new(FALSE, TRUE, sizeof(struct exec_value));
+  for (int t = 0; t < EXEC_T_COUNT; t++)
+    sb->cur[t] = es->final_value[t] = -1;
+  uint64_t poff = 0;
+  bool ok = true;
+  for (uint32_t j = 0; j < ms->op_count && ok; j++)
+    ok = build_op(sb, es, j, &poff, err);
+  for (int t = 0; t < EXEC_T_COUNT; t++)
+    if (es->final_value[t] >= 0)
+      sb->writer[t] = s;
+  es->param_count = poff;
+  es->n_values = sb->vals->len;
+  es->values = (struct exec_value *)g_array_free(sb->vals, FALSE);
+  return ok;
+}
+
+/* Every model edge must carry what the executor derived, byte for byte. */
+static bool check_edge_bytes(const struct exec_model *xm, GError **err) {
+  const struct model *m = xm->m;
   for (uint32_t e = 0; e < m->n_edges; e++) {
     uint64_t bytes = 0;
     for (int t = 0; t < EXEC_T_COUNT; t++)
       if (xm->edge_mask[e] & EXEC_BIT(t))
         bytes += t == EXEC_T_R ? (uint64_t)xm->T * (uint64_t)xm->K * 8
                                : (uint64_t)xm->T * (uint64_t)xm->C * model_dtype_bytes(m->dtype);
-    if (bytes != m->edges[e].bytes) {
-      piper_input_error(err,
-                "%s: edge %u (segment %u -> %u) carries %llu bytes in the model but %llu "
-                "by the executor's rule",
-                m->name, e, m->edges[e].src, m->edges[e].dst, (unsigned long long)m->edges[e].bytes,
-                (unsigned long long)bytes);
-      goto out;
-    }
+    if (bytes != m->edges[e].bytes)
+      return piper_input_error(err,
+                               "%s: edge %u (segment %u -> %u) carries %llu bytes in the model "
+                               "but %llu by the executor's rule",
+                               m->name, e, m->edges[e].src, m->edges[e].dst,
+                               (unsigned long long)m->edges[e].bytes, (unsigned long long)bytes);
   }
-  /* in/out edge lists per segment */
+  return true;
+}
+
+/* Each segment's in and out edge lists, ascending. */
+static void list_segment_edges(struct exec_model *xm) {
+  const struct model *m = xm->m;
   for (uint32_t s = 0; s < m->n_segments; s++) {
     GArray *in = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     GArray *outs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -292,12 +323,32 @@ bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err)
     xm->segs[s].in_edges = (uint32_t *)g_array_free(in, FALSE);
     xm->segs[s].out_edges = (uint32_t *)g_array_free(outs, FALSE);
   }
-  ok = true;
-out:
-  g_free(op_seg);
-  if (!ok)
+}
+
+static bool build_segments(struct exec_model *xm, GError **err) {
+  const struct model *m = xm->m;
+  xm->edge_mask = g_new0(uint8_t, m->n_edges ? m->n_edges : 1);
+  xm->segs = g_new0(struct exec_segment, m->n_segments ? m->n_segments : 1);
+  struct seg_builder sb = {.xm = xm};
+  for (int t = 0; t < EXEC_T_COUNT; t++)
+    sb.writer[t] = IR_NONE;
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    if (!build_segment(&sb, s, err))
+      return false;
+  return true;
+}
+
+bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err) {
+  memset(xm, 0, sizeof *xm);
+  xm->m = m;
+  if (!model_dims(xm, m, err) || !find_ends(xm, err))
+    return false;
+  if (!build_segments(xm, err) || !check_edge_bytes(xm, err)) {
     exec_model_clear(xm);
-  return ok;
+    return false;
+  }
+  list_segment_edges(xm);
+  return true;
 }
 
 /* ---- device ------------------------------------------------------------------------------ */
@@ -366,33 +417,34 @@ void exec_device_clear(struct exec_device *d) {
   memset(d, 0, sizeof *d);
 }
 
-bool exec_device_init(struct exec_device *d, const struct plan *p, const struct exec_model *xm,
-                      uint32_t device, GError **err) {
-  memset(d, 0, sizeof *d);
-  d->plan = p;
-  d->xm = xm;
-  d->device = device;
-  const struct model *m = xm->m;
-  uint32_t ns = m->n_segments;
+/* Which class this device runs, its micro-batches and the one tag that numbers them. */
+static bool device_shape(struct exec_device *d, uint32_t device, GError **err) {
+  const struct plan *p = d->plan;
   if (device >= p->n_devices)
     return piper_input_error(err,
-                     "plan: the plan has %u devices but this process is rank %u (launch "
-                     "as many processes as devices)",
-                     p->n_devices, device);
+                             "plan: the plan has %u devices but this process is rank %u (launch "
+                             "as many processes as devices)",
+                             p->n_devices, device);
   d->class_id = p->device_class[device];
   d->cls = plan_device_class(p, device);
-  const struct plan_class *c = d->cls;
   d->M = p->n_microbatches ? p->n_microbatches : 1;
   d->mb_tag = -1;
-  for (uint32_t t = m->n_tags; t < p->n_tags; t++) {
+  for (uint32_t t = d->xm->m->n_tags; t < p->n_tags; t++) {
     if (d->mb_tag >= 0)
       return piper_input_error(err,
-                       "plan: the program splits micro-batches along two dimensions (%s "
-                       "and %s); the executor needs one",
-                       p->tag_names[d->mb_tag], p->tag_names[t]);
+                               "plan: the program splits micro-batches along two dimensions (%s "
+                               "and %s); the executor needs one",
+                               p->tag_names[d->mb_tag], p->tag_names[t]);
     d->mb_tag = (int)t;
   }
-  /* DP degree: every compute node of the plan has the same number of replicas. */
+  return true;
+}
+
+/* DP degree (every compute node of the plan has the same number of replicas) and this
+ * device's position in its data-parallel groups (the same in all of them). */
+static bool data_parallel_place(struct exec_device *d, GError **err) {
+  const struct plan *p = d->plan;
+  const struct plan_class *c = d->cls;
   d->dp_degree = 0;
   for (uint32_t i = 0; i < p->n_nodes; i++) {
     const struct ir_node *n = &p->nodes[i];
@@ -401,7 +453,7 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
     if (d->dp_degree == 0)
       d->dp_degree = n->replica_degree;
     if (n->replica_degree != d->dp_degree)
-      return fail_instr(p, device, i, err,
+      return fail_instr(p, d->device, i, err,
                         "regions are replicated over different numbers of devices; the "
                         "executor needs one data-parallel degree for the whole model");
   }
@@ -413,16 +465,20 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
     if (n->kind != IR_NODE_COMPUTE || d->dp_degree == 1)
       continue;
-    int pos = plan_node_position(p, c->instrs[i].node, device);
+    int pos = plan_node_position(p, c->instrs[i].node, d->device);
     if (dp_set && (uint32_t)pos != d->dp_rank)
-      return fail_instr(p, device, c->instrs[i].node, err,
+      return fail_instr(p, d->device, c->instrs[i].node, err,
                         "this device has different positions in its data-parallel groups");
     d->dp_rank = (uint32_t)pos;
     dp_set = true;
   }
+  return true;
+}
 
-  d->n_instrs = c->n_instrs;
-  d->instrs = g_new0(struct exec_instr, c->n_instrs ? c->n_instrs : 1);
+static void device_alloc(struct exec_device *d) {
+  uint32_t ns = d->xm->m->n_segments, n = d->cls->n_instrs;
+  d->n_instrs = n;
+  d->instrs = g_new0(struct exec_instr, n ? n : 1);
   d->holds = g_new0(bool, ns ? ns : 1);
   d->param_offset = g_new0(uint64_t, ns ? ns : 1);
   d->param_local = g_new0(uint64_t, ns ? ns : 1);
@@ -434,195 +490,234 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
     d->ep_size[s] = 1;
   }
   d->mb_instr_count = g_new0(uint32_t, d->M);
-  GArray *buckets = g_array_new(FALSE, TRUE, sizeof(struct exec_bucket));
-  GHashTable **class_index = g_new0(GHashTable *, p->n_classes);
-  bool ok = false;
+}
 
-  for (uint32_t i = 0; i < c->n_instrs; i++) {
-    const struct plan_instr *pi = &c->instrs[i];
-    const struct ir_node *n = &p->nodes[pi->node];
-    struct exec_instr *x = &d->instrs[i];
-    x->node = pi->node;
-    x->stream = pi->stream;
-    x->pass = n->pass;
-    x->segment = IR_NONE;
-    x->edge = x->peer = x->comm = x->bucket = x->gather = x->segset = IR_NONE;
-    x->mb = -1;
-    bool per_mb = n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_SEND ||
-                  n->kind == IR_NODE_RECV || n->kind == IR_NODE_ALL_TO_ALL ||
-                  (n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE);
-    if (per_mb) {
-      int32_t v = d->mb_tag >= 0 ? n->tags[d->mb_tag] : 0;
-      if (v < 0 || (uint32_t)v >= d->M) {
-        fail_instr(p, device, pi->node, err, "has no micro-batch index in range");
-        goto out;
-      }
-      x->mb = v;
-      d->mb_instr_count[v]++;
-    }
-    switch (n->kind) {
-    case IR_NODE_COMPUTE: {
-      x->role = EXEC_ROLE_COMPUTE;
-      if (n->segment >= ns || n->pass == IR_PASS_NONE) {
-        fail_instr(p, device, pi->node, err, "is a compute node without a segment and pass");
-        goto out;
-      }
-      x->segment = n->segment;
-      d->holds[n->segment] = true;
-      if (m->segments[n->segment].expert && n->shard_degree > 1) {
-        if (xm->E % (int)n->shard_degree != 0) {
-          fail_instr(p, device, pi->node, err, "shards experts unevenly");
-          goto out;
-        }
-        if (n->replica_degree != 1 && n->replica_degree != n->shard_degree) {
-          /* experts are never gradient-synced: replicas in other EP groups would drift */
-          fail_instr(p, device, pi->node, err,
-                     "replicates sharded experts over a different group than it shards them");
-          goto out;
-        }
-        d->ep_size[n->segment] = n->shard_degree;
-        d->ep_rank[n->segment] = (uint32_t)plan_node_position(p, pi->node, device);
-      }
-      break;
-    }
-    case IR_NODE_SEND:
-    case IR_NODE_RECV: {
-      x->role = n->kind == IR_NODE_SEND ? EXEC_ROLE_SEND : EXEC_ROLE_RECV;
-      x->peer = plan_peer(p, pi->node, device);
-      if (x->peer == IR_NONE || x->peer >= p->n_devices || n->pair >= p->n_nodes) {
-        fail_instr(p, device, pi->node, err, "has no peer device");
-        goto out;
-      }
-      /* the receiving side's consumer names the destination segment */
-      const struct plan_class *rc = c;
-      uint32_t ri = i;
-      if (n->kind == IR_NODE_SEND) {
-        uint32_t pc = p->device_class[x->peer];
-        rc = &p->classes[pc];
-        if (!class_index[pc]) {
-          class_index[pc] = g_hash_table_new(NULL, NULL);
-          for (uint32_t k = 0; k < rc->n_instrs; k++)
-            g_hash_table_insert(class_index[pc], GUINT_TO_POINTER(rc->instrs[k].node + 1),
-                                GUINT_TO_POINTER(k + 1));
-        }
-        ri = GPOINTER_TO_UINT(g_hash_table_lookup(class_index[pc], GUINT_TO_POINTER(n->pair + 1)));
-        if (ri == 0) {
-          fail_instr(p, device, pi->node, err, "its receive is not in the peer's plan");
-          goto out;
-        }
-        ri--;
-      }
-      uint32_t ci = first_consumer(rc, ri);
-      const struct ir_node *cn = ci == IR_NONE ? NULL : &p->nodes[rc->instrs[ci].node];
-      if (!cn || cn->kind != IR_NODE_COMPUTE) {
-        fail_instr(p, device, pi->node, err,
+/* What decoding the instructions collects on the way. */
+struct decoder {
+  struct exec_device *d;
+  GArray *buckets;          /* struct exec_bucket */
+  GHashTable **class_index; /* [n_classes]: node + 1 -> instruction + 1, built on demand */
+};
+
+static bool fail_at(const struct decoder *dc, uint32_t i, GError **err, const char *what) {
+  return fail_instr(dc->d->plan, dc->d->device, dc->d->cls->instrs[i].node, err, what);
+}
+
+static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
+  struct exec_device *d = dc->d;
+  const struct plan *p = d->plan;
+  const struct ir_node *n = &p->nodes[d->cls->instrs[i].node];
+  struct exec_instr *x = &d->instrs[i];
+  x->role = EXEC_ROLE_COMPUTE;
+  if (n->segment >= d->xm->m->n_segments || n->pass == IR_PASS_NONE)
+    return fail_at(dc, i, err, "is a compute node without a segment and pass");
+  x->segment = n->segment;
+  d->holds[n->segment] = true;
+  if (!d->xm->m->segments[n->segment].expert || n->shard_degree <= 1)
+    return true;
+  if (d->xm->E % (int)n->shard_degree != 0)
+    return fail_at(dc, i, err, "shards experts unevenly");
+  if (n->replica_degree != 1 && n->replica_degree != n->shard_degree)
+    /* experts are never gradient-synced: replicas in other EP groups would drift */
+    return fail_at(dc, i, err,
+                   "replicates sharded experts over a different group than it shards them");
+  d->ep_size[n->segment] = n->shard_degree;
+  d->ep_rank[n->segment] = (uint32_t)plan_node_position(p, x->node, d->device);
+  return true;
+}
+
+/* The instruction of the peer's class that runs node `node`, or IR_NONE. */
+static uint32_t peer_instr(struct decoder *dc, uint32_t peer_class, uint32_t node) {
+  const struct plan_class *rc = &dc->d->plan->classes[peer_class];
+  if (!dc->class_index[peer_class]) {
+    dc->class_index[peer_class] = g_hash_table_new(NULL, NULL);
+    for (uint32_t k = 0; k < rc->n_instrs; k++)
+      g_hash_table_insert(dc->class_index[peer_class], GUINT_TO_POINTER(rc->instrs[k].node + 1),
+                          GUINT_TO_POINTER(k + 1));
+  }
+  uint32_t ri = GPOINTER_TO_UINT(
+      g_hash_table_lookup(dc->class_index[peer_class], GUINT_TO_POINTER(node + 1)));
+  return ri ? ri - 1 : IR_NONE;
+}
+
+/* A send or receive: its peer and the model edge it carries (named by the receiving side's
+ * consumer). */
+static bool decode_transfer(struct decoder *dc, uint32_t i, GError **err) {
+  struct exec_device *d = dc->d;
+  const struct plan *p = d->plan;
+  const struct ir_node *n = &p->nodes[d->cls->instrs[i].node];
+  struct exec_instr *x = &d->instrs[i];
+  x->role = n->kind == IR_NODE_SEND ? EXEC_ROLE_SEND : EXEC_ROLE_RECV;
+  x->peer = plan_peer(p, x->node, d->device);
+  if (x->peer == IR_NONE || x->peer >= p->n_devices || n->pair >= p->n_nodes)
+    return fail_at(dc, i, err, "has no peer device");
+  const struct plan_class *rc = d->cls;
+  uint32_t ri = i;
+  if (n->kind == IR_NODE_SEND) {
+    rc = &p->classes[p->device_class[x->peer]];
+    ri = peer_instr(dc, p->device_class[x->peer], n->pair);
+    if (ri == IR_NONE)
+      return fail_at(dc, i, err, "its receive is not in the peer's plan");
+  }
+  uint32_t ci = first_consumer(rc, ri);
+  const struct ir_node *cn = ci == IR_NONE ? NULL : &p->nodes[rc->instrs[ci].node];
+  if (!cn || cn->kind != IR_NODE_COMPUTE)
+    return fail_at(dc, i, err,
                    "the data it carries is not consumed by a compute node (expert parallelism "
                    "needs the expert region on the devices of its neighbours)");
-        goto out;
-      }
-      bool fwd = n->pass == IR_PASS_F;
-      if (fwd != (cn->pass == IR_PASS_F) || cn->pass == IR_PASS_BW) {
-        fail_instr(p, device, pi->node, err,
+  bool fwd = n->pass == IR_PASS_F;
+  if (fwd != (cn->pass == IR_PASS_F) || cn->pass == IR_PASS_BW)
+    return fail_at(dc, i, err,
                    "carries activations saved for backward between devices; place the forward "
                    "and backward of a region on the same devices");
-        goto out;
-      }
-      uint32_t a = n->segment, bseg = cn->segment;
-      x->segment = a;
-      x->edge = exec_model_edge(xm, a < bseg ? a : bseg, a < bseg ? bseg : a);
-      if (x->edge == IR_NONE) {
-        fail_instr(p, device, pi->node, err, "joins segments that no model edge joins");
-        goto out;
-      }
-      break;
-    }
-    case IR_NODE_ALL_TO_ALL: {
-      uint32_t e = n->segment;
-      uint32_t pr = first_producer(c, i), co = first_consumer(c, i);
-      const struct ir_node *pn = pr == IR_NONE ? NULL : &p->nodes[c->instrs[pr].node];
-      const struct ir_node *cn = co == IR_NONE ? NULL : &p->nodes[c->instrs[co].node];
-      if (!pn || !cn || pn->kind != IR_NODE_COMPUTE || cn->kind != IR_NODE_COMPUTE) {
-        fail_instr(p, device, pi->node, err,
+  uint32_t a = n->segment, bseg = cn->segment;
+  x->segment = a;
+  x->edge = exec_model_edge(d->xm, a < bseg ? a : bseg, a < bseg ? bseg : a);
+  if (x->edge == IR_NONE)
+    return fail_at(dc, i, err, "joins segments that no model edge joins");
+  return true;
+}
+
+/* An all-to-all: dispatch or combine, by which side of it the expert segment is. */
+static bool decode_all_to_all(struct decoder *dc, uint32_t i, GError **err) {
+  struct exec_device *d = dc->d;
+  const struct plan *p = d->plan;
+  const struct plan_class *c = d->cls;
+  const struct ir_node *n = &p->nodes[c->instrs[i].node];
+  struct exec_instr *x = &d->instrs[i];
+  uint32_t e = n->segment;
+  uint32_t pr = first_producer(c, i), co = first_consumer(c, i);
+  const struct ir_node *pn = pr == IR_NONE ? NULL : &p->nodes[c->instrs[pr].node];
+  const struct ir_node *cn = co == IR_NONE ? NULL : &p->nodes[c->instrs[co].node];
+  if (!pn || !cn || pn->kind != IR_NODE_COMPUTE || cn->kind != IR_NODE_COMPUTE)
+    return fail_at(dc, i, err,
                    "expert parallelism needs the expert region and its neighbours on the same "
                    "devices");
-        goto out;
-      }
-      bool from = pn->segment == e;
-      x->role = from ? EXEC_ROLE_A2A_FROM_EXPERT : EXEC_ROLE_A2A_TO_EXPERT;
-      uint32_t other = from ? cn->segment : pn->segment;
-      x->segment = e;
-      x->edge = exec_model_edge(xm, e < other ? e : other, e < other ? other : e);
-      if (e >= ns || !m->segments[e].expert || x->edge == IR_NONE) {
-        fail_instr(p, device, pi->node, err, "is an all-to-all that serves no expert region edge");
-        goto out;
-      }
-      break;
-    }
-    case IR_NODE_ALL_REDUCE:
-    case IR_NODE_REDUCE_SCATTER: {
-      x->role = n->kind == IR_NODE_ALL_REDUCE ? EXEC_ROLE_ALL_REDUCE : EXEC_ROLE_REDUCE_SCATTER;
-      if (n->segset >= p->n_segsets) {
-        fail_instr(p, device, pi->node, err, "has no segment set");
-        goto out;
-      }
-      const struct ir_segset *ss = &p->segsets[n->segset];
-      struct exec_bucket bk = {.node = pi->node,
-                               .n_segs = ss->count,
-                               .segs = g_memdup2(&p->segment_pool[ss->first],
-                                                 (ss->count ? ss->count : 1) * sizeof(uint32_t)),
-                               .group_size = p->groups[n->group].count,
-                               .rank = (uint32_t)plan_node_position(p, pi->node, device),
-                               .sharded_grads = n->kind == IR_NODE_REDUCE_SCATTER,
-                               .sharded_params = n->shard_params};
-      x->bucket = buckets->len;
-      g_array_append_val(buckets, bk);
-      break;
-    }
-    case IR_NODE_ALL_GATHER:
-      x->role = n->pass == IR_PASS_NONE ? EXEC_ROLE_GATHER_UPDATE : EXEC_ROLE_GATHER_USE;
-      x->segset = n->segset;
-      break;
-    case IR_NODE_OPTIMIZER:
-      x->role = EXEC_ROLE_OPTIMIZER;
-      x->segset = n->segset;
-      if (n->segset >= p->n_segsets) {
-        fail_instr(p, device, pi->node, err, "has no segment set");
-        goto out;
-      }
-      break;
-    default: fail_instr(p, device, pi->node, err, "has an unknown kind"); goto out;
-    }
-  }
-  d->n_buckets = buckets->len;
-  d->buckets = (struct exec_bucket *)g_array_free(buckets, FALSE);
-  buckets = NULL;
+  bool from = pn->segment == e;
+  x->role = from ? EXEC_ROLE_A2A_FROM_EXPERT : EXEC_ROLE_A2A_TO_EXPERT;
+  uint32_t other = from ? cn->segment : pn->segment;
+  x->segment = e;
+  x->edge = exec_model_edge(d->xm, e < other ? e : other, e < other ? other : e);
+  if (e >= d->xm->m->n_segments || !d->xm->m->segments[e].expert || x->edge == IR_NONE)
+    return fail_at(dc, i, err, "is an all-to-all that serves no expert region edge");
+  return true;
+}
 
-  /* gathers find their bucket by segment set; compute finds its gathered parameters */
+/* An all-reduce or reduce-scatter: a gradient bucket. */
+static bool decode_bucket(struct decoder *dc, uint32_t i, GError **err) {
+  struct exec_device *d = dc->d;
+  const struct plan *p = d->plan;
+  const struct ir_node *n = &p->nodes[d->cls->instrs[i].node];
+  struct exec_instr *x = &d->instrs[i];
+  x->role = n->kind == IR_NODE_ALL_REDUCE ? EXEC_ROLE_ALL_REDUCE : EXEC_ROLE_REDUCE_SCATTER;
+  if (n->segset >= p->n_segsets)
+    return fail_at(dc, i, err, "has no segment set");
+  const struct ir_segset *ss = &p->segsets[n->segset];
+  struct exec_bucket bk = {.node = x->node,
+                           .n_segs = ss->count,
+                           .segs = g_memdup2(&p->segment_pool[ss->first],
+                                             (ss->count ? ss->count : 1) * sizeof(uint32_t)),
+                           .group_size = p->groups[n->group].count,
+                           .rank = (uint32_t)plan_node_position(p, x->node, d->device),
+                           .sharded_grads = n->kind == IR_NODE_REDUCE_SCATTER,
+                           .sharded_params = n->shard_params};
+  x->bucket = dc->buckets->len;
+  g_array_append_val(dc->buckets, bk);
+  return true;
+}
+
+/* Instruction i's common fields and its micro-batch, then what its kind means. */
+static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
+  struct exec_device *d = dc->d;
+  const struct plan *p = d->plan;
+  const struct plan_instr *pi = &d->cls->instrs[i];
+  const struct ir_node *n = &p->nodes[pi->node];
+  struct exec_instr *x = &d->instrs[i];
+  x->node = pi->node;
+  x->stream = pi->stream;
+  x->pass = n->pass;
+  x->segment = x->edge = x->peer = x->comm = x->bucket = x->gather = x->segset = IR_NONE;
+  x->mb = -1;
+  bool per_mb = n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV ||
+                n->kind == IR_NODE_ALL_TO_ALL ||
+                (n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE);
+  if (per_mb) {
+    int32_t v = d->mb_tag >= 0 ? n->tags[d->mb_tag] : 0;
+    if (v < 0 || (uint32_t)v >= d->M)
+      return fail_at(dc, i, err, "has no micro-batch index in range");
+    x->mb = v;
+    d->mb_instr_count[v]++;
+  }
+  switch (n->kind) {
+  case IR_NODE_COMPUTE: return decode_compute(dc, i, err);
+  case IR_NODE_SEND:
+  case IR_NODE_RECV: return decode_transfer(dc, i, err);
+  case IR_NODE_ALL_TO_ALL: return decode_all_to_all(dc, i, err);
+  case IR_NODE_ALL_REDUCE:
+  case IR_NODE_REDUCE_SCATTER: return decode_bucket(dc, i, err);
+  case IR_NODE_ALL_GATHER:
+    x->role = n->pass == IR_PASS_NONE ? EXEC_ROLE_GATHER_UPDATE : EXEC_ROLE_GATHER_USE;
+    x->segset = n->segset;
+    return true;
+  case IR_NODE_OPTIMIZER:
+    x->role = EXEC_ROLE_OPTIMIZER;
+    x->segset = n->segset;
+    if (n->segset >= p->n_segsets)
+      return fail_at(dc, i, err, "has no segment set");
+    return true;
+  default: return fail_at(dc, i, err, "has an unknown kind");
+  }
+}
+
+static bool decode_instrs(struct exec_device *d, GError **err) {
+  const struct plan *p = d->plan;
+  struct decoder dc = {d, g_array_new(FALSE, TRUE, sizeof(struct exec_bucket)),
+                       g_new0(GHashTable *, p->n_classes)};
+  bool ok = true;
+  for (uint32_t i = 0; i < d->cls->n_instrs && ok; i++)
+    ok = decode_instr(&dc, i, err);
+  /* the device owns the buckets from here, so clearing it frees them after a failure too */
+  d->n_buckets = dc.buckets->len;
+  d->buckets = (struct exec_bucket *)g_array_free(dc.buckets, FALSE);
+  for (uint32_t k = 0; k < p->n_classes; k++)
+    if (dc.class_index[k])
+      g_hash_table_destroy(dc.class_index[k]);
+  g_free(dc.class_index);
+  return ok;
+}
+
+/* Gathers find their bucket by segment set; compute finds its gathered parameters. */
+static bool link_gathers(struct exec_device *d, GError **err) {
+  const struct plan *p = d->plan;
+  const struct plan_class *c = d->cls;
   for (uint32_t i = 0; i < c->n_instrs; i++) {
     struct exec_instr *x = &d->instrs[i];
+    const struct plan_instr *pi = &c->instrs[i];
     if (x->role == EXEC_ROLE_GATHER_USE || x->role == EXEC_ROLE_GATHER_UPDATE) {
       for (uint32_t b = 0; b < d->n_buckets; b++)
         if (p->nodes[d->buckets[b].node].segset == x->segset)
           x->bucket = b;
-      if (x->bucket == IR_NONE) {
-        fail_instr(p, device, x->node, err, "gathers parameters of no gradient bucket here");
-        goto out;
-      }
-      const struct plan_instr *pi = &c->instrs[i];
+      if (x->bucket == IR_NONE)
+        return fail_instr(p, d->device, x->node, err,
+                          "gathers parameters of no gradient bucket here");
       for (uint32_t w = 0; w < pi->write_count; w++)
         x->gather_users += c->tensors[c->writes[pi->write_first + w]].consumer_count;
     }
-    if (x->role == EXEC_ROLE_COMPUTE) {
-      const struct plan_instr *pi = &c->instrs[i];
+    if (x->role == EXEC_ROLE_COMPUTE)
       for (uint32_t r = 0; r < pi->read_count; r++) {
         uint32_t prod = c->tensors[c->reads[pi->read_first + r]].producer;
         if (p->nodes[c->instrs[prod].node].kind == IR_NODE_ALL_GATHER)
           x->gather = prod;
       }
-    }
   }
+  return true;
+}
 
-  /* Parameter layout: buckets first (contiguous, padded), then the other segments held. */
+/* Parameter layout: buckets first (contiguous, padded), then the other segments held. */
+static bool lay_out_params(struct exec_device *d, GError **err) {
+  const struct plan *p = d->plan;
+  const struct model *m = d->xm->m;
+  uint32_t ns = m->n_segments;
   uint64_t off = 0;
   for (uint32_t s = 0; s < ns; s++)
     d->param_local[s] = d->holds[s] ? m->segments[s].param_count / d->ep_size[s] : 0;
@@ -636,10 +731,9 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
        * copy; ZeRO never shards them. */
       bool sharded_ok = p->nodes[bk->node].kind == IR_NODE_ALL_REDUCE;
       if (s >= ns || !d->holds[s] || (d->ep_size[s] > 1 && !sharded_ok) ||
-          d->bucket_of[s] != IR_NONE) {
-        fail_instr(p, device, bk->node, err, "syncs a segment this device does not replicate");
-        goto out;
-      }
+          d->bucket_of[s] != IR_NONE)
+        return fail_instr(p, d->device, bk->node, err,
+                          "syncs a segment this device does not replicate");
       d->bucket_of[s] = b;
       d->param_offset[s] = off;
       off += d->param_local[s];
@@ -656,55 +750,62 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
     off += d->param_local[s];
   }
   d->n_params = off;
+  return true;
+}
 
-  /* Communicators of the whole plan, in one order every rank computes alike. */
-  {
-    GArray *keys = g_array_new(FALSE, FALSE, sizeof(struct exec_comm_key));
-    for (uint32_t k = 0; k < p->n_classes; k++)
-      for (uint32_t i = 0; i < p->classes[k].n_instrs; i++) {
-        const struct plan_instr *pi = &p->classes[k].instrs[i];
-        if (pi->comm == IR_NONE)
-          continue;
-        struct exec_comm_key key = key_of(p, pi);
-        g_array_append_val(keys, key);
-      }
-    if (keys->len)
-      qsort(keys->data, keys->len, sizeof(struct exec_comm_key), compare_key);
-    uint32_t w = 0;
-    for (uint32_t i = 0; i < keys->len; i++) {
-      struct exec_comm_key *ki = &g_array_index(keys, struct exec_comm_key, i);
-      if (w > 0 && compare_key(ki, &g_array_index(keys, struct exec_comm_key, w - 1)) == 0)
-        continue;
-      g_array_index(keys, struct exec_comm_key, w++) = *ki;
-    }
-    g_array_set_size(keys, w);
-    d->n_comm_keys = keys->len;
-    d->comm_keys = (struct exec_comm_key *)g_array_free(keys, FALSE);
-    for (uint32_t i = 0; i < c->n_instrs; i++) {
-      if (c->instrs[i].comm == IR_NONE)
-        continue;
-      struct exec_comm_key key = key_of(p, &c->instrs[i]);
-      struct exec_comm_key *hit =
-          bsearch(&key, d->comm_keys, d->n_comm_keys, sizeof(struct exec_comm_key), compare_key);
-      d->instrs[i].comm = (uint32_t)(hit - d->comm_keys);
-      /* sends and receives pair up in sequence order on their communicator */
-      d->instrs[i].tag = (int)(c->instrs[i].seq & 0x7fff);
-    }
-  }
-  ok = true;
-out:
-  if (buckets) {
-    for (guint b = 0; b < buckets->len; b++)
-      g_free(g_array_index(buckets, struct exec_bucket, b).segs);
-    g_array_free(buckets, TRUE);
-  }
+/* Communicators of the whole plan, in one order every rank computes alike, and this device's
+ * instructions' places among them. */
+static void collect_comm_keys(struct exec_device *d) {
+  const struct plan *p = d->plan;
+  const struct plan_class *c = d->cls;
+  GArray *keys = g_array_new(FALSE, FALSE, sizeof(struct exec_comm_key));
   for (uint32_t k = 0; k < p->n_classes; k++)
-    if (class_index[k])
-      g_hash_table_destroy(class_index[k]);
-  g_free(class_index);
-  if (!ok)
+    for (uint32_t i = 0; i < p->classes[k].n_instrs; i++) {
+      const struct plan_instr *pi = &p->classes[k].instrs[i];
+      if (pi->comm == IR_NONE)
+        continue;
+      struct exec_comm_key key = key_of(p, pi);
+      g_array_append_val(keys, key);
+    }
+  if (keys->len)
+    qsort(keys->data, keys->len, sizeof(struct exec_comm_key), compare_key);
+  uint32_t w = 0;
+  for (uint32_t i = 0; i < keys->len; i++) {
+    struct exec_comm_key *ki = &g_array_index(keys, struct exec_comm_key, i);
+    if (w > 0 && compare_key(ki, &g_array_index(keys, struct exec_comm_key, w - 1)) == 0)
+      continue;
+    g_array_index(keys, struct exec_comm_key, w++) = *ki;
+  }
+  g_array_set_size(keys, w);
+  d->n_comm_keys = keys->len;
+  d->comm_keys = (struct exec_comm_key *)g_array_free(keys, FALSE);
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    if (c->instrs[i].comm == IR_NONE)
+      continue;
+    struct exec_comm_key key = key_of(p, &c->instrs[i]);
+    struct exec_comm_key *hit =
+        bsearch(&key, d->comm_keys, d->n_comm_keys, sizeof(struct exec_comm_key), compare_key);
+    d->instrs[i].comm = (uint32_t)(hit - d->comm_keys);
+    /* sends and receives pair up in sequence order on their communicator */
+    d->instrs[i].tag = (int)(c->instrs[i].seq & 0x7fff);
+  }
+}
+
+bool exec_device_init(struct exec_device *d, const struct plan *p, const struct exec_model *xm,
+                      uint32_t device, GError **err) {
+  memset(d, 0, sizeof *d);
+  d->plan = p;
+  d->xm = xm;
+  d->device = device;
+  if (!device_shape(d, device, err) || !data_parallel_place(d, err))
+    return false;
+  device_alloc(d);
+  if (!decode_instrs(d, err) || !link_gathers(d, err) || !lay_out_params(d, err)) {
     exec_device_clear(d);
-  return ok;
+    return false;
+  }
+  collect_comm_keys(d);
+  return true;
 }
 
 uint64_t exec_device_fingerprint(const struct exec_device *d) {

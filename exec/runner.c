@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/assert.h"
 #include "../base/json.h"
 #include "exec-impl.h"
 
@@ -26,12 +27,17 @@ struct control_job {
   void *arg;
 };
 
+struct step_stats {
+  double *losses; /* [dp * M] by global micro-batch */
+  uint32_t n;
+  double window[2]; /* -first start, last end */
+};
+
 struct runner {
   struct exec_state s;
   struct exec_model xm;
   struct exec_device device;
   const struct exec_options *o;
-  const struct exec_backend_ops *ops;
   struct exec_backend *b;
   const struct exec_device *dev;
   uint32_t rank;
@@ -52,7 +58,12 @@ struct runner {
   double kernel_s, comm_s, task_s, overhead_s, dispatch_s;
   bool stall_armed;
   uint32_t stall_instr;
-  atomic_bool cancelled; /* set when the run gives up (the stall hook polls it) */
+  atomic_bool cancelled;          /* set when the run gives up (the stall hook polls it) */
+  bool model_ready, device_ready; /* what teardown frees */
+  bool clean; /* false while streams may be busy or blocked (after a failure: drain them) */
+  struct step_stats ss;
+  double *measured; /* [n_steps]: step times of measured steps */
+  uint32_t n_measured;
 };
 
 /* ---- tasks ------------------------------------------------------------------------------- */
@@ -66,18 +77,18 @@ static bool stall_task(struct runner *R, uint32_t i, GError **err) {
   return false;
 }
 
-static bool run_task(void *arg, GError **err) {
+static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
   struct task *t = arg;
   struct runner *R = t->R;
   uint32_t i = t->i;
-  double t0 = R->ops->clock(R->b);
-  struct exec_task_stats st = {0, 0};
+  double t0 = exec_backend_clock(R->b);
+  struct exec_task_ctx st = {stream, 0, 0};
   bool ok;
   if (R->stall_armed && i == R->stall_instr)
     ok = stall_task(R, i, err);
   else
     ok = exec_run_instr(&R->s, i, &st, err);
-  double t1 = R->ops->clock(R->b);
+  double t1 = exec_backend_clock(R->b);
   R->start[i] = t0;
   R->end[i] = t1;
   R->kernel[i] = st.kernel_s;
@@ -94,7 +105,8 @@ static bool run_task(void *arg, GError **err) {
   return ok;
 }
 
-static bool run_control(void *arg, GError **err) {
+static bool run_control(struct exec_stream *stream, void *arg, GError **err) {
+  (void)stream; /* job-wide operations are host work: no kernels */
   struct control_job *c = arg;
   return c->fn(c->R, c->arg, err);
 }
@@ -120,7 +132,7 @@ static const char *instr_peer_text(const struct runner *R, uint32_t i, char *buf
  * longest-waiting one. */
 static void stall_error(struct runner *R, double idle, GError **err) {
   const struct plan *p = R->dev->plan;
-  double now = R->ops->clock(R->b);
+  double now = exec_backend_clock(R->b);
   int best = -1, best_rank = -1;
   double best_age = -1;
   struct exec_stream_status best_st = {0};
@@ -128,7 +140,7 @@ static void stall_error(struct runner *R, double idle, GError **err) {
     if (!R->streams[s])
       continue;
     struct exec_stream_status st;
-    R->ops->stream_status(R->streams[s], &st);
+    exec_stream_status(R->b, R->streams[s], &st);
     int rank = st.phase == EXEC_STREAM_RUNNING ? 2 : st.phase == EXEC_STREAM_WAITING ? 1 : 0;
     if (rank == 0)
       continue;
@@ -170,10 +182,10 @@ static const GError *stream_failure(struct runner *R) {
     if (!st)
       continue;
     struct exec_stream_status ss;
-    R->ops->stream_status(st, &ss);
+    exec_stream_status(R->b, st, &ss);
     if (!ss.failed)
       continue;
-    const GError *e = R->ops->stream_error(st);
+    const GError *e = exec_stream_error(R->b, st);
     if (e && ss.since < when) {
       first = e;
       when = ss.since;
@@ -184,28 +196,28 @@ static const GError *stream_failure(struct runner *R) {
 
 /* Waits until every event in evs has completed, with the watchdog. */
 static bool wait_events(struct runner *R, struct exec_event **evs, uint32_t n, GError **err) {
-  uint64_t seen = R->ops->progress(R->b);
-  double last = R->ops->clock(R->b);
+  uint64_t seen = exec_backend_progress(R->b);
+  double last = exec_backend_clock(R->b);
   for (uint32_t k = 0; k < n; k++) {
     if (!evs[k])
       continue;
-    while (!R->ops->event_synchronize(evs[k], 0.05)) {
+    while (!exec_event_synchronize(R->b, evs[k], 0.05)) {
       const GError *f = stream_failure(R);
       if (f) {
         g_propagate_error(err, g_error_copy(f));
         atomic_store(&R->cancelled, true);
-        R->ops->cancel(R->b);
+        exec_backend_cancel(R->b);
         return false;
       }
-      uint64_t now_seen = R->ops->progress(R->b);
-      double now = R->ops->clock(R->b);
+      uint64_t now_seen = exec_backend_progress(R->b);
+      double now = exec_backend_clock(R->b);
       if (now_seen != seen) {
         seen = now_seen;
         last = now;
       } else if (now - last > R->o->timeout_s) {
         stall_error(R, now - last, err);
         atomic_store(&R->cancelled, true);
-        R->ops->cancel(R->b);
+        exec_backend_cancel(R->b);
         return false;
       }
     }
@@ -214,7 +226,7 @@ static bool wait_events(struct runner *R, struct exec_event **evs, uint32_t n, G
   if (f) {
     g_propagate_error(err, g_error_copy(f));
     atomic_store(&R->cancelled, true);
-    R->ops->cancel(R->b);
+    exec_backend_cancel(R->b);
     return false;
   }
   return true;
@@ -224,8 +236,8 @@ static bool wait_events(struct runner *R, struct exec_event **evs, uint32_t n, G
 static bool control(struct runner *R, bool (*fn)(struct runner *, void *, GError **), void *arg,
                     GError **err) {
   struct control_job c = {R, fn, arg};
-  R->ops->stream_submit(R->control, run_control, &c, UINT32_MAX);
-  R->ops->event_record(R->control_end, R->control);
+  exec_stream_submit(R->b, R->control, run_control, &c, UINT32_MAX);
+  exec_event_record(R->b, R->control_end, R->control);
   return wait_events(R, &R->control_end, 1, err);
 }
 
@@ -235,10 +247,10 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   const struct exec_device *d = R->dev;
   const struct plan_class *c = d->cls;
   struct exec_state *s = &R->s;
-  double t0 = R->ops->clock(R->b);
+  double t0 = exec_backend_clock(R->b);
   s->step = step;
-  s->k->fill(s->grads, 0.0f, (size_t)d->n_params);
-  R->step_fill = R->ops->clock(R->b) - t0; /* a kernel: training needs it, not the executor */
+  s->k->fill(NULL, s->grads, 0.0f, (size_t)d->n_params);
+  R->step_fill = exec_backend_clock(R->b) - t0; /* a kernel: training needs it, not the executor */
   for (uint32_t k = 0; k < d->M; k++)
     exec_mb_begin(s, k);
   R->stall_armed = R->o->fault == EXEC_FAULT_STALL && R->o->fault_rank == R->rank &&
@@ -247,15 +259,15 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
     const struct plan_instr *pi = &c->instrs[i];
     struct exec_stream *st = R->streams[pi->stream];
     for (uint32_t w = 0; w < pi->wait_count; w++)
-      R->ops->stream_wait_event(st, R->events[c->waits[pi->wait_first + w]]);
+      exec_stream_wait_event(R->b, st, R->events[c->waits[pi->wait_first + w]]);
     R->start[i] = R->end[i] = 0;
-    R->ops->stream_submit(st, run_task, &R->tasks[i], i);
-    R->ops->event_record(R->events[i], st);
+    exec_stream_submit(R->b, st, run_task, &R->tasks[i], i);
+    exec_event_record(R->b, R->events[i], st);
   }
   for (uint32_t s2 = 0; s2 < d->plan->n_streams; s2++)
     if (R->streams[s2])
-      R->ops->event_record(R->stream_end[s2], R->streams[s2]);
-  R->step_setup = R->ops->clock(R->b) - t0;
+      exec_event_record(R->b, R->stream_end[s2], R->streams[s2]);
+  R->step_setup = exec_backend_clock(R->b) - t0;
   bool ok = wait_events(R, R->stream_end, d->plan->n_streams, err);
   for (uint32_t k = 0; k < d->M; k++)
     exec_mb_end(s, k);
@@ -296,28 +308,22 @@ static void account_step(struct runner *R) {
   R->instructions += c->n_instrs;
 }
 
-struct step_stats {
-  double *losses; /* [dp * M] by global micro-batch */
-  uint32_t n;
-  double window[2]; /* -first start, last end */
-};
-
 static bool collect(struct runner *R, void *arg, GError **err) {
   struct step_stats *ss = arg;
-  if (!R->ops->world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err))
+  if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err))
     return false;
-  return R->ops->world_all_reduce_f64(R->b, ss->window, 2, EXEC_REDUCE_MAX, err);
+  return exec_world_all_reduce_f64(R->b, ss->window, 2, EXEC_REDUCE_MAX, err);
 }
 
 static bool sum_fn(struct runner *R, void *arg, GError **err) {
   struct step_stats *ss = arg;
-  return R->ops->world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err);
+  return exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err);
 }
 
 static bool barrier(struct runner *R, void *arg, GError **err) {
   double x = 0;
   (void)arg;
-  return R->ops->world_all_reduce_f64(R->b, &x, 1, EXEC_REDUCE_SUM, err);
+  return exec_world_all_reduce_f64(R->b, &x, 1, EXEC_REDUCE_SUM, err);
 }
 
 /* Values every rank must agree on, each as v and -v so one max-reduction gives the range. */
@@ -327,7 +333,7 @@ struct agree {
 
 static bool agree_fn(struct runner *R, void *arg, GError **err) {
   struct agree *a = arg;
-  return R->ops->world_all_reduce_f64(R->b, a->v, 6, EXEC_REDUCE_MAX, err);
+  return exec_world_all_reduce_f64(R->b, a->v, 6, EXEC_REDUCE_MAX, err);
 }
 
 /* ---- report ------------------------------------------------------------------------------ */
@@ -346,7 +352,7 @@ struct report_job {
 
 static bool gather_fn(struct runner *R, void *arg, GError **err) {
   struct report_job *j = arg;
-  return R->ops->world_gather(R->b, j->mine, j->mine_bytes, &j->all, &j->sizes, err);
+  return exec_world_gather(R->b, j->mine, j->mine_bytes, &j->all, &j->sizes, err);
 }
 
 struct dump_job {
@@ -357,7 +363,7 @@ struct dump_job {
 
 static bool dump_fn(struct runner *R, void *arg, GError **err) {
   struct dump_job *j = arg;
-  return R->ops->world_all_reduce_f64(R->b, j->full, j->n, j->op, err);
+  return exec_world_all_reduce_f64(R->b, j->full, j->n, j->op, err);
 }
 
 static gint compare_memory_point(gconstpointer a, gconstpointer b) {
@@ -441,8 +447,8 @@ static bool write_report(struct runner *R, struct exec_result *res, const double
     cJSON_AddItemToArray(losses, cJSON_CreateNumber(all_losses[k]));
   cJSON_AddNumberToObject(extra, "first_step", res->first_step);
   cJSON_AddNumberToObject(extra, "warmup", R->o->warmup);
-  cJSON_AddStringToObject(extra, "backend", "host");
-  cJSON_AddStringToObject(extra, "communication", R->ops->comm_library(R->b));
+  cJSON_AddStringToObject(extra, "backend", exec_backend_name(R->b));
+  cJSON_AddStringToObject(extra, "communication", exec_backend_comm_library(R->b));
   cJSON_AddStringToObject(extra, "data", exec_data_kind(R->s.data));
   cJSON_AddNumberToObject(extra, "executor_overhead_us_per_instruction",
                           res->job_overhead_per_instr_s * 1e6);
@@ -542,11 +548,10 @@ static bool create_comms(struct runner *R, GError **err) {
                key->stream_a < p->n_streams ? p->streams[key->stream_a].name : "?");
     GError *e = NULL;
     if (pc->purpose == IR_COMM_PP) {
-      R->s.comms[k] = R->ops->comm_create(R->b, label, all, p->n_devices, true, &e);
+      R->s.comms[k] = exec_comm_create(R->b, label, all, p->n_devices, true, &e);
     } else {
       const struct ir_group *g = &p->groups[pc->group];
-      R->s.comms[k] =
-          R->ops->comm_create(R->b, label, &p->device_pool[g->first], g->count, false, &e);
+      R->s.comms[k] = exec_comm_create(R->b, label, &p->device_pool[g->first], g->count, false, &e);
     }
     if (e) {
       g_propagate_error(err, e);
@@ -567,289 +572,300 @@ static void print_step(uint32_t step, uint32_t total, double loss, double secs, 
   fflush(stdout);
 }
 
-bool exec_run(const struct exec_options *o, const struct exec_backend_ops *ops,
-              struct exec_backend *b, struct exec_result *res, GError **err) {
-  memset(res, 0, sizeof *res);
-  const struct plan *p = o->plan;
-  uint32_t rank = ops->world_rank(b), size = ops->world_size(b);
-  if (size != p->n_devices)
-    return piper_input_error(err,
-                     "the plan has %u devices but the job has %u processes (launch one process "
-                     "per device: mpirun -np %u)",
-                     p->n_devices, size, p->n_devices);
-  ops->reset(b);
-  /* on the heap: after a failure, workers may outlive this call */
-  struct runner *R = g_new0(struct runner, 1);
-  struct exec_model *xm = &R->xm;
-  struct exec_device *dev = &R->device;
-  if (!exec_model_init(xm, p->model, err)) {
-    g_free(R);
+/* The device program and the state it trains, before anything runs: false (nothing to undo
+ * but the model and device, which the caller frees) on an input error. */
+static bool runner_prepare(struct runner *R, const struct exec_options *o, struct exec_backend *b,
+                           uint32_t rank, GError **err) {
+  if (!exec_model_init(&R->xm, o->plan->model, err))
     return false;
-  }
-  if (!exec_device_init(dev, p, xm, rank, err)) {
-    exec_model_clear(xm);
-    g_free(R);
+  R->model_ready = true;
+  if (!exec_device_init(&R->device, o->plan, &R->xm, rank, err))
     return false;
-  }
+  R->device_ready = true;
   R->o = o;
-  R->ops = ops;
   R->b = b;
-  R->dev = dev;
+  R->dev = &R->device;
   R->rank = rank;
   struct exec_state *s = &R->s;
   s->o = o;
-  s->ops = ops;
   s->b = b;
-  s->k = ops->kernels;
-  s->xm = xm;
-  s->dev = dev;
+  s->k = exec_backend_kernels(b);
+  s->xm = &R->xm;
+  s->dev = &R->device;
+  s->poison = o->poison;
   g_mutex_init(&s->mem_lock);
   g_mutex_init(&s->pool_lock);
-  const char *poison = getenv("PIPER_EXEC_POISON");
-  s->poison = poison && strcmp(poison, "1") == 0;
   g_mutex_init(&R->trace_lock);
   R->memory = g_array_new(FALSE, FALSE, sizeof(struct report_memory_point));
-  bool ok = false, clean = true;
-  uint32_t n = dev->n_instrs, ns = p->n_streams;
-  double *all_losses = NULL, *measured = NULL;
-  uint32_t n_measured = 0;
-  struct step_stats ss = {NULL, 0, {0, 0}};
-  s->data = exec_data_open(o->data_path, xm->m->vocab_size, o->seed, err);
-  if (!s->data)
-    goto out;
-  s->mbs = g_new0(struct exec_mb, dev->M);
+  uint32_t n = R->dev->n_instrs;
+  s->mbs = g_new0(struct exec_mb, R->dev->M);
   s->gathered = g_new0(void *, n ? n : 1);
   s->gathered_users = g_new0(atomic_uint, n ? n : 1);
-  if (!exec_state_init_params(s, err))
-    goto out;
-  if (!create_comms(R, err))
-    goto out;
-  R->streams = g_new0(struct exec_stream *, ns);
-  R->stream_end = g_new0(struct exec_event *, ns);
-  for (uint32_t i = 0; i < n; i++) {
-    uint32_t st = dev->cls->instrs[i].stream;
-    if (R->streams[st])
-      continue;
-    R->streams[st] = ops->stream_create(b, p->streams[st].name, p->streams[st].priority, err);
-    if (!R->streams[st])
-      goto out;
-    R->stream_end[st] = ops->event_create(b);
-  }
-  R->control = ops->stream_create(b, "control", 0, err);
-  if (!R->control)
-    goto out;
-  R->control_end = ops->event_create(b);
   R->events = g_new0(struct exec_event *, n ? n : 1);
   R->tasks = g_new0(struct task, n ? n : 1);
-  for (uint32_t i = 0; i < n; i++) {
-    R->events[i] = ops->event_create(b);
-    R->tasks[i] = (struct task){R, i};
-  }
   R->start = g_new0(double, n ? n : 1);
   R->end = g_new0(double, n ? n : 1);
   R->kernel = g_new0(double, n ? n : 1);
   R->comm = g_new0(double, n ? n : 1);
+  R->streams = g_new0(struct exec_stream *, o->plan->n_streams);
+  R->stream_end = g_new0(struct exec_event *, o->plan->n_streams);
+  return true;
+}
+
+/* One stream per plan stream this device uses, plus the control stream; an event per
+ * instruction and one at each stream's end. */
+static bool create_streams(struct runner *R, GError **err) {
+  const struct plan *p = R->dev->plan;
+  uint32_t n = R->dev->n_instrs;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t st = R->dev->cls->instrs[i].stream;
+    if (R->streams[st])
+      continue;
+    R->streams[st] = exec_stream_create(R->b, p->streams[st].name, p->streams[st].priority, err);
+    if (!R->streams[st])
+      return false;
+    R->stream_end[st] = exec_event_create(R->b);
+  }
+  R->control = exec_stream_create(R->b, "control", 0, err);
+  if (!R->control)
+    return false;
+  R->control_end = exec_event_create(R->b);
+  for (uint32_t i = 0; i < n; i++) {
+    R->events[i] = exec_event_create(R->b);
+    R->tasks[i] = (struct task){R, i};
+  }
   /* the stall hook takes the first communication, or the first instruction alone */
   R->stall_instr = n ? 0 : IR_NONE;
   for (uint32_t i = n; i-- > 0;)
-    if (dev->instrs[i].comm != IR_NONE)
+    if (R->dev->instrs[i].comm != IR_NONE)
       R->stall_instr = i;
+  return true;
+}
 
-  /* every rank must run the same plan and resume from the same step */
+/* Data, parameters, communicators and streams. */
+static bool runner_setup(struct runner *R, GError **err) {
+  struct exec_state *s = &R->s;
+  s->data = exec_data_open(R->o->data_path, R->xm.m->vocab_size, R->o->seed, err);
+  return s->data && exec_state_init_params(s, err) && create_comms(R, err) &&
+         create_streams(R, err);
+}
+
+/* Every rank must run the same plan and resume from the same step: each value goes into one
+ * max-reduction as v and -v, which gives its range. */
+static bool agree_on_start(struct runner *R, uint32_t done, GError **err) {
+  const struct plan *p = R->dev->plan;
+  const char *mj = p->model_json ? p->model_json : "";
+  const char *pj = p->program_json ? p->program_json : "";
+  uint64_t fp = piper_fnv1a(PIPER_FNV1A_INIT, mj, strlen(mj));
+  fp = piper_fnv1a(fp, pj, strlen(pj));
+  fp ^= (uint64_t)p->n_microbatches << 32 ^ plan_instruction_count(p);
+  double hi32 = (double)(fp >> 32), lo32 = (double)(fp & 0xffffffffu);
+  struct agree a = {{hi32, -hi32, lo32, -lo32, done, -(double)done}};
+  if (!control(R, agree_fn, &a, err)) {
+    R->clean = false;
+    return false;
+  }
+  if (a.v[0] != -a.v[1] || a.v[2] != -a.v[3])
+    return piper_input_error(err, "the ranks run different plans (compile every rank from the "
+                                  "same model, directives and options)");
+  if (a.v[4] != -a.v[5])
+    return piper_input_error(err, "%s: ranks resume from different steps (%g and %g)",
+                             R->o->resume_dir ? R->o->resume_dir : "--resume", -a.v[5], a.v[4]);
+  return true;
+}
+
+/* Where the run starts (after a resume: the checkpoint's step) and the result's arrays. */
+static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) {
+  const struct exec_options *o = R->o;
   uint32_t done = 0;
-  if (o->resume_dir && !exec_checkpoint_read(s, o->resume_dir, &done, err))
-    goto out;
-  {
-    uint64_t fp = 14695981039346656037ull;
-    const char *mj = p->model_json ? p->model_json : "";
-    const char *pj = p->program_json ? p->program_json : "";
-    for (const char *c = mj; *c; c++)
-      fp = (fp ^ (unsigned char)*c) * 1099511628211ull;
-    for (const char *c = pj; *c; c++)
-      fp = (fp ^ (unsigned char)*c) * 1099511628211ull;
-    fp ^= (uint64_t)p->n_microbatches << 32 ^ plan_instruction_count(p);
-    double hi32 = (double)(fp >> 32), lo32 = (double)(fp & 0xffffffffu);
-    struct agree a = {{hi32, -hi32, lo32, -lo32, done, -(double)done}};
-    if (!control(R, agree_fn, &a, err)) {
-      clean = false;
-      goto out;
-    }
-    if (a.v[0] != -a.v[1] || a.v[2] != -a.v[3]) {
-      piper_input_error(err, "the ranks run different plans (compile every rank from the same model, "
-                     "directives and options)");
-      goto out;
-    }
-    if (a.v[4] != -a.v[5]) {
-      piper_input_error(err, "%s: ranks resume from different steps (%g and %g)",
-                o->resume_dir ? o->resume_dir : "--resume", -a.v[5], a.v[4]);
-      goto out;
-    }
-  }
+  if (o->resume_dir && !exec_checkpoint_read(&R->s, o->resume_dir, &done, err))
+    return false;
+  if (!agree_on_start(R, done, err))
+    return false;
   uint32_t total = o->warmup + o->iters;
-  if (done >= total) {
-    piper_input_error(err, "%s: the checkpoint is at step %u; --warmup %u --iters %u leaves nothing to run",
-              o->resume_dir, done, o->warmup, o->iters);
-    goto out;
-  }
+  if (done >= total)
+    return piper_input_error(
+        err, "%s: the checkpoint is at step %u; --warmup %u --iters %u leaves nothing to run",
+        o->resume_dir, done, o->warmup, o->iters);
   res->first_step = done + 1;
   res->n_steps = total - done;
   res->losses = g_new0(double, res->n_steps);
   res->step_times = g_new0(double, res->n_steps);
-  res->tokens_per_step = (double)dev->dp_degree * dev->M * xm->T;
-  measured = g_new0(double, res->n_steps);
-  ss.n = dev->dp_degree * dev->M;
-  ss.losses = g_new0(double, ss.n);
-  for (uint32_t step = done + 1; step <= total; step++) {
-    if (o->step_hook)
-      o->step_hook(rank, step, o->step_hook_data);
-    R->tracing = step == total;
-    if (R->tracing)
-      g_array_set_size(R->memory, 0);
-    double wall0 = ops->clock(b);
-    if (!run_step(R, step, err)) {
-      clean = false;
-      goto out;
-    }
-    bool warm = step <= o->warmup;
-    if (!warm)
-      account_step(R);
-    memset(ss.losses, 0, ss.n * sizeof(double));
-    double lo = INFINITY, hi = -INFINITY;
-    for (uint32_t i = 0; i < n; i++) {
-      if (R->start[i] < lo)
-        lo = R->start[i];
-      if (R->end[i] > hi)
-        hi = R->end[i];
-    }
-    ss.window[0] = -lo;
-    ss.window[1] = hi;
-    for (uint32_t k = 0; k < dev->M; k++)
-      if (s->mbs[k].has_loss)
-        ss.losses[s->mbs[k].global_index] = s->mbs[k].loss;
-    if (!control(R, collect, &ss, err)) {
-      clean = false;
-      goto out;
-    }
-    if (!warm)
-      res->wall_seconds += ops->clock(b) - wall0;
-    double loss = 0;
-    for (uint32_t q = 0; q < ss.n; q++)
-      loss += ss.losses[q];
-    loss /= ss.n;
-    double secs = ss.window[1] + ss.window[0];
-    uint32_t idx = step - res->first_step;
-    res->losses[idx] = loss;
-    res->step_times[idx] = secs;
-    if (!warm)
-      measured[n_measured++] = secs;
-    if (o->progress && rank == 0)
-      print_step(step, total, loss, secs, res->tokens_per_step, warm);
-    if (!isfinite(loss)) {
-      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "step %u: the loss is %g", step, loss);
-      goto out;
-    }
-    if (o->checkpoint_dir && o->checkpoint_every && step % o->checkpoint_every == 0) {
-      if (!exec_checkpoint_write(s, o->checkpoint_dir, step, err)) {
-        clean = false;
-        goto out;
-      }
-      if (!control(R, barrier, NULL, err)) {
-        clean = false;
-        goto out;
-      }
-      if (rank == 0 && !exec_checkpoint_commit(o->checkpoint_dir, step, size, err)) {
-        clean = false;
-        goto out;
-      }
-    }
+  res->tokens_per_step = (double)R->dev->dp_degree * R->dev->M * R->xm.T;
+  R->measured = g_new0(double, res->n_steps);
+  R->ss.n = R->dev->dp_degree * R->dev->M;
+  R->ss.losses = g_new0(double, R->ss.n);
+  return true;
+}
+
+/* The step's window and losses, summed over the job on the control stream. */
+static bool collect_step(struct runner *R, GError **err) {
+  struct step_stats *ss = &R->ss;
+  memset(ss->losses, 0, ss->n * sizeof(double));
+  double lo = INFINITY, hi = -INFINITY;
+  for (uint32_t i = 0; i < R->dev->n_instrs; i++) {
+    if (R->start[i] < lo)
+      lo = R->start[i];
+    if (R->end[i] > hi)
+      hi = R->end[i];
   }
-  all_losses = res->losses;
+  ss->window[0] = -lo;
+  ss->window[1] = hi;
+  for (uint32_t k = 0; k < R->dev->M; k++)
+    if (R->s.mbs[k].has_loss)
+      ss->losses[R->s.mbs[k].global_index] = R->s.mbs[k].loss;
+  return control(R, collect, ss, err);
+}
+
+/* A checkpoint every checkpoint_every steps: every rank writes its file, then rank 0 commits
+ * once all have. */
+static bool checkpoint_step(struct runner *R, uint32_t step, GError **err) {
+  const struct exec_options *o = R->o;
+  if (!o->checkpoint_dir || !o->checkpoint_every || step % o->checkpoint_every != 0)
+    return true;
+  return exec_checkpoint_write(&R->s, o->checkpoint_dir, step, err) &&
+         control(R, barrier, NULL, err) &&
+         (R->rank != 0 ||
+          exec_checkpoint_commit(o->checkpoint_dir, step, exec_backend_world_size(R->b), err));
+}
+
+/* One training step end to end: run, account, collect the loss, report, checkpoint. */
+static bool train_step(struct runner *R, struct exec_result *res, uint32_t step, GError **err) {
+  const struct exec_options *o = R->o;
+  uint32_t total = o->warmup + o->iters;
+  if (o->step_hook)
+    o->step_hook(R->rank, step, o->step_hook_data);
+  R->tracing = step == total;
+  if (R->tracing)
+    g_array_set_size(R->memory, 0);
+  double wall0 = exec_backend_clock(R->b);
+  bool warm = step <= o->warmup;
+  R->clean = false; /* until the step's streams are idle again */
+  if (!run_step(R, step, err))
+    return false;
+  if (!warm)
+    account_step(R);
+  if (!collect_step(R, err))
+    return false;
+  R->clean = true;
+  if (!warm)
+    res->wall_seconds += exec_backend_clock(R->b) - wall0;
+  double loss = 0;
+  for (uint32_t q = 0; q < R->ss.n; q++)
+    loss += R->ss.losses[q];
+  loss /= R->ss.n;
+  double secs = R->ss.window[1] + R->ss.window[0];
+  uint32_t idx = step - res->first_step;
+  res->losses[idx] = loss;
+  res->step_times[idx] = secs;
+  if (!warm)
+    R->measured[R->n_measured++] = secs;
+  if (o->progress && R->rank == 0)
+    print_step(step, total, loss, secs, res->tokens_per_step, warm);
+  if (!isfinite(loss)) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "step %u: the loss is %g", step, loss);
+    return false;
+  }
+  R->clean = false;
+  if (!checkpoint_step(R, step, err))
+    return false;
+  R->clean = true;
+  return true;
+}
+
+static bool run_steps(struct runner *R, struct exec_result *res, GError **err) {
+  uint32_t total = R->o->warmup + R->o->iters;
+  for (uint32_t step = res->first_step; step <= total; step++)
+    if (!train_step(R, res, step, err))
+      return false;
+  return true;
+}
+
+/* This rank's totals, and the executor overhead over every rank's instructions. */
+static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
   res->instructions = R->instructions;
   res->kernel_seconds = R->kernel_s;
   res->comm_seconds = R->comm_s;
   res->task_seconds = R->task_s;
   res->overhead_per_instr_s = R->instructions ? R->overhead_s / (double)R->instructions : 0;
   res->dispatch_per_instr_s = R->instructions ? R->dispatch_s / (double)R->instructions : 0;
-  res->peak_memory_bytes = s->mem_peak;
-  {
-    /* job-wide executor overhead: every rank's latency over every rank's instructions */
-    struct step_stats tot = {g_new0(double, 3), 3, {0, 0}};
-    tot.losses[0] = R->overhead_s;
-    tot.losses[1] = R->dispatch_s;
-    tot.losses[2] = (double)R->instructions;
-    bool tok = control(R, sum_fn, &tot, err);
-    if (tok && tot.losses[2] > 0) {
-      res->job_overhead_per_instr_s = tot.losses[0] / tot.losses[2];
-      res->job_dispatch_per_instr_s = tot.losses[1] / tot.losses[2];
-    }
-    g_free(tot.losses);
-    if (!tok) {
-      clean = false;
-      goto out;
-    }
+  res->peak_memory_bytes = R->s.mem_peak;
+  double sums[3] = {R->overhead_s, R->dispatch_s, (double)R->instructions};
+  struct step_stats tot = {sums, 3, {0, 0}};
+  if (!control(R, sum_fn, &tot, err)) {
+    R->clean = false;
+    return false;
   }
-  if (o->dump_params_path && !dump_params(R, err)) {
-    clean = false;
-    goto out;
+  if (sums[2] > 0) {
+    res->job_overhead_per_instr_s = sums[0] / sums[2];
+    res->job_dispatch_per_instr_s = sums[1] / sums[2];
   }
-  if (o->out_dir && !write_report(R, res, all_losses, res->n_steps, measured, n_measured, err)) {
-    clean = false;
-    goto out;
+  return true;
+}
+
+/* The parameter dump and the run directory, when asked for. */
+static bool write_outputs(struct runner *R, struct exec_result *res, GError **err) {
+  const struct exec_options *o = R->o;
+  R->clean = false;
+  if (o->dump_params_path && !dump_params(R, err))
+    return false;
+  if (o->out_dir &&
+      !write_report(R, res, res->losses, res->n_steps, R->measured, R->n_measured, err))
+    return false;
+  R->clean = true;
+  return true;
+}
+
+/* After a failure, streams may be blocked in communication with a peer that is gone: cancel
+ * them and give them a moment to drain (cancelled work fails fast). True when every stream is
+ * idle, so the state can be freed. */
+static bool drain_streams(struct runner *R) {
+  uint32_t ns = R->dev->plan->n_streams;
+  atomic_store(&R->cancelled, true);
+  exec_backend_cancel(R->b);
+  bool idle = true;
+  struct exec_event *probe = exec_event_create(R->b);
+  for (uint32_t st = 0; st <= ns; st++) {
+    struct exec_stream *x = st < ns ? R->streams[st] : R->control;
+    if (!x)
+      continue;
+    exec_event_record(R->b, probe, x);
+    idle = idle && exec_event_synchronize(R->b, probe, 2.0);
   }
-  ok = true;
-out:
-  g_free(measured);
-  g_free(ss.losses);
-  /* Idle streams can be joined and the state freed. After a failure, streams may be blocked
-   * in communication with a peer that is gone: cancel them and give them a moment to drain
-   * (cancelled work fails fast). Communicators of an unclean end stay allocated (freeing one
-   * needs every member); the caller ends the job (ops->abort). */
-  bool idle = clean;
-  if (!clean) {
-    atomic_store(&R->cancelled, true);
-    ops->cancel(b);
-    idle = true;
-    struct exec_event *probe = ops->event_create(b);
-    for (uint32_t st = 0; R->streams && st <= ns; st++) {
-      struct exec_stream *x = st < ns ? R->streams[st] : R->control;
-      if (!x)
-        continue;
-      ops->event_record(probe, x);
-      idle = idle && ops->event_synchronize(probe, 2.0);
-    }
-    if (idle)
-      ops->event_destroy(probe);
+  if (idle)
+    exec_event_destroy(R->b, probe);
+  return idle;
+}
+
+static void destroy_streams(struct runner *R) {
+  uint32_t ns = R->dev->plan->n_streams;
+  for (uint32_t st = 0; st < ns; st++) {
+    exec_stream_destroy(R->b, R->streams[st]);
+    exec_event_destroy(R->b, R->stream_end[st]);
   }
-  if (!idle)
-    return false; /* leave everything to the workers until the job ends */
-  if (R->streams)
-    for (uint32_t st = 0; st < ns; st++) {
-      if (R->streams[st])
-        ops->stream_destroy(R->streams[st]);
-      if (R->stream_end[st])
-        ops->event_destroy(R->stream_end[st]);
-    }
-  if (R->control)
-    ops->stream_destroy(R->control);
-  if (R->control_end)
-    ops->event_destroy(R->control_end);
-  if (R->events)
-    for (uint32_t i = 0; i < n; i++)
-      ops->event_destroy(R->events[i]);
-  if (clean && s->comms)
+  exec_stream_destroy(R->b, R->control);
+  exec_event_destroy(R->b, R->control_end);
+  for (uint32_t i = 0; i < R->dev->n_instrs; i++)
+    exec_event_destroy(R->b, R->events[i]);
+}
+
+/* Communicators of an unclean end stay allocated (freeing one needs every member); the caller
+ * ends the job (exec_backend_abort). */
+static void free_state(struct runner *R) {
+  struct exec_state *s = &R->s;
+  const struct exec_device *dev = R->dev;
+  if (R->clean && s->comms)
     for (uint32_t k = 0; k < dev->n_comm_keys; k++)
-      if (s->comms[k])
-        ops->comm_destroy(s->comms[k]);
-  for (uint32_t k = 0; s->mbs && k < dev->M; k++) {
+      exec_comm_destroy(R->b, s->comms[k]);
+  for (uint32_t k = 0; k < dev->M; k++) {
     exec_mb_end(s, k);
     if (s->mbs[k].allocs) {
       g_array_free(s->mbs[k].allocs, TRUE);
       g_mutex_clear(&s->mbs[k].lock);
     }
   }
-  for (uint32_t i = 0; s->gathered && i < n; i++)
-    if (s->gathered[i])
-      ops->release(b, s->gathered[i]);
+  for (uint32_t i = 0; i < dev->n_instrs; i++)
+    exec_backend_release(R->b, s->gathered[i]);
   exec_pool_clear(s);
   g_mutex_clear(&s->pool_lock);
   exec_state_free_params(s);
@@ -857,21 +873,61 @@ out:
   g_free(s->gathered);
   g_free(s->gathered_users);
   g_free(s->comms);
-  g_free(R->streams);
-  g_free(R->stream_end);
-  g_free(R->events);
-  g_free(R->tasks);
-  g_free(R->start);
-  g_free(R->end);
-  g_free(R->kernel);
-  g_free(R->comm);
-  g_array_free(R->memory, TRUE);
-  g_mutex_clear(&R->trace_lock);
   g_mutex_clear(&s->mem_lock);
   exec_data_free(s->data);
-  exec_device_clear(dev);
-  exec_model_clear(xm);
+}
+
+static void runner_free(struct runner *R) {
+  if (R->device_ready) {
+    free_state(R);
+    g_free(R->streams);
+    g_free(R->stream_end);
+    g_free(R->events);
+    g_free(R->tasks);
+    g_free(R->start);
+    g_free(R->end);
+    g_free(R->kernel);
+    g_free(R->comm);
+    g_free(R->measured);
+    g_free(R->ss.losses);
+    g_array_free(R->memory, TRUE);
+    g_mutex_clear(&R->trace_lock);
+    exec_device_clear(&R->device);
+  }
+  if (R->model_ready)
+    exec_model_clear(&R->xm);
   g_free(R);
+}
+
+/* Idle streams can be joined and the state freed; streams that will not drain keep it all
+ * until the job ends. */
+static void runner_teardown(struct runner *R) {
+  if (R->device_ready) {
+    if (!R->clean && !drain_streams(R))
+      return;
+    destroy_streams(R);
+  }
+  runner_free(R);
+}
+
+bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *res,
+              GError **err) {
+  PIPER_ASSERT(o != NULL && o->plan != NULL && b != NULL && res != NULL);
+  memset(res, 0, sizeof *res);
+  uint32_t rank = exec_backend_world_rank(b), size = exec_backend_world_size(b);
+  if (size != o->plan->n_devices)
+    return piper_input_error(
+        err,
+        "the plan has %u devices but the job has %u processes (launch one process "
+        "per device: mpirun -np %u)",
+        o->plan->n_devices, size, o->plan->n_devices);
+  exec_backend_reset(b);
+  /* on the heap: after a failure, workers may outlive this call */
+  struct runner *R = g_new0(struct runner, 1);
+  R->clean = true;
+  bool ok = runner_prepare(R, o, b, rank, err) && runner_setup(R, err) && plan_steps(R, res, err) &&
+            run_steps(R, res, err) && summarise(R, res, err) && write_outputs(R, res, err);
+  runner_teardown(R);
   if (!ok) {
     g_free(res->losses);
     g_free(res->step_times);

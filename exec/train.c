@@ -37,7 +37,7 @@ void *exec_pool_get(struct exec_state *s, size_t bytes) {
     p = g_ptr_array_steal_index_fast(free_list, free_list->len - 1);
   g_mutex_unlock(&s->pool_lock);
   if (!p)
-    p = s->ops->alloc(s->b, bytes);
+    p = exec_backend_alloc(s->b, bytes);
   return p;
 }
 
@@ -63,7 +63,7 @@ void exec_pool_clear(struct exec_state *s) {
   while (g_hash_table_iter_next(&it, &key, &value)) {
     GPtrArray *free_list = value;
     for (guint i = 0; i < free_list->len; i++)
-      s->ops->release(s->b, g_ptr_array_index(free_list, i));
+      exec_backend_release(s->b, g_ptr_array_index(free_list, i));
     g_ptr_array_free(free_list, TRUE);
   }
   g_hash_table_destroy(s->pool);
@@ -73,16 +73,17 @@ void exec_pool_clear(struct exec_state *s) {
 /* A buffer of the micro-batch's arena (never NULL, even for 0 bytes): zeroed when asked,
  * else with undefined contents (NaN under poisoning, so a kernel that reads what it did not
  * write shows up in the equivalence tests). */
-static void *mb_buffer(struct exec_state *s, struct exec_mb *mb, size_t bytes,
-                       enum report_mem_kind kind, bool zero) {
+static void *mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                       size_t bytes, enum report_mem_kind kind, bool zero) {
   size_t n = (bytes + 15) & ~(size_t)15;
   if (!n)
     n = 16;
-  struct exec_block blk = {exec_pool_get(s, n), n, kind};
+  struct exec_block blk = {exec_pool_get(s, n), n, kind, false};
+  struct exec_stream *stream = st ? st->stream : NULL;
   if (zero)
-    s->k->fill(blk.p, 0.0f, n / sizeof(float));
+    s->k->fill(stream, blk.p, 0.0f, n / sizeof(float));
   else if (s->poison)
-    s->k->fill(blk.p, NAN, n / sizeof(float));
+    s->k->fill(stream, blk.p, NAN, n / sizeof(float));
   g_mutex_lock(&mb->lock);
   g_array_append_val(mb->allocs, blk);
   mb->bytes += n;
@@ -91,24 +92,38 @@ static void *mb_buffer(struct exec_state *s, struct exec_mb *mb, size_t bytes,
   return blk.p;
 }
 
-/* Zeroed (small metadata, pointer tables). */
-static void *mb_alloc(struct exec_state *s, struct exec_mb *mb, size_t bytes,
-                      enum report_mem_kind kind) {
-  return mb_buffer(s, mb, bytes, kind, true);
+/* Host memory of the micro-batch, zeroed: what the CPU reads (pointer tables, expert-parallel
+ * state, all-to-all counts). Counted with the micro-batch's memory, as it always was, so the
+ * host backend's figures stay comparable from run to run. */
+static void *mb_host(struct exec_state *s, struct exec_mb *mb, size_t bytes,
+                     enum report_mem_kind kind) {
+  size_t n = (bytes + 15) & ~(size_t)15;
+  if (!n)
+    n = 16;
+  struct exec_block blk = {g_malloc0(n), n, kind, true};
+  g_mutex_lock(&mb->lock);
+  g_array_append_val(mb->allocs, blk);
+  mb->bytes += n;
+  g_mutex_unlock(&mb->lock);
+  exec_mem_add(s, kind, (int64_t)n);
+  return blk.p;
 }
 
-/* Written in full before it is read. */
-static float *mb_floats_raw(struct exec_state *s, struct exec_mb *mb, size_t n) {
-  return mb_buffer(s, mb, n * sizeof(float), REPORT_MEM_ACTIVATIONS, false);
+/* Device floats written in full before they are read. */
+static float *mb_floats_raw(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                            size_t n) {
+  return mb_buffer(s, st, mb, n * sizeof(float), REPORT_MEM_ACTIVATIONS, false);
 }
 
-static float *mb_floats(struct exec_state *s, struct exec_mb *mb, size_t n) {
-  return mb_alloc(s, mb, n * sizeof(float), REPORT_MEM_ACTIVATIONS);
+/* Device floats, zeroed. */
+static float *mb_floats(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                        size_t n) {
+  return mb_buffer(s, st, mb, n * sizeof(float), REPORT_MEM_ACTIVATIONS, true);
 }
 
-static void *mb_raw(struct exec_state *s, struct exec_mb *mb, size_t bytes,
-                    enum report_mem_kind kind) {
-  return mb_buffer(s, mb, bytes, kind, false);
+static void *mb_raw(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                    size_t bytes, enum report_mem_kind kind) {
+  return mb_buffer(s, st, mb, bytes, kind, false);
 }
 
 void exec_mb_begin(struct exec_state *s, uint32_t k) {
@@ -134,10 +149,10 @@ void exec_mb_begin(struct exec_state *s, uint32_t k) {
   int32_t *tok = g_new(int32_t, T), *tgt = g_new(int32_t, T);
   uint64_t block = (uint64_t)(s->step - 1) * s->dev->dp_degree * s->dev->M + mb->global_index;
   exec_data_batch(s->data, block, xm->batch, xm->seq, tok, tgt);
-  mb->tokens = mb_raw(s, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-  mb->targets = mb_raw(s, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-  s->ops->from_host(s->b, mb->tokens, tok, T * sizeof(int32_t));
-  s->ops->from_host(s->b, mb->targets, tgt, T * sizeof(int32_t));
+  mb->tokens = mb_raw(s, NULL, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  mb->targets = mb_raw(s, NULL, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  exec_backend_from_host(s->b, mb->tokens, tok, T * sizeof(int32_t));
+  exec_backend_from_host(s->b, mb->targets, tgt, T * sizeof(int32_t));
   g_free(tok);
   g_free(tgt);
 }
@@ -150,7 +165,10 @@ void exec_mb_end(struct exec_state *s, uint32_t k) {
   for (guint i = 0; i < mb->allocs->len; i++) {
     struct exec_block *blk = &g_array_index(mb->allocs, struct exec_block, i);
     exec_mem_add(s, blk->kind, -(int64_t)blk->bytes);
-    exec_pool_put(s, blk->p, blk->bytes);
+    if (blk->host)
+      g_free(blk->p);
+    else
+      exec_pool_put(s, blk->p, blk->bytes);
   }
   g_array_set_size(mb->allocs, 0);
   mb->bytes = 0;
@@ -226,11 +244,13 @@ bool exec_state_init_params(struct exec_state *s, GError **err) {
   const struct exec_device *d = s->dev;
   size_t n = (size_t)(d->n_params ? d->n_params : 1);
   size_t bytes = n * sizeof(float);
-  s->params = s->ops->alloc(s->b, bytes);
-  s->grads = s->ops->alloc(s->b, bytes);
-  s->adam_m = s->ops->alloc(s->b, bytes);
-  s->adam_v = s->ops->alloc(s->b, bytes);
-  if (!s->params || !s->grads || !s->adam_m || !s->adam_v) {
+  s->params = exec_backend_alloc(s->b, bytes);
+  /* one float per micro-batch, outside the memory figures (they predate it) */
+  s->loss_device = exec_backend_alloc(s->b, (d->M ? d->M : 1) * sizeof(float));
+  s->grads = exec_backend_alloc(s->b, bytes);
+  s->adam_m = exec_backend_alloc(s->b, bytes);
+  s->adam_v = exec_backend_alloc(s->b, bytes);
+  if (!s->params || !s->grads || !s->adam_m || !s->adam_v || !s->loss_device) {
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
                 "rank %u: cannot allocate %zu bytes of parameters and optimizer state", d->device,
                 4 * bytes);
@@ -246,19 +266,20 @@ bool exec_state_init_params(struct exec_state *s, GError **err) {
     struct fill_ctx c = {host, d->param_offset[seg]};
     for_each_param(s, seg, fill_init, &c);
   }
-  s->ops->from_host(s->b, s->params, host, bytes);
+  exec_backend_from_host(s->b, s->params, host, bytes);
   g_free(host);
   return true;
 }
 
 void exec_state_free_params(struct exec_state *s) {
-  if (!s->ops)
+  if (!s->b)
     return;
-  s->ops->release(s->b, s->params);
-  s->ops->release(s->b, s->grads);
-  s->ops->release(s->b, s->adam_m);
-  s->ops->release(s->b, s->adam_v);
-  s->params = s->grads = s->adam_m = s->adam_v = NULL;
+  exec_backend_release(s->b, s->params);
+  exec_backend_release(s->b, s->grads);
+  exec_backend_release(s->b, s->adam_m);
+  exec_backend_release(s->b, s->adam_v);
+  exec_backend_release(s->b, s->loss_device);
+  s->params = s->grads = s->adam_m = s->adam_v = s->loss_device = NULL;
 }
 
 /* Whether this device holds a current copy of element `local` of segment seg: everywhere but
@@ -296,7 +317,7 @@ void exec_params_export(const struct exec_state *s, float *full, bool *held, uin
   memset(held, 0, n_full * sizeof(bool));
   size_t n = (size_t)(d->n_params ? d->n_params : 1);
   float *host = g_new(float, n);
-  s->ops->to_host(s->b, host, s->params, n * sizeof(float));
+  exec_backend_to_host(s->b, host, s->params, n * sizeof(float));
   const struct model *m = s->xm->m;
   uint64_t *op_offset = g_new(uint64_t, m->n_ops + 1);
   op_offset[0] = 0;
@@ -343,16 +364,16 @@ struct exec_moe {
 
 #define KT(st, s, call)                                                                            \
   do {                                                                                             \
-    double kt0_ = (s)->ops->clock((s)->b);                                                         \
+    double kt0_ = exec_backend_clock((s)->b);                                                      \
     call;                                                                                          \
-    (st)->kernel_s += (s)->ops->clock((s)->b) - kt0_;                                              \
+    (st)->kernel_s += exec_backend_clock((s)->b) - kt0_;                                           \
   } while (0)
 
 #define CT(st, s, ok, call)                                                                        \
   do {                                                                                             \
-    double ct0_ = (s)->ops->clock((s)->b);                                                         \
+    double ct0_ = exec_backend_clock((s)->b);                                                      \
     ok = (call);                                                                                   \
-    (st)->comm_s += (s)->ops->clock((s)->b) - ct0_;                                                \
+    (st)->comm_s += exec_backend_clock((s)->b) - ct0_;                                             \
   } while (0)
 
 static bool internal(GError **err, const struct exec_state *s, uint32_t i, const char *what) {
@@ -387,26 +408,26 @@ static struct kernels_attention_dims attention_dims(const struct model_op *op) {
   return dd;
 }
 
-static float *dval_out(struct exec_state *s, struct exec_mb *mb, struct exec_seg_run *run,
-                       const struct exec_segment *es, int32_t v) {
+static float *dval_out(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                       struct exec_seg_run *run, const struct exec_segment *es, int32_t v) {
   if (!run->dval[v])
     run->dval[v] =
-        mb_floats(s, mb, exec_grad_floats(s->xm, (enum exec_tensor)es->values[v].tensor));
+        mb_floats(s, st, mb, exec_grad_floats(s->xm, (enum exec_tensor)es->values[v].tensor));
   return run->dval[v];
 }
 
 /* Gradient buffer of input value v and whether to accumulate into it. */
-static float *dval_in(struct exec_state *s, struct exec_mb *mb, struct exec_seg_run *run,
-                      const struct exec_segment *es, int32_t v, bool *acc) {
+static float *dval_in(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                      struct exec_seg_run *run, const struct exec_segment *es, int32_t v,
+                      bool *acc) {
   *acc = run->dval[v] != NULL;
   if (!*acc) /* the kernel writes it (accumulate = false) */
     run->dval[v] =
-        mb_floats_raw(s, mb, exec_grad_floats(s->xm, (enum exec_tensor)es->values[v].tensor));
+        mb_floats_raw(s, st, mb, exec_grad_floats(s->xm, (enum exec_tensor)es->values[v].tensor));
   return run->dval[v];
 }
 
-static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_stats *st,
-                        GError **err) {
+static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   const struct exec_kernels *k = s->k;
@@ -414,12 +435,12 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_stats
   const struct exec_segment *es = &xm->segs[x->segment];
   const struct model *m = xm->m;
   int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
-  struct exec_seg_run *run = mb_alloc(s, mb, sizeof *run, REPORT_MEM_ACTIVATIONS);
-  run->val = mb_alloc(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
-  run->dval = mb_alloc(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
-  run->saved = mb_alloc(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
-  run->bwork = mb_alloc(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
-  run->moe = mb_alloc(s, mb, es->n_ops * sizeof(struct local_moe *), REPORT_MEM_ACTIVATIONS);
+  struct exec_seg_run *run = mb_host(s, mb, sizeof *run, REPORT_MEM_ACTIVATIONS);
+  run->val = mb_host(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->dval = mb_host(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->saved = mb_host(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->bwork = mb_host(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->moe = mb_host(s, mb, es->n_ops * sizeof(struct local_moe *), REPORT_MEM_ACTIVATIONS);
   mb->seg[x->segment] = run;
   for (uint32_t v = 0; v < es->n_values; v++) {
     if (es->values[v].op >= 0)
@@ -435,75 +456,82 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_stats
     const float *prm = P + so->param_offset;
     float *out = NULL;
     if (so->out >= 0)
-      out = run->val[so->out] =
-          mb_floats_raw(s, mb, exec_tensor_words(xm, (enum exec_tensor)es->values[so->out].tensor));
+      out = run->val[so->out] = mb_floats_raw(
+          s, st, mb, exec_tensor_words(xm, (enum exec_tensor)es->values[so->out].tensor));
     const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
     const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
     const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
     switch (so->kind) {
-    case MODEL_OP_EMBEDDING: KT(st, s, k->embedding_forward(out, mb->tokens, prm, T, V, C)); break;
+    case MODEL_OP_EMBEDDING:
+      KT(st, s, k->embedding_forward(st->stream, out, mb->tokens, prm, T, V, C));
+      break;
     case MODEL_OP_RMSNORM:
-      run->saved[j] = mb_floats_raw(s, mb, kernels_rmsnorm_saved_floats(T));
-      KT(st, s, k->rmsnorm_forward(out, run->saved[j], in0, prm, T, C, KERNELS_RMSNORM_EPS));
+      run->saved[j] = mb_floats_raw(s, st, mb, kernels_rmsnorm_saved_floats(T));
+      KT(st, s,
+         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, T, C, KERNELS_RMSNORM_EPS));
       break;
     case MODEL_OP_ATTENTION: {
       struct kernels_attention_dims dd = attention_dims(op);
-      run->saved[j] = mb_floats_raw(s, mb, kernels_attention_saved_floats(&dd));
-      KT(st, s, k->attention_forward(out, run->saved[j], in0, prm, &dd));
+      run->saved[j] = mb_floats_raw(s, st, mb, kernels_attention_saved_floats(&dd));
+      KT(st, s, k->attention_forward(st->stream, out, run->saved[j], in0, prm, &dd));
       break;
     }
     case MODEL_OP_RESIDUAL_ADD: {
       size_t n = (size_t)T * C;
-      KT(st, s, k->copy(out, in0, n * sizeof(float)));
-      KT(st, s, k->residual_add_forward(out, in1, n));
+      KT(st, s, k->copy(st->stream, out, in0, n * sizeof(float)));
+      KT(st, s, k->residual_add_forward(st->stream, out, in1, n));
       if (in2)
-        KT(st, s, k->residual_add_forward(out, in2, n));
+        KT(st, s, k->residual_add_forward(st->stream, out, in2, n));
       break;
     }
     case MODEL_OP_MLP:
     case MODEL_OP_SHARED_EXPERT: {
       int F = (int)op->shape[2];
-      run->saved[j] = mb_floats_raw(s, mb, kernels_mlp_saved_floats(T, F));
-      KT(st, s, k->mlp_forward(out, run->saved[j], in0, prm, T, C, F));
+      run->saved[j] = mb_floats_raw(s, st, mb, kernels_mlp_saved_floats(T, F));
+      KT(st, s, k->mlp_forward(st->stream, out, run->saved[j], in0, prm, T, C, F));
       break;
     }
     case MODEL_OP_ROUTER:
-      run->saved[j] = mb_floats_raw(s, mb, kernels_router_saved_floats(T, E));
-      KT(st, s, k->router_forward((int32_t *)out, out + TK, run->saved[j], in0, prm, T, C, E, K));
+      run->saved[j] = mb_floats_raw(s, st, mb, kernels_router_saved_floats(T, E));
+      KT(st, s,
+         k->router_forward(st->stream, (int32_t *)out, out + TK, run->saved[j], in0, prm, T, C, E,
+                           K));
       break;
     case MODEL_OP_EXPERT_FFN: {
       if (s->dev->ep_size[x->segment] > 1)
         return internal(err, s, i, "expert op outside EP path");
       int F = xm->F_expert;
-      struct local_moe *lm = mb_alloc(s, mb, sizeof *lm, REPORT_MEM_ACTIVATIONS);
+      struct local_moe *lm = mb_host(s, mb, sizeof *lm, REPORT_MEM_ACTIVATIONS);
       run->moe[j] = lm;
-      lm->counts = mb_raw(s, mb, sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->route_row = mb_raw(s, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->row_expert = mb_raw(s, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->rows = mb_floats_raw(s, mb, (size_t)TK * C);
-      lm->y = mb_floats_raw(s, mb, (size_t)TK * C);
-      lm->scratch = mb_floats_raw(s, mb, kernels_expert_ffn_scratch_floats(TK, C));
-      run->saved[j] = mb_floats_raw(s, mb, kernels_expert_ffn_saved_floats(TK, C, F));
+      lm->counts = mb_raw(s, st, mb, sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->route_row = mb_raw(s, st, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->row_expert = mb_raw(s, st, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->rows = mb_floats_raw(s, st, mb, (size_t)TK * C);
+      lm->y = mb_floats_raw(s, st, mb, (size_t)TK * C);
+      lm->scratch = mb_floats_raw(s, st, mb, kernels_expert_ffn_scratch_floats(TK, C));
+      run->saved[j] = mb_floats_raw(s, st, mb, kernels_expert_ffn_saved_floats(TK, C, F));
       const int32_t *ids = (const int32_t *)in1;
       const float *weights = in1 + TK;
-      KT(st, s, k->moe_dispatch_plan(lm->counts, lm->route_row, ids, T, K, E, 1));
+      KT(st, s, k->moe_dispatch_plan(st->stream, lm->counts, lm->route_row, ids, T, K, E, 1));
       KT(st, s,
-         k->moe_dispatch_forward(lm->rows, lm->row_expert, in0, ids, lm->route_row, T, K, C));
+         k->moe_dispatch_forward(st->stream, lm->rows, lm->row_expert, in0, ids, lm->route_row, T,
+                                 K, C));
       KT(st, s,
-         k->expert_ffn_forward(lm->y, run->saved[j], lm->scratch, lm->rows, lm->row_expert, TK, prm,
-                               0, E, C, F));
-      KT(st, s, k->moe_combine_forward(out, lm->y, weights, lm->route_row, T, K, C));
+         k->expert_ffn_forward(st->stream, lm->y, run->saved[j], lm->scratch, lm->rows,
+                               lm->row_expert, TK, prm, 0, E, C, F));
+      KT(st, s, k->moe_combine_forward(st->stream, out, lm->y, weights, lm->route_row, T, K, C));
       break;
     }
     case MODEL_OP_LM_HEAD_LOSS: {
-      run->saved[j] = mb_floats_raw(s, mb, kernels_lm_head_loss_saved_floats(T, V));
+      run->saved[j] = mb_floats_raw(s, st, mb, kernels_lm_head_loss_saved_floats(T, V));
       const float *w = xm->tied ? P + es->ops[0].param_offset : prm;
-      float loss = 0;
+      float *loss = s->loss_device + x->mb, loss_host = 0;
       KT(st, s,
-         loss = k->lm_head_loss_forward(run->saved[j], in0, mb->targets, w,
-                                        xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED, T,
-                                        C, V));
-      mb->loss = loss;
+         k->lm_head_loss_forward(st->stream, loss, run->saved[j], in0, mb->targets, w,
+                                 xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED, T, C,
+                                 V));
+      exec_backend_to_host(s->b, &loss_host, loss, sizeof loss_host);
+      mb->loss = loss_host;
       mb->has_loss = true;
       break;
     }
@@ -518,190 +546,295 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_stats
 
 enum bwd_mode { BWD_FUSED, BWD_INPUT, BWD_WEIGHT };
 
-static bool seg_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
-                         struct exec_task_stats *st, GError **err) {
-  const struct exec_instr *x = &s->dev->instrs[i];
-  const struct exec_model *xm = s->xm;
-  const struct exec_kernels *k = s->k;
-  const struct model *m = xm->m;
-  struct exec_mb *mb = &s->mbs[x->mb];
-  const struct exec_segment *es = &xm->segs[x->segment];
-  struct exec_seg_run *run = mb->seg[x->segment];
-  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
-  if (!run)
-    return internal(err, s, i, "backward before its forward");
-  const float *P = mode == BWD_WEIGHT ? NULL : params_of(s, x);
-  float *G = s->grads + s->dev->param_offset[x->segment];
-  float dloss = 1.0f / (float)(s->dev->dp_degree * s->dev->M);
-  if (mode != BWD_WEIGHT) {
-    /* gradients of the outputs: the sum over the edges that carried them, in edge order */
-    for (uint32_t q = 0; q < es->n_out_edges; q++) {
-      uint32_t e = es->out_edges[q];
-      for (int t = 0; t < TC; t++) {
-        if (!(xm->edge_mask[e] & EXEC_BIT(t)))
-          continue;
-        const float *g = mb->grad[(size_t)e * TC + t];
-        if (!g)
-          return internal(err, s, i, "an output gradient of the segment has not arrived");
-        int32_t v = es->final_value[t];
-        size_t n = exec_grad_floats(xm, (enum exec_tensor)t);
-        if (!run->dval[v]) {
-          run->dval[v] = mb_floats_raw(s, mb, n);
-          KT(st, s, k->copy(run->dval[v], g, n * sizeof(float)));
-        } else {
-          KT(st, s, k->add(run->dval[v], g, n));
-        }
-      }
-    }
-  }
-  bool fused = mode == BWD_FUSED;
-  for (int32_t j = (int32_t)es->n_ops - 1; j >= 0; j--) {
-    const struct exec_seg_op *so = &es->ops[j];
-    const struct model_op *op = &m->ops[so->op];
-    const float *prm = P ? P + so->param_offset : NULL;
-    float *dprm = G + so->param_offset;
-    const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
-    const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
-    float *dout = so->out >= 0 ? dval_out(s, mb, run, es, so->out) : NULL;
-    bool acc = false;
-    float *din = NULL;
-    if (mode != BWD_WEIGHT && so->in[0] >= 0 && so->kind != MODEL_OP_EXPERT_FFN &&
-        so->kind != MODEL_OP_RESIDUAL_ADD)
-      din = dval_in(s, mb, run, es, so->in[0], &acc);
-    switch (so->kind) {
-    case MODEL_OP_EMBEDDING:
-      if (mode == BWD_FUSED)
-        KT(st, s, k->embedding_backward(dprm, dout, mb->tokens, T, V, C));
-      else if (mode == BWD_WEIGHT)
-        KT(st, s, k->embedding_backward_weight(dprm, dout, mb->tokens, T, V, C));
-      break;
-    case MODEL_OP_RMSNORM:
-      if (fused)
-        KT(st, s, k->rmsnorm_backward(din, dprm, dout, in0, run->saved[j], prm, T, C, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s, k->rmsnorm_backward_input(din, dout, in0, run->saved[j], prm, T, C, acc));
-      else
-        KT(st, s, k->rmsnorm_backward_weight(dprm, dout, in0, run->saved[j], T, C));
-      break;
-    case MODEL_OP_ATTENTION: {
-      struct kernels_attention_dims dd = attention_dims(op);
-      if (mode != BWD_WEIGHT)
-        run->bwork[j] = mb_floats_raw(s, mb, kernels_attention_bwork_floats(&dd));
-      if (fused)
-        KT(st, s,
-           k->attention_backward(din, dprm, run->bwork[j], dout, in0, run->saved[j], prm, &dd,
-                                 acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->attention_backward_input(din, run->bwork[j], dout, run->saved[j], prm, &dd, acc));
-      else
-        KT(st, s, k->attention_backward_weight(dprm, run->bwork[j], dout, in0, run->saved[j], &dd));
-      break;
-    }
-    case MODEL_OP_RESIDUAL_ADD:
-      if (mode == BWD_WEIGHT)
-        break;
-      for (int q = 0; q < 3; q++) {
-        if (so->in[q] < 0)
-          continue;
-        bool a;
-        float *g = dval_in(s, mb, run, es, so->in[q], &a);
-        KT(st, s, k->residual_add_backward(g, dout, (size_t)T * C, a));
-      }
-      break;
-    case MODEL_OP_MLP:
-    case MODEL_OP_SHARED_EXPERT: {
-      int F = (int)op->shape[2];
-      if (mode != BWD_WEIGHT)
-        run->bwork[j] = mb_floats_raw(s, mb, kernels_mlp_bwork_floats(T, F));
-      if (fused)
-        KT(st, s,
-           k->mlp_backward(din, dprm, run->bwork[j], dout, in0, run->saved[j], prm, T, C, F, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->mlp_backward_input(din, run->bwork[j], dout, run->saved[j], prm, T, C, F, acc));
-      else
-        KT(st, s, k->mlp_backward_weight(dprm, run->bwork[j], dout, in0, run->saved[j], T, C, F));
-      break;
-    }
-    case MODEL_OP_ROUTER: {
-      const float *r = run->val[so->out];
-      const int32_t *ids = (const int32_t *)r;
-      if (mode != BWD_WEIGHT)
-        run->bwork[j] = mb_floats_raw(s, mb, kernels_router_bwork_floats(T, E));
-      if (fused)
-        KT(st, s,
-           k->router_backward(din, dprm, run->bwork[j], dout, ids, r + TK, run->saved[j], in0, prm,
-                              T, C, E, K, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->router_backward_input(din, run->bwork[j], dout, ids, r + TK, run->saved[j], prm, T, C,
-                                    E, K, acc));
-      else
-        KT(st, s, k->router_backward_weight(dprm, run->bwork[j], in0, T, C, E));
-      break;
-    }
-    case MODEL_OP_EXPERT_FFN: {
-      int F = xm->F_expert;
-      struct local_moe *lm = run->moe[j];
-      if (mode == BWD_WEIGHT) {
-        KT(st, s,
-           k->expert_ffn_backward_weight(dprm, run->bwork[j], lm->row_expert, TK, run->saved[j], 0,
-                                         E, C, F));
-        break;
-      }
-      run->bwork[j] = mb_floats_raw(s, mb, kernels_expert_ffn_bwork_floats(TK, C, F));
-      float *dy = mb_floats_raw(s, mb, (size_t)TK * C),
-            *drows = mb_floats_raw(s, mb, (size_t)TK * C);
-      bool ar;
-      float *dw = dval_in(s, mb, run, es, so->in[1], &ar);
-      float *dwt = ar ? mb_floats_raw(s, mb, (size_t)TK) : dw;
-      KT(st, s, k->moe_combine_backward(dy, dwt, dout, lm->y, in1 + TK, lm->route_row, T, K, C));
-      if (ar)
-        KT(st, s, k->add(dw, dwt, (size_t)TK));
-      if (fused)
-        KT(st, s,
-           k->expert_ffn_backward(drows, dprm, run->bwork[j], lm->scratch, dy, lm->row_expert, TK,
-                                  run->saved[j], prm, 0, E, C, F, false));
-      else
-        KT(st, s,
-           k->expert_ffn_backward_input(drows, run->bwork[j], lm->scratch, dy, lm->row_expert, TK,
-                                        run->saved[j], prm, 0, E, C, F, false));
-      bool ah;
-      float *dh = dval_in(s, mb, run, es, so->in[0], &ah);
-      KT(st, s, k->moe_dispatch_backward(dh, drows, lm->route_row, T, K, C, ah));
-      break;
-    }
-    case MODEL_OP_LM_HEAD_LOSS: {
-      enum kernels_lm_head_layout lay = xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
-      const float *w = xm->tied && P ? P + es->ops[0].param_offset : prm;
-      float *dw = xm->tied ? G + es->ops[0].param_offset : dprm;
-      run->bwork[j] = run->saved[j]; /* BI turns the probabilities into dlogits in place */
-      if (fused)
-        KT(st, s,
-           k->lm_head_loss_backward(din, dw, run->bwork[j], run->saved[j], in0, mb->targets, w, lay,
-                                    dloss, T, C, V, acc));
-      else if (mode == BWD_INPUT)
-        KT(st, s,
-           k->lm_head_loss_backward_input(din, run->bwork[j], run->saved[j], mb->targets, w, lay,
-                                          dloss, T, C, V, acc));
-      else
-        KT(st, s, k->lm_head_loss_backward_weight(dw, run->bwork[j], in0, lay, T, C, V));
-      break;
-    }
-    default: return internal(err, s, i, "op kind without a host kernel");
-    }
-  }
-  if (mode != BWD_WEIGHT) {
-    /* gradients of the inputs go onto the edges that brought them */
-    for (uint32_t v = 0; v < es->n_values; v++) {
-      const struct exec_value *val = &es->values[v];
-      if (val->op >= 0)
+/* One segment's backward (or its BI or BW half) on one micro-batch. */
+struct bwd {
+  struct exec_state *s;
+  struct exec_task_ctx *st;
+  const struct exec_kernels *k;
+  const struct exec_model *xm;
+  struct exec_mb *mb;
+  struct exec_seg_run *run;
+  const struct exec_segment *es;
+  enum bwd_mode mode;
+  const float *P; /* the segment's parameters (NULL for BW: it needs none) */
+  float *G;       /* and their gradients */
+  float dloss;    /* the loss gradient's scale: one over the global batch's micro-batches */
+};
+
+/* Op j of the segment, with its operands as the forward saw them. */
+struct bwd_op {
+  int32_t j;
+  const struct exec_seg_op *so;
+  const struct model_op *op;
+  const float *prm, *in0, *in1;
+  float *dprm, *dout, *din; /* din: gradient of input 0 (= or += by acc) */
+  bool acc;
+};
+
+/* Gradients of the segment's outputs: the sum over the edges that carried them, in edge
+ * order. */
+static bool output_grads(struct bwd *b, uint32_t i, GError **err) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  const struct exec_segment *es = b->es;
+  struct exec_seg_run *run = b->run;
+  for (uint32_t q = 0; q < es->n_out_edges; q++) {
+    uint32_t e = es->out_edges[q];
+    for (int t = 0; t < TC; t++) {
+      if (!(b->xm->edge_mask[e] & EXEC_BIT(t)))
         continue;
-      float *g = dval_out(s, mb, run, es, (int32_t)v);
-      mb->grad[(size_t)val->edge * TC + val->tensor] = g;
+      const float *g = b->mb->grad[(size_t)e * TC + t];
+      if (!g)
+        return internal(err, s, i, "an output gradient of the segment has not arrived");
+      int32_t v = es->final_value[t];
+      size_t n = exec_grad_floats(b->xm, (enum exec_tensor)t);
+      if (!run->dval[v]) {
+        run->dval[v] = mb_floats_raw(s, st, b->mb, n);
+        KT(st, s, b->k->copy(st->stream, run->dval[v], g, n * sizeof(float)));
+      } else {
+        KT(st, s, b->k->add(st->stream, run->dval[v], g, n));
+      }
     }
   }
+  return true;
+}
+
+static void bwd_embedding(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  int T = b->xm->T, V = b->xm->V, C = b->xm->C;
+  if (b->mode == BWD_FUSED)
+    KT(st, s, b->k->embedding_backward(st->stream, o->dprm, o->dout, b->mb->tokens, T, V, C));
+  else if (b->mode == BWD_WEIGHT)
+    KT(st, s,
+       b->k->embedding_backward_weight(st->stream, o->dprm, o->dout, b->mb->tokens, T, V, C));
+}
+
+static void bwd_rmsnorm(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  const float *saved = b->run->saved[o->j];
+  int T = b->xm->T, C = b->xm->C;
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->rmsnorm_backward(st->stream, o->din, o->dprm, o->dout, o->in0, saved, o->prm, T, C,
+                              o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->rmsnorm_backward_input(st->stream, o->din, o->dout, o->in0, saved, o->prm, T, C,
+                                    o->acc));
+  else
+    KT(st, s, b->k->rmsnorm_backward_weight(st->stream, o->dprm, o->dout, o->in0, saved, T, C));
+}
+
+static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  int32_t j = o->j;
+  struct kernels_attention_dims dd = attention_dims(o->op);
+  if (b->mode != BWD_WEIGHT)
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_attention_bwork_floats(&dd));
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->attention_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, o->in0,
+                                run->saved[j], o->prm, &dd, o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->attention_backward_input(st->stream, o->din, run->bwork[j], o->dout, run->saved[j],
+                                      o->prm, &dd, o->acc));
+  else
+    KT(st, s,
+       b->k->attention_backward_weight(st->stream, o->dprm, run->bwork[j], o->dout, o->in0,
+                                       run->saved[j], &dd));
+}
+
+/* The output gradient passes to every input (none in BW: no parameters). */
+static void bwd_residual_add(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  if (b->mode == BWD_WEIGHT)
+    return;
+  for (int q = 0; q < 3; q++) {
+    if (o->so->in[q] < 0)
+      continue;
+    bool a;
+    float *g = dval_in(s, st, b->mb, b->run, b->es, o->so->in[q], &a);
+    KT(st, s, b->k->residual_add_backward(st->stream, g, o->dout, (size_t)b->xm->T * b->xm->C, a));
+  }
+}
+
+static void bwd_mlp(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  int32_t j = o->j;
+  int T = b->xm->T, C = b->xm->C, F = (int)o->op->shape[2];
+  if (b->mode != BWD_WEIGHT)
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_mlp_bwork_floats(T, F));
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->mlp_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, o->in0,
+                          run->saved[j], o->prm, T, C, F, o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->mlp_backward_input(st->stream, o->din, run->bwork[j], o->dout, run->saved[j], o->prm,
+                                T, C, F, o->acc));
+  else
+    KT(st, s,
+       b->k->mlp_backward_weight(st->stream, o->dprm, run->bwork[j], o->dout, o->in0, run->saved[j],
+                                 T, C, F));
+}
+
+static void bwd_router(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  int32_t j = o->j;
+  int T = b->xm->T, C = b->xm->C, E = b->xm->E, K = b->xm->K, TK = T * K;
+  const float *r = run->val[o->so->out];
+  const int32_t *ids = (const int32_t *)r;
+  if (b->mode != BWD_WEIGHT)
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_router_bwork_floats(T, E));
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->router_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, ids, r + TK,
+                             run->saved[j], o->in0, o->prm, T, C, E, K, o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->router_backward_input(st->stream, o->din, run->bwork[j], o->dout, ids, r + TK,
+                                   run->saved[j], o->prm, T, C, E, K, o->acc));
+  else
+    KT(st, s, b->k->router_backward_weight(st->stream, o->dprm, run->bwork[j], o->in0, T, C, E));
+}
+
+/* Experts on one device: combine's backward, the experts', dispatch's. */
+static void bwd_expert_ffn(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  struct exec_mb *mb = b->mb;
+  const struct exec_kernels *k = b->k;
+  int32_t j = o->j;
+  int T = b->xm->T, C = b->xm->C, E = b->xm->E, K = b->xm->K, TK = T * K, F = b->xm->F_expert;
+  struct local_moe *lm = run->moe[j];
+  if (b->mode == BWD_WEIGHT) {
+    KT(st, s,
+       k->expert_ffn_backward_weight(st->stream, o->dprm, run->bwork[j], lm->row_expert, TK,
+                                     run->saved[j], 0, E, C, F));
+    return;
+  }
+  run->bwork[j] = mb_floats_raw(s, st, mb, kernels_expert_ffn_bwork_floats(TK, C, F));
+  float *dy = mb_floats_raw(s, st, mb, (size_t)TK * C),
+        *drows = mb_floats_raw(s, st, mb, (size_t)TK * C);
+  bool ar;
+  float *dw = dval_in(s, st, mb, run, b->es, o->so->in[1], &ar);
+  float *dwt = ar ? mb_floats_raw(s, st, mb, (size_t)TK) : dw;
+  KT(st, s,
+     k->moe_combine_backward(st->stream, dy, dwt, o->dout, lm->y, o->in1 + TK, lm->route_row, T, K,
+                             C));
+  if (ar)
+    KT(st, s, k->add(st->stream, dw, dwt, (size_t)TK));
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       k->expert_ffn_backward(st->stream, drows, o->dprm, run->bwork[j], lm->scratch, dy,
+                              lm->row_expert, TK, run->saved[j], o->prm, 0, E, C, F, false));
+  else
+    KT(st, s,
+       k->expert_ffn_backward_input(st->stream, drows, run->bwork[j], lm->scratch, dy,
+                                    lm->row_expert, TK, run->saved[j], o->prm, 0, E, C, F, false));
+  bool ah;
+  float *dh = dval_in(s, st, mb, run, b->es, o->so->in[0], &ah);
+  KT(st, s, k->moe_dispatch_backward(st->stream, dh, drows, lm->route_row, T, K, C, ah));
+}
+
+static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  struct exec_seg_run *run = b->run;
+  const struct exec_model *xm = b->xm;
+  int32_t j = o->j;
+  int T = xm->T, C = xm->C, V = xm->V;
+  enum kernels_lm_head_layout lay = xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
+  const float *w = xm->tied && b->P ? b->P + b->es->ops[0].param_offset : o->prm;
+  float *dw = xm->tied ? b->G + b->es->ops[0].param_offset : o->dprm;
+  run->bwork[j] = run->saved[j]; /* BI turns the probabilities into dlogits in place */
+  if (b->mode == BWD_FUSED)
+    KT(st, s,
+       b->k->lm_head_loss_backward(st->stream, o->din, dw, run->bwork[j], run->saved[j], o->in0,
+                                   b->mb->targets, w, lay, b->dloss, T, C, V, o->acc));
+  else if (b->mode == BWD_INPUT)
+    KT(st, s,
+       b->k->lm_head_loss_backward_input(st->stream, o->din, run->bwork[j], run->saved[j],
+                                         b->mb->targets, w, lay, b->dloss, T, C, V, o->acc));
+  else
+    KT(st, s,
+       b->k->lm_head_loss_backward_weight(st->stream, dw, run->bwork[j], o->in0, lay, T, C, V));
+}
+
+/* Op j's operands, then its kind's backward. */
+static bool backward_op(struct bwd *b, int32_t j, uint32_t i, GError **err) {
+  struct exec_seg_run *run = b->run;
+  const struct exec_seg_op *so = &b->es->ops[j];
+  struct bwd_op o = {.j = j, .so = so, .op = &b->xm->m->ops[so->op]};
+  o.prm = b->P ? b->P + so->param_offset : NULL;
+  o.dprm = b->G + so->param_offset;
+  o.in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
+  o.in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
+  o.dout = so->out >= 0 ? dval_out(b->s, b->st, b->mb, run, b->es, so->out) : NULL;
+  if (b->mode != BWD_WEIGHT && so->in[0] >= 0 && so->kind != MODEL_OP_EXPERT_FFN &&
+      so->kind != MODEL_OP_RESIDUAL_ADD)
+    o.din = dval_in(b->s, b->st, b->mb, run, b->es, so->in[0], &o.acc);
+  switch (so->kind) {
+  case MODEL_OP_EMBEDDING: bwd_embedding(b, &o); return true;
+  case MODEL_OP_RMSNORM: bwd_rmsnorm(b, &o); return true;
+  case MODEL_OP_ATTENTION: bwd_attention(b, &o); return true;
+  case MODEL_OP_RESIDUAL_ADD: bwd_residual_add(b, &o); return true;
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: bwd_mlp(b, &o); return true;
+  case MODEL_OP_ROUTER: bwd_router(b, &o); return true;
+  case MODEL_OP_EXPERT_FFN: bwd_expert_ffn(b, &o); return true;
+  case MODEL_OP_LM_HEAD_LOSS: bwd_lm_head(b, &o); return true;
+  default: return internal(err, b->s, i, "op kind without a host kernel");
+  }
+}
+
+/* Gradients of the segment's inputs go onto the edges that brought them. */
+static void input_grads(struct bwd *b) {
+  const struct exec_segment *es = b->es;
+  for (uint32_t v = 0; v < es->n_values; v++) {
+    const struct exec_value *val = &es->values[v];
+    if (val->op >= 0)
+      continue;
+    float *g = dval_out(b->s, b->st, b->mb, b->run, es, (int32_t)v);
+    b->mb->grad[(size_t)val->edge * TC + val->tensor] = g;
+  }
+}
+
+static bool seg_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
+                         struct exec_task_ctx *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  struct exec_mb *mb = &s->mbs[x->mb];
+  struct bwd b = {.s = s,
+                  .st = st,
+                  .k = s->k,
+                  .xm = s->xm,
+                  .mb = mb,
+                  .run = mb->seg[x->segment],
+                  .es = &s->xm->segs[x->segment],
+                  .mode = mode,
+                  .G = s->grads + s->dev->param_offset[x->segment],
+                  .dloss = 1.0f / (float)(s->dev->dp_degree * s->dev->M)};
+  if (!b.run)
+    return internal(err, s, i, "backward before its forward");
+  b.P = mode == BWD_WEIGHT ? NULL : params_of(s, x);
+  if (mode != BWD_WEIGHT && !output_grads(&b, i, err))
+    return false;
+  for (int32_t j = (int32_t)b.es->n_ops - 1; j >= 0; j--)
+    if (!backward_op(&b, j, i, err))
+      return false;
+  if (mode != BWD_WEIGHT)
+    input_grads(&b);
   return true;
 }
 
@@ -718,7 +851,7 @@ static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_
 }
 
 static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, bool forward,
-                           struct exec_task_stats *st, GError **err) {
+                           struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   const struct exec_kernels *k = s->k;
@@ -731,45 +864,44 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   float *G = s->grads + s->dev->param_offset[x->segment];
   if (forward) {
     const float *P = params_of(s, x);
-    moe->y_recv = mb_floats_raw(s, mb, (size_t)n * C);
-    moe->saved = mb_floats_raw(s, mb, kernels_expert_ffn_saved_floats(n, C, F));
-    moe->scratch = mb_floats_raw(s, mb, kernels_expert_ffn_scratch_floats(n, C));
+    moe->y_recv = mb_floats_raw(s, st, mb, (size_t)n * C);
+    moe->saved = mb_floats_raw(s, st, mb, kernels_expert_ffn_saved_floats(n, C, F));
+    moe->scratch = mb_floats_raw(s, st, mb, kernels_expert_ffn_scratch_floats(n, C));
     if (n)
       KT(st, s,
-         k->expert_ffn_forward(moe->y_recv, moe->saved, moe->scratch, moe->recv_rows,
+         k->expert_ffn_forward(st->stream, moe->y_recv, moe->saved, moe->scratch, moe->recv_rows,
                                moe->recv_expert, n, P, moe->e_first, moe->e_count, C, F));
     return true;
   }
   if (mode == BWD_WEIGHT) {
     if (n)
       KT(st, s,
-         k->expert_ffn_backward_weight(G, moe->bwork, moe->recv_expert, n, moe->saved, moe->e_first,
-                                       moe->e_count, C, F));
+         k->expert_ffn_backward_weight(st->stream, G, moe->bwork, moe->recv_expert, n, moe->saved,
+                                       moe->e_first, moe->e_count, C, F));
     return true;
   }
   if (!moe->dy_recv)
     return internal(err, s, i, "expert backward before its output gradient");
   const float *P = params_of(s, x);
-  moe->bwork = mb_floats_raw(s, mb, kernels_expert_ffn_bwork_floats(n, C, F));
-  moe->drows_recv = mb_floats_raw(s, mb, (size_t)n * C);
+  moe->bwork = mb_floats_raw(s, st, mb, kernels_expert_ffn_bwork_floats(n, C, F));
+  moe->drows_recv = mb_floats_raw(s, st, mb, (size_t)n * C);
   if (n && mode == BWD_FUSED)
     KT(st, s,
-       k->expert_ffn_backward(moe->drows_recv, G, moe->bwork, moe->scratch, moe->dy_recv,
-                              moe->recv_expert, n, moe->saved, P, moe->e_first, moe->e_count, C, F,
-                              false));
+       k->expert_ffn_backward(st->stream, moe->drows_recv, G, moe->bwork, moe->scratch,
+                              moe->dy_recv, moe->recv_expert, n, moe->saved, P, moe->e_first,
+                              moe->e_count, C, F, false));
   else if (n)
     KT(st, s,
-       k->expert_ffn_backward_input(moe->drows_recv, moe->bwork, moe->scratch, moe->dy_recv,
-                                    moe->recv_expert, n, moe->saved, P, moe->e_first, moe->e_count,
-                                    C, F, false));
+       k->expert_ffn_backward_input(st->stream, moe->drows_recv, moe->bwork, moe->scratch,
+                                    moe->dy_recv, moe->recv_expert, n, moe->saved, P, moe->e_first,
+                                    moe->e_count, C, F, false));
   return true;
 }
 
-static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_stats *st, GError **err) {
+static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   const struct exec_kernels *k = s->k;
-  const struct exec_backend_ops *ops = s->ops;
   struct exec_mb *mb = &s->mbs[x->mb];
   struct exec_comm *comm = comm_of(s, i);
   int T = xm->T, C = xm->C, K = xm->K, E = xm->E, TK = T * K;
@@ -783,7 +915,7 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_stats 
   bool forward = x->pass == IR_PASS_F;
   if (x->role == EXEC_ROLE_A2A_TO_EXPERT && forward) {
     /* dispatch: route this micro-batch's tokens to the experts' owners */
-    moe = mb_alloc(s, mb, sizeof *moe, REPORT_MEM_COMM);
+    moe = mb_host(s, mb, sizeof *moe, REPORT_MEM_COMM);
     mb->moe[x->segment] = moe;
     moe->S = S;
     moe->rank = s->dev->ep_rank[x->segment];
@@ -798,34 +930,36 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_stats 
     }
     moe->ids = (const int32_t *)r;
     moe->weights = r + TK;
-    moe->send_counts = mb_raw(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
-    int32_t *counts_dev = mb_raw(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
-    moe->route_row = mb_raw(s, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
-    moe->send_expert = mb_raw(s, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
-    moe->send_rows = mb_raw(s, mb, (size_t)TK * row, REPORT_MEM_COMM);
-    KT(st, s, k->moe_dispatch_plan(counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
+    moe->send_counts = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+    int32_t *counts_dev = mb_raw(s, st, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+    moe->route_row = mb_raw(s, st, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+    moe->send_expert = mb_raw(s, st, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+    moe->send_rows = mb_raw(s, st, mb, (size_t)TK * row, REPORT_MEM_COMM);
     KT(st, s,
-       k->moe_dispatch_forward(moe->send_rows, moe->send_expert, h, moe->ids, moe->route_row, T, K,
-                               C));
-    ops->to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
-    int32_t *rc = mb_raw(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
-    CT(st, s, ok, ops->all_to_all_i32(comm, moe->send_counts, rc, err));
+       k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
+    KT(st, s,
+       k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, h, moe->ids,
+                               moe->route_row, T, K, C));
+    exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
+    int32_t *rc = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+    CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
     moe->recv_counts = rc;
     if (!ok)
       goto out;
     moe->n_recv = 0;
     for (uint32_t q = 0; q < S; q++)
       moe->n_recv += (size_t)rc[q];
-    moe->recv_rows = mb_raw(s, mb, moe->n_recv * row, REPORT_MEM_COMM);
-    moe->recv_expert = mb_raw(s, mb, moe->n_recv * sizeof(int32_t), REPORT_MEM_COMM);
+    moe->recv_rows = mb_raw(s, st, mb, moe->n_recv * row, REPORT_MEM_COMM);
+    moe->recv_expert = mb_raw(s, st, mb, moe->n_recv * sizeof(int32_t), REPORT_MEM_COMM);
     byte_counts(moe->send_counts, S, row, sb);
     byte_counts(moe->recv_counts, S, row, rb);
-    CT(st, s, ok, ops->all_to_all_v(comm, moe->send_rows, sb, moe->recv_rows, rb, err));
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->send_rows, sb, moe->recv_rows, rb, err));
     if (!ok)
       goto out;
     byte_counts(moe->send_counts, S, sizeof(int32_t), sb);
     byte_counts(moe->recv_counts, S, sizeof(int32_t), rb);
-    CT(st, s, ok, ops->all_to_all_v(comm, moe->send_expert, sb, moe->recv_expert, rb, err));
+    CT(st, s, ok,
+       exec_comm_all_to_all_v(s->b, comm, moe->send_expert, sb, moe->recv_expert, rb, err));
     goto out;
   }
   if (!moe) {
@@ -840,12 +974,14 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_stats 
       ok = internal(err, s, i, "combine before the experts ran");
       goto out;
     }
-    moe->y_send = mb_raw(s, mb, (size_t)TK * row, REPORT_MEM_COMM);
-    CT(st, s, ok, ops->all_to_all_v(comm, moe->y_recv, rb, moe->y_send, sb, err));
+    moe->y_send = mb_raw(s, st, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
     if (!ok)
       goto out;
-    float *mout = mb_floats_raw(s, mb, (size_t)T * C);
-    KT(st, s, k->moe_combine_forward(mout, moe->y_send, moe->weights, moe->route_row, T, K, C));
+    float *mout = mb_floats_raw(s, st, mb, (size_t)T * C);
+    KT(st, s,
+       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->weights, moe->route_row, T, K,
+                              C));
     mb->out[(size_t)x->segment * TC + EXEC_T_M] = mout;
   } else if (x->role == EXEC_ROLE_A2A_TO_EXPERT) {
     /* combine's transpose: output gradients to the experts; routing weights' gradient here */
@@ -854,26 +990,26 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_stats 
       ok = internal(err, s, i, "the experts' output gradient has not arrived");
       goto out;
     }
-    float *dy_send = mb_raw(s, mb, (size_t)TK * row, REPORT_MEM_COMM);
-    float *dweights = mb_floats_raw(s, mb, (size_t)TK);
+    float *dy_send = mb_raw(s, st, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    float *dweights = mb_floats_raw(s, st, mb, (size_t)TK);
     KT(st, s,
-       k->moe_combine_backward(dy_send, dweights, dm, moe->y_send, moe->weights, moe->route_row, T,
-                               K, C));
+       k->moe_combine_backward(st->stream, dy_send, dweights, dm, moe->y_send, moe->weights,
+                               moe->route_row, T, K, C));
     mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R] = dweights;
-    moe->dy_recv = mb_raw(s, mb, moe->n_recv * row, REPORT_MEM_COMM);
-    CT(st, s, ok, ops->all_to_all_v(comm, dy_send, sb, moe->dy_recv, rb, err));
+    moe->dy_recv = mb_raw(s, st, mb, moe->n_recv * row, REPORT_MEM_COMM);
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, dy_send, sb, moe->dy_recv, rb, err));
   } else {
     /* dispatch's transpose: input gradients back, summed over each token's routes */
     if (!moe->drows_recv) {
       ok = internal(err, s, i, "input gradients before the experts' backward");
       goto out;
     }
-    float *dsend = mb_raw(s, mb, (size_t)TK * row, REPORT_MEM_COMM);
-    CT(st, s, ok, ops->all_to_all_v(comm, moe->drows_recv, rb, dsend, sb, err));
+    float *dsend = mb_raw(s, st, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->drows_recv, rb, dsend, sb, err));
     if (!ok)
       goto out;
-    float *dh = mb_floats_raw(s, mb, (size_t)T * C);
-    KT(st, s, k->moe_dispatch_backward(dh, dsend, moe->route_row, T, K, C, false));
+    float *dh = mb_floats_raw(s, st, mb, (size_t)T * C);
+    KT(st, s, k->moe_dispatch_backward(st->stream, dh, dsend, moe->route_row, T, K, C, false));
     mb->grad[(size_t)x->edge * TC + EXEC_T_H] = dh;
   }
 out:
@@ -884,7 +1020,7 @@ out:
 
 /* ---- pipeline transfers ------------------------------------------------------------------ */
 
-static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_stats *st, GError **err) {
+static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   struct exec_mb *mb = &s->mbs[x->mb];
@@ -902,10 +1038,10 @@ static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_stats *s
       const float *buf = fwd ? mb->out[(size_t)xm->m->edges[x->edge].src * TC + t] : mb->grad[slot];
       if (!buf)
         return internal(err, s, i, "sends data that was never computed");
-      CT(st, s, ok, s->ops->send(comm, x->peer, buf, words * 4, x->tag, err));
+      CT(st, s, ok, exec_comm_send(s->b, comm, x->peer, buf, words * 4, x->tag, err));
     } else {
-      float *buf = mb_raw(s, mb, words * 4, REPORT_MEM_COMM);
-      CT(st, s, ok, s->ops->recv(comm, x->peer, buf, words * 4, x->tag, err));
+      float *buf = mb_raw(s, st, mb, words * 4, REPORT_MEM_COMM);
+      CT(st, s, ok, exec_comm_recv(s->b, comm, x->peer, buf, words * 4, x->tag, err));
       if (fwd)
         mb->in_val[slot] = buf;
       else
@@ -917,11 +1053,10 @@ static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_stats *s
 
 /* ---- data parallelism and the optimizer -------------------------------------------------- */
 
-static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_stats *st,
+static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
                           GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_bucket *bk = &s->dev->buckets[x->bucket];
-  const struct exec_backend_ops *ops = s->ops;
   struct exec_comm *comm = comm_of(s, i);
   bool ok = true;
   if (!comm)
@@ -929,28 +1064,30 @@ static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_sta
   float *own_p = s->params + bk->offset + (uint64_t)bk->rank * bk->shard;
   switch (x->role) {
   case EXEC_ROLE_ALL_REDUCE:
-    CT(st, s, ok, ops->all_reduce_f32(comm, s->grads + bk->offset, bk->count, err));
+    CT(st, s, ok, exec_comm_all_reduce_f32(s->b, comm, s->grads + bk->offset, bk->count, err));
     break;
   case EXEC_ROLE_REDUCE_SCATTER: {
-    float *tmp = ops->alloc(s->b, (bk->shard ? bk->shard : 1) * sizeof(float));
+    float *tmp = exec_backend_alloc(s->b, (bk->shard ? bk->shard : 1) * sizeof(float));
     exec_mem_add(s, REPORT_MEM_COMM, (int64_t)(bk->shard * sizeof(float)));
-    CT(st, s, ok, ops->reduce_scatter_f32(comm, s->grads + bk->offset, tmp, bk->shard, err));
+    CT(st, s, ok,
+       exec_comm_reduce_scatter_f32(s->b, comm, s->grads + bk->offset, tmp, bk->shard, err));
     if (ok)
       KT(st, s,
-         s->k->copy(s->grads + bk->offset + (uint64_t)bk->rank * bk->shard, tmp,
+         s->k->copy(st->stream, s->grads + bk->offset + (uint64_t)bk->rank * bk->shard, tmp,
                     bk->shard * sizeof(float)));
-    ops->release(s->b, tmp);
+    exec_backend_release(s->b, tmp);
     exec_mem_add(s, REPORT_MEM_COMM, -(int64_t)(bk->shard * sizeof(float)));
     break;
   }
   case EXEC_ROLE_GATHER_UPDATE:
     CT(st, s, ok,
-       ops->all_gather(comm, own_p, s->params + bk->offset, bk->shard * sizeof(float), err));
+       exec_comm_all_gather(s->b, comm, own_p, s->params + bk->offset, bk->shard * sizeof(float),
+                            err));
     break;
   case EXEC_ROLE_GATHER_USE: {
-    float *buf = ops->alloc(s->b, (bk->padded ? bk->padded : 1) * sizeof(float));
+    float *buf = exec_backend_alloc(s->b, (bk->padded ? bk->padded : 1) * sizeof(float));
     exec_mem_add(s, REPORT_MEM_GATHERED, (int64_t)(bk->padded * sizeof(float)));
-    CT(st, s, ok, ops->all_gather(comm, own_p, buf, bk->shard * sizeof(float), err));
+    CT(st, s, ok, exec_comm_all_gather(s->b, comm, own_p, buf, bk->shard * sizeof(float), err));
     s->gathered[i] = buf;
     atomic_store(&s->gathered_users[i], x->gather_users);
     break;
@@ -965,12 +1102,12 @@ static void gathered_release(struct exec_state *s, uint32_t g) {
   if (atomic_fetch_sub(&s->gathered_users[g], 1) != 1)
     return;
   const struct exec_bucket *bk = &s->dev->buckets[s->dev->instrs[g].bucket];
-  s->ops->release(s->b, s->gathered[g]);
+  exec_backend_release(s->b, s->gathered[g]);
   s->gathered[g] = NULL;
   exec_mem_add(s, REPORT_MEM_GATHERED, -(int64_t)(bk->padded * sizeof(float)));
 }
 
-static bool optimizer(struct exec_state *s, uint32_t i, struct exec_task_stats *st) {
+static bool optimizer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_device *d = s->dev;
   const struct plan *p = d->plan;
@@ -992,18 +1129,18 @@ static bool optimizer(struct exec_state *s, uint32_t i, struct exec_task_stats *
     }
     if (uhi > ulo)
       KT(st, s,
-         s->k->adamw_step(s->params + ulo, s->grads + ulo, s->adam_m + ulo, s->adam_v + ulo,
-                          uhi - ulo, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                          (int)s->step));
+         s->k->adamw_step(st->stream, s->params + ulo, s->grads + ulo, s->adam_m + ulo,
+                          s->adam_v + ulo, uhi - ulo, o->lr, o->beta1, o->beta2, o->eps,
+                          o->weight_decay, (int)s->step));
     if (bk && bk->sharded_params) {
       /* ZeRO-3 keeps only the shard: poison the rest so a use without a gather shows up */
       if (uhi <= ulo) {
-        KT(st, s, s->k->fill(s->params + lo, NAN, hi - lo));
+        KT(st, s, s->k->fill(st->stream, s->params + lo, NAN, hi - lo));
       } else {
         if (ulo > lo)
-          KT(st, s, s->k->fill(s->params + lo, NAN, ulo - lo));
+          KT(st, s, s->k->fill(st->stream, s->params + lo, NAN, ulo - lo));
         if (hi > uhi)
-          KT(st, s, s->k->fill(s->params + uhi, NAN, hi - uhi));
+          KT(st, s, s->k->fill(st->stream, s->params + uhi, NAN, hi - uhi));
       }
     }
   }
@@ -1012,7 +1149,7 @@ static bool optimizer(struct exec_state *s, uint32_t i, struct exec_task_stats *
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
-bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_stats *st, GError **err) {
+bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   bool ok = true;
   switch (x->role) {

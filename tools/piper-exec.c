@@ -275,11 +275,13 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
   GError *err = NULL;
   const struct plan *plan = o->plan;
   leak_check_before_mpi();
-  struct exec_backend_params bp = {argc, argv};
-  struct exec_backend *b = ops->create(&bp, &err);
+  /* test hooks: PIPER_EXEC_MPI starts MPI without a launcher, PIPER_EXEC_POISON=1 poisons */
+  struct exec_backend_params bp = {argc, argv, getenv("PIPER_EXEC_MPI") != NULL};
+  o->poison = getenv("PIPER_EXEC_POISON") && strcmp(getenv("PIPER_EXEC_POISON"), "1") == 0;
+  struct exec_backend *b = exec_backend_init(ops, &bp, &err);
   if (!b)
     return piper_error_exit("piper-exec", err);
-  uint32_t rank = ops->world_rank(b), size = ops->world_size(b);
+  uint32_t rank = exec_backend_world_rank(b), size = exec_backend_world_size(b);
   g_snprintf(term_message, sizeof term_message,
              "piper-exec: error: rank %u: terminated by the launcher (another rank failed or the "
              "job was cancelled)\n",
@@ -294,24 +296,24 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
   o->progress = !a->quiet && rank == 0;
   if (rank == 0 && !a->quiet) {
     printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s\n",
-           plan->model->name, plan->n_devices, plan->n_devices == 1 ? "" : "s", ops->name,
-           ops->comm_library(b), plan->n_microbatches, a->data ? a->data : "synthetic");
+           plan->model->name, plan->n_devices, plan->n_devices == 1 ? "" : "s",
+           exec_backend_name(b), exec_backend_comm_library(b), plan->n_microbatches, a->data ? a->data : "synthetic");
     fflush(stdout);
   }
   struct exec_result res = {0};
-  if (!exec_run(o, ops, b, &res, &err)) {
+  if (!exec_run(o, b, &res, &err)) {
     int rc = piper_error_exit("piper-exec", err);
     if (rc == 1 && size > 1)
-      ops->abort(b, 1); /* peers may be blocked on us */
+      exec_backend_abort(b, 1); /* peers may be blocked on us */
     if (rc == 2 && size > 1)
-      ops->abort(b, 2);
-    ops->destroy(b);
+      exec_backend_abort(b, 2);
+    exec_backend_free(b);
     return rc;
   }
   if (rank == 0 && !a->quiet)
     print_result(o, &res, program_file);
   exec_result_clear(&res);
-  ops->destroy(b);
+  exec_backend_free(b);
   return 0;
 }
 

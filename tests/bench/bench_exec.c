@@ -44,7 +44,7 @@ static void one_process(struct exec_backend *b, const char *model, uint32_t mbs,
   o.iters = iters;
   struct exec_result r;
   GError *err = NULL;
-  if (!exec_run(&o, &exec_backend_host, b, &r, &err)) {
+  if (!exec_run(&o, b, &r, &err)) {
     fprintf(stderr, "bench_exec: %s\n", err->message);
     exit(1);
   }
@@ -99,14 +99,14 @@ static void four_ranks(void) {
 int main(void) {
   g_setenv("OPENBLAS_NUM_THREADS", "1", FALSE);
   GError *err = NULL;
-  struct exec_backend *b = exec_backend_host.create(NULL, &err);
+  struct exec_backend *b = exec_backend_init(&exec_backend_host, NULL, &err);
   if (!b) {
     fprintf(stderr, "bench_exec: %s\n", err->message);
     return 1;
   }
   one_process(b, "models/tiny-dense.json", 2, 40);
   one_process(b, "models/tiny-moe.json", 8, 20);
-  exec_backend_host.destroy(b);
+  exec_backend_free(b);
   four_ranks();
   return 0;
 }

@@ -17,7 +17,6 @@
 #include "../../exec/exec-impl.h"
 #include "../../base/json.h"
 
-static const struct exec_backend_ops *ops = &exec_backend_host;
 static struct exec_backend *backend; /* one per process: MPI initialises once */
 
 static char *write_temp(const char *name, const char *text, size_t len) {
@@ -298,7 +297,8 @@ struct seq_task {
   useconds_t sleep_us;
 };
 
-static bool seq_fn(void *arg, GError **err) {
+static bool seq_fn(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
   (void)err;
   struct seq_task *t = arg;
   if (t->sleep_us)
@@ -307,7 +307,8 @@ static bool seq_fn(void *arg, GError **err) {
   return true;
 }
 
-static bool fail_fn(void *arg, GError **err) {
+static bool fail_fn(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
   (void)arg;
   g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "task failed on purpose");
   return false;
@@ -316,51 +317,98 @@ static bool fail_fn(void *arg, GError **err) {
 static void test_host_streams_events(void **state) {
   (void)state;
   GError *err = NULL;
-  ops->reset(backend);
-  struct exec_stream *a = ops->stream_create(backend, "a", 0, &err);
-  struct exec_stream *b = ops->stream_create(backend, "b", 0, &err);
-  struct exec_event *ea = ops->event_create(backend), *eb = ops->event_create(backend);
+  exec_backend_reset(backend);
+  struct exec_stream *a = exec_stream_create(backend, "a", 0, &err);
+  struct exec_stream *b = exec_stream_create(backend, "b", 0, &err);
+  struct exec_event *ea = exec_event_create(backend), *eb = exec_event_create(backend);
   int log[4] = {0}, n = 0;
   /* b's task waits for a's slow task through an event, so it logs second */
   struct seq_task t1 = {log, &n, 1, 50000}, t2 = {log, &n, 2, 0}, t3 = {log, &n, 3, 0};
-  ops->stream_submit(a, seq_fn, &t1, 1);
-  ops->event_record(ea, a);
-  ops->stream_wait_event(b, ea);
-  ops->stream_submit(b, seq_fn, &t2, 2);
-  ops->event_record(eb, b);
+  exec_stream_submit(backend, a, seq_fn, &t1, 1);
+  exec_event_record(backend, ea, a);
+  exec_stream_wait_event(backend, b, ea);
+  exec_stream_submit(backend, b, seq_fn, &t2, 2);
+  exec_event_record(backend, eb, b);
   /* in-order on one stream: t3 after t1 */
-  ops->stream_submit(a, seq_fn, &t3, 3);
-  ops->event_record(ea, a);
-  assert_true(ops->event_synchronize(eb, 5));
-  assert_true(ops->event_synchronize(ea, 5));
+  exec_stream_submit(backend, a, seq_fn, &t3, 3);
+  exec_event_record(backend, ea, a);
+  assert_true(exec_event_synchronize(backend, eb, 5));
+  assert_true(exec_event_synchronize(backend, ea, 5));
   assert_int_equal(n, 3);
   assert_int_equal(log[0], 1);
   assert_true((log[1] == 2 && log[2] == 3) || (log[1] == 3 && log[2] == 2));
   /* a timeout is reported as such */
   struct seq_task slow = {log, &n, 4, 300000};
-  ops->stream_submit(a, seq_fn, &slow, 4);
-  ops->event_record(ea, a);
-  assert_false(ops->event_synchronize(ea, 0.01));
+  exec_stream_submit(backend, a, seq_fn, &slow, 4);
+  exec_event_record(backend, ea, a);
+  assert_false(exec_event_synchronize(backend, ea, 0.01));
   struct exec_stream_status st;
-  ops->stream_status(a, &st);
+  exec_stream_status(backend, a, &st);
   assert_int_equal(st.phase, EXEC_STREAM_RUNNING);
   assert_int_equal(st.task_id, 4);
-  assert_true(ops->event_synchronize(ea, 5));
+  assert_true(exec_event_synchronize(backend, ea, 5));
   /* a failing task fails its stream and keeps its error */
-  ops->stream_submit(b, fail_fn, NULL, 9);
-  ops->event_record(eb, b);
-  assert_true(ops->event_synchronize(eb, 5) || true);
-  ops->stream_status(b, &st);
+  exec_stream_submit(backend, b, fail_fn, NULL, 9);
+  exec_event_record(backend, eb, b);
+  assert_true(exec_event_synchronize(backend, eb, 5) || true);
+  exec_stream_status(backend, b, &st);
   assert_true(st.failed);
-  assert_non_null(ops->stream_error(b));
-  assert_string_equal(ops->stream_error(b)->message, "task failed on purpose");
-  ops->stream_destroy(a);
-  ops->stream_destroy(b);
-  ops->event_destroy(ea);
-  ops->event_destroy(eb);
-  ops->reset(backend);
+  assert_non_null(exec_stream_error(backend, b));
+  assert_string_equal(exec_stream_error(backend, b)->message, "task failed on purpose");
+  exec_stream_destroy(backend, a);
+  exec_stream_destroy(backend, b);
+  exec_event_destroy(backend, ea);
+  exec_event_destroy(backend, eb);
+  exec_backend_reset(backend);
   assert_non_null(exec_backend_find("host"));
   assert_null(exec_backend_find("nonexistent"));
+}
+
+/* The table's version and required entries are checked at init; the wrappers fill in what a
+ * one-process backend leaves out. */
+static void test_backend_table_checks_and_defaults(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct exec_backend_ops other = exec_backend_host;
+  other.api_version = EXEC_BACKEND_API_VERSION + 1;
+  assert_null(exec_backend_init(&other, NULL, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "interface version"));
+  g_clear_error(&err);
+  struct exec_backend_ops lacking = exec_backend_host;
+  lacking.send = NULL;
+  assert_null(exec_backend_init(&lacking, NULL, &err));
+  assert_non_null(strstr(err->message, "has no send"));
+  g_clear_error(&err);
+  assert_null(exec_backend_init_by_name("nonexistent", NULL, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  g_clear_error(&err);
+  struct exec_backend_ops minimal = exec_backend_host;
+  minimal.abort = NULL;
+  minimal.world_rank = NULL;
+  minimal.world_size = NULL;
+  minimal.comm_library = NULL;
+  minimal.world_all_reduce_f64 = NULL;
+  minimal.world_gather = NULL;
+  minimal.world_broadcast = NULL;
+  struct exec_backend *b = exec_backend_init(&minimal, NULL, &err);
+  assert_non_null(b);
+  assert_ptr_equal(b->ops, &minimal);
+  assert_string_equal(exec_backend_name(b), "host");
+  assert_string_equal(exec_backend_comm_library(b), "none");
+  assert_int_equal(exec_backend_world_rank(b), 0);
+  assert_int_equal(exec_backend_world_size(b), 1);
+  double x[2] = {1.5, -2};
+  assert_true(exec_world_all_reduce_f64(b, x, 2, EXEC_REDUCE_SUM, &err));
+  assert_true(x[0] == 1.5 && x[1] == -2);
+  void *all = NULL;
+  size_t *sizes = NULL;
+  assert_true(exec_world_gather(b, x, sizeof x, &all, &sizes, &err));
+  assert_int_equal(sizes[0], sizeof x);
+  assert_memory_equal(all, x, sizeof x);
+  g_free(all);
+  g_free(sizes);
+  exec_backend_free(b);
 }
 
 /* ---- one-device training ----------------------------------------------------------------- */
@@ -379,7 +427,7 @@ static bool train(const struct plan *plan, struct exec_options *o, struct traine
   o->plan = plan;
   o->dump_params_path = dump;
   struct exec_result r;
-  bool ok = exec_run(o, ops, backend, &r, err);
+  bool ok = exec_run(o, backend, &r, err);
   if (ok) {
     out->n = r.n_steps;
     out->losses = g_memdup2(r.losses, r.n_steps * sizeof(double));
@@ -525,7 +573,7 @@ static void test_watchdog(void **state) {
   struct exec_result res;
   GError *err = NULL;
   double t0 = g_get_monotonic_time() / 1e6;
-  assert_false(exec_run(&o, ops, backend, &res, &err));
+  assert_false(exec_run(&o, backend, &res, &err));
   double took = g_get_monotonic_time() / 1e6 - t0;
   assert_int_equal(err->code, PIPER_ERROR_RUNTIME);
   /* one line naming the rank, the stream and the instruction */
@@ -553,7 +601,7 @@ static void test_refuses_plan_larger_than_job(void **state) {
   o.plan = r.plan;
   struct exec_result res;
   GError *err = NULL;
-  assert_false(exec_run(&o, ops, backend, &res, &err));
+  assert_false(exec_run(&o, backend, &res, &err));
   assert_int_equal(err->code, PIPER_ERROR_INPUT);
   assert_non_null(strstr(err->message, "the plan has 2 devices but the job has 1 processes"));
   g_clear_error(&err);
@@ -563,7 +611,7 @@ static void test_refuses_plan_larger_than_job(void **state) {
 static int setup(void **state) {
   (void)state;
   GError *err = NULL;
-  backend = ops->create(NULL, &err);
+  backend = exec_backend_init(&exec_backend_host, NULL, &err);
   if (!backend) {
     fprintf(stderr, "host backend: %s\n", err->message);
     return -1;
@@ -573,7 +621,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  ops->destroy(backend);
+  exec_backend_free(backend);
   return 0;
 }
 
@@ -588,6 +636,7 @@ int main(void) {
       cmocka_unit_test(test_data_bytes_and_synthetic),
       cmocka_unit_test(test_init_params),
       cmocka_unit_test(test_host_streams_events),
+      cmocka_unit_test(test_backend_table_checks_and_defaults),
       cmocka_unit_test(test_train_loss_falls),
       cmocka_unit_test(test_bi_bw_split_equals_fused),
       cmocka_unit_test(test_checkpoint_resume),

@@ -1,0 +1,319 @@
+/* backend: the public face of a backend instance. Every call the executor makes to a backend
+ * goes through these wrappers (ggml-backend's pattern): they check their arguments, supply the
+ * default of an optional entry the table leaves NULL, and keep the version check in one place,
+ * so the runner never touches a table and an out-of-tree backend fills in only what it has. */
+#include <string.h>
+
+#include "../base/assert.h"
+#include "../base/json.h"
+#include "exec.h"
+
+/* Required entries, by name, for the message of a table that lacks one. */
+#define REQUIRED(ops, entry)                                                                       \
+  { #entry, (ops)->entry != NULL }
+
+static bool check_table(const struct exec_backend_ops *ops, GError **err) {
+  if (ops->api_version != EXEC_BACKEND_API_VERSION)
+    return piper_input_error(err,
+                             "backend \"%s\": interface version %u, this executor needs %u "
+                             "(rebuild the backend against exec/exec.h)",
+                             ops->name ? ops->name : "?", ops->api_version,
+                             EXEC_BACKEND_API_VERSION);
+  const struct exec_kernels *k = ops->kernels;
+  const struct {
+    const char *name;
+    bool present;
+  } required[] = {
+      REQUIRED(ops, name),
+      REQUIRED(ops, init),
+      REQUIRED(ops, free),
+      REQUIRED(ops, alloc),
+      REQUIRED(ops, release),
+      REQUIRED(ops, to_host),
+      REQUIRED(ops, from_host),
+      REQUIRED(ops, stream_create),
+      REQUIRED(ops, stream_destroy),
+      REQUIRED(ops, stream_submit),
+      REQUIRED(ops, event_create),
+      REQUIRED(ops, event_destroy),
+      REQUIRED(ops, event_record),
+      REQUIRED(ops, stream_wait_event),
+      REQUIRED(ops, event_synchronize),
+      REQUIRED(ops, comm_create),
+      REQUIRED(ops, comm_destroy),
+      REQUIRED(ops, send),
+      REQUIRED(ops, recv),
+      REQUIRED(ops, all_reduce_f32),
+      REQUIRED(ops, reduce_scatter_f32),
+      REQUIRED(ops, all_gather),
+      REQUIRED(ops, all_to_all_i32),
+      REQUIRED(ops, all_to_all_v),
+      REQUIRED(ops, kernels),
+  };
+  for (size_t i = 0; i < G_N_ELEMENTS(required); i++)
+    if (!required[i].present)
+      return piper_input_error(err, "backend \"%s\": the table has no %s (a required entry)",
+                               ops->name ? ops->name : "?", required[i].name);
+  /* the kernel table is all function pointers, every one required */
+  typedef void (*any_fn)(void);
+  const any_fn *entry = (const any_fn *)k;
+  for (size_t i = 0; i < sizeof *k / sizeof(any_fn); i++)
+    if (!entry[i])
+      return piper_input_error(err, "backend \"%s\": kernel table entry %zu is missing", ops->name,
+                               i);
+  return true;
+}
+
+struct exec_backend *exec_backend_init(const struct exec_backend_ops *ops,
+                                       const struct exec_backend_params *p, GError **err) {
+  PIPER_ASSERT(ops != NULL);
+  if (!check_table(ops, err))
+    return NULL;
+  struct exec_backend *b = g_new0(struct exec_backend, 1);
+  b->ops = ops;
+  if (!ops->init(b, p, err)) {
+    g_free(b);
+    return NULL;
+  }
+  return b;
+}
+
+struct exec_backend *exec_backend_init_by_name(const char *name,
+                                               const struct exec_backend_params *p, GError **err) {
+  PIPER_ASSERT(name != NULL);
+  const struct exec_backend_ops *ops = exec_backend_find(name);
+  if (!ops) {
+    piper_input_error(err, "backend \"%s\" is not built in (see --list-backends)", name);
+    return NULL;
+  }
+  return exec_backend_init(ops, p, err);
+}
+
+void exec_backend_free(struct exec_backend *b) {
+  if (!b)
+    return;
+  b->ops->free(b);
+  g_free(b);
+}
+
+const char *exec_backend_name(const struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->name;
+}
+
+void exec_backend_abort(struct exec_backend *b, int code) {
+  PIPER_ASSERT(b != NULL);
+  if (b->ops->abort)
+    b->ops->abort(b, code);
+}
+
+uint32_t exec_backend_world_rank(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->world_rank ? b->ops->world_rank(b) : 0;
+}
+
+uint32_t exec_backend_world_size(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->world_size ? b->ops->world_size(b) : 1;
+}
+
+const char *exec_backend_comm_library(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->comm_library ? b->ops->comm_library(b) : "none";
+}
+
+double exec_backend_clock(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->clock ? b->ops->clock(b) : piper_clock_seconds();
+}
+
+uint64_t exec_backend_progress(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->progress ? b->ops->progress(b) : 0;
+}
+
+void exec_backend_cancel(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  if (b->ops->cancel)
+    b->ops->cancel(b);
+}
+
+void exec_backend_reset(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  if (b->ops->reset)
+    b->ops->reset(b);
+}
+
+const struct exec_kernels *exec_backend_kernels(const struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->kernels;
+}
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+void *exec_backend_alloc(struct exec_backend *b, size_t bytes) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->alloc(b, bytes);
+}
+
+void exec_backend_release(struct exec_backend *b, void *device_p) {
+  PIPER_ASSERT(b != NULL);
+  if (device_p)
+    b->ops->release(b, device_p);
+}
+
+void exec_backend_to_host(struct exec_backend *b, void *host_dst, const void *device_src,
+                          size_t bytes) {
+  PIPER_ASSERT(b != NULL);
+  PIPER_ASSERT(bytes == 0 || (host_dst != NULL && device_src != NULL));
+  b->ops->to_host(b, host_dst, device_src, bytes);
+}
+
+void exec_backend_from_host(struct exec_backend *b, void *device_dst, const void *host_src,
+                            size_t bytes) {
+  PIPER_ASSERT(b != NULL);
+  PIPER_ASSERT(bytes == 0 || (device_dst != NULL && host_src != NULL));
+  b->ops->from_host(b, device_dst, host_src, bytes);
+}
+
+/* ---- streams and events ------------------------------------------------------------------ */
+
+struct exec_stream *exec_stream_create(struct exec_backend *b, const char *name, int priority,
+                                       GError **err) {
+  PIPER_ASSERT(b != NULL && name != NULL);
+  return b->ops->stream_create(b, name, priority, err);
+}
+
+void exec_stream_destroy(struct exec_backend *b, struct exec_stream *s) {
+  PIPER_ASSERT(b != NULL);
+  if (s)
+    b->ops->stream_destroy(s);
+}
+
+void exec_stream_submit(struct exec_backend *b, struct exec_stream *s, exec_task_fn fn, void *arg,
+                        uint32_t task_id) {
+  PIPER_ASSERT(b != NULL && s != NULL && fn != NULL);
+  b->ops->stream_submit(s, fn, arg, task_id);
+}
+
+void exec_stream_status(struct exec_backend *b, struct exec_stream *s,
+                        struct exec_stream_status *out) {
+  PIPER_ASSERT(b != NULL && s != NULL && out != NULL);
+  if (b->ops->stream_status)
+    b->ops->stream_status(s, out);
+  else
+    *out = (struct exec_stream_status){EXEC_STREAM_IDLE, UINT32_MAX, 0, false};
+}
+
+const GError *exec_stream_error(struct exec_backend *b, struct exec_stream *s) {
+  PIPER_ASSERT(b != NULL && s != NULL);
+  return b->ops->stream_error ? b->ops->stream_error(s) : NULL;
+}
+
+void exec_stream_wait_event(struct exec_backend *b, struct exec_stream *s, struct exec_event *e) {
+  PIPER_ASSERT(b != NULL && s != NULL && e != NULL);
+  b->ops->stream_wait_event(s, e);
+}
+
+struct exec_event *exec_event_create(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->event_create(b);
+}
+
+void exec_event_destroy(struct exec_backend *b, struct exec_event *e) {
+  PIPER_ASSERT(b != NULL);
+  if (e)
+    b->ops->event_destroy(e);
+}
+
+void exec_event_record(struct exec_backend *b, struct exec_event *e, struct exec_stream *s) {
+  PIPER_ASSERT(b != NULL && e != NULL && s != NULL);
+  b->ops->event_record(e, s);
+}
+
+bool exec_event_synchronize(struct exec_backend *b, struct exec_event *e, double timeout_s) {
+  PIPER_ASSERT(b != NULL && e != NULL && timeout_s >= 0);
+  return b->ops->event_synchronize(e, timeout_s);
+}
+
+/* ---- communication ----------------------------------------------------------------------- */
+
+struct exec_comm *exec_comm_create(struct exec_backend *b, const char *label,
+                                   const uint32_t *members, uint32_t n_members, bool point_to_point,
+                                   GError **err) {
+  PIPER_ASSERT(b != NULL && label != NULL && (members != NULL || n_members == 0));
+  return b->ops->comm_create(b, label, members, n_members, point_to_point, err);
+}
+
+void exec_comm_destroy(struct exec_backend *b, struct exec_comm *c) {
+  PIPER_ASSERT(b != NULL);
+  if (c)
+    b->ops->comm_destroy(c);
+}
+
+bool exec_comm_send(struct exec_backend *b, struct exec_comm *c, uint32_t peer_world_rank,
+                    const void *buf, size_t bytes, int tag, GError **err) {
+  PIPER_ASSERT(b != NULL && c != NULL && (buf != NULL || bytes == 0));
+  return b->ops->send(c, peer_world_rank, buf, bytes, tag, err);
+}
+
+bool exec_comm_recv(struct exec_backend *b, struct exec_comm *c, uint32_t peer_world_rank,
+                    void *buf, size_t bytes, int tag, GError **err) {
+  PIPER_ASSERT(b != NULL && c != NULL && (buf != NULL || bytes == 0));
+  return b->ops->recv(c, peer_world_rank, buf, bytes, tag, err);
+}
+
+bool exec_comm_all_reduce_f32(struct exec_backend *b, struct exec_comm *c, float *buf, size_t n,
+                              GError **err) {
+  PIPER_ASSERT(b != NULL && c != NULL && (buf != NULL || n == 0));
+  return b->ops->all_reduce_f32(c, buf, n, err);
+}
+
+bool exec_comm_reduce_scatter_f32(struct exec_backend *b, struct exec_comm *c, const float *in,
+                                  float *out, size_t n_per_rank, GError **err) {
+  PIPER_ASSERT(b != NULL && c != NULL && in != NULL && out != NULL);
+  return b->ops->reduce_scatter_f32(c, in, out, n_per_rank, err);
+}
+
+bool exec_comm_all_gather(struct exec_backend *b, struct exec_comm *c, const void *in, void *out,
+                          size_t bytes_per_rank, GError **err) {
+  PIPER_ASSERT(b != NULL && c != NULL && in != NULL && out != NULL);
+  return b->ops->all_gather(c, in, out, bytes_per_rank, err);
+}
+
+bool exec_comm_all_to_all_i32(struct exec_backend *b, struct exec_comm *c, const int32_t *in,
+                              int32_t *out, GError **err) {
+  PIPER_ASSERT(b != NULL && c != NULL && in != NULL && out != NULL);
+  return b->ops->all_to_all_i32(c, in, out, err);
+}
+
+bool exec_comm_all_to_all_v(struct exec_backend *b, struct exec_comm *c, const void *in,
+                            const size_t *send_bytes, void *out, const size_t *recv_bytes,
+                            GError **err) {
+  PIPER_ASSERT(b != NULL && c != NULL && send_bytes != NULL && recv_bytes != NULL);
+  return b->ops->all_to_all_v(c, in, send_bytes, out, recv_bytes, err);
+}
+
+/* ---- job-wide operations (one process: the identity) -------------------------------------- */
+
+bool exec_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+                               enum exec_reduce_op op, GError **err) {
+  PIPER_ASSERT(b != NULL && (buf != NULL || n == 0));
+  return b->ops->world_all_reduce_f64 ? b->ops->world_all_reduce_f64(b, buf, n, op, err) : true;
+}
+
+bool exec_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+                       size_t **out_sizes, GError **err) {
+  PIPER_ASSERT(b != NULL && (in != NULL || bytes == 0) && out != NULL && out_sizes != NULL);
+  if (b->ops->world_gather)
+    return b->ops->world_gather(b, in, bytes, out, out_sizes, err);
+  *out = g_memdup2(in, bytes);
+  *out_sizes = g_new(size_t, 1);
+  (*out_sizes)[0] = bytes;
+  return true;
+}
+
+bool exec_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
+  PIPER_ASSERT(b != NULL && (buf != NULL || bytes == 0));
+  return b->ops->world_broadcast ? b->ops->world_broadcast(b, buf, bytes, err) : true;
+}
