@@ -367,6 +367,7 @@ struct exec_options {
   uint32_t checkpoint_every;
   const char *resume_dir;       /* resume from the latest checkpoint in this directory */
   const char *out_dir;          /* run directory (rank 0 writes it); NULL = no report */
+  bool charts; /* draw schedule.png/.svg and memory.png (gnuplot) of the measured step there */
   const char *dump_params_path; /* rank 0 writes every parameter here (float32, model order) */
   bool progress;                /* rank 0 prints a line per step */
   /* Testing hook: EXEC_FAULT_STALL makes rank fault_rank's first communication instruction of
@@ -399,7 +400,8 @@ struct exec_result {
   double dispatch_per_instr_s; /* the part of it before the instruction started */
   double job_overhead_per_instr_s, job_dispatch_per_instr_s; /* the same over all ranks */
   uint64_t peak_memory_bytes;
-  char *run_dir; /* the report directory written (rank 0), or NULL */
+  char *run_dir;   /* the report directory written (rank 0), or NULL */
+  char *run_files; /* the files written there, space-separated (rank 0), or NULL */
 };
 
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,

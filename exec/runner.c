@@ -11,6 +11,7 @@
 
 #include "../base/assert.h"
 #include "../base/json.h"
+#include "../report/chart.h"
 #include "exec-impl.h"
 
 struct runner;
@@ -459,6 +460,12 @@ static bool write_report(struct runner *R, struct exec_result *res, const double
   cJSON_AddNumberToObject(extra, "comm_seconds_rank0", res->comm_seconds);
   run.extra = extra;
   ok = report_write_dir(&run, R->o->out_dir, err);
+  GString *files = g_string_new(NULL);
+  if (run.program_file)
+    g_string_printf(files, "%s ", run.program_file);
+  g_string_append(files, "results.csv metrics.json trace.json");
+  if (ok && R->o->charts)
+    ok = report_write_charts(&run, R->o->out_dir, CHART_PNG, files, err);
   cJSON_Delete(extra);
   for (uint32_t dv = 0; dv < p->n_devices; dv++)
     g_array_free(sorted[dv], TRUE);
@@ -466,8 +473,12 @@ static bool write_report(struct runner *R, struct exec_result *res, const double
   report_run_free_devices(&run);
   g_free(j.all);
   g_free(j.sizes);
-  if (ok)
+  if (ok) {
     res->run_dir = g_strdup(R->o->out_dir);
+    res->run_files = g_string_free(files, FALSE);
+  } else {
+    g_string_free(files, TRUE);
+  }
   return ok;
 }
 
@@ -519,6 +530,7 @@ struct exec_options exec_options_default(void) {
   o.eps = 1e-8f;
   o.weight_decay = 0.0f;
   o.timeout_s = 300;
+  o.charts = true;
   return o;
 }
 
@@ -528,6 +540,7 @@ void exec_result_clear(struct exec_result *r) {
   g_free(r->losses);
   g_free(r->step_times);
   g_free(r->run_dir);
+  g_free(r->run_files);
   memset(r, 0, sizeof *r);
 }
 

@@ -19,6 +19,7 @@
 #include "../exec/exec.h"
 #include "../base/json.h"
 #include "../base/version.h"
+#include "../report/chart.h"
 #include "options.h"
 
 /* What the command line asks for. */
@@ -27,7 +28,7 @@ struct exec_cli {
   struct exec_options run; /* the training options the table fills (iters, lr, ...) */
   const char *plans, *out, *backend, *data, *checkpoint, *resume, *dump_params;
   uint32_t checkpoint_every, seed;
-  bool quiet, no_report;
+  bool quiet, no_report, no_charts;
 };
 
 static void list_backends(const struct option_program *p) {
@@ -77,6 +78,8 @@ static const struct option_spec options[] = {
      .help = "write no run directory"},
     {.name = "--dump-params", .kind = OPTION_STRING, EXEC_OPTION(dump_params), .metavar = "FILE",
      .help = "write the final parameters (float32, model op order)"},
+    {.name = "--no-charts", .kind = OPTION_FLAG, EXEC_OPTION(no_charts),
+     .help = "draw no schedule.png/.svg or memory.png of the measured step"},
     {.name = "--quiet", .kind = OPTION_FLAG, EXEC_OPTION(quiet), .help = "no per-step lines"},
     {.name = "--list-backends", .kind = OPTION_ACTION, .action = list_backends,
      .help = "print the backends built in, one per line, and exit"},
@@ -244,13 +247,13 @@ static void fill_run_options(const struct exec_cli *a, const struct exec_plan *p
   o->checkpoint_every = a->checkpoint_every;
   o->resume_dir = a->resume;
   o->out_dir = a->no_report ? NULL : a->out ? a->out : default_dir;
+  o->charts = !a->no_charts;
   o->dump_params_path = a->dump_params;
   o->seed = a->seed;
 }
 
 /* Rank 0's last words: loss, throughput over the measured steps, memory, overhead. */
-static void print_result(const struct exec_options *o, const struct exec_result *res,
-                         const char *program_file) {
+static void print_result(const struct exec_options *o, const struct exec_result *res) {
   double mean = 0;
   uint32_t nm = 0;
   for (uint32_t k = o->warmup >= res->first_step ? o->warmup - res->first_step + 1 : 0;
@@ -265,12 +268,12 @@ static void print_result(const struct exec_options *o, const struct exec_result 
          mean > 0 ? res->tokens_per_step / mean : 0, nm, (double)res->peak_memory_bytes / (1 << 20),
          res->job_overhead_per_instr_s * 1e6, res->job_dispatch_per_instr_s * 1e6);
   if (res->run_dir)
-    printf("  wrote %s/ (%s results.csv metrics.json trace.json)\n", res->run_dir, program_file);
+    printf("  wrote %s/ (%s)\n", res->run_dir, res->run_files);
 }
 
 /* Starts the backend (MPI, when launched so), trains, and stops it. */
 static int run_on_backend(const struct exec_backend_ops *ops, struct exec_options *o,
-                          const struct exec_cli *a, const char *program_file, int *argc,
+                          const struct exec_cli *a, int *argc,
                           char ***argv) {
   GError *err = NULL;
   const struct plan *plan = o->plan;
@@ -294,6 +297,8 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
     openblas_set_num_threads(1);
 #endif
   o->progress = !a->quiet && rank == 0;
+  if (o->charts && o->out_dir && rank == 0 && !chart_gnuplot_available())
+    fprintf(stderr, "piper-exec: note: gnuplot is not installed: no memory.png\n");
   if (rank == 0 && !a->quiet) {
     printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s\n",
            plan->model->name, plan->n_devices, plan->n_devices == 1 ? "" : "s",
@@ -311,7 +316,7 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
     return rc;
   }
   if (rank == 0 && !a->quiet)
-    print_result(o, &res, program_file);
+    print_result(o, &res);
   exec_result_clear(&res);
   exec_backend_free(b);
   return 0;
@@ -337,7 +342,7 @@ int main(int argc, char **argv) {
   }
   char stamp[32];
   fill_run_options(&a, &p, default_run_dir(stamp, sizeof stamp), &o);
-  rc = run_on_backend(ops, &o, &a, p.program_file, &argc, &argv);
+  rc = run_on_backend(ops, &o, &a, &argc, &argv);
   exec_plan_free(&p);
   return rc;
 }

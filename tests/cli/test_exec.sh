@@ -65,9 +65,15 @@ PIPER_EXEC_FAULT=bogus expect_bad "bad fault" "PIPER_EXEC_FAULT" --model $DENSE 
 # --- one process: a one-device plan trains and writes its run directory ------------------------
 if "$PE" --model $DENSE --directives "$T/one.json" --mbs 2 --iters 3 --out "$T/run1" >"$T/out" 2>"$T/err"; then
   ok
-  for f in custom_pp1_mbs2.json results.csv metrics.json trace.json; do
+  for f in custom_pp1_mbs2.json results.csv metrics.json trace.json schedule.png schedule.svg; do
     [ -s "$T/run1/$f" ] && ok || bad "run directory lacks $f"
   done
+  # the measured step's charts: real PNGs, listed in the summary
+  head -c 8 "$T/run1/schedule.png" | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" && ok || bad "schedule.png is not a PNG"
+  if command -v gnuplot >/dev/null; then
+    [ -s "$T/run1/memory.png" ] && ok || bad "run directory lacks memory.png"
+  fi
+  grep -q "schedule.png schedule.svg" "$T/out" && ok || bad "summary does not list the charts: $(cat "$T/out")"
   head -1 "$T/run1/results.csv" | grep -q "^dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,peak_memory_pp0_gb" \
     && ok || bad "results.csv columns: $(head -1 "$T/run1/results.csv")"
   python3 - "$T/run1" <<'EOF' && ok || bad "metrics.json / trace.json content"
@@ -104,7 +110,8 @@ fi
 
 # --- plans from piper-compile -o run like plans compiled in-process ---------------------------
 if [ -x "$PC" ] && "$PC" --model $MOE --directives "$T/one.json" --mbs 4 -o "$T/plans" >/dev/null 2>"$T/err"; then
-  "$PE" --plans "$T/plans" --iters 2 --out "$T/fromdisk" --quiet 2>"$T/err" &&
+  "$PE" --plans "$T/plans" --iters 2 --out "$T/fromdisk" --quiet --no-charts 2>"$T/err" &&
+    [ ! -e "$T/fromdisk/schedule.png" ] &&
     "$PE" --model $MOE --directives "$T/one.json" --mbs 4 --iters 2 --out "$T/inproc" --quiet 2>>"$T/err" &&
     [ "$(losses "$T/fromdisk")" = "$(losses "$T/inproc")" ] && ok || bad "--plans: $(cat "$T/err")"
 else
