@@ -437,6 +437,7 @@ struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GErr
   p->comms = (struct plan_comm *)g_array_free(l.comms, FALSE);
   l.comms = NULL;
 
+  plan_index_positions(p);
   ok = plan_check_progress(p, err);
 out:
   if (dev_groups) {

@@ -26,18 +26,9 @@ static const uint32_t *group_devices(const struct plan *p, uint32_t g, uint32_t 
   return p->device_pool + p->groups[g].first;
 }
 
-static int group_pos(const struct plan *p, uint32_t g, uint32_t device) {
-  uint32_t n;
-  const uint32_t *d = group_devices(p, g, &n);
-  for (uint32_t i = 0; i < n; i++)
-    if (d[i] == device)
-      return (int)i;
-  return -1;
-}
-
 /* The other end of a send/recv node run by device. */
 static uint32_t node_peer(const struct plan *p, const struct ir_node *n, uint32_t device) {
-  int pos = group_pos(p, n->group, device);
+  int pos = plan_group_position(p, n->group, device);
   if (pos < 0 || n->peer_group == IR_NONE)
     return IR_NONE;
   uint32_t cnt;

@@ -178,6 +178,7 @@ static struct plan *hand_plan(void) {
     c->n_consumers = 1, c->consumers = copy_of(consumers, sizeof consumers);
     c->n_tensors = 1, c->tensors = copy_of(tensors, sizeof tensors);
   }
+  plan_index_positions(p);
   GError *perr = NULL;
   if (!plan_check_progress(p, &perr))
     fail_msg("hand plan: %s", perr->message);

@@ -1,17 +1,9 @@
-/* plan_json: plans to and from a directory of JSON files (SPEC §5).
+/* plan_read: plans from a directory of JSON files (SPEC §5); plan_write.c writes them.
  *
- * dir/plan.json holds everything devices share (model config, program, tags, streams, groups,
- * segment sets, nodes, communicators, classes); dir/device-<d>.json holds one device's program:
- * per stream its instructions in issue order, its tensors, and what is particular to the device
- * (its positions in groups, its peers and communicator ranks). Devices of one class carry the
- * same program; the reader checks that they agree, and checks every field a device file repeats
- * from the index (op, pass, bytes, peer, rank, members) against the index, so an edited file
- * cannot disagree silently. Readable names ("name") are informational and only type-checked, so
- * a plan stays readable when the naming changes.
- *
- * Output layout: records that fit on one line (an instruction, a node, a tensor) are printed on
- * one line, so `grep 'MB=3' device-0.json` shows whole instructions; everything else is indented.
- * Arrays are walked in order and nothing iterates a hash table, so equal plans give equal bytes.
+ * Devices of one class carry the same program; the reader checks that they agree, and checks
+ * every field a device file repeats from the index (op, pass, bytes, peer, rank, members)
+ * against the index, so an edited file cannot disagree silently. Readable names ("name") are
+ * informational and only type-checked, so a plan stays readable when the naming changes.
  *
  * Reading validates every index and count before using it and fails with one line naming the
  * file and the JSON path, e.g. "out/device-3.json: streams[1].instructions[4]: \"node\" = 99 is
@@ -30,619 +22,6 @@
 #include "plan.h"
 #include "plan-impl.h"
 
-#define PLAN_FORMAT "piper-plan"
-#define PLAN_DEVICE_FORMAT "piper-plan-device"
-#define PLAN_VERSION 1
-/* Bounds on what a plan file may declare. Counts are also bounded by the file size (64 MiB), so
- * these mainly keep arithmetic in 32 bits. */
-#define PLAN_MAX_COUNT (1u << 24)
-#define PLAN_MAX_STREAMS 1024u
-#define PLAN_MAX_MICROBATCHES (1u << 20)
-#define PLAN_MAX_DIRECTIVE (1u << 24)
-/* Byte counts travel as JSON numbers (doubles), exact up to 2^53. */
-#define PLAN_MAX_BYTES (UINT64_C(1) << 53)
-/* A record is printed on one line when it has at most this many values and this many chars. */
-#define PLAN_FLAT_VALUES 64
-#define PLAN_FLAT_CHARS 400
-#define PLAN_NAME_LEN 256
-
-static const char *const purpose_names[] = {"none", "pp", "dp", "ep"};
-static const char *const tensor_kind_names[] = {"out", "saved"};
-
-/* Which end of its communicator an instruction is: a recv receives, everything else is on the
- * sending side (or on a collective, where sides do not exist). Sequence numbers count per end,
- * as lowering does, because a device on both ends of a PP communicator sends and receives. */
-static int comm_side(const struct ir_node *n) {
-  return n->kind == IR_NODE_RECV;
-}
-
-/* --- positions: which groups a device is in, at which position ----------------------------
- * Built once per plan in O(device pool); selecting a device costs O(its groups), so peers and
- * ranks of every instruction of every device are found without scanning groups. */
-
-struct positions {
-  uint32_t n_devices, n_groups;
-  uint32_t *first;       /* [n_devices + 1] */
-  uint32_t *group, *pos; /* device d: entries [first[d], first[d+1]), ascending group */
-  int32_t *pos_of;       /* [n_groups]: the selected device's position, or -1 */
-  uint32_t selected;     /* IR_NONE when none */
-};
-
-static void positions_init(struct positions *t, const struct plan *p) {
-  t->n_devices = p->n_devices;
-  t->n_groups = p->n_groups;
-  t->first = g_new0(uint32_t, (size_t)p->n_devices + 1);
-  uint32_t total = 0;
-  for (uint32_t g = 0; g < p->n_groups; g++)
-    for (uint32_t i = 0; i < p->groups[g].count; i++) {
-      uint32_t d = p->device_pool[p->groups[g].first + i];
-      if (d < p->n_devices) {
-        t->first[d + 1]++;
-        total++;
-      }
-    }
-  for (uint32_t d = 0; d < p->n_devices; d++)
-    t->first[d + 1] += t->first[d];
-  t->group = g_new(uint32_t, total ? total : 1);
-  t->pos = g_new(uint32_t, total ? total : 1);
-  uint32_t *cursor = g_memdup2(t->first, ((size_t)p->n_devices + 1) * sizeof *cursor);
-  for (uint32_t g = 0; g < p->n_groups; g++)
-    for (uint32_t i = 0; i < p->groups[g].count; i++) {
-      uint32_t d = p->device_pool[p->groups[g].first + i];
-      if (d < p->n_devices) {
-        t->group[cursor[d]] = g;
-        t->pos[cursor[d]++] = i;
-      }
-    }
-  g_free(cursor);
-  t->pos_of = g_new(int32_t, p->n_groups ? p->n_groups : 1);
-  for (uint32_t g = 0; g < p->n_groups; g++)
-    t->pos_of[g] = -1;
-  t->selected = IR_NONE;
-}
-
-static void positions_select(struct positions *t, uint32_t d) {
-  if (t->selected != IR_NONE)
-    for (uint32_t e = t->first[t->selected]; e < t->first[t->selected + 1]; e++)
-      t->pos_of[t->group[e]] = -1;
-  t->selected = d;
-  for (uint32_t e = t->first[d]; e < t->first[d + 1]; e++)
-    t->pos_of[t->group[e]] = (int32_t)t->pos[e];
-}
-
-static void positions_free(struct positions *t) {
-  g_free(t->first);
-  g_free(t->group);
-  g_free(t->pos);
-  g_free(t->pos_of);
-  memset(t, 0, sizeof *t);
-}
-
-static int32_t position_in(const struct positions *t, uint32_t g) {
-  return g < t->n_groups ? t->pos_of[g] : -1;
-}
-
-/* The selected device's peer on send/recv node n, or IR_NONE. */
-static uint32_t peer_of(const struct plan *p, const struct positions *t, const struct ir_node *n) {
-  if (n->kind != IR_NODE_SEND && n->kind != IR_NODE_RECV)
-    return IR_NONE;
-  int32_t pos = position_in(t, n->group);
-  if (pos < 0 || n->peer_group >= p->n_groups)
-    return IR_NONE;
-  const struct ir_group *peer = &p->groups[n->peer_group];
-  return (uint32_t)pos < peer->count ? p->device_pool[peer->first + (uint32_t)pos] : IR_NONE;
-}
-
-/* The selected device's rank on comm, or -1; for PP also the pair (sender, receiver). side
- * picks the end of a PP communicator: 0 the sender, 1 the receiver, -1 whichever the device is
- * (the sender if both, as plan_comm_rank does). */
-static int32_t comm_rank_of(const struct plan *p, const struct positions *t, uint32_t comm,
-                            int side, uint32_t pair[2]) {
-  const struct plan_comm *c = &p->comms[comm];
-  if (c->purpose != IR_COMM_PP)
-    return position_in(t, c->group);
-  int32_t rank = 0, pos = side == 1 ? -1 : position_in(t, c->group);
-  if (pos < 0 && side != 0) {
-    rank = 1;
-    pos = position_in(t, c->peer_group);
-  }
-  if (pos < 0 || c->peer_group >= p->n_groups)
-    return -1;
-  const struct ir_group *a = &p->groups[c->group], *b = &p->groups[c->peer_group];
-  if ((uint32_t)pos >= a->count || (uint32_t)pos >= b->count)
-    return -1;
-  pair[0] = p->device_pool[a->first + (uint32_t)pos];
-  pair[1] = p->device_pool[b->first + (uint32_t)pos];
-  return rank;
-}
-
-/* The communicators a class uses, ascending, without repeats. */
-static uint32_t *class_comms(const struct plan_class *c, uint32_t *n_out) {
-  uint32_t *ids = g_new(uint32_t, c->n_instrs ? c->n_instrs : 1), n = 0;
-  for (uint32_t i = 0; i < c->n_instrs; i++)
-    if (c->instrs[i].comm != IR_NONE)
-      ids[n++] = c->instrs[i].comm;
-  qsort(ids, n, sizeof *ids, piper_cmp_u32);
-  uint32_t u = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (u == 0 || ids[u - 1] != ids[i])
-      ids[u++] = ids[i];
-  *n_out = u;
-  return ids;
-}
-
-/* A fixed-size name field as a C string (the field may fill its array without a NUL). */
-static void copy_name(char *dst, const char *src, size_t max) {
-  size_t n = strnlen(src, max);
-  memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
-/* --- writing ------------------------------------------------------------------------------ */
-
-static void append_flat(GString *out, const cJSON *v) {
-  char *s = cJSON_PrintUnformatted(v);
-  g_string_append(out, s ? s : "null");
-  cJSON_free(s);
-}
-
-static void append_key(GString *out, const char *key) {
-  cJSON *s = cJSON_CreateString(key ? key : "");
-  append_flat(out, s);
-  cJSON_Delete(s);
-}
-
-static bool within_budget(const cJSON *v, int *budget) {
-  if (--*budget < 0)
-    return false;
-  for (const cJSON *c = v->child; c; c = c->next)
-    if (!within_budget(c, budget))
-      return false;
-  return true;
-}
-
-static void append_indent(GString *out, int depth) {
-  for (int i = 0; i < depth; i++)
-    g_string_append(out, "  ");
-}
-
-/* Prints v: scalars and arrays of scalars on one line, small records on one line, the rest
- * one member per line, indented by two spaces per level. */
-static void emit(GString *out, const cJSON *v, int depth) {
-  bool object = cJSON_IsObject(v);
-  if (!object && !cJSON_IsArray(v)) {
-    append_flat(out, v);
-    return;
-  }
-  bool scalars = !object;
-  for (const cJSON *c = v->child; c && scalars; c = c->next)
-    if (cJSON_IsArray(c) || cJSON_IsObject(c))
-      scalars = false;
-  if (scalars || !v->child) {
-    append_flat(out, v);
-    return;
-  }
-  int budget = PLAN_FLAT_VALUES;
-  if (depth > 0 && within_budget(v, &budget)) {
-    char *s = cJSON_PrintUnformatted(v);
-    bool fits = s && strlen(s) + 2 * (size_t)depth <= PLAN_FLAT_CHARS;
-    if (fits)
-      g_string_append(out, s);
-    cJSON_free(s);
-    if (fits)
-      return;
-  }
-  g_string_append(out, object ? "{\n" : "[\n");
-  for (const cJSON *c = v->child; c; c = c->next) {
-    append_indent(out, depth + 1);
-    if (object) {
-      append_key(out, c->string);
-      g_string_append(out, ": ");
-    }
-    emit(out, c, depth + 1);
-    g_string_append(out, c->next ? ",\n" : "\n");
-  }
-  append_indent(out, depth);
-  g_string_append_c(out, object ? '}' : ']');
-}
-
-static bool write_json(const char *path, const cJSON *root, GString *buf, GError **err) {
-  g_string_truncate(buf, 0);
-  emit(buf, root, 0);
-  g_string_append_c(buf, '\n');
-  return piper_write_file(path, buf->str, buf->len, err);
-}
-
-/* An index or null (IR_NONE). */
-static void add_ref(cJSON *obj, const char *key, uint32_t v) {
-  if (v == IR_NONE)
-    cJSON_AddNullToObject(obj, key);
-  else
-    cJSON_AddNumberToObject(obj, key, v);
-}
-
-static cJSON *u32_array(const uint32_t *v, uint32_t n) {
-  cJSON *a = cJSON_CreateArray();
-  for (uint32_t i = 0; i < n; i++)
-    cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
-  return a;
-}
-
-static void add_pass(cJSON *obj, enum ir_pass pass) {
-  if (pass == IR_PASS_NONE || pass > IR_PASS_NONE)
-    cJSON_AddNullToObject(obj, "pass");
-  else
-    cJSON_AddStringToObject(obj, "pass", ir_pass_name(pass));
-}
-
-static const char *kind_name(enum ir_node_kind k) {
-  return k < IR_NODE_KIND_COUNT ? ir_node_kind_name(k) : "?";
-}
-
-static cJSON *index_to_json(const struct plan *p, char *const *names, const char *path,
-                            GError **err) {
-  cJSON *model = p->model_json ? cJSON_Parse(p->model_json)
-                 : p->model    ? model_to_json(p->model)
-                               : NULL;
-  if (!model) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
-                "%s: the plan's model configuration is missing or not JSON", path);
-    return NULL;
-  }
-  cJSON *root = cJSON_CreateObject();
-  cJSON_AddStringToObject(root, "format", PLAN_FORMAT);
-  cJSON_AddNumberToObject(root, "version", PLAN_VERSION);
-  char model_name[sizeof p->model->name + 1] = "";
-  if (p->model)
-    copy_name(model_name, p->model->name, sizeof p->model->name);
-  cJSON_AddStringToObject(root, "model_name", model_name);
-  cJSON_AddItemToObject(root, "model", model);
-  cJSON *program = NULL;
-  if (p->program_json) {
-    program = cJSON_Parse(p->program_json);
-    if (!program)
-      program = cJSON_CreateString(p->program_json);
-  }
-  cJSON_AddItemToObject(root, "program", program ? program : cJSON_CreateNull());
-  cJSON_AddNumberToObject(root, "n_devices", p->n_devices);
-  cJSON_AddNumberToObject(root, "n_microbatches", p->n_microbatches);
-
-  char name[PLAN_NAME_LEN];
-  cJSON *tags = cJSON_AddArrayToObject(root, "tags");
-  for (uint32_t t = 0; t < p->n_tags; t++) {
-    copy_name(name, p->tag_names[t], MODEL_TAG_NAME_MAX);
-    cJSON_AddItemToArray(tags, cJSON_CreateString(name));
-  }
-  cJSON *streams = cJSON_AddArrayToObject(root, "streams");
-  for (uint32_t s = 0; s < p->n_streams; s++) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", s);
-    copy_name(name, p->streams[s].name, IR_NAME_MAX);
-    cJSON_AddStringToObject(o, "name", name);
-    cJSON_AddNumberToObject(o, "priority", p->streams[s].priority);
-    cJSON_AddNumberToObject(o, "sm_share", p->streams[s].sm_share);
-    cJSON_AddItemToArray(streams, o);
-  }
-  cJSON *groups = cJSON_AddArrayToObject(root, "groups");
-  for (uint32_t g = 0; g < p->n_groups; g++) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", g);
-    cJSON_AddItemToObject(o, "devices",
-                          u32_array(p->device_pool + p->groups[g].first, p->groups[g].count));
-    cJSON_AddItemToArray(groups, o);
-  }
-  cJSON *segsets = cJSON_AddArrayToObject(root, "segsets");
-  for (uint32_t s = 0; s < p->n_segsets; s++) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", s);
-    cJSON_AddItemToObject(o, "segments",
-                          u32_array(p->segment_pool + p->segsets[s].first, p->segsets[s].count));
-    cJSON_AddNumberToObject(o, "param_bytes", (double)p->segsets[s].param_bytes);
-    cJSON_AddItemToArray(segsets, o);
-  }
-  cJSON *nodes = cJSON_AddArrayToObject(root, "nodes");
-  for (uint32_t i = 0; i < p->n_nodes; i++) {
-    const struct ir_node *n = &p->nodes[i];
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", i);
-    cJSON_AddStringToObject(o, "name", names[i]);
-    cJSON_AddStringToObject(o, "kind", kind_name(n->kind));
-    add_pass(o, n->pass);
-    if (n->purpose == IR_COMM_NONE || n->purpose > IR_COMM_EP)
-      cJSON_AddNullToObject(o, "purpose");
-    else
-      cJSON_AddStringToObject(o, "purpose", purpose_names[n->purpose]);
-    cJSON *nt = cJSON_AddObjectToObject(o, "tags");
-    for (uint32_t t = 0; t < p->n_tags; t++)
-      if (n->tags[t] != -1) {
-        copy_name(name, p->tag_names[t], MODEL_TAG_NAME_MAX);
-        cJSON_AddNumberToObject(nt, name, n->tags[t]);
-      }
-    add_ref(o, "group", n->group);
-    add_ref(o, "peer_group", n->peer_group);
-    add_ref(o, "stream", n->stream);
-    add_ref(o, "segment", n->segment);
-    add_ref(o, "segset", n->segset);
-    add_ref(o, "pair", n->pair);
-    cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
-    cJSON_AddNumberToObject(o, "shard_degree", n->shard_degree);
-    cJSON_AddNumberToObject(o, "replica_degree", n->replica_degree);
-    cJSON_AddBoolToObject(o, "shard_grads", n->shard_grads);
-    cJSON_AddBoolToObject(o, "shard_params", n->shard_params);
-    add_ref(o, "directive", n->directive);
-    /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
-    char prio[24];
-    snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);
-    cJSON_AddStringToObject(o, "priority", prio);
-    cJSON_AddItemToArray(nodes, o);
-  }
-  cJSON *comms = cJSON_AddArrayToObject(root, "communicators");
-  for (uint32_t c = 0; c < p->n_comms; c++) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", c);
-    plan_comm_name(p, c, name, sizeof name);
-    cJSON_AddStringToObject(o, "name", name);
-    uint32_t purpose = p->comms[c].purpose <= IR_COMM_EP ? p->comms[c].purpose : 0;
-    cJSON_AddStringToObject(o, "purpose", purpose_names[purpose]);
-    add_ref(o, "group", p->comms[c].group);
-    add_ref(o, "peer_group", p->comms[c].peer_group);
-    cJSON_AddItemToArray(comms, o);
-  }
-  cJSON *classes = cJSON_AddArrayToObject(root, "classes");
-  for (uint32_t c = 0; c < p->n_classes; c++) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", c);
-    cJSON_AddNumberToObject(o, "instructions", p->classes[c].n_instrs);
-    cJSON_AddItemToObject(o, "devices", u32_array(p->classes[c].devices, p->classes[c].n_devices));
-    cJSON_AddItemToArray(classes, o);
-  }
-  cJSON *dc = cJSON_AddArrayToObject(root, "device_class");
-  for (uint32_t d = 0; d < p->n_devices; d++)
-    cJSON_AddItemToArray(dc, p->device_class[d] == IR_NONE
-                                 ? cJSON_CreateNull()
-                                 : cJSON_CreateNumber(p->device_class[d]));
-  /* Summary counts: what --stats prints, and a cross-check for the reader. */
-  uint64_t per_op[IR_NODE_KIND_COUNT] = {0};
-  for (uint32_t c = 0; c < p->n_classes; c++)
-    for (uint32_t i = 0; i < p->classes[c].n_instrs; i++) {
-      uint32_t node = p->classes[c].instrs[i].node;
-      if (node < p->n_nodes && p->nodes[node].kind < IR_NODE_KIND_COUNT)
-        per_op[p->nodes[node].kind] += p->classes[c].n_devices;
-    }
-  cJSON *summary = cJSON_AddObjectToObject(root, "summary");
-  cJSON_AddNumberToObject(summary, "devices", p->n_devices);
-  cJSON_AddNumberToObject(summary, "classes", p->n_classes);
-  cJSON_AddNumberToObject(summary, "nodes", p->n_nodes);
-  cJSON_AddNumberToObject(summary, "instructions", (double)plan_instruction_count(p));
-  cJSON *ops = cJSON_AddObjectToObject(summary, "instructions_per_op");
-  for (uint32_t k = 0; k < IR_NODE_KIND_COUNT; k++)
-    cJSON_AddNumberToObject(ops, ir_node_kind_name(k), (double)per_op[k]);
-  return root;
-}
-
-/* The text of a class's program that all its members share: each instruction record up to
- * (not including) its device-specific members and closing brace, and the tensor list. Members
- * of a class differ only in communicator ranks and peers, so writing a device appends these
- * and a few numbers instead of rebuilding and printing every record. */
-struct class_text {
-  GString *instrs;          /* record prefixes, back to back */
-  uint32_t *instr_at;       /* [n_instrs + 1]: where each prefix starts in instrs */
-  GString *tensors;         /* the entries of "tensors", indented, comma separated */
-  uint32_t *comms, n_comms; /* communicators the class uses, ascending */
-};
-
-static void append_record(GString *out, cJSON *o) {
-  append_flat(out, o);
-  cJSON_Delete(o);
-}
-
-static void class_text_init(struct class_text *ct, const struct plan *p, const struct plan_class *c,
-                            char *const *names) {
-  ct->instrs = g_string_new(NULL);
-  ct->instr_at = g_new(uint32_t, (size_t)c->n_instrs + 1);
-  for (uint32_t i = 0; i < c->n_instrs; i++) {
-    const struct plan_instr *in = &c->instrs[i];
-    const struct ir_node *n = &p->nodes[in->node];
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "i", i);
-    cJSON_AddStringToObject(o, "op", kind_name(n->kind));
-    cJSON_AddNumberToObject(o, "node", in->node);
-    cJSON_AddStringToObject(o, "name", names[in->node]);
-    add_pass(o, n->pass);
-    if (in->comm != IR_NONE) {
-      cJSON_AddNumberToObject(o, "comm", in->comm);
-      cJSON_AddNumberToObject(o, "seq", in->seq);
-    }
-    cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
-    cJSON_AddItemToObject(o, "waits", u32_array(c->waits + in->wait_first, in->wait_count));
-    cJSON_AddItemToObject(o, "reads", u32_array(c->reads + in->read_first, in->read_count));
-    cJSON_AddItemToObject(o, "writes", u32_array(c->writes + in->write_first, in->write_count));
-    ct->instr_at[i] = (uint32_t)ct->instrs->len;
-    append_record(ct->instrs, o);
-    g_string_truncate(ct->instrs, ct->instrs->len - 1); /* the closing brace */
-  }
-  ct->instr_at[c->n_instrs] = (uint32_t)ct->instrs->len;
-  ct->tensors = g_string_new(NULL);
-  for (uint32_t k = 0; k < c->n_tensors; k++) {
-    const struct plan_tensor *tn = &c->tensors[k];
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", k);
-    cJSON_AddNumberToObject(o, "bytes", (double)tn->bytes);
-    cJSON_AddStringToObject(o, "kind", tensor_kind_names[tn->kind == PLAN_TENSOR_SAVED]);
-    cJSON_AddNumberToObject(o, "producer", tn->producer);
-    cJSON_AddItemToObject(o, "consumers",
-                          u32_array(c->consumers + tn->consumer_first, tn->consumer_count));
-    g_string_append(ct->tensors, k ? ",\n    " : "    ");
-    append_record(ct->tensors, o);
-  }
-  ct->comms = class_comms(c, &ct->n_comms);
-}
-
-static void class_text_free(struct class_text *ct) {
-  if (ct->instrs)
-    g_string_free(ct->instrs, TRUE);
-  if (ct->tensors)
-    g_string_free(ct->tensors, TRUE);
-  g_free(ct->instr_at);
-  g_free(ct->comms);
-  memset(ct, 0, sizeof *ct);
-}
-
-/* Writes device d's file text into out: a small header through cJSON, then the streams and
- * tensors from the class text. Instruction records keep the device-specific members ("rank",
- * "peer") last. */
-static void device_text(GString *out, const struct plan *p, const struct positions *t, uint32_t d,
-                        const struct class_text *ct, char *const *stream_names) {
-  const struct plan_class *c = plan_device_class(p, d);
-  cJSON *root = cJSON_CreateObject();
-  cJSON_AddStringToObject(root, "format", PLAN_DEVICE_FORMAT);
-  cJSON_AddNumberToObject(root, "version", PLAN_VERSION);
-  cJSON_AddNumberToObject(root, "device", d);
-  add_ref(root, "class", p->device_class[d]);
-  cJSON *groups = cJSON_AddArrayToObject(root, "groups");
-  for (uint32_t e = t->first[d]; e < t->first[d + 1]; e++) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "group", t->group[e]);
-    cJSON_AddNumberToObject(o, "position", t->pos[e]);
-    cJSON_AddItemToArray(groups, o);
-  }
-  cJSON *cl = cJSON_AddArrayToObject(root, "communicators");
-  char name[PLAN_NAME_LEN];
-  for (uint32_t k = 0; c && k < ct->n_comms; k++) {
-    uint32_t id = ct->comms[k], pair[2];
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", id);
-    plan_comm_name(p, id, name, sizeof name);
-    cJSON_AddStringToObject(o, "name", name);
-    cJSON_AddNumberToObject(o, "size", plan_comm_size(p, id));
-    cJSON_AddNumberToObject(o, "rank", comm_rank_of(p, t, id, -1, pair));
-    /* DP and EP members are the group in plan.json; listing them per device would grow with
-     * the square of the group size. */
-    if (p->comms[id].purpose == IR_COMM_PP)
-      cJSON_AddItemToObject(o, "members", u32_array(pair, 2));
-    cJSON_AddItemToArray(cl, o);
-  }
-  g_string_truncate(out, 0);
-  emit(out, root, 0);
-  cJSON_Delete(root);
-  g_string_truncate(out, out->len - 2); /* reopen the object: drop "\n}" */
-
-  g_string_append(out, ",\n  \"streams\": [");
-  for (uint32_t s = 0; s < p->n_streams; s++) {
-    g_string_append_printf(out,
-                           "%s\n    {\n      \"stream\": %u,\n      \"name\": %s,\n"
-                           "      \"instructions\": [",
-                           s ? "," : "", s, stream_names[s]);
-    uint32_t k0 = c ? c->stream_first[s] : 0, k1 = c ? c->stream_first[s + 1] : 0;
-    for (uint32_t k = k0; k < k1; k++) {
-      uint32_t i = c->stream_instrs[k];
-      const struct plan_instr *in = &c->instrs[i];
-      const struct ir_node *n = &p->nodes[in->node];
-      g_string_append(out, k > k0 ? ",\n        " : "\n        ");
-      g_string_append_len(out, ct->instrs->str + ct->instr_at[i],
-                          (gssize)(ct->instr_at[i + 1] - ct->instr_at[i]));
-      if (in->comm != IR_NONE) {
-        uint32_t pair[2];
-        g_string_append_printf(out, ",\"rank\":%d",
-                               comm_rank_of(p, t, in->comm, comm_side(n), pair));
-      }
-      if (n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV) {
-        uint32_t peer = peer_of(p, t, n);
-        if (peer == IR_NONE)
-          g_string_append(out, ",\"peer\":null");
-        else
-          g_string_append_printf(out, ",\"peer\":%u", peer);
-      }
-      g_string_append_c(out, '}');
-    }
-    g_string_append(out, k1 > k0 ? "\n      ]\n    }" : "]\n    }");
-  }
-  g_string_append(out, p->n_streams ? "\n  ],\n  \"tensors\": [" : "],\n  \"tensors\": [");
-  if (c && c->n_tensors) {
-    g_string_append_c(out, '\n');
-    g_string_append_len(out, ct->tensors->str, (gssize)ct->tensors->len);
-    g_string_append(out, "\n  ]\n}\n");
-  } else {
-    g_string_append(out, "]\n}\n");
-  }
-}
-
-bool plan_write_dir(const struct plan *p, const char *dir, GError **err) {
-  if (g_mkdir_with_parents(dir, 0755) != 0) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot create directory: %s", dir,
-                strerror(errno));
-    return false;
-  }
-  bool ok = false;
-  GString *buf = g_string_new(NULL);
-  char *path = g_build_filename(dir, "plan.json", NULL);
-  struct positions t = {0};
-  struct class_text *texts = g_new0(struct class_text, p->n_classes ? p->n_classes : 1);
-  struct class_text none = {0};
-  /* Names once per node and stream: every member of a class repeats them. */
-  char **names = g_new0(char *, p->n_nodes ? p->n_nodes : 1);
-  char **stream_names = g_new0(char *, p->n_streams ? p->n_streams : 1);
-  char name[PLAN_NAME_LEN];
-  for (uint32_t i = 0; i < p->n_nodes; i++) {
-    plan_node_name(p, i, name, sizeof name);
-    names[i] = g_strdup(name);
-  }
-  for (uint32_t s = 0; s < p->n_streams; s++) {
-    copy_name(name, p->streams[s].name, IR_NAME_MAX);
-    cJSON *js = cJSON_CreateString(name);
-    char *text = cJSON_PrintUnformatted(js);
-    stream_names[s] = g_strdup(text ? text : "\"\"");
-    cJSON_free(text);
-    cJSON_Delete(js);
-  }
-
-  cJSON *index = index_to_json(p, names, path, err);
-  if (!index)
-    goto out;
-  bool wrote = write_json(path, index, buf, err);
-  cJSON_Delete(index);
-  if (!wrote)
-    goto out;
-
-  positions_init(&t, p);
-  for (uint32_t c = 0; c < p->n_classes; c++)
-    class_text_init(&texts[c], p, &p->classes[c], names);
-  for (uint32_t d = 0; d < p->n_devices; d++) {
-    positions_select(&t, d);
-    uint32_t c = p->device_class[d];
-    device_text(buf, p, &t, d, c < p->n_classes ? &texts[c] : &none, stream_names);
-    g_free(path);
-    char file[32];
-    snprintf(file, sizeof file, "device-%u.json", d);
-    path = g_build_filename(dir, file, NULL);
-    if (!piper_write_file(path, buf->str, buf->len, err))
-      goto out;
-  }
-  /* Device files of an earlier, larger plan in the same directory would mislead a reader. */
-  for (uint32_t d = p->n_devices; d < IR_MAX_DEVICES; d++) {
-    g_free(path);
-    char file[32];
-    snprintf(file, sizeof file, "device-%u.json", d);
-    path = g_build_filename(dir, file, NULL);
-    if (g_remove(path) != 0)
-      break;
-  }
-  ok = true;
-out:
-  for (uint32_t i = 0; i < p->n_nodes; i++)
-    g_free(names[i]);
-  g_free(names);
-  for (uint32_t s = 0; s < p->n_streams; s++)
-    g_free(stream_names[s]);
-  g_free(stream_names);
-  for (uint32_t c = 0; c < p->n_classes; c++)
-    class_text_free(&texts[c]);
-  g_free(texts);
-  positions_free(&t);
-  g_free(path);
-  g_string_free(buf, TRUE);
-  return ok;
-}
 
 /* --- reading: located errors and typed getters ---------------------------------------------
  * A location is the file and a JSON path of at most two array steps ("streams[1].
@@ -857,7 +236,6 @@ struct reader {
   char *dir; /* how messages name the plan directory */
   char *index_file;
   struct plan *p;
-  struct positions pos;
   uint32_t n_classes;
   uint32_t *class_instrs; /* [n_classes]: instruction count the index gives */
   uint32_t *class_source; /* [n_classes]: device whose file defined the class, or IR_NONE */
@@ -879,7 +257,6 @@ static void reader_free(struct reader *r) {
   if (!r)
     return;
   plan_free(r->p);
-  positions_free(&r->pos);
   if (r->class_comms)
     for (uint32_t c = 0; c < r->n_classes; c++)
       g_free(r->class_comms[c]);
@@ -1182,7 +559,7 @@ static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *ou
   }
   if (cJSON_IsString(v) && v->valuestring)
     for (int k = IR_COMM_PP; k <= IR_COMM_EP; k++)
-      if (strcmp(v->valuestring, purpose_names[k]) == 0) {
+      if (strcmp(v->valuestring, plan_purpose_names[k]) == 0) {
         *out = (enum ir_comm_purpose)k;
         return true;
       }
@@ -1302,7 +679,7 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
                        p->groups[cm->group].count);
     } else if (cm->peer_group != IR_NONE) {
       return fail_at(err, &lc, "\"peer_group\" must be null for a %s communicator",
-                     purpose_names[cm->purpose]);
+                     plan_purpose_names[cm->purpose]);
     }
   }
   return true;
@@ -1432,7 +809,7 @@ static bool reader_index(struct reader *r, const cJSON *index, GError **err) {
       !read_nodes_comms(r, k, err) || !read_classes(r, k, err) ||
       !read_summary(r, k[I_SUMMARY], err))
     return false;
-  positions_init(&r->pos, p);
+  plan_index_positions(p);
   r->seq_next = g_new0(uint32_t, 2 * (size_t)(p->n_comms ? p->n_comms : 1));
   return true;
 }
@@ -1490,11 +867,11 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
   const struct plan_comm *cm = &p->comms[in->comm];
   if (cm->purpose != nd->purpose)
     return fail_at(err, l, "communicator %u is a %s communicator, node %u needs %s", in->comm,
-                   purpose_names[cm->purpose], in->node,
-                   nd->purpose <= IR_COMM_EP ? purpose_names[nd->purpose] : "?");
+                   plan_purpose_names[cm->purpose], in->node,
+                   nd->purpose <= IR_COMM_EP ? plan_purpose_names[nd->purpose] : "?");
   uint32_t pair[2];
-  int side = comm_side(nd);
-  int32_t rank = comm_rank_of(p, &r->pos, in->comm, side, pair);
+  int side = plan_comm_side(nd);
+  int32_t rank = plan_device_comm_rank(p, d, in->comm, side, pair);
   if (rank < 0)
     return fail_at(err, l, "device %u is not a member of communicator %u", d, in->comm);
   int64_t written;
@@ -1504,11 +881,11 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
     return fail_at(err, l, "\"rank\" is %lld, but device %u has rank %d on communicator %u",
                    (long long)written, d, rank, in->comm);
   if ((nd->kind == IR_NODE_SEND || nd->kind == IR_NODE_RECV) && cm->purpose == IR_COMM_PP &&
-      peer_of(p, &r->pos, nd) != pair[rank ^ 1])
+      plan_device_peer(p, d, nd) != pair[rank ^ 1])
     return fail_at(err, l,
                    "node %u talks to device %u, which is not the other end of "
                    "communicator %u (devices %u -> %u)",
-                   in->node, peer_of(p, &r->pos, nd), in->comm, pair[0], pair[1]);
+                   in->node, plan_device_peer(p, d, nd), in->comm, pair[0], pair[1]);
   if (!get_ref(x[X_SEQ], "seq", n_instrs, false, &in->seq, l, err))
     return false;
   /* seq numbers the device's instructions on one end of a communicator in issue order; a gap
@@ -1568,7 +945,7 @@ static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, st
     const cJSON *x[3], *irec;
     uint32_t sid, ni;
     char want[IR_NAME_MAX + 1];
-    copy_name(want, p->streams[s].name, IR_NAME_MAX);
+    plan_copy_name(want, p->streams[s].name, IR_NAME_MAX);
     if (!fetch(srec, keys, 3, x, &ls, err) || !get_ref(x[0], "stream", ns, false, &sid, &ls, err))
       goto out;
     if (sid != s) {
@@ -1622,7 +999,7 @@ static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, st
         !get_str(x[X_NAME], "name", PLAN_NAME_LEN, &name, &li, err))
       goto out;
     const struct ir_node *nd = &p->nodes[in->node];
-    if (position_in(&r->pos, nd->group) < 0) {
+    if (plan_group_position(p, nd->group, d) < 0) {
       fail_at(err, &li, "device %u is not in group %u, which runs node %u", d, nd->group, in->node);
       goto out;
     }
@@ -1649,9 +1026,9 @@ static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, st
       uint32_t peer;
       if (!get_ref(x[X_PEER], "peer", p->n_devices, true, &peer, &li, err))
         goto out;
-      if (peer != peer_of(p, &r->pos, nd)) {
+      if (peer != plan_device_peer(p, d, nd)) {
         fail_at(err, &li, "\"peer\" is %u, but device %u's peer on node %u is %u", peer, d,
-                in->node, peer_of(p, &r->pos, nd));
+                in->node, plan_device_peer(p, d, nd));
         goto out;
       }
     } else if (x[X_PEER]) {
@@ -1745,7 +1122,7 @@ out:
 static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *k,
                               const struct loc *l, GError **err) {
   struct plan *p = r->p;
-  const struct positions *t = &r->pos;
+  const struct plan_positions *t = &p->positions;
   const cJSON *c;
   uint32_t n, want = t->first[d + 1] - t->first[d];
   if (!get_array(k[D_GROUPS], "groups", PLAN_MAX_COUNT, &c, &n, l, err))
@@ -1761,9 +1138,9 @@ static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *
     if (!fetch(c, keys, 2, x, &lg, err) || !get_int(x[0], "group", 0, UINT32_MAX, &g, &lg, err) ||
         !get_int(x[1], "position", 0, UINT32_MAX, &pos, &lg, err))
       return false;
-    if ((uint32_t)g != t->group[e] || (uint32_t)pos != t->pos[e])
+    if ((uint32_t)g != t->group[e] || (uint32_t)pos != t->rank[e])
       return fail_at(err, &lg, "expected group %u, position %u (from plan.json)", t->group[e],
-                     t->pos[e]);
+                     t->rank[e]);
   }
   uint32_t cls = p->device_class[d];
   uint32_t nc = r->class_n_comms[cls];
@@ -1786,7 +1163,7 @@ static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *
                      "\"id\" is %lld, expected %u (the communicators the program uses, "
                      "ascending)",
                      (long long)written_id, id);
-    int32_t want_rank = comm_rank_of(p, t, id, -1, pair);
+    int32_t want_rank = plan_device_comm_rank(p, d, id, -1, pair);
     if (!get_str(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
         !get_int(x[2], "size", 0, UINT32_MAX, &size, &lc, err) ||
         !get_int(x[3], "rank", 0, UINT32_MAX, &rank, &lc, err))
@@ -1833,7 +1210,6 @@ static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError
     fail_at(err, &l, "\"class\" differs from plan.json's device_class[%u]", d);
     goto out;
   }
-  positions_select(&r->pos, d);
   bool read = read_program(r, d, k, &tmp, &l, err);
   /* seq_next is scratch for one device: clear what it touched. */
   for (uint32_t i = 0; i < tmp.n_instrs; i++) {
@@ -1852,7 +1228,7 @@ static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError
     dst->devices = devices;
     memset(&tmp, 0, sizeof tmp);
     r->class_source[cls] = d;
-    r->class_comms[cls] = class_comms(dst, &r->class_n_comms[cls]);
+    r->class_comms[cls] = plan_class_comms(dst, &r->class_n_comms[cls]);
   } else {
     char what[96];
     if (!plan_class_diff(dst, &tmp, p->n_streams, what, sizeof what)) {
