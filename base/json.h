@@ -2,9 +2,11 @@
  * Every input error is a GError in PIPER_ERROR with code PIPER_ERROR_INPUT (exit status 2);
  * messages name the file and the key, and parse errors carry line and column.
  *
+ *   GError *err = NULL;
  *   cJSON *root = json_parse_file("models/tiny-moe.json", &err);
- *   int64_t n; json_get_int(root, "hidden_size", true, 1, 1 << 20, &n, "models/tiny-moe.json",
- * &err);
+ *   int64_t n;
+ *   json_get_int(root, "hidden_size", true, 1, 1 << 20, &n, "models/tiny-moe.json", &err);
+ *   cJSON_Delete(root);
  */
 #ifndef PIPER_BASE_JSON_H
 #define PIPER_BASE_JSON_H

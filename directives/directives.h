@@ -3,8 +3,11 @@
  * rewrites in the fixed phase order: all split, the BI/BW split of backward, place,
  * replicate/shard in program order, communication insertion, then order.
  *
+ *   GError *err = NULL;
+ *   struct ir_graph *graph = NULL;                   // from ir_graph_build
  *   struct dir_program *p = dir_program_load_file("directives/base-schedules/dp2.json", &err);
- *   if (!dir_program_apply(p, graph, &err)) ...
+ *   if (!dir_program_apply(p, graph, 0, &err))
+ *     fprintf(stderr, "%s\n", err->message);
  *   dir_program_free(p);
  */
 #ifndef PIPER_DIRECTIVES_DIRECTIVES_H

@@ -3,8 +3,10 @@
  * node (they differ only in rank ids), so the graph stays small at thousands of devices.
  * Nodes, edges, groups and streams live in flat arrays and refer to each other by index.
  *
+ *   GError *err = NULL;
+ *   const struct model *model = NULL;                // from model_load_file
  *   struct ir_graph *g = ir_graph_build(model);      // F, B and optimizer nodes, one micro-batch
- *   dir_program_apply(prog, g, &err);                // directives rewrite it (directives.h)
+ *   // directives rewrite it here: dir_program_apply (directives.h)
  *   ir_graph_dump_json(g, "ir.json", &err);
  *   ir_graph_free(g);
  */

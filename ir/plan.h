@@ -5,10 +5,16 @@
  * share one program ("class"); peers and communicator ranks are resolved per device from the
  * groups. Plans are self-contained: they carry the model config, nodes, groups and streams.
  *
- *   struct plan *p = plan_lower(graph, &err);        // also runs plan_check_progress
+ *   GError *err = NULL;
+ *   const struct ir_graph *graph = NULL;              // rewritten by dir_program_apply
+ *   struct plan *p = plan_lower(graph, NULL, &err);   // also runs plan_check_progress
+ *   uint32_t device = 0;
  *   const struct plan_class *c = plan_device_class(p, device);
- *   for (uint32_t i = 0; i < c->n_instrs; i++) ... c->instrs[i] ...
- *   plan_write_dir(p, "out/plan", &err); plan_free(p);
+ *   for (uint32_t i = 0; i < c->n_instrs; i++)
+ *     printf("%u on stream %u\n", c->instrs[i].node, c->instrs[i].stream);
+ *   int rank = plan_group_position(p, p->nodes[c->instrs[0].node].group, device);
+ *   plan_write_dir(p, "out/plan", &err);
+ *   plan_free(p);
  */
 #ifndef PIPER_IR_PLAN_H
 #define PIPER_IR_PLAN_H

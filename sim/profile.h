@@ -3,9 +3,13 @@
  * pass + shape -> time) and a network (GPUs per node, NVLink and NIC bandwidth and latency); a
  * synthetic profile gives fixed milliseconds per compute node by pass and per communication.
  *
+ *   GError *err = NULL;
+ *   const struct model *model = NULL;                // from model_load_file
  *   struct profile *pr = profile_load_file("profiles/h200.json", &err);
- *   struct profile_cost c = profile_compute_cost(pr, model, segment, IR_PASS_F, 1);
- *   double t = profile_collective_seconds(pr, IR_NODE_ALL_REDUCE, bytes, &span);
+ *   struct profile_cost c = profile_compute_cost(pr, model, 0, IR_PASS_F, 1);
+ *   uint32_t devices[] = {0, 1, 2, 3};
+ *   struct profile_span span = profile_span_of(pr, devices, 4);
+ *   struct profile_comm_cost cc = profile_comm_cost(pr, IR_NODE_ALL_REDUCE, 1 << 20, &span);
  *   profile_free(pr);
  */
 #ifndef PIPER_SIM_PROFILE_H
