@@ -900,22 +900,43 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
   return true;
 }
 
-/* Reads one device's program into c (a fresh class without members). */
-static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, struct plan_class *c,
-                         const struct loc *l, GError **err) {
+/* What one device's program is read into before it becomes a class: the records in issue
+ * order, their place in the file, and the pools, laid out in issue order as lowering does. */
+struct program_read {
+  uint32_t d, n, nt; /* device, instructions, tensors */
+  const cJSON **recs; /* [n]: instruction i's record */
+  uint32_t *at;       /* [n]: position of instruction i in its stream list */
+  GArray *waits, *reads, *writes, *consumers;
+};
+
+static void program_read_free(struct program_read *pr) {
+  if (pr->waits)
+    g_array_free(pr->waits, TRUE);
+  if (pr->reads)
+    g_array_free(pr->reads, TRUE);
+  if (pr->writes)
+    g_array_free(pr->writes, TRUE);
+  if (pr->consumers)
+    g_array_free(pr->consumers, TRUE);
+  g_free(pr->recs);
+  g_free(pr->at);
+}
+
+/* The stream and tensor lists; counts what the file lists before anything is allocated for
+ * the count the index declares. */
+static bool read_program_lists(struct reader *r, uint32_t cls, const cJSON *const *k,
+                               const cJSON **sfirst, const cJSON **tfirst, uint32_t *nt,
+                               const struct loc *l, GError **err) {
   struct plan *p = r->p;
-  uint32_t cls = p->device_class[d], n = r->class_instrs[cls];
-  const cJSON *tfirst, *sfirst;
-  uint32_t nt, ns;
-  if (!get_array(k[D_TENSORS], "tensors", PLAN_MAX_COUNT, &tfirst, &nt, l, err) ||
-      !get_array(k[D_STREAMS], "streams", PLAN_MAX_STREAMS, &sfirst, &ns, l, err))
+  uint32_t ns, n = r->class_instrs[cls];
+  if (!get_array(k[D_TENSORS], "tensors", PLAN_MAX_COUNT, tfirst, nt, l, err) ||
+      !get_array(k[D_STREAMS], "streams", PLAN_MAX_STREAMS, sfirst, &ns, l, err))
     return false;
   if (ns != p->n_streams)
     return fail_at(err, l, "\"streams\" has %u entries, plan.json declares %u streams", ns,
                    p->n_streams);
-  /* Count what the file lists before allocating for the count the index declares. */
   uint64_t listed = 0;
-  for (const cJSON *x = sfirst; x; x = x->next) {
+  for (const cJSON *x = *sfirst; x; x = x->next) {
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(x, "instructions");
     for (const cJSON *y = cJSON_IsArray(list) ? list->child : NULL; y; y = y->next)
       listed++;
@@ -923,198 +944,231 @@ static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, st
   if (listed != n)
     return fail_at(err, l, "lists %llu instructions, plan.json says class %u has %u",
                    (unsigned long long)listed, cls, n);
+  return true;
+}
+
+/* Stream s's record: notes where each of its instructions is listed and appends them to the
+ * class's stream lists. *filled counts the instructions placed so far. */
+static bool read_stream_list(struct reader *r, struct program_read *pr, struct plan_class *c,
+                             uint32_t s, const cJSON *srec, uint32_t *filled, const struct loc *l,
+                             GError **err) {
+  struct loc ls = {l->file, "streams", s, NULL, 0};
+  static const char *const keys[] = {"stream", "name", "instructions"};
+  const cJSON *x[3], *irec;
+  uint32_t sid, ni, ns = r->p->n_streams;
+  char want[IR_NAME_MAX + 1];
+  plan_copy_name(want, r->p->streams[s].name, IR_NAME_MAX);
+  if (!fetch(srec, keys, 3, x, &ls, err) || !get_ref(x[0], "stream", ns, false, &sid, &ls, err))
+    return false;
+  if (sid != s)
+    return fail_at(err, &ls, "\"stream\" is %u, expected %u (streams are listed in order)", sid, s);
+  if (!expect_string(x[1], "name", want, &ls, err) ||
+      !get_array(x[2], "instructions", PLAN_MAX_COUNT, &irec, &ni, &ls, err))
+    return false;
+  c->stream_first[s] = *filled;
+  uint32_t prev = IR_NONE;
+  for (uint32_t kk = 0; irec; irec = irec->next, kk++) {
+    struct loc li = {l->file, "streams", s, "instructions", kk};
+    uint32_t i;
+    if (!cJSON_IsObject(irec))
+      return fail_at(err, &li, "expected an object");
+    if (!get_ref(cJSON_GetObjectItemCaseSensitive(irec, "i"), "i", pr->n, false, &i, &li, err))
+      return false;
+    if (pr->recs[i])
+      return fail_at(err, &li, "instruction %u is listed twice", i);
+    if (prev != IR_NONE && i < prev)
+      return fail_at(err, &li, "\"i\" is %u after %u: a stream lists its instructions in issue order",
+                     i, prev);
+    prev = i;
+    pr->recs[i] = irec;
+    pr->at[i] = kk;
+    c->instrs[i].stream = s;
+    c->stream_instrs[(*filled)++] = i;
+  }
+  return true;
+}
+
+/* First pass over the streams: where each issue index is listed, so the second pass can go in
+ * issue order and lay out the pools the way lowering does. */
+static bool read_stream_lists(struct reader *r, struct program_read *pr, struct plan_class *c,
+                              uint32_t cls, const cJSON *sfirst, const struct loc *l,
+                              GError **err) {
+  uint32_t filled = 0, ns = r->p->n_streams;
+  const cJSON *srec = sfirst;
+  for (uint32_t s = 0; s < ns; s++, srec = srec->next)
+    if (!read_stream_list(r, pr, c, s, srec, &filled, l, err))
+      return false;
+  c->stream_first[ns] = filled;
+  if (filled != pr->n)
+    return fail_at(err, l, "lists %u instructions, plan.json says class %u has %u", filled, cls,
+                   pr->n);
+  return true;
+}
+
+/* The fields an instruction repeats from its node (op, pass, bytes) must agree with it. */
+static bool check_instr_node(const struct ir_node *nd, uint32_t node, const cJSON *const *x,
+                             const struct loc *li, GError **err) {
+  uint64_t bytes;
+  if (!expect_string(x[X_OP], "op", ir_node_kind_name(nd->kind), li, err))
+    return false;
+  if (nd->pass == IR_PASS_NONE) {
+    if (!x[X_PASS] || !cJSON_IsNull(x[X_PASS]))
+      return fail_at(err, li, "\"pass\" must be null: node %u has no pass", node);
+  } else if (!expect_string(x[X_PASS], "pass", ir_pass_name(nd->pass), li, err)) {
+    return false;
+  }
+  if (!get_bytes(x[X_BYTES], "bytes", &bytes, li, err))
+    return false;
+  if (bytes != nd->bytes)
+    return fail_at(err, li, "\"bytes\" is %llu, but node %u has %llu", (unsigned long long)bytes,
+                   node, (unsigned long long)nd->bytes);
+  return true;
+}
+
+/* A send or recv names the device at the other end; nothing else has a peer. */
+static bool check_instr_peer(const struct plan *p, uint32_t d, const struct ir_node *nd,
+                             uint32_t node, const cJSON *const *x, const struct loc *li,
+                             GError **err) {
+  if (nd->kind != IR_NODE_SEND && nd->kind != IR_NODE_RECV) {
+    if (x[X_PEER])
+      return fail_at(err, li, "\"peer\" is set, but a %s has no peer", ir_node_kind_name(nd->kind));
+    return true;
+  }
+  uint32_t peer;
+  if (!get_ref(x[X_PEER], "peer", p->n_devices, true, &peer, li, err))
+    return false;
+  if (peer != plan_device_peer(p, d, nd))
+    return fail_at(err, li, "\"peer\" is %u, but device %u's peer on node %u is %u", peer, d, node,
+                   plan_device_peer(p, d, nd));
+  return true;
+}
+
+/* Waits, reads and writes go to the pools. Issue order is a topological order, so an
+ * instruction waits only on earlier ones. */
+static bool read_instr_lists(struct program_read *pr, uint32_t i, struct plan_instr *in,
+                             const cJSON *const *x, const struct loc *li, GError **err) {
+  in->wait_first = pr->waits->len;
+  if (!read_refs(x[X_WAITS], "waits", i, pr->waits, li, err))
+    return false;
+  in->wait_count = pr->waits->len - in->wait_first;
+  in->read_first = pr->reads->len;
+  if (!read_refs(x[X_READS], "reads", pr->nt, pr->reads, li, err))
+    return false;
+  in->read_count = pr->reads->len - in->read_first;
+  in->write_first = pr->writes->len;
+  if (!read_refs(x[X_WRITES], "writes", pr->nt, pr->writes, li, err))
+    return false;
+  in->write_count = pr->writes->len - in->write_first;
+  return true;
+}
+
+/* Instruction i, in issue order. */
+static bool read_instr(struct reader *r, struct program_read *pr, struct plan_class *c,
+                       uint32_t i, const struct loc *l, GError **err) {
+  const struct plan *p = r->p;
+  uint32_t d = pr->d;
+  struct loc li = {l->file, "streams", c->instrs[i].stream, "instructions", pr->at[i]};
+  struct plan_instr *in = &c->instrs[i];
+  const cJSON *x[X_COUNT];
+  const char *name;
+  if (!fetch(pr->recs[i], instr_keys, X_COUNT, x, &li, err) ||
+      !get_ref(x[X_NODE], "node", p->n_nodes, false, &in->node, &li, err) ||
+      !get_str(x[X_NAME], "name", PLAN_NAME_LEN, &name, &li, err))
+    return false;
+  const struct ir_node *nd = &p->nodes[in->node];
+  if (plan_group_position(p, nd->group, d) < 0)
+    return fail_at(err, &li, "device %u is not in group %u, which runs node %u", d, nd->group,
+                   in->node);
+  return check_instr_node(nd, in->node, x, &li, err) &&
+         read_instr_comm(r, d, x, nd, in, pr->n, &li, err) &&
+         check_instr_peer(p, d, nd, in->node, x, &li, err) &&
+         read_instr_lists(pr, i, in, x, &li, err);
+}
+
+/* Producer and consumers must name the tensor, so lifetimes computed either way agree. */
+static bool check_tensor_links(const struct plan_class *c, const struct program_read *pr,
+                               uint32_t t, const struct loc *lt, GError **err) {
+  const struct plan_tensor *tn = &c->tensors[t];
+  const struct plan_instr *producer = &c->instrs[tn->producer];
+  if (!list_has(c->writes, producer->write_first, producer->write_count, t))
+    return fail_at(err, lt, "its producer, instruction %u, does not list it in \"writes\"",
+                   tn->producer);
+  for (uint32_t j = tn->consumer_first; j < pr->consumers->len; j++) {
+    uint32_t u = g_array_index(pr->consumers, uint32_t, j);
+    if (u <= tn->producer)
+      return fail_at(err, lt, "consumer %u does not come after its producer %u", u, tn->producer);
+    if (!list_has(c->reads, c->instrs[u].read_first, c->instrs[u].read_count, t))
+      return fail_at(err, lt, "its consumer, instruction %u, does not list it in \"reads\"", u);
+  }
+  return true;
+}
+
+static bool read_tensor(struct program_read *pr, struct plan_class *c, uint32_t t,
+                        const cJSON *trec, const struct loc *l, GError **err) {
+  struct loc lt = {l->file, "tensors", t, NULL, 0};
+  static const char *const keys[] = {"id", "bytes", "kind", "producer", "consumers"};
+  const cJSON *x[5];
+  struct plan_tensor *tn = &c->tensors[t];
+  if (!fetch(trec, keys, 5, x, &lt, err) || !check_id(x[0], t, &lt, err) ||
+      !get_bytes(x[1], "bytes", &tn->bytes, &lt, err))
+    return false;
+  if (!x[2])
+    return fail_at(err, &lt, "missing key \"kind\"");
+  if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "out") == 0)
+    tn->kind = PLAN_TENSOR_OUT;
+  else if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "saved") == 0)
+    tn->kind = PLAN_TENSOR_SAVED;
+  else
+    return fail_at(err, &lt, "\"kind\" must be \"out\" or \"saved\"");
+  tn->consumer_first = pr->consumers->len;
+  if (!get_ref(x[3], "producer", pr->n, false, &tn->producer, &lt, err) ||
+      !read_refs(x[4], "consumers", pr->n, pr->consumers, &lt, err))
+    return false;
+  tn->consumer_count = pr->consumers->len - tn->consumer_first;
+  return check_tensor_links(c, pr, t, &lt, err);
+}
+
+/* Reads one device's program into c (a fresh class without members): the stream lists, then
+ * every instruction in issue order, then the tensors (which refer back to both). */
+static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, struct plan_class *c,
+                         const struct loc *l, GError **err) {
+  uint32_t cls = r->p->device_class[d], n = r->class_instrs[cls], ns = r->p->n_streams;
+  const cJSON *tfirst, *sfirst;
+  uint32_t nt;
+  if (!read_program_lists(r, cls, k, &sfirst, &tfirst, &nt, l, err))
+    return false;
+  struct program_read pr = {.d = d, .n = n, .nt = nt,
+                            .recs = g_new0(const cJSON *, n ? n : 1),
+                            .at = g_new(uint32_t, n ? n : 1),
+                            .waits = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                            .reads = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                            .writes = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                            .consumers = g_array_new(FALSE, FALSE, sizeof(uint32_t))};
   bool ok = false;
   c->n_instrs = n;
   c->instrs = g_new0(struct plan_instr, n ? n : 1);
   c->stream_first = g_new0(uint32_t, (size_t)ns + 1);
   c->stream_instrs = g_new(uint32_t, n ? n : 1);
-  const cJSON **recs = g_new0(const cJSON *, n ? n : 1);
-  uint32_t *at = g_new(uint32_t, n ? n : 1); /* position of instruction i in its stream list */
-  GArray *waits = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  GArray *reads = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  GArray *writes = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  GArray *consumers = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  uint32_t filled = 0;
-
-  /* First pass: where each issue index is listed, so the second can go in issue order and
-   * lay out the pools the way lowering does. */
-  const cJSON *srec = sfirst;
-  for (uint32_t s = 0; s < ns; s++, srec = srec->next) {
-    struct loc ls = {l->file, "streams", s, NULL, 0};
-    static const char *const keys[] = {"stream", "name", "instructions"};
-    const cJSON *x[3], *irec;
-    uint32_t sid, ni;
-    char want[IR_NAME_MAX + 1];
-    plan_copy_name(want, p->streams[s].name, IR_NAME_MAX);
-    if (!fetch(srec, keys, 3, x, &ls, err) || !get_ref(x[0], "stream", ns, false, &sid, &ls, err))
-      goto out;
-    if (sid != s) {
-      fail_at(err, &ls, "\"stream\" is %u, expected %u (streams are listed in order)", sid, s);
-      goto out;
-    }
-    if (!expect_string(x[1], "name", want, &ls, err) ||
-        !get_array(x[2], "instructions", PLAN_MAX_COUNT, &irec, &ni, &ls, err))
-      goto out;
-    c->stream_first[s] = filled;
-    uint32_t prev = IR_NONE;
-    for (uint32_t kk = 0; irec; irec = irec->next, kk++) {
-      struct loc li = {l->file, "streams", s, "instructions", kk};
-      uint32_t i;
-      if (!cJSON_IsObject(irec)) {
-        fail_at(err, &li, "expected an object");
-        goto out;
-      }
-      if (!get_ref(cJSON_GetObjectItemCaseSensitive(irec, "i"), "i", n, false, &i, &li, err))
-        goto out;
-      if (recs[i]) {
-        fail_at(err, &li, "instruction %u is listed twice", i);
-        goto out;
-      }
-      if (prev != IR_NONE && i < prev) {
-        fail_at(err, &li, "\"i\" is %u after %u: a stream lists its instructions in issue order", i,
-                prev);
-        goto out;
-      }
-      prev = i;
-      recs[i] = irec;
-      at[i] = kk;
-      c->instrs[i].stream = s;
-      c->stream_instrs[filled++] = i;
-    }
-  }
-  c->stream_first[ns] = filled;
-  if (filled != n) {
-    fail_at(err, l, "lists %u instructions, plan.json says class %u has %u", filled, cls, n);
+  if (!read_stream_lists(r, &pr, c, cls, sfirst, l, err))
     goto out;
-  }
-
-  for (uint32_t i = 0; i < n; i++) {
-    struct loc li = {l->file, "streams", c->instrs[i].stream, "instructions", at[i]};
-    struct plan_instr *in = &c->instrs[i];
-    const cJSON *x[X_COUNT];
-    const char *name;
-    uint64_t bytes;
-    if (!fetch(recs[i], instr_keys, X_COUNT, x, &li, err) ||
-        !get_ref(x[X_NODE], "node", p->n_nodes, false, &in->node, &li, err) ||
-        !get_str(x[X_NAME], "name", PLAN_NAME_LEN, &name, &li, err))
+  for (uint32_t i = 0; i < n; i++)
+    if (!read_instr(r, &pr, c, i, l, err))
       goto out;
-    const struct ir_node *nd = &p->nodes[in->node];
-    if (plan_group_position(p, nd->group, d) < 0) {
-      fail_at(err, &li, "device %u is not in group %u, which runs node %u", d, nd->group, in->node);
-      goto out;
-    }
-    if (!expect_string(x[X_OP], "op", ir_node_kind_name(nd->kind), &li, err))
-      goto out;
-    if (nd->pass == IR_PASS_NONE) {
-      if (!x[X_PASS] || !cJSON_IsNull(x[X_PASS])) {
-        fail_at(err, &li, "\"pass\" must be null: node %u has no pass", in->node);
-        goto out;
-      }
-    } else if (!expect_string(x[X_PASS], "pass", ir_pass_name(nd->pass), &li, err)) {
-      goto out;
-    }
-    if (!get_bytes(x[X_BYTES], "bytes", &bytes, &li, err))
-      goto out;
-    if (bytes != nd->bytes) {
-      fail_at(err, &li, "\"bytes\" is %llu, but node %u has %llu", (unsigned long long)bytes,
-              in->node, (unsigned long long)nd->bytes);
-      goto out;
-    }
-    if (!read_instr_comm(r, d, x, nd, in, n, &li, err))
-      goto out;
-    if (nd->kind == IR_NODE_SEND || nd->kind == IR_NODE_RECV) {
-      uint32_t peer;
-      if (!get_ref(x[X_PEER], "peer", p->n_devices, true, &peer, &li, err))
-        goto out;
-      if (peer != plan_device_peer(p, d, nd)) {
-        fail_at(err, &li, "\"peer\" is %u, but device %u's peer on node %u is %u", peer, d,
-                in->node, plan_device_peer(p, d, nd));
-        goto out;
-      }
-    } else if (x[X_PEER]) {
-      fail_at(err, &li, "\"peer\" is set, but a %s has no peer", ir_node_kind_name(nd->kind));
-      goto out;
-    }
-    /* Issue order is a topological order, so an instruction waits only on earlier ones. */
-    in->wait_first = waits->len;
-    if (!read_refs(x[X_WAITS], "waits", i, waits, &li, err))
-      goto out;
-    in->wait_count = waits->len - in->wait_first;
-    in->read_first = reads->len;
-    if (!read_refs(x[X_READS], "reads", nt, reads, &li, err))
-      goto out;
-    in->read_count = reads->len - in->read_first;
-    in->write_first = writes->len;
-    if (!read_refs(x[X_WRITES], "writes", nt, writes, &li, err))
-      goto out;
-    in->write_count = writes->len - in->write_first;
-  }
-  c->waits = take_pool(waits, &c->n_waits);
-  c->reads = take_pool(reads, &c->n_reads);
-  c->writes = take_pool(writes, &c->n_writes);
-  waits = reads = writes = NULL;
-
+  c->waits = take_pool(pr.waits, &c->n_waits);
+  c->reads = take_pool(pr.reads, &c->n_reads);
+  c->writes = take_pool(pr.writes, &c->n_writes);
+  pr.waits = pr.reads = pr.writes = NULL;
   c->n_tensors = nt;
   c->tensors = g_new0(struct plan_tensor, nt ? nt : 1);
   const cJSON *trec = tfirst;
-  for (uint32_t t = 0; t < nt; t++, trec = trec->next) {
-    struct loc lt = {l->file, "tensors", t, NULL, 0};
-    static const char *const keys[] = {"id", "bytes", "kind", "producer", "consumers"};
-    const cJSON *x[5];
-    struct plan_tensor *tn = &c->tensors[t];
-    if (!fetch(trec, keys, 5, x, &lt, err) || !check_id(x[0], t, &lt, err) ||
-        !get_bytes(x[1], "bytes", &tn->bytes, &lt, err))
+  for (uint32_t t = 0; t < nt; t++, trec = trec->next)
+    if (!read_tensor(&pr, c, t, trec, l, err))
       goto out;
-    if (!x[2]) {
-      fail_at(err, &lt, "missing key \"kind\"");
-      goto out;
-    }
-    if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "out") == 0) {
-      tn->kind = PLAN_TENSOR_OUT;
-    } else if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "saved") == 0) {
-      tn->kind = PLAN_TENSOR_SAVED;
-    } else {
-      fail_at(err, &lt, "\"kind\" must be \"out\" or \"saved\"");
-      goto out;
-    }
-    tn->consumer_first = consumers->len;
-    if (!get_ref(x[3], "producer", n, false, &tn->producer, &lt, err) ||
-        !read_refs(x[4], "consumers", n, consumers, &lt, err))
-      goto out;
-    tn->consumer_count = consumers->len - tn->consumer_first;
-    /* Producer and consumers must name the tensor, so lifetimes computed either way agree. */
-    const struct plan_instr *pr = &c->instrs[tn->producer];
-    if (!list_has(c->writes, pr->write_first, pr->write_count, t)) {
-      fail_at(err, &lt, "its producer, instruction %u, does not list it in \"writes\"",
-              tn->producer);
-      goto out;
-    }
-    for (uint32_t j = tn->consumer_first; j < consumers->len; j++) {
-      uint32_t u = g_array_index(consumers, uint32_t, j);
-      if (u <= tn->producer) {
-        fail_at(err, &lt, "consumer %u does not come after its producer %u", u, tn->producer);
-        goto out;
-      }
-      if (!list_has(c->reads, c->instrs[u].read_first, c->instrs[u].read_count, t)) {
-        fail_at(err, &lt, "its consumer, instruction %u, does not list it in \"reads\"", u);
-        goto out;
-      }
-    }
-  }
-  c->consumers = take_pool(consumers, &c->n_consumers);
-  consumers = NULL;
+  c->consumers = take_pool(pr.consumers, &c->n_consumers);
+  pr.consumers = NULL;
   ok = true;
 out:
-  if (waits)
-    g_array_free(waits, TRUE);
-  if (reads)
-    g_array_free(reads, TRUE);
-  if (writes)
-    g_array_free(writes, TRUE);
-  if (consumers)
-    g_array_free(consumers, TRUE);
-  g_free(recs);
-  g_free(at);
+  program_read_free(&pr);
   return ok;
 }
 

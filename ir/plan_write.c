@@ -127,8 +127,8 @@ static const char *kind_name(enum ir_node_kind k) {
   return k < IR_NODE_KIND_COUNT ? ir_node_kind_name(k) : "?";
 }
 
-static cJSON *index_to_json(const struct plan *p, char *const *names, const char *path,
-                            GError **err) {
+/* format, version, model, program and the sizes. NULL when the model is missing. */
+static cJSON *index_header(const struct plan *p, const char *path, GError **err) {
   cJSON *model = p->model_json ? cJSON_Parse(p->model_json)
                  : p->model    ? model_to_json(p->model)
                                : NULL;
@@ -154,7 +154,11 @@ static cJSON *index_to_json(const struct plan *p, char *const *names, const char
   cJSON_AddItemToObject(root, "program", program ? program : cJSON_CreateNull());
   cJSON_AddNumberToObject(root, "n_devices", p->n_devices);
   cJSON_AddNumberToObject(root, "n_microbatches", p->n_microbatches);
+  return root;
+}
 
+/* tags, streams, groups and segment sets: the tables nodes refer to. */
+static void index_tables(cJSON *root, const struct plan *p) {
   char name[PLAN_NAME_LEN];
   cJSON *tags = cJSON_AddArrayToObject(root, "tags");
   for (uint32_t t = 0; t < p->n_tags; t++) {
@@ -188,42 +192,51 @@ static cJSON *index_to_json(const struct plan *p, char *const *names, const char
     cJSON_AddNumberToObject(o, "param_bytes", (double)p->segsets[s].param_bytes);
     cJSON_AddItemToArray(segsets, o);
   }
+}
+
+static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_name) {
+  const struct ir_node *n = &p->nodes[i];
+  char name[PLAN_NAME_LEN];
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "id", i);
+  cJSON_AddStringToObject(o, "name", node_name);
+  cJSON_AddStringToObject(o, "kind", kind_name(n->kind));
+  add_pass(o, n->pass);
+  if (n->purpose == IR_COMM_NONE || n->purpose > IR_COMM_EP)
+    cJSON_AddNullToObject(o, "purpose");
+  else
+    cJSON_AddStringToObject(o, "purpose", plan_purpose_names[n->purpose]);
+  cJSON *nt = cJSON_AddObjectToObject(o, "tags");
+  for (uint32_t t = 0; t < p->n_tags; t++)
+    if (n->tags[t] != -1) {
+      plan_copy_name(name, p->tag_names[t], MODEL_TAG_NAME_MAX);
+      cJSON_AddNumberToObject(nt, name, n->tags[t]);
+    }
+  add_ref(o, "group", n->group);
+  add_ref(o, "peer_group", n->peer_group);
+  add_ref(o, "stream", n->stream);
+  add_ref(o, "segment", n->segment);
+  add_ref(o, "segset", n->segset);
+  add_ref(o, "pair", n->pair);
+  cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
+  cJSON_AddNumberToObject(o, "shard_degree", n->shard_degree);
+  cJSON_AddNumberToObject(o, "replica_degree", n->replica_degree);
+  cJSON_AddBoolToObject(o, "shard_grads", n->shard_grads);
+  cJSON_AddBoolToObject(o, "shard_params", n->shard_params);
+  add_ref(o, "directive", n->directive);
+  /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
+  char prio[24];
+  snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);
+  cJSON_AddStringToObject(o, "priority", prio);
+  return o;
+}
+
+/* nodes, communicators, classes and which class each device runs. */
+static void index_program(cJSON *root, const struct plan *p, char *const *names) {
+  char name[PLAN_NAME_LEN];
   cJSON *nodes = cJSON_AddArrayToObject(root, "nodes");
-  for (uint32_t i = 0; i < p->n_nodes; i++) {
-    const struct ir_node *n = &p->nodes[i];
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", i);
-    cJSON_AddStringToObject(o, "name", names[i]);
-    cJSON_AddStringToObject(o, "kind", kind_name(n->kind));
-    add_pass(o, n->pass);
-    if (n->purpose == IR_COMM_NONE || n->purpose > IR_COMM_EP)
-      cJSON_AddNullToObject(o, "purpose");
-    else
-      cJSON_AddStringToObject(o, "purpose", plan_purpose_names[n->purpose]);
-    cJSON *nt = cJSON_AddObjectToObject(o, "tags");
-    for (uint32_t t = 0; t < p->n_tags; t++)
-      if (n->tags[t] != -1) {
-        plan_copy_name(name, p->tag_names[t], MODEL_TAG_NAME_MAX);
-        cJSON_AddNumberToObject(nt, name, n->tags[t]);
-      }
-    add_ref(o, "group", n->group);
-    add_ref(o, "peer_group", n->peer_group);
-    add_ref(o, "stream", n->stream);
-    add_ref(o, "segment", n->segment);
-    add_ref(o, "segset", n->segset);
-    add_ref(o, "pair", n->pair);
-    cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
-    cJSON_AddNumberToObject(o, "shard_degree", n->shard_degree);
-    cJSON_AddNumberToObject(o, "replica_degree", n->replica_degree);
-    cJSON_AddBoolToObject(o, "shard_grads", n->shard_grads);
-    cJSON_AddBoolToObject(o, "shard_params", n->shard_params);
-    add_ref(o, "directive", n->directive);
-    /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
-    char prio[24];
-    snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);
-    cJSON_AddStringToObject(o, "priority", prio);
-    cJSON_AddItemToArray(nodes, o);
-  }
+  for (uint32_t i = 0; i < p->n_nodes; i++)
+    cJSON_AddItemToArray(nodes, node_to_json(p, i, names[i]));
   cJSON *comms = cJSON_AddArrayToObject(root, "communicators");
   for (uint32_t c = 0; c < p->n_comms; c++) {
     cJSON *o = cJSON_CreateObject();
@@ -249,7 +262,10 @@ static cJSON *index_to_json(const struct plan *p, char *const *names, const char
     cJSON_AddItemToArray(dc, p->device_class[d] == IR_NONE
                                  ? cJSON_CreateNull()
                                  : cJSON_CreateNumber(p->device_class[d]));
-  /* Summary counts: what --stats prints, and a cross-check for the reader. */
+}
+
+/* Summary counts: what --stats prints, and a cross-check for the reader. */
+static void index_summary(cJSON *root, const struct plan *p) {
   uint64_t per_op[IR_NODE_KIND_COUNT] = {0};
   for (uint32_t c = 0; c < p->n_classes; c++)
     for (uint32_t i = 0; i < p->classes[c].n_instrs; i++) {
@@ -265,6 +281,17 @@ static cJSON *index_to_json(const struct plan *p, char *const *names, const char
   cJSON *ops = cJSON_AddObjectToObject(summary, "instructions_per_op");
   for (uint32_t k = 0; k < IR_NODE_KIND_COUNT; k++)
     cJSON_AddNumberToObject(ops, ir_node_kind_name(k), (double)per_op[k]);
+}
+
+/* plan.json, in the order its keys are written. */
+static cJSON *index_to_json(const struct plan *p, char *const *names, const char *path,
+                            GError **err) {
+  cJSON *root = index_header(p, path, err);
+  if (!root)
+    return NULL;
+  index_tables(root, p);
+  index_program(root, p, names);
+  index_summary(root, p);
   return root;
 }
 
