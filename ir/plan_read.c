@@ -23,209 +23,51 @@
 #include "plan-impl.h"
 
 
-/* --- reading: located errors and typed getters ---------------------------------------------
+/* --- reading: typed getters (base/json.h) with locations ------------------------------------
  * A location is the file and a JSON path of at most two array steps ("streams[1].
- * instructions[4]"); it is formatted only when an error is reported, so the reader does not
- * pay for messages on the good path. */
-
-struct loc {
-  const char *file;
-  const char *a;
-  uint32_t ai;
-  const char *b;
-  uint32_t bi;
-};
-
-static bool fail_at(GError **err, const struct loc *l, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
-static bool fail_at(GError **err, const struct loc *l, const char *fmt, ...) {
-  if (!err || *err)
-    return false;
-  va_list ap;
-  va_start(ap, fmt);
-  char *msg = g_strdup_vprintf(fmt, ap);
-  va_end(ap);
-  GString *where = g_string_new(l->file);
-  if (l->a) {
-    g_string_append_printf(where, ": %s[%u]", l->a, l->ai);
-    if (l->b)
-      g_string_append_printf(where, ".%s[%u]", l->b, l->bi);
-  }
-  piper_input_error(err, "%s: %s", where->str, msg);
-  g_string_free(where, TRUE);
-  g_free(msg);
-  return false;
-}
-
-/* Looks up every member of obj among keys[0 .. n) into slot[]; unknown or repeated keys are
- * errors. One pass over the members; the search starts after the previous key found, so a
- * record written in the order of keys[] (as the writer does) costs about one comparison per
- * member. Device files hold millions of records at scale. */
-static bool fetch(const cJSON *obj, const char *const *keys, size_t n, const cJSON **slot,
-                  const struct loc *l, GError **err) {
-  if (!cJSON_IsObject(obj))
-    return fail_at(err, l, "expected an object");
-  memset(slot, 0, n * sizeof *slot);
-  size_t next = 0;
-  for (const cJSON *c = obj->child; c; c = c->next) {
-    size_t k = n;
-    for (size_t j = 0; c->string && j < n; j++) {
-      size_t cand = (next + j) % n;
-      if (strcmp(c->string, keys[cand]) == 0) {
-        k = cand;
-        break;
-      }
-    }
-    if (k == n)
-      return fail_at(err, l, "unknown key \"%s\"", c->string ? c->string : "");
-    next = k + 1;
-    if (slot[k])
-      return fail_at(err, l, "key \"%s\" appears twice", keys[k]);
-    slot[k] = c;
-  }
-  return true;
-}
-
-static bool is_whole(const cJSON *v) {
-  return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
-}
-
-static bool range_fail(GError **err, const struct loc *l, const char *key, double v, int64_t lo,
-                       int64_t hi) {
-  if (hi < lo)
-    return fail_at(err, l, "\"%s\" = %.17g refers to nothing (the list is empty)", key, v);
-  return fail_at(err, l, "\"%s\" = %.17g is out of range [%lld, %lld]", key, v, (long long)lo,
-                 (long long)hi);
-}
-
-static bool get_int(const cJSON *v, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                    const struct loc *l, GError **err) {
-  if (!v)
-    return fail_at(err, l, "missing key \"%s\"", key);
-  if (!is_whole(v))
-    return fail_at(err, l, "\"%s\" must be an integer", key);
-  if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
-    return range_fail(err, l, key, v->valuedouble, lo, hi);
-  *out = (int64_t)v->valuedouble;
-  return true;
-}
-
-static bool get_u32(const cJSON *v, const char *key, uint32_t lo, uint32_t hi, uint32_t *out,
-                    const struct loc *l, GError **err) {
-  int64_t x;
-  if (!get_int(v, key, lo, hi, &x, l, err))
-    return false;
-  *out = (uint32_t)x;
-  return true;
-}
-
-/* An index below lim, or (when nullable) null for IR_NONE. */
-static bool get_ref(const cJSON *v, const char *key, uint32_t lim, bool nullable, uint32_t *out,
-                    const struct loc *l, GError **err) {
-  if (!v)
-    return fail_at(err, l, "missing key \"%s\"", key);
-  if (cJSON_IsNull(v)) {
-    if (!nullable)
-      return fail_at(err, l, "\"%s\" must be an integer, not null", key);
-    *out = IR_NONE;
-    return true;
-  }
-  if (!is_whole(v))
-    return fail_at(err, l, "\"%s\" must be an integer%s", key, nullable ? " or null" : "");
-  if (v->valuedouble < 0 || v->valuedouble >= (double)lim)
-    return range_fail(err, l, key, v->valuedouble, 0, (int64_t)lim - 1);
-  *out = (uint32_t)v->valuedouble;
-  return true;
-}
-
-static bool get_bytes(const cJSON *v, const char *key, uint64_t *out, const struct loc *l,
-                      GError **err) {
-  int64_t x;
-  if (!get_int(v, key, 0, (int64_t)PLAN_MAX_BYTES, &x, l, err))
-    return false;
-  *out = (uint64_t)x;
-  return true;
-}
-
-static bool get_bool(const cJSON *v, const char *key, bool *out, const struct loc *l,
-                     GError **err) {
-  if (!v)
-    return fail_at(err, l, "missing key \"%s\"", key);
-  if (!cJSON_IsBool(v))
-    return fail_at(err, l, "\"%s\" must be true or false", key);
-  *out = cJSON_IsTrue(v);
-  return true;
-}
-
-/* A string of at most max - 1 bytes (so it fits a char[max] with its NUL). */
-static bool get_str(const cJSON *v, const char *key, size_t max, const char **out,
-                    const struct loc *l, GError **err) {
-  if (!v)
-    return fail_at(err, l, "missing key \"%s\"", key);
-  if (!cJSON_IsString(v) || !v->valuestring)
-    return fail_at(err, l, "\"%s\" must be a string", key);
-  if (strlen(v->valuestring) >= max)
-    return fail_at(err, l, "\"%s\" is longer than %zu characters", key, max - 1);
-  *out = v->valuestring;
-  return true;
-}
-
-/* The elements of array v (at most max); *n gets their count. */
-static bool get_array(const cJSON *v, const char *key, uint32_t max, const cJSON **first,
-                      uint32_t *n, const struct loc *l, GError **err) {
-  if (!v)
-    return fail_at(err, l, "missing key \"%s\"", key);
-  if (!cJSON_IsArray(v))
-    return fail_at(err, l, "\"%s\" must be an array", key);
-  uint32_t count = 0;
-  for (const cJSON *c = v->child; c; c = c->next)
-    if (++count > max)
-      return fail_at(err, l, "\"%s\" has more than %u entries", key, max);
-  *first = v->child;
-  *n = count;
-  return true;
-}
+ * instructions[4]"); it is formatted only when an error is reported. */
 
 /* Appends the entries of array v, each an index below lim, to pool. */
 static bool read_refs(const cJSON *v, const char *key, uint32_t lim, GArray *pool,
-                      const struct loc *l, GError **err) {
+                      const struct json_loc *l, GError **err) {
   const cJSON *c;
   uint32_t n;
-  if (!get_array(v, key, PLAN_MAX_COUNT, &c, &n, l, err))
+  if (!json_value_array(v, key, PLAN_MAX_COUNT, &c, &n, l, err))
     return false;
   for (uint32_t k = 0; c; c = c->next, k++) {
-    if (!is_whole(c) || c->valuedouble < 0 || c->valuedouble >= (double)lim) {
+    if (!json_is_whole(c) || c->valuedouble < 0 || c->valuedouble >= (double)lim) {
       if (lim == 0)
-        return fail_at(err, l, "\"%s\"[%u] refers to nothing (the list is empty)", key, k);
-      return fail_at(err, l, "\"%s\"[%u] must be an integer in [0, %u]", key, k, lim - 1);
+        return json_fail_at(err, l, "\"%s\"[%u] refers to nothing (the list is empty)", key, k);
+      return json_fail_at(err, l, "\"%s\"[%u] must be an integer in [0, %u]", key, k, lim - 1);
     }
     uint32_t x = (uint32_t)c->valuedouble;
     g_array_append_val(pool, x);
   }
   if (pool->len > PLAN_MAX_COUNT)
-    return fail_at(err, l, "more than %u \"%s\" entries in all", PLAN_MAX_COUNT, key);
+    return json_fail_at(err, l, "more than %u \"%s\" entries in all", PLAN_MAX_COUNT, key);
   return true;
 }
 
-static bool expect_string(const cJSON *v, const char *key, const char *want, const struct loc *l,
+static bool expect_string(const cJSON *v, const char *key, const char *want, const struct json_loc *l,
                           GError **err) {
   const char *s;
-  if (!get_str(v, key, PLAN_NAME_LEN, &s, l, err))
+  if (!json_value_string(v, key, PLAN_NAME_LEN, &s, l, err))
     return false;
   if (strcmp(s, want) != 0)
-    return fail_at(err, l, "\"%s\" is \"%s\", expected \"%s\"", key, s, want);
+    return json_fail_at(err, l, "\"%s\" is \"%s\", expected \"%s\"", key, s, want);
   return true;
 }
 
 static bool check_format(const cJSON *format, const cJSON *version, const char *want,
-                         const struct loc *l, GError **err) {
+                         const struct json_loc *l, GError **err) {
   if (!expect_string(format, "format", want, l, err))
     return false;
   if (!version)
-    return fail_at(err, l, "missing key \"version\"");
-  if (!is_whole(version))
-    return fail_at(err, l, "\"version\" must be an integer");
+    return json_fail_at(err, l, "missing key \"version\"");
+  if (!json_is_whole(version))
+    return json_fail_at(err, l, "\"version\" must be an integer");
   if (version->valuedouble != PLAN_VERSION)
-    return fail_at(err, l, "plan format version %.17g is not supported (this build reads %d)",
+    return json_fail_at(err, l, "plan format version %.17g is not supported (this build reads %d)",
                    version->valuedouble, PLAN_VERSION);
   return true;
 }
@@ -301,31 +143,31 @@ static const char *const index_keys[I_COUNT] = {
     "communicators",  "classes", "device_class", "summary"};
 
 /* Checks that an "id" member equals the record's position (ids are there for people). */
-static bool check_id(const cJSON *v, uint32_t want, const struct loc *l, GError **err) {
+static bool check_id(const cJSON *v, uint32_t want, const struct json_loc *l, GError **err) {
   int64_t id;
-  if (!get_int(v, "id", 0, UINT32_MAX, &id, l, err))
+  if (!json_value_int(v, "id", 0, UINT32_MAX, &id, l, err))
     return false;
   if ((uint32_t)id != want)
-    return fail_at(err, l, "\"id\" is %lld, expected %u (its position in the list)", (long long)id,
+    return json_fail_at(err, l, "\"id\" is %lld, expected %u (its position in the list)", (long long)id,
                    want);
   return true;
 }
 
 static bool read_model(struct reader *r, const cJSON *const *k, GError **err) {
   struct plan *p = r->p;
-  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   const char *model_name;
-  if (!get_str(k[I_MODEL_NAME], "model_name", sizeof p->model->name, &model_name, &l, err))
+  if (!json_value_string(k[I_MODEL_NAME], "model_name", sizeof p->model->name, &model_name, &l, err))
     return false;
   if (!k[I_MODEL])
-    return fail_at(err, &l, "missing key \"model\"");
+    return json_fail_at(err, &l, "missing key \"model\"");
   if (!cJSON_IsObject(k[I_MODEL]))
-    return fail_at(err, &l, "\"model\" must be an object");
+    return json_fail_at(err, &l, "\"model\" must be an object");
   GError *e = NULL;
   p->model = model_load_json(model_name, k[I_MODEL], 0, &e);
   if (!p->model) {
     if (!e)
-      return fail_at(err, &l, "\"model\": the model configuration is invalid");
+      return json_fail_at(err, &l, "\"model\": the model configuration is invalid");
     g_propagate_prefixed_error(err, e, "%s: \"model\": ", r->index_file);
     return false;
   }
@@ -334,7 +176,7 @@ static bool read_model(struct reader *r, const cJSON *const *k, GError **err) {
   cJSON_free(text);
   const cJSON *prog = k[I_PROGRAM];
   if (!prog)
-    return fail_at(err, &l, "missing key \"program\"");
+    return json_fail_at(err, &l, "missing key \"program\"");
   if (cJSON_IsString(prog)) {
     p->program_json = g_strdup(prog->valuestring);
   } else if (!cJSON_IsNull(prog)) {
@@ -347,66 +189,66 @@ static bool read_model(struct reader *r, const cJSON *const *k, GError **err) {
 
 static bool read_tags_streams(struct reader *r, const cJSON *const *k, GError **err) {
   struct plan *p = r->p;
-  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   const cJSON *c;
   uint32_t n;
-  if (!get_array(k[I_TAGS], "tags", IR_MAX_TAGS, &c, &n, &l, err))
+  if (!json_value_array(k[I_TAGS], "tags", IR_MAX_TAGS, &c, &n, &l, err))
     return false;
   for (uint32_t t = 0; c; c = c->next, t++) {
-    struct loc lt = {r->index_file, "tags", t, NULL, 0};
+    struct json_loc lt = {r->index_file, "tags", t, NULL, 0};
     if (!cJSON_IsString(c) || !c->valuestring || !c->valuestring[0] ||
         strlen(c->valuestring) >= MODEL_TAG_NAME_MAX)
-      return fail_at(err, &lt, "a tag name must be a string of 1 to %d characters",
+      return json_fail_at(err, &lt, "a tag name must be a string of 1 to %d characters",
                      MODEL_TAG_NAME_MAX - 1);
     for (uint32_t u = 0; u < t; u++)
       if (strcmp(p->tag_names[u], c->valuestring) == 0)
-        return fail_at(err, &lt, "tag \"%s\" is listed twice", c->valuestring);
+        return json_fail_at(err, &lt, "tag \"%s\" is listed twice", c->valuestring);
     memset(p->tag_names[t], 0, MODEL_TAG_NAME_MAX);
     strcpy(p->tag_names[t], c->valuestring);
   }
   p->n_tags = n;
   /* The graph's tags are the model's, then the split dimensions. */
   if (p->n_tags < p->model->n_tags)
-    return fail_at(err, &l, "\"tags\" has %u names, fewer than the model's %u", p->n_tags,
+    return json_fail_at(err, &l, "\"tags\" has %u names, fewer than the model's %u", p->n_tags,
                    p->model->n_tags);
   for (uint32_t t = 0; t < p->model->n_tags; t++)
     if (strncmp(p->tag_names[t], p->model->tag_names[t], MODEL_TAG_NAME_MAX) != 0) {
-      struct loc lt = {r->index_file, "tags", t, NULL, 0};
-      return fail_at(err, &lt, "\"%s\" differs from the model's tag %u \"%.*s\"", p->tag_names[t],
+      struct json_loc lt = {r->index_file, "tags", t, NULL, 0};
+      return json_fail_at(err, &lt, "\"%s\" differs from the model's tag %u \"%.*s\"", p->tag_names[t],
                      t, MODEL_TAG_NAME_MAX, p->model->tag_names[t]);
     }
 
-  if (!get_array(k[I_STREAMS], "streams", PLAN_MAX_STREAMS, &c, &n, &l, err))
+  if (!json_value_array(k[I_STREAMS], "streams", PLAN_MAX_STREAMS, &c, &n, &l, err))
     return false;
   if (n == 0)
-    return fail_at(err, &l, "\"streams\" is empty");
+    return json_fail_at(err, &l, "\"streams\" is empty");
   p->streams = g_new0(struct ir_stream, n);
   p->n_streams = n;
   GHashTable *seen = g_hash_table_new(g_str_hash, g_str_equal);
   bool ok = false;
   for (uint32_t s = 0; c; c = c->next, s++) {
-    struct loc ls = {r->index_file, "streams", s, NULL, 0};
+    struct json_loc ls = {r->index_file, "streams", s, NULL, 0};
     enum { S_ID, S_NAME, S_PRIORITY, S_SHARE, S_N };
     static const char *const keys[S_N] = {"id", "name", "priority", "sm_share"};
     const cJSON *x[S_N];
     const char *name;
     int64_t prio;
-    if (!fetch(c, keys, S_N, x, &ls, err) || !check_id(x[S_ID], s, &ls, err) ||
-        !get_str(x[S_NAME], "name", IR_NAME_MAX, &name, &ls, err) ||
-        !get_int(x[S_PRIORITY], "priority", INT32_MIN, INT32_MAX, &prio, &ls, err))
+    if (!json_fetch(c, keys, S_N, x, &ls, err) || !check_id(x[S_ID], s, &ls, err) ||
+        !json_value_string(x[S_NAME], "name", IR_NAME_MAX, &name, &ls, err) ||
+        !json_value_int(x[S_PRIORITY], "priority", INT32_MIN, INT32_MAX, &prio, &ls, err))
       goto out;
     if (!name[0]) {
-      fail_at(err, &ls, "\"name\" is empty");
+      json_fail_at(err, &ls, "\"name\" is empty");
       goto out;
     }
     if (g_hash_table_contains(seen, name)) {
-      fail_at(err, &ls, "stream \"%s\" is listed twice", name);
+      json_fail_at(err, &ls, "stream \"%s\" is listed twice", name);
       goto out;
     }
     g_hash_table_add(seen, (gpointer)name);
     if (!x[S_SHARE] || !cJSON_IsNumber(x[S_SHARE]) || !(x[S_SHARE]->valuedouble >= 0) ||
         !(x[S_SHARE]->valuedouble <= 1)) {
-      fail_at(err, &ls, "\"sm_share\" must be a number in [0, 1]");
+      json_fail_at(err, &ls, "\"sm_share\" must be a number in [0, 1]");
       goto out;
     }
     strcpy(p->streams[s].name, name);
@@ -421,33 +263,33 @@ out:
 
 static bool read_groups_segsets(struct reader *r, const cJSON *const *k, GError **err) {
   struct plan *p = r->p;
-  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   const cJSON *c;
   uint32_t n;
   bool ok = false;
   GArray *pool = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   uint32_t *stamp = g_new0(uint32_t, p->n_devices);
-  if (!get_array(k[I_GROUPS], "groups", PLAN_MAX_COUNT, &c, &n, &l, err))
+  if (!json_value_array(k[I_GROUPS], "groups", PLAN_MAX_COUNT, &c, &n, &l, err))
     goto out;
   p->groups = g_new0(struct ir_group, n ? n : 1);
   p->n_groups = n;
   for (uint32_t g = 0; c; c = c->next, g++) {
-    struct loc lg = {r->index_file, "groups", g, NULL, 0};
+    struct json_loc lg = {r->index_file, "groups", g, NULL, 0};
     static const char *const keys[] = {"id", "devices"};
     const cJSON *x[2];
     uint32_t first = pool->len;
-    if (!fetch(c, keys, 2, x, &lg, err) || !check_id(x[0], g, &lg, err) ||
+    if (!json_fetch(c, keys, 2, x, &lg, err) || !check_id(x[0], g, &lg, err) ||
         !read_refs(x[1], "devices", p->n_devices, pool, &lg, err))
       goto out;
     if (pool->len == first) {
-      fail_at(err, &lg, "\"devices\" is empty");
+      json_fail_at(err, &lg, "\"devices\" is empty");
       goto out;
     }
     /* A device twice in one group would have two ranks. */
     for (uint32_t i = first; i < pool->len; i++) {
       uint32_t d = g_array_index(pool, uint32_t, i);
       if (stamp[d] == g + 1) {
-        fail_at(err, &lg, "device %u is listed twice", d);
+        json_fail_at(err, &lg, "device %u is listed twice", d);
         goto out;
       }
       stamp[d] = g + 1;
@@ -458,18 +300,18 @@ static bool read_groups_segsets(struct reader *r, const cJSON *const *k, GError 
   p->device_pool = take_pool(pool, &p->n_device_pool);
   pool = g_array_new(FALSE, FALSE, sizeof(uint32_t));
 
-  if (!get_array(k[I_SEGSETS], "segsets", PLAN_MAX_COUNT, &c, &n, &l, err))
+  if (!json_value_array(k[I_SEGSETS], "segsets", PLAN_MAX_COUNT, &c, &n, &l, err))
     goto out;
   p->segsets = g_new0(struct ir_segset, n ? n : 1);
   p->n_segsets = n;
   for (uint32_t s = 0; c; c = c->next, s++) {
-    struct loc ls = {r->index_file, "segsets", s, NULL, 0};
+    struct json_loc ls = {r->index_file, "segsets", s, NULL, 0};
     static const char *const keys[] = {"id", "segments", "param_bytes"};
     const cJSON *x[3];
     uint32_t first = pool->len;
-    if (!fetch(c, keys, 3, x, &ls, err) || !check_id(x[0], s, &ls, err) ||
+    if (!json_fetch(c, keys, 3, x, &ls, err) || !check_id(x[0], s, &ls, err) ||
         !read_refs(x[1], "segments", p->model->n_segments, pool, &ls, err) ||
-        !get_bytes(x[2], "param_bytes", &p->segsets[s].param_bytes, &ls, err))
+        !json_value_u64(x[2], "param_bytes", PLAN_MAX_BYTES, &p->segsets[s].param_bytes, &ls, err))
       goto out;
     p->segsets[s].first = first;
     p->segsets[s].count = pool->len - first;
@@ -513,10 +355,10 @@ static const char *const node_keys[N_COUNT] = {
     "shard_grads", "shard_params", "directive",  "priority"};
 
 /* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
-static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct loc *l,
+static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct json_loc *l,
                      GError **err) {
   const char *s;
-  if (!get_str(v, key, PLAN_NAME_LEN, &s, l, err))
+  if (!json_value_string(v, key, PLAN_NAME_LEN, &s, l, err))
     return false;
   size_t n = strlen(s);
   bool ok = n > 2 && n <= 18 && s[0] == '0' && s[1] == 'x';
@@ -528,14 +370,14 @@ static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struc
     x = x << 4 | (uint64_t)(d < 0 ? 0 : d);
   }
   if (!ok)
-    return fail_at(err, l, "\"%s\" must be a hex string such as \"0x1f\"", key);
+    return json_fail_at(err, l, "\"%s\" must be a hex string such as \"0x1f\"", key);
   *out = x;
   return true;
 }
 
-static bool read_pass(const cJSON *v, enum ir_pass *out, const struct loc *l, GError **err) {
+static bool read_pass(const cJSON *v, enum ir_pass *out, const struct json_loc *l, GError **err) {
   if (!v)
-    return fail_at(err, l, "missing key \"pass\"");
+    return json_fail_at(err, l, "missing key \"pass\"");
   if (cJSON_IsNull(v)) {
     *out = IR_PASS_NONE;
     return true;
@@ -546,13 +388,13 @@ static bool read_pass(const cJSON *v, enum ir_pass *out, const struct loc *l, GE
         *out = (enum ir_pass)k;
         return true;
       }
-  return fail_at(err, l, "\"pass\" must be null or a pass name (F, B, BI, BW)");
+  return json_fail_at(err, l, "\"pass\" must be null or a pass name (F, B, BI, BW)");
 }
 
 static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *out,
-                         const struct loc *l, GError **err) {
+                         const struct json_loc *l, GError **err) {
   if (!v)
-    return fail_at(err, l, "missing key \"purpose\"");
+    return json_fail_at(err, l, "missing key \"purpose\"");
   if (nullable && cJSON_IsNull(v)) {
     *out = IR_COMM_NONE;
     return true;
@@ -563,28 +405,28 @@ static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *ou
         *out = (enum ir_comm_purpose)k;
         return true;
       }
-  return fail_at(err, l, "\"purpose\" must be %s\"pp\", \"dp\" or \"ep\"",
+  return json_fail_at(err, l, "\"purpose\" must be %s\"pp\", \"dp\" or \"ep\"",
                  nullable ? "null, " : "");
 }
 
 static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **err) {
   struct plan *p = r->p;
   struct ir_node *n = &p->nodes[i];
-  struct loc l = {r->index_file, "nodes", i, NULL, 0};
+  struct json_loc l = {r->index_file, "nodes", i, NULL, 0};
   const cJSON *x[N_COUNT];
   const char *name;
-  if (!fetch(rec, node_keys, N_COUNT, x, &l, err) || !check_id(x[N_ID], i, &l, err) ||
-      !get_str(x[N_NAME], "name", PLAN_NAME_LEN, &name, &l, err))
+  if (!json_fetch(rec, node_keys, N_COUNT, x, &l, err) || !check_id(x[N_ID], i, &l, err) ||
+      !json_value_string(x[N_NAME], "name", PLAN_NAME_LEN, &name, &l, err))
     return false;
   if (!x[N_KIND])
-    return fail_at(err, &l, "missing key \"kind\"");
+    return json_fail_at(err, &l, "missing key \"kind\"");
   n->kind = IR_NODE_KIND_COUNT;
   if (cJSON_IsString(x[N_KIND]) && x[N_KIND]->valuestring)
     for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
       if (strcmp(x[N_KIND]->valuestring, ir_node_kind_name((enum ir_node_kind)k)) == 0)
         n->kind = (enum ir_node_kind)k;
   if (n->kind == IR_NODE_KIND_COUNT)
-    return fail_at(err, &l, "\"kind\" is not a node kind");
+    return json_fail_at(err, &l, "\"kind\" is not a node kind");
   if (!read_pass(x[N_PASS], &n->pass, &l, err) ||
       !read_purpose(x[N_PURPOSE], true, &n->purpose, &l, err))
     return false;
@@ -592,37 +434,37 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   for (int t = 0; t < IR_MAX_TAGS; t++)
     n->tags[t] = -1;
   if (!x[N_TAGS])
-    return fail_at(err, &l, "missing key \"tags\"");
+    return json_fail_at(err, &l, "missing key \"tags\"");
   if (!cJSON_IsObject(x[N_TAGS]))
-    return fail_at(err, &l, "\"tags\" must be an object");
+    return json_fail_at(err, &l, "\"tags\" must be an object");
   for (const cJSON *c = x[N_TAGS]->child; c; c = c->next) {
     uint32_t t = 0;
     while (t < p->n_tags && !(c->string && strcmp(c->string, p->tag_names[t]) == 0))
       t++;
     if (t == p->n_tags)
-      return fail_at(err, &l, "\"tags\": \"%s\" is not a tag of the plan",
+      return json_fail_at(err, &l, "\"tags\": \"%s\" is not a tag of the plan",
                      c->string ? c->string : "");
     if (n->tags[t] != -1)
-      return fail_at(err, &l, "\"tags\": \"%s\" appears twice", c->string);
+      return json_fail_at(err, &l, "\"tags\": \"%s\" appears twice", c->string);
     int64_t v;
-    if (!get_int(c, c->string, 0, INT32_MAX, &v, &l, err))
+    if (!json_value_int(c, c->string, 0, INT32_MAX, &v, &l, err))
       return false;
     n->tags[t] = (int32_t)v;
   }
   uint64_t bytes;
   int64_t shard, replica;
-  if (!get_ref(x[N_GROUP], "group", p->n_groups, false, &n->group, &l, err) ||
-      !get_ref(x[N_PEER_GROUP], "peer_group", p->n_groups, true, &n->peer_group, &l, err) ||
-      !get_ref(x[N_STREAM], "stream", p->n_streams, false, &n->stream, &l, err) ||
-      !get_ref(x[N_SEGMENT], "segment", p->model->n_segments, true, &n->segment, &l, err) ||
-      !get_ref(x[N_SEGSET], "segset", p->n_segsets, true, &n->segset, &l, err) ||
-      !get_ref(x[N_PAIR], "pair", p->n_nodes, true, &n->pair, &l, err) ||
-      !get_bytes(x[N_BYTES], "bytes", &bytes, &l, err) ||
-      !get_int(x[N_SHARD_DEGREE], "shard_degree", 0, IR_MAX_DEVICES, &shard, &l, err) ||
-      !get_int(x[N_REPLICA_DEGREE], "replica_degree", 0, IR_MAX_DEVICES, &replica, &l, err) ||
-      !get_bool(x[N_SHARD_GRADS], "shard_grads", &n->shard_grads, &l, err) ||
-      !get_bool(x[N_SHARD_PARAMS], "shard_params", &n->shard_params, &l, err) ||
-      !get_ref(x[N_DIRECTIVE], "directive", PLAN_MAX_DIRECTIVE, true, &n->directive, &l, err))
+  if (!json_value_ref(x[N_GROUP], "group", p->n_groups, false, &n->group, &l, err) ||
+      !json_value_ref(x[N_PEER_GROUP], "peer_group", p->n_groups, true, &n->peer_group, &l, err) ||
+      !json_value_ref(x[N_STREAM], "stream", p->n_streams, false, &n->stream, &l, err) ||
+      !json_value_ref(x[N_SEGMENT], "segment", p->model->n_segments, true, &n->segment, &l, err) ||
+      !json_value_ref(x[N_SEGSET], "segset", p->n_segsets, true, &n->segset, &l, err) ||
+      !json_value_ref(x[N_PAIR], "pair", p->n_nodes, true, &n->pair, &l, err) ||
+      !json_value_u64(x[N_BYTES], "bytes", PLAN_MAX_BYTES, &bytes, &l, err) ||
+      !json_value_int(x[N_SHARD_DEGREE], "shard_degree", 0, IR_MAX_DEVICES, &shard, &l, err) ||
+      !json_value_int(x[N_REPLICA_DEGREE], "replica_degree", 0, IR_MAX_DEVICES, &replica, &l, err) ||
+      !json_value_bool(x[N_SHARD_GRADS], "shard_grads", &n->shard_grads, &l, err) ||
+      !json_value_bool(x[N_SHARD_PARAMS], "shard_params", &n->shard_params, &l, err) ||
+      !json_value_ref(x[N_DIRECTIVE], "directive", PLAN_MAX_DIRECTIVE, true, &n->directive, &l, err))
     return false;
   if (!read_hex(x[N_PRIORITY], "priority", &n->priority, &l, err))
     return false;
@@ -632,9 +474,9 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   /* A send or recv finds its peer at its own position in peer_group. */
   if (n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV) {
     if (n->peer_group == IR_NONE)
-      return fail_at(err, &l, "a %s needs a \"peer_group\"", ir_node_kind_name(n->kind));
+      return json_fail_at(err, &l, "a %s needs a \"peer_group\"", ir_node_kind_name(n->kind));
     if (p->groups[n->peer_group].count != p->groups[n->group].count)
-      return fail_at(err, &l, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
+      return json_fail_at(err, &l, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
                      n->peer_group, p->groups[n->peer_group].count, n->group,
                      p->groups[n->group].count);
   }
@@ -643,10 +485,10 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
 
 static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **err) {
   struct plan *p = r->p;
-  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   const cJSON *c;
   uint32_t n;
-  if (!get_array(k[I_NODES], "nodes", PLAN_MAX_COUNT, &c, &n, &l, err))
+  if (!json_value_array(k[I_NODES], "nodes", PLAN_MAX_COUNT, &c, &n, &l, err))
     return false;
   p->nodes = g_new0(struct ir_node, n ? n : 1);
   p->n_nodes = n;
@@ -654,31 +496,31 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
     if (!read_node(r, c, i, err))
       return false;
 
-  if (!get_array(k[I_COMMS], "communicators", PLAN_MAX_COUNT, &c, &n, &l, err))
+  if (!json_value_array(k[I_COMMS], "communicators", PLAN_MAX_COUNT, &c, &n, &l, err))
     return false;
   p->comms = g_new0(struct plan_comm, n ? n : 1);
   p->n_comms = n;
   for (uint32_t i = 0; c; c = c->next, i++) {
-    struct loc lc = {r->index_file, "communicators", i, NULL, 0};
+    struct json_loc lc = {r->index_file, "communicators", i, NULL, 0};
     static const char *const keys[] = {"id", "name", "purpose", "group", "peer_group"};
     const cJSON *x[5];
     const char *name;
     struct plan_comm *cm = &p->comms[i];
-    if (!fetch(c, keys, 5, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
-        !get_str(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
+    if (!json_fetch(c, keys, 5, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
+        !json_value_string(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
         !read_purpose(x[2], false, &cm->purpose, &lc, err) ||
-        !get_ref(x[3], "group", p->n_groups, false, &cm->group, &lc, err) ||
-        !get_ref(x[4], "peer_group", p->n_groups, true, &cm->peer_group, &lc, err))
+        !json_value_ref(x[3], "group", p->n_groups, false, &cm->group, &lc, err) ||
+        !json_value_ref(x[4], "peer_group", p->n_groups, true, &cm->peer_group, &lc, err))
       return false;
     if (cm->purpose == IR_COMM_PP) {
       if (cm->peer_group == IR_NONE)
-        return fail_at(err, &lc, "a pp communicator needs a \"peer_group\"");
+        return json_fail_at(err, &lc, "a pp communicator needs a \"peer_group\"");
       if (p->groups[cm->peer_group].count != p->groups[cm->group].count)
-        return fail_at(err, &lc, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
+        return json_fail_at(err, &lc, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
                        cm->peer_group, p->groups[cm->peer_group].count, cm->group,
                        p->groups[cm->group].count);
     } else if (cm->peer_group != IR_NONE) {
-      return fail_at(err, &lc, "\"peer_group\" must be null for a %s communicator",
+      return json_fail_at(err, &lc, "\"peer_group\" must be null for a %s communicator",
                      plan_purpose_names[cm->purpose]);
     }
   }
@@ -687,10 +529,10 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
 
 static bool read_classes(struct reader *r, const cJSON *const *k, GError **err) {
   struct plan *p = r->p;
-  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   const cJSON *c;
   uint32_t n;
-  if (!get_array(k[I_CLASSES], "classes", p->n_devices, &c, &n, &l, err))
+  if (!json_value_array(k[I_CLASSES], "classes", p->n_devices, &c, &n, &l, err))
     return false;
   p->classes = g_new0(struct plan_class, n ? n : 1);
   p->n_classes = r->n_classes = n;
@@ -704,27 +546,27 @@ static bool read_classes(struct reader *r, const cJSON *const *k, GError **err) 
   bool ok = false;
   GArray *members = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   for (uint32_t i = 0; c; c = c->next, i++) {
-    struct loc lc = {r->index_file, "classes", i, NULL, 0};
+    struct json_loc lc = {r->index_file, "classes", i, NULL, 0};
     static const char *const keys[] = {"id", "instructions", "devices"};
     const cJSON *x[3];
     r->class_source[i] = IR_NONE;
     g_array_set_size(members, 0);
-    if (!fetch(c, keys, 3, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
-        !get_u32(x[1], "instructions", 0, PLAN_MAX_COUNT, &r->class_instrs[i], &lc, err) ||
+    if (!json_fetch(c, keys, 3, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
+        !json_value_u32(x[1], "instructions", 0, PLAN_MAX_COUNT, &r->class_instrs[i], &lc, err) ||
         !read_refs(x[2], "devices", p->n_devices, members, &lc, err))
       goto out;
     if (members->len == 0) {
-      fail_at(err, &lc, "\"devices\" is empty");
+      json_fail_at(err, &lc, "\"devices\" is empty");
       goto out;
     }
     const uint32_t *m = (const uint32_t *)(void *)members->data;
     for (uint32_t j = 0; j < members->len; j++) {
       if (j > 0 && m[j] <= m[j - 1]) {
-        fail_at(err, &lc, "\"devices\" must be ascending without repeats");
+        json_fail_at(err, &lc, "\"devices\" must be ascending without repeats");
         goto out;
       }
       if (owner[m[j]] != IR_NONE) {
-        fail_at(err, &lc, "device %u is also in class %u", m[j], owner[m[j]]);
+        json_fail_at(err, &lc, "device %u is also in class %u", m[j], owner[m[j]]);
         goto out;
       }
       owner[m[j]] = i;
@@ -733,22 +575,22 @@ static bool read_classes(struct reader *r, const cJSON *const *k, GError **err) 
     p->classes[i].devices = g_memdup2(m, members->len * sizeof *m);
   }
 
-  if (!get_array(k[I_DEVICE_CLASS], "device_class", IR_MAX_DEVICES, &c, &n, &l, err))
+  if (!json_value_array(k[I_DEVICE_CLASS], "device_class", IR_MAX_DEVICES, &c, &n, &l, err))
     goto out;
   if (n != p->n_devices) {
-    fail_at(err, &l, "\"device_class\" has %u entries for %u devices", n, p->n_devices);
+    json_fail_at(err, &l, "\"device_class\" has %u entries for %u devices", n, p->n_devices);
     goto out;
   }
   p->device_class = g_new(uint32_t, p->n_devices);
   for (uint32_t d = 0; c; c = c->next, d++) {
-    struct loc ld = {r->index_file, "device_class", d, NULL, 0};
-    if (!get_ref(c, "device_class", p->n_classes, false, &p->device_class[d], &ld, err))
+    struct json_loc ld = {r->index_file, "device_class", d, NULL, 0};
+    if (!json_value_ref(c, "device_class", p->n_classes, false, &p->device_class[d], &ld, err))
       goto out;
     if (p->device_class[d] != owner[d]) {
       if (owner[d] == IR_NONE)
-        fail_at(err, &ld, "device %u is in no class's \"devices\"", d);
+        json_fail_at(err, &ld, "device %u is in no class's \"devices\"", d);
       else
-        fail_at(err, &ld, "device %u is listed in class %u", d, owner[d]);
+        json_fail_at(err, &ld, "device %u is listed in class %u", d, owner[d]);
       goto out;
     }
   }
@@ -761,21 +603,21 @@ out:
 
 static bool read_summary(struct reader *r, const cJSON *v, GError **err) {
   struct plan *p = r->p;
-  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   static const char *const keys[] = {"devices", "classes", "nodes", "instructions",
                                      "instructions_per_op"};
   const cJSON *x[5];
   int64_t devices, classes, nodes;
   if (!v)
-    return fail_at(err, &l, "missing key \"summary\"");
-  if (!fetch(v, keys, 5, x, &l, err) ||
-      !get_int(x[0], "devices", 0, INT64_C(1) << 53, &devices, &l, err) ||
-      !get_int(x[1], "classes", 0, INT64_C(1) << 53, &classes, &l, err) ||
-      !get_int(x[2], "nodes", 0, INT64_C(1) << 53, &nodes, &l, err) ||
-      !get_int(x[3], "instructions", 0, INT64_C(1) << 53, &r->sum_instrs, &l, err))
+    return json_fail_at(err, &l, "missing key \"summary\"");
+  if (!json_fetch(v, keys, 5, x, &l, err) ||
+      !json_value_int(x[0], "devices", 0, INT64_C(1) << 53, &devices, &l, err) ||
+      !json_value_int(x[1], "classes", 0, INT64_C(1) << 53, &classes, &l, err) ||
+      !json_value_int(x[2], "nodes", 0, INT64_C(1) << 53, &nodes, &l, err) ||
+      !json_value_int(x[3], "instructions", 0, INT64_C(1) << 53, &r->sum_instrs, &l, err))
     return false;
   if (devices != p->n_devices || classes != p->n_classes || nodes != p->n_nodes)
-    return fail_at(err, &l,
+    return json_fail_at(err, &l,
                    "\"summary\" counts (devices %lld, classes %lld, nodes %lld) differ "
                    "from the plan's (%u, %u, %u)",
                    (long long)devices, (long long)classes, (long long)nodes, p->n_devices,
@@ -785,25 +627,25 @@ static bool read_summary(struct reader *r, const cJSON *v, GError **err) {
   for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
     kinds[k] = ir_node_kind_name((enum ir_node_kind)k);
   if (!x[4])
-    return fail_at(err, &l, "\"summary\": missing key \"instructions_per_op\"");
-  if (!fetch(x[4], kinds, IR_NODE_KIND_COUNT, y, &l, err))
+    return json_fail_at(err, &l, "\"summary\": missing key \"instructions_per_op\"");
+  if (!json_fetch(x[4], kinds, IR_NODE_KIND_COUNT, y, &l, err))
     return false;
   for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
-    if (!get_int(y[k], kinds[k], 0, INT64_C(1) << 53, &r->sum_per_op[k], &l, err))
+    if (!json_value_int(y[k], kinds[k], 0, INT64_C(1) << 53, &r->sum_per_op[k], &l, err))
       return false;
   return true;
 }
 
 static bool reader_index(struct reader *r, const cJSON *index, GError **err) {
-  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   const cJSON *k[I_COUNT];
-  if (!fetch(index, index_keys, I_COUNT, k, &l, err) ||
+  if (!json_fetch(index, index_keys, I_COUNT, k, &l, err) ||
       !check_format(k[I_FORMAT], k[I_VERSION], PLAN_FORMAT, &l, err))
     return false;
   struct plan *p = r->p = g_new0(struct plan, 1);
   if (!read_model(r, k, err) ||
-      !get_u32(k[I_N_DEVICES], "n_devices", 1, IR_MAX_DEVICES, &p->n_devices, &l, err) ||
-      !get_u32(k[I_N_MICROBATCHES], "n_microbatches", 1, PLAN_MAX_MICROBATCHES, &p->n_microbatches,
+      !json_value_u32(k[I_N_DEVICES], "n_devices", 1, IR_MAX_DEVICES, &p->n_devices, &l, err) ||
+      !json_value_u32(k[I_N_MICROBATCHES], "n_microbatches", 1, PLAN_MAX_MICROBATCHES, &p->n_microbatches,
                &l, err) ||
       !read_tags_streams(r, k, err) || !read_groups_segsets(r, k, err) ||
       !read_nodes_comms(r, k, err) || !read_classes(r, k, err) ||
@@ -850,49 +692,49 @@ static bool list_has(const uint32_t *pool, uint32_t first, uint32_t count, uint3
 /* The communicator fields of instruction in (node nd) of device d. */
 static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
                             const struct ir_node *nd, struct plan_instr *in, uint32_t n_instrs,
-                            const struct loc *l, GError **err) {
+                            const struct json_loc *l, GError **err) {
   struct plan *p = r->p;
   /* Lowering gives every node that serves a purpose (pp, dp, ep) a communicator. */
   if (nd->purpose == IR_COMM_NONE) {
     static const int absent[] = {X_COMM, X_SEQ, X_RANK};
     for (size_t k = 0; k < G_N_ELEMENTS(absent); k++)
       if (x[absent[k]])
-        return fail_at(err, l, "\"%s\" is set, but node %u uses no communicator",
+        return json_fail_at(err, l, "\"%s\" is set, but node %u uses no communicator",
                        instr_keys[absent[k]], in->node);
     in->comm = in->seq = IR_NONE;
     return true;
   }
-  if (!get_ref(x[X_COMM], "comm", p->n_comms, false, &in->comm, l, err))
+  if (!json_value_ref(x[X_COMM], "comm", p->n_comms, false, &in->comm, l, err))
     return false;
   const struct plan_comm *cm = &p->comms[in->comm];
   if (cm->purpose != nd->purpose)
-    return fail_at(err, l, "communicator %u is a %s communicator, node %u needs %s", in->comm,
+    return json_fail_at(err, l, "communicator %u is a %s communicator, node %u needs %s", in->comm,
                    plan_purpose_names[cm->purpose], in->node,
                    nd->purpose <= IR_COMM_EP ? plan_purpose_names[nd->purpose] : "?");
   uint32_t pair[2];
   int side = plan_comm_side(nd);
   int32_t rank = plan_device_comm_rank(p, d, in->comm, side, pair);
   if (rank < 0)
-    return fail_at(err, l, "device %u is not a member of communicator %u", d, in->comm);
+    return json_fail_at(err, l, "device %u is not a member of communicator %u", d, in->comm);
   int64_t written;
-  if (!get_int(x[X_RANK], "rank", 0, IR_MAX_DEVICES, &written, l, err))
+  if (!json_value_int(x[X_RANK], "rank", 0, IR_MAX_DEVICES, &written, l, err))
     return false;
   if (written != rank)
-    return fail_at(err, l, "\"rank\" is %lld, but device %u has rank %d on communicator %u",
+    return json_fail_at(err, l, "\"rank\" is %lld, but device %u has rank %d on communicator %u",
                    (long long)written, d, rank, in->comm);
   if ((nd->kind == IR_NODE_SEND || nd->kind == IR_NODE_RECV) && cm->purpose == IR_COMM_PP &&
       plan_device_peer(p, d, nd) != pair[rank ^ 1])
-    return fail_at(err, l,
+    return json_fail_at(err, l,
                    "node %u talks to device %u, which is not the other end of "
                    "communicator %u (devices %u -> %u)",
                    in->node, plan_device_peer(p, d, nd), in->comm, pair[0], pair[1]);
-  if (!get_ref(x[X_SEQ], "seq", n_instrs, false, &in->seq, l, err))
+  if (!json_value_ref(x[X_SEQ], "seq", n_instrs, false, &in->seq, l, err))
     return false;
   /* seq numbers the device's instructions on one end of a communicator in issue order; a gap
    * or a repeat is refused here (members that disagree would deadlock). */
   uint32_t *next = &r->seq_next[2 * (size_t)in->comm + (uint32_t)side];
   if (in->seq != *next)
-    return fail_at(err, l,
+    return json_fail_at(err, l,
                    "\"seq\" is %u, but this is instruction %u of device %u on "
                    "communicator %u",
                    in->seq, *next, d, in->comm);
@@ -926,14 +768,14 @@ static void program_read_free(struct program_read *pr) {
  * the count the index declares. */
 static bool read_program_lists(struct reader *r, uint32_t cls, const cJSON *const *k,
                                const cJSON **sfirst, const cJSON **tfirst, uint32_t *nt,
-                               const struct loc *l, GError **err) {
+                               const struct json_loc *l, GError **err) {
   struct plan *p = r->p;
   uint32_t ns, n = r->class_instrs[cls];
-  if (!get_array(k[D_TENSORS], "tensors", PLAN_MAX_COUNT, tfirst, nt, l, err) ||
-      !get_array(k[D_STREAMS], "streams", PLAN_MAX_STREAMS, sfirst, &ns, l, err))
+  if (!json_value_array(k[D_TENSORS], "tensors", PLAN_MAX_COUNT, tfirst, nt, l, err) ||
+      !json_value_array(k[D_STREAMS], "streams", PLAN_MAX_STREAMS, sfirst, &ns, l, err))
     return false;
   if (ns != p->n_streams)
-    return fail_at(err, l, "\"streams\" has %u entries, plan.json declares %u streams", ns,
+    return json_fail_at(err, l, "\"streams\" has %u entries, plan.json declares %u streams", ns,
                    p->n_streams);
   uint64_t listed = 0;
   for (const cJSON *x = *sfirst; x; x = x->next) {
@@ -942,7 +784,7 @@ static bool read_program_lists(struct reader *r, uint32_t cls, const cJSON *cons
       listed++;
   }
   if (listed != n)
-    return fail_at(err, l, "lists %llu instructions, plan.json says class %u has %u",
+    return json_fail_at(err, l, "lists %llu instructions, plan.json says class %u has %u",
                    (unsigned long long)listed, cls, n);
   return true;
 }
@@ -950,34 +792,34 @@ static bool read_program_lists(struct reader *r, uint32_t cls, const cJSON *cons
 /* Stream s's record: notes where each of its instructions is listed and appends them to the
  * class's stream lists. *filled counts the instructions placed so far. */
 static bool read_stream_list(struct reader *r, struct program_read *pr, struct plan_class *c,
-                             uint32_t s, const cJSON *srec, uint32_t *filled, const struct loc *l,
+                             uint32_t s, const cJSON *srec, uint32_t *filled, const struct json_loc *l,
                              GError **err) {
-  struct loc ls = {l->file, "streams", s, NULL, 0};
+  struct json_loc ls = {l->ctx, "streams", s, NULL, 0};
   static const char *const keys[] = {"stream", "name", "instructions"};
   const cJSON *x[3], *irec;
   uint32_t sid, ni, ns = r->p->n_streams;
   char want[IR_NAME_MAX + 1];
   plan_copy_name(want, r->p->streams[s].name, IR_NAME_MAX);
-  if (!fetch(srec, keys, 3, x, &ls, err) || !get_ref(x[0], "stream", ns, false, &sid, &ls, err))
+  if (!json_fetch(srec, keys, 3, x, &ls, err) || !json_value_ref(x[0], "stream", ns, false, &sid, &ls, err))
     return false;
   if (sid != s)
-    return fail_at(err, &ls, "\"stream\" is %u, expected %u (streams are listed in order)", sid, s);
+    return json_fail_at(err, &ls, "\"stream\" is %u, expected %u (streams are listed in order)", sid, s);
   if (!expect_string(x[1], "name", want, &ls, err) ||
-      !get_array(x[2], "instructions", PLAN_MAX_COUNT, &irec, &ni, &ls, err))
+      !json_value_array(x[2], "instructions", PLAN_MAX_COUNT, &irec, &ni, &ls, err))
     return false;
   c->stream_first[s] = *filled;
   uint32_t prev = IR_NONE;
   for (uint32_t kk = 0; irec; irec = irec->next, kk++) {
-    struct loc li = {l->file, "streams", s, "instructions", kk};
+    struct json_loc li = {l->ctx, "streams", s, "instructions", kk};
     uint32_t i;
     if (!cJSON_IsObject(irec))
-      return fail_at(err, &li, "expected an object");
-    if (!get_ref(cJSON_GetObjectItemCaseSensitive(irec, "i"), "i", pr->n, false, &i, &li, err))
+      return json_fail_at(err, &li, "expected an object");
+    if (!json_value_ref(cJSON_GetObjectItemCaseSensitive(irec, "i"), "i", pr->n, false, &i, &li, err))
       return false;
     if (pr->recs[i])
-      return fail_at(err, &li, "instruction %u is listed twice", i);
+      return json_fail_at(err, &li, "instruction %u is listed twice", i);
     if (prev != IR_NONE && i < prev)
-      return fail_at(err, &li, "\"i\" is %u after %u: a stream lists its instructions in issue order",
+      return json_fail_at(err, &li, "\"i\" is %u after %u: a stream lists its instructions in issue order",
                      i, prev);
     prev = i;
     pr->recs[i] = irec;
@@ -991,7 +833,7 @@ static bool read_stream_list(struct reader *r, struct program_read *pr, struct p
 /* First pass over the streams: where each issue index is listed, so the second pass can go in
  * issue order and lay out the pools the way lowering does. */
 static bool read_stream_lists(struct reader *r, struct program_read *pr, struct plan_class *c,
-                              uint32_t cls, const cJSON *sfirst, const struct loc *l,
+                              uint32_t cls, const cJSON *sfirst, const struct json_loc *l,
                               GError **err) {
   uint32_t filled = 0, ns = r->p->n_streams;
   const cJSON *srec = sfirst;
@@ -1000,45 +842,45 @@ static bool read_stream_lists(struct reader *r, struct program_read *pr, struct 
       return false;
   c->stream_first[ns] = filled;
   if (filled != pr->n)
-    return fail_at(err, l, "lists %u instructions, plan.json says class %u has %u", filled, cls,
+    return json_fail_at(err, l, "lists %u instructions, plan.json says class %u has %u", filled, cls,
                    pr->n);
   return true;
 }
 
 /* The fields an instruction repeats from its node (op, pass, bytes) must agree with it. */
 static bool check_instr_node(const struct ir_node *nd, uint32_t node, const cJSON *const *x,
-                             const struct loc *li, GError **err) {
+                             const struct json_loc *li, GError **err) {
   uint64_t bytes;
   if (!expect_string(x[X_OP], "op", ir_node_kind_name(nd->kind), li, err))
     return false;
   if (nd->pass == IR_PASS_NONE) {
     if (!x[X_PASS] || !cJSON_IsNull(x[X_PASS]))
-      return fail_at(err, li, "\"pass\" must be null: node %u has no pass", node);
+      return json_fail_at(err, li, "\"pass\" must be null: node %u has no pass", node);
   } else if (!expect_string(x[X_PASS], "pass", ir_pass_name(nd->pass), li, err)) {
     return false;
   }
-  if (!get_bytes(x[X_BYTES], "bytes", &bytes, li, err))
+  if (!json_value_u64(x[X_BYTES], "bytes", PLAN_MAX_BYTES, &bytes, li, err))
     return false;
   if (bytes != nd->bytes)
-    return fail_at(err, li, "\"bytes\" is %llu, but node %u has %llu", (unsigned long long)bytes,
+    return json_fail_at(err, li, "\"bytes\" is %llu, but node %u has %llu", (unsigned long long)bytes,
                    node, (unsigned long long)nd->bytes);
   return true;
 }
 
 /* A send or recv names the device at the other end; nothing else has a peer. */
 static bool check_instr_peer(const struct plan *p, uint32_t d, const struct ir_node *nd,
-                             uint32_t node, const cJSON *const *x, const struct loc *li,
+                             uint32_t node, const cJSON *const *x, const struct json_loc *li,
                              GError **err) {
   if (nd->kind != IR_NODE_SEND && nd->kind != IR_NODE_RECV) {
     if (x[X_PEER])
-      return fail_at(err, li, "\"peer\" is set, but a %s has no peer", ir_node_kind_name(nd->kind));
+      return json_fail_at(err, li, "\"peer\" is set, but a %s has no peer", ir_node_kind_name(nd->kind));
     return true;
   }
   uint32_t peer;
-  if (!get_ref(x[X_PEER], "peer", p->n_devices, true, &peer, li, err))
+  if (!json_value_ref(x[X_PEER], "peer", p->n_devices, true, &peer, li, err))
     return false;
   if (peer != plan_device_peer(p, d, nd))
-    return fail_at(err, li, "\"peer\" is %u, but device %u's peer on node %u is %u", peer, d, node,
+    return json_fail_at(err, li, "\"peer\" is %u, but device %u's peer on node %u is %u", peer, d, node,
                    plan_device_peer(p, d, nd));
   return true;
 }
@@ -1046,7 +888,7 @@ static bool check_instr_peer(const struct plan *p, uint32_t d, const struct ir_n
 /* Waits, reads and writes go to the pools. Issue order is a topological order, so an
  * instruction waits only on earlier ones. */
 static bool read_instr_lists(struct program_read *pr, uint32_t i, struct plan_instr *in,
-                             const cJSON *const *x, const struct loc *li, GError **err) {
+                             const cJSON *const *x, const struct json_loc *li, GError **err) {
   in->wait_first = pr->waits->len;
   if (!read_refs(x[X_WAITS], "waits", i, pr->waits, li, err))
     return false;
@@ -1064,20 +906,20 @@ static bool read_instr_lists(struct program_read *pr, uint32_t i, struct plan_in
 
 /* Instruction i, in issue order. */
 static bool read_instr(struct reader *r, struct program_read *pr, struct plan_class *c,
-                       uint32_t i, const struct loc *l, GError **err) {
+                       uint32_t i, const struct json_loc *l, GError **err) {
   const struct plan *p = r->p;
   uint32_t d = pr->d;
-  struct loc li = {l->file, "streams", c->instrs[i].stream, "instructions", pr->at[i]};
+  struct json_loc li = {l->ctx, "streams", c->instrs[i].stream, "instructions", pr->at[i]};
   struct plan_instr *in = &c->instrs[i];
   const cJSON *x[X_COUNT];
   const char *name;
-  if (!fetch(pr->recs[i], instr_keys, X_COUNT, x, &li, err) ||
-      !get_ref(x[X_NODE], "node", p->n_nodes, false, &in->node, &li, err) ||
-      !get_str(x[X_NAME], "name", PLAN_NAME_LEN, &name, &li, err))
+  if (!json_fetch(pr->recs[i], instr_keys, X_COUNT, x, &li, err) ||
+      !json_value_ref(x[X_NODE], "node", p->n_nodes, false, &in->node, &li, err) ||
+      !json_value_string(x[X_NAME], "name", PLAN_NAME_LEN, &name, &li, err))
     return false;
   const struct ir_node *nd = &p->nodes[in->node];
   if (plan_group_position(p, nd->group, d) < 0)
-    return fail_at(err, &li, "device %u is not in group %u, which runs node %u", d, nd->group,
+    return json_fail_at(err, &li, "device %u is not in group %u, which runs node %u", d, nd->group,
                    in->node);
   return check_instr_node(nd, in->node, x, &li, err) &&
          read_instr_comm(r, d, x, nd, in, pr->n, &li, err) &&
@@ -1087,41 +929,41 @@ static bool read_instr(struct reader *r, struct program_read *pr, struct plan_cl
 
 /* Producer and consumers must name the tensor, so lifetimes computed either way agree. */
 static bool check_tensor_links(const struct plan_class *c, const struct program_read *pr,
-                               uint32_t t, const struct loc *lt, GError **err) {
+                               uint32_t t, const struct json_loc *lt, GError **err) {
   const struct plan_tensor *tn = &c->tensors[t];
   const struct plan_instr *producer = &c->instrs[tn->producer];
   if (!list_has(c->writes, producer->write_first, producer->write_count, t))
-    return fail_at(err, lt, "its producer, instruction %u, does not list it in \"writes\"",
+    return json_fail_at(err, lt, "its producer, instruction %u, does not list it in \"writes\"",
                    tn->producer);
   for (uint32_t j = tn->consumer_first; j < pr->consumers->len; j++) {
     uint32_t u = g_array_index(pr->consumers, uint32_t, j);
     if (u <= tn->producer)
-      return fail_at(err, lt, "consumer %u does not come after its producer %u", u, tn->producer);
+      return json_fail_at(err, lt, "consumer %u does not come after its producer %u", u, tn->producer);
     if (!list_has(c->reads, c->instrs[u].read_first, c->instrs[u].read_count, t))
-      return fail_at(err, lt, "its consumer, instruction %u, does not list it in \"reads\"", u);
+      return json_fail_at(err, lt, "its consumer, instruction %u, does not list it in \"reads\"", u);
   }
   return true;
 }
 
 static bool read_tensor(struct program_read *pr, struct plan_class *c, uint32_t t,
-                        const cJSON *trec, const struct loc *l, GError **err) {
-  struct loc lt = {l->file, "tensors", t, NULL, 0};
+                        const cJSON *trec, const struct json_loc *l, GError **err) {
+  struct json_loc lt = {l->ctx, "tensors", t, NULL, 0};
   static const char *const keys[] = {"id", "bytes", "kind", "producer", "consumers"};
   const cJSON *x[5];
   struct plan_tensor *tn = &c->tensors[t];
-  if (!fetch(trec, keys, 5, x, &lt, err) || !check_id(x[0], t, &lt, err) ||
-      !get_bytes(x[1], "bytes", &tn->bytes, &lt, err))
+  if (!json_fetch(trec, keys, 5, x, &lt, err) || !check_id(x[0], t, &lt, err) ||
+      !json_value_u64(x[1], "bytes", PLAN_MAX_BYTES, &tn->bytes, &lt, err))
     return false;
   if (!x[2])
-    return fail_at(err, &lt, "missing key \"kind\"");
+    return json_fail_at(err, &lt, "missing key \"kind\"");
   if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "out") == 0)
     tn->kind = PLAN_TENSOR_OUT;
   else if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "saved") == 0)
     tn->kind = PLAN_TENSOR_SAVED;
   else
-    return fail_at(err, &lt, "\"kind\" must be \"out\" or \"saved\"");
+    return json_fail_at(err, &lt, "\"kind\" must be \"out\" or \"saved\"");
   tn->consumer_first = pr->consumers->len;
-  if (!get_ref(x[3], "producer", pr->n, false, &tn->producer, &lt, err) ||
+  if (!json_value_ref(x[3], "producer", pr->n, false, &tn->producer, &lt, err) ||
       !read_refs(x[4], "consumers", pr->n, pr->consumers, &lt, err))
     return false;
   tn->consumer_count = pr->consumers->len - tn->consumer_first;
@@ -1131,7 +973,7 @@ static bool read_tensor(struct program_read *pr, struct plan_class *c, uint32_t 
 /* Reads one device's program into c (a fresh class without members): the stream lists, then
  * every instruction in issue order, then the tensors (which refer back to both). */
 static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, struct plan_class *c,
-                         const struct loc *l, GError **err) {
+                         const struct json_loc *l, GError **err) {
   uint32_t cls = r->p->device_class[d], n = r->class_instrs[cls], ns = r->p->n_streams;
   const cJSON *tfirst, *sfirst;
   uint32_t nt;
@@ -1174,67 +1016,67 @@ out:
 
 /* Checks the device-specific lists a device file repeats: its groups and communicators. */
 static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *k,
-                              const struct loc *l, GError **err) {
+                              const struct json_loc *l, GError **err) {
   struct plan *p = r->p;
   const struct plan_positions *t = &p->positions;
   const cJSON *c;
   uint32_t n, want = t->first[d + 1] - t->first[d];
-  if (!get_array(k[D_GROUPS], "groups", PLAN_MAX_COUNT, &c, &n, l, err))
+  if (!json_value_array(k[D_GROUPS], "groups", PLAN_MAX_COUNT, &c, &n, l, err))
     return false;
   if (n != want)
-    return fail_at(err, l, "\"groups\" has %u entries, but device %u is in %u groups", n, d, want);
+    return json_fail_at(err, l, "\"groups\" has %u entries, but device %u is in %u groups", n, d, want);
   for (uint32_t j = 0; c; c = c->next, j++) {
-    struct loc lg = {l->file, "groups", j, NULL, 0};
+    struct json_loc lg = {l->ctx, "groups", j, NULL, 0};
     static const char *const keys[] = {"group", "position"};
     const cJSON *x[2];
     int64_t g, pos;
     uint32_t e = t->first[d] + j;
-    if (!fetch(c, keys, 2, x, &lg, err) || !get_int(x[0], "group", 0, UINT32_MAX, &g, &lg, err) ||
-        !get_int(x[1], "position", 0, UINT32_MAX, &pos, &lg, err))
+    if (!json_fetch(c, keys, 2, x, &lg, err) || !json_value_int(x[0], "group", 0, UINT32_MAX, &g, &lg, err) ||
+        !json_value_int(x[1], "position", 0, UINT32_MAX, &pos, &lg, err))
       return false;
     if ((uint32_t)g != t->group[e] || (uint32_t)pos != t->rank[e])
-      return fail_at(err, &lg, "expected group %u, position %u (from plan.json)", t->group[e],
+      return json_fail_at(err, &lg, "expected group %u, position %u (from plan.json)", t->group[e],
                      t->rank[e]);
   }
   uint32_t cls = p->device_class[d];
   uint32_t nc = r->class_n_comms[cls];
-  if (!get_array(k[D_COMMS], "communicators", PLAN_MAX_COUNT, &c, &n, l, err))
+  if (!json_value_array(k[D_COMMS], "communicators", PLAN_MAX_COUNT, &c, &n, l, err))
     return false;
   if (n != nc)
-    return fail_at(err, l, "\"communicators\" has %u entries, but the program uses %u", n, nc);
+    return json_fail_at(err, l, "\"communicators\" has %u entries, but the program uses %u", n, nc);
   for (uint32_t j = 0; c; c = c->next, j++) {
-    struct loc lc = {l->file, "communicators", j, NULL, 0};
+    struct json_loc lc = {l->ctx, "communicators", j, NULL, 0};
     static const char *const keys[] = {"id", "name", "size", "rank", "members"};
     const cJSON *x[5];
     uint32_t id = r->class_comms[cls][j], pair[2];
     int64_t written_id, size, rank;
     const char *name;
-    if (!fetch(c, keys, 5, x, &lc, err) ||
-        !get_int(x[0], "id", 0, UINT32_MAX, &written_id, &lc, err))
+    if (!json_fetch(c, keys, 5, x, &lc, err) ||
+        !json_value_int(x[0], "id", 0, UINT32_MAX, &written_id, &lc, err))
       return false;
     if ((uint32_t)written_id != id)
-      return fail_at(err, &lc,
+      return json_fail_at(err, &lc,
                      "\"id\" is %lld, expected %u (the communicators the program uses, "
                      "ascending)",
                      (long long)written_id, id);
     int32_t want_rank = plan_device_comm_rank(p, d, id, -1, pair);
-    if (!get_str(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
-        !get_int(x[2], "size", 0, UINT32_MAX, &size, &lc, err) ||
-        !get_int(x[3], "rank", 0, UINT32_MAX, &rank, &lc, err))
+    if (!json_value_string(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
+        !json_value_int(x[2], "size", 0, UINT32_MAX, &size, &lc, err) ||
+        !json_value_int(x[3], "rank", 0, UINT32_MAX, &rank, &lc, err))
       return false;
     if ((uint32_t)size != plan_comm_size(p, id) || rank != want_rank)
-      return fail_at(err, &lc, "\"size\" %lld and \"rank\" %lld, expected %u and %d",
+      return json_fail_at(err, &lc, "\"size\" %lld and \"rank\" %lld, expected %u and %d",
                      (long long)size, (long long)rank, plan_comm_size(p, id), want_rank);
     if (p->comms[id].purpose == IR_COMM_PP) {
       const cJSON *m = x[4];
       if (!m)
-        return fail_at(err, &lc, "missing key \"members\"");
-      if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) != 2 || !is_whole(m->child) ||
-          !is_whole(m->child->next) || m->child->valuedouble != pair[0] ||
+        return json_fail_at(err, &lc, "missing key \"members\"");
+      if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) != 2 || !json_is_whole(m->child) ||
+          !json_is_whole(m->child->next) || m->child->valuedouble != pair[0] ||
           m->child->next->valuedouble != pair[1])
-        return fail_at(err, &lc, "\"members\" must be [%u, %u]", pair[0], pair[1]);
+        return json_fail_at(err, &lc, "\"members\" must be [%u, %u]", pair[0], pair[1]);
     } else if (x[4]) {
-      return fail_at(err, &lc, "\"members\" is only listed for pp communicators");
+      return json_fail_at(err, &lc, "\"members\" is only listed for pp communicators");
     }
   }
   return true;
@@ -1245,23 +1087,23 @@ static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError
   char file_name[32];
   snprintf(file_name, sizeof file_name, "device-%u.json", d);
   char *file = g_build_filename(r->dir, file_name, NULL);
-  struct loc l = {file, NULL, 0, NULL, 0};
+  struct json_loc l = {file, NULL, 0, NULL, 0};
   struct plan_class tmp = {0};
   const cJSON *k[D_COUNT];
   uint32_t dev, cls;
   bool ok = false;
-  if (!fetch(doc, device_keys, D_COUNT, k, &l, err) ||
+  if (!json_fetch(doc, device_keys, D_COUNT, k, &l, err) ||
       !check_format(k[D_FORMAT], k[D_VERSION], PLAN_DEVICE_FORMAT, &l, err) ||
-      !get_u32(k[D_DEVICE], "device", 0, IR_MAX_DEVICES, &dev, &l, err))
+      !json_value_u32(k[D_DEVICE], "device", 0, IR_MAX_DEVICES, &dev, &l, err))
     goto out;
   if (dev != d) {
-    fail_at(err, &l, "\"device\" is %u, but this is the file of device %u", dev, d);
+    json_fail_at(err, &l, "\"device\" is %u, but this is the file of device %u", dev, d);
     goto out;
   }
-  if (!get_ref(k[D_CLASS], "class", p->n_classes, false, &cls, &l, err))
+  if (!json_value_ref(k[D_CLASS], "class", p->n_classes, false, &cls, &l, err))
     goto out;
   if (cls != p->device_class[d]) {
-    fail_at(err, &l, "\"class\" differs from plan.json's device_class[%u]", d);
+    json_fail_at(err, &l, "\"class\" differs from plan.json's device_class[%u]", d);
     goto out;
   }
   bool read = read_program(r, d, k, &tmp, &l, err);
@@ -1286,7 +1128,7 @@ static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError
   } else {
     char what[96];
     if (!plan_class_diff(dst, &tmp, p->n_streams, what, sizeof what)) {
-      fail_at(err, &l, "its program differs from device %u's (both in class %u) at %s",
+      json_fail_at(err, &l, "its program differs from device %u's (both in class %u) at %s",
               r->class_source[cls], cls, what);
       goto out;
     }
@@ -1303,10 +1145,10 @@ out:
 /* Checks what needs every device read, then the progress check; the plan moves to the caller. */
 static struct plan *reader_finish(struct reader *r, GError **err) {
   struct plan *p = r->p;
-  struct loc l = {r->index_file, NULL, 0, NULL, 0};
+  struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   for (uint32_t c = 0; c < p->n_classes; c++)
     if (r->class_source[c] == IR_NONE) {
-      fail_at(err, &l, "class %u: no device file read", c);
+      json_fail_at(err, &l, "class %u: no device file read", c);
       return NULL;
     }
   int64_t per_op[IR_NODE_KIND_COUNT] = {0};
@@ -1314,13 +1156,13 @@ static struct plan *reader_finish(struct reader *r, GError **err) {
     for (uint32_t i = 0; i < p->classes[c].n_instrs; i++)
       per_op[p->nodes[p->classes[c].instrs[i].node].kind] += p->classes[c].n_devices;
   if ((uint64_t)r->sum_instrs != plan_instruction_count(p)) {
-    fail_at(err, &l, "\"summary\": \"instructions\" is %lld, the device files hold %llu",
+    json_fail_at(err, &l, "\"summary\": \"instructions\" is %lld, the device files hold %llu",
             (long long)r->sum_instrs, (unsigned long long)plan_instruction_count(p));
     return NULL;
   }
   for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
     if (per_op[k] != r->sum_per_op[k]) {
-      fail_at(err, &l,
+      json_fail_at(err, &l,
               "\"summary\": \"instructions_per_op\" \"%s\" is %lld, the device files "
               "hold %lld",
               ir_node_kind_name((enum ir_node_kind)k), (long long)r->sum_per_op[k],
