@@ -10,18 +10,6 @@
 
 /* ---- loading ------------------------------------------------------------------------------ */
 
-static bool get_obj(const cJSON *root, const char *key, const cJSON **out, const char *ctx,
-                    GError **err) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-  *out = NULL;
-  if (!v)
-    return true;
-  if (!cJSON_IsObject(v))
-    return piper_input_error(err, "%s: key \"%s\" must be an object", ctx, key);
-  *out = v;
-  return true;
-}
-
 static bool parse_pass(const char *s, enum ir_pass *out) {
   static const char *const names[] = {"F", "B", "BI", "BW"};
   for (int i = 0; i < 4; i++)
@@ -83,7 +71,7 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
     const cJSON *d;
     cJSON_ArrayForEach(d, shape) {
       int64_t v;
-      if (!json_as_int(d, 0, INT64_MAX / 2, &v, ctx, "shape", err))
+      if (!json_value_int(d, "shape", 0, INT64_MAX / 2, &v, JSON_LOC(ctx), err))
         return false;
       en->shape[j++] = v;
     }
@@ -171,26 +159,31 @@ static bool read_keys(struct profile *p, const cJSON *obj, const struct profile_
                       const char *ctx, GError **err) {
   for (size_t i = 0; i < n; i++) {
     const struct profile_key *k = &rows[i];
-    bool required = k->need == PROFILE_KEY_REQUIRED || (k->need == PROFILE_KEY_DEVICE && !p->synthetic);
-    char *field = (char *)p + k->offset;
-    if (k->type == PROFILE_KEY_U32) {
-      int64_t v;
-      bool present = cJSON_GetObjectItemCaseSensitive(obj, k->name) != NULL;
-      if (!json_get_int(obj, k->name, required, (int64_t)k->lo, (int64_t)k->hi, &v, ctx, err))
-        return false;
-      if (present)
-        *(uint32_t *)(void *)field = (uint32_t)v;
-      continue;
-    }
-    double v;
-    if (!json_get_double(obj, k->name, required, k->lo, k->hi, &v, ctx, err))
-      return false;
-    if (!cJSON_GetObjectItemCaseSensitive(obj, k->name))
+    bool required =
+        k->need == PROFILE_KEY_REQUIRED || (k->need == PROFILE_KEY_DEVICE && !p->synthetic);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, k->name);
+    if (!v && !required)
       continue; /* keeps the default */
-    if (k->type == PROFILE_KEY_BYTES)
-      *(uint64_t *)(void *)field = (uint64_t)(v * k->scale);
-    else
-      *(double *)(void *)field = k->scale == 1 ? v : v * k->scale;
+    char *field = (char *)p + k->offset;
+    double x;
+    uint32_t u;
+    switch (k->type) {
+    case PROFILE_KEY_U32:
+      if (!json_value_u32(v, k->name, (uint32_t)k->lo, (uint32_t)k->hi, &u, JSON_LOC(ctx), err))
+        return false;
+      *(uint32_t *)(void *)field = u;
+      break;
+    case PROFILE_KEY_BYTES:
+      if (!json_value_double(v, k->name, k->lo, k->hi, &x, JSON_LOC(ctx), err))
+        return false;
+      *(uint64_t *)(void *)field = (uint64_t)(x * k->scale);
+      break;
+    case PROFILE_KEY_DOUBLE:
+      if (!json_value_double(v, k->name, k->lo, k->hi, &x, JSON_LOC(ctx), err))
+        return false;
+      *(double *)(void *)field = k->scale == 1 ? x : x * k->scale;
+      break;
+    }
   }
   return true;
 }
@@ -251,7 +244,7 @@ static bool read_device(struct profile *p, const char *name, const cJSON *dev, G
   snprintf(ctx, sizeof ctx, "%s: device", name);
   const cJSON *pk;
   if (!check_section_keys(dev, device_keys, G_N_ELEMENTS(device_keys), "peak_tflops", ctx, err) ||
-      !get_obj(dev, "peak_tflops", &pk, ctx, err))
+      !json_get_object(dev, "peak_tflops", false, &pk, ctx, err))
     return false;
   if (!pk && !p->synthetic)
     return piper_input_error(err, "%s: key \"peak_tflops\" is required", ctx);
@@ -294,8 +287,10 @@ static bool read_network(struct profile *p, const char *name, const cJSON *net, 
 static bool read_sections(struct profile *p, const char *name, const cJSON *root, GError **err) {
   const cJSON *dev, *net, *con, *syn;
   char ctx[300];
-  if (!get_obj(root, "device", &dev, name, err) || !get_obj(root, "network", &net, name, err) ||
-      !get_obj(root, "contention", &con, name, err) || !get_obj(root, "synthetic", &syn, name, err))
+  if (!json_get_object(root, "device", false, &dev, name, err) ||
+      !json_get_object(root, "network", false, &net, name, err) ||
+      !json_get_object(root, "contention", false, &con, name, err) ||
+      !json_get_object(root, "synthetic", false, &syn, name, err))
     return false;
   if (!p->synthetic && !dev)
     return piper_input_error(err, "%s: key \"device\" is required for a device profile", name);
