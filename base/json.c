@@ -380,4 +380,3 @@ bool json_write_file(const char *path, const cJSON *root, GError **err) {
   g_string_free(s, TRUE);
   return ok;
 }
-

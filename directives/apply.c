@@ -47,7 +47,7 @@ static bool fail_at(const struct apply *a, uint32_t d, GError **err, const char 
     piper_input_error(err, "%s: %s", a->p->name, what);
   else
     piper_input_error(err, "%s: directive %u (%s): %s", a->p->name, a->p->d[d].index,
-              dir_op_name(a->p->d[d].op), what);
+                      dir_op_name(a->p->d[d].op), what);
   g_free(what);
   return false;
 }
@@ -85,7 +85,7 @@ bool dir_filter_resolve(const struct dir_filter *f, const struct ir_graph *g, st
         g_string_append_printf(known, "%s, ", g->tag_names[i]);
       g_string_append(known, "PASS");
       piper_input_error(err, "%s: filter key \"%s\" is not a tag of the model (tags: %s)", ctx,
-                f->keys[k].name, known->str);
+                        f->keys[k].name, known->str);
       g_string_free(known, TRUE);
       return false;
     }
@@ -686,10 +686,9 @@ static void replicate_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
     uint64_t sb = take ? m->segments[s].param_bytes : 0;
     bool flush = bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap));
     if (flush) {
-      add_bucket_collective(a, bucket, home,
-                            dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
-                            grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &ds->gi,
-                            ds->syncs_of);
+      add_bucket_collective(
+          a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
+          grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &ds->gi, ds->syncs_of);
       g_array_set_size(bucket, 0);
       bytes = 0;
     }
@@ -704,9 +703,9 @@ static void replicate_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
 
 /* Open buckets of the copies' gradient sums, one per sync group. */
 struct copy_buckets {
-  GArray *sync_groups;   /* group ids */
-  GPtrArray *buckets;    /* per sync group: segments */
-  GArray *bucket_bytes;  /* per sync group */
+  GArray *sync_groups;  /* group ids */
+  GPtrArray *buckets;   /* per sync group: segments */
+  GArray *bucket_bytes; /* per sync group */
 };
 
 /* Before segment s (or at the end, s < 0) joins its sync groups mine: closes every bucket that
@@ -722,8 +721,8 @@ static void copy_buckets_flush(struct apply *a, struct dp_sync *ds, struct copy_
       in_mine |= g_array_index(mine, uint32_t, q) == sg;
     if (b->len == 0 || !(s < 0 || (in_mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB)))
       continue;
-    add_bucket_collective(a, b, ds->home, IR_NODE_ALL_REDUCE, sg, stream_or(a->g, "", "dp"),
-                          *bytes, IR_NONE, &ds->gi, ds->syncs_of);
+    add_bucket_collective(a, b, ds->home, IR_NODE_ALL_REDUCE, sg, stream_or(a->g, "", "dp"), *bytes,
+                          IR_NONE, &ds->gi, ds->syncs_of);
     g_array_set_size(b, 0);
     *bytes = 0;
   }

@@ -78,7 +78,8 @@ static bool check_name(const char *s, char out[DIR_NAME_MAX], const char *ctx, c
   if (len == 0)
     return piper_input_error(err, "%s: %s must not be empty", ctx, what);
   if (len >= DIR_NAME_MAX)
-    return piper_input_error(err, "%s: %s is %zu bytes long, at most %d", ctx, what, len, DIR_NAME_MAX - 1);
+    return piper_input_error(err, "%s: %s is %zu bytes long, at most %d", ctx, what, len,
+                             DIR_NAME_MAX - 1);
   for (size_t i = 0; i < len; i++)
     if (!g_ascii_isgraph(s[i]))
       return piper_input_error(err, "%s: %s must be printable ASCII without spaces", ctx, what);
@@ -105,8 +106,8 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
   memset(f, 0, sizeof *f);
   f->pass = IR_PASS_NONE;
   if (!cJSON_IsObject(v))
-    return piper_input_error(err, "%s: %s must be an object such as {\"PP\": 0, \"PASS\": \"F\"}", ctx,
-                     where);
+    return piper_input_error(err, "%s: %s must be an object such as {\"PP\": 0, \"PASS\": \"F\"}",
+                             ctx, where);
   bool have_pass = false;
   for (const cJSON *it = v->child; it; it = it->next) {
     const char *k = it->string ? it->string : "";
@@ -127,7 +128,7 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
     }
     if (f->n_keys == DIR_MAX_FILTER_KEYS)
       return piper_input_error(err, "%s: %s: more than %d keys besides PASS", ctx, where,
-                       DIR_MAX_FILTER_KEYS);
+                               DIR_MAX_FILTER_KEYS);
     struct dir_filter_key *key = &f->keys[f->n_keys];
     g_autofree char *what = g_strdup_printf("%s: key %s", where, q);
     if (!check_name(k, key->name, ctx, what, err))
@@ -142,12 +143,13 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
       if (it->valuedouble < 0 || it->valuedouble > DIR_MAX_INDEX) {
         char num[32];
         json_format_number(it->valuedouble, num);
-        return piper_input_error(err, "%s: %s: %s = %s is out of range [0, %d] (or \"*\" for any)", ctx,
-                         where, q, num, DIR_MAX_INDEX);
+        return piper_input_error(err, "%s: %s: %s = %s is out of range [0, %d] (or \"*\" for any)",
+                                 ctx, where, q, num, DIR_MAX_INDEX);
       }
       key->value = (int32_t)it->valuedouble;
     } else {
-      return piper_input_error(err, "%s: %s: %s must be an integer index >= 0 or \"*\"", ctx, where, q);
+      return piper_input_error(err, "%s: %s: %s must be an integer index >= 0 or \"*\"", ctx, where,
+                               q);
     }
     f->n_keys++;
   }
@@ -166,9 +168,9 @@ static bool parse_devices(const cJSON *obj, struct dir_directive *d, uint32_t *m
     return piper_input_error(err, "%s: \"devices\" must be a non-empty list of device ids", ctx);
   size_t n = count_upto(v, IR_MAX_DEVICES);
   if (n > IR_MAX_DEVICES)
-    return piper_input_error(err,
-                     "%s: \"devices\" has more than %d entries (ids are distinct and below %d)",
-                     ctx, IR_MAX_DEVICES, IR_MAX_DEVICES);
+    return piper_input_error(
+        err, "%s: \"devices\" has more than %d entries (ids are distinct and below %d)", ctx,
+        IR_MAX_DEVICES, IR_MAX_DEVICES);
   d->devices = g_new(uint32_t, n);
   d->n_devices = (uint32_t)n;
   uint8_t seen[IR_MAX_DEVICES / 8] = {0};
@@ -200,7 +202,7 @@ static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_ord
   size_t n_groups = count_upto(v, DIR_MAX_ORDER_FILTERS);
   if (n_groups < 2)
     return piper_input_error(err, "%s: \"filters\" has %zu group%s; it must be %s", ctx, n_groups,
-                     n_groups == 1 ? "" : "s", shape);
+                             n_groups == 1 ? "" : "s", shape);
   /* Count first, allocate after: the total is capped over the whole program. */
   size_t total = 0, g = 0;
   for (const cJSON *grp = v->child; grp; grp = grp->next, g++) {
@@ -210,20 +212,21 @@ static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_ord
     } else if (cJSON_IsArray(grp)) {
       k = count_upto(grp, DIR_MAX_ORDER_FILTERS);
       if (k == 0)
-        return piper_input_error(err,
-                         "%s: \"filters\" group %zu is empty (a group is a non-empty list of "
-                         "filters)",
-                         ctx, g);
+        return piper_input_error(
+            err,
+            "%s: \"filters\" group %zu is empty (a group is a non-empty list of "
+            "filters)",
+            ctx, g);
     } else {
-      return piper_input_error(err, "%s: \"filters\" group %zu must be a list of filters or a filter", ctx,
-                       g);
+      return piper_input_error(
+          err, "%s: \"filters\" group %zu must be a list of filters or a filter", ctx, g);
     }
     total += k;
     if (*n_order_filters + total > DIR_MAX_ORDER_FILTERS)
       return piper_input_error(err,
-                       "%s: \"filters\": the program's order directives hold more than %d "
-                       "filters",
-                       ctx, DIR_MAX_ORDER_FILTERS);
+                               "%s: \"filters\": the program's order directives hold more than %d "
+                               "filters",
+                               ctx, DIR_MAX_ORDER_FILTERS);
   }
   *n_order_filters += total;
   d->n_slots = (uint32_t)n_groups;
@@ -263,7 +266,8 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   d->index = index;
   d->filter.pass = IR_PASS_NONE;
   if (!cJSON_IsObject(obj))
-    return piper_input_error(err, "%s: directive %u: must be an object with an \"op\"", name, index);
+    return piper_input_error(err, "%s: directive %u: must be an object with an \"op\"", name,
+                             index);
   const cJSON *op = cJSON_GetObjectItemCaseSensitive(obj, "op");
   if (!op)
     return piper_input_error(err, "%s: directive %u: missing key \"op\"", name, index);
@@ -276,9 +280,9 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   if (found < 0) {
     g_autofree char *q = quote(op->valuestring);
     return piper_input_error(err,
-                     "%s: directive %u: unknown op %s (one of place, replicate, shard, "
-                     "split, order, stream)",
-                     name, index, q);
+                             "%s: directive %u: unknown op %s (one of place, replicate, shard, "
+                             "split, order, stream)",
+                             name, index, q);
   }
   d->op = (enum dir_op)found;
   g_autofree char *ctx = g_strdup_printf("%s: directive %u (%s)", name, index, op_names[found]);
@@ -317,8 +321,8 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
       return false;
     d->sm_share = 1.0;
     return get_name(obj, "name", true, d->name, ctx, err) &&
-           json_get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority, ctx,
-                   err) &&
+           json_get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority,
+                        ctx, err) &&
            json_get_positive(obj, "sm_share", false, 1.0, &d->sm_share, ctx, err);
   }
   }
@@ -340,7 +344,8 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     if (!parse_devices(obj, d, max_device, ctx, err) ||
         !get_name(obj, "reduce_stream", false, d->reduce_stream, ctx, err) ||
         !get_name(obj, "gather_stream", false, d->gather_stream, ctx, err) ||
-        !json_get_positive(obj, "bucket_size", false, DIR_MAX_BUCKET_MB, &d->bucket_size_mb, ctx, err) ||
+        !json_get_positive(obj, "bucket_size", false, DIR_MAX_BUCKET_MB, &d->bucket_size_mb, ctx,
+                           err) ||
         !json_get_bool(obj, "shard_grads", false, &d->shard_grads, ctx, err) ||
         !json_get_bool(obj, "shard_params", false, &d->shard_params, ctx, err))
       return false;
@@ -350,8 +355,8 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     return true;
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
-           json_get_int(obj, "num_microbatches", true, 1, DIR_MAX_MICROBATCHES, &d->num_microbatches,
-                   ctx, err);
+           json_get_int(obj, "num_microbatches", true, 1, DIR_MAX_MICROBATCHES,
+                        &d->num_microbatches, ctx, err);
   default: return true;
   }
 }
@@ -360,7 +365,8 @@ struct dir_program *dir_program_parse_json(const char *name, const cJSON *root, 
   if (!name)
     name = "<directives>";
   if (!cJSON_IsArray(root)) {
-    piper_input_error(err, "%s: a directive program must be a JSON array of directive objects", name);
+    piper_input_error(err, "%s: a directive program must be a JSON array of directive objects",
+                      name);
     return NULL;
   }
   size_t n = count_upto(root, DIR_MAX_DIRECTIVES);

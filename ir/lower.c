@@ -116,8 +116,8 @@ struct lower {
   GArray **group_nodes;   /* per group: node ids in issue order */
   GHashTable *comm_index; /* packed (purpose, group, peer) -> comm id + 1 */
   GArray *comms;
-  GArray **dev_groups;    /* per device: the groups that shape its program, ascending */
-  GArray *class_members;  /* per class: a GArray of its devices, until the class owns them */
+  GArray **dev_groups;   /* per device: the groups that shape its program, ascending */
+  GArray *class_members; /* per class: a GArray of its devices, until the class owns them */
 };
 
 static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
@@ -210,8 +210,8 @@ struct class_pools {
 
 /* Instruction i's cross-stream waits: the latest instruction per other stream it depends on.
  * latest is scratch of n_streams entries. */
-static void instr_waits(struct lower *l, struct plan_class *c, uint32_t i,
-                        const uint32_t *instr_of, uint32_t *latest, struct class_pools *cp) {
+static void instr_waits(struct lower *l, struct plan_class *c, uint32_t i, const uint32_t *instr_of,
+                        uint32_t *latest, struct class_pools *cp) {
   uint32_t n_streams = l->p->n_streams, x = c->instrs[i].node;
   const struct ir_node *xn = IR_NODE(l->g, x);
   for (uint32_t s = 0; s < n_streams; s++)

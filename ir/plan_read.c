@@ -22,7 +22,6 @@
 #include "plan.h"
 #include "plan-impl.h"
 
-
 /* --- reading: typed getters (base/json.h) with locations ------------------------------------
  * A location is the file and a JSON path of at most two array steps ("streams[1].
  * instructions[4]"); it is formatted only when an error is reported. */
@@ -48,8 +47,8 @@ static bool read_refs(const cJSON *v, const char *key, uint32_t lim, GArray *poo
   return true;
 }
 
-static bool expect_string(const cJSON *v, const char *key, const char *want, const struct json_loc *l,
-                          GError **err) {
+static bool expect_string(const cJSON *v, const char *key, const char *want,
+                          const struct json_loc *l, GError **err) {
   const char *s;
   if (!json_value_string(v, key, PLAN_NAME_LEN, &s, l, err))
     return false;
@@ -68,7 +67,7 @@ static bool check_format(const cJSON *format, const cJSON *version, const char *
     return json_fail_at(err, l, "\"version\" must be an integer");
   if (version->valuedouble != PLAN_VERSION)
     return json_fail_at(err, l, "plan format version %.17g is not supported (this build reads %d)",
-                   version->valuedouble, PLAN_VERSION);
+                        version->valuedouble, PLAN_VERSION);
   return true;
 }
 
@@ -148,8 +147,8 @@ static bool check_id(const cJSON *v, uint32_t want, const struct json_loc *l, GE
   if (!json_value_int(v, "id", 0, UINT32_MAX, &id, l, err))
     return false;
   if ((uint32_t)id != want)
-    return json_fail_at(err, l, "\"id\" is %lld, expected %u (its position in the list)", (long long)id,
-                   want);
+    return json_fail_at(err, l, "\"id\" is %lld, expected %u (its position in the list)",
+                        (long long)id, want);
   return true;
 }
 
@@ -157,7 +156,8 @@ static bool read_model(struct reader *r, const cJSON *const *k, GError **err) {
   struct plan *p = r->p;
   struct json_loc l = {r->index_file, NULL, 0, NULL, 0};
   const char *model_name;
-  if (!json_value_string(k[I_MODEL_NAME], "model_name", sizeof p->model->name, &model_name, &l, err))
+  if (!json_value_string(k[I_MODEL_NAME], "model_name", sizeof p->model->name, &model_name, &l,
+                         err))
     return false;
   if (!k[I_MODEL])
     return json_fail_at(err, &l, "missing key \"model\"");
@@ -199,7 +199,7 @@ static bool read_tags_streams(struct reader *r, const cJSON *const *k, GError **
     if (!cJSON_IsString(c) || !c->valuestring || !c->valuestring[0] ||
         strlen(c->valuestring) >= MODEL_TAG_NAME_MAX)
       return json_fail_at(err, &lt, "a tag name must be a string of 1 to %d characters",
-                     MODEL_TAG_NAME_MAX - 1);
+                          MODEL_TAG_NAME_MAX - 1);
     for (uint32_t u = 0; u < t; u++)
       if (strcmp(p->tag_names[u], c->valuestring) == 0)
         return json_fail_at(err, &lt, "tag \"%s\" is listed twice", c->valuestring);
@@ -210,12 +210,12 @@ static bool read_tags_streams(struct reader *r, const cJSON *const *k, GError **
   /* The graph's tags are the model's, then the split dimensions. */
   if (p->n_tags < p->model->n_tags)
     return json_fail_at(err, &l, "\"tags\" has %u names, fewer than the model's %u", p->n_tags,
-                   p->model->n_tags);
+                        p->model->n_tags);
   for (uint32_t t = 0; t < p->model->n_tags; t++)
     if (strncmp(p->tag_names[t], p->model->tag_names[t], MODEL_TAG_NAME_MAX) != 0) {
       struct json_loc lt = {r->index_file, "tags", t, NULL, 0};
-      return json_fail_at(err, &lt, "\"%s\" differs from the model's tag %u \"%.*s\"", p->tag_names[t],
-                     t, MODEL_TAG_NAME_MAX, p->model->tag_names[t]);
+      return json_fail_at(err, &lt, "\"%s\" differs from the model's tag %u \"%.*s\"",
+                          p->tag_names[t], t, MODEL_TAG_NAME_MAX, p->model->tag_names[t]);
     }
 
   if (!json_value_array(k[I_STREAMS], "streams", PLAN_MAX_STREAMS, &c, &n, &l, err))
@@ -406,7 +406,7 @@ static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *ou
         return true;
       }
   return json_fail_at(err, l, "\"purpose\" must be %s\"pp\", \"dp\" or \"ep\"",
-                 nullable ? "null, " : "");
+                      nullable ? "null, " : "");
 }
 
 static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **err) {
@@ -443,7 +443,7 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
       t++;
     if (t == p->n_tags)
       return json_fail_at(err, &l, "\"tags\": \"%s\" is not a tag of the plan",
-                     c->string ? c->string : "");
+                          c->string ? c->string : "");
     if (n->tags[t] != -1)
       return json_fail_at(err, &l, "\"tags\": \"%s\" appears twice", c->string);
     int64_t v;
@@ -461,10 +461,12 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
       !json_value_ref(x[N_PAIR], "pair", p->n_nodes, true, &n->pair, &l, err) ||
       !json_value_u64(x[N_BYTES], "bytes", PLAN_MAX_BYTES, &bytes, &l, err) ||
       !json_value_int(x[N_SHARD_DEGREE], "shard_degree", 0, IR_MAX_DEVICES, &shard, &l, err) ||
-      !json_value_int(x[N_REPLICA_DEGREE], "replica_degree", 0, IR_MAX_DEVICES, &replica, &l, err) ||
+      !json_value_int(x[N_REPLICA_DEGREE], "replica_degree", 0, IR_MAX_DEVICES, &replica, &l,
+                      err) ||
       !json_value_bool(x[N_SHARD_GRADS], "shard_grads", &n->shard_grads, &l, err) ||
       !json_value_bool(x[N_SHARD_PARAMS], "shard_params", &n->shard_params, &l, err) ||
-      !json_value_ref(x[N_DIRECTIVE], "directive", PLAN_MAX_DIRECTIVE, true, &n->directive, &l, err))
+      !json_value_ref(x[N_DIRECTIVE], "directive", PLAN_MAX_DIRECTIVE, true, &n->directive, &l,
+                      err))
     return false;
   if (!read_hex(x[N_PRIORITY], "priority", &n->priority, &l, err))
     return false;
@@ -477,8 +479,8 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
       return json_fail_at(err, &l, "a %s needs a \"peer_group\"", ir_node_kind_name(n->kind));
     if (p->groups[n->peer_group].count != p->groups[n->group].count)
       return json_fail_at(err, &l, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
-                     n->peer_group, p->groups[n->peer_group].count, n->group,
-                     p->groups[n->group].count);
+                          n->peer_group, p->groups[n->peer_group].count, n->group,
+                          p->groups[n->group].count);
   }
   return true;
 }
@@ -517,11 +519,11 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
         return json_fail_at(err, &lc, "a pp communicator needs a \"peer_group\"");
       if (p->groups[cm->peer_group].count != p->groups[cm->group].count)
         return json_fail_at(err, &lc, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
-                       cm->peer_group, p->groups[cm->peer_group].count, cm->group,
-                       p->groups[cm->group].count);
+                            cm->peer_group, p->groups[cm->peer_group].count, cm->group,
+                            p->groups[cm->group].count);
     } else if (cm->peer_group != IR_NONE) {
       return json_fail_at(err, &lc, "\"peer_group\" must be null for a %s communicator",
-                     plan_purpose_names[cm->purpose]);
+                          plan_purpose_names[cm->purpose]);
     }
   }
   return true;
@@ -618,10 +620,10 @@ static bool read_summary(struct reader *r, const cJSON *v, GError **err) {
     return false;
   if (devices != p->n_devices || classes != p->n_classes || nodes != p->n_nodes)
     return json_fail_at(err, &l,
-                   "\"summary\" counts (devices %lld, classes %lld, nodes %lld) differ "
-                   "from the plan's (%u, %u, %u)",
-                   (long long)devices, (long long)classes, (long long)nodes, p->n_devices,
-                   p->n_classes, p->n_nodes);
+                        "\"summary\" counts (devices %lld, classes %lld, nodes %lld) differ "
+                        "from the plan's (%u, %u, %u)",
+                        (long long)devices, (long long)classes, (long long)nodes, p->n_devices,
+                        p->n_classes, p->n_nodes);
   const char *kinds[IR_NODE_KIND_COUNT];
   const cJSON *y[IR_NODE_KIND_COUNT];
   for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
@@ -645,8 +647,8 @@ static bool reader_index(struct reader *r, const cJSON *index, GError **err) {
   struct plan *p = r->p = g_new0(struct plan, 1);
   if (!read_model(r, k, err) ||
       !json_value_u32(k[I_N_DEVICES], "n_devices", 1, IR_MAX_DEVICES, &p->n_devices, &l, err) ||
-      !json_value_u32(k[I_N_MICROBATCHES], "n_microbatches", 1, PLAN_MAX_MICROBATCHES, &p->n_microbatches,
-               &l, err) ||
+      !json_value_u32(k[I_N_MICROBATCHES], "n_microbatches", 1, PLAN_MAX_MICROBATCHES,
+                      &p->n_microbatches, &l, err) ||
       !read_tags_streams(r, k, err) || !read_groups_segsets(r, k, err) ||
       !read_nodes_comms(r, k, err) || !read_classes(r, k, err) ||
       !read_summary(r, k[I_SUMMARY], err))
@@ -700,7 +702,7 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
     for (size_t k = 0; k < G_N_ELEMENTS(absent); k++)
       if (x[absent[k]])
         return json_fail_at(err, l, "\"%s\" is set, but node %u uses no communicator",
-                       instr_keys[absent[k]], in->node);
+                            instr_keys[absent[k]], in->node);
     in->comm = in->seq = IR_NONE;
     return true;
   }
@@ -709,8 +711,8 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
   const struct plan_comm *cm = &p->comms[in->comm];
   if (cm->purpose != nd->purpose)
     return json_fail_at(err, l, "communicator %u is a %s communicator, node %u needs %s", in->comm,
-                   plan_purpose_names[cm->purpose], in->node,
-                   nd->purpose <= IR_COMM_EP ? plan_purpose_names[nd->purpose] : "?");
+                        plan_purpose_names[cm->purpose], in->node,
+                        nd->purpose <= IR_COMM_EP ? plan_purpose_names[nd->purpose] : "?");
   uint32_t pair[2];
   int side = plan_comm_side(nd);
   int32_t rank = plan_device_comm_rank(p, d, in->comm, side, pair);
@@ -721,13 +723,13 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
     return false;
   if (written != rank)
     return json_fail_at(err, l, "\"rank\" is %lld, but device %u has rank %d on communicator %u",
-                   (long long)written, d, rank, in->comm);
+                        (long long)written, d, rank, in->comm);
   if ((nd->kind == IR_NODE_SEND || nd->kind == IR_NODE_RECV) && cm->purpose == IR_COMM_PP &&
       plan_device_peer(p, d, nd) != pair[rank ^ 1])
     return json_fail_at(err, l,
-                   "node %u talks to device %u, which is not the other end of "
-                   "communicator %u (devices %u -> %u)",
-                   in->node, plan_device_peer(p, d, nd), in->comm, pair[0], pair[1]);
+                        "node %u talks to device %u, which is not the other end of "
+                        "communicator %u (devices %u -> %u)",
+                        in->node, plan_device_peer(p, d, nd), in->comm, pair[0], pair[1]);
   if (!json_value_ref(x[X_SEQ], "seq", n_instrs, false, &in->seq, l, err))
     return false;
   /* seq numbers the device's instructions on one end of a communicator in issue order; a gap
@@ -735,9 +737,9 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
   uint32_t *next = &r->seq_next[2 * (size_t)in->comm + (uint32_t)side];
   if (in->seq != *next)
     return json_fail_at(err, l,
-                   "\"seq\" is %u, but this is instruction %u of device %u on "
-                   "communicator %u",
-                   in->seq, *next, d, in->comm);
+                        "\"seq\" is %u, but this is instruction %u of device %u on "
+                        "communicator %u",
+                        in->seq, *next, d, in->comm);
   (*next)++;
   return true;
 }
@@ -745,7 +747,7 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
 /* What one device's program is read into before it becomes a class: the records in issue
  * order, their place in the file, and the pools, laid out in issue order as lowering does. */
 struct program_read {
-  uint32_t d, n, nt; /* device, instructions, tensors */
+  uint32_t d, n, nt;  /* device, instructions, tensors */
   const cJSON **recs; /* [n]: instruction i's record */
   uint32_t *at;       /* [n]: position of instruction i in its stream list */
   GArray *waits, *reads, *writes, *consumers;
@@ -776,7 +778,7 @@ static bool read_program_lists(struct reader *r, uint32_t cls, const cJSON *cons
     return false;
   if (ns != p->n_streams)
     return json_fail_at(err, l, "\"streams\" has %u entries, plan.json declares %u streams", ns,
-                   p->n_streams);
+                        p->n_streams);
   uint64_t listed = 0;
   for (const cJSON *x = *sfirst; x; x = x->next) {
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(x, "instructions");
@@ -785,25 +787,27 @@ static bool read_program_lists(struct reader *r, uint32_t cls, const cJSON *cons
   }
   if (listed != n)
     return json_fail_at(err, l, "lists %llu instructions, plan.json says class %u has %u",
-                   (unsigned long long)listed, cls, n);
+                        (unsigned long long)listed, cls, n);
   return true;
 }
 
 /* Stream s's record: notes where each of its instructions is listed and appends them to the
  * class's stream lists. *filled counts the instructions placed so far. */
 static bool read_stream_list(struct reader *r, struct program_read *pr, struct plan_class *c,
-                             uint32_t s, const cJSON *srec, uint32_t *filled, const struct json_loc *l,
-                             GError **err) {
+                             uint32_t s, const cJSON *srec, uint32_t *filled,
+                             const struct json_loc *l, GError **err) {
   struct json_loc ls = {l->ctx, "streams", s, NULL, 0};
   static const char *const keys[] = {"stream", "name", "instructions"};
   const cJSON *x[3], *irec;
   uint32_t sid, ni, ns = r->p->n_streams;
   char want[IR_NAME_MAX + 1];
   plan_copy_name(want, r->p->streams[s].name, IR_NAME_MAX);
-  if (!json_fetch(srec, keys, 3, x, &ls, err) || !json_value_ref(x[0], "stream", ns, false, &sid, &ls, err))
+  if (!json_fetch(srec, keys, 3, x, &ls, err) ||
+      !json_value_ref(x[0], "stream", ns, false, &sid, &ls, err))
     return false;
   if (sid != s)
-    return json_fail_at(err, &ls, "\"stream\" is %u, expected %u (streams are listed in order)", sid, s);
+    return json_fail_at(err, &ls, "\"stream\" is %u, expected %u (streams are listed in order)",
+                        sid, s);
   if (!expect_string(x[1], "name", want, &ls, err) ||
       !json_value_array(x[2], "instructions", PLAN_MAX_COUNT, &irec, &ni, &ls, err))
     return false;
@@ -814,13 +818,15 @@ static bool read_stream_list(struct reader *r, struct program_read *pr, struct p
     uint32_t i;
     if (!cJSON_IsObject(irec))
       return json_fail_at(err, &li, "expected an object");
-    if (!json_value_ref(cJSON_GetObjectItemCaseSensitive(irec, "i"), "i", pr->n, false, &i, &li, err))
+    if (!json_value_ref(cJSON_GetObjectItemCaseSensitive(irec, "i"), "i", pr->n, false, &i, &li,
+                        err))
       return false;
     if (pr->recs[i])
       return json_fail_at(err, &li, "instruction %u is listed twice", i);
     if (prev != IR_NONE && i < prev)
-      return json_fail_at(err, &li, "\"i\" is %u after %u: a stream lists its instructions in issue order",
-                     i, prev);
+      return json_fail_at(err, &li,
+                          "\"i\" is %u after %u: a stream lists its instructions in issue order", i,
+                          prev);
     prev = i;
     pr->recs[i] = irec;
     pr->at[i] = kk;
@@ -842,8 +848,8 @@ static bool read_stream_lists(struct reader *r, struct program_read *pr, struct 
       return false;
   c->stream_first[ns] = filled;
   if (filled != pr->n)
-    return json_fail_at(err, l, "lists %u instructions, plan.json says class %u has %u", filled, cls,
-                   pr->n);
+    return json_fail_at(err, l, "lists %u instructions, plan.json says class %u has %u", filled,
+                        cls, pr->n);
   return true;
 }
 
@@ -862,8 +868,8 @@ static bool check_instr_node(const struct ir_node *nd, uint32_t node, const cJSO
   if (!json_value_u64(x[X_BYTES], "bytes", PLAN_MAX_BYTES, &bytes, li, err))
     return false;
   if (bytes != nd->bytes)
-    return json_fail_at(err, li, "\"bytes\" is %llu, but node %u has %llu", (unsigned long long)bytes,
-                   node, (unsigned long long)nd->bytes);
+    return json_fail_at(err, li, "\"bytes\" is %llu, but node %u has %llu",
+                        (unsigned long long)bytes, node, (unsigned long long)nd->bytes);
   return true;
 }
 
@@ -873,15 +879,16 @@ static bool check_instr_peer(const struct plan *p, uint32_t d, const struct ir_n
                              GError **err) {
   if (nd->kind != IR_NODE_SEND && nd->kind != IR_NODE_RECV) {
     if (x[X_PEER])
-      return json_fail_at(err, li, "\"peer\" is set, but a %s has no peer", ir_node_kind_name(nd->kind));
+      return json_fail_at(err, li, "\"peer\" is set, but a %s has no peer",
+                          ir_node_kind_name(nd->kind));
     return true;
   }
   uint32_t peer;
   if (!json_value_ref(x[X_PEER], "peer", p->n_devices, true, &peer, li, err))
     return false;
   if (peer != plan_device_peer(p, d, nd))
-    return json_fail_at(err, li, "\"peer\" is %u, but device %u's peer on node %u is %u", peer, d, node,
-                   plan_device_peer(p, d, nd));
+    return json_fail_at(err, li, "\"peer\" is %u, but device %u's peer on node %u is %u", peer, d,
+                        node, plan_device_peer(p, d, nd));
   return true;
 }
 
@@ -905,8 +912,8 @@ static bool read_instr_lists(struct program_read *pr, uint32_t i, struct plan_in
 }
 
 /* Instruction i, in issue order. */
-static bool read_instr(struct reader *r, struct program_read *pr, struct plan_class *c,
-                       uint32_t i, const struct json_loc *l, GError **err) {
+static bool read_instr(struct reader *r, struct program_read *pr, struct plan_class *c, uint32_t i,
+                       const struct json_loc *l, GError **err) {
   const struct plan *p = r->p;
   uint32_t d = pr->d;
   struct json_loc li = {l->ctx, "streams", c->instrs[i].stream, "instructions", pr->at[i]};
@@ -920,7 +927,7 @@ static bool read_instr(struct reader *r, struct program_read *pr, struct plan_cl
   const struct ir_node *nd = &p->nodes[in->node];
   if (plan_group_position(p, nd->group, d) < 0)
     return json_fail_at(err, &li, "device %u is not in group %u, which runs node %u", d, nd->group,
-                   in->node);
+                        in->node);
   return check_instr_node(nd, in->node, x, &li, err) &&
          read_instr_comm(r, d, x, nd, in, pr->n, &li, err) &&
          check_instr_peer(p, d, nd, in->node, x, &li, err) &&
@@ -934,13 +941,15 @@ static bool check_tensor_links(const struct plan_class *c, const struct program_
   const struct plan_instr *producer = &c->instrs[tn->producer];
   if (!list_has(c->writes, producer->write_first, producer->write_count, t))
     return json_fail_at(err, lt, "its producer, instruction %u, does not list it in \"writes\"",
-                   tn->producer);
+                        tn->producer);
   for (uint32_t j = tn->consumer_first; j < pr->consumers->len; j++) {
     uint32_t u = g_array_index(pr->consumers, uint32_t, j);
     if (u <= tn->producer)
-      return json_fail_at(err, lt, "consumer %u does not come after its producer %u", u, tn->producer);
+      return json_fail_at(err, lt, "consumer %u does not come after its producer %u", u,
+                          tn->producer);
     if (!list_has(c->reads, c->instrs[u].read_first, c->instrs[u].read_count, t))
-      return json_fail_at(err, lt, "its consumer, instruction %u, does not list it in \"reads\"", u);
+      return json_fail_at(err, lt, "its consumer, instruction %u, does not list it in \"reads\"",
+                          u);
   }
   return true;
 }
@@ -979,7 +988,9 @@ static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, st
   uint32_t nt;
   if (!read_program_lists(r, cls, k, &sfirst, &tfirst, &nt, l, err))
     return false;
-  struct program_read pr = {.d = d, .n = n, .nt = nt,
+  struct program_read pr = {.d = d,
+                            .n = n,
+                            .nt = nt,
                             .recs = g_new0(const cJSON *, n ? n : 1),
                             .at = g_new(uint32_t, n ? n : 1),
                             .waits = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
@@ -1024,19 +1035,21 @@ static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *
   if (!json_value_array(k[D_GROUPS], "groups", PLAN_MAX_COUNT, &c, &n, l, err))
     return false;
   if (n != want)
-    return json_fail_at(err, l, "\"groups\" has %u entries, but device %u is in %u groups", n, d, want);
+    return json_fail_at(err, l, "\"groups\" has %u entries, but device %u is in %u groups", n, d,
+                        want);
   for (uint32_t j = 0; c; c = c->next, j++) {
     struct json_loc lg = {l->ctx, "groups", j, NULL, 0};
     static const char *const keys[] = {"group", "position"};
     const cJSON *x[2];
     int64_t g, pos;
     uint32_t e = t->first[d] + j;
-    if (!json_fetch(c, keys, 2, x, &lg, err) || !json_value_int(x[0], "group", 0, UINT32_MAX, &g, &lg, err) ||
+    if (!json_fetch(c, keys, 2, x, &lg, err) ||
+        !json_value_int(x[0], "group", 0, UINT32_MAX, &g, &lg, err) ||
         !json_value_int(x[1], "position", 0, UINT32_MAX, &pos, &lg, err))
       return false;
     if ((uint32_t)g != t->group[e] || (uint32_t)pos != t->rank[e])
       return json_fail_at(err, &lg, "expected group %u, position %u (from plan.json)", t->group[e],
-                     t->rank[e]);
+                          t->rank[e]);
   }
   uint32_t cls = p->device_class[d];
   uint32_t nc = r->class_n_comms[cls];
@@ -1056,9 +1069,9 @@ static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *
       return false;
     if ((uint32_t)written_id != id)
       return json_fail_at(err, &lc,
-                     "\"id\" is %lld, expected %u (the communicators the program uses, "
-                     "ascending)",
-                     (long long)written_id, id);
+                          "\"id\" is %lld, expected %u (the communicators the program uses, "
+                          "ascending)",
+                          (long long)written_id, id);
     int32_t want_rank = plan_device_comm_rank(p, d, id, -1, pair);
     if (!json_value_string(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
         !json_value_int(x[2], "size", 0, UINT32_MAX, &size, &lc, err) ||
@@ -1066,7 +1079,7 @@ static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *
       return false;
     if ((uint32_t)size != plan_comm_size(p, id) || rank != want_rank)
       return json_fail_at(err, &lc, "\"size\" %lld and \"rank\" %lld, expected %u and %d",
-                     (long long)size, (long long)rank, plan_comm_size(p, id), want_rank);
+                          (long long)size, (long long)rank, plan_comm_size(p, id), want_rank);
     if (p->comms[id].purpose == IR_COMM_PP) {
       const cJSON *m = x[4];
       if (!m)
@@ -1129,7 +1142,7 @@ static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError
     char what[96];
     if (!plan_class_diff(dst, &tmp, p->n_streams, what, sizeof what)) {
       json_fail_at(err, &l, "its program differs from device %u's (both in class %u) at %s",
-              r->class_source[cls], cls, what);
+                   r->class_source[cls], cls, what);
       goto out;
     }
   }
@@ -1157,16 +1170,16 @@ static struct plan *reader_finish(struct reader *r, GError **err) {
       per_op[p->nodes[p->classes[c].instrs[i].node].kind] += p->classes[c].n_devices;
   if ((uint64_t)r->sum_instrs != plan_instruction_count(p)) {
     json_fail_at(err, &l, "\"summary\": \"instructions\" is %lld, the device files hold %llu",
-            (long long)r->sum_instrs, (unsigned long long)plan_instruction_count(p));
+                 (long long)r->sum_instrs, (unsigned long long)plan_instruction_count(p));
     return NULL;
   }
   for (int k = 0; k < IR_NODE_KIND_COUNT; k++)
     if (per_op[k] != r->sum_per_op[k]) {
       json_fail_at(err, &l,
-              "\"summary\": \"instructions_per_op\" \"%s\" is %lld, the device files "
-              "hold %lld",
-              ir_node_kind_name((enum ir_node_kind)k), (long long)r->sum_per_op[k],
-              (long long)per_op[k]);
+                   "\"summary\": \"instructions_per_op\" \"%s\" is %lld, the device files "
+                   "hold %lld",
+                   ir_node_kind_name((enum ir_node_kind)k), (long long)r->sum_per_op[k],
+                   (long long)per_op[k]);
       return NULL;
     }
   if (!plan_check_progress(p, err)) {
@@ -1185,7 +1198,7 @@ struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *c
     goto out;
   if (n_docs != r->p->n_devices) {
     piper_input_error(err, "%s: %u device documents for %u devices", r->index_file, n_docs,
-              r->p->n_devices);
+                      r->p->n_devices);
     goto out;
   }
   for (uint32_t d = 0; d < n_docs; d++)

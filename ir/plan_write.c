@@ -366,8 +366,8 @@ static void class_text_free(struct class_text *ct) {
 /* Writes device d's file text into out: a small header through cJSON, then the streams and
  * tensors from the class text. Instruction records keep the device-specific members ("rank",
  * "peer") last. */
-static void device_text(GString *out, const struct plan *p, uint32_t d,
-                        const struct class_text *ct, char *const *stream_names) {
+static void device_text(GString *out, const struct plan *p, uint32_t d, const struct class_text *ct,
+                        char *const *stream_names) {
   const struct plan_class *c = plan_device_class(p, d);
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "format", PLAN_DEVICE_FORMAT);

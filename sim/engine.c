@@ -769,11 +769,11 @@ static gboolean slot_key_equal(gconstpointer a, gconstpointer b) {
 
 /* The rendezvous being built: slots by key, and each participant (unit, instr) with its slot. */
 struct slot_builder {
-  GHashTable *by_key; /* struct slot_key -> slot id + 1 */
-  GArray *slots;      /* struct slot */
-  GArray *parts;      /* (unit, instr) */
-  GArray *part_slot;  /* slot of each part */
-  uint32_t *comm_units;          /* [n_comms] distinct units per collective communicator */
+  GHashTable *by_key;             /* struct slot_key -> slot id + 1 */
+  GArray *slots;                  /* struct slot */
+  GArray *parts;                  /* (unit, instr) */
+  GArray *part_slot;              /* slot of each part */
+  uint32_t *comm_units;           /* [n_comms] distinct units per collective communicator */
   struct profile_span *comm_span; /* [n_comms] where each collective runs */
 };
 

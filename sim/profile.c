@@ -66,7 +66,7 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) < 1 ||
         cJSON_GetArraySize(shape) > PROFILE_MAX_SHAPE)
       return piper_input_error(err, "%s: key \"shape\" must be an array of 1 to %d integers", ctx,
-                       PROFILE_MAX_SHAPE);
+                               PROFILE_MAX_SHAPE);
     int j = 0;
     const cJSON *d;
     cJSON_ArrayForEach(d, shape) {
@@ -86,7 +86,8 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
   for (uint32_t k = 1; k < p->n_entries; k++)
     if (entry_cmp(&p->entries[k - 1], &p->entries[k]) == 0)
       return piper_input_error(err, "%s: measured: duplicate entry for op \"%s\" pass %s", name,
-                       model_op_kind_name(p->entries[k].kind), ir_pass_name(p->entries[k].pass));
+                               model_op_kind_name(p->entries[k].kind),
+                               ir_pass_name(p->entries[k].pass));
   return true;
 }
 
@@ -115,8 +116,8 @@ struct profile_key {
   size_t offset; /* of the field in struct profile */
 };
 
-#define KEY(name, type, need, lo, hi, scale, field)                                               \
-  {name, PROFILE_KEY_##type, PROFILE_KEY_##need, lo, hi, scale, offsetof(struct profile, field)}
+#define KEY(name, type, need, lo, hi, scale, field)                                                \
+  { name, PROFILE_KEY_##type, PROFILE_KEY_##need, lo, hi, scale, offsetof(struct profile, field) }
 
 static const struct profile_key peak_keys[] = {
     KEY("bf16", DOUBLE, DEVICE, 1e-6, 1e6, 1e12, peak_flops[MODEL_DTYPE_BF16]),
@@ -265,9 +266,8 @@ static bool read_network(struct profile *p, const char *name, const cJSON *net, 
                           ctx, err) ||
       !read_keys(p, net, network_keys, G_N_ELEMENTS(network_keys), ctx, err))
     return false;
-  static const char *const algos[] = {[PROFILE_ALGO_RING] = "ring",
-                                      [PROFILE_ALGO_TREE] = "tree",
-                                      [PROFILE_ALGO_AUTO] = "auto"};
+  static const char *const algos[] = {
+      [PROFILE_ALGO_RING] = "ring", [PROFILE_ALGO_TREE] = "tree", [PROFILE_ALGO_AUTO] = "auto"};
   const char *algo = NULL;
   if (!json_get_string(net, "collective_algorithm", false, &algo, ctx, err))
     return false;
@@ -278,8 +278,8 @@ static bool read_network(struct profile *p, const char *name, const cJSON *net, 
       p->algo = (enum profile_collective_algo)i;
       return true;
     }
-  return piper_input_error(err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto",
-                           ctx, algo);
+  return piper_input_error(
+      err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto", ctx, algo);
 }
 
 /* The sections by kind: a device profile needs device and network, a synthetic one synthetic;

@@ -660,9 +660,12 @@ static void test_positions(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_positions),
-      cmocka_unit_test(test_views),     cmocka_unit_test(test_round_trip),
-      cmocka_unit_test(test_readable),  cmocka_unit_test(test_corrupt),
-      cmocka_unit_test(test_from_json), cmocka_unit_test(test_lowered_round_trip),
+      cmocka_unit_test(test_views),
+      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_readable),
+      cmocka_unit_test(test_corrupt),
+      cmocka_unit_test(test_from_json),
+      cmocka_unit_test(test_lowered_round_trip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
