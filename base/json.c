@@ -1,4 +1,4 @@
-/* json: file parsing with located errors, typed getters, atomic writes. */
+/* json: file parsing with located errors, the typed getters, atomic writes. */
 #include "json.h"
 
 #include <errno.h>
@@ -77,74 +77,275 @@ bool json_check_keys(const cJSON *obj, const char *const *allowed, const char *c
   return true;
 }
 
-bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const char *ctx,
-                 const char *what, GError **err) {
-  if (!cJSON_IsNumber(v))
-    return piper_input_error(err, "%s: \"%s\" must be an integer", ctx, what);
-  double d = v->valuedouble;
-  if (!isfinite(d) || d != floor(d))
-    return piper_input_error(err, "%s: \"%s\" must be an integer", ctx, what);
-  if (d < (double)lo || d > (double)hi)
-    return piper_input_error(err, "%s: \"%s\" = %.17g is out of range [%lld, %lld]", ctx, what, d,
-                     (long long)lo, (long long)hi);
-  *out = (int64_t)d;
+/* ---- typed getters ------------------------------------------------------------------------ */
+
+bool json_fail_at(GError **err, const struct json_loc *l, const char *fmt, ...) {
+  if (!err || *err)
+    return false;
+  va_list ap;
+  va_start(ap, fmt);
+  char *msg = g_strdup_vprintf(fmt, ap);
+  va_end(ap);
+  GString *where = g_string_new(l->ctx);
+  if (l->a) {
+    g_string_append_printf(where, ": %s[%u]", l->a, l->ai);
+    if (l->b)
+      g_string_append_printf(where, ".%s[%u]", l->b, l->bi);
+  }
+  piper_input_error(err, "%s: %s", where->str, msg);
+  g_string_free(where, TRUE);
+  g_free(msg);
+  return false;
+}
+
+void json_format_number(double d, char buf[32]) {
+  snprintf(buf, 32, "%.15g", d);
+  if (strtod(buf, NULL) != d)
+    snprintf(buf, 32, "%.17g", d);
+}
+
+bool json_is_whole(const cJSON *v) {
+  return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
+}
+
+bool json_fetch(const cJSON *obj, const char *const *keys, size_t n, const cJSON **slot,
+                const struct json_loc *l, GError **err) {
+  if (!cJSON_IsObject(obj))
+    return json_fail_at(err, l, "expected an object");
+  memset(slot, 0, n * sizeof *slot);
+  size_t next = 0;
+  for (const cJSON *c = obj->child; c; c = c->next) {
+    size_t k = n;
+    for (size_t j = 0; c->string && j < n; j++) {
+      size_t cand = (next + j) % n;
+      if (strcmp(c->string, keys[cand]) == 0) {
+        k = cand;
+        break;
+      }
+    }
+    if (k == n)
+      return json_fail_at(err, l, "unknown key \"%s\"", c->string ? c->string : "");
+    next = k + 1;
+    if (slot[k])
+      return json_fail_at(err, l, "key \"%s\" appears twice", keys[k]);
+    slot[k] = c;
+  }
   return true;
 }
 
-static const cJSON *lookup(const cJSON *obj, const char *key, bool required, const char *ctx,
-                           GError **err, bool *missing) {
+static bool int_range_fail(GError **err, const struct json_loc *l, const char *key, double v,
+                           int64_t lo, int64_t hi) {
+  char num[32];
+  json_format_number(v, num);
+  if (hi < lo)
+    return json_fail_at(err, l, "\"%s\" = %s refers to nothing (the list is empty)", key, num);
+  return json_fail_at(err, l, "\"%s\" = %s is out of range [%lld, %lld]", key, num, (long long)lo,
+                      (long long)hi);
+}
+
+bool json_value_int(const cJSON *v, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                    const struct json_loc *l, GError **err) {
+  if (!v)
+    return json_fail_at(err, l, "missing key \"%s\"", key);
+  if (!json_is_whole(v))
+    return json_fail_at(err, l, "\"%s\" must be an integer in [%lld, %lld]", key, (long long)lo,
+                        (long long)hi);
+  if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+    return int_range_fail(err, l, key, v->valuedouble, lo, hi);
+  *out = (int64_t)v->valuedouble;
+  return true;
+}
+
+bool json_value_u32(const cJSON *v, const char *key, uint32_t lo, uint32_t hi, uint32_t *out,
+                    const struct json_loc *l, GError **err) {
+  int64_t x;
+  if (!json_value_int(v, key, lo, hi, &x, l, err))
+    return false;
+  *out = (uint32_t)x;
+  return true;
+}
+
+bool json_value_u64(const cJSON *v, const char *key, uint64_t hi, uint64_t *out,
+                    const struct json_loc *l, GError **err) {
+  int64_t x;
+  if (!json_value_int(v, key, 0, (int64_t)hi, &x, l, err))
+    return false;
+  *out = (uint64_t)x;
+  return true;
+}
+
+bool json_value_ref(const cJSON *v, const char *key, uint32_t lim, bool nullable, uint32_t *out,
+                    const struct json_loc *l, GError **err) {
+  if (!v)
+    return json_fail_at(err, l, "missing key \"%s\"", key);
+  if (cJSON_IsNull(v)) {
+    if (!nullable)
+      return json_fail_at(err, l, "\"%s\" must be an integer, not null", key);
+    *out = UINT32_MAX;
+    return true;
+  }
+  if (!json_is_whole(v)) {
+    if (lim == 0)
+      return json_fail_at(err, l, "\"%s\" must be %s (the list is empty)", key,
+                          nullable ? "null" : "an integer");
+    return json_fail_at(err, l, "\"%s\" must be an integer in [0, %u]%s", key, lim - 1,
+                        nullable ? " or null" : "");
+  }
+  if (v->valuedouble < 0 || v->valuedouble >= (double)lim)
+    return int_range_fail(err, l, key, v->valuedouble, 0, (int64_t)lim - 1);
+  *out = (uint32_t)v->valuedouble;
+  return true;
+}
+
+/* Bounds as the messages print them: "[lo, hi]", or "(0, hi]" for json_value_positive. */
+static void format_bounds(char buf[80], bool open_zero, double lo, double hi) {
+  char a[32], b[32];
+  json_format_number(lo, a);
+  json_format_number(hi, b);
+  snprintf(buf, 80, "%s%s, %s]", open_zero ? "(" : "[", open_zero ? "0" : a, b);
+}
+
+static bool number_in(const cJSON *v, const char *key, bool open_zero, double lo, double hi,
+                      double *out, const struct json_loc *l, GError **err) {
+  char bounds[80];
+  if (!v)
+    return json_fail_at(err, l, "missing key \"%s\"", key);
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+    format_bounds(bounds, open_zero, lo, hi);
+    return json_fail_at(err, l, "\"%s\" must be a number in %s", key, bounds);
+  }
+  double d = v->valuedouble;
+  if ((open_zero ? !(d > 0) : d < lo) || d > hi) {
+    char num[32];
+    json_format_number(d, num);
+    format_bounds(bounds, open_zero, lo, hi);
+    return json_fail_at(err, l, "\"%s\" = %s is out of range %s", key, num, bounds);
+  }
+  *out = d;
+  return true;
+}
+
+bool json_value_double(const cJSON *v, const char *key, double lo, double hi, double *out,
+                       const struct json_loc *l, GError **err) {
+  return number_in(v, key, false, lo, hi, out, l, err);
+}
+
+bool json_value_positive(const cJSON *v, const char *key, double hi, double *out,
+                         const struct json_loc *l, GError **err) {
+  return number_in(v, key, true, 0, hi, out, l, err);
+}
+
+bool json_value_bool(const cJSON *v, const char *key, bool *out, const struct json_loc *l,
+                     GError **err) {
+  if (!v)
+    return json_fail_at(err, l, "missing key \"%s\"", key);
+  if (!cJSON_IsBool(v))
+    return json_fail_at(err, l, "\"%s\" must be true or false", key);
+  *out = cJSON_IsTrue(v);
+  return true;
+}
+
+bool json_value_string(const cJSON *v, const char *key, size_t max, const char **out,
+                       const struct json_loc *l, GError **err) {
+  if (!v)
+    return json_fail_at(err, l, "missing key \"%s\"", key);
+  if (!cJSON_IsString(v) || !v->valuestring)
+    return json_fail_at(err, l, "\"%s\" must be a string", key);
+  if (max && strlen(v->valuestring) >= max)
+    return json_fail_at(err, l, "\"%s\" is longer than %zu characters", key, max - 1);
+  *out = v->valuestring;
+  return true;
+}
+
+bool json_value_array(const cJSON *v, const char *key, uint32_t max, const cJSON **first,
+                      uint32_t *n, const struct json_loc *l, GError **err) {
+  if (!v)
+    return json_fail_at(err, l, "missing key \"%s\"", key);
+  if (!cJSON_IsArray(v))
+    return json_fail_at(err, l, "\"%s\" must be an array", key);
+  uint32_t count = 0;
+  for (const cJSON *c = v->child; c; c = c->next)
+    if (++count > max)
+      return json_fail_at(err, l, "\"%s\" has more than %u entries", key, max);
+  *first = v->child;
+  *n = count;
+  return true;
+}
+
+bool json_value_object(const cJSON *v, const char *key, const struct json_loc *l, GError **err) {
+  if (!v)
+    return json_fail_at(err, l, "missing key \"%s\"", key);
+  if (!cJSON_IsObject(v))
+    return json_fail_at(err, l, "\"%s\" must be an object", key);
+  return true;
+}
+
+bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const char *ctx,
+                 const char *what, GError **err) {
+  return json_value_int(v, what, lo, hi, out, JSON_LOC(ctx), err);
+}
+
+/* The value under key, or NULL; *skip is true when the key is absent and not required (the
+ * getter then leaves its output alone). A missing required key is left to the value getter,
+ * which reports it. */
+static const cJSON *lookup(const cJSON *obj, const char *key, bool required, bool *skip) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  *missing = v == NULL;
-  if (!v && required)
-    piper_input_error(err, "%s: missing key \"%s\"", ctx, key);
+  *skip = !v && !required;
   return v;
 }
 
 bool json_get_int(const cJSON *obj, const char *key, bool required, int64_t lo, int64_t hi,
                   int64_t *out, const char *ctx, GError **err) {
-  bool missing;
-  const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
-  if (missing)
-    return !required;
-  return json_as_int(v, lo, hi, out, ctx, key, err);
+  bool skip;
+  const cJSON *v = lookup(obj, key, required, &skip);
+  return skip || json_value_int(v, key, lo, hi, out, JSON_LOC(ctx), err);
+}
+
+bool json_get_u32(const cJSON *obj, const char *key, bool required, uint32_t lo, uint32_t hi,
+                  uint32_t *out, const char *ctx, GError **err) {
+  bool skip;
+  const cJSON *v = lookup(obj, key, required, &skip);
+  return skip || json_value_u32(v, key, lo, hi, out, JSON_LOC(ctx), err);
 }
 
 bool json_get_double(const cJSON *obj, const char *key, bool required, double lo, double hi,
                      double *out, const char *ctx, GError **err) {
-  bool missing;
-  const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
-  if (missing)
-    return !required;
-  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-    return piper_input_error(err, "%s: \"%s\" must be a number", ctx, key);
-  if (v->valuedouble < lo || v->valuedouble > hi)
-    return piper_input_error(err, "%s: \"%s\" = %g is out of range [%g, %g]", ctx, key, v->valuedouble, lo,
-                     hi);
-  *out = v->valuedouble;
-  return true;
+  bool skip;
+  const cJSON *v = lookup(obj, key, required, &skip);
+  return skip || json_value_double(v, key, lo, hi, out, JSON_LOC(ctx), err);
+}
+
+bool json_get_positive(const cJSON *obj, const char *key, bool required, double hi, double *out,
+                       const char *ctx, GError **err) {
+  bool skip;
+  const cJSON *v = lookup(obj, key, required, &skip);
+  return skip || json_value_positive(v, key, hi, out, JSON_LOC(ctx), err);
 }
 
 bool json_get_bool(const cJSON *obj, const char *key, bool required, bool *out, const char *ctx,
                    GError **err) {
-  bool missing;
-  const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
-  if (missing)
-    return !required;
-  if (!cJSON_IsBool(v))
-    return piper_input_error(err, "%s: \"%s\" must be true or false", ctx, key);
-  *out = cJSON_IsTrue(v);
-  return true;
+  bool skip;
+  const cJSON *v = lookup(obj, key, required, &skip);
+  return skip || json_value_bool(v, key, out, JSON_LOC(ctx), err);
 }
 
 bool json_get_string(const cJSON *obj, const char *key, bool required, const char **out,
                      const char *ctx, GError **err) {
-  bool missing;
-  const cJSON *v = lookup(obj, key, required, ctx, err, &missing);
-  if (missing)
-    return !required;
-  if (!cJSON_IsString(v) || !v->valuestring)
-    return piper_input_error(err, "%s: \"%s\" must be a string", ctx, key);
-  *out = v->valuestring;
+  bool skip;
+  const cJSON *v = lookup(obj, key, required, &skip);
+  return skip || json_value_string(v, key, 0, out, JSON_LOC(ctx), err);
+}
+
+bool json_get_object(const cJSON *obj, const char *key, bool required, const cJSON **out,
+                     const char *ctx, GError **err) {
+  bool skip;
+  const cJSON *v = lookup(obj, key, required, &skip);
+  *out = NULL;
+  if (skip)
+    return true;
+  if (!json_value_object(v, key, JSON_LOC(ctx), err))
+    return false;
+  *out = v;
   return true;
 }
 
@@ -161,4 +362,3 @@ bool json_write_file(const char *path, const cJSON *root, GError **err) {
   g_string_free(s, TRUE);
   return ok;
 }
-

@@ -47,7 +47,7 @@ static bool fail_at(const struct apply *a, uint32_t d, GError **err, const char 
     piper_input_error(err, "%s: %s", a->p->name, what);
   else
     piper_input_error(err, "%s: directive %u (%s): %s", a->p->name, a->p->d[d].index,
-              dir_op_name(a->p->d[d].op), what);
+                      dir_op_name(a->p->d[d].op), what);
   g_free(what);
   return false;
 }
@@ -85,7 +85,7 @@ bool dir_filter_resolve(const struct dir_filter *f, const struct ir_graph *g, st
         g_string_append_printf(known, "%s, ", g->tag_names[i]);
       g_string_append(known, "PASS");
       piper_input_error(err, "%s: filter key \"%s\" is not a tag of the model (tags: %s)", ctx,
-                f->keys[k].name, known->str);
+                        f->keys[k].name, known->str);
       g_string_free(known, TRUE);
       return false;
     }
@@ -655,111 +655,208 @@ static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket,
   return cid;
 }
 
-/* Regroups optimizer nodes (one per PP region and device group), inserts gradient buckets and
- * ZeRO-3 gathers. */
-static bool insert_data_parallel(struct apply *a, const struct segment_home *home, GError **err) {
+/* What the data-parallel phases share: where each segment's weight gradients are computed,
+ * and per segment the gradient collectives that sum them. */
+struct dp_sync {
+  const struct segment_home *home;
+  struct grad_index gi;
+  GArray **syncs_of; /* segment -> gradient collectives */
+};
+
+/* The buckets of replicate directive d: per (group, directive), segments in reverse model
+ * order (the order backward produces their gradients), closed when the next would overflow. */
+static void replicate_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
   struct ir_graph *g = a->g;
   const struct model *m = g->model;
-  struct grad_index gi;
-  grad_index_build(g, &gi);
-  uint32_t n_opt = g->nodes->len;
-  GArray **syncs_of = g_new(GArray *, m->n_segments); /* segment -> gradient collectives */
-  for (uint32_t s = 0; s < m->n_segments; s++)
-    syncs_of[s] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  const struct segment_home *home = ds->home;
+  const struct dir_directive *dd = &a->p->d[d];
+  double cap = dd->bucket_size_mb * MIB;
+  uint32_t grp_of_dir = ir_graph_group(g, dd->devices, dd->n_devices);
+  GArray *bucket = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  uint64_t bytes = 0;
+  for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
+    bool take = false;
+    if (s >= 0 && home[s].n_homes == 1 && home[s].group == grp_of_dir &&
+        m->segments[s].param_count > 0) {
+      const struct node_info *ni = INFO(a, home[s].fwd_node);
+      const struct ir_node *fn = IR_NODE(g, home[s].fwd_node);
+      /* Sharded experts own distinct parameters on each device: nothing to sync. */
+      take = ni->replicate == d && fn->replica_degree > 1 && fn->shard_degree == 1;
+    }
+    uint64_t sb = take ? m->segments[s].param_bytes : 0;
+    bool flush = bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap));
+    if (flush) {
+      add_bucket_collective(
+          a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
+          grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &ds->gi, ds->syncs_of);
+      g_array_set_size(bucket, 0);
+      bytes = 0;
+    }
+    if (take) {
+      uint32_t seg = (uint32_t)s;
+      g_array_append_val(bucket, seg);
+      bytes += sb;
+    }
+  }
+  g_array_free(bucket, TRUE);
+}
 
-  /* Gradient buckets: per (group, replicate directive), segments in reverse model order (the
-   * order backward produces their gradients), closed when the next would overflow. */
-  for (uint32_t d = 0; d < a->p->n; d++) {
-    const struct dir_directive *dd = &a->p->d[d];
-    if (dd->op != DIR_REPLICATE)
+/* Open buckets of the copies' gradient sums, one per sync group. */
+struct copy_buckets {
+  GArray *sync_groups;  /* group ids */
+  GPtrArray *buckets;   /* per sync group: segments */
+  GArray *bucket_bytes; /* per sync group */
+};
+
+/* Before segment s (or at the end, s < 0) joins its sync groups mine: closes every bucket that
+ * ends here (the end, or one of s's groups that s would overflow). */
+static void copy_buckets_flush(struct apply *a, struct dp_sync *ds, struct copy_buckets *cb,
+                               int64_t s, const GArray *mine, uint64_t sb) {
+  for (uint32_t k = 0; k < cb->sync_groups->len; k++) {
+    GArray *b = g_ptr_array_index(cb->buckets, k);
+    uint64_t *bytes = &g_array_index(cb->bucket_bytes, uint64_t, k);
+    uint32_t sg = g_array_index(cb->sync_groups, uint32_t, k);
+    bool in_mine = false;
+    for (uint32_t q = 0; q < mine->len; q++)
+      in_mine |= g_array_index(mine, uint32_t, q) == sg;
+    if (b->len == 0 || !(s < 0 || (in_mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB)))
       continue;
-    double cap = dd->bucket_size_mb * MIB;
-    uint32_t grp_of_dir = ir_graph_group(g, dd->devices, dd->n_devices);
-    GArray *bucket = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    uint64_t bytes = 0;
-    for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
-      bool take = false;
-      if (s >= 0 && home[s].n_homes == 1 && home[s].group == grp_of_dir &&
-          m->segments[s].param_count > 0) {
-        const struct node_info *ni = INFO(a, home[s].fwd_node);
-        const struct ir_node *fn = IR_NODE(g, home[s].fwd_node);
-        /* Sharded experts own distinct parameters on each device: nothing to sync. */
-        take = ni->replicate == d && fn->replica_degree > 1 && fn->shard_degree == 1;
-      }
-      uint64_t sb = take ? m->segments[s].param_bytes : 0;
-      bool flush = bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap));
-      if (flush) {
-        add_bucket_collective(
-            a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
-            grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &gi, syncs_of);
-        g_array_set_size(bucket, 0);
-        bytes = 0;
-      }
-      if (take) {
-        uint32_t seg = (uint32_t)s;
-        g_array_append_val(bucket, seg);
-        bytes += sb;
-      }
-    }
-    g_array_free(bucket, TRUE);
+    add_bucket_collective(a, b, ds->home, IR_NODE_ALL_REDUCE, sg, stream_or(a->g, "", "dp"), *bytes,
+                          IR_NONE, &ds->gi, ds->syncs_of);
+    g_array_set_size(b, 0);
+    *bytes = 0;
   }
+}
 
-  /* Segments with several homes (model copies, DualPipe): the copies' gradients are summed.
-   * A replicated segment is summed over the union of its homes, which covers the data
-   * parallelism inside each home too; a sharded expert segment over each position's devices
-   * (home k's device p holds the same experts as home l's device p). Buckets per sync group. */
-  {
-    GArray *sync_groups = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    GPtrArray *buckets = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
-    GArray *bucket_bytes = g_array_new(FALSE, TRUE, sizeof(uint64_t));
-    GArray *mine = g_array_new(FALSE, FALSE, sizeof(uint32_t)); /* this segment's sync groups */
-    bool ok = true;
-    for (int64_t s = (int64_t)m->n_segments - 1; s >= -1 && ok; s--) {
-      g_array_set_size(mine, 0);
-      if (s >= 0 && home[s].n_homes > 1 && m->segments[s].param_count > 0)
-        ok = copy_sync_groups(a, &home[s], mine, err);
-      uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
-      for (uint32_t k = 0; k < sync_groups->len; k++) {
-        GArray *b = g_ptr_array_index(buckets, k);
-        uint64_t *bytes = &g_array_index(bucket_bytes, uint64_t, k);
-        uint32_t sg = g_array_index(sync_groups, uint32_t, k);
-        bool in_mine = false;
-        for (uint32_t q = 0; q < mine->len; q++)
-          in_mine |= g_array_index(mine, uint32_t, q) == sg;
-        if (b->len == 0 ||
-            !(s < 0 || (in_mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB)))
-          continue;
-        add_bucket_collective(a, b, home, IR_NODE_ALL_REDUCE, sg, stream_or(g, "", "dp"), *bytes,
-                              IR_NONE, &gi, syncs_of);
-        g_array_set_size(b, 0);
-        *bytes = 0;
-      }
-      for (uint32_t q = 0; q < mine->len; q++) {
-        uint32_t sg = g_array_index(mine, uint32_t, q), k = 0;
-        while (k < sync_groups->len && g_array_index(sync_groups, uint32_t, k) != sg)
-          k++;
-        if (k == sync_groups->len) {
-          g_array_append_val(sync_groups, sg);
-          g_ptr_array_add(buckets, g_array_new(FALSE, FALSE, sizeof(uint32_t)));
-          g_array_set_size(bucket_bytes, sync_groups->len);
-        }
-        uint32_t seg = (uint32_t)s;
-        g_array_append_val(g_ptr_array_index(buckets, k), seg);
-        g_array_index(bucket_bytes, uint64_t, k) += sb;
-      }
+static void copy_buckets_add(struct copy_buckets *cb, uint32_t seg, const GArray *mine,
+                             uint64_t sb) {
+  for (uint32_t q = 0; q < mine->len; q++) {
+    uint32_t sg = g_array_index(mine, uint32_t, q), k = 0;
+    while (k < cb->sync_groups->len && g_array_index(cb->sync_groups, uint32_t, k) != sg)
+      k++;
+    if (k == cb->sync_groups->len) {
+      g_array_append_val(cb->sync_groups, sg);
+      g_ptr_array_add(cb->buckets, g_array_new(FALSE, FALSE, sizeof(uint32_t)));
+      g_array_set_size(cb->bucket_bytes, cb->sync_groups->len);
     }
-    g_array_free(mine, TRUE);
-    g_array_free(sync_groups, TRUE);
-    g_ptr_array_free(buckets, TRUE);
-    g_array_free(bucket_bytes, TRUE);
-    if (!ok) {
-      free_syncs(syncs_of, m->n_segments);
-      grad_index_free(&gi);
-      return false;
+    g_array_append_val(g_ptr_array_index(cb->buckets, k), seg);
+    g_array_index(cb->bucket_bytes, uint64_t, k) += sb;
+  }
+}
+
+/* Segments with several homes (model copies, DualPipe): the copies' gradients are summed.
+ * A replicated segment is summed over the union of its homes, which covers the data
+ * parallelism inside each home too; a sharded expert segment over each position's devices
+ * (home k's device p holds the same experts as home l's device p). Buckets per sync group. */
+static bool copy_sync_buckets(struct apply *a, struct dp_sync *ds, GError **err) {
+  const struct model *m = a->g->model;
+  struct copy_buckets cb = {
+      .sync_groups = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .buckets = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref),
+      .bucket_bytes = g_array_new(FALSE, TRUE, sizeof(uint64_t)),
+  };
+  GArray *mine = g_array_new(FALSE, FALSE, sizeof(uint32_t)); /* this segment's sync groups */
+  bool ok = true;
+  for (int64_t s = (int64_t)m->n_segments - 1; s >= -1 && ok; s--) {
+    g_array_set_size(mine, 0);
+    if (s >= 0 && ds->home[s].n_homes > 1 && m->segments[s].param_count > 0)
+      ok = copy_sync_groups(a, &ds->home[s], mine, err);
+    uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
+    copy_buckets_flush(a, ds, &cb, s, mine, sb);
+    copy_buckets_add(&cb, (uint32_t)s, mine, sb);
+  }
+  g_array_free(mine, TRUE);
+  g_array_free(cb.sync_groups, TRUE);
+  g_ptr_array_free(cb.buckets, TRUE);
+  g_array_free(cb.bucket_bytes, TRUE);
+  return ok;
+}
+
+/* The distinct homes of the segments the optimizer node's set holds, in first-seen order. */
+static GArray *optimizer_homes(const struct ir_graph *g, const struct segment_home *home,
+                               const struct ir_segset *orig) {
+  GArray *groups = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  for (uint32_t j = 0; j < orig->count; j++) {
+    const struct segment_home *h = &home[g_array_index(g->segment_pool, uint32_t, orig->first + j)];
+    for (uint32_t q = 0; q < h->n_homes; q++) {
+      uint32_t grp = h->homes[q];
+      bool seen = false;
+      for (uint32_t k = 0; k < groups->len; k++)
+        seen |= g_array_index(groups, uint32_t, k) == grp;
+      if (!seen)
+        g_array_append_val(groups, grp);
     }
   }
+  return groups;
+}
 
-  /* Optimizer nodes: one per PP region and device group holding its parameters. */
+/* The optimizer update waits for what sums its segments' gradients: one edge per bucket
+ * collective, however many of its segments the update owns; without a collective, for the
+ * weight-gradient nodes on its group. */
+static void link_optimizer(struct apply *a, struct dp_sync *ds, uint32_t target, uint32_t grp,
+                           const GArray *segs) {
+  struct ir_graph *g = a->g;
+  GHashTable *linked = g_hash_table_new(NULL, NULL);
+  for (uint32_t j = 0; j < segs->len; j++) {
+    uint32_t seg = g_array_index(segs, uint32_t, j);
+    const GArray *syncs = ds->syncs_of[seg];
+    if (syncs->len) {
+      for (uint32_t q = 0; q < syncs->len; q++) {
+        uint32_t cid = g_array_index(syncs, uint32_t, q);
+        if (groups_overlap(g, IR_NODE(g, cid)->group, grp) &&
+            g_hash_table_add(linked, GUINT_TO_POINTER(cid + 1)))
+          ir_graph_add_edge(g, cid, target, IR_EDGE_TEMPORAL, 0, 0);
+      }
+    } else {
+      for (uint32_t q = ds->gi.first[seg]; q < ds->gi.first[seg + 1]; q++)
+        if (IR_NODE(g, ds->gi.nodes[q])->group == grp)
+          ir_graph_add_edge(g, ds->gi.nodes[q], target, IR_EDGE_TEMPORAL, 0, 0);
+    }
+  }
+  g_hash_table_destroy(linked);
+}
+
+/* The update of optimizer node o on its k-th home grp: the segments of orig held there. The
+ * first home keeps node o; the others get copies. */
+static void optimizer_on_group(struct apply *a, struct dp_sync *ds, uint32_t o, uint32_t k,
+                               uint32_t grp, const struct ir_segset *orig) {
+  struct ir_graph *g = a->g;
+  GArray *segs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  GArray *deg = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  bool shard_grads = false, shard_params = false;
+  uint32_t replicas = 1;
+  for (uint32_t j = 0; j < orig->count; j++) {
+    uint32_t seg = g_array_index(g->segment_pool, uint32_t, orig->first + j);
+    if (!has_home(&ds->home[seg], grp))
+      continue;
+    const struct ir_node *fn = IR_NODE(g, ds->home[seg].fwd_node);
+    g_array_append_val(segs, seg);
+    g_array_append_val(deg, fn->shard_degree);
+    shard_grads |= fn->shard_grads;
+    shard_params |= fn->shard_params;
+    if (fn->replica_degree > replicas)
+      replicas = fn->replica_degree;
+  }
+  uint32_t target = o;
+  struct ir_node opt = *IR_NODE(g, o);
+  opt.group = grp;
+  opt.segset = ir_graph_add_segset(g, (uint32_t *)segs->data, segs->len, (uint32_t *)deg->data);
+  opt.shard_grads = shard_grads;
+  opt.shard_params = shard_params;
+  opt.replica_degree = replicas;
+  if (k == 0)
+    *IR_NODE(g, o) = opt;
+  else
+    target = add_node(a, &opt);
+  link_optimizer(a, ds, target, grp, segs);
+  g_array_free(segs, TRUE);
+  g_array_free(deg, TRUE);
+}
+
+/* Optimizer nodes (the first n_opt nodes hold them): one per PP region and device group
+ * holding its parameters. */
+static void regroup_optimizers(struct apply *a, struct dp_sync *ds, uint32_t n_opt) {
+  struct ir_graph *g = a->g;
   for (uint32_t o = 0; o < n_opt; o++) {
     struct ir_node *on = IR_NODE(g, o);
     if (on->kind != IR_NODE_OPTIMIZER)
@@ -768,74 +865,19 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       if (IR_EDGE(g, e)->dst == o)
         IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
     const struct ir_segset orig = *IR_SEGSET(g, on->segset);
-    GArray *groups = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (uint32_t j = 0; j < orig.count; j++) {
-      const struct segment_home *h =
-          &home[g_array_index(g->segment_pool, uint32_t, orig.first + j)];
-      for (uint32_t q = 0; q < h->n_homes; q++) {
-        uint32_t grp = h->homes[q];
-        bool seen = false;
-        for (uint32_t k = 0; k < groups->len; k++)
-          seen |= g_array_index(groups, uint32_t, k) == grp;
-        if (!seen)
-          g_array_append_val(groups, grp);
-      }
-    }
-    for (uint32_t k = 0; k < groups->len; k++) {
-      uint32_t grp = g_array_index(groups, uint32_t, k);
-      GArray *segs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-      GArray *deg = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-      bool shard_grads = false, shard_params = false;
-      uint32_t replicas = 1;
-      for (uint32_t j = 0; j < orig.count; j++) {
-        uint32_t seg = g_array_index(g->segment_pool, uint32_t, orig.first + j);
-        if (!has_home(&home[seg], grp))
-          continue;
-        const struct ir_node *fn = IR_NODE(g, home[seg].fwd_node);
-        g_array_append_val(segs, seg);
-        g_array_append_val(deg, fn->shard_degree);
-        shard_grads |= fn->shard_grads;
-        shard_params |= fn->shard_params;
-        if (fn->replica_degree > replicas)
-          replicas = fn->replica_degree;
-      }
-      uint32_t target = o;
-      struct ir_node opt = *IR_NODE(g, o);
-      opt.group = grp;
-      opt.segset = ir_graph_add_segset(g, (uint32_t *)segs->data, segs->len, (uint32_t *)deg->data);
-      opt.shard_grads = shard_grads;
-      opt.shard_params = shard_params;
-      opt.replica_degree = replicas;
-      if (k == 0)
-        *IR_NODE(g, o) = opt;
-      else
-        target = add_node(a, &opt);
-      GHashTable *linked = g_hash_table_new(NULL, NULL);
-      for (uint32_t j = 0; j < segs->len; j++) {
-        uint32_t seg = g_array_index(segs, uint32_t, j);
-        if (syncs_of[seg]->len) {
-          /* One edge per bucket collective, however many of its segments this update owns. */
-          for (uint32_t q = 0; q < syncs_of[seg]->len; q++) {
-            uint32_t cid = g_array_index(syncs_of[seg], uint32_t, q);
-            if (groups_overlap(g, IR_NODE(g, cid)->group, grp) &&
-                g_hash_table_add(linked, GUINT_TO_POINTER(cid + 1)))
-              ir_graph_add_edge(g, cid, target, IR_EDGE_TEMPORAL, 0, 0);
-          }
-        } else {
-          for (uint32_t q = gi.first[seg]; q < gi.first[seg + 1]; q++)
-            if (IR_NODE(g, gi.nodes[q])->group == grp)
-              ir_graph_add_edge(g, gi.nodes[q], target, IR_EDGE_TEMPORAL, 0, 0);
-        }
-      }
-      g_hash_table_destroy(linked);
-      g_array_free(segs, TRUE);
-      g_array_free(deg, TRUE);
-    }
+    GArray *groups = optimizer_homes(g, ds->home, &orig);
+    for (uint32_t k = 0; k < groups->len; k++)
+      optimizer_on_group(a, ds, o, k, g_array_index(groups, uint32_t, k), &orig);
     g_array_free(groups, TRUE);
   }
-  /* ZeRO-2: the update touched only this device's shard; gather the updated parameters. */
+}
+
+/* ZeRO-2: the update touched only this device's shard; gather the updated parameters. Looks at
+ * the collectives added since node first. */
+static void insert_zero2_gathers(struct apply *a, uint32_t first) {
+  struct ir_graph *g = a->g;
   uint32_t nn = g->nodes->len;
-  for (uint32_t c = n_opt; c < nn; c++) {
+  for (uint32_t c = first; c < nn; c++) {
     const struct ir_node *cn = IR_NODE(g, c);
     if (cn->kind != IR_NODE_REDUCE_SCATTER || cn->shard_params)
       continue;
@@ -855,9 +897,29 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
       ir_graph_add_edge(g, opt, gid, IR_EDGE_TEMPORAL, 0, 0);
     }
   }
-  free_syncs(syncs_of, m->n_segments);
-  grad_index_free(&gi);
-  return true;
+}
+
+/* Inserts gradient buckets (per replicate directive, then across model copies), regroups
+ * optimizer nodes (one per PP region and device group) and adds ZeRO-2 gathers. */
+static bool insert_data_parallel(struct apply *a, const struct segment_home *home, GError **err) {
+  struct ir_graph *g = a->g;
+  const struct model *m = g->model;
+  struct dp_sync ds = {.home = home, .syncs_of = g_new(GArray *, m->n_segments)};
+  grad_index_build(g, &ds.gi);
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    ds.syncs_of[s] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  uint32_t n_opt = g->nodes->len;
+  for (uint32_t d = 0; d < a->p->n; d++)
+    if (a->p->d[d].op == DIR_REPLICATE)
+      replicate_buckets(a, &ds, d);
+  bool ok = copy_sync_buckets(a, &ds, err);
+  if (ok) {
+    regroup_optimizers(a, &ds, n_opt);
+    insert_zero2_gathers(a, n_opt);
+  }
+  free_syncs(ds.syncs_of, m->n_segments);
+  grad_index_free(&ds.gi);
+  return ok;
 }
 
 static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck);

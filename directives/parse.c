@@ -33,13 +33,6 @@ static char *quote(const char *s) {
   return piper_quote(s, strlen(s), QUOTE_MAX);
 }
 
-/* The shortest of %.15g / %.17g that reads back as d, as cJSON writes numbers. */
-static void format_number(double d, char buf[32]) {
-  snprintf(buf, 32, "%.15g", d);
-  if (strtod(buf, NULL) != d)
-    snprintf(buf, 32, "%.17g", d);
-}
-
 /* Counts the elements of a JSON array, stopping once past cap: a list with millions of
  * entries is refused without walking it all (cJSON_GetArraySize walks everything). */
 static size_t count_upto(const cJSON *arr, size_t cap) {
@@ -85,7 +78,8 @@ static bool check_name(const char *s, char out[DIR_NAME_MAX], const char *ctx, c
   if (len == 0)
     return piper_input_error(err, "%s: %s must not be empty", ctx, what);
   if (len >= DIR_NAME_MAX)
-    return piper_input_error(err, "%s: %s is %zu bytes long, at most %d", ctx, what, len, DIR_NAME_MAX - 1);
+    return piper_input_error(err, "%s: %s is %zu bytes long, at most %d", ctx, what, len,
+                             DIR_NAME_MAX - 1);
   for (size_t i = 0; i < len; i++)
     if (!g_ascii_isgraph(s[i]))
       return piper_input_error(err, "%s: %s must be printable ASCII without spaces", ctx, what);
@@ -93,63 +87,17 @@ static bool check_name(const char *s, char out[DIR_NAME_MAX], const char *ctx, c
   return true;
 }
 
+/* A name under key (see check_name). */
 static bool get_name(const cJSON *obj, const char *key, bool required, char out[DIR_NAME_MAX],
                      const char *ctx, GError **err) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v)
-    return required ? piper_input_error(err, "%s: missing key \"%s\"", ctx, key) : true;
-  if (!cJSON_IsString(v) || !v->valuestring)
-    return piper_input_error(err, "%s: \"%s\" must be a string (a name)", ctx, key);
-  g_autofree char *q = quote(v->valuestring);
+  const char *s = NULL;
+  if (!json_get_string(obj, key, required, &s, ctx, err))
+    return false;
+  if (!s)
+    return true;
+  g_autofree char *q = quote(s);
   g_autofree char *what = g_strdup_printf("\"%s\" = %s", key, q);
-  return check_name(v->valuestring, out, ctx, what, err);
-}
-
-/* An integer in [lo, hi]; the message says what is allowed. */
-static bool get_int(const cJSON *obj, const char *key, bool required, int64_t lo, int64_t hi,
-                    int64_t *out, const char *ctx, GError **err) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v)
-    return required ? piper_input_error(err, "%s: missing key \"%s\"", ctx, key) : true;
-  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
-    return piper_input_error(err, "%s: \"%s\" must be an integer in [%lld, %lld]", ctx, key, (long long)lo,
-                     (long long)hi);
-  double d = v->valuedouble;
-  if (d < (double)lo || d > (double)hi) {
-    char num[32];
-    format_number(d, num);
-    return piper_input_error(err, "%s: \"%s\" = %s is out of range [%lld, %lld]", ctx, key, num,
-                     (long long)lo, (long long)hi);
-  }
-  *out = (int64_t)d;
-  return true;
-}
-
-/* A number in (0, hi]: a zero bucket or SM share is meaningless. */
-static bool get_positive(const cJSON *obj, const char *key, double hi, double *out, const char *ctx,
-                         GError **err) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v)
-    return true;
-  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-    return piper_input_error(err, "%s: \"%s\" must be a number in (0, %.15g]", ctx, key, hi);
-  if (!(v->valuedouble > 0) || v->valuedouble > hi) {
-    char num[32];
-    format_number(v->valuedouble, num);
-    return piper_input_error(err, "%s: \"%s\" = %s is out of range (0, %.15g]", ctx, key, num, hi);
-  }
-  *out = v->valuedouble;
-  return true;
-}
-
-static bool get_bool(const cJSON *obj, const char *key, bool *out, const char *ctx, GError **err) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v)
-    return true;
-  if (!cJSON_IsBool(v))
-    return piper_input_error(err, "%s: \"%s\" must be true or false", ctx, key);
-  *out = cJSON_IsTrue(v);
-  return true;
+  return check_name(s, out, ctx, what, err);
 }
 
 /* where says which filter, e.g. "\"filter\"" or "\"filters\" group 1 filter 0". */
@@ -158,8 +106,8 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
   memset(f, 0, sizeof *f);
   f->pass = IR_PASS_NONE;
   if (!cJSON_IsObject(v))
-    return piper_input_error(err, "%s: %s must be an object such as {\"PP\": 0, \"PASS\": \"F\"}", ctx,
-                     where);
+    return piper_input_error(err, "%s: %s must be an object such as {\"PP\": 0, \"PASS\": \"F\"}",
+                             ctx, where);
   bool have_pass = false;
   for (const cJSON *it = v->child; it; it = it->next) {
     const char *k = it->string ? it->string : "";
@@ -180,7 +128,7 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
     }
     if (f->n_keys == DIR_MAX_FILTER_KEYS)
       return piper_input_error(err, "%s: %s: more than %d keys besides PASS", ctx, where,
-                       DIR_MAX_FILTER_KEYS);
+                               DIR_MAX_FILTER_KEYS);
     struct dir_filter_key *key = &f->keys[f->n_keys];
     g_autofree char *what = g_strdup_printf("%s: key %s", where, q);
     if (!check_name(k, key->name, ctx, what, err))
@@ -194,13 +142,14 @@ static bool parse_filter(const cJSON *v, struct dir_filter *f, const char *ctx, 
                it->valuedouble == floor(it->valuedouble)) {
       if (it->valuedouble < 0 || it->valuedouble > DIR_MAX_INDEX) {
         char num[32];
-        format_number(it->valuedouble, num);
-        return piper_input_error(err, "%s: %s: %s = %s is out of range [0, %d] (or \"*\" for any)", ctx,
-                         where, q, num, DIR_MAX_INDEX);
+        json_format_number(it->valuedouble, num);
+        return piper_input_error(err, "%s: %s: %s = %s is out of range [0, %d] (or \"*\" for any)",
+                                 ctx, where, q, num, DIR_MAX_INDEX);
       }
       key->value = (int32_t)it->valuedouble;
     } else {
-      return piper_input_error(err, "%s: %s: %s must be an integer index >= 0 or \"*\"", ctx, where, q);
+      return piper_input_error(err, "%s: %s: %s must be an integer index >= 0 or \"*\"", ctx, where,
+                               q);
     }
     f->n_keys++;
   }
@@ -219,9 +168,9 @@ static bool parse_devices(const cJSON *obj, struct dir_directive *d, uint32_t *m
     return piper_input_error(err, "%s: \"devices\" must be a non-empty list of device ids", ctx);
   size_t n = count_upto(v, IR_MAX_DEVICES);
   if (n > IR_MAX_DEVICES)
-    return piper_input_error(err,
-                     "%s: \"devices\" has more than %d entries (ids are distinct and below %d)",
-                     ctx, IR_MAX_DEVICES, IR_MAX_DEVICES);
+    return piper_input_error(
+        err, "%s: \"devices\" has more than %d entries (ids are distinct and below %d)", ctx,
+        IR_MAX_DEVICES, IR_MAX_DEVICES);
   d->devices = g_new(uint32_t, n);
   d->n_devices = (uint32_t)n;
   uint8_t seen[IR_MAX_DEVICES / 8] = {0};
@@ -230,7 +179,7 @@ static bool parse_devices(const cJSON *obj, struct dir_directive *d, uint32_t *m
     char what[32];
     snprintf(what, sizeof what, "devices[%zu]", i);
     int64_t id;
-    if (!json_as_int(it, 0, IR_MAX_DEVICES - 1, &id, ctx, what, err))
+    if (!json_value_int(it, what, 0, IR_MAX_DEVICES - 1, &id, JSON_LOC(ctx), err))
       return false;
     if (seen[id / 8] & (1u << (id % 8)))
       return piper_input_error(err, "%s: \"devices\" names device %lld twice", ctx, (long long)id);
@@ -253,7 +202,7 @@ static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_ord
   size_t n_groups = count_upto(v, DIR_MAX_ORDER_FILTERS);
   if (n_groups < 2)
     return piper_input_error(err, "%s: \"filters\" has %zu group%s; it must be %s", ctx, n_groups,
-                     n_groups == 1 ? "" : "s", shape);
+                             n_groups == 1 ? "" : "s", shape);
   /* Count first, allocate after: the total is capped over the whole program. */
   size_t total = 0, g = 0;
   for (const cJSON *grp = v->child; grp; grp = grp->next, g++) {
@@ -263,20 +212,21 @@ static bool parse_order(const cJSON *obj, struct dir_directive *d, size_t *n_ord
     } else if (cJSON_IsArray(grp)) {
       k = count_upto(grp, DIR_MAX_ORDER_FILTERS);
       if (k == 0)
-        return piper_input_error(err,
-                         "%s: \"filters\" group %zu is empty (a group is a non-empty list of "
-                         "filters)",
-                         ctx, g);
+        return piper_input_error(
+            err,
+            "%s: \"filters\" group %zu is empty (a group is a non-empty list of "
+            "filters)",
+            ctx, g);
     } else {
-      return piper_input_error(err, "%s: \"filters\" group %zu must be a list of filters or a filter", ctx,
-                       g);
+      return piper_input_error(
+          err, "%s: \"filters\" group %zu must be a list of filters or a filter", ctx, g);
     }
     total += k;
     if (*n_order_filters + total > DIR_MAX_ORDER_FILTERS)
       return piper_input_error(err,
-                       "%s: \"filters\": the program's order directives hold more than %d "
-                       "filters",
-                       ctx, DIR_MAX_ORDER_FILTERS);
+                               "%s: \"filters\": the program's order directives hold more than %d "
+                               "filters",
+                               ctx, DIR_MAX_ORDER_FILTERS);
   }
   *n_order_filters += total;
   d->n_slots = (uint32_t)n_groups;
@@ -316,7 +266,8 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   d->index = index;
   d->filter.pass = IR_PASS_NONE;
   if (!cJSON_IsObject(obj))
-    return piper_input_error(err, "%s: directive %u: must be an object with an \"op\"", name, index);
+    return piper_input_error(err, "%s: directive %u: must be an object with an \"op\"", name,
+                             index);
   const cJSON *op = cJSON_GetObjectItemCaseSensitive(obj, "op");
   if (!op)
     return piper_input_error(err, "%s: directive %u: missing key \"op\"", name, index);
@@ -329,9 +280,9 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   if (found < 0) {
     g_autofree char *q = quote(op->valuestring);
     return piper_input_error(err,
-                     "%s: directive %u: unknown op %s (one of place, replicate, shard, "
-                     "split, order, stream)",
-                     name, index, q);
+                             "%s: directive %u: unknown op %s (one of place, replicate, shard, "
+                             "split, order, stream)",
+                             name, index, q);
   }
   d->op = (enum dir_op)found;
   g_autofree char *ctx = g_strdup_printf("%s: directive %u (%s)", name, index, op_names[found]);
@@ -370,9 +321,9 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
       return false;
     d->sm_share = 1.0;
     return get_name(obj, "name", true, d->name, ctx, err) &&
-           get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority, ctx,
-                   err) &&
-           get_positive(obj, "sm_share", 1.0, &d->sm_share, ctx, err);
+           json_get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority,
+                        ctx, err) &&
+           json_get_positive(obj, "sm_share", false, 1.0, &d->sm_share, ctx, err);
   }
   }
 
@@ -393,9 +344,10 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     if (!parse_devices(obj, d, max_device, ctx, err) ||
         !get_name(obj, "reduce_stream", false, d->reduce_stream, ctx, err) ||
         !get_name(obj, "gather_stream", false, d->gather_stream, ctx, err) ||
-        !get_positive(obj, "bucket_size", DIR_MAX_BUCKET_MB, &d->bucket_size_mb, ctx, err) ||
-        !get_bool(obj, "shard_grads", &d->shard_grads, ctx, err) ||
-        !get_bool(obj, "shard_params", &d->shard_params, ctx, err))
+        !json_get_positive(obj, "bucket_size", false, DIR_MAX_BUCKET_MB, &d->bucket_size_mb, ctx,
+                           err) ||
+        !json_get_bool(obj, "shard_grads", false, &d->shard_grads, ctx, err) ||
+        !json_get_bool(obj, "shard_params", false, &d->shard_params, ctx, err))
       return false;
     /* ZeRO-3 shards gradients as well as parameters. */
     if (d->shard_params)
@@ -403,8 +355,8 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     return true;
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
-           get_int(obj, "num_microbatches", true, 1, DIR_MAX_MICROBATCHES, &d->num_microbatches,
-                   ctx, err);
+           json_get_int(obj, "num_microbatches", true, 1, DIR_MAX_MICROBATCHES,
+                        &d->num_microbatches, ctx, err);
   default: return true;
   }
 }
@@ -413,7 +365,8 @@ struct dir_program *dir_program_parse_json(const char *name, const cJSON *root, 
   if (!name)
     name = "<directives>";
   if (!cJSON_IsArray(root)) {
-    piper_input_error(err, "%s: a directive program must be a JSON array of directive objects", name);
+    piper_input_error(err, "%s: a directive program must be a JSON array of directive objects",
+                      name);
     return NULL;
   }
   size_t n = count_upto(root, DIR_MAX_DIRECTIVES);

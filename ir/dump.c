@@ -1,7 +1,7 @@
-/* ir: JSON and Graphviz dumps of the training DAG (--dump-ir, --dump-dot). */
-#include <errno.h>
+/* ir: JSON and Graphviz dumps of the training DAG (--dump-ir, --dump-dot). Both go through
+ * base's piper_out (json_write_file does too), so a failed write is an error, never a
+ * truncated file. */
 #include <stdio.h>
-#include <string.h>
 
 #include "ir.h"
 #include "../base/json.h"
@@ -95,37 +95,38 @@ static const char *pass_colour(const struct ir_node *n) {
   }
 }
 
-bool ir_graph_dump_dot(const struct ir_graph *g, const char *path, GError **err) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s", path,
-                strerror(errno));
-    return false;
-  }
-  fprintf(f, "digraph piper {\n  rankdir=LR;\n  node [shape=box, style=filled, fontsize=10];\n");
-  /* One cluster per device group so placement is visible at a glance. */
+/* One cluster per device group that runs a node, so placement is visible at a glance. */
+static void dot_group_cluster(FILE *f, const struct ir_graph *g, uint32_t grp) {
+  bool any = false;
+  for (uint32_t i = 0; i < g->nodes->len && !any; i++)
+    any = IR_NODE(g, i)->group == grp;
+  if (!any)
+    return;
+  fprintf(f, "  subgraph cluster_g%u {\n    label=\"g%u [", grp, grp);
+  const uint32_t *d = IR_GROUP_DEVICES(g, grp);
+  for (uint32_t k = 0; k < IR_GROUP(g, grp)->count && k < 16; k++)
+    fprintf(f, "%s%u", k ? "," : "", d[k]);
+  fprintf(f, "%s]\";\n", IR_GROUP(g, grp)->count > 16 ? ",..." : "");
   char name[256];
-  for (uint32_t grp = 0; grp < g->groups->len; grp++) {
-    bool any = false;
-    for (uint32_t i = 0; i < g->nodes->len && !any; i++)
-      any = IR_NODE(g, i)->group == grp;
-    if (!any)
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->group != grp)
       continue;
-    fprintf(f, "  subgraph cluster_g%u {\n    label=\"g%u [", grp, grp);
-    const uint32_t *d = IR_GROUP_DEVICES(g, grp);
-    for (uint32_t k = 0; k < IR_GROUP(g, grp)->count && k < 16; k++)
-      fprintf(f, "%s%u", k ? "," : "", d[k]);
-    fprintf(f, "%s]\";\n", IR_GROUP(g, grp)->count > 16 ? ",..." : "");
-    for (uint32_t i = 0; i < g->nodes->len; i++) {
-      const struct ir_node *n = IR_NODE(g, i);
-      if (n->group != grp)
-        continue;
-      ir_node_name(g, i, name, sizeof name);
-      fprintf(f, "    n%u [label=\"%s\", fillcolor=%s%s];\n", i, name, pass_colour(n),
-              n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_OPTIMIZER ? "" : ", shape=ellipse");
-    }
-    fprintf(f, "  }\n");
+    ir_node_name(g, i, name, sizeof name);
+    fprintf(f, "    n%u [label=\"%s\", fillcolor=%s%s];\n", i, name, pass_colour(n),
+            n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_OPTIMIZER ? "" : ", shape=ellipse");
   }
+  fprintf(f, "  }\n");
+}
+
+bool ir_graph_dump_dot(const struct ir_graph *g, const char *path, GError **err) {
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
+  FILE *f = out.f;
+  fprintf(f, "digraph piper {\n  rankdir=LR;\n  node [shape=box, style=filled, fontsize=10];\n");
+  for (uint32_t grp = 0; grp < g->groups->len; grp++)
+    dot_group_cluster(f, g, grp);
   for (uint32_t i = 0; i < g->edges->len; i++) {
     const struct ir_edge *e = IR_EDGE(g, i);
     if (e->kind == IR_EDGE_DEAD)
@@ -134,9 +135,5 @@ bool ir_graph_dump_dot(const struct ir_graph *g, const char *path, GError **err)
             e->kind == IR_EDGE_TEMPORAL ? " [style=dashed, color=gray50]" : "");
   }
   fprintf(f, "}\n");
-  if (fclose(f) != 0) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: write failed", path);
-    return false;
-  }
-  return true;
+  return piper_out_close(&out, err); /* checks every write above */
 }

@@ -116,6 +116,8 @@ struct lower {
   GArray **group_nodes;   /* per group: node ids in issue order */
   GHashTable *comm_index; /* packed (purpose, group, peer) -> comm id + 1 */
   GArray *comms;
+  GArray **dev_groups;   /* per device: the groups that shape its program, ascending */
+  GArray *class_members; /* per class: a GArray of its devices, until the class owns them */
 };
 
 static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
@@ -148,11 +150,10 @@ static int compare_pair(const void *x, const void *y) {
   return a[1] < b[1] ? -1 : a[1] > b[1];
 }
 
-/* Builds the program of one class, whose devices belong to exactly `groups`. */
-static void build_class(struct lower *l, struct plan_class *c, const uint32_t *groups,
-                        uint32_t n_groups, uint32_t *instr_of, uint32_t *comm_seq) {
+/* The class's instructions: the nodes of its groups, in the global issue order. */
+static void class_instrs(struct lower *l, struct plan_class *c, const uint32_t *groups,
+                         uint32_t n_groups, uint32_t *instr_of) {
   const struct ir_graph *g = l->g;
-  uint32_t n_streams = l->p->n_streams;
   GArray *positions = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   for (uint32_t k = 0; k < n_groups; k++) {
     GArray *gn = l->group_nodes[groups[k]];
@@ -172,8 +173,10 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
     c->instrs[i].comm = IR_NONE;
   }
   g_array_free(positions, TRUE);
+}
 
-  /* Streams: instruction lists by stream, in issue order. */
+/* Instruction lists by stream, in issue order. */
+static void class_streams(struct plan_class *c, uint32_t n_streams) {
   c->stream_first = g_new0(uint32_t, n_streams + 1);
   for (uint32_t i = 0; i < c->n_instrs; i++)
     c->stream_first[c->instrs[i].stream + 1]++;
@@ -184,10 +187,11 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
   for (uint32_t i = 0; i < c->n_instrs; i++)
     c->stream_instrs[fill[c->instrs[i].stream]++] = i;
   g_free(fill);
+}
 
-  /* Communicators and sequence numbers. */
+static void class_comms_seq(struct lower *l, struct plan_class *c, uint32_t *comm_seq) {
   for (uint32_t i = 0; i < c->n_instrs; i++) {
-    const struct ir_node *n = IR_NODE(g, c->instrs[i].node);
+    const struct ir_node *n = IR_NODE(l->g, c->instrs[i].node);
     if (n->purpose == IR_COMM_NONE)
       continue;
     uint32_t comm = comm_of(l, n);
@@ -196,83 +200,90 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
      * count separately, as the two ends of each pair do. */
     c->instrs[i].seq = comm_seq[2 * comm + (n->kind == IR_NODE_RECV)]++;
   }
+}
 
-  /* Waits (cross-stream, latest per stream), tensors, reads and writes. */
-  GArray *waits = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  GArray *reads = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  GArray *writes = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  GArray *consumers = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  GArray *tensors = g_array_new(FALSE, FALSE, sizeof(struct plan_tensor));
-  uint32_t *latest = g_new(uint32_t, n_streams);
-  GArray *tensor_reads = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2); /* (reader, tensor) */
-  for (uint32_t i = 0; i < c->n_instrs; i++) {
-    uint32_t x = c->instrs[i].node;
-    const struct ir_node *xn = IR_NODE(g, x);
-    for (uint32_t s = 0; s < n_streams; s++)
-      latest[s] = IR_NONE;
-    for (uint32_t k = l->adj.in_first[x]; k < l->adj.in_first[x + 1]; k++) {
-      const struct ir_edge *e = IR_EDGE(g, l->adj.in_edges[k]);
-      uint32_t u = e->src;
-      if (instr_of[u] == IR_NONE)
-        continue;
-      if (xn->kind == IR_NODE_RECV && u == xn->pair)
-        continue; /* rendezvous, not a wait */
-      uint32_t ui = instr_of[u], us = c->instrs[ui].stream;
-      if (us == c->instrs[i].stream)
-        continue; /* stream order already implies it */
-      if (latest[us] == IR_NONE || ui > latest[us])
-        latest[us] = ui;
-    }
-    c->instrs[i].wait_first = waits->len;
-    for (uint32_t s = 0; s < n_streams; s++)
-      if (latest[s] != IR_NONE)
-        g_array_append_val(waits, latest[s]);
-    c->instrs[i].wait_count = waits->len - c->instrs[i].wait_first;
+/* The pools of the class being built; tensor_reads holds (reader, tensor) pairs until reads
+ * and consumers are laid out. */
+struct class_pools {
+  GArray *waits, *reads, *writes, *consumers, *tensors, *tensor_reads;
+};
 
-    /* Tensors written: one per distinct output slot with a local consumer. */
-    c->instrs[i].write_first = writes->len;
-    for (uint32_t k = l->adj.out_first[x]; k < l->adj.out_first[x + 1]; k++) {
-      const struct ir_edge *e = IR_EDGE(g, l->adj.out_edges[k]);
-      if (e->kind != IR_EDGE_DATA || instr_of[e->dst] == IR_NONE)
-        continue;
-      if (xn->kind == IR_NODE_SEND && e->dst == xn->pair)
-        continue;
-      uint32_t t = IR_NONE;
-      for (uint32_t w = c->instrs[i].write_first; w < writes->len; w++) {
-        uint32_t cand = g_array_index(writes, uint32_t, w);
-        if (g_array_index(tensors, struct plan_tensor, cand).consumer_first == e->slot) {
-          t = cand;
-          break;
-        }
-      }
-      if (t == IR_NONE) {
-        /* consumer_first holds the slot until consumers are laid out below. */
-        struct plan_tensor pt = {.bytes = e->bytes,
-                                 .producer = i,
-                                 .kind = e->slot == 1 ? PLAN_TENSOR_SAVED : PLAN_TENSOR_OUT,
-                                 .consumer_first = e->slot,
-                                 .consumer_count = 0};
-        g_array_append_val(tensors, pt);
-        t = tensors->len - 1;
-        g_array_append_val(writes, t);
-      }
-      struct plan_tensor *pt = &g_array_index(tensors, struct plan_tensor, t);
-      if (e->bytes > pt->bytes)
-        pt->bytes = e->bytes;
-      uint32_t pair[2] = {instr_of[e->dst], t};
-      g_array_append_vals(tensor_reads, pair, 1);
-    }
-    c->instrs[i].write_count = writes->len - c->instrs[i].write_first;
+/* Instruction i's cross-stream waits: the latest instruction per other stream it depends on.
+ * latest is scratch of n_streams entries. */
+static void instr_waits(struct lower *l, struct plan_class *c, uint32_t i, const uint32_t *instr_of,
+                        uint32_t *latest, struct class_pools *cp) {
+  uint32_t n_streams = l->p->n_streams, x = c->instrs[i].node;
+  const struct ir_node *xn = IR_NODE(l->g, x);
+  for (uint32_t s = 0; s < n_streams; s++)
+    latest[s] = IR_NONE;
+  for (uint32_t k = l->adj.in_first[x]; k < l->adj.in_first[x + 1]; k++) {
+    const struct ir_edge *e = IR_EDGE(l->g, l->adj.in_edges[k]);
+    uint32_t u = e->src;
+    if (instr_of[u] == IR_NONE)
+      continue;
+    if (xn->kind == IR_NODE_RECV && u == xn->pair)
+      continue; /* rendezvous, not a wait */
+    uint32_t ui = instr_of[u], us = c->instrs[ui].stream;
+    if (us == c->instrs[i].stream)
+      continue; /* stream order already implies it */
+    if (latest[us] == IR_NONE || ui > latest[us])
+      latest[us] = ui;
   }
-  g_free(latest);
+  c->instrs[i].wait_first = cp->waits->len;
+  for (uint32_t s = 0; s < n_streams; s++)
+    if (latest[s] != IR_NONE)
+      g_array_append_val(cp->waits, latest[s]);
+  c->instrs[i].wait_count = cp->waits->len - c->instrs[i].wait_first;
+}
 
-  /* Consumers and reads, deduplicated, in reader order. */
-  uint32_t n_pairs = tensor_reads->len;
-  uint32_t(*pairs)[2] = (uint32_t(*)[2])tensor_reads->data;
+/* Instruction i's tensors: one per distinct output slot with a local consumer. */
+static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
+                         const uint32_t *instr_of, struct class_pools *cp) {
+  uint32_t x = c->instrs[i].node;
+  const struct ir_node *xn = IR_NODE(l->g, x);
+  c->instrs[i].write_first = cp->writes->len;
+  for (uint32_t k = l->adj.out_first[x]; k < l->adj.out_first[x + 1]; k++) {
+    const struct ir_edge *e = IR_EDGE(l->g, l->adj.out_edges[k]);
+    if (e->kind != IR_EDGE_DATA || instr_of[e->dst] == IR_NONE)
+      continue;
+    if (xn->kind == IR_NODE_SEND && e->dst == xn->pair)
+      continue;
+    uint32_t t = IR_NONE;
+    for (uint32_t w = c->instrs[i].write_first; w < cp->writes->len; w++) {
+      uint32_t cand = g_array_index(cp->writes, uint32_t, w);
+      if (g_array_index(cp->tensors, struct plan_tensor, cand).consumer_first == e->slot) {
+        t = cand;
+        break;
+      }
+    }
+    if (t == IR_NONE) {
+      /* consumer_first holds the slot until consumers are laid out. */
+      struct plan_tensor pt = {.bytes = e->bytes,
+                               .producer = i,
+                               .kind = e->slot == 1 ? PLAN_TENSOR_SAVED : PLAN_TENSOR_OUT,
+                               .consumer_first = e->slot,
+                               .consumer_count = 0};
+      g_array_append_val(cp->tensors, pt);
+      t = cp->tensors->len - 1;
+      g_array_append_val(cp->writes, t);
+    }
+    struct plan_tensor *pt = &g_array_index(cp->tensors, struct plan_tensor, t);
+    if (e->bytes > pt->bytes)
+      pt->bytes = e->bytes;
+    uint32_t pair[2] = {instr_of[e->dst], t};
+    g_array_append_vals(cp->tensor_reads, pair, 1);
+  }
+  c->instrs[i].write_count = cp->writes->len - c->instrs[i].write_first;
+}
+
+/* Reads per instruction and consumers per tensor, deduplicated, in reader order. */
+static void class_reads_consumers(struct plan_class *c, struct class_pools *cp) {
+  uint32_t n_pairs = cp->tensor_reads->len;
+  uint32_t(*pairs)[2] = (uint32_t(*)[2])cp->tensor_reads->data;
   /* Sort (reader, tensor) pairs so reads come out grouped by reader. */
   qsort(pairs, n_pairs, sizeof pairs[0], compare_pair);
-  for (uint32_t t = 0; t < tensors->len; t++)
-    g_array_index(tensors, struct plan_tensor, t).consumer_count = 0;
+  for (uint32_t t = 0; t < cp->tensors->len; t++)
+    g_array_index(cp->tensors, struct plan_tensor, t).consumer_count = 0;
   uint32_t prev_r = IR_NONE, prev_t = IR_NONE;
   for (uint32_t i = 0; i < c->n_instrs; i++)
     c->instrs[i].read_first = c->instrs[i].read_count = 0;
@@ -281,40 +292,69 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
     if (r == prev_r && t == prev_t)
       continue;
     if (r != prev_r)
-      c->instrs[r].read_first = reads->len;
-    g_array_append_val(reads, t);
+      c->instrs[r].read_first = cp->reads->len;
+    g_array_append_val(cp->reads, t);
     c->instrs[r].read_count++;
-    g_array_index(tensors, struct plan_tensor, t).consumer_count++;
+    g_array_index(cp->tensors, struct plan_tensor, t).consumer_count++;
     prev_r = r;
     prev_t = t;
   }
   uint32_t acc = 0;
-  for (uint32_t t = 0; t < tensors->len; t++) {
-    struct plan_tensor *pt = &g_array_index(tensors, struct plan_tensor, t);
+  for (uint32_t t = 0; t < cp->tensors->len; t++) {
+    struct plan_tensor *pt = &g_array_index(cp->tensors, struct plan_tensor, t);
     pt->consumer_first = acc;
     acc += pt->consumer_count;
     pt->consumer_count = 0;
   }
-  g_array_set_size(consumers, acc);
+  g_array_set_size(cp->consumers, acc);
   for (uint32_t i = 0; i < c->n_instrs; i++)
     for (uint32_t k = 0; k < c->instrs[i].read_count; k++) {
-      uint32_t t = g_array_index(reads, uint32_t, c->instrs[i].read_first + k);
-      struct plan_tensor *pt = &g_array_index(tensors, struct plan_tensor, t);
-      g_array_index(consumers, uint32_t, pt->consumer_first + pt->consumer_count++) = i;
+      uint32_t t = g_array_index(cp->reads, uint32_t, c->instrs[i].read_first + k);
+      struct plan_tensor *pt = &g_array_index(cp->tensors, struct plan_tensor, t);
+      g_array_index(cp->consumers, uint32_t, pt->consumer_first + pt->consumer_count++) = i;
     }
-  g_array_free(tensor_reads, TRUE);
+}
 
-  c->n_waits = waits->len;
-  c->waits = (uint32_t *)g_array_free(waits, FALSE);
-  c->n_reads = reads->len;
-  c->reads = (uint32_t *)g_array_free(reads, FALSE);
-  c->n_writes = writes->len;
-  c->writes = (uint32_t *)g_array_free(writes, FALSE);
-  c->n_consumers = consumers->len;
-  c->consumers = (uint32_t *)g_array_free(consumers, FALSE);
-  c->n_tensors = tensors->len;
-  c->tensors = (struct plan_tensor *)g_array_free(tensors, FALSE);
+/* Moves the pools into the class and frees what is left. */
+static void class_take_pools(struct plan_class *c, struct class_pools *cp) {
+  g_array_free(cp->tensor_reads, TRUE);
+  c->n_waits = cp->waits->len;
+  c->waits = (uint32_t *)g_array_free(cp->waits, FALSE);
+  c->n_reads = cp->reads->len;
+  c->reads = (uint32_t *)g_array_free(cp->reads, FALSE);
+  c->n_writes = cp->writes->len;
+  c->writes = (uint32_t *)g_array_free(cp->writes, FALSE);
+  c->n_consumers = cp->consumers->len;
+  c->consumers = (uint32_t *)g_array_free(cp->consumers, FALSE);
+  c->n_tensors = cp->tensors->len;
+  c->tensors = (struct plan_tensor *)g_array_free(cp->tensors, FALSE);
+  memset(cp, 0, sizeof *cp);
+}
 
+/* Builds the program of one class, whose devices belong to exactly `groups`. instr_of is
+ * IR_NONE for every node on entry and on return. */
+static void build_class(struct lower *l, struct plan_class *c, const uint32_t *groups,
+                        uint32_t n_groups, uint32_t *instr_of, uint32_t *comm_seq) {
+  uint32_t n_streams = l->p->n_streams;
+  class_instrs(l, c, groups, n_groups, instr_of);
+  class_streams(c, n_streams);
+  class_comms_seq(l, c, comm_seq);
+  struct class_pools cp = {
+      .waits = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .reads = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .writes = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .consumers = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .tensors = g_array_new(FALSE, FALSE, sizeof(struct plan_tensor)),
+      .tensor_reads = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2),
+  };
+  uint32_t *latest = g_new(uint32_t, n_streams ? n_streams : 1);
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    instr_waits(l, c, i, instr_of, latest, &cp);
+    instr_writes(l, c, i, instr_of, &cp);
+  }
+  g_free(latest);
+  class_reads_consumers(c, &cp);
+  class_take_pools(c, &cp);
   for (uint32_t i = 0; i < c->n_instrs; i++)
     instr_of[c->instrs[i].node] = IR_NONE;
 }
@@ -342,122 +382,153 @@ static void copy_tables(struct plan *p, const struct ir_graph *g) {
   p->streams = g_memdup2(g->streams->data, sizeof(struct ir_stream) * p->n_streams);
 }
 
-struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GError **err) {
-  struct plan *p = g_new0(struct plan, 1);
-  struct lower l = {.g = g, .p = p};
-  uint32_t nn = g->nodes->len;
-  uint32_t *instr_of = NULL, *comm_seq = NULL;
-  GArray **dev_groups = NULL;
-  bool ok = false;
-
+/* The plan's own copy of the model, rebuilt from its JSON text so that a plan read back from
+ * files holds exactly the same model. */
+static bool lower_model(struct plan *p, const struct ir_graph *g, const char *program_json,
+                        GError **err) {
   cJSON *mj = model_to_json(g->model);
   p->model_json = cJSON_PrintUnformatted(mj);
   cJSON_Delete(mj);
   mj = cJSON_Parse(p->model_json);
   p->model = model_load_json(g->model->name, mj, 0, err);
   cJSON_Delete(mj);
-  if (!p->model)
-    goto out;
   p->program_json = program_json ? g_strdup(program_json) : NULL;
-  copy_tables(p, g);
+  return p->model != NULL;
+}
 
-  ir_adjacency_build(g, &l.adj);
-  l.order = g_new(uint32_t, nn ? nn : 1);
-  l.order_pos = g_new(uint32_t, nn ? nn : 1);
-  if (!global_order(g, &l.adj, l.order)) {
-    piper_input_error(err, "the training graph has a cycle");
-    goto out;
-  }
+/* The global issue order, and per group its nodes in that order. */
+static bool lower_order(struct lower *l, GError **err) {
+  const struct ir_graph *g = l->g;
+  uint32_t nn = g->nodes->len;
+  ir_adjacency_build(g, &l->adj);
+  l->order = g_new(uint32_t, nn ? nn : 1);
+  l->order_pos = g_new(uint32_t, nn ? nn : 1);
+  if (!global_order(g, &l->adj, l->order))
+    return piper_input_error(err, "the training graph has a cycle");
   for (uint32_t i = 0; i < nn; i++)
-    l.order_pos[l.order[i]] = i;
-  l.group_nodes = g_new(GArray *, p->n_groups);
-  for (uint32_t k = 0; k < p->n_groups; k++)
-    l.group_nodes[k] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    l->order_pos[l->order[i]] = i;
+  l->group_nodes = g_new(GArray *, l->p->n_groups);
+  for (uint32_t k = 0; k < l->p->n_groups; k++)
+    l->group_nodes[k] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   for (uint32_t i = 0; i < nn; i++) {
-    uint32_t v = l.order[i];
-    g_array_append_val(l.group_nodes[IR_NODE(g, v)->group], v);
+    uint32_t v = l->order[i];
+    g_array_append_val(l->group_nodes[IR_NODE(g, v)->group], v);
   }
+  return true;
+}
 
-  /* Group memberships per device; equal memberships share a class. */
-  dev_groups = g_new(GArray *, p->n_devices);
+/* Group memberships per device (only groups that run a node shape a program); devices with
+ * equal memberships share a class. Fills p->device_class and l->class_members. */
+static void lower_device_classes(struct lower *l) {
+  struct plan *p = l->p;
+  l->dev_groups = g_new(GArray *, p->n_devices);
   for (uint32_t d = 0; d < p->n_devices; d++)
-    dev_groups[d] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    l->dev_groups[d] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   for (uint32_t k = 0; k < p->n_groups; k++) {
-    if (l.group_nodes[k]->len == 0)
-      continue; /* a group no node uses does not shape a program */
+    if (l->group_nodes[k]->len == 0)
+      continue;
     const struct ir_group *grp = &p->groups[k];
     for (uint32_t j = 0; j < grp->count; j++)
-      g_array_append_val(dev_groups[p->device_pool[grp->first + j]], k);
+      g_array_append_val(l->dev_groups[p->device_pool[grp->first + j]], k);
   }
   GHashTable *class_of = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
   p->device_class = g_new(uint32_t, p->n_devices ? p->n_devices : 1);
-  GArray *class_members = g_array_new(FALSE, FALSE, sizeof(GArray *));
+  l->class_members = g_array_new(FALSE, FALSE, sizeof(GArray *));
   for (uint32_t d = 0; d < p->n_devices; d++) {
     GString *key = g_string_new(NULL);
-    for (uint32_t j = 0; j < dev_groups[d]->len; j++)
-      g_string_append_printf(key, "%u,", g_array_index(dev_groups[d], uint32_t, j));
+    for (uint32_t j = 0; j < l->dev_groups[d]->len; j++)
+      g_string_append_printf(key, "%u,", g_array_index(l->dev_groups[d], uint32_t, j));
     gpointer found = g_hash_table_lookup(class_of, key->str);
     uint32_t c;
     if (found) {
       c = GPOINTER_TO_UINT(found) - 1;
       g_string_free(key, TRUE);
     } else {
-      c = class_members->len;
+      c = l->class_members->len;
       GArray *m = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-      g_array_append_val(class_members, m);
+      g_array_append_val(l->class_members, m);
       g_hash_table_insert(class_of, g_string_free(key, FALSE), GUINT_TO_POINTER(c + 1));
     }
-    g_array_append_val(g_array_index(class_members, GArray *, c), d);
+    g_array_append_val(g_array_index(l->class_members, GArray *, c), d);
     p->device_class[d] = c;
   }
   g_hash_table_destroy(class_of);
+}
 
-  l.comm_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-  l.comms = g_array_new(FALSE, FALSE, sizeof(struct plan_comm));
-  instr_of = g_new(uint32_t, nn ? nn : 1);
+/* Every class's program, and the communicators they use. */
+static void lower_classes(struct lower *l) {
+  struct plan *p = l->p;
+  uint32_t nn = l->g->nodes->len;
+  l->comm_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+  l->comms = g_array_new(FALSE, FALSE, sizeof(struct plan_comm));
+  uint32_t *instr_of = g_new(uint32_t, nn ? nn : 1);
   for (uint32_t i = 0; i < nn; i++)
     instr_of[i] = IR_NONE;
   /* At most one communicator per comm node, so nn bounds the counters. */
-  comm_seq = g_new0(uint32_t, 2 * (size_t)(nn ? nn : 1));
-  p->n_classes = class_members->len;
+  uint32_t *comm_seq = g_new0(uint32_t, 2 * (size_t)(nn ? nn : 1));
+  p->n_classes = l->class_members->len;
   p->classes = g_new0(struct plan_class, p->n_classes ? p->n_classes : 1);
   for (uint32_t c = 0; c < p->n_classes; c++) {
-    GArray *m = g_array_index(class_members, GArray *, c);
+    GArray *m = g_array_index(l->class_members, GArray *, c);
     struct plan_class *pc = &p->classes[c];
     pc->n_devices = m->len;
     pc->devices = (uint32_t *)g_array_free(m, FALSE);
-    const GArray *groups = dev_groups[pc->devices[0]];
-    build_class(&l, pc, (const uint32_t *)groups->data, groups->len, instr_of, comm_seq);
+    const GArray *groups = l->dev_groups[pc->devices[0]];
+    build_class(l, pc, (const uint32_t *)groups->data, groups->len, instr_of, comm_seq);
     for (uint32_t i = 0; i < pc->n_instrs; i++)
       if (pc->instrs[i].comm != IR_NONE)
         comm_seq[2 * pc->instrs[i].comm] = comm_seq[2 * pc->instrs[i].comm + 1] = 0;
   }
-  g_array_free(class_members, TRUE);
-  p->n_comms = l.comms->len;
-  p->comms = (struct plan_comm *)g_array_free(l.comms, FALSE);
-  l.comms = NULL;
-
-  ok = plan_check_progress(p, err);
-out:
-  if (dev_groups) {
-    for (uint32_t d = 0; d < p->n_devices; d++)
-      g_array_free(dev_groups[d], TRUE);
-    g_free(dev_groups);
-  }
-  if (l.group_nodes) {
-    for (uint32_t k = 0; k < p->n_groups; k++)
-      g_array_free(l.group_nodes[k], TRUE);
-    g_free(l.group_nodes);
-  }
-  if (l.comms)
-    g_array_free(l.comms, TRUE);
-  if (l.comm_index)
-    g_hash_table_destroy(l.comm_index);
-  ir_adjacency_free(&l.adj);
-  g_free(l.order);
-  g_free(l.order_pos);
+  g_array_free(l->class_members, TRUE);
+  l->class_members = NULL;
+  p->n_comms = l->comms->len;
+  p->comms = (struct plan_comm *)g_array_free(l->comms, FALSE);
+  l->comms = NULL;
   g_free(instr_of);
   g_free(comm_seq);
+}
+
+static void lower_free(struct lower *l) {
+  struct plan *p = l->p;
+  if (l->dev_groups) {
+    for (uint32_t d = 0; d < p->n_devices; d++)
+      g_array_free(l->dev_groups[d], TRUE);
+    g_free(l->dev_groups);
+  }
+  if (l->class_members) {
+    for (uint32_t c = 0; c < l->class_members->len; c++)
+      g_array_free(g_array_index(l->class_members, GArray *, c), TRUE);
+    g_array_free(l->class_members, TRUE);
+  }
+  if (l->group_nodes) {
+    for (uint32_t k = 0; k < p->n_groups; k++)
+      g_array_free(l->group_nodes[k], TRUE);
+    g_free(l->group_nodes);
+  }
+  if (l->comms)
+    g_array_free(l->comms, TRUE);
+  if (l->comm_index)
+    g_hash_table_destroy(l->comm_index);
+  ir_adjacency_free(&l->adj);
+  g_free(l->order);
+  g_free(l->order_pos);
+}
+
+struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GError **err) {
+  struct plan *p = g_new0(struct plan, 1);
+  struct lower l = {.g = g, .p = p};
+  bool ok = false;
+  if (!lower_model(p, g, program_json, err))
+    goto out;
+  copy_tables(p, g);
+  if (!lower_order(&l, err))
+    goto out;
+  lower_device_classes(&l);
+  lower_classes(&l);
+  plan_index_positions(p);
+  ok = plan_check_progress(p, err);
+out:
+  lower_free(&l);
   if (!ok) {
     plan_free(p);
     return NULL;

@@ -1,11 +1,13 @@
 /* plan: ownership, per-device views and equality of lowered plans (plan.h).
  * The views resolve what a class leaves open per device (peers, communicator ranks) from the
- * plan's device groups. They scan one group, so they cost O(group size); the serialiser, which
- * asks for every instruction of every device, uses its own per-device position table instead. */
+ * plan's position table, so they cost O(log of the device's memberships), never a group scan. */
 #include "plan.h"
 #include "plan-impl.h"
 
+#include "../base/assert.h"
+
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void plan_class_clear(struct plan_class *c) {
@@ -19,6 +21,13 @@ void plan_class_clear(struct plan_class *c) {
   g_free(c->consumers);
   g_free(c->tensors);
   memset(c, 0, sizeof *c);
+}
+
+static void positions_clear(struct plan_positions *t) {
+  g_free(t->first);
+  g_free(t->group);
+  g_free(t->rank);
+  memset(t, 0, sizeof *t);
 }
 
 void plan_free(struct plan *p) {
@@ -39,6 +48,7 @@ void plan_free(struct plan *p) {
       plan_class_clear(&p->classes[c]);
   g_free(p->classes);
   g_free(p->device_class);
+  positions_clear(&p->positions);
   g_free(p);
 }
 
@@ -49,21 +59,58 @@ const struct plan_class *plan_device_class(const struct plan *p, uint32_t device
   return c < p->n_classes ? &p->classes[c] : NULL;
 }
 
-/* Position of device in group g, or -1. */
-static int group_position(const struct plan *p, uint32_t g, uint32_t device) {
-  if (g >= p->n_groups)
+/* A counting sort of the device pool by device: walking groups in ascending order leaves each
+ * device's entries sorted by group, and a device listed twice in a group keeps its first
+ * position first, as a scan of the group would find it. */
+void plan_index_positions(struct plan *p) {
+  struct plan_positions *t = &p->positions;
+  positions_clear(t);
+  t->first = g_new0(uint32_t, (size_t)p->n_devices + 1);
+  uint32_t total = 0;
+  for (uint32_t g = 0; g < p->n_groups; g++)
+    for (uint32_t i = 0; i < p->groups[g].count; i++) {
+      uint32_t d = p->device_pool[p->groups[g].first + i];
+      if (d < p->n_devices) {
+        t->first[d + 1]++;
+        total++;
+      }
+    }
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    t->first[d + 1] += t->first[d];
+  t->group = g_new(uint32_t, total ? total : 1);
+  t->rank = g_new(uint32_t, total ? total : 1);
+  uint32_t *cursor = g_memdup2(t->first, ((size_t)p->n_devices + 1) * sizeof *cursor);
+  for (uint32_t g = 0; g < p->n_groups; g++)
+    for (uint32_t i = 0; i < p->groups[g].count; i++) {
+      uint32_t d = p->device_pool[p->groups[g].first + i];
+      if (d < p->n_devices) {
+        t->group[cursor[d]] = g;
+        t->rank[cursor[d]++] = i;
+      }
+    }
+  g_free(cursor);
+}
+
+int plan_group_position(const struct plan *p, uint32_t group, uint32_t device) {
+  if (!p || group >= p->n_groups || device >= p->n_devices)
     return -1;
-  const struct ir_group *gr = &p->groups[g];
-  for (uint32_t i = 0; i < gr->count; i++)
-    if (p->device_pool[gr->first + i] == device)
-      return (int)i;
-  return -1;
+  const struct plan_positions *t = &p->positions;
+  PIPER_ASSERT(t->first != NULL); /* plan_index_positions was not run */
+  uint32_t lo = t->first[device], hi = t->first[device + 1];
+  while (lo < hi) { /* the first entry with group >= the one asked for */
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (t->group[mid] < group)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < t->first[device + 1] && t->group[lo] == group ? (int)t->rank[lo] : -1;
 }
 
 int plan_node_position(const struct plan *p, uint32_t node, uint32_t device) {
   if (!p || node >= p->n_nodes)
     return -1;
-  return group_position(p, p->nodes[node].group, device);
+  return plan_group_position(p, p->nodes[node].group, device);
 }
 
 uint32_t plan_peer(const struct plan *p, uint32_t node, uint32_t device) {
@@ -81,6 +128,52 @@ uint32_t plan_peer(const struct plan *p, uint32_t node, uint32_t device) {
   return p->device_pool[peer->first + (uint32_t)pos];
 }
 
+const char *const plan_purpose_names[4] = {"none", "pp", "dp", "ep"};
+
+uint32_t plan_device_peer(const struct plan *p, uint32_t d, const struct ir_node *n) {
+  if (n->kind != IR_NODE_SEND && n->kind != IR_NODE_RECV)
+    return IR_NONE;
+  int pos = plan_group_position(p, n->group, d);
+  if (pos < 0 || n->peer_group >= p->n_groups)
+    return IR_NONE;
+  const struct ir_group *peer = &p->groups[n->peer_group];
+  return (uint32_t)pos < peer->count ? p->device_pool[peer->first + (uint32_t)pos] : IR_NONE;
+}
+
+int32_t plan_device_comm_rank(const struct plan *p, uint32_t d, uint32_t comm, int side,
+                              uint32_t pair[2]) {
+  const struct plan_comm *c = &p->comms[comm];
+  if (c->purpose != IR_COMM_PP)
+    return plan_group_position(p, c->group, d);
+  int32_t rank = 0, pos = side == 1 ? -1 : plan_group_position(p, c->group, d);
+  if (pos < 0 && side != 0) {
+    rank = 1;
+    pos = plan_group_position(p, c->peer_group, d);
+  }
+  if (pos < 0 || c->peer_group >= p->n_groups)
+    return -1;
+  const struct ir_group *a = &p->groups[c->group], *b = &p->groups[c->peer_group];
+  if ((uint32_t)pos >= a->count || (uint32_t)pos >= b->count)
+    return -1;
+  pair[0] = p->device_pool[a->first + (uint32_t)pos];
+  pair[1] = p->device_pool[b->first + (uint32_t)pos];
+  return rank;
+}
+
+uint32_t *plan_class_comms(const struct plan_class *c, uint32_t *n_out) {
+  uint32_t *ids = g_new(uint32_t, c->n_instrs ? c->n_instrs : 1), n = 0;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    if (c->instrs[i].comm != IR_NONE)
+      ids[n++] = c->instrs[i].comm;
+  qsort(ids, n, sizeof *ids, piper_cmp_u32);
+  uint32_t u = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (u == 0 || ids[u - 1] != ids[i])
+      ids[u++] = ids[i];
+  *n_out = u;
+  return ids;
+}
+
 uint32_t plan_comm_size(const struct plan *p, uint32_t comm) {
   if (!p || comm >= p->n_comms)
     return 0;
@@ -95,12 +188,12 @@ uint32_t plan_comm_size(const struct plan *p, uint32_t comm) {
  * names; plans never put one device on both sides of one direction. */
 static int pp_instance(const struct plan *p, const struct plan_comm *c, uint32_t device,
                        int *rank) {
-  int pos = group_position(p, c->group, device);
+  int pos = plan_group_position(p, c->group, device);
   if (pos >= 0) {
     *rank = 0;
     return pos;
   }
-  pos = group_position(p, c->peer_group, device);
+  pos = plan_group_position(p, c->peer_group, device);
   *rank = 1;
   return pos;
 }
@@ -110,7 +203,7 @@ int plan_comm_rank(const struct plan *p, uint32_t comm, uint32_t device) {
     return -1;
   const struct plan_comm *c = &p->comms[comm];
   if (c->purpose != IR_COMM_PP)
-    return group_position(p, c->group, device);
+    return plan_group_position(p, c->group, device);
   int rank;
   return pp_instance(p, c, device, &rank) < 0 ? -1 : rank;
 }

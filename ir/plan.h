@@ -5,10 +5,16 @@
  * share one program ("class"); peers and communicator ranks are resolved per device from the
  * groups. Plans are self-contained: they carry the model config, nodes, groups and streams.
  *
- *   struct plan *p = plan_lower(graph, &err);        // also runs plan_check_progress
+ *   GError *err = NULL;
+ *   const struct ir_graph *graph = NULL;              // rewritten by dir_program_apply
+ *   struct plan *p = plan_lower(graph, NULL, &err);   // also runs plan_check_progress
+ *   uint32_t device = 0;
  *   const struct plan_class *c = plan_device_class(p, device);
- *   for (uint32_t i = 0; i < c->n_instrs; i++) ... c->instrs[i] ...
- *   plan_write_dir(p, "out/plan", &err); plan_free(p);
+ *   for (uint32_t i = 0; i < c->n_instrs; i++)
+ *     printf("%u on stream %u\n", c->instrs[i].node, c->instrs[i].stream);
+ *   int rank = plan_group_position(p, p->nodes[c->instrs[0].node].group, device);
+ *   plan_write_dir(p, "out/plan", &err);
+ *   plan_free(p);
  */
 #ifndef PIPER_IR_PLAN_H
 #define PIPER_IR_PLAN_H
@@ -63,6 +69,17 @@ struct plan_comm {
   uint32_t peer_group; /* PP only, else IR_NONE */
 };
 
+/* Where each device sits in the groups it belongs to, so that peers and ranks are found
+ * without scanning groups. Derived from groups and device_pool (plan_index_positions, run by
+ * plan_lower and the reader; never written to the files). Device d's memberships are entries
+ * [first[d], first[d + 1]) of group (ascending) and rank (d's position in that group): one
+ * entry per device_pool slot, so the table is linear in the devices' memberships. */
+struct plan_positions {
+  uint32_t *first; /* [n_devices + 1] */
+  uint32_t *group;
+  uint32_t *rank;
+};
+
 struct plan {
   struct model *model; /* owned, rebuilt from model_json */
   char *model_json;    /* model_to_json text */
@@ -88,6 +105,7 @@ struct plan {
   uint32_t n_classes;
   struct plan_class *classes;
   uint32_t *device_class; /* [n_devices] */
+  struct plan_positions positions;
 };
 
 /* Lowers a rewritten graph and runs the progress check. The graph's model is copied. */
@@ -111,8 +129,14 @@ bool plan_equal(const struct plan *a, const struct plan *b);
 struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *const *device_docs,
                             uint32_t n_docs, GError **err);
 
+/* (Re)builds p->positions from the groups; needed by every view below. A plan built by hand
+ * calls it once its groups and device pool are final. */
+void plan_index_positions(struct plan *p);
+
 /* Per-device views. */
 const struct plan_class *plan_device_class(const struct plan *p, uint32_t device);
+/* Rank of device in group (its first position there), or -1. O(log of its memberships). */
+int plan_group_position(const struct plan *p, uint32_t group, uint32_t device);
 /* Rank of device in the node's group, or -1. */
 int plan_node_position(const struct plan *p, uint32_t node, uint32_t device);
 /* The device a send/recv of `device` talks to. */

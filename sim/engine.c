@@ -26,18 +26,9 @@ static const uint32_t *group_devices(const struct plan *p, uint32_t g, uint32_t 
   return p->device_pool + p->groups[g].first;
 }
 
-static int group_pos(const struct plan *p, uint32_t g, uint32_t device) {
-  uint32_t n;
-  const uint32_t *d = group_devices(p, g, &n);
-  for (uint32_t i = 0; i < n; i++)
-    if (d[i] == device)
-      return (int)i;
-  return -1;
-}
-
 /* The other end of a send/recv node run by device. */
 static uint32_t node_peer(const struct plan *p, const struct ir_node *n, uint32_t device) {
-  int pos = group_pos(p, n->group, device);
+  int pos = plan_group_position(p, n->group, device);
   if (pos < 0 || n->peer_group == IR_NONE)
     return IR_NONE;
   uint32_t cnt;
@@ -776,15 +767,21 @@ static gboolean slot_key_equal(gconstpointer a, gconstpointer b) {
   return memcmp(a, b, sizeof(struct slot_key)) == 0;
 }
 
-static bool build_slots(struct sim *s, GError **err) {
+/* The rendezvous being built: slots by key, and each participant (unit, instr) with its slot. */
+struct slot_builder {
+  GHashTable *by_key;             /* struct slot_key -> slot id + 1 */
+  GArray *slots;                  /* struct slot */
+  GArray *parts;                  /* (unit, instr) */
+  GArray *part_slot;              /* slot of each part */
+  uint32_t *comm_units;           /* [n_comms] distinct units per collective communicator */
+  struct profile_span *comm_span; /* [n_comms] where each collective runs */
+};
+
+/* Per collective communicator: how many distinct units take part, and its span. */
+static void slots_collectives(struct sim *s, struct slot_builder *b) {
   const struct plan *p = s->p;
-  GHashTable *h = g_hash_table_new_full(slot_key_hash, slot_key_equal, g_free, NULL);
-  GArray *slots = g_array_new(FALSE, TRUE, sizeof(struct slot));
-  GArray *parts = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2); /* unit, instr, slot */
-  GArray *part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  /* distinct units per collective comm */
-  uint32_t *comm_units = g_new0(uint32_t, p->n_comms + 1);
-  struct profile_span *comm_span = g_new0(struct profile_span, p->n_comms + 1);
+  b->comm_units = g_new0(uint32_t, p->n_comms + 1);
+  b->comm_span = g_new0(struct profile_span, p->n_comms + 1);
   for (uint32_t k = 0; k < p->n_comms; k++) {
     if (p->comms[k].purpose == IR_COMM_PP || p->comms[k].group >= p->n_groups)
       continue;
@@ -793,88 +790,82 @@ static bool build_slots(struct sim *s, GError **err) {
     GHashTable *us = g_hash_table_new(g_direct_hash, g_direct_equal);
     for (uint32_t i = 0; i < cnt; i++)
       g_hash_table_add(us, GUINT_TO_POINTER(s->unit_of_device[gd[i]] + 1));
-    comm_units[k] = g_hash_table_size(us);
+    b->comm_units[k] = g_hash_table_size(us);
     g_hash_table_destroy(us);
-    comm_span[k] = profile_span_of(s->prof, gd, cnt);
+    b->comm_span[k] = profile_span_of(s->prof, gd, cnt);
   }
-  bool ok = true;
-  for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
-    struct unit_rt *u = &s->u[ui];
-    const struct plan_class *c = &p->classes[u->cls];
-    for (uint32_t i = 0; i < c->n_instrs; i++) {
-      u->slot[i] = IR_NONE;
-      const struct plan_instr *in = &c->instrs[i];
-      const struct ir_node *n = &p->nodes[in->node];
-      if (!kind_is_comm(n->kind))
-        continue;
-      struct slot_key key = {.comm = in->comm, .a = IR_NONE, .b = IR_NONE, .seq = in->seq};
-      uint32_t expected;
-      struct profile_span span;
-      if (kind_is_p2p(n->kind)) {
-        uint32_t peer = node_peer(p, n, u->rep);
-        if (peer == IR_NONE || peer >= p->n_devices) {
-          char name[160];
-          plan_node_name(p, in->node, name, sizeof name);
-          g_set_error(err, PIPER_ERROR, PIPER_ERROR_INPUT, "plan: device %u: %s has no peer device",
-                      u->rep, name);
-          ok = false;
-          break;
-        }
-        uint32_t pu = s->unit_of_device[peer];
-        key.a = n->kind == IR_NODE_SEND ? ui : pu;
-        key.b = n->kind == IR_NODE_SEND ? pu : ui;
-        expected = 2;
-        uint32_t devs[2] = {u->rep, peer};
-        span = profile_span_of(s->prof, devs, 2);
-      } else {
-        if (in->comm == IR_NONE || in->comm >= p->n_comms) {
-          char name[160];
-          plan_node_name(p, in->node, name, sizeof name);
-          g_set_error(err, PIPER_ERROR, PIPER_ERROR_INPUT,
-                      "plan: device %u: %s has no communicator", u->rep, name);
-          ok = false;
-          break;
-        }
-        expected = comm_units[in->comm];
-        span = comm_span[in->comm];
-      }
-      gpointer v = g_hash_table_lookup(h, &key);
-      uint32_t id;
-      if (v) {
-        id = GPOINTER_TO_UINT(v) - 1;
-      } else {
-        id = slots->len;
-        struct slot sl = {.expected = expected};
-        if (s->prof->synthetic) {
-          sl.latency = s->prof->syn_comm;
-        } else {
-          struct profile_comm_cost cc = profile_comm_cost(s->prof, n->kind, n->bytes, &span);
-          sl.latency = cc.latency;
-          sl.transfer = cc.transfer;
-          sl.inter = cc.inter_node;
-        }
-        double share = p->streams[in->stream].sm_share;
-        sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
-        g_array_append_val(slots, sl);
-        struct slot_key *kk = g_new(struct slot_key, 1);
-        *kk = key;
-        g_hash_table_insert(h, kk, GUINT_TO_POINTER(id + 1));
-      }
-      u->slot[i] = id;
-      uint32_t pr[2] = {ui, i};
-      g_array_append_val(parts, pr);
-      g_array_append_val(part_slot, id);
+}
+
+/* A new slot for key: its cost on span, and the SM share of the stream it runs on. */
+static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slot_key *key,
+                         const struct plan_instr *in, uint32_t expected,
+                         const struct profile_span *span) {
+  const struct ir_node *n = &s->p->nodes[in->node];
+  uint32_t id = b->slots->len;
+  struct slot sl = {.expected = expected};
+  if (s->prof->synthetic) {
+    sl.latency = s->prof->syn_comm;
+  } else {
+    struct profile_comm_cost cc = profile_comm_cost(s->prof, n->kind, n->bytes, span);
+    sl.latency = cc.latency;
+    sl.transfer = cc.transfer;
+    sl.inter = cc.inter_node;
+  }
+  double share = s->p->streams[in->stream].sm_share;
+  sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
+  g_array_append_val(b->slots, sl);
+  struct slot_key *kk = g_new(struct slot_key, 1);
+  *kk = *key;
+  g_hash_table_insert(b->by_key, kk, GUINT_TO_POINTER(id + 1));
+  return id;
+}
+
+/* The slot of unit ui's communication instruction i: a p2p pair is keyed by its two units, a
+ * collective by its communicator; both by sequence number. */
+static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32_t i,
+                      GError **err) {
+  const struct plan *p = s->p;
+  struct unit_rt *u = &s->u[ui];
+  const struct plan_instr *in = &p->classes[u->cls].instrs[i];
+  const struct ir_node *n = &p->nodes[in->node];
+  struct slot_key key = {.comm = in->comm, .a = IR_NONE, .b = IR_NONE, .seq = in->seq};
+  uint32_t expected;
+  struct profile_span span;
+  char name[160];
+  if (kind_is_p2p(n->kind)) {
+    uint32_t peer = node_peer(p, n, u->rep);
+    if (peer == IR_NONE || peer >= p->n_devices) {
+      plan_node_name(p, in->node, name, sizeof name);
+      return piper_input_error(err, "plan: device %u: %s has no peer device", u->rep, name);
     }
+    uint32_t pu = s->unit_of_device[peer];
+    key.a = n->kind == IR_NODE_SEND ? ui : pu;
+    key.b = n->kind == IR_NODE_SEND ? pu : ui;
+    expected = 2;
+    uint32_t devs[2] = {u->rep, peer};
+    span = profile_span_of(s->prof, devs, 2);
+  } else {
+    if (in->comm == IR_NONE || in->comm >= p->n_comms) {
+      plan_node_name(p, in->node, name, sizeof name);
+      return piper_input_error(err, "plan: device %u: %s has no communicator", u->rep, name);
+    }
+    expected = b->comm_units[in->comm];
+    span = b->comm_span[in->comm];
   }
-  g_free(comm_units);
-  g_free(comm_span);
-  g_hash_table_destroy(h);
-  s->n_slots = slots->len;
-  s->slots = (struct slot *)g_array_free(slots, FALSE);
-  /* group participants by slot (counting sort) */
-  uint32_t np = parts->len;
+  gpointer v = g_hash_table_lookup(b->by_key, &key);
+  uint32_t id = v ? GPOINTER_TO_UINT(v) - 1 : slot_new(s, b, &key, in, expected, &span);
+  u->slot[i] = id;
+  uint32_t pr[2] = {ui, i};
+  g_array_append_val(b->parts, pr);
+  g_array_append_val(b->part_slot, id);
+  return true;
+}
+
+/* Lays the participants out by slot (a counting sort) into s->parts. */
+static void slots_group_parts(struct sim *s, struct slot_builder *b) {
+  uint32_t np = b->parts->len;
   s->parts = g_new(uint32_t, 2 * (size_t)np + 2);
-  uint32_t *ps = (uint32_t *)part_slot->data, *pp = (uint32_t *)parts->data;
+  uint32_t *ps = (uint32_t *)b->part_slot->data, *pp = (uint32_t *)b->parts->data;
   for (uint32_t k = 0; k < np; k++)
     s->slots[ps[k]].part_count++;
   uint32_t acc = 0;
@@ -889,24 +880,54 @@ static bool build_slots(struct sim *s, GError **err) {
     s->parts[2 * at] = pp[2 * k];
     s->parts[2 * at + 1] = pp[2 * k + 1];
   }
-  g_array_free(parts, TRUE);
-  g_array_free(part_slot, TRUE);
-  if (ok) {
-    for (uint32_t k = 0; k < s->n_slots; k++)
-      if (s->slots[k].part_count != s->slots[k].expected) {
-        uint32_t ui = s->parts[2 * s->slots[k].part_first];
-        uint32_t instr = s->parts[2 * s->slots[k].part_first + 1];
-        const struct plan_class *c = &p->classes[s->u[ui].cls];
-        char name[160];
-        plan_node_name(p, c->instrs[instr].node, name, sizeof name);
-        g_set_error(err, PIPER_ERROR, PIPER_ERROR_INPUT,
-                    "plan: device %u: %s (seq %u) has %u of %u parties in the plans", s->u[ui].rep,
-                    name, c->instrs[instr].seq, s->slots[k].part_count, s->slots[k].expected);
-        ok = false;
-        break;
-      }
+}
+
+/* Every rendezvous must gather all its parties, or the simulation would stall on it. */
+static bool slots_check_parties(struct sim *s, GError **err) {
+  const struct plan *p = s->p;
+  for (uint32_t k = 0; k < s->n_slots; k++) {
+    if (s->slots[k].part_count == s->slots[k].expected)
+      continue;
+    uint32_t ui = s->parts[2 * s->slots[k].part_first];
+    uint32_t instr = s->parts[2 * s->slots[k].part_first + 1];
+    const struct plan_class *c = &p->classes[s->u[ui].cls];
+    char name[160];
+    plan_node_name(p, c->instrs[instr].node, name, sizeof name);
+    return piper_input_error(err, "plan: device %u: %s (seq %u) has %u of %u parties in the plans",
+                             s->u[ui].rep, name, c->instrs[instr].seq, s->slots[k].part_count,
+                             s->slots[k].expected);
   }
-  return ok;
+  return true;
+}
+
+/* The rendezvous of every communication instruction of every unit. */
+static bool build_slots(struct sim *s, GError **err) {
+  const struct plan *p = s->p;
+  struct slot_builder b = {
+      .by_key = g_hash_table_new_full(slot_key_hash, slot_key_equal, g_free, NULL),
+      .slots = g_array_new(FALSE, TRUE, sizeof(struct slot)),
+      .parts = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2),
+      .part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+  };
+  slots_collectives(s, &b);
+  bool ok = true;
+  for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
+    const struct plan_class *c = &p->classes[s->u[ui].cls];
+    for (uint32_t i = 0; i < c->n_instrs && ok; i++) {
+      s->u[ui].slot[i] = IR_NONE;
+      if (kind_is_comm(p->nodes[c->instrs[i].node].kind))
+        ok = slot_join(s, &b, ui, i, err);
+    }
+  }
+  g_free(b.comm_units);
+  g_free(b.comm_span);
+  g_hash_table_destroy(b.by_key);
+  s->n_slots = b.slots->len;
+  s->slots = (struct slot *)g_array_free(b.slots, FALSE);
+  slots_group_parts(s, &b);
+  g_array_free(b.parts, TRUE);
+  g_array_free(b.part_slot, TRUE);
+  return ok && slots_check_parties(s, err);
 }
 
 static int interval_cmp(const void *a, const void *b) {
@@ -918,111 +939,121 @@ static int interval_cmp(const void *a, const void *b) {
   return x->node < y->node ? -1 : x->node > y->node;
 }
 
-struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
-                           const struct sim_options *o, GError **err) {
-  static const struct sim_options defaults = {.collapse = true};
-  if (!o)
-    o = &defaults;
-  double w0 = piper_clock_seconds();
-  struct sim s = {.p = p, .prof = prof, .o = o, .t_first = INFINITY, .t_last = -INFINITY};
-  struct sim_result *res = NULL;
-  bool ok = false;
-  s.ci = g_new0(struct class_info, p->n_classes + 1);
+/* Per class: costs and communication lists, sharing one cost cache across classes. */
+static void sim_classes(struct sim *s) {
+  const struct plan *p = s->p;
+  s->ci = g_new0(struct class_info, p->n_classes + 1);
   GHashTable *cost_cache = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
   for (uint32_t c = 0; c < p->n_classes; c++)
-    class_info_build(p, &p->classes[c], prof, cost_cache, &s.ci[c]);
+    class_info_build(p, &p->classes[c], s->prof, cost_cache, &s->ci[c]);
   g_hash_table_destroy(cost_cache);
+}
 
+/* Devices that behave alike form a unit (colour refinement); units are numbered by their
+ * lowest device, and res gets each unit's members. */
+static void sim_units(struct sim *s, struct sim_result *res) {
+  const struct plan *p = s->p;
   uint32_t n_col;
-  uint32_t *col = refine_colours(p, prof, s.ci, o->collapse, &n_col);
-  /* units numbered by their lowest device */
+  uint32_t *col = refine_colours(p, s->prof, s->ci, s->o->collapse, &n_col);
   uint32_t *col_unit = g_new(uint32_t, n_col + 1);
   for (uint32_t k = 0; k < n_col; k++)
     col_unit[k] = IR_NONE;
-  s.unit_of_device = g_new(uint32_t, p->n_devices + 1);
+  s->unit_of_device = g_new(uint32_t, p->n_devices + 1);
   uint32_t nu = 0;
   for (uint32_t d = 0; d < p->n_devices; d++) {
     if (col_unit[col[d]] == IR_NONE)
       col_unit[col[d]] = nu++;
-    s.unit_of_device[d] = col_unit[col[d]];
+    s->unit_of_device[d] = col_unit[col[d]];
   }
   g_free(col);
   g_free(col_unit);
-  s.n_units = nu;
-  s.u = g_new0(struct unit_rt, nu + 1);
-  res = g_new0(struct sim_result, 1);
+  s->n_units = nu;
+  s->u = g_new0(struct unit_rt, nu + 1);
   res->n_units = nu;
   res->units = g_new0(struct sim_unit, nu + 1);
-  res->device_unit = s.unit_of_device;
+  res->device_unit = s->unit_of_device;
   for (uint32_t d = 0; d < p->n_devices; d++)
-    res->units[s.unit_of_device[d]].n_members++;
+    res->units[s->unit_of_device[d]].n_members++;
   for (uint32_t k = 0; k < nu; k++) {
     res->units[k].members = g_new(uint32_t, res->units[k].n_members);
     res->units[k].n_members = 0;
   }
   for (uint32_t d = 0; d < p->n_devices; d++) {
-    struct sim_unit *su = &res->units[s.unit_of_device[d]];
+    struct sim_unit *su = &res->units[s->unit_of_device[d]];
     su->members[su->n_members++] = d;
   }
-  uint64_t total = 0;
-  for (uint32_t k = 0; k < nu; k++) {
-    struct unit_rt *u = &s.u[k];
-    u->rep = res->units[k].members[0];
-    u->cls = p->device_class[u->rep];
-    res->units[k].class_index = u->cls;
-    const struct plan_class *c = &p->classes[u->cls];
-    u->base = (uint32_t)total;
-    total += c->n_instrs;
-    if (total >= UINT32_MAX) {
-      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
-                  "plan: more than 2^32 instructions to simulate; rerun without --no-collapse");
-      goto out;
-    }
-    u->pos = g_new(uint32_t, p->n_streams + 1);
-    for (uint32_t st = 0; st < p->n_streams; st++)
-      u->pos[st] = c->stream_first[st];
-    u->busy = g_new0(uint8_t, p->n_streams + 1);
-    u->start = g_new(double, c->n_instrs + 1);
-    u->end = g_new(double, c->n_instrs + 1);
-    for (uint32_t i = 0; i < c->n_instrs; i++)
-      u->start[i] = u->end[i] = -1;
-    u->slot = g_new(uint32_t, c->n_instrs + 1);
-    u->remaining = g_new(uint32_t, c->n_tensors + 1);
-    for (uint32_t t = 0; t < c->n_tensors; t++)
-      u->remaining[t] = c->tensors[t].consumer_count;
-    u->timeline = g_array_new(FALSE, FALSE, sizeof(struct report_memory_point));
-    sim_static_memory(p, c, res->units[k].static_bytes);
-    for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
-      u->mem[m] = (int64_t)res->units[k].static_bytes[m];
-  }
-  s.kversion = g_new0(uint32_t, total + 1);
-  if (!build_slots(&s, err))
-    goto out;
-  res->seconds_setup = piper_clock_seconds() - w0;
+}
 
-  double w1 = piper_clock_seconds();
-  for (uint32_t k = 0; k < nu; k++)
-    mem_point(&s, &s.u[k], 0);
-  for (uint32_t k = 0; k < nu; k++)
-    try_advance(&s, &s.u[k], 0);
-  while (s.heap.n > 0) {
-    struct event e = heap_pop(&s.heap);
+/* Unit k's run-time state: its representative, stream positions, instruction times, tensor
+ * consumer counts and static memory. */
+static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_t base) {
+  const struct plan *p = s->p;
+  struct unit_rt *u = &s->u[k];
+  u->rep = res->units[k].members[0];
+  u->cls = p->device_class[u->rep];
+  res->units[k].class_index = u->cls;
+  const struct plan_class *c = &p->classes[u->cls];
+  u->base = base;
+  u->pos = g_new(uint32_t, p->n_streams + 1);
+  for (uint32_t st = 0; st < p->n_streams; st++)
+    u->pos[st] = c->stream_first[st];
+  u->busy = g_new0(uint8_t, p->n_streams + 1);
+  u->start = g_new(double, c->n_instrs + 1);
+  u->end = g_new(double, c->n_instrs + 1);
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    u->start[i] = u->end[i] = -1;
+  u->slot = g_new(uint32_t, c->n_instrs + 1);
+  u->remaining = g_new(uint32_t, c->n_tensors + 1);
+  for (uint32_t t = 0; t < c->n_tensors; t++)
+    u->remaining[t] = c->tensors[t].consumer_count;
+  u->timeline = g_array_new(FALSE, FALSE, sizeof(struct report_memory_point));
+  sim_static_memory(p, c, res->units[k].static_bytes);
+  for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
+    u->mem[m] = (int64_t)res->units[k].static_bytes[m];
+}
+
+/* Every unit's state; instruction ids (base + instr) must fit in 32 bits. */
+static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) {
+  uint64_t total = 0;
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    uint32_t base = (uint32_t)total;
+    total += s->p->classes[s->p->device_class[res->units[k].members[0]]].n_instrs;
+    unit_init(s, res, k, base);
+    if (total >= UINT32_MAX)
+      return piper_runtime_error(
+          err, "plan: more than 2^32 instructions to simulate; rerun without --no-collapse");
+  }
+  s->kversion = g_new0(uint32_t, total + 1);
+  return true;
+}
+
+/* The event loop: start what can start, then take events in time order until none is left. */
+static void sim_loop(struct sim *s) {
+  for (uint32_t k = 0; k < s->n_units; k++)
+    mem_point(s, &s->u[k], 0);
+  for (uint32_t k = 0; k < s->n_units; k++)
+    try_advance(s, &s->u[k], 0);
+  while (s->heap.n > 0) {
+    struct event e = heap_pop(&s->heap);
     if (e.type == EV_KERNEL_END) {
-      if (e.version != s.kversion[e.id])
+      if (e.version != s->kversion[e.id])
         continue;
-      s.events++;
-      end_kernel(&s, e.id, e.t);
+      s->events++;
+      end_kernel(s, e.id, e.t);
     } else {
-      if (e.version != s.slots[e.id].version || !s.slots[e.id].running)
+      if (e.version != s->slots[e.id].version || !s->slots[e.id].running)
         continue;
-      s.events++;
-      end_comm(&s, e.id, e.t);
+      s->events++;
+      end_comm(s, e.id, e.t);
     }
   }
-  res->seconds_run = piper_clock_seconds() - w1;
-  /* every instruction must have run; a plan that stalls names where */
-  for (uint32_t k = 0; k < nu; k++) {
-    struct unit_rt *u = &s.u[k];
+}
+
+/* Every instruction must have run; a plan that stalls names where. */
+static bool sim_check_finished(const struct sim *s, GError **err) {
+  const struct plan *p = s->p;
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    const struct unit_rt *u = &s->u[k];
     const struct plan_class *c = &p->classes[u->cls];
     if (u->done == c->n_instrs)
       continue;
@@ -1032,48 +1063,59 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
       uint32_t i = c->stream_instrs[u->pos[st]];
       char name[160];
       plan_node_name(p, c->instrs[i].node, name, sizeof name);
-      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
-                  "simulation stalled: device %u stream \"%s\" waits at instruction %u (%s)",
-                  u->rep, p->streams[st].name, i, name);
-      goto out;
+      return piper_runtime_error(
+          err, "simulation stalled: device %u stream \"%s\" waits at instruction %u (%s)", u->rep,
+          p->streams[st].name, i, name);
     }
   }
-  res->t_start = nu > 0 && isfinite(s.t_first) ? s.t_first : 0;
-  res->t_end = nu > 0 && isfinite(s.t_last) ? s.t_last : 0;
+  return true;
+}
+
+/* Unit k's figures, memory timeline and (unless turned off) its intervals in start order. */
+static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
+  const struct plan *p = s->p;
+  struct unit_rt *u = &s->u[k];
+  struct sim_unit *su = &res->units[k];
+  const struct plan_class *c = &p->classes[u->cls];
+  res->unit_instructions += c->n_instrs;
+  res->device_instructions += (uint64_t)c->n_instrs * su->n_members;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    res->measured_ops += (uint64_t)s->ci[u->cls].measured[i] * su->n_members;
+    res->fallback_ops += (uint64_t)s->ci[u->cls].fallback[i] * su->n_members;
+  }
+  su->peak_bytes = (uint64_t)u->peak_total;
+  for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
+    su->peak_breakdown[m] = (uint64_t)u->peak_breakdown[m];
+  su->peak_saved_activation_bytes = (uint64_t)u->peak_saved;
+  su->n_memory = u->timeline->len;
+  su->memory = (struct report_memory_point *)g_array_free(u->timeline, FALSE);
+  u->timeline = NULL;
+  if (s->o->no_intervals)
+    return;
+  su->intervals = g_new(struct report_interval, c->n_instrs + 1);
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    su->intervals[i] = (struct report_interval){.start = u->start[i],
+                                                .end = u->end[i],
+                                                .node = c->instrs[i].node,
+                                                .stream = c->instrs[i].stream};
+  su->n_intervals = c->n_instrs;
+  qsort(su->intervals, su->n_intervals, sizeof *su->intervals, interval_cmp);
+}
+
+static void sim_collect(struct sim *s, struct sim_result *res) {
+  uint32_t nu = s->n_units;
+  res->t_start = nu > 0 && isfinite(s->t_first) ? s->t_first : 0;
+  res->t_end = nu > 0 && isfinite(s->t_last) ? s->t_last : 0;
   res->iteration_time = res->t_end - res->t_start;
-  res->events = s.events;
-  for (uint32_t k = 0; k < nu; k++) {
-    struct unit_rt *u = &s.u[k];
-    struct sim_unit *su = &res->units[k];
-    const struct plan_class *c = &p->classes[u->cls];
-    res->unit_instructions += c->n_instrs;
-    res->device_instructions += (uint64_t)c->n_instrs * su->n_members;
-    for (uint32_t i = 0; i < c->n_instrs; i++) {
-      res->measured_ops += (uint64_t)s.ci[u->cls].measured[i] * su->n_members;
-      res->fallback_ops += (uint64_t)s.ci[u->cls].fallback[i] * su->n_members;
-    }
-    su->peak_bytes = (uint64_t)u->peak_total;
-    for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
-      su->peak_breakdown[m] = (uint64_t)u->peak_breakdown[m];
-    su->peak_saved_activation_bytes = (uint64_t)u->peak_saved;
-    su->n_memory = u->timeline->len;
-    su->memory = (struct report_memory_point *)g_array_free(u->timeline, FALSE);
-    u->timeline = NULL;
-    if (!o->no_intervals) {
-      su->intervals = g_new(struct report_interval, c->n_instrs + 1);
-      for (uint32_t i = 0; i < c->n_instrs; i++)
-        su->intervals[i] = (struct report_interval){.start = u->start[i],
-                                                    .end = u->end[i],
-                                                    .node = c->instrs[i].node,
-                                                    .stream = c->instrs[i].stream};
-      su->n_intervals = c->n_instrs;
-      qsort(su->intervals, su->n_intervals, sizeof *su->intervals, interval_cmp);
-    }
-  }
-  ok = true;
-out:
-  for (uint32_t k = 0; k < nu; k++) {
-    struct unit_rt *u = &s.u[k];
+  res->events = s->events;
+  for (uint32_t k = 0; k < nu; k++)
+    unit_collect(s, res, k);
+}
+
+/* Frees the run-time state; the result keeps what it took (timelines, unit_of_device). */
+static void sim_free(struct sim *s) {
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    struct unit_rt *u = &s->u[k];
     g_free(u->pos);
     g_free(u->busy);
     g_free(u->start);
@@ -1085,21 +1127,39 @@ out:
     if (u->timeline)
       g_array_free(u->timeline, TRUE);
   }
-  g_free(s.u);
-  g_free(s.kversion);
-  g_free(s.slots);
-  g_free(s.parts);
-  g_free(s.heap.a);
-  for (uint32_t c = 0; c < p->n_classes; c++)
-    class_info_free(&s.ci[c]);
-  g_free(s.ci);
+  g_free(s->u);
+  g_free(s->kversion);
+  g_free(s->slots);
+  g_free(s->parts);
+  g_free(s->heap.a);
+  for (uint32_t c = 0; c < s->p->n_classes; c++)
+    class_info_free(&s->ci[c]);
+  g_free(s->ci);
+}
+
+struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
+                           const struct sim_options *o, GError **err) {
+  static const struct sim_options defaults = {.collapse = true};
+  if (!o)
+    o = &defaults;
+  double w0 = piper_clock_seconds();
+  struct sim s = {.p = p, .prof = prof, .o = o, .t_first = INFINITY, .t_last = -INFINITY};
+  struct sim_result *res = g_new0(struct sim_result, 1);
+  sim_classes(&s);
+  sim_units(&s, res);
+  bool ok = sim_units_init(&s, res, err) && build_slots(&s, err);
+  if (ok) {
+    res->seconds_setup = piper_clock_seconds() - w0;
+    double w1 = piper_clock_seconds();
+    sim_loop(&s);
+    res->seconds_run = piper_clock_seconds() - w1;
+    ok = sim_check_finished(&s, err);
+  }
+  if (ok)
+    sim_collect(&s, res);
+  sim_free(&s);
   if (!ok) {
-    if (res) {
-      res->device_unit = s.unit_of_device;
-      sim_result_free(res);
-    } else {
-      g_free(s.unit_of_device);
-    }
+    sim_result_free(res); /* also frees unit_of_device, which res->device_unit holds */
     return NULL;
   }
   return res;

@@ -2,24 +2,13 @@
 #include "profile.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../base/json.h"
 
 /* ---- loading ------------------------------------------------------------------------------ */
-
-static bool get_obj(const cJSON *root, const char *key, const cJSON **out, const char *ctx,
-                    GError **err) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-  *out = NULL;
-  if (!v)
-    return true;
-  if (!cJSON_IsObject(v))
-    return piper_input_error(err, "%s: key \"%s\" must be an object", ctx, key);
-  *out = v;
-  return true;
-}
 
 static bool parse_pass(const char *s, enum ir_pass *out) {
   static const char *const names[] = {"F", "B", "BI", "BW"};
@@ -77,12 +66,12 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) < 1 ||
         cJSON_GetArraySize(shape) > PROFILE_MAX_SHAPE)
       return piper_input_error(err, "%s: key \"shape\" must be an array of 1 to %d integers", ctx,
-                       PROFILE_MAX_SHAPE);
+                               PROFILE_MAX_SHAPE);
     int j = 0;
     const cJSON *d;
     cJSON_ArrayForEach(d, shape) {
       int64_t v;
-      if (!json_as_int(d, 0, INT64_MAX / 2, &v, ctx, "shape", err))
+      if (!json_value_int(d, "shape", 0, INT64_MAX / 2, &v, JSON_LOC(ctx), err))
         return false;
       en->shape[j++] = v;
     }
@@ -97,8 +86,231 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
   for (uint32_t k = 1; k < p->n_entries; k++)
     if (entry_cmp(&p->entries[k - 1], &p->entries[k]) == 0)
       return piper_input_error(err, "%s: measured: duplicate entry for op \"%s\" pass %s", name,
-                       model_op_kind_name(p->entries[k].kind), ir_pass_name(p->entries[k].pass));
+                               model_op_kind_name(p->entries[k].kind),
+                               ir_pass_name(p->entries[k].pass));
   return true;
+}
+
+/* ---- the profile's keys, as data ----------------------------------------------------------
+ * One row per numeric key of a section (in the style of redis's config table): its name, how
+ * the field is stored, when it is required, its bounds in the file's unit, the factor to SI
+ * units and the field it sets. An absent optional key leaves the field at its default. Keys are
+ * read in table order, so the first bad key of a section is the one reported. */
+
+enum profile_key_type {
+  PROFILE_KEY_DOUBLE, /* double field = value * scale */
+  PROFILE_KEY_BYTES,  /* uint64_t field = value * scale */
+  PROFILE_KEY_U32,    /* uint32_t field = value, a whole number */
+};
+enum profile_key_need {
+  PROFILE_KEY_OPTIONAL,
+  PROFILE_KEY_REQUIRED,
+  PROFILE_KEY_DEVICE, /* required in a device profile, optional in a synthetic one */
+};
+struct profile_key {
+  const char *name;
+  enum profile_key_type type;
+  enum profile_key_need need;
+  double lo, hi;
+  double scale;
+  size_t offset; /* of the field in struct profile */
+};
+
+#define KEY(name, type, need, lo, hi, scale, field)                                                \
+  { name, PROFILE_KEY_##type, PROFILE_KEY_##need, lo, hi, scale, offsetof(struct profile, field) }
+
+static const struct profile_key peak_keys[] = {
+    KEY("bf16", DOUBLE, DEVICE, 1e-6, 1e6, 1e12, peak_flops[MODEL_DTYPE_BF16]),
+    KEY("fp32", DOUBLE, DEVICE, 1e-6, 1e6, 1e12, peak_flops[MODEL_DTYPE_FP32]),
+};
+static const struct profile_key device_keys[] = {
+    KEY("memory_bandwidth_gbs", DOUBLE, DEVICE, 1e-3, 1e9, 1e9, memory_bandwidth),
+    KEY("memory_capacity_gib", BYTES, DEVICE, 1e-6, 1e9, (double)(1ull << 30), memory_capacity),
+    KEY("sm_count", U32, OPTIONAL, 1, 1 << 20, 1, sm_count),
+    KEY("compute_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, compute_efficiency),
+    KEY("memory_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, memory_efficiency),
+    KEY("kernel_overhead_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, kernel_overhead),
+    KEY("optimizer_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, optimizer_bytes_per_param),
+};
+static const struct profile_key contention_keys[] = {
+    KEY("comm_sm_share", DOUBLE, OPTIONAL, 0, 0.9, 1, comm_sm_share),
+    KEY("comm_memory_share", DOUBLE, OPTIONAL, 0, 0.9, 1, comm_memory_share),
+};
+static const struct profile_key network_keys[] = {
+    KEY("gpus_per_node", U32, DEVICE, 1, 1 << 16, 1, gpus_per_node),
+    KEY("nics_per_node", U32, DEVICE, 1, 1 << 16, 1, nics_per_node),
+    KEY("nvlink_bandwidth_gbs", DOUBLE, DEVICE, 1e-6, 1e9, 1e9, intra_bandwidth),
+    KEY("nvlink_latency_us", DOUBLE, DEVICE, 0, 1e9, 1e-6, intra_latency),
+    KEY("nic_bandwidth_gbs", DOUBLE, DEVICE, 1e-6, 1e9, 1e9, nic_bandwidth),
+    KEY("inter_node_latency_us", DOUBLE, DEVICE, 0, 1e9, 1e-6, inter_latency),
+    KEY("efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, network_efficiency),
+};
+static const struct profile_key synthetic_keys[] = {
+    KEY("F_ms", DOUBLE, REQUIRED, 0, 1e9, 1e-3, syn_f),
+    KEY("B_ms", DOUBLE, REQUIRED, 0, 1e9, 1e-3, syn_b),
+    KEY("BI_ms", DOUBLE, REQUIRED, 0, 1e9, 1e-3, syn_bi),
+    KEY("BW_ms", DOUBLE, REQUIRED, 0, 1e9, 1e-3, syn_bw),
+    KEY("optimizer_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_optimizer),
+    KEY("comm_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_comm),
+};
+#undef KEY
+
+/* Sets the fields of rows[0 .. n) from obj. */
+static bool read_keys(struct profile *p, const cJSON *obj, const struct profile_key *rows, size_t n,
+                      const char *ctx, GError **err) {
+  for (size_t i = 0; i < n; i++) {
+    const struct profile_key *k = &rows[i];
+    bool required =
+        k->need == PROFILE_KEY_REQUIRED || (k->need == PROFILE_KEY_DEVICE && !p->synthetic);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, k->name);
+    if (!v && !required)
+      continue; /* keeps the default */
+    char *field = (char *)p + k->offset;
+    double x;
+    uint32_t u;
+    switch (k->type) {
+    case PROFILE_KEY_U32:
+      if (!json_value_u32(v, k->name, (uint32_t)k->lo, (uint32_t)k->hi, &u, JSON_LOC(ctx), err))
+        return false;
+      *(uint32_t *)(void *)field = u;
+      break;
+    case PROFILE_KEY_BYTES:
+      if (!json_value_double(v, k->name, k->lo, k->hi, &x, JSON_LOC(ctx), err))
+        return false;
+      *(uint64_t *)(void *)field = (uint64_t)(x * k->scale);
+      break;
+    case PROFILE_KEY_DOUBLE:
+      if (!json_value_double(v, k->name, k->lo, k->hi, &x, JSON_LOC(ctx), err))
+        return false;
+      *(double *)(void *)field = k->scale == 1 ? x : x * k->scale;
+      break;
+    }
+  }
+  return true;
+}
+
+/* json_check_keys with the allowed names taken from the table, plus extra (NULL or one name). */
+static bool check_section_keys(const cJSON *obj, const struct profile_key *rows, size_t n,
+                               const char *extra, const char *ctx, GError **err) {
+  const char *allowed[16];
+  size_t m = 0;
+  for (size_t i = 0; i < n && m < G_N_ELEMENTS(allowed) - 2; i++)
+    allowed[m++] = rows[i].name;
+  if (extra)
+    allowed[m++] = extra;
+  allowed[m] = NULL;
+  return json_check_keys(obj, allowed, ctx, err);
+}
+
+/* A section: an object of numeric keys from its table. */
+static bool read_section(struct profile *p, const cJSON *obj, const struct profile_key *rows,
+                         size_t n, const char *ctx, GError **err) {
+  return check_section_keys(obj, rows, n, NULL, ctx, err) && read_keys(p, obj, rows, n, ctx, err);
+}
+
+/* Top level: the known keys, the name (else the file's base name) and the kind. */
+static bool read_identity(struct profile *p, const char *name, const cJSON *root, GError **err) {
+  if (!cJSON_IsObject(root))
+    return piper_input_error(err, "%s: a profile must be a JSON object", name);
+  static const char *const top[] = {"name",    "kind",       "description", "sources",   "device",
+                                    "network", "contention", "measured",    "synthetic", NULL};
+  if (!json_check_keys(root, top, name, err))
+    return false;
+  const char *s = NULL;
+  if (!json_get_string(root, "name", false, &s, name, err))
+    return false;
+  if (s) {
+    p->name = g_strdup(s);
+  } else {
+    char *base = g_path_get_basename(name);
+    char *dot = strrchr(base, '.');
+    if (dot)
+      *dot = 0;
+    p->name = base;
+  }
+  const char *kind = "device";
+  if (!json_get_string(root, "kind", false, &kind, name, err))
+    return false;
+  if (strcmp(kind, "synthetic") == 0)
+    p->synthetic = true;
+  else if (strcmp(kind, "device") != 0)
+    return piper_input_error(err, "%s: key \"kind\": \"%s\" is not \"device\" or \"synthetic\"",
+                             name, kind);
+  return true;
+}
+
+/* The device section: peak FLOP/s per dtype (an object), then the table's keys. */
+static bool read_device(struct profile *p, const char *name, const cJSON *dev, GError **err) {
+  char ctx[300];
+  snprintf(ctx, sizeof ctx, "%s: device", name);
+  const cJSON *pk;
+  if (!check_section_keys(dev, device_keys, G_N_ELEMENTS(device_keys), "peak_tflops", ctx, err) ||
+      !json_get_object(dev, "peak_tflops", false, &pk, ctx, err))
+    return false;
+  if (!pk && !p->synthetic)
+    return piper_input_error(err, "%s: key \"peak_tflops\" is required", ctx);
+  if (pk) {
+    char c2[320];
+    snprintf(c2, sizeof c2, "%s.peak_tflops", ctx);
+    if (!read_section(p, pk, peak_keys, G_N_ELEMENTS(peak_keys), c2, err))
+      return false;
+  }
+  return read_keys(p, dev, device_keys, G_N_ELEMENTS(device_keys), ctx, err);
+}
+
+/* The network section: the table's keys and the collective algorithm. */
+static bool read_network(struct profile *p, const char *name, const cJSON *net, GError **err) {
+  char ctx[300];
+  snprintf(ctx, sizeof ctx, "%s: network", name);
+  if (!check_section_keys(net, network_keys, G_N_ELEMENTS(network_keys), "collective_algorithm",
+                          ctx, err) ||
+      !read_keys(p, net, network_keys, G_N_ELEMENTS(network_keys), ctx, err))
+    return false;
+  static const char *const algos[] = {
+      [PROFILE_ALGO_RING] = "ring", [PROFILE_ALGO_TREE] = "tree", [PROFILE_ALGO_AUTO] = "auto"};
+  const char *algo = NULL;
+  if (!json_get_string(net, "collective_algorithm", false, &algo, ctx, err))
+    return false;
+  if (!algo)
+    return true;
+  for (size_t i = 0; i < G_N_ELEMENTS(algos); i++)
+    if (algos[i] && strcmp(algo, algos[i]) == 0) {
+      p->algo = (enum profile_collective_algo)i;
+      return true;
+    }
+  return piper_input_error(
+      err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto", ctx, algo);
+}
+
+/* The sections by kind: a device profile needs device and network, a synthetic one synthetic;
+ * contention and measured are optional. */
+static bool read_sections(struct profile *p, const char *name, const cJSON *root, GError **err) {
+  const cJSON *dev, *net, *con, *syn;
+  char ctx[300];
+  if (!json_get_object(root, "device", false, &dev, name, err) ||
+      !json_get_object(root, "network", false, &net, name, err) ||
+      !json_get_object(root, "contention", false, &con, name, err) ||
+      !json_get_object(root, "synthetic", false, &syn, name, err))
+    return false;
+  if (!p->synthetic && !dev)
+    return piper_input_error(err, "%s: key \"device\" is required for a device profile", name);
+  if (p->synthetic && !syn)
+    return piper_input_error(err, "%s: key \"synthetic\" is required for a synthetic profile",
+                             name);
+  if (dev && !read_device(p, name, dev, err))
+    return false;
+  snprintf(ctx, sizeof ctx, "%s: contention", name);
+  if (con && !read_section(p, con, contention_keys, G_N_ELEMENTS(contention_keys), ctx, err))
+    return false;
+  if (net && !read_network(p, name, net, err))
+    return false;
+  if (!net && !p->synthetic)
+    return piper_input_error(err, "%s: key \"network\" is required for a device profile", name);
+  snprintf(ctx, sizeof ctx, "%s: synthetic", name);
+  if (syn && !read_section(p, syn, synthetic_keys, G_N_ELEMENTS(synthetic_keys), ctx, err))
+    return false;
+  const cJSON *meas = cJSON_GetObjectItemCaseSensitive(root, "measured");
+  return !meas || parse_measured(p, meas, name, err);
 }
 
 struct profile *profile_parse_json(const char *name, const cJSON *root, GError **err) {
@@ -112,170 +324,11 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   p->gpus_per_node = 8;
   p->nics_per_node = 8;
   p->algo = PROFILE_ALGO_RING;
-  char ctx[300];
-
-  if (!cJSON_IsObject(root)) {
-    piper_input_error(err, "%s: a profile must be a JSON object", name);
-    goto fail;
+  if (!read_identity(p, name, root, err) || !read_sections(p, name, root, err)) {
+    profile_free(p);
+    return NULL;
   }
-  static const char *const top[] = {"name",    "kind",       "description", "sources",   "device",
-                                    "network", "contention", "measured",    "synthetic", NULL};
-  if (!json_check_keys(root, top, name, err))
-    goto fail;
-  const char *s = NULL;
-  if (!json_get_string(root, "name", false, &s, name, err))
-    goto fail;
-  if (s) {
-    p->name = g_strdup(s);
-  } else {
-    char *base = g_path_get_basename(name);
-    char *dot = strrchr(base, '.');
-    if (dot)
-      *dot = 0;
-    p->name = base;
-  }
-  const char *kind = "device";
-  if (!json_get_string(root, "kind", false, &kind, name, err))
-    goto fail;
-  if (strcmp(kind, "synthetic") == 0) {
-    p->synthetic = true;
-  } else if (strcmp(kind, "device") != 0) {
-    piper_input_error(err, "%s: key \"kind\": \"%s\" is not \"device\" or \"synthetic\"", name, kind);
-    goto fail;
-  }
-
-  const cJSON *dev, *net, *con, *syn;
-  if (!get_obj(root, "device", &dev, name, err) || !get_obj(root, "network", &net, name, err) ||
-      !get_obj(root, "contention", &con, name, err) || !get_obj(root, "synthetic", &syn, name, err))
-    goto fail;
-  if (!p->synthetic && !dev) {
-    piper_input_error(err, "%s: key \"device\" is required for a device profile", name);
-    goto fail;
-  }
-  if (p->synthetic && !syn) {
-    piper_input_error(err, "%s: key \"synthetic\" is required for a synthetic profile", name);
-    goto fail;
-  }
-  if (dev) {
-    snprintf(ctx, sizeof ctx, "%s: device", name);
-    static const char *const keys[] = {
-        "peak_tflops",        "memory_bandwidth_gbs",      "memory_capacity_gib",
-        "sm_count",           "compute_efficiency",        "memory_efficiency",
-        "kernel_overhead_us", "optimizer_bytes_per_param", NULL};
-    if (!json_check_keys(dev, keys, ctx, err))
-      goto fail;
-    const cJSON *pk;
-    if (!get_obj(dev, "peak_tflops", &pk, ctx, err))
-      goto fail;
-    if (!pk && !p->synthetic) {
-      piper_input_error(err, "%s: key \"peak_tflops\" is required", ctx);
-      goto fail;
-    }
-    if (pk) {
-      char c2[320];
-      snprintf(c2, sizeof c2, "%s.peak_tflops", ctx);
-      static const char *const dk[] = {"bf16", "fp32", NULL};
-      if (!json_check_keys(pk, dk, c2, err))
-        goto fail;
-      double bf = 0, f32 = 0;
-      if (!json_get_double(pk, "bf16", !p->synthetic, 1e-6, 1e6, &bf, c2, err) ||
-          !json_get_double(pk, "fp32", !p->synthetic, 1e-6, 1e6, &f32, c2, err))
-        goto fail;
-      p->peak_flops[MODEL_DTYPE_BF16] = bf * 1e12;
-      p->peak_flops[MODEL_DTYPE_FP32] = f32 * 1e12;
-    }
-    double bw = 0, cap = 0, ov = 0;
-    int64_t sms = 0;
-    if (!json_get_double(dev, "memory_bandwidth_gbs", !p->synthetic, 1e-3, 1e9, &bw, ctx, err) ||
-        !json_get_double(dev, "memory_capacity_gib", !p->synthetic, 1e-6, 1e9, &cap, ctx, err) ||
-        !json_get_int(dev, "sm_count", false, 1, 1 << 20, &sms, ctx, err) ||
-        !json_get_double(dev, "compute_efficiency", false, 1e-3, 1, &p->compute_efficiency, ctx,
-                         err) ||
-        !json_get_double(dev, "memory_efficiency", false, 1e-3, 1, &p->memory_efficiency, ctx,
-                         err) ||
-        !json_get_double(dev, "kernel_overhead_us", false, 0, 1e6, &ov, ctx, err) ||
-        !json_get_double(dev, "optimizer_bytes_per_param", false, 0, 1e3,
-                         &p->optimizer_bytes_per_param, ctx, err))
-      goto fail;
-    p->memory_bandwidth = bw * 1e9;
-    p->memory_capacity = (uint64_t)(cap * (double)(1ull << 30));
-    p->sm_count = (uint32_t)sms;
-    p->kernel_overhead = ov * 1e-6;
-  }
-  if (con) {
-    snprintf(ctx, sizeof ctx, "%s: contention", name);
-    static const char *const keys[] = {"comm_sm_share", "comm_memory_share", NULL};
-    if (!json_check_keys(con, keys, ctx, err) ||
-        !json_get_double(con, "comm_sm_share", false, 0, 0.9, &p->comm_sm_share, ctx, err) ||
-        !json_get_double(con, "comm_memory_share", false, 0, 0.9, &p->comm_memory_share, ctx, err))
-      goto fail;
-  }
-  if (net) {
-    snprintf(ctx, sizeof ctx, "%s: network", name);
-    static const char *const keys[] = {
-        "gpus_per_node",     "nics_per_node",        "nvlink_bandwidth_gbs",
-        "nvlink_latency_us", "nic_bandwidth_gbs",    "inter_node_latency_us",
-        "efficiency",        "collective_algorithm", NULL};
-    if (!json_check_keys(net, keys, ctx, err))
-      goto fail;
-    int64_t gpn = p->gpus_per_node, nics = p->nics_per_node;
-    double ibw = 0, ilat = 0, nbw = 0, nlat = 0;
-    bool req = !p->synthetic;
-    if (!json_get_int(net, "gpus_per_node", req, 1, 1 << 16, &gpn, ctx, err) ||
-        !json_get_int(net, "nics_per_node", req, 1, 1 << 16, &nics, ctx, err) ||
-        !json_get_double(net, "nvlink_bandwidth_gbs", req, 1e-6, 1e9, &ibw, ctx, err) ||
-        !json_get_double(net, "nvlink_latency_us", req, 0, 1e9, &ilat, ctx, err) ||
-        !json_get_double(net, "nic_bandwidth_gbs", req, 1e-6, 1e9, &nbw, ctx, err) ||
-        !json_get_double(net, "inter_node_latency_us", req, 0, 1e9, &nlat, ctx, err) ||
-        !json_get_double(net, "efficiency", false, 1e-3, 1, &p->network_efficiency, ctx, err))
-      goto fail;
-    p->gpus_per_node = (uint32_t)gpn;
-    p->nics_per_node = (uint32_t)nics;
-    p->intra_bandwidth = ibw * 1e9;
-    p->intra_latency = ilat * 1e-6;
-    p->nic_bandwidth = nbw * 1e9;
-    p->inter_latency = nlat * 1e-6;
-    const char *algo = NULL;
-    if (!json_get_string(net, "collective_algorithm", false, &algo, ctx, err))
-      goto fail;
-    if (algo) {
-      if (strcmp(algo, "ring") == 0) {
-        p->algo = PROFILE_ALGO_RING;
-      } else if (strcmp(algo, "tree") == 0) {
-        p->algo = PROFILE_ALGO_TREE;
-      } else if (strcmp(algo, "auto") == 0) {
-        p->algo = PROFILE_ALGO_AUTO;
-      } else {
-        piper_input_error(err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto", ctx,
-                  algo);
-        goto fail;
-      }
-    }
-  } else if (!p->synthetic) {
-    piper_input_error(err, "%s: key \"network\" is required for a device profile", name);
-    goto fail;
-  }
-  if (syn) {
-    snprintf(ctx, sizeof ctx, "%s: synthetic", name);
-    static const char *const keys[] = {"F_ms",         "B_ms",    "BI_ms", "BW_ms",
-                                       "optimizer_ms", "comm_ms", NULL};
-    if (!json_check_keys(syn, keys, ctx, err))
-      goto fail;
-    double *dst[] = {&p->syn_f, &p->syn_b, &p->syn_bi, &p->syn_bw, &p->syn_optimizer, &p->syn_comm};
-    for (int i = 0; i < 6; i++) {
-      double v = 0;
-      if (!json_get_double(syn, keys[i], i < 4, 0, 1e9, &v, ctx, err))
-        goto fail;
-      *dst[i] = v * 1e-3;
-    }
-  }
-  const cJSON *meas = cJSON_GetObjectItemCaseSensitive(root, "measured");
-  if (meas && !parse_measured(p, meas, name, err))
-    goto fail;
   return p;
-fail:
-  profile_free(p);
-  return NULL;
 }
 
 struct profile *profile_load_file(const char *path, GError **err) {

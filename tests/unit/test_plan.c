@@ -170,6 +170,7 @@ static struct plan *hand_plan(void) {
     c->n_consumers = 1, c->consumers = copy_of(consumers, sizeof consumers);
     c->n_tensors = 1, c->tensors = copy_of(tensors, sizeof tensors);
   }
+  plan_index_positions(p);
   GError *perr = NULL;
   if (!plan_check_progress(p, &perr))
     fail_msg("hand plan: %s", perr->message);
@@ -575,11 +576,59 @@ static void test_lowered_round_trip(void **state) {
   g_free(b);
 }
 
+/* --- the position table ------------------------------------------------------------------- */
+
+/* The table must say what a scan of each group says, for every (group, device). */
+static void assert_positions_match_groups(const struct plan *p) {
+  for (uint32_t g = 0; g < p->n_groups; g++)
+    for (uint32_t d = 0; d < p->n_devices; d++) {
+      int want = -1;
+      for (uint32_t i = 0; i < p->groups[g].count && want < 0; i++)
+        if (p->device_pool[p->groups[g].first + i] == d)
+          want = (int)i;
+      assert_int_equal(plan_group_position(p, g, d), want);
+    }
+  assert_int_equal(plan_group_position(p, p->n_groups, 0), -1);
+  assert_int_equal(plan_group_position(p, 0, p->n_devices), -1);
+  /* one entry per device_pool slot: linear in the memberships */
+  assert_int_equal(p->positions.first[p->n_devices], p->n_device_pool);
+}
+
+static void test_positions(void **state) {
+  (void)state;
+  struct plan *h = hand_plan();
+  assert_positions_match_groups(h);
+  assert_int_equal(plan_group_position(h, 1, 3), 1); /* group 1 is devices {1, 3} */
+  assert_int_equal(plan_group_position(h, 0, 3), -1);
+  plan_free(h);
+
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-moe.json";
+  o.directives_path = "directives/base-schedules/pp2_dp2_ep2.json";
+  struct compile_result r = {0};
+  GError *err = NULL;
+  if (!compile_run(&o, &r, &err))
+    fail_msg("compile: %s", err->message);
+  assert_positions_match_groups(r.plan); /* built by lowering */
+  char *dir = test_tmp_dir("test_plan-XXXXXX");
+  write_ok(r.plan, dir);
+  struct plan *q = read_ok(dir);
+  assert_positions_match_groups(q); /* built by the reader */
+  plan_free(q);
+  compile_result_free(&r);
+  test_remove_tree(dir);
+  g_free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_views),     cmocka_unit_test(test_round_trip),
-      cmocka_unit_test(test_readable),  cmocka_unit_test(test_corrupt),
-      cmocka_unit_test(test_from_json), cmocka_unit_test(test_lowered_round_trip),
+      cmocka_unit_test(test_positions),
+      cmocka_unit_test(test_views),
+      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_readable),
+      cmocka_unit_test(test_corrupt),
+      cmocka_unit_test(test_from_json),
+      cmocka_unit_test(test_lowered_round_trip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -434,6 +434,7 @@ static struct plan *hplan_build(const struct hplan *h) {
     c->stream_first[h->n_streams] = k;
   }
   p->n_nodes = node;
+  plan_index_positions(p);
   return p;
 }
 
