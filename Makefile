@@ -155,7 +155,7 @@ fuzz: $(FUZZ_BINS)
 	done; exit $$fail
 
 test: deps
-	@$(MAKE) --no-print-directory unit cli
+	@$(MAKE) --no-print-directory lint unit cli
 	@$(MAKE) --no-print-directory fuzz
 	@echo "all test suites passed"
 
