@@ -362,3 +362,45 @@ bool json_write_file(const char *path, const cJSON *root, GError **err) {
   g_string_free(s, TRUE);
   return ok;
 }
+
+/* Appends obj's child key or index to path for messages. */
+static void path_push(GString *path, const cJSON *parent, const cJSON *child, size_t index) {
+  if (cJSON_IsArray(parent))
+    g_string_append_printf(path, "[%zu]", index);
+  else
+    g_string_append_printf(path, "%s%s", path->len ? "." : "", child->string ? child->string : "");
+}
+
+static bool refuse_duplicates(const cJSON *node, GString *path, const char *name, GError **err) {
+  if (!cJSON_IsObject(node) && !cJSON_IsArray(node))
+    return true;
+  GHashTable *seen = cJSON_IsObject(node) ? g_hash_table_new(g_str_hash, g_str_equal) : NULL;
+  bool ok = true;
+  size_t index = 0;
+  for (const cJSON *c = node->child; ok && c; c = c->next, index++) {
+    if (seen) {
+      const char *k = c->string ? c->string : "";
+      if (!g_hash_table_add(seen, (gpointer)k)) {
+        g_autofree char *q = piper_quote(k, strlen(k), 64);
+        g_autofree char *where = path->len ? piper_quote(path->str, path->len, 200)
+                                           : g_strdup("the top-level object");
+        ok = piper_input_error(err, "%s: key %s appears twice in %s", name, q, where);
+        break;
+      }
+    }
+    size_t len = path->len;
+    path_push(path, node, c, index);
+    ok = refuse_duplicates(c, path, name, err);
+    g_string_truncate(path, len);
+  }
+  if (seen)
+    g_hash_table_destroy(seen);
+  return ok;
+}
+
+bool json_refuse_duplicate_keys(const cJSON *root, const char *name, GError **err) {
+  GString *path = g_string_new(NULL);
+  bool ok = refuse_duplicates(root, path, name, err);
+  g_string_free(path, TRUE);
+  return ok;
+}

@@ -117,6 +117,11 @@ bool json_get_object(const cJSON *obj, const char *key, bool required, const cJS
 bool json_as_int(const cJSON *v, int64_t lo, int64_t hi, int64_t *out, const char *ctx,
                  const char *what, GError **err);
 
+/* Fails naming the first key that appears twice in one object anywhere under root, with the
+ * object's path ("piper", "streams[1]"): cJSON keeps both and lookups see only the first, so a
+ * second value would be silently ignored. name is the file, for the message. */
+bool json_refuse_duplicate_keys(const cJSON *root, const char *name, GError **err);
+
 /* Writes root to path (pretty-printed, trailing newline) through piper_out. */
 bool json_write_file(const char *path, const cJSON *root, GError **err);
 

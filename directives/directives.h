@@ -28,6 +28,7 @@
 #define DIR_MAX_MICROBATCHES 4096 /* per split; the product over splits is capped too */
 #define DIR_MAX_FILTER_KEYS 16
 #define DIR_NAME_MAX IR_NAME_MAX
+#define DIR_MIN_SM_SHARE 1e-3     /* of a device's SMs; H100 has 132, B200 148 */
 #define DIR_DEFAULT_BUCKET_MB 25.0 /* PyTorch DDP's default bucket size */
 
 enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM };

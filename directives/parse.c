@@ -320,10 +320,15 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     if (!check_keys(obj, keys, ctx, err))
       return false;
     d->sm_share = 1.0;
-    return get_name(obj, "name", true, d->name, ctx, err) &&
-           json_get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority,
-                        ctx, err) &&
-           json_get_positive(obj, "sm_share", false, 1.0, &d->sm_share, ctx, err);
+    if (!get_name(obj, "name", true, d->name, ctx, err) ||
+        !json_get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority,
+                      ctx, err) ||
+        !json_get_positive(obj, "sm_share", false, 1.0, &d->sm_share, ctx, err))
+      return false;
+    if (d->sm_share < DIR_MIN_SM_SHARE) /* a share no GPU can grant: almost surely a typo */
+      return piper_input_error(err, "%s: \"sm_share\" = %g is below %g (one SM in a thousand)",
+                               ctx, d->sm_share, DIR_MIN_SM_SHARE);
+    return true;
   }
   }
 

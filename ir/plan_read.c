@@ -1216,7 +1216,7 @@ struct plan *plan_read_dir(const char *dir, GError **err) {
   cJSON *index = json_parse_file(r->index_file, err);
   if (!index)
     goto out;
-  bool ok = reader_index(r, index, err);
+  bool ok = json_refuse_duplicate_keys(index, r->index_file, err) && reader_index(r, index, err);
   cJSON_Delete(index);
   if (!ok)
     goto out;
@@ -1225,10 +1225,11 @@ struct plan *plan_read_dir(const char *dir, GError **err) {
     snprintf(file_name, sizeof file_name, "device-%u.json", d);
     char *path = g_build_filename(dir, file_name, NULL);
     cJSON *doc = json_parse_file(path, err);
+    ok = doc && json_refuse_duplicate_keys(doc, path, err);
     g_free(path);
     if (!doc)
       goto out;
-    ok = reader_device(r, d, doc, err);
+    ok = ok && reader_device(r, d, doc, err);
     cJSON_Delete(doc);
     if (!ok)
       goto out;

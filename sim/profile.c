@@ -335,7 +335,8 @@ struct profile *profile_load_file(const char *path, GError **err) {
   cJSON *root = json_parse_file(path, err);
   if (!root)
     return NULL;
-  struct profile *p = profile_parse_json(path, root, err);
+  struct profile *p =
+      json_refuse_duplicate_keys(root, path, err) ? profile_parse_json(path, root, err) : NULL;
   cJSON_Delete(root);
   return p;
 }

@@ -53,6 +53,10 @@ static bool string_list(const cJSON *root, const char *key, char ***out, uint32_
 
 struct sweep *sweep_load_file(const char *path, GError **err) {
   cJSON *root = json_parse_file(path, err);
+  if (root && !json_refuse_duplicate_keys(root, path, err)) {
+    cJSON_Delete(root);
+    return NULL;
+  }
   if (!root)
     return NULL;
   struct sweep *s = g_new0(struct sweep, 1);

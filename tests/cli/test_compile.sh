@@ -64,6 +64,8 @@ expect_bad "csv action missing" "every action of the pipeline must be scheduled"
 expect_bad "csv NUL byte" "nul.csv: row 1, column" $V4 --import-csv "$T/nul.csv"
 tac "$T/dpv.csv" >"$T/swapped.csv"
 expect_bad "csv rows swapped" "which the placement puts on pipeline rank" $V4 --import-csv "$T/swapped.csv"
+sed '0,/"hidden_size"/s//"hidden_size": 32, "hidden_size"/' $DENSE >"$T/dupmodel.json"
+expect_bad "model with a key twice" 'dupmodel.json: key "hidden_size" appears twice' --model "$T/dupmodel.json" --directives $BS/dp2.json
 mkfifo "$T/fifo.json"
 expect_bad "FIFO directives refused, not read" "fifo.json: not a regular file" --model $MOE --directives "$T/fifo.json"
 expect_bad "FIFO model refused, not read" "fifo.json: not a regular file" --model "$T/fifo.json" --directives $BS/dp2.json

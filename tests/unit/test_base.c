@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../../base/base.h"
+#include "../../base/json.h"
 
 static char *temp_dir(void) {
   GError *err = NULL;
@@ -221,6 +222,32 @@ static void test_read_file(void **state) {
   g_free(dir);
 }
 
+static void test_duplicate_keys(void **state) {
+  (void)state;
+  static const struct {
+    const char *text, *want;
+  } cases[] = {
+      {"{\"a\": 1, \"b\": 2, \"a\": 3}", "f.json: key \"a\" appears twice in the top-level object"},
+      {"{\"piper\": {\"x\": 1, \"x\": 1}}", "f.json: key \"x\" appears twice in \"piper\""},
+      {"{\"s\": [{}, {\"k\": [1, {\"q\": 0, \"q\": 0}]}]}",
+       "f.json: key \"q\" appears twice in \"s[1].k[1]\""},
+  };
+  for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+    GError *err = NULL;
+    cJSON *root = json_parse_buffer("f.json", cases[i].text, strlen(cases[i].text), &err);
+    assert_non_null(root);
+    assert_false(json_refuse_duplicate_keys(root, "f.json", &err));
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    assert_string_equal(err->message, cases[i].want);
+    g_error_free(err);
+    cJSON_Delete(root);
+  }
+  const char *fine = "{\"a\": {\"a\": 1}, \"b\": [{\"a\": 1}, {\"a\": 2}]}";
+  cJSON *root = json_parse_buffer("f.json", fine, strlen(fine), NULL);
+  assert_true(json_refuse_duplicate_keys(root, "f.json", NULL));
+  cJSON_Delete(root);
+}
+
 static void test_hash_clock_compare_parse(void **state) {
   (void)state;
   /* FNV-1a 64 reference values: "" and "a" */
@@ -261,6 +288,7 @@ int main(void) {
       cmocka_unit_test(test_fifo_written_in_place),
       cmocka_unit_test(test_abandon_leaves_nothing),
       cmocka_unit_test(test_read_file),
+      cmocka_unit_test(test_duplicate_keys),
       cmocka_unit_test(test_hash_clock_compare_parse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

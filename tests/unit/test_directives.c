@@ -362,6 +362,8 @@ static const struct bad_case bad_cases[] = {
     {"[{\"op\": \"stream\"}]", "directive 0 (stream): missing key \"name\""},
     {"[{\"op\": \"stream\", \"name\": \"s\", \"sm_share\": 0}]",
      "directive 0 (stream): \"sm_share\" = 0 is out of range (0, 1]"},
+    {"[{\"op\": \"stream\", \"name\": \"s\", \"sm_share\": 1e-300}]",
+     "directive 0 (stream): \"sm_share\" = 1e-300 is below 0.001"},
     {"[{\"op\": \"stream\", \"name\": \"s\", \"sm_share\": 2}]",
      "\"sm_share\" = 2 is out of range (0, 1]"},
     {"[{\"op\": \"stream\", \"name\": \"s\", \"sm_share\": \"half\"}]",
