@@ -4,6 +4,7 @@
 
 #include "../base/json.h"
 #include "compile.h"
+#include "layout.h"
 
 struct compile_options compile_options_default(void) {
   struct compile_options o;
@@ -18,6 +19,7 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
   *o = compile_options_default();
   o->model_path = a->model;
   o->directives_path = a->directives;
+  o->layout = a->layout;
   o->pp_regions = (int)a->pp_regions;
   o->have_schedule = a->schedule != NULL;
   o->schedule.ranks = a->ranks;
@@ -75,17 +77,41 @@ static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *pat
   return ok;
 }
 
+/* The model, split into the layout's stages when the program comes from --layout, and the
+ * program. */
+static bool load_model_and_program(const struct compile_options *o, struct compile_result *r,
+                                   GError **err) {
+  int pp_regions = o->pp_regions;
+  struct layout l;
+  if (o->layout) {
+    if (!layout_parse(o->layout, &l, err))
+      return false;
+    if (pp_regions > 0 && (uint32_t)pp_regions != layout_stages(&l))
+      return piper_input_error(err, "--pp-regions %d disagrees with --layout \"%s\" (%u stages)",
+                               pp_regions, o->layout, layout_stages(&l));
+    pp_regions = (int)layout_stages(&l);
+  }
+  r->model = model_load_file(o->model_path, pp_regions, err);
+  if (!r->model)
+    return false;
+  if (o->layout) {
+    g_autofree char *name = g_strdup_printf("--layout \"%s\"", o->layout);
+    r->program = layout_program(&l, name, err);
+  } else {
+    r->program = dir_program_load_file(o->directives_path, err);
+  }
+  return r->program != NULL;
+}
+
 bool compile_run(const struct compile_options *o, struct compile_result *r, GError **err) {
   memset(r, 0, sizeof *r);
   if (!o->model_path)
     return piper_input_error(err, "--model is required");
-  if (!o->directives_path)
-    return piper_input_error(err, "--directives (or --base-schedule) is required");
-  r->model = model_load_file(o->model_path, o->pp_regions, err);
-  if (!r->model)
-    goto fail;
-  r->program = dir_program_load_file(o->directives_path, err);
-  if (!r->program)
+  if (!o->directives_path && !o->layout)
+    return piper_input_error(err, "--directives (or --base-schedule, or --layout) is required");
+  if (o->directives_path && o->layout)
+    return piper_input_error(err, "--layout replaces --directives: give one of them");
+  if (!load_model_and_program(o, r, err))
     goto fail;
   if (o->have_schedule || o->schedule.mbs > 0) {
     if (!sched_prepare_program(r->program, (uint32_t)r->model->pp_regions, &o->schedule, err))

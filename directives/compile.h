@@ -30,7 +30,8 @@
 struct compile_options {
   const char *model_path;
   const char *directives_path;
-  int pp_regions;     /* > 0 overrides the model's PP split */
+  const char *layout; /* instead of directives_path: "pp=4,dp=2,ep=2,v" (directives/layout.h) */
+  int pp_regions;     /* > 0 overrides the model's PP split; a layout sets it to its stages */
   bool have_schedule; /* --schedule given */
   struct sched_options schedule;
   uint32_t n_devices;     /* > 0: the run's world size; device ids must be below it */
@@ -52,7 +53,7 @@ struct compile_result {
  * line: --model, --directives (alias --base-schedule), --schedule, --ranks, --mbs,
  * --keep-order, --pp-regions. The programs read them by one option table (tools/options.h). */
 struct compile_args {
-  const char *model, *directives, *schedule;
+  const char *model, *directives, *layout, *schedule;
   uint32_t ranks, mbs, pp_regions;
   bool keep_order;
 };

@@ -154,12 +154,12 @@ static int check_inputs(const struct exec_cli *a, const struct exec_backend_ops 
   if (!*ops)
     return piper_usage_error("piper-exec",
                              "--backend: \"%s\" is not built in (see --list-backends)", a->backend);
-  if (a->plans && (ca->model || ca->directives || ca->schedule))
+  if (a->plans && (ca->model || ca->directives || ca->layout || ca->schedule))
     return piper_usage_error("piper-exec", "%s",
                              "--plans replaces --model, --directives and --schedule");
-  if (!a->plans && (!ca->model || !ca->directives))
+  if (!a->plans && (!ca->model || (!ca->directives && !ca->layout)))
     return piper_usage_error("piper-exec", "%s",
-                             "give --model FILE and --directives FILE, or --plans DIR");
+                             "give --model FILE and --directives FILE (or --layout SPEC), or --plans DIR");
   if (!!a->checkpoint != !!a->checkpoint_every)
     return piper_usage_error("piper-exec", "%s",
                              "--checkpoint DIR and --checkpoint-every K go together");

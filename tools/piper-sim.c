@@ -270,12 +270,12 @@ static int check_inputs(const struct sim_cli *a, struct compile_options *co) {
   const struct compile_args *ca = &a->compile;
   if (!a->profile)
     return piper_usage_error(program.name, "%s", "--profile FILE is required");
-  if (a->plans && (ca->model || ca->directives || ca->schedule))
+  if (a->plans && (ca->model || ca->directives || ca->layout || ca->schedule))
     return piper_usage_error(program.name, "%s",
                              "--plans replaces --model, --directives and --schedule");
-  if (!a->plans && (!ca->model || !ca->directives))
+  if (!a->plans && (!ca->model || (!ca->directives && !ca->layout)))
     return piper_usage_error(program.name, "%s",
-                             "give --model FILE and --directives FILE, or --plans DIR");
+                             "give --model FILE and --directives FILE (or --layout SPEC), or --plans DIR");
   GError *err = NULL;
   if (!compile_args_to_options(ca, co, &err))
     return piper_error_exit(program.name, err);
