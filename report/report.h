@@ -63,6 +63,12 @@ struct report_device {
   const struct report_memory_point *memory; /* sorted by t; may be empty */
   uint64_t peak_memory_bytes;
   uint64_t peak_breakdown[REPORT_MEM_KIND_COUNT]; /* at the moment of the peak */
+  /* optional, measured runs: every traced step, for trace.json. Step k (of the run's
+   * n_trace_steps) is all_intervals[step_begin[k], step_begin[k + 1]), sorted by start;
+   * intervals above is one of them (the one the statistics and charts describe). NULL: the
+   * trace holds intervals alone, as one step. */
+  const struct report_interval *all_intervals;
+  const uint32_t *step_begin; /* [n_trace_steps + 1] */
   /* derived by report_compute_stats (pinned definitions, SPEC §6) */
   double compute_s;        /* time with some compute running */
   double comm_s;           /* time with some communication running */
@@ -86,6 +92,8 @@ struct report_run {
   cJSON *extra;                /* owned by the caller; its items are copied into metrics.json */
   uint32_t trace_device_limit; /* trace every device when the trace would hold at most this
                                   many events in all, else one device per pp rank; 0 = all */
+  uint32_t n_trace_steps;       /* steps in devices' all_intervals; 0: one step (intervals) */
+  const uint32_t *trace_steps;  /* [n_trace_steps]: the training step number of each */
 };
 
 /* Allocates devices[] (one per plan device) and fills device, pp_rank and dp_rank: a device's
