@@ -10,6 +10,7 @@
 
 #include "../base/json.h"
 #include "../base/version.h"
+#include "../report/chart.h"
 #include "../report/report.h"
 #include "options.h"
 
@@ -18,7 +19,8 @@ struct compare_cli {
   const char *dirs[2];
   uint32_t n_dirs;
   const char *json_path;
-  double tolerance; /* NAN: no verdict */
+  const char *chart_path; /* NULL: compare.png beside --json, else none */
+  double tolerance;       /* NAN: no verdict */
 };
 
 static bool take_run_dir(void *args, const char *arg, GError **err) {
@@ -37,7 +39,11 @@ static const struct option_spec options[] = {
      .help = "relative, e.g. 0.2: exit 1 when the iteration time ratio B/A is outside\n"
              "[1/(1+X), 1+X] (the prediction is off)"},
     {.name = "--json", .kind = OPTION_STRING, .offset = offsetof(struct compare_cli, json_path),
-     .metavar = "FILE", .help = "also write the comparison as JSON"},
+     .metavar = "FILE", .help = "also write the comparison as JSON, and the chart as\n"
+                                "compare.png in FILE's directory (unless --chart)"},
+    {.name = "--chart", .kind = OPTION_STRING, .offset = offsetof(struct compare_cli, chart_path),
+     .metavar = "FILE", .help = "draw the timelines of A and B, one above the other, into\n"
+                                "FILE (PNG)"},
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
@@ -46,7 +52,7 @@ static const struct option_spec options[] = {
 static const struct option_program program = {
     .name = "piper-compare",
     .usage =
-        "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE]\n"
+        "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE] [--chart FILE]\n"
         "\n"
         "Puts two run directories of the same plan side by side (written by piper-sim or\n"
         "piper-exec; either may be either) and says which is simulated and which measured.\n"
@@ -54,7 +60,10 @@ static const struct option_program program = {
         "device count. Prints, with the ratio B/A on every row: iteration time, throughput, MFU,\n"
         "bubble fraction, exposed communication and overlap per device, peak memory and its\n"
         "breakdown per device, and the mean duration of each kind of instruction (F, B, BI, BW,\n"
-        "send/recv, collectives by pass, optimizer) from trace.json.\n"
+        "send/recv, collectives by pass, optimizer) from trace.json; then the instructions\n"
+        "paired by (device, IR node, micro-batch), each side's duration the median over its\n"
+        "traced steps (a measured run traces every measured step): the error max(B/A, A/B) - 1\n"
+        "as median and p90, over all and per kind, and the ten worst nodes named.\n"
         "\n",
     .epilogue =
         "\n"
@@ -571,7 +580,18 @@ static int compare(const struct compare_cli *a, const struct report_dir *A,
   int rc = within ? 0 : 1;
   fflush(stdout);
   GError *err = NULL;
-  if (a->json_path && !json_write_file(a->json_path, out, &err))
+  char *chart = a->chart_path ? g_strdup(a->chart_path) : NULL;
+  if (!chart && a->json_path) {
+    char *dir = g_path_get_dirname(a->json_path);
+    chart = g_build_filename(dir, "compare.png", NULL);
+    g_free(dir);
+  }
+  if (chart)
+    cJSON_AddStringToObject(out, "chart", chart);
+  bool wrote = (!a->json_path || json_write_file(a->json_path, out, &err)) &&
+               (!chart || chart_compare(A, B, chart, &err));
+  g_free(chart);
+  if (!wrote)
     rc = piper_error_exit(program.name, err);
   else if (rc == 1)
     fprintf(stderr,
