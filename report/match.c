@@ -7,7 +7,7 @@
 #include <string.h>
 
 static char *node_key(const struct report_trace_node *n) {
-  return g_strdup_printf("%u\x1f%s", n->device, n->name);
+  return g_strdup_printf("%u\x1f%s\x1f%u", n->device, n->name, n->ordinal);
 }
 
 static void pair_error(struct report_node_pair *p) {
@@ -30,7 +30,10 @@ static int pair_cmp(const void *x, const void *y) {
     return p->error > q->error ? -1 : 1;
   if (p->a->device != q->a->device)
     return p->a->device < q->a->device ? -1 : 1;
-  return strcmp(p->a->name, q->a->name);
+  int c = strcmp(p->a->name, q->a->name);
+  if (c != 0)
+    return c;
+  return p->a->ordinal < q->a->ordinal ? -1 : p->a->ordinal > q->a->ordinal;
 }
 
 struct report_node_pair *report_pair_nodes(const struct report_dir *a, const struct report_dir *b,

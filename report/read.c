@@ -19,7 +19,10 @@ struct report_dir_reader {
   GHashTable *kind_index; /* row name -> index + 1 into kinds */
   GArray *kinds;          /* struct report_trace_kind */
   bool *device_seen;      /* pid has instruction events */
-  GHashTable *node_index; /* "<pid>\x1f<name>" -> index + 1 into nodes */
+  GHashTable *node_index; /* a node's identity (trace_node_of) -> index + 1 into nodes */
+  GHashTable *name_count; /* "<pid>\x1f<name>" -> nodes of that name so far */
+  GHashTable *occurrence; /* "<pid>\x1f<step>\x1f<name>" -> events so far (traces without
+                             "node") */
   GArray *nodes;          /* struct report_trace_node */
   GArray *events;         /* struct report_trace_event, step as an index into steps */
   GHashTable *step_index; /* step number -> index + 1 into steps */
@@ -487,24 +490,43 @@ static uint32_t trace_kind_of(struct report_dir_reader *rd, const char *kind, co
 /* What the event's args say of its node besides kind and pass. */
 struct trace_event_args {
   const char *kind, *pass;
-  int64_t step, micro_batch, stage;
+  int64_t node, step, micro_batch, stage;
 };
 
 static bool trace_event_args(const cJSON *args, struct trace_event_args *ea, const char *ctx,
                              GError **err) {
+  ea->kind = ea->pass = NULL;
   ea->step = 0; /* traces written before events carried their step hold one */
-  ea->micro_batch = ea->stage = -1;
+  ea->node = ea->micro_batch = ea->stage = -1;
   return json_get_string(args, "kind", true, &ea->kind, ctx, err) &&
+         json_get_int(args, "node", false, 0, INT32_MAX, &ea->node, ctx, err) &&
          json_get_string(args, "PASS", false, &ea->pass, ctx, err) &&
          json_get_int(args, "step", false, 0, INT32_MAX, &ea->step, ctx, err) &&
          json_get_int(args, "MB", false, -1, INT32_MAX, &ea->micro_batch, ctx, err) &&
          json_get_int(args, "PP", false, -1, INT32_MAX, &ea->stage, ctx, err);
 }
 
-/* The node of device pid called name (created on first use). */
+/* Bumps the counter of key in t; returns its value before. */
+static uint32_t count_up(GHashTable *t, char *key) {
+  uint32_t n = GPOINTER_TO_UINT(g_hash_table_lookup(t, key));
+  g_hash_table_replace(t, key, GUINT_TO_POINTER(n + 1));
+  return n;
+}
+
+/* The node of an event on device pid (created on first use). A node is its plan node index
+ * (args.node); a trace written before events carried it has one step, in which the k-th event
+ * of a name on a device is the k-th node of that name (names need not be unique: an
+ * all-to-all's dispatch and combine share one). */
 static uint32_t trace_node_of(struct report_dir_reader *rd, uint32_t pid, const char *name,
                               const struct trace_event_args *ea) {
-  char *key = g_strdup_printf("%u\x1f%s", pid, name);
+  char *key;
+  if (ea->node >= 0) {
+    key = g_strdup_printf("%u\x1f#%lld", pid, (long long)ea->node);
+  } else {
+    uint32_t k = count_up(rd->occurrence,
+                          g_strdup_printf("%u\x1f%lld\x1f%s", pid, (long long)ea->step, name));
+    key = g_strdup_printf("%u\x1f%s\x1f%u", pid, name, k);
+  }
   gpointer at = g_hash_table_lookup(rd->node_index, key);
   if (at) {
     g_free(key);
@@ -512,6 +534,8 @@ static uint32_t trace_node_of(struct report_dir_reader *rd, uint32_t pid, const 
   }
   struct report_trace_node n = {.name = g_strdup(name),
                                 .device = pid,
+                                .ordinal = count_up(rd->name_count,
+                                                    g_strdup_printf("%u\x1f%s", pid, name)),
                                 .micro_batch = (int32_t)ea->micro_batch,
                                 .stage = (int32_t)ea->stage,
                                 .kind = trace_kind_of(rd, ea->kind, ea->pass),
@@ -751,6 +775,8 @@ static bool read_trace(struct report_dir *d, const char *path, GError **err) {
       g_array_new(FALSE, FALSE, sizeof(struct report_trace_kind)),
       g_new0(bool, d->n_devices + 1),
       g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+      g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+      g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
       g_array_new(FALSE, FALSE, sizeof(struct report_trace_node)),
       g_array_new(FALSE, FALSE, sizeof(struct report_trace_event)),
       g_hash_table_new(g_direct_hash, g_direct_equal),
@@ -849,6 +875,8 @@ out:
   g_array_free(rd.steps, TRUE);
   g_hash_table_destroy(rd.step_index);
   g_hash_table_destroy(rd.node_index);
+  g_hash_table_destroy(rd.name_count);
+  g_hash_table_destroy(rd.occurrence);
   g_hash_table_destroy(rd.kind_index);
   g_free(rd.device_seen);
   g_mapped_file_unref(mf);

@@ -149,6 +149,8 @@ struct report_trace_kind {
 struct report_trace_node {
   char *name;
   uint32_t device;
+  uint32_t ordinal;    /* nodes of this name on this device before it (names need not be
+                          unique: an all-to-all's dispatch and combine share one) */
   int32_t micro_batch; /* args.MB, -1 without */
   int32_t stage;       /* args.PP, -1 without */
   uint32_t kind;       /* index into trace_kinds */
@@ -219,7 +221,7 @@ void report_dir_step_window(const struct report_dir *d, uint32_t k, const bool *
 
 /* ---- matching two runs of one plan node by node ---------------------------------------------
  * A node of A and one of B pair up when they ran on the same device and name the same IR node
- * (micro-batch included). ratio = B/A of their median durations; error = max(B/A, A/B) - 1,
+ * (micro-batch included; the k-th node of a name pairs with the k-th). ratio = B/A of their median durations; error = max(B/A, A/B) - 1,
  * so that either side may be the prediction (0 for equal, 1 for a factor of two either way,
  * INFINITY when exactly one of them is 0).
  *
