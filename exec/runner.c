@@ -491,8 +491,7 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
   cJSON_AddNumberToObject(extra, "comm_seconds_rank0", res->comm_seconds);
   cJSON *traced = cJSON_AddArrayToObject(extra, "traced_steps");
   for (guint k = 0; k < R->traced_steps->len; k += 2)
-    cJSON_AddItemToArray(traced,
-                         cJSON_CreateNumber(g_array_index(R->traced_steps, uint32_t, k)));
+    cJSON_AddItemToArray(traced, cJSON_CreateNumber(g_array_index(R->traced_steps, uint32_t, k)));
   return extra;
 }
 

@@ -37,8 +37,7 @@ static int pair_cmp(const void *x, const void *y) {
 }
 
 struct report_node_pair *report_pair_nodes(const struct report_dir *a, const struct report_dir *b,
-                                           uint32_t *n_pairs, uint32_t *only_a,
-                                           uint32_t *only_b) {
+                                           uint32_t *n_pairs, uint32_t *only_a, uint32_t *only_b) {
   GHashTable *in_b = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
   for (uint32_t i = 0; i < b->n_trace_nodes; i++)
     g_hash_table_insert(in_b, node_key(&b->trace_nodes[i]), (gpointer)&b->trace_nodes[i]);

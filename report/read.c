@@ -759,17 +759,8 @@ static bool read_trace_events(struct report_dir_reader *rd, struct trace_scan *s
   }
 }
 
-static bool read_trace(struct report_dir *d, const char *path, GError **err) {
-  GError *e = NULL;
-  GMappedFile *mf = g_mapped_file_new(path, FALSE, &e);
-  if (!mf) {
-    piper_input_error(err, "%s: cannot open: %s", path, e->message);
-    g_error_free(e);
-    return false;
-  }
-  struct trace_scan s = {path, g_mapped_file_get_contents(mf), g_mapped_file_get_length(mf), 0,
-                         err};
-  struct report_dir_reader rd = {
+static void reader_init(struct report_dir_reader *rd, struct report_dir *d) {
+  *rd = (struct report_dir_reader){
       d,
       g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
       g_array_new(FALSE, FALSE, sizeof(struct report_trace_kind)),
@@ -782,103 +773,122 @@ static bool read_trace(struct report_dir *d, const char *path, GError **err) {
       g_hash_table_new(g_direct_hash, g_direct_equal),
       g_array_new(FALSE, FALSE, sizeof(uint32_t)),
       g_array_new(FALSE, FALSE, sizeof(struct report_trace_thread))};
-  bool ok = false, events = false;
-  scan_space(&s);
-  if (s.pos >= s.len || s.buf[s.pos] != '{') {
-    scan_fail(&s, s.pos, "a trace must be a JSON object");
-    goto out;
+}
+
+/* Frees what was not handed to the report_dir. */
+static void reader_clear(struct report_dir_reader *rd) {
+  if (rd->kinds)
+    g_array_free(rd->kinds, TRUE);
+  if (rd->nodes) {
+    for (guint i = 0; i < rd->nodes->len; i++)
+      g_free(g_array_index(rd->nodes, struct report_trace_node, i).name);
+    g_array_free(rd->nodes, TRUE);
   }
-  s.pos++;
-  scan_space(&s);
-  if (s.pos < s.len && s.buf[s.pos] == '}') {
-    s.pos++;
-  } else {
-    for (;;) {
-      scan_space(&s);
-      if (s.pos >= s.len || s.buf[s.pos] != '"') {
-        scan_fail(&s, s.pos, "expected a key");
-        goto out;
-      }
-      size_t key = s.pos + 1;
-      if (!scan_string(&s))
-        goto out;
-      size_t key_len = s.pos - 1 - key;
-      scan_space(&s);
-      if (s.pos >= s.len || s.buf[s.pos] != ':') {
-        scan_fail(&s, s.pos, "expected :");
-        goto out;
-      }
-      s.pos++;
-      if (key_len == 11 && memcmp(s.buf + key, "traceEvents", 11) == 0) {
-        if (!read_trace_events(&rd, &s))
-          goto out;
-        events = true;
-      } else if (key_len == 9 && memcmp(s.buf + key, "otherData", 9) == 0) {
-        scan_space(&s);
-        size_t start = s.pos;
-        if (!scan_value(&s))
-          goto out;
-        cJSON *other = scan_parse(&s, start);
-        if (!other)
-          goto out;
-        /* a trace of the other kind of run means files of two runs were mixed */
-        const cJSON *k = cJSON_GetObjectItemCaseSensitive(other, "kind");
-        bool mixed = cJSON_IsString(k) && strcmp(k->valuestring, d->kind) != 0;
-        if (mixed)
-          piper_input_error(err, "%s: otherData.kind is \"%s\" but metrics.json says \"%s\"", path,
-                    k->valuestring, d->kind);
-        cJSON_Delete(other);
-        if (mixed)
-          goto out;
-      } else if (!scan_value(&s)) {
-        goto out;
-      }
-      scan_space(&s);
-      if (s.pos < s.len && s.buf[s.pos] == ',') {
-        s.pos++;
-      } else if (s.pos < s.len && s.buf[s.pos] == '}') {
-        s.pos++;
-        break;
-      } else {
-        scan_fail(&s, s.pos, "expected , or }");
-        goto out;
-      }
+  if (rd->events)
+    g_array_free(rd->events, TRUE);
+  if (rd->threads)
+    g_array_free(rd->threads, TRUE);
+  g_array_free(rd->steps, TRUE);
+  g_hash_table_destroy(rd->step_index);
+  g_hash_table_destroy(rd->node_index);
+  g_hash_table_destroy(rd->name_count);
+  g_hash_table_destroy(rd->occurrence);
+  g_hash_table_destroy(rd->kind_index);
+  g_free(rd->device_seen);
+}
+
+/* otherData: a trace of the other kind of run means files of two runs were mixed. */
+static bool read_trace_other(struct report_dir_reader *rd, struct trace_scan *s) {
+  scan_space(s);
+  size_t start = s->pos;
+  if (!scan_value(s))
+    return false;
+  cJSON *other = scan_parse(s, start);
+  if (!other)
+    return false;
+  const cJSON *k = cJSON_GetObjectItemCaseSensitive(other, "kind");
+  bool mixed = cJSON_IsString(k) && strcmp(k->valuestring, rd->d->kind) != 0;
+  if (mixed)
+    piper_input_error(s->err, "%s: otherData.kind is \"%s\" but metrics.json says \"%s\"",
+                      s->path, k->valuestring, rd->d->kind);
+  cJSON_Delete(other);
+  return !mixed;
+}
+
+/* The top-level object, key by key: traceEvents and otherData read, the rest skipped. */
+static bool read_trace_object(struct report_dir_reader *rd, struct trace_scan *s, bool *events) {
+  scan_space(s);
+  if (s->pos >= s->len || s->buf[s->pos] != '{')
+    return scan_fail(s, s->pos, "a trace must be a JSON object");
+  s->pos++;
+  scan_space(s);
+  if (s->pos < s->len && s->buf[s->pos] == '}') {
+    s->pos++;
+    return true;
+  }
+  for (;;) {
+    scan_space(s);
+    if (s->pos >= s->len || s->buf[s->pos] != '"')
+      return scan_fail(s, s->pos, "expected a key");
+    size_t key = s->pos + 1;
+    if (!scan_string(s))
+      return false;
+    size_t key_len = s->pos - 1 - key;
+    scan_space(s);
+    if (s->pos >= s->len || s->buf[s->pos] != ':')
+      return scan_fail(s, s->pos, "expected :");
+    s->pos++;
+    if (key_len == 11 && memcmp(s->buf + key, "traceEvents", 11) == 0) {
+      if (!read_trace_events(rd, s))
+        return false;
+      *events = true;
+    } else if (key_len == 9 && memcmp(s->buf + key, "otherData", 9) == 0) {
+      if (!read_trace_other(rd, s))
+        return false;
+    } else if (!scan_value(s)) {
+      return false;
+    }
+    scan_space(s);
+    if (s->pos < s->len && s->buf[s->pos] == ',') {
+      s->pos++;
+    } else if (s->pos < s->len && s->buf[s->pos] == '}') {
+      s->pos++;
+      return true;
+    } else {
+      return scan_fail(s, s->pos, "expected , or }");
     }
   }
-  scan_space(&s);
-  if (s.pos < s.len) {
-    scan_fail(&s, s.pos, "text after the value");
-    goto out;
+}
+
+static bool read_trace(struct report_dir *d, const char *path, GError **err) {
+  GError *e = NULL;
+  GMappedFile *mf = g_mapped_file_new(path, FALSE, &e);
+  if (!mf) {
+    piper_input_error(err, "%s: cannot open: %s", path, e->message);
+    g_error_free(e);
+    return false;
   }
-  if (!events) {
-    piper_input_error(err, "%s: key \"traceEvents\" is required", path);
-    goto out;
+  struct trace_scan s = {path, g_mapped_file_get_contents(mf), g_mapped_file_get_length(mf), 0,
+                         err};
+  struct report_dir_reader rd;
+  reader_init(&rd, d);
+  bool events = false;
+  bool ok = read_trace_object(&rd, &s, &events);
+  if (ok) {
+    scan_space(&s);
+    if (s.pos < s.len)
+      ok = scan_fail(&s, s.pos, "text after the value");
   }
-  trace_finish_kinds(&rd);
-  trace_finish_steps(&rd);
-  trace_finish_nodes(&rd);
-  for (uint32_t i = 0; i < d->n_devices; i++)
-    d->trace_devices += rd.device_seen[i];
-  ok = true;
-out:
-  if (rd.kinds)
-    g_array_free(rd.kinds, TRUE);
-  if (rd.nodes) {
-    for (guint i = 0; i < rd.nodes->len; i++)
-      g_free(g_array_index(rd.nodes, struct report_trace_node, i).name);
-    g_array_free(rd.nodes, TRUE);
+  if (ok && !events)
+    ok = piper_input_error(err, "%s: key \"traceEvents\" is required", path);
+  if (ok) {
+    trace_finish_kinds(&rd);
+    trace_finish_steps(&rd);
+    trace_finish_nodes(&rd);
+    for (uint32_t i = 0; i < d->n_devices; i++)
+      d->trace_devices += rd.device_seen[i];
   }
-  if (rd.events)
-    g_array_free(rd.events, TRUE);
-  if (rd.threads)
-    g_array_free(rd.threads, TRUE);
-  g_array_free(rd.steps, TRUE);
-  g_hash_table_destroy(rd.step_index);
-  g_hash_table_destroy(rd.node_index);
-  g_hash_table_destroy(rd.name_count);
-  g_hash_table_destroy(rd.occurrence);
-  g_hash_table_destroy(rd.kind_index);
-  g_free(rd.device_seen);
+  reader_clear(&rd);
   g_mapped_file_unref(mf);
   return ok;
 }

@@ -92,8 +92,8 @@ struct report_run {
   cJSON *extra;                /* owned by the caller; its items are copied into metrics.json */
   uint32_t trace_device_limit; /* trace every device when the trace would hold at most this
                                   many events in all, else one device per pp rank; 0 = all */
-  uint32_t n_trace_steps;       /* steps in devices' all_intervals; 0: one step (intervals) */
-  const uint32_t *trace_steps;  /* [n_trace_steps]: the training step number of each */
+  uint32_t n_trace_steps;      /* steps in devices' all_intervals; 0: one step (intervals) */
+  const uint32_t *trace_steps; /* [n_trace_steps]: the training step number of each */
 };
 
 /* Allocates devices[] (one per plan device) and fills device, pp_rank and dp_rank: a device's
@@ -216,8 +216,8 @@ void report_dir_free(struct report_dir *d);
 
 /* The time range of step k (an index into trace_steps) on the given devices (all when NULL):
  * first start and last end of its events, seconds (0, 0 without events). */
-void report_dir_step_window(const struct report_dir *d, uint32_t k, const bool *devices,
-                            double *t0, double *t1);
+void report_dir_step_window(const struct report_dir *d, uint32_t k, const bool *devices, double *t0,
+                            double *t1);
 
 /* ---- matching two runs of one plan node by node ---------------------------------------------
  * A node of A and one of B pair up when they ran on the same device and name the same IR node
@@ -238,7 +238,6 @@ struct report_node_pair {
 /* Every pair, sorted by error (largest first; ties by device, then name). *only_a and *only_b
  * count the nodes of one side the other lacks. */
 struct report_node_pair *report_pair_nodes(const struct report_dir *a, const struct report_dir *b,
-                                           uint32_t *n_pairs, uint32_t *only_a,
-                                           uint32_t *only_b);
+                                           uint32_t *n_pairs, uint32_t *only_a, uint32_t *only_b);
 
 #endif

@@ -174,9 +174,8 @@ static uint32_t trace_step_count(const struct report_run *r) {
 
 /* Device d's intervals of traced step k, and that step's training step number. */
 static const struct report_interval *trace_step_intervals(const struct report_run *r,
-                                                          const struct report_device *d,
-                                                          uint32_t k, uint32_t *n,
-                                                          uint32_t *step) {
+                                                          const struct report_device *d, uint32_t k,
+                                                          uint32_t *n, uint32_t *step) {
   *step = r->n_trace_steps && r->trace_steps ? r->trace_steps[k] : 1;
   if (!r->n_trace_steps || !d->all_intervals) {
     *n = k == 0 ? d->n_intervals : 0;

@@ -378,9 +378,10 @@ static double per_step(const struct report_trace_kind *k, const struct report_di
 
 /* One kind of instruction: mean durations on both sides over every traced step (either may
  * lack it), and how many ran per step. */
-static void compare_instruction_kind(const struct report_dir *A, const struct report_trace_kind *use_a,
-                                     const struct report_dir *B, const struct report_trace_kind *use_b,
-                                     cJSON *ins) {
+static void compare_instruction_kind(const struct report_dir *A,
+                                     const struct report_trace_kind *use_a,
+                                     const struct report_dir *B,
+                                     const struct report_trace_kind *use_b, cJSON *ins) {
   double ma = use_a && use_a->count ? use_a->total_s / (double)use_a->count : NAN;
   double mb = use_b && use_b->count ? use_b->total_s / (double)use_b->count : NAN;
   const char *name = use_a ? use_a->name : use_b->name;
