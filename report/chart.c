@@ -541,7 +541,7 @@ static struct compare_side compare_side_of(const struct report_dir *d) {
 /* One row: a device of one side, its step's events and a lane per stream they use. */
 struct compare_row {
   uint32_t side, device;
-  GArray *events;    /* indices into the side's trace_events */
+  GArray *events; /* indices into the side's trace_events */
   uint32_t n_lanes;
   uint32_t *streams; /* [n_lanes]: the tid of each lane, ascending */
   int32_t min_stage; /* the device's first PP stage (later ones drawn lighter) */
@@ -586,8 +586,8 @@ static void compare_rows(struct compare_layout *c) {
   for (uint32_t k = 0; k < n_dev; k++) {
     row_of[picked[k]] = k;
     for (uint32_t s = 0; s < 2; s++)
-      c->rows[2 * k + s] = (struct compare_row){s, picked[k], g_array_new(FALSE, FALSE, 8), 0,
-                                                NULL, INT32_MAX};
+      c->rows[2 * k + s] =
+          (struct compare_row){s, picked[k], g_array_new(FALSE, FALSE, 8), 0, NULL, INT32_MAX};
   }
   for (uint32_t s = 0; s < 2; s++) {
     const struct report_dir *d = c->side[s].d;

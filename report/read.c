@@ -532,15 +532,15 @@ static uint32_t trace_node_of(struct report_dir_reader *rd, uint32_t pid, const 
     g_free(key);
     return GPOINTER_TO_UINT(at) - 1;
   }
-  struct report_trace_node n = {.name = g_strdup(name),
-                                .device = pid,
-                                .ordinal = count_up(rd->name_count,
-                                                    g_strdup_printf("%u\x1f%s", pid, name)),
-                                .micro_batch = (int32_t)ea->micro_batch,
-                                .stage = (int32_t)ea->stage,
-                                .kind = trace_kind_of(rd, ea->kind, ea->pass),
-                                .ir_kind = IR_NODE_KIND_COUNT,
-                                .pass = IR_PASS_NONE};
+  struct report_trace_node n = {
+      .name = g_strdup(name),
+      .device = pid,
+      .ordinal = count_up(rd->name_count, g_strdup_printf("%u\x1f%s", pid, name)),
+      .micro_batch = (int32_t)ea->micro_batch,
+      .stage = (int32_t)ea->stage,
+      .kind = trace_kind_of(rd, ea->kind, ea->pass),
+      .ir_kind = IR_NODE_KIND_COUNT,
+      .pass = IR_PASS_NONE};
   for (uint32_t k = 0; k < IR_NODE_KIND_COUNT; k++)
     if (strcmp(ea->kind, ir_node_kind_name((enum ir_node_kind)k)) == 0)
       n.ir_kind = k;
@@ -593,8 +593,9 @@ static bool trace_event(struct report_dir_reader *rd, const cJSON *ev, uint64_t 
   if (!trace_event_args(args, &ea, ctx, err))
     return false;
   uint32_t node = trace_node_of(rd, (uint32_t)pid, name, &ea);
-  struct report_trace_kind *k = &g_array_index(
-      rd->kinds, struct report_trace_kind, g_array_index(rd->nodes, struct report_trace_node, node).kind);
+  struct report_trace_kind *k =
+      &g_array_index(rd->kinds, struct report_trace_kind,
+                     g_array_index(rd->nodes, struct report_trace_node, node).kind);
   k->count++;
   k->total_s += dur * 1e-6; /* trace times are microseconds */
   struct report_trace_event e = {ts * 1e-6, dur * 1e-6, node, (uint32_t)tid,
@@ -709,8 +710,8 @@ static void trace_finish_nodes(struct report_dir_reader *rd) {
   rd->threads = NULL;
 }
 
-void report_dir_step_window(const struct report_dir *d, uint32_t k, const bool *devices,
-                            double *t0, double *t1) {
+void report_dir_step_window(const struct report_dir *d, uint32_t k, const bool *devices, double *t0,
+                            double *t1) {
   double lo = INFINITY, hi = -INFINITY;
   for (uint64_t i = 0; i < d->n_trace_events; i++) {
     const struct report_trace_event *e = &d->trace_events[i];
@@ -760,19 +761,18 @@ static bool read_trace_events(struct report_dir_reader *rd, struct trace_scan *s
 }
 
 static void reader_init(struct report_dir_reader *rd, struct report_dir *d) {
-  *rd = (struct report_dir_reader){
-      d,
-      g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-      g_array_new(FALSE, FALSE, sizeof(struct report_trace_kind)),
-      g_new0(bool, d->n_devices + 1),
-      g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-      g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-      g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-      g_array_new(FALSE, FALSE, sizeof(struct report_trace_node)),
-      g_array_new(FALSE, FALSE, sizeof(struct report_trace_event)),
-      g_hash_table_new(g_direct_hash, g_direct_equal),
-      g_array_new(FALSE, FALSE, sizeof(uint32_t)),
-      g_array_new(FALSE, FALSE, sizeof(struct report_trace_thread))};
+  *rd = (struct report_dir_reader){d,
+                                   g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                                   g_array_new(FALSE, FALSE, sizeof(struct report_trace_kind)),
+                                   g_new0(bool, d->n_devices + 1),
+                                   g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                                   g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                                   g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                                   g_array_new(FALSE, FALSE, sizeof(struct report_trace_node)),
+                                   g_array_new(FALSE, FALSE, sizeof(struct report_trace_event)),
+                                   g_hash_table_new(g_direct_hash, g_direct_equal),
+                                   g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                                   g_array_new(FALSE, FALSE, sizeof(struct report_trace_thread))};
 }
 
 /* Frees what was not handed to the report_dir. */
@@ -809,8 +809,8 @@ static bool read_trace_other(struct report_dir_reader *rd, struct trace_scan *s)
   const cJSON *k = cJSON_GetObjectItemCaseSensitive(other, "kind");
   bool mixed = cJSON_IsString(k) && strcmp(k->valuestring, rd->d->kind) != 0;
   if (mixed)
-    piper_input_error(s->err, "%s: otherData.kind is \"%s\" but metrics.json says \"%s\"",
-                      s->path, k->valuestring, rd->d->kind);
+    piper_input_error(s->err, "%s: otherData.kind is \"%s\" but metrics.json says \"%s\"", s->path,
+                      k->valuestring, rd->d->kind);
   cJSON_Delete(other);
   return !mixed;
 }

@@ -146,7 +146,8 @@ static void test_charts_of_a_measured_run(void **state) {
  * has three events and the median duration 2 ms, and the run pairs with itself exactly. */
 static void test_trace_of_every_step(void **state) {
   (void)state;
-  struct plan *p = compile_plan("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
+  struct plan *p =
+      compile_plan("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
   struct fake_run f;
   fake_run_init(&f, p);
   static const uint32_t steps[] = {5, 6, 7};
