@@ -444,6 +444,8 @@ static void report_devices_from_blobs(struct report_run *run, const struct repor
     const char *mem = base + sizeof h + h.n_intervals * sizeof *iv;
     const char *pairs = mem + h.n_memory * sizeof(struct report_memory_point);
     step_begin[dv] = g_new(uint32_t, h.n_steps + 1);
+    /* every rank runs the same steps: the trace's step list is rank 0's */
+    PIPER_ASSERT(dv == 0 || h.n_steps == run->n_trace_steps);
     if (dv == 0) {
       run->n_trace_steps = h.n_steps;
       *steps = g_new0(uint32_t, h.n_steps + 1);

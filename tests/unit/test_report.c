@@ -206,6 +206,12 @@ static void test_trace_of_every_step(void **state) {
     assert_ptr_equal(pairs[i].a, pairs[i].b);
   }
   g_free(pairs);
+  /* the comparison chart of the run against itself: a whole PNG */
+  char *png = g_build_filename(dir, "compare.png", NULL);
+  if (!chart_compare(rd, rd, png, &err))
+    fail_msg("%s", err->message);
+  assert_starts_with_file(dir, "compare.png", "\x89PNG\r\n\x1a\n");
+  g_free(png);
   report_dir_free(rd);
   remove_dir(dir);
   for (uint32_t d = 0; d < p->n_devices; d++) {
