@@ -65,6 +65,10 @@ struct runner {
   struct step_stats ss;
   double *measured; /* [n_steps]: step times of measured steps */
   uint32_t n_measured;
+  /* the trace of every measured step (write_report): intervals, and per step a pair
+   * (step number, first index into traced) */
+  GArray *traced;       /* struct report_interval */
+  GArray *traced_steps; /* uint32_t pairs */
 };
 
 /* ---- tasks ------------------------------------------------------------------------------- */
@@ -339,8 +343,11 @@ static bool agree_fn(struct runner *R, void *arg, GError **err) {
 
 /* ---- report ------------------------------------------------------------------------------ */
 
+/* What each rank sends rank 0: this header, the intervals of every traced step, the memory
+ * timeline of the last step, the steps' (number, first interval) pairs, padded to 8 bytes so
+ * that the next rank's blob stays aligned. */
 struct device_blob {
-  uint32_t n_intervals, n_memory;
+  uint32_t n_intervals, n_steps, n_memory, pad;
   uint64_t peak, peak_breakdown[REPORT_MEM_KIND_COUNT];
 };
 
@@ -373,75 +380,101 @@ static gint compare_memory_point(gconstpointer a, gconstpointer b) {
   return x < y ? -1 : x > y;
 }
 
-static bool write_report(struct runner *R, struct exec_result *res, const double *all_losses,
-                         uint32_t n_losses, const double *measured, uint32_t n_measured,
-                         GError **err) {
-  const struct plan *p = R->dev->plan;
+/* By start; ties by node and stream, so that the order does not depend on qsort. */
+static int compare_interval(const void *a, const void *b) {
+  const struct report_interval *x = a, *y = b;
+  if (x->start != y->start)
+    return x->start < y->start ? -1 : 1;
+  if (x->node != y->node)
+    return x->node < y->node ? -1 : 1;
+  return x->stream < y->stream ? -1 : x->stream > y->stream;
+}
+
+/* Appends this step's instructions to the trace (per-op statistics then cover the same steps
+ * as the iteration time), sorted by start; the ones that never ran (start 0) dropped. */
+static void keep_step_trace(struct runner *R, uint32_t step) {
   const struct plan_class *c = R->dev->cls;
-  /* this rank's intervals of the last step and its memory timeline (sorted by time: workers
-   * append as they finish) */
-  g_array_sort(R->memory, compare_memory_point);
-  struct device_blob hdr = {c->n_instrs, R->memory->len, R->s.mem_peak, {0}};
-  memcpy(hdr.peak_breakdown, R->s.mem_peak_breakdown, sizeof hdr.peak_breakdown);
-  size_t bytes = sizeof hdr + c->n_instrs * sizeof(struct report_interval) +
-                 R->memory->len * sizeof(struct report_memory_point);
-  char *blob = g_malloc(bytes);
-  memcpy(blob, &hdr, sizeof hdr);
-  struct report_interval *iv = (struct report_interval *)(blob + sizeof hdr);
-  for (uint32_t i = 0; i < c->n_instrs; i++)
-    iv[i] =
-        (struct report_interval){R->start[i], R->end[i], c->instrs[i].node, c->instrs[i].stream};
-  memcpy(blob + sizeof hdr + c->n_instrs * sizeof *iv, R->memory->data,
-         R->memory->len * sizeof(struct report_memory_point));
-  struct report_job j = {blob, bytes, NULL, NULL};
-  bool ok = control(R, gather_fn, &j, err);
-  g_free(blob);
-  if (!ok || R->rank != 0) {
-    g_free(j.all);
-    g_free(j.sizes);
-    return ok;
+  if (!R->traced) {
+    R->traced = g_array_new(FALSE, FALSE, sizeof(struct report_interval));
+    R->traced_steps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   }
-  struct report_run run = {.plan = p,
-                           .kind = "exec",
-                           .schedule = R->o->schedule ? R->o->schedule : "custom",
-                           .program_file = R->o->program_file,
-                           .n_iterations = n_measured,
-                           .iteration_times = measured,
-                           .trace_device_limit = 0};
-  report_run_init_devices(&run);
-  GArray **sorted = g_new0(GArray *, p->n_devices);
+  uint32_t pair[2] = {step, R->traced->len};
+  g_array_append_vals(R->traced_steps, pair, 2);
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    struct report_interval v = {R->start[i], R->end[i], c->instrs[i].node, c->instrs[i].stream};
+    if (v.end > v.start || v.start > 0)
+      g_array_append_val(R->traced, v);
+  }
+  qsort((struct report_interval *)(void *)R->traced->data + pair[1], R->traced->len - pair[1],
+        sizeof(struct report_interval), compare_interval);
+}
+
+/* This rank's blob (struct device_blob). */
+static char *report_blob(struct runner *R, size_t *bytes) {
+  /* memory points are appended by workers as they finish: sort by time */
+  g_array_sort(R->memory, compare_memory_point);
+  uint32_t n_steps = R->traced_steps->len / 2;
+  struct device_blob hdr = {R->traced->len, n_steps, R->memory->len, 0, R->s.mem_peak, {0}};
+  memcpy(hdr.peak_breakdown, R->s.mem_peak_breakdown, sizeof hdr.peak_breakdown);
+  size_t iv_bytes = R->traced->len * sizeof(struct report_interval);
+  size_t mem_bytes = R->memory->len * sizeof(struct report_memory_point);
+  size_t steps_bytes = 2 * n_steps * sizeof(uint32_t);
+  *bytes = (sizeof hdr + iv_bytes + mem_bytes + steps_bytes + 7) & ~(size_t)7;
+  char *blob = g_malloc0(*bytes);
+  memcpy(blob, &hdr, sizeof hdr);
+  memcpy(blob + sizeof hdr, R->traced->data, iv_bytes);
+  memcpy(blob + sizeof hdr + iv_bytes, R->memory->data, mem_bytes);
+  memcpy(blob + sizeof hdr + iv_bytes + mem_bytes, R->traced_steps->data, steps_bytes);
+  return blob;
+}
+
+/* Rank 0's view of every device from the gathered blobs: the traced steps (the last one is
+ * what the statistics and charts describe), memory and peaks. step_begin[dv] and *steps are
+ * allocated here. */
+static void report_devices_from_blobs(struct report_run *run, const struct report_job *j,
+                                      uint32_t **step_begin, uint32_t **steps) {
   size_t off = 0;
-  for (uint32_t dv = 0; dv < p->n_devices; dv++) {
-    const char *base = (const char *)j.all + off;
-    off += j.sizes[dv];
+  for (uint32_t dv = 0; dv < run->n_devices; dv++) {
+    const char *base = (const char *)j->all + off;
+    off += j->sizes[dv];
     struct device_blob h;
     memcpy(&h, base, sizeof h);
-    struct report_device *rd = &run.devices[dv];
-    /* sorted by start, as the report wants; the ones that never ran (start 0) dropped */
-    sorted[dv] = g_array_new(FALSE, FALSE, sizeof(struct report_interval));
-    const struct report_interval *src = (const struct report_interval *)(base + sizeof h);
-    for (uint32_t k = 0; k < h.n_intervals; k++)
-      if (src[k].end > src[k].start || src[k].start > 0)
-        g_array_append_val(sorted[dv], src[k]);
-    for (guint a = 1; a < sorted[dv]->len; a++) {
-      struct report_interval v = g_array_index(sorted[dv], struct report_interval, a);
-      guint b = a;
-      while (b > 0 && g_array_index(sorted[dv], struct report_interval, b - 1).start > v.start) {
-        g_array_index(sorted[dv], struct report_interval, b) =
-            g_array_index(sorted[dv], struct report_interval, b - 1);
-        b--;
-      }
-      g_array_index(sorted[dv], struct report_interval, b) = v;
+    struct report_device *rd = &run->devices[dv];
+    const struct report_interval *iv = (const struct report_interval *)(base + sizeof h);
+    const char *mem = base + sizeof h + h.n_intervals * sizeof *iv;
+    const char *pairs = mem + h.n_memory * sizeof(struct report_memory_point);
+    step_begin[dv] = g_new(uint32_t, h.n_steps + 1);
+    /* every rank runs the same steps: the trace's step list is rank 0's */
+    PIPER_ASSERT(dv == 0 || h.n_steps == run->n_trace_steps);
+    if (dv == 0) {
+      run->n_trace_steps = h.n_steps;
+      *steps = g_new0(uint32_t, h.n_steps + 1);
     }
-    rd->n_intervals = sorted[dv]->len;
-    rd->intervals = (const struct report_interval *)sorted[dv]->data;
+    for (uint32_t k = 0; k < h.n_steps; k++) {
+      uint32_t pair[2];
+      memcpy(pair, pairs + k * sizeof pair, sizeof pair);
+      step_begin[dv][k] = pair[1];
+      if (dv == 0)
+        (*steps)[k] = pair[0];
+    }
+    step_begin[dv][h.n_steps] = h.n_intervals;
+    rd->all_intervals = iv;
+    rd->step_begin = step_begin[dv];
+    uint32_t last = h.n_steps ? step_begin[dv][h.n_steps - 1] : 0;
+    rd->intervals = iv + last;
+    rd->n_intervals = h.n_intervals - last;
     rd->n_memory = h.n_memory;
-    rd->memory =
-        (const struct report_memory_point *)(base + sizeof h + h.n_intervals * sizeof *src);
+    rd->memory = (const struct report_memory_point *)mem;
     rd->peak_memory_bytes = h.peak;
     memcpy(rd->peak_breakdown, h.peak_breakdown, sizeof rd->peak_breakdown);
   }
-  report_compute_stats(&run);
+  run->trace_steps = *steps;
+}
+
+/* What metrics.json adds for a measured run: losses, the backend, executor overheads. */
+static cJSON *report_extra(struct runner *R, const struct exec_result *res,
+                           const double *all_losses, uint32_t n_losses) {
+  const struct plan *p = R->dev->plan;
   cJSON *extra = cJSON_CreateObject();
   cJSON *losses = cJSON_AddArrayToObject(extra, "losses");
   for (uint32_t k = 0; k < n_losses; k++)
@@ -458,6 +491,41 @@ static bool write_report(struct runner *R, struct exec_result *res, const double
   cJSON_AddNumberToObject(extra, "instructions_per_step", (double)plan_instruction_count(p));
   cJSON_AddNumberToObject(extra, "kernel_seconds_rank0", res->kernel_seconds);
   cJSON_AddNumberToObject(extra, "comm_seconds_rank0", res->comm_seconds);
+  cJSON *traced = cJSON_AddArrayToObject(extra, "traced_steps");
+  for (guint k = 0; k < R->traced_steps->len; k += 2)
+    cJSON_AddItemToArray(traced, cJSON_CreateNumber(g_array_index(R->traced_steps, uint32_t, k)));
+  return extra;
+}
+
+/* Gathers every rank's trace on rank 0, which writes the run directory and its charts. The
+ * trace holds every measured step (the last step alone when none was measured). */
+static bool write_report(struct runner *R, struct exec_result *res, const double *all_losses,
+                         uint32_t n_losses, const double *measured, uint32_t n_measured,
+                         GError **err) {
+  const struct plan *p = R->dev->plan;
+  if (!R->traced)
+    keep_step_trace(R, R->o->warmup + R->o->iters);
+  struct report_job j = {NULL, 0, NULL, NULL};
+  j.mine = report_blob(R, &j.mine_bytes);
+  bool ok = control(R, gather_fn, &j, err);
+  g_free(j.mine);
+  if (!ok || R->rank != 0) {
+    g_free(j.all);
+    g_free(j.sizes);
+    return ok;
+  }
+  struct report_run run = {.plan = p,
+                           .kind = "exec",
+                           .schedule = R->o->schedule ? R->o->schedule : "custom",
+                           .program_file = R->o->program_file,
+                           .n_iterations = n_measured,
+                           .iteration_times = measured,
+                           .trace_device_limit = 0};
+  report_run_init_devices(&run);
+  uint32_t **step_begin = g_new0(uint32_t *, p->n_devices + 1), *steps = NULL;
+  report_devices_from_blobs(&run, &j, step_begin, &steps);
+  report_compute_stats(&run);
+  cJSON *extra = report_extra(R, res, all_losses, n_losses);
   run.extra = extra;
   ok = report_write_dir(&run, R->o->out_dir, err);
   GString *files = g_string_new(NULL);
@@ -468,8 +536,9 @@ static bool write_report(struct runner *R, struct exec_result *res, const double
     ok = report_write_charts(&run, R->o->out_dir, CHART_PNG, files, err);
   cJSON_Delete(extra);
   for (uint32_t dv = 0; dv < p->n_devices; dv++)
-    g_array_free(sorted[dv], TRUE);
-  g_free(sorted);
+    g_free(step_begin[dv]);
+  g_free(step_begin);
+  g_free(steps);
   report_run_free_devices(&run);
   g_free(j.all);
   g_free(j.sizes);
@@ -771,8 +840,10 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   uint32_t idx = step - res->first_step;
   res->losses[idx] = loss;
   res->step_times[idx] = secs;
-  if (!warm)
+  if (!warm) {
     R->measured[R->n_measured++] = secs;
+    keep_step_trace(R, step);
+  }
   if (o->progress && R->rank == 0)
     print_step(step, total, loss, secs, res->tokens_per_step, warm);
   if (!isfinite(loss)) {
@@ -904,6 +975,10 @@ static void runner_free(struct runner *R) {
     g_free(R->measured);
     g_free(R->ss.losses);
     g_array_free(R->memory, TRUE);
+    if (R->traced) {
+      g_array_free(R->traced, TRUE);
+      g_array_free(R->traced_steps, TRUE);
+    }
     g_mutex_clear(&R->trace_lock);
     exec_device_clear(&R->device);
   }

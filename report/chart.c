@@ -71,11 +71,13 @@ static struct rgb lighten(struct rgb c, double f) {
   return (struct rgb){c.r + (1 - c.r) * f, c.g + (1 - c.g) * f, c.b + (1 - c.b) * f};
 }
 
-/* Colours (Tableau 10): passes take the light-to-mid hues, communication dark ones. */
-static struct rgb node_colour(const struct ir_node *n) {
-  switch (n->kind) {
+/* Colours (Tableau 10): passes take the light-to-mid hues, communication dark ones. kind is an
+ * enum ir_node_kind, pass an enum ir_pass (numbers, so that a kind read from a trace, which
+ * may be one this build does not know, gets the default). */
+static struct rgb kind_colour(uint32_t kind, uint32_t pass) {
+  switch (kind) {
   case IR_NODE_COMPUTE:
-    switch (n->pass) {
+    switch (pass) {
     case IR_PASS_F: return hex(0x4E79A7);
     case IR_PASS_B: return hex(0x59A14F);
     case IR_PASS_BI: return hex(0x8CD17D);
@@ -270,28 +272,41 @@ static int32_t first_stage(const struct plan *p, const struct report_device *d) 
   return min_stage;
 }
 
-/* Alternating row background, the device and its ranks at the left edge, the stream names. */
-static void draw_row_frame(cairo_t *cr, const struct plan *p, const struct report_device *d,
-                           const uint32_t *lo, uint32_t ri, double y, double row_h) {
+/* Alternating row background, two short lines at the left edge (what the row is), the lanes'
+ * names right-aligned before the plot. */
+static void draw_row_frame(cairo_t *cr, const char *label, const char *sublabel,
+                           const char *const *lane_names, uint32_t n_lanes, uint32_t ri, double y,
+                           double row_h) {
   double shade = ri % 2 ? 0.965 : 0.985;
   cairo_set_source_rgb(cr, shade, shade, shade);
   cairo_rectangle(cr, LEFT, y, PLOT_W, row_h);
   cairo_fill(cr);
-  /* device and ranks on two short lines at the left edge, clear of the stream names */
-  char lab[64];
-  snprintf(lab, sizeof lab, "device %u", d->device);
   cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
   cairo_set_font_size(cr, 12);
-  text_at(cr, 8, y + LANE_H - 4, lab, 0);
-  snprintf(lab, sizeof lab, "pp %d · dp %d", d->pp_rank, d->dp_rank);
+  text_at(cr, 8, y + LANE_H - 4, label, 0);
   cairo_set_font_size(cr, 10);
   cairo_set_source_rgb(cr, 0.35, 0.35, 0.35);
-  text_at(cr, 8, y + LANE_H + 9, lab, 0);
+  text_at(cr, 8, y + LANE_H + 9, sublabel, 0);
   cairo_set_font_size(cr, 9);
   cairo_set_source_rgb(cr, 0.45, 0.45, 0.45);
+  for (uint32_t k = 0; k < n_lanes; k++)
+    if (lane_names[k])
+      text_at(cr, LEFT - 4, y + k * LANE_H + 11, lane_names[k], 1);
+}
+
+/* A device's row frame in the schedule chart: its ranks, its streams. */
+static void draw_device_frame(cairo_t *cr, const struct plan *p, const struct report_device *d,
+                              const uint32_t *lo, uint32_t n_lanes, uint32_t ri, double y,
+                              double row_h) {
+  char label[64], sublabel[64];
+  snprintf(label, sizeof label, "device %u", d->device);
+  snprintf(sublabel, sizeof sublabel, "pp %d · dp %d", d->pp_rank, d->dp_rank);
+  const char **names = g_new0(const char *, n_lanes + 1);
   for (uint32_t s = 0; s < p->n_streams; s++)
-    if (lo[s] != UINT32_MAX)
-      text_at(cr, LEFT - 4, y + lo[s] * LANE_H + 11, p->streams[s].name, 1);
+    if (lo[s] != UINT32_MAX && lo[s] < n_lanes)
+      names[lo[s]] = p->streams[s].name;
+  draw_row_frame(cr, label, sublabel, names, n_lanes, ri, y, row_h);
+  g_free(names);
 }
 
 /* The micro-batch number inside a compute box, only where it fits. */
@@ -306,19 +321,22 @@ static void draw_micro_batch(cairo_t *cr, int mb, double x0, double x1, double l
   }
 }
 
-/* One interval: a full-height box for compute, a thin bar for communication. */
-static void draw_interval(cairo_t *cr, const struct plan *p, const struct schedule_layout *l,
-                          const struct report_interval *iv, double ly, int32_t min_stage) {
-  const struct ir_node *n = &p->nodes[iv->node];
-  bool comm = !report_node_is_compute(n);
-  double x0 = LEFT + (iv->start - l->t0) * l->sx, x1 = LEFT + (iv->end - l->t0) * l->sx;
+/* What one instruction looks like, whether it comes from a plan or from a trace. */
+struct chart_box {
+  double start, end; /* seconds, on the layout's clock */
+  struct rgb colour;
+  bool comm;
+  int mb; /* micro-batch shown inside compute boxes; -1: none */
+};
+
+/* A full-height box for compute, a thin bar for communication. */
+static void draw_box(cairo_t *cr, const struct schedule_layout *l, const struct chart_box *b,
+                     double ly) {
+  double x0 = LEFT + (b->start - l->t0) * l->sx, x1 = LEFT + (b->end - l->t0) * l->sx;
   if (x1 - x0 < 0.6)
     x1 = x0 + 0.6; /* zero-cost ops stay visible as hairlines */
-  double by = comm ? ly + (LANE_H - COMM_H) / 2 : ly + 1, bh = comm ? COMM_H : LANE_H - 2;
-  struct rgb c = node_colour(n);
-  if (!comm && n->tags[MODEL_TAG_PP] > min_stage && n->kind == IR_NODE_COMPUTE)
-    c = lighten(c, 0.35); /* the rank's later stage (chunk) */
-  cairo_set_source_rgb(cr, c.r, c.g, c.b);
+  double by = b->comm ? ly + (LANE_H - COMM_H) / 2 : ly + 1, bh = b->comm ? COMM_H : LANE_H - 2;
+  cairo_set_source_rgb(cr, b->colour.r, b->colour.g, b->colour.b);
   cairo_rectangle(cr, x0, by, x1 - x0, bh);
   cairo_fill(cr);
   if (x1 - x0 >= 3) { /* a white edge separates back-to-back boxes */
@@ -327,9 +345,19 @@ static void draw_interval(cairo_t *cr, const struct plan *p, const struct schedu
     cairo_rectangle(cr, x0 + 0.3, by + 0.3, x1 - x0 - 0.6, bh - 0.6);
     cairo_stroke(cr);
   }
-  int mb = l->mb_tag >= 0 ? n->tags[l->mb_tag] : -1;
-  if (!comm && mb >= 0)
-    draw_micro_batch(cr, mb, x0, x1, ly);
+  if (!b->comm && b->mb >= 0)
+    draw_micro_batch(cr, b->mb, x0, x1, ly);
+}
+
+/* One interval of a plan's run. */
+static void draw_interval(cairo_t *cr, const struct plan *p, const struct schedule_layout *l,
+                          const struct report_interval *iv, double ly, int32_t min_stage) {
+  const struct ir_node *n = &p->nodes[iv->node];
+  struct chart_box b = {iv->start, iv->end, kind_colour(n->kind, n->pass),
+                        !report_node_is_compute(n), l->mb_tag >= 0 ? n->tags[l->mb_tag] : -1};
+  if (!b.comm && n->tags[MODEL_TAG_PP] > min_stage && n->kind == IR_NODE_COMPUTE)
+    b.colour = lighten(b.colour, 0.35); /* the rank's later stage (chunk) */
+  draw_box(cr, l, &b, ly);
 }
 
 /* Row ri at height y; returns its height. */
@@ -340,7 +368,7 @@ static double draw_device_row(cairo_t *cr, const struct report_run *r,
   const uint32_t *lo = l->lane_of + (size_t)ri * l->stride;
   double row_h = l->n_lanes[ri] * LANE_H;
   int32_t min_stage = first_stage(p, d);
-  draw_row_frame(cr, p, d, lo, ri, y, row_h);
+  draw_device_frame(cr, p, d, lo, l->n_lanes[ri], ri, y, row_h);
   cairo_set_font_size(cr, 9);
   for (uint32_t k = 0; k < d->n_intervals; k++) {
     const struct report_interval *iv = &d->intervals[k];
@@ -413,9 +441,11 @@ static cairo_surface_t *schedule_surface(const struct schedule_layout *l, enum c
   return cairo_pdf_surface_create_for_stream(write_to_out, out->f, l->width, l->height);
 }
 
-/* Draws onto a surface streaming into out; false (err set) when cairo fails at any step. */
-static bool render_schedule(const struct report_run *r, const struct schedule_layout *l,
-                            enum chart_format f, struct piper_out *out, GError **err) {
+/* Draws a chart of the layout's size by draw(cr, what) onto a surface streaming into out;
+ * false (err set) when cairo fails at any step. */
+static bool render_chart(const struct schedule_layout *l, enum chart_format f,
+                         void (*draw)(cairo_t *cr, const void *what), const void *what,
+                         struct piper_out *out, GError **err) {
   cairo_surface_t *surf = schedule_surface(l, f, out);
   if (cairo_surface_status(surf) != CAIRO_STATUS_SUCCESS) {
     cairo_fail(err, out->path, "cannot create the chart", cairo_surface_status(surf));
@@ -423,7 +453,7 @@ static bool render_schedule(const struct report_run *r, const struct schedule_la
     return false;
   }
   cairo_t *cr = cairo_create(surf);
-  draw_schedule(cr, r, l);
+  draw(cr, what);
   cairo_status_t st = cairo_status(cr);
   cairo_destroy(cr);
   if (st == CAIRO_STATUS_SUCCESS && f == CHART_PNG)
@@ -437,19 +467,265 @@ static bool render_schedule(const struct report_run *r, const struct schedule_la
   return true;
 }
 
+/* A chart into path through piper_out: a chart that cannot be drawn whole is no file. */
+static bool write_chart(const char *path, const struct schedule_layout *l, enum chart_format f,
+                        void (*draw)(cairo_t *cr, const void *what), const void *what,
+                        GError **err) {
+  struct piper_out out;
+  if (!piper_out_open(&out, path, err))
+    return false;
+  if (!render_chart(l, f, draw, what, &out, err)) {
+    piper_out_abandon(&out);
+    return false;
+  }
+  return piper_out_close(&out, err);
+}
+
+struct schedule_chart {
+  const struct report_run *r;
+  const struct schedule_layout *l;
+};
+
+static void draw_schedule_chart(cairo_t *cr, const void *what) {
+  const struct schedule_chart *c = what;
+  draw_schedule(cr, c->r, c->l);
+}
+
 bool chart_schedule(const struct report_run *r, const char *path, enum chart_format f,
                     GError **err) {
   struct schedule_layout l;
   layout_init(r, &l);
-  struct piper_out out;
-  bool ok = piper_out_open(&out, path, err);
-  if (ok && !render_schedule(r, &l, f, &out, err)) {
-    piper_out_abandon(&out);
-    ok = false;
-  } else if (ok) {
-    ok = piper_out_close(&out, err);
-  }
+  struct schedule_chart c = {r, &l};
+  bool ok = write_chart(path, &l, f, draw_schedule_chart, &c, err);
   layout_free(&l);
+  return ok;
+}
+
+/* ---- comparison chart ------------------------------------------------------------------------
+ * Two runs of one plan read back from their run directories (no plan at hand: everything comes
+ * from the traces), each device's row of A above its row of B on one time axis. */
+
+/* One side: its run, the step drawn and that step's window (seconds on the trace's clock). */
+struct compare_side {
+  const struct report_dir *d;
+  uint32_t step; /* index into d->trace_steps */
+  double t0, t1;
+};
+
+/* The step of median length (the lower median), so that one slow step does not stand for a
+ * run. */
+static struct compare_side compare_side_of(const struct report_dir *d) {
+  struct compare_side side = {d, 0, 0, 0};
+  uint32_t n = d->n_trace_steps;
+  if (n == 0)
+    return side;
+  double *len = g_new(double, n), *sorted = g_new(double, n);
+  for (uint32_t k = 0; k < n; k++) {
+    double t0, t1;
+    report_dir_step_window(d, k, NULL, &t0, &t1);
+    len[k] = sorted[k] = t1 - t0;
+  }
+  qsort(sorted, n, sizeof *sorted, piper_cmp_double);
+  double median = sorted[(n - 1) / 2];
+  for (uint32_t k = 0; k < n; k++)
+    if (len[k] == median) {
+      side.step = k;
+      break;
+    }
+  report_dir_step_window(d, side.step, NULL, &side.t0, &side.t1);
+  g_free(len);
+  g_free(sorted);
+  return side;
+}
+
+/* One row: a device of one side, its step's events and a lane per stream they use. */
+struct compare_row {
+  uint32_t side, device;
+  GArray *events; /* indices into the side's trace_events */
+  uint32_t n_lanes;
+  uint32_t *streams; /* [n_lanes]: the tid of each lane, ascending */
+  int32_t min_stage; /* the device's first PP stage (later ones drawn lighter) */
+};
+
+struct compare_layout {
+  struct schedule_layout l; /* time window from 0, page size, axis and legend position */
+  struct compare_side side[2];
+  uint32_t n_rows;
+  struct compare_row *rows;
+};
+
+static void compare_row_lanes(struct compare_row *row, const struct report_dir *d) {
+  GArray *tids = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  row->min_stage = INT32_MAX;
+  for (guint i = 0; i < row->events->len; i++) {
+    const struct report_trace_event *e = &d->trace_events[g_array_index(row->events, uint64_t, i)];
+    const struct report_trace_node *n = &d->trace_nodes[e->node];
+    g_array_append_val(tids, e->stream);
+    if (n->ir_kind == IR_NODE_COMPUTE && n->stage >= 0 && n->stage < row->min_stage)
+      row->min_stage = n->stage;
+  }
+  g_array_sort(tids, piper_cmp_u32);
+  row->streams = g_new(uint32_t, tids->len + 1);
+  for (guint i = 0; i < tids->len; i++)
+    if (row->n_lanes == 0 || row->streams[row->n_lanes - 1] != g_array_index(tids, uint32_t, i))
+      row->streams[row->n_lanes++] = g_array_index(tids, uint32_t, i);
+  g_array_free(tids, TRUE);
+}
+
+/* The rows: for each device drawn (chart_pick_devices over A's devices), A's row then B's. */
+static void compare_rows(struct compare_layout *c) {
+  const struct report_dir *a = c->side[0].d;
+  struct report_run devs = {.n_devices = a->n_devices, .devices = a->devices, .pp = a->pp};
+  uint32_t n_dev;
+  uint32_t *picked = chart_pick_devices(&devs, MAX_ROWS / 2, &n_dev);
+  uint32_t *row_of = g_new(uint32_t, a->n_devices + 1);
+  for (uint32_t i = 0; i < a->n_devices; i++)
+    row_of[i] = UINT32_MAX;
+  c->n_rows = 2 * n_dev;
+  c->rows = g_new0(struct compare_row, c->n_rows + 1);
+  for (uint32_t k = 0; k < n_dev; k++) {
+    row_of[picked[k]] = k;
+    for (uint32_t s = 0; s < 2; s++)
+      c->rows[2 * k + s] =
+          (struct compare_row){s, picked[k], g_array_new(FALSE, FALSE, 8), 0, NULL, INT32_MAX};
+  }
+  for (uint32_t s = 0; s < 2; s++) {
+    const struct report_dir *d = c->side[s].d;
+    for (uint64_t i = 0; i < d->n_trace_events; i++) {
+      const struct report_trace_event *e = &d->trace_events[i];
+      uint32_t dev = d->trace_nodes[e->node].device;
+      if (e->step == c->side[s].step && dev < a->n_devices && row_of[dev] != UINT32_MAX)
+        g_array_append_val(c->rows[2 * row_of[dev] + s].events, i);
+    }
+  }
+  for (uint32_t r = 0; r < c->n_rows; r++)
+    compare_row_lanes(&c->rows[r], c->side[c->rows[r].side].d);
+  g_free(row_of);
+  g_free(picked);
+}
+
+#define PAIR_GAP 10.0 /* extra space between one device's pair of rows and the next */
+
+/* A row's height: its lanes, two at least so that its two-line label fits. */
+static double compare_row_height(const struct compare_row *row) {
+  return (row->n_lanes > 2 ? row->n_lanes : 2) * LANE_H;
+}
+
+static void compare_layout_init(struct compare_layout *c, const struct report_dir *a,
+                                const struct report_dir *b) {
+  memset(c, 0, sizeof *c);
+  c->side[0] = compare_side_of(a);
+  c->side[1] = compare_side_of(b);
+  compare_rows(c);
+  struct schedule_layout *l = &c->l;
+  l->t0 = 0;
+  l->t1 = fmax(c->side[0].t1 - c->side[0].t0, c->side[1].t1 - c->side[1].t0);
+  if (!(l->t1 > 0))
+    l->t1 = 1e-3;
+  l->sx = PLOT_W / l->t1;
+  l->mb_tag = -1;
+  l->height = TOP;
+  for (uint32_t r = 0; r < c->n_rows; r++)
+    l->height += compare_row_height(&c->rows[r]) + ROW_GAP + (r % 2 ? PAIR_GAP : 0);
+  l->axis_y = l->height + 4;
+  l->height += 40 + 28 * 2; /* axis, legend */
+  l->width = LEFT + PLOT_W + RIGHT;
+}
+
+static void compare_layout_free(struct compare_layout *c) {
+  for (uint32_t r = 0; r < c->n_rows; r++) {
+    g_array_free(c->rows[r].events, TRUE);
+    g_free(c->rows[r].streams);
+  }
+  g_free(c->rows);
+}
+
+static const char *compare_role(const struct report_dir *d) {
+  return strcmp(d->kind, "exec") == 0 ? "measured" : "simulated";
+}
+
+/* "measured, step 7 (12.3 ms)" */
+static void compare_side_text(const struct compare_side *s, char *buf, size_t len) {
+  double span = s->t1 - s->t0;
+  if (s->d->n_trace_steps > 1)
+    snprintf(buf, len, "%s, step %u (%.4g ms)", compare_role(s->d), s->d->trace_steps[s->step],
+             span * 1e3);
+  else
+    snprintf(buf, len, "%s (%.4g ms)", compare_role(s->d), span * 1e3);
+}
+
+static void draw_compare_title(cairo_t *cr, const struct compare_layout *c) {
+  const struct report_dir *a = c->side[0].d;
+  char sa[96], sb[96], title[512];
+  compare_side_text(&c->side[0], sa, sizeof sa);
+  compare_side_text(&c->side[1], sb, sizeof sb);
+  snprintf(title, sizeof title, "%s · %s · pp %u × dp %u · %u micro-batches · A: %s above B: %s",
+           a->model, a->schedule, a->pp, a->dp, a->num_microbatches, sa, sb);
+  cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+  cairo_set_font_size(cr, 15);
+  text_at(cr, LEFT, 28, title, 0);
+  cairo_set_font_size(cr, 11);
+  cairo_set_source_rgb(cr, 0.35, 0.35, 0.35);
+  text_at(cr, LEFT, 46, "each side's step starts at t = 0", 0);
+}
+
+static const char *compare_lane_name(const struct report_dir *d, uint32_t device, uint32_t tid) {
+  for (uint32_t i = 0; i < d->n_trace_threads; i++)
+    if (d->trace_threads[i].device == device && d->trace_threads[i].stream == tid)
+      return d->trace_threads[i].name;
+  return NULL;
+}
+
+static double draw_compare_row(cairo_t *cr, const struct compare_layout *c, uint32_t r, double y) {
+  const struct compare_row *row = &c->rows[r];
+  const struct compare_side *side = &c->side[row->side];
+  const struct report_dir *d = side->d;
+  uint32_t n_lanes = row->n_lanes ? row->n_lanes : 1;
+  double row_h = compare_row_height(row);
+  char label[64], sublabel[64];
+  snprintf(label, sizeof label, "device %u · %s", row->device, row->side ? "B" : "A");
+  snprintf(sublabel, sizeof sublabel, "%s", compare_role(d));
+  const char **names = g_new0(const char *, n_lanes + 1);
+  for (uint32_t k = 0; k < row->n_lanes; k++)
+    names[k] = compare_lane_name(d, row->device, row->streams[k]);
+  draw_row_frame(cr, label, sublabel, names, n_lanes, row->side, y, row_h);
+  g_free(names);
+  cairo_set_font_size(cr, 9);
+  for (guint i = 0; i < row->events->len; i++) {
+    const struct report_trace_event *e = &d->trace_events[g_array_index(row->events, uint64_t, i)];
+    const struct report_trace_node *n = &d->trace_nodes[e->node];
+    bool compute = n->ir_kind == IR_NODE_COMPUTE || n->ir_kind == IR_NODE_OPTIMIZER;
+    struct chart_box b = {e->start_s - side->t0, e->start_s + e->dur_s - side->t0,
+                          kind_colour(n->ir_kind, n->pass), !compute, n->micro_batch};
+    if (n->ir_kind == IR_NODE_COMPUTE && n->stage > row->min_stage)
+      b.colour = lighten(b.colour, 0.35);
+    uint32_t lane = 0;
+    while (lane + 1 < row->n_lanes && row->streams[lane] != e->stream)
+      lane++;
+    draw_box(cr, &c->l, &b, y + lane * LANE_H);
+  }
+  return row_h;
+}
+
+static void draw_compare(cairo_t *cr, const void *what) {
+  const struct compare_layout *c = what;
+  cairo_set_source_rgb(cr, 1, 1, 1);
+  cairo_paint(cr);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  draw_compare_title(cr, c);
+  draw_time_axis(cr, &c->l);
+  double y = TOP;
+  for (uint32_t r = 0; r < c->n_rows; r++)
+    y += draw_compare_row(cr, c, r, y) + ROW_GAP + (r % 2 ? PAIR_GAP : 0);
+  draw_legend(cr, &c->l);
+}
+
+bool chart_compare(const struct report_dir *a, const struct report_dir *b, const char *path,
+                   GError **err) {
+  struct compare_layout c;
+  compare_layout_init(&c, a, b);
+  bool ok = write_chart(path, &c.l, CHART_PNG, draw_compare, &c, err);
+  compare_layout_free(&c);
   return ok;
 }
 

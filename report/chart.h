@@ -36,6 +36,12 @@ uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint
 
 bool chart_schedule(const struct report_run *r, const char *path, enum chart_format f,
                     GError **err);
+/* A PNG of two runs of one plan read back by report_dir_load: for each device drawn (as
+ * chart_pick_devices picks them), A's timeline above B's on one time axis, in the schedule
+ * chart's lanes, colours and legend. Each side shows one step (of a run of several, the step
+ * of median length), and each side's step starts at t = 0. */
+bool chart_compare(const struct report_dir *a, const struct report_dir *b, const char *path,
+                   GError **err);
 /* dir/memory.png from dir/memory.dat and dir/memory.gp. */
 bool chart_memory(const struct report_run *r, const char *dir, GError **err);
 

@@ -19,6 +19,15 @@ struct report_dir_reader {
   GHashTable *kind_index; /* row name -> index + 1 into kinds */
   GArray *kinds;          /* struct report_trace_kind */
   bool *device_seen;      /* pid has instruction events */
+  GHashTable *node_index; /* a node's identity (trace_node_of) -> index + 1 into nodes */
+  GHashTable *name_count; /* "<pid>\x1f<name>" -> nodes of that name so far */
+  GHashTable *occurrence; /* "<pid>\x1f<step>\x1f<name>" -> events so far (traces without
+                             "node") */
+  GArray *nodes;          /* struct report_trace_node */
+  GArray *events;         /* struct report_trace_event, step as an index into steps */
+  GHashTable *step_index; /* step number -> index + 1 into steps */
+  GArray *steps;          /* uint32_t step numbers, in order of first appearance */
+  GArray *threads;        /* struct report_trace_thread */
 };
 
 void report_dir_free(struct report_dir *d) {
@@ -30,6 +39,12 @@ void report_dir_free(struct report_dir *d) {
   cJSON_Delete(d->metrics);
   g_free(d->devices);
   g_free(d->trace_kinds);
+  for (uint32_t i = 0; i < d->n_trace_nodes; i++)
+    g_free(d->trace_nodes[i].name);
+  g_free(d->trace_nodes);
+  g_free(d->trace_events);
+  g_free(d->trace_steps);
+  g_free(d->trace_threads);
   g_free(d);
 }
 
@@ -435,32 +450,25 @@ static uint32_t trace_kind_rank(const char *kind, const char *pass) {
   return 2000; /* a kind this build does not know: last, by name */
 }
 
-static bool trace_event(struct report_dir_reader *rd, const cJSON *ev, uint64_t index,
-                        const char *path, GError **err) {
-  char ctx[512];
-  snprintf(ctx, sizeof ctx, "%s: traceEvents[%llu]", path, (unsigned long long)index);
-  if (!cJSON_IsObject(ev))
-    return piper_input_error(err, "%s: must be an object", ctx);
-  const char *ph = NULL, *kind = NULL, *pass = NULL;
-  if (!json_get_string(ev, "ph", true, &ph, ctx, err))
-    return false;
-  if (strcmp(ph, "X") != 0)
-    return true; /* metadata and memory counters */
-  double dur = 0;
-  int64_t pid = 0;
-  if (!json_get_double(ev, "dur", true, 0, 1e18, &dur, ctx, err) ||
-      !json_get_int(ev, "pid", true, 0, IR_MAX_DEVICES - 1, &pid, ctx, err))
-    return false;
-  if ((uint64_t)pid >= rd->d->n_devices)
-    return piper_input_error(err, "%s: key \"pid\": device %lld, but metrics.json has %u devices", ctx,
-                     (long long)pid, rd->d->n_devices);
+/* A stream's name (metadata event "thread_name"); a malformed one is only a missing label. */
+static void trace_thread_name(struct report_dir_reader *rd, const cJSON *ev) {
+  const cJSON *name = cJSON_GetObjectItemCaseSensitive(ev, "name");
+  const cJSON *pid = cJSON_GetObjectItemCaseSensitive(ev, "pid");
+  const cJSON *tid = cJSON_GetObjectItemCaseSensitive(ev, "tid");
   const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
-  if (!cJSON_IsObject(args))
-    return piper_input_error(err, "%s: key \"args\" is required (an object)", ctx);
-  strncat(ctx, ".args", sizeof ctx - strlen(ctx) - 1);
-  if (!json_get_string(args, "kind", true, &kind, ctx, err) ||
-      !json_get_string(args, "PASS", false, &pass, ctx, err))
-    return false;
+  const cJSON *label = cJSON_IsObject(args) ? cJSON_GetObjectItemCaseSensitive(args, "name") : NULL;
+  if (!cJSON_IsString(name) || strcmp(name->valuestring, "thread_name") != 0 ||
+      !cJSON_IsNumber(pid) || !cJSON_IsNumber(tid) || !cJSON_IsString(label) ||
+      !(pid->valuedouble >= 0 && pid->valuedouble < rd->d->n_devices) ||
+      !(tid->valuedouble >= 0 && tid->valuedouble <= REPORT_TRACE_MAX_TID))
+    return;
+  struct report_trace_thread t = {(uint32_t)pid->valuedouble, (uint32_t)tid->valuedouble, ""};
+  g_strlcpy(t.name, label->valuestring, sizeof t.name);
+  g_array_append_val(rd->threads, t);
+}
+
+/* The row of the instruction-kind table an event counts in (created on first use). */
+static uint32_t trace_kind_of(struct report_dir_reader *rd, const char *kind, const char *pass) {
   char name[48];
   if (strcmp(kind, "compute") == 0)
     snprintf(name, sizeof name, "%s", pass ? pass : "compute");
@@ -476,10 +484,123 @@ static bool trace_event(struct report_dir_reader *rd, const cJSON *ev, uint64_t 
     at = GUINT_TO_POINTER(rd->kinds->len);
     g_hash_table_insert(rd->kind_index, g_strdup(name), at);
   }
+  return GPOINTER_TO_UINT(at) - 1;
+}
+
+/* What the event's args say of its node besides kind and pass. */
+struct trace_event_args {
+  const char *kind, *pass;
+  int64_t node, step, micro_batch, stage;
+};
+
+static bool trace_event_args(const cJSON *args, struct trace_event_args *ea, const char *ctx,
+                             GError **err) {
+  ea->kind = ea->pass = NULL;
+  ea->step = 0; /* traces written before events carried their step hold one */
+  ea->node = ea->micro_batch = ea->stage = -1;
+  return json_get_string(args, "kind", true, &ea->kind, ctx, err) &&
+         json_get_int(args, "node", false, 0, INT32_MAX, &ea->node, ctx, err) &&
+         json_get_string(args, "PASS", false, &ea->pass, ctx, err) &&
+         json_get_int(args, "step", false, 0, INT32_MAX, &ea->step, ctx, err) &&
+         json_get_int(args, "MB", false, -1, INT32_MAX, &ea->micro_batch, ctx, err) &&
+         json_get_int(args, "PP", false, -1, INT32_MAX, &ea->stage, ctx, err);
+}
+
+/* Bumps the counter of key in t; returns its value before. */
+static uint32_t count_up(GHashTable *t, char *key) {
+  uint32_t n = GPOINTER_TO_UINT(g_hash_table_lookup(t, key));
+  g_hash_table_replace(t, key, GUINT_TO_POINTER(n + 1));
+  return n;
+}
+
+/* The node of an event on device pid (created on first use). A node is its plan node index
+ * (args.node); a trace written before events carried it has one step, in which the k-th event
+ * of a name on a device is the k-th node of that name (names need not be unique: an
+ * all-to-all's dispatch and combine share one). */
+static uint32_t trace_node_of(struct report_dir_reader *rd, uint32_t pid, const char *name,
+                              const struct trace_event_args *ea) {
+  char *key;
+  if (ea->node >= 0) {
+    key = g_strdup_printf("%u\x1f#%lld", pid, (long long)ea->node);
+  } else {
+    uint32_t k = count_up(rd->occurrence,
+                          g_strdup_printf("%u\x1f%lld\x1f%s", pid, (long long)ea->step, name));
+    key = g_strdup_printf("%u\x1f%s\x1f%u", pid, name, k);
+  }
+  gpointer at = g_hash_table_lookup(rd->node_index, key);
+  if (at) {
+    g_free(key);
+    return GPOINTER_TO_UINT(at) - 1;
+  }
+  struct report_trace_node n = {
+      .name = g_strdup(name),
+      .device = pid,
+      .ordinal = count_up(rd->name_count, g_strdup_printf("%u\x1f%s", pid, name)),
+      .micro_batch = (int32_t)ea->micro_batch,
+      .stage = (int32_t)ea->stage,
+      .kind = trace_kind_of(rd, ea->kind, ea->pass),
+      .ir_kind = IR_NODE_KIND_COUNT,
+      .pass = IR_PASS_NONE};
+  for (uint32_t k = 0; k < IR_NODE_KIND_COUNT; k++)
+    if (strcmp(ea->kind, ir_node_kind_name((enum ir_node_kind)k)) == 0)
+      n.ir_kind = k;
+  for (uint32_t k = 0; ea->pass && k < IR_PASS_NONE; k++)
+    if (strcmp(ea->pass, ir_pass_name((enum ir_pass)k)) == 0)
+      n.pass = k;
+  g_array_append_val(rd->nodes, n);
+  g_hash_table_insert(rd->node_index, key, GUINT_TO_POINTER(rd->nodes->len));
+  return rd->nodes->len - 1;
+}
+
+static uint32_t trace_step_of(struct report_dir_reader *rd, uint32_t step) {
+  gpointer at = g_hash_table_lookup(rd->step_index, GUINT_TO_POINTER(step + 1));
+  if (at)
+    return GPOINTER_TO_UINT(at) - 1;
+  g_array_append_val(rd->steps, step);
+  g_hash_table_insert(rd->step_index, GUINT_TO_POINTER(step + 1), GUINT_TO_POINTER(rd->steps->len));
+  return rd->steps->len - 1;
+}
+
+static bool trace_event(struct report_dir_reader *rd, const cJSON *ev, uint64_t index,
+                        const char *path, GError **err) {
+  char ctx[512];
+  snprintf(ctx, sizeof ctx, "%s: traceEvents[%llu]", path, (unsigned long long)index);
+  if (!cJSON_IsObject(ev))
+    return piper_input_error(err, "%s: must be an object", ctx);
+  const char *ph = NULL, *name = NULL;
+  if (!json_get_string(ev, "ph", true, &ph, ctx, err))
+    return false;
+  if (strcmp(ph, "M") == 0)
+    trace_thread_name(rd, ev);
+  if (strcmp(ph, "X") != 0)
+    return true; /* metadata and memory counters */
+  double dur = 0, ts = 0;
+  int64_t pid = 0, tid = 0;
+  if (!json_get_string(ev, "name", true, &name, ctx, err) ||
+      !json_get_double(ev, "dur", true, 0, 1e18, &dur, ctx, err) ||
+      !json_get_double(ev, "ts", true, -1e18, 1e18, &ts, ctx, err) ||
+      !json_get_int(ev, "pid", true, 0, IR_MAX_DEVICES - 1, &pid, ctx, err) ||
+      !json_get_int(ev, "tid", false, 0, REPORT_TRACE_MAX_TID, &tid, ctx, err))
+    return false;
+  if ((uint64_t)pid >= rd->d->n_devices)
+    return piper_input_error(err, "%s: key \"pid\": device %lld, but metrics.json has %u devices", ctx,
+                     (long long)pid, rd->d->n_devices);
+  const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
+  if (!cJSON_IsObject(args))
+    return piper_input_error(err, "%s: key \"args\" is required (an object)", ctx);
+  strncat(ctx, ".args", sizeof ctx - strlen(ctx) - 1);
+  struct trace_event_args ea;
+  if (!trace_event_args(args, &ea, ctx, err))
+    return false;
+  uint32_t node = trace_node_of(rd, (uint32_t)pid, name, &ea);
   struct report_trace_kind *k =
-      &g_array_index(rd->kinds, struct report_trace_kind, GPOINTER_TO_UINT(at) - 1);
+      &g_array_index(rd->kinds, struct report_trace_kind,
+                     g_array_index(rd->nodes, struct report_trace_node, node).kind);
   k->count++;
   k->total_s += dur * 1e-6; /* trace times are microseconds */
+  struct report_trace_event e = {ts * 1e-6, dur * 1e-6, node, (uint32_t)tid,
+                                 trace_step_of(rd, (uint32_t)ea.step)};
+  g_array_append_val(rd->events, e);
   rd->device_seen[pid] = true;
   return true;
 }
@@ -489,6 +610,120 @@ static int trace_kind_cmp(const void *a, const void *b) {
   if (x->rank != y->rank)
     return x->rank < y->rank ? -1 : 1;
   return strcmp(x->name, y->name);
+}
+
+struct kind_slot {
+  struct report_trace_kind kind;
+  uint32_t old_index;
+};
+
+static int kind_slot_cmp(const void *a, const void *b) {
+  return trace_kind_cmp(&((const struct kind_slot *)a)->kind, &((const struct kind_slot *)b)->kind);
+}
+
+/* Sorts the kinds (renumbering the nodes' kind) and hands them to d. */
+static void trace_finish_kinds(struct report_dir_reader *rd) {
+  struct report_dir *d = rd->d;
+  uint32_t n = rd->kinds->len;
+  struct kind_slot *slot = g_new(struct kind_slot, n + 1);
+  for (uint32_t i = 0; i < n; i++)
+    slot[i] = (struct kind_slot){g_array_index(rd->kinds, struct report_trace_kind, i), i};
+  qsort(slot, n, sizeof *slot, kind_slot_cmp);
+  uint32_t *new_index = g_new(uint32_t, n + 1);
+  d->trace_kinds = g_new(struct report_trace_kind, n + 1);
+  for (uint32_t i = 0; i < n; i++) {
+    new_index[slot[i].old_index] = i;
+    d->trace_kinds[i] = slot[i].kind;
+  }
+  d->n_trace_kinds = n;
+  for (uint32_t i = 0; i < rd->nodes->len; i++) {
+    struct report_trace_node *node = &g_array_index(rd->nodes, struct report_trace_node, i);
+    node->kind = new_index[node->kind];
+  }
+  g_free(new_index);
+  g_free(slot);
+}
+
+/* Step numbers ascending; events' steps renumbered to match. */
+static void trace_finish_steps(struct report_dir_reader *rd) {
+  struct report_dir *d = rd->d;
+  uint32_t n = rd->steps->len;
+  uint32_t *sorted = g_new(uint32_t, n + 1);
+  memcpy(sorted, rd->steps->data, n * sizeof *sorted);
+  qsort(sorted, n, sizeof *sorted, piper_cmp_u32);
+  uint32_t *new_index = g_new(uint32_t, n + 1);
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t v = g_array_index(rd->steps, uint32_t, i);
+    const uint32_t *at = bsearch(&v, sorted, n, sizeof *sorted, piper_cmp_u32);
+    new_index[i] = (uint32_t)(at - sorted);
+  }
+  struct report_trace_event *ev = (struct report_trace_event *)(void *)rd->events->data;
+  for (guint i = 0; i < rd->events->len; i++)
+    ev[i].step = new_index[ev[i].step];
+  g_free(new_index);
+  d->n_trace_steps = n;
+  d->trace_steps = sorted;
+}
+
+struct node_duration {
+  uint32_t node;
+  double dur;
+};
+
+static int node_duration_cmp(const void *a, const void *b) {
+  const struct node_duration *x = a, *y = b;
+  if (x->node != y->node)
+    return x->node < y->node ? -1 : 1;
+  return piper_cmp_double(&x->dur, &y->dur);
+}
+
+/* Each node's event count and median duration over the steps. */
+static void trace_finish_nodes(struct report_dir_reader *rd) {
+  struct report_dir *d = rd->d;
+  guint n_ev = rd->events->len;
+  struct node_duration *nd = g_new(struct node_duration, n_ev + 1);
+  for (guint i = 0; i < n_ev; i++) {
+    const struct report_trace_event *e = &g_array_index(rd->events, struct report_trace_event, i);
+    nd[i] = (struct node_duration){e->node, e->dur_s};
+  }
+  qsort(nd, n_ev, sizeof *nd, node_duration_cmp);
+  struct report_trace_node *nodes = (struct report_trace_node *)(void *)rd->nodes->data;
+  for (guint i = 0; i < n_ev;) {
+    guint j = i;
+    while (j < n_ev && nd[j].node == nd[i].node)
+      j++;
+    guint m = j - i;
+    struct report_trace_node *node = &nodes[nd[i].node];
+    node->n_events = m;
+    node->median_s = m % 2 ? nd[i + m / 2].dur : (nd[i + m / 2 - 1].dur + nd[i + m / 2].dur) / 2;
+    i = j;
+  }
+  g_free(nd);
+  d->n_trace_nodes = rd->nodes->len;
+  d->trace_nodes = (struct report_trace_node *)(void *)g_array_free(rd->nodes, FALSE);
+  rd->nodes = NULL;
+  d->n_trace_events = n_ev;
+  d->trace_events = (struct report_trace_event *)(void *)g_array_free(rd->events, FALSE);
+  rd->events = NULL;
+  d->n_trace_threads = rd->threads->len;
+  d->trace_threads = (struct report_trace_thread *)(void *)g_array_free(rd->threads, FALSE);
+  rd->threads = NULL;
+}
+
+void report_dir_step_window(const struct report_dir *d, uint32_t k, const bool *devices, double *t0,
+                            double *t1) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (uint64_t i = 0; i < d->n_trace_events; i++) {
+    const struct report_trace_event *e = &d->trace_events[i];
+    if (e->step != k || (devices && !devices[d->trace_nodes[e->node].device]))
+      continue;
+    lo = fmin(lo, e->start_s);
+    hi = fmax(hi, e->start_s + e->dur_s);
+  }
+  if (!isfinite(lo))
+    lo = hi = 0;
+  *t0 = lo;
+  *t1 = hi;
 }
 
 static bool read_trace_events(struct report_dir_reader *rd, struct trace_scan *s) {
@@ -525,6 +760,106 @@ static bool read_trace_events(struct report_dir_reader *rd, struct trace_scan *s
   }
 }
 
+static void reader_init(struct report_dir_reader *rd, struct report_dir *d) {
+  *rd = (struct report_dir_reader){d,
+                                   g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                                   g_array_new(FALSE, FALSE, sizeof(struct report_trace_kind)),
+                                   g_new0(bool, d->n_devices + 1),
+                                   g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                                   g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                                   g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                                   g_array_new(FALSE, FALSE, sizeof(struct report_trace_node)),
+                                   g_array_new(FALSE, FALSE, sizeof(struct report_trace_event)),
+                                   g_hash_table_new(g_direct_hash, g_direct_equal),
+                                   g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+                                   g_array_new(FALSE, FALSE, sizeof(struct report_trace_thread))};
+}
+
+/* Frees what was not handed to the report_dir. */
+static void reader_clear(struct report_dir_reader *rd) {
+  if (rd->kinds)
+    g_array_free(rd->kinds, TRUE);
+  if (rd->nodes) {
+    for (guint i = 0; i < rd->nodes->len; i++)
+      g_free(g_array_index(rd->nodes, struct report_trace_node, i).name);
+    g_array_free(rd->nodes, TRUE);
+  }
+  if (rd->events)
+    g_array_free(rd->events, TRUE);
+  if (rd->threads)
+    g_array_free(rd->threads, TRUE);
+  g_array_free(rd->steps, TRUE);
+  g_hash_table_destroy(rd->step_index);
+  g_hash_table_destroy(rd->node_index);
+  g_hash_table_destroy(rd->name_count);
+  g_hash_table_destroy(rd->occurrence);
+  g_hash_table_destroy(rd->kind_index);
+  g_free(rd->device_seen);
+}
+
+/* otherData: a trace of the other kind of run means files of two runs were mixed. */
+static bool read_trace_other(struct report_dir_reader *rd, struct trace_scan *s) {
+  scan_space(s);
+  size_t start = s->pos;
+  if (!scan_value(s))
+    return false;
+  cJSON *other = scan_parse(s, start);
+  if (!other)
+    return false;
+  const cJSON *k = cJSON_GetObjectItemCaseSensitive(other, "kind");
+  bool mixed = cJSON_IsString(k) && strcmp(k->valuestring, rd->d->kind) != 0;
+  if (mixed)
+    piper_input_error(s->err, "%s: otherData.kind is \"%s\" but metrics.json says \"%s\"", s->path,
+                      k->valuestring, rd->d->kind);
+  cJSON_Delete(other);
+  return !mixed;
+}
+
+/* The top-level object, key by key: traceEvents and otherData read, the rest skipped. */
+static bool read_trace_object(struct report_dir_reader *rd, struct trace_scan *s, bool *events) {
+  scan_space(s);
+  if (s->pos >= s->len || s->buf[s->pos] != '{')
+    return scan_fail(s, s->pos, "a trace must be a JSON object");
+  s->pos++;
+  scan_space(s);
+  if (s->pos < s->len && s->buf[s->pos] == '}') {
+    s->pos++;
+    return true;
+  }
+  for (;;) {
+    scan_space(s);
+    if (s->pos >= s->len || s->buf[s->pos] != '"')
+      return scan_fail(s, s->pos, "expected a key");
+    size_t key = s->pos + 1;
+    if (!scan_string(s))
+      return false;
+    size_t key_len = s->pos - 1 - key;
+    scan_space(s);
+    if (s->pos >= s->len || s->buf[s->pos] != ':')
+      return scan_fail(s, s->pos, "expected :");
+    s->pos++;
+    if (key_len == 11 && memcmp(s->buf + key, "traceEvents", 11) == 0) {
+      if (!read_trace_events(rd, s))
+        return false;
+      *events = true;
+    } else if (key_len == 9 && memcmp(s->buf + key, "otherData", 9) == 0) {
+      if (!read_trace_other(rd, s))
+        return false;
+    } else if (!scan_value(s)) {
+      return false;
+    }
+    scan_space(s);
+    if (s->pos < s->len && s->buf[s->pos] == ',') {
+      s->pos++;
+    } else if (s->pos < s->len && s->buf[s->pos] == '}') {
+      s->pos++;
+      return true;
+    } else {
+      return scan_fail(s, s->pos, "expected , or }");
+    }
+  }
+}
+
 static bool read_trace(struct report_dir *d, const char *path, GError **err) {
   GError *e = NULL;
   GMappedFile *mf = g_mapped_file_new(path, FALSE, &e);
@@ -535,93 +870,25 @@ static bool read_trace(struct report_dir *d, const char *path, GError **err) {
   }
   struct trace_scan s = {path, g_mapped_file_get_contents(mf), g_mapped_file_get_length(mf), 0,
                          err};
-  struct report_dir_reader rd = {d, g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-                                 g_array_new(FALSE, FALSE, sizeof(struct report_trace_kind)),
-                                 g_new0(bool, d->n_devices + 1)};
-  bool ok = false, events = false;
-  scan_space(&s);
-  if (s.pos >= s.len || s.buf[s.pos] != '{') {
-    scan_fail(&s, s.pos, "a trace must be a JSON object");
-    goto out;
+  struct report_dir_reader rd;
+  reader_init(&rd, d);
+  bool events = false;
+  bool ok = read_trace_object(&rd, &s, &events);
+  if (ok) {
+    scan_space(&s);
+    if (s.pos < s.len)
+      ok = scan_fail(&s, s.pos, "text after the value");
   }
-  s.pos++;
-  scan_space(&s);
-  if (s.pos < s.len && s.buf[s.pos] == '}') {
-    s.pos++;
-  } else {
-    for (;;) {
-      scan_space(&s);
-      if (s.pos >= s.len || s.buf[s.pos] != '"') {
-        scan_fail(&s, s.pos, "expected a key");
-        goto out;
-      }
-      size_t key = s.pos + 1;
-      if (!scan_string(&s))
-        goto out;
-      size_t key_len = s.pos - 1 - key;
-      scan_space(&s);
-      if (s.pos >= s.len || s.buf[s.pos] != ':') {
-        scan_fail(&s, s.pos, "expected :");
-        goto out;
-      }
-      s.pos++;
-      if (key_len == 11 && memcmp(s.buf + key, "traceEvents", 11) == 0) {
-        if (!read_trace_events(&rd, &s))
-          goto out;
-        events = true;
-      } else if (key_len == 9 && memcmp(s.buf + key, "otherData", 9) == 0) {
-        scan_space(&s);
-        size_t start = s.pos;
-        if (!scan_value(&s))
-          goto out;
-        cJSON *other = scan_parse(&s, start);
-        if (!other)
-          goto out;
-        /* a trace of the other kind of run means files of two runs were mixed */
-        const cJSON *k = cJSON_GetObjectItemCaseSensitive(other, "kind");
-        bool mixed = cJSON_IsString(k) && strcmp(k->valuestring, d->kind) != 0;
-        if (mixed)
-          piper_input_error(err, "%s: otherData.kind is \"%s\" but metrics.json says \"%s\"", path,
-                    k->valuestring, d->kind);
-        cJSON_Delete(other);
-        if (mixed)
-          goto out;
-      } else if (!scan_value(&s)) {
-        goto out;
-      }
-      scan_space(&s);
-      if (s.pos < s.len && s.buf[s.pos] == ',') {
-        s.pos++;
-      } else if (s.pos < s.len && s.buf[s.pos] == '}') {
-        s.pos++;
-        break;
-      } else {
-        scan_fail(&s, s.pos, "expected , or }");
-        goto out;
-      }
-    }
+  if (ok && !events)
+    ok = piper_input_error(err, "%s: key \"traceEvents\" is required", path);
+  if (ok) {
+    trace_finish_kinds(&rd);
+    trace_finish_steps(&rd);
+    trace_finish_nodes(&rd);
+    for (uint32_t i = 0; i < d->n_devices; i++)
+      d->trace_devices += rd.device_seen[i];
   }
-  scan_space(&s);
-  if (s.pos < s.len) {
-    scan_fail(&s, s.pos, "text after the value");
-    goto out;
-  }
-  if (!events) {
-    piper_input_error(err, "%s: key \"traceEvents\" is required", path);
-    goto out;
-  }
-  qsort(rd.kinds->data, rd.kinds->len, sizeof(struct report_trace_kind), trace_kind_cmp);
-  d->n_trace_kinds = rd.kinds->len;
-  d->trace_kinds = (struct report_trace_kind *)g_array_free(rd.kinds, FALSE);
-  rd.kinds = NULL;
-  for (uint32_t i = 0; i < d->n_devices; i++)
-    d->trace_devices += rd.device_seen[i];
-  ok = true;
-out:
-  if (rd.kinds)
-    g_array_free(rd.kinds, TRUE);
-  g_hash_table_destroy(rd.kind_index);
-  g_free(rd.device_seen);
+  reader_clear(&rd);
   g_mapped_file_unref(mf);
   return ok;
 }

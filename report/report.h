@@ -63,6 +63,12 @@ struct report_device {
   const struct report_memory_point *memory; /* sorted by t; may be empty */
   uint64_t peak_memory_bytes;
   uint64_t peak_breakdown[REPORT_MEM_KIND_COUNT]; /* at the moment of the peak */
+  /* optional, measured runs: every traced step, for trace.json. Step k (of the run's
+   * n_trace_steps) is all_intervals[step_begin[k], step_begin[k + 1]), sorted by start;
+   * intervals above is one of them (the one the statistics and charts describe). NULL: the
+   * trace holds intervals alone, as one step. */
+  const struct report_interval *all_intervals;
+  const uint32_t *step_begin; /* [n_trace_steps + 1] */
   /* derived by report_compute_stats (pinned definitions, SPEC §6) */
   double compute_s;        /* time with some compute running */
   double comm_s;           /* time with some communication running */
@@ -86,6 +92,8 @@ struct report_run {
   cJSON *extra;                /* owned by the caller; its items are copied into metrics.json */
   uint32_t trace_device_limit; /* trace every device when the trace would hold at most this
                                   many events in all, else one device per pp rank; 0 = all */
+  uint32_t n_trace_steps;      /* steps in devices' all_intervals; 0: one step (intervals) */
+  const uint32_t *trace_steps; /* [n_trace_steps]: the training step number of each */
 };
 
 /* Allocates devices[] (one per plan device) and fills device, pp_rank and dp_rank: a device's
@@ -136,6 +144,38 @@ struct report_trace_kind {
   double total_s; /* sum of the events' durations */
 };
 
+/* One IR node of one device in trace.json (the event's name names the node, micro-batch
+ * included), with its duration over the trace's steps. */
+struct report_trace_node {
+  char *name;
+  uint32_t device;
+  uint32_t ordinal;    /* nodes of this name on this device before it (names need not be
+                          unique: an all-to-all's dispatch and combine share one) */
+  int32_t micro_batch; /* args.MB, -1 without */
+  int32_t stage;       /* args.PP, -1 without */
+  uint32_t kind;       /* index into trace_kinds */
+  uint32_t ir_kind;    /* enum ir_node_kind, IR_NODE_KIND_COUNT when this build does not know it */
+  uint32_t pass;       /* enum ir_pass (IR_PASS_NONE without) */
+  uint32_t n_events;   /* one per step it ran in */
+  double median_s;     /* median duration over those steps */
+};
+
+/* One instruction event: times in seconds from the trace's zero. */
+struct report_trace_event {
+  double start_s, dur_s;
+  uint32_t node;   /* index into trace_nodes */
+  uint32_t stream; /* the event's tid */
+  uint32_t step;   /* index into trace_steps */
+};
+
+#define REPORT_TRACE_MAX_TID (1 << 20) /* streams of a device: far more than a plan has */
+
+/* A stream's name on a device (trace.json's thread_name). */
+struct report_trace_thread {
+  uint32_t device, stream;
+  char name[64];
+};
+
 struct report_dir {
   char *path;
   char *program_file; /* the "<schedule>_pp<R>_mbs<M>.json" file's name inside path */
@@ -155,12 +195,49 @@ struct report_dir {
   uint32_t results_rows;  /* rows of results.csv (one per dp rank) */
   uint32_t trace_devices; /* devices with instruction events in trace.json */
   uint32_t n_trace_kinds;
-  struct report_trace_kind *trace_kinds; /* sorted by rank, then name */
+  struct report_trace_kind *trace_kinds; /* sorted by rank, then name; count is events in all
+                                            steps */
+  /* the steps the trace holds: their training step numbers, ascending (traces written before
+   * events carried "step" hold one step, numbered 0) */
+  uint32_t n_trace_steps;
+  uint32_t *trace_steps;
+  uint32_t n_trace_nodes;
+  struct report_trace_node *trace_nodes; /* in order of first appearance */
+  uint64_t n_trace_events;
+  struct report_trace_event *trace_events; /* in file order */
+  uint32_t n_trace_threads;
+  struct report_trace_thread *trace_threads;
 };
 
 /* Reads dir's program file, results.csv, metrics.json and trace.json. trace.json is read
  * event by event, so a trace larger than JSON_MAX_FILE_BYTES is fine. */
 struct report_dir *report_dir_load(const char *dir, GError **err);
 void report_dir_free(struct report_dir *d);
+
+/* The time range of step k (an index into trace_steps) on the given devices (all when NULL):
+ * first start and last end of its events, seconds (0, 0 without events). */
+void report_dir_step_window(const struct report_dir *d, uint32_t k, const bool *devices, double *t0,
+                            double *t1);
+
+/* ---- matching two runs of one plan node by node ---------------------------------------------
+ * A node of A and one of B pair up when they ran on the same device and name the same IR node
+ * (micro-batch included; the k-th node of a name pairs with the k-th). ratio = B/A of their median durations; error = max(B/A, A/B) - 1,
+ * so that either side may be the prediction (0 for equal, 1 for a factor of two either way,
+ * INFINITY when exactly one of them is 0).
+ *
+ *   const struct report_dir *a = NULL, *b = NULL;  // from report_dir_load
+ *   uint32_t n = 0, only_a = 0, only_b = 0;
+ *   struct report_node_pair *pairs = report_pair_nodes(a, b, &n, &only_a, &only_b);
+ *   g_free(pairs);
+ */
+struct report_node_pair {
+  const struct report_trace_node *a, *b;
+  double ratio, error;
+};
+
+/* Every pair, sorted by error (largest first; ties by device, then name). *only_a and *only_b
+ * count the nodes of one side the other lacks. */
+struct report_node_pair *report_pair_nodes(const struct report_dir *a, const struct report_dir *b,
+                                           uint32_t *n_pairs, uint32_t *only_a, uint32_t *only_b);
 
 #endif

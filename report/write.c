@@ -167,103 +167,195 @@ static bool *trace_selection(const struct report_run *r, uint32_t *n_selected) {
   return sel;
 }
 
+/* Steps in the trace: the measured steps a run kept, else one. */
+static uint32_t trace_step_count(const struct report_run *r) {
+  return r->n_trace_steps ? r->n_trace_steps : 1;
+}
+
+/* Device d's intervals of traced step k, and that step's training step number. */
+static const struct report_interval *trace_step_intervals(const struct report_run *r,
+                                                          const struct report_device *d, uint32_t k,
+                                                          uint32_t *n, uint32_t *step) {
+  *step = r->n_trace_steps && r->trace_steps ? r->trace_steps[k] : 1;
+  if (!r->n_trace_steps || !d->all_intervals) {
+    *n = k == 0 ? d->n_intervals : 0;
+    return d->intervals;
+  }
+  *n = d->step_begin[k + 1] - d->step_begin[k];
+  return d->all_intervals + d->step_begin[k];
+}
+
+/* The window of traced step k over every device (traced or not, so that times do not depend
+ * on which devices the trace shows): [*lo, *hi] in seconds, lo > hi when nothing ran. */
+static void trace_step_window(const struct report_run *r, uint32_t k, double *lo, double *hi) {
+  *lo = INFINITY;
+  *hi = -INFINITY;
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    uint32_t n, step;
+    const struct report_interval *iv = trace_step_intervals(r, &r->devices[i], k, &n, &step);
+    for (uint32_t j = 0; j < n; j++) {
+      *lo = fmin(*lo, iv[j].start);
+      *hi = fmax(*hi, iv[j].end);
+    }
+  }
+}
+
+/* Chrome trace "otherData": the writer, the run's kind and each step's time range (so a reader
+ * or a person in Perfetto sees where one step ends), all relative to t0. */
+static double trace_header(FILE *f, const struct report_run *r, uint32_t n_sel) {
+  uint32_t n_steps = trace_step_count(r);
+  double *lo = g_new(double, n_steps), *hi = g_new(double, n_steps);
+  double t0 = INFINITY;
+  for (uint32_t k = 0; k < n_steps; k++) {
+    trace_step_window(r, k, &lo[k], &hi[k]);
+    t0 = fmin(t0, lo[k]);
+  }
+  if (!isfinite(t0)) {
+    double t1;
+    report_run_window(r, &t0, &t1);
+  }
+  fprintf(f,
+          "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"version\":\"%s\",\"kind\":\"%s\","
+          "\"devices_in_trace\":%u,\"devices\":%u,\"steps\":[",
+          PIPER_VERSION, r->kind ? r->kind : "sim", n_sel, r->n_devices);
+  for (uint32_t k = 0; k < n_steps; k++) {
+    uint32_t n, step;
+    trace_step_intervals(r, &r->devices[0], k, &n, &step);
+    fprintf(f, "%s{\"step\":%u,\"start_us\":%.3f,\"end_us\":%.3f}", k ? "," : "", step,
+            isfinite(lo[k]) ? (lo[k] - t0) * 1e6 : 0, isfinite(hi[k]) ? (hi[k] - t0) * 1e6 : 0);
+  }
+  fputs("]},\n\"traceEvents\":[\n", f);
+  g_free(lo);
+  g_free(hi);
+  return t0;
+}
+
+struct trace_writer {
+  FILE *f;
+  const struct report_run *r;
+  double t0;
+  char **names; /* [plan n_nodes], made on first use */
+  bool first;
+};
+
+static void trace_sep(struct trace_writer *w) {
+  if (!w->first)
+    fputs(",\n", w->f);
+  w->first = false;
+}
+
+/* The device as a Perfetto process, its streams as threads (those any traced step used). */
+static void trace_device_meta(struct trace_writer *w, const struct report_device *d) {
+  const struct plan *p = w->r->plan;
+  FILE *f = w->f;
+  trace_sep(w);
+  fprintf(f,
+          "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{\"name\":"
+          "\"device %u (pp %d, dp %d)\"}}",
+          d->device, d->device, d->pp_rank, d->dp_rank);
+  trace_sep(w);
+  fprintf(f,
+          "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{"
+          "\"sort_index\":%u}}",
+          d->device, d->device);
+  bool *used = g_new0(bool, p->n_streams + 1);
+  for (uint32_t k = 0; k < trace_step_count(w->r); k++) {
+    uint32_t n, step;
+    const struct report_interval *iv = trace_step_intervals(w->r, d, k, &n, &step);
+    for (uint32_t j = 0; j < n; j++)
+      if (iv[j].stream < p->n_streams)
+        used[iv[j].stream] = true;
+  }
+  for (uint32_t s = 0; s < p->n_streams; s++) {
+    if (!used[s])
+      continue;
+    trace_sep(w);
+    fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%u,\"args\":{\"name\":",
+            d->device, s);
+    json_escape(f, p->streams[s].name);
+    fputs("}}", f);
+  }
+  g_free(used);
+}
+
+/* One instruction: its node's name, kind, pass and tags, the plan node index and the step. */
+static void trace_event(struct trace_writer *w, const struct report_device *d,
+                        const struct report_interval *iv, uint32_t step) {
+  const struct plan *p = w->r->plan;
+  FILE *f = w->f;
+  const struct ir_node *n = &p->nodes[iv->node];
+  if (!w->names[iv->node]) {
+    char nb[256];
+    plan_node_name(p, iv->node, nb, sizeof nb);
+    w->names[iv->node] = g_strdup(nb);
+  }
+  trace_sep(w);
+  fputs("{\"name\":", f);
+  json_escape(f, w->names[iv->node]);
+  fprintf(f,
+          ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
+          "\"args\":{\"kind\":\"%s\"",
+          report_node_is_compute(n) ? "compute" : "comm", d->device, iv->stream,
+          (iv->start - w->t0) * 1e6, (iv->end - iv->start) * 1e6, ir_node_kind_name(n->kind));
+  if (n->pass != IR_PASS_NONE)
+    fprintf(f, ",\"PASS\":\"%s\"", ir_pass_name(n->pass));
+  for (uint32_t t = 0; t < p->n_tags && t < IR_MAX_TAGS; t++)
+    if (n->tags[t] >= 0) {
+      fputc(',', f);
+      json_escape(f, p->tag_names[t]);
+      fprintf(f, ":%d", n->tags[t]);
+    }
+  if (n->kind != IR_NODE_COMPUTE && n->kind != IR_NODE_OPTIMIZER)
+    fprintf(f, ",\"bytes\":%llu", (unsigned long long)n->bytes);
+  fprintf(f, ",\"node\":%u,\"step\":%u}}", iv->node, step);
+}
+
+/* The memory timeline as a Perfetto counter track. */
+static void trace_device_memory(struct trace_writer *w, const struct report_device *d) {
+  for (uint32_t k = 0; k < d->n_memory; k++) {
+    const struct report_memory_point *mp = &d->memory[k];
+    trace_sep(w);
+    double ts = mp->t - w->t0;
+    if (ts < 0)
+      ts = 0;
+    fprintf(w->f, "{\"name\":\"memory (GiB)\",\"ph\":\"C\",\"pid\":%u,\"ts\":%.3f,\"args\":{",
+            d->device, ts * 1e6);
+    for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
+      fprintf(w->f, "%s\"%s\":%.6f", j ? "," : "", report_mem_kind_name((enum report_mem_kind)j),
+              gib(mp->bytes[j]));
+    fputs("}}", w->f);
+  }
+}
+
 bool report_write_trace(const struct report_run *r, const char *path, GError **err) {
   const struct plan *p = r->plan;
   struct piper_out out;
   if (!piper_out_open(&out, path, err))
     return false;
-  FILE *f = out.f;
   static char buf[1 << 20];
-  setvbuf(f, buf, _IOFBF, sizeof buf);
-  double t0, t1;
-  report_run_window(r, &t0, &t1);
+  setvbuf(out.f, buf, _IOFBF, sizeof buf);
   uint32_t n_sel;
   bool *sel = trace_selection(r, &n_sel);
-  char **names = g_new0(char *, p->n_nodes + 1);
-  fprintf(f,
-          "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"version\":\"%s\",\"kind\":\"%s\","
-          "\"devices_in_trace\":%u,\"devices\":%u},\n\"traceEvents\":[\n",
-          PIPER_VERSION, r->kind ? r->kind : "sim", n_sel, r->n_devices);
-  bool first = true;
-#define SEP() (first ? (void)(first = false) : (void)fputs(",\n", f))
+  struct trace_writer w = {out.f, r, 0, g_new0(char *, p->n_nodes + 1), true};
+  w.t0 = trace_header(out.f, r, n_sel);
   for (uint32_t i = 0; i < r->n_devices; i++) {
     if (!sel[i])
       continue;
     const struct report_device *d = &r->devices[i];
-    SEP();
-    fprintf(f,
-            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{\"name\":"
-            "\"device %u (pp %d, dp %d)\"}}",
-            d->device, d->device, d->pp_rank, d->dp_rank);
-    SEP();
-    fprintf(f,
-            "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,\"args\":{"
-            "\"sort_index\":%u}}",
-            d->device, d->device);
-    /* thread names for the streams this device uses */
-    bool *used = g_new0(bool, p->n_streams + 1);
-    for (uint32_t k = 0; k < d->n_intervals; k++)
-      if (d->intervals[k].stream < p->n_streams)
-        used[d->intervals[k].stream] = true;
-    for (uint32_t s = 0; s < p->n_streams; s++) {
-      if (!used[s])
-        continue;
-      SEP();
-      fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%u,\"args\":{\"name\":",
-              d->device, s);
-      json_escape(f, p->streams[s].name);
-      fputs("}}", f);
+    trace_device_meta(&w, d);
+    for (uint32_t k = 0; k < trace_step_count(r); k++) {
+      uint32_t n, step;
+      const struct report_interval *iv = trace_step_intervals(r, d, k, &n, &step);
+      for (uint32_t j = 0; j < n; j++)
+        if (iv[j].node < p->n_nodes)
+          trace_event(&w, d, &iv[j], step);
     }
-    g_free(used);
-    for (uint32_t k = 0; k < d->n_intervals; k++) {
-      const struct report_interval *iv = &d->intervals[k];
-      if (iv->node >= p->n_nodes)
-        continue;
-      const struct ir_node *n = &p->nodes[iv->node];
-      if (!names[iv->node]) {
-        char nb[256];
-        plan_node_name(p, iv->node, nb, sizeof nb);
-        names[iv->node] = g_strdup(nb);
-      }
-      SEP();
-      fputs("{\"name\":", f);
-      json_escape(f, names[iv->node]);
-      fprintf(f,
-              ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
-              "\"args\":{\"kind\":\"%s\"",
-              report_node_is_compute(n) ? "compute" : "comm", d->device, iv->stream,
-              (iv->start - t0) * 1e6, (iv->end - iv->start) * 1e6, ir_node_kind_name(n->kind));
-      if (n->pass != IR_PASS_NONE)
-        fprintf(f, ",\"PASS\":\"%s\"", ir_pass_name(n->pass));
-      for (uint32_t t = 0; t < p->n_tags && t < IR_MAX_TAGS; t++)
-        if (n->tags[t] >= 0) {
-          fputc(',', f);
-          json_escape(f, p->tag_names[t]);
-          fprintf(f, ":%d", n->tags[t]);
-        }
-      if (n->kind != IR_NODE_COMPUTE && n->kind != IR_NODE_OPTIMIZER)
-        fprintf(f, ",\"bytes\":%llu", (unsigned long long)n->bytes);
-      fputs("}}", f);
-    }
-    for (uint32_t k = 0; k < d->n_memory; k++) {
-      const struct report_memory_point *mp = &d->memory[k];
-      SEP();
-      double ts = mp->t - t0;
-      if (ts < 0)
-        ts = 0;
-      fprintf(f, "{\"name\":\"memory (GiB)\",\"ph\":\"C\",\"pid\":%u,\"ts\":%.3f,\"args\":{",
-              d->device, ts * 1e6);
-      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
-        fprintf(f, "%s\"%s\":%.6f", j ? "," : "", report_mem_kind_name((enum report_mem_kind)j),
-                gib(mp->bytes[j]));
-      fputs("}}", f);
-    }
+    trace_device_memory(&w, d);
   }
-#undef SEP
-  fputs("\n]}\n", f);
+  fputs("\n]}\n", out.f);
   for (uint32_t i = 0; i < p->n_nodes; i++)
-    g_free(names[i]);
-  g_free(names);
+    g_free(w.names[i]);
+  g_free(w.names);
   g_free(sel);
   return piper_out_close(&out, err);
 }

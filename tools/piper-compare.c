@@ -10,6 +10,7 @@
 
 #include "../base/json.h"
 #include "../base/version.h"
+#include "../report/chart.h"
 #include "../report/report.h"
 #include "options.h"
 
@@ -18,7 +19,8 @@ struct compare_cli {
   const char *dirs[2];
   uint32_t n_dirs;
   const char *json_path;
-  double tolerance; /* NAN: no verdict */
+  const char *chart_path; /* NULL: compare.png beside --json, else none */
+  double tolerance;       /* NAN: no verdict */
 };
 
 static bool take_run_dir(void *args, const char *arg, GError **err) {
@@ -37,7 +39,11 @@ static const struct option_spec options[] = {
      .help = "relative, e.g. 0.2: exit 1 when the iteration time ratio B/A is outside\n"
              "[1/(1+X), 1+X] (the prediction is off)"},
     {.name = "--json", .kind = OPTION_STRING, .offset = offsetof(struct compare_cli, json_path),
-     .metavar = "FILE", .help = "also write the comparison as JSON"},
+     .metavar = "FILE", .help = "also write the comparison as JSON, and the chart as\n"
+                                "compare.png in FILE's directory (unless --chart)"},
+    {.name = "--chart", .kind = OPTION_STRING, .offset = offsetof(struct compare_cli, chart_path),
+     .metavar = "FILE", .help = "draw the timelines of A and B, one above the other, into\n"
+                                "FILE (PNG)"},
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
@@ -46,7 +52,7 @@ static const struct option_spec options[] = {
 static const struct option_program program = {
     .name = "piper-compare",
     .usage =
-        "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE]\n"
+        "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE] [--chart FILE]\n"
         "\n"
         "Puts two run directories of the same plan side by side (written by piper-sim or\n"
         "piper-exec; either may be either) and says which is simulated and which measured.\n"
@@ -54,7 +60,10 @@ static const struct option_program program = {
         "device count. Prints, with the ratio B/A on every row: iteration time, throughput, MFU,\n"
         "bubble fraction, exposed communication and overlap per device, peak memory and its\n"
         "breakdown per device, and the mean duration of each kind of instruction (F, B, BI, BW,\n"
-        "send/recv, collectives by pass, optimizer) from trace.json.\n"
+        "send/recv, collectives by pass, optimizer) from trace.json; then the instructions\n"
+        "paired by (device, IR node, micro-batch), each side's duration the median over its\n"
+        "traced steps (a measured run traces every measured step): the error max(B/A, A/B) - 1\n"
+        "as median and p90, over all and per kind, and the ten worst nodes named.\n"
         "\n",
     .epilogue =
         "\n"
@@ -209,10 +218,10 @@ static void describe(const char *letter, const struct report_dir *d) {
   printf("  %s = %s: %s", letter, d->path, role(d));
   if (strcmp(d->kind, "exec") == 0) {
     const char *backend = metrics_string(m, "backend"), *comm = metrics_string(m, "communication");
-    printf(" (piper-exec, backend %s, %s; mean of %u step%s; per-device figures and instruction "
-           "times from the last)\n",
+    printf(" (piper-exec, backend %s, %s; mean of %u step%s; per-device figures from the last, "
+           "instruction times over %u traced step%s)\n",
            backend ? backend : "?", comm ? comm : "?", d->n_iterations,
-           d->n_iterations == 1 ? "" : "s");
+           d->n_iterations == 1 ? "" : "s", d->n_trace_steps, d->n_trace_steps == 1 ? "" : "s");
   } else {
     const cJSON *sim = cJSON_GetObjectItemCaseSensitive(m, "simulation");
     const char *prof = metrics_string(sim, "profile");
@@ -233,6 +242,7 @@ static cJSON *json_side(const struct report_dir *d) {
   cJSON_AddStringToObject(o, "program_file", d->program_file);
   cJSON_AddNumberToObject(o, "iterations", d->n_iterations);
   cJSON_AddNumberToObject(o, "trace_devices", d->trace_devices);
+  cJSON_AddNumberToObject(o, "trace_steps", d->n_trace_steps);
   const cJSON *sim = cJSON_GetObjectItemCaseSensitive(d->metrics, "simulation");
   if (sim) {
     const char *prof = metrics_string(sim, "profile");
@@ -361,8 +371,16 @@ static void compare_devices(const struct report_dir *A, const struct report_dir 
   }
 }
 
-/* One kind of instruction: mean durations on both sides (either may lack it). */
-static void compare_instruction_kind(const struct report_trace_kind *use_a,
+/* Instructions of a kind per step of the trace. */
+static double per_step(const struct report_trace_kind *k, const struct report_dir *d) {
+  return k ? (double)k->count / (d->n_trace_steps ? d->n_trace_steps : 1) : 0;
+}
+
+/* One kind of instruction: mean durations on both sides over every traced step (either may
+ * lack it), and how many ran per step. */
+static void compare_instruction_kind(const struct report_dir *A,
+                                     const struct report_trace_kind *use_a,
+                                     const struct report_dir *B,
                                      const struct report_trace_kind *use_b, cJSON *ins) {
   double ma = use_a && use_a->count ? use_a->total_s / (double)use_a->count : NAN;
   double mb = use_b && use_b->count ? use_b->total_s / (double)use_b->count : NAN;
@@ -375,19 +393,19 @@ static void compare_instruction_kind(const struct report_trace_kind *use_a,
     printf(" %10.4g", r);
   else
     printf(" %10s", "-");
-  printf("   %llu / %llu\n", (unsigned long long)(use_a ? use_a->count : 0),
-         (unsigned long long)(use_b ? use_b->count : 0));
+  printf("   %g / %g\n", per_step(use_a, A), per_step(use_b, B));
   cJSON *o = json_pair(ma, mb);
   cJSON_AddStringToObject(o, "name", name);
-  cJSON_AddNumberToObject(o, "count_a", use_a ? (double)use_a->count : 0);
-  cJSON_AddNumberToObject(o, "count_b", use_b ? (double)use_b->count : 0);
+  cJSON_AddNumberToObject(o, "count_a", per_step(use_a, A));
+  cJSON_AddNumberToObject(o, "count_b", per_step(use_b, B));
   cJSON_AddItemToArray(ins, o);
 }
 
 /* Instructions: the union of both traces' kinds, in the readers' order. */
 static void compare_instructions(const struct report_dir *A, const struct report_dir *B,
                                  cJSON *out) {
-  printf("\nmean duration per instruction (us)   %14s %14s %10s   count A / B\n", "A", "B", "B/A");
+  printf("\nmean duration per instruction (us)   %14s %14s %10s   per step A / B\n", "A", "B",
+         "B/A");
   cJSON *ins = cJSON_AddArrayToObject(out, "instructions");
   uint32_t ia = 0, ib = 0;
   while (ia < A->n_trace_kinds || ib < B->n_trace_kinds) {
@@ -400,8 +418,126 @@ static void compare_instructions(const struct report_dir *A, const struct report
     const struct report_trace_kind *use_a = c <= 0 ? ka : NULL, *use_b = c >= 0 ? kb : NULL;
     ia += use_a != NULL;
     ib += use_b != NULL;
-    compare_instruction_kind(use_a, use_b, ins);
+    compare_instruction_kind(A, use_a, B, use_b, ins);
   }
+}
+
+/* ---- node by node --------------------------------------------------------------------- */
+
+/* numpy's default quantile (linear between the closest ranks) of sorted x. */
+static double quantile(const double *x, uint32_t n, double q) {
+  if (n == 0)
+    return NAN;
+  double h = (n - 1) * q;
+  uint32_t lo = (uint32_t)floor(h);
+  if (lo + 1 >= n || h == lo || !isfinite(x[lo + 1]))
+    return h == lo || lo + 1 >= n ? x[lo] : x[lo + 1];
+  return x[lo] + (h - lo) * (x[lo + 1] - x[lo]);
+}
+
+static void json_number_or_null(cJSON *o, const char *key, double v) {
+  if (isfinite(v))
+    cJSON_AddNumberToObject(o, key, v);
+  else
+    cJSON_AddNullToObject(o, key);
+}
+
+static void print_percent(double v) {
+  if (isfinite(v))
+    printf(" %12.1f%%", v * 100);
+  else
+    printf(" %13s", "inf");
+}
+
+/* One summary row: the pairs whose A node is of kind `kind` (every pair when kind < 0). */
+static void summarise_pairs(const struct report_node_pair *pairs, uint32_t n, int64_t kind,
+                            const char *label, cJSON *rows) {
+  double *ratio = g_new(double, n + 1), *error = g_new(double, n + 1);
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (kind < 0 || pairs[i].a->kind == (uint32_t)kind) {
+      ratio[m] = pairs[i].ratio;
+      error[m++] = pairs[i].error;
+    }
+  if (m > 0) {
+    qsort(ratio, m, sizeof *ratio, piper_cmp_double);
+    qsort(error, m, sizeof *error, piper_cmp_double);
+    double med_r = quantile(ratio, m, 0.5), med_e = quantile(error, m, 0.5);
+    double p90_e = quantile(error, m, 0.9);
+    printf("  %-34s %8u %12.4g", label, m, med_r);
+    print_percent(med_e);
+    print_percent(p90_e);
+    printf("\n");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "kind", label);
+    cJSON_AddNumberToObject(o, "nodes", m);
+    json_number_or_null(o, "median_ratio", med_r);
+    json_number_or_null(o, "median_error", med_e);
+    json_number_or_null(o, "p90_error", p90_e);
+    json_number_or_null(o, "max_error", error[m - 1]);
+    cJSON_AddItemToArray(rows, o);
+  }
+  g_free(ratio);
+  g_free(error);
+}
+
+/* The worst pairs, named. */
+static void worst_pairs(const struct report_dir *A, const struct report_node_pair *pairs,
+                        uint32_t n, cJSON *worst) {
+  uint32_t show = n < 10 ? n : 10;
+  char title[64];
+  snprintf(title, sizeof title, "worst %u node%s by error", show, show == 1 ? "" : "s");
+  printf("\n%-36s %6s %4s %14s %14s %10s\n", title, "device", "mb", "A (us)", "B (us)", "B/A");
+  for (uint32_t i = 0; i < show; i++) {
+    const struct report_node_pair *p = &pairs[i];
+    printf("  %-34.34s %6u", p->a->name, p->a->device);
+    if (p->a->micro_batch >= 0)
+      printf(" %4d", p->a->micro_batch);
+    else
+      printf(" %4s", "-");
+    print_value(p->a->median_s * 1e6);
+    print_value(p->b->median_s * 1e6);
+    if (isfinite(p->ratio))
+      printf(" %10.4g\n", p->ratio);
+    else
+      printf(" %10s\n", "-");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", p->a->name);
+    cJSON_AddStringToObject(o, "kind", A->trace_kinds[p->a->kind].name);
+    cJSON_AddNumberToObject(o, "device", p->a->device);
+    cJSON_AddNumberToObject(o, "micro_batch", p->a->micro_batch);
+    cJSON_AddNumberToObject(o, "a", p->a->median_s);
+    cJSON_AddNumberToObject(o, "b", p->b->median_s);
+    json_number_or_null(o, "ratio", p->ratio);
+    json_number_or_null(o, "error", p->error);
+    cJSON_AddItemToArray(worst, o);
+  }
+}
+
+/* Instructions paired by (device, IR node, micro-batch): medians over each side's traced steps,
+ * the error's median and p90 over all pairs and per kind, and the worst ten. */
+static void compare_nodes(const struct report_dir *A, const struct report_dir *B, cJSON *out) {
+  uint32_t n = 0, only_a = 0, only_b = 0;
+  struct report_node_pair *pairs = report_pair_nodes(A, B, &n, &only_a, &only_b);
+  printf("\nper node (device, IR node, micro-batch): median duration over the traced steps (A %u, "
+         "B %u);\n  %u nodes paired, %u only in A, %u only in B; error = max(B/A, A/B) - 1\n",
+         A->n_trace_steps, B->n_trace_steps, n, only_a, only_b);
+  cJSON *o = cJSON_AddObjectToObject(out, "nodes");
+  cJSON_AddNumberToObject(o, "paired", n);
+  cJSON_AddNumberToObject(o, "only_a", only_a);
+  cJSON_AddNumberToObject(o, "only_b", only_b);
+  cJSON_AddNumberToObject(o, "steps_a", A->n_trace_steps);
+  cJSON_AddNumberToObject(o, "steps_b", B->n_trace_steps);
+  cJSON_AddStringToObject(o, "statistic", "median over steps");
+  cJSON_AddStringToObject(o, "error", "max(B/A, A/B) - 1");
+  printf("  %-34s %8s %12s %13s %13s\n", "kind", "nodes", "median B/A", "median error",
+         "p90 error");
+  cJSON *rows = cJSON_AddArrayToObject(o, "summary");
+  summarise_pairs(pairs, n, -1, "all", rows);
+  for (uint32_t k = 0; k < A->n_trace_kinds; k++)
+    summarise_pairs(pairs, n, k, A->trace_kinds[k].name, rows);
+  worst_pairs(A, pairs, n, cJSON_AddArrayToObject(o, "worst"));
+  g_free(pairs);
 }
 
 /* The verdict: a symmetric band around 1, so it does not matter which side is the prediction.
@@ -439,12 +575,24 @@ static int compare(const struct compare_cli *a, const struct report_dir *A,
   compare_global(A, B, mem, out);
   compare_devices(A, B, mem, out);
   compare_instructions(A, B, out);
+  compare_nodes(A, B, out);
   bool within = true;
   double r = verdict(A, B, a->tolerance, &within, out);
   int rc = within ? 0 : 1;
   fflush(stdout);
   GError *err = NULL;
-  if (a->json_path && !json_write_file(a->json_path, out, &err))
+  char *chart = a->chart_path ? g_strdup(a->chart_path) : NULL;
+  if (!chart && a->json_path) {
+    char *dir = g_path_get_dirname(a->json_path);
+    chart = g_build_filename(dir, "compare.png", NULL);
+    g_free(dir);
+  }
+  if (chart)
+    cJSON_AddStringToObject(out, "chart", chart);
+  bool wrote = (!a->json_path || json_write_file(a->json_path, out, &err)) &&
+               (!chart || chart_compare(A, B, chart, &err));
+  g_free(chart);
+  if (!wrote)
     rc = piper_error_exit(program.name, err);
   else if (rc == 1)
     fprintf(stderr,

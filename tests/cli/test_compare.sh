@@ -141,6 +141,126 @@ assert names == ["F", "B", "optimizer"], names
 assert all(r["count_a"] == r["count_b"] > 0 for r in j["instructions"])
 EOF
 
+# 3b. node by node, exec (2 measured steps) against sim: every node of the one-device plan
+# pairs (4 stages x 2 micro-batches of F and of B, 4 optimizer updates); the measured trace
+# holds both measured steps (2 and 3, after 1 warm-up), each event its step and plan node; the
+# chart is written beside --json, 1694 pixels wide and not blank
+grep -q '^per node (device, IR node, micro-batch): median duration over the traced steps (A 2, B 1)' \
+  "$tmp/out" && ok "per-node section" || fail "per-node section: $(grep -A2 '^per node' "$tmp/out")"
+grep -Eq '^worst 10 nodes by error +device +mb' "$tmp/out" && ok "worst ten header" \
+  || fail "worst ten: $(grep -A2 '^worst' "$tmp/out")"
+python3 - "$tmp/es.json" "$tmp/exec" <<'EOF2' && ok "--json nodes, trace of every measured step" || fail "--json nodes / trace steps"
+import json, sys
+j = json.load(open(sys.argv[1]))
+n = j["nodes"]
+assert n["paired"] == 20 and n["only_a"] == 0 and n["only_b"] == 0, n
+assert n["steps_a"] == 2 and n["steps_b"] == 1 and j["a"]["trace_steps"] == 2
+rows = {r["kind"]: r for r in n["summary"]}
+assert [r["kind"] for r in n["summary"]] == ["all", "F", "B", "optimizer"], list(rows)
+assert rows["all"]["nodes"] == 20 and rows["F"]["nodes"] == 8 and rows["optimizer"]["nodes"] == 4
+for r in n["summary"]:
+    assert set(r) == {"kind", "nodes", "median_ratio", "median_error", "p90_error", "max_error"}, r
+    assert 0 <= r["median_error"] <= r["p90_error"] <= r["max_error"], r
+assert len(n["worst"]) == 10
+errs = [w["error"] for w in n["worst"]]
+assert errs == sorted(errs, reverse=True) and errs[0] == rows["all"]["max_error"]
+for w in n["worst"]:
+    assert set(w) == {"name", "kind", "device", "micro_batch", "a", "b", "ratio", "error"}, w
+    assert abs(w["ratio"] - w["b"] / w["a"]) < 1e-12 * w["ratio"]
+    assert abs(w["error"] - (max(w["ratio"], 1 / w["ratio"]) - 1)) < 1e-9
+ins = {r["name"]: r for r in j["instructions"]}
+assert ins["F"]["count_a"] == ins["F"]["count_b"] == 8  # per step, both sides
+t = json.load(open(sys.argv[2] + "/trace.json"))
+x = [e for e in t["traceEvents"] if e["ph"] == "X"]
+assert len(x) == 2 * 20 and sorted({e["args"]["step"] for e in x}) == [2, 3]
+assert all(isinstance(e["args"]["node"], int) for e in x)
+st = t["otherData"]["steps"]
+assert [s["step"] for s in st] == [2, 3] and st[0]["start_us"] == 0
+assert st[0]["end_us"] <= st[1]["start_us"] < st[1]["end_us"]
+for e in x:  # each event inside its step's range
+    s = st[e["args"]["step"] - 2]
+    assert s["start_us"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= s["end_us"] + 1e-3
+m = json.load(open(sys.argv[2] + "/metrics.json"))
+assert m["traced_steps"] == [2, 3] and len(m["iteration_times_s"]) == 2
+EOF2
+png_check() { # file width: a PNG of that width, taller than 100 pixels, of more than 8 colours
+  python3 - "$1" "$2" <<'EOF2'
+import struct, sys, zlib
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+w, h = struct.unpack(">II", data[16:24])
+assert w == int(sys.argv[2]) and h > 100, (w, h)
+pos, idat = 8, b""
+while pos < len(data):
+    n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+    if kind == b"IDAT":
+        idat += data[pos + 8:pos + 8 + n]
+    pos += 12 + n
+raw = zlib.decompress(idat)
+stride = len(raw) // h  # filter byte + pixels
+assert stride >= 3 * w, (stride, w)
+colours = set()
+for y in range(0, h, 3):
+    row = raw[y * stride + 1:(y + 1) * stride]
+    colours.update(row[i:i + 3] for i in range(0, len(row) - 3, 4 * 7))
+assert len(colours) > 8, len(colours)
+EOF2
+}
+png_check "$tmp/compare.png" 1694 && ok "compare.png beside --json" || fail "compare.png: $(ls -la "$tmp"/*.png 2>&1)"
+"$PC" "$tmp/sim" "$tmp/exec" --chart "$tmp/mine.png" > /dev/null 2> "$tmp/err" \
+  && png_check "$tmp/mine.png" 1694 && ok "--chart FILE" || fail "--chart FILE: $(cat "$tmp/err")"
+"$PC" "$tmp/sim" "$tmp/exec" --chart "$tmp/no/such/dir/c.png" > /dev/null 2> "$tmp/err"
+rc=$?
+[ $rc -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && ok "--chart unwritable exits 1" \
+  || fail "--chart unwritable: rc $rc $(cat "$tmp/err")"
+# a run directory written before events carried their step and node (one step): still read,
+# every node paired
+rm -rf "$tmp/old" && cp -r "$tmp/exec" "$tmp/old"
+python3 - "$tmp/old/trace.json" <<'EOF2'
+import json, sys
+t = json.load(open(sys.argv[1]))
+del t["otherData"]["steps"]
+ev = []
+for e in t["traceEvents"]:
+    if e["ph"] == "X":
+        if e["args"]["step"] != 3:
+            continue
+        del e["args"]["step"], e["args"]["node"]
+    ev.append(e)
+t["traceEvents"] = ev
+json.dump(t, open(sys.argv[1], "w"))
+EOF2
+"$PC" "$tmp/old" "$tmp/sim" --json "$tmp/old.json" > /dev/null 2> "$tmp/err" \
+  && python3 -c "
+import json, sys
+n = json.load(open(sys.argv[1]))['nodes']
+assert n['paired'] == 20 and n['only_a'] == 0 and n['steps_a'] == 1, n" "$tmp/old.json" \
+  && ok "a run directory of the old format" || fail "old format: $(cat "$tmp/err")"
+
+# 3c. sim against sim of the same plan and profile: every node pairs, every ratio exactly 1;
+# the all-to-all's dispatch and combine (one name) pair each with its own
+moesim() { # out
+  "$SIM" --model models/tiny-moe.json --directives directives/base-schedules/pp2_dp2_ep2.json \
+    --profile profiles/host-cpu.json --out "$1" --no-charts --quiet
+}
+moesim "$tmp/moe1" && moesim "$tmp/moe2" || fail "piper-sim tiny-moe"
+"$PC" "$tmp/moe1" "$tmp/moe2" --json "$tmp/same.json" > "$tmp/out" 2> "$tmp/err" \
+  || fail "sim vs sim (same): $(cat "$tmp/err")"
+python3 - "$tmp/same.json" "$tmp/moe1/trace.json" <<'EOF2' && ok "sim vs sim: every node ratio 1" || fail "sim vs sim: node ratios"
+import json, sys
+n = json.load(open(sys.argv[1]))["nodes"]
+t = json.load(open(sys.argv[2]))
+x = [e for e in t["traceEvents"] if e["ph"] == "X"]
+assert n["paired"] == len(x) > 0 and n["only_a"] == n["only_b"] == 0, (n["paired"], len(x))
+for r in n["summary"]:
+    assert r["median_ratio"] == 1 and r["median_error"] == 0 and r["max_error"] == 0, r
+assert any(r["kind"].startswith("all_to_all") for r in n["summary"])
+for w in n["worst"]:
+    assert w["ratio"] == 1 and w["error"] == 0 and w["a"] == w["b"], w
+EOF2
+grep -Eq '^  all +[0-9]+ +1 +0\.0% +0\.0%$' "$tmp/out" && ok "sim vs sim: text row 'all'" \
+  || fail "sim vs sim text: $(grep '^  all' "$tmp/out")"
+
 # 4. bad input: exit 2, one line "piper-compare: error: ..." that says what is wrong
 bad() { # description expected-text args...
   local what=$1 expect=$2

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 #include <cairo.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,89 @@ static void test_charts_of_a_measured_run(void **state) {
   plan_free(p);
 }
 
+/* A measured run that kept three steps (numbered 5, 6, 7) of durations 1, 2 and 4 ms per
+ * instruction: trace.json holds every step, each event its step and node; read back, every node
+ * has three events and the median duration 2 ms, and the run pairs with itself exactly. */
+static void test_trace_of_every_step(void **state) {
+  (void)state;
+  struct plan *p =
+      compile_plan("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
+  struct fake_run f;
+  fake_run_init(&f, p);
+  static const uint32_t steps[] = {5, 6, 7};
+  static const double dur[] = {1e-3, 2e-3, 4e-3};
+  struct report_interval **all = g_new0(struct report_interval *, p->n_devices);
+  uint32_t **begin = g_new0(uint32_t *, p->n_devices);
+  uint32_t n_nodes = 0;
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    uint32_t n = f.run.devices[d].n_intervals;
+    n_nodes += n;
+    all[d] = g_new(struct report_interval, 3 * n + 1);
+    begin[d] = g_new(uint32_t, 4);
+    for (uint32_t k = 0; k < 3; k++) {
+      begin[d][k] = k * n;
+      for (uint32_t i = 0; i < n; i++) {
+        struct report_interval v = f.run.devices[d].intervals[i];
+        v.start += 1.0 * k;
+        v.end = v.start + dur[k];
+        all[d][k * n + i] = v;
+      }
+    }
+    begin[d][3] = 3 * n;
+    f.run.devices[d].all_intervals = all[d];
+    f.run.devices[d].step_begin = begin[d];
+  }
+  f.run.n_trace_steps = 3;
+  f.run.trace_steps = steps;
+  f.run.program_file = "custom_pp2_mbs4.json";
+  char dir[] = "/tmp/test_report_XXXXXX";
+  assert_non_null(g_mkdtemp(dir));
+  GError *err = NULL;
+  if (!report_write_dir(&f.run, dir, &err))
+    fail_msg("%s", err->message);
+  struct report_dir *rd = report_dir_load(dir, &err);
+  if (!rd)
+    fail_msg("%s", err->message);
+  assert_int_equal(rd->n_trace_steps, 3);
+  for (uint32_t k = 0; k < 3; k++)
+    assert_int_equal(rd->trace_steps[k], steps[k]);
+  assert_int_equal(rd->n_trace_nodes, n_nodes);
+  assert_int_equal(rd->n_trace_events, 3 * (uint64_t)n_nodes);
+  for (uint32_t i = 0; i < rd->n_trace_nodes; i++) {
+    assert_int_equal(rd->trace_nodes[i].n_events, 3);
+    /* the trace writes microseconds with 3 decimals */
+    assert_true(fabs(rd->trace_nodes[i].median_s - 2e-3) < 1e-9);
+  }
+  double t0, t1;
+  report_dir_step_window(rd, 1, NULL, &t0, &t1);
+  assert_true(t0 >= 1.0 - 1e-9 && t1 < 2.0);
+  uint32_t n = 0, only_a = 0, only_b = 0;
+  struct report_node_pair *pairs = report_pair_nodes(rd, rd, &n, &only_a, &only_b);
+  assert_int_equal(n, n_nodes);
+  assert_int_equal(only_a + only_b, 0);
+  for (uint32_t i = 0; i < n; i++) {
+    assert_true(pairs[i].ratio == 1 && pairs[i].error == 0);
+    assert_ptr_equal(pairs[i].a, pairs[i].b);
+  }
+  g_free(pairs);
+  /* the comparison chart of the run against itself: a whole PNG */
+  char *png = g_build_filename(dir, "compare.png", NULL);
+  if (!chart_compare(rd, rd, png, &err))
+    fail_msg("%s", err->message);
+  assert_starts_with_file(dir, "compare.png", "\x89PNG\r\n\x1a\n");
+  g_free(png);
+  report_dir_free(rd);
+  remove_dir(dir);
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    g_free(all[d]);
+    g_free(begin[d]);
+  }
+  g_free(all);
+  g_free(begin);
+  fake_run_free(&f);
+  plan_free(p);
+}
+
 static void test_chart_write_errors(void **state) {
   (void)state;
   struct plan *p = compile_plan("models/tiny-moe.json", "directives/base-schedules/dp2.json");
@@ -209,6 +293,7 @@ static void test_gnuplot_failures(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_charts_of_a_measured_run),
+      cmocka_unit_test(test_trace_of_every_step),
       cmocka_unit_test(test_chart_write_errors),
       cmocka_unit_test(test_gnuplot_failures),
   };
