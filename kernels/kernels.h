@@ -86,6 +86,18 @@ void kernels_rmsnorm_backward(float *dx, float *dparams, const float *dh, const 
  * head_dim must be even. */
 void kernels_rope(float *x, int batch, int seq, int n_heads, int head_dim, float theta,
                   bool inverse);
+/* The model file's "rope_scaling" of type "llama3" (Hugging Face key names). All zero (or a
+ * NULL pointer) is no scaling. The cos/sin tables of every (theta, seq, head_dim, scaling)
+ * are built once per process and shared by all threads. */
+struct kernels_rope_scaling {
+  float factor, low_freq_factor, high_freq_factor;
+  int original_max_position_embeddings;
+};
+void kernels_rope_scaled(float *x, int batch, int seq, int n_heads, int head_dim, float theta,
+                         const struct kernels_rope_scaling *scaling, bool inverse);
+/* Whether the kernels implement a "rope_scaling" "type" (or "rope_type"): none, "default"
+ * and "llama3". The caller reports the others (e.g. DeepSeek's "yarn") as an input error. */
+bool kernels_rope_scaling_supported(const char *type);
 
 /* ---- ATTENTION: h -> a (causal, RoPE, grouped-query) --------------------------------------
  * params: wq [C, H*D], wk [C, KV*D], wv [C, KV*D], wo [H*D, C], in that order, no biases.
