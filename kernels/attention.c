@@ -1,9 +1,8 @@
 /* attention: causal grouped-query self-attention with rotary embeddings (the llama family). */
 #include "kernels.h"
+#include "kernels-impl.h"
 
 #include "../base/assert.h"
-
-#include <glib.h>
 
 #include <math.h>
 #include <string.h>
@@ -80,14 +79,15 @@ struct attention_head {
 };
 
 static struct attention_head attention_head(const struct attention_views *w,
-                                            const struct kernels_attention_dims *d, int b,
-                                            int hh) {
+                                            const struct kernels_attention_dims *d, int b, int hh) {
   int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
   size_t qoff = (size_t)b * S * w->HD + (size_t)hh * D;
   size_t koff = (size_t)b * S * w->KD + (size_t)(hh / group) * D;
-  struct attention_head a = {S, D, (int)w->HD, (int)w->KD, w->q + qoff, w->k + koff, w->v + koff,
-                             w->p + ((size_t)b * d->heads + hh) * S * S, NULL, NULL, NULL,
-                             NULL, NULL};
+  struct attention_head a = {
+      S,           D,           (int)w->HD,  (int)w->KD,
+      w->q + qoff, w->k + koff, w->v + koff, w->p + ((size_t)b * d->heads + hh) * S * S,
+      NULL,        NULL,        NULL,        NULL,
+      NULL};
   if (w->y)
     a.y = w->y + qoff;
   if (w->dy) {
@@ -151,23 +151,6 @@ void kernels_attention_forward(float *a, float *saved, const float *h, const flo
   kernels_gemm(false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
 }
 
-/* The backward's one scratch, ATTENTION_BLOCK * seq floats of dS, kept per thread (the
- * executor runs kernels on several workers) and grown, never shrunk: no allocation after a
- * thread's first call at its largest shape. */
-static GPrivate attention_scratch_key = G_PRIVATE_INIT(g_free);
-static GPrivate attention_scratch_size_key;
-
-static float *attention_scratch(size_t floats) {
-  float *buf = g_private_get(&attention_scratch_key);
-  size_t have = GPOINTER_TO_SIZE(g_private_get(&attention_scratch_size_key));
-  if (!buf || have < floats) {
-    buf = g_new(float, floats);
-    g_private_replace(&attention_scratch_key, buf);
-    g_private_set(&attention_scratch_size_key, GSIZE_TO_POINTER(floats));
-  }
-  return buf;
-}
-
 /* For row block [i0, i0 + m) over keys [0, n): dP = dy v^T; dS = scale p (dP - rowsum(p dP));
  * dq = dS k; dk += dS^T q; dv += p^T dy. dq is written, dk and dv accumulate over blocks and
  * over the query heads that share the kv head. */
@@ -208,7 +191,8 @@ void kernels_attention_backward_input(float *dh, float *bwork, const float *da, 
   memset(w.dk, 0, w.T * w.KD * sizeof(float));
   memset(w.dv, 0, w.T * w.KD * sizeof(float));
   float scale = 1.0f / sqrtf((float)D);
-  float *ds = attention_scratch((size_t)ATTENTION_BLOCK * S);
+  float *ds = kernels_impl_scratch(KERNELS_SCRATCH_ATTENTION_DS,
+                                   (size_t)ATTENTION_BLOCK * S * sizeof(float));
   for (int b = 0; b < B; b++)
     for (int hh = 0; hh < H; hh++) {
       struct attention_head ah = attention_head(&w, d, b, hh);

@@ -5,6 +5,15 @@
 #include <math.h>
 #include <stddef.h>
 
+/* Per-thread scratch, one slot per user so that two kernels never share a buffer; the pointer
+ * is valid until the same thread asks for the same slot again. */
+enum kernels_scratch_slot {
+  KERNELS_SCRATCH_ATTENTION_DS, /* attention BI: dS of one row block, [block, seq] floats */
+  KERNELS_SCRATCH_LOSS_EXP,     /* lm_head forward: exp of one row of logits, [V] doubles */
+  KERNELS_SCRATCH_SLOTS
+};
+void *kernels_impl_scratch(enum kernels_scratch_slot slot, size_t bytes);
+
 /* act = silu(g) * u over n elements; silu(g) = g * sigmoid(g). */
 static inline void kernels_impl_swiglu_forward(float *act, const float *g, const float *u,
                                                size_t n) {

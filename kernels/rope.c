@@ -52,8 +52,8 @@ static struct rope_table *rope_table_build(float theta, int seq, int head_dim,
   t->seq = seq;
   t->head_dim = head_dim;
   t->scaling = *sc;
-  t->cos = g_new(float, (size_t)seq * half);
-  t->sin = g_new(float, (size_t)seq * half);
+  t->cos = g_new(float, (size_t)seq *half);
+  t->sin = g_new(float, (size_t)seq *half);
   for (int i = 0; i < half; i++) {
     double inv_freq = pow(theta, -2.0 * i / head_dim);
     if (sc->factor > 0.0f)

@@ -51,7 +51,8 @@ static float *randn(size_t n, unsigned seed, float scale) {
 
 static double measure_gemm_peak(void) {
   int n = 1024;
-  float *a = randn((size_t)n * n, 1, 1), *b = randn((size_t)n * n, 2, 1), *c = randn((size_t)n * n, 3, 1);
+  float *a = randn((size_t)n * n, 1, 1), *b = randn((size_t)n * n, 2, 1),
+        *c = randn((size_t)n * n, 3, 1);
   double best = 1e30;
   for (int r = 0; r < 5; r++) {
     double t0 = piper_clock_seconds();
@@ -97,16 +98,16 @@ static void report(const struct machine *mc, const char *shape, const char *op, 
            bytes / seconds / 1e9, 100 * bytes / seconds / 1e9 / mc->mem_gbs);
 }
 
-#define TIME_BEST(reps, out, stmt)                                                              \
-  do {                                                                                          \
-    double best_ = 1e30;                                                                        \
-    for (int r_ = 0; r_ < (reps); r_++) {                                                       \
-      double t0_ = piper_clock_seconds();                                                       \
-      stmt;                                                                                     \
-      double t_ = piper_clock_seconds() - t0_;                                                  \
-      best_ = t_ < best_ ? t_ : best_;                                                          \
-    }                                                                                           \
-    (out) = best_;                                                                              \
+#define TIME_BEST(reps, out, stmt)                                                                 \
+  do {                                                                                             \
+    double best_ = 1e30;                                                                           \
+    for (int r_ = 0; r_ < (reps); r_++) {                                                          \
+      double t0_ = piper_clock_seconds();                                                          \
+      stmt;                                                                                        \
+      double t_ = piper_clock_seconds() - t0_;                                                     \
+      best_ = t_ < best_ ? t_ : best_;                                                             \
+    }                                                                                              \
+    (out) = best_;                                                                                 \
   } while (0)
 
 /* ---- ops ---------------------------------------------------------------------------------- */
@@ -203,8 +204,9 @@ static void bench_moe(const struct machine *mc, const struct shape *s) {
   int reps = reps_for(flops);
   TIME_BEST(reps, t, kernels_router_forward(ids, weights, probs, h, wr, T, C, E, K));
   report(mc, s->name, "router", "F", t, flops, 0);
-  TIME_BEST(reps, t, kernels_router_backward_input(dh, dlog, dweights, ids, weights, probs, wr, T,
-                                                   C, E, K, false));
+  TIME_BEST(reps, t,
+            kernels_router_backward_input(dh, dlog, dweights, ids, weights, probs, wr, T, C, E, K,
+                                          false));
   report(mc, s->name, "router", "BI", t, flops, 0);
   TIME_BEST(reps, t, kernels_router_backward_weight(dwr, dlog, h, T, C, E));
   report(mc, s->name, "router", "BW", t, flops, 0);
@@ -230,14 +232,15 @@ static void bench_moe(const struct machine *mc, const struct shape *s) {
   float *scratch = calloc(kernels_expert_ffn_scratch_floats(n, C), 4);
   flops = 2.0 * n * C * F * 3;
   reps = reps_for(flops);
-  TIME_BEST(reps, t, kernels_expert_ffn_forward(y, esaved, scratch, send, row_expert, n, ep, 0, E,
-                                                C, F));
+  TIME_BEST(reps, t,
+            kernels_expert_ffn_forward(y, esaved, scratch, send, row_expert, n, ep, 0, E, C, F));
   report(mc, s->name, "expert_ffn", "F", t, flops, 0);
-  TIME_BEST(reps, t, kernels_expert_ffn_backward_input(send, ebwork, scratch, dy, row_expert, n,
-                                                       esaved, ep, 0, E, C, F, false));
+  TIME_BEST(reps, t,
+            kernels_expert_ffn_backward_input(send, ebwork, scratch, dy, row_expert, n, esaved, ep,
+                                              0, E, C, F, false));
   report(mc, s->name, "expert_ffn", "BI", t, flops, 0);
-  TIME_BEST(reps, t, kernels_expert_ffn_backward_weight(dep, ebwork, row_expert, n, esaved, 0, E,
-                                                        C, F));
+  TIME_BEST(reps, t,
+            kernels_expert_ffn_backward_weight(dep, ebwork, row_expert, n, esaved, 0, E, C, F));
   report(mc, s->name, "expert_ffn", "BW", t, flops, 0);
   free(wr), free(dwr), free(h), free(dh), free(probs), free(dlog), free(weights), free(dweights);
   free(ids), free(route_row), free(row_expert), free(send), free(y), free(dy), free(m);
