@@ -90,9 +90,10 @@ example: deps
 	  --schedule dualpipev --mbs 8 --profile profiles/h100-sxm.json --out $(EXAMPLE_OUT)
 
 # Host kernels: vectorise their elementwise loops (gcc 12's -O2 uses the "very cheap" cost model,
-# which skips loops of unknown trip count; sqrtf's errno path blocks AdamW). Neither flag
-# reassociates floating point, so every result is the same as without them, only faster.
-$(BUILD)/kernels/%.o: CFLAGS_ALL += -ftree-vectorize -fno-math-errno
+# which skips loops of unknown trip count; sqrtf's errno path blocks AdamW; assuming that FP
+# exceptions may trap keeps the clamps of kernels_impl_expf from if-converting). None of these
+# flags reassociates or contracts floating point: every result is the same as without them.
+$(BUILD)/kernels/%.o: CFLAGS_ALL += -ftree-vectorize -fno-math-errno -fno-trapping-math
 
 $(BUILD)/%.o: %.c $(wildcard */*.h)
 	@mkdir -p $(dir $@)
