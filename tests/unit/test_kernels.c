@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <glib.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1193,6 +1194,44 @@ static void test_expf(void **state) {
   assert_true(isfinite(kernels_impl_expf(1000.0f)));
 }
 
+/* The RoPE tables are built on first use and shared: threads racing to build tables of new
+ * shapes (the executor's workers) must each get the table a lone thread gets. */
+enum { ROPE_THREADS = 4, ROPE_SEQ = 37, ROPE_D = 12 };
+
+static gpointer rope_thread(gpointer data) {
+  float *x = data; /* [ROPE_THREADS][ROPE_SEQ * ROPE_D]: thread t uses theta 1000 (t + 1) */
+  int t = (int)(x[0]);
+  x[0] = 1.0f;
+  for (int rep = 0; rep < 50; rep++)
+    kernels_rope(x, 1, ROPE_SEQ + rep % 3, 1, ROPE_D, 1000.0f * (float)(t + 1) + 0.5f, rep % 2);
+  return NULL;
+}
+
+static void test_rope_threads(void **state) {
+  (void)state;
+  size_t n = (size_t)(ROPE_SEQ + 2) * ROPE_D;
+  float *xs[ROPE_THREADS], *want[ROPE_THREADS];
+  GThread *th[ROPE_THREADS];
+  for (int t = 0; t < ROPE_THREADS; t++) {
+    xs[t] = fz(n);
+    fill(xs[t], n, 1.0f);
+    xs[t][0] = 1.0f;
+    want[t] = fdup(xs[t], n);
+    xs[t][0] = (float)t; /* tells the thread its theta; it puts the 1 back */
+  }
+  for (int t = 0; t < ROPE_THREADS; t++)
+    th[t] = g_thread_new("rope", rope_thread, xs[t]);
+  for (int t = 0; t < ROPE_THREADS; t++)
+    g_thread_join(th[t]);
+  for (int t = 0; t < ROPE_THREADS; t++) { /* the same calls, one thread */
+    for (int rep = 0; rep < 50; rep++)
+      kernels_rope(want[t], 1, ROPE_SEQ + rep % 3, 1, ROPE_D, 1000.0f * (float)(t + 1) + 0.5f,
+                   rep % 2);
+    assert_memory_equal(xs[t], want[t], n * sizeof(float));
+    free(xs[t]), free(want[t]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm_all_transposes),
@@ -1224,6 +1263,7 @@ int main(void) {
       cmocka_unit_test(test_attention_theta),
       cmocka_unit_test(test_attention_blocks),
       cmocka_unit_test(test_expf),
+      cmocka_unit_test(test_rope_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
