@@ -26,7 +26,9 @@
  * - The fused kernels_<op>_backward is exactly BI followed by BW (bit-identical results).
  * - Deterministic: same inputs give bit-identical outputs. Kernels do not thread; OpenBLAS may
  *   thread a GEMM, but it splits only the M and N dimensions, never the summed K dimension, so
- *   results do not depend on timing. Kernels never allocate.
+ *   results do not depend on timing. Kernels do not allocate after warm-up: a per-thread
+ *   scratch grows on a thread's first call at its largest shape, and each RoPE table is built
+ *   once per process (both thread-safe).
  * - Sizes are int (host runs use small models); offsets are computed in size_t.
  */
 #ifndef PIPER_KERNELS_KERNELS_H
@@ -61,7 +63,8 @@ void kernels_embedding_backward(float *dparams, const float *dx, const int32_t *
                                 int V, int C);
 
 /* ---- RMSNORM: x -> h ---------------------------------------------------------------------
- * h = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). params: w [C]. eps: KERNELS_RMSNORM_EPS.
+ * h = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). params: w [C]. eps: the model's
+ * rms_norm_eps (KERNELS_RMSNORM_EPS when the file has none).
  * saved: rstd [T]. BI and BW need x, saved and dh; nothing goes from BI to BW. */
 size_t kernels_rmsnorm_param_count(int C);
 size_t kernels_rmsnorm_saved_floats(int T);
