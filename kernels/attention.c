@@ -1,36 +1,11 @@
 /* attention: causal grouped-query self-attention with rotary embeddings (the llama family). */
 #include "kernels.h"
+#include "kernels-impl.h"
 
 #include "../base/assert.h"
 
 #include <math.h>
 #include <string.h>
-
-/* x [batch * seq, n_heads * D], rotated in place by position within the sequence. */
-void kernels_rope(float *x, int batch, int seq, int n_heads, int head_dim, float theta,
-                  bool inverse) {
-  PIPER_ASSERT(head_dim % 2 == 0);
-  int half = head_dim / 2;
-  size_t row = (size_t)n_heads * head_dim;
-  for (int s = 0; s < seq; s++) {
-    for (int i = 0; i < half; i++) {
-      /* Angles in double: s * theta^(-2i/D) reaches thousands of radians at long sequences. */
-      double angle = s * pow(theta, -2.0 * i / head_dim);
-      float c = (float)cos(angle), sn = (float)sin(angle);
-      if (inverse)
-        sn = -sn;
-      for (int b = 0; b < batch; b++) {
-        float *xr = x + ((size_t)b * seq + s) * row;
-        for (int h = 0; h < n_heads; h++) {
-          float *xh = xr + (size_t)h * head_dim;
-          float x0 = xh[i], x1 = xh[i + half];
-          xh[i] = x0 * c - x1 * sn;
-          xh[i + half] = x1 * c + x0 * sn;
-        }
-      }
-    }
-  }
-}
 
 size_t kernels_attention_param_count(const struct kernels_attention_dims *d) {
   return (size_t)d->hidden * d->head_dim * (2 * (size_t)d->heads + 2 * (size_t)d->kv_heads);
@@ -89,11 +64,90 @@ static struct attention_views attention_views(const struct kernels_attention_dim
   return w;
 }
 
-static float dot(const float *a, const float *b, int n) {
-  float s = 0.0f;
-  for (int i = 0; i < n; i++)
-    s += a[i] * b[i];
-  return s;
+/* Query rows per causal block: QK^T and PV run one GEMM per block of rows over the keys up to
+ * the block's last row, so the work above the diagonal is at most half a block per row. 64
+ * keeps the GEMMs big enough for BLAS's kernels at seq 256 while wasting < 1/8 at seq >= 512. */
+#define ATTENTION_BLOCK 64
+
+/* One (sequence, query head): strided views into q/k/v/y/p (and their gradients), GQA by
+ * pointing k/v at the shared kv head, never copying it. */
+struct attention_head {
+  int S, D, HD, KD;
+  const float *q, *k, *v;
+  float *p, *y;
+  float *dy, *dq, *dk, *dv;
+};
+
+static struct attention_head attention_head(const struct attention_views *w,
+                                            const struct kernels_attention_dims *d, int b, int hh) {
+  int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
+  size_t qoff = (size_t)b * S * w->HD + (size_t)hh * D;
+  size_t koff = (size_t)b * S * w->KD + (size_t)(hh / group) * D;
+  struct attention_head a = {
+      S,           D,           (int)w->HD,  (int)w->KD,
+      w->q + qoff, w->k + koff, w->v + koff, w->p + ((size_t)b * d->heads + hh) * S * S,
+      NULL,        NULL,        NULL,        NULL,
+      NULL};
+  if (w->y)
+    a.y = w->y + qoff;
+  if (w->dy) {
+    a.dy = w->dy + qoff;
+    a.dq = w->dq + qoff;
+    a.dk = w->dk + koff;
+    a.dv = w->dv + koff;
+  }
+  return a;
+}
+
+/* p[0, len) <- softmax(p[0, len)), p[len, n) <- 0. Max and sum over 8 lanes so that every
+ * loop vectorises (a plain reduction does not without reassociation); the lanes' sums are
+ * added in double. */
+static void softmax_row(float *p, int len, int n) {
+  enum { L = 8 };
+  float lane[L];
+  for (int l = 0; l < L; l++)
+    lane[l] = -INFINITY;
+  int j8 = len / L * L;
+  for (int j = 0; j < j8; j += L)
+    for (int l = 0; l < L; l++)
+      lane[l] = p[j + l] > lane[l] ? p[j + l] : lane[l];
+  float maxv = -INFINITY;
+  for (int l = 0; l < L; l++)
+    maxv = lane[l] > maxv ? lane[l] : maxv;
+  for (int j = j8; j < len; j++)
+    maxv = p[j] > maxv ? p[j] : maxv;
+  for (int j = 0; j < len; j++)
+    p[j] = kernels_impl_expf(p[j] - maxv);
+  for (int l = 0; l < L; l++)
+    lane[l] = 0.0f;
+  for (int j = 0; j < j8; j += L)
+    for (int l = 0; l < L; l++)
+      lane[l] += p[j + l];
+  double sum = 0.0;
+  for (int l = 0; l < L; l++)
+    sum += lane[l];
+  for (int j = j8; j < len; j++)
+    sum += p[j];
+  float inv = (float)(1.0 / sum);
+  for (int j = 0; j < len; j++)
+    p[j] *= inv;
+  for (int j = len; j < n; j++)
+    p[j] = 0.0f;
+}
+
+/* p = softmax(scale q k^T) (causal), y = p v, one row block at a time. */
+static void attention_head_forward(const struct attention_head *a, float scale) {
+  int S = a->S;
+  for (int i0 = 0; i0 < S; i0 += ATTENTION_BLOCK) {
+    int m = S - i0 < ATTENTION_BLOCK ? S - i0 : ATTENTION_BLOCK, n = i0 + m;
+    float *pb = a->p + (size_t)i0 * S;
+    kernels_gemm(false, true, m, n, a->D, scale, a->q + (size_t)i0 * a->HD, a->HD, a->k, a->KD,
+                 0.0f, pb, S);
+    for (int r = 0; r < m; r++)
+      softmax_row(pb + (size_t)r * S, i0 + r + 1, S);
+    kernels_gemm(false, false, m, a->D, n, 1.0f, pb, S, a->v, a->KD, 0.0f,
+                 a->y + (size_t)i0 * a->HD, a->HD);
+  }
 }
 
 /* a [B*S, C], saved <- h [B*S, C] */
@@ -101,46 +155,46 @@ void kernels_attention_forward(float *a, float *saved, const float *h, const flo
                                const struct kernels_attention_dims *d) {
   struct attention_views w = attention_views(d, params, saved, NULL);
   int B = d->batch, S = d->seq, H = d->heads, D = d->head_dim, C = d->hidden;
-  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD, group = H / d->kv_heads;
+  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   kernels_gemm(false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
   kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
   kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
   kernels_rope(w.q, B, S, H, D, d->rope_theta, false);
   kernels_rope(w.k, B, S, d->kv_heads, D, d->rope_theta, false);
   float scale = 1.0f / sqrtf((float)D);
-  for (int b = 0; b < B; b++) {
+  for (int b = 0; b < B; b++)
     for (int hh = 0; hh < H; hh++) {
-      size_t kv_col = (size_t)(hh / group) * D;
-      for (int i = 0; i < S; i++) {
-        const float *qi = w.q + ((size_t)b * S + i) * HD + (size_t)hh * D;
-        float *pi = w.p + (((size_t)b * H + hh) * S + i) * S;
-        float maxv = -INFINITY;
-        for (int j = 0; j <= i; j++) {
-          pi[j] = scale * dot(qi, w.k + ((size_t)b * S + j) * KD + kv_col, D);
-          if (pi[j] > maxv)
-            maxv = pi[j];
-        }
-        double sum = 0.0;
-        for (int j = 0; j <= i; j++) {
-          pi[j] = expf(pi[j] - maxv);
-          sum += pi[j];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int j = 0; j <= i; j++)
-          pi[j] *= inv;
-        for (int j = i + 1; j < S; j++)
-          pi[j] = 0.0f;
-        float *yi = w.y + ((size_t)b * S + i) * HD + (size_t)hh * D;
-        memset(yi, 0, (size_t)D * sizeof(float));
-        for (int j = 0; j <= i; j++) {
-          const float *vj = w.v + ((size_t)b * S + j) * KD + kv_col;
-          for (int c = 0; c < D; c++)
-            yi[c] += pi[j] * vj[c];
-        }
-      }
+      struct attention_head ah = attention_head(&w, d, b, hh);
+      attention_head_forward(&ah, scale);
     }
-  }
   kernels_gemm(false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
+}
+
+/* For row block [i0, i0 + m) over keys [0, n): dP = dy v^T; dS = scale p (dP - rowsum(p dP));
+ * dq = dS k; dk += dS^T q; dv += p^T dy. dq is written, dk and dv accumulate over blocks and
+ * over the query heads that share the kv head. */
+static void attention_head_backward(const struct attention_head *a, float scale, float *ds) {
+  int S = a->S, D = a->D, HD = a->HD, KD = a->KD;
+  for (int i0 = 0; i0 < S; i0 += ATTENTION_BLOCK) {
+    int m = S - i0 < ATTENTION_BLOCK ? S - i0 : ATTENTION_BLOCK, n = i0 + m;
+    const float *pb = a->p + (size_t)i0 * S, *dyb = a->dy + (size_t)i0 * HD;
+    kernels_gemm(false, true, m, n, D, 1.0f, dyb, HD, a->v, KD, 0.0f, ds, n);
+    for (int r = 0; r < m; r++) {
+      const float *pr = pb + (size_t)r * S;
+      float *dr = ds + (size_t)r * n;
+      int len = i0 + r + 1;
+      float pdp = 0.0f;
+      for (int j = 0; j < len; j++)
+        pdp += pr[j] * dr[j];
+      for (int j = 0; j < len; j++)
+        dr[j] = scale * pr[j] * (dr[j] - pdp);
+      for (int j = len; j < n; j++)
+        dr[j] = 0.0f;
+    }
+    kernels_gemm(false, false, m, D, n, 1.0f, ds, n, a->k, KD, 0.0f, a->dq + (size_t)i0 * HD, HD);
+    kernels_gemm(true, false, n, D, m, 1.0f, ds, n, a->q + (size_t)i0 * HD, HD, 1.0f, a->dk, KD);
+    kernels_gemm(true, false, n, D, m, 1.0f, pb, S, dyb, HD, 1.0f, a->dv, KD);
+  }
 }
 
 /* dh [B*S, C] (= or +=), bwork <- da [B*S, C]
@@ -151,38 +205,18 @@ void kernels_attention_backward_input(float *dh, float *bwork, const float *da, 
                                       bool accumulate) {
   struct attention_views w = attention_views(d, params, saved, bwork);
   int B = d->batch, S = d->seq, H = d->heads, D = d->head_dim, C = d->hidden;
-  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD, group = H / d->kv_heads;
+  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   kernels_gemm(false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
-  memset(w.dq, 0, w.T * w.HD * sizeof(float));
   memset(w.dk, 0, w.T * w.KD * sizeof(float));
   memset(w.dv, 0, w.T * w.KD * sizeof(float));
   float scale = 1.0f / sqrtf((float)D);
-  for (int b = 0; b < B; b++) {
+  float *ds = kernels_impl_scratch(KERNELS_SCRATCH_ATTENTION_DS,
+                                   (size_t)ATTENTION_BLOCK * S * sizeof(float));
+  for (int b = 0; b < B; b++)
     for (int hh = 0; hh < H; hh++) {
-      size_t kv_col = (size_t)(hh / group) * D;
-      for (int i = 0; i < S; i++) {
-        size_t qoff = ((size_t)b * S + i) * HD + (size_t)hh * D;
-        const float *qi = w.q + qoff, *dyi = w.dy + qoff;
-        float *dqi = w.dq + qoff;
-        const float *pi = w.p + (((size_t)b * H + hh) * S + i) * S;
-        /* Two passes recompute dp_ij instead of keeping an [S, S] scratch per head. */
-        float pdp = 0.0f;
-        for (int j = 0; j <= i; j++)
-          pdp += pi[j] * dot(dyi, w.v + ((size_t)b * S + j) * KD + kv_col, D);
-        for (int j = 0; j <= i; j++) {
-          size_t koff = ((size_t)b * S + j) * KD + kv_col;
-          const float *kj = w.k + koff, *vj = w.v + koff;
-          float *dkj = w.dk + koff, *dvj = w.dv + koff;
-          float ds = scale * pi[j] * (dot(dyi, vj, D) - pdp);
-          for (int c = 0; c < D; c++) {
-            dvj[c] += pi[j] * dyi[c];
-            dqi[c] += ds * kj[c];
-            dkj[c] += ds * qi[c];
-          }
-        }
-      }
+      struct attention_head ah = attention_head(&w, d, b, hh);
+      attention_head_backward(&ah, scale, ds);
     }
-  }
   kernels_rope(w.dq, B, S, H, D, d->rope_theta, true);
   kernels_rope(w.dk, B, S, d->kv_heads, D, d->rope_theta, true);
   kernels_gemm(false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);

@@ -31,7 +31,9 @@
  * - The fused kernels_<op>_backward is exactly BI followed by BW (bit-identical results).
  * - Deterministic: same inputs give bit-identical outputs. Kernels do not thread; OpenBLAS may
  *   thread a GEMM, but it splits only the M and N dimensions, never the summed K dimension, so
- *   results do not depend on timing. Kernels never allocate.
+ *   results do not depend on timing. Kernels do not allocate after warm-up: a per-thread
+ *   scratch grows on a thread's first call at its largest shape, and each RoPE table is built
+ *   once per process (both thread-safe).
  * - Sizes are int (host runs use small models); offsets are computed in size_t.
  */
 #ifndef PIPER_KERNELS_KERNELS_H
@@ -66,7 +68,8 @@ void kernels_embedding_backward(float *dparams, const float *dx, const int32_t *
                                 int V, int C);
 
 /* ---- RMSNORM: x -> h ---------------------------------------------------------------------
- * h = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). params: w [C]. eps: KERNELS_RMSNORM_EPS.
+ * h = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). params: w [C]. eps: the model's
+ * rms_norm_eps (KERNELS_RMSNORM_EPS when the file has none).
  * saved: rstd [T]. BI and BW need x, saved and dh; nothing goes from BI to BW. */
 size_t kernels_rmsnorm_param_count(int C);
 size_t kernels_rmsnorm_saved_floats(int T);
@@ -91,6 +94,18 @@ void kernels_rmsnorm_backward(float *dx, float *dparams, const float *dh, const 
  * head_dim must be even. */
 void kernels_rope(float *x, int batch, int seq, int n_heads, int head_dim, float theta,
                   bool inverse);
+/* The model file's "rope_scaling" of type "llama3" (Hugging Face key names). All zero (or a
+ * NULL pointer) is no scaling. The cos/sin tables of every (theta, seq, head_dim, scaling)
+ * are built once per process and shared by all threads. */
+struct kernels_rope_scaling {
+  float factor, low_freq_factor, high_freq_factor;
+  int original_max_position_embeddings;
+};
+void kernels_rope_scaled(float *x, int batch, int seq, int n_heads, int head_dim, float theta,
+                         const struct kernels_rope_scaling *scaling, bool inverse);
+/* Whether the kernels implement a "rope_scaling" "type" (or "rope_type"): none, "default"
+ * and "llama3". The caller reports the others (e.g. DeepSeek's "yarn") as an input error. */
+bool kernels_rope_scaling_supported(const char *type);
 
 /* ---- ATTENTION: h -> a (causal, RoPE, grouped-query) --------------------------------------
  * params: wq [C, H*D], wk [C, KV*D], wv [C, KV*D], wo [H*D, C], in that order, no biases.

@@ -1,5 +1,6 @@
 /* loss: the LM head (logits = h w) fused with mean cross-entropy against the targets. */
 #include "kernels.h"
+#include "kernels-impl.h"
 
 #include "../base/assert.h"
 
@@ -24,7 +25,8 @@ float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *
     kernels_gemm(false, true, T, V, C, 1.0f, h, C, params, C, 0.0f, saved, V);
   else
     kernels_gemm(false, false, T, V, C, 1.0f, h, C, params, V, 0.0f, saved, V);
-  double loss = 0.0;
+  double loss = 0.0,
+         *e = kernels_impl_scratch(KERNELS_SCRATCH_LOSS_EXP, (size_t)V * sizeof(double));
   for (int t = 0; t < T; t++) {
     PIPER_ASSERT(targets[t] >= 0 && targets[t] < V);
     float *row = saved + (size_t)t * V;
@@ -32,13 +34,14 @@ float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *
     for (int v = 0; v < V; v++)
       if (row[v] > maxv)
         maxv = row[v];
+    /* Each exp once (it is most of this loop), kept in double so p is rounded once. */
     double sum = 0.0;
     for (int v = 0; v < V; v++)
-      sum += exp((double)row[v] - maxv);
+      sum += (e[v] = exp((double)row[v] - maxv));
     /* -log p[target] = logsumexp - logit[target], which stays finite when p underflows. */
     loss += maxv + log(sum) - row[targets[t]];
     for (int v = 0; v < V; v++)
-      row[v] = (float)(exp((double)row[v] - maxv) / sum);
+      row[v] = (float)(e[v] / sum);
   }
   return (float)(loss / T);
 }

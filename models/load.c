@@ -282,6 +282,54 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
                  err);
 }
 
+/* --- numerics: rope_theta, rms_norm_eps, rope_scaling ------------------------------------- */
+
+static bool load_rope_scaling(struct model *m, const cJSON *root, const char *file,
+                              GError **err) {
+  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+  if (!rs || cJSON_IsNull(rs))
+    return true;
+  char ctx[512];
+  g_snprintf(ctx, sizeof ctx, "%s: \"rope_scaling\"", file);
+  if (!cJSON_IsObject(rs))
+    return piper_input_error(err, "%s must be an object or null", ctx);
+  const char *type = NULL;
+  bool has_rope_type = present(rs, "rope_type");
+  if (!json_get_string(rs, has_rope_type ? "rope_type" : "type", true, &type, ctx, err))
+    return false;
+  struct model_rope_scaling *sc = &m->rope_scaling;
+  if (g_strlcpy(sc->type, type, sizeof sc->type) >= sizeof sc->type || type[0] == '\0')
+    return piper_input_error(err, "%s: unknown type \"%s\"", ctx, type);
+  if (present(rs, "factor") && !json_get_double(rs, "factor", false, 1e-6, 1e6, &sc->factor, ctx,
+                                                err))
+    return false;
+  if (strcmp(type, "llama3") != 0)
+    return true;
+  /* llama3: all four numbers are needed to build the scaled frequencies. */
+  return json_get_double(rs, "factor", true, 1e-6, 1e6, &sc->factor, ctx, err) &&
+         json_get_double(rs, "low_freq_factor", true, 1e-6, 1e6, &sc->low_freq_factor, ctx,
+                         err) &&
+         json_get_double(rs, "high_freq_factor", true, 1e-6, 1e6, &sc->high_freq_factor, ctx,
+                         err) &&
+         json_get_int(rs, "original_max_position_embeddings", true, 1, INT32_MAX,
+                      &sc->original_max_position_embeddings, ctx, err) &&
+         (sc->high_freq_factor > sc->low_freq_factor ||
+          piper_input_error(err, "%s: \"high_freq_factor\" must exceed \"low_freq_factor\"",
+                            ctx));
+}
+
+static bool load_numerics(struct model *m, const cJSON *root, const char *file, GError **err) {
+  m->rope_theta = 10000.0;
+  m->rms_norm_eps = 1e-6;
+  if (present(root, "rope_theta") &&
+      !json_get_double(root, "rope_theta", false, 1.0, 1e12, &m->rope_theta, file, err))
+    return false;
+  if (present(root, "rms_norm_eps") &&
+      !json_get_double(root, "rms_norm_eps", false, 1e-12, 1.0, &m->rms_norm_eps, file, err))
+    return false;
+  return load_rope_scaling(m, root, file, err);
+}
+
 /* --- the "piper" object -------------------------------------------------------------------- */
 
 static void split_equally(struct model *m, int32_t regions) {
@@ -469,7 +517,8 @@ struct model *model_load_json(const char *name, const cJSON *root, int pp_region
     piper_input_error(err, "%s: expected a JSON object at the top level", file);
     goto fail;
   }
-  if (!load_hf(m, root, file, err) || !load_piper(m, root, file, err))
+  if (!load_hf(m, root, file, err) || !load_numerics(m, root, file, err) ||
+      !load_piper(m, root, file, err))
     goto fail;
   if (pp_regions_override > 0) {
     if (pp_regions_override > m->num_layers) {

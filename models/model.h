@@ -94,6 +94,16 @@ struct model_user_tag {
   int32_t first_layer, last_layer; /* inclusive */
 };
 
+/* HF "rope_scaling": type is "" when absent or null, else its "rope_type" (or older "type"),
+ * e.g. "llama3", "yarn", "linear". The numbers are those of llama3 (and factor of the others);
+ * 0 when the file has none. The loader accepts every type (the simulator only costs RoPE);
+ * the executor refuses the types its kernels do not implement. */
+struct model_rope_scaling {
+  char type[16];
+  double factor, low_freq_factor, high_freq_factor;
+  int64_t original_max_position_embeddings;
+};
+
 struct model {
   char name[64];       /* file basename without .json */
   char model_type[32]; /* HF model_type, e.g. "qwen3_moe" */
@@ -104,6 +114,9 @@ struct model {
   int64_t n_shared_experts, first_k_dense, vocab_size;
   int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
   bool tie_word_embeddings;
+  /* Numerics the kernels need (defaults when the file has no key: theta 10000, eps 1e-6). */
+  double rope_theta, rms_norm_eps;
+  struct model_rope_scaling rope_scaling;
   int64_t seq_len, micro_batch_size;
   int32_t pp_regions;
   int32_t *pp_layers; /* [pp_regions] layer count per region */

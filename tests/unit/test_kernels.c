@@ -3,12 +3,14 @@
  * AdamW and cross-entropy against closed forms. */
 #include "test-helpers.h"
 
+#include <glib.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../kernels/kernels.h"
+#include "../../kernels/kernels-impl.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -294,6 +296,43 @@ static void test_rope_known(void **state) {
   assert_close("rope pos 1", x + 8, want, 8, 1e-7, 1e-6); /* cos/sin rounded to fp32 */
   kernels_rope(x, 1, 2, 2, 4, KERNELS_ROPE_THETA, true);
   assert_close_f("rope inverse", x, x0, 16, 1e-7, 0.0); /* two fp32 rotations */
+}
+
+/* Llama 3 scaling (Hugging Face _compute_llama3_parameters with factor 8, low 1, high 4, old
+ * context 8192): wavelengths under 8192/4 keep their frequency, those over 8192 are slowed 8x,
+ * and the band between is interpolated. D = 8 with theta = 10000 gives wavelengths 2 pi
+ * (6.28), 2 pi 10 (62.8), 2 pi 100 (628) and 2 pi 1000 (6283): with old context 512 instead,
+ * the first two stay, the last is divided by 8 and the third is in the band. */
+static void test_rope_llama3_scaling(void **state) {
+  (void)state;
+  enum { D = 8, S = 3 };
+  struct kernels_rope_scaling sc = {.factor = 8.0f,
+                                    .low_freq_factor = 1.0f,
+                                    .high_freq_factor = 4.0f,
+                                    .original_max_position_embeddings = 512};
+  float x[S * D], y[S * D];
+  for (int s = 0; s < S; s++)
+    for (int i = 0; i < D; i++)
+      x[s * D + i] = i < D / 2 ? 1.0f : 0.0f; /* every pair at angle 0 */
+  memcpy(y, x, sizeof x);
+  kernels_rope_scaled(x, 1, S, 1, D, KERNELS_ROPE_THETA, &sc, false);
+  kernels_rope(y, 1, S, 1, D, KERNELS_ROPE_THETA, false);
+  for (int i = 0; i < D / 2; i++) {
+    double inv = pow(10000.0, -2.0 * i / D), wavelen = 2 * M_PI / inv, want = inv;
+    if (wavelen > 512.0)
+      want = inv / 8;
+    else if (wavelen >= 128.0) {
+      double smooth = (512.0 / wavelen - 1.0) / 3.0;
+      want = (1 - smooth) * inv / 8 + smooth * inv;
+    }
+    double got = atan2(x[2 * D + i + D / 2], x[2 * D + i]) / 2; /* position 2 */
+    assert_true(fabs(got - want) <= 1e-6);
+    if (i < 2) /* high frequencies: the same bits as unscaled */
+      assert_true(x[2 * D + i] == y[2 * D + i] && x[2 * D + i + D / 2] == y[2 * D + i + D / 2]);
+  }
+  assert_true(kernels_rope_scaling_supported("llama3"));
+  assert_true(kernels_rope_scaling_supported(NULL));
+  assert_false(kernels_rope_scaling_supported("yarn"));
 }
 
 /* ---- ATTENTION --------------------------------------------------------------------------- */
@@ -1026,6 +1065,169 @@ static void test_adamw(void **state) {
   }
 }
 
+/* theta is the model file's rope_theta: another theta must give another output (llama3 uses
+ * 500000), and the default must be what the model loader defaults to. */
+static void test_attention_theta(void **state) {
+  (void)state;
+  struct attn_ctx c = {.d = {.batch = 1,
+                             .seq = 6,
+                             .heads = 2,
+                             .kv_heads = 1,
+                             .head_dim = 8,
+                             .hidden = 8,
+                             .rope_theta = KERNELS_ROPE_THETA}};
+  attn_alloc(&c);
+  size_t n = attn_tc(&c.d);
+  attn_loss(&c);
+  float *a0 = fdup(c.a, n);
+  attn_loss(&c);
+  assert_memory_equal(c.a, a0, n * sizeof(float)); /* the cached table is the same table */
+  c.d.rope_theta = 500000.0f;
+  attn_loss(&c);
+  /* Token 0 sees only itself (RoPE is relative, position 0 rotates nothing): same bits. */
+  assert_memory_equal(c.a, a0, (size_t)c.d.hidden * sizeof(float));
+  double diff = 0.0;
+  for (size_t i = c.d.hidden; i < n; i++)
+    diff += fabs((double)c.a[i] - a0[i]);
+  assert_true(diff > 1e-3); /* later tokens: relative angles changed */
+  assert_true(KERNELS_ROPE_THETA == 10000.0f && KERNELS_RMSNORM_EPS == 1e-6f);
+  free(a0);
+  attn_free(&c);
+}
+
+/* The reference: the scalar loops the GEMM kernels replaced (q, k, v after RoPE from saved). */
+static void attn_reference(double *y, const float *saved, const struct kernels_attention_dims *d) {
+  int S = d->seq, H = d->heads, D = d->head_dim, HD = H * D, KD = d->kv_heads * D;
+  int T = d->batch * S, group = H / d->kv_heads;
+  const float *q = saved, *k = q + (size_t)T * HD, *v = k + (size_t)T * KD;
+  double *sc = calloc((size_t)S, sizeof(double));
+  for (int b = 0; b < d->batch; b++)
+    for (int hh = 0; hh < H; hh++)
+      for (int i = 0; i < S; i++) {
+        const float *qi = q + ((size_t)b * S + i) * HD + (size_t)hh * D;
+        double maxv = -INFINITY, sum = 0.0;
+        for (int j = 0; j <= i; j++) {
+          const float *kj = k + ((size_t)b * S + j) * KD + (size_t)(hh / group) * D;
+          sc[j] = 0.0;
+          for (int c = 0; c < D; c++)
+            sc[j] += (double)qi[c] * kj[c] / sqrt((double)D);
+          maxv = sc[j] > maxv ? sc[j] : maxv;
+        }
+        for (int j = 0; j <= i; j++)
+          sum += (sc[j] = exp(sc[j] - maxv));
+        double *yi = y + ((size_t)b * S + i) * HD + (size_t)hh * D;
+        for (int j = 0; j <= i; j++)
+          for (int c = 0; c < D; c++)
+            yi[c] += sc[j] / sum * v[((size_t)b * S + j) * KD + (size_t)(hh / group) * D + c];
+      }
+  free(sc);
+}
+
+/* A sequence of several causal blocks (and a partial last one): p and y against the scalar
+ * reference, p exactly 0 above the diagonal; the backward against the fused one and against
+ * finite differences of a few inputs is covered by test_attention_grad at one block, so here
+ * dh is checked against a second run with the blocks' order irrelevant: the same bits. */
+static void test_attention_blocks(void **state) {
+  (void)state;
+  struct attn_ctx c = {.d = {.batch = 2,
+                             .seq = 150,
+                             .heads = 4,
+                             .kv_heads = 2,
+                             .head_dim = 8,
+                             .hidden = 16,
+                             .rope_theta = KERNELS_ROPE_THETA}};
+  attn_alloc(&c);
+  int S = c.d.seq, H = c.d.heads, T = c.d.batch * S, HD = H * c.d.head_dim;
+  attn_loss(&c);
+  const float *p = c.saved + (size_t)T * HD + 2 * (size_t)T * c.d.kv_heads * c.d.head_dim;
+  const float *y = p + (size_t)c.d.batch * H * S * S;
+  double *want = calloc((size_t)T * HD, sizeof(double));
+  attn_reference(want, c.saved, &c.d);
+  /* fp32 GEMM sums of up to 150 terms of unit-scale values against a double reference. */
+  assert_close("attention blocks y", y, want, (size_t)T * HD, 1e-5, 1e-4);
+  for (int bh = 0; bh < c.d.batch * H; bh++)
+    for (int i = 0; i < S; i++)
+      for (int j = i + 1; j < S; j++)
+        assert_true(p[((size_t)bh * S + i) * S + j] == 0.0f);
+  size_t n = attn_tc(&c.d), nb = kernels_attention_bwork_floats(&c.d);
+  float *dh = fz(n), *bw = fz(nb), *dh2 = fz(n), *bw2 = fz(nb);
+  kernels_attention_backward_input(dh, bw, c.R, c.saved, c.params, &c.d, false);
+  fill(bw2, nb, 1.0f); /* stale bwork must not leak into the result */
+  kernels_attention_backward_input(dh2, bw2, c.R, c.saved, c.params, &c.d, false);
+  assert_same("attention blocks dh", dh, dh2, n);
+  assert_same("attention blocks bwork", bw, bw2, nb);
+  /* Directional derivative along one random direction of h against a central difference. */
+  float *dir = fz(n);
+  fill(dir, n, 1.0f);
+  double analytic = dotd(dh, dir, n), f[2];
+  for (int side = 0; side < 2; side++) {
+    for (size_t i = 0; i < n; i++)
+      c.h[i] += (side ? -2.0f : 1.0f) * FD_EPS * dir[i];
+    f[side] = attn_loss(&c);
+  }
+  for (size_t i = 0; i < n; i++)
+    c.h[i] += FD_EPS * dir[i];
+  double fd = (f[0] - f[1]) / (2 * FD_EPS);
+  assert_true(fabs(fd - analytic) <= 1e-2 + 1e-2 * fabs(fd));
+  free(want), free(dh), free(bw), free(dh2), free(bw2), free(dir);
+  attn_free(&c);
+}
+
+/* The vectorisable exp of softmax and SwiGLU against double exp over its whole range: within
+ * 2 ulp (2.4e-7 relative), exact at 0, and positive and finite beyond it (clamped). */
+static void test_expf(void **state) {
+  (void)state;
+  double worst = 0.0;
+  for (int i = 0; i <= 200000; i++) {
+    float x = -87.0f + 175.0f * (float)i / 200000.0f;
+    double want = exp((double)x), got = kernels_impl_expf(x);
+    double rel = fabs(got - want) / want;
+    worst = rel > worst ? rel : worst;
+  }
+  assert_true(worst <= 2.4e-7);
+  assert_true(kernels_impl_expf(0.0f) == 1.0f);
+  assert_true(kernels_impl_expf(-1000.0f) > 0.0f && kernels_impl_expf(-1000.0f) < 1e-37f);
+  assert_true(isfinite(kernels_impl_expf(1000.0f)));
+}
+
+/* The RoPE tables are built on first use and shared: threads racing to build tables of new
+ * shapes (the executor's workers) must each get the table a lone thread gets. */
+enum { ROPE_THREADS = 4, ROPE_SEQ = 37, ROPE_D = 12 };
+
+static gpointer rope_thread(gpointer data) {
+  float *x = data; /* [ROPE_THREADS][ROPE_SEQ * ROPE_D]: thread t uses theta 1000 (t + 1) */
+  int t = (int)(x[0]);
+  x[0] = 1.0f;
+  for (int rep = 0; rep < 50; rep++)
+    kernels_rope(x, 1, ROPE_SEQ + rep % 3, 1, ROPE_D, 1000.0f * (float)(t + 1) + 0.5f, rep % 2);
+  return NULL;
+}
+
+static void test_rope_threads(void **state) {
+  (void)state;
+  size_t n = (size_t)(ROPE_SEQ + 2) * ROPE_D;
+  float *xs[ROPE_THREADS], *want[ROPE_THREADS];
+  GThread *th[ROPE_THREADS];
+  for (int t = 0; t < ROPE_THREADS; t++) {
+    xs[t] = fz(n);
+    fill(xs[t], n, 1.0f);
+    xs[t][0] = 1.0f;
+    want[t] = fdup(xs[t], n);
+    xs[t][0] = (float)t; /* tells the thread its theta; it puts the 1 back */
+  }
+  for (int t = 0; t < ROPE_THREADS; t++)
+    th[t] = g_thread_new("rope", rope_thread, xs[t]);
+  for (int t = 0; t < ROPE_THREADS; t++)
+    g_thread_join(th[t]);
+  for (int t = 0; t < ROPE_THREADS; t++) { /* the same calls, one thread */
+    for (int rep = 0; rep < 50; rep++)
+      kernels_rope(want[t], 1, ROPE_SEQ + rep % 3, 1, ROPE_D, 1000.0f * (float)(t + 1) + 0.5f,
+                   rep % 2);
+    assert_memory_equal(xs[t], want[t], n * sizeof(float));
+    free(xs[t]), free(want[t]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm_all_transposes),
@@ -1052,6 +1254,12 @@ int main(void) {
       cmocka_unit_test(test_lm_head_tied),
       cmocka_unit_test(test_residual_add),
       cmocka_unit_test(test_adamw),
+      /* Last, so that the tests above draw the same random inputs as before they existed. */
+      cmocka_unit_test(test_rope_llama3_scaling),
+      cmocka_unit_test(test_attention_theta),
+      cmocka_unit_test(test_attention_blocks),
+      cmocka_unit_test(test_expf),
+      cmocka_unit_test(test_rope_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -496,6 +496,43 @@ static void test_nulls_and_defaults(void **state) {
   g_free(base);
 }
 
+/* rope_theta, rms_norm_eps and rope_scaling as the files say, defaults where they say nothing. */
+static void test_numerics(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-moe.json", 0); /* no rope_theta */
+  assert_true(m->rope_theta == 10000.0 && m->rms_norm_eps == 1e-6);
+  assert_string_equal(m->rope_scaling.type, "");
+  model_free(m);
+  m = test_load_model("models/tiny-dense.json", 0);
+  assert_true(m->rope_theta == 10000.0 && m->rms_norm_eps == 1e-5);
+  model_free(m);
+  m = test_load_model("models/llama3-8b.json", 0);
+  assert_true(m->rope_theta == 500000.0 && m->rms_norm_eps == 1e-5);
+  assert_string_equal(m->rope_scaling.type, ""); /* null in the file */
+  model_free(m);
+  m = test_load_model("models/deepseek-v3.json", 0); /* loads for simulation; the executor refuses yarn */
+  assert_string_equal(m->rope_scaling.type, "yarn");
+  assert_true(m->rope_scaling.factor == 40.0);
+  model_free(m);
+
+  char *base = test_read_file("models/tiny-dense.json");
+  GError *err = NULL;
+  m = load_patched(base,
+                   "{\"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", "
+                   "\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                   "\"original_max_position_embeddings\": 8192}}",
+                   0, &err);
+  if (!m)
+    fail_msg("%s", err->message);
+  assert_true(m->rope_theta == 500000.0);
+  assert_string_equal(m->rope_scaling.type, "llama3");
+  assert_true(m->rope_scaling.factor == 8.0 && m->rope_scaling.low_freq_factor == 1.0 &&
+              m->rope_scaling.high_freq_factor == 4.0);
+  assert_int_equal(m->rope_scaling.original_max_position_embeddings, 8192);
+  model_free(m);
+  g_free(base);
+}
+
 /* --- bad input ------------------------------------------------------------------------------ */
 
 static void test_bad_inputs(void **state) {
@@ -507,6 +544,12 @@ static void test_bad_inputs(void **state) {
     const char *base, *patch, *expect;
   } cases[] = {
       {dense, "{\"piper\": \"<delete>\"}", "bad.json: missing key \"piper\""},
+      {dense, "{\"rope_theta\": 0}", "rope_theta"},
+      {dense, "{\"rms_norm_eps\": \"small\"}", "rms_norm_eps"},
+      {dense, "{\"rope_scaling\": 8}", "bad.json: \"rope_scaling\" must be an object or null"},
+      {dense, "{\"rope_scaling\": {\"factor\": 8}}", "bad.json: \"rope_scaling\""},
+      {dense, "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8}}",
+       "low_freq_factor"},
       {dense, "{\"piper.color\": 1}", "bad.json: piper: unknown key \"color\""},
       {dense, "{\"piper.tags\": [{\"tag\": \"A\", \"layers\": [0, 1], \"color\": 2}]}",
        "piper.tags[0]: unknown key \"color\""},
@@ -623,6 +666,7 @@ int main(void) {
       cmocka_unit_test(test_user_tags),
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_nulls_and_defaults),
+      cmocka_unit_test(test_numerics),
       cmocka_unit_test(test_bad_inputs),
       cmocka_unit_test(test_names),
   };
