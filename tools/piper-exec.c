@@ -66,8 +66,13 @@ static const struct option_spec options[] = {
      .help = "write checkpoints to DIR ..."},
     {.name = "--checkpoint-every", .kind = OPTION_U32, EXEC_OPTION(checkpoint_every), .lo = 1,
      .hi = STEPS_MAX, .metavar = "K", .help = "... every K steps"},
+    {.name = "--checkpoint-keep", .kind = OPTION_U32, EXEC_OPTION(run.checkpoint_keep), .lo = 1,
+     .hi = STEPS_MAX, .metavar = "K", .help = "keep the last K checkpoints (default: all)"},
     {.name = "--resume", .kind = OPTION_STRING, EXEC_OPTION(resume), .metavar = "DIR",
      .help = "continue from the latest checkpoint in DIR"},
+    {.name = "--resume-allow-change", .kind = OPTION_STRING, EXEC_OPTION(run.resume_allow_change),
+     .metavar = "LIST", .help = "accept these changes on --resume (comma-separated: lr,\n"
+             "weight_decay, beta1, beta2, eps, data, schedule)"},
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
@@ -307,11 +312,13 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
   }
   struct exec_result res = {0};
   if (!exec_run(o, b, &res, &err)) {
-    int rc = piper_error_exit("piper-exec", err);
-    if (rc == 1 && size > 1)
-      exec_backend_abort(b, 1); /* peers may be blocked on us */
-    if (rc == 2 && size > 1)
-      exec_backend_abort(b, 2);
+    int rc = err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
+    if (res.error_printed_elsewhere) /* one line for the job: the rank that saw it says it */
+      g_error_free(err);
+    else
+      rc = piper_error_exit("piper-exec", err);
+    if (size > 1 && !res.error_everywhere)
+      exec_backend_abort(b, rc); /* peers may be blocked on us */
     exec_backend_free(b);
     return rc;
   }
