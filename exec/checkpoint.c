@@ -638,14 +638,14 @@ bool exec_checkpoint_compare(const char *path, const struct exec_checkpoint_meta
   if (was->rank != now->rank || was->n_ranks != now->n_ranks)
     return piper_input_error(err, "resume: %s was written by rank %u of %u, read by rank %u of %u",
                              path, was->rank, was->n_ranks, now->rank, now->n_ranks);
-  if (!compare_counts(path, was, now, err))
-    return false;
   if (was->model_hash != now->model_hash)
     return piper_input_error(err,
                              "resume: %s was written for a different model or parameter layout "
                              "(model \"%s\" %016llx, this plan's \"%s\" %016llx)",
                              path, was->model, (unsigned long long)was->model_hash, now->model,
                              (unsigned long long)now->model_hash);
+  if (!compare_counts(path, was, now, err))
+    return false;
   if (!compare_placement(path, was, now, err) || !compare_sharding(path, was, now, err))
     return false;
   if (was->n_params != now->n_params)

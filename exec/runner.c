@@ -704,8 +704,8 @@ static bool resume(struct runner *R, struct exec_result *res, uint32_t *done, GE
       piper_input_error(err, "resume: rank %g refused the checkpoint", first);
     ok = false;
   } else if (R->rank == 0 && notes->len) {
-    printf("resume: from %s (step %u) with %s, allowed by --resume-allow-change\n", o->resume_dir, *done,
-           notes->str);
+    printf("resume: from %s (step %u) with %s, allowed by --resume-allow-change\n",
+           o->resume_dir, *done, notes->str);
     fflush(stdout);
   }
   g_clear_error(&mine);
