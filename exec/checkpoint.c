@@ -30,6 +30,8 @@ struct header {
   uint64_t n_params, reserved;
 };
 
+_Static_assert(sizeof(struct header) == EXEC_CHECKPOINT_HEADER_BYTES, "checkpoint header size");
+
 /* Version 1 (before the description): its fingerprint did not cover sharding. */
 #define VERSION_1_HEADER_BYTES 48
 

@@ -258,6 +258,7 @@ char *exec_checkpoint_meta_to_json(const struct exec_checkpoint_meta *m); /* cJS
 /* A checkpoint file's bytes, checked: header, checksum, description; arrays points into the
  * bytes given (3 * meta.n_params floats: parameters, AdamW m, v). Anything else is an input
  * error naming path. */
+#define EXEC_CHECKPOINT_HEADER_BYTES 32 /* magic, version, description bytes, n_params, 0 */
 struct exec_checkpoint_file {
   uint32_t version;
   struct exec_checkpoint_meta meta;
