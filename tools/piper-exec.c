@@ -131,11 +131,12 @@ static void leak_check_before_mpi(void) {
 
 /* The launcher ends every rank when one fails: say so in one line instead of vanishing. */
 static char term_message[160];
+static volatile sig_atomic_t term_code = 1;
 static void on_term(int sig) {
   (void)sig;
   ssize_t w = write(STDERR_FILENO, term_message, strlen(term_message));
   (void)w;
-  _exit(1);
+  _exit(term_code);
 }
 
 struct fault {
@@ -319,6 +320,10 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
       rc = piper_error_exit("piper-exec", err);
     if (size > 1 && !res.error_everywhere)
       exec_backend_abort(b, rc); /* peers may be blocked on us */
+    if (res.error_everywhere) { /* the launcher may end us once a peer has exited: quietly */
+      term_message[0] = '\0';
+      term_code = rc;
+    }
     exec_backend_free(b);
     return rc;
   }
