@@ -65,7 +65,7 @@ static const struct option_spec options[] = {
     {.name = "--checkpoint", .kind = OPTION_STRING, EXEC_OPTION(checkpoint), .metavar = "DIR",
      .help = "write checkpoints to DIR ..."},
     {.name = "--checkpoint-every", .kind = OPTION_U32, EXEC_OPTION(checkpoint_every), .lo = 1,
-     .hi = STEPS_MAX, .metavar = "K", .help = "... every K steps"},
+     .hi = STEPS_MAX, .metavar = "K", .help = "... every K steps and after the last"},
     {.name = "--checkpoint-keep", .kind = OPTION_U32, EXEC_OPTION(run.checkpoint_keep), .lo = 1,
      .hi = STEPS_MAX, .metavar = "K", .help = "keep the last K checkpoints (default: all)"},
     {.name = "--resume", .kind = OPTION_STRING, EXEC_OPTION(resume), .metavar = "DIR",
