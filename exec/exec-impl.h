@@ -217,7 +217,7 @@ void exec_pool_clear(struct exec_state *s);
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
 
-/* checkpoint.c */
+/* checkpoint_meta.c, checkpoint.c */
 
 /* What a checkpoint records of the run that wrote it: everything that decides how this rank's
  * state is laid out (placement, expert split, gradient buckets and their ZeRO sharding) or
@@ -225,7 +225,7 @@ uint64_t exec_model_param_total(const struct exec_model *xm);
  * Written as JSON inside the rank's file; a resume compares it field by field. */
 struct exec_checkpoint_segment {
   uint32_t segment;
-  uint64_t offset, count;   /* in the flat arrays */
+  uint64_t offset, count;    /* in the flat arrays */
   uint32_t ep_size, ep_rank; /* expert split */
 };
 struct exec_checkpoint_bucket {
@@ -254,6 +254,9 @@ void exec_checkpoint_describe(const struct exec_options *o, const struct exec_de
                               struct exec_checkpoint_meta *m);
 void exec_checkpoint_meta_clear(struct exec_checkpoint_meta *m);
 char *exec_checkpoint_meta_to_json(const struct exec_checkpoint_meta *m); /* cJSON_free */
+/* Every field checked: anything else is an input error naming path. */
+bool exec_checkpoint_meta_from_json(const char *path, const char *text, size_t len,
+                                    struct exec_checkpoint_meta *m, GError **err);
 
 /* A checkpoint file's bytes, checked: header, checksum, description; arrays points into the
  * bytes given (3 * meta.n_params floats: parameters, AdamW m, v). Anything else is an input
@@ -270,8 +273,8 @@ void exec_checkpoint_file_clear(struct exec_checkpoint_file *f);
 /* Input error naming the first difference that forbids continuing exactly; a difference that
  * allow (bits from exec_resume_allow_parse) accepts is appended to notes instead. */
 bool exec_checkpoint_compare(const char *path, const struct exec_checkpoint_meta *was,
-                             const struct exec_checkpoint_meta *now, uint32_t allow,
-                             GString *notes, GError **err);
+                             const struct exec_checkpoint_meta *now, uint32_t allow, GString *notes,
+                             GError **err);
 /* "lr,weight_decay" -> bits; NULL -> 0. */
 bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err);
 

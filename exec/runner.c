@@ -704,8 +704,8 @@ static bool resume(struct runner *R, struct exec_result *res, uint32_t *done, GE
       piper_input_error(err, "resume: rank %g refused the checkpoint", first);
     ok = false;
   } else if (R->rank == 0 && notes->len) {
-    printf("resume: from %s (step %u) with %s, allowed by --resume-allow-change\n",
-           o->resume_dir, *done, notes->str);
+    printf("resume: from %s (step %u) with %s, allowed by --resume-allow-change\n", o->resume_dir,
+           *done, notes->str);
     fflush(stdout);
   }
   g_clear_error(&mine);
@@ -773,8 +773,7 @@ static bool checkpoint_step(struct runner *R, uint32_t step, GError **err) {
     return true;
   return exec_checkpoint_write(&R->s, o->checkpoint_dir, step, err) &&
          control(R, barrier, NULL, err) &&
-         (R->rank != 0 ||
-          exec_checkpoint_commit(o->checkpoint_dir, step, o->checkpoint_keep, err));
+         (R->rank != 0 || exec_checkpoint_commit(o->checkpoint_dir, step, o->checkpoint_keep, err));
 }
 
 /* One training step end to end: run, account, collect the loss, report, checkpoint. */

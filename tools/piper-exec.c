@@ -320,7 +320,7 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
       rc = piper_error_exit("piper-exec", err);
     if (size > 1 && !res.error_everywhere)
       exec_backend_abort(b, rc); /* peers may be blocked on us */
-    if (res.error_everywhere) { /* the launcher may end us once a peer has exited: quietly */
+    if (res.error_everywhere) {  /* the launcher may end us once a peer has exited: quietly */
       term_message[0] = '\0';
       term_code = rc;
     }

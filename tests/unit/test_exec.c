@@ -582,8 +582,8 @@ static void describe_device0(const char *base, const struct exec_options *o,
 /* compare(was, now) fails with an input error containing want, or succeeds when want is NULL;
  * notes get what was accepted. */
 static void expect_compare(const struct exec_checkpoint_meta *was,
-                           const struct exec_checkpoint_meta *now, uint32_t allow,
-                           const char *want, GString *notes) {
+                           const struct exec_checkpoint_meta *now, uint32_t allow, const char *want,
+                           GString *notes) {
   GError *err = NULL;
   bool ok = exec_checkpoint_compare("ck/rank-0.ckpt", was, now, allow, notes, &err);
   if (!want) {
@@ -625,8 +625,7 @@ static void test_checkpoint_compare(void **state) {
   expect_compare(&zero3, &plain, 0, "was written with shard_params (ZeRO-3)", notes);
   expect_compare(&plain, &zero3, 0, "this plan has shard_params (ZeRO-3)", notes);
   assert_int_equal(notes->len, 0);
-  expect_compare(&zero3, &lr, 0, "lr 0.001, now 0.002 (--resume-allow-change lr to accept)",
-                 notes);
+  expect_compare(&zero3, &lr, 0, "lr 0.001, now 0.002 (--resume-allow-change lr to accept)", notes);
   uint32_t allow = 0;
   GError *err = NULL;
   assert_true(exec_resume_allow_parse("weight_decay, lr", &allow, &err));
@@ -645,8 +644,8 @@ static void test_checkpoint_compare(void **state) {
   lr.seed = zero3.seed;
   g_free(lr.data_path);
   lr.data_path = g_strdup("train.bin");
-  expect_compare(&zero3, &lr, allow, "with data synthetic stream (0 bytes), now synthetic train.bin",
-                 notes);
+  expect_compare(&zero3, &lr, allow,
+                 "with data synthetic stream (0 bytes), now synthetic train.bin", notes);
   /* the description survives its JSON form */
   char *text = exec_checkpoint_meta_to_json(&zero3);
   cJSON *j = cJSON_Parse(text);
