@@ -1,33 +1,132 @@
-/* checkpoint: training state on disk. Every rank writes DIR/step-<k>/rank-<r>.ckpt (its
- * parameters, AdamW moments, the step and a fingerprint of the plan layout) through a temp
- * file, fsync and rename, with an FNV-1a checksum at the end; when all ranks have written,
- * rank 0 points DIR/latest at the step (also by rename), so a crash mid-write leaves the
- * previous checkpoint in force. Loading verifies everything and refuses what does not match. */
+/* checkpoint: training state on disk. Every rank writes DIR/step-<k>/rank-<r>.ckpt: a header,
+ * a JSON description of everything that decides how the state is laid out and what the next
+ * step computes (checkpoint_meta.c), then its parameters and AdamW moments, and an FNV-1a
+ * checksum of all that. Each file goes through a temp file, fsync, rename and a directory fsync; when all
+ * ranks have written, rank 0 points DIR/latest at the step (also by rename), so a crash
+ * mid-write leaves the previous checkpoint in force. Loading verifies everything, compares the
+ * description with this run's field by field, and refuses what it could not continue exactly,
+ * naming the difference; the changes a user may make on purpose (learning rate, ...) pass only
+ * when allowed (exec_options.resume_allow_change) and are reported. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <glib/gstdio.h>
 
 #include "../base/json.h"
 #include "exec-impl.h"
 
 #define MAGIC "PIPERCKP"
-#define VERSION 1
+#define VERSION 2
 
+/* Version 2: then meta_bytes of JSON, 3 * n_params floats and the uint64 checksum. */
 struct header {
   char magic[8];
-  uint32_t version, rank, n_ranks, step;
-  uint64_t fingerprint, n_params, seed;
+  uint32_t version, meta_bytes;
+  uint64_t n_params, reserved;
 };
 
+_Static_assert(sizeof(struct header) == EXEC_CHECKPOINT_HEADER_BYTES, "checkpoint header size");
+
+/* Largest description read back: a plan's placement is small. */
+#define META_MAX_BYTES (16u << 20)
+
+/* ---- the file ---------------------------------------------------------------------------- */
+
+void exec_checkpoint_file_clear(struct exec_checkpoint_file *f) {
+  if (!f)
+    return;
+  exec_checkpoint_meta_clear(&f->meta);
+  memset(f, 0, sizeof *f);
+}
+
+bool exec_checkpoint_parse(const char *path, const void *bytes, size_t len,
+                           struct exec_checkpoint_file *f, GError **err) {
+  const char *data = bytes;
+  memset(f, 0, sizeof *f);
+  struct header h;
+  uint64_t stored;
+  if (len < 8 || memcmp(data, MAGIC, 8) != 0)
+    return piper_input_error(err, "%s: not a piper-exec checkpoint", path);
+  if (len < sizeof h + sizeof stored)
+    return piper_input_error(err, "%s: truncated (%zu bytes)", path, len);
+  memcpy(&h, data, sizeof h);
+  if (h.version == 1)
+    return piper_input_error(err,
+                             "%s: written by an older piper-exec (checkpoint version 1), which "
+                             "does not record the plan's sharding: it cannot be resumed exactly",
+                             path);
+  if (h.version != VERSION)
+    return piper_input_error(err, "%s: checkpoint version %u (this piper-exec reads version %u)",
+                             path, h.version, VERSION);
+  memcpy(&stored, data + len - sizeof stored, sizeof stored);
+  if (piper_fnv1a(PIPER_FNV1A_INIT, data, len - sizeof stored) != stored)
+    return piper_input_error(err, "%s: checksum mismatch: the file is corrupt", path);
+  size_t room = len - sizeof h - sizeof stored;
+  if (h.meta_bytes > META_MAX_BYTES || h.meta_bytes > room ||
+      h.n_params > (room - h.meta_bytes) / (3 * sizeof(float)) ||
+      h.meta_bytes + 3 * h.n_params * sizeof(float) != room)
+    return piper_input_error(err,
+                             "%s: %zu bytes do not hold a description of %u bytes and 3 arrays "
+                             "of %llu parameters",
+                             path, len, h.meta_bytes, (unsigned long long)h.n_params);
+  if (!exec_checkpoint_meta_from_json(path, data + sizeof h, h.meta_bytes, &f->meta, err)) {
+    exec_checkpoint_file_clear(f);
+    return false;
+  }
+  if (f->meta.n_params != h.n_params) {
+    exec_checkpoint_file_clear(f);
+    return piper_input_error(err, "%s: the description says %llu parameters, the header %llu", path,
+                             (unsigned long long)f->meta.n_params, (unsigned long long)h.n_params);
+  }
+  f->version = h.version;
+  f->arrays = data + sizeof h + h.meta_bytes;
+  return true;
+}
+
+/* ---- writing ----------------------------------------------------------------------------- */
+
 static bool io_fail(GError **err, const char *path, const char *what) {
-  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: %s: %s", path, what, strerror(errno));
-  return false;
+  return piper_runtime_error(err, "%s: %s: %s", path, what, strerror(errno));
 }
 
 static bool write_all(FILE *f, const void *p, size_t n, uint64_t *h) {
   *h = piper_fnv1a(*h, p, n);
   return fwrite(p, 1, n, f) == n;
+}
+
+/* A new directory's entry must be durable before anything inside it is relied on. */
+static bool sync_dir(const char *dir, GError **err) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  bool ok = fd >= 0 && fsync(fd) == 0;
+  if (!ok)
+    io_fail(err, dir, "cannot sync directory");
+  if (fd >= 0)
+    close(fd);
+  return ok;
+}
+
+static bool write_body(const struct exec_state *s, FILE *f, const char *meta, uint64_t *sum,
+                       float *host) {
+  size_t n = (size_t)s->dev->n_params;
+  struct header h;
+  memset(&h, 0, sizeof h);
+  memcpy(h.magic, MAGIC, 8);
+  h.version = VERSION;
+  h.meta_bytes = (uint32_t)strlen(meta);
+  h.n_params = n;
+  bool wrote = write_all(f, &h, sizeof h, sum) && write_all(f, meta, h.meta_bytes, sum);
+  const float *arrays[3] = {s->params, s->adam_m, s->adam_v};
+  for (int a = 0; a < 3 && wrote; a++) {
+    exec_backend_to_host(s->b, host, arrays[a], n * sizeof(float));
+    wrote = write_all(f, host, n * sizeof(float), sum);
+  }
+  uint64_t tail = *sum;
+  return wrote && fwrite(&tail, sizeof tail, 1, f) == 1;
 }
 
 bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t step,
@@ -37,36 +136,20 @@ bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t
   char *path = g_strdup_printf("%s/rank-%u.ckpt", sub, d->device);
   bool ok = false;
   struct piper_out out = {0};
-  float *host = NULL;
+  struct exec_checkpoint_meta m;
+  exec_checkpoint_describe(s->o, d, s->data, step, &m);
+  char *meta = exec_checkpoint_meta_to_json(&m);
+  float *host = g_new(float, d->n_params ? d->n_params : 1);
   if (g_mkdir_with_parents(sub, 0755) != 0) {
     io_fail(err, sub, "cannot create the checkpoint directory");
     goto out;
   }
-  if (!piper_out_open(&out, path, err))
+  if (!sync_dir(dir, err) || !piper_out_open(&out, path, err))
     goto out;
   out.sync = true;
-  struct header h;
-  memset(&h, 0, sizeof h);
-  memcpy(h.magic, MAGIC, 8);
-  h.version = VERSION;
-  h.rank = d->device;
-  h.n_ranks = d->plan->n_devices;
-  h.step = step;
-  h.fingerprint = exec_device_fingerprint(d);
-  h.n_params = d->n_params;
-  h.seed = s->o->seed;
   uint64_t sum = PIPER_FNV1A_INIT;
-  size_t n = (size_t)d->n_params;
-  host = g_new(float, n ? n : 1);
-  bool wrote = write_all(out.f, &h, sizeof h, &sum);
-  const float *arrays[3] = {s->params, s->adam_m, s->adam_v};
-  for (int a = 0; a < 3 && wrote; a++) {
-    exec_backend_to_host(s->b, host, arrays[a], n * sizeof(float));
-    wrote = write_all(out.f, host, n * sizeof(float), &sum);
-  }
-  uint64_t tail = sum;
-  wrote = wrote && fwrite(&tail, sizeof tail, 1, out.f) == 1;
-  if (!wrote) { /* piper_out_close reports the stream's error naming the file */
+  if (!write_body(s, out.f, meta, &sum, host)) {
+    /* piper_out_close reports the stream's error naming the file */
     ok = piper_out_close(&out, err);
     if (ok)
       ok = io_fail(err, path, "write failed");
@@ -76,21 +159,127 @@ bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t
 out:
   if (out.f)
     piper_out_abandon(&out);
+  cJSON_free(meta);
+  exec_checkpoint_meta_clear(&m);
   g_free(host);
   g_free(sub);
   g_free(path);
   return ok;
 }
 
-bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t n_ranks, GError **err) {
-  (void)n_ranks;
+/* "step-<k>" exactly: *step = k. */
+static bool step_dir_name(const char *name, uint32_t *step) {
+  if (!g_str_has_prefix(name, "step-") || !name[5])
+    return false;
+  return piper_parse_u32(name + 5, 0, UINT32_MAX, step) && g_ascii_isdigit(name[5]);
+}
+
+/* A step directory's rank-<r>.ckpt.tmp files: this rank's, or every rank's. */
+static void remove_tmp_files(const char *dir, uint32_t rank, bool all_ranks) {
+  GDir *d = g_dir_open(dir, 0, NULL);
+  const char *name;
+  char *mine = g_strdup_printf("rank-%u.ckpt.tmp", rank);
+  while (d && (name = g_dir_read_name(d))) {
+    bool any = g_str_has_prefix(name, "rank-") && g_str_has_suffix(name, ".ckpt.tmp");
+    if (all_ranks ? any : strcmp(name, mine) == 0) {
+      char *path = g_build_filename(dir, name, NULL);
+      g_remove(path);
+      g_free(path);
+    }
+  }
+  if (d)
+    g_dir_close(d);
+  g_free(mine);
+}
+
+bool exec_checkpoint_begin(const char *dir, uint32_t rank, GError **err) {
+  if (g_mkdir_with_parents(dir, 0755) != 0)
+    return io_fail(err, dir, "cannot create the checkpoint directory");
+  /* rank 0 clears every writer's leftovers (and latest.tmp); each rank its own, in case the
+   * ranks do not share the directory */
+  bool all = rank == 0;
+  if (all) {
+    char *latest = g_build_filename(dir, "latest.tmp", NULL);
+    g_remove(latest);
+    g_free(latest);
+  }
+  GDir *d = g_dir_open(dir, 0, NULL);
+  const char *name;
+  uint32_t k;
+  while (d && (name = g_dir_read_name(d))) {
+    if (!step_dir_name(name, &k))
+      continue;
+    char *sub = g_build_filename(dir, name, NULL);
+    remove_tmp_files(sub, rank, all);
+    g_free(sub);
+  }
+  if (d)
+    g_dir_close(d);
+  return true;
+}
+
+/* Removes a step directory's checkpoint files, then the directory (left when it holds anything
+ * else: it is not ours to delete). */
+static bool remove_step_dir(const char *sub, GError **err) {
+  GDir *d = g_dir_open(sub, 0, NULL);
+  const char *name;
+  bool ok = true;
+  while (ok && d && (name = g_dir_read_name(d))) {
+    if (!g_str_has_prefix(name, "rank-") ||
+        !(g_str_has_suffix(name, ".ckpt") || g_str_has_suffix(name, ".ckpt.tmp")))
+      continue;
+    char *path = g_build_filename(sub, name, NULL);
+    if (g_remove(path) != 0 && errno != ENOENT)
+      ok = io_fail(err, path, "cannot remove an old checkpoint");
+    g_free(path);
+  }
+  if (d)
+    g_dir_close(d);
+  if (ok)
+    g_rmdir(sub);
+  return ok;
+}
+
+/* Keeps step directories `step` (now in force) and the keep - 1 before it; those after it
+ * belong to an earlier run that went further and are no longer reachable from "latest". */
+static bool prune(const char *dir, uint32_t step, uint32_t keep, GError **err) {
+  GArray *steps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  GDir *d = g_dir_open(dir, 0, NULL);
+  const char *name;
+  uint32_t k;
+  while (d && (name = g_dir_read_name(d)))
+    if (step_dir_name(name, &k))
+      g_array_append_val(steps, k);
+  if (d)
+    g_dir_close(d);
+  if (steps->len)
+    qsort(steps->data, steps->len, sizeof(uint32_t), piper_cmp_u32);
+  uint32_t kept = 0;
+  bool ok = true;
+  for (guint i = steps->len; i-- > 0 && ok;) {
+    uint32_t st = g_array_index(steps, uint32_t, i);
+    if (st <= step && kept < keep) {
+      kept++;
+      continue;
+    }
+    char *sub = g_strdup_printf("%s/step-%u", dir, st);
+    ok = remove_step_dir(sub, err);
+    g_free(sub);
+  }
+  g_array_free(steps, TRUE);
+  return ok;
+}
+
+bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t keep, GError **err) {
   char *path = g_strdup_printf("%s/latest", dir);
   char text[32];
   int len = g_snprintf(text, sizeof text, "step-%u\n", step);
   bool ok = piper_write_file_durable(path, text, (size_t)len, err);
   g_free(path);
-  return ok;
+  return ok && (keep == 0 || prune(dir, step, keep, err));
 }
+
+/* ---- reading ----------------------------------------------------------------------------- */
 
 /* The step directory a resume reads: DIR/latest names it, or DIR is one itself. */
 static char *resolve(const char *dir, uint32_t rank, GError **err) {
@@ -99,10 +288,14 @@ static char *resolve(const char *dir, uint32_t rank, GError **err) {
   char *path = NULL;
   if (g_file_get_contents(latest, &text, NULL, NULL)) {
     g_strstrip(text);
-    if (!g_str_has_prefix(text, "step-") || strchr(text, '/'))
-      piper_input_error(err, "%s: does not name a checkpoint step (\"%s\")", latest, text);
-    else
+    uint32_t k;
+    if (!step_dir_name(text, &k)) {
+      char *q = piper_quote(text, strlen(text), 40);
+      piper_input_error(err, "%s: does not name a checkpoint step (%s)", latest, q);
+      g_free(q);
+    } else {
       path = g_strdup_printf("%s/%s/rank-%u.ckpt", dir, text, rank);
+    }
   } else {
     char *direct = g_strdup_printf("%s/rank-%u.ckpt", dir, rank);
     if (g_file_test(direct, G_FILE_TEST_EXISTS))
@@ -117,63 +310,32 @@ static char *resolve(const char *dir, uint32_t rank, GError **err) {
   return path;
 }
 
-bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step, GError **err) {
+bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step, GString *notes,
+                          GError **err) {
   const struct exec_device *d = s->dev;
+  uint32_t allow = 0;
+  if (!exec_resume_allow_parse(s->o->resume_allow_change, &allow, err))
+    return false;
   char *path = resolve(dir, d->device, err);
   if (!path)
     return false;
-  gchar *data = NULL;
-  gsize len = 0;
-  GError *io = NULL;
-  bool ok = false;
-  if (!g_file_get_contents(path, &data, &len, &io)) {
-    piper_input_error(err, "%s: cannot read: %s", path, io->message);
-    g_error_free(io);
-    goto out;
+  size_t len = 0;
+  char *data = piper_read_file(path, (size_t)1 << 40, &len, err);
+  struct exec_checkpoint_file f = {0};
+  struct exec_checkpoint_meta now;
+  exec_checkpoint_describe(s->o, d, s->data, 0, &now);
+  bool ok = data && exec_checkpoint_parse(path, data, len, &f, err) &&
+            exec_checkpoint_compare(path, &f.meta, &now, allow, notes, err);
+  if (ok) {
+    size_t n = (size_t)d->n_params;
+    float *arrays[3] = {s->params, s->adam_m, s->adam_v};
+    for (int a = 0; a < 3; a++)
+      exec_backend_from_host(s->b, arrays[a], f.arrays + (size_t)a * n * sizeof(float),
+                             n * sizeof(float));
+    *step = f.meta.step;
   }
-  struct header h;
-  size_t n = (size_t)d->n_params, body = 3 * n * sizeof(float);
-  if (len < sizeof h + sizeof(uint64_t)) {
-    piper_input_error(err, "%s: truncated (%zu bytes)", path, (size_t)len);
-    goto out;
-  }
-  memcpy(&h, data, sizeof h);
-  if (memcmp(h.magic, MAGIC, 8) != 0 || h.version != VERSION) {
-    piper_input_error(err, "%s: not a piper-exec checkpoint (version %u)", path, VERSION);
-    goto out;
-  }
-  uint64_t stored;
-  memcpy(&stored, data + len - sizeof stored, sizeof stored);
-  if (piper_fnv1a(PIPER_FNV1A_INIT, data, len - sizeof stored) != stored) {
-    piper_input_error(err, "%s: checksum mismatch: the file is corrupt", path);
-    goto out;
-  }
-  if (h.rank != d->device || h.n_ranks != d->plan->n_devices) {
-    piper_input_error(err, "%s: written by rank %u of %u, read by rank %u of %u", path, h.rank,
-                      h.n_ranks, d->device, d->plan->n_devices);
-    goto out;
-  }
-  if (h.fingerprint != exec_device_fingerprint(d) || h.n_params != d->n_params ||
-      len != sizeof h + body + sizeof stored) {
-    piper_input_error(err,
-                      "%s: written for a different model or parameter layout (fingerprint "
-                      "%016llx, this plan %016llx)",
-                      path, (unsigned long long)h.fingerprint,
-                      (unsigned long long)exec_device_fingerprint(d));
-    goto out;
-  }
-  if (h.seed != s->o->seed) {
-    piper_input_error(err, "%s: written with --seed %llu, this run has --seed %llu", path,
-                      (unsigned long long)h.seed, (unsigned long long)s->o->seed);
-    goto out;
-  }
-  float *arrays[3] = {s->params, s->adam_m, s->adam_v};
-  for (int a = 0; a < 3; a++)
-    exec_backend_from_host(s->b, arrays[a], data + sizeof h + (size_t)a * n * sizeof(float),
-                           n * sizeof(float));
-  *step = h.step;
-  ok = true;
-out:
+  exec_checkpoint_file_clear(&f);
+  exec_checkpoint_meta_clear(&now);
   g_free(data);
   g_free(path);
   return ok;

@@ -139,8 +139,6 @@ struct exec_device {
 bool exec_device_init(struct exec_device *d, const struct plan *p, const struct exec_model *xm,
                       uint32_t device, GError **err);
 void exec_device_clear(struct exec_device *d);
-/* Fingerprint of what a checkpoint of this device holds (model, layout). */
-uint64_t exec_device_fingerprint(const struct exec_device *d);
 
 /* ---- runtime state ----------------------------------------------------------------------- */
 
@@ -219,11 +217,78 @@ void exec_pool_clear(struct exec_state *s);
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
 
-/* checkpoint.c */
+/* checkpoint_meta.c, checkpoint.c */
+
+/* What a checkpoint records of the run that wrote it: everything that decides how this rank's
+ * state is laid out (placement, expert split, gradient buckets and their ZeRO sharding) or
+ * what the next step computes (batch shape, seed, data, optimizer, the device's program).
+ * Written as JSON inside the rank's file; a resume compares it field by field. */
+struct exec_checkpoint_segment {
+  uint32_t segment;
+  uint64_t offset, count;    /* in the flat arrays */
+  uint32_t ep_size, ep_rank; /* expert split */
+};
+struct exec_checkpoint_bucket {
+  uint32_t zero; /* 0: all-reduce, 2: shard_grads, 3: shard_params */
+  uint32_t n_group, n_segs;
+  uint32_t *group, *segs; /* device group (world ranks), segments synced */
+  uint32_t rank;          /* this device's shard */
+  uint64_t offset, count, shard;
+};
+struct exec_checkpoint_meta {
+  uint32_t step, rank, n_ranks;
+  char *model;
+  uint64_t model_hash, n_params;
+  uint32_t n_segments, n_buckets;
+  struct exec_checkpoint_segment *segments; /* held segments, ascending */
+  struct exec_checkpoint_bucket *buckets;
+  uint32_t microbatches, global_microbatches, microbatch_size, seq_len, dp, dp_rank;
+  uint64_t seed;
+  char *data_kind, *data_path; /* path as given ("" = synthetic) */
+  uint64_t data_bytes;
+  float lr, beta1, beta2, eps, weight_decay;
+  uint64_t program_hash;
+};
+void exec_checkpoint_describe(const struct exec_options *o, const struct exec_device *d,
+                              const struct exec_data *data, uint32_t step,
+                              struct exec_checkpoint_meta *m);
+void exec_checkpoint_meta_clear(struct exec_checkpoint_meta *m);
+char *exec_checkpoint_meta_to_json(const struct exec_checkpoint_meta *m); /* cJSON_free */
+/* Every field checked: anything else is an input error naming path. */
+bool exec_checkpoint_meta_from_json(const char *path, const char *text, size_t len,
+                                    struct exec_checkpoint_meta *m, GError **err);
+
+/* A checkpoint file's bytes, checked: header, checksum, description; arrays points into the
+ * bytes given (3 * meta.n_params floats: parameters, AdamW m, v). Anything else is an input
+ * error naming path. */
+#define EXEC_CHECKPOINT_HEADER_BYTES 32 /* magic, version, description bytes, n_params, 0 */
+struct exec_checkpoint_file {
+  uint32_t version;
+  struct exec_checkpoint_meta meta;
+  const char *arrays;
+};
+bool exec_checkpoint_parse(const char *path, const void *data, size_t len,
+                           struct exec_checkpoint_file *f, GError **err);
+void exec_checkpoint_file_clear(struct exec_checkpoint_file *f);
+/* Input error naming the first difference that forbids continuing exactly; a difference that
+ * allow (bits from exec_resume_allow_parse) accepts is appended to notes instead. */
+bool exec_checkpoint_compare(const char *path, const struct exec_checkpoint_meta *was,
+                             const struct exec_checkpoint_meta *now, uint32_t allow, GString *notes,
+                             GError **err);
+/* "lr,weight_decay" -> bits; NULL -> 0. */
+bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err);
+
+/* Before the first checkpoint of a run: creates dir and removes temporary files a crashed
+ * writer left (rank 0: all of them; other ranks: their own). */
+bool exec_checkpoint_begin(const char *dir, uint32_t rank, GError **err);
 bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t step,
                            GError **err);
-/* Reads this rank's file of the latest checkpoint under dir; *step = steps done. */
-bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step, GError **err);
-bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t n_ranks, GError **err);
+/* Reads this rank's file of the latest checkpoint under dir; *step = steps done; the changes
+ * exec_options.resume_allow_change accepted are appended to notes. */
+bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step, GString *notes,
+                          GError **err);
+/* Rank 0, once every rank has written step: points dir/latest at it, then keeps the last keep
+ * step directories (0: all). */
+bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t keep, GError **err);
 
 #endif

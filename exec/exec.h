@@ -365,7 +365,11 @@ struct exec_options {
   double timeout_s;           /* watchdog: no progress for this long is an error */
   const char *checkpoint_dir; /* write checkpoints here every checkpoint_every steps */
   uint32_t checkpoint_every;
+  uint32_t checkpoint_keep;   /* keep the last K step directories; 0 = all */
   const char *resume_dir;       /* resume from the latest checkpoint in this directory */
+  /* What a resume may find changed: "lr,weight_decay,beta1,beta2,eps,data,schedule" (any
+   * of them, comma-separated); NULL = nothing. Every other difference is refused. */
+  const char *resume_allow_change;
   const char *out_dir;          /* run directory (rank 0 writes it); NULL = no report */
   bool charts; /* draw schedule.png/.svg and memory.png (gnuplot) of the measured step there */
   const char *dump_params_path; /* rank 0 writes every parameter here (float32, model order) */
@@ -402,6 +406,9 @@ struct exec_result {
   uint64_t peak_memory_bytes;
   char *run_dir;   /* the report directory written (rank 0), or NULL */
   char *run_files; /* the files written there, space-separated (rank 0), or NULL */
+  /* After a failure: every rank failed at the same agreed point (the job can end without an
+   * abort), and whether another rank prints the error (this one need not). */
+  bool error_everywhere, error_printed_elsewhere;
 };
 
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,

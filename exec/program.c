@@ -807,17 +807,3 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
   collect_comm_keys(d);
   return true;
 }
-
-uint64_t exec_device_fingerprint(const struct exec_device *d) {
-  uint64_t h = PIPER_FNV1A_INIT;
-  const char *mj = d->plan->model_json ? d->plan->model_json : "";
-  h = piper_fnv1a(h, mj, strlen(mj));
-  uint32_t hdr[4] = {d->plan->n_devices, d->device, d->dp_degree, d->dp_rank};
-  h = piper_fnv1a(h, hdr, sizeof hdr);
-  h = piper_fnv1a(h, &d->n_params, sizeof d->n_params);
-  for (uint32_t s = 0; s < d->xm->m->n_segments; s++) {
-    uint64_t rec[3] = {d->holds[s], d->param_offset[s], d->param_local[s]};
-    h = piper_fnv1a(h, rec, sizeof rec);
-  }
-  return h;
-}

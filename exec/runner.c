@@ -570,14 +570,9 @@ static bool dump_params(struct runner *R, GError **err) {
   if (ok && R->rank == 0) {
     for (uint64_t i = 0; i < n; i++)
       full[i] = (float)j.full[i];
-    GError *e = NULL;
-    if (!g_file_set_contents(R->o->dump_params_path, (const char *)full,
-                             (gssize)(n * sizeof(float)), &e)) {
-      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot write: %s",
-                  R->o->dump_params_path, e->message);
-      g_error_free(e);
-      ok = false;
-    }
+    /* piper_write_file: a device (/dev/null, /dev/full) is written in place, a full disk is
+     * an error naming the file */
+    ok = piper_write_file(R->o->dump_params_path, full, n * sizeof(float), err);
   }
   g_free(j.full);
   g_free(held);
@@ -756,11 +751,50 @@ static bool agree_on_start(struct runner *R, uint32_t done, GError **err) {
   return true;
 }
 
+/* A checkpoint one rank refuses is refused by the job: every rank learns the lowest refusing
+ * rank, which alone reports its reason, and all end together with the input error (nothing
+ * is in flight, so no abort). Changes the user allowed are said on stdout by rank 0. */
+static bool resume(struct runner *R, struct exec_result *res, uint32_t *done, GError **err) {
+  const struct exec_options *o = R->o;
+  GError *mine = NULL;
+  GString *notes = g_string_new(NULL);
+  bool ok = exec_checkpoint_read(&R->s, o->resume_dir, done, notes, &mine);
+  double first = ok ? (double)R->dev->plan->n_devices : (double)R->rank;
+  struct dump_job j = {&first, 1, EXEC_REDUCE_MIN};
+  if (!control(R, dump_fn, &j, err)) {
+    R->clean = false;
+    ok = false;
+  } else if (first < (double)R->dev->plan->n_devices) {
+    res->error_everywhere = true;
+    res->error_printed_elsewhere = first != (double)R->rank;
+    if (mine && !res->error_printed_elsewhere)
+      g_propagate_error(err, g_steal_pointer(&mine));
+    else
+      piper_input_error(err, "resume: rank %g refused the checkpoint", first);
+    ok = false;
+  } else if (R->rank == 0 && notes->len) {
+    printf("resume: from %s (step %u) with %s, allowed by --resume-allow-change\n", o->resume_dir,
+           *done, notes->str);
+    fflush(stdout);
+  }
+  g_clear_error(&mine);
+  g_string_free(notes, TRUE);
+  return ok;
+}
+
 /* Where the run starts (after a resume: the checkpoint's step) and the result's arrays. */
 static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) {
   const struct exec_options *o = R->o;
-  uint32_t done = 0;
-  if (o->resume_dir && !exec_checkpoint_read(&R->s, o->resume_dir, &done, err))
+  uint32_t done = 0, allow = 0;
+  if (!exec_resume_allow_parse(o->resume_allow_change, &allow, err))
+    return false;
+  if (allow && !o->resume_dir)
+    return piper_input_error(err, "--resume-allow-change goes with --resume DIR");
+  if (o->checkpoint_keep && !o->checkpoint_dir)
+    return piper_input_error(err, "--checkpoint-keep goes with --checkpoint DIR");
+  if (o->resume_dir && !resume(R, res, &done, err))
+    return false;
+  if (o->checkpoint_dir && !exec_checkpoint_begin(o->checkpoint_dir, R->rank, err))
     return false;
   if (!agree_on_start(R, done, err))
     return false;
@@ -799,16 +833,16 @@ static bool collect_step(struct runner *R, GError **err) {
   return control(R, collect, ss, err);
 }
 
-/* A checkpoint every checkpoint_every steps: every rank writes its file, then rank 0 commits
- * once all have. */
+/* A checkpoint every checkpoint_every steps and after the last one: every rank writes its
+ * file, then rank 0 commits once all have. */
 static bool checkpoint_step(struct runner *R, uint32_t step, GError **err) {
   const struct exec_options *o = R->o;
-  if (!o->checkpoint_dir || !o->checkpoint_every || step % o->checkpoint_every != 0)
+  bool last = step == o->warmup + o->iters;
+  if (!o->checkpoint_dir || !o->checkpoint_every || (step % o->checkpoint_every != 0 && !last))
     return true;
   return exec_checkpoint_write(&R->s, o->checkpoint_dir, step, err) &&
          control(R, barrier, NULL, err) &&
-         (R->rank != 0 ||
-          exec_checkpoint_commit(o->checkpoint_dir, step, exec_backend_world_size(R->b), err));
+         (R->rank != 0 || exec_checkpoint_commit(o->checkpoint_dir, step, o->checkpoint_keep, err));
 }
 
 /* One training step end to end: run, account, collect the loss, report, checkpoint. */

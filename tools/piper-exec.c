@@ -65,9 +65,14 @@ static const struct option_spec options[] = {
     {.name = "--checkpoint", .kind = OPTION_STRING, EXEC_OPTION(checkpoint), .metavar = "DIR",
      .help = "write checkpoints to DIR ..."},
     {.name = "--checkpoint-every", .kind = OPTION_U32, EXEC_OPTION(checkpoint_every), .lo = 1,
-     .hi = STEPS_MAX, .metavar = "K", .help = "... every K steps"},
+     .hi = STEPS_MAX, .metavar = "K", .help = "... every K steps and after the last"},
+    {.name = "--checkpoint-keep", .kind = OPTION_U32, EXEC_OPTION(run.checkpoint_keep), .lo = 1,
+     .hi = STEPS_MAX, .metavar = "K", .help = "keep the last K checkpoints (default: all)"},
     {.name = "--resume", .kind = OPTION_STRING, EXEC_OPTION(resume), .metavar = "DIR",
      .help = "continue from the latest checkpoint in DIR"},
+    {.name = "--resume-allow-change", .kind = OPTION_STRING, EXEC_OPTION(run.resume_allow_change),
+     .metavar = "LIST", .help = "accept these changes on --resume (comma-separated: lr,\n"
+             "weight_decay, beta1, beta2, eps, data, schedule)"},
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
@@ -126,11 +131,12 @@ static void leak_check_before_mpi(void) {
 
 /* The launcher ends every rank when one fails: say so in one line instead of vanishing. */
 static char term_message[160];
+static volatile sig_atomic_t term_code = 1;
 static void on_term(int sig) {
   (void)sig;
   ssize_t w = write(STDERR_FILENO, term_message, strlen(term_message));
   (void)w;
-  _exit(1);
+  _exit(term_code);
 }
 
 struct fault {
@@ -307,11 +313,17 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
   }
   struct exec_result res = {0};
   if (!exec_run(o, b, &res, &err)) {
-    int rc = piper_error_exit("piper-exec", err);
-    if (rc == 1 && size > 1)
-      exec_backend_abort(b, 1); /* peers may be blocked on us */
-    if (rc == 2 && size > 1)
-      exec_backend_abort(b, 2);
+    int rc = err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
+    if (res.error_printed_elsewhere) /* one line for the job: the rank that saw it says it */
+      g_error_free(err);
+    else
+      rc = piper_error_exit("piper-exec", err);
+    if (size > 1 && !res.error_everywhere)
+      exec_backend_abort(b, rc); /* peers may be blocked on us */
+    if (res.error_everywhere) {  /* the launcher may end us once a peer has exited: quietly */
+      term_message[0] = '\0';
+      term_code = rc;
+    }
     exec_backend_free(b);
     return rc;
   }

@@ -6,7 +6,9 @@
 # parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-2 and
 # ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
-# timeout.
+# timeout. A checkpoint of another sharding, learning rate or batch shape is refused naming the
+# difference (or accepted with --resume-allow-change); the last step is checkpointed,
+# --checkpoint-keep prunes, stale temporary files go; --dump-params /dev/full fails cleanly.
 set -u
 BIN=${PIPER_BIN:-bin}
 PE="$BIN/piper-exec"
@@ -245,6 +247,93 @@ took=$(($(date +%s) - start))
 [ "$rc" -eq 1 ] && [ "$took" -lt 30 ] &&
   grep -q 'piper-exec: error: rank 1: watchdog: no progress for 3.[0-9] s: stream "[^"]*" is stuck in instruction [0-9]* "recv F' "$T/stall.log" \
   && ok || bad "stuck plan: exit $rc after ${took}s: $(tail -5 "$T/stall.log")"
+
+# --- resume refuses what it cannot continue exactly; checkpoint housekeeping (issue 16) -------
+# A checkpoint records its run's sharding, placement, batch shape, seed, data and optimizer;
+# a resume that differs is refused with exit 2 and one line naming the difference (the lowest
+# refusing rank says it, the job ends without an abort), or, for a change allowed with
+# --resume-allow-change, accepted and said on stdout.
+# expect_refusal NAME WANT LOG RC: exit 2, one "piper-exec: error:" line, naming WANT, no abort
+expect_refusal() {
+  local name=$1 want=$2 log=$3 rc=$4
+  local n; n=$(grep -c "^piper-exec: error: " "$log")
+  if [ "$rc" -eq 2 ] && [ "$n" -eq 1 ] && grep -q "^piper-exec: error: resume: .*$want" "$log" &&
+    ! grep -q "MPI_ABORT" "$log"; then
+    ok
+  else
+    bad "$name: exit $rc, $n error lines: $(grep -v '^step' "$log" | head -5)"
+  fi
+}
+Z=(--model $MOE --schedule 1f1b --ranks 2 --mbs 4 --warmup 0 --quiet --timeout 60 --no-charts)
+Z2=(--base-schedule $BS/pp2_dp2_ep2_zero2.json)
+Z3=(--base-schedule $BS/pp2_dp2_ep2_zero3.json)
+PLAIN=(--base-schedule $BS/pp2_dp2_ep2.json)
+# ZeRO-2, 3 steps, a checkpoint every 2: the last step is checkpointed too, and resuming it under
+# the same plan continues bit-identically
+if "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" "${Z2[@]}" --iters 3 --checkpoint "$T/z2" --checkpoint-every 2 \
+    --out "$T/z2first" >"$T/z2.log" 2>&1 &&
+  "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" "${Z2[@]}" --iters 4 --resume "$T/z2" --out "$T/z2rest" >>"$T/z2.log" 2>&1 &&
+  "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" "${Z2[@]}" --iters 4 --out "$T/z2whole" >>"$T/z2.log" 2>&1; then
+  [ "$(cat "$T/z2/latest")" = step-3 ] && [ -f "$T/z2/step-2/rank-3.ckpt" ] && [ -f "$T/z2/step-3/rank-3.ckpt" ] \
+    && ok || bad "final checkpoint: latest is $(cat "$T/z2/latest"), $(ls "$T/z2")"
+  [ "$(losses "$T/z2first"; losses "$T/z2rest")" = "$(losses "$T/z2whole")" ] && ok ||
+    bad "ZeRO-2 resumed losses differ: $(losses "$T/z2rest" | tr '\n' ' ') vs $(losses "$T/z2whole" | tr '\n' ' ')"
+  # the issue's silent divergence: a ZeRO-2 checkpoint under the plain plan
+  "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" "${PLAIN[@]}" --iters 5 --resume "$T/z2" --no-report >"$T/r.log" 2>&1
+  expect_refusal "ZeRO-2 under the plain plan" \
+    "was written with shard_grads (ZeRO-2) on device group \[0,1\] .*this plan has no sharding on device group \[0,1\]" "$T/r.log" $?
+  # a new learning rate: refused, then accepted with the flag and said on stdout
+  "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" "${Z2[@]}" --iters 5 --resume "$T/z2" --lr 0.002 --no-report >"$T/r.log" 2>&1
+  expect_refusal "new lr" "was written with lr 0.001, now 0.002 (--resume-allow-change lr to accept)" "$T/r.log" $?
+  if "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" "${Z2[@]}" --iters 5 --resume "$T/z2" --lr 0.002 \
+    --resume-allow-change lr,weight_decay --no-report >"$T/r.log" 2>&1; then
+    grep -q "^resume: from $T/z2 (step 3) with lr 0.001 -> 0.002, allowed by --resume-allow-change$" "$T/r.log" \
+      && ok || bad "allowed lr change not said: $(head -3 "$T/r.log")"
+  else
+    bad "--resume-allow-change lr: $(tail -3 "$T/r.log")"
+  fi
+  # another micro-batch count is refused
+  "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" --mbs 2 "${Z2[@]}" --iters 5 --resume "$T/z2" --no-report >"$T/r.log" 2>&1
+  expect_refusal "other micro-batches" "micro-batches per step on this device 4, this plan has 2" "$T/r.log" $?
+else
+  bad "ZeRO-2 checkpoint runs: $(tail -5 "$T/z2.log")"
+fi
+# the issue's NaN: a ZeRO-3 checkpoint under the plain plan
+if "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" "${Z3[@]}" --iters 1 --checkpoint "$T/z3" --checkpoint-every 1 \
+    --no-report >"$T/z3.log" 2>&1; then
+  "${MPIRUN[@]}" -np 4 "$PE" "${Z[@]}" "${PLAIN[@]}" --iters 3 --resume "$T/z3" --no-report >"$T/r.log" 2>&1
+  expect_refusal "ZeRO-3 under the plain plan" "was written with shard_params (ZeRO-3) on device group \[0,1\]" "$T/r.log" $?
+else
+  bad "ZeRO-3 checkpoint run: $(tail -5 "$T/z3.log")"
+fi
+
+# one process: --checkpoint-keep keeps the last K step directories, a crashed writer's
+# temporary files go when checkpointing starts
+KD=(--model $DENSE --directives "$T/one.json" --mbs 2 --warmup 0 --no-report --quiet)
+mkdir -p "$T/keep/step-2"
+echo junk >"$T/keep/latest.tmp"
+echo junk >"$T/keep/step-2/rank-0.ckpt.tmp"
+if "$PE" "${KD[@]}" --iters 5 --checkpoint "$T/keep" --checkpoint-every 2 --checkpoint-keep 2 2>"$T/err"; then
+  [ "$(cat "$T/keep/latest")" = step-5 ] && [ "$(cd "$T/keep" && ls -d step-* | tr '\n' ' ')" = "step-4 step-5 " ] \
+    && ok || bad "--checkpoint-keep 2: latest $(cat "$T/keep/latest"), $(ls "$T/keep" | tr '\n' ' ')"
+  [ -z "$(find "$T/keep" -name '*.tmp')" ] && ok || bad "stale tmp files left: $(find "$T/keep" -name '*.tmp')"
+else
+  bad "--checkpoint-keep run: $(cat "$T/err")"
+fi
+expect_bad "keep without checkpoint" "--checkpoint-keep goes with --checkpoint" "${KD[@]}" --iters 1 --checkpoint-keep 2
+expect_bad "allow without resume" "--resume-allow-change goes with --resume" "${KD[@]}" --iters 1 --resume-allow-change lr
+expect_bad "allow bad name" '"momentum" is not one of' "${KD[@]}" --iters 1 --resume "$T/keep" --resume-allow-change lr,momentum
+
+# --dump-params on a full device: exit 1 naming it, and the device stays a device
+if [ -c /dev/full ]; then
+  "$PE" "${KD[@]}" --iters 1 --dump-params /dev/full >"$T/out" 2>"$T/err"
+  rc=$?
+  [ "$rc" -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "^piper-exec: error: /dev/full: " "$T/err" \
+    && ok || bad "--dump-params /dev/full: exit $rc: $(cat "$T/err")"
+  [ -c /dev/full ] && ok || bad "/dev/full is no longer a character device"
+  "$PE" "${KD[@]}" --iters 1 --dump-params /dev/null 2>"$T/err" && [ -c /dev/null ] && ok ||
+    bad "--dump-params /dev/null: $(cat "$T/err")"
+fi
 
 echo "test_exec.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

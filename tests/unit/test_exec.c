@@ -2,7 +2,8 @@
  * tensors, instruction roles, data-parallel ranks, parameter layout), the data reader, the
  * initialisation, the host backend's streams and events, and one-device training: the loss
  * falls, BI + BW equals the fused backward, a checkpoint resumes bit-identically, a corrupt one
- * is refused, and the watchdog turns a stuck instruction into an error. Multi-process runs
+ * is refused, a checkpoint of another sharding, hyper-parameter or batch shape is refused naming
+ * the difference, the last step is checkpointed, old ones pruned, and the watchdog turns a stuck instruction into an error. Multi-process runs
  * (the equivalence tests) are in tests/cli/test_exec.sh. */
 #include "test-helpers.h"
 
@@ -559,6 +560,191 @@ static void test_checkpoint_resume(void **state) {
   compile_result_free(&r);
 }
 
+/* Device 0's description under a base schedule of pp2_dp2_ep2 (1F1B, 4 micro-batches). */
+static void describe_device0(const char *base, const struct exec_options *o,
+                             struct exec_checkpoint_meta *m) {
+  gchar *prog = NULL;
+  assert_true(g_file_get_contents(base, &prog, NULL, NULL));
+  struct compile_result r = compile_text("models/tiny-moe.json", prog, 4, "1f1b", 0);
+  g_free(prog);
+  struct exec_model xm;
+  struct exec_device dev;
+  GError *err = NULL;
+  assert_true(exec_model_init(&xm, r.plan->model, &err));
+  if (!exec_device_init(&dev, r.plan, &xm, 0, &err))
+    fail_msg("%s", err->message);
+  exec_checkpoint_describe(o, &dev, NULL, 4, m);
+  exec_device_clear(&dev);
+  exec_model_clear(&xm);
+  compile_result_free(&r);
+}
+
+/* compare(was, now) fails with an input error containing want, or succeeds when want is NULL;
+ * notes get what was accepted. */
+static void expect_compare(const struct exec_checkpoint_meta *was,
+                           const struct exec_checkpoint_meta *now, uint32_t allow, const char *want,
+                           GString *notes) {
+  GError *err = NULL;
+  bool ok = exec_checkpoint_compare("ck/rank-0.ckpt", was, now, allow, notes, &err);
+  if (!want) {
+    if (!ok)
+      fail_msg("%s", err->message);
+    return;
+  }
+  assert_false(ok);
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  if (!strstr(err->message, want))
+    fail_msg("\"%s\" lacks \"%s\"", err->message, want);
+  assert_null(strchr(err->message, '\n'));
+  g_error_free(err);
+}
+
+/* The issue's two failures (a ZeRO-2 or ZeRO-3 checkpoint resumed under the plain plan) are
+ * refusals naming the sharding; a learning rate change passes only when allowed. */
+static void test_checkpoint_compare(void **state) {
+  (void)state;
+  const char *bs = "directives/base-schedules/";
+  struct exec_options o = exec_options_default();
+  struct exec_checkpoint_meta plain, zero2, zero3, lr;
+  char *path = g_strconcat(bs, "pp2_dp2_ep2.json", NULL);
+  describe_device0(path, &o, &plain);
+  g_free(path);
+  path = g_strconcat(bs, "pp2_dp2_ep2_zero2.json", NULL);
+  describe_device0(path, &o, &zero2);
+  g_free(path);
+  path = g_strconcat(bs, "pp2_dp2_ep2_zero3.json", NULL);
+  describe_device0(path, &o, &zero3);
+  o.lr = 2e-3f;
+  describe_device0(path, &o, &lr);
+  g_free(path);
+  GString *notes = g_string_new(NULL);
+  expect_compare(&zero2, &zero2, 0, NULL, notes);
+  expect_compare(&zero2, &plain, 0,
+                 "was written with shard_grads (ZeRO-2) on device group [0,1] for segments", notes);
+  expect_compare(&zero2, &plain, 0, "this plan has no sharding on device group [0,1]", notes);
+  expect_compare(&zero3, &plain, 0, "was written with shard_params (ZeRO-3)", notes);
+  expect_compare(&plain, &zero3, 0, "this plan has shard_params (ZeRO-3)", notes);
+  assert_int_equal(notes->len, 0);
+  expect_compare(&zero3, &lr, 0, "lr 0.001, now 0.002 (--resume-allow-change lr to accept)", notes);
+  uint32_t allow = 0;
+  GError *err = NULL;
+  assert_true(exec_resume_allow_parse("weight_decay, lr", &allow, &err));
+  expect_compare(&zero3, &lr, allow, NULL, notes);
+  assert_string_equal(notes->str, "lr 0.001 -> 0.002");
+  assert_false(exec_resume_allow_parse("lr,momentum", &allow, &err));
+  assert_non_null(strstr(err->message, "\"momentum\" is not one of"));
+  g_clear_error(&err);
+  /* another micro-batch count, seed and data file are refused */
+  lr.microbatches = 8;
+  expect_compare(&zero3, &lr, allow, "micro-batches per step on this device 4, this plan has 8",
+                 notes);
+  lr.microbatches = zero3.microbatches;
+  lr.seed = 7;
+  expect_compare(&zero3, &lr, allow, "--seed 1234, this run has --seed 7", notes);
+  lr.seed = zero3.seed;
+  g_free(lr.data_path);
+  lr.data_path = g_strdup("train.bin");
+  expect_compare(&zero3, &lr, allow,
+                 "with data synthetic stream (0 bytes), now synthetic train.bin", notes);
+  /* the description survives its JSON form */
+  char *text = exec_checkpoint_meta_to_json(&zero3);
+  cJSON *j = cJSON_Parse(text);
+  assert_non_null(j);
+  assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "tiny-moe");
+  cJSON_Delete(j);
+  cJSON_free(text);
+  g_string_free(notes, TRUE);
+  exec_checkpoint_meta_clear(&plain);
+  exec_checkpoint_meta_clear(&zero2);
+  exec_checkpoint_meta_clear(&zero3);
+  exec_checkpoint_meta_clear(&lr);
+}
+
+/* Bytes that are not a whole checkpoint are input errors, never a crash. */
+static void test_checkpoint_parse_refuses(void **state) {
+  (void)state;
+  struct exec_checkpoint_file f;
+  GError *err = NULL;
+  const char *cases[][2] = {
+      {"", "not a piper-exec checkpoint"},
+      {"PIPERCKP", "truncated"},
+      {"PIPERCKP\x01\0\0\0xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "version 1"},
+      {"PIPERCKP\x07\0\0\0xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "version 7"},
+      {"PIPERCKP\x02\0\0\0xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "checksum mismatch"},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    size_t len = k < 2 ? strlen(cases[k][0]) : 56;
+    assert_false(exec_checkpoint_parse("x.ckpt", cases[k][0], len, &f, &err));
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    if (!strstr(err->message, cases[k][1]))
+      fail_msg("case %zu: \"%s\" lacks \"%s\"", k, err->message, cases[k][1]);
+    g_clear_error(&err);
+  }
+}
+
+/* The last step is checkpointed even off the period, --checkpoint-keep prunes, and a crashed
+ * writer's temporary files go when checkpointing starts. */
+static void test_checkpoint_final_keep_and_cleanup(void **state) {
+  (void)state;
+  struct compile_result r = compile_text("models/tiny-dense.json", "[]", 2, NULL, 0);
+  char *dir = test_tmp_dir("test_exec_keep_XXXXXX");
+  char *stale[3] = {g_build_filename(dir, "latest.tmp", NULL),
+                    g_build_filename(dir, "step-2", "rank-0.ckpt.tmp", NULL),
+                    g_build_filename(dir, "step-9", "rank-0.ckpt", NULL)};
+  for (int k = 0; k < 3; k++) {
+    char *parent = g_path_get_dirname(stale[k]);
+    g_mkdir_with_parents(parent, 0755);
+    g_free(parent);
+    assert_true(g_file_set_contents(stale[k], "junk", 4, NULL));
+  }
+  struct exec_options o = exec_options_default();
+  o.warmup = 0;
+  o.iters = 5;
+  o.checkpoint_dir = dir;
+  o.checkpoint_every = 2;
+  o.checkpoint_keep = 2;
+  struct trained t;
+  GError *err = NULL;
+  if (!train(r.plan, &o, &t, &err))
+    fail_msg("%s", err->message);
+  char *latest = g_build_filename(dir, "latest", NULL);
+  gchar *text = NULL;
+  assert_true(g_file_get_contents(latest, &text, NULL, NULL));
+  assert_string_equal(text, "step-5\n");
+  const char *want[] = {"step-4/rank-0.ckpt", "step-5/rank-0.ckpt"};
+  const char *gone[] = {"step-2", "step-9", "latest.tmp"};
+  for (int k = 0; k < 2; k++) {
+    char *p = g_build_filename(dir, want[k], NULL);
+    assert_true(g_file_test(p, G_FILE_TEST_IS_REGULAR));
+    g_free(p);
+  }
+  for (int k = 0; k < 3; k++) {
+    char *p = g_build_filename(dir, gone[k], NULL);
+    if (g_file_test(p, G_FILE_TEST_EXISTS))
+      fail_msg("%s is still there", p);
+    g_free(p);
+  }
+  /* keep without a directory, allow without a resume: refused */
+  struct trained none;
+  o.checkpoint_dir = NULL;
+  assert_false(train(r.plan, &o, &none, &err));
+  assert_non_null(strstr(err->message, "--checkpoint-keep goes with --checkpoint"));
+  g_clear_error(&err);
+  o.checkpoint_keep = 0;
+  o.resume_allow_change = "lr";
+  assert_false(train(r.plan, &o, &none, &err));
+  assert_non_null(strstr(err->message, "--resume-allow-change goes with --resume"));
+  g_clear_error(&err);
+  g_free(text);
+  g_free(latest);
+  for (int k = 0; k < 3; k++)
+    g_free(stale[k]);
+  trained_free(&t);
+  test_remove_tree(dir);
+  g_free(dir);
+  compile_result_free(&r);
+}
+
 static void test_watchdog(void **state) {
   (void)state;
   struct compile_result r = compile_text("models/tiny-dense.json", "[]", 2, NULL, 0);
@@ -640,6 +826,9 @@ int main(void) {
       cmocka_unit_test(test_train_loss_falls),
       cmocka_unit_test(test_bi_bw_split_equals_fused),
       cmocka_unit_test(test_checkpoint_resume),
+      cmocka_unit_test(test_checkpoint_compare),
+      cmocka_unit_test(test_checkpoint_parse_refuses),
+      cmocka_unit_test(test_checkpoint_final_keep_and_cleanup),
       cmocka_unit_test(test_watchdog),
       cmocka_unit_test(test_refuses_plan_larger_than_job),
   };
