@@ -51,7 +51,14 @@ struct exec_model {
   struct exec_segment *segs; /* [n_segments] */
   uint32_t embedding_op, head_op;
   bool tied; /* the head reads the embedding's table (same segment) */
+  /* the model file's numerics, as the kernels take them */
+  float rope_theta, rms_norm_eps;
+  struct kernels_rope_scaling rope_scaling;
+  const struct kernels_rope_scaling *scaling; /* &rope_scaling, or NULL when none */
 };
+/* Attention dimensions of a model op, with the model's RoPE. */
+struct kernels_attention_dims exec_attention_dims(const struct exec_model *xm,
+                                                  const struct model_op *op);
 
 bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err);
 void exec_model_clear(struct exec_model *xm);

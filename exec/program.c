@@ -96,9 +96,7 @@ static uint64_t kernel_param_count(const struct exec_model *xm, const struct mod
   case MODEL_OP_EMBEDDING: return kernels_embedding_param_count(xm->V, xm->C);
   case MODEL_OP_RMSNORM: return kernels_rmsnorm_param_count(xm->C);
   case MODEL_OP_ATTENTION: {
-    struct kernels_attention_dims d = {(int)op->shape[0], (int)op->shape[1], (int)op->shape[2],
-                                       (int)op->shape[3], (int)op->shape[4], (int)op->shape[5],
-                                       KERNELS_ROPE_THETA};
+    struct kernels_attention_dims d = exec_attention_dims(xm, op);
     return kernels_attention_param_count(&d);
   }
   case MODEL_OP_MLP:
@@ -338,10 +336,47 @@ static bool build_segments(struct exec_model *xm, GError **err) {
   return true;
 }
 
+/* The model file's rope_theta, rms_norm_eps and rope_scaling, refused where the kernels do not
+ * implement them (DeepSeek's "yarn"). */
+static bool model_numerics(struct exec_model *xm, const struct model *m, GError **err) {
+  xm->rope_theta = (float)m->rope_theta;
+  xm->rms_norm_eps = (float)m->rms_norm_eps;
+  const struct model_rope_scaling *sc = &m->rope_scaling;
+  if (!kernels_rope_scaling_supported(sc->type))
+    return piper_input_error(err,
+                             "%s: \"rope_scaling\" of type \"%s\" has no host kernel (none, "
+                             "\"default\" and \"llama3\" do)",
+                             m->name, sc->type);
+  if (strcmp(sc->type, "llama3") == 0) {
+    xm->rope_scaling = (struct kernels_rope_scaling){
+        .factor = (float)sc->factor,
+        .low_freq_factor = (float)sc->low_freq_factor,
+        .high_freq_factor = (float)sc->high_freq_factor,
+        .original_max_position_embeddings = (int)sc->original_max_position_embeddings,
+    };
+    xm->scaling = &xm->rope_scaling;
+  }
+  return true;
+}
+
+struct kernels_attention_dims exec_attention_dims(const struct exec_model *xm,
+                                                  const struct model_op *op) {
+  return (struct kernels_attention_dims){
+      .batch = (int)op->shape[0],
+      .seq = (int)op->shape[1],
+      .heads = (int)op->shape[2],
+      .kv_heads = (int)op->shape[3],
+      .head_dim = (int)op->shape[4],
+      .hidden = (int)op->shape[5],
+      .rope_theta = xm->rope_theta,
+      .rope_scaling = xm->scaling,
+  };
+}
+
 bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err) {
   memset(xm, 0, sizeof *xm);
   xm->m = m;
-  if (!model_dims(xm, m, err) || !find_ends(xm, err))
+  if (!model_dims(xm, m, err) || !model_numerics(xm, m, err) || !find_ends(xm, err))
     return false;
   if (!build_segments(xm, err) || !check_edge_bytes(xm, err)) {
     exec_model_clear(xm);

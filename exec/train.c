@@ -401,13 +401,6 @@ static const float *params_of(struct exec_state *s, const struct exec_instr *x) 
   return s->params + d->param_offset[x->segment];
 }
 
-static struct kernels_attention_dims attention_dims(const struct model_op *op) {
-  struct kernels_attention_dims dd = {(int)op->shape[0], (int)op->shape[1], (int)op->shape[2],
-                                      (int)op->shape[3], (int)op->shape[4], (int)op->shape[5],
-                                      KERNELS_ROPE_THETA};
-  return dd;
-}
-
 static float *dval_out(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
                        struct exec_seg_run *run, const struct exec_segment *es, int32_t v) {
   if (!run->dval[v])
@@ -468,10 +461,10 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
     case MODEL_OP_RMSNORM:
       run->saved[j] = mb_floats_raw(s, st, mb, kernels_rmsnorm_saved_floats(T));
       KT(st, s,
-         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, T, C, KERNELS_RMSNORM_EPS));
+         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, T, C, s->xm->rms_norm_eps));
       break;
     case MODEL_OP_ATTENTION: {
-      struct kernels_attention_dims dd = attention_dims(op);
+      struct kernels_attention_dims dd = exec_attention_dims(s->xm, op);
       run->saved[j] = mb_floats_raw(s, st, mb, kernels_attention_saved_floats(&dd));
       KT(st, s, k->attention_forward(st->stream, out, run->saved[j], in0, prm, &dd));
       break;
@@ -632,7 +625,7 @@ static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
   struct exec_task_ctx *st = b->st;
   struct exec_seg_run *run = b->run;
   int32_t j = o->j;
-  struct kernels_attention_dims dd = attention_dims(o->op);
+  struct kernels_attention_dims dd = exec_attention_dims(s->xm, o->op);
   if (b->mode != BWD_WEIGHT)
     run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_attention_bwork_floats(&dd));
   if (b->mode == BWD_FUSED)

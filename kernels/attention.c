@@ -159,8 +159,8 @@ void kernels_attention_forward(float *a, float *saved, const float *h, const flo
   kernels_gemm(false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
   kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
   kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
-  kernels_rope(w.q, B, S, H, D, d->rope_theta, false);
-  kernels_rope(w.k, B, S, d->kv_heads, D, d->rope_theta, false);
+  kernels_rope_scaled(w.q, B, S, H, D, d->rope_theta, d->rope_scaling, false);
+  kernels_rope_scaled(w.k, B, S, d->kv_heads, D, d->rope_theta, d->rope_scaling, false);
   float scale = 1.0f / sqrtf((float)D);
   for (int b = 0; b < B; b++)
     for (int hh = 0; hh < H; hh++) {
@@ -217,8 +217,8 @@ void kernels_attention_backward_input(float *dh, float *bwork, const float *da, 
       struct attention_head ah = attention_head(&w, d, b, hh);
       attention_head_backward(&ah, scale, ds);
     }
-  kernels_rope(w.dq, B, S, H, D, d->rope_theta, true);
-  kernels_rope(w.dk, B, S, d->kv_heads, D, d->rope_theta, true);
+  kernels_rope_scaled(w.dq, B, S, H, D, d->rope_theta, d->rope_scaling, true);
+  kernels_rope_scaled(w.dk, B, S, d->kv_heads, D, d->rope_theta, d->rope_scaling, true);
   kernels_gemm(false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
   kernels_gemm(false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
   kernels_gemm(false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);

@@ -119,6 +119,7 @@ bool kernels_rope_scaling_supported(const char *type);
 struct kernels_attention_dims {
   int batch, seq, heads, kv_heads, head_dim, hidden;
   float rope_theta; /* KERNELS_ROPE_THETA unless the model says otherwise */
+  const struct kernels_rope_scaling *rope_scaling; /* the model's "rope_scaling"; NULL: none */
 };
 size_t kernels_attention_param_count(const struct kernels_attention_dims *d);
 size_t kernels_attention_saved_floats(const struct kernels_attention_dims *d);

@@ -319,8 +319,8 @@ static bool load_rope_scaling(struct model *m, const cJSON *root, const char *fi
 }
 
 static bool load_numerics(struct model *m, const cJSON *root, const char *file, GError **err) {
-  m->rope_theta = 10000.0;
-  m->rms_norm_eps = 1e-6;
+  m->rope_theta = MODEL_DEFAULT_ROPE_THETA;
+  m->rms_norm_eps = MODEL_DEFAULT_RMS_NORM_EPS;
   if (present(root, "rope_theta") &&
       !json_get_double(root, "rope_theta", false, 1.0, 1e12, &m->rope_theta, file, err))
     return false;
@@ -568,6 +568,27 @@ static bool split_is_equal(const struct model *m) {
   return true;
 }
 
+/* rope_theta, rms_norm_eps and rope_scaling where they differ from the defaults a file without
+ * them gets, so that plans of models that never set them stay as they were. */
+static void put_numerics(cJSON *o, const struct model *m) {
+  if (m->rope_theta != MODEL_DEFAULT_ROPE_THETA)
+    cJSON_AddNumberToObject(o, "rope_theta", m->rope_theta);
+  if (m->rms_norm_eps != MODEL_DEFAULT_RMS_NORM_EPS)
+    cJSON_AddNumberToObject(o, "rms_norm_eps", m->rms_norm_eps);
+  const struct model_rope_scaling *sc = &m->rope_scaling;
+  if (!sc->type[0])
+    return;
+  cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+  cJSON_AddStringToObject(r, "rope_type", sc->type);
+  if (sc->factor > 0)
+    cJSON_AddNumberToObject(r, "factor", sc->factor);
+  if (strcmp(sc->type, "llama3") == 0) {
+    cJSON_AddNumberToObject(r, "low_freq_factor", sc->low_freq_factor);
+    cJSON_AddNumberToObject(r, "high_freq_factor", sc->high_freq_factor);
+    put_int(r, "original_max_position_embeddings", sc->original_max_position_embeddings);
+  }
+}
+
 cJSON *model_to_json(const struct model *m) {
   bool deepseek = m->family == MODEL_FAMILY_DEEPSEEK_V3;
   bool mixtral = strcmp(m->model_type, "mixtral") == 0;
@@ -603,6 +624,7 @@ cJSON *model_to_json(const struct model *m) {
   }
   put_int(o, "vocab_size", m->vocab_size);
   cJSON_AddBoolToObject(o, "tie_word_embeddings", m->tie_word_embeddings);
+  put_numerics(o, m);
 
   cJSON *p = cJSON_AddObjectToObject(o, "piper");
   cJSON_AddStringToObject(p, "name", m->name);

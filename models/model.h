@@ -98,6 +98,10 @@ struct model_user_tag {
  * e.g. "llama3", "yarn", "linear". The numbers are those of llama3 (and factor of the others);
  * 0 when the file has none. The loader accepts every type (the simulator only costs RoPE);
  * the executor refuses the types its kernels do not implement. */
+/* What a model file without "rope_theta" / "rms_norm_eps" gets (Llama 2's values). */
+#define MODEL_DEFAULT_ROPE_THETA 10000.0
+#define MODEL_DEFAULT_RMS_NORM_EPS 1e-6
+
 struct model_rope_scaling {
   char type[16];
   double factor, low_freq_factor, high_freq_factor;
