@@ -353,6 +353,17 @@ bool exec_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GErro
 /* ---- running plans ----------------------------------------------------------------------- */
 
 enum exec_fault { EXEC_FAULT_NONE, EXEC_FAULT_STALL };
+/* Which communication a stall hits: the first instruction of the step of that kind (ANY:
+ * the first communication of any kind, or the first instruction when there is none). */
+enum exec_stall_kind {
+  EXEC_STALL_ANY,
+  EXEC_STALL_SEND,
+  EXEC_STALL_RECV,
+  EXEC_STALL_ALL_REDUCE,     /* DP gradient all-reduce */
+  EXEC_STALL_REDUCE_SCATTER, /* ZeRO gradient reduce-scatter */
+  EXEC_STALL_ALL_TO_ALL,     /* expert dispatch or combine */
+  EXEC_STALL_ALL_GATHER,     /* ZeRO parameter gathers */
+};
 
 struct exec_options {
   const struct plan *plan;  /* the whole plan; this process runs device = world rank */
@@ -370,14 +381,17 @@ struct exec_options {
   bool charts; /* draw schedule.png/.svg and memory.png (gnuplot) of the measured step there */
   const char *dump_params_path; /* rank 0 writes every parameter here (float32, model order) */
   bool progress;                /* rank 0 prints a line per step */
-  /* Testing hook: EXEC_FAULT_STALL makes rank fault_rank's first communication instruction of
-   * step fault_step (1-based) block until cancelled, as a broken plan would. */
+  /* Testing hook: EXEC_FAULT_STALL makes rank fault_rank's first instruction of kind
+   * fault_kind in step fault_step (1-based) block until cancelled, as a transfer whose peer
+   * never comes would (a receive nothing matches, on a communicator of its own). */
   enum exec_fault fault;
+  enum exec_stall_kind fault_kind;
   uint32_t fault_rank, fault_step;
   /* Testing hook: fill every fresh activation buffer with NaN, so a kernel that reads what it
    * did not write shows up as a NaN loss (piper-exec: PIPER_EXEC_POISON=1). */
   bool poison;
-  /* Called at the start of every step (rank, 1-based step), e.g. to inject a crash. */
+  /* Called at the start of every step (rank, 1-based step), e.g. to inject a crash; step 0:
+   * at start-up, before the communicators are created. */
   void (*step_hook)(uint32_t rank, uint32_t step, void *data);
   void *step_hook_data;
 };
@@ -407,6 +421,25 @@ struct exec_result {
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,
               GError **err);
 void exec_result_clear(struct exec_result *r);
+
+/* ---- the process watchdog (exec/watchdog.c) ----------------------------------------------
+ * One per process, for its whole life: start-up (MPI initialisation, the start-up barrier),
+ * communicator creation, the steps, teardown and finalisation. A thread that reads only a
+ * progress counter and the current phase's name: when neither changes for timeout_s it prints
+ * one line, "PROGRAM: error: rank R: watchdog: no progress for S s in PHASE", and ends the job
+ * with the abort function (exit status 1), else _exit(1). In phases marked self_checked
+ * (exec_run's steps, which report a stall themselves, naming the instruction) it waits
+ * another timeout_s + 1 s and is the backstop. Without exec_watchdog_start every call below
+ * does nothing (a library user, the tests). */
+void exec_watchdog_start(const char *program, double timeout_s);
+void exec_watchdog_stop(void);
+void exec_watchdog_set_rank(uint32_t rank);
+void exec_watchdog_set_abort(void (*fn)(void *data, int code), void *data);
+void exec_watchdog_phase(const char *phase, bool self_checked);
+void exec_watchdog_progress(void);
+/* True for the first caller only: the one that reports a stall (the other stays silent). */
+bool exec_watchdog_claim(void);
+bool exec_watchdog_running(void);
 
 /* ---- pieces with their own tests --------------------------------------------------------- */
 
