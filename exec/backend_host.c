@@ -72,6 +72,8 @@ struct host_loop {
   struct exec_stream *running;
   uint64_t seq;
   double idle_since; /* when the loop last found nothing to do, 0 while busy */
+  struct exec_backend_loop_stats stats;
+  double task_s; /* inside fibers (task bodies), to take out of the loop's own time */
 };
 
 static _Thread_local struct exec_stream *fiber_starting;
@@ -117,7 +119,9 @@ static void fiber_resume(struct host_context *b, struct exec_stream *s) {
   struct exec_stream *outer = L->running;
   L->running = s;
   fiber_starting = s;
+  double t0 = piper_clock_seconds();
   swapcontext(&L->ctx, &s->fiber);
+  L->task_s += piper_clock_seconds() - t0;
   L->running = outer;
 }
 
@@ -185,7 +189,10 @@ static bool poll_pending(struct host_context *b) {
     struct exec_stream *s = g_ptr_array_index(b->streams, i);
     if (!s->pending || s->stuck || s->pending_state != HOST_PENDING_WAITING)
       continue;
+    double t0 = piper_clock_seconds();
     s->pending_state = s->pending->test(s->pending, &s->pending_error);
+    b->loop->stats.test_s += piper_clock_seconds() - t0;
+    b->loop->stats.tests++;
     if (s->pending_state == HOST_PENDING_WAITING)
       continue;
     progressed = true;
@@ -279,29 +286,43 @@ static void idle_wait(struct host_context *b) {
   nanosleep(&ts, NULL);
 }
 
+/* One turn of the loop: 1 and 2 (3 when nothing moved). False when nothing can move. An
+ * idle turn counts as waiting for peers; a busy one, less the task bodies and the tests, as
+ * the loop's own dispatch time. */
+static bool loop_turn(struct host_context *b) {
+  struct host_loop *L = b->loop;
+  double t0 = piper_clock_seconds(), task0 = L->task_s, test0 = L->stats.test_s;
+  uint64_t tests0 = L->stats.tests;
+  bool progressed = poll_pending(b);
+  struct exec_stream *s = next_ready(b);
+  if (s)
+    run_item(b, s);
+  if (s || progressed) {
+    L->idle_since = 0;
+    L->stats.items += s != NULL;
+    L->stats.dispatch_s +=
+        (piper_clock_seconds() - t0) - (L->task_s - task0) - (L->stats.test_s - test0);
+    return true;
+  }
+  L->stats.test_s = test0; /* idle polling is waiting, not cost */
+  L->stats.tests = tests0;
+  if (!may_progress(b))
+    return false;
+  idle_wait(b);
+  return true;
+}
+
 /* Runs the loop until e's latest record has completed (true) or the deadline passes or
  * nothing can move any more (false). */
 static bool loop_run(struct host_context *b, const struct exec_event *e, double deadline) {
   PIPER_ASSERT(b->loop->running == NULL); /* not from inside a task */
-  for (;;) {
-    if (e->completed >= e->recorded)
-      return true;
-    bool progressed = poll_pending(b);
-    struct exec_stream *s = next_ready(b);
-    if (s)
-      run_item(b, s);
+  while (e->completed < e->recorded) {
     /* the caller's watchdog looks at the clock between calls: return in time even when
      * everything moves */
-    if (piper_clock_seconds() > deadline)
+    if (!loop_turn(b) || piper_clock_seconds() > deadline)
       return e->completed >= e->recorded;
-    if (s || progressed) {
-      b->loop->idle_since = 0;
-      continue;
-    }
-    if (!may_progress(b))
-      return e->completed >= e->recorded;
-    idle_wait(b);
   }
+  return true;
 }
 
 /* ---- streams and events ------------------------------------------------------------------ */
@@ -327,10 +348,12 @@ static void host_stream_destroy(struct exec_stream *s) {
   if (!s)
     return;
   /* a suspended task may still have requests in flight into buffers on or off its stack:
-   * the runner destroys only streams that drained */
-  PIPER_ASSERT(!s->in_task || s->stuck);
-  if (s->stuck)
-    return; /* kept, with its stack, until the job ends */
+   * such a stream is kept, with its stack, until the job ends (the runner destroys only
+   * streams that drained) */
+  if (s->in_task) {
+    s->stuck = true;
+    return;
+  }
   g_ptr_array_remove(s->b->streams, s);
   munmap(s->stack, FIBER_STACK_BYTES);
   g_array_free(s->queue, TRUE);
@@ -422,6 +445,11 @@ static void host_cancel(struct exec_backend *backend) {
     s->pending_state = HOST_PENDING_CANCELLED;
     run_fiber(b, s);
   }
+}
+
+static void host_loop_stats(struct exec_backend *backend, struct exec_backend_loop_stats *out) {
+  struct host_context *b = backend->context;
+  *out = b->loop->stats;
 }
 
 static void host_reset(struct exec_backend *backend) {
@@ -867,6 +895,7 @@ const struct exec_backend_ops exec_backend_host = {
     .stream_wait_event = host_stream_wait_event,
     .event_synchronize = host_event_synchronize,
     .progress = host_progress,
+    .loop_stats = host_loop_stats,
     .cancel = host_cancel,
     .reset = host_reset,
     .comm_create = host_comm_create,

@@ -18,7 +18,7 @@
  * A backend is an instance of one small table (struct exec_backend_ops, after ggml's backend
  * interface): memory, streams, events, communicators and the kernel table, behind the wrappers
  * of exec/backend.c. The runner (exec/runner.c) knows nothing of threads, MPI or CUDA; `host`
- * (CPU threads + MPI) is always built, others register in exec_backends[] where their build
+ * (one event loop per process + MPI) is always built, others register in exec_backends[] where their build
  * flag is set, and an out-of-tree backend needs only this header.
  */
 #ifndef PIPER_EXEC_EXEC_H
@@ -37,7 +37,7 @@
 
 /* The version of the table below. A backend sets api_version to the value it was written
  * against; exec_backend_init refuses a table of another version. */
-#define EXEC_BACKEND_API_VERSION 1
+#define EXEC_BACKEND_API_VERSION 2 /* 2: loop_stats */
 
 struct exec_backend_ops;
 struct exec_stream; /* an in-order queue of work (the backend's own type) */
@@ -72,8 +72,17 @@ struct exec_stream_status {
 
 enum exec_reduce_op { EXEC_REDUCE_SUM, EXEC_REDUCE_MAX, EXEC_REDUCE_MIN };
 
+/* A backend that runs work itself (the host's event loop) says what it spent on its own
+ * account, outside tasks and outside idle waits for peers: totals since init. */
+struct exec_backend_loop_stats {
+  double dispatch_s; /* choosing, switching to and accounting for ready items */
+  double test_s;     /* testing posted communication (the cost of progressing it) */
+  uint64_t tests;    /* those tests */
+  uint64_t items;    /* items run (tasks, records, waits) */
+};
+
 /* Kernel table: the entry points of kernels.h with the stream they run on first (a device
- * backend enqueues them there; the host runs them inline on the stream's worker). s is NULL
+ * backend enqueues them there; the host runs them inline, in the task). s is NULL
  * for work outside any task (the runner's step setup): the backend orders it before work
  * submitted after it. Every pointer argument is device memory (from alloc). All entries are
  * required. */
@@ -216,7 +225,10 @@ struct exec_backend_ops {
   /* Streams and events (CUDA semantics): work submitted to a stream runs in order;
    * event_record marks the stream's current end, stream_wait_event makes later work on a
    * stream wait for the event's latest record; event_synchronize waits on the host, up to
-   * timeout_s (false on timeout). Submission is from one host thread. */
+   * timeout_s (false on timeout). Submission is from one host thread. A backend may run
+   * work only inside event_synchronize, on the calling thread (the host's event loop): the
+   * runner calls it in slices and looks at progress between them; timeout_s is then looked
+   * at between tasks. */
   struct exec_stream *(*stream_create)(struct exec_backend *b, const char *name, int priority,
                                        GError **err);
   void (*stream_destroy)(struct exec_stream *s);
@@ -233,9 +245,14 @@ struct exec_backend_ops {
   /* Optional: count of work items finished so far, the watchdog's progress signal (default 0:
    * the watchdog then counts from the start of each wait). */
   uint64_t (*progress)(struct exec_backend *b);
-  /* Optional: cancel makes every blocked or queued item fail soon ("cancelled"), so streams
-   * can be joined; reset clears it before another run, when no stream is busy (default:
-   * nothing). */
+  /* Optional: the backend's own time (default: none; the runner then estimates the executor
+   * overhead from instruction start and end times alone). */
+  void (*loop_stats)(struct exec_backend *b, struct exec_backend_loop_stats *out);
+  /* Optional: cancel makes every blocked or queued item fail soon ("cancelled"): posted
+   * communication is cancelled or completed before the task that posted it fails, and work
+   * whose communication cannot be stopped is never resumed, so nothing it touches may be
+   * freed (its stream never drains); reset clears it before another run, when no stream is
+   * busy (default: nothing). */
   void (*cancel)(struct exec_backend *b);
   void (*reset)(struct exec_backend *b);
 
@@ -300,6 +317,8 @@ uint32_t exec_backend_world_size(struct exec_backend *b);
 const char *exec_backend_comm_library(struct exec_backend *b);
 double exec_backend_clock(struct exec_backend *b);
 uint64_t exec_backend_progress(struct exec_backend *b);
+/* False (out zeroed) when the backend keeps no such figures. */
+bool exec_backend_loop_stats(struct exec_backend *b, struct exec_backend_loop_stats *out);
 void exec_backend_cancel(struct exec_backend *b);
 void exec_backend_reset(struct exec_backend *b);
 const struct exec_kernels *exec_backend_kernels(const struct exec_backend *b);
@@ -413,6 +432,9 @@ struct exec_result {
   double overhead_per_instr_s; /* executor latency per instruction (see the README) */
   double dispatch_per_instr_s; /* the part of it before the instruction started */
   double job_overhead_per_instr_s, job_dispatch_per_instr_s; /* the same over all ranks */
+  /* a backend that runs its own loop (host): what one test of posted communication costs,
+   * and how many it made per instruction (this rank, measured steps); 0 otherwise */
+  double comm_test_s, comm_tests_per_instr;
   uint64_t peak_memory_bytes;
   char *run_dir;   /* the report directory written (rank 0), or NULL */
   char *run_files; /* the files written there, space-separated (rank 0), or NULL */

@@ -57,13 +57,17 @@ static void report(double idle) {
 static gpointer watch(gpointer data) {
   (void)data;
   uint64_t seen = atomic_load(&wd.progress);
-  double last = piper_clock_seconds();
+  double last = piper_clock_seconds(), looked = last;
   g_mutex_lock(&wd.lock);
   while (!wd.stop) {
     g_cond_wait_until(&wd.wake, &wd.lock, g_get_monotonic_time() + WATCH_PERIOD_US);
     uint64_t now_seen = atomic_load(&wd.progress);
     double now = piper_clock_seconds();
-    if (now_seen != seen || wd.stop) {
+    /* a gap of many periods: this process itself was stopped (SIGSTOP, then SIGCONT from the
+     * launcher that ends the job): not a hang to report */
+    bool was_stopped = now - looked > 20 * WATCH_PERIOD_US * 1e-6;
+    looked = now;
+    if (now_seen != seen || wd.stop || was_stopped) {
       seen = now_seen;
       last = now;
       continue;
