@@ -129,11 +129,16 @@ bool exec_host_wait(struct host_context *b, struct host_pending *p, GError **err
   struct exec_stream *s = b->loop->running;
   enum host_pending_state st = p->test(p, err);
   if (st == HOST_PENDING_WAITING && !s) {
-    /* outside any task (no fiber to suspend): poll here */
+    /* outside any task (no fiber to suspend; the runner never does it): poll here, and
+     * after a cancel return only once nothing is in flight (else the process watchdog ends
+     * the job) */
     while ((st = p->test(p, err)) == HOST_PENDING_WAITING && !b->cancelled)
       sched_yield();
+    if (st == HOST_PENDING_WAITING && !p->cancel(p))
+      while (p->test(p, NULL) == HOST_PENDING_WAITING)
+        sched_yield();
     if (st == HOST_PENDING_WAITING)
-      st = p->cancel(p) ? HOST_PENDING_CANCELLED : HOST_PENDING_WAITING;
+      st = HOST_PENDING_CANCELLED;
   } else if (st == HOST_PENDING_WAITING) {
     s->pending = p;
     s->pending_state = HOST_PENDING_WAITING;
