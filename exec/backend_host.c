@@ -78,6 +78,41 @@ struct host_loop {
 
 static _Thread_local struct exec_stream *fiber_starting;
 
+/* Under AddressSanitizer (make asan) every switch of stacks is announced, so that it does not
+ * take a fiber's frames for an overflow of the loop's stack (sanitizer/common_interface_defs.h). */
+#if defined(__SANITIZE_ADDRESS__)
+void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
+void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old,
+                                     size_t *size_old);
+static _Thread_local void *asan_loop_fake;
+static _Thread_local const void *asan_loop_bottom;
+static _Thread_local size_t asan_loop_size;
+/* fiber to loop: leaving the fiber's stack (fake: the fiber's saved fake frames) */
+static void to_loop(struct exec_stream *s, void **fake) {
+  __sanitizer_start_switch_fiber(fake, asan_loop_bottom, asan_loop_size);
+  swapcontext(&s->fiber, &s->b->loop->ctx);
+  __sanitizer_finish_switch_fiber(*fake, &asan_loop_bottom, &asan_loop_size);
+}
+static void to_fiber(ucontext_t *loop, struct exec_stream *s) {
+  __sanitizer_start_switch_fiber(&asan_loop_fake, s->stack, FIBER_STACK_BYTES);
+  swapcontext(loop, &s->fiber);
+  __sanitizer_finish_switch_fiber(asan_loop_fake, NULL, NULL);
+}
+static void fiber_entered(void) {
+  __sanitizer_finish_switch_fiber(NULL, &asan_loop_bottom, &asan_loop_size);
+}
+#else
+static void to_loop(struct exec_stream *s, void **fake) {
+  (void)fake;
+  swapcontext(&s->fiber, &s->b->loop->ctx);
+}
+static void to_fiber(ucontext_t *loop, struct exec_stream *s) {
+  swapcontext(loop, &s->fiber);
+}
+static void fiber_entered(void) {
+}
+#endif
+
 static double host_clock(struct host_context *b) {
   return piper_clock_seconds() - b->epoch;
 }
@@ -88,12 +123,14 @@ static double host_clock(struct host_context *b) {
  * for the next task. It never returns. */
 static void fiber_main(void) {
   struct exec_stream *s = fiber_starting;
+  void *fake = NULL;
+  fiber_entered();
   for (;;) {
     GError *err = NULL;
     s->task_ok = s->current.fn(s, s->current.arg, &err);
     s->task_error = err;
     s->in_task = false;
-    swapcontext(&s->fiber, &s->b->loop->ctx);
+    to_loop(s, &fake);
   }
 }
 
@@ -120,7 +157,7 @@ static void fiber_resume(struct host_context *b, struct exec_stream *s) {
   L->running = s;
   fiber_starting = s;
   double t0 = piper_clock_seconds();
-  swapcontext(&L->ctx, &s->fiber);
+  to_fiber(&L->ctx, s);
   L->task_s += piper_clock_seconds() - t0;
   L->running = outer;
 }
@@ -142,7 +179,8 @@ bool exec_host_wait(struct host_context *b, struct host_pending *p, GError **err
   } else if (st == HOST_PENDING_WAITING) {
     s->pending = p;
     s->pending_state = HOST_PENDING_WAITING;
-    swapcontext(&s->fiber, &b->loop->ctx);
+    void *fake = NULL;
+    to_loop(s, &fake);
     s->pending = NULL;
     st = s->pending_state;
     if (s->pending_error)
