@@ -74,6 +74,7 @@ struct host_loop {
   double idle_since; /* when the loop last found nothing to do, 0 while busy */
   struct exec_backend_loop_stats stats;
   double task_s; /* inside fibers (task bodies), to take out of the loop's own time */
+  double last_within; /* when a task last tested the others' communication */
 };
 
 static _Thread_local struct exec_stream *fiber_starting;
@@ -226,17 +227,28 @@ static void run_fiber(struct host_context *b, struct exec_stream *s) {
 }
 
 /* 1. Tests the communication of suspended tasks; resumes those it settled. */
-static bool poll_pending(struct host_context *b) {
-  bool progressed = false;
+/* Tests what suspended tasks wait for, settling it without resuming them. From the loop its
+ * time is counted apart; from inside a task it is the task's. */
+static void test_pending(struct host_context *b, bool from_loop) {
   for (guint i = 0; i < b->streams->len; i++) {
     struct exec_stream *s = g_ptr_array_index(b->streams, i);
     if (!s->pending || s->stuck || s->pending_state != HOST_PENDING_WAITING)
       continue;
-    double t0 = piper_clock_seconds();
+    double t0 = from_loop ? piper_clock_seconds() : 0;
     s->pending_state = s->pending->test(s->pending, &s->pending_error);
-    b->loop->stats.test_s += piper_clock_seconds() - t0;
-    b->loop->stats.tests++;
-    if (s->pending_state == HOST_PENDING_WAITING)
+    if (from_loop) {
+      b->loop->stats.test_s += piper_clock_seconds() - t0;
+      b->loop->stats.tests++;
+    }
+  }
+}
+
+static bool poll_pending(struct host_context *b) {
+  test_pending(b, true);
+  bool progressed = false;
+  for (guint i = 0; i < b->streams->len; i++) {
+    struct exec_stream *s = g_ptr_array_index(b->streams, i);
+    if (!s->pending || s->stuck || s->pending_state == HOST_PENDING_WAITING)
       continue;
     progressed = true;
     b->progress++;
@@ -479,13 +491,16 @@ static void host_cancel(struct exec_backend *backend) {
   b->cancelled = true;
   for (guint i = 0; i < b->streams->len; i++) {
     struct exec_stream *s = g_ptr_array_index(b->streams, i);
-    if (!s->pending || s->stuck || s->pending_state != HOST_PENDING_WAITING)
+    if (!s->pending || s->stuck)
       continue;
-    if (!s->pending->cancel(s->pending)) {
-      s->stuck = true;
-      continue;
+    /* settled (between the kernels of another task) but not yet resumed: let it unwind */
+    if (s->pending_state == HOST_PENDING_WAITING) {
+      if (!s->pending->cancel(s->pending)) {
+        s->stuck = true;
+        continue;
+      }
+      s->pending_state = HOST_PENDING_CANCELLED;
     }
-    s->pending_state = HOST_PENDING_CANCELLED;
     run_fiber(b, s);
   }
 }
@@ -498,6 +513,23 @@ static void host_loop_stats(struct exec_backend *backend, struct exec_backend_lo
 static void host_reset(struct exec_backend *backend) {
   struct host_context *b = backend->context;
   b->cancelled = false;
+}
+
+/* How often a running task tests the others' communication between its kernels, in seconds:
+ * a transfer that needs both sides to progress (a rendezvous, a collective's rounds) then
+ * moves during a long task instead of after it. */
+#define WITHIN_TASK_PERIOD_S 20e-6
+
+/* Called before each host kernel (s NULL: outside any task). */
+static void progress_within(struct exec_stream *s) {
+  if (!s)
+    return;
+  struct host_loop *L = s->b->loop;
+  double now = piper_clock_seconds();
+  if (now - L->last_within < WITHIN_TASK_PERIOD_S)
+    return;
+  L->last_within = now;
+  test_pending(s->b, false);
 }
 
 /* ---- memory ------------------------------------------------------------------------------ */
@@ -520,90 +552,91 @@ static void host_copy_bytes(struct exec_backend *b, void *dst, const void *src, 
 
 /* ---- kernels ----------------------------------------------------------------------------
  * The host runs a kernel inline, on the fiber of the task that calls it: each entry is
- * kernels.h's function, called now. */
+ * kernels.h's function, called now, after testing the communication other tasks wait for
+ * (at most every WITHIN_TASK_PERIOD_S). */
 
 /* x [n] = value */
 static void host_fill(struct exec_stream *s, float *x, float value, size_t n) {
-  (void)s;
+  progress_within(s);
   for (size_t i = 0; i < n; i++)
     x[i] = value;
 }
 
 /* dst [bytes] = src */
 static void host_copy(struct exec_stream *s, void *dst, const void *src, size_t bytes) {
-  (void)s;
+  progress_within(s);
   if (bytes)
     memmove(dst, src, bytes);
 }
 
 /* y [n] += x [n] */
 static void host_add(struct exec_stream *s, float *y, const float *x, size_t n) {
-  (void)s;
+  progress_within(s);
   for (size_t i = 0; i < n; i++)
     y[i] += x[i];
 }
 
 static void k_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
                                 const float *params, int T, int V, int C) {
-  (void)s;
+  progress_within(s);
   kernels_embedding_forward(x, tokens, params, T, V, C);
 }
 
 static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, const float *dx,
                                         const int32_t *tokens, int T, int V, int C) {
-  (void)s;
+  progress_within(s);
   kernels_embedding_backward_weight(dparams, dx, tokens, T, V, C);
 }
 
 static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,
                                  const int32_t *tokens, int T, int V, int C) {
-  (void)s;
+  progress_within(s);
   kernels_embedding_backward(dparams, dx, tokens, T, V, C);
 }
 
 static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, const float *x,
                               const float *params, int T, int C, float eps) {
-  (void)s;
+  progress_within(s);
   kernels_rmsnorm_forward(h, saved, x, params, T, C, eps);
 }
 
 static void k_rmsnorm_backward_input(struct exec_stream *s, float *dx, const float *dh,
                                      const float *x, const float *saved, const float *params, int T,
                                      int C, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_rmsnorm_backward_input(dx, dh, x, saved, params, T, C, accumulate);
 }
 
 static void k_rmsnorm_backward_weight(struct exec_stream *s, float *dparams, const float *dh,
                                       const float *x, const float *saved, int T, int C) {
-  (void)s;
+  progress_within(s);
   kernels_rmsnorm_backward_weight(dparams, dh, x, saved, T, C);
 }
 
 static void k_rmsnorm_backward(struct exec_stream *s, float *dx, float *dparams, const float *dh,
                                const float *x, const float *saved, const float *params, int T,
                                int C, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_rmsnorm_backward(dx, dparams, dh, x, saved, params, T, C, accumulate);
 }
 
 static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
                                 const float *params, const struct kernels_attention_dims *d) {
-  (void)s;
+  progress_within(s);
   kernels_attention_forward(a, saved, h, params, d);
 }
 
 static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
                                        const float *da, const float *saved, const float *params,
                                        const struct kernels_attention_dims *d, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_attention_backward_input(dh, bwork, da, saved, params, d, accumulate);
 }
 
 static void k_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                         const float *da, const float *h, const float *saved,
                                         const struct kernels_attention_dims *d) {
-  (void)s;
+  progress_within(s);
   kernels_attention_backward_weight(dparams, bwork, da, h, saved, d);
 }
 
@@ -611,40 +644,40 @@ static void k_attention_backward(struct exec_stream *s, float *dh, float *dparam
                                  const float *da, const float *h, const float *saved,
                                  const float *params, const struct kernels_attention_dims *d,
                                  bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_attention_backward(dh, dparams, bwork, da, h, saved, params, d, accumulate);
 }
 
 static void k_mlp_forward(struct exec_stream *s, float *m, float *saved, const float *h,
                           const float *params, int T, int C, int F) {
-  (void)s;
+  progress_within(s);
   kernels_mlp_forward(m, saved, h, params, T, C, F);
 }
 
 static void k_mlp_backward_input(struct exec_stream *s, float *dh, float *bwork, const float *dm,
                                  const float *saved, const float *params, int T, int C, int F,
                                  bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_mlp_backward_input(dh, bwork, dm, saved, params, T, C, F, accumulate);
 }
 
 static void k_mlp_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                   const float *dm, const float *h, const float *saved, int T, int C,
                                   int F) {
-  (void)s;
+  progress_within(s);
   kernels_mlp_backward_weight(dparams, bwork, dm, h, saved, T, C, F);
 }
 
 static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
                            const float *dm, const float *h, const float *saved, const float *params,
                            int T, int C, int F, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_mlp_backward(dh, dparams, bwork, dm, h, saved, params, T, C, F, accumulate);
 }
 
 static void k_router_forward(struct exec_stream *s, int32_t *ids, float *weights, float *saved,
                              const float *h, const float *params, int T, int C, int E, int K) {
-  (void)s;
+  progress_within(s);
   kernels_router_forward(ids, weights, saved, h, params, T, C, E, K);
 }
 
@@ -652,14 +685,14 @@ static void k_router_backward_input(struct exec_stream *s, float *dh, float *bwo
                                     const float *dweights, const int32_t *ids, const float *weights,
                                     const float *saved, const float *params, int T, int C, int E,
                                     int K, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_router_backward_input(dh, bwork, dweights, ids, weights, saved, params, T, C, E, K,
                                 accumulate);
 }
 
 static void k_router_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                      const float *h, int T, int C, int E) {
-  (void)s;
+  progress_within(s);
   kernels_router_backward_weight(dparams, bwork, h, T, C, E);
 }
 
@@ -667,49 +700,49 @@ static void k_router_backward(struct exec_stream *s, float *dh, float *dparams, 
                               const float *dweights, const int32_t *ids, const float *weights,
                               const float *saved, const float *h, const float *params, int T, int C,
                               int E, int K, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_router_backward(dh, dparams, bwork, dweights, ids, weights, saved, h, params, T, C, E, K,
                           accumulate);
 }
 
 static void k_moe_dispatch_plan(struct exec_stream *s, int32_t *send_counts, int32_t *route_row,
                                 const int32_t *ids, int T, int K, int E, int n_ranks) {
-  (void)s;
+  progress_within(s);
   kernels_moe_dispatch_plan(send_counts, route_row, ids, T, K, E, n_ranks);
 }
 
 static void k_moe_dispatch_forward(struct exec_stream *s, float *send, int32_t *send_expert,
                                    const float *h, const int32_t *ids, const int32_t *route_row,
                                    int T, int K, int C) {
-  (void)s;
+  progress_within(s);
   kernels_moe_dispatch_forward(send, send_expert, h, ids, route_row, T, K, C);
 }
 
 static void k_moe_dispatch_backward(struct exec_stream *s, float *dh, const float *dsend,
                                     const int32_t *route_row, int T, int K, int C,
                                     bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_moe_dispatch_backward(dh, dsend, route_row, T, K, C, accumulate);
 }
 
 static void k_moe_combine_forward(struct exec_stream *s, float *m, const float *y,
                                   const float *weights, const int32_t *route_row, int T, int K,
                                   int C) {
-  (void)s;
+  progress_within(s);
   kernels_moe_combine_forward(m, y, weights, route_row, T, K, C);
 }
 
 static void k_moe_combine_backward(struct exec_stream *s, float *dy, float *dweights,
                                    const float *dm, const float *y, const float *weights,
                                    const int32_t *route_row, int T, int K, int C) {
-  (void)s;
+  progress_within(s);
   kernels_moe_combine_backward(dy, dweights, dm, y, weights, route_row, T, K, C);
 }
 
 static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *scratch,
                                  const float *in, const int32_t *row_expert, int n_rows,
                                  const float *params, int e_first, int e_count, int C, int F) {
-  (void)s;
+  progress_within(s);
   kernels_expert_ffn_forward(out, saved, scratch, in, row_expert, n_rows, params, e_first, e_count,
                              C, F);
 }
@@ -719,7 +752,7 @@ static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float
                                         const int32_t *row_expert, int n_rows, const float *saved,
                                         const float *params, int e_first, int e_count, int C, int F,
                                         bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_expert_ffn_backward_input(din, bwork, scratch, dout, row_expert, n_rows, saved, params,
                                     e_first, e_count, C, F, accumulate);
 }
@@ -727,7 +760,7 @@ static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float
 static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                          const int32_t *row_expert, int n_rows, const float *saved,
                                          int e_first, int e_count, int C, int F) {
-  (void)s;
+  progress_within(s);
   kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, e_first, e_count, C,
                                      F);
 }
@@ -736,7 +769,7 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dpar
                                   float *scratch, const float *dout, const int32_t *row_expert,
                                   int n_rows, const float *saved, const float *params, int e_first,
                                   int e_count, int C, int F, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_expert_ffn_backward(din, dparams, bwork, scratch, dout, row_expert, n_rows, saved, params,
                               e_first, e_count, C, F, accumulate);
 }
@@ -744,7 +777,7 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dpar
 static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
                                    const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, int T, int C, int V) {
-  (void)s;
+  progress_within(s);
   *loss = kernels_lm_head_loss_forward(saved, h, targets, params, layout, T, C, V);
 }
 
@@ -752,7 +785,7 @@ static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, floa
                                           const float *saved, const int32_t *targets,
                                           const float *params, enum kernels_lm_head_layout layout,
                                           float dloss, int T, int C, int V, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_lm_head_loss_backward_input(dh, bwork, saved, targets, params, layout, dloss, T, C, V,
                                       accumulate);
 }
@@ -761,7 +794,7 @@ static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams
                                            const float *bwork, const float *h,
                                            enum kernels_lm_head_layout layout, int T, int C,
                                            int V) {
-  (void)s;
+  progress_within(s);
   kernels_lm_head_loss_backward_weight(dparams, bwork, h, layout, T, C, V);
 }
 
@@ -769,26 +802,26 @@ static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dpa
                                     const float *saved, const float *h, const int32_t *targets,
                                     const float *params, enum kernels_lm_head_layout layout,
                                     float dloss, int T, int C, int V, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_lm_head_loss_backward(dh, dparams, bwork, saved, h, targets, params, layout, dloss, T, C,
                                 V, accumulate);
 }
 
 static void k_residual_add_forward(struct exec_stream *s, float *x, const float *y, size_t n) {
-  (void)s;
+  progress_within(s);
   kernels_residual_add_forward(x, y, n);
 }
 
 static void k_residual_add_backward(struct exec_stream *s, float *dy, const float *dx, size_t n,
                                     bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_residual_add_backward(dy, dx, n, accumulate);
 }
 
 static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int step) {
-  (void)s;
+  progress_within(s);
   kernels_adamw_step(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 

@@ -943,15 +943,17 @@ static void destroy_streams(struct runner *R) {
     exec_event_destroy(R->b, R->events[i]);
 }
 
-/* Communicators of an unclean end stay allocated (freeing one needs every member); the caller
- * ends the job (exec_backend_abort). */
+/* Communicators of an unclean end of a job of several processes stay allocated (freeing one
+ * needs every member); the caller ends the job (exec_backend_abort). */
 static void free_state(struct runner *R) {
   struct exec_state *s = &R->s;
   const struct exec_device *dev = R->dev;
-  if (R->clean && s->comms)
+  /* alone, this process is every member */
+  bool free_comms = R->clean || exec_backend_world_size(R->b) == 1;
+  if (free_comms && s->comms)
     for (uint32_t k = 0; k < dev->n_comm_keys; k++)
       exec_comm_destroy(R->b, s->comms[k]);
-  if (R->clean)
+  if (free_comms)
     exec_comm_destroy(R->b, R->fault_comm);
   for (uint32_t k = 0; k < dev->M; k++) {
     exec_mb_end(s, k);
