@@ -132,6 +132,15 @@ uint64_t exec_backend_progress(struct exec_backend *b) {
   return b->ops->progress ? b->ops->progress(b) : 0;
 }
 
+bool exec_backend_loop_stats(struct exec_backend *b, struct exec_backend_loop_stats *out) {
+  PIPER_ASSERT(b != NULL && out != NULL);
+  memset(out, 0, sizeof *out);
+  if (!b->ops->loop_stats)
+    return false;
+  b->ops->loop_stats(b, out);
+  return true;
+}
+
 void exec_backend_cancel(struct exec_backend *b) {
   PIPER_ASSERT(b != NULL);
   if (b->ops->cancel)

@@ -1,12 +1,26 @@
 /* backend_host: the host backend's streams, events and memory, and the backend registry.
- * A stream is a worker thread draining an in-order queue of items: tasks, event records and
- * event waits. Events count generations: a record enqueues generation g and completes it when
- * the worker reaches it; a wait captures the latest generation at enqueue time and blocks the
- * worker until it has completed. One mutex guards all queues and events; each stream has its
- * own condition variable, so an event wakes only the streams that wait on it. */
+ * Each rank runs its plan from one event loop on the submitting thread (libuv's uv_run is the
+ * model): streams are in-order queues of items (tasks, event records, event waits), and the
+ * loop, entered by event_synchronize, repeatedly
+ *   1. tests the communication that blocked tasks wait for, resuming those it completed;
+ *   2. runs the head item of the ready stream submitted first (plan order);
+ *   3. when nothing is ready, yields the core (sched_yield: never a sleep) and polls again.
+ * A task runs on its stream's fiber (a stack of its own, ucontext), so a communication call
+ * inside it posts nonblocking MPI and switches back to the loop instead of blocking the rank:
+ * compute of other streams runs meanwhile, and no thread per stream competes for the cores
+ * (4 ranks on 2 cores). Only the loop's thread touches the streams, so cancelling is plain
+ * code: every posted request is cancelled or completed before its task unwinds, and a task
+ * whose requests cannot be stopped stays suspended, its buffers untouched, until the job ends.
+ * Events count generations: a record enqueues generation g and completes it when the loop
+ * reaches it; a wait captures the latest generation at enqueue time. */
+#include <sched.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
+#include <ucontext.h>
 
+#include "../base/assert.h"
 #include "../base/json.h"
 #include "host-impl.h"
 
@@ -19,188 +33,422 @@ struct item {
   uint32_t id;
   struct exec_event *event;
   uint64_t gen;
+  uint64_t seq; /* submission order across streams: the loop runs the ready item first here */
 };
 
 struct exec_event {
   struct host_context *b;
-  uint64_t recorded;
-  atomic_uint_fast64_t completed; /* written under the lock; atomic for lock-free readers */
+  uint64_t recorded, completed;
 };
+
+/* A fiber's stack: big enough for any kernel (BLAS keeps buffers on it), committed lazily. */
+#define FIBER_STACK_BYTES ((size_t)8 << 20)
 
 struct exec_stream {
   struct host_context *b;
   char name[64];
-  GThread *thread;
-  GCond cond;
   GArray *queue; /* struct item */
   guint head;
-  bool stop;
   enum exec_stream_phase phase;
   uint32_t task_id;
-  const struct exec_event *waiting_on;
   double since;
   bool failed;
   GError *error;
+  /* the fiber: a task in flight (in_task) may be suspended on pending communication */
+  ucontext_t fiber;
+  void *stack;
+  struct item current;
+  bool in_task, task_ok;
+  GError *task_error;
+  struct host_pending *pending; /* what the suspended task waits for */
+  enum host_pending_state pending_state;
+  GError *pending_error;
+  bool stuck; /* cancelled, but its requests could not be stopped: never resumed */
 };
+
+/* Where fibers switch back to; the stream whose fiber runs now. */
+struct host_loop {
+  ucontext_t ctx;
+  struct exec_stream *running;
+  uint64_t seq;
+  double idle_since; /* when the loop last found nothing to do, 0 while busy */
+  struct exec_backend_loop_stats stats;
+  double task_s; /* inside fibers (task bodies), to take out of the loop's own time */
+  double last_within; /* when a task last tested the others' communication */
+};
+
+static _Thread_local struct exec_stream *fiber_starting;
+
+/* Under AddressSanitizer (make asan) every switch of stacks is announced, so that it does not
+ * take a fiber's frames for an overflow of the loop's stack (sanitizer/common_interface_defs.h). */
+#if defined(__SANITIZE_ADDRESS__)
+void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
+void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old,
+                                     size_t *size_old);
+static _Thread_local void *asan_loop_fake;
+static _Thread_local const void *asan_loop_bottom;
+static _Thread_local size_t asan_loop_size;
+/* fiber to loop: leaving the fiber's stack (fake: the fiber's saved fake frames) */
+static void to_loop(struct exec_stream *s, void **fake) {
+  __sanitizer_start_switch_fiber(fake, asan_loop_bottom, asan_loop_size);
+  swapcontext(&s->fiber, &s->b->loop->ctx);
+  __sanitizer_finish_switch_fiber(*fake, &asan_loop_bottom, &asan_loop_size);
+}
+static void to_fiber(ucontext_t *loop, struct exec_stream *s) {
+  __sanitizer_start_switch_fiber(&asan_loop_fake, s->stack, FIBER_STACK_BYTES);
+  swapcontext(loop, &s->fiber);
+  __sanitizer_finish_switch_fiber(asan_loop_fake, NULL, NULL);
+}
+static void fiber_entered(void) {
+  __sanitizer_finish_switch_fiber(NULL, &asan_loop_bottom, &asan_loop_size);
+}
+#else
+static void to_loop(struct exec_stream *s, void **fake) {
+  (void)fake;
+  swapcontext(&s->fiber, &s->b->loop->ctx);
+}
+static void to_fiber(ucontext_t *loop, struct exec_stream *s) {
+  swapcontext(loop, &s->fiber);
+}
+static void fiber_entered(void) {
+}
+#endif
 
 static double host_clock(struct host_context *b) {
   return piper_clock_seconds() - b->epoch;
 }
 
-/* Wakes the workers and the submitting thread blocked on event e (everyone for NULL). Lock
- * held. Waking only the waiters matters: a wakeup costs microseconds, an instruction's whole
- * budget of executor overhead. */
-static void wake_waiters(struct host_context *b, const struct exec_event *e) {
-  for (guint i = 0; i < b->streams->len; i++) {
-    struct exec_stream *s = g_ptr_array_index(b->streams, i);
-    if (s->phase == EXEC_STREAM_WAITING && (e == NULL || s->waiting_on == e))
-      g_cond_signal(&s->cond);
+/* ---- fibers ------------------------------------------------------------------------------ */
+
+/* A stream's fiber: runs the stream's current task, then switches back to the loop; resumed
+ * for the next task. It never returns. */
+static void fiber_main(void) {
+  struct exec_stream *s = fiber_starting;
+  void *fake = NULL;
+  fiber_entered();
+  for (;;) {
+    GError *err = NULL;
+    s->task_ok = s->current.fn(s, s->current.arg, &err);
+    s->task_error = err;
+    s->in_task = false;
+    to_loop(s, &fake);
   }
-  if (e == NULL || b->main_waiting_on == e)
-    g_cond_broadcast(&b->main_cond);
 }
 
-static gpointer worker(gpointer data) {
-  struct exec_stream *s = data;
-  struct host_context *b = s->b;
-  g_mutex_lock(&b->lock);
-  for (;;) {
-    while (s->head == s->queue->len && !s->stop) {
-      s->phase = EXEC_STREAM_IDLE;
-      g_cond_wait(&s->cond, &b->lock);
+static bool fiber_init(struct exec_stream *s, GError **err) {
+  void *stack = mmap(NULL, FIBER_STACK_BYTES, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED)
+    return piper_runtime_error(err, "stream %s: no memory for its stack", s->name);
+  /* the lowest page is a guard: an overflow faults instead of writing into another stack */
+  mprotect(stack, 4096, PROT_NONE);
+  s->stack = stack;
+  getcontext(&s->fiber);
+  s->fiber.uc_stack.ss_sp = stack;
+  s->fiber.uc_stack.ss_size = FIBER_STACK_BYTES;
+  s->fiber.uc_link = NULL;
+  makecontext(&s->fiber, fiber_main, 0);
+  return true;
+}
+
+/* Switches to s's fiber until its task finishes or suspends on communication. */
+static void fiber_resume(struct host_context *b, struct exec_stream *s) {
+  struct host_loop *L = b->loop;
+  struct exec_stream *outer = L->running;
+  L->running = s;
+  fiber_starting = s;
+  double t0 = piper_clock_seconds();
+  to_fiber(&L->ctx, s);
+  L->task_s += piper_clock_seconds() - t0;
+  L->running = outer;
+}
+
+bool exec_host_wait(struct host_context *b, struct host_pending *p, GError **err) {
+  struct exec_stream *s = b->loop->running;
+  enum host_pending_state st = p->test(p, err);
+  if (st == HOST_PENDING_WAITING && !s) {
+    /* outside any task (no fiber to suspend; the runner never does it): poll here, and
+     * after a cancel return only once nothing is in flight (else the process watchdog ends
+     * the job) */
+    while ((st = p->test(p, err)) == HOST_PENDING_WAITING && !b->cancelled)
+      sched_yield();
+    if (st == HOST_PENDING_WAITING && !p->cancel(p))
+      while (p->test(p, NULL) == HOST_PENDING_WAITING)
+        sched_yield();
+    if (st == HOST_PENDING_WAITING)
+      st = HOST_PENDING_CANCELLED;
+  } else if (st == HOST_PENDING_WAITING) {
+    s->pending = p;
+    s->pending_state = HOST_PENDING_WAITING;
+    void *fake = NULL;
+    to_loop(s, &fake);
+    s->pending = NULL;
+    st = s->pending_state;
+    if (s->pending_error)
+      g_propagate_error(err, s->pending_error);
+    s->pending_error = NULL;
+  }
+  if (st == HOST_PENDING_CANCELLED || st == HOST_PENDING_WAITING)
+    return piper_runtime_error(err, "rank %u: %s cancelled", b->rank, p->what);
+  return st == HOST_PENDING_DONE;
+}
+
+/* ---- the loop ---------------------------------------------------------------------------- */
+
+/* A task ended (returned): its result fails the stream or counts as progress. */
+static void finish_task(struct host_context *b, struct exec_stream *s) {
+  if (!s->task_ok) {
+    GError *err = s->task_error;
+    if (!err)
+      g_set_error(&err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "stream %s: task %u failed", s->name,
+                  s->current.id);
+    if (!s->failed) {
+      s->failed = true;
+      s->error = err;
+    } else {
+      g_error_free(err);
     }
-    if (s->head == s->queue->len)
-      break;
-    struct item it = g_array_index(s->queue, struct item, s->head++);
-    if (s->head == s->queue->len) {
-      g_array_set_size(s->queue, 0);
-      s->head = 0;
-    }
-    switch (it.kind) {
-    case ITEM_WAIT:
-      if (atomic_load(&it.event->completed) < it.gen) {
-        s->phase = EXEC_STREAM_WAITING;
-        s->waiting_on = it.event;
-        s->since = host_clock(b);
-        while (atomic_load(&it.event->completed) < it.gen && !atomic_load(&b->cancelled))
-          g_cond_wait(&s->cond, &b->lock);
-        s->waiting_on = NULL;
-      }
-      break;
-    case ITEM_RECORD:
-      if (it.gen > atomic_load(&it.event->completed))
-        atomic_store(&it.event->completed, it.gen);
-      atomic_fetch_add(&b->progress, 1);
-      wake_waiters(b, it.event);
-      break;
-    case ITEM_TASK: {
-      if (s->failed || atomic_load(&b->cancelled)) {
-        atomic_fetch_add(&b->progress, 1);
-        break;
-      }
-      s->phase = EXEC_STREAM_RUNNING;
-      s->task_id = it.id;
-      s->since = host_clock(b);
-      g_mutex_unlock(&b->lock);
-      GError *err = NULL;
-      bool ok = it.fn(s, it.arg, &err);
-      g_mutex_lock(&b->lock);
-      if (!ok) {
-        s->failed = true;
-        if (!err)
-          g_set_error(&err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "stream %s: task %u failed", s->name,
-                      it.id);
-        s->error = err;
-        s->since = host_clock(b);
-        /* one failure ends the step everywhere: nothing after it can be trusted */
-        atomic_store(&b->cancelled, true);
-        wake_waiters(b, NULL);
-      }
-      atomic_fetch_add(&b->progress, 1);
-      s->phase = EXEC_STREAM_IDLE;
-      break;
-    }
+    s->since = host_clock(b);
+    /* one failure ends the step everywhere: nothing after it can be trusted */
+    b->cancelled = true;
+  } else if (s->task_error) {
+    g_error_free(s->task_error);
+  }
+  s->task_error = NULL;
+  s->phase = EXEC_STREAM_IDLE;
+  b->progress++;
+}
+
+/* Runs s's fiber and, when its task returned, accounts for it. */
+static void run_fiber(struct host_context *b, struct exec_stream *s) {
+  fiber_resume(b, s);
+  if (!s->in_task)
+    finish_task(b, s);
+}
+
+/* 1. Tests the communication of suspended tasks; resumes those it settled. */
+/* Tests what suspended tasks wait for, settling it without resuming them. From the loop its
+ * time is counted apart; from inside a task it is the task's. */
+static void test_pending(struct host_context *b, bool from_loop) {
+  for (guint i = 0; i < b->streams->len; i++) {
+    struct exec_stream *s = g_ptr_array_index(b->streams, i);
+    if (!s->pending || s->stuck || s->pending_state != HOST_PENDING_WAITING)
+      continue;
+    double t0 = from_loop ? piper_clock_seconds() : 0;
+    s->pending_state = s->pending->test(s->pending, &s->pending_error);
+    if (from_loop) {
+      b->loop->stats.test_s += piper_clock_seconds() - t0;
+      b->loop->stats.tests++;
     }
   }
-  g_mutex_unlock(&b->lock);
-  return NULL;
 }
+
+static bool poll_pending(struct host_context *b) {
+  test_pending(b, true);
+  bool progressed = false;
+  for (guint i = 0; i < b->streams->len; i++) {
+    struct exec_stream *s = g_ptr_array_index(b->streams, i);
+    if (!s->pending || s->stuck || s->pending_state == HOST_PENDING_WAITING)
+      continue;
+    progressed = true;
+    b->progress++;
+    run_fiber(b, s);
+  }
+  return progressed;
+}
+
+/* Whether the head item of s can run now. */
+static bool head_ready(const struct exec_stream *s) {
+  if (s->in_task || s->head == s->queue->len)
+    return false;
+  const struct item *it = &g_array_index(s->queue, struct item, s->head);
+  return it->kind != ITEM_WAIT || it->event->completed >= it->gen;
+}
+
+/* The ready stream whose head was submitted first, or NULL. */
+static struct exec_stream *next_ready(struct host_context *b) {
+  struct exec_stream *best = NULL;
+  uint64_t best_seq = UINT64_MAX;
+  for (guint i = 0; i < b->streams->len; i++) {
+    struct exec_stream *s = g_ptr_array_index(b->streams, i);
+    if (!head_ready(s))
+      continue;
+    uint64_t seq = g_array_index(s->queue, struct item, s->head).seq;
+    if (seq < best_seq) {
+      best = s;
+      best_seq = seq;
+    }
+  }
+  return best;
+}
+
+/* 2. Runs the head item of s. */
+static void run_item(struct host_context *b, struct exec_stream *s) {
+  struct item it = g_array_index(s->queue, struct item, s->head++);
+  if (s->head == s->queue->len) {
+    g_array_set_size(s->queue, 0);
+    s->head = 0;
+  }
+  switch (it.kind) {
+  case ITEM_WAIT: break;
+  case ITEM_RECORD:
+    if (it.gen > it.event->completed)
+      it.event->completed = it.gen;
+    b->progress++;
+    break;
+  case ITEM_TASK:
+    if (s->failed || b->cancelled) {
+      b->progress++;
+      break;
+    }
+    s->phase = EXEC_STREAM_RUNNING;
+    s->task_id = it.id;
+    s->since = host_clock(b);
+    s->current = it;
+    s->in_task = true;
+    run_fiber(b, s);
+    break;
+  }
+}
+
+/* Whether anything could still move: a queued item or communication in flight. */
+static bool may_progress(struct host_context *b) {
+  for (guint i = 0; i < b->streams->len; i++) {
+    const struct exec_stream *s = g_ptr_array_index(b->streams, i);
+    if (s->in_task && !s->stuck)
+      return true;
+  }
+  return false;
+}
+
+/* How long an idle loop polls before it lets the core go, in seconds: a message already on
+ * its way arrives within it, at no added latency. */
+#define IDLE_SPIN_S 20e-6
+/* Then the quantum it sleeps between polls (timer slack set to 1 us at init): busy polling,
+ * even with sched_yield, takes the core from the rank that computes (2 cores for 4 ranks,
+ * or SMT siblings: measured, a spinning neighbour halves a kernel's speed). */
+#define IDLE_SLEEP_NS 20000
+
+/* 3. Nothing is ready and everything waits on peers. */
+static void idle_wait(struct host_context *b) {
+  struct host_loop *L = b->loop;
+  double now = piper_clock_seconds();
+  if (L->idle_since == 0)
+    L->idle_since = now; /* a new idle spell (the loop resets it when work runs) */
+  if (now - L->idle_since < IDLE_SPIN_S)
+    return;
+  struct timespec ts = {0, IDLE_SLEEP_NS};
+  nanosleep(&ts, NULL);
+}
+
+/* One turn of the loop: 1 and 2 (3 when nothing moved). False when nothing can move. An
+ * idle turn counts as waiting for peers; a busy one, less the task bodies and the tests, as
+ * the loop's own dispatch time. */
+static bool loop_turn(struct host_context *b) {
+  struct host_loop *L = b->loop;
+  double t0 = piper_clock_seconds(), task0 = L->task_s, test0 = L->stats.test_s;
+  uint64_t tests0 = L->stats.tests;
+  bool progressed = poll_pending(b);
+  struct exec_stream *s = next_ready(b);
+  if (s)
+    run_item(b, s);
+  if (s || progressed) {
+    L->idle_since = 0;
+    L->stats.items += s != NULL;
+    L->stats.dispatch_s +=
+        (piper_clock_seconds() - t0) - (L->task_s - task0) - (L->stats.test_s - test0);
+    return true;
+  }
+  L->stats.test_s = test0; /* idle polling is waiting, not cost */
+  L->stats.tests = tests0;
+  if (!may_progress(b))
+    return false;
+  idle_wait(b);
+  return true;
+}
+
+/* Runs the loop until e's latest record has completed (true) or the deadline passes or
+ * nothing can move any more (false). */
+static bool loop_run(struct host_context *b, const struct exec_event *e, double deadline) {
+  PIPER_ASSERT(b->loop->running == NULL); /* not from inside a task */
+  while (e->completed < e->recorded) {
+    /* the caller's watchdog looks at the clock between calls: return in time even when
+     * everything moves */
+    if (!loop_turn(b) || piper_clock_seconds() > deadline)
+      return e->completed >= e->recorded;
+  }
+  return true;
+}
+
+/* ---- streams and events ------------------------------------------------------------------ */
 
 static struct exec_stream *host_stream_create(struct exec_backend *backend, const char *name,
                                               int priority, GError **err) {
   struct host_context *b = backend->context;
-  (void)priority; /* threads of one process share the CPU; the OS schedules them */
-  (void)err;
+  (void)priority; /* one loop runs every stream: plan order decides */
   struct exec_stream *s = g_new0(struct exec_stream, 1);
   s->b = b;
   g_strlcpy(s->name, name, sizeof s->name);
-  g_cond_init(&s->cond);
   s->queue = g_array_new(FALSE, FALSE, sizeof(struct item));
-  g_mutex_lock(&b->lock);
+  if (!fiber_init(s, err)) {
+    g_array_free(s->queue, TRUE);
+    g_free(s);
+    return NULL;
+  }
   g_ptr_array_add(b->streams, s);
-  g_mutex_unlock(&b->lock);
-  char tname[16];
-  g_snprintf(tname, sizeof tname, "px-%s", name);
-  s->thread = g_thread_new(tname, worker, s);
   return s;
 }
 
 static void host_stream_destroy(struct exec_stream *s) {
   if (!s)
     return;
-  struct host_context *b = s->b;
-  g_mutex_lock(&b->lock);
-  s->stop = true;
-  g_cond_signal(&s->cond);
-  g_mutex_unlock(&b->lock);
-  g_thread_join(s->thread);
-  g_mutex_lock(&b->lock);
-  g_ptr_array_remove(b->streams, s);
-  g_mutex_unlock(&b->lock);
-  g_cond_clear(&s->cond);
+  /* a suspended task may still have requests in flight into buffers on or off its stack:
+   * such a stream is kept, with its stack, until the job ends (the runner destroys only
+   * streams that drained) */
+  if (s->in_task) {
+    s->stuck = true;
+    return;
+  }
+  g_ptr_array_remove(s->b->streams, s);
+  munmap(s->stack, FIBER_STACK_BYTES);
   g_array_free(s->queue, TRUE);
   if (s->error)
     g_error_free(s->error);
   g_free(s);
 }
 
-static void push(struct exec_stream *s, const struct item *it) {
+static void push(struct exec_stream *s, struct item *it) {
+  it->seq = s->b->loop->seq++;
   g_array_append_val(s->queue, *it);
-  g_cond_signal(&s->cond);
 }
 
 static void host_stream_submit(struct exec_stream *s, exec_task_fn fn, void *arg,
                                uint32_t task_id) {
   struct item it = {.kind = ITEM_TASK, .fn = fn, .arg = arg, .id = task_id};
-  g_mutex_lock(&s->b->lock);
   push(s, &it);
-  g_mutex_unlock(&s->b->lock);
 }
 
 static void host_stream_status(struct exec_stream *s, struct exec_stream_status *out) {
-  g_mutex_lock(&s->b->lock);
   out->phase = s->phase;
   out->task_id = s->task_id;
   out->since = s->since;
   out->failed = s->failed;
-  if (s->phase == EXEC_STREAM_WAITING || s->phase == EXEC_STREAM_IDLE) {
-    /* the task the stream will run next */
+  if (s->phase == EXEC_STREAM_IDLE && s->head < s->queue->len) {
+    /* the task the stream will run next, and whether an event holds it back */
     for (guint i = s->head; i < s->queue->len; i++) {
       const struct item *it = &g_array_index(s->queue, struct item, i);
+      if (it->kind == ITEM_WAIT && it->event->completed < it->gen)
+        out->phase = EXEC_STREAM_WAITING;
       if (it->kind == ITEM_TASK) {
         out->task_id = it->id;
         break;
       }
     }
   }
-  g_mutex_unlock(&s->b->lock);
 }
 
 static const GError *host_stream_error(struct exec_stream *s) {
-  g_mutex_lock(&s->b->lock);
-  const GError *e = s->error;
-  g_mutex_unlock(&s->b->lock);
-  return e;
+  return s->error;
 }
 
 static struct exec_event *host_event_create(struct exec_backend *backend) {
@@ -215,54 +463,73 @@ static void host_event_destroy(struct exec_event *e) {
 }
 
 static void host_event_record(struct exec_event *e, struct exec_stream *s) {
-  g_mutex_lock(&s->b->lock);
   struct item it = {.kind = ITEM_RECORD, .event = e, .gen = ++e->recorded};
   push(s, &it);
-  g_mutex_unlock(&s->b->lock);
 }
 
 static void host_stream_wait_event(struct exec_stream *s, struct exec_event *e) {
-  g_mutex_lock(&s->b->lock);
-  if (e->recorded > atomic_load(&e->completed)) {
+  if (e->recorded > e->completed) {
     struct item it = {.kind = ITEM_WAIT, .event = e, .gen = e->recorded};
     push(s, &it);
   }
-  g_mutex_unlock(&s->b->lock);
 }
 
 static bool host_event_synchronize(struct exec_event *e, double timeout_s) {
-  struct host_context *b = e->b;
-  gint64 deadline = g_get_monotonic_time() + (gint64)(timeout_s * 1e6);
-  g_mutex_lock(&b->lock);
-  bool done;
-  b->main_waiting_on = e;
-  while (!(done = atomic_load(&e->completed) >= e->recorded)) {
-    if (!g_cond_wait_until(&b->main_cond, &b->lock, deadline)) {
-      done = atomic_load(&e->completed) >= e->recorded;
-      break;
-    }
-  }
-  b->main_waiting_on = NULL;
-  g_mutex_unlock(&b->lock);
-  return done;
+  return loop_run(e->b, e, piper_clock_seconds() + timeout_s);
 }
 
 static uint64_t host_progress(struct exec_backend *backend) {
   struct host_context *b = backend->context;
-  return atomic_load(&b->progress);
+  return b->progress;
 }
 
+/* Stops every suspended task's communication, then lets the task unwind (its call fails,
+ * "cancelled"); a task whose requests are still in flight after that (a send or collective
+ * a stopped peer never serves) stays suspended for good. Queued tasks are skipped. */
 static void host_cancel(struct exec_backend *backend) {
   struct host_context *b = backend->context;
-  g_mutex_lock(&b->lock);
-  atomic_store(&b->cancelled, true);
-  wake_waiters(b, NULL);
-  g_mutex_unlock(&b->lock);
+  b->cancelled = true;
+  for (guint i = 0; i < b->streams->len; i++) {
+    struct exec_stream *s = g_ptr_array_index(b->streams, i);
+    if (!s->pending || s->stuck)
+      continue;
+    /* settled (between the kernels of another task) but not yet resumed: let it unwind */
+    if (s->pending_state == HOST_PENDING_WAITING) {
+      if (!s->pending->cancel(s->pending)) {
+        s->stuck = true;
+        continue;
+      }
+      s->pending_state = HOST_PENDING_CANCELLED;
+    }
+    run_fiber(b, s);
+  }
+}
+
+static void host_loop_stats(struct exec_backend *backend, struct exec_backend_loop_stats *out) {
+  struct host_context *b = backend->context;
+  *out = b->loop->stats;
 }
 
 static void host_reset(struct exec_backend *backend) {
   struct host_context *b = backend->context;
-  atomic_store(&b->cancelled, false);
+  b->cancelled = false;
+}
+
+/* How often a running task tests the others' communication between its kernels, in seconds:
+ * a transfer that needs both sides to progress (a rendezvous, a collective's rounds) then
+ * moves during a long task instead of after it. */
+#define WITHIN_TASK_PERIOD_S 20e-6
+
+/* Called before each host kernel (s NULL: outside any task). */
+static void progress_within(struct exec_stream *s) {
+  if (!s)
+    return;
+  struct host_loop *L = s->b->loop;
+  double now = piper_clock_seconds();
+  if (now - L->last_within < WITHIN_TASK_PERIOD_S)
+    return;
+  L->last_within = now;
+  test_pending(s->b, false);
 }
 
 /* ---- memory ------------------------------------------------------------------------------ */
@@ -284,91 +551,92 @@ static void host_copy_bytes(struct exec_backend *b, void *dst, const void *src, 
 }
 
 /* ---- kernels ----------------------------------------------------------------------------
- * The host runs a kernel inline on the stream's worker thread: each entry is kernels.h's
- * function, called now. */
+ * The host runs a kernel inline, on the fiber of the task that calls it: each entry is
+ * kernels.h's function, called now, after testing the communication other tasks wait for
+ * (at most every WITHIN_TASK_PERIOD_S). */
 
 /* x [n] = value */
 static void host_fill(struct exec_stream *s, float *x, float value, size_t n) {
-  (void)s;
+  progress_within(s);
   for (size_t i = 0; i < n; i++)
     x[i] = value;
 }
 
 /* dst [bytes] = src */
 static void host_copy(struct exec_stream *s, void *dst, const void *src, size_t bytes) {
-  (void)s;
+  progress_within(s);
   if (bytes)
     memmove(dst, src, bytes);
 }
 
 /* y [n] += x [n] */
 static void host_add(struct exec_stream *s, float *y, const float *x, size_t n) {
-  (void)s;
+  progress_within(s);
   for (size_t i = 0; i < n; i++)
     y[i] += x[i];
 }
 
 static void k_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
                                 const float *params, int T, int V, int C) {
-  (void)s;
+  progress_within(s);
   kernels_embedding_forward(x, tokens, params, T, V, C);
 }
 
 static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, const float *dx,
                                         const int32_t *tokens, int T, int V, int C) {
-  (void)s;
+  progress_within(s);
   kernels_embedding_backward_weight(dparams, dx, tokens, T, V, C);
 }
 
 static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,
                                  const int32_t *tokens, int T, int V, int C) {
-  (void)s;
+  progress_within(s);
   kernels_embedding_backward(dparams, dx, tokens, T, V, C);
 }
 
 static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, const float *x,
                               const float *params, int T, int C, float eps) {
-  (void)s;
+  progress_within(s);
   kernels_rmsnorm_forward(h, saved, x, params, T, C, eps);
 }
 
 static void k_rmsnorm_backward_input(struct exec_stream *s, float *dx, const float *dh,
                                      const float *x, const float *saved, const float *params, int T,
                                      int C, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_rmsnorm_backward_input(dx, dh, x, saved, params, T, C, accumulate);
 }
 
 static void k_rmsnorm_backward_weight(struct exec_stream *s, float *dparams, const float *dh,
                                       const float *x, const float *saved, int T, int C) {
-  (void)s;
+  progress_within(s);
   kernels_rmsnorm_backward_weight(dparams, dh, x, saved, T, C);
 }
 
 static void k_rmsnorm_backward(struct exec_stream *s, float *dx, float *dparams, const float *dh,
                                const float *x, const float *saved, const float *params, int T,
                                int C, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_rmsnorm_backward(dx, dparams, dh, x, saved, params, T, C, accumulate);
 }
 
 static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
                                 const float *params, const struct kernels_attention_dims *d) {
-  (void)s;
+  progress_within(s);
   kernels_attention_forward(a, saved, h, params, d);
 }
 
 static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
                                        const float *da, const float *saved, const float *params,
                                        const struct kernels_attention_dims *d, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_attention_backward_input(dh, bwork, da, saved, params, d, accumulate);
 }
 
 static void k_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                         const float *da, const float *h, const float *saved,
                                         const struct kernels_attention_dims *d) {
-  (void)s;
+  progress_within(s);
   kernels_attention_backward_weight(dparams, bwork, da, h, saved, d);
 }
 
@@ -376,40 +644,40 @@ static void k_attention_backward(struct exec_stream *s, float *dh, float *dparam
                                  const float *da, const float *h, const float *saved,
                                  const float *params, const struct kernels_attention_dims *d,
                                  bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_attention_backward(dh, dparams, bwork, da, h, saved, params, d, accumulate);
 }
 
 static void k_mlp_forward(struct exec_stream *s, float *m, float *saved, const float *h,
                           const float *params, int T, int C, int F) {
-  (void)s;
+  progress_within(s);
   kernels_mlp_forward(m, saved, h, params, T, C, F);
 }
 
 static void k_mlp_backward_input(struct exec_stream *s, float *dh, float *bwork, const float *dm,
                                  const float *saved, const float *params, int T, int C, int F,
                                  bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_mlp_backward_input(dh, bwork, dm, saved, params, T, C, F, accumulate);
 }
 
 static void k_mlp_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                   const float *dm, const float *h, const float *saved, int T, int C,
                                   int F) {
-  (void)s;
+  progress_within(s);
   kernels_mlp_backward_weight(dparams, bwork, dm, h, saved, T, C, F);
 }
 
 static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
                            const float *dm, const float *h, const float *saved, const float *params,
                            int T, int C, int F, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_mlp_backward(dh, dparams, bwork, dm, h, saved, params, T, C, F, accumulate);
 }
 
 static void k_router_forward(struct exec_stream *s, int32_t *ids, float *weights, float *saved,
                              const float *h, const float *params, int T, int C, int E, int K) {
-  (void)s;
+  progress_within(s);
   kernels_router_forward(ids, weights, saved, h, params, T, C, E, K);
 }
 
@@ -417,14 +685,14 @@ static void k_router_backward_input(struct exec_stream *s, float *dh, float *bwo
                                     const float *dweights, const int32_t *ids, const float *weights,
                                     const float *saved, const float *params, int T, int C, int E,
                                     int K, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_router_backward_input(dh, bwork, dweights, ids, weights, saved, params, T, C, E, K,
                                 accumulate);
 }
 
 static void k_router_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                      const float *h, int T, int C, int E) {
-  (void)s;
+  progress_within(s);
   kernels_router_backward_weight(dparams, bwork, h, T, C, E);
 }
 
@@ -432,49 +700,49 @@ static void k_router_backward(struct exec_stream *s, float *dh, float *dparams, 
                               const float *dweights, const int32_t *ids, const float *weights,
                               const float *saved, const float *h, const float *params, int T, int C,
                               int E, int K, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_router_backward(dh, dparams, bwork, dweights, ids, weights, saved, h, params, T, C, E, K,
                           accumulate);
 }
 
 static void k_moe_dispatch_plan(struct exec_stream *s, int32_t *send_counts, int32_t *route_row,
                                 const int32_t *ids, int T, int K, int E, int n_ranks) {
-  (void)s;
+  progress_within(s);
   kernels_moe_dispatch_plan(send_counts, route_row, ids, T, K, E, n_ranks);
 }
 
 static void k_moe_dispatch_forward(struct exec_stream *s, float *send, int32_t *send_expert,
                                    const float *h, const int32_t *ids, const int32_t *route_row,
                                    int T, int K, int C) {
-  (void)s;
+  progress_within(s);
   kernels_moe_dispatch_forward(send, send_expert, h, ids, route_row, T, K, C);
 }
 
 static void k_moe_dispatch_backward(struct exec_stream *s, float *dh, const float *dsend,
                                     const int32_t *route_row, int T, int K, int C,
                                     bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_moe_dispatch_backward(dh, dsend, route_row, T, K, C, accumulate);
 }
 
 static void k_moe_combine_forward(struct exec_stream *s, float *m, const float *y,
                                   const float *weights, const int32_t *route_row, int T, int K,
                                   int C) {
-  (void)s;
+  progress_within(s);
   kernels_moe_combine_forward(m, y, weights, route_row, T, K, C);
 }
 
 static void k_moe_combine_backward(struct exec_stream *s, float *dy, float *dweights,
                                    const float *dm, const float *y, const float *weights,
                                    const int32_t *route_row, int T, int K, int C) {
-  (void)s;
+  progress_within(s);
   kernels_moe_combine_backward(dy, dweights, dm, y, weights, route_row, T, K, C);
 }
 
 static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *scratch,
                                  const float *in, const int32_t *row_expert, int n_rows,
                                  const float *params, int e_first, int e_count, int C, int F) {
-  (void)s;
+  progress_within(s);
   kernels_expert_ffn_forward(out, saved, scratch, in, row_expert, n_rows, params, e_first, e_count,
                              C, F);
 }
@@ -484,7 +752,7 @@ static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float
                                         const int32_t *row_expert, int n_rows, const float *saved,
                                         const float *params, int e_first, int e_count, int C, int F,
                                         bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_expert_ffn_backward_input(din, bwork, scratch, dout, row_expert, n_rows, saved, params,
                                     e_first, e_count, C, F, accumulate);
 }
@@ -492,7 +760,7 @@ static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float
 static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                          const int32_t *row_expert, int n_rows, const float *saved,
                                          int e_first, int e_count, int C, int F) {
-  (void)s;
+  progress_within(s);
   kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, e_first, e_count, C,
                                      F);
 }
@@ -501,7 +769,7 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dpar
                                   float *scratch, const float *dout, const int32_t *row_expert,
                                   int n_rows, const float *saved, const float *params, int e_first,
                                   int e_count, int C, int F, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_expert_ffn_backward(din, dparams, bwork, scratch, dout, row_expert, n_rows, saved, params,
                               e_first, e_count, C, F, accumulate);
 }
@@ -509,7 +777,7 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dpar
 static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
                                    const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, int T, int C, int V) {
-  (void)s;
+  progress_within(s);
   *loss = kernels_lm_head_loss_forward(saved, h, targets, params, layout, T, C, V);
 }
 
@@ -517,7 +785,7 @@ static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, floa
                                           const float *saved, const int32_t *targets,
                                           const float *params, enum kernels_lm_head_layout layout,
                                           float dloss, int T, int C, int V, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_lm_head_loss_backward_input(dh, bwork, saved, targets, params, layout, dloss, T, C, V,
                                       accumulate);
 }
@@ -526,7 +794,7 @@ static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams
                                            const float *bwork, const float *h,
                                            enum kernels_lm_head_layout layout, int T, int C,
                                            int V) {
-  (void)s;
+  progress_within(s);
   kernels_lm_head_loss_backward_weight(dparams, bwork, h, layout, T, C, V);
 }
 
@@ -534,26 +802,26 @@ static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dpa
                                     const float *saved, const float *h, const int32_t *targets,
                                     const float *params, enum kernels_lm_head_layout layout,
                                     float dloss, int T, int C, int V, bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_lm_head_loss_backward(dh, dparams, bwork, saved, h, targets, params, layout, dloss, T, C,
                                 V, accumulate);
 }
 
 static void k_residual_add_forward(struct exec_stream *s, float *x, const float *y, size_t n) {
-  (void)s;
+  progress_within(s);
   kernels_residual_add_forward(x, y, n);
 }
 
 static void k_residual_add_backward(struct exec_stream *s, float *dy, const float *dx, size_t n,
                                     bool accumulate) {
-  (void)s;
+  progress_within(s);
   kernels_residual_add_backward(dy, dx, n, accumulate);
 }
 
 static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int step) {
-  (void)s;
+  progress_within(s);
   kernels_adamw_step(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 
@@ -602,18 +870,18 @@ static const struct exec_kernels host_kernels = {
 
 static void context_free(struct host_context *b) {
   g_ptr_array_free(b->streams, TRUE);
-  g_cond_clear(&b->main_cond);
-  g_mutex_clear(&b->lock);
+  g_free(b->loop);
   g_free(b);
 }
 
 static bool host_init(struct exec_backend *backend, const struct exec_backend_params *p,
                       GError **err) {
   struct host_context *b = g_new0(struct host_context, 1);
-  g_mutex_init(&b->lock);
-  g_cond_init(&b->main_cond);
   b->streams = g_ptr_array_new();
+  b->loop = g_new0(struct host_loop, 1);
   b->size = 1;
+  /* the idle loop's short sleeps end on time (the default slack is 50 us) */
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   if (!exec_host_comm_init(b, p, err)) {
     g_free(b->world); /* a failed start has nothing to finalise */
     context_free(b);
@@ -630,10 +898,12 @@ static void host_free(struct exec_backend *backend) {
   struct host_context *b = backend->context;
   if (!b)
     return;
-  while (b->streams->len)
-    host_stream_destroy(g_ptr_array_index(b->streams, 0));
+  /* streams stuck on requests that never end keep their stacks (the job is ending anyway) */
+  for (guint i = b->streams->len; i-- > 0;)
+    host_stream_destroy(g_ptr_array_index(b->streams, i));
   exec_host_comm_finalize(b);
-  context_free(b);
+  if (b->streams->len == 0)
+    context_free(b);
   backend->context = NULL;
 }
 
@@ -673,7 +943,7 @@ static bool host_world_broadcast(struct exec_backend *b, void *buf, size_t bytes
 const struct exec_backend_ops exec_backend_host = {
     .api_version = EXEC_BACKEND_API_VERSION,
     .name = "host",
-    .description = "CPU: reference kernels in C with BLAS GEMMs, one thread per stream, "
+    .description = "CPU: reference kernels in C with BLAS GEMMs, one event loop per rank, "
 #ifdef HAVE_MPI
                    "MPI communication",
 #else
@@ -701,6 +971,7 @@ const struct exec_backend_ops exec_backend_host = {
     .stream_wait_event = host_stream_wait_event,
     .event_synchronize = host_event_synchronize,
     .progress = host_progress,
+    .loop_stats = host_loop_stats,
     .cancel = host_cancel,
     .reset = host_reset,
     .comm_create = host_comm_create,

@@ -18,7 +18,7 @@
  * A backend is an instance of one small table (struct exec_backend_ops, after ggml's backend
  * interface): memory, streams, events, communicators and the kernel table, behind the wrappers
  * of exec/backend.c. The runner (exec/runner.c) knows nothing of threads, MPI or CUDA; `host`
- * (CPU threads + MPI) is always built, others register in exec_backends[] where their build
+ * (one event loop per process + MPI) is always built, others register in exec_backends[] where their build
  * flag is set, and an out-of-tree backend needs only this header.
  */
 #ifndef PIPER_EXEC_EXEC_H
@@ -37,7 +37,7 @@
 
 /* The version of the table below. A backend sets api_version to the value it was written
  * against; exec_backend_init refuses a table of another version. */
-#define EXEC_BACKEND_API_VERSION 1
+#define EXEC_BACKEND_API_VERSION 2 /* 2: loop_stats */
 
 struct exec_backend_ops;
 struct exec_stream; /* an in-order queue of work (the backend's own type) */
@@ -72,8 +72,17 @@ struct exec_stream_status {
 
 enum exec_reduce_op { EXEC_REDUCE_SUM, EXEC_REDUCE_MAX, EXEC_REDUCE_MIN };
 
+/* A backend that runs work itself (the host's event loop) says what it spent on its own
+ * account, outside tasks and outside idle waits for peers: totals since init. */
+struct exec_backend_loop_stats {
+  double dispatch_s; /* choosing, switching to and accounting for ready items */
+  double test_s;     /* testing posted communication (the cost of progressing it) */
+  uint64_t tests;    /* those tests */
+  uint64_t items;    /* items run (tasks, records, waits) */
+};
+
 /* Kernel table: the entry points of kernels.h with the stream they run on first (a device
- * backend enqueues them there; the host runs them inline on the stream's worker). s is NULL
+ * backend enqueues them there; the host runs them inline, in the task). s is NULL
  * for work outside any task (the runner's step setup): the backend orders it before work
  * submitted after it. Every pointer argument is device memory (from alloc). All entries are
  * required. */
@@ -216,7 +225,10 @@ struct exec_backend_ops {
   /* Streams and events (CUDA semantics): work submitted to a stream runs in order;
    * event_record marks the stream's current end, stream_wait_event makes later work on a
    * stream wait for the event's latest record; event_synchronize waits on the host, up to
-   * timeout_s (false on timeout). Submission is from one host thread. */
+   * timeout_s (false on timeout). Submission is from one host thread. A backend may run
+   * work only inside event_synchronize, on the calling thread (the host's event loop): the
+   * runner calls it in slices and looks at progress between them; timeout_s is then looked
+   * at between tasks. */
   struct exec_stream *(*stream_create)(struct exec_backend *b, const char *name, int priority,
                                        GError **err);
   void (*stream_destroy)(struct exec_stream *s);
@@ -233,9 +245,14 @@ struct exec_backend_ops {
   /* Optional: count of work items finished so far, the watchdog's progress signal (default 0:
    * the watchdog then counts from the start of each wait). */
   uint64_t (*progress)(struct exec_backend *b);
-  /* Optional: cancel makes every blocked or queued item fail soon ("cancelled"), so streams
-   * can be joined; reset clears it before another run, when no stream is busy (default:
-   * nothing). */
+  /* Optional: the backend's own time (default: none; the runner then estimates the executor
+   * overhead from instruction start and end times alone). */
+  void (*loop_stats)(struct exec_backend *b, struct exec_backend_loop_stats *out);
+  /* Optional: cancel makes every blocked or queued item fail soon ("cancelled"): posted
+   * communication is cancelled or completed before the task that posted it fails, and work
+   * whose communication cannot be stopped is never resumed, so nothing it touches may be
+   * freed (its stream never drains); reset clears it before another run, when no stream is
+   * busy (default: nothing). */
   void (*cancel)(struct exec_backend *b);
   void (*reset)(struct exec_backend *b);
 
@@ -300,6 +317,8 @@ uint32_t exec_backend_world_size(struct exec_backend *b);
 const char *exec_backend_comm_library(struct exec_backend *b);
 double exec_backend_clock(struct exec_backend *b);
 uint64_t exec_backend_progress(struct exec_backend *b);
+/* False (out zeroed) when the backend keeps no such figures. */
+bool exec_backend_loop_stats(struct exec_backend *b, struct exec_backend_loop_stats *out);
 void exec_backend_cancel(struct exec_backend *b);
 void exec_backend_reset(struct exec_backend *b);
 const struct exec_kernels *exec_backend_kernels(const struct exec_backend *b);
@@ -353,6 +372,17 @@ bool exec_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GErro
 /* ---- running plans ----------------------------------------------------------------------- */
 
 enum exec_fault { EXEC_FAULT_NONE, EXEC_FAULT_STALL };
+/* Which communication a stall hits: the first instruction of the step of that kind (ANY:
+ * the first communication of any kind, or the first instruction when there is none). */
+enum exec_stall_kind {
+  EXEC_STALL_ANY,
+  EXEC_STALL_SEND,
+  EXEC_STALL_RECV,
+  EXEC_STALL_ALL_REDUCE,     /* DP gradient all-reduce */
+  EXEC_STALL_REDUCE_SCATTER, /* ZeRO gradient reduce-scatter */
+  EXEC_STALL_ALL_TO_ALL,     /* expert dispatch or combine */
+  EXEC_STALL_ALL_GATHER,     /* ZeRO parameter gathers */
+};
 
 struct exec_options {
   const struct plan *plan;  /* the whole plan; this process runs device = world rank */
@@ -374,14 +404,17 @@ struct exec_options {
   bool charts; /* draw schedule.png/.svg and memory.png (gnuplot) of the measured step there */
   const char *dump_params_path; /* rank 0 writes every parameter here (float32, model order) */
   bool progress;                /* rank 0 prints a line per step */
-  /* Testing hook: EXEC_FAULT_STALL makes rank fault_rank's first communication instruction of
-   * step fault_step (1-based) block until cancelled, as a broken plan would. */
+  /* Testing hook: EXEC_FAULT_STALL makes rank fault_rank's first instruction of kind
+   * fault_kind in step fault_step (1-based) block until cancelled, as a transfer whose peer
+   * never comes would (a receive nothing matches, on a communicator of its own). */
   enum exec_fault fault;
+  enum exec_stall_kind fault_kind;
   uint32_t fault_rank, fault_step;
   /* Testing hook: fill every fresh activation buffer with NaN, so a kernel that reads what it
    * did not write shows up as a NaN loss (piper-exec: PIPER_EXEC_POISON=1). */
   bool poison;
-  /* Called at the start of every step (rank, 1-based step), e.g. to inject a crash. */
+  /* Called at the start of every step (rank, 1-based step), e.g. to inject a crash; step 0:
+   * at start-up, before the communicators are created. */
   void (*step_hook)(uint32_t rank, uint32_t step, void *data);
   void *step_hook_data;
 };
@@ -403,6 +436,9 @@ struct exec_result {
   double overhead_per_instr_s; /* executor latency per instruction (see the README) */
   double dispatch_per_instr_s; /* the part of it before the instruction started */
   double job_overhead_per_instr_s, job_dispatch_per_instr_s; /* the same over all ranks */
+  /* a backend that runs its own loop (host): what one test of posted communication costs,
+   * and how many it made per instruction (this rank, measured steps); 0 otherwise */
+  double comm_test_s, comm_tests_per_instr;
   uint64_t peak_memory_bytes;
   char *run_dir;   /* the report directory written (rank 0), or NULL */
   char *run_files; /* the files written there, space-separated (rank 0), or NULL */
@@ -414,6 +450,25 @@ struct exec_result {
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,
               GError **err);
 void exec_result_clear(struct exec_result *r);
+
+/* ---- the process watchdog (exec/watchdog.c) ----------------------------------------------
+ * One per process, for its whole life: start-up (MPI initialisation, the start-up barrier),
+ * communicator creation, the steps, teardown and finalisation. A thread that reads only a
+ * progress counter and the current phase's name: when neither changes for timeout_s it prints
+ * one line, "PROGRAM: error: rank R: watchdog: no progress for S s in PHASE", and ends the job
+ * with the abort function (exit status 1), else _exit(1). In phases marked self_checked
+ * (exec_run's steps, which report a stall themselves, naming the instruction) it waits
+ * another timeout_s + 1 s and is the backstop. Without exec_watchdog_start every call below
+ * does nothing (a library user, the tests). */
+void exec_watchdog_start(const char *program, double timeout_s);
+void exec_watchdog_stop(void);
+void exec_watchdog_set_rank(uint32_t rank);
+void exec_watchdog_set_abort(void (*fn)(void *data, int code), void *data);
+void exec_watchdog_phase(const char *phase, bool self_checked);
+void exec_watchdog_progress(void);
+/* True for the first caller only: the one that reports a stall (the other stays silent). */
+bool exec_watchdog_claim(void);
+bool exec_watchdog_running(void);
 
 /* ---- pieces with their own tests --------------------------------------------------------- */
 

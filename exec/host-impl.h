@@ -3,23 +3,40 @@
 #ifndef PIPER_EXEC_HOST_IMPL_H
 #define PIPER_EXEC_HOST_IMPL_H
 
-#include <stdatomic.h>
-
 #include "exec.h"
 
 struct host_world; /* MPI state (host_comm.c) */
+struct host_loop;  /* the event loop (backend_host.c) */
 
+/* Touched only by the thread that submits and runs the loop. */
 struct host_context {
-  GMutex lock;                              /* queues, events and stream phases */
-  GCond main_cond;                          /* the submitting thread waits here ... */
-  const struct exec_event *main_waiting_on; /* ... for this event */
-  atomic_ullong progress;
-  atomic_bool cancelled;
+  uint64_t progress; /* items finished and communication settled */
+  bool cancelled;
   double epoch; /* monotonic seconds at the aligned start */
   uint32_t rank, size;
   GPtrArray *streams; /* struct exec_stream *, live ones */
+  struct host_loop *loop;
   struct host_world *world;
 };
+
+/* Communication a task waits for, already posted. test settles it when it can (an error
+ * sets *err); cancel stops it: true once nothing it touches is in flight any more (MPI_Cancel
+ * and completion), false when requests are left that cannot be stopped. */
+enum host_pending_state {
+  HOST_PENDING_WAITING,
+  HOST_PENDING_DONE,
+  HOST_PENDING_FAILED,
+  HOST_PENDING_CANCELLED
+};
+struct host_pending {
+  enum host_pending_state (*test)(struct host_pending *p, GError **err);
+  bool (*cancel)(struct host_pending *p);
+  char what[128]; /* "receive from rank 1 on pp (recv)", for the error */
+};
+
+/* Waits for p: inside a task, suspends the task and lets the loop run other streams until p
+ * settles; false with *err set when it failed or was cancelled. */
+bool exec_host_wait(struct host_context *b, struct host_pending *p, GError **err);
 
 bool exec_host_comm_init(struct host_context *b, const struct exec_backend_params *p, GError **err);
 void exec_host_comm_finalize(struct host_context *b);

@@ -1,12 +1,13 @@
 /* host_comm: the host backend's communication. Under an MPI launcher (mpirun, srun): one
- * process per device (rank = device), MPI_THREAD_MULTIPLE so every stream's worker calls MPI
- * itself, communicators split per purpose and stream, and every operation nonblocking, polled
- * with a short backoff: a blocked operation never spins a CPU that compute needs (CI has 2
- * cores for 4 ranks), and it notices a cancel, so a watchdog can end the run. A process
- * started alone (or a build without MPI) runs one device without MPI: communicators of one
- * member only. */
+ * process per device (rank = device), communicators split per purpose and stream, and every
+ * operation of the plan nonblocking (Isend/Irecv, Iallreduce, Ireduce_scatter_block,
+ * Iallgather, Ialltoall(v)): posted, then handed to the event loop (exec_host_wait), which
+ * tests it between compute tasks and, on a cancel, cancels or completes it before its task
+ * unwinds. A process started alone (or a build without MPI) runs one device without MPI:
+ * communicators of one member only. */
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -96,16 +97,36 @@ static bool no_peer(struct exec_comm *c, GError **err) {
   return false;
 }
 
+/* A transfer with itself (no plan has one; the runner's stall injection does): like MPI's
+ * unmatched receive it waits until cancelled, and nothing is in flight to stop. */
+static enum host_pending_state never_test(struct host_pending *p, GError **err) {
+  (void)p, (void)err;
+  return HOST_PENDING_WAITING;
+}
+static bool never_cancel(struct host_pending *p) {
+  (void)p;
+  return true;
+}
+
+static bool local_transfer(struct exec_comm *c, bool is_send, uint32_t peer, GError **err) {
+  if (peer != 0)
+    return no_peer(c, err);
+  struct host_pending p = {never_test, never_cancel, ""};
+  g_snprintf(p.what, sizeof p.what, "%s rank 0 on %s", is_send ? "send to" : "receive from",
+             c->label);
+  return exec_host_wait(c->b, &p, err);
+}
+
 static bool local_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
                        GError **err) {
-  (void)peer, (void)buf, (void)bytes, (void)tag;
-  return no_peer(c, err);
+  (void)buf, (void)bytes, (void)tag;
+  return local_transfer(c, true, peer, err);
 }
 
 static bool local_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
                        GError **err) {
-  (void)peer, (void)buf, (void)bytes, (void)tag;
-  return no_peer(c, err);
+  (void)buf, (void)bytes, (void)tag;
+  return local_transfer(c, false, peer, err);
 }
 
 static bool local_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {
@@ -187,28 +208,60 @@ static bool mpi_fail(GError **err, struct host_context *b, const char *label, co
   return false;
 }
 
-/* Polls requests to completion; false on an MPI error or a cancel. */
-static bool wait_requests(struct host_context *b, const char *label, const char *what, int n,
-                          MPI_Request *reqs, GError **err) {
-  long sleep_ns = 0;
+/* Posted requests, as the event loop sees them. */
+struct mpi_pending {
+  struct host_pending base;
+  struct host_context *b;
+  int n;
+  MPI_Request *reqs;
+  bool cancellable; /* point-to-point: MPI_Cancel applies (not to collectives) */
+};
+
+static enum host_pending_state mpi_test(struct host_pending *p, GError **err) {
+  struct mpi_pending *m = (struct mpi_pending *)p;
+  int flag = 0;
+  int rc = MPI_Testall(m->n, m->reqs, &flag, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    piper_runtime_error(err, "rank %u: %s failed: %s (a peer may have died)", m->b->rank,
+                        p->what, msg);
+    return HOST_PENDING_FAILED;
+  }
+  return flag ? HOST_PENDING_DONE : HOST_PENDING_WAITING;
+}
+
+/* How long a cancel waits for requests to settle: a cancelled receive that nothing matched
+ * settles at once; a collective or send whose peers are alive finishes within it. */
+#define CANCEL_GRACE_S 0.5
+
+static bool mpi_cancel(struct host_pending *p) {
+  struct mpi_pending *m = (struct mpi_pending *)p;
+  if (m->cancellable)
+    for (int i = 0; i < m->n; i++)
+      if (m->reqs[i] != MPI_REQUEST_NULL)
+        MPI_Cancel(&m->reqs[i]);
+  double until = piper_clock_seconds() + CANCEL_GRACE_S;
   for (;;) {
     int flag = 0;
-    int rc = MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS)
-      return mpi_fail(err, b, label, what, rc);
+    if (MPI_Testall(m->n, m->reqs, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+      return false; /* state unknown: keep what it may touch */
     if (flag)
       return true;
-    if (atomic_load(&b->cancelled)) {
-      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "rank %u: %s on %s cancelled", b->rank,
-                  what, label);
+    if (piper_clock_seconds() > until)
       return false;
-    }
-    /* spin briefly (a matching operation is usually close), then back off up to 50 us */
-    if (sleep_ns < 50000)
-      sleep_ns = sleep_ns ? sleep_ns * 2 : 500;
-    struct timespec ts = {0, sleep_ns};
-    nanosleep(&ts, NULL);
+    sched_yield();
   }
+}
+
+/* Hands posted requests to the event loop until they complete; false on an MPI error or a
+ * cancel. */
+static bool wait_requests(struct host_context *b, const char *label, const char *what, int n,
+                          MPI_Request *reqs, bool cancellable, GError **err) {
+  struct mpi_pending m = {{mpi_test, mpi_cancel, ""}, b, n, reqs, cancellable};
+  g_snprintf(m.base.what, sizeof m.base.what, "%s on %s", what, label);
+  return exec_host_wait(b, &m.base, err);
 }
 
 static bool mpi_comm_init(struct host_context *b, const struct exec_backend_params *p,
@@ -230,8 +283,8 @@ static bool mpi_comm_init(struct host_context *b, const struct exec_backend_para
   if (provided < MPI_THREAD_MULTIPLE) {
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
                 "the MPI library provides thread level %d, but piper-exec needs "
-                "MPI_THREAD_MULTIPLE (%d): every stream calls MPI from its own thread; use an MPI "
-                "built with thread support",
+                "MPI_THREAD_MULTIPLE (%d): its watchdog thread ends the job (MPI_Abort) while "
+                "the event loop may be inside MPI; use an MPI built with thread support",
                 provided, MPI_THREAD_MULTIPLE);
     if (b->world->finalize)
       MPI_Finalize();
@@ -350,7 +403,7 @@ static bool p2p(struct exec_comm *c, bool is_send, uint32_t peer, void *buf, siz
                      : MPI_Irecv((char *)buf + off, (int)n, MPI_BYTE, r, tag, c->comm, &req);
     if (rc != MPI_SUCCESS)
       return mpi_fail(err, c->b, c->label, what, rc);
-    if (!wait_requests(c->b, c->label, what, 1, &req, err))
+    if (!wait_requests(c->b, c->label, what, 1, &req, true, err))
       return false;
     off += n;
   } while (off < bytes);
@@ -384,7 +437,7 @@ static bool mpi_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError
   int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->comm, &req);
   if (rc != MPI_SUCCESS)
     return mpi_fail(err, c->b, c->label, "all-reduce", rc);
-  return wait_requests(c->b, c->label, "all-reduce", 1, &req, err);
+  return wait_requests(c->b, c->label, "all-reduce", 1, &req, false, err);
 }
 
 static bool mpi_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
@@ -395,7 +448,7 @@ static bool mpi_reduce_scatter_f32(struct exec_comm *c, const float *in, float *
   int rc = MPI_Ireduce_scatter_block(in, out, (int)n_per_rank, MPI_FLOAT, MPI_SUM, c->comm, &req);
   if (rc != MPI_SUCCESS)
     return mpi_fail(err, c->b, c->label, "reduce-scatter", rc);
-  return wait_requests(c->b, c->label, "reduce-scatter", 1, &req, err);
+  return wait_requests(c->b, c->label, "reduce-scatter", 1, &req, false, err);
 }
 
 static bool mpi_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
@@ -408,7 +461,7 @@ static bool mpi_all_gather(struct exec_comm *c, const void *in, void *out, size_
                           c->comm, &req);
   if (rc != MPI_SUCCESS)
     return mpi_fail(err, c->b, c->label, "all-gather", rc);
-  return wait_requests(c->b, c->label, "all-gather", 1, &req, err);
+  return wait_requests(c->b, c->label, "all-gather", 1, &req, false, err);
 }
 
 static bool mpi_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err) {
@@ -416,7 +469,7 @@ static bool mpi_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *
   int rc = MPI_Ialltoall(in, 1, MPI_INT32_T, out, 1, MPI_INT32_T, c->comm, &req);
   if (rc != MPI_SUCCESS)
     return mpi_fail(err, c->b, c->label, "all-to-all (counts)", rc);
-  return wait_requests(c->b, c->label, "all-to-all (counts)", 1, &req, err);
+  return wait_requests(c->b, c->label, "all-to-all (counts)", 1, &req, false, err);
 }
 
 static bool mpi_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes,
@@ -438,7 +491,7 @@ static bool mpi_all_to_all_v(struct exec_comm *c, const void *in, const size_t *
   } else {
     MPI_Request req;
     int rc = MPI_Ialltoallv(in, sc, sd, MPI_BYTE, out, rcn, rd, MPI_BYTE, c->comm, &req);
-    ok = rc == MPI_SUCCESS ? wait_requests(c->b, c->label, "all-to-all", 1, &req, err)
+    ok = rc == MPI_SUCCESS ? wait_requests(c->b, c->label, "all-to-all", 1, &req, false, err)
                            : mpi_fail(err, c->b, c->label, "all-to-all", rc);
   }
   g_free(sc);
@@ -452,7 +505,7 @@ static bool mpi_world_all_reduce_f64(struct host_context *b, double *buf, size_t
   int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, mop, b->world->control, &req);
   if (rc != MPI_SUCCESS)
     return mpi_fail(err, b, "the job", "all-reduce", rc);
-  return wait_requests(b, "the job", "all-reduce", 1, &req, err);
+  return wait_requests(b, "the job", "all-reduce", 1, &req, false, err);
 }
 
 static bool mpi_world_gather(struct host_context *b, const void *in, size_t bytes, void **out,
@@ -464,7 +517,7 @@ static bool mpi_world_gather(struct host_context *b, const void *in, size_t byte
   MPI_Request req;
   int rc =
       MPI_Igather(&mine, 1, MPI_LONG_LONG, sizes, 1, MPI_LONG_LONG, 0, b->world->control, &req);
-  if (rc != MPI_SUCCESS || !wait_requests(b, "the job", "gather", 1, &req, err)) {
+  if (rc != MPI_SUCCESS || !wait_requests(b, "the job", "gather", 1, &req, false, err)) {
     g_free(sizes);
     return rc == MPI_SUCCESS ? false : mpi_fail(err, b, "the job", "gather", rc);
   }
@@ -477,7 +530,7 @@ static bool mpi_world_gather(struct host_context *b, const void *in, size_t byte
   }
   char *all = b->rank == 0 ? g_malloc(total ? total : 1) : NULL;
   rc = MPI_Igatherv(in, (int)bytes, MPI_BYTE, all, cnt, disp, MPI_BYTE, 0, b->world->control, &req);
-  bool ok = rc == MPI_SUCCESS ? wait_requests(b, "the job", "gather", 1, &req, err)
+  bool ok = rc == MPI_SUCCESS ? wait_requests(b, "the job", "gather", 1, &req, false, err)
                               : mpi_fail(err, b, "the job", "gather", rc);
   if (ok && b->rank == 0) {
     *out = all;
@@ -497,7 +550,7 @@ static bool mpi_world_broadcast(struct host_context *b, void *buf, size_t bytes,
   int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, b->world->control, &req);
   if (rc != MPI_SUCCESS)
     return mpi_fail(err, b, "the job", "broadcast", rc);
-  return wait_requests(b, "the job", "broadcast", 1, &req, err);
+  return wait_requests(b, "the job", "broadcast", 1, &req, false, err);
 }
 
 #endif
@@ -511,6 +564,14 @@ static bool mpi_world_broadcast(struct host_context *b, void *buf, size_t bytes,
 #define VIA_WORLD(b, call) local_##call
 #define VIA_COMM(c, call) local_##call
 #endif
+
+/* After a cancel nothing new is posted: the task fails at once. */
+static bool refused(struct host_context *b, const char *label, GError **err) {
+  if (!b->cancelled)
+    return false;
+  piper_runtime_error(err, "rank %u: communication on %s cancelled", b->rank, label);
+  return true;
+}
 
 bool exec_host_comm_init(struct host_context *b, const struct exec_backend_params *p,
                          GError **err) {
@@ -554,47 +615,67 @@ void exec_host_comm_destroy(struct exec_comm *c) {
 
 bool exec_host_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
                     GError **err) {
+  if (refused(c->b, c->label, err))
+    return false;
   return VIA_COMM(c, send)(c, peer, buf, bytes, tag, err);
 }
 
 bool exec_host_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
                     GError **err) {
+  if (refused(c->b, c->label, err))
+    return false;
   return VIA_COMM(c, recv)(c, peer, buf, bytes, tag, err);
 }
 
 bool exec_host_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {
+  if (refused(c->b, c->label, err))
+    return false;
   return VIA_COMM(c, all_reduce_f32)(c, buf, n, err);
 }
 
 bool exec_host_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
                                   size_t n_per_rank, GError **err) {
+  if (refused(c->b, c->label, err))
+    return false;
   return VIA_COMM(c, reduce_scatter_f32)(c, in, out, n_per_rank, err);
 }
 
 bool exec_host_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
                           GError **err) {
+  if (refused(c->b, c->label, err))
+    return false;
   return VIA_COMM(c, all_gather)(c, in, out, bytes_per_rank, err);
 }
 
 bool exec_host_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err) {
+  if (refused(c->b, c->label, err))
+    return false;
   return VIA_COMM(c, all_to_all_i32)(c, in, out, err);
 }
 
 bool exec_host_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes,
                             void *out, const size_t *recv_bytes, GError **err) {
+  if (refused(c->b, c->label, err))
+    return false;
   return VIA_COMM(c, all_to_all_v)(c, in, send_bytes, out, recv_bytes, err);
 }
 
 bool exec_host_world_all_reduce_f64(struct host_context *b, double *buf, size_t n,
                                     enum exec_reduce_op op, GError **err) {
+  if (refused(b, "the job", err))
+    return false;
   return VIA_WORLD(b, world_all_reduce_f64)(b, buf, n, op, err);
 }
 
 bool exec_host_world_gather(struct host_context *b, const void *in, size_t bytes, void **out,
                             size_t **out_sizes, GError **err) {
+  if (refused(b, "the job", err))
+    return false;
   return VIA_WORLD(b, world_gather)(b, in, bytes, out, out_sizes, err);
 }
 
 bool exec_host_world_broadcast(struct host_context *b, void *buf, size_t bytes, GError **err) {
+  if (refused(b, "the job", err))
+    return false;
   return VIA_WORLD(b, world_broadcast)(b, buf, bytes, err);
 }

@@ -57,9 +57,12 @@ struct runner {
   /* totals over measured steps */
   uint64_t instructions;
   double kernel_s, comm_s, task_s, overhead_s, dispatch_s;
+  bool loop_known; /* the backend measures its own loop (exec_backend_loop_stats) */
+  struct exec_backend_loop_stats loop_step, loop_total; /* this step's, measured steps' */
   bool stall_armed;
   uint32_t stall_instr;
-  atomic_bool cancelled;          /* set when the run gives up (the stall hook polls it) */
+  struct exec_comm *fault_comm; /* the stall's own communicator (fault injection only) */
+  int32_t stall_word;           /* the stalled receive's buffer */
   bool model_ready, device_ready; /* what teardown frees */
   bool clean; /* false while streams may be busy or blocked (after a failure: drain them) */
   struct step_stats ss;
@@ -73,13 +76,17 @@ struct runner {
 
 /* ---- tasks ------------------------------------------------------------------------------- */
 
+/* A tag no plan uses (MPI guarantees tags up to 32767). */
+#define STALL_TAG 32767
+
+/* Blocks like a transfer whose peer never comes: a receive from itself that nothing matches,
+ * on a communicator of its own, until the run is cancelled (the real cancel path). */
 static bool stall_task(struct runner *R, uint32_t i, GError **err) {
-  /* blocks like a transfer whose peer never comes, until the run is cancelled */
-  while (!atomic_load(&R->cancelled))
-    g_usleep(10000);
-  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "rank %u: stalled instruction %u cancelled",
-              R->rank, i);
-  return false;
+  GError *e = NULL;
+  exec_comm_recv(R->b, R->fault_comm, R->rank, &R->stall_word, sizeof R->stall_word, STALL_TAG,
+                 &e);
+  g_clear_error(&e);
+  return piper_runtime_error(err, "rank %u: stalled instruction %u cancelled", R->rank, i);
 }
 
 static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
@@ -199,7 +206,29 @@ static const GError *stream_failure(struct runner *R) {
   return first;
 }
 
-/* Waits until every event in evs has completed, with the watchdog. */
+/* The process watchdog's thread reported first and is ending the job: stay silent (one
+ * line in all) until it has. */
+static void await_job_end(void) {
+  for (;;)
+    g_usleep(G_USEC_PER_SEC);
+}
+
+/* Gives up the step: every posted request is cancelled or completed before anything is
+ * freed (exec_backend_cancel), and the error says why. */
+static bool give_up(struct runner *R, const GError *failure, double idle, GError **err) {
+  if (!failure && exec_watchdog_running() && !exec_watchdog_claim())
+    await_job_end();
+  if (failure)
+    g_propagate_error(err, g_error_copy(failure));
+  else
+    stall_error(R, idle, err);
+  exec_backend_cancel(R->b);
+  return false;
+}
+
+/* Waits until every event in evs has completed, running the backend (its event loop, for the
+ * host) in slices between which the watchdog looks: a failed stream, or no progress for
+ * timeout_s, gives up. */
 static bool wait_events(struct runner *R, struct exec_event **evs, uint32_t n, GError **err) {
   uint64_t seen = exec_backend_progress(R->b);
   double last = exec_backend_clock(R->b);
@@ -208,33 +237,22 @@ static bool wait_events(struct runner *R, struct exec_event **evs, uint32_t n, G
       continue;
     while (!exec_event_synchronize(R->b, evs[k], 0.05)) {
       const GError *f = stream_failure(R);
-      if (f) {
-        g_propagate_error(err, g_error_copy(f));
-        atomic_store(&R->cancelled, true);
-        exec_backend_cancel(R->b);
-        return false;
-      }
       uint64_t now_seen = exec_backend_progress(R->b);
       double now = exec_backend_clock(R->b);
+      if (f)
+        return give_up(R, f, 0, err);
       if (now_seen != seen) {
         seen = now_seen;
         last = now;
+        exec_watchdog_progress();
       } else if (now - last > R->o->timeout_s) {
-        stall_error(R, now - last, err);
-        atomic_store(&R->cancelled, true);
-        exec_backend_cancel(R->b);
-        return false;
+        return give_up(R, NULL, now - last, err);
       }
     }
+    exec_watchdog_progress();
   }
   const GError *f = stream_failure(R);
-  if (f) {
-    g_propagate_error(err, g_error_copy(f));
-    atomic_store(&R->cancelled, true);
-    exec_backend_cancel(R->b);
-    return false;
-  }
-  return true;
+  return f ? give_up(R, f, 0, err) : true;
 }
 
 /* Runs fn on the control stream and waits for it under the watchdog. */
@@ -308,6 +326,16 @@ static void account_step(struct runner *R) {
       R->task_s += R->end[i] - R->start[i];
       prev_end = R->end[i];
     }
+  }
+  if (R->loop_known) {
+    /* the backend's own time is the overhead: on one loop per rank, the time an instruction
+     * waits while the loop runs another is the core's, not the executor's; testing posted
+     * requests progresses them (a collective reduces inside the test): communication */
+    over = R->step_setup - R->step_fill + R->loop_step.dispatch_s;
+    R->comm_s += R->loop_step.test_s;
+    R->loop_total.dispatch_s += R->loop_step.dispatch_s;
+    R->loop_total.test_s += R->loop_step.test_s;
+    R->loop_total.tests += R->loop_step.tests;
   }
   R->overhead_s += over;
   R->instructions += c->n_instrs;
@@ -488,6 +516,11 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
                           res->job_overhead_per_instr_s * 1e6);
   cJSON_AddNumberToObject(extra, "executor_dispatch_us_per_instruction",
                           res->job_dispatch_per_instr_s * 1e6);
+  if (res->comm_tests_per_instr > 0) { /* rank 0's loop: a fact for the simulator's profile */
+    cJSON_AddNumberToObject(extra, "executor_comm_test_us", res->comm_test_s * 1e6);
+    cJSON_AddNumberToObject(extra, "executor_comm_tests_per_instruction",
+                            res->comm_tests_per_instr);
+  }
   cJSON_AddNumberToObject(extra, "instructions_per_step", (double)plan_instruction_count(p));
   cJSON_AddNumberToObject(extra, "kernel_seconds_rank0", res->kernel_seconds);
   cJSON_AddNumberToObject(extra, "comm_seconds_rank0", res->comm_seconds);
@@ -624,6 +657,9 @@ static bool create_comms(struct runner *R, GError **err) {
     g_snprintf(label, sizeof label, "%s (%s)", cn,
                key->stream_a < p->n_streams ? p->streams[key->stream_a].name : "?");
     GError *e = NULL;
+    char phase[160];
+    g_snprintf(phase, sizeof phase, "creating communicator %s", label);
+    exec_watchdog_phase(phase, false);
     if (pc->purpose == IR_COMM_PP) {
       R->s.comms[k] = exec_comm_create(R->b, label, all, p->n_devices, true, &e);
     } else {
@@ -634,6 +670,12 @@ static bool create_comms(struct runner *R, GError **err) {
       g_propagate_error(err, e);
       ok = false;
     }
+  }
+  if (ok && R->o->fault == EXEC_FAULT_STALL) {
+    /* every rank runs with the same fault option: all take part */
+    exec_watchdog_phase("creating the fault injection's communicator", false);
+    R->fault_comm = exec_comm_create(R->b, "fault injection", all, p->n_devices, true, err);
+    ok = R->fault_comm != NULL;
   }
   g_free(all);
   return ok;
@@ -689,6 +731,31 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   return true;
 }
 
+/* Whether instruction x is communication of kind k. */
+static bool stall_kind_matches(const struct exec_instr *x, enum exec_stall_kind k) {
+  switch (k) {
+  case EXEC_STALL_ANY: return x->comm != IR_NONE;
+  case EXEC_STALL_SEND: return x->role == EXEC_ROLE_SEND;
+  case EXEC_STALL_RECV: return x->role == EXEC_ROLE_RECV;
+  case EXEC_STALL_ALL_REDUCE: return x->role == EXEC_ROLE_ALL_REDUCE;
+  case EXEC_STALL_REDUCE_SCATTER: return x->role == EXEC_ROLE_REDUCE_SCATTER;
+  case EXEC_STALL_ALL_TO_ALL:
+    return x->role == EXEC_ROLE_A2A_TO_EXPERT || x->role == EXEC_ROLE_A2A_FROM_EXPERT;
+  case EXEC_STALL_ALL_GATHER:
+    return x->role == EXEC_ROLE_GATHER_USE || x->role == EXEC_ROLE_GATHER_UPDATE;
+  }
+  return false;
+}
+
+/* The instruction a stall of kind k takes: the first of that kind in plan order; for ANY
+ * with no communication at all, the first instruction. */
+static uint32_t stall_target(const struct exec_device *d, enum exec_stall_kind k) {
+  for (uint32_t i = 0; i < d->n_instrs; i++)
+    if (stall_kind_matches(&d->instrs[i], k))
+      return i;
+  return k == EXEC_STALL_ANY && d->n_instrs ? 0 : IR_NONE;
+}
+
 /* One stream per plan stream this device uses, plus the control stream; an event per
  * instruction and one at each stream's end. */
 static bool create_streams(struct runner *R, GError **err) {
@@ -711,17 +778,15 @@ static bool create_streams(struct runner *R, GError **err) {
     R->events[i] = exec_event_create(R->b);
     R->tasks[i] = (struct task){R, i};
   }
-  /* the stall hook takes the first communication, or the first instruction alone */
-  R->stall_instr = n ? 0 : IR_NONE;
-  for (uint32_t i = n; i-- > 0;)
-    if (R->dev->instrs[i].comm != IR_NONE)
-      R->stall_instr = i;
+  R->stall_instr = stall_target(R->dev, R->o->fault_kind);
   return true;
 }
 
 /* Data, parameters, communicators and streams. */
 static bool runner_setup(struct runner *R, GError **err) {
   struct exec_state *s = &R->s;
+  if (R->o->step_hook)
+    R->o->step_hook(R->rank, 0, R->o->step_hook_data);
   s->data = exec_data_open(R->o->data_path, R->xm.m->vocab_size, R->o->seed, err);
   return s->data && exec_state_init_params(s, err) && create_comms(R, err) &&
          create_streams(R, err);
@@ -738,6 +803,7 @@ static bool agree_on_start(struct runner *R, uint32_t done, GError **err) {
   fp ^= (uint64_t)p->n_microbatches << 32 ^ plan_instruction_count(p);
   double hi32 = (double)(fp >> 32), lo32 = (double)(fp & 0xffffffffu);
   struct agree a = {{hi32, -hi32, lo32, -lo32, done, -(double)done}};
+  exec_watchdog_phase("agreeing on the plan", true);
   if (!control(R, agree_fn, &a, err)) {
     R->clean = false;
     return false;
@@ -849,6 +915,9 @@ static bool checkpoint_step(struct runner *R, uint32_t step, GError **err) {
 static bool train_step(struct runner *R, struct exec_result *res, uint32_t step, GError **err) {
   const struct exec_options *o = R->o;
   uint32_t total = o->warmup + o->iters;
+  char phase[64];
+  g_snprintf(phase, sizeof phase, "step %u", step);
+  exec_watchdog_phase(phase, true);
   if (o->step_hook)
     o->step_hook(R->rank, step, o->step_hook_data);
   R->tracing = step == total;
@@ -857,8 +926,15 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   double wall0 = exec_backend_clock(R->b);
   bool warm = step <= o->warmup;
   R->clean = false; /* until the step's streams are idle again */
+  struct exec_backend_loop_stats before, after;
+  R->loop_known = exec_backend_loop_stats(R->b, &before);
   if (!run_step(R, step, err))
     return false;
+  exec_backend_loop_stats(R->b, &after);
+  R->loop_step = (struct exec_backend_loop_stats){after.dispatch_s - before.dispatch_s,
+                                                  after.test_s - before.test_s,
+                                                  after.tests - before.tests,
+                                                  after.items - before.items};
   if (!warm)
     account_step(R);
   if (!collect_step(R, err))
@@ -907,7 +983,12 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
   res->task_seconds = R->task_s;
   res->overhead_per_instr_s = R->instructions ? R->overhead_s / (double)R->instructions : 0;
   res->dispatch_per_instr_s = R->instructions ? R->dispatch_s / (double)R->instructions : 0;
+  if (R->loop_total.tests) {
+    res->comm_test_s = R->loop_total.test_s / (double)R->loop_total.tests;
+    res->comm_tests_per_instr = (double)R->loop_total.tests / (double)R->instructions;
+  }
   res->peak_memory_bytes = R->s.mem_peak;
+  exec_watchdog_phase("the run's summary and report", true);
   double sums[3] = {R->overhead_s, R->dispatch_s, (double)R->instructions};
   struct step_stats tot = {sums, 3, {0, 0}};
   if (!control(R, sum_fn, &tot, err)) {
@@ -934,12 +1015,12 @@ static bool write_outputs(struct runner *R, struct exec_result *res, GError **er
   return true;
 }
 
-/* After a failure, streams may be blocked in communication with a peer that is gone: cancel
- * them and give them a moment to drain (cancelled work fails fast). True when every stream is
- * idle, so the state can be freed. */
+/* After a failure, tasks may be suspended on communication with a peer that is gone: cancel
+ * them (each request cancelled or completed) and let the streams drain (queued work is
+ * skipped). True when every stream is idle, so the state can be freed; a stream whose
+ * requests could not be stopped keeps everything until the job ends. */
 static bool drain_streams(struct runner *R) {
   uint32_t ns = R->dev->plan->n_streams;
-  atomic_store(&R->cancelled, true);
   exec_backend_cancel(R->b);
   bool idle = true;
   struct exec_event *probe = exec_event_create(R->b);
@@ -967,14 +1048,18 @@ static void destroy_streams(struct runner *R) {
     exec_event_destroy(R->b, R->events[i]);
 }
 
-/* Communicators of an unclean end stay allocated (freeing one needs every member); the caller
- * ends the job (exec_backend_abort). */
+/* Communicators of an unclean end of a job of several processes stay allocated (freeing one
+ * needs every member); the caller ends the job (exec_backend_abort). */
 static void free_state(struct runner *R) {
   struct exec_state *s = &R->s;
   const struct exec_device *dev = R->dev;
-  if (R->clean && s->comms)
+  /* alone, this process is every member */
+  bool free_comms = R->clean || exec_backend_world_size(R->b) == 1;
+  if (free_comms && s->comms)
     for (uint32_t k = 0; k < dev->n_comm_keys; k++)
       exec_comm_destroy(R->b, s->comms[k]);
+  if (free_comms)
+    exec_comm_destroy(R->b, R->fault_comm);
   for (uint32_t k = 0; k < dev->M; k++) {
     exec_mb_end(s, k);
     if (s->mbs[k].allocs) {
@@ -1024,6 +1109,7 @@ static void runner_free(struct runner *R) {
 /* Idle streams can be joined and the state freed; streams that will not drain keep it all
  * until the job ends. */
 static void runner_teardown(struct runner *R) {
+  exec_watchdog_phase("teardown", false);
   if (R->device_ready) {
     if (!R->clean && !drain_streams(R))
       return;

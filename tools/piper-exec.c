@@ -110,7 +110,9 @@ static const struct option_program program = {
         "\n",
     .epilogue =
         "environment:\n"
-        "  PIPER_EXEC_FAULT=stall:RANK:STEP or kill:RANK:STEP   inject a hang or a crash (tests)\n"
+        "  PIPER_EXEC_FAULT=stall:[KIND:]RANK:STEP, kill:RANK:STEP or stop:RANK:STEP   inject a\n"
+        "    hang (KIND: send, recv, all-reduce, reduce-scatter, all-to-all, all-gather), a crash\n"
+        "    or a SIGSTOP (step 0: at start-up) (tests)\n"
         "\n"
         "Exit status: 0 success, 1 runtime failure (a watchdog, a dead peer, I/O), 2 bad input.\n",
     .options = options,
@@ -140,16 +142,16 @@ static void on_term(int sig) {
 }
 
 struct fault {
-  bool kill;
+  int signal; /* SIGKILL (kill) or SIGSTOP (stop); 0: none */
   uint32_t rank, step;
 };
 
 static void fault_hook(uint32_t rank, uint32_t step, void *data) {
   const struct fault *f = data;
-  if (f->kill && rank == f->rank && step == f->step) {
-    fprintf(stderr, "piper-exec: rank %u: PIPER_EXEC_FAULT kills this rank at step %u\n", rank,
-            step);
-    raise(SIGKILL);
+  if (f->signal && rank == f->rank && step == f->step) {
+    fprintf(stderr, "piper-exec: rank %u: PIPER_EXEC_FAULT %s this rank at %s %u\n", rank,
+            f->signal == SIGKILL ? "kills" : "stops", step ? "step" : "start-up, step", step);
+    raise(f->signal);
   }
 }
 
@@ -172,23 +174,47 @@ static int check_inputs(const struct exec_cli *a, const struct exec_backend_ops 
   return OPTIONS_CONTINUE;
 }
 
-/* PIPER_EXEC_FAULT (tests): a stall the runner injects, or a kill by the step hook. */
+/* The communication kinds a stall can hit (PIPER_EXEC_FAULT=stall:KIND:RANK:STEP). */
+static const char *const stall_kinds[] = {
+    [EXEC_STALL_ANY] = "any",
+    [EXEC_STALL_SEND] = "send",
+    [EXEC_STALL_RECV] = "recv",
+    [EXEC_STALL_ALL_REDUCE] = "all-reduce",
+    [EXEC_STALL_REDUCE_SCATTER] = "reduce-scatter",
+    [EXEC_STALL_ALL_TO_ALL] = "all-to-all",
+    [EXEC_STALL_ALL_GATHER] = "all-gather",
+};
+
+/* PIPER_EXEC_FAULT (tests): a stall the runner injects (stall:RANK:STEP hits the first
+ * communication, stall:KIND:RANK:STEP the first of a kind), or a kill or a SIGSTOP by the
+ * step hook (kill:RANK:STEP, stop:RANK:STEP; step 0 is start-up). */
 static int read_fault(struct exec_options *o, struct fault *fault) {
   const char *fenv = getenv("PIPER_EXEC_FAULT");
   if (!fenv || !*fenv)
     return OPTIONS_CONTINUE;
-  char kind[16] = "";
+  char kind[16] = "", sub[16] = "any";
   unsigned fr = 0, fs = 0;
-  if (sscanf(fenv, "%15[a-z]:%u:%u", kind, &fr, &fs) != 3 ||
-      (strcmp(kind, "stall") != 0 && strcmp(kind, "kill") != 0))
-    return piper_usage_error(
-        "piper-exec", "PIPER_EXEC_FAULT: \"%s\" is not stall:RANK:STEP or kill:RANK:STEP", fenv);
+  int n = sscanf(fenv, "%15[a-z]:%u:%u", kind, &fr, &fs);
+  if (n != 3 && strcmp(kind, "stall") == 0)
+    n = sscanf(fenv, "%15[a-z]:%15[a-z-]:%u:%u", kind, sub, &fr, &fs) - 1;
+  int stall = -1;
+  for (size_t k = 0; k < G_N_ELEMENTS(stall_kinds); k++)
+    if (strcmp(sub, stall_kinds[k]) == 0)
+      stall = (int)k;
+  bool known = strcmp(kind, "stall") == 0 || strcmp(kind, "kill") == 0 || strcmp(kind, "stop") == 0;
+  if (n != 3 || !known || stall < 0)
+    return piper_usage_error("piper-exec",
+                             "PIPER_EXEC_FAULT: \"%s\" is not stall:[KIND:]RANK:STEP (KIND: any, "
+                             "send, recv, all-reduce, reduce-scatter, all-to-all, all-gather), "
+                             "kill:RANK:STEP or stop:RANK:STEP",
+                             fenv);
   if (strcmp(kind, "stall") == 0) {
     o->fault = EXEC_FAULT_STALL;
+    o->fault_kind = (enum exec_stall_kind)stall;
     o->fault_rank = fr;
     o->fault_step = fs;
   } else {
-    *fault = (struct fault){true, fr, fs};
+    *fault = (struct fault){strcmp(kind, "kill") == 0 ? SIGKILL : SIGSTOP, fr, fs};
     o->step_hook = fault_hook;
     o->step_hook_data = fault;
   }
@@ -277,6 +303,19 @@ static void print_result(const struct exec_options *o, const struct exec_result 
     printf("  wrote %s/ (%s)\n", res->run_dir, res->run_files);
 }
 
+/* The watchdog's way to end the job: every rank, exit status 1. */
+static void abort_job(void *data, int code) {
+  exec_backend_abort(data, code);
+}
+
+/* Communicators freed and MPI finalised under the watchdog, which then stops. */
+static void free_backend(struct exec_backend *b) {
+  exec_watchdog_phase("finalisation (freeing communicators, MPI_Finalize)", false);
+  exec_watchdog_set_abort(NULL, NULL);
+  exec_backend_free(b);
+  exec_watchdog_stop();
+}
+
 /* Starts the backend (MPI, when launched so), trains, and stops it. */
 static int run_on_backend(const struct exec_backend_ops *ops, struct exec_options *o,
                           const struct exec_cli *a, int *argc,
@@ -287,10 +326,14 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
   /* test hooks: PIPER_EXEC_MPI starts MPI without a launcher, PIPER_EXEC_POISON=1 poisons */
   struct exec_backend_params bp = {argc, argv, getenv("PIPER_EXEC_MPI") != NULL};
   o->poison = getenv("PIPER_EXEC_POISON") && strcmp(getenv("PIPER_EXEC_POISON"), "1") == 0;
+  /* from here to the end of MPI_Finalize, a hang anywhere ends the job in one line */
+  exec_watchdog_start("piper-exec", o->timeout_s);
   struct exec_backend *b = exec_backend_init(ops, &bp, &err);
   if (!b)
     return piper_error_exit("piper-exec", err);
   uint32_t rank = exec_backend_world_rank(b), size = exec_backend_world_size(b);
+  exec_watchdog_set_rank(rank);
+  exec_watchdog_set_abort(abort_job, b);
   g_snprintf(term_message, sizeof term_message,
              "piper-exec: error: rank %u: terminated by the launcher (another rank failed or the "
              "job was cancelled)\n",
@@ -324,13 +367,13 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
       term_message[0] = '\0';
       term_code = rc;
     }
-    exec_backend_free(b);
+    free_backend(b);
     return rc;
   }
   if (rank == 0 && !a->quiet)
     print_result(o, &res);
   exec_result_clear(&res);
-  exec_backend_free(b);
+  free_backend(b);
   return 0;
 }
 

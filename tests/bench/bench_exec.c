@@ -60,30 +60,30 @@ static void one_process(struct exec_backend *b, const char *model, uint32_t mbs,
   compile_result_free(&cr);
 }
 
-static void four_ranks(void) {
+/* One multi-process run of piper-exec under mpirun: np ranks, args after the model. */
+static void ranks(uint32_t np, const char *what, const char *args) {
   const char *bin = getenv("PIPER_BIN") ? getenv("PIPER_BIN") : "bin";
   char *dir = g_dir_make_tmp("piper-bench-exec-XXXXXX", NULL);
   char *cmd = g_strdup_printf(
       "OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "mpirun --oversubscribe -np 4 %s/piper-exec --model models/tiny-moe.json --base-schedule "
-      "directives/base-schedules/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 --warmup 2 "
+      "mpirun --oversubscribe -np %u %s/piper-exec --model models/tiny-moe.json %s --warmup 2 "
       "--iters 30 --quiet --out %s >/dev/null 2>&1",
-      bin, dir);
+      np, bin, args, dir);
   int rc = system(cmd);
   char *metrics = g_build_filename(dir, "metrics.json", NULL);
   GError *err = NULL;
   cJSON *m = rc == 0 ? json_parse_file(metrics, &err) : NULL;
   if (!m) {
-    printf("tiny-moe   4 ranks: not run (mpirun or %s/piper-exec missing, or it failed: %d)\n", bin,
-           rc);
+    printf("tiny-moe   %u ranks: not run (mpirun or %s/piper-exec missing, or it failed: %d)\n", np,
+           bin, rc);
   } else {
     double over = 0, disp = 0, tps = 0;
     json_get_double(m, "executor_overhead_us_per_instruction", true, 0, 1e9, &over, metrics, &err);
     json_get_double(m, "executor_dispatch_us_per_instruction", true, 0, 1e9, &disp, metrics, &err);
     json_get_double(m, "throughput_tokens_per_s", true, 0, 1e12, &tps, metrics, &err);
-    printf("tiny-moe   4 ranks (pp2_dp2_ep2, 1F1B, 4 micro-batches): %8.0f tokens/s; overhead "
-           "%5.2f us per instruction (%.2f us to start), %ld cores\n",
-           tps, over, disp, sysconf(_SC_NPROCESSORS_ONLN));
+    printf("tiny-moe   %u ranks (%s): %8.0f tokens/s; overhead %5.2f us per instruction (%.2f us "
+           "to start), %ld cores\n",
+           np, what, tps, over, disp, sysconf(_SC_NPROCESSORS_ONLN));
     cJSON_Delete(m);
   }
   g_clear_error(&err);
@@ -107,6 +107,18 @@ int main(void) {
   one_process(b, "models/tiny-dense.json", 2, 40);
   one_process(b, "models/tiny-moe.json", 8, 20);
   exec_backend_free(b);
-  four_ranks();
+  /* two pipeline stages, one per rank (test_exec.sh's pp2.json) */
+  char *pp2 = g_build_filename(g_get_tmp_dir(), "piper-bench-exec-pp2.json", NULL);
+  g_file_set_contents(pp2,
+                      "[{\"op\": \"place\", \"filter\": {\"PP\": 0}, \"devices\": [0]},\n"
+                      " {\"op\": \"place\", \"filter\": {\"PP\": 1}, \"devices\": [1]}]\n",
+                      -1, NULL);
+  char *pp2_args = g_strdup_printf("--directives %s --schedule 1f1b --ranks 2 --mbs 8", pp2);
+  ranks(2, "PP2, 1F1B, 8 micro-batches", pp2_args);
+  g_free(pp2_args);
+  g_free(pp2);
+  ranks(4, "pp2_dp2_ep2, 1F1B, 4 micro-batches",
+        "--base-schedule directives/base-schedules/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 "
+        "--mbs 4");
   return 0;
 }

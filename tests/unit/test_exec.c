@@ -315,6 +315,75 @@ static bool fail_fn(struct exec_stream *s, void *arg, GError **err) {
   return false;
 }
 
+struct recv_task {
+  struct exec_comm *comm;
+  int32_t word;
+  bool returned;
+  char message[160];
+};
+
+/* A receive nothing matches (from itself): it suspends its task until cancelled. */
+static bool recv_fn(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
+  struct recv_task *t = arg;
+  bool ok = exec_comm_recv(backend, t->comm, 0, &t->word, sizeof t->word, 77, err);
+  t->returned = true;
+  g_strlcpy(t->message, ok ? "" : (*err)->message, sizeof t->message);
+  return ok;
+}
+
+/* One loop runs every stream: a task suspended on communication lets the other streams run,
+ * and a cancel stops its request before the task unwinds (with an error, once). */
+static void test_host_loop_suspends_and_cancels(void **state) {
+  (void)state;
+  GError *err = NULL;
+  exec_backend_reset(backend);
+  uint32_t self = 0;
+  struct exec_comm *comm = exec_comm_create(backend, "self", &self, 1, true, &err);
+  assert_non_null(comm);
+  struct exec_stream *a = exec_stream_create(backend, "a", 0, &err);
+  struct exec_stream *b = exec_stream_create(backend, "b", 0, &err);
+  struct exec_event *ea = exec_event_create(backend), *eb = exec_event_create(backend);
+  struct recv_task rt = {comm, 0, false, ""};
+  int log[4] = {0}, n = 0;
+  struct seq_task t1 = {log, &n, 1, 0}, t2 = {log, &n, 2, 0};
+  exec_stream_submit(backend, a, recv_fn, &rt, 1);
+  exec_stream_submit(backend, a, seq_fn, &t1, 2); /* behind the receive: never runs */
+  exec_event_record(backend, ea, a);
+  exec_stream_submit(backend, b, seq_fn, &t2, 3);
+  exec_event_record(backend, eb, b);
+  assert_true(exec_event_synchronize(backend, eb, 5));
+  assert_int_equal(n, 1);
+  assert_int_equal(log[0], 2);
+  uint64_t before = exec_backend_progress(backend);
+  assert_false(exec_event_synchronize(backend, ea, 0.05));
+  assert_false(rt.returned);
+  struct exec_stream_status st;
+  exec_stream_status(backend, a, &st);
+  assert_int_equal(st.phase, EXEC_STREAM_RUNNING);
+  assert_int_equal(st.task_id, 1);
+  assert_int_equal(exec_backend_progress(backend), before);
+  exec_backend_cancel(backend);
+  assert_true(rt.returned);
+  assert_non_null(strstr(rt.message, "receive from rank 0 on self cancelled"));
+  /* the queued task is skipped, the stream failed with the receive's error */
+  assert_true(exec_event_synchronize(backend, ea, 5));
+  assert_int_equal(n, 1);
+  exec_stream_status(backend, a, &st);
+  assert_true(st.failed);
+  assert_non_null(strstr(exec_stream_error(backend, a)->message, "cancelled"));
+  /* after a cancel nothing new is posted */
+  assert_false(exec_comm_recv(backend, comm, 0, &rt.word, sizeof rt.word, 77, &err));
+  assert_non_null(strstr(err->message, "cancelled"));
+  g_clear_error(&err);
+  exec_stream_destroy(backend, a);
+  exec_stream_destroy(backend, b);
+  exec_event_destroy(backend, ea);
+  exec_event_destroy(backend, eb);
+  exec_comm_destroy(backend, comm);
+  exec_backend_reset(backend);
+}
+
 static void test_host_streams_events(void **state) {
   (void)state;
   GError *err = NULL;
@@ -322,7 +391,7 @@ static void test_host_streams_events(void **state) {
   struct exec_stream *a = exec_stream_create(backend, "a", 0, &err);
   struct exec_stream *b = exec_stream_create(backend, "b", 0, &err);
   struct exec_event *ea = exec_event_create(backend), *eb = exec_event_create(backend);
-  int log[4] = {0}, n = 0;
+  int log[8] = {0}, n = 0;
   /* b's task waits for a's slow task through an event, so it logs second */
   struct seq_task t1 = {log, &n, 1, 50000}, t2 = {log, &n, 2, 0}, t3 = {log, &n, 3, 0};
   exec_stream_submit(backend, a, seq_fn, &t1, 1);
@@ -338,16 +407,30 @@ static void test_host_streams_events(void **state) {
   assert_int_equal(n, 3);
   assert_int_equal(log[0], 1);
   assert_true((log[1] == 2 && log[2] == 3) || (log[1] == 3 && log[2] == 2));
-  /* a timeout is reported as such */
-  struct seq_task slow = {log, &n, 4, 300000};
+  /* a timeout is reported as such: the host's loop runs work inside synchronize and looks at
+   * the clock between tasks, so the second slow task is still queued when it returns */
+  struct seq_task slow = {log, &n, 4, 30000}, slower = {log, &n, 5, 30000};
   exec_stream_submit(backend, a, seq_fn, &slow, 4);
+  exec_stream_submit(backend, a, seq_fn, &slower, 5);
   exec_event_record(backend, ea, a);
   assert_false(exec_event_synchronize(backend, ea, 0.01));
   struct exec_stream_status st;
   exec_stream_status(backend, a, &st);
-  assert_int_equal(st.phase, EXEC_STREAM_RUNNING);
-  assert_int_equal(st.task_id, 4);
+  assert_int_equal(st.phase, EXEC_STREAM_IDLE);
+  assert_int_equal(st.task_id, 5);
+  assert_int_equal(n, 4);
   assert_true(exec_event_synchronize(backend, ea, 5));
+  assert_int_equal(n, 5);
+  /* plan order: of two ready streams, the item submitted first runs first */
+  struct seq_task o1 = {log, &n, 6, 0}, o2 = {log, &n, 7, 0};
+  exec_stream_submit(backend, b, seq_fn, &o1, 6);
+  exec_stream_submit(backend, a, seq_fn, &o2, 7);
+  exec_event_record(backend, ea, a);
+  exec_event_record(backend, eb, b);
+  assert_true(exec_event_synchronize(backend, ea, 5));
+  assert_true(exec_event_synchronize(backend, eb, 5));
+  assert_int_equal(log[5], 6);
+  assert_int_equal(log[6], 7);
   /* a failing task fails its stream and keeps its error */
   exec_stream_submit(backend, b, fail_fn, NULL, 9);
   exec_event_record(backend, eb, b);
@@ -822,6 +905,7 @@ int main(void) {
       cmocka_unit_test(test_data_bytes_and_synthetic),
       cmocka_unit_test(test_init_params),
       cmocka_unit_test(test_host_streams_events),
+      cmocka_unit_test(test_host_loop_suspends_and_cancels),
       cmocka_unit_test(test_backend_table_checks_and_defaults),
       cmocka_unit_test(test_train_loss_falls),
       cmocka_unit_test(test_bi_bw_split_equals_fused),
