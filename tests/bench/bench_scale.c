@@ -59,6 +59,20 @@ struct sample {
   double rss_mib;
 };
 
+/* The layout's directive program. DeepSeek-V3's stage 0 holds only dense layers (its first
+ * three), so it has no expert region to shard: its shard line goes. */
+static char *layout_text(const struct layout *l, bool moe) {
+  char *text = layout_to_json(l);
+  if (!moe)
+    return text;
+  char *line = strstr(text, "{\"op\": \"shard\", \"filter\": {\"PP\": 0, ");
+  char *end = line ? strstr(line, "}, ") : NULL;
+  end = end ? strstr(end + 3, "\n") : NULL;
+  if (line && end)
+    memmove(line - 2 * (line[-2] == ' '), end + 1, strlen(end + 1) + 1);
+  return text;
+}
+
 static char *write_layout(const struct family *f, uint32_t dp, GError **err) {
   char spec[64];
   g_snprintf(spec, sizeof spec, f->layout_fmt, dp, dp);
@@ -67,7 +81,7 @@ static char *write_layout(const struct family *f, uint32_t dp, GError **err) {
     return NULL;
   char *path = g_strdup_printf("%s/piper-bench-scale-%d-%s-%u.json", g_get_tmp_dir(), (int)getpid(),
                                f->name, dp);
-  char *text = layout_to_json(&l);
+  char *text = layout_text(&l, l.ep > 1);
   bool ok = g_file_set_contents(path, text, -1, err);
   g_free(text);
   if (!ok)
