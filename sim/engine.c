@@ -281,14 +281,9 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
       for (uint32_t i = 0; i < cnt; i++)
         g_array_append_val(set, col[gd[i]]);
       uint32_t *v = (uint32_t *)set->data;
-      for (uint32_t i = 1; i < set->len; i++) {
-        uint32_t x = v[i], j = i;
-        while (j > 0 && v[j - 1] > x) {
-          v[j] = v[j - 1];
-          j--;
-        }
-        v[j] = x;
-      }
+      /* a sort, not insertion: colours that alternate along a group (devices at node edges
+       * have other link spans) made insertion quadratic in the group */
+      qsort(v, set->len, sizeof *v, piper_cmp_u32);
       uint32_t w = 0;
       for (uint32_t i = 0; i < set->len; i++)
         if (i == 0 || v[i] != v[w - 1])
