@@ -13,8 +13,8 @@
  * order directives (parse.c, DIR_MAX_ORDER_FILTERS): a schedule larger than that could be built
  * but its program could not be read back. Stages and ranks are bounded by the device count. */
 #define SCHED_MAX_ACTIONS 1000000u
-#define SCHED_MAX_STAGES IR_MAX_DEVICES
-#define SCHED_MAX_RANKS IR_MAX_DEVICES
+#define SCHED_MAX_STAGES 65536 /* stages and ranks stay below 2^16 (schedule_csv.c action keys) */
+#define SCHED_MAX_RANKS 65536
 
 /* Per-rank slot lists under construction: rows[r] is a GArray of struct sched_slot. */
 struct sched_rows {

@@ -25,7 +25,7 @@
 
 #define IR_NONE UINT32_MAX
 #define IR_MAX_TAGS 12          /* model tags + split dimensions */
-#define IR_MAX_DEVICES 65536    /* largest device id + 1 accepted */
+#define IR_MAX_DEVICES (1 << 20) /* largest device id + 1 accepted (= LAYOUT_MAX_DEVICES) */
 #define IR_MAX_NODES (4u << 20) /* a rewrite that would exceed it is refused */
 #define IR_NAME_MAX 32          /* stream and tag names */
 

@@ -281,14 +281,9 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
       for (uint32_t i = 0; i < cnt; i++)
         g_array_append_val(set, col[gd[i]]);
       uint32_t *v = (uint32_t *)set->data;
-      for (uint32_t i = 1; i < set->len; i++) {
-        uint32_t x = v[i], j = i;
-        while (j > 0 && v[j - 1] > x) {
-          v[j] = v[j - 1];
-          j--;
-        }
-        v[j] = x;
-      }
+      /* a sort, not insertion: colours that alternate along a group (devices at node edges
+       * have other link spans) made insertion quadratic in the group */
+      qsort(v, set->len, sizeof *v, piper_cmp_u32);
       uint32_t w = 0;
       for (uint32_t i = 0; i < set->len; i++)
         if (i == 0 || v[i] != v[w - 1])
@@ -440,6 +435,8 @@ struct sim {
   uint32_t *gid_unit; /* not stored: found via bases (binary search) */
   uint32_t n_slots;
   struct slot *slots;
+  uint32_t *slot_mark; /* [n_slots] visit of the last pass that touched the slot */
+  uint32_t visit;      /* passes over a communication's participants so far */
   uint32_t *parts; /* pairs (unit, instr) */
   struct heap heap;
   uint64_t events;
@@ -617,14 +614,41 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
     mem_point(s, u, t);
 }
 
+/* Whether this pass over a communication's participants meets slot id for the first time. The
+ * members of a collective all run it (and often the same others), so visiting every member's
+ * operations repeats each one once per member, and op_reschedule walks the members again: a
+ * square of the group per start and end. Settling and rescheduling a slot twice at one time
+ * changes nothing (the second settle advances by zero, the second reschedule finds its rate
+ * unchanged and pushes no event), so the first visit does all of it, in the same order. */
+static bool first_visit(struct sim *s, uint32_t id, uint32_t visit) {
+  if (s->slot_mark[id] == visit)
+    return false;
+  s->slot_mark[id] = visit;
+  return true;
+}
+
 /* Brings every participant of a communication, and what runs beside it, up to time t before
  * the set of running operations changes (rates are recomputed from then on). */
 static void settle_parts(struct sim *s, const struct slot *sl, double t) {
+  uint32_t visit = ++s->visit;
   for (uint32_t k = 0; k < sl->part_count; k++) {
     struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
     unit_settle(u, t);
     for (uint32_t j = 0; j < u->n_ops; j++)
-      op_settle(&s->slots[u->ops[j]], t);
+      if (first_visit(s, u->ops[j], visit))
+        op_settle(&s->slots[u->ops[j]], t);
+  }
+}
+
+/* New rates for the participants of a communication and every operation they run. */
+static void reschedule_parts(struct sim *s, const struct slot *sl, double t) {
+  uint32_t visit = ++s->visit;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
+    unit_reschedule(s, u, t);
+    for (uint32_t j = 0; j < u->n_ops; j++)
+      if (first_visit(s, u->ops[j], visit))
+        op_reschedule(s, u->ops[j], t);
   }
 }
 
@@ -651,12 +675,7 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
     u->n_link[sl->inter]++;
     u->comm_sm += sl->sm_share;
   }
-  for (uint32_t k = 0; k < sl->part_count; k++) {
-    struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
-    unit_reschedule(s, u, t);
-    for (uint32_t j = 0; j < u->n_ops; j++)
-      op_reschedule(s, u->ops[j], t);
-  }
+  reschedule_parts(s, sl, t);
 }
 
 static void try_advance(struct sim *s, struct unit_rt *u, double t);
@@ -680,12 +699,7 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
       u->comm_sm = 0; /* no drift from repeated add/subtract */
     finish_instr(s, u, instr, t);
   }
-  for (uint32_t k = 0; k < sl->part_count; k++) {
-    struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
-    unit_reschedule(s, u, t);
-    for (uint32_t j = 0; j < u->n_ops; j++)
-      op_reschedule(s, u->ops[j], t);
-  }
+  reschedule_parts(s, sl, t);
   for (uint32_t k = 0; k < sl->part_count; k++)
     try_advance(s, &s->u[s->parts[2 * (sl->part_first + k)]], t);
 }
@@ -759,9 +773,16 @@ static void end_kernel(struct sim *s, uint32_t gid, double t) {
 struct slot_key {
   uint32_t comm, a, b, seq;
 };
+/* A full mix: pairs of units a fixed distance apart (a stage's member k and the next stage's)
+ * made the old products collide in large groups. */
 static guint slot_key_hash(gconstpointer k) {
   const struct slot_key *x = k;
-  return x->comm * 2654435761u ^ x->a * 40503u ^ x->b * 9973u ^ x->seq * 374761393u;
+  uint64_t h = ((uint64_t)x->comm << 32 | x->seq) * 0x9e3779b97f4a7c15ull;
+  h ^= ((uint64_t)x->a << 32 | x->b) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return (guint)h;
 }
 static gboolean slot_key_equal(gconstpointer a, gconstpointer b) {
   return memcmp(a, b, sizeof(struct slot_key)) == 0;
@@ -924,6 +945,7 @@ static bool build_slots(struct sim *s, GError **err) {
   g_hash_table_destroy(b.by_key);
   s->n_slots = b.slots->len;
   s->slots = (struct slot *)g_array_free(b.slots, FALSE);
+  s->slot_mark = g_new0(uint32_t, s->n_slots ? s->n_slots : 1);
   slots_group_parts(s, &b);
   g_array_free(b.parts, TRUE);
   g_array_free(b.part_slot, TRUE);
@@ -1130,6 +1152,7 @@ static void sim_free(struct sim *s) {
   g_free(s->u);
   g_free(s->kversion);
   g_free(s->slots);
+  g_free(s->slot_mark);
   g_free(s->parts);
   g_free(s->heap.a);
   for (uint32_t c = 0; c < s->p->n_classes; c++)

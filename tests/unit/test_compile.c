@@ -396,6 +396,41 @@ static void test_lower_1f1b_order(void **state) {
   g_free(path);
 }
 
+/* The same deadlock with every stage replicated over four devices: the run by colour of alike
+ * devices does not finish, and the run over every device names the devices stuck. */
+static void test_progress_deadlock_replicated(void **state) {
+  (void)state;
+  char *path = g_build_filename(g_get_tmp_dir(), "piper-test-pp2dp4s.json", NULL);
+  g_file_set_contents(path,
+                      "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0,1,2,3],"
+                      "\"stream\":\"pp\"},"
+                      "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[4,5,6,7],"
+                      "\"stream\":\"pp\"},"
+                      "{\"op\":\"replicate\",\"filter\":{\"PP\":0},\"devices\":[0,1,2,3]},"
+                      "{\"op\":\"replicate\",\"filter\":{\"PP\":1},\"devices\":[4,5,6,7]}]",
+                      -1, NULL);
+  struct compile_result r = compile_files("models/tiny-dense.json", 2, path, SCHED_CUSTOM, 0);
+  GError *err = NULL;
+  assert_true(plan_check_progress(r.plan, &err));
+  struct plan_class *c = &r.plan->classes[r.plan->device_class[4]];
+  uint32_t pp = IR_NONE;
+  for (uint32_t s = 0; s < r.plan->n_streams; s++)
+    if (strcmp(r.plan->streams[s].name, "pp") == 0)
+      pp = s;
+  assert_int_not_equal(pp, IR_NONE);
+  uint32_t first = c->stream_first[pp];
+  uint32_t tmp = c->stream_instrs[first];
+  c->stream_instrs[first] = c->stream_instrs[first + 1];
+  c->stream_instrs[first + 1] = tmp;
+  assert_false(plan_check_progress(r.plan, &err));
+  assert_non_null(strstr(err->message, "plan deadlocks: device 0 stream compute waits at"));
+  assert_non_null(strstr(err->message, "device 1 stream pp waits at \"send F s0 PP=0"));
+  g_error_free(err);
+  compile_result_free(&r);
+  g_unlink(path);
+  g_free(path);
+}
+
 /* The progress check rejects a hand-made deadlock: device 1 made to send its gradient before
  * receiving the activation the gradient depends on, on one shared stream. */
 static void test_progress_catches_deadlock(void **state) {
@@ -609,6 +644,7 @@ int main(void) {
       cmocka_unit_test(test_lower_pp2_dp2_ep2),
       cmocka_unit_test(test_lower_1f1b_order),
       cmocka_unit_test(test_progress_catches_deadlock),
+      cmocka_unit_test(test_progress_deadlock_replicated),
       cmocka_unit_test(test_lower_deterministic),
       cmocka_unit_test(test_dualpipe_copies_sync),
       cmocka_unit_test(test_every_builder_compiles),

@@ -220,7 +220,7 @@ static void test_parse_limits_accepted(void **state) {
   assert_int_equal(p->d[0].filter.n_keys, DIR_MAX_FILTER_KEYS);
   assert_int_equal(p->d[0].filter.keys[15].value, 1 << 30);
   assert_int_equal(strlen(p->d[0].stream), DIR_NAME_MAX - 1);
-  assert_int_equal(p->max_device, IR_MAX_DEVICES);
+  assert_int_equal(p->max_device, 65536);
   assert_true(p->d[1].bucket_size_mb == 1e6);
   dir_program_free(p);
 }
@@ -294,8 +294,9 @@ static const struct bad_case bad_cases[] = {
      "t.json: directive 2 (place): \"devices\" must be a non-empty list of device ids"},
     {PLACE_PREFIX "\"devices\": 0}]", "\"devices\" must be a non-empty list of device ids"},
     {PLACE_PREFIX "\"devices\": [1, 2, 1]}]", "\"devices\" names device 1 twice"},
-    {PLACE_PREFIX "\"devices\": [-1]}]", "\"devices[0]\" = -1 is out of range [0, 65535]"},
-    {PLACE_PREFIX "\"devices\": [0, 65536]}]", "\"devices[1]\" = 65536 is out of range [0, 65535]"},
+    {PLACE_PREFIX "\"devices\": [-1]}]", "\"devices[0]\" = -1 is out of range [0, 1048575]"},
+    {PLACE_PREFIX "\"devices\": [0, 1048576]}]",
+     "\"devices[1]\" = 1048576 is out of range [0, 1048575]"},
     {PLACE_PREFIX "\"devices\": [0.5]}]", "\"devices[0]\" must be an integer"},
     {PLACE_PREFIX "\"devices\": [\"0\"]}]", "\"devices[0]\" must be an integer"},
     {"[{\"op\": \"replicate\", \"filter\": {}, \"devices\": [[0]]}]",
@@ -420,7 +421,7 @@ static void test_parse_endless_lists(void **state) {
   last->next = NULL;
   cJSON_Delete(root);
   assert_input_error(p, err,
-                     "t.json: directive 0 (place): \"devices\" has more than 65536 entries");
+                     "t.json: directive 0 (place): \"devices\" has more than 1048576 entries");
 
   /* directives */
   err = NULL;
@@ -461,7 +462,7 @@ static void test_parse_long_device_list(void **state) {
   for (int i = 0; i <= IR_MAX_DEVICES; i++)
     g_string_append_printf(s, "%s%d", i ? "," : "", i);
   g_string_append(s, "]}]");
-  expect_error(s->str, "\"devices\" has more than 65536 entries");
+  expect_error(s->str, "\"devices\" has more than 1048576 entries");
   g_string_free(s, TRUE);
 }
 
