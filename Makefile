@@ -137,7 +137,8 @@ cli: $(TOOLS)
 FUZZ_CC ?= clang
 FUZZ_BUILD := $(BUILD)/fuzz
 FUZZ_CFLAGS := $(filter-out -Werror,$(CFLAGS_ALL)) -O1 -fsanitize=fuzzer-no-link,address,undefined
-FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o)
+# The library and what the programs share above it (the sweep file's reader is fuzzed too).
+FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o) $(TOOL_LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
