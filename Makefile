@@ -160,8 +160,12 @@ test: deps
 	@$(MAKE) --no-print-directory fuzz
 	@echo "all test suites passed"
 
+# Every UBSan report fails its test (halt_on_error: the process exits 1 after the report);
+# leaks of third-party caches are suppressed (tests/sanitizers/lsan.supp).
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
+	@UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
+	  $(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDLIBS_EXTRA= unit cli
 

@@ -610,7 +610,8 @@ static bool read_trace(struct report_dir *d, const char *path, GError **err) {
     piper_input_error(err, "%s: key \"traceEvents\" is required", path);
     goto out;
   }
-  qsort(rd.kinds->data, rd.kinds->len, sizeof(struct report_trace_kind), trace_kind_cmp);
+  if (rd.kinds->len > 1) /* an empty GArray's data is NULL, which qsort may not be given */
+    qsort(rd.kinds->data, rd.kinds->len, sizeof(struct report_trace_kind), trace_kind_cmp);
   d->n_trace_kinds = rd.kinds->len;
   d->trace_kinds = (struct report_trace_kind *)g_array_free(rd.kinds, FALSE);
   rd.kinds = NULL;
