@@ -12,14 +12,14 @@
  * count, such as num_experts_per_tok on a plan without expert parallelism) only changes FLOPs,
  * which the simulator takes from the model as it now reads.
  *
- * What is recomputed:
- *   - every model segment has a forward and a backward compute node, and every compute node
- *     carries its segment's model tags (layers and the PP split move segments);
+ * What is recomputed (what a plan's nodes claim about the model; nothing is required of nodes
+ * the plan does not have, so a plan built by hand for a test still reads):
+ *   - every compute node carries its model segment's tags (layers and the PP split move
+ *     segments between regions);
  *   - a segment set holds the parameter bytes of its segments (whole, or divided by their
- *     expert shard degree for an optimizer's set): hidden size, vocabulary, experts;
+ *     expert shard degree for an optimizer's set): hidden size, vocabulary, experts, layers;
  *   - a data-parallel collective moves its segment set's bytes; an expert all-to-all moves
- *     tokens x top-k x hidden; a send or recv moves one of its segment's model edges;
- *   - the tied-embedding gradient sync moves the embedding matrix. */
+ *     tokens x top-k x hidden; the tied-embedding gradient sync moves the embedding matrix. */
 #include <inttypes.h>
 #include <stdarg.h>
 
@@ -30,7 +30,6 @@
 struct model_view {
   const struct model *m;
   uint32_t *shard_degree; /* [n_segments]: of its compute nodes, 0 before one is seen */
-  bool *has_fwd, *has_bwd;
 };
 
 static bool fail_node(GError **err, const char *file, const struct plan *p, uint32_t i,
@@ -61,10 +60,6 @@ static bool check_compute(struct model_view *v, const struct plan *p, uint32_t i
     if (n->tags[t] != ms->tags[t])
       return fail_node(err, file, p, i, "tag %.*s is %d, the model's segment %u has %d",
                        MODEL_TAG_NAME_MAX, v->m->tag_names[t], n->tags[t], n->segment, ms->tags[t]);
-  if (n->pass == IR_PASS_F)
-    v->has_fwd[n->segment] = true;
-  else if (n->pass == IR_PASS_B || n->pass == IR_PASS_BI)
-    v->has_bwd[n->segment] = true;
   if (!v->shard_degree[n->segment])
     v->shard_degree[n->segment] = n->shard_degree ? n->shard_degree : 1;
   return true;
@@ -75,14 +70,6 @@ static bool check_segments(struct model_view *v, const struct plan *p, const cha
   for (uint32_t i = 0; i < p->n_nodes; i++)
     if (p->nodes[i].kind == IR_NODE_COMPUTE && !check_compute(v, p, i, file, err))
       return false;
-  for (uint32_t s = 0; s < v->m->n_segments; s++)
-    if (!v->has_fwd[s] || !v->has_bwd[s])
-      return piper_input_error(err,
-                               "%s: the embedded \"model\" disagrees with the nodes: its segment "
-                               "%u of %u (ops %u..%u) has no %s compute node",
-                               file, s, v->m->n_segments, v->m->segments[s].op_first,
-                               v->m->segments[s].op_first + v->m->segments[s].op_count - 1,
-                               v->has_fwd[s] ? "backward" : "forward");
   return true;
 }
 
@@ -108,28 +95,12 @@ static bool check_segsets(const struct model_view *v, const struct plan *p, cons
   return true;
 }
 
-/* Bytes of one model edge into or out of segment s equal to bytes, or false. */
-static bool segment_moves(const struct model *m, uint32_t s, uint64_t bytes) {
-  for (uint32_t e = 0; e < m->n_edges; e++)
-    if ((m->edges[e].src == s || m->edges[e].dst == s) && m->edges[e].bytes == bytes)
-      return true;
-  return false;
-}
-
 static bool check_comm(const struct model_view *v, const struct plan *p, uint32_t i,
                        const char *file, GError **err) {
   const struct ir_node *n = &p->nodes[i];
   const struct model *m = v->m;
   uint64_t want;
   switch (n->kind) {
-  case IR_NODE_SEND:
-  case IR_NODE_RECV:
-    if (n->segment == IR_NONE || segment_moves(m, n->segment, n->bytes))
-      return true;
-    return fail_node(err, file, p, i,
-                     "%" PRIu64 " bytes is no tensor between the model's segment %u and its "
-                     "neighbours",
-                     n->bytes, n->segment);
   case IR_NODE_ALL_TO_ALL:
     want = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok *
            (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
@@ -156,15 +127,10 @@ static bool check_comm(const struct model_view *v, const struct plan *p, uint32_
 bool plan_check_model(const struct plan *p, const char *file, GError **err) {
   const struct model *m = p->model;
   uint32_t ns = m->n_segments ? m->n_segments : 1;
-  struct model_view v = {.m = m,
-                         .shard_degree = g_new0(uint32_t, ns),
-                         .has_fwd = g_new0(bool, ns),
-                         .has_bwd = g_new0(bool, ns)};
+  struct model_view v = {.m = m, .shard_degree = g_new0(uint32_t, ns)};
   bool ok = check_segments(&v, p, file, err) && check_segsets(&v, p, file, err);
   for (uint32_t i = 0; ok && i < p->n_nodes; i++)
     ok = check_comm(&v, p, i, file, err);
   g_free(v.shard_degree);
-  g_free(v.has_fwd);
-  g_free(v.has_bwd);
   return ok;
 }
