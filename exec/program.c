@@ -789,7 +789,7 @@ static bool link_tied_syncs(struct exec_device *d, GError **err) {
     return piper_input_error(err,
                              "device %u: holds a copy of the tied embedding that the plan never "
                              "syncs with the other (copies on one device group or on several "
-                             "model copies are not supported)",
+                             "model copies are not supported; one PP region ties them in place)",
                              d->device);
   return true;
 }
