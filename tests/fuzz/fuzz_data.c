@@ -12,12 +12,19 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* One file per fuzzing process, rewritten for every input. */
+/* One file per fuzzing process, rewritten for every input and removed at exit. */
+static char path_buf[64];
+
+static void remove_file(void) {
+  remove(path_buf);
+}
+
 static const char *data_path(void) {
-  static char path[64];
-  if (!path[0])
-    snprintf(path, sizeof path, "/tmp/piper-fuzz-data-%ld.bin", (long)getpid());
-  return path;
+  if (!path_buf[0]) {
+    snprintf(path_buf, sizeof path_buf, "/tmp/piper-fuzz-data-%ld.bin", (long)getpid());
+    atexit(remove_file);
+  }
+  return path_buf;
 }
 
 static void check_stream(const struct exec_data *d, int64_t vocab) {

@@ -12,11 +12,19 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* One file per fuzzing process, rewritten for every input and removed at exit. */
+static char path_buf[64];
+
+static void remove_file(void) {
+  remove(path_buf);
+}
+
 static const char *sweep_path(void) {
-  static char path[64];
-  if (!path[0])
-    snprintf(path, sizeof path, "/tmp/piper-fuzz-sweep-%ld.json", (long)getpid());
-  return path;
+  if (!path_buf[0]) {
+    snprintf(path_buf, sizeof path_buf, "/tmp/piper-fuzz-sweep-%ld.json", (long)getpid());
+    atexit(remove_file);
+  }
+  return path_buf;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
