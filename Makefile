@@ -139,11 +139,13 @@ unit: $(UNIT_BINS) $(TOOLS)
 cli: $(TOOLS)
 	@fail=0; for t in $(wildcard tests/cli/*.sh); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
 
-# libFuzzer targets over the parsers, each for a short bounded time from its seed corpus.
+# libFuzzer targets over the parsers, each for a short bounded time from its seed corpus. A
+# UBSan report counts as a crash (halt_on_error), as an ASan one does.
 FUZZ_CC ?= clang
 FUZZ_BUILD := $(BUILD)/fuzz
 FUZZ_CFLAGS := $(filter-out -Werror,$(CFLAGS_ALL)) -O1 -fsanitize=fuzzer-no-link,address,undefined
-FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o)
+# The library and what the programs share above it (the sweep file's reader is fuzzed too).
+FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o) $(TOOL_LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -154,6 +156,7 @@ $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS)
 fuzz: $(FUZZ_BINS)
 	@fail=0; for f in $(FUZZ_BINS); do n=$$(basename $$f); echo "== $$n ($(FUZZ_SECONDS) s)"; \
 	  mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
+	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
 	    -print_final_stats=0 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus-$$n tests/fuzz/seeds/$${n#fuzz_} \
 	    > $(FUZZ_BUILD)/$$n.log 2>&1 \
@@ -165,8 +168,12 @@ test: deps
 	@$(MAKE) --no-print-directory fuzz
 	@echo "all test suites passed"
 
+# Every UBSan report fails its test (halt_on_error: the process exits 1 after the report);
+# leaks of third-party caches are suppressed (tests/sanitizers/lsan.supp).
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
+	@UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
+	  $(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDLIBS_EXTRA= unit cli
 

@@ -899,6 +899,85 @@ static void insert_zero2_gathers(struct apply *a, uint32_t first) {
   }
 }
 
+/* The segments of the embedding and of the LM head when the head keeps its own copy of a tied
+ * embedding (tie_word_embeddings with the two in different PP regions, models/build.c). */
+static bool tied_copy_segments(const struct model *m, uint32_t *embedding, uint32_t *head) {
+  *embedding = *head = IR_NONE;
+  if (!m->tie_word_embeddings)
+    return false;
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    for (uint32_t o = m->segments[s].op_first;
+         o < m->segments[s].op_first + m->segments[s].op_count; o++) {
+      if (m->ops[o].kind == MODEL_OP_EMBEDDING)
+        *embedding = s;
+      if (m->ops[o].kind == MODEL_OP_LM_HEAD_LOSS && m->ops[o].param_count > 0)
+        *head = s;
+    }
+  return *embedding != IR_NONE && *head != IR_NONE && *embedding != *head;
+}
+
+/* The sync of a tied embedding split across stages waits for everything that writes the two
+ * copies' gradients there: the segment's gradient collectives, else its weight-gradient nodes. */
+static void link_tied_sync(struct apply *a, struct dp_sync *ds, uint32_t seg, uint32_t cid) {
+  struct ir_graph *g = a->g;
+  uint32_t grp = IR_NODE(g, cid)->group;
+  const GArray *syncs = ds->syncs_of[seg];
+  for (uint32_t q = 0; q < syncs->len; q++) {
+    uint32_t c = g_array_index(syncs, uint32_t, q);
+    if (groups_overlap(g, IR_NODE(g, c)->group, grp))
+      ir_graph_add_edge(g, c, cid, IR_EDGE_TEMPORAL, 0, 0);
+  }
+  if (syncs->len == 0)
+    for (uint32_t q = ds->gi.first[seg]; q < ds->gi.first[seg + 1]; q++)
+      if (groups_overlap(g, IR_NODE(g, ds->gi.nodes[q])->group, grp))
+        ir_graph_add_edge(g, ds->gi.nodes[q], cid, IR_EDGE_TEMPORAL, 0, 0);
+}
+
+/* Tied embeddings split across pipeline stages: the LM head's stage keeps its own copy of the
+ * embedding matrix, and the two copies' gradients are summed (as Megatron does) after each
+ * stage's own data-parallel sum, so both copies take the same optimizer steps. One all-reduce
+ * per data-parallel position, between the devices at that position on the two stages; the
+ * optimizers of both wait for it (it joins the segments' syncs). Copies placed on one device
+ * group (V placements) or on several (DualPipe) get no collective: the executor refuses them. */
+static bool insert_tied_sync(struct apply *a, struct dp_sync *ds, GError **err) {
+  struct ir_graph *g = a->g;
+  const struct model *m = g->model;
+  uint32_t emb, head;
+  if (!tied_copy_segments(m, &emb, &head))
+    return true;
+  const struct segment_home *he = &ds->home[emb], *hh = &ds->home[head];
+  if (he->n_homes != 1 || hh->n_homes != 1 || groups_overlap(g, he->group, hh->group))
+    return true;
+  uint32_t n = IR_GROUP(g, he->group)->count;
+  if (IR_GROUP(g, hh->group)->count != n)
+    return fail_at(a, IR_NONE, err,
+                   "the tied embedding's copies are on %u and %u devices: the stages holding the "
+                   "embedding and the LM head must have equal data-parallel sizes",
+                   n, IR_GROUP(g, hh->group)->count);
+  uint64_t bytes = (uint64_t)m->vocab_size * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+  for (uint32_t pos = 0; pos < n; pos++) {
+    uint32_t pair[2] = {IR_GROUP_DEVICES(g, he->group)[pos], IR_GROUP_DEVICES(g, hh->group)[pos]};
+    struct ir_node c = comm_node(IR_NODE(g, hh->fwd_node), IR_NODE_ALL_REDUCE, IR_COMM_DP,
+                                 stream_or(g, "", "dp"), bytes);
+    c.pass = IR_PASS_NONE;
+    c.segment = head;
+    c.group = ir_graph_group(g, pair, 2);
+    c.replica_degree = 2;
+    c.shard_degree = 1;
+    c.shard_grads = c.shard_params = false;
+    c.directive = IR_NONE;
+    for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
+      if (t != MODEL_TAG_PP)
+        c.tags[t] = -1;
+    uint32_t cid = add_node(a, &c);
+    link_tied_sync(a, ds, emb, cid);
+    link_tied_sync(a, ds, head, cid);
+    g_array_append_val(ds->syncs_of[emb], cid);
+    g_array_append_val(ds->syncs_of[head], cid);
+  }
+  return true;
+}
+
 /* Inserts gradient buckets (per replicate directive, then across model copies), regroups
  * optimizer nodes (one per PP region and device group) and adds ZeRO-2 gathers. */
 static bool insert_data_parallel(struct apply *a, const struct segment_home *home, GError **err) {
@@ -912,7 +991,7 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   for (uint32_t d = 0; d < a->p->n; d++)
     if (a->p->d[d].op == DIR_REPLICATE)
       replicate_buckets(a, &ds, d);
-  bool ok = copy_sync_buckets(a, &ds, err);
+  bool ok = copy_sync_buckets(a, &ds, err) && insert_tied_sync(a, &ds, err);
   if (ok) {
     regroup_optimizers(a, &ds, n_opt);
     insert_zero2_gathers(a, n_opt);

@@ -50,11 +50,15 @@ struct exec_model {
   uint8_t *edge_mask;        /* [n_edges]: tensors each model edge carries */
   struct exec_segment *segs; /* [n_segments] */
   uint32_t embedding_op, head_op;
+  uint32_t embedding_seg, head_seg;
   bool tied; /* the head reads the embedding's table (same segment) */
   /* the model file's numerics, as the kernels take them */
   float rope_theta, rms_norm_eps;
   struct kernels_rope_scaling rope_scaling;
   const struct kernels_rope_scaling *scaling; /* &rope_scaling, or NULL when none */
+  /* Tied across PP stages: the head holds its own copy of the table ([V, C], the tied layout),
+   * starts equal to it and is kept equal by the plan's tied sync (EXEC_ROLE_TIED_SYNC). */
+  bool tied_copy;
 };
 /* Attention dimensions of a model op, with the model's RoPE. */
 struct kernels_attention_dims exec_attention_dims(const struct exec_model *xm,
@@ -82,6 +86,7 @@ enum exec_role {
   EXEC_ROLE_GATHER_USE,    /* ZeRO-3: parameters for one use, into a fresh buffer */
   EXEC_ROLE_GATHER_UPDATE, /* ZeRO-2: updated shards back into the parameters */
   EXEC_ROLE_OPTIMIZER,
+  EXEC_ROLE_TIED_SYNC, /* all-reduce of the tied embedding's two copies' gradients */
 };
 
 struct exec_instr {
@@ -89,7 +94,7 @@ struct exec_instr {
   uint32_t node, stream;
   enum ir_pass pass;
   int32_t mb;       /* local micro-batch (MB tag), -1 = none */
-  uint32_t segment; /* compute / a2a: model segment, else IR_NONE */
+  uint32_t segment; /* compute / a2a: model segment; tied sync: the copy's; else IR_NONE */
   uint32_t edge;    /* send / recv / a2a: model edge */
   uint32_t peer;    /* send / recv: world rank */
   uint32_t comm;    /* index into exec_device.comm_keys, IR_NONE */

@@ -162,6 +162,7 @@ static bool find_ends(struct exec_model *xm, GError **err) {
   if (xm->embedding_op == IR_NONE || xm->head_op == IR_NONE)
     return piper_input_error(err, "%s: the model has no embedding or no LM head", m->name);
   xm->tied = m->ops[xm->head_op].param_count == 0;
+  xm->tied_copy = m->tie_word_embeddings && !xm->tied;
   uint32_t head_seg = IR_NONE, embedding_seg = IR_NONE;
   for (uint32_t s = 0; s < m->n_segments; s++) {
     const struct model_segment *ms = &m->segments[s];
@@ -170,6 +171,8 @@ static bool find_ends(struct exec_model *xm, GError **err) {
     if (xm->embedding_op - ms->op_first < ms->op_count)
       embedding_seg = s;
   }
+  xm->embedding_seg = embedding_seg;
+  xm->head_seg = head_seg;
   if (xm->tied && head_seg != embedding_seg)
     return piper_input_error(err,
                              "%s: tied embeddings need the embedding and the LM head in one "
@@ -689,6 +692,11 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
   case IR_NODE_RECV: return decode_transfer(dc, i, err);
   case IR_NODE_ALL_TO_ALL: return decode_all_to_all(dc, i, err);
   case IR_NODE_ALL_REDUCE:
+    if (ir_node_is_tied_sync(n)) {
+      x->role = EXEC_ROLE_TIED_SYNC; /* its copy is found once every compute is decoded */
+      return true;
+    }
+    return decode_bucket(dc, i, err);
   case IR_NODE_REDUCE_SCATTER: return decode_bucket(dc, i, err);
   case IR_NODE_ALL_GATHER:
     x->role = n->pass == IR_PASS_NONE ? EXEC_ROLE_GATHER_UPDATE : EXEC_ROLE_GATHER_USE;
@@ -788,6 +796,39 @@ static bool lay_out_params(struct exec_device *d, GError **err) {
   return true;
 }
 
+/* A tied embedding split across stages trains like one table only when every device holding
+ * a copy sums its gradient with the other copy's (the plan's tied sync) over whole, unsharded
+ * gradients: each sync finds the copy held here, and a copy without a sync is refused. */
+static bool link_tied_syncs(struct exec_device *d, GError **err) {
+  const struct exec_model *xm = d->xm;
+  uint32_t emb = xm->embedding_seg, head = xm->head_seg, syncs = 0;
+  for (uint32_t i = 0; i < d->cls->n_instrs; i++) {
+    struct exec_instr *x = &d->instrs[i];
+    if (x->role != EXEC_ROLE_TIED_SYNC)
+      continue;
+    if (!xm->tied_copy)
+      return fail_instr(d->plan, d->device, x->node, err,
+                        "syncs tied embeddings, but the model keeps no copy of its embedding");
+    if (d->holds[emb] == d->holds[head])
+      return fail_instr(d->plan, d->device, x->node, err,
+                        d->holds[emb] ? "syncs the tied embedding's two copies on one device"
+                                      : "syncs a tied embedding this device holds no copy of");
+    x->segment = d->holds[emb] ? emb : head;
+    uint32_t b = d->bucket_of[x->segment];
+    if (b != IR_NONE && d->buckets[b].sharded_grads)
+      return fail_instr(d->plan, d->device, x->node, err,
+                        "syncs a tied embedding whose gradients are sharded (ZeRO): not supported");
+    syncs++;
+  }
+  if (xm->tied_copy && (d->holds[emb] || d->holds[head]) && syncs == 0)
+    return piper_input_error(err,
+                             "device %u: holds a copy of the tied embedding that the plan never "
+                             "syncs with the other (copies on one device group or on several "
+                             "model copies are not supported; one PP region ties them in place)",
+                             d->device);
+  return true;
+}
+
 /* Communicators of the whole plan, in one order every rank computes alike, and this device's
  * instructions' places among them. */
 static void collect_comm_keys(struct exec_device *d) {
@@ -835,7 +876,8 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
   if (!device_shape(d, device, err) || !data_parallel_place(d, err))
     return false;
   device_alloc(d);
-  if (!decode_instrs(d, err) || !link_gathers(d, err) || !lay_out_params(d, err)) {
+  if (!decode_instrs(d, err) || !link_gathers(d, err) || !lay_out_params(d, err) ||
+      !link_tied_syncs(d, err)) {
     exec_device_clear(d);
     return false;
   }

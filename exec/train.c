@@ -197,6 +197,13 @@ static uint64_t mix(uint64_t z) {
 float exec_init_param(const struct model *m, uint64_t seed, uint32_t op, uint64_t index) {
   if (op < m->n_ops && m->ops[op].kind == MODEL_OP_RMSNORM)
     return 1.0f;
+  /* The LM head's copy of a tied embedding ([V, C] like the table) starts as the table. */
+  if (op < m->n_ops && m->ops[op].kind == MODEL_OP_LM_HEAD_LOSS && m->tie_word_embeddings)
+    for (uint32_t o = 0; o < m->n_ops; o++)
+      if (m->ops[o].kind == MODEL_OP_EMBEDDING) {
+        op = o;
+        break;
+      }
   uint64_t h = mix(mix(seed ^ 0x5049504552ull) ^ ((uint64_t)op << 40) ^ index);
   /* Box-Muller on two 24-bit uniforms in (0, 1]; std 0.02 (GPT-2's initialisation). */
   double u1 = ((double)(h >> 40) + 1.0) / 16777216.0;
@@ -520,9 +527,9 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       const float *w = xm->tied ? P + es->ops[0].param_offset : prm;
       float *loss = s->loss_device + x->mb, loss_host = 0;
       KT(st, s,
-         k->lm_head_loss_forward(st->stream, loss, run->saved[j], in0, mb->targets, w,
-                                 xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED, T, C,
-                                 V));
+         k->lm_head_loss_forward(
+             st->stream, loss, run->saved[j], in0, mb->targets, w,
+             xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED, T, C, V));
       exec_backend_to_host(s->b, &loss_host, loss, sizeof loss_host);
       mb->loss = loss_host;
       mb->has_loss = true;
@@ -748,7 +755,8 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
   const struct exec_model *xm = b->xm;
   int32_t j = o->j;
   int T = xm->T, C = xm->C, V = xm->V;
-  enum kernels_lm_head_layout lay = xm->tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
+  enum kernels_lm_head_layout lay =
+      xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
   const float *w = xm->tied && b->P ? b->P + b->es->ops[0].param_offset : o->prm;
   float *dw = xm->tied ? b->G + b->es->ops[0].param_offset : o->dprm;
   run->bwork[j] = run->saved[j]; /* BI turns the probabilities into dlogits in place */
@@ -1090,6 +1098,26 @@ static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_ctx
   return ok;
 }
 
+/* The tied embedding's copy held here (the table, or the LM head's copy of it) sums its
+ * gradient with the other stage's copy, after each stage's own data-parallel sum. */
+static bool tied_sync(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_segment *es = &xm->segs[x->segment];
+  uint32_t op = x->segment == xm->embedding_seg ? xm->embedding_op : xm->head_op;
+  struct exec_comm *comm = comm_of(s, i);
+  if (!comm)
+    return internal(err, s, i, "no communicator");
+  for (uint32_t j = 0; j < es->n_ops; j++)
+    if (es->ops[j].op == op) {
+      bool ok = true;
+      float *g = s->grads + s->dev->param_offset[x->segment] + es->ops[j].param_offset;
+      CT(st, s, ok, exec_comm_all_reduce_f32(s->b, comm, g, (size_t)xm->V * (size_t)xm->C, err));
+      return ok;
+    }
+  return internal(err, s, i, "the tied embedding's copy is not in its segment");
+}
+
 /* A consumer of gathered parameters is done; the last one frees them. */
 static void gathered_release(struct exec_state *s, uint32_t g) {
   if (atomic_fetch_sub(&s->gathered_users[g], 1) != 1)
@@ -1170,6 +1198,7 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
   case EXEC_ROLE_GATHER_USE:
   case EXEC_ROLE_GATHER_UPDATE: ok = data_parallel(s, i, st, err); break;
   case EXEC_ROLE_OPTIMIZER: ok = optimizer(s, i, st); break;
+  case EXEC_ROLE_TIED_SYNC: ok = tied_sync(s, i, st, err); break;
   }
   if (x->mb >= 0 && atomic_fetch_sub(&s->mbs[x->mb].remaining, 1) == 1)
     exec_mb_end(s, (uint32_t)x->mb);

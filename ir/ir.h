@@ -168,6 +168,13 @@ struct ir_filter {
 };
 bool ir_filter_match(const struct ir_filter *f, const struct ir_node *n);
 
+/* The gradient sync of a tied embedding split across pipeline stages: an all-reduce that
+ * covers no segment set, between the stage holding the embedding and the one holding the LM
+ * head's copy of it (segment: the head's). Every other data-parallel collective has a set. */
+static inline bool ir_node_is_tied_sync(const struct ir_node *n) {
+  return n->kind == IR_NODE_ALL_REDUCE && n->purpose == IR_COMM_DP && n->segset == IR_NONE;
+}
+
 const char *ir_pass_name(enum ir_pass p);
 const char *ir_node_kind_name(enum ir_node_kind k);
 /* A readable, unique name such as "F PP=0 EP=1 MB=3", "send F PP=0 MB=3 ->g2",

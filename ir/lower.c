@@ -281,7 +281,8 @@ static void class_reads_consumers(struct plan_class *c, struct class_pools *cp) 
   uint32_t n_pairs = cp->tensor_reads->len;
   uint32_t(*pairs)[2] = (uint32_t(*)[2])cp->tensor_reads->data;
   /* Sort (reader, tensor) pairs so reads come out grouped by reader. */
-  qsort(pairs, n_pairs, sizeof pairs[0], compare_pair);
+  if (n_pairs > 1) /* an empty GArray's data is NULL, which qsort may not be given */
+    qsort(pairs, n_pairs, sizeof pairs[0], compare_pair);
   for (uint32_t t = 0; t < cp->tensors->len; t++)
     g_array_index(cp->tensors, struct plan_tensor, t).consumer_count = 0;
   uint32_t prev_r = IR_NONE, prev_t = IR_NONE;

@@ -26,6 +26,10 @@
 /* Names of enum ir_comm_purpose values in the files, by value. */
 extern const char *const plan_purpose_names[4];
 
+/* The reader's check that the embedded model agrees with the nodes (plan_model.c): segments,
+ * parameter bytes of segment sets, bytes of communication. file names plan.json in messages. */
+bool plan_check_model(const struct plan *p, const char *file, GError **err);
+
 /* Frees a class's arrays and zeroes it. */
 void plan_class_clear(struct plan_class *c);
 /* True when the two programs are equal; else writes what differs into what (the reader says

@@ -650,7 +650,8 @@ static bool reader_index(struct reader *r, const cJSON *index, GError **err) {
       !json_value_u32(k[I_N_MICROBATCHES], "n_microbatches", 1, PLAN_MAX_MICROBATCHES,
                       &p->n_microbatches, &l, err) ||
       !read_tags_streams(r, k, err) || !read_groups_segsets(r, k, err) ||
-      !read_nodes_comms(r, k, err) || !read_classes(r, k, err) ||
+      !read_nodes_comms(r, k, err) || !plan_check_model(p, r->index_file, err) ||
+      !read_classes(r, k, err) ||
       !read_summary(r, k[I_SUMMARY], err))
     return false;
   plan_index_positions(p);

@@ -649,7 +649,8 @@ static void trace_finish_steps(struct report_dir_reader *rd) {
   struct report_dir *d = rd->d;
   uint32_t n = rd->steps->len;
   uint32_t *sorted = g_new(uint32_t, n + 1);
-  memcpy(sorted, rd->steps->data, n * sizeof *sorted);
+  if (n) /* an empty GArray's data is NULL, which memcpy may not be given */
+    memcpy(sorted, rd->steps->data, n * sizeof *sorted);
   qsort(sorted, n, sizeof *sorted, piper_cmp_u32);
   uint32_t *new_index = g_new(uint32_t, n + 1);
   for (uint32_t i = 0; i < n; i++) {

@@ -69,8 +69,14 @@ static struct plan *hand_plan(void) {
     /* Above 2^53, so it only survives the files as text. */
     nodes[i].priority = (UINT64_C(1) << 62) | ((uint64_t)i << 32) | 7;
   }
+  /* The reader checks a plan against its model (ir/plan_model.c): compute nodes carry their
+   * segment's tags (segment 1 is PP region 1), segment sets their segments' parameter bytes,
+   * gradient all-reduces their set's bytes. */
+  const struct model_segment *ms = p->model->segments;
   nodes[0].segment = 0;
-  nodes[3].segment = p->model->n_segments - 1;
+  nodes[3].segment = 1;
+  nodes[4].bytes = ms[0].param_bytes;
+  nodes[5].bytes = ms[1].param_bytes + ms[2].param_bytes;
   nodes[3].shard_grads = true;
   nodes[4].directive = 3;
   p->nodes = copy_of(nodes, sizeof nodes);
@@ -81,7 +87,7 @@ static struct plan *hand_plan(void) {
   p->groups = copy_of(groups, sizeof groups);
   p->n_device_pool = 4;
   p->device_pool = copy_of(pool, sizeof pool);
-  struct ir_segset segsets[] = {{0, 1, 1000}, {1, 2, 2000}};
+  struct ir_segset segsets[] = {{0, 1, nodes[4].bytes}, {1, 2, nodes[5].bytes}};
   uint32_t segs[] = {0, 1, 2};
   p->n_segsets = 2;
   p->segsets = copy_of(segsets, sizeof segsets);
@@ -281,7 +287,8 @@ static void test_views(void **state) {
 static void test_round_trip(void **state) {
   (void)state;
   struct plan *p = hand_plan();
-  char *a = test_tmp_dir("test_plan-XXXXXX"), *b = test_tmp_dir("test_plan-XXXXXX"), *c = test_tmp_dir("test_plan-XXXXXX");
+  char *a = test_tmp_dir("test_plan-XXXXXX"), *b = test_tmp_dir("test_plan-XXXXXX"),
+       *c = test_tmp_dir("test_plan-XXXXXX");
   write_ok(p, a);
   struct plan *q = read_ok(a);
   assert_true(plan_equal(p, q));
@@ -434,6 +441,17 @@ static const struct corrupt_case corrupt_cases[] = {
     {"plan.json", "device_class", "[0, 1, 0]", "\"device_class\" has 3 entries for 4 devices"},
     {"plan.json", "summary/instructions", "15", "\"summary\": \"instructions\" is 15"},
     {"plan.json", "model/hidden_size", "-3", "plan.json: \"model\": "},
+    /* A model that parses but disagrees with the nodes (ir/plan_model.c). */
+    {"plan.json", "model/hidden_size", "128",
+     "plan.json: segsets[0]: \"param_bytes\" is 361472, but the embedded \"model\"'s segments in "
+     "it hold 722944 bytes of parameters"},
+    {"plan.json", "model/vocab_size", "512", "segsets[0]: \"param_bytes\" is 361472, but"},
+    {"plan.json", "nodes/3/segment", "2",
+     "node 3 \"F s2 PP=1 MB=0\": the embedded \"model\" disagrees: tag PP is 1, the model's "
+     "segment 2 has 2"},
+    {"plan.json", "nodes/4/bytes", "7",
+     "node 4 \"all_reduce B PP=0 set=0 @g0\": the embedded "
+     "\"model\" disagrees: it moves 7 bytes, the model gives 361472"},
     {"plan.json", "tags/0", "\"QQ\"", "tags[0]: \"QQ\" differs from the model's tag 0"},
     {"device-1.json", "device", "3",
      "device-1.json: \"device\" is 3, but this is the file of device 1"},

@@ -1,0 +1,136 @@
+/* plan_model: a plan read from files must agree with the model it embeds (README: "the plan's
+ * model must agree with its instructions"). The simulator costs compute from the model and
+ * communication from the nodes, and the executor shapes its buffers from the model, so a plan
+ * whose "model" was edited (layers, hidden size, vocabulary, experts) would be simulated or
+ * trained as something it was not compiled for.
+ *
+ * The check is structural: what the nodes carry is recomputed from the embedded model the way
+ * the compiler computed it, and the first disagreement is named. A stored hash of the model
+ * text was the alternative; it was not taken because it changes every written plan (they must
+ * stay byte-identical), it is as easy to edit as the model next to it, and it can only say
+ * "changed", never what disagrees. What the structure cannot see (a change that moves no byte
+ * count, such as num_experts_per_tok on a plan without expert parallelism) only changes FLOPs,
+ * which the simulator takes from the model as it now reads.
+ *
+ * What is recomputed (what a plan's nodes claim about the model; nothing is required of nodes
+ * the plan does not have, so a plan built by hand for a test still reads):
+ *   - every compute node carries its model segment's tags (layers and the PP split move
+ *     segments between regions);
+ *   - a segment set holds the parameter bytes of its segments (whole, or divided by their
+ *     expert shard degree for an optimizer's set): hidden size, vocabulary, experts, layers;
+ *   - a data-parallel collective moves its segment set's bytes; an expert all-to-all moves
+ *     tokens x top-k x hidden; the tied-embedding gradient sync moves the embedding matrix. */
+#include <inttypes.h>
+#include <stdarg.h>
+
+#include "../base/json.h"
+#include "plan-impl.h"
+
+/* What the model says each segment looks like, gathered once. */
+struct model_view {
+  const struct model *m;
+  uint32_t *shard_degree; /* [n_segments]: of its compute nodes, 0 before one is seen */
+};
+
+static bool fail_node(GError **err, const char *file, const struct plan *p, uint32_t i,
+                      const char *fmt, ...) G_GNUC_PRINTF(5, 6);
+
+/* "<file>: node <i> "<name>": the embedded "model" disagrees: <what>" */
+static bool fail_node(GError **err, const char *file, const struct plan *p, uint32_t i,
+                      const char *fmt, ...) {
+  char name[PLAN_NAME_LEN];
+  plan_node_name(p, i, name, sizeof name);
+  va_list ap;
+  va_start(ap, fmt);
+  char *what = g_strdup_vprintf(fmt, ap);
+  va_end(ap);
+  piper_input_error(err, "%s: node %u \"%s\": the embedded \"model\" disagrees: %s", file, i, name,
+                    what);
+  g_free(what);
+  return false;
+}
+
+static bool check_compute(struct model_view *v, const struct plan *p, uint32_t i, const char *file,
+                          GError **err) {
+  const struct ir_node *n = &p->nodes[i];
+  if (n->segment == IR_NONE)
+    return fail_node(err, file, p, i, "a compute node needs a model segment");
+  const struct model_segment *ms = &v->m->segments[n->segment];
+  for (uint32_t t = 0; t < v->m->n_tags; t++)
+    if (n->tags[t] != ms->tags[t])
+      return fail_node(err, file, p, i, "tag %.*s is %d, the model's segment %u has %d",
+                       MODEL_TAG_NAME_MAX, v->m->tag_names[t], n->tags[t], n->segment, ms->tags[t]);
+  if (!v->shard_degree[n->segment])
+    v->shard_degree[n->segment] = n->shard_degree ? n->shard_degree : 1;
+  return true;
+}
+
+static bool check_segments(struct model_view *v, const struct plan *p, const char *file,
+                           GError **err) {
+  for (uint32_t i = 0; i < p->n_nodes; i++)
+    if (p->nodes[i].kind == IR_NODE_COMPUTE && !check_compute(v, p, i, file, err))
+      return false;
+  return true;
+}
+
+static bool check_segsets(const struct model_view *v, const struct plan *p, const char *file,
+                          GError **err) {
+  for (uint32_t k = 0; k < p->n_segsets; k++) {
+    const struct ir_segset *ss = &p->segsets[k];
+    uint64_t whole = 0, sharded = 0;
+    for (uint32_t j = 0; j < ss->count; j++) {
+      uint32_t s = p->segment_pool[ss->first + j];
+      uint64_t pb = v->m->segments[s].param_bytes;
+      uint32_t deg = v->shard_degree[s] ? v->shard_degree[s] : 1;
+      whole += pb;
+      sharded += pb / deg;
+    }
+    if (ss->param_bytes != whole && ss->param_bytes != sharded)
+      return piper_input_error(err,
+                               "%s: segsets[%u]: \"param_bytes\" is %" PRIu64
+                               ", but the embedded \"model\"'s segments in it hold %" PRIu64
+                               " bytes of parameters",
+                               file, k, ss->param_bytes, whole);
+  }
+  return true;
+}
+
+static bool check_comm(const struct model_view *v, const struct plan *p, uint32_t i,
+                       const char *file, GError **err) {
+  const struct ir_node *n = &p->nodes[i];
+  const struct model *m = v->m;
+  uint64_t want;
+  switch (n->kind) {
+  case IR_NODE_ALL_TO_ALL:
+    want = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok *
+           (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+    break;
+  case IR_NODE_ALL_REDUCE:
+  case IR_NODE_REDUCE_SCATTER:
+  case IR_NODE_ALL_GATHER:
+    if (n->segset != IR_NONE) {
+      want = p->segsets[n->segset].param_bytes;
+      break;
+    }
+    if (!ir_node_is_tied_sync(n))
+      return true;
+    want = (uint64_t)m->vocab_size * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+    break;
+  default: return true;
+  }
+  if (n->bytes == want)
+    return true;
+  return fail_node(err, file, p, i, "it moves %" PRIu64 " bytes, the model gives %" PRIu64,
+                   n->bytes, want);
+}
+
+bool plan_check_model(const struct plan *p, const char *file, GError **err) {
+  const struct model *m = p->model;
+  uint32_t ns = m->n_segments ? m->n_segments : 1;
+  struct model_view v = {.m = m, .shard_degree = g_new0(uint32_t, ns)};
+  bool ok = check_segments(&v, p, file, err) && check_segsets(&v, p, file, err);
+  for (uint32_t i = 0; ok && i < p->n_nodes; i++)
+    ok = check_comm(&v, p, i, file, err);
+  g_free(v.shard_degree);
+  return ok;
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A plan directory whose embedded model was edited after piper-compile wrote it (layers, hidden
+# size, vocabulary, experts) disagrees with its nodes: piper-sim --plans and piper-exec --plans
+# exit 2 with one line naming plan.json and what disagrees. The untouched plans still load.
+set -u
+BIN=${PIPER_BIN:-bin}
+PC="$BIN/piper-compile"
+PS="$BIN/piper-sim"
+PE="$BIN/piper-exec"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=1
+pass=0
+failed=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+echo '[]' >"$T/one.json"
+"$PC" --model models/tiny-moe.json --directives "$T/one.json" --mbs 2 -o "$T/one" >/dev/null 2>"$T/err" ||
+  bad "compile one device: $(cat "$T/err")"
+"$PC" --model models/tiny-moe.json --directives directives/base-schedules/pp2_dp2_ep2.json \
+  --schedule 1f1b --mbs 4 -o "$T/four" >/dev/null 2>"$T/err" || bad "compile pp2_dp2_ep2: $(cat "$T/err")"
+
+# expect_refused NAME DIR CMD...: exit 2, one stderr line naming DIR/plan.json and the model
+expect_refused() {
+  local name=$1 dir=$2; shift 2
+  "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then bad "$name: exit $rc, want 2 ($(head -c 300 "$T/err"))"; return; fi
+  if [ "$(wc -l <"$T/err")" -ne 1 ]; then bad "$name: $(wc -l <"$T/err") stderr lines: $(cat "$T/err")"; return; fi
+  grep -q "$dir/plan.json: .*model" "$T/err" && ok || bad "$name: $(cat "$T/err")"
+}
+
+# edit SRC KEY VALUE: a copy of plan directory SRC with model[KEY] = VALUE, in $T/edited
+edit() {
+  rm -rf "$T/edited"
+  cp -r "$1" "$T/edited"
+  python3 - "$T/edited/plan.json" "$2" "$3" <<'PY'
+import json, sys
+path, key, value = sys.argv[1], sys.argv[2], int(sys.argv[3])
+plan = json.load(open(path))
+assert key in plan["model"], key
+plan["model"][key] = value
+json.dump(plan, open(path, "w"), indent=1)
+PY
+}
+
+"$PS" --plans "$T/four" --profile profiles/unit.json --out "$T/sim" --no-charts >/dev/null 2>"$T/err" &&
+  ok || bad "untouched plan: $(cat "$T/err")"
+for edit_ in num_hidden_layers=6 hidden_size=128 vocab_size=512 num_experts=16 num_experts=4; do
+  key=${edit_%=*} value=${edit_#*=}
+  edit "$T/four" "$key" "$value"
+  expect_refused "sim, 4 devices, $edit_" "$T/edited" \
+    "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --no-charts
+  edit "$T/one" "$key" "$value"
+  expect_refused "sim, one device, $edit_" "$T/edited" \
+    "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --no-charts
+  expect_refused "exec, one device, $edit_" "$T/edited" \
+    "$PE" --plans "$T/edited" --iters 1 --out "$T/run" --quiet --no-charts
+done
+# A byte count of one node edited on its own (the model untouched) is named too.
+python3 - "$T/four/plan.json" "$T/bytes.json" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+n = next(n for n in plan["nodes"] if n["kind"] == "all_to_all")
+n["bytes"] += 4
+json.dump(plan, open(sys.argv[2], "w"), indent=1)
+PY
+rm -rf "$T/edited" && cp -r "$T/four" "$T/edited" && cp "$T/bytes.json" "$T/edited/plan.json"
+expect_refused "sim, all-to-all bytes" "$T/edited" \
+  "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --no-charts
+
+echo "plan model: $pass passed, $failed failed"
+[ "$failed" -eq 0 ]
