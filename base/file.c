@@ -26,26 +26,31 @@ static bool resolve_target(const char *path, char **final, GError **err) {
     return true;
   }
   if (S_ISLNK(st.st_mode)) {
-    char *target = realpath(path, NULL);
-    if (!target) { /* dangling link: create what it names */
-      char buf[4096];
-      ssize_t n = readlink(path, buf, sizeof buf - 1);
-      if (n < 0)
+    struct stat target_st;
+    if (stat(path, &target_st) == 0) {
+      if (!S_ISREG(target_st.st_mode))
+        return true; /* a device, FIFO or pipe behind a link (/dev/stdout): in place */
+      char *target = realpath(path, NULL);
+      if (!target)
         return io_error(err, path, "cannot follow link", errno);
-      buf[n] = '\0';
-      if (buf[0] == '/') {
-        *final = g_strdup(buf);
-      } else {
-        char *dir = g_path_get_dirname(path);
-        *final = g_build_filename(dir, buf, NULL);
-        g_free(dir);
-      }
+      *final = g_strdup(target);
+      free(target);
       return true;
     }
-    bool regular = stat(target, &st) == 0 && S_ISREG(st.st_mode);
-    if (regular)
-      *final = g_strdup(target);
-    free(target);
+    if (errno != ENOENT)
+      return io_error(err, path, "cannot follow link", errno);
+    char buf[4096]; /* dangling link: create what it names */
+    ssize_t n = readlink(path, buf, sizeof buf - 1);
+    if (n < 0)
+      return io_error(err, path, "cannot follow link", errno);
+    buf[n] = '\0';
+    if (buf[0] == '/') {
+      *final = g_strdup(buf);
+    } else {
+      char *dir = g_path_get_dirname(path);
+      *final = g_build_filename(dir, buf, NULL);
+      g_free(dir);
+    }
     return true;
   }
   if (S_ISREG(st.st_mode))
