@@ -160,3 +160,26 @@ bool compile_write_program(const struct compile_result *r, const char *dir, GErr
   g_free(path);
   return ok;
 }
+
+struct plan *compile_take_plan(const struct compile_options *o, GError **err) {
+  struct compile_result r;
+  if (!compile_run(o, &r, err))
+    return NULL;
+  struct plan *plan = r.plan;
+  r.plan = NULL; /* the caller owns the plan; the rest goes */
+  compile_result_free(&r);
+  return plan;
+}
+
+struct plan *compile_plan(const char *model_path, const char *directives_path,
+                          const struct sched_options *sched, int pp_regions, GError **err) {
+  struct compile_options o = compile_options_default();
+  o.model_path = model_path;
+  o.directives_path = directives_path;
+  o.pp_regions = pp_regions;
+  if (sched) {
+    o.have_schedule = true;
+    o.schedule = *sched;
+  }
+  return compile_take_plan(&o, err);
+}

@@ -63,6 +63,13 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
 struct compile_options compile_options_default(void);
 bool compile_run(const struct compile_options *o, struct compile_result *r, GError **err);
 void compile_result_free(struct compile_result *r);
+/* compile_run, keeping only the plan (the caller frees it with plan_free); NULL on failure. */
+struct plan *compile_take_plan(const struct compile_options *o, GError **err);
+/* The same from a model and a directive file (+ the schedule harness when sched is not NULL;
+ * pp_regions > 0 overrides the model's split): what tests, benchmarks and sweeps compile. */
+struct plan *compile_plan(const char *model_path, const char *directives_path,
+                          const struct sched_options *sched, int pp_regions, GError **err);
+
 /* Writes r->program as JSON to dir/<program_file_name>. */
 bool compile_write_program(const struct compile_result *r, const char *dir, GError **err);
 

@@ -290,16 +290,7 @@ static bool load_inputs(const struct sim_cli *a, const struct compile_options *c
   s->prof = profile_load_file(a->profile, err);
   if (!s->prof)
     return false;
-  if (a->plans) {
-    s->plan = plan_read_dir(a->plans, err);
-  } else {
-    struct compile_result cr = {0};
-    if (compile_run(co, &cr, err)) {
-      s->plan = cr.plan;
-      cr.plan = NULL; /* the plan is ours; the rest of the front end's result goes */
-    }
-    compile_result_free(&cr);
-  }
+  s->plan = a->plans ? plan_read_dir(a->plans, err) : compile_take_plan(co, err);
   return s->plan != NULL;
 }
 

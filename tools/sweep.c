@@ -12,25 +12,6 @@
 #include "../report/chart.h"
 #include "../sim/sim.h"
 
-/* model + directive program (+ schedule harness when sched is not NULL) -> plans */
-static struct plan *compile_plan(const char *model_path, const char *directives_path,
-                                 const struct sched_options *sched, int pp_regions, GError **err) {
-  struct compile_options o = compile_options_default();
-  o.model_path = model_path;
-  o.directives_path = directives_path;
-  o.pp_regions = pp_regions;
-  if (sched) {
-    o.have_schedule = true;
-    o.schedule = *sched;
-  }
-  struct compile_result r;
-  if (!compile_run(&o, &r, err))
-    return NULL;
-  struct plan *plan = r.plan;
-  r.plan = NULL; /* the caller owns the plan; the rest goes */
-  compile_result_free(&r);
-  return plan;
-}
 
 static bool string_list(const cJSON *root, const char *key, char ***out, uint32_t *n,
                         const char *ctx, GError **err) {

@@ -59,25 +59,6 @@ static void v_layout(uint32_t ranks, uint32_t *rank_of) {
     rank_of[s] = s < ranks ? s : 2 * ranks - 1 - s;
 }
 
-/* model + directive program (+ schedule harness when sched is not NULL) -> plans */
-static struct plan *compile_plan(const char *model_path, const char *directives_path,
-                                 const struct sched_options *sched, int pp_regions, GError **err) {
-  struct compile_options o = compile_options_default();
-  o.model_path = model_path;
-  o.directives_path = directives_path;
-  o.pp_regions = pp_regions;
-  if (sched) {
-    o.have_schedule = true;
-    o.schedule = *sched;
-  }
-  struct compile_result r;
-  if (!compile_run(&o, &r, err))
-    return NULL;
-  struct plan *plan = r.plan;
-  r.plan = NULL; /* the caller owns the plan; the rest goes */
-  compile_result_free(&r);
-  return plan;
-}
 
 static int deepseek(const char *dir, uint32_t g, bool collapse) {
   const uint32_t R = 16, stages = 32;

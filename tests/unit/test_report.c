@@ -19,17 +19,12 @@
 #include "../../report/chart.h"
 #include "../../report/report.h"
 
-static struct plan *compile_plan(const char *model_path, const char *directives_path) {
-  struct compile_options o = compile_options_default();
-  o.model_path = model_path;
-  o.directives_path = directives_path;
-  struct compile_result r;
+/* The plan of a model and a directive file, or the test fails. */
+static struct plan *plan_of(const char *model_path, const char *directives_path) {
   GError *err = NULL;
-  if (!compile_run(&o, &r, &err))
+  struct plan *plan = compile_plan(model_path, directives_path, NULL, 0, &err);
+  if (!plan)
     fail_msg("%s: %s", directives_path, err->message);
-  struct plan *plan = r.plan;
-  r.plan = NULL;
-  compile_result_free(&r);
   return plan;
 }
 
@@ -110,7 +105,7 @@ static void remove_dir(const char *dir) {
 
 static void test_charts_of_a_measured_run(void **state) {
   (void)state;
-  struct plan *p = compile_plan("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
+  struct plan *p = plan_of("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
   struct fake_run f;
   fake_run_init(&f, p);
   char dir[] = "/tmp/test_report_XXXXXX";
@@ -147,7 +142,7 @@ static void test_charts_of_a_measured_run(void **state) {
 static void test_trace_of_every_step(void **state) {
   (void)state;
   struct plan *p =
-      compile_plan("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
+      plan_of("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
   struct fake_run f;
   fake_run_init(&f, p);
   static const uint32_t steps[] = {5, 6, 7};
@@ -226,7 +221,7 @@ static void test_trace_of_every_step(void **state) {
 
 static void test_chart_write_errors(void **state) {
   (void)state;
-  struct plan *p = compile_plan("models/tiny-moe.json", "directives/base-schedules/dp2.json");
+  struct plan *p = plan_of("models/tiny-moe.json", "directives/base-schedules/dp2.json");
   struct fake_run f;
   fake_run_init(&f, p);
   const enum chart_format formats[] = {CHART_PNG, CHART_SVG, CHART_PDF};

@@ -624,25 +624,6 @@ static void test_report_stats(void **state) {
 
 /* ---- end to end through the real pipeline -------------------------------------------------- */
 
-/* model + directive program (+ schedule harness when sched is not NULL) -> plans */
-static struct plan *compile_plan(const char *model_path, const char *directives_path,
-                                 const struct sched_options *sched, int pp_regions, GError **err) {
-  struct compile_options o = compile_options_default();
-  o.model_path = model_path;
-  o.directives_path = directives_path;
-  o.pp_regions = pp_regions;
-  if (sched) {
-    o.have_schedule = true;
-    o.schedule = *sched;
-  }
-  struct compile_result r;
-  if (!compile_run(&o, &r, err))
-    return NULL;
-  struct plan *plan = r.plan;
-  r.plan = NULL; /* the caller owns the plan; the rest goes */
-  compile_result_free(&r);
-  return plan;
-}
 
 static struct plan *compile(const char *model, const char *base, const char *schedule, uint32_t mbs,
                             int pp_regions) {
