@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../base/json.h"
-#include "plan.h"
+#include "plan-impl.h"
 
 /* ---- global order ------------------------------------------------------------------------ */
 
@@ -118,6 +118,8 @@ struct lower {
   GArray *comms;
   GArray **dev_groups;   /* per device: the groups that shape its program, ascending */
   GArray *class_members; /* per class: a GArray of its devices, until the class owns them */
+  bool issue_order;      /* shared streams keep the global issue order (the fallback) */
+  bool any_shared;       /* some class has a shared stream */
 };
 
 static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
@@ -200,6 +202,221 @@ static void class_comms_seq(struct lower *l, struct plan_class *c, uint32_t *com
      * count separately, as the two ends of each pair do. */
     c->instrs[i].seq = comm_seq[2 * comm + (n->kind == IR_NODE_RECV)]++;
   }
+}
+
+/* ---- point-to-point groups -------------------------------------------------------------- */
+
+/* A stream that carries sends or receives to more than one (direction, peer) on this class is
+ * shared: a program named one stream for all its pipeline traffic. In the global order, one
+ * transfer there waits for its peer while another the compute needs first queues behind it.
+ * Such streams get their sends and receives reordered by when the compute needs them and
+ * grouped (Megatron's send_forward_recv_backward); a stream of one direction (the default)
+ * is a FIFO channel that needs neither, and its plans stay as they were. */
+
+static bool is_p2p(const struct ir_node *n) {
+  return n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV;
+}
+
+static bool is_compute(const struct ir_node *n) {
+  return n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_OPTIMIZER;
+}
+
+static bool same_channel(const struct ir_node *a, const struct ir_node *b) {
+  return a->kind == b->kind && a->group == b->group && a->peer_group == b->peer_group;
+}
+
+/* shared[s] for every stream (n_streams entries, caller frees); NULL when none is shared. */
+static bool *class_shared_streams(const struct lower *l, const struct plan_class *c) {
+  uint32_t n_streams = l->p->n_streams;
+  uint32_t *first = g_new(uint32_t, n_streams);
+  bool *shared = g_new0(bool, n_streams), any = false;
+  for (uint32_t s = 0; s < n_streams; s++)
+    first[s] = IR_NONE;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = IR_NODE(l->g, c->instrs[i].node);
+    if (!is_p2p(n))
+      continue;
+    uint32_t s = c->instrs[i].stream;
+    if (first[s] == IR_NONE)
+      first[s] = c->instrs[i].node;
+    else if (!same_channel(IR_NODE(l->g, first[s]), n))
+      any = shared[s] = true;
+  }
+  g_free(first);
+  if (!any) {
+    g_free(shared);
+    return NULL;
+  }
+  return shared;
+}
+
+struct place {
+  uint64_t key; /* 4 * anchor + 0 (just before it), 1 (the anchor itself), 2 (just after) */
+  uint32_t instr;
+};
+
+static int compare_place(const void *x, const void *y) {
+  const struct place *a = x, *b = y;
+  if (a->key != b->key)
+    return a->key < b->key ? -1 : 1;
+  return a->instr < b->instr ? -1 : a->instr > b->instr;
+}
+
+/* Where instruction i of a shared stream goes: a send right after the last local instruction
+ * it depends on, a receive right before the first local instruction that depends on it. */
+static uint64_t place_key(const struct lower *l, const struct plan_class *c, uint32_t i,
+                          const uint32_t *instr_of, const bool *shared) {
+  uint32_t x = c->instrs[i].node;
+  const struct ir_node *n = IR_NODE(l->g, x);
+  uint64_t keep = 4 * (uint64_t)i + 1;
+  if (!is_p2p(n) || !shared[c->instrs[i].stream] || instr_of[n->pair] != IR_NONE)
+    return keep;
+  if (n->kind == IR_NODE_SEND) {
+    uint32_t last = IR_NONE;
+    for (uint32_t k = l->adj.in_first[x]; k < l->adj.in_first[x + 1]; k++) {
+      uint32_t u = instr_of[IR_EDGE(l->g, l->adj.in_edges[k])->src];
+      if (u != IR_NONE && (last == IR_NONE || u > last))
+        last = u;
+    }
+    return last == IR_NONE ? keep : 4 * (uint64_t)last + 2;
+  }
+  uint32_t first = IR_NONE;
+  for (uint32_t k = l->adj.out_first[x]; k < l->adj.out_first[x + 1]; k++) {
+    uint32_t w = instr_of[IR_EDGE(l->g, l->adj.out_edges[k])->dst];
+    if (w != IR_NONE && w < first)
+      first = w;
+  }
+  return first == IR_NONE ? keep : 4 * (uint64_t)first;
+}
+
+/* Keeps each channel's order (sequence numbers pair the k-th send with the k-th receive):
+ * a send never goes before an earlier send of its channel, a receive never after a later one. */
+static void keep_channel_order(const struct lower *l, const struct plan_class *c,
+                               struct place *pl) {
+  GHashTable *last = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+  for (uint32_t pass = 0; pass < 2; pass++) {
+    g_hash_table_remove_all(last);
+    for (uint32_t k = 0; k < c->n_instrs; k++) {
+      uint32_t i = pass == 0 ? k : c->n_instrs - 1 - k;
+      const struct ir_node *n = IR_NODE(l->g, c->instrs[i].node);
+      if (!is_p2p(n) || (n->kind == IR_NODE_SEND) != (pass == 0))
+        continue;
+      char key[48];
+      g_snprintf(key, sizeof key, "%d:%u:%u", n->kind, n->group, n->peer_group);
+      uint64_t *seen = g_hash_table_lookup(last, key);
+      if (!seen) {
+        seen = g_new(uint64_t, 1);
+        *seen = pl[i].key;
+        g_hash_table_insert(last, g_strdup(key), seen);
+      }
+      if (pass == 0 ? pl[i].key < *seen : pl[i].key > *seen)
+        pl[i].key = *seen;
+      *seen = pl[i].key;
+    }
+  }
+  g_hash_table_destroy(last);
+}
+
+/* True when every local edge still points forward in the order (new_pos by old index). */
+static bool order_respects_edges(const struct lower *l, const struct plan_class *c,
+                                 const uint32_t *instr_of, const uint32_t *new_pos) {
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    uint32_t x = c->instrs[i].node;
+    for (uint32_t k = l->adj.in_first[x]; k < l->adj.in_first[x + 1]; k++) {
+      uint32_t u = instr_of[IR_EDGE(l->g, l->adj.in_edges[k])->src];
+      if (u != IR_NONE && new_pos[u] >= new_pos[i])
+        return false;
+    }
+  }
+  return true;
+}
+
+/* Reorders the class's instructions so that each shared stream runs its sends and receives
+ * in the order the compute needs them. Left as it is if the result would break an edge. */
+static void class_order_shared(struct lower *l, struct plan_class *c, uint32_t *instr_of,
+                               const bool *shared) {
+  uint32_t n = c->n_instrs;
+  struct place *pl = g_new(struct place, n ? n : 1);
+  for (uint32_t i = 0; i < n; i++)
+    pl[i] = (struct place){place_key(l, c, i, instr_of, shared), i};
+  keep_channel_order(l, c, pl);
+  qsort(pl, n, sizeof *pl, compare_place);
+  uint32_t *new_pos = g_new(uint32_t, n ? n : 1);
+  for (uint32_t k = 0; k < n; k++)
+    new_pos[pl[k].instr] = k;
+  if (order_respects_edges(l, c, instr_of, new_pos)) {
+    struct plan_instr *old = g_memdup2(c->instrs, sizeof *old * (n ? n : 1));
+    for (uint32_t k = 0; k < n; k++) {
+      c->instrs[k] = old[pl[k].instr];
+      instr_of[c->instrs[k].node] = k;
+    }
+    g_free(old);
+  }
+  g_free(new_pos);
+  g_free(pl);
+}
+
+/* True when instruction x waits on or reads from one of the instructions parts[0 .. n). */
+static bool depends_on_any(const struct plan_class *c, uint32_t x, const uint32_t *parts,
+                           uint32_t n) {
+  const struct plan_instr *in = &c->instrs[x];
+  for (uint32_t k = 0; k < n; k++) {
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (c->waits[in->wait_first + w] == parts[k])
+        return true;
+    for (uint32_t r = 0; r < in->read_count; r++)
+      if (c->tensors[c->reads[in->read_first + r]].producer == parts[k])
+        return true;
+  }
+  return false;
+}
+
+/* Whether stream entry `next` may join the group whose parts are parts[0 .. n): it is a send
+ * or receive issued before the next compute instruction, whatever it waits for is done when
+ * the group is posted, and nothing issued between the parts depends on them (the group holds
+ * its parts until the last has met its peer). These keep the plan deadlock-free: the group
+ * only posts a part earlier and completes the others no earlier than the plain order did. */
+static bool joins_group(const struct lower *l, const struct plan_class *c, const uint32_t *parts,
+                        uint32_t n, uint32_t next, const uint32_t *computes_before) {
+  const struct plan_instr *in = &c->instrs[next];
+  if (!is_p2p(IR_NODE(l->g, in->node)) || computes_before[next] != computes_before[parts[0]])
+    return false;
+  for (uint32_t w = 0; w < in->wait_count; w++)
+    if (c->waits[in->wait_first + w] >= parts[0])
+      return false;
+  for (uint32_t x = parts[n - 1] + 1; x < next; x++)
+    if (depends_on_any(c, x, parts, n))
+      return false;
+  return true;
+}
+
+/* Groups the runs of sends and receives on each shared stream that the compute needs
+ * between the same two compute instructions. */
+static void class_group_p2p(struct lower *l, struct plan_class *c, const bool *shared) {
+  uint32_t *computes_before = g_new(uint32_t, c->n_instrs + 1);
+  computes_before[0] = 0;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    computes_before[i + 1] =
+        computes_before[i] + is_compute(IR_NODE(l->g, c->instrs[i].node));
+  uint32_t *parts = g_new(uint32_t, c->n_instrs ? c->n_instrs : 1);
+  for (uint32_t s = 0; s < l->p->n_streams; s++) {
+    if (!shared[s])
+      continue;
+    uint32_t j = c->stream_first[s], end = c->stream_first[s + 1];
+    while (j < end) {
+      uint32_t n = 1;
+      parts[0] = c->stream_instrs[j];
+      if (is_p2p(IR_NODE(l->g, c->instrs[parts[0]].node)))
+        while (j + n < end &&
+               joins_group(l, c, parts, n, c->stream_instrs[j + n], computes_before))
+          parts[n] = c->stream_instrs[j + n], n++;
+      for (uint32_t k = 0; k < n && n > 1; k++)
+        c->instrs[parts[k]].group_parts = n;
+      j += n;
+    }
+  }
+  g_free(parts);
+  g_free(computes_before);
 }
 
 /* The pools of the class being built; tensor_reads holds (reader, tensor) pairs until reads
@@ -337,6 +554,10 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
                         uint32_t n_groups, uint32_t *instr_of, uint32_t *comm_seq) {
   uint32_t n_streams = l->p->n_streams;
   class_instrs(l, c, groups, n_groups, instr_of);
+  bool *shared = class_shared_streams(l, c);
+  l->any_shared |= shared != NULL;
+  if (shared && !l->issue_order)
+    class_order_shared(l, c, instr_of, shared);
   class_streams(c, n_streams);
   class_comms_seq(l, c, comm_seq);
   struct class_pools cp = {
@@ -355,6 +576,9 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
   g_free(latest);
   class_reads_consumers(c, &cp);
   class_take_pools(c, &cp);
+  if (shared)
+    class_group_p2p(l, c, shared);
+  g_free(shared);
   for (uint32_t i = 0; i < c->n_instrs; i++)
     instr_of[c->instrs[i].node] = IR_NONE;
 }
@@ -514,6 +738,28 @@ static void lower_free(struct lower *l) {
   g_free(l->order_pos);
 }
 
+/* Lowers again with every shared stream in the global issue order, where the order by need
+ * deadlocks (a peer that posts its receive only when its compute needs it can hold up a group
+ * whose other part another compute needs). Groups formed there only post a part earlier and
+ * never complete one later than the plain order did, so this plan makes progress as the
+ * default one does; the check below proves it again. */
+static bool lower_in_issue_order(struct lower *l, GError **err) {
+  struct plan *p = l->p;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    plan_class_clear(&p->classes[c]);
+  g_clear_pointer(&p->classes, g_free);
+  g_clear_pointer(&p->comms, g_free);
+  g_clear_pointer(&p->device_class, g_free);
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    g_array_free(l->dev_groups[d], TRUE);
+  g_clear_pointer(&l->dev_groups, g_free);
+  g_clear_pointer(&l->comm_index, g_hash_table_destroy);
+  l->issue_order = true;
+  lower_device_classes(l);
+  lower_classes(l);
+  return plan_check_progress(p, err);
+}
+
 struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GError **err) {
   struct plan *p = g_new0(struct plan, 1);
   struct lower l = {.g = g, .p = p};
@@ -526,7 +772,9 @@ struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GErr
   lower_device_classes(&l);
   lower_classes(&l);
   plan_index_positions(p);
-  ok = plan_check_progress(p, err);
+  ok = plan_check_progress(p, NULL) || (l.any_shared && lower_in_issue_order(&l, NULL));
+  if (!ok)
+    ok = plan_check_progress(p, err);
 out:
   lower_free(&l);
   if (!ok) {

@@ -256,6 +256,11 @@ void plan_node_name(const struct plan *p, uint32_t node, char *buf, size_t len) 
                       buf, len);
 }
 
+uint32_t plan_group_span(const struct plan_class *c, uint32_t entry) {
+  uint32_t n = c->instrs[c->stream_instrs[entry]].group_parts;
+  return n ? n : 1;
+}
+
 uint64_t plan_instruction_count(const struct plan *p) {
   uint64_t total = 0;
   if (!p)
@@ -323,6 +328,8 @@ bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uin
       field = "comm";
     else if (x->comm != IR_NONE && x->seq != y->seq)
       field = "seq";
+    else if (x->group_parts != y->group_parts)
+      field = "group";
     else if (!lists_equal(a->waits, x->wait_first, x->wait_count, b->waits, y->wait_first,
                           y->wait_count))
       field = "waits";

@@ -34,6 +34,13 @@ struct plan_instr {
   uint32_t wait_first, wait_count; /* class.waits: instructions on other streams to wait for */
   uint32_t read_first, read_count; /* class.reads: tensors consumed */
   uint32_t write_first, write_count; /* class.writes: tensors produced */
+  /* 0: issued alone. n >= 2: one of the n sends and receives of a point-to-point group, issued
+   * together (ncclGroupStart/End; MPI Isend/Irecv then one wait). The parts are consecutive in
+   * their stream's list; the group is posted when every part's waits are done, each part meets
+   * its peer on its own, and the group completes (for its stream and for whatever waits on a
+   * part) when the last part has met its peer. Lowering forms groups only on a stream that
+   * carries more than one kind of point-to-point traffic (a named stream). */
+  uint32_t group_parts;
 };
 
 /* A buffer a device holds for one step: activations sent on, activations saved for backward,
@@ -149,6 +156,9 @@ void plan_comm_members(const struct plan *p, uint32_t comm, uint32_t device, uin
 /* e.g. "pp g1->g2", "dp g0", "ep g0" */
 void plan_comm_name(const struct plan *p, uint32_t comm, char *buf, size_t len);
 void plan_node_name(const struct plan *p, uint32_t node, char *buf, size_t len);
+/* How many entries of c->stream_instrs, from entry on, are issued together: the parts of the
+ * point-to-point group whose first part is at entry, or 1 for an instruction issued alone. */
+uint32_t plan_group_span(const struct plan_class *c, uint32_t entry);
 /* Counts for --stats and plan.json: instructions over all devices (class size times members). */
 uint64_t plan_instruction_count(const struct plan *p);
 

@@ -20,6 +20,7 @@ struct progress {
   const struct plan *p;
   uint32_t **pc;         /* [device][stream]: next position in the class's stream list */
   bool **arrived;        /* [device][stream]: head has arrived at its communication */
+  uint32_t **outstanding; /* [device][stream]: parts of the head's group not yet met */
   uint32_t **stream_pos; /* [class][instr]: position of the instruction in its stream list */
   GHashTable *arrivals;  /* packed key -> struct arrival * */
   GArray *work;          /* devices to revisit */
@@ -66,6 +67,68 @@ static bool mismatch(const struct progress *s, const struct arrival *a, uint32_t
                    cn, seq, a->first_device, x, device, y);
 }
 
+/* One part of what heads (device, st) has met its peers. A group completes, and its stream
+ * moves past all its parts, when the last part has. */
+static void part_met(struct progress *s, uint32_t device, uint32_t st) {
+  if (s->outstanding[device][st] > 1) {
+    s->outstanding[device][st]--;
+    return;
+  }
+  const struct plan_class *c = plan_device_class(s->p, device);
+  s->pc[device][st] += plan_group_span(c, c->stream_first[st] + s->pc[device][st]);
+  s->outstanding[device][st] = 0;
+  s->arrived[device][st] = false;
+}
+
+/* Instruction i of device, heading stream st (alone or as a part of a group), arrives at its
+ * rendezvous; false on a mismatch error. */
+static bool arrive(struct progress *s, uint32_t device, uint32_t st, uint32_t i, GError **err) {
+  const struct plan *p = s->p;
+  const struct plan_instr *in = &plan_device_class(p, device)->instrs[i];
+  uint64_t key = arrival_key(p, in, device);
+  struct arrival *a = g_hash_table_lookup(s->arrivals, &key);
+  if (!a) {
+    a = g_new0(struct arrival, 1);
+    a->first_node = in->node;
+    a->first_device = device;
+    a->who = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2);
+    uint64_t *k = g_new(uint64_t, 1);
+    *k = key;
+    g_hash_table_insert(s->arrivals, k, a);
+  } else {
+    const struct ir_node *x = &p->nodes[a->first_node], *y = &p->nodes[in->node];
+    bool pair = (x->kind == IR_NODE_SEND && y->kind == IR_NODE_RECV && x->pair == in->node) ||
+                (x->kind == IR_NODE_RECV && y->kind == IR_NODE_SEND && y->pair == a->first_node);
+    if (x->kind != y->kind ? !pair : a->first_node != in->node)
+      return mismatch(s, a, device, in->node, in->comm, in->seq, err);
+  }
+  uint32_t who[2] = {device, st};
+  g_array_append_vals(a->who, who, 1);
+  if (++a->count == plan_comm_size(p, in->comm)) {
+    for (uint32_t k = 0; k < a->who->len; k++) {
+      uint32_t *w = &g_array_index(a->who, uint32_t, 2 * k);
+      part_met(s, w[0], w[1]);
+      if (w[0] != device)
+        enqueue(s, w[0]);
+    }
+    g_hash_table_remove(s->arrivals, &key);
+  }
+  return true;
+}
+
+/* Whether the n instructions from entry e of c's stream lists may be issued: their waits are
+ * done. */
+static bool parts_ready(const struct progress *s, uint32_t device, const struct plan_class *c,
+                        uint32_t e, uint32_t n) {
+  for (uint32_t k = 0; k < n; k++) {
+    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (!done(s, device, c->waits[in->wait_first + w]))
+        return false;
+  }
+  return true;
+}
+
 /* Runs what device can run now; false on a mismatch error. */
 static bool advance(struct progress *s, uint32_t device, GError **err) {
   const struct plan *p = s->p;
@@ -78,50 +141,22 @@ static bool advance(struct progress *s, uint32_t device, GError **err) {
         uint32_t pos = s->pc[device][st];
         if (pos >= c->stream_first[st + 1] - c->stream_first[st] || s->arrived[device][st])
           break;
-        uint32_t i = c->stream_instrs[c->stream_first[st] + pos];
-        const struct plan_instr *in = &c->instrs[i];
-        bool ready = true;
-        for (uint32_t w = 0; w < in->wait_count && ready; w++)
-          ready = done(s, device, c->waits[in->wait_first + w]);
-        if (!ready)
+        uint32_t e = c->stream_first[st] + pos, n = plan_group_span(c, e);
+        if (!parts_ready(s, device, c, e, n))
           break;
-        if (in->comm == IR_NONE) {
+        uint32_t i = c->stream_instrs[e];
+        if (c->instrs[i].comm == IR_NONE) {
           s->pc[device][st]++;
           changed = true;
           continue;
         }
-        uint64_t key = arrival_key(p, in, device);
-        struct arrival *a = g_hash_table_lookup(s->arrivals, &key);
-        if (!a) {
-          a = g_new0(struct arrival, 1);
-          a->first_node = in->node;
-          a->first_device = device;
-          a->who = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2);
-          uint64_t *k = g_new(uint64_t, 1);
-          *k = key;
-          g_hash_table_insert(s->arrivals, k, a);
-        } else {
-          const struct ir_node *x = &p->nodes[a->first_node], *y = &p->nodes[in->node];
-          bool pair =
-              (x->kind == IR_NODE_SEND && y->kind == IR_NODE_RECV && x->pair == in->node) ||
-              (x->kind == IR_NODE_RECV && y->kind == IR_NODE_SEND && y->pair == a->first_node);
-          if (x->kind != y->kind ? !pair : a->first_node != in->node)
-            return mismatch(s, a, device, in->node, in->comm, in->seq, err);
-        }
-        uint32_t who[2] = {device, st};
-        g_array_append_vals(a->who, who, 1);
+        /* Every part is posted before any is matched, as ncclGroupEnd or MPI_Waitall do. */
         s->arrived[device][st] = true;
+        s->outstanding[device][st] = n;
         changed = true;
-        if (++a->count == plan_comm_size(p, in->comm)) {
-          for (uint32_t k = 0; k < a->who->len; k++) {
-            uint32_t *w = &g_array_index(a->who, uint32_t, 2 * k);
-            s->arrived[w[0]][w[1]] = false;
-            s->pc[w[0]][w[1]]++;
-            if (w[0] != device)
-              enqueue(s, w[0]);
-          }
-          g_hash_table_remove(s->arrivals, &key);
-        }
+        for (uint32_t k = 0; k < n; k++)
+          if (!arrive(s, device, st, c->stream_instrs[e + k], err))
+            return false;
         break;
       }
     }
@@ -175,9 +210,11 @@ bool plan_check_progress(const struct plan *p, GError **err) {
   bool ok = false;
   s.pc = g_new(uint32_t *, p->n_devices ? p->n_devices : 1);
   s.arrived = g_new(bool *, p->n_devices ? p->n_devices : 1);
+  s.outstanding = g_new(uint32_t *, p->n_devices ? p->n_devices : 1);
   for (uint32_t d = 0; d < p->n_devices; d++) {
     s.pc[d] = g_new0(uint32_t, p->n_streams);
     s.arrived[d] = g_new0(bool, p->n_streams);
+    s.outstanding[d] = g_new0(uint32_t, p->n_streams);
   }
   s.stream_pos = g_new(uint32_t *, p->n_classes ? p->n_classes : 1);
   for (uint32_t c = 0; c < p->n_classes; c++) {
@@ -216,9 +253,11 @@ out:
   for (uint32_t d = 0; d < p->n_devices; d++) {
     g_free(s.pc[d]);
     g_free(s.arrived[d]);
+    g_free(s.outstanding[d]);
   }
   g_free(s.pc);
   g_free(s.arrived);
+  g_free(s.outstanding);
   for (uint32_t c = 0; c < p->n_classes; c++)
     g_free(s.stream_pos[c]);
   g_free(s.stream_pos);

@@ -400,6 +400,7 @@ struct unit_rt {
   uint32_t base;       /* global id of instruction 0: base + instr */
   uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
   uint8_t *busy;       /* [n_streams] */
+  uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
   double *start, *end; /* [n_instrs], end < 0 while not done */
   uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
   uint32_t *remaining; /* [n_tensors] consumers still to run */
@@ -661,6 +662,29 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
 
 static void try_advance(struct sim *s, struct unit_rt *u, double t);
 
+/* Communication instruction i has ended. A part of a group waits for the others: the group
+ * ends, for its stream and for whatever waits on a part, when its last part does, and it is
+ * traced as one box from its first part's start. */
+static void part_done(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  uint32_t st = c->instrs[i].stream, n = c->instrs[i].group_parts;
+  if (n == 0) {
+    finish_instr(s, u, i, t);
+    return;
+  }
+  if (--u->group_left[st] > 0)
+    return;
+  uint32_t e = u->pos[st];
+  double first = t;
+  for (uint32_t k = 0; k < n; k++)
+    if (u->start[c->stream_instrs[e + k]] < first)
+      first = u->start[c->stream_instrs[e + k]];
+  for (uint32_t k = 0; k < n; k++) {
+    u->start[c->stream_instrs[e + k]] = first;
+    finish_instr(s, u, c->stream_instrs[e + k], t);
+  }
+}
+
 static void end_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
   settle_parts(s, sl, t);
@@ -678,7 +702,7 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
     u->comm_sm -= sl->sm_share;
     if (u->n_ops == 0)
       u->comm_sm = 0; /* no drift from repeated add/subtract */
-    finish_instr(s, u, instr, t);
+    part_done(s, u, instr, t);
   }
   for (uint32_t k = 0; k < sl->part_count; k++) {
     struct unit_rt *u = &s->u[s->parts[2 * (sl->part_first + k)]];
@@ -713,6 +737,18 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   unit_reschedule(s, u, t);
 }
 
+/* Whether the n instructions from stream entry e may be issued: their waits are done. */
+static bool parts_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t e,
+                        uint32_t n) {
+  for (uint32_t k = 0; k < n; k++) {
+    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (u->end[c->waits[in->wait_first + w]] < 0)
+        return false;
+  }
+  return true;
+}
+
 static void try_advance(struct sim *s, struct unit_rt *u, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
@@ -720,21 +756,22 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
     uint32_t st = ci->streams_used[k];
     if (u->busy[st] || u->pos[st] >= c->stream_first[st + 1])
       continue;
-    uint32_t i = c->stream_instrs[u->pos[st]];
-    const struct plan_instr *in = &c->instrs[i];
-    bool ready = true;
-    for (uint32_t w = 0; w < in->wait_count && ready; w++)
-      if (u->end[c->waits[in->wait_first + w]] < 0)
-        ready = false;
-    if (!ready)
+    /* A point-to-point group is one operation: all its parts are posted at once, each starts
+     * when its peer is there, and the stream is free again when the last has ended. */
+    uint32_t e = u->pos[st], n = plan_group_span(c, e);
+    if (!parts_ready(u, c, e, n))
       continue;
     u->busy[st] = 1;
-    if (u->slot[i] != IR_NONE) {
-      struct slot *sl = &s->slots[u->slot[i]];
-      if (++sl->arrived == sl->expected)
-        start_comm(s, u->slot[i], t);
-    } else {
-      start_kernel(s, u, i, t);
+    u->group_left[st] = n;
+    for (uint32_t j = 0; j < n; j++) {
+      uint32_t i = c->stream_instrs[e + j];
+      if (u->slot[i] != IR_NONE) {
+        struct slot *sl = &s->slots[u->slot[i]];
+        if (++sl->arrived == sl->expected)
+          start_comm(s, u->slot[i], t);
+      } else {
+        start_kernel(s, u, i, t);
+      }
     }
   }
 }
@@ -998,6 +1035,7 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   for (uint32_t st = 0; st < p->n_streams; st++)
     u->pos[st] = c->stream_first[st];
   u->busy = g_new0(uint8_t, p->n_streams + 1);
+  u->group_left = g_new0(uint32_t, p->n_streams + 1);
   u->start = g_new(double, c->n_instrs + 1);
   u->end = g_new(double, c->n_instrs + 1);
   for (uint32_t i = 0; i < c->n_instrs; i++)
@@ -1118,6 +1156,7 @@ static void sim_free(struct sim *s) {
     struct unit_rt *u = &s->u[k];
     g_free(u->pos);
     g_free(u->busy);
+    g_free(u->group_left);
     g_free(u->start);
     g_free(u->end);
     g_free(u->slot);
