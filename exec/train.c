@@ -1051,6 +1051,22 @@ static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
   return ok;
 }
 
+/* A part of a point-to-point group: the first part's task runs them all (see struct
+ * exec_instr), so whatever waits on any part finds the whole group done, as one wait on
+ * nonblocking sends and receives would. */
+static bool transfer_group(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                           GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  if (x->group_lead == IR_NONE)
+    return transfer(s, i, st, err);
+  if (x->group_lead != i)
+    return true;
+  bool ok = true;
+  for (uint32_t k = x->group_head; k != IR_NONE && ok; k = s->dev->instrs[k].group_next)
+    ok = transfer(s, k, st, err);
+  return ok;
+}
+
 /* ---- data parallelism and the optimizer -------------------------------------------------- */
 
 static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
@@ -1169,7 +1185,7 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
     break;
   }
   case EXEC_ROLE_SEND:
-  case EXEC_ROLE_RECV: ok = transfer(s, i, st, err); break;
+  case EXEC_ROLE_RECV: ok = transfer_group(s, i, st, err); break;
   case EXEC_ROLE_A2A_TO_EXPERT:
   case EXEC_ROLE_A2A_FROM_EXPERT: ok = all_to_all(s, i, st, err); break;
   case EXEC_ROLE_ALL_REDUCE:
