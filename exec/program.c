@@ -690,10 +690,12 @@ static bool decode_instrs(struct exec_device *d, GError **err) {
   return ok;
 }
 
-/* The order in which a group's parts run one after another without deadlock, while the
- * backend's transfers block: with each peer (ascending), the lower rank's sends go first and
- * its receives after; the higher rank receives first. Both ends of a pair of mirrored groups
- * (Megatron's send_forward_recv_backward and send_backward_recv_forward) then meet. */
+/* The order in which a group's parts are started: with each peer (ascending), the lower
+ * rank's sends first and the higher rank's receives first. The parts run at once (see
+ * transfer_group), so this order is not needed for progress; it is the one in which parts run
+ * one after another would still meet for mirrored groups (Megatron's
+ * send_forward_recv_backward against send_backward_recv_forward), kept so that a backend
+ * that must serialise a group has a sound order. */
 struct group_part {
   uint32_t peer, phase, instr;
 };
