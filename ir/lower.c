@@ -119,6 +119,7 @@ struct lower {
   GArray **dev_groups;   /* per device: the groups that shape its program, ascending */
   GArray *class_members; /* per class: a GArray of its devices, until the class owns them */
   bool issue_order;      /* shared streams keep the global issue order (the fallback) */
+  double *est;           /* estimated start per node, when some stream is shared */
   bool any_shared;       /* some class has a shared stream */
 };
 
@@ -251,70 +252,87 @@ static bool *class_shared_streams(const struct lower *l, const struct plan_class
 }
 
 struct place {
-  uint64_t key; /* 4 * anchor + 0 (just before it), 1 (the anchor itself), 2 (just after) */
+  double t;       /* estimated start of the node, or of the compute a transfer is placed before */
+  uint32_t phase; /* 0: a transfer placed before the node starting at t, 1: the node itself */
+  uint64_t tie;   /* global position (of the receive, for a transfer) */
   uint32_t instr;
 };
 
 static int compare_place(const void *x, const void *y) {
   const struct place *a = x, *b = y;
-  if (a->key != b->key)
-    return a->key < b->key ? -1 : 1;
+  if (a->t != b->t)
+    return a->t < b->t ? -1 : 1;
+  if (a->phase != b->phase)
+    return a->phase < b->phase ? -1 : 1;
+  if (a->tie != b->tie)
+    return a->tie < b->tie ? -1 : 1;
   return a->instr < b->instr ? -1 : a->instr > b->instr;
 }
 
-/* Where instruction i of a shared stream goes: a send right after the last local instruction
- * it depends on, a receive right before the first local instruction that depends on it. */
-static uint64_t place_key(const struct lower *l, const struct plan_class *c, uint32_t i,
-                          const uint32_t *instr_of, const bool *shared) {
-  uint32_t x = c->instrs[i].node;
-  const struct ir_node *n = IR_NODE(l->g, x);
-  uint64_t keep = 4 * (uint64_t)i + 1;
-  if (!is_p2p(n) || !shared[c->instrs[i].stream] || instr_of[n->pair] != IR_NONE)
-    return keep;
-  if (n->kind == IR_NODE_SEND) {
-    uint32_t last = IR_NONE;
-    for (uint32_t k = l->adj.in_first[x]; k < l->adj.in_first[x + 1]; k++) {
-      uint32_t u = instr_of[IR_EDGE(l->g, l->adj.in_edges[k])->src];
-      if (u != IR_NONE && (last == IR_NONE || u > last))
-        last = u;
-    }
-    return last == IR_NONE ? keep : 4 * (uint64_t)last + 2;
-  }
-  uint32_t first = IR_NONE;
-  for (uint32_t k = l->adj.out_first[x]; k < l->adj.out_first[x + 1]; k++) {
-    uint32_t w = instr_of[IR_EDGE(l->g, l->adj.out_edges[k])->dst];
-    if (w != IR_NONE && w < first)
-      first = w;
-  }
-  return first == IR_NONE ? keep : 4 * (uint64_t)first;
+/* Textbook units (F 1, B 2, BI and BW 1, the rest 0): enough to tell what comes first. */
+static double unit_cost(const struct ir_node *n) {
+  if (n->kind != IR_NODE_COMPUTE)
+    return 0;
+  return n->pass == IR_PASS_F ? 1 : n->pass == IR_PASS_B ? 2 : 1;
 }
 
-/* Keeps each channel's order (sequence numbers pair the k-th send with the k-th receive):
- * a send never goes before an earlier send of its channel, a receive never after a later one. */
-static void keep_channel_order(const struct lower *l, const struct plan_class *c,
-                               struct place *pl) {
-  GHashTable *last = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
-  for (uint32_t pass = 0; pass < 2; pass++) {
-    g_hash_table_remove_all(last);
-    for (uint32_t k = 0; k < c->n_instrs; k++) {
-      uint32_t i = pass == 0 ? k : c->n_instrs - 1 - k;
-      const struct ir_node *n = IR_NODE(l->g, c->instrs[i].node);
-      if (!is_p2p(n) || (n->kind == IR_NODE_SEND) != (pass == 0))
-        continue;
-      char key[48];
-      g_snprintf(key, sizeof key, "%d:%u:%u", n->kind, n->group, n->peer_group);
-      uint64_t *seen = g_hash_table_lookup(last, key);
-      if (!seen) {
-        seen = g_new(uint64_t, 1);
-        *seen = pl[i].key;
-        g_hash_table_insert(last, g_strdup(key), seen);
-      }
-      if (pass == 0 ? pl[i].key < *seen : pl[i].key > *seen)
-        pl[i].key = *seen;
-      *seen = pl[i].key;
+/* Estimated start of every node: compute runs in issue order on its group's stream, data
+ * waits for its producers, communication takes no time. Only lowering of shared streams uses
+ * it, to issue transfers in the order they are needed. */
+static double *estimate_starts(const struct lower *l) {
+  const struct ir_graph *g = l->g;
+  uint32_t nn = g->nodes->len;
+  double *start = g_new0(double, nn ? nn : 1);
+  GHashTable *chain = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+  for (uint32_t k = 0; k < nn; k++) {
+    uint32_t v = l->order[k];
+    const struct ir_node *n = IR_NODE(g, v);
+    double t = 0;
+    for (uint32_t e = l->adj.in_first[v]; e < l->adj.in_first[v + 1]; e++) {
+      uint32_t u = IR_EDGE(g, l->adj.in_edges[e])->src;
+      double end = start[u] + unit_cost(IR_NODE(g, u));
+      if (end > t)
+        t = end;
     }
+    if (is_compute(n)) {
+      int64_t key = ((int64_t)n->group << 32) | n->stream;
+      double *free_at = g_hash_table_lookup(chain, &key);
+      if (!free_at) {
+        int64_t *kk = g_new(int64_t, 1);
+        *kk = key;
+        free_at = g_new0(double, 1);
+        g_hash_table_insert(chain, kk, free_at);
+      }
+      if (*free_at > t)
+        t = *free_at;
+      *free_at = t + unit_cost(n);
+    }
+    start[v] = t;
   }
-  g_hash_table_destroy(last);
+  g_hash_table_destroy(chain);
+  return start;
+}
+
+/* The receive of a transfer (x itself or its pair). */
+static uint32_t transfer_recv(const struct ir_node *n, uint32_t x) {
+  return n->kind == IR_NODE_RECV ? x : n->pair;
+}
+
+/* Where instruction i goes. A transfer on a shared stream goes, on both its ends, at its
+ * estimated ready time (its producer's end, before whatever starts then); everything else at
+ * its own estimated start. Every device's order is then the projection of one global order in
+ * which each transfer sits at one place for both ends: sequence numbers stay paired, and run
+ * one step at a time that order meets every transfer at once, so the plan cannot deadlock.
+ * And a stream issues its transfers in the order they become ready: with the textbook
+ * timeline, each one meets its peer as soon as its data exists, as on a stream per direction. */
+static struct place place_of(const struct lower *l, const struct plan_class *c, uint32_t i,
+                             const uint32_t *instr_of, const bool *shared) {
+  uint32_t x = c->instrs[i].node;
+  const struct ir_node *n = IR_NODE(l->g, x);
+  if (!is_p2p(n) || !shared[c->instrs[i].stream] || instr_of[n->pair] != IR_NONE)
+    return (struct place){l->est[x], 1, l->order_pos[x], i};
+  uint32_t r = transfer_recv(n, x);
+  return (struct place){l->est[r], 0, l->order_pos[r], i};
 }
 
 /* True when every local edge still points forward in the order (new_pos by old index). */
@@ -338,8 +356,7 @@ static void class_order_shared(struct lower *l, struct plan_class *c, uint32_t *
   uint32_t n = c->n_instrs;
   struct place *pl = g_new(struct place, n ? n : 1);
   for (uint32_t i = 0; i < n; i++)
-    pl[i] = (struct place){place_key(l, c, i, instr_of, shared), i};
-  keep_channel_order(l, c, pl);
+    pl[i] = place_of(l, c, i, instr_of, shared);
   qsort(pl, n, sizeof *pl, compare_place);
   uint32_t *new_pos = g_new(uint32_t, n ? n : 1);
   for (uint32_t k = 0; k < n; k++)
@@ -377,15 +394,22 @@ static bool depends_on_any(const struct plan_class *c, uint32_t x, const uint32_
  * its parts until the last has met its peer). These keep the plan deadlock-free: the group
  * only posts a part earlier and completes the others no earlier than the plain order did. */
 static bool joins_group(const struct lower *l, const struct plan_class *c, const uint32_t *parts,
-                        uint32_t n, uint32_t next, const uint32_t *computes_before) {
+                        uint32_t n_parts, uint32_t next, const uint32_t *computes_before) {
   const struct plan_instr *in = &c->instrs[next];
-  if (!is_p2p(IR_NODE(l->g, in->node)) || computes_before[next] != computes_before[parts[0]])
+  const struct ir_node *n = IR_NODE(l->g, in->node);
+  if (!is_p2p(n) || computes_before[next] != computes_before[parts[0]])
+    return false;
+  /* In the order by readiness, only transfers ready together go together: a part that became
+   * ready earlier would otherwise hold its peer until the group is posted. */
+  uint32_t first = c->instrs[parts[0]].node;
+  if (!l->issue_order &&
+      l->est[transfer_recv(n, in->node)] != l->est[transfer_recv(IR_NODE(l->g, first), first)])
     return false;
   for (uint32_t w = 0; w < in->wait_count; w++)
     if (c->waits[in->wait_first + w] >= parts[0])
       return false;
-  for (uint32_t x = parts[n - 1] + 1; x < next; x++)
-    if (depends_on_any(c, x, parts, n))
+  for (uint32_t x = parts[n_parts - 1] + 1; x < next; x++)
+    if (depends_on_any(c, x, parts, n_parts))
       return false;
   return true;
 }
@@ -556,8 +580,11 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
   class_instrs(l, c, groups, n_groups, instr_of);
   bool *shared = class_shared_streams(l, c);
   l->any_shared |= shared != NULL;
-  if (shared && !l->issue_order)
+  if (shared && !l->issue_order) {
+    if (!l->est)
+      l->est = estimate_starts(l);
     class_order_shared(l, c, instr_of, shared);
+  }
   class_streams(c, n_streams);
   class_comms_seq(l, c, comm_seq);
   struct class_pools cp = {
@@ -736,6 +763,7 @@ static void lower_free(struct lower *l) {
   ir_adjacency_free(&l->adj);
   g_free(l->order);
   g_free(l->order_pos);
+  g_free(l->est);
 }
 
 /* Lowers again with every shared stream in the global issue order, where the order by need
