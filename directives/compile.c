@@ -110,6 +110,7 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
     cJSON *pj = dir_program_to_json(r->program);
     char *text = cJSON_PrintUnformatted(pj);
     cJSON_Delete(pj);
+    r->graph->cost_model = o->cost_model;
     r->plan = plan_lower(r->graph, text, err);
     cJSON_free(text);
     if (!r->plan)

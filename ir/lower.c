@@ -269,11 +269,19 @@ static int compare_place(const void *x, const void *y) {
   return a->instr < b->instr ? -1 : a->instr > b->instr;
 }
 
-/* Textbook units (F 1, B 2, BI and BW 1, the rest 0): enough to tell what comes first. */
-static double unit_cost(const struct ir_node *n) {
-  if (n->kind != IR_NODE_COMPUTE)
+/* A compute node's relative duration (see enum ir_cost_model; FLOPs per device plus one, so
+ * that nothing is free), communication none. Enough to tell which transfer is ready first. */
+static double unit_cost(const struct ir_graph *g, const struct ir_node *n) {
+  if (n->kind != IR_NODE_COMPUTE || n->segment >= g->model->n_segments)
     return 0;
-  return n->pass == IR_PASS_F ? 1 : n->pass == IR_PASS_B ? 2 : 1;
+  if (g->cost_model == IR_COST_UNIT)
+    return n->pass == IR_PASS_F ? 1 : n->pass == IR_PASS_B ? 2 : 1;
+  const struct model_segment *s = &g->model->segments[n->segment];
+  double f = n->pass == IR_PASS_F    ? s->flops_fwd
+             : n->pass == IR_PASS_BI ? s->flops_bwd_input
+             : n->pass == IR_PASS_BW ? s->flops_bwd_weight
+                                     : s->flops_bwd_input + s->flops_bwd_weight;
+  return f + 1;
 }
 
 /* Estimated start of every node: compute runs in issue order on its group's stream, data
@@ -290,7 +298,7 @@ static double *estimate_starts(const struct lower *l) {
     double t = 0;
     for (uint32_t e = l->adj.in_first[v]; e < l->adj.in_first[v + 1]; e++) {
       uint32_t u = IR_EDGE(g, l->adj.in_edges[e])->src;
-      double end = start[u] + unit_cost(IR_NODE(g, u));
+      double end = start[u] + unit_cost(g, IR_NODE(g, u));
       if (end > t)
         t = end;
     }
@@ -305,7 +313,7 @@ static double *estimate_starts(const struct lower *l) {
       }
       if (*free_at > t)
         t = *free_at;
-      *free_at = t + unit_cost(n);
+      *free_at = t + unit_cost(g, n);
     }
     start[v] = t;
   }
@@ -399,10 +407,12 @@ static bool joins_group(const struct lower *l, const struct plan_class *c, const
   const struct ir_node *n = IR_NODE(l->g, in->node);
   if (!is_p2p(n) || computes_before[next] != computes_before[parts[0]])
     return false;
-  /* In the order by readiness, only transfers ready together go together: a part that became
-   * ready earlier would otherwise hold its peer until the group is posted. */
+  /* In the order by readiness a group is posted when its last send is ready. A receive may
+   * join (posted early it costs nothing, and the stream lists it after every earlier-ready
+   * part); a send only if every part so far became ready with it, or it would hold their
+   * peers until it is ready. */
   uint32_t first = c->instrs[parts[0]].node;
-  if (!l->issue_order &&
+  if (!l->issue_order && n->kind == IR_NODE_SEND &&
       l->est[transfer_recv(n, in->node)] != l->est[transfer_recv(IR_NODE(l->g, first), first)])
     return false;
   for (uint32_t w = 0; w < in->wait_count; w++)

@@ -294,7 +294,10 @@ static bool load_inputs(const struct sim_cli *a, const struct compile_options *c
     s->plan = plan_read_dir(a->plans, err);
   } else {
     struct compile_result cr = {0};
-    if (compile_run(co, &cr, err)) {
+    /* Shared streams are ordered by the compute costs the profile will charge. */
+    struct compile_options opts = *co;
+    opts.cost_model = s->prof->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+    if (compile_run(&opts, &cr, err)) {
       s->plan = cr.plan;
       cr.plan = NULL; /* the plan is ours; the rest of the front end's result goes */
     }
