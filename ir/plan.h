@@ -159,6 +159,15 @@ void plan_node_name(const struct plan *p, uint32_t node, char *buf, size_t len);
 /* How many entries of c->stream_instrs, from entry on, are issued together: the parts of the
  * point-to-point group whose first part is at entry, or 1 for an instruction issued alone. */
 uint32_t plan_group_span(const struct plan_class *c, uint32_t entry);
+/* Where the point-to-point groups of c are, for views that show a group as one box: a table
+ * from every grouped part's node to the stream_instrs entry of its group's first part, plus one
+ * (GUINT_TO_POINTER); NULL when c has no group. Free with g_hash_table_destroy. */
+GHashTable *plan_class_group_index(const struct plan_class *c);
+/* The group whose first part is at stream_instrs entry `entry` of device's class, named by its
+ * parts: "group: send F s1 MB=3 ->g2 + recv B s1 MB=1 <-g2" (long form) or "sF3 rB1" (short,
+ * pass and micro-batch tag value mb_tag, -1 for none). */
+void plan_group_name(const struct plan *p, const struct plan_class *c, uint32_t entry, bool short_form,
+                     int mb_tag, char *buf, size_t len);
 /* Counts for --stats and plan.json: instructions over all devices (class size times members). */
 uint64_t plan_instruction_count(const struct plan *p);
 

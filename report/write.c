@@ -215,19 +215,29 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
       fputs("}}", f);
     }
     g_free(used);
+    const struct plan_class *cls = plan_device_class(p, d->device);
+    GHashTable *groups = cls ? plan_class_group_index(cls) : NULL;
     for (uint32_t k = 0; k < d->n_intervals; k++) {
       const struct report_interval *iv = &d->intervals[k];
       if (iv->node >= p->n_nodes)
         continue;
       const struct ir_node *n = &p->nodes[iv->node];
-      if (!names[iv->node]) {
+      /* A point-to-point group is one event, named by its parts, at its first part. */
+      uint32_t entry =
+          groups ? GPOINTER_TO_UINT(g_hash_table_lookup(groups, GUINT_TO_POINTER(iv->node))) : 0;
+      if (entry && cls->instrs[cls->stream_instrs[entry - 1]].node != iv->node)
+        continue;
+      char group_name[1024];
+      if (entry)
+        plan_group_name(p, cls, entry - 1, false, -1, group_name, sizeof group_name);
+      if (!entry && !names[iv->node]) {
         char nb[256];
         plan_node_name(p, iv->node, nb, sizeof nb);
         names[iv->node] = g_strdup(nb);
       }
       SEP();
       fputs("{\"name\":", f);
-      json_escape(f, names[iv->node]);
+      json_escape(f, entry ? group_name : names[iv->node]);
       fprintf(f,
               ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
               "\"args\":{\"kind\":\"%s\"",
@@ -243,8 +253,12 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
         }
       if (n->kind != IR_NODE_COMPUTE && n->kind != IR_NODE_OPTIMIZER)
         fprintf(f, ",\"bytes\":%llu", (unsigned long long)n->bytes);
+      if (entry)
+        fprintf(f, ",\"group_parts\":%u", plan_group_span(cls, entry - 1));
       fputs("}}", f);
     }
+    if (groups)
+      g_hash_table_destroy(groups);
     for (uint32_t k = 0; k < d->n_memory; k++) {
       const struct report_memory_point *mp = &d->memory[k];
       SEP();
