@@ -87,6 +87,9 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
   r->program = dir_program_load_file(o->directives_path, err);
   if (!r->program)
     goto fail;
+  for (uint32_t k = 0; k < r->program->n && o->default_streams; k++)
+    if (r->program->d[k].op == DIR_PLACE || r->program->d[k].op == DIR_SHARD)
+      r->program->d[k].stream[0] = '\0';
   if (o->have_schedule || o->schedule.mbs > 0) {
     if (!sched_prepare_program(r->program, (uint32_t)r->model->pp_regions, &o->schedule, err))
       goto fail;

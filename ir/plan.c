@@ -298,6 +298,33 @@ void plan_group_name(const struct plan *p, const struct plan_class *c, uint32_t 
   g_string_free(s, TRUE);
 }
 
+bool plan_mixed_stream(const struct plan *p, uint32_t *stream, uint32_t *device,
+                       uint64_t *bytes) {
+  bool found = false;
+  *bytes = 0;
+  for (uint32_t k = 0; k < p->n_classes; k++) {
+    const struct plan_class *c = &p->classes[k];
+    for (uint32_t st = 0; st < p->n_streams; st++) {
+      uint32_t purposes = 0;
+      uint64_t total = 0;
+      for (uint32_t e = c->stream_first[st]; e < c->stream_first[st + 1]; e++) {
+        const struct ir_node *n = &p->nodes[c->instrs[c->stream_instrs[e]].node];
+        if (n->purpose == IR_COMM_NONE)
+          continue;
+        purposes |= 1u << n->purpose;
+        total += n->bytes;
+      }
+      if ((purposes & (purposes - 1)) && total > *bytes && c->n_devices) {
+        found = true;
+        *bytes = total;
+        *stream = st;
+        *device = c->devices[0];
+      }
+    }
+  }
+  return found;
+}
+
 uint64_t plan_instruction_count(const struct plan *p) {
   uint64_t total = 0;
   if (!p)

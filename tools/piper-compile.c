@@ -204,6 +204,13 @@ static void print_stats(const struct compile_result *r, double secs) {
   printf("communicators: %u\n", r->plan->n_comms);
   printf("streams: %u\n", r->plan->n_streams);
   printf("compile seconds: %.3f\npeak RSS MiB: %.1f\n", secs, peak_rss_kib() / 1024.0);
+  uint32_t stream, device;
+  uint64_t bytes;
+  if (plan_mixed_stream(r->plan, &stream, &device, &bytes))
+    printf("note: stream \"%s\" carries more than one kind of communication (pipeline, "
+           "data-parallel, expert): on device %u, %.6g MiB a step take turns on it that other "
+           "streams would overlap; piper-sim estimates the time this costs\n",
+           r->plan->streams[stream].name, device, (double)bytes / (1 << 20));
 }
 
 static void print_summary(const struct compile_cli *a, const struct compile_result *r,
