@@ -430,8 +430,7 @@ static void class_group_p2p(struct lower *l, struct plan_class *c, const bool *s
   uint32_t *computes_before = g_new(uint32_t, c->n_instrs + 1);
   computes_before[0] = 0;
   for (uint32_t i = 0; i < c->n_instrs; i++)
-    computes_before[i + 1] =
-        computes_before[i] + is_compute(IR_NODE(l->g, c->instrs[i].node));
+    computes_before[i + 1] = computes_before[i] + is_compute(IR_NODE(l->g, c->instrs[i].node));
   uint32_t *parts = g_new(uint32_t, c->n_instrs ? c->n_instrs : 1);
   for (uint32_t s = 0; s < l->p->n_streams; s++) {
     if (!shared[s])
@@ -441,8 +440,7 @@ static void class_group_p2p(struct lower *l, struct plan_class *c, const bool *s
       uint32_t n = 1;
       parts[0] = c->stream_instrs[j];
       if (is_p2p(IR_NODE(l->g, c->instrs[parts[0]].node)))
-        while (j + n < end &&
-               joins_group(l, c, parts, n, c->stream_instrs[j + n], computes_before))
+        while (j + n < end && joins_group(l, c, parts, n, c->stream_instrs[j + n], computes_before))
           parts[n] = c->stream_instrs[j + n], n++;
       for (uint32_t k = 0; k < n && n > 1; k++)
         c->instrs[parts[k]].group_parts = n;

@@ -298,8 +298,7 @@ void plan_group_name(const struct plan *p, const struct plan_class *c, uint32_t 
   g_string_free(s, TRUE);
 }
 
-bool plan_mixed_stream(const struct plan *p, uint32_t *stream, uint32_t *device,
-                       uint64_t *bytes) {
+bool plan_mixed_stream(const struct plan *p, uint32_t *stream, uint32_t *device, uint64_t *bytes) {
   bool found = false;
   *bytes = 0;
   for (uint32_t k = 0; k < p->n_classes; k++) {

@@ -166,14 +166,13 @@ GHashTable *plan_class_group_index(const struct plan_class *c);
 /* The group whose first part is at stream_instrs entry `entry` of device's class, named by its
  * parts: "group: send F s1 MB=3 ->g2 + recv B s1 MB=1 <-g2" (long form) or "sF3 rB1" (short,
  * pass and micro-batch tag value mb_tag, -1 for none). */
-void plan_group_name(const struct plan *p, const struct plan_class *c, uint32_t entry, bool short_form,
-                     int mb_tag, char *buf, size_t len);
+void plan_group_name(const struct plan *p, const struct plan_class *c, uint32_t entry,
+                     bool short_form, int mb_tag, char *buf, size_t len);
 /* The stream on which communication of more than one purpose (pipeline, data-parallel,
  * expert) takes turns on some device, the one with the most such bytes a step (*bytes, on
  * *device); false when no stream mixes purposes. Point-to-point traffic alone is not counted:
  * lowering groups it. */
-bool plan_mixed_stream(const struct plan *p, uint32_t *stream, uint32_t *device,
-                       uint64_t *bytes);
+bool plan_mixed_stream(const struct plan *p, uint32_t *stream, uint32_t *device, uint64_t *bytes);
 /* Counts for --stats and plan.json: instructions over all devices (class size times members). */
 uint64_t plan_instruction_count(const struct plan *p);
 

@@ -683,7 +683,7 @@ enum {
 };
 static const char *const instr_keys[X_COUNT] = {"i",      "op",   "node",  "name",  "pass",
                                                 "comm",   "seq",  "bytes", "waits", "reads",
-                                                "writes", "rank", "peer", "group"};
+                                                "writes", "rank", "peer",  "group"};
 
 static bool list_has(const uint32_t *pool, uint32_t first, uint32_t count, uint32_t v) {
   for (uint32_t k = 0; k < count; k++)

@@ -368,7 +368,8 @@ static double draw_device_row(cairo_t *cr, const struct report_run *r,
     const struct report_interval *iv = &d->intervals[k];
     if (iv->stream >= p->n_streams || lo[iv->stream] == UINT32_MAX)
       continue;
-    uint32_t entry = groups ? GPOINTER_TO_UINT(g_hash_table_lookup(groups, GUINT_TO_POINTER(iv->node))) : 0;
+    uint32_t entry =
+        groups ? GPOINTER_TO_UINT(g_hash_table_lookup(groups, GUINT_TO_POINTER(iv->node))) : 0;
     if (entry && c->instrs[c->stream_instrs[entry - 1]].node != iv->node)
       continue; /* a later part of a group: drawn with its first part */
     draw_interval(cr, p, l, iv, y + lo[iv->stream] * LANE_H, min_stage);

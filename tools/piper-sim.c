@@ -381,10 +381,10 @@ static void print_stream_note(const struct sim_cli *a, const struct compile_opti
   opts.cost_model = s->prof->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
   opts.default_streams = true;
   struct compile_result cr = {0};
-  struct sim_options o = {.collapse = !a->no_collapse, .no_intervals = true,
-                          .no_memory_timeline = true};
-  struct sim_result *base = compile_run(&opts, &cr, NULL) ? sim_run(cr.plan, s->prof, &o, NULL)
-                                                          : NULL;
+  struct sim_options o = {
+      .collapse = !a->no_collapse, .no_intervals = true, .no_memory_timeline = true};
+  struct sim_result *base =
+      compile_run(&opts, &cr, NULL) ? sim_run(cr.plan, s->prof, &o, NULL) : NULL;
   double step = s->res->iteration_time, cost = base ? step - base->iteration_time : 0;
   if (base && cost > 0.01 * step)
     fprintf(stderr,

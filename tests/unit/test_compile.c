@@ -435,8 +435,9 @@ static struct compile_result compile_named_1f1b(char **path) {
   *path = g_build_filename(g_get_tmp_dir(), "piper-test-pp4-named.json", NULL);
   GString *prog = g_string_new("[");
   for (int k = 0; k < 4; k++)
-    g_string_append_printf(prog, "%s{\"op\":\"place\",\"filter\":{\"PP\":%d},\"devices\":[%d],"
-                                 "\"stream\":\"pp\"}",
+    g_string_append_printf(prog,
+                           "%s{\"op\":\"place\",\"filter\":{\"PP\":%d},\"devices\":[%d],"
+                           "\"stream\":\"pp\"}",
                            k ? "," : "", k, k);
   g_string_append(prog, "]");
   g_file_set_contents(*path, prog->str, -1, NULL);
@@ -473,8 +474,7 @@ static void test_lower_groups_named_stream(void **state) {
     }
   /* 8 micro-batches, rank 1 warms up with 3 forwards: 5 steady steps */
   if (fwd_bwd < 5)
-    fail_msg("send F + recv B groups: %u (send B + recv F: %u); want at least 5", fwd_bwd,
-             bwd_fwd);
+    fail_msg("send F + recv B groups: %u (send B + recv F: %u); want at least 5", fwd_bwd, bwd_fwd);
   GError *err = NULL;
   assert_true(plan_check_progress(p, &err));
   compile_result_free(&r);

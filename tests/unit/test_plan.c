@@ -583,9 +583,10 @@ static void test_grouped_round_trip(void **state) {
   (void)state;
   char *a = test_tmp_dir("test_plan-XXXXXX"), *b = test_tmp_dir("test_plan-XXXXXX");
   char *prog = g_build_filename(a, "named.json", NULL);
-  test_write_file(prog, "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0],\"stream\":\"pp\"},"
-                        "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[1],\"stream\":\"pp\"},"
-                        "{\"op\":\"place\",\"filter\":{\"PP\":2},\"devices\":[2],\"stream\":\"pp\"}]");
+  test_write_file(prog,
+                  "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0],\"stream\":\"pp\"},"
+                  "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[1],\"stream\":\"pp\"},"
+                  "{\"op\":\"place\",\"filter\":{\"PP\":2},\"devices\":[2],\"stream\":\"pp\"}]");
   struct compile_options o = compile_options_default();
   o.model_path = "models/tiny-dense.json";
   o.directives_path = prog;
