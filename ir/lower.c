@@ -6,7 +6,10 @@
  * that order one instruction at a time is always possible: each send meets its recv at once,
  * and a collective is one node for all members. The projection is therefore deadlock-free by
  * construction; plan_check_progress proves it again on the lowered plans (and on plans read
- * from disk). Devices with the same group memberships get one shared program (a class). */
+ * from disk). Devices with the same group memberships get one shared program (a class).
+ * A stream that carries more than one kind of point-to-point traffic (a program that named one
+ * stream for all of it) is ordered by when its transfers become ready instead, and those ready
+ * together are issued as one group; see "point-to-point groups" below. */
 #include <string.h>
 
 #include "../base/json.h"

@@ -121,7 +121,7 @@ void plan_free(struct plan *p);
 
 /* Unit-time dry run of all devices: every instruction takes one step once its stream is free
  * and its waits are done; sends meet recvs and collectives start when all members are at them
- * with equal sequence numbers. Fails (PIPER_ERROR_INPUT) naming the devices and instructions
+ * with equal sequence numbers; a point-to-point group posts all its parts at once. Fails (PIPER_ERROR_INPUT) naming the devices and instructions
  * that wait on each other. */
 bool plan_check_progress(const struct plan *p, GError **err);
 

@@ -1,7 +1,8 @@
 /* plan: the progress check. A dry run of every device's streams in which an instruction
  * completes once it heads its stream and its event waits are done; communication completes
- * when every member of its communicator instance has arrived at the same sequence number.
- * Arrival is monotone (running a ready instruction never disables another), so this worklist
+ * when every member of its communicator instance has arrived at the same sequence number. A
+ * point-to-point group arrives at all its parts at once and frees its stream when the last part
+ * has met its peer (plan_instr.group_parts). Arrival is monotone (running a ready instruction never disables another), so this worklist
  * run reaches the same end state as a unit-time run in lock step; anything left unfinished is
  * a deadlock, reported with the devices and instructions that wait on each other. */
 #include <string.h>
