@@ -165,6 +165,14 @@ table 1f1b_8_16 pp8.json 1f1b 8 16 8
 table zbh1_8_16 pp8.json zerobubble 8 16 8
 table interleaved_4x2_8 pp4_interleaved.json interleaved_1f1b 4 8 8
 table dualpipev_4_10 pp4_v.json dualpipev 4 10 8
+# plans compiled apart with --unit-costs are the ones piper-sim compiles for the unit profile
+PC="$BIN/piper-compile"
+"$PC" --model models/tiny-dense.json --directives "$tmp/named_dualpipev_4_10.json" --schedule dualpipev \
+  --mbs 10 --pp-regions 8 --unit-costs -o "$tmp/plans_unit" > /dev/null \
+  && "$SIM" --plans "$tmp/plans_unit" --profile profiles/unit.json --out "$tmp/p_unit" --no-charts --quiet \
+  && [ "$(step_ms "$tmp/p_unit")" = "$(step_ms "$tmp/d_dualpipev_4_10")" ] \
+  && ok "piper-compile --unit-costs plans: $(step_ms "$tmp/p_unit") ms" \
+  || fail "piper-compile --unit-costs plans: $(step_ms "$tmp/p_unit" 2>/dev/null) ms"
 DS=directives/base-schedules/deepseek_v3_pp32_v_dp128_ep128.json
 ds=(--model models/deepseek-v3.json --schedule dualpipev --pp-regions 32 --mbs 32 --profile profiles/h200.json --no-charts --quiet)
 named "$DS" "$tmp/ds_named.json"
