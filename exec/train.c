@@ -1044,6 +1044,63 @@ static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
   return ok;
 }
 
+/* One part of a group, run on a helper thread: the backend's send and recv block, so each
+ * part blocks its own thread, as a nonblocking call would leave it pending. */
+struct group_part_run {
+  struct exec_state *s;
+  uint32_t instr;
+  struct exec_task_ctx st; /* the task's stream; its own time counters */
+  GError *err;
+  bool ok;
+};
+
+static gpointer group_part_thread(gpointer data) {
+  struct group_part_run *r = data;
+  r->ok = transfer(r->s, r->instr, &r->st, &r->err);
+  return NULL;
+}
+
+/* A part of a point-to-point group: the first part's task runs them all at once (the MPI
+ * backend allows calls from several threads) and returns when the last has met its peer, so
+ * whatever waits on any part finds the whole group done, as one wait on nonblocking sends and
+ * receives would. The other parts' tasks do nothing. */
+static bool transfer_group(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                           GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  if (x->group_lead == IR_NONE)
+    return transfer(s, i, st, err);
+  if (x->group_lead != i)
+    return true;
+  GPtrArray *runs = g_ptr_array_new();
+  GPtrArray *threads = g_ptr_array_new();
+  for (uint32_t k = x->group_head; k != IR_NONE; k = s->dev->instrs[k].group_next) {
+    struct group_part_run *r = g_new0(struct group_part_run, 1);
+    *r = (struct group_part_run){.s = s, .instr = k, .st = {.stream = st->stream}};
+    g_ptr_array_add(runs, r);
+  }
+  for (uint32_t k = 1; k < runs->len; k++)
+    g_ptr_array_add(threads, g_thread_new("piper-p2p", group_part_thread, runs->pdata[k]));
+  group_part_thread(runs->pdata[0]);
+  bool ok = true;
+  double comm_s = 0;
+  for (uint32_t k = 0; k < runs->len; k++) {
+    if (k > 0)
+      g_thread_join(threads->pdata[k - 1]);
+    struct group_part_run *r = runs->pdata[k];
+    if (r->st.comm_s > comm_s)
+      comm_s = r->st.comm_s; /* the parts overlap: the group takes the longest */
+    if (!r->ok && ok)
+      g_propagate_error(err, g_steal_pointer(&r->err));
+    ok = ok && r->ok;
+    g_clear_error(&r->err);
+    g_free(r);
+  }
+  st->comm_s += comm_s;
+  g_ptr_array_free(threads, TRUE);
+  g_ptr_array_free(runs, TRUE);
+  return ok;
+}
+
 /* ---- data parallelism and the optimizer -------------------------------------------------- */
 
 static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
@@ -1162,7 +1219,7 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
     break;
   }
   case EXEC_ROLE_SEND:
-  case EXEC_ROLE_RECV: ok = transfer(s, i, st, err); break;
+  case EXEC_ROLE_RECV: ok = transfer_group(s, i, st, err); break;
   case EXEC_ROLE_A2A_TO_EXPERT:
   case EXEC_ROLE_A2A_FROM_EXPERT: ok = all_to_all(s, i, st, err); break;
   case EXEC_ROLE_ALL_REDUCE:
