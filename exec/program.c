@@ -725,12 +725,12 @@ static bool decode_instrs(struct exec_device *d, GError **err) {
   return ok;
 }
 
-/* The order in which a group's parts are started: with each peer (ascending), the lower
- * rank's sends first and the higher rank's receives first. The parts run at once (see
- * transfer_group), so this order is not needed for progress; it is the one in which parts run
- * one after another would still meet for mirrored groups (Megatron's
- * send_forward_recv_backward against send_backward_recv_forward), kept so that a backend
- * that must serialise a group has a sound order. */
+/* The order in which a group's parts are given to the backend: with each peer (ascending), the
+ * lower rank's sends first and the higher rank's receives first. The parts are posted together
+ * (see transfer_group), so this order is not needed for progress; it is the one in which parts
+ * run one after another would still meet for mirrored groups (Megatron's
+ * send_forward_recv_backward against send_backward_recv_forward), which exec_comm_p2p_group's
+ * default relies on for a backend without a group of its own. */
 struct group_part {
   uint32_t peer, phase, instr;
 };

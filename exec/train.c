@@ -1044,26 +1044,43 @@ static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
   return ok;
 }
 
-/* One part of a group, run on a helper thread: the backend's send and recv block, so each
- * part blocks its own thread, as a nonblocking call would leave it pending. */
-struct group_part_run {
-  struct exec_state *s;
-  uint32_t instr;
-  struct exec_task_ctx st; /* the task's stream; its own time counters */
-  GError *err;
-  bool ok;
-};
-
-static gpointer group_part_thread(gpointer data) {
-  struct group_part_run *r = data;
-  r->ok = transfer(r->s, r->instr, &r->st, &r->err);
-  return NULL;
+/* Appends the messages of instruction i, a part of a point-to-point group, to parts, and for
+ * each the slot that takes a receive's buffer once the group is done (NULL for a send). */
+static bool group_collect(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                          GArray *parts, GPtrArray *slots, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  struct exec_comm *comm = comm_of(s, i);
+  bool fwd = x->pass == IR_PASS_F;
+  if (!comm)
+    return internal(err, s, i, "no communicator");
+  for (int t = 0; t < TC; t++) {
+    if (!(xm->edge_mask[x->edge] & EXEC_BIT(t)))
+      continue;
+    size_t words = fwd ? exec_tensor_words(xm, (enum exec_tensor)t)
+                       : exec_grad_floats(xm, (enum exec_tensor)t);
+    size_t slot = (size_t)x->edge * TC + (size_t)t;
+    struct exec_p2p_part part = {comm, x->peer, x->role == EXEC_ROLE_SEND, NULL, words * 4, x->tag};
+    float **dest = NULL;
+    if (part.is_send) {
+      part.buf = fwd ? mb->out[(size_t)xm->m->edges[x->edge].src * TC + t] : mb->grad[slot];
+      if (!part.buf)
+        return internal(err, s, i, "sends data that was never computed");
+    } else {
+      part.buf = mb_raw(s, st, mb, words * 4, REPORT_MEM_COMM);
+      dest = fwd ? &mb->in_val[slot] : &mb->grad[slot];
+    }
+    g_array_append_val(parts, part);
+    g_ptr_array_add(slots, dest);
+  }
+  return true;
 }
 
-/* A part of a point-to-point group: the first part's task runs them all at once (the MPI
- * backend allows calls from several threads) and returns when the last has met its peer, so
- * whatever waits on any part finds the whole group done, as one wait on nonblocking sends and
- * receives would. The other parts' tasks do nothing. */
+/* A part of a point-to-point group: the first part's task issues every part's messages as one
+ * group (exec_comm_p2p_group: posted together, one wait, the task suspended once) and ends when
+ * the last has met its peer, so whatever waits on any part finds the whole group done; the
+ * other parts' tasks do nothing and complete with it. Parts go in link_group's order. */
 static bool transfer_group(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
                            GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
@@ -1071,33 +1088,20 @@ static bool transfer_group(struct exec_state *s, uint32_t i, struct exec_task_ct
     return transfer(s, i, st, err);
   if (x->group_lead != i)
     return true;
-  GPtrArray *runs = g_ptr_array_new();
-  GPtrArray *threads = g_ptr_array_new();
-  for (uint32_t k = x->group_head; k != IR_NONE; k = s->dev->instrs[k].group_next) {
-    struct group_part_run *r = g_new0(struct group_part_run, 1);
-    *r = (struct group_part_run){.s = s, .instr = k, .st = {.stream = st->stream}};
-    g_ptr_array_add(runs, r);
-  }
-  for (uint32_t k = 1; k < runs->len; k++)
-    g_ptr_array_add(threads, g_thread_new("piper-p2p", group_part_thread, runs->pdata[k]));
-  group_part_thread(runs->pdata[0]);
+  GArray *parts = g_array_new(FALSE, FALSE, sizeof(struct exec_p2p_part));
+  GPtrArray *slots = g_ptr_array_new();
   bool ok = true;
-  double comm_s = 0;
-  for (uint32_t k = 0; k < runs->len; k++) {
-    if (k > 0)
-      g_thread_join(threads->pdata[k - 1]);
-    struct group_part_run *r = runs->pdata[k];
-    if (r->st.comm_s > comm_s)
-      comm_s = r->st.comm_s; /* the parts overlap: the group takes the longest */
-    if (!r->ok && ok)
-      g_propagate_error(err, g_steal_pointer(&r->err));
-    ok = ok && r->ok;
-    g_clear_error(&r->err);
-    g_free(r);
-  }
-  st->comm_s += comm_s;
-  g_ptr_array_free(threads, TRUE);
-  g_ptr_array_free(runs, TRUE);
+  for (uint32_t k = x->group_head; k != IR_NONE && ok; k = s->dev->instrs[k].group_next)
+    ok = group_collect(s, k, st, parts, slots, err);
+  if (ok)
+    CT(st, s, ok,
+       exec_comm_p2p_group(s->b, (const struct exec_p2p_part *)(void *)parts->data, parts->len,
+                           err));
+  for (uint32_t k = 0; ok && k < slots->len; k++)
+    if (slots->pdata[k])
+      *(float **)slots->pdata[k] = g_array_index(parts, struct exec_p2p_part, k).buf;
+  g_ptr_array_free(slots, TRUE);
+  g_array_free(parts, TRUE);
   return ok;
 }
 

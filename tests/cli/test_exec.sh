@@ -210,6 +210,13 @@ json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"; }
     --schedule interleaved_1f1b --mbs 8 && same named_interleaved
   run named_dualpipev 2 --pp-regions 4 --directives "$T/v2_named.json" --schedule dualpipev \
     --mbs 8 && same named_dualpipev
+  # a measured group is one trace event per step, named by its parts, carrying node and step
+  python3 -c "
+import json,sys; t=json.load(open(sys.argv[1]))
+g=[e for e in t['traceEvents'] if e['ph']=='X' and 'group_parts' in e['args']]
+assert g and all(e['name'].startswith('group: ') and 'node' in e['args'] for e in g), g[:2]
+assert len({e['args']['step'] for e in g}) == 3, {e['args']['step'] for e in g}" \
+    "$T/named_1f1b/trace.json" && ok || bad "named_1f1b trace lacks one event per group and step"
   # the traces of a multi-rank run hold every device
   python3 -c "
 import json,sys; t=json.load(open(sys.argv[1]))
