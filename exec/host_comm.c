@@ -425,8 +425,8 @@ static bool post_part(const struct exec_p2p_part *x, GArray *reqs, GError **err)
   struct exec_comm *c = x->comm;
   int r = comm_rank_of(c, x->peer_world_rank);
   if (r < 0)
-    return piper_runtime_error(err, "rank %u: rank %u is not in %s", c->b->rank,
-                               x->peer_world_rank, c->label);
+    return piper_runtime_error(err, "rank %u: rank %u is not in %s", c->b->rank, x->peer_world_rank,
+                               c->label);
   size_t off = 0;
   do {
     size_t n = x->bytes - off < CHUNK ? x->bytes - off : CHUNK;
@@ -458,8 +458,8 @@ static bool mpi_p2p_group(struct host_context *b, const struct exec_p2p_part *pa
     ok = wait_requests(b, parts[0].comm->label, what, (int)reqs->len, (MPI_Request *)reqs->data,
                        true, err);
   } else if (reqs->len) {
-    struct mpi_pending m = {{mpi_test, mpi_cancel, ""}, b, (int)reqs->len,
-                            (MPI_Request *)reqs->data, true};
+    struct mpi_pending m = {
+        {mpi_test, mpi_cancel, ""}, b, (int)reqs->len, (MPI_Request *)reqs->data, true};
     mpi_cancel(&m.base);
   }
   g_array_free(reqs, TRUE);

@@ -1046,8 +1046,8 @@ static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
 
 /* Appends the messages of instruction i, a part of a point-to-point group, to parts, and for
  * each the slot that takes a receive's buffer once the group is done (NULL for a send). */
-static bool group_collect(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
-                          GArray *parts, GPtrArray *slots, GError **err) {
+static bool group_collect(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GArray *parts,
+                          GPtrArray *slots, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   struct exec_mb *mb = &s->mbs[x->mb];

@@ -36,12 +36,12 @@ struct progress {
   const uint32_t *unit_rep; /* [unit]: a device of the unit (NULL: unit = device) */
   const uint32_t *colour;   /* [device]: its colour in colour mode, NULL in device mode */
   const uint32_t *weight;   /* [unit]: devices in the colour (colour mode) */
-  uint32_t **pc;         /* [unit][stream]: next position in the class's stream list */
-  bool **arrived;        /* [unit][stream]: head has arrived at its communication */
-  uint32_t **outstanding; /* [unit][stream]: parts of the head's group not yet met */
-  uint32_t **stream_pos; /* [class][instr]: position of the instruction in its stream list */
-  GHashTable *arrivals;  /* struct arrival_key * -> struct arrival * (which holds the key) */
-  GArray *work;          /* units to revisit */
+  uint32_t **pc;            /* [unit][stream]: next position in the class's stream list */
+  bool **arrived;           /* [unit][stream]: head has arrived at its communication */
+  uint32_t **outstanding;   /* [unit][stream]: parts of the head's group not yet met */
+  uint32_t **stream_pos;    /* [class][instr]: position of the instruction in its stream list */
+  GHashTable *arrivals;     /* struct arrival_key * -> struct arrival * (which holds the key) */
+  GArray *work;             /* units to revisit */
   bool *queued;
 };
 

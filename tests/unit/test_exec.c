@@ -527,9 +527,8 @@ static void test_backend_p2p_group(void **state) {
   struct exec_comm *c = exec_comm_create(b, "pp", &me, 1, true, &err);
   assert_non_null(c);
   float x[4] = {0}, y[2] = {0};
-  struct exec_p2p_part parts[3] = {{c, 1, true, x, sizeof x, 7},
-                                   {c, 1, false, y, sizeof y, 7},
-                                   {c, 2, false, y, sizeof y, 8}};
+  struct exec_p2p_part parts[3] = {
+      {c, 1, true, x, sizeof x, 7}, {c, 1, false, y, sizeof y, 7}, {c, 2, false, y, sizeof y, 8}};
   p2p_log = g_string_new("");
   assert_true(exec_comm_p2p_group(b, parts, 3, &err));
   assert_string_equal(p2p_log->str, "s1:16:7 r1:8:7 r2:8:8 ");
