@@ -113,6 +113,9 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
     return piper_input_error(err, "--layout replaces --directives: give one of them");
   if (!load_model_and_program(o, r, err))
     goto fail;
+  for (uint32_t k = 0; k < r->program->n && o->default_streams; k++)
+    if (r->program->d[k].op == DIR_PLACE || r->program->d[k].op == DIR_SHARD)
+      r->program->d[k].stream[0] = '\0';
   if (o->have_schedule || o->schedule.mbs > 0) {
     if (!sched_prepare_program(r->program, (uint32_t)r->model->pp_regions, &o->schedule, err))
       goto fail;
@@ -136,6 +139,7 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
     cJSON *pj = dir_program_to_json(r->program);
     char *text = cJSON_PrintUnformatted(pj);
     cJSON_Delete(pj);
+    r->graph->cost_model = o->cost_model;
     r->plan = plan_lower(r->graph, text, err);
     cJSON_free(text);
     if (!r->plan)

@@ -37,6 +37,8 @@ struct compile_options {
   uint32_t n_devices;     /* > 0: the run's world size; device ids must be below it */
   const char *import_csv; /* replace the program's order directives by this CSV */
   bool lower;             /* false stops after the rewrites (no plan) */
+  enum ir_cost_model cost_model; /* how lowering orders shared streams (ir.h); FLOPs by default */
+  bool default_streams;          /* drop the streams place and shard name: what the choice costs */
 };
 
 struct compile_result {

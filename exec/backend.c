@@ -272,6 +272,22 @@ bool exec_comm_recv(struct exec_backend *b, struct exec_comm *c, uint32_t peer_w
   return b->ops->recv(c, peer_world_rank, buf, bytes, tag, err);
 }
 
+bool exec_comm_p2p_group(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                         GError **err) {
+  PIPER_ASSERT(b != NULL && (parts != NULL || n == 0));
+  for (uint32_t k = 0; k < n; k++)
+    PIPER_ASSERT(parts[k].comm != NULL && (parts[k].buf != NULL || parts[k].bytes == 0));
+  if (b->ops->p2p_group)
+    return b->ops->p2p_group(b, parts, n, err);
+  bool ok = true;
+  for (uint32_t k = 0; k < n && ok; k++) {
+    const struct exec_p2p_part *x = &parts[k];
+    ok = x->is_send ? b->ops->send(x->comm, x->peer_world_rank, x->buf, x->bytes, x->tag, err)
+                    : b->ops->recv(x->comm, x->peer_world_rank, x->buf, x->bytes, x->tag, err);
+  }
+  return ok;
+}
+
 bool exec_comm_all_reduce_f32(struct exec_backend *b, struct exec_comm *c, float *buf, size_t n,
                               GError **err) {
   PIPER_ASSERT(b != NULL && c != NULL && (buf != NULL || n == 0));

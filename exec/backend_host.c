@@ -928,6 +928,10 @@ static struct exec_comm *host_comm_create(struct exec_backend *b, const char *la
                                           bool point_to_point, GError **err) {
   return exec_host_comm_create(b->context, label, members, n_members, point_to_point, err);
 }
+static bool host_p2p_group(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                           GError **err) {
+  return exec_host_p2p_group(b->context, parts, n, err);
+}
 static bool host_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
                                       enum exec_reduce_op op, GError **err) {
   return exec_host_world_all_reduce_f64(b->context, buf, n, op, err);
@@ -978,6 +982,7 @@ const struct exec_backend_ops exec_backend_host = {
     .comm_destroy = exec_host_comm_destroy,
     .send = exec_host_send,
     .recv = exec_host_recv,
+    .p2p_group = host_p2p_group,
     .all_reduce_f32 = exec_host_all_reduce_f32,
     .reduce_scatter_f32 = exec_host_reduce_scatter_f32,
     .all_gather = exec_host_all_gather,

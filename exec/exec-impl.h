@@ -103,6 +103,10 @@ struct exec_instr {
   uint32_t gather;       /* compute: instruction whose buffer holds its parameters */
   uint32_t gather_users; /* gather-use: consumers of its buffer */
   uint32_t segset;       /* optimizer */
+  /* A part of a point-to-point group (plan_instr.group_parts): the task of the group's first
+   * part (group_lead) issues every part, listed group_head -> group_next, as one backend group
+   * (exec_comm_p2p_group); the others' tasks do nothing. IR_NONE where there is no group. */
+  uint32_t group_lead, group_head, group_next;
 };
 
 /* A DP gradient bucket: its segments' parameters are contiguous in the device's flat arrays

@@ -37,7 +37,7 @@
 
 /* The version of the table below. A backend sets api_version to the value it was written
  * against; exec_backend_init refuses a table of another version. */
-#define EXEC_BACKEND_API_VERSION 2 /* 2: loop_stats */
+#define EXEC_BACKEND_API_VERSION 3 /* 2: loop_stats; 3: p2p_group */
 
 struct exec_backend_ops;
 struct exec_stream; /* an in-order queue of work (the backend's own type) */
@@ -195,6 +195,17 @@ struct exec_kernels {
  * exec_comm_*, exec_world_*) supply the default named beside them. Callers use the wrappers,
  * never the table. Everything else is required (exec_backend_init checks). "Host memory" is
  * memory the CPU reads (g_malloc); "device memory" comes from alloc. */
+/* One part of a point-to-point group (exec_comm_p2p_group): a send of bytes from buf, or a
+ * receive of bytes into buf, with peer_world_rank on comm, matched by tag. */
+struct exec_p2p_part {
+  struct exec_comm *comm;
+  uint32_t peer_world_rank;
+  bool is_send;
+  void *buf; /* device memory; a send only reads it */
+  size_t bytes;
+  int tag;
+};
+
 struct exec_backend_ops {
   uint32_t api_version;    /* EXEC_BACKEND_API_VERSION */
   const char *name;        /* "host", "cuda": the report's "backend" */
@@ -269,6 +280,14 @@ struct exec_backend_ops {
                int tag, GError **err);
   bool (*recv)(struct exec_comm *c, uint32_t peer_world_rank, void *buf, size_t bytes, int tag,
                GError **err);
+  /* Optional: a point-to-point group, issued together and completing together (CUDA:
+   * ncclGroupStart, each part's ncclSend/ncclRecv, ncclGroupEnd; host: every part posted
+   * nonblocking, then one wait that suspends the task once): returns when every part has met
+   * its peer; false when any part failed (then none is in flight). Parts come in an order in
+   * which, run one after another, mirrored groups on two ranks still meet (with each peer, the
+   * lower rank sends first). Default: send and recv on the parts in that order. */
+  bool (*p2p_group)(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                    GError **err);
   bool (*all_reduce_f32)(struct exec_comm *c, float *buf, size_t n, GError **err);
   /* in: size * n_per_rank floats (not modified), out: this rank's n_per_rank sums. */
   bool (*reduce_scatter_f32)(struct exec_comm *c, const float *in, float *out, size_t n_per_rank,
@@ -352,6 +371,8 @@ bool exec_comm_send(struct exec_backend *b, struct exec_comm *c, uint32_t peer_w
                     const void *buf, size_t bytes, int tag, GError **err);
 bool exec_comm_recv(struct exec_backend *b, struct exec_comm *c, uint32_t peer_world_rank,
                     void *buf, size_t bytes, int tag, GError **err);
+bool exec_comm_p2p_group(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                         GError **err);
 bool exec_comm_all_reduce_f32(struct exec_backend *b, struct exec_comm *c, float *buf, size_t n,
                               GError **err);
 bool exec_comm_reduce_scatter_f32(struct exec_backend *b, struct exec_comm *c, const float *in,

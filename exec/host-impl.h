@@ -53,6 +53,9 @@ bool exec_host_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t 
                     GError **err);
 bool exec_host_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
                     GError **err);
+/* A point-to-point group (struct exec_backend_ops.p2p_group): posted together, one wait. */
+bool exec_host_p2p_group(struct host_context *b, const struct exec_p2p_part *parts, uint32_t n,
+                         GError **err);
 bool exec_host_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err);
 bool exec_host_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
                                   size_t n_per_rank, GError **err);

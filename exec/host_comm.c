@@ -420,6 +420,52 @@ static bool mpi_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes
   return p2p(c, false, peer, buf, bytes, tag, err);
 }
 
+/* Posts one part of a group (in pieces of CHUNK) onto reqs. */
+static bool post_part(const struct exec_p2p_part *x, GArray *reqs, GError **err) {
+  struct exec_comm *c = x->comm;
+  int r = comm_rank_of(c, x->peer_world_rank);
+  if (r < 0)
+    return piper_runtime_error(err, "rank %u: rank %u is not in %s", c->b->rank, x->peer_world_rank,
+                               c->label);
+  size_t off = 0;
+  do {
+    size_t n = x->bytes - off < CHUNK ? x->bytes - off : CHUNK;
+    char *buf = (char *)x->buf + off;
+    MPI_Request req;
+    int rc = x->is_send ? MPI_Isend(buf, (int)n, MPI_BYTE, r, x->tag, c->comm, &req)
+                        : MPI_Irecv(buf, (int)n, MPI_BYTE, r, x->tag, c->comm, &req);
+    if (rc != MPI_SUCCESS)
+      return mpi_fail(err, c->b, c->label, x->is_send ? "send (group)" : "receive (group)", rc);
+    g_array_append_val(reqs, req);
+    off += n;
+  } while (off < x->bytes);
+  return true;
+}
+
+/* A group: every part posted, then one wait for all their requests, so the task suspends
+ * once and the parts progress together (none waits on another's peer). A part that cannot be
+ * posted cancels those posted before it. */
+static bool mpi_p2p_group(struct host_context *b, const struct exec_p2p_part *parts, uint32_t n,
+                          GError **err) {
+  GArray *reqs = g_array_new(FALSE, FALSE, sizeof(MPI_Request));
+  char what[96];
+  g_snprintf(what, sizeof what, "group of %u (first: %s rank %u)", n,
+             parts[0].is_send ? "send to" : "receive from", parts[0].peer_world_rank);
+  bool ok = true;
+  for (uint32_t k = 0; k < n && ok; k++)
+    ok = post_part(&parts[k], reqs, err);
+  if (ok) {
+    ok = wait_requests(b, parts[0].comm->label, what, (int)reqs->len, (MPI_Request *)reqs->data,
+                       true, err);
+  } else if (reqs->len) {
+    struct mpi_pending m = {
+        {mpi_test, mpi_cancel, ""}, b, (int)reqs->len, (MPI_Request *)reqs->data, true};
+    mpi_cancel(&m.base);
+  }
+  g_array_free(reqs, TRUE);
+  return ok;
+}
+
 static bool too_big(struct exec_comm *c, size_t n, const char *what, GError **err) {
   if (n <= INT_MAX)
     return false;
@@ -625,6 +671,29 @@ bool exec_host_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes,
   if (refused(c->b, c->label, err))
     return false;
   return VIA_COMM(c, recv)(c, peer, buf, bytes, tag, err);
+}
+
+bool exec_host_p2p_group(struct host_context *b, const struct exec_p2p_part *parts, uint32_t n,
+                         GError **err) {
+  if (n == 0)
+    return true;
+  bool local = false;
+  for (uint32_t k = 0; k < n; k++) {
+    if (refused(b, parts[k].comm->label, err))
+      return false;
+    local = local || parts[k].comm->local;
+  }
+#ifdef HAVE_MPI
+  if (!local)
+    return mpi_p2p_group(b, parts, n, err);
+#endif
+  /* one process: no part has a peer, so each fails (or, with itself, waits) as alone */
+  bool ok = true;
+  for (uint32_t k = 0; k < n && ok; k++) {
+    const struct exec_p2p_part *x = &parts[k];
+    ok = local_transfer(x->comm, x->is_send, x->peer_world_rank, err);
+  }
+  return ok;
 }
 
 bool exec_host_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {

@@ -712,6 +712,8 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
   }
 }
 
+static void link_groups(struct exec_device *d);
+
 static bool decode_instrs(struct exec_device *d, GError **err) {
   const struct plan *p = d->plan;
   struct decoder dc = {d, g_array_new(FALSE, TRUE, sizeof(struct exec_bucket)),
@@ -726,7 +728,60 @@ static bool decode_instrs(struct exec_device *d, GError **err) {
     if (dc.class_index[k])
       g_hash_table_destroy(dc.class_index[k]);
   g_free(dc.class_index);
+  if (ok)
+    link_groups(d);
   return ok;
+}
+
+/* The order in which a group's parts are given to the backend: with each peer (ascending), the
+ * lower rank's sends first and the higher rank's receives first. The parts are posted together
+ * (see transfer_group), so this order is not needed for progress; it is the one in which parts
+ * run one after another would still meet for mirrored groups (Megatron's
+ * send_forward_recv_backward against send_backward_recv_forward), which exec_comm_p2p_group's
+ * default relies on for a backend without a group of its own. */
+struct group_part {
+  uint32_t peer, phase, instr;
+};
+
+static int compare_group_part(const void *x, const void *y) {
+  const struct group_part *a = x, *b = y;
+  if (a->peer != b->peer)
+    return a->peer < b->peer ? -1 : 1;
+  if (a->phase != b->phase)
+    return a->phase < b->phase ? -1 : 1;
+  return a->instr < b->instr ? -1 : a->instr > b->instr;
+}
+
+static void link_group(struct exec_device *d, const uint32_t *entries, uint32_t n) {
+  struct group_part *parts = g_new(struct group_part, n);
+  for (uint32_t k = 0; k < n; k++) {
+    const struct exec_instr *x = &d->instrs[entries[k]];
+    bool send_first = d->device < x->peer;
+    parts[k] = (struct group_part){x->peer, (x->role == EXEC_ROLE_SEND) != send_first, entries[k]};
+  }
+  qsort(parts, n, sizeof *parts, compare_group_part);
+  struct exec_instr *lead = &d->instrs[entries[0]];
+  lead->group_head = parts[0].instr;
+  for (uint32_t k = 0; k < n; k++) {
+    struct exec_instr *x = &d->instrs[parts[k].instr];
+    x->group_lead = entries[0];
+    x->group_next = k + 1 < n ? parts[k + 1].instr : IR_NONE;
+  }
+  g_free(parts);
+}
+
+/* Every point-to-point group of the device's streams (see struct exec_instr). */
+static void link_groups(struct exec_device *d) {
+  const struct plan_class *c = d->cls;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    d->instrs[i].group_lead = d->instrs[i].group_head = d->instrs[i].group_next = IR_NONE;
+  for (uint32_t s = 0; s < d->plan->n_streams; s++)
+    for (uint32_t e = c->stream_first[s]; e < c->stream_first[s + 1];) {
+      uint32_t n = plan_group_span(c, e);
+      if (n > 1)
+        link_group(d, c->stream_instrs + e, n);
+      e += n;
+    }
 }
 
 /* Gathers find their bucket by segment set; compute finds its gathered parameters. */

@@ -283,6 +283,12 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
     struct exec_stream *st = R->streams[pi->stream];
     for (uint32_t w = 0; w < pi->wait_count; w++)
       exec_stream_wait_event(R->b, st, R->events[c->waits[pi->wait_first + w]]);
+    /* The first part of a point-to-point group runs every part: it waits for all their waits
+     * (lowering keeps those before the group's first part). */
+    for (uint32_t k = d->instrs[i].group_lead == i ? d->instrs[i].group_head : IR_NONE;
+         k != IR_NONE; k = d->instrs[k].group_next)
+      for (uint32_t w = 0; k != i && w < c->instrs[k].wait_count; w++)
+        exec_stream_wait_event(R->b, st, R->events[c->waits[c->instrs[k].wait_first + w]]);
     R->start[i] = R->end[i] = 0;
     exec_stream_submit(R->b, st, run_task, &R->tasks[i], i);
     exec_event_record(R->b, R->events[i], st);

@@ -100,8 +100,15 @@ struct ir_stream {
   double sm_share;  /* fraction of the device's SMs it may use; 1 = no limit */
 };
 
+/* What lowering takes a compute node's duration to be when it orders the sends and receives
+ * of a stream that several kinds of pipeline traffic share (it never changes what a plan
+ * means, only that order): its FLOPs, as on a real device (the default), or textbook units
+ * (F 1, B 2, BI and BW 1), as on a synthetic profile. */
+enum ir_cost_model { IR_COST_FLOPS, IR_COST_UNIT };
+
 struct ir_graph {
   const struct model *model; /* not owned */
+  enum ir_cost_model cost_model;
   uint32_t n_tags;
   char tag_names[IR_MAX_TAGS][MODEL_TAG_NAME_MAX]; /* model tags then split dims (e.g. MB) */
 

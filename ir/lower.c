@@ -6,11 +6,14 @@
  * that order one instruction at a time is always possible: each send meets its recv at once,
  * and a collective is one node for all members. The projection is therefore deadlock-free by
  * construction; plan_check_progress proves it again on the lowered plans (and on plans read
- * from disk). Devices with the same group memberships get one shared program (a class). */
+ * from disk). Devices with the same group memberships get one shared program (a class).
+ * A stream that carries more than one kind of point-to-point traffic (a program that named one
+ * stream for all of it) is ordered by when its transfers become ready instead, and those ready
+ * together are issued as one group; see "point-to-point groups" below. */
 #include <string.h>
 
 #include "../base/json.h"
-#include "plan.h"
+#include "plan-impl.h"
 
 /* ---- global order ------------------------------------------------------------------------ */
 
@@ -118,6 +121,9 @@ struct lower {
   GArray *comms;
   GArray **dev_groups;   /* per device: the groups that shape its program, ascending */
   GArray *class_members; /* per class: a GArray of its devices, until the class owns them */
+  bool issue_order;      /* shared streams keep the global issue order (the fallback) */
+  double *est;           /* estimated start per node, when some stream is shared */
+  bool any_shared;       /* some class has a shared stream */
 };
 
 static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
@@ -200,6 +206,252 @@ static void class_comms_seq(struct lower *l, struct plan_class *c, uint32_t *com
      * count separately, as the two ends of each pair do. */
     c->instrs[i].seq = comm_seq[2 * comm + (n->kind == IR_NODE_RECV)]++;
   }
+}
+
+/* ---- point-to-point groups -------------------------------------------------------------- */
+
+/* A stream that carries sends or receives to more than one (direction, peer) on this class is
+ * shared: a program named one stream for all its pipeline traffic. In the global order, one
+ * transfer there waits for its peer while another the compute needs first queues behind it.
+ * Such streams get their sends and receives reordered by when the compute needs them and
+ * grouped (Megatron's send_forward_recv_backward); a stream of one direction (the default)
+ * is a FIFO channel that needs neither, and its plans stay as they were. */
+
+static bool is_p2p(const struct ir_node *n) {
+  return n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV;
+}
+
+static bool is_compute(const struct ir_node *n) {
+  return n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_OPTIMIZER;
+}
+
+static bool same_channel(const struct ir_node *a, const struct ir_node *b) {
+  return a->kind == b->kind && a->group == b->group && a->peer_group == b->peer_group;
+}
+
+/* shared[s] for every stream (n_streams entries, caller frees); NULL when none is shared. */
+static bool *class_shared_streams(const struct lower *l, const struct plan_class *c) {
+  uint32_t n_streams = l->p->n_streams;
+  uint32_t *first = g_new(uint32_t, n_streams);
+  bool *shared = g_new0(bool, n_streams), any = false;
+  for (uint32_t s = 0; s < n_streams; s++)
+    first[s] = IR_NONE;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = IR_NODE(l->g, c->instrs[i].node);
+    if (!is_p2p(n))
+      continue;
+    uint32_t s = c->instrs[i].stream;
+    if (first[s] == IR_NONE)
+      first[s] = c->instrs[i].node;
+    else if (!same_channel(IR_NODE(l->g, first[s]), n))
+      any = shared[s] = true;
+  }
+  g_free(first);
+  if (!any) {
+    g_free(shared);
+    return NULL;
+  }
+  return shared;
+}
+
+struct place {
+  double t;       /* estimated start of the node, or of the compute a transfer is placed before */
+  uint32_t phase; /* 0: a transfer placed before the node starting at t, 1: the node itself */
+  uint64_t tie;   /* global position (of the receive, for a transfer) */
+  uint32_t instr;
+};
+
+static int compare_place(const void *x, const void *y) {
+  const struct place *a = x, *b = y;
+  if (a->t != b->t)
+    return a->t < b->t ? -1 : 1;
+  if (a->phase != b->phase)
+    return a->phase < b->phase ? -1 : 1;
+  if (a->tie != b->tie)
+    return a->tie < b->tie ? -1 : 1;
+  return a->instr < b->instr ? -1 : a->instr > b->instr;
+}
+
+/* A compute node's relative duration (see enum ir_cost_model; FLOPs per device plus one, so
+ * that nothing is free), communication none. Enough to tell which transfer is ready first. */
+static double unit_cost(const struct ir_graph *g, const struct ir_node *n) {
+  if (n->kind != IR_NODE_COMPUTE || n->segment >= g->model->n_segments)
+    return 0;
+  if (g->cost_model == IR_COST_UNIT)
+    return n->pass == IR_PASS_F ? 1 : n->pass == IR_PASS_B ? 2 : 1;
+  const struct model_segment *s = &g->model->segments[n->segment];
+  double f = n->pass == IR_PASS_F    ? s->flops_fwd
+             : n->pass == IR_PASS_BI ? s->flops_bwd_input
+             : n->pass == IR_PASS_BW ? s->flops_bwd_weight
+                                     : s->flops_bwd_input + s->flops_bwd_weight;
+  return f + 1;
+}
+
+/* Estimated start of every node: compute runs in issue order on its group's stream, data
+ * waits for its producers, communication takes no time. Only lowering of shared streams uses
+ * it, to issue transfers in the order they are needed. */
+static double *estimate_starts(const struct lower *l) {
+  const struct ir_graph *g = l->g;
+  uint32_t nn = g->nodes->len;
+  double *start = g_new0(double, nn ? nn : 1);
+  GHashTable *chain = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
+  for (uint32_t k = 0; k < nn; k++) {
+    uint32_t v = l->order[k];
+    const struct ir_node *n = IR_NODE(g, v);
+    double t = 0;
+    for (uint32_t e = l->adj.in_first[v]; e < l->adj.in_first[v + 1]; e++) {
+      uint32_t u = IR_EDGE(g, l->adj.in_edges[e])->src;
+      double end = start[u] + unit_cost(g, IR_NODE(g, u));
+      if (end > t)
+        t = end;
+    }
+    if (is_compute(n)) {
+      int64_t key = ((int64_t)n->group << 32) | n->stream;
+      double *free_at = g_hash_table_lookup(chain, &key);
+      if (!free_at) {
+        int64_t *kk = g_new(int64_t, 1);
+        *kk = key;
+        free_at = g_new0(double, 1);
+        g_hash_table_insert(chain, kk, free_at);
+      }
+      if (*free_at > t)
+        t = *free_at;
+      *free_at = t + unit_cost(g, n);
+    }
+    start[v] = t;
+  }
+  g_hash_table_destroy(chain);
+  return start;
+}
+
+/* The receive of a transfer (x itself or its pair). */
+static uint32_t transfer_recv(const struct ir_node *n, uint32_t x) {
+  return n->kind == IR_NODE_RECV ? x : n->pair;
+}
+
+/* Where instruction i goes. A transfer on a shared stream goes, on both its ends, at its
+ * estimated ready time (its producer's end, before whatever starts then); everything else at
+ * its own estimated start. Every device's order is then the projection of one global order in
+ * which each transfer sits at one place for both ends: sequence numbers stay paired, and run
+ * one step at a time that order meets every transfer at once, so the plan cannot deadlock.
+ * And a stream issues its transfers in the order they become ready: with the textbook
+ * timeline, each one meets its peer as soon as its data exists, as on a stream per direction. */
+static struct place place_of(const struct lower *l, const struct plan_class *c, uint32_t i,
+                             const uint32_t *instr_of, const bool *shared) {
+  uint32_t x = c->instrs[i].node;
+  const struct ir_node *n = IR_NODE(l->g, x);
+  if (!is_p2p(n) || !shared[c->instrs[i].stream] || instr_of[n->pair] != IR_NONE)
+    return (struct place){l->est[x], 1, l->order_pos[x], i};
+  uint32_t r = transfer_recv(n, x);
+  return (struct place){l->est[r], 0, l->order_pos[r], i};
+}
+
+/* True when every local edge still points forward in the order (new_pos by old index). */
+static bool order_respects_edges(const struct lower *l, const struct plan_class *c,
+                                 const uint32_t *instr_of, const uint32_t *new_pos) {
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    uint32_t x = c->instrs[i].node;
+    for (uint32_t k = l->adj.in_first[x]; k < l->adj.in_first[x + 1]; k++) {
+      uint32_t u = instr_of[IR_EDGE(l->g, l->adj.in_edges[k])->src];
+      if (u != IR_NONE && new_pos[u] >= new_pos[i])
+        return false;
+    }
+  }
+  return true;
+}
+
+/* Reorders the class's instructions so that each shared stream runs its sends and receives
+ * in the order the compute needs them. Left as it is if the result would break an edge. */
+static void class_order_shared(struct lower *l, struct plan_class *c, uint32_t *instr_of,
+                               const bool *shared) {
+  uint32_t n = c->n_instrs;
+  struct place *pl = g_new(struct place, n ? n : 1);
+  for (uint32_t i = 0; i < n; i++)
+    pl[i] = place_of(l, c, i, instr_of, shared);
+  qsort(pl, n, sizeof *pl, compare_place);
+  uint32_t *new_pos = g_new(uint32_t, n ? n : 1);
+  for (uint32_t k = 0; k < n; k++)
+    new_pos[pl[k].instr] = k;
+  if (order_respects_edges(l, c, instr_of, new_pos)) {
+    struct plan_instr *old = g_memdup2(c->instrs, sizeof *old * (n ? n : 1));
+    for (uint32_t k = 0; k < n; k++) {
+      c->instrs[k] = old[pl[k].instr];
+      instr_of[c->instrs[k].node] = k;
+    }
+    g_free(old);
+  }
+  g_free(new_pos);
+  g_free(pl);
+}
+
+/* True when instruction x waits on or reads from one of the instructions parts[0 .. n). */
+static bool depends_on_any(const struct plan_class *c, uint32_t x, const uint32_t *parts,
+                           uint32_t n) {
+  const struct plan_instr *in = &c->instrs[x];
+  for (uint32_t k = 0; k < n; k++) {
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (c->waits[in->wait_first + w] == parts[k])
+        return true;
+    for (uint32_t r = 0; r < in->read_count; r++)
+      if (c->tensors[c->reads[in->read_first + r]].producer == parts[k])
+        return true;
+  }
+  return false;
+}
+
+/* Whether stream entry `next` may join the group whose parts are parts[0 .. n): it is a send
+ * or receive issued before the next compute instruction, whatever it waits for is done when
+ * the group is posted, and nothing issued between the parts depends on them (the group holds
+ * its parts until the last has met its peer). These keep the plan deadlock-free: the group
+ * only posts a part earlier and completes the others no earlier than the plain order did. */
+static bool joins_group(const struct lower *l, const struct plan_class *c, const uint32_t *parts,
+                        uint32_t n_parts, uint32_t next, const uint32_t *computes_before) {
+  const struct plan_instr *in = &c->instrs[next];
+  const struct ir_node *n = IR_NODE(l->g, in->node);
+  if (!is_p2p(n) || computes_before[next] != computes_before[parts[0]])
+    return false;
+  /* In the order by readiness a group is posted when its last send is ready. A receive may
+   * join (posted early it costs nothing, and the stream lists it after every earlier-ready
+   * part); a send only if every part so far became ready with it, or it would hold their
+   * peers until it is ready. */
+  uint32_t first = c->instrs[parts[0]].node;
+  if (!l->issue_order && n->kind == IR_NODE_SEND &&
+      l->est[transfer_recv(n, in->node)] != l->est[transfer_recv(IR_NODE(l->g, first), first)])
+    return false;
+  for (uint32_t w = 0; w < in->wait_count; w++)
+    if (c->waits[in->wait_first + w] >= parts[0])
+      return false;
+  for (uint32_t x = parts[n_parts - 1] + 1; x < next; x++)
+    if (depends_on_any(c, x, parts, n_parts))
+      return false;
+  return true;
+}
+
+/* Groups the runs of sends and receives on each shared stream that the compute needs
+ * between the same two compute instructions. */
+static void class_group_p2p(struct lower *l, struct plan_class *c, const bool *shared) {
+  uint32_t *computes_before = g_new(uint32_t, c->n_instrs + 1);
+  computes_before[0] = 0;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    computes_before[i + 1] = computes_before[i] + is_compute(IR_NODE(l->g, c->instrs[i].node));
+  uint32_t *parts = g_new(uint32_t, c->n_instrs ? c->n_instrs : 1);
+  for (uint32_t s = 0; s < l->p->n_streams; s++) {
+    if (!shared[s])
+      continue;
+    uint32_t j = c->stream_first[s], end = c->stream_first[s + 1];
+    while (j < end) {
+      uint32_t n = 1;
+      parts[0] = c->stream_instrs[j];
+      if (is_p2p(IR_NODE(l->g, c->instrs[parts[0]].node)))
+        while (j + n < end && joins_group(l, c, parts, n, c->stream_instrs[j + n], computes_before))
+          parts[n] = c->stream_instrs[j + n], n++;
+      for (uint32_t k = 0; k < n && n > 1; k++)
+        c->instrs[parts[k]].group_parts = n;
+      j += n;
+    }
+  }
+  g_free(parts);
+  g_free(computes_before);
 }
 
 /* The pools of the class being built; tensor_reads holds (reader, tensor) pairs until reads
@@ -338,6 +590,13 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
                         uint32_t n_groups, uint32_t *instr_of, uint32_t *comm_seq) {
   uint32_t n_streams = l->p->n_streams;
   class_instrs(l, c, groups, n_groups, instr_of);
+  bool *shared = class_shared_streams(l, c);
+  l->any_shared |= shared != NULL;
+  if (shared && !l->issue_order) {
+    if (!l->est)
+      l->est = estimate_starts(l);
+    class_order_shared(l, c, instr_of, shared);
+  }
   class_streams(c, n_streams);
   class_comms_seq(l, c, comm_seq);
   struct class_pools cp = {
@@ -356,6 +615,9 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
   g_free(latest);
   class_reads_consumers(c, &cp);
   class_take_pools(c, &cp);
+  if (shared)
+    class_group_p2p(l, c, shared);
+  g_free(shared);
   for (uint32_t i = 0; i < c->n_instrs; i++)
     instr_of[c->instrs[i].node] = IR_NONE;
 }
@@ -513,6 +775,29 @@ static void lower_free(struct lower *l) {
   ir_adjacency_free(&l->adj);
   g_free(l->order);
   g_free(l->order_pos);
+  g_free(l->est);
+}
+
+/* Lowers again with every shared stream in the global issue order, where the order by need
+ * deadlocks (a peer that posts its receive only when its compute needs it can hold up a group
+ * whose other part another compute needs). Groups formed there only post a part earlier and
+ * never complete one later than the plain order did, so this plan makes progress as the
+ * default one does; the check below proves it again. */
+static bool lower_in_issue_order(struct lower *l, GError **err) {
+  struct plan *p = l->p;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    plan_class_clear(&p->classes[c]);
+  g_clear_pointer(&p->classes, g_free);
+  g_clear_pointer(&p->comms, g_free);
+  g_clear_pointer(&p->device_class, g_free);
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    g_array_free(l->dev_groups[d], TRUE);
+  g_clear_pointer(&l->dev_groups, g_free);
+  g_clear_pointer(&l->comm_index, g_hash_table_destroy);
+  l->issue_order = true;
+  lower_device_classes(l);
+  lower_classes(l);
+  return plan_check_progress(p, err);
 }
 
 struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GError **err) {
@@ -527,7 +812,9 @@ struct plan *plan_lower(const struct ir_graph *g, const char *program_json, GErr
   lower_device_classes(&l);
   lower_classes(&l);
   plan_index_positions(p);
-  ok = plan_check_progress(p, err);
+  ok = plan_check_progress(p, NULL) || (l.any_shared && lower_in_issue_order(&l, NULL));
+  if (!ok)
+    ok = plan_check_progress(p, err);
 out:
   lower_free(&l);
   if (!ok) {

@@ -256,6 +256,74 @@ void plan_node_name(const struct plan *p, uint32_t node, char *buf, size_t len) 
                       buf, len);
 }
 
+uint32_t plan_group_span(const struct plan_class *c, uint32_t entry) {
+  uint32_t n = c->instrs[c->stream_instrs[entry]].group_parts;
+  return n ? n : 1;
+}
+
+GHashTable *plan_class_group_index(const struct plan_class *c) {
+  GHashTable *index = NULL;
+  for (uint32_t e = 0; e < c->n_instrs;) {
+    uint32_t n = plan_group_span(c, e);
+    for (uint32_t k = 0; k < n && n > 1; k++) {
+      if (!index)
+        index = g_hash_table_new(g_direct_hash, g_direct_equal);
+      g_hash_table_insert(index, GUINT_TO_POINTER(c->instrs[c->stream_instrs[e + k]].node),
+                          GUINT_TO_POINTER(e + 1));
+    }
+    e += n;
+  }
+  return index;
+}
+
+void plan_group_name(const struct plan *p, const struct plan_class *c, uint32_t entry,
+                     bool short_form, int mb_tag, char *buf, size_t len) {
+  uint32_t n = plan_group_span(c, entry);
+  GString *s = g_string_new(short_form ? "" : "group: ");
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t node = c->instrs[c->stream_instrs[entry + k]].node;
+    const struct ir_node *x = &p->nodes[node];
+    if (short_form) {
+      g_string_append_printf(s, "%s%c%s", k ? " " : "", x->kind == IR_NODE_SEND ? 's' : 'r',
+                             ir_pass_name(x->pass));
+      if (mb_tag >= 0 && x->tags[mb_tag] >= 0)
+        g_string_append_printf(s, "%d", x->tags[mb_tag]);
+    } else {
+      char name[256];
+      plan_node_name(p, node, name, sizeof name);
+      g_string_append_printf(s, "%s%s", k ? " + " : "", name);
+    }
+  }
+  g_strlcpy(buf, s->str, len);
+  g_string_free(s, TRUE);
+}
+
+bool plan_mixed_stream(const struct plan *p, uint32_t *stream, uint32_t *device, uint64_t *bytes) {
+  bool found = false;
+  *bytes = 0;
+  for (uint32_t k = 0; k < p->n_classes; k++) {
+    const struct plan_class *c = &p->classes[k];
+    for (uint32_t st = 0; st < p->n_streams; st++) {
+      uint32_t purposes = 0;
+      uint64_t total = 0;
+      for (uint32_t e = c->stream_first[st]; e < c->stream_first[st + 1]; e++) {
+        const struct ir_node *n = &p->nodes[c->instrs[c->stream_instrs[e]].node];
+        if (n->purpose == IR_COMM_NONE)
+          continue;
+        purposes |= 1u << n->purpose;
+        total += n->bytes;
+      }
+      if ((purposes & (purposes - 1)) && total > *bytes && c->n_devices) {
+        found = true;
+        *bytes = total;
+        *stream = st;
+        *device = c->devices[0];
+      }
+    }
+  }
+  return found;
+}
+
 uint64_t plan_instruction_count(const struct plan *p) {
   uint64_t total = 0;
   if (!p)
@@ -323,6 +391,8 @@ bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uin
       field = "comm";
     else if (x->comm != IR_NONE && x->seq != y->seq)
       field = "seq";
+    else if (x->group_parts != y->group_parts)
+      field = "group";
     else if (!lists_equal(a->waits, x->wait_first, x->wait_count, b->waits, y->wait_first,
                           y->wait_count))
       field = "waits";

@@ -34,6 +34,13 @@ struct plan_instr {
   uint32_t wait_first, wait_count; /* class.waits: instructions on other streams to wait for */
   uint32_t read_first, read_count; /* class.reads: tensors consumed */
   uint32_t write_first, write_count; /* class.writes: tensors produced */
+  /* 0: issued alone. n >= 2: one of the n sends and receives of a point-to-point group, issued
+   * together (ncclGroupStart/End; MPI Isend/Irecv then one wait). The parts are consecutive in
+   * their stream's list; the group is posted when every part's waits are done, each part meets
+   * its peer on its own, and the group completes (for its stream and for whatever waits on a
+   * part) when the last part has met its peer. Lowering forms groups only on a stream that
+   * carries more than one kind of point-to-point traffic (a named stream). */
+  uint32_t group_parts;
 };
 
 /* A buffer a device holds for one step: activations sent on, activations saved for backward,
@@ -114,7 +121,7 @@ void plan_free(struct plan *p);
 
 /* Unit-time dry run of all devices: every instruction takes one step once its stream is free
  * and its waits are done; sends meet recvs and collectives start when all members are at them
- * with equal sequence numbers. Fails (PIPER_ERROR_INPUT) naming the devices and instructions
+ * with equal sequence numbers; a point-to-point group posts all its parts at once. Fails (PIPER_ERROR_INPUT) naming the devices and instructions
  * that wait on each other. */
 bool plan_check_progress(const struct plan *p, GError **err);
 
@@ -149,6 +156,23 @@ void plan_comm_members(const struct plan *p, uint32_t comm, uint32_t device, uin
 /* e.g. "pp g1->g2", "dp g0", "ep g0" */
 void plan_comm_name(const struct plan *p, uint32_t comm, char *buf, size_t len);
 void plan_node_name(const struct plan *p, uint32_t node, char *buf, size_t len);
+/* How many entries of c->stream_instrs, from entry on, are issued together: the parts of the
+ * point-to-point group whose first part is at entry, or 1 for an instruction issued alone. */
+uint32_t plan_group_span(const struct plan_class *c, uint32_t entry);
+/* Where the point-to-point groups of c are, for views that show a group as one box: a table
+ * from every grouped part's node to the stream_instrs entry of its group's first part, plus one
+ * (GUINT_TO_POINTER); NULL when c has no group. Free with g_hash_table_destroy. */
+GHashTable *plan_class_group_index(const struct plan_class *c);
+/* The group whose first part is at stream_instrs entry `entry` of device's class, named by its
+ * parts: "group: send F s1 MB=3 ->g2 + recv B s1 MB=1 <-g2" (long form) or "sF3 rB1" (short,
+ * pass and micro-batch tag value mb_tag, -1 for none). */
+void plan_group_name(const struct plan *p, const struct plan_class *c, uint32_t entry,
+                     bool short_form, int mb_tag, char *buf, size_t len);
+/* The stream on which communication of more than one purpose (pipeline, data-parallel,
+ * expert) takes turns on some device, the one with the most such bytes a step (*bytes, on
+ * *device); false when no stream mixes purposes. Point-to-point traffic alone is not counted:
+ * lowering groups it. */
+bool plan_mixed_stream(const struct plan *p, uint32_t *stream, uint32_t *device, uint64_t *bytes);
 /* Counts for --stats and plan.json: instructions over all devices (class size times members). */
 uint64_t plan_instruction_count(const struct plan *p);
 

@@ -679,11 +679,12 @@ enum {
   X_WRITES,
   X_RANK,
   X_PEER,
+  X_GROUP,
   X_COUNT
 };
 static const char *const instr_keys[X_COUNT] = {"i",      "op",   "node",  "name",  "pass",
                                                 "comm",   "seq",  "bytes", "waits", "reads",
-                                                "writes", "rank", "peer"};
+                                                "writes", "rank", "peer",  "group"};
 
 static bool list_has(const uint32_t *pool, uint32_t first, uint32_t count, uint32_t v) {
   for (uint32_t k = 0; k < count; k++)
@@ -912,6 +913,23 @@ static bool read_instr_lists(struct program_read *pr, uint32_t i, struct plan_in
   return true;
 }
 
+/* "group": the number of parts of the point-to-point group a send or receive belongs to;
+ * absent when it is issued alone. */
+static bool read_instr_group(const struct ir_node *nd, struct plan_instr *in, const cJSON *const *x,
+                             const struct json_loc *li, GError **err) {
+  in->group_parts = 0;
+  if (!x[X_GROUP])
+    return true;
+  if (nd->kind != IR_NODE_SEND && nd->kind != IR_NODE_RECV)
+    return json_fail_at(err, li, "\"group\" is set, but a %s is not issued in a group",
+                        ir_node_kind_name(nd->kind));
+  int64_t parts;
+  if (!json_value_int(x[X_GROUP], "group", 2, PLAN_MAX_COUNT, &parts, li, err))
+    return false;
+  in->group_parts = (uint32_t)parts;
+  return true;
+}
+
 /* Instruction i, in issue order. */
 static bool read_instr(struct reader *r, struct program_read *pr, struct plan_class *c, uint32_t i,
                        const struct json_loc *l, GError **err) {
@@ -932,7 +950,24 @@ static bool read_instr(struct reader *r, struct program_read *pr, struct plan_cl
   return check_instr_node(nd, in->node, x, &li, err) &&
          read_instr_comm(r, d, x, nd, in, pr->n, &li, err) &&
          check_instr_peer(p, d, nd, in->node, x, &li, err) &&
-         read_instr_lists(pr, i, in, x, &li, err);
+         read_instr_group(nd, in, x, &li, err) && read_instr_lists(pr, i, in, x, &li, err);
+}
+
+/* Each stream list must split into whole groups: a part heading n - 1 others of its group. */
+static bool check_groups(const struct plan_class *c, uint32_t n_streams, const struct json_loc *l,
+                         GError **err) {
+  for (uint32_t s = 0; s < n_streams; s++)
+    for (uint32_t e = c->stream_first[s]; e < c->stream_first[s + 1];) {
+      uint32_t n = plan_group_span(c, e);
+      for (uint32_t k = 1; k < n; k++)
+        if (e + k >= c->stream_first[s + 1] || c->instrs[c->stream_instrs[e + k]].group_parts != n)
+          return json_fail_at(err, l,
+                              "instruction %u begins a group of %u on stream %u, but the next %u "
+                              "instructions of that stream are not all its parts",
+                              c->stream_instrs[e], n, s, n - 1);
+      e += n;
+    }
+  return true;
 }
 
 /* Producer and consumers must name the tensor, so lifetimes computed either way agree. */
@@ -1008,6 +1043,8 @@ static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, st
   for (uint32_t i = 0; i < n; i++)
     if (!read_instr(r, &pr, c, i, l, err))
       goto out;
+  if (!check_groups(c, ns, l, err))
+    goto out;
   c->waits = take_pool(pr.waits, &c->n_waits);
   c->reads = take_pool(pr.reads, &c->n_reads);
   c->writes = take_pool(pr.writes, &c->n_writes);

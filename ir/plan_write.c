@@ -328,6 +328,8 @@ static void class_text_init(struct class_text *ct, const struct plan *p, const s
       cJSON_AddNumberToObject(o, "comm", in->comm);
       cJSON_AddNumberToObject(o, "seq", in->seq);
     }
+    if (in->group_parts)
+      cJSON_AddNumberToObject(o, "group", in->group_parts);
     cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
     cJSON_AddItemToObject(o, "waits", u32_array(c->waits + in->wait_first, in->wait_count));
     cJSON_AddItemToObject(o, "reads", u32_array(c->reads + in->read_first, in->read_count));

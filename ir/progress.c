@@ -1,7 +1,9 @@
 /* plan: the progress check. A dry run of every device's streams in which an instruction
  * completes once it heads its stream and its event waits are done; communication completes
- * when every member of its communicator instance has arrived at the same sequence number.
- * Arrival is monotone (running a ready instruction never disables another), so this worklist
+ * when every member of its communicator instance has arrived at the same sequence number. A
+ * point-to-point group arrives at all its parts at once and frees its stream when the last part
+ * has met its peer (plan_instr.group_parts). Arrival is monotone (running a ready instruction
+ * never disables another), so this worklist
  * run reaches the same end state as a unit-time run in lock step; anything left unfinished is
  * a deadlock, reported with the devices and instructions that wait on each other.
  *
@@ -34,11 +36,12 @@ struct progress {
   const uint32_t *unit_rep; /* [unit]: a device of the unit (NULL: unit = device) */
   const uint32_t *colour;   /* [device]: its colour in colour mode, NULL in device mode */
   const uint32_t *weight;   /* [unit]: devices in the colour (colour mode) */
-  uint32_t **pc;         /* [unit][stream]: next position in the class's stream list */
-  bool **arrived;        /* [unit][stream]: head has arrived at its communication */
-  uint32_t **stream_pos; /* [class][instr]: position of the instruction in its stream list */
-  GHashTable *arrivals;  /* struct arrival_key * -> struct arrival * (which holds the key) */
-  GArray *work;          /* units to revisit */
+  uint32_t **pc;            /* [unit][stream]: next position in the class's stream list */
+  bool **arrived;           /* [unit][stream]: head has arrived at its communication */
+  uint32_t **outstanding;   /* [unit][stream]: parts of the head's group not yet met */
+  uint32_t **stream_pos;    /* [class][instr]: position of the instruction in its stream list */
+  GHashTable *arrivals;     /* struct arrival_key * -> struct arrival * (which holds the key) */
+  GArray *work;             /* units to revisit */
   bool *queued;
 };
 
@@ -124,8 +127,22 @@ static bool mismatch(const struct progress *s, const struct arrival *a, uint32_t
                    cn, seq, a->first_device, x, device, y);
 }
 
-/* Unit's head instruction in arrives at its communication; completes the instance when it is
- * the last to come. False on a mismatch error. */
+/* One part of what heads (unit, st) has met its peers. A group completes, and its stream
+ * moves past all its parts, when the last part has. */
+static void part_met(struct progress *s, uint32_t unit, uint32_t st) {
+  if (s->outstanding[unit][st] > 1) {
+    s->outstanding[unit][st]--;
+    return;
+  }
+  const struct plan_class *c = unit_class(s, unit);
+  s->pc[unit][st] += plan_group_span(c, c->stream_first[st] + s->pc[unit][st]);
+  s->outstanding[unit][st] = 0;
+  s->arrived[unit][st] = false;
+}
+
+/* Instruction in of unit, heading stream st (alone or as a part of a group), arrives at its
+ * communication; completes the instance when it is the last to come. False on a mismatch
+ * error. */
 static bool arrive(struct progress *s, uint32_t unit, uint32_t st, const struct plan_instr *in,
                    GError **err) {
   const struct plan *p = s->p;
@@ -148,17 +165,30 @@ static bool arrive(struct progress *s, uint32_t unit, uint32_t st, const struct 
   }
   uint32_t who[2] = {unit, st};
   g_array_append_vals(a->who, who, 1);
-  s->arrived[unit][st] = true;
   a->count += weight;
   if (a->count == plan_comm_size(p, in->comm)) {
+    /* A unit may stand in who twice (a group whose send and receive pair within one colour):
+     * each entry is one part met. */
     for (uint32_t k = 0; k < a->who->len; k++) {
       uint32_t *w = &g_array_index(a->who, uint32_t, 2 * k);
-      s->arrived[w[0]][w[1]] = false;
-      s->pc[w[0]][w[1]]++;
+      part_met(s, w[0], w[1]);
       if (w[0] != unit)
         enqueue(s, w[0]);
     }
     g_hash_table_remove(s->arrivals, &key);
+  }
+  return true;
+}
+
+/* Whether the n instructions from entry e of c's stream lists may be issued: their waits are
+ * done. */
+static bool parts_ready(const struct progress *s, uint32_t unit, const struct plan_class *c,
+                        uint32_t e, uint32_t n) {
+  for (uint32_t k = 0; k < n; k++) {
+    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (!done(s, unit, c->waits[in->wait_first + w]))
+        return false;
   }
   return true;
 }
@@ -175,20 +205,21 @@ static bool advance(struct progress *s, uint32_t unit, GError **err) {
         uint32_t pos = s->pc[unit][st];
         if (pos >= c->stream_first[st + 1] - c->stream_first[st] || s->arrived[unit][st])
           break;
-        uint32_t i = c->stream_instrs[c->stream_first[st] + pos];
-        const struct plan_instr *in = &c->instrs[i];
-        bool ready = true;
-        for (uint32_t w = 0; w < in->wait_count && ready; w++)
-          ready = done(s, unit, c->waits[in->wait_first + w]);
-        if (!ready)
+        uint32_t e = c->stream_first[st] + pos, n = plan_group_span(c, e);
+        if (!parts_ready(s, unit, c, e, n))
           break;
+        const struct plan_instr *in = &c->instrs[c->stream_instrs[e]];
         changed = true;
         if (in->comm == IR_NONE) {
           s->pc[unit][st]++;
           continue;
         }
-        if (!arrive(s, unit, st, in, err))
-          return false;
+        /* Every part is posted before any is matched, as ncclGroupEnd or MPI_Waitall do. */
+        s->arrived[unit][st] = true;
+        s->outstanding[unit][st] = n;
+        for (uint32_t k = 0; k < n; k++)
+          if (!arrive(s, unit, st, &c->instrs[c->stream_instrs[e + k]], err))
+            return false;
         break;
       }
     }
@@ -253,7 +284,9 @@ static void report_deadlock(const struct progress *s, GError **err) {
  * a device issues is its colour's, and the colour run finishing without a mismatch means the
  * device run does. The refinement starts from the classes and splits colours by the colours
  * of their peers until nothing splits, which leaves a stable partition. A colour run that does
- * not finish proves nothing: the device run then decides, and words the error. */
+ * not finish proves nothing: the device run then decides, and words the error. A
+ * point-to-point group keeps this: its parts are the class's, so the members of a colour post
+ * the same parts together, and each part meets its peer colour as a lone send or recv would. */
 
 /* The distinct send/recv relations (group, peer group) of a class, as pairs. */
 static GArray *class_relations(const struct plan *p, const struct plan_class *c) {
@@ -349,9 +382,11 @@ static void progress_init(struct progress *s, uint32_t n_units) {
   s->n_units = n_units;
   s->pc = g_new(uint32_t *, n_units ? n_units : 1);
   s->arrived = g_new(bool *, n_units ? n_units : 1);
+  s->outstanding = g_new(uint32_t *, n_units ? n_units : 1);
   for (uint32_t u = 0; u < n_units; u++) {
     s->pc[u] = g_new0(uint32_t, s->p->n_streams);
     s->arrived[u] = g_new0(bool, s->p->n_streams);
+    s->outstanding[u] = g_new0(uint32_t, s->p->n_streams);
   }
   s->arrivals = g_hash_table_new_full(arrival_hash, arrival_equal, NULL, arrival_free);
   s->work = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -362,9 +397,11 @@ static void progress_free(struct progress *s) {
   for (uint32_t u = 0; u < s->n_units; u++) {
     g_free(s->pc[u]);
     g_free(s->arrived[u]);
+    g_free(s->outstanding[u]);
   }
   g_free(s->pc);
   g_free(s->arrived);
+  g_free(s->outstanding);
   g_hash_table_destroy(s->arrivals);
   g_array_free(s->work, TRUE);
   g_free(s->queued);

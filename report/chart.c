@@ -360,6 +360,26 @@ static void draw_interval(cairo_t *cr, const struct plan *p, const struct schedu
   draw_box(cr, l, &b, ly);
 }
 
+/* A point-to-point group is one box (its first part's interval spans the group): its parts
+ * ("sF3 rB1": send forward of micro-batch 3, receive backward of 1) over the bar, where they
+ * fit. */
+static void draw_group_label(cairo_t *cr, const struct plan *p, const struct plan_class *c,
+                             uint32_t entry, const struct schedule_layout *l,
+                             const struct report_interval *iv, double ly) {
+  char label[128];
+  plan_group_name(p, c, entry, true, l->mb_tag, label, sizeof label);
+  double x0 = LEFT + (iv->start - l->t0) * l->sx, x1 = LEFT + (iv->end - l->t0) * l->sx;
+  cairo_save(cr);
+  cairo_set_font_size(cr, 7);
+  cairo_text_extents_t te;
+  cairo_text_extents(cr, label, &te);
+  if (te.x_advance + 2 <= x1 - x0) {
+    cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
+    text_at(cr, (x0 + x1) / 2, ly + (LANE_H - COMM_H) / 2 - 1, label, 0.5);
+  }
+  cairo_restore(cr);
+}
+
 /* Row ri at height y; returns its height. */
 static double draw_device_row(cairo_t *cr, const struct report_run *r,
                               const struct schedule_layout *l, uint32_t ri, double y) {
@@ -370,12 +390,22 @@ static double draw_device_row(cairo_t *cr, const struct report_run *r,
   int32_t min_stage = first_stage(p, d);
   draw_device_frame(cr, p, d, lo, l->n_lanes[ri], ri, y, row_h);
   cairo_set_font_size(cr, 9);
+  const struct plan_class *c = plan_device_class(p, d->device);
+  GHashTable *groups = c ? plan_class_group_index(c) : NULL;
   for (uint32_t k = 0; k < d->n_intervals; k++) {
     const struct report_interval *iv = &d->intervals[k];
     if (iv->stream >= p->n_streams || lo[iv->stream] == UINT32_MAX)
       continue;
+    uint32_t entry =
+        groups ? GPOINTER_TO_UINT(g_hash_table_lookup(groups, GUINT_TO_POINTER(iv->node))) : 0;
+    if (entry && c->instrs[c->stream_instrs[entry - 1]].node != iv->node)
+      continue; /* a later part of a group: drawn with its first part */
     draw_interval(cr, p, l, iv, y + lo[iv->stream] * LANE_H, min_stage);
+    if (entry)
+      draw_group_label(cr, p, c, entry - 1, l, iv, y + lo[iv->stream] * LANE_H);
   }
+  if (groups)
+    g_hash_table_destroy(groups);
   return row_h;
 }
 

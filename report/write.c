@@ -236,6 +236,8 @@ struct trace_writer {
   double t0;
   char **names; /* [plan n_nodes], made on first use */
   bool first;
+  const struct plan_class *cls; /* the traced device's class, NULL when it has none */
+  GHashTable *groups;           /* cls's plan_class_group_index, NULL without groups */
 };
 
 static void trace_sep(struct trace_writer *w) {
@@ -278,20 +280,33 @@ static void trace_device_meta(struct trace_writer *w, const struct report_device
   g_free(used);
 }
 
-/* One instruction: its node's name, kind, pass and tags, the plan node index and the step. */
+/* The group entry (1-based) of node on the traced device, 0 when the node is in no group. */
+static uint32_t trace_group_entry(const struct trace_writer *w, uint32_t node) {
+  return w->groups ? GPOINTER_TO_UINT(g_hash_table_lookup(w->groups, GUINT_TO_POINTER(node))) : 0;
+}
+
+/* One instruction: its node's name, kind, pass and tags, the plan node index and the step. A
+ * point-to-point group is one event, named by its parts, at its first part (the others are
+ * left out). */
 static void trace_event(struct trace_writer *w, const struct report_device *d,
                         const struct report_interval *iv, uint32_t step) {
   const struct plan *p = w->r->plan;
   FILE *f = w->f;
   const struct ir_node *n = &p->nodes[iv->node];
-  if (!w->names[iv->node]) {
+  uint32_t entry = trace_group_entry(w, iv->node);
+  if (entry && w->cls->instrs[w->cls->stream_instrs[entry - 1]].node != iv->node)
+    return;
+  char group_name[1024];
+  if (entry)
+    plan_group_name(p, w->cls, entry - 1, false, -1, group_name, sizeof group_name);
+  if (!entry && !w->names[iv->node]) {
     char nb[256];
     plan_node_name(p, iv->node, nb, sizeof nb);
     w->names[iv->node] = g_strdup(nb);
   }
   trace_sep(w);
   fputs("{\"name\":", f);
-  json_escape(f, w->names[iv->node]);
+  json_escape(f, entry ? group_name : w->names[iv->node]);
   fprintf(f,
           ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,"
           "\"args\":{\"kind\":\"%s\"",
@@ -307,6 +322,8 @@ static void trace_event(struct trace_writer *w, const struct report_device *d,
     }
   if (n->kind != IR_NODE_COMPUTE && n->kind != IR_NODE_OPTIMIZER)
     fprintf(f, ",\"bytes\":%llu", (unsigned long long)n->bytes);
+  if (entry)
+    fprintf(f, ",\"group_parts\":%u", plan_group_span(w->cls, entry - 1));
   fprintf(f, ",\"node\":%u,\"step\":%u}}", iv->node, step);
 }
 
@@ -336,13 +353,15 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
   setvbuf(out.f, buf, _IOFBF, sizeof buf);
   uint32_t n_sel;
   bool *sel = trace_selection(r, &n_sel);
-  struct trace_writer w = {out.f, r, 0, g_new0(char *, p->n_nodes + 1), true};
+  struct trace_writer w = {out.f, r, 0, g_new0(char *, p->n_nodes + 1), true, NULL, NULL};
   w.t0 = trace_header(out.f, r, n_sel);
   for (uint32_t i = 0; i < r->n_devices; i++) {
     if (!sel[i])
       continue;
     const struct report_device *d = &r->devices[i];
     trace_device_meta(&w, d);
+    w.cls = plan_device_class(p, d->device);
+    w.groups = w.cls ? plan_class_group_index(w.cls) : NULL;
     for (uint32_t k = 0; k < trace_step_count(r); k++) {
       uint32_t n, step;
       const struct report_interval *iv = trace_step_intervals(r, d, k, &n, &step);
@@ -350,6 +369,9 @@ bool report_write_trace(const struct report_run *r, const char *path, GError **e
         if (iv[j].node < p->n_nodes)
           trace_event(&w, d, &iv[j], step);
     }
+    if (w.groups)
+      g_hash_table_destroy(w.groups);
+    w.groups = NULL;
     trace_device_memory(&w, d);
   }
   fputs("\n]}\n", out.f);

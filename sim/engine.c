@@ -395,6 +395,8 @@ struct unit_rt {
   uint32_t base;       /* global id of instruction 0: base + instr */
   uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
   uint8_t *busy;       /* [n_streams] */
+  uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
+  double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   double *start, *end; /* [n_instrs], end < 0 while not done */
   uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
   uint32_t *remaining; /* [n_tensors] consumers still to run */
@@ -680,6 +682,29 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
 
 static void try_advance(struct sim *s, struct unit_rt *u, double t);
 
+/* Communication instruction i has ended. A part of a group waits for the others: the group
+ * ends, for its stream and for whatever waits on a part, when its last part does, and it is
+ * traced as one box from its first part's start. */
+static void part_done(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  uint32_t st = c->instrs[i].stream, n = c->instrs[i].group_parts;
+  if (n == 0) {
+    finish_instr(s, u, i, t);
+    return;
+  }
+  if (--u->group_left[st] > 0)
+    return;
+  uint32_t e = u->pos[st];
+  double first = t;
+  for (uint32_t k = 0; k < n; k++)
+    if (u->start[c->stream_instrs[e + k]] < first)
+      first = u->start[c->stream_instrs[e + k]];
+  for (uint32_t k = 0; k < n; k++) {
+    u->start[c->stream_instrs[e + k]] = first;
+    finish_instr(s, u, c->stream_instrs[e + k], t);
+  }
+}
+
 static void end_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
   settle_parts(s, sl, t);
@@ -697,7 +722,7 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
     u->comm_sm -= sl->sm_share;
     if (u->n_ops == 0)
       u->comm_sm = 0; /* no drift from repeated add/subtract */
-    finish_instr(s, u, instr, t);
+    part_done(s, u, instr, t);
   }
   reschedule_parts(s, sl, t);
   for (uint32_t k = 0; k < sl->part_count; k++)
@@ -727,6 +752,34 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   unit_reschedule(s, u, t);
 }
 
+/* Whether the n instructions from stream entry e may be issued: their waits are done. */
+static bool parts_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t e,
+                        uint32_t n) {
+  for (uint32_t k = 0; k < n; k++) {
+    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (u->end[c->waits[in->wait_first + w]] < 0)
+        return false;
+  }
+  return true;
+}
+
+/* Communication posted at t whose waits were done earlier waited for its stream only. */
+static void stream_queued(struct unit_rt *u, const struct plan_class *c, uint32_t e, uint32_t n,
+                          uint32_t st, double t) {
+  for (uint32_t k = 0; k < n; k++) {
+    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
+    if (in->comm == IR_NONE || in->wait_count == 0)
+      continue;
+    double ready = 0;
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (u->end[c->waits[in->wait_first + w]] > ready)
+        ready = u->end[c->waits[in->wait_first + w]];
+    if (t > ready)
+      u->queued[st] += t - ready;
+  }
+}
+
 static void try_advance(struct sim *s, struct unit_rt *u, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
@@ -734,21 +787,23 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
     uint32_t st = ci->streams_used[k];
     if (u->busy[st] || u->pos[st] >= c->stream_first[st + 1])
       continue;
-    uint32_t i = c->stream_instrs[u->pos[st]];
-    const struct plan_instr *in = &c->instrs[i];
-    bool ready = true;
-    for (uint32_t w = 0; w < in->wait_count && ready; w++)
-      if (u->end[c->waits[in->wait_first + w]] < 0)
-        ready = false;
-    if (!ready)
+    /* A point-to-point group is one operation: all its parts are posted at once, each starts
+     * when its peer is there, and the stream is free again when the last has ended. */
+    uint32_t e = u->pos[st], n = plan_group_span(c, e);
+    if (!parts_ready(u, c, e, n))
       continue;
     u->busy[st] = 1;
-    if (u->slot[i] != IR_NONE) {
-      struct slot *sl = &s->slots[u->slot[i]];
-      if (++sl->arrived == sl->expected)
-        start_comm(s, u->slot[i], t);
-    } else {
-      start_kernel(s, u, i, t);
+    u->group_left[st] = n;
+    stream_queued(u, c, e, n, st, t);
+    for (uint32_t j = 0; j < n; j++) {
+      uint32_t i = c->stream_instrs[e + j];
+      if (u->slot[i] != IR_NONE) {
+        struct slot *sl = &s->slots[u->slot[i]];
+        if (++sl->arrived == sl->expected)
+          start_comm(s, u->slot[i], t);
+      } else {
+        start_kernel(s, u, i, t);
+      }
     }
   }
 }
@@ -1020,6 +1075,8 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   for (uint32_t st = 0; st < p->n_streams; st++)
     u->pos[st] = c->stream_first[st];
   u->busy = g_new0(uint8_t, p->n_streams + 1);
+  u->group_left = g_new0(uint32_t, p->n_streams + 1);
+  u->queued = g_new0(double, p->n_streams + 1);
   u->start = g_new(double, c->n_instrs + 1);
   u->end = g_new(double, c->n_instrs + 1);
   for (uint32_t i = 0; i < c->n_instrs; i++)
@@ -1124,7 +1181,38 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   qsort(su->intervals, su->n_intervals, sizeof *su->intervals, interval_cmp);
 }
 
+/* True when stream st of class c carries more than one communicator's traffic. */
+static bool stream_mixed(const struct plan_class *c, uint32_t st) {
+  uint32_t first = IR_NONE;
+  for (uint32_t e = c->stream_first[st]; e < c->stream_first[st + 1]; e++) {
+    uint32_t comm = c->instrs[c->stream_instrs[e]].comm;
+    if (comm == IR_NONE)
+      continue;
+    if (first == IR_NONE)
+      first = comm;
+    else if (comm != first)
+      return true;
+  }
+  return false;
+}
+
+/* The stream whose sharing queued the most communication (sim_result.serial_*). */
+static void sim_collect_serial(struct sim *s, struct sim_result *res) {
+  res->serial_stream = res->serial_device = IR_NONE;
+  res->serial_seconds = 0;
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    const struct plan_class *c = &s->p->classes[s->u[k].cls];
+    for (uint32_t st = 0; st < s->p->n_streams; st++)
+      if (s->u[k].queued[st] > res->serial_seconds && stream_mixed(c, st)) {
+        res->serial_seconds = s->u[k].queued[st];
+        res->serial_stream = st;
+        res->serial_device = s->u[k].rep;
+      }
+  }
+}
+
 static void sim_collect(struct sim *s, struct sim_result *res) {
+  sim_collect_serial(s, res);
   uint32_t nu = s->n_units;
   res->t_start = nu > 0 && isfinite(s->t_first) ? s->t_first : 0;
   res->t_end = nu > 0 && isfinite(s->t_last) ? s->t_last : 0;
@@ -1140,6 +1228,8 @@ static void sim_free(struct sim *s) {
     struct unit_rt *u = &s->u[k];
     g_free(u->pos);
     g_free(u->busy);
+    g_free(u->group_left);
+    g_free(u->queued);
     g_free(u->start);
     g_free(u->end);
     g_free(u->slot);

@@ -63,6 +63,12 @@ struct sim_result {
   uint64_t events;              /* events processed */
   uint64_t measured_ops, fallback_ops; /* op executions costed by table / by roofline */
   double seconds_setup, seconds_run;   /* wall clock of the simulator itself */
+  /* The stream choice that cost the most: on a stream that carries more than one
+   * communicator's traffic on a device, the time communication waited for the stream after
+   * its own waits were done, summed over the step; the worst (stream, device). serial_stream
+   * is IR_NONE when no such stream queued anything. */
+  uint32_t serial_stream, serial_device;
+  double serial_seconds;
 };
 
 struct sim_result *sim_run(const struct plan *p, const struct profile *prof,

@@ -15,7 +15,7 @@ struct compile_cli {
   struct compile_args compile;
   const char *out_dir, *dump_ir, *dump_dot, *export_csv, *import_csv;
   uint32_t n_devices;
-  bool stats;
+  bool stats, unit_costs;
 };
 
 /* One row per option, as in redis's config table: kept as rows, not reflowed. */
@@ -39,7 +39,11 @@ static const struct option_spec options[] = {
     {.name = "--dump-dot", .kind = OPTION_STRING, .offset = offsetof(struct compile_cli, dump_dot),
      .metavar = "FILE", .help = "write the rewritten training DAG as Graphviz DOT"},
     {.name = "--stats", .kind = OPTION_FLAG, .offset = offsetof(struct compile_cli, stats),
-     .help = "print node, edge and instruction counts"},
+     .help = "print node, edge and instruction counts, and a note on a stream that\n"
+             "mixes kinds of communication"},
+    {.name = "--unit-costs", .kind = OPTION_FLAG, .offset = offsetof(struct compile_cli, unit_costs),
+     .help = "order a stream that pipeline traffic shares by textbook costs (F 1,\n"
+             "B 2) as piper-sim does for a synthetic profile, not by FLOPs"},
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
@@ -204,6 +208,13 @@ static void print_stats(const struct compile_result *r, double secs) {
   printf("communicators: %u\n", r->plan->n_comms);
   printf("streams: %u\n", r->plan->n_streams);
   printf("compile seconds: %.3f\npeak RSS MiB: %.1f\n", secs, peak_rss_kib() / 1024.0);
+  uint32_t stream, device;
+  uint64_t bytes;
+  if (plan_mixed_stream(r->plan, &stream, &device, &bytes))
+    printf("note: stream \"%s\" carries more than one kind of communication (pipeline, "
+           "data-parallel, expert): on device %u, %.6g MiB a step take turns on it that other "
+           "streams would overlap; piper-sim estimates the time this costs\n",
+           r->plan->streams[stream].name, device, (double)bytes / (1 << 20));
 }
 
 static void print_summary(const struct compile_cli *a, const struct compile_result *r,
@@ -229,6 +240,7 @@ int main(int argc, char **argv) {
     return piper_error_exit(program.name, err);
   o.n_devices = a.n_devices;
   o.import_csv = a.import_csv;
+  o.cost_model = a.unit_costs ? IR_COST_UNIT : IR_COST_FLOPS;
 
   double t0 = piper_clock_seconds();
   struct compile_result r;

@@ -40,6 +40,18 @@ DENSE=models/tiny-dense.json
 expect_ok "dp-only" --model $MOE --directives $BS/dp2.json --mbs 4 -o "$T/dp2"
 expect_ok "pp2_dp2_ep2" --model $MOE --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 -o "$T/a" --stats
 grep -q "^instructions: " "$T/out" || bad "--stats prints instruction counts"
+grep -q "^note:" "$T/out" && bad "--stats notes a stream with the default streams"
+# issue 14: all-to-all and pipeline traffic on one named stream: one note naming it and its cost
+python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+for x in d:
+    if x['op'] in ('place', 'shard'):
+        x['stream'] = 'one'
+json.dump(d, open(sys.argv[2], 'w'))" $BS/pp2_dp2_ep2.json "$T/one.json"
+expect_ok "one stream" --model $MOE --directives "$T/one.json" --schedule dualpipe --ranks 2 --mbs 4 --stats
+[ "$(grep -c '^note: stream "one" carries more than one kind of communication' "$T/out")" -eq 1 ] \
+  && grep -q "MiB a step" "$T/out" && ok || bad "--stats: no note for one shared stream: $(cat "$T/out")"
 [ -f "$T/a/plan.json" ] && [ -f "$T/a/device-3.json" ] && [ -f "$T/a/1f1b_pp2_mbs4.json" ] && ok || bad "plan files written"
 expect_ok "pp2_dp2_ep2 again" --model $MOE --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 -o "$T/b"
 diff -r "$T/a" "$T/b" >/dev/null && ok || bad "plans are not byte-identical across runs"

@@ -185,6 +185,38 @@ if run ref 1 --directives "$T/one.json" --mbs 8; then
   # summed over all four devices, each expert's over the two devices that hold it
   run dualpipe_dp_ep 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule dualpipe --ranks 2 --mbs 4 \
     && same dualpipe_dp_ep
+  # one named stream for all pipeline traffic: sends and receives go in groups, same losses
+  named() { python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+for x in d:
+    if x['op'] == 'place':
+        x['stream'] = 'pp_stream'
+json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"; }
+  named $BS/pp4.json "$T/pp4_named.json"
+  printf '%s\n' '[' \
+    '{"op": "place", "filter": {"PP": 0}, "devices": [0]}, {"op": "place", "filter": {"PP": 1}, "devices": [1]},' \
+    '{"op": "place", "filter": {"PP": 2}, "devices": [0]}, {"op": "place", "filter": {"PP": 3}, "devices": [1]}' \
+    ']' >"$T/loop.json"
+  named "$T/loop.json" "$T/loop_named.json"
+  printf '%s\n' '[' \
+    '{"op": "place", "filter": {"PP": 0}, "devices": [0]}, {"op": "place", "filter": {"PP": 1}, "devices": [1]},' \
+    '{"op": "place", "filter": {"PP": 2}, "devices": [1]}, {"op": "place", "filter": {"PP": 3}, "devices": [0]}' \
+    ']' >"$T/v.json"
+  named "$T/v.json" "$T/v2_named.json"
+  run named_1f1b 4 --pp-regions 4 --directives "$T/pp4_named.json" --schedule 1f1b --mbs 8 \
+    && same named_1f1b
+  run named_interleaved 2 --pp-regions 4 --directives "$T/loop_named.json" \
+    --schedule interleaved_1f1b --mbs 8 && same named_interleaved
+  run named_dualpipev 2 --pp-regions 4 --directives "$T/v2_named.json" --schedule dualpipev \
+    --mbs 8 && same named_dualpipev
+  # a measured group is one trace event per step, named by its parts, carrying node and step
+  python3 -c "
+import json,sys; t=json.load(open(sys.argv[1]))
+g=[e for e in t['traceEvents'] if e['ph']=='X' and 'group_parts' in e['args']]
+assert g and all(e['name'].startswith('group: ') and 'node' in e['args'] for e in g), g[:2]
+assert len({e['args']['step'] for e in g}) == 3, {e['args']['step'] for e in g}" \
+    "$T/named_1f1b/trace.json" && ok || bad "named_1f1b trace lacks one event per group and step"
   # the traces of a multi-rank run hold every device
   python3 -c "
 import json,sys; t=json.load(open(sys.argv[1]))

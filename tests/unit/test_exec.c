@@ -495,6 +495,66 @@ static void test_backend_table_checks_and_defaults(void **state) {
   exec_backend_free(b);
 }
 
+static GString *p2p_log;
+
+static bool log_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
+                     GError **err) {
+  (void)c, (void)buf, (void)err;
+  g_string_append_printf(p2p_log, "s%u:%zu:%d ", peer, bytes, tag);
+  return true;
+}
+
+static bool log_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
+                     GError **err) {
+  (void)c, (void)buf;
+  g_string_append_printf(p2p_log, "r%u:%zu:%d ", peer, bytes, tag);
+  return tag == 99 ? piper_runtime_error(err, "receive failed on purpose") : true;
+}
+
+/* A point-to-point group: without a p2p_group entry the wrapper runs the parts' sends and
+ * receives in the order given and stops at the first failure; the host backend's own group
+ * fails, alone, as its sends and receives do (no peer). */
+static void test_backend_p2p_group(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct exec_backend_ops ops = exec_backend_host;
+  ops.p2p_group = NULL;
+  ops.send = log_send;
+  ops.recv = log_recv;
+  struct exec_backend *b = exec_backend_init(&ops, NULL, &err);
+  assert_non_null(b);
+  uint32_t me = 0;
+  struct exec_comm *c = exec_comm_create(b, "pp", &me, 1, true, &err);
+  assert_non_null(c);
+  float x[4] = {0}, y[2] = {0};
+  struct exec_p2p_part parts[3] = {
+      {c, 1, true, x, sizeof x, 7}, {c, 1, false, y, sizeof y, 7}, {c, 2, false, y, sizeof y, 8}};
+  p2p_log = g_string_new("");
+  assert_true(exec_comm_p2p_group(b, parts, 3, &err));
+  assert_string_equal(p2p_log->str, "s1:16:7 r1:8:7 r2:8:8 ");
+  g_string_truncate(p2p_log, 0);
+  parts[1].tag = 99;
+  assert_false(exec_comm_p2p_group(b, parts, 3, &err));
+  assert_string_equal(p2p_log->str, "s1:16:7 r1:8:99 ");
+  assert_non_null(strstr(err->message, "on purpose"));
+  g_clear_error(&err);
+  g_string_free(p2p_log, TRUE);
+  exec_comm_destroy(b, c);
+  exec_backend_free(b);
+
+  b = exec_backend_init(&exec_backend_host, NULL, &err);
+  assert_non_null(b);
+  c = exec_comm_create(b, "pp", &me, 1, true, &err);
+  assert_non_null(c);
+  parts[1].tag = 7;
+  assert_true(exec_comm_p2p_group(b, parts, 0, &err));
+  assert_false(exec_comm_p2p_group(b, parts, 2, &err));
+  assert_non_null(strstr(err->message, "needs another process"));
+  g_clear_error(&err);
+  exec_comm_destroy(b, c);
+  exec_backend_free(b);
+}
+
 /* ---- one-device training ----------------------------------------------------------------- */
 
 struct trained {
@@ -907,6 +967,7 @@ int main(void) {
       cmocka_unit_test(test_host_streams_events),
       cmocka_unit_test(test_host_loop_suspends_and_cancels),
       cmocka_unit_test(test_backend_table_checks_and_defaults),
+      cmocka_unit_test(test_backend_p2p_group),
       cmocka_unit_test(test_train_loss_falls),
       cmocka_unit_test(test_bi_bw_split_equals_fused),
       cmocka_unit_test(test_checkpoint_resume),

@@ -758,6 +758,95 @@ static void test_textbook_dualpipev(void **state) {
   profile_free(u);
 }
 
+/* base with "stream": "pp_stream" on every place, written to dir; the caller frees the path. */
+static char *named_stream_program(const char *base, const char *dir) {
+  char *text = test_read_file(base);
+  cJSON *root = cJSON_Parse(text);
+  g_free(text);
+  assert_non_null(root);
+  for (cJSON *d = root->child; d; d = d->next) {
+    const cJSON *op = cJSON_GetObjectItemCaseSensitive(d, "op");
+    if (cJSON_IsString(op) && strcmp(op->valuestring, "place") == 0)
+      cJSON_AddStringToObject(d, "stream", "pp_stream");
+  }
+  char *out = cJSON_Print(root);
+  cJSON_Delete(root);
+  char *path = g_build_filename(dir, "named.json", NULL);
+  test_write_file(path, out);
+  cJSON_free(out);
+  return path;
+}
+
+/* What piper-sim compiles for a synthetic profile (lowering orders shared streams by
+ * textbook units). */
+static struct plan *compile_unit(const char *base, const char *schedule, uint32_t mbs, int pp) {
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-dense.json";
+  o.directives_path = base;
+  o.pp_regions = pp;
+  o.have_schedule = true;
+  o.schedule.mbs = mbs;
+  o.cost_model = IR_COST_UNIT;
+  if (!sched_family_parse(schedule, &o.schedule.family))
+    fail_msg("schedule %s", schedule);
+  struct compile_result r = test_compile(&o);
+  struct plan *p = r.plan;
+  r.plan = NULL;
+  compile_result_free(&r);
+  return p;
+}
+
+/* Issue 14: one named stream for all pipeline traffic gives the length of the default streams
+ * (one per direction), the textbook value, for every schedule family; its sends and receives
+ * go in groups. */
+static void test_named_stream_textbook(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  char *dir = test_tmp_dir("test_sim-XXXXXX");
+  const struct {
+    const char *base, *schedule;
+    uint32_t mbs;
+    int pp;
+    double ms;
+  } cases[] = {
+      {"directives/base-schedules/pp4.json", "1f1b", 8, 0, 33},
+      {"directives/base-schedules/pp8.json", "1f1b", 16, 8, 69},
+      {"directives/base-schedules/pp8.json", "zerobubble", 16, 8, 55},
+      {"directives/base-schedules/pp4_interleaved.json", "interleaved_1f1b", 8, 8, 57},
+      {"directives/base-schedules/pp4_v.json", "dualpipev", 10, 8, 63},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    char *named = named_stream_program(cases[k].base, dir);
+    struct plan *pd = compile_unit(cases[k].base, cases[k].schedule, cases[k].mbs, cases[k].pp);
+    struct plan *pn = compile_unit(named, cases[k].schedule, cases[k].mbs, cases[k].pp);
+    struct sim_result *rd = run(pd, u, true), *rn = run(pn, u, true);
+    char what[96];
+    snprintf(what, sizeof what, "%s %u mbs, default streams", cases[k].schedule, cases[k].mbs);
+    test_assert_near(rd->iteration_time, cases[k].ms * MS, TIME_TOL, 0, what);
+    snprintf(what, sizeof what, "%s %u mbs, one named stream", cases[k].schedule, cases[k].mbs);
+    test_assert_near(rn->iteration_time, cases[k].ms * MS, TIME_TOL, 0, what);
+    uint32_t grouped = 0, grouped_default = 0;
+    for (uint32_t c = 0; c < pn->n_classes; c++)
+      for (uint32_t i = 0; i < pn->classes[c].n_instrs; i++)
+        grouped += pn->classes[c].instrs[i].group_parts > 0;
+    for (uint32_t c = 0; c < pd->n_classes; c++)
+      for (uint32_t i = 0; i < pd->classes[c].n_instrs; i++)
+        grouped_default += pd->classes[c].instrs[i].group_parts > 0;
+    if (grouped == 0 || grouped_default != 0)
+      fail_msg("%s: %u grouped parts with one named stream (want some), %u with default streams "
+               "(want none)",
+               cases[k].schedule, grouped, grouped_default);
+    sim_result_free(rd);
+    sim_result_free(rn);
+    plan_free(pd);
+    plan_free(pn);
+    g_free(named);
+  }
+  test_remove_tree(dir);
+  g_free(dir);
+  profile_free(u);
+}
+
 /* Collapsing devices into units changes nothing: same times, same peaks. */
 static void test_collapse_exact(void **state) {
   (void)state;
@@ -1046,6 +1135,7 @@ int main(void) {
       cmocka_unit_test(test_textbook_gpipe_1f1b),
       cmocka_unit_test(test_textbook_zb_interleaved),
       cmocka_unit_test(test_textbook_dualpipev),
+      cmocka_unit_test(test_named_stream_textbook),
       cmocka_unit_test(test_ranks_with_model_copies),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
