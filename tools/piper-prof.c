@@ -144,15 +144,18 @@ static int32_t *random_ids(size_t n, int32_t range) {
   return x;
 }
 
-/* Least squares of y = alpha + beta * x over n points. */
+/* Least squares of y = alpha + beta * x over n points, each residual relative to its y (weights
+ * 1 / y^2): the times span several decades, and a plain fit would let the largest sizes set
+ * the latency too (often below zero). */
 static void fit_line(const double *x, const double *y, int n, double *alpha, double *beta) {
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (int i = 0; i < n; i++) {
-    sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
+    double w = y[i] > 0 ? 1 / (y[i] * y[i]) : 0;
+    sw += w, sx += w * x[i], sy += w * y[i], sxx += w * x[i] * x[i], sxy += w * x[i] * y[i];
   }
-  double d = n * sxx - sx * sx;
-  *beta = d != 0 ? (n * sxy - sx * sy) / d : 0;
-  *alpha = (sy - *beta * sx) / n;
+  double d = sw * sxx - sx * sx;
+  *beta = d != 0 ? (sw * sxy - sx * sy) / d : 0;
+  *alpha = sw > 0 ? (sy - *beta * sx) / sw : 0;
 }
 
 /* ---- one op's kernels, as exec/train.c calls them ----------------------------------------- */
@@ -521,7 +524,9 @@ static void adamw_run(void *ctx) {
   kernels_adamw_step(w->p, w->g, w->m, w->v, w->n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, ++w->step);
 }
 
-static void measure_machine(struct prof_run *r) {
+/* AdamW at 4 sizes up to the largest model's parameter count (what one device of a host run
+ * updates at most), by 4x: the fit holds where the executor uses it, caches included. */
+static void measure_machine(struct prof_run *r, uint64_t max_params) {
   struct gemm_ctx g = {.n = r->a->quick ? 512 : 1024};
   size_t nn = (size_t)g.n * g.n;
   g.a = random_floats(nn, 7, 1), g.b = random_floats(nn, 8, 1), g.c = g_new0(float, nn);
@@ -538,7 +543,9 @@ static void measure_machine(struct prof_run *r) {
   enum { N_ADAMW = 4 };
   double x[N_ADAMW], y[N_ADAMW];
   for (int i = 0; i < N_ADAMW; i++) {
-    struct adamw_ctx w = {.n = (size_t)1 << (r->a->quick ? 12 + 2 * i : 14 + 2 * i)};
+    struct adamw_ctx w = {.n = (size_t)(max_params >> (2 * (N_ADAMW - 1 - i)))};
+    if (w.n < 1024)
+      w.n = 1024;
     w.p = random_floats(w.n, 11, 1), w.g = random_floats(w.n, 12, 1);
     w.m = g_new0(float, w.n), w.v = g_new0(float, w.n);
     x[i] = (double)w.n;
@@ -776,8 +783,9 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
       "peak_tflops: median rate of one kernels_gemm of n^3 fp32 (bf16 the same: the host "
       "computes in fp32); memory_bandwidth_gbs: triad a = b + s*c, 12 bytes per element; both are "
       "achieved rates, so the efficiencies are 1. kernel_overhead_us and "
-      "optimizer_bytes_per_param: least-squares line through AdamW's median times at 4 sizes "
-      "(intercept; slope times the triad bandwidth)");
+      "optimizer_bytes_per_param: least-squares line (relative residuals) through AdamW's median "
+      "times at 4 sizes up to the largest model's parameter count (intercept; slope times the "
+      "triad bandwidth)");
   cJSON_AddStringToObject(
       s, "network",
       r->network_measured
@@ -905,18 +913,46 @@ static bool under_mpirun(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
 
-/* Network first, with every rank; then rank 0 alone times the kernels while the others have
- * left, so nothing else of this run competes for the cores. */
+#ifdef HAVE_MPI
+/* The other ranks wait for rank 0's kernels without a core: MPI's blocking calls spin, and a
+ * spinning rank would take a core from the kernels being timed. */
+static void idle_until_released(void) {
+  char done = 0;
+  MPI_Request req;
+  MPI_Irecv(&done, 1, MPI_CHAR, 0, 9, MPI_COMM_WORLD, &req);
+  for (int flag = 0; !flag;) {
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (!flag)
+      g_usleep(20000);
+  }
+}
+
+static void release_others(const struct prof_run *r) {
+  char done = 1;
+  for (int q = 1; q < r->size; q++)
+    MPI_Send(&done, 1, MPI_CHAR, q, 9, MPI_COMM_WORLD);
+}
+#endif
+
+/* Network first, with every rank; then rank 0 alone times the kernels while the others sleep,
+ * so nothing else of this run competes for the cores. */
 static bool measure_all(struct prof_run *r, GPtrArray *models) {
 #ifdef HAVE_MPI
   if (r->size > 1) {
     progress(r, "network over %d ranks", r->size);
     measure_network(r);
   }
-  if (r->size > 1 && r->rank != 0)
+  if (r->size > 1 && r->rank != 0) {
+    idle_until_released();
     return false;
+  }
 #endif
-  measure_machine(r);
+  uint64_t max_params = 0;
+  for (guint i = 0; i < models->len; i++) {
+    uint64_t n = model_param_count(g_ptr_array_index(models, i));
+    max_params = n > max_params ? n : max_params;
+  }
+  measure_machine(r, max_params);
   for (guint i = 0; i < models->len; i++)
     measure_model(r, g_ptr_array_index(models, i));
   progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries, r->n_skipped);
@@ -950,6 +986,10 @@ int main(int argc, char **argv) {
   }
 #endif
   bool writer = measure_all(&r, models);
+#ifdef HAVE_MPI
+  if (mpi && r.rank == 0)
+    release_others(&r);
+#endif
   bool ok = !writer || write_profile(&r, argc, argv, &err);
   if (writer && ok)
     progress(&r, "wrote %s (%u measured entries)", a.out, r.n_entries);
