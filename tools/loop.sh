@@ -91,8 +91,10 @@ out, runs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 prof = json.load(open(os.path.join(out, "profile.json")))
 src = prof["sources"]
 m = src["machine"]
+load_end = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
 print(f"fidelity loop, {src['date']}: {m['cpu']}, {m['cores']} cores, load {m['load_average_1min']} "
-      f"when profiled; {runs} run(s) x {steps} steps per plan")
+      f"when profiled and {load_end} at the end; {runs} run(s) x {steps} steps per plan; "
+      "errors are simulated / measured - 1")
 print()
 print("| plan | procs | measured ms | simulated ms | time error | run-to-run noise | memory error "
       "| bubble diff (pp) | per-kind error (node median B/A - 1) |")
