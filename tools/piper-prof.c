@@ -57,17 +57,18 @@ static const struct option_spec options[] = {
 
 static const struct option_program program = {
     .name = "piper-prof",
-    .usage = "usage: piper-prof --model FILE[,FILE] [--backend host] -o PROFILE [options]\n"
-             "\n"
-             "Measures this machine and writes a device profile for piper-sim --profile: the time\n"
-             "of every op kind at the shapes the models use, for F, BI, BW and B (medians after\n"
-             "warm-up), AdamW, the GEMM rate and memory bandwidth, and, run under mpirun with 2\n"
-             "or more ranks, point-to-point and collectives (latency and bandwidth fitted by least\n"
-             "squares). Set OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs.\n"
-             "\n"
-             "  OPENBLAS_NUM_THREADS=1 mpirun -np 2 piper-prof --model models/tiny-moe.json \\\n"
-             "    -o profiles/host-cpu.json\n"
-             "\n",
+    .usage =
+        "usage: piper-prof --model FILE[,FILE] [--backend host] -o PROFILE [options]\n"
+        "\n"
+        "Measures this machine and writes a device profile for piper-sim --profile: the time\n"
+        "of every op kind at the shapes the models use, for F, BI, BW and B (medians after\n"
+        "warm-up), AdamW, the GEMM rate and memory bandwidth, and, run under mpirun with 2\n"
+        "or more ranks, point-to-point and collectives (latency and bandwidth fitted by least\n"
+        "squares). Set OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs.\n"
+        "\n"
+        "  OPENBLAS_NUM_THREADS=1 mpirun -np 2 piper-prof --model models/tiny-moe.json \\\n"
+        "    -o profiles/host-cpu.json\n"
+        "\n",
     .epilogue = "\nExit status: 0 success, 1 runtime failure, 2 bad input.\n",
     .options = options,
     .help_column = 24,
@@ -77,8 +78,8 @@ static const struct option_program program = {
 struct prof_run {
   const struct prof_args *a;
   int rank, size;
-  cJSON *measured;            /* the table's entries */
-  GHashTable *seen;           /* "kind shape" keys already measured */
+  cJSON *measured;  /* the table's entries */
+  GHashTable *seen; /* "kind shape" keys already measured */
   uint32_t n_entries, n_skipped;
   double gemm_flops, triad_bytes; /* per second */
   double adamw_overhead, adamw_per_param;
@@ -243,8 +244,8 @@ static void run_router(struct op_bench *b) {
   else if (b->pass == IR_PASS_BW)
     kernels_router_backward_weight(b->dparams, b->bwork, b->in0, T, C, E);
   else
-    kernels_router_backward(b->din, b->dparams, b->bwork, b->dweights, b->ids, b->weights,
-                            b->saved, b->in0, b->params, T, C, E, K, false);
+    kernels_router_backward(b->din, b->dparams, b->bwork, b->dweights, b->ids, b->weights, b->saved,
+                            b->in0, b->params, T, C, E, K, false);
 }
 
 /* Experts on one device: plan, dispatch, the experts, combine (and their backward), as the
@@ -254,8 +255,8 @@ static void run_expert_ffn(struct op_bench *b) {
   if (b->pass == IR_PASS_F) {
     kernels_moe_dispatch_plan(b->counts, b->route_row, b->ids, T, K, E, 1);
     kernels_moe_dispatch_forward(b->rows, b->row_expert, b->in0, b->ids, b->route_row, T, K, C);
-    kernels_expert_ffn_forward(b->y, b->saved, b->scratch, b->rows, b->row_expert, TK, b->params,
-                               0, E, C, F);
+    kernels_expert_ffn_forward(b->y, b->saved, b->scratch, b->rows, b->row_expert, TK, b->params, 0,
+                               E, C, F);
     kernels_moe_combine_forward(b->out, b->y, b->weights, b->route_row, T, K, C);
     return;
   }
@@ -284,8 +285,8 @@ static void run_lm_head(struct op_bench *b) {
   if (b->pass == IR_PASS_F)
     kernels_lm_head_loss_forward(b->saved, b->in0, b->tokens, b->params, lay, T, C, V);
   else if (b->pass == IR_PASS_BI)
-    kernels_lm_head_loss_backward_input(b->din, b->bwork, b->saved, b->tokens, b->params, lay,
-                                        1.0f, T, C, V, false);
+    kernels_lm_head_loss_backward_input(b->din, b->bwork, b->saved, b->tokens, b->params, lay, 1.0f,
+                                        T, C, V, false);
   else if (b->pass == IR_PASS_BW)
     kernels_lm_head_loss_backward_weight(b->dparams, b->bwork, b->in0, lay, T, C, V);
   else
@@ -362,8 +363,9 @@ static void op_bench_dims(struct op_bench *b) {
   const int64_t *s = b->op->shape;
   switch (b->op->kind) {
   case MODEL_OP_ATTENTION:
-    b->dd = (struct kernels_attention_dims){(int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4],
-                                            (int)s[5], (float)b->m->rope_theta, NULL};
+    b->dd = (struct kernels_attention_dims){
+        (int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4], (int)s[5], (float)b->m->rope_theta,
+        NULL};
     b->T = (int)(s[0] * s[1]), b->C = (int)s[5];
     break;
   case MODEL_OP_EMBEDDING: b->T = (int)s[0], b->V = (int)s[1], b->C = (int)s[2]; break;
@@ -407,8 +409,8 @@ static void op_bench_init(struct op_bench *b, const struct model *m, const struc
 }
 
 static void op_bench_free(struct op_bench *b) {
-  float *f[] = {b->params, b->dparams, b->in0, b->out, b->dout, b->din, b->saved, b->bwork,
-                b->weights, b->dweights, b->rows, b->y, b->dy, b->drows, b->scratch};
+  float *f[] = {b->params,  b->dparams,  b->in0,  b->out, b->dout, b->din,   b->saved,  b->bwork,
+                b->weights, b->dweights, b->rows, b->y,   b->dy,   b->drows, b->scratch};
   for (size_t i = 0; i < G_N_ELEMENTS(f); i++)
     g_free(f[i]);
   g_free(b->tokens), g_free(b->ids), g_free(b->route_row), g_free(b->row_expert);
@@ -561,7 +563,14 @@ static void measure_machine(struct prof_run *r, uint64_t max_params) {
 /* ---- the network (under mpirun) ---------------------------------------------------------- */
 
 #ifdef HAVE_MPI
-enum net_kind { NET_P2P, NET_ALL_REDUCE, NET_REDUCE_SCATTER, NET_ALL_GATHER, NET_ALL_TO_ALL, NET_N };
+enum net_kind {
+  NET_P2P,
+  NET_ALL_REDUCE,
+  NET_REDUCE_SCATTER,
+  NET_ALL_GATHER,
+  NET_ALL_TO_ALL,
+  NET_N
+};
 static const char *const net_names[NET_N] = {"p2p", "all_reduce", "reduce_scatter", "all_gather",
                                              "all_to_all"};
 
@@ -844,8 +853,8 @@ static cJSON *profile_json(const struct prof_run *r, const struct machine_facts 
       "piper-exec's %s backend, measured by piper-prof %s on %s (%ld cores, %d rank%s, "
       "OPENBLAS_NUM_THREADS=%s, load %.2f) on %s: %u kernel entries for the models %s",
       r->a->backend, PIPER_VERSION, mf->cpu, mf->cores, r->size, r->size == 1 ? "" : "s",
-      getenv("OPENBLAS_NUM_THREADS") ? getenv("OPENBLAS_NUM_THREADS") : "unset", mf->load,
-      mf->date, r->n_entries, r->a->model);
+      getenv("OPENBLAS_NUM_THREADS") ? getenv("OPENBLAS_NUM_THREADS") : "unset", mf->load, mf->date,
+      r->n_entries, r->a->model);
   cJSON_AddStringToObject(root, "description", desc);
   g_free(desc);
   cJSON_AddItemToObject(root, "sources", sources_json(r, mf));
@@ -974,7 +983,9 @@ int main(int argc, char **argv) {
     g_ptr_array_free(models, TRUE);
     return piper_error_exit(program.name, err);
   }
-  struct prof_run r = {.a = &a, .size = 1, .measured = cJSON_CreateArray(),
+  struct prof_run r = {.a = &a,
+                       .size = 1,
+                       .measured = cJSON_CreateArray(),
                        .seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)};
   bool mpi = false;
 #ifdef HAVE_MPI
