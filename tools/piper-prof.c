@@ -652,8 +652,9 @@ static void net_model_terms(enum net_kind k, int p, double *latency_steps, doubl
 
 static void measure_network(struct prof_run *r) {
   const struct prof_args *a = r->a;
-  int max_log4 = a->quick ? 8 : 11; /* 8 B .. 512 KiB (quick) or 32 MiB, by 4x */
-  size_t max_bytes = (size_t)8 << (2 * (max_log4 - 1));
+  int max_log4 = a->quick ? 8 : 11; /* 8 B .. 128 KiB (quick) or 8 MiB, by 4x */
+  /* sizes round up to whole floats per rank: room for the largest one rounded */
+  size_t max_bytes = ((size_t)8 << (2 * (max_log4 - 1))) + (size_t)4 * r->size;
   struct net_ctx c = {.rank = r->rank, .size = r->size};
   c.send = g_malloc0(max_bytes), c.recv = g_malloc0(max_bytes);
   r->fits = cJSON_CreateObject();
