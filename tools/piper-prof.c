@@ -453,6 +453,17 @@ static void add_entry(struct prof_run *r, const struct model_op *op, enum ir_pas
 }
 
 /* One op at its shape: F first (it fills saved), BI (it fills bwork) before BW, then B. */
+/* Bytes of every buffer op_bench_init allocates for the op (an upper bound). */
+static double op_bench_bytes(const struct model *m, const struct model_op *op) {
+  struct op_bench b = {.m = m, .op = op};
+  op_bench_dims(&b);
+  struct op_sizes z = op_sizes_of(&b);
+  double TK = (double)b.T * (b.K ? b.K : 1);
+  return 4.0 *
+         (2.0 * (double)z.params + 2.0 * (double)z.in + 2.0 * (double)z.out + (double)z.saved +
+          (double)z.bwork + 4.0 * (double)z.rows + (double)z.scratch + 6.0 * TK + (double)b.T);
+}
+
 static void measure_op(struct prof_run *r, const struct model *m, const struct model_op *op) {
   static const enum ir_pass passes[] = {IR_PASS_F, IR_PASS_BI, IR_PASS_BW, IR_PASS_B};
   struct op_bench b;
@@ -473,6 +484,10 @@ static void measure_op(struct prof_run *r, const struct model *m, const struct m
   g_string_free(shape, TRUE);
 }
 
+static double physical_memory_bytes(void) {
+  return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+}
+
 /* Every distinct (kind, shape) of the model, once. */
 static void measure_model(struct prof_run *r, const struct model *m) {
   progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
@@ -488,6 +503,16 @@ static void measure_model(struct prof_run *r, const struct model *m) {
     g_hash_table_add(r->seen, g_string_free(key, FALSE));
     if (!op_has_kernel(op->kind)) {
       progress(r, "  %-13s no host kernel: left to the roofline", model_op_kind_name(op->kind));
+      r->n_skipped++;
+      continue;
+    }
+    /* a model too big for this machine: its ops fall back to the roofline, not to swap */
+    double bytes = op_bench_bytes(m, op), limit = 0.25 * physical_memory_bytes();
+    if (bytes > limit) {
+      progress(r,
+               "  %-13s needs %.1f GiB of buffers, over a quarter of this machine's memory: "
+               "left to the roofline",
+               model_op_kind_name(op->kind), bytes / 1073741824.0);
       r->n_skipped++;
       continue;
     }
@@ -748,7 +773,7 @@ static void machine_facts_init(struct machine_facts *mf, const struct prof_run *
                                char **argv) {
   mf->cpu = cpu_model();
   mf->cores = sysconf(_SC_NPROCESSORS_ONLN);
-  mf->memory_gib = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / 1073741824.0;
+  mf->memory_gib = physical_memory_bytes() / 1073741824.0;
   mf->load = load_average();
   time_t now = time(NULL);
   struct tm tm;
@@ -962,6 +987,13 @@ static bool measure_all(struct prof_run *r, GPtrArray *models) {
     uint64_t n = model_param_count(g_ptr_array_index(models, i));
     max_params = n > max_params ? n : max_params;
   }
+  /* AdamW holds 4 floats per parameter: at most a sixteenth of the memory, and 16 M parameters
+   * (a quarter of a second per step on one core) are enough to see its slope */
+  double cap = physical_memory_bytes() / 64;
+  if ((double)max_params > cap)
+    max_params = (uint64_t)cap;
+  if (max_params > ((uint64_t)1 << 24))
+    max_params = (uint64_t)1 << 24;
   measure_machine(r, max_params);
   for (guint i = 0; i < models->len; i++)
     measure_model(r, g_ptr_array_index(models, i));
