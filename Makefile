@@ -81,7 +81,8 @@ ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
-.PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example lint
+.PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example lint \
+  loop loop-short
 all: $(TOOLS)
 
 deps:
@@ -164,7 +165,7 @@ fuzz: $(FUZZ_BINS)
 	done; exit $$fail
 
 test: deps
-	@$(MAKE) --no-print-directory lint unit cli
+	@$(MAKE) --no-print-directory lint unit cli loop-short
 	@$(MAKE) --no-print-directory fuzz
 	@echo "all test suites passed"
 
@@ -176,6 +177,17 @@ asan: deps
 	  $(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDLIBS_EXTRA= unit cli
+
+# The fidelity loop (tools/loop.sh): profile this machine with piper-prof, then simulate,
+# execute (3 runs) and compare a fixed set of validation plans; prints one table (out/loop/).
+# Takes several minutes. loop-short (part of make test) runs each plan once for a few steps and
+# only checks that the table is produced: it reports the errors, it does not judge them.
+LOOP_OUT ?= out/loop
+loop: $(TOOLS)
+	@PIPER_BIN=$(BIN) tools/loop.sh --out $(LOOP_OUT)
+
+loop-short: $(TOOLS)
+	@PIPER_BIN=$(BIN) tools/loop.sh --short --out $(BUILD)/loop-short
 
 # Function budget (issue 8): no function over 120 lines or cyclomatic complexity 40 in the
 # library or the programs. Prints the offenders and fails when there is any.

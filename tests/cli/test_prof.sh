@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# piper-prof as a user runs it: on tiny-dense it writes a profile that piper-sim loads and costs
+# every op of the model from (no roofline fallback), with the machine, backend and date inside;
+# under mpirun with 2 ranks the network section comes from fitted collectives; bad input exits
+# 2 with one line "piper-prof: error: ...". Run from the repository root.
+set -u
+BIN=${PIPER_BIN:-bin}
+PROF="$BIN/piper-prof"
+SIM="$BIN/piper-sim"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok: $*"; }
+
+[ -x "$PROF" ] || { echo "FAIL: $PROF not built"; exit 1; }
+
+"$PROF" --help | grep -q -- "--model FILE" && ok "--help" || fail "--help"
+"$PROF" --version | grep -Eq '^piper-prof [0-9]+\.[0-9]+\.[0-9]+$' && ok "--version" || fail "--version"
+
+# 1. one process: the kernels, the machine; piper-sim uses the table for every op
+if "$PROF" --model models/tiny-dense.json -o "$tmp/p.json" --quick --repeats 3 2> "$tmp/err"; then
+  ok "piper-prof exits 0"
+else
+  fail "piper-prof: $(cat "$tmp/err")"
+fi
+grep -q "piper-prof: .*attention" "$tmp/err" && grep -q "wrote $tmp/p.json" "$tmp/err" \
+  && ok "progress on stderr" || fail "no progress: $(head -3 "$tmp/err")"
+python3 - "$tmp/p.json" <<'EOF' && ok "profile contents" || fail "profile contents"
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["sources"]
+assert s["backend"] == "host" and s["date"].endswith("Z") and s["machine"]["cores"] >= 1, s
+assert s["machine"]["cpu"] and "piper-prof" in s["command"], s
+kinds = {(e["op"], e["pass"]) for e in j["measured"]}
+for op in ("embedding", "rmsnorm", "attention", "residual_add", "mlp", "lm_head_loss"):
+    for p in ("F", "BI", "BW", "B"):
+        assert (op, p) in kinds, (op, p)
+assert all(e["ms"] > 0 for e in j["measured"] if (e["op"], e["pass"]) not in
+           {("embedding", "BI"), ("residual_add", "BW")}), j["measured"]
+assert j["device"]["peak_tflops"]["fp32"] > 0 and j["device"]["memory_bandwidth_gbs"] > 0
+EOF
+if "$SIM" --model models/tiny-dense.json --layout pp=2 --schedule zerobubble --mbs 4 \
+    --profile "$tmp/p.json" --out "$tmp/sim" --no-charts > "$tmp/sim.out" 2> "$tmp/err"; then
+  ok "piper-sim loads the profile"
+else
+  fail "piper-sim: $(cat "$tmp/err")"
+fi
+grep -Eq '; 0 ops costed by roofline, [1-9][0-9]* measured' "$tmp/sim.out" \
+  && ok "every op costed from the measurements" || fail "summary: $(grep simulated "$tmp/sim.out")"
+
+# 2. two ranks: the network section and the collectives' fits
+if command -v mpirun > /dev/null; then
+  if timeout 300 mpirun --oversubscribe -np 2 "$PROF" --model models/tiny-dense.json \
+      -o "$tmp/p2.json" --quick --repeats 3 > /dev/null 2> "$tmp/err"; then
+    ok "piper-prof under mpirun -np 2"
+  else
+    fail "mpirun piper-prof: $(tail -3 "$tmp/err")"
+  fi
+  python3 - "$tmp/p2.json" <<'EOF' && ok "network fitted" || fail "network section"
+import json, sys
+j = json.load(open(sys.argv[1]))
+c = j["sources"]["collectives"]
+assert set(c) == {"p2p", "all_reduce", "reduce_scatter", "all_gather", "all_to_all"}, c
+for k, f in c.items():
+    assert f["bandwidth_gbs"] > 0 and f["latency_us"] >= 0 and len(f["points_bytes_us"]) >= 4, (k, f)
+n = j["network"]
+assert n["nvlink_bandwidth_gbs"] == c["p2p"]["link_bandwidth_gbs"] or \
+    abs(n["nvlink_bandwidth_gbs"] / c["p2p"]["link_bandwidth_gbs"] - 1) < 1e-3, (n, c["p2p"])
+assert 0 < n["efficiency"] <= 1 and j["sources"]["machine"]["ranks"] == 2
+EOF
+else
+  fail "mpirun is missing (MPI is a dependency: tools/install-deps.sh)"
+fi
+
+# 3. bad input: exit 2, one line naming the problem
+expect_bad() { # NAME SUBSTRING ARGS...
+  local name=$1 want=$2; shift 2
+  "$PROF" "$@" > /dev/null 2> "$tmp/err"
+  local rc=$?
+  if [ $rc -eq 2 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "^piper-prof: error: .*$want" "$tmp/err"; then
+    ok "$name"
+  else
+    fail "$name: rc $rc, stderr: $(cat "$tmp/err")"
+  fi
+}
+expect_bad "no --model" "--model" -o "$tmp/x.json"
+expect_bad "no -o" "-o PROFILE" --model models/tiny-dense.json
+expect_bad "missing model file" "nope.json" --model "$tmp/nope.json" -o "$tmp/x.json"
+echo '{"hidden_size": ' > "$tmp/bad.json"
+expect_bad "malformed model" "bad.json" --model "$tmp/bad.json" -o "$tmp/x.json"
+expect_bad "unknown backend" "unknown backend" --model models/tiny-dense.json --backend tpu -o "$tmp/x.json"
+expect_bad "cuda not built" "cuda" --model models/tiny-dense.json --backend cuda -o "$tmp/x.json"
+expect_bad "bad --repeats" "--repeats" --model models/tiny-dense.json --repeats 0 -o "$tmp/x.json"
+expect_bad "unknown option" "--frobnicate" --frobnicate
+[ ! -e "$tmp/x.json" ] && ok "no profile written on bad input" || fail "a profile was written"
+
+echo "test_prof.sh: $fails failure(s)"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The fidelity loop (make loop): profile this machine with piper-prof, then for a fixed set of
+# validation plans simulate with that profile, execute several times, compare (piper-compare
+# --json) and print one table. The profile comes from kernel and MPI micro-benchmarks only;
+# nothing in it is fitted on the runs it then predicts.
+#
+#   tools/loop.sh [--short] [--out DIR]
+#
+# --short: one run per plan and few steps (make test: checks that the table is produced).
+# Environment: PIPER_BIN (bin), LOOP_RUNS (3), LOOP_STEPS (20), LOOP_WARMUP (3), MPIRUN_ARGS.
+# Exit status: 0 when every plan ran and the table was printed (no threshold on any error).
+set -u
+BIN=${PIPER_BIN:-bin}
+OUT=out/loop
+SHORT=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --short) SHORT=1 ;;
+    --out) OUT=$2; shift ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "loop.sh: error: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ "$SHORT" = 1 ]; then
+  RUNS=${LOOP_RUNS:-1} STEPS=${LOOP_STEPS:-3} WARMUP=${LOOP_WARMUP:-1} PROF_ARGS=--quick
+else
+  RUNS=${LOOP_RUNS:-3} STEPS=${LOOP_STEPS:-20} WARMUP=${LOOP_WARMUP:-3} PROF_ARGS=
+fi
+# One core per rank, as the profile measures it; mpirun as root needs consent.
+export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+read -r -a MPIRUN <<< "mpirun --oversubscribe ${MPIRUN_ARGS:-}"
+for p in piper-prof piper-sim piper-exec piper-compare; do
+  [ -x "$BIN/$p" ] || { echo "loop.sh: error: $BIN/$p is not built (make all)" >&2; exit 1; }
+done
+rm -rf "$OUT"
+mkdir -p "$OUT"
+fails=0
+log() { echo "loop: $*" >&2; }
+
+# 1. profiling: kernels at the shapes of both models, the network over 2 ranks
+log "profiling this machine (piper-prof, 2 ranks) -> $OUT/profile.json"
+if ! timeout 900 "${MPIRUN[@]}" -np 2 "$BIN/piper-prof" $PROF_ARGS \
+    --model models/tiny-dense.json,models/tiny-moe.json -o "$OUT/profile.json" 2> "$OUT/prof.log"; then
+  cat "$OUT/prof.log" >&2
+  echo "loop.sh: error: piper-prof failed" >&2
+  exit 1
+fi
+
+# 2. validation plans: NAME PROCESSES FRONT-END-ARGS
+echo '[{"op": "split", "filter": {}, "dim_name": "MB", "num_microbatches": 4}]' > "$OUT/split4.json"
+plans=(
+  "1p-dense 1 --model models/tiny-dense.json --directives $OUT/split4.json"
+  "1p-moe 1 --model models/tiny-moe.json --directives $OUT/split4.json"
+  "2p-gpipe 2 --model models/tiny-dense.json --layout pp=2 --schedule gpipe --mbs 4"
+  "2p-1f1b 2 --model models/tiny-dense.json --layout pp=2 --schedule 1f1b --mbs 4"
+  "2p-zbh1 2 --model models/tiny-dense.json --layout pp=2 --schedule zerobubble --mbs 4"
+  "2p-dp2 2 --model models/tiny-dense.json --directives directives/base-schedules/dp2.json"
+  "4p-moe-1f1b 4 --model models/tiny-moe.json --directives directives/base-schedules/pp2_dp2_ep2.json --schedule 1f1b --mbs 4"
+  "4p-moe-dualpipev 4 --model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v --schedule dualpipev --mbs 4"
+)
+for p in "${plans[@]}"; do
+  read -r -a w <<< "$p"
+  name=${w[0]} np=${w[1]} args=("${w[@]:2}")
+  dir="$OUT/$name"
+  mkdir -p "$dir"
+  log "$name: simulate, execute $RUNS x $STEPS steps on $np process(es), compare"
+  if ! "$BIN/piper-sim" "${args[@]}" --profile "$OUT/profile.json" --out "$dir/sim" --no-charts \
+      --quiet 2> "$dir/sim.log"; then
+    log "$name: piper-sim failed: $(tail -1 "$dir/sim.log")"; fails=$((fails + 1)); continue
+  fi
+  launch=()
+  [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np")
+  for r in $(seq 1 "$RUNS"); do
+    if ! timeout 600 "${launch[@]}" "$BIN/piper-exec" "${args[@]}" --iters "$STEPS" \
+        --warmup "$WARMUP" --quiet --timeout 120 --out "$dir/exec$r" > "$dir/exec$r.log" 2>&1; then
+      log "$name: piper-exec run $r failed: $(tail -2 "$dir/exec$r.log")"; fails=$((fails + 1)); continue
+    fi
+    # exit 1 only says "outside --tolerance"; no tolerance is given, so any failure is real
+    if ! "$BIN/piper-compare" "$dir/exec$r" "$dir/sim" --json "$dir/compare$r.json" \
+        > "$dir/compare$r.txt" 2>&1; then
+      log "$name: piper-compare run $r failed: $(tail -1 "$dir/compare$r.txt")"; fails=$((fails + 1))
+    fi
+  done
+done
+
+# 3. the table
+python3 - "$OUT" "$RUNS" "$STEPS" <<'EOF' | tee "$OUT/table.md"
+import glob, json, os, statistics, sys
+out, runs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+prof = json.load(open(os.path.join(out, "profile.json")))
+src = prof["sources"]
+m = src["machine"]
+load_end = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
+print(f"fidelity loop, {src['date']}: {m['cpu']}, {m['cores']} cores, load {m['load_average_1min']} "
+      f"when profiled and {load_end} at the end; {runs} run(s) x {steps} steps per plan; "
+      "errors are simulated / measured - 1")
+print()
+print("| plan | procs | measured ms | simulated ms | time error | run-to-run noise | memory error "
+      "| bubble diff (pp) | per-kind error (node median B/A - 1) |")
+print("|---|---|---|---|---|---|---|---|---|")
+def pct(x):
+    return "-" if x is None else f"{100 * x:+.1f}%"
+for d in sorted(glob.glob(os.path.join(out, "*", ""))):
+    name = os.path.basename(d[:-1])
+    cmps = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(d, "compare*.json")))]
+    if not cmps:
+        print(f"| {name} | - | - | - | no run | - | - | - | - |")
+        continue
+    g = [c["global"] for c in cmps]
+    meas = [x["iteration_time_s"]["a"] for x in g]
+    sim = g[0]["iteration_time_s"]["b"]
+    mean = statistics.mean(meas)
+    if len(meas) > 1:
+        noise = f"{100 * (max(meas) - min(meas)) / mean:.1f}% (runs)"
+    else:
+        noise = f"{100 * g[0]['iteration_time_std_s']['a'] / mean:.1f}% (steps)"
+    mem = statistics.mean(x["peak_memory_bytes_max"]["b"] / x["peak_memory_bytes_max"]["a"] - 1 for x in g)
+    bub = statistics.mean(x["bubble_fraction_mean"]["b"] - x["bubble_fraction_mean"]["a"] for x in g)
+    kinds = {}
+    for c in cmps:
+        for r in c["nodes"]["summary"]:
+            if r["kind"] != "all":
+                kinds.setdefault(r["kind"], []).append(r["median_ratio"] - 1)
+    per = ", ".join(f"{k} {pct(statistics.median(v))}" for k, v in kinds.items())
+    procs = cmps[0]["n_devices"]
+    print(f"| {name} | {procs} | {1e3 * mean:.2f} | {1e3 * sim:.2f} | {pct(sim / mean - 1)} | {noise} "
+          f"| {pct(mem)} | {100 * bub:+.1f} | {per} |")
+EOF
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "loop.sh: error: the table could not be made" >&2; exit 1; }
+if [ "$fails" -gt 0 ]; then
+  echo "loop.sh: $fails step(s) failed (logs under $OUT)" >&2
+  exit 1
+fi
+echo "loop: table in $OUT/table.md; profile $OUT/profile.json" >&2

@@ -1,0 +1,1050 @@
+/* piper-prof: measures this machine for the simulator and writes a device profile (sim/profile.h).
+ * Every op kind of the given models is timed at the shapes the models use, separately for F,
+ * BI, BW and the fused B, through the host kernels the executor calls (exec/train.c), as the
+ * median of repeats after warm-up; then AdamW at several sizes, the single-thread GEMM rate
+ * and a triad bandwidth (the roofline the simulator falls back on for ops without an entry);
+ * under mpirun with 2 or more ranks, point-to-point and each collective over a range of sizes,
+ * fitted as latency + bytes / bandwidth by least squares. Progress goes to stderr. */
+#include <cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include "../base/base.h"
+#include "../base/version.h"
+#include "../ir/ir.h"
+#include "../kernels/kernels.h"
+#include "../models/model.h"
+#include "../sim/profile.h"
+#include "options.h"
+
+struct prof_args {
+  const char *model, *backend, *out;
+  uint32_t repeats, warmup;
+  bool quick, quiet;
+};
+
+// clang-format off
+static const struct option_spec options[] = {
+    {.name = "--model", .kind = OPTION_STRING, .offset = offsetof(struct prof_args, model),
+     .metavar = "FILE[,FILE]",
+     .help = "annotated model(s) whose op shapes are measured (comma-separated)"},
+    {.name = "--backend", .kind = OPTION_STRING, .offset = offsetof(struct prof_args, backend),
+     .metavar = "NAME", .help = "backend whose kernels are timed: host (default)"},
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING,
+     .offset = offsetof(struct prof_args, out), .metavar = "PROFILE",
+     .help = "write the profile to PROFILE (\"-\": standard output)"},
+    {.name = "--repeats", .kind = OPTION_U32, .offset = offsetof(struct prof_args, repeats),
+     .lo = 1, .hi = 10000, .metavar = "N",
+     .help = "timed repeats per measurement, at least (default 21; the median is kept)"},
+    {.name = "--warmup", .kind = OPTION_U32, .offset = offsetof(struct prof_args, warmup),
+     .lo = 0, .hi = 1000, .metavar = "N", .help = "untimed calls before each measurement (default 3)"},
+    {.name = "--quick", .kind = OPTION_FLAG, .offset = offsetof(struct prof_args, quick),
+     .help = "fewer repeats and smaller messages (tests; figures are noisier)"},
+    {.name = "--quiet", .kind = OPTION_FLAG, .offset = offsetof(struct prof_args, quiet),
+     .help = "no progress on stderr"},
+    OPTIONS_HELP_VERSION,
+    OPTIONS_END,
+};
+// clang-format on
+
+static const struct option_program program = {
+    .name = "piper-prof",
+    .usage =
+        "usage: piper-prof --model FILE[,FILE] [--backend host] -o PROFILE [options]\n"
+        "\n"
+        "Measures this machine and writes a device profile for piper-sim --profile: the time\n"
+        "of every op kind at the shapes the models use, for F, BI, BW and B (medians after\n"
+        "warm-up), AdamW, the GEMM rate and memory bandwidth, and, run under mpirun with 2\n"
+        "or more ranks, point-to-point and collectives (latency and bandwidth fitted by least\n"
+        "squares). Set OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs.\n"
+        "\n"
+        "  OPENBLAS_NUM_THREADS=1 mpirun -np 2 piper-prof --model models/tiny-moe.json \\\n"
+        "    -o profiles/host-cpu.json\n"
+        "\n",
+    .epilogue = "\nExit status: 0 success, 1 runtime failure, 2 bad input.\n",
+    .options = options,
+    .help_column = 24,
+};
+
+/* What the run found, gathered on rank 0 into the profile. */
+struct prof_run {
+  const struct prof_args *a;
+  int rank, size;
+  cJSON *measured;  /* the table's entries */
+  GHashTable *seen; /* "kind shape" keys already measured */
+  uint32_t n_entries, n_skipped;
+  double gemm_flops, triad_bytes; /* per second */
+  double adamw_overhead, adamw_per_param;
+  cJSON *fits; /* per collective: latency_us, bandwidth_gbs, points */
+  double p2p_latency, p2p_bandwidth, ar_bandwidth;
+  bool network_measured;
+};
+
+static void progress(const struct prof_run *r, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+static void progress(const struct prof_run *r, const char *fmt, ...) {
+  if (r->a->quiet || r->rank != 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("piper-prof: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+/* ---- timing ------------------------------------------------------------------------------- */
+
+typedef void (*bench_fn)(void *ctx);
+
+/* Median seconds of one call of fn: warm-up calls first (scratch grows, caches fill), then at
+ * least `repeats` timed calls, more for short kernels (up to about 50 ms of timing in all). */
+static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) {
+  for (uint32_t i = 0; i < a->warmup; i++)
+    fn(ctx);
+  double t0 = piper_clock_seconds();
+  fn(ctx);
+  double first = piper_clock_seconds() - t0;
+  uint32_t n = a->repeats;
+  double want = a->quick ? 0.005 : 0.05;
+  if (first > 0 && want / first > n)
+    n = want / first > 500 ? 500 : (uint32_t)(want / first);
+  double *t = g_new(double, n);
+  for (uint32_t i = 0; i < n; i++) {
+    double s = piper_clock_seconds();
+    fn(ctx);
+    t[i] = piper_clock_seconds() - s;
+  }
+  qsort(t, n, sizeof *t, piper_cmp_double);
+  double med = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  g_free(t);
+  return med;
+}
+
+static float *random_floats(size_t n, uint32_t seed, float scale) {
+  float *x = g_new(float, n ? n : 1);
+  uint32_t s = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; i++) {
+    s = s * 1664525u + 1013904223u;
+    x[i] = scale * (((float)(s >> 8) / 16777216.0f) - 0.5f);
+  }
+  return x;
+}
+
+static int32_t *random_ids(size_t n, int32_t range) {
+  int32_t *x = g_new(int32_t, n ? n : 1);
+  for (size_t i = 0; i < n; i++)
+    x[i] = (int32_t)((i * 7919u + 13u) % (uint32_t)range);
+  return x;
+}
+
+/* Least squares of y = alpha + beta * x over n points, each residual relative to its y (weights
+ * 1 / y^2): the times span several decades, and a plain fit would let the largest sizes set
+ * the latency too (often below zero). */
+static void fit_line(const double *x, const double *y, int n, double *alpha, double *beta) {
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (int i = 0; i < n; i++) {
+    double w = y[i] > 0 ? 1 / (y[i] * y[i]) : 0;
+    sw += w, sx += w * x[i], sy += w * y[i], sxx += w * x[i] * x[i], sxy += w * x[i] * y[i];
+  }
+  double d = sw * sxx - sx * sx;
+  *beta = d != 0 ? (sw * sxy - sx * sy) / d : 0;
+  *alpha = sw > 0 ? (sy - *beta * sx) / sw : 0;
+}
+
+/* ---- one op's kernels, as exec/train.c calls them ----------------------------------------- */
+
+/* Buffers of one op at one shape, every pass's operands (sizes from the kernels' own counts).
+ * The fields are named after the executor's: in0 (h or x), in1 (routing), out, dout, din,
+ * params and their gradient, saved and bwork; the MoE path's dispatch state. */
+struct op_bench {
+  const struct model *m;
+  const struct model_op *op;
+  enum ir_pass pass;
+  int T, C, F, V, E, K;
+  struct kernels_attention_dims dd;
+  float *params, *dparams, *in0, *out, *dout, *din, *saved, *bwork, *saved2;
+  int32_t *tokens, *ids, *route_row, *row_expert, counts[1];
+  float *weights, *dweights, *rows, *y, *dy, *drows, *scratch;
+};
+
+static void run_embedding(struct op_bench *b) {
+  if (b->pass == IR_PASS_F)
+    kernels_embedding_forward(b->out, b->tokens, b->params, b->T, b->V, b->C);
+  else if (b->pass == IR_PASS_BW)
+    kernels_embedding_backward_weight(b->dparams, b->dout, b->tokens, b->T, b->V, b->C);
+  else if (b->pass == IR_PASS_B)
+    kernels_embedding_backward(b->dparams, b->dout, b->tokens, b->T, b->V, b->C);
+}
+
+static void run_rmsnorm(struct op_bench *b) {
+  float eps = (float)b->m->rms_norm_eps;
+  if (b->pass == IR_PASS_F)
+    kernels_rmsnorm_forward(b->out, b->saved, b->in0, b->params, b->T, b->C, eps);
+  else if (b->pass == IR_PASS_BI)
+    kernels_rmsnorm_backward_input(b->din, b->dout, b->in0, b->saved, b->params, b->T, b->C, false);
+  else if (b->pass == IR_PASS_BW)
+    kernels_rmsnorm_backward_weight(b->dparams, b->dout, b->in0, b->saved, b->T, b->C);
+  else
+    kernels_rmsnorm_backward(b->din, b->dparams, b->dout, b->in0, b->saved, b->params, b->T, b->C,
+                             false);
+}
+
+static void run_attention(struct op_bench *b) {
+  if (b->pass == IR_PASS_F)
+    kernels_attention_forward(b->out, b->saved, b->in0, b->params, &b->dd);
+  else if (b->pass == IR_PASS_BI)
+    kernels_attention_backward_input(b->din, b->bwork, b->dout, b->saved, b->params, &b->dd, false);
+  else if (b->pass == IR_PASS_BW)
+    kernels_attention_backward_weight(b->dparams, b->bwork, b->dout, b->in0, b->saved, &b->dd);
+  else
+    kernels_attention_backward(b->din, b->dparams, b->bwork, b->dout, b->in0, b->saved, b->params,
+                               &b->dd, false);
+}
+
+/* The executor copies x, then adds the block's output; backward hands dx to both inputs. */
+static void run_residual_add(struct op_bench *b) {
+  size_t n = (size_t)b->T * b->C;
+  if (b->pass == IR_PASS_F) {
+    memcpy(b->out, b->in0, n * sizeof(float));
+    kernels_residual_add_forward(b->out, b->dout, n);
+  } else if (b->pass != IR_PASS_BW) {
+    kernels_residual_add_backward(b->din, b->dout, n, false);
+    kernels_residual_add_backward(b->out, b->dout, n, false);
+  }
+}
+
+static void run_mlp(struct op_bench *b) {
+  if (b->pass == IR_PASS_F)
+    kernels_mlp_forward(b->out, b->saved, b->in0, b->params, b->T, b->C, b->F);
+  else if (b->pass == IR_PASS_BI)
+    kernels_mlp_backward_input(b->din, b->bwork, b->dout, b->saved, b->params, b->T, b->C, b->F,
+                               false);
+  else if (b->pass == IR_PASS_BW)
+    kernels_mlp_backward_weight(b->dparams, b->bwork, b->dout, b->in0, b->saved, b->T, b->C, b->F);
+  else
+    kernels_mlp_backward(b->din, b->dparams, b->bwork, b->dout, b->in0, b->saved, b->params, b->T,
+                         b->C, b->F, false);
+}
+
+static void run_router(struct op_bench *b) {
+  int T = b->T, C = b->C, E = b->E, K = b->K;
+  if (b->pass == IR_PASS_F)
+    kernels_router_forward(b->ids, b->weights, b->saved, b->in0, b->params, T, C, E, K);
+  else if (b->pass == IR_PASS_BI)
+    kernels_router_backward_input(b->din, b->bwork, b->dweights, b->ids, b->weights, b->saved,
+                                  b->params, T, C, E, K, false);
+  else if (b->pass == IR_PASS_BW)
+    kernels_router_backward_weight(b->dparams, b->bwork, b->in0, T, C, E);
+  else
+    kernels_router_backward(b->din, b->dparams, b->bwork, b->dweights, b->ids, b->weights, b->saved,
+                            b->in0, b->params, T, C, E, K, false);
+}
+
+/* Experts on one device: plan, dispatch, the experts, combine (and their backward), as the
+ * executor's one-device path runs them. */
+static void run_expert_ffn(struct op_bench *b) {
+  int T = b->T, C = b->C, E = b->E, K = b->K, F = b->F, TK = T * K;
+  if (b->pass == IR_PASS_F) {
+    kernels_moe_dispatch_plan(b->counts, b->route_row, b->ids, T, K, E, 1);
+    kernels_moe_dispatch_forward(b->rows, b->row_expert, b->in0, b->ids, b->route_row, T, K, C);
+    kernels_expert_ffn_forward(b->y, b->saved, b->scratch, b->rows, b->row_expert, TK, b->params, 0,
+                               E, C, F);
+    kernels_moe_combine_forward(b->out, b->y, b->weights, b->route_row, T, K, C);
+    return;
+  }
+  if (b->pass == IR_PASS_BW) {
+    kernels_expert_ffn_backward_weight(b->dparams, b->bwork, b->row_expert, TK, b->saved, 0, E, C,
+                                       F);
+    return;
+  }
+  kernels_moe_combine_backward(b->dy, b->dweights, b->dout, b->y, b->weights, b->route_row, T, K,
+                               C);
+  if (b->pass == IR_PASS_B)
+    kernels_expert_ffn_backward(b->drows, b->dparams, b->bwork, b->scratch, b->dy, b->row_expert,
+                                TK, b->saved, b->params, 0, E, C, F, false);
+  else
+    kernels_expert_ffn_backward_input(b->drows, b->bwork, b->scratch, b->dy, b->row_expert, TK,
+                                      b->saved, b->params, 0, E, C, F, false);
+  kernels_moe_dispatch_backward(b->din, b->drows, b->route_row, T, K, C, false);
+}
+
+/* bwork is its own buffer here (the executor reuses saved): repeated BI calls then see the
+ * same probabilities each time. */
+static void run_lm_head(struct op_bench *b) {
+  enum kernels_lm_head_layout lay =
+      b->m->tie_word_embeddings ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
+  int T = b->T, C = b->C, V = b->V;
+  if (b->pass == IR_PASS_F)
+    kernels_lm_head_loss_forward(b->saved, b->in0, b->tokens, b->params, lay, T, C, V);
+  else if (b->pass == IR_PASS_BI)
+    kernels_lm_head_loss_backward_input(b->din, b->bwork, b->saved, b->tokens, b->params, lay, 1.0f,
+                                        T, C, V, false);
+  else if (b->pass == IR_PASS_BW)
+    kernels_lm_head_loss_backward_weight(b->dparams, b->bwork, b->in0, lay, T, C, V);
+  else
+    kernels_lm_head_loss_backward(b->din, b->dparams, b->bwork, b->saved, b->in0, b->tokens,
+                                  b->params, lay, 1.0f, T, C, V, false);
+}
+
+static void op_bench_run(void *ctx) {
+  struct op_bench *b = ctx;
+  switch (b->op->kind) {
+  case MODEL_OP_EMBEDDING: run_embedding(b); break;
+  case MODEL_OP_RMSNORM: run_rmsnorm(b); break;
+  case MODEL_OP_ATTENTION: run_attention(b); break;
+  case MODEL_OP_RESIDUAL_ADD: run_residual_add(b); break;
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: run_mlp(b); break;
+  case MODEL_OP_ROUTER: run_router(b); break;
+  case MODEL_OP_EXPERT_FFN: run_expert_ffn(b); break;
+  case MODEL_OP_LM_HEAD_LOSS: run_lm_head(b); break;
+  default: PIPER_UNREACHABLE();
+  }
+}
+
+/* The sizes of each buffer, in floats, by kind (0: not used). */
+struct op_sizes {
+  size_t params, in, out, saved, bwork, rows, scratch;
+};
+
+static struct op_sizes op_sizes_of(struct op_bench *b) {
+  struct op_sizes z = {.in = (size_t)b->T * b->C, .out = (size_t)b->T * b->C};
+  size_t TK = (size_t)b->T * b->K;
+  switch (b->op->kind) {
+  case MODEL_OP_EMBEDDING: z.params = kernels_embedding_param_count(b->V, b->C); break;
+  case MODEL_OP_RMSNORM:
+    z.params = kernels_rmsnorm_param_count(b->C);
+    z.saved = kernels_rmsnorm_saved_floats(b->T);
+    break;
+  case MODEL_OP_ATTENTION:
+    z.params = kernels_attention_param_count(&b->dd);
+    z.saved = kernels_attention_saved_floats(&b->dd);
+    z.bwork = kernels_attention_bwork_floats(&b->dd);
+    break;
+  case MODEL_OP_RESIDUAL_ADD: break;
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT:
+    z.params = kernels_mlp_param_count(b->C, b->F);
+    z.saved = kernels_mlp_saved_floats(b->T, b->F);
+    z.bwork = kernels_mlp_bwork_floats(b->T, b->F);
+    break;
+  case MODEL_OP_ROUTER:
+    z.params = kernels_router_param_count(b->C, b->E);
+    z.saved = kernels_router_saved_floats(b->T, b->E);
+    z.bwork = kernels_router_bwork_floats(b->T, b->E);
+    break;
+  case MODEL_OP_EXPERT_FFN:
+    z.params = kernels_expert_ffn_param_count(b->E, b->C, b->F);
+    z.saved = kernels_expert_ffn_saved_floats((int)TK, b->C, b->F);
+    z.bwork = kernels_expert_ffn_bwork_floats((int)TK, b->C, b->F);
+    z.scratch = kernels_expert_ffn_scratch_floats((int)TK, b->C);
+    z.rows = TK * b->C;
+    break;
+  case MODEL_OP_LM_HEAD_LOSS:
+    z.params = kernels_lm_head_loss_param_count(b->C, b->V);
+    z.saved = kernels_lm_head_loss_saved_floats(b->T, b->V);
+    z.bwork = kernels_lm_head_loss_bwork_floats(b->T, b->V);
+    break;
+  default: break;
+  }
+  return z;
+}
+
+/* The dimensions from the op's shape (models/model.h's table of shape fields). */
+static void op_bench_dims(struct op_bench *b) {
+  const int64_t *s = b->op->shape;
+  switch (b->op->kind) {
+  case MODEL_OP_ATTENTION:
+    b->dd = (struct kernels_attention_dims){
+        (int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4], (int)s[5], (float)b->m->rope_theta,
+        NULL};
+    b->T = (int)(s[0] * s[1]), b->C = (int)s[5];
+    break;
+  case MODEL_OP_EMBEDDING: b->T = (int)s[0], b->V = (int)s[1], b->C = (int)s[2]; break;
+  case MODEL_OP_LM_HEAD_LOSS: b->T = (int)s[0], b->C = (int)s[1], b->V = (int)s[2]; break;
+  case MODEL_OP_ROUTER:
+    b->T = (int)s[0], b->C = (int)s[1], b->E = (int)s[2], b->K = (int)s[3];
+    break;
+  case MODEL_OP_EXPERT_FFN:
+    b->T = (int)s[0], b->C = (int)s[1], b->F = (int)s[2], b->E = (int)s[3], b->K = (int)s[4];
+    break;
+  default: b->T = (int)s[0], b->C = (int)s[1], b->F = (int)s[2]; break;
+  }
+  if (b->V == 0)
+    b->V = (int)b->m->vocab_size;
+}
+
+static void op_bench_init(struct op_bench *b, const struct model *m, const struct model_op *op) {
+  *b = (struct op_bench){.m = m, .op = op};
+  op_bench_dims(b);
+  struct op_sizes z = op_sizes_of(b);
+  size_t TK = (size_t)b->T * (b->K ? b->K : 1);
+  b->params = random_floats(z.params, 1, 0.1f);
+  b->dparams = g_new0(float, z.params ? z.params : 1);
+  b->in0 = random_floats(z.in, 2, 1.0f);
+  b->dout = random_floats(z.out, 3, 1.0f);
+  b->out = g_new0(float, z.out ? z.out : 1);
+  b->din = g_new0(float, z.in ? z.in : 1);
+  b->saved = g_new0(float, z.saved ? z.saved : 1);
+  b->bwork = g_new0(float, z.bwork ? z.bwork : 1);
+  b->tokens = random_ids((size_t)b->T, b->V > 0 ? b->V : 1);
+  b->ids = random_ids(TK, b->E > 0 ? b->E : 1);
+  b->route_row = g_new0(int32_t, TK);
+  b->row_expert = g_new0(int32_t, TK);
+  b->weights = random_floats(TK, 4, 1.0f);
+  b->dweights = random_floats(TK, 5, 1.0f);
+  b->rows = g_new0(float, z.rows ? z.rows : 1);
+  b->y = g_new0(float, z.rows ? z.rows : 1);
+  b->dy = g_new0(float, z.rows ? z.rows : 1);
+  b->drows = g_new0(float, z.rows ? z.rows : 1);
+  b->scratch = g_new0(float, z.scratch ? z.scratch : 1);
+}
+
+static void op_bench_free(struct op_bench *b) {
+  float *f[] = {b->params,  b->dparams,  b->in0,  b->out, b->dout, b->din,   b->saved,  b->bwork,
+                b->weights, b->dweights, b->rows, b->y,   b->dy,   b->drows, b->scratch};
+  for (size_t i = 0; i < G_N_ELEMENTS(f); i++)
+    g_free(f[i]);
+  g_free(b->tokens), g_free(b->ids), g_free(b->route_row), g_free(b->row_expert);
+}
+
+/* ---- the kernel table --------------------------------------------------------------------- */
+
+static bool op_has_kernel(enum model_op_kind k) {
+  return k != MODEL_OP_MLA_ATTENTION && k < MODEL_OP_KIND_COUNT;
+}
+
+/* Whether the executor runs anything for (kind, pass): embeddings have no BI (tokens are not
+ * differentiable), a residual add no BW (no parameters). */
+static bool pass_runs(enum model_op_kind k, enum ir_pass pass) {
+  return !(k == MODEL_OP_EMBEDDING && pass == IR_PASS_BI) &&
+         !(k == MODEL_OP_RESIDUAL_ADD && pass == IR_PASS_BW);
+}
+
+static int shape_rank(const struct model_op *op) {
+  int n = PROFILE_MAX_SHAPE;
+  while (n > 1 && op->shape[n - 1] == 0)
+    n--;
+  return n;
+}
+
+static void add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass pass,
+                      double seconds) {
+  cJSON *e = cJSON_CreateObject();
+  cJSON_AddStringToObject(e, "op", model_op_kind_name(op->kind));
+  cJSON_AddStringToObject(e, "pass", ir_pass_name(pass));
+  cJSON *shape = cJSON_AddArrayToObject(e, "shape");
+  for (int i = 0; i < shape_rank(op); i++)
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)op->shape[i]));
+  /* microseconds resolution is below the clock's noise; keep 4 significant digits */
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.4g", seconds * 1e3);
+  cJSON_AddItemToObject(e, "ms", cJSON_CreateNumber(strtod(buf, NULL)));
+  cJSON_AddItemToArray(r->measured, e);
+  r->n_entries++;
+}
+
+/* One op at its shape: F first (it fills saved), BI (it fills bwork) before BW, then B. */
+/* Bytes of every buffer op_bench_init allocates for the op (an upper bound). */
+static double op_bench_bytes(const struct model *m, const struct model_op *op) {
+  struct op_bench b = {.m = m, .op = op};
+  op_bench_dims(&b);
+  struct op_sizes z = op_sizes_of(&b);
+  double TK = (double)b.T * (b.K ? b.K : 1);
+  return 4.0 *
+         (2.0 * (double)z.params + 2.0 * (double)z.in + 2.0 * (double)z.out + (double)z.saved +
+          (double)z.bwork + 4.0 * (double)z.rows + (double)z.scratch + 6.0 * TK + (double)b.T);
+}
+
+static void measure_op(struct prof_run *r, const struct model *m, const struct model_op *op) {
+  static const enum ir_pass passes[] = {IR_PASS_F, IR_PASS_BI, IR_PASS_BW, IR_PASS_B};
+  struct op_bench b;
+  op_bench_init(&b, m, op);
+  double t[4];
+  for (size_t p = 0; p < G_N_ELEMENTS(passes); p++) {
+    b.pass = passes[p];
+    t[p] = pass_runs(op->kind, b.pass) ? median_seconds(r->a, op_bench_run, &b) : 0;
+    add_entry(r, op, b.pass, t[p]);
+  }
+  op_bench_free(&b);
+  GString *shape = g_string_new("");
+  for (int i = 0; i < shape_rank(op); i++)
+    g_string_append_printf(shape, "%s%lld", i ? "x" : "", (long long)op->shape[i]);
+  progress(r, "  %-13s %-18s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us",
+           model_op_kind_name(op->kind), shape->str, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6,
+           t[3] * 1e6);
+  g_string_free(shape, TRUE);
+}
+
+static double physical_memory_bytes(void) {
+  return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+}
+
+/* Every distinct (kind, shape) of the model, once. */
+static void measure_model(struct prof_run *r, const struct model *m) {
+  progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
+  for (uint32_t i = 0; i < m->n_ops; i++) {
+    const struct model_op *op = &m->ops[i];
+    GString *key = g_string_new(model_op_kind_name(op->kind));
+    for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
+      g_string_append_printf(key, " %lld", (long long)op->shape[d]);
+    if (g_hash_table_contains(r->seen, key->str)) {
+      g_string_free(key, TRUE);
+      continue;
+    }
+    g_hash_table_add(r->seen, g_string_free(key, FALSE));
+    if (!op_has_kernel(op->kind)) {
+      progress(r, "  %-13s no host kernel: left to the roofline", model_op_kind_name(op->kind));
+      r->n_skipped++;
+      continue;
+    }
+    /* a model too big for this machine: its ops fall back to the roofline, not to swap */
+    double bytes = op_bench_bytes(m, op), limit = 0.25 * physical_memory_bytes();
+    if (bytes > limit) {
+      progress(r,
+               "  %-13s needs %.1f GiB of buffers, over a quarter of this machine's memory: "
+               "left to the roofline",
+               model_op_kind_name(op->kind), bytes / 1073741824.0);
+      r->n_skipped++;
+      continue;
+    }
+    measure_op(r, m, op);
+  }
+}
+
+/* ---- the machine: GEMM rate, memory bandwidth, AdamW ------------------------------------- */
+
+struct gemm_ctx {
+  int n;
+  float *a, *b, *c;
+};
+static void gemm_run(void *ctx) {
+  struct gemm_ctx *g = ctx;
+  kernels_gemm(false, false, g->n, g->n, g->n, 1.0f, g->a, g->n, g->b, g->n, 0.0f, g->c, g->n);
+}
+
+struct triad_ctx {
+  size_t n;
+  float *a, *b, *c;
+};
+static void triad_run(void *ctx) {
+  struct triad_ctx *t = ctx;
+  for (size_t i = 0; i < t->n; i++)
+    t->a[i] = t->b[i] + 0.5f * t->c[i];
+}
+
+struct adamw_ctx {
+  size_t n;
+  float *p, *g, *m, *v;
+  int step;
+};
+static void adamw_run(void *ctx) {
+  struct adamw_ctx *w = ctx;
+  kernels_adamw_step(w->p, w->g, w->m, w->v, w->n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, ++w->step);
+}
+
+/* AdamW at 4 sizes up to the largest model's parameter count (what one device of a host run
+ * updates at most), by 4x: the fit holds where the executor uses it, caches included. */
+static void measure_machine(struct prof_run *r, uint64_t max_params) {
+  struct gemm_ctx g = {.n = r->a->quick ? 512 : 1024};
+  size_t nn = (size_t)g.n * g.n;
+  g.a = random_floats(nn, 7, 1), g.b = random_floats(nn, 8, 1), g.c = g_new0(float, nn);
+  r->gemm_flops = 2.0 * g.n * g.n * g.n / median_seconds(r->a, gemm_run, &g);
+  g_free(g.a), g_free(g.b), g_free(g.c);
+  progress(r, "GEMM %d^3: %.1f GFLOP/s", g.n, r->gemm_flops / 1e9);
+
+  struct triad_ctx t = {.n = (size_t)(r->a->quick ? 4 : 16) << 20};
+  t.a = g_new0(float, t.n), t.b = random_floats(t.n, 9, 1), t.c = random_floats(t.n, 10, 1);
+  r->triad_bytes = 3.0 * (double)t.n * sizeof(float) / median_seconds(r->a, triad_run, &t);
+  g_free(t.a), g_free(t.b), g_free(t.c);
+  progress(r, "triad: %.1f GB/s", r->triad_bytes / 1e9);
+
+  enum { N_ADAMW = 4 };
+  double x[N_ADAMW], y[N_ADAMW];
+  for (int i = 0; i < N_ADAMW; i++) {
+    struct adamw_ctx w = {.n = (size_t)(max_params >> (2 * (N_ADAMW - 1 - i)))};
+    if (w.n < 1024)
+      w.n = 1024;
+    w.p = random_floats(w.n, 11, 1), w.g = random_floats(w.n, 12, 1);
+    w.m = g_new0(float, w.n), w.v = g_new0(float, w.n);
+    x[i] = (double)w.n;
+    y[i] = median_seconds(r->a, adamw_run, &w);
+    g_free(w.p), g_free(w.g), g_free(w.m), g_free(w.v);
+    progress(r, "AdamW %zu parameters: %.1f us", w.n, y[i] * 1e6);
+  }
+  fit_line(x, y, N_ADAMW, &r->adamw_overhead, &r->adamw_per_param);
+  if (r->adamw_overhead < 0)
+    r->adamw_overhead = 0;
+}
+
+/* ---- the network (under mpirun) ---------------------------------------------------------- */
+
+#ifdef HAVE_MPI
+enum net_kind {
+  NET_P2P,
+  NET_ALL_REDUCE,
+  NET_REDUCE_SCATTER,
+  NET_ALL_GATHER,
+  NET_ALL_TO_ALL,
+  NET_N
+};
+static const char *const net_names[NET_N] = {"p2p", "all_reduce", "reduce_scatter", "all_gather",
+                                             "all_to_all"};
+
+struct net_ctx {
+  enum net_kind kind;
+  size_t bytes; /* the simulator's convention per kind (sim/profile.h, profile_comm_cost) */
+  int rank, size;
+  char *send, *recv;
+};
+
+/* One operation as the executor posts it (nonblocking, then waited for), timed by the slowest
+ * rank: every rank starts together after a barrier, and rank 0 keeps the maximum. */
+static void net_once(struct net_ctx *c) {
+  MPI_Request req[2];
+  int n = 0, p = c->size;
+  int per = (int)(c->bytes / (size_t)p); /* bytes per rank of a collective */
+  switch (c->kind) {
+  case NET_P2P:
+    /* half a ping-pong between ranks 0 and 1: one transfer of `bytes` */
+    if (c->rank == 0) {
+      MPI_Isend(c->send, (int)c->bytes, MPI_BYTE, 1, 7, MPI_COMM_WORLD, &req[n++]);
+      MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+      MPI_Recv(c->recv, (int)c->bytes, MPI_BYTE, 1, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else if (c->rank == 1) {
+      MPI_Irecv(c->recv, (int)c->bytes, MPI_BYTE, 0, 7, MPI_COMM_WORLD, &req[n++]);
+      MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+      MPI_Send(c->send, (int)c->bytes, MPI_BYTE, 0, 8, MPI_COMM_WORLD);
+    }
+    return;
+  case NET_ALL_REDUCE:
+    MPI_Iallreduce(MPI_IN_PLACE, c->send, (int)(c->bytes / 4), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                   &req[n++]);
+    break;
+  case NET_REDUCE_SCATTER:
+    MPI_Ireduce_scatter_block(c->send, c->recv, per / 4, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                              &req[n++]);
+    break;
+  case NET_ALL_GATHER:
+    MPI_Iallgather(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, MPI_COMM_WORLD, &req[n++]);
+    break;
+  case NET_ALL_TO_ALL:
+    MPI_Ialltoall(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, MPI_COMM_WORLD, &req[n++]);
+    break;
+  default: PIPER_UNREACHABLE();
+  }
+  MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+}
+
+/* Median over the repeats of the slowest rank's time (p2p: half the round trip). */
+static double net_median(const struct prof_args *a, struct net_ctx *c, uint32_t reps) {
+  for (uint32_t i = 0; i < a->warmup; i++)
+    net_once(c);
+  double *t = g_new(double, reps);
+  for (uint32_t i = 0; i < reps; i++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double s = piper_clock_seconds();
+    net_once(c);
+    double mine = piper_clock_seconds() - s, worst = 0;
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    t[i] = c->kind == NET_P2P ? worst / 2 : worst;
+  }
+  qsort(t, reps, sizeof *t, piper_cmp_double);
+  double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+  g_free(t);
+  return med;
+}
+
+/* The simulator's alpha-beta terms of one operation of n bytes over p ranks are
+ * latency_steps * a + transfer_share * n / B (profile_comm_cost, ring): the fit's intercept
+ * and slope give the link latency a and bandwidth B each collective implies. */
+static void net_model_terms(enum net_kind k, int p, double *latency_steps, double *share) {
+  double q = p;
+  switch (k) {
+  case NET_P2P: *latency_steps = 1, *share = 1; break;
+  case NET_ALL_REDUCE: *latency_steps = 2 * (q - 1), *share = 2 * (q - 1) / q; break;
+  default: *latency_steps = q - 1, *share = (q - 1) / q; break;
+  }
+}
+
+static void measure_network(struct prof_run *r) {
+  const struct prof_args *a = r->a;
+  int max_log4 = a->quick ? 8 : 11; /* 8 B .. 128 KiB (quick) or 8 MiB, by 4x */
+  /* sizes round up to whole floats per rank: room for the largest one rounded */
+  size_t max_bytes = ((size_t)8 << (2 * (max_log4 - 1))) + (size_t)4 * r->size;
+  struct net_ctx c = {.rank = r->rank, .size = r->size};
+  c.send = g_malloc0(max_bytes), c.recv = g_malloc0(max_bytes);
+  r->fits = cJSON_CreateObject();
+  for (int k = 0; k < NET_N; k++) {
+    double x[16], y[16];
+    int n = 0;
+    cJSON *pts = cJSON_CreateArray();
+    for (int s = 0; s < max_log4; s++) {
+      size_t bytes = (size_t)8 << (2 * s);
+      size_t unit = (size_t)4 * r->size; /* whole floats per rank */
+      bytes = (bytes + unit - 1) / unit * unit;
+      c.kind = (enum net_kind)k, c.bytes = bytes;
+      uint32_t reps = bytes > ((size_t)1 << 20) ? (a->quick ? 3 : 7) : (a->quick ? 7 : 31);
+      if (reps < a->repeats && bytes <= ((size_t)1 << 20) && !a->quick)
+        reps = a->repeats;
+      x[n] = (double)bytes;
+      y[n] = net_median(a, &c, reps);
+      cJSON *pt = cJSON_CreateArray();
+      cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)bytes));
+      cJSON_AddItemToArray(pt, cJSON_CreateNumber(round(y[n] * 1e8) / 1e2));
+      cJSON_AddItemToArray(pts, pt);
+      n++;
+    }
+    double alpha, beta, steps, share;
+    fit_line(x, y, n, &alpha, &beta);
+    if (alpha < 0)
+      alpha = 0;
+    net_model_terms((enum net_kind)k, r->size, &steps, &share);
+    double lat = alpha / steps, bw = beta > 0 ? share / beta : 1e12;
+    progress(r, "%-14s over %d ranks: %.2f us + bytes / %.2f GB/s (link: %.2f us, %.2f GB/s)",
+             net_names[k], k == NET_P2P ? 2 : r->size, alpha * 1e6, 1 / beta / 1e9, lat * 1e6,
+             bw / 1e9);
+    if (k == NET_P2P)
+      r->p2p_latency = lat, r->p2p_bandwidth = bw;
+    if (k == NET_ALL_REDUCE)
+      r->ar_bandwidth = bw;
+    cJSON *f = cJSON_AddObjectToObject(r->fits, net_names[k]);
+    cJSON_AddNumberToObject(f, "ranks", k == NET_P2P ? 2 : r->size);
+    cJSON_AddNumberToObject(f, "latency_us", round(alpha * 1e8) / 1e2);
+    cJSON_AddNumberToObject(f, "bandwidth_gbs", round(1 / beta / 1e9 * 1e3) / 1e3);
+    cJSON_AddNumberToObject(f, "link_latency_us", round(lat * 1e8) / 1e2);
+    cJSON_AddNumberToObject(f, "link_bandwidth_gbs", round(bw / 1e9 * 1e3) / 1e3);
+    cJSON_AddItemToObject(f, "points_bytes_us", pts);
+  }
+  g_free(c.send), g_free(c.recv);
+  r->network_measured = true;
+}
+#endif
+
+/* ---- the profile ---------------------------------------------------------------------------- */
+
+static double round_sig(double x, int digits) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%.*g", digits, x);
+  return strtod(buf, NULL);
+}
+
+/* The CPU's model name from /proc/cpuinfo ("unknown" elsewhere). */
+static char *cpu_model(void) {
+  char *text = NULL;
+  if (!g_file_get_contents("/proc/cpuinfo", &text, NULL, NULL))
+    return g_strdup("unknown");
+  char *name = NULL;
+  for (char *line = strtok(text, "\n"); line && !name; line = strtok(NULL, "\n"))
+    if (g_str_has_prefix(line, "model name")) {
+      char *colon = strchr(line, ':');
+      name = g_strdup(g_strstrip(colon ? colon + 1 : line));
+    }
+  g_free(text);
+  return name ? name : g_strdup("unknown");
+}
+
+static double load_average(void) {
+  double l = -1;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &l) != 1)
+      l = -1;
+    fclose(f);
+  }
+  return l;
+}
+
+struct machine_facts {
+  char *cpu, date[32], *command;
+  long cores;
+  double memory_gib, load;
+};
+
+static void machine_facts_init(struct machine_facts *mf, const struct prof_run *r, int argc,
+                               char **argv) {
+  mf->cpu = cpu_model();
+  mf->cores = sysconf(_SC_NPROCESSORS_ONLN);
+  mf->memory_gib = physical_memory_bytes() / 1073741824.0;
+  mf->load = load_average();
+  time_t now = time(NULL);
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  strftime(mf->date, sizeof mf->date, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  GString *cmd = g_string_new("");
+  const char *blas = getenv("OPENBLAS_NUM_THREADS");
+  if (blas)
+    g_string_append_printf(cmd, "OPENBLAS_NUM_THREADS=%s ", blas);
+  if (r->size > 1)
+    g_string_append_printf(cmd, "mpirun -np %d ", r->size);
+  for (int i = 0; i < argc; i++)
+    g_string_append_printf(cmd, "%s%s", i ? " " : "", argv[i]);
+  mf->command = g_string_free(cmd, FALSE);
+}
+
+static void machine_facts_free(struct machine_facts *mf) {
+  g_free(mf->cpu);
+  g_free(mf->command);
+}
+
+static cJSON *sources_json(const struct prof_run *r, const struct machine_facts *mf) {
+  cJSON *s = cJSON_CreateObject();
+  cJSON_AddStringToObject(s, "command", mf->command);
+  cJSON_AddStringToObject(s, "date", mf->date);
+  cJSON_AddStringToObject(s, "backend", r->a->backend);
+  cJSON *m = cJSON_AddObjectToObject(s, "machine");
+  cJSON_AddStringToObject(m, "cpu", mf->cpu);
+  cJSON_AddNumberToObject(m, "cores", (double)mf->cores);
+  cJSON_AddNumberToObject(m, "memory_gib", round_sig(mf->memory_gib, 3));
+  cJSON_AddNumberToObject(m, "load_average_1min", mf->load);
+  cJSON_AddNumberToObject(m, "ranks", r->size);
+  const char *blas = getenv("OPENBLAS_NUM_THREADS");
+  cJSON_AddStringToObject(m, "openblas_threads", blas ? blas : "unset");
+  cJSON_AddStringToObject(
+      s, "measured",
+      "every distinct (op kind, shape) of the models: the host kernels of exec/train.c for F, BI, "
+      "BW and the fused B, median of repeats after warm-up; 0 where the executor runs nothing "
+      "(embedding BI, residual-add BW)");
+  cJSON_AddStringToObject(
+      s, "device",
+      "peak_tflops: median rate of one kernels_gemm of n^3 fp32 (bf16 the same: the host "
+      "computes in fp32); memory_bandwidth_gbs: triad a = b + s*c, 12 bytes per element; both are "
+      "achieved rates, so the efficiencies are 1. kernel_overhead_us and "
+      "optimizer_bytes_per_param: least-squares line (relative residuals) through AdamW's median "
+      "times at 4 sizes up to the largest model's parameter count (intercept; slope times the "
+      "triad bandwidth)");
+  cJSON_AddStringToObject(
+      s, "network",
+      r->network_measured
+          ? "the 'nvlink' keys are MPI between ranks of this machine, the point-to-point fit "
+            "(half a ping-pong); efficiency = the link bandwidth the all-reduce fit implies "
+            "under the simulator's ring model over the point-to-point one (at most 1): the format "
+            "has one bandwidth for all operations, so the gradient all-reduce, the largest "
+            "volume, sets it. collectives: each operation's fit (latency_us + bytes / "
+            "bandwidth_gbs) and the link terms it implies; gpus_per_node 64: every rank of a run "
+            "on one machine is one node"
+          : "not measured (one process; run under mpirun -np 2 or more): the link is the triad "
+            "bandwidth with no latency, a stand-in for shared-memory MPI");
+  if (r->fits)
+    cJSON_AddItemReferenceToObject(s, "collectives", r->fits);
+  return s;
+}
+
+static cJSON *device_json(const struct prof_run *r, const struct machine_facts *mf) {
+  cJSON *d = cJSON_CreateObject();
+  cJSON *pk = cJSON_AddObjectToObject(d, "peak_tflops");
+  double tf = round_sig(r->gemm_flops / 1e12, 4);
+  cJSON_AddNumberToObject(pk, "bf16", tf);
+  cJSON_AddNumberToObject(pk, "fp32", tf);
+  cJSON_AddNumberToObject(d, "memory_bandwidth_gbs", round_sig(r->triad_bytes / 1e9, 4));
+  cJSON_AddNumberToObject(d, "memory_capacity_gib", round_sig(mf->memory_gib, 3));
+  cJSON_AddNumberToObject(d, "compute_efficiency", 1);
+  cJSON_AddNumberToObject(d, "memory_efficiency", 1);
+  cJSON_AddNumberToObject(d, "kernel_overhead_us", round_sig(r->adamw_overhead * 1e6, 3));
+  cJSON_AddNumberToObject(d, "optimizer_bytes_per_param",
+                          round_sig(r->adamw_per_param * r->triad_bytes, 3));
+  return d;
+}
+
+static cJSON *network_json(const struct prof_run *r) {
+  double lat = r->network_measured ? r->p2p_latency : 0;
+  double bw = r->network_measured ? r->p2p_bandwidth : r->triad_bytes;
+  double eff = r->network_measured && bw > 0 ? r->ar_bandwidth / bw : 1;
+  eff = eff > 1 ? 1 : eff < 1e-3 ? 1e-3 : eff;
+  cJSON *n = cJSON_CreateObject();
+  cJSON_AddNumberToObject(n, "gpus_per_node", 64);
+  cJSON_AddNumberToObject(n, "nics_per_node", 1);
+  cJSON_AddNumberToObject(n, "nvlink_bandwidth_gbs", round_sig(bw / 1e9, 4));
+  cJSON_AddNumberToObject(n, "nvlink_latency_us", round_sig(lat * 1e6, 3));
+  cJSON_AddNumberToObject(n, "nic_bandwidth_gbs", round_sig(bw / 1e9, 4));
+  cJSON_AddNumberToObject(n, "inter_node_latency_us", round_sig(lat * 1e6, 3));
+  cJSON_AddNumberToObject(n, "efficiency", round_sig(eff, 3));
+  cJSON_AddStringToObject(n, "collective_algorithm", "ring");
+  return n;
+}
+
+static cJSON *profile_json(const struct prof_run *r, const struct machine_facts *mf) {
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "name", strcmp(r->a->backend, "host") == 0 ? "host-cpu" : "cpu");
+  cJSON_AddStringToObject(root, "kind", "device");
+  char *desc = g_strdup_printf(
+      "piper-exec's %s backend, measured by piper-prof %s on %s (%ld cores, %d rank%s, "
+      "OPENBLAS_NUM_THREADS=%s, load %.2f) on %s: %u kernel entries for the models %s",
+      r->a->backend, PIPER_VERSION, mf->cpu, mf->cores, r->size, r->size == 1 ? "" : "s",
+      getenv("OPENBLAS_NUM_THREADS") ? getenv("OPENBLAS_NUM_THREADS") : "unset", mf->load, mf->date,
+      r->n_entries, r->a->model);
+  cJSON_AddStringToObject(root, "description", desc);
+  g_free(desc);
+  cJSON_AddItemToObject(root, "sources", sources_json(r, mf));
+  cJSON_AddItemToObject(root, "device", device_json(r, mf));
+  cJSON_AddItemToObject(root, "network", network_json(r));
+  cJSON_AddItemReferenceToObject(root, "measured", r->measured);
+  return root;
+}
+
+/* Checks the profile as piper-sim will read it, then writes it. */
+static bool write_profile(const struct prof_run *r, int argc, char **argv, GError **err) {
+  struct machine_facts mf = {0};
+  machine_facts_init(&mf, r, argc, argv);
+  cJSON *root = profile_json(r, &mf);
+  struct profile *check = profile_parse_json(r->a->out, root, err);
+  bool ok = check != NULL;
+  profile_free(check);
+  if (ok) {
+    char *text = cJSON_Print(root);
+    size_t len = strlen(text);
+    text = g_realloc(text, len + 2);
+    text[len] = '\n', text[len + 1] = 0;
+    ok = piper_write_file(r->a->out, text, len + 1, err);
+    g_free(text);
+  }
+  cJSON_Delete(root);
+  machine_facts_free(&mf);
+  return ok;
+}
+
+/* ---- the program ---------------------------------------------------------------------------- */
+
+static bool load_models(const struct prof_args *a, GPtrArray *models, GError **err) {
+  char **paths = g_strsplit(a->model, ",", -1);
+  bool ok = true;
+  for (char **p = paths; *p && ok; p++) {
+    if (!**p)
+      continue;
+    struct model *m = model_load_file(*p, 0, err);
+    if (m)
+      g_ptr_array_add(models, m);
+    ok = m != NULL;
+  }
+  g_strfreev(paths);
+  if (ok && models->len == 0)
+    return piper_input_error(err, "--model: no model file in \"%s\"", a->model);
+  return ok;
+}
+
+static int check_args(const struct prof_args *a) {
+  if (!a->model)
+    return piper_usage_error(program.name, "%s", "--model FILE is required");
+  if (!a->out)
+    return piper_usage_error(program.name, "%s", "-o PROFILE is required");
+  if (strcmp(a->backend, "cuda") == 0)
+    return piper_usage_error(program.name, "%s",
+                             "--backend cuda: this piper-prof times the host kernels only "
+                             "(the CUDA backend is not built in)");
+  if (strcmp(a->backend, "host") != 0)
+    return piper_usage_error(program.name, "--backend: unknown backend \"%s\" (host)", a->backend);
+  return OPTIONS_CONTINUE;
+}
+
+static bool under_mpirun(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+#ifdef HAVE_MPI
+/* The other ranks wait for rank 0's kernels without a core: MPI's blocking calls spin, and a
+ * spinning rank would take a core from the kernels being timed. */
+static void idle_until_released(void) {
+  char done = 0;
+  MPI_Request req;
+  MPI_Irecv(&done, 1, MPI_CHAR, 0, 9, MPI_COMM_WORLD, &req);
+  for (int flag = 0; !flag;) {
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (!flag)
+      g_usleep(20000);
+  }
+}
+
+static void release_others(const struct prof_run *r) {
+  char done = 1;
+  for (int q = 1; q < r->size; q++)
+    MPI_Send(&done, 1, MPI_CHAR, q, 9, MPI_COMM_WORLD);
+}
+#endif
+
+/* Network first, with every rank; then rank 0 alone times the kernels while the others sleep,
+ * so nothing else of this run competes for the cores. */
+static bool measure_all(struct prof_run *r, GPtrArray *models) {
+#ifdef HAVE_MPI
+  if (r->size > 1) {
+    progress(r, "network over %d ranks", r->size);
+    measure_network(r);
+  }
+  if (r->size > 1 && r->rank != 0) {
+    idle_until_released();
+    return false;
+  }
+#endif
+  uint64_t max_params = 0;
+  for (guint i = 0; i < models->len; i++) {
+    uint64_t n = model_param_count(g_ptr_array_index(models, i));
+    max_params = n > max_params ? n : max_params;
+  }
+  /* AdamW holds 4 floats per parameter: at most a sixteenth of the memory, and 16 M parameters
+   * (a quarter of a second per step on one core) are enough to see its slope */
+  double cap = physical_memory_bytes() / 64;
+  if ((double)max_params > cap)
+    max_params = (uint64_t)cap;
+  if (max_params > ((uint64_t)1 << 24))
+    max_params = (uint64_t)1 << 24;
+  measure_machine(r, max_params);
+  for (guint i = 0; i < models->len; i++)
+    measure_model(r, g_ptr_array_index(models, i));
+  progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries, r->n_skipped);
+  return true;
+}
+
+int main(int argc, char **argv) {
+  struct prof_args a = {.backend = "host", .repeats = 21, .warmup = 3};
+  int rc = options_parse(&program, &a, argc, argv);
+  if (rc != OPTIONS_CONTINUE)
+    return rc;
+  if ((rc = check_args(&a)) != OPTIONS_CONTINUE)
+    return rc;
+  if (a.quick && a.repeats == 21)
+    a.repeats = 5;
+  GError *err = NULL;
+  GPtrArray *models = g_ptr_array_new_with_free_func((GDestroyNotify)model_free);
+  if (!load_models(&a, models, &err)) {
+    g_ptr_array_free(models, TRUE);
+    return piper_error_exit(program.name, err);
+  }
+  struct prof_run r = {.a = &a,
+                       .size = 1,
+                       .measured = cJSON_CreateArray(),
+                       .seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)};
+  bool mpi = false;
+#ifdef HAVE_MPI
+  if (under_mpirun()) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &r.size);
+    mpi = true;
+  }
+#endif
+  bool writer = measure_all(&r, models);
+#ifdef HAVE_MPI
+  if (mpi && r.rank == 0)
+    release_others(&r);
+#endif
+  bool ok = !writer || write_profile(&r, argc, argv, &err);
+  if (writer && ok)
+    progress(&r, "wrote %s (%u measured entries)", a.out, r.n_entries);
+#ifdef HAVE_MPI
+  if (mpi)
+    MPI_Finalize();
+#endif
+  (void)mpi;
+  cJSON_Delete(r.measured);
+  cJSON_Delete(r.fits);
+  g_hash_table_destroy(r.seen);
+  g_ptr_array_free(models, TRUE);
+  return ok ? 0 : piper_error_exit(program.name, err);
+}
