@@ -327,11 +327,20 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
 
 enum { EV_KERNEL_END, EV_COMM_END };
 
+/* A kernel end names its unit and instruction, so handling it touches that unit only (no
+ * search over the units, no table over every instruction of every unit: with --no-collapse
+ * both outgrow the caches). A comm end names its slot (unit unused). */
 struct event {
   double t;
   uint64_t seq;
-  uint32_t type, id, version;
+  uint32_t type, id, version, unit;
 };
+
+/* A 4-ary heap: half the levels of a binary one, and the four children of a node share a
+ * cache line pair, so a sift misses the caches about half as often once the heap outgrows
+ * them (tens of thousands of events under --no-collapse). (t, seq) orders events totally, so
+ * the events come out in the same order whatever the heap's shape. */
+#define HEAP_ARITY 4
 
 struct heap {
   struct event *a;
@@ -343,15 +352,16 @@ static bool ev_less(const struct event *x, const struct event *y) {
   return x->t < y->t || (x->t == y->t && x->seq < y->seq);
 }
 
-static void heap_push(struct heap *h, double t, uint32_t type, uint32_t id, uint32_t version) {
+static void heap_push(struct heap *h, double t, uint32_t type, uint32_t id, uint32_t version,
+                      uint32_t unit) {
   if (h->n == h->cap) {
     h->cap = h->cap ? h->cap * 2 : 1024;
     h->a = g_renew(struct event, h->a, h->cap);
   }
-  struct event e = {t, h->seq++, type, id, version};
+  struct event e = {t, h->seq++, type, id, version, unit};
   size_t i = h->n++;
   while (i > 0) {
-    size_t parent = (i - 1) / 2;
+    size_t parent = (i - 1) / HEAP_ARITY;
     if (!ev_less(&e, &h->a[parent]))
       break;
     h->a[i] = h->a[parent];
@@ -365,14 +375,13 @@ static struct event heap_pop(struct heap *h) {
   struct event last = h->a[--h->n];
   size_t i = 0;
   for (;;) {
-    size_t l = 2 * i + 1, r = l + 1, m = i;
+    size_t first = HEAP_ARITY * i + 1, m = i;
     const struct event *best = &last;
-    if (l < h->n && ev_less(&h->a[l], best)) {
-      m = l;
-      best = &h->a[l];
-    }
-    if (r < h->n && ev_less(&h->a[r], best))
-      m = r;
+    for (size_t c = first; c < first + HEAP_ARITY && c < h->n; c++)
+      if (ev_less(&h->a[c], best)) {
+        m = c;
+        best = &h->a[c];
+      }
     if (m == i)
       break;
     h->a[i] = h->a[m];
@@ -385,6 +394,7 @@ static struct event heap_pop(struct heap *h) {
 
 struct kernel { /* a running compute kernel */
   uint32_t instr;
+  uint32_t version; /* of its latest end event; older ones are stale */
   double remaining, rate, last, cap;
   float mem_frac;
 };
@@ -433,7 +443,6 @@ struct sim {
   uint32_t n_units;
   struct unit_rt *u;
   uint32_t *unit_of_device;
-  uint32_t *kversion; /* [total unit instrs] version of kernel end events */
   uint32_t *gid_unit; /* not stored: found via bases (binary search) */
   uint32_t n_slots;
   struct slot *slots;
@@ -444,18 +453,6 @@ struct sim {
   uint64_t events;
   double t_first, t_last;
 };
-
-static uint32_t unit_of_gid(const struct sim *s, uint32_t gid) {
-  uint32_t lo = 0, hi = s->n_units;
-  while (hi - lo > 1) {
-    uint32_t mid = (lo + hi) / 2;
-    if (s->u[mid].base <= gid)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return lo;
-}
 
 /* Water-filling of the device's compute capacity among running kernels, each capped by its
  * stream's SM share; communication holds comm_sm of the SMs and, while it runs, a share of
@@ -507,6 +504,7 @@ static void unit_settle(struct unit_rt *u, double t) {
 }
 
 static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
+  uint32_t ui = (uint32_t)(u - s->u);
   double rates[256];
   double *r = u->n_kernels <= 256 ? rates : g_new(double, u->n_kernels);
   unit_rates(s, u, r);
@@ -515,9 +513,8 @@ static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
     if (r[i] == k->rate)
       continue;
     k->rate = r[i];
-    uint32_t gid = u->base + k->instr;
     double end = k->remaining <= 0 ? t : t + k->remaining / (k->rate > 0 ? k->rate : 1e-30);
-    heap_push(&s->heap, end, EV_KERNEL_END, gid, ++s->kversion[gid]);
+    heap_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
   }
   if (r != rates)
     g_free(r);
@@ -547,7 +544,7 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
   sl->rate = rate;
   double from = t > sl->lat_end ? t : sl->lat_end;
   sl->end_t = sl->remaining <= 0 ? from : from + sl->remaining / rate;
-  heap_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version);
+  heap_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version, 0);
 }
 
 static void mem_point(struct sim *s, struct unit_rt *u, double t) {
@@ -808,16 +805,19 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
   }
 }
 
-static void end_kernel(struct sim *s, uint32_t gid, double t) {
-  uint32_t ui = unit_of_gid(s, gid);
-  struct unit_rt *u = &s->u[ui];
-  uint32_t instr = gid - u->base;
-  unit_settle(u, t);
+/* The running kernel of unit u that event e ends, or -1 when e is stale (the kernel was
+ * rescheduled since, or has ended). */
+static int32_t kernel_of_event(const struct unit_rt *u, const struct event *e) {
   for (uint32_t j = 0; j < u->n_kernels; j++)
-    if (u->kernels[j].instr == instr) {
-      u->kernels[j] = u->kernels[--u->n_kernels];
-      break;
-    }
+    if (u->kernels[j].instr == e->id)
+      return u->kernels[j].version == e->version ? (int32_t)j : -1;
+  return -1;
+}
+
+static void end_kernel(struct sim *s, struct unit_rt *u, uint32_t j, double t) {
+  uint32_t instr = u->kernels[j].instr;
+  unit_settle(u, t);
+  u->kernels[j] = u->kernels[--u->n_kernels];
   finish_instr(s, u, instr, t);
   unit_reschedule(s, u, t);
   try_advance(s, u, t);
@@ -1102,7 +1102,6 @@ static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) 
       return piper_runtime_error(
           err, "plan: more than 2^32 instructions to simulate; rerun without --no-collapse");
   }
-  s->kversion = g_new0(uint32_t, total + 1);
   return true;
 }
 
@@ -1115,10 +1114,12 @@ static void sim_loop(struct sim *s) {
   while (s->heap.n > 0) {
     struct event e = heap_pop(&s->heap);
     if (e.type == EV_KERNEL_END) {
-      if (e.version != s->kversion[e.id])
+      struct unit_rt *u = &s->u[e.unit];
+      int32_t j = kernel_of_event(u, &e);
+      if (j < 0)
         continue;
       s->events++;
-      end_kernel(s, e.id, e.t);
+      end_kernel(s, u, (uint32_t)j, e.t);
     } else {
       if (e.version != s->slots[e.id].version || !s->slots[e.id].running)
         continue;
@@ -1240,7 +1241,6 @@ static void sim_free(struct sim *s) {
       g_array_free(u->timeline, TRUE);
   }
   g_free(s->u);
-  g_free(s->kversion);
   g_free(s->slots);
   g_free(s->slot_mark);
   g_free(s->parts);
