@@ -403,6 +403,7 @@ struct unit_rt {
   uint32_t cls;
   uint32_t rep;
   uint32_t base;       /* global id of instruction 0: base + instr */
+  void *block;         /* the arrays below but kernels and ops (unit_arrays) */
   uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
   uint8_t *busy;       /* [n_streams] */
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
@@ -1061,6 +1062,32 @@ static void sim_units(struct sim *s, struct sim_result *res) {
   }
 }
 
+/* A unit's arrays in one block, the per-stream ones (touched by every event of the unit) first:
+ * with --no-collapse there are as many units as devices, and eight allocations each scattered
+ * what one event touches over as many cache lines and pages. Zeroed but for pos, start, end and
+ * remaining, which unit_init sets. */
+static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
+  size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
+                 ni * (2 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
+  char *at = u->block = g_malloc0(bytes + sizeof(double));
+  /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
+  u->queued = (double *)(void *)at;
+  at += ns * sizeof(double);
+  u->start = (double *)(void *)at;
+  at += ni * sizeof(double);
+  u->end = (double *)(void *)at;
+  at += ni * sizeof(double);
+  u->pos = (uint32_t *)(void *)at;
+  at += ns * sizeof(uint32_t);
+  u->group_left = (uint32_t *)(void *)at;
+  at += ns * sizeof(uint32_t);
+  u->slot = (uint32_t *)(void *)at;
+  at += ni * sizeof(uint32_t);
+  u->remaining = (uint32_t *)(void *)at;
+  at += nt * sizeof(uint32_t);
+  u->busy = (uint8_t *)at;
+}
+
 /* Unit k's run-time state: its representative, stream positions, instruction times, tensor
  * consumer counts and static memory. */
 static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_t base) {
@@ -1071,18 +1098,11 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   res->units[k].class_index = u->cls;
   const struct plan_class *c = &p->classes[u->cls];
   u->base = base;
-  u->pos = g_new(uint32_t, p->n_streams + 1);
+  unit_arrays(u, p->n_streams + 1, c->n_instrs + 1, c->n_tensors + 1);
   for (uint32_t st = 0; st < p->n_streams; st++)
     u->pos[st] = c->stream_first[st];
-  u->busy = g_new0(uint8_t, p->n_streams + 1);
-  u->group_left = g_new0(uint32_t, p->n_streams + 1);
-  u->queued = g_new0(double, p->n_streams + 1);
-  u->start = g_new(double, c->n_instrs + 1);
-  u->end = g_new(double, c->n_instrs + 1);
   for (uint32_t i = 0; i < c->n_instrs; i++)
     u->start[i] = u->end[i] = -1;
-  u->slot = g_new(uint32_t, c->n_instrs + 1);
-  u->remaining = g_new(uint32_t, c->n_tensors + 1);
   for (uint32_t t = 0; t < c->n_tensors; t++)
     u->remaining[t] = c->tensors[t].consumer_count;
   u->timeline = g_array_new(FALSE, FALSE, sizeof(struct report_memory_point));
@@ -1227,14 +1247,7 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
 static void sim_free(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     struct unit_rt *u = &s->u[k];
-    g_free(u->pos);
-    g_free(u->busy);
-    g_free(u->group_left);
-    g_free(u->queued);
-    g_free(u->start);
-    g_free(u->end);
-    g_free(u->slot);
-    g_free(u->remaining);
+    g_free(u->block);
     g_free(u->kernels);
     g_free(u->ops);
     if (u->timeline)
