@@ -831,22 +831,56 @@ struct slot_key {
 };
 /* A full mix: pairs of units a fixed distance apart (a stage's member k and the next stage's)
  * made the old products collide in large groups. */
-static guint slot_key_hash(gconstpointer k) {
-  const struct slot_key *x = k;
+static uint64_t slot_key_hash(const struct slot_key *x) {
   uint64_t h = ((uint64_t)x->comm << 32 | x->seq) * 0x9e3779b97f4a7c15ull;
   h ^= ((uint64_t)x->a << 32 | x->b) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
-  return (guint)h;
+  return h;
 }
-static gboolean slot_key_equal(gconstpointer a, gconstpointer b) {
-  return memcmp(a, b, sizeof(struct slot_key)) == 0;
+
+/* Slot ids by key, open addressing with linear probing: each entry holds its key, so a lookup
+ * costs about one cache miss where a GHashTable's hashes, keys, values and the key itself cost
+ * four; with --no-collapse the table holds a slot per point-to-point pair of units and misses
+ * the caches on nearly every lookup. */
+struct slot_entry {
+  struct slot_key key;
+  uint32_t id; /* slot id + 1; 0: empty */
+};
+
+struct slot_table {
+  struct slot_entry *e;
+  size_t mask, n;
+};
+
+static void slot_table_grow(struct slot_table *t) {
+  size_t cap = t->e ? 2 * (t->mask + 1) : 1024;
+  struct slot_entry *old = t->e;
+  size_t old_cap = old ? t->mask + 1 : 0;
+  t->e = g_new0(struct slot_entry, cap);
+  t->mask = cap - 1;
+  for (size_t k = 0; k < old_cap; k++)
+    if (old[k].id) {
+      size_t at = slot_key_hash(&old[k].key) & t->mask;
+      while (t->e[at].id)
+        at = (at + 1) & t->mask;
+      t->e[at] = old[k];
+    }
+  g_free(old);
+}
+
+/* The entry of key: its slot, or the empty place where it goes. */
+static struct slot_entry *slot_table_find(struct slot_table *t, const struct slot_key *key) {
+  size_t at = slot_key_hash(key) & t->mask;
+  while (t->e[at].id && memcmp(&t->e[at].key, key, sizeof *key) != 0)
+    at = (at + 1) & t->mask;
+  return &t->e[at];
 }
 
 /* The rendezvous being built: slots by key, and each participant (unit, instr) with its slot. */
 struct slot_builder {
-  GHashTable *by_key;             /* struct slot_key -> slot id + 1 */
+  struct slot_table by_key;
   GArray *slots;                  /* struct slot */
   GArray *parts;                  /* (unit, instr) */
   GArray *part_slot;              /* slot of each part */
@@ -891,9 +925,12 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
   double share = s->p->streams[in->stream].sm_share;
   sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
   g_array_append_val(b->slots, sl);
-  struct slot_key *kk = g_new(struct slot_key, 1);
-  *kk = *key;
-  g_hash_table_insert(b->by_key, kk, GUINT_TO_POINTER(id + 1));
+  if (2 * (b->by_key.n + 1) > b->by_key.mask + 1)
+    slot_table_grow(&b->by_key);
+  struct slot_entry *e = slot_table_find(&b->by_key, key);
+  e->key = *key;
+  e->id = id + 1;
+  b->by_key.n++;
   return id;
 }
 
@@ -929,8 +966,8 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
     expected = b->comm_units[in->comm];
     span = b->comm_span[in->comm];
   }
-  gpointer v = g_hash_table_lookup(b->by_key, &key);
-  uint32_t id = v ? GPOINTER_TO_UINT(v) - 1 : slot_new(s, b, &key, in, expected, &span);
+  const struct slot_entry *found = slot_table_find(&b->by_key, &key);
+  uint32_t id = found->id ? found->id - 1 : slot_new(s, b, &key, in, expected, &span);
   u->slot[i] = id;
   uint32_t pr[2] = {ui, i};
   g_array_append_val(b->parts, pr);
@@ -981,11 +1018,11 @@ static bool slots_check_parties(struct sim *s, GError **err) {
 static bool build_slots(struct sim *s, GError **err) {
   const struct plan *p = s->p;
   struct slot_builder b = {
-      .by_key = g_hash_table_new_full(slot_key_hash, slot_key_equal, g_free, NULL),
       .slots = g_array_new(FALSE, TRUE, sizeof(struct slot)),
       .parts = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2),
       .part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
   };
+  slot_table_grow(&b.by_key);
   slots_collectives(s, &b);
   bool ok = true;
   for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
@@ -998,7 +1035,7 @@ static bool build_slots(struct sim *s, GError **err) {
   }
   g_free(b.comm_units);
   g_free(b.comm_span);
-  g_hash_table_destroy(b.by_key);
+  g_free(b.by_key.e);
   s->n_slots = b.slots->len;
   s->slots = (struct slot *)g_array_free(b.slots, FALSE);
   s->slot_mark = g_new0(uint32_t, s->n_slots ? s->n_slots : 1);
