@@ -422,7 +422,12 @@ struct unit_rt {
   int64_t saved, peak_saved;
   int64_t peak_total;
   int64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
-  GArray *timeline; /* struct report_memory_point */
+  /* The memory timeline, inline rather than a GArray: appending touched the array's header,
+   * a separate allocation, and read the last point back to compare times (two cache misses per
+   * point with as many timelines as devices). tl_t is the last point's time while tl_len > 0. */
+  struct report_memory_point *tl;
+  uint32_t tl_len, tl_cap;
+  double tl_t;
 };
 
 struct slot { /* a rendezvous: p2p pair or collective; its comm op */
@@ -563,11 +568,16 @@ static void mem_point(struct sim *s, struct unit_rt *u, double t) {
   struct report_memory_point pt = {.t = t};
   for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
     pt.bytes[k] = (uint64_t)u->mem[k];
-  GArray *tl = u->timeline;
-  if (tl->len > 0 && g_array_index(tl, struct report_memory_point, tl->len - 1).t == t)
-    g_array_index(tl, struct report_memory_point, tl->len - 1) = pt;
-  else
-    g_array_append_val(tl, pt);
+  if (u->tl_len > 0 && u->tl_t == t) {
+    u->tl[u->tl_len - 1] = pt;
+    return;
+  }
+  if (u->tl_len == u->tl_cap) {
+    u->tl_cap = u->tl_cap ? 2 * u->tl_cap : 16;
+    u->tl = g_renew(struct report_memory_point, u->tl, u->tl_cap);
+  }
+  u->tl[u->tl_len++] = pt;
+  u->tl_t = t;
 }
 
 static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
@@ -1142,7 +1152,6 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
     u->start[i] = u->end[i] = -1;
   for (uint32_t t = 0; t < c->n_tensors; t++)
     u->remaining[t] = c->tensors[t].consumer_count;
-  u->timeline = g_array_new(FALSE, FALSE, sizeof(struct report_memory_point));
   sim_static_memory(p, c, res->units[k].static_bytes);
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
@@ -1224,9 +1233,9 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     su->peak_breakdown[m] = (uint64_t)u->peak_breakdown[m];
   su->peak_saved_activation_bytes = (uint64_t)u->peak_saved;
-  su->n_memory = u->timeline->len;
-  su->memory = (struct report_memory_point *)g_array_free(u->timeline, FALSE);
-  u->timeline = NULL;
+  su->n_memory = u->tl_len;
+  su->memory = u->tl;
+  u->tl = NULL;
   if (s->o->no_intervals)
     return;
   su->intervals = g_new(struct report_interval, c->n_instrs + 1);
@@ -1287,8 +1296,7 @@ static void sim_free(struct sim *s) {
     g_free(u->block);
     g_free(u->kernels);
     g_free(u->ops);
-    if (u->timeline)
-      g_array_free(u->timeline, TRUE);
+    g_free(u->tl);
   }
   g_free(s->u);
   g_free(s->slots);
