@@ -125,13 +125,16 @@ void plan_free(struct plan *p);
  * that wait on each other. */
 bool plan_check_progress(const struct plan *p, GError **err);
 
-/* Serialisation: dir/plan.json (index) and dir/device-<d>.json per device. */
+/* Serialisation: dir/plan.json (index) and dir/device-<d>.json per device, or past 2,048
+ * devices dir/class-<k>.json per class (plan.json then says "layout": "classes"). The reader
+ * takes either. */
 bool plan_write_dir(const struct plan *p, const char *dir, GError **err);
 struct plan *plan_read_dir(const char *dir, GError **err);
 bool plan_equal(const struct plan *a, const struct plan *b);
 /* The reader behind plan_read_dir, on documents already parsed (for the fuzzer and for callers
  * that hold the files in memory): index is plan.json, device_docs[d] is device-<d>.json, and
- * n_docs must equal the index's n_devices. name stands for the directory in messages. Validates
+ * n_docs must equal the index's n_devices (in the "classes" layout: device_docs[k] is
+ * class-<k>.json and n_docs the number of classes). name stands for the directory in messages. Validates
  * everything and runs plan_check_progress, like plan_read_dir. */
 struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *const *device_docs,
                             uint32_t n_docs, GError **err);

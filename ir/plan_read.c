@@ -78,6 +78,7 @@ struct reader {
   char *index_file;
   struct plan *p;
   uint32_t n_classes;
+  bool by_class;          /* "layout": "classes": one file per class, none per device */
   uint32_t *class_instrs; /* [n_classes]: instruction count the index gives */
   uint32_t *class_source; /* [n_classes]: device whose file defined the class, or IR_NONE */
   uint32_t **class_comms; /* [n_classes]: communicators the class uses, ascending */
@@ -120,6 +121,7 @@ static uint32_t *take_pool(GArray *a, uint32_t *n) {
 enum {
   I_FORMAT,
   I_VERSION,
+  I_LAYOUT,
   I_MODEL_NAME,
   I_MODEL,
   I_PROGRAM,
@@ -137,9 +139,9 @@ enum {
   I_COUNT
 };
 static const char *const index_keys[I_COUNT] = {
-    "format",         "version", "model_name",   "model",  "program", "n_devices",
-    "n_microbatches", "tags",    "streams",      "groups", "segsets", "nodes",
-    "communicators",  "classes", "device_class", "summary"};
+    "format",  "version",      "layout",        "model_name", "model",  "program",
+    "n_devices", "n_microbatches", "tags",    "streams",    "groups", "segsets",
+    "nodes",   "communicators", "classes",       "device_class", "summary"};
 
 /* Checks that an "id" member equals the record's position (ids are there for people). */
 static bool check_id(const cJSON *v, uint32_t want, const struct json_loc *l, GError **err) {
@@ -645,6 +647,11 @@ static bool reader_index(struct reader *r, const cJSON *index, GError **err) {
       !check_format(k[I_FORMAT], k[I_VERSION], PLAN_FORMAT, &l, err))
     return false;
   struct plan *p = r->p = g_new0(struct plan, 1);
+  if (k[I_LAYOUT]) {
+    if (!expect_string(k[I_LAYOUT], "layout", PLAN_LAYOUT_CLASSES, &l, err))
+      return false;
+    r->by_class = true;
+  }
   if (!read_model(r, k, err) ||
       !json_value_u32(k[I_N_DEVICES], "n_devices", 1, IR_MAX_DEVICES, &p->n_devices, &l, err) ||
       !json_value_u32(k[I_N_MICROBATCHES], "n_microbatches", 1, PLAN_MAX_MICROBATCHES,
@@ -1133,11 +1140,28 @@ static bool read_device_views(struct reader *r, uint32_t d, const cJSON *const *
   return true;
 }
 
-static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError **err) {
+/* The name of the file that holds document k: device k's, or class k's in the compact layout. */
+static char *doc_file_name(const struct reader *r, uint32_t k) {
+  char file_name[48];
+  snprintf(file_name, sizeof file_name, "%s-%u.json", r->by_class ? "class" : "device", k);
+  return g_build_filename(r->dir, file_name, NULL);
+}
+
+/* The device whose program document k holds: k itself, or class k's first member. */
+static uint32_t doc_device(const struct reader *r, uint32_t k) {
+  return r->by_class ? r->p->classes[k].devices[0] : k;
+}
+
+/* How many documents the plan's layout has: one per device, or one per class. */
+static uint32_t doc_count(const struct reader *r) {
+  return r->by_class ? r->p->n_classes : r->p->n_devices;
+}
+
+/* Reads document k (device file or class file) of the layout. */
+static bool reader_device(struct reader *r, uint32_t doc_index, const cJSON *doc, GError **err) {
   struct plan *p = r->p;
-  char file_name[32];
-  snprintf(file_name, sizeof file_name, "device-%u.json", d);
-  char *file = g_build_filename(r->dir, file_name, NULL);
+  uint32_t d = doc_device(r, doc_index);
+  char *file = doc_file_name(r, doc_index);
   struct json_loc l = {file, NULL, 0, NULL, 0};
   struct plan_class tmp = {0};
   const cJSON *k[D_COUNT];
@@ -1148,7 +1172,8 @@ static bool reader_device(struct reader *r, uint32_t d, const cJSON *doc, GError
       !json_value_u32(k[D_DEVICE], "device", 0, IR_MAX_DEVICES, &dev, &l, err))
     goto out;
   if (dev != d) {
-    json_fail_at(err, &l, "\"device\" is %u, but this is the file of device %u", dev, d);
+    json_fail_at(err, &l, "\"device\" is %u, but this is the file of device %u%s", dev, d,
+                 r->by_class ? " (its class's first member)" : "");
     goto out;
   }
   if (!json_value_ref(k[D_CLASS], "class", p->n_classes, false, &cls, &l, err))
@@ -1234,9 +1259,9 @@ struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *c
   struct plan *p = NULL;
   if (!reader_index(r, index, err))
     goto out;
-  if (n_docs != r->p->n_devices) {
-    piper_input_error(err, "%s: %u device documents for %u devices", r->index_file, n_docs,
-                      r->p->n_devices);
+  if (n_docs != doc_count(r)) {
+    piper_input_error(err, "%s: %u device documents for %u %s", r->index_file, n_docs,
+                      doc_count(r), r->by_class ? "classes" : "devices");
     goto out;
   }
   for (uint32_t d = 0; d < n_docs; d++)
@@ -1258,16 +1283,14 @@ struct plan *plan_read_dir(const char *dir, GError **err) {
   cJSON_Delete(index);
   if (!ok)
     goto out;
-  for (uint32_t d = 0; d < r->p->n_devices; d++) {
-    char file_name[32];
-    snprintf(file_name, sizeof file_name, "device-%u.json", d);
-    char *path = g_build_filename(dir, file_name, NULL);
+  for (uint32_t k = 0; k < doc_count(r); k++) {
+    char *path = doc_file_name(r, k);
     cJSON *doc = json_parse_file(path, err);
     ok = doc && json_refuse_duplicate_keys(doc, path, err);
     g_free(path);
     if (!doc)
       goto out;
-    ok = ok && reader_device(r, d, doc, err);
+    ok = ok && reader_device(r, k, doc, err);
     cJSON_Delete(doc);
     if (!ok)
       goto out;

@@ -3,7 +3,9 @@
  * dir/plan.json holds everything devices share (model config, program, tags, streams, groups,
  * segment sets, nodes, communicators, classes); dir/device-<d>.json holds one device's program:
  * per stream its instructions in issue order, its tensors, and what is particular to the device
- * (its positions in groups, its peers and communicator ranks).
+ * (its positions in groups, its peers and communicator ranks). Plans of more than
+ * PLAN_DEVICE_FILES_MAX devices write dir/class-<k>.json instead, once per class (see
+ * plan-impl.h), and plan.json says "layout": "classes".
  *
  * Output layout: records that fit on one line (an instruction, a node, a tensor) are printed on
  * one line, so `grep 'MB=3' device-0.json` shows whole instructions; everything else is indented.
@@ -18,6 +20,7 @@
 
 #include <glib/gstdio.h>
 
+#include "../base/assert.h"
 #include "../base/json.h"
 #include "plan.h"
 #include "plan-impl.h"
@@ -127,6 +130,11 @@ static const char *kind_name(enum ir_node_kind k) {
   return k < IR_NODE_KIND_COUNT ? ir_node_kind_name(k) : "?";
 }
 
+/* True when p is written one file per class instead of one per device. */
+static bool by_class(const struct plan *p) {
+  return p->n_devices > PLAN_DEVICE_FILES_MAX;
+}
+
 /* format, version, model, program and the sizes. NULL when the model is missing. */
 static cJSON *index_header(const struct plan *p, const char *path, GError **err) {
   cJSON *model = p->model_json ? cJSON_Parse(p->model_json)
@@ -140,6 +148,9 @@ static cJSON *index_header(const struct plan *p, const char *path, GError **err)
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "format", PLAN_FORMAT);
   cJSON_AddNumberToObject(root, "version", PLAN_VERSION);
+  /* Only the compact layout names itself, so per-device plans keep their bytes. */
+  if (by_class(p))
+    cJSON_AddStringToObject(root, "layout", PLAN_LAYOUT_CLASSES);
   char model_name[sizeof p->model->name + 1] = "";
   if (p->model)
     plan_copy_name(model_name, p->model->name, sizeof p->model->name);
@@ -445,6 +456,64 @@ static void device_text(GString *out, const struct plan *p, uint32_t d, const st
   }
 }
 
+/* Writes out to dir/<prefix>-<k>.json. */
+static bool write_numbered(const char *dir, const char *prefix, uint32_t k, const GString *out,
+                           GError **err) {
+  char file[48];
+  snprintf(file, sizeof file, "%s-%u.json", prefix, k);
+  char *path = g_build_filename(dir, file, NULL);
+  bool ok = piper_write_file(path, out->str, out->len, err);
+  g_free(path);
+  return ok;
+}
+
+/* Removes dir/<prefix>-<k>.json for k = from, from + 1, ... up to the first that is not there:
+ * files of an earlier plan in the same directory (more devices or classes, or the other layout)
+ * would mislead a reader. */
+static void remove_numbered(const char *dir, const char *prefix, uint32_t from) {
+  for (uint32_t k = from; k < IR_MAX_DEVICES; k++) {
+    char file[48];
+    snprintf(file, sizeof file, "%s-%u.json", prefix, k);
+    char *path = g_build_filename(dir, file, NULL);
+    int rc = g_remove(path);
+    g_free(path);
+    if (rc != 0)
+      break;
+  }
+}
+
+/* The per-device layout: device-<d>.json for every device. */
+static bool write_device_files(const struct plan *p, const char *dir, const struct class_text *texts,
+                               char *const *stream_names, GString *buf, GError **err) {
+  static const struct class_text none = {0};
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    uint32_t c = p->device_class[d];
+    device_text(buf, p, d, c < p->n_classes ? &texts[c] : &none, stream_names);
+    if (!write_numbered(dir, "device", d, buf, err))
+      return false;
+  }
+  remove_numbered(dir, "device", p->n_devices);
+  remove_numbered(dir, "class", 0);
+  return true;
+}
+
+/* The compact layout: class-<k>.json, the device file of class k's first member, once per
+ * class. The other members' files would differ only in ranks and peers, which plan.json's
+ * groups and communicators determine, so the directory grows with the classes, not the
+ * devices (plan.json's device lists aside). */
+static bool write_class_files(const struct plan *p, const char *dir, const struct class_text *texts,
+                              char *const *stream_names, GString *buf, GError **err) {
+  for (uint32_t c = 0; c < p->n_classes; c++) {
+    PIPER_ASSERT(p->classes[c].n_devices > 0);
+    device_text(buf, p, p->classes[c].devices[0], &texts[c], stream_names);
+    if (!write_numbered(dir, "class", c, buf, err))
+      return false;
+  }
+  remove_numbered(dir, "class", p->n_classes);
+  remove_numbered(dir, "device", 0);
+  return true;
+}
+
 bool plan_write_dir(const struct plan *p, const char *dir, GError **err) {
   if (g_mkdir_with_parents(dir, 0755) != 0) {
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot create directory: %s", dir,
@@ -455,7 +524,6 @@ bool plan_write_dir(const struct plan *p, const char *dir, GError **err) {
   GString *buf = g_string_new(NULL);
   char *path = g_build_filename(dir, "plan.json", NULL);
   struct class_text *texts = g_new0(struct class_text, p->n_classes ? p->n_classes : 1);
-  struct class_text none = {0};
   /* Names once per node and stream: every member of a class repeats them. */
   char **names = g_new0(char *, p->n_nodes ? p->n_nodes : 1);
   char **stream_names = g_new0(char *, p->n_streams ? p->n_streams : 1);
@@ -483,25 +551,9 @@ bool plan_write_dir(const struct plan *p, const char *dir, GError **err) {
 
   for (uint32_t c = 0; c < p->n_classes; c++)
     class_text_init(&texts[c], p, &p->classes[c], names);
-  for (uint32_t d = 0; d < p->n_devices; d++) {
-    uint32_t c = p->device_class[d];
-    device_text(buf, p, d, c < p->n_classes ? &texts[c] : &none, stream_names);
-    g_free(path);
-    char file[32];
-    snprintf(file, sizeof file, "device-%u.json", d);
-    path = g_build_filename(dir, file, NULL);
-    if (!piper_write_file(path, buf->str, buf->len, err))
-      goto out;
-  }
-  /* Device files of an earlier, larger plan in the same directory would mislead a reader. */
-  for (uint32_t d = p->n_devices; d < IR_MAX_DEVICES; d++) {
-    g_free(path);
-    char file[32];
-    snprintf(file, sizeof file, "device-%u.json", d);
-    path = g_build_filename(dir, file, NULL);
-    if (g_remove(path) != 0)
-      break;
-  }
+  if (!(by_class(p) ? write_class_files(p, dir, texts, stream_names, buf, err)
+                    : write_device_files(p, dir, texts, stream_names, buf, err)))
+    goto out;
   ok = true;
 out:
   for (uint32_t i = 0; i < p->n_nodes; i++)

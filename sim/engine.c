@@ -327,11 +327,20 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
 
 enum { EV_KERNEL_END, EV_COMM_END };
 
+/* A kernel end names its unit and instruction, so handling it touches that unit only (no
+ * search over the units, no table over every instruction of every unit: with --no-collapse
+ * both outgrow the caches). A comm end names its slot (unit unused). */
 struct event {
   double t;
   uint64_t seq;
-  uint32_t type, id, version;
+  uint32_t type, id, version, unit;
 };
+
+/* A 4-ary heap: half the levels of a binary one, and the four children of a node share a
+ * cache line pair, so a sift misses the caches about half as often once the heap outgrows
+ * them (tens of thousands of events under --no-collapse). (t, seq) orders events totally, so
+ * the events come out in the same order whatever the heap's shape. */
+#define HEAP_ARITY 4
 
 struct heap {
   struct event *a;
@@ -343,15 +352,16 @@ static bool ev_less(const struct event *x, const struct event *y) {
   return x->t < y->t || (x->t == y->t && x->seq < y->seq);
 }
 
-static void heap_push(struct heap *h, double t, uint32_t type, uint32_t id, uint32_t version) {
+static void heap_push(struct heap *h, double t, uint32_t type, uint32_t id, uint32_t version,
+                      uint32_t unit) {
   if (h->n == h->cap) {
     h->cap = h->cap ? h->cap * 2 : 1024;
     h->a = g_renew(struct event, h->a, h->cap);
   }
-  struct event e = {t, h->seq++, type, id, version};
+  struct event e = {t, h->seq++, type, id, version, unit};
   size_t i = h->n++;
   while (i > 0) {
-    size_t parent = (i - 1) / 2;
+    size_t parent = (i - 1) / HEAP_ARITY;
     if (!ev_less(&e, &h->a[parent]))
       break;
     h->a[i] = h->a[parent];
@@ -365,14 +375,13 @@ static struct event heap_pop(struct heap *h) {
   struct event last = h->a[--h->n];
   size_t i = 0;
   for (;;) {
-    size_t l = 2 * i + 1, r = l + 1, m = i;
+    size_t first = HEAP_ARITY * i + 1, m = i;
     const struct event *best = &last;
-    if (l < h->n && ev_less(&h->a[l], best)) {
-      m = l;
-      best = &h->a[l];
-    }
-    if (r < h->n && ev_less(&h->a[r], best))
-      m = r;
+    for (size_t c = first; c < first + HEAP_ARITY && c < h->n; c++)
+      if (ev_less(&h->a[c], best)) {
+        m = c;
+        best = &h->a[c];
+      }
     if (m == i)
       break;
     h->a[i] = h->a[m];
@@ -385,6 +394,7 @@ static struct event heap_pop(struct heap *h) {
 
 struct kernel { /* a running compute kernel */
   uint32_t instr;
+  uint32_t version; /* of its latest end event; older ones are stale */
   double remaining, rate, last, cap;
   float mem_frac;
 };
@@ -393,6 +403,7 @@ struct unit_rt {
   uint32_t cls;
   uint32_t rep;
   uint32_t base;       /* global id of instruction 0: base + instr */
+  void *block;         /* the arrays below but kernels and ops (unit_arrays) */
   uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
   uint8_t *busy;       /* [n_streams] */
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
@@ -411,7 +422,12 @@ struct unit_rt {
   int64_t saved, peak_saved;
   int64_t peak_total;
   int64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
-  GArray *timeline; /* struct report_memory_point */
+  /* The memory timeline, inline rather than a GArray: appending touched the array's header,
+   * a separate allocation, and read the last point back to compare times (two cache misses per
+   * point with as many timelines as devices). tl_t is the last point's time while tl_len > 0. */
+  struct report_memory_point *tl;
+  uint32_t tl_len, tl_cap;
+  double tl_t;
 };
 
 struct slot { /* a rendezvous: p2p pair or collective; its comm op */
@@ -433,7 +449,6 @@ struct sim {
   uint32_t n_units;
   struct unit_rt *u;
   uint32_t *unit_of_device;
-  uint32_t *kversion; /* [total unit instrs] version of kernel end events */
   uint32_t *gid_unit; /* not stored: found via bases (binary search) */
   uint32_t n_slots;
   struct slot *slots;
@@ -444,18 +459,6 @@ struct sim {
   uint64_t events;
   double t_first, t_last;
 };
-
-static uint32_t unit_of_gid(const struct sim *s, uint32_t gid) {
-  uint32_t lo = 0, hi = s->n_units;
-  while (hi - lo > 1) {
-    uint32_t mid = (lo + hi) / 2;
-    if (s->u[mid].base <= gid)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return lo;
-}
 
 /* Water-filling of the device's compute capacity among running kernels, each capped by its
  * stream's SM share; communication holds comm_sm of the SMs and, while it runs, a share of
@@ -507,6 +510,7 @@ static void unit_settle(struct unit_rt *u, double t) {
 }
 
 static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
+  uint32_t ui = (uint32_t)(u - s->u);
   double rates[256];
   double *r = u->n_kernels <= 256 ? rates : g_new(double, u->n_kernels);
   unit_rates(s, u, r);
@@ -515,9 +519,8 @@ static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
     if (r[i] == k->rate)
       continue;
     k->rate = r[i];
-    uint32_t gid = u->base + k->instr;
     double end = k->remaining <= 0 ? t : t + k->remaining / (k->rate > 0 ? k->rate : 1e-30);
-    heap_push(&s->heap, end, EV_KERNEL_END, gid, ++s->kversion[gid]);
+    heap_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
   }
   if (r != rates)
     g_free(r);
@@ -547,7 +550,7 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
   sl->rate = rate;
   double from = t > sl->lat_end ? t : sl->lat_end;
   sl->end_t = sl->remaining <= 0 ? from : from + sl->remaining / rate;
-  heap_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version);
+  heap_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version, 0);
 }
 
 static void mem_point(struct sim *s, struct unit_rt *u, double t) {
@@ -565,11 +568,16 @@ static void mem_point(struct sim *s, struct unit_rt *u, double t) {
   struct report_memory_point pt = {.t = t};
   for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
     pt.bytes[k] = (uint64_t)u->mem[k];
-  GArray *tl = u->timeline;
-  if (tl->len > 0 && g_array_index(tl, struct report_memory_point, tl->len - 1).t == t)
-    g_array_index(tl, struct report_memory_point, tl->len - 1) = pt;
-  else
-    g_array_append_val(tl, pt);
+  if (u->tl_len > 0 && u->tl_t == t) {
+    u->tl[u->tl_len - 1] = pt;
+    return;
+  }
+  if (u->tl_len == u->tl_cap) {
+    u->tl_cap = u->tl_cap ? 2 * u->tl_cap : 16;
+    u->tl = g_renew(struct report_memory_point, u->tl, u->tl_cap);
+  }
+  u->tl[u->tl_len++] = pt;
+  u->tl_t = t;
 }
 
 static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
@@ -808,16 +816,19 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
   }
 }
 
-static void end_kernel(struct sim *s, uint32_t gid, double t) {
-  uint32_t ui = unit_of_gid(s, gid);
-  struct unit_rt *u = &s->u[ui];
-  uint32_t instr = gid - u->base;
-  unit_settle(u, t);
+/* The running kernel of unit u that event e ends, or -1 when e is stale (the kernel was
+ * rescheduled since, or has ended). */
+static int32_t kernel_of_event(const struct unit_rt *u, const struct event *e) {
   for (uint32_t j = 0; j < u->n_kernels; j++)
-    if (u->kernels[j].instr == instr) {
-      u->kernels[j] = u->kernels[--u->n_kernels];
-      break;
-    }
+    if (u->kernels[j].instr == e->id)
+      return u->kernels[j].version == e->version ? (int32_t)j : -1;
+  return -1;
+}
+
+static void end_kernel(struct sim *s, struct unit_rt *u, uint32_t j, double t) {
+  uint32_t instr = u->kernels[j].instr;
+  unit_settle(u, t);
+  u->kernels[j] = u->kernels[--u->n_kernels];
   finish_instr(s, u, instr, t);
   unit_reschedule(s, u, t);
   try_advance(s, u, t);
@@ -830,22 +841,56 @@ struct slot_key {
 };
 /* A full mix: pairs of units a fixed distance apart (a stage's member k and the next stage's)
  * made the old products collide in large groups. */
-static guint slot_key_hash(gconstpointer k) {
-  const struct slot_key *x = k;
+static uint64_t slot_key_hash(const struct slot_key *x) {
   uint64_t h = ((uint64_t)x->comm << 32 | x->seq) * 0x9e3779b97f4a7c15ull;
   h ^= ((uint64_t)x->a << 32 | x->b) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
-  return (guint)h;
+  return h;
 }
-static gboolean slot_key_equal(gconstpointer a, gconstpointer b) {
-  return memcmp(a, b, sizeof(struct slot_key)) == 0;
+
+/* Slot ids by key, open addressing with linear probing: each entry holds its key, so a lookup
+ * costs about one cache miss where a GHashTable's hashes, keys, values and the key itself cost
+ * four; with --no-collapse the table holds a slot per point-to-point pair of units and misses
+ * the caches on nearly every lookup. */
+struct slot_entry {
+  struct slot_key key;
+  uint32_t id; /* slot id + 1; 0: empty */
+};
+
+struct slot_table {
+  struct slot_entry *e;
+  size_t mask, n;
+};
+
+static void slot_table_grow(struct slot_table *t) {
+  size_t cap = t->e ? 2 * (t->mask + 1) : 1024;
+  struct slot_entry *old = t->e;
+  size_t old_cap = old ? t->mask + 1 : 0;
+  t->e = g_new0(struct slot_entry, cap);
+  t->mask = cap - 1;
+  for (size_t k = 0; k < old_cap; k++)
+    if (old[k].id) {
+      size_t at = slot_key_hash(&old[k].key) & t->mask;
+      while (t->e[at].id)
+        at = (at + 1) & t->mask;
+      t->e[at] = old[k];
+    }
+  g_free(old);
+}
+
+/* The entry of key: its slot, or the empty place where it goes. */
+static struct slot_entry *slot_table_find(struct slot_table *t, const struct slot_key *key) {
+  size_t at = slot_key_hash(key) & t->mask;
+  while (t->e[at].id && memcmp(&t->e[at].key, key, sizeof *key) != 0)
+    at = (at + 1) & t->mask;
+  return &t->e[at];
 }
 
 /* The rendezvous being built: slots by key, and each participant (unit, instr) with its slot. */
 struct slot_builder {
-  GHashTable *by_key;             /* struct slot_key -> slot id + 1 */
+  struct slot_table by_key;
   GArray *slots;                  /* struct slot */
   GArray *parts;                  /* (unit, instr) */
   GArray *part_slot;              /* slot of each part */
@@ -890,9 +935,12 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
   double share = s->p->streams[in->stream].sm_share;
   sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
   g_array_append_val(b->slots, sl);
-  struct slot_key *kk = g_new(struct slot_key, 1);
-  *kk = *key;
-  g_hash_table_insert(b->by_key, kk, GUINT_TO_POINTER(id + 1));
+  if (2 * (b->by_key.n + 1) > b->by_key.mask + 1)
+    slot_table_grow(&b->by_key);
+  struct slot_entry *e = slot_table_find(&b->by_key, key);
+  e->key = *key;
+  e->id = id + 1;
+  b->by_key.n++;
   return id;
 }
 
@@ -928,8 +976,8 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
     expected = b->comm_units[in->comm];
     span = b->comm_span[in->comm];
   }
-  gpointer v = g_hash_table_lookup(b->by_key, &key);
-  uint32_t id = v ? GPOINTER_TO_UINT(v) - 1 : slot_new(s, b, &key, in, expected, &span);
+  const struct slot_entry *found = slot_table_find(&b->by_key, &key);
+  uint32_t id = found->id ? found->id - 1 : slot_new(s, b, &key, in, expected, &span);
   u->slot[i] = id;
   uint32_t pr[2] = {ui, i};
   g_array_append_val(b->parts, pr);
@@ -980,11 +1028,11 @@ static bool slots_check_parties(struct sim *s, GError **err) {
 static bool build_slots(struct sim *s, GError **err) {
   const struct plan *p = s->p;
   struct slot_builder b = {
-      .by_key = g_hash_table_new_full(slot_key_hash, slot_key_equal, g_free, NULL),
       .slots = g_array_new(FALSE, TRUE, sizeof(struct slot)),
       .parts = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2),
       .part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
   };
+  slot_table_grow(&b.by_key);
   slots_collectives(s, &b);
   bool ok = true;
   for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
@@ -997,7 +1045,7 @@ static bool build_slots(struct sim *s, GError **err) {
   }
   g_free(b.comm_units);
   g_free(b.comm_span);
-  g_hash_table_destroy(b.by_key);
+  g_free(b.by_key.e);
   s->n_slots = b.slots->len;
   s->slots = (struct slot *)g_array_free(b.slots, FALSE);
   s->slot_mark = g_new0(uint32_t, s->n_slots ? s->n_slots : 1);
@@ -1061,6 +1109,32 @@ static void sim_units(struct sim *s, struct sim_result *res) {
   }
 }
 
+/* A unit's arrays in one block, the per-stream ones (touched by every event of the unit) first:
+ * with --no-collapse there are as many units as devices, and eight allocations each scattered
+ * what one event touches over as many cache lines and pages. Zeroed but for pos, start, end and
+ * remaining, which unit_init sets. */
+static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
+  size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
+                 ni * (2 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
+  char *at = u->block = g_malloc0(bytes + sizeof(double));
+  /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
+  u->queued = (double *)(void *)at;
+  at += ns * sizeof(double);
+  u->start = (double *)(void *)at;
+  at += ni * sizeof(double);
+  u->end = (double *)(void *)at;
+  at += ni * sizeof(double);
+  u->pos = (uint32_t *)(void *)at;
+  at += ns * sizeof(uint32_t);
+  u->group_left = (uint32_t *)(void *)at;
+  at += ns * sizeof(uint32_t);
+  u->slot = (uint32_t *)(void *)at;
+  at += ni * sizeof(uint32_t);
+  u->remaining = (uint32_t *)(void *)at;
+  at += nt * sizeof(uint32_t);
+  u->busy = (uint8_t *)at;
+}
+
 /* Unit k's run-time state: its representative, stream positions, instruction times, tensor
  * consumer counts and static memory. */
 static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_t base) {
@@ -1071,21 +1145,13 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   res->units[k].class_index = u->cls;
   const struct plan_class *c = &p->classes[u->cls];
   u->base = base;
-  u->pos = g_new(uint32_t, p->n_streams + 1);
+  unit_arrays(u, p->n_streams + 1, c->n_instrs + 1, c->n_tensors + 1);
   for (uint32_t st = 0; st < p->n_streams; st++)
     u->pos[st] = c->stream_first[st];
-  u->busy = g_new0(uint8_t, p->n_streams + 1);
-  u->group_left = g_new0(uint32_t, p->n_streams + 1);
-  u->queued = g_new0(double, p->n_streams + 1);
-  u->start = g_new(double, c->n_instrs + 1);
-  u->end = g_new(double, c->n_instrs + 1);
   for (uint32_t i = 0; i < c->n_instrs; i++)
     u->start[i] = u->end[i] = -1;
-  u->slot = g_new(uint32_t, c->n_instrs + 1);
-  u->remaining = g_new(uint32_t, c->n_tensors + 1);
   for (uint32_t t = 0; t < c->n_tensors; t++)
     u->remaining[t] = c->tensors[t].consumer_count;
-  u->timeline = g_array_new(FALSE, FALSE, sizeof(struct report_memory_point));
   sim_static_memory(p, c, res->units[k].static_bytes);
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
@@ -1102,7 +1168,6 @@ static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) 
       return piper_runtime_error(
           err, "plan: more than 2^32 instructions to simulate; rerun without --no-collapse");
   }
-  s->kversion = g_new0(uint32_t, total + 1);
   return true;
 }
 
@@ -1115,10 +1180,12 @@ static void sim_loop(struct sim *s) {
   while (s->heap.n > 0) {
     struct event e = heap_pop(&s->heap);
     if (e.type == EV_KERNEL_END) {
-      if (e.version != s->kversion[e.id])
+      struct unit_rt *u = &s->u[e.unit];
+      int32_t j = kernel_of_event(u, &e);
+      if (j < 0)
         continue;
       s->events++;
-      end_kernel(s, e.id, e.t);
+      end_kernel(s, u, (uint32_t)j, e.t);
     } else {
       if (e.version != s->slots[e.id].version || !s->slots[e.id].running)
         continue;
@@ -1166,9 +1233,9 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     su->peak_breakdown[m] = (uint64_t)u->peak_breakdown[m];
   su->peak_saved_activation_bytes = (uint64_t)u->peak_saved;
-  su->n_memory = u->timeline->len;
-  su->memory = (struct report_memory_point *)g_array_free(u->timeline, FALSE);
-  u->timeline = NULL;
+  su->n_memory = u->tl_len;
+  su->memory = u->tl;
+  u->tl = NULL;
   if (s->o->no_intervals)
     return;
   su->intervals = g_new(struct report_interval, c->n_instrs + 1);
@@ -1226,21 +1293,12 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
 static void sim_free(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     struct unit_rt *u = &s->u[k];
-    g_free(u->pos);
-    g_free(u->busy);
-    g_free(u->group_left);
-    g_free(u->queued);
-    g_free(u->start);
-    g_free(u->end);
-    g_free(u->slot);
-    g_free(u->remaining);
+    g_free(u->block);
     g_free(u->kernels);
     g_free(u->ops);
-    if (u->timeline)
-      g_array_free(u->timeline, TRUE);
+    g_free(u->tl);
   }
   g_free(s->u);
-  g_free(s->kversion);
   g_free(s->slots);
   g_free(s->slot_mark);
   g_free(s->parts);

@@ -15,11 +15,12 @@
  * progress check again, alone), write (piper-compile -o), sim (collapsed; --no-collapse too
  * with --no-collapse), outputs (stats, results, metrics, trace, charts).
  *
- * The plan directory is written for groups up to 256 (all with --write-all); a phase not run
- * shows 0 and is left out of its exponent.
+ * The plan directory is written at every size: past 2,048 devices it holds one file per class
+ * (plan-impl.h), so writing it costs what plan.json's device lists cost. A phase not run shows
+ * 0 and is left out of its exponent.
  *
  * Run from the repository root: build/bench/bench_scale [--big] [--no-collapse] [--no-charts]
- * [--write-all] [--only dense|moe-ep|moe-dp] [--repeat N] */
+ * [--only dense|moe-ep|moe-dp] [--repeat N] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,12 +60,8 @@ static const struct family families[] = {
      8192},
 };
 
-/* Plan directories hold one file per device (SPEC §5, kept byte for byte): beyond this group
- * size the bench writes them only under --write-all, to keep its default run short. */
-#define WRITE_MAX_DP 256
-
 struct options {
-  bool big, no_collapse, charts, write_all;
+  bool big, no_collapse, charts;
   const char *only;
   uint32_t repeat;
 };
@@ -185,7 +182,7 @@ static bool run_phases(const struct family *f, const char *program_path, const c
     s->seconds[PH_CHECK] = since(&t);
   }
   char *plan_dir = g_build_filename(dir, "plan", NULL);
-  if (ok && (opt->write_all || s->devices <= 16 * WRITE_MAX_DP)) {
+  if (ok) {
     t = cpu_seconds();
     ok = plan_write_dir(r.plan, plan_dir, err);
     s->seconds[PH_WRITE] = since(&t);
@@ -361,8 +358,6 @@ static bool parse_args(int argc, char **argv, struct options *o) {
       o->big = true;
     else if (!strcmp(argv[i], "--no-collapse"))
       o->no_collapse = true;
-    else if (!strcmp(argv[i], "--write-all"))
-      o->write_all = true;
     else if (!strcmp(argv[i], "--no-charts"))
       o->charts = false;
     else if (!strcmp(argv[i], "--only") && i + 1 < argc)
@@ -378,7 +373,7 @@ static bool parse_args(int argc, char **argv, struct options *o) {
 int main(int argc, char **argv) {
   struct options opt;
   if (!parse_args(argc, argv, &opt)) {
-    fprintf(stderr, "usage: bench_scale [--big] [--no-collapse] [--no-charts] [--write-all] "
+    fprintf(stderr, "usage: bench_scale [--big] [--no-collapse] [--no-charts] "
                     "[--only dense|moe-ep|moe-dp] "
                     "[--repeat N (1..64)]\n");
     return 2;

@@ -149,5 +149,35 @@ expect_bad "bad --mbs" "--mbs" --model $MOE --directives $BS/dp2.json --mbs 0
 expect_bad "bad --pp-regions" "--pp-regions 99" --model $MOE --directives $BS/dp2.json --pp-regions 99
 expect_bad "unknown option" "--frobnicate" --model $MOE --directives $BS/dp2.json --frobnicate
 
+# --- plans past 2,048 devices: plan.json and one class-<k>.json per class -----------------------
+# The directory's files and bytes do not grow with the devices (plan.json's device lists aside);
+# piper-sim --plans gives the in-process figures; piper-exec --plans reads it (and then asks for
+# one process per device, which this machine cannot launch).
+PS="$BIN/piper-sim"
+PE="$BIN/piper-exec"
+for dp in 1100 2200; do
+  expect_ok "compact layout dp=$dp" --model $DENSE --layout pp=2,dp=$dp --schedule 1f1b --mbs 4 -o "$T/big$dp"
+done
+files() { find "$1" -type f ! -name plan.json ! -name '1f1b_*' | wc -l; }
+bytes() { find "$1" -type f ! -name plan.json ! -name '1f1b_*' -printf '%s\n' | awk '{s += $1} END {print s}'; }
+if [ "$(files "$T/big1100")" -eq 2 ] && [ "$(files "$T/big2200")" -eq 2 ] &&
+  [ -f "$T/big2200/class-1.json" ] && [ ! -e "$T/big2200/device-0.json" ] &&
+  grep -q '"layout": "classes"' "$T/big2200/plan.json"; then ok; else bad "compact layout files: $(ls "$T/big2200" | head)"; fi
+b1=$(bytes "$T/big1100"); b2=$(bytes "$T/big2200")
+[ "$b2" -le $((b1 + b1 / 50)) ] && ok || bad "class files grew with the devices: $b1 -> $b2 bytes"
+figures() { grep -E '^  (iteration|throughput|bubble|peak memory|simulated) ' | sed 's/ in [0-9.]* s;/;/'; }
+"$PS" --plans "$T/big2200" --profile profiles/unit.json --out "$T/bigsim" --no-charts 2>"$T/err" | figures >"$T/fromdisk"
+"$PS" --model $DENSE --layout pp=2,dp=2200 --schedule 1f1b --mbs 4 --profile profiles/unit.json \
+  --out "$T/bigsim2" --no-charts 2>>"$T/err" | figures >"$T/inproc"
+[ -s "$T/fromdisk" ] && [ "$(wc -l <"$T/fromdisk")" -eq 5 ] && diff "$T/fromdisk" "$T/inproc" >/dev/null &&
+  ok || bad "piper-sim --plans on the compact layout: $(cat "$T/err") $(diff "$T/fromdisk" "$T/inproc")"
+"$PE" --plans "$T/big2200" --iters 1 --out "$T/bigrun" --quiet --no-charts 2>"$T/err"
+grep -q "the plan has 4400 devices but the job has 1 processes" "$T/err" &&
+  ok || bad "piper-exec --plans on the compact layout: $(cat "$T/err")"
+# Written again over a per-device directory: no device file of the old plan is left behind.
+expect_ok "small plan" --model $DENSE --layout pp=2,dp=2 --schedule 1f1b --mbs 4 -o "$T/big1100"
+expect_ok "compact over small" --model $DENSE --layout pp=2,dp=1100 --schedule 1f1b --mbs 4 -o "$T/big1100"
+[ "$(files "$T/big1100")" -eq 2 ] && ok || bad "stale files after rewriting: $(ls "$T/big1100" | head)"
+
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -14,6 +14,7 @@
 #include "../../base/json.h"
 #include "../../ir/plan.h"
 #include "../../models/model.h"
+#include "../../sim/sim.h"
 
 /* --- the hand-built plan --------------------------------------------------------------------
  * Groups: g0 = {0, 2} (stage 0), g1 = {1, 3} (stage 1).
@@ -689,6 +690,127 @@ static void test_positions(void **state) {
   g_free(dir);
 }
 
+
+/* --- the compact layout past PLAN_DEVICE_FILES_MAX (2,048) devices ------------------------- */
+
+/* Compiles tiny-dense over two stages replicated over dp devices each. */
+static struct compile_result compile_dense_dp(uint32_t dp) {
+  char layout[64];
+  snprintf(layout, sizeof layout, "pp=2,dp=%u", dp);
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-dense.json";
+  o.layout = layout;
+  o.have_schedule = true;
+  o.schedule.family = SCHED_1F1B;
+  o.schedule.mbs = 4;
+  return test_compile(&o);
+}
+
+/* Files in dir and their bytes; *plan_bytes gets plan.json's. */
+static uint32_t dir_files(const char *dir, uint64_t *bytes, uint64_t *plan_bytes) {
+  GDir *g = g_dir_open(dir, 0, NULL);
+  assert_non_null(g);
+  uint32_t n = 0;
+  *bytes = *plan_bytes = 0;
+  for (const char *name; (name = g_dir_read_name(g)) != NULL; n++) {
+    char *path = g_build_filename(dir, name, NULL);
+    GStatBuf st;
+    assert_int_equal(g_stat(path, &st), 0);
+    if (strcmp(name, "plan.json") == 0)
+      *plan_bytes = (uint64_t)st.st_size;
+    else
+      *bytes += (uint64_t)st.st_size;
+    g_free(path);
+  }
+  g_dir_close(g);
+  return n;
+}
+
+/* Writes, reads back and simulates the plan of dp-wide stages; returns the directory's files
+ * and bytes outside plan.json and checks the round trip against the in-process plan. */
+static uint32_t compact_round_trip(uint32_t dp, const struct profile *prof, uint64_t *bytes,
+                                   uint64_t *plan_bytes) {
+  struct compile_result r = compile_dense_dp(dp);
+  assert_int_equal(r.plan->n_devices, 2 * dp);
+  char *dir = test_tmp_dir("test_plan-XXXXXX");
+  write_ok(r.plan, dir);
+  uint32_t n = dir_files(dir, bytes, plan_bytes);
+  char *index = slurp(dir, "plan.json");
+  assert_non_null(strstr(index, "\"layout\": \"classes\""));
+  g_free(index);
+  struct plan *q = read_ok(dir);
+  assert_true(plan_equal(r.plan, q));
+  GError *err = NULL;
+  struct sim_options so = {.collapse = true, .no_intervals = true};
+  struct sim_result *a = sim_run(r.plan, prof, &so, &err);
+  struct sim_result *b = sim_run(q, prof, &so, &err);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_true(a->iteration_time == b->iteration_time);
+  assert_int_equal(a->device_instructions, b->device_instructions);
+  assert_int_equal(a->n_units, b->n_units);
+  for (uint32_t u = 0; u < a->n_units; u++)
+    assert_int_equal(a->units[u].peak_bytes, b->units[u].peak_bytes);
+  assert_int_equal(n, 1 + q->n_classes);
+  sim_result_free(a);
+  sim_result_free(b);
+  plan_free(q);
+  compile_result_free(&r);
+  test_remove_tree(dir);
+  g_free(dir);
+  return n;
+}
+
+/* Past 2,048 devices a plan directory holds plan.json and one file per class: the file count
+ * and the bytes outside plan.json stay put as the devices double, plan.json grows by its
+ * device lists only, and the plan reads back equal and simulates to the same figures. */
+static void test_compact_layout(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct profile *prof = profile_load_file("profiles/h100-sxm.json", &err);
+  assert_non_null(prof);
+  uint64_t bytes1, plan1, bytes2, plan2;
+  uint32_t n1 = compact_round_trip(1100, prof, &bytes1, &plan1);
+  uint32_t n2 = compact_round_trip(2200, prof, &bytes2, &plan2);
+  assert_int_equal(n1, n2);
+  /* peers and members are device ids: a digit more at most */
+  assert_true(bytes2 <= bytes1 + bytes1 / 50);
+  /* the device -> class map and the groups: a few bytes per device */
+  assert_true(plan2 - plan1 <= 32 * 2200);
+  profile_free(prof);
+}
+
+/* A plan at the limit keeps one file per device, and rewriting a directory in the other
+ * layout leaves no file of the first behind. */
+static void test_layout_switch(void **state) {
+  (void)state;
+  char *dir = test_tmp_dir("test_plan-XXXXXX");
+  struct compile_result big = compile_dense_dp(1100), edge = compile_dense_dp(1024);
+  uint64_t bytes, plan_bytes;
+  write_ok(big.plan, dir);
+  write_ok(edge.plan, dir);
+  assert_int_equal(dir_files(dir, &bytes, &plan_bytes), 1 + 2048);
+  char *index = slurp(dir, "plan.json");
+  assert_null(strstr(index, "\"layout\""));
+  g_free(index);
+  struct plan *q = read_ok(dir);
+  assert_true(plan_equal(edge.plan, q));
+  plan_free(q);
+  write_ok(big.plan, dir);
+  assert_int_equal(dir_files(dir, &bytes, &plan_bytes), 1 + big.plan->n_classes);
+  /* a class file's device must be its class's first member */
+  assert_int_equal(big.plan->classes[0].devices[0], 0);
+  edit(dir, "class-0.json", "device", "1");
+  GError *err = NULL;
+  assert_null(plan_read_dir(dir, &err));
+  test_assert_input_error(err, "class-0.json: \"device\" is 1");
+  g_clear_error(&err);
+  compile_result_free(&big);
+  compile_result_free(&edge);
+  test_remove_tree(dir);
+  g_free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_positions),
@@ -699,6 +821,8 @@ int main(void) {
       cmocka_unit_test(test_from_json),
       cmocka_unit_test(test_lowered_round_trip),
       cmocka_unit_test(test_grouped_round_trip),
+      cmocka_unit_test(test_compact_layout),
+      cmocka_unit_test(test_layout_switch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
