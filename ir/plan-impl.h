@@ -13,12 +13,6 @@
 #define PLAN_FORMAT "piper-plan"
 #define PLAN_DEVICE_FORMAT "piper-plan-device"
 #define PLAN_VERSION 1
-/* Plans of more devices than this are written one file per class (class-<k>.json, the program
- * of the class's first member) instead of one per device: past a thousand devices nobody reads
- * device files one by one, and a file per device would repeat its class's program (about 90 KB
- * for a 70B stage) a hundred thousand times. At this size and below the per-device layout, the
- * one people grep, stays as it was. plan.json says "layout": "classes" for the compact one. */
-#define PLAN_DEVICE_FILES_MAX 2048u
 #define PLAN_LAYOUT_CLASSES "classes"
 /* Bounds on what a plan file may declare. Counts are also bounded by the file size (64 MiB), so
  * these mainly keep arithmetic in 32 bits. */

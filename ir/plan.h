@@ -125,6 +125,12 @@ void plan_free(struct plan *p);
  * that wait on each other. */
 bool plan_check_progress(const struct plan *p, GError **err);
 
+/* Plans of more devices than this are written one file per class (class-<k>.json, the program
+ * of the class's first member) instead of one per device: past a thousand devices nobody reads
+ * device files one by one, and a file per device would repeat its class's program (about 90 KB
+ * for a 70B stage) a hundred thousand times. At this size and below the per-device layout, the
+ * one people grep, stays as it was. plan.json says "layout": "classes" for the compact one. */
+#define PLAN_DEVICE_FILES_MAX 2048u
 /* Serialisation: dir/plan.json (index) and dir/device-<d>.json per device, or past 2,048
  * devices dir/class-<k>.json per class (plan.json then says "layout": "classes"). The reader
  * takes either. */

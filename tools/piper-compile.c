@@ -225,8 +225,11 @@ static void print_summary(const struct compile_cli *a, const struct compile_resu
          r->plan->n_classes, (unsigned long long)plan_instruction_count(r->plan), secs);
   if (a->stats)
     print_stats(r, secs);
-  if (a->out_dir)
+  if (a->out_dir && r->plan->n_devices <= PLAN_DEVICE_FILES_MAX)
     printf("wrote %s/plan.json and %u device plans\n", a->out_dir, r->plan->n_devices);
+  else if (a->out_dir)
+    printf("wrote %s/plan.json and %u class plans (one per class of alike devices, %u devices)\n",
+           a->out_dir, r->plan->n_classes, r->plan->n_devices);
 }
 
 int main(int argc, char **argv) {
