@@ -31,7 +31,7 @@ struct control_job {
 struct step_stats {
   double *losses; /* [dp * M] by global micro-batch */
   uint32_t n;
-  double window[2]; /* -first start, last end */
+  double window[3]; /* -first start, last end, a stop asked for on some rank */
 };
 
 struct runner {
@@ -351,7 +351,7 @@ static bool collect(struct runner *R, void *arg, GError **err) {
   struct step_stats *ss = arg;
   if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err))
     return false;
-  return exec_world_all_reduce_f64(R->b, ss->window, 2, EXEC_REDUCE_MAX, err);
+  return exec_world_all_reduce_f64(R->b, ss->window, 3, EXEC_REDUCE_MAX, err);
 }
 
 static bool sum_fn(struct runner *R, void *arg, GError **err) {
@@ -899,6 +899,7 @@ static bool collect_step(struct runner *R, GError **err) {
   }
   ss->window[0] = -lo;
   ss->window[1] = hi;
+  ss->window[2] = R->o->stop && *R->o->stop ? 1 : 0;
   for (uint32_t k = 0; k < R->dev->M; k++)
     if (R->s.mbs[k].has_loss)
       ss->losses[R->s.mbs[k].global_index] = R->s.mbs[k].loss;
@@ -975,9 +976,16 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
 
 static bool run_steps(struct runner *R, struct exec_result *res, GError **err) {
   uint32_t total = R->o->warmup + R->o->iters;
-  for (uint32_t step = res->first_step; step <= total; step++)
+  for (uint32_t step = res->first_step; step <= total; step++) {
     if (!train_step(R, res, step, err))
       return false;
+    /* every rank saw the same flag in the step's exchange: all stop after this step */
+    if (R->ss.window[2] > 0 && step < total) {
+      res->stopped = true;
+      res->n_steps = step - res->first_step + 1;
+      return true;
+    }
+  }
   return true;
 }
 
@@ -996,7 +1004,7 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
   res->peak_memory_bytes = R->s.mem_peak;
   exec_watchdog_phase("the run's summary and report", true);
   double sums[3] = {R->overhead_s, R->dispatch_s, (double)R->instructions};
-  struct step_stats tot = {sums, 3, {0, 0}};
+  struct step_stats tot = {sums, 3, {0, 0, 0}};
   if (!control(R, sum_fn, &tot, err)) {
     R->clean = false;
     return false;
