@@ -557,15 +557,21 @@ static bool check_all_placed(struct apply *a, GError **err) {
           a->p->d[d].op == DIR_SHARD;
   if (!any)
     return true;
-  const struct ir_graph *g = a->g;
+  struct ir_graph *g = a->g;
+  int pp = ir_graph_tag(g, "PP", false);
   for (uint32_t i = 0; i < g->nodes->len; i++) {
-    if (IR_NODE(g, i)->kind != IR_NODE_COMPUTE || INFO(a, i)->grouped_by != IR_NONE)
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_COMPUTE || INFO(a, i)->grouped_by != IR_NONE)
       continue;
     char *nm = node_name(g, i);
-    fail_at(a, IR_NONE, err,
-            "\"%s\" has no place: no place, replicate or shard directive matches it (add a "
-            "place directive for its stage)",
-            nm);
+    if (pp >= 0 && n->tags[pp] >= 0)
+      fail_at(a, IR_NONE, err,
+              "pipeline stage PP=%d has no place: no place, replicate or shard directive "
+              "matches \"%s\" (add {\"op\": \"place\", \"filter\": {\"PP\": %d}, ...})",
+              n->tags[pp], nm, n->tags[pp]);
+    else
+      fail_at(a, IR_NONE, err,
+              "\"%s\" has no place: no place, replicate or shard directive matches it", nm);
     g_free(nm);
     return false;
   }
