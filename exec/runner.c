@@ -1137,12 +1137,16 @@ bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_
   PIPER_ASSERT(o != NULL && o->plan != NULL && b != NULL && res != NULL);
   memset(res, 0, sizeof *res);
   uint32_t rank = exec_backend_world_rank(b), size = exec_backend_world_size(b);
-  if (size != o->plan->n_devices)
+  if (size != o->plan->n_devices) {
+    /* every rank sees the same sizes: rank 0 alone says so, and no rank needs an abort */
+    res->error_everywhere = true;
+    res->error_printed_elsewhere = rank != 0;
     return piper_input_error(
         err,
         "the plan has %u devices but the job has %u processes (launch one process "
         "per device: mpirun -np %u)",
         o->plan->n_devices, size, o->plan->n_devices);
+  }
   exec_backend_reset(b);
   /* on the heap: after a failure, workers may outlive this call */
   struct runner *R = g_new0(struct runner, 1);

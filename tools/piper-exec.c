@@ -325,9 +325,12 @@ static bool file_writable(const char *option, const char *path, GError **err) {
 }
 
 /* The run directory (rank 0 writes it; other ranks only need to know there is one: they send
- * rank 0 their part) and every output path, checked before MPI starts. */
-static bool prepare_outputs(const struct exec_cli *a, char **run_dir, GError **err) {
+ * rank 0 their part) and every output path, checked before MPI starts. created: the run
+ * directory is new (a failed run removes it again if it stayed empty). */
+static bool prepare_outputs(const struct exec_cli *a, char **run_dir, bool *created,
+                            GError **err) {
   *run_dir = NULL;
+  *created = !a->out;
   if (a->dump_params && !file_writable("--dump-params", a->dump_params, err))
     return false;
   if (a->checkpoint && !dir_writable("--checkpoint", a->checkpoint, err))
@@ -335,6 +338,7 @@ static bool prepare_outputs(const struct exec_cli *a, char **run_dir, GError **e
   if (a->no_report)
     return true;
   if (a->out) {
+    *created = !g_file_test(a->out, G_FILE_TEST_EXISTS);
     if (!report_run_dir_claim(a->out, a->force, err) || !dir_writable("--out", a->out, err))
       return false;
     *run_dir = g_strdup(a->out);
@@ -477,13 +481,14 @@ int main(int argc, char **argv) {
   GError *err = NULL;
   struct exec_plan p = {0};
   char *run_dir = NULL;
-  if (!load_plan(&a, &p, &err) || !prepare_outputs(&a, &run_dir, &err)) {
+  bool created = false;
+  if (!load_plan(&a, &p, &err) || !prepare_outputs(&a, &run_dir, &created, &err)) {
     exec_plan_free(&p);
     return error_exit_once(err);
   }
   fill_run_options(&a, &p, run_dir, &o);
   rc = run_on_backend(ops, &o, &a, &argc, &argv);
-  if (rc != 0 && rc != 130 && !a.out && run_dir && launcher_rank() == 0)
+  if (rc != 0 && rc != 130 && created && run_dir && launcher_rank() == 0)
     g_rmdir(run_dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
   g_free(run_dir);
   exec_plan_free(&p);
