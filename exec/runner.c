@@ -699,6 +699,52 @@ static void print_step(uint32_t step, uint32_t total, double loss, double secs, 
 
 /* The device program and the state it trains, before anything runs: false (nothing to undo
  * but the model and device, which the caller frees) on an input error. */
+/* MemAvailable in /proc/meminfo, bytes; 0 when unknown (not Linux). */
+static uint64_t host_memory_available(void) {
+  char *text = NULL;
+  uint64_t kib = 0;
+  if (!g_file_get_contents("/proc/meminfo", &text, NULL, NULL))
+    return 0;
+  const char *line = strstr(text, "MemAvailable:");
+  if (line)
+    kib = g_ascii_strtoull(line + strlen("MemAvailable:"), NULL, 10);
+  g_free(text);
+  return kib * 1024;
+}
+
+/* A model the host cannot hold is refused before anything is allocated, with the figures,
+ * rather than ending in an allocation failure mid-setup. The estimate: parameters, gradients
+ * and AdamW's two moments in float32, plus every buffer of one step held at once (an upper
+ * bound on activations: the host backend computes in float32), times the ranks this machine
+ * runs (the launcher's local size). A backend with device memory of its own is not judged
+ * by the host's. */
+static bool check_host_memory(const struct runner *R, struct exec_backend *b, GError **err) {
+  if (strcmp(exec_backend_name(b), "host") != 0)
+    return true;
+  uint64_t avail = host_memory_available();
+  if (!avail)
+    return true;
+  const struct plan_class *c = R->device.cls;
+  size_t dtype = model_dtype_bytes(R->device.plan->model->dtype);
+  uint64_t acts = 0;
+  for (uint32_t t = 0; t < c->n_tensors; t++)
+    acts += c->tensors[t].bytes / dtype * sizeof(float);
+  uint64_t stat = 4 * R->device.n_params * sizeof(float);
+  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  uint64_t ranks = local ? g_ascii_strtoull(local, NULL, 10) : 1;
+  uint64_t need = (stat + acts) * (ranks ? ranks : 1);
+  if (need <= avail)
+    return true;
+  const double gib = (double)(1ull << 30);
+  return piper_input_error(
+      err,
+      "%s does not fit this machine's memory: about %.1f GiB needed (%.1f GiB of parameters, "
+      "gradients and optimizer state, %.1f GiB of activations per rank, %llu rank%s here) but "
+      "%.1f GiB is available (MemAvailable in /proc/meminfo)",
+      R->device.plan->model->name, (double)need / gib, (double)stat / gib, (double)acts / gib,
+      (unsigned long long)ranks, ranks == 1 ? "" : "s", (double)avail / gib);
+}
+
 static bool runner_prepare(struct runner *R, const struct exec_options *o, struct exec_backend *b,
                            uint32_t rank, GError **err) {
   if (!exec_model_init(&R->xm, o->plan->model, err))
@@ -734,7 +780,7 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   R->comm = g_new0(double, n ? n : 1);
   R->streams = g_new0(struct exec_stream *, o->plan->n_streams);
   R->stream_end = g_new0(struct exec_event *, o->plan->n_streams);
-  return true;
+  return check_host_memory(R, b, err);
 }
 
 /* Whether instruction x is communication of kind k. */
