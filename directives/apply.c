@@ -553,8 +553,8 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
 static bool check_all_placed(struct apply *a, GError **err) {
   bool any = false;
   for (uint32_t d = 0; d < a->p->n && !any; d++)
-    any = a->p->d[d].op == DIR_PLACE || a->p->d[d].op == DIR_REPLICATE ||
-          a->p->d[d].op == DIR_SHARD;
+    any =
+        a->p->d[d].op == DIR_PLACE || a->p->d[d].op == DIR_REPLICATE || a->p->d[d].op == DIR_SHARD;
   if (!any)
     return true;
   struct ir_graph *g = a->g;

@@ -35,7 +35,8 @@ char *report_run_dir_new(const char *parent, GError **err) {
     }
     g_free(dir);
   }
-  piper_runtime_error(err, "%s/%s: every run directory name of this second is taken", parent, stamp);
+  piper_runtime_error(err, "%s/%s: every run directory name of this second is taken", parent,
+                      stamp);
   return NULL;
 }
 

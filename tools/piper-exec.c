@@ -119,10 +119,10 @@ static const struct option_program program = {
         "    or a SIGSTOP (step 0: at start-up) (tests)\n"
         "\n"
         "Ctrl-C (SIGINT; SIGTERM too when run alone) finishes the current step, writes the run\n"
-    "directory with the steps done and exits 130; a second one ends the run at once.\n"
-    "\n"
-    "Exit status: 0 success, 1 runtime failure (a watchdog, a dead peer, I/O), 2 bad input,\n"
-    "130 stopped by a signal.\n",
+        "directory with the steps done and exits 130; a second one ends the run at once.\n"
+        "\n"
+        "Exit status: 0 success, 1 runtime failure (a watchdog, a dead peer, I/O), 2 bad input,\n"
+        "130 stopped by a signal.\n",
     .options = options,
     .help_column = 24,
 };
@@ -313,9 +313,9 @@ static bool dir_writable(const char *option, const char *dir, GError **err) {
 /* The file --dump-params writes: writable if it exists, else its directory is. */
 static bool file_writable(const char *option, const char *path, GError **err) {
   char *parent = g_path_get_dirname(path);
-  bool ok = g_file_test(path, G_FILE_TEST_EXISTS) ? access(path, W_OK) == 0
-                                                  : g_file_test(parent, G_FILE_TEST_IS_DIR) &&
-                                                        access(parent, W_OK) == 0;
+  bool ok = g_file_test(path, G_FILE_TEST_EXISTS)
+                ? access(path, W_OK) == 0
+                : g_file_test(parent, G_FILE_TEST_IS_DIR) && access(parent, W_OK) == 0;
   int e = errno;
   g_free(parent);
   if (!ok)
