@@ -515,6 +515,8 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
     cJSON_AddItemToArray(losses, cJSON_CreateNumber(all_losses[k]));
   cJSON_AddNumberToObject(extra, "first_step", res->first_step);
   cJSON_AddNumberToObject(extra, "warmup", R->o->warmup);
+  if (res->stopped) /* a signal ended the run early: the steps asked for, and the last one run */
+    cJSON_AddNumberToObject(extra, "stopped_after_step", res->first_step + res->n_steps - 1);
   cJSON_AddStringToObject(extra, "backend", exec_backend_name(R->b));
   cJSON_AddStringToObject(extra, "communication", exec_backend_comm_library(R->b));
   cJSON_AddStringToObject(extra, "data", exec_data_kind(R->s.data));

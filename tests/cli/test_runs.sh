@@ -140,6 +140,7 @@ for sig in INT TERM; do
 import json, sys
 m = json.load(open(sys.argv[1]))
 assert 1 <= len(m["losses"]) < 1000001, len(m["losses"])
+assert m["stopped_after_step"] == len(m["losses"]), m["stopped_after_step"]
 EOF
 done
 
