@@ -455,6 +455,10 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
   }
   if (rank == 0 && !a->quiet)
     print_result(o, &res);
+  if (res.stopped) { /* every rank stops at this step: the launcher may end us once one exits */
+    term_message[0] = '\0';
+    term_code = 130;
+  }
   if (rank == 0 && res.stopped)
     fprintf(stderr,
             "piper-exec: stopped by a signal after step %u of %u; the run directory holds the "

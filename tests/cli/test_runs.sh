@@ -161,6 +161,33 @@ if command -v mpirun >/dev/null && "$PE" --list-backends | grep -q MPI; then
     bad "MPI wrong process count: not one error line: $(cat "$T/mpi.log")"
   grep -q "MPI_ABORT\|terminated by the launcher" "$T/mpi.log" &&
     bad "MPI wrong process count: an abort banner: $(cat "$T/mpi.log")" || ok
+  # SIGINT to rank 1 alone: both ranks stop after the same step, rank 0 writes the run
+  timeout 120 "${MPIRUN[@]}" -np 2 "$PE" --model "$ROOT/models/tiny-moe.json" \
+    --directives "$ROOT/directives/base-schedules/dp2.json" --mbs 2 --iters 1000000 --quiet \
+    --no-charts --out "$T/mpistop" >"$T/mpi.log" 2>&1 &
+  mp=$!
+  rank1=
+  for _ in $(seq 100); do
+    sleep 0.1
+    for p in $(pgrep -f -- "--out $T/mpistop"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && rank1=$p
+    done
+    [ -n "$rank1" ] && break
+  done
+  sleep 4
+  [ -n "$rank1" ] && kill -INT "$rank1"
+  wait "$mp"
+  rc=$?
+  [ "$rc" -eq 130 ] && ok || bad "MPI SIGINT to rank 1: exit $rc: $(cat "$T/mpi.log")"
+  grep -q "stopped by a signal after step" "$T/mpi.log" && ok ||
+    bad "MPI SIGINT to rank 1: no stop message: $(cat "$T/mpi.log")"
+  grep -q "terminated by the launcher\|MPI_ABORT" "$T/mpi.log" &&
+    bad "MPI SIGINT to rank 1: a failure message: $(cat "$T/mpi.log")" || ok
+  python3 - "$T/mpistop/metrics.json" <<'EOF' && ok || bad "MPI SIGINT to rank 1: metrics.json"
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["stopped_after_step"] == len(m["losses"]) >= 1
+EOF
 fi
 
 echo "test_runs.sh: $pass passed, $failed failed"
