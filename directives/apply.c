@@ -547,6 +547,73 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
   return true;
 }
 
+/* A program that places anything places everything: a compute node no place, replicate or
+ * shard reached would otherwise land on device 0 unnoticed. A program with no placement at
+ * all is a one-device program. */
+static bool check_all_placed(struct apply *a, GError **err) {
+  bool any = false;
+  for (uint32_t d = 0; d < a->p->n && !any; d++)
+    any =
+        a->p->d[d].op == DIR_PLACE || a->p->d[d].op == DIR_REPLICATE || a->p->d[d].op == DIR_SHARD;
+  if (!any)
+    return true;
+  struct ir_graph *g = a->g;
+  int pp = ir_graph_tag(g, "PP", false);
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_COMPUTE || INFO(a, i)->grouped_by != IR_NONE)
+      continue;
+    char *nm = node_name(g, i);
+    if (pp >= 0 && n->tags[pp] >= 0)
+      fail_at(a, IR_NONE, err,
+              "pipeline stage PP=%d has no place: no place, replicate or shard directive "
+              "matches \"%s\" (add {\"op\": \"place\", \"filter\": {\"PP\": %d}, ...})",
+              n->tags[pp], nm, n->tags[pp]);
+    else
+      fail_at(a, IR_NONE, err,
+              "\"%s\" has no place: no place, replicate or shard directive matches it", nm);
+    g_free(nm);
+    return false;
+  }
+  return true;
+}
+
+/* The directive whose "devices" name the highest device id: the likely typo. */
+static uint32_t directive_with_device(const struct apply *a, uint32_t device) {
+  for (uint32_t d = 0; d < a->p->n; d++)
+    for (uint32_t k = 0; k < a->p->d[d].n_devices; k++)
+      if (a->p->d[d].devices[k] == device)
+        return d;
+  return IR_NONE;
+}
+
+/* Device ids run from 0 without a gap unless the run's world was given (--devices N): a gap
+ * is a typo in "devices" that would make phantom idle devices. */
+static bool check_contiguous(struct apply *a, uint32_t n_devices_limit, GError **err) {
+  const struct ir_graph *g = a->g;
+  if (n_devices_limit || g->n_devices <= 1)
+    return true;
+  bool *used = g_new0(bool, g->n_devices);
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    for (uint32_t k = 0; k < IR_GROUP(g, n->group)->count; k++)
+      used[IR_GROUP_DEVICES(g, n->group)[k]] = true;
+  }
+  uint32_t gap = 0;
+  while (gap < g->n_devices && used[gap])
+    gap++;
+  g_free(used);
+  if (gap == g->n_devices)
+    return true;
+  uint32_t top = g->n_devices - 1;
+  return fail_at(a, directive_with_device(a, top), err,
+                 "device ids must be contiguous from 0, but nothing runs on device %u while "
+                 "device %u is used (a typo in \"devices\"? give --devices N for a larger world)",
+                 gap, top);
+}
+
 /* Every node on several devices must be replicated or sharded over them. */
 static bool check_group_use(struct apply *a, GError **err) {
   const struct ir_graph *g = a->g;
@@ -1391,7 +1458,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     s->priority = (int32_t)dd->priority;
     s->sm_share = dd->sm_share;
   }
-  if (!check_group_use(&a, err))
+  if (!check_all_placed(&a, err) || !check_contiguous(&a, n_devices_limit, err) ||
+      !check_group_use(&a, err))
     goto out;
   {
     struct segment_home *home = g_new(struct segment_home, g->model->n_segments);

@@ -25,6 +25,7 @@
 #define PIPER_EXEC_EXEC_H
 
 #include <glib.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -438,6 +439,10 @@ struct exec_options {
    * at start-up, before the communicators are created. */
   void (*step_hook)(uint32_t rank, uint32_t step, void *data);
   void *step_hook_data;
+  /* Nonzero (a signal handler sets it) asks the run to stop at the next step boundary: the
+   * ranks agree on it in the step's loss exchange, so all stop after the same step, and the
+   * run directory holds the steps done. NULL: never. */
+  const volatile sig_atomic_t *stop;
 };
 
 struct exec_options exec_options_default(void);
@@ -466,6 +471,7 @@ struct exec_result {
   /* After a failure: every rank failed at the same agreed point (the job can end without an
    * abort), and whether another rank prints the error (this one need not). */
   bool error_everywhere, error_printed_elsewhere;
+  bool stopped; /* exec_options.stop ended the run early, after n_steps steps */
 };
 
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,

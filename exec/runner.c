@@ -31,7 +31,7 @@ struct control_job {
 struct step_stats {
   double *losses; /* [dp * M] by global micro-batch */
   uint32_t n;
-  double window[2]; /* -first start, last end */
+  double window[3]; /* -first start, last end, a stop asked for on some rank */
 };
 
 struct runner {
@@ -351,7 +351,7 @@ static bool collect(struct runner *R, void *arg, GError **err) {
   struct step_stats *ss = arg;
   if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err))
     return false;
-  return exec_world_all_reduce_f64(R->b, ss->window, 2, EXEC_REDUCE_MAX, err);
+  return exec_world_all_reduce_f64(R->b, ss->window, 3, EXEC_REDUCE_MAX, err);
 }
 
 static bool sum_fn(struct runner *R, void *arg, GError **err) {
@@ -515,6 +515,8 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
     cJSON_AddItemToArray(losses, cJSON_CreateNumber(all_losses[k]));
   cJSON_AddNumberToObject(extra, "first_step", res->first_step);
   cJSON_AddNumberToObject(extra, "warmup", R->o->warmup);
+  if (res->stopped) /* a signal ended the run early: the steps asked for, and the last one run */
+    cJSON_AddNumberToObject(extra, "stopped_after_step", res->first_step + res->n_steps - 1);
   cJSON_AddStringToObject(extra, "backend", exec_backend_name(R->b));
   cJSON_AddStringToObject(extra, "communication", exec_backend_comm_library(R->b));
   cJSON_AddStringToObject(extra, "data", exec_data_kind(R->s.data));
@@ -699,6 +701,52 @@ static void print_step(uint32_t step, uint32_t total, double loss, double secs, 
 
 /* The device program and the state it trains, before anything runs: false (nothing to undo
  * but the model and device, which the caller frees) on an input error. */
+/* MemAvailable in /proc/meminfo, bytes; 0 when unknown (not Linux). */
+static uint64_t host_memory_available(void) {
+  char *text = NULL;
+  uint64_t kib = 0;
+  if (!g_file_get_contents("/proc/meminfo", &text, NULL, NULL))
+    return 0;
+  const char *line = strstr(text, "MemAvailable:");
+  if (line)
+    kib = g_ascii_strtoull(line + strlen("MemAvailable:"), NULL, 10);
+  g_free(text);
+  return kib * 1024;
+}
+
+/* A model the host cannot hold is refused before anything is allocated, with the figures,
+ * rather than ending in an allocation failure mid-setup. The estimate: parameters, gradients
+ * and AdamW's two moments in float32, plus every buffer of one step held at once (an upper
+ * bound on activations: the host backend computes in float32), times the ranks this machine
+ * runs (the launcher's local size). A backend with device memory of its own is not judged
+ * by the host's. */
+static bool check_host_memory(const struct runner *R, struct exec_backend *b, GError **err) {
+  if (strcmp(exec_backend_name(b), "host") != 0)
+    return true;
+  uint64_t avail = host_memory_available();
+  if (!avail)
+    return true;
+  const struct plan_class *c = R->device.cls;
+  size_t dtype = model_dtype_bytes(R->device.plan->model->dtype);
+  uint64_t acts = 0;
+  for (uint32_t t = 0; t < c->n_tensors; t++)
+    acts += c->tensors[t].bytes / dtype * sizeof(float);
+  uint64_t stat = 4 * R->device.n_params * sizeof(float);
+  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  uint64_t ranks = local ? g_ascii_strtoull(local, NULL, 10) : 1;
+  uint64_t need = (stat + acts) * (ranks ? ranks : 1);
+  if (need <= avail)
+    return true;
+  const double gib = (double)(1ull << 30);
+  return piper_input_error(
+      err,
+      "%s does not fit this machine's memory: about %.1f GiB needed (%.1f GiB of parameters, "
+      "gradients and optimizer state, %.1f GiB of activations per rank, %llu rank%s here) but "
+      "%.1f GiB is available (MemAvailable in /proc/meminfo)",
+      R->device.plan->model->name, (double)need / gib, (double)stat / gib, (double)acts / gib,
+      (unsigned long long)ranks, ranks == 1 ? "" : "s", (double)avail / gib);
+}
+
 static bool runner_prepare(struct runner *R, const struct exec_options *o, struct exec_backend *b,
                            uint32_t rank, GError **err) {
   if (!exec_model_init(&R->xm, o->plan->model, err))
@@ -734,7 +782,7 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   R->comm = g_new0(double, n ? n : 1);
   R->streams = g_new0(struct exec_stream *, o->plan->n_streams);
   R->stream_end = g_new0(struct exec_event *, o->plan->n_streams);
-  return true;
+  return check_host_memory(R, b, err);
 }
 
 /* Whether instruction x is communication of kind k. */
@@ -899,6 +947,7 @@ static bool collect_step(struct runner *R, GError **err) {
   }
   ss->window[0] = -lo;
   ss->window[1] = hi;
+  ss->window[2] = R->o->stop && *R->o->stop ? 1 : 0;
   for (uint32_t k = 0; k < R->dev->M; k++)
     if (R->s.mbs[k].has_loss)
       ss->losses[R->s.mbs[k].global_index] = R->s.mbs[k].loss;
@@ -975,9 +1024,16 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
 
 static bool run_steps(struct runner *R, struct exec_result *res, GError **err) {
   uint32_t total = R->o->warmup + R->o->iters;
-  for (uint32_t step = res->first_step; step <= total; step++)
+  for (uint32_t step = res->first_step; step <= total; step++) {
     if (!train_step(R, res, step, err))
       return false;
+    /* every rank saw the same flag in the step's exchange: all stop after this step */
+    if (R->ss.window[2] > 0 && step < total) {
+      res->stopped = true;
+      res->n_steps = step - res->first_step + 1;
+      return true;
+    }
+  }
   return true;
 }
 
@@ -996,7 +1052,7 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
   res->peak_memory_bytes = R->s.mem_peak;
   exec_watchdog_phase("the run's summary and report", true);
   double sums[3] = {R->overhead_s, R->dispatch_s, (double)R->instructions};
-  struct step_stats tot = {sums, 3, {0, 0}};
+  struct step_stats tot = {sums, 3, {0, 0, 0}};
   if (!control(R, sum_fn, &tot, err)) {
     R->clean = false;
     return false;
@@ -1129,12 +1185,16 @@ bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_
   PIPER_ASSERT(o != NULL && o->plan != NULL && b != NULL && res != NULL);
   memset(res, 0, sizeof *res);
   uint32_t rank = exec_backend_world_rank(b), size = exec_backend_world_size(b);
-  if (size != o->plan->n_devices)
+  if (size != o->plan->n_devices) {
+    /* every rank sees the same sizes: rank 0 alone says so, and no rank needs an abort */
+    res->error_everywhere = true;
+    res->error_printed_elsewhere = rank != 0;
     return piper_input_error(
         err,
         "the plan has %u devices but the job has %u processes (launch one process "
         "per device: mpirun -np %u)",
         o->plan->n_devices, size, o->plan->n_devices);
+  }
   exec_backend_reset(b);
   /* on the heap: after a failure, workers may outlive this call */
   struct runner *R = g_new0(struct runner, 1);

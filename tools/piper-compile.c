@@ -24,7 +24,7 @@ static const struct option_spec options[] = {
     OPTIONS_COMPILE_ARGS(struct compile_cli, compile),
     {.name = "--devices", .kind = OPTION_U32, .offset = offsetof(struct compile_cli, n_devices),
      .lo = 1, .hi = IR_MAX_DEVICES, .metavar = "N",
-     .help = "world size: device ids must be below N"},
+     .help = "world size: device ids must be below N (and need not all be used)"},
     {.name = "--import-csv", .kind = OPTION_STRING,
      .offset = offsetof(struct compile_cli, import_csv), .metavar = "FILE",
      .help = "replace the order directives by a PyTorch schedule CSV"},

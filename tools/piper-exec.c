@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <glib/gstdio.h>
+
 #ifdef HAVE_BLAS
 #include <cblas.h>
 #endif
@@ -28,7 +30,7 @@ struct exec_cli {
   struct exec_options run; /* the training options the table fills (iters, lr, ...) */
   const char *plans, *out, *backend, *data, *checkpoint, *resume, *dump_params;
   uint32_t checkpoint_every, seed;
-  bool quiet, no_report, no_charts;
+  bool quiet, no_report, no_charts, force;
 };
 
 static void list_backends(const struct option_program *p) {
@@ -78,7 +80,9 @@ static const struct option_spec options[] = {
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
     {.kind = OPTION_HEADING, .help = "output:"},
     {.name = "--out", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
-     .help = "run directory (default out/<YYYYmmdd_HHMMSS>)"},
+     .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
+    {.name = "--force", .kind = OPTION_FLAG, EXEC_OPTION(force),
+     .help = "overwrite another run's files in --out DIR"},
     {.name = "--no-report", .kind = OPTION_FLAG, EXEC_OPTION(no_report),
      .help = "write no run directory"},
     {.name = "--dump-params", .kind = OPTION_STRING, EXEC_OPTION(dump_params), .metavar = "FILE",
@@ -114,7 +118,11 @@ static const struct option_program program = {
         "    hang (KIND: send, recv, all-reduce, reduce-scatter, all-to-all, all-gather), a crash\n"
         "    or a SIGSTOP (step 0: at start-up) (tests)\n"
         "\n"
-        "Exit status: 0 success, 1 runtime failure (a watchdog, a dead peer, I/O), 2 bad input.\n",
+        "Ctrl-C (SIGINT; SIGTERM too when run alone) finishes the current step, writes the run\n"
+        "directory with the steps done and exits 130; a second one ends the run at once.\n"
+        "\n"
+        "Exit status: 0 success, 1 runtime failure (a watchdog, a dead peer, I/O), 2 bad input,\n"
+        "130 stopped by a signal.\n",
     .options = options,
     .help_column = 24,
 };
@@ -131,14 +139,48 @@ static void leak_check_before_mpi(void) {
     __lsan_do_leak_check();
 }
 
-/* The launcher ends every rank when one fails: say so in one line instead of vanishing. */
+/* The launcher ends every rank when one fails: say so in one line instead of vanishing. A
+ * user's stop (SIGINT, or SIGTERM to a process run alone) is a flag the step loop checks
+ * instead: the run ends after the current step with what it has. A second signal ends it at
+ * once. */
 static char term_message[160];
 static volatile sig_atomic_t term_code = 1;
+static volatile sig_atomic_t stop_requested = 0;
+static volatile sig_atomic_t stop_allowed = 0; /* 1: SIGINT stops; 2: SIGTERM too */
+static volatile sig_atomic_t stop_says = 0;    /* rank 0: acknowledge the stop */
 static void on_term(int sig) {
-  (void)sig;
+  if (!stop_requested && (stop_allowed == 2 || (stop_allowed == 1 && sig == SIGINT))) {
+    stop_requested = 1;
+    static const char note[] =
+        "piper-exec: stopping after the current step (signal again to end now)\n";
+    if (stop_says) {
+      ssize_t w = write(STDERR_FILENO, note, sizeof note - 1);
+      (void)w;
+    }
+    return;
+  }
   ssize_t w = write(STDERR_FILENO, term_message, strlen(term_message));
   (void)w;
   _exit(term_code);
+}
+
+/* The rank a launcher gave this process, before MPI starts (0 when run alone). */
+static uint32_t launcher_rank(void) {
+  const char *names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+  for (size_t k = 0; k < G_N_ELEMENTS(names); k++)
+    if (getenv(names[k]))
+      return (uint32_t)strtoul(getenv(names[k]), NULL, 10);
+  return 0;
+}
+
+/* An error found before MPI starts is the same on every rank (same command line, same files):
+ * rank 0 says it, the others end with the same status quietly. */
+static int error_exit_once(GError *err) {
+  if (launcher_rank() == 0)
+    return piper_error_exit("piper-exec", err);
+  int rc = err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
+  g_error_free(err);
+  return rc;
 }
 
 struct fault {
@@ -260,17 +302,55 @@ static bool load_plan(const struct exec_cli *a, struct exec_plan *p, GError **er
   return true;
 }
 
-static const char *default_run_dir(char *stamp, size_t size) {
-  time_t now = time(NULL);
-  struct tm tmv;
-  localtime_r(&now, &tmv);
-  strftime(stamp, size, "out/%Y%m%d_%H%M%S", &tmv);
-  return stamp;
+/* A directory the run will write: created now, and writable, so that a bad path is found
+ * before the first step rather than after the last. */
+static bool dir_writable(const char *option, const char *dir, GError **err) {
+  if (g_mkdir_with_parents(dir, 0755) != 0 || access(dir, W_OK) != 0)
+    return piper_input_error(err, "%s %s: cannot write there: %s", option, dir, g_strerror(errno));
+  return true;
+}
+
+/* The file --dump-params writes: writable if it exists, else its directory is. */
+static bool file_writable(const char *option, const char *path, GError **err) {
+  char *parent = g_path_get_dirname(path);
+  bool ok = g_file_test(path, G_FILE_TEST_EXISTS)
+                ? access(path, W_OK) == 0
+                : g_file_test(parent, G_FILE_TEST_IS_DIR) && access(parent, W_OK) == 0;
+  int e = errno;
+  g_free(parent);
+  if (!ok)
+    return piper_input_error(err, "%s %s: cannot write there: %s", option, path,
+                             e ? g_strerror(e) : "no such directory");
+  return true;
+}
+
+/* The run directory (rank 0 writes it; other ranks only need to know there is one: they send
+ * rank 0 their part) and every output path, checked before MPI starts. created: the run
+ * directory is new (a failed run removes it again if it stayed empty). */
+static bool prepare_outputs(const struct exec_cli *a, char **run_dir, bool *created,
+                            GError **err) {
+  *run_dir = NULL;
+  *created = !a->out;
+  if (a->dump_params && !file_writable("--dump-params", a->dump_params, err))
+    return false;
+  if (a->checkpoint && !dir_writable("--checkpoint", a->checkpoint, err))
+    return false;
+  if (a->no_report)
+    return true;
+  if (a->out) {
+    *created = !g_file_test(a->out, G_FILE_TEST_EXISTS);
+    if (!report_run_dir_claim(a->out, a->force, err) || !dir_writable("--out", a->out, err))
+      return false;
+    *run_dir = g_strdup(a->out);
+    return true;
+  }
+  *run_dir = launcher_rank() == 0 ? report_run_dir_new("out", err) : g_strdup("out");
+  return *run_dir != NULL;
 }
 
 /* The run's options from the command line and the plan. */
 static void fill_run_options(const struct exec_cli *a, const struct exec_plan *p,
-                             const char *default_dir, struct exec_options *o) {
+                             const char *run_dir, struct exec_options *o) {
   o->plan = p->plan;
   o->schedule = a->compile.schedule ? a->compile.schedule : "custom";
   o->program_file = p->program_file;
@@ -278,7 +358,8 @@ static void fill_run_options(const struct exec_cli *a, const struct exec_plan *p
   o->checkpoint_dir = a->checkpoint;
   o->checkpoint_every = a->checkpoint_every;
   o->resume_dir = a->resume;
-  o->out_dir = a->no_report ? NULL : a->out ? a->out : default_dir;
+  o->out_dir = run_dir;
+  o->stop = &stop_requested;
   o->charts = !a->no_charts;
   o->dump_params_path = a->dump_params;
   o->seed = a->seed;
@@ -338,6 +419,8 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
              "piper-exec: error: rank %u: terminated by the launcher (another rank failed or the "
              "job was cancelled)\n",
              rank);
+  stop_allowed = size == 1 ? 2 : 1; /* under a launcher, SIGTERM is the launcher's */
+  stop_says = rank == 0;
   signal(SIGTERM, on_term);
   signal(SIGINT, on_term);
 #ifdef HAVE_BLAS
@@ -372,9 +455,19 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
   }
   if (rank == 0 && !a->quiet)
     print_result(o, &res);
+  if (res.stopped) { /* every rank stops at this step: the launcher may end us once one exits */
+    term_message[0] = '\0';
+    term_code = 130;
+  }
+  if (rank == 0 && res.stopped)
+    fprintf(stderr,
+            "piper-exec: stopped by a signal after step %u of %u; the run directory holds the "
+            "steps done\n",
+            res.first_step + res.n_steps - 1, o->warmup + o->iters);
+  int rc = res.stopped ? 130 : 0;
   exec_result_clear(&res);
   free_backend(b);
-  return 0;
+  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -391,13 +484,17 @@ int main(int argc, char **argv) {
     return rc;
   GError *err = NULL;
   struct exec_plan p = {0};
-  if (!load_plan(&a, &p, &err)) {
+  char *run_dir = NULL;
+  bool created = false;
+  if (!load_plan(&a, &p, &err) || !prepare_outputs(&a, &run_dir, &created, &err)) {
     exec_plan_free(&p);
-    return piper_error_exit("piper-exec", err);
+    return error_exit_once(err);
   }
-  char stamp[32];
-  fill_run_options(&a, &p, default_run_dir(stamp, sizeof stamp), &o);
+  fill_run_options(&a, &p, run_dir, &o);
   rc = run_on_backend(ops, &o, &a, &argc, &argv);
+  if (rc != 0 && rc != 130 && created && run_dir && launcher_rank() == 0)
+    g_rmdir(run_dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
+  g_free(run_dir);
   exec_plan_free(&p);
   return rc;
 }

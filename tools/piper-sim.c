@@ -11,6 +11,7 @@
 
 #include <cairo.h>
 #include <dlfcn.h>
+#include <glib/gstdio.h>
 
 #include "../directives/compile.h"
 #include "../base/json.h"
@@ -24,7 +25,7 @@
 struct sim_cli {
   struct compile_args compile;
   const char *plans, *profile, *sweep, *out, *format;
-  bool viz, no_charts, trace_all, no_collapse, quiet;
+  bool viz, no_charts, trace_all, no_collapse, quiet, force;
 };
 
 /* One row per option, as in redis's config table: kept as rows, not reflowed. */
@@ -41,7 +42,9 @@ static const struct option_spec options[] = {
      .help = "what-if grid (see the README): sweep.csv, sweep.png"},
     {.kind = OPTION_HEADING, .help = "output:"},
     {.name = "--out", .kind = OPTION_STRING, SIM_OPTION(out), .metavar = "DIR",
-     .help = "run directory (default out/<YYYYmmdd_HHMMSS>)"},
+     .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
+    {.name = "--force", .kind = OPTION_FLAG, SIM_OPTION(force),
+     .help = "overwrite another run's files in --out DIR"},
     {.name = "--format", .kind = OPTION_STRING, SIM_OPTION(format), .metavar = "FMT",
      .help = "also draw the schedule as FMT: png, svg or pdf (png and svg always)"},
     {.name = "--viz", .kind = OPTION_FLAG, SIM_OPTION(viz),
@@ -227,12 +230,11 @@ static void release_cairo_caches(void) {
     fc_fini();
 }
 
-static const char *default_run_dir(char *stamp, size_t size) {
-  time_t now = time(NULL);
-  struct tm tmv;
-  localtime_r(&now, &tmv);
-  strftime(stamp, size, "out/%Y%m%d_%H%M%S", &tmv);
-  return stamp;
+/* The run directory: --out DIR when it holds no other run (or --force), else a new one. */
+static char *claim_run_dir(const struct sim_cli *a, GError **err) {
+  if (a->out)
+    return report_run_dir_claim(a->out, a->force, err) ? g_strdup(a->out) : NULL;
+  return report_run_dir_new("out", err);
 }
 
 /* --sweep FILE: every configuration of the grid, then one summary. */
@@ -420,9 +422,14 @@ int main(int argc, char **argv) {
   enum chart_format extra_format = CHART_PNG;
   if (a.format && !chart_format_parse(a.format, &extra_format))
     return piper_usage_error(program.name, "--format: \"%s\" is not png, svg or pdf", a.format);
-  char stamp[32];
-  const char *dir = a.out ? a.out : default_run_dir(stamp, sizeof stamp);
+  GError *err = NULL;
+  char *dir = claim_run_dir(&a, &err);
+  if (!dir)
+    return piper_error_exit(program.name, err);
   rc = a.sweep ? run_sweep(&a, dir) : run_simulation(&a, extra_format, dir);
+  if (rc != 0 && !a.out)
+    g_rmdir(dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
+  g_free(dir);
   release_cairo_caches();
   return rc;
 }

@@ -51,10 +51,10 @@ for edit_ in num_hidden_layers=6 hidden_size=128 vocab_size=512 num_experts=16 n
   key=${edit_%=*} value=${edit_#*=}
   edit "$T/four" "$key" "$value"
   expect_refused "sim, 4 devices, $edit_" "$T/edited" \
-    "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --no-charts
+    "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
   edit "$T/one" "$key" "$value"
   expect_refused "sim, one device, $edit_" "$T/edited" \
-    "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --no-charts
+    "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
   expect_refused "exec, one device, $edit_" "$T/edited" \
     "$PE" --plans "$T/edited" --iters 1 --out "$T/run" --quiet --no-charts
 done
@@ -68,7 +68,7 @@ json.dump(plan, open(sys.argv[2], "w"), indent=1)
 PY
 rm -rf "$T/edited" && cp -r "$T/four" "$T/edited" && cp "$T/bytes.json" "$T/edited/plan.json"
 expect_refused "sim, all-to-all bytes" "$T/edited" \
-  "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --no-charts
+  "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
 
 echo "plan model: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
