@@ -95,7 +95,7 @@ example: deps
 	@$(MAKE) --no-print-directory all
 	$(BIN)/piper-sim --model models/tiny-moe.json --pp-regions 4 \
 	  --base-schedule directives/base-schedules/pp4_dp2_ep2_v_placement.json \
-	  --schedule dualpipev --mbs 8 --profile profiles/h100-sxm.json --out $(EXAMPLE_OUT)
+	  --schedule dualpipev --mbs 8 --profile profiles/h100-sxm.json --out $(EXAMPLE_OUT) --force
 
 # Host kernels: vectorise their elementwise loops (gcc 12's -O2 uses the "very cheap" cost model,
 # which skips loops of unknown trip count; sqrtf's errno path blocks AdamW; assuming that FP
