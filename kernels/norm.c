@@ -63,7 +63,7 @@ void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float
 }
 
 /* sum of x[c] y[c] z[c] over [0, C), in double lanes (see kernels_impl_dot) */
-static double dot3(const float *x, const float *y, const float *z, int C) {
+KERNELS_IMPL_INLINE double dot3(const float *x, const float *y, const float *z, int C) {
   enum { L = KERNELS_IMPL_LANES };
   double lane[L] = {0};
   int c8 = C / L * L;
@@ -89,10 +89,13 @@ void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x, 
     float rstd = saved[t];
     double dot = dot3(dht, params, xt, C);
     float coef = (float)(dot * rstd * rstd * rstd / C);
-    for (int c = 0; c < C; c++) {
-      float g = rstd * params[c] * dht[c] - xt[c] * coef;
-      dxt[c] = accumulate ? dxt[c] + g : g;
-    }
+    /* two loops, not a select per element: gcc vectorises neither branch of the select */
+    if (accumulate)
+      for (int c = 0; c < C; c++)
+        dxt[c] += rstd * params[c] * dht[c] - xt[c] * coef;
+    else
+      for (int c = 0; c < C; c++)
+        dxt[c] = rstd * params[c] * dht[c] - xt[c] * coef;
   }
 }
 
