@@ -126,7 +126,7 @@ static void softmax_backward_block(float *ds, const float *pb, int ld, int i0, i
     const float *pr = pb + (size_t)r * ld;
     float *dr = ds + (size_t)r * n;
     int len = i0 + r + 1;
-    float pdp = (float)kernels_impl_dot(pr, dr, (size_t)len);
+    float pdp = (float)kernels_impl_dot_f(pr, dr, (size_t)len);
     for (int j = 0; j < len; j++)
       dr[j] = scale * pr[j] * (dr[j] - pdp);
     for (int j = len; j < n; j++)

@@ -83,22 +83,56 @@ KERNELS_IMPL_INLINE float kernels_impl_max(const float *x, size_t n) {
   return m;
 }
 
+/* Sums of many floats: float lanes over chunks of this many elements (8 per lane), each
+ * chunk's lanes then added into double lanes. Float lanes vectorise twice as wide as double
+ * ones (1.1 against 1.6 ns per element in the attention softmax with AVX2); rounding errors
+ * grow over 8 terms, not over the whole row. */
+enum { KERNELS_IMPL_CHUNK = 8 * KERNELS_IMPL_LANES };
+
 /* x[j] <- exp(x[j] - shift) for j in [0, n); returns their sum */
 KERNELS_IMPL_INLINE double kernels_impl_exp_sum(float *x, size_t n, float shift) {
-  enum { L = KERNELS_IMPL_LANES };
+  enum { L = KERNELS_IMPL_LANES, K = KERNELS_IMPL_CHUNK };
   double lane[L] = {0};
   size_t n8 = n / L * L;
-  for (size_t j = 0; j < n8; j += L)
-    for (int l = 0; l < L; l++) {
-      float e = kernels_impl_expf(x[j + l] - shift);
-      x[j + l] = e;
-      lane[l] += (double)e;
-    }
+  for (size_t j0 = 0; j0 < n8; j0 += K) {
+    size_t end = j0 + K < n8 ? j0 + K : n8;
+    float part[L] = {0};
+    for (size_t j = j0; j < end; j += L)
+      for (int l = 0; l < L; l++) {
+        float e = kernels_impl_expf(x[j + l] - shift);
+        x[j + l] = e;
+        part[l] += e;
+      }
+    for (int l = 0; l < L; l++)
+      lane[l] += part[l];
+  }
   double sum = 0.0;
   for (int l = 0; l < L; l++)
     sum += lane[l];
   for (size_t j = n8; j < n; j++)
     sum += (double)(x[j] = kernels_impl_expf(x[j] - shift));
+  return sum;
+}
+
+/* sum of x[j] y[j] over [0, n), float products summed as kernels_impl_exp_sum sums */
+KERNELS_IMPL_INLINE double kernels_impl_dot_f(const float *x, const float *y, size_t n) {
+  enum { L = KERNELS_IMPL_LANES, K = KERNELS_IMPL_CHUNK };
+  double lane[L] = {0};
+  size_t n8 = n / L * L;
+  for (size_t j0 = 0; j0 < n8; j0 += K) {
+    size_t end = j0 + K < n8 ? j0 + K : n8;
+    float part[L] = {0};
+    for (size_t j = j0; j < end; j += L)
+      for (int l = 0; l < L; l++)
+        part[l] += x[j + l] * y[j + l];
+    for (int l = 0; l < L; l++)
+      lane[l] += part[l];
+  }
+  double sum = 0.0;
+  for (int l = 0; l < L; l++)
+    sum += lane[l];
+  for (size_t j = n8; j < n; j++)
+    sum += x[j] * y[j];
   return sum;
 }
 
