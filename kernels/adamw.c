@@ -1,11 +1,13 @@
 /* adamw: the optimizer step on flat parameter arrays (llm.c's gpt2_update formula). */
 #include "kernels.h"
+#include "kernels-impl.h"
 
 #include "../base/assert.h"
 
 #include <math.h>
 
 /* params, m, v [n] updated in place <- grads [n] */
+KERNELS_IMPL_VECTOR
 void kernels_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int step) {
   PIPER_ASSERT(step >= 1);

@@ -99,40 +99,39 @@ static struct attention_head attention_head(const struct attention_views *w,
   return a;
 }
 
-/* p[0, len) <- softmax(p[0, len)), p[len, n) <- 0. Max and sum over 8 lanes so that every
- * loop vectorises (a plain reduction does not without reassociation); the lanes' sums are
- * added in double. */
-static void softmax_row(float *p, int len, int n) {
-  enum { L = 8 };
-  float lane[L];
-  for (int l = 0; l < L; l++)
-    lane[l] = -INFINITY;
-  int j8 = len / L * L;
-  for (int j = 0; j < j8; j += L)
-    for (int l = 0; l < L; l++)
-      lane[l] = p[j + l] > lane[l] ? p[j + l] : lane[l];
-  float maxv = -INFINITY;
-  for (int l = 0; l < L; l++)
-    maxv = lane[l] > maxv ? lane[l] : maxv;
-  for (int j = j8; j < len; j++)
-    maxv = p[j] > maxv ? p[j] : maxv;
-  for (int j = 0; j < len; j++)
-    p[j] = kernels_impl_expf(p[j] - maxv);
-  for (int l = 0; l < L; l++)
-    lane[l] = 0.0f;
-  for (int j = 0; j < j8; j += L)
-    for (int l = 0; l < L; l++)
-      lane[l] += p[j + l];
-  double sum = 0.0;
-  for (int l = 0; l < L; l++)
-    sum += lane[l];
-  for (int j = j8; j < len; j++)
-    sum += p[j];
-  float inv = (float)(1.0 / sum);
-  for (int j = 0; j < len; j++)
-    p[j] *= inv;
-  for (int j = len; j < n; j++)
-    p[j] = 0.0f;
+/* Rows [i0, i0 + m) of a causal block, row r at pb + r ld holding the scores of its keys:
+ * softmax over the causal prefix [0, i0 + r + 1), zeros after it up to ld (the saved p is
+ * exactly causal, whatever the block size). Per row a max pass,
+ * one pass for exp and sum and one to normalise, over a row that stays in L1. */
+KERNELS_IMPL_VECTOR
+static void softmax_block(float *pb, int ld, int i0, int m) {
+  for (int r = 0; r < m; r++) {
+    float *p = pb + (size_t)r * ld;
+    int len = i0 + r + 1;
+    float maxv = kernels_impl_max(p, (size_t)len);
+    float inv = (float)(1.0 / kernels_impl_exp_sum(p, (size_t)len, maxv));
+    for (int j = 0; j < len; j++)
+      p[j] *= inv;
+    for (int j = len; j < ld; j++)
+      p[j] = 0.0f;
+  }
+}
+
+/* The same block's softmax backward: on entry ds [m, n] holds dP = dy v^T; on exit
+ * dS = scale p (dP - rowsum(p dP)) on the causal prefix, zeros after it. */
+KERNELS_IMPL_VECTOR
+static void softmax_backward_block(float *ds, const float *pb, int ld, int i0, int m, int n,
+                                   float scale) {
+  for (int r = 0; r < m; r++) {
+    const float *pr = pb + (size_t)r * ld;
+    float *dr = ds + (size_t)r * n;
+    int len = i0 + r + 1;
+    float pdp = (float)kernels_impl_dot_f(pr, dr, (size_t)len);
+    for (int j = 0; j < len; j++)
+      dr[j] = scale * pr[j] * (dr[j] - pdp);
+    for (int j = len; j < n; j++)
+      dr[j] = 0.0f;
+  }
 }
 
 /* p = softmax(scale q k^T) (causal), y = p v, one row block at a time. */
@@ -143,8 +142,7 @@ static void attention_head_forward(const struct attention_head *a, float scale) 
     float *pb = a->p + (size_t)i0 * S;
     kernels_gemm(false, true, m, n, a->D, scale, a->q + (size_t)i0 * a->HD, a->HD, a->k, a->KD,
                  0.0f, pb, S);
-    for (int r = 0; r < m; r++)
-      softmax_row(pb + (size_t)r * S, i0 + r + 1, S);
+    softmax_block(pb, S, i0, m);
     kernels_gemm(false, false, m, a->D, n, 1.0f, pb, S, a->v, a->KD, 0.0f,
                  a->y + (size_t)i0 * a->HD, a->HD);
   }
@@ -179,18 +177,7 @@ static void attention_head_backward(const struct attention_head *a, float scale,
     int m = S - i0 < ATTENTION_BLOCK ? S - i0 : ATTENTION_BLOCK, n = i0 + m;
     const float *pb = a->p + (size_t)i0 * S, *dyb = a->dy + (size_t)i0 * HD;
     kernels_gemm(false, true, m, n, D, 1.0f, dyb, HD, a->v, KD, 0.0f, ds, n);
-    for (int r = 0; r < m; r++) {
-      const float *pr = pb + (size_t)r * S;
-      float *dr = ds + (size_t)r * n;
-      int len = i0 + r + 1;
-      float pdp = 0.0f;
-      for (int j = 0; j < len; j++)
-        pdp += pr[j] * dr[j];
-      for (int j = 0; j < len; j++)
-        dr[j] = scale * pr[j] * (dr[j] - pdp);
-      for (int j = len; j < n; j++)
-        dr[j] = 0.0f;
-    }
+    softmax_backward_block(ds, pb, S, i0, m, n, scale);
     kernels_gemm(false, false, m, D, n, 1.0f, ds, n, a->k, KD, 0.0f, a->dq + (size_t)i0 * HD, HD);
     kernels_gemm(true, false, n, D, m, 1.0f, ds, n, a->q + (size_t)i0 * HD, HD, 1.0f, a->dk, KD);
     kernels_gemm(true, false, n, D, m, 1.0f, pb, S, dyb, HD, 1.0f, a->dv, KD);

@@ -16,6 +16,25 @@ size_t kernels_lm_head_loss_bwork_floats(int T, int V) {
   return (size_t)T * V;
 }
 
+/* logits [T, V] -> probs in place; returns sum_t -log probs[t, target] */
+KERNELS_IMPL_VECTOR
+static double softmax_loss(float *logits, const int32_t *targets, int T, int V) {
+  double loss = 0.0;
+  for (int t = 0; t < T; t++) {
+    PIPER_ASSERT(targets[t] >= 0 && targets[t] < V);
+    float *row = logits + (size_t)t * V;
+    float maxv = kernels_impl_max(row, (size_t)V), target = row[targets[t]];
+    /* One pass for exp and sum (a row of the logits stays in L1), then one to normalise. */
+    double sum = kernels_impl_exp_sum(row, (size_t)V, maxv);
+    /* -log p[target] = logsumexp - logit[target], which stays finite when p underflows. */
+    loss += maxv + log(sum) - target;
+    float inv = (float)(1.0 / sum);
+    for (int v = 0; v < V; v++)
+      row[v] *= inv;
+  }
+  return loss;
+}
+
 /* probs [T, V] <- h [T, C], w [C, V] (or wte [V, C] tied), targets [T];
  * returns mean_t -log probs[t, target] */
 float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *targets,
@@ -25,25 +44,7 @@ float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *
     kernels_gemm(false, true, T, V, C, 1.0f, h, C, params, C, 0.0f, saved, V);
   else
     kernels_gemm(false, false, T, V, C, 1.0f, h, C, params, V, 0.0f, saved, V);
-  double loss = 0.0,
-         *e = kernels_impl_scratch(KERNELS_SCRATCH_LOSS_EXP, (size_t)V * sizeof(double));
-  for (int t = 0; t < T; t++) {
-    PIPER_ASSERT(targets[t] >= 0 && targets[t] < V);
-    float *row = saved + (size_t)t * V;
-    float maxv = -INFINITY;
-    for (int v = 0; v < V; v++)
-      if (row[v] > maxv)
-        maxv = row[v];
-    /* Each exp once (it is most of this loop), kept in double so p is rounded once. */
-    double sum = 0.0;
-    for (int v = 0; v < V; v++)
-      sum += (e[v] = exp((double)row[v] - maxv));
-    /* -log p[target] = logsumexp - logit[target], which stays finite when p underflows. */
-    loss += maxv + log(sum) - row[targets[t]];
-    for (int v = 0; v < V; v++)
-      row[v] = (float)(e[v] / sum);
-  }
-  return (float)(loss / T);
+  return (float)(softmax_loss(saved, targets, T, V) / T);
 }
 
 /* dh [T, C] (= or +=), dlogits [T, V] = (probs - onehot(target)) * dloss / T */
@@ -55,8 +56,10 @@ void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *s
   for (int t = 0; t < T; t++) {
     const float *p = saved + (size_t)t * V;
     float *dl = bwork + (size_t)t * V;
-    for (int v = 0; v < V; v++) /* elementwise, so bwork may alias saved */
-      dl[v] = (p[v] - (v == targets[t] ? 1.0f : 0.0f)) * scale;
+    float pt = p[targets[t]]; /* bwork may alias saved: read before the row is written */
+    for (int v = 0; v < V; v++)
+      dl[v] = p[v] * scale;
+    dl[targets[t]] = (pt - 1.0f) * scale;
   }
   float beta = accumulate ? 1.0f : 0.0f;
   if (layout == KERNELS_LM_HEAD_TIED)

@@ -1,5 +1,6 @@
 /* norm: embedding lookup, RMSNorm and the residual add (the ops without GEMMs but the head's). */
 #include "kernels.h"
+#include "kernels-impl.h"
 
 #include "../base/assert.h"
 
@@ -47,14 +48,13 @@ size_t kernels_rmsnorm_saved_floats(int T) {
 }
 
 /* h [T, C], rstd [T] <- x [T, C], w [C] */
+KERNELS_IMPL_VECTOR
 void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float *params, int T,
                              int C, float eps) {
   for (int t = 0; t < T; t++) {
     const float *xt = x + (size_t)t * C;
     float *ht = h + (size_t)t * C;
-    double ss = 0.0;
-    for (int c = 0; c < C; c++)
-      ss += (double)xt[c] * xt[c];
+    double ss = kernels_impl_dot(xt, xt, (size_t)C);
     float rstd = (float)(1.0 / sqrt(ss / C + eps));
     saved[t] = rstd;
     for (int c = 0; c < C; c++)
@@ -62,26 +62,45 @@ void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float
   }
 }
 
+/* sum of x[c] y[c] z[c] over [0, C), in double lanes (see kernels_impl_dot) */
+KERNELS_IMPL_INLINE double dot3(const float *x, const float *y, const float *z, int C) {
+  enum { L = KERNELS_IMPL_LANES };
+  double lane[L] = {0};
+  int c8 = C / L * L;
+  for (int c = 0; c < c8; c += L)
+    for (int l = 0; l < L; l++)
+      lane[l] += (double)x[c + l] * y[c + l] * z[c + l];
+  double sum = 0.0;
+  for (int l = 0; l < L; l++)
+    sum += lane[l];
+  for (int c = c8; c < C; c++)
+    sum += (double)x[c] * y[c] * z[c];
+  return sum;
+}
+
 /* dx [T, C] (= or +=) <- dh [T, C], x [T, C], rstd [T], w [C]
  * dx_j = rstd * w_j dh_j - x_j * rstd^3 / C * sum_i w_i dh_i x_i */
+KERNELS_IMPL_VECTOR
 void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *saved,
                                     const float *params, int T, int C, bool accumulate) {
   for (int t = 0; t < T; t++) {
     const float *xt = x + (size_t)t * C, *dht = dh + (size_t)t * C;
     float *dxt = dx + (size_t)t * C;
     float rstd = saved[t];
-    double dot = 0.0;
-    for (int c = 0; c < C; c++)
-      dot += (double)dht[c] * params[c] * xt[c];
+    double dot = dot3(dht, params, xt, C);
     float coef = (float)(dot * rstd * rstd * rstd / C);
-    for (int c = 0; c < C; c++) {
-      float g = rstd * params[c] * dht[c] - xt[c] * coef;
-      dxt[c] = accumulate ? dxt[c] + g : g;
-    }
+    /* two loops, not a select per element: gcc vectorises neither branch of the select */
+    if (accumulate)
+      for (int c = 0; c < C; c++)
+        dxt[c] += rstd * params[c] * dht[c] - xt[c] * coef;
+    else
+      for (int c = 0; c < C; c++)
+        dxt[c] = rstd * params[c] * dht[c] - xt[c] * coef;
   }
 }
 
 /* dw [C] += sum_t dh * x * rstd */
+KERNELS_IMPL_VECTOR
 void kernels_rmsnorm_backward_weight(float *dparams, const float *dh, const float *x,
                                      const float *saved, int T, int C) {
   for (int t = 0; t < T; t++) {

@@ -8,8 +8,7 @@
 
 /* One buffer and its size per slot and thread, freed when the thread exits. Grown, never
  * shrunk: after a thread's first call at its largest shape, no kernel allocates. */
-static GPrivate scratch_buf[KERNELS_SCRATCH_SLOTS] = {G_PRIVATE_INIT(g_free),
-                                                      G_PRIVATE_INIT(g_free)};
+static GPrivate scratch_buf[KERNELS_SCRATCH_SLOTS] = {G_PRIVATE_INIT(g_free)};
 static GPrivate scratch_size[KERNELS_SCRATCH_SLOTS];
 
 void *kernels_impl_scratch(enum kernels_scratch_slot slot, size_t bytes) {
