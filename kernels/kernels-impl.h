@@ -13,7 +13,9 @@
  * Both do the same IEEE operations in the same order (no FMA: -std=c11 keeps contraction off;
  * the lane reductions below fix the order), so the same bits; the AVX2 copy is just 8 lanes
  * wide instead of 4 (SwiGLU at [512, 1376]: 1.0 against 2.3 ns per element). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* GCC only: clang's multiversioned functions leave the plain symbol undefined when a caller in
+ * another file links against it (the sanitizer and fuzz builds use clang). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KERNELS_IMPL_VECTOR __attribute__((target_clones("avx2", "default")))
 #else
 #define KERNELS_IMPL_VECTOR
