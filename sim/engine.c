@@ -428,6 +428,7 @@ struct unit_rt {
   struct report_memory_point *tl;
   uint32_t tl_len, tl_cap;
   double tl_t;
+  bool keep_tl; /* records a timeline (sim_options.memory_timeline_limit) */
 };
 
 struct slot { /* a rendezvous: p2p pair or collective; its comm op */
@@ -563,7 +564,8 @@ static void mem_point(struct sim *s, struct unit_rt *u, double t) {
   }
   if (u->saved > u->peak_saved)
     u->peak_saved = u->saved;
-  if (s->o->no_memory_timeline)
+  (void)s;
+  if (!u->keep_tl)
     return;
   struct report_memory_point pt = {.t = t};
   for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
@@ -1157,6 +1159,22 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
 }
 
+/* Which units record a memory timeline: all, none, or past the limit each class's first
+ * member only (a unit's representative is its lowest device). */
+static void sim_timelines_choose(struct sim *s) {
+  const struct plan *p = s->p;
+  const struct sim_options *o = s->o;
+  uint64_t device_instrs = 0;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    device_instrs += (uint64_t)p->classes[c].n_instrs * p->classes[c].n_devices;
+  bool all = o->memory_timeline_limit == 0 || p->n_devices <= 64 ||
+             device_instrs <= o->memory_timeline_limit;
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    struct unit_rt *u = &s->u[k];
+    u->keep_tl = !o->no_memory_timeline && (all || u->rep == p->classes[u->cls].devices[0]);
+  }
+}
+
 /* Every unit's state; instruction ids (base + instr) must fit in 32 bits. */
 static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) {
   uint64_t total = 0;
@@ -1168,6 +1186,7 @@ static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) 
       return piper_runtime_error(
           err, "plan: more than 2^32 instructions to simulate; rerun without --no-collapse");
   }
+  sim_timelines_choose(s);
   return true;
 }
 

@@ -36,6 +36,12 @@ struct sim_options {
   bool collapse;
   bool no_intervals;       /* keep no per-instruction intervals (sweeps) */
   bool no_memory_timeline; /* keep only memory peaks */
+  /* Past this many device instructions (and 64 devices), keep the memory timeline of each
+   * class's first member only: those are the devices the trace and charts show at that size
+   * (dp rank 0 of each pp rank is the lowest device of its stage), and a timeline for every
+   * device is most of the simulator's memory under --no-collapse (two points an instruction).
+   * Peaks are kept for every device. 0 keeps every timeline. */
+  uint64_t memory_timeline_limit;
 };
 
 /* A set of devices simulated as one (its representative is members[0]). */

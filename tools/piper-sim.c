@@ -348,7 +348,9 @@ static bool write_charts(struct sim_session *s, enum chart_format extra_format, 
 static bool simulate_and_write(const struct sim_cli *a, const struct compile_options *co,
                                enum chart_format extra_format, const char *dir,
                                struct sim_session *s, GError **err) {
-  struct sim_options o = {.collapse = !a->no_collapse};
+  /* timelines of the devices the outputs show, as the trace (--trace-all: every device) */
+  struct sim_options o = {.collapse = !a->no_collapse,
+                          .memory_timeline_limit = a->trace_all ? 0 : 2000000};
   s->res = sim_run(s->plan, s->prof, &o, err);
   if (!s->res)
     return false;

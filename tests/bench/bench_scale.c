@@ -145,7 +145,7 @@ static bool write_outputs(const struct plan *plan, const struct sim_result *res,
 
 static bool simulate(const struct plan *plan, const struct profile *prof, bool collapse,
                      struct sim_result **out, GError **err) {
-  struct sim_options o = {.collapse = collapse};
+  struct sim_options o = {.collapse = collapse, .memory_timeline_limit = 2000000}; /* piper-sim's */
   *out = sim_run(plan, prof, &o, err);
   return *out != NULL;
 }
