@@ -588,8 +588,29 @@ int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stage
         by[s] = d;
     }
   }
-  /* A rank is a distinct device list, numbered by the lowest stage it holds; a stage nothing
-   * places is on [0]. */
+  /* A program that places some stages must place them all (as apply.c requires): a stage left
+   * out is most often a layout written for fewer PP regions than the model is cut into, which
+   * the shape checks below would report as a puzzling count of ranks. */
+  uint32_t placed = 0;
+  for (uint32_t s = 0; s < n_stages; s++)
+    placed += by[s] != NULL;
+  for (uint32_t s = 0; placed > 0 && s < n_stages; s++)
+    if (!by[s]) {
+      if (placed == s) /* stages 0 .. s-1 placed, none after */
+        piper_input_error(err,
+                          "%s: pipeline stage PP=%u has no place: no place, replicate or shard "
+                          "directive selects it, and the model is cut into %u PP regions (is "
+                          "the program written for --pp-regions %u?)",
+                          p->name, s, n_stages, placed);
+      else
+        piper_input_error(err,
+                          "%s: pipeline stage PP=%u has no place: no place, replicate or shard "
+                          "directive selects it",
+                          p->name, s);
+      return NULL;
+    }
+  /* A rank is a distinct device list, numbered by the lowest stage it holds; a program that
+   * places nothing runs on [0]. */
   static const uint32_t device0 = 0;
   int32_t *stage_rank = g_new(int32_t, n_stages);
   g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);

@@ -102,6 +102,9 @@ expect "--devices 8 makes the world larger" 0 "" \
 printf '[\n  {"op": "place", "filter": {"PP": 0}, "devices": [0]},\n  {"op": "place", "filter": {"PP": 1}, "devices": [1]}\n]\n' >"$T/unplaced.json"
 expect "unplaced stage" 2 "pipeline stage PP=2 has no place" \
   "$PC" --model "$DENSE" --directives "$T/unplaced.json"
+# with a schedule too: the layout written for 2 regions is named as such, not as a rank count
+expect "unplaced stage (schedule)" 2 "pipeline stage PP=2 has no place: no place, replicate or shard directive selects it, and the model is cut into 4 PP regions (is the program written for --pp-regions 2?)" \
+  "$PC" --model "$DENSE" --directives "$T/unplaced.json" --schedule 1f1b --mbs 4
 "$PC" --model "$DENSE" --directives "$T/one.json" >"$T/out" 2>"$T/err" &&
   grep -q ": 1 devices" "$T/out" && ok || bad "no placement at all is one device: $(cat "$T/out" "$T/err")"
 

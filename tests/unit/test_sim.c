@@ -22,6 +22,7 @@
 #include "../../report/chart.h"
 #include "../../sim/profile.h"
 #include "../../report/report.h"
+#include "../../directives/layout.h"
 #include "../../sim/sim.h"
 #include "../../tools/sweep.h"
 
@@ -874,6 +875,50 @@ static void test_collapse_exact(void **state) {
   profile_free(pr);
 }
 
+/* Past the timeline limit every device keeps its peak but only each class's first member (the
+ * devices the outputs show: dp rank 0 of each pp rank) keeps its memory timeline, and the kept
+ * timelines are the ones a run without the limit records. pp=2,dp=40: 80 devices, 2 classes. */
+static void test_memory_timeline_limit(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct layout l;
+  assert_true(layout_parse("pp=2,dp=40", &l, &err));
+  char *json = layout_to_json(&l);
+  char *dir = test_tmp_dir("piper-tl-XXXXXX");
+  char *path = g_build_filename(dir, "layout.json", NULL);
+  test_write_file(path, json);
+  struct profile *pr = load_profile("profiles/h100-sxm.json");
+  struct plan *p = compile("models/tiny-dense.json", path, "1f1b", 4, 2);
+  struct sim_options all = {.collapse = false}, lim = {.collapse = false, .memory_timeline_limit = 1};
+  struct sim_result *a = sim_run(p, pr, &all, &err), *b = sim_run(p, pr, &lim, &err);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_true(a->iteration_time == b->iteration_time);
+  uint32_t kept = 0;
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    const struct sim_unit *ua = &a->units[a->device_unit[d]], *ub = &b->units[b->device_unit[d]];
+    const struct plan_class *c = &p->classes[p->device_class[d]];
+    assert_int_equal(ua->peak_bytes, ub->peak_bytes);
+    assert_true(ua->n_memory > 0);
+    if (d != c->devices[0]) {
+      assert_int_equal(ub->n_memory, 0);
+      continue;
+    }
+    kept++;
+    assert_int_equal(ua->n_memory, ub->n_memory);
+    assert_memory_equal(ua->memory, ub->memory, ua->n_memory * sizeof *ua->memory);
+  }
+  assert_int_equal(kept, p->n_classes);
+  sim_result_free(a);
+  sim_result_free(b);
+  plan_free(p);
+  profile_free(pr);
+  test_remove_tree(dir);
+  g_free(path);
+  g_free(dir);
+  g_free(json);
+}
+
 /* Static memory against the ZeRO formulas, through the real pipeline. */
 static void test_static_memory_zero(void **state) {
   (void)state;
@@ -1129,6 +1174,7 @@ int main(void) {
       cmocka_unit_test(test_engine_memory),
       cmocka_unit_test(test_report_stats),
       cmocka_unit_test(test_collapse_exact),
+      cmocka_unit_test(test_memory_timeline_limit),
       cmocka_unit_test(test_static_memory_zero),
       cmocka_unit_test(test_report_files),
       cmocka_unit_test(test_sweep),
