@@ -19,7 +19,10 @@
  *   - a segment set holds the parameter bytes of its segments (whole, or divided by their
  *     expert shard degree for an optimizer's set): hidden size, vocabulary, experts, layers;
  *   - a data-parallel collective moves its segment set's bytes; an expert all-to-all moves
- *     tokens x top-k x hidden; the tied-embedding gradient sync moves the embedding matrix. */
+ *     tokens x top-k x hidden; the tied-embedding gradient sync moves the embedding matrix;
+ *   - a pipeline send or receive moves the activation (or its gradient) of a model edge out of
+ *     its segment in forward, into it in backward: sequence length, micro-batch size and
+ *     hidden size, which a dense plan shows nowhere else. */
 #include <inttypes.h>
 #include <stdarg.h>
 
@@ -95,6 +98,32 @@ static bool check_segsets(const struct model_view *v, const struct plan *p, cons
   return true;
 }
 
+/* A pipeline transfer of segment s (its producer's): an edge s -> t in forward, t -> s (the
+ * gradient flowing back) in backward, of the bytes it moves. */
+static bool check_p2p(const struct model_view *v, const struct plan *p, uint32_t i,
+                      const char *file, GError **err) {
+  const struct ir_node *n = &p->nodes[i];
+  const struct model *m = v->m;
+  if (n->segment == IR_NONE)
+    return true;
+  uint64_t seen = 0;
+  for (uint32_t k = 0; k < m->n_edges; k++) {
+    const struct model_edge *e = &m->edges[k];
+    uint32_t end = n->pass == IR_PASS_F ? e->src : e->dst;
+    if (end != n->segment)
+      continue;
+    if (e->bytes == n->bytes)
+      return true;
+    seen = e->bytes;
+  }
+  if (!seen)
+    return true; /* no edge of the model touches it: a hand-built plan's own transfer */
+  return fail_node(err, file, p, i,
+                   "it moves %" PRIu64 " bytes, the model's activations there are %" PRIu64
+                   " bytes (sequence length x micro-batch size x hidden x dtype)",
+                   n->bytes, seen);
+}
+
 static bool check_comm(const struct model_view *v, const struct plan *p, uint32_t i,
                        const char *file, GError **err) {
   const struct ir_node *n = &p->nodes[i];
@@ -116,6 +145,8 @@ static bool check_comm(const struct model_view *v, const struct plan *p, uint32_
       return true;
     want = (uint64_t)m->vocab_size * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
     break;
+  case IR_NODE_SEND:
+  case IR_NODE_RECV: return check_p2p(v, p, i, file, err);
   default: return true;
   }
   if (n->bytes == want)

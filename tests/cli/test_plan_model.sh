@@ -39,8 +39,12 @@ edit() {
 import json, sys
 path, key, value = sys.argv[1], sys.argv[2], int(sys.argv[3])
 plan = json.load(open(path))
-assert key in plan["model"], key
-plan["model"][key] = value
+obj = plan["model"]
+*parents, key = key.split(".")  # piper.seq_len: a key of the model's "piper" object
+for k in parents:
+    obj = obj[k]
+assert key in obj, key
+obj[key] = value
 json.dump(plan, open(path, "w"), indent=1)
 PY
 }
@@ -58,6 +62,16 @@ for edit_ in num_hidden_layers=6 hidden_size=128 vocab_size=512 num_experts=16 n
   expect_refused "exec, one device, $edit_" "$T/edited" \
     "$PE" --plans "$T/edited" --iters 1 --out "$T/run" --quiet --no-charts
 done
+# A dense pipeline shows sequence length and micro-batch size only in what its stages send.
+"$PC" --model models/tiny-dense.json --directives directives/base-schedules/pp4.json --pp-regions 4 \
+  --schedule 1f1b --mbs 4 -o "$T/dense" >/dev/null 2>"$T/err" || bad "compile pp4: $(cat "$T/err")"
+for edit_ in piper.seq_len=64 piper.micro_batch_size=4; do
+  key=${edit_%=*} value=${edit_#*=}
+  edit "$T/dense" "$key" "$value"
+  expect_refused "sim, dense pp4, $edit_" "$T/edited" \
+    "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
+done
+grep -q "the model's activations there are" "$T/err" && ok || bad "p2p message: $(cat "$T/err")"
 # A byte count of one node edited on its own (the model untouched) is named too.
 python3 - "$T/four/plan.json" "$T/bytes.json" <<'PY'
 import json, sys
