@@ -28,7 +28,7 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
   if (a->schedule && !sched_family_parse(a->schedule, &o->schedule.family))
     return piper_input_error(err,
                      "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, "
-                     "zerobubble, zbv, dualpipe, dualpipev, custom)",
+                     "zerobubble, zbv, dualpipe, dualpipev, interleaved_zerobubble, custom)",
                      a->schedule);
   return true;
 }

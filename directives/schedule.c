@@ -7,7 +7,7 @@
  * - Builders work on pipeline positions p = 0..R-1 and map them to physical ranks through the
  *   layout, so any numbering of the ranks works as long as the layout has the family's shape:
  *     one stage per rank (gpipe, 1f1b, zerobubble, dualpipe): position p holds stage p;
- *     loop (interleaved_1f1b): v = stages / R >= 2, stage s is on the rank of stage s mod R, so
+ *     loop (interleaved_1f1b, interleaved_zerobubble): v = stages / R >= 2, stage s is on the rank of stage s mod R, so
  *       position p holds stages p, p+R, ..., p+(v-1)R;
  *     V (zbv, dualpipev): 2R stages, stage 2R-1-s is on the rank of stage s, so position p holds
  *       stages p and 2R-1-p.
@@ -27,7 +27,9 @@
 #include "schedule-impl.h"
 
 static const char *const family_names[SCHED_FAMILY_COUNT] = {
-    "gpipe", "1f1b", "interleaved_1f1b", "zerobubble", "zbv", "dualpipe", "dualpipev", "custom"};
+    "gpipe",     "1f1b",       "interleaved_1f1b",       "zerobubble",
+    "zbv",       "dualpipe",   "dualpipev",              "interleaved_zerobubble",
+    "custom"};
 
 const char *sched_family_name(enum sched_family f) {
   return (unsigned)f < SCHED_FAMILY_COUNT ? family_names[f] : "?";
@@ -149,6 +151,46 @@ static void build_interleaved(struct builder *b, uint32_t R, uint32_t v, uint32_
     }
 #undef FWD_CHUNK
 #undef MB_OF
+  }
+}
+
+/* Interleaved zero bubble (Qi et al. 2024, ZB1P; PyTorch's ScheduleInterleavedZeroBubble): the
+ * loop layout of interleaved 1F1B with the backward split into BI and BW. PyTorch's
+ * flexible rounds: M micro-batches run in max(1, M / R) rounds of mpr = M / rounds (M must
+ * divide into them), the k-th forward of a rank runs chunk (k / mpr) mod v, the k-th backward
+ * chunk v-1 - (k / mpr) mod v, each chunk's micro-batches counted in order. Position p warms up
+ * with (v-1) mpr + R-1-p forwards (one per hop, not 1F1B's two: the BI of the next rank comes
+ * back one unit later), then runs F BI pairs, then the remaining BI; from its p-th backward on
+ * each BI is followed by the BW of the oldest backward not yet weighted, and the BW left over
+ * run last. This is _get_1f1b_rank_ops with enable_zero_bubble, num_1f1b_microbatches = p. */
+static void build_interleaved_zb(struct builder *b, uint32_t R, uint32_t v, uint32_t M) {
+  uint32_t rounds = M / R > 1 ? M / R : 1, mpr = M / rounds, total = M * v;
+  g_autofree uint32_t *count = g_new(uint32_t, 3 * (size_t)v); /* F, BI, BW per chunk */
+  g_autofree uint32_t *back_chunk = g_new(uint32_t, total);    /* chunk of each backward */
+  for (uint32_t p = 0; p < R; p++) {
+    uint32_t warmup = MIN((v - 1) * mpr + (R - 1 - p), total), n_back = 0, n_weight = 0;
+    memset(count, 0, 3 * (size_t)v * sizeof *count);
+#define CHUNK_STAGE(c) ((int32_t)((c) * R + p))
+#define EMIT_NEXT(c, kind, pass)                                                                 \
+  emit(b, p, act(CHUNK_STAGE(c), (int32_t)count[(kind) * v + (c)]++, (pass)))
+    for (uint32_t op = 0; op < total + warmup; op++) {
+      if (op < total) /* a forward: warm-up or steady state */
+        EMIT_NEXT((op / mpr) % v, 0, IR_PASS_F);
+      if (op < warmup)
+        continue;
+      uint32_t c = v - 1 - ((op - warmup) / mpr) % v;
+      EMIT_NEXT(c, 1, IR_PASS_BI);
+      back_chunk[n_back++] = c;
+      if (op - warmup >= p) {
+        EMIT_NEXT(back_chunk[n_weight], 2, IR_PASS_BW);
+        n_weight++;
+      }
+    }
+    for (; n_weight < n_back; n_weight++)
+      EMIT_NEXT(back_chunk[n_weight], 2, IR_PASS_BW);
+#undef EMIT_NEXT
+#undef CHUNK_STAGE
+    PIPER_ASSERT(n_back == total);
   }
 }
 
@@ -410,7 +452,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   }
 
   enum layout_shape shape = SHAPE_SINGLE;
-  if (f == SCHED_INTERLEAVED_1F1B)
+  if (f == SCHED_INTERLEAVED_1F1B || f == SCHED_INTERLEAVED_ZEROBUBBLE)
     shape = SHAPE_LOOP;
   if (f == SCHED_ZBV || f == SCHED_DUALPIPEV)
     shape = SHAPE_V;
@@ -438,6 +480,18 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
       return NULL;
     }
     break;
+  case SCHED_INTERLEAVED_ZEROBUBBLE: {
+    uint32_t rounds = M / R > 1 ? M / R : 1;
+    if (M % rounds != 0) {
+      piper_input_error(err,
+                        "interleaved_zerobubble: runs M micro-batches in max(1, M / R) = %u "
+                        "rounds, so M must be a multiple of %u (PyTorch's rule); got M = %u, "
+                        "use M = %u or %u",
+                        rounds, rounds, M, M / rounds * rounds, (M / rounds + 1) * rounds);
+      return NULL;
+    }
+    break;
+  }
   case SCHED_ZBV:
     if (M < 2 * R - 1) {
       piper_input_error(err,
@@ -480,6 +534,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   case SCHED_1F1B: build_1f1b(&b, R, M, false); break;
   case SCHED_ZEROBUBBLE: build_1f1b(&b, R, M, true); break;
   case SCHED_INTERLEAVED_1F1B: build_interleaved(&b, R, v, M); break;
+  case SCHED_INTERLEAVED_ZEROBUBBLE: build_interleaved_zb(&b, R, v, M); break;
   case SCHED_ZBV: build_zbv(&b, R, M); break;
   case SCHED_DUALPIPE: build_dualpipe(&b, R, M); break;
   case SCHED_DUALPIPEV: build_dualpipev(&b, R, M); break;

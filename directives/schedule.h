@@ -33,6 +33,7 @@ enum sched_family {
   SCHED_ZBV,
   SCHED_DUALPIPE,
   SCHED_DUALPIPEV,
+  SCHED_INTERLEAVED_ZEROBUBBLE, /* PyTorch's ScheduleInterleavedZeroBubble (ZB1P, v >= 2) */
   SCHED_CUSTOM,
   SCHED_FAMILY_COUNT
 };
@@ -74,7 +75,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
 void sched_program_free(struct sched_program *s);
 
 /* Name <-> family ("gpipe", "1f1b", "interleaved_1f1b", "zerobubble", "zbv", "dualpipe",
- * "dualpipev", "custom"); sched_family_parse returns false for an unknown name. */
+ * "dualpipev", "interleaved_zerobubble", "custom"); sched_family_parse returns false for an unknown name. */
 const char *sched_family_name(enum sched_family f);
 bool sched_family_parse(const char *name, enum sched_family *out);
 

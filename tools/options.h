@@ -98,7 +98,7 @@ void options_print_version(const struct option_program *p);
    .metavar = "NAME",                                                                            \
    .help = "build the order directives for R ranks and M micro-batches: gpipe,\n"                \
            "1f1b, interleaved_1f1b, zerobubble, zbv, dualpipe, dualpipev,\n"                     \
-           "custom (the file as written; default)"},                                             \
+           "interleaved_zerobubble, custom (the file as written; default)"},                     \
   {.name = "--ranks", .kind = OPTION_U32, .offset = offsetof(T, m.ranks), .lo = 1,               \
    .hi = IR_MAX_DEVICES, .metavar = "R",                                                         \
    .help = "pipeline ranks the schedule expects (default: from the placement;\n"                 \

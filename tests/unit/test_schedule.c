@@ -427,6 +427,69 @@ static void test_interleaved(void **state) {
       }
 }
 
+/* Interleaved zero bubble (PyTorch's ScheduleInterleavedZeroBubble), R=2, v=2, M=2, derived
+ * by hand from _get_1f1b_rank_ops with enable_zero_bubble: one round of mpr = 2; rank 0 warms
+ * up with (v-1) mpr + R-1 = 3 forwards and weighs each backward at once, rank 1 warms up with
+ * 2 and holds one BW back (num_1f1b_microbatches = rank). */
+static void test_interleaved_zb_known(void **state) {
+  (void)state;
+  struct sched_layout l = layout_loop(2, 2);
+  struct sched_program *s = build_ok(SCHED_INTERLEAVED_ZEROBUBBLE, &l, 2);
+  assert_ranks(s, true,
+               (const char *const[]){"0F0 0F1 2F0 2F1 2I0 2W0 2I1 2W1 0I0 0W0 0I1 0W1",
+                                     "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1I0 3W1 1I1 1W0 1W1"});
+  sched_program_free(s);
+  /* M=4 on R=2: two rounds of mpr = 2: pairs of micro-batches go through the chunks in turn
+   * (forward k runs chunk (k / 2) mod 2), backward chunks in the reverse turn. */
+  s = build_ok(SCHED_INTERLEAVED_ZEROBUBBLE, &l, 4);
+  assert_ranks(s, true,
+               (const char *const[]){
+                   "0F0 0F1 2F0 2F1 2I0 2W0 0F2 2I1 2W1 0F3 0I0 0W0 2F2 0I1 0W1 2F3 2I2 2W2 "
+                   "2I3 2W3 0I2 0W2 0I3 0W3",
+                   "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 "
+                   "1I2 3W3 1I3 1W2 1W3"});
+  sched_program_free(s);
+}
+
+/* Over R, v and every M PyTorch accepts: each (stage, mb) has one F, one BI and one BW on the
+ * rank the loop layout gives it, no deadlock with F = BI = BW = 1, every F before its BI and
+ * every BI before its BW (the executor waits for both), PyTorch's warm-up length, and a
+ * makespan between the work plus the R-1 fill and the work plus fill and drain. */
+static void test_interleaved_zb(void **state) {
+  (void)state;
+  for (uint32_t R = 1; R <= 8; R *= 2)
+    for (uint32_t v = 2; v <= 4; v++)
+      for (size_t i = 0; i < G_N_ELEMENTS(m_list); i++) {
+        uint32_t M = m_list[i], rounds = MAX(1, M / R), mpr = M / rounds;
+        struct sched_layout l = layout_loop(R, v);
+        if (M % rounds != 0) {
+          GError *e = NULL;
+          assert_null(sched_build(SCHED_INTERLEAVED_ZEROBUBBLE, &l, M, &e));
+          test_assert_input_error(e, "rounds");
+          g_error_free(e);
+          continue;
+        }
+        struct sched_program *s = build_ok(SCHED_INTERLEAVED_ZEROBUBBLE, &l, M);
+        struct run r = run_ok(s, &l, false);
+        for (uint32_t q = 0; q < R; q++) {
+          const struct sched_rank *rk = &s->ranks[q];
+          assert_int_equal(rk->n_slots, 3 * M * v);
+          uint32_t warm = 0;
+          while (warm < rk->n_slots && rk->slots[warm].actions[0].pass == IR_PASS_F)
+            warm++;
+          assert_int_equal(warm, MIN((v - 1) * mpr + (R - 1 - q) + 1, M * v));
+          /* In flight at most: the warm-up, plus the p backwards whose BW waits. */
+          assert_true(r.peak[q] <= MIN((v - 1) * mpr + R, M * v));
+        }
+        /* 3 M v units of work per rank plus at least the R-1 units of fill. */
+        assert_true(r.makespan >= (int64_t)3 * M * v + R - 1);
+        if (M % R == 0 && M >= R)
+          /* In full rounds the fill and drain are all the idle time there is: ZB1P's promise. */
+          assert_true(r.makespan <= (int64_t)3 * M * v + 3 * (R - 1));
+        sched_program_free(s);
+      }
+}
+
 static void test_zbv(void **state) {
   (void)state;
   for (uint32_t R = 1; R <= 8; R *= 2)
@@ -945,6 +1008,8 @@ int main(void) {
       cmocka_unit_test(test_gpipe_1f1b),
       cmocka_unit_test(test_zerobubble),
       cmocka_unit_test(test_interleaved),
+      cmocka_unit_test(test_interleaved_zb_known),
+      cmocka_unit_test(test_interleaved_zb),
       cmocka_unit_test(test_zbv),
       cmocka_unit_test(test_dualpipe),
       cmocka_unit_test(test_dualpipev),
