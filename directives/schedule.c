@@ -53,6 +53,7 @@ void sched_program_free(struct sched_program *s) {
   for (uint32_t r = 0; r < s->n_ranks; r++)
     g_free(s->ranks[r].slots);
   g_free(s->ranks);
+  g_free(s->note);
   g_free(s);
 }
 
@@ -620,14 +621,10 @@ static bool filter_stages(const struct dir_filter *f, uint32_t n_stages, uint32_
   return true;
 }
 
-int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
-                                   uint32_t *n_ranks, GError **err) {
-  PIPER_ASSERT(p && n_ranks);
-  if (n_stages == 0 || n_stages > SCHED_MAX_STAGES) {
-    piper_input_error(err, "%s: the model has %u PP regions; 1 to %u are accepted", p->name, n_stages,
-              (unsigned)SCHED_MAX_STAGES);
-    return NULL;
-  }
+/* A pipeline rank is a distinct device list: rank_dev[r] / rank_n[r] (each [n_stages], pointing
+ * into p), numbered by the lowest stage it holds; stage_rank[n_stages] is filled. Returns R. */
+static uint32_t layout_ranks(const struct dir_program *p, uint32_t n_stages, int32_t *stage_rank,
+                             const uint32_t **rank_dev, uint32_t *rank_n) {
   /* Which directive gives each stage its devices: the last place that selects it, else the
    * first replicate or shard that does (they place what no place did), else device 0. */
   g_autofree const struct dir_directive **by = g_new0(const struct dir_directive *, n_stages);
@@ -643,12 +640,7 @@ int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stage
         by[s] = d;
     }
   }
-  /* A rank is a distinct device list, numbered by the lowest stage it holds; a stage nothing
-   * places is on [0]. */
   static const uint32_t device0 = 0;
-  int32_t *stage_rank = g_new(int32_t, n_stages);
-  g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);
-  g_autofree uint32_t *rank_n = g_new0(uint32_t, n_stages);
   uint32_t R = 0;
   for (uint32_t s = 0; s < n_stages; s++) {
     const uint32_t *dev = by[s] ? by[s]->devices : &device0;
@@ -664,8 +656,66 @@ int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stage
     }
     stage_rank[s] = found;
   }
-  *n_ranks = R;
+  return R;
+}
+
+static bool check_stage_count(const struct dir_program *p, uint32_t n_stages, GError **err) {
+  if (n_stages == 0 || n_stages > SCHED_MAX_STAGES)
+    return piper_input_error(err, "%s: the model has %u PP regions; 1 to %u are accepted", p->name,
+                             n_stages, (unsigned)SCHED_MAX_STAGES);
+  return true;
+}
+
+int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
+                                   uint32_t *n_ranks, GError **err) {
+  PIPER_ASSERT(p && n_ranks);
+  if (!check_stage_count(p, n_stages, err))
+    return NULL;
+  int32_t *stage_rank = g_new(int32_t, n_stages);
+  g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);
+  g_autofree uint32_t *rank_n = g_new0(uint32_t, n_stages);
+  *n_ranks = layout_ranks(p, n_stages, stage_rank, rank_dev, rank_n);
   return stage_rank;
+}
+
+/* The {"PP": s, "MB": m} of a filter with exactly those two keys (either order), no pass. */
+static bool filter_stage_microbatch(const struct dir_filter *f, int32_t *stage, int32_t *mb) {
+  if (f->pass != IR_PASS_NONE || f->n_keys != 2)
+    return false;
+  int pp = strcmp(f->keys[0].name, "PP") == 0 ? 0 : 1;
+  if (strcmp(f->keys[pp].name, "PP") != 0 || strcmp(f->keys[1 - pp].name, "MB") != 0)
+    return false;
+  *stage = f->keys[pp].value;
+  *mb = f->keys[1 - pp].value;
+  return true;
+}
+
+int32_t *sched_microbatch_ranks(const struct dir_program *p, uint32_t n_stages, uint32_t M,
+                                uint32_t *n_ranks, GError **err) {
+  PIPER_ASSERT(p && n_ranks);
+  if (!check_stage_count(p, n_stages, err))
+    return NULL;
+  g_autofree int32_t *stage_rank = g_new(int32_t, n_stages);
+  g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);
+  g_autofree uint32_t *rank_n = g_new0(uint32_t, n_stages);
+  uint32_t R = layout_ranks(p, n_stages, stage_rank, rank_dev, rank_n);
+  int32_t *mb_rank = g_new(int32_t, (size_t)n_stages * (M ? M : 1));
+  for (uint32_t s = 0; s < n_stages; s++)
+    for (uint32_t m = 0; m < M; m++)
+      mb_rank[(size_t)s * M + m] = stage_rank[s];
+  for (uint32_t i = 0; i < p->n; i++) {
+    const struct dir_directive *d = &p->d[i];
+    int32_t s, m;
+    if (d->op != DIR_PLACE || !d->n_devices || !filter_stage_microbatch(&d->filter, &s, &m) ||
+        s < 0 || (uint32_t)s >= n_stages || m < 0 || (uint32_t)m >= M)
+      continue;
+    for (uint32_t r = 0; r < R; r++)
+      if (rank_n[r] == d->n_devices &&
+          memcmp(rank_dev[r], d->devices, d->n_devices * sizeof *d->devices) == 0)
+        mb_rank[(size_t)s * M + (size_t)m] = (int32_t)r;
+  }
+  *n_ranks = R;
+  return mb_rank;
 }
 
 /* Finds the single MB split of p without changing p: *index is its position, or UINT32_MAX

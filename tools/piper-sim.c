@@ -272,17 +272,15 @@ static int check_inputs(const struct sim_cli *a, struct compile_options *co) {
   const struct compile_args *ca = &a->compile;
   if (!a->profile)
     return piper_usage_error(program.name, "%s", "--profile FILE is required");
-  if (a->plans && (ca->model || ca->directives || ca->layout || ca->schedule))
-    return piper_usage_error(program.name, "%s",
-                             "--plans replaces --model, --directives and --schedule");
+  if (a->plans && options_compile_arg_given(ca))
+    return piper_usage_error(program.name, "--plans takes the plans as compiled: %s does not apply",
+                             options_compile_arg_given(ca));
   if (!a->plans && (!ca->model || (!ca->directives && !ca->layout)))
     return piper_usage_error(program.name, "%s",
                              "give --model FILE and --directives FILE (or --layout SPEC), or --plans DIR");
   GError *err = NULL;
   if (!compile_args_to_options(ca, co, &err))
     return piper_error_exit(program.name, err);
-  if (!ca->schedule && (ca->ranks || ca->mbs))
-    return piper_usage_error(program.name, "%s", "--ranks and --mbs need --schedule");
   return OPTIONS_CONTINUE;
 }
 
@@ -298,7 +296,10 @@ static bool load_inputs(const struct sim_cli *a, const struct compile_options *c
     /* Shared streams are ordered by the compute costs the profile will charge. */
     struct compile_options opts = *co;
     opts.cost_model = s->prof->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+    g_autoptr(GString) notes = g_string_new(NULL);
+    opts.notes = notes;
     s->plan = compile_take_plan(&opts, err);
+    options_print_notes(program.name, notes);
   }
   return s->plan != NULL;
 }

@@ -815,6 +815,47 @@ static void test_csv_read_pytorch_style(void **state) {
   sched_program_free(s);
 }
 
+static void expect_csv_error(const char *text, const char *substring);
+
+/* PyTorch's default dump (format "compute_comms", here of 1F1B on two ranks with FSDP): the
+ * communication cells are skipped, counted in the note by kind, and the compute order is kept;
+ * a compute-only file has no note. */
+static void test_csv_read_pytorch_comms(void **state) {
+  (void)state;
+  GError *e = NULL;
+  struct sched_program *s = read_csv(
+      "pt.csv",
+      "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1,0RESHARD,0REDUCE_GRAD\r\n"
+      "1UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1RESHARD,1REDUCE_GRAD\r\n",
+      &e);
+  assert_non_null(s);
+  g_autofree char *r0 = rank_text(&s->ranks[0], true);
+  g_autofree char *r1 = rank_text(&s->ranks[1], true);
+  assert_string_equal(r0, "0F0 0F1 0B0 0B1");
+  assert_string_equal(r1, "1F0 1B0 1F1 1B1");
+  /* the column of a kept cell is its column in the file, comm cells counted */
+  assert_int_equal(s->ranks[0].slots[2].column, 7);
+  assert_non_null(s->note);
+  assert_string_equal(
+      s->note, "pt.csv: skipped 14 communication cells (REDUCE_GRAD 2, UNSHARD 2, RESHARD 2, "
+               "SEND_F 2, RECV_F 2, SEND_B 2, RECV_B 2): the plan makes its own (gradient "
+               "reduction comes from the replicate directives; parameter gathers come from the "
+               "shard directives; pipeline sends and receives come from the placement)");
+  sched_program_free(s);
+  s = read_csv("pt.csv", "0F0,0B0\n", &e);
+  assert_non_null(s);
+  assert_null(s->note);
+  sched_program_free(s);
+  /* a row of communication only is a rank with nothing to compute */
+  s = read_csv("pt.csv", "0F0,0B0\n1RECV_F0\n", &e);
+  assert_non_null(s);
+  assert_int_equal(s->n_ranks, 2);
+  assert_int_equal(s->ranks[1].n_slots, 0);
+  assert_non_null(strstr(s->note, "skipped 1 communication cell (RECV_F 1)"));
+  sched_program_free(s);
+  expect_csv_error("0SEND_F0,1RECV_F0\n", "no actions");
+}
+
 static void expect_csv_error(const char *text, const char *substring) {
   GError *e = NULL;
   struct sched_program *s = read_csv("bad.csv", text, &e);
@@ -843,8 +884,11 @@ static void test_csv_errors(void **state) {
   expect_csv_error("(0F0)OVERLAP_F_B\n", "malformed");
   expect_csv_error("(0F0;0B1;0F1)OVERLAP_F_B\n", "malformed");
   expect_csv_error("(0F0;0B1)OVERLAP_F_Bx\n", "malformed");
-  expect_csv_error("0F0,0SEND_F0\n", "column 2: cell \"0SEND_F0\" is a communication action");
-  expect_csv_error("0UNSHARD,0F0\n", "communication action");
+  /* communication cells must be whole, as PyTorch's regex reads them */
+  expect_csv_error("0F0,0SEND_X0\n", "column 2: cell \"0SEND_X0\" is malformed");
+  expect_csv_error("0F0,SEND_F0\n", "column 2");
+  expect_csv_error("0F0,0SEND_F0x\n", "column 2");
+  expect_csv_error("0F0,0UNSHARD4096\n", "column 2");
   expect_csv_error("0F0,0B0\n1F0,0F0\n", "row 2, column 2: cell \"0F0\" repeats an action");
   expect_csv_error("(0F0;0F0)OVERLAP_F_B\n", "repeats");
   expect_csv_error("0F0,0I0,0B0\n", "column 3: cell \"0B0\" mixes a full backward");
@@ -1020,6 +1064,7 @@ int main(void) {
       cmocka_unit_test(test_csv_write),
       cmocka_unit_test(test_csv_round_trip),
       cmocka_unit_test(test_csv_read_pytorch_style),
+      cmocka_unit_test(test_csv_read_pytorch_comms),
       cmocka_unit_test(test_csv_errors),
       cmocka_unit_test(test_base_schedule_layouts),
       cmocka_unit_test(test_prepare_program),
