@@ -1,5 +1,6 @@
 /* chart: the schedule chart (Cairo) and the memory chart (gnuplot) of a run. */
 #include "chart.h"
+#include "chart-impl.h"
 
 #include <cairo-pdf.h>
 #include <cairo-svg.h>
@@ -461,22 +462,22 @@ static bool cairo_fail(GError **err, const char *path, const char *what, cairo_s
 }
 
 /* A surface that streams into out: vector formats write as they draw, PNG is an image written
- * once drawn (render_schedule). */
-static cairo_surface_t *schedule_surface(const struct schedule_layout *l, enum chart_format f,
-                                         struct piper_out *out) {
+ * once drawn (render_chart). */
+static cairo_surface_t *chart_surface(double width, double height, enum chart_format f,
+                                      struct piper_out *out) {
   if (f == CHART_PNG)
-    return cairo_image_surface_create(CAIRO_FORMAT_RGB24, (int)l->width, (int)ceil(l->height));
+    return cairo_image_surface_create(CAIRO_FORMAT_RGB24, (int)width, (int)ceil(height));
   if (f == CHART_SVG)
-    return cairo_svg_surface_create_for_stream(write_to_out, out->f, l->width, l->height);
-  return cairo_pdf_surface_create_for_stream(write_to_out, out->f, l->width, l->height);
+    return cairo_svg_surface_create_for_stream(write_to_out, out->f, width, height);
+  return cairo_pdf_surface_create_for_stream(write_to_out, out->f, width, height);
 }
 
-/* Draws a chart of the layout's size by draw(cr, what) onto a surface streaming into out;
- * false (err set) when cairo fails at any step. */
-static bool render_chart(const struct schedule_layout *l, enum chart_format f,
+/* Draws a chart of width x height by draw(cr, what) onto a surface streaming into out; false
+ * (err set) when cairo fails at any step. */
+static bool render_chart(double width, double height, enum chart_format f,
                          void (*draw)(cairo_t *cr, const void *what), const void *what,
                          struct piper_out *out, GError **err) {
-  cairo_surface_t *surf = schedule_surface(l, f, out);
+  cairo_surface_t *surf = chart_surface(width, height, f, out);
   if (cairo_surface_status(surf) != CAIRO_STATUS_SUCCESS) {
     cairo_fail(err, out->path, "cannot create the chart", cairo_surface_status(surf));
     cairo_surface_destroy(surf);
@@ -497,14 +498,13 @@ static bool render_chart(const struct schedule_layout *l, enum chart_format f,
   return true;
 }
 
-/* A chart into path through piper_out: a chart that cannot be drawn whole is no file. */
-static bool write_chart(const char *path, const struct schedule_layout *l, enum chart_format f,
-                        void (*draw)(cairo_t *cr, const void *what), const void *what,
-                        GError **err) {
+bool chart_write_cairo(const char *path, double width, double height, enum chart_format f,
+                       void (*draw)(cairo_t *cr, const void *what), const void *what,
+                       GError **err) {
   struct piper_out out;
   if (!piper_out_open(&out, path, err))
     return false;
-  if (!render_chart(l, f, draw, what, &out, err)) {
+  if (!render_chart(width, height, f, draw, what, &out, err)) {
     piper_out_abandon(&out);
     return false;
   }
@@ -526,7 +526,7 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
   struct schedule_layout l;
   layout_init(r, &l);
   struct schedule_chart c = {r, &l};
-  bool ok = write_chart(path, &l, f, draw_schedule_chart, &c, err);
+  bool ok = chart_write_cairo(path, l.width, l.height, f, draw_schedule_chart, &c, err);
   layout_free(&l);
   return ok;
 }
@@ -754,7 +754,7 @@ bool chart_compare(const struct report_dir *a, const struct report_dir *b, const
                    GError **err) {
   struct compare_layout c;
   compare_layout_init(&c, a, b);
-  bool ok = write_chart(path, &c.l, CHART_PNG, draw_compare, &c, err);
+  bool ok = chart_write_cairo(path, c.l.width, c.l.height, CHART_PNG, draw_compare, &c, err);
   compare_layout_free(&c);
   return ok;
 }

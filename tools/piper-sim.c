@@ -56,7 +56,8 @@ static const struct option_spec options[] = {
      .help = "trace every device even when the trace gets large"},
     {.name = "--no-collapse", .kind = OPTION_FLAG, SIM_OPTION(no_collapse),
      .help = "simulate every device, not one per class of alike devices"},
-    {.name = "--quiet", .kind = OPTION_FLAG, SIM_OPTION(quiet), .help = "print no summary"},
+    {.name = "--quiet", .kind = OPTION_FLAG, SIM_OPTION(quiet),
+     .help = "no progress lines (a sweep's; the summary stays, as in piper-exec)"},
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
@@ -246,8 +247,8 @@ static int run_sweep(const struct sim_cli *a, const char *dir) {
   struct sweep *s = sweep_load_file(a->sweep, &err);
   if (!s)
     return piper_error_exit(program.name, err);
-  bool ok = sweep_run(s, dir, isatty(STDERR_FILENO), &err);
-  if (ok && !a->quiet) {
+  bool ok = sweep_run(s, dir, isatty(STDERR_FILENO) && !a->quiet, &err);
+  if (ok) {
     uint32_t feasible = 0, failed = 0;
     for (uint32_t i = 0; i < s->n_points; i++) {
       feasible += s->points[i].feasible;
@@ -404,8 +405,7 @@ static int run_simulation(const struct sim_cli *a, enum chart_format extra_forma
   struct sim_session s = {0};
   GError *err = NULL;
   if (load_inputs(a, &co, &s, &err) && simulate_and_write(a, &co, extra_format, dir, &s, &err)) {
-    if (!a->quiet)
-      print_summary(&s.run, s.res, s.prof, dir, s.files->str);
+    print_summary(&s.run, s.res, s.prof, dir, s.files->str);
     print_stream_note(a, &co, &s);
     rc = 0;
   } else {
