@@ -877,40 +877,95 @@ bool chart_run_gnuplot(const char *dir, const char *script, const char *output, 
 }
 
 /* The time window and the units the memory chart uses. */
+/* Lines never share a colour up to 32 devices (chart_pick_devices draws one per pipeline rank
+ * beyond that): Tableau 20, then twelve more of distinct hue and lightness. */
+static const unsigned device_palette[32] = {
+    0x4E79A7, 0xF28E2B, 0x59A14F, 0xE15759, 0xB07AA1, 0x76B7B2, 0xEDC948, 0x9C755F,
+    0xA0CBE8, 0xFFBE7D, 0x8CD17D, 0xFF9D9A, 0xD4A6C8, 0x86BCB6, 0xF1CE63, 0xD7B5A6,
+    0x79706E, 0xBAB0AC, 0xD37295, 0x499894, 0x1F3A93, 0x8B0000, 0x006400, 0xFF00FF,
+    0x00CED1, 0x808000, 0x4B0082, 0xFF4500, 0x2F4F4F, 0xDAA520, 0x7FFF00, 0x000000};
+
+/* The breakdown's kinds: names in the key and colours. */
+static const struct {
+  const char *title;
+  unsigned colour;
+} memory_kinds[REPORT_MEM_KIND_COUNT] = {
+    [REPORT_MEM_PARAMS] = {"parameters", 0x4E79A7},
+    [REPORT_MEM_GRADS] = {"gradients", 0x59A14F},
+    [REPORT_MEM_OPTIMIZER] = {"optimizer state", 0xB07AA1},
+    [REPORT_MEM_ACTIVATIONS] = {"activations", 0xF28E2B},
+    [REPORT_MEM_GATHERED] = {"gathered parameters (ZeRO-3)", 0x76B7B2},
+    [REPORT_MEM_COMM] = {"communication buffers", 0xE15759},
+};
+
 struct memory_axes {
   double t0, t1;
   bool secs, gibs;
   double scale, mem_unit;
+  uint32_t peak_device; /* index into r->devices: the breakdown's device */
+  double top;           /* the highest memory drawn, bytes */
+  bool capacity_drawn;  /* the capacity is within reach of the curves (else said in words) */
 };
 
 static struct memory_axes memory_axes(const struct report_run *r, const uint32_t *rows,
                                       uint32_t n) {
-  struct memory_axes a;
-  double t0 = INFINITY, t1 = -INFINITY;
-  for (uint32_t i = 0; i < r->n_devices; i++)
-    for (uint32_t k = 0; k < r->devices[i].n_intervals; k++) {
-      if (r->devices[i].intervals[k].start < t0)
-        t0 = r->devices[i].intervals[k].start;
-      if (r->devices[i].intervals[k].end > t1)
-        t1 = r->devices[i].intervals[k].end;
-    }
-  if (!isfinite(t0))
-    t0 = t1 = 0;
-  a.t0 = t0;
-  a.t1 = t1;
-  a.secs = t1 - t0 >= 1;
+  struct memory_axes a = {0};
+  report_run_window(r, &a.t0, &a.t1);
+  a.secs = a.t1 - a.t0 >= 1;
   a.scale = a.secs ? 1 : 1e3;
-  /* GiB for real models, MiB for the tiny ones (whose peaks are a few MiB) */
-  uint64_t top = 0;
+  for (uint32_t i = 0; i < r->n_devices; i++)
+    if (r->devices[i].peak_memory_bytes > r->devices[a.peak_device].peak_memory_bytes)
+      a.peak_device = i;
   for (uint32_t i = 0; i < n; i++)
-    if (r->devices[rows[i]].peak_memory_bytes > top)
-      top = r->devices[rows[i]].peak_memory_bytes;
-  a.gibs = top >= (1ull << 30);
+    a.top = fmax(a.top, (double)r->devices[rows[i]].peak_memory_bytes);
+  if (r->n_devices)
+    a.top = fmax(a.top, (double)r->devices[a.peak_device].peak_memory_bytes);
+  /* A capacity far above every curve would flatten them to the axis: drawn only within 4x. */
+  double cap = r->memory_capacity_bytes;
+  a.capacity_drawn = cap > 0 && cap <= 4 * fmax(a.top, 1);
+  double reach = a.capacity_drawn ? fmax(a.top, cap) : a.top;
+  /* GiB for real models, MiB for the tiny ones (whose peaks are a few MiB) */
+  a.gibs = reach >= (double)(1ull << 30);
   a.mem_unit = a.gibs ? (double)(1ull << 30) : (double)(1ull << 20);
   return a;
 }
 
-/* memory.dat: one gnuplot data block per device: time, total memory (a step function). */
+static uint64_t point_total(const struct report_memory_point *m) {
+  uint64_t tot = 0;
+  for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
+    tot += m->bytes[j];
+  return tot;
+}
+
+/* The breakdown block: time and the running sums of the kinds, as steps (each change drawn
+ * at its time, so that filled areas between the sums are steps too). A device without a
+ * timeline shows its peak breakdown over the whole step. */
+static void write_breakdown_block(FILE *f, const struct report_device *d,
+                                  const struct memory_axes *a) {
+  fprintf(f, "# breakdown of device %u (the peak)\n", d->device);
+  struct report_memory_point only = {.t = a->t0};
+  memcpy(only.bytes, d->peak_breakdown, sizeof only.bytes);
+  const struct report_memory_point *m = d->n_memory ? d->memory : &only;
+  uint32_t n = d->n_memory ? d->n_memory : 1;
+  for (uint32_t k = 0; k <= n; k++) {
+    const struct report_memory_point *at = &m[k < n ? k : n - 1];
+    double t = k < n ? fmax(at->t - a->t0, 0) : a->t1 - a->t0;
+    for (int rep = 0; rep < (k > 0 && k < n ? 2 : 1); rep++) {
+      const struct report_memory_point *v = rep == 0 && k > 0 && k < n ? &m[k - 1] : at;
+      fprintf(f, "%.9g", t * a->scale);
+      double sum = 0;
+      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++) {
+        sum += (double)v->bytes[j];
+        fprintf(f, " %.6f", sum / a->mem_unit);
+      }
+      fputc('\n', f);
+    }
+  }
+  fputs("\n\n", f);
+}
+
+/* memory.dat: one gnuplot data block per device drawn (time, total memory: a step function),
+ * then the peak device's breakdown. */
 static bool write_memory_dat(const struct report_run *r, const uint32_t *rows, uint32_t n,
                              const struct memory_axes *a, const char *path, GError **err) {
   struct piper_out out;
@@ -922,53 +977,105 @@ static bool write_memory_dat(const struct report_run *r, const uint32_t *rows, u
     fprintf(f, "# device %u (pp %d, dp %d)\n", d->device, d->pp_rank, d->dp_rank);
     uint64_t last = 0;
     for (uint32_t k = 0; k < d->n_memory; k++) {
-      uint64_t tot = 0;
-      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
-        tot += d->memory[k].bytes[j];
-      double t = d->memory[k].t - a->t0;
-      if (t < 0)
-        t = 0;
-      fprintf(f, "%.9g %.6f\n", t * a->scale, (double)tot / a->mem_unit);
-      last = tot;
+      double t = fmax(d->memory[k].t - a->t0, 0);
+      last = point_total(&d->memory[k]);
+      fprintf(f, "%.9g %.6f\n", t * a->scale, (double)last / a->mem_unit);
     }
     fprintf(f, "%.9g %.6f\n\n\n", (a->t1 - a->t0) * a->scale, (double)last / a->mem_unit);
   }
+  if (r->n_devices)
+    write_breakdown_block(f, &r->devices[a->peak_device], a);
   return piper_out_close(&out, err);
 }
 
+/* The capacity: a dashed red line with its label when in reach, else a line of text saying
+ * how far below it the run stays. */
+static void write_capacity(FILE *f, const struct report_run *r, const struct memory_axes *a) {
+  double cap = r->memory_capacity_bytes;
+  const char *src = r->capacity_source ? r->capacity_source : "the device";
+  if (a->capacity_drawn) {
+    fprintf(f,
+            "set arrow 1 from graph 0, first %.6f to graph 1, first %.6f nohead dt 2 lw 2 "
+            "lc rgb '#C0392B' front\n"
+            "set label 1 'capacity %.4g %s (%s)' at graph 0.01, first %.6f offset 0,0.7 "
+            "tc rgb '#C0392B' front\n",
+            cap / a->mem_unit, cap / a->mem_unit, cap / a->mem_unit, a->gibs ? "GiB" : "MiB", src,
+            cap / a->mem_unit);
+  } else if (cap > 0) {
+    fprintf(f,
+            "set label 1 'capacity %.4g GiB (%s): off the scale, the peak uses %.3g%% of it' at "
+            "graph 0.01, graph 0.96 tc rgb '#C0392B' front\n",
+            cap / (double)(1ull << 30), src, 100 * a->top / cap);
+  } else {
+    fputs("set label 1 'device capacity unknown (no profile)' at graph 0.01, graph 0.96 "
+          "tc rgb '#777777' front\n",
+          f);
+  }
+}
+
+/* Top: every device drawn, its own colour (dp replicas dashed, thinner, so that one on top of
+ * another stays visible). Bottom: the peak device stacked by kind. The capacity on both. */
 static bool write_memory_gp(const struct report_run *r, const uint32_t *rows, uint32_t n,
                             const struct memory_axes *a, const char *path, GError **err) {
   struct piper_out out;
   if (!piper_out_open(&out, path, err))
     return false;
   FILE *f = out.f;
+  const char *unit = a->gibs ? "GiB" : "MiB";
   fprintf(f,
-          "set terminal pngcairo size 1400,700 font 'sans,11'\n"
+          "set terminal pngcairo size 1400,1150 font 'sans,11'\n"
           "%s"
-          "set title 'Memory per device: %s, %s'\n"
+          "set multiplot\n"
+          "set lmargin at screen 0.07\nset rmargin at screen 0.80\n"
           "set xlabel 'time (%s)'\nset ylabel 'memory (%s)'\n"
-          "set grid\nset key outside right top\nset yrange [0:*]\n"
-          "plot ",
-          CHART_GNUPLOT_OUTPUT("memory.png"), r->plan->model->name,
-          r->schedule ? r->schedule : "custom", a->secs ? "s" : "ms", a->gibs ? "GiB" : "MiB");
+          "set grid\nset key outside right top font ',9' spacing 0.95\n"
+          "set yrange [0:%.6f]\nset xrange [0:%.9g]\n"
+          "set tmargin at screen 0.95\nset bmargin at screen 0.50\n"
+          "set title 'Memory per device: %s, %s%s'\n",
+          CHART_GNUPLOT_OUTPUT("memory.png"), a->secs ? "s" : "ms", unit,
+          1.08 * fmax(a->top, a->capacity_drawn ? r->memory_capacity_bytes : 0) / a->mem_unit,
+          fmax((a->t1 - a->t0) * a->scale, 1e-9), r->plan->model->name,
+          r->schedule ? r->schedule : "custom",
+          n < r->n_devices ? " (dp rank 0 of each pipeline rank)" : "");
+  write_capacity(f, r, a);
+  fputs("plot ", f);
   for (uint32_t i = 0; i < n; i++) {
     const struct report_device *d = &r->devices[rows[i]];
-    /* Data-parallel replicas often hold the same memory: later ranks are drawn dashed and
-     * thinner so a replica lying on top of another stays visible. */
     fprintf(f,
-            "%s'memory.dat' index %u using 1:2 with steps lw %d dt %d title 'dev %u (pp %d, dp %d)'",
-            i ? ", \\\n     " : "", i, d->dp_rank > 0 ? 1 : 2, d->dp_rank > 0 ? 2 : 1, d->device,
-            d->pp_rank, d->dp_rank);
+            "%s'memory.dat' index %u using 1:2 with steps lw %d dt %d lc rgb '#%06X' "
+            "title 'dev %u (pp %d, dp %d)'",
+            i ? ", \\\n     " : "", i, d->dp_rank > 0 ? 1 : 2, d->dp_rank > 0 ? 2 : 1,
+            device_palette[i % G_N_ELEMENTS(device_palette)], d->device, d->pp_rank, d->dp_rank);
   }
   if (n == 0)
     fprintf(f, "0 notitle");
   fputc('\n', f);
+  if (r->n_devices) {
+    const struct report_device *pd = &r->devices[a->peak_device];
+    fprintf(f,
+            "set tmargin at screen 0.42\nset bmargin at screen 0.06\n"
+            "set title 'Device %u (pp %d, dp %d), the highest peak (%.4g %s), by kind'\n",
+            pd->device, pd->pp_rank, pd->dp_rank, (double)pd->peak_memory_bytes / a->mem_unit,
+            unit);
+    fputs("plot ", f);
+    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) {
+      char below[16]; /* the running sum under kind k: column k + 1, or the axis */
+      snprintf(below, sizeof below, k ? "%d" : "(0)", k + 1);
+      fprintf(f,
+              "%s'memory.dat' index %u using 1:%s:%d with filledcurves fs solid 0.85 "
+              "lc rgb '#%06X' title '%s'",
+              k ? ", \\\n     " : "", n, below, k + 2, memory_kinds[k].colour,
+              memory_kinds[k].title);
+    }
+    fputc('\n', f);
+  }
+  fputs("unset multiplot\n", f);
   return piper_out_close(&out, err);
 }
 
 bool chart_memory(const struct report_run *r, const char *dir, GError **err) {
   uint32_t n;
-  uint32_t *rows = chart_pick_devices(r, 16, &n);
+  uint32_t *rows = chart_pick_devices(r, G_N_ELEMENTS(device_palette), &n);
   struct memory_axes a = memory_axes(r, rows, n);
   char *dat = g_build_filename(dir, "memory.dat", NULL);
   char *gp = g_build_filename(dir, "memory.gp", NULL);

@@ -317,6 +317,8 @@ static void fill_report(const struct sim_cli *a, const struct compile_options *c
   run->n_iterations = 1;
   run->iteration_times = &s->res->iteration_time;
   run->peak_flops_per_device = s->prof->synthetic ? 0 : s->prof->peak_flops[s->plan->model->dtype];
+  run->memory_capacity_bytes = (double)s->prof->memory_capacity;
+  run->capacity_source = s->prof->name;
   run->trace_device_limit = a->trace_all ? 0 : 2000000;
   report_run_init_devices(run);
   s->program_file = sched_program_file_name(schedule ? co->schedule.family : SCHED_CUSTOM, run->pp,
