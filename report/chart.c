@@ -1041,11 +1041,18 @@ static bool write_memory_gp(const struct report_run *r, const uint32_t *rows, ui
   fputs("plot ", f);
   for (uint32_t i = 0; i < n; i++) {
     const struct report_device *d = &r->devices[rows[i]];
+    /* Colours go out by (dp rank, pp rank): the solid dp-0 lines take the most distinct. */
+    uint32_t colour = 0;
+    for (uint32_t j = 0; j < n; j++) {
+      const struct report_device *e = &r->devices[rows[j]];
+      colour += e->dp_rank < d->dp_rank || (e->dp_rank == d->dp_rank && e->pp_rank < d->pp_rank);
+    }
     fprintf(f,
             "%s'memory.dat' index %u using 1:2 with steps lw %d dt %d lc rgb '#%06X' "
             "title 'dev %u (pp %d, dp %d)'",
             i ? ", \\\n     " : "", i, d->dp_rank > 0 ? 1 : 2, d->dp_rank > 0 ? 2 : 1,
-            device_palette[i % G_N_ELEMENTS(device_palette)], d->device, d->pp_rank, d->dp_rank);
+            device_palette[colour % G_N_ELEMENTS(device_palette)], d->device, d->pp_rank,
+            d->dp_rank);
   }
   if (n == 0)
     fprintf(f, "0 notitle");
