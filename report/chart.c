@@ -1377,7 +1377,7 @@ static bool write_memory_gp(const struct report_run *r, const uint32_t *rows, ui
       char below[16]; /* the running sum under kind k: column k + 1, or the axis */
       snprintf(below, sizeof below, k ? "%d" : "(0)", k + 1);
       fprintf(f,
-              "%s'memory.dat' index %u using 1:%s:%d with filledcurves fs solid 0.85 "
+              "%s'memory.dat' index %u using 1:%s:%d with filledcurves fs solid 1 noborder "
               "lc rgb '#%06X' title '%s'",
               k ? ", \\\n     " : "", n, below, k + 2, memory_kinds[k].colour,
               memory_kinds[k].title);
