@@ -361,8 +361,8 @@ static bool mark_actions(const struct sched_program *s, const char *name, const 
         int32_t want = mb_rank[(size_t)a->stage * M + (size_t)a->mb];
         if ((uint32_t)want != r)
           return piper_input_error(err,
-                                   "%s: %s: stage %d, micro-batch %d runs on pipeline rank %d "
-                                   "(row %d) by the placement, not on this row's rank",
+                                   "%s: %s schedules stage %d, micro-batch %d, which the "
+                                   "placement puts on pipeline rank %d (row %d)",
                                    name, where, a->stage, a->mb, want, want + 1);
         seen[(size_t)a->stage * M + (size_t)a->mb] |= pass_bit(a->pass);
       }

@@ -121,7 +121,7 @@ expect_csv() {
 }
 expect_csv "repeated action" '0F0,0F1,0B0,0B1\n1F0,0F0\n' "row 2, column 2: cell \"0F0\" repeats"
 expect_csv "stage on the other row" '0F0,1F0,0F1,0B0,0B1\n1F1,1B0,1B1\n' \
-  "row 1, column 2: stage 1, micro-batch 0 runs on pipeline rank 1 (row 2)"
+  "row 1, column 2 schedules stage 1, micro-batch 0, which the placement puts on pipeline rank 1 (row 2)"
 expect_csv "micro-batch past the split" '0F0,0F1,0F2,0B0,0B1\n1F0,1F1,1B0,1B1\n' \
   "row 1, column 3: micro-batch 2, but the program splits into 2"
 expect_csv "missing backward" '0F0,0F1,0B0\n1F0,1F1,1B0,1B1\n' "row 1 has no B (or I and W) action for stage 0, micro-batch 1"
