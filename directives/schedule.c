@@ -411,58 +411,53 @@ static bool check_layout(enum sched_family f, enum layout_shape shape, const str
   return true;
 }
 
-struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
-                                  uint32_t M, GError **err) {
+/* What any family needs: a known family with something to build, a layout of ranks and
+ * stages within the caps, and a micro-batch count the directives can hold. */
+static bool check_request(enum sched_family f, const struct sched_layout *layout, uint32_t M,
+                          GError **err) {
   if ((unsigned)f >= SCHED_FAMILY_COUNT) {
     piper_input_error(err, "schedule: unknown schedule family %d", (int)f);
-    return NULL;
+    return false;
   }
   const char *fam = sched_family_name(f);
   if (f == SCHED_CUSTOM) {
     piper_input_error(err, "custom: the base schedule's own split and order directives are the schedule; "
                    "there is nothing to build (keep the base file as written)");
-    return NULL;
+    return false;
   }
   if (!layout || !layout->stage_rank || layout->n_ranks == 0 || layout->n_stages == 0) {
     piper_input_error(err, "%s: the layout is empty: at least one rank and one stage are needed", fam);
-    return NULL;
+    return false;
   }
   uint32_t R = layout->n_ranks, S = layout->n_stages;
   if (R > SCHED_MAX_RANKS || S > SCHED_MAX_STAGES) {
     piper_input_error(err, "%s: %u ranks and %u stages; at most %u of each", fam, R, S,
               (unsigned)SCHED_MAX_RANKS);
-    return NULL;
+    return false;
   }
   for (uint32_t s = 0; s < S; s++)
     if (layout->stage_rank[s] < 0 || (uint32_t)layout->stage_rank[s] >= R) {
       piper_input_error(err, "%s: stage %u is on rank %d, outside [0, %u)", fam, s, layout->stage_rank[s],
                 R);
-      return NULL;
+      return false;
     }
   if (M == 0 || M > DIR_MAX_MICROBATCHES) {
     piper_input_error(err, "%s: %u micro-batches; between 1 and %d are accepted", fam, M,
               DIR_MAX_MICROBATCHES);
-    return NULL;
+    return false;
   }
   if ((uint64_t)S * M * 3 > SCHED_MAX_ACTIONS) {
     piper_input_error(err,
               "%s: %u stages x %u micro-batches make more than %u actions; use fewer "
               "micro-batches",
               fam, S, M, SCHED_MAX_ACTIONS);
-    return NULL;
+    return false;
   }
+  return true;
+}
 
-  enum layout_shape shape = SHAPE_SINGLE;
-  if (f == SCHED_INTERLEAVED_1F1B || f == SCHED_INTERLEAVED_ZEROBUBBLE)
-    shape = SHAPE_LOOP;
-  if (f == SCHED_ZBV || f == SCHED_DUALPIPEV)
-    shape = SHAPE_V;
-  g_autofree int32_t *pos_rank = g_new(int32_t, R);
-  uint32_t v = 1;
-  if (!check_layout(f, shape, layout, pos_rank, &v, err))
-    return NULL;
-
-  /* Conditions on R and M, each saying what is needed. */
+/* The family's conditions on R and M, each refusal saying what is needed. */
+static bool check_microbatches(enum sched_family f, uint32_t R, uint32_t M, GError **err) {
   switch (f) {
   case SCHED_INTERLEAVED_1F1B:
     if (M % R != 0) {
@@ -478,7 +473,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
                   "the %u ranks (micro-batches go through the chunks in groups of R); got M = %u, "
                   "use M = %u or %u",
                   R, M, M / R * R, (M / R + 1) * R);
-      return NULL;
+      return false;
     }
     break;
   case SCHED_INTERLEAVED_ZEROBUBBLE: {
@@ -489,7 +484,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
                         "rounds, so M must be a multiple of %u (PyTorch's rule); got M = %u, "
                         "use M = %u or %u",
                         rounds, rounds, M, M / rounds * rounds, (M / rounds + 1) * rounds);
-      return NULL;
+      return false;
     }
     break;
   }
@@ -499,7 +494,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
                 "zbv: needs at least 2R-1 = %u micro-batches for %u ranks (the first "
                 "rank's warm-up runs 2R-1 forwards); got M = %u",
                 2 * R - 1, R, M);
-      return NULL;
+      return false;
     }
     break;
   case SCHED_DUALPIPE:
@@ -508,26 +503,45 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
                 "dualpipe: needs an even number of ranks (the two directions meet in the "
                 "middle); got R = %u (dualpipev works with any R)",
                 R);
-      return NULL;
+      return false;
     }
     if (M % 2 != 0 || M < 2 * R) {
       piper_input_error(err,
                 "dualpipe: needs an even number of micro-batches, at least 2R = %u (half go "
                 "each way); got M = %u",
                 2 * R, M);
-      return NULL;
+      return false;
     }
     break;
   case SCHED_DUALPIPEV:
     if (M < 2 * R) {
       piper_input_error(err, "dualpipev: needs at least 2R = %u micro-batches for %u ranks; got M = %u",
                 2 * R, R, M);
-      return NULL;
+      return false;
     }
     break;
   default: break;
   }
 
+  return true;
+}
+
+struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
+                                  uint32_t M, GError **err) {
+  if (!check_request(f, layout, M, err))
+    return NULL;
+  uint32_t R = layout->n_ranks, S = layout->n_stages;
+  enum layout_shape shape = SHAPE_SINGLE;
+  if (f == SCHED_INTERLEAVED_1F1B || f == SCHED_INTERLEAVED_ZEROBUBBLE)
+    shape = SHAPE_LOOP;
+  if (f == SCHED_ZBV || f == SCHED_DUALPIPEV)
+    shape = SHAPE_V;
+  g_autofree int32_t *pos_rank = g_new(int32_t, R);
+  uint32_t v = 1;
+  if (!check_layout(f, shape, layout, pos_rank, &v, err))
+    return NULL;
+  if (!check_microbatches(f, R, M, err))
+    return NULL;
   struct builder b = {.pos_rank = pos_rank};
   sched_rows_init(&b.rows, R);
   switch (f) {

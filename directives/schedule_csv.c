@@ -193,6 +193,104 @@ static void locate_byte(const char *text, size_t pos, uint32_t *row, uint32_t *c
   }
 }
 
+/* The reader's state: the rows so far, the actions seen (for repeats), the extent of the
+ * indices and the communication cells skipped. */
+struct csv_reader {
+  const char *name;
+  struct sched_rows w;
+  GHashTable *seen;
+  int32_t max_stage, max_mb;
+  uint32_t row, col;
+  uint32_t comm_count[N_COMM_KINDS];
+};
+
+/* A cell's fault: "name: row R, column C: cell "..." what". */
+static bool cell_error(const struct csv_reader *rd, const char *cell, size_t n, const char *what,
+                       GError **err) {
+  g_autofree char *q = quote_cell(cell, n);
+  return piper_input_error(err, "%s: row %u, column %u: cell %s %s", rd->name, rd->row, rd->col, q,
+                           what);
+}
+
+/* Notes a's key; false when a repeats an action or mixes a full backward with a split one of
+ * the same (stage, mb) (they cannot both run). */
+static bool note_action(struct csv_reader *rd, const struct sched_action *a, const char **why) {
+  gpointer key = GUINT_TO_POINTER(action_key(a));
+  if (g_hash_table_contains(rd->seen, key)) {
+    *why = "repeats an action already scheduled";
+    return false;
+  }
+  g_hash_table_add(rd->seen, key);
+  struct sched_action other = *a;
+  bool clash = false;
+  if (a->pass == IR_PASS_B) {
+    other.pass = IR_PASS_BI;
+    clash = g_hash_table_contains(rd->seen, GUINT_TO_POINTER(action_key(&other)));
+    other.pass = IR_PASS_BW;
+    clash = clash || g_hash_table_contains(rd->seen, GUINT_TO_POINTER(action_key(&other)));
+  } else if (a->pass == IR_PASS_BI || a->pass == IR_PASS_BW) {
+    other.pass = IR_PASS_B;
+    clash = g_hash_table_contains(rd->seen, GUINT_TO_POINTER(action_key(&other)));
+  }
+  if (clash) {
+    *why = "mixes a full backward (B) with a split one (I/W) of the same stage and micro-batch";
+    return false;
+  }
+  rd->max_stage = MAX(rd->max_stage, a->stage);
+  rd->max_mb = MAX(rd->max_mb, a->mb);
+  return true;
+}
+
+/* One non-empty cell of row rank: a communication cell counted and skipped, or a slot. */
+static bool read_cell(struct csv_reader *rd, uint32_t rank, const char *cell, size_t n,
+                      GError **err) {
+  int comm = comm_kind(cell, n);
+  if (comm >= 0) {
+    rd->comm_count[comm]++;
+    return true;
+  }
+  struct sched_slot slot;
+  if (!parse_cell(cell, n, &slot))
+    return cell_error(rd, cell, n,
+                      "is malformed (expected <stage>F<mb>, <stage>B<mb>, <stage>I<mb>, "
+                      "<stage>W<mb>, (<a>;<b>)OVERLAP_F_B or a communication cell such as "
+                      "1SEND_F0, indices below 65536 and 4096)",
+                      err);
+  slot.column = rd->col;
+  const char *why = NULL;
+  for (uint32_t k = 0; k < slot.n_actions; k++)
+    if (!note_action(rd, &slot.actions[k], &why))
+      return cell_error(rd, cell, n, why, err);
+  if (rd->w.n_actions + slot.n_actions > SCHED_MAX_ACTIONS)
+    return piper_input_error(err, "%s: more than %u actions", rd->name, SCHED_MAX_ACTIONS);
+  sched_rows_push(&rd->w, rank, &slot);
+  return true;
+}
+
+/* One row (without its line end): its cells, split at commas, spaces around them dropped. */
+static bool read_row(struct csv_reader *rd, const char *line, size_t len, GError **err) {
+  if (++rd->row > SCHED_MAX_RANKS)
+    return piper_input_error(err, "%s: more than %u rows (one per rank)", rd->name,
+                             (unsigned)SCHED_MAX_RANKS);
+  uint32_t rank = sched_rows_add_rank(&rd->w);
+  rd->col = 0;
+  for (size_t at = 0; at <= len;) {
+    const char *c = memchr(line + at, ',', len - at);
+    size_t end = c ? (size_t)(c - line) : len, b = at, e = end;
+    rd->col++;
+    while (b < e && (line[b] == ' ' || line[b] == '\t'))
+      b++;
+    while (e > b && (line[e - 1] == ' ' || line[e - 1] == '\t'))
+      e--;
+    if (e > b && !read_cell(rd, rank, line + b, e - b, err))
+      return false;
+    if (!c)
+      break;
+    at = end + 1;
+  }
+  return true;
+}
+
 struct sched_program *sched_read_csv(const char *name, const char *text, size_t len,
                                      GError **err) {
   if (!name)
@@ -208,113 +306,31 @@ struct sched_program *sched_read_csv(const char *name, const char *text, size_t 
     piper_input_error(err, "%s: row %u, column %u: NUL byte (not a text file)", name, r, c);
     return NULL;
   }
-  struct sched_rows w;
-  sched_rows_init(&w, 0);
-  g_autoptr(GHashTable) seen = g_hash_table_new(g_direct_hash, g_direct_equal);
-  int32_t max_stage = -1, max_mb = -1;
-  const char *line = text;
-  uint32_t row = 0;
-  const char *msg = NULL;
-  g_autofree char *cellq = NULL;
-  uint32_t col = 0;
-  uint32_t comm_count[N_COMM_KINDS] = {0};
-  while (*line) {
+  struct csv_reader rd = {.name = name, .max_stage = -1, .max_mb = -1};
+  sched_rows_init(&rd.w, 0);
+  rd.seen = g_hash_table_new(g_direct_hash, g_direct_equal);
+  bool ok = true;
+  for (const char *line = text; ok && *line;) {
     const char *nl = strchr(line, '\n');
-    size_t len = nl ? (size_t)(nl - line) : strlen(line);
-    const char *next = nl ? nl + 1 : line + len;
-    if (len > 0 && line[len - 1] == '\r')
-      len--;
-    row++;
-    if (row > SCHED_MAX_RANKS) {
-      piper_input_error(err, "%s: more than %u rows (one per rank)", name, (unsigned)SCHED_MAX_RANKS);
-      goto fail;
-    }
-    uint32_t rank = sched_rows_add_rank(&w);
-    size_t at = 0;
-    col = 0;
-    while (at <= len) {
-      const char *c = memchr(line + at, ',', len - at);
-      size_t end = c ? (size_t)(c - line) : len;
-      size_t b = at, e = end;
-      col++;
-      while (b < e && (line[b] == ' ' || line[b] == '\t'))
-        b++;
-      while (e > b && (line[e - 1] == ' ' || line[e - 1] == '\t'))
-        e--;
-      if (e > b) {
-        struct sched_slot slot;
-        int comm = comm_kind(line + b, e - b);
-        if (comm >= 0) {
-          comm_count[comm]++;
-          goto next_cell;
-        }
-        if (!parse_cell(line + b, e - b, &slot)) {
-          cellq = quote_cell(line + b, e - b);
-          msg = "is malformed (expected <stage>F<mb>, <stage>B<mb>, <stage>I<mb>, <stage>W<mb>, "
-                "(<a>;<b>)OVERLAP_F_B or a communication cell such as 1SEND_F0, indices below "
-                "65536 and 4096)";
-          goto cell_fail;
-        }
-        slot.column = col;
-        for (uint32_t k = 0; k < slot.n_actions; k++) {
-          const struct sched_action *a = &slot.actions[k];
-          gpointer key = GUINT_TO_POINTER(action_key(a));
-          if (g_hash_table_contains(seen, key)) {
-            cellq = quote_cell(line + b, e - b);
-            msg = "repeats an action already scheduled";
-            goto cell_fail;
-          }
-          g_hash_table_add(seen, key);
-          /* A full backward and a split one of the same (stage, mb) cannot both run. */
-          struct sched_action other = *a;
-          bool clash = false;
-          if (a->pass == IR_PASS_B) {
-            other.pass = IR_PASS_BI;
-            clash = g_hash_table_contains(seen, GUINT_TO_POINTER(action_key(&other)));
-            other.pass = IR_PASS_BW;
-            clash = clash || g_hash_table_contains(seen, GUINT_TO_POINTER(action_key(&other)));
-          } else if (a->pass == IR_PASS_BI || a->pass == IR_PASS_BW) {
-            other.pass = IR_PASS_B;
-            clash = g_hash_table_contains(seen, GUINT_TO_POINTER(action_key(&other)));
-          }
-          if (clash) {
-            cellq = quote_cell(line + b, e - b);
-            msg = "mixes a full backward (B) with a split one (I/W) of the same stage and "
-                  "micro-batch";
-            goto cell_fail;
-          }
-          if (a->stage > max_stage)
-            max_stage = a->stage;
-          if (a->mb > max_mb)
-            max_mb = a->mb;
-        }
-        if (w.n_actions + slot.n_actions > SCHED_MAX_ACTIONS) {
-          piper_input_error(err, "%s: more than %u actions", name, SCHED_MAX_ACTIONS);
-          goto fail;
-        }
-        sched_rows_push(&w, rank, &slot);
-      }
-    next_cell:
-      if (!c)
-        break;
-      at = end + 1;
-    }
+    size_t n = nl ? (size_t)(nl - line) : strlen(line);
+    const char *next = nl ? nl + 1 : line + n;
+    if (n > 0 && line[n - 1] == '\r')
+      n--;
+    ok = read_row(&rd, line, n, err);
     line = next;
   }
-  if (row == 0 || max_stage < 0) {
-    piper_input_error(err, "%s: no actions (expected one row per rank of cells such as 0F0,0B0)", name);
-    goto fail;
+  if (ok && (rd.row == 0 || rd.max_stage < 0))
+    ok = piper_input_error(
+        err, "%s: no actions (expected one row per rank of cells such as 0F0,0B0)", name);
+  g_hash_table_destroy(rd.seen);
+  if (!ok) {
+    sched_rows_free(&rd.w);
+    return NULL;
   }
   struct sched_program *s =
-      sched_rows_finish(&w, SCHED_CUSTOM, (uint32_t)max_stage + 1, (uint32_t)max_mb + 1);
-  s->note = comm_note(name, comm_count);
+      sched_rows_finish(&rd.w, SCHED_CUSTOM, (uint32_t)rd.max_stage + 1, (uint32_t)rd.max_mb + 1);
+  s->note = comm_note(name, rd.comm_count);
   return s;
-
-cell_fail:
-  piper_input_error(err, "%s: row %u, column %u: cell %s %s", name, row, col, cellq, msg);
-fail:
-  sched_rows_free(&w);
-  return NULL;
 }
 
 /* ---- checking an import against its program ------------------------------------------------ */
