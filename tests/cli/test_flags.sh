@@ -37,6 +37,14 @@ echo '[{"op": "place", "filter": {}, "devices": [0]}]' >"$T/one.json"
   >"$T/e.out" 2>"$T/err" &&
   grep -q ", 3 micro-batches per rank," "$T/e.out" && ok || bad "exec --mbs 3: $(cat "$T/e.out" "$T/err")"
 
+# --- --quiet drops progress lines only: piper-sim still prints its summary ------------------
+"$PS" --model $MOE --directives $BS/pp2_dp2_ep2.json --mbs 4 --profile $UNIT --no-charts --quiet \
+  --out "$T/quiet" >"$T/s.out" 2>"$T/err" && grep -q "^piper-sim: tiny-moe, custom" "$T/s.out" &&
+  grep -q "^  iteration" "$T/s.out" && ok || bad "sim --quiet: $(cat "$T/s.out" "$T/err")"
+for prog in "$PC" "$PS" "$PE"; do
+  [ "$("$prog" --help | grep -c -- '--import-csv FILE')" -eq 1 ] && ok || bad "$prog --help: --import-csv once"
+done
+
 # --- --ranks without --schedule is checked; --plans refuses front-end flags -------------------
 for prog in "$PC" "$PS --profile $UNIT --no-charts --out $T/r3"; do
   $prog --model $MOE --directives $BS/pp2_dp2_ep2.json --ranks 3 >/dev/null 2>"$T/err"
