@@ -25,10 +25,11 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
   o->schedule.ranks = a->ranks;
   o->schedule.mbs = a->mbs;
   o->schedule.keep_order = a->keep_order;
+  o->import_csv = a->import_csv;
   if (a->schedule && !sched_family_parse(a->schedule, &o->schedule.family))
     return piper_input_error(err,
                      "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, "
-                     "zerobubble, zbv, dualpipe, dualpipev, custom)",
+                     "zerobubble, zbv, dualpipe, dualpipev, interleaved_zerobubble, custom)",
                      a->schedule);
   return true;
 }
@@ -55,7 +56,8 @@ static uint32_t program_microbatches(const struct dir_program *p, uint32_t fallb
 
 /* Replaces the program's order directives by those of a PyTorch-style schedule CSV, which must
  * schedule every action of the pipeline. */
-static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *path, GError **err) {
+static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *path, GString *notes,
+                       GError **err) {
   size_t len = 0;
   char *text = piper_read_file(path, JSON_MAX_FILE_BYTES, &len, err);
   if (!text)
@@ -65,10 +67,12 @@ static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *pat
   if (!s)
     return false;
   uint32_t n_ranks = 1;
-  int32_t *stage_rank = sched_layout_from_program(p, n_stages, &n_ranks, err);
   uint32_t M = program_microbatches(p, s->n_microbatches);
-  bool ok = stage_rank && sched_check_complete(s, path, stage_rank, n_stages, n_ranks, M, err);
-  g_free(stage_rank);
+  int32_t *mb_rank = sched_microbatch_ranks(p, n_stages, M, &n_ranks, err);
+  bool ok = mb_rank && sched_check_complete(s, path, mb_rank, n_stages, n_ranks, M, err);
+  g_free(mb_rank);
+  if (ok && s->note && notes)
+    g_string_append_printf(notes, "%s\n", s->note);
   if (ok) {
     dir_program_remove_op(p, DIR_ORDER);
     ok = sched_to_directives(s, "MB", p, err);
@@ -121,7 +125,7 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
       goto fail;
   }
   if (o->import_csv &&
-      !import_csv(r->program, (uint32_t)r->model->pp_regions, o->import_csv, err))
+      !import_csv(r->program, (uint32_t)r->model->pp_regions, o->import_csv, o->notes, err))
     goto fail;
   uint32_t n_ranks = 1;
   int32_t *layout =
@@ -129,6 +133,12 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
   if (!layout)
     goto fail;
   g_free(layout);
+  if (o->schedule.ranks > 0 && o->schedule.ranks != n_ranks) {
+    piper_input_error(err,
+                      "--ranks %u, but the placement of %s has %u pipeline ranks (device groups)",
+                      o->schedule.ranks, r->program->name, n_ranks);
+    goto fail;
+  }
   r->ranks = n_ranks;
   r->graph = ir_graph_build(r->model);
   if (!dir_program_apply(r->program, r->graph, o->n_devices, err))

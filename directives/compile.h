@@ -39,6 +39,8 @@ struct compile_options {
   bool lower;             /* false stops after the rewrites (no plan) */
   enum ir_cost_model cost_model; /* how lowering orders shared streams (ir.h); FLOPs by default */
   bool default_streams;          /* drop the streams place and shard name: what the choice costs */
+  GString *notes;                /* not NULL: gets notes for the user, a line each (what an
+                                    imported CSV's reader skipped) */
 };
 
 struct compile_result {
@@ -53,9 +55,11 @@ struct compile_result {
 
 /* The front-end options piper-compile, piper-sim and piper-exec share, as given on the command
  * line: --model, --directives (alias --base-schedule), --schedule, --ranks, --mbs,
- * --keep-order, --pp-regions. The programs read them by one option table (tools/options.h). */
+ * --keep-order, --pp-regions, --import-csv. They mean the same in every program: --mbs alone
+ * sets the program's MB split, --ranks alone is checked against the placement. The programs
+ * read them by one option table (tools/options.h). */
 struct compile_args {
-  const char *model, *directives, *layout, *schedule;
+  const char *model, *directives, *layout, *schedule, *import_csv;
   uint32_t ranks, mbs, pp_regions;
   bool keep_order;
 };

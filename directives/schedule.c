@@ -7,7 +7,7 @@
  * - Builders work on pipeline positions p = 0..R-1 and map them to physical ranks through the
  *   layout, so any numbering of the ranks works as long as the layout has the family's shape:
  *     one stage per rank (gpipe, 1f1b, zerobubble, dualpipe): position p holds stage p;
- *     loop (interleaved_1f1b): v = stages / R >= 2, stage s is on the rank of stage s mod R, so
+ *     loop (interleaved_1f1b, interleaved_zerobubble): v = stages / R >= 2, stage s is on the rank of stage s mod R, so
  *       position p holds stages p, p+R, ..., p+(v-1)R;
  *     V (zbv, dualpipev): 2R stages, stage 2R-1-s is on the rank of stage s, so position p holds
  *       stages p and 2R-1-p.
@@ -27,7 +27,9 @@
 #include "schedule-impl.h"
 
 static const char *const family_names[SCHED_FAMILY_COUNT] = {
-    "gpipe", "1f1b", "interleaved_1f1b", "zerobubble", "zbv", "dualpipe", "dualpipev", "custom"};
+    "gpipe",     "1f1b",       "interleaved_1f1b",       "zerobubble",
+    "zbv",       "dualpipe",   "dualpipev",              "interleaved_zerobubble",
+    "custom"};
 
 const char *sched_family_name(enum sched_family f) {
   return (unsigned)f < SCHED_FAMILY_COUNT ? family_names[f] : "?";
@@ -51,6 +53,7 @@ void sched_program_free(struct sched_program *s) {
   for (uint32_t r = 0; r < s->n_ranks; r++)
     g_free(s->ranks[r].slots);
   g_free(s->ranks);
+  g_free(s->note);
   g_free(s);
 }
 
@@ -149,6 +152,46 @@ static void build_interleaved(struct builder *b, uint32_t R, uint32_t v, uint32_
     }
 #undef FWD_CHUNK
 #undef MB_OF
+  }
+}
+
+/* Interleaved zero bubble (Qi et al. 2024, ZB1P; PyTorch's ScheduleInterleavedZeroBubble): the
+ * loop layout of interleaved 1F1B with the backward split into BI and BW. PyTorch's
+ * flexible rounds: M micro-batches run in max(1, M / R) rounds of mpr = M / rounds (M must
+ * divide into them), the k-th forward of a rank runs chunk (k / mpr) mod v, the k-th backward
+ * chunk v-1 - (k / mpr) mod v, each chunk's micro-batches counted in order. Position p warms up
+ * with (v-1) mpr + R-1-p forwards (one per hop, not 1F1B's two: the BI of the next rank comes
+ * back one unit later), then runs F BI pairs, then the remaining BI; from its p-th backward on
+ * each BI is followed by the BW of the oldest backward not yet weighted, and the BW left over
+ * run last. This is _get_1f1b_rank_ops with enable_zero_bubble, num_1f1b_microbatches = p. */
+static void build_interleaved_zb(struct builder *b, uint32_t R, uint32_t v, uint32_t M) {
+  uint32_t rounds = M / R > 1 ? M / R : 1, mpr = M / rounds, total = M * v;
+  g_autofree uint32_t *count = g_new(uint32_t, 3 * (size_t)v); /* F, BI, BW per chunk */
+  g_autofree uint32_t *back_chunk = g_new(uint32_t, total);    /* chunk of each backward */
+  for (uint32_t p = 0; p < R; p++) {
+    uint32_t warmup = MIN((v - 1) * mpr + (R - 1 - p), total), n_back = 0, n_weight = 0;
+    memset(count, 0, 3 * (size_t)v * sizeof *count);
+#define CHUNK_STAGE(c) ((int32_t)((c) * R + p))
+#define EMIT_NEXT(c, kind, pass)                                                                 \
+  emit(b, p, act(CHUNK_STAGE(c), (int32_t)count[(kind) * v + (c)]++, (pass)))
+    for (uint32_t op = 0; op < total + warmup; op++) {
+      if (op < total) /* a forward: warm-up or steady state */
+        EMIT_NEXT((op / mpr) % v, 0, IR_PASS_F);
+      if (op < warmup)
+        continue;
+      uint32_t c = v - 1 - ((op - warmup) / mpr) % v;
+      EMIT_NEXT(c, 1, IR_PASS_BI);
+      back_chunk[n_back++] = c;
+      if (op - warmup >= p) {
+        EMIT_NEXT(back_chunk[n_weight], 2, IR_PASS_BW);
+        n_weight++;
+      }
+    }
+    for (; n_weight < n_back; n_weight++)
+      EMIT_NEXT(back_chunk[n_weight], 2, IR_PASS_BW);
+#undef EMIT_NEXT
+#undef CHUNK_STAGE
+    PIPER_ASSERT(n_back == total);
   }
 }
 
@@ -368,58 +411,53 @@ static bool check_layout(enum sched_family f, enum layout_shape shape, const str
   return true;
 }
 
-struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
-                                  uint32_t M, GError **err) {
+/* What any family needs: a known family with something to build, a layout of ranks and
+ * stages within the caps, and a micro-batch count the directives can hold. */
+static bool check_request(enum sched_family f, const struct sched_layout *layout, uint32_t M,
+                          GError **err) {
   if ((unsigned)f >= SCHED_FAMILY_COUNT) {
     piper_input_error(err, "schedule: unknown schedule family %d", (int)f);
-    return NULL;
+    return false;
   }
   const char *fam = sched_family_name(f);
   if (f == SCHED_CUSTOM) {
     piper_input_error(err, "custom: the base schedule's own split and order directives are the schedule; "
                    "there is nothing to build (keep the base file as written)");
-    return NULL;
+    return false;
   }
   if (!layout || !layout->stage_rank || layout->n_ranks == 0 || layout->n_stages == 0) {
     piper_input_error(err, "%s: the layout is empty: at least one rank and one stage are needed", fam);
-    return NULL;
+    return false;
   }
   uint32_t R = layout->n_ranks, S = layout->n_stages;
   if (R > SCHED_MAX_RANKS || S > SCHED_MAX_STAGES) {
     piper_input_error(err, "%s: %u ranks and %u stages; at most %u of each", fam, R, S,
               (unsigned)SCHED_MAX_RANKS);
-    return NULL;
+    return false;
   }
   for (uint32_t s = 0; s < S; s++)
     if (layout->stage_rank[s] < 0 || (uint32_t)layout->stage_rank[s] >= R) {
       piper_input_error(err, "%s: stage %u is on rank %d, outside [0, %u)", fam, s, layout->stage_rank[s],
                 R);
-      return NULL;
+      return false;
     }
   if (M == 0 || M > DIR_MAX_MICROBATCHES) {
     piper_input_error(err, "%s: %u micro-batches; between 1 and %d are accepted", fam, M,
               DIR_MAX_MICROBATCHES);
-    return NULL;
+    return false;
   }
   if ((uint64_t)S * M * 3 > SCHED_MAX_ACTIONS) {
     piper_input_error(err,
               "%s: %u stages x %u micro-batches make more than %u actions; use fewer "
               "micro-batches",
               fam, S, M, SCHED_MAX_ACTIONS);
-    return NULL;
+    return false;
   }
+  return true;
+}
 
-  enum layout_shape shape = SHAPE_SINGLE;
-  if (f == SCHED_INTERLEAVED_1F1B)
-    shape = SHAPE_LOOP;
-  if (f == SCHED_ZBV || f == SCHED_DUALPIPEV)
-    shape = SHAPE_V;
-  g_autofree int32_t *pos_rank = g_new(int32_t, R);
-  uint32_t v = 1;
-  if (!check_layout(f, shape, layout, pos_rank, &v, err))
-    return NULL;
-
-  /* Conditions on R and M, each saying what is needed. */
+/* The family's conditions on R and M, each refusal saying what is needed. */
+static bool check_microbatches(enum sched_family f, uint32_t R, uint32_t M, GError **err) {
   switch (f) {
   case SCHED_INTERLEAVED_1F1B:
     if (M % R != 0) {
@@ -435,16 +473,28 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
                   "the %u ranks (micro-batches go through the chunks in groups of R); got M = %u, "
                   "use M = %u or %u",
                   R, M, M / R * R, (M / R + 1) * R);
-      return NULL;
+      return false;
     }
     break;
+  case SCHED_INTERLEAVED_ZEROBUBBLE: {
+    uint32_t rounds = M / R > 1 ? M / R : 1;
+    if (M % rounds != 0) {
+      piper_input_error(err,
+                        "interleaved_zerobubble: runs M micro-batches in max(1, M / R) = %u "
+                        "rounds, so M must be a multiple of %u (PyTorch's rule); got M = %u, "
+                        "use M = %u or %u",
+                        rounds, rounds, M, M / rounds * rounds, (M / rounds + 1) * rounds);
+      return false;
+    }
+    break;
+  }
   case SCHED_ZBV:
     if (M < 2 * R - 1) {
       piper_input_error(err,
                 "zbv: needs at least 2R-1 = %u micro-batches for %u ranks (the first "
                 "rank's warm-up runs 2R-1 forwards); got M = %u",
                 2 * R - 1, R, M);
-      return NULL;
+      return false;
     }
     break;
   case SCHED_DUALPIPE:
@@ -453,26 +503,45 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
                 "dualpipe: needs an even number of ranks (the two directions meet in the "
                 "middle); got R = %u (dualpipev works with any R)",
                 R);
-      return NULL;
+      return false;
     }
     if (M % 2 != 0 || M < 2 * R) {
       piper_input_error(err,
                 "dualpipe: needs an even number of micro-batches, at least 2R = %u (half go "
                 "each way); got M = %u",
                 2 * R, M);
-      return NULL;
+      return false;
     }
     break;
   case SCHED_DUALPIPEV:
     if (M < 2 * R) {
       piper_input_error(err, "dualpipev: needs at least 2R = %u micro-batches for %u ranks; got M = %u",
                 2 * R, R, M);
-      return NULL;
+      return false;
     }
     break;
   default: break;
   }
 
+  return true;
+}
+
+struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
+                                  uint32_t M, GError **err) {
+  if (!check_request(f, layout, M, err))
+    return NULL;
+  uint32_t R = layout->n_ranks, S = layout->n_stages;
+  enum layout_shape shape = SHAPE_SINGLE;
+  if (f == SCHED_INTERLEAVED_1F1B || f == SCHED_INTERLEAVED_ZEROBUBBLE)
+    shape = SHAPE_LOOP;
+  if (f == SCHED_ZBV || f == SCHED_DUALPIPEV)
+    shape = SHAPE_V;
+  g_autofree int32_t *pos_rank = g_new(int32_t, R);
+  uint32_t v = 1;
+  if (!check_layout(f, shape, layout, pos_rank, &v, err))
+    return NULL;
+  if (!check_microbatches(f, R, M, err))
+    return NULL;
   struct builder b = {.pos_rank = pos_rank};
   sched_rows_init(&b.rows, R);
   switch (f) {
@@ -480,6 +549,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   case SCHED_1F1B: build_1f1b(&b, R, M, false); break;
   case SCHED_ZEROBUBBLE: build_1f1b(&b, R, M, true); break;
   case SCHED_INTERLEAVED_1F1B: build_interleaved(&b, R, v, M); break;
+  case SCHED_INTERLEAVED_ZEROBUBBLE: build_interleaved_zb(&b, R, v, M); break;
   case SCHED_ZBV: build_zbv(&b, R, M); break;
   case SCHED_DUALPIPE: build_dualpipe(&b, R, M); break;
   case SCHED_DUALPIPEV: build_dualpipev(&b, R, M); break;
@@ -565,14 +635,11 @@ static bool filter_stages(const struct dir_filter *f, uint32_t n_stages, uint32_
   return true;
 }
 
-int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
-                                   uint32_t *n_ranks, GError **err) {
-  PIPER_ASSERT(p && n_ranks);
-  if (n_stages == 0 || n_stages > SCHED_MAX_STAGES) {
-    piper_input_error(err, "%s: the model has %u PP regions; 1 to %u are accepted", p->name, n_stages,
-              (unsigned)SCHED_MAX_STAGES);
-    return NULL;
-  }
+/* A pipeline rank is a distinct device list: rank_dev[r] / rank_n[r] (each [n_stages], pointing
+ * into p), numbered by the lowest stage it holds; stage_rank[n_stages] is filled. Returns R, or
+ * 0 (err set) when the program places some stages but not all. */
+static uint32_t layout_ranks(const struct dir_program *p, uint32_t n_stages, int32_t *stage_rank,
+                             const uint32_t **rank_dev, uint32_t *rank_n, GError **err) {
   /* Which directive gives each stage its devices: the last place that selects it, else the
    * first replicate or shard that does (they place what no place did), else device 0. */
   g_autofree const struct dir_directive **by = g_new0(const struct dir_directive *, n_stages);
@@ -607,14 +674,11 @@ int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stage
                           "%s: pipeline stage PP=%u has no place: no place, replicate or shard "
                           "directive selects it",
                           p->name, s);
-      return NULL;
+      return 0;
     }
   /* A rank is a distinct device list, numbered by the lowest stage it holds; a program that
    * places nothing runs on [0]. */
   static const uint32_t device0 = 0;
-  int32_t *stage_rank = g_new(int32_t, n_stages);
-  g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);
-  g_autofree uint32_t *rank_n = g_new0(uint32_t, n_stages);
   uint32_t R = 0;
   for (uint32_t s = 0; s < n_stages; s++) {
     const uint32_t *dev = by[s] ? by[s]->devices : &device0;
@@ -630,8 +694,72 @@ int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stage
     }
     stage_rank[s] = found;
   }
-  *n_ranks = R;
+  return R;
+}
+
+static bool check_stage_count(const struct dir_program *p, uint32_t n_stages, GError **err) {
+  if (n_stages == 0 || n_stages > SCHED_MAX_STAGES)
+    return piper_input_error(err, "%s: the model has %u PP regions; 1 to %u are accepted", p->name,
+                             n_stages, (unsigned)SCHED_MAX_STAGES);
+  return true;
+}
+
+int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
+                                   uint32_t *n_ranks, GError **err) {
+  PIPER_ASSERT(p && n_ranks);
+  if (!check_stage_count(p, n_stages, err))
+    return NULL;
+  int32_t *stage_rank = g_new(int32_t, n_stages);
+  g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);
+  g_autofree uint32_t *rank_n = g_new0(uint32_t, n_stages);
+  *n_ranks = layout_ranks(p, n_stages, stage_rank, rank_dev, rank_n, err);
+  if (*n_ranks == 0) {
+    g_free(stage_rank);
+    return NULL;
+  }
   return stage_rank;
+}
+
+/* The {"PP": s, "MB": m} of a filter with exactly those two keys (either order), no pass. */
+static bool filter_stage_microbatch(const struct dir_filter *f, int32_t *stage, int32_t *mb) {
+  if (f->pass != IR_PASS_NONE || f->n_keys != 2)
+    return false;
+  int pp = strcmp(f->keys[0].name, "PP") == 0 ? 0 : 1;
+  if (strcmp(f->keys[pp].name, "PP") != 0 || strcmp(f->keys[1 - pp].name, "MB") != 0)
+    return false;
+  *stage = f->keys[pp].value;
+  *mb = f->keys[1 - pp].value;
+  return true;
+}
+
+int32_t *sched_microbatch_ranks(const struct dir_program *p, uint32_t n_stages, uint32_t M,
+                                uint32_t *n_ranks, GError **err) {
+  PIPER_ASSERT(p && n_ranks);
+  if (!check_stage_count(p, n_stages, err))
+    return NULL;
+  g_autofree int32_t *stage_rank = g_new(int32_t, n_stages);
+  g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);
+  g_autofree uint32_t *rank_n = g_new0(uint32_t, n_stages);
+  uint32_t R = layout_ranks(p, n_stages, stage_rank, rank_dev, rank_n, err);
+  if (R == 0)
+    return NULL;
+  int32_t *mb_rank = g_new(int32_t, (size_t)n_stages * (M ? M : 1));
+  for (uint32_t s = 0; s < n_stages; s++)
+    for (uint32_t m = 0; m < M; m++)
+      mb_rank[(size_t)s * M + m] = stage_rank[s];
+  for (uint32_t i = 0; i < p->n; i++) {
+    const struct dir_directive *d = &p->d[i];
+    int32_t s, m;
+    if (d->op != DIR_PLACE || !d->n_devices || !filter_stage_microbatch(&d->filter, &s, &m) ||
+        s < 0 || (uint32_t)s >= n_stages || m < 0 || (uint32_t)m >= M)
+      continue;
+    for (uint32_t r = 0; r < R; r++)
+      if (rank_n[r] == d->n_devices &&
+          memcmp(rank_dev[r], d->devices, d->n_devices * sizeof *d->devices) == 0)
+        mb_rank[(size_t)s * M + (size_t)m] = (int32_t)r;
+  }
+  *n_ranks = R;
+  return mb_rank;
 }
 
 /* Finds the single MB split of p without changing p: *index is its position, or UINT32_MAX

@@ -33,6 +33,7 @@ enum sched_family {
   SCHED_ZBV,
   SCHED_DUALPIPE,
   SCHED_DUALPIPEV,
+  SCHED_INTERLEAVED_ZEROBUBBLE, /* PyTorch's ScheduleInterleavedZeroBubble (ZB1P, v >= 2) */
   SCHED_CUSTOM,
   SCHED_FAMILY_COUNT
 };
@@ -54,6 +55,7 @@ struct sched_action {
 struct sched_slot {
   uint32_t n_actions; /* 1 or 2 */
   struct sched_action actions[2];
+  uint32_t column; /* read from a CSV: its 1-based column there (for messages); else 0 */
 };
 
 struct sched_rank {
@@ -65,6 +67,7 @@ struct sched_program {
   enum sched_family family;
   uint32_t n_ranks, n_stages, n_microbatches;
   struct sched_rank *ranks; /* [n_ranks] */
+  char *note; /* sched_read_csv: one line on what it skipped (communication cells), or NULL */
 };
 
 /* Refuses impossible inputs (too few micro-batches, a layout not of the family's shape, odd R
@@ -74,7 +77,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
 void sched_program_free(struct sched_program *s);
 
 /* Name <-> family ("gpipe", "1f1b", "interleaved_1f1b", "zerobubble", "zbv", "dualpipe",
- * "dualpipev", "custom"); sched_family_parse returns false for an unknown name. */
+ * "dualpipev", "interleaved_zerobubble", "custom"); sched_family_parse returns false for an unknown name. */
 const char *sched_family_name(enum sched_family f);
 bool sched_family_parse(const char *name, enum sched_family *out);
 
@@ -83,16 +86,18 @@ bool sched_to_directives(const struct sched_program *s, const char *dim_name,
                          struct dir_program *out, GError **err);
 
 /* PyTorch pipeline-schedule CSV: one row per rank, cells "<stage>F<mb>", "<stage>B<mb>",
- * "<stage>I<mb>", "<stage>W<mb>", "(<a>;<b>)OVERLAP_F_B", empty = idle. */
+ * "<stage>I<mb>", "<stage>W<mb>", "(<a>;<b>)OVERLAP_F_B", empty = idle. The reader also takes
+ * PyTorch's default dialect with communication cells ("1SEND_F0", "0UNSHARD", ...): it skips
+ * them (the plan makes its own communication) and says how many in the program's note. */
 bool sched_write_csv(const struct sched_program *s, FILE *f);
 /* name is used in messages. n_stages is taken from the largest stage seen + 1. */
 struct sched_program *sched_read_csv(const char *name, const char *text, size_t len,
                                      GError **err);
 /* Fails unless s schedules exactly the pipeline of the program it is imported into: one row per
- * pipeline rank (stage_rank[n_stages] from sched_layout_from_program), every action in the row of
- * the rank that holds its stage, and for every stage and micro-batch below n_microbatches a
- * forward and a backward (B, or both I and W). Errors name the CSV (name), row and cell. */
-bool sched_check_complete(const struct sched_program *s, const char *name, const int32_t *stage_rank,
+ * pipeline rank, every action in the row of the rank that runs it (mb_rank[stage * M + mb] from
+ * sched_microbatch_ranks), and for every stage and micro-batch below n_microbatches a forward
+ * and a backward (B, or both I and W). Errors name the CSV (name), row and column. */
+bool sched_check_complete(const struct sched_program *s, const char *name, const int32_t *mb_rank,
                           uint32_t n_stages, uint32_t n_ranks, uint32_t n_microbatches,
                           GError **err);
 
@@ -115,6 +120,12 @@ bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struc
  * frees with g_free), *n_ranks set. Stages not placed are on the rank of device 0. */
 int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
                                    uint32_t *n_ranks, GError **err);
+/* The pipeline rank that runs each (stage, micro-batch), [n_stages * M] (caller frees with
+ * g_free): the stage's rank (sched_layout_from_program), except where a place directive whose
+ * filter is exactly {"PP": s, "MB": m} puts the micro-batch on another rank's devices (DualPipe's
+ * copy B). */
+int32_t *sched_microbatch_ranks(const struct dir_program *p, uint32_t n_stages, uint32_t M,
+                                uint32_t *n_ranks, GError **err);
 /* "<schedule>_pp<R>_mbs<M>.json", the name of the compiled program in a run directory. */
 char *sched_program_file_name(enum sched_family f, uint32_t ranks, uint32_t mbs);
 

@@ -425,7 +425,9 @@ struct exec_options {
   const char *out_dir;          /* run directory (rank 0 writes it); NULL = no report */
   bool charts; /* draw schedule.png/.svg and memory.png (gnuplot) of the measured step there */
   const char *dump_params_path; /* rank 0 writes every parameter here (float32, model order) */
-  bool progress;                /* rank 0 prints a line per step */
+  bool progress;                /* rank 0 prints a line per step ... */
+  uint32_t log_every; /* ... every log_every-th of them (0 or 1: all; the first and the last
+                         always), with the time left at the pace so far */
   /* Testing hook: EXEC_FAULT_STALL makes rank fault_rank's first instruction of kind
    * fault_kind in step fault_step (1-based) block until cancelled, as a transfer whose peer
    * never comes would (a receive nothing matches, on a communicator of its own). */

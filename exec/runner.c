@@ -65,6 +65,7 @@ struct runner {
   int32_t stall_word;           /* the stalled receive's buffer */
   bool model_ready, device_ready; /* what teardown frees */
   bool clean; /* false while streams may be busy or blocked (after a failure: drain them) */
+  double progress_t0; /* wall clock at the start of the first step run (for the ETA) */
   struct step_stats ss;
   double *measured; /* [n_steps]: step times of measured steps */
   uint32_t n_measured;
@@ -689,13 +690,34 @@ static bool create_comms(struct runner *R, GError **err) {
   return ok;
 }
 
-static void print_step(uint32_t step, uint32_t total, double loss, double secs, double tokens,
-                       bool warm) {
-  printf("step %*u/%u  loss %.6f  %10.0f tokens/s  %8.2f ms%s\n",
+/* "eta 1h02m", "eta 3m05s", "eta 12s": what is left at the pace of the steps run so far. */
+static void format_eta(double secs, char *buf, size_t len) {
+  uint64_t s = secs > 0 && secs < 1e9 ? (uint64_t)(secs + 0.5) : 0;
+  if (s >= 3600)
+    g_snprintf(buf, len, "eta %uh%02um", (unsigned)(s / 3600), (unsigned)(s % 3600 / 60));
+  else if (s >= 60)
+    g_snprintf(buf, len, "eta %um%02us", (unsigned)(s / 60), (unsigned)(s % 60));
+  else
+    g_snprintf(buf, len, "eta %us", (unsigned)s);
+}
+
+/* One step's line (every log_every-th step, the first and the last), with the ETA. */
+static void print_step(const struct runner *R, const struct exec_result *res, uint32_t step,
+                       double loss, double secs, bool warm) {
+  uint32_t total = R->o->warmup + R->o->iters, every = MAX(R->o->log_every, 1);
+  uint32_t done = step - res->first_step + 1;
+  if (step != res->first_step && step != total && done % every != 0)
+    return;
+  char eta[32] = "";
+  if (step < total)
+    format_eta((piper_clock_seconds() - R->progress_t0) / done * (total - step), eta,
+               sizeof eta);
+  printf("step %*u/%u  loss %.6f  %10.0f tokens/s  %8.2f ms%s%s%s\n",
          total >= 1000  ? 4
          : total >= 100 ? 3
                         : 2,
-         step, total, loss, secs > 0 ? tokens / secs : 0, secs * 1e3, warm ? "  (warmup)" : "");
+         step, total, loss, secs > 0 ? res->tokens_per_step / secs : 0, secs * 1e3,
+         warm ? "  (warmup)" : "", eta[0] ? "  " : "", eta);
   fflush(stdout);
 }
 
@@ -925,6 +947,12 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
         o->resume_dir, done, o->warmup, o->iters);
   res->first_step = done + 1;
   res->n_steps = total - done;
+  if (o->resume_dir && R->rank == 0) {
+    printf("resume: from %s at step %u; running steps %u to %u (--warmup %u + --iters %u "
+           "count from the start of training)\n",
+           o->resume_dir, done, done + 1, total, o->warmup, o->iters);
+    fflush(stdout);
+  }
   res->losses = g_new0(double, res->n_steps);
   res->step_times = g_new0(double, res->n_steps);
   res->tokens_per_step = (double)R->dev->dp_degree * R->dev->M * R->xm.T;
@@ -961,9 +989,16 @@ static bool checkpoint_step(struct runner *R, uint32_t step, GError **err) {
   bool last = step == o->warmup + o->iters;
   if (!o->checkpoint_dir || !o->checkpoint_every || (step % o->checkpoint_every != 0 && !last))
     return true;
-  return exec_checkpoint_write(&R->s, o->checkpoint_dir, step, err) &&
-         control(R, barrier, NULL, err) &&
-         (R->rank != 0 || exec_checkpoint_commit(o->checkpoint_dir, step, o->checkpoint_keep, err));
+  if (!exec_checkpoint_write(&R->s, o->checkpoint_dir, step, err) ||
+      !control(R, barrier, NULL, err))
+    return false;
+  if (R->rank != 0)
+    return true;
+  if (!exec_checkpoint_commit(o->checkpoint_dir, step, o->checkpoint_keep, err))
+    return false;
+  printf("checkpoint: step %u written to %s/step-%u\n", step, o->checkpoint_dir, step);
+  fflush(stdout);
+  return true;
 }
 
 /* One training step end to end: run, account, collect the loss, report, checkpoint. */
@@ -979,6 +1014,8 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   if (R->tracing)
     g_array_set_size(R->memory, 0);
   double wall0 = exec_backend_clock(R->b);
+  if (step == res->first_step)
+    R->progress_t0 = piper_clock_seconds();
   bool warm = step <= o->warmup;
   R->clean = false; /* until the step's streams are idle again */
   struct exec_backend_loop_stats before, after;
@@ -1010,7 +1047,7 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
     keep_step_trace(R, step);
   }
   if (o->progress && R->rank == 0)
-    print_step(step, total, loss, secs, res->tokens_per_step, warm);
+    print_step(R, res, step, loss, secs, warm);
   if (!isfinite(loss)) {
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "step %u: the loss is %g", step, loss);
     return false;

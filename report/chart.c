@@ -1,5 +1,6 @@
 /* chart: the schedule chart (Cairo) and the memory chart (gnuplot) of a run. */
 #include "chart.h"
+#include "chart-impl.h"
 
 #include <cairo-pdf.h>
 #include <cairo-svg.h>
@@ -80,7 +81,7 @@ static struct rgb kind_colour(uint32_t kind, uint32_t pass) {
     switch (pass) {
     case IR_PASS_F: return hex(0x4E79A7);
     case IR_PASS_B: return hex(0x59A14F);
-    case IR_PASS_BI: return hex(0x8CD17D);
+    case IR_PASS_BI: return hex(0x76B7B2); /* teal: never mistaken for B's green */
     case IR_PASS_BW: return hex(0xF28E2B);
     default: return hex(0x999999);
     }
@@ -95,20 +96,50 @@ static struct rgb kind_colour(uint32_t kind, uint32_t pass) {
   }
 }
 
+/* The legend's entries, in order; legend_index maps an instruction to one. */
+enum { LEG_F, LEG_B, LEG_BI, LEG_BW, LEG_OPT, LEG_P2P, LEG_REDUCE, LEG_GATHER, LEG_A2A, LEG_OTHER,
+       LEG_COUNT };
 static const struct {
   const char *label;
   unsigned colour;
   bool comm;
-} legend[] = {
-    {"F", 0x4E79A7, false},
-    {"B", 0x59A14F, false},
-    {"BI", 0x8CD17D, false},
-    {"BW", 0xF28E2B, false},
-    {"optimizer", 0x79706E, false},
-    {"send/recv", 0x6B3FA0, true},
-    {"all-reduce / reduce-scatter", 0xC0392B, true},
-    {"all-gather", 0x9C755F, true},
-    {"all-to-all", 0xD4477F, true},
+} legend[LEG_COUNT] = {
+    [LEG_F] = {"F forward", 0x4E79A7, false},
+    [LEG_B] = {"B backward", 0x59A14F, false},
+    [LEG_BI] = {"BI backward (inputs)", 0x76B7B2, false},
+    [LEG_BW] = {"BW backward (weights)", 0xF28E2B, false},
+    [LEG_OPT] = {"optimizer", 0x79706E, false},
+    [LEG_P2P] = {"pp send/recv", 0x6B3FA0, true},
+    [LEG_REDUCE] = {"dp all-reduce / reduce-scatter", 0xC0392B, true},
+    [LEG_GATHER] = {"ZeRO all-gather", 0x9C755F, true},
+    [LEG_A2A] = {"ep all-to-all", 0xD4477F, true},
+    [LEG_OTHER] = {"other", 0x333333, true},
+};
+
+static uint32_t legend_index(uint32_t kind, uint32_t pass) {
+  switch (kind) {
+  case IR_NODE_COMPUTE:
+    return pass == IR_PASS_F    ? LEG_F
+           : pass == IR_PASS_B  ? LEG_B
+           : pass == IR_PASS_BI ? LEG_BI
+           : pass == IR_PASS_BW ? LEG_BW
+                                : LEG_OTHER;
+  case IR_NODE_OPTIMIZER: return LEG_OPT;
+  case IR_NODE_SEND:
+  case IR_NODE_RECV: return LEG_P2P;
+  case IR_NODE_ALL_REDUCE:
+  case IR_NODE_REDUCE_SCATTER: return LEG_REDUCE;
+  case IR_NODE_ALL_GATHER: return LEG_GATHER;
+  case IR_NODE_ALL_TO_ALL: return LEG_A2A;
+  default: return LEG_OTHER;
+  }
+}
+
+/* What the legend shows: the entries present, hatching (a rank holding several stages) and
+ * utilisation bands (lanes too dense for one box per instruction). */
+struct legend_use {
+  bool entry[LEG_COUNT];
+  bool chunks, dense;
 };
 
 /* Tick step: 1, 2 or 5 times a power of ten, giving about `want` ticks over span. */
@@ -129,7 +160,7 @@ static void text_at(cairo_t *cr, double x, double y, const char *s, double align
 #define LANE_H 16.0
 #define COMM_H 8.0
 #define ROW_GAP 8.0
-#define LEFT 170.0
+#define LEFT 330.0
 #define RIGHT 24.0
 #define TOP 56.0
 #define PLOT_W 1500.0
@@ -146,6 +177,7 @@ struct schedule_layout {
   double t0, t1, sx;  /* window (seconds) and pixels per second */
   double width, height, axis_y;
   int mb_tag;         /* the micro-batch tag, -1 when the plan has none */
+  struct legend_use use; /* what the rows drawn contain (filled while drawing them) */
 };
 
 /* First start and last end of every interval (a 1 ms window when there are none). */
@@ -194,6 +226,8 @@ static void assign_lanes(const struct report_run *r, struct schedule_layout *l, 
     l->n_lanes[ri] = 1;
 }
 
+static void legend_use_of(const struct report_run *r, struct schedule_layout *l);
+
 static void layout_init(const struct report_run *r, struct schedule_layout *l) {
   const struct plan *p = r->plan;
   memset(l, 0, sizeof *l);
@@ -210,9 +244,10 @@ static void layout_init(const struct report_run *r, struct schedule_layout *l) {
   }
   l->axis_y = l->height + 4;
   l->height += 40;     /* axis */
-  l->height += 28 * 2; /* legend, two lines */
+  l->height += 28 * 3; /* legend, up to three lines */
   l->width = LEFT + PLOT_W + RIGHT;
   l->mb_tag = micro_batch_tag(p);
+  legend_use_of(r, l);
 }
 
 static void layout_free(struct schedule_layout *l) {
@@ -259,17 +294,36 @@ static void draw_time_axis(cairo_t *cr, const struct schedule_layout *l) {
   text_at(cr, LEFT + PLOT_W / 2, l->axis_y + 34, axis_label, 0.5);
 }
 
-/* The device's first PP stage, so that its later stage (V / interleaved chunk) is shaded
- * lighter. */
-static int32_t first_stage(const struct plan *p, const struct report_device *d) {
-  int32_t min_stage = INT32_MAX;
+/* The PP stages the device computes, ascending (at most max): the first is drawn plain, the
+ * later ones (a V schedule's second leg, interleaved chunks) hatched. Returns their number. */
+static uint32_t device_stages(const struct plan *p, const struct report_device *d, int32_t *stages,
+                              uint32_t max) {
+  uint32_t n = 0;
   for (uint32_t k = 0; k < d->n_intervals; k++) {
-    const struct ir_node *n = &p->nodes[d->intervals[k].node];
-    if (n->kind == IR_NODE_COMPUTE && n->tags[MODEL_TAG_PP] >= 0 &&
-        n->tags[MODEL_TAG_PP] < min_stage)
-      min_stage = n->tags[MODEL_TAG_PP];
+    const struct ir_node *nd = &p->nodes[d->intervals[k].node];
+    int32_t st = nd->tags[MODEL_TAG_PP];
+    if (nd->kind != IR_NODE_COMPUTE || st < 0)
+      continue;
+    uint32_t at = 0;
+    while (at < n && stages[at] < st)
+      at++;
+    if ((at < n && stages[at] == st) || (at == n && n == max))
+      continue;
+    if (n == max)
+      n--; /* keep the lowest max stages */
+    memmove(stages + at + 1, stages + at, (n - at) * sizeof *stages);
+    stages[at] = st;
+    n++;
   }
-  return min_stage;
+  return n;
+}
+
+/* The position of stage among the device's stages: 0 plain, k >= 1 hatched. */
+static int stage_chunk(const int32_t *stages, uint32_t n, int32_t stage) {
+  for (uint32_t i = 0; i < n; i++)
+    if (stages[i] == stage)
+      return (int)i;
+  return 0;
 }
 
 /* Alternating row background, two short lines at the left edge (what the row is), the lanes'
@@ -294,28 +348,153 @@ static void draw_row_frame(cairo_t *cr, const char *label, const char *sublabel,
       text_at(cr, LEFT - 4, y + k * LANE_H + 11, lane_names[k], 1);
 }
 
-/* A device's row frame in the schedule chart: its ranks, its streams. */
-static void draw_device_frame(cairo_t *cr, const struct plan *p, const struct report_device *d,
-                              const uint32_t *lo, uint32_t n_lanes, uint32_t ri, double y,
+#define MAX_DEVICE_STAGES 16
+#define LANE_NAME_MAX 44
+
+/* The pipeline rank of device dev (-1 when unknown). */
+static int32_t device_pp_rank(const struct report_run *r, uint32_t dev) {
+  if (dev < r->n_devices && r->devices[dev].device == dev)
+    return r->devices[dev].pp_rank;
+  for (uint32_t i = 0; i < r->n_devices; i++)
+    if (r->devices[i].device == dev)
+      return r->devices[i].pp_rank;
+  return -1;
+}
+
+/* Adds v to the small set s[*n] (at most max). */
+static void set_add(int32_t *s, uint32_t *n, uint32_t max, int32_t v) {
+  for (uint32_t i = 0; i < *n; i++)
+    if (s[i] == v)
+      return;
+  if (*n < max)
+    s[(*n)++] = v;
+}
+
+static void append_ranks(GString *g, const char *what, const int32_t *ranks, uint32_t n) {
+  g_string_append_printf(g, "%s%s rank%s ", g->len ? " + " : "", what, n > 1 ? "s" : "");
+  for (uint32_t i = 0; i < n; i++)
+    g_string_append_printf(g, "%s%d", i ? ", " : "", ranks[i]);
+}
+
+/* What runs on one lane of a device, in the user's terms. */
+struct lane_content {
+  bool compute, optimizer, all_reduce, reduce_scatter, all_gather, all_to_all, other;
+  int32_t to[8], from[8]; /* pp ranks sent to, received from */
+  uint32_t n_to, n_from;
+};
+
+static void lane_content(const struct report_run *r, const struct report_device *d,
+                         uint32_t stream, struct lane_content *c) {
+  const struct plan *p = r->plan;
+  memset(c, 0, sizeof *c);
+  for (uint32_t k = 0; k < d->n_intervals; k++) {
+    if (d->intervals[k].stream != stream)
+      continue;
+    const struct ir_node *n = &p->nodes[d->intervals[k].node];
+    switch (n->kind) {
+    case IR_NODE_COMPUTE: c->compute = true; break;
+    case IR_NODE_OPTIMIZER: c->optimizer = true; break;
+    case IR_NODE_ALL_REDUCE: c->all_reduce = true; break;
+    case IR_NODE_REDUCE_SCATTER: c->reduce_scatter = true; break;
+    case IR_NODE_ALL_GATHER: c->all_gather = true; break;
+    case IR_NODE_ALL_TO_ALL: c->all_to_all = true; break;
+    case IR_NODE_SEND:
+    case IR_NODE_RECV: {
+      int32_t peer = -1;
+      if (n->peer_group < p->n_groups)
+        peer = device_pp_rank(r, p->device_pool[p->groups[n->peer_group].first]);
+      if (n->kind == IR_NODE_SEND)
+        set_add(c->to, &c->n_to, G_N_ELEMENTS(c->to), peer);
+      else
+        set_add(c->from, &c->n_from, G_N_ELEMENTS(c->from), peer);
+      break;
+    }
+    default: c->other = true; break;
+    }
+  }
+}
+
+/* "compute: stage 0 | 7 hatched", "pp send to rank 2", "pp send/recv with rank 1", "dp
+ * all-reduce", ...: a lane's name from what runs on it; the stream's own name when nothing
+ * does. */
+static void lane_name(const struct report_run *r, const struct report_device *d, uint32_t stream,
+                      const int32_t *stages, uint32_t n_stages, char *buf, size_t len) {
+  struct lane_content c;
+  lane_content(r, d, stream, &c);
+  GString *g = g_string_new(NULL);
+  if (c.compute) {
+    g_string_append_printf(g, "compute: stage %d", n_stages ? stages[0] : -1);
+    for (uint32_t i = 1; i < n_stages; i++)
+      g_string_append_printf(g, "%s%d", i == 1 ? ", hatched " : ", ", stages[i]);
+  }
+  if (c.optimizer)
+    g_string_append_printf(g, "%soptimizer", g->len ? " + " : "");
+  if (c.n_to == 1 && c.n_from == 1 && c.to[0] == c.from[0]) {
+    append_ranks(g, "pp send/recv with", c.to, 1);
+  } else {
+    if (c.n_to)
+      append_ranks(g, "pp send to", c.to, c.n_to);
+    if (c.n_from)
+      append_ranks(g, "pp recv from", c.from, c.n_from);
+  }
+  const struct {
+    bool on;
+    const char *name;
+  } kinds[] = {{c.all_reduce, "dp all-reduce"},
+               {c.reduce_scatter, "dp reduce-scatter"},
+               {c.all_gather, "ZeRO all-gather"},
+               {c.all_to_all, "ep all-to-all"},
+               {c.other, "other"}};
+  for (size_t i = 0; i < G_N_ELEMENTS(kinds); i++)
+    if (kinds[i].on)
+      g_string_append_printf(g, "%s%s", g->len ? " + " : "", kinds[i].name);
+  if (g->len == 0 && stream < r->plan->n_streams)
+    g_string_append(g, r->plan->streams[stream].name);
+  if (g->len >= len && len > 4) { /* cut with an ellipsis rather than mid-word silently */
+    g_string_truncate(g, len - 4);
+    g_string_append(g, "...");
+  }
+  g_strlcpy(buf, g->str, len);
+  g_string_free(g, TRUE);
+}
+
+/* A device's row frame in the schedule chart: its ranks, its lanes named by what runs on them. */
+static void draw_device_frame(cairo_t *cr, const struct report_run *r,
+                              const struct report_device *d, const uint32_t *lo, uint32_t n_lanes,
+                              const int32_t *stages, uint32_t n_stages, uint32_t ri, double y,
                               double row_h) {
+  const struct plan *p = r->plan;
   char label[64], sublabel[64];
   snprintf(label, sizeof label, "device %u", d->device);
-  snprintf(sublabel, sizeof sublabel, "pp %d · dp %d", d->pp_rank, d->dp_rank);
+  snprintf(sublabel, sizeof sublabel, "pp rank %d · dp rank %d", d->pp_rank, d->dp_rank);
   const char **names = g_new0(const char *, n_lanes + 1);
+  char *text = g_malloc0((size_t)(n_lanes + 1) * LANE_NAME_MAX); /* a name per lane */
   for (uint32_t s = 0; s < p->n_streams; s++)
-    if (lo[s] != UINT32_MAX && lo[s] < n_lanes)
-      names[lo[s]] = p->streams[s].name;
+    if (lo[s] != UINT32_MAX && lo[s] < n_lanes) {
+      char *name = text + (size_t)lo[s] * LANE_NAME_MAX;
+      lane_name(r, d, s, stages, n_stages, name, LANE_NAME_MAX);
+      names[lo[s]] = name;
+    }
   draw_row_frame(cr, label, sublabel, names, n_lanes, ri, y, row_h);
+  g_free(text);
   g_free(names);
 }
 
-/* The micro-batch number inside a compute box, only where it fits. */
-static void draw_micro_batch(cairo_t *cr, int mb, double x0, double x1, double ly) {
+/* The micro-batch number inside a compute box, only where it fits; on a hatched box it sits on
+ * a patch of the box's colour, so that the stripes do not cross it. */
+static void draw_micro_batch(cairo_t *cr, int mb, double x0, double x1, double ly,
+                             const struct rgb *patch) {
   char ml[16];
   snprintf(ml, sizeof ml, "%d", mb);
   cairo_text_extents_t te;
   cairo_text_extents(cr, ml, &te);
   if (te.x_advance + 2 <= x1 - x0) {
+    if (patch) {
+      cairo_set_source_rgb(cr, patch->r, patch->g, patch->b);
+      cairo_rectangle(cr, (x0 + x1) / 2 - te.x_advance / 2 - 1.5, ly + 3, te.x_advance + 3,
+                      LANE_H - 6);
+      cairo_fill(cr);
+    }
     cairo_set_source_rgb(cr, 1, 1, 1);
     text_at(cr, (x0 + x1) / 2, ly + 11.5, ml, 0.5);
   }
@@ -326,8 +505,29 @@ struct chart_box {
   double start, end; /* seconds, on the layout's clock */
   struct rgb colour;
   bool comm;
-  int mb; /* micro-batch shown inside compute boxes; -1: none */
+  int mb;    /* micro-batch shown inside compute boxes; -1: none */
+  int chunk; /* the position of its stage among the rank's: 0 plain, 1 "/", 2 "\", 3+ crossed */
 };
+
+/* White stripes over a box of a rank's later stage: "/" for the second, "\" for the third,
+ * both beyond. */
+static void draw_hatch(cairo_t *cr, double x0, double y0, double w, double h, int chunk) {
+  cairo_save(cr);
+  cairo_rectangle(cr, x0, y0, w, h);
+  cairo_clip(cr);
+  cairo_set_source_rgba(cr, 1, 1, 1, 0.55);
+  cairo_set_line_width(cr, 1.3);
+  for (int dir = 0; dir < 2; dir++) {
+    if ((dir == 0 && chunk == 2) || (dir == 1 && chunk < 2))
+      continue;
+    for (double x = x0 - h; x < x0 + w; x += 5) {
+      cairo_move_to(cr, x, dir ? y0 : y0 + h);
+      cairo_line_to(cr, x + h, dir ? y0 + h : y0);
+    }
+  }
+  cairo_stroke(cr);
+  cairo_restore(cr);
+}
 
 /* A full-height box for compute, a thin bar for communication. */
 static void draw_box(cairo_t *cr, const struct schedule_layout *l, const struct chart_box *b,
@@ -336,9 +536,13 @@ static void draw_box(cairo_t *cr, const struct schedule_layout *l, const struct 
   if (x1 - x0 < 0.6)
     x1 = x0 + 0.6; /* zero-cost ops stay visible as hairlines */
   double by = b->comm ? ly + (LANE_H - COMM_H) / 2 : ly + 1, bh = b->comm ? COMM_H : LANE_H - 2;
-  cairo_set_source_rgb(cr, b->colour.r, b->colour.g, b->colour.b);
+  /* too narrow for stripes: a later stage is told apart by a lighter shade instead */
+  struct rgb c = b->chunk > 0 && x1 - x0 < 4 ? lighten(b->colour, 0.35) : b->colour;
+  cairo_set_source_rgb(cr, c.r, c.g, c.b);
   cairo_rectangle(cr, x0, by, x1 - x0, bh);
   cairo_fill(cr);
+  if (b->chunk > 0 && x1 - x0 >= 4)
+    draw_hatch(cr, x0, by, x1 - x0, bh, b->chunk);
   if (x1 - x0 >= 3) { /* a white edge separates back-to-back boxes */
     cairo_set_source_rgb(cr, 1, 1, 1);
     cairo_set_line_width(cr, 0.6);
@@ -346,17 +550,18 @@ static void draw_box(cairo_t *cr, const struct schedule_layout *l, const struct 
     cairo_stroke(cr);
   }
   if (!b->comm && b->mb >= 0)
-    draw_micro_batch(cr, b->mb, x0, x1, ly);
+    draw_micro_batch(cr, b->mb, x0, x1, ly, b->chunk > 0 ? &c : NULL);
 }
 
 /* One interval of a plan's run. */
 static void draw_interval(cairo_t *cr, const struct plan *p, const struct schedule_layout *l,
-                          const struct report_interval *iv, double ly, int32_t min_stage) {
+                          const struct report_interval *iv, double ly, const int32_t *stages,
+                          uint32_t n_stages) {
   const struct ir_node *n = &p->nodes[iv->node];
   struct chart_box b = {iv->start, iv->end, kind_colour(n->kind, n->pass),
-                        !report_node_is_compute(n), l->mb_tag >= 0 ? n->tags[l->mb_tag] : -1};
-  if (!b.comm && n->tags[MODEL_TAG_PP] > min_stage && n->kind == IR_NODE_COMPUTE)
-    b.colour = lighten(b.colour, 0.35); /* the rank's later stage (chunk) */
+                        !report_node_is_compute(n), l->mb_tag >= 0 ? n->tags[l->mb_tag] : -1, 0};
+  if (n->kind == IR_NODE_COMPUTE)
+    b.chunk = stage_chunk(stages, n_stages, n->tags[MODEL_TAG_PP]);
   draw_box(cr, l, &b, ly);
 }
 
@@ -380,6 +585,58 @@ static void draw_group_label(cairo_t *cr, const struct plan *p, const struct pla
   cairo_restore(cr);
 }
 
+/* A lane too dense for a box per instruction: more instructions than a quarter of the plot's
+ * pixels, 30% of them under 1.5 px wide (thousands of micro-batches), where boxes widened to stay
+ * visible would paint a solid bar that overstates how busy the lane is. A few zero-cost
+ * instructions (a synthetic profile's free communication) stay hairlines. */
+static bool lane_dense(const struct schedule_layout *l, const struct report_device *d,
+                       uint32_t stream) {
+  uint32_t n = 0, thin = 0;
+  for (uint32_t k = 0; k < d->n_intervals; k++)
+    if (d->intervals[k].stream == stream) {
+      n++;
+      thin += (d->intervals[k].end - d->intervals[k].start) * l->sx < 1.5;
+    }
+  return n > PLOT_W / 4 && (uint64_t)thin * 10 > (uint64_t)n * 3;
+}
+
+#define BAND_PX 2.0
+
+/* A dense lane as a utilisation band: per BAND_PX-wide column, the share of the column's time
+ * each kind ran, stacked from the lane's floor (a full column: busy all the time). */
+static void draw_lane_band(cairo_t *cr, const struct plan *p, const struct schedule_layout *l,
+                           const struct report_device *d, uint32_t stream, double ly) {
+  uint32_t nb = (uint32_t)ceil(PLOT_W / BAND_PX);
+  double bin_s = BAND_PX / l->sx;
+  double *busy = g_new0(double, (size_t)nb * LEG_COUNT);
+  for (uint32_t k = 0; k < d->n_intervals; k++) {
+    const struct report_interval *iv = &d->intervals[k];
+    if (iv->stream != stream)
+      continue;
+    const struct ir_node *n = &p->nodes[iv->node];
+    uint32_t leg = legend_index(n->kind, n->pass);
+    double a = fmax(iv->start - l->t0, 0), z = fmax(iv->end - l->t0, a);
+    for (uint32_t bin = (uint32_t)(a / bin_s); bin < nb && bin * bin_s < z; bin++)
+      busy[(size_t)bin * LEG_COUNT + leg] +=
+          fmin(z, (bin + 1) * bin_s) - fmax(a, bin * bin_s);
+  }
+  for (uint32_t bin = 0; bin < nb; bin++) {
+    double y = ly + LANE_H - 1, room = LANE_H - 2;
+    for (uint32_t leg = 0; leg < LEG_COUNT && room > 0; leg++) {
+      double h = fmin(busy[(size_t)bin * LEG_COUNT + leg] / bin_s * (LANE_H - 2), room);
+      if (h <= 0)
+        continue;
+      struct rgb c = hex(legend[leg].colour);
+      cairo_set_source_rgb(cr, c.r, c.g, c.b);
+      cairo_rectangle(cr, LEFT + bin * BAND_PX, y - h, BAND_PX, h);
+      cairo_fill(cr);
+      y -= h;
+      room -= h;
+    }
+  }
+  g_free(busy);
+}
+
 /* Row ri at height y; returns its height. */
 static double draw_device_row(cairo_t *cr, const struct report_run *r,
                               const struct schedule_layout *l, uint32_t ri, double y) {
@@ -387,32 +644,62 @@ static double draw_device_row(cairo_t *cr, const struct report_run *r,
   const struct report_device *d = &r->devices[l->rows[ri]];
   const uint32_t *lo = l->lane_of + (size_t)ri * l->stride;
   double row_h = l->n_lanes[ri] * LANE_H;
-  int32_t min_stage = first_stage(p, d);
-  draw_device_frame(cr, p, d, lo, l->n_lanes[ri], ri, y, row_h);
+  int32_t stages[MAX_DEVICE_STAGES];
+  uint32_t n_stages = device_stages(p, d, stages, MAX_DEVICE_STAGES);
+  draw_device_frame(cr, r, d, lo, l->n_lanes[ri], stages, n_stages, ri, y, row_h);
+  bool *dense = g_new0(bool, p->n_streams + 1);
+  for (uint32_t s = 0; s < p->n_streams; s++)
+    if (lo[s] != UINT32_MAX) {
+      dense[s] = lane_dense(l, d, s);
+      if (dense[s])
+        draw_lane_band(cr, p, l, d, s, y + lo[s] * LANE_H);
+    }
   cairo_set_font_size(cr, 9);
   const struct plan_class *c = plan_device_class(p, d->device);
   GHashTable *groups = c ? plan_class_group_index(c) : NULL;
   for (uint32_t k = 0; k < d->n_intervals; k++) {
     const struct report_interval *iv = &d->intervals[k];
-    if (iv->stream >= p->n_streams || lo[iv->stream] == UINT32_MAX)
+    if (iv->stream >= p->n_streams || lo[iv->stream] == UINT32_MAX || dense[iv->stream])
       continue;
     uint32_t entry =
         groups ? GPOINTER_TO_UINT(g_hash_table_lookup(groups, GUINT_TO_POINTER(iv->node))) : 0;
     if (entry && c->instrs[c->stream_instrs[entry - 1]].node != iv->node)
       continue; /* a later part of a group: drawn with its first part */
-    draw_interval(cr, p, l, iv, y + lo[iv->stream] * LANE_H, min_stage);
+    draw_interval(cr, p, l, iv, y + lo[iv->stream] * LANE_H, stages, n_stages);
     if (entry)
       draw_group_label(cr, p, c, entry - 1, l, iv, y + lo[iv->stream] * LANE_H);
   }
   if (groups)
     g_hash_table_destroy(groups);
+  g_free(dense);
   return row_h;
 }
 
+/* What the rows drawn contain, for the legend: a pre-pass over their instructions. */
+static void legend_use_of(const struct report_run *r, struct schedule_layout *l) {
+  const struct plan *p = r->plan;
+  memset(&l->use, 0, sizeof l->use);
+  for (uint32_t ri = 0; ri < l->n_rows; ri++) {
+    const struct report_device *d = &r->devices[l->rows[ri]];
+    int32_t stages[MAX_DEVICE_STAGES];
+    l->use.chunks |= device_stages(p, d, stages, MAX_DEVICE_STAGES) > 1;
+    for (uint32_t k = 0; k < d->n_intervals; k++) {
+      const struct ir_node *n = &p->nodes[d->intervals[k].node];
+      l->use.entry[legend_index(n->kind, n->pass)] = true;
+    }
+    const uint32_t *lo = l->lane_of + (size_t)ri * l->stride;
+    for (uint32_t s = 0; s < p->n_streams && !l->use.dense; s++)
+      l->use.dense = lo[s] != UINT32_MAX && lane_dense(l, d, s);
+  }
+}
+
+/* The entries the run contains, then what hatching and bands mean when there are any. */
 static void draw_legend(cairo_t *cr, const struct schedule_layout *l) {
   double lx = LEFT, ly = l->axis_y + 50;
   cairo_set_font_size(cr, 12);
-  for (size_t i = 0; i < sizeof legend / sizeof legend[0]; i++) {
+  for (size_t i = 0; i < LEG_COUNT; i++) {
+    if (!l->use.entry[i])
+      continue;
     struct rgb c = hex(legend[i].colour);
     cairo_text_extents_t te;
     cairo_text_extents(cr, legend[i].label, &te);
@@ -430,9 +717,29 @@ static void draw_legend(cairo_t *cr, const struct schedule_layout *l) {
     text_at(cr, lx + 24, ly, legend[i].label, 0);
     lx += 24 + te.x_advance + 22;
   }
-  cairo_set_source_rgb(cr, 0.35, 0.35, 0.35);
+  GString *note = g_string_new("numbers: micro-batch");
+  if (l->use.chunks)
+    g_string_prepend(note, "hatched: the rank's later stage (its compute lane names it); ");
+  if (l->use.dense)
+    g_string_append(note, "; dense lanes: column height = share of time busy");
   cairo_set_font_size(cr, 11);
-  text_at(cr, lx, ly, "(lighter: the rank's later stage; numbers: micro-batch)", 0);
+  cairo_text_extents_t te;
+  cairo_text_extents(cr, note->str, &te);
+  if (lx + (l->use.chunks ? 24 : 0) + te.x_advance > LEFT + PLOT_W) {
+    lx = LEFT;
+    ly += 24;
+  }
+  if (l->use.chunks) {
+    struct rgb c = hex(legend[LEG_F].colour);
+    cairo_set_source_rgb(cr, c.r, c.g, c.b);
+    cairo_rectangle(cr, lx, ly - 12, 18, 14);
+    cairo_fill(cr);
+    draw_hatch(cr, lx, ly - 12, 18, 14, 1);
+    lx += 24;
+  }
+  cairo_set_source_rgb(cr, 0.35, 0.35, 0.35);
+  text_at(cr, lx, ly, note->str, 0);
+  g_string_free(note, TRUE);
 }
 
 static void draw_schedule(cairo_t *cr, const struct report_run *r,
@@ -461,22 +768,22 @@ static bool cairo_fail(GError **err, const char *path, const char *what, cairo_s
 }
 
 /* A surface that streams into out: vector formats write as they draw, PNG is an image written
- * once drawn (render_schedule). */
-static cairo_surface_t *schedule_surface(const struct schedule_layout *l, enum chart_format f,
-                                         struct piper_out *out) {
+ * once drawn (render_chart). */
+static cairo_surface_t *chart_surface(double width, double height, enum chart_format f,
+                                      struct piper_out *out) {
   if (f == CHART_PNG)
-    return cairo_image_surface_create(CAIRO_FORMAT_RGB24, (int)l->width, (int)ceil(l->height));
+    return cairo_image_surface_create(CAIRO_FORMAT_RGB24, (int)width, (int)ceil(height));
   if (f == CHART_SVG)
-    return cairo_svg_surface_create_for_stream(write_to_out, out->f, l->width, l->height);
-  return cairo_pdf_surface_create_for_stream(write_to_out, out->f, l->width, l->height);
+    return cairo_svg_surface_create_for_stream(write_to_out, out->f, width, height);
+  return cairo_pdf_surface_create_for_stream(write_to_out, out->f, width, height);
 }
 
-/* Draws a chart of the layout's size by draw(cr, what) onto a surface streaming into out;
- * false (err set) when cairo fails at any step. */
-static bool render_chart(const struct schedule_layout *l, enum chart_format f,
+/* Draws a chart of width x height by draw(cr, what) onto a surface streaming into out; false
+ * (err set) when cairo fails at any step. */
+static bool render_chart(double width, double height, enum chart_format f,
                          void (*draw)(cairo_t *cr, const void *what), const void *what,
                          struct piper_out *out, GError **err) {
-  cairo_surface_t *surf = schedule_surface(l, f, out);
+  cairo_surface_t *surf = chart_surface(width, height, f, out);
   if (cairo_surface_status(surf) != CAIRO_STATUS_SUCCESS) {
     cairo_fail(err, out->path, "cannot create the chart", cairo_surface_status(surf));
     cairo_surface_destroy(surf);
@@ -497,14 +804,13 @@ static bool render_chart(const struct schedule_layout *l, enum chart_format f,
   return true;
 }
 
-/* A chart into path through piper_out: a chart that cannot be drawn whole is no file. */
-static bool write_chart(const char *path, const struct schedule_layout *l, enum chart_format f,
-                        void (*draw)(cairo_t *cr, const void *what), const void *what,
-                        GError **err) {
+bool chart_write_cairo(const char *path, double width, double height, enum chart_format f,
+                       void (*draw)(cairo_t *cr, const void *what), const void *what,
+                       GError **err) {
   struct piper_out out;
   if (!piper_out_open(&out, path, err))
     return false;
-  if (!render_chart(l, f, draw, what, &out, err)) {
+  if (!render_chart(width, height, f, draw, what, &out, err)) {
     piper_out_abandon(&out);
     return false;
   }
@@ -526,7 +832,7 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
   struct schedule_layout l;
   layout_init(r, &l);
   struct schedule_chart c = {r, &l};
-  bool ok = write_chart(path, &l, f, draw_schedule_chart, &c, err);
+  bool ok = chart_write_cairo(path, l.width, l.height, f, draw_schedule_chart, &c, err);
   layout_free(&l);
   return ok;
 }
@@ -574,7 +880,7 @@ struct compare_row {
   GArray *events; /* indices into the side's trace_events */
   uint32_t n_lanes;
   uint32_t *streams; /* [n_lanes]: the tid of each lane, ascending */
-  int32_t min_stage; /* the device's first PP stage (later ones drawn lighter) */
+  int32_t min_stage; /* the device's first PP stage (later ones drawn hatched) */
 };
 
 struct compare_layout {
@@ -658,8 +964,11 @@ static void compare_layout_init(struct compare_layout *c, const struct report_di
   for (uint32_t r = 0; r < c->n_rows; r++)
     l->height += compare_row_height(&c->rows[r]) + ROW_GAP + (r % 2 ? PAIR_GAP : 0);
   l->axis_y = l->height + 4;
-  l->height += 40 + 28 * 2; /* axis, legend */
+  l->height += 40 + 28 * 3; /* axis, legend */
   l->width = LEFT + PLOT_W + RIGHT;
+  for (int i = 0; i < LEG_COUNT; i++) /* a trace's kinds: the full legend */
+    l->use.entry[i] = i != LEG_OTHER;
+  l->use.chunks = true;
 }
 
 static void compare_layout_free(struct compare_layout *c) {
@@ -726,9 +1035,8 @@ static double draw_compare_row(cairo_t *cr, const struct compare_layout *c, uint
     const struct report_trace_node *n = &d->trace_nodes[e->node];
     bool compute = n->ir_kind == IR_NODE_COMPUTE || n->ir_kind == IR_NODE_OPTIMIZER;
     struct chart_box b = {e->start_s - side->t0, e->start_s + e->dur_s - side->t0,
-                          kind_colour(n->ir_kind, n->pass), !compute, n->micro_batch};
-    if (n->ir_kind == IR_NODE_COMPUTE && n->stage > row->min_stage)
-      b.colour = lighten(b.colour, 0.35);
+                          kind_colour(n->ir_kind, n->pass), !compute, n->micro_batch,
+                          n->ir_kind == IR_NODE_COMPUTE && n->stage > row->min_stage};
     uint32_t lane = 0;
     while (lane + 1 < row->n_lanes && row->streams[lane] != e->stream)
       lane++;
@@ -754,7 +1062,7 @@ bool chart_compare(const struct report_dir *a, const struct report_dir *b, const
                    GError **err) {
   struct compare_layout c;
   compare_layout_init(&c, a, b);
-  bool ok = write_chart(path, &c.l, CHART_PNG, draw_compare, &c, err);
+  bool ok = chart_write_cairo(path, c.l.width, c.l.height, CHART_PNG, draw_compare, &c, err);
   compare_layout_free(&c);
   return ok;
 }
@@ -877,40 +1185,95 @@ bool chart_run_gnuplot(const char *dir, const char *script, const char *output, 
 }
 
 /* The time window and the units the memory chart uses. */
+/* Lines never share a colour up to 32 devices (chart_pick_devices draws one per pipeline rank
+ * beyond that): Tableau 20, then twelve more of distinct hue and lightness. */
+static const unsigned device_palette[32] = {
+    0x4E79A7, 0xF28E2B, 0x59A14F, 0xE15759, 0xB07AA1, 0x76B7B2, 0xEDC948, 0x9C755F,
+    0xA0CBE8, 0xFFBE7D, 0x8CD17D, 0xFF9D9A, 0xD4A6C8, 0x86BCB6, 0xF1CE63, 0xD7B5A6,
+    0x79706E, 0xBAB0AC, 0xD37295, 0x499894, 0x1F3A93, 0x8B0000, 0x006400, 0xFF00FF,
+    0x00CED1, 0x808000, 0x4B0082, 0xFF4500, 0x2F4F4F, 0xDAA520, 0x7FFF00, 0x000000};
+
+/* The breakdown's kinds: names in the key and colours. */
+static const struct {
+  const char *title;
+  unsigned colour;
+} memory_kinds[REPORT_MEM_KIND_COUNT] = {
+    [REPORT_MEM_PARAMS] = {"parameters", 0x4E79A7},
+    [REPORT_MEM_GRADS] = {"gradients", 0x59A14F},
+    [REPORT_MEM_OPTIMIZER] = {"optimizer state", 0xB07AA1},
+    [REPORT_MEM_ACTIVATIONS] = {"activations", 0xF28E2B},
+    [REPORT_MEM_GATHERED] = {"gathered parameters (ZeRO-3)", 0x76B7B2},
+    [REPORT_MEM_COMM] = {"communication buffers", 0xE15759},
+};
+
 struct memory_axes {
   double t0, t1;
   bool secs, gibs;
   double scale, mem_unit;
+  uint32_t peak_device; /* index into r->devices: the breakdown's device */
+  double top;           /* the highest memory drawn, bytes */
+  bool capacity_drawn;  /* the capacity is within reach of the curves (else said in words) */
 };
 
 static struct memory_axes memory_axes(const struct report_run *r, const uint32_t *rows,
                                       uint32_t n) {
-  struct memory_axes a;
-  double t0 = INFINITY, t1 = -INFINITY;
-  for (uint32_t i = 0; i < r->n_devices; i++)
-    for (uint32_t k = 0; k < r->devices[i].n_intervals; k++) {
-      if (r->devices[i].intervals[k].start < t0)
-        t0 = r->devices[i].intervals[k].start;
-      if (r->devices[i].intervals[k].end > t1)
-        t1 = r->devices[i].intervals[k].end;
-    }
-  if (!isfinite(t0))
-    t0 = t1 = 0;
-  a.t0 = t0;
-  a.t1 = t1;
-  a.secs = t1 - t0 >= 1;
+  struct memory_axes a = {0};
+  report_run_window(r, &a.t0, &a.t1);
+  a.secs = a.t1 - a.t0 >= 1;
   a.scale = a.secs ? 1 : 1e3;
-  /* GiB for real models, MiB for the tiny ones (whose peaks are a few MiB) */
-  uint64_t top = 0;
+  for (uint32_t i = 0; i < r->n_devices; i++)
+    if (r->devices[i].peak_memory_bytes > r->devices[a.peak_device].peak_memory_bytes)
+      a.peak_device = i;
   for (uint32_t i = 0; i < n; i++)
-    if (r->devices[rows[i]].peak_memory_bytes > top)
-      top = r->devices[rows[i]].peak_memory_bytes;
-  a.gibs = top >= (1ull << 30);
+    a.top = fmax(a.top, (double)r->devices[rows[i]].peak_memory_bytes);
+  if (r->n_devices)
+    a.top = fmax(a.top, (double)r->devices[a.peak_device].peak_memory_bytes);
+  /* A capacity far above every curve would flatten them to the axis: drawn only within 4x. */
+  double cap = r->memory_capacity_bytes;
+  a.capacity_drawn = cap > 0 && cap <= 4 * fmax(a.top, 1);
+  double reach = a.capacity_drawn ? fmax(a.top, cap) : a.top;
+  /* GiB for real models, MiB for the tiny ones (whose peaks are a few MiB) */
+  a.gibs = reach >= (double)(1ull << 30);
   a.mem_unit = a.gibs ? (double)(1ull << 30) : (double)(1ull << 20);
   return a;
 }
 
-/* memory.dat: one gnuplot data block per device: time, total memory (a step function). */
+static uint64_t point_total(const struct report_memory_point *m) {
+  uint64_t tot = 0;
+  for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
+    tot += m->bytes[j];
+  return tot;
+}
+
+/* The breakdown block: time and the running sums of the kinds, as steps (each change drawn
+ * at its time, so that filled areas between the sums are steps too). A device without a
+ * timeline shows its peak breakdown over the whole step. */
+static void write_breakdown_block(FILE *f, const struct report_device *d,
+                                  const struct memory_axes *a) {
+  fprintf(f, "# breakdown of device %u (the peak)\n", d->device);
+  struct report_memory_point only = {.t = a->t0};
+  memcpy(only.bytes, d->peak_breakdown, sizeof only.bytes);
+  const struct report_memory_point *m = d->n_memory ? d->memory : &only;
+  uint32_t n = d->n_memory ? d->n_memory : 1;
+  for (uint32_t k = 0; k <= n; k++) {
+    const struct report_memory_point *at = &m[k < n ? k : n - 1];
+    double t = k < n ? fmax(at->t - a->t0, 0) : a->t1 - a->t0;
+    for (int rep = 0; rep < (k > 0 && k < n ? 2 : 1); rep++) {
+      const struct report_memory_point *v = rep == 0 && k > 0 && k < n ? &m[k - 1] : at;
+      fprintf(f, "%.9g", t * a->scale);
+      double sum = 0;
+      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++) {
+        sum += (double)v->bytes[j];
+        fprintf(f, " %.6f", sum / a->mem_unit);
+      }
+      fputc('\n', f);
+    }
+  }
+  fputs("\n\n", f);
+}
+
+/* memory.dat: one gnuplot data block per device drawn (time, total memory: a step function),
+ * then the peak device's breakdown. */
 static bool write_memory_dat(const struct report_run *r, const uint32_t *rows, uint32_t n,
                              const struct memory_axes *a, const char *path, GError **err) {
   struct piper_out out;
@@ -922,53 +1285,112 @@ static bool write_memory_dat(const struct report_run *r, const uint32_t *rows, u
     fprintf(f, "# device %u (pp %d, dp %d)\n", d->device, d->pp_rank, d->dp_rank);
     uint64_t last = 0;
     for (uint32_t k = 0; k < d->n_memory; k++) {
-      uint64_t tot = 0;
-      for (int j = 0; j < REPORT_MEM_KIND_COUNT; j++)
-        tot += d->memory[k].bytes[j];
-      double t = d->memory[k].t - a->t0;
-      if (t < 0)
-        t = 0;
-      fprintf(f, "%.9g %.6f\n", t * a->scale, (double)tot / a->mem_unit);
-      last = tot;
+      double t = fmax(d->memory[k].t - a->t0, 0);
+      last = point_total(&d->memory[k]);
+      fprintf(f, "%.9g %.6f\n", t * a->scale, (double)last / a->mem_unit);
     }
     fprintf(f, "%.9g %.6f\n\n\n", (a->t1 - a->t0) * a->scale, (double)last / a->mem_unit);
   }
+  if (r->n_devices)
+    write_breakdown_block(f, &r->devices[a->peak_device], a);
   return piper_out_close(&out, err);
 }
 
+/* The capacity: a dashed red line with its label when in reach, else a line of text saying
+ * how far below it the run stays. */
+static void write_capacity(FILE *f, const struct report_run *r, const struct memory_axes *a) {
+  double cap = r->memory_capacity_bytes;
+  const char *src = r->capacity_source ? r->capacity_source : "the device";
+  if (a->capacity_drawn) {
+    fprintf(f,
+            "set arrow 1 from graph 0, first %.6f to graph 1, first %.6f nohead dt 2 lw 2 "
+            "lc rgb '#C0392B' front\n"
+            "set label 1 'capacity %.4g %s (%s)' at graph 0.01, first %.6f offset 0,0.7 "
+            "tc rgb '#C0392B' front\n",
+            cap / a->mem_unit, cap / a->mem_unit, cap / a->mem_unit, a->gibs ? "GiB" : "MiB", src,
+            cap / a->mem_unit);
+  } else if (cap > 0) {
+    fprintf(f,
+            "set label 1 'capacity %.4g GiB (%s): off the scale, the peak uses %.3g%% of it' at "
+            "graph 0.01, graph 0.96 tc rgb '#C0392B' front\n",
+            cap / (double)(1ull << 30), src, 100 * a->top / cap);
+  } else {
+    fputs("set label 1 'device capacity unknown (no profile)' at graph 0.01, graph 0.96 "
+          "tc rgb '#777777' front\n",
+          f);
+  }
+}
+
+/* Top: every device drawn, its own colour (dp replicas dashed, thinner, so that one on top of
+ * another stays visible). Bottom: the peak device stacked by kind. The capacity on both. */
 static bool write_memory_gp(const struct report_run *r, const uint32_t *rows, uint32_t n,
                             const struct memory_axes *a, const char *path, GError **err) {
   struct piper_out out;
   if (!piper_out_open(&out, path, err))
     return false;
   FILE *f = out.f;
+  const char *unit = a->gibs ? "GiB" : "MiB";
   fprintf(f,
-          "set terminal pngcairo size 1400,700 font 'sans,11'\n"
+          "set terminal pngcairo size 1400,1150 font 'sans,11'\n"
           "%s"
-          "set title 'Memory per device: %s, %s'\n"
+          "set multiplot\n"
+          "set lmargin at screen 0.07\nset rmargin at screen 0.80\n"
           "set xlabel 'time (%s)'\nset ylabel 'memory (%s)'\n"
-          "set grid\nset key outside right top\nset yrange [0:*]\n"
-          "plot ",
-          CHART_GNUPLOT_OUTPUT("memory.png"), r->plan->model->name,
-          r->schedule ? r->schedule : "custom", a->secs ? "s" : "ms", a->gibs ? "GiB" : "MiB");
+          "set grid\nset key outside right top font ',9' spacing 0.95\n"
+          "set yrange [0:%.6f]\nset xrange [0:%.9g]\n"
+          "set tmargin at screen 0.95\nset bmargin at screen 0.50\n"
+          "set title 'Memory per device: %s, %s%s'\n",
+          CHART_GNUPLOT_OUTPUT("memory.png"), a->secs ? "s" : "ms", unit,
+          1.08 * fmax(a->top, a->capacity_drawn ? r->memory_capacity_bytes : 0) / a->mem_unit,
+          fmax((a->t1 - a->t0) * a->scale, 1e-9), r->plan->model->name,
+          r->schedule ? r->schedule : "custom",
+          n < r->n_devices ? " (dp rank 0 of each pipeline rank)" : "");
+  write_capacity(f, r, a);
+  fputs("plot ", f);
   for (uint32_t i = 0; i < n; i++) {
     const struct report_device *d = &r->devices[rows[i]];
-    /* Data-parallel replicas often hold the same memory: later ranks are drawn dashed and
-     * thinner so a replica lying on top of another stays visible. */
+    /* Colours go out by (dp rank, pp rank): the solid dp-0 lines take the most distinct. */
+    uint32_t colour = 0;
+    for (uint32_t j = 0; j < n; j++) {
+      const struct report_device *e = &r->devices[rows[j]];
+      colour += e->dp_rank < d->dp_rank || (e->dp_rank == d->dp_rank && e->pp_rank < d->pp_rank);
+    }
     fprintf(f,
-            "%s'memory.dat' index %u using 1:2 with steps lw %d dt %d title 'dev %u (pp %d, dp %d)'",
-            i ? ", \\\n     " : "", i, d->dp_rank > 0 ? 1 : 2, d->dp_rank > 0 ? 2 : 1, d->device,
-            d->pp_rank, d->dp_rank);
+            "%s'memory.dat' index %u using 1:2 with steps lw %d dt %d lc rgb '#%06X' "
+            "title 'dev %u (pp %d, dp %d)'",
+            i ? ", \\\n     " : "", i, d->dp_rank > 0 ? 1 : 2, d->dp_rank > 0 ? 2 : 1,
+            device_palette[colour % G_N_ELEMENTS(device_palette)], d->device, d->pp_rank,
+            d->dp_rank);
   }
   if (n == 0)
     fprintf(f, "0 notitle");
   fputc('\n', f);
+  if (r->n_devices) {
+    const struct report_device *pd = &r->devices[a->peak_device];
+    fprintf(f,
+            "set tmargin at screen 0.42\nset bmargin at screen 0.06\n"
+            "set title 'Device %u (pp %d, dp %d), the highest peak (%.4g %s), by kind'\n",
+            pd->device, pd->pp_rank, pd->dp_rank, (double)pd->peak_memory_bytes / a->mem_unit,
+            unit);
+    fputs("plot ", f);
+    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++) {
+      char below[16]; /* the running sum under kind k: column k + 1, or the axis */
+      snprintf(below, sizeof below, k ? "%d" : "(0)", k + 1);
+      fprintf(f,
+              "%s'memory.dat' index %u using 1:%s:%d with filledcurves fs solid 1 noborder "
+              "lc rgb '#%06X' title '%s'",
+              k ? ", \\\n     " : "", n, below, k + 2, memory_kinds[k].colour,
+              memory_kinds[k].title);
+    }
+    fputc('\n', f);
+  }
+  fputs("unset multiplot\n", f);
   return piper_out_close(&out, err);
 }
 
 bool chart_memory(const struct report_run *r, const char *dir, GError **err) {
   uint32_t n;
-  uint32_t *rows = chart_pick_devices(r, 16, &n);
+  uint32_t *rows = chart_pick_devices(r, G_N_ELEMENTS(device_palette), &n);
   struct memory_axes a = memory_axes(r, rows, n);
   char *dat = g_build_filename(dir, "memory.dat", NULL);
   char *gp = g_build_filename(dir, "memory.gp", NULL);

@@ -42,6 +42,22 @@ bool chart_schedule(const struct report_run *r, const char *path, enum chart_for
  * of median length), and each side's step starts at t = 0. */
 bool chart_compare(const struct report_dir *a, const struct report_dir *b, const char *path,
                    GError **err);
+/* One configuration of a what-if chart (a sweep's or a planner's). */
+struct chart_point {
+  const char *label;    /* shown beside the point where it overlaps nothing; NULL: none */
+  const char *schedule; /* the point's colour */
+  const char *profile;  /* its marker; each profile's cap line */
+  bool ok;              /* simulated (else not drawn) */
+  bool feasible;        /* under its cap: a filled marker (else hollow) */
+  double peak_memory_bytes, throughput_tokens_per_s;
+  double memory_cap_bytes; /* what it was judged against; 0: no cap */
+};
+/* A PNG of throughput against peak memory: a dashed cap line per distinct cap (labelled with
+ * its profiles), colour by schedule, marker by profile, labels of the first points (give them
+ * best first) where they overlap no marker or other label; the rest are counted in a note. */
+bool chart_points(const char *title, const struct chart_point *points, uint32_t n,
+                  const char *path, GError **err);
+
 /* dir/memory.png from dir/memory.dat and dir/memory.gp. */
 bool chart_memory(const struct report_run *r, const char *dir, GError **err);
 

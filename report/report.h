@@ -86,6 +86,8 @@ struct report_run {
   uint32_t n_iterations;    /* >= 1 */
   const double *iteration_times;
   double peak_flops_per_device; /* for MFU; 0 = unknown (MFU written as null) */
+  double memory_capacity_bytes; /* a device's memory (memory.png's line); 0 = unknown */
+  const char *capacity_source;  /* where it comes from ("profile h100-sxm"), or NULL */
   uint32_t pp, dp;              /* set by report_run_init_devices */
   uint32_t n_devices;
   struct report_device *devices;

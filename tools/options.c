@@ -128,3 +128,27 @@ int options_parse(const struct option_program *p, void *args, int argc, char **a
   }
   return OPTIONS_CONTINUE;
 }
+
+void options_print_notes(const char *program, const GString *notes) {
+  if (!notes)
+    return;
+  g_auto(GStrv) lines = g_strsplit(notes->str, "\n", -1);
+  for (char **l = lines; *l; l++)
+    if (**l)
+      fprintf(stderr, "%s: note: %s\n", program, *l);
+}
+
+const char *options_compile_arg_given(const struct compile_args *ca) {
+  const struct {
+    bool given;
+    const char *name;
+  } args[] = {{ca->model != NULL, "--model"},           {ca->directives != NULL, "--directives"},
+              {ca->layout != NULL, "--layout"},         {ca->schedule != NULL, "--schedule"},
+              {ca->ranks > 0, "--ranks"},               {ca->mbs > 0, "--mbs"},
+              {ca->pp_regions > 0, "--pp-regions"},     {ca->keep_order, "--keep-order"},
+              {ca->import_csv != NULL, "--import-csv"}};
+  for (size_t i = 0; i < G_N_ELEMENTS(args); i++)
+    if (args[i].given)
+      return args[i].name;
+  return NULL;
+}

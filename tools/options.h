@@ -98,7 +98,7 @@ void options_print_version(const struct option_program *p);
    .metavar = "NAME",                                                                            \
    .help = "build the order directives for R ranks and M micro-batches: gpipe,\n"                \
            "1f1b, interleaved_1f1b, zerobubble, zbv, dualpipe, dualpipev,\n"                     \
-           "custom (the file as written; default)"},                                             \
+           "interleaved_zerobubble, custom (the file as written; default)"},                     \
   {.name = "--ranks", .kind = OPTION_U32, .offset = offsetof(T, m.ranks), .lo = 1,               \
    .hi = IR_MAX_DEVICES, .metavar = "R",                                                         \
    .help = "pipeline ranks the schedule expects (default: from the placement;\n"                 \
@@ -109,6 +109,10 @@ void options_print_version(const struct option_program *p);
            "MB split (default: the program's)"},                                                 \
   {.name = "--keep-order", .kind = OPTION_FLAG, .offset = offsetof(T, m.keep_order),             \
    .help = "keep the program's order directives under --schedule"},                             \
+  {.name = "--import-csv", .kind = OPTION_STRING, .offset = offsetof(T, m.import_csv),           \
+   .metavar = "FILE",                                                                            \
+   .help = "replace the order directives by a PyTorch schedule CSV (compute\n"                  \
+           "cells; communication cells are skipped with a note)"},                              \
   {                                                                                              \
     .name = "--pp-regions", .kind = OPTION_U32, .offset = offsetof(T, m.pp_regions), .lo = 1,    \
     .hi = MODEL_MAX_LAYERS, .metavar = "N",                                                      \
@@ -116,6 +120,13 @@ void options_print_version(const struct option_program *p);
   }
 
 // clang-format on
+
+/* The first front-end option given in ca ("--model", "--mbs", ...), or NULL: what --plans,
+ * which takes plans as compiled, cannot be given with. */
+const char *options_compile_arg_given(const struct compile_args *ca);
+
+/* Prints each line of notes (compile_options.notes) to stderr as "<program>: note: <line>". */
+void options_print_notes(const char *program, const GString *notes);
 
 /* options_parse's result when the program goes on (any other is its exit status). */
 #define OPTIONS_CONTINUE (-1)

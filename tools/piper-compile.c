@@ -13,7 +13,7 @@
 /* What the command line asks for. */
 struct compile_cli {
   struct compile_args compile;
-  const char *out_dir, *dump_ir, *dump_dot, *export_csv, *import_csv;
+  const char *out_dir, *dump_ir, *dump_dot, *export_csv;
   uint32_t n_devices;
   bool stats, unit_costs;
 };
@@ -25,9 +25,6 @@ static const struct option_spec options[] = {
     {.name = "--devices", .kind = OPTION_U32, .offset = offsetof(struct compile_cli, n_devices),
      .lo = 1, .hi = IR_MAX_DEVICES, .metavar = "N",
      .help = "world size: device ids must be below N (and need not all be used)"},
-    {.name = "--import-csv", .kind = OPTION_STRING,
-     .offset = offsetof(struct compile_cli, import_csv), .metavar = "FILE",
-     .help = "replace the order directives by a PyTorch schedule CSV"},
     {.name = "--export-csv", .kind = OPTION_STRING,
      .offset = offsetof(struct compile_cli, export_csv), .metavar = "FILE",
      .help = "write each rank's compute order as a PyTorch schedule CSV"},
@@ -242,7 +239,8 @@ int main(int argc, char **argv) {
   if (!compile_args_to_options(&a.compile, &o, &err))
     return piper_error_exit(program.name, err);
   o.n_devices = a.n_devices;
-  o.import_csv = a.import_csv;
+  g_autoptr(GString) notes = g_string_new(NULL);
+  o.notes = notes;
   o.cost_model = a.unit_costs ? IR_COST_UNIT : IR_COST_FLOPS;
 
   double t0 = piper_clock_seconds();
@@ -250,6 +248,7 @@ int main(int argc, char **argv) {
   if (!compile_run(&o, &r, &err))
     return piper_error_exit(program.name, err);
   double secs = piper_clock_seconds() - t0;
+  options_print_notes(program.name, notes);
   if (!write_outputs(&a, &r, &err)) {
     compile_result_free(&r);
     return piper_error_exit(program.name, err);

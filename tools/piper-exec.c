@@ -52,7 +52,9 @@ static const struct option_spec options[] = {
     {.name = "--backend", .kind = OPTION_STRING, EXEC_OPTION(backend), .metavar = "NAME",
      .help = "host (default); see --list-backends"},
     {.name = "--iters", .kind = OPTION_U32, EXEC_OPTION(run.iters), .lo = 1, .hi = STEPS_MAX,
-     .metavar = "N", .help = "measured steps (default 10)"},
+     .metavar = "N", .help = "measured steps (default 10); training ends at step K+N\n"
+                             "counted from its start: a --resume runs the steps left to\n"
+                             "it, not N more"},
     {.name = "--warmup", .kind = OPTION_U32, EXEC_OPTION(run.warmup), .lo = 0, .hi = STEPS_MAX,
      .metavar = "K", .help = "steps before them, trained but not timed (default 1)"},
     {.name = "--data", .kind = OPTION_STRING, EXEC_OPTION(data), .metavar = "FILE",
@@ -89,7 +91,12 @@ static const struct option_spec options[] = {
      .help = "write the final parameters (float32, model op order)"},
     {.name = "--no-charts", .kind = OPTION_FLAG, EXEC_OPTION(no_charts),
      .help = "draw no schedule.png/.svg or memory.png of the measured step"},
-    {.name = "--quiet", .kind = OPTION_FLAG, EXEC_OPTION(quiet), .help = "no per-step lines"},
+    {.name = "--quiet", .kind = OPTION_FLAG, EXEC_OPTION(quiet),
+     .help = "no per-step lines (the summary, checkpoint and resume lines stay)"},
+    {.name = "--log-every", .kind = OPTION_U32, EXEC_OPTION(run.log_every), .lo = 1,
+     .hi = STEPS_MAX, .metavar = "N",
+     .help = "a step line every N steps, with the time left (default 1; the\n"
+             "first and the last always)"},
     {.name = "--list-backends", .kind = OPTION_ACTION, .action = list_backends,
      .help = "print the backends built in, one per line, and exit"},
     OPTIONS_HELP_VERSION,
@@ -204,9 +211,9 @@ static int check_inputs(const struct exec_cli *a, const struct exec_backend_ops 
   if (!*ops)
     return piper_usage_error("piper-exec",
                              "--backend: \"%s\" is not built in (see --list-backends)", a->backend);
-  if (a->plans && (ca->model || ca->directives || ca->layout || ca->schedule))
-    return piper_usage_error("piper-exec", "%s",
-                             "--plans replaces --model, --directives and --schedule");
+  if (a->plans && options_compile_arg_given(ca))
+    return piper_usage_error("piper-exec", "--plans takes the plans as compiled: %s does not apply",
+                             options_compile_arg_given(ca));
   if (!a->plans && (!ca->model || (!ca->directives && !ca->layout)))
     return piper_usage_error("piper-exec", "%s",
                              "give --model FILE and --directives FILE (or --layout SPEC), or --plans DIR");
@@ -287,8 +294,12 @@ static bool load_plan(const struct exec_cli *a, struct exec_plan *p, GError **er
     struct compile_options co;
     if (!compile_args_to_options(&a->compile, &co, err))
       return false;
+    g_autoptr(GString) notes = g_string_new(NULL);
+    co.notes = notes;
     if (!compile_run(&co, &p->compiled, err))
       return false;
+    if (launcher_rank() == 0)
+      options_print_notes("piper-exec", notes);
     p->plan = p->compiled.plan;
     p->program_file = g_strdup(p->compiled.program_file_name);
   }
@@ -429,12 +440,15 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
     openblas_set_num_threads(1);
 #endif
   o->progress = !a->quiet && rank == 0;
+  uint32_t total = o->warmup + o->iters;
   if (o->charts && o->out_dir && rank == 0 && !chart_gnuplot_available())
     fprintf(stderr, "piper-exec: note: gnuplot is not installed: no memory.png\n");
-  if (rank == 0 && !a->quiet) {
-    printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s\n",
+  if (rank == 0) {
+    printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s, "
+           "steps 1 to %u (%u warm-up)\n",
            plan->model->name, plan->n_devices, plan->n_devices == 1 ? "" : "s",
-           exec_backend_name(b), exec_backend_comm_library(b), plan->n_microbatches, a->data ? a->data : "synthetic");
+           exec_backend_name(b), exec_backend_comm_library(b), plan->n_microbatches,
+           a->data ? a->data : "synthetic", total, o->warmup);
     fflush(stdout);
   }
   struct exec_result res = {0};
@@ -453,7 +467,7 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
     free_backend(b);
     return rc;
   }
-  if (rank == 0 && !a->quiet)
+  if (rank == 0)
     print_result(o, &res);
   if (res.stopped) { /* every rank stops at this step: the launcher may end us once one exits */
     term_message[0] = '\0';

@@ -56,7 +56,8 @@ static const struct option_spec options[] = {
      .help = "trace every device even when the trace gets large"},
     {.name = "--no-collapse", .kind = OPTION_FLAG, SIM_OPTION(no_collapse),
      .help = "simulate every device, not one per class of alike devices"},
-    {.name = "--quiet", .kind = OPTION_FLAG, SIM_OPTION(quiet), .help = "print no summary"},
+    {.name = "--quiet", .kind = OPTION_FLAG, SIM_OPTION(quiet),
+     .help = "no progress lines (a sweep's; the summary stays, as in piper-exec)"},
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
@@ -246,8 +247,8 @@ static int run_sweep(const struct sim_cli *a, const char *dir) {
   struct sweep *s = sweep_load_file(a->sweep, &err);
   if (!s)
     return piper_error_exit(program.name, err);
-  bool ok = sweep_run(s, dir, isatty(STDERR_FILENO), &err);
-  if (ok && !a->quiet) {
+  bool ok = sweep_run(s, dir, isatty(STDERR_FILENO) && !a->quiet, &err);
+  if (ok) {
     uint32_t feasible = 0, failed = 0;
     for (uint32_t i = 0; i < s->n_points; i++) {
       feasible += s->points[i].feasible;
@@ -272,17 +273,15 @@ static int check_inputs(const struct sim_cli *a, struct compile_options *co) {
   const struct compile_args *ca = &a->compile;
   if (!a->profile)
     return piper_usage_error(program.name, "%s", "--profile FILE is required");
-  if (a->plans && (ca->model || ca->directives || ca->layout || ca->schedule))
-    return piper_usage_error(program.name, "%s",
-                             "--plans replaces --model, --directives and --schedule");
+  if (a->plans && options_compile_arg_given(ca))
+    return piper_usage_error(program.name, "--plans takes the plans as compiled: %s does not apply",
+                             options_compile_arg_given(ca));
   if (!a->plans && (!ca->model || (!ca->directives && !ca->layout)))
     return piper_usage_error(program.name, "%s",
                              "give --model FILE and --directives FILE (or --layout SPEC), or --plans DIR");
   GError *err = NULL;
   if (!compile_args_to_options(ca, co, &err))
     return piper_error_exit(program.name, err);
-  if (!ca->schedule && (ca->ranks || ca->mbs))
-    return piper_usage_error(program.name, "%s", "--ranks and --mbs need --schedule");
   return OPTIONS_CONTINUE;
 }
 
@@ -298,7 +297,10 @@ static bool load_inputs(const struct sim_cli *a, const struct compile_options *c
     /* Shared streams are ordered by the compute costs the profile will charge. */
     struct compile_options opts = *co;
     opts.cost_model = s->prof->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+    g_autoptr(GString) notes = g_string_new(NULL);
+    opts.notes = notes;
     s->plan = compile_take_plan(&opts, err);
+    options_print_notes(program.name, notes);
   }
   return s->plan != NULL;
 }
@@ -315,6 +317,8 @@ static void fill_report(const struct sim_cli *a, const struct compile_options *c
   run->n_iterations = 1;
   run->iteration_times = &s->res->iteration_time;
   run->peak_flops_per_device = s->prof->synthetic ? 0 : s->prof->peak_flops[s->plan->model->dtype];
+  run->memory_capacity_bytes = (double)s->prof->memory_capacity;
+  run->capacity_source = s->prof->name;
   run->trace_device_limit = a->trace_all ? 0 : 2000000;
   report_run_init_devices(run);
   s->program_file = sched_program_file_name(schedule ? co->schedule.family : SCHED_CUSTOM, run->pp,
@@ -405,8 +409,7 @@ static int run_simulation(const struct sim_cli *a, enum chart_format extra_forma
   struct sim_session s = {0};
   GError *err = NULL;
   if (load_inputs(a, &co, &s, &err) && simulate_and_write(a, &co, extra_format, dir, &s, &err)) {
-    if (!a->quiet)
-      print_summary(&s.run, s.res, s.prof, dir, s.files->str);
+    print_summary(&s.run, s.res, s.prof, dir, s.files->str);
     print_stream_note(a, &co, &s);
     rc = 0;
   } else {

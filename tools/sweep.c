@@ -181,78 +181,44 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
   return piper_out_close(&out, err);
 }
 
-/* Chart data: two blocks, feasible and over the cap: peak GiB, throughput, label. Sets *cap to
- * the largest memory cap (where the chart draws its line). */
-static bool write_chart_data(const struct sweep *s, const char *path, double *cap,
-                             GError **err) {
-  struct piper_out out;
-  if (!piper_out_open(&out, path, err))
-    return false;
-  FILE *f = out.f;
-  *cap = 0;
-  for (int block = 0; block < 2; block++) {
-    fprintf(f, "# %s\n", block == 0 ? "feasible" : "over the memory cap");
-    int rows = 0;
-    for (uint32_t i = 0; i < s->n_points; i++) {
-      const struct sweep_point *p = &s->points[i];
-      if (!p->ok || p->feasible != (block == 0))
-        continue;
-      if (p->memory_cap_bytes > *cap)
-        *cap = p->memory_cap_bytes;
-      char *base = g_path_get_basename(p->base);
-      char *dot = strrchr(base, '.');
-      if (dot)
-        *dot = 0;
-      fprintf(f, "%.6f %.9g \"%s/%s/%u\"\n", p->peak_memory_bytes / (double)(1ull << 30),
-              p->throughput_tokens_per_s, p->schedule, base, p->microbatches);
-      g_free(base);
-      rows++;
-    }
-    if (rows == 0)
-      fputs("NaN NaN \"\"\n", f); /* gnuplot needs a non-empty block */
-    fputs("\n\n", f);
+/* sweep.png: every simulated point (chart_points), labelled schedule/base/micro-batches, best
+ * first. */
+static bool write_chart(const struct sweep *s, const char *path, GError **err) {
+  struct chart_point *pts = g_new0(struct chart_point, s->n_points + 1);
+  char **labels = g_new0(char *, s->n_points + 1);
+  for (uint32_t i = 0; i < s->n_points; i++) {
+    const struct sweep_point *p = &s->points[i];
+    g_autofree char *base = g_path_get_basename(p->base);
+    char *dot = strrchr(base, '.');
+    if (dot)
+      *dot = 0;
+    labels[i] = g_strdup_printf("%s/%s/%u", p->schedule, base, p->microbatches);
+    pts[i] = (struct chart_point){.label = labels[i],
+                                  .schedule = p->schedule,
+                                  .profile = p->profile,
+                                  .ok = p->ok,
+                                  .feasible = p->feasible,
+                                  .peak_memory_bytes = p->peak_memory_bytes,
+                                  .throughput_tokens_per_s = p->throughput_tokens_per_s,
+                                  .memory_cap_bytes = p->memory_cap_bytes};
   }
-  return piper_out_close(&out, err);
+  g_autofree char *mname = g_path_get_basename(s->model);
+  g_autofree char *title = g_strdup_printf(
+      "What-if sweep: %s, %u configurations (labels: schedule/base/micro-batches)", mname,
+      s->n_points);
+  bool ok = chart_points(title, pts, s->n_points, path, err);
+  g_strfreev(labels);
+  g_free(pts);
+  return ok;
 }
 
-static bool write_chart_script(const struct sweep *s, const char *path, double cap,
-                               GError **err) {
-  struct piper_out out;
-  if (!piper_out_open(&out, path, err))
-    return false;
-  char *mname = g_path_get_basename(s->model);
-  fprintf(out.f,
-          "set terminal pngcairo size 1200,750 font 'sans,11'\n"
-          "%s"
-          "set title 'What-if sweep: %s (%u configurations; labels: schedule/base/micro-batches)'\n"
-          "set xlabel 'peak memory per device (GiB)'\nset ylabel 'throughput (tokens/s)'\n"
-          "set grid\nset key top left box opaque\nset yrange [0:*]\nset xrange [0:*]\n"
-          "set arrow 1 from %.6f, graph 0 to %.6f, graph 1 nohead dt 2 lw 2 lc rgb '#C0392B'\n"
-          "set label 1 'memory cap' at %.6f, graph 0.97 right offset -0.5,0 tc rgb '#C0392B'\n"
-          "plot 'sweep.dat' index 0 using 1:2 with points pt 7 ps 1.6 lc rgb '#59A14F' "
-          "title 'feasible', \\\n"
-          "     'sweep.dat' index 1 using 1:2 with points pt 6 ps 1.6 lc rgb '#C0392B' "
-          "title 'over the memory cap', \\\n"
-          "     'sweep.dat' index 0 every ::0::7 using 1:2:3 with labels offset 0,1 font ',8' "
-          "notitle\n",
-          CHART_GNUPLOT_OUTPUT("sweep.png"), mname, s->n_points, cap / (double)(1ull << 30),
-          cap / (double)(1ull << 30), cap / (double)(1ull << 30));
-  g_free(mname);
-  return piper_out_close(&out, err);
-}
-
-/* dir/sweep.csv, sweep.dat, sweep.gp and sweep.png. */
+/* dir/sweep.csv and sweep.png. */
 static bool write_outputs(const struct sweep *s, const char *dir, GError **err) {
   char *csv = g_build_filename(dir, "sweep.csv", NULL);
-  char *dat = g_build_filename(dir, "sweep.dat", NULL);
-  char *gp = g_build_filename(dir, "sweep.gp", NULL);
-  double cap = 0;
-  bool ok = write_csv(s, csv, err) && write_chart_data(s, dat, &cap, err) &&
-            write_chart_script(s, gp, cap, err) &&
-            chart_run_gnuplot(dir, "sweep.gp", "sweep.png", err);
+  char *png = g_build_filename(dir, "sweep.png", NULL);
+  bool ok = write_csv(s, csv, err) && write_chart(s, png, err);
   g_free(csv);
-  g_free(dat);
-  g_free(gp);
+  g_free(png);
   return ok;
 }
 

@@ -1,7 +1,7 @@
 /* sweep: what-if grids for piper-sim --sweep FILE. A sweep file names a model and lists base
  * schedules (placement programs), schedule families, micro-batch counts and profiles; every
  * combination is compiled and simulated, ranked by throughput among those under the memory cap,
- * and written as sweep.csv plus a gnuplot chart (throughput vs peak memory).
+ * and written as sweep.csv plus a chart (throughput vs peak memory, report/chart.h).
  *
  *   GError *err = NULL;
  *   struct sweep *s = sweep_load_file("sweep.json", &err);
@@ -43,7 +43,7 @@ struct sweep {
 struct sweep *sweep_load_file(const char *path, GError **err);
 void sweep_free(struct sweep *s);
 /* Runs every combination (progress on stderr when progress is true), ranks them, writes
- * dir/sweep.csv, sweep.dat, sweep.gp and sweep.png. A combination that fails to compile is a
+ * dir/sweep.csv and sweep.png. A combination that fails to compile is a
  * row with its error, not a failure of the sweep. */
 bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err);
 

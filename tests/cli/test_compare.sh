@@ -144,7 +144,7 @@ EOF
 # 3b. node by node, exec (2 measured steps) against sim: every node of the one-device plan
 # pairs (4 stages x 2 micro-batches of F and of B, 4 optimizer updates); the measured trace
 # holds both measured steps (2 and 3, after 1 warm-up), each event its step and plan node; the
-# chart is written beside --json, 1694 pixels wide and not blank
+# chart is written beside --json, 1854 pixels wide (the schedule chart's margin, wide enough for lane names such as "pp send to rank 2") and not blank
 grep -q '^per node (device, IR node, micro-batch): median duration over the traced steps (A 2, B 1)' \
   "$tmp/out" && ok "per-node section" || fail "per-node section: $(grep -A2 '^per node' "$tmp/out")"
 grep -Eq '^worst 10 nodes by error +device +mb' "$tmp/out" && ok "worst ten header" \
@@ -206,9 +206,9 @@ for y in range(0, h, 3):
 assert len(colours) > 8, len(colours)
 EOF2
 }
-png_check "$tmp/compare.png" 1694 && ok "compare.png beside --json" || fail "compare.png: $(ls -la "$tmp"/*.png 2>&1)"
+png_check "$tmp/compare.png" 1854 && ok "compare.png beside --json" || fail "compare.png: $(ls -la "$tmp"/*.png 2>&1)"
 "$PC" "$tmp/sim" "$tmp/exec" --chart "$tmp/mine.png" > /dev/null 2> "$tmp/err" \
-  && png_check "$tmp/mine.png" 1694 && ok "--chart FILE" || fail "--chart FILE: $(cat "$tmp/err")"
+  && png_check "$tmp/mine.png" 1854 && ok "--chart FILE" || fail "--chart FILE: $(cat "$tmp/err")"
 "$PC" "$tmp/sim" "$tmp/exec" --chart "$tmp/no/such/dir/c.png" > /dev/null 2> "$tmp/err"
 rc=$?
 [ $rc -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && ok "--chart unwritable exits 1" \

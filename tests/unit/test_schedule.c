@@ -427,6 +427,69 @@ static void test_interleaved(void **state) {
       }
 }
 
+/* Interleaved zero bubble (PyTorch's ScheduleInterleavedZeroBubble), R=2, v=2, M=2, derived
+ * by hand from _get_1f1b_rank_ops with enable_zero_bubble: one round of mpr = 2; rank 0 warms
+ * up with (v-1) mpr + R-1 = 3 forwards and weighs each backward at once, rank 1 warms up with
+ * 2 and holds one BW back (num_1f1b_microbatches = rank). */
+static void test_interleaved_zb_known(void **state) {
+  (void)state;
+  struct sched_layout l = layout_loop(2, 2);
+  struct sched_program *s = build_ok(SCHED_INTERLEAVED_ZEROBUBBLE, &l, 2);
+  assert_ranks(s, true,
+               (const char *const[]){"0F0 0F1 2F0 2F1 2I0 2W0 2I1 2W1 0I0 0W0 0I1 0W1",
+                                     "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1I0 3W1 1I1 1W0 1W1"});
+  sched_program_free(s);
+  /* M=4 on R=2: two rounds of mpr = 2: pairs of micro-batches go through the chunks in turn
+   * (forward k runs chunk (k / 2) mod 2), backward chunks in the reverse turn. */
+  s = build_ok(SCHED_INTERLEAVED_ZEROBUBBLE, &l, 4);
+  assert_ranks(s, true,
+               (const char *const[]){
+                   "0F0 0F1 2F0 2F1 2I0 2W0 0F2 2I1 2W1 0F3 0I0 0W0 2F2 0I1 0W1 2F3 2I2 2W2 "
+                   "2I3 2W3 0I2 0W2 0I3 0W3",
+                   "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 "
+                   "1I2 3W3 1I3 1W2 1W3"});
+  sched_program_free(s);
+}
+
+/* Over R, v and every M PyTorch accepts: each (stage, mb) has one F, one BI and one BW on the
+ * rank the loop layout gives it, no deadlock with F = BI = BW = 1, every F before its BI and
+ * every BI before its BW (the executor waits for both), PyTorch's warm-up length, and a
+ * makespan between the work plus the R-1 fill and the work plus fill and drain. */
+static void test_interleaved_zb(void **state) {
+  (void)state;
+  for (uint32_t R = 1; R <= 8; R *= 2)
+    for (uint32_t v = 2; v <= 4; v++)
+      for (size_t i = 0; i < G_N_ELEMENTS(m_list); i++) {
+        uint32_t M = m_list[i], rounds = MAX(1, M / R), mpr = M / rounds;
+        struct sched_layout l = layout_loop(R, v);
+        if (M % rounds != 0) {
+          GError *e = NULL;
+          assert_null(sched_build(SCHED_INTERLEAVED_ZEROBUBBLE, &l, M, &e));
+          test_assert_input_error(e, "rounds");
+          g_error_free(e);
+          continue;
+        }
+        struct sched_program *s = build_ok(SCHED_INTERLEAVED_ZEROBUBBLE, &l, M);
+        struct run r = run_ok(s, &l, false);
+        for (uint32_t q = 0; q < R; q++) {
+          const struct sched_rank *rk = &s->ranks[q];
+          assert_int_equal(rk->n_slots, 3 * M * v);
+          uint32_t warm = 0;
+          while (warm < rk->n_slots && rk->slots[warm].actions[0].pass == IR_PASS_F)
+            warm++;
+          assert_int_equal(warm, MIN((v - 1) * mpr + (R - 1 - q) + 1, M * v));
+          /* In flight at most: the warm-up, plus the p backwards whose BW waits. */
+          assert_true(r.peak[q] <= MIN((v - 1) * mpr + R, M * v));
+        }
+        /* 3 M v units of work per rank plus at least the R-1 units of fill. */
+        assert_true(r.makespan >= (int64_t)3 * M * v + R - 1);
+        if (M % R == 0 && M >= R)
+          /* In full rounds the fill and drain are all the idle time there is: ZB1P's promise. */
+          assert_true(r.makespan <= (int64_t)3 * M * v + 3 * (R - 1));
+        sched_program_free(s);
+      }
+}
+
 static void test_zbv(void **state) {
   (void)state;
   for (uint32_t R = 1; R <= 8; R *= 2)
@@ -752,6 +815,47 @@ static void test_csv_read_pytorch_style(void **state) {
   sched_program_free(s);
 }
 
+static void expect_csv_error(const char *text, const char *substring);
+
+/* PyTorch's default dump (format "compute_comms", here of 1F1B on two ranks with FSDP): the
+ * communication cells are skipped, counted in the note by kind, and the compute order is kept;
+ * a compute-only file has no note. */
+static void test_csv_read_pytorch_comms(void **state) {
+  (void)state;
+  GError *e = NULL;
+  struct sched_program *s = read_csv(
+      "pt.csv",
+      "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1,0RESHARD,0REDUCE_GRAD\r\n"
+      "1UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1RESHARD,1REDUCE_GRAD\r\n",
+      &e);
+  assert_non_null(s);
+  g_autofree char *r0 = rank_text(&s->ranks[0], true);
+  g_autofree char *r1 = rank_text(&s->ranks[1], true);
+  assert_string_equal(r0, "0F0 0F1 0B0 0B1");
+  assert_string_equal(r1, "1F0 1B0 1F1 1B1");
+  /* the column of a kept cell is its column in the file, comm cells counted */
+  assert_int_equal(s->ranks[0].slots[2].column, 7);
+  assert_non_null(s->note);
+  assert_string_equal(
+      s->note, "pt.csv: skipped 14 communication cells (REDUCE_GRAD 2, UNSHARD 2, RESHARD 2, "
+               "SEND_F 2, RECV_F 2, SEND_B 2, RECV_B 2): the plan makes its own (gradient "
+               "reduction comes from the replicate directives; parameter gathers come from the "
+               "shard directives; pipeline sends and receives come from the placement)");
+  sched_program_free(s);
+  s = read_csv("pt.csv", "0F0,0B0\n", &e);
+  assert_non_null(s);
+  assert_null(s->note);
+  sched_program_free(s);
+  /* a row of communication only is a rank with nothing to compute */
+  s = read_csv("pt.csv", "0F0,0B0\n1RECV_F0\n", &e);
+  assert_non_null(s);
+  assert_int_equal(s->n_ranks, 2);
+  assert_int_equal(s->ranks[1].n_slots, 0);
+  assert_non_null(strstr(s->note, "skipped 1 communication cell (RECV_F 1)"));
+  sched_program_free(s);
+  expect_csv_error("0SEND_F0,1RECV_F0\n", "no actions");
+}
+
 static void expect_csv_error(const char *text, const char *substring) {
   GError *e = NULL;
   struct sched_program *s = read_csv("bad.csv", text, &e);
@@ -780,8 +884,11 @@ static void test_csv_errors(void **state) {
   expect_csv_error("(0F0)OVERLAP_F_B\n", "malformed");
   expect_csv_error("(0F0;0B1;0F1)OVERLAP_F_B\n", "malformed");
   expect_csv_error("(0F0;0B1)OVERLAP_F_Bx\n", "malformed");
-  expect_csv_error("0F0,0SEND_F0\n", "column 2: cell \"0SEND_F0\" is a communication action");
-  expect_csv_error("0UNSHARD,0F0\n", "communication action");
+  /* communication cells must be whole, as PyTorch's regex reads them */
+  expect_csv_error("0F0,0SEND_X0\n", "column 2: cell \"0SEND_X0\" is malformed");
+  expect_csv_error("0F0,SEND_F0\n", "column 2");
+  expect_csv_error("0F0,0SEND_F0x\n", "column 2");
+  expect_csv_error("0F0,0UNSHARD4096\n", "column 2");
   expect_csv_error("0F0,0B0\n1F0,0F0\n", "row 2, column 2: cell \"0F0\" repeats an action");
   expect_csv_error("(0F0;0F0)OVERLAP_F_B\n", "repeats");
   expect_csv_error("0F0,0I0,0B0\n", "column 3: cell \"0B0\" mixes a full backward");
@@ -945,6 +1052,8 @@ int main(void) {
       cmocka_unit_test(test_gpipe_1f1b),
       cmocka_unit_test(test_zerobubble),
       cmocka_unit_test(test_interleaved),
+      cmocka_unit_test(test_interleaved_zb_known),
+      cmocka_unit_test(test_interleaved_zb),
       cmocka_unit_test(test_zbv),
       cmocka_unit_test(test_dualpipe),
       cmocka_unit_test(test_dualpipev),
@@ -955,6 +1064,7 @@ int main(void) {
       cmocka_unit_test(test_csv_write),
       cmocka_unit_test(test_csv_round_trip),
       cmocka_unit_test(test_csv_read_pytorch_style),
+      cmocka_unit_test(test_csv_read_pytorch_comms),
       cmocka_unit_test(test_csv_errors),
       cmocka_unit_test(test_base_schedule_layouts),
       cmocka_unit_test(test_prepare_program),

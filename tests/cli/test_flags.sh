@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The front-end flags mean the same in piper-compile, piper-sim and piper-exec (issue 12 item 6):
+# --mbs without --schedule sets the MB split everywhere, --ranks alone is checked against the
+# placement, --plans refuses them; a schedule exported as a PyTorch CSV and imported again with
+# the same flags gives the same CSV and byte-identical plans for every family; piper-sim takes
+# --import-csv; PyTorch's default CSV (communication cells) imports with a note; an error in an
+# imported CSV names the CSV, its row and column. piper-exec: --quiet drops only the step lines,
+# --log-every N keeps every N-th with the time left, checkpoints and resumes say so, and --help
+# says --iters counts from the start of training.
+set -u
+BIN=${PIPER_BIN:-bin}
+PC="$BIN/piper-compile"
+PS="$BIN/piper-sim"
+PE="$BIN/piper-exec"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=1
+unset PIPER_EXEC_FAULT
+pass=0
+failed=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+MOE=models/tiny-moe.json
+DENSE=models/tiny-dense.json
+BS=directives/base-schedules
+UNIT=profiles/unit.json
+
+# --- --mbs without --schedule: the same split in all three programs -------------------------
+"$PC" --model $MOE --directives $BS/pp2_dp2_ep2.json --mbs 6 >"$T/c.out" 2>"$T/err" &&
+  grep -q ", 6 micro-batches," "$T/c.out" && ok || bad "compile --mbs 6: $(cat "$T/c.out" "$T/err")"
+"$PS" --model $MOE --directives $BS/pp2_dp2_ep2.json --mbs 6 --profile $UNIT --no-charts \
+  --out "$T/sim6" >"$T/s.out" 2>"$T/err" &&
+  grep -q ", 6 micro-batches," "$T/s.out" && ok || bad "sim --mbs 6: $(cat "$T/s.out" "$T/err")"
+echo '[{"op": "place", "filter": {}, "devices": [0]}]' >"$T/one.json"
+"$PE" --model $DENSE --directives "$T/one.json" --mbs 3 --warmup 0 --iters 1 --no-report \
+  >"$T/e.out" 2>"$T/err" &&
+  grep -q ", 3 micro-batches per rank," "$T/e.out" && ok || bad "exec --mbs 3: $(cat "$T/e.out" "$T/err")"
+
+# --- --quiet drops progress lines only: piper-sim still prints its summary ------------------
+"$PS" --model $MOE --directives $BS/pp2_dp2_ep2.json --mbs 4 --profile $UNIT --no-charts --quiet \
+  --out "$T/quiet" >"$T/s.out" 2>"$T/err" && grep -q "^piper-sim: tiny-moe, custom" "$T/s.out" &&
+  grep -q "^  iteration" "$T/s.out" && ok || bad "sim --quiet: $(cat "$T/s.out" "$T/err")"
+for prog in "$PC" "$PS" "$PE"; do
+  [ "$("$prog" --help | grep -c -- '--import-csv FILE')" -eq 1 ] && ok || bad "$prog --help: --import-csv once"
+done
+
+# --- --ranks without --schedule is checked; --plans refuses front-end flags -------------------
+for prog in "$PC" "$PS --profile $UNIT --no-charts --out $T/r3"; do
+  $prog --model $MOE --directives $BS/pp2_dp2_ep2.json --ranks 3 >/dev/null 2>"$T/err"
+  rc=$?
+  [ "$rc" -eq 2 ] && grep -q "error: --ranks 3, but the placement of .*pp2_dp2_ep2.json has 2 pipeline ranks" "$T/err" &&
+    ok || bad "$prog --ranks 3: exit $rc: $(cat "$T/err")"
+done
+"$PC" --model $MOE --directives $BS/pp2_dp2_ep2.json --ranks 2 >/dev/null 2>"$T/err" && ok ||
+  bad "--ranks 2 (right): $(cat "$T/err")"
+"$PC" --model $MOE --directives $BS/pp2_dp2_ep2.json -o "$T/plans" >/dev/null 2>&1
+"$PS" --plans "$T/plans" --mbs 4 --profile $UNIT --no-charts --out "$T/pm" >/dev/null 2>"$T/err"
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "piper-sim: error: --plans takes the plans as compiled: --mbs does not apply" "$T/err" &&
+  ok || bad "sim --plans --mbs: exit $rc: $(cat "$T/err")"
+"$PE" --plans "$T/plans" --import-csv x.csv --no-report >/dev/null 2>"$T/err"
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "piper-exec: error: --plans takes the plans as compiled: --import-csv" "$T/err" &&
+  ok || bad "exec --plans --import-csv: exit $rc: $(cat "$T/err")"
+
+# --- export then import with the same flags: same CSV, byte-identical plans -------------------
+# family base pp-regions mbs
+while read -r fam base regions mbs; do
+  F=(--model $MOE --directives "$BS/$base" --schedule "$fam" --mbs "$mbs")
+  [ "$regions" != - ] && F+=(--pp-regions "$regions")
+  rm -rf "$T/p1" "$T/p2"
+  if "$PC" "${F[@]}" --export-csv "$T/a.csv" -o "$T/p1" >/dev/null 2>"$T/err" &&
+    "$PC" "${F[@]}" --import-csv "$T/a.csv" --export-csv "$T/b.csv" -o "$T/p2" >/dev/null 2>>"$T/err"; then
+    cmp -s "$T/a.csv" "$T/b.csv" && diff -rq "$T/p1" "$T/p2" >/dev/null && ok ||
+      bad "$fam: the round trip changed the CSV or the plans"
+  else
+    bad "$fam round trip: $(cat "$T/err")"
+  fi
+done <<'EOF'
+gpipe pp2_dp2_ep2.json - 4
+1f1b pp2_dp2_ep2.json - 4
+zerobubble pp2_dp2_ep2.json - 4
+dualpipe pp2_dp2_ep2.json - 8
+interleaved_1f1b pp4_dp2_ep2_interleaved.json 4 4
+interleaved_zerobubble pp4_dp2_ep2_interleaved.json 4 4
+zbv pp4_dp2_ep2_v_placement.json 4 4
+dualpipev pp4_dp2_ep2_v_placement.json 4 8
+EOF
+
+# --- piper-sim --import-csv simulates the imported order: the same step as --schedule ----------
+Z=(--model $MOE --directives $BS/pp4_dp2_ep2_interleaved.json --pp-regions 4 --mbs 4 --profile $UNIT --no-charts)
+"$PC" --model $MOE --directives $BS/pp4_dp2_ep2_interleaved.json --pp-regions 4 --mbs 4 \
+  --schedule interleaved_zerobubble --export-csv "$T/izb.csv" >/dev/null 2>&1
+if "$PS" "${Z[@]}" --schedule interleaved_zerobubble --out "$T/built" >/dev/null 2>"$T/err" &&
+  "$PS" "${Z[@]}" --import-csv "$T/izb.csv" --out "$T/imported" >/dev/null 2>>"$T/err"; then
+  it() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['iteration_time_s'])" "$1/metrics.json"; }
+  [ "$(it "$T/built")" = "$(it "$T/imported")" ] && ok ||
+    bad "sim --import-csv: $(it "$T/imported") s, --schedule: $(it "$T/built") s"
+else
+  bad "sim --import-csv: $(cat "$T/err")"
+fi
+
+# --- PyTorch's default CSV (compute_comms): communication cells skipped with a note -----------
+printf '%s\r\n' \
+  "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1,0RESHARD,0REDUCE_GRAD" \
+  "1UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1RESHARD,1REDUCE_GRAD" >"$T/pt.csv"
+if "$PS" --model $MOE --directives $BS/pp2_dp2_ep2.json --mbs 2 --import-csv "$T/pt.csv" \
+  --profile $UNIT --no-charts --out "$T/pt" >/dev/null 2>"$T/err"; then
+  grep -q "^piper-sim: note: $T/pt.csv: skipped 14 communication cells (REDUCE_GRAD 2, UNSHARD 2" "$T/err" &&
+    ok || bad "no note on the skipped cells: $(cat "$T/err")"
+else
+  bad "PyTorch compute_comms CSV: $(cat "$T/err")"
+fi
+
+# --- an error in an imported CSV names the CSV, row and column, not the placement file --------
+# expect_csv NAME CSV-TEXT WANT: exit 2, one line, naming bad.csv and WANT, not the base file
+expect_csv() {
+  printf '%b' "$2" >"$T/bad.csv"
+  "$PS" --model $MOE --directives $BS/pp2_dp2_ep2.json --mbs 2 --import-csv "$T/bad.csv" \
+    --profile $UNIT --no-charts --out "$T/bad" >/dev/null 2>"$T/err"
+  local rc=$?
+  if [ "$rc" -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF -- "$T/bad.csv: $3" "$T/err" &&
+    ! grep -q "pp2_dp2_ep2.json" "$T/err"; then
+    ok
+  else
+    bad "$1: exit $rc: $(cat "$T/err")"
+  fi
+}
+expect_csv "repeated action" '0F0,0F1,0B0,0B1\n1F0,0F0\n' "row 2, column 2: cell \"0F0\" repeats"
+expect_csv "stage on the other row" '0F0,1F0,0F1,0B0,0B1\n1F1,1B0,1B1\n' \
+  "row 1, column 2 schedules stage 1, micro-batch 0, which the placement puts on pipeline rank 1 (row 2)"
+expect_csv "micro-batch past the split" '0F0,0F1,0F2,0B0,0B1\n1F0,1F1,1B0,1B1\n' \
+  "row 1, column 3: micro-batch 2, but the program splits into 2"
+expect_csv "missing backward" '0F0,0F1,0B0\n1F0,1F1,1B0,1B1\n' "row 1 has no B (or I and W) action for stage 0, micro-batch 1"
+expect_csv "malformed" '0F0,0X1\n' "row 1, column 2: cell \"0X1\" is malformed"
+
+# --- piper-exec: --quiet, --log-every, checkpoint and resume lines, --iters in --help ---------
+E=(--model $DENSE --directives "$T/one.json" --mbs 2 --no-report)
+"$PE" "${E[@]}" --warmup 0 --iters 3 --quiet >"$T/q.out" 2>"$T/err"
+[ $? -eq 0 ] && ! grep -q "^step" "$T/q.out" && grep -q "^piper-exec: final loss" "$T/q.out" &&
+  grep -q "steps 1 to 3 (0 warm-up)" "$T/q.out" && ok || bad "--quiet: $(cat "$T/q.out" "$T/err")"
+"$PE" "${E[@]}" --warmup 0 --iters 10 --log-every 4 >"$T/l.out" 2>"$T/err"
+steps=$(grep "^step" "$T/l.out" | awk '{print $2}' | tr '\n' ' ')
+[ "$steps" = " 1/10  4/10  8/10 10/10 " ] || [ "$steps" = "1/10 4/10 8/10 10/10 " ] && ok ||
+  bad "--log-every 4 printed steps '$steps'"
+[ "$(grep -c '^step .* eta [0-9]' "$T/l.out")" -eq 3 ] && ! grep -q "^step 10/10 .*eta" "$T/l.out" && ok ||
+  bad "ETA on the step lines but the last: $(cat "$T/l.out")"
+"$PE" "${E[@]}" --warmup 1 --iters 1 --quiet --checkpoint "$T/ck" --checkpoint-every 2 >"$T/ck.out" 2>"$T/err" &&
+  grep -q "^checkpoint: step 2 written to $T/ck/step-2$" "$T/ck.out" && ok ||
+  bad "checkpoint line: $(cat "$T/ck.out" "$T/err")"
+"$PE" "${E[@]}" --warmup 1 --iters 3 --quiet --resume "$T/ck" >"$T/rs.out" 2>"$T/err" &&
+  grep -q "^resume: from $T/ck at step 2; running steps 3 to 4 (--warmup 1 + --iters 3 count from the start of training)$" "$T/rs.out" &&
+  ok || bad "resume line: $(cat "$T/rs.out" "$T/err")"
+"$PE" --help | grep -q "a --resume runs the steps left to" && ok || bad "--help says nothing of --iters on resume"
+
+echo "test_flags.sh: $pass passed, $failed failed"
+[ "$failed" -eq 0 ]
