@@ -182,6 +182,10 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
     printf("   MFU n/a (synthetic profile)\n");
   printf("  bubble         %.1f%% (mean over devices)   exposed comm %.6g ms (mean)\n",
          100 * bubble / n, exposed / n * 1e3);
+  struct report_bubble_split split = report_bubble_split(r);
+  printf("  bubble split   pipeline idle %.1f%% + exposed comm %.1f%% + imbalance %.1f%% (of the "
+         "step)\n",
+         100 * split.pipeline_idle, 100 * split.exposed_comm, 100 * split.imbalance);
   if (r->n_devices) {
     uint64_t peak = r->devices[peak_dev].peak_memory_bytes;
     printf("  peak memory    %.3f GiB (device %u)%s\n", (double)peak / (double)(1ull << 30),

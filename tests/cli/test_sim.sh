@@ -34,7 +34,7 @@ done
 grep -q "iteration" "$tmp/stdout" && ok "summary printed" || fail "no summary"
 [ "$(head -c 4 "$out/schedule.png" | od -An -c | tr -d ' ')" = "211PNG" ] && ok "schedule.png is a PNG" \
   || fail "schedule.png is not a PNG"
-head -1 "$out/results.csv" | grep -q '^dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,peak_memory_pp0_gb,peak_memory_pp1_gb,peak_memory_pp2_gb,peak_memory_pp3_gb$' \
+head -1 "$out/results.csv" | grep -q '^dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,peak_memory_pp0_gb,peak_memory_pp1_gb,peak_memory_pp2_gb,peak_memory_pp3_gb,bubble_fraction,pipeline_idle_fraction,exposed_comm_fraction,imbalance_fraction$' \
   && ok "results.csv columns" || fail "results.csv columns: $(head -1 "$out/results.csv")"
 python3 - "$out" <<'EOF' && ok "metrics.json, trace.json, program file" || fail "metrics/trace/program check"
 import json, sys
