@@ -103,7 +103,9 @@ EOF
 if "$SIM" --sweep "$tmp/sweep.json" --out "$tmp/sweep" > "$tmp/stdout" 2> "$tmp/stderr"; then
   [ "$(wc -l < "$tmp/sweep/sweep.csv")" -eq 7 ] && ok "sweep.csv has 6 rows" || fail "sweep rows"
   [ -s "$tmp/sweep/sweep.png" ] && ok "sweep.png" || fail "no sweep.png"
-  [ ! -s "$tmp/stderr" ] && ok "no progress output when stderr is not a terminal" || fail "stderr: $(cat "$tmp/stderr")"
+  # issue 12: progress on any stderr; lines, not a carriage-return animation, off a terminal
+  ! grep -q $'\r' "$tmp/stderr" && grep -q '^sweep: 6/6 configurations simulated' "$tmp/stderr" \
+    && ok "progress lines when stderr is not a terminal" || fail "stderr: $(cat "$tmp/stderr")"
   head -2 "$tmp/sweep/sweep.csv" | tail -1 | grep -q '^1,ok,' && ok "sweep ranked" || fail "sweep rank 1"
 else
   fail "sweep: $(cat "$tmp/stderr")"
