@@ -2,6 +2,7 @@
 #include "planner.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -100,7 +101,8 @@ struct pool {
   uint32_t n;
   const struct planner_eval *ev;
   gint next, done;
-  GMutex lock; /* progress output */
+  pthread_mutex_t lock; /* progress output (a pthread mutex: ThreadSanitizer sees it, not
+                          GLib's futex-based GMutex) */
   int last_tenth;
   double t0;
   bool tty;
@@ -109,7 +111,7 @@ struct pool {
 static void report_progress(struct pool *p, uint32_t done) {
   if (!p->ev->progress)
     return;
-  g_mutex_lock(&p->lock);
+  pthread_mutex_lock(&p->lock);
   double t = piper_clock_seconds() - p->t0;
   int tenth = (int)(10ull * done / p->n);
   if (p->tty) {
@@ -124,7 +126,7 @@ static void report_progress(struct pool *p, uint32_t done) {
     p->last_tenth = tenth;
   }
   fflush(stderr);
-  g_mutex_unlock(&p->lock);
+  pthread_mutex_unlock(&p->lock);
 }
 
 static gpointer pool_worker(gpointer data) {
@@ -144,7 +146,7 @@ void planner_evaluate(struct planner_config *configs, uint32_t n, const struct p
     return;
   struct pool p = {.configs = configs, .n = n, .ev = ev, .last_tenth = 0,
                    .t0 = piper_clock_seconds(), .tty = isatty(STDERR_FILENO)};
-  g_mutex_init(&p.lock);
+  pthread_mutex_init(&p.lock, NULL);
   uint32_t threads = ev->threads ? ev->threads : g_get_num_processors();
   if (threads > n)
     threads = n;
@@ -158,7 +160,7 @@ void planner_evaluate(struct planner_config *configs, uint32_t n, const struct p
       g_thread_join(th[t]);
     g_free(th);
   }
-  g_mutex_clear(&p.lock);
+  pthread_mutex_destroy(&p.lock);
 }
 
 static int status_class(enum planner_status s) {
@@ -362,11 +364,16 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
     pl->request.pp = NULL;
     pl->memory_cap_bytes = rq->memory_cap_gib > 0 ? rq->memory_cap_gib * (double)(1ull << 30)
                                                   : (double)pl->profile->memory_capacity;
-    if (s.configs->len == 0)
+    if (s.configs->len == 0) {
+      /* one line: the reasons joined */
+      gchar **lines = g_strsplit(g_strchomp(pl->skipped->str), "\n", -1);
+      g_autofree char *why = g_strjoinv("; ", lines);
+      g_strfreev(lines);
       ok = piper_input_error(err, "no layout of %u devices fits %s with a global batch of %llu "
-                                  "sequences:\n%s",
+                                  "sequences (%s)",
                              rq->devices, rq->model_path, (unsigned long long)rq->global_batch,
-                             pl->skipped->str);
+                             why[0] ? why : "no schedule applies");
+    }
   }
   g_hash_table_destroy(s.skip_reasons);
   pl->n_configs = s.configs->len;
