@@ -212,7 +212,8 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
     printf("  no configuration fits under the memory cap: see plan.csv for the closest\n");
   for (uint32_t i = 0; i < feasible && i < top; i++)
     print_best(pl, i);
-  printf("  wrote %s/ (plan.csv%s)\n", dir, a->no_charts ? "" : " plan.png");
+  printf("  wrote %s/ (plan.csv%s)\n", dir,
+         a->no_charts || feasible + over == 0 || !chart_gnuplot_available() ? "" : " plan.png");
 }
 
 /* --sweep FILE: the hand-written list, with --profile replacing its profiles. */

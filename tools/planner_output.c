@@ -154,7 +154,10 @@ bool planner_write_outputs(const struct planner *pl, const char *dir, bool chart
   char *csv = g_build_filename(dir, "plan.csv", NULL);
   bool ok = write_csv(pl, csv, err);
   g_free(csv);
-  if (!ok || !charts)
+  bool any = false; /* nothing simulated: nothing to draw */
+  for (uint32_t i = 0; i < pl->n_configs; i++)
+    any |= pl->configs[i].status == PLANNER_FEASIBLE || pl->configs[i].status == PLANNER_OVER_CAP;
+  if (!ok || !charts || !any)
     return ok;
   char *dat = g_build_filename(dir, "plan.dat", NULL);
   char *gp = g_build_filename(dir, "plan.gp", NULL);

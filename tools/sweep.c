@@ -449,7 +449,8 @@ bool sweep_run_with(struct sweep *s, const char *dir, const struct sweep_run_opt
     profile_free(profs[i]);
   g_free(profs);
   qsort(s->points, s->n_points, sizeof *s->points, point_rank_cmp);
-  return write_outputs(s, dir, o->charts, err);
+  /* nothing simulated: nothing to draw */
+  return write_outputs(s, dir, o->charts && s->n_points && s->points[0].ok, err);
 }
 
 bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err) {
@@ -500,7 +501,7 @@ int sweep_main(const char *program, const char *path, const char *dir,
     for (uint32_t i = 0; i < s->n_points; i++)
       simulated += s->points[i].ok;
     if (!quiet)
-      print_sweep_summary(program, s, dir, opts.charts);
+      print_sweep_summary(program, s, dir, opts.charts && simulated);
     if (simulated == 0) {
       fprintf(stderr, "%s: error: none of the sweep's %u configurations compiled and simulated "
                       "(sweep.csv has each error)\n", program, s->n_points);
