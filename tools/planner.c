@@ -242,7 +242,7 @@ static void add_layout(struct space *s, const struct layout *l, const char *spec
         c.layout = g_strdup_printf("%s%s", spec, mc->layout_suffix);
         c.schedule = schedule_table[t].family;
         c.microbatches = (uint32_t)(rq->global_batch / per_step);
-        c.micro_batch_size = mbs == s->pl->model_micro_batch_size ? 0 : mbs;
+        c.micro_batch_size = mbs;
         c.pp = l->pp;
         c.dp = l->dp;
         c.ep = l->ep;

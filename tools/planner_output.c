@@ -12,7 +12,7 @@
 char *planner_config_name(const struct planner_config *c) {
   const char *what = c->layout ? c->layout : c->directives ? c->directives : "?";
   if (c->micro_batch_size > 0)
-    return g_strdup_printf("%s %s, %u x %lld", sched_family_name(c->schedule), what,
+    return g_strdup_printf("%s %s, %u micro-batches of %lld", sched_family_name(c->schedule), what,
                            c->microbatches, (long long)c->micro_batch_size);
   return g_strdup_printf("%s %s, %u micro-batches", sched_family_name(c->schedule), what,
                          c->microbatches);
@@ -107,8 +107,33 @@ static bool write_chart_data(const struct planner *pl, const char *path, GError 
   return piper_out_close(&out, err);
 }
 
-/* Feasible points filled, over the cap hollow, one colour per schedule; the five best labelled
- * with their rank; the cap as a dashed line. */
+/* The best five under the cap: ringed and numbered on the chart (labels staggered left and
+ * right, then upwards, so that close points keep readable numbers), and listed in full beside
+ * it. Returns how many there are. */
+static uint32_t chart_best(FILE *f, const struct planner *pl) {
+  uint32_t n = 0;
+  GString *list = g_string_new("best under the cap (micro-batches x size):");
+  for (uint32_t i = 0; i < pl->n_configs && n < 5; i++) {
+    const struct planner_config *c = &pl->configs[i];
+    if (c->status != PLANNER_FEASIBLE)
+      continue;
+    bool right = n % 2 == 0;
+    fprintf(f, "set label %u '#%u' at %.6f,%.9g %s offset %s1.6,%.1f font ',10' front\n", 10 + n,
+            i + 1, c->peak_memory_bytes / GIB, c->throughput_tokens_per_s,
+            right ? "left" : "right", right ? "" : "-", 0.4 + 0.9 * (n / 2));
+    g_string_append_printf(list, "\\n#%u %s %s, %u x %lld", i + 1, sched_family_name(c->schedule),
+                           c->layout ? c->layout : "", c->microbatches,
+                           (long long)(c->micro_batch_size ? c->micro_batch_size
+                                                           : pl->model_micro_batch_size));
+    n++;
+  }
+  fprintf(f, "set label 2 \"%s\" at screen 0.68, screen 0.50 left font ',9'\n", list->str);
+  g_string_free(list, TRUE);
+  return n;
+}
+
+/* Feasible points filled, over the cap hollow, one colour per schedule present; the cap as a
+ * dashed line; the best five ringed and numbered. */
 static bool write_chart_script(const struct planner *pl, const char *path, GError **err) {
   static const char *const colours[SCHED_FAMILY_COUNT] = {
       "#4E79A7", "#F28E2B", "#E15759", "#76B7B2", "#59A14F", "#EDC948", "#B07AA1", "#9C755F"};
@@ -118,30 +143,43 @@ static bool write_chart_script(const struct planner *pl, const char *path, GErro
   FILE *f = out.f;
   double cap = pl->memory_cap_bytes / GIB;
   fprintf(f,
-          "set terminal pngcairo size 1200,750 font 'sans,11'\n%s"
-          "set title 'piper-plan: %s on %u devices, %s (%u configurations; filled: under the "
-          "cap; #k: rank)'\n"
+          "set terminal pngcairo size 1400,800 font 'sans,11' noenhanced\n%s"
+          "set title 'piper-plan: %s on %u devices, %s, global batch %llu (%u configurations; "
+          "filled: under the cap, hollow: over it)'\n"
           "set xlabel 'peak memory per device (GiB)'\nset ylabel 'throughput (tokens/s)'\n"
-          "set grid\nset key outside right top box\nset yrange [0:*]\nset xrange [0:*]\n",
+          "set grid\nset rmargin at screen 0.66\nset key at screen 0.68, screen 0.92 left top "
+          "box Left reverse\nset yrange [0:*]\nset xrange [0:*]\n",
           CHART_GNUPLOT_OUTPUT("plan.png"), pl->model_name, pl->request.devices,
-          pl->profile->name, pl->n_configs);
+          pl->profile->name, (unsigned long long)pl->request.global_batch, pl->n_configs);
   if (cap > 0)
     fprintf(f,
             "set arrow 1 from %.6f, graph 0 to %.6f, graph 1 nohead dt 2 lw 2 lc rgb '#C0392B'\n"
             "set label 1 'memory cap' at %.6f, graph 0.97 right offset -0.5,0 tc rgb '#C0392B'\n",
             cap, cap, cap);
+  bool present[SCHED_FAMILY_COUNT] = {false};
+  for (uint32_t i = 0; i < pl->n_configs; i++)
+    present[pl->configs[i].schedule] |= pl->configs[i].status == PLANNER_FEASIBLE ||
+                                        pl->configs[i].status == PLANNER_OVER_CAP;
+  uint32_t best = chart_best(f, pl);
   fputs("plot ", f);
-  for (int fam = 0; fam < SCHED_FAMILY_COUNT; fam++)
+  const char *sep = "";
+  for (int fam = 0; fam < SCHED_FAMILY_COUNT; fam++) {
+    if (!present[fam])
+      continue;
     fprintf(f,
-            "'plan.dat' index %d using 1:($3 > 0 ? $2 : 1/0) with points pt 7 ps 1.4 lc rgb '%s' "
-            "title '%s', \\\n     'plan.dat' index %d using 1:($3 > 0 ? 1/0 : $2) with points "
-            "pt 6 ps 1.4 lc rgb '%s' notitle, \\\n     ",
-            fam, colours[fam], sched_family_name((enum sched_family)fam), fam, colours[fam]);
-  /* the labels of the best five, from any block (ranks 1-5 are the first rows by rank) */
-  fputs("'plan.dat' using 1:(strcol(4) eq '#1' || strcol(4) eq '#2' || strcol(4) eq '#3' || "
-        "strcol(4) eq '#4' || strcol(4) eq '#5' ? $2 : 1/0):4 with labels offset 0,1 font ',9' "
-        "notitle\n",
-        f);
+            "%s'plan.dat' index %d using 1:($3 > 0 ? $2 : 1/0) with points pt 7 ps 1.4 "
+            "lc rgb '%s' title '%s', \\\n     'plan.dat' index %d using 1:($3 > 0 ? 1/0 : $2) "
+            "with points pt 6 ps 1.4 lc rgb '%s' notitle",
+            sep, fam, colours[fam], sched_family_name((enum sched_family)fam), fam, colours[fam]);
+    sep = ", \\\n     ";
+  }
+  /* rings around the best, from any block: feasible rows rank first, so the best are ranks
+   * 1 .. best */
+  if (best)
+    fprintf(f, "%s'plan.dat' using 1:(($3 > 0 && int(substr(strcol(4), 2, 9)) <= %u) ? $2 : 1/0) "
+               "with points pt 4 ps 2.6 lw 1.5 lc rgb 'black' title 'best %u'",
+            sep, best, best);
+  fputc('\n', f);
   return piper_out_close(&out, err);
 }
 
