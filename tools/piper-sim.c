@@ -183,7 +183,7 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
   printf("  bubble         %.1f%% (mean over devices)   exposed comm %.6g ms (mean)\n",
          100 * bubble / n, exposed / n * 1e3);
   struct report_bubble_split split = report_bubble_split(r);
-  printf("  bubble split   pipeline idle %.1f%% + exposed comm %.1f%% + imbalance %.1f%% (of the "
+  printf("  split          pipeline idle %.1f%% + exposed comm %.1f%% + imbalance %.1f%% (of the "
          "step)\n",
          100 * split.pipeline_idle, 100 * split.exposed_comm, 100 * split.imbalance);
   if (r->n_devices) {

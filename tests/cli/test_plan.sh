@@ -110,6 +110,26 @@ rc=$?
 expect_input_error piper-sim "--format, --viz and --trace-all do not apply" --sweep "$tmp/sweep.json" --format pdf
 expect_input_error piper-sim "--sweep takes the model" --sweep "$tmp/sweep.json" --layout pp=2
 
+# 4. the bubble split (issue 12 item 5): piper-sim's summary, metrics.json, results.csv
+if "$SIM" --model models/tiny-dense.json --layout pp=4 --schedule 1f1b --mbs 8 --profile profiles/unit.json \
+    --out "$tmp/split" --no-charts > "$tmp/stdout" 2>/dev/null; then
+  grep -q '^  split          pipeline idle 27.3% + exposed comm 0.0% + imbalance 0.0% (of the step)$' "$tmp/stdout" \
+    && ok "summary: textbook 1F1B bubble is all pipeline idle" || fail "summary: $(cat "$tmp/stdout")"
+  python3 - "$tmp/split" <<'EOF' && ok "metrics.json and results.csv: the parts sum to the bubble" || fail "split keys"
+import csv, json, sys
+m = json.load(open(sys.argv[1] + "/metrics.json"))
+parts = m["pipeline_idle_fraction_mean"] + m["exposed_comm_fraction_mean"] + m["imbalance_fraction_mean"]
+assert abs(parts - m["bubble_fraction_mean"]) < 1e-12 and abs(parts - 3 / 11) < 1e-9, m
+for d in m["devices"]:
+    assert abs(d["pipeline_idle_s"] + d["exposed_comm_s"] + d["imbalance_s"]
+               - d["bubble_fraction"] * m["iteration_time_s"]) < 1e-12, d
+row = next(csv.DictReader(open(sys.argv[1] + "/results.csv")))
+assert abs(float(row["pipeline_idle_fraction"]) - 3 / 11) < 1e-6 and float(row["imbalance_fraction"]) == 0, row
+EOF
+else
+  fail "piper-sim for the split"
+fi
+
 if [ $fails -ne 0 ]; then
   echo "test_plan.sh: $fails failure(s)"
   exit 1
