@@ -218,43 +218,48 @@ static void skip(struct space *s, const char *reason) {
   g_hash_table_replace(s->skip_reasons, g_strdup(reason), GUINT_TO_POINTER(GPOINTER_TO_UINT(v) + 1));
 }
 
-/* Every memory choice, micro-batch size and schedule of one layout (spec without memory
- * suffix). */
+/* One configuration at the end of the enumeration. */
+static void add_config(struct space *s, const struct layout *l, const char *spec,
+                       const struct planner_memory_choice *mc, enum sched_family family,
+                       int64_t mbs, uint32_t microbatches) {
+  struct planner_config c = {0};
+  c.layout = g_strdup_printf("%s%s", spec, mc->layout_suffix);
+  c.schedule = family;
+  c.microbatches = microbatches;
+  c.micro_batch_size = mbs;
+  c.pp = l->pp;
+  c.dp = l->dp;
+  c.ep = l->ep;
+  c.stages = layout_stages(l);
+  c.memory_choice = mc->name;
+  c.order = s->configs->len;
+  g_array_append_val(s->configs, c);
+}
+
+/* Every micro-batch size, memory choice and schedule of one layout (spec without the memory
+ * choice's suffix). */
 static void add_layout(struct space *s, const struct layout *l, const char *spec) {
   const struct planner_request *rq = &s->pl->request;
-  bool any = false;
-  for (uint32_t z = 0; z < planner_n_memory_choices; z++) {
-    const struct planner_memory_choice *mc = &planner_memory_choices[z];
-    if (l->dp < mc->min_dp)
+  uint32_t before = s->configs->len;
+  for (uint32_t k = 0; k < rq->n_micro_batch_sizes; k++) {
+    int64_t mbs = rq->micro_batch_sizes[k];
+    uint64_t per_step = (uint64_t)l->dp * (uint64_t)mbs;
+    if (rq->global_batch % per_step != 0 || rq->global_batch / per_step > DIR_MAX_MICROBATCHES) {
+      skip(s, "layout and micro-batch size pairs: the global batch is not a whole number of "
+              "micro-batches per replica");
       continue;
-    for (uint32_t k = 0; k < rq->n_micro_batch_sizes; k++) {
-      int64_t mbs = rq->micro_batch_sizes[k];
-      uint64_t per_step = (uint64_t)l->dp * (uint64_t)mbs;
-      if (rq->global_batch % per_step != 0 || rq->global_batch / per_step > DIR_MAX_MICROBATCHES) {
-        skip(s, "the global batch is not a whole number of micro-batches per replica");
+    }
+    for (uint32_t z = 0; z < planner_n_memory_choices; z++) {
+      if (l->dp < planner_memory_choices[z].min_dp)
         continue;
-      }
-      for (size_t t = 0; t < G_N_ELEMENTS(schedule_table); t++) {
-        if (schedule_table[t].shape != l->shape || l->pp < schedule_table[t].min_pp ||
-            !rq->schedules[schedule_table[t].family])
-          continue;
-        struct planner_config c = {0};
-        c.layout = g_strdup_printf("%s%s", spec, mc->layout_suffix);
-        c.schedule = schedule_table[t].family;
-        c.microbatches = (uint32_t)(rq->global_batch / per_step);
-        c.micro_batch_size = mbs;
-        c.pp = l->pp;
-        c.dp = l->dp;
-        c.ep = l->ep;
-        c.stages = layout_stages(l);
-        c.memory_choice = mc->name;
-        c.order = s->configs->len;
-        g_array_append_val(s->configs, c);
-        any = true;
-      }
+      for (size_t t = 0; t < G_N_ELEMENTS(schedule_table); t++)
+        if (schedule_table[t].shape == l->shape && l->pp >= schedule_table[t].min_pp &&
+            rq->schedules[schedule_table[t].family])
+          add_config(s, l, spec, &planner_memory_choices[z], schedule_table[t].family, mbs,
+                     (uint32_t)(rq->global_batch / per_step));
     }
   }
-  s->pl->n_layouts += any;
+  s->pl->n_layouts += s->configs->len > before;
 }
 
 /* One pp x dp x ep with each stage shape that divides the model's layers. */
@@ -278,7 +283,7 @@ static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep) {
       continue;
     uint32_t stages = layout_stages(&l);
     if (stages > s->layers || s->layers % stages != 0) {
-      skip(s, "the stages do not divide the model's layers");
+      skip(s, "layouts: the stages do not divide the model's layers");
       continue;
     }
     add_layout(s, &l, spec);
@@ -304,7 +309,7 @@ static void enumerate(struct space *s) {
       if (s->experts % dp == 0)
         add_shapes(s, pp, dp, dp);
       else
-        skip(s, "expert parallelism over dp: dp does not divide the experts");
+        skip(s, "layouts: expert parallelism over dp, and dp does not divide the experts");
     }
   }
 }
@@ -319,7 +324,7 @@ static void describe_skips(struct space *s) {
   char **keys = (char **)g_hash_table_get_keys_as_array(s->skip_reasons, &n);
   qsort(keys, n, sizeof *keys, compare_strings);
   for (guint i = 0; i < n; i++)
-    g_string_append_printf(s->pl->skipped, "%u left out: %s\n",
+    g_string_append_printf(s->pl->skipped, "left out: %u %s\n",
                            GPOINTER_TO_UINT(g_hash_table_lookup(s->skip_reasons, keys[i])),
                            keys[i]);
   g_free(keys);
