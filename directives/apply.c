@@ -1307,7 +1307,8 @@ static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *st
   return ok;
 }
 
-static const uint32_t *sort_pos; /* qsort context for by_position */
+/* qsort context for by_position; per thread: the planner compiles on several at once */
+static _Thread_local const uint32_t *sort_pos;
 static int by_position(const void *x, const void *y) {
   uint32_t a = sort_pos[*(const uint32_t *)x], b = sort_pos[*(const uint32_t *)y];
   return a < b ? -1 : a > b;

@@ -81,6 +81,26 @@ static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *pat
   return ok;
 }
 
+/* The model file with its "piper" object's micro_batch_size replaced. */
+static struct model *load_model_with_micro_batch(const char *path, int pp_regions, int64_t mbs,
+                                                 GError **err) {
+  cJSON *root = json_parse_file(path, err);
+  if (root && !json_refuse_duplicate_keys(root, path, err)) {
+    cJSON_Delete(root);
+    return NULL;
+  }
+  if (!root)
+    return NULL;
+  cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
+  if (!cJSON_IsObject(piper))
+    piper = cJSON_AddObjectToObject(root, "piper");
+  cJSON_DeleteItemFromObjectCaseSensitive(piper, "micro_batch_size");
+  cJSON_AddNumberToObject(piper, "micro_batch_size", (double)mbs);
+  struct model *m = model_load_json(path, root, pp_regions, err);
+  cJSON_Delete(root);
+  return m;
+}
+
 /* The model, split into the layout's stages when the program comes from --layout, and the
  * program. */
 static bool load_model_and_program(const struct compile_options *o, struct compile_result *r,
@@ -95,7 +115,9 @@ static bool load_model_and_program(const struct compile_options *o, struct compi
                                pp_regions, o->layout, layout_stages(&l));
     pp_regions = (int)layout_stages(&l);
   }
-  r->model = model_load_file(o->model_path, pp_regions, err);
+  r->model = o->micro_batch_size > 0
+                 ? load_model_with_micro_batch(o->model_path, pp_regions, o->micro_batch_size, err)
+                 : model_load_file(o->model_path, pp_regions, err);
   if (!r->model)
     return false;
   if (o->layout) {

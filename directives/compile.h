@@ -32,6 +32,7 @@ struct compile_options {
   const char *directives_path;
   const char *layout; /* instead of directives_path: "pp=4,dp=2,ep=2,v" (directives/layout.h) */
   int pp_regions;     /* > 0 overrides the model's PP split; a layout sets it to its stages */
+  int64_t micro_batch_size; /* > 0 replaces the model file's micro_batch_size (the planner) */
   bool have_schedule; /* --schedule given */
   struct sched_options schedule;
   uint32_t n_devices;     /* > 0: the run's world size; device ids must be below it */

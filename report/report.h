@@ -76,6 +76,13 @@ struct report_device {
   double exposed_comm_s;   /* communication running, no compute */
   double overlap_fraction; /* communication under compute / comm_s (0 without comm) */
   double idle_s;           /* nothing running */
+  /* The bubble split: bubble_fraction * iteration time = pipeline_idle_s + exposed_comm_s +
+   * imbalance_s. imbalance_s is the part of idle_s the device would have spent computing had
+   * it as much compute as the busiest device of the run (min(idle_s, max compute_s -
+   * compute_s): the extra work of an LM-head or embedding stage); pipeline_idle_s is the rest
+   * of idle_s (fill, drain and waits of the schedule itself). */
+  double pipeline_idle_s;
+  double imbalance_s;
 };
 
 struct report_run {
@@ -110,6 +117,13 @@ void report_run_window(const struct report_run *r, double *t0, double *t1);
 double report_iteration_time(const struct report_run *r);
 /* Fills the derived fields of every device from its intervals, over [t0, t0 + iter). */
 void report_compute_stats(struct report_run *r);
+
+/* The run's bubble split, means over devices of each part as a fraction of the iteration
+ * time: bubble = pipeline_idle + exposed_comm + imbalance (report_compute_stats done). */
+struct report_bubble_split {
+  double bubble, pipeline_idle, exposed_comm, imbalance;
+};
+struct report_bubble_split report_bubble_split(const struct report_run *r);
 
 /* Global figures. */
 double report_tokens_per_iteration(const struct report_run *r);

@@ -184,6 +184,20 @@ static void device_stats(const struct plan *p, struct report_device *d, double i
   d->idle_s = iter - any > 0 ? iter - any : 0;
 }
 
+/* Idle time splits into imbalance (what the device would have computed with as much work as
+ * the busiest device) and pipeline idle (the rest), so that the bubble is the sum of pipeline
+ * idle, exposed communication and imbalance. */
+static void split_idle(struct report_run *r) {
+  double busiest = 0;
+  for (uint32_t i = 0; i < r->n_devices; i++)
+    busiest = fmax(busiest, r->devices[i].compute_s);
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    struct report_device *d = &r->devices[i];
+    d->imbalance_s = fmin(d->idle_s, busiest - d->compute_s);
+    d->pipeline_idle_s = d->idle_s - d->imbalance_s;
+  }
+}
+
 void report_compute_stats(struct report_run *r) {
   double iter = report_iteration_time(r);
   /* devices that share an interval array (simulated as one) share the figures */
@@ -208,6 +222,26 @@ void report_compute_stats(struct report_run *r) {
       g_hash_table_insert(done, (gpointer)d->intervals, GUINT_TO_POINTER(i + 1));
   }
   g_hash_table_destroy(done);
+  split_idle(r);
+}
+
+struct report_bubble_split report_bubble_split(const struct report_run *r) {
+  struct report_bubble_split s = {0};
+  double iter = report_iteration_time(r);
+  if (r->n_devices == 0 || !(iter > 0))
+    return s;
+  for (uint32_t i = 0; i < r->n_devices; i++) {
+    const struct report_device *d = &r->devices[i];
+    s.bubble += d->bubble_fraction;
+    s.pipeline_idle += d->pipeline_idle_s / iter;
+    s.exposed_comm += d->exposed_comm_s / iter;
+    s.imbalance += d->imbalance_s / iter;
+  }
+  s.bubble /= r->n_devices;
+  s.pipeline_idle /= r->n_devices;
+  s.exposed_comm /= r->n_devices;
+  s.imbalance /= r->n_devices;
+  return s;
 }
 
 double report_mean_iteration_time(const struct report_run *r, double *stddev) {

@@ -22,6 +22,27 @@ static double gib(uint64_t b) {
   return (double)b / (double)(1ull << 30);
 }
 
+/* Means over the pp ranks of dp rank j (devices at[k * dp + j]) of the bubble and its split,
+ * as fractions of the iteration time iter. */
+static void write_row_bubble(FILE *f, const struct report_run *r, const int64_t *at, uint32_t j,
+                             double iter) {
+  double sum[4] = {0};
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < r->pp; k++) {
+    int64_t di = at[(size_t)k * r->dp + j];
+    if (di < 0)
+      continue;
+    const struct report_device *d = &r->devices[di];
+    sum[0] += d->bubble_fraction;
+    sum[1] += iter > 0 ? d->pipeline_idle_s / iter : 0;
+    sum[2] += iter > 0 ? d->exposed_comm_s / iter : 0;
+    sum[3] += iter > 0 ? d->imbalance_s / iter : 0;
+    n++;
+  }
+  for (int k = 0; k < 4; k++)
+    fprintf(f, ",%.6f", n ? sum[k] / n : 0);
+}
+
 bool report_write_results_csv(const struct report_run *r, const char *path, GError **err) {
   struct piper_out out;
   if (!piper_out_open(&out, path, err))
@@ -38,7 +59,8 @@ bool report_write_results_csv(const struct report_run *r, const char *path, GErr
              "iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s");
   for (uint32_t k = 0; k < r->pp; k++)
     fprintf(f, ",peak_memory_pp%u_gb", k);
-  fputc('\n', f);
+  /* the bubble split of the row's devices (report.h) */
+  fputs(",bubble_fraction,pipeline_idle_fraction,exposed_comm_fraction,imbalance_fraction\n", f);
   /* device at (pp, dp) */
   int64_t *at = g_new(int64_t, (size_t)r->pp * r->dp + 1);
   for (size_t i = 0; i < (size_t)r->pp * r->dp; i++)
@@ -49,6 +71,7 @@ bool report_write_results_csv(const struct report_run *r, const char *path, GErr
         (uint32_t)d->dp_rank < r->dp)
       at[(size_t)d->pp_rank * r->dp + (size_t)d->dp_rank] = i;
   }
+  double window = report_iteration_time(r); /* what the statistics were derived over */
   for (uint32_t j = 0; j < r->dp; j++) {
     fprintf(f, "%u,%s,%s,%u,%u,%lld,%u,%lld,%lld,%.9g,%.9g,%.9g", j, m->name,
             r->schedule ? r->schedule : "custom", r->pp, r->dp, (long long)batch, M,
@@ -61,6 +84,7 @@ bool report_write_results_csv(const struct report_run *r, const char *path, GErr
       else
         fputc(',', f);
     }
+    write_row_bubble(f, r, at, j, window);
     fputc('\n', f);
   }
   g_free(at);
@@ -109,6 +133,11 @@ cJSON *report_metrics_json(const struct report_run *r) {
   cJSON_AddNumberToObject(root, "peak_memory_bytes_max", (double)peak);
   cJSON_AddNumberToObject(root, "bubble_fraction_mean", r->n_devices ? bubble / r->n_devices : 0);
   cJSON_AddNumberToObject(root, "exposed_comm_s_mean", r->n_devices ? exposed / r->n_devices : 0);
+  /* bubble_fraction_mean = the sum of these three (report.h) */
+  struct report_bubble_split split = report_bubble_split(r);
+  cJSON_AddNumberToObject(root, "pipeline_idle_fraction_mean", split.pipeline_idle);
+  cJSON_AddNumberToObject(root, "exposed_comm_fraction_mean", split.exposed_comm);
+  cJSON_AddNumberToObject(root, "imbalance_fraction_mean", split.imbalance);
   if (r->extra) {
     const cJSON *it;
     cJSON_ArrayForEach(it, r->extra)
@@ -126,6 +155,8 @@ cJSON *report_metrics_json(const struct report_run *r) {
     cJSON_AddNumberToObject(o, "idle_s", d->idle_s);
     cJSON_AddNumberToObject(o, "bubble_fraction", d->bubble_fraction);
     cJSON_AddNumberToObject(o, "exposed_comm_s", d->exposed_comm_s);
+    cJSON_AddNumberToObject(o, "pipeline_idle_s", d->pipeline_idle_s);
+    cJSON_AddNumberToObject(o, "imbalance_s", d->imbalance_s);
     cJSON_AddNumberToObject(o, "overlap_fraction", d->overlap_fraction);
     cJSON_AddNumberToObject(o, "peak_memory_bytes", (double)d->peak_memory_bytes);
     cJSON *b = cJSON_AddObjectToObject(o, "memory_breakdown_bytes");

@@ -69,7 +69,7 @@ static const struct option_program program = {
         "usage: piper-sim --model FILE --directives FILE [--schedule NAME --ranks R --mbs M]\n"
         "                 --profile FILE [options]\n"
         "       piper-sim --plans DIR --profile FILE [options]\n"
-        "       piper-sim --sweep FILE [--out DIR]\n"
+        "       piper-sim --sweep FILE [--profile FILE] [--out DIR] [--no-charts]\n"
         "\n"
         "Simulates one training step of the per-device plans on a hardware profile and writes\n"
         "out/<YYYYmmdd_HHMMSS>/ (or --out DIR): <schedule>_pp<R>_mbs<M>.json (the program "
@@ -183,6 +183,10 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
     printf("   MFU n/a (synthetic profile)\n");
   printf("  bubble         %.1f%% (mean over devices)   exposed comm %.6g ms (mean)\n",
          100 * bubble / n, exposed / n * 1e3);
+  struct report_bubble_split split = report_bubble_split(r);
+  printf("  split          pipeline idle %.1f%% + exposed comm %.1f%% + imbalance %.1f%% (of the "
+         "step)\n",
+         100 * split.pipeline_idle, 100 * split.exposed_comm, 100 * split.imbalance);
   if (r->n_devices) {
     uint64_t peak = r->devices[peak_dev].peak_memory_bytes;
     printf("  peak memory    %.3f GiB (device %u)%s\n", (double)peak / (double)(1ull << 30),
@@ -238,34 +242,21 @@ static char *claim_run_dir(const struct sim_cli *a, GError **err) {
   return report_run_dir_new("out", err);
 }
 
-/* --sweep FILE: every configuration of the grid, then one summary. */
+/* --sweep FILE: every configuration of the grid, then one summary (tools/sweep.h). --profile
+ * replaces the file's profiles, --no-charts and --no-collapse apply; the options that describe
+ * one run's files are refused rather than ignored. */
 static int run_sweep(const struct sim_cli *a, const char *dir) {
-  if (a->compile.model || a->compile.directives || a->plans || a->compile.schedule)
+  if (a->compile.model || a->compile.directives || a->compile.layout || a->plans ||
+      a->compile.schedule || a->compile.ranks || a->compile.mbs || a->compile.pp_regions)
     return piper_usage_error(program.name, "%s",
-                             "--sweep takes the model, schedules and profiles from its file");
-  GError *err = NULL;
-  struct sweep *s = sweep_load_file(a->sweep, &err);
-  if (!s)
-    return piper_error_exit(program.name, err);
-  bool ok = sweep_run(s, dir, isatty(STDERR_FILENO) && !a->quiet, &err);
-  if (ok) {
-    uint32_t feasible = 0, failed = 0;
-    for (uint32_t i = 0; i < s->n_points; i++) {
-      feasible += s->points[i].feasible;
-      failed += !s->points[i].ok;
-    }
-    printf("piper-sim: sweep of %u configurations: %u feasible, %u over the memory cap, %u "
-           "failed to compile\n",
-           s->n_points, feasible, s->n_points - feasible - failed, failed);
-    if (s->n_points && s->points[0].feasible)
-      printf("  best: %s on %s, %u micro-batches, %s: %.6g tokens/s, %.3f GiB peak\n",
-             s->points[0].schedule, s->points[0].base, s->points[0].microbatches,
-             s->points[0].profile, s->points[0].throughput_tokens_per_s,
-             s->points[0].peak_memory_bytes / (double)(1ull << 30));
-    printf("  wrote %s/ (sweep.csv sweep.png)\n", dir);
-  }
-  sweep_free(s);
-  return ok ? 0 : piper_error_exit(program.name, err);
+                             "--sweep takes the model, schedules and micro-batches from its file");
+  if (a->format || a->viz || a->trace_all)
+    return piper_usage_error(program.name, "%s",
+                             "--sweep writes sweep.csv and sweep.png: --format, --viz and "
+                             "--trace-all do not apply");
+  struct sweep_run_options o = {.progress = true, .charts = !a->no_charts,
+                                .collapse = !a->no_collapse, .profile = a->profile};
+  return sweep_main(program.name, a->sweep, dir, &o, a->quiet);
 }
 
 /* The options that go together; OPTIONS_CONTINUE, or the usage error's exit status. */

@@ -9,8 +9,10 @@
 
 #include "../base/json.h"
 #include "../directives/compile.h"
+#include "../directives/layout.h"
 #include "../report/chart.h"
 #include "../sim/sim.h"
+#include "planner.h"
 
 
 static bool string_list(const cJSON *root, const char *key, char ***out, uint32_t *n,
@@ -29,6 +31,90 @@ static bool string_list(const cJSON *root, const char *key, char ***out, uint32_
       return piper_input_error(err, "%s: key \"%s\": item %u must be a non-empty string", ctx, key, i);
     (*out)[i++] = g_strdup(v->valuestring);
   }
+  return true;
+}
+
+/* One "base_schedules" item: "file", or {"file": F, "pp_regions": N}, or {"layout": SPEC}. */
+static bool base_entry(const cJSON *v, uint32_t i, struct sweep *s, const char *path,
+                       GError **err) {
+  struct sweep_base *b = &s->base_entries[i];
+  char ctx[600];
+  g_snprintf(ctx, sizeof ctx, "%s: key \"base_schedules\": item %u", path, i);
+  if (cJSON_IsString(v) && v->valuestring[0]) {
+    b->file = g_strdup(v->valuestring);
+    s->bases[i] = g_strdup(b->file);
+    return true;
+  }
+  static const char *const keys[] = {"file", "layout", "pp_regions", NULL};
+  if (!cJSON_IsObject(v))
+    return piper_input_error(err, "%s must be a file name or an object with \"file\" or "
+                                  "\"layout\"", ctx);
+  if (!json_check_keys(v, keys, ctx, err))
+    return false;
+  const char *file = NULL, *spec = NULL;
+  int64_t pp = 0;
+  if (!json_get_string(v, "file", false, &file, ctx, err) ||
+      !json_get_string(v, "layout", false, &spec, ctx, err) ||
+      !json_get_int(v, "pp_regions", false, 1, MODEL_MAX_LAYERS, &pp, ctx, err))
+    return false;
+  if (!file == !spec)
+    return piper_input_error(err, "%s: give one of \"file\" and \"layout\"", ctx);
+  struct layout l;
+  if (spec && !layout_parse(spec, &l, err)) {
+    g_prefix_error(err, "%s: ", ctx);
+    return false;
+  }
+  if (spec && pp > 0 && (uint32_t)pp != layout_stages(&l))
+    return piper_input_error(err, "%s: \"pp_regions\" %lld disagrees with layout \"%s\" (%u "
+                                  "stages)", ctx, (long long)pp, spec, layout_stages(&l));
+  b->file = file ? g_strdup(file) : NULL;
+  b->layout = spec ? g_strdup(spec) : NULL;
+  b->pp_regions = (int)pp;
+  s->bases[i] = file ? g_strdup(file) : g_strdup_printf("layout %s", spec);
+  return true;
+}
+
+static bool base_list(const cJSON *root, struct sweep *s, const char *path, GError **err) {
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "base_schedules");
+  if (!a)
+    return piper_input_error(err, "%s: key \"base_schedules\" is required", path);
+  if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) == 0)
+    return piper_input_error(err, "%s: key \"base_schedules\" must be a non-empty array", path);
+  s->n_bases = (uint32_t)cJSON_GetArraySize(a);
+  s->bases = g_new0(char *, s->n_bases + 1);
+  s->base_entries = g_new0(struct sweep_base, s->n_bases + 1);
+  uint32_t i = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, a) {
+    if (!base_entry(v, i, s, path, err))
+      return false;
+    i++;
+  }
+  return true;
+}
+
+/* Every file the sweep names exists, before anything is compiled: a typo in the last profile
+ * must not cost the whole grid's time. */
+static bool check_file(const char *file, const char *path, const char *key, uint32_t item,
+                       GError **err) {
+  if (g_file_test(file, G_FILE_TEST_IS_REGULAR))
+    return true;
+  if (item == UINT32_MAX)
+    return piper_input_error(err, "%s: key \"%s\": \"%s\": no such file", path, key, file);
+  return piper_input_error(err, "%s: key \"%s\": item %u: \"%s\": no such file", path, key,
+                           item, file);
+}
+
+static bool check_files(const struct sweep *s, GError **err) {
+  if (!check_file(s->model, s->path, "model", UINT32_MAX, err))
+    return false;
+  for (uint32_t i = 0; i < s->n_bases; i++)
+    if (s->base_entries[i].file &&
+        !check_file(s->base_entries[i].file, s->path, "base_schedules", i, err))
+      return false;
+  for (uint32_t i = 0; i < s->n_profiles; i++)
+    if (!check_file(s->profiles[i], s->path, "profiles", i, err))
+      return false;
   return true;
 }
 
@@ -66,7 +152,7 @@ struct sweep *sweep_load_file(const char *path, GError **err) {
   s->ranks = (uint32_t)v;
   if (!json_get_double(root, "memory_cap_gib", false, 0, 1e9, &s->memory_cap_gib, path, err))
     goto out;
-  if (!string_list(root, "base_schedules", &s->bases, &s->n_bases, path, err) ||
+  if (!base_list(root, s, path, err) ||
       !string_list(root, "schedules", &s->schedules, &s->n_schedules, path, err) ||
       !string_list(root, "profiles", &s->profiles, &s->n_profiles, path, err))
     goto out;
@@ -97,7 +183,7 @@ struct sweep *sweep_load_file(const char *path, GError **err) {
     piper_input_error(err, "%s: %llu combinations; at most 100000", path, (unsigned long long)total);
     goto out;
   }
-  ok = true;
+  ok = check_files(s, err);
 out:
   cJSON_Delete(root);
   if (!ok) {
@@ -118,6 +204,11 @@ void sweep_free(struct sweep *s) {
   if (!s)
     return;
   g_strfreev(s->bases);
+  for (uint32_t i = 0; s->base_entries && i < s->n_bases; i++) {
+    g_free(s->base_entries[i].file);
+    g_free(s->base_entries[i].layout);
+  }
+  g_free(s->base_entries);
   g_strfreev(s->schedules);
   g_strfreev(s->profiles);
   g_free(s->mbs);
@@ -160,7 +251,8 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
     return false;
   FILE *f = out.f;
   fprintf(f, "rank,status,schedule,base,microbatches,profile,iteration_time_s,"
-             "throughput_tokens_per_s,peak_memory_gb,memory_cap_gb,bubble_fraction,error\n");
+             "throughput_tokens_per_s,peak_memory_gb,memory_cap_gb,bubble_fraction,"
+             "pipeline_idle_fraction,exposed_comm_fraction,imbalance_fraction,error\n");
   for (uint32_t i = 0; i < s->n_points; i++) {
     const struct sweep_point *p = &s->points[i];
     fprintf(f, "%u,%s,", i + 1, p->feasible ? "ok" : p->ok ? "over_memory_cap" : "error");
@@ -170,11 +262,12 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
     fprintf(f, ",%u,", p->microbatches);
     csv_field(f, p->profile);
     if (p->ok)
-      fprintf(f, ",%.9g,%.9g,%.6f,%.6f,%.6f,", p->iteration_time_s, p->throughput_tokens_per_s,
-              p->peak_memory_bytes / (double)(1ull << 30),
-              p->memory_cap_bytes / (double)(1ull << 30), p->bubble_fraction);
+      fprintf(f, ",%.9g,%.9g,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,", p->iteration_time_s,
+              p->throughput_tokens_per_s, p->peak_memory_bytes / (double)(1ull << 30),
+              p->memory_cap_bytes / (double)(1ull << 30), p->bubble_fraction,
+              p->bubble.pipeline_idle, p->bubble.exposed_comm, p->bubble.imbalance);
     else
-      fputs(",,,,,,", f);
+      fputs(",,,,,,,,,", f);
     csv_field(f, p->error ? p->error : "");
     fputc('\n', f);
   }
@@ -212,101 +305,170 @@ static bool write_chart(const struct sweep *s, const char *path, GError **err) {
   return ok;
 }
 
-/* dir/sweep.csv and sweep.png. */
-static bool write_outputs(const struct sweep *s, const char *dir, GError **err) {
+/* dir/sweep.csv, and with charts sweep.png. */
+static bool write_outputs(const struct sweep *s, const char *dir, bool charts, GError **err) {
   char *csv = g_build_filename(dir, "sweep.csv", NULL);
   char *png = g_build_filename(dir, "sweep.png", NULL);
-  bool ok = write_csv(s, csv, err) && write_chart(s, png, err);
+  bool ok = write_csv(s, csv, err) && (!charts || write_chart(s, png, err));
   g_free(csv);
   g_free(png);
   return ok;
 }
 
-bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err) {
+/* The profiles: the file's, or the one --profile names. All load before anything runs. */
+static struct profile **load_profiles(struct sweep *s, const struct sweep_run_options *o,
+                                      GError **err) {
+  if (o->profile) {
+    g_strfreev(s->profiles);
+    s->profiles = g_new0(char *, 2);
+    s->profiles[0] = g_strdup(o->profile);
+    s->n_profiles = 1;
+  }
+  struct profile **profs = g_new0(struct profile *, s->n_profiles + 1);
+  for (uint32_t i = 0; i < s->n_profiles; i++) {
+    profs[i] = profile_load_file(s->profiles[i], err);
+    if (!profs[i]) {
+      for (uint32_t k = 0; k < i; k++)
+        profile_free(profs[k]);
+      g_free(profs);
+      return NULL;
+    }
+  }
+  return profs;
+}
+
+/* The grid in order: bases, then schedules, then micro-batch counts, then profiles. */
+static struct planner_config *grid_configs(const struct sweep *s, uint32_t *n) {
+  *n = s->n_bases * s->n_schedules * s->n_mbs * s->n_profiles;
+  struct planner_config *c = g_new0(struct planner_config, *n + 1);
+  uint32_t k = 0;
+  for (uint32_t b = 0; b < s->n_bases; b++)
+    for (uint32_t sc = 0; sc < s->n_schedules; sc++)
+      for (uint32_t m = 0; m < s->n_mbs; m++)
+        for (uint32_t pi = 0; pi < s->n_profiles; pi++, k++) {
+          const struct sweep_base *e = &s->base_entries[b];
+          c[k].directives = g_strdup(e->file);
+          c[k].layout = g_strdup(e->layout);
+          c[k].pp_regions = e->pp_regions ? e->pp_regions : s->pp_regions;
+          sched_family_parse(s->schedules[sc], &c[k].schedule);
+          c[k].ranks = s->ranks;
+          c[k].microbatches = s->mbs[m];
+          c[k].profile = pi;
+          c[k].memory_choice = "";
+          c[k].order = k;
+        }
+  return c;
+}
+
+static void fill_point(struct sweep_point *pt, const struct sweep *s, const struct planner_config *c,
+                       const struct profile *prof) {
+  uint32_t b = c->order / (s->n_schedules * s->n_mbs * s->n_profiles);
+  pt->base = g_strdup(s->bases[b]);
+  pt->schedule = g_strdup(sched_family_name(c->schedule));
+  pt->profile = g_strdup(prof->name);
+  pt->microbatches = c->microbatches;
+  pt->order = c->order;
+  pt->ok = c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP;
+  pt->feasible = c->status == PLANNER_FEASIBLE;
+  pt->error = g_strdup(c->error);
+  pt->iteration_time_s = c->iteration_time_s;
+  pt->throughput_tokens_per_s = c->throughput_tokens_per_s;
+  pt->peak_memory_bytes = c->peak_memory_bytes;
+  pt->memory_cap_bytes = c->memory_cap_bytes;
+  pt->bubble_fraction = c->bubble.bubble;
+  pt->bubble = c->bubble;
+}
+
+bool sweep_run_with(struct sweep *s, const char *dir, const struct sweep_run_options *o,
+                    GError **err) {
+  struct profile **profs = load_profiles(s, o, err);
+  if (!profs)
+    return false;
   if (g_mkdir_with_parents(dir, 0755) != 0) {
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot create directory: %s", dir,
                 strerror(errno));
+    for (uint32_t i = 0; i < s->n_profiles; i++)
+      profile_free(profs[i]);
+    g_free(profs);
     return false;
   }
-  struct profile **profs = g_new0(struct profile *, s->n_profiles + 1);
-  bool ok = true;
-  for (uint32_t i = 0; i < s->n_profiles && ok; i++) {
-    profs[i] = profile_load_file(s->profiles[i], err);
-    if (!profs[i])
-      ok = false;
+  double *caps = g_new0(double, s->n_profiles + 1);
+  for (uint32_t i = 0; i < s->n_profiles; i++)
+    caps[i] = s->memory_cap_gib > 0 ? s->memory_cap_gib * (double)(1ull << 30)
+                                    : (double)profs[i]->memory_capacity;
+  uint32_t n = 0;
+  struct planner_config *configs = grid_configs(s, &n);
+  struct planner_eval ev = {.model_path = s->model, .profiles = profs, .caps = caps,
+                            .threads = o->threads, .progress = o->progress,
+                            .collapse = o->collapse, .progress_name = "sweep"};
+  planner_evaluate(configs, n, &ev);
+  s->points = g_new0(struct sweep_point, n + 1);
+  s->n_points = n;
+  for (uint32_t i = 0; i < n; i++) {
+    fill_point(&s->points[i], s, &configs[i], profs[configs[i].profile]);
+    planner_config_clear(&configs[i]);
   }
-  uint32_t total = s->n_bases * s->n_schedules * s->n_mbs * s->n_profiles;
-  s->points = g_new0(struct sweep_point, total + 1);
-  s->n_points = 0;
-  uint32_t k = 0;
-  for (uint32_t b = 0; b < s->n_bases && ok; b++)
-    for (uint32_t sc = 0; sc < s->n_schedules; sc++)
-      for (uint32_t m = 0; m < s->n_mbs; m++) {
-        struct sched_options so = {.ranks = s->ranks, .mbs = s->mbs[m]};
-        sched_family_parse(s->schedules[sc], &so.family);
-        GError *e = NULL;
-        /* one compile serves every profile */
-        struct plan *plan = compile_plan(s->model, s->bases[b], &so, s->pp_regions, &e);
-        for (uint32_t pi = 0; pi < s->n_profiles; pi++, k++) {
-          struct sweep_point *pt = &s->points[s->n_points++];
-          pt->base = g_strdup(s->bases[b]);
-          pt->schedule = g_strdup(s->schedules[sc]);
-          pt->profile = g_strdup(profs[pi]->name);
-          pt->microbatches = s->mbs[m];
-          pt->order = s->n_points - 1;
-          if (progress) {
-            fprintf(stderr, "\r\033[K[%u/%u] %s %s mbs %u %s", k + 1, total, s->schedules[sc],
-                    s->bases[b], s->mbs[m], profs[pi]->name);
-            fflush(stderr);
-          }
-          if (!plan) {
-            pt->error = g_strdup(e ? e->message : "compile failed");
-            continue;
-          }
-          struct sim_options o = {.collapse = true, .no_memory_timeline = true};
-          GError *se = NULL;
-          struct sim_result *r = sim_run(plan, profs[pi], &o, &se);
-          if (!r) {
-            pt->error = g_strdup(se->message);
-            g_error_free(se);
-            continue;
-          }
-          struct report_run run = {.plan = plan,
-                                   .kind = "sim",
-                                   .n_iterations = 1,
-                                   .iteration_times = &r->iteration_time};
-          report_run_init_devices(&run);
-          sim_fill_report(r, &run);
-          report_compute_stats(&run);
-          pt->ok = true;
-          pt->iteration_time_s = r->iteration_time;
-          pt->throughput_tokens_per_s =
-              r->iteration_time > 0 ? report_tokens_per_iteration(&run) / r->iteration_time : 0;
-          double peak = 0, bubble = 0;
-          for (uint32_t d = 0; d < run.n_devices; d++) {
-            if ((double)run.devices[d].peak_memory_bytes > peak)
-              peak = (double)run.devices[d].peak_memory_bytes;
-            bubble += run.devices[d].bubble_fraction;
-          }
-          pt->peak_memory_bytes = peak;
-          pt->bubble_fraction = run.n_devices ? bubble / run.n_devices : 0;
-          pt->memory_cap_bytes = s->memory_cap_gib > 0 ? s->memory_cap_gib * (double)(1ull << 30)
-                                                       : (double)profs[pi]->memory_capacity;
-          pt->feasible = pt->memory_cap_bytes <= 0 || peak <= pt->memory_cap_bytes;
-          report_run_free_devices(&run);
-          sim_result_free(r);
-        }
-        if (e)
-          g_error_free(e);
-        plan_free(plan);
-      }
-  if (progress && ok)
-    fprintf(stderr, "\r\033[K[%u/%u] done\n", total, total);
+  g_free(configs);
+  g_free(caps);
   for (uint32_t i = 0; i < s->n_profiles; i++)
     profile_free(profs[i]);
   g_free(profs);
-  if (!ok)
-    return false;
   qsort(s->points, s->n_points, sizeof *s->points, point_rank_cmp);
-  return write_outputs(s, dir, err);
+  /* nothing simulated: nothing to draw */
+  return write_outputs(s, dir, o->charts && s->n_points && s->points[0].ok, err);
+}
+
+bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err) {
+  struct sweep_run_options o = {.progress = progress, .charts = true, .collapse = true};
+  return sweep_run_with(s, dir, &o, err);
+}
+
+static void print_sweep_summary(const char *program, const struct sweep *s, const char *dir,
+                                bool charts) {
+  uint32_t feasible = 0, failed = 0;
+  for (uint32_t i = 0; i < s->n_points; i++) {
+    feasible += s->points[i].feasible;
+    failed += !s->points[i].ok;
+  }
+  printf("%s: sweep of %u configurations: %u feasible, %u over the memory cap, %u failed to "
+         "compile\n",
+         program, s->n_points, feasible, s->n_points - feasible - failed, failed);
+  const struct sweep_point *b = s->n_points ? &s->points[0] : NULL;
+  if (b && b->feasible)
+    printf("  best: %s on %s, %u micro-batches, %s: %.6g tokens/s, %.3f GiB peak\n"
+           "        bubble %.1f%% = pipeline idle %.1f%% + exposed comm %.1f%% + imbalance "
+           "%.1f%%\n",
+           b->schedule, b->base, b->microbatches, b->profile, b->throughput_tokens_per_s,
+           b->peak_memory_bytes / (double)(1ull << 30), 100 * b->bubble_fraction,
+           100 * b->bubble.pipeline_idle, 100 * b->bubble.exposed_comm, 100 * b->bubble.imbalance);
+  else if (b && failed == s->n_points)
+    printf("  every configuration failed; the first: %s on %s, %u micro-batches: %s\n",
+           b->schedule, b->base, b->microbatches, b->error ? b->error : "?");
+  printf("  wrote %s/ (sweep.csv%s)\n", dir, charts ? " sweep.png" : "");
+}
+
+int sweep_main(const char *program, const char *path, const char *dir,
+               const struct sweep_run_options *o, bool quiet) {
+  GError *err = NULL;
+  struct sweep *s = sweep_load_file(path, &err);
+  if (!s)
+    return piper_error_exit(program, err);
+  struct sweep_run_options opts = *o;
+  int rc = 0;
+  if (!sweep_run_with(s, dir, &opts, &err)) {
+    rc = piper_error_exit(program, err);
+  } else {
+    uint32_t simulated = 0;
+    for (uint32_t i = 0; i < s->n_points; i++)
+      simulated += s->points[i].ok;
+    if (!quiet)
+      print_sweep_summary(program, s, dir, opts.charts && simulated);
+    if (simulated == 0) {
+      fprintf(stderr, "%s: error: none of the sweep's %u configurations compiled and simulated "
+                      "(sweep.csv has each error)\n", program, s->n_points);
+      rc = 1;
+    }
+  }
+  sweep_free(s);
+  return rc;
 }

@@ -34,7 +34,7 @@ done
 grep -q "iteration" "$tmp/stdout" && ok "summary printed" || fail "no summary"
 [ "$(head -c 4 "$out/schedule.png" | od -An -c | tr -d ' ')" = "211PNG" ] && ok "schedule.png is a PNG" \
   || fail "schedule.png is not a PNG"
-head -1 "$out/results.csv" | grep -q '^dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,peak_memory_pp0_gb,peak_memory_pp1_gb,peak_memory_pp2_gb,peak_memory_pp3_gb$' \
+head -1 "$out/results.csv" | grep -q '^dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,peak_memory_pp0_gb,peak_memory_pp1_gb,peak_memory_pp2_gb,peak_memory_pp3_gb,bubble_fraction,pipeline_idle_fraction,exposed_comm_fraction,imbalance_fraction$' \
   && ok "results.csv columns" || fail "results.csv columns: $(head -1 "$out/results.csv")"
 python3 - "$out" <<'EOF' && ok "metrics.json, trace.json, program file" || fail "metrics/trace/program check"
 import json, sys
@@ -103,7 +103,9 @@ EOF
 if "$SIM" --sweep "$tmp/sweep.json" --out "$tmp/sweep" > "$tmp/stdout" 2> "$tmp/stderr"; then
   [ "$(wc -l < "$tmp/sweep/sweep.csv")" -eq 7 ] && ok "sweep.csv has 6 rows" || fail "sweep rows"
   [ -s "$tmp/sweep/sweep.png" ] && ok "sweep.png" || fail "no sweep.png"
-  [ ! -s "$tmp/stderr" ] && ok "no progress output when stderr is not a terminal" || fail "stderr: $(cat "$tmp/stderr")"
+  # issue 12: progress on any stderr; lines, not a carriage-return animation, off a terminal
+  ! grep -q $'\r' "$tmp/stderr" && grep -q '^sweep: 6/6 configurations simulated' "$tmp/stderr" \
+    && ok "progress lines when stderr is not a terminal" || fail "stderr: $(cat "$tmp/stderr")"
   head -2 "$tmp/sweep/sweep.csv" | tail -1 | grep -q '^1,ok,' && ok "sweep ranked" || fail "sweep rank 1"
 else
   fail "sweep: $(cat "$tmp/stderr")"

@@ -623,6 +623,40 @@ static void test_report_stats(void **state) {
   plan_free(p);
 }
 
+/* The bubble split on the intervals of test_report_stats: device 0 computes 6 of 10 s (the
+ * busiest), device 1 nothing; its 9 idle seconds hold the 6 it would have computed with device
+ * 0's work (imbalance) and 3 of pipeline idle; its 1 s of communication is exposed. */
+static void test_bubble_split_intervals(void **state) {
+  (void)state;
+  struct hplan h = {.n_devices = 2, .n_streams = 2, .n = {2, 1}};
+  h.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h.ins[0][1] = (struct hi){IR_NODE_SEND, 1, IR_PASS_NONE, 1, 10, -1, 0, -1, 0};
+  h.ins[1][0] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 10, -1, 0, -1, 0};
+  struct plan *p = hplan_build(&h);
+  uint32_t nc = p->classes[0].instrs[0].node, ns = p->classes[0].instrs[1].node;
+  struct report_interval iv0[] = {{0, 4, nc, 0}, {3, 7, ns, 1}, {6, 8, nc, 0}};
+  struct report_interval iv1[] = {{9, 10, p->classes[1].instrs[0].node, 1}};
+  struct report_run rr = {.plan = p, .kind = "sim", .schedule = "custom"};
+  report_run_init_devices(&rr);
+  rr.devices[0].intervals = iv0;
+  rr.devices[0].n_intervals = 3;
+  rr.devices[1].intervals = iv1;
+  rr.devices[1].n_intervals = 1;
+  report_compute_stats(&rr);
+  test_assert_near(rr.devices[0].imbalance_s, 0, 1e-12, 0, "busiest: no imbalance");
+  test_assert_near(rr.devices[0].pipeline_idle_s, 2, 1e-12, 0, "busiest: idle is pipeline idle");
+  test_assert_near(rr.devices[1].imbalance_s, 6, 1e-12, 0, "idle device: imbalance");
+  test_assert_near(rr.devices[1].pipeline_idle_s, 3, 1e-12, 0, "idle device: pipeline idle");
+  struct report_bubble_split s = report_bubble_split(&rr);
+  /* means of (0.2, 0.3) pipeline idle, (0.2, 0.1) exposed, (0, 0.6) imbalance */
+  test_assert_near(s.pipeline_idle, 0.25, 1e-12, 0, "pipeline idle mean");
+  test_assert_near(s.exposed_comm, 0.15, 1e-12, 0, "exposed mean");
+  test_assert_near(s.imbalance, 0.3, 1e-12, 0, "imbalance mean");
+  test_assert_near(s.bubble, 0.7, 1e-12, 0, "bubble mean");
+  report_run_free_devices(&rr);
+  plan_free(p);
+}
+
 /* ---- end to end through the real pipeline -------------------------------------------------- */
 
 
@@ -700,6 +734,67 @@ static void test_textbook_zb_interleaved(void **state) {
   sim_result_free(r);
   plan_free(p);
   profile_free(u);
+}
+
+/* Each device's pipeline idle + exposed communication + imbalance is its bubble, to rounding. */
+static void assert_split_sums(const struct report_run *rr, const char *what) {
+  double iter = report_iteration_time(rr);
+  for (uint32_t d = 0; d < rr->n_devices; d++) {
+    const struct report_device *dv = &rr->devices[d];
+    assert_true(dv->pipeline_idle_s >= 0 && dv->imbalance_s >= 0);
+    test_assert_near(dv->pipeline_idle_s + dv->exposed_comm_s + dv->imbalance_s,
+                     dv->bubble_fraction * iter, 1e-12, 1e-9, what);
+  }
+}
+
+/* 1F1B on the unit profile: every stage does the same work and communication costs nothing, so
+ * the whole bubble is the textbook fill and drain (R-1)/(M+R-1) = 3/11; Llama-3-8B's last stage
+ * (LM head, 128k vocabulary) on an H100 makes the other stages wait: imbalance. */
+static void test_bubble_split_textbook(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  struct plan *p =
+      compile("models/tiny-dense.json", "directives/base-schedules/pp4.json", "1f1b", 8, 0);
+  struct sim_result *r = run(p, u, true);
+  struct report_run rr = {.plan = p, .kind = "sim", .n_iterations = 1,
+                          .iteration_times = &r->iteration_time};
+  report_run_init_devices(&rr);
+  sim_fill_report(r, &rr);
+  report_compute_stats(&rr);
+  for (uint32_t d = 0; d < rr.n_devices; d++) {
+    test_assert_near(rr.devices[d].bubble_fraction, 3.0 / 11, 1e-9, 0, "1F1B bubble");
+    test_assert_near(rr.devices[d].pipeline_idle_s, 9 * MS, TIME_TOL, 0, "pipeline idle");
+    assert_true(rr.devices[d].exposed_comm_s == 0);
+    test_assert_near(rr.devices[d].imbalance_s, 0, TIME_TOL, 0, "no imbalance");
+  }
+  assert_split_sums(&rr, "unit 1F1B split");
+  report_run_free_devices(&rr);
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(u);
+
+  struct profile *h100 = load_profile("profiles/h100-sxm.json");
+  p = compile("models/llama3-8b.json", "directives/base-schedules/pp8.json", "1f1b", 16, 8);
+  r = run(p, h100, true);
+  rr = (struct report_run){.plan = p, .kind = "sim", .n_iterations = 1,
+                           .iteration_times = &r->iteration_time};
+  report_run_init_devices(&rr);
+  sim_fill_report(r, &rr);
+  report_compute_stats(&rr);
+  assert_split_sums(&rr, "llama3-8b split");
+  const struct report_device *last = &rr.devices[rr.n_devices - 1], *mid = &rr.devices[3];
+  /* the LM-head stage is the busiest: no imbalance there, a lot on a middle stage */
+  assert_true(last->compute_s > mid->compute_s);
+  test_assert_near(last->imbalance_s, 0, TIME_TOL, 0, "LM-head stage");
+  test_assert_near(mid->imbalance_s, last->compute_s - mid->compute_s, TIME_TOL, 1e-9,
+                   "middle stage waits for the LM head's extra work");
+  struct report_bubble_split s = report_bubble_split(&rr);
+  assert_true(s.imbalance > 0.05);
+  test_assert_near(s.pipeline_idle + s.exposed_comm + s.imbalance, s.bubble, 1e-12, 1e-9, "sum");
+  report_run_free_devices(&rr);
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(h100);
 }
 
 /* DualPipe runs each stage on two devices (one per model copy): pipeline and data-parallel
@@ -1001,7 +1096,8 @@ static void test_report_files(void **state) {
   char *csv = test_read_file(path);
   const char *header = "dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,"
                        "samples,iter_time_mean_s,iter_time_std_s,throughput_tokens_per_s,"
-                       "peak_memory_pp0_gb,peak_memory_pp1_gb\n";
+                       "peak_memory_pp0_gb,peak_memory_pp1_gb,bubble_fraction,"
+                       "pipeline_idle_fraction,exposed_comm_fraction,imbalance_fraction\n";
   assert_memory_equal(csv, header, strlen(header));
   int lines = 0;
   for (char *c = csv; *c; c++)
@@ -1179,6 +1275,8 @@ int main(void) {
       cmocka_unit_test(test_report_files),
       cmocka_unit_test(test_sweep),
       cmocka_unit_test(test_textbook_gpipe_1f1b),
+      cmocka_unit_test(test_bubble_split_textbook),
+      cmocka_unit_test(test_bubble_split_intervals),
       cmocka_unit_test(test_textbook_zb_interleaved),
       cmocka_unit_test(test_textbook_dualpipev),
       cmocka_unit_test(test_named_stream_textbook),

@@ -1,0 +1,59 @@
+/* Planner benchmark (issue 12): the 64-GPU Qwen3-30B-A3B question on an H100 profile, global
+ * batch 256 sequences, micro-batch sizes 1 and 2 (every layout pp x dp x ep of 64 devices that
+ * divides the model, every schedule that applies, ZeRO 0/2/3). Prints the configurations
+ * searched, the wall clock, configurations per second, the CPU time and the best answer; the
+ * target is a few hundred configurations in under a minute on 2 cores.
+ * Run from the repository root: build/bench/bench_plan [THREADS (default 2)] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+
+#include "../../tools/planner.h"
+
+static double cpu_seconds(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec * 1e-6;
+}
+
+int main(int argc, char **argv) {
+  uint32_t threads = argc > 1 ? (uint32_t)atoi(argv[1]) : 2;
+  static const int64_t sizes[] = {1, 2};
+  struct planner_request rq = planner_request_default();
+  rq.model_path = "models/qwen3-30b-a3b.json";
+  rq.profile_path = "profiles/h100-sxm.json";
+  rq.devices = 64;
+  rq.global_batch = 256;
+  rq.micro_batch_sizes = sizes;
+  rq.n_micro_batch_sizes = 2;
+  rq.threads = threads ? threads : 2;
+  rq.progress = true;
+  GError *err = NULL;
+  struct planner *pl = planner_new(&rq, &err);
+  if (!pl) {
+    fprintf(stderr, "bench_plan: %s\n", err->message);
+    return 1;
+  }
+  double cpu0 = cpu_seconds();
+  planner_run(pl, &err);
+  double cpu = cpu_seconds() - cpu0;
+  uint32_t feasible = 0, failed = 0;
+  for (uint32_t i = 0; i < pl->n_configs; i++) {
+    feasible += pl->configs[i].status == PLANNER_FEASIBLE;
+    failed += pl->configs[i].status == PLANNER_FAILED;
+  }
+  printf("planner: qwen3-30b-a3b, 64 devices, h100-sxm, global batch 256, micro-batch sizes 1,2\n");
+  printf("  %u configurations (%u layouts; %u feasible, %u failed) in %.1f s wall on %u threads "
+         "(%.1f configurations/s, %.1f s CPU)\n",
+         pl->n_configs, pl->n_layouts, feasible, failed, pl->seconds, rq.threads,
+         pl->n_configs / pl->seconds, cpu);
+  if (feasible) {
+    char *name = planner_config_name(&pl->configs[0]);
+    printf("  best: %s (%s): %.6g tokens/s, %.4g ms a step\n", name, pl->configs[0].memory_choice,
+           pl->configs[0].throughput_tokens_per_s, pl->configs[0].iteration_time_s * 1e3);
+    g_free(name);
+  }
+  planner_free(pl);
+  return 0;
+}

@@ -1,0 +1,196 @@
+/* Tests of the planner (tools/planner.h): the search space it enumerates (counted by hand for
+ * the tiny models), the best configuration of a small space on profiles/unit.json against the
+ * textbook schedule lengths, the memory cap, requests it refuses, and the same answer from one
+ * thread and from several. Run from the repository root. */
+#include "test-helpers.h"
+#include <math.h>
+#include <string.h>
+
+#include "../../tools/planner.h"
+
+#define MS 1e-3
+#define TIME_TOL 1e-9
+
+static struct planner *plan_or_fail(const struct planner_request *rq) {
+  GError *err = NULL;
+  struct planner *pl = planner_new(rq, &err);
+  if (!pl)
+    fail_msg("planner_new: %s", err->message);
+  if (!planner_run(pl, &err))
+    fail_msg("planner_run: %s", err->message);
+  return pl;
+}
+
+static struct planner_request tiny(const char *model, uint32_t devices, uint64_t batch) {
+  struct planner_request rq = planner_request_default();
+  rq.model_path = model;
+  rq.profile_path = "profiles/unit.json";
+  rq.devices = devices;
+  rq.global_batch = batch;
+  rq.threads = 2;
+  return rq;
+}
+
+/* tiny-moe (4 layers, 8 experts, micro-batch size 2) on 4 devices, global batch 16:
+ *   pp=1, dp=4: ep 1 or 4; one stage: 1f1b only; ZeRO 0, 2, 3        -> 2 x 3      =  6
+ *   pp=2, dp=2: ep 1 or 2; linear (gpipe, 1f1b, zerobubble), interleave=2 (4 stages:
+ *               interleaved_1f1b), V (4 stages: zbv, dualpipev); ZeRO 0, 2, 3
+ *                                                                     -> 2 x 6 x 3  = 36
+ *   pp=4, dp=1: ep 1; linear only (8 stages exceed 4 layers: interleave=2 and V left out);
+ *               ZeRO needs dp >= 2                                    -> 3
+ * 45 configurations, 9 layouts, 2 left out; micro-batches 16 / (dp x 2). */
+static void test_enumeration(void **state) {
+  (void)state;
+  struct planner_request rq = tiny("models/tiny-moe.json", 4, 16);
+  GError *err = NULL;
+  struct planner *pl = planner_new(&rq, &err);
+  if (!pl)
+    fail_msg("%s", err->message);
+  assert_int_equal(pl->n_configs, 45);
+  assert_int_equal(pl->n_layouts, 9);
+  assert_non_null(strstr(pl->skipped->str, "left out: 2 layouts: the stages do not divide"));
+  uint32_t per_pp[5] = {0};
+  for (uint32_t i = 0; i < pl->n_configs; i++) {
+    const struct planner_config *c = &pl->configs[i];
+    assert_true(c->pp * c->dp == 4);
+    assert_int_equal(c->microbatches, 16 / (c->dp * 2));
+    assert_true(c->ep == 1 || c->ep == c->dp);
+    per_pp[c->pp]++;
+  }
+  assert_int_equal(per_pp[1], 6);
+  assert_int_equal(per_pp[2], 36);
+  assert_int_equal(per_pp[4], 3);
+  planner_free(pl);
+}
+
+/* The hand check. tiny-dense: 8 layers, micro-batch size 2; --pp 4 on 4 devices gives dp 1 and
+ * M = 16 / (1 x 2) = 8 micro-batches on R = 4 ranks. On the unit profile a stage is one compute
+ * node per pass, F = 1 ms, B = 2 ms (BI = BW = 1 ms), communication free:
+ *   zerobubble (ZB-H1)          3M + R - 1              = 27 ms   <- the best
+ *   1f1b, gpipe                 (M + R - 1)(F + B)      = 33 ms
+ *   interleaved_1f1b, v = 2     2M(F + B) + (R-1)(F+B)  = 57 ms   (two one-node stages a rank)
+ *   zbv, dualpipev (a V)        6M + R - 1              = 51 ms   (two stages a rank)
+ * ranked: zerobubble 27, 1f1b 33, gpipe 33 (a tie: enumeration order), zbv 51, dualpipev 51,
+ * interleaved_1f1b 57. The winner's bubble is 1 - 24/27 = 1/9, all of it pipeline idle. */
+static void test_known_best(void **state) {
+  (void)state;
+  struct planner_request rq = tiny("models/tiny-dense.json", 4, 16);
+  uint32_t pp4[] = {4};
+  rq.pp = pp4;
+  rq.n_pp = 1;
+  struct planner *pl = plan_or_fail(&rq);
+  static const struct {
+    enum sched_family family;
+    double ms;
+  } want[] = {{SCHED_ZEROBUBBLE, 27}, {SCHED_1F1B, 33},     {SCHED_GPIPE, 33},
+              {SCHED_ZBV, 51},        {SCHED_DUALPIPEV, 51}, {SCHED_INTERLEAVED_1F1B, 57}};
+  assert_int_equal(pl->n_configs, G_N_ELEMENTS(want));
+  for (uint32_t i = 0; i < pl->n_configs; i++) {
+    const struct planner_config *c = &pl->configs[i];
+    if (c->schedule != want[i].family)
+      fail_msg("rank %u: %s, want %s", i + 1, sched_family_name(c->schedule),
+               sched_family_name(want[i].family));
+    assert_int_equal(c->status, PLANNER_FEASIBLE);
+    assert_int_equal(c->microbatches, 8);
+    test_assert_near(c->iteration_time_s, want[i].ms * MS, TIME_TOL, 0, "textbook length");
+  }
+  const struct planner_config *best = &pl->configs[0];
+  assert_string_equal(best->layout, "pp=4,dp=1,ep=1");
+  test_assert_near(best->bubble.bubble, 1.0 / 9, 1e-9, 0, "ZB-H1 bubble");
+  test_assert_near(best->bubble.pipeline_idle, 1.0 / 9, 1e-9, 0, "all of it pipeline idle");
+  assert_true(best->bubble.exposed_comm == 0 && fabs(best->bubble.imbalance) < 1e-12);
+  char *why = planner_explain(pl, 0);
+  assert_non_null(strstr(why, "beats #2 by 6 ms a step with 6 ms less pipeline idle"));
+  g_free(why);
+  why = planner_explain(pl, 1);
+  assert_non_null(strstr(why, "ties with #3"));
+  g_free(why);
+  planner_free(pl);
+}
+
+/* A cap just under the peak of the data-parallel layout (one stage, the whole model on each
+ * device) leaves it over the cap, with the reason, and the best becomes a pipeline. */
+static void test_memory_cap(void **state) {
+  (void)state;
+  struct planner_request rq = tiny("models/tiny-dense.json", 4, 16);
+  uint32_t pps[] = {1, 4};
+  rq.pp = pps;
+  rq.n_pp = 2;
+  struct planner *pl = plan_or_fail(&rq);
+  /* no cap: one stage wins (M = 2 on each of 4 replicas: 2 x 3 ms, no bubble) */
+  assert_int_equal(pl->configs[0].pp, 1);
+  test_assert_near(pl->configs[0].iteration_time_s, 6 * MS, TIME_TOL, 0, "dp=4");
+  double dp_peak = INFINITY, pp_peak = 0;
+  for (uint32_t i = 0; i < pl->n_configs; i++)
+    if (pl->configs[i].pp == 1)
+      dp_peak = fmin(dp_peak, pl->configs[i].peak_memory_bytes);
+    else if (pl->configs[i].schedule == SCHED_ZEROBUBBLE)
+      pp_peak = pl->configs[i].peak_memory_bytes;
+  assert_true(pp_peak < dp_peak);
+  planner_free(pl);
+  rq.memory_cap_gib = (dp_peak - 1) / (double)(1ull << 30);
+  pl = plan_or_fail(&rq);
+  assert_int_equal(pl->configs[0].status, PLANNER_FEASIBLE);
+  assert_int_equal(pl->configs[0].schedule, SCHED_ZEROBUBBLE);
+  uint32_t over = 0;
+  for (uint32_t i = 0; i < pl->n_configs; i++)
+    if (pl->configs[i].pp == 1) {
+      assert_int_equal(pl->configs[i].status, PLANNER_OVER_CAP);
+      over++;
+    }
+  assert_int_equal(over, 3); /* ZeRO 0, 2 and 3 of the one-stage layout */
+  planner_free(pl);
+}
+
+/* One thread and several give the same ranking and figures (workers share nothing). */
+static void test_threads_agree(void **state) {
+  (void)state;
+  struct planner_request rq = tiny("models/tiny-moe.json", 4, 16);
+  rq.threads = 1;
+  struct planner *a = plan_or_fail(&rq);
+  rq.threads = 4;
+  struct planner *b = plan_or_fail(&rq);
+  assert_int_equal(a->n_configs, b->n_configs);
+  for (uint32_t i = 0; i < a->n_configs; i++) {
+    assert_string_equal(a->configs[i].layout, b->configs[i].layout);
+    assert_int_equal(a->configs[i].schedule, b->configs[i].schedule);
+    assert_true(a->configs[i].iteration_time_s == b->configs[i].iteration_time_s);
+    assert_true(a->configs[i].peak_memory_bytes == b->configs[i].peak_memory_bytes);
+  }
+  planner_free(a);
+  planner_free(b);
+}
+
+static void test_refused(void **state) {
+  (void)state;
+  static const struct {
+    uint32_t devices;
+    uint64_t batch;
+    const char *model, *want;
+  } cases[] = {
+      {0, 16, "models/tiny-dense.json", "--devices"},
+      {4, 0, "models/tiny-dense.json", "--global-batch"},
+      /* micro-batch size 2: 3 sequences are no whole number of micro-batches on any dp */
+      {4, 3, "models/tiny-dense.json", "not a whole number of micro-batches"},
+      {4, 16, "models/nope.json", "nope.json"},
+  };
+  for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+    struct planner_request rq = tiny(cases[i].model, cases[i].devices, cases[i].batch);
+    GError *err = NULL;
+    assert_null(planner_new(&rq, &err));
+    assert_non_null(err);
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    if (!strstr(err->message, cases[i].want) || strchr(err->message, '\n'))
+      fail_msg("case %zu: \"%s\" lacks \"%s\" or is not one line", i, err->message, cases[i].want);
+    g_error_free(err);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_enumeration), cmocka_unit_test(test_known_best),
+      cmocka_unit_test(test_memory_cap),  cmocka_unit_test(test_threads_agree),
+      cmocka_unit_test(test_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,283 @@
+/* piper-plan: which configuration should I run? Searches the layouts, schedules, micro-batch
+ * counts and ZeRO levels of a model on N devices (tools/planner.h), prints the best ones under
+ * the memory cap with why each wins, and writes the ranked plan.csv and plan.png. --sweep FILE
+ * evaluates a list written by hand instead (tools/sweep.h). Exit status: 0 success, 1 runtime
+ * failure (nothing could be simulated), 2 bad input. */
+#include <glib/gstdio.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../report/chart.h"
+#include "../report/report.h"
+#include "options.h"
+#include "planner.h"
+#include "sweep.h"
+
+struct plan_cli {
+  const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp;
+  uint32_t devices, global_batch, max_interleave, threads, top;
+  double memory_cap_gib;
+  bool force, no_charts, quiet;
+};
+
+// clang-format off
+#define PLAN_OPTION(field) .offset = offsetof(struct plan_cli, field)
+static const struct option_spec options[] = {
+    {.kind = OPTION_HEADING, .help = "the question:"},
+    {.name = "--model", .kind = OPTION_STRING, PLAN_OPTION(model), .metavar = "FILE",
+     .help = "annotated model (models/*.json)"},
+    {.name = "--devices", .kind = OPTION_U32, PLAN_OPTION(devices), .lo = 1,
+     .hi = LAYOUT_MAX_DEVICES, .metavar = "N", .help = "devices to train on"},
+    {.name = "--profile", .kind = OPTION_STRING, PLAN_OPTION(profile), .metavar = "FILE",
+     .help = "hardware profile (profiles/*.json)"},
+    {.name = "--global-batch", .kind = OPTION_U32, PLAN_OPTION(global_batch), .lo = 1,
+     .hi = 1u << 30, .metavar = "SEQ",
+     .help = "sequences per step over all data-parallel replicas:\n"
+             "dp x micro-batches x micro-batch size"},
+    {.name = "--memory-cap", .kind = OPTION_DOUBLE, PLAN_OPTION(memory_cap_gib), .lo = 0,
+     .hi = 1e9, .metavar = "GIB", .help = "per-device memory cap (default: the profile's capacity)"},
+    {.kind = OPTION_HEADING, .help = "the space:"},
+    {.name = "--pp", .kind = OPTION_STRING, PLAN_OPTION(pp), .metavar = "LIST",
+     .help = "pipeline degrees to try, e.g. 4,8 (default: every divisor of N)"},
+    {.name = "--micro-batch-sizes", .kind = OPTION_STRING, PLAN_OPTION(micro_batch_sizes),
+     .metavar = "LIST", .help = "micro-batch sizes to try, e.g. 1,2,4 (default: the model's)"},
+    {.name = "--schedules", .kind = OPTION_STRING, PLAN_OPTION(schedules), .metavar = "LIST",
+     .help = "schedule families to try where they apply (default: gpipe, 1f1b,\n"
+             "zerobubble, interleaved_1f1b, zbv, dualpipev)"},
+    {.name = "--max-interleave", .kind = OPTION_U32, PLAN_OPTION(max_interleave), .lo = 1,
+     .hi = 64, .metavar = "V", .help = "interleaved 1F1B with 2 .. V stages per rank (default 2)"},
+    {.name = "--threads", .kind = OPTION_U32, PLAN_OPTION(threads), .lo = 1, .hi = 1024,
+     .metavar = "N", .help = "simulations at once (default: one per core)"},
+    {.name = "--sweep", .kind = OPTION_STRING, PLAN_OPTION(sweep), .metavar = "FILE",
+     .help = "evaluate the list of a sweep file instead of searching (sweep.csv)"},
+    {.kind = OPTION_HEADING, .help = "output:"},
+    {.name = "--out", .kind = OPTION_STRING, PLAN_OPTION(out), .metavar = "DIR",
+     .help = "output directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
+    {.name = "--force", .kind = OPTION_FLAG, PLAN_OPTION(force),
+     .help = "overwrite another run's files in --out DIR"},
+    {.name = "--top", .kind = OPTION_U32, PLAN_OPTION(top), .lo = 1, .hi = 1000, .metavar = "K",
+     .help = "configurations explained in the summary (default 5)"},
+    {.name = "--no-charts", .kind = OPTION_FLAG, PLAN_OPTION(no_charts),
+     .help = "write no chart"},
+    {.name = "--quiet", .kind = OPTION_FLAG, PLAN_OPTION(quiet),
+     .help = "print no summary (progress still goes to stderr)"},
+    OPTIONS_HELP_VERSION,
+    OPTIONS_END,
+};
+// clang-format on
+
+static const struct option_program program = {
+    .name = "piper-plan",
+    .usage =
+        "usage: piper-plan --model FILE --devices N --profile FILE --global-batch SEQ [options]\n"
+        "       piper-plan --sweep FILE [--profile FILE] [--out DIR]\n"
+        "\n"
+        "Searches every layout pp x dp x ep of N devices that divides the model (the stages\n"
+        "divide its layers, ep = dp divides its experts), with the schedules that apply to\n"
+        "each (gpipe, 1f1b, zerobubble on one stage per rank; interleaved_1f1b on a loop;\n"
+        "zbv, dualpipev on a V), the micro-batch counts of the global batch and the ZeRO\n"
+        "levels (0, 2, 3), simulates them all in parallel, and prints the best ones under\n"
+        "the memory cap with why each wins. Writes plan.csv (every configuration, ranked;\n"
+        "the reason for those that do not fit) and plan.png. Tensor parallelism is not\n"
+        "searched: the compiler has none yet.\n"
+        "\n"
+        "  piper-plan --model models/qwen3-30b-a3b.json --devices 64 \\\n"
+        "             --profile profiles/h100-sxm.json --global-batch 256\n"
+        "\n",
+    .epilogue = "\nExit status: 0 success, 1 runtime failure (nothing could be simulated), "
+                "2 bad input.\n",
+    .options = options,
+    .help_column = 26,
+};
+
+/* "1,2,4" into a new array; false on an item that is not a whole number in [1, hi]. */
+static bool parse_list(const char *list, uint32_t hi, uint32_t **out, uint32_t *n) {
+  gchar **items = g_strsplit(list, ",", -1);
+  *n = g_strv_length(items);
+  *out = g_new0(uint32_t, *n + 1);
+  bool ok = *n > 0;
+  for (uint32_t i = 0; ok && i < *n; i++)
+    ok = piper_parse_u32(g_strstrip(items[i]), 1, hi, &(*out)[i]);
+  g_strfreev(items);
+  return ok;
+}
+
+/* "zbv,1f1b" into the request's family switches; the name at fault in *bad. */
+static bool parse_schedules(const char *list, struct planner_request *rq, char **bad) {
+  for (int f = 0; f < SCHED_FAMILY_COUNT; f++)
+    rq->schedules[f] = false;
+  gchar **items = g_strsplit(list, ",", -1);
+  bool ok = items[0] != NULL;
+  for (gchar **it = items; ok && *it; it++) {
+    enum sched_family f;
+    ok = sched_family_parse(g_strstrip(*it), &f) && f != SCHED_CUSTOM && f != SCHED_DUALPIPE;
+    if (ok)
+      rq->schedules[f] = true;
+    else
+      *bad = g_strdup(*it);
+  }
+  g_strfreev(items);
+  return ok;
+}
+
+/* The request from the command line; OPTIONS_CONTINUE, or the usage error's exit status. */
+static int build_request(const struct plan_cli *a, struct planner_request *rq, int64_t **sizes,
+                         uint32_t **pps) {
+  if (!a->model || !a->devices || !a->profile || !a->global_batch)
+    return piper_usage_error(program.name, "%s",
+                             "give --model FILE, --devices N, --profile FILE and --global-batch SEQ");
+  *rq = planner_request_default();
+  rq->model_path = a->model;
+  rq->profile_path = a->profile;
+  rq->devices = a->devices;
+  rq->global_batch = a->global_batch;
+  rq->memory_cap_gib = a->memory_cap_gib;
+  rq->threads = a->threads;
+  rq->progress = true;
+  if (a->max_interleave)
+    rq->max_interleave = a->max_interleave;
+  uint32_t *list = NULL;
+  if (a->micro_batch_sizes) {
+    bool ok = parse_list(a->micro_batch_sizes, 65536, &list, &rq->n_micro_batch_sizes);
+    *sizes = g_new0(int64_t, rq->n_micro_batch_sizes + 1);
+    for (uint32_t i = 0; i < rq->n_micro_batch_sizes; i++)
+      (*sizes)[i] = list[i];
+    g_free(list);
+    if (!ok)
+      return piper_usage_error(program.name,
+                               "--micro-batch-sizes: \"%s\" is not a list of whole numbers in "
+                               "[1, 65536]",
+                               a->micro_batch_sizes);
+    rq->micro_batch_sizes = *sizes;
+  }
+  if (a->pp) {
+    if (!parse_list(a->pp, LAYOUT_MAX_DEVICES, pps, &rq->n_pp))
+      return piper_usage_error(program.name,
+                               "--pp: \"%s\" is not a list of whole numbers (pipeline degrees)",
+                               a->pp);
+    rq->pp = *pps;
+  }
+  char *bad = NULL;
+  if (a->schedules && !parse_schedules(a->schedules, rq, &bad)) {
+    int rc = piper_usage_error(program.name,
+                               "--schedules: \"%s\" is not one of gpipe, 1f1b, zerobubble, "
+                               "interleaved_1f1b, zbv, dualpipev",
+                               bad ? bad : a->schedules);
+    g_free(bad);
+    return rc;
+  }
+  return OPTIONS_CONTINUE;
+}
+
+static void print_best(const struct planner *pl, uint32_t i) {
+  const struct planner_config *c = &pl->configs[i];
+  char *name = planner_config_name(c);
+  char *why = planner_explain(pl, i);
+  printf("  #%u %s (%s): %.6g tokens/s, %.4g ms a step", i + 1, name, c->memory_choice,
+         c->throughput_tokens_per_s, c->iteration_time_s * 1e3);
+  if (c->mfu > 0)
+    printf(", MFU %.1f%%", 100 * c->mfu);
+  printf(", peak %.2f GiB\n      %s\n", c->peak_memory_bytes / (double)(1ull << 30), why);
+  g_free(why);
+  g_free(name);
+}
+
+static void print_summary(const struct planner *pl, const struct plan_cli *a, const char *dir) {
+  uint32_t feasible = 0, over = 0, failed = 0;
+  for (uint32_t i = 0; i < pl->n_configs; i++) {
+    feasible += pl->configs[i].status == PLANNER_FEASIBLE;
+    over += pl->configs[i].status == PLANNER_OVER_CAP;
+    failed += pl->configs[i].status == PLANNER_FAILED;
+  }
+  printf("piper-plan: %s on %u devices, profile %s, global batch %llu sequences", pl->model_name,
+         pl->request.devices, pl->profile->name, (unsigned long long)pl->request.global_batch);
+  if (pl->memory_cap_bytes > 0)
+    printf(", memory cap %.1f GiB\n", pl->memory_cap_bytes / (double)(1ull << 30));
+  else
+    printf(", no memory cap (the profile has no capacity)\n");
+  printf("  searched %u configurations (%u layouts) in %.1f s on %u threads: %u feasible, %u "
+         "over the memory cap, %u failed\n",
+         pl->n_configs, pl->n_layouts, pl->seconds, pl->threads_used, feasible, over, failed);
+  if (pl->skipped->len) {
+    gchar **lines = g_strsplit(pl->skipped->str, "\n", -1);
+    for (gchar **l = lines; *l && **l; l++)
+      printf("  (%s)\n", *l);
+    g_strfreev(lines);
+  }
+  printf("  not searched: tensor parallelism (the compiler has none yet), DualPipe (two model "
+         "copies)\n");
+  uint32_t top = a->top ? a->top : 5;
+  if (feasible == 0)
+    printf("  no configuration fits under the memory cap: see plan.csv for the closest\n");
+  for (uint32_t i = 0; i < feasible && i < top; i++)
+    print_best(pl, i);
+  printf("  wrote %s/ (plan.csv%s)\n", dir,
+         a->no_charts || feasible + over == 0 || !chart_gnuplot_available() ? "" : " plan.png");
+}
+
+/* --sweep FILE: the hand-written list, with --profile replacing its profiles. */
+static int run_sweep_mode(const struct plan_cli *a, const char *dir) {
+  if (a->model || a->devices || a->global_batch || a->micro_batch_sizes || a->schedules || a->pp ||
+      a->max_interleave || a->memory_cap_gib > 0 || a->top)
+    return piper_usage_error(program.name, "%s",
+                             "--sweep takes the model, schedules and batch from its file (only "
+                             "--profile, --threads, --out, --force, --no-charts, --quiet go with "
+                             "it)");
+  struct sweep_run_options o = {.progress = true, .charts = !a->no_charts, .threads = a->threads,
+                                .profile = a->profile, .collapse = true};
+  return sweep_main(program.name, a->sweep, dir, &o, a->quiet);
+}
+
+static int run_plan(const struct plan_cli *a, const char *dir) {
+  struct planner_request rq;
+  int64_t *sizes = NULL;
+  uint32_t *pps = NULL;
+  int rc = build_request(a, &rq, &sizes, &pps);
+  GError *err = NULL;
+  struct planner *pl = rc == OPTIONS_CONTINUE ? planner_new(&rq, &err) : NULL;
+  g_free(sizes);
+  g_free(pps);
+  if (rc != OPTIONS_CONTINUE)
+    return rc;
+  if (!pl)
+    return piper_error_exit(program.name, err);
+  bool charts = !a->no_charts && chart_gnuplot_available();
+  if (!a->no_charts && !charts)
+    fprintf(stderr, "%s: note: gnuplot is not installed: no plan.png\n", program.name);
+  rc = 0;
+  if (!planner_run(pl, &err) || !planner_write_outputs(pl, dir, charts, &err)) {
+    rc = piper_error_exit(program.name, err);
+  } else {
+    if (!a->quiet)
+      print_summary(pl, a, dir);
+    bool any = false;
+    for (uint32_t i = 0; i < pl->n_configs; i++)
+      any |= pl->configs[i].status != PLANNER_FAILED;
+    if (!any) {
+      fprintf(stderr, "%s: error: none of the %u configurations compiled and simulated (first: "
+                      "%s)\n",
+              program.name, pl->n_configs, pl->configs[0].error);
+      rc = 1;
+    }
+  }
+  planner_free(pl);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  struct plan_cli a = {0};
+  int rc = options_parse(&program, &a, argc, argv);
+  if (rc != OPTIONS_CONTINUE)
+    return rc;
+  GError *err = NULL;
+  char *dir = a.out ? (report_run_dir_claim(a.out, a.force, &err) ? g_strdup(a.out) : NULL)
+                    : report_run_dir_new("out", &err);
+  if (!dir)
+    return piper_error_exit(program.name, err);
+  rc = a.sweep ? run_sweep_mode(&a, dir) : run_plan(&a, dir);
+  if (rc != 0 && !a.out)
+    g_rmdir(dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
+  g_free(dir);
+  return rc;
+}
