@@ -213,7 +213,7 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
   for (uint32_t i = 0; i < feasible && i < top; i++)
     print_best(pl, i);
   printf("  wrote %s/ (plan.csv%s)\n", dir,
-         a->no_charts || feasible + over == 0 || !chart_gnuplot_available() ? "" : " plan.png");
+         a->no_charts || feasible + over == 0 ? "" : " plan.png");
 }
 
 /* --sweep FILE: the hand-written list, with --profile replacing its profiles. */
@@ -242,9 +242,7 @@ static int run_plan(const struct plan_cli *a, const char *dir) {
     return rc;
   if (!pl)
     return piper_error_exit(program.name, err);
-  bool charts = !a->no_charts && chart_gnuplot_available();
-  if (!a->no_charts && !charts)
-    fprintf(stderr, "%s: note: gnuplot is not installed: no plan.png\n", program.name);
+  bool charts = !a->no_charts;
   rc = 0;
   if (!planner_run(pl, &err) || !planner_write_outputs(pl, dir, charts, &err)) {
     rc = piper_error_exit(program.name, err);

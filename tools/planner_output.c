@@ -83,104 +83,36 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
   return piper_out_close(&out, err);
 }
 
-/* Chart data: one block per schedule family (simulated configurations only): peak GiB,
- * throughput, 1 when feasible else 0, the rank as label. */
-static bool write_chart_data(const struct planner *pl, const char *path, GError **err) {
-  struct piper_out out;
-  if (!piper_out_open(&out, path, err))
-    return false;
-  for (int fam = 0; fam < SCHED_FAMILY_COUNT; fam++) {
-    fprintf(out.f, "# %s\n", sched_family_name((enum sched_family)fam));
-    int rows = 0;
-    for (uint32_t i = 0; i < pl->n_configs; i++) {
-      const struct planner_config *c = &pl->configs[i];
-      if ((int)c->schedule != fam || c->status == PLANNER_FAILED || c->status == PLANNER_PENDING)
-        continue;
-      fprintf(out.f, "%.6f %.9g %d \"#%u\"\n", c->peak_memory_bytes / GIB,
-              c->throughput_tokens_per_s, c->status == PLANNER_FEASIBLE, i + 1);
-      rows++;
-    }
-    if (rows == 0)
-      fputs("NaN NaN 0 \"\"\n", out.f); /* gnuplot needs a non-empty block */
-    fputs("\n\n", out.f);
-  }
-  return piper_out_close(&out, err);
-}
-
-/* The best five under the cap: ringed and numbered on the chart (labels staggered left and
- * right, then upwards, so that close points keep readable numbers), and listed in full beside
- * it. Returns how many there are. */
-static uint32_t chart_best(FILE *f, const struct planner *pl) {
-  uint32_t n = 0;
-  GString *list = g_string_new("best under the cap (micro-batches x size):");
-  for (uint32_t i = 0; i < pl->n_configs && n < 5; i++) {
+/* plan.png: every simulated configuration, throughput against peak memory, through the
+ * same chart as sweeps (chart_points: colour by schedule, hollow over the cap, the cap line,
+ * labels that never overlap). Configurations come ranked, so the labels, "#rank layout", go
+ * to the best ones first. */
+static bool write_chart(const struct planner *pl, const char *path, GError **err) {
+  struct chart_point *pts = g_new0(struct chart_point, pl->n_configs + 1);
+  char **labels = g_new0(char *, pl->n_configs + 1);
+  for (uint32_t i = 0; i < pl->n_configs; i++) {
     const struct planner_config *c = &pl->configs[i];
-    if (c->status != PLANNER_FEASIBLE)
-      continue;
-    bool right = n % 2 == 0;
-    fprintf(f, "set label %u '#%u' at %.6f,%.9g %s offset %s1.6,%.1f font ',10' front\n", 10 + n,
-            i + 1, c->peak_memory_bytes / GIB, c->throughput_tokens_per_s,
-            right ? "left" : "right", right ? "" : "-", 0.4 + 0.9 * (n / 2));
-    g_string_append_printf(list, "\\n#%u %s %s, %u x %lld", i + 1, sched_family_name(c->schedule),
-                           c->layout ? c->layout : "", c->microbatches,
-                           (long long)(c->micro_batch_size ? c->micro_batch_size
-                                                           : pl->model_micro_batch_size));
-    n++;
+    bool simulated = c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP;
+    if (simulated && i < 12)
+      labels[i] = g_strdup_printf("#%u %s", i + 1, c->layout ? c->layout : "");
+    pts[i] = (struct chart_point){.label = labels[i],
+                                  .schedule = sched_family_name(c->schedule),
+                                  .profile = pl->profile->name,
+                                  .ok = simulated,
+                                  .feasible = c->status == PLANNER_FEASIBLE,
+                                  .peak_memory_bytes = c->peak_memory_bytes,
+                                  .throughput_tokens_per_s = c->throughput_tokens_per_s,
+                                  .memory_cap_bytes = pl->memory_cap_bytes};
   }
-  fprintf(f, "set label 2 \"%s\" at screen 0.68, screen 0.50 left font ',9'\n", list->str);
-  g_string_free(list, TRUE);
-  return n;
-}
-
-/* Feasible points filled, over the cap hollow, one colour per schedule present; the cap as a
- * dashed line; the best five ringed and numbered. */
-static bool write_chart_script(const struct planner *pl, const char *path, GError **err) {
-  static const char *const colours[SCHED_FAMILY_COUNT] = {
-      "#4E79A7", "#F28E2B", "#E15759", "#76B7B2", "#59A14F", "#EDC948", "#B07AA1", "#9C755F"};
-  struct piper_out out;
-  if (!piper_out_open(&out, path, err))
-    return false;
-  FILE *f = out.f;
-  double cap = pl->memory_cap_bytes / GIB;
-  fprintf(f,
-          "set terminal pngcairo size 1400,800 font 'sans,11' noenhanced\n%s"
-          "set title 'piper-plan: %s on %u devices, %s, global batch %llu (%u configurations; "
-          "filled: under the cap, hollow: over it)'\n"
-          "set xlabel 'peak memory per device (GiB)'\nset ylabel 'throughput (tokens/s)'\n"
-          "set grid\nset rmargin at screen 0.66\nset key at screen 0.68, screen 0.92 left top "
-          "box Left reverse\nset yrange [0:*]\nset xrange [0:*]\n",
-          CHART_GNUPLOT_OUTPUT("plan.png"), pl->model_name, pl->request.devices,
-          pl->profile->name, (unsigned long long)pl->request.global_batch, pl->n_configs);
-  if (cap > 0)
-    fprintf(f,
-            "set arrow 1 from %.6f, graph 0 to %.6f, graph 1 nohead dt 2 lw 2 lc rgb '#C0392B'\n"
-            "set label 1 'memory cap' at %.6f, graph 0.97 right offset -0.5,0 tc rgb '#C0392B'\n",
-            cap, cap, cap);
-  bool present[SCHED_FAMILY_COUNT] = {false};
-  for (uint32_t i = 0; i < pl->n_configs; i++)
-    present[pl->configs[i].schedule] |= pl->configs[i].status == PLANNER_FEASIBLE ||
-                                        pl->configs[i].status == PLANNER_OVER_CAP;
-  uint32_t best = chart_best(f, pl);
-  fputs("plot ", f);
-  const char *sep = "";
-  for (int fam = 0; fam < SCHED_FAMILY_COUNT; fam++) {
-    if (!present[fam])
-      continue;
-    fprintf(f,
-            "%s'plan.dat' index %d using 1:($3 > 0 ? $2 : 1/0) with points pt 7 ps 1.4 "
-            "lc rgb '%s' title '%s', \\\n     'plan.dat' index %d using 1:($3 > 0 ? 1/0 : $2) "
-            "with points pt 6 ps 1.4 lc rgb '%s' notitle",
-            sep, fam, colours[fam], sched_family_name((enum sched_family)fam), fam, colours[fam]);
-    sep = ", \\\n     ";
-  }
-  /* rings around the best, from any block: feasible rows rank first, so the best are ranks
-   * 1 .. best */
-  if (best)
-    fprintf(f, "%s'plan.dat' using 1:(($3 > 0 && int(substr(strcol(4), 2, 9)) <= %u) ? $2 : 1/0) "
-               "with points pt 4 ps 2.6 lw 1.5 lc rgb 'black' title 'best %u'",
-            sep, best, best);
-  fputc('\n', f);
-  return piper_out_close(&out, err);
+  g_autofree char *title = g_strdup_printf(
+      "piper-plan: %s on %u devices, %s, global batch %llu (%u configurations; labels: rank "
+      "and layout)",
+      pl->model_name, pl->request.devices, pl->profile->name,
+      (unsigned long long)pl->request.global_batch, pl->n_configs);
+  bool ok = chart_points(title, pts, pl->n_configs, path, err);
+  g_strfreev(labels);
+  g_free(pts);
+  return ok;
 }
 
 bool planner_write_outputs(const struct planner *pl, const char *dir, bool charts, GError **err) {
@@ -197,12 +129,9 @@ bool planner_write_outputs(const struct planner *pl, const char *dir, bool chart
     any |= pl->configs[i].status == PLANNER_FEASIBLE || pl->configs[i].status == PLANNER_OVER_CAP;
   if (!ok || !charts || !any)
     return ok;
-  char *dat = g_build_filename(dir, "plan.dat", NULL);
-  char *gp = g_build_filename(dir, "plan.gp", NULL);
-  ok = write_chart_data(pl, dat, err) && write_chart_script(pl, gp, err) &&
-       chart_run_gnuplot(dir, "plan.gp", "plan.png", err);
-  g_free(dat);
-  g_free(gp);
+  char *png = g_build_filename(dir, "plan.png", NULL);
+  ok = write_chart(pl, png, err);
+  g_free(png);
   return ok;
 }
 
