@@ -127,6 +127,12 @@ double exec_backend_clock(struct exec_backend *b) {
   return b->ops->clock ? b->ops->clock(b) : piper_clock_seconds();
 }
 
+bool exec_backend_configure(struct exec_backend *b, const struct plan *plan, uint32_t device,
+                            GError **err) {
+  PIPER_ASSERT(b != NULL && plan != NULL && device < plan->n_devices);
+  return b->ops->configure ? b->ops->configure(b, plan, device, err) : true;
+}
+
 uint64_t exec_backend_progress(struct exec_backend *b) {
   PIPER_ASSERT(b != NULL);
   return b->ops->progress ? b->ops->progress(b) : 0;

@@ -841,6 +841,8 @@ static bool runner_setup(struct runner *R, GError **err) {
   struct exec_state *s = &R->s;
   if (R->o->step_hook)
     R->o->step_hook(R->rank, 0, R->o->step_hook_data);
+  if (!exec_backend_configure(R->b, R->o->plan, R->rank, err))
+    return false;
   s->data = exec_data_open(R->o->data_path, R->xm.m->vocab_size, R->o->seed, err);
   return s->data && exec_state_init_params(s, err) && create_comms(R, err) &&
          create_streams(R, err);
