@@ -115,14 +115,14 @@ static bool select_device(struct cuda_context *b, GError **err) {
   g_strlcpy(b->device_name, prop.name, sizeof b->device_name);
   uint8_t mine[16];
   memcpy(mine, prop.uuid.bytes, 16);
-  uint8_t(*all)[16] = g_malloc0((size_t)16 * b->local_size);
+  uint8_t *all = g_malloc0((size_t)16 * b->local_size);
   bool ok = true;
   if (b->mpi)
     ok = MPI_CHECK(b, MPI_Allgather(mine, 16, MPI_BYTE, all, 16, MPI_BYTE, b->node), err);
   else
-    memcpy(all[0], mine, 16);
+    memcpy(all, mine, 16);
   if (ok)
-    b->shared_gpu = exec_gpu_shared((const uint8_t(*)[16])all, b->local_size, b->local_rank);
+    b->shared_gpu = exec_gpu_shared(all, b->local_size, b->local_rank);
   g_free(all);
   int any = b->shared_gpu;
   if (ok && b->mpi)

@@ -12,10 +12,10 @@ int exec_gpu_pick(uint32_t local_rank, uint32_t local_size, int n_visible) {
   return (int)(local_rank % (uint32_t)n_visible);
 }
 
-bool exec_gpu_shared(const uint8_t (*uuids)[16], uint32_t n_local, uint32_t me) {
+bool exec_gpu_shared(const uint8_t *uuids, uint32_t n_local, uint32_t me) {
   PIPER_ASSERT(me < n_local);
   for (uint32_t k = 0; k < n_local; k++)
-    if (k != me && memcmp(uuids[k], uuids[me], 16) == 0)
+    if (k != me && memcmp(uuids + 16 * (size_t)k, uuids + 16 * (size_t)me, 16) == 0)
       return true;
   return false;
 }

@@ -5,7 +5,7 @@
  *
  *   uint8_t uuids[2][16] = {{1}, {1}};           // the GPU each local rank picked
  *   int dev = exec_gpu_pick(1, 2, 1);            // local rank 1 of 2, one GPU visible: 0
- *   bool shared = exec_gpu_shared(uuids, 2, 1);  // true: host-staged MPI instead of NCCL
+ *   bool shared = exec_gpu_shared(&uuids[0][0], 2, 1);  // true: host-staged MPI instead of NCCL
  *   uint32_t members[3] = {4, 6, 7};
  *   struct exec_gpu_comm_rank r = exec_gpu_comm_rank(members, 3, 6); // rank 1 of 3, root 4
  *   int ctas = exec_gpu_cta_limit(0.25, 132);    // 33 CTAs for a quarter of an H100's SMs
@@ -23,8 +23,9 @@
  * 0). -1 when no device is visible. */
 int exec_gpu_pick(uint32_t local_rank, uint32_t local_size, int n_visible);
 
-/* Whether local rank me shares its GPU (same UUID) with another rank of its host. */
-bool exec_gpu_shared(const uint8_t (*uuids)[16], uint32_t n_local, uint32_t me);
+/* Whether local rank me shares its GPU (same UUID) with another rank of its host; uuids holds
+ * 16 bytes per local rank. */
+bool exec_gpu_shared(const uint8_t *uuids, uint32_t n_local, uint32_t me);
 
 /* A rank's place in a communicator: members are world ranks, NCCL rank = position. The
  * unique id is made by the first member and broadcast over MPI from there. */

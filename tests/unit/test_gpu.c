@@ -199,12 +199,12 @@ static void test_gpu_shared(void **state) {
   uint8_t distinct[3][16] = {{1}, {2}, {3}};
   uint8_t two_on_one[3][16] = {{1}, {2}, {1}};
   for (uint32_t me = 0; me < 3; me++)
-    assert_false(exec_gpu_shared((const uint8_t(*)[16])distinct, 3, me));
-  assert_true(exec_gpu_shared((const uint8_t(*)[16])two_on_one, 3, 0));
-  assert_false(exec_gpu_shared((const uint8_t(*)[16])two_on_one, 3, 1));
-  assert_true(exec_gpu_shared((const uint8_t(*)[16])two_on_one, 3, 2));
+    assert_false(exec_gpu_shared(&distinct[0][0], 3, me));
+  assert_true(exec_gpu_shared(&two_on_one[0][0], 3, 0));
+  assert_false(exec_gpu_shared(&two_on_one[0][0], 3, 1));
+  assert_true(exec_gpu_shared(&two_on_one[0][0], 3, 2));
   uint8_t alone[1][16] = {{9}};
-  assert_false(exec_gpu_shared((const uint8_t(*)[16])alone, 1, 0));
+  assert_false(exec_gpu_shared(&alone[0][0], 1, 0));
 }
 
 static void test_gpu_comm_rank(void **state) {
