@@ -98,14 +98,17 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRCS := $(wildcard tests/bench/*.c)
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+# GPU check programs (tests/gpu/, run by tools/gpu-check.sh): built with the cuda backend.
+GPU_CHECK_SRCS := $(if $(HAVE_CUDA),$(wildcard tests/gpu/*.c))
+GPU_CHECK_BINS := $(GPU_CHECK_SRCS:tests/gpu/%.c=$(BUILD)/gpu/%)
 ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%.o) \
-  $(BENCH_SRCS:%.c=$(BUILD)/%.o)
+  $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(GPU_CHECK_SRCS:%.c=$(BUILD)/%.o)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
 .PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example lint \
   loop loop-short
-all: $(TOOLS)
+all: $(TOOLS) $(GPU_CHECK_BINS)
 
 deps:
 	@tools/install-deps.sh
@@ -154,6 +157,10 @@ $(TOOLS): $(BIN)/%: $(BUILD)/tools/%.o $(TOOL_LIB) $(LIB)
 $(UNIT_BINS): $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -lcmocka -o $@
+
+$(GPU_CHECK_BINS): $(BUILD)/gpu/%: $(BUILD)/tests/gpu/%.o $(TOOL_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
 
 $(BENCH_BINS): $(BUILD)/bench/%: $(BUILD)/tests/bench/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)

@@ -96,6 +96,15 @@ void exec_cuda_fail(struct exec_stream *s, GError *e) {
   s->b->cancelled = true;
 }
 
+/* PIPER_CUDA_GEMM=bf16|fp32 overrides the model's precision (the kernel check runs both). */
+static void gemm_override(struct cuda_context *b) {
+  const char *g = getenv("PIPER_CUDA_GEMM");
+  if (g && strcmp(g, "fp32") == 0)
+    b->bf16_gemm = false;
+  else if (g && strcmp(g, "bf16") == 0)
+    b->bf16_gemm = true;
+}
+
 /* ---- device selection ---------------------------------------------------------------------- */
 
 /* Which GPU this rank uses, and whether another rank of its host uses the same one. */
@@ -198,6 +207,7 @@ static bool cuda_init(struct exec_backend *backend, const struct exec_backend_pa
     MPI_Barrier(MPI_COMM_WORLD);
   b->epoch = piper_clock_seconds();
   exec_cuda_kernels_context = b;
+  gemm_override(b);
   return true;
 }
 
@@ -304,6 +314,7 @@ static bool cuda_configure(struct exec_backend *backend, const struct plan *p, u
   b->plan = p;
   b->plan_device = device;
   b->bf16_gemm = p->model->dtype != MODEL_DTYPE_FP32; /* fp32 models stay fp32 */
+  gemm_override(b);
   if (!exec_cuda_kernels_cover(p->model, err))
     return false;
   report_sm_shares(b, p);
