@@ -133,6 +133,12 @@ bool exec_backend_configure(struct exec_backend *b, const struct plan *plan, uin
   return b->ops->configure ? b->ops->configure(b, plan, device, err) : true;
 }
 
+bool exec_backend_task_times(struct exec_backend *b, uint32_t task_id, double *start,
+                             double *end) {
+  PIPER_ASSERT(b != NULL && start != NULL && end != NULL);
+  return b->ops->task_times ? b->ops->task_times(b, task_id, start, end) : false;
+}
+
 uint64_t exec_backend_progress(struct exec_backend *b) {
   PIPER_ASSERT(b != NULL);
   return b->ops->progress ? b->ops->progress(b) : 0;

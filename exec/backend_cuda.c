@@ -166,6 +166,16 @@ static void context_free(struct cuda_context *b) {
       cudaEventDestroy(g_ptr_array_index(b->free_events, i));
     g_ptr_array_free(b->free_events, TRUE);
   }
+  GArray *timing[2] = {b->t_start, b->t_end};
+  for (int k = 0; k < 2; k++) {
+    for (guint i = 0; timing[k] && i < timing[k]->len; i++)
+      if (g_array_index(timing[k], cudaEvent_t, i))
+        cudaEventDestroy(g_array_index(timing[k], cudaEvent_t, i));
+    if (timing[k])
+      g_array_free(timing[k], TRUE);
+  }
+  if (b->epoch_event)
+    cudaEventDestroy(b->epoch_event);
   if (b->blocks)
     g_array_free(b->blocks, TRUE);
   if (b->deferred)
@@ -179,6 +189,7 @@ static void context_free(struct cuda_context *b) {
 static bool start_gpu(struct cuda_context *b, GError **err) {
   b->lt_workspace_bytes = (size_t)32 << 20;
   return CUDA_CHECK(b, cudaStreamCreateWithFlags(&b->setup, cudaStreamNonBlocking), err) &&
+         CUDA_CHECK(b, cudaEventCreate(&b->epoch_event), err) &&
          CUDA_CHECK(b, cudaEventCreateWithFlags(&b->setup_done, cudaEventDisableTiming), err) &&
          CUBLAS_CHECK(b, cublasLtCreate(&b->lt), err) &&
          CUDA_CHECK(b, cudaMalloc(&b->lt_workspace, b->lt_workspace_bytes), err);
@@ -193,6 +204,8 @@ static bool cuda_init(struct exec_backend *backend, const struct exec_backend_pa
   b->bf16_gemm = true;
   b->streams = g_ptr_array_new();
   b->task_ends = g_array_new(FALSE, FALSE, sizeof(cudaEvent_t));
+  b->t_start = g_array_new(FALSE, TRUE, sizeof(cudaEvent_t));
+  b->t_end = g_array_new(FALSE, TRUE, sizeof(cudaEvent_t));
   b->free_events = g_ptr_array_new();
   b->blocks = g_array_new(FALSE, FALSE, sizeof(struct blk));
   b->deferred = g_array_new(FALSE, FALSE, sizeof(struct deferred));
@@ -205,6 +218,9 @@ static bool cuda_init(struct exec_backend *backend, const struct exec_backend_pa
   }
   if (b->mpi)
     MPI_Barrier(MPI_COMM_WORLD);
+  /* the GPU's time origin: an event that completed when the clock read (about) 0 */
+  cudaEventRecord(b->epoch_event, b->setup);
+  cudaEventSynchronize(b->epoch_event);
   b->epoch = piper_clock_seconds();
   exec_cuda_kernels_context = b;
   gemm_override(b);
@@ -297,7 +313,9 @@ static bool reserve_arena(struct cuda_context *b, const struct plan *p, uint32_t
    * one), so the reservation is most of the free memory, carved first fit at run time; the
    * offline plan's size is what the plan needs and is printed next to it. */
   const char *env = getenv("PIPER_CUDA_MEMORY");
-  size_t want = env ? (size_t)g_ascii_strtoull(env, NULL, 10) : (size_t)(free_b * 0.9);
+  /* ranks sharing the GPU split it (each asks at about the same time, seeing it all free) */
+  size_t want = env ? (size_t)g_ascii_strtoull(env, NULL, 10)
+                    : (size_t)(free_b * 0.85 / (b->shared_gpu ? b->local_size : 1));
   if (b->rank == 0)
     g_printerr("piper-exec: cuda: %s, %d SMs: arena %.2f GiB reserved (plan's activation "
                "arena %.3f GiB, live peak %.3f GiB, %s GEMMs)\n",
@@ -526,6 +544,35 @@ static void task_range_push(struct cuda_context *b, uint32_t task_id) {
   nvtxRangePushA(name);
 }
 
+/* The timing event of task id in table (made on first use); NULL for the control stream's
+ * tasks (no instruction) or when none can be made. */
+static cudaEvent_t timing_event(GArray *table, uint32_t id) {
+  if (id == UINT32_MAX)
+    return NULL;
+  if (id >= table->len)
+    g_array_set_size(table, id + 1);
+  cudaEvent_t *e = &g_array_index(table, cudaEvent_t, id);
+  if (!*e && cudaEventCreate(e) != cudaSuccess)
+    *e = NULL;
+  return *e;
+}
+
+static bool cuda_task_times(struct exec_backend *backend, uint32_t id, double *start,
+                            double *end) {
+  struct cuda_context *b = backend->context;
+  if (id >= b->t_start->len || id >= b->t_end->len)
+    return false;
+  cudaEvent_t t0 = g_array_index(b->t_start, cudaEvent_t, id);
+  cudaEvent_t t1 = g_array_index(b->t_end, cudaEvent_t, id);
+  float ms0 = 0, ms1 = 0;
+  if (!t0 || !t1 || cudaEventElapsedTime(&ms0, b->epoch_event, t0) != cudaSuccess ||
+      cudaEventElapsedTime(&ms1, b->epoch_event, t1) != cudaSuccess)
+    return false;
+  *start = ms0 * 1e-3;
+  *end = ms1 * 1e-3;
+  return true;
+}
+
 static void cuda_stream_submit(struct exec_stream *s, exec_task_fn fn, void *arg,
                                uint32_t task_id) {
   struct cuda_context *b = s->b;
@@ -533,6 +580,10 @@ static void cuda_stream_submit(struct exec_stream *s, exec_task_fn fn, void *arg
     return;
   s->task_id = task_id;
   task_range_push(b, task_id);
+  cudaStream_t cs = exec_cuda_stream(b, s); /* after the waits enqueued before it */
+  cudaEvent_t t0 = timing_event(b->t_start, task_id), t1 = timing_event(b->t_end, task_id);
+  if (t0)
+    cudaEventRecord(t0, cs);
   struct exec_stream *outer = exec_cuda_current;
   exec_cuda_current = s;
   GError *e = NULL;
@@ -549,6 +600,8 @@ static void cuda_stream_submit(struct exec_stream *s, exec_task_fn fn, void *arg
     exec_cuda_check(b, launch, "a kernel launch", s->name, (int)task_id, &le);
     exec_cuda_fail(s, le);
   }
+  if (t1)
+    cudaEventRecord(t1, cs);
   cudaEvent_t end = take_event(b);
   if (end && cudaEventRecord(end, s->cs) == cudaSuccess)
     g_array_append_val(b->task_ends, end);
@@ -655,6 +708,7 @@ const struct exec_backend_ops exec_backend_cuda = {
     .stream_wait_event = cuda_stream_wait_event,
     .event_synchronize = cuda_event_synchronize,
     .progress = cuda_progress,
+    .task_times = cuda_task_times,
     .cancel = cuda_cancel,
     .reset = cuda_reset,
     .comm_create = exec_cuda_comm_create,

@@ -43,6 +43,10 @@ struct cuda_context {
   uint64_t setup_gen;
   GPtrArray *streams;
   GArray *task_ends; /* cudaEvent_t of submitted tasks, oldest first: progress */
+  /* per-instruction GPU times: timing events around each task's work, indexed by task id,
+   * measured from epoch_event (recorded when the backend's clock read 0) */
+  GArray *t_start, *t_end; /* cudaEvent_t */
+  cudaEvent_t epoch_event;
   GPtrArray *free_events;
   uint64_t progress;
   bool cancelled;
