@@ -235,6 +235,7 @@ static void cuda_free(struct exec_backend *backend) {
   for (guint i = b->streams->len; i-- > 0;) {
     struct exec_stream *s = g_ptr_array_index(b->streams, i);
     cudaStreamDestroy(s->cs);
+    exec_cuda_green_destroy(s->green);
     cudaFree(s->lt_workspace);
     if (s->error)
       g_error_free(s->error);
@@ -268,35 +269,16 @@ static double cuda_clock(struct exec_backend *backend) {
 
 /* ---- configure: precision, SM partitioning, the arena ----------------------------------- */
 
-/* A compute stream limited to sm_share would run in a green context (CUDA 12.4+ driver:
- * cuGreenCtxCreate with an SM partition, then cuGreenCtxStreamCreate). The driver entry
- * points are looked up at run time so that the programs do not link libcuda (machines
- * without a driver, CI, still run them). */
-static void check_green_contexts(struct cuda_context *b) {
-  if (b->green_checked)
-    return;
-  b->green_checked = true;
-  void *fn = NULL;
-  enum cudaDriverEntryPointQueryResult q;
-  b->green_ok = cudaGetDriverEntryPointByVersion("cuGreenCtxCreate", &fn, 12040,
-                                                 cudaEnableDefault, &q) == cudaSuccess &&
-                q == cudaDriverEntryPointSuccess && fn != NULL;
-}
-
+/* What sm_share does here: communication on the stream gets a CTA limit (exec_cuda_comm_create),
+ * compute a green context (cuda_stream_create says when it cannot). */
 static void report_sm_shares(struct cuda_context *b, const struct plan *p) {
-  for (uint32_t s = 0; s < p->n_streams; s++) {
-    double share = p->streams[s].sm_share;
-    if (!(share < 1.0) || b->rank != 0)
-      continue;
-    check_green_contexts(b);
-    /* communication streams get a CTA limit (exec_cuda_comm_create); compute streams would
-     * need a green context: not wired yet, so say so instead of pretending */
-    g_printerr("piper-exec: cuda: stream %s: sm_share %.2f: NCCL limited to %d CTAs; compute "
-               "on it is not limited (%s)\n",
-               p->streams[s].name, share, exec_gpu_cta_limit(share, b->n_sms),
-               b->green_ok ? "green contexts are supported by this driver but not used yet"
-                           : "this driver has no green contexts");
-  }
+  for (uint32_t s = 0; s < p->n_streams && b->rank == 0; s++)
+    if (p->streams[s].sm_share < 1.0)
+      g_printerr("piper-exec: cuda: stream %s: sm_share %.2f: NCCL limited to %d CTAs, compute "
+                 "to %d SMs\n",
+                 p->streams[s].name, p->streams[s].sm_share,
+                 exec_gpu_cta_limit(p->streams[s].sm_share, b->n_sms),
+                 exec_gpu_green_sms(p->streams[s].sm_share, b->n_sms, 8));
 }
 
 static bool reserve_arena(struct cuda_context *b, const struct plan *p, uint32_t device,
@@ -501,10 +483,19 @@ static struct exec_stream *cuda_stream_create(struct exec_backend *backend, cons
   g_strlcpy(s->name, name, sizeof s->name);
   s->plan_stream = plan_stream_of(b->plan, name);
   s->setup_seen = UINT64_MAX;
-  if (!CUDA_CHECK(b, cudaStreamCreateWithPriority(&s->cs, cudaStreamNonBlocking, cp), err) ||
+  double share = s->plan_stream >= 0 ? b->plan->streams[s->plan_stream].sm_share : 1.0;
+  char why[160];
+  bool green = share < 1.0 && exec_cuda_green_stream(b, share, cp, &s->cs, &s->green, why,
+                                                      sizeof why);
+  if (share < 1.0 && !green && b->rank == 0)
+    g_printerr("piper-exec: cuda: stream %s: compute is not limited to its sm_share: %s\n",
+               name, why);
+  if ((!green &&
+       !CUDA_CHECK(b, cudaStreamCreateWithPriority(&s->cs, cudaStreamNonBlocking, cp), err)) ||
       !CUDA_CHECK(b, cudaMalloc(&s->lt_workspace, b->lt_workspace_bytes), err)) {
     if (s->cs)
       cudaStreamDestroy(s->cs);
+    exec_cuda_green_destroy(s->green);
     g_free(s);
     return NULL;
   }
@@ -517,6 +508,7 @@ static void cuda_stream_destroy(struct exec_stream *s) {
     return;
   cudaStreamSynchronize(s->cs);
   cudaStreamDestroy(s->cs);
+  exec_cuda_green_destroy(s->green);
   cudaFree(s->lt_workspace);
   g_ptr_array_remove(s->b->streams, s);
   if (s->error)

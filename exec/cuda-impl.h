@@ -50,8 +50,6 @@ struct cuda_context {
   GPtrArray *free_events;
   uint64_t progress;
   bool cancelled;
-  /* green contexts (driver entry points, loaded at run time: no link against libcuda) */
-  bool green_checked, green_ok;
 };
 
 struct exec_stream {
@@ -60,6 +58,7 @@ struct exec_stream {
   int priority;
   int plan_stream; /* index in plan->streams, -1 for the control stream */
   cudaStream_t cs;
+  void *green; /* CUgreenCtx the stream lives in (sm_share < 1), or NULL */
   void *lt_workspace; /* cuBLASLt's, this stream's own (lt_workspace_bytes) */
   uint64_t setup_seen;
   bool failed;
@@ -122,6 +121,12 @@ bool exec_cuda_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t 
 bool exec_cuda_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
                             size_t **out_sizes, GError **err);
 bool exec_cuda_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err);
+
+/* backend_cuda_green.c: a stream in a green context holding sm_share of the SMs; false with
+ * why set when the driver cannot (the caller says so). */
+bool exec_cuda_green_stream(struct cuda_context *b, double sm_share, int priority,
+                            cudaStream_t *out, void **green, char *why, size_t why_len);
+void exec_cuda_green_destroy(void *green);
 
 /* backend_cuda_kernels.c: the kernel table, and whether it runs every op of a model (input
  * error naming the first op it has no kernel for). */
