@@ -139,6 +139,11 @@ bool exec_backend_task_times(struct exec_backend *b, uint32_t task_id, double *s
   return b->ops->task_times ? b->ops->task_times(b, task_id, start, end) : false;
 }
 
+bool exec_backend_enqueues(const struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->task_times != NULL;
+}
+
 uint64_t exec_backend_progress(struct exec_backend *b) {
   PIPER_ASSERT(b != NULL);
   return b->ops->progress ? b->ops->progress(b) : 0;

@@ -28,8 +28,9 @@ struct blk {
   size_t offset, bytes;
 };
 struct deferred {
-  size_t offset, bytes;
-  cudaEvent_t done;
+  size_t offset;
+  guint n_done;
+  cudaEvent_t *done; /* one per stream, recorded at the release */
 };
 
 /* ---- checks ------------------------------------------------------------------------------ */
@@ -178,6 +179,12 @@ static void context_free(struct cuda_context *b) {
     cudaEventDestroy(b->epoch_event);
   if (b->blocks)
     g_array_free(b->blocks, TRUE);
+  for (guint i = 0; b->deferred && i < b->deferred->len; i++) {
+    struct deferred *d = &g_array_index(b->deferred, struct deferred, i);
+    for (guint k = 0; k < d->n_done; k++)
+      cudaEventDestroy(d->done[k]);
+    g_free(d->done);
+  }
   if (b->deferred)
     g_array_free(b->deferred, TRUE);
   if (b->streams)
@@ -325,19 +332,34 @@ static bool cuda_configure(struct exec_backend *backend, const struct plan *p, u
  * Live blocks are kept sorted by offset; a released block waits for an event recorded on
  * every stream (work already enqueued may still use it) before first fit may hand it out. */
 
+static bool deferred_done(const struct deferred *d) {
+  for (guint k = 0; k < d->n_done; k++)
+    if (cudaEventQuery(d->done[k]) == cudaErrorNotReady)
+      return false;
+  return true;
+}
+
+static void remove_block(struct cuda_context *b, size_t offset) {
+  for (guint k = 0; k < b->blocks->len; k++)
+    if (g_array_index(b->blocks, struct blk, k).offset == offset) {
+      g_array_remove_index(b->blocks, k);
+      return;
+    }
+}
+
+/* Released blocks whose streams have all passed the release point become free. Polled on
+ * the host: making a stream wait for them would tie every stream to every other. */
 static void reclaim(struct cuda_context *b) {
   for (guint i = 0; i < b->deferred->len;) {
     struct deferred *d = &g_array_index(b->deferred, struct deferred, i);
-    if (cudaEventQuery(d->done) != cudaSuccess) {
+    if (!deferred_done(d)) {
       i++;
       continue;
     }
-    cudaEventDestroy(d->done);
-    for (guint k = 0; k < b->blocks->len; k++)
-      if (g_array_index(b->blocks, struct blk, k).offset == d->offset) {
-        g_array_remove_index(b->blocks, k);
-        break;
-      }
+    for (guint k = 0; k < d->n_done; k++)
+      cudaEventDestroy(d->done[k]);
+    g_free(d->done);
+    remove_block(b, d->offset);
     g_array_remove_index(b->deferred, i);
   }
 }
@@ -374,10 +396,12 @@ static void *cuda_alloc(struct exec_backend *backend, size_t bytes) {
     p = b->arena + at;
   }
   g_mutex_unlock(&b->mem_lock);
-  /* zero-filled, ordered before later work on every stream */
-  if (p && cudaMemsetAsync(p, 0, bytes, exec_cuda_stream(b, NULL)) != cudaSuccess)
+  /* zero-filled: inside a task, on its stream (the buffer's first user); outside, on the
+   * setup stream, which every stream waits for before its next work */
+  struct exec_stream *cur = exec_cuda_current;
+  if (p && cudaMemsetAsync(p, 0, bytes, exec_cuda_stream(b, cur)) != cudaSuccess)
     p = NULL;
-  if (p) {
+  if (p && !cur) {
     cudaEventRecord(b->setup_done, b->setup);
     b->setup_gen++;
   }
@@ -391,28 +415,21 @@ static void cuda_release(struct exec_backend *backend, void *p) {
     cudaFree(p);
     return;
   }
+  /* work already enqueued on any stream may still use the block */
   struct deferred d = {(size_t)((char *)p - b->arena), 0, NULL};
-  if (cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming) != cudaSuccess) {
-    cudaDeviceSynchronize(); /* no event: wait for everything, then free at once */
-    d.done = NULL;
+  d.done = g_new0(cudaEvent_t, b->streams->len + 1);
+  for (guint i = 0; i <= b->streams->len; i++) {
+    cudaStream_t cs = i < b->streams->len
+                          ? ((struct exec_stream *)g_ptr_array_index(b->streams, i))->cs
+                          : b->setup;
+    if (cudaEventCreateWithFlags(&d.done[d.n_done], cudaEventDisableTiming) != cudaSuccess) {
+      cudaDeviceSynchronize(); /* no event: wait for everything instead */
+      continue;
+    }
+    cudaEventRecord(d.done[d.n_done++], cs);
   }
-  for (guint i = 0; d.done && i < b->streams->len; i++) {
-    struct exec_stream *s = g_ptr_array_index(b->streams, i);
-    cudaEventRecord(d.done, s->cs);
-    cudaStreamWaitEvent(b->setup, d.done, 0);
-  }
-  if (d.done)
-    cudaEventRecord(d.done, b->setup);
   g_mutex_lock(&b->mem_lock);
-  if (!d.done) {
-    for (guint k = 0; k < b->blocks->len; k++)
-      if (g_array_index(b->blocks, struct blk, k).offset == d.offset) {
-        g_array_remove_index(b->blocks, k);
-        break;
-      }
-  } else {
-    g_array_append_val(b->deferred, d);
-  }
+  g_array_append_val(b->deferred, d);
   g_mutex_unlock(&b->mem_lock);
 }
 

@@ -350,6 +350,9 @@ bool exec_backend_configure(struct exec_backend *b, const struct plan *plan, uin
                             GError **err);
 bool exec_backend_task_times(struct exec_backend *b, uint32_t task_id, double *start,
                              double *end);
+/* Whether the backend's tasks only enqueue work (it times tasks itself: task_times): a buffer
+ * may then still be in use when the task that used it last has returned. */
+bool exec_backend_enqueues(const struct exec_backend *b);
 uint64_t exec_backend_progress(struct exec_backend *b);
 /* False (out zeroed) when the backend keeps no such figures. */
 bool exec_backend_loop_stats(struct exec_backend *b, struct exec_backend_loop_stats *out);
