@@ -35,13 +35,13 @@ struct deferred {
 
 /* ---- checks ------------------------------------------------------------------------------ */
 
-static bool check_failed(const struct cuda_context *b, const char *call, const char *file,
-                         int line, const char *what, GError **err) {
+static bool check_failed(const struct cuda_context *b, const char *call, const char *file, int line,
+                         const char *what, GError **err) {
   char gpu[32] = "no GPU selected";
   if (b && b->device >= 0)
     g_snprintf(gpu, sizeof gpu, "GPU %d", b->device);
-  return piper_runtime_error(err, "rank %u %s: %s failed at %s:%d: %s", b ? b->rank : 0, gpu,
-                             call, file, line, what);
+  return piper_runtime_error(err, "rank %u %s: %s failed at %s:%d: %s", b ? b->rank : 0, gpu, call,
+                             file, line, what);
 }
 
 bool exec_cuda_check(const struct cuda_context *b, cudaError_t e, const char *call,
@@ -147,6 +147,8 @@ static bool select_device(struct cuda_context *b, GError **err) {
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
 static void context_free(struct cuda_context *b) {
+  if (b->gemm_algos)
+    g_hash_table_destroy(b->gemm_algos);
   if (b->lt_workspace)
     cudaFree(b->lt_workspace);
   if (b->lt)
@@ -502,11 +504,11 @@ static struct exec_stream *cuda_stream_create(struct exec_backend *backend, cons
   s->setup_seen = UINT64_MAX;
   double share = s->plan_stream >= 0 ? b->plan->streams[s->plan_stream].sm_share : 1.0;
   char why[160];
-  bool green = share < 1.0 && exec_cuda_green_stream(b, share, cp, &s->cs, &s->green, why,
-                                                      sizeof why);
+  bool green =
+      share < 1.0 && exec_cuda_green_stream(b, share, cp, &s->cs, &s->green, why, sizeof why);
   if (share < 1.0 && !green && b->rank == 0)
-    g_printerr("piper-exec: cuda: stream %s: compute is not limited to its sm_share: %s\n",
-               name, why);
+    g_printerr("piper-exec: cuda: stream %s: compute is not limited to its sm_share: %s\n", name,
+               why);
   if ((!green &&
        !CUDA_CHECK(b, cudaStreamCreateWithPriority(&s->cs, cudaStreamNonBlocking, cp), err)) ||
       !CUDA_CHECK(b, cudaMalloc(&s->lt_workspace, b->lt_workspace_bytes), err)) {
@@ -566,8 +568,7 @@ static cudaEvent_t timing_event(GArray *table, uint32_t id) {
   return *e;
 }
 
-static bool cuda_task_times(struct exec_backend *backend, uint32_t id, double *start,
-                            double *end) {
+static bool cuda_task_times(struct exec_backend *backend, uint32_t id, double *start, double *end) {
   struct cuda_context *b = backend->context;
   if (id >= b->t_start->len || id >= b->t_end->len)
     return false;
@@ -600,7 +601,9 @@ static void cuda_stream_submit(struct exec_stream *s, exec_task_fn fn, void *arg
   exec_cuda_current = outer;
   nvtxRangePop();
   if (!ok)
-    exec_cuda_fail(s, e ? e : g_error_new(PIPER_ERROR, PIPER_ERROR_RUNTIME, "stream %s: task %u failed", s->name, task_id));
+    exec_cuda_fail(s, e ? e
+                        : g_error_new(PIPER_ERROR, PIPER_ERROR_RUNTIME, "stream %s: task %u failed",
+                                      s->name, task_id));
   else if (e)
     g_error_free(e);
   cudaError_t launch = cudaGetLastError();

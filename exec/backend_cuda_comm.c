@@ -16,7 +16,7 @@ struct exec_comm {
   char label[96];
   uint32_t *members, n_members;
   struct exec_gpu_comm_rank me;
-  MPI_Comm mpi; /* members only; every communicator has one (host memory operations) */
+  MPI_Comm mpi;    /* members only; every communicator has one (host memory operations) */
   ncclComm_t nccl; /* NULL when host-staged */
 };
 
@@ -40,9 +40,10 @@ bool exec_cuda_comm_start(struct cuda_context *b, const struct exec_backend_para
   int inited = 0, provided = 0;
   MPI_Initialized(&inited);
   if (!inited) {
-    if (!MPI_CHECK(b, MPI_Init_thread(p ? p->argc : NULL, p ? p->argv : NULL,
-                                      MPI_THREAD_MULTIPLE, &provided),
-                   err))
+    if (!MPI_CHECK(
+            b,
+            MPI_Init_thread(p ? p->argc : NULL, p ? p->argv : NULL, MPI_THREAD_MULTIPLE, &provided),
+            err))
       return false;
     b->finalize_mpi = true;
   }
@@ -50,8 +51,9 @@ bool exec_cuda_comm_start(struct cuda_context *b, const struct exec_backend_para
   int rank = 0, size = 1, lrank = 0, lsize = 1;
   bool ok = MPI_CHECK(b, MPI_Comm_rank(MPI_COMM_WORLD, &rank), err) &&
             MPI_CHECK(b, MPI_Comm_size(MPI_COMM_WORLD, &size), err) &&
-            MPI_CHECK(b, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank,
-                                             MPI_INFO_NULL, &b->node),
+            MPI_CHECK(b,
+                      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                                          &b->node),
                       err) &&
             MPI_CHECK(b, MPI_Comm_rank(b->node, &lrank), err) &&
             MPI_CHECK(b, MPI_Comm_size(b->node, &lsize), err);
@@ -81,9 +83,8 @@ static bool nccl_create(struct cuda_context *b, struct exec_comm *c, GError **er
   memset(&id, 0, sizeof id);
   if (b->rank == c->me.id_root && !NCCL_CHECK(b, ncclGetUniqueId(&id), err))
     return false;
-  if (b->mpi && !MPI_CHECK(b, MPI_Bcast(&id, sizeof id, MPI_BYTE, (int)c->me.id_root,
-                                        MPI_COMM_WORLD),
-                           err))
+  if (b->mpi &&
+      !MPI_CHECK(b, MPI_Bcast(&id, sizeof id, MPI_BYTE, (int)c->me.id_root, MPI_COMM_WORLD), err))
     return false;
   if (!c->me.member)
     return true;
@@ -94,9 +95,8 @@ static bool nccl_create(struct cuda_context *b, struct exec_comm *c, GError **er
     config.minCTAs = 1;
     config.maxCTAs = ctas;
   }
-  return NCCL_CHECK(b, ncclCommInitRankConfig(&c->nccl, (int)c->me.size, id, (int)c->me.rank,
-                                              &config),
-                    err);
+  return NCCL_CHECK(
+      b, ncclCommInitRankConfig(&c->nccl, (int)c->me.size, id, (int)c->me.rank, &config), err);
 }
 
 struct exec_comm *exec_cuda_comm_create(struct exec_backend *backend, const char *label,
@@ -114,9 +114,9 @@ struct exec_comm *exec_cuda_comm_create(struct exec_backend *backend, const char
   bool ok = true;
   if (b->mpi) {
     MPI_Comm made = MPI_COMM_NULL;
-    ok = MPI_CHECK(b, MPI_Comm_split(MPI_COMM_WORLD, c->me.member ? 0 : MPI_UNDEFINED,
-                                     (int)c->me.rank, &made),
-                   err);
+    ok = MPI_CHECK(
+        b, MPI_Comm_split(MPI_COMM_WORLD, c->me.member ? 0 : MPI_UNDEFINED, (int)c->me.rank, &made),
+        err);
     c->mpi = made;
   }
   if (ok && !b->shared_gpu)
@@ -155,8 +155,9 @@ static cudaStream_t stream_now(struct exec_comm *c) {
 static void *to_host_copy(struct exec_comm *c, const void *dev, size_t bytes, GError **err) {
   void *h = g_malloc(bytes ? bytes : 1);
   cudaStream_t cs = stream_now(c);
-  if (bytes && !(CUDA_CHECK(c->b, cudaMemcpyAsync(h, dev, bytes, cudaMemcpyDeviceToHost, cs), err) &&
-                 CUDA_CHECK(c->b, cudaStreamSynchronize(cs), err))) {
+  if (bytes &&
+      !(CUDA_CHECK(c->b, cudaMemcpyAsync(h, dev, bytes, cudaMemcpyDeviceToHost, cs), err) &&
+        CUDA_CHECK(c->b, cudaStreamSynchronize(cs), err))) {
     g_free(h);
     return NULL;
   }
@@ -182,14 +183,14 @@ static bool staged_group(struct cuda_context *b, const struct exec_p2p_part *par
     int peer = peer_rank(x->comm, x->peer_world_rank);
     if (x->is_send) {
       host[k] = to_host_copy(x->comm, x->buf, x->bytes, err);
-      ok = host[k] && MPI_CHECK(b, MPI_Isend(host[k], (int)x->bytes, MPI_BYTE, peer, x->tag,
-                                             x->comm->mpi, &req[k]),
-                                err);
+      ok = host[k] &&
+           MPI_CHECK(
+               b, MPI_Isend(host[k], (int)x->bytes, MPI_BYTE, peer, x->tag, x->comm->mpi, &req[k]),
+               err);
     } else {
       host[k] = g_malloc(x->bytes ? x->bytes : 1);
-      ok = MPI_CHECK(b, MPI_Irecv(host[k], (int)x->bytes, MPI_BYTE, peer, x->tag, x->comm->mpi,
-                                  &req[k]),
-                     err);
+      ok = MPI_CHECK(
+          b, MPI_Irecv(host[k], (int)x->bytes, MPI_BYTE, peer, x->tag, x->comm->mpi, &req[k]), err);
     }
   }
   if (!ok)
@@ -251,8 +252,8 @@ bool exec_cuda_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError 
     return NCCL_CHECK(b, ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c->nccl, stream_now(c)),
                       err);
   float *h = to_host_copy(c, buf, n * sizeof(float), err);
-  bool ok = h && MPI_CHECK(b, MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, MPI_SUM, c->mpi),
-                           err) &&
+  bool ok = h &&
+            MPI_CHECK(b, MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, MPI_SUM, c->mpi), err) &&
             from_host_copy(c, buf, h, n * sizeof(float), err);
   g_free(h);
   return ok;
@@ -262,16 +263,15 @@ bool exec_cuda_reduce_scatter_f32(struct exec_comm *c, const float *in, float *o
                                   size_t n_per_rank, GError **err) {
   struct cuda_context *b = c->b;
   if (!b->shared_gpu)
-    return NCCL_CHECK(b, ncclReduceScatter(in, out, n_per_rank, ncclFloat, ncclSum, c->nccl,
-                                           stream_now(c)),
-                      err);
+    return NCCL_CHECK(
+        b, ncclReduceScatter(in, out, n_per_rank, ncclFloat, ncclSum, c->nccl, stream_now(c)), err);
   float *h = to_host_copy(c, in, n_per_rank * c->n_members * sizeof(float), err);
   float *mine = g_new(float, n_per_rank ? n_per_rank : 1);
-  bool ok = h &&
-            MPI_CHECK(b, MPI_Reduce_scatter_block(h, mine, (int)n_per_rank, MPI_FLOAT, MPI_SUM,
-                                                  c->mpi),
-                      err) &&
-            from_host_copy(c, out, mine, n_per_rank * sizeof(float), err);
+  bool ok =
+      h &&
+      MPI_CHECK(b, MPI_Reduce_scatter_block(h, mine, (int)n_per_rank, MPI_FLOAT, MPI_SUM, c->mpi),
+                err) &&
+      from_host_copy(c, out, mine, n_per_rank * sizeof(float), err);
   g_free(h);
   g_free(mine);
   return ok;
@@ -286,8 +286,9 @@ bool exec_cuda_all_gather(struct exec_comm *c, const void *in, void *out, size_t
   void *h = to_host_copy(c, in, bytes_per_rank, err);
   char *all = g_malloc(bytes_per_rank * c->n_members + 1);
   bool ok = h &&
-            MPI_CHECK(b, MPI_Allgather(h, (int)bytes_per_rank, MPI_BYTE, all, (int)bytes_per_rank,
-                                       MPI_BYTE, c->mpi),
+            MPI_CHECK(b,
+                      MPI_Allgather(h, (int)bytes_per_rank, MPI_BYTE, all, (int)bytes_per_rank,
+                                    MPI_BYTE, c->mpi),
                       err) &&
             from_host_copy(c, out, all, bytes_per_rank * c->n_members, err);
   g_free(h);
@@ -313,7 +314,8 @@ bool exec_cuda_all_to_all_v(struct exec_comm *c, const void *in, const size_t *s
   uint32_t n = 0;
   for (uint32_t k = 0; k < c->n_members; k++) {
     parts[n++] = (struct exec_p2p_part){c, c->members[k], true, (char *)in + so, send_bytes[k], 0};
-    parts[n++] = (struct exec_p2p_part){c, c->members[k], false, (char *)out + ro, recv_bytes[k], 0};
+    parts[n++] =
+        (struct exec_p2p_part){c, c->members[k], false, (char *)out + ro, recv_bytes[k], 0};
     so += send_bytes[k];
     ro += recv_bytes[k];
   }
@@ -335,8 +337,8 @@ bool exec_cuda_world_all_reduce_f64(struct exec_backend *backend, double *buf, s
                    err);
 }
 
-bool exec_cuda_world_gather(struct exec_backend *backend, const void *in, size_t bytes,
-                            void **out, size_t **out_sizes, GError **err) {
+bool exec_cuda_world_gather(struct exec_backend *backend, const void *in, size_t bytes, void **out,
+                            size_t **out_sizes, GError **err) {
   struct cuda_context *b = backend->context;
   *out = NULL;
   *out_sizes = NULL;
@@ -356,9 +358,10 @@ bool exec_cuda_world_gather(struct exec_backend *backend, const void *in, size_t
     total += (size_t)sizes[r];
   }
   char *all = b->rank == 0 ? g_malloc(total + 1) : NULL;
-  ok = ok && MPI_CHECK(b, MPI_Gatherv(in, mine, MPI_BYTE, all, sizes, displs, MPI_BYTE, 0,
-                                      MPI_COMM_WORLD),
-                       err);
+  ok =
+      ok &&
+      MPI_CHECK(b, MPI_Gatherv(in, mine, MPI_BYTE, all, sizes, displs, MPI_BYTE, 0, MPI_COMM_WORLD),
+                err);
   if (ok && b->rank == 0) {
     *out = all;
     *out_sizes = g_new(size_t, b->size);
@@ -375,6 +378,5 @@ bool exec_cuda_world_gather(struct exec_backend *backend, const void *in, size_t
 bool exec_cuda_world_broadcast(struct exec_backend *backend, void *buf, size_t bytes,
                                GError **err) {
   struct cuda_context *b = backend->context;
-  return !b->mpi ||
-         MPI_CHECK(b, MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD), err);
+  return !b->mpi || MPI_CHECK(b, MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD), err);
 }

@@ -25,12 +25,21 @@ static cudaStream_t st_of(struct exec_stream *s) {
 
 /* ---- GEMM ------------------------------------------------------------------------------- */
 
+/* The largest power of two up to 256 that divides p's address. */
+static uint32_t ptr_alignment(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0)
+    al /= 2;
+  return al;
+}
+
 /* kernels_gemm's contract (row-major C[m,n] = alpha op(A) op(B) + beta C, beta 0 ignores C)
  * through cuBLASLt, which is column-major: row-major C is column-major C^T = op(B)^T op(A)^T,
  * so B goes first. */
-static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, bool ta, bool tb, int m, int n, int k,
-                    float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-                    float *C, int ldc, GError **err) {
+static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, bool ta, bool tb, int m,
+                    int n, int k, float alpha, const float *A, int lda, const float *B, int ldb,
+                    float beta, float *C, int ldc, GError **err) {
   if (m == 0 || n == 0)
     return true;
   if (k == 0) {
@@ -46,23 +55,75 @@ static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, bool ta, 
   cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   bool ok =
       CUBLAS_CHECK(b, cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F), err) &&
-      CUBLAS_CHECK(b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), err) &&
-      CUBLAS_CHECK(b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), err) &&
+      CUBLAS_CHECK(
+          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
+          err) &&
+      CUBLAS_CHECK(
+          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
+          err) &&
       /* first operand: B^T as stored, [n, k] after op; second: A, [k, m] after op */
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, tb ? k : n, tb ? n : k, ldb), err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, ta ? m : k, ta ? k : m, lda), err) &&
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, tb ? k : n, tb ? n : k, ldb),
+                   err) &&
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, ta ? m : k, ta ? k : m, lda),
+                   err) &&
       CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, ldc), err);
   cublasLtMatmulPreference_t pref = NULL;
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
-  ok = ok && CUBLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref), err) &&
-       CUBLAS_CHECK(b, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b->lt_workspace_bytes, sizeof b->lt_workspace_bytes), err) &&
-       CUBLAS_CHECK(b, cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, &heur, &found), err);
+  /* the heuristic's answer per shape, alignment and precision: asking costs more than a small
+   * GEMM, and every step asks for the same shapes */
+  char key[160];
+  g_snprintf(key, sizeof key, "%d%d %d %d %d %d %d %d %u %u %u %d", ta, tb, m, n, k, lda, ldb, ldc,
+             ptr_alignment(B), ptr_alignment(A), ptr_alignment(C), (int)ct);
+  if (!b->gemm_algos)
+    b->gemm_algos = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+  const cublasLtMatmulHeuristicResult_t *cached = g_hash_table_lookup(b->gemm_algos, key);
+  if (cached) {
+    heur = *cached;
+    found = 1;
+  }
+  /* the heuristic assumes 256-byte aligned operands unless told: views into saved buffers
+   * (a head's columns, an expert's rows) are often only 4-byte aligned */
+  uint32_t align_a = ptr_alignment(B), align_b = ptr_alignment(A), align_c = ptr_alignment(C);
+  ok = ok &&
+       (found ||
+        (CUBLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref), err) &&
+         CUBLAS_CHECK(b,
+                      cublasLtMatmulPreferenceSetAttribute(
+                          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b->lt_workspace_bytes,
+                          sizeof b->lt_workspace_bytes),
+                      err) &&
+         CUBLAS_CHECK(
+             b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &align_a, sizeof align_a),
+             err) &&
+         CUBLAS_CHECK(
+             b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &align_b, sizeof align_b),
+             err) &&
+         CUBLAS_CHECK(
+             b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &align_c, sizeof align_c),
+             err) &&
+         CUBLAS_CHECK(
+             b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &align_c, sizeof align_c),
+             err) &&
+         CUBLAS_CHECK(
+             b, cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, &heur, &found),
+             err)));
+  if (ok && found && !cached)
+    g_hash_table_insert(b->gemm_algos, g_strdup(key), g_memdup2(&heur, sizeof heur));
   if (ok && found == 0)
     ok = piper_runtime_error(err, "rank %u GPU %d: cuBLASLt has no algorithm for a %dx%dx%d GEMM",
                              b->rank, b->device, m, n, k);
-  ok = ok && CUBLAS_CHECK(b, cublasLtMatmul(b->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
-                                            &heur.algo, ws, b->lt_workspace_bytes, cs),
+  ok = ok && CUBLAS_CHECK(b,
+                          cublasLtMatmul(b->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
+                                         &heur.algo, ws, b->lt_workspace_bytes, cs),
                           err);
   if (pref)
     cublasLtMatmulPreferenceDestroy(pref);
@@ -97,7 +158,8 @@ static void k_fill(struct exec_stream *s, float *x, float value, size_t n) {
 static void k_copy(struct exec_stream *s, void *dst, const void *src, size_t bytes) {
   GError *e = NULL;
   struct cuda_context *b = kernel_ctx(s);
-  if (bytes && !CUDA_CHECK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_of(s)), &e))
+  if (bytes &&
+      !CUDA_CHECK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_of(s)), &e))
     exec_cuda_fail(s, e);
 }
 
@@ -302,7 +364,8 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
   kc_fill(w.dv, 0.0f, w.T * w.KD, cs);
   float *ds = NULL;
   GError *e = NULL;
-  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync((void **)&ds, (size_t)S * S * sizeof(float), cs), &e)) {
+  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync((void **)&ds, (size_t)S * S * sizeof(float), cs),
+                  &e)) {
     exec_cuda_fail(s, e);
     return;
   }
@@ -413,15 +476,19 @@ static bool expert_groups(struct exec_stream *s, const int32_t *row_expert, int 
   int32_t *host = g_new(int32_t, n_rows ? n_rows : 1);
   g->count = g_new0(int, e_count ? e_count : 1);
   g->order = NULL;
-  bool ok = !n_rows ||
-            (CUDA_CHECK(b, cudaMemcpyAsync(host, row_expert, (size_t)n_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, cs), &e) &&
-             CUDA_CHECK(b, cudaStreamSynchronize(cs), &e));
+  bool ok =
+      !n_rows || (CUDA_CHECK(b,
+                             cudaMemcpyAsync(host, row_expert, (size_t)n_rows * sizeof(int32_t),
+                                             cudaMemcpyDeviceToHost, cs),
+                             &e) &&
+                  CUDA_CHECK(b, cudaStreamSynchronize(cs), &e));
   for (int r = 0; ok && r < n_rows; r++) {
     int x = host[r] - e_first;
     if (x < 0 || x >= e_count)
-      ok = piper_runtime_error(&e, "rank %u GPU %d: expert FFN row %d routed to expert %d, "
-                               "outside this rank's [%d, %d)", b->rank, b->device, r, host[r],
-                               e_first, e_first + e_count);
+      ok = piper_runtime_error(&e,
+                               "rank %u GPU %d: expert FFN row %d routed to expert %d, "
+                               "outside this rank's [%d, %d)",
+                               b->rank, b->device, r, host[r], e_first, e_first + e_count);
     else
       g->count[x]++;
   }
@@ -432,8 +499,12 @@ static bool expert_groups(struct exec_stream *s, const int32_t *row_expert, int 
       at[x + 1] = at[x] + g->count[x];
     for (int r = 0; r < n_rows; r++)
       order[at[host[r] - e_first]++] = r;
-    ok = CUDA_CHECK(b, cudaMallocAsync((void **)&g->order, (size_t)n_rows * sizeof(int32_t), cs), &e) &&
-         CUDA_CHECK(b, cudaMemcpyAsync(g->order, order, (size_t)n_rows * sizeof(int32_t), cudaMemcpyHostToDevice, cs), &e);
+    ok = CUDA_CHECK(b, cudaMallocAsync((void **)&g->order, (size_t)n_rows * sizeof(int32_t), cs),
+                    &e) &&
+         CUDA_CHECK(b,
+                    cudaMemcpyAsync(g->order, order, (size_t)n_rows * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, cs),
+                    &e);
     g_free(order);
     g_free(at);
   }

@@ -30,6 +30,7 @@ struct cuda_context {
   cublasLtHandle_t lt;
   void *lt_workspace;
   size_t lt_workspace_bytes;
+  GHashTable *gemm_algos; /* GEMM key -> cublasLtMatmulHeuristicResult_t (kernels) */
   /* memory: one device allocation, carved first fit at run time */
   GMutex mem_lock;
   char *arena;
@@ -58,7 +59,7 @@ struct exec_stream {
   int priority;
   int plan_stream; /* index in plan->streams, -1 for the control stream */
   cudaStream_t cs;
-  void *green; /* CUgreenCtx the stream lives in (sm_share < 1), or NULL */
+  void *green;        /* CUgreenCtx the stream lives in (sm_share < 1), or NULL */
   void *lt_workspace; /* cuBLASLt's, this stream's own (lt_workspace_bytes) */
   uint64_t setup_seen;
   bool failed;

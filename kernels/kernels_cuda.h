@@ -57,8 +57,8 @@ void kc_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_
                           int K, int E, int n_ranks, cudaStream_t stream);
 void kc_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h, const int32_t *ids,
                              const int32_t *route_row, int T, int K, int C, cudaStream_t stream);
-void kc_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T,
-                              int K, int C, bool accumulate, cudaStream_t stream);
+void kc_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T, int K,
+                              int C, bool accumulate, cudaStream_t stream);
 void kc_moe_combine_forward(float *m, const float *y, const float *weights,
                             const int32_t *route_row, int T, int K, int C, cudaStream_t stream);
 void kc_moe_combine_backward(float *dy, float *dweights, const float *dm, const float *y,

@@ -126,7 +126,7 @@ static void check_embedding_norm(struct check *c) {
   int32_t tok[T];
   for (int t = 0; t < T; t++)
     tok[t] = (int32_t)g_rand_int_range(c->rng, 0, 7); /* repeats: the order of the sums */
-  float *wte = rnd(c, (size_t)V * C, 1), *x = g_new(float, T * C);
+  float *wte = rnd(c, (size_t)V * C, 1), *x = g_new(float, T *C);
   int32_t *dtok = dev(c, tok, sizeof tok);
   float *dwte = devf(c, wte, (size_t)V * C), *dxo = devf(c, NULL, T * C);
   kernels_embedding_forward(x, tok, wte, T, V, C);
@@ -137,7 +137,7 @@ static void check_embedding_norm(struct check *c) {
   c->k->embedding_backward_weight(c->s, dwte, dg, dtok, T, V, C);
   compare(c, "embedding BW", wte, dwte, (size_t)V * C, TOL_PLAIN);
   /* RMSNorm */
-  float *w = rnd(c, C, 1), *h = g_new(float, T * C), *rs = g_new(float, T);
+  float *w = rnd(c, C, 1), *h = g_new(float, T *C), *rs = g_new(float, T);
   float *dw = devf(c, w, C), *dh = devf(c, NULL, T * C), *drs = devf(c, NULL, T);
   float *dxin = devf(c, x, T * C);
   kernels_rmsnorm_forward(h, rs, x, w, T, C, 1e-6f);
@@ -160,7 +160,7 @@ static void check_attention(struct check *c) {
   struct kernels_attention_dims d = {B, S, H, KV, D, C, 10000.0f, &sc};
   size_t P = kernels_attention_param_count(&d), SV = kernels_attention_saved_floats(&d);
   size_t BW = kernels_attention_bwork_floats(&d);
-  float *p = rnd(c, P, 0.2f), *h = rnd(c, T * C, 1), *a = g_new(float, T * C);
+  float *p = rnd(c, P, 0.2f), *h = rnd(c, T * C, 1), *a = g_new(float, T *C);
   float *saved = g_new0(float, SV), *bwork = g_new0(float, BW);
   float *dp = devf(c, p, P), *dh = devf(c, h, T * C), *da = devf(c, NULL, T * C);
   float *dsaved = devf(c, NULL, SV);
@@ -170,7 +170,7 @@ static void check_attention(struct check *c) {
   compare(c, "attention F saved (q k v p y)", saved, dsaved, SV, c->tol_gemm);
   exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
   float *g = rnd(c, T * C, 1), *dgo = devf(c, g, T * C);
-  float *gh = g_new0(float, T * C), *dgh = devf(c, NULL, T * C), *dbw = devf(c, NULL, BW);
+  float *gh = g_new0(float, T *C), *dgh = devf(c, NULL, T * C), *dbw = devf(c, NULL, BW);
   kernels_attention_backward_input(gh, bwork, g, saved, p, &d, false);
   c->k->attention_backward_input(c->s, dgh, dbw, dgo, dsaved, dp, &d, false);
   compare(c, "attention BI", gh, dgh, T * C, c->tol_gemm);
@@ -185,7 +185,7 @@ static void check_attention(struct check *c) {
 static void check_mlp(struct check *c) {
   size_t P = kernels_mlp_param_count(C, F), SV = kernels_mlp_saved_floats(T, F);
   size_t BW = kernels_mlp_bwork_floats(T, F);
-  float *p = rnd(c, P, 0.2f), *h = rnd(c, T * C, 1), *m = g_new(float, T * C);
+  float *p = rnd(c, P, 0.2f), *h = rnd(c, T * C, 1), *m = g_new(float, T *C);
   float *saved = g_new(float, SV), *bwork = g_new(float, BW);
   float *dp = devf(c, p, P), *dh = devf(c, h, T * C), *dm = devf(c, NULL, T * C);
   float *dsaved = devf(c, NULL, SV), *dbw = devf(c, NULL, BW);
@@ -227,8 +227,8 @@ static void compare_ids(struct check *c, const int32_t *ref, const int32_t *d, c
     else if (!same)
       near++;
   }
-  printf("%-4s %-44s %d tokens differ (+%d near ties)\n", bad ? "FAIL" : "ok", "router F ids",
-         bad, near);
+  printf("%-4s %-44s %d tokens differ (+%d near ties)\n", bad ? "FAIL" : "ok", "router F ids", bad,
+         near);
   c->run++;
   c->failed += bad != 0;
 }
@@ -236,7 +236,7 @@ static void compare_ids(struct check *c, const int32_t *ref, const int32_t *d, c
 static void check_router_moe(struct check *c) {
   float *w = rnd(c, (size_t)C * E, 0.3f), *h = rnd(c, T * C, 1);
   int32_t ids[T * K];
-  float weights[T * K], *probs = g_new(float, T * E);
+  float weights[T * K], *probs = g_new(float, T *E);
   float *dw = devf(c, w, (size_t)C * E), *dh = devf(c, h, T * C), *dwt = devf(c, NULL, T * K);
   float *dprobs = devf(c, NULL, T * E);
   int32_t *dids = dev(c, NULL, sizeof ids);
@@ -248,8 +248,8 @@ static void check_router_moe(struct check *c) {
   exec_backend_from_host(c->b, dwt, weights, sizeof weights);
   exec_backend_from_host(c->b, dprobs, probs, T * E * sizeof(float));
   float *gwt = rnd(c, T * K, 1), *dgwt = devf(c, gwt, T * K);
-  float *gh = g_new0(float, T * C), *dgh = devf(c, NULL, T * C);
-  float *bw = g_new(float, T * E), *dbw = devf(c, NULL, T * E);
+  float *gh = g_new0(float, T *C), *dgh = devf(c, NULL, T * C);
+  float *bw = g_new(float, T *E), *dbw = devf(c, NULL, T * E);
   kernels_router_backward_input(gh, bw, gwt, ids, weights, probs, w, T, C, E, K, false);
   c->k->router_backward_input(c->s, dgh, dbw, dgwt, dids, dwt, dprobs, dw, T, C, E, K, false);
   compare(c, "router BI", gh, dgh, T * C, c->tol_gemm);
@@ -265,7 +265,7 @@ static void check_router_moe(struct check *c) {
   c->k->moe_dispatch_plan(c->s, dcounts, droute, dids, T, K, E, 2);
   compare_i32(c, "moe dispatch plan counts", counts, dcounts, 2);
   compare_i32(c, "moe dispatch plan route_row", route, droute, T * K);
-  float *send = g_new(float, T * K * C), *dsend = devf(c, NULL, T * K * C);
+  float *send = g_new(float, T *K *C), *dsend = devf(c, NULL, T * K * C);
   int32_t sexp[T * K], *dsexp = dev(c, NULL, sizeof sexp);
   kernels_moe_dispatch_forward(send, sexp, h, ids, route, T, K, C);
   c->k->moe_dispatch_forward(c->s, dsend, dsexp, dh, dids, droute, T, K, C);
@@ -276,12 +276,12 @@ static void check_router_moe(struct check *c) {
   kernels_moe_dispatch_backward(gh, gs, route, T, K, C, true);
   c->k->moe_dispatch_backward(c->s, dgh, dgs, droute, T, K, C, true);
   compare(c, "moe dispatch B (accumulate)", gh, dgh, T * C, TOL_PLAIN);
-  float *m = g_new(float, T * C), *dm = devf(c, NULL, T * C);
+  float *m = g_new(float, T *C), *dm = devf(c, NULL, T * C);
   kernels_moe_combine_forward(m, gs, weights, route, T, K, C);
   c->k->moe_combine_forward(c->s, dm, dgs, dwt, droute, T, K, C);
   compare(c, "moe combine F", m, dm, T * C, TOL_PLAIN);
   float *gm = rnd(c, T * C, 1), *dgm = devf(c, gm, T * C);
-  float *gy = g_new(float, T * K * C), *dgy = devf(c, NULL, T * K * C);
+  float *gy = g_new(float, T *K *C), *dgy = devf(c, NULL, T * K * C);
   float gwk[T * K], *dgwk = devf(c, NULL, T * K);
   kernels_moe_combine_backward(gy, gwk, gm, gs, weights, route, T, K, C);
   c->k->moe_combine_backward(c->s, dgy, dgwk, dgm, dgs, dwt, droute, T, K, C);
@@ -294,9 +294,11 @@ static void check_expert_ffn(struct check *c) {
   int32_t rexp[N];
   for (int r = 0; r < N; r++)
     rexp[r] = E0 + (int32_t)g_rand_int_range(c->rng, 0, EC - 1); /* expert E0+EC-1 gets none */
-  size_t P = kernels_expert_ffn_param_count(EC, C, F), SV = kernels_expert_ffn_saved_floats(N, C, F);
-  size_t BW = kernels_expert_ffn_bwork_floats(N, C, F), SC = kernels_expert_ffn_scratch_floats(N, C);
-  float *p = rnd(c, P, 0.2f), *in = rnd(c, N * C, 1), *out = g_new(float, N * C);
+  size_t P = kernels_expert_ffn_param_count(EC, C, F),
+         SV = kernels_expert_ffn_saved_floats(N, C, F);
+  size_t BW = kernels_expert_ffn_bwork_floats(N, C, F),
+         SC = kernels_expert_ffn_scratch_floats(N, C);
+  float *p = rnd(c, P, 0.2f), *in = rnd(c, N * C, 1), *out = g_new(float, N *C);
   float *saved = g_new(float, SV), *bwork = g_new(float, BW), *scratch = g_new(float, SC);
   float *dp = devf(c, p, P), *din = devf(c, in, N * C), *dout = devf(c, NULL, N * C);
   float *dsaved = devf(c, NULL, SV), *dbw = devf(c, NULL, BW), *dscr = devf(c, NULL, SC);
@@ -326,7 +328,7 @@ static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {
   int32_t tg[T];
   for (int t = 0; t < T; t++)
     tg[t] = (int32_t)g_rand_int_range(c->rng, 0, V);
-  float *p = rnd(c, (size_t)C * V, 0.2f), *h = rnd(c, T * C, 1), *saved = g_new(float, T * V);
+  float *p = rnd(c, (size_t)C * V, 0.2f), *h = rnd(c, T * C, 1), *saved = g_new(float, T *V);
   float *dp = devf(c, p, (size_t)C * V), *dh = devf(c, h, T * C), *dsaved = devf(c, NULL, T * V);
   float *dloss = devf(c, NULL, 1);
   int32_t *dtg = dev(c, tg, sizeof tg);
@@ -337,8 +339,8 @@ static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {
   g_snprintf(what, sizeof what, "lm_head_loss F %s saved (probs)", name);
   compare(c, what, saved, dsaved, T * V, c->tol_gemm);
   exec_backend_from_host(c->b, dsaved, saved, T * V * sizeof(float));
-  float *gh = g_new0(float, T * C), *dgh = devf(c, NULL, T * C);
-  float *bw = g_new(float, T * V), *dbw = devf(c, NULL, T * V);
+  float *gh = g_new0(float, T *C), *dgh = devf(c, NULL, T * C);
+  float *bw = g_new(float, T *V), *dbw = devf(c, NULL, T * V);
   kernels_lm_head_loss_backward_input(gh, bw, saved, tg, p, layout, 0.5f, T, C, V, false);
   c->k->lm_head_loss_backward_input(c->s, dgh, dbw, dsaved, dtg, dp, layout, 0.5f, T, C, V, false);
   g_snprintf(what, sizeof what, "lm_head_loss BI %s", name);

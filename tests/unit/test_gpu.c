@@ -54,8 +54,8 @@ static void plan_by_hand(const struct plan_tensor *t, uint32_t n_t,
 static void test_arena_stack_order_is_exact(void **state) {
   (void)state;
   struct plan_tensor t[3] = {{.bytes = 100}, {.bytes = 300}, {.bytes = 50}};
-  struct exec_arena_event ev[] = {{0, 0, true},  {1, 1, true},  {1, 2, false},
-                                  {2, 3, true},  {2, 4, false}, {0, 5, false}};
+  struct exec_arena_event ev[] = {{0, 0, true}, {1, 1, true},  {1, 2, false},
+                                  {2, 3, true}, {2, 4, false}, {0, 5, false}};
   struct exec_arena a;
   plan_by_hand(t, 3, ev, G_N_ELEMENTS(ev), 1, &a);
   assert_int_equal(a.live_peak, 400);
@@ -71,8 +71,8 @@ static void test_arena_stack_order_is_exact(void **state) {
 static void test_arena_fragmentation(void **state) {
   (void)state;
   struct plan_tensor t[4] = {{.bytes = 100}, {.bytes = 100}, {.bytes = 150}, {.bytes = 60}};
-  struct exec_arena_event ev[] = {{0, 0, true}, {1, 1, true}, {0, 2, false},
-                                  {2, 3, true}, {3, 4, true}};
+  struct exec_arena_event ev[] = {
+      {0, 0, true}, {1, 1, true}, {0, 2, false}, {2, 3, true}, {3, 4, true}};
   struct exec_arena a;
   plan_by_hand(t, 4, ev, G_N_ELEMENTS(ev), 1, &a);
   assert_int_equal(a.live_peak, 310);
