@@ -241,6 +241,9 @@ static void cuda_free(struct exec_backend *backend) {
   if (!b)
     return;
   cudaDeviceSynchronize();
+  if (b->arena && b->rank == 0)
+    g_printerr("piper-exec: cuda: arena high-water %.3f GiB of %.2f GiB reserved (rank 0)\n",
+               b->arena_high / 1073741824.0, b->arena_bytes / 1073741824.0);
   for (guint i = b->streams->len; i-- > 0;) {
     struct exec_stream *s = g_ptr_array_index(b->streams, i);
     cudaStreamDestroy(s->cs);

@@ -64,7 +64,13 @@ bool exec_cuda_comm_start(struct cuda_context *b, const struct exec_backend_para
   return ok;
 }
 
+static void staged_sends_settle(struct cuda_context *b, bool all);
+
 void exec_cuda_comm_finalize(struct cuda_context *b) {
+  staged_sends_settle(b, true);
+  if (b->staged_sends)
+    g_array_free(b->staged_sends, TRUE);
+  b->staged_sends = NULL;
   if (b->node != MPI_COMM_NULL && b->mpi)
     MPI_Comm_free(&b->node);
   b->node = MPI_COMM_NULL;
@@ -171,38 +177,76 @@ static bool from_host_copy(struct exec_comm *c, void *dev, const void *h, size_t
                     err);
 }
 
-/* A staged group: every part posted nonblocking, then one wait (mirrored groups meet). */
+/* A staged send in flight: its host copy lives until MPI is done with it. */
+struct staged_send {
+  MPI_Request req;
+  void *host;
+};
+
+/* Frees the staged sends MPI has finished (all: waits for every one, at the end). */
+static void staged_sends_settle(struct cuda_context *b, bool all) {
+  for (guint i = 0; b->staged_sends && i < b->staged_sends->len;) {
+    struct staged_send *x = &g_array_index(b->staged_sends, struct staged_send, i);
+    int done = 0;
+    if (all)
+      done = MPI_Wait(&x->req, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+    else
+      MPI_Test(&x->req, &done, MPI_STATUS_IGNORE);
+    if (!done && !all) {
+      i++;
+      continue;
+    }
+    g_free(x->host);
+    g_array_remove_index_fast(b->staged_sends, i);
+  }
+}
+
+/* Posts part k of a staged group: a send from a host copy of the device bytes (the stream is
+ * waited for), or a receive into host memory. */
+static bool staged_post(struct cuda_context *b, const struct exec_p2p_part *x, void **host,
+                        MPI_Request *req, GError **err) {
+  int peer = peer_rank(x->comm, x->peer_world_rank);
+  if (x->is_send) {
+    *host = to_host_copy(x->comm, x->buf, x->bytes, err);
+    return *host &&
+           MPI_CHECK(b, MPI_Isend(*host, (int)x->bytes, MPI_BYTE, peer, x->tag, x->comm->mpi, req),
+                     err);
+  }
+  *host = g_malloc(x->bytes ? x->bytes : 1);
+  return MPI_CHECK(b, MPI_Irecv(*host, (int)x->bytes, MPI_BYTE, peer, x->tag, x->comm->mpi, req),
+                   err);
+}
+
+/* A staged group: every part posted nonblocking, then a wait for the receives only (mirrored
+ * groups meet). Sends complete in the background: the host thread never blocks on a peer's
+ * receive, which on one thread enqueueing every stream could wait for work of this rank
+ * that is not enqueued yet. */
 static bool staged_group(struct cuda_context *b, const struct exec_p2p_part *parts, uint32_t n,
                          GError **err) {
+  staged_sends_settle(b, false);
   void **host = g_new0(void *, n ? n : 1);
   MPI_Request *req = g_new(MPI_Request, n ? n : 1);
   bool ok = true;
   uint32_t posted = 0;
-  for (uint32_t k = 0; k < n && ok; k++, posted++) {
-    const struct exec_p2p_part *x = &parts[k];
-    int peer = peer_rank(x->comm, x->peer_world_rank);
-    if (x->is_send) {
-      host[k] = to_host_copy(x->comm, x->buf, x->bytes, err);
-      ok = host[k] &&
-           MPI_CHECK(
-               b, MPI_Isend(host[k], (int)x->bytes, MPI_BYTE, peer, x->tag, x->comm->mpi, &req[k]),
-               err);
+  while (posted < n && ok)
+    if ((ok = staged_post(b, &parts[posted], &host[posted], &req[posted], err)))
+      posted++;
+  /* receives must complete before their buffers are read or freed */
+  for (uint32_t k = 0; k < posted; k++)
+    if (!parts[k].is_send) {
+      bool w = MPI_CHECK(b, MPI_Wait(&req[k], MPI_STATUS_IGNORE), ok ? err : NULL);
+      ok = ok && w && from_host_copy(parts[k].comm, parts[k].buf, host[k], parts[k].bytes, err);
+    }
+  if (!b->staged_sends)
+    b->staged_sends = g_array_new(FALSE, FALSE, sizeof(struct staged_send));
+  for (uint32_t k = 0; k < n; k++) {
+    if (k < posted && parts[k].is_send) {
+      struct staged_send x = {req[k], host[k]};
+      g_array_append_val(b->staged_sends, x);
     } else {
-      host[k] = g_malloc(x->bytes ? x->bytes : 1);
-      ok = MPI_CHECK(
-          b, MPI_Irecv(host[k], (int)x->bytes, MPI_BYTE, peer, x->tag, x->comm->mpi, &req[k]), err);
+      g_free(host[k]);
     }
   }
-  if (!ok)
-    posted--;
-  /* what was posted must complete before its buffer goes */
-  bool waited = MPI_CHECK(b, MPI_Waitall((int)posted, req, MPI_STATUSES_IGNORE), ok ? err : NULL);
-  ok = ok && waited;
-  for (uint32_t k = 0; k < n && ok; k++)
-    if (!parts[k].is_send)
-      ok = from_host_copy(parts[k].comm, parts[k].buf, host[k], parts[k].bytes, err);
-  for (uint32_t k = 0; k < n; k++)
-    g_free(host[k]);
   g_free(host);
   g_free(req);
   return ok;

@@ -21,8 +21,9 @@ struct cuda_context {
   int device, n_sms;
   char device_name[256];
   bool mpi, finalize_mpi;
-  bool shared_gpu; /* ranks share this GPU: host-staged MPI instead of NCCL */
-  MPI_Comm node;   /* the ranks of this host */
+  bool shared_gpu;      /* ranks share this GPU: host-staged MPI instead of NCCL */
+  MPI_Comm node;        /* the ranks of this host */
+  GArray *staged_sends; /* host-staged sends in flight (backend_cuda_comm.c) */
   double epoch;
   const struct plan *plan; /* from configure (not owned) */
   uint32_t plan_device;
