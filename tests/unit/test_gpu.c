@@ -3,6 +3,7 @@
  * (exec/gpu_layout.h), and the registry (the cuda backend is listed exactly when built). */
 #include "test-helpers.h"
 
+#include "../../base/json.h"
 #include "../../exec/arena.h"
 #include "../../exec/exec.h"
 #include "../../exec/gpu_layout.h"
@@ -264,6 +265,73 @@ static void test_gpu_sm_share(void **state) {
   assert_int_equal(exec_gpu_green_sms(0.01, 132, 8), 8);
 }
 
+/* ---- device times into trace.json ------------------------------------------------------ */
+
+/* A backend that says when each task's work ran (as the cuda backend does from its events):
+ * the host backend, with instruction i running [10 i, 10 i + 1 + i % 3] ms. */
+static bool fake_task_times(struct exec_backend *b, uint32_t id, double *start, double *end) {
+  (void)b;
+  *start = 0.010 * id;
+  *end = *start + 0.001 * (1 + id % 3);
+  return true;
+}
+
+/* The runner writes the backend's times, not the ones it measured around the tasks: every
+ * traced instruction lasts what the backend said, at the spacing it said. */
+static void test_gpu_trace_from_device_times(void **state) {
+  (void)state;
+  struct plan *p = compile_layout("models/tiny-dense.json", "pp=1", NULL, 0);
+  struct exec_backend_ops ops = exec_backend_host;
+  ops.task_times = fake_task_times;
+  GError *err = NULL;
+  struct exec_backend *b = exec_backend_init(&ops, NULL, &err);
+  assert_non_null(b);
+  assert_true(exec_backend_enqueues(b));
+  char *dir = test_tmp_dir("test_gpu-XXXXXX");
+  char *out = g_build_filename(dir, "run", NULL);
+  struct exec_options o = exec_options_default();
+  o.plan = p;
+  o.warmup = 0;
+  o.iters = 2;
+  o.out_dir = out;
+  struct exec_result r = {0};
+  if (!exec_run(&o, b, &r, &err))
+    fail_msg("exec_run: %s", err->message);
+  char *path = g_build_filename(out, "trace.json", NULL);
+  char *text = test_read_file(path);
+  cJSON *root = cJSON_Parse(text);
+  assert_non_null(root);
+  const cJSON *ev = cJSON_GetObjectItemCaseSensitive(root, "traceEvents"), *e;
+  uint32_t n = 0;
+  double first_ts = -1;
+  cJSON_ArrayForEach(e, ev) {
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+    const cJSON *step = args ? cJSON_GetObjectItemCaseSensitive(args, "step") : NULL;
+    if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") != 0 || !step || step->valueint != 2)
+      continue;
+    double ts = cJSON_GetObjectItemCaseSensitive(e, "ts")->valuedouble;
+    double dur = cJSON_GetObjectItemCaseSensitive(e, "dur")->valuedouble;
+    if (first_ts < 0)
+      first_ts = ts;
+    /* instruction i starts 10 i ms after instruction 0 and lasts 1 + i % 3 ms */
+    long i = lround((ts - first_ts) / 10000.0);
+    test_assert_near(ts - first_ts, 10000.0 * i, 1e-3, 0, "start (us)");
+    test_assert_near(dur, 1000.0 * (1 + i % 3), 1e-3, 0, "duration (us)");
+    n++;
+  }
+  assert_int_equal(n, plan_device_class(p, 0)->n_instrs);
+  cJSON_Delete(root);
+  g_free(text);
+  g_free(path);
+  exec_result_clear(&r);
+  exec_backend_free(b);
+  test_remove_tree(dir);
+  g_free(out);
+  g_free(dir);
+  plan_free(p);
+}
+
 /* The cuda backend is in the registry exactly when it was built. */
 static void test_gpu_registry(void **state) {
   (void)state;
@@ -288,6 +356,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_comm_rank),
       cmocka_unit_test(test_gpu_comm_layout),
       cmocka_unit_test(test_gpu_sm_share),
+      cmocka_unit_test(test_gpu_trace_from_device_times),
       cmocka_unit_test(test_gpu_registry),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
