@@ -309,7 +309,7 @@ static bool reserve_arena(struct cuda_context *b, const struct plan *p, uint32_t
   const char *env = getenv("PIPER_CUDA_MEMORY");
   /* ranks sharing the GPU split it (each asks at about the same time, seeing it all free) */
   size_t want = env ? (size_t)g_ascii_strtoull(env, NULL, 10)
-                    : (size_t)(free_b * 0.85 / (b->shared_gpu ? b->local_size : 1));
+                    : (size_t)(free_b * 0.80 / (b->shared_gpu ? b->local_size : 1));
   if (b->rank == 0)
     g_printerr("piper-exec: cuda: %s, %d SMs: arena %.2f GiB reserved (plan's activation "
                "arena %.3f GiB, live peak %.3f GiB, %s GEMMs)\n",
@@ -400,7 +400,20 @@ static void *cuda_alloc(struct exec_backend *backend, size_t bytes) {
       b->arena_high = at + need;
     p = b->arena + at;
   }
+  size_t in_use = 0;
+  for (guint i = 0; !p && i < b->blocks->len; i++)
+    in_use += g_array_index(b->blocks, struct blk, i).bytes;
   g_mutex_unlock(&b->mem_lock);
+  if (!p) {
+    /* the kernels given NULL then fail too, but this is the stream's first error */
+    exec_cuda_fail(exec_cuda_current,
+                   g_error_new(PIPER_ERROR, PIPER_ERROR_RUNTIME,
+                               "rank %u GPU %d: the arena has no room for %zu bytes (%zu of %zu "
+                               "in use or waiting for release; PIPER_CUDA_MEMORY=BYTES sets its "
+                               "size)",
+                               b->rank, b->device, bytes, in_use, b->arena_bytes));
+    return NULL;
+  }
   /* zero-filled: inside a task, on its stream (the buffer's first user); outside, on the
    * setup stream, which every stream waits for before its next work */
   struct exec_stream *cur = exec_cuda_current;
