@@ -7,34 +7,34 @@
 #include "../base/base.h"
 #include "arena.h"
 
+/* Issue order, then allocations before frees at the same instruction (its inputs and outputs
+ * coexist, as on a GPU), then tensor. */
+static int compare_event(const void *a, const void *b) {
+  const struct exec_arena_event *x = a, *y = b;
+  if (x->instr != y->instr)
+    return x->instr < y->instr ? -1 : 1;
+  if (x->alloc != y->alloc)
+    return x->alloc ? -1 : 1;
+  return piper_cmp_u32(&x->tensor, &y->tensor);
+}
+
 void exec_arena_class_events(const struct plan_class *c, GArray *out) {
-  uint32_t *remaining = g_new0(uint32_t, c->n_tensors ? c->n_tensors : 1);
-  bool *live = g_new0(bool, c->n_tensors ? c->n_tensors : 1);
-  for (uint32_t t = 0; t < c->n_tensors; t++)
-    remaining[t] = c->tensors[t].consumer_count;
-  for (uint32_t i = 0; i < c->n_instrs; i++) {
-    const struct plan_instr *in = &c->instrs[i];
-    /* outputs first: an instruction's inputs and outputs coexist, as on a GPU */
-    for (uint32_t k = 0; k < in->write_count; k++) {
-      uint32_t t = c->writes[in->write_first + k];
-      const struct plan_tensor *pt = &c->tensors[t];
-      if (pt->consumer_count == 0 || pt->bytes == 0 || live[t])
-        continue;
-      live[t] = true;
-      struct exec_arena_event e = {t, i, true};
-      g_array_append_val(out, e);
-    }
-    for (uint32_t k = 0; k < in->read_count; k++) {
-      uint32_t t = c->reads[in->read_first + k];
-      if (remaining[t] == 0 || --remaining[t] > 0 || !live[t])
-        continue;
-      live[t] = false;
-      struct exec_arena_event e = {t, i, false};
-      g_array_append_val(out, e);
-    }
+  guint first = out->len;
+  for (uint32_t t = 0; t < c->n_tensors; t++) {
+    const struct plan_tensor *pt = &c->tensors[t];
+    if (pt->bytes == 0 || pt->consumer_count == 0 || pt->producer >= c->n_instrs)
+      continue;
+    /* dies at its last consumer in issue order (never before it is made) */
+    uint32_t last = pt->producer;
+    for (uint32_t k = 0; k < pt->consumer_count; k++)
+      if (c->consumers[pt->consumer_first + k] > last)
+        last = c->consumers[pt->consumer_first + k];
+    struct exec_arena_event born = {t, pt->producer, true}, dies = {t, last, false};
+    g_array_append_val(out, born);
+    g_array_append_val(out, dies);
   }
-  g_free(remaining);
-  g_free(live);
+  qsort(&g_array_index(out, struct exec_arena_event, first), out->len - first,
+        sizeof(struct exec_arena_event), compare_event);
 }
 
 struct block {

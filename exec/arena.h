@@ -31,9 +31,11 @@ struct exec_arena_event {
   bool alloc;
 };
 
-/* The step's events of class c in issue order, appended to out (struct exec_arena_event).
- * Tensors of zero bytes or without consumers take no memory and have no events; a tensor read
- * before any instruction of c produced it (none in a lowered plan) is never freed. */
+/* The step's events of class c in issue order, appended to out (struct exec_arena_event):
+ * each tensor is allocated at its producer's end and freed at the end of its last consumer
+ * (struct plan_tensor's producer and consumers, nothing else: the planner follows whatever
+ * lowering records there). Allocations come before frees at one instruction. Tensors of zero
+ * bytes or without consumers take no memory and have no events. */
 void exec_arena_class_events(const struct plan_class *c, GArray *out);
 
 /* The plan: offset[t] of each tensor (UINT64_MAX where it has no events), the arena's size
