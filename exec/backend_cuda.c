@@ -329,6 +329,17 @@ static bool cuda_configure(struct exec_backend *backend, const struct plan *p, u
   gemm_override(b);
   if (!exec_cuda_kernels_cover(p->model, err))
     return false;
+  uint32_t stuck_device = 0, stuck_instr = 0;
+  if (b->shared_gpu && !exec_gpu_serial_progress(p, &stuck_device, &stuck_instr)) {
+    char name[160];
+    plan_node_name(p, plan_device_class(p, stuck_device)->instrs[stuck_instr].node, name,
+                   sizeof name);
+    return piper_input_error(err,
+                             "ranks sharing a GPU communicate through host-staged MPI, one "
+                             "host thread per rank, and this plan then cannot progress: "
+                             "device %u would wait forever at instruction %u (%s)",
+                             stuck_device, stuck_instr, name);
+  }
   report_sm_shares(b, p);
   return b->arena || reserve_arena(b, p, device, err);
 }

@@ -41,6 +41,14 @@ struct exec_gpu_comm_rank exec_gpu_comm_rank(const uint32_t *members, uint32_t n
  * -1 when the label names no stream of the plan. */
 int exec_gpu_label_stream(const struct plan *p, const char *label);
 
+/* Whether every device can run its instructions one after another in issue order, as one host
+ * thread per rank does when ranks share a GPU (host-staged MPI): sends are posted without
+ * waiting (a point-to-point group posts all its sends when its first part comes up), receives
+ * wait for the peer's send, collectives for every member. False with the first device that
+ * would wait forever and the instruction it waits at. (With NCCL the host only enqueues and the
+ * streams progress apart, as plan_check_progress checks.) */
+bool exec_gpu_serial_progress(const struct plan *p, uint32_t *device, uint32_t *instr);
+
 /* NCCL's maxCTAs for a communication stream limited to sm_share of n_sms SMs: 0 (NCCL's own
  * default) for a share of 1 or more, else at least 1. */
 int exec_gpu_cta_limit(double sm_share, int n_sms);

@@ -255,6 +255,44 @@ static void test_gpu_comm_layout(void **state) {
   plan_free(p);
 }
 
+/* Ranks sharing a GPU run each rank's instructions in issue order on one thread: the plans of
+ * every schedule family progress so (as tools/gpu-check.sh runs dualpipev on one GPU), and a
+ * receive no send matches is named. */
+static void test_gpu_serial_progress(void **state) {
+  (void)state;
+  static const struct {
+    const char *layout, *schedule;
+    uint32_t mbs;
+  } cases[] = {
+      {"pp=4", "1f1b", 8},     {"pp=4", "zerobubble", 8},     {"pp=4", "gpipe", 4},
+      {"pp=4", "dualpipe", 8}, {"pp=2,dp=2,ep=2", "1f1b", 4}, {"pp=2,dp=2,ep=2,v", "dualpipev", 4},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    struct plan *p =
+        compile_layout("models/tiny-moe.json", cases[k].layout, cases[k].schedule, cases[k].mbs);
+    uint32_t d = 0, i = 0;
+    if (!exec_gpu_serial_progress(p, &d, &i))
+      fail_msg("%s %s: device %u stuck at %u", cases[k].layout, cases[k].schedule, d, i);
+    plan_free(p);
+  }
+  struct plan *p = compile_layout("models/tiny-moe.json", "pp=2", "1f1b", 4);
+  struct plan_class *c = &p->classes[p->device_class[1]];
+  uint32_t first_recv = IR_NONE;
+  for (uint32_t i = 0; i < c->n_instrs && first_recv == IR_NONE; i++)
+    if (p->nodes[c->instrs[i].node].kind == IR_NODE_RECV)
+      first_recv = i;
+  assert_int_not_equal(first_recv, IR_NONE);
+  c->instrs[first_recv].seq += 1000; /* matches no send */
+  uint32_t d = 0, i = 0;
+  assert_false(exec_gpu_serial_progress(p, &d, &i));
+  /* device 1 waits at that receive; device 0 then waits on device 1: the first named is a
+   * receive of either */
+  assert_true(d <= 1);
+  assert_int_equal(p->nodes[plan_device_class(p, d)->instrs[i].node].kind, IR_NODE_RECV);
+  assert_true(d == 0 || i == first_recv);
+  plan_free(p);
+}
+
 static void test_gpu_sm_share(void **state) {
   (void)state;
   assert_int_equal(exec_gpu_cta_limit(1.0, 132), 0);
@@ -355,6 +393,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_shared),
       cmocka_unit_test(test_gpu_comm_rank),
       cmocka_unit_test(test_gpu_comm_layout),
+      cmocka_unit_test(test_gpu_serial_progress),
       cmocka_unit_test(test_gpu_sm_share),
       cmocka_unit_test(test_gpu_trace_from_device_times),
       cmocka_unit_test(test_gpu_registry),
