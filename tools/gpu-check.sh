@@ -90,7 +90,7 @@ four=(--model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v --schedule dualpipe
 run() { # name, then the command; output in $OUT/name.log
   local name=$1
   shift
-  timeout 300 "$@" > "$OUT/$name.log" 2>&1
+  timeout 150 "$@" > "$OUT/$name.log" 2>&1
 }
 run moe1-host $EXEC "${one[@]}" --backend host --out "$OUT/moe1-host" &&
   run moe4-host mpirun --oversubscribe -np 4 $EXEC "${four[@]}" --backend host --out "$OUT/moe4-host" ||
