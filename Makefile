@@ -45,24 +45,46 @@ else
   $(call report,✗ OpenBLAS skipped: host GEMMs use the reference loops)
 endif
 
+# The cuda backend (exec/backend_cuda*.c, kernels/*.cu): built when nvcc, NCCL and MPI are all
+# here (MPI bootstraps NCCL). CUDA_ARCH lists the GPUs compiled for; the libraries are linked
+# --as-needed, so only programs that run a backend load them.
+comma := ,
 CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCH ?= sm_80 sm_90
 ifeq ($(NO_CUDA),)
   NVCC := $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
 endif
-ifneq ($(NVCC),)
-  $(call report,✓ nvcc found: $(NVCC))
-  ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
-    $(call report,✓ NCCL found: $(CUDA_HOME)/include/nccl.h)
-  else
-    $(call report,✗ NCCL skipped: no nccl.h under $(CUDA_HOME)/include)
-  endif
+HAVE_CUDA :=
+ifeq ($(NVCC),)
+  $(call report,✗ cuda backend skipped: $(if $(NO_CUDA),NO_CUDA=1,no nvcc on PATH or in $(CUDA_HOME)/bin))
+else ifeq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+  $(call report,✗ cuda backend skipped: nvcc found but no nccl.h under $(CUDA_HOME)/include)
+else ifeq ($(MPI_LIBS),)
+  $(call report,✗ cuda backend skipped: it needs MPI to start NCCL)
 else
-  $(call report,✗ nvcc skipped: the cuda backend is not built)
+  HAVE_CUDA := 1
+  $(call report,✓ cuda backend built: $(NVCC) for $(CUDA_ARCH), NCCL, cuBLASLt)
+  CUDA_LIBDIRS := $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib)
+  CFLAGS_ALL += -DHAVE_CUDA -I$(CUDA_HOME)/include
+  LDLIBS_ALL += $(addprefix -L,$(CUDA_LIBDIRS)) $(addprefix -Wl$(comma)-rpath$(comma),$(CUDA_LIBDIRS)) \
+    -Wl,--as-needed -lnccl -lcublasLt -lcudart -lstdc++ -Wl,--no-as-needed
+  NVCC_FLAGS := -O2 -std=c++17 -lineinfo -DHAVE_CUDA \
+    $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a:sm_%=%),code=$(a)) \
+    -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
 endif
 
 # --- sources --------------------------------------------------------------------------------
 MODULES := base ir models directives report sim kernels exec
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
+# The cuda backend's host side: compiled only with HAVE_CUDA (it includes the CUDA headers).
+CUDA_SRCS := $(wildcard exec/backend_cuda*.c)
+CU_SRCS := $(wildcard kernels/*.cu)
+ifeq ($(HAVE_CUDA),)
+  LIB_SRCS := $(filter-out $(CUDA_SRCS),$(LIB_SRCS))
+  CU_OBJS :=
+else
+  CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.cu.o)
+endif
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libpiper.a
 TOOLS := $(patsubst tools/%.c,$(BIN)/%,$(wildcard tools/piper-*.c))
@@ -76,14 +98,17 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRCS := $(wildcard tests/bench/*.c)
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+# GPU check programs (tests/gpu/, run by tools/gpu-check.sh): built with the cuda backend.
+GPU_CHECK_SRCS := $(if $(HAVE_CUDA),$(wildcard tests/gpu/*.c))
+GPU_CHECK_BINS := $(GPU_CHECK_SRCS:tests/gpu/%.c=$(BUILD)/gpu/%)
 ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%.o) \
-  $(BENCH_SRCS:%.c=$(BUILD)/%.o)
+  $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(GPU_CHECK_SRCS:%.c=$(BUILD)/%.o)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
 .PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example lint \
   loop loop-short
-all: $(TOOLS)
+all: $(TOOLS) $(GPU_CHECK_BINS)
 
 deps:
 	@tools/install-deps.sh
@@ -108,7 +133,13 @@ $(BUILD)/%.o: %.c
 	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) -c $< -o $@
 -include $(ALL_OBJS:.o=.d)
 
-$(LIB): $(LIB_OBJS)
+# CUDA kernels: few files (each nvcc run compiles every architecture of CUDA_ARCH).
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+-include $(CU_OBJS:.o=.d)
+
+$(LIB): $(LIB_OBJS) $(CU_OBJS)
 	@mkdir -p $(dir $@)
 	@rm -f $@
 	ar rcs $@ $^
@@ -127,6 +158,10 @@ $(UNIT_BINS): $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -lcmocka -o $@
 
+$(GPU_CHECK_BINS): $(BUILD)/gpu/%: $(BUILD)/tests/gpu/%.o $(TOOL_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
+
 $(BENCH_BINS): $(BUILD)/bench/%: $(BUILD)/tests/bench/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
@@ -144,9 +179,9 @@ cli: $(TOOLS)
 # UBSan report counts as a crash (halt_on_error), as an ASan one does.
 FUZZ_CC ?= clang
 FUZZ_BUILD := $(BUILD)/fuzz
-FUZZ_CFLAGS := $(filter-out -Werror,$(CFLAGS_ALL)) -O1 -fsanitize=fuzzer-no-link,address,undefined
+FUZZ_CFLAGS := $(filter-out -Werror -DHAVE_CUDA,$(CFLAGS_ALL)) -O1 -fsanitize=fuzzer-no-link,address,undefined
 # The library and what the programs share above it (the sweep file's reader is fuzzed too).
-FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o) $(TOOL_LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_LIB_OBJS := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out $(CUDA_SRCS),$(LIB_SRCS))) $(TOOL_LIB_SRCS:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

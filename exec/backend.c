@@ -127,6 +127,23 @@ double exec_backend_clock(struct exec_backend *b) {
   return b->ops->clock ? b->ops->clock(b) : piper_clock_seconds();
 }
 
+bool exec_backend_configure(struct exec_backend *b, const struct plan *plan, uint32_t device,
+                            GError **err) {
+  PIPER_ASSERT(b != NULL && plan != NULL && device < plan->n_devices);
+  return b->ops->configure ? b->ops->configure(b, plan, device, err) : true;
+}
+
+bool exec_backend_task_times(struct exec_backend *b, uint32_t task_id, double *start,
+                             double *end) {
+  PIPER_ASSERT(b != NULL && start != NULL && end != NULL);
+  return b->ops->task_times ? b->ops->task_times(b, task_id, start, end) : false;
+}
+
+bool exec_backend_enqueues(const struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->task_times != NULL;
+}
+
 uint64_t exec_backend_progress(struct exec_backend *b) {
   PIPER_ASSERT(b != NULL);
   return b->ops->progress ? b->ops->progress(b) : 0;

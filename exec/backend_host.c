@@ -995,9 +995,15 @@ const struct exec_backend_ops exec_backend_host = {
     .kernels = &host_kernels,
 };
 
-/* The cuda backend registers here under HAVE_CUDA (its own issue). */
+#ifdef HAVE_CUDA
+extern const struct exec_backend_ops exec_backend_cuda; /* exec/backend_cuda.c */
+#endif
+
 const struct exec_backend_ops *const exec_backends[] = {
     &exec_backend_host,
+#ifdef HAVE_CUDA
+    &exec_backend_cuda,
+#endif
     NULL,
 };
 

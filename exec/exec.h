@@ -38,7 +38,7 @@
 
 /* The version of the table below. A backend sets api_version to the value it was written
  * against; exec_backend_init refuses a table of another version. */
-#define EXEC_BACKEND_API_VERSION 3 /* 2: loop_stats; 3: p2p_group */
+#define EXEC_BACKEND_API_VERSION 4 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times */
 
 struct exec_backend_ops;
 struct exec_stream; /* an in-order queue of work (the backend's own type) */
@@ -223,6 +223,11 @@ struct exec_backend_ops {
   uint32_t (*world_size)(struct exec_backend *b);
   /* Optional: "MPI (Open MPI 4.1.4)" (default "none"). */
   const char *(*comm_library)(struct exec_backend *b);
+  /* Optional: the plan this process runs as device `device`, before anything is allocated
+   * (a device backend sizes its memory, limits streams to their sm_share and picks its GEMM
+   * precision from it). Default: nothing. */
+  bool (*configure)(struct exec_backend *b, const struct plan *plan, uint32_t device,
+                    GError **err);
   /* Optional: seconds on a clock all ranks share, offsets aligned at init (default: the
    * process's monotonic clock). */
   double (*clock)(struct exec_backend *b);
@@ -257,6 +262,11 @@ struct exec_backend_ops {
   /* Optional: count of work items finished so far, the watchdog's progress signal (default 0:
    * the watchdog then counts from the start of each wait). */
   uint64_t (*progress)(struct exec_backend *b);
+  /* Optional: when the work of task task_id (the instruction index given to stream_submit)
+   * of the step last waited for ran, on the backend's clock: a backend whose tasks only
+   * enqueue (cuda) times the work itself (events around it on its stream). False when it does
+   * not know (default): the runner keeps the times it measured around the task. */
+  bool (*task_times)(struct exec_backend *b, uint32_t task_id, double *start, double *end);
   /* Optional: the backend's own time (default: none; the runner then estimates the executor
    * overhead from instruction start and end times alone). */
   void (*loop_stats)(struct exec_backend *b, struct exec_backend_loop_stats *out);
@@ -336,6 +346,13 @@ uint32_t exec_backend_world_rank(struct exec_backend *b);
 uint32_t exec_backend_world_size(struct exec_backend *b);
 const char *exec_backend_comm_library(struct exec_backend *b);
 double exec_backend_clock(struct exec_backend *b);
+bool exec_backend_configure(struct exec_backend *b, const struct plan *plan, uint32_t device,
+                            GError **err);
+bool exec_backend_task_times(struct exec_backend *b, uint32_t task_id, double *start,
+                             double *end);
+/* Whether the backend's tasks only enqueue work (it times tasks itself: task_times): a buffer
+ * may then still be in use when the task that used it last has returned. */
+bool exec_backend_enqueues(const struct exec_backend *b);
 uint64_t exec_backend_progress(struct exec_backend *b);
 /* False (out zeroed) when the backend keeps no such figures. */
 bool exec_backend_loop_stats(struct exec_backend *b, struct exec_backend_loop_stats *out);

@@ -304,6 +304,22 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   return ok;
 }
 
+/* A backend whose tasks only enqueue (cuda) times the work itself: its times replace those
+ * measured around the tasks (enqueue times there), and an instruction's time is all kernel or
+ * all communication, by what it ran. */
+static void device_times(struct runner *R) {
+  for (uint32_t i = 0; i < R->dev->n_instrs; i++) {
+    double s = 0, e = 0;
+    if (!exec_backend_task_times(R->b, i, &s, &e))
+      return;
+    bool comm = R->comm[i] > 0;
+    R->start[i] = s;
+    R->end[i] = e;
+    R->kernel[i] = comm ? 0 : e - s;
+    R->comm[i] = comm ? e - s : 0;
+  }
+}
+
 /* Executor latency of this step: per instruction, from when it could start (its stream's
  * previous instruction and the instructions it waits for were done) to its end, minus the
  * time inside kernels and communication; plus the step's setup on the submitting thread. */
@@ -863,6 +879,8 @@ static bool runner_setup(struct runner *R, GError **err) {
   struct exec_state *s = &R->s;
   if (R->o->step_hook)
     R->o->step_hook(R->rank, 0, R->o->step_hook_data);
+  if (!exec_backend_configure(R->b, R->o->plan, R->rank, err))
+    return false;
   s->data = exec_data_open(R->o->data_path, R->xm.m->vocab_size, R->o->seed, err);
   return s->data && exec_state_init_params(s, err) && create_comms(R, err) &&
          create_streams(R, err);
@@ -1022,6 +1040,7 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   R->loop_known = exec_backend_loop_stats(R->b, &before);
   if (!run_step(R, step, err))
     return false;
+  device_times(R);
   exec_backend_loop_stats(R->b, &after);
   R->loop_step = (struct exec_backend_loop_stats){after.dispatch_s - before.dispatch_s,
                                                   after.test_s - before.test_s,

@@ -42,6 +42,12 @@ void *exec_pool_get(struct exec_state *s, size_t bytes) {
 }
 
 void exec_pool_put(struct exec_state *s, void *p, size_t bytes) {
+  /* a backend that only enqueues may still run the buffer's last kernels: release hands it
+   * out again only after the work enqueued before (the cache would hand it out now) */
+  if (exec_backend_enqueues(s->b)) {
+    exec_backend_release(s->b, p);
+    return;
+  }
   g_mutex_lock(&s->pool_lock);
   if (!s->pool)
     s->pool = g_hash_table_new(g_direct_hash, g_direct_equal);

@@ -1,0 +1,710 @@
+/* backend_cuda_kernels: the cuda backend's kernel table. Each model op is composed, step for
+ * step, like its host reference in kernels/ (*.c): the same buffers (saved, bwork, scratch in the
+ * same layouts), GEMMs through cuBLASLt and the elementwise and row-wise steps from
+ * kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models compute in bf16 on
+ * the tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF), fp32 models in
+ * fp32. A kernel entry cannot return an error: a failure fails the stream it was enqueued on,
+ * and the runner reports it. */
+#include <math.h>
+#include <string.h>
+
+#include "../base/assert.h"
+#include "../base/base.h"
+#include "../kernels/kernels_cuda.h"
+#include "cuda-impl.h"
+
+struct cuda_context *exec_cuda_kernels_context;
+
+static struct cuda_context *kernel_ctx(struct exec_stream *s) {
+  return s ? s->b : exec_cuda_kernels_context;
+}
+
+static cudaStream_t st_of(struct exec_stream *s) {
+  return exec_cuda_stream(kernel_ctx(s), s);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+
+/* The largest power of two up to 256 that divides p's address. */
+static uint32_t ptr_alignment(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0)
+    al /= 2;
+  return al;
+}
+
+/* kernels_gemm's contract (row-major C[m,n] = alpha op(A) op(B) + beta C, beta 0 ignores C)
+ * through cuBLASLt, which is column-major: row-major C is column-major C^T = op(B)^T op(A)^T,
+ * so B goes first. */
+static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, bool ta, bool tb, int m,
+                    int n, int k, float alpha, const float *A, int lda, const float *B, int ldb,
+                    float beta, float *C, int ldc, GError **err) {
+  if (m == 0 || n == 0)
+    return true;
+  if (k == 0) {
+    /* nothing to multiply: C = beta C */
+    if (beta == 0.0f)
+      for (int r = 0; r < m; r++)
+        kc_fill(C + (size_t)r * ldc, 0.0f, (size_t)n, cs);
+    return true;
+  }
+  cublasComputeType_t ct = b->bf16_gemm ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t op = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  bool ok =
+      CUBLAS_CHECK(b, cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F), err) &&
+      CUBLAS_CHECK(
+          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
+          err) &&
+      CUBLAS_CHECK(
+          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
+          err) &&
+      /* first operand: B^T as stored, [n, k] after op; second: A, [k, m] after op */
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, tb ? k : n, tb ? n : k, ldb),
+                   err) &&
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, ta ? m : k, ta ? k : m, lda),
+                   err) &&
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, ldc), err);
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  /* the heuristic's answer per shape, alignment and precision: asking costs more than a small
+   * GEMM, and every step asks for the same shapes */
+  char key[160];
+  g_snprintf(key, sizeof key, "%d%d %d %d %d %d %d %d %u %u %u %d", ta, tb, m, n, k, lda, ldb, ldc,
+             ptr_alignment(B), ptr_alignment(A), ptr_alignment(C), (int)ct);
+  if (!b->gemm_algos)
+    b->gemm_algos = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+  const cublasLtMatmulHeuristicResult_t *cached = g_hash_table_lookup(b->gemm_algos, key);
+  if (cached) {
+    heur = *cached;
+    found = 1;
+  }
+  /* the heuristic assumes 256-byte aligned operands unless told: views into saved buffers
+   * (a head's columns, an expert's rows) are often only 4-byte aligned */
+  uint32_t align_a = ptr_alignment(B), align_b = ptr_alignment(A), align_c = ptr_alignment(C);
+  ok = ok &&
+       (found ||
+        (CUBLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref), err) &&
+         CUBLAS_CHECK(b,
+                      cublasLtMatmulPreferenceSetAttribute(
+                          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b->lt_workspace_bytes,
+                          sizeof b->lt_workspace_bytes),
+                      err) &&
+         CUBLAS_CHECK(
+             b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &align_a, sizeof align_a),
+             err) &&
+         CUBLAS_CHECK(
+             b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &align_b, sizeof align_b),
+             err) &&
+         CUBLAS_CHECK(
+             b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &align_c, sizeof align_c),
+             err) &&
+         CUBLAS_CHECK(
+             b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &align_c, sizeof align_c),
+             err) &&
+         CUBLAS_CHECK(
+             b, cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, &heur, &found),
+             err)));
+  if (ok && found && !cached)
+    g_hash_table_insert(b->gemm_algos, g_strdup(key), g_memdup2(&heur, sizeof heur));
+  if (ok && found == 0)
+    ok = piper_runtime_error(err, "rank %u GPU %d: cuBLASLt has no algorithm for a %dx%dx%d GEMM",
+                             b->rank, b->device, m, n, k);
+  ok = ok && CUBLAS_CHECK(b,
+                          cublasLtMatmul(b->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
+                                         &heur.algo, ws, b->lt_workspace_bytes, cs),
+                          err);
+  if (pref)
+    cublasLtMatmulPreferenceDestroy(pref);
+  if (lc)
+    cublasLtMatrixLayoutDestroy(lc);
+  if (lb)
+    cublasLtMatrixLayoutDestroy(lb);
+  if (la)
+    cublasLtMatrixLayoutDestroy(la);
+  if (op)
+    cublasLtMatmulDescDestroy(op);
+  return ok;
+}
+
+/* A GEMM of a kernel entry: failures fail the stream. */
+static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  GError *e = NULL;
+  struct cuda_context *b = kernel_ctx(s);
+  /* a workspace per stream: GEMMs of two streams run at once */
+  void *ws = s ? s->lt_workspace : b->lt_workspace;
+  if (!gemm_lt(b, st_of(s), ws, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, &e))
+    exec_cuda_fail(s, e);
+}
+
+/* ---- simple entries --------------------------------------------------------------------- */
+
+static void k_fill(struct exec_stream *s, float *x, float value, size_t n) {
+  kc_fill(x, value, n, st_of(s));
+}
+
+static void k_copy(struct exec_stream *s, void *dst, const void *src, size_t bytes) {
+  GError *e = NULL;
+  struct cuda_context *b = kernel_ctx(s);
+  if (bytes &&
+      !CUDA_CHECK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_of(s)), &e))
+    exec_cuda_fail(s, e);
+}
+
+static void k_add(struct exec_stream *s, float *y, const float *x, size_t n) {
+  kc_add(y, x, n, true, st_of(s));
+}
+
+static void k_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
+                                const float *params, int T, int V, int C) {
+  (void)V;
+  kc_embedding_forward(x, tokens, params, T, C, st_of(s));
+}
+
+static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, const float *dx,
+                                        const int32_t *tokens, int T, int V, int C) {
+  (void)V;
+  kc_embedding_backward(dparams, dx, tokens, T, C, st_of(s));
+}
+
+static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, const float *x,
+                              const float *params, int T, int C, float eps) {
+  kc_rmsnorm_forward(h, saved, x, params, T, C, eps, st_of(s));
+}
+
+static void k_rmsnorm_backward_input(struct exec_stream *s, float *dx, const float *dh,
+                                     const float *x, const float *saved, const float *params, int T,
+                                     int C, bool accumulate) {
+  kc_rmsnorm_backward_input(dx, dh, x, saved, params, T, C, accumulate, st_of(s));
+}
+
+static void k_rmsnorm_backward_weight(struct exec_stream *s, float *dparams, const float *dh,
+                                      const float *x, const float *saved, int T, int C) {
+  kc_rmsnorm_backward_weight(dparams, dh, x, saved, T, C, st_of(s));
+}
+
+static void k_rmsnorm_backward(struct exec_stream *s, float *dx, float *dparams, const float *dh,
+                               const float *x, const float *saved, const float *params, int T,
+                               int C, bool accumulate) {
+  k_rmsnorm_backward_input(s, dx, dh, x, saved, params, T, C, accumulate);
+  k_rmsnorm_backward_weight(s, dparams, dh, x, saved, T, C);
+}
+
+static void k_residual_add_forward(struct exec_stream *s, float *x, const float *y, size_t n) {
+  kc_add(x, y, n, true, st_of(s));
+}
+
+static void k_residual_add_backward(struct exec_stream *s, float *dy, const float *dx, size_t n,
+                                    bool accumulate) {
+  kc_add(dy, dx, n, accumulate, st_of(s));
+}
+
+static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
+                         float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int step) {
+  kc_adamw(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step, st_of(s));
+}
+
+/* ---- MLP (kernels/mlp.c) ------------------------------------------------------------------ */
+
+static void k_mlp_forward(struct exec_stream *s, float *m, float *saved, const float *h,
+                          const float *params, int T, int C, int F) {
+  const float *wg = params, *wu = wg + (size_t)C * F, *wd = wu + (size_t)C * F;
+  float *g = saved, *u = g + (size_t)T * F, *act = u + (size_t)T * F;
+  gemm(s, false, false, T, F, C, 1.0f, h, C, wg, F, 0.0f, g, F);
+  gemm(s, false, false, T, F, C, 1.0f, h, C, wu, F, 0.0f, u, F);
+  kc_swiglu_forward(act, g, u, (size_t)T * F, st_of(s));
+  gemm(s, false, false, T, C, F, 1.0f, act, F, wd, C, 0.0f, m, C);
+}
+
+static void k_mlp_backward_input(struct exec_stream *s, float *dh, float *bwork, const float *dm,
+                                 const float *saved, const float *params, int T, int C, int F,
+                                 bool accumulate) {
+  const float *wg = params, *wu = wg + (size_t)C * F, *wd = wu + (size_t)C * F;
+  const float *g = saved, *u = g + (size_t)T * F;
+  float *dg = bwork, *du = dg + (size_t)T * F;
+  gemm(s, false, true, T, F, C, 1.0f, dm, C, wd, C, 0.0f, dg, F); /* dact, into dg */
+  kc_swiglu_backward(dg, du, dg, g, u, (size_t)T * F, st_of(s));
+  gemm(s, false, true, T, C, F, 1.0f, dg, F, wg, F, accumulate ? 1.0f : 0.0f, dh, C);
+  gemm(s, false, true, T, C, F, 1.0f, du, F, wu, F, 1.0f, dh, C);
+}
+
+static void k_mlp_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                  const float *dm, const float *h, const float *saved, int T, int C,
+                                  int F) {
+  float *dwg = dparams, *dwu = dwg + (size_t)C * F, *dwd = dwu + (size_t)C * F;
+  const float *act = saved + 2 * (size_t)T * F;
+  const float *dg = bwork, *du = dg + (size_t)T * F;
+  gemm(s, true, false, C, F, T, 1.0f, h, C, dg, F, 1.0f, dwg, F);
+  gemm(s, true, false, C, F, T, 1.0f, h, C, du, F, 1.0f, dwu, F);
+  gemm(s, true, false, F, C, T, 1.0f, act, F, dm, C, 1.0f, dwd, C);
+}
+
+static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                           const float *dm, const float *h, const float *saved, const float *params,
+                           int T, int C, int F, bool accumulate) {
+  k_mlp_backward_input(s, dh, bwork, dm, saved, params, T, C, F, accumulate);
+  k_mlp_backward_weight(s, dparams, bwork, dm, h, saved, T, C, F);
+}
+
+/* ---- attention (kernels/attention.c; unfused: per (sequence, head) GEMMs, p [B,H,S,S] kept as
+ * the host keeps it, so its memory is counted as the plan counts the host's) ----------------- */
+
+struct attn_views {
+  size_t T, HD, KD;
+  const float *wq, *wk, *wv, *wo;
+  float *q, *k, *v, *p, *y, *dy, *dq, *dk, *dv;
+};
+
+static struct attn_views attn_views(const struct kernels_attention_dims *d, const float *params,
+                                    const float *saved, const float *bwork) {
+  struct attn_views w = {0};
+  w.T = (size_t)d->batch * d->seq;
+  w.HD = (size_t)d->heads * d->head_dim;
+  w.KD = (size_t)d->kv_heads * d->head_dim;
+  size_t C = (size_t)d->hidden;
+  if (params) {
+    w.wq = params;
+    w.wk = w.wq + C * w.HD;
+    w.wv = w.wk + C * w.KD;
+    w.wo = w.wv + C * w.KD;
+  }
+  if (saved) {
+    w.q = (float *)saved;
+    w.k = w.q + w.T * w.HD;
+    w.v = w.k + w.T * w.KD;
+    w.p = w.v + w.T * w.KD;
+    w.y = w.p + (size_t)d->batch * d->heads * d->seq * d->seq;
+  }
+  if (bwork) {
+    w.dy = (float *)bwork;
+    w.dq = w.dy + w.T * w.HD;
+    w.dk = w.dq + w.T * w.HD;
+    w.dv = w.dk + w.T * w.KD;
+  }
+  return w;
+}
+
+static void rope(struct exec_stream *s, float *x, const struct kernels_attention_dims *d, int heads,
+                 bool inverse) {
+  const struct kernels_rope_scaling *sc = d->rope_scaling;
+  kc_rope(x, d->batch, d->seq, heads, d->head_dim, d->rope_theta, sc ? sc->factor : 0.0f,
+          sc ? sc->low_freq_factor : 0.0f, sc ? sc->high_freq_factor : 0.0f,
+          sc ? sc->original_max_position_embeddings : 0, inverse, st_of(s));
+}
+
+/* Offsets of sequence b, query head hh: into q/y rows (HD wide) and k/v rows (KD wide). */
+static void head_offsets(const struct attn_views *w, const struct kernels_attention_dims *d, int b,
+                         int hh, size_t *qoff, size_t *koff, size_t *poff) {
+  int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
+  *qoff = (size_t)b * S * w->HD + (size_t)hh * D;
+  *koff = (size_t)b * S * w->KD + (size_t)(hh / group) * D;
+  *poff = ((size_t)b * d->heads + hh) * S * S;
+}
+
+static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
+                                const float *params, const struct kernels_attention_dims *d) {
+  struct attn_views w = attn_views(d, params, saved, NULL);
+  int S = d->seq, D = d->head_dim, C = d->hidden;
+  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
+  gemm(s, false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
+  gemm(s, false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
+  gemm(s, false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
+  rope(s, w.q, d, d->heads, false);
+  rope(s, w.k, d, d->kv_heads, false);
+  float scale = 1.0f / sqrtf((float)D);
+  for (int b = 0; b < d->batch; b++)
+    for (int hh = 0; hh < d->heads; hh++) {
+      size_t qo, ko, po;
+      head_offsets(&w, d, b, hh, &qo, &ko, &po);
+      gemm(s, false, true, S, S, D, 1.0f, w.q + qo, HD, w.k + ko, KD, 0.0f, w.p + po, S);
+      kc_causal_softmax(w.p + po, S, S, scale, st_of(s));
+      gemm(s, false, false, S, D, S, 1.0f, w.p + po, S, w.v + ko, KD, 0.0f, w.y + qo, HD);
+    }
+  gemm(s, false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
+}
+
+/* ds: S*S floats of scratch, stream-ordered (cudaMallocAsync). */
+static void attention_heads_backward(struct exec_stream *s, const struct attn_views *w,
+                                     const struct kernels_attention_dims *d, float *ds) {
+  int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
+  float scale = 1.0f / sqrtf((float)D);
+  for (int b = 0; b < d->batch; b++)
+    for (int hh = 0; hh < d->heads; hh++) {
+      size_t qo, ko, po;
+      head_offsets(w, d, b, hh, &qo, &ko, &po);
+      gemm(s, false, true, S, S, D, 1.0f, w->dy + qo, HD, w->v + ko, KD, 0.0f, ds, S);
+      kc_softmax_backward(ds, w->p + po, S, S, scale, st_of(s));
+      gemm(s, false, false, S, D, S, 1.0f, ds, S, w->k + ko, KD, 0.0f, w->dq + qo, HD);
+      gemm(s, true, false, S, D, S, 1.0f, ds, S, w->q + qo, HD, 1.0f, w->dk + ko, KD);
+      gemm(s, true, false, S, D, S, 1.0f, w->p + po, S, w->dy + qo, HD, 1.0f, w->dv + ko, KD);
+    }
+}
+
+static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                       const float *da, const float *saved, const float *params,
+                                       const struct kernels_attention_dims *d, bool accumulate) {
+  struct attn_views w = attn_views(d, params, saved, bwork);
+  int S = d->seq, C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
+  cudaStream_t cs = st_of(s);
+  gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
+  kc_fill(w.dk, 0.0f, w.T * w.KD, cs);
+  kc_fill(w.dv, 0.0f, w.T * w.KD, cs);
+  float *ds = NULL;
+  GError *e = NULL;
+  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync((void **)&ds, (size_t)S * S * sizeof(float), cs),
+                  &e)) {
+    exec_cuda_fail(s, e);
+    return;
+  }
+  attention_heads_backward(s, &w, d, ds);
+  cudaFreeAsync(ds, cs);
+  rope(s, w.dq, d, d->heads, true);
+  rope(s, w.dk, d, d->kv_heads, true);
+  gemm(s, false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
+  gemm(s, false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
+  gemm(s, false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);
+}
+
+static void k_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                        const float *da, const float *h, const float *saved,
+                                        const struct kernels_attention_dims *d) {
+  struct attn_views w = attn_views(d, NULL, saved, bwork);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
+  float *dwq = dparams, *dwk = dwq + (size_t)C * HD, *dwv = dwk + (size_t)C * KD;
+  float *dwo = dwv + (size_t)C * KD;
+  gemm(s, true, false, C, HD, T, 1.0f, h, C, w.dq, HD, 1.0f, dwq, HD);
+  gemm(s, true, false, C, KD, T, 1.0f, h, C, w.dk, KD, 1.0f, dwk, KD);
+  gemm(s, true, false, C, KD, T, 1.0f, h, C, w.dv, KD, 1.0f, dwv, KD);
+  gemm(s, true, false, HD, C, T, 1.0f, w.y, HD, da, C, 1.0f, dwo, C);
+}
+
+static void k_attention_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                                 const float *da, const float *h, const float *saved,
+                                 const float *params, const struct kernels_attention_dims *d,
+                                 bool accumulate) {
+  k_attention_backward_input(s, dh, bwork, da, saved, params, d, accumulate);
+  k_attention_backward_weight(s, dparams, bwork, da, h, saved, d);
+}
+
+/* ---- router, dispatch, combine (kernels/moe.c) --------------------------------------------- */
+
+static void k_router_forward(struct exec_stream *s, int32_t *ids, float *weights, float *saved,
+                             const float *h, const float *params, int T, int C, int E, int K) {
+  gemm(s, false, false, T, E, C, 1.0f, h, C, params, E, 0.0f, saved, E); /* logits into probs */
+  kc_router_topk(ids, weights, saved, T, E, K, st_of(s));
+}
+
+static void k_router_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                    const float *dweights, const int32_t *ids, const float *weights,
+                                    const float *saved, const float *params, int T, int C, int E,
+                                    int K, bool accumulate) {
+  kc_router_dlogits(bwork, dweights, ids, weights, saved, T, E, K, st_of(s));
+  gemm(s, false, true, T, C, E, 1.0f, bwork, E, params, E, accumulate ? 1.0f : 0.0f, dh, C);
+}
+
+static void k_router_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                     const float *h, int T, int C, int E) {
+  gemm(s, true, false, C, E, T, 1.0f, h, C, bwork, E, 1.0f, dparams, E);
+}
+
+static void k_router_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                              const float *dweights, const int32_t *ids, const float *weights,
+                              const float *saved, const float *h, const float *params, int T, int C,
+                              int E, int K, bool accumulate) {
+  k_router_backward_input(s, dh, bwork, dweights, ids, weights, saved, params, T, C, E, K,
+                          accumulate);
+  k_router_backward_weight(s, dparams, bwork, h, T, C, E);
+}
+
+static void k_moe_dispatch_plan(struct exec_stream *s, int32_t *send_counts, int32_t *route_row,
+                                const int32_t *ids, int T, int K, int E, int n_ranks) {
+  kc_moe_dispatch_plan(send_counts, route_row, ids, T, K, E, n_ranks, st_of(s));
+}
+
+static void k_moe_dispatch_forward(struct exec_stream *s, float *send, int32_t *send_expert,
+                                   const float *h, const int32_t *ids, const int32_t *route_row,
+                                   int T, int K, int C) {
+  kc_moe_dispatch_forward(send, send_expert, h, ids, route_row, T, K, C, st_of(s));
+}
+
+static void k_moe_dispatch_backward(struct exec_stream *s, float *dh, const float *dsend,
+                                    const int32_t *route_row, int T, int K, int C,
+                                    bool accumulate) {
+  kc_moe_dispatch_backward(dh, dsend, route_row, T, K, C, accumulate, st_of(s));
+}
+
+static void k_moe_combine_forward(struct exec_stream *s, float *m, const float *y,
+                                  const float *weights, const int32_t *route_row, int T, int K,
+                                  int C) {
+  kc_moe_combine_forward(m, y, weights, route_row, T, K, C, st_of(s));
+}
+
+static void k_moe_combine_backward(struct exec_stream *s, float *dy, float *dweights,
+                                   const float *dm, const float *y, const float *weights,
+                                   const int32_t *route_row, int T, int K, int C) {
+  kc_moe_combine_backward(dy, dweights, dm, y, weights, route_row, T, K, C, st_of(s));
+}
+
+/* ---- expert FFN (kernels/moe.c): rows grouped by expert, as the host groups them ----------- */
+
+/* Rows by expert, experts ascending, rows ascending within one: order (on the device) and the
+ * count per expert (on the host, the GEMMs' sizes). This reads row_expert back: the wait for
+ * routing counts that MoE needs (the plan's all-to-all already waited for the counts). */
+struct expert_groups {
+  int32_t *order; /* device, n_rows, stream-ordered (cudaFreeAsync) */
+  int *count;     /* host, e_count */
+};
+
+static bool expert_groups(struct exec_stream *s, const int32_t *row_expert, int n_rows, int e_first,
+                          int e_count, bool need_order, struct expert_groups *g) {
+  struct cuda_context *b = kernel_ctx(s);
+  cudaStream_t cs = st_of(s);
+  GError *e = NULL;
+  int32_t *host = g_new(int32_t, n_rows ? n_rows : 1);
+  g->count = g_new0(int, e_count ? e_count : 1);
+  g->order = NULL;
+  bool ok =
+      !n_rows || (CUDA_CHECK(b,
+                             cudaMemcpyAsync(host, row_expert, (size_t)n_rows * sizeof(int32_t),
+                                             cudaMemcpyDeviceToHost, cs),
+                             &e) &&
+                  CUDA_CHECK(b, cudaStreamSynchronize(cs), &e));
+  for (int r = 0; ok && r < n_rows; r++) {
+    int x = host[r] - e_first;
+    if (x < 0 || x >= e_count)
+      ok = piper_runtime_error(&e,
+                               "rank %u GPU %d: expert FFN row %d routed to expert %d, "
+                               "outside this rank's [%d, %d)",
+                               b->rank, b->device, r, host[r], e_first, e_first + e_count);
+    else
+      g->count[x]++;
+  }
+  if (ok && need_order && n_rows) {
+    int32_t *order = g_new(int32_t, n_rows);
+    int *at = g_new0(int, e_count + 1);
+    for (int x = 0; x < e_count; x++)
+      at[x + 1] = at[x] + g->count[x];
+    for (int r = 0; r < n_rows; r++)
+      order[at[host[r] - e_first]++] = r;
+    ok = CUDA_CHECK(b, cudaMallocAsync((void **)&g->order, (size_t)n_rows * sizeof(int32_t), cs),
+                    &e) &&
+         CUDA_CHECK(b,
+                    cudaMemcpyAsync(g->order, order, (size_t)n_rows * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, cs),
+                    &e);
+    g_free(order);
+    g_free(at);
+  }
+  g_free(host);
+  if (!ok) {
+    exec_cuda_fail(s, e);
+    g_free(g->count);
+    g->count = NULL;
+  }
+  return ok;
+}
+
+static void expert_groups_free(struct exec_stream *s, struct expert_groups *g) {
+  if (g->order)
+    cudaFreeAsync(g->order, st_of(s));
+  g_free(g->count);
+}
+
+static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *scratch,
+                                 const float *in, const int32_t *row_expert, int n_rows,
+                                 const float *params, int e_first, int e_count, int C, int F) {
+  struct expert_groups eg;
+  if (!expert_groups(s, row_expert, n_rows, e_first, e_count, true, &eg))
+    return;
+  size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
+  float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = u + n * F;
+  kc_gather_rows(xs, in, eg.order, n_rows, C, st_of(s));
+  size_t off = 0;
+  for (int x = 0; x < e_count; x++) {
+    int cnt = eg.count[x];
+    if (cnt == 0)
+      continue;
+    const float *wg = params + (size_t)x * per, *wu = wg + (size_t)C * F, *wd = wu + (size_t)C * F;
+    gemm(s, false, false, cnt, F, C, 1.0f, xs + off * C, C, wg, F, 0.0f, g + off * F, F);
+    gemm(s, false, false, cnt, F, C, 1.0f, xs + off * C, C, wu, F, 0.0f, u + off * F, F);
+    kc_swiglu_forward(act + off * F, g + off * F, u + off * F, (size_t)cnt * F, st_of(s));
+    gemm(s, false, false, cnt, C, F, 1.0f, act + off * F, F, wd, C, 0.0f, scratch + off * C, C);
+    off += (size_t)cnt;
+  }
+  kc_scatter_rows(out, scratch, eg.order, n_rows, C, false, st_of(s));
+  expert_groups_free(s, &eg);
+}
+
+static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float *bwork,
+                                        float *scratch, const float *dout,
+                                        const int32_t *row_expert, int n_rows, const float *saved,
+                                        const float *params, int e_first, int e_count, int C, int F,
+                                        bool accumulate) {
+  struct expert_groups eg;
+  if (!expert_groups(s, row_expert, n_rows, e_first, e_count, true, &eg))
+    return;
+  size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
+  const float *g = saved + n * C, *u = g + n * F;
+  float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
+  kc_gather_rows(dys, dout, eg.order, n_rows, C, st_of(s));
+  size_t off = 0;
+  for (int x = 0; x < e_count; x++) {
+    int cnt = eg.count[x];
+    if (cnt == 0)
+      continue;
+    const float *wg = params + (size_t)x * per, *wu = wg + (size_t)C * F, *wd = wu + (size_t)C * F;
+    float *dge = dg + off * F, *due = du + off * F;
+    gemm(s, false, true, cnt, F, C, 1.0f, dys + off * C, C, wd, C, 0.0f, dge, F);
+    kc_swiglu_backward(dge, due, dge, g + off * F, u + off * F, (size_t)cnt * F, st_of(s));
+    gemm(s, false, true, cnt, C, F, 1.0f, dge, F, wg, F, 0.0f, scratch + off * C, C);
+    gemm(s, false, true, cnt, C, F, 1.0f, due, F, wu, F, 1.0f, scratch + off * C, C);
+    off += (size_t)cnt;
+  }
+  kc_scatter_rows(din, scratch, eg.order, n_rows, C, accumulate, st_of(s));
+  expert_groups_free(s, &eg);
+}
+
+static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                         const int32_t *row_expert, int n_rows, const float *saved,
+                                         int e_first, int e_count, int C, int F) {
+  struct expert_groups eg;
+  if (!expert_groups(s, row_expert, n_rows, e_first, e_count, false, &eg))
+    return;
+  size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
+  const float *xs = saved, *act = saved + n * C + 2 * n * F;
+  const float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
+  size_t off = 0;
+  for (int x = 0; x < e_count; x++) {
+    int cnt = eg.count[x];
+    if (cnt == 0)
+      continue;
+    float *dwg = dparams + (size_t)x * per, *dwu = dwg + (size_t)C * F, *dwd = dwu + (size_t)C * F;
+    gemm(s, true, false, C, F, cnt, 1.0f, xs + off * C, C, dg + off * F, F, 1.0f, dwg, F);
+    gemm(s, true, false, C, F, cnt, 1.0f, xs + off * C, C, du + off * F, F, 1.0f, dwu, F);
+    gemm(s, true, false, F, C, cnt, 1.0f, act + off * F, F, dys + off * C, C, 1.0f, dwd, C);
+    off += (size_t)cnt;
+  }
+  expert_groups_free(s, &eg);
+}
+
+static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dparams, float *bwork,
+                                  float *scratch, const float *dout, const int32_t *row_expert,
+                                  int n_rows, const float *saved, const float *params, int e_first,
+                                  int e_count, int C, int F, bool accumulate) {
+  k_expert_ffn_backward_input(s, din, bwork, scratch, dout, row_expert, n_rows, saved, params,
+                              e_first, e_count, C, F, accumulate);
+  k_expert_ffn_backward_weight(s, dparams, bwork, row_expert, n_rows, saved, e_first, e_count, C,
+                               F);
+}
+
+/* ---- LM head + cross-entropy (kernels/loss.c). The interface keeps probs [T, V] in saved, as
+ * the host does, so the logits are not chunked here (see the report). ------------------------ */
+
+static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
+                                   const int32_t *targets, const float *params,
+                                   enum kernels_lm_head_layout layout, int T, int C, int V) {
+  if (layout == KERNELS_LM_HEAD_TIED)
+    gemm(s, false, true, T, V, C, 1.0f, h, C, params, C, 0.0f, saved, V);
+  else
+    gemm(s, false, false, T, V, C, 1.0f, h, C, params, V, 0.0f, saved, V);
+  kc_softmax_xent_forward(loss, saved, targets, T, V, st_of(s));
+}
+
+static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                          const float *saved, const int32_t *targets,
+                                          const float *params, enum kernels_lm_head_layout layout,
+                                          float dloss, int T, int C, int V, bool accumulate) {
+  kc_softmax_xent_backward(bwork, saved, targets, T, V, dloss / (float)T, st_of(s));
+  float beta = accumulate ? 1.0f : 0.0f;
+  if (layout == KERNELS_LM_HEAD_TIED)
+    gemm(s, false, false, T, C, V, 1.0f, bwork, V, params, C, beta, dh, C);
+  else
+    gemm(s, false, true, T, C, V, 1.0f, bwork, V, params, V, beta, dh, C);
+}
+
+static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams,
+                                           const float *bwork, const float *h,
+                                           enum kernels_lm_head_layout layout, int T, int C,
+                                           int V) {
+  if (layout == KERNELS_LM_HEAD_TIED)
+    gemm(s, true, false, V, C, T, 1.0f, bwork, V, h, C, 1.0f, dparams, C);
+  else
+    gemm(s, true, false, C, V, T, 1.0f, h, C, bwork, V, 1.0f, dparams, V);
+}
+
+static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                                    const float *saved, const float *h, const int32_t *targets,
+                                    const float *params, enum kernels_lm_head_layout layout,
+                                    float dloss, int T, int C, int V, bool accumulate) {
+  k_lm_head_loss_backward_input(s, dh, bwork, saved, targets, params, layout, dloss, T, C, V,
+                                accumulate);
+  k_lm_head_loss_backward_weight(s, dparams, bwork, h, layout, T, C, V);
+}
+
+static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,
+                                 const int32_t *tokens, int T, int V, int C) {
+  k_embedding_backward_weight(s, dparams, dx, tokens, T, V, C);
+}
+
+const struct exec_kernels exec_cuda_kernels = {
+    .fill = k_fill,
+    .copy = k_copy,
+    .add = k_add,
+    .embedding_forward = k_embedding_forward,
+    .embedding_backward_weight = k_embedding_backward_weight,
+    .embedding_backward = k_embedding_backward,
+    .rmsnorm_forward = k_rmsnorm_forward,
+    .rmsnorm_backward_input = k_rmsnorm_backward_input,
+    .rmsnorm_backward_weight = k_rmsnorm_backward_weight,
+    .rmsnorm_backward = k_rmsnorm_backward,
+    .attention_forward = k_attention_forward,
+    .attention_backward_input = k_attention_backward_input,
+    .attention_backward_weight = k_attention_backward_weight,
+    .attention_backward = k_attention_backward,
+    .mlp_forward = k_mlp_forward,
+    .mlp_backward_input = k_mlp_backward_input,
+    .mlp_backward_weight = k_mlp_backward_weight,
+    .mlp_backward = k_mlp_backward,
+    .router_forward = k_router_forward,
+    .router_backward_input = k_router_backward_input,
+    .router_backward_weight = k_router_backward_weight,
+    .router_backward = k_router_backward,
+    .moe_dispatch_plan = k_moe_dispatch_plan,
+    .moe_dispatch_forward = k_moe_dispatch_forward,
+    .moe_dispatch_backward = k_moe_dispatch_backward,
+    .moe_combine_forward = k_moe_combine_forward,
+    .moe_combine_backward = k_moe_combine_backward,
+    .expert_ffn_forward = k_expert_ffn_forward,
+    .expert_ffn_backward_input = k_expert_ffn_backward_input,
+    .expert_ffn_backward_weight = k_expert_ffn_backward_weight,
+    .expert_ffn_backward = k_expert_ffn_backward,
+    .lm_head_loss_forward = k_lm_head_loss_forward,
+    .lm_head_loss_backward_input = k_lm_head_loss_backward_input,
+    .lm_head_loss_backward_weight = k_lm_head_loss_backward_weight,
+    .lm_head_loss_backward = k_lm_head_loss_backward,
+    .residual_add_forward = k_residual_add_forward,
+    .residual_add_backward = k_residual_add_backward,
+    .adamw_step = k_adamw_step,
+};
+
+/* MLA attention has no kernel here (nor on the host): refused before anything runs. */
+bool exec_cuda_kernels_cover(const struct model *m, GError **err) {
+  for (uint32_t i = 0; i < m->n_ops; i++)
+    if (m->ops[i].kind == MODEL_OP_MLA_ATTENTION)
+      return piper_input_error(err, "the cuda backend has no kernel for %s (model op %u)",
+                               model_op_kind_name(m->ops[i].kind), i);
+  return true;
+}

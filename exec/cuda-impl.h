@@ -1,0 +1,142 @@
+/* cuda-impl: the cuda backend's private state (its struct exec_backend's context), shared by
+ * its lifecycle, memory, streams and events (backend_cuda.c), its communication
+ * (backend_cuda_comm.c) and its kernel table (backend_cuda_kernels.c). Built only with
+ * HAVE_CUDA. The host thread only enqueues: a task runs when it is submitted, its kernels and
+ * NCCL calls go to the stream's CUDA stream, and nothing waits for the GPU except a copy to
+ * host memory (a value the CPU needs: the loss, MoE routing counts). */
+#ifndef PIPER_EXEC_CUDA_IMPL_H
+#define PIPER_EXEC_CUDA_IMPL_H
+#ifdef HAVE_CUDA /* empty without it: the CUDA headers are not there */
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include "exec.h"
+
+struct cuda_context {
+  uint32_t rank, size;             /* world */
+  uint32_t local_rank, local_size; /* on this host */
+  int device, n_sms;
+  char device_name[256];
+  bool mpi, finalize_mpi;
+  bool shared_gpu;      /* ranks share this GPU: host-staged MPI instead of NCCL */
+  MPI_Comm node;        /* the ranks of this host */
+  GArray *staged_sends; /* host-staged sends in flight (backend_cuda_comm.c) */
+  double epoch;
+  const struct plan *plan; /* from configure (not owned) */
+  uint32_t plan_device;
+  bool bf16_gemm; /* cuBLASLt computes in bf16 (fp32 in and out, fp32 accumulation) */
+  cublasLtHandle_t lt;
+  void *lt_workspace;
+  size_t lt_workspace_bytes;
+  GHashTable *gemm_algos; /* GEMM key -> cublasLtMatmulHeuristicResult_t (kernels) */
+  /* memory: one device allocation, carved first fit at run time */
+  GMutex mem_lock;
+  char *arena;
+  size_t arena_bytes, arena_high;
+  GArray *blocks;   /* struct cuda_block, live, by offset */
+  GArray *deferred; /* struct cuda_deferred: released, reusable once their events complete */
+  /* work outside any task (the runner's step setup) runs on this stream; every stream waits
+   * for its latest record before its next work */
+  cudaStream_t setup;
+  cudaEvent_t setup_done;
+  uint64_t setup_gen;
+  GPtrArray *streams;
+  GArray *task_ends; /* cudaEvent_t of submitted tasks, oldest first: progress */
+  /* per-instruction GPU times: timing events around each task's work, indexed by task id,
+   * measured from epoch_event (recorded when the backend's clock read 0) */
+  GArray *t_start, *t_end; /* cudaEvent_t */
+  cudaEvent_t epoch_event;
+  GPtrArray *free_events;
+  uint64_t progress;
+  bool cancelled;
+};
+
+struct exec_stream {
+  struct cuda_context *b;
+  char name[64];
+  int priority;
+  int plan_stream; /* index in plan->streams, -1 for the control stream */
+  cudaStream_t cs;
+  void *green;        /* CUgreenCtx the stream lives in (sm_share < 1), or NULL */
+  void *lt_workspace; /* cuBLASLt's, this stream's own (lt_workspace_bytes) */
+  uint64_t setup_seen;
+  bool failed;
+  double since;
+  GError *error;
+  uint32_t task_id;
+};
+
+struct exec_event {
+  struct cuda_context *b;
+  cudaEvent_t ev;
+};
+
+/* The stream the running task's work goes to (set while a task runs), else NULL. */
+extern _Thread_local struct exec_stream *exec_cuda_current;
+
+/* cudaStream_t for s (NULL: the setup stream), after making it wait for the latest setup. */
+cudaStream_t exec_cuda_stream(struct cuda_context *b, struct exec_stream *s);
+/* Fails s (first error kept): a kernel entry cannot return one. */
+void exec_cuda_fail(struct exec_stream *s, GError *e);
+
+/* Check helpers behind the macros: false with *err naming call, file, line, rank and GPU. */
+bool exec_cuda_check(const struct cuda_context *b, cudaError_t e, const char *call,
+                     const char *file, int line, GError **err);
+bool exec_cublas_check(const struct cuda_context *b, cublasStatus_t e, const char *call,
+                       const char *file, int line, GError **err);
+bool exec_nccl_check(const struct cuda_context *b, ncclResult_t e, const char *call,
+                     const char *file, int line, GError **err);
+bool exec_mpi_check(const struct cuda_context *b, int e, const char *call, const char *file,
+                    int line, GError **err);
+#define CUDA_CHECK(b, call, err) exec_cuda_check((b), (call), #call, __FILE__, __LINE__, (err))
+#define CUBLAS_CHECK(b, call, err) exec_cublas_check((b), (call), #call, __FILE__, __LINE__, (err))
+#define NCCL_CHECK(b, call, err) exec_nccl_check((b), (call), #call, __FILE__, __LINE__, (err))
+#define MPI_CHECK(b, call, err) exec_mpi_check((b), (call), #call, __FILE__, __LINE__, (err))
+
+/* backend_cuda_comm.c */
+bool exec_cuda_comm_start(struct cuda_context *b, const struct exec_backend_params *p,
+                          GError **err);
+void exec_cuda_comm_finalize(struct cuda_context *b);
+struct exec_comm *exec_cuda_comm_create(struct exec_backend *b, const char *label,
+                                        const uint32_t *members, uint32_t n_members,
+                                        bool point_to_point, GError **err);
+void exec_cuda_comm_destroy(struct exec_comm *c);
+bool exec_cuda_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
+                    GError **err);
+bool exec_cuda_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
+                    GError **err);
+bool exec_cuda_p2p_group(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                         GError **err);
+bool exec_cuda_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err);
+bool exec_cuda_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
+                                  size_t n_per_rank, GError **err);
+bool exec_cuda_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
+                          GError **err);
+bool exec_cuda_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err);
+bool exec_cuda_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes,
+                            void *out, const size_t *recv_bytes, GError **err);
+bool exec_cuda_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
+                                    enum exec_reduce_op op, GError **err);
+bool exec_cuda_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
+                            size_t **out_sizes, GError **err);
+bool exec_cuda_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err);
+
+/* backend_cuda_green.c: a stream in a green context holding sm_share of the SMs; false with
+ * why set when the driver cannot (the caller says so). */
+bool exec_cuda_green_stream(struct cuda_context *b, double sm_share, int priority,
+                            cudaStream_t *out, void **green, char *why, size_t why_len);
+void exec_cuda_green_destroy(void *green);
+
+/* backend_cuda_kernels.c: the kernel table, and whether it runs every op of a model (input
+ * error naming the first op it has no kernel for). */
+extern const struct exec_kernels exec_cuda_kernels;
+/* The process's backend (one per process): what a kernel entry given no stream (the runner's
+ * step setup) enqueues on. Set by init. */
+extern struct cuda_context *exec_cuda_kernels_context;
+bool exec_cuda_kernels_cover(const struct model *m, GError **err);
+
+#endif /* HAVE_CUDA */
+#endif

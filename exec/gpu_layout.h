@@ -1,0 +1,60 @@
+/* gpu_layout: the decisions of the cuda backend that need no GPU, kept apart so that they are
+ * tested on machines without one: which GPU a rank uses, whether ranks share a GPU (then
+ * NCCL cannot be used between them), how a communicator's members map to NCCL ranks and who
+ * makes its unique id, and how a stream's sm_share becomes a CTA limit or an SM count.
+ *
+ *   uint8_t uuids[2][16] = {{1}, {1}};           // the GPU each local rank picked
+ *   int dev = exec_gpu_pick(1, 2, 1);            // local rank 1 of 2, one GPU visible: 0
+ *   bool shared = exec_gpu_shared(&uuids[0][0], 2, 1);  // true: host-staged MPI instead of NCCL
+ *   uint32_t members[3] = {4, 6, 7};
+ *   struct exec_gpu_comm_rank r = exec_gpu_comm_rank(members, 3, 6); // rank 1 of 3, root 4
+ *   int ctas = exec_gpu_cta_limit(0.25, 132);    // 33 CTAs for a quarter of an H100's SMs
+ */
+#ifndef PIPER_EXEC_GPU_LAYOUT_H
+#define PIPER_EXEC_GPU_LAYOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../ir/plan.h"
+
+/* The device a rank uses: its rank among the ranks on its host, modulo the devices it sees
+ * (CUDA_VISIBLE_DEVICES narrows them; a launcher that gives each rank one device makes this
+ * 0). -1 when no device is visible. */
+int exec_gpu_pick(uint32_t local_rank, uint32_t local_size, int n_visible);
+
+/* Whether local rank me shares its GPU (same UUID) with another rank of its host; uuids holds
+ * 16 bytes per local rank. */
+bool exec_gpu_shared(const uint8_t *uuids, uint32_t n_local, uint32_t me);
+
+/* A rank's place in a communicator: members are world ranks, NCCL rank = position. The
+ * unique id is made by the first member and broadcast over MPI from there. */
+struct exec_gpu_comm_rank {
+  bool member;
+  uint32_t rank, size;
+  uint32_t id_root; /* world rank that makes the NCCL unique id */
+};
+struct exec_gpu_comm_rank exec_gpu_comm_rank(const uint32_t *members, uint32_t n_members,
+                                             uint32_t world_rank);
+
+/* The plan stream a communicator label names: the runner labels them "pp g1->g2 (stream)".
+ * -1 when the label names no stream of the plan. */
+int exec_gpu_label_stream(const struct plan *p, const char *label);
+
+/* Whether every device can run its instructions one after another in issue order, as one host
+ * thread per rank does when ranks share a GPU (host-staged MPI): sends are posted without
+ * waiting (a point-to-point group posts all its sends when its first part comes up), receives
+ * wait for the peer's send, collectives for every member. False with the first device that
+ * would wait forever and the instruction it waits at. (With NCCL the host only enqueues and the
+ * streams progress apart, as plan_check_progress checks.) */
+bool exec_gpu_serial_progress(const struct plan *p, uint32_t *device, uint32_t *instr);
+
+/* NCCL's maxCTAs for a communication stream limited to sm_share of n_sms SMs: 0 (NCCL's own
+ * default) for a share of 1 or more, else at least 1. */
+int exec_gpu_cta_limit(double sm_share, int n_sms);
+
+/* SMs of a green context for a compute stream limited to sm_share: a multiple of the
+ * driver's granularity (min_count), at least one granule, at most n_sms; 0 for no limit. */
+int exec_gpu_green_sms(double sm_share, int n_sms, int min_count);
+
+#endif

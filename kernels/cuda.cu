@@ -1,0 +1,553 @@
+// cuda: the CUDA kernels of kernels_cuda.h. Each mirrors one step of the host reference in
+// kernels/*.c (same formulas, fp32 throughout); row-wise reductions use one block per row and
+// a fixed reduction tree, so results are deterministic run to run. Weight gradients that sum
+// over tokens loop over the tokens in order inside one thread per column (no atomics).
+#include <math.h>
+
+#include "kernels_cuda.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(size_t n) {
+  size_t b = (n + kThreads - 1) / kThreads;
+  return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
+}
+
+// Block-wide sum in a fixed order (shared-memory tree): every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float buf[kThreads];
+  __syncthreads();
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if ((int)threadIdx.x < s)
+      buf[threadIdx.x] += buf[threadIdx.x + s];
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+__device__ float block_max(float v) {
+  __shared__ float buf[kThreads];
+  __syncthreads();
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if ((int)threadIdx.x < s)
+      buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + s]);
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+__global__ void fill_k(float *x, float v, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] = v;
+}
+
+__global__ void add_k(float *y, const float *x, size_t n, bool acc) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    y[i] = acc ? y[i] + x[i] : x[i];
+}
+
+__global__ void embedding_fwd_k(float *x, const int32_t *tok, const float *wte, int T, int C) {
+  size_t n = (size_t)T * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t t = i / C, c = i % C;
+    x[i] = wte[(size_t)tok[t] * C + c];
+  }
+}
+
+__global__ void embedding_bwd_k(float *dwte, const float *dx, const int32_t *tok, int T, int C) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C)
+    return;
+  for (int t = 0; t < T; t++)
+    dwte[(size_t)tok[t] * C + c] += dx[(size_t)t * C + c];
+}
+
+__global__ void rmsnorm_fwd_k(float *h, float *rstd, const float *x, const float *w, int C,
+                              float eps) {
+  const float *xr = x + (size_t)blockIdx.x * C;
+  float ss = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    ss += xr[c] * xr[c];
+  ss = block_sum(ss);
+  float r = 1.0f / sqrtf(ss / C + eps);
+  if (threadIdx.x == 0)
+    rstd[blockIdx.x] = r;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    h[(size_t)blockIdx.x * C + c] = xr[c] * r * w[c];
+}
+
+__global__ void rmsnorm_bwd_input_k(float *dx, const float *dh, const float *x, const float *rstd,
+                                    const float *w, int C, bool acc) {
+  size_t row = (size_t)blockIdx.x * C;
+  float r = rstd[blockIdx.x];
+  float dot = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    dot += dh[row + c] * w[c] * x[row + c];
+  dot = block_sum(dot);
+  float k = dot * r * r * r / C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = dh[row + c] * w[c] * r - x[row + c] * k;
+    dx[row + c] = acc ? dx[row + c] + g : g;
+  }
+}
+
+__global__ void rmsnorm_bwd_weight_k(float *dw, const float *dh, const float *x, const float *rstd,
+                                     int T, int C) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C)
+    return;
+  float s = 0;
+  for (int t = 0; t < T; t++)
+    s += dh[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
+  dw[c] += s;
+}
+
+// Llama 3's frequency scaling, as kernels/rope.c (double, like the host's tables).
+__device__ double rope_inv_freq(int i, int D, float theta, float factor, float lo, float hi,
+                                int old_ctx) {
+  double inv = pow((double)theta, -2.0 * i / D);
+  if (factor <= 0.0f)
+    return inv;
+  double low_wavelen = old_ctx / (double)lo, high_wavelen = old_ctx / (double)hi;
+  double wavelen = 2.0 * M_PI / inv;
+  if (wavelen < high_wavelen)
+    return inv;
+  if (wavelen > low_wavelen)
+    return inv / factor;
+  double smooth = (old_ctx / wavelen - lo) / ((double)hi - lo);
+  return (1.0 - smooth) * inv / factor + smooth * inv;
+}
+
+__global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float factor, float lo,
+                       float hi, int old_ctx, bool inverse) {
+  int half = D / 2;
+  size_t n = (size_t)B * S * H * half;
+  for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+       idx += (size_t)gridDim.x * blockDim.x) {
+    int i = (int)(idx % half);
+    size_t rest = idx / half;
+    int h = (int)(rest % H);
+    size_t row = rest / H; // b * S + s
+    int s = (int)(row % S);
+    double angle = s * rope_inv_freq(i, D, theta, factor, lo, hi, old_ctx);
+    float cs = (float)cos(angle), sn = (float)sin(angle);
+    if (inverse)
+      sn = -sn;
+    float *p = x + row * (size_t)H * D + (size_t)h * D;
+    float a = p[i], b = p[i + half];
+    p[i] = a * cs - b * sn;
+    p[i + half] = b * cs + a * sn;
+  }
+}
+
+__device__ float silu(float g) {
+  return g / (1.0f + expf(-g));
+}
+
+__global__ void swiglu_fwd_k(float *act, const float *g, const float *u, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    act[i] = silu(g[i]) * u[i];
+}
+
+__global__ void swiglu_bwd_k(float *dg, float *du, const float *dact, const float *g,
+                             const float *u, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float s = 1.0f / (1.0f + expf(-g[i]));
+    float d = dact[i];
+    float ui = u[i], gi = g[i];
+    dg[i] = d * ui * s * (1.0f + gi * (1.0f - s));
+    du[i] = d * gi * s;
+  }
+}
+
+__global__ void causal_softmax_k(float *p, int S, float scale) {
+  float *row = p + (size_t)blockIdx.x * S;
+  int q = blockIdx.x % S; // keys 0..q
+  float mx = -INFINITY;
+  for (int k = threadIdx.x; k <= q; k += blockDim.x)
+    mx = fmaxf(mx, row[k] * scale);
+  mx = block_max(mx);
+  float sum = 0;
+  for (int k = threadIdx.x; k <= q; k += blockDim.x)
+    sum += expf(row[k] * scale - mx);
+  sum = block_sum(sum);
+  for (int k = threadIdx.x; k < S; k += blockDim.x)
+    row[k] = k <= q ? expf(row[k] * scale - mx) / sum : 0.0f;
+}
+
+__global__ void softmax_bwd_k(float *dp, const float *p, int S, float scale) {
+  size_t off = (size_t)blockIdx.x * S;
+  float dot = 0;
+  for (int k = threadIdx.x; k < S; k += blockDim.x)
+    dot += p[off + k] * dp[off + k];
+  dot = block_sum(dot);
+  for (int k = threadIdx.x; k < S; k += blockDim.x)
+    dp[off + k] = p[off + k] * (dp[off + k] - dot) * scale;
+}
+
+// One thread per token: E and K are small (tens of experts).
+__global__ void router_topk_k(int32_t *ids, float *weights, float *probs, int T, int E, int K) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T)
+    return;
+  float *p = probs + (size_t)t * E;
+  float mx = -INFINITY;
+  for (int e = 0; e < E; e++)
+    mx = fmaxf(mx, p[e]);
+  float sum = 0;
+  for (int e = 0; e < E; e++) {
+    p[e] = expf(p[e] - mx);
+    sum += p[e];
+  }
+  for (int e = 0; e < E; e++)
+    p[e] /= sum;
+  float chosen = 0;
+  for (int k = 0; k < K; k++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      bool taken = false;
+      for (int j = 0; j < k; j++)
+        taken |= ids[(size_t)t * K + j] == e;
+      if (!taken && (best < 0 || p[e] > p[best]))
+        best = e;
+    }
+    ids[(size_t)t * K + k] = best;
+    chosen += p[best];
+  }
+  for (int k = 0; k < K; k++)
+    weights[(size_t)t * K + k] = p[ids[(size_t)t * K + k]] / chosen;
+}
+
+__global__ void router_dlogits_k(float *dl, const float *dw, const int32_t *ids, const float *w,
+                                 const float *probs, int T, int E, int K) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T)
+    return;
+  const float *p = probs + (size_t)t * E;
+  const int32_t *id = ids + (size_t)t * K;
+  float *d = dl + (size_t)t * E;
+  float s = 0, wdw = 0;
+  for (int k = 0; k < K; k++) {
+    s += p[id[k]];
+    wdw += dw[(size_t)t * K + k] * w[(size_t)t * K + k];
+  }
+  for (int e = 0; e < E; e++)
+    d[e] = 0;
+  for (int k = 0; k < K; k++)
+    d[id[k]] = (dw[(size_t)t * K + k] - wdw) / s;
+  float pdp = 0;
+  for (int e = 0; e < E; e++)
+    pdp += p[e] * d[e];
+  for (int e = 0; e < E; e++)
+    d[e] = p[e] * (d[e] - pdp);
+}
+
+// Sequential by design: the order (rank, token, slot) is a prefix count; T * K is small.
+__global__ void dispatch_plan_k(int32_t *counts, int32_t *route_row, const int32_t *ids, int T,
+                                int K, int E, int n_ranks) {
+  int32_t row = 0;
+  int per = E / n_ranks;
+  for (int r = 0; r < n_ranks; r++) {
+    int32_t start = row;
+    for (size_t i = 0; i < (size_t)T * K; i++)
+      if (ids[i] / per == r)
+        route_row[i] = row++;
+    counts[r] = row - start;
+  }
+}
+
+__global__ void dispatch_fwd_k(float *send, int32_t *send_expert, const float *h,
+                               const int32_t *ids, const int32_t *route_row, int T, int K, int C) {
+  size_t n = (size_t)T * K * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t route = i / C, c = i % C;
+    size_t t = route / K;
+    int row = route_row[route];
+    send[(size_t)row * C + c] = h[t * C + c];
+    if (c == 0)
+      send_expert[row] = ids[route];
+  }
+}
+
+__global__ void dispatch_bwd_k(float *dh, const float *dsend, const int32_t *route_row, int T,
+                               int K, int C, bool acc) {
+  size_t n = (size_t)T * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t t = i / C, c = i % C;
+    float s = 0;
+    for (int k = 0; k < K; k++)
+      s += dsend[(size_t)route_row[t * K + k] * C + c];
+    dh[i] = acc ? dh[i] + s : s;
+  }
+}
+
+__global__ void combine_fwd_k(float *m, const float *y, const float *w, const int32_t *route_row,
+                              int T, int K, int C) {
+  size_t n = (size_t)T * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t t = i / C, c = i % C;
+    float s = 0;
+    for (int k = 0; k < K; k++)
+      s += w[t * K + k] * y[(size_t)route_row[t * K + k] * C + c];
+    m[i] = s;
+  }
+}
+
+// One block per route: dy written, dweights = dm[t] . y[row] (block sum).
+__global__ void combine_bwd_k(float *dy, float *dw, const float *dm, const float *y,
+                              const float *w, const int32_t *route_row, int K, int C) {
+  size_t route = blockIdx.x, t = route / K;
+  size_t row = (size_t)route_row[route] * C;
+  float dot = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = dm[t * C + c];
+    dy[row + c] = w[route] * g;
+    dot += g * y[row + c];
+  }
+  dot = block_sum(dot);
+  if (threadIdx.x == 0)
+    dw[route] = dot;
+}
+
+__global__ void gather_rows_k(float *dst, const float *src, const int32_t *index, int n, int C) {
+  size_t total = (size_t)n * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = src[(size_t)index[i / C] * C + i % C];
+}
+
+__global__ void scatter_rows_k(float *dst, const float *src, const int32_t *index, int n, int C,
+                               bool acc) {
+  size_t total = (size_t)n * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t d = (size_t)index[i / C] * C + i % C;
+    dst[d] = acc ? dst[d] + src[i] : src[i];
+  }
+}
+
+// One block per row: softmax in place, the row's loss into rowloss.
+__global__ void xent_fwd_k(float *rowloss, float *probs, const int32_t *targets, int V) {
+  float *row = probs + (size_t)blockIdx.x * V;
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x)
+    mx = fmaxf(mx, row[v]);
+  mx = block_max(mx);
+  float sum = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x)
+    sum += expf(row[v] - mx);
+  sum = block_sum(sum);
+  int tg = targets[blockIdx.x];
+  float logit_t = row[tg]; // read before the row is overwritten
+  __syncthreads();
+  for (int v = threadIdx.x; v < V; v += blockDim.x)
+    row[v] = expf(row[v] - mx) / sum;
+  if (threadIdx.x == 0)
+    rowloss[blockIdx.x] = -(logit_t - mx - logf(sum));
+}
+
+// The mean in one block, rows in a fixed order.
+__global__ void mean_k(float *out, const float *x, int n) {
+  float s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    s += x[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0)
+    *out = s / n;
+}
+
+__global__ void xent_bwd_k(float *dl, const float *probs, const int32_t *targets, int T, int V,
+                           float scale) {
+  size_t n = (size_t)T * V;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t t = i / V;
+    int v = (int)(i % V);
+    dl[i] = (probs[i] - (v == targets[t] ? 1.0f : 0.0f)) * scale;
+  }
+}
+
+__global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                        float b2, float eps, float wd, float bc1, float bc2) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float gi = g[i];
+    float mi = b1 * m[i] + (1.0f - b1) * gi;
+    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float mh = mi / bc1, vh = vi / bc2;
+    p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+  }
+}
+
+} // namespace
+
+extern "C" {
+
+void kc_fill(float *x, float value, size_t n, cudaStream_t st) {
+  if (n)
+    fill_k<<<blocks_for(n), kThreads, 0, st>>>(x, value, n);
+}
+
+void kc_add(float *y, const float *x, size_t n, bool acc, cudaStream_t st) {
+  if (n)
+    add_k<<<blocks_for(n), kThreads, 0, st>>>(y, x, n, acc);
+}
+
+void kc_embedding_forward(float *x, const int32_t *tok, const float *wte, int T, int C,
+                          cudaStream_t st) {
+  embedding_fwd_k<<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, wte, T, C);
+}
+
+void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tok, int T, int C,
+                           cudaStream_t st) {
+  embedding_bwd_k<<<blocks_for(C), kThreads, 0, st>>>(dwte, dx, tok, T, C);
+}
+
+void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, int T, int C,
+                        float eps, cudaStream_t st) {
+  if (T)
+    rmsnorm_fwd_k<<<T, kThreads, 0, st>>>(h, rstd, x, w, C, eps);
+}
+
+void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,
+                               const float *w, int T, int C, bool acc, cudaStream_t st) {
+  if (T)
+    rmsnorm_bwd_input_k<<<T, kThreads, 0, st>>>(dx, dh, x, rstd, w, C, acc);
+}
+
+void kc_rmsnorm_backward_weight(float *dw, const float *dh, const float *x, const float *rstd,
+                                int T, int C, cudaStream_t st) {
+  rmsnorm_bwd_weight_k<<<blocks_for(C), kThreads, 0, st>>>(dw, dh, x, rstd, T, C);
+}
+
+void kc_rope(float *x, int B, int S, int H, int D, float theta, float factor, float lo, float hi,
+             int old_ctx, bool inverse, cudaStream_t st) {
+  size_t n = (size_t)B * S * H * (D / 2);
+  if (n)
+    rope_k<<<blocks_for(n), kThreads, 0, st>>>(x, B, S, H, D, theta, factor, lo, hi, old_ctx,
+                                                inverse);
+}
+
+void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cudaStream_t st) {
+  if (n)
+    swiglu_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(act, g, u, n);
+}
+
+void kc_swiglu_backward(float *dg, float *du, const float *dact, const float *g, const float *u,
+                        size_t n, cudaStream_t st) {
+  if (n)
+    swiglu_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dg, du, dact, g, u, n);
+}
+
+void kc_causal_softmax(float *p, int n_rows, int S, float scale, cudaStream_t st) {
+  if (n_rows)
+    causal_softmax_k<<<n_rows, kThreads, 0, st>>>(p, S, scale);
+}
+
+void kc_softmax_backward(float *dp, const float *p, int n_rows, int S, float scale,
+                         cudaStream_t st) {
+  if (n_rows)
+    softmax_bwd_k<<<n_rows, kThreads, 0, st>>>(dp, p, S, scale);
+}
+
+void kc_router_topk(int32_t *ids, float *w, float *probs, int T, int E, int K, cudaStream_t st) {
+  router_topk_k<<<blocks_for(T), kThreads, 0, st>>>(ids, w, probs, T, E, K);
+}
+
+void kc_router_dlogits(float *dl, const float *dw, const int32_t *ids, const float *w,
+                       const float *probs, int T, int E, int K, cudaStream_t st) {
+  router_dlogits_k<<<blocks_for(T), kThreads, 0, st>>>(dl, dw, ids, w, probs, T, E, K);
+}
+
+void kc_moe_dispatch_plan(int32_t *counts, int32_t *route_row, const int32_t *ids, int T, int K,
+                          int E, int n_ranks, cudaStream_t st) {
+  dispatch_plan_k<<<1, 1, 0, st>>>(counts, route_row, ids, T, K, E, n_ranks);
+}
+
+void kc_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h, const int32_t *ids,
+                             const int32_t *route_row, int T, int K, int C, cudaStream_t st) {
+  size_t n = (size_t)T * K * C;
+  if (n)
+    dispatch_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(send, send_expert, h, ids, route_row, T,
+                                                        K, C);
+}
+
+void kc_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T,
+                              int K, int C, bool acc, cudaStream_t st) {
+  size_t n = (size_t)T * C;
+  if (n)
+    dispatch_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dh, dsend, route_row, T, K, C, acc);
+}
+
+void kc_moe_combine_forward(float *m, const float *y, const float *w, const int32_t *route_row,
+                            int T, int K, int C, cudaStream_t st) {
+  size_t n = (size_t)T * C;
+  if (n)
+    combine_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(m, y, w, route_row, T, K, C);
+}
+
+void kc_moe_combine_backward(float *dy, float *dw, const float *dm, const float *y, const float *w,
+                             const int32_t *route_row, int T, int K, int C, cudaStream_t st) {
+  if (T > 0 && K > 0)
+    combine_bwd_k<<<T * K, kThreads, 0, st>>>(dy, dw, dm, y, w, route_row, K, C);
+}
+
+void kc_gather_rows(float *dst, const float *src, const int32_t *index, int n, int C,
+                    cudaStream_t st) {
+  size_t total = (size_t)n * C;
+  if (total)
+    gather_rows_k<<<blocks_for(total), kThreads, 0, st>>>(dst, src, index, n, C);
+}
+
+void kc_scatter_rows(float *dst, const float *src, const int32_t *index, int n, int C, bool acc,
+                     cudaStream_t st) {
+  size_t total = (size_t)n * C;
+  if (total)
+    scatter_rows_k<<<blocks_for(total), kThreads, 0, st>>>(dst, src, index, n, C, acc);
+}
+
+void kc_softmax_xent_forward(float *loss, float *probs, const int32_t *targets, int T, int V,
+                             cudaStream_t st) {
+  float *rowloss = nullptr;
+  // T floats of scratch, freed in stream order
+  if (cudaMallocAsync(&rowloss, (size_t)(T ? T : 1) * sizeof(float), st) != cudaSuccess)
+    return; // the launch check after the task reports the error
+  if (T)
+    xent_fwd_k<<<T, kThreads, 0, st>>>(rowloss, probs, targets, V);
+  mean_k<<<1, kThreads, 0, st>>>(loss, rowloss, T);
+  cudaFreeAsync(rowloss, st);
+}
+
+void kc_softmax_xent_backward(float *dl, const float *probs, const int32_t *targets, int T, int V,
+                              float scale, cudaStream_t st) {
+  size_t n = (size_t)T * V;
+  if (n)
+    xent_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dl, probs, targets, T, V, scale);
+}
+
+void kc_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+              float eps, float wd, int step, cudaStream_t st) {
+  // bias corrections in double, as the host reference
+  float bc1 = (float)(1.0 - pow((double)b1, step));
+  float bc2 = (float)(1.0 - pow((double)b2, step));
+  if (n)
+    adamw_k<<<blocks_for(n), kThreads, 0, st>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+}
+
+} // extern "C"

@@ -1,0 +1,87 @@
+/* kernels_cuda: the CUDA kernels behind the cuda backend's kernel table (kernels/cuda.cu),
+ * each the device twin of a step of kernels.h's host reference: elementwise and row-wise work
+ * only. GEMMs go through cuBLASLt in exec/backend_cuda_kernels.c, which composes each model op
+ * from these and GEMMs. fp32 in memory; every launcher enqueues on `stream` and returns, e.g.
+ * kc_fill(x, 0.0f, n, stream). Empty without HAVE_CUDA (the CUDA headers are not there).
+ */
+#ifndef PIPER_KERNELS_KERNELS_CUDA_H
+#define PIPER_KERNELS_KERNELS_CUDA_H
+#ifdef HAVE_CUDA
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void kc_fill(float *x, float value, size_t n, cudaStream_t stream);
+/* y = x (accumulate false) or y += x */
+void kc_add(float *y, const float *x, size_t n, bool accumulate, cudaStream_t stream);
+void kc_embedding_forward(float *x, const int32_t *tokens, const float *wte, int T, int C,
+                          cudaStream_t stream);
+/* dwte[tokens[t]] += dx[t], t ascending per column: deterministic, no atomics */
+void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tokens, int T, int C,
+                           cudaStream_t stream);
+void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, int T, int C,
+                        float eps, cudaStream_t stream);
+void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,
+                               const float *w, int T, int C, bool accumulate, cudaStream_t stream);
+void kc_rmsnorm_backward_weight(float *dw, const float *dh, const float *x, const float *rstd,
+                                int T, int C, cudaStream_t stream);
+/* kernels_rope_scaled on x [B*S, H*D]; factor 0: no scaling */
+void kc_rope(float *x, int batch, int seq, int heads, int head_dim, float theta, float factor,
+             float low_freq_factor, float high_freq_factor, int original_max, bool inverse,
+             cudaStream_t stream);
+/* act = silu(g) * u */
+void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cudaStream_t stream);
+/* dg = dact * u * silu'(g), du = dact * silu(g) */
+void kc_swiglu_backward(float *dg, float *du, const float *dact, const float *g, const float *u,
+                        size_t n, cudaStream_t stream);
+/* rows [n_rows, S] of scores scaled by scale, causal softmax (row r is query r % S): keys
+ * beyond it become 0 */
+void kc_causal_softmax(float *p, int n_rows, int S, float scale, cudaStream_t stream);
+/* ds = p * (dp - sum(p * dp)) * scale, in place over dp */
+void kc_softmax_backward(float *dp, const float *p, int n_rows, int S, float scale,
+                         cudaStream_t stream);
+/* probs [T, E] = softmax(logits) (in place), then top-k ids and renormalised weights */
+void kc_router_topk(int32_t *ids, float *weights, float *probs, int T, int E, int K,
+                    cudaStream_t stream);
+/* dlogits [T, E] from dweights, as kernels_router_backward_input before its GEMM */
+void kc_router_dlogits(float *dlogits, const float *dweights, const int32_t *ids,
+                       const float *weights, const float *probs, int T, int E, int K,
+                       cudaStream_t stream);
+void kc_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_t *ids, int T,
+                          int K, int E, int n_ranks, cudaStream_t stream);
+void kc_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h, const int32_t *ids,
+                             const int32_t *route_row, int T, int K, int C, cudaStream_t stream);
+void kc_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T, int K,
+                              int C, bool accumulate, cudaStream_t stream);
+void kc_moe_combine_forward(float *m, const float *y, const float *weights,
+                            const int32_t *route_row, int T, int K, int C, cudaStream_t stream);
+void kc_moe_combine_backward(float *dy, float *dweights, const float *dm, const float *y,
+                             const float *weights, const int32_t *route_row, int T, int K, int C,
+                             cudaStream_t stream);
+/* rows gathered (dst[i] = src[index[i]]) or scattered (dst[index[i]] (+)= src[i]), C wide */
+void kc_gather_rows(float *dst, const float *src, const int32_t *index, int n, int C,
+                    cudaStream_t stream);
+void kc_scatter_rows(float *dst, const float *src, const int32_t *index, int n, int C,
+                     bool accumulate, cudaStream_t stream);
+/* probs [T, V] = softmax(logits) in place; *loss = mean over rows of -log probs[target] */
+void kc_softmax_xent_forward(float *loss, float *probs, const int32_t *targets, int T, int V,
+                             cudaStream_t stream);
+/* dlogits = (probs - onehot(target)) * scale, dlogits may be probs */
+void kc_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets, int T,
+                              int V, float scale, cudaStream_t stream);
+void kc_adamw(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+              float beta1, float beta2, float eps, float weight_decay, int step,
+              cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HAVE_CUDA */
+#endif

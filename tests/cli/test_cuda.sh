@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# piper-exec --backend cuda on a machine without a usable GPU (CI, the development machines):
+# where the backend is built it is listed and exits 1 with one line naming the CUDA error,
+# alone and under mpirun; where it is not built it is not listed and --backend cuda says so.
+# On a machine with a GPU the run may succeed: then the failure checks are skipped (the GPU
+# checks are tools/gpu-check.sh). Run from the repository root.
+set -u
+BIN=${PIPER_BIN:-bin}
+EXEC="$BIN/piper-exec"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok: $*"; }
+
+[ -x "$EXEC" ] || { echo "FAIL: $EXEC not built"; exit 1; }
+
+# one line on stderr, "piper-exec: error: ..." naming a CUDA error, exit status 1
+expect_cuda_error() {
+  local what=$1 rc=$2 err=$3
+  if [ "$rc" -ne 1 ]; then fail "$what: exit $rc, want 1: $(head -3 "$err")"; return; fi
+  local lines
+  lines=$(grep -c . "$err")
+  if [ "$lines" -ne 1 ]; then fail "$what: $lines lines on stderr, want 1: $(head -5 "$err")"; return; fi
+  grep -Eq '^piper-exec: error: .*(cuda[A-Za-z]+\(|cudaError|no CUDA device)' "$err" \
+    && ok "$what: $(cat "$err")" || fail "$what: $(cat "$err")"
+}
+
+run=(--model models/tiny-dense.json --layout pp=1 --backend cuda --iters 1 --warmup 0)
+if "$EXEC" --list-backends | grep -q '^cuda'; then
+  ok "cuda listed"
+  if "$EXEC" "${run[@]}" --out "$tmp/one" > "$tmp/out" 2> "$tmp/err"; then
+    echo "skip: a usable GPU is here (tools/gpu-check.sh checks it)"
+  else
+    expect_cuda_error "one process" $? "$tmp/err"
+    if command -v mpirun >/dev/null; then
+      mpirun --oversubscribe -np 2 "$EXEC" --model models/tiny-dense.json --layout dp=2 \
+        --backend cuda --iters 1 --warmup 0 --out "$tmp/two" > "$tmp/out2" 2> "$tmp/err2"
+      rc=$?
+      # each rank says its one line (mpirun adds its own report of the exit status)
+      grep '^piper-exec' "$tmp/err2" > "$tmp/err2p"
+      n=$(grep -c . "$tmp/err2p")
+      if [ "$rc" -ne 0 ] && [ "$n" -ge 1 ] && [ "$n" -le 2 ] &&
+        ! grep -Evq '^piper-exec: error: rank [01] .*cuda[A-Za-z]+\(' "$tmp/err2p"; then
+        ok "mpirun -np 2: $(head -1 "$tmp/err2p")"
+      else
+        fail "mpirun -np 2: exit $rc: $(head -5 "$tmp/err2")"
+      fi
+    fi
+  fi
+else
+  ok "cuda not listed (not built)"
+  "$EXEC" "${run[@]}" --out "$tmp/one" > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  [ "$rc" -ne 0 ] && grep -q '"cuda" is not built in' "$tmp/err" \
+    && ok "--backend cuda refused: $(cat "$tmp/err")" || fail "exit $rc: $(cat "$tmp/err")"
+fi
+
+[ "$fails" -eq 0 ] && echo "test_cuda: all passed" || echo "test_cuda: $fails failed"
+[ "$fails" -eq 0 ]

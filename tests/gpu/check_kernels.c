@@ -1,0 +1,386 @@
+/* check_kernels: every kernel of the cuda backend's table against the host reference
+ * (kernels/kernels.h), forward, BI and BW separately (each pass gets the host's saved/bwork as
+ * input, so a fault is pinned to one pass). Needs a GPU; run by tools/gpu-check.sh, once with
+ * fp32 GEMMs and once with bf16 GEMMs (PIPER_CUDA_GEMM).
+ *
+ * Error measure: max |gpu - host| / max |host| over each output (a norm-wise relative error:
+ * elementwise relative errors blow up at values near zero). Tolerances:
+ *   - no GEMM in the op (fill, add, norms' row reductions, softmax, AdamW): 1e-5: the same
+ *     fp32 formulas, only the reduction order and libm's expf differ (a few ulps);
+ *   - GEMMs in fp32 (CUBLAS_COMPUTE_32F): 2e-4: fp32 sums of up to a few hundred products in
+ *     another order (about sqrt(k) ulps), through softmax and back;
+ *   - GEMMs in bf16 (COMPUTE_32F_FAST_16BF: inputs rounded to bf16, fp32 accumulation): 3e-2:
+ *     each input carries up to 2^-9 relative rounding, a product 2^-8; with fp32 accumulation
+ *     the sum's error stays near 2^-8 of the largest terms, and ops chain up to three GEMMs
+ *     (attention: projection, scores, values, output) with a softmax between: 3 * 2^-8 ~ 1.2e-2,
+ *     doubled for the worst element of each output.
+ * Prints one line per check; exits 1 when any exceeds its tolerance, 2 when no GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../exec/exec.h"
+#include "../../kernels/kernels.h"
+
+struct check {
+  struct exec_backend *b;
+  const struct exec_kernels *k;
+  struct exec_stream *s;
+  GRand *rng;
+  double tol_gemm;
+  int failed, run;
+};
+
+static float *rnd(struct check *c, size_t n, float scale) {
+  float *x = g_new(float, n ? n : 1);
+  for (size_t i = 0; i < n; i++)
+    x[i] = (float)g_rand_double_range(c->rng, -scale, scale);
+  return x;
+}
+
+static void *dev(struct check *c, const void *host, size_t bytes) {
+  void *d = exec_backend_alloc(c->b, bytes ? bytes : 4);
+  if (!d) {
+    fprintf(stderr, "check_kernels: out of device memory\n");
+    exit(2);
+  }
+  if (host && bytes)
+    exec_backend_from_host(c->b, d, host, bytes);
+  return d;
+}
+
+static float *devf(struct check *c, const float *host, size_t n) {
+  return dev(c, host, n * sizeof(float));
+}
+
+/* Compares n floats of device memory d with the host's ref. */
+static void compare(struct check *c, const char *what, const float *ref, const float *d, size_t n,
+                    double tol) {
+  float *got = g_new(float, n ? n : 1);
+  exec_backend_to_host(c->b, got, d, n * sizeof(float));
+  const GError *e = exec_stream_error(c->b, c->s);
+  double maxref = 0, maxerr = 0;
+  bool nan = false;
+  for (size_t i = 0; i < n; i++) {
+    maxref = fmax(maxref, fabs(ref[i]));
+    if (isnan(got[i]) != isnan(ref[i]))
+      nan = true;
+    else if (!isnan(ref[i]))
+      maxerr = fmax(maxerr, fabs((double)got[i] - ref[i]));
+  }
+  double rel = maxerr / (maxref > 0 ? maxref : 1);
+  bool ok = !e && !nan && rel <= tol;
+  printf("%-4s %-44s rel err %.2e (tol %.0e)%s%s\n", ok ? "ok" : "FAIL", what, rel, tol,
+         nan ? " NaN mismatch" : "", e ? e->message : "");
+  c->run++;
+  c->failed += !ok;
+  g_free(got);
+}
+
+static void compare_i32(struct check *c, const char *what, const int32_t *ref, const int32_t *d,
+                        size_t n) {
+  int32_t *got = g_new(int32_t, n ? n : 1);
+  exec_backend_to_host(c->b, got, d, n * sizeof(int32_t));
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++)
+    bad += got[i] != ref[i];
+  printf("%-4s %-44s %zu of %zu differ\n", bad ? "FAIL" : "ok", what, bad, n);
+  c->run++;
+  c->failed += bad != 0;
+  g_free(got);
+}
+
+enum { B = 2, S = 16, T = B * S, C = 64, F = 96, H = 4, KV = 2, D = 16, E = 8, K = 2, V = 101 };
+#define TOL_PLAIN 1e-5
+
+static void check_simple(struct check *c) {
+  size_t n = (size_t)T * C;
+  float *x = rnd(c, n, 1), *y = rnd(c, n, 1), *ref = g_memdup2(x, n * sizeof(float));
+  float *dx = devf(c, x, n), *dy = devf(c, y, n);
+  kernels_residual_add_forward(ref, y, n);
+  c->k->residual_add_forward(c->s, dx, dy, n);
+  compare(c, "residual_add F", ref, dx, n, TOL_PLAIN);
+  kernels_residual_add_backward(ref, y, n, true);
+  c->k->residual_add_backward(c->s, dx, dy, n, true);
+  compare(c, "residual_add B (accumulate)", ref, dx, n, TOL_PLAIN);
+  c->k->fill(c->s, dx, 0.5f, n);
+  for (size_t i = 0; i < n; i++)
+    ref[i] = 0.5f;
+  compare(c, "fill", ref, dx, n, 0);
+  c->k->copy(c->s, dx, dy, n * sizeof(float));
+  compare(c, "copy", y, dx, n, 0);
+  /* AdamW, step 3 */
+  float *p = rnd(c, n, 1), *g = rnd(c, n, 1), *m = rnd(c, n, 0.1f), *v = rnd(c, n, 0.1f);
+  for (size_t i = 0; i < n; i++)
+    v[i] = fabsf(v[i]);
+  float *dp = devf(c, p, n), *dm = devf(c, m, n), *dv = devf(c, v, n), *dg = devf(c, g, n);
+  kernels_adamw_step(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  c->k->adamw_step(c->s, dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  compare(c, "adamw params", p, dp, n, TOL_PLAIN);
+  compare(c, "adamw m", m, dm, n, TOL_PLAIN);
+  compare(c, "adamw v", v, dv, n, TOL_PLAIN);
+}
+
+static void check_embedding_norm(struct check *c) {
+  int32_t tok[T];
+  for (int t = 0; t < T; t++)
+    tok[t] = (int32_t)g_rand_int_range(c->rng, 0, 7); /* repeats: the order of the sums */
+  float *wte = rnd(c, (size_t)V * C, 1), *x = g_new(float, T *C);
+  int32_t *dtok = dev(c, tok, sizeof tok);
+  float *dwte = devf(c, wte, (size_t)V * C), *dxo = devf(c, NULL, T * C);
+  kernels_embedding_forward(x, tok, wte, T, V, C);
+  c->k->embedding_forward(c->s, dxo, dtok, dwte, T, V, C);
+  compare(c, "embedding F", x, dxo, T * C, 0);
+  float *gx = rnd(c, T * C, 1), *dg = devf(c, gx, T * C);
+  kernels_embedding_backward_weight(wte, gx, tok, T, V, C);
+  c->k->embedding_backward_weight(c->s, dwte, dg, dtok, T, V, C);
+  compare(c, "embedding BW", wte, dwte, (size_t)V * C, TOL_PLAIN);
+  /* RMSNorm */
+  float *w = rnd(c, C, 1), *h = g_new(float, T *C), *rs = g_new(float, T);
+  float *dw = devf(c, w, C), *dh = devf(c, NULL, T * C), *drs = devf(c, NULL, T);
+  float *dxin = devf(c, x, T * C);
+  kernels_rmsnorm_forward(h, rs, x, w, T, C, 1e-6f);
+  c->k->rmsnorm_forward(c->s, dh, drs, dxin, dw, T, C, 1e-6f);
+  compare(c, "rmsnorm F", h, dh, T * C, TOL_PLAIN);
+  compare(c, "rmsnorm F saved (rstd)", rs, drs, T, TOL_PLAIN);
+  float *gdh = rnd(c, T * C, 1), *dgdh = devf(c, gdh, T * C);
+  float *gdx = rnd(c, T * C, 1), *dgdx = devf(c, gdx, T * C);
+  kernels_rmsnorm_backward_input(gdx, gdh, x, rs, w, T, C, true);
+  c->k->rmsnorm_backward_input(c->s, dgdx, dgdh, dxin, drs, dw, T, C, true);
+  compare(c, "rmsnorm BI (accumulate)", gdx, dgdx, T * C, TOL_PLAIN);
+  float *gw = rnd(c, C, 1), *dgw = devf(c, gw, C);
+  kernels_rmsnorm_backward_weight(gw, gdh, x, rs, T, C);
+  c->k->rmsnorm_backward_weight(c->s, dgw, dgdh, dxin, drs, T, C);
+  compare(c, "rmsnorm BW", gw, dgw, C, TOL_PLAIN);
+}
+
+static void check_attention(struct check *c) {
+  struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
+  struct kernels_attention_dims d = {B, S, H, KV, D, C, 10000.0f, &sc};
+  size_t P = kernels_attention_param_count(&d), SV = kernels_attention_saved_floats(&d);
+  size_t BW = kernels_attention_bwork_floats(&d);
+  float *p = rnd(c, P, 0.2f), *h = rnd(c, T * C, 1), *a = g_new(float, T *C);
+  float *saved = g_new0(float, SV), *bwork = g_new0(float, BW);
+  float *dp = devf(c, p, P), *dh = devf(c, h, T * C), *da = devf(c, NULL, T * C);
+  float *dsaved = devf(c, NULL, SV);
+  kernels_attention_forward(a, saved, h, p, &d);
+  c->k->attention_forward(c->s, da, dsaved, dh, dp, &d);
+  compare(c, "attention F (llama3 rope scaling)", a, da, T * C, c->tol_gemm);
+  compare(c, "attention F saved (q k v p y)", saved, dsaved, SV, c->tol_gemm);
+  exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
+  float *g = rnd(c, T * C, 1), *dgo = devf(c, g, T * C);
+  float *gh = g_new0(float, T *C), *dgh = devf(c, NULL, T * C), *dbw = devf(c, NULL, BW);
+  kernels_attention_backward_input(gh, bwork, g, saved, p, &d, false);
+  c->k->attention_backward_input(c->s, dgh, dbw, dgo, dsaved, dp, &d, false);
+  compare(c, "attention BI", gh, dgh, T * C, c->tol_gemm);
+  compare(c, "attention BI bwork (dy dq dk dv)", bwork, dbw, BW, c->tol_gemm);
+  exec_backend_from_host(c->b, dbw, bwork, BW * sizeof(float));
+  float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P);
+  kernels_attention_backward_weight(gp, bwork, g, h, saved, &d);
+  c->k->attention_backward_weight(c->s, dgp, dbw, dgo, dh, dsaved, &d);
+  compare(c, "attention BW", gp, dgp, P, c->tol_gemm);
+}
+
+static void check_mlp(struct check *c) {
+  size_t P = kernels_mlp_param_count(C, F), SV = kernels_mlp_saved_floats(T, F);
+  size_t BW = kernels_mlp_bwork_floats(T, F);
+  float *p = rnd(c, P, 0.2f), *h = rnd(c, T * C, 1), *m = g_new(float, T *C);
+  float *saved = g_new(float, SV), *bwork = g_new(float, BW);
+  float *dp = devf(c, p, P), *dh = devf(c, h, T * C), *dm = devf(c, NULL, T * C);
+  float *dsaved = devf(c, NULL, SV), *dbw = devf(c, NULL, BW);
+  kernels_mlp_forward(m, saved, h, p, T, C, F);
+  c->k->mlp_forward(c->s, dm, dsaved, dh, dp, T, C, F);
+  compare(c, "mlp F", m, dm, T * C, c->tol_gemm);
+  exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
+  float *g = rnd(c, T * C, 1), *dg = devf(c, g, T * C);
+  float *gh = rnd(c, T * C, 1), *dgh = devf(c, gh, T * C);
+  kernels_mlp_backward_input(gh, bwork, g, saved, p, T, C, F, true);
+  c->k->mlp_backward_input(c->s, dgh, dbw, dg, dsaved, dp, T, C, F, true);
+  compare(c, "mlp BI (accumulate)", gh, dgh, T * C, c->tol_gemm);
+  compare(c, "mlp BI bwork", bwork, dbw, BW, c->tol_gemm);
+  exec_backend_from_host(c->b, dbw, bwork, BW * sizeof(float));
+  float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P);
+  kernels_mlp_backward_weight(gp, bwork, g, h, saved, T, C, F);
+  c->k->mlp_backward_weight(c->s, dgp, dbw, dg, dh, dsaved, T, C, F);
+  compare(c, "mlp BW", gp, dgp, P, c->tol_gemm);
+}
+
+/* Top-k ids: in bf16 a near tie may choose differently; only tokens whose host margin
+ * between the K-th and the next probability is at least 0.02 must agree. */
+static void compare_ids(struct check *c, const int32_t *ref, const int32_t *d, const float *probs) {
+  int32_t got[T * K];
+  exec_backend_to_host(c->b, got, d, sizeof got);
+  int bad = 0, near = 0;
+  for (int t = 0; t < T; t++) {
+    bool same = memcmp(got + t * K, ref + t * K, K * sizeof(int32_t)) == 0;
+    float kth = probs[t * E + ref[t * K + K - 1]], next = 0;
+    for (int e = 0; e < E; e++) {
+      bool chosen = false;
+      for (int k = 0; k < K; k++)
+        chosen |= ref[t * K + k] == e;
+      if (!chosen && probs[t * E + e] > next)
+        next = probs[t * E + e];
+    }
+    if (!same && kth - next >= 0.02f)
+      bad++;
+    else if (!same)
+      near++;
+  }
+  printf("%-4s %-44s %d tokens differ (+%d near ties)\n", bad ? "FAIL" : "ok", "router F ids", bad,
+         near);
+  c->run++;
+  c->failed += bad != 0;
+}
+
+static void check_router_moe(struct check *c) {
+  float *w = rnd(c, (size_t)C * E, 0.3f), *h = rnd(c, T * C, 1);
+  int32_t ids[T * K];
+  float weights[T * K], *probs = g_new(float, T *E);
+  float *dw = devf(c, w, (size_t)C * E), *dh = devf(c, h, T * C), *dwt = devf(c, NULL, T * K);
+  float *dprobs = devf(c, NULL, T * E);
+  int32_t *dids = dev(c, NULL, sizeof ids);
+  kernels_router_forward(ids, weights, probs, h, w, T, C, E, K);
+  c->k->router_forward(c->s, dids, dwt, dprobs, dh, dw, T, C, E, K);
+  compare_ids(c, ids, dids, probs);
+  compare(c, "router F saved (probs)", probs, dprobs, T * E, c->tol_gemm);
+  exec_backend_from_host(c->b, dids, ids, sizeof ids);
+  exec_backend_from_host(c->b, dwt, weights, sizeof weights);
+  exec_backend_from_host(c->b, dprobs, probs, T * E * sizeof(float));
+  float *gwt = rnd(c, T * K, 1), *dgwt = devf(c, gwt, T * K);
+  float *gh = g_new0(float, T *C), *dgh = devf(c, NULL, T * C);
+  float *bw = g_new(float, T *E), *dbw = devf(c, NULL, T * E);
+  kernels_router_backward_input(gh, bw, gwt, ids, weights, probs, w, T, C, E, K, false);
+  c->k->router_backward_input(c->s, dgh, dbw, dgwt, dids, dwt, dprobs, dw, T, C, E, K, false);
+  compare(c, "router BI", gh, dgh, T * C, c->tol_gemm);
+  compare(c, "router BI bwork (dlogits)", bw, dbw, T * E, TOL_PLAIN);
+  float *gw = rnd(c, (size_t)C * E, 0.1f), *dgw = devf(c, gw, (size_t)C * E);
+  kernels_router_backward_weight(gw, bw, h, T, C, E);
+  c->k->router_backward_weight(c->s, dgw, dbw, dh, T, C, E);
+  compare(c, "router BW", gw, dgw, (size_t)C * E, c->tol_gemm);
+  /* dispatch and combine over 2 ranks */
+  int32_t counts[2], route[T * K];
+  int32_t *dcounts = dev(c, NULL, sizeof counts), *droute = dev(c, NULL, sizeof route);
+  kernels_moe_dispatch_plan(counts, route, ids, T, K, E, 2);
+  c->k->moe_dispatch_plan(c->s, dcounts, droute, dids, T, K, E, 2);
+  compare_i32(c, "moe dispatch plan counts", counts, dcounts, 2);
+  compare_i32(c, "moe dispatch plan route_row", route, droute, T * K);
+  float *send = g_new(float, T *K *C), *dsend = devf(c, NULL, T * K * C);
+  int32_t sexp[T * K], *dsexp = dev(c, NULL, sizeof sexp);
+  kernels_moe_dispatch_forward(send, sexp, h, ids, route, T, K, C);
+  c->k->moe_dispatch_forward(c->s, dsend, dsexp, dh, dids, droute, T, K, C);
+  compare(c, "moe dispatch F", send, dsend, T * K * C, 0);
+  compare_i32(c, "moe dispatch F send_expert", sexp, dsexp, T * K);
+  float *gs = rnd(c, T * K * C, 1), *dgs = devf(c, gs, T * K * C);
+  exec_backend_from_host(c->b, dgh, gh, T * C * sizeof(float)); /* the same start */
+  kernels_moe_dispatch_backward(gh, gs, route, T, K, C, true);
+  c->k->moe_dispatch_backward(c->s, dgh, dgs, droute, T, K, C, true);
+  compare(c, "moe dispatch B (accumulate)", gh, dgh, T * C, TOL_PLAIN);
+  float *m = g_new(float, T *C), *dm = devf(c, NULL, T * C);
+  kernels_moe_combine_forward(m, gs, weights, route, T, K, C);
+  c->k->moe_combine_forward(c->s, dm, dgs, dwt, droute, T, K, C);
+  compare(c, "moe combine F", m, dm, T * C, TOL_PLAIN);
+  float *gm = rnd(c, T * C, 1), *dgm = devf(c, gm, T * C);
+  float *gy = g_new(float, T *K *C), *dgy = devf(c, NULL, T * K * C);
+  float gwk[T * K], *dgwk = devf(c, NULL, T * K);
+  kernels_moe_combine_backward(gy, gwk, gm, gs, weights, route, T, K, C);
+  c->k->moe_combine_backward(c->s, dgy, dgwk, dgm, dgs, dwt, droute, T, K, C);
+  compare(c, "moe combine B dy", gy, dgy, T * K * C, TOL_PLAIN);
+  compare(c, "moe combine B dweights", gwk, dgwk, T * K, TOL_PLAIN);
+}
+
+static void check_expert_ffn(struct check *c) {
+  enum { N = 40, E0 = 2, EC = 4 };
+  int32_t rexp[N];
+  for (int r = 0; r < N; r++)
+    rexp[r] = E0 + (int32_t)g_rand_int_range(c->rng, 0, EC - 1); /* expert E0+EC-1 gets none */
+  size_t P = kernels_expert_ffn_param_count(EC, C, F),
+         SV = kernels_expert_ffn_saved_floats(N, C, F);
+  size_t BW = kernels_expert_ffn_bwork_floats(N, C, F),
+         SC = kernels_expert_ffn_scratch_floats(N, C);
+  float *p = rnd(c, P, 0.2f), *in = rnd(c, N * C, 1), *out = g_new(float, N *C);
+  float *saved = g_new(float, SV), *bwork = g_new(float, BW), *scratch = g_new(float, SC);
+  float *dp = devf(c, p, P), *din = devf(c, in, N * C), *dout = devf(c, NULL, N * C);
+  float *dsaved = devf(c, NULL, SV), *dbw = devf(c, NULL, BW), *dscr = devf(c, NULL, SC);
+  int32_t *drexp = dev(c, rexp, sizeof rexp);
+  kernels_expert_ffn_forward(out, saved, scratch, in, rexp, N, p, E0, EC, C, F);
+  c->k->expert_ffn_forward(c->s, dout, dsaved, dscr, din, drexp, N, dp, E0, EC, C, F);
+  compare(c, "expert_ffn F", out, dout, N * C, c->tol_gemm);
+  compare(c, "expert_ffn F saved (grouped)", saved, dsaved, SV, c->tol_gemm);
+  exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
+  float *g = rnd(c, N * C, 1), *dg = devf(c, g, N * C);
+  float *gi = rnd(c, N * C, 1), *dgi = devf(c, gi, N * C);
+  kernels_expert_ffn_backward_input(gi, bwork, scratch, g, rexp, N, saved, p, E0, EC, C, F, true);
+  c->k->expert_ffn_backward_input(c->s, dgi, dbw, dscr, dg, drexp, N, dsaved, dp, E0, EC, C, F,
+                                  true);
+  compare(c, "expert_ffn BI (accumulate)", gi, dgi, N * C, c->tol_gemm);
+  compare(c, "expert_ffn BI bwork", bwork, dbw, BW, c->tol_gemm);
+  exec_backend_from_host(c->b, dbw, bwork, BW * sizeof(float));
+  float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P);
+  kernels_expert_ffn_backward_weight(gp, bwork, rexp, N, saved, E0, EC, C, F);
+  c->k->expert_ffn_backward_weight(c->s, dgp, dbw, drexp, N, dsaved, E0, EC, C, F);
+  compare(c, "expert_ffn BW", gp, dgp, P, c->tol_gemm);
+}
+
+static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {
+  const char *name = layout == KERNELS_LM_HEAD_TIED ? "tied" : "untied";
+  char what[64];
+  int32_t tg[T];
+  for (int t = 0; t < T; t++)
+    tg[t] = (int32_t)g_rand_int_range(c->rng, 0, V);
+  float *p = rnd(c, (size_t)C * V, 0.2f), *h = rnd(c, T * C, 1), *saved = g_new(float, T *V);
+  float *dp = devf(c, p, (size_t)C * V), *dh = devf(c, h, T * C), *dsaved = devf(c, NULL, T * V);
+  float *dloss = devf(c, NULL, 1);
+  int32_t *dtg = dev(c, tg, sizeof tg);
+  float loss = kernels_lm_head_loss_forward(saved, h, tg, p, layout, T, C, V);
+  c->k->lm_head_loss_forward(c->s, dloss, dsaved, dh, dtg, dp, layout, T, C, V);
+  g_snprintf(what, sizeof what, "lm_head_loss F %s (loss)", name);
+  compare(c, what, &loss, dloss, 1, c->tol_gemm);
+  g_snprintf(what, sizeof what, "lm_head_loss F %s saved (probs)", name);
+  compare(c, what, saved, dsaved, T * V, c->tol_gemm);
+  exec_backend_from_host(c->b, dsaved, saved, T * V * sizeof(float));
+  float *gh = g_new0(float, T *C), *dgh = devf(c, NULL, T * C);
+  float *bw = g_new(float, T *V), *dbw = devf(c, NULL, T * V);
+  kernels_lm_head_loss_backward_input(gh, bw, saved, tg, p, layout, 0.5f, T, C, V, false);
+  c->k->lm_head_loss_backward_input(c->s, dgh, dbw, dsaved, dtg, dp, layout, 0.5f, T, C, V, false);
+  g_snprintf(what, sizeof what, "lm_head_loss BI %s", name);
+  compare(c, what, gh, dgh, T * C, c->tol_gemm);
+  exec_backend_from_host(c->b, dbw, bw, T * V * sizeof(float));
+  float *gp = rnd(c, (size_t)C * V, 0.1f), *dgp = devf(c, gp, (size_t)C * V);
+  kernels_lm_head_loss_backward_weight(gp, bw, h, layout, T, C, V);
+  c->k->lm_head_loss_backward_weight(c->s, dgp, dbw, dh, layout, T, C, V);
+  g_snprintf(what, sizeof what, "lm_head_loss BW %s", name);
+  compare(c, what, gp, dgp, (size_t)C * V, c->tol_gemm);
+}
+
+int main(int argc, char **argv) {
+  GError *err = NULL;
+  struct exec_backend_params bp = {&argc, &argv, false};
+  struct check c = {0};
+  c.b = exec_backend_init_by_name("cuda", &bp, &err);
+  if (!c.b) {
+    fprintf(stderr, "check_kernels: %s\n", err->message);
+    return 2;
+  }
+  const char *g = getenv("PIPER_CUDA_GEMM");
+  bool fp32 = g && strcmp(g, "fp32") == 0;
+  c.tol_gemm = fp32 ? 2e-4 : 3e-2;
+  printf("check_kernels: GEMMs in %s, tolerance %.0e (no GEMM: %.0e)\n", fp32 ? "fp32" : "bf16",
+         c.tol_gemm, TOL_PLAIN);
+  c.k = exec_backend_kernels(c.b);
+  c.s = exec_stream_create(c.b, "check", 0, &err);
+  c.rng = g_rand_new_with_seed(42);
+  check_simple(&c);
+  check_embedding_norm(&c);
+  check_attention(&c);
+  check_mlp(&c);
+  check_router_moe(&c);
+  check_expert_ffn(&c);
+  check_lm_head(&c, KERNELS_LM_HEAD_UNTIED);
+  check_lm_head(&c, KERNELS_LM_HEAD_TIED);
+  printf("check_kernels: %d of %d checks failed\n", c.failed, c.run);
+  g_rand_free(c.rng);
+  exec_stream_destroy(c.b, c.s);
+  exec_backend_free(c.b);
+  return c.failed ? 1 : 0;
+}

@@ -1,0 +1,402 @@
+/* test_gpu: the host-side pieces of the cuda backend, which run without a GPU: the offline
+ * arena planner (exec/arena.h), the device, communicator and SM-share decisions
+ * (exec/gpu_layout.h), and the registry (the cuda backend is listed exactly when built). */
+#include "test-helpers.h"
+
+#include "../../base/json.h"
+#include "../../exec/arena.h"
+#include "../../exec/exec.h"
+#include "../../exec/gpu_layout.h"
+#include "../../sim/profile.h"
+#include "../../sim/sim.h"
+
+/* ---- arena --------------------------------------------------------------------------------- */
+
+/* Every pair of tensors live at the same time occupies disjoint bytes; every block ends within
+ * the arena. Replays the events, checking each allocation against the live set. */
+static void assert_no_overlap(const struct plan_tensor *tensors, uint32_t n_tensors,
+                              const struct exec_arena_event *ev, uint32_t n_ev,
+                              const struct exec_arena *a) {
+  bool *live = g_new0(bool, n_tensors);
+  for (uint32_t k = 0; k < n_ev; k++) {
+    uint32_t t = ev[k].tensor;
+    if (!ev[k].alloc) {
+      live[t] = false;
+      continue;
+    }
+    uint64_t lo = a->offset[t], hi = lo + tensors[t].bytes;
+    assert_true(a->offset[t] != UINT64_MAX);
+    assert_true(hi <= a->size);
+    for (uint32_t u = 0; u < n_tensors; u++) {
+      if (!live[u])
+        continue;
+      uint64_t ulo = a->offset[u], uhi = ulo + tensors[u].bytes;
+      if (lo < uhi && ulo < hi)
+        fail_msg("tensors %u [%llu, %llu) and %u [%llu, %llu) overlap while both live", t,
+                 (unsigned long long)lo, (unsigned long long)hi, u, (unsigned long long)ulo,
+                 (unsigned long long)uhi);
+    }
+    live[t] = true;
+  }
+  g_free(live);
+}
+
+static void plan_by_hand(const struct plan_tensor *t, uint32_t n_t,
+                         const struct exec_arena_event *ev, uint32_t n_ev, uint64_t align,
+                         struct exec_arena *a) {
+  GError *err = NULL;
+  assert_true(exec_arena_plan_events(n_t, t, ev, n_ev, align, a, &err));
+  assert_null(err);
+  assert_no_overlap(t, n_t, ev, n_ev, a);
+}
+
+/* Frees in the reverse order of allocation (a stack): first fit packs exactly, the arena is the
+ * live peak. */
+static void test_arena_stack_order_is_exact(void **state) {
+  (void)state;
+  struct plan_tensor t[3] = {{.bytes = 100}, {.bytes = 300}, {.bytes = 50}};
+  struct exec_arena_event ev[] = {{0, 0, true}, {1, 1, true},  {1, 2, false},
+                                  {2, 3, true}, {2, 4, false}, {0, 5, false}};
+  struct exec_arena a;
+  plan_by_hand(t, 3, ev, G_N_ELEMENTS(ev), 1, &a);
+  assert_int_equal(a.live_peak, 400);
+  assert_int_equal(a.size, 400);
+  assert_int_equal(a.offset[0], 0);
+  assert_int_equal(a.offset[1], 100);
+  assert_int_equal(a.offset[2], 100); /* reuses tensor 1's block */
+  exec_arena_clear(&a);
+}
+
+/* The fragmentation bound: a freed hole too small for the next tensor is skipped, so the arena
+ * exceeds the live peak (here 350 against 250); a later tensor that fits takes the hole. */
+static void test_arena_fragmentation(void **state) {
+  (void)state;
+  struct plan_tensor t[4] = {{.bytes = 100}, {.bytes = 100}, {.bytes = 150}, {.bytes = 60}};
+  struct exec_arena_event ev[] = {
+      {0, 0, true}, {1, 1, true}, {0, 2, false}, {2, 3, true}, {3, 4, true}};
+  struct exec_arena a;
+  plan_by_hand(t, 4, ev, G_N_ELEMENTS(ev), 1, &a);
+  assert_int_equal(a.live_peak, 310);
+  assert_int_equal(a.offset[2], 200);
+  assert_int_equal(a.offset[3], 0); /* first fit: the hole at 0 */
+  assert_int_equal(a.size, 350);
+  exec_arena_clear(&a);
+}
+
+/* Blocks start on the alignment and sizes round up to it. */
+static void test_arena_alignment(void **state) {
+  (void)state;
+  struct plan_tensor t[2] = {{.bytes = 10}, {.bytes = 10}};
+  struct exec_arena_event ev[] = {{0, 0, true}, {1, 1, true}};
+  struct exec_arena a;
+  plan_by_hand(t, 2, ev, 2, 256, &a);
+  assert_int_equal(a.offset[1], 256);
+  assert_int_equal(a.size, 512);
+  assert_int_equal(a.live_peak, 512);
+  exec_arena_clear(&a);
+}
+
+static void test_arena_refuses_bad_events(void **state) {
+  (void)state;
+  struct plan_tensor t[1] = {{.bytes = 10}};
+  struct exec_arena_event twice[] = {{0, 0, true}, {0, 1, true}};
+  struct exec_arena_event unborn[] = {{0, 0, false}};
+  struct exec_arena a;
+  GError *err = NULL;
+  assert_false(exec_arena_plan_events(1, t, twice, 2, 1, &a, &err));
+  test_assert_input_error(err, "which is live");
+  g_clear_error(&err);
+  assert_false(exec_arena_plan_events(1, t, unborn, 1, 1, &a, &err));
+  test_assert_input_error(err, "not live");
+  g_clear_error(&err);
+}
+
+static struct plan *compile_layout(const char *model, const char *layout, const char *schedule,
+                                   uint32_t mbs) {
+  struct compile_options o = compile_options_default();
+  o.model_path = model;
+  o.layout = layout;
+  if (schedule) {
+    o.have_schedule = true;
+    assert_true(sched_family_parse(schedule, &o.schedule.family));
+    o.schedule.mbs = mbs;
+  }
+  GError *err = NULL;
+  struct plan *p = compile_take_plan(&o, &err);
+  if (!p)
+    fail_msg("compile %s %s: %s", model, layout, err->message);
+  return p;
+}
+
+/* Every class of a real plan: events pair up (each tensor allocated once, freed at most
+ * once, never before it is allocated), no two live tensors overlap, the arena holds the peak. */
+static void check_plan_arenas(const struct plan *p) {
+  for (uint32_t k = 0; k < p->n_classes; k++) {
+    const struct plan_class *c = &p->classes[k];
+    GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
+    exec_arena_class_events(c, ev);
+    assert_true(ev->len > 0);
+    struct exec_arena a;
+    plan_by_hand(c->tensors, c->n_tensors, (const struct exec_arena_event *)(void *)ev->data,
+                 ev->len, 256, &a);
+    assert_true(a.size >= a.live_peak);
+    uint64_t all = 0;
+    for (uint32_t t = 0; t < c->n_tensors; t++)
+      all += (c->tensors[t].bytes + 255) & ~(uint64_t)255;
+    assert_true(a.size <= all);
+    exec_arena_clear(&a);
+    g_array_free(ev, TRUE);
+  }
+}
+
+static void test_arena_real_plans(void **state) {
+  (void)state;
+  struct plan *one = compile_layout("models/tiny-moe.json", "pp=1", NULL, 0);
+  check_plan_arenas(one);
+  plan_free(one);
+  struct plan *four = compile_layout("models/tiny-moe.json", "pp=2,dp=2,ep=2,v", "dualpipev", 4);
+  check_plan_arenas(four);
+  plan_free(four);
+}
+
+/* On one device with one stream the simulator's timed order is the issue order: its transient
+ * peak (peak less static memory) is the planner's sum-of-live maximum, byte for byte. */
+static void test_arena_peak_matches_simulator(void **state) {
+  (void)state;
+  struct plan *p = compile_layout("models/tiny-dense.json", "pp=1", "1f1b", 4);
+  GError *err = NULL;
+  struct profile *prof = profile_load_file("profiles/h100-sxm.json", &err);
+  assert_non_null(prof);
+  struct sim_options so = {0};
+  struct sim_result *r = sim_run(p, prof, &so, &err);
+  assert_non_null(r);
+  const struct sim_unit *u = &r->units[r->device_unit[0]];
+  uint64_t stat = 0;
+  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+    stat += u->static_bytes[k];
+  struct exec_arena a;
+  assert_true(exec_arena_plan(plan_device_class(p, 0), 1, &a, &err));
+  assert_int_equal(a.live_peak, u->peak_bytes - stat);
+  assert_true(a.size >= a.live_peak);
+  exec_arena_clear(&a);
+  sim_result_free(r);
+  profile_free(prof);
+  plan_free(p);
+}
+
+/* ---- device choice, communicators, SM shares ---------------------------------------------- */
+
+static void test_gpu_pick(void **state) {
+  (void)state;
+  assert_int_equal(exec_gpu_pick(0, 8, 8), 0);
+  assert_int_equal(exec_gpu_pick(5, 8, 8), 5);
+  assert_int_equal(exec_gpu_pick(5, 8, 4), 1); /* 8 ranks on 4 GPUs: two per GPU */
+  assert_int_equal(exec_gpu_pick(3, 4, 1), 0); /* CUDA_VISIBLE_DEVICES narrowed to one */
+  assert_int_equal(exec_gpu_pick(0, 1, 0), -1);
+}
+
+static void test_gpu_shared(void **state) {
+  (void)state;
+  uint8_t distinct[3][16] = {{1}, {2}, {3}};
+  uint8_t two_on_one[3][16] = {{1}, {2}, {1}};
+  for (uint32_t me = 0; me < 3; me++)
+    assert_false(exec_gpu_shared(&distinct[0][0], 3, me));
+  assert_true(exec_gpu_shared(&two_on_one[0][0], 3, 0));
+  assert_false(exec_gpu_shared(&two_on_one[0][0], 3, 1));
+  assert_true(exec_gpu_shared(&two_on_one[0][0], 3, 2));
+  uint8_t alone[1][16] = {{9}};
+  assert_false(exec_gpu_shared(&alone[0][0], 1, 0));
+}
+
+static void test_gpu_comm_rank(void **state) {
+  (void)state;
+  uint32_t members[3] = {4, 6, 7};
+  struct exec_gpu_comm_rank r = exec_gpu_comm_rank(members, 3, 6);
+  assert_true(r.member);
+  assert_int_equal(r.rank, 1);
+  assert_int_equal(r.size, 3);
+  assert_int_equal(r.id_root, 4);
+  r = exec_gpu_comm_rank(members, 3, 5);
+  assert_false(r.member);
+  assert_int_equal(r.id_root, 4); /* non-members still join the id's broadcast */
+}
+
+/* The communicators of a PP2 x DP2 x EP2 plan as the runner labels them: every label names a
+ * stream of the plan, and every DP and EP group of the plan has members whose NCCL ranks are
+ * their positions, the first member making the id. */
+static void test_gpu_comm_layout(void **state) {
+  (void)state;
+  struct plan *p = compile_layout("models/tiny-moe.json", "pp=2,dp=2,ep=2,v", "dualpipev", 4);
+  uint32_t seen[IR_COMM_EP + 1] = {0};
+  for (uint32_t k = 0; k < p->n_comms; k++) {
+    seen[p->comms[k].purpose]++;
+    for (uint32_t d = 0; d < p->n_devices; d++) {
+      int rank = plan_comm_rank(p, k, d);
+      if (rank < 0)
+        continue;
+      uint32_t n = plan_comm_size(p, k);
+      uint32_t *members = g_new(uint32_t, n);
+      plan_comm_members(p, k, d, members);
+      struct exec_gpu_comm_rank r = exec_gpu_comm_rank(members, n, d);
+      assert_true(r.member);
+      assert_int_equal(r.rank, (uint32_t)rank);
+      assert_int_equal(r.id_root, members[0]);
+      g_free(members);
+    }
+  }
+  assert_true(seen[IR_COMM_PP] >= 2); /* one per direction */
+  assert_true(seen[IR_COMM_DP] >= 1);
+  assert_true(seen[IR_COMM_EP] >= 1);
+  char label[128];
+  g_snprintf(label, sizeof label, "pp g0->g1 (%s)", p->streams[p->n_streams - 1].name);
+  assert_int_equal(exec_gpu_label_stream(p, label), (int)p->n_streams - 1);
+  assert_int_equal(exec_gpu_label_stream(p, "dp g0 (no-such-stream)"), -1);
+  assert_int_equal(exec_gpu_label_stream(p, "dp g0"), -1);
+  plan_free(p);
+}
+
+/* Ranks sharing a GPU run each rank's instructions in issue order on one thread: the plans of
+ * every schedule family progress so (as tools/gpu-check.sh runs dualpipev on one GPU), and a
+ * receive no send matches is named. */
+static void test_gpu_serial_progress(void **state) {
+  (void)state;
+  static const struct {
+    const char *layout, *schedule;
+    uint32_t mbs;
+  } cases[] = {
+      {"pp=4", "1f1b", 8},     {"pp=4", "zerobubble", 8},     {"pp=4", "gpipe", 4},
+      {"pp=4", "dualpipe", 8}, {"pp=2,dp=2,ep=2", "1f1b", 4}, {"pp=2,dp=2,ep=2,v", "dualpipev", 4},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    struct plan *p =
+        compile_layout("models/tiny-moe.json", cases[k].layout, cases[k].schedule, cases[k].mbs);
+    uint32_t d = 0, i = 0;
+    if (!exec_gpu_serial_progress(p, &d, &i))
+      fail_msg("%s %s: device %u stuck at %u", cases[k].layout, cases[k].schedule, d, i);
+    plan_free(p);
+  }
+  struct plan *p = compile_layout("models/tiny-moe.json", "pp=2", "1f1b", 4);
+  struct plan_class *c = &p->classes[p->device_class[1]];
+  uint32_t first_recv = IR_NONE;
+  for (uint32_t i = 0; i < c->n_instrs && first_recv == IR_NONE; i++)
+    if (p->nodes[c->instrs[i].node].kind == IR_NODE_RECV)
+      first_recv = i;
+  assert_int_not_equal(first_recv, IR_NONE);
+  c->instrs[first_recv].seq += 1000; /* matches no send */
+  uint32_t d = 0, i = 0;
+  assert_false(exec_gpu_serial_progress(p, &d, &i));
+  /* device 1 waits at that receive; device 0 then waits on device 1: the first named is a
+   * receive of either */
+  assert_true(d <= 1);
+  assert_int_equal(p->nodes[plan_device_class(p, d)->instrs[i].node].kind, IR_NODE_RECV);
+  assert_true(d == 0 || i == first_recv);
+  plan_free(p);
+}
+
+static void test_gpu_sm_share(void **state) {
+  (void)state;
+  assert_int_equal(exec_gpu_cta_limit(1.0, 132), 0);
+  assert_int_equal(exec_gpu_cta_limit(0.25, 132), 33);
+  assert_int_equal(exec_gpu_cta_limit(0.001, 132), 1);
+  assert_int_equal(exec_gpu_green_sms(1.0, 132, 8), 0);
+  assert_int_equal(exec_gpu_green_sms(0.5, 132, 8), 64);
+  assert_int_equal(exec_gpu_green_sms(0.01, 132, 8), 8);
+}
+
+/* ---- device times into trace.json ------------------------------------------------------ */
+
+/* A backend that says when each task's work ran (as the cuda backend does from its events):
+ * the host backend, with instruction i running [10 i, 10 i + 1 + i % 3] ms. */
+static bool fake_task_times(struct exec_backend *b, uint32_t id, double *start, double *end) {
+  (void)b;
+  *start = 0.010 * id;
+  *end = *start + 0.001 * (1 + id % 3);
+  return true;
+}
+
+/* The runner writes the backend's times, not the ones it measured around the tasks: every
+ * traced instruction lasts what the backend said, at the spacing it said. */
+static void test_gpu_trace_from_device_times(void **state) {
+  (void)state;
+  struct plan *p = compile_layout("models/tiny-dense.json", "pp=1", NULL, 0);
+  struct exec_backend_ops ops = exec_backend_host;
+  ops.task_times = fake_task_times;
+  GError *err = NULL;
+  struct exec_backend *b = exec_backend_init(&ops, NULL, &err);
+  assert_non_null(b);
+  assert_true(exec_backend_enqueues(b));
+  char *dir = test_tmp_dir("test_gpu-XXXXXX");
+  char *out = g_build_filename(dir, "run", NULL);
+  struct exec_options o = exec_options_default();
+  o.plan = p;
+  o.warmup = 0;
+  o.iters = 2;
+  o.out_dir = out;
+  struct exec_result r = {0};
+  if (!exec_run(&o, b, &r, &err))
+    fail_msg("exec_run: %s", err->message);
+  char *path = g_build_filename(out, "trace.json", NULL);
+  char *text = test_read_file(path);
+  cJSON *root = cJSON_Parse(text);
+  assert_non_null(root);
+  const cJSON *ev = cJSON_GetObjectItemCaseSensitive(root, "traceEvents"), *e;
+  uint32_t n = 0;
+  double first_ts = -1;
+  cJSON_ArrayForEach(e, ev) {
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+    const cJSON *step = args ? cJSON_GetObjectItemCaseSensitive(args, "step") : NULL;
+    if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") != 0 || !step || step->valueint != 2)
+      continue;
+    double ts = cJSON_GetObjectItemCaseSensitive(e, "ts")->valuedouble;
+    double dur = cJSON_GetObjectItemCaseSensitive(e, "dur")->valuedouble;
+    if (first_ts < 0)
+      first_ts = ts;
+    /* instruction i starts 10 i ms after instruction 0 and lasts 1 + i % 3 ms */
+    long i = lround((ts - first_ts) / 10000.0);
+    test_assert_near(ts - first_ts, 10000.0 * i, 1e-3, 0, "start (us)");
+    test_assert_near(dur, 1000.0 * (1 + i % 3), 1e-3, 0, "duration (us)");
+    n++;
+  }
+  assert_int_equal(n, plan_device_class(p, 0)->n_instrs);
+  cJSON_Delete(root);
+  g_free(text);
+  g_free(path);
+  exec_result_clear(&r);
+  exec_backend_free(b);
+  test_remove_tree(dir);
+  g_free(out);
+  g_free(dir);
+  plan_free(p);
+}
+
+/* The cuda backend is in the registry exactly when it was built. */
+static void test_gpu_registry(void **state) {
+  (void)state;
+#ifdef HAVE_CUDA
+  assert_non_null(exec_backend_find("cuda"));
+#else
+  assert_null(exec_backend_find("cuda"));
+#endif
+  assert_non_null(exec_backend_find("host"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_arena_stack_order_is_exact),
+      cmocka_unit_test(test_arena_fragmentation),
+      cmocka_unit_test(test_arena_alignment),
+      cmocka_unit_test(test_arena_refuses_bad_events),
+      cmocka_unit_test(test_arena_real_plans),
+      cmocka_unit_test(test_arena_peak_matches_simulator),
+      cmocka_unit_test(test_gpu_pick),
+      cmocka_unit_test(test_gpu_shared),
+      cmocka_unit_test(test_gpu_comm_rank),
+      cmocka_unit_test(test_gpu_comm_layout),
+      cmocka_unit_test(test_gpu_serial_progress),
+      cmocka_unit_test(test_gpu_sm_share),
+      cmocka_unit_test(test_gpu_trace_from_device_times),
+      cmocka_unit_test(test_gpu_registry),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
