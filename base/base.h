@@ -76,8 +76,10 @@ bool piper_write_file_durable(const char *path, const void *data, size_t len, GE
 /* ---- input files ------------------------------------------------------------------------- */
 
 /* Reads the whole of path (at most max bytes) into a NUL-terminated buffer (g_free), *len set
- * when len is not NULL. Anything but a regular file (after links) is refused rather than read:
- * a FIFO or a terminal would block, a device never ends. Errors are input errors naming path. */
+ * when len is not NULL. A regular file (after links), or a pipe or FIFO read to its end (shell
+ * process substitution, `<(...)`; one nobody writes to is an error, never a hang). Anything
+ * else is refused rather than read: a terminal would block, a device never ends. Errors are
+ * input errors naming path. */
 char *piper_read_file(const char *path, size_t max, size_t *len, GError **err);
 
 /* ---- hashing, clock, comparators --------------------------------------------------------- */

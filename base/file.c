@@ -169,16 +169,25 @@ bool piper_write_file_durable(const char *path, const void *data, size_t len, GE
 }
 
 char *piper_read_file(const char *path, size_t max, size_t *len, GError **err) {
-  /* O_NONBLOCK: opening a FIFO without a writer would block before fstat could refuse it */
+  /* O_NONBLOCK: opening a FIFO without a writer would block before fstat could look at it */
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     piper_input_error(err, "%s: cannot open: %s", path, strerror(errno));
     return NULL;
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode))) {
     close(fd);
     piper_input_error(err, "%s: not a regular file", path);
+    return NULL;
+  }
+  /* A pipe (`--directives <(piper-layout ...)`) is read to its end, blocking: its writer holds
+   * it open until done. A FIFO nobody writes to reads as empty at once rather than hanging
+   * (a read with no writer is end of file). */
+  bool pipe = S_ISFIFO(st.st_mode);
+  if (pipe && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    close(fd);
+    piper_input_error(err, "%s: cannot read: %s", path, strerror(errno));
     return NULL;
   }
   FILE *f = fdopen(fd, "rb");
@@ -204,6 +213,10 @@ char *piper_read_file(const char *path, size_t max, size_t *len, GError **err) {
   }
   if (ferror(f)) {
     piper_input_error(err, "%s: read error: %s", path, strerror(errno));
+    goto fail;
+  }
+  if (pipe && text->len == 0) {
+    piper_input_error(err, "%s: a pipe with nothing written to it", path);
     goto fail;
   }
   fclose(f);

@@ -79,8 +79,12 @@ expect_bad "csv rows swapped" "which the placement puts on pipeline rank" $V4 --
 sed '0,/"hidden_size"/s//"hidden_size": 32, "hidden_size"/' $DENSE >"$T/dupmodel.json"
 expect_bad "model with a key twice" 'dupmodel.json: key "hidden_size" appears twice' --model "$T/dupmodel.json" --directives $BS/dp2.json
 mkfifo "$T/fifo.json"
-expect_bad "FIFO directives refused, not read" "fifo.json: not a regular file" --model $MOE --directives "$T/fifo.json"
-expect_bad "FIFO model refused, not read" "fifo.json: not a regular file" --model "$T/fifo.json" --directives $BS/dp2.json
+expect_bad "FIFO directives without a writer: an error, no hang" "fifo.json: a pipe with nothing written to it" --model $MOE --directives "$T/fifo.json"
+expect_bad "FIFO model without a writer: an error, no hang" "fifo.json: a pipe with nothing written to it" --model "$T/fifo.json" --directives $BS/dp2.json
+expect_bad "a directory is refused" "not a regular file" --model $MOE --directives "$T"
+# process substitution: a pipe with a writer is read to its end
+"$PC" --model $MOE --directives <(cat $BS/dp2.json) >"$T/out" 2>"$T/err" && grep -q "2 devices" "$T/out" &&
+  ok || bad "--directives <(...): $(cat "$T/out" "$T/err")"
 expect_bad "csv micro-batches" "but the program splits into 4" --model $MOE --pp-regions 4 \
   --directives $BS/pp4_dp2_ep2_v_placement.json --mbs 4 --import-csv "$T/dpv.csv"
 "$PC" --help | grep -q -- "--base-schedule" && ok || bad "--help"
