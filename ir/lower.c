@@ -528,6 +528,19 @@ static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
   c->instrs[i].write_count = cp->writes->len - c->instrs[i].write_first;
 }
 
+/* The memory rule's points (struct plan_tensor): allocated when its producer starts, released
+ * when its last consumer in issue order ends (consumers are listed in issue order). */
+static void tensor_points(struct class_pools *cp) {
+  for (uint32_t t = 0; t < cp->tensors->len; t++) {
+    struct plan_tensor *pt = &g_array_index(cp->tensors, struct plan_tensor, t);
+    pt->alloc = pt->producer;
+    pt->release = pt->consumer_count
+                      ? g_array_index(cp->consumers, uint32_t,
+                                      pt->consumer_first + pt->consumer_count - 1)
+                      : pt->producer;
+  }
+}
+
 /* Reads per instruction and consumers per tensor, deduplicated, in reader order. */
 static void class_reads_consumers(struct plan_class *c, struct class_pools *cp) {
   uint32_t n_pairs = cp->tensor_reads->len;
@@ -566,6 +579,7 @@ static void class_reads_consumers(struct plan_class *c, struct class_pools *cp) 
       struct plan_tensor *pt = &g_array_index(cp->tensors, struct plan_tensor, t);
       g_array_index(cp->consumers, uint32_t, pt->consumer_first + pt->consumer_count++) = i;
     }
+  tensor_points(cp);
 }
 
 /* Moves the pools into the class and frees what is left. */

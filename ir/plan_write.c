@@ -360,6 +360,8 @@ static void class_text_init(struct class_text *ct, const struct plan *p, const s
     cJSON_AddNumberToObject(o, "producer", tn->producer);
     cJSON_AddItemToObject(o, "consumers",
                           u32_array(c->consumers + tn->consumer_first, tn->consumer_count));
+    cJSON_AddNumberToObject(o, "alloc", tn->alloc);
+    cJSON_AddNumberToObject(o, "release", tn->release);
     g_string_append(ct->tensors, k ? ",\n    " : "    ");
     append_record(ct->tensors, o);
   }
