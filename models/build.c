@@ -212,7 +212,9 @@ static void emit_mlp(struct builder *b, enum model_op_kind kind, int32_t layer, 
   uint64_t act = mul3(b, b->T, ffn, b->B);
   /* params, h in, gate/up written and read, silu*up written and read, out written */
   op->bytes_fwd = add(b, add(b, op->param_bytes, 2 * b->act), add(b, 2 * gu, 2 * act));
-  op->saved_bytes = shared ? gu : add(b, b->act, gu);
+  /* and silu(gate) * up, which the down projection's weight gradient reads (the host
+   * kernels keep it rather than recompute it, kernels_mlp_saved_floats) */
+  op->saved_bytes = shared ? add(b, gu, act) : add(b, add(b, b->act, gu), act);
   op->out_bytes = b->act;
 }
 
@@ -235,7 +237,8 @@ static void emit_router(struct builder *b, int32_t layer) {
   uint64_t r = mul3(b, b->T, k, 8);
   op->bytes_fwd = add(b, add(b, op->param_bytes, b->act), add(b, 2 * probs, r));
   /* h (its weight gradient needs it; experts keep only their routed copies) and the probs */
-  op->saved_bytes = add(b, b->act, probs);
+  /* and r itself: the router's backward reads the ids and weights it chose */
+  op->saved_bytes = add(b, add(b, b->act, probs), r);
   op->out_bytes = r;
 }
 
@@ -267,14 +270,15 @@ static void emit_experts(struct builder *b, int32_t layer) {
                       add(b, add(b, 2 * gu, 2 * act), 2 * rows));
   /* routed input rows, gate/up, r, and the expert outputs (the routing weights' gradient is
    * dy . expert_out, so real implementations keep them) */
-  op->saved_bytes = add(b, add(b, rows, gu), add(b, r, rows));
+  /* ... and, as the host kernels keep them (kernels_expert_ffn_saved_floats), silu(gate) * up
+   * per routed row and the routing permutation (an int32 row and expert per route) */
+  op->saved_bytes = add(b, add(b, add(b, rows, gu), add(b, r, rows)), add(b, act, mul(b, tk, 8)));
   op->out_bytes = b->act;
 }
 
 /* x (after the final norm) -> loss, [T, hidden, vocab]: logits matmul and cross-entropy (~5
- * FLOPs per logit forward, ~3 backward). Implementations compute it in chunks of tokens and
- * recompute logits in backward, so only the input is saved; each chunk's fp32 logits still
- * go through memory once. Tied embeddings: the head uses the embedding's parameters only when
+ * FLOPs per logit forward, ~3 backward). Each token's fp32 logits go through memory once;
+ * the probabilities are kept for the backward (see saved_bytes below). Tied embeddings: the head uses the embedding's parameters only when
  * both are in one PP region. Across regions each stage holds its own copy (Megatron keeps the
  * word embedding on the last stage too and all-reduces the two gradients), so both count. */
 static void emit_head(struct builder *b) {
@@ -292,7 +296,9 @@ static void emit_head(struct builder *b) {
   uint64_t logits = mul3(b, b->T, u(m->vocab_size), 4);
   uint64_t labels_and_loss = add(b, mul(b, b->T, 4), 4);
   op->bytes_fwd = add(b, add(b, mul(b, w, b->B), b->act), add(b, 2 * logits, labels_and_loss));
-  op->saved_bytes = b->act;
+  /* The host kernel keeps the fp32 probabilities for BI (as Megatron's vocab-parallel cross
+   * entropy does) rather than recompute the logits in chunks, and the targets. */
+  op->saved_bytes = add(b, add(b, b->act, logits), mul(b, b->T, 4));
   op->out_bytes = 4; /* the fp32 loss */
 }
 
