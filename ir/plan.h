@@ -59,7 +59,10 @@ struct plan_instr {
  * and release to the last consumer in issue order; a later pass (a ZeRO-3 prefetch, an arena
  * planner) may allocate earlier, never later than the producer. plan_class_memory_events
  * lists the points in the order an arena meets them. */
-enum plan_tensor_kind { PLAN_TENSOR_OUT, PLAN_TENSOR_SAVED };
+/* OUT: read by other instructions (a segment's output, a gradient, a received or gathered
+ * buffer); SAVED: F's activations for its backward, or what BI keeps for BW; WORK: what a
+ * compute instruction holds only while it runs (alloc = release = producer, no consumers). */
+enum plan_tensor_kind { PLAN_TENSOR_OUT, PLAN_TENSOR_SAVED, PLAN_TENSOR_WORK };
 struct plan_tensor {
   uint64_t bytes;    /* on one device */
   uint32_t producer; /* class instruction index */

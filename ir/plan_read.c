@@ -1002,6 +1002,11 @@ static bool check_tensor_links(const struct plan_class *c, const struct program_
 static bool check_tensor_points(const struct plan_class *c, const struct program_read *pr,
                                 uint32_t t, const struct json_loc *lt, GError **err) {
   const struct plan_tensor *tn = &c->tensors[t];
+  if (tn->kind == PLAN_TENSOR_WORK &&
+      (pr->consumers->len > tn->consumer_first || tn->alloc != tn->producer ||
+       tn->release != tn->producer))
+    return json_fail_at(err, lt, "a \"work\" tensor lives within its producer: no consumers, "
+                                 "\"alloc\" and \"release\" equal to \"producer\"");
   if (tn->alloc > tn->producer)
     return json_fail_at(err, lt, "\"alloc\" %u comes after its producer %u", tn->alloc,
                         tn->producer);
@@ -1032,8 +1037,10 @@ static bool read_tensor(struct program_read *pr, struct plan_class *c, uint32_t 
     tn->kind = PLAN_TENSOR_OUT;
   else if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "saved") == 0)
     tn->kind = PLAN_TENSOR_SAVED;
+  else if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "work") == 0)
+    tn->kind = PLAN_TENSOR_WORK;
   else
-    return json_fail_at(err, &lt, "\"kind\" must be \"out\" or \"saved\"");
+    return json_fail_at(err, &lt, "\"kind\" must be \"out\", \"saved\" or \"work\"");
   tn->consumer_first = pr->consumers->len;
   if (!json_value_ref(x[3], "producer", pr->n, false, &tn->producer, &lt, err) ||
       !read_refs(x[4], "consumers", pr->n, pr->consumers, &lt, err))
