@@ -226,6 +226,11 @@ struct exec_state {
   struct exec_tensor_rt *tensors;
   uint32_t *release_first, *release_list;
   GMutex tensor_lock;
+  /* A receive's buffers, allocated when its stream becomes free (its issue: the plan's alloc
+   * point), before the event loop gets to run it: [n_instrs * EXEC_T_COUNT]; next_on_stream
+   * [n_instrs]: the instruction after each on its stream, IR_NONE at the end */
+  float **recv_ready;
+  uint32_t *next_on_stream;
   /* memory accounting (bytes by report kind) */
   GMutex mem_lock;
   uint64_t mem[REPORT_MEM_KIND_COUNT];
@@ -241,6 +246,8 @@ void exec_mb_end(struct exec_state *s, uint32_t mb);
  * at the step's end, frees what no release point freed (nothing, when the plan is right);
  * exec_memory_free at teardown. */
 void exec_step_memory_begin(struct exec_state *s);
+/* After the micro-batches began: the first receive of each stream is issued. */
+void exec_step_memory_issue(struct exec_state *s);
 void exec_step_memory_end(struct exec_state *s);
 void exec_memory_free(struct exec_state *s);
 bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);

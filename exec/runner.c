@@ -277,6 +277,7 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   exec_step_memory_begin(s);
   for (uint32_t k = 0; k < d->M; k++)
     exec_mb_begin(s, k);
+  exec_step_memory_issue(s);
   R->stall_armed = R->o->fault == EXEC_FAULT_STALL && R->o->fault_rank == R->rank &&
                    R->o->fault_step == step && R->stall_instr != IR_NONE;
   for (uint32_t i = 0; i < c->n_instrs; i++) {

@@ -242,6 +242,30 @@ static void tensor_use_done(struct exec_state *s, uint32_t t) {
   g_mutex_unlock(&s->tensor_lock);
 }
 
+static size_t slot_of(uint32_t i, int t) {
+  return (size_t)i * TC + (size_t)t;
+}
+
+/* Receive j is issued (its stream is free, it waits for nothing): its buffers are allocated
+ * now, as the plan's alloc point says, not when the event loop gets to run it. Receives of a
+ * point-to-point group and those of no plan tensor allocate when they run. */
+static void recv_issue(struct exec_state *s, uint32_t j, struct exec_task_ctx *st) {
+  const struct exec_instr *x = &s->dev->instrs[j];
+  const struct exec_model *xm = s->xm;
+  if (x->role != EXEC_ROLE_RECV || x->group_lead != IR_NONE || x->mb < 0 ||
+      s->dev->cls->instrs[j].wait_count > 0)
+    return;
+  for (int t = 0; t < TC; t++) {
+    uint32_t owner = out_tensor_of(s, j, (enum exec_tensor)t, true);
+    if (!(xm->edge_mask[x->edge] & EXEC_BIT(t)) || owner == OWN_WORK || s->recv_ready[slot_of(j, t)])
+      continue;
+    size_t words = x->pass == IR_PASS_F ? exec_tensor_words(xm, (enum exec_tensor)t)
+                                        : exec_grad_floats(xm, (enum exec_tensor)t);
+    s->recv_ready[slot_of(j, t)] =
+        mb_raw(s, st, &s->mbs[x->mb], owner, words * 4, REPORT_MEM_COMM);
+  }
+}
+
 /* Instruction i has ended: its workspace goes, and what it was the last use of. */
 static void instr_memory_done(struct exec_state *s, uint32_t i, struct exec_task_ctx *st) {
   const struct plan_class *c = s->dev->cls;
@@ -255,6 +279,8 @@ static void instr_memory_done(struct exec_state *s, uint32_t i, struct exec_task
     tensor_use_done(s, c->reads[in->read_first + k]);
   for (uint32_t k = s->release_first[i]; k < s->release_first[i + 1]; k++)
     tensor_use_done(s, s->release_list[k]);
+  if (s->next_on_stream[i] != IR_NONE)
+    recv_issue(s, s->next_on_stream[i], st);
 }
 
 void exec_step_memory_begin(struct exec_state *s) {
@@ -277,9 +303,22 @@ void exec_step_memory_begin(struct exec_state *s) {
     for (uint32_t i = 0; i < c->n_instrs; i++)
       s->release_first[i + 1] += s->release_first[i];
     g_free(ev);
+    s->recv_ready = g_new0(float *, (size_t)c->n_instrs * TC + 1);
+    s->next_on_stream = g_new(uint32_t, c->n_instrs + 1);
+    for (uint32_t st = 0; st < s->dev->plan->n_streams; st++)
+      for (uint32_t e = c->stream_first[st]; e < c->stream_first[st + 1]; e++)
+        s->next_on_stream[c->stream_instrs[e]] =
+            e + 1 < c->stream_first[st + 1] ? c->stream_instrs[e + 1] : IR_NONE;
   }
   for (uint32_t t = 0; t < c->n_tensors; t++)
     atomic_store(&s->tensors[t].left, c->tensors[t].consumer_count + 1);
+}
+
+void exec_step_memory_issue(struct exec_state *s) {
+  const struct plan_class *c = s->dev->cls;
+  for (uint32_t st = 0; st < s->dev->plan->n_streams; st++)
+    if (c->stream_first[st + 1] > c->stream_first[st])
+      recv_issue(s, c->stream_instrs[c->stream_first[st]], NULL);
 }
 
 void exec_step_memory_end(struct exec_state *s) {
@@ -294,6 +333,7 @@ void exec_step_memory_end(struct exec_state *s) {
   for (uint32_t t = 0; t < s->dev->cls->n_tensors; t++)
     blocks_release(s, s->tensors[t].blocks);
   g_mutex_unlock(&s->tensor_lock);
+  memset(s->recv_ready, 0, ((size_t)s->dev->cls->n_instrs * TC + 1) * sizeof(float *));
 }
 
 void exec_memory_free(struct exec_state *s) {
@@ -305,6 +345,8 @@ void exec_memory_free(struct exec_state *s) {
   g_clear_pointer(&s->tensors, g_free);
   g_clear_pointer(&s->release_first, g_free);
   g_clear_pointer(&s->release_list, g_free);
+  g_clear_pointer(&s->recv_ready, g_free);
+  g_clear_pointer(&s->next_on_stream, g_free);
   g_mutex_clear(&s->tensor_lock);
 }
 
@@ -1193,13 +1235,83 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   return true;
 }
 
+/* The dispatch: routes this micro-batch's tokens to the experts' owners (counts first, then
+ * the rows and their experts). sb, rb: scratch of S byte counts. */
+static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                         struct exec_comm *comm, size_t *sb, size_t *rb, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  int T = xm->T, C = xm->C, K = xm->K, E = xm->E, TK = T * K;
+  size_t row = (size_t)C * sizeof(float);
+  bool ok = true;
+  uint32_t S = s->dev->ep_size[x->segment];
+  struct exec_moe *moe = mb_host(s, mb, sizeof *moe, REPORT_MEM_COMM);
+  mb->moe[x->segment] = moe;
+  moe->S = S;
+  moe->rank = s->dev->ep_rank[x->segment];
+  moe->e_count = E / (int)S;
+  moe->e_first = (int)moe->rank * moe->e_count;
+  moe->in_edge = x->edge;
+  const float *h = edge_value(s, mb, x->edge, EXEC_T_H);
+  const float *r = edge_value(s, mb, x->edge, EXEC_T_R);
+  if (!h || !r)
+    return internal(err, s, i, "the router's output has not arrived");
+  /* the combine and both backward all-to-alls read the routing: the router's own copy in
+   * its saved activations lives until its backward, after theirs (r, the copy that came
+   * here, goes after this dispatch) */
+  const struct exec_seg_run *router = mb->seg[s->xm->m->edges[x->edge].src];
+  int32_t rv = s->xm->segs[s->xm->m->edges[x->edge].src].final_value[EXEC_T_R];
+  if (router && rv >= 0 && router->val[rv])
+    r = router->val[rv];
+  moe->ids = (const int32_t *)r;
+  moe->weights = r + TK;
+  moe->send_counts = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+  int32_t *counts_dev = mb_raw(s, st, mb, OWN_WORK, S * sizeof(int32_t), REPORT_MEM_COMM);
+  /* the routing serves the combine and both backward all-to-alls: no plan tensor says so
+   * yet, so it lives as long as the micro-batch */
+  moe->route_row = mb_raw(s, st, mb, OWN_MB, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+  moe->send_expert =
+      mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+  moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
+  KT(st, s,
+     k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
+  KT(st, s,
+     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, h, moe->ids,
+                             moe->route_row, T, K, C));
+  exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
+  int32_t *rc = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+  CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
+  moe->recv_counts = rc;
+  if (!ok)
+    return false;
+  moe->n_recv = 0;
+  for (uint32_t q = 0; q < S; q++)
+    moe->n_recv += (size_t)rc[q];
+  moe->recv_rows =
+      mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->n_recv * row, REPORT_MEM_COMM);
+  moe->recv_expert =
+      mb_raw(s, st, mb, OWN_MB, moe->n_recv * sizeof(int32_t), REPORT_MEM_COMM);
+  byte_counts(moe->send_counts, S, row, sb);
+  byte_counts(moe->recv_counts, S, row, rb);
+  CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->send_rows, sb, moe->recv_rows, rb, err));
+  if (!ok)
+    return false;
+  byte_counts(moe->send_counts, S, sizeof(int32_t), sb);
+  byte_counts(moe->recv_counts, S, sizeof(int32_t), rb);
+  CT(st, s, ok,
+     exec_comm_all_to_all_v(s->b, comm, moe->send_expert, sb, moe->recv_expert, rb, err));
+  return ok;
+}
+
 static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   const struct exec_kernels *k = s->k;
   struct exec_mb *mb = &s->mbs[x->mb];
   struct exec_comm *comm = comm_of(s, i);
-  int T = xm->T, C = xm->C, K = xm->K, E = xm->E, TK = T * K;
+  int T = xm->T, C = xm->C, K = xm->K, TK = T * K;
   size_t row = (size_t)C * sizeof(float);
   bool ok = true;
   if (!comm)
@@ -1209,64 +1321,7 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
   struct exec_moe *moe = mb->moe[x->segment];
   bool forward = x->pass == IR_PASS_F;
   if (x->role == EXEC_ROLE_A2A_TO_EXPERT && forward) {
-    /* dispatch: route this micro-batch's tokens to the experts' owners */
-    moe = mb_host(s, mb, sizeof *moe, REPORT_MEM_COMM);
-    mb->moe[x->segment] = moe;
-    moe->S = S;
-    moe->rank = s->dev->ep_rank[x->segment];
-    moe->e_count = E / (int)S;
-    moe->e_first = (int)moe->rank * moe->e_count;
-    moe->in_edge = x->edge;
-    const float *h = edge_value(s, mb, x->edge, EXEC_T_H);
-    const float *r = edge_value(s, mb, x->edge, EXEC_T_R);
-    if (!h || !r) {
-      ok = internal(err, s, i, "the router's output has not arrived");
-      goto out;
-    }
-    /* the combine and both backward all-to-alls read the routing: the router's own copy in
-     * its saved activations lives until its backward, after theirs (r, the copy that came
-     * here, goes after this dispatch) */
-    const struct exec_seg_run *router = mb->seg[s->xm->m->edges[x->edge].src];
-    int32_t rv = s->xm->segs[s->xm->m->edges[x->edge].src].final_value[EXEC_T_R];
-    if (router && rv >= 0 && router->val[rv])
-      r = router->val[rv];
-    moe->ids = (const int32_t *)r;
-    moe->weights = r + TK;
-    moe->send_counts = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
-    int32_t *counts_dev = mb_raw(s, st, mb, OWN_WORK, S * sizeof(int32_t), REPORT_MEM_COMM);
-    /* the routing serves the combine and both backward all-to-alls: no plan tensor says so
-     * yet, so it lives as long as the micro-batch */
-    moe->route_row = mb_raw(s, st, mb, OWN_MB, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
-    moe->send_expert =
-        mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
-    moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
-    KT(st, s,
-       k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
-    KT(st, s,
-       k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, h, moe->ids,
-                               moe->route_row, T, K, C));
-    exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
-    int32_t *rc = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
-    CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
-    moe->recv_counts = rc;
-    if (!ok)
-      goto out;
-    moe->n_recv = 0;
-    for (uint32_t q = 0; q < S; q++)
-      moe->n_recv += (size_t)rc[q];
-    moe->recv_rows =
-        mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->n_recv * row, REPORT_MEM_COMM);
-    moe->recv_expert =
-        mb_raw(s, st, mb, OWN_MB, moe->n_recv * sizeof(int32_t), REPORT_MEM_COMM);
-    byte_counts(moe->send_counts, S, row, sb);
-    byte_counts(moe->recv_counts, S, row, rb);
-    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->send_rows, sb, moe->recv_rows, rb, err));
-    if (!ok)
-      goto out;
-    byte_counts(moe->send_counts, S, sizeof(int32_t), sb);
-    byte_counts(moe->recv_counts, S, sizeof(int32_t), rb);
-    CT(st, s, ok,
-       exec_comm_all_to_all_v(s->b, comm, moe->send_expert, sb, moe->recv_expert, rb, err));
+    ok = a2a_dispatch(s, i, st, comm, sb, rb, err);
     goto out;
   }
   if (!moe) {
@@ -1348,8 +1403,11 @@ static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
         return internal(err, s, i, "sends data that was never computed");
       CT(st, s, ok, exec_comm_send(s->b, comm, x->peer, buf, words * 4, x->tag, err));
     } else {
-      float *buf = mb_raw(s, st, mb, out_tensor(s, i, (enum exec_tensor)t), words * 4,
-                          REPORT_MEM_COMM);
+      float *buf = s->recv_ready[slot_of(i, t)];
+      s->recv_ready[slot_of(i, t)] = NULL;
+      if (!buf)
+        buf = mb_raw(s, st, mb, out_tensor(s, i, (enum exec_tensor)t), words * 4,
+                     REPORT_MEM_COMM);
       CT(st, s, ok, exec_comm_recv(s->b, comm, x->peer, buf, words * 4, x->tag, err));
       if (fwd)
         mb->in_val[slot] = buf;
