@@ -4,8 +4,10 @@
  * model edge, gradient buckets, ZeRO gathers and AdamW.
  *
  * Inside a segment every tensor version is a value (SSA): ops read values and write new ones,
- * so the backward finds each op's inputs as the forward saw them. Values, saved activations
- * and gradients of a micro-batch live in its arena until its last instruction is done. */
+ * so the backward finds each op's inputs as the forward saw them. Memory follows the plan's
+ * rule (ir/plan.h, "the memory rule" below): a forward keeps in its saved tensor exactly what
+ * its backward reads, outputs live in the tensors that carry them until their last reader,
+ * everything else only while its instruction runs. */
 #include <math.h>
 #include <string.h>
 
@@ -100,6 +102,19 @@ static void blocks_release(struct exec_state *s, GArray *blocks) {
     g_array_set_size(blocks, 0);
 }
 
+/* The figures' kind of plan tensor t, by its producer, as the simulator counts it: what
+ * compute writes is activations, a gather's output gathered parameters, the rest (received,
+ * exchanged by an all-to-all) communication buffers. */
+static enum report_mem_kind tensor_kind(const struct exec_state *s, uint32_t t) {
+  const struct exec_instr *x = &s->dev->instrs[s->dev->cls->tensors[t].producer];
+  switch (x->role) {
+  case EXEC_ROLE_COMPUTE:
+  case EXEC_ROLE_OPTIMIZER: return REPORT_MEM_ACTIVATIONS;
+  case EXEC_ROLE_GATHER_USE: return REPORT_MEM_GATHERED;
+  default: return REPORT_MEM_COMM;
+  }
+}
+
 /* A device buffer (never NULL, even for 0 bytes) owned by `owner`: zeroed when asked, else with
  * undefined contents (NaN under poisoning, so a kernel that reads what it did not write, or a
  * buffer used after its release, shows up in the equivalence tests). */
@@ -124,11 +139,12 @@ static void *mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct ex
     mb->bytes += n;
     g_mutex_unlock(&mb->lock);
   } else {
+    blk.kind = tensor_kind(s, owner);
     g_mutex_lock(&s->tensor_lock);
     g_array_append_val(s->tensors[owner].blocks, blk);
     g_mutex_unlock(&s->tensor_lock);
   }
-  exec_mem_add(s, kind, (int64_t)n);
+  exec_mem_add(s, blk.kind, (int64_t)n);
   return blk.p;
 }
 
@@ -1270,8 +1286,9 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   moe->send_counts = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
   int32_t *counts_dev = mb_raw(s, st, mb, OWN_WORK, S * sizeof(int32_t), REPORT_MEM_COMM);
   /* the routing serves the combine and both backward all-to-alls: no plan tensor says so
-   * yet, so it lives as long as the micro-batch */
-  moe->route_row = mb_raw(s, st, mb, OWN_MB, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+   * yet, so it lives as long as the micro-batch, counted with the activations the backward
+   * reads (as are the experts' ids and the combine's rows) */
+  moe->route_row = mb_raw(s, st, mb, OWN_MB, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   moe->send_expert =
       mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
   moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
@@ -1292,7 +1309,7 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   moe->recv_rows =
       mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->n_recv * row, REPORT_MEM_COMM);
   moe->recv_expert =
-      mb_raw(s, st, mb, OWN_MB, moe->n_recv * sizeof(int32_t), REPORT_MEM_COMM);
+      mb_raw(s, st, mb, OWN_MB, moe->n_recv * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   byte_counts(moe->send_counts, S, row, sb);
   byte_counts(moe->recv_counts, S, row, rb);
   CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->send_rows, sb, moe->recv_rows, rb, err));
@@ -1336,7 +1353,7 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
       ok = internal(err, s, i, "combine before the experts ran");
       goto out;
     }
-    moe->y_send = mb_raw(s, st, mb, OWN_MB, (size_t)TK * row, REPORT_MEM_COMM);
+    moe->y_send = mb_raw(s, st, mb, OWN_MB, (size_t)TK * row, REPORT_MEM_ACTIVATIONS);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
     if (!ok)
       goto out;
