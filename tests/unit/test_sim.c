@@ -407,13 +407,10 @@ static struct plan *hplan_build(const struct hplan *h) {
         continue;
       uint32_t t = c->n_tensors++;
       c->tensors[t] =
-          (struct plan_tensor){x->out_bytes,
-                               i,
-                               x->saved ? PLAN_TENSOR_SAVED : PLAN_TENSOR_OUT,
-                               c->n_consumers,
-                               x->consumer >= 0 ? 1u : 0u,
-                               i,
-                               x->consumer >= 0 ? (uint32_t)x->consumer : i};
+          (struct plan_tensor){x->out_bytes, i, x->saved ? PLAN_TENSOR_SAVED : PLAN_TENSOR_OUT,
+                               c->n_consumers, x->consumer >= 0 ? 1u : 0u, i, i};
+      if (x->consumer >= 0) /* released by its reader (the memory rule) */
+        c->tensors[t].release = (uint32_t)x->consumer;
       if (x->consumer >= 0)
         c->consumers[c->n_consumers++] = (uint32_t)x->consumer;
       c->writes[c->n_writes++] = t;
