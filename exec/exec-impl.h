@@ -176,7 +176,8 @@ struct exec_mb {
   uint64_t bytes; /* live in the arena */
   atomic_uint remaining;
   uint32_t global_index; /* micro-batch index in the global batch */
-  int32_t *tokens, *targets;
+  int32_t *tokens, *targets;             /* device copies, made by the ops that read them */
+  int32_t *tokens_host, *targets_host; /* this micro-batch's data */
   float **out;               /* [n_segments * T_COUNT] final values of local segments */
   float **in_val;            /* [n_edges * T_COUNT] values received */
   float **grad;              /* [n_edges * T_COUNT] gradients carried by edges */
@@ -191,6 +192,14 @@ struct exec_mb {
 struct exec_task_ctx {
   struct exec_stream *stream;
   double kernel_s, comm_s;
+  GArray *work; /* struct exec_block: the instruction's workspace, freed when it ends */
+};
+
+/* A plan tensor's buffers in the current step (the memory rule, struct plan_tensor): what the
+ * executor really allocates for it, released once its release point and consumers are done. */
+struct exec_tensor_rt {
+  GArray *blocks; /* struct exec_block */
+  atomic_uint left; /* consumers + the release point still to end */
 };
 
 struct exec_state {
@@ -212,6 +221,16 @@ struct exec_state {
   GMutex pool_lock;
   GHashTable *pool; /* size -> GPtrArray of free buffers */
   bool poison;      /* fill fresh buffers with NaN (exec_options.poison, tests) */
+  /* The plan's memory points: tensors[t] of the class, and per instruction the tensors it
+   * releases (release_first[i] .. release_first[i + 1] of release_list) */
+  struct exec_tensor_rt *tensors;
+  uint32_t *release_first, *release_list;
+  GMutex tensor_lock;
+  /* A receive's buffers, allocated when its stream becomes free (its issue: the plan's alloc
+   * point), before the event loop gets to run it: [n_instrs * EXEC_T_COUNT]; next_on_stream
+   * [n_instrs]: the instruction after each on its stream, IR_NONE at the end */
+  float **recv_ready;
+  uint32_t *next_on_stream;
   /* memory accounting (bytes by report kind) */
   GMutex mem_lock;
   uint64_t mem[REPORT_MEM_KIND_COUNT];
@@ -223,6 +242,14 @@ bool exec_state_init_params(struct exec_state *s, GError **err);
 void exec_state_free_params(struct exec_state *s);
 void exec_mb_begin(struct exec_state *s, uint32_t mb);
 void exec_mb_end(struct exec_state *s, uint32_t mb);
+/* The memory rule's state: set up and armed for a step (before its micro-batches begin);
+ * at the step's end, frees what no release point freed (nothing, when the plan is right);
+ * exec_memory_free at teardown. */
+void exec_step_memory_begin(struct exec_state *s);
+/* After the micro-batches began: the first receive of each stream is issued. */
+void exec_step_memory_issue(struct exec_state *s);
+void exec_step_memory_end(struct exec_state *s);
+void exec_memory_free(struct exec_state *s);
 bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);
 void exec_mem_add(struct exec_state *s, enum report_mem_kind k, int64_t bytes);
 void *exec_pool_get(struct exec_state *s, size_t bytes);

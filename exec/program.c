@@ -23,8 +23,10 @@ size_t exec_tensor_words(const struct exec_model *xm, enum exec_tensor t) {
 }
 
 size_t exec_grad_floats(const struct exec_model *xm, enum exec_tensor t) {
+  /* r's gradient travels in r's layout (2 words per route, as the plan counts its bytes):
+   * the weights' gradients in the first half, the ids' half unused */
   if (t == EXEC_T_R)
-    return (size_t)xm->T * (size_t)xm->K;
+    return 2 * (size_t)xm->T * (size_t)xm->K;
   return (size_t)xm->T * (size_t)xm->C;
 }
 

@@ -95,7 +95,7 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
   struct runner *R = t->R;
   uint32_t i = t->i;
   double t0 = exec_backend_clock(R->b);
-  struct exec_task_ctx st = {stream, 0, 0};
+  struct exec_task_ctx st = {stream, 0, 0, NULL};
   bool ok;
   if (R->stall_armed && i == R->stall_instr)
     ok = stall_task(R, i, err);
@@ -275,8 +275,10 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   s->step = step;
   s->k->fill(NULL, s->grads, 0.0f, (size_t)d->n_params);
   R->step_fill = exec_backend_clock(R->b) - t0; /* a kernel: training needs it, not the executor */
+  exec_step_memory_begin(s);
   for (uint32_t k = 0; k < d->M; k++)
     exec_mb_begin(s, k);
+  exec_step_memory_issue(s);
   R->stall_armed = R->o->fault == EXEC_FAULT_STALL && R->o->fault_rank == R->rank &&
                    R->o->fault_step == step && R->stall_instr != IR_NONE;
   for (uint32_t i = 0; i < c->n_instrs; i++) {
@@ -301,6 +303,7 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   bool ok = wait_events(R, R->stream_end, d->plan->n_streams, err);
   for (uint32_t k = 0; k < d->M; k++)
     exec_mb_end(s, k);
+  exec_step_memory_end(s);
   return ok;
 }
 
@@ -1185,6 +1188,7 @@ static void free_state(struct runner *R) {
       g_mutex_clear(&s->mbs[k].lock);
     }
   }
+  exec_memory_free(s); /* before the gathers: a gather's buffer may be its tensor's */
   for (uint32_t i = 0; i < dev->n_instrs; i++)
     exec_backend_release(R->b, s->gathered[i]);
   exec_pool_clear(s);

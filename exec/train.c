@@ -4,8 +4,10 @@
  * model edge, gradient buckets, ZeRO gathers and AdamW.
  *
  * Inside a segment every tensor version is a value (SSA): ops read values and write new ones,
- * so the backward finds each op's inputs as the forward saw them. Values, saved activations
- * and gradients of a micro-batch live in its arena until its last instruction is done. */
+ * so the backward finds each op's inputs as the forward saw them. Memory follows the plan's
+ * rule (ir/plan.h, "the memory rule" below): a forward keeps in its saved tensor exactly what
+ * its backward reads, outputs live in the tensors that carry them until their last reader,
+ * everything else only while its instruction runs. */
 #include <math.h>
 #include <string.h>
 
@@ -76,11 +78,54 @@ void exec_pool_clear(struct exec_state *s) {
   s->pool = NULL;
 }
 
-/* A buffer of the micro-batch's arena (never NULL, even for 0 bytes): zeroed when asked,
- * else with undefined contents (NaN under poisoning, so a kernel that reads what it did not
- * write shows up in the equivalence tests). */
+/* ---- the memory rule ----------------------------------------------------------------------
+ *
+ * Every device buffer has an owner: a plan tensor (allocated while its producer runs, released
+ * when the plan's release point and every consumer have ended: struct plan_tensor), the running
+ * instruction (its workspace, released when it ends), or, for the state the plan has no tensor
+ * for yet, the micro-batch (released with it: the expert-parallel dispatch's routing tables and
+ * rows, which the backward all-to-alls read). The figures count these real allocations as they
+ * are made and released. What the CPU alone reads (pointer tables, counts) is host memory and
+ * not in the device's figures. */
+#define OWN_WORK IR_NONE
+#define OWN_MB (IR_NONE - 1u)
+/* exec_state.gathered_users of a gather whose buffer is its plan tensor's */
+#define GATHER_TENSOR UINT32_MAX
+
+static void block_release(struct exec_state *s, const struct exec_block *blk) {
+  if (blk->host) {
+    g_free(blk->p);
+    return;
+  }
+  exec_mem_add(s, blk->kind, -(int64_t)blk->bytes);
+  exec_pool_put(s, blk->p, blk->bytes);
+}
+
+static void blocks_release(struct exec_state *s, GArray *blocks) {
+  for (guint k = 0; blocks && k < blocks->len; k++)
+    block_release(s, &g_array_index(blocks, struct exec_block, k));
+  if (blocks)
+    g_array_set_size(blocks, 0);
+}
+
+/* The figures' kind of plan tensor t, by its producer, as the simulator counts it: what
+ * compute writes is activations, a gather's output gathered parameters, the rest (received,
+ * exchanged by an all-to-all) communication buffers. */
+static enum report_mem_kind tensor_kind(const struct exec_state *s, uint32_t t) {
+  const struct exec_instr *x = &s->dev->instrs[s->dev->cls->tensors[t].producer];
+  switch (x->role) {
+  case EXEC_ROLE_COMPUTE:
+  case EXEC_ROLE_OPTIMIZER: return REPORT_MEM_ACTIVATIONS;
+  case EXEC_ROLE_GATHER_USE: return REPORT_MEM_GATHERED;
+  default: return REPORT_MEM_COMM;
+  }
+}
+
+/* A device buffer (never NULL, even for 0 bytes) owned by `owner`: zeroed when asked, else with
+ * undefined contents (NaN under poisoning, so a kernel that reads what it did not write, or a
+ * buffer used after its release, shows up in the equivalence tests). */
 static void *mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
-                       size_t bytes, enum report_mem_kind kind, bool zero) {
+                       uint32_t owner, size_t bytes, enum report_mem_kind kind, bool zero) {
   size_t n = (bytes + 15) & ~(size_t)15;
   if (!n)
     n = 16;
@@ -90,46 +135,241 @@ static void *mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct ex
     s->k->fill(stream, blk.p, 0.0f, n / sizeof(float));
   else if (s->poison)
     s->k->fill(stream, blk.p, NAN, n / sizeof(float));
-  g_mutex_lock(&mb->lock);
-  g_array_append_val(mb->allocs, blk);
-  mb->bytes += n;
-  g_mutex_unlock(&mb->lock);
-  exec_mem_add(s, kind, (int64_t)n);
+  if (owner == OWN_WORK && st) {
+    if (!st->work)
+      st->work = g_array_new(FALSE, FALSE, sizeof(struct exec_block));
+    g_array_append_val(st->work, blk);
+  } else if (owner == OWN_WORK || owner == OWN_MB) {
+    g_mutex_lock(&mb->lock);
+    g_array_append_val(mb->allocs, blk);
+    mb->bytes += n;
+    g_mutex_unlock(&mb->lock);
+  } else {
+    blk.kind = tensor_kind(s, owner);
+    g_mutex_lock(&s->tensor_lock);
+    g_array_append_val(s->tensors[owner].blocks, blk);
+    g_mutex_unlock(&s->tensor_lock);
+  }
+  exec_mem_add(s, blk.kind, (int64_t)n);
   return blk.p;
 }
 
 /* Host memory of the micro-batch, zeroed: what the CPU reads (pointer tables, expert-parallel
- * state, all-to-all counts). Counted with the micro-batch's memory, as it always was, so the
- * host backend's figures stay comparable from run to run. */
+ * state, all-to-all counts). Not device memory, so not in the figures. */
 static void *mb_host(struct exec_state *s, struct exec_mb *mb, size_t bytes,
                      enum report_mem_kind kind) {
+  (void)s;
   size_t n = (bytes + 15) & ~(size_t)15;
-  if (!n)
-    n = 16;
-  struct exec_block blk = {g_malloc0(n), n, kind, true};
+  struct exec_block blk = {g_malloc0(n ? n : 16), n ? n : 16, kind, true};
   g_mutex_lock(&mb->lock);
   g_array_append_val(mb->allocs, blk);
-  mb->bytes += n;
   g_mutex_unlock(&mb->lock);
-  exec_mem_add(s, kind, (int64_t)n);
   return blk.p;
 }
 
 /* Device floats written in full before they are read. */
 static float *mb_floats_raw(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
-                            size_t n) {
-  return mb_buffer(s, st, mb, n * sizeof(float), REPORT_MEM_ACTIVATIONS, false);
+                            uint32_t owner, size_t n) {
+  return mb_buffer(s, st, mb, owner, n * sizeof(float), REPORT_MEM_ACTIVATIONS, false);
 }
 
 /* Device floats, zeroed. */
 static float *mb_floats(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
-                        size_t n) {
-  return mb_buffer(s, st, mb, n * sizeof(float), REPORT_MEM_ACTIVATIONS, true);
+                        uint32_t owner, size_t n) {
+  return mb_buffer(s, st, mb, owner, n * sizeof(float), REPORT_MEM_ACTIVATIONS, true);
 }
 
 static void *mb_raw(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
-                    size_t bytes, enum report_mem_kind kind) {
-  return mb_buffer(s, st, mb, bytes, kind, false);
+                    uint32_t owner, size_t bytes, enum report_mem_kind kind) {
+  return mb_buffer(s, st, mb, owner, bytes, kind, false);
+}
+
+/* The tensor of kind k instruction i writes (the first), or OWN_WORK. */
+static uint32_t written_tensor(const struct exec_state *s, uint32_t i, enum plan_tensor_kind k) {
+  const struct plan_class *c = s->dev->cls;
+  const struct plan_instr *in = &c->instrs[i];
+  for (uint32_t w = 0; w < in->write_count; w++)
+    if (c->tensors[c->writes[in->write_first + w]].kind == k)
+      return c->writes[in->write_first + w];
+  return OWN_WORK;
+}
+
+/* The model edge through which consumer j of something instruction i writes reads it. */
+static uint32_t consumer_edge(const struct exec_state *s, uint32_t i, uint32_t j) {
+  const struct exec_instr *x = &s->dev->instrs[i], *y = &s->dev->instrs[j];
+  if (y->role != EXEC_ROLE_COMPUTE)
+    return y->edge;
+  if (x->role != EXEC_ROLE_COMPUTE)
+    return x->edge;
+  uint32_t a = x->segment < y->segment ? x->segment : y->segment;
+  uint32_t b = x->segment < y->segment ? y->segment : x->segment;
+  return exec_model_edge(s->xm, a, b);
+}
+
+/* The plan tensor that carries value t out of instruction i: an "out" tensor whose consumer
+ * reads t through its edge (else, unless exact, i's first "out" tensor); OWN_WORK (exact) or
+ * OWN_MB when there is none. */
+static uint32_t out_tensor_of(const struct exec_state *s, uint32_t i, enum exec_tensor t,
+                              bool exact) {
+  const struct plan_class *c = s->dev->cls;
+  const struct plan_instr *in = &c->instrs[i];
+  uint32_t first = OWN_WORK;
+  for (uint32_t w = 0; w < in->write_count; w++) {
+    uint32_t tid = c->writes[in->write_first + w];
+    const struct plan_tensor *pt = &c->tensors[tid];
+    if (pt->kind != PLAN_TENSOR_OUT)
+      continue;
+    if (first == OWN_WORK)
+      first = tid;
+    for (uint32_t k = 0; k < pt->consumer_count; k++) {
+      uint32_t e = consumer_edge(s, i, c->consumers[pt->consumer_first + k]);
+      if (e != IR_NONE && (s->xm->edge_mask[e] & EXEC_BIT(t)))
+        return tid;
+    }
+  }
+  if (exact)
+    return OWN_WORK;
+  return first == OWN_WORK ? OWN_MB : first;
+}
+
+static uint32_t out_tensor(const struct exec_state *s, uint32_t i, enum exec_tensor t) {
+  return out_tensor_of(s, i, t, false);
+}
+
+/* The "out" tensor of all-to-all i read by the expert segment's instructions (experts true) or
+ * by the other side's; OWN_MB when there is none. */
+static uint32_t a2a_out_tensor(const struct exec_state *s, uint32_t i, bool experts) {
+  const struct plan_class *c = s->dev->cls;
+  const struct plan_instr *in = &c->instrs[i];
+  uint32_t seg = s->dev->instrs[i].segment;
+  for (uint32_t w = 0; w < in->write_count; w++) {
+    uint32_t tid = c->writes[in->write_first + w];
+    const struct plan_tensor *pt = &c->tensors[tid];
+    for (uint32_t k = 0; pt->kind == PLAN_TENSOR_OUT && k < pt->consumer_count; k++) {
+      const struct exec_instr *y = &s->dev->instrs[c->consumers[pt->consumer_first + k]];
+      if ((y->segment == seg) == experts)
+        return tid;
+    }
+  }
+  return OWN_MB;
+}
+
+/* One of tensor t's last uses has ended (a consumer, or its release point): the last one
+ * releases its buffers. */
+static void tensor_use_done(struct exec_state *s, uint32_t t) {
+  if (atomic_fetch_sub(&s->tensors[t].left, 1) != 1)
+    return;
+  g_mutex_lock(&s->tensor_lock);
+  blocks_release(s, s->tensors[t].blocks);
+  g_mutex_unlock(&s->tensor_lock);
+}
+
+static size_t slot_of(uint32_t i, int t) {
+  return (size_t)i * TC + (size_t)t;
+}
+
+/* Receive j is issued (its stream is free, it waits for nothing): its buffers are allocated
+ * now, as the plan's alloc point says, not when the event loop gets to run it. Receives of a
+ * point-to-point group and those of no plan tensor allocate when they run. */
+static void recv_issue(struct exec_state *s, uint32_t j, struct exec_task_ctx *st) {
+  const struct exec_instr *x = &s->dev->instrs[j];
+  const struct exec_model *xm = s->xm;
+  if (x->role != EXEC_ROLE_RECV || x->group_lead != IR_NONE || x->mb < 0 ||
+      s->dev->cls->instrs[j].wait_count > 0)
+    return;
+  for (int t = 0; t < TC; t++) {
+    uint32_t owner = out_tensor_of(s, j, (enum exec_tensor)t, true);
+    if (!(xm->edge_mask[x->edge] & EXEC_BIT(t)) || owner == OWN_WORK || s->recv_ready[slot_of(j, t)])
+      continue;
+    size_t words = x->pass == IR_PASS_F ? exec_tensor_words(xm, (enum exec_tensor)t)
+                                        : exec_grad_floats(xm, (enum exec_tensor)t);
+    s->recv_ready[slot_of(j, t)] =
+        mb_raw(s, st, &s->mbs[x->mb], owner, words * 4, REPORT_MEM_COMM);
+  }
+}
+
+/* Instruction i has ended: its workspace goes, and what it was the last use of. */
+static void instr_memory_done(struct exec_state *s, uint32_t i, struct exec_task_ctx *st) {
+  const struct plan_class *c = s->dev->cls;
+  const struct plan_instr *in = &c->instrs[i];
+  if (st->work) {
+    blocks_release(s, st->work);
+    g_array_free(st->work, TRUE);
+    st->work = NULL;
+  }
+  for (uint32_t k = 0; k < in->read_count; k++)
+    tensor_use_done(s, c->reads[in->read_first + k]);
+  for (uint32_t k = s->release_first[i]; k < s->release_first[i + 1]; k++)
+    tensor_use_done(s, s->release_list[k]);
+  if (s->next_on_stream[i] != IR_NONE)
+    recv_issue(s, s->next_on_stream[i], st);
+}
+
+void exec_step_memory_begin(struct exec_state *s) {
+  const struct plan_class *c = s->dev->cls;
+  if (!s->tensors) {
+    g_mutex_init(&s->tensor_lock);
+    s->tensors = g_new0(struct exec_tensor_rt, c->n_tensors + 1);
+    for (uint32_t t = 0; t < c->n_tensors; t++)
+      s->tensors[t].blocks = g_array_new(FALSE, FALSE, sizeof(struct exec_block));
+    struct plan_memory_event *ev = NULL;
+    uint32_t n = plan_class_memory_events(c, &ev);
+    s->release_first = g_new0(uint32_t, c->n_instrs + 1);
+    s->release_list = g_new(uint32_t, c->n_tensors + 1);
+    uint32_t r = 0;
+    for (uint32_t k = 0; k < n; k++)
+      if (ev[k].release) {
+        s->release_first[ev[k].instr + 1]++;
+        s->release_list[r++] = ev[k].tensor; /* events come by instruction */
+      }
+    for (uint32_t i = 0; i < c->n_instrs; i++)
+      s->release_first[i + 1] += s->release_first[i];
+    g_free(ev);
+    s->recv_ready = g_new0(float *, (size_t)c->n_instrs * TC + 1);
+    s->next_on_stream = g_new(uint32_t, c->n_instrs + 1);
+    for (uint32_t st = 0; st < s->dev->plan->n_streams; st++)
+      for (uint32_t e = c->stream_first[st]; e < c->stream_first[st + 1]; e++)
+        s->next_on_stream[c->stream_instrs[e]] =
+            e + 1 < c->stream_first[st + 1] ? c->stream_instrs[e + 1] : IR_NONE;
+  }
+  for (uint32_t t = 0; t < c->n_tensors; t++)
+    atomic_store(&s->tensors[t].left, c->tensors[t].consumer_count + 1);
+}
+
+void exec_step_memory_issue(struct exec_state *s) {
+  const struct plan_class *c = s->dev->cls;
+  for (uint32_t st = 0; st < s->dev->plan->n_streams; st++)
+    if (c->stream_first[st + 1] > c->stream_first[st])
+      recv_issue(s, c->stream_instrs[c->stream_first[st]], NULL);
+}
+
+void exec_step_memory_end(struct exec_state *s) {
+  if (!s->tensors)
+    return;
+  for (uint32_t i = 0; i < s->dev->n_instrs; i++)
+    if (atomic_load(&s->gathered_users[i]) == GATHER_TENSOR) {
+      s->gathered[i] = NULL; /* its tensor's block: released below or already */
+      atomic_store(&s->gathered_users[i], 0);
+    }
+  g_mutex_lock(&s->tensor_lock);
+  for (uint32_t t = 0; t < s->dev->cls->n_tensors; t++)
+    blocks_release(s, s->tensors[t].blocks);
+  g_mutex_unlock(&s->tensor_lock);
+  memset(s->recv_ready, 0, ((size_t)s->dev->cls->n_instrs * TC + 1) * sizeof(float *));
+}
+
+void exec_memory_free(struct exec_state *s) {
+  if (!s->tensors)
+    return;
+  exec_step_memory_end(s);
+  for (uint32_t t = 0; t < s->dev->cls->n_tensors; t++)
+    g_array_free(s->tensors[t].blocks, TRUE);
+  g_clear_pointer(&s->tensors, g_free);
+  g_clear_pointer(&s->release_first, g_free);
+  g_clear_pointer(&s->release_list, g_free);
+  g_clear_pointer(&s->recv_ready, g_free);
+  g_clear_pointer(&s->next_on_stream, g_free);
+  g_mutex_clear(&s->tensor_lock);
 }
 
 void exec_mb_begin(struct exec_state *s, uint32_t k) {
@@ -152,15 +392,13 @@ void exec_mb_begin(struct exec_state *s, uint32_t k) {
   mb->global_index = s->dev->dp_rank * s->dev->M + k;
   /* tokens and targets of this micro-batch: its place in the global batch of this step */
   size_t T = (size_t)xm->T;
-  int32_t *tok = g_new(int32_t, T), *tgt = g_new(int32_t, T);
+  /* on the device only where an op reads them: the embedding's and the head's forwards copy
+   * them into their saved activations */
+  mb->tokens_host = mb_host(s, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  mb->targets_host = mb_host(s, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   uint64_t block = (uint64_t)(s->step - 1) * s->dev->dp_degree * s->dev->M + mb->global_index;
-  exec_data_batch(s->data, block, xm->batch, xm->seq, tok, tgt);
-  mb->tokens = mb_raw(s, NULL, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-  mb->targets = mb_raw(s, NULL, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-  exec_backend_from_host(s->b, mb->tokens, tok, T * sizeof(int32_t));
-  exec_backend_from_host(s->b, mb->targets, tgt, T * sizeof(int32_t));
-  g_free(tok);
-  g_free(tgt);
+  exec_data_batch(s->data, block, xm->batch, xm->seq, mb->tokens_host, mb->targets_host);
+  mb->tokens = mb->targets = NULL;
 }
 
 void exec_mb_end(struct exec_state *s, uint32_t k) {
@@ -168,15 +406,7 @@ void exec_mb_end(struct exec_state *s, uint32_t k) {
   if (!mb->allocs || !mb->out)
     return;
   g_mutex_lock(&mb->lock);
-  for (guint i = 0; i < mb->allocs->len; i++) {
-    struct exec_block *blk = &g_array_index(mb->allocs, struct exec_block, i);
-    exec_mem_add(s, blk->kind, -(int64_t)blk->bytes);
-    if (blk->host)
-      g_free(blk->p);
-    else
-      exec_pool_put(s, blk->p, blk->bytes);
-  }
-  g_array_set_size(mb->allocs, 0);
+  blocks_release(s, mb->allocs);
   mb->bytes = 0;
   g_mutex_unlock(&mb->lock);
   g_free(mb->out);
@@ -188,6 +418,7 @@ void exec_mb_end(struct exec_state *s, uint32_t k) {
   mb->seg = NULL;
   mb->moe = NULL;
   mb->tokens = mb->targets = NULL;
+  mb->tokens_host = mb->targets_host = NULL;
 }
 
 /* ---- parameters -------------------------------------------------------------------------- */
@@ -414,33 +645,56 @@ static const float *params_of(struct exec_state *s, const struct exec_instr *x) 
   return s->params + d->param_offset[x->segment];
 }
 
-static float *dval_out(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
-                       struct exec_seg_run *run, const struct exec_segment *es, int32_t v) {
-  if (!run->dval[v])
-    run->dval[v] =
-        mb_floats(s, st, mb, exec_grad_floats(s->xm, (enum exec_tensor)es->values[v].tensor));
-  return run->dval[v];
+/* Whether the segment's backward reads value v (so the forward keeps it in its saved
+ * activations): an input of a norm, attention, MLP, router or head (their weight gradients,
+ * and the norm's input gradient, need it), the routing of the local experts, the router's
+ * output. */
+static bool value_kept(const struct exec_segment *es, int32_t v) {
+  for (uint32_t j = 0; j < es->n_ops; j++) {
+    const struct exec_seg_op *so = &es->ops[j];
+    switch (so->kind) {
+    case MODEL_OP_RMSNORM:
+    case MODEL_OP_ATTENTION:
+    case MODEL_OP_MLP:
+    case MODEL_OP_SHARED_EXPERT:
+    case MODEL_OP_LM_HEAD_LOSS:
+      if (so->in[0] == v)
+        return true;
+      break;
+    case MODEL_OP_ROUTER:
+      if (so->in[0] == v || so->out == v)
+        return true;
+      break;
+    case MODEL_OP_EXPERT_FFN:
+      if (so->in[1] == v)
+        return true;
+      break;
+    default: break;
+    }
+  }
+  return false;
 }
 
-/* Gradient buffer of input value v and whether to accumulate into it. */
-static float *dval_in(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
-                      struct exec_seg_run *run, const struct exec_segment *es, int32_t v,
-                      bool *acc) {
-  *acc = run->dval[v] != NULL;
-  if (!*acc) /* the kernel writes it (accumulate = false) */
-    run->dval[v] =
-        mb_floats_raw(s, st, mb, exec_grad_floats(s->xm, (enum exec_tensor)es->values[v].tensor));
-  return run->dval[v];
+/* Where forward instruction i keeps value v: with its saved activations when the backward
+ * reads it, in the tensor that carries it on when it leaves the segment, else in the
+ * instruction's workspace. */
+static uint32_t value_owner(const struct exec_state *s, uint32_t i, const struct exec_segment *es,
+                            int32_t v, uint32_t saved) {
+  if (value_kept(es, v))
+    return saved;
+  enum exec_tensor t = (enum exec_tensor)es->values[v].tensor;
+  if (es->final_value[t] == v)
+    return out_tensor_of(s, i, t, true); /* OWN_WORK when nothing reads it on */
+  return OWN_WORK;
 }
 
-static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
+/* The run tables of a segment's forward, and its inputs: those the backward reads are copied
+ * into the saved activations (the tensor that brought them goes after its last reader). */
+static struct exec_seg_run *seg_run_begin(struct exec_state *s, uint32_t i,
+                                          struct exec_task_ctx *st, uint32_t saved) {
   const struct exec_instr *x = &s->dev->instrs[i];
-  const struct exec_model *xm = s->xm;
-  const struct exec_kernels *k = s->k;
   struct exec_mb *mb = &s->mbs[x->mb];
-  const struct exec_segment *es = &xm->segs[x->segment];
-  const struct model *m = xm->m;
-  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
+  const struct exec_segment *es = &s->xm->segs[x->segment];
   struct exec_seg_run *run = mb_host(s, mb, sizeof *run, REPORT_MEM_ACTIVATIONS);
   run->val = mb_host(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
   run->dval = mb_host(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
@@ -451,10 +705,57 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
   for (uint32_t v = 0; v < es->n_values; v++) {
     if (es->values[v].op >= 0)
       continue;
-    run->val[v] = edge_value(s, mb, es->values[v].edge, (enum exec_tensor)es->values[v].tensor);
-    if (!run->val[v])
-      return internal(err, s, i, "an input of the segment has not arrived");
+    enum exec_tensor t = (enum exec_tensor)es->values[v].tensor;
+    float *in = edge_value(s, mb, es->values[v].edge, t);
+    if (in && value_kept(es, (int32_t)v)) {
+      size_t n = exec_tensor_words(s->xm, t) * sizeof(float);
+      float *copy = mb_floats_raw(s, st, mb, saved, n / sizeof(float));
+      KT(st, s, s->k->copy(st->stream, copy, in, n));
+      in = copy;
+    }
+    run->val[v] = in;
   }
+  return run;
+}
+
+/* The segment's final values, for the instructions that read them. One the backward also
+ * reads lives in the saved activations; the tensor that carries it on gets its own copy, so
+ * that each goes at its own release point. */
+static void seg_outputs(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                        struct exec_seg_run *run) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_segment *es = &s->xm->segs[x->segment];
+  struct exec_mb *mb = &s->mbs[x->mb];
+  for (int t = 0; t < TC; t++) {
+    int32_t v = es->final_value[t];
+    if (v < 0)
+      continue;
+    float *val = run->val[v];
+    uint32_t out = out_tensor_of(s, i, (enum exec_tensor)t, true);
+    if (out != OWN_WORK && es->values[v].op >= 0 && value_kept(es, v)) {
+      size_t n = exec_tensor_words(s->xm, (enum exec_tensor)t);
+      val = mb_floats_raw(s, st, mb, out, n);
+      KT(st, s, s->k->copy(st->stream, val, run->val[v], n * sizeof(float)));
+    }
+    mb->out[(size_t)x->segment * TC + t] = val;
+  }
+}
+
+static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  const struct exec_segment *es = &xm->segs[x->segment];
+  const struct model *m = xm->m;
+  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
+  uint32_t saved = written_tensor(s, i, PLAN_TENSOR_SAVED);
+  if (saved == OWN_WORK)
+    saved = OWN_MB; /* no backward reads it here: kept as long as the micro-batch */
+  struct exec_seg_run *run = seg_run_begin(s, i, st, saved);
+  for (uint32_t v = 0; v < es->n_values; v++)
+    if (es->values[v].op < 0 && !run->val[v])
+      return internal(err, s, i, "an input of the segment has not arrived");
   const float *P = params_of(s, x);
   for (uint32_t j = 0; j < es->n_ops; j++) {
     const struct exec_seg_op *so = &es->ops[j];
@@ -462,23 +763,26 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
     const float *prm = P + so->param_offset;
     float *out = NULL;
     if (so->out >= 0)
-      out = run->val[so->out] = mb_floats_raw(
-          s, st, mb, exec_tensor_words(xm, (enum exec_tensor)es->values[so->out].tensor));
+      out = run->val[so->out] =
+          mb_floats_raw(s, st, mb, value_owner(s, i, es, so->out, saved),
+                        exec_tensor_words(xm, (enum exec_tensor)es->values[so->out].tensor));
     const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
     const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
     const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
     switch (so->kind) {
     case MODEL_OP_EMBEDDING:
+      mb->tokens = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      exec_backend_from_host(s->b, mb->tokens, mb->tokens_host, (size_t)T * sizeof(int32_t));
       KT(st, s, k->embedding_forward(st->stream, out, mb->tokens, prm, T, V, C));
       break;
     case MODEL_OP_RMSNORM:
-      run->saved[j] = mb_floats_raw(s, st, mb, kernels_rmsnorm_saved_floats(T));
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_rmsnorm_saved_floats(T));
       KT(st, s,
          k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, T, C, s->xm->rms_norm_eps));
       break;
     case MODEL_OP_ATTENTION: {
       struct kernels_attention_dims dd = exec_attention_dims(s->xm, op);
-      run->saved[j] = mb_floats_raw(s, st, mb, kernels_attention_saved_floats(&dd));
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_saved_floats(&dd));
       KT(st, s, k->attention_forward(st->stream, out, run->saved[j], in0, prm, &dd));
       break;
     }
@@ -493,12 +797,12 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
     case MODEL_OP_MLP:
     case MODEL_OP_SHARED_EXPERT: {
       int F = (int)op->shape[2];
-      run->saved[j] = mb_floats_raw(s, st, mb, kernels_mlp_saved_floats(T, F));
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_mlp_saved_floats(T, F));
       KT(st, s, k->mlp_forward(st->stream, out, run->saved[j], in0, prm, T, C, F));
       break;
     }
     case MODEL_OP_ROUTER:
-      run->saved[j] = mb_floats_raw(s, st, mb, kernels_router_saved_floats(T, E));
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_router_saved_floats(T, E));
       KT(st, s,
          k->router_forward(st->stream, (int32_t *)out, out + TK, run->saved[j], in0, prm, T, C, E,
                            K));
@@ -509,13 +813,16 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       int F = xm->F_expert;
       struct local_moe *lm = mb_host(s, mb, sizeof *lm, REPORT_MEM_ACTIVATIONS);
       run->moe[j] = lm;
-      lm->counts = mb_raw(s, st, mb, sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->route_row = mb_raw(s, st, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->row_expert = mb_raw(s, st, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->rows = mb_floats_raw(s, st, mb, (size_t)TK * C);
-      lm->y = mb_floats_raw(s, st, mb, (size_t)TK * C);
-      lm->scratch = mb_floats_raw(s, st, mb, kernels_expert_ffn_scratch_floats(TK, C));
-      run->saved[j] = mb_floats_raw(s, st, mb, kernels_expert_ffn_saved_floats(TK, C, F));
+      /* the backward reads the routing and the experts' outputs (the weights' gradient) */
+      lm->counts = mb_raw(s, st, mb, OWN_WORK, sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->route_row =
+          mb_raw(s, st, mb, saved, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->row_expert =
+          mb_raw(s, st, mb, saved, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      lm->rows = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C);
+      lm->y = mb_floats_raw(s, st, mb, saved, (size_t)TK * C);
+      lm->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(TK, C));
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats(TK, C, F));
       const int32_t *ids = (const int32_t *)in1;
       const float *weights = in1 + TK;
       KT(st, s, k->moe_dispatch_plan(st->stream, lm->counts, lm->route_row, ids, T, K, E, 1));
@@ -529,7 +836,9 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       break;
     }
     case MODEL_OP_LM_HEAD_LOSS: {
-      run->saved[j] = mb_floats_raw(s, st, mb, kernels_lm_head_loss_saved_floats(T, V));
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_lm_head_loss_saved_floats(T, V));
+      mb->targets = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      exec_backend_from_host(s->b, mb->targets, mb->targets_host, (size_t)T * sizeof(int32_t));
       const float *w = xm->tied ? P + es->ops[0].param_offset : prm;
       float *loss = s->loss_device + x->mb, loss_host = 0;
       KT(st, s,
@@ -544,9 +853,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
     default: return internal(err, s, i, "op kind without a host kernel");
     }
   }
-  for (int t = 0; t < TC; t++)
-    if (es->final_value[t] >= 0)
-      mb->out[(size_t)x->segment * TC + t] = run->val[es->final_value[t]];
+  seg_outputs(s, i, st, run);
   return true;
 }
 
@@ -565,7 +872,36 @@ struct bwd {
   const float *P; /* the segment's parameters (NULL for BW: it needs none) */
   float *G;       /* and their gradients */
   float dloss;    /* the loss gradient's scale: one over the global batch's micro-batches */
+  uint32_t i;     /* the instruction */
+  uint32_t keep;  /* owner of what BW reads: BI's saved tensor, or the workspace (B, BW) */
 };
+
+/* Where the gradient of value v goes: an input's leaves the segment in the tensor that
+ * carries it back; the others are the instruction's, or kept for BW after a BI. */
+static uint32_t grad_owner(const struct bwd *b, int32_t v) {
+  const struct exec_value *val = &b->es->values[v];
+  if (val->op < 0)
+    return out_tensor(b->s, b->i, (enum exec_tensor)val->tensor);
+  return b->keep;
+}
+
+static float *dval_out(struct bwd *b, int32_t v) {
+  struct exec_seg_run *run = b->run;
+  if (!run->dval[v])
+    run->dval[v] = mb_floats(b->s, b->st, b->mb, grad_owner(b, v),
+                             exec_grad_floats(b->xm, (enum exec_tensor)b->es->values[v].tensor));
+  return run->dval[v];
+}
+
+/* Gradient buffer of input value v and whether to accumulate into it. */
+static float *dval_in(struct bwd *b, int32_t v, bool *acc) {
+  struct exec_seg_run *run = b->run;
+  *acc = run->dval[v] != NULL;
+  if (!*acc) /* the kernel writes it (accumulate = false) */
+    run->dval[v] = mb_floats_raw(b->s, b->st, b->mb, grad_owner(b, v),
+                                 exec_grad_floats(b->xm, (enum exec_tensor)b->es->values[v].tensor));
+  return run->dval[v];
+}
 
 /* Op j of the segment, with its operands as the forward saw them. */
 struct bwd_op {
@@ -595,7 +931,7 @@ static bool output_grads(struct bwd *b, uint32_t i, GError **err) {
       int32_t v = es->final_value[t];
       size_t n = exec_grad_floats(b->xm, (enum exec_tensor)t);
       if (!run->dval[v]) {
-        run->dval[v] = mb_floats_raw(s, st, b->mb, n);
+        run->dval[v] = mb_floats_raw(s, st, b->mb, grad_owner(b, v), n);
         KT(st, s, b->k->copy(st->stream, run->dval[v], g, n * sizeof(float)));
       } else {
         KT(st, s, b->k->add(st->stream, run->dval[v], g, n));
@@ -640,7 +976,7 @@ static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
   int32_t j = o->j;
   struct kernels_attention_dims dd = exec_attention_dims(s->xm, o->op);
   if (b->mode != BWD_WEIGHT)
-    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_attention_bwork_floats(&dd));
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_attention_bwork_floats(&dd));
   if (b->mode == BWD_FUSED)
     KT(st, s,
        b->k->attention_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, o->in0,
@@ -665,7 +1001,7 @@ static void bwd_residual_add(struct bwd *b, const struct bwd_op *o) {
     if (o->so->in[q] < 0)
       continue;
     bool a;
-    float *g = dval_in(s, st, b->mb, b->run, b->es, o->so->in[q], &a);
+    float *g = dval_in(b, o->so->in[q], &a);
     KT(st, s, b->k->residual_add_backward(st->stream, g, o->dout, (size_t)b->xm->T * b->xm->C, a));
   }
 }
@@ -677,7 +1013,7 @@ static void bwd_mlp(struct bwd *b, const struct bwd_op *o) {
   int32_t j = o->j;
   int T = b->xm->T, C = b->xm->C, F = (int)o->op->shape[2];
   if (b->mode != BWD_WEIGHT)
-    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_mlp_bwork_floats(T, F));
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_mlp_bwork_floats(T, F));
   if (b->mode == BWD_FUSED)
     KT(st, s,
        b->k->mlp_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, o->in0,
@@ -701,7 +1037,7 @@ static void bwd_router(struct bwd *b, const struct bwd_op *o) {
   const float *r = run->val[o->so->out];
   const int32_t *ids = (const int32_t *)r;
   if (b->mode != BWD_WEIGHT)
-    run->bwork[j] = mb_floats_raw(s, st, b->mb, kernels_router_bwork_floats(T, E));
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_router_bwork_floats(T, E));
   if (b->mode == BWD_FUSED)
     KT(st, s,
        b->k->router_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, ids, r + TK,
@@ -730,12 +1066,13 @@ static void bwd_expert_ffn(struct bwd *b, const struct bwd_op *o) {
                                      run->saved[j], 0, E, C, F));
     return;
   }
-  run->bwork[j] = mb_floats_raw(s, st, mb, kernels_expert_ffn_bwork_floats(TK, C, F));
-  float *dy = mb_floats_raw(s, st, mb, (size_t)TK * C),
-        *drows = mb_floats_raw(s, st, mb, (size_t)TK * C);
+  run->bwork[j] = mb_floats_raw(s, st, mb, b->keep, kernels_expert_ffn_bwork_floats(TK, C, F));
+  float *dy = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C),
+        *drows = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C),
+        *scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(TK, C));
   bool ar;
-  float *dw = dval_in(s, st, mb, run, b->es, o->so->in[1], &ar);
-  float *dwt = ar ? mb_floats_raw(s, st, mb, (size_t)TK) : dw;
+  float *dw = dval_in(b, o->so->in[1], &ar);
+  float *dwt = ar ? mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK) : dw;
   KT(st, s,
      k->moe_combine_backward(st->stream, dy, dwt, o->dout, lm->y, o->in1 + TK, lm->route_row, T, K,
                              C));
@@ -743,14 +1080,14 @@ static void bwd_expert_ffn(struct bwd *b, const struct bwd_op *o) {
     KT(st, s, k->add(st->stream, dw, dwt, (size_t)TK));
   if (b->mode == BWD_FUSED)
     KT(st, s,
-       k->expert_ffn_backward(st->stream, drows, o->dprm, run->bwork[j], lm->scratch, dy,
+       k->expert_ffn_backward(st->stream, drows, o->dprm, run->bwork[j], scratch, dy,
                               lm->row_expert, TK, run->saved[j], o->prm, 0, E, C, F, false));
   else
     KT(st, s,
-       k->expert_ffn_backward_input(st->stream, drows, run->bwork[j], lm->scratch, dy,
+       k->expert_ffn_backward_input(st->stream, drows, run->bwork[j], scratch, dy,
                                     lm->row_expert, TK, run->saved[j], o->prm, 0, E, C, F, false));
   bool ah;
-  float *dh = dval_in(s, st, mb, run, b->es, o->so->in[0], &ah);
+  float *dh = dval_in(b, o->so->in[0], &ah);
   KT(st, s, k->moe_dispatch_backward(st->stream, dh, drows, lm->route_row, T, K, C, ah));
 }
 
@@ -788,10 +1125,10 @@ static bool backward_op(struct bwd *b, int32_t j, uint32_t i, GError **err) {
   o.dprm = b->G + so->param_offset;
   o.in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
   o.in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
-  o.dout = so->out >= 0 ? dval_out(b->s, b->st, b->mb, run, b->es, so->out) : NULL;
+  o.dout = so->out >= 0 ? dval_out(b, so->out) : NULL;
   if (b->mode != BWD_WEIGHT && so->in[0] >= 0 && so->kind != MODEL_OP_EXPERT_FFN &&
       so->kind != MODEL_OP_RESIDUAL_ADD)
-    o.din = dval_in(b->s, b->st, b->mb, run, b->es, so->in[0], &o.acc);
+    o.din = dval_in(b, so->in[0], &o.acc);
   switch (so->kind) {
   case MODEL_OP_EMBEDDING: bwd_embedding(b, &o); return true;
   case MODEL_OP_RMSNORM: bwd_rmsnorm(b, &o); return true;
@@ -813,7 +1150,7 @@ static void input_grads(struct bwd *b) {
     const struct exec_value *val = &es->values[v];
     if (val->op >= 0)
       continue;
-    float *g = dval_out(b->s, b->st, b->mb, b->run, es, (int32_t)v);
+    float *g = dval_out(b, (int32_t)v);
     b->mb->grad[(size_t)val->edge * TC + val->tensor] = g;
   }
 }
@@ -831,7 +1168,14 @@ static bool seg_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
                   .es = &s->xm->segs[x->segment],
                   .mode = mode,
                   .G = s->grads + s->dev->param_offset[x->segment],
-                  .dloss = 1.0f / (float)(s->dev->dp_degree * s->dev->M)};
+                  .dloss = 1.0f / (float)(s->dev->dp_degree * s->dev->M),
+                  .i = i,
+                  .keep = OWN_WORK};
+  if (mode == BWD_INPUT) {
+    b.keep = written_tensor(s, i, PLAN_TENSOR_SAVED);
+    if (b.keep == OWN_WORK)
+      b.keep = OWN_MB;
+  }
   if (!b.run)
     return internal(err, s, i, "backward before its forward");
   b.P = mode == BWD_WEIGHT ? NULL : params_of(s, x);
@@ -871,9 +1215,11 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   float *G = s->grads + s->dev->param_offset[x->segment];
   if (forward) {
     const float *P = params_of(s, x);
-    moe->y_recv = mb_floats_raw(s, st, mb, (size_t)n * C);
-    moe->saved = mb_floats_raw(s, st, mb, kernels_expert_ffn_saved_floats(n, C, F));
-    moe->scratch = mb_floats_raw(s, st, mb, kernels_expert_ffn_scratch_floats(n, C));
+    uint32_t saved = written_tensor(s, i, PLAN_TENSOR_SAVED);
+    moe->y_recv = mb_floats_raw(s, st, mb, out_tensor(s, i, EXEC_T_M), (size_t)n * C);
+    moe->saved = mb_floats_raw(s, st, mb, saved == OWN_WORK ? OWN_MB : saved,
+                               kernels_expert_ffn_saved_floats(n, C, F));
+    moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(n, C));
     if (n)
       KT(st, s,
          k->expert_ffn_forward(st->stream, moe->y_recv, moe->saved, moe->scratch, moe->recv_rows,
@@ -890,8 +1236,14 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   if (!moe->dy_recv)
     return internal(err, s, i, "expert backward before its output gradient");
   const float *P = params_of(s, x);
-  moe->bwork = mb_floats_raw(s, st, mb, kernels_expert_ffn_bwork_floats(n, C, F));
-  moe->drows_recv = mb_floats_raw(s, st, mb, (size_t)n * C);
+  uint32_t keep = OWN_WORK;
+  if (mode == BWD_INPUT) {
+    keep = written_tensor(s, i, PLAN_TENSOR_SAVED);
+    keep = keep == OWN_WORK ? OWN_MB : keep;
+  }
+  moe->bwork = mb_floats_raw(s, st, mb, keep, kernels_expert_ffn_bwork_floats(n, C, F));
+  moe->drows_recv = mb_floats_raw(s, st, mb, out_tensor(s, i, EXEC_T_H), (size_t)n * C);
+  moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(n, C));
   if (n && mode == BWD_FUSED)
     KT(st, s,
        k->expert_ffn_backward(st->stream, moe->drows_recv, G, moe->bwork, moe->scratch,
@@ -905,13 +1257,84 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   return true;
 }
 
+/* The dispatch: routes this micro-batch's tokens to the experts' owners (counts first, then
+ * the rows and their experts). sb, rb: scratch of S byte counts. */
+static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                         struct exec_comm *comm, size_t *sb, size_t *rb, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  int T = xm->T, C = xm->C, K = xm->K, E = xm->E, TK = T * K;
+  size_t row = (size_t)C * sizeof(float);
+  bool ok = true;
+  uint32_t S = s->dev->ep_size[x->segment];
+  struct exec_moe *moe = mb_host(s, mb, sizeof *moe, REPORT_MEM_COMM);
+  mb->moe[x->segment] = moe;
+  moe->S = S;
+  moe->rank = s->dev->ep_rank[x->segment];
+  moe->e_count = E / (int)S;
+  moe->e_first = (int)moe->rank * moe->e_count;
+  moe->in_edge = x->edge;
+  const float *h = edge_value(s, mb, x->edge, EXEC_T_H);
+  const float *r = edge_value(s, mb, x->edge, EXEC_T_R);
+  if (!h || !r)
+    return internal(err, s, i, "the router's output has not arrived");
+  /* the combine and both backward all-to-alls read the routing: the router's own copy in
+   * its saved activations lives until its backward, after theirs (r, the copy that came
+   * here, goes after this dispatch) */
+  const struct exec_seg_run *router = mb->seg[s->xm->m->edges[x->edge].src];
+  int32_t rv = s->xm->segs[s->xm->m->edges[x->edge].src].final_value[EXEC_T_R];
+  if (router && rv >= 0 && router->val[rv])
+    r = router->val[rv];
+  moe->ids = (const int32_t *)r;
+  moe->weights = r + TK;
+  moe->send_counts = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+  int32_t *counts_dev = mb_raw(s, st, mb, OWN_WORK, S * sizeof(int32_t), REPORT_MEM_COMM);
+  /* the routing serves the combine and both backward all-to-alls: no plan tensor says so
+   * yet, so it lives as long as the micro-batch, counted with the activations the backward
+   * reads (as are the experts' ids and the combine's rows) */
+  moe->route_row = mb_raw(s, st, mb, OWN_MB, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  moe->send_expert =
+      mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+  moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
+  KT(st, s,
+     k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
+  KT(st, s,
+     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, h, moe->ids,
+                             moe->route_row, T, K, C));
+  exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
+  int32_t *rc = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+  CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
+  moe->recv_counts = rc;
+  if (!ok)
+    return false;
+  moe->n_recv = 0;
+  for (uint32_t q = 0; q < S; q++)
+    moe->n_recv += (size_t)rc[q];
+  moe->recv_rows =
+      mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->n_recv * row, REPORT_MEM_COMM);
+  moe->recv_expert =
+      mb_raw(s, st, mb, OWN_MB, moe->n_recv * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  byte_counts(moe->send_counts, S, row, sb);
+  byte_counts(moe->recv_counts, S, row, rb);
+  CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->send_rows, sb, moe->recv_rows, rb, err));
+  if (!ok)
+    return false;
+  byte_counts(moe->send_counts, S, sizeof(int32_t), sb);
+  byte_counts(moe->recv_counts, S, sizeof(int32_t), rb);
+  CT(st, s, ok,
+     exec_comm_all_to_all_v(s->b, comm, moe->send_expert, sb, moe->recv_expert, rb, err));
+  return ok;
+}
+
 static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   const struct exec_kernels *k = s->k;
   struct exec_mb *mb = &s->mbs[x->mb];
   struct exec_comm *comm = comm_of(s, i);
-  int T = xm->T, C = xm->C, K = xm->K, E = xm->E, TK = T * K;
+  int T = xm->T, C = xm->C, K = xm->K, TK = T * K;
   size_t row = (size_t)C * sizeof(float);
   bool ok = true;
   if (!comm)
@@ -921,52 +1344,7 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
   struct exec_moe *moe = mb->moe[x->segment];
   bool forward = x->pass == IR_PASS_F;
   if (x->role == EXEC_ROLE_A2A_TO_EXPERT && forward) {
-    /* dispatch: route this micro-batch's tokens to the experts' owners */
-    moe = mb_host(s, mb, sizeof *moe, REPORT_MEM_COMM);
-    mb->moe[x->segment] = moe;
-    moe->S = S;
-    moe->rank = s->dev->ep_rank[x->segment];
-    moe->e_count = E / (int)S;
-    moe->e_first = (int)moe->rank * moe->e_count;
-    moe->in_edge = x->edge;
-    const float *h = edge_value(s, mb, x->edge, EXEC_T_H);
-    const float *r = edge_value(s, mb, x->edge, EXEC_T_R);
-    if (!h || !r) {
-      ok = internal(err, s, i, "the router's output has not arrived");
-      goto out;
-    }
-    moe->ids = (const int32_t *)r;
-    moe->weights = r + TK;
-    moe->send_counts = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
-    int32_t *counts_dev = mb_raw(s, st, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
-    moe->route_row = mb_raw(s, st, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
-    moe->send_expert = mb_raw(s, st, mb, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
-    moe->send_rows = mb_raw(s, st, mb, (size_t)TK * row, REPORT_MEM_COMM);
-    KT(st, s,
-       k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
-    KT(st, s,
-       k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, h, moe->ids,
-                               moe->route_row, T, K, C));
-    exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
-    int32_t *rc = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
-    CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
-    moe->recv_counts = rc;
-    if (!ok)
-      goto out;
-    moe->n_recv = 0;
-    for (uint32_t q = 0; q < S; q++)
-      moe->n_recv += (size_t)rc[q];
-    moe->recv_rows = mb_raw(s, st, mb, moe->n_recv * row, REPORT_MEM_COMM);
-    moe->recv_expert = mb_raw(s, st, mb, moe->n_recv * sizeof(int32_t), REPORT_MEM_COMM);
-    byte_counts(moe->send_counts, S, row, sb);
-    byte_counts(moe->recv_counts, S, row, rb);
-    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->send_rows, sb, moe->recv_rows, rb, err));
-    if (!ok)
-      goto out;
-    byte_counts(moe->send_counts, S, sizeof(int32_t), sb);
-    byte_counts(moe->recv_counts, S, sizeof(int32_t), rb);
-    CT(st, s, ok,
-       exec_comm_all_to_all_v(s->b, comm, moe->send_expert, sb, moe->recv_expert, rb, err));
+    ok = a2a_dispatch(s, i, st, comm, sb, rb, err);
     goto out;
   }
   if (!moe) {
@@ -981,11 +1359,11 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
       ok = internal(err, s, i, "combine before the experts ran");
       goto out;
     }
-    moe->y_send = mb_raw(s, st, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    moe->y_send = mb_raw(s, st, mb, OWN_MB, (size_t)TK * row, REPORT_MEM_ACTIVATIONS);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
     if (!ok)
       goto out;
-    float *mout = mb_floats_raw(s, st, mb, (size_t)T * C);
+    float *mout = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)T * C);
     KT(st, s,
        k->moe_combine_forward(st->stream, mout, moe->y_send, moe->weights, moe->route_row, T, K,
                               C));
@@ -997,13 +1375,14 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
       ok = internal(err, s, i, "the experts' output gradient has not arrived");
       goto out;
     }
-    float *dy_send = mb_raw(s, st, mb, (size_t)TK * row, REPORT_MEM_COMM);
-    float *dweights = mb_floats_raw(s, st, mb, (size_t)TK);
+    float *dy_send = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
+    float *dweights = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)TK);
     KT(st, s,
        k->moe_combine_backward(st->stream, dy_send, dweights, dm, moe->y_send, moe->weights,
                                moe->route_row, T, K, C));
     mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R] = dweights;
-    moe->dy_recv = mb_raw(s, st, mb, moe->n_recv * row, REPORT_MEM_COMM);
+    moe->dy_recv =
+        mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->n_recv * row, REPORT_MEM_COMM);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, dy_send, sb, moe->dy_recv, rb, err));
   } else {
     /* dispatch's transpose: input gradients back, summed over each token's routes */
@@ -1011,11 +1390,11 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
       ok = internal(err, s, i, "input gradients before the experts' backward");
       goto out;
     }
-    float *dsend = mb_raw(s, st, mb, (size_t)TK * row, REPORT_MEM_COMM);
+    float *dsend = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->drows_recv, rb, dsend, sb, err));
     if (!ok)
       goto out;
-    float *dh = mb_floats_raw(s, st, mb, (size_t)T * C);
+    float *dh = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)T * C);
     KT(st, s, k->moe_dispatch_backward(st->stream, dh, dsend, moe->route_row, T, K, C, false));
     mb->grad[(size_t)x->edge * TC + EXEC_T_H] = dh;
   }
@@ -1047,7 +1426,11 @@ static bool transfer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
         return internal(err, s, i, "sends data that was never computed");
       CT(st, s, ok, exec_comm_send(s->b, comm, x->peer, buf, words * 4, x->tag, err));
     } else {
-      float *buf = mb_raw(s, st, mb, words * 4, REPORT_MEM_COMM);
+      float *buf = s->recv_ready[slot_of(i, t)];
+      s->recv_ready[slot_of(i, t)] = NULL;
+      if (!buf)
+        buf = mb_raw(s, st, mb, out_tensor(s, i, (enum exec_tensor)t), words * 4,
+                     REPORT_MEM_COMM);
       CT(st, s, ok, exec_comm_recv(s->b, comm, x->peer, buf, words * 4, x->tag, err));
       if (fwd)
         mb->in_val[slot] = buf;
@@ -1082,7 +1465,8 @@ static bool group_collect(struct exec_state *s, uint32_t i, struct exec_task_ctx
       if (!part.buf)
         return internal(err, s, i, "sends data that was never computed");
     } else {
-      part.buf = mb_raw(s, st, mb, words * 4, REPORT_MEM_COMM);
+      part.buf = mb_raw(s, st, mb, out_tensor(s, i, (enum exec_tensor)t), words * 4,
+                        REPORT_MEM_COMM);
       dest = fwd ? &mb->in_val[slot] : &mb->grad[slot];
     }
     g_array_append_val(parts, part);
@@ -1153,11 +1537,21 @@ static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_ctx
                             err));
     break;
   case EXEC_ROLE_GATHER_USE: {
-    float *buf = exec_backend_alloc(s->b, (bk->padded ? bk->padded : 1) * sizeof(float));
-    exec_mem_add(s, REPORT_MEM_GATHERED, (int64_t)(bk->padded * sizeof(float)));
+    /* the gathered parameters are the gather's plan tensor when it has one (released by the
+     * memory rule: GATHER_TENSOR marks it), else freed by their last user */
+    uint32_t t = written_tensor(s, i, PLAN_TENSOR_OUT);
+    float *buf;
+    if (t != OWN_WORK) {
+      buf = mb_buffer(s, st, NULL, t, (bk->padded ? bk->padded : 1) * sizeof(float),
+                      REPORT_MEM_GATHERED, false);
+      atomic_store(&s->gathered_users[i], GATHER_TENSOR);
+    } else {
+      buf = exec_backend_alloc(s->b, (bk->padded ? bk->padded : 1) * sizeof(float));
+      exec_mem_add(s, REPORT_MEM_GATHERED, (int64_t)(bk->padded * sizeof(float)));
+      atomic_store(&s->gathered_users[i], x->gather_users);
+    }
     CT(st, s, ok, exec_comm_all_gather(s->b, comm, own_p, buf, bk->shard * sizeof(float), err));
     s->gathered[i] = buf;
-    atomic_store(&s->gathered_users[i], x->gather_users);
     break;
   }
   default: break;
@@ -1187,6 +1581,8 @@ static bool tied_sync(struct exec_state *s, uint32_t i, struct exec_task_ctx *st
 
 /* A consumer of gathered parameters is done; the last one frees them. */
 static void gathered_release(struct exec_state *s, uint32_t g) {
+  if (atomic_load(&s->gathered_users[g]) == GATHER_TENSOR)
+    return;
   if (atomic_fetch_sub(&s->gathered_users[g], 1) != 1)
     return;
   const struct exec_bucket *bk = &s->dev->buckets[s->dev->instrs[g].bucket];
@@ -1267,6 +1663,7 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
   case EXEC_ROLE_OPTIMIZER: ok = optimizer(s, i, st); break;
   case EXEC_ROLE_TIED_SYNC: ok = tied_sync(s, i, st, err); break;
   }
+  instr_memory_done(s, i, st);
   if (x->mb >= 0 && atomic_fetch_sub(&s->mbs[x->mb].remaining, 1) == 1)
     exec_mb_end(s, (uint32_t)x->mb);
   return ok;

@@ -488,7 +488,32 @@ static void instr_waits(struct lower *l, struct plan_class *c, uint32_t i, const
   c->instrs[i].wait_count = cp->waits->len - c->instrs[i].wait_first;
 }
 
-/* Instruction i's tensors: one per distinct output slot with a local consumer. */
+/* Compute instruction i's workspace (models/model.h): F holds its outputs nobody keeps and
+ * scratch; a fused B its values' gradients, bwork and scratch; BI its scratch (it keeps the
+ * rest for BW, its saved tensor); BW nothing new. */
+static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,
+                       struct class_pools *cp) {
+  if (n->kind != IR_NODE_COMPUTE || n->segment >= l->g->model->n_segments)
+    return;
+  const struct model_segment *s = &l->g->model->segments[n->segment];
+  uint64_t bytes = n->pass == IR_PASS_F    ? s->fwd_work_bytes
+                   : n->pass == IR_PASS_B  ? s->bwd_keep_bytes + s->bwd_scratch_bytes
+                   : n->pass == IR_PASS_BI ? s->bwd_scratch_bytes
+                                           : 0;
+  if (!bytes)
+    return;
+  struct plan_tensor pt = {.bytes = bytes,
+                           .producer = i,
+                           .kind = PLAN_TENSOR_WORK,
+                           .consumer_first = IR_NONE, /* no slot: never matched as an output */
+                           .consumer_count = 0};
+  g_array_append_val(cp->tensors, pt);
+  uint32_t t = cp->tensors->len - 1;
+  g_array_append_val(cp->writes, t);
+}
+
+/* Instruction i's tensors: one per distinct output slot with a local consumer, and its
+ * workspace. */
 static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
                          const uint32_t *instr_of, struct class_pools *cp) {
   uint32_t x = c->instrs[i].node;
@@ -522,10 +547,28 @@ static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
     struct plan_tensor *pt = &g_array_index(cp->tensors, struct plan_tensor, t);
     if (e->bytes > pt->bytes)
       pt->bytes = e->bytes;
+    /* what BI keeps for BW: the gradients of the segment's values and the ops' bwork */
+    if (xn->kind == IR_NODE_COMPUTE && xn->pass == IR_PASS_BI && e->slot == 1 &&
+        xn->segment < l->g->model->n_segments)
+      pt->bytes = l->g->model->segments[xn->segment].bwd_keep_bytes;
     uint32_t pair[2] = {instr_of[e->dst], t};
     g_array_append_vals(cp->tensor_reads, pair, 1);
   }
+  instr_work(l, i, xn, cp);
   c->instrs[i].write_count = cp->writes->len - c->instrs[i].write_first;
+}
+
+/* The memory rule's points (struct plan_tensor): allocated when its producer starts, released
+ * when its last consumer in issue order ends (consumers are listed in issue order). */
+static void tensor_points(struct class_pools *cp) {
+  for (uint32_t t = 0; t < cp->tensors->len; t++) {
+    struct plan_tensor *pt = &g_array_index(cp->tensors, struct plan_tensor, t);
+    pt->alloc = pt->producer;
+    pt->release = pt->consumer_count
+                      ? g_array_index(cp->consumers, uint32_t,
+                                      pt->consumer_first + pt->consumer_count - 1)
+                      : pt->producer;
+  }
 }
 
 /* Reads per instruction and consumers per tensor, deduplicated, in reader order. */
@@ -566,6 +609,7 @@ static void class_reads_consumers(struct plan_class *c, struct class_pools *cp) 
       struct plan_tensor *pt = &g_array_index(cp->tensors, struct plan_tensor, t);
       g_array_index(cp->consumers, uint32_t, pt->consumer_first + pt->consumer_count++) = i;
     }
+  tensor_points(cp);
 }
 
 /* Moves the pools into the class and frees what is left. */

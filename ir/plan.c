@@ -30,6 +30,27 @@ static void positions_clear(struct plan_positions *t) {
   memset(t, 0, sizeof *t);
 }
 
+static int compare_memory_event(const void *x, const void *y) {
+  const struct plan_memory_event *a = x, *b = y;
+  if (a->instr != b->instr)
+    return a->instr < b->instr ? -1 : 1;
+  if (a->release != b->release)
+    return a->release ? 1 : -1;
+  return a->tensor < b->tensor ? -1 : a->tensor > b->tensor;
+}
+
+uint32_t plan_class_memory_events(const struct plan_class *c, struct plan_memory_event **events) {
+  uint32_t n = 2 * c->n_tensors;
+  struct plan_memory_event *ev = g_new(struct plan_memory_event, n ? n : 1);
+  for (uint32_t t = 0; t < c->n_tensors; t++) {
+    ev[2 * t] = (struct plan_memory_event){c->tensors[t].alloc, t, false};
+    ev[2 * t + 1] = (struct plan_memory_event){c->tensors[t].release, t, true};
+  }
+  qsort(ev, n, sizeof *ev, compare_memory_event);
+  *events = ev;
+  return n;
+}
+
 void plan_free(struct plan *p) {
   if (!p)
     return;
@@ -422,6 +443,7 @@ bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uin
   for (uint32_t t = 0; t < a->n_tensors; t++) {
     const struct plan_tensor *x = &a->tensors[t], *y = &b->tensors[t];
     if (x->bytes != y->bytes || x->producer != y->producer || x->kind != y->kind ||
+        x->alloc != y->alloc || x->release != y->release ||
         !lists_equal(a->consumers, x->consumer_first, x->consumer_count, b->consumers,
                      y->consumer_first, y->consumer_count)) {
       snprintf(what, len, "tensor %u", t);

@@ -13,6 +13,12 @@
  *   for (uint32_t i = 0; i < c->n_instrs; i++)
  *     printf("%u on stream %u\n", c->instrs[i].node, c->instrs[i].stream);
  *   int rank = plan_group_position(p, p->nodes[c->instrs[0].node].group, device);
+ *   struct plan_memory_event *ev = NULL;            // the memory rule, as an arena meets it
+ *   uint32_t n_ev = plan_class_memory_events(c, &ev);
+ *   for (uint32_t k = 0; k < n_ev; k++)
+ *     printf("%s tensor %u at instruction %u\n", ev[k].release ? "free" : "alloc", ev[k].tensor,
+ *            ev[k].instr);
+ *   g_free(ev);
  *   plan_write_dir(p, "out/plan", &err);
  *   plan_free(p);
  */
@@ -44,13 +50,26 @@ struct plan_instr {
 };
 
 /* A buffer a device holds for one step: activations sent on, activations saved for backward,
- * gradients, received data. Lifetime: from its producer's end to its last consumer's end. */
-enum plan_tensor_kind { PLAN_TENSOR_OUT, PLAN_TENSOR_SAVED };
+ * gradients, received data, gathered parameters.
+ *
+ * The memory rule (one for the simulator and every backend's allocator): a tensor is allocated
+ * when its alloc instruction starts and released when its release instruction has ended (and,
+ * should a consumer on another stream still run then, when the last consumer ends). Lowering
+ * sets alloc to the producer (a kernel writes its output, a receive its buffer, while it runs)
+ * and release to the last consumer in issue order; a later pass (a ZeRO-3 prefetch, an arena
+ * planner) may allocate earlier, never later than the producer. plan_class_memory_events
+ * lists the points in the order an arena meets them. */
+/* OUT: read by other instructions (a segment's output, a gradient, a received or gathered
+ * buffer); SAVED: F's activations for its backward, or what BI keeps for BW; WORK: what a
+ * compute instruction holds only while it runs (alloc = release = producer, no consumers). */
+enum plan_tensor_kind { PLAN_TENSOR_OUT, PLAN_TENSOR_SAVED, PLAN_TENSOR_WORK };
 struct plan_tensor {
   uint64_t bytes;    /* on one device */
   uint32_t producer; /* class instruction index */
   enum plan_tensor_kind kind;
   uint32_t consumer_first, consumer_count; /* class.consumers */
+  uint32_t alloc;   /* allocated at this instruction's start: <= producer */
+  uint32_t release; /* released at this instruction's end: the last consumer in issue order */
 };
 
 /* The program of every device with the same group memberships. instrs are in issue order
@@ -182,6 +201,19 @@ void plan_group_name(const struct plan *p, const struct plan_class *c, uint32_t 
  * *device); false when no stream mixes purposes. Point-to-point traffic alone is not counted:
  * lowering groups it. */
 bool plan_mixed_stream(const struct plan *p, uint32_t *stream, uint32_t *device, uint64_t *bytes);
+/* One point of the memory rule: tensor is allocated at the start (release false) or released
+ * at the end (release true) of class instruction instr. */
+struct plan_memory_event {
+  uint32_t instr;
+  uint32_t tensor;
+  bool release;
+};
+/* The memory points of class c in the order an arena meets them running the class's
+ * instructions in issue order: per instruction, the tensors it allocates (at its start, by
+ * tensor id), then those it releases (at its end, by tensor id). Returns their number (twice
+ * the tensors); *events is the caller's (g_free). Tensors of 0 bytes are listed too. */
+uint32_t plan_class_memory_events(const struct plan_class *c, struct plan_memory_event **events);
+
 /* Counts for --stats and plan.json: instructions over all devices (class size times members). */
 uint64_t plan_instruction_count(const struct plan *p);
 

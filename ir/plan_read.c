@@ -997,13 +997,38 @@ static bool check_tensor_links(const struct plan_class *c, const struct program_
   return true;
 }
 
+/* The memory rule's points: allocated no later than written, released no earlier than the
+ * last use (struct plan_tensor). */
+static bool check_tensor_points(const struct plan_class *c, const struct program_read *pr,
+                                uint32_t t, const struct json_loc *lt, GError **err) {
+  const struct plan_tensor *tn = &c->tensors[t];
+  if (tn->kind == PLAN_TENSOR_WORK &&
+      (pr->consumers->len > tn->consumer_first || tn->alloc != tn->producer ||
+       tn->release != tn->producer))
+    return json_fail_at(err, lt, "a \"work\" tensor lives within its producer: no consumers, "
+                                 "\"alloc\" and \"release\" equal to \"producer\"");
+  if (tn->alloc > tn->producer)
+    return json_fail_at(err, lt, "\"alloc\" %u comes after its producer %u", tn->alloc,
+                        tn->producer);
+  if (tn->release < tn->producer)
+    return json_fail_at(err, lt, "\"release\" %u comes before its producer %u", tn->release,
+                        tn->producer);
+  for (uint32_t j = tn->consumer_first; j < pr->consumers->len; j++) {
+    uint32_t u = g_array_index(pr->consumers, uint32_t, j);
+    if (u > tn->release)
+      return json_fail_at(err, lt, "\"release\" %u comes before its consumer %u", tn->release, u);
+  }
+  return true;
+}
+
 static bool read_tensor(struct program_read *pr, struct plan_class *c, uint32_t t,
                         const cJSON *trec, const struct json_loc *l, GError **err) {
   struct json_loc lt = {l->ctx, "tensors", t, NULL, 0};
-  static const char *const keys[] = {"id", "bytes", "kind", "producer", "consumers"};
-  const cJSON *x[5];
+  static const char *const keys[] = {"id",        "bytes", "kind",   "producer",
+                                     "consumers", "alloc", "release"};
+  const cJSON *x[7];
   struct plan_tensor *tn = &c->tensors[t];
-  if (!json_fetch(trec, keys, 5, x, &lt, err) || !check_id(x[0], t, &lt, err) ||
+  if (!json_fetch(trec, keys, 7, x, &lt, err) || !check_id(x[0], t, &lt, err) ||
       !json_value_u64(x[1], "bytes", PLAN_MAX_BYTES, &tn->bytes, &lt, err))
     return false;
   if (!x[2])
@@ -1012,14 +1037,19 @@ static bool read_tensor(struct program_read *pr, struct plan_class *c, uint32_t 
     tn->kind = PLAN_TENSOR_OUT;
   else if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "saved") == 0)
     tn->kind = PLAN_TENSOR_SAVED;
+  else if (cJSON_IsString(x[2]) && strcmp(x[2]->valuestring, "work") == 0)
+    tn->kind = PLAN_TENSOR_WORK;
   else
-    return json_fail_at(err, &lt, "\"kind\" must be \"out\" or \"saved\"");
+    return json_fail_at(err, &lt, "\"kind\" must be \"out\", \"saved\" or \"work\"");
   tn->consumer_first = pr->consumers->len;
   if (!json_value_ref(x[3], "producer", pr->n, false, &tn->producer, &lt, err) ||
       !read_refs(x[4], "consumers", pr->n, pr->consumers, &lt, err))
     return false;
   tn->consumer_count = pr->consumers->len - tn->consumer_first;
-  return check_tensor_links(c, pr, t, &lt, err);
+  if (!json_value_ref(x[5], "alloc", pr->n, false, &tn->alloc, &lt, err) ||
+      !json_value_ref(x[6], "release", pr->n, false, &tn->release, &lt, err))
+    return false;
+  return check_tensor_links(c, pr, t, &lt, err) && check_tensor_points(c, pr, t, &lt, err);
 }
 
 /* Reads one device's program into c (a fresh class without members): the stream lists, then

@@ -29,7 +29,7 @@
 #define PLAN_FLAT_VALUES 64
 #define PLAN_FLAT_CHARS 400
 
-static const char *const tensor_kind_names[] = {"out", "saved"};
+static const char *const tensor_kind_names[] = {"out", "saved", "work"};
 
 static void append_flat(GString *out, const cJSON *v) {
   char *s = cJSON_PrintUnformatted(v);
@@ -356,10 +356,12 @@ static void class_text_init(struct class_text *ct, const struct plan *p, const s
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "id", k);
     cJSON_AddNumberToObject(o, "bytes", (double)tn->bytes);
-    cJSON_AddStringToObject(o, "kind", tensor_kind_names[tn->kind == PLAN_TENSOR_SAVED]);
+    cJSON_AddStringToObject(o, "kind", tensor_kind_names[tn->kind]);
     cJSON_AddNumberToObject(o, "producer", tn->producer);
     cJSON_AddItemToObject(o, "consumers",
                           u32_array(c->consumers + tn->consumer_first, tn->consumer_count));
+    cJSON_AddNumberToObject(o, "alloc", tn->alloc);
+    cJSON_AddNumberToObject(o, "release", tn->release);
     g_string_append(ct->tensors, k ? ",\n    " : "    ");
     append_record(ct->tensors, o);
   }

@@ -11,10 +11,13 @@ size_t kernels_attention_param_count(const struct kernels_attention_dims *d) {
   return (size_t)d->hidden * d->head_dim * (2 * (size_t)d->heads + 2 * (size_t)d->kv_heads);
 }
 
+/* q, k, v (after RoPE), the log-sum-exp of every score row and the core output y: what the
+ * models' attention keeps (models/build.c: qkv, core output, lse). The probabilities are not
+ * kept: the backward recomputes them block by block from q, k and lse, flash-style, with the
+ * very operations the forward used, so they are bit-identical to the forward's. */
 size_t kernels_attention_saved_floats(const struct kernels_attention_dims *d) {
   size_t T = (size_t)d->batch * d->seq;
-  return T * d->head_dim * (2 * (size_t)d->heads + 2 * (size_t)d->kv_heads) +
-         (size_t)d->batch * d->heads * d->seq * d->seq;
+  return T * d->head_dim * (2 * (size_t)d->heads + 2 * (size_t)d->kv_heads) + T * d->heads;
 }
 
 size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d) {
@@ -26,7 +29,7 @@ size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d) {
 struct attention_views {
   size_t T, HD, KD;
   const float *wq, *wk, *wv, *wo;
-  float *q, *k, *v, *p, *y;
+  float *q, *k, *v, *lse, *y;
   float *dy, *dq, *dk, *dv;
 };
 
@@ -52,8 +55,8 @@ static struct attention_views attention_views(const struct kernels_attention_dim
     w.q = (float *)saved;
     w.k = w.q + w.T * w.HD;
     w.v = w.k + w.T * w.KD;
-    w.p = w.v + w.T * w.KD;
-    w.y = w.p + (size_t)d->batch * d->heads * d->seq * d->seq;
+    w.lse = w.v + w.T * w.KD;
+    w.y = w.lse + w.T * (size_t)d->heads;
   }
   if (bwork) {
     w.dy = (float *)bwork;
@@ -69,12 +72,13 @@ static struct attention_views attention_views(const struct kernels_attention_dim
  * keeps the GEMMs big enough for BLAS's kernels at seq 256 while wasting < 1/8 at seq >= 512. */
 #define ATTENTION_BLOCK 64
 
-/* One (sequence, query head): strided views into q/k/v/y/p (and their gradients), GQA by
- * pointing k/v at the shared kv head, never copying it. */
+/* One (sequence, query head): strided views into q/k/v/y/lse (and their gradients), GQA by
+ * pointing k/v at the shared kv head, never copying it. p is the kernel's scratch for one row
+ * block of probabilities ([block, S]). */
 struct attention_head {
   int S, D, HD, KD;
   const float *q, *k, *v;
-  float *p, *y;
+  float *lse, *y, *p;
   float *dy, *dq, *dk, *dv;
 };
 
@@ -83,11 +87,20 @@ static struct attention_head attention_head(const struct attention_views *w,
   int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
   size_t qoff = (size_t)b * S * w->HD + (size_t)hh * D;
   size_t koff = (size_t)b * S * w->KD + (size_t)(hh / group) * D;
-  struct attention_head a = {
-      S,           D,           (int)w->HD,  (int)w->KD,
-      w->q + qoff, w->k + koff, w->v + koff, w->p + ((size_t)b * d->heads + hh) * S * S,
-      NULL,        NULL,        NULL,        NULL,
-      NULL};
+  struct attention_head a = {S,
+                             D,
+                             (int)w->HD,
+                             (int)w->KD,
+                             w->q + qoff,
+                             w->k + koff,
+                             w->v + koff,
+                             w->lse + ((size_t)b * d->heads + hh) * S,
+                             NULL,
+                             NULL,
+                             NULL,
+                             NULL,
+                             NULL,
+                             NULL};
   if (w->y)
     a.y = w->y + qoff;
   if (w->dy) {
@@ -100,21 +113,34 @@ static struct attention_head attention_head(const struct attention_views *w,
 }
 
 /* Rows [i0, i0 + m) of a causal block, row r at pb + r ld holding the scores of its keys:
- * softmax over the causal prefix [0, i0 + r + 1), zeros after it up to ld (the saved p is
- * exactly causal, whatever the block size). Per row a max pass,
- * one pass for exp and sum and one to normalise, over a row that stays in L1. */
+ * p = exp(s - lse) over the causal prefix [0, i0 + r + 1), zeros after it up to ld (exactly
+ * causal, whatever the block size). */
 KERNELS_IMPL_VECTOR
-static void softmax_block(float *pb, int ld, int i0, int m) {
+static void softmax_apply_block(float *pb, int ld, int i0, int m, const float *lse) {
   for (int r = 0; r < m; r++) {
     float *p = pb + (size_t)r * ld;
     int len = i0 + r + 1;
-    float maxv = kernels_impl_max(p, (size_t)len);
-    float inv = (float)(1.0 / kernels_impl_exp_sum(p, (size_t)len, maxv));
+    float shift = lse[i0 + r];
     for (int j = 0; j < len; j++)
-      p[j] *= inv;
+      p[j] = kernels_impl_expf(p[j] - shift);
     for (int j = len; j < ld; j++)
       p[j] = 0.0f;
   }
+}
+
+/* The forward's softmax of the same block: each row's log-sum-exp into lse (a max pass, a
+ * sum of exp(s - max) into a scratch row that stays in L1), then p as the backward will
+ * recompute it (softmax_apply_block). */
+KERNELS_IMPL_VECTOR
+static void softmax_block(float *pb, int ld, int i0, int m, float *lse, float *row) {
+  for (int r = 0; r < m; r++) {
+    const float *p = pb + (size_t)r * ld;
+    int len = i0 + r + 1;
+    float maxv = kernels_impl_max(p, (size_t)len);
+    memcpy(row, p, (size_t)len * sizeof(float));
+    lse[i0 + r] = maxv + (float)log(kernels_impl_exp_sum(row, (size_t)len, maxv));
+  }
+  softmax_apply_block(pb, ld, i0, m, lse);
 }
 
 /* The same block's softmax backward: on entry ds [m, n] holds dP = dy v^T; on exit
@@ -134,16 +160,22 @@ static void softmax_backward_block(float *ds, const float *pb, int ld, int i0, i
   }
 }
 
-/* p = softmax(scale q k^T) (causal), y = p v, one row block at a time. */
-static void attention_head_forward(const struct attention_head *a, float scale) {
+/* The scores of row block [i0, i0 + m) over keys [0, n): scale q k^T into pb [m, S]. The
+ * forward and the backward's recomputation make this same call. */
+static void scores_block(const struct attention_head *a, float scale, int i0, int m, int n,
+                         float *pb) {
+  kernels_gemm(false, true, m, n, a->D, scale, a->q + (size_t)i0 * a->HD, a->HD, a->k, a->KD,
+               0.0f, pb, a->S);
+}
+
+/* p = softmax(scale q k^T) (causal), y = p v, one row block at a time; lse kept. */
+static void attention_head_forward(const struct attention_head *a, float scale, float *row) {
   int S = a->S;
   for (int i0 = 0; i0 < S; i0 += ATTENTION_BLOCK) {
     int m = S - i0 < ATTENTION_BLOCK ? S - i0 : ATTENTION_BLOCK, n = i0 + m;
-    float *pb = a->p + (size_t)i0 * S;
-    kernels_gemm(false, true, m, n, a->D, scale, a->q + (size_t)i0 * a->HD, a->HD, a->k, a->KD,
-                 0.0f, pb, S);
-    softmax_block(pb, S, i0, m);
-    kernels_gemm(false, false, m, a->D, n, 1.0f, pb, S, a->v, a->KD, 0.0f,
+    scores_block(a, scale, i0, m, n, a->p);
+    softmax_block(a->p, S, i0, m, a->lse, row);
+    kernels_gemm(false, false, m, a->D, n, 1.0f, a->p, S, a->v, a->KD, 0.0f,
                  a->y + (size_t)i0 * a->HD, a->HD);
   }
 }
@@ -160,22 +192,27 @@ void kernels_attention_forward(float *a, float *saved, const float *h, const flo
   kernels_rope_scaled(w.q, B, S, H, D, d->rope_theta, d->rope_scaling, false);
   kernels_rope_scaled(w.k, B, S, d->kv_heads, D, d->rope_theta, d->rope_scaling, false);
   float scale = 1.0f / sqrtf((float)D);
+  float *pb = kernels_impl_scratch(KERNELS_SCRATCH_ATTENTION_P,
+                                   ((size_t)ATTENTION_BLOCK + 1) * S * sizeof(float));
   for (int b = 0; b < B; b++)
     for (int hh = 0; hh < H; hh++) {
       struct attention_head ah = attention_head(&w, d, b, hh);
-      attention_head_forward(&ah, scale);
+      ah.p = pb;
+      attention_head_forward(&ah, scale, pb + (size_t)ATTENTION_BLOCK * S);
     }
   kernels_gemm(false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
 }
 
-/* For row block [i0, i0 + m) over keys [0, n): dP = dy v^T; dS = scale p (dP - rowsum(p dP));
- * dq = dS k; dk += dS^T q; dv += p^T dy. dq is written, dk and dv accumulate over blocks and
- * over the query heads that share the kv head. */
+/* For row block [i0, i0 + m) over keys [0, n): p recomputed from q, k and lse; dP = dy v^T;
+ * dS = scale p (dP - rowsum(p dP)); dq = dS k; dk += dS^T q; dv += p^T dy. dq is written, dk
+ * and dv accumulate over blocks and over the query heads that share the kv head. */
 static void attention_head_backward(const struct attention_head *a, float scale, float *ds) {
   int S = a->S, D = a->D, HD = a->HD, KD = a->KD;
   for (int i0 = 0; i0 < S; i0 += ATTENTION_BLOCK) {
     int m = S - i0 < ATTENTION_BLOCK ? S - i0 : ATTENTION_BLOCK, n = i0 + m;
-    const float *pb = a->p + (size_t)i0 * S, *dyb = a->dy + (size_t)i0 * HD;
+    const float *pb = a->p, *dyb = a->dy + (size_t)i0 * HD;
+    scores_block(a, scale, i0, m, n, a->p);
+    softmax_apply_block(a->p, S, i0, m, a->lse);
     kernels_gemm(false, true, m, n, D, 1.0f, dyb, HD, a->v, KD, 0.0f, ds, n);
     softmax_backward_block(ds, pb, S, i0, m, n, scale);
     kernels_gemm(false, false, m, D, n, 1.0f, ds, n, a->k, KD, 0.0f, a->dq + (size_t)i0 * HD, HD);
@@ -199,9 +236,12 @@ void kernels_attention_backward_input(float *dh, float *bwork, const float *da, 
   float scale = 1.0f / sqrtf((float)D);
   float *ds = kernels_impl_scratch(KERNELS_SCRATCH_ATTENTION_DS,
                                    (size_t)ATTENTION_BLOCK * S * sizeof(float));
+  float *pb = kernels_impl_scratch(KERNELS_SCRATCH_ATTENTION_P,
+                                   ((size_t)ATTENTION_BLOCK + 1) * S * sizeof(float));
   for (int b = 0; b < B; b++)
     for (int hh = 0; hh < H; hh++) {
       struct attention_head ah = attention_head(&w, d, b, hh);
+      ah.p = pb;
       attention_head_backward(&ah, scale, ds);
     }
   kernels_rope_scaled(w.dq, B, S, H, D, d->rope_theta, d->rope_scaling, true);

@@ -32,6 +32,7 @@
  * is valid until the same thread asks for the same slot again. */
 enum kernels_scratch_slot {
   KERNELS_SCRATCH_ATTENTION_DS, /* attention BI: dS of one row block, [block, seq] floats */
+  KERNELS_SCRATCH_ATTENTION_P,  /* attention F and BI: one row block's probabilities and a row */
   KERNELS_SCRATCH_SLOTS
 };
 void *kernels_impl_scratch(enum kernels_scratch_slot slot, size_t bytes);

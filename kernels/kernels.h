@@ -112,7 +112,8 @@ bool kernels_rope_scaling_supported(const char *type);
  * q = rope(h wq), k = rope(h wk), v = h wv; head j uses kv head j / (H / KV);
  * p = softmax(q k^T / sqrt(D)) over keys s' <= s of the same sequence; y = p v; a = y wo.
  * saved (in order): q [T, H*D] (after RoPE), k [T, KV*D] (after RoPE), v [T, KV*D],
- *   p [B, H, S, S] (row s holds keys 0..s, the rest 0), y [T, H*D].
+ *   lse [B, H, S] (log-sum-exp of each row of scores), y [T, H*D]. The probabilities are
+ *   recomputed in BI from q, k and lse, bit-identical to the forward's (flash-style). 
  * bwork (in order): dy [T, H*D] (BI scratch), dq [T, H*D], dk [T, KV*D], dv [T, KV*D]
  *   (gradients before RoPE, i.e. of h wq, h wk, h wv), written by BI, read by BW.
  * BW also needs h and da. T = B * S; H % KV == 0; D even. */

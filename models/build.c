@@ -129,6 +129,7 @@ static void emit_attention(struct builder *b, int32_t layer) {
       add(b, add(b, op->param_bytes, 2 * b->act), add(b, add(b, 2 * qkv, 2 * core_out), lse));
   op->saved_bytes = add(b, add(b, b->act, qkv), add(b, core_out, lse));
   op->out_bytes = b->act;
+  op->bwork_bytes = add(b, qkv, core_out); /* dy (BI scratch), dq, dk, dv */
 }
 
 /* h -> a, DeepSeek multi-head latent attention, costed as its real projections:
@@ -212,8 +213,11 @@ static void emit_mlp(struct builder *b, enum model_op_kind kind, int32_t layer, 
   uint64_t act = mul3(b, b->T, ffn, b->B);
   /* params, h in, gate/up written and read, silu*up written and read, out written */
   op->bytes_fwd = add(b, add(b, op->param_bytes, 2 * b->act), add(b, 2 * gu, 2 * act));
-  op->saved_bytes = shared ? gu : add(b, b->act, gu);
+  /* and silu(gate) * up, which the down projection's weight gradient reads (the host
+   * kernels keep it rather than recompute it, kernels_mlp_saved_floats) */
+  op->saved_bytes = shared ? add(b, gu, act) : add(b, add(b, b->act, gu), act);
   op->out_bytes = b->act;
+  op->bwork_bytes = gu; /* dgate, dup */
 }
 
 /* h -> r: logits = h W [T, hidden] x [hidden, experts], fp32 softmax, top-k, normalised
@@ -235,8 +239,10 @@ static void emit_router(struct builder *b, int32_t layer) {
   uint64_t r = mul3(b, b->T, k, 8);
   op->bytes_fwd = add(b, add(b, op->param_bytes, b->act), add(b, 2 * probs, r));
   /* h (its weight gradient needs it; experts keep only their routed copies) and the probs */
-  op->saved_bytes = add(b, b->act, probs);
+  /* and r itself: the router's backward reads the ids and weights it chose */
+  op->saved_bytes = add(b, add(b, b->act, probs), r);
   op->out_bytes = r;
+  op->bwork_bytes = probs; /* dlogits */
 }
 
 /* h, r -> m: T*top_k routed rows through SwiGLU experts of width expert_ffn, then the weighted
@@ -267,14 +273,21 @@ static void emit_experts(struct builder *b, int32_t layer) {
                       add(b, add(b, 2 * gu, 2 * act), 2 * rows));
   /* routed input rows, gate/up, r, and the expert outputs (the routing weights' gradient is
    * dy . expert_out, so real implementations keep them) */
-  op->saved_bytes = add(b, add(b, rows, gu), add(b, r, rows));
+  /* ... and, as the host kernels keep them (kernels_expert_ffn_saved_floats), silu(gate) * up
+   * per routed row and the routing permutation (an int32 row and expert per route) */
+  op->saved_bytes = add(b, add(b, add(b, rows, gu), add(b, r, rows)), add(b, act, mul(b, tk, 8)));
   op->out_bytes = b->act;
+  /* dispatched rows and expert scratch (and an int32 count, one 16-byte block) while F runs;
+   * dgate, dup and the routed rows' gradients as bwork; the combine's and the dispatch's
+   * gradients and the experts' scratch while the backward runs */
+  op->fwd_scratch_bytes = add(b, 2 * rows, 16);
+  op->bwork_bytes = add(b, rows, gu);
+  op->bwd_scratch_bytes = 3 * rows;
 }
 
 /* x (after the final norm) -> loss, [T, hidden, vocab]: logits matmul and cross-entropy (~5
- * FLOPs per logit forward, ~3 backward). Implementations compute it in chunks of tokens and
- * recompute logits in backward, so only the input is saved; each chunk's fp32 logits still
- * go through memory once. Tied embeddings: the head uses the embedding's parameters only when
+ * FLOPs per logit forward, ~3 backward). Each token's fp32 logits go through memory once;
+ * the probabilities are kept for the backward (see saved_bytes below). Tied embeddings: the head uses the embedding's parameters only when
  * both are in one PP region. Across regions each stage holds its own copy (Megatron keeps the
  * word embedding on the last stage too and all-reduces the two gradients), so both count. */
 static void emit_head(struct builder *b) {
@@ -292,7 +305,9 @@ static void emit_head(struct builder *b) {
   uint64_t logits = mul3(b, b->T, u(m->vocab_size), 4);
   uint64_t labels_and_loss = add(b, mul(b, b->T, 4), 4);
   op->bytes_fwd = add(b, add(b, mul(b, w, b->B), b->act), add(b, 2 * logits, labels_and_loss));
-  op->saved_bytes = b->act;
+  /* The host kernel keeps the fp32 probabilities for BI (as Megatron's vocab-parallel cross
+   * entropy does) rather than recompute the logits in chunks, and the targets. */
+  op->saved_bytes = add(b, add(b, b->act, logits), mul(b, b->T, 4));
   op->out_bytes = 4; /* the fp32 loss */
 }
 
@@ -379,6 +394,27 @@ static bool same_tags(const int32_t *a, const int32_t *b) {
   return true;
 }
 
+/* An attention's, MLP's or shared expert's output is read by the residual add alone, which
+ * keeps nothing: when that add is in the same segment the output lives only while F runs. */
+static void segments_fwd_outputs(struct builder *b, GArray *segs) {
+  const struct model *m = b->m;
+  for (guint k = 0; k < segs->len; k++) {
+    struct model_segment *s = &g_array_index(segs, struct model_segment, k);
+    for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++) {
+      enum model_op_kind kind = m->ops[o].kind;
+      if (kind != MODEL_OP_ATTENTION && kind != MODEL_OP_MLA_ATTENTION && kind != MODEL_OP_MLP &&
+          kind != MODEL_OP_SHARED_EXPERT)
+        continue;
+      uint8_t out = g_array_index(b->io, struct op_io, o).writes;
+      for (uint32_t p = o + 1; p < s->op_first + s->op_count; p++)
+        if (g_array_index(b->io, struct op_io, p).reads & out) {
+          s->fwd_work_bytes = add(b, s->fwd_work_bytes, m->ops[o].out_bytes);
+          break;
+        }
+    }
+  }
+}
+
 static void build_segments(struct builder *b) {
   struct model *m = b->m;
   GArray *segs = g_array_new(FALSE, TRUE, sizeof(struct model_segment));
@@ -400,7 +436,14 @@ static void build_segments(struct builder *b) {
     s->param_count = add(b, s->param_count, op->param_count);
     s->param_bytes = add(b, s->param_bytes, op->param_bytes);
     s->saved_bytes = add(b, s->saved_bytes, op->saved_bytes);
+    /* every op's output gets a gradient (the loss's does not: it starts the backward) */
+    if (op->kind != MODEL_OP_LM_HEAD_LOSS)
+      s->bwd_keep_bytes = add(b, s->bwd_keep_bytes, op->out_bytes);
+    s->bwd_keep_bytes = add(b, s->bwd_keep_bytes, op->bwork_bytes);
+    s->fwd_work_bytes = add(b, s->fwd_work_bytes, op->fwd_scratch_bytes);
+    s->bwd_scratch_bytes = add(b, s->bwd_scratch_bytes, op->bwd_scratch_bytes);
   }
+  segments_fwd_outputs(b, segs);
   /* Whole-model totals must fit too (callers sum segments). */
   uint64_t params = 0, saved = 0;
   for (guint i = 0; i < segs->len; i++) {

@@ -72,6 +72,9 @@ struct model_op {
   uint64_t param_bytes;    /* param_count * dtype bytes */
   uint64_t saved_bytes;    /* activations kept from F until the last backward use */
   uint64_t out_bytes;      /* output activation bytes */
+  /* What the host kernels hold besides (the memory rule, ir/plan.h): the intermediate
+   * gradients BI hands BW (bwork), and scratch an F or a backward frees when it ends. */
+  uint64_t bwork_bytes, fwd_scratch_bytes, bwd_scratch_bytes;
 };
 
 /* A data edge between segments of one micro-batch's forward pass (backward runs it reversed,
@@ -86,6 +89,11 @@ struct model_segment {
   int32_t tags[MODEL_MAX_TAGS]; /* value per tag name, -1 = tag absent */
   double flops_fwd, flops_bwd_input, flops_bwd_weight;
   uint64_t bytes_fwd, param_count, param_bytes, saved_bytes;
+  /* Per micro-batch, besides saved_bytes: fwd_work, what F holds only while it runs (outputs
+   * nothing keeps, scratch); bwd_keep, the gradients of the segment's values and the ops'
+   * bwork, which a fused backward holds while it runs and BI keeps for BW; bwd_scratch, what
+   * a backward (or BI) holds only while it runs. */
+  uint64_t fwd_work_bytes, bwd_keep_bytes, bwd_scratch_bytes;
   bool expert; /* routed-expert region (has an EP tag) */
 };
 

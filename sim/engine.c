@@ -94,6 +94,10 @@ struct class_info {
   uint32_t *measured, *fallback; /* [n_instrs] op counts */
   uint8_t *tensor_kind;          /* [n_tensors] report_mem_kind */
   uint8_t *tensor_saved;         /* [n_tensors] saved activations */
+  /* The plan's memory points (plan_class_memory_events): instruction i allocates and releases
+   * the tensors of events[event_first[i] .. event_first[i + 1]) */
+  struct plan_memory_event *events;
+  uint32_t *event_first; /* [n_instrs + 1] */
   uint32_t n_streams_used;
   uint32_t *streams_used;
   uint32_t n_comms; /* distinct comms used, ascending */
@@ -199,6 +203,14 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     ci->tensor_kind[t] = kind;
     ci->tensor_saved[t] = kind == REPORT_MEM_ACTIVATIONS && pt->kind == PLAN_TENSOR_SAVED;
   }
+  plan_class_memory_events(c, &ci->events);
+  ci->event_first = g_new0(uint32_t, c->n_instrs + 2);
+  for (uint32_t t = 0; t < c->n_tensors; t++) {
+    ci->event_first[c->tensors[t].alloc + 1]++;
+    ci->event_first[c->tensors[t].release + 1]++;
+  }
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    ci->event_first[i + 1] += ci->event_first[i];
   ci->streams_used = g_new0(uint32_t, p->n_streams + 1);
   for (uint32_t s = 0; s < p->n_streams; s++)
     if (c->stream_first[s + 1] > c->stream_first[s])
@@ -212,6 +224,8 @@ static void class_info_free(struct class_info *ci) {
   g_free(ci->fallback);
   g_free(ci->tensor_kind);
   g_free(ci->tensor_saved);
+  g_free(ci->events);
+  g_free(ci->event_first);
   g_free(ci->streams_used);
   g_free(ci->comms);
   g_free(ci->comm_kind);
@@ -582,6 +596,37 @@ static void mem_point(struct sim *s, struct unit_rt *u, double t) {
   u->tl_t = t;
 }
 
+/* The memory rule (struct plan_tensor): what instruction i allocates comes to life when it
+ * starts (is issued on its stream), as a kernel's output or a posted receive's buffer does. */
+static void alloc_tensors(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  const struct class_info *ci = &s->ci[u->cls];
+  bool changed = false;
+  for (uint32_t k = ci->event_first[i]; k < ci->event_first[i + 1]; k++) {
+    uint32_t tid = ci->events[k].tensor;
+    if (ci->events[k].release || c->tensors[tid].bytes == 0)
+      continue;
+    u->mem[ci->tensor_kind[tid]] += (int64_t)c->tensors[tid].bytes;
+    if (ci->tensor_saved[tid])
+      u->saved += (int64_t)c->tensors[tid].bytes;
+    changed = true;
+  }
+  if (changed)
+    mem_point(s, u, t);
+}
+
+/* One of tensor tid's last uses (a consumer, or its release point) has ended: the last frees
+ * it. Returns whether memory changed. */
+static bool use_done(struct unit_rt *u, const struct plan_class *c, const struct class_info *ci,
+                     uint32_t tid) {
+  if (u->remaining[tid] == 0 || --u->remaining[tid] > 0 || c->tensors[tid].bytes == 0)
+    return false;
+  u->mem[ci->tensor_kind[tid]] -= (int64_t)c->tensors[tid].bytes;
+  if (ci->tensor_saved[tid])
+    u->saved -= (int64_t)c->tensors[tid].bytes;
+  return true;
+}
+
 static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
@@ -592,36 +637,15 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   u->done++;
   if (t > s->t_last)
     s->t_last = t;
-  bool changed = false;
-  /* outputs come to life at the producer's end; inputs die at their last consumer's end.
-   * Allocating first makes an instruction's inputs and outputs coexist, as they do on a GPU. */
-  for (uint32_t k = 0; k < in->write_count; k++) {
-    uint32_t tid = c->writes[in->write_first + k];
-    const struct plan_tensor *pt = &c->tensors[tid];
-    if (pt->consumer_count == 0 || pt->bytes == 0)
-      continue;
-    u->mem[ci->tensor_kind[tid]] += (int64_t)pt->bytes;
-    if (ci->tensor_saved[tid])
-      u->saved += (int64_t)pt->bytes;
-    changed = true;
-  }
-  if (changed)
-    mem_point(s, u, t);
+  /* A tensor goes when its release point and every consumer have ended (struct plan_tensor):
+   * the release point is the last consumer in issue order, so on one stream that is the
+   * release itself. */
   bool freed = false;
-  for (uint32_t k = 0; k < in->read_count; k++) {
-    uint32_t tid = c->reads[in->read_first + k];
-    if (u->remaining[tid] == 0)
-      continue;
-    if (--u->remaining[tid] > 0)
-      continue;
-    const struct plan_tensor *pt = &c->tensors[tid];
-    if (pt->bytes == 0)
-      continue;
-    u->mem[ci->tensor_kind[tid]] -= (int64_t)pt->bytes;
-    if (ci->tensor_saved[tid])
-      u->saved -= (int64_t)pt->bytes;
-    freed = true;
-  }
+  for (uint32_t k = 0; k < in->read_count; k++)
+    freed |= use_done(u, c, ci, c->reads[in->read_first + k]);
+  for (uint32_t k = ci->event_first[i]; k < ci->event_first[i + 1]; k++)
+    if (ci->events[k].release)
+      freed |= use_done(u, c, ci, ci->events[k].tensor);
   if (freed)
     mem_point(s, u, t);
 }
@@ -807,6 +831,7 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
     stream_queued(u, c, e, n, st, t);
     for (uint32_t j = 0; j < n; j++) {
       uint32_t i = c->stream_instrs[e + j];
+      alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
       if (u->slot[i] != IR_NONE) {
         struct slot *sl = &s->slots[u->slot[i]];
         if (++sl->arrived == sl->expected)
@@ -1153,7 +1178,7 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   for (uint32_t i = 0; i < c->n_instrs; i++)
     u->start[i] = u->end[i] = -1;
   for (uint32_t t = 0; t < c->n_tensors; t++)
-    u->remaining[t] = c->tensors[t].consumer_count;
+    u->remaining[t] = c->tensors[t].consumer_count + 1; /* and the release point */
   sim_static_memory(p, c, res->units[k].static_bytes);
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];

@@ -131,8 +131,8 @@ static struct plan *hand_plan(void) {
     };
     uint32_t stream_first[] = {0, 2, 4}, stream_instrs[] = {0, 3, 1, 2};
     uint32_t waits[] = {0, 2}, reads[] = {0, 1}, writes[] = {0, 1}, consumers[] = {1, 2};
-    struct plan_tensor tensors[] = {{4096, 0, PLAN_TENSOR_OUT, 0, 1},
-                                    {8192, 0, PLAN_TENSOR_SAVED, 1, 1}};
+    struct plan_tensor tensors[] = {{4096, 0, PLAN_TENSOR_OUT, 0, 1, 0, 1},
+                                    {8192, 0, PLAN_TENSOR_SAVED, 1, 1, 0, 2}};
     c->n_devices = 2;
     c->devices = copy_of(devices, sizeof devices);
     c->n_instrs = 4;
@@ -164,7 +164,7 @@ static struct plan *hand_plan(void) {
     };
     uint32_t stream_first[] = {0, 2, 4}, stream_instrs[] = {1, 3, 0, 2};
     uint32_t waits[] = {0, 1, 2}, reads[] = {0}, writes[] = {0}, consumers[] = {1};
-    struct plan_tensor tensors[] = {{4096, 0, PLAN_TENSOR_OUT, 0, 1}};
+    struct plan_tensor tensors[] = {{4096, 0, PLAN_TENSOR_OUT, 0, 1, 0, 1}};
     c->n_devices = 2;
     c->devices = copy_of(devices, sizeof devices);
     c->n_instrs = 4;

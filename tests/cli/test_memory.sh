@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# One memory rule (SPEC §5): the simulator's memory timeline and the host executor's allocator
+# both follow the plan's allocation and release points, so on every plan of the equivalence
+# suite (tests/cli/test_exec.sh, test_tied.sh) each device's peak memory, and every kind of
+# its breakdown at the peak, agree within MEM_TOL (1%) of the peak between piper-sim and
+# piper-exec --backend host. Prints one table: plan, device, simulated and measured peak, error, breakdown.
+# MEM_PLANS=name,name runs a subset.
+set -u
+BIN=${PIPER_BIN:-bin}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+TOL=${MEM_TOL:-0.01}
+pass=0
+failed=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+MOE=models/tiny-moe.json
+TIED=models/tiny-dense-tied.json
+BS=directives/base-schedules
+# split DIRECTIVES M OUT: the program with its micro-batch split (what piper-exec --mbs does
+# without --schedule; piper-sim takes --mbs with a schedule only)
+split() { python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1])) if sys.argv[1] != '-' else []
+d.append({'op': 'split', 'filter': {}, 'dim_name': 'MB', 'num_microbatches': int(sys.argv[2])})
+json.dump(d, open(sys.argv[3], 'w'))" "$1" "$2" "$3"; }
+cat >"$T/pp2.json" <<'J'
+[
+  {"op": "place", "filter": {"PP": 0}, "devices": [0]},
+  {"op": "place", "filter": {"PP": 1}, "devices": [1]}
+]
+J
+split - 8 "$T/one8.json"
+split $BS/dp2.json 4 "$T/dp2_4.json"
+# name processes model args... Expert-parallel plans (EP, marked below) are printed but not
+# asserted: their dispatched rows are sized by the routing at run time (the plan's all-to-all
+# edges carry T*hidden bytes, the executor moves and keeps n_recv routed rows), and the
+# executor does not shard ZeRO-2/3 gradients and optimizer state yet (issue 11).
+EP_PLANS=",pp2_dp2_ep2,zero2,zero3,dualpipev,"
+plans=(
+  "one 1 $MOE --directives $T/one8.json"
+  "dp2 2 $MOE --directives $T/dp2_4.json"
+  "pp2_1f1b 2 $MOE --directives $T/pp2.json --schedule 1f1b --ranks 2 --mbs 8"
+  "pp2_dp2_ep2 4 $MOE --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4"
+  "zero2 4 $MOE --base-schedule $BS/pp2_dp2_ep2_zero2.json --schedule 1f1b --ranks 2 --mbs 4"
+  "zero3 4 $MOE --base-schedule $BS/pp2_dp2_ep2_zero3.json --schedule 1f1b --ranks 2 --mbs 4"
+  "dualpipev 4 $MOE --pp-regions 4 --base-schedule $BS/pp4_dp2_ep2_v_placement.json --schedule dualpipev --ranks 2 --mbs 4"
+  "zerobubble 2 $MOE --directives $T/pp2.json --schedule zerobubble --ranks 2 --mbs 8"
+  "dualpipe 4 $MOE --pp-regions 4 --directives $BS/pp4.json --schedule dualpipe --mbs 8"
+  "tied_one 1 $TIED --pp-regions 1 --directives $T/one8.json"
+  "tied_pp2 2 $TIED --directives $T/pp2.json --schedule 1f1b --ranks 2 --mbs 8"
+)
+printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
+for p in "${plans[@]}"; do
+  read -r -a w <<<"$p"
+  name=${w[0]} np=${w[1]} model=${w[2]} args=("${w[@]:3}")
+  if [ -n "${MEM_PLANS:-}" ] && [[ ",$MEM_PLANS," != *",$name,"* ]]; then continue; fi
+  if ! "$BIN/piper-sim" --model "$model" "${args[@]}" --profile profiles/host-cpu.json \
+    --out "$T/$name-sim" --no-charts --quiet >"$T/$name-sim.log" 2>&1; then
+    bad "$name: piper-sim: $(tail -2 "$T/$name-sim.log")"
+    continue
+  fi
+  launch=()
+  [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe -np "$np")
+  if ! timeout 300 "${launch[@]}" "$BIN/piper-exec" --backend host --model "$model" "${args[@]}" \
+    --warmup 0 --iters 2 --quiet --timeout 60 --no-charts --out "$T/$name-exec" \
+    >"$T/$name-exec.log" 2>&1; then
+    bad "$name: piper-exec: $(tail -2 "$T/$name-exec.log")"
+    continue
+  fi
+  asserted=1
+  [[ "$EP_PLANS" == *",$name,"* ]] && asserted=0
+  python3 - "$T/$name-sim/metrics.json" "$T/$name-exec/metrics.json" "$name" "$TOL" <<'PY'
+import json, sys
+sim = {d["device"]: d for d in json.load(open(sys.argv[1]))["devices"]}
+ex = {d["device"]: d for d in json.load(open(sys.argv[2]))["devices"]}
+name, tol = sys.argv[3], float(sys.argv[4])
+assert sorted(sim) == sorted(ex), (sorted(sim), sorted(ex))
+good = True
+for dev in sorted(sim):
+    s, e = sim[dev], ex[dev]
+    sp, ep = s["peak_memory_bytes"], e["peak_memory_bytes"]
+    err = (ep - sp) / sp
+    kinds = []
+    for k in s["memory_breakdown_bytes"]:
+        a, b = s["memory_breakdown_bytes"][k], e["memory_breakdown_bytes"][k]
+        if a or b:
+            kinds.append("%s %d/%d" % (k, a, b))
+        # each kind of the breakdown at the peak within tol of the peak: which instant is the
+        # peak can differ by a receive buffer posted a little earlier on one side
+        if abs(a - b) > tol * sp:
+            good = False
+    if abs(err) > tol:
+        good = False
+    print("%-12s %3d %12d %12d %+7.2f%%  %s" % (name, dev, sp, ep, 100 * err, ", ".join(kinds)))
+sys.exit(0 if good else 1)
+PY
+  rc=$?
+  if [ "$asserted" = 0 ]; then
+    echo "$name: expert-parallel, not asserted (see the top of this file)"
+  elif [ "$rc" = 0 ]; then
+    ok
+  else
+    bad "$name: memory differs by more than $TOL of the peak"
+  fi
+done
+echo "test_memory.sh: $pass passed, $failed failed"
+[ "$failed" -eq 0 ]
