@@ -7,34 +7,19 @@
 #include "../base/base.h"
 #include "arena.h"
 
-/* Issue order, then allocations before frees at the same instruction (its inputs and outputs
- * coexist, as on a GPU), then tensor. */
-static int compare_event(const void *a, const void *b) {
-  const struct exec_arena_event *x = a, *y = b;
-  if (x->instr != y->instr)
-    return x->instr < y->instr ? -1 : 1;
-  if (x->alloc != y->alloc)
-    return x->alloc ? -1 : 1;
-  return piper_cmp_u32(&x->tensor, &y->tensor);
-}
-
+/* The plan's memory rule (plan_class_memory_events: allocation at the alloc instruction's
+ * start, release at the release instruction's end), the one the simulator follows; tensors of
+ * no bytes take no room. */
 void exec_arena_class_events(const struct plan_class *c, GArray *out) {
-  guint first = out->len;
-  for (uint32_t t = 0; t < c->n_tensors; t++) {
-    const struct plan_tensor *pt = &c->tensors[t];
-    if (pt->bytes == 0 || pt->consumer_count == 0 || pt->producer >= c->n_instrs)
+  struct plan_memory_event *ev = NULL;
+  uint32_t n = plan_class_memory_events(c, &ev);
+  for (uint32_t k = 0; k < n; k++) {
+    if (c->tensors[ev[k].tensor].bytes == 0)
       continue;
-    /* dies at its last consumer in issue order (never before it is made) */
-    uint32_t last = pt->producer;
-    for (uint32_t k = 0; k < pt->consumer_count; k++)
-      if (c->consumers[pt->consumer_first + k] > last)
-        last = c->consumers[pt->consumer_first + k];
-    struct exec_arena_event born = {t, pt->producer, true}, dies = {t, last, false};
-    g_array_append_val(out, born);
-    g_array_append_val(out, dies);
+    struct exec_arena_event e = {ev[k].tensor, ev[k].instr, !ev[k].release};
+    g_array_append_val(out, e);
   }
-  qsort(&g_array_index(out, struct exec_arena_event, first), out->len - first,
-        sizeof(struct exec_arena_event), compare_event);
+  g_free(ev);
 }
 
 struct block {

@@ -12,8 +12,8 @@
  *            (unsigned long long)a.live_peak);
  *   exec_arena_clear(&a);
  *
- * The events come from one function (exec_arena_class_events) that reads only struct
- * plan_tensor's producer and consumers, so the planner follows whatever lowering records.
+ * The events come from the plan's memory rule (plan_class_memory_events, ir/plan.h), the
+ * one the simulator's memory timeline and the host executor follow.
  */
 #ifndef PIPER_EXEC_ARENA_H
 #define PIPER_EXEC_ARENA_H
@@ -24,7 +24,7 @@
 
 #include "../ir/plan.h"
 
-/* One tensor coming to life (alloc) or dying, at instruction instr's end. */
+/* One tensor coming to life (alloc, at instruction instr's start) or dying (at its end). */
 struct exec_arena_event {
   uint32_t tensor;
   uint32_t instr;
@@ -32,10 +32,8 @@ struct exec_arena_event {
 };
 
 /* The step's events of class c in issue order, appended to out (struct exec_arena_event):
- * each tensor is allocated at its producer's end and freed at the end of its last consumer
- * (struct plan_tensor's producer and consumers, nothing else: the planner follows whatever
- * lowering records there). Allocations come before frees at one instruction. Tensors of zero
- * bytes or without consumers take no memory and have no events. */
+ * each tensor allocated at its alloc instruction's start and freed at its release
+ * instruction's end (plan_class_memory_events). Tensors of zero bytes have no events. */
 void exec_arena_class_events(const struct plan_class *c, GArray *out);
 
 /* The plan: offset[t] of each tensor (UINT64_MAX where it has no events), the arena's size
