@@ -259,13 +259,14 @@ static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, flo
   k_mlp_backward_weight(s, dparams, bwork, dm, h, saved, T, C, F);
 }
 
-/* ---- attention (kernels/attention.c; unfused: per (sequence, head) GEMMs, p [B,H,S,S] kept as
- * the host keeps it, so its memory is counted as the plan counts the host's) ----------------- */
+/* ---- attention (kernels/attention.c's layout: per (sequence, head) GEMMs; saved q, k, v, the
+ * log-sum-exp of each row of scores [B,H,S] and y; a head's S x S probabilities live in
+ * stream-ordered scratch and are recomputed from q, k and lse in the backward) -------------- */
 
 struct attn_views {
   size_t T, HD, KD;
   const float *wq, *wk, *wv, *wo;
-  float *q, *k, *v, *p, *y, *dy, *dq, *dk, *dv;
+  float *q, *k, *v, *lse, *y, *dy, *dq, *dk, *dv;
 };
 
 static struct attn_views attn_views(const struct kernels_attention_dims *d, const float *params,
@@ -285,8 +286,8 @@ static struct attn_views attn_views(const struct kernels_attention_dims *d, cons
     w.q = (float *)saved;
     w.k = w.q + w.T * w.HD;
     w.v = w.k + w.T * w.KD;
-    w.p = w.v + w.T * w.KD;
-    w.y = w.p + (size_t)d->batch * d->heads * d->seq * d->seq;
+    w.lse = w.v + w.T * w.KD;
+    w.y = w.lse + (size_t)d->batch * d->heads * d->seq;
   }
   if (bwork) {
     w.dy = (float *)bwork;
@@ -305,13 +306,25 @@ static void rope(struct exec_stream *s, float *x, const struct kernels_attention
           sc ? sc->original_max_position_embeddings : 0, inverse, st_of(s));
 }
 
-/* Offsets of sequence b, query head hh: into q/y rows (HD wide) and k/v rows (KD wide). */
+/* Offsets of sequence b, query head hh: into q/y rows (HD wide), k/v rows (KD wide) and lse. */
 static void head_offsets(const struct attn_views *w, const struct kernels_attention_dims *d, int b,
-                         int hh, size_t *qoff, size_t *koff, size_t *poff) {
+                         int hh, size_t *qoff, size_t *koff, size_t *loff) {
   int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
   *qoff = (size_t)b * S * w->HD + (size_t)hh * D;
   *koff = (size_t)b * S * w->KD + (size_t)(hh / group) * D;
-  *poff = ((size_t)b * d->heads + hh) * S * S;
+  *loff = ((size_t)b * d->heads + hh) * S;
+}
+
+/* S*S floats of stream-ordered scratch (one head's scores), NULL with the failure recorded. */
+static float *head_scratch(struct exec_stream *s, int S) {
+  float *x = NULL;
+  GError *e = NULL;
+  if (!CUDA_CHECK(kernel_ctx(s),
+                  cudaMallocAsync((void **)&x, (size_t)S * S * sizeof(float), st_of(s)), &e)) {
+    exec_cuda_fail(s, e);
+    return NULL;
+  }
+  return x;
 }
 
 static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
@@ -325,31 +338,38 @@ static void k_attention_forward(struct exec_stream *s, float *a, float *saved, c
   rope(s, w.q, d, d->heads, false);
   rope(s, w.k, d, d->kv_heads, false);
   float scale = 1.0f / sqrtf((float)D);
+  float *p = head_scratch(s, S);
+  if (!p)
+    return;
   for (int b = 0; b < d->batch; b++)
     for (int hh = 0; hh < d->heads; hh++) {
-      size_t qo, ko, po;
-      head_offsets(&w, d, b, hh, &qo, &ko, &po);
-      gemm(s, false, true, S, S, D, 1.0f, w.q + qo, HD, w.k + ko, KD, 0.0f, w.p + po, S);
-      kc_causal_softmax(w.p + po, S, S, scale, st_of(s));
-      gemm(s, false, false, S, D, S, 1.0f, w.p + po, S, w.v + ko, KD, 0.0f, w.y + qo, HD);
+      size_t qo, ko, lo;
+      head_offsets(&w, d, b, hh, &qo, &ko, &lo);
+      gemm(s, false, true, S, S, D, 1.0f, w.q + qo, HD, w.k + ko, KD, 0.0f, p, S);
+      kc_causal_softmax(p, w.lse + lo, S, S, scale, st_of(s));
+      gemm(s, false, false, S, D, S, 1.0f, p, S, w.v + ko, KD, 0.0f, w.y + qo, HD);
     }
+  cudaFreeAsync(p, st_of(s));
   gemm(s, false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
 }
 
-/* ds: S*S floats of scratch, stream-ordered (cudaMallocAsync). */
+/* p, ds: S*S floats of scratch each, stream-ordered (cudaMallocAsync); p is recomputed per
+ * head from q, k and the forward's lse. */
 static void attention_heads_backward(struct exec_stream *s, const struct attn_views *w,
-                                     const struct kernels_attention_dims *d, float *ds) {
+                                     const struct kernels_attention_dims *d, float *p, float *ds) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
   float scale = 1.0f / sqrtf((float)D);
   for (int b = 0; b < d->batch; b++)
     for (int hh = 0; hh < d->heads; hh++) {
-      size_t qo, ko, po;
-      head_offsets(w, d, b, hh, &qo, &ko, &po);
+      size_t qo, ko, lo;
+      head_offsets(w, d, b, hh, &qo, &ko, &lo);
+      gemm(s, false, true, S, S, D, 1.0f, w->q + qo, HD, w->k + ko, KD, 0.0f, p, S);
+      kc_causal_softmax_from_lse(p, w->lse + lo, S, S, scale, st_of(s));
       gemm(s, false, true, S, S, D, 1.0f, w->dy + qo, HD, w->v + ko, KD, 0.0f, ds, S);
-      kc_softmax_backward(ds, w->p + po, S, S, scale, st_of(s));
+      kc_softmax_backward(ds, p, S, S, scale, st_of(s));
       gemm(s, false, false, S, D, S, 1.0f, ds, S, w->k + ko, KD, 0.0f, w->dq + qo, HD);
       gemm(s, true, false, S, D, S, 1.0f, ds, S, w->q + qo, HD, 1.0f, w->dk + ko, KD);
-      gemm(s, true, false, S, D, S, 1.0f, w->p + po, S, w->dy + qo, HD, 1.0f, w->dv + ko, KD);
+      gemm(s, true, false, S, D, S, 1.0f, p, S, w->dy + qo, HD, 1.0f, w->dv + ko, KD);
     }
 }
 
@@ -362,15 +382,15 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
   gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
   kc_fill(w.dk, 0.0f, w.T * w.KD, cs);
   kc_fill(w.dv, 0.0f, w.T * w.KD, cs);
-  float *ds = NULL;
-  GError *e = NULL;
-  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync((void **)&ds, (size_t)S * S * sizeof(float), cs),
-                  &e)) {
-    exec_cuda_fail(s, e);
+  float *p = head_scratch(s, S), *ds = p ? head_scratch(s, S) : NULL;
+  if (!ds) {
+    if (p)
+      cudaFreeAsync(p, cs);
     return;
   }
-  attention_heads_backward(s, &w, d, ds);
+  attention_heads_backward(s, &w, d, p, ds);
   cudaFreeAsync(ds, cs);
+  cudaFreeAsync(p, cs);
   rope(s, w.dq, d, d->heads, true);
   rope(s, w.dk, d, d->kv_heads, true);
   gemm(s, false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);

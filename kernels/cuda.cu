@@ -171,7 +171,9 @@ __global__ void swiglu_bwd_k(float *dg, float *du, const float *dact, const floa
   }
 }
 
-__global__ void causal_softmax_k(float *p, int S, float scale) {
+// Row r of scores (query r % S), in place: the causal softmax, and the row's log-sum-exp of
+// the scaled scores into lse[r] (what the backward recomputes the row from).
+__global__ void causal_softmax_k(float *p, float *lse, int S, float scale) {
   float *row = p + (size_t)blockIdx.x * S;
   int q = blockIdx.x % S; // keys 0..q
   float mx = -INFINITY;
@@ -184,6 +186,17 @@ __global__ void causal_softmax_k(float *p, int S, float scale) {
   sum = block_sum(sum);
   for (int k = threadIdx.x; k < S; k += blockDim.x)
     row[k] = k <= q ? expf(row[k] * scale - mx) / sum : 0.0f;
+  if (threadIdx.x == 0)
+    lse[blockIdx.x] = mx + logf(sum);
+}
+
+// The probabilities again from the scores and the forward's log-sum-exp (flash-style).
+__global__ void causal_softmax_lse_k(float *p, const float *lse, int S, float scale) {
+  float *row = p + (size_t)blockIdx.x * S;
+  int q = blockIdx.x % S;
+  float l = lse[blockIdx.x];
+  for (int k = threadIdx.x; k < S; k += blockDim.x)
+    row[k] = k <= q ? expf(row[k] * scale - l) : 0.0f;
 }
 
 __global__ void softmax_bwd_k(float *dp, const float *p, int S, float scale) {
@@ -455,9 +468,15 @@ void kc_swiglu_backward(float *dg, float *du, const float *dact, const float *g,
     swiglu_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dg, du, dact, g, u, n);
 }
 
-void kc_causal_softmax(float *p, int n_rows, int S, float scale, cudaStream_t st) {
+void kc_causal_softmax(float *p, float *lse, int n_rows, int S, float scale, cudaStream_t st) {
   if (n_rows)
-    causal_softmax_k<<<n_rows, kThreads, 0, st>>>(p, S, scale);
+    causal_softmax_k<<<n_rows, kThreads, 0, st>>>(p, lse, S, scale);
+}
+
+void kc_causal_softmax_from_lse(float *p, const float *lse, int n_rows, int S, float scale,
+                                cudaStream_t st) {
+  if (n_rows)
+    causal_softmax_lse_k<<<n_rows, kThreads, 0, st>>>(p, lse, S, scale);
 }
 
 void kc_softmax_backward(float *dp, const float *p, int n_rows, int S, float scale,

@@ -41,8 +41,11 @@ void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cud
 void kc_swiglu_backward(float *dg, float *du, const float *dact, const float *g, const float *u,
                         size_t n, cudaStream_t stream);
 /* rows [n_rows, S] of scores scaled by scale, causal softmax (row r is query r % S): keys
- * beyond it become 0 */
-void kc_causal_softmax(float *p, int n_rows, int S, float scale, cudaStream_t stream);
+ * beyond it become 0; lse[r] = log-sum-exp of the row's scaled scores */
+void kc_causal_softmax(float *p, float *lse, int n_rows, int S, float scale, cudaStream_t stream);
+/* the same probabilities from the scores and lse (the backward's recomputation) */
+void kc_causal_softmax_from_lse(float *p, const float *lse, int n_rows, int S, float scale,
+                                cudaStream_t stream);
 /* ds = p * (dp - sum(p * dp)) * scale, in place over dp */
 void kc_softmax_backward(float *dp, const float *p, int n_rows, int S, float scale,
                          cudaStream_t stream);

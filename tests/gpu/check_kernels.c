@@ -167,7 +167,7 @@ static void check_attention(struct check *c) {
   kernels_attention_forward(a, saved, h, p, &d);
   c->k->attention_forward(c->s, da, dsaved, dh, dp, &d);
   compare(c, "attention F (llama3 rope scaling)", a, da, T * C, c->tol_gemm);
-  compare(c, "attention F saved (q k v p y)", saved, dsaved, SV, c->tol_gemm);
+  compare(c, "attention F saved (q k v lse y)", saved, dsaved, SV, c->tol_gemm);
   exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
   float *g = rnd(c, T * C, 1), *dgo = devf(c, g, T * C);
   float *gh = g_new0(float, T *C), *dgh = devf(c, NULL, T * C), *dbw = devf(c, NULL, BW);
