@@ -21,7 +21,8 @@
 /* How much of an offending string goes into a message. */
 #define QUOTE_MAX 40
 
-static const char *const op_names[] = {"place", "replicate", "shard", "split", "order", "stream"};
+static const char *const op_names[] = {"place", "replicate", "shard",          "split",
+                                       "order", "stream",    "tensor_parallel"};
 static const char *const pass_names[] = {"F", "B", "BI", "BW"};
 
 const char *dir_op_name(enum dir_op op) {
@@ -281,7 +282,7 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     g_autofree char *q = quote(op->valuestring);
     return piper_input_error(err,
                              "%s: directive %u: unknown op %s (one of place, replicate, shard, "
-                             "split, order, stream)",
+                             "split, order, stream, tensor_parallel)",
                              name, index, q);
   }
   d->op = (enum dir_op)found;
@@ -299,6 +300,12 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     static const char *const keys[] = {
         "op",          "filter",       "devices", "reduce_stream", "gather_stream", "bucket_size",
         "shard_grads", "shard_params", NULL};
+    if (!check_keys(obj, keys, ctx, err))
+      return false;
+    break;
+  }
+  case DIR_TENSOR_PARALLEL: {
+    static const char *const keys[] = {"op", "filter", "degree", "sequence_parallel", NULL};
     if (!check_keys(obj, keys, ctx, err))
       return false;
     break;
@@ -358,6 +365,9 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     if (d->shard_params)
       d->shard_grads = true;
     return true;
+  case DIR_TENSOR_PARALLEL:
+    return json_get_u32(obj, "degree", true, 1, DIR_MAX_TP_DEGREE, &d->tp_degree, ctx, err) &&
+           json_get_bool(obj, "sequence_parallel", false, &d->sequence_parallel, ctx, err);
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
            json_get_int(obj, "num_microbatches", true, 1, DIR_MAX_MICROBATCHES,
@@ -540,6 +550,12 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       }
       break;
     }
+    case DIR_TENSOR_PARALLEL:
+      cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));
+      cJSON_AddNumberToObject(o, "degree", d->tp_degree);
+      if (d->sequence_parallel)
+        cJSON_AddBoolToObject(o, "sequence_parallel", true);
+      break;
     case DIR_STREAM:
       cJSON_AddStringToObject(o, "name", d->name);
       cJSON_AddNumberToObject(o, "priority", (double)d->priority);

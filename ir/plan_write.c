@@ -213,7 +213,7 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
   cJSON_AddStringToObject(o, "name", node_name);
   cJSON_AddStringToObject(o, "kind", kind_name(n->kind));
   add_pass(o, n->pass);
-  if (n->purpose == IR_COMM_NONE || n->purpose > IR_COMM_EP)
+  if (n->purpose == IR_COMM_NONE || n->purpose >= IR_COMM_PURPOSE_COUNT)
     cJSON_AddNullToObject(o, "purpose");
   else
     cJSON_AddStringToObject(o, "purpose", plan_purpose_names[n->purpose]);
@@ -235,6 +235,13 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
   cJSON_AddBoolToObject(o, "shard_grads", n->shard_grads);
   cJSON_AddBoolToObject(o, "shard_params", n->shard_params);
   add_ref(o, "directive", n->directive);
+  /* Tensor parallelism: absent without it, so plans without TP stay as they were. */
+  if (n->tp_degree > 1)
+    cJSON_AddNumberToObject(o, "tp_degree", n->tp_degree);
+  if (n->sequence_parallel)
+    cJSON_AddBoolToObject(o, "sequence_parallel", true);
+  if (n->collectives > 1)
+    cJSON_AddNumberToObject(o, "collectives", n->collectives);
   /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
   char prio[24];
   snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);
@@ -254,10 +261,12 @@ static void index_program(cJSON *root, const struct plan *p, char *const *names)
     cJSON_AddNumberToObject(o, "id", c);
     plan_comm_name(p, c, name, sizeof name);
     cJSON_AddStringToObject(o, "name", name);
-    uint32_t purpose = p->comms[c].purpose <= IR_COMM_EP ? p->comms[c].purpose : 0;
+    uint32_t purpose = p->comms[c].purpose < IR_COMM_PURPOSE_COUNT ? p->comms[c].purpose : 0;
     cJSON_AddStringToObject(o, "purpose", plan_purpose_names[purpose]);
     add_ref(o, "group", p->comms[c].group);
     add_ref(o, "peer_group", p->comms[c].peer_group);
+    if (p->comms[c].split > 1)
+      cJSON_AddNumberToObject(o, "split", p->comms[c].split);
     cJSON_AddItemToArray(comms, o);
   }
   cJSON *classes = cJSON_AddArrayToObject(root, "classes");
