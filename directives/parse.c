@@ -260,6 +260,20 @@ static void directive_clear(struct dir_directive *d) {
   d->filters = NULL;
 }
 
+/* {"op": "tensor_parallel", "filter": F, "degree": t, "sequence_parallel": b} */
+static bool parse_tensor_parallel(const cJSON *obj, struct dir_directive *d, const char *ctx,
+                                  GError **err) {
+  static const char *const keys[] = {"op", "filter", "degree", "sequence_parallel", NULL};
+  if (!check_keys(obj, keys, ctx, err))
+    return false;
+  const cJSON *f = cJSON_GetObjectItemCaseSensitive(obj, "filter");
+  if (!f)
+    return piper_input_error(err, "%s: missing key \"filter\"", ctx);
+  return parse_filter(f, &d->filter, ctx, "\"filter\"", err) &&
+         json_get_u32(obj, "degree", true, 1, DIR_MAX_TP_DEGREE, &d->tp_degree, ctx, err) &&
+         json_get_bool(obj, "sequence_parallel", false, &d->sequence_parallel, ctx, err);
+}
+
 static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
                             struct dir_directive *d, uint32_t *max_device, size_t *n_order_filters,
                             GError **err) {
@@ -304,12 +318,7 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
       return false;
     break;
   }
-  case DIR_TENSOR_PARALLEL: {
-    static const char *const keys[] = {"op", "filter", "degree", "sequence_parallel", NULL};
-    if (!check_keys(obj, keys, ctx, err))
-      return false;
-    break;
-  }
+  case DIR_TENSOR_PARALLEL: return parse_tensor_parallel(obj, d, ctx, err);
   case DIR_SPLIT: {
     static const char *const keys[] = {"op", "filter", "dim_name", "num_microbatches", NULL};
     if (!check_keys(obj, keys, ctx, err))
@@ -365,9 +374,6 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     if (d->shard_params)
       d->shard_grads = true;
     return true;
-  case DIR_TENSOR_PARALLEL:
-    return json_get_u32(obj, "degree", true, 1, DIR_MAX_TP_DEGREE, &d->tp_degree, ctx, err) &&
-           json_get_bool(obj, "sequence_parallel", false, &d->sequence_parallel, ctx, err);
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
            json_get_int(obj, "num_microbatches", true, 1, DIR_MAX_MICROBATCHES,

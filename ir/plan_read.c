@@ -415,6 +415,20 @@ static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *ou
                       nullable ? "null, " : "");
 }
 
+/* A send or recv finds its peer at its own position in peer_group. */
+static bool check_peer_group(const struct plan *p, const struct ir_node *n,
+                             const struct json_loc *l, GError **err) {
+  if (n->kind != IR_NODE_SEND && n->kind != IR_NODE_RECV)
+    return true;
+  if (n->peer_group == IR_NONE)
+    return json_fail_at(err, l, "a %s needs a \"peer_group\"", ir_node_kind_name(n->kind));
+  if (p->groups[n->peer_group].count != p->groups[n->group].count)
+    return json_fail_at(err, l, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
+                        n->peer_group, p->groups[n->peer_group].count, n->group,
+                        p->groups[n->group].count);
+  return true;
+}
+
 /* The optional tensor-parallel fields: a degree of 2 or more that divides the node's group,
  * sequence_parallel and collectives only with it, and a tp node always with it. */
 static bool read_tensor_parallel(const struct plan *p, struct ir_node *n, const cJSON *tp,
@@ -505,16 +519,7 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   if (!read_tensor_parallel(p, n, x[N_TP_DEGREE], x[N_SEQUENCE_PARALLEL], x[N_COLLECTIVES], &l,
                             err))
     return false;
-  /* A send or recv finds its peer at its own position in peer_group. */
-  if (n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV) {
-    if (n->peer_group == IR_NONE)
-      return json_fail_at(err, &l, "a %s needs a \"peer_group\"", ir_node_kind_name(n->kind));
-    if (p->groups[n->peer_group].count != p->groups[n->group].count)
-      return json_fail_at(err, &l, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
-                          n->peer_group, p->groups[n->peer_group].count, n->group,
-                          p->groups[n->group].count);
-  }
-  return true;
+  return check_peer_group(p, n, &l, err);
 }
 
 /* "split" (tensor parallelism): absent, or 2 or more dividing the group, never on pp; a tp
