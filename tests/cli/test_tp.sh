@@ -60,6 +60,12 @@ echo '[{"op": "tensor_parallel", "filter": {}, "degree": 2, "sequence_parallel":
 expect_bad "\"sequence_parallel\"" "$BIN/piper-compile" --model models/tiny-dense.json --directives "$T/ds.json"
 expect_bad "sp (sequence parallelism) needs tp of at least 2" "$BIN/piper-layout" pp=2,sp
 expect_bad '"tp" must be a whole number' "$BIN/piper-layout" pp=2,tp=0
+expect_bad "tied embeddings split over pipeline stages" \
+  "$BIN/piper-compile" --model models/tiny-dense-tied.json --layout pp=2,tp=2
+# a node whose tp_degree does not divide its group, and a tp communicator whose split does not
+sed '0,/"tp_degree":2/s//"tp_degree":3/' "$T/p/plan.json" >"$T/p/plan3.json"
+mkdir -p "$T/p3" && cp "$T/p"/device-*.json "$T/p3/" && mv "$T/p/plan3.json" "$T/p3/plan.json"
+expect_bad '"tp_degree" 3 does not divide' "$BIN/piper-sim" --plans "$T/p3" --profile profiles/unit.json --out "$T/s3"
 # a plan file whose tp communicator lost its split
 sed -i '0,/"split":2/s//"split":3/' "$T/p/plan.json"
 expect_bad '"split" 3 does not divide' "$BIN/piper-sim" --plans "$T/p" --profile profiles/unit.json --out "$T/s2"
