@@ -269,11 +269,12 @@ static void insert_for_node(struct ir_graph *g, uint32_t x) {
   const struct model *m = g->model;
   uint64_t act = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->hidden_size *
                  model_dtype_bytes(m->dtype);
+  /* adding nodes moves the node array: n is not used past here */
   bool sp = n->sequence_parallel;
-  uint32_t last;
+  uint32_t tp = n->tp_degree, last;
   if (sp) { /* reduce-scatter to the sequence shards, all-gather them for the next block */
     uint32_t rs = add_tp_collective(g, x, x, IR_NODE_REDUCE_SCATTER, bytes, count, act);
-    last = add_tp_collective(g, x, rs, IR_NODE_ALL_GATHER, bytes, count, act / n->tp_degree);
+    last = add_tp_collective(g, x, rs, IR_NODE_ALL_GATHER, bytes, count, act / tp);
   } else {
     last = add_tp_collective(g, x, x, IR_NODE_ALL_REDUCE, bytes, count, act);
   }
