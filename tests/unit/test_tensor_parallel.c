@@ -214,6 +214,51 @@ static void test_op_share_flops(void **state) {
   model_free(m);
 }
 
+/* The simulator charges a tp node as its collectives: on H100s, the forward's 20 all-reduces of
+ * 279296 / 20 = 13964 bytes each over the two devices' NVLink span cost 20 x (latency +
+ * transfer) of one, and the compute nodes run their per-device share (a TP 2 forward takes
+ * less than the undivided one and more than half of it: norms, residuals and kernel overheads
+ * stay whole). */
+static void test_sim_tp_costs(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct profile *prof = profile_load_file("profiles/h100-sxm.json", &err);
+  if (!prof)
+    fail_msg("%s", err->message);
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-dense.json";
+  o.layout = "tp=2";
+  struct compile_result r = test_compile(&o);
+  const struct plan *p = r.plan;
+  struct sim_result *res = sim_run(p, prof, &(struct sim_options){.collapse = false}, &err);
+  if (!res)
+    fail_msg("%s", err->message);
+  uint32_t devs[2] = {0, 1};
+  struct profile_span span = profile_span_of(prof, devs, 2);
+  struct profile_comm_cost one = profile_comm_cost(prof, IR_NODE_ALL_REDUCE, 279296 / 20, &span);
+  bool seen_comm = false, seen_f = false;
+  const struct sim_unit *u = &res->units[res->device_unit[0]];
+  for (uint32_t k = 0; k < u->n_intervals; k++) {
+    const struct report_interval *iv = &u->intervals[k];
+    const struct ir_node *n = &p->nodes[iv->node];
+    if (n->purpose == IR_COMM_TP && n->pass == IR_PASS_F) {
+      test_assert_near(iv->end - iv->start, 20 * (one.latency + one.transfer), 0, 1e-9,
+                       "forward TP all-reduces");
+      seen_comm = true;
+    }
+    if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_F) {
+      struct profile_cost whole = profile_compute_cost(prof, p->model, n->segment, IR_PASS_F, 1);
+      double t = iv->end - iv->start;
+      assert_true(t < whole.seconds && t > whole.seconds / 2);
+      seen_f = true;
+    }
+  }
+  assert_true(seen_comm && seen_f);
+  sim_result_free(res);
+  compile_result_free(&r);
+  profile_free(prof);
+}
+
 /* Many micro-batches of a MoE model with EP over DP and TP + SP inside, every schedule
  * family that fits the layout: the rewrite adds thousands of nodes (the node array moves under
  * it; ASan builds catch a stale pointer) and every plan passes the progress check. */
@@ -274,6 +319,7 @@ int main(void) {
       cmocka_unit_test(test_rewrite_sequence_parallel),
       cmocka_unit_test(test_split_communicators),
       cmocka_unit_test(test_op_share_flops),
+      cmocka_unit_test(test_sim_tp_costs),
       cmocka_unit_test(test_moe_schedules),
       cmocka_unit_test(test_errors),
   };
