@@ -119,6 +119,12 @@ static cJSON *u32_array(const uint32_t *v, uint32_t n) {
   return a;
 }
 
+/* base + first, where a class with no entries of a list may hold no array at all (NULL + 0
+ * is undefined in C). */
+static const uint32_t *list_at(const uint32_t *base, uint32_t first) {
+  return base ? base + first : NULL;
+}
+
 static void add_pass(cJSON *obj, enum ir_pass pass) {
   if (pass == IR_PASS_NONE || pass > IR_PASS_NONE)
     cJSON_AddNullToObject(obj, "pass");
@@ -351,9 +357,10 @@ static void class_text_init(struct class_text *ct, const struct plan *p, const s
     if (in->group_parts)
       cJSON_AddNumberToObject(o, "group", in->group_parts);
     cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
-    cJSON_AddItemToObject(o, "waits", u32_array(c->waits + in->wait_first, in->wait_count));
-    cJSON_AddItemToObject(o, "reads", u32_array(c->reads + in->read_first, in->read_count));
-    cJSON_AddItemToObject(o, "writes", u32_array(c->writes + in->write_first, in->write_count));
+    cJSON_AddItemToObject(o, "waits", u32_array(list_at(c->waits, in->wait_first), in->wait_count));
+    cJSON_AddItemToObject(o, "reads", u32_array(list_at(c->reads, in->read_first), in->read_count));
+    cJSON_AddItemToObject(o, "writes",
+                          u32_array(list_at(c->writes, in->write_first), in->write_count));
     ct->instr_at[i] = (uint32_t)ct->instrs->len;
     append_record(ct->instrs, o);
     g_string_truncate(ct->instrs, ct->instrs->len - 1); /* the closing brace */
@@ -368,7 +375,7 @@ static void class_text_init(struct class_text *ct, const struct plan *p, const s
     cJSON_AddStringToObject(o, "kind", tensor_kind_names[tn->kind == PLAN_TENSOR_SAVED]);
     cJSON_AddNumberToObject(o, "producer", tn->producer);
     cJSON_AddItemToObject(o, "consumers",
-                          u32_array(c->consumers + tn->consumer_first, tn->consumer_count));
+                          u32_array(list_at(c->consumers, tn->consumer_first), tn->consumer_count));
     g_string_append(ct->tensors, k ? ",\n    " : "    ");
     append_record(ct->tensors, o);
   }
