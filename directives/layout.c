@@ -153,7 +153,8 @@ char *layout_to_json(const struct layout *l) {
     }
   }
   if (l->tp > 1)
-    g_string_append_printf(s, ",\n  {\"op\": \"tensor_parallel\", \"filter\": {}, \"degree\": %u%s}",
+    g_string_append_printf(s,
+                           ",\n  {\"op\": \"tensor_parallel\", \"filter\": {}, \"degree\": %u%s}",
                            l->tp, l->sequence_parallel ? ", \"sequence_parallel\": true" : "");
   g_string_append(s, "\n]\n");
   return g_string_free(s, FALSE);

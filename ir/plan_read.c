@@ -448,7 +448,8 @@ static bool read_tensor_parallel(const struct plan *p, struct ir_node *n, const 
                         (long long)deg, p->groups[n->group].count, n->group);
   if (!deg && (n->sequence_parallel || cnt || n->purpose == IR_COMM_TP))
     return json_fail_at(err, l, "%s needs a \"tp_degree\"",
-                        n->purpose == IR_COMM_TP ? "a tp node" : "\"sequence_parallel\" or \"collectives\"");
+                        n->purpose == IR_COMM_TP ? "a tp node"
+                                                 : "\"sequence_parallel\" or \"collectives\"");
   return true;
 }
 

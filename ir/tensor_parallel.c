@@ -130,7 +130,8 @@ bool ir_tp_check_model(const struct model *m, uint32_t tp, bool sequence_paralle
     int64_t value;
   } dims[] = {
       {"num_attention_heads", m->num_heads},
-      {"num_key_value_heads", m->family == MODEL_FAMILY_DEEPSEEK_V3 ? m->num_heads : m->num_kv_heads},
+      {"num_key_value_heads",
+       m->family == MODEL_FAMILY_DEEPSEEK_V3 ? m->num_heads : m->num_kv_heads},
       {"intermediate_size", m->intermediate_size},
       {"moe_intermediate_size", m->moe_intermediate_size},
       {"vocab_size", m->vocab_size},

@@ -154,13 +154,14 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       /* costs depend on (segment, pass, shard) only; many micro-batches share them */
       uint64_t key = ((uint64_t)n->segment << 24) ^ ((uint64_t)n->pass << 20) ^
                      (uint64_t)(n->shard_degree & 0xfffff) ^
-                     ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^ ((uint64_t)n->sequence_parallel << 63);
+                     ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
+                     ((uint64_t)n->sequence_parallel << 63);
       struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
       if (!pc) {
         pc = g_new(struct profile_cost, 1);
         *pc = n->segment < p->model->n_segments
-                  ? profile_compute_cost_tp(prof, p->model, n->segment, n->pass,
-                                            n->shard_degree, n->tp_degree, n->sequence_parallel)
+                  ? profile_compute_cost_tp(prof, p->model, n->segment, n->pass, n->shard_degree,
+                                            n->tp_degree, n->sequence_parallel)
                   : (struct profile_cost){0};
         uint64_t *k = g_new(uint64_t, 1);
         *k = key;
