@@ -87,6 +87,7 @@ struct report_run {
   const double *iteration_times;
   double peak_flops_per_device; /* for MFU; 0 = unknown (MFU written as null) */
   uint32_t pp, dp;              /* set by report_run_init_devices */
+  uint32_t tp;                  /* tensor-parallel degree, 1 = none (the same) */
   uint32_t n_devices;
   struct report_device *devices;
   cJSON *extra;                /* owned by the caller; its items are copied into metrics.json */

@@ -89,6 +89,7 @@ void report_run_init_devices(struct report_run *r) {
       }
   }
   r->pp = pp;
+  r->tp = tp;
   r->dp = 0;
   for (uint32_t k = 0; k < pp; k++)
     if (count[k] / tp > r->dp)

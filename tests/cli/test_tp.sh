@@ -39,7 +39,7 @@ expect_bad() {
 # Llama-3-70B on 32 H100s: TP 8 x PP 4, 1F1B, 16 micro-batches, with SP fits 80 GB
 "$BIN/piper-sim" --model models/llama3-70b.json --layout pp=4,tp=8,sp --schedule 1f1b --mbs 16 \
   --profile profiles/h100-sxm.json --no-charts --quiet --out "$T/l70" &&
-  python3 -c "import json,sys; m=json.load(open('$T/l70/metrics.json')); sys.exit(0 if m['peak_memory_bytes_max'] < 80e9 and m['dp'] == 1 else 1)" &&
+  python3 -c "import json,sys; m=json.load(open('$T/l70/metrics.json')); sys.exit(0 if m['peak_memory_bytes_max'] < 80e9 and m['dp'] == 1 and m['tp'] == 8 else 1)" &&
   ok || bad "llama3-70b pp=4,tp=8,sp does not fit 80 GB"
 
 # the executor refuses, one line
