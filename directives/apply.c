@@ -7,6 +7,7 @@
 
 #include "../base/json.h"
 #include "directives.h"
+#include "tensor_parallel-impl.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -621,8 +622,8 @@ static bool check_group_use(struct apply *a, GError **err) {
     const struct ir_node *n = IR_NODE(g, i);
     if (n->kind != IR_NODE_COMPUTE)
       continue;
-    uint32_t size = IR_GROUP(g, n->group)->count;
-    if (size > 1 && n->replica_degree != size && n->shard_degree != size) {
+    uint32_t size = IR_GROUP(g, n->group)->count, tp = n->tp_degree > 1 ? n->tp_degree : 1;
+    if (size > 1 && n->replica_degree * tp != size && n->shard_degree * tp != size) {
       char *nm = node_name(g, i);
       fail_at(a, INFO(a, i)->grouped_by, err,
               "\"%s\" runs on %u devices but is neither replicated nor sharded over them "
@@ -1451,6 +1452,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   for (uint32_t d = 0; d < p->n; d++)
     if ((p->d[d].op == DIR_REPLICATE || p->d[d].op == DIR_SHARD) && !apply_placement(&a, d, err))
       goto out;
+  if (!dir_tp_apply(p, g, err))
+    goto out;
   for (uint32_t d = 0; d < p->n; d++) {
     const struct dir_directive *dd = &p->d[d];
     if (dd->op != DIR_STREAM)
@@ -1469,8 +1472,10 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     if (!homes_ok)
       goto out;
   }
+  dir_tp_fix_data_parallel(g);
   insert_gathers(&a);
   insert_all_to_all(&a);
+  dir_tp_insert_comm(g);
   if (!insert_send_recv(&a, err))
     goto out;
   ir_graph_compact(g);

@@ -31,7 +31,9 @@
 #define DIR_MIN_SM_SHARE 1e-3     /* of a device's SMs; H100 has 132, B200 148 */
 #define DIR_DEFAULT_BUCKET_MB 25.0 /* PyTorch DDP's default bucket size */
 
-enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM };
+enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM,
+              DIR_TENSOR_PARALLEL };
+#define DIR_MAX_TP_DEGREE 1024 /* Megatron runs 8; a degree past a rack is surely a typo */
 
 /* A filter as written: key names are resolved against the graph's tags when applied, since
  * split dimensions only exist once the splits ran. */
@@ -66,6 +68,10 @@ struct dir_directive {
   char name[DIR_NAME_MAX];
   int64_t priority;
   double sm_share; /* fraction of the device's SMs, (0, 1] */
+  /* tensor_parallel (directives/tensor_parallel.c):
+   * {"op":"tensor_parallel","filter":..,"degree":t,"sequence_parallel":b} */
+  uint32_t tp_degree;
+  bool sequence_parallel;
 };
 
 struct dir_program {

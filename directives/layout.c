@@ -9,9 +9,13 @@
 static bool parse_item(const char *spec, const char *item, struct layout *l, GError **err) {
   const char *eq = strchr(item, '=');
   if (!eq) {
+    if (strcmp(item, "sp") == 0) {
+      l->sequence_parallel = true;
+      return true;
+    }
     if (strcmp(item, "v") != 0)
-      return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, "
-                                    "interleave=, zero=, v)", spec, item);
+      return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
+                                    "interleave=, zero=, v, sp)", spec, item);
     l->shape = LAYOUT_V;
     return true;
   }
@@ -24,6 +28,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       {"pp", offsetof(struct layout, pp), 1, 65536},
       {"dp", offsetof(struct layout, dp), 1, LAYOUT_MAX_DEVICES},
       {"ep", offsetof(struct layout, ep), 1, LAYOUT_MAX_DEVICES},
+      {"tp", offsetof(struct layout, tp), 1, DIR_MAX_TP_DEGREE},
       {"interleave", offsetof(struct layout, interleave), 1, 64},
       {"zero", offsetof(struct layout, zero), 0, 3},
   };
@@ -36,8 +41,8 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
                                spec, keys[k].key, keys[k].lo, keys[k].hi);
     return true;
   }
-  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, interleave, "
-                                "zero, v)", spec, (int)klen, item);
+  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
+                                "interleave, zero, v, sp)", spec, (int)klen, item);
 }
 
 /* What the compiler cannot express yet, and combinations that mean nothing. */
@@ -55,14 +60,17 @@ static bool check(const char *spec, struct layout *l, GError **err) {
                                   "supported; zero=2 or zero=3", spec);
   if (l->zero > 0 && l->dp < 2)
     return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
-  if ((uint64_t)l->pp * l->dp > LAYOUT_MAX_DEVICES)
+  if (l->sequence_parallel && l->tp < 2)
+    return piper_input_error(err, "--layout \"%s\": sp (sequence parallelism) needs tp of at "
+                                  "least 2", spec);
+  if ((uint64_t)l->pp * l->dp * l->tp > LAYOUT_MAX_DEVICES)
     return piper_input_error(err, "--layout \"%s\": %llu devices, more than %u", spec,
-                             (unsigned long long)l->pp * l->dp, LAYOUT_MAX_DEVICES);
+                             (unsigned long long)l->pp * l->dp * l->tp, LAYOUT_MAX_DEVICES);
   return true;
 }
 
 bool layout_parse(const char *spec, struct layout *out, GError **err) {
-  struct layout l = {.pp = 1, .dp = 1, .ep = 1, .shape = LAYOUT_LINEAR, .interleave = 1};
+  struct layout l = {.pp = 1, .dp = 1, .ep = 1, .tp = 1, .shape = LAYOUT_LINEAR, .interleave = 1};
   if (!spec || !spec[0])
     return piper_input_error(err, "--layout: empty (e.g. pp=4,dp=2)");
   gchar **items = g_strsplit(spec, ",", -1);
@@ -85,7 +93,7 @@ uint32_t layout_stages(const struct layout *l) {
 }
 
 uint32_t layout_devices(const struct layout *l) {
-  return l->pp * l->dp;
+  return l->pp * l->dp * l->tp;
 }
 
 uint32_t layout_stage_rank(const struct layout *l, uint32_t stage) {
@@ -97,11 +105,12 @@ uint32_t layout_stage_rank(const struct layout *l, uint32_t stage) {
   }
 }
 
-/* ", "-separated device ids of rank r. */
+/* ", "-separated device ids of rank r: dp x tp of them, TP innermost (Megatron's order). */
 static void append_devices(GString *s, const struct layout *l, uint32_t rank) {
+  uint32_t per_rank = l->dp * l->tp;
   g_string_append_c(s, '[');
-  for (uint32_t i = 0; i < l->dp; i++)
-    g_string_append_printf(s, i ? ", %u" : "%u", rank * l->dp + i);
+  for (uint32_t i = 0; i < per_rank; i++)
+    g_string_append_printf(s, i ? ", %u" : "%u", rank * per_rank + i);
   g_string_append_c(s, ']');
 }
 
@@ -122,7 +131,9 @@ char *layout_to_json(const struct layout *l) {
                      : l->zero == 2 ? ", \"shard_grads\": true"
                                     : "";
   if (stages == 1) { /* one stage on every device: no place needed */
-    if (l->dp > 1 || l->ep == 1)
+    if (l->dp == 1 && l->tp > 1)
+      append_line(s, "place", "{}", l, 0, "");
+    else if (l->dp > 1 || l->ep == 1)
       append_line(s, "replicate", "{}", l, 0, zero);
     if (l->ep > 1)
       append_line(s, "shard", "{\"EP\": \"*\"}", l, 0, "");
@@ -141,6 +152,10 @@ char *layout_to_json(const struct layout *l) {
       append_line(s, "shard", filter, l, layout_stage_rank(l, st), "");
     }
   }
+  if (l->tp > 1)
+    g_string_append_printf(s,
+                           ",\n  {\"op\": \"tensor_parallel\", \"filter\": {}, \"degree\": %u%s}",
+                           l->tp, l->sequence_parallel ? ", \"sequence_parallel\": true" : "");
   g_string_append(s, "\n]\n");
   return g_string_free(s, FALSE);
 }

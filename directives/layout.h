@@ -1,9 +1,11 @@
 /* layout: directive programs from a few numbers. `pp=4,dp=2,ep=2,v` says how many pipeline
  * ranks, how many devices replicate each rank's stages (data parallelism), whether experts are
  * sharded over them (expert parallelism) and how stages map to ranks (one each, a loop of
- * `interleave` stages, or a V of two); the layout writes the place / replicate / shard
- * directives, with devices in the usual rank order (data parallel ranks innermost, pipeline
- * outermost: rank r holds devices r*dp .. r*dp+dp-1).
+ * `interleave` stages, or a V of two); `tp=8` divides every replica over 8 devices (tensor
+ * parallelism, `sp` adds sequence parallelism). The layout writes the place / replicate /
+ * shard / tensor_parallel directives, with devices in Megatron's rank order (TP innermost,
+ * then data parallel, pipeline outermost: rank r holds devices r*dp*tp .. (r+1)*dp*tp-1, and
+ * within it device dp_rank*tp + tp_rank).
  *
  *   GError *err = NULL;
  *   struct layout l;
@@ -36,10 +38,12 @@ struct layout {
   enum layout_shape shape;
   uint32_t interleave;  /* stages per rank for LAYOUT_INTERLEAVED, else 1 (2 for a V) */
   uint32_t zero;        /* 0 (none), 2 (shard_grads) or 3 (shard_params) */
+  uint32_t tp;          /* tensor parallelism inside each data-parallel replica, 1 = none */
+  bool sequence_parallel; /* "sp": with tp */
 };
 
-/* Parses "key=value,..." with keys pp, dp, ep, interleave, zero and the flag v; unset counts
- * are 1. Fails (input error naming the spec and key) on unknown keys, bad numbers, an ep other
+/* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero and the flags v, sp; unset
+ * counts are 1. Fails (input error naming the spec and key) on unknown keys, bad numbers, an ep other
  * than 1 or dp, interleave together with v, and more than LAYOUT_MAX_DEVICES devices. */
 bool layout_parse(const char *spec, struct layout *out, GError **err);
 /* Pipeline stages (PP regions) the layout places: pp, pp*interleave or 2*pp. */

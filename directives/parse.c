@@ -21,7 +21,8 @@
 /* How much of an offending string goes into a message. */
 #define QUOTE_MAX 40
 
-static const char *const op_names[] = {"place", "replicate", "shard", "split", "order", "stream"};
+static const char *const op_names[] = {"place", "replicate", "shard",          "split",
+                                       "order", "stream",    "tensor_parallel"};
 static const char *const pass_names[] = {"F", "B", "BI", "BW"};
 
 const char *dir_op_name(enum dir_op op) {
@@ -259,6 +260,20 @@ static void directive_clear(struct dir_directive *d) {
   d->filters = NULL;
 }
 
+/* {"op": "tensor_parallel", "filter": F, "degree": t, "sequence_parallel": b} */
+static bool parse_tensor_parallel(const cJSON *obj, struct dir_directive *d, const char *ctx,
+                                  GError **err) {
+  static const char *const keys[] = {"op", "filter", "degree", "sequence_parallel", NULL};
+  if (!check_keys(obj, keys, ctx, err))
+    return false;
+  const cJSON *f = cJSON_GetObjectItemCaseSensitive(obj, "filter");
+  if (!f)
+    return piper_input_error(err, "%s: missing key \"filter\"", ctx);
+  return parse_filter(f, &d->filter, ctx, "\"filter\"", err) &&
+         json_get_u32(obj, "degree", true, 1, DIR_MAX_TP_DEGREE, &d->tp_degree, ctx, err) &&
+         json_get_bool(obj, "sequence_parallel", false, &d->sequence_parallel, ctx, err);
+}
+
 static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
                             struct dir_directive *d, uint32_t *max_device, size_t *n_order_filters,
                             GError **err) {
@@ -281,7 +296,7 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     g_autofree char *q = quote(op->valuestring);
     return piper_input_error(err,
                              "%s: directive %u: unknown op %s (one of place, replicate, shard, "
-                             "split, order, stream)",
+                             "split, order, stream, tensor_parallel)",
                              name, index, q);
   }
   d->op = (enum dir_op)found;
@@ -303,6 +318,7 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
       return false;
     break;
   }
+  case DIR_TENSOR_PARALLEL: return parse_tensor_parallel(obj, d, ctx, err);
   case DIR_SPLIT: {
     static const char *const keys[] = {"op", "filter", "dim_name", "num_microbatches", NULL};
     if (!check_keys(obj, keys, ctx, err))
@@ -540,6 +556,12 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       }
       break;
     }
+    case DIR_TENSOR_PARALLEL:
+      cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));
+      cJSON_AddNumberToObject(o, "degree", d->tp_degree);
+      if (d->sequence_parallel)
+        cJSON_AddBoolToObject(o, "sequence_parallel", true);
+      break;
     case DIR_STREAM:
       cJSON_AddStringToObject(o, "name", d->name);
       cJSON_AddNumberToObject(o, "priority", (double)d->priority);

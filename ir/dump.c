@@ -53,6 +53,12 @@ bool ir_graph_dump_json(const struct ir_graph *g, const char *path, GError **err
       cJSON_AddNumberToObject(o, "shard_degree", n->shard_degree);
     if (n->replica_degree > 1)
       cJSON_AddNumberToObject(o, "replica_degree", n->replica_degree);
+    if (n->tp_degree > 1)
+      cJSON_AddNumberToObject(o, "tp_degree", n->tp_degree);
+    if (n->sequence_parallel)
+      cJSON_AddBoolToObject(o, "sequence_parallel", true);
+    if (n->collectives > 1)
+      cJSON_AddNumberToObject(o, "collectives", n->collectives);
     if (n->segset != IR_NONE) {
       const struct ir_segset *ss = IR_SEGSET(g, n->segset);
       cJSON_AddItemToObject(

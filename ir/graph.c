@@ -52,6 +52,7 @@ void ir_graph_free(struct ir_graph *g) {
   g_array_free(g->streams, TRUE);
   g_array_free(g->segsets, TRUE);
   g_array_free(g->segment_pool, TRUE);
+  g_free(g->segment_tp);
   g_free(g);
 }
 
@@ -123,7 +124,10 @@ uint32_t ir_graph_add_segset(struct ir_graph *g, const uint32_t *segments, uint3
   g_array_append_vals(g->segment_pool, segments, count);
   for (uint32_t i = 0; i < count; i++) {
     uint32_t deg = shard_degree ? shard_degree[i] : 1;
-    s.param_bytes += g->model->segments[segments[i]].param_bytes / (deg ? deg : 1);
+    uint32_t tp = g->segment_tp ? g->segment_tp[segments[i]] : 0;
+    uint64_t pb = tp > 1 ? ir_tp_segment_param_bytes(g->model, segments[i], tp)
+                         : g->model->segments[segments[i]].param_bytes;
+    s.param_bytes += pb / (deg ? deg : 1);
   }
   g_array_append_val(g->segsets, s);
   return g->segsets->len - 1;

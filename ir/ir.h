@@ -46,7 +46,9 @@ enum ir_node_kind {
 enum ir_edge_kind { IR_EDGE_DATA, IR_EDGE_TEMPORAL, IR_EDGE_DEAD };
 
 /* What a communication node serves, which fixes its communicator purpose. */
-enum ir_comm_purpose { IR_COMM_NONE, IR_COMM_PP, IR_COMM_DP, IR_COMM_EP };
+/* TP: the tensor-parallel collectives of a compute node (tensor_parallel, IR_COMM_TP). */
+enum ir_comm_purpose { IR_COMM_NONE, IR_COMM_PP, IR_COMM_DP, IR_COMM_EP, IR_COMM_TP };
+#define IR_COMM_PURPOSE_COUNT 5
 
 struct ir_node {
   enum ir_node_kind kind;
@@ -65,6 +67,14 @@ struct ir_node {
                               * routed tokens as its own micro-batch has (EP group = DP group) */
   uint32_t replica_degree;   /* data-parallel replicas of this node (group size), 1 if none */
   bool shard_grads, shard_params;
+  /* Tensor parallelism (directives/tensor_parallel.c): 0 or 1 = none; else the node's group is
+   * tp_degree x replica_degree (or x shard_degree) devices, TP innermost (position p has TP rank
+   * p mod tp_degree). Compute nodes run 1/tp_degree of their segment as ir_tp_op_share says;
+   * collectives over the group inherit it and run over one TP rank's devices (dp, ep) or one
+   * TP group (tp). sequence_parallel divides norms and activations between layers too. */
+  uint32_t tp_degree;
+  bool sequence_parallel;
+  uint32_t collectives; /* a tp node: how many collectives of bytes/collectives it stands for */
   uint32_t directive; /* last directive that rewrote it (for messages), IR_NONE */
   /* Lowering's tie-break among ready nodes (lower first): an `order` slot and the node's
    * place in the slot's interleaving, or by default pass then micro-batch (GPipe-like).
@@ -122,6 +132,7 @@ struct ir_graph {
   GArray *segment_pool;    /* uint32_t model segment ids */
   uint32_t n_devices;      /* largest device id used + 1 */
   uint32_t n_microbatches; /* product of split counts, 1 before any split */
+  uint32_t *segment_tp;    /* [n_segments] TP degree per segment (0 = none); NULL without TP */
 };
 
 #define IR_NODE(g, i) (&g_array_index((g)->nodes, struct ir_node, (i)))
@@ -181,6 +192,29 @@ bool ir_filter_match(const struct ir_filter *f, const struct ir_node *n);
 static inline bool ir_node_is_tied_sync(const struct ir_node *n) {
   return n->kind == IR_NODE_ALL_REDUCE && n->purpose == IR_COMM_DP && n->segset == IR_NONE;
 }
+
+/* Tensor parallelism's division of the model (ir/tensor_parallel.c). The share of an op's
+ * FLOPs, bytes and saved activations one of tp devices runs or holds (1 when tp <= 1): 1/tp for
+ * the column / row divided ops (attention, MLP, shared expert, expert FFN, embedding and LM
+ * head over the vocabulary), 1 for what stays replicated (RMSNorm, residual add, router), or
+ * 1/tp for those under sequence parallelism. */
+double ir_tp_op_share(const struct model_op *op, uint32_t tp, bool sequence_parallel);
+/* Parameters are divided like the op, except that norms and the router stay whole even under
+ * sequence parallelism. Per device, for a segment. */
+uint64_t ir_tp_segment_param_bytes(const struct model *m, uint32_t segment, uint32_t tp);
+/* Saved activations per device: the divided ops' own tensors / tp, their replicated inputs
+ * ([T, hidden]) whole unless sequence_parallel. */
+uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint32_t tp,
+                                   bool sequence_parallel);
+/* The TP collectives a compute node of segment in pass implies: *count of them moving *bytes
+ * in total per device (all-reduces; under sequence parallelism each is a reduce-scatter plus an
+ * all-gather of the same size). */
+void ir_tp_segment_comm(const struct model *m, uint32_t segment, enum ir_pass pass,
+                        uint64_t *bytes, uint32_t *count);
+/* Why tp cannot divide the model (heads, KV heads, FFN sizes, vocabulary, experts' FFN, and
+ * the tokens of a micro-batch under sequence parallelism), written into why; true if it can. */
+bool ir_tp_check_model(const struct model *m, uint32_t tp, bool sequence_parallel, char *why,
+                       size_t len);
 
 const char *ir_pass_name(enum ir_pass p);
 const char *ir_node_kind_name(enum ir_node_kind k);

@@ -128,6 +128,8 @@ struct lower {
 
 static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
   struct plan_comm c = {.purpose = n->purpose, .group = n->group, .peer_group = IR_NONE};
+  if (n->tp_degree > 1 && n->purpose != IR_COMM_PP)
+    c.split = n->tp_degree; /* TP peers, or the devices of one TP rank (tensor_parallel.c) */
   if (n->kind == IR_NODE_SEND)
     c.peer_group = n->peer_group;
   if (n->kind == IR_NODE_RECV) {
@@ -135,7 +137,7 @@ static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
     c.peer_group = n->group;
   }
   char key[64];
-  g_snprintf(key, sizeof key, "%d:%u:%u", c.purpose, c.group, c.peer_group);
+  g_snprintf(key, sizeof key, "%d:%u:%u:%u", c.purpose, c.group, c.peer_group, c.split);
   gpointer found = g_hash_table_lookup(l->comm_index, key);
   if (found)
     return GPOINTER_TO_UINT(found) - 1;

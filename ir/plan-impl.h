@@ -25,7 +25,7 @@
 #define PLAN_NAME_LEN 256
 
 /* Names of enum ir_comm_purpose values in the files, by value. */
-extern const char *const plan_purpose_names[4];
+extern const char *const plan_purpose_names[IR_COMM_PURPOSE_COUNT];
 
 /* The reader's check that the embedded model agrees with the nodes (plan_model.c): segments,
  * parameter bytes of segment sets, bytes of communication. file names plan.json in messages. */

@@ -149,7 +149,21 @@ uint32_t plan_peer(const struct plan *p, uint32_t node, uint32_t device) {
   return p->device_pool[peer->first + (uint32_t)pos];
 }
 
-const char *const plan_purpose_names[4] = {"none", "pp", "dp", "ep"};
+const char *const plan_purpose_names[IR_COMM_PURPOSE_COUNT] = {"none", "pp", "dp", "ep", "tp"};
+
+/* Position k (0 <= k < size) of the instance of split communicator c that holds group position
+ * pos: consecutive for TP, strided by the TP degree for DP / EP. */
+static uint32_t split_position(const struct plan_comm *c, uint32_t pos, uint32_t k) {
+  if (c->purpose == IR_COMM_TP)
+    return pos - pos % c->split + k;
+  return pos % c->split + k * c->split;
+}
+
+static int split_rank(const struct plan_comm *c, int pos) {
+  if (pos < 0 || c->split <= 1)
+    return pos;
+  return c->purpose == IR_COMM_TP ? pos % (int)c->split : pos / (int)c->split;
+}
 
 uint32_t plan_device_peer(const struct plan *p, uint32_t d, const struct ir_node *n) {
   if (n->kind != IR_NODE_SEND && n->kind != IR_NODE_RECV)
@@ -165,7 +179,7 @@ int32_t plan_device_comm_rank(const struct plan *p, uint32_t d, uint32_t comm, i
                               uint32_t pair[2]) {
   const struct plan_comm *c = &p->comms[comm];
   if (c->purpose != IR_COMM_PP)
-    return plan_group_position(p, c->group, d);
+    return split_rank(c, plan_group_position(p, c->group, d));
   int32_t rank = 0, pos = side == 1 ? -1 : plan_group_position(p, c->group, d);
   if (pos < 0 && side != 0) {
     rank = 1;
@@ -201,7 +215,12 @@ uint32_t plan_comm_size(const struct plan *p, uint32_t comm) {
   const struct plan_comm *c = &p->comms[comm];
   if (c->purpose == IR_COMM_PP)
     return 2;
-  return c->group < p->n_groups ? p->groups[c->group].count : 0;
+  if (c->group >= p->n_groups)
+    return 0;
+  uint32_t count = p->groups[c->group].count;
+  if (c->split <= 1)
+    return count;
+  return c->purpose == IR_COMM_TP ? c->split : count / c->split;
 }
 
 /* For PP: the instance (position p) device belongs to and its rank there (0 = the sending side).
@@ -224,7 +243,7 @@ int plan_comm_rank(const struct plan *p, uint32_t comm, uint32_t device) {
     return -1;
   const struct plan_comm *c = &p->comms[comm];
   if (c->purpose != IR_COMM_PP)
-    return plan_group_position(p, c->group, device);
+    return split_rank(c, plan_group_position(p, c->group, device));
   int rank;
   return pp_instance(p, c, device, &rank) < 0 ? -1 : rank;
 }
@@ -237,7 +256,16 @@ void plan_comm_members(const struct plan *p, uint32_t comm, uint32_t device, uin
     if (c->group >= p->n_groups)
       return;
     const struct ir_group *g = &p->groups[c->group];
-    memcpy(members, &p->device_pool[g->first], g->count * sizeof *members);
+    if (c->split <= 1) {
+      memcpy(members, &p->device_pool[g->first], g->count * sizeof *members);
+      return;
+    }
+    int pos = plan_group_position(p, c->group, device);
+    if (pos < 0)
+      return;
+    uint32_t size = plan_comm_size(p, comm);
+    for (uint32_t k = 0; k < size; k++)
+      members[k] = p->device_pool[g->first + split_position(c, (uint32_t)pos, k)];
     return;
   }
   int rank;
@@ -262,7 +290,13 @@ void plan_comm_name(const struct plan *p, uint32_t comm, char *buf, size_t len) 
   case IR_COMM_PP: snprintf(buf, len, "pp g%u->g%u", c->group, c->peer_group); break;
   case IR_COMM_DP: snprintf(buf, len, "dp g%u", c->group); break;
   case IR_COMM_EP: snprintf(buf, len, "ep g%u", c->group); break;
+  case IR_COMM_TP: snprintf(buf, len, "tp g%u", c->group); break;
   default: snprintf(buf, len, "none g%u", c->group); break;
+  }
+  if (c->split > 1 && c->purpose != IR_COMM_PP) {
+    size_t used = strlen(buf);
+    if (used < len)
+      snprintf(buf + used, len - used, c->purpose == IR_COMM_TP ? "/%u" : "%%%u", c->split);
   }
 }
 
@@ -392,7 +426,8 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->bytes == b->bytes && a->shard_degree == b->shard_degree &&
          a->replica_degree == b->replica_degree && a->shard_grads == b->shard_grads &&
          a->shard_params == b->shard_params && a->directive == b->directive &&
-         a->priority == b->priority;
+         a->priority == b->priority && a->tp_degree == b->tp_degree &&
+         a->sequence_parallel == b->sequence_parallel && a->collectives == b->collectives;
 }
 
 bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
@@ -490,7 +525,8 @@ bool plan_equal(const struct plan *a, const struct plan *b) {
   }
   for (uint32_t c = 0; c < a->n_comms; c++) {
     const struct plan_comm *x = &a->comms[c], *y = &b->comms[c];
-    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group)
+    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group ||
+        x->split != y->split)
       return false;
   }
   if (a->n_devices &&

@@ -88,11 +88,15 @@ struct plan_class {
 };
 
 /* DP and EP: the members of group (rank = position). PP: for each position p the pair
- * {group[p], peer_group[p]}, group sending to peer_group (one communicator per direction). */
+ * {group[p], peer_group[p]}, group sending to peer_group (one communicator per direction).
+ * split > 1 (tensor parallelism, TP innermost in the group): the group holds several instances;
+ * TP: positions [p - p mod split, +split), a device's TP peers; DP and EP: the positions with
+ * p's TP rank, {p mod split + k split}. 0 = one instance of the whole group. */
 struct plan_comm {
   enum ir_comm_purpose purpose;
   uint32_t group;
   uint32_t peer_group; /* PP only, else IR_NONE */
+  uint32_t split;
 };
 
 /* Where each device sits in the groups it belongs to, so that peers and ranks are found

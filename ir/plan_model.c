@@ -33,6 +33,8 @@
 struct model_view {
   const struct model *m;
   uint32_t *shard_degree; /* [n_segments]: of its compute nodes, 0 before one is seen */
+  uint32_t *tp_degree;    /* [n_segments]: tensor-parallel degree of its compute nodes, 0 none */
+  bool *sequence_parallel;
 };
 
 static bool fail_node(GError **err, const char *file, const struct plan *p, uint32_t i,
@@ -65,6 +67,10 @@ static bool check_compute(struct model_view *v, const struct plan *p, uint32_t i
                        MODEL_TAG_NAME_MAX, v->m->tag_names[t], n->tags[t], n->segment, ms->tags[t]);
   if (!v->shard_degree[n->segment])
     v->shard_degree[n->segment] = n->shard_degree ? n->shard_degree : 1;
+  if (n->tp_degree > 1 && !v->tp_degree[n->segment]) {
+    v->tp_degree[n->segment] = n->tp_degree;
+    v->sequence_parallel[n->segment] = n->sequence_parallel;
+  }
   return true;
 }
 
@@ -83,7 +89,7 @@ static bool check_segsets(const struct model_view *v, const struct plan *p, cons
     uint64_t whole = 0, sharded = 0;
     for (uint32_t j = 0; j < ss->count; j++) {
       uint32_t s = p->segment_pool[ss->first + j];
-      uint64_t pb = v->m->segments[s].param_bytes;
+      uint64_t pb = ir_tp_segment_param_bytes(v->m, s, v->tp_degree[s]);
       uint32_t deg = v->shard_degree[s] ? v->shard_degree[s] : 1;
       whole += pb;
       sharded += pb / deg;
@@ -112,7 +118,9 @@ static bool check_p2p(const struct model_view *v, const struct plan *p, uint32_t
     uint32_t end = n->pass == IR_PASS_F ? e->src : e->dst;
     if (end != n->segment)
       continue;
-    if (e->bytes == n->bytes)
+    /* sequence parallelism sends each device's sequence shard */
+    uint32_t tp = n->sequence_parallel && n->tp_degree > 1 ? n->tp_degree : 1;
+    if (e->bytes / tp == n->bytes)
       return true;
     seen = e->bytes;
   }
@@ -133,10 +141,22 @@ static bool check_comm(const struct model_view *v, const struct plan *p, uint32_
   case IR_NODE_ALL_TO_ALL:
     want = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok *
            (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+    if (n->sequence_parallel && n->tp_degree > 1)
+      want /= n->tp_degree; /* each device routes its sequence shard */
     break;
   case IR_NODE_ALL_REDUCE:
   case IR_NODE_REDUCE_SCATTER:
   case IR_NODE_ALL_GATHER:
+    if (n->purpose == IR_COMM_TP) {
+      uint32_t count;
+      if (n->segment == IR_NONE || n->segment >= m->n_segments)
+        return fail_node(err, file, p, i, "a tp collective needs a model segment");
+      ir_tp_segment_comm(m, n->segment, n->pass, &want, &count);
+      if (n->collectives != (count > 1 ? count : 0))
+        return fail_node(err, file, p, i, "it stands for %u collectives, the model gives %u",
+                         n->collectives, count);
+      break;
+    }
     if (n->segset != IR_NONE) {
       want = p->segsets[n->segset].param_bytes;
       break;
@@ -158,10 +178,15 @@ static bool check_comm(const struct model_view *v, const struct plan *p, uint32_
 bool plan_check_model(const struct plan *p, const char *file, GError **err) {
   const struct model *m = p->model;
   uint32_t ns = m->n_segments ? m->n_segments : 1;
-  struct model_view v = {.m = m, .shard_degree = g_new0(uint32_t, ns)};
+  struct model_view v = {.m = m,
+                         .shard_degree = g_new0(uint32_t, ns),
+                         .tp_degree = g_new0(uint32_t, ns),
+                         .sequence_parallel = g_new0(bool, ns)};
   bool ok = check_segments(&v, p, file, err) && check_segsets(&v, p, file, err);
   for (uint32_t i = 0; ok && i < p->n_nodes; i++)
     ok = check_comm(&v, p, i, file, err);
   g_free(v.shard_degree);
+  g_free(v.tp_degree);
+  g_free(v.sequence_parallel);
   return ok;
 }

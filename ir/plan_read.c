@@ -347,6 +347,9 @@ enum {
   N_SHARD_GRADS,
   N_SHARD_PARAMS,
   N_DIRECTIVE,
+  N_TP_DEGREE, /* tensor parallelism: optional, absent without it */
+  N_SEQUENCE_PARALLEL,
+  N_COLLECTIVES,
   N_PRIORITY,
   N_COUNT
 };
@@ -354,7 +357,8 @@ static const char *const node_keys[N_COUNT] = {
     "id",          "name",         "kind",       "pass",         "purpose",
     "tags",        "group",        "peer_group", "stream",       "segment",
     "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
-    "shard_grads", "shard_params", "directive",  "priority"};
+    "shard_grads", "shard_params", "directive",  "tp_degree",    "sequence_parallel",
+    "collectives", "priority"};
 
 /* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
 static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct json_loc *l,
@@ -402,13 +406,51 @@ static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *ou
     return true;
   }
   if (cJSON_IsString(v) && v->valuestring)
-    for (int k = IR_COMM_PP; k <= IR_COMM_EP; k++)
+    for (int k = IR_COMM_PP; k < IR_COMM_PURPOSE_COUNT; k++)
       if (strcmp(v->valuestring, plan_purpose_names[k]) == 0) {
         *out = (enum ir_comm_purpose)k;
         return true;
       }
-  return json_fail_at(err, l, "\"purpose\" must be %s\"pp\", \"dp\" or \"ep\"",
+  return json_fail_at(err, l, "\"purpose\" must be %s\"pp\", \"dp\", \"ep\" or \"tp\"",
                       nullable ? "null, " : "");
+}
+
+/* A send or recv finds its peer at its own position in peer_group. */
+static bool check_peer_group(const struct plan *p, const struct ir_node *n,
+                             const struct json_loc *l, GError **err) {
+  if (n->kind != IR_NODE_SEND && n->kind != IR_NODE_RECV)
+    return true;
+  if (n->peer_group == IR_NONE)
+    return json_fail_at(err, l, "a %s needs a \"peer_group\"", ir_node_kind_name(n->kind));
+  if (p->groups[n->peer_group].count != p->groups[n->group].count)
+    return json_fail_at(err, l, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
+                        n->peer_group, p->groups[n->peer_group].count, n->group,
+                        p->groups[n->group].count);
+  return true;
+}
+
+/* The optional tensor-parallel fields: a degree of 2 or more that divides the node's group,
+ * sequence_parallel and collectives only with it, and a tp node always with it. */
+static bool read_tensor_parallel(const struct plan *p, struct ir_node *n, const cJSON *tp,
+                                 const cJSON *sp, const cJSON *count, const struct json_loc *l,
+                                 GError **err) {
+  int64_t deg = 0, cnt = 0;
+  if (tp && !json_value_int(tp, "tp_degree", 2, IR_MAX_DEVICES, &deg, l, err))
+    return false;
+  if (sp && !json_value_bool(sp, "sequence_parallel", &n->sequence_parallel, l, err))
+    return false;
+  if (count && !json_value_int(count, "collectives", 2, INT32_MAX, &cnt, l, err))
+    return false;
+  n->tp_degree = (uint32_t)deg;
+  n->collectives = (uint32_t)cnt;
+  if (deg && p->groups[n->group].count % (uint32_t)deg != 0)
+    return json_fail_at(err, l, "\"tp_degree\" %lld does not divide the %u devices of \"group\" %u",
+                        (long long)deg, p->groups[n->group].count, n->group);
+  if (!deg && (n->sequence_parallel || cnt || n->purpose == IR_COMM_TP))
+    return json_fail_at(err, l, "%s needs a \"tp_degree\"",
+                        n->purpose == IR_COMM_TP ? "a tp node"
+                                                 : "\"sequence_parallel\" or \"collectives\"");
+  return true;
 }
 
 static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **err) {
@@ -475,15 +517,27 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   n->bytes = bytes;
   n->shard_degree = (uint32_t)shard;
   n->replica_degree = (uint32_t)replica;
-  /* A send or recv finds its peer at its own position in peer_group. */
-  if (n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV) {
-    if (n->peer_group == IR_NONE)
-      return json_fail_at(err, &l, "a %s needs a \"peer_group\"", ir_node_kind_name(n->kind));
-    if (p->groups[n->peer_group].count != p->groups[n->group].count)
-      return json_fail_at(err, &l, "\"peer_group\" %u has %u devices, \"group\" %u has %u",
-                          n->peer_group, p->groups[n->peer_group].count, n->group,
-                          p->groups[n->group].count);
-  }
+  if (!read_tensor_parallel(p, n, x[N_TP_DEGREE], x[N_SEQUENCE_PARALLEL], x[N_COLLECTIVES], &l,
+                            err))
+    return false;
+  return check_peer_group(p, n, &l, err);
+}
+
+/* "split" (tensor parallelism): absent, or 2 or more dividing the group, never on pp; a tp
+ * communicator always has one. */
+static bool read_comm_split(const struct plan *p, struct plan_comm *cm, const cJSON *v,
+                            const struct json_loc *l, GError **err) {
+  int64_t split = 0;
+  if (v && !json_value_int(v, "split", 2, IR_MAX_DEVICES, &split, l, err))
+    return false;
+  cm->split = (uint32_t)split;
+  if (split && cm->purpose == IR_COMM_PP)
+    return json_fail_at(err, l, "\"split\" must be absent for a pp communicator");
+  if (split && p->groups[cm->group].count % (uint32_t)split != 0)
+    return json_fail_at(err, l, "\"split\" %lld does not divide the %u devices of \"group\" %u",
+                        (long long)split, p->groups[cm->group].count, cm->group);
+  if (!split && cm->purpose == IR_COMM_TP)
+    return json_fail_at(err, l, "a tp communicator needs a \"split\"");
   return true;
 }
 
@@ -506,11 +560,11 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
   p->n_comms = n;
   for (uint32_t i = 0; c; c = c->next, i++) {
     struct json_loc lc = {r->index_file, "communicators", i, NULL, 0};
-    static const char *const keys[] = {"id", "name", "purpose", "group", "peer_group"};
-    const cJSON *x[5];
+    static const char *const keys[] = {"id", "name", "purpose", "group", "peer_group", "split"};
+    const cJSON *x[6];
     const char *name;
     struct plan_comm *cm = &p->comms[i];
-    if (!json_fetch(c, keys, 5, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
+    if (!json_fetch(c, keys, 6, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
         !json_value_string(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
         !read_purpose(x[2], false, &cm->purpose, &lc, err) ||
         !json_value_ref(x[3], "group", p->n_groups, false, &cm->group, &lc, err) ||
@@ -527,6 +581,8 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
       return json_fail_at(err, &lc, "\"peer_group\" must be null for a %s communicator",
                           plan_purpose_names[cm->purpose]);
     }
+    if (!read_comm_split(p, cm, x[5], &lc, err))
+      return false;
   }
   return true;
 }
@@ -721,7 +777,11 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
   if (cm->purpose != nd->purpose)
     return json_fail_at(err, l, "communicator %u is a %s communicator, node %u needs %s", in->comm,
                         plan_purpose_names[cm->purpose], in->node,
-                        nd->purpose <= IR_COMM_EP ? plan_purpose_names[nd->purpose] : "?");
+                        nd->purpose < IR_COMM_PURPOSE_COUNT ? plan_purpose_names[nd->purpose]
+                                                            : "?");
+  if (cm->purpose != IR_COMM_PP && cm->split != (nd->tp_degree > 1 ? nd->tp_degree : 0))
+    return json_fail_at(err, l, "communicator %u has \"split\" %u, node %u has \"tp_degree\" %u",
+                        in->comm, cm->split, in->node, nd->tp_degree);
   uint32_t pair[2];
   int side = plan_comm_side(nd);
   int32_t rank = plan_device_comm_rank(p, d, in->comm, side, pair);

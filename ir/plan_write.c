@@ -119,6 +119,12 @@ static cJSON *u32_array(const uint32_t *v, uint32_t n) {
   return a;
 }
 
+/* base + first, where a class with no entries of a list may hold no array at all (NULL + 0
+ * is undefined in C). */
+static const uint32_t *list_at(const uint32_t *base, uint32_t first) {
+  return base ? base + first : NULL;
+}
+
 static void add_pass(cJSON *obj, enum ir_pass pass) {
   if (pass == IR_PASS_NONE || pass > IR_PASS_NONE)
     cJSON_AddNullToObject(obj, "pass");
@@ -213,7 +219,7 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
   cJSON_AddStringToObject(o, "name", node_name);
   cJSON_AddStringToObject(o, "kind", kind_name(n->kind));
   add_pass(o, n->pass);
-  if (n->purpose == IR_COMM_NONE || n->purpose > IR_COMM_EP)
+  if (n->purpose == IR_COMM_NONE || n->purpose >= IR_COMM_PURPOSE_COUNT)
     cJSON_AddNullToObject(o, "purpose");
   else
     cJSON_AddStringToObject(o, "purpose", plan_purpose_names[n->purpose]);
@@ -235,6 +241,13 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
   cJSON_AddBoolToObject(o, "shard_grads", n->shard_grads);
   cJSON_AddBoolToObject(o, "shard_params", n->shard_params);
   add_ref(o, "directive", n->directive);
+  /* Tensor parallelism: absent without it, so plans without TP stay as they were. */
+  if (n->tp_degree > 1)
+    cJSON_AddNumberToObject(o, "tp_degree", n->tp_degree);
+  if (n->sequence_parallel)
+    cJSON_AddBoolToObject(o, "sequence_parallel", true);
+  if (n->collectives > 1)
+    cJSON_AddNumberToObject(o, "collectives", n->collectives);
   /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
   char prio[24];
   snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);
@@ -254,10 +267,12 @@ static void index_program(cJSON *root, const struct plan *p, char *const *names)
     cJSON_AddNumberToObject(o, "id", c);
     plan_comm_name(p, c, name, sizeof name);
     cJSON_AddStringToObject(o, "name", name);
-    uint32_t purpose = p->comms[c].purpose <= IR_COMM_EP ? p->comms[c].purpose : 0;
+    uint32_t purpose = p->comms[c].purpose < IR_COMM_PURPOSE_COUNT ? p->comms[c].purpose : 0;
     cJSON_AddStringToObject(o, "purpose", plan_purpose_names[purpose]);
     add_ref(o, "group", p->comms[c].group);
     add_ref(o, "peer_group", p->comms[c].peer_group);
+    if (p->comms[c].split > 1)
+      cJSON_AddNumberToObject(o, "split", p->comms[c].split);
     cJSON_AddItemToArray(comms, o);
   }
   cJSON *classes = cJSON_AddArrayToObject(root, "classes");
@@ -342,9 +357,10 @@ static void class_text_init(struct class_text *ct, const struct plan *p, const s
     if (in->group_parts)
       cJSON_AddNumberToObject(o, "group", in->group_parts);
     cJSON_AddNumberToObject(o, "bytes", (double)n->bytes);
-    cJSON_AddItemToObject(o, "waits", u32_array(c->waits + in->wait_first, in->wait_count));
-    cJSON_AddItemToObject(o, "reads", u32_array(c->reads + in->read_first, in->read_count));
-    cJSON_AddItemToObject(o, "writes", u32_array(c->writes + in->write_first, in->write_count));
+    cJSON_AddItemToObject(o, "waits", u32_array(list_at(c->waits, in->wait_first), in->wait_count));
+    cJSON_AddItemToObject(o, "reads", u32_array(list_at(c->reads, in->read_first), in->read_count));
+    cJSON_AddItemToObject(o, "writes",
+                          u32_array(list_at(c->writes, in->write_first), in->write_count));
     ct->instr_at[i] = (uint32_t)ct->instrs->len;
     append_record(ct->instrs, o);
     g_string_truncate(ct->instrs, ct->instrs->len - 1); /* the closing brace */
@@ -359,7 +375,7 @@ static void class_text_init(struct class_text *ct, const struct plan *p, const s
     cJSON_AddStringToObject(o, "kind", tensor_kind_names[tn->kind]);
     cJSON_AddNumberToObject(o, "producer", tn->producer);
     cJSON_AddItemToObject(o, "consumers",
-                          u32_array(c->consumers + tn->consumer_first, tn->consumer_count));
+                          u32_array(list_at(c->consumers, tn->consumer_first), tn->consumer_count));
     cJSON_AddNumberToObject(o, "alloc", tn->alloc);
     cJSON_AddNumberToObject(o, "release", tn->release);
     g_string_append(ct->tensors, k ? ",\n    " : "    ");

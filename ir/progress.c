@@ -67,9 +67,14 @@ static struct arrival_key arrival_key(const struct progress *s, const struct pla
   struct arrival_key k = {((uint64_t)in->comm << 32) | in->seq, 0};
   bool pp = p->comms[in->comm].purpose == IR_COMM_PP;
   *weight = 1;
+  uint32_t split = p->comms[in->comm].split;
   if (!s->colour) {
-    if (pp)
+    if (pp) {
       k.instance = (uint64_t)(uint32_t)plan_node_position(p, in->node, device);
+    } else if (split > 1) { /* which TP group, or which TP rank's devices */
+      uint32_t pos = (uint32_t)plan_group_position(p, p->comms[in->comm].group, device);
+      k.instance = p->comms[in->comm].purpose == IR_COMM_TP ? pos / split : pos % split;
+    }
   } else if (pp) {
     uint32_t peer = plan_peer(p, in->node, device);
     uint64_t other = peer == IR_NONE ? IR_NONE : s->colour[peer];
@@ -353,6 +358,11 @@ static uint32_t refine_step(const struct plan *p, GArray *const *rel, const uint
 static uint32_t *device_colours(const struct plan *p, uint32_t *n) {
   for (uint32_t d = 0; d < p->n_devices; d++)
     if (p->device_class[d] >= p->n_classes)
+      return NULL;
+  /* A split communicator (tensor parallelism) has several instances in one group, which the
+   * weighted count above does not tell apart: the device run decides. */
+  for (uint32_t k = 0; k < p->n_comms; k++)
+    if (p->comms[k].split > 1)
       return NULL;
   GArray **rel = g_new(GArray *, p->n_classes ? p->n_classes : 1);
   for (uint32_t c = 0; c < p->n_classes; c++)

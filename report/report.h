@@ -96,6 +96,7 @@ struct report_run {
   double memory_capacity_bytes; /* a device's memory (memory.png's line); 0 = unknown */
   const char *capacity_source;  /* where it comes from ("profile h100-sxm"), or NULL */
   uint32_t pp, dp;              /* set by report_run_init_devices */
+  uint32_t tp;                  /* tensor-parallel degree, 1 = none (the same) */
   uint32_t n_devices;
   struct report_device *devices;
   cJSON *extra;                /* owned by the caller; its items are copied into metrics.json */

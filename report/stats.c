@@ -69,6 +69,12 @@ void report_run_init_devices(struct report_run *r) {
   }
   uint32_t pp = stages->len;
   uint32_t *count = g_new0(uint32_t, pp + 1);
+  /* Under tensor parallelism a stage's devices are tp x dp, TP innermost: tp devices make one
+   * data-parallel replica (and one batch of tokens). */
+  uint32_t tp = 1;
+  for (uint32_t i = 0; i < p->n_nodes; i++)
+    if (p->nodes[i].tp_degree > tp)
+      tp = p->nodes[i].tp_degree;
   for (uint32_t d = 0; d < p->n_devices; d++) {
     struct report_device *rd = &r->devices[d];
     rd->device = d;
@@ -78,15 +84,16 @@ void report_run_init_devices(struct report_run *r) {
     for (uint32_t k = 0; k < pp; k++)
       if (sv[k] == s) {
         rd->pp_rank = (int32_t)k;
-        rd->dp_rank = (int32_t)count[k]++;
+        rd->dp_rank = (int32_t)(count[k]++ / tp);
         break;
       }
   }
   r->pp = pp;
+  r->tp = tp;
   r->dp = 0;
   for (uint32_t k = 0; k < pp; k++)
-    if (count[k] > r->dp)
-      r->dp = count[k];
+    if (count[k] / tp > r->dp)
+      r->dp = count[k] / tp;
   if (r->pp == 0)
     r->pp = 1;
   if (r->dp == 0)

@@ -43,6 +43,35 @@ static bool kind_is_comm(enum ir_node_kind k) {
   return k != IR_NODE_COMPUTE && k != IR_NODE_OPTIMIZER && k < IR_NODE_KIND_COUNT;
 }
 
+/* A collective communicator with several instances in its group (tensor parallelism). */
+static bool comm_is_split(const struct plan *p, uint32_t comm) {
+  return comm < p->n_comms && p->comms[comm].purpose != IR_COMM_PP && p->comms[comm].split > 1;
+}
+
+/* The sorted distinct values of map[] over the members of device's instance of split comm k
+ * (map NULL: the members themselves); *span where they run, when span is not NULL. */
+static GArray *split_instance(const struct plan *p, const struct profile *prof, uint32_t k,
+                              uint32_t device, const uint32_t *map, struct profile_span *span) {
+  uint32_t n = plan_comm_size(p, k);
+  uint32_t *members = g_new0(uint32_t, n ? n : 1);
+  plan_comm_members(p, k, device, members);
+  if (span)
+    *span = profile_span_of(prof, members, n);
+  GArray *set = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t v = map ? map[members[i]] : members[i];
+    g_array_append_val(set, v);
+  }
+  g_free(members);
+  uint32_t *v = (uint32_t *)set->data, w = 0;
+  qsort(v, set->len, sizeof *v, piper_cmp_u32);
+  for (uint32_t i = 0; i < set->len; i++)
+    if (i == 0 || v[i] != v[w - 1])
+      v[w++] = v[i];
+  g_array_set_size(set, w);
+  return set;
+}
+
 /* ---- static memory ------------------------------------------------------------------------ */
 
 void sim_static_memory(const struct plan *p, const struct plan_class *c,
@@ -63,8 +92,11 @@ void sim_static_memory(const struct plan *p, const struct plan_class *c,
     if (seen[n->segment])
       continue;
     seen[n->segment] = true;
-    double psi = (double)m->segments[n->segment].param_count /
-                 (double)(n->shard_degree ? n->shard_degree : 1);
+    double psi = (double)m->segments[n->segment].param_count;
+    if (n->tp_degree > 1) /* each TP rank holds its slices (norms and router whole) */
+      psi = (double)ir_tp_segment_param_bytes(m, n->segment, n->tp_degree) /
+            (double)model_dtype_bytes(m->dtype);
+    psi /= (double)(n->shard_degree ? n->shard_degree : 1);
     double N = n->replica_degree ? n->replica_degree : 1;
     if (n->shard_params) { /* ZeRO-3: 16 psi / N */
       params += pb * psi / N;
@@ -125,12 +157,15 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     if (n->kind == IR_NODE_COMPUTE) {
       /* costs depend on (segment, pass, shard) only; many micro-batches share them */
       uint64_t key = ((uint64_t)n->segment << 24) ^ ((uint64_t)n->pass << 20) ^
-                     (uint64_t)(n->shard_degree & 0xfffff);
+                     (uint64_t)(n->shard_degree & 0xfffff) ^
+                     ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
+                     ((uint64_t)n->sequence_parallel << 63);
       struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
       if (!pc) {
         pc = g_new(struct profile_cost, 1);
         *pc = n->segment < p->model->n_segments
-                  ? profile_compute_cost(prof, p->model, n->segment, n->pass, n->shard_degree)
+                  ? profile_compute_cost_tp(prof, p->model, n->segment, n->pass, n->shard_degree,
+                                            n->tp_degree, n->sequence_parallel)
                   : (struct profile_cost){0};
         uint64_t *k = g_new(uint64_t, 1);
         *k = key;
@@ -315,6 +350,10 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
         if (kind_is_p2p(ci[c].comm_kind[k])) {
           uint32_t peer = node_peer(p, &p->nodes[ci[c].comm_node[k]], d);
           v = peer == IR_NONE ? IR_NONE : col[peer];
+        } else if (comm_is_split(p, ci[c].comms[k])) { /* the colours of d's own instance */
+          GArray *set = split_instance(p, prof, ci[c].comms[k], d, col, NULL);
+          v = intern_key(set_ids, set);
+          g_array_free(set, TRUE);
         } else {
           v = comm_set[ci[c].comms[k]];
         }
@@ -923,6 +962,7 @@ struct slot_builder {
   GArray *part_slot;              /* slot of each part */
   uint32_t *comm_units;           /* [n_comms] distinct units per collective communicator */
   struct profile_span *comm_span; /* [n_comms] where each collective runs */
+  GHashTable *split_sets;         /* unit sets of split instances -> id + 1 */
 };
 
 /* Per collective communicator: how many distinct units take part, and its span. */
@@ -954,9 +994,12 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
   if (s->prof->synthetic) {
     sl.latency = s->prof->syn_comm;
   } else {
-    struct profile_comm_cost cc = profile_comm_cost(s->prof, n->kind, n->bytes, span);
-    sl.latency = cc.latency;
-    sl.transfer = cc.transfer;
+    /* a tp node stands for `collectives` collectives of bytes / collectives each */
+    double count = n->collectives > 1 ? n->collectives : 1;
+    struct profile_comm_cost cc =
+        profile_comm_cost(s->prof, n->kind, (uint64_t)((double)n->bytes / count), span);
+    sl.latency = cc.latency * count;
+    sl.transfer = cc.transfer * count;
     sl.inter = cc.inter_node;
   }
   double share = s->p->streams[in->stream].sm_share;
@@ -1002,6 +1045,15 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
     }
     expected = b->comm_units[in->comm];
     span = b->comm_span[in->comm];
+    if (comm_is_split(p, in->comm)) {
+      /* One slot per set of units an instance holds: the colouring made every member of a
+       * unit see the same set, so the units of one set meet there, whichever instance their
+       * representatives are in. */
+      GArray *set = split_instance(p, s->prof, in->comm, u->rep, s->unit_of_device, &span);
+      expected = set->len;
+      key.a = intern_key(b->split_sets, set);
+      g_array_free(set, TRUE);
+    }
   }
   const struct slot_entry *found = slot_table_find(&b->by_key, &key);
   uint32_t id = found->id ? found->id - 1 : slot_new(s, b, &key, in, expected, &span);
@@ -1060,6 +1112,8 @@ static bool build_slots(struct sim *s, GError **err) {
       .part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
   };
   slot_table_grow(&b.by_key);
+  b.split_sets =
+      g_hash_table_new_full(g_bytes_hash, g_bytes_equal, (GDestroyNotify)g_bytes_unref, NULL);
   slots_collectives(s, &b);
   bool ok = true;
   for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
@@ -1072,6 +1126,7 @@ static bool build_slots(struct sim *s, GError **err) {
   }
   g_free(b.comm_units);
   g_free(b.comm_span);
+  g_hash_table_destroy(b.split_sets);
   g_free(b.by_key.e);
   s->n_slots = b.slots->len;
   s->slots = (struct slot *)g_array_free(b.slots, FALSE);

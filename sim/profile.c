@@ -435,6 +435,13 @@ static void op_pass_load(const struct model_op *op, enum ir_pass pass, double *f
 struct profile_cost profile_compute_cost(const struct profile *p, const struct model *m,
                                          uint32_t segment, enum ir_pass pass,
                                          uint32_t shard_degree) {
+  return profile_compute_cost_tp(p, m, segment, pass, shard_degree, 0, false);
+}
+
+struct profile_cost profile_compute_cost_tp(const struct profile *p, const struct model *m,
+                                            uint32_t segment, enum ir_pass pass,
+                                            uint32_t shard_degree, uint32_t tp_degree,
+                                            bool sequence_parallel) {
   struct profile_cost c = {0};
   if (shard_degree == 0)
     shard_degree = 1;
@@ -472,6 +479,13 @@ struct profile_cost profile_compute_cost(const struct profile *p, const struct m
         pbytes = bytes;
       bytes -= pbytes - pbytes / shard_degree;
     }
+    /* tensor parallelism: this device's slice of the op (ir_tp_op_share); a measured time
+     * is of the whole op */
+    double share = ir_tp_op_share(op, tp_degree, sequence_parallel);
+    flops *= share;
+    bytes *= share;
+    if (t >= 0)
+      t *= share;
     if (t >= 0) {
       c.measured_ops++;
       /* measured times say nothing of their bound; take the roofline's verdict */

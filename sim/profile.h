@@ -90,6 +90,12 @@ struct profile_cost {
 struct profile_cost profile_compute_cost(const struct profile *p, const struct model *m,
                                          uint32_t segment, enum ir_pass pass,
                                          uint32_t shard_degree);
+/* The same for a node divided by tensor parallelism (tp_degree <= 1: none): each op's FLOPs,
+ * bytes and measured time scaled by ir_tp_op_share. */
+struct profile_cost profile_compute_cost_tp(const struct profile *p, const struct model *m,
+                                            uint32_t segment, enum ir_pass pass,
+                                            uint32_t shard_degree, uint32_t tp_degree,
+                                            bool sequence_parallel);
 /* AdamW over `params` parameters held by one device. */
 struct profile_cost profile_optimizer_cost(const struct profile *p, double params);
 

@@ -38,12 +38,15 @@ static const struct option_program program = {
              "rank (data parallel replicas), ep=N expert parallelism (1, or dp: experts sharded over\n"
              "the rank's devices), v (two stages per rank in a V, for zbv and dualpipev) or\n"
              "interleave=N (N stages per rank in a loop, for interleaved_1f1b), zero=2|3 (ZeRO-2\n"
-             "shards gradients, ZeRO-3 parameters too). Devices follow the usual rank order: data\n"
-             "parallel innermost, pipeline outermost (rank r holds devices r*dp .. r*dp+dp-1).\n"
+             "shards gradients, ZeRO-3 parameters too), tp=N tensor parallelism inside each replica\n"
+             "(sp: with sequence parallelism). Devices follow Megatron's rank order: tensor parallel\n"
+             "innermost, then data parallel, pipeline outermost (rank r holds devices r*dp*tp ..\n"
+             "(r+1)*dp*tp-1, device dp_rank*tp + tp_rank within it).\n"
              "The model needs as many PP regions as the layout has stages (pp, 2pp with v,\n"
              "pp*N with interleave): --layout sets them; with a file use --pp-regions.\n"
              "\n"
              "  piper-layout pp=4,dp=2,ep=2,v -o my_layout.json\n"
+             "  piper-layout pp=4,tp=8,sp          # Llama-3-70B on 32 GPUs\n"
              "\n",
     .epilogue = "\nExit status: 0 success, 1 runtime failure, 2 bad input.\n",
     .options = options,

@@ -170,8 +170,11 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
       peak_dev = i;
   }
   uint32_t n = r->n_devices ? r->n_devices : 1;
-  printf("piper-sim: %s, %s, pp %u x dp %u (%u devices), %u micro-batches, profile %s\n",
-         r->plan->model->name, r->schedule, r->pp, r->dp, r->plan->n_devices,
+  char tp[24] = "";
+  if (r->tp > 1)
+    g_snprintf(tp, sizeof tp, " x tp %u", r->tp);
+  printf("piper-sim: %s, %s, pp %u x dp %u%s (%u devices), %u micro-batches, profile %s\n",
+         r->plan->model->name, r->schedule, r->pp, r->dp, tp, r->plan->n_devices,
          r->plan->n_microbatches, prof->name);
   printf("  iteration      %.6g ms\n", iter * 1e3);
   printf("  throughput     %.6g tokens/s", iter > 0 ? tokens / iter : 0);

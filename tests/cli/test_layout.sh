@@ -36,7 +36,7 @@ expect_bad() {
     bad "$* : exit $rc, $(cat "$T/err")"
   else ok; fi
 }
-expect_bad 'unknown key "tp"' "$BIN/piper-layout" pp=2,tp=2
+expect_bad 'unknown key "cp"' "$BIN/piper-layout" pp=2,cp=2
 expect_bad "ep must be 1 or equal to dp" "$BIN/piper-layout" pp=2,dp=4,ep=2
 expect_bad "give a layout" "$BIN/piper-layout"
 expect_bad "--layout replaces --directives" "$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2 --directives $BS/dp2.json

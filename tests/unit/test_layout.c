@@ -62,6 +62,9 @@ static void test_shapes(void **state) {
   assert_int_equal(layout_stage_rank(&l, 7), 1);
   l = parse("pp=16,dp=128,ep=128,v");
   assert_int_equal(layout_devices(&l), 2048);
+  l = parse("pp=4,dp=2,tp=8,sp"); /* a rank holds dp x tp devices */
+  assert_int_equal(layout_devices(&l), 64);
+  assert_true(l.sequence_parallel);
 }
 
 /* Each layout compiles with the model and gives the devices and pipeline ranks it promises. */
@@ -77,6 +80,8 @@ static void test_layouts_compile(void **state) {
       {"pp=4,dp=2,zero=3", "models/tiny-dense.json", "zerobubble", 4},
       {"dp=4,ep=4", "models/tiny-moe.json", NULL, 2},
       {"pp=1", "models/tiny-dense.json", NULL, 1},
+      {"pp=2,dp=2,ep=2,tp=2,sp", "models/tiny-moe.json", "1f1b", 4},
+      {"tp=2", "models/tiny-dense.json", NULL, 1},
   };
   for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
     struct layout l = parse(cases[i].spec);
@@ -115,7 +120,9 @@ static void test_bad_specs(void **state) {
   } cases[] = {
       {"", "--layout: empty"},
       {"pp=0", "\"pp\" must be a whole number in [1, 65536]"},
-      {"pp=2,tp=2", "unknown key \"tp\""},
+      {"pp=2,cp=2", "unknown key \"cp\""},
+      {"pp=2,sp", "sp (sequence parallelism) needs tp of at least 2"},
+      {"pp=2,tp=0", "\"tp\" must be a whole number in [1, 1024]"},
       {"pp=2,w", "unknown item \"w\""},
       {"pp=2,dp=4,ep=2", "ep must be 1 or equal to dp (4)"},
       {"pp=2,interleave=2,v", "interleave and v exclude each other"},

@@ -1,0 +1,154 @@
+/* ir: what tensor parallelism leaves on one device (Megatron-LM's column / row layout,
+ * Shoeybi et al. 2019; sequence parallelism, Korthikanti et al. 2022). The rewrite that uses it
+ * is directives/tensor_parallel.c; the simulator and the plan reader use the same formulas so
+ * that they cannot disagree with the compiler. */
+#include <string.h>
+
+#include "ir.h"
+
+static bool op_divided(enum model_op_kind k) {
+  switch (k) {
+  case MODEL_OP_EMBEDDING:     /* vocabulary-parallel rows */
+  case MODEL_OP_ATTENTION:     /* heads (Q/K/V columns, output rows) */
+  case MODEL_OP_MLA_ATTENTION: /* heads of q_b / kv_b / o and the core */
+  case MODEL_OP_MLP:           /* up/gate columns, down rows */
+  case MODEL_OP_SHARED_EXPERT:
+  case MODEL_OP_EXPERT_FFN:   /* every expert's FFN, like the MLP */
+  case MODEL_OP_LM_HEAD_LOSS: /* vocabulary-parallel logits and cross-entropy */
+    return true;
+  default: return false; /* RMSNorm, residual add, router: replicated */
+  }
+}
+
+double ir_tp_op_share(const struct model_op *op, uint32_t tp, bool sequence_parallel) {
+  if (tp <= 1)
+    return 1.0;
+  if (op_divided(op->kind) || sequence_parallel)
+    return 1.0 / (double)tp;
+  return 1.0;
+}
+
+uint64_t ir_tp_segment_param_bytes(const struct model *m, uint32_t segment, uint32_t tp) {
+  const struct model_segment *s = &m->segments[segment];
+  if (tp <= 1)
+    return s->param_bytes;
+  uint64_t sum = 0;
+  for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++) {
+    const struct model_op *op = &m->ops[i];
+    sum += op_divided(op->kind) ? op->param_bytes / tp : op->param_bytes;
+  }
+  return sum;
+}
+
+/* The part of an op's saved activations that TP alone leaves whole on every rank: the
+ * replicated [T, hidden] inputs of the divided blocks (sequence parallelism divides them too),
+ * and everything the replicated ops save. */
+static uint64_t saved_whole(const struct model *m, const struct model_op *op) {
+  uint64_t act = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->hidden_size *
+                 model_dtype_bytes(m->dtype);
+  switch (op->kind) {
+  case MODEL_OP_ATTENTION:
+  case MODEL_OP_MLA_ATTENTION:
+  case MODEL_OP_MLP: return op->saved_bytes < act ? op->saved_bytes : act;
+  case MODEL_OP_SHARED_EXPERT: return 0; /* its gate/up only */
+  case MODEL_OP_LM_HEAD_LOSS: {
+    /* the kept fp32 probabilities are the rank's vocabulary slice; its input and what it keeps
+     * per token (targets, a log-sum-exp) are whole */
+    uint64_t probs = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->vocab_size * 4;
+    return op->saved_bytes >= act + probs ? op->saved_bytes - probs : op->saved_bytes;
+  }
+  case MODEL_OP_EXPERT_FFN: {
+    /* routed rows, routing and expert outputs whole; the gate / up per row divided */
+    uint64_t gu = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok * 2 *
+                  (uint64_t)m->moe_intermediate_size * model_dtype_bytes(m->dtype);
+    return op->saved_bytes > gu ? op->saved_bytes - gu : 0;
+  }
+  default: return op->saved_bytes;
+  }
+}
+
+uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint32_t tp,
+                                   bool sequence_parallel) {
+  const struct model_segment *s = &m->segments[segment];
+  if (tp <= 1)
+    return s->saved_bytes;
+  uint64_t sum = 0;
+  for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++) {
+    const struct model_op *op = &m->ops[i];
+    if (op->kind == MODEL_OP_EMBEDDING) { /* token ids: every rank needs them all */
+      sum += op->saved_bytes;
+      continue;
+    }
+    uint64_t whole = saved_whole(m, op);
+    uint64_t divided = op->saved_bytes - whole;
+    sum += divided / tp + (sequence_parallel ? whole / tp : whole);
+  }
+  return sum;
+}
+
+void ir_tp_segment_comm(const struct model *m, uint32_t segment, enum ir_pass pass,
+                        uint64_t *bytes, uint32_t *count) {
+  const struct model_segment *s = &m->segments[segment];
+  uint64_t T = (uint64_t)model_tokens_per_microbatch(m);
+  uint64_t act = T * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+  *bytes = 0;
+  *count = 0;
+  if (pass == IR_PASS_BW || pass == IR_PASS_NONE)
+    return; /* weight gradients are local to each slice */
+  bool fwd = pass == IR_PASS_F;
+  for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++) {
+    switch (m->ops[i].kind) {
+    case MODEL_OP_ATTENTION:
+    case MODEL_OP_MLA_ATTENTION:
+    case MODEL_OP_MLP:
+    case MODEL_OP_SHARED_EXPERT:
+    case MODEL_OP_EXPERT_FFN:
+      /* F: after the row-parallel output; B: the input gradient of the column-parallel input */
+      *bytes += act;
+      *count += 1;
+      break;
+    case MODEL_OP_EMBEDDING:
+      if (fwd) { /* each rank looked up only its vocabulary rows */
+        *bytes += act;
+        *count += 1;
+      }
+      break;
+    case MODEL_OP_LM_HEAD_LOSS:
+      if (fwd) { /* parallel cross-entropy: max, sum of exp and target logit, fp32 per token */
+        *bytes += 3 * T * 4;
+        *count += 3;
+      } else { /* the head's input gradient, summed over the vocabulary slices */
+        *bytes += act;
+        *count += 1;
+      }
+      break;
+    default: break;
+    }
+  }
+}
+
+bool ir_tp_check_model(const struct model *m, uint32_t tp, bool sequence_parallel, char *why,
+                       size_t len) {
+  if (tp <= 1)
+    return true;
+  const struct {
+    const char *key;
+    int64_t value;
+  } dims[] = {
+      {"num_attention_heads", m->num_heads},
+      {"num_key_value_heads",
+       m->family == MODEL_FAMILY_DEEPSEEK_V3 ? m->num_heads : m->num_kv_heads},
+      {"intermediate_size", m->intermediate_size},
+      {"moe_intermediate_size", m->moe_intermediate_size},
+      {"vocab_size", m->vocab_size},
+      {"tokens per micro-batch (seq_len x micro_batch_size)",
+       sequence_parallel ? model_tokens_per_microbatch(m) : 0},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(dims); k++)
+    if (dims[k].value > 0 && dims[k].value % (int64_t)tp != 0) {
+      g_snprintf(why, len, "%u does not divide %s = %lld", tp, dims[k].key,
+                 (long long)dims[k].value);
+      return false;
+    }
+  return true;
+}

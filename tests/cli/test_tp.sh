@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Tensor and sequence parallelism from the command line: tp= in --layout and piper-layout (TP
+# innermost), a TP program compiles, reads back and simulates (Llama-3-70B, TP 8 x PP 4, 1F1B,
+# fits an 80 GB H100), piper-exec refuses it in one line, and bad input is one line with exit 2
+# naming the file and the key.
+set -u
+BIN=${PIPER_BIN:-bin}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0
+failed=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+expect_bad() {
+  local want=$1; shift
+  "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [ $rc -ne 2 ] || [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -qF -- "$want" "$T/err"; then
+    bad "$* : exit $rc, $(cat "$T/err")"
+  else ok; fi
+}
+
+# piper-layout: a rank's dp x tp devices, TP innermost, then the tensor_parallel directive
+"$BIN/piper-layout" pp=2,dp=2,tp=2,sp >"$T/l.json" 2>/dev/null &&
+  grep -qF '{"op": "replicate", "filter": {"PP": 1}, "devices": [4, 5, 6, 7]}' "$T/l.json" &&
+  grep -qF '{"op": "tensor_parallel", "filter": {}, "degree": 2, "sequence_parallel": true}' "$T/l.json" &&
+  ok || bad "piper-layout pp=2,dp=2,tp=2,sp: $(cat "$T/l.json")"
+
+# compile TP 2 x PP 2 x DP 2 with SP and 1F1B; the plan reads back in piper-sim
+"$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,dp=2,tp=2,sp --schedule 1f1b --mbs 4 \
+  -o "$T/p" >/dev/null && grep -q '"purpose":"tp"' "$T/p/plan.json" && grep -q '"split":2' "$T/p/plan.json" &&
+  ok || bad "compile pp=2,dp=2,tp=2,sp"
+"$BIN/piper-sim" --plans "$T/p" --profile profiles/h100-sxm.json --no-charts --quiet --out "$T/s" &&
+  [ -s "$T/s/metrics.json" ] && ok || bad "simulate a TP plan"
+# plans without TP carry none of the new keys
+"$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,dp=2 --schedule 1f1b --mbs 4 -o "$T/q" >/dev/null &&
+  ! grep -q 'tp_degree\|"split":\|sequence_parallel\|collectives' "$T/q"/*.json && ok || bad "TP keys in a plan without TP"
+
+# Llama-3-70B on 32 H100s: TP 8 x PP 4, 1F1B, 16 micro-batches, with SP fits 80 GB
+"$BIN/piper-sim" --model models/llama3-70b.json --layout pp=4,tp=8,sp --schedule 1f1b --mbs 16 \
+  --profile profiles/h100-sxm.json --no-charts --quiet --out "$T/l70" &&
+  python3 -c "import json,sys; m=json.load(open('$T/l70/metrics.json')); sys.exit(0 if m['peak_memory_bytes_max'] < 80e9 and m['dp'] == 1 and m['tp'] == 8 else 1)" &&
+  ok || bad "llama3-70b pp=4,tp=8,sp does not fit 80 GB"
+
+# the executor refuses, one line
+expect_bad "does not run tensor parallelism yet" "$BIN/piper-exec" --model models/tiny-dense.json --layout tp=2 --iters 1
+expect_bad "does not run tensor parallelism yet" "$BIN/piper-exec" --plans "$T/p" --iters 1
+
+# bad input
+echo '[{"op": "place", "filter": {}, "devices": [0, 1, 2]}, {"op": "tensor_parallel", "filter": {}, "degree": 3}]' >"$T/d3.json"
+expect_bad "$T/d3.json: directive 1 (tensor_parallel): \"degree\" 3 does not divide num_attention_heads = 4" \
+  "$BIN/piper-compile" --model models/tiny-dense.json --directives "$T/d3.json" --pp-regions 1
+echo '[{"op": "tensor_parallel", "filter": {}, "degree": 0}]' >"$T/d0.json"
+expect_bad "$T/d0.json: directive 0 (tensor_parallel): \"degree\"" \
+  "$BIN/piper-compile" --model models/tiny-dense.json --directives "$T/d0.json"
+echo '[{"op": "tensor_parallel", "filter": {}, "degree": 2, "sequence_paralel": true}]' >"$T/dk.json"
+expect_bad "$T/dk.json: directive 0 (tensor_parallel): unknown key \"sequence_paralel\"" \
+  "$BIN/piper-compile" --model models/tiny-dense.json --directives "$T/dk.json"
+echo '[{"op": "tensor_parallel", "filter": {}, "degree": 2, "sequence_parallel": 1}]' >"$T/ds.json"
+expect_bad "\"sequence_parallel\"" "$BIN/piper-compile" --model models/tiny-dense.json --directives "$T/ds.json"
+expect_bad "sp (sequence parallelism) needs tp of at least 2" "$BIN/piper-layout" pp=2,sp
+expect_bad '"tp" must be a whole number' "$BIN/piper-layout" pp=2,tp=0
+expect_bad "tied embeddings split over pipeline stages" \
+  "$BIN/piper-compile" --model models/tiny-dense-tied.json --layout pp=2,tp=2
+# a node whose tp_degree does not divide its group, and a tp communicator whose split does not
+sed '0,/"tp_degree":2/s//"tp_degree":3/' "$T/p/plan.json" >"$T/p/plan3.json"
+mkdir -p "$T/p3" && cp "$T/p"/device-*.json "$T/p3/" && mv "$T/p/plan3.json" "$T/p3/plan.json"
+expect_bad '"tp_degree" 3 does not divide' "$BIN/piper-sim" --plans "$T/p3" --profile profiles/unit.json --out "$T/s3"
+# a plan file whose tp communicator lost its split
+sed -i '0,/"split":2/s//"split":3/' "$T/p/plan.json"
+expect_bad '"split" 3 does not divide' "$BIN/piper-sim" --plans "$T/p" --profile profiles/unit.json --out "$T/s2"
+
+echo "test_tp.sh: $pass passed, $failed failed"
+[ "$failed" -eq 0 ]
