@@ -31,9 +31,12 @@ bool chart_format_parse(const char *name, enum chart_format *out) {
 uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint32_t *n) {
   uint32_t *out = g_new(uint32_t, r->n_devices + 1);
   *n = 0;
-  if (r->n_devices <= max_rows) {
+  /* the tp ranks of a group run one program on slices: tp rank 0 speaks for them */
+  uint32_t shown = r->tp > 1 ? r->n_devices / r->tp : r->n_devices;
+  if (shown <= max_rows) {
     for (uint32_t i = 0; i < r->n_devices; i++)
-      out[(*n)++] = i;
+      if (r->devices[i].tp_rank == 0)
+        out[(*n)++] = i;
     return out;
   }
   /* one device per pp rank, in pp order */
@@ -42,7 +45,7 @@ uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint
     by_pp[k] = UINT32_MAX;
   for (uint32_t i = 0; i < r->n_devices; i++) {
     const struct report_device *d = &r->devices[i];
-    if (d->dp_rank == 0 && d->pp_rank >= 0 && (uint32_t)d->pp_rank < r->pp)
+    if (d->dp_rank == 0 && d->tp_rank == 0 && d->pp_rank >= 0 && (uint32_t)d->pp_rank < r->pp)
       by_pp[d->pp_rank] = i;
   }
   uint32_t cnt = 0;
@@ -72,33 +75,10 @@ static struct rgb lighten(struct rgb c, double f) {
   return (struct rgb){c.r + (1 - c.r) * f, c.g + (1 - c.g) * f, c.b + (1 - c.b) * f};
 }
 
-/* Colours (Tableau 10): passes take the light-to-mid hues, communication dark ones. kind is an
- * enum ir_node_kind, pass an enum ir_pass (numbers, so that a kind read from a trace, which
- * may be one this build does not know, gets the default). */
-static struct rgb kind_colour(uint32_t kind, uint32_t pass) {
-  switch (kind) {
-  case IR_NODE_COMPUTE:
-    switch (pass) {
-    case IR_PASS_F: return hex(0x4E79A7);
-    case IR_PASS_B: return hex(0x59A14F);
-    case IR_PASS_BI: return hex(0x76B7B2); /* teal: never mistaken for B's green */
-    case IR_PASS_BW: return hex(0xF28E2B);
-    default: return hex(0x999999);
-    }
-  case IR_NODE_OPTIMIZER: return hex(0x79706E);
-  case IR_NODE_SEND:
-  case IR_NODE_RECV: return hex(0x6B3FA0);
-  case IR_NODE_ALL_REDUCE:
-  case IR_NODE_REDUCE_SCATTER: return hex(0xC0392B);
-  case IR_NODE_ALL_GATHER: return hex(0x9C755F);
-  case IR_NODE_ALL_TO_ALL: return hex(0xD4477F);
-  default: return hex(0x333333);
-  }
-}
 
 /* The legend's entries, in order; legend_index maps an instruction to one. */
-enum { LEG_F, LEG_B, LEG_BI, LEG_BW, LEG_OPT, LEG_P2P, LEG_REDUCE, LEG_GATHER, LEG_A2A, LEG_OTHER,
-       LEG_COUNT };
+enum { LEG_F, LEG_B, LEG_BI, LEG_BW, LEG_OPT, LEG_P2P, LEG_REDUCE, LEG_GATHER, LEG_A2A, LEG_TP,
+       LEG_OTHER, LEG_COUNT };
 static const struct {
   const char *label;
   unsigned colour;
@@ -113,10 +93,15 @@ static const struct {
     [LEG_REDUCE] = {"dp all-reduce / reduce-scatter", 0xC0392B, true},
     [LEG_GATHER] = {"ZeRO all-gather", 0x9C755F, true},
     [LEG_A2A] = {"ep all-to-all", 0xD4477F, true},
+    [LEG_TP] = {"tp collectives", 0xB6992D, true},
     [LEG_OTHER] = {"other", 0x333333, true},
 };
 
-static uint32_t legend_index(uint32_t kind, uint32_t pass) {
+/* A node's legend entry: tensor-parallel collectives (purpose tp) apart from the gradient
+ * collectives of the same kinds. */
+static uint32_t legend_index(uint32_t kind, uint32_t pass, enum ir_comm_purpose purpose) {
+  if (purpose == IR_COMM_TP && kind != IR_NODE_COMPUTE && kind != IR_NODE_OPTIMIZER)
+    return LEG_TP;
   switch (kind) {
   case IR_NODE_COMPUTE:
     return pass == IR_PASS_F    ? LEG_F
@@ -133,6 +118,15 @@ static uint32_t legend_index(uint32_t kind, uint32_t pass) {
   case IR_NODE_ALL_TO_ALL: return LEG_A2A;
   default: return LEG_OTHER;
   }
+}
+
+/* A box's colour: its legend entry's (Tableau 10: passes the light-to-mid hues, communication
+ * dark ones). kind is an enum ir_node_kind, pass an enum ir_pass (numbers, so that a kind read
+ * from a trace, which may be one this build does not know, gets the default). */
+static struct rgb kind_colour(uint32_t kind, uint32_t pass, enum ir_comm_purpose purpose) {
+  if (kind == IR_NODE_COMPUTE && pass > IR_PASS_BW)
+    return hex(0x999999);
+  return hex(legend[legend_index(kind, pass, purpose)].colour);
 }
 
 /* What the legend shows: the entries present, hatching (a rank holding several stages) and
@@ -260,10 +254,17 @@ static void draw_title(cairo_t *cr, const struct report_run *r, const struct sch
   const struct plan *p = r->plan;
   char title[512];
   double iter = l->t1 - l->t0;
-  snprintf(title, sizeof title, "%s · %s · pp %u × dp %u · %u micro-batches · iteration %.4g %s%s",
-           p->model->name, r->schedule ? r->schedule : "custom", r->pp, r->dp, p->n_microbatches,
+  char tp[32] = "";
+  if (r->tp > 1)
+    snprintf(tp, sizeof tp, " × tp %u", r->tp);
+  snprintf(title, sizeof title,
+           "%s · %s · pp %u × dp %u%s · %u micro-batches · iteration %.4g %s%s", p->model->name,
+           r->schedule ? r->schedule : "custom", r->pp, r->dp, tp, p->n_microbatches,
            iter >= 1 ? iter : iter * 1e3, iter >= 1 ? "s" : "ms",
-           l->n_rows < r->n_devices ? " · dp rank 0 of each pp rank shown" : "");
+           r->tp > 1 ? (l->n_rows * r->tp >= r->n_devices ? " · tp rank 0 of each group shown"
+                                                          : " · tp 0, dp 0 of each pp rank shown")
+           : l->n_rows < r->n_devices ? " · dp rank 0 of each pp rank shown"
+                                      : "");
   cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
   cairo_set_font_size(cr, 16);
   text_at(cr, LEFT, 28, title, 0);
@@ -378,7 +379,7 @@ static void append_ranks(GString *g, const char *what, const int32_t *ranks, uin
 
 /* What runs on one lane of a device, in the user's terms. */
 struct lane_content {
-  bool compute, optimizer, all_reduce, reduce_scatter, all_gather, all_to_all, other;
+  bool compute, optimizer, all_reduce, reduce_scatter, all_gather, all_to_all, tp, other;
   int32_t to[8], from[8]; /* pp ranks sent to, received from */
   uint32_t n_to, n_from;
 };
@@ -391,6 +392,10 @@ static void lane_content(const struct report_run *r, const struct report_device 
     if (d->intervals[k].stream != stream)
       continue;
     const struct ir_node *n = &p->nodes[d->intervals[k].node];
+    if (n->purpose == IR_COMM_TP) {
+      c->tp = true;
+      continue;
+    }
     switch (n->kind) {
     case IR_NODE_COMPUTE: c->compute = true; break;
     case IR_NODE_OPTIMIZER: c->optimizer = true; break;
@@ -444,6 +449,7 @@ static void lane_name(const struct report_run *r, const struct report_device *d,
                {c.reduce_scatter, "dp reduce-scatter"},
                {c.all_gather, "ZeRO all-gather"},
                {c.all_to_all, "ep all-to-all"},
+               {c.tp, "tp collectives"},
                {c.other, "other"}};
   for (size_t i = 0; i < G_N_ELEMENTS(kinds); i++)
     if (kinds[i].on)
@@ -466,7 +472,11 @@ static void draw_device_frame(cairo_t *cr, const struct report_run *r,
   const struct plan *p = r->plan;
   char label[64], sublabel[64];
   snprintf(label, sizeof label, "device %u", d->device);
-  snprintf(sublabel, sizeof sublabel, "pp rank %d · dp rank %d", d->pp_rank, d->dp_rank);
+  if (r->tp > 1)
+    snprintf(sublabel, sizeof sublabel, "pp %d · dp %d · tp rank %d", d->pp_rank, d->dp_rank,
+             d->tp_rank);
+  else
+    snprintf(sublabel, sizeof sublabel, "pp rank %d · dp rank %d", d->pp_rank, d->dp_rank);
   const char **names = g_new0(const char *, n_lanes + 1);
   char *text = g_malloc0((size_t)(n_lanes + 1) * LANE_NAME_MAX); /* a name per lane */
   for (uint32_t s = 0; s < p->n_streams; s++)
@@ -558,7 +568,7 @@ static void draw_interval(cairo_t *cr, const struct plan *p, const struct schedu
                           const struct report_interval *iv, double ly, const int32_t *stages,
                           uint32_t n_stages) {
   const struct ir_node *n = &p->nodes[iv->node];
-  struct chart_box b = {iv->start, iv->end, kind_colour(n->kind, n->pass),
+  struct chart_box b = {iv->start, iv->end, kind_colour(n->kind, n->pass, n->purpose),
                         !report_node_is_compute(n), l->mb_tag >= 0 ? n->tags[l->mb_tag] : -1, 0};
   if (n->kind == IR_NODE_COMPUTE)
     b.chunk = stage_chunk(stages, n_stages, n->tags[MODEL_TAG_PP]);
@@ -614,7 +624,7 @@ static void draw_lane_band(cairo_t *cr, const struct plan *p, const struct sched
     if (iv->stream != stream)
       continue;
     const struct ir_node *n = &p->nodes[iv->node];
-    uint32_t leg = legend_index(n->kind, n->pass);
+    uint32_t leg = legend_index(n->kind, n->pass, n->purpose);
     double a = fmax(iv->start - l->t0, 0), z = fmax(iv->end - l->t0, a);
     for (uint32_t bin = (uint32_t)(a / bin_s); bin < nb && bin * bin_s < z; bin++)
       busy[(size_t)bin * LEG_COUNT + leg] +=
@@ -685,7 +695,7 @@ static void legend_use_of(const struct report_run *r, struct schedule_layout *l)
     l->use.chunks |= device_stages(p, d, stages, MAX_DEVICE_STAGES) > 1;
     for (uint32_t k = 0; k < d->n_intervals; k++) {
       const struct ir_node *n = &p->nodes[d->intervals[k].node];
-      l->use.entry[legend_index(n->kind, n->pass)] = true;
+      l->use.entry[legend_index(n->kind, n->pass, n->purpose)] = true;
     }
     const uint32_t *lo = l->lane_of + (size_t)ri * l->stride;
     for (uint32_t s = 0; s < p->n_streams && !l->use.dense; s++)
@@ -1035,7 +1045,7 @@ static double draw_compare_row(cairo_t *cr, const struct compare_layout *c, uint
     const struct report_trace_node *n = &d->trace_nodes[e->node];
     bool compute = n->ir_kind == IR_NODE_COMPUTE || n->ir_kind == IR_NODE_OPTIMIZER;
     struct chart_box b = {e->start_s - side->t0, e->start_s + e->dur_s - side->t0,
-                          kind_colour(n->ir_kind, n->pass), !compute, n->micro_batch,
+                          kind_colour(n->ir_kind, n->pass, IR_COMM_NONE), !compute, n->micro_batch,
                           n->ir_kind == IR_NODE_COMPUTE && n->stage > row->min_stage};
     uint32_t lane = 0;
     while (lane + 1 < row->n_lanes && row->streams[lane] != e->stream)

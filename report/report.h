@@ -56,6 +56,7 @@ struct report_memory_point {
 struct report_device {
   uint32_t device;
   int32_t pp_rank, dp_rank; /* from the plan (report_run_init_devices) */
+  int32_t tp_rank;          /* position in its tensor-parallel group (0 without TP) */
   /* inputs; not owned: devices that behave alike may share one array */
   uint32_t n_intervals;
   const struct report_interval *intervals; /* sorted by start */

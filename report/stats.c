@@ -80,10 +80,12 @@ void report_run_init_devices(struct report_run *r) {
     rd->device = d;
     rd->pp_rank = -1;
     rd->dp_rank = -1;
+    rd->tp_rank = 0;
     int32_t s = cls_stage[p->device_class[d]];
     for (uint32_t k = 0; k < pp; k++)
       if (sv[k] == s) {
         rd->pp_rank = (int32_t)k;
+        rd->tp_rank = (int32_t)(count[k] % tp);
         rd->dp_rank = (int32_t)(count[k]++ / tp);
         break;
       }
