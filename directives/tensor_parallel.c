@@ -258,8 +258,9 @@ static uint32_t add_tp_collective(struct ir_graph *g, uint32_t like, uint32_t fr
   return id;
 }
 
-/* The TP collectives of compute node x, between it and the consumers of its output. */
-static void insert_for_node(struct ir_graph *g, uint32_t x) {
+/* The TP collectives of compute node x, between it and the consumers of its output (its
+ * out-edges from adj, built before any node was added: the edges added here leave new nodes). */
+static void insert_for_node(struct ir_graph *g, const struct ir_adjacency *adj, uint32_t x) {
   const struct ir_node *n = IR_NODE(g, x);
   uint64_t bytes;
   uint32_t count;
@@ -280,10 +281,10 @@ static void insert_for_node(struct ir_graph *g, uint32_t x) {
   }
   /* the output reaches the next block only once reduced; weight gradients and saved
    * activations do not wait */
-  uint32_t ne = g->edges->len;
-  for (uint32_t e = 0; e < ne; e++) {
+  for (uint32_t k = adj->out_first[x]; k < adj->out_first[x + 1]; k++) {
+    uint32_t e = adj->out_edges[k];
     struct ir_edge ed = *IR_EDGE(g, e);
-    if (ed.src != x || ed.kind != IR_EDGE_DATA || ed.slot != 0)
+    if (ed.kind != IR_EDGE_DATA || ed.slot != 0)
       continue;
     enum ir_node_kind k = IR_NODE(g, ed.dst)->kind;
     if (k != IR_NODE_COMPUTE && k != IR_NODE_ALL_TO_ALL)
@@ -297,11 +298,14 @@ void dir_tp_insert_comm(struct ir_graph *g) {
   if (!g->segment_tp)
     return;
   uint32_t nn = g->nodes->len;
+  struct ir_adjacency adj;
+  ir_adjacency_build(g, &adj);
   for (uint32_t i = 0; i < nn; i++) {
     struct ir_node *n = IR_NODE(g, i);
     if (n->kind == IR_NODE_ALL_TO_ALL && n->tp_degree > 1 && n->sequence_parallel)
       n->bytes /= n->tp_degree; /* each device routes its sequence shard */
     if (n->kind == IR_NODE_COMPUTE && n->tp_degree > 1)
-      insert_for_node(g, i);
+      insert_for_node(g, &adj, i);
   }
+  ir_adjacency_free(&adj);
 }

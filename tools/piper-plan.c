@@ -15,7 +15,7 @@
 #include "sweep.h"
 
 struct plan_cli {
-  const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp;
+  const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp, *tp;
   uint32_t devices, global_batch, max_interleave, threads, top;
   double memory_cap_gib;
   bool force, no_charts, quiet;
@@ -40,6 +40,10 @@ static const struct option_spec options[] = {
     {.kind = OPTION_HEADING, .help = "the space:"},
     {.name = "--pp", .kind = OPTION_STRING, PLAN_OPTION(pp), .metavar = "LIST",
      .help = "pipeline degrees to try, e.g. 4,8 (default: every divisor of N)"},
+    {.name = "--tp", .kind = OPTION_STRING, PLAN_OPTION(tp), .metavar = "LIST",
+     .help = "tensor-parallel degrees to try, each with sequence parallelism\n"
+             "(default: 1,2,4,8 where they divide N, the heads, KV heads, vocabulary\n"
+             "and FFN)"},
     {.name = "--micro-batch-sizes", .kind = OPTION_STRING, PLAN_OPTION(micro_batch_sizes),
      .metavar = "LIST", .help = "micro-batch sizes to try, e.g. 1,2,4 (default: the model's)"},
     {.name = "--schedules", .kind = OPTION_STRING, PLAN_OPTION(schedules), .metavar = "LIST",
@@ -73,14 +77,14 @@ static const struct option_program program = {
         "usage: piper-plan --model FILE --devices N --profile FILE --global-batch SEQ [options]\n"
         "       piper-plan --sweep FILE [--profile FILE] [--out DIR]\n"
         "\n"
-        "Searches every layout pp x dp x ep of N devices that divides the model (the stages\n"
-        "divide its layers, ep = dp divides its experts), with the schedules that apply to\n"
+        "Searches every layout pp x dp x ep x tp of N devices that divides the model (the\n"
+        "stages divide its layers, ep = dp divides its experts, tp its heads, KV heads,\n"
+        "vocabulary and FFN; tp > 1 with sequence parallelism), with the schedules that apply to\n"
         "each (gpipe, 1f1b, zerobubble on one stage per rank; interleaved_1f1b on a loop;\n"
         "zbv, dualpipev on a V), the micro-batch counts of the global batch and the ZeRO\n"
         "levels (0, 2, 3), simulates them all in parallel, and prints the best ones under\n"
         "the memory cap with why each wins. Writes plan.csv (every configuration, ranked;\n"
-        "the reason for those that do not fit) and plan.png. Tensor parallelism is not\n"
-        "searched: the compiler has none yet.\n"
+        "the reason for those that do not fit) and plan.png.\n"
         "\n"
         "  piper-plan --model models/qwen3-30b-a3b.json --devices 64 \\\n"
         "             --profile profiles/h100-sxm.json --global-batch 256\n"
@@ -123,7 +127,7 @@ static bool parse_schedules(const char *list, struct planner_request *rq, char *
 
 /* The request from the command line; OPTIONS_CONTINUE, or the usage error's exit status. */
 static int build_request(const struct plan_cli *a, struct planner_request *rq, int64_t **sizes,
-                         uint32_t **pps) {
+                         uint32_t **pps, uint32_t **tps) {
   if (!a->model || !a->devices || !a->profile || !a->global_batch)
     return piper_usage_error(program.name, "%s",
                              "give --model FILE, --devices N, --profile FILE and --global-batch SEQ");
@@ -157,6 +161,14 @@ static int build_request(const struct plan_cli *a, struct planner_request *rq, i
                                "--pp: \"%s\" is not a list of whole numbers (pipeline degrees)",
                                a->pp);
     rq->pp = *pps;
+  }
+  if (a->tp) {
+    if (!parse_list(a->tp, 1024, tps, &rq->n_tp))
+      return piper_usage_error(program.name,
+                               "--tp: \"%s\" is not a list of whole numbers in [1, 1024] "
+                               "(tensor-parallel degrees)",
+                               a->tp);
+    rq->tp = *tps;
   }
   char *bad = NULL;
   if (a->schedules && !parse_schedules(a->schedules, rq, &bad)) {
@@ -205,8 +217,7 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
       printf("  (%s)\n", *l);
     g_strfreev(lines);
   }
-  printf("  not searched: tensor parallelism (the compiler has none yet), DualPipe (two model "
-         "copies)\n");
+  printf("  not searched: DualPipe (two model copies)\n");
   uint32_t top = a->top ? a->top : 5;
   if (feasible == 0)
     printf("  no configuration fits under the memory cap: see plan.csv for the closest\n");
@@ -232,12 +243,13 @@ static int run_sweep_mode(const struct plan_cli *a, const char *dir) {
 static int run_plan(const struct plan_cli *a, const char *dir) {
   struct planner_request rq;
   int64_t *sizes = NULL;
-  uint32_t *pps = NULL;
-  int rc = build_request(a, &rq, &sizes, &pps);
+  uint32_t *pps = NULL, *tps = NULL;
+  int rc = build_request(a, &rq, &sizes, &pps, &tps);
   GError *err = NULL;
   struct planner *pl = rc == OPTIONS_CONTINUE ? planner_new(&rq, &err) : NULL;
   g_free(sizes);
   g_free(pps);
+  g_free(tps);
   if (rc != OPTIONS_CONTINUE)
     return rc;
   if (!pl)

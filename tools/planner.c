@@ -210,6 +210,7 @@ struct space {
   struct planner *pl;
   GArray *configs;
   int64_t layers, experts;
+  int64_t heads, kv_heads, vocab, ffn, moe_ffn; /* what a tp degree must divide */
   GHashTable *skip_reasons; /* reason -> count */
 };
 
@@ -230,6 +231,7 @@ static void add_config(struct space *s, const struct layout *l, const char *spec
   c.pp = l->pp;
   c.dp = l->dp;
   c.ep = l->ep;
+  c.tp = l->tp;
   c.stages = layout_stages(l);
   c.memory_choice = mc->name;
   c.order = s->configs->len;
@@ -262,15 +264,18 @@ static void add_layout(struct space *s, const struct layout *l, const char *spec
   s->pl->n_layouts += s->configs->len > before;
 }
 
-/* One pp x dp x ep with each stage shape that divides the model's layers. */
-static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep) {
+/* One pp x dp x ep x tp with each stage shape that divides the model's layers. */
+static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep, uint32_t tp) {
   uint32_t max_v = s->pl->request.max_interleave;
   for (uint32_t v = 1; v <= max_v + 1; v++) {
     /* v = 1: one stage per rank; 2 .. max_v: interleaved; max_v + 1 stands for the V */
     bool is_v = v == max_v + 1;
-    struct layout l = {.pp = pp, .dp = dp, .ep = ep, .interleave = 1, .shape = LAYOUT_LINEAR};
+    struct layout l = {.pp = pp, .dp = dp, .ep = ep, .interleave = 1, .shape = LAYOUT_LINEAR,
+                       .tp = tp, .sequence_parallel = tp > 1};
     char spec[96];
     int n = g_snprintf(spec, sizeof spec, "pp=%u,dp=%u,ep=%u", pp, dp, ep);
+    if (tp > 1)
+      n += g_snprintf(spec + n, sizeof spec - (size_t)n, ",tp=%u,sp", tp);
     if (is_v) {
       l.shape = LAYOUT_V;
       g_snprintf(spec + n, sizeof spec - (size_t)n, ",v");
@@ -290,27 +295,55 @@ static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep) {
   }
 }
 
-static bool pp_wanted(const struct planner_request *rq, uint32_t pp) {
-  for (uint32_t i = 0; i < rq->n_pp; i++)
-    if (rq->pp[i] == pp)
+static bool in_list(const uint32_t *list, uint32_t n, uint32_t v) {
+  for (uint32_t i = 0; i < n; i++)
+    if (list[i] == v)
       return true;
-  return rq->pp == NULL;
+  return list == NULL;
 }
 
-/* pp x dp = devices; ep 1, or dp when the model has experts that dp divides. */
-static void enumerate(struct space *s) {
-  uint32_t n = s->pl->request.devices;
+/* A tensor-parallel degree the model takes: it divides the heads, the KV heads (no KV head
+ * replication), the vocabulary and the FFN widths (tensor_parallel.c refuses the others). */
+static bool tp_divides_model(const struct space *s, uint32_t tp) {
+  return s->heads % tp == 0 && s->kv_heads % tp == 0 && s->vocab % tp == 0 &&
+         (s->ffn == 0 || s->ffn % tp == 0) && (s->moe_ffn == 0 || s->moe_ffn % tp == 0);
+}
+
+/* Every pp x dp at one tp degree (pp x dp x tp = devices); ep 1, or dp when the model has
+ * experts that dp divides. */
+static void enumerate_tp(struct space *s, uint32_t tp) {
+  uint32_t n = s->pl->request.devices / tp;
   for (uint32_t pp = 1; pp <= n; pp++) {
-    if (n % pp || !pp_wanted(&s->pl->request, pp))
+    if (n % pp || !in_list(s->pl->request.pp, s->pl->request.n_pp, pp))
       continue;
     uint32_t dp = n / pp;
-    add_shapes(s, pp, dp, 1);
+    add_shapes(s, pp, dp, 1, tp);
     if (dp > 1 && s->experts > 0) {
       if (s->experts % dp == 0)
-        add_shapes(s, pp, dp, dp);
+        add_shapes(s, pp, dp, dp, tp);
       else
         skip(s, "layouts: expert parallelism over dp, and dp does not divide the experts");
     }
+  }
+}
+
+/* The tp degrees asked for (default 1, 2, 4, 8: a node's GPUs at most) that divide the devices
+ * and the model, each with its pp x dp layouts. */
+static void enumerate(struct space *s) {
+  static const uint32_t default_tp[] = {1, 2, 4, 8};
+  const struct planner_request *rq = &s->pl->request;
+  const uint32_t *tps = rq->tp ? rq->tp : default_tp;
+  uint32_t n_tp = rq->tp ? rq->n_tp : G_N_ELEMENTS(default_tp);
+  for (uint32_t i = 0; i < n_tp; i++) {
+    uint32_t tp = tps[i];
+    if (tp == 0 || rq->devices % tp != 0)
+      continue;
+    if (tp > 1 && !tp_divides_model(s, tp)) {
+      skip(s, "tensor-parallel degrees: tp does not divide the heads, KV heads, vocabulary or "
+              "FFN");
+      continue;
+    }
+    enumerate_tp(s, tp);
   }
 }
 
@@ -336,6 +369,11 @@ static bool load_model_shape(struct planner *pl, struct space *s, GError **err) 
     return false;
   s->layers = m->num_layers;
   s->experts = m->num_experts;
+  s->heads = m->num_heads;
+  s->kv_heads = m->num_kv_heads;
+  s->vocab = m->vocab_size;
+  s->ffn = m->intermediate_size;
+  s->moe_ffn = m->moe_intermediate_size;
   pl->model_name = g_strdup(m->name);
   pl->model_micro_batch_size = m->micro_batch_size;
   model_free(m);

@@ -59,7 +59,7 @@ struct planner_config {
   uint32_t microbatches;
   int64_t micro_batch_size; /* 0: the model file's */
   uint32_t profile;         /* index into the evaluation's profiles */
-  uint32_t pp, dp, ep, stages; /* from the layout (0 for a directive file) */
+  uint32_t pp, dp, ep, tp, stages; /* from the layout (0 for a directive file) */
   const char *memory_choice;   /* a planner_memory_choices name, or "" */
   uint32_t order;              /* position in the enumeration: ties rank in this order */
   /* results */
@@ -101,6 +101,9 @@ struct planner_request {
   uint32_t n_micro_batch_sizes;
   const uint32_t *pp;       /* pipeline degrees to try; NULL: every divisor of devices */
   uint32_t n_pp;
+  const uint32_t *tp;       /* tensor-parallel degrees to try (each with sequence parallelism);
+                             * NULL: 1, 2, 4 and 8 where they divide the devices and the model */
+  uint32_t n_tp;
   uint32_t max_interleave;  /* interleaved 1F1B with 2 .. this many stages per rank */
   uint32_t threads;         /* 0: one per core */
   bool progress;

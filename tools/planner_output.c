@@ -54,7 +54,7 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
   if (!piper_out_open(&out, path, err))
     return false;
   FILE *f = out.f;
-  fputs("rank,status,schedule,layout,pp,dp,ep,stages,memory,micro_batch_size,microbatches,"
+  fputs("rank,status,schedule,layout,pp,dp,ep,tp,stages,memory,micro_batch_size,microbatches,"
         "iteration_time_s,throughput_tokens_per_s,mfu,peak_memory_gib,memory_cap_gib,"
         "headroom_gib,bubble_fraction,pipeline_idle_fraction,exposed_comm_fraction,"
         "imbalance_fraction,reason\n",
@@ -63,7 +63,8 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
     const struct planner_config *c = &pl->configs[i];
     fprintf(f, "%u,%s,%s,", i + 1, status_name(c->status), sched_family_name(c->schedule));
     csv_field(f, c->layout ? c->layout : c->directives ? c->directives : "");
-    fprintf(f, ",%u,%u,%u,%u,%s,%lld,%u", c->pp, c->dp, c->ep, c->stages, c->memory_choice,
+    fprintf(f, ",%u,%u,%u,%u,%u,%s,%lld,%u", c->pp, c->dp, c->ep, c->tp, c->stages,
+            c->memory_choice,
             (long long)(c->micro_batch_size ? c->micro_batch_size : pl->model_micro_batch_size),
             c->microbatches);
     if (c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP)

@@ -17,7 +17,7 @@ ok() { echo "ok: $*"; }
 
 [ -x "$PLAN" ] || { echo "FAIL: $PLAN not built"; exit 1; }
 
-"$PLAN" --help | grep -q "Tensor parallelism is not" && ok "--help says TP is not searched" || fail "--help"
+"$PLAN" --help | grep -q -- "--tp LIST" && ok "--help names the tensor-parallel degrees" || fail "--help"
 "$PLAN" --version | grep -Eq '^piper-plan [0-9]+\.[0-9]+\.[0-9]+$' && ok "--version" || fail "--version"
 
 # 1. a small search with a known answer (tests/unit/test_planner.c has the hand check)
@@ -25,7 +25,7 @@ small=(--model models/tiny-dense.json --devices 4 --profile profiles/unit.json -
 if "$PLAN" "${small[@]}" --pp 4 --out "$tmp/p" > "$tmp/stdout" 2> "$tmp/stderr"; then
   ok "plan exits 0"
   [ "$(wc -l < "$tmp/p/plan.csv")" -eq 7 ] && ok "plan.csv: 6 configurations" || fail "rows: $(cat "$tmp/p/plan.csv")"
-  sed -n 2p "$tmp/p/plan.csv" | grep -q '^1,ok,zerobubble,"pp=4,dp=1,ep=1",4,1,1,4,zero0,2,8,0.027,' \
+  sed -n 2p "$tmp/p/plan.csv" | grep -q '^1,ok,zerobubble,"pp=4,dp=1,ep=1",4,1,1,1,4,zero0,2,8,0.027,' \
     && ok "rank 1: zero-bubble, 27 ms" || fail "rank 1: $(sed -n 2p "$tmp/p/plan.csv")"
   grep -q '^  #1 zerobubble pp=4,dp=1,ep=1, 8 micro-batches' "$tmp/stdout" && grep -q "beats #2 by 6 ms" "$tmp/stdout" \
     && ok "summary: the best and why" || fail "summary: $(cat "$tmp/stdout")"

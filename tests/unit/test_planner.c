@@ -21,8 +21,21 @@ static struct planner *plan_or_fail(const struct planner_request *rq) {
   return pl;
 }
 
+static struct planner *plan_or_fail_new(const struct planner_request *rq) {
+  GError *err = NULL;
+  struct planner *pl = planner_new(rq, &err);
+  if (!pl)
+    fail_msg("%s", err->message);
+  return pl;
+}
+
+/* Without tensor parallelism unless a test asks for it (the counts below are pp x dp x ep). */
+static const uint32_t tp1[] = {1};
+
 static struct planner_request tiny(const char *model, uint32_t devices, uint64_t batch) {
   struct planner_request rq = planner_request_default();
+  rq.tp = tp1;
+  rq.n_tp = 1;
   rq.model_path = model;
   rq.profile_path = "profiles/unit.json";
   rq.devices = devices;
@@ -60,6 +73,32 @@ static void test_enumeration(void **state) {
   assert_int_equal(per_pp[1], 6);
   assert_int_equal(per_pp[2], 36);
   assert_int_equal(per_pp[4], 3);
+  planner_free(pl);
+}
+
+/* Tensor parallelism: tiny-dense (4 heads, 2 KV heads, vocabulary 256, FFN 128) on 4 devices,
+ * global batch 16, micro-batch size 2, tp 1, 2 or 4. tp 4 does not divide the 2 KV heads: left
+ * out. tp 2 leaves 2 devices: pp=1, dp=2 (1f1b; ZeRO 0, 2, 3: 3) and pp=2, dp=1 (linear 3,
+ * interleave=2 1, V 2 schedules; ZeRO 0: 6): 9 configurations, every one with sequence
+ * parallelism and pp x dp x tp = 4. */
+static void test_enumeration_tp(void **state) {
+  (void)state;
+  struct planner_request rq = tiny("models/tiny-dense.json", 4, 16);
+  static const uint32_t tps[] = {2, 4};
+  rq.tp = tps;
+  rq.n_tp = 2;
+  struct planner *pl = plan_or_fail_new(&rq);
+  assert_int_equal(pl->n_configs, 9);
+  assert_non_null(strstr(pl->skipped->str, "left out: 1 tensor-parallel degrees"));
+  for (uint32_t i = 0; i < pl->n_configs; i++) {
+    const struct planner_config *c = &pl->configs[i];
+    assert_int_equal(c->tp, 2);
+    assert_int_equal(c->pp * c->dp * c->tp, 4);
+    assert_non_null(strstr(c->layout, ",tp=2,sp"));
+  }
+  assert_true(planner_run(pl, NULL));
+  for (uint32_t i = 0; i < pl->n_configs; i++)
+    assert_int_not_equal(pl->configs[i].status, PLANNER_FAILED);
   planner_free(pl);
 }
 
@@ -188,7 +227,8 @@ static void test_refused(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_enumeration), cmocka_unit_test(test_known_best),
+      cmocka_unit_test(test_enumeration), cmocka_unit_test(test_enumeration_tp),
+      cmocka_unit_test(test_known_best),
       cmocka_unit_test(test_memory_cap),  cmocka_unit_test(test_threads_agree),
       cmocka_unit_test(test_refused),
   };
