@@ -414,6 +414,7 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
       break;
     case DIR_REPLICATE:
       n->replica_degree = dd->n_devices;
+      n->shard_optimizer = dd->shard_optimizer;
       n->shard_grads = dd->shard_grads;
       n->shard_params = dd->shard_params;
       ni->replicate = d;
@@ -530,7 +531,7 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
               "\"%s\" runs on %u devices but \"%s\" of the same segment on %u: copies of a "
               "segment need equal groups",
               y, IR_GROUP(g, n->group)->count, x, IR_GROUP(g, h->group)->count);
-    else if (n->shard_grads || IR_NODE(g, h->fwd_node)->shard_grads)
+    else if (n->shard_optimizer || IR_NODE(g, h->fwd_node)->shard_optimizer)
       fail_at(a, d, err,
               "\"%s\" and \"%s\" put copies of a ZeRO-sharded segment on two device groups, "
               "which is not supported",
@@ -754,7 +755,7 @@ static void replicate_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
     bool flush = bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap));
     if (flush) {
       add_bucket_collective(
-          a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
+          a, bucket, home, dd->shard_optimizer ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
           grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &ds->gi, ds->syncs_of);
       g_array_set_size(bucket, 0);
       bytes = 0;
@@ -890,7 +891,7 @@ static void optimizer_on_group(struct apply *a, struct dp_sync *ds, uint32_t o, 
   struct ir_graph *g = a->g;
   GArray *segs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   GArray *deg = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  bool shard_grads = false, shard_params = false;
+  bool shard_optimizer = false, shard_grads = false, shard_params = false;
   uint32_t replicas = 1;
   for (uint32_t j = 0; j < orig->count; j++) {
     uint32_t seg = g_array_index(g->segment_pool, uint32_t, orig->first + j);
@@ -899,6 +900,7 @@ static void optimizer_on_group(struct apply *a, struct dp_sync *ds, uint32_t o, 
     const struct ir_node *fn = IR_NODE(g, ds->home[seg].fwd_node);
     g_array_append_val(segs, seg);
     g_array_append_val(deg, fn->shard_degree);
+    shard_optimizer |= fn->shard_optimizer;
     shard_grads |= fn->shard_grads;
     shard_params |= fn->shard_params;
     if (fn->replica_degree > replicas)
@@ -908,6 +910,7 @@ static void optimizer_on_group(struct apply *a, struct dp_sync *ds, uint32_t o, 
   struct ir_node opt = *IR_NODE(g, o);
   opt.group = grp;
   opt.segset = ir_graph_add_segset(g, (uint32_t *)segs->data, segs->len, (uint32_t *)deg->data);
+  opt.shard_optimizer = shard_optimizer;
   opt.shard_grads = shard_grads;
   opt.shard_params = shard_params;
   opt.replica_degree = replicas;
@@ -1031,7 +1034,7 @@ static bool insert_tied_sync(struct apply *a, struct dp_sync *ds, GError **err) 
     c.group = ir_graph_group(g, pair, 2);
     c.replica_degree = 2;
     c.shard_degree = 1;
-    c.shard_grads = c.shard_params = false;
+    c.shard_optimizer = c.shard_grads = c.shard_params = false;
     c.directive = IR_NONE;
     for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
       if (t != MODEL_TAG_PP)

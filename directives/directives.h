@@ -55,7 +55,9 @@ struct dir_directive {
   char reduce_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   char gather_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   double bucket_size_mb;            /* replicate */
-  bool shard_grads, shard_params;   /* replicate */
+  /* replicate: ZeRO-1 (shard_optimizer), -2 (shard_grads, implies shard_optimizer), -3
+   * (shard_params, implies both) */
+  bool shard_optimizer, shard_grads, shard_params;
   char dim_name[DIR_NAME_MAX];      /* split */
   int64_t num_microbatches;         /* split */
   uint32_t n_slots;           /* order: slot s holds filters[slot_first[s] .. slot_first[s+1]) */

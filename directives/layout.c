@@ -50,9 +50,6 @@ static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->ep != 1 && l->ep != l->dp)
     return piper_input_error(err, "--layout \"%s\": ep must be 1 or equal to dp (%u): experts are "
                                   "sharded over a rank's whole data-parallel group", spec, l->dp);
-  if (l->zero == 1)
-    return piper_input_error(err, "--layout \"%s\": zero=1 (optimizer sharding alone) is not "
-                                  "supported; zero=2 or zero=3", spec);
   if (l->zero > 0 && l->dp < 2)
     return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
   if ((uint64_t)l->pp * l->dp > LAYOUT_MAX_DEVICES)
@@ -120,6 +117,7 @@ char *layout_to_json(const struct layout *l) {
   uint32_t stages = layout_stages(l);
   const char *zero = l->zero == 3 ? ", \"shard_grads\": true, \"shard_params\": true"
                      : l->zero == 2 ? ", \"shard_grads\": true"
+                     : l->zero == 1 ? ", \"shard_optimizer\": true"
                                     : "";
   if (stages == 1) { /* one stage on every device: no place needed */
     if (l->dp > 1 || l->ep == 1)

@@ -35,7 +35,7 @@ struct layout {
   uint32_t ep;          /* expert parallelism: 1 (experts replicated) or dp (sharded) */
   enum layout_shape shape;
   uint32_t interleave;  /* stages per rank for LAYOUT_INTERLEAVED, else 1 (2 for a V) */
-  uint32_t zero;        /* 0 (none), 2 (shard_grads) or 3 (shard_params) */
+  uint32_t zero;        /* 0 (none), 1 (shard_optimizer), 2 (shard_grads), 3 (shard_params) */
 };
 
 /* Parses "key=value,..." with keys pp, dp, ep, interleave, zero and the flag v; unset counts

@@ -298,7 +298,7 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   case DIR_REPLICATE: {
     static const char *const keys[] = {
         "op",          "filter",       "devices", "reduce_stream", "gather_stream", "bucket_size",
-        "shard_grads", "shard_params", NULL};
+        "shard_grads", "shard_params", "shard_optimizer", NULL};
     if (!check_keys(obj, keys, ctx, err))
       return false;
     break;
@@ -352,11 +352,15 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
         !json_get_positive(obj, "bucket_size", false, DIR_MAX_BUCKET_MB, &d->bucket_size_mb, ctx,
                            err) ||
         !json_get_bool(obj, "shard_grads", false, &d->shard_grads, ctx, err) ||
-        !json_get_bool(obj, "shard_params", false, &d->shard_params, ctx, err))
+        !json_get_bool(obj, "shard_params", false, &d->shard_params, ctx, err) ||
+        !json_get_bool(obj, "shard_optimizer", false, &d->shard_optimizer, ctx, err))
       return false;
-    /* ZeRO-3 shards gradients as well as parameters. */
+    /* ZeRO-3 shards gradients as well as parameters; ZeRO-2 the optimizer state as well as
+     * gradients (each level keeps the ones below it). */
     if (d->shard_params)
       d->shard_grads = true;
+    if (d->shard_grads)
+      d->shard_optimizer = true;
     return true;
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
@@ -524,6 +528,10 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       cJSON_AddNumberToObject(o, "bucket_size", d->bucket_size_mb);
       cJSON_AddBoolToObject(o, "shard_grads", d->shard_grads);
       cJSON_AddBoolToObject(o, "shard_params", d->shard_params);
+      /* Written only where it says more than shard_grads does, so programs without ZeRO-1
+       * print as they always did. */
+      if (d->shard_optimizer && !d->shard_grads)
+        cJSON_AddBoolToObject(o, "shard_optimizer", true);
       break;
     case DIR_SPLIT:
       cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));

@@ -117,7 +117,9 @@ struct exec_bucket {
   uint32_t *segs;
   uint64_t offset, count, padded, shard; /* shard = padded / group size */
   uint32_t group_size, rank;
-  bool sharded_grads, sharded_params;
+  /* ZeRO levels: reduce-scattered gradients and an update of this device's shard alone
+   * (1, and every level above), gradients (2) and parameters (3) held as a shard */
+  bool sharded_optimizer, sharded_grads, sharded_params;
 };
 
 /* A communicator to create: plan communicator + the streams that use it. */

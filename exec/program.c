@@ -657,7 +657,8 @@ static bool decode_bucket(struct decoder *dc, uint32_t i, GError **err) {
                                              (ss->count ? ss->count : 1) * sizeof(uint32_t)),
                            .group_size = p->groups[n->group].count,
                            .rank = (uint32_t)plan_node_position(p, x->node, d->device),
-                           .sharded_grads = n->kind == IR_NODE_REDUCE_SCATTER,
+                           .sharded_optimizer = n->kind == IR_NODE_REDUCE_SCATTER,
+                           .sharded_grads = n->shard_grads,
                            .sharded_params = n->shard_params};
   x->bucket = dc->buckets->len;
   g_array_append_val(dc->buckets, bk);
@@ -870,7 +871,7 @@ static bool link_tied_syncs(struct exec_device *d, GError **err) {
                                       : "syncs a tied embedding this device holds no copy of");
     x->segment = d->holds[emb] ? emb : head;
     uint32_t b = d->bucket_of[x->segment];
-    if (b != IR_NONE && d->buckets[b].sharded_grads)
+    if (b != IR_NONE && d->buckets[b].sharded_optimizer)
       return fail_instr(d->plan, d->device, x->node, err,
                         "syncs a tied embedding whose gradients are sharded (ZeRO): not supported");
     syncs++;

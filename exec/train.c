@@ -1203,7 +1203,7 @@ static bool optimizer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st
     uint64_t ulo = lo, uhi = hi;
     const struct exec_bucket *bk =
         d->bucket_of[seg] != IR_NONE ? &d->buckets[d->bucket_of[seg]] : NULL;
-    if (bk && bk->sharded_grads) {
+    if (bk && bk->sharded_optimizer) {
       /* ZeRO: only this device's shard holds reduced gradients; update just that */
       uint64_t olo = bk->offset + (uint64_t)bk->rank * bk->shard, ohi = olo + bk->shard;
       ulo = lo > olo ? lo : olo;

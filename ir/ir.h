@@ -36,7 +36,7 @@ enum ir_node_kind {
   IR_NODE_SEND,           /* to peer_group, same position in the group */
   IR_NODE_RECV,           /* from peer_group, same position in the group */
   IR_NODE_ALL_REDUCE,     /* gradient sync over group */
-  IR_NODE_REDUCE_SCATTER, /* gradient sync under shard_grads / shard_params */
+  IR_NODE_REDUCE_SCATTER, /* gradient sync under shard_optimizer / grads / params */
   IR_NODE_ALL_GATHER,     /* parameter gather under shard_params */
   IR_NODE_ALL_TO_ALL,     /* expert dispatch / combine under shard */
   IR_NODE_OPTIMIZER,      /* AdamW update of the parameters one device group holds */
@@ -64,7 +64,9 @@ struct ir_node {
                               * device holds 1/shard_degree of the experts and runs as many
                               * routed tokens as its own micro-batch has (EP group = DP group) */
   uint32_t replica_degree;   /* data-parallel replicas of this node (group size), 1 if none */
-  bool shard_grads, shard_params;
+  /* ZeRO levels of the replicate directive that placed it: shard_optimizer (1), shard_grads
+   * (2, implies 1), shard_params (3, implies 2) */
+  bool shard_optimizer, shard_grads, shard_params;
   uint32_t directive; /* last directive that rewrote it (for messages), IR_NONE */
   /* Lowering's tie-break among ready nodes (lower first): an `order` slot and the node's
    * place in the slot's interleaving, or by default pass then micro-batch (GPipe-like).

@@ -346,6 +346,7 @@ enum {
   N_REPLICA_DEGREE,
   N_SHARD_GRADS,
   N_SHARD_PARAMS,
+  N_SHARD_OPTIMIZER,
   N_DIRECTIVE,
   N_PRIORITY,
   N_COUNT
@@ -354,7 +355,7 @@ static const char *const node_keys[N_COUNT] = {
     "id",          "name",         "kind",       "pass",         "purpose",
     "tags",        "group",        "peer_group", "stream",       "segment",
     "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
-    "shard_grads", "shard_params", "directive",  "priority"};
+    "shard_grads", "shard_params", "shard_optimizer", "directive",  "priority"};
 
 /* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
 static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct json_loc *l,
@@ -472,6 +473,12 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
     return false;
   if (!read_hex(x[N_PRIORITY], "priority", &n->priority, &l, err))
     return false;
+  /* Optional: written only for ZeRO-1; every higher level implies it. */
+  n->shard_optimizer = n->shard_grads;
+  if (x[N_SHARD_OPTIMIZER] &&
+      !json_value_bool(x[N_SHARD_OPTIMIZER], "shard_optimizer", &n->shard_optimizer, &l, err))
+    return false;
+  n->shard_optimizer |= n->shard_grads;
   n->bytes = bytes;
   n->shard_degree = (uint32_t)shard;
   n->replica_degree = (uint32_t)replica;

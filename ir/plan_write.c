@@ -234,6 +234,9 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
   cJSON_AddNumberToObject(o, "replica_degree", n->replica_degree);
   cJSON_AddBoolToObject(o, "shard_grads", n->shard_grads);
   cJSON_AddBoolToObject(o, "shard_params", n->shard_params);
+  /* Only where it says more than shard_grads (ZeRO-1), so other plans read as before. */
+  if (n->shard_optimizer && !n->shard_grads)
+    cJSON_AddBoolToObject(o, "shard_optimizer", true);
   add_ref(o, "directive", n->directive);
   /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
   char prio[24];

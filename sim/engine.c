@@ -74,6 +74,10 @@ void sim_static_memory(const struct plan *p, const struct plan_class *c,
       params += pb * psi;
       grads += gb * psi / N;
       opt += ob * psi / N;
+    } else if (n->shard_optimizer) { /* ZeRO-1: 4 psi + 12 psi / N */
+      params += pb * psi;
+      grads += gb * psi;
+      opt += ob * psi / N;
     } else {
       params += pb * psi;
       grads += gb * psi;
@@ -141,7 +145,7 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       if (n->segset != IR_NONE && n->segset < p->n_segsets)
         params =
             (double)p->segsets[n->segset].param_bytes / (double)model_dtype_bytes(p->model->dtype);
-      if ((n->shard_grads || n->shard_params) && n->replica_degree > 1)
+      if ((n->shard_optimizer || n->shard_grads || n->shard_params) && n->replica_degree > 1)
         params /= n->replica_degree;
       struct profile_cost pc = profile_optimizer_cost(prof, params);
       ci->work[i] = pc.seconds;

@@ -3,8 +3,8 @@
 # plan trains and writes its run directory; tiny-dense learns a real text in 100 steps; plans
 # from piper-compile -o run like plans compiled in-process. With mpirun (when MPI is built in):
 # tiny-moe trained 3 steps on a global batch of 8 micro-batches gives the same losses and final
-# parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-2 and
-# ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; a checkpoint at step 2
+# parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
+# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
 # timeout. A checkpoint of another sharding, learning rate or batch shape is refused naming the
 # difference (or accepted with --resume-allow-change); the last step is checkpointed,
@@ -174,6 +174,7 @@ if run ref 1 --directives "$T/one.json" --mbs 8; then
   run dp2 2 --directives $BS/dp2.json --mbs 4 && same dp2
   run pp2_1f1b 2 --directives "$T/pp2.json" --schedule 1f1b --ranks 2 --mbs 8 && same pp2_1f1b
   run pp2_dp2_ep2 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 && same pp2_dp2_ep2
+  run zero1 4 --base-schedule $BS/pp2_dp2_ep2_zero1.json --schedule 1f1b --ranks 2 --mbs 4 && same zero1
   run zero2 4 --base-schedule $BS/pp2_dp2_ep2_zero2.json --schedule 1f1b --ranks 2 --mbs 4 && same zero2
   run zero3 4 --base-schedule $BS/pp2_dp2_ep2_zero3.json --schedule 1f1b --ranks 2 --mbs 4 && same zero3
   run dualpipev 4 --pp-regions 4 --base-schedule $BS/pp4_dp2_ep2_v_placement.json --schedule dualpipev \

@@ -195,6 +195,53 @@ static void test_replicate_buckets(void **state) {
   model_free(m);
 }
 
+/* ZeRO-1 (shard_optimizer): gradients reduce-scattered into each device's shard, the update
+ * of that shard alone, then an all-gather of the updated parameters. Per bucket exactly one
+ * reduce-scatter and one all-gather, each carrying the bucket's parameter bytes, the gather
+ * after the optimizer; the nodes say ZeRO-1 and nothing more. */
+static void test_replicate_zero1(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
+  uint32_t ps = 0;
+  uint64_t total = 0;
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    if (m->segments[s].param_count > 0) {
+      ps++;
+      total += m->segments[s].param_bytes;
+    }
+  struct ir_graph *g =
+      must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
+                    "\"shard_optimizer\":true},"
+                    "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]");
+  struct counts c = count(g);
+  assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], 0);
+  assert_int_equal(c.kind[IR_NODE_REDUCE_SCATTER], ps);
+  assert_int_equal(c.kind[IR_NODE_ALL_GATHER], ps); /* after the update, not per micro-batch */
+  uint64_t rs_bytes = 0, ag_bytes = 0;
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind == IR_NODE_OPTIMIZER || n->kind == IR_NODE_COMPUTE) {
+      assert_true(n->shard_optimizer);
+      assert_false(n->shard_grads || n->shard_params);
+    }
+    if (n->kind == IR_NODE_REDUCE_SCATTER)
+      rs_bytes += n->bytes;
+    if (n->kind == IR_NODE_ALL_GATHER) {
+      ag_bytes += n->bytes;
+      assert_int_equal(n->pass, IR_PASS_NONE);
+      bool after_update = false;
+      for (uint32_t e = 0; e < g->edges->len; e++)
+        after_update |= IR_EDGE(g, e)->dst == i &&
+                        IR_NODE(g, IR_EDGE(g, e)->src)->kind == IR_NODE_OPTIMIZER;
+      assert_true(after_update);
+    }
+  }
+  assert_int_equal(rs_bytes, total);
+  assert_int_equal(ag_bytes, total);
+  ir_graph_free(g);
+  model_free(m);
+}
+
 /* ---- shard -------------------------------------------------------------------------------- */
 
 static void test_shard_adds_all_to_all(void **state) {
@@ -727,6 +774,7 @@ int main(void) {
       cmocka_unit_test(test_split_multiplies_matched_nodes),
       cmocka_unit_test(test_place_adds_send_recv_per_crossing_edge),
       cmocka_unit_test(test_replicate_buckets),
+      cmocka_unit_test(test_replicate_zero1),
       cmocka_unit_test(test_shard_adds_all_to_all),
       cmocka_unit_test(test_order_adds_temporal_edges),
       cmocka_unit_test(test_bad_programs),

@@ -119,7 +119,7 @@ static void test_bad_specs(void **state) {
       {"pp=2,w", "unknown item \"w\""},
       {"pp=2,dp=4,ep=2", "ep must be 1 or equal to dp (4)"},
       {"pp=2,interleave=2,v", "interleave and v exclude each other"},
-      {"pp=2,dp=2,zero=1", "zero=1"},
+      {"pp=2,zero=1", "zero=1 needs dp of at least 2"}, /* ZeRO-1 itself is accepted */
       {"pp=2,zero=2", "zero=2 needs dp of at least 2"},
       {"pp=65536,dp=65536", "more than"},
       {"dp=x", "\"dp\" must be a whole number"},
