@@ -1074,18 +1074,11 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
 static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck);
 
 /* ZeRO-3: one all-gather per bucket, micro-batch and use (F, and B or BI), feeding every
- * compute node of the bucket in that use. It depends on the predecessors of the predecessors
- * of the bucket's first node in that use, so it prefetches one segment ahead instead of
- * gathering everything at once. */
+ * compute node of the bucket in that use; its buffer lives until the last of them is done.
+ * When it may start is fixed once the order is known (prefetch_gathers). */
 static void insert_gathers(struct apply *a) {
   struct ir_graph *g = a->g;
   uint32_t nn = g->nodes->len;
-  struct ir_adjacency adj;
-  ir_adjacency_build(g, &adj);
-  uint32_t *pos = g_new(uint32_t, nn ? nn : 1), stuck;
-  bool acyclic = topo_positions(g, pos, &stuck);
-  PIPER_ASSERT(acyclic);
-  (void)acyclic;
   /* Consumers grouped by (bucket collective, micro-batch key, use). */
   GHashTable *groups = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
   GPtrArray *lists = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
@@ -1137,50 +1130,14 @@ static void insert_gathers(struct apply *a) {
     gn.segset = IR_NODE(g, b)->segset;
     gn.directive = IR_NODE(g, b)->directive;
     uint32_t gid = add_node(a, &gn);
-    GHashTable *pre = g_hash_table_new(NULL, NULL);
-    uint32_t head = g_array_index(cons, uint32_t, 0);
-    for (uint32_t j = 0; j < cons->len; j++) {
-      uint32_t c = g_array_index(cons, uint32_t, j);
-      ir_graph_add_edge(g, gid, c, IR_EDGE_DATA, 0, IR_NODE(g, b)->bytes);
-      if (pos[c] < pos[head])
-        head = c;
-    }
-    {
-      uint32_t c = head;
-      for (uint32_t k = adj.in_first[c]; k < adj.in_first[c + 1]; k++) {
-        uint32_t p1 = IR_EDGE(g, adj.in_edges[k])->src;
-        bool inside = false;
-        for (uint32_t q = 0; q < cons->len && !inside; q++)
-          inside = g_array_index(cons, uint32_t, q) == p1;
-        if (inside || p1 >= nn)
-          continue;
-        for (uint32_t r = adj.in_first[p1]; r < adj.in_first[p1 + 1]; r++) {
-          uint32_t p2 = IR_EDGE(g, adj.in_edges[r])->src;
-          /* p2 precedes the head, which precedes every consumer: no cycle. */
-          if (IR_NODE(g, p2)->group == gn.group)
-            g_hash_table_add(pre, GUINT_TO_POINTER(p2 + 1));
-        }
-      }
-    }
-    GList *keys = g_hash_table_get_keys(pre);
-    GArray *sorted = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (GList *it = keys; it; it = it->next) {
-      uint32_t v = GPOINTER_TO_UINT(it->data) - 1;
-      g_array_append_val(sorted, v);
-    }
-    g_list_free(keys);
-    g_array_sort(sorted, compare_u32); /* hash order is undefined; edges must be deterministic */
-    for (uint32_t j = 0; j < sorted->len; j++)
-      ir_graph_add_edge(g, g_array_index(sorted, uint32_t, j), gid, IR_EDGE_TEMPORAL, 0, 0);
-    g_array_free(sorted, TRUE);
-    g_hash_table_destroy(pre);
+    for (uint32_t j = 0; j < cons->len; j++)
+      ir_graph_add_edge(g, gid, g_array_index(cons, uint32_t, j), IR_EDGE_DATA, 0,
+                        IR_NODE(g, b)->bytes);
   }
-  g_free(pos);
   g_free(bucket_of_seg);
   g_array_free(owners, TRUE);
   g_ptr_array_free(lists, TRUE);
   g_hash_table_destroy(groups);
-  ir_adjacency_free(&adj);
 }
 
 /* Expert parallelism: an all-to-all on every data edge into and out of a sharded expert node
@@ -1427,6 +1384,79 @@ static void default_priorities(struct apply *a, const bool *ordered) {
   }
 }
 
+/* ---- ZeRO-3 prefetch ------------------------------------------------------------------------ */
+
+/* A group's compute nodes in the order its devices run them: by lowering priority, then
+ * topological position (what lowering's list scheduler follows among ready nodes). */
+static const struct ir_graph *run_order_graph; /* qsort context for by_run_order */
+static int by_run_order(const void *x, const void *y) {
+  uint32_t u = *(const uint32_t *)x, v = *(const uint32_t *)y;
+  uint64_t pu = IR_NODE(run_order_graph, u)->priority, pv = IR_NODE(run_order_graph, v)->priority;
+  if (pu != pv)
+    return pu < pv ? -1 : 1;
+  return sort_pos[u] < sort_pos[v] ? -1 : sort_pos[u] > sort_pos[v];
+}
+
+/* ZeRO-3 prefetching one segment ahead (ZeRO paper §5.3; FSDP's forward/backward prefetch):
+ * the gather for a use starts once the compute two places before that use on the group has
+ * finished, so it overlaps the compute right before the use, and is freed after the use. At
+ * most the gather in use and the next one are alive, whatever the micro-batch count; without
+ * the edge every gather is ready at the step's start and all of a step's gathers pile up.
+ * The edge u -> gather only from a u topologically before every consumer: no cycle. */
+static void prefetch_gathers(struct apply *a, const uint32_t *pos) {
+  struct ir_graph *g = a->g;
+  uint32_t nn = g->nodes->len, ng = g->groups->len;
+  GArray **seq = g_new0(GArray *, ng ? ng : 1);
+  uint32_t *seq_index = g_new(uint32_t, nn ? nn : 1);
+  bool any = false;
+  for (uint32_t i = 0; i < nn; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    any |= n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE;
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    if (!seq[n->group])
+      seq[n->group] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_val(seq[n->group], i);
+  }
+  for (uint32_t k = 0; k < ng && any; k++) {
+    if (!seq[k])
+      continue;
+    run_order_graph = g;
+    qsort(seq[k]->data, seq[k]->len, sizeof(uint32_t), by_run_order);
+    run_order_graph = NULL;
+    for (uint32_t j = 0; j < seq[k]->len; j++)
+      seq_index[g_array_index(seq[k], uint32_t, j)] = j;
+  }
+  struct ir_adjacency adj;
+  ir_adjacency_build(g, &adj);
+  for (uint32_t i = 0; i < nn && any; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_ALL_GATHER || n->pass == IR_PASS_NONE || !seq[n->group])
+      continue;
+    uint32_t first = UINT32_MAX, min_pos = UINT32_MAX;
+    for (uint32_t e = adj.out_first[i]; e < adj.out_first[i + 1]; e++) {
+      uint32_t c = IR_EDGE(g, adj.out_edges[e])->dst;
+      if (IR_NODE(g, c)->kind != IR_NODE_COMPUTE || IR_NODE(g, c)->group != n->group)
+        continue;
+      if (seq_index[c] < first)
+        first = seq_index[c];
+      if (pos[c] < min_pos)
+        min_pos = pos[c];
+    }
+    if (first == UINT32_MAX || first < 2)
+      continue; /* the first two uses gather at the start */
+    uint32_t u = g_array_index(seq[n->group], uint32_t, first - 2);
+    if (pos[u] < min_pos)
+      ir_graph_add_edge(g, u, i, IR_EDGE_TEMPORAL, 0, 0);
+  }
+  ir_adjacency_free(&adj);
+  for (uint32_t k = 0; k < ng; k++)
+    if (seq[k])
+      g_array_free(seq[k], TRUE);
+  g_free(seq);
+  g_free(seq_index);
+}
+
 /* ---- driver ------------------------------------------------------------------------------ */
 
 bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t n_devices_limit,
@@ -1509,6 +1539,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     }
   }
   default_priorities(&a, ordered);
+  prefetch_gathers(&a, pos);
   if (g->n_devices > a.limit) {
     fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices,
             a.limit);

@@ -242,6 +242,54 @@ static void test_replicate_zero1(void **state) {
   model_free(m);
 }
 
+/* ZeRO-3 prefetch: each gather for a use waits for the compute two places before that use on
+ * its group (so it overlaps the one right before), except the group's first two uses. Without
+ * that edge, every gather of the step is ready at its start. */
+static void test_zero3_prefetch_edges(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-dense.json", 1); /* one segment */
+  assert_int_equal(m->n_segments, 1);
+  uint32_t mbs = 4;
+  struct ir_graph *g = must_apply(
+      m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"shard_params\":true},"
+         "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":4}]");
+  uint32_t gathers = 0, linked = 0;
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_ALL_GATHER)
+      continue;
+    gathers++;
+    uint32_t in = 0;
+    for (uint32_t e = 0; e < g->edges->len; e++) {
+      const struct ir_edge *ed = IR_EDGE(g, e);
+      if (ed->dst != i)
+        continue;
+      in++;
+      const struct ir_node *src = IR_NODE(g, ed->src);
+      assert_int_equal(ed->kind, IR_EDGE_TEMPORAL);
+      assert_int_equal(src->kind, IR_NODE_COMPUTE);
+      assert_int_equal(src->group, n->group);
+      /* GPipe-like default order: the forward uses of micro-batch k wait for F of k - 2, the
+       * backward of micro-batch 0 for F of micro-batch 2 and 1 for F 3, then B of k - 2 */
+      int mb_tag = ir_graph_tag(g, "MB", false);
+      int32_t k = n->tags[mb_tag], j = src->tags[mb_tag];
+      if (n->pass == IR_PASS_F)
+        assert_true(src->pass == IR_PASS_F && j == k - 2);
+      else if (k >= 2)
+        assert_true(src->pass == IR_PASS_B && j == k - 2);
+      else
+        assert_true(src->pass == IR_PASS_F && j == k + 2);
+    }
+    assert_true(in <= 1);
+    linked += in;
+  }
+  /* one segment, one bucket: one gather per micro-batch and use */
+  assert_int_equal(gathers, mbs * 2);
+  assert_int_equal(linked, gathers - 2);
+  ir_graph_free(g);
+  model_free(m);
+}
+
 /* ---- shard -------------------------------------------------------------------------------- */
 
 static void test_shard_adds_all_to_all(void **state) {
@@ -775,6 +823,7 @@ int main(void) {
       cmocka_unit_test(test_place_adds_send_recv_per_crossing_edge),
       cmocka_unit_test(test_replicate_buckets),
       cmocka_unit_test(test_replicate_zero1),
+      cmocka_unit_test(test_zero3_prefetch_edges),
       cmocka_unit_test(test_shard_adds_all_to_all),
       cmocka_unit_test(test_order_adds_temporal_edges),
       cmocka_unit_test(test_bad_programs),
