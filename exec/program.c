@@ -849,6 +849,7 @@ static bool lay_out_params(struct exec_device *d, GError **err) {
     off += d->param_local[s];
   }
   d->n_params = off;
+  exec_store_layout(d);
   return true;
 }
 

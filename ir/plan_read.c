@@ -412,6 +412,21 @@ static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *ou
                       nullable ? "null, " : "");
 }
 
+/* The ZeRO level: shard_grads and shard_params always written, shard_optimizer only for
+ * ZeRO-1 (every higher level implies it). */
+static bool read_zero_flags(const cJSON *const *x, struct ir_node *n, const struct json_loc *l,
+                            GError **err) {
+  if (!json_value_bool(x[N_SHARD_GRADS], "shard_grads", &n->shard_grads, l, err) ||
+      !json_value_bool(x[N_SHARD_PARAMS], "shard_params", &n->shard_params, l, err))
+    return false;
+  n->shard_optimizer = false;
+  if (x[N_SHARD_OPTIMIZER] &&
+      !json_value_bool(x[N_SHARD_OPTIMIZER], "shard_optimizer", &n->shard_optimizer, l, err))
+    return false;
+  n->shard_optimizer |= n->shard_grads;
+  return true;
+}
+
 static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **err) {
   struct plan *p = r->p;
   struct ir_node *n = &p->nodes[i];
@@ -466,19 +481,12 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
       !json_value_int(x[N_SHARD_DEGREE], "shard_degree", 0, IR_MAX_DEVICES, &shard, &l, err) ||
       !json_value_int(x[N_REPLICA_DEGREE], "replica_degree", 0, IR_MAX_DEVICES, &replica, &l,
                       err) ||
-      !json_value_bool(x[N_SHARD_GRADS], "shard_grads", &n->shard_grads, &l, err) ||
-      !json_value_bool(x[N_SHARD_PARAMS], "shard_params", &n->shard_params, &l, err) ||
+      !read_zero_flags(x, n, &l, err) ||
       !json_value_ref(x[N_DIRECTIVE], "directive", PLAN_MAX_DIRECTIVE, true, &n->directive, &l,
                       err))
     return false;
   if (!read_hex(x[N_PRIORITY], "priority", &n->priority, &l, err))
     return false;
-  /* Optional: written only for ZeRO-1; every higher level implies it. */
-  n->shard_optimizer = n->shard_grads;
-  if (x[N_SHARD_OPTIMIZER] &&
-      !json_value_bool(x[N_SHARD_OPTIMIZER], "shard_optimizer", &n->shard_optimizer, &l, err))
-    return false;
-  n->shard_optimizer |= n->shard_grads;
   n->bytes = bytes;
   n->shard_degree = (uint32_t)shard;
   n->replica_degree = (uint32_t)replica;

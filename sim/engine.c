@@ -45,17 +45,56 @@ static bool kind_is_comm(enum ir_node_kind k) {
 
 /* ---- static memory ------------------------------------------------------------------------ */
 
+/* Bytes per parameter of parameters, gradients and optimizer state. Mixed-precision Adam (ZeRO
+ * paper, Rajbhandari et al. 2020, §3.1): 2 bytes of bf16 parameters, 2 of gradients, 12 of
+ * optimizer state (fp32 master copy, momentum, variance); fp32 training: 4 + 4 + 8 (momentum,
+ * variance). */
+struct static_rates {
+  double params, grads, opt;
+};
+
+/* A ZeRO bucket (a reduce-scatter of the class): P parameters on each of N devices, padded to
+ * N * ceil(P / N) so the collectives divide evenly, as the executor lays them out. Each level
+ * keeps its sharded stores at one shard, ceil(P / N), and the rest whole (padded):
+ *   ZeRO-1: params, grads padded, optimizer shard   (bf16: about 4 psi + 12 psi / N)
+ *   ZeRO-2: params padded, grads, optimizer shard   (2 psi + 14 psi / N)
+ *   ZeRO-3: every store one shard                   (16 psi / N) */
+static void zero_bucket_memory(const struct plan *p, const struct ir_node *n,
+                               const struct static_rates *r, double *params, double *grads,
+                               double *opt) {
+  double P = (double)p->segsets[n->segset].param_bytes / (double)model_dtype_bytes(p->model->dtype);
+  double N = n->replica_degree ? n->replica_degree : 1;
+  double shard = ceil(P / N), padded = shard * N;
+  *params += r->params * (n->shard_params ? shard : padded);
+  *grads += r->grads * (n->shard_grads ? shard : padded);
+  *opt += r->opt * shard;
+}
+
 void sim_static_memory(const struct plan *p, const struct plan_class *c,
                        uint64_t bytes[REPORT_MEM_KIND_COUNT]) {
   memset(bytes, 0, sizeof(uint64_t) * REPORT_MEM_KIND_COUNT);
   const struct model *m = p->model;
   bool *seen = g_new0(bool, m->n_segments);
-  /* Mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020, §3.1): 2 bytes of bf16
-   * parameters, 2 of gradients, 12 of optimizer state (fp32 master copy, momentum, variance)
-   * per parameter; fp32 training: 4 + 4 + 8 (momentum, variance). */
   bool bf16 = m->dtype == MODEL_DTYPE_BF16;
-  double pb = bf16 ? 2 : 4, gb = bf16 ? 2 : 4, ob = bf16 ? 12 : 8;
+  struct static_rates r = {bf16 ? 2 : 4, bf16 ? 2 : 4, bf16 ? 12 : 8};
   double params = 0, grads = 0, opt = 0;
+  /* ZeRO buckets first; their segments are then counted */
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind != IR_NODE_REDUCE_SCATTER || n->segset >= p->n_segsets)
+      continue;
+    const struct ir_segset *ss = &p->segsets[n->segset];
+    bool fresh = true;
+    for (uint32_t j = 0; j < ss->count; j++) {
+      uint32_t seg = p->segment_pool[ss->first + j];
+      fresh &= seg < m->n_segments && !seen[seg];
+      if (seg < m->n_segments)
+        seen[seg] = true;
+    }
+    if (fresh)
+      zero_bucket_memory(p, n, &r, &params, &grads, &opt);
+  }
+  /* every other segment held here whole: its local experts, or what no ZeRO bucket shards */
   for (uint32_t i = 0; i < c->n_instrs; i++) {
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
     if (n->kind != IR_NODE_COMPUTE || n->segment == IR_NONE || n->segment >= m->n_segments)
@@ -65,24 +104,9 @@ void sim_static_memory(const struct plan *p, const struct plan_class *c,
     seen[n->segment] = true;
     double psi = (double)m->segments[n->segment].param_count /
                  (double)(n->shard_degree ? n->shard_degree : 1);
-    double N = n->replica_degree ? n->replica_degree : 1;
-    if (n->shard_params) { /* ZeRO-3: 16 psi / N */
-      params += pb * psi / N;
-      grads += gb * psi / N;
-      opt += ob * psi / N;
-    } else if (n->shard_grads) { /* ZeRO-2: 2 psi + 14 psi / N */
-      params += pb * psi;
-      grads += gb * psi / N;
-      opt += ob * psi / N;
-    } else if (n->shard_optimizer) { /* ZeRO-1: 4 psi + 12 psi / N */
-      params += pb * psi;
-      grads += gb * psi;
-      opt += ob * psi / N;
-    } else {
-      params += pb * psi;
-      grads += gb * psi;
-      opt += ob * psi;
-    }
+    params += r.params * psi;
+    grads += r.grads * psi;
+    opt += r.opt * psi;
   }
   g_free(seen);
   bytes[REPORT_MEM_PARAMS] = (uint64_t)llround(params);

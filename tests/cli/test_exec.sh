@@ -177,6 +177,30 @@ if run ref 1 --directives "$T/one.json" --mbs 8; then
   run zero1 4 --base-schedule $BS/pp2_dp2_ep2_zero1.json --schedule 1f1b --ranks 2 --mbs 4 && same zero1
   run zero2 4 --base-schedule $BS/pp2_dp2_ep2_zero2.json --schedule 1f1b --ranks 2 --mbs 4 && same zero2
   run zero3 4 --base-schedule $BS/pp2_dp2_ep2_zero3.json --schedule 1f1b --ranks 2 --mbs 4 && same zero3
+  # each rank allocates only its share of parameters, gradients and optimizer state: the
+  # measured figures are the simulator's static memory, byte for byte (formulas, not
+  # estimates), and each ZeRO level holds less of its store than the level below
+  for z in 1 2 3; do
+    [ -s "$T/zero$z/metrics.json" ] || continue
+    "$BIN/piper-sim" --model $MOE --base-schedule $BS/pp2_dp2_ep2_zero$z.json --schedule 1f1b --ranks 2 \
+      --mbs 4 --profile profiles/host-cpu.json --no-charts --quiet --out "$T/sim_zero$z" 2>"$T/err" || bad "sim zero$z: $(cat "$T/err")"
+  done
+  python3 - "$T" <<'EOF' && ok || bad "ZeRO static memory: executor and simulator differ"
+import json, sys
+keys = ("params", "grads", "optimizer")
+def static(path):
+    return [tuple(d["memory_breakdown_bytes"][k] for k in keys) for d in json.load(open(path))["devices"]]
+plain = static(sys.argv[1] + "/pp2_dp2_ep2/metrics.json")
+prev = plain
+for z in (1, 2, 3):
+    e = static(f"{sys.argv[1]}/zero{z}/metrics.json")
+    s = static(f"{sys.argv[1]}/sim_zero{z}/metrics.json")
+    assert e == s, (z, e, s)
+    # level z shards one more store: optimizer (1), gradients (2), parameters (3)
+    for a, b in zip(e, prev):
+        assert a[3 - z] < b[3 - z], (z, a, b)
+    prev = e
+EOF
   run dualpipev 4 --pp-regions 4 --base-schedule $BS/pp4_dp2_ep2_v_placement.json --schedule dualpipev \
     --ranks 2 --mbs 4 && same dualpipev
   run zerobubble 2 --directives "$T/pp2.json" --schedule zerobubble --ranks 2 --mbs 8 && same zerobubble

@@ -936,6 +936,36 @@ static void test_static_memory_zero(void **state) {
   profile_free(u);
 }
 
+/* ZeRO with expert parallelism: only the bucketed (dense) parameters are sharded over the
+ * replicas; each device keeps its local experts whole (they own distinct parameters, nothing
+ * to shard), exactly as the executor allocates them. By hand for tiny-moe (fp32) on stage 0
+ * of pp2_dp2_ep2: dense D = 42,240 parameters in one bucket (even over 2, no padding), experts
+ * E = 98,304 of which 49,152 local. ZeRO-2: params 4 (D + E/2) = 365,568 B, grads
+ * 4 (D/2 + E/2) = 281,088 B, Adam 8 (D/2 + E/2) = 562,176 B. */
+static void test_static_memory_zero_experts(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  struct plan *p = compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2_zero2.json",
+                           "1f1b", 4, 0);
+  const struct model *m = p->model;
+  double D = 0, E = 0;
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    if (m->segments[s].tags[MODEL_TAG_PP] == 0)
+      *(m->segments[s].expert ? &E : &D) += (double)m->segments[s].param_count;
+  assert_true(D == 42240 && E == 98304);
+  struct sim_result *r = run(p, u, false);
+  const struct sim_unit *su = &r->units[r->device_unit[0]];
+  assert_int_equal(su->static_bytes[REPORT_MEM_PARAMS], 4 * (D + E / 2));
+  assert_int_equal(su->static_bytes[REPORT_MEM_GRADS], 4 * (D / 2 + E / 2));
+  assert_int_equal(su->static_bytes[REPORT_MEM_OPTIMIZER], 8 * (D / 2 + E / 2));
+  assert_int_equal(su->static_bytes[REPORT_MEM_PARAMS], 365568);
+  assert_int_equal(su->static_bytes[REPORT_MEM_GRADS], 281088);
+  assert_int_equal(su->static_bytes[REPORT_MEM_OPTIMIZER], 562176);
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(u);
+}
+
 /* ---- report files and charts ---------------------------------------------------------------- */
 
 static void test_report_files(void **state) {
@@ -1142,6 +1172,7 @@ int main(void) {
       cmocka_unit_test(test_report_stats),
       cmocka_unit_test(test_collapse_exact),
       cmocka_unit_test(test_static_memory_zero),
+      cmocka_unit_test(test_static_memory_zero_experts),
       cmocka_unit_test(test_report_files),
       cmocka_unit_test(test_sweep),
       cmocka_unit_test(test_textbook_gpipe_1f1b),
