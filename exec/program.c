@@ -130,6 +130,11 @@ static bool model_dims(struct exec_model *xm, const struct model *m, GError **er
                              "%s: model_type %s uses MLA attention, which has no host kernel (the "
                              "host backend trains dense and MoE decoders)",
                              m->name, m->model_type);
+  if (m->shared_expert_gate)
+    return piper_input_error(err,
+                             "%s: model_type %s gates its shared expert (shared_expert_gate), "
+                             "which has no host kernel",
+                             m->name, m->model_type);
   int64_t T = m->micro_batch_size * m->seq_len;
   if (T > (1 << 20) || m->hidden_size > (1 << 16) || m->vocab_size > (1 << 20))
     return piper_input_error(err,

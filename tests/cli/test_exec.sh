@@ -62,6 +62,8 @@ expect_bad "bad model" "tiny-moe-missing.json" --model models/tiny-moe-missing.j
 expect_bad "plan too big" "the plan has 2 devices but the job has 1 processes" \
   --model $MOE --directives $BS/dp2.json --mbs 2 --no-report
 expect_bad "mla" "no host kernel" --model models/deepseek-v3.json --pp-regions 61 --directives "$T/one.json" --no-report
+expect_bad "qwen2 shared gate" "gates its shared expert (shared_expert_gate), which has no host kernel" \
+  --model models/qwen1.5-moe-a2.7b.json --directives "$T/one.json" --no-report
 PIPER_EXEC_FAULT=bogus expect_bad "bad fault" "PIPER_EXEC_FAULT" --model $DENSE --directives "$T/one.json"
 
 # --- one process: a one-device plan trains and writes its run directory ------------------------
