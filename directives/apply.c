@@ -432,6 +432,140 @@ out:
   return ok;
 }
 
+/* ---- recompute ----------------------------------------------------------------------------- */
+
+/* What a segment's attention core saves: what selective recomputation stops keeping. */
+static uint64_t segment_core_saved(const struct model *m, uint32_t seg) {
+  uint64_t b = 0;
+  const struct model_segment *s = &m->segments[seg];
+  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
+    b += m->ops[o].core_saved_bytes;
+  return b;
+}
+
+/* Matched forward nodes a recompute directive acts on; fails naming the directive when there
+ * are none, or when an earlier recompute took one. */
+static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
+  const struct dir_directive *dd = &a->p->d[d];
+  struct ir_graph *g = a->g;
+  struct ir_filter f;
+  if (!resolve(a, d, &dd->filter, &f, err))
+    return NULL;
+  if (f.pass != IR_PASS_NONE && f.pass != IR_PASS_F) {
+    fail_at(a, d, err, "\"filter\": \"PASS\" may only be F (the forward whose activations are "
+                       "dropped)");
+    return NULL;
+  }
+  GArray *m = match(a, &f, false), *t = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  bool selective = dd->granularity == IR_RECOMPUTE_SELECTIVE;
+  for (uint32_t j = 0; j < m->len; j++) {
+    uint32_t i = g_array_index(m, uint32_t, j);
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->pass != IR_PASS_F || (selective && segment_core_saved(g->model, n->segment) == 0))
+      continue;
+    if (n->recompute != IR_RECOMPUTE_NONE) {
+      char *nm = node_name(g, i);
+      fail_at(a, d, err, "\"filter\" matches \"%s\", which an earlier recompute took", nm);
+      g_free(nm);
+      g_array_free(m, TRUE);
+      g_array_free(t, TRUE);
+      return NULL;
+    }
+    g_array_append_val(t, i);
+  }
+  g_array_free(m, TRUE);
+  if (t->len == 0) {
+    char *ft = filter_text(&dd->filter);
+    fail_at(a, d, err, "\"filter\" %s matches no forward%s", ft,
+            selective ? " with an attention core" : "");
+    g_free(ft);
+    g_array_free(t, TRUE);
+    return NULL;
+  }
+  return t;
+}
+
+/* recompute: each matched forward F gets a rerun R on its devices, between it and its
+ * backward. Memory follows from the edges (lowering makes each output slot a tensor, alive
+ * from its producer to its last consumer):
+ *   full: F keeps only the segment's inputs, for R (F -> R); R restores everything F saved
+ *     (R -> B), so a micro-batch waiting for its backward holds its inputs alone;
+ *   selective (Megatron's selective recomputation): F keeps all but the attention core's
+ *     output and logsumexp (F -> B, F -> R: one tensor, read by both); R recomputes those
+ *     (R -> B). */
+static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
+  struct ir_graph *g = a->g;
+  const struct dir_directive *dd = &a->p->d[d];
+  GArray *t = recompute_targets(a, d, err);
+  if (!t)
+    return false;
+  uint32_t nn = g->nodes->len, ne = g->edges->len;
+  uint32_t *rerun = g_new(uint32_t, nn);
+  uint64_t *inputs = g_new0(uint64_t, nn), *saved = g_new0(uint64_t, nn);
+  for (uint32_t i = 0; i < nn; i++)
+    rerun[i] = IR_NONE;
+  for (uint32_t j = 0; j < t->len; j++) {
+    uint32_t i = g_array_index(t, uint32_t, j);
+    struct ir_node r = *IR_NODE(g, i);
+    r.pass = IR_PASS_R;
+    r.recompute = dd->granularity;
+    r.directive = d;
+    IR_NODE(g, i)->recompute = dd->granularity;
+    rerun[i] = add_node(a, &r);
+    *INFO(a, rerun[i]) = *INFO(a, i);
+  }
+  for (uint32_t e = 0; e < ne; e++) {
+    struct ir_edge ed = *IR_EDGE(g, e);
+    if (ed.kind != IR_EDGE_DATA)
+      continue;
+    if (ed.slot != 1 && rerun[ed.dst] != IR_NONE) /* a forward input (slots 2 + k) */
+      inputs[ed.dst] += ed.bytes;
+    if (ed.slot != 1 || rerun[ed.src] == IR_NONE)
+      continue;
+    if (ed.bytes > saved[ed.src])
+      saved[ed.src] = ed.bytes;
+    if (dd->granularity == IR_RECOMPUTE_FULL) {
+      IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
+      ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, ed.bytes);
+    } else {
+      uint64_t core = segment_core_saved(g->model, IR_NODE(g, ed.src)->segment);
+      IR_EDGE(g, e)->bytes = ed.bytes > core ? ed.bytes - core : 0;
+      ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, core);
+    }
+  }
+  for (uint32_t j = 0; j < t->len; j++) {
+    uint32_t i = g_array_index(t, uint32_t, j);
+    uint64_t core = segment_core_saved(g->model, IR_NODE(g, i)->segment);
+    uint64_t kept = dd->granularity == IR_RECOMPUTE_FULL ? inputs[i]
+                    : saved[i] > core                    ? saved[i] - core
+                                                         : 0;
+    ir_graph_add_edge(g, i, rerun[i], IR_EDGE_DATA, 1, kept);
+  }
+  g_free(rerun);
+  g_free(inputs);
+  g_free(saved);
+  g_array_free(t, TRUE);
+  return true;
+}
+
+/* A rerun goes right before the first backward that reads what it restores: lowering then
+ * runs it there, not as soon as its forward is done (which would keep everything alive). */
+static void recompute_priorities(struct apply *a) {
+  struct ir_graph *g = a->g;
+  for (uint32_t i = 0; i < g->nodes->len; i++)
+    if (IR_NODE(g, i)->kind == IR_NODE_COMPUTE && IR_NODE(g, i)->pass == IR_PASS_R)
+      IR_NODE(g, i)->priority = UINT64_MAX;
+  for (uint32_t e = 0; e < g->edges->len; e++) {
+    const struct ir_edge *ed = IR_EDGE(g, e);
+    struct ir_node *r = IR_NODE(g, ed->src);
+    if (ed->kind != IR_EDGE_DATA || r->kind != IR_NODE_COMPUTE || r->pass != IR_PASS_R)
+      continue;
+    uint64_t p = IR_NODE(g, ed->dst)->priority;
+    if (p - (p > 0) < r->priority)
+      r->priority = p - (p > 0);
+  }
+}
+
 /* ---- phase 5: communication insertion ---------------------------------------------------- */
 
 static struct ir_node comm_node(const struct ir_node *like, enum ir_node_kind kind,
@@ -1491,6 +1625,9 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     s->priority = (int32_t)dd->priority;
     s->sm_share = dd->sm_share;
   }
+  for (uint32_t d = 0; d < p->n; d++)
+    if (p->d[d].op == DIR_RECOMPUTE && !apply_recompute(&a, d, err))
+      goto out;
   if (!check_all_placed(&a, err) || !check_contiguous(&a, n_devices_limit, err) ||
       !check_group_use(&a, err))
     goto out;
@@ -1539,6 +1676,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     }
   }
   default_priorities(&a, ordered);
+  recompute_priorities(&a);
   prefetch_gathers(&a, pos);
   if (g->n_devices > a.limit) {
     fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices,

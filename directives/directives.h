@@ -31,7 +31,7 @@
 #define DIR_MIN_SM_SHARE 1e-3     /* of a device's SMs; H100 has 132, B200 148 */
 #define DIR_DEFAULT_BUCKET_MB 25.0 /* PyTorch DDP's default bucket size */
 
-enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM };
+enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM, DIR_RECOMPUTE };
 
 /* A filter as written: key names are resolved against the graph's tags when applied, since
  * split dimensions only exist once the splits ran. */
@@ -58,6 +58,7 @@ struct dir_directive {
   /* replicate: ZeRO-1 (shard_optimizer), -2 (shard_grads, implies shard_optimizer), -3
    * (shard_params, implies both) */
   bool shard_optimizer, shard_grads, shard_params;
+  enum ir_recompute granularity;    /* recompute: full or selective */
   char dim_name[DIR_NAME_MAX];      /* split */
   int64_t num_microbatches;         /* split */
   uint32_t n_slots;           /* order: slot s holds filters[slot_first[s] .. slot_first[s+1]) */

@@ -558,6 +558,10 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
   d->holds[n->segment] = true;
   if (!d->xm->m->segments[n->segment].expert || n->shard_degree <= 1)
     return true;
+  if (n->pass == IR_PASS_R)
+    return fail_at(dc, i, err,
+                   "recomputes an expert-parallel segment, which the host executor does not do "
+                   "(its rerun would dispatch again)");
   if (d->xm->E % (int)n->shard_degree != 0)
     return fail_at(dc, i, err, "shards experts unevenly");
   if (n->replica_degree != 1 && n->replica_degree != n->shard_degree)

@@ -1304,8 +1304,8 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
                                                  : BWD_FUSED;
     if (ep)
       ok = expert_compute(s, i, mode, x->pass == IR_PASS_F, st, err);
-    else if (x->pass == IR_PASS_F)
-      ok = seg_forward(s, i, st, err);
+    else if (x->pass == IR_PASS_F || x->pass == IR_PASS_R)
+      ok = seg_forward(s, i, st, err); /* R: the same forward again, bit for bit */
     else
       ok = seg_backward(s, i, mode, st, err);
     if (x->gather != IR_NONE)

@@ -29,7 +29,8 @@
 #define IR_MAX_NODES (4u << 20) /* a rewrite that would exceed it is refused */
 #define IR_NAME_MAX 32          /* stream and tag names */
 
-enum ir_pass { IR_PASS_F, IR_PASS_B, IR_PASS_BI, IR_PASS_BW, IR_PASS_NONE };
+/* R: a forward rerun for backward under recompute (its node's `recompute` says how much). */
+enum ir_pass { IR_PASS_F, IR_PASS_B, IR_PASS_BI, IR_PASS_BW, IR_PASS_R, IR_PASS_NONE };
 
 enum ir_node_kind {
   IR_NODE_COMPUTE,        /* a model segment in one pass */
@@ -44,6 +45,12 @@ enum ir_node_kind {
 };
 
 enum ir_edge_kind { IR_EDGE_DATA, IR_EDGE_TEMPORAL, IR_EDGE_DEAD };
+
+/* Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+ * Large Transformer Models"; Megatron's --recompute-granularity): none; full (the forward
+ * keeps only the segment's input and reruns before backward); selective (only the attention
+ * core's own activations are dropped and recomputed). */
+enum ir_recompute { IR_RECOMPUTE_NONE, IR_RECOMPUTE_FULL, IR_RECOMPUTE_SELECTIVE };
 
 /* What a communication node serves, which fixes its communicator purpose. */
 enum ir_comm_purpose { IR_COMM_NONE, IR_COMM_PP, IR_COMM_DP, IR_COMM_EP };
@@ -67,6 +74,8 @@ struct ir_node {
   /* ZeRO levels of the replicate directive that placed it: shard_optimizer (1), shard_grads
    * (2, implies 1), shard_params (3, implies 2) */
   bool shard_optimizer, shard_grads, shard_params;
+  /* F under a recompute directive (it saves less) and its R rerun; NONE elsewhere */
+  enum ir_recompute recompute;
   uint32_t directive; /* last directive that rewrote it (for messages), IR_NONE */
   /* Lowering's tie-break among ready nodes (lower first): an `order` slot and the node's
    * place in the slot's interleaving, or by default pass then micro-batch (GPipe-like).

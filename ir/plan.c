@@ -371,7 +371,8 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->bytes == b->bytes && a->shard_degree == b->shard_degree &&
          a->replica_degree == b->replica_degree && a->shard_grads == b->shard_grads &&
          (a->shard_optimizer || a->shard_grads) == (b->shard_optimizer || b->shard_grads) &&
-         a->shard_params == b->shard_params && a->directive == b->directive &&
+         a->shard_params == b->shard_params && a->recompute == b->recompute &&
+         a->directive == b->directive &&
          a->priority == b->priority;
 }
 

@@ -347,6 +347,7 @@ enum {
   N_SHARD_GRADS,
   N_SHARD_PARAMS,
   N_SHARD_OPTIMIZER,
+  N_RECOMPUTE,
   N_DIRECTIVE,
   N_PRIORITY,
   N_COUNT
@@ -355,7 +356,7 @@ static const char *const node_keys[N_COUNT] = {
     "id",          "name",         "kind",       "pass",         "purpose",
     "tags",        "group",        "peer_group", "stream",       "segment",
     "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
-    "shard_grads", "shard_params", "shard_optimizer", "directive",  "priority"};
+    "shard_grads", "shard_params", "shard_optimizer", "recompute", "directive",  "priority"};
 
 /* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
 static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct json_loc *l,
@@ -424,6 +425,17 @@ static bool read_zero_flags(const cJSON *const *x, struct ir_node *n, const stru
       !json_value_bool(x[N_SHARD_OPTIMIZER], "shard_optimizer", &n->shard_optimizer, l, err))
     return false;
   n->shard_optimizer |= n->shard_grads;
+  /* Optional too: "full" or "selective" on F and R nodes of a recompute directive. */
+  n->recompute = IR_RECOMPUTE_NONE;
+  const cJSON *rc = x[N_RECOMPUTE];
+  if (!rc)
+    return true;
+  if (cJSON_IsString(rc) && rc->valuestring && strcmp(rc->valuestring, "full") == 0)
+    n->recompute = IR_RECOMPUTE_FULL;
+  else if (cJSON_IsString(rc) && rc->valuestring && strcmp(rc->valuestring, "selective") == 0)
+    n->recompute = IR_RECOMPUTE_SELECTIVE;
+  else
+    return json_fail_at(err, l, "\"recompute\" must be \"full\" or \"selective\"");
   return true;
 }
 

@@ -237,6 +237,9 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
   /* Only where it says more than shard_grads (ZeRO-1), so other plans read as before. */
   if (n->shard_optimizer && !n->shard_grads)
     cJSON_AddBoolToObject(o, "shard_optimizer", true);
+  if (n->recompute != IR_RECOMPUTE_NONE) /* only then: other plans read as before */
+    cJSON_AddStringToObject(o, "recompute",
+                            n->recompute == IR_RECOMPUTE_FULL ? "full" : "selective");
   add_ref(o, "directive", n->directive);
   /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
   char prio[24];

@@ -129,6 +129,8 @@ static void emit_attention(struct builder *b, int32_t layer) {
       add(b, add(b, op->param_bytes, 2 * b->act), add(b, add(b, 2 * qkv, 2 * core_out), lse));
   op->saved_bytes = add(b, add(b, b->act, qkv), add(b, core_out, lse));
   op->out_bytes = b->act;
+  op->core_flops_fwd = core;
+  op->core_saved_bytes = add(b, core_out, lse);
 }
 
 /* h -> a, DeepSeek multi-head latent attention, costed as its real projections:
@@ -176,6 +178,8 @@ static void emit_mla(struct builder *b, int32_t layer) {
                       add(b, add(b, 2 * lat, 2 * qkv), add(b, 2 * core_out, lse)));
   /* h, the latents (q_b / kv_b weight gradients need them), q, k, v, core output, lse */
   op->saved_bytes = add(b, add(b, b->act, lat), add(b, add(b, qkv, core_out), lse));
+  op->core_flops_fwd = core;
+  op->core_saved_bytes = add(b, core_out, lse);
   op->out_bytes = b->act;
 }
 

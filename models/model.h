@@ -72,6 +72,10 @@ struct model_op {
   uint64_t param_bytes;    /* param_count * dtype bytes */
   uint64_t saved_bytes;    /* activations kept from F until the last backward use */
   uint64_t out_bytes;      /* output activation bytes */
+  /* attention ops: the core (QK^T, softmax, PV) alone, what selective recomputation reruns
+   * (forward FLOPs) and what it stops saving (core output and logsumexp) */
+  double core_flops_fwd;
+  uint64_t core_saved_bytes;
 };
 
 /* A data edge between segments of one micro-batch's forward pass (backward runs it reversed,

@@ -82,6 +82,7 @@ static struct rgb kind_colour(uint32_t kind, uint32_t pass) {
     case IR_PASS_B: return hex(0x59A14F);
     case IR_PASS_BI: return hex(0x8CD17D);
     case IR_PASS_BW: return hex(0xF28E2B);
+    case IR_PASS_R: return hex(0x76B7B2); /* recomputation */
     default: return hex(0x999999);
     }
   case IR_NODE_OPTIMIZER: return hex(0x79706E);

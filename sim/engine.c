@@ -134,6 +134,26 @@ struct cost_key {
   uint32_t segment, pass, shard;
 };
 
+/* A compute node's cost. A rerun under recompute costs its forward (full), or the attention
+ * core's share of it (selective: the core's FLOPs over the segment's forward FLOPs, the
+ * profile having no separate entry for the core). */
+static struct profile_cost compute_cost(const struct profile *prof, const struct model *m,
+                                        const struct ir_node *n) {
+  if (n->segment >= m->n_segments)
+    return (struct profile_cost){0};
+  if (n->pass != IR_PASS_R)
+    return profile_compute_cost(prof, m, n->segment, n->pass, n->shard_degree);
+  struct profile_cost pc = profile_compute_cost(prof, m, n->segment, IR_PASS_F, n->shard_degree);
+  if (n->recompute == IR_RECOMPUTE_SELECTIVE) {
+    const struct model_segment *s = &m->segments[n->segment];
+    double core = 0;
+    for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
+      core += m->ops[o].core_flops_fwd;
+    pc.seconds *= s->flops_fwd > 0 ? core / s->flops_fwd : 0;
+  }
+  return pc;
+}
+
 static void class_info_build(const struct plan *p, const struct plan_class *c,
                              const struct profile *prof, GHashTable *cost_cache,
                              struct class_info *ci) {
@@ -148,14 +168,13 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     const struct ir_node *n = &p->nodes[in->node];
     if (n->kind == IR_NODE_COMPUTE) {
       /* costs depend on (segment, pass, shard) only; many micro-batches share them */
-      uint64_t key = ((uint64_t)n->segment << 24) ^ ((uint64_t)n->pass << 20) ^
+      uint64_t pass = n->pass == IR_PASS_R && n->recompute == IR_RECOMPUTE_SELECTIVE ? 15 : n->pass;
+      uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^
                      (uint64_t)(n->shard_degree & 0xfffff);
       struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
       if (!pc) {
         pc = g_new(struct profile_cost, 1);
-        *pc = n->segment < p->model->n_segments
-                  ? profile_compute_cost(prof, p->model, n->segment, n->pass, n->shard_degree)
-                  : (struct profile_cost){0};
+        *pc = compute_cost(prof, p->model, n);
         uint64_t *k = g_new(uint64_t, 1);
         *k = key;
         g_hash_table_insert(cost_cache, k, pc);

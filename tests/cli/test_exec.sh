@@ -175,6 +175,16 @@ if run ref 1 --directives "$T/one.json" --mbs 8; then
   [ "$(losses "$T/ref" | sort -u | wc -l)" -eq 3 ] && ok || bad "reference losses: $(losses "$T/ref")"
   run dp2 2 --directives $BS/dp2.json --mbs 4 && same dp2
   run pp2_1f1b 2 --directives "$T/pp2.json" --schedule 1f1b --ranks 2 --mbs 8 && same pp2_1f1b
+  # recomputation reruns the forward before backward: bit-identical to storing (same losses,
+  # same parameter bytes), full on every region, selective on the second
+  for g in full selective; do
+    python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+d.append({'op': 'recompute', 'filter': {} if sys.argv[2] == 'full' else {'PP': 1}, 'granularity': sys.argv[2]})
+json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
+    run pp2_rc_$g 2 --directives "$T/pp2_rc_$g.json" --schedule 1f1b --ranks 2 --mbs 8 &&
+      [ "$(losses "$T/pp2_rc_$g")" = "$(losses "$T/pp2_1f1b")" ] && cmp -s "$T/pp2_rc_$g.params" "$T/pp2_1f1b.params" \
+      && ok || bad "recompute $g is not bit-identical to storing activations"
+  done
   run pp2_dp2_ep2 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 && same pp2_dp2_ep2
   run zero1 4 --base-schedule $BS/pp2_dp2_ep2_zero1.json --schedule 1f1b --ranks 2 --mbs 4 && same zero1
   run zero2 4 --base-schedule $BS/pp2_dp2_ep2_zero2.json --schedule 1f1b --ranks 2 --mbs 4 && same zero2

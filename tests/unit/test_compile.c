@@ -290,6 +290,81 @@ static void test_zero3_prefetch_edges(void **state) {
   model_free(m);
 }
 
+/* The data edges from src to dst of slot 1 (saved activations): their count and bytes. */
+static uint32_t saved_edges(const struct ir_graph *g, uint32_t src, uint32_t dst, uint64_t *bytes) {
+  uint32_t n = 0;
+  for (uint32_t e = 0; e < g->edges->len; e++) {
+    const struct ir_edge *ed = IR_EDGE(g, e);
+    if (ed->kind == IR_EDGE_DATA && ed->slot == 1 && ed->src == src && ed->dst == dst) {
+      n++;
+      *bytes = ed->bytes;
+    }
+  }
+  return n;
+}
+
+/* recompute, by hand on tiny-dense (fp32, 2 x 32 tokens = T 64, hidden 64, 4 heads of 16,
+ * 8 layers) in 2 PP regions of 4 layers, 2 micro-batches:
+ *   full: each F keeps its segment's input for R: region 1's is the [T, hidden] activation,
+ *     64 * 64 * 4 = 16,384 B; region 0 starts from token ids (no input edge): 0 B. R hands B
+ *     all the segment saved.
+ *   selective: per layer the attention core's output T x 64 x 4 = 16,384 B and logsumexp
+ *     T x 4 heads x 4 = 1,024 B, so 4 x 17,408 = 69,632 B move from F -> B to R -> B; F -> R
+ *     is F's remaining saved tensor. */
+static void test_recompute_rewrite(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-dense.json", 2);
+  static const char *const prog[2] = {
+      "[{\"op\":\"recompute\",\"filter\":{}},"
+      "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]",
+      "[{\"op\":\"recompute\",\"filter\":{\"PASS\":\"F\"},\"granularity\":\"selective\"},"
+      "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]"};
+  for (int v = 0; v < 2; v++) {
+    struct ir_graph *g = must_apply(m, prog[v]);
+    uint32_t reruns = 0;
+    for (uint32_t i = 0; i < g->nodes->len; i++) {
+      const struct ir_node *r = IR_NODE(g, i);
+      if (r->kind != IR_NODE_COMPUTE || r->pass != IR_PASS_R)
+        continue;
+      reruns++;
+      assert_int_equal(r->recompute, v == 0 ? IR_RECOMPUTE_FULL : IR_RECOMPUTE_SELECTIVE);
+      /* its forward and backward: same segment and micro-batch */
+      uint32_t f = IR_NONE, b = IR_NONE;
+      for (uint32_t k = 0; k < g->nodes->len; k++) {
+        const struct ir_node *n = IR_NODE(g, k);
+        if (n->kind == IR_NODE_COMPUTE && n->segment == r->segment &&
+            memcmp(n->tags, r->tags, sizeof n->tags) == 0) {
+          if (n->pass == IR_PASS_F)
+            f = k;
+          if (n->pass == IR_PASS_B)
+            b = k;
+        }
+      }
+      assert_true(f != IR_NONE && b != IR_NONE);
+      assert_int_equal(IR_NODE(g, f)->recompute, r->recompute);
+      uint64_t saved = m->segments[r->segment].saved_bytes, fr = 0, rb = 0, fb = 0;
+      assert_int_equal(saved_edges(g, f, i, &fr), 1);
+      assert_int_equal(saved_edges(g, i, b, &rb), 1);
+      uint32_t region = (uint32_t)r->tags[MODEL_TAG_PP];
+      if (v == 0) {
+        assert_int_equal(saved_edges(g, f, b, &fb), 0); /* B reads nothing of F */
+        assert_int_equal(fr, region == 0 ? 0 : 16384);
+        assert_int_equal(rb, saved);
+      } else {
+        assert_int_equal(saved_edges(g, f, b, &fb), 1);
+        assert_int_equal(rb, 69632);
+        assert_int_equal(fb, saved - 69632);
+        assert_int_equal(fr, fb); /* one tensor, read by R and B */
+      }
+      /* R runs right before its backward */
+      assert_true(r->priority < IR_NODE(g, b)->priority);
+    }
+    assert_int_equal(reruns, 2 * 2); /* 2 regions x 2 micro-batches */
+    ir_graph_free(g);
+  }
+  model_free(m);
+}
+
 /* ---- shard -------------------------------------------------------------------------------- */
 
 static void test_shard_adds_all_to_all(void **state) {
@@ -389,6 +464,13 @@ static void test_bad_programs(void **state) {
                "differ from the devices given");
   expect_error(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"PP\",\"num_microbatches\":2}]",
                "already names a tag");
+  expect_error(m, "[{\"op\":\"recompute\",\"filter\":{\"PASS\":\"B\"}}]",
+               "directive 0 (recompute): \"filter\": \"PASS\" may only be F");
+  expect_error(m, "[{\"op\":\"recompute\",\"filter\":{\"PP\":9}}]", "matches no forward");
+  expect_error(m,
+               "[{\"op\":\"recompute\",\"filter\":{\"PP\":0}},"
+               "{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\"}]",
+               "which an earlier recompute took");
   model_free(m);
 }
 
@@ -824,6 +906,7 @@ int main(void) {
       cmocka_unit_test(test_replicate_buckets),
       cmocka_unit_test(test_replicate_zero1),
       cmocka_unit_test(test_zero3_prefetch_edges),
+      cmocka_unit_test(test_recompute_rewrite),
       cmocka_unit_test(test_shard_adds_all_to_all),
       cmocka_unit_test(test_order_adds_temporal_edges),
       cmocka_unit_test(test_bad_programs),

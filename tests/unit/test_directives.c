@@ -128,6 +128,22 @@ static void test_parse_replicate(void **state) {
   dir_program_free(p);
 }
 
+/* recompute: full by default, selective by name; both print back as written. */
+static void test_parse_recompute(void **state) {
+  (void)state;
+  struct dir_program *p = parse_ok(
+      "[{\"op\": \"recompute\", \"filter\": {\"PP\": 1}},"
+      " {\"op\": \"recompute\", \"filter\": {}, \"granularity\": \"selective\"}]");
+  assert_int_equal(p->d[0].op, DIR_RECOMPUTE);
+  assert_int_equal(p->d[0].granularity, IR_RECOMPUTE_FULL);
+  assert_int_equal(p->d[1].granularity, IR_RECOMPUTE_SELECTIVE);
+  cJSON *j = dir_program_to_json(p);
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 1), "granularity")->valuestring,
+                      "selective");
+  cJSON_Delete(j);
+  dir_program_free(p);
+}
+
 /* ZeRO-1 alone, and implied by ZeRO-2; printed only where it says more than shard_grads. */
 static void test_parse_shard_optimizer(void **state) {
   (void)state;
@@ -331,6 +347,11 @@ static const struct bad_case bad_cases[] = {
      "\"stream\" = \"a b\" must be printable ASCII without spaces"},
     {REPL_PREFIX "\"reduce_stream\": true}]", "\"reduce_stream\" must be a string"},
     {REPL_PREFIX "\"gather_stream\": [\"x\"]}]", "\"gather_stream\" must be a string"},
+    {"[{\"op\": \"recompute\", \"filter\": {}, \"granularity\": \"some\"}]",
+     "directive 0 (recompute): \"granularity\" = \"some\" must be \"full\" or \"selective\""},
+    {"[{\"op\": \"recompute\", \"filter\": {}, \"mode\": \"full\"}]",
+     "directive 0 (recompute): unknown key \"mode\""},
+    {"[{\"op\": \"recompute\"}]", "directive 0 (recompute): missing key \"filter\""},
     /* replicate */
     {REPL_PREFIX "\"bucket_size\": 0}]", "\"bucket_size\" = 0 is out of range (0, 1000000]"},
     {REPL_PREFIX "\"bucket_size\": -5}]", "\"bucket_size\" = -5 is out of range (0, 1000000]"},
@@ -734,6 +755,7 @@ int main(void) {
       cmocka_unit_test(test_parse_place),
       cmocka_unit_test(test_parse_replicate),
       cmocka_unit_test(test_parse_shard_optimizer),
+      cmocka_unit_test(test_parse_recompute),
       cmocka_unit_test(test_parse_shard),
       cmocka_unit_test(test_parse_split),
       cmocka_unit_test(test_parse_order),
