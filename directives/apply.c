@@ -1520,15 +1520,107 @@ static void default_priorities(struct apply *a, const bool *ordered) {
 
 /* ---- ZeRO-3 prefetch ------------------------------------------------------------------------ */
 
-/* A group's compute nodes in the order its devices run them: by lowering priority, then
- * topological position (what lowering's list scheduler follows among ready nodes). */
-static const struct ir_graph *run_order_graph; /* qsort context for by_run_order */
+/* A group's compute nodes in the order its devices run them: by run_positions. */
+static const uint32_t *run_pos; /* qsort context for by_run_order */
 static int by_run_order(const void *x, const void *y) {
-  uint32_t u = *(const uint32_t *)x, v = *(const uint32_t *)y;
-  uint64_t pu = IR_NODE(run_order_graph, u)->priority, pv = IR_NODE(run_order_graph, v)->priority;
-  if (pu != pv)
-    return pu < pv ? -1 : 1;
-  return sort_pos[u] < sort_pos[v] ? -1 : sort_pos[u] > sort_pos[v];
+  uint32_t u = run_pos[*(const uint32_t *)x], v = run_pos[*(const uint32_t *)y];
+  return u < v ? -1 : u > v;
+}
+
+/* Topological positions that follow lowering priorities among ready nodes (lowest first, then
+ * lowest id), as lowering's list scheduler does: a node that runs before another on a device
+ * then usually also comes first here, so the edges below pass their no-cycle test. */
+struct prio_heap {
+  uint64_t *key;
+  uint32_t *id, n;
+};
+
+static bool prio_less(const struct prio_heap *h, uint32_t a, uint32_t b) {
+  return h->key[a] != h->key[b] ? h->key[a] < h->key[b] : h->id[a] < h->id[b];
+}
+
+static void prio_swap(struct prio_heap *h, uint32_t a, uint32_t b) {
+  uint64_t k = h->key[a];
+  uint32_t i = h->id[a];
+  h->key[a] = h->key[b];
+  h->id[a] = h->id[b];
+  h->key[b] = k;
+  h->id[b] = i;
+}
+
+static void prio_push(struct prio_heap *h, uint64_t key, uint32_t id) {
+  uint32_t i = h->n++;
+  h->key[i] = key;
+  h->id[i] = id;
+  while (i > 0 && prio_less(h, i, (i - 1) / 2)) {
+    prio_swap(h, i, (i - 1) / 2);
+    i = (i - 1) / 2;
+  }
+}
+
+static uint32_t prio_pop(struct prio_heap *h) {
+  uint32_t top = h->id[0], i = 0;
+  h->n--;
+  if (h->n) {
+    h->key[0] = h->key[h->n];
+    h->id[0] = h->id[h->n];
+  }
+  for (;;) {
+    uint32_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < h->n && prio_less(h, l, m))
+      m = l;
+    if (r < h->n && prio_less(h, r, m))
+      m = r;
+    if (m == i)
+      break;
+    prio_swap(h, i, m);
+    i = m;
+  }
+  return top;
+}
+
+static void run_positions(const struct ir_graph *g, const struct ir_adjacency *adj,
+                          uint32_t *pos) {
+  uint32_t nn = g->nodes->len, next = 0;
+  uint32_t *indeg = g_new(uint32_t, nn ? nn : 1);
+  struct prio_heap h = {g_new(uint64_t, nn ? nn : 1), g_new(uint32_t, nn ? nn : 1), 0};
+  for (uint32_t v = 0; v < nn; v++) {
+    indeg[v] = adj->in_first[v + 1] - adj->in_first[v];
+    if (!indeg[v])
+      prio_push(&h, IR_NODE(g, v)->priority, v);
+  }
+  while (h.n) {
+    uint32_t v = prio_pop(&h);
+    pos[v] = next++;
+    for (uint32_t k = adj->out_first[v]; k < adj->out_first[v + 1]; k++) {
+      uint32_t w = IR_EDGE(g, adj->out_edges[k])->dst;
+      if (--indeg[w] == 0)
+        prio_push(&h, IR_NODE(g, w)->priority, w);
+    }
+  }
+  PIPER_ASSERT(next == nn); /* the graph was checked acyclic */
+  g_free(indeg);
+  g_free(h.key);
+  g_free(h.id);
+}
+
+/* A rerun (recompute) waits for the compute right before it on its group: it would otherwise
+ * run as soon as its forward is done whenever the device idles, and hold everything it
+ * restores until its backward, undoing the saving. Edge u -> R only from a u topologically
+ * before every consumer of R (R's only successors): no cycle. */
+static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const uint32_t *pos,
+                       const GArray *seq, const uint32_t *seq_index, uint32_t r) {
+  uint32_t k = seq_index[r], min_pos = UINT32_MAX;
+  if (k == 0)
+    return;
+  for (uint32_t e = adj->out_first[r]; e < adj->out_first[r + 1]; e++) {
+    uint32_t c = IR_EDGE(g, adj->out_edges[e])->dst;
+    if (pos[c] < min_pos)
+      min_pos = pos[c];
+  }
+  uint32_t u = g_array_index(seq, uint32_t, k - 1);
+  if (pos[u] < min_pos)
+    ir_graph_add_edge(g, u, r, IR_EDGE_TEMPORAL, 0, 0);
 }
 
 /* ZeRO-3 prefetching one segment ahead (ZeRO paper §5.3; FSDP's forward/backward prefetch):
@@ -1537,15 +1629,20 @@ static int by_run_order(const void *x, const void *y) {
  * most the gather in use and the next one are alive, whatever the micro-batch count; without
  * the edge every gather is ready at the step's start and all of a step's gathers pile up.
  * The edge u -> gather only from a u topologically before every consumer: no cycle. */
-static void prefetch_gathers(struct apply *a, const uint32_t *pos) {
+static void prefetch_gathers(struct apply *a) {
   struct ir_graph *g = a->g;
   uint32_t nn = g->nodes->len, ng = g->groups->len;
+  struct ir_adjacency adj;
+  ir_adjacency_build(g, &adj);
+  uint32_t *pos = g_new(uint32_t, nn ? nn : 1);
+  run_positions(g, &adj, pos);
   GArray **seq = g_new0(GArray *, ng ? ng : 1);
   uint32_t *seq_index = g_new(uint32_t, nn ? nn : 1);
   bool any = false;
   for (uint32_t i = 0; i < nn; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    any |= n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE;
+    any |= (n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE) ||
+           (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_R);
     if (n->kind != IR_NODE_COMPUTE)
       continue;
     if (!seq[n->group])
@@ -1555,16 +1652,18 @@ static void prefetch_gathers(struct apply *a, const uint32_t *pos) {
   for (uint32_t k = 0; k < ng && any; k++) {
     if (!seq[k])
       continue;
-    run_order_graph = g;
+    run_pos = pos;
     qsort(seq[k]->data, seq[k]->len, sizeof(uint32_t), by_run_order);
-    run_order_graph = NULL;
+    run_pos = NULL;
     for (uint32_t j = 0; j < seq[k]->len; j++)
       seq_index[g_array_index(seq[k], uint32_t, j)] = j;
   }
-  struct ir_adjacency adj;
-  ir_adjacency_build(g, &adj);
   for (uint32_t i = 0; i < nn && any; i++) {
     const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_R) {
+      hold_rerun(g, &adj, pos, seq[n->group], seq_index, i);
+      continue;
+    }
     if (n->kind != IR_NODE_ALL_GATHER || n->pass == IR_PASS_NONE || !seq[n->group])
       continue;
     uint32_t first = UINT32_MAX, min_pos = UINT32_MAX;
@@ -1584,6 +1683,7 @@ static void prefetch_gathers(struct apply *a, const uint32_t *pos) {
       ir_graph_add_edge(g, u, i, IR_EDGE_TEMPORAL, 0, 0);
   }
   ir_adjacency_free(&adj);
+  g_free(pos);
   for (uint32_t k = 0; k < ng; k++)
     if (seq[k])
       g_array_free(seq[k], TRUE);
@@ -1677,7 +1777,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   }
   default_priorities(&a, ordered);
   recompute_priorities(&a);
-  prefetch_gathers(&a, pos);
+  prefetch_gathers(&a);
   if (g->n_devices > a.limit) {
     fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices,
             a.limit);

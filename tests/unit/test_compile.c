@@ -356,8 +356,19 @@ static void test_recompute_rewrite(void **state) {
         assert_int_equal(fb, saved - 69632);
         assert_int_equal(fr, fb); /* one tensor, read by R and B */
       }
-      /* R runs right before its backward */
+      /* R runs right before its backward, held back by the compute before it (else it would
+       * run as soon as the device idles after its forward and hold what it restores) */
       assert_true(r->priority < IR_NODE(g, b)->priority);
+      uint32_t held = 0;
+      for (uint32_t e = 0; e < g->edges->len; e++) {
+        const struct ir_edge *ed = IR_EDGE(g, e);
+        if (ed->dst == i && ed->kind == IR_EDGE_TEMPORAL) {
+          const struct ir_node *u = IR_NODE(g, ed->src);
+          assert_true(u->kind == IR_NODE_COMPUTE && u->group == r->group);
+          held++;
+        }
+      }
+      assert_int_equal(held, 1);
     }
     assert_int_equal(reruns, 2 * 2); /* 2 regions x 2 micro-batches */
     ir_graph_free(g);
