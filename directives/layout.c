@@ -11,11 +11,21 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
   if (!eq) {
     if (strcmp(item, "v") != 0)
       return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, "
-                                    "interleave=, zero=, v)", spec, item);
+                                    "interleave=, zero=, recompute=, v)", spec, item);
     l->shape = LAYOUT_V;
     return true;
   }
   size_t klen = (size_t)(eq - item);
+  if (klen == 9 && strncmp(item, "recompute", klen) == 0) {
+    if (strcmp(eq + 1, "full") == 0)
+      l->recompute = IR_RECOMPUTE_FULL;
+    else if (strcmp(eq + 1, "selective") == 0)
+      l->recompute = IR_RECOMPUTE_SELECTIVE;
+    else
+      return piper_input_error(err, "--layout \"%s\": \"recompute\" must be full or selective",
+                               spec);
+    return true;
+  }
   static const struct {
     const char *key;
     size_t offset;
@@ -37,7 +47,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
     return true;
   }
   return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, interleave, "
-                                "zero, v)", spec, (int)klen, item);
+                                "zero, recompute, v)", spec, (int)klen, item);
 }
 
 /* What the compiler cannot express yet, and combinations that mean nothing. */
@@ -139,6 +149,10 @@ char *layout_to_json(const struct layout *l) {
       append_line(s, "shard", filter, l, layout_stage_rank(l, st), "");
     }
   }
+  if (l->recompute != IR_RECOMPUTE_NONE)
+    g_string_append_printf(s, "%s  {\"op\": \"recompute\", \"filter\": {}, \"granularity\": \"%s\"}",
+                           s->len > 2 ? ",\n" : "",
+                           l->recompute == IR_RECOMPUTE_FULL ? "full" : "selective");
   g_string_append(s, "\n]\n");
   return g_string_free(s, FALSE);
 }

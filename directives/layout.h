@@ -36,9 +36,11 @@ struct layout {
   enum layout_shape shape;
   uint32_t interleave;  /* stages per rank for LAYOUT_INTERLEAVED, else 1 (2 for a V) */
   uint32_t zero;        /* 0 (none), 1 (shard_optimizer), 2 (shard_grads), 3 (shard_params) */
+  enum ir_recompute recompute; /* recompute=full|selective: one recompute directive over {} */
 };
 
-/* Parses "key=value,..." with keys pp, dp, ep, interleave, zero and the flag v; unset counts
+/* Parses "key=value,..." with keys pp, dp, ep, interleave, zero, recompute (full or selective)
+ * and the flag v; unset counts
  * are 1. Fails (input error naming the spec and key) on unknown keys, bad numbers, an ep other
  * than 1 or dp, interleave together with v, and more than LAYOUT_MAX_DEVICES devices. */
 bool layout_parse(const char *spec, struct layout *out, GError **err);
