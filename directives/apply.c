@@ -415,6 +415,7 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
       break;
     case DIR_REPLICATE:
       n->replica_degree = dd->n_devices;
+      n->shard_optimizer = dd->shard_optimizer;
       n->shard_grads = dd->shard_grads;
       n->shard_params = dd->shard_params;
       ni->replicate = d;
@@ -430,6 +431,140 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
 out:
   g_array_free(m, TRUE);
   return ok;
+}
+
+/* ---- recompute ----------------------------------------------------------------------------- */
+
+/* What a segment's attention core saves: what selective recomputation stops keeping. */
+static uint64_t segment_core_saved(const struct model *m, uint32_t seg) {
+  uint64_t b = 0;
+  const struct model_segment *s = &m->segments[seg];
+  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
+    b += m->ops[o].core_saved_bytes;
+  return b;
+}
+
+/* Matched forward nodes a recompute directive acts on; fails naming the directive when there
+ * are none, or when an earlier recompute took one. */
+static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
+  const struct dir_directive *dd = &a->p->d[d];
+  struct ir_graph *g = a->g;
+  struct ir_filter f;
+  if (!resolve(a, d, &dd->filter, &f, err))
+    return NULL;
+  if (f.pass != IR_PASS_NONE && f.pass != IR_PASS_F) {
+    fail_at(a, d, err, "\"filter\": \"PASS\" may only be F (the forward whose activations are "
+                       "dropped)");
+    return NULL;
+  }
+  GArray *m = match(a, &f, false), *t = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  bool selective = dd->granularity == IR_RECOMPUTE_SELECTIVE;
+  for (uint32_t j = 0; j < m->len; j++) {
+    uint32_t i = g_array_index(m, uint32_t, j);
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->pass != IR_PASS_F || (selective && segment_core_saved(g->model, n->segment) == 0))
+      continue;
+    if (n->recompute != IR_RECOMPUTE_NONE) {
+      char *nm = node_name(g, i);
+      fail_at(a, d, err, "\"filter\" matches \"%s\", which an earlier recompute took", nm);
+      g_free(nm);
+      g_array_free(m, TRUE);
+      g_array_free(t, TRUE);
+      return NULL;
+    }
+    g_array_append_val(t, i);
+  }
+  g_array_free(m, TRUE);
+  if (t->len == 0) {
+    char *ft = filter_text(&dd->filter);
+    fail_at(a, d, err, "\"filter\" %s matches no forward%s", ft,
+            selective ? " with an attention core" : "");
+    g_free(ft);
+    g_array_free(t, TRUE);
+    return NULL;
+  }
+  return t;
+}
+
+/* recompute: each matched forward F gets a rerun R on its devices, between it and its
+ * backward. Memory follows from the edges (lowering makes each output slot a tensor, alive
+ * from its producer to its last consumer):
+ *   full: F keeps only the segment's inputs, for R (F -> R); R restores everything F saved
+ *     (R -> B), so a micro-batch waiting for its backward holds its inputs alone;
+ *   selective (Megatron's selective recomputation): F keeps all but the attention core's
+ *     output and logsumexp (F -> B, F -> R: one tensor, read by both); R recomputes those
+ *     (R -> B). */
+static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
+  struct ir_graph *g = a->g;
+  const struct dir_directive *dd = &a->p->d[d];
+  GArray *t = recompute_targets(a, d, err);
+  if (!t)
+    return false;
+  uint32_t nn = g->nodes->len, ne = g->edges->len;
+  uint32_t *rerun = g_new(uint32_t, nn);
+  uint64_t *inputs = g_new0(uint64_t, nn), *saved = g_new0(uint64_t, nn);
+  for (uint32_t i = 0; i < nn; i++)
+    rerun[i] = IR_NONE;
+  for (uint32_t j = 0; j < t->len; j++) {
+    uint32_t i = g_array_index(t, uint32_t, j);
+    struct ir_node r = *IR_NODE(g, i);
+    r.pass = IR_PASS_R;
+    r.recompute = dd->granularity;
+    r.directive = d;
+    IR_NODE(g, i)->recompute = dd->granularity;
+    rerun[i] = add_node(a, &r);
+    *INFO(a, rerun[i]) = *INFO(a, i);
+  }
+  for (uint32_t e = 0; e < ne; e++) {
+    struct ir_edge ed = *IR_EDGE(g, e);
+    if (ed.kind != IR_EDGE_DATA)
+      continue;
+    if (ed.slot != 1 && rerun[ed.dst] != IR_NONE) /* a forward input (slots 2 + k) */
+      inputs[ed.dst] += ed.bytes;
+    if (ed.slot != 1 || rerun[ed.src] == IR_NONE)
+      continue;
+    if (ed.bytes > saved[ed.src])
+      saved[ed.src] = ed.bytes;
+    if (dd->granularity == IR_RECOMPUTE_FULL) {
+      IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
+      ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, ed.bytes);
+    } else {
+      uint64_t core = segment_core_saved(g->model, IR_NODE(g, ed.src)->segment);
+      IR_EDGE(g, e)->bytes = ed.bytes > core ? ed.bytes - core : 0;
+      ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, core);
+    }
+  }
+  for (uint32_t j = 0; j < t->len; j++) {
+    uint32_t i = g_array_index(t, uint32_t, j);
+    uint64_t core = segment_core_saved(g->model, IR_NODE(g, i)->segment);
+    uint64_t kept = dd->granularity == IR_RECOMPUTE_FULL ? inputs[i]
+                    : saved[i] > core                    ? saved[i] - core
+                                                         : 0;
+    ir_graph_add_edge(g, i, rerun[i], IR_EDGE_DATA, 1, kept);
+  }
+  g_free(rerun);
+  g_free(inputs);
+  g_free(saved);
+  g_array_free(t, TRUE);
+  return true;
+}
+
+/* A rerun goes right before the first backward that reads what it restores: lowering then
+ * runs it there, not as soon as its forward is done (which would keep everything alive). */
+static void recompute_priorities(struct apply *a) {
+  struct ir_graph *g = a->g;
+  for (uint32_t i = 0; i < g->nodes->len; i++)
+    if (IR_NODE(g, i)->kind == IR_NODE_COMPUTE && IR_NODE(g, i)->pass == IR_PASS_R)
+      IR_NODE(g, i)->priority = UINT64_MAX;
+  for (uint32_t e = 0; e < g->edges->len; e++) {
+    const struct ir_edge *ed = IR_EDGE(g, e);
+    struct ir_node *r = IR_NODE(g, ed->src);
+    if (ed->kind != IR_EDGE_DATA || r->kind != IR_NODE_COMPUTE || r->pass != IR_PASS_R)
+      continue;
+    uint64_t p = IR_NODE(g, ed->dst)->priority;
+    if (p - (p > 0) < r->priority)
+      r->priority = p - (p > 0);
+  }
 }
 
 /* ---- phase 5: communication insertion ---------------------------------------------------- */
@@ -531,7 +666,7 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
               "\"%s\" runs on %u devices but \"%s\" of the same segment on %u: copies of a "
               "segment need equal groups",
               y, IR_GROUP(g, n->group)->count, x, IR_GROUP(g, h->group)->count);
-    else if (n->shard_grads || IR_NODE(g, h->fwd_node)->shard_grads)
+    else if (n->shard_optimizer || IR_NODE(g, h->fwd_node)->shard_optimizer)
       fail_at(a, d, err,
               "\"%s\" and \"%s\" put copies of a ZeRO-sharded segment on two device groups, "
               "which is not supported",
@@ -755,7 +890,7 @@ static void replicate_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
     bool flush = bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap));
     if (flush) {
       add_bucket_collective(
-          a, bucket, home, dd->shard_grads ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
+          a, bucket, home, dd->shard_optimizer ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
           grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), bytes, d, &ds->gi, ds->syncs_of);
       g_array_set_size(bucket, 0);
       bytes = 0;
@@ -891,7 +1026,7 @@ static void optimizer_on_group(struct apply *a, struct dp_sync *ds, uint32_t o, 
   struct ir_graph *g = a->g;
   GArray *segs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   GArray *deg = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  bool shard_grads = false, shard_params = false;
+  bool shard_optimizer = false, shard_grads = false, shard_params = false;
   uint32_t replicas = 1;
   for (uint32_t j = 0; j < orig->count; j++) {
     uint32_t seg = g_array_index(g->segment_pool, uint32_t, orig->first + j);
@@ -900,6 +1035,7 @@ static void optimizer_on_group(struct apply *a, struct dp_sync *ds, uint32_t o, 
     const struct ir_node *fn = IR_NODE(g, ds->home[seg].fwd_node);
     g_array_append_val(segs, seg);
     g_array_append_val(deg, fn->shard_degree);
+    shard_optimizer |= fn->shard_optimizer;
     shard_grads |= fn->shard_grads;
     shard_params |= fn->shard_params;
     if (fn->replica_degree > replicas)
@@ -909,6 +1045,7 @@ static void optimizer_on_group(struct apply *a, struct dp_sync *ds, uint32_t o, 
   struct ir_node opt = *IR_NODE(g, o);
   opt.group = grp;
   opt.segset = ir_graph_add_segset(g, (uint32_t *)segs->data, segs->len, (uint32_t *)deg->data);
+  opt.shard_optimizer = shard_optimizer;
   opt.shard_grads = shard_grads;
   opt.shard_params = shard_params;
   opt.replica_degree = replicas;
@@ -1032,7 +1169,7 @@ static bool insert_tied_sync(struct apply *a, struct dp_sync *ds, GError **err) 
     c.group = ir_graph_group(g, pair, 2);
     c.replica_degree = 2;
     c.shard_degree = 1;
-    c.shard_grads = c.shard_params = false;
+    c.shard_optimizer = c.shard_grads = c.shard_params = false;
     c.directive = IR_NONE;
     for (uint32_t t = 0; t < IR_MAX_TAGS; t++)
       if (t != MODEL_TAG_PP)
@@ -1072,18 +1209,11 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
 static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck);
 
 /* ZeRO-3: one all-gather per bucket, micro-batch and use (F, and B or BI), feeding every
- * compute node of the bucket in that use. It depends on the predecessors of the predecessors
- * of the bucket's first node in that use, so it prefetches one segment ahead instead of
- * gathering everything at once. */
+ * compute node of the bucket in that use; its buffer lives until the last of them is done.
+ * When it may start is fixed once the order is known (prefetch_gathers). */
 static void insert_gathers(struct apply *a) {
   struct ir_graph *g = a->g;
   uint32_t nn = g->nodes->len;
-  struct ir_adjacency adj;
-  ir_adjacency_build(g, &adj);
-  uint32_t *pos = g_new(uint32_t, nn ? nn : 1), stuck;
-  bool acyclic = topo_positions(g, pos, &stuck);
-  PIPER_ASSERT(acyclic);
-  (void)acyclic;
   /* Consumers grouped by (bucket collective, micro-batch key, use). */
   GHashTable *groups = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
   GPtrArray *lists = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
@@ -1135,50 +1265,14 @@ static void insert_gathers(struct apply *a) {
     gn.segset = IR_NODE(g, b)->segset;
     gn.directive = IR_NODE(g, b)->directive;
     uint32_t gid = add_node(a, &gn);
-    GHashTable *pre = g_hash_table_new(NULL, NULL);
-    uint32_t head = g_array_index(cons, uint32_t, 0);
-    for (uint32_t j = 0; j < cons->len; j++) {
-      uint32_t c = g_array_index(cons, uint32_t, j);
-      ir_graph_add_edge(g, gid, c, IR_EDGE_DATA, 0, IR_NODE(g, b)->bytes);
-      if (pos[c] < pos[head])
-        head = c;
-    }
-    {
-      uint32_t c = head;
-      for (uint32_t k = adj.in_first[c]; k < adj.in_first[c + 1]; k++) {
-        uint32_t p1 = IR_EDGE(g, adj.in_edges[k])->src;
-        bool inside = false;
-        for (uint32_t q = 0; q < cons->len && !inside; q++)
-          inside = g_array_index(cons, uint32_t, q) == p1;
-        if (inside || p1 >= nn)
-          continue;
-        for (uint32_t r = adj.in_first[p1]; r < adj.in_first[p1 + 1]; r++) {
-          uint32_t p2 = IR_EDGE(g, adj.in_edges[r])->src;
-          /* p2 precedes the head, which precedes every consumer: no cycle. */
-          if (IR_NODE(g, p2)->group == gn.group)
-            g_hash_table_add(pre, GUINT_TO_POINTER(p2 + 1));
-        }
-      }
-    }
-    GList *keys = g_hash_table_get_keys(pre);
-    GArray *sorted = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    for (GList *it = keys; it; it = it->next) {
-      uint32_t v = GPOINTER_TO_UINT(it->data) - 1;
-      g_array_append_val(sorted, v);
-    }
-    g_list_free(keys);
-    g_array_sort(sorted, compare_u32); /* hash order is undefined; edges must be deterministic */
-    for (uint32_t j = 0; j < sorted->len; j++)
-      ir_graph_add_edge(g, g_array_index(sorted, uint32_t, j), gid, IR_EDGE_TEMPORAL, 0, 0);
-    g_array_free(sorted, TRUE);
-    g_hash_table_destroy(pre);
+    for (uint32_t j = 0; j < cons->len; j++)
+      ir_graph_add_edge(g, gid, g_array_index(cons, uint32_t, j), IR_EDGE_DATA, 0,
+                        IR_NODE(g, b)->bytes);
   }
-  g_free(pos);
   g_free(bucket_of_seg);
   g_array_free(owners, TRUE);
   g_ptr_array_free(lists, TRUE);
   g_hash_table_destroy(groups);
-  ir_adjacency_free(&adj);
 }
 
 /* Expert parallelism: an all-to-all on every data edge into and out of a sharded expert node
@@ -1426,6 +1520,179 @@ static void default_priorities(struct apply *a, const bool *ordered) {
   }
 }
 
+/* ---- ZeRO-3 prefetch ------------------------------------------------------------------------ */
+
+/* A group's compute nodes in the order its devices run them: by run_positions. */
+static const uint32_t *run_pos; /* qsort context for by_run_order */
+static int by_run_order(const void *x, const void *y) {
+  uint32_t u = run_pos[*(const uint32_t *)x], v = run_pos[*(const uint32_t *)y];
+  return u < v ? -1 : u > v;
+}
+
+/* Topological positions that follow lowering priorities among ready nodes (lowest first, then
+ * lowest id), as lowering's list scheduler does: a node that runs before another on a device
+ * then usually also comes first here, so the edges below pass their no-cycle test. */
+struct prio_heap {
+  uint64_t *key;
+  uint32_t *id, n;
+};
+
+static bool prio_less(const struct prio_heap *h, uint32_t a, uint32_t b) {
+  return h->key[a] != h->key[b] ? h->key[a] < h->key[b] : h->id[a] < h->id[b];
+}
+
+static void prio_swap(struct prio_heap *h, uint32_t a, uint32_t b) {
+  uint64_t k = h->key[a];
+  uint32_t i = h->id[a];
+  h->key[a] = h->key[b];
+  h->id[a] = h->id[b];
+  h->key[b] = k;
+  h->id[b] = i;
+}
+
+static void prio_push(struct prio_heap *h, uint64_t key, uint32_t id) {
+  uint32_t i = h->n++;
+  h->key[i] = key;
+  h->id[i] = id;
+  while (i > 0 && prio_less(h, i, (i - 1) / 2)) {
+    prio_swap(h, i, (i - 1) / 2);
+    i = (i - 1) / 2;
+  }
+}
+
+static uint32_t prio_pop(struct prio_heap *h) {
+  uint32_t top = h->id[0], i = 0;
+  h->n--;
+  if (h->n) {
+    h->key[0] = h->key[h->n];
+    h->id[0] = h->id[h->n];
+  }
+  for (;;) {
+    uint32_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < h->n && prio_less(h, l, m))
+      m = l;
+    if (r < h->n && prio_less(h, r, m))
+      m = r;
+    if (m == i)
+      break;
+    prio_swap(h, i, m);
+    i = m;
+  }
+  return top;
+}
+
+static void run_positions(const struct ir_graph *g, const struct ir_adjacency *adj,
+                          uint32_t *pos) {
+  uint32_t nn = g->nodes->len, next = 0;
+  uint32_t *indeg = g_new(uint32_t, nn ? nn : 1);
+  struct prio_heap h = {g_new(uint64_t, nn ? nn : 1), g_new(uint32_t, nn ? nn : 1), 0};
+  for (uint32_t v = 0; v < nn; v++) {
+    indeg[v] = adj->in_first[v + 1] - adj->in_first[v];
+    if (!indeg[v])
+      prio_push(&h, IR_NODE(g, v)->priority, v);
+  }
+  while (h.n) {
+    uint32_t v = prio_pop(&h);
+    pos[v] = next++;
+    for (uint32_t k = adj->out_first[v]; k < adj->out_first[v + 1]; k++) {
+      uint32_t w = IR_EDGE(g, adj->out_edges[k])->dst;
+      if (--indeg[w] == 0)
+        prio_push(&h, IR_NODE(g, w)->priority, w);
+    }
+  }
+  PIPER_ASSERT(next == nn); /* the graph was checked acyclic */
+  g_free(indeg);
+  g_free(h.key);
+  g_free(h.id);
+}
+
+/* A rerun (recompute) waits for the compute right before it on its group: it would otherwise
+ * run as soon as its forward is done whenever the device idles, and hold everything it
+ * restores until its backward, undoing the saving. Edge u -> R only from a u topologically
+ * before every consumer of R (R's only successors): no cycle. */
+static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const uint32_t *pos,
+                       const GArray *seq, const uint32_t *seq_index, uint32_t r) {
+  uint32_t k = seq_index[r], min_pos = UINT32_MAX;
+  if (k == 0)
+    return;
+  for (uint32_t e = adj->out_first[r]; e < adj->out_first[r + 1]; e++) {
+    uint32_t c = IR_EDGE(g, adj->out_edges[e])->dst;
+    if (pos[c] < min_pos)
+      min_pos = pos[c];
+  }
+  uint32_t u = g_array_index(seq, uint32_t, k - 1);
+  if (pos[u] < min_pos)
+    ir_graph_add_edge(g, u, r, IR_EDGE_TEMPORAL, 0, 0);
+}
+
+/* ZeRO-3 prefetching one segment ahead (ZeRO paper §5.3; FSDP's forward/backward prefetch):
+ * the gather for a use starts once the compute two places before that use on the group has
+ * finished, so it overlaps the compute right before the use, and is freed after the use. At
+ * most the gather in use and the next one are alive, whatever the micro-batch count; without
+ * the edge every gather is ready at the step's start and all of a step's gathers pile up.
+ * The edge u -> gather only from a u topologically before every consumer: no cycle. */
+static void prefetch_gathers(struct apply *a) {
+  struct ir_graph *g = a->g;
+  uint32_t nn = g->nodes->len, ng = g->groups->len;
+  struct ir_adjacency adj;
+  ir_adjacency_build(g, &adj);
+  uint32_t *pos = g_new(uint32_t, nn ? nn : 1);
+  run_positions(g, &adj, pos);
+  GArray **seq = g_new0(GArray *, ng ? ng : 1);
+  uint32_t *seq_index = g_new(uint32_t, nn ? nn : 1);
+  bool any = false;
+  for (uint32_t i = 0; i < nn; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    any |= (n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE) ||
+           (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_R);
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    if (!seq[n->group])
+      seq[n->group] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    g_array_append_val(seq[n->group], i);
+  }
+  for (uint32_t k = 0; k < ng && any; k++) {
+    if (!seq[k])
+      continue;
+    run_pos = pos;
+    qsort(seq[k]->data, seq[k]->len, sizeof(uint32_t), by_run_order);
+    run_pos = NULL;
+    for (uint32_t j = 0; j < seq[k]->len; j++)
+      seq_index[g_array_index(seq[k], uint32_t, j)] = j;
+  }
+  for (uint32_t i = 0; i < nn && any; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_R) {
+      hold_rerun(g, &adj, pos, seq[n->group], seq_index, i);
+      continue;
+    }
+    if (n->kind != IR_NODE_ALL_GATHER || n->pass == IR_PASS_NONE || !seq[n->group])
+      continue;
+    uint32_t first = UINT32_MAX, min_pos = UINT32_MAX;
+    for (uint32_t e = adj.out_first[i]; e < adj.out_first[i + 1]; e++) {
+      uint32_t c = IR_EDGE(g, adj.out_edges[e])->dst;
+      if (IR_NODE(g, c)->kind != IR_NODE_COMPUTE || IR_NODE(g, c)->group != n->group)
+        continue;
+      if (seq_index[c] < first)
+        first = seq_index[c];
+      if (pos[c] < min_pos)
+        min_pos = pos[c];
+    }
+    if (first == UINT32_MAX || first < 2)
+      continue; /* the first two uses gather at the start */
+    uint32_t u = g_array_index(seq[n->group], uint32_t, first - 2);
+    if (pos[u] < min_pos)
+      ir_graph_add_edge(g, u, i, IR_EDGE_TEMPORAL, 0, 0);
+  }
+  ir_adjacency_free(&adj);
+  g_free(pos);
+  for (uint32_t k = 0; k < ng; k++)
+    if (seq[k])
+      g_array_free(seq[k], TRUE);
+  g_free(seq);
+  g_free(seq_index);
+}
+
 /* ---- driver ------------------------------------------------------------------------------ */
 
 bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t n_devices_limit,
@@ -1462,6 +1729,9 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     s->priority = (int32_t)dd->priority;
     s->sm_share = dd->sm_share;
   }
+  for (uint32_t d = 0; d < p->n; d++)
+    if (p->d[d].op == DIR_RECOMPUTE && !apply_recompute(&a, d, err))
+      goto out;
   if (!check_all_placed(&a, err) || !check_contiguous(&a, n_devices_limit, err) ||
       !check_group_use(&a, err))
     goto out;
@@ -1512,6 +1782,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     }
   }
   default_priorities(&a, ordered);
+  recompute_priorities(&a);
+  prefetch_gathers(&a);
   if (g->n_devices > a.limit) {
     fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices,
             a.limit);

@@ -32,7 +32,7 @@
 #define DIR_DEFAULT_BUCKET_MB 25.0 /* PyTorch DDP's default bucket size */
 
 enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM,
-              DIR_TENSOR_PARALLEL };
+              DIR_TENSOR_PARALLEL, DIR_RECOMPUTE };
 #define DIR_MAX_TP_DEGREE 1024 /* Megatron runs 8; a degree past a rack is surely a typo */
 
 /* A filter as written: key names are resolved against the graph's tags when applied, since
@@ -57,7 +57,10 @@ struct dir_directive {
   char reduce_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   char gather_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   double bucket_size_mb;            /* replicate */
-  bool shard_grads, shard_params;   /* replicate */
+  /* replicate: ZeRO-1 (shard_optimizer), -2 (shard_grads, implies shard_optimizer), -3
+   * (shard_params, implies both) */
+  bool shard_optimizer, shard_grads, shard_params;
+  enum ir_recompute granularity;    /* recompute: full or selective */
   char dim_name[DIR_NAME_MAX];      /* split */
   int64_t num_microbatches;         /* split */
   uint32_t n_slots;           /* order: slot s holds filters[slot_first[s] .. slot_first[s+1]) */

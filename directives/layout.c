@@ -15,11 +15,21 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
     }
     if (strcmp(item, "v") != 0)
       return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
-                                    "interleave=, zero=, v, sp)", spec, item);
+                                    "interleave=, zero=, recompute=, v, sp)", spec, item);
     l->shape = LAYOUT_V;
     return true;
   }
   size_t klen = (size_t)(eq - item);
+  if (klen == 9 && strncmp(item, "recompute", klen) == 0) {
+    if (strcmp(eq + 1, "full") == 0)
+      l->recompute = IR_RECOMPUTE_FULL;
+    else if (strcmp(eq + 1, "selective") == 0)
+      l->recompute = IR_RECOMPUTE_SELECTIVE;
+    else
+      return piper_input_error(err, "--layout \"%s\": \"recompute\" must be full or selective",
+                               spec);
+    return true;
+  }
   static const struct {
     const char *key;
     size_t offset;
@@ -42,7 +52,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
     return true;
   }
   return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
-                                "interleave, zero, v, sp)", spec, (int)klen, item);
+                                "interleave, zero, recompute, v, sp)", spec, (int)klen, item);
 }
 
 /* What the compiler cannot express yet, and combinations that mean nothing. */
@@ -55,9 +65,6 @@ static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->ep != 1 && l->ep != l->dp)
     return piper_input_error(err, "--layout \"%s\": ep must be 1 or equal to dp (%u): experts are "
                                   "sharded over a rank's whole data-parallel group", spec, l->dp);
-  if (l->zero == 1)
-    return piper_input_error(err, "--layout \"%s\": zero=1 (optimizer sharding alone) is not "
-                                  "supported; zero=2 or zero=3", spec);
   if (l->zero > 0 && l->dp < 2)
     return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
   if (l->sequence_parallel && l->tp < 2)
@@ -129,6 +136,7 @@ char *layout_to_json(const struct layout *l) {
   uint32_t stages = layout_stages(l);
   const char *zero = l->zero == 3 ? ", \"shard_grads\": true, \"shard_params\": true"
                      : l->zero == 2 ? ", \"shard_grads\": true"
+                     : l->zero == 1 ? ", \"shard_optimizer\": true"
                                     : "";
   if (stages == 1) { /* one stage on every device: no place needed */
     if (l->dp == 1 && l->tp > 1)
@@ -156,6 +164,10 @@ char *layout_to_json(const struct layout *l) {
     g_string_append_printf(s,
                            ",\n  {\"op\": \"tensor_parallel\", \"filter\": {}, \"degree\": %u%s}",
                            l->tp, l->sequence_parallel ? ", \"sequence_parallel\": true" : "");
+  if (l->recompute != IR_RECOMPUTE_NONE)
+    g_string_append_printf(s, "%s  {\"op\": \"recompute\", \"filter\": {}, \"granularity\": \"%s\"}",
+                           s->len > 2 ? ",\n" : "",
+                           l->recompute == IR_RECOMPUTE_FULL ? "full" : "selective");
   g_string_append(s, "\n]\n");
   return g_string_free(s, FALSE);
 }

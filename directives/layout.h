@@ -37,13 +37,15 @@ struct layout {
   uint32_t ep;          /* expert parallelism: 1 (experts replicated) or dp (sharded) */
   enum layout_shape shape;
   uint32_t interleave;  /* stages per rank for LAYOUT_INTERLEAVED, else 1 (2 for a V) */
-  uint32_t zero;        /* 0 (none), 2 (shard_grads) or 3 (shard_params) */
+  uint32_t zero;        /* 0 (none), 1 (shard_optimizer), 2 (shard_grads), 3 (shard_params) */
   uint32_t tp;          /* tensor parallelism inside each data-parallel replica, 1 = none */
   bool sequence_parallel; /* "sp": with tp */
+  enum ir_recompute recompute; /* recompute=full|selective: one recompute directive over {} */
 };
 
-/* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero and the flags v, sp; unset
- * counts are 1. Fails (input error naming the spec and key) on unknown keys, bad numbers, an ep other
+/* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero, recompute (full or
+ * selective) and the flags v, sp; unset counts are 1. Fails (input error naming the spec and
+ * key) on unknown keys, bad numbers, an ep other
  * than 1 or dp, interleave together with v, and more than LAYOUT_MAX_DEVICES devices. */
 bool layout_parse(const char *spec, struct layout *out, GError **err);
 /* Pipeline stages (PP regions) the layout places: pp, pp*interleave or 2*pp. */

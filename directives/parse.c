@@ -21,8 +21,8 @@
 /* How much of an offending string goes into a message. */
 #define QUOTE_MAX 40
 
-static const char *const op_names[] = {"place", "replicate", "shard",          "split",
-                                       "order", "stream",    "tensor_parallel"};
+static const char *const op_names[] = {"place", "replicate", "shard",           "split",
+                                       "order", "stream",    "tensor_parallel", "recompute"};
 static const char *const pass_names[] = {"F", "B", "BI", "BW"};
 
 const char *dir_op_name(enum dir_op op) {
@@ -274,6 +274,72 @@ static bool parse_tensor_parallel(const cJSON *obj, struct dir_directive *d, con
          json_get_bool(obj, "sequence_parallel", false, &d->sequence_parallel, ctx, err);
 }
 
+/* The keys each op takes (op_names order). */
+static const char *const *const op_keys[] = {
+    (const char *const[]){"op", "filter", "devices", "stream", NULL},
+    (const char *const[]){"op", "filter", "devices", "reduce_stream", "gather_stream",
+                          "bucket_size", "shard_grads", "shard_params", "shard_optimizer", NULL},
+    (const char *const[]){"op", "filter", "devices", "stream", NULL},
+    (const char *const[]){"op", "filter", "dim_name", "num_microbatches", NULL},
+    (const char *const[]){"op", "filters", NULL},
+    (const char *const[]){"op", "name", "priority", "sm_share", NULL},
+    (const char *const[]){"op", "filter", "degree", "sequence_parallel", NULL},
+    (const char *const[]){"op", "filter", "granularity", NULL},
+};
+
+static bool parse_stream(const cJSON *obj, struct dir_directive *d, const char *ctx,
+                         GError **err) {
+  d->sm_share = 1.0;
+  if (!get_name(obj, "name", true, d->name, ctx, err) ||
+      !json_get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority,
+                    ctx, err) ||
+      !json_get_positive(obj, "sm_share", false, 1.0, &d->sm_share, ctx, err))
+    return false;
+  if (d->sm_share < DIR_MIN_SM_SHARE) /* a share no GPU can grant: almost surely a typo */
+    return piper_input_error(err, "%s: \"sm_share\" = %g is below %g (one SM in a thousand)", ctx,
+                             d->sm_share, DIR_MIN_SM_SHARE);
+  return true;
+}
+
+static bool parse_replicate(const cJSON *obj, struct dir_directive *d, uint32_t *max_device,
+                            const char *ctx, GError **err) {
+  d->bucket_size_mb = DIR_DEFAULT_BUCKET_MB;
+  if (!parse_devices(obj, d, max_device, ctx, err) ||
+      !get_name(obj, "reduce_stream", false, d->reduce_stream, ctx, err) ||
+      !get_name(obj, "gather_stream", false, d->gather_stream, ctx, err) ||
+      !json_get_positive(obj, "bucket_size", false, DIR_MAX_BUCKET_MB, &d->bucket_size_mb, ctx,
+                         err) ||
+      !json_get_bool(obj, "shard_grads", false, &d->shard_grads, ctx, err) ||
+      !json_get_bool(obj, "shard_params", false, &d->shard_params, ctx, err) ||
+      !json_get_bool(obj, "shard_optimizer", false, &d->shard_optimizer, ctx, err))
+    return false;
+  /* ZeRO-3 shards gradients as well as parameters; ZeRO-2 the optimizer state as well as
+   * gradients (each level keeps the ones below it). */
+  if (d->shard_params)
+    d->shard_grads = true;
+  if (d->shard_grads)
+    d->shard_optimizer = true;
+  return true;
+}
+
+/* recompute's "granularity": "full" (the default) or "selective", Megatron's names. */
+static bool parse_granularity(const cJSON *obj, struct dir_directive *d, const char *ctx,
+                              GError **err) {
+  const char *g = "full";
+  if (!json_get_string(obj, "granularity", false, &g, ctx, err))
+    return false;
+  if (strcmp(g, "full") == 0)
+    d->granularity = IR_RECOMPUTE_FULL;
+  else if (strcmp(g, "selective") == 0)
+    d->granularity = IR_RECOMPUTE_SELECTIVE;
+  else {
+    g_autofree char *q = quote(g);
+    return piper_input_error(err, "%s: \"granularity\" = %s must be \"full\" or \"selective\"",
+                             ctx, q);
+  }
+  return true;
+}
+
 static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
                             struct dir_directive *d, uint32_t *max_device, size_t *n_order_filters,
                             GError **err) {
@@ -296,56 +362,23 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     g_autofree char *q = quote(op->valuestring);
     return piper_input_error(err,
                              "%s: directive %u: unknown op %s (one of place, replicate, shard, "
-                             "split, order, stream, tensor_parallel)",
+                             "split, order, stream, tensor_parallel, recompute)",
                              name, index, q);
   }
   d->op = (enum dir_op)found;
   g_autofree char *ctx = g_strdup_printf("%s: directive %u (%s)", name, index, op_names[found]);
 
+  if (!check_keys(obj, op_keys[d->op], ctx, err))
+    return false;
   switch (d->op) {
-  case DIR_PLACE:
-  case DIR_SHARD: {
-    static const char *const keys[] = {"op", "filter", "devices", "stream", NULL};
-    if (!check_keys(obj, keys, ctx, err))
+  case DIR_RECOMPUTE:
+    if (!parse_granularity(obj, d, ctx, err))
       return false;
     break;
-  }
-  case DIR_REPLICATE: {
-    static const char *const keys[] = {
-        "op",          "filter",       "devices", "reduce_stream", "gather_stream", "bucket_size",
-        "shard_grads", "shard_params", NULL};
-    if (!check_keys(obj, keys, ctx, err))
-      return false;
-    break;
-  }
   case DIR_TENSOR_PARALLEL: return parse_tensor_parallel(obj, d, ctx, err);
-  case DIR_SPLIT: {
-    static const char *const keys[] = {"op", "filter", "dim_name", "num_microbatches", NULL};
-    if (!check_keys(obj, keys, ctx, err))
-      return false;
-    break;
-  }
-  case DIR_ORDER: {
-    static const char *const keys[] = {"op", "filters", NULL};
-    if (!check_keys(obj, keys, ctx, err))
-      return false;
-    return parse_order(obj, d, n_order_filters, ctx, err);
-  }
-  case DIR_STREAM: {
-    static const char *const keys[] = {"op", "name", "priority", "sm_share", NULL};
-    if (!check_keys(obj, keys, ctx, err))
-      return false;
-    d->sm_share = 1.0;
-    if (!get_name(obj, "name", true, d->name, ctx, err) ||
-        !json_get_int(obj, "priority", false, -DIR_MAX_PRIORITY, DIR_MAX_PRIORITY, &d->priority,
-                      ctx, err) ||
-        !json_get_positive(obj, "sm_share", false, 1.0, &d->sm_share, ctx, err))
-      return false;
-    if (d->sm_share < DIR_MIN_SM_SHARE) /* a share no GPU can grant: almost surely a typo */
-      return piper_input_error(err, "%s: \"sm_share\" = %g is below %g (one SM in a thousand)",
-                               ctx, d->sm_share, DIR_MIN_SM_SHARE);
-    return true;
-  }
+  case DIR_ORDER: return parse_order(obj, d, n_order_filters, ctx, err);
+  case DIR_STREAM: return parse_stream(obj, d, ctx, err);
+  default: break;
   }
 
   /* place, replicate, shard, split: all carry one filter. */
@@ -360,20 +393,7 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
   case DIR_SHARD:
     return parse_devices(obj, d, max_device, ctx, err) &&
            get_name(obj, "stream", false, d->stream, ctx, err);
-  case DIR_REPLICATE:
-    d->bucket_size_mb = DIR_DEFAULT_BUCKET_MB;
-    if (!parse_devices(obj, d, max_device, ctx, err) ||
-        !get_name(obj, "reduce_stream", false, d->reduce_stream, ctx, err) ||
-        !get_name(obj, "gather_stream", false, d->gather_stream, ctx, err) ||
-        !json_get_positive(obj, "bucket_size", false, DIR_MAX_BUCKET_MB, &d->bucket_size_mb, ctx,
-                           err) ||
-        !json_get_bool(obj, "shard_grads", false, &d->shard_grads, ctx, err) ||
-        !json_get_bool(obj, "shard_params", false, &d->shard_params, ctx, err))
-      return false;
-    /* ZeRO-3 shards gradients as well as parameters. */
-    if (d->shard_params)
-      d->shard_grads = true;
-    return true;
+  case DIR_REPLICATE: return parse_replicate(obj, d, max_device, ctx, err);
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
            json_get_int(obj, "num_microbatches", true, 1, DIR_MAX_MICROBATCHES,
@@ -540,6 +560,10 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       cJSON_AddNumberToObject(o, "bucket_size", d->bucket_size_mb);
       cJSON_AddBoolToObject(o, "shard_grads", d->shard_grads);
       cJSON_AddBoolToObject(o, "shard_params", d->shard_params);
+      /* Written only where it says more than shard_grads does, so programs without ZeRO-1
+       * print as they always did. */
+      if (d->shard_optimizer && !d->shard_grads)
+        cJSON_AddBoolToObject(o, "shard_optimizer", true);
       break;
     case DIR_SPLIT:
       cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));
@@ -561,6 +585,11 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       cJSON_AddNumberToObject(o, "degree", d->tp_degree);
       if (d->sequence_parallel)
         cJSON_AddBoolToObject(o, "sequence_parallel", true);
+      break;
+    case DIR_RECOMPUTE:
+      cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));
+      cJSON_AddStringToObject(o, "granularity",
+                              d->granularity == IR_RECOMPUTE_SELECTIVE ? "selective" : "full");
       break;
     case DIR_STREAM:
       cJSON_AddStringToObject(o, "name", d->name);

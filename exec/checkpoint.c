@@ -9,6 +9,7 @@
  * when allowed (exec_options.resume_allow_change) and are reported. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,11 +121,17 @@ static bool write_body(const struct exec_state *s, FILE *f, const char *meta, ui
   h.meta_bytes = (uint32_t)strlen(meta);
   h.n_params = n;
   bool wrote = write_all(f, &h, sizeof h, sum) && write_all(f, meta, h.meta_bytes, sum);
+  /* The file keeps the flat layout whatever the sharding: what this device does not store is
+   * written as it always read, NaN parameters (ZeRO-3's stale part) and zero moments. */
   const float *arrays[3] = {s->params, s->adam_m, s->adam_v};
+  const enum exec_store which[3] = {EXEC_STORE_PARAMS, EXEC_STORE_STATE, EXEC_STORE_STATE};
+  float *store = g_new(float, n + 1);
   for (int a = 0; a < 3 && wrote; a++) {
-    exec_backend_to_host(s->b, host, arrays[a], n * sizeof(float));
+    exec_backend_to_host(s->b, store, arrays[a], s->dev->n_store[which[a]] * sizeof(float));
+    exec_store_expand(s->dev, which[a], store, host, a == 0 ? NAN : 0.0f);
     wrote = write_all(f, host, n * sizeof(float), sum);
   }
+  g_free(store);
   uint64_t tail = *sum;
   return wrote && fwrite(&tail, sizeof tail, 1, f) == 1;
 }
@@ -329,9 +336,15 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
   if (ok) {
     size_t n = (size_t)d->n_params;
     float *arrays[3] = {s->params, s->adam_m, s->adam_v};
-    for (int a = 0; a < 3; a++)
-      exec_backend_from_host(s->b, arrays[a], f.arrays + (size_t)a * n * sizeof(float),
-                             n * sizeof(float));
+    const enum exec_store which[3] = {EXEC_STORE_PARAMS, EXEC_STORE_STATE, EXEC_STORE_STATE};
+    float *flat = g_new(float, n + 1), *store = g_new(float, n + 1);
+    for (int a = 0; a < 3; a++) {
+      memcpy(flat, f.arrays + (size_t)a * n * sizeof(float), n * sizeof(float));
+      exec_store_compact(d, which[a], flat, store);
+      exec_backend_from_host(s->b, arrays[a], store, d->n_store[which[a]] * sizeof(float));
+    }
+    g_free(flat);
+    g_free(store);
     *step = f.meta.step;
   }
   exec_checkpoint_file_clear(&f);

@@ -91,7 +91,10 @@ static void describe_buckets(const struct exec_device *d, struct exec_checkpoint
   for (uint32_t b = 0; b < d->n_buckets; b++) {
     const struct exec_bucket *bk = &d->buckets[b];
     struct exec_checkpoint_bucket *c = &m->buckets[b];
-    c->zero = bk->sharded_params ? 3 : bk->sharded_grads ? 2 : 0;
+    c->zero = bk->sharded_params      ? 3
+              : bk->sharded_grads     ? 2
+              : bk->sharded_optimizer ? 1
+                                      : 0;
     const struct ir_group *g = &p->groups[p->nodes[bk->node].group];
     c->n_group = g->count;
     c->group = g_memdup2(&p->device_pool[g->first], (g->count ? g->count : 1) * sizeof(uint32_t));
@@ -323,8 +326,8 @@ static bool read_bucket(const cJSON *v, struct exec_checkpoint_bucket *c, const 
       !get_u32(v, "rank", &c->rank, ctx, err) || !get_u64(v, "offset", &c->offset, ctx, err) ||
       !get_u64(v, "count", &c->count, ctx, err) || !get_u64(v, "shard", &c->shard, ctx, err))
     return false;
-  if (c->zero != 0 && c->zero != 2 && c->zero != 3)
-    return piper_input_error(err, "%s: a bucket's \"zero\" must be 0, 2 or 3", ctx);
+  if (c->zero > 3)
+    return piper_input_error(err, "%s: a bucket's \"zero\" must be 0, 1, 2 or 3", ctx);
   return true;
 }
 
@@ -380,7 +383,10 @@ bool exec_checkpoint_meta_from_json(const char *path, const char *text, size_t l
 /* ---- comparing a checkpoint with this run ------------------------------------------------ */
 
 static const char *zero_name(uint32_t zero) {
-  return zero == 3 ? "shard_params (ZeRO-3)" : zero == 2 ? "shard_grads (ZeRO-2)" : "no sharding";
+  return zero == 3   ? "shard_params (ZeRO-3)"
+         : zero == 2 ? "shard_grads (ZeRO-2)"
+         : zero == 1 ? "shard_optimizer (ZeRO-1)"
+                     : "no sharding";
 }
 
 static void append_list(GString *s, const uint32_t *v, uint32_t n) {

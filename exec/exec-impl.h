@@ -117,8 +117,19 @@ struct exec_bucket {
   uint32_t *segs;
   uint64_t offset, count, padded, shard; /* shard = padded / group size */
   uint32_t group_size, rank;
-  bool sharded_grads, sharded_params;
+  /* ZeRO levels: reduce-scattered gradients and an update of this device's shard alone
+   * (1, and every level above), gradients (2) and parameters (3) held as a shard */
+  bool sharded_optimizer, sharded_grads, sharded_params;
+  uint64_t store_at[3]; /* where its stored part starts in each store (enum exec_store) */
 };
+
+/* The three stores of a device's training state (shard.c). Parameters, gradients and AdamW
+ * moments are addressed by flat index (param_offset, bucket offset); each store keeps only
+ * what this device owns: a ZeRO bucket's own shard where its level shards that store
+ * (optimizer state from ZeRO-1, gradients from ZeRO-2, parameters at ZeRO-3), the whole
+ * padded bucket otherwise, and every segment outside buckets whole. */
+enum exec_store { EXEC_STORE_PARAMS, EXEC_STORE_GRADS, EXEC_STORE_STATE };
+#define EXEC_NOT_STORED UINT64_MAX
 
 /* A communicator to create: plan communicator + the streams that use it. */
 struct exec_comm_key {
@@ -143,6 +154,9 @@ struct exec_device {
   uint32_t *bucket_of;         /* [n_segments] IR_NONE if in no bucket */
   uint32_t *ep_size, *ep_rank; /* [n_segments]: expert parallel group of expert segments */
   uint64_t n_params;           /* flat length, padding included */
+  uint64_t tail_flat;          /* flat index where the segments outside buckets start */
+  uint64_t tail_store_at[3];   /* ... and where they start in each store */
+  uint64_t n_store[3];         /* floats in each store (enum exec_store) */
   uint32_t n_buckets;
   struct exec_bucket *buckets;
   uint32_t *mb_instr_count; /* [M]: instructions tagged with each micro-batch */
@@ -210,7 +224,10 @@ struct exec_state {
   const struct exec_device *dev;
   struct exec_data *data;
   struct exec_comm **comms;                /* [n_comm_keys], NULL where not a member */
-  float *params, *grads, *adam_m, *adam_v; /* [n_params] */
+  float *params, *grads, *adam_m, *adam_v; /* stores: [n_store[...]] (shard.c) */
+  /* ZeRO-2/3: a bucket's whole gradient, summed over micro-batches from its first weight
+   * gradient until its reduce-scatter keeps this device's shard; NULL in between steps */
+  float **grad_acc; /* [n_buckets] */
   float *loss_device;                      /* [M]: each micro-batch's loss, read back */
   uint32_t step;                           /* 1-based step being run (AdamW's t) */
   struct exec_mb *mbs;                     /* [M] */
@@ -259,6 +276,17 @@ void exec_pool_clear(struct exec_state *s);
  * (held[i] set), zeros elsewhere. */
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
+
+/* shard.c */
+/* Fills each bucket's store_at, the tail and n_store, after the flat layout is known. */
+void exec_store_layout(struct exec_device *d);
+/* Index in store `which` of flat index `flat`, or EXEC_NOT_STORED. */
+uint64_t exec_store_index(const struct exec_device *d, enum exec_store which, uint64_t flat);
+/* Host copies between a store and its flat form: expand writes fill where nothing is stored. */
+void exec_store_expand(const struct exec_device *d, enum exec_store which, const float *store,
+                       float *flat, float fill);
+void exec_store_compact(const struct exec_device *d, enum exec_store which, const float *flat,
+                        float *store);
 
 /* checkpoint_meta.c, checkpoint.c */
 

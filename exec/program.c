@@ -132,6 +132,11 @@ static bool model_dims(struct exec_model *xm, const struct model *m, GError **er
                              "%s: model_type %s uses MLA attention, which has no host kernel (the "
                              "host backend trains dense and MoE decoders)",
                              m->name, m->model_type);
+  if (m->shared_expert_gate)
+    return piper_input_error(err,
+                             "%s: model_type %s gates its shared expert (shared_expert_gate), "
+                             "which has no host kernel",
+                             m->name, m->model_type);
   int64_t T = m->micro_batch_size * m->seq_len;
   if (T > (1 << 20) || m->hidden_size > (1 << 16) || m->vocab_size > (1 << 20))
     return piper_input_error(err,
@@ -553,7 +558,13 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
     return fail_at(dc, i, err, "is a compute node without a segment and pass");
   x->segment = n->segment;
   d->holds[n->segment] = true;
-  if (!d->xm->m->segments[n->segment].expert || n->shard_degree <= 1)
+  if (!d->xm->m->segments[n->segment].expert)
+    return true;
+  if (n->pass == IR_PASS_R) /* the routing state of a micro-batch lives once, from its F */
+    return fail_at(dc, i, err,
+                   "recomputes a segment with experts, which the host executor does not do yet "
+                   "(recompute dense segments, or give the filter a PP that has no experts)");
+  if (n->shard_degree <= 1)
     return true;
   if (d->xm->E % (int)n->shard_degree != 0)
     return fail_at(dc, i, err, "shards experts unevenly");
@@ -659,7 +670,8 @@ static bool decode_bucket(struct decoder *dc, uint32_t i, GError **err) {
                                              (ss->count ? ss->count : 1) * sizeof(uint32_t)),
                            .group_size = p->groups[n->group].count,
                            .rank = (uint32_t)plan_node_position(p, x->node, d->device),
-                           .sharded_grads = n->kind == IR_NODE_REDUCE_SCATTER,
+                           .sharded_optimizer = n->kind == IR_NODE_REDUCE_SCATTER,
+                           .sharded_grads = n->shard_grads,
                            .sharded_params = n->shard_params};
   x->bucket = dc->buckets->len;
   g_array_append_val(dc->buckets, bk);
@@ -850,6 +862,7 @@ static bool lay_out_params(struct exec_device *d, GError **err) {
     off += d->param_local[s];
   }
   d->n_params = off;
+  exec_store_layout(d);
   return true;
 }
 
@@ -872,7 +885,7 @@ static bool link_tied_syncs(struct exec_device *d, GError **err) {
                                       : "syncs a tied embedding this device holds no copy of");
     x->segment = d->holds[emb] ? emb : head;
     uint32_t b = d->bucket_of[x->segment];
-    if (b != IR_NONE && d->buckets[b].sharded_grads)
+    if (b != IR_NONE && d->buckets[b].sharded_optimizer)
       return fail_instr(d->plan, d->device, x->node, err,
                         "syncs a tied embedding whose gradients are sharded (ZeRO): not supported");
     syncs++;

@@ -273,7 +273,7 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   struct exec_state *s = &R->s;
   double t0 = exec_backend_clock(R->b);
   s->step = step;
-  s->k->fill(NULL, s->grads, 0.0f, (size_t)d->n_params);
+  s->k->fill(NULL, s->grads, 0.0f, (size_t)d->n_store[EXEC_STORE_GRADS]);
   R->step_fill = exec_backend_clock(R->b) - t0; /* a kernel: training needs it, not the executor */
   exec_step_memory_begin(s);
   for (uint32_t k = 0; k < d->M; k++)
@@ -772,7 +772,9 @@ static bool check_host_memory(const struct runner *R, struct exec_backend *b, GE
   uint64_t acts = 0;
   for (uint32_t t = 0; t < c->n_tensors; t++)
     acts += c->tensors[t].bytes / dtype * sizeof(float);
-  uint64_t stat = 4 * R->device.n_params * sizeof(float);
+  const uint64_t *st = R->device.n_store;
+  uint64_t stat = (st[EXEC_STORE_PARAMS] + st[EXEC_STORE_GRADS] + 2 * st[EXEC_STORE_STATE]) *
+                  sizeof(float);
   const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   uint64_t ranks = local ? g_ascii_strtoull(local, NULL, 10) : 1;
   uint64_t need = (stat + acts) * (ranks ? ranks : 1);

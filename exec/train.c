@@ -484,25 +484,30 @@ static void fill_init(const struct exec_state *s, uint32_t op, uint64_t local, u
   c->host[c->seg_offset + local] = exec_init_param(s->xm->m, s->o->seed, op, g);
 }
 
+/* Each store holds only this device's share (shard.c): what the simulator's static memory
+ * counts, byte for byte. */
 bool exec_state_init_params(struct exec_state *s, GError **err) {
   const struct exec_device *d = s->dev;
   size_t n = (size_t)(d->n_params ? d->n_params : 1);
-  size_t bytes = n * sizeof(float);
-  s->params = exec_backend_alloc(s->b, bytes);
+  size_t pb = (size_t)d->n_store[EXEC_STORE_PARAMS] * sizeof(float);
+  size_t gb = (size_t)d->n_store[EXEC_STORE_GRADS] * sizeof(float);
+  size_t ob = (size_t)d->n_store[EXEC_STORE_STATE] * sizeof(float);
+  s->params = exec_backend_alloc(s->b, pb ? pb : sizeof(float));
   /* one float per micro-batch, outside the memory figures (they predate it) */
   s->loss_device = exec_backend_alloc(s->b, (d->M ? d->M : 1) * sizeof(float));
-  s->grads = exec_backend_alloc(s->b, bytes);
-  s->adam_m = exec_backend_alloc(s->b, bytes);
-  s->adam_v = exec_backend_alloc(s->b, bytes);
+  s->grads = exec_backend_alloc(s->b, gb ? gb : sizeof(float));
+  s->adam_m = exec_backend_alloc(s->b, ob ? ob : sizeof(float));
+  s->adam_v = exec_backend_alloc(s->b, ob ? ob : sizeof(float));
+  s->grad_acc = g_new0(float *, d->n_buckets ? d->n_buckets : 1);
   if (!s->params || !s->grads || !s->adam_m || !s->adam_v || !s->loss_device) {
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
                 "rank %u: cannot allocate %zu bytes of parameters and optimizer state", d->device,
-                4 * bytes);
+                pb + gb + 2 * ob);
     return false;
   }
-  exec_mem_add(s, REPORT_MEM_PARAMS, (int64_t)bytes);
-  exec_mem_add(s, REPORT_MEM_GRADS, (int64_t)bytes);
-  exec_mem_add(s, REPORT_MEM_OPTIMIZER, 2 * (int64_t)bytes);
+  exec_mem_add(s, REPORT_MEM_PARAMS, (int64_t)pb);
+  exec_mem_add(s, REPORT_MEM_GRADS, (int64_t)gb);
+  exec_mem_add(s, REPORT_MEM_OPTIMIZER, 2 * (int64_t)ob);
   float *host = g_new0(float, n);
   for (uint32_t seg = 0; seg < s->xm->m->n_segments; seg++) {
     if (!d->holds[seg])
@@ -510,9 +515,52 @@ bool exec_state_init_params(struct exec_state *s, GError **err) {
     struct fill_ctx c = {host, d->param_offset[seg]};
     for_each_param(s, seg, fill_init, &c);
   }
-  exec_backend_from_host(s->b, s->params, host, bytes);
+  float *store = g_new0(float, d->n_store[EXEC_STORE_PARAMS] + 1);
+  exec_store_compact(d, EXEC_STORE_PARAMS, host, store);
+  exec_backend_from_host(s->b, s->params, store, pb);
+  g_free(store);
   g_free(host);
   return true;
+}
+
+/* Where flat index `flat` of a store lives on the device; it must be stored here. */
+static float *stored(const struct exec_state *s, float *base, enum exec_store which,
+                     uint64_t flat) {
+  uint64_t at = exec_store_index(s->dev, which, flat);
+  PIPER_ASSERT(at != EXEC_NOT_STORED);
+  return base + at;
+}
+
+/* The gradient accumulator of bucket b under ZeRO-2/3, made (zeroed) by its first weight
+ * gradient of the step. Counted as communication memory: it is the reduce-scatter's input,
+ * and after it only the shard stays. One rank's instructions run on one host thread (the
+ * backend's event loop), so the first use cannot race. */
+static float *grad_accumulator(struct exec_state *s, struct exec_task_ctx *st, uint32_t b) {
+  const struct exec_bucket *bk = &s->dev->buckets[b];
+  if (!s->grad_acc[b]) {
+    size_t bytes = (bk->padded ? bk->padded : 1) * sizeof(float);
+    s->grad_acc[b] = exec_backend_alloc(s->b, bytes);
+    exec_mem_add(s, REPORT_MEM_COMM, (int64_t)(bk->padded * sizeof(float)));
+    s->k->fill(st ? st->stream : NULL, s->grad_acc[b], 0.0f, bk->padded ? bk->padded : 1);
+  }
+  return s->grad_acc[b];
+}
+
+static void grad_accumulator_release(struct exec_state *s, uint32_t b) {
+  if (!s->grad_acc[b])
+    return;
+  exec_backend_release(s->b, s->grad_acc[b]);
+  s->grad_acc[b] = NULL;
+  exec_mem_add(s, REPORT_MEM_COMM, -(int64_t)(s->dev->buckets[b].padded * sizeof(float)));
+}
+
+/* Where segment seg's weight gradients accumulate. */
+static float *grads_of(struct exec_state *s, struct exec_task_ctx *st, uint32_t seg) {
+  const struct exec_device *d = s->dev;
+  uint32_t b = d->bucket_of[seg];
+  if (b != IR_NONE && d->buckets[b].sharded_grads)
+    return grad_accumulator(s, st, b) + (d->param_offset[seg] - d->buckets[b].offset);
+  return stored(s, s->grads, EXEC_STORE_GRADS, d->param_offset[seg]);
 }
 
 void exec_state_free_params(struct exec_state *s) {
@@ -523,6 +571,10 @@ void exec_state_free_params(struct exec_state *s) {
   exec_backend_release(s->b, s->adam_m);
   exec_backend_release(s->b, s->adam_v);
   exec_backend_release(s->b, s->loss_device);
+  for (uint32_t b = 0; s->grad_acc && b < s->dev->n_buckets; b++)
+    grad_accumulator_release(s, b);
+  g_free(s->grad_acc);
+  s->grad_acc = NULL;
   s->params = s->grads = s->adam_m = s->adam_v = s->loss_device = NULL;
 }
 
@@ -560,8 +612,10 @@ void exec_params_export(const struct exec_state *s, float *full, bool *held, uin
   memset(full, 0, n_full * sizeof(float));
   memset(held, 0, n_full * sizeof(bool));
   size_t n = (size_t)(d->n_params ? d->n_params : 1);
-  float *host = g_new(float, n);
-  exec_backend_to_host(s->b, host, s->params, n * sizeof(float));
+  float *host = g_new(float, n), *store = g_new(float, d->n_store[EXEC_STORE_PARAMS] + 1);
+  exec_backend_to_host(s->b, store, s->params, d->n_store[EXEC_STORE_PARAMS] * sizeof(float));
+  exec_store_expand(d, EXEC_STORE_PARAMS, store, host, NAN);
+  g_free(store);
   const struct model *m = s->xm->m;
   uint64_t *op_offset = g_new(uint64_t, m->n_ops + 1);
   op_offset[0] = 0;
@@ -642,7 +696,7 @@ static const float *params_of(struct exec_state *s, const struct exec_instr *x) 
     const struct exec_bucket *bk = &d->buckets[d->instrs[x->gather].bucket];
     return (const float *)s->gathered[x->gather] + (d->param_offset[x->segment] - bk->offset);
   }
-  return s->params + d->param_offset[x->segment];
+  return stored(s, s->params, EXEC_STORE_PARAMS, d->param_offset[x->segment]);
 }
 
 /* Whether the segment's backward reads value v (so the forward keeps it in its saved
@@ -1167,7 +1221,7 @@ static bool seg_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
                   .run = mb->seg[x->segment],
                   .es = &s->xm->segs[x->segment],
                   .mode = mode,
-                  .G = s->grads + s->dev->param_offset[x->segment],
+                  .G = grads_of(s, st, x->segment),
                   .dloss = 1.0f / (float)(s->dev->dp_degree * s->dev->M),
                   .i = i,
                   .keep = OWN_WORK};
@@ -1212,7 +1266,7 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   if (!moe)
     return internal(err, s, i, "experts run before their dispatch");
   int n = (int)moe->n_recv;
-  float *G = s->grads + s->dev->param_offset[x->segment];
+  float *G = forward ? NULL : grads_of(s, st, x->segment);
   if (forward) {
     const float *P = params_of(s, x);
     uint32_t saved = written_tensor(s, i, PLAN_TENSOR_SAVED);
@@ -1513,28 +1567,43 @@ static bool data_parallel(struct exec_state *s, uint32_t i, struct exec_task_ctx
   bool ok = true;
   if (!comm)
     return internal(err, s, i, "no communicator");
-  float *own_p = s->params + bk->offset + (uint64_t)bk->rank * bk->shard;
+  uint64_t own = bk->offset + (uint64_t)bk->rank * bk->shard; /* flat */
+  float *own_p = stored(s, s->params, EXEC_STORE_PARAMS, own);
   switch (x->role) {
   case EXEC_ROLE_ALL_REDUCE:
-    CT(st, s, ok, exec_comm_all_reduce_f32(s->b, comm, s->grads + bk->offset, bk->count, err));
-    break;
-  case EXEC_ROLE_REDUCE_SCATTER: {
-    float *tmp = exec_backend_alloc(s->b, (bk->shard ? bk->shard : 1) * sizeof(float));
-    exec_mem_add(s, REPORT_MEM_COMM, (int64_t)(bk->shard * sizeof(float)));
     CT(st, s, ok,
-       exec_comm_reduce_scatter_f32(s->b, comm, s->grads + bk->offset, tmp, bk->shard, err));
-    if (ok)
-      KT(st, s,
-         s->k->copy(st->stream, s->grads + bk->offset + (uint64_t)bk->rank * bk->shard, tmp,
-                    bk->shard * sizeof(float)));
-    exec_backend_release(s->b, tmp);
-    exec_mem_add(s, REPORT_MEM_COMM, -(int64_t)(bk->shard * sizeof(float)));
+       exec_comm_all_reduce_f32(s->b, comm, stored(s, s->grads, EXEC_STORE_GRADS, bk->offset),
+                                bk->count, err));
     break;
-  }
+  case EXEC_ROLE_REDUCE_SCATTER:
+    if (bk->sharded_grads) {
+      /* ZeRO-2/3: the bucket's sum lands in the stored shard; the whole goes */
+      CT(st, s, ok,
+         exec_comm_reduce_scatter_f32(s->b, comm, grad_accumulator(s, st, x->bucket),
+                                      stored(s, s->grads, EXEC_STORE_GRADS, own), bk->shard,
+                                      err));
+      grad_accumulator_release(s, x->bucket);
+    } else {
+      /* ZeRO-1: whole gradients stay; the shard of them this device updates is summed */
+      float *tmp = exec_backend_alloc(s->b, (bk->shard ? bk->shard : 1) * sizeof(float));
+      exec_mem_add(s, REPORT_MEM_COMM, (int64_t)(bk->shard * sizeof(float)));
+      CT(st, s, ok,
+         exec_comm_reduce_scatter_f32(s->b, comm,
+                                      stored(s, s->grads, EXEC_STORE_GRADS, bk->offset), tmp,
+                                      bk->shard, err));
+      if (ok)
+        KT(st, s,
+           s->k->copy(st->stream, stored(s, s->grads, EXEC_STORE_GRADS, own), tmp,
+                      bk->shard * sizeof(float)));
+      exec_backend_release(s->b, tmp);
+      exec_mem_add(s, REPORT_MEM_COMM, -(int64_t)(bk->shard * sizeof(float)));
+    }
+    break;
   case EXEC_ROLE_GATHER_UPDATE:
     CT(st, s, ok,
-       exec_comm_all_gather(s->b, comm, own_p, s->params + bk->offset, bk->shard * sizeof(float),
-                            err));
+       exec_comm_all_gather(s->b, comm, own_p,
+                            stored(s, s->params, EXEC_STORE_PARAMS, bk->offset),
+                            bk->shard * sizeof(float), err));
     break;
   case EXEC_ROLE_GATHER_USE: {
     /* the gathered parameters are the gather's plan tensor when it has one (released by the
@@ -1572,7 +1641,7 @@ static bool tied_sync(struct exec_state *s, uint32_t i, struct exec_task_ctx *st
   for (uint32_t j = 0; j < es->n_ops; j++)
     if (es->ops[j].op == op) {
       bool ok = true;
-      float *g = s->grads + s->dev->param_offset[x->segment] + es->ops[j].param_offset;
+      float *g = grads_of(s, st, x->segment) + es->ops[j].param_offset;
       CT(st, s, ok, exec_comm_all_reduce_f32(s->b, comm, g, (size_t)xm->V * (size_t)xm->C, err));
       return ok;
     }
@@ -1605,28 +1674,21 @@ static bool optimizer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st
     uint64_t ulo = lo, uhi = hi;
     const struct exec_bucket *bk =
         d->bucket_of[seg] != IR_NONE ? &d->buckets[d->bucket_of[seg]] : NULL;
-    if (bk && bk->sharded_grads) {
+    if (bk && bk->sharded_optimizer) {
       /* ZeRO: only this device's shard holds reduced gradients; update just that */
       uint64_t olo = bk->offset + (uint64_t)bk->rank * bk->shard, ohi = olo + bk->shard;
       ulo = lo > olo ? lo : olo;
       uhi = hi < ohi ? hi : ohi;
     }
+    /* [ulo, uhi) lies in one bucket's shard or one whole segment: contiguous in each store.
+     * Under ZeRO-3 the rest of the bucket is not stored here at all. */
     if (uhi > ulo)
       KT(st, s,
-         s->k->adamw_step(st->stream, s->params + ulo, s->grads + ulo, s->adam_m + ulo,
-                          s->adam_v + ulo, uhi - ulo, o->lr, o->beta1, o->beta2, o->eps,
-                          o->weight_decay, (int)s->step));
-    if (bk && bk->sharded_params) {
-      /* ZeRO-3 keeps only the shard: poison the rest so a use without a gather shows up */
-      if (uhi <= ulo) {
-        KT(st, s, s->k->fill(st->stream, s->params + lo, NAN, hi - lo));
-      } else {
-        if (ulo > lo)
-          KT(st, s, s->k->fill(st->stream, s->params + lo, NAN, ulo - lo));
-        if (hi > uhi)
-          KT(st, s, s->k->fill(st->stream, s->params + uhi, NAN, hi - uhi));
-      }
-    }
+         s->k->adamw_step(st->stream, stored(s, s->params, EXEC_STORE_PARAMS, ulo),
+                          stored(s, s->grads, EXEC_STORE_GRADS, ulo),
+                          stored(s, s->adam_m, EXEC_STORE_STATE, ulo),
+                          stored(s, s->adam_v, EXEC_STORE_STATE, ulo), uhi - ulo, o->lr, o->beta1,
+                          o->beta2, o->eps, o->weight_decay, (int)s->step));
   }
   return true;
 }
@@ -1644,8 +1706,8 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
                                                  : BWD_FUSED;
     if (ep)
       ok = expert_compute(s, i, mode, x->pass == IR_PASS_F, st, err);
-    else if (x->pass == IR_PASS_F)
-      ok = seg_forward(s, i, st, err);
+    else if (x->pass == IR_PASS_F || x->pass == IR_PASS_R)
+      ok = seg_forward(s, i, st, err); /* R: the same forward again, bit for bit */
     else
       ok = seg_backward(s, i, mode, st, err);
     if (x->gather != IR_NONE)

@@ -274,7 +274,7 @@ bool ir_filter_match(const struct ir_filter *f, const struct ir_node *n) {
 }
 
 const char *ir_pass_name(enum ir_pass p) {
-  static const char *names[] = {"F", "B", "BI", "BW", "-"};
+  static const char *names[] = {"F", "B", "BI", "BW", "R", "-"};
   return (unsigned)p <= IR_PASS_NONE ? names[p] : "?";
 }
 

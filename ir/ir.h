@@ -29,14 +29,15 @@
 #define IR_MAX_NODES (4u << 20) /* a rewrite that would exceed it is refused */
 #define IR_NAME_MAX 32          /* stream and tag names */
 
-enum ir_pass { IR_PASS_F, IR_PASS_B, IR_PASS_BI, IR_PASS_BW, IR_PASS_NONE };
+/* R: a forward rerun for backward under recompute (its node's `recompute` says how much). */
+enum ir_pass { IR_PASS_F, IR_PASS_B, IR_PASS_BI, IR_PASS_BW, IR_PASS_R, IR_PASS_NONE };
 
 enum ir_node_kind {
   IR_NODE_COMPUTE,        /* a model segment in one pass */
   IR_NODE_SEND,           /* to peer_group, same position in the group */
   IR_NODE_RECV,           /* from peer_group, same position in the group */
   IR_NODE_ALL_REDUCE,     /* gradient sync over group */
-  IR_NODE_REDUCE_SCATTER, /* gradient sync under shard_grads / shard_params */
+  IR_NODE_REDUCE_SCATTER, /* gradient sync under shard_optimizer / grads / params */
   IR_NODE_ALL_GATHER,     /* parameter gather under shard_params */
   IR_NODE_ALL_TO_ALL,     /* expert dispatch / combine under shard */
   IR_NODE_OPTIMIZER,      /* AdamW update of the parameters one device group holds */
@@ -44,6 +45,12 @@ enum ir_node_kind {
 };
 
 enum ir_edge_kind { IR_EDGE_DATA, IR_EDGE_TEMPORAL, IR_EDGE_DEAD };
+
+/* Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+ * Large Transformer Models"; Megatron's --recompute-granularity): none; full (the forward
+ * keeps only the segment's input and reruns before backward); selective (only the attention
+ * core's own activations are dropped and recomputed). */
+enum ir_recompute { IR_RECOMPUTE_NONE, IR_RECOMPUTE_FULL, IR_RECOMPUTE_SELECTIVE };
 
 /* What a communication node serves, which fixes its communicator purpose. */
 /* TP: the tensor-parallel collectives of a compute node (tensor_parallel, IR_COMM_TP). */
@@ -66,7 +73,9 @@ struct ir_node {
                               * device holds 1/shard_degree of the experts and runs as many
                               * routed tokens as its own micro-batch has (EP group = DP group) */
   uint32_t replica_degree;   /* data-parallel replicas of this node (group size), 1 if none */
-  bool shard_grads, shard_params;
+  /* ZeRO levels of the replicate directive that placed it: shard_optimizer (1), shard_grads
+   * (2, implies 1), shard_params (3, implies 2) */
+  bool shard_optimizer, shard_grads, shard_params;
   /* Tensor parallelism (directives/tensor_parallel.c): 0 or 1 = none; else the node's group is
    * tp_degree x replica_degree (or x shard_degree) devices, TP innermost (position p has TP rank
    * p mod tp_degree). Compute nodes run 1/tp_degree of their segment as ir_tp_op_share says;
@@ -75,6 +84,8 @@ struct ir_node {
   uint32_t tp_degree;
   bool sequence_parallel;
   uint32_t collectives; /* a tp node: how many collectives of bytes/collectives it stands for */
+  /* F under a recompute directive (it saves less) and its R rerun; NONE elsewhere */
+  enum ir_recompute recompute;
   uint32_t directive; /* last directive that rewrote it (for messages), IR_NONE */
   /* Lowering's tie-break among ready nodes (lower first): an `order` slot and the node's
    * place in the slot's interleaving, or by default pass then micro-batch (GPipe-like).

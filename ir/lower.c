@@ -282,7 +282,7 @@ static double unit_cost(const struct ir_graph *g, const struct ir_node *n) {
   if (g->cost_model == IR_COST_UNIT)
     return n->pass == IR_PASS_F ? 1 : n->pass == IR_PASS_B ? 2 : 1;
   const struct model_segment *s = &g->model->segments[n->segment];
-  double f = n->pass == IR_PASS_F    ? s->flops_fwd
+  double f = n->pass == IR_PASS_F || n->pass == IR_PASS_R ? s->flops_fwd
              : n->pass == IR_PASS_BI ? s->flops_bwd_input
              : n->pass == IR_PASS_BW ? s->flops_bwd_weight
                                      : s->flops_bwd_input + s->flops_bwd_weight;

@@ -425,9 +425,11 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->stream == b->stream && a->pair == b->pair && a->segset == b->segset &&
          a->bytes == b->bytes && a->shard_degree == b->shard_degree &&
          a->replica_degree == b->replica_degree && a->shard_grads == b->shard_grads &&
-         a->shard_params == b->shard_params && a->directive == b->directive &&
-         a->priority == b->priority && a->tp_degree == b->tp_degree &&
-         a->sequence_parallel == b->sequence_parallel && a->collectives == b->collectives;
+         (a->shard_optimizer || a->shard_grads) == (b->shard_optimizer || b->shard_grads) &&
+         a->shard_params == b->shard_params && a->recompute == b->recompute &&
+         a->directive == b->directive && a->priority == b->priority &&
+         a->tp_degree == b->tp_degree && a->sequence_parallel == b->sequence_parallel &&
+         a->collectives == b->collectives;
 }
 
 bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,

@@ -346,6 +346,8 @@ enum {
   N_REPLICA_DEGREE,
   N_SHARD_GRADS,
   N_SHARD_PARAMS,
+  N_SHARD_OPTIMIZER,
+  N_RECOMPUTE,
   N_DIRECTIVE,
   N_TP_DEGREE, /* tensor parallelism: optional, absent without it */
   N_SEQUENCE_PARALLEL,
@@ -357,8 +359,8 @@ static const char *const node_keys[N_COUNT] = {
     "id",          "name",         "kind",       "pass",         "purpose",
     "tags",        "group",        "peer_group", "stream",       "segment",
     "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
-    "shard_grads", "shard_params", "directive",  "tp_degree",    "sequence_parallel",
-    "collectives", "priority"};
+    "shard_grads", "shard_params", "shard_optimizer", "recompute", "directive", "tp_degree",
+    "sequence_parallel", "collectives", "priority"};
 
 /* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
 static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct json_loc *l,
@@ -453,6 +455,32 @@ static bool read_tensor_parallel(const struct plan *p, struct ir_node *n, const 
   return true;
 }
 
+/* The ZeRO level: shard_grads and shard_params always written, shard_optimizer only for
+ * ZeRO-1 (every higher level implies it). */
+static bool read_zero_flags(const cJSON *const *x, struct ir_node *n, const struct json_loc *l,
+                            GError **err) {
+  if (!json_value_bool(x[N_SHARD_GRADS], "shard_grads", &n->shard_grads, l, err) ||
+      !json_value_bool(x[N_SHARD_PARAMS], "shard_params", &n->shard_params, l, err))
+    return false;
+  n->shard_optimizer = false;
+  if (x[N_SHARD_OPTIMIZER] &&
+      !json_value_bool(x[N_SHARD_OPTIMIZER], "shard_optimizer", &n->shard_optimizer, l, err))
+    return false;
+  n->shard_optimizer |= n->shard_grads;
+  /* Optional too: "full" or "selective" on F and R nodes of a recompute directive. */
+  n->recompute = IR_RECOMPUTE_NONE;
+  const cJSON *rc = x[N_RECOMPUTE];
+  if (!rc)
+    return true;
+  if (cJSON_IsString(rc) && rc->valuestring && strcmp(rc->valuestring, "full") == 0)
+    n->recompute = IR_RECOMPUTE_FULL;
+  else if (cJSON_IsString(rc) && rc->valuestring && strcmp(rc->valuestring, "selective") == 0)
+    n->recompute = IR_RECOMPUTE_SELECTIVE;
+  else
+    return json_fail_at(err, l, "\"recompute\" must be \"full\" or \"selective\"");
+  return true;
+}
+
 static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **err) {
   struct plan *p = r->p;
   struct ir_node *n = &p->nodes[i];
@@ -507,8 +535,7 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
       !json_value_int(x[N_SHARD_DEGREE], "shard_degree", 0, IR_MAX_DEVICES, &shard, &l, err) ||
       !json_value_int(x[N_REPLICA_DEGREE], "replica_degree", 0, IR_MAX_DEVICES, &replica, &l,
                       err) ||
-      !json_value_bool(x[N_SHARD_GRADS], "shard_grads", &n->shard_grads, &l, err) ||
-      !json_value_bool(x[N_SHARD_PARAMS], "shard_params", &n->shard_params, &l, err) ||
+      !read_zero_flags(x, n, &l, err) ||
       !json_value_ref(x[N_DIRECTIVE], "directive", PLAN_MAX_DIRECTIVE, true, &n->directive, &l,
                       err))
     return false;

@@ -240,6 +240,12 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
   cJSON_AddNumberToObject(o, "replica_degree", n->replica_degree);
   cJSON_AddBoolToObject(o, "shard_grads", n->shard_grads);
   cJSON_AddBoolToObject(o, "shard_params", n->shard_params);
+  /* Only where it says more than shard_grads (ZeRO-1), so other plans read as before. */
+  if (n->shard_optimizer && !n->shard_grads)
+    cJSON_AddBoolToObject(o, "shard_optimizer", true);
+  if (n->recompute != IR_RECOMPUTE_NONE) /* only then: other plans read as before */
+    cJSON_AddStringToObject(o, "recompute",
+                            n->recompute == IR_RECOMPUTE_FULL ? "full" : "selective");
   add_ref(o, "directive", n->directive);
   /* Tensor parallelism: absent without it, so plans without TP stay as they were. */
   if (n->tp_degree > 1)

@@ -130,6 +130,8 @@ static void emit_attention(struct builder *b, int32_t layer) {
   op->saved_bytes = add(b, add(b, b->act, qkv), add(b, core_out, lse));
   op->out_bytes = b->act;
   op->bwork_bytes = add(b, qkv, core_out); /* dy (BI scratch), dq, dk, dv */
+  op->core_flops_fwd = core;
+  op->core_saved_bytes = add(b, core_out, lse);
 }
 
 /* h -> a, DeepSeek multi-head latent attention, costed as its real projections:
@@ -177,6 +179,8 @@ static void emit_mla(struct builder *b, int32_t layer) {
                       add(b, add(b, 2 * lat, 2 * qkv), add(b, 2 * core_out, lse)));
   /* h, the latents (q_b / kv_b weight gradients need them), q, k, v, core output, lse */
   op->saved_bytes = add(b, add(b, b->act, lat), add(b, add(b, qkv, core_out), lse));
+  op->core_flops_fwd = core;
+  op->core_saved_bytes = add(b, core_out, lse);
   op->out_bytes = b->act;
 }
 
@@ -218,6 +222,19 @@ static void emit_mlp(struct builder *b, enum model_op_kind kind, int32_t layer, 
   op->saved_bytes = shared ? add(b, gu, act) : add(b, add(b, b->act, gu), act);
   op->out_bytes = b->act;
   op->bwork_bytes = gu; /* dgate, dup */
+}
+
+/* Qwen2-MoE's shared-expert gate on the shared expert just emitted: s *= sigmoid(h w), w
+ * [hidden, 1] (HF Qwen2MoeSparseMoeBlock.shared_expert_gate). A [T, hidden] x [hidden, 1]
+ * product each way plus the sigmoid and the scaling of s; it keeps its [T] logits. */
+static void add_shared_gate(struct builder *b, struct model_op *op) {
+  double th = (double)b->T * (double)b->h;
+  set_params(b, op, add(b, op->param_count, b->h));
+  op->flops_fwd += 2 * th + th;        /* logits, then s * sigmoid */
+  op->flops_bwd_input += 2 * th + th;  /* dh from the logits, ds */
+  op->flops_bwd_weight += 2 * th;
+  op->bytes_fwd = add(b, op->bytes_fwd, add(b, mul(b, b->h, b->B), 2 * b->act));
+  op->saved_bytes = add(b, op->saved_bytes, mul(b, b->T, 4));
 }
 
 /* h -> r: logits = h W [T, hidden] x [hidden, experts], fp32 softmax, top-k, normalised
@@ -338,6 +355,11 @@ static void build_ops(struct builder *b) {
     if (m->n_shared_experts > 0) {
       emit_mlp(b, MODEL_OP_SHARED_EXPERT, l,
                mul(b, u(m->moe_intermediate_size), u(m->n_shared_experts)));
+      reads |= BIT(TENSOR_S);
+    } else if (m->shared_expert_intermediate_size > 0) {
+      emit_mlp(b, MODEL_OP_SHARED_EXPERT, l, u(m->shared_expert_intermediate_size));
+      if (m->shared_expert_gate)
+        add_shared_gate(b, &g_array_index(b->ops, struct model_op, b->ops->len - 1));
       reads |= BIT(TENSOR_S);
     }
     emit_experts(b, l);

@@ -123,6 +123,91 @@ static bool name_ok(const char *s, size_t max) {
   return true;
 }
 
+/* --- which HF keys a model file may carry -------------------------------------------------- */
+
+/* Keys the loader reads (load_hf, load_numerics, load_piper): each one shapes the model. */
+static const char *const understood_keys[] = {
+    "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "intermediate_size",
+    "moe_intermediate_size", "num_experts", "num_local_experts", "n_routed_experts",
+    "num_experts_per_tok", "n_shared_experts", "shared_expert_intermediate_size",
+    "mlp_only_layers", "decoder_sparse_step", "moe_layer_freq", "first_k_dense_replace",
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "rope_theta", "rms_norm_eps", "rope_scaling", "piper",
+    /* checked in check_hf_values: accepted only with the value the builder assumes */
+    "hidden_act", "attention_bias", "mlp_bias", "use_sliding_window", "sliding_window", NULL};
+
+/* Keys that change neither the parameters nor the work of a training step as the simulator and
+ * executor model it: token ids, initialisation, dropout at 0, inference and serving settings,
+ * router losses and routing details that leave the shapes alone, and DeepSeek-V3's
+ * multi-token-prediction depth (num_nextn_predict_layers: HF's own model does not build those
+ * layers either). */
+static const char *const harmless_keys[] = {
+    "architectures", "attention_dropout", "auto_map", "bos_token_id", "eos_token_id",
+    "pad_token_id", "initializer_range", "max_position_embeddings", "max_window_layers",
+    "norm_topk_prob", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+    "aux_loss_alpha", "seq_aux", "ep_size", "n_group", "topk_group", "topk_method",
+    "routed_scaling_factor", "scoring_func", "num_nextn_predict_layers", "pretraining_tp",
+    "torch_dtype", "transformers_version", "use_cache", "quantization_config", "rope_interleave",
+    "_name_or_path", NULL};
+
+static bool in_list(const char *const *list, const char *key) {
+  for (; *list; list++)
+    if (strcmp(*list, key) == 0)
+      return true;
+  return false;
+}
+
+/* A key not understood could change the architecture (a bias, another activation, a layer
+ * layout): refused, naming it, rather than costed as if it were absent. */
+static bool check_hf_keys(const cJSON *root, const char *file, GError **err) {
+  for (const cJSON *c = root->child; c; c = c->next) {
+    const char *key = c->string ? c->string : "";
+    if (in_list(understood_keys, key) || in_list(harmless_keys, key))
+      continue;
+    char *q = piper_quote(key, strlen(key), 40);
+    piper_input_error(err,
+                      "%s: key %s is not understood and may change the architecture (models/"
+                      "load.c lists the keys read and the keys known to be harmless)",
+                      file, q);
+    g_free(q);
+    return false;
+  }
+  return true;
+}
+
+static bool false_or_null(const cJSON *root, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+  return !v || cJSON_IsNull(v) || cJSON_IsFalse(v);
+}
+
+/* Keys whose usual value is what the builder assumes (SwiGLU decoders without biases, full
+ * causal attention); any other value changes the model. */
+static bool check_hf_values(const cJSON *root, const char *file, GError **err) {
+  const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+  if (act && !(cJSON_IsString(act) && act->valuestring && strcmp(act->valuestring, "silu") == 0))
+    return piper_input_error(err, "%s: \"hidden_act\" must be \"silu\" (the MLPs are SwiGLU)",
+                             file);
+  static const char *const off[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
+  for (size_t i = 0; i < G_N_ELEMENTS(off); i++)
+    if (!false_or_null(root, off[i]))
+      return piper_input_error(err, "%s: \"%s\" must be false or absent (not modelled)", file,
+                               off[i]);
+  /* Qwen writes sliding_window with use_sliding_window false: unused. Mistral's window only
+   * matters when it is shorter than the sequence. */
+  const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+  bool qwen_off = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window") != NULL;
+  const cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
+  const cJSON *seq = piper ? cJSON_GetObjectItemCaseSensitive(piper, "seq_len") : NULL;
+  if (sw && !cJSON_IsNull(sw) && !qwen_off &&
+      !(cJSON_IsNumber(sw) && seq && cJSON_IsNumber(seq) && sw->valuedouble >= seq->valuedouble))
+    return piper_input_error(err,
+                             "%s: \"sliding_window\" shorter than piper.seq_len is not modelled "
+                             "(attention is full causal)",
+                             file);
+  return true;
+}
+
 /* --- the HF part --------------------------------------------------------------------------- */
 
 static bool load_family(struct model *m, const cJSON *root, const char *file, GError **err) {
@@ -187,6 +272,33 @@ static bool check_all_moe(const struct model *m, const cJSON *root, const char *
       return piper_input_error(err, "%s: \"%s\" = %g is not supported (only 1: every layer MoE)", file,
                        step_keys[i], v->valuedouble);
   }
+  return true;
+}
+
+/* Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): besides the routed experts, one shared expert of
+ * shared_expert_intermediate_size whose output a sigmoid gate scales (HF Qwen2MoeSparseMoeBlock:
+ * shared_expert, shared_expert_gate = Linear(hidden, 1, bias=False)). HF's config defaults the
+ * width to 5632 when absent, so a file must say it. Other families have no such key. */
+static bool load_qwen2_shared_expert(struct model *m, const cJSON *root, const char *file,
+                                     GError **err) {
+  bool qwen2 = strcmp(m->model_type, "qwen2_moe") == 0;
+  if (!qwen2) {
+    if (present(root, "shared_expert_intermediate_size"))
+      return piper_input_error(err,
+                               "%s: \"shared_expert_intermediate_size\" is a qwen2_moe key; %s "
+                               "sizes shared experts with n_shared_experts",
+                               file, m->model_type);
+    return true;
+  }
+  if (present(root, "n_shared_experts"))
+    return piper_input_error(err,
+                             "%s: \"n_shared_experts\" is not a qwen2_moe key (its shared expert "
+                             "is shared_expert_intermediate_size wide)",
+                             file);
+  if (!get_int(root, NULL, "shared_expert_intermediate_size", true, 0, MAX_FFN,
+               &m->shared_expert_intermediate_size, file, err))
+    return false;
+  m->shared_expert_gate = m->shared_expert_intermediate_size > 0;
   return true;
 }
 
@@ -266,7 +378,7 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
   }
   if (!get_int(root, NULL, "moe_intermediate_size", true, 1, MAX_FFN, &m->moe_intermediate_size,
                file, err) ||
-      !check_all_moe(m, root, file, err))
+      !check_all_moe(m, root, file, err) || !load_qwen2_shared_expert(m, root, file, err))
     return false;
   if (deepseek) {
     if (!get_int(root, NULL, "first_k_dense_replace", false, 0, m->num_layers, &m->first_k_dense,
@@ -517,7 +629,8 @@ struct model *model_load_json(const char *name, const cJSON *root, int pp_region
     piper_input_error(err, "%s: expected a JSON object at the top level", file);
     goto fail;
   }
-  if (!load_hf(m, root, file, err) || !load_numerics(m, root, file, err) ||
+  if (!check_hf_keys(root, file, err) || !load_hf(m, root, file, err) ||
+      !check_hf_values(root, file, err) || !load_numerics(m, root, file, err) ||
       !load_piper(m, root, file, err))
     goto fail;
   if (pp_regions_override > 0) {
@@ -613,6 +726,8 @@ cJSON *model_to_json(const struct model *m) {
     put_int(o, "num_experts_per_tok", m->experts_per_tok);
     if (m->n_shared_experts > 0 || deepseek)
       put_int(o, "n_shared_experts", m->n_shared_experts);
+    if (strcmp(m->model_type, "qwen2_moe") == 0)
+      put_int(o, "shared_expert_intermediate_size", m->shared_expert_intermediate_size);
   }
   if (deepseek) {
     put_int(o, "first_k_dense_replace", m->first_k_dense);

@@ -75,6 +75,10 @@ struct model_op {
   /* What the host kernels hold besides (the memory rule, ir/plan.h): the intermediate
    * gradients BI hands BW (bwork), and scratch an F or a backward frees when it ends. */
   uint64_t bwork_bytes, fwd_scratch_bytes, bwd_scratch_bytes;
+  /* attention ops: the core (QK^T, softmax, PV) alone, what selective recomputation reruns
+   * (forward FLOPs) and what it stops saving (core output and logsumexp) */
+  double core_flops_fwd;
+  uint64_t core_saved_bytes;
 };
 
 /* A data edge between segments of one micro-batch's forward pass (backward runs it reversed,
@@ -124,6 +128,9 @@ struct model {
   int64_t hidden_size, num_layers, num_heads, num_kv_heads, head_dim;
   int64_t intermediate_size, moe_intermediate_size, num_experts, experts_per_tok;
   int64_t n_shared_experts, first_k_dense, vocab_size;
+  /* Qwen2-MoE's one shared expert: its width and its sigmoid gate (a [hidden, 1] linear) */
+  int64_t shared_expert_intermediate_size;
+  bool shared_expert_gate;
   int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
   bool tie_word_embeddings;
   /* Numerics the kernels need (defaults when the file has no key: theta 10000, eps 1e-6). */

@@ -77,8 +77,8 @@ static struct rgb lighten(struct rgb c, double f) {
 
 
 /* The legend's entries, in order; legend_index maps an instruction to one. */
-enum { LEG_F, LEG_B, LEG_BI, LEG_BW, LEG_OPT, LEG_P2P, LEG_REDUCE, LEG_GATHER, LEG_A2A, LEG_TP,
-       LEG_OTHER, LEG_COUNT };
+enum { LEG_F, LEG_B, LEG_BI, LEG_BW, LEG_R, LEG_OPT, LEG_P2P, LEG_REDUCE, LEG_GATHER, LEG_A2A,
+       LEG_TP, LEG_OTHER, LEG_COUNT };
 static const struct {
   const char *label;
   unsigned colour;
@@ -88,6 +88,7 @@ static const struct {
     [LEG_B] = {"B backward", 0x59A14F, false},
     [LEG_BI] = {"BI backward (inputs)", 0x76B7B2, false},
     [LEG_BW] = {"BW backward (weights)", 0xF28E2B, false},
+    [LEG_R] = {"R recomputed forward", 0xFF9DA7, false},
     [LEG_OPT] = {"optimizer", 0x79706E, false},
     [LEG_P2P] = {"pp send/recv", 0x6B3FA0, true},
     [LEG_REDUCE] = {"dp all-reduce / reduce-scatter", 0xC0392B, true},
@@ -108,6 +109,7 @@ static uint32_t legend_index(uint32_t kind, uint32_t pass, enum ir_comm_purpose 
            : pass == IR_PASS_B  ? LEG_B
            : pass == IR_PASS_BI ? LEG_BI
            : pass == IR_PASS_BW ? LEG_BW
+           : pass == IR_PASS_R  ? LEG_R
                                 : LEG_OTHER;
   case IR_NODE_OPTIMIZER: return LEG_OPT;
   case IR_NODE_SEND:
@@ -124,7 +126,7 @@ static uint32_t legend_index(uint32_t kind, uint32_t pass, enum ir_comm_purpose 
  * dark ones). kind is an enum ir_node_kind, pass an enum ir_pass (numbers, so that a kind read
  * from a trace, which may be one this build does not know, gets the default). */
 static struct rgb kind_colour(uint32_t kind, uint32_t pass, enum ir_comm_purpose purpose) {
-  if (kind == IR_NODE_COMPUTE && pass > IR_PASS_BW)
+  if (kind == IR_NODE_COMPUTE && pass > IR_PASS_BW && pass != IR_PASS_R)
     return hex(0x999999);
   return hex(legend[legend_index(kind, pass, purpose)].colour);
 }

@@ -74,17 +74,56 @@ static GArray *split_instance(const struct plan *p, const struct profile *prof, 
 
 /* ---- static memory ------------------------------------------------------------------------ */
 
+/* Bytes per parameter of parameters, gradients and optimizer state. Mixed-precision Adam (ZeRO
+ * paper, Rajbhandari et al. 2020, §3.1): 2 bytes of bf16 parameters, 2 of gradients, 12 of
+ * optimizer state (fp32 master copy, momentum, variance); fp32 training: 4 + 4 + 8 (momentum,
+ * variance). */
+struct static_rates {
+  double params, grads, opt;
+};
+
+/* A ZeRO bucket (a reduce-scatter of the class): P parameters on each of N devices, padded to
+ * N * ceil(P / N) so the collectives divide evenly, as the executor lays them out. Each level
+ * keeps its sharded stores at one shard, ceil(P / N), and the rest whole (padded):
+ *   ZeRO-1: params, grads padded, optimizer shard   (bf16: about 4 psi + 12 psi / N)
+ *   ZeRO-2: params padded, grads, optimizer shard   (2 psi + 14 psi / N)
+ *   ZeRO-3: every store one shard                   (16 psi / N) */
+static void zero_bucket_memory(const struct plan *p, const struct ir_node *n,
+                               const struct static_rates *r, double *params, double *grads,
+                               double *opt) {
+  double P = (double)p->segsets[n->segset].param_bytes / (double)model_dtype_bytes(p->model->dtype);
+  double N = n->replica_degree ? n->replica_degree : 1;
+  double shard = ceil(P / N), padded = shard * N;
+  *params += r->params * (n->shard_params ? shard : padded);
+  *grads += r->grads * (n->shard_grads ? shard : padded);
+  *opt += r->opt * shard;
+}
+
 void sim_static_memory(const struct plan *p, const struct plan_class *c,
                        uint64_t bytes[REPORT_MEM_KIND_COUNT]) {
   memset(bytes, 0, sizeof(uint64_t) * REPORT_MEM_KIND_COUNT);
   const struct model *m = p->model;
   bool *seen = g_new0(bool, m->n_segments);
-  /* Mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020, §3.1): 2 bytes of bf16
-   * parameters, 2 of gradients, 12 of optimizer state (fp32 master copy, momentum, variance)
-   * per parameter; fp32 training: 4 + 4 + 8 (momentum, variance). */
   bool bf16 = m->dtype == MODEL_DTYPE_BF16;
-  double pb = bf16 ? 2 : 4, gb = bf16 ? 2 : 4, ob = bf16 ? 12 : 8;
+  struct static_rates r = {bf16 ? 2 : 4, bf16 ? 2 : 4, bf16 ? 12 : 8};
   double params = 0, grads = 0, opt = 0;
+  /* ZeRO buckets first; their segments are then counted */
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind != IR_NODE_REDUCE_SCATTER || n->segset >= p->n_segsets)
+      continue;
+    const struct ir_segset *ss = &p->segsets[n->segset];
+    bool fresh = true;
+    for (uint32_t j = 0; j < ss->count; j++) {
+      uint32_t seg = p->segment_pool[ss->first + j];
+      fresh &= seg < m->n_segments && !seen[seg];
+      if (seg < m->n_segments)
+        seen[seg] = true;
+    }
+    if (fresh)
+      zero_bucket_memory(p, n, &r, &params, &grads, &opt);
+  }
+  /* every other segment held here whole: its local experts, or what no ZeRO bucket shards */
   for (uint32_t i = 0; i < c->n_instrs; i++) {
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
     if (n->kind != IR_NODE_COMPUTE || n->segment == IR_NONE || n->segment >= m->n_segments)
@@ -97,20 +136,9 @@ void sim_static_memory(const struct plan *p, const struct plan_class *c,
       psi = (double)ir_tp_segment_param_bytes(m, n->segment, n->tp_degree) /
             (double)model_dtype_bytes(m->dtype);
     psi /= (double)(n->shard_degree ? n->shard_degree : 1);
-    double N = n->replica_degree ? n->replica_degree : 1;
-    if (n->shard_params) { /* ZeRO-3: 16 psi / N */
-      params += pb * psi / N;
-      grads += gb * psi / N;
-      opt += ob * psi / N;
-    } else if (n->shard_grads) { /* ZeRO-2: 2 psi + 14 psi / N */
-      params += pb * psi;
-      grads += gb * psi / N;
-      opt += ob * psi / N;
-    } else {
-      params += pb * psi;
-      grads += gb * psi;
-      opt += ob * psi;
-    }
+    params += r.params * psi;
+    grads += r.grads * psi;
+    opt += r.opt * psi;
   }
   g_free(seen);
   bytes[REPORT_MEM_PARAMS] = (uint64_t)llround(params);
@@ -142,6 +170,28 @@ struct cost_key {
   uint32_t segment, pass, shard;
 };
 
+/* A compute node's cost. A rerun under recompute costs its forward (full), or the attention
+ * core's share of it (selective: the core's FLOPs over the segment's forward FLOPs, the
+ * profile having no separate entry for the core). */
+static struct profile_cost compute_cost(const struct profile *prof, const struct model *m,
+                                        const struct ir_node *n) {
+  if (n->segment >= m->n_segments)
+    return (struct profile_cost){0};
+  if (n->pass != IR_PASS_R)
+    return profile_compute_cost_tp(prof, m, n->segment, n->pass, n->shard_degree, n->tp_degree,
+                                   n->sequence_parallel);
+  struct profile_cost pc = profile_compute_cost_tp(prof, m, n->segment, IR_PASS_F, n->shard_degree,
+                                                   n->tp_degree, n->sequence_parallel);
+  if (n->recompute == IR_RECOMPUTE_SELECTIVE) {
+    const struct model_segment *s = &m->segments[n->segment];
+    double core = 0;
+    for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
+      core += m->ops[o].core_flops_fwd;
+    pc.seconds *= s->flops_fwd > 0 ? core / s->flops_fwd : 0;
+  }
+  return pc;
+}
+
 static void class_info_build(const struct plan *p, const struct plan_class *c,
                              const struct profile *prof, GHashTable *cost_cache,
                              struct class_info *ci) {
@@ -156,17 +206,16 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     const struct ir_node *n = &p->nodes[in->node];
     if (n->kind == IR_NODE_COMPUTE) {
       /* costs depend on (segment, pass, shard) only; many micro-batches share them */
-      uint64_t key = ((uint64_t)n->segment << 24) ^ ((uint64_t)n->pass << 20) ^
+      /* selective reruns cost only the attention core: a pass of their own */
+      uint64_t pass = n->pass == IR_PASS_R && n->recompute == IR_RECOMPUTE_SELECTIVE ? 15 : n->pass;
+      uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^
                      (uint64_t)(n->shard_degree & 0xfffff) ^
                      ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
                      ((uint64_t)n->sequence_parallel << 63);
       struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
       if (!pc) {
         pc = g_new(struct profile_cost, 1);
-        *pc = n->segment < p->model->n_segments
-                  ? profile_compute_cost_tp(prof, p->model, n->segment, n->pass, n->shard_degree,
-                                            n->tp_degree, n->sequence_parallel)
-                  : (struct profile_cost){0};
+        *pc = compute_cost(prof, p->model, n);
         uint64_t *k = g_new(uint64_t, 1);
         *k = key;
         g_hash_table_insert(cost_cache, k, pc);
@@ -180,7 +229,7 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       if (n->segset != IR_NONE && n->segset < p->n_segsets)
         params =
             (double)p->segsets[n->segset].param_bytes / (double)model_dtype_bytes(p->model->dtype);
-      if ((n->shard_grads || n->shard_params) && n->replica_degree > 1)
+      if ((n->shard_optimizer || n->shard_grads || n->shard_params) && n->replica_degree > 1)
         params /= n->replica_degree;
       struct profile_cost pc = profile_optimizer_cost(prof, params);
       ci->work[i] = pc.seconds;

@@ -93,7 +93,8 @@ void options_print_version(const struct option_program *p);
    .help = "directive program (JSON array; a base schedule under --schedule)"},                  \
   {.name = "--layout", .kind = OPTION_STRING, .offset = offsetof(T, m.layout), .metavar = "SPEC", \
    .help = "instead of --directives: place/replicate/shard generated from\n"                    \
-           "pp=N,dp=N,ep=N (1 or dp),v | interleave=N,zero=2|3,tp=N,sp (PP regions follow)"},   \
+           "pp=N,dp=N,ep=N (1 or dp),v | interleave=N,zero=1|2|3,\n"                          \
+           "tp=N,sp,recompute=full|selective (PP regions follow)"},                              \
   {.name = "--schedule", .kind = OPTION_STRING, .offset = offsetof(T, m.schedule),               \
    .metavar = "NAME",                                                                            \
    .help = "build the order directives for R ranks and M micro-batches: gpipe,\n"                \

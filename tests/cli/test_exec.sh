@@ -3,8 +3,8 @@
 # plan trains and writes its run directory; tiny-dense learns a real text in 100 steps; plans
 # from piper-compile -o run like plans compiled in-process. With mpirun (when MPI is built in):
 # tiny-moe trained 3 steps on a global batch of 8 micro-batches gives the same losses and final
-# parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-2 and
-# ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; a checkpoint at step 2
+# parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
+# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
 # timeout. A checkpoint of another sharding, learning rate or batch shape is refused naming the
 # difference (or accepted with --resume-allow-change); the last step is checkpointed,
@@ -62,6 +62,8 @@ expect_bad "bad model" "tiny-moe-missing.json" --model models/tiny-moe-missing.j
 expect_bad "plan too big" "the plan has 2 devices but the job has 1 processes" \
   --model $MOE --directives $BS/dp2.json --mbs 2 --no-report
 expect_bad "mla" "no host kernel" --model models/deepseek-v3.json --pp-regions 61 --directives "$T/one.json" --no-report
+expect_bad "qwen2 shared gate" "gates its shared expert (shared_expert_gate), which has no host kernel" \
+  --model models/qwen1.5-moe-a2.7b.json --directives "$T/one.json" --no-report
 PIPER_EXEC_FAULT=bogus expect_bad "bad fault" "PIPER_EXEC_FAULT" --model $DENSE --directives "$T/one.json"
 
 # --- one process: a one-device plan trains and writes its run directory ------------------------
@@ -173,9 +175,53 @@ if run ref 1 --directives "$T/one.json" --mbs 8; then
   [ "$(losses "$T/ref" | sort -u | wc -l)" -eq 3 ] && ok || bad "reference losses: $(losses "$T/ref")"
   run dp2 2 --directives $BS/dp2.json --mbs 4 && same dp2
   run pp2_1f1b 2 --directives "$T/pp2.json" --schedule 1f1b --ranks 2 --mbs 8 && same pp2_1f1b
+  # recomputation reruns the forward before backward: bit-identical to storing (same losses,
+  # same parameter bytes), full on every region, selective on the second; dense segments (the
+  # host executor refuses to rerun a segment with experts, checked below)
+  MOE_SAVED=$MOE
+  MOE=$DENSE
+  run dense_pp2 2 --pp-regions 2 --directives "$T/pp2.json" --schedule 1f1b --ranks 2 --mbs 8
+  for g in full selective; do
+    python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+d.append({'op': 'recompute', 'filter': {} if sys.argv[2] == 'full' else {'PP': 1}, 'granularity': sys.argv[2]})
+json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
+    run pp2_rc_$g 2 --pp-regions 2 --directives "$T/pp2_rc_$g.json" --schedule 1f1b --ranks 2 --mbs 8 &&
+      [ "$(losses "$T/pp2_rc_$g")" = "$(losses "$T/dense_pp2")" ] && cmp -s "$T/pp2_rc_$g.params" "$T/dense_pp2.params" \
+      && ok || bad "recompute $g is not bit-identical to storing activations"
+  done
+  MOE=$MOE_SAVED
+  timeout 120 "${MPIRUN[@]}" -np 2 "$PE" --model $MOE --directives "$T/pp2_rc_full.json" --schedule 1f1b \
+    --ranks 2 --mbs 8 --iters 1 --no-report >"$T/rcmoe.out" 2>"$T/rcmoe.err"
+  [ $? -eq 2 ] && grep -q "recomputes a segment with experts" "$T/rcmoe.err" && ok ||
+    bad "recompute of an expert segment: $(tail -3 "$T/rcmoe.err")"
   run pp2_dp2_ep2 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 && same pp2_dp2_ep2
+  run zero1 4 --base-schedule $BS/pp2_dp2_ep2_zero1.json --schedule 1f1b --ranks 2 --mbs 4 && same zero1
   run zero2 4 --base-schedule $BS/pp2_dp2_ep2_zero2.json --schedule 1f1b --ranks 2 --mbs 4 && same zero2
   run zero3 4 --base-schedule $BS/pp2_dp2_ep2_zero3.json --schedule 1f1b --ranks 2 --mbs 4 && same zero3
+  # each rank allocates only its share of parameters, gradients and optimizer state: the
+  # measured figures are the simulator's static memory, byte for byte (formulas, not
+  # estimates), and each ZeRO level holds less of its store than the level below
+  for z in 1 2 3; do
+    [ -s "$T/zero$z/metrics.json" ] || continue
+    "$BIN/piper-sim" --model $MOE --base-schedule $BS/pp2_dp2_ep2_zero$z.json --schedule 1f1b --ranks 2 \
+      --mbs 4 --profile profiles/host-cpu.json --no-charts --quiet --out "$T/sim_zero$z" 2>"$T/err" || bad "sim zero$z: $(cat "$T/err")"
+  done
+  python3 - "$T" <<'EOF' && ok || bad "ZeRO static memory: executor and simulator differ"
+import json, sys
+keys = ("params", "grads", "optimizer")
+def static(path):
+    return [tuple(d["memory_breakdown_bytes"][k] for k in keys) for d in json.load(open(path))["devices"]]
+plain = static(sys.argv[1] + "/pp2_dp2_ep2/metrics.json")
+prev = plain
+for z in (1, 2, 3):
+    e = static(f"{sys.argv[1]}/zero{z}/metrics.json")
+    s = static(f"{sys.argv[1]}/sim_zero{z}/metrics.json")
+    assert e == s, (z, e, s)
+    # level z shards one more store: optimizer (1), gradients (2), parameters (3)
+    for a, b in zip(e, prev):
+        assert a[3 - z] < b[3 - z], (z, a, b)
+    prev = e
+EOF
   run dualpipev 4 --pp-regions 4 --base-schedule $BS/pp4_dp2_ep2_v_placement.json --schedule dualpipev \
     --ranks 2 --mbs 4 && same dualpipev
   run zerobubble 2 --directives "$T/pp2.json" --schedule zerobubble --ranks 2 --mbs 8 && same zerobubble

@@ -13,7 +13,7 @@ bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 BS=directives/base-schedules
 
 for c in "dp=2 dp2" "pp=4 pp4" "pp=8 pp8" "pp=4,v pp4_v" "pp=4,interleave=2 pp4_interleaved" \
-  "pp=2,dp=2,ep=2 pp2_dp2_ep2" "pp=2,dp=2,ep=2,zero=2 pp2_dp2_ep2_zero2" "pp=2,dp=2,ep=2,zero=3 pp2_dp2_ep2_zero3"; do
+  "pp=2,dp=2,ep=2 pp2_dp2_ep2" "pp=2,dp=2,ep=2,zero=1 pp2_dp2_ep2_zero1" "pp=2,dp=2,ep=2,zero=2 pp2_dp2_ep2_zero2" "pp=2,dp=2,ep=2,zero=3 pp2_dp2_ep2_zero3"; do
   set -- $c
   "$BIN/piper-layout" "$1" | cmp -s - "$BS/$2.json" && ok || bad "piper-layout $1 differs from $2.json"
 done

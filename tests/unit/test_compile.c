@@ -195,6 +195,187 @@ static void test_replicate_buckets(void **state) {
   model_free(m);
 }
 
+/* ZeRO-1 (shard_optimizer): gradients reduce-scattered into each device's shard, the update
+ * of that shard alone, then an all-gather of the updated parameters. Per bucket exactly one
+ * reduce-scatter and one all-gather, each carrying the bucket's parameter bytes, the gather
+ * after the optimizer; the nodes say ZeRO-1 and nothing more. */
+static void test_replicate_zero1(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
+  uint32_t ps = 0;
+  uint64_t total = 0;
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    if (m->segments[s].param_count > 0) {
+      ps++;
+      total += m->segments[s].param_bytes;
+    }
+  struct ir_graph *g =
+      must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
+                    "\"shard_optimizer\":true},"
+                    "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]");
+  struct counts c = count(g);
+  assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], 0);
+  assert_int_equal(c.kind[IR_NODE_REDUCE_SCATTER], ps);
+  assert_int_equal(c.kind[IR_NODE_ALL_GATHER], ps); /* after the update, not per micro-batch */
+  uint64_t rs_bytes = 0, ag_bytes = 0;
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind == IR_NODE_OPTIMIZER || n->kind == IR_NODE_COMPUTE) {
+      assert_true(n->shard_optimizer);
+      assert_false(n->shard_grads || n->shard_params);
+    }
+    if (n->kind == IR_NODE_REDUCE_SCATTER)
+      rs_bytes += n->bytes;
+    if (n->kind == IR_NODE_ALL_GATHER) {
+      ag_bytes += n->bytes;
+      assert_int_equal(n->pass, IR_PASS_NONE);
+      bool after_update = false;
+      for (uint32_t e = 0; e < g->edges->len; e++)
+        after_update |= IR_EDGE(g, e)->dst == i &&
+                        IR_NODE(g, IR_EDGE(g, e)->src)->kind == IR_NODE_OPTIMIZER;
+      assert_true(after_update);
+    }
+  }
+  assert_int_equal(rs_bytes, total);
+  assert_int_equal(ag_bytes, total);
+  ir_graph_free(g);
+  model_free(m);
+}
+
+/* ZeRO-3 prefetch: each gather for a use waits for the compute two places before that use on
+ * its group (so it overlaps the one right before), except the group's first two uses. Without
+ * that edge, every gather of the step is ready at its start. */
+static void test_zero3_prefetch_edges(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-dense.json", 1); /* one segment */
+  assert_int_equal(m->n_segments, 1);
+  uint32_t mbs = 4;
+  struct ir_graph *g = must_apply(
+      m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"shard_params\":true},"
+         "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":4}]");
+  uint32_t gathers = 0, linked = 0;
+  for (uint32_t i = 0; i < g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(g, i);
+    if (n->kind != IR_NODE_ALL_GATHER)
+      continue;
+    gathers++;
+    uint32_t in = 0;
+    for (uint32_t e = 0; e < g->edges->len; e++) {
+      const struct ir_edge *ed = IR_EDGE(g, e);
+      if (ed->dst != i)
+        continue;
+      in++;
+      const struct ir_node *src = IR_NODE(g, ed->src);
+      assert_int_equal(ed->kind, IR_EDGE_TEMPORAL);
+      assert_int_equal(src->kind, IR_NODE_COMPUTE);
+      assert_int_equal(src->group, n->group);
+      /* GPipe-like default order: the forward uses of micro-batch k wait for F of k - 2, the
+       * backward of micro-batch 0 for F of micro-batch 2 and 1 for F 3, then B of k - 2 */
+      int mb_tag = ir_graph_tag(g, "MB", false);
+      int32_t k = n->tags[mb_tag], j = src->tags[mb_tag];
+      if (n->pass == IR_PASS_F)
+        assert_true(src->pass == IR_PASS_F && j == k - 2);
+      else if (k >= 2)
+        assert_true(src->pass == IR_PASS_B && j == k - 2);
+      else
+        assert_true(src->pass == IR_PASS_F && j == k + 2);
+    }
+    assert_true(in <= 1);
+    linked += in;
+  }
+  /* one segment, one bucket: one gather per micro-batch and use */
+  assert_int_equal(gathers, mbs * 2);
+  assert_int_equal(linked, gathers - 2);
+  ir_graph_free(g);
+  model_free(m);
+}
+
+/* The data edges from src to dst of slot 1 (saved activations): their count and bytes. */
+static uint32_t saved_edges(const struct ir_graph *g, uint32_t src, uint32_t dst, uint64_t *bytes) {
+  uint32_t n = 0;
+  for (uint32_t e = 0; e < g->edges->len; e++) {
+    const struct ir_edge *ed = IR_EDGE(g, e);
+    if (ed->kind == IR_EDGE_DATA && ed->slot == 1 && ed->src == src && ed->dst == dst) {
+      n++;
+      *bytes = ed->bytes;
+    }
+  }
+  return n;
+}
+
+/* recompute, by hand on tiny-dense (fp32, 2 x 32 tokens = T 64, hidden 64, 4 heads of 16,
+ * 8 layers) in 2 PP regions of 4 layers, 2 micro-batches:
+ *   full: each F keeps its segment's input for R: region 1's is the [T, hidden] activation,
+ *     64 * 64 * 4 = 16,384 B; region 0 starts from token ids (no input edge): 0 B. R hands B
+ *     all the segment saved.
+ *   selective: per layer the attention core's output T x 64 x 4 = 16,384 B and logsumexp
+ *     T x 4 heads x 4 = 1,024 B, so 4 x 17,408 = 69,632 B move from F -> B to R -> B; F -> R
+ *     is F's remaining saved tensor. */
+static void test_recompute_rewrite(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-dense.json", 2);
+  static const char *const prog[2] = {
+      "[{\"op\":\"recompute\",\"filter\":{}},"
+      "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]",
+      "[{\"op\":\"recompute\",\"filter\":{\"PASS\":\"F\"},\"granularity\":\"selective\"},"
+      "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]"};
+  for (int v = 0; v < 2; v++) {
+    struct ir_graph *g = must_apply(m, prog[v]);
+    uint32_t reruns = 0;
+    for (uint32_t i = 0; i < g->nodes->len; i++) {
+      const struct ir_node *r = IR_NODE(g, i);
+      if (r->kind != IR_NODE_COMPUTE || r->pass != IR_PASS_R)
+        continue;
+      reruns++;
+      assert_int_equal(r->recompute, v == 0 ? IR_RECOMPUTE_FULL : IR_RECOMPUTE_SELECTIVE);
+      /* its forward and backward: same segment and micro-batch */
+      uint32_t f = IR_NONE, b = IR_NONE;
+      for (uint32_t k = 0; k < g->nodes->len; k++) {
+        const struct ir_node *n = IR_NODE(g, k);
+        if (n->kind == IR_NODE_COMPUTE && n->segment == r->segment &&
+            memcmp(n->tags, r->tags, sizeof n->tags) == 0) {
+          if (n->pass == IR_PASS_F)
+            f = k;
+          if (n->pass == IR_PASS_B)
+            b = k;
+        }
+      }
+      assert_true(f != IR_NONE && b != IR_NONE);
+      assert_int_equal(IR_NODE(g, f)->recompute, r->recompute);
+      uint64_t saved = m->segments[r->segment].saved_bytes, fr = 0, rb = 0, fb = 0;
+      assert_int_equal(saved_edges(g, f, i, &fr), 1);
+      assert_int_equal(saved_edges(g, i, b, &rb), 1);
+      uint32_t region = (uint32_t)r->tags[MODEL_TAG_PP];
+      if (v == 0) {
+        assert_int_equal(saved_edges(g, f, b, &fb), 0); /* B reads nothing of F */
+        assert_int_equal(fr, region == 0 ? 0 : 16384);
+        assert_int_equal(rb, saved);
+      } else {
+        assert_int_equal(saved_edges(g, f, b, &fb), 1);
+        assert_int_equal(rb, 69632);
+        assert_int_equal(fb, saved - 69632);
+        assert_int_equal(fr, fb); /* one tensor, read by R and B */
+      }
+      /* R runs right before its backward, held back by the compute before it (else it would
+       * run as soon as the device idles after its forward and hold what it restores) */
+      assert_true(r->priority < IR_NODE(g, b)->priority);
+      uint32_t held = 0;
+      for (uint32_t e = 0; e < g->edges->len; e++) {
+        const struct ir_edge *ed = IR_EDGE(g, e);
+        if (ed->dst == i && ed->kind == IR_EDGE_TEMPORAL) {
+          const struct ir_node *u = IR_NODE(g, ed->src);
+          assert_true(u->kind == IR_NODE_COMPUTE && u->group == r->group);
+          held++;
+        }
+      }
+      assert_int_equal(held, 1);
+    }
+    assert_int_equal(reruns, 2 * 2); /* 2 regions x 2 micro-batches */
+    ir_graph_free(g);
+  }
+  model_free(m);
+}
+
 /* ---- shard -------------------------------------------------------------------------------- */
 
 static void test_shard_adds_all_to_all(void **state) {
@@ -294,6 +475,13 @@ static void test_bad_programs(void **state) {
                "differ from the devices given");
   expect_error(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"PP\",\"num_microbatches\":2}]",
                "already names a tag");
+  expect_error(m, "[{\"op\":\"recompute\",\"filter\":{\"PASS\":\"B\"}}]",
+               "directive 0 (recompute): \"filter\": \"PASS\" may only be F");
+  expect_error(m, "[{\"op\":\"recompute\",\"filter\":{\"PP\":9}}]", "matches no forward");
+  expect_error(m,
+               "[{\"op\":\"recompute\",\"filter\":{\"PP\":0}},"
+               "{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\"}]",
+               "which an earlier recompute took");
   model_free(m);
 }
 
@@ -732,6 +920,9 @@ int main(void) {
       cmocka_unit_test(test_split_multiplies_matched_nodes),
       cmocka_unit_test(test_place_adds_send_recv_per_crossing_edge),
       cmocka_unit_test(test_replicate_buckets),
+      cmocka_unit_test(test_replicate_zero1),
+      cmocka_unit_test(test_zero3_prefetch_edges),
+      cmocka_unit_test(test_recompute_rewrite),
       cmocka_unit_test(test_shard_adds_all_to_all),
       cmocka_unit_test(test_order_adds_temporal_edges),
       cmocka_unit_test(test_bad_programs),

@@ -128,6 +128,41 @@ static void test_parse_replicate(void **state) {
   dir_program_free(p);
 }
 
+/* recompute: full by default, selective by name; both print back as written. */
+static void test_parse_recompute(void **state) {
+  (void)state;
+  struct dir_program *p = parse_ok(
+      "[{\"op\": \"recompute\", \"filter\": {\"PP\": 1}},"
+      " {\"op\": \"recompute\", \"filter\": {}, \"granularity\": \"selective\"}]");
+  assert_int_equal(p->d[0].op, DIR_RECOMPUTE);
+  assert_int_equal(p->d[0].granularity, IR_RECOMPUTE_FULL);
+  assert_int_equal(p->d[1].granularity, IR_RECOMPUTE_SELECTIVE);
+  cJSON *j = dir_program_to_json(p);
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 1), "granularity")->valuestring,
+                      "selective");
+  cJSON_Delete(j);
+  dir_program_free(p);
+}
+
+/* ZeRO-1 alone, and implied by ZeRO-2; printed only where it says more than shard_grads. */
+static void test_parse_shard_optimizer(void **state) {
+  (void)state;
+  struct dir_program *p = parse_ok(
+      "[{\"op\": \"replicate\", \"filter\": {}, \"devices\": [0, 1], \"shard_optimizer\": true},"
+      " {\"op\": \"replicate\", \"filter\": {}, \"devices\": [2, 3], \"shard_grads\": true},"
+      " {\"op\": \"replicate\", \"filter\": {}, \"devices\": [4, 5]}]");
+  assert_true(p->d[0].shard_optimizer);
+  assert_false(p->d[0].shard_grads || p->d[0].shard_params);
+  assert_true(p->d[1].shard_optimizer && p->d[1].shard_grads);
+  assert_false(p->d[2].shard_optimizer);
+  cJSON *j = dir_program_to_json(p);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "shard_optimizer")));
+  assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 1), "shard_optimizer"));
+  assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 2), "shard_optimizer"));
+  cJSON_Delete(j);
+  dir_program_free(p);
+}
+
 static void test_parse_shard(void **state) {
   (void)state;
   struct dir_program *p = parse_ok(
@@ -312,6 +347,11 @@ static const struct bad_case bad_cases[] = {
      "\"stream\" = \"a b\" must be printable ASCII without spaces"},
     {REPL_PREFIX "\"reduce_stream\": true}]", "\"reduce_stream\" must be a string"},
     {REPL_PREFIX "\"gather_stream\": [\"x\"]}]", "\"gather_stream\" must be a string"},
+    {"[{\"op\": \"recompute\", \"filter\": {}, \"granularity\": \"some\"}]",
+     "directive 0 (recompute): \"granularity\" = \"some\" must be \"full\" or \"selective\""},
+    {"[{\"op\": \"recompute\", \"filter\": {}, \"mode\": \"full\"}]",
+     "directive 0 (recompute): unknown key \"mode\""},
+    {"[{\"op\": \"recompute\"}]", "directive 0 (recompute): missing key \"filter\""},
     /* replicate */
     {REPL_PREFIX "\"bucket_size\": 0}]", "\"bucket_size\" = 0 is out of range (0, 1000000]"},
     {REPL_PREFIX "\"bucket_size\": -5}]", "\"bucket_size\" = -5 is out of range (0, 1000000]"},
@@ -320,6 +360,7 @@ static const struct bad_case bad_cases[] = {
     {REPL_PREFIX "\"bucket_size\": 1e999}]", "\"bucket_size\" must be a number"},
     {REPL_PREFIX "\"shard_grads\": \"yes\"}]", "\"shard_grads\" must be true or false"},
     {REPL_PREFIX "\"shard_params\": 1}]", "\"shard_params\" must be true or false"},
+    {REPL_PREFIX "\"shard_optimizer\": null}]", "\"shard_optimizer\" must be true or false"},
     /* split */
     {SPLIT_PREFIX "\"num_microbatches\": 0}]",
      "t.json: directive 0 (split): \"num_microbatches\" = 0 is out of range [1, 4096]"},
@@ -489,6 +530,7 @@ static void assert_directive_equal(const struct dir_directive *a, const struct d
   assert_true(a->bucket_size_mb == b->bucket_size_mb);
   assert_int_equal(a->shard_grads, b->shard_grads);
   assert_int_equal(a->shard_params, b->shard_params);
+  assert_int_equal(a->shard_optimizer, b->shard_optimizer);
   assert_string_equal(a->dim_name, b->dim_name);
   assert_int_equal(a->num_microbatches, b->num_microbatches);
   assert_int_equal(a->n_slots, b->n_slots);
@@ -712,6 +754,8 @@ int main(void) {
       cmocka_unit_test(test_parse_empty_program),
       cmocka_unit_test(test_parse_place),
       cmocka_unit_test(test_parse_replicate),
+      cmocka_unit_test(test_parse_shard_optimizer),
+      cmocka_unit_test(test_parse_recompute),
       cmocka_unit_test(test_parse_shard),
       cmocka_unit_test(test_parse_split),
       cmocka_unit_test(test_parse_order),

@@ -749,12 +749,15 @@ static void test_checkpoint_compare(void **state) {
   (void)state;
   const char *bs = "directives/base-schedules/";
   struct exec_options o = exec_options_default();
-  struct exec_checkpoint_meta plain, zero2, zero3, lr;
+  struct exec_checkpoint_meta plain, zero1, zero2, zero3, lr;
   char *path = g_strconcat(bs, "pp2_dp2_ep2.json", NULL);
   describe_device0(path, &o, &plain);
   g_free(path);
   path = g_strconcat(bs, "pp2_dp2_ep2_zero2.json", NULL);
   describe_device0(path, &o, &zero2);
+  g_free(path);
+  path = g_strconcat(bs, "pp2_dp2_ep2_zero1.json", NULL);
+  describe_device0(path, &o, &zero1);
   g_free(path);
   path = g_strconcat(bs, "pp2_dp2_ep2_zero3.json", NULL);
   describe_device0(path, &o, &zero3);
@@ -767,6 +770,9 @@ static void test_checkpoint_compare(void **state) {
                  "was written with shard_grads (ZeRO-2) on device group [0,1] for segments", notes);
   expect_compare(&zero2, &plain, 0, "this plan has no sharding on device group [0,1]", notes);
   expect_compare(&zero3, &plain, 0, "was written with shard_params (ZeRO-3)", notes);
+  /* ZeRO-1 keeps only its shard of the moments: neither plain nor ZeRO-2 reads it as theirs */
+  expect_compare(&zero1, &plain, 0, "was written with shard_optimizer (ZeRO-1)", notes);
+  expect_compare(&zero2, &zero1, 0, "this plan has shard_optimizer (ZeRO-1)", notes);
   expect_compare(&plain, &zero3, 0, "this plan has shard_params (ZeRO-3)", notes);
   assert_int_equal(notes->len, 0);
   expect_compare(&zero3, &lr, 0, "lr 0.001, now 0.002 (--resume-allow-change lr to accept)", notes);
@@ -800,6 +806,7 @@ static void test_checkpoint_compare(void **state) {
   g_string_free(notes, TRUE);
   exec_checkpoint_meta_clear(&plain);
   exec_checkpoint_meta_clear(&zero2);
+  exec_checkpoint_meta_clear(&zero1);
   exec_checkpoint_meta_clear(&zero3);
   exec_checkpoint_meta_clear(&lr);
 }

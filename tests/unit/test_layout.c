@@ -65,6 +65,10 @@ static void test_shapes(void **state) {
   l = parse("pp=4,dp=2,tp=8,sp"); /* a rank holds dp x tp devices */
   assert_int_equal(layout_devices(&l), 64);
   assert_true(l.sequence_parallel);
+  assert_int_equal(l.recompute, IR_RECOMPUTE_NONE);
+  l = parse("pp=2,dp=2,zero=1,recompute=selective");
+  assert_int_equal(l.zero, 1);
+  assert_int_equal(l.recompute, IR_RECOMPUTE_SELECTIVE);
 }
 
 /* Each layout compiles with the model and gives the devices and pipeline ranks it promises. */
@@ -78,6 +82,8 @@ static void test_layouts_compile(void **state) {
       {"pp=2,dp=2,ep=2,v", "models/tiny-moe.json", "dualpipev", 4},
       {"pp=2,dp=2,ep=2,interleave=2", "models/tiny-moe.json", "interleaved_1f1b", 4},
       {"pp=4,dp=2,zero=3", "models/tiny-dense.json", "zerobubble", 4},
+      {"pp=2,dp=2,zero=1,recompute=full", "models/tiny-dense.json", "1f1b", 4},
+      {"pp=2,dp=2,ep=2,recompute=selective", "models/tiny-moe.json", "1f1b", 4},
       {"dp=4,ep=4", "models/tiny-moe.json", NULL, 2},
       {"pp=1", "models/tiny-dense.json", NULL, 1},
       {"pp=2,dp=2,ep=2,tp=2,sp", "models/tiny-moe.json", "1f1b", 4},
@@ -126,7 +132,8 @@ static void test_bad_specs(void **state) {
       {"pp=2,w", "unknown item \"w\""},
       {"pp=2,dp=4,ep=2", "ep must be 1 or equal to dp (4)"},
       {"pp=2,interleave=2,v", "interleave and v exclude each other"},
-      {"pp=2,dp=2,zero=1", "zero=1"},
+      {"pp=2,zero=1", "zero=1 needs dp of at least 2"}, /* ZeRO-1 itself is accepted */
+      {"pp=2,recompute=all", "\"recompute\" must be full or selective"},
       {"pp=2,zero=2", "zero=2 needs dp of at least 2"},
       {"pp=65536,dp=65536", "more than"},
       {"dp=x", "\"dp\" must be a whole number"},

@@ -213,6 +213,42 @@ static void test_op_costs_tiny(void **state) {
 
 /* Published totals (model cards; DeepSeek-V3 without its 14B MTP module). Our counts ignore
  * biases and q/k-norm weights, which are far below 2%. */
+/* Qwen2-MoE's shared expert, by hand on tiny-moe (hidden 64) made qwen2_moe with a 96-wide
+ * shared expert: per layer 3 * 64 * 96 = 18,432 SwiGLU parameters plus a [64, 1] gate. */
+static void test_qwen2_shared_expert(void **state) {
+  (void)state;
+  char *moe = test_read_file("models/tiny-moe.json");
+  GError *err = NULL;
+  struct model *base = load_patched(moe, "{}", 0, &err);
+  struct model *q = load_patched(
+      moe, "{\"model_type\": \"qwen2_moe\", \"shared_expert_intermediate_size\": 96}", 0, &err);
+  if (!q)
+    fail_msg("%s", err->message);
+  assert_true(q->shared_expert_gate);
+  uint64_t shared = 0;
+  uint32_t n = 0;
+  for (uint32_t o = 0; o < q->n_ops; o++)
+    if (q->ops[o].kind == MODEL_OP_SHARED_EXPERT) {
+      shared += q->ops[o].param_count;
+      n++;
+      assert_int_equal(q->ops[o].shape[2], 96);
+    }
+  assert_int_equal(n, q->num_layers);
+  assert_int_equal(shared, (uint64_t)q->num_layers * (3 * 64 * 96 + 64));
+  assert_int_equal(model_param_count(q), model_param_count(base) + shared);
+  /* written back and read again: the same model */
+  cJSON *j = model_to_json(q);
+  assert_int_equal(cJSON_GetObjectItem(j, "shared_expert_intermediate_size")->valueint, 96);
+  struct model *r = model_load_json("q.json", j, 0, &err);
+  assert_non_null(r);
+  assert_int_equal(model_param_count(r), model_param_count(q));
+  model_free(r);
+  cJSON_Delete(j);
+  model_free(q);
+  model_free(base);
+  g_free(moe);
+}
+
 static void test_param_counts_real(void **state) {
   (void)state;
   const struct {
@@ -223,6 +259,10 @@ static void test_param_counts_real(void **state) {
       {"models/llama3-70b.json", 70.6e9},
       {"models/qwen3-30b-a3b.json", 30.5e9},
       {"models/deepseek-v3.json", 671e9},
+      {"models/llama3.1-405b.json", 405e9},
+      {"models/mixtral-8x22b.json", 141e9},
+      /* with its shared expert (5632 wide, gated): 13.49e9 without, which this catches */
+      {"models/qwen1.5-moe-a2.7b.json", 14.3e9},
   };
   for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
     struct model *m = test_load_model(cases[i].path, 0);
@@ -554,6 +594,17 @@ static void test_bad_inputs(void **state) {
       {dense, "{\"piper.tags\": [{\"tag\": \"A\", \"layers\": [0, 1], \"color\": 2}]}",
        "piper.tags[0]: unknown key \"color\""},
       {dense, "{\"model_type\": \"gpt2\"}", "\"model_type\" = \"gpt2\" is not supported"},
+      /* HF keys: what is not understood is refused, naming the key */
+      {dense, "{\"parallel_attn\": true}",
+       "bad.json: key \"parallel_attn\" is not understood and may change the architecture"},
+      {dense, "{\"hidden_act\": \"gelu\"}", "bad.json: \"hidden_act\" must be \"silu\""},
+      {dense, "{\"attention_bias\": true}", "bad.json: \"attention_bias\" must be false"},
+      {dense, "{\"use_sliding_window\": true}", "\"use_sliding_window\" must be false"},
+      {dense, "{\"sliding_window\": 16}", "\"sliding_window\" shorter than piper.seq_len"},
+      {moe, "{\"model_type\": \"qwen2_moe\"}",
+       "bad.json: missing key \"shared_expert_intermediate_size\""},
+      {moe, "{\"shared_expert_intermediate_size\": 64}",
+       "\"shared_expert_intermediate_size\" is a qwen2_moe key"},
       {dense, "{\"model_type\": \"<delete>\"}", "missing key \"model_type\""},
       {dense, "{\"hidden_size\": 0}", "\"hidden_size\" = 0 is out of range"},
       {dense, "{\"hidden_size\": \"64\"}", "\"hidden_size\" must be an integer"},
@@ -658,6 +709,7 @@ int main(void) {
       cmocka_unit_test(test_param_counts_tiny),
       cmocka_unit_test(test_op_costs_tiny),
       cmocka_unit_test(test_param_counts_real),
+      cmocka_unit_test(test_qwen2_shared_expert),
       cmocka_unit_test(test_flops_sanity),
       cmocka_unit_test(test_deepseek),
       cmocka_unit_test(test_uneven_pp_layers),

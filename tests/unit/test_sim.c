@@ -1024,9 +1024,11 @@ static void test_static_memory_zero(void **state) {
   struct profile *u = load_profile("profiles/unit.json");
   char dir[] = "/tmp/test_sim_XXXXXX";
   assert_non_null(g_mkdtemp(dir));
-  const char *variants[] = {"", ", \"shard_grads\": true", ", \"shard_params\": true"};
+  /* v is the ZeRO level: none, ZeRO-1, ZeRO-2, ZeRO-3 */
+  const char *variants[] = {"", ", \"shard_optimizer\": true", ", \"shard_grads\": true",
+                            ", \"shard_params\": true"};
   struct model *m = test_load_model("models/tiny-moe.json", 0);
-  for (int v = 0; v < 3; v++) {
+  for (int v = 0; v < 4; v++) {
     char path[256], text[512];
     snprintf(path, sizeof path, "%s/dp2_%d.json", dir, v);
     snprintf(text, sizeof text,
@@ -1043,9 +1045,16 @@ static void test_static_memory_zero(void **state) {
     double psi = (double)model_param_count(m), N = 2;
     double pb = m->dtype == MODEL_DTYPE_BF16 ? 2 : 4, gb = pb,
            ob = m->dtype == MODEL_DTYPE_BF16 ? 12 : 8;
-    double want_p = v == 2 ? pb * psi / N : pb * psi;
-    double want_g = v == 0 ? gb * psi : gb * psi / N;
+    double want_p = v == 3 ? pb * psi / N : pb * psi;
+    double want_g = v <= 1 ? gb * psi : gb * psi / N;
     double want_o = v == 0 ? ob * psi : ob * psi / N;
+    if (v == 1 && m->dtype == MODEL_DTYPE_FP32) {
+      /* by hand: tiny-moe has psi = 281,152 parameters (fp32); ZeRO-1 over 2 devices keeps
+       * 4 psi of parameters and 4 psi of gradients, and 8 psi / 2 of Adam moments */
+      assert_int_equal(psi, 281152);
+      assert_int_equal(r->units[r->device_unit[0]].static_bytes[REPORT_MEM_OPTIMIZER], 1124608);
+      assert_int_equal(r->units[r->device_unit[0]].static_bytes[REPORT_MEM_GRADS], 1124608);
+    }
     for (uint32_t d = 0; d < 2; d++) {
       const struct sim_unit *su = &r->units[r->device_unit[d]];
       test_assert_near((double)su->static_bytes[REPORT_MEM_PARAMS], want_p, 1, 0, "params");
@@ -1056,7 +1065,10 @@ static void test_static_memory_zero(void **state) {
     if (m->dtype == MODEL_DTYPE_BF16) {
       const struct sim_unit *su = &r->units[0];
       double tot = (double)(su->static_bytes[0] + su->static_bytes[1] + su->static_bytes[2]);
-      double want = v == 0 ? 16 * psi : v == 1 ? 2 * psi + 14 * psi / N : 16 * psi / N;
+      double want = v == 0   ? 16 * psi
+                    : v == 1 ? 4 * psi + 12 * psi / N
+                    : v == 2 ? 2 * psi + 14 * psi / N
+                             : 16 * psi / N;
       test_assert_near(tot, want, 3, 0, "ZeRO total");
     }
     sim_result_free(r);
@@ -1065,6 +1077,36 @@ static void test_static_memory_zero(void **state) {
   }
   model_free(m);
   rmdir(dir);
+  profile_free(u);
+}
+
+/* ZeRO with expert parallelism: only the bucketed (dense) parameters are sharded over the
+ * replicas; each device keeps its local experts whole (they own distinct parameters, nothing
+ * to shard), exactly as the executor allocates them. By hand for tiny-moe (fp32) on stage 0
+ * of pp2_dp2_ep2: dense D = 42,240 parameters in one bucket (even over 2, no padding), experts
+ * E = 98,304 of which 49,152 local. ZeRO-2: params 4 (D + E/2) = 365,568 B, grads
+ * 4 (D/2 + E/2) = 281,088 B, Adam 8 (D/2 + E/2) = 562,176 B. */
+static void test_static_memory_zero_experts(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  struct plan *p = compile("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2_zero2.json",
+                           "1f1b", 4, 0);
+  const struct model *m = p->model;
+  double D = 0, E = 0;
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    if (m->segments[s].tags[MODEL_TAG_PP] == 0)
+      *(m->segments[s].expert ? &E : &D) += (double)m->segments[s].param_count;
+  assert_true(D == 42240 && E == 98304);
+  struct sim_result *r = run(p, u, false);
+  const struct sim_unit *su = &r->units[r->device_unit[0]];
+  assert_int_equal(su->static_bytes[REPORT_MEM_PARAMS], 4 * (D + E / 2));
+  assert_int_equal(su->static_bytes[REPORT_MEM_GRADS], 4 * (D / 2 + E / 2));
+  assert_int_equal(su->static_bytes[REPORT_MEM_OPTIMIZER], 8 * (D / 2 + E / 2));
+  assert_int_equal(su->static_bytes[REPORT_MEM_PARAMS], 365568);
+  assert_int_equal(su->static_bytes[REPORT_MEM_GRADS], 281088);
+  assert_int_equal(su->static_bytes[REPORT_MEM_OPTIMIZER], 562176);
+  sim_result_free(r);
+  plan_free(p);
   profile_free(u);
 }
 
@@ -1276,6 +1318,7 @@ int main(void) {
       cmocka_unit_test(test_collapse_exact),
       cmocka_unit_test(test_memory_timeline_limit),
       cmocka_unit_test(test_static_memory_zero),
+      cmocka_unit_test(test_static_memory_zero_experts),
       cmocka_unit_test(test_report_files),
       cmocka_unit_test(test_sweep),
       cmocka_unit_test(test_textbook_gpipe_1f1b),
