@@ -630,24 +630,58 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dpar
                                F);
 }
 
-/* ---- LM head + cross-entropy (kernels/loss.c). The interface keeps probs [T, V] in saved, as
- * the host does, so the logits are not chunked here (see the report). ------------------------ */
+/* ---- LM head + cross-entropy (kernels/loss.c): the host's saved layout (each row's max logit
+ * and 1 / sum of exp, O(T)); F computes the logits a chunk of rows at a time in stream-ordered
+ * scratch, so no [T, V] buffer lives past the kernel; BI recomputes them into bwork. -------- */
+
+/* Rows per forward chunk: about 64 MiB of logits (at least one row, at most T). */
+static int head_chunk_rows(int T, int V) {
+  size_t rows = ((size_t)16 << 20) / (size_t)(V > 0 ? V : 1);
+  return rows < 1 ? 1 : rows > (size_t)T ? T : (int)rows;
+}
+
+static void head_logits(struct exec_stream *s, float *out, const float *h, const float *params,
+                        enum kernels_lm_head_layout layout, int n, int C, int V) {
+  if (layout == KERNELS_LM_HEAD_TIED)
+    gemm(s, false, true, n, V, C, 1.0f, h, C, params, C, 0.0f, out, V);
+  else
+    gemm(s, false, false, n, V, C, 1.0f, h, C, params, V, 0.0f, out, V);
+}
 
 static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
                                    const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, int T, int C, int V) {
-  if (layout == KERNELS_LM_HEAD_TIED)
-    gemm(s, false, true, T, V, C, 1.0f, h, C, params, C, 0.0f, saved, V);
-  else
-    gemm(s, false, false, T, V, C, 1.0f, h, C, params, V, 0.0f, saved, V);
-  kc_softmax_xent_forward(loss, saved, targets, T, V, st_of(s));
+  int rows = head_chunk_rows(T, V);
+  float *chunk = NULL, *rowloss = NULL;
+  GError *e = NULL;
+  if (!CUDA_CHECK(kernel_ctx(s),
+                  cudaMallocAsync((void **)&chunk, (size_t)rows * V * sizeof(float), st_of(s)),
+                  &e) ||
+      !CUDA_CHECK(kernel_ctx(s),
+                  cudaMallocAsync((void **)&rowloss, (size_t)(T ? T : 1) * sizeof(float), st_of(s)),
+                  &e)) {
+    exec_cuda_fail(s, e);
+    if (chunk)
+      cudaFreeAsync(chunk, st_of(s));
+    return;
+  }
+  for (int t0 = 0; t0 < T; t0 += rows) {
+    int n = T - t0 < rows ? T - t0 : rows;
+    head_logits(s, chunk, h + (size_t)t0 * C, params, layout, n, C, V);
+    kc_xent_stats(rowloss, saved, chunk, targets, t0, n, T, V, st_of(s));
+  }
+  kc_xent_mean(loss, rowloss, T, st_of(s));
+  cudaFreeAsync(chunk, st_of(s));
+  cudaFreeAsync(rowloss, st_of(s));
 }
 
 static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, float *bwork,
-                                          const float *saved, const int32_t *targets,
-                                          const float *params, enum kernels_lm_head_layout layout,
-                                          float dloss, int T, int C, int V, bool accumulate) {
-  kc_softmax_xent_backward(bwork, saved, targets, T, V, dloss / (float)T, st_of(s));
+                                          const float *saved, const float *h,
+                                          const int32_t *targets, const float *params,
+                                          enum kernels_lm_head_layout layout, float dloss, int T,
+                                          int C, int V, bool accumulate) {
+  head_logits(s, bwork, h, params, layout, T, C, V);
+  kc_xent_backward(bwork, saved, targets, T, V, dloss / (float)T, st_of(s));
   float beta = accumulate ? 1.0f : 0.0f;
   if (layout == KERNELS_LM_HEAD_TIED)
     gemm(s, false, false, T, C, V, 1.0f, bwork, V, params, C, beta, dh, C);
@@ -669,7 +703,7 @@ static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dpa
                                     const float *saved, const float *h, const int32_t *targets,
                                     const float *params, enum kernels_lm_head_layout layout,
                                     float dloss, int T, int C, int V, bool accumulate) {
-  k_lm_head_loss_backward_input(s, dh, bwork, saved, targets, params, layout, dloss, T, C, V,
+  k_lm_head_loss_backward_input(s, dh, bwork, saved, h, targets, params, layout, dloss, T, C, V,
                                 accumulate);
   k_lm_head_loss_backward_weight(s, dparams, bwork, h, layout, T, C, V);
 }

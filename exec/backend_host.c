@@ -783,11 +783,12 @@ static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *sa
 }
 
 static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, float *bwork,
-                                          const float *saved, const int32_t *targets,
-                                          const float *params, enum kernels_lm_head_layout layout,
-                                          float dloss, int T, int C, int V, bool accumulate) {
+                                          const float *saved, const float *h,
+                                          const int32_t *targets, const float *params,
+                                          enum kernels_lm_head_layout layout, float dloss, int T,
+                                          int C, int V, bool accumulate) {
   progress_within(s);
-  kernels_lm_head_loss_backward_input(dh, bwork, saved, targets, params, layout, dloss, T, C, V,
+  kernels_lm_head_loss_backward_input(dh, bwork, saved, h, targets, params, layout, dloss, T, C, V,
                                       accumulate);
 }
 

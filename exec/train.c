@@ -1156,7 +1156,8 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
       xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
   const float *w = xm->tied && b->P ? b->P + b->es->ops[0].param_offset : o->prm;
   float *dw = xm->tied ? b->G + b->es->ops[0].param_offset : o->dprm;
-  run->bwork[j] = run->saved[j]; /* BI turns the probabilities into dlogits in place */
+  if (b->mode != BWD_WEIGHT) /* dlogits, recomputed from h and the saved row statistics */
+    run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_lm_head_loss_bwork_floats(T, V));
   if (b->mode == BWD_FUSED)
     KT(st, s,
        b->k->lm_head_loss_backward(st->stream, o->din, dw, run->bwork[j], run->saved[j], o->in0,
@@ -1164,7 +1165,8 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
   else if (b->mode == BWD_INPUT)
     KT(st, s,
        b->k->lm_head_loss_backward_input(st->stream, o->din, run->bwork[j], run->saved[j],
-                                         b->mb->targets, w, lay, b->dloss, T, C, V, o->acc));
+                                         o->in0, b->mb->targets, w, lay, b->dloss, T, C, V,
+                                         o->acc));
   else
     KT(st, s,
        b->k->lm_head_loss_backward_weight(st->stream, dw, run->bwork[j], o->in0, lay, T, C, V));

@@ -353,9 +353,12 @@ __global__ void scatter_rows_k(float *dst, const float *src, const int32_t *inde
   }
 }
 
-// One block per row: softmax in place, the row's loss into rowloss.
-__global__ void xent_fwd_k(float *rowloss, float *probs, const int32_t *targets, int V) {
-  float *row = probs + (size_t)blockIdx.x * V;
+// One block per row of a chunk: the row's loss, max logit and 1 / sum of exp (saved layout of
+// kernels/loss.c: max [T], then inv [T]); the logits are left as they are.
+__global__ void xent_stats_k(float *rowloss, float *saved, const float *logits,
+                             const int32_t *targets, int t0, int T, int V) {
+  const float *row = logits + (size_t)blockIdx.x * V;
+  int t = t0 + (int)blockIdx.x;
   float mx = -INFINITY;
   for (int v = threadIdx.x; v < V; v += blockDim.x)
     mx = fmaxf(mx, row[v]);
@@ -364,13 +367,11 @@ __global__ void xent_fwd_k(float *rowloss, float *probs, const int32_t *targets,
   for (int v = threadIdx.x; v < V; v += blockDim.x)
     sum += expf(row[v] - mx);
   sum = block_sum(sum);
-  int tg = targets[blockIdx.x];
-  float logit_t = row[tg]; // read before the row is overwritten
-  __syncthreads();
-  for (int v = threadIdx.x; v < V; v += blockDim.x)
-    row[v] = expf(row[v] - mx) / sum;
-  if (threadIdx.x == 0)
-    rowloss[blockIdx.x] = -(logit_t - mx - logf(sum));
+  if (threadIdx.x == 0) {
+    rowloss[t] = -(row[targets[t]] - mx - logf(sum));
+    saved[t] = mx;
+    saved[T + t] = 1.0f / sum;
+  }
 }
 
 // The mean in one block, rows in a fixed order.
@@ -383,14 +384,15 @@ __global__ void mean_k(float *out, const float *x, int n) {
     *out = s / n;
 }
 
-__global__ void xent_bwd_k(float *dl, const float *probs, const int32_t *targets, int T, int V,
+__global__ void xent_bwd_k(float *dl, const float *saved, const int32_t *targets, int T, int V,
                            float scale) {
   size_t n = (size_t)T * V;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     size_t t = i / V;
     int v = (int)(i % V);
-    dl[i] = (probs[i] - (v == targets[t] ? 1.0f : 0.0f)) * scale;
+    float p = expf(dl[i] - saved[t]) * saved[T + t];
+    dl[i] = (p - (v == targets[t] ? 1.0f : 0.0f)) * scale;
   }
 }
 
@@ -541,23 +543,21 @@ void kc_scatter_rows(float *dst, const float *src, const int32_t *index, int n, 
     scatter_rows_k<<<blocks_for(total), kThreads, 0, st>>>(dst, src, index, n, C, acc);
 }
 
-void kc_softmax_xent_forward(float *loss, float *probs, const int32_t *targets, int T, int V,
-                             cudaStream_t st) {
-  float *rowloss = nullptr;
-  // T floats of scratch, freed in stream order
-  if (cudaMallocAsync(&rowloss, (size_t)(T ? T : 1) * sizeof(float), st) != cudaSuccess)
-    return; // the launch check after the task reports the error
-  if (T)
-    xent_fwd_k<<<T, kThreads, 0, st>>>(rowloss, probs, targets, V);
-  mean_k<<<1, kThreads, 0, st>>>(loss, rowloss, T);
-  cudaFreeAsync(rowloss, st);
+void kc_xent_stats(float *rowloss, float *saved, const float *logits, const int32_t *targets,
+                   int t0, int n, int T, int V, cudaStream_t st) {
+  if (n)
+    xent_stats_k<<<n, kThreads, 0, st>>>(rowloss, saved, logits, targets, t0, T, V);
 }
 
-void kc_softmax_xent_backward(float *dl, const float *probs, const int32_t *targets, int T, int V,
-                              float scale, cudaStream_t st) {
+void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t st) {
+  mean_k<<<1, kThreads, 0, st>>>(loss, rowloss, T);
+}
+
+void kc_xent_backward(float *dl, const float *saved, const int32_t *targets, int T, int V,
+                      float scale, cudaStream_t st) {
   size_t n = (size_t)T * V;
   if (n)
-    xent_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dl, probs, targets, T, V, scale);
+    xent_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dl, saved, targets, T, V, scale);
 }
 
 void kc_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,

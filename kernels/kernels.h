@@ -248,9 +248,10 @@ void kernels_expert_ffn_backward(float *din, float *dparams, float *bwork, float
  * params: w [C, V] (KERNELS_LM_HEAD_UNTIED), or, with tied embeddings (models/ then counts no
  * head parameters), the embedding's wte [V, C] (KERNELS_LM_HEAD_TIED), whose gradient then
  * goes into dwte. logits = h w; loss = mean over the T tokens of -log softmax(logits)[target].
- * targets int32 [T], each in [0, V). saved: probs [T, V]. bwork: dlogits [T, V], written by BI,
- * read by BW (it may be the same buffer as saved: BI overwrites probs elementwise). BW also
- * needs h. dloss scales the gradient (1 for one micro-batch; 1/n to average n of them). */
+ * targets int32 [T], each in [0, V). saved: each row's max logit [T], then 1 / the sum of its
+ * exp [T] (O(T), not the [T, V] probabilities: F computes the logits a chunk of rows at a time,
+ * BI recomputes them from h, one more head GEMM). bwork: dlogits [T, V], written by BI, read by
+ * BW. BI and BW need h. dloss scales the gradient (1 for one micro-batch; 1/n to average n). */
 enum kernels_lm_head_layout { KERNELS_LM_HEAD_UNTIED, KERNELS_LM_HEAD_TIED };
 size_t kernels_lm_head_loss_param_count(int C, int V); /* untied: C * V */
 size_t kernels_lm_head_loss_saved_floats(int T, int V);
@@ -261,7 +262,8 @@ float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *
                                    int C, int V);
 /* dh [T, C] (= or +=), bwork */
 void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *saved,
-                                         const int32_t *targets, const float *params,
+                                         const float *h, const int32_t *targets,
+                                         const float *params,
                                          enum kernels_lm_head_layout layout, float dloss, int T,
                                          int C, int V, bool accumulate);
 void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *h,

@@ -72,12 +72,17 @@ void kc_gather_rows(float *dst, const float *src, const int32_t *index, int n, i
                     cudaStream_t stream);
 void kc_scatter_rows(float *dst, const float *src, const int32_t *index, int n, int C,
                      bool accumulate, cudaStream_t stream);
-/* probs [T, V] = softmax(logits) in place; *loss = mean over rows of -log probs[target] */
-void kc_softmax_xent_forward(float *loss, float *probs, const int32_t *targets, int T, int V,
-                             cudaStream_t stream);
-/* dlogits = (probs - onehot(target)) * scale, dlogits may be probs */
-void kc_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets, int T,
-                              int V, float scale, cudaStream_t stream);
+/* The LM head's cross-entropy over rows [0, n) of a chunk of logits [n, V] (the chunk's rows
+ * start at row t0 of T): rowloss[t0 + t] = -log softmax[target], saved[t0 + t] = the row's max
+ * logit, saved[T + t0 + t] = 1 / the sum of its exp (the host's saved layout, kernels/loss.c). */
+void kc_xent_stats(float *rowloss, float *saved, const float *logits, const int32_t *targets,
+                   int t0, int n, int T, int V, cudaStream_t stream);
+/* *loss = the mean of rowloss [T], in a fixed order */
+void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t stream);
+/* logits [T, V] -> dlogits = (softmax - onehot(target)) * scale in place, the probabilities
+ * recomputed from saved (kc_xent_stats) */
+void kc_xent_backward(float *logits, const float *saved, const int32_t *targets, int T, int V,
+                      float scale, cudaStream_t stream);
 void kc_adamw(float *params, const float *grads, float *m, float *v, size_t n, float lr,
               float beta1, float beta2, float eps, float weight_decay, int step,
               cudaStream_t stream);

@@ -10,57 +10,88 @@ size_t kernels_lm_head_loss_param_count(int C, int V) {
   return (size_t)C * V;
 }
 size_t kernels_lm_head_loss_saved_floats(int T, int V) {
-  return (size_t)T * V;
+  (void)V;
+  return 2 * (size_t)T; /* each row's max logit, then each row's 1 / sum of exp */
 }
 size_t kernels_lm_head_loss_bwork_floats(int T, int V) {
   return (size_t)T * V;
 }
 
-/* logits [T, V] -> probs in place; returns sum_t -log probs[t, target] */
+/* Rows of logits per forward chunk: about 8 MiB of per-thread scratch, so no [T, V] buffer
+ * lives in the forward (at Llama-3's vocabulary, 16 rows). */
+static int head_chunk_rows(int T, int V) {
+  size_t rows = ((size_t)2 << 20) / (size_t)(V > 0 ? V : 1);
+  return rows < 1 ? 1 : rows > (size_t)T ? T : (int)rows;
+}
+
+/* logits [n, C] x [C, V] (or [V, C] tied) -> out [n, V] */
+static void head_logits(float *out, const float *h, const float *params,
+                        enum kernels_lm_head_layout layout, int n, int C, int V) {
+  if (layout == KERNELS_LM_HEAD_TIED)
+    kernels_gemm(false, true, n, V, C, 1.0f, h, C, params, C, 0.0f, out, V);
+  else
+    kernels_gemm(false, false, n, V, C, 1.0f, h, C, params, V, 0.0f, out, V);
+}
+
+/* logits [n, V] -> exp(logit - max) in place; max[t], inv[t] = 1 / sum of the row's exp;
+ * returns sum_t -log softmax[t, target] */
 KERNELS_IMPL_VECTOR
-static double softmax_loss(float *logits, const int32_t *targets, int T, int V) {
+static double softmax_stats(float *logits, float *max, float *inv, const int32_t *targets, int n,
+                            int V) {
   double loss = 0.0;
-  for (int t = 0; t < T; t++) {
+  for (int t = 0; t < n; t++) {
     PIPER_ASSERT(targets[t] >= 0 && targets[t] < V);
     float *row = logits + (size_t)t * V;
     float maxv = kernels_impl_max(row, (size_t)V), target = row[targets[t]];
-    /* One pass for exp and sum (a row of the logits stays in L1), then one to normalise. */
     double sum = kernels_impl_exp_sum(row, (size_t)V, maxv);
     /* -log p[target] = logsumexp - logit[target], which stays finite when p underflows. */
     loss += maxv + log(sum) - target;
-    float inv = (float)(1.0 / sum);
-    for (int v = 0; v < V; v++)
-      row[v] *= inv;
+    max[t] = maxv;
+    inv[t] = (float)(1.0 / sum);
   }
   return loss;
 }
 
-/* probs [T, V] <- h [T, C], w [C, V] (or wte [V, C] tied), targets [T];
- * returns mean_t -log probs[t, target] */
+/* saved = (max [T], inv [T]) <- h [T, C], w [C, V] (or wte [V, C] tied), targets [T], the
+ * logits a chunk of rows at a time; returns mean_t -log probs[t, target] */
 float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *targets,
                                    const float *params, enum kernels_lm_head_layout layout, int T,
                                    int C, int V) {
-  if (layout == KERNELS_LM_HEAD_TIED)
-    kernels_gemm(false, true, T, V, C, 1.0f, h, C, params, C, 0.0f, saved, V);
-  else
-    kernels_gemm(false, false, T, V, C, 1.0f, h, C, params, V, 0.0f, saved, V);
-  return (float)(softmax_loss(saved, targets, T, V) / T);
+  int rows = head_chunk_rows(T, V);
+  float *chunk = kernels_impl_scratch(KERNELS_SCRATCH_LM_HEAD, (size_t)rows * V * sizeof(float));
+  double loss = 0.0;
+  for (int t0 = 0; t0 < T; t0 += rows) {
+    int n = T - t0 < rows ? T - t0 : rows;
+    head_logits(chunk, h + (size_t)t0 * C, params, layout, n, C, V);
+    loss += softmax_stats(chunk, saved + t0, saved + T + t0, targets + t0, n, V);
+  }
+  return (float)(loss / T);
 }
 
-/* dh [T, C] (= or +=), dlogits [T, V] = (probs - onehot(target)) * dloss / T */
-void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *saved,
-                                         const int32_t *targets, const float *params,
-                                         enum kernels_lm_head_layout layout, float dloss, int T,
-                                         int C, int V, bool accumulate) {
-  float scale = dloss / (float)T;
+/* bwork [T, V] <- dlogits = (probs - onehot(target)) * scale, the probabilities recomputed
+ * from the logits and the forward's max and 1 / sum, exactly as the forward had them */
+KERNELS_IMPL_VECTOR
+static void dlogits_from_stats(float *bwork, const float *saved, const int32_t *targets,
+                               float scale, int T, int V) {
   for (int t = 0; t < T; t++) {
-    const float *p = saved + (size_t)t * V;
-    float *dl = bwork + (size_t)t * V;
-    float pt = p[targets[t]]; /* bwork may alias saved: read before the row is written */
+    float *row = bwork + (size_t)t * V;
+    kernels_impl_exp_sum(row, (size_t)V, saved[t]);
+    float inv = saved[T + t];
+    float pt = row[targets[t]] * inv;
     for (int v = 0; v < V; v++)
-      dl[v] = p[v] * scale;
-    dl[targets[t]] = (pt - 1.0f) * scale;
+      row[v] = row[v] * inv * scale;
+    row[targets[t]] = (pt - 1.0f) * scale;
   }
+}
+
+/* dh [T, C] (= or +=), bwork: dlogits [T, V] = (probs - onehot(target)) * dloss / T, the
+ * logits recomputed from h (one more head GEMM than keeping the probabilities) */
+void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *saved,
+                                         const float *h, const int32_t *targets,
+                                         const float *params, enum kernels_lm_head_layout layout,
+                                         float dloss, int T, int C, int V, bool accumulate) {
+  head_logits(bwork, h, params, layout, T, C, V);
+  dlogits_from_stats(bwork, saved, targets, dloss / (float)T, T, V);
   float beta = accumulate ? 1.0f : 0.0f;
   if (layout == KERNELS_LM_HEAD_TIED)
     kernels_gemm(false, false, T, C, V, 1.0f, bwork, V, params, C, beta, dh, C);
@@ -82,7 +113,7 @@ void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, cons
                                    const float *h, const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, float dloss, int T, int C,
                                    int V, bool accumulate) {
-  kernels_lm_head_loss_backward_input(dh, bwork, saved, targets, params, layout, dloss, T, C, V,
-                                      accumulate);
+  kernels_lm_head_loss_backward_input(dh, bwork, saved, h, targets, params, layout, dloss, T, C,
+                                      V, accumulate);
   kernels_lm_head_loss_backward_weight(dparams, bwork, h, layout, T, C, V);
 }

@@ -303,8 +303,8 @@ static void emit_experts(struct builder *b, int32_t layer) {
 }
 
 /* x (after the final norm) -> loss, [T, hidden, vocab]: logits matmul and cross-entropy (~5
- * FLOPs per logit forward, ~3 backward). Each token's fp32 logits go through memory once;
- * the probabilities are kept for the backward (see saved_bytes below). Tied embeddings: the head uses the embedding's parameters only when
+ * FLOPs per logit forward, ~3 backward). Each token's fp32 logits go through memory once a
+ * chunk of rows at a time; the backward recomputes them (see saved_bytes below). Tied embeddings: the head uses the embedding's parameters only when
  * both are in one PP region. Across regions each stage holds its own copy (Megatron keeps the
  * word embedding on the last stage too and all-reduces the two gradients), so both count. */
 static void emit_head(struct builder *b) {
@@ -315,16 +315,19 @@ static void emit_head(struct builder *b) {
   double tv = (double)b->T * (double)m->vocab_size;
   double mm = 2 * tv * (double)b->h;
   op->flops_fwd = mm + 5 * tv;
-  op->flops_bwd_input = mm + 3 * tv;
+  /* BI recomputes the logits (one more head GEMM and the exp per logit) before dlogits and dh */
+  op->flops_bwd_input = 2 * mm + 8 * tv;
   op->flops_bwd_weight = mm;
   uint64_t w = mul(b, b->h, u(m->vocab_size));
   set_params(b, op, m->tie_word_embeddings && m->pp_regions == 1 ? 0 : w);
   uint64_t logits = mul3(b, b->T, u(m->vocab_size), 4);
   uint64_t labels_and_loss = add(b, mul(b, b->T, 4), 4);
   op->bytes_fwd = add(b, add(b, mul(b, w, b->B), b->act), add(b, 2 * logits, labels_and_loss));
-  /* The host kernel keeps the fp32 probabilities for BI (as Megatron's vocab-parallel cross
-   * entropy does) rather than recompute the logits in chunks, and the targets. */
-  op->saved_bytes = add(b, add(b, b->act, logits), mul(b, b->T, 4));
+  /* The kernels keep each token's max logit and 1 / sum of exp (kernels/loss.c: O(T), not the
+   * 4*T*V bytes of fp32 probabilities), and the targets; BI writes the fp32 dlogits [T, V]
+   * (bwork: BW reads them; the fused B holds them only while it runs). */
+  op->saved_bytes = add(b, add(b, b->act, mul(b, b->T, 8)), mul(b, b->T, 4));
+  op->bwork_bytes = logits;
   op->out_bytes = 4; /* the fp32 loss */
 }
 

@@ -276,8 +276,8 @@ static void run_expert_ffn(struct op_bench *b) {
   kernels_moe_dispatch_backward(b->din, b->drows, b->route_row, T, K, C, false);
 }
 
-/* bwork is its own buffer here (the executor reuses saved): repeated BI calls then see the
- * same probabilities each time. */
+/* BI recomputes the logits from in0 into bwork and reads saved's row statistics only, so
+ * repeated calls see the same inputs each time. */
 static void run_lm_head(struct op_bench *b) {
   enum kernels_lm_head_layout lay =
       b->m->tie_word_embeddings ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
@@ -285,8 +285,8 @@ static void run_lm_head(struct op_bench *b) {
   if (b->pass == IR_PASS_F)
     kernels_lm_head_loss_forward(b->saved, b->in0, b->tokens, b->params, lay, T, C, V);
   else if (b->pass == IR_PASS_BI)
-    kernels_lm_head_loss_backward_input(b->din, b->bwork, b->saved, b->tokens, b->params, lay, 1.0f,
-                                        T, C, V, false);
+    kernels_lm_head_loss_backward_input(b->din, b->bwork, b->saved, b->in0, b->tokens, b->params,
+                                        lay, 1.0f, T, C, V, false);
   else if (b->pass == IR_PASS_BW)
     kernels_lm_head_loss_backward_weight(b->dparams, b->bwork, b->in0, lay, T, C, V);
   else

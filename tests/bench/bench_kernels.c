@@ -223,7 +223,8 @@ static void bench_norm_loss(const struct machine *mc, const struct shape *s) {
   report(mc, s->name, "residual_add", "F", t, 0, 1.5 * bytes);
 
   float *head = randn((size_t)C * V, 32, 0.1f), *dhead = calloc((size_t)C * V, 4);
-  float *probs = calloc((size_t)T * V, 4);
+  float *probs = calloc(kernels_lm_head_loss_saved_floats(T, V), 4);
+  float *dlogits = calloc(kernels_lm_head_loss_bwork_floats(T, V), 4);
   int32_t *targets = malloc((size_t)T * sizeof(int32_t));
   for (int i = 0; i < T; i++)
     targets[i] = (i * 7919) % V;
@@ -233,14 +234,14 @@ static void bench_norm_loss(const struct machine *mc, const struct shape *s) {
             kernels_lm_head_loss_forward(probs, x, targets, head, KERNELS_LM_HEAD_UNTIED, T, C, V));
   report(mc, s->name, "lm_head_loss", "F", t, flops, 0);
   TIME_BEST(reps, t,
-            kernels_lm_head_loss_backward_input(dx, probs, probs, targets, head,
+            kernels_lm_head_loss_backward_input(dx, dlogits, probs, x, targets, head,
                                                 KERNELS_LM_HEAD_UNTIED, 1.0f, T, C, V, false));
   report(mc, s->name, "lm_head_loss", "BI", t, flops, 0);
   TIME_BEST(reps, t,
-            kernels_lm_head_loss_backward_weight(dhead, probs, x, KERNELS_LM_HEAD_UNTIED, T, C, V));
+            kernels_lm_head_loss_backward_weight(dhead, dlogits, x, KERNELS_LM_HEAD_UNTIED, T, C, V));
   report(mc, s->name, "lm_head_loss", "BW", t, flops, 0);
   free(x), free(w), free(dw), free(h), free(dx), free(rstd), free(head), free(dhead), free(probs);
-  free(targets);
+  free(dlogits), free(targets);
 }
 
 static void bench_moe(const struct machine *mc, const struct shape *s) {

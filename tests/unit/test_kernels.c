@@ -941,33 +941,85 @@ static void test_lm_head_grad(void **state) {
   fill(c.h, n, 1.0f), fill(c.params, np, 1.0f);
   lm_loss(&c);
   float *dh = fz(n), *dw = fz(np), *bw = fz(nb), *dh2 = fz(n), *dw2 = fz(np), *bw2 = fz(nb);
-  kernels_lm_head_loss_backward_input(dh, bw, c.saved, targets, c.params, c.layout, 1.0f, c.T, c.C,
-                                      c.V, false);
+  kernels_lm_head_loss_backward_input(dh, bw, c.saved, c.h, targets, c.params, c.layout, 1.0f, c.T,
+                                      c.C, c.V, false);
   kernels_lm_head_loss_backward_weight(dw, bw, c.h, c.layout, c.T, c.C, c.V);
   kernels_lm_head_loss_backward(dh2, dw2, bw2, c.saved, c.h, targets, c.params, c.layout, 1.0f, c.T,
                                 c.C, c.V, false);
   assert_same("lm head fused dh", dh, dh2, n);
   assert_same("lm head fused dw", dw, dw2, np);
-  /* bwork may alias saved (BI overwrites probs in place). */
   float *alias = fdup(c.saved, ns), *dh4 = fz(n);
-  kernels_lm_head_loss_backward_input(dh4, alias, alias, targets, c.params, c.layout, 1.0f, c.T,
-                                      c.C, c.V, false);
-  assert_same("lm head aliased bwork", dh4, dh, n);
   /* dloss = 1/2 halves every gradient exactly (power-of-two scaling). */
-  kernels_lm_head_loss_backward_input(dh4, bw2, c.saved, targets, c.params, c.layout, 0.5f, c.T,
-                                      c.C, c.V, false);
+  kernels_lm_head_loss_backward_input(dh4, bw2, c.saved, c.h, targets, c.params, c.layout, 0.5f,
+                                      c.T, c.C, c.V, false);
   for (size_t i = 0; i < n; i++)
     assert_true(dh4[i] == 0.5f * dh[i]);
   float *dh3 = fz(n);
   fill(dh3, n, 1.0f);
   float *old = fdup(dh3, n);
-  kernels_lm_head_loss_backward_input(dh3, bw2, c.saved, targets, c.params, c.layout, 1.0f, c.T,
-                                      c.C, c.V, true);
+  kernels_lm_head_loss_backward_input(dh3, bw2, c.saved, c.h, targets, c.params, c.layout, 1.0f,
+                                      c.T, c.C, c.V, true);
   check_accumulated("lm head accumulate", dh3, old, dh, n);
   fd_check("lm head dh", c.h, n, dh, lm_loss, &c);
   fd_check("lm head dw", c.params, np, dw, lm_loss, &c);
   free(c.h), free(c.params), free(c.saved), free(dh), free(dw), free(bw), free(dh2), free(dw2);
   free(bw2), free(alias), free(dh4), free(dh3), free(old);
+}
+
+/* The head as it was before it kept only row statistics: the [T, V] probabilities kept by F,
+ * dlogits from them in BI. The losses and gradients are the same bits. */
+static double old_head_forward(float *probs, const float *h, const int32_t *targets,
+                               const float *w, int T, int C, int V) {
+  kernels_gemm(false, false, T, V, C, 1.0f, h, C, w, V, 0.0f, probs, V);
+  double loss = 0.0;
+  for (int t = 0; t < T; t++) {
+    float *row = probs + (size_t)t * V;
+    float maxv = row[0];
+    for (int v = 1; v < V; v++)
+      maxv = row[v] > maxv ? row[v] : maxv;
+    float target = row[targets[t]];
+    double sum = 0.0;
+    for (int v = 0; v < V; v++)
+      sum += row[v] = expf(row[v] - maxv);
+    loss += maxv + log(sum) - target;
+    for (int v = 0; v < V; v++)
+      row[v] *= (float)(1.0 / sum);
+  }
+  return loss / T;
+}
+
+static void test_lm_head_old_formula(void **state) {
+  (void)state;
+  /* V large enough that the forward runs in chunks of rows (kernels/loss.c: 2^21 / V rows) */
+  enum { T = 21, C = 3, V = 1 << 18 };
+  float *h = fz((size_t)T * C), *w = fz((size_t)C * V), *probs = fz((size_t)T * V);
+  float *saved = fz(kernels_lm_head_loss_saved_floats(T, V));
+  float *bw = fz(kernels_lm_head_loss_bwork_floats(T, V)), *dh = fz((size_t)T * C);
+  float *dh_old = fz((size_t)T * C), *dl_old = fz((size_t)T * V);
+  int32_t targets[T];
+  for (int t = 0; t < T; t++) {
+    targets[t] = (t * 7919) % V;
+    for (int c = 0; c < C; c++)
+      h[t * C + c] = (float)((t * 3 + c) % 7) * 0.25f - 0.5f;
+  }
+  for (size_t i = 0; i < (size_t)C * V; i++)
+    w[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  double want = old_head_forward(probs, h, targets, w, T, C, V);
+  float loss = kernels_lm_head_loss_forward(saved, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
+  float want_f = (float)want;
+  assert_close_f("chunked loss = the old formula's", &loss, &want_f, 1, 1e-6, 1e-6);
+  float scale = 1.0f / T;
+  for (int t = 0; t < T; t++)
+    for (int v = 0; v < V; v++) {
+      float p = probs[(size_t)t * V + v];
+      dl_old[(size_t)t * V + v] = (v == targets[t] ? p - 1.0f : p) * scale;
+    }
+  kernels_gemm(false, true, T, C, V, 1.0f, dl_old, V, w, V, 0.0f, dh_old, C);
+  kernels_lm_head_loss_backward_input(dh, bw, saved, h, targets, w, KERNELS_LM_HEAD_UNTIED, 1.0f,
+                                      T, C, V, false);
+  assert_close_f("recomputed dlogits = the old formula's", bw, dl_old, T * V, 1e-6, 1e-5);
+  assert_close_f("dh = the old formula's", dh, dh_old, T * C, 1e-6, 1e-5);
+  free(h), free(w), free(probs), free(saved), free(bw), free(dh), free(dh_old), free(dl_old);
 }
 
 /* Tied embeddings: the head reads wte [V, C] = w^T. Loss, dh and dwte^T match the untied head
@@ -1246,6 +1298,7 @@ int main(void) {
       cmocka_unit_test(test_lm_head_known),
       cmocka_unit_test(test_lm_head_grad),
       cmocka_unit_test(test_lm_head_tied),
+      cmocka_unit_test(test_lm_head_old_formula),
       cmocka_unit_test(test_residual_add),
       cmocka_unit_test(test_adamw),
       /* Last, so that the tests above draw the same random inputs as before they existed. */
