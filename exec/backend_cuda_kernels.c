@@ -631,10 +631,11 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dpar
 }
 
 /* ---- LM head + cross-entropy (kernels/loss.c): the host's saved layout (each row's max logit
- * and 1 / sum of exp, O(T)); F computes the logits a chunk of rows at a time in stream-ordered
- * scratch, so no [T, V] buffer lives past the kernel; BI recomputes them into bwork. -------- */
+ * and 1 / sum of exp, O(T)). F, BI and BW compute the logits a chunk of rows at a time in
+ * stream-ordered scratch (BI and BW recompute them and the dlogits), so no [T, V] buffer lives
+ * past a kernel. ------------------------------------------------------------------------- */
 
-/* Rows per forward chunk: about 64 MiB of logits (at least one row, at most T). */
+/* Rows per chunk: about 64 MiB of logits (at least one row, at most T). */
 static int head_chunk_rows(int T, int V) {
   size_t rows = ((size_t)16 << 20) / (size_t)(V > 0 ? V : 1);
   return rows < 1 ? 1 : rows > (size_t)T ? T : (int)rows;
@@ -648,31 +649,62 @@ static void head_logits(struct exec_stream *s, float *out, const float *h, const
     gemm(s, false, false, n, V, C, 1.0f, h, C, params, V, 0.0f, out, V);
 }
 
+/* floats of stream-ordered scratch, NULL with the failure recorded */
+static float *head_buffer(struct exec_stream *s, size_t floats) {
+  float *x = NULL;
+  GError *e = NULL;
+  if (!CUDA_CHECK(kernel_ctx(s),
+                  cudaMallocAsync((void **)&x, (floats ? floats : 1) * sizeof(float), st_of(s)),
+                  &e)) {
+    exec_cuda_fail(s, e);
+    return NULL;
+  }
+  return x;
+}
+
 static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
                                    const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, int T, int C, int V) {
   int rows = head_chunk_rows(T, V);
-  float *chunk = NULL, *rowloss = NULL;
-  GError *e = NULL;
-  if (!CUDA_CHECK(kernel_ctx(s),
-                  cudaMallocAsync((void **)&chunk, (size_t)rows * V * sizeof(float), st_of(s)),
-                  &e) ||
-      !CUDA_CHECK(kernel_ctx(s),
-                  cudaMallocAsync((void **)&rowloss, (size_t)(T ? T : 1) * sizeof(float), st_of(s)),
-                  &e)) {
-    exec_cuda_fail(s, e);
-    if (chunk)
-      cudaFreeAsync(chunk, st_of(s));
-    return;
-  }
-  for (int t0 = 0; t0 < T; t0 += rows) {
+  float *chunk = head_buffer(s, (size_t)rows * V);
+  float *rowloss = chunk ? head_buffer(s, (size_t)T) : NULL;
+  for (int t0 = 0; rowloss && t0 < T; t0 += rows) {
     int n = T - t0 < rows ? T - t0 : rows;
     head_logits(s, chunk, h + (size_t)t0 * C, params, layout, n, C, V);
     kc_xent_stats(rowloss, saved, chunk, targets, t0, n, T, V, st_of(s));
   }
-  kc_xent_mean(loss, rowloss, T, st_of(s));
-  cudaFreeAsync(chunk, st_of(s));
-  cudaFreeAsync(rowloss, st_of(s));
+  if (rowloss) {
+    kc_xent_mean(loss, rowloss, T, st_of(s));
+    cudaFreeAsync(rowloss, st_of(s));
+  }
+  if (chunk)
+    cudaFreeAsync(chunk, st_of(s));
+}
+
+/* dh rows (BI) or dparams (BW) from the dlogits, recomputed a chunk of rows at a time */
+static void head_backward(struct exec_stream *s, float *dh, float *dparams, const float *saved,
+                          const float *h, const int32_t *targets, const float *params,
+                          enum kernels_lm_head_layout layout, float dloss, int T, int C, int V,
+                          bool accumulate) {
+  int rows = head_chunk_rows(T, V);
+  float *dl = head_buffer(s, (size_t)rows * V);
+  float beta = accumulate ? 1.0f : 0.0f;
+  for (int t0 = 0; dl && t0 < T; t0 += rows) {
+    int n = T - t0 < rows ? T - t0 : rows;
+    const float *hc = h + (size_t)t0 * C;
+    head_logits(s, dl, hc, params, layout, n, C, V);
+    kc_xent_backward(dl, saved, targets, t0, n, T, V, dloss / (float)T, st_of(s));
+    bool tied = layout == KERNELS_LM_HEAD_TIED;
+    if (dh)
+      gemm(s, false, !tied, n, C, V, 1.0f, dl, V, params, tied ? C : V, beta, dh + (size_t)t0 * C,
+           C);
+    else if (tied)
+      gemm(s, true, false, V, C, n, 1.0f, dl, V, hc, C, 1.0f, dparams, C);
+    else
+      gemm(s, true, false, C, V, n, 1.0f, hc, C, dl, V, 1.0f, dparams, V);
+  }
+  if (dl)
+    cudaFreeAsync(dl, st_of(s));
 }
 
 static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, float *bwork,
@@ -680,23 +712,17 @@ static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, floa
                                           const int32_t *targets, const float *params,
                                           enum kernels_lm_head_layout layout, float dloss, int T,
                                           int C, int V, bool accumulate) {
-  head_logits(s, bwork, h, params, layout, T, C, V);
-  kc_xent_backward(bwork, saved, targets, T, V, dloss / (float)T, st_of(s));
-  float beta = accumulate ? 1.0f : 0.0f;
-  if (layout == KERNELS_LM_HEAD_TIED)
-    gemm(s, false, false, T, C, V, 1.0f, bwork, V, params, C, beta, dh, C);
-  else
-    gemm(s, false, true, T, C, V, 1.0f, bwork, V, params, V, beta, dh, C);
+  (void)bwork;
+  head_backward(s, dh, NULL, saved, h, targets, params, layout, dloss, T, C, V, accumulate);
 }
 
 static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams,
-                                           const float *bwork, const float *h,
-                                           enum kernels_lm_head_layout layout, int T, int C,
-                                           int V) {
-  if (layout == KERNELS_LM_HEAD_TIED)
-    gemm(s, true, false, V, C, T, 1.0f, bwork, V, h, C, 1.0f, dparams, C);
-  else
-    gemm(s, true, false, C, V, T, 1.0f, h, C, bwork, V, 1.0f, dparams, V);
+                                           const float *bwork, const float *saved, const float *h,
+                                           const int32_t *targets, const float *params,
+                                           enum kernels_lm_head_layout layout, float dloss, int T,
+                                           int C, int V) {
+  (void)bwork;
+  head_backward(s, NULL, dparams, saved, h, targets, params, layout, dloss, T, C, V, false);
 }
 
 static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
@@ -705,7 +731,8 @@ static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dpa
                                     float dloss, int T, int C, int V, bool accumulate) {
   k_lm_head_loss_backward_input(s, dh, bwork, saved, h, targets, params, layout, dloss, T, C, V,
                                 accumulate);
-  k_lm_head_loss_backward_weight(s, dparams, bwork, h, layout, T, C, V);
+  k_lm_head_loss_backward_weight(s, dparams, bwork, saved, h, targets, params, layout, dloss, T, C,
+                                 V);
 }
 
 static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,

@@ -793,11 +793,13 @@ static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, floa
 }
 
 static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams,
-                                           const float *bwork, const float *h,
-                                           enum kernels_lm_head_layout layout, int T, int C,
-                                           int V) {
+                                           const float *bwork, const float *saved, const float *h,
+                                           const int32_t *targets, const float *params,
+                                           enum kernels_lm_head_layout layout, float dloss, int T,
+                                           int C, int V) {
   progress_within(s);
-  kernels_lm_head_loss_backward_weight(dparams, bwork, h, layout, T, C, V);
+  kernels_lm_head_loss_backward_weight(dparams, bwork, saved, h, targets, params, layout, dloss, T,
+                                       C, V);
 }
 
 static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,

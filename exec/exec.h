@@ -177,8 +177,9 @@ struct exec_kernels {
                                       const float *params, enum kernels_lm_head_layout layout,
                                       float dloss, int T, int C, int V, bool accumulate);
   void (*lm_head_loss_backward_weight)(struct exec_stream *s, float *dparams, const float *bwork,
-                                       const float *h, enum kernels_lm_head_layout layout, int T,
-                                       int C, int V);
+                                       const float *saved, const float *h, const int32_t *targets,
+                                       const float *params, enum kernels_lm_head_layout layout,
+                                       float dloss, int T, int C, int V);
   void (*lm_head_loss_backward)(struct exec_stream *s, float *dh, float *dparams, float *bwork,
                                 const float *saved, const float *h, const int32_t *targets,
                                 const float *params, enum kernels_lm_head_layout layout,

@@ -1154,10 +1154,12 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
   int T = xm->T, C = xm->C, V = xm->V;
   enum kernels_lm_head_layout lay =
       xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
-  const float *w = xm->tied && b->P ? b->P + b->es->ops[0].param_offset : o->prm;
+  /* BW recomputes the logits too, so it reads the head's parameters as BI does (the host
+   * executor holds them whole; under ZeRO-3 the plan would have to gather them for BW) */
+  const float *P = b->P ? b->P : params_of(s, &s->dev->instrs[b->i]);
+  const float *w = P + (xm->tied ? b->es->ops[0].param_offset : o->so->param_offset);
   float *dw = xm->tied ? b->G + b->es->ops[0].param_offset : o->dprm;
-  if (b->mode != BWD_WEIGHT) /* dlogits, recomputed from h and the saved row statistics */
-    run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_lm_head_loss_bwork_floats(T, V));
+  run->bwork[j] = NULL; /* BI and BW recompute the dlogits from h and the row statistics */
   if (b->mode == BWD_FUSED)
     KT(st, s,
        b->k->lm_head_loss_backward(st->stream, o->din, dw, run->bwork[j], run->saved[j], o->in0,
@@ -1169,7 +1171,8 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
                                          o->acc));
   else
     KT(st, s,
-       b->k->lm_head_loss_backward_weight(st->stream, dw, run->bwork[j], o->in0, lay, T, C, V));
+       b->k->lm_head_loss_backward_weight(st->stream, dw, run->bwork[j], run->saved[j], o->in0,
+                                          b->mb->targets, w, lay, b->dloss, T, C, V));
 }
 
 /* Op j's operands, then its kind's backward. */

@@ -384,12 +384,12 @@ __global__ void mean_k(float *out, const float *x, int n) {
     *out = s / n;
 }
 
-__global__ void xent_bwd_k(float *dl, const float *saved, const int32_t *targets, int T, int V,
-                           float scale) {
-  size_t n = (size_t)T * V;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+__global__ void xent_bwd_k(float *dl, const float *saved, const int32_t *targets, int t0, int n,
+                           int T, int V, float scale) {
+  size_t total = (size_t)n * V;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
        i += (size_t)gridDim.x * blockDim.x) {
-    size_t t = i / V;
+    int t = t0 + (int)(i / V);
     int v = (int)(i % V);
     float p = expf(dl[i] - saved[t]) * saved[T + t];
     dl[i] = (p - (v == targets[t] ? 1.0f : 0.0f)) * scale;
@@ -553,11 +553,11 @@ void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t st) {
   mean_k<<<1, kThreads, 0, st>>>(loss, rowloss, T);
 }
 
-void kc_xent_backward(float *dl, const float *saved, const int32_t *targets, int T, int V,
-                      float scale, cudaStream_t st) {
-  size_t n = (size_t)T * V;
-  if (n)
-    xent_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dl, saved, targets, T, V, scale);
+void kc_xent_backward(float *dl, const float *saved, const int32_t *targets, int t0, int n, int T,
+                      int V, float scale, cudaStream_t st) {
+  size_t total = (size_t)n * V;
+  if (total)
+    xent_bwd_k<<<blocks_for(total), kThreads, 0, st>>>(dl, saved, targets, t0, n, T, V, scale);
 }
 
 void kc_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,

@@ -249,9 +249,10 @@ void kernels_expert_ffn_backward(float *din, float *dparams, float *bwork, float
  * head parameters), the embedding's wte [V, C] (KERNELS_LM_HEAD_TIED), whose gradient then
  * goes into dwte. logits = h w; loss = mean over the T tokens of -log softmax(logits)[target].
  * targets int32 [T], each in [0, V). saved: each row's max logit [T], then 1 / the sum of its
- * exp [T] (O(T), not the [T, V] probabilities: F computes the logits a chunk of rows at a time,
- * BI recomputes them from h, one more head GEMM). bwork: dlogits [T, V], written by BI, read by
- * BW. BI and BW need h. dloss scales the gradient (1 for one micro-batch; 1/n to average n). */
+ * exp [T] (O(T), not the [T, V] probabilities). F computes the logits a chunk of rows at a
+ * time; BI and BW each recompute them (and the dlogits) from h the same way, one more head GEMM
+ * each, so nothing of [T, V] lives past a kernel. bwork: none (0 floats; may be NULL). dloss
+ * scales the gradient (1 for one micro-batch; 1/n to average n of them). */
 enum kernels_lm_head_layout { KERNELS_LM_HEAD_UNTIED, KERNELS_LM_HEAD_TIED };
 size_t kernels_lm_head_loss_param_count(int C, int V); /* untied: C * V */
 size_t kernels_lm_head_loss_saved_floats(int T, int V);
@@ -266,8 +267,10 @@ void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *s
                                          const float *params,
                                          enum kernels_lm_head_layout layout, float dloss, int T,
                                          int C, int V, bool accumulate);
-void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *h,
-                                          enum kernels_lm_head_layout layout, int T, int C, int V);
+void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *saved,
+                                          const float *h, const int32_t *targets,
+                                          const float *params, enum kernels_lm_head_layout layout,
+                                          float dloss, int T, int C, int V);
 void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, const float *saved,
                                    const float *h, const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, float dloss, int T, int C,

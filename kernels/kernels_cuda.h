@@ -79,10 +79,10 @@ void kc_xent_stats(float *rowloss, float *saved, const float *logits, const int3
                    int t0, int n, int T, int V, cudaStream_t stream);
 /* *loss = the mean of rowloss [T], in a fixed order */
 void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t stream);
-/* logits [T, V] -> dlogits = (softmax - onehot(target)) * scale in place, the probabilities
- * recomputed from saved (kc_xent_stats) */
-void kc_xent_backward(float *logits, const float *saved, const int32_t *targets, int T, int V,
-                      float scale, cudaStream_t stream);
+/* a chunk of logits [n, V] (rows t0 .. t0 + n of T) -> dlogits = (softmax - onehot(target)) *
+ * scale in place, the probabilities recomputed from saved (kc_xent_stats) */
+void kc_xent_backward(float *logits, const float *saved, const int32_t *targets, int t0, int n,
+                      int T, int V, float scale, cudaStream_t stream);
 void kc_adamw(float *params, const float *grads, float *m, float *v, size_t n, float lr,
               float beta1, float beta2, float eps, float weight_decay, int step,
               cudaStream_t stream);

@@ -14,7 +14,8 @@ size_t kernels_lm_head_loss_saved_floats(int T, int V) {
   return 2 * (size_t)T; /* each row's max logit, then each row's 1 / sum of exp */
 }
 size_t kernels_lm_head_loss_bwork_floats(int T, int V) {
-  return (size_t)T * V;
+  (void)T, (void)V;
+  return 0; /* BI keeps nothing for BW: both recompute the dlogits */
 }
 
 /* Rows of logits per forward chunk: about 8 MiB of per-thread scratch, so no [T, V] buffer
@@ -68,52 +69,74 @@ float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *
   return (float)(loss / T);
 }
 
-/* bwork [T, V] <- dlogits = (probs - onehot(target)) * scale, the probabilities recomputed
- * from the logits and the forward's max and 1 / sum, exactly as the forward had them */
+/* dl [n, V] <- dlogits = (probs - onehot(target)) * scale for rows [t0, t0 + n), the
+ * probabilities recomputed from the logits and the forward's max and 1 / sum, exactly as the
+ * forward had them */
 KERNELS_IMPL_VECTOR
-static void dlogits_from_stats(float *bwork, const float *saved, const int32_t *targets,
-                               float scale, int T, int V) {
-  for (int t = 0; t < T; t++) {
-    float *row = bwork + (size_t)t * V;
-    kernels_impl_exp_sum(row, (size_t)V, saved[t]);
-    float inv = saved[T + t];
-    float pt = row[targets[t]] * inv;
+static void dlogits_rows(float *dl, const float *h, const float *saved, const int32_t *targets,
+                         const float *params, enum kernels_lm_head_layout layout, float scale,
+                         int t0, int n, int T, int C, int V) {
+  head_logits(dl, h + (size_t)t0 * C, params, layout, n, C, V);
+  for (int t = 0; t < n; t++) {
+    float *row = dl + (size_t)t * V;
+    int tg = targets[t0 + t];
+    kernels_impl_exp_sum(row, (size_t)V, saved[t0 + t]);
+    float inv = saved[T + t0 + t];
+    float pt = row[tg] * inv;
     for (int v = 0; v < V; v++)
       row[v] = row[v] * inv * scale;
-    row[targets[t]] = (pt - 1.0f) * scale;
+    row[tg] = (pt - 1.0f) * scale;
   }
 }
 
-/* dh [T, C] (= or +=), bwork: dlogits [T, V] = (probs - onehot(target)) * dloss / T, the
- * logits recomputed from h (one more head GEMM than keeping the probabilities) */
+/* dh [T, C] (= or +=) <- dlogits w^T, a chunk of rows at a time: the logits recomputed from h
+ * (one more head GEMM than keeping the probabilities). Nothing is kept for BW. */
 void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *saved,
                                          const float *h, const int32_t *targets,
                                          const float *params, enum kernels_lm_head_layout layout,
                                          float dloss, int T, int C, int V, bool accumulate) {
-  head_logits(bwork, h, params, layout, T, C, V);
-  dlogits_from_stats(bwork, saved, targets, dloss / (float)T, T, V);
+  (void)bwork;
+  int rows = head_chunk_rows(T, V);
+  float *dl = kernels_impl_scratch(KERNELS_SCRATCH_LM_HEAD, (size_t)rows * V * sizeof(float));
   float beta = accumulate ? 1.0f : 0.0f;
-  if (layout == KERNELS_LM_HEAD_TIED)
-    kernels_gemm(false, false, T, C, V, 1.0f, bwork, V, params, C, beta, dh, C);
-  else
-    kernels_gemm(false, true, T, C, V, 1.0f, bwork, V, params, V, beta, dh, C);
+  for (int t0 = 0; t0 < T; t0 += rows) {
+    int n = T - t0 < rows ? T - t0 : rows;
+    dlogits_rows(dl, h, saved, targets, params, layout, dloss / (float)T, t0, n, T, C, V);
+    float *out = dh + (size_t)t0 * C;
+    if (layout == KERNELS_LM_HEAD_TIED)
+      kernels_gemm(false, false, n, C, V, 1.0f, dl, V, params, C, beta, out, C);
+    else
+      kernels_gemm(false, true, n, C, V, 1.0f, dl, V, params, V, beta, out, C);
+  }
 }
 
-/* dw [C, V] += h^T dlogits, or dwte [V, C] += dlogits^T h when tied */
-void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *h,
-                                          enum kernels_lm_head_layout layout, int T, int C, int V) {
-  if (layout == KERNELS_LM_HEAD_TIED)
-    kernels_gemm(true, false, V, C, T, 1.0f, bwork, V, h, C, 1.0f, dparams, C);
-  else
-    kernels_gemm(true, false, C, V, T, 1.0f, h, C, bwork, V, 1.0f, dparams, V);
+/* dw [C, V] += h^T dlogits, or dwte [V, C] += dlogits^T h when tied, the dlogits recomputed a
+ * chunk of rows at a time as BI does (one more head GEMM) */
+void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *saved,
+                                          const float *h, const int32_t *targets,
+                                          const float *params, enum kernels_lm_head_layout layout,
+                                          float dloss, int T, int C, int V) {
+  (void)bwork;
+  int rows = head_chunk_rows(T, V);
+  float *dl = kernels_impl_scratch(KERNELS_SCRATCH_LM_HEAD, (size_t)rows * V * sizeof(float));
+  for (int t0 = 0; t0 < T; t0 += rows) {
+    int n = T - t0 < rows ? T - t0 : rows;
+    const float *hc = h + (size_t)t0 * C;
+    dlogits_rows(dl, h, saved, targets, params, layout, dloss / (float)T, t0, n, T, C, V);
+    if (layout == KERNELS_LM_HEAD_TIED)
+      kernels_gemm(true, false, V, C, n, 1.0f, dl, V, hc, C, 1.0f, dparams, C);
+    else
+      kernels_gemm(true, false, C, V, n, 1.0f, hc, C, dl, V, 1.0f, dparams, V);
+  }
 }
 
-/* Fused backward: BI then BW, same shapes (BW reads what BI left in bwork). */
+/* Fused backward: BI then BW (each recomputes the dlogits). */
 void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, const float *saved,
                                    const float *h, const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, float dloss, int T, int C,
                                    int V, bool accumulate) {
   kernels_lm_head_loss_backward_input(dh, bwork, saved, h, targets, params, layout, dloss, T, C,
                                       V, accumulate);
-  kernels_lm_head_loss_backward_weight(dparams, bwork, h, layout, T, C, V);
+  kernels_lm_head_loss_backward_weight(dparams, bwork, saved, h, targets, params, layout, dloss, T,
+                                       C, V);
 }

@@ -315,19 +315,19 @@ static void emit_head(struct builder *b) {
   double tv = (double)b->T * (double)m->vocab_size;
   double mm = 2 * tv * (double)b->h;
   op->flops_fwd = mm + 5 * tv;
-  /* BI recomputes the logits (one more head GEMM and the exp per logit) before dlogits and dh */
+  /* BI and BW each recompute the logits and dlogits (one more head GEMM and the exp per logit
+   * each) before dh, dw */
   op->flops_bwd_input = 2 * mm + 8 * tv;
-  op->flops_bwd_weight = mm;
+  op->flops_bwd_weight = 2 * mm + 8 * tv;
   uint64_t w = mul(b, b->h, u(m->vocab_size));
   set_params(b, op, m->tie_word_embeddings && m->pp_regions == 1 ? 0 : w);
   uint64_t logits = mul3(b, b->T, u(m->vocab_size), 4);
   uint64_t labels_and_loss = add(b, mul(b, b->T, 4), 4);
   op->bytes_fwd = add(b, add(b, mul(b, w, b->B), b->act), add(b, 2 * logits, labels_and_loss));
   /* The kernels keep each token's max logit and 1 / sum of exp (kernels/loss.c: O(T), not the
-   * 4*T*V bytes of fp32 probabilities), and the targets; BI writes the fp32 dlogits [T, V]
-   * (bwork: BW reads them; the fused B holds them only while it runs). */
+   * 4*T*V bytes of fp32 probabilities), and the targets; BI and BW recompute the dlogits a
+   * chunk of rows at a time in the kernels' own scratch, so nothing is kept between them. */
   op->saved_bytes = add(b, add(b, b->act, mul(b, b->T, 8)), mul(b, b->T, 4));
-  op->bwork_bytes = logits;
   op->out_bytes = 4; /* the fp32 loss */
 }
 

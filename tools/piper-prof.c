@@ -288,7 +288,8 @@ static void run_lm_head(struct op_bench *b) {
     kernels_lm_head_loss_backward_input(b->din, b->bwork, b->saved, b->in0, b->tokens, b->params,
                                         lay, 1.0f, T, C, V, false);
   else if (b->pass == IR_PASS_BW)
-    kernels_lm_head_loss_backward_weight(b->dparams, b->bwork, b->in0, lay, T, C, V);
+    kernels_lm_head_loss_backward_weight(b->dparams, b->bwork, b->saved, b->in0, b->tokens,
+                                         b->params, lay, 1.0f, T, C, V);
   else
     kernels_lm_head_loss_backward(b->din, b->dparams, b->bwork, b->saved, b->in0, b->tokens,
                                   b->params, lay, 1.0f, T, C, V, false);

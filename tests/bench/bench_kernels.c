@@ -238,7 +238,8 @@ static void bench_norm_loss(const struct machine *mc, const struct shape *s) {
                                                 KERNELS_LM_HEAD_UNTIED, 1.0f, T, C, V, false));
   report(mc, s->name, "lm_head_loss", "BI", t, flops, 0);
   TIME_BEST(reps, t,
-            kernels_lm_head_loss_backward_weight(dhead, dlogits, x, KERNELS_LM_HEAD_UNTIED, T, C, V));
+            kernels_lm_head_loss_backward_weight(dhead, dlogits, probs, x, targets, head,
+                                                 KERNELS_LM_HEAD_UNTIED, 1.0f, T, C, V));
   report(mc, s->name, "lm_head_loss", "BW", t, flops, 0);
   free(x), free(w), free(dw), free(h), free(dx), free(rstd), free(head), free(dhead), free(probs);
   free(dlogits), free(targets);

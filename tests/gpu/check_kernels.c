@@ -346,10 +346,9 @@ static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {
                                     false);
   g_snprintf(what, sizeof what, "lm_head_loss BI %s", name);
   compare(c, what, gh, dgh, T * C, c->tol_gemm);
-  exec_backend_from_host(c->b, dbw, bw, T * V * sizeof(float));
   float *gp = rnd(c, (size_t)C * V, 0.1f), *dgp = devf(c, gp, (size_t)C * V);
-  kernels_lm_head_loss_backward_weight(gp, bw, h, layout, T, C, V);
-  c->k->lm_head_loss_backward_weight(c->s, dgp, dbw, dh, layout, T, C, V);
+  kernels_lm_head_loss_backward_weight(gp, bw, saved, h, tg, p, layout, 0.5f, T, C, V);
+  c->k->lm_head_loss_backward_weight(c->s, dgp, dbw, dsaved, dh, dtg, dp, layout, 0.5f, T, C, V);
   g_snprintf(what, sizeof what, "lm_head_loss BW %s", name);
   compare(c, what, gp, dgp, (size_t)C * V, c->tol_gemm);
 }

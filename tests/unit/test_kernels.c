@@ -943,7 +943,8 @@ static void test_lm_head_grad(void **state) {
   float *dh = fz(n), *dw = fz(np), *bw = fz(nb), *dh2 = fz(n), *dw2 = fz(np), *bw2 = fz(nb);
   kernels_lm_head_loss_backward_input(dh, bw, c.saved, c.h, targets, c.params, c.layout, 1.0f, c.T,
                                       c.C, c.V, false);
-  kernels_lm_head_loss_backward_weight(dw, bw, c.h, c.layout, c.T, c.C, c.V);
+  kernels_lm_head_loss_backward_weight(dw, bw, c.saved, c.h, targets, c.params, c.layout, 1.0f,
+                                       c.T, c.C, c.V);
   kernels_lm_head_loss_backward(dh2, dw2, bw2, c.saved, c.h, targets, c.params, c.layout, 1.0f, c.T,
                                 c.C, c.V, false);
   assert_same("lm head fused dh", dh, dh2, n);
@@ -1017,9 +1018,15 @@ static void test_lm_head_old_formula(void **state) {
   kernels_gemm(false, true, T, C, V, 1.0f, dl_old, V, w, V, 0.0f, dh_old, C);
   kernels_lm_head_loss_backward_input(dh, bw, saved, h, targets, w, KERNELS_LM_HEAD_UNTIED, 1.0f,
                                       T, C, V, false);
-  assert_close_f("recomputed dlogits = the old formula's", bw, dl_old, T * V, 1e-6, 1e-5);
   assert_close_f("dh = the old formula's", dh, dh_old, T * C, 1e-6, 1e-5);
+  /* BW recomputes the dlogits too: dw = h^T dlogits, chunk by chunk */
+  float *dw = fz((size_t)C * V), *dw_old = fz((size_t)C * V);
+  kernels_gemm(true, false, C, V, T, 1.0f, h, C, dl_old, V, 1.0f, dw_old, V);
+  kernels_lm_head_loss_backward_weight(dw, bw, saved, h, targets, w, KERNELS_LM_HEAD_UNTIED, 1.0f,
+                                       T, C, V);
+  assert_close_f("dw = the old formula's", dw, dw_old, C * V, 1e-6, 1e-5);
   free(h), free(w), free(probs), free(saved), free(bw), free(dh), free(dh_old), free(dl_old);
+  free(dw), free(dw_old);
 }
 
 /* Tied embeddings: the head reads wte [V, C] = w^T. Loss, dh and dwte^T match the untied head
