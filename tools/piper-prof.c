@@ -83,6 +83,8 @@ struct prof_run {
   uint32_t n_entries, n_skipped;
   double gemm_flops, triad_bytes; /* per second */
   double adamw_overhead, adamw_per_param;
+  GArray *opt_params, *opt_seconds; /* AdamW per segment in the executor's order (chains) */
+  bool optimizer_from_chain;
   cJSON *fits; /* per collective: latency_us, bandwidth_gbs, points */
   double p2p_latency, p2p_bandwidth, ar_bandwidth;
   bool network_measured;
@@ -100,15 +102,22 @@ static void progress(const struct prof_run *r, const char *fmt, ...) {
   va_end(ap);
 }
 
+static double physical_memory_bytes(void) {
+  return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+}
+
 /* ---- timing ------------------------------------------------------------------------------- */
 
 typedef void (*bench_fn)(void *ctx);
 
 /* Median seconds of one call of fn: warm-up calls first (scratch grows, caches fill), then at
  * least `repeats` timed calls, more for short kernels (up to about 50 ms of timing in all). */
-static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) {
+static double median_seconds_after(const struct prof_args *a, bench_fn fn, void *ctx,
+                                   bench_fn before) {
   for (uint32_t i = 0; i < a->warmup; i++)
     fn(ctx);
+  if (before)
+    before(NULL);
   double t0 = piper_clock_seconds();
   fn(ctx);
   double first = piper_clock_seconds() - t0;
@@ -118,6 +127,8 @@ static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) 
     n = want / first > 500 ? 500 : (uint32_t)(want / first);
   double *t = g_new(double, n);
   for (uint32_t i = 0; i < n; i++) {
+    if (before)
+      before(NULL);
     double s = piper_clock_seconds();
     fn(ctx);
     t[i] = piper_clock_seconds() - s;
@@ -126,6 +137,26 @@ static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) 
   double med = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
   g_free(t);
   return med;
+}
+
+static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) {
+  return median_seconds_after(a, fn, ctx, NULL);
+}
+
+/* Writes a buffer twice the last-level cache (at least 16 MiB): what runs next finds its
+ * operands in memory, as the optimizer does after a whole step of other work. */
+static void evict_caches(void *unused) {
+  (void)unused;
+  static char *buf;
+  static size_t n;
+  if (!buf) {
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    n = llc > 0 ? 2 * (size_t)llc : 0;
+    n = n < ((size_t)16 << 20) ? (size_t)16 << 20 : n > ((size_t)256 << 20) ? (size_t)256 << 20 : n;
+    buf = g_malloc(n);
+  }
+  for (size_t i = 0; i < n; i += 64)
+    buf[i] = (char)(buf[i] + 1);
 }
 
 static float *random_floats(size_t n, uint32_t seed, float scale) {
@@ -464,6 +495,16 @@ static double op_bench_bytes(const struct model *m, const struct model_op *op) {
           (double)z.bwork + 4.0 * (double)z.rows + (double)z.scratch + 6.0 * TK + (double)b.T);
 }
 
+static void progress_op(const struct prof_run *r, const struct model_op *op, const double *t) {
+  GString *shape = g_string_new("");
+  for (int i = 0; i < shape_rank(op); i++)
+    g_string_append_printf(shape, "%s%lld", i ? "x" : "", (long long)op->shape[i]);
+  progress(r, "  %-13s %-18s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us",
+           model_op_kind_name(op->kind), shape->str, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6,
+           t[3] * 1e6);
+  g_string_free(shape, TRUE);
+}
+
 static void measure_op(struct prof_run *r, const struct model *m, const struct model_op *op) {
   static const enum ir_pass passes[] = {IR_PASS_F, IR_PASS_BI, IR_PASS_BW, IR_PASS_B};
   struct op_bench b;
@@ -475,21 +516,248 @@ static void measure_op(struct prof_run *r, const struct model *m, const struct m
     add_entry(r, op, b.pass, t[p]);
   }
   op_bench_free(&b);
-  GString *shape = g_string_new("");
-  for (int i = 0; i < shape_rank(op); i++)
-    g_string_append_printf(shape, "%s%lld", i ? "x" : "", (long long)op->shape[i]);
-  progress(r, "  %-13s %-18s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us",
-           model_op_kind_name(op->kind), shape->str, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6,
-           t[3] * 1e6);
-  g_string_free(shape, TRUE);
+  progress_op(r, op, t);
 }
 
-static double physical_memory_bytes(void) {
-  return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+/* ---- kernels in the executor's order ------------------------------------------------------
+ * A kernel timed alone, back to back on the same buffers, runs with its operands hot in the
+ * caches; the executor runs it between the other ops of the model, on one set of activation
+ * buffers per micro-batch, with the weights shared. So the model's ops are run as the
+ * executor runs them on one device: forward of every op for each of CHAIN_MBS micro-batches,
+ * then BI in reverse op order, BW, and the fused B, every op on its micro-batch's own buffers;
+ * each call is timed where it stands and an entry is the median over repeats, micro-batches
+ * and every op of that kind and shape (the layers). This is a micro-benchmark of the kernels
+ * alone, not a run of any plan. */
+#define CHAIN_MBS 4
+
+struct chain {
+  const struct model *m;
+  uint32_t n_ops;         /* of the model */
+  bool *run;              /* [n_ops] ops timed here (kernel, first-seen shape class) */
+  uint32_t *cls;          /* [n_ops] index of the op's (kind, shape) class */
+  uint32_t n_classes;
+  const struct model_op **class_op; /* [n_classes] an op of each class */
+  struct op_bench *b;     /* [CHAIN_MBS * n_ops] */
+  GArray **samples;       /* [n_classes * 4] seconds per (class, pass) */
+  float **m1, **v1;       /* [n_ops] AdamW moments of each op's weights */
+  size_t *n_params;       /* [n_ops] */
+  GArray **opt;           /* [n_segments] AdamW seconds of each segment */
+  int step;
+};
+
+/* AdamW of every segment after the backward, in segment order, each timed as a whole (the
+ * executor's optimizer instruction updates a segment's weights). */
+static void chain_optimizer(struct chain *c) {
+  c->step++;
+  for (uint32_t sg = 0; sg < c->m->n_segments; sg++) {
+    const struct model_segment *seg = &c->m->segments[sg];
+    double t0 = piper_clock_seconds();
+    bool any = false;
+    for (uint32_t i = seg->op_first; i < seg->op_first + seg->op_count; i++) {
+      if (!c->run[i] || c->n_params[i] == 0)
+        continue;
+      kernels_adamw_step(c->b[i].params, c->b[i].dparams, c->m1[i], c->v1[i], c->n_params[i], 1e-9f,
+                         0.9f, 0.95f, 1e-8f, 0.0f, c->step);
+      any = true;
+    }
+    double dt = piper_clock_seconds() - t0;
+    if (any)
+      g_array_append_val(c->opt[sg], dt);
+  }
+}
+
+static const enum ir_pass chain_passes[4] = {IR_PASS_F, IR_PASS_BI, IR_PASS_BW, IR_PASS_B};
+
+/* One sweep of a pass over every micro-batch and op (backward passes in reverse op order). */
+static void chain_sweep(struct chain *c, int pass) {
+  bool reverse = chain_passes[pass] != IR_PASS_F;
+  for (int mb = 0; mb < CHAIN_MBS; mb++)
+    for (uint32_t k = 0; k < c->n_ops; k++) {
+      uint32_t i = reverse ? c->n_ops - 1 - k : k;
+      if (!c->run[i])
+        continue;
+      struct op_bench *b = &c->b[(size_t)mb * c->n_ops + i];
+      b->pass = chain_passes[pass];
+      if (!pass_runs(b->op->kind, b->pass))
+        continue;
+      double t0 = piper_clock_seconds();
+      op_bench_run(b);
+      double dt = piper_clock_seconds() - t0;
+      if (c->cls[i] != UINT32_MAX) /* else measured with an earlier model: run, not kept */
+        g_array_append_val(c->samples[c->cls[i] * 4 + (uint32_t)pass], dt);
+    }
+}
+
+static double array_median(GArray *a) {
+  if (a->len == 0)
+    return 0;
+  qsort(a->data, a->len, sizeof(double), piper_cmp_double);
+  const double *v = (const double *)(void *)a->data;
+  return a->len % 2 ? v[a->len / 2] : 0.5 * (v[a->len / 2 - 1] + v[a->len / 2]);
+}
+
+/* Buffers of every micro-batch of every op, the weights of micro-batch 0 shared by all. */
+static void chain_init(struct chain *c, const struct model *m) {
+  c->m = m;
+  c->n_ops = m->n_ops;
+  c->b = g_new0(struct op_bench, (size_t)CHAIN_MBS * m->n_ops + 1);
+  for (uint32_t i = 0; i < m->n_ops; i++) {
+    if (!c->run[i])
+      continue;
+    for (int mb = 0; mb < CHAIN_MBS; mb++) {
+      struct op_bench *b = &c->b[(size_t)mb * m->n_ops + i];
+      op_bench_init(b, m, &m->ops[i]);
+      if (mb > 0) {
+        g_free(b->params), g_free(b->dparams);
+        b->params = c->b[i].params, b->dparams = c->b[i].dparams;
+      }
+    }
+  }
+  c->m1 = g_new0(float *, m->n_ops + 1);
+  c->v1 = g_new0(float *, m->n_ops + 1);
+  c->n_params = g_new0(size_t, m->n_ops + 1);
+  for (uint32_t i = 0; i < m->n_ops; i++)
+    if (c->run[i]) {
+      c->n_params[i] = op_sizes_of(&c->b[i]).params;
+      c->m1[i] = g_new0(float, c->n_params[i] + 1);
+      c->v1[i] = g_new0(float, c->n_params[i] + 1);
+    }
+  c->opt = g_new(GArray *, m->n_segments + 1);
+  for (uint32_t sg = 0; sg < m->n_segments; sg++)
+    c->opt[sg] = g_array_new(FALSE, FALSE, sizeof(double));
+}
+
+static void chain_free(struct chain *c) {
+  for (uint32_t i = 0; i < c->n_ops; i++) {
+    if (!c->run[i])
+      continue;
+    for (int mb = CHAIN_MBS - 1; mb >= 0; mb--) {
+      struct op_bench *b = &c->b[(size_t)mb * c->n_ops + i];
+      if (mb > 0)
+        b->params = b->dparams = NULL;
+      op_bench_free(b);
+    }
+  }
+  for (uint32_t k = 0; k < 4 * c->n_classes; k++)
+    g_array_free(c->samples[k], TRUE);
+  for (uint32_t i = 0; i < c->n_ops; i++)
+    g_free(c->m1[i]), g_free(c->v1[i]);
+  for (uint32_t sg = 0; sg < c->m->n_segments; sg++)
+    g_array_free(c->opt[sg], TRUE);
+  g_free(c->m1), g_free(c->v1), g_free(c->n_params), g_free(c->opt);
+  g_free(c->samples), g_free(c->b), g_free(c->run), g_free(c->cls), g_free(c->class_op);
+}
+
+/* The ops with a kernel (all run) and the (kind, shape) classes not measured yet (kept). */
+static void chain_classes(struct prof_run *r, struct chain *c, const struct model *m) {
+  c->run = g_new0(bool, m->n_ops + 1);
+  c->cls = g_new0(uint32_t, m->n_ops + 1);
+  c->class_op = g_new0(const struct model_op *, m->n_ops + 1);
+  GHashTable *mine = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+  for (uint32_t i = 0; i < m->n_ops; i++) {
+    const struct model_op *op = &m->ops[i];
+    if (!op_has_kernel(op->kind))
+      continue;
+    c->run[i] = true;
+    c->cls[i] = UINT32_MAX;
+    GString *key = g_string_new(model_op_kind_name(op->kind));
+    for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
+      g_string_append_printf(key, " %lld", (long long)op->shape[d]);
+    gpointer id;
+    if (g_hash_table_lookup_extended(mine, key->str, NULL, &id)) {
+      c->cls[i] = GPOINTER_TO_UINT(id);
+      g_string_free(key, TRUE);
+      continue;
+    }
+    if (g_hash_table_contains(r->seen, key->str)) {
+      g_string_free(key, TRUE);
+      continue;
+    }
+    c->cls[i] = c->n_classes;
+    c->class_op[c->n_classes++] = op;
+    g_hash_table_insert(mine, g_strdup(key->str), GUINT_TO_POINTER(c->cls[i]));
+    g_hash_table_add(r->seen, g_string_free(key, FALSE));
+  }
+  g_hash_table_destroy(mine);
+  c->samples = g_new(GArray *, 4 * c->n_classes + 1);
+  for (uint32_t k = 0; k < 4 * c->n_classes; k++)
+    c->samples[k] = g_array_new(FALSE, FALSE, sizeof(double));
+}
+
+/* Bytes of every buffer of the chain: it must fit comfortably, or the ops are timed alone. */
+static double chain_bytes(const struct model *m) {
+  double total = 0;
+  for (uint32_t i = 0; i < m->n_ops; i++)
+    if (op_has_kernel(m->ops[i].kind))
+      total += CHAIN_MBS * op_bench_bytes(m, &m->ops[i]);
+  return total;
+}
+
+static bool measure_model_chain(struct prof_run *r, const struct model *m) {
+  if (chain_bytes(m) > physical_memory_bytes() / 8)
+    return false;
+  progress(r, "kernels of %s (%u ops) in the executor's order, %d micro-batches", m->name,
+           m->n_ops, CHAIN_MBS);
+  struct chain c = {0};
+  chain_classes(r, &c, m);
+  chain_init(&c, m);
+  uint32_t reps = r->a->quick ? 3 : r->a->repeats;
+  for (uint32_t rep = 0; rep < r->a->warmup + 1 + reps; rep++) {
+    if (rep == r->a->warmup + 1) { /* warm-up done */
+      for (uint32_t k = 0; k < 4 * c.n_classes; k++)
+        g_array_set_size(c.samples[k], 0);
+      for (uint32_t sg = 0; sg < m->n_segments; sg++)
+        g_array_set_size(c.opt[sg], 0);
+    }
+    for (int p = 0; p < 4; p++)
+      chain_sweep(&c, p);
+    chain_optimizer(&c);
+  }
+  for (uint32_t sg = 0; sg < m->n_segments; sg++) {
+    if (c.opt[sg]->len == 0)
+      continue;
+    double params = 0, t = array_median(c.opt[sg]);
+    for (uint32_t i = m->segments[sg].op_first;
+         i < m->segments[sg].op_first + m->segments[sg].op_count; i++)
+      params += (double)c.n_params[i];
+    g_array_append_val(r->opt_params, params);
+    g_array_append_val(r->opt_seconds, t);
+    progress(r, "  AdamW of segment %u: %.0f parameters, %.1f us", sg, params, t * 1e6);
+  }
+  for (uint32_t k = 0; k < c.n_classes; k++) {
+    double t[4];
+    for (int p = 0; p < 4; p++) {
+      t[p] = array_median(c.samples[k * 4 + (uint32_t)p]);
+      add_entry(r, c.class_op[k], chain_passes[p], t[p]);
+    }
+    progress_op(r, c.class_op[k], t);
+  }
+  chain_free(&c);
+  return true;
+}
+
+/* AdamW as the chains ran it, where they give two sizes or more, replaces the line through
+ * the cold, isolated sizes of measure_machine. */
+static void fit_chain_optimizer(struct prof_run *r) {
+  GArray *x = r->opt_params, *y = r->opt_seconds;
+  bool two = false;
+  for (guint i = 1; i < x->len; i++)
+    two |= g_array_index(x, double, i) != g_array_index(x, double, 0);
+  if (!two)
+    return;
+  fit_line((double *)(void *)x->data, (double *)(void *)y->data, (int)x->len, &r->adamw_overhead,
+           &r->adamw_per_param);
+  if (r->adamw_overhead < 0)
+    r->adamw_overhead = 0;
+  r->optimizer_from_chain = true;
+  progress(r, "AdamW in the executor's order: %.2f us + %.3f ns per parameter (%u segments)",
+           r->adamw_overhead * 1e6, r->adamw_per_param * 1e9, x->len);
 }
 
 /* Every distinct (kind, shape) of the model, once. */
 static void measure_model(struct prof_run *r, const struct model *m) {
+  if (measure_model_chain(r, m))
+    return;
   progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
   for (uint32_t i = 0; i < m->n_ops; i++) {
     const struct model_op *op = &m->ops[i];
@@ -552,7 +820,8 @@ static void adamw_run(void *ctx) {
 }
 
 /* AdamW at 4 sizes up to the largest model's parameter count (what one device of a host run
- * updates at most), by 4x: the fit holds where the executor uses it, caches included. */
+ * updates at most), by 4x: the fit holds where the executor uses it. Each timed call starts
+ * with cold caches: the executor's optimizer runs after a whole step of other work. */
 static void measure_machine(struct prof_run *r, uint64_t max_params) {
   struct gemm_ctx g = {.n = r->a->quick ? 512 : 1024};
   size_t nn = (size_t)g.n * g.n;
@@ -576,7 +845,7 @@ static void measure_machine(struct prof_run *r, uint64_t max_params) {
     w.p = random_floats(w.n, 11, 1), w.g = random_floats(w.n, 12, 1);
     w.m = g_new0(float, w.n), w.v = g_new0(float, w.n);
     x[i] = (double)w.n;
-    y[i] = median_seconds(r->a, adamw_run, &w);
+    y[i] = median_seconds_after(r->a, adamw_run, &w, evict_caches);
     g_free(w.p), g_free(w.g), g_free(w.m), g_free(w.v);
     progress(r, "AdamW %zu parameters: %.1f us", w.n, y[i] * 1e6);
   }
@@ -997,6 +1266,7 @@ static bool measure_all(struct prof_run *r, GPtrArray *models) {
   measure_machine(r, max_params);
   for (guint i = 0; i < models->len; i++)
     measure_model(r, g_ptr_array_index(models, i));
+  fit_chain_optimizer(r);
   progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries, r->n_skipped);
   return true;
 }
@@ -1019,7 +1289,9 @@ int main(int argc, char **argv) {
   struct prof_run r = {.a = &a,
                        .size = 1,
                        .measured = cJSON_CreateArray(),
-                       .seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)};
+                       .seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                       .opt_params = g_array_new(FALSE, FALSE, sizeof(double)),
+                       .opt_seconds = g_array_new(FALSE, FALSE, sizeof(double))};
   bool mpi = false;
 #ifdef HAVE_MPI
   if (under_mpirun()) {
@@ -1045,6 +1317,8 @@ int main(int argc, char **argv) {
   cJSON_Delete(r.measured);
   cJSON_Delete(r.fits);
   g_hash_table_destroy(r.seen);
+  g_array_free(r.opt_params, TRUE);
+  g_array_free(r.opt_seconds, TRUE);
   g_ptr_array_free(models, TRUE);
   return ok ? 0 : piper_error_exit(program.name, err);
 }
