@@ -7,6 +7,7 @@
  * fitted as latency + bytes / bandwidth by least squares. Progress goes to stderr. */
 #include <cJSON.h>
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 
 #include "../base/base.h"
 #include "../base/version.h"
+#include "../exec/exec.h"
 #include "../ir/ir.h"
 #include "../kernels/kernels.h"
 #include "../models/model.h"
@@ -85,9 +87,15 @@ struct prof_run {
   double adamw_overhead, adamw_per_param;
   GArray *opt_params, *opt_seconds; /* AdamW per segment in the executor's order (chains) */
   bool optimizer_from_chain;
-  cJSON *fits; /* per collective: latency_us, bandwidth_gbs, points */
+  cJSON *fits;     /* sources: per operation, its measured points */
+  cJSON *fit_json; /* the profile's "collectives" section (intra_node) */
   double p2p_latency, p2p_bandwidth, ar_bandwidth;
   bool network_measured;
+  /* the host: cores of this node, the executor's own costs (host_measure) */
+  uint32_t cores;
+  double instruction_overhead, comm_test, wait_share, wait_self_share;
+  bool comm_measured; /* comm_test and wait_share: 2 ranks or more */
+  bool failed;        /* a measurement failed: err says which */
 };
 
 static void progress(const struct prof_run *r, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
@@ -104,6 +112,12 @@ static void progress(const struct prof_run *r, const char *fmt, ...) {
 
 static double physical_memory_bytes(void) {
   return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+}
+
+static double round_sig(double x, int digits) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%.*g", digits, x);
+  return strtod(buf, NULL);
 }
 
 /* ---- timing ------------------------------------------------------------------------------- */
@@ -854,7 +868,12 @@ static void measure_machine(struct prof_run *r, uint64_t max_params) {
     r->adamw_overhead = 0;
 }
 
-/* ---- the network (under mpirun) ---------------------------------------------------------- */
+/* ---- the network (under mpirun) ----------------------------------------------------------
+ * Every operation over every group size from 2 to the ranks launched (p2p: 2), sizes 8 B to
+ * 8 MiB by 4x, each timed by its slowest rank as the median over repeats; then one fit per
+ * operation over all its points: time = steps(p) a + share(p) n / B, the simulator's ring
+ * terms (profile_comm_cost), least squares with relative residuals. These are the "intra_node"
+ * fits of the profile: mpirun on one machine puts every rank on it. */
 
 #ifdef HAVE_MPI
 enum net_kind {
@@ -871,12 +890,12 @@ static const char *const net_names[NET_N] = {"p2p", "all_reduce", "reduce_scatte
 struct net_ctx {
   enum net_kind kind;
   size_t bytes; /* the simulator's convention per kind (sim/profile.h, profile_comm_cost) */
-  int rank, size;
+  MPI_Comm comm;
+  int rank, size; /* in comm */
   char *send, *recv;
 };
 
-/* One operation as the executor posts it (nonblocking, then waited for), timed by the slowest
- * rank: every rank starts together after a barrier, and rank 0 keeps the maximum. */
+/* One operation as the executor posts it (nonblocking, then waited for). */
 static void net_once(struct net_ctx *c) {
   MPI_Request req[2];
   int n = 0, p = c->size;
@@ -885,28 +904,27 @@ static void net_once(struct net_ctx *c) {
   case NET_P2P:
     /* half a ping-pong between ranks 0 and 1: one transfer of `bytes` */
     if (c->rank == 0) {
-      MPI_Isend(c->send, (int)c->bytes, MPI_BYTE, 1, 7, MPI_COMM_WORLD, &req[n++]);
+      MPI_Isend(c->send, (int)c->bytes, MPI_BYTE, 1, 7, c->comm, &req[n++]);
       MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
-      MPI_Recv(c->recv, (int)c->bytes, MPI_BYTE, 1, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(c->recv, (int)c->bytes, MPI_BYTE, 1, 8, c->comm, MPI_STATUS_IGNORE);
     } else if (c->rank == 1) {
-      MPI_Irecv(c->recv, (int)c->bytes, MPI_BYTE, 0, 7, MPI_COMM_WORLD, &req[n++]);
+      MPI_Irecv(c->recv, (int)c->bytes, MPI_BYTE, 0, 7, c->comm, &req[n++]);
       MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
-      MPI_Send(c->send, (int)c->bytes, MPI_BYTE, 0, 8, MPI_COMM_WORLD);
+      MPI_Send(c->send, (int)c->bytes, MPI_BYTE, 0, 8, c->comm);
     }
     return;
   case NET_ALL_REDUCE:
-    MPI_Iallreduce(MPI_IN_PLACE, c->send, (int)(c->bytes / 4), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+    MPI_Iallreduce(MPI_IN_PLACE, c->send, (int)(c->bytes / 4), MPI_FLOAT, MPI_SUM, c->comm,
                    &req[n++]);
     break;
   case NET_REDUCE_SCATTER:
-    MPI_Ireduce_scatter_block(c->send, c->recv, per / 4, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
-                              &req[n++]);
+    MPI_Ireduce_scatter_block(c->send, c->recv, per / 4, MPI_FLOAT, MPI_SUM, c->comm, &req[n++]);
     break;
   case NET_ALL_GATHER:
-    MPI_Iallgather(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, MPI_COMM_WORLD, &req[n++]);
+    MPI_Iallgather(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, c->comm, &req[n++]);
     break;
   case NET_ALL_TO_ALL:
-    MPI_Ialltoall(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, MPI_COMM_WORLD, &req[n++]);
+    MPI_Ialltoall(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, c->comm, &req[n++]);
     break;
   default: PIPER_UNREACHABLE();
   }
@@ -919,11 +937,11 @@ static double net_median(const struct prof_args *a, struct net_ctx *c, uint32_t 
     net_once(c);
   double *t = g_new(double, reps);
   for (uint32_t i = 0; i < reps; i++) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(c->comm);
     double s = piper_clock_seconds();
     net_once(c);
     double mine = piper_clock_seconds() - s, worst = 0;
-    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, c->comm);
     t[i] = c->kind == NET_P2P ? worst / 2 : worst;
   }
   qsort(t, reps, sizeof *t, piper_cmp_double);
@@ -933,8 +951,7 @@ static double net_median(const struct prof_args *a, struct net_ctx *c, uint32_t 
 }
 
 /* The simulator's alpha-beta terms of one operation of n bytes over p ranks are
- * latency_steps * a + transfer_share * n / B (profile_comm_cost, ring): the fit's intercept
- * and slope give the link latency a and bandwidth B each collective implies. */
+ * latency_steps * a + transfer_share * n / B (profile_comm_cost, ring). */
 static void net_model_terms(enum net_kind k, int p, double *latency_steps, double *share) {
   double q = p;
   switch (k) {
@@ -944,67 +961,297 @@ static void net_model_terms(enum net_kind k, int p, double *latency_steps, doubl
   }
 }
 
-static void measure_network(struct prof_run *r) {
+/* The ranks outside a group wait here without a core (MPI's barrier spins, and a spinning
+ * rank would take a core from the group being timed). */
+static void sleeping_barrier(void) {
+  MPI_Request req;
+  MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  for (int flag = 0; !flag;) {
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (!flag)
+      g_usleep(1000);
+  }
+}
+
+/* Measured points of one operation: (group size, bytes, seconds). */
+struct net_points {
+  GArray *p, *n, *t; /* double */
+};
+
+/* a and B of t = A a + S n / B over the points, weights 1 / t^2; a >= 0 (else refitted at 0). */
+static void net_fit(enum net_kind k, const struct net_points *pts, double *a, double *B) {
+  double saa = 0, sab = 0, sbb = 0, sat = 0, sbt = 0;
+  for (guint i = 0; i < pts->t->len; i++) {
+    double A, S, t = g_array_index(pts->t, double, i);
+    net_model_terms(k, (int)g_array_index(pts->p, double, i), &A, &S);
+    double X = S * g_array_index(pts->n, double, i), w = t > 0 ? 1 / (t * t) : 0;
+    saa += w * A * A, sab += w * A * X, sbb += w * X * X, sat += w * A * t, sbt += w * X * t;
+  }
+  double det = saa * sbb - sab * sab, inv_b;
+  *a = det != 0 ? (sat * sbb - sbt * sab) / det : 0;
+  inv_b = det != 0 ? (saa * sbt - sab * sat) / det : 0;
+  if (*a < 0 || det == 0) {
+    *a = 0;
+    inv_b = sbb > 0 ? sbt / sbb : 0;
+  }
+  *B = inv_b > 0 ? 1 / inv_b : 1e15;
+}
+
+/* Every operation over the ranks [0, g) of the world: points kept on rank 0. */
+static void measure_group(struct prof_run *r, int g, struct net_ctx *c, int max_log4,
+                          struct net_points *pts) {
   const struct prof_args *a = r->a;
-  int max_log4 = a->quick ? 8 : 11; /* 8 B .. 128 KiB (quick) or 8 MiB, by 4x */
-  /* sizes round up to whole floats per rank: room for the largest one rounded */
-  size_t max_bytes = ((size_t)8 << (2 * (max_log4 - 1))) + (size_t)4 * r->size;
-  struct net_ctx c = {.rank = r->rank, .size = r->size};
-  c.send = g_malloc0(max_bytes), c.recv = g_malloc0(max_bytes);
-  r->fits = cJSON_CreateObject();
   for (int k = 0; k < NET_N; k++) {
-    double x[16], y[16];
-    int n = 0;
-    cJSON *pts = cJSON_CreateArray();
+    if (k == NET_P2P && g != 2)
+      continue;
+    c->kind = (enum net_kind)k;
+    GString *line = g_string_new("");
     for (int s = 0; s < max_log4; s++) {
-      size_t bytes = (size_t)8 << (2 * s);
-      size_t unit = (size_t)4 * r->size; /* whole floats per rank */
-      bytes = (bytes + unit - 1) / unit * unit;
-      c.kind = (enum net_kind)k, c.bytes = bytes;
+      size_t unit = (size_t)4 * g; /* whole floats per rank */
+      size_t bytes = (((size_t)8 << (2 * s)) + unit - 1) / unit * unit;
+      c->bytes = bytes;
       uint32_t reps = bytes > ((size_t)1 << 20) ? (a->quick ? 3 : 7) : (a->quick ? 7 : 31);
       if (reps < a->repeats && bytes <= ((size_t)1 << 20) && !a->quick)
         reps = a->repeats;
-      x[n] = (double)bytes;
-      y[n] = net_median(a, &c, reps);
-      cJSON *pt = cJSON_CreateArray();
-      cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)bytes));
-      cJSON_AddItemToArray(pt, cJSON_CreateNumber(round(y[n] * 1e8) / 1e2));
-      cJSON_AddItemToArray(pts, pt);
-      n++;
+      double t = net_median(a, c, reps);
+      double pv = g, nv = (double)bytes;
+      g_array_append_val(pts[k].p, pv);
+      g_array_append_val(pts[k].n, nv);
+      g_array_append_val(pts[k].t, t);
+      if (s == 0 || s == max_log4 - 1)
+        g_string_append_printf(line, "%s%zu B %.1f us", s ? ", " : "", bytes, t * 1e6);
     }
-    double alpha, beta, steps, share;
-    fit_line(x, y, n, &alpha, &beta);
-    if (alpha < 0)
-      alpha = 0;
-    net_model_terms((enum net_kind)k, r->size, &steps, &share);
-    double lat = alpha / steps, bw = beta > 0 ? share / beta : 1e12;
-    progress(r, "%-14s over %d ranks: %.2f us + bytes / %.2f GB/s (link: %.2f us, %.2f GB/s)",
-             net_names[k], k == NET_P2P ? 2 : r->size, alpha * 1e6, 1 / beta / 1e9, lat * 1e6,
-             bw / 1e9);
+    progress(r, "  %-14s %d ranks: %s", net_names[k], g, line->str);
+    g_string_free(line, TRUE);
+  }
+}
+
+/* The fits (and their points, for the sources) into r. */
+static void net_record(struct prof_run *r, const struct net_points *pts) {
+  r->fits = cJSON_CreateObject();
+  r->fit_json = cJSON_CreateObject();
+  for (int k = 0; k < NET_N; k++) {
+    double lat, bw;
+    net_fit((enum net_kind)k, &pts[k], &lat, &bw);
+    progress(r, "%-14s fit over %u points: %.2f us per step + bytes / %.3f GB/s", net_names[k],
+             pts[k].t->len, lat * 1e6, bw / 1e9);
     if (k == NET_P2P)
       r->p2p_latency = lat, r->p2p_bandwidth = bw;
     if (k == NET_ALL_REDUCE)
       r->ar_bandwidth = bw;
-    cJSON *f = cJSON_AddObjectToObject(r->fits, net_names[k]);
-    cJSON_AddNumberToObject(f, "ranks", k == NET_P2P ? 2 : r->size);
-    cJSON_AddNumberToObject(f, "latency_us", round(alpha * 1e8) / 1e2);
-    cJSON_AddNumberToObject(f, "bandwidth_gbs", round(1 / beta / 1e9 * 1e3) / 1e3);
-    cJSON_AddNumberToObject(f, "link_latency_us", round(lat * 1e8) / 1e2);
-    cJSON_AddNumberToObject(f, "link_bandwidth_gbs", round(bw / 1e9 * 1e3) / 1e3);
-    cJSON_AddItemToObject(f, "points_bytes_us", pts);
+    cJSON *f = cJSON_AddObjectToObject(r->fit_json, net_names[k]);
+    cJSON_AddNumberToObject(f, "latency_us", round_sig(lat * 1e6, 4));
+    cJSON_AddNumberToObject(f, "bandwidth_gbs", round_sig(bw / 1e9, 4));
+    cJSON *src = cJSON_AddObjectToObject(r->fits, net_names[k]);
+    cJSON *arr = cJSON_AddArrayToObject(src, "points_ranks_bytes_us");
+    for (guint i = 0; i < pts[k].t->len; i++) {
+      cJSON *pt = cJSON_CreateArray();
+      cJSON_AddItemToArray(pt, cJSON_CreateNumber(g_array_index(pts[k].p, double, i)));
+      cJSON_AddItemToArray(pt, cJSON_CreateNumber(g_array_index(pts[k].n, double, i)));
+      cJSON_AddItemToArray(pt, cJSON_CreateNumber(round_sig(g_array_index(pts[k].t, double, i) * 1e6, 4)));
+      cJSON_AddItemToArray(arr, pt);
+    }
   }
+}
+
+static void measure_network(struct prof_run *r) {
+  int max_log4 = r->a->quick ? 8 : 11; /* 8 B .. 128 KiB (quick) or 8 MiB, by 4x */
+  /* sizes round up to whole floats per rank: room for the largest one rounded */
+  size_t max_bytes = ((size_t)8 << (2 * (max_log4 - 1))) + (size_t)4 * r->size;
+  struct net_ctx c = {0};
+  c.send = g_malloc0(max_bytes), c.recv = g_malloc0(max_bytes);
+  struct net_points pts[NET_N];
+  for (int k = 0; k < NET_N; k++)
+    pts[k] = (struct net_points){g_array_new(FALSE, FALSE, sizeof(double)),
+                                 g_array_new(FALSE, FALSE, sizeof(double)),
+                                 g_array_new(FALSE, FALSE, sizeof(double))};
+  for (int g = 2; g <= r->size; g++) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, r->rank < g ? 0 : MPI_UNDEFINED, r->rank, &sub);
+    if (sub != MPI_COMM_NULL) {
+      c.comm = sub, c.rank = r->rank, c.size = g;
+      measure_group(r, g, &c, max_log4, pts);
+      MPI_Comm_free(&sub);
+    }
+    sleeping_barrier();
+  }
+  if (r->rank == 0)
+    net_record(r, pts);
+  for (int k = 0; k < NET_N; k++)
+    g_array_free(pts[k].p, TRUE), g_array_free(pts[k].n, TRUE), g_array_free(pts[k].t, TRUE);
   g_free(c.send), g_free(c.recv);
   r->network_measured = true;
 }
 #endif
 
-/* ---- the profile ---------------------------------------------------------------------------- */
 
-static double round_sig(double x, int digits) {
-  char buf[48];
-  snprintf(buf, sizeof buf, "%.*g", digits, x);
-  return strtod(buf, NULL);
+/* ---- the host: cores and the executor's own costs ------------------------------------------
+ * What the simulator needs to model ranks sharing a node's cores (sim/profile.h, "host"): the
+ * node's cores; what the executor's loop spends per instruction (a task and an event record
+ * through the host backend's loop, no kernel); what one test of posted communication costs;
+ * and what a rank waiting for communication costs a rank computing on the same core: two
+ * ranks are pinned to one core, one waits in the host backend's loop for a receive while the
+ * other counts GEMMs, against the count with the waiter asleep. Under processor sharing the
+ * computing rank then runs at 1 / (1 + share). */
+
+static bool noop_task(struct exec_stream *s, void *arg, GError **err) {
+  (void)s, (void)arg, (void)err;
+  return true;
 }
+
+/* Median seconds per instruction (task + record) of the backend's loop, over 5 batches. */
+static double host_instruction_cost(struct exec_backend *b, uint32_t n, GError **err) {
+  struct exec_stream *st = exec_stream_create(b, "piper-prof", 0, err);
+  if (!st)
+    return -1;
+  struct exec_event *e = exec_event_create(b);
+  double t[5];
+  for (int rep = 0; rep < 6; rep++) {
+    double t0 = piper_clock_seconds();
+    for (uint32_t i = 0; i < n; i++) {
+      exec_stream_submit(b, st, noop_task, NULL, i);
+      exec_event_record(b, e, st);
+    }
+    exec_event_synchronize(b, e, 60);
+    if (rep > 0) /* the first batch warms the loop up */
+      t[rep - 1] = (piper_clock_seconds() - t0) / n;
+  }
+  exec_event_destroy(b, e);
+  exec_stream_destroy(b, st);
+  qsort(t, 5, sizeof *t, piper_cmp_double);
+  return t[2];
+}
+
+#ifdef HAVE_MPI
+/* Seconds per MPI_Test of a receive nothing matches yet (as the loop tests pending work). */
+static double host_test_cost(uint32_t n) {
+  char byte = 0, in = 0;
+  MPI_Request req;
+  MPI_Irecv(&in, 1, MPI_CHAR, 0, 99, MPI_COMM_SELF, &req);
+  int flag = 0;
+  double t0 = piper_clock_seconds();
+  for (uint32_t i = 0; i < n; i++)
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+  double t = (piper_clock_seconds() - t0) / n;
+  MPI_Send(&byte, 1, MPI_CHAR, 0, 99, MPI_COMM_SELF);
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  return t;
+}
+
+/* GEMMs of 64^3 per second over `window` seconds. */
+static double compute_rate(double window) {
+  enum { N = 64 };
+  static float a[N * N], b[N * N], c[N * N];
+  double t0 = piper_clock_seconds(), t = t0;
+  uint64_t calls = 0;
+  while (t - t0 < window) {
+    kernels_gemm(false, false, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
+    calls++;
+    if ((calls & 15) == 0)
+      t = piper_clock_seconds();
+  }
+  return (double)calls / (piper_clock_seconds() - t0);
+}
+
+struct wait_arg {
+  struct exec_backend *b;
+  struct exec_comm *c;
+  int32_t v;
+};
+static bool recv_task(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
+  struct wait_arg *w = arg;
+  return exec_comm_recv(w->b, w->c, 0, &w->v, sizeof w->v, 5, err);
+}
+
+/* Rank 1 waits in the backend's loop for rank 0, which computes meanwhile on the same core. */
+static bool host_wait_share(struct prof_run *r, struct exec_backend *b, GError **err) {
+  uint32_t pair[2] = {0, 1};
+  struct exec_comm *c = exec_comm_create(b, "piper-prof wait", pair, 2, true, err);
+  if (!c)
+    return false;
+  double window = r->a->quick ? 0.05 : 0.2;
+  cpu_set_t old, one;
+  sched_getaffinity(0, sizeof old, &old);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &old))
+    cpu++;
+  MPI_Bcast(&cpu, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  bool ok = true;
+  if (r->rank <= 1) {
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
+  }
+  sleeping_barrier();
+  double alone = r->rank == 0 ? compute_rate(window) : 0;
+  sleeping_barrier();
+  if (r->rank == 0) {
+    double shared = compute_rate(window);
+    int32_t v = 1;
+    ok = exec_comm_send(b, c, 1, &v, sizeof v, 5, err);
+    r->wait_share = shared > 0 ? alone / shared - 1 : 0;
+    r->wait_share = r->wait_share < 0 ? 0 : r->wait_share > 1 ? 1 : r->wait_share;
+  } else if (r->rank == 1) {
+    struct exec_stream *st = exec_stream_create(b, "piper-prof wait", 0, err);
+    struct exec_event *e = st ? exec_event_create(b) : NULL;
+    struct wait_arg w = {.b = b, .c = c};
+    struct timespec c0, c1;
+    double t0 = piper_clock_seconds();
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    if (st) {
+      exec_stream_submit(b, st, recv_task, &w, 0);
+      exec_event_record(b, e, st);
+      ok = exec_event_synchronize(b, e, 60);
+    }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    double cpu_s = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+    double self = cpu_s / (piper_clock_seconds() - t0);
+    MPI_Send(&self, 1, MPI_DOUBLE, 0, 98, MPI_COMM_WORLD);
+    exec_event_destroy(b, e);
+    exec_stream_destroy(b, st);
+  }
+  if (r->rank == 0)
+    MPI_Recv(&r->wait_self_share, 1, MPI_DOUBLE, 1, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  if (r->rank <= 1)
+    sched_setaffinity(0, sizeof old, &old);
+  sleeping_barrier();
+  exec_comm_destroy(b, c);
+  return ok;
+}
+#endif
+
+/* Every rank takes part (the backend starts with a barrier); rank 0 keeps the figures. */
+static bool measure_host(struct prof_run *r, GError **err) {
+  r->cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+  struct exec_backend *b = exec_backend_init(&exec_backend_host, NULL, err);
+  if (!b)
+    return false;
+  bool ok = true;
+  if (r->rank == 0) {
+    r->instruction_overhead = host_instruction_cost(b, r->a->quick ? 2000 : 20000, err);
+    ok = r->instruction_overhead >= 0;
+  }
+#ifdef HAVE_MPI
+  if (r->size > 1) {
+    sleeping_barrier();
+    if (r->rank == 0)
+      r->comm_test = host_test_cost(r->a->quick ? 2000 : 20000);
+    ok = host_wait_share(r, b, err) && ok;
+    r->comm_measured = true;
+  }
+#endif
+  exec_backend_free(b);
+  progress(r,
+           "host: %u cores; the executor's loop %.2f us per instruction; a test of posted "
+           "communication %.2f us; a waiting rank takes %.2f of a computing rank's core "
+           "(%.2f of a free one)",
+           r->cores, r->instruction_overhead * 1e6, r->comm_test * 1e6, r->wait_share,
+           r->wait_self_share);
+  return ok;
+}
+
+/* ---- the profile ---------------------------------------------------------------------------- */
 
 /* The CPU's model name from /proc/cpuinfo ("unknown" elsewhere). */
 static char *cpu_model(void) {
@@ -1140,6 +1387,17 @@ static cJSON *network_json(const struct prof_run *r) {
   return n;
 }
 
+static cJSON *host_json(const struct prof_run *r) {
+  cJSON *h = cJSON_CreateObject();
+  cJSON_AddNumberToObject(h, "cores_per_node", r->cores);
+  cJSON_AddNumberToObject(h, "instruction_overhead_us", round_sig(r->instruction_overhead * 1e6, 3));
+  if (r->comm_measured) {
+    cJSON_AddNumberToObject(h, "wait_core_share", round_sig(r->wait_share, 3));
+    cJSON_AddNumberToObject(h, "comm_test_us", round_sig(r->comm_test * 1e6, 3));
+  }
+  return h;
+}
+
 static cJSON *profile_json(const struct prof_run *r, const struct machine_facts *mf) {
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "name", strcmp(r->a->backend, "host") == 0 ? "host-cpu" : "cpu");
@@ -1155,6 +1413,10 @@ static cJSON *profile_json(const struct prof_run *r, const struct machine_facts 
   cJSON_AddItemToObject(root, "sources", sources_json(r, mf));
   cJSON_AddItemToObject(root, "device", device_json(r, mf));
   cJSON_AddItemToObject(root, "network", network_json(r));
+  cJSON_AddItemToObject(root, "host", host_json(r));
+  if (r->fit_json)
+    cJSON_AddItemReferenceToObject(cJSON_AddObjectToObject(root, "collectives"), "intra_node",
+                                   r->fit_json);
   cJSON_AddItemReferenceToObject(root, "measured", r->measured);
   return root;
 }
@@ -1240,12 +1502,16 @@ static void release_others(const struct prof_run *r) {
 
 /* Network first, with every rank; then rank 0 alone times the kernels while the others sleep,
  * so nothing else of this run competes for the cores. */
-static bool measure_all(struct prof_run *r, GPtrArray *models) {
+static bool measure_all(struct prof_run *r, GPtrArray *models, GError **err) {
 #ifdef HAVE_MPI
   if (r->size > 1) {
-    progress(r, "network over %d ranks", r->size);
+    progress(r, "network over 2 to %d ranks", r->size);
     measure_network(r);
   }
+#endif
+  if (!measure_host(r, err))
+    r->failed = true;
+#ifdef HAVE_MPI
   if (r->size > 1 && r->rank != 0) {
     idle_until_released();
     return false;
@@ -1295,18 +1561,19 @@ int main(int argc, char **argv) {
   bool mpi = false;
 #ifdef HAVE_MPI
   if (under_mpirun()) {
-    MPI_Init(&argc, &argv);
+    int provided; /* the host backend (instruction costs) needs full thread support */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &r.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &r.size);
     mpi = true;
   }
 #endif
-  bool writer = measure_all(&r, models);
+  bool writer = measure_all(&r, models, &err);
 #ifdef HAVE_MPI
   if (mpi && r.rank == 0)
     release_others(&r);
 #endif
-  bool ok = !writer || write_profile(&r, argc, argv, &err);
+  bool ok = !r.failed && (!writer || write_profile(&r, argc, argv, &err));
   if (writer && ok)
     progress(&r, "wrote %s (%u measured entries)", a.out, r.n_entries);
 #ifdef HAVE_MPI
@@ -1316,6 +1583,7 @@ int main(int argc, char **argv) {
   (void)mpi;
   cJSON_Delete(r.measured);
   cJSON_Delete(r.fits);
+  cJSON_Delete(r.fit_json);
   g_hash_table_destroy(r.seen);
   g_array_free(r.opt_params, TRUE);
   g_array_free(r.opt_seconds, TRUE);
