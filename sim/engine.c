@@ -678,11 +678,24 @@ static void reschedule_parts(struct sim *s, const struct slot *sl, double t) {
   }
 }
 
+/* A waiting rank sees its communication end wake_latency late when every core of its node is
+ * taken by computing ranks (the state when the operation starts stands for its end). */
+static double wake_delay(const struct sim *s, const struct slot *sl) {
+  if (!s->sharing)
+    return 0;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    uint32_t node = s->unit_node[s->parts[2 * (sl->part_first + k)]];
+    if (s->node_running[node] >= s->prof->cores_per_node)
+      return s->prof->wake_latency;
+  }
+  return 0;
+}
+
 static void start_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
   settle_parts(s, sl, t);
   sl->running = true;
-  sl->lat_end = t + sl->latency;
+  sl->lat_end = t + sl->latency + wake_delay(s, sl);
   sl->remaining = sl->transfer;
   sl->last = t;
   sl->rate = 0;
@@ -965,10 +978,11 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
     sl.latency = s->prof->syn_comm;
   } else {
     struct profile_comm_cost cc = profile_comm_cost(s->prof, n->kind, n->bytes, span);
-    sl.latency = cc.latency + s->prof->instruction_overhead; /* posting it is the rank's work */
+    sl.latency = cc.latency;
     sl.transfer = cc.transfer;
     sl.inter = cc.inter_node;
   }
+  sl.latency += s->prof->instruction_overhead; /* posting it is the rank's work */
   double share = s->p->streams[in->stream].sm_share;
   sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
   g_array_append_val(b->slots, sl);
@@ -1386,7 +1400,7 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
                   .o = o,
                   .t_first = INFINITY,
                   .t_last = -INFINITY,
-                  .sharing = !prof->synthetic && prof->cores_per_node > 0};
+                  .sharing = prof->cores_per_node > 0};
   struct sim_result *res = g_new0(struct sim_result, 1);
   sim_classes(&s);
   sim_units(&s, res);

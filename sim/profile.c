@@ -158,6 +158,7 @@ static const struct profile_key host_keys[] = {
     KEY("instruction_overhead_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, instruction_overhead),
     KEY("wait_core_share", DOUBLE, OPTIONAL, 0, 1, 1, wait_core_share),
     KEY("comm_test_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, comm_test),
+    KEY("wake_latency_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, wake_latency),
 };
 #undef KEY
 #define FIT_KEY(name, lo, hi, scale, field)                                                       \

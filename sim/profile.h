@@ -97,9 +97,11 @@ struct profile {
    * every device has a processor of its own. instruction_overhead is the executor's own
    * work per instruction (on the rank's core), wait_core_share the part of a core a rank
    * waiting for communication takes by polling, comm_test the cost of one test of posted
-   * communication (added to every communication's latency: the test that sees it end). */
+   * communication (added to every communication's latency: the test that sees it end), and
+   * wake_latency how late a waiting rank sees its communication end when every core of its
+   * node is computing (the scheduler must first take a core from a computing rank). */
   uint32_t cores_per_node;
-  double instruction_overhead, wait_core_share, comm_test;
+  double instruction_overhead, wait_core_share, comm_test, wake_latency;
 
   /* measured table, sorted by (kind, pass, shape) */
   uint32_t n_entries;

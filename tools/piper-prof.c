@@ -93,7 +93,7 @@ struct prof_run {
   bool network_measured;
   /* the host: cores of this node, the executor's own costs (host_measure) */
   uint32_t cores;
-  double instruction_overhead, comm_test, wait_share, wait_self_share;
+  double instruction_overhead, comm_test, wait_share, wait_self_share, wake_latency;
   bool comm_measured; /* comm_test and wait_share: 2 ranks or more */
   bool failed;        /* a measurement failed: err says which */
 };
@@ -1026,6 +1026,32 @@ static void measure_group(struct prof_run *r, int g, struct net_ctx *c, int max_
   }
 }
 
+/* The sources' view of the largest group measured: its points and the plain line through them
+ * (latency_us + bytes / bandwidth_gbs), what one operation costs at that size. */
+static void net_source_largest(cJSON *src, enum net_kind k, const struct net_points *pts) {
+  double pmax = 0, x[32], y[32];
+  int n = 0;
+  for (guint i = 0; i < pts->p->len; i++)
+    pmax = g_array_index(pts->p, double, i) > pmax ? g_array_index(pts->p, double, i) : pmax;
+  cJSON *arr = cJSON_CreateArray();
+  for (guint i = 0; i < pts->p->len && n < 32; i++) {
+    if (g_array_index(pts->p, double, i) != pmax)
+      continue;
+    x[n] = g_array_index(pts->n, double, i), y[n] = g_array_index(pts->t, double, i);
+    cJSON *pt = cJSON_CreateArray();
+    cJSON_AddItemToArray(pt, cJSON_CreateNumber(x[n]));
+    cJSON_AddItemToArray(pt, cJSON_CreateNumber(round_sig(y[n] * 1e6, 4)));
+    cJSON_AddItemToArray(arr, pt);
+    n++;
+  }
+  double alpha = 0, beta = 0;
+  fit_line(x, y, n, &alpha, &beta);
+  cJSON_AddNumberToObject(src, "ranks", k == NET_P2P ? 2 : pmax);
+  cJSON_AddNumberToObject(src, "latency_us", round_sig((alpha > 0 ? alpha : 0) * 1e6, 4));
+  cJSON_AddNumberToObject(src, "bandwidth_gbs", round_sig(beta > 0 ? 1 / beta / 1e9 : 1e6, 4));
+  cJSON_AddItemToObject(src, "points_bytes_us", arr);
+}
+
 /* The fits (and their points, for the sources) into r. */
 static void net_record(struct prof_run *r, const struct net_points *pts) {
   r->fits = cJSON_CreateObject();
@@ -1043,6 +1069,9 @@ static void net_record(struct prof_run *r, const struct net_points *pts) {
     cJSON_AddNumberToObject(f, "latency_us", round_sig(lat * 1e6, 4));
     cJSON_AddNumberToObject(f, "bandwidth_gbs", round_sig(bw / 1e9, 4));
     cJSON *src = cJSON_AddObjectToObject(r->fits, net_names[k]);
+    net_source_largest(src, (enum net_kind)k, &pts[k]);
+    cJSON_AddNumberToObject(src, "link_latency_us", round_sig(lat * 1e6, 4));
+    cJSON_AddNumberToObject(src, "link_bandwidth_gbs", round_sig(bw / 1e9, 4));
     cJSON *arr = cJSON_AddArrayToObject(src, "points_ranks_bytes_us");
     for (guint i = 0; i < pts[k].t->len; i++) {
       cJSON *pt = cJSON_CreateArray();
@@ -1157,62 +1186,121 @@ struct wait_arg {
   struct exec_backend *b;
   struct exec_comm *c;
   int32_t v;
+  double seen; /* when the task saw the message */
 };
 static bool recv_task(struct exec_stream *s, void *arg, GError **err) {
   (void)s;
   struct wait_arg *w = arg;
-  return exec_comm_recv(w->b, w->c, 0, &w->v, sizeof w->v, 5, err);
+  bool ok = exec_comm_recv(w->b, w->c, 0, &w->v, sizeof w->v, 5, err);
+  w->seen = piper_clock_seconds();
+  return ok;
 }
 
-/* Rank 1 waits in the backend's loop for rank 0, which computes meanwhile on the same core. */
+/* Rank 1: waits in the backend's loop for one message; returns the wait's CPU share. */
+static double waiter_once(struct exec_backend *b, struct exec_comm *c, double *seen, bool *ok,
+                          GError **err) {
+  struct exec_stream *st = exec_stream_create(b, "piper-prof wait", 0, err);
+  if (!st) {
+    *ok = false;
+    return 0;
+  }
+  struct exec_event *e = exec_event_create(b);
+  struct wait_arg w = {.b = b, .c = c};
+  struct timespec c0, c1;
+  double t0 = piper_clock_seconds();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+  exec_stream_submit(b, st, recv_task, &w, 0);
+  exec_event_record(b, e, st);
+  *ok = exec_event_synchronize(b, e, 60) && *ok;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+  double cpu_s = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+  exec_event_destroy(b, e);
+  exec_stream_destroy(b, st);
+  *seen = w.seen;
+  return cpu_s / (piper_clock_seconds() - t0);
+}
+
+/* Rank 0: computes for window seconds while rank 1 waits, sends, and computes on so that the
+ * core stays busy while the waiter must wake; returns the compute rate. */
+static double computer_once(struct exec_backend *b, struct exec_comm *c, double window,
+                            double *sent, bool *ok, GError **err) {
+  double rate = compute_rate(window);
+  int32_t v = 1;
+  *sent = piper_clock_seconds();
+  *ok = exec_comm_send(b, c, 1, &v, sizeof v, 5, err) && *ok;
+  compute_rate(0.01);
+  return rate;
+}
+
+enum { WAKE_REPS = 9 };
+
+/* Both pinned to one core: rank 0 computes, rank 1 waits for it in the backend's loop. */
+static bool host_wait_pair(struct prof_run *r, struct exec_backend *b, struct exec_comm *c,
+                           double window, GError **err) {
+  bool ok = true;
+  /* rank 1 sleeps in MPI (a 1 ms poll) while rank 0 computes alone */
+  char go = 1;
+  double alone = 0;
+  if (r->rank == 0) {
+    alone = compute_rate(window);
+    MPI_Send(&go, 1, MPI_CHAR, 1, 96, MPI_COMM_WORLD);
+  } else {
+    MPI_Request req;
+    MPI_Irecv(&go, 1, MPI_CHAR, 0, 96, MPI_COMM_WORLD, &req);
+    for (int flag = 0; !flag;) {
+      MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      if (!flag)
+        g_usleep(1000);
+    }
+  }
+  double wake[WAKE_REPS];
+  for (int i = 0; i < WAKE_REPS + 1; i++) {
+    /* the first round measures the share over a long wait; the others the wake-up */
+    double w = i == 0 ? window : 0.005 + 0.002 * i, sent = 0, seen = 0;
+    if (r->rank == 0) {
+      double shared = computer_once(b, c, w, &sent, &ok, err);
+      MPI_Recv(&seen, 1, MPI_DOUBLE, 1, 97, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      if (i == 0) {
+        r->wait_share = shared > 0 ? alone / shared - 1 : 0;
+        r->wait_share = r->wait_share < 0 ? 0 : r->wait_share > 1 ? 1 : r->wait_share;
+        MPI_Recv(&r->wait_self_share, 1, MPI_DOUBLE, 1, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      } else {
+        wake[i - 1] = seen - sent > 0 ? seen - sent : 0;
+      }
+    } else if (r->rank == 1) {
+      double self = waiter_once(b, c, &seen, &ok, err);
+      MPI_Send(&seen, 1, MPI_DOUBLE, 0, 97, MPI_COMM_WORLD);
+      if (i == 0)
+        MPI_Send(&self, 1, MPI_DOUBLE, 0, 98, MPI_COMM_WORLD);
+    }
+  }
+  if (r->rank == 0) {
+    qsort(wake, WAKE_REPS, sizeof *wake, piper_cmp_double);
+    r->wake_latency = wake[WAKE_REPS / 2];
+  }
+  return ok;
+}
+
+/* Rank 1 waits in the backend's loop for rank 0, which computes meanwhile on the same core:
+ * the share of the core the waiter takes, and how long after the message it notices. */
 static bool host_wait_share(struct prof_run *r, struct exec_backend *b, GError **err) {
   uint32_t pair[2] = {0, 1};
   struct exec_comm *c = exec_comm_create(b, "piper-prof wait", pair, 2, true, err);
   if (!c)
     return false;
-  double window = r->a->quick ? 0.05 : 0.2;
   cpu_set_t old, one;
   sched_getaffinity(0, sizeof old, &old);
   int cpu = 0;
   while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &old))
     cpu++;
   MPI_Bcast(&cpu, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  bool ok = true;
   if (r->rank <= 1) {
     CPU_ZERO(&one);
     CPU_SET(cpu, &one);
     sched_setaffinity(0, sizeof one, &one);
   }
   sleeping_barrier();
-  double alone = r->rank == 0 ? compute_rate(window) : 0;
-  sleeping_barrier();
-  if (r->rank == 0) {
-    double shared = compute_rate(window);
-    int32_t v = 1;
-    ok = exec_comm_send(b, c, 1, &v, sizeof v, 5, err);
-    r->wait_share = shared > 0 ? alone / shared - 1 : 0;
-    r->wait_share = r->wait_share < 0 ? 0 : r->wait_share > 1 ? 1 : r->wait_share;
-  } else if (r->rank == 1) {
-    struct exec_stream *st = exec_stream_create(b, "piper-prof wait", 0, err);
-    struct exec_event *e = st ? exec_event_create(b) : NULL;
-    struct wait_arg w = {.b = b, .c = c};
-    struct timespec c0, c1;
-    double t0 = piper_clock_seconds();
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-    if (st) {
-      exec_stream_submit(b, st, recv_task, &w, 0);
-      exec_event_record(b, e, st);
-      ok = exec_event_synchronize(b, e, 60);
-    }
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-    double cpu_s = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
-    double self = cpu_s / (piper_clock_seconds() - t0);
-    MPI_Send(&self, 1, MPI_DOUBLE, 0, 98, MPI_COMM_WORLD);
-    exec_event_destroy(b, e);
-    exec_stream_destroy(b, st);
-  }
-  if (r->rank == 0)
-    MPI_Recv(&r->wait_self_share, 1, MPI_DOUBLE, 1, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  bool ok = r->rank > 1 || host_wait_pair(r, b, c, r->a->quick ? 0.05 : 0.2, err);
   if (r->rank <= 1)
     sched_setaffinity(0, sizeof old, &old);
   sleeping_barrier();
@@ -1245,9 +1333,9 @@ static bool measure_host(struct prof_run *r, GError **err) {
   progress(r,
            "host: %u cores; the executor's loop %.2f us per instruction; a test of posted "
            "communication %.2f us; a waiting rank takes %.2f of a computing rank's core "
-           "(%.2f of a free one)",
+           "(%.2f of a free one) and sees a message %.1f us late when its core is busy",
            r->cores, r->instruction_overhead * 1e6, r->comm_test * 1e6, r->wait_share,
-           r->wait_self_share);
+           r->wait_self_share, r->wake_latency * 1e6);
   return ok;
 }
 
@@ -1327,26 +1415,35 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
   cJSON_AddStringToObject(
       s, "measured",
       "every distinct (op kind, shape) of the models: the host kernels of exec/train.c for F, BI, "
-      "BW and the fused B, median of repeats after warm-up; 0 where the executor runs nothing "
-      "(embedding BI, residual-add BW)");
+      "BW and the fused B, run in the executor's order over the whole model (forward of every op "
+      "for 4 micro-batches of buffers, then BI in reverse, BW, B; weights shared), each call "
+      "timed where it stands; the median over repeats after warm-up, micro-batches and layers; "
+      "0 where the executor runs nothing (embedding BI, residual-add BW). A model too large for "
+      "that is timed op by op, alone");
   cJSON_AddStringToObject(
       s, "device",
       "peak_tflops: median rate of one kernels_gemm of n^3 fp32 (bf16 the same: the host "
       "computes in fp32); memory_bandwidth_gbs: triad a = b + s*c, 12 bytes per element; both are "
       "achieved rates, so the efficiencies are 1. kernel_overhead_us and "
       "optimizer_bytes_per_param: least-squares line (relative residuals) through AdamW's median "
-      "times at 4 sizes up to the largest model's parameter count (intercept; slope times the "
-      "triad bandwidth)");
+      "times per segment, run after each backward sweep of the executor-order runs (else at 4 "
+      "sizes up to the largest model's parameter count, caches cold): intercept; slope times "
+      "the triad bandwidth. host: cores_per_node = online processors; instruction_overhead_us = "
+      "a no-op task and an event record through the host backend's loop; comm_test_us = one "
+      "MPI_Test of a pending receive; wait_core_share and wake_latency_us: two ranks pinned to "
+      "one core, one computing GEMMs, the other waiting for a receive in the backend's loop: "
+      "the computing rank's slowdown (1 / (1 + share)) and how late the waiter sees the message");
   cJSON_AddStringToObject(
       s, "network",
       r->network_measured
-          ? "the 'nvlink' keys are MPI between ranks of this machine, the point-to-point fit "
-            "(half a ping-pong); efficiency = the link bandwidth the all-reduce fit implies "
-            "under the simulator's ring model over the point-to-point one (at most 1): the format "
-            "has one bandwidth for all operations, so the gradient all-reduce, the largest "
-            "volume, sets it. collectives: each operation's fit (latency_us + bytes / "
-            "bandwidth_gbs) and the link terms it implies; gpus_per_node 64: every rank of a run "
-            "on one machine is one node"
+          ? "collectives.intra_node: one fit per operation over every group size from 2 to the "
+            "ranks launched and sizes 8 B to 8 MiB: time = steps(p) latency + share(p) bytes / "
+            "bandwidth with the simulator's ring terms, least squares with relative residuals; "
+            "piper-sim uses these. The 'nvlink' keys (for older readers) are the point-to-point "
+            "fit, efficiency the all-reduce's bandwidth over it. sources.collectives: per "
+            "operation the points (ranks, bytes, us), the line at the largest group and the "
+            "fit's link terms. gpus_per_node 64: every rank of a run on one machine is on one "
+            "node, sharing host.cores_per_node cores"
           : "not measured (one process; run under mpirun -np 2 or more): the link is the triad "
             "bandwidth with no latency, a stand-in for shared-memory MPI");
   if (r->fits)
@@ -1394,6 +1491,7 @@ static cJSON *host_json(const struct prof_run *r) {
   if (r->comm_measured) {
     cJSON_AddNumberToObject(h, "wait_core_share", round_sig(r->wait_share, 3));
     cJSON_AddNumberToObject(h, "comm_test_us", round_sig(r->comm_test * 1e6, 3));
+    cJSON_AddNumberToObject(h, "wake_latency_us", round_sig(r->wake_latency * 1e6, 3));
   }
   return h;
 }
