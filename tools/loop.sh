@@ -38,9 +38,10 @@ mkdir -p "$OUT"
 fails=0
 log() { echo "loop: $*" >&2; }
 
-# 1. profiling: kernels at the shapes of both models, the network over 2 ranks
-log "profiling this machine (piper-prof, 2 ranks) -> $OUT/profile.json"
-if ! timeout 900 "${MPIRUN[@]}" -np 2 "$BIN/piper-prof" $PROF_ARGS \
+# 1. profiling: kernels at the shapes of both models; the network over 2 to 4 ranks (the most
+# the validation runs use) and the host's costs (cores, the executor's loop, a waiting rank)
+log "profiling this machine (piper-prof, 4 ranks) -> $OUT/profile.json"
+if ! timeout 900 "${MPIRUN[@]}" -np 4 "$BIN/piper-prof" $PROF_ARGS \
     --model models/tiny-dense.json,models/tiny-moe.json -o "$OUT/profile.json" 2> "$OUT/prof.log"; then
   cat "$OUT/prof.log" >&2
   echo "loop.sh: error: piper-prof failed" >&2
@@ -59,19 +60,28 @@ plans=(
   "4p-moe-1f1b 4 --model models/tiny-moe.json --directives directives/base-schedules/pp2_dp2_ep2.json --schedule 1f1b --mbs 4"
   "4p-moe-dualpipev 4 --model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v --schedule dualpipev --mbs 4"
 )
+# simulate every plan, then execute run 1 of every plan, run 2 of every plan, ...: a change of
+# the machine's load during the loop then falls on every plan alike, not on the last ones
+runnable=()
 for p in "${plans[@]}"; do
   read -r -a w <<< "$p"
-  name=${w[0]} np=${w[1]} args=("${w[@]:2}")
+  name=${w[0]} args=("${w[@]:2}")
   dir="$OUT/$name"
   mkdir -p "$dir"
-  log "$name: simulate, execute $RUNS x $STEPS steps on $np process(es), compare"
   if ! "$BIN/piper-sim" "${args[@]}" --profile "$OUT/profile.json" --out "$dir/sim" --no-charts \
       --quiet 2> "$dir/sim.log"; then
     log "$name: piper-sim failed: $(tail -1 "$dir/sim.log")"; fails=$((fails + 1)); continue
   fi
-  launch=()
-  [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np")
-  for r in $(seq 1 "$RUNS"); do
+  runnable+=("$p")
+done
+for r in $(seq 1 "$RUNS"); do
+  log "run $r of $RUNS: execute $STEPS steps of each plan, compare"
+  for p in "${runnable[@]}"; do
+    read -r -a w <<< "$p"
+    name=${w[0]} np=${w[1]} args=("${w[@]:2}")
+    dir="$OUT/$name"
+    launch=()
+    [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np")
     if ! timeout 600 "${launch[@]}" "$BIN/piper-exec" "${args[@]}" --iters "$STEPS" \
         --warmup "$WARMUP" --quiet --timeout 120 --out "$dir/exec$r" > "$dir/exec$r.log" 2>&1; then
       log "$name: piper-exec run $r failed: $(tail -2 "$dir/exec$r.log")"; fails=$((fails + 1)); continue
@@ -94,7 +104,7 @@ m = src["machine"]
 load_end = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
 print(f"fidelity loop, {src['date']}: {m['cpu']}, {m['cores']} cores, load {m['load_average_1min']} "
       f"when profiled and {load_end} at the end; {runs} run(s) x {steps} steps per plan; "
-      "errors are simulated / measured - 1")
+      "measured = median of the runs; errors are simulated / measured - 1")
 print()
 print("| plan | procs | measured ms | simulated ms | time error | run-to-run noise | memory error "
       "| bubble diff (pp) | per-kind error (node median B/A - 1) |")
@@ -110,7 +120,7 @@ for d in sorted(glob.glob(os.path.join(out, "*", ""))):
     g = [c["global"] for c in cmps]
     meas = [x["iteration_time_s"]["a"] for x in g]
     sim = g[0]["iteration_time_s"]["b"]
-    mean = statistics.mean(meas)
+    mean = statistics.median(meas)
     if len(meas) > 1:
         noise = f"{100 * (max(meas) - min(meas)) / mean:.1f}% (runs)"
     else:
