@@ -3,8 +3,9 @@
  * BI, BW and the fused B, through the host kernels the executor calls (exec/train.c), as the
  * median of repeats after warm-up; then AdamW at several sizes, the single-thread GEMM rate
  * and a triad bandwidth (the roofline the simulator falls back on for ops without an entry);
- * under mpirun with 2 or more ranks, point-to-point and each collective over a range of sizes,
- * fitted as latency + bytes / bandwidth by least squares. Progress goes to stderr. */
+ * the host's cores and the executor's own costs through the host backend; under mpirun with 2
+ * or more ranks, point-to-point and each collective over a range of sizes and group sizes,
+ * one fit per operation by least squares. Progress goes to stderr. */
 #include <cJSON.h>
 #include <math.h>
 #include <sched.h>
@@ -63,13 +64,16 @@ static const struct option_program program = {
         "usage: piper-prof --model FILE[,FILE] [--backend host] -o PROFILE [options]\n"
         "\n"
         "Measures this machine and writes a device profile for piper-sim --profile: the time\n"
-        "of every op kind at the shapes the models use, for F, BI, BW and B (medians after\n"
-        "warm-up), AdamW, the GEMM rate and memory bandwidth, and, run under mpirun with 2\n"
-        "or more ranks, point-to-point and collectives (latency and bandwidth fitted by least\n"
-        "squares). Set OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs.\n"
+        "of every op kind at the shapes the models use, for F, BI, BW and B, run in the\n"
+        "executor's order (medians after warm-up), AdamW, the GEMM rate and memory bandwidth,\n"
+        "the host's cores and the executor's own costs (per instruction, per test of posted\n"
+        "communication, a waiting rank beside a computing one), and, run under mpirun with 2\n"
+        "or more ranks, point-to-point and each collective over every group size up to the\n"
+        "ranks launched (latency and bandwidth fitted per operation by least squares). Set\n"
+        "OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs.\n"
         "\n"
-        "  OPENBLAS_NUM_THREADS=1 mpirun -np 2 piper-prof --model models/tiny-moe.json \\\n"
-        "    -o profiles/host-cpu.json\n"
+        "  OPENBLAS_NUM_THREADS=1 mpirun -np 4 piper-prof \\\n"
+        "    --model models/tiny-dense.json,models/tiny-moe.json -o profiles/host-cpu.json\n"
         "\n",
     .epilogue = "\nExit status: 0 success, 1 runtime failure, 2 bad input.\n",
     .options = options,
