@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fidelity loop (make loop): profile this machine with piper-prof, then for a fixed set of
-# validation plans simulate with that profile, execute several times, compare (piper-compare
+# validation plans simulate with those profiles, execute several times, compare (piper-compare
 # --json) and print one table. The profile comes from kernel and MPI micro-benchmarks only;
 # nothing in it is fitted on the runs it then predicts.
 #
@@ -38,15 +38,20 @@ mkdir -p "$OUT"
 fails=0
 log() { echo "loop: $*" >&2; }
 
-# 1. profiling: kernels at the shapes of both models; the network over 2 to 4 ranks (the most
-# the validation runs use) and the host's costs (cores, the executor's loop, a waiting rank)
-log "profiling this machine (piper-prof, 4 ranks) -> $OUT/profile.json"
-if ! timeout 900 "${MPIRUN[@]}" -np 4 "$BIN/piper-prof" $PROF_ARGS \
-    --model models/tiny-dense.json,models/tiny-moe.json -o "$OUT/profile.json" 2> "$OUT/prof.log"; then
-  cat "$OUT/prof.log" >&2
-  echo "loop.sh: error: piper-prof failed" >&2
-  exit 1
-fi
+# 1. profiling: kernels at the shapes of both models, the network and the host's costs, once
+# with 2 ranks and once with 4 (on 2 cores MPI then runs oversubscribed, yielding the core in
+# every idle test, and the executor's waits cost what they cost there): each validation plan is
+# simulated with the profile of its own number of ranks (1 process: the 2-rank one)
+for np in 2 4; do
+  log "profiling this machine (piper-prof, $np ranks) -> $OUT/profile-$np.json"
+  if ! timeout 900 "${MPIRUN[@]}" -np "$np" "$BIN/piper-prof" $PROF_ARGS \
+      --model models/tiny-dense.json,models/tiny-moe.json -o "$OUT/profile-$np.json" \
+      2> "$OUT/prof-$np.log"; then
+    cat "$OUT/prof-$np.log" >&2
+    echo "loop.sh: error: piper-prof failed" >&2
+    exit 1
+  fi
+done
 
 # 2. validation plans: NAME PROCESSES FRONT-END-ARGS
 echo '[{"op": "split", "filter": {}, "dim_name": "MB", "num_microbatches": 4}]' > "$OUT/split4.json"
@@ -65,10 +70,11 @@ plans=(
 runnable=()
 for p in "${plans[@]}"; do
   read -r -a w <<< "$p"
-  name=${w[0]} args=("${w[@]:2}")
+  name=${w[0]} np=${w[1]} args=("${w[@]:2}")
   dir="$OUT/$name"
   mkdir -p "$dir"
-  if ! "$BIN/piper-sim" "${args[@]}" --profile "$OUT/profile.json" --out "$dir/sim" --no-charts \
+  prof="$OUT/profile-$([ "$np" -gt 2 ] && echo 4 || echo 2).json"
+  if ! "$BIN/piper-sim" "${args[@]}" --profile "$prof" --out "$dir/sim" --no-charts \
       --quiet 2> "$dir/sim.log"; then
     log "$name: piper-sim failed: $(tail -1 "$dir/sim.log")"; fails=$((fails + 1)); continue
   fi
@@ -98,13 +104,21 @@ done
 python3 - "$OUT" "$RUNS" "$STEPS" <<'EOF' | tee "$OUT/table.md"
 import glob, json, os, statistics, sys
 out, runs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-prof = json.load(open(os.path.join(out, "profile.json")))
+prof = json.load(open(os.path.join(out, "profile-2.json")))
+prof4 = json.load(open(os.path.join(out, "profile-4.json")))
 src = prof["sources"]
 m = src["machine"]
 load_end = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
+h2, h4 = prof.get("host", {}), prof4.get("host", {})
 print(f"fidelity loop, {src['date']}: {m['cpu']}, {m['cores']} cores, load {m['load_average_1min']} "
-      f"when profiled and {load_end} at the end; {runs} run(s) x {steps} steps per plan; "
+      f"when profiled (2 ranks; {prof4['sources']['machine']['load_average_1min']} with 4) and "
+      f"{load_end} at the end; {runs} run(s) x {steps} steps per plan; "
       "measured = median of the runs; errors are simulated / measured - 1")
+print()
+for n, h in (("2", h2), ("4", h4)):
+    print(f"- host costs measured with {n} ranks: {h.get('instruction_overhead_us', '-')} us per "
+          f"instruction, test {h.get('comm_test_us', '-')} us, waiting rank "
+          f"{h.get('wait_core_share', '-')} of a core, wake-up {h.get('wake_latency_us', '-')} us")
 print()
 print("| plan | procs | measured ms | simulated ms | time error | run-to-run noise | memory error "
       "| bubble diff (pp) | per-kind error (node median B/A - 1) |")
@@ -142,4 +156,4 @@ if [ "$fails" -gt 0 ]; then
   echo "loop.sh: $fails step(s) failed (logs under $OUT)" >&2
   exit 1
 fi
-echo "loop: table in $OUT/table.md; profile $OUT/profile.json" >&2
+echo "loop: table in $OUT/table.md; profiles $OUT/profile-2.json, $OUT/profile-4.json" >&2

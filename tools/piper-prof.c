@@ -1156,19 +1156,25 @@ static double host_instruction_cost(struct exec_backend *b, uint32_t n, GError *
 }
 
 #ifdef HAVE_MPI
-/* Seconds per MPI_Test of a receive nothing matches yet (as the loop tests pending work). */
+/* Seconds per MPI_Test of a receive from another rank that nothing matches (as the loop
+ * tests posted work: the library polls its shared-memory queues), the median of 9 batches;
+ * the receive is cancelled after. The other ranks sleep meanwhile. */
 static double host_test_cost(uint32_t n) {
-  char byte = 0, in = 0;
+  char in = 0;
   MPI_Request req;
-  MPI_Irecv(&in, 1, MPI_CHAR, 0, 99, MPI_COMM_SELF, &req);
+  MPI_Irecv(&in, 1, MPI_CHAR, 1, 99, MPI_COMM_WORLD, &req);
   int flag = 0;
-  double t0 = piper_clock_seconds();
-  for (uint32_t i = 0; i < n; i++)
-    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-  double t = (piper_clock_seconds() - t0) / n;
-  MPI_Send(&byte, 1, MPI_CHAR, 0, 99, MPI_COMM_SELF);
+  double t[9];
+  for (int b = 0; b < 9; b++) {
+    double t0 = piper_clock_seconds();
+    for (uint32_t i = 0; i < n / 9 + 1; i++)
+      MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    t[b] = (piper_clock_seconds() - t0) / (n / 9 + 1);
+  }
+  MPI_Cancel(&req);
   MPI_Wait(&req, MPI_STATUS_IGNORE);
-  return t;
+  qsort(t, 9, sizeof *t, piper_cmp_double);
+  return t[4];
 }
 
 /* GEMMs of 64^3 per second over `window` seconds. */
@@ -1236,51 +1242,59 @@ static double computer_once(struct exec_backend *b, struct exec_comm *c, double 
   return rate;
 }
 
-enum { WAKE_REPS = 9 };
+enum { PAIR_ROUNDS = 7 };
 
-/* Both pinned to one core: rank 0 computes, rank 1 waits for it in the backend's loop. */
+/* Rank 1 sleeps in MPI (1 ms polls) until rank 0 says go. */
+static void pair_go(int rank) {
+  char go = 1;
+  if (rank == 0) {
+    MPI_Send(&go, 1, MPI_CHAR, 1, 96, MPI_COMM_WORLD);
+    return;
+  }
+  MPI_Request req;
+  MPI_Irecv(&go, 1, MPI_CHAR, 0, 96, MPI_COMM_WORLD, &req);
+  for (int flag = 0; !flag;) {
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (!flag)
+      g_usleep(1000);
+  }
+}
+
+static double median_of(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, piper_cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Both pinned to one core, in rounds (a change of the machine's load falls on both halves of a
+ * round): rank 0 computes alone while rank 1 sleeps, then computes while rank 1 waits for it in
+ * the backend's loop, sends, and computes on so that the core is busy when the waiter must
+ * wake. Medians over the rounds. */
 static bool host_wait_pair(struct prof_run *r, struct exec_backend *b, struct exec_comm *c,
                            double window, GError **err) {
   bool ok = true;
-  /* rank 1 sleeps in MPI (a 1 ms poll) while rank 0 computes alone */
-  char go = 1;
-  double alone = 0;
-  if (r->rank == 0) {
-    alone = compute_rate(window);
-    MPI_Send(&go, 1, MPI_CHAR, 1, 96, MPI_COMM_WORLD);
-  } else {
-    MPI_Request req;
-    MPI_Irecv(&go, 1, MPI_CHAR, 0, 96, MPI_COMM_WORLD, &req);
-    for (int flag = 0; !flag;) {
-      MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-      if (!flag)
-        g_usleep(1000);
-    }
-  }
-  double wake[WAKE_REPS];
-  for (int i = 0; i < WAKE_REPS + 1; i++) {
-    /* the first round measures the share over a long wait; the others the wake-up */
-    double w = i == 0 ? window : 0.005 + 0.002 * i, sent = 0, seen = 0;
+  double share[PAIR_ROUNDS], self[PAIR_ROUNDS], wake[PAIR_ROUNDS];
+  for (int i = 0; i < PAIR_ROUNDS; i++) {
+    double sent = 0, seen = 0;
     if (r->rank == 0) {
-      double shared = computer_once(b, c, w, &sent, &ok, err);
+      double alone = compute_rate(window);
+      pair_go(0);
+      double shared = computer_once(b, c, window, &sent, &ok, err);
       MPI_Recv(&seen, 1, MPI_DOUBLE, 1, 97, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      if (i == 0) {
-        r->wait_share = shared > 0 ? alone / shared - 1 : 0;
-        r->wait_share = r->wait_share < 0 ? 0 : r->wait_share > 1 ? 1 : r->wait_share;
-        MPI_Recv(&r->wait_self_share, 1, MPI_DOUBLE, 1, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      } else {
-        wake[i - 1] = seen - sent > 0 ? seen - sent : 0;
-      }
+      MPI_Recv(&self[i], 1, MPI_DOUBLE, 1, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      share[i] = shared > 0 ? alone / shared - 1 : 0;
+      wake[i] = seen - sent > 0 ? seen - sent : 0;
     } else if (r->rank == 1) {
-      double self = waiter_once(b, c, &seen, &ok, err);
+      pair_go(1);
+      double mine = waiter_once(b, c, &seen, &ok, err);
       MPI_Send(&seen, 1, MPI_DOUBLE, 0, 97, MPI_COMM_WORLD);
-      if (i == 0)
-        MPI_Send(&self, 1, MPI_DOUBLE, 0, 98, MPI_COMM_WORLD);
+      MPI_Send(&mine, 1, MPI_DOUBLE, 0, 98, MPI_COMM_WORLD);
     }
   }
   if (r->rank == 0) {
-    qsort(wake, WAKE_REPS, sizeof *wake, piper_cmp_double);
-    r->wake_latency = wake[WAKE_REPS / 2];
+    r->wait_share = median_of(share, PAIR_ROUNDS);
+    r->wait_share = r->wait_share < 0 ? 0 : r->wait_share > 1 ? 1 : r->wait_share;
+    r->wait_self_share = median_of(self, PAIR_ROUNDS);
+    r->wake_latency = median_of(wake, PAIR_ROUNDS);
   }
   return ok;
 }
@@ -1304,7 +1318,7 @@ static bool host_wait_share(struct prof_run *r, struct exec_backend *b, GError *
     sched_setaffinity(0, sizeof one, &one);
   }
   sleeping_barrier();
-  bool ok = r->rank > 1 || host_wait_pair(r, b, c, r->a->quick ? 0.05 : 0.2, err);
+  bool ok = r->rank > 1 || host_wait_pair(r, b, c, r->a->quick ? 0.02 : 0.05, err);
   if (r->rank <= 1)
     sched_setaffinity(0, sizeof old, &old);
   sleeping_barrier();
