@@ -10,6 +10,12 @@
  *
  * Devices are grouped in units that provably behave alike (same program class, same link spans,
  * partners in the same units: a colour refinement); one representative per unit is simulated.
+ *
+ * A profile with host facts (cores_per_node) makes the devices of a node processes sharing its
+ * cores: each device's compute then runs at profile_node_speed of the node's computing and
+ * waiting devices, recomputed whenever a device of the node starts or stops computing. Every
+ * device is then its own unit (whether a device computes depends on its node's others, which
+ * the colour refinement does not see).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -220,7 +226,7 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
         *k = key;
         g_hash_table_insert(cost_cache, k, pc);
       }
-      ci->work[i] = pc->seconds;
+      ci->work[i] = pc->seconds + prof->instruction_overhead;
       ci->mem_frac[i] = (float)pc->mem_fraction;
       ci->measured[i] = pc->measured_ops;
       ci->fallback[i] = pc->fallback_ops;
@@ -232,7 +238,7 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       if ((n->shard_optimizer || n->shard_grads || n->shard_params) && n->replica_degree > 1)
         params /= n->replica_degree;
       struct profile_cost pc = profile_optimizer_cost(prof, params);
-      ci->work[i] = pc.seconds;
+      ci->work[i] = pc.seconds + prof->instruction_overhead;
       ci->mem_frac[i] = (float)pc.mem_fraction;
     } else if (in->comm != IR_NONE &&
                !g_hash_table_contains(seen, GUINT_TO_POINTER(in->comm + 1))) {
@@ -561,6 +567,11 @@ struct sim {
   struct heap heap;
   uint64_t events;
   double t_first, t_last;
+  /* ranks sharing a node's cores (profile cores_per_node): units are devices here */
+  bool sharing;
+  uint32_t *unit_node;                  /* [n_units] */
+  uint32_t *node_first, *node_units;    /* units of node k: node_units[node_first[k] ..] */
+  uint32_t *node_running, *node_size;   /* [n_nodes] units computing; units */
 };
 
 /* Water-filling of the device's compute capacity among running kernels, each capped by its
@@ -571,6 +582,11 @@ static void unit_rates(struct sim *s, struct unit_rt *u, double *rates) {
   if (n == 0)
     return;
   double capacity = 1.0 - (u->comm_sm < 0.95 ? u->comm_sm : 0.95);
+  if (s->sharing) {
+    uint32_t node = s->unit_node[u - s->u];
+    double running = s->node_running[node];
+    capacity *= profile_node_speed(s->prof, running, s->node_size[node] - running);
+  }
   /* caps are few and small in number: order kernels by cap (selection by index) */
   uint32_t order[64];
   uint32_t m = n < 64 ? n : 64;
@@ -776,11 +792,24 @@ static void reschedule_parts(struct sim *s, const struct slot *sl, double t) {
   }
 }
 
+/* A waiting rank sees its communication end wake_latency late when every core of its node is
+ * taken by computing ranks (the state when the operation starts stands for its end). */
+static double wake_delay(const struct sim *s, const struct slot *sl) {
+  if (!s->sharing)
+    return 0;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    uint32_t node = s->unit_node[s->parts[2 * (sl->part_first + k)]];
+    if (s->node_running[node] >= s->prof->cores_per_node)
+      return s->prof->wake_latency;
+  }
+  return 0;
+}
+
 static void start_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
   settle_parts(s, sl, t);
   sl->running = true;
-  sl->lat_end = t + sl->latency;
+  sl->lat_end = t + sl->latency + wake_delay(s, sl);
   sl->remaining = sl->transfer;
   sl->last = t;
   sl->rate = 0;
@@ -851,6 +880,23 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
     try_advance(s, &s->u[s->parts[2 * (sl->part_first + k)]], t);
 }
 
+/* Unit u starts (+1) or stops (-1) computing at t: the node's other computing units are
+ * brought up to t at their old speed and go on at the new one (u itself is settled and
+ * rescheduled by its caller). */
+static void node_reshare(struct sim *s, struct unit_rt *u, int delta, double t) {
+  if (!s->sharing)
+    return;
+  uint32_t node = s->unit_node[u - s->u];
+  s->node_running[node] = (uint32_t)((int)s->node_running[node] + delta);
+  for (uint32_t k = s->node_first[node]; k < s->node_first[node + 1]; k++) {
+    struct unit_rt *v = &s->u[s->node_units[k]];
+    if (v == u || v->n_kernels == 0)
+      continue;
+    unit_settle(v, t);
+    unit_reschedule(s, v, t);
+  }
+}
+
 static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
@@ -871,6 +917,8 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   u->start[i] = t;
   if (t < s->t_first)
     s->t_first = t;
+  if (u->n_kernels == 1)
+    node_reshare(s, u, +1, t);
   unit_reschedule(s, u, t);
 }
 
@@ -945,6 +993,8 @@ static void end_kernel(struct sim *s, struct unit_rt *u, uint32_t j, double t) {
   unit_settle(u, t);
   u->kernels[j] = u->kernels[--u->n_kernels];
   finish_instr(s, u, instr, t);
+  if (u->n_kernels == 0)
+    node_reshare(s, u, -1, t);
   unit_reschedule(s, u, t);
   try_advance(s, u, t);
 }
@@ -1051,6 +1101,7 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
     sl.transfer = cc.transfer * count;
     sl.inter = cc.inter_node;
   }
+  sl.latency += s->prof->instruction_overhead; /* posting it is the rank's work */
   double share = s->p->streams[in->stream].sm_share;
   sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
   g_array_append_val(b->slots, sl);
@@ -1210,7 +1261,7 @@ static void sim_classes(struct sim *s) {
 static void sim_units(struct sim *s, struct sim_result *res) {
   const struct plan *p = s->p;
   uint32_t n_col;
-  uint32_t *col = refine_colours(p, s->prof, s->ci, s->o->collapse, &n_col);
+  uint32_t *col = refine_colours(p, s->prof, s->ci, s->o->collapse && !s->sharing, &n_col);
   uint32_t *col_unit = g_new(uint32_t, n_col + 1);
   for (uint32_t k = 0; k < n_col; k++)
     col_unit[k] = IR_NONE;
@@ -1302,6 +1353,31 @@ static void sim_timelines_choose(struct sim *s) {
     struct unit_rt *u = &s->u[k];
     u->keep_tl = !o->no_memory_timeline && (all || u->rep == p->classes[u->cls].devices[0]);
   }
+}
+
+/* Units by node, for ranks sharing a node's cores (units are devices then). */
+static void sim_nodes(struct sim *s, const struct sim_result *res) {
+  if (!s->sharing)
+    return;
+  uint32_t gpn = s->prof->gpus_per_node ? s->prof->gpus_per_node : 1;
+  uint32_t nn = (s->p->n_devices + gpn - 1) / gpn;
+  s->unit_node = g_new(uint32_t, s->n_units + 1);
+  s->node_first = g_new0(uint32_t, nn + 2);
+  s->node_units = g_new(uint32_t, s->n_units + 1);
+  s->node_running = g_new0(uint32_t, nn + 1);
+  s->node_size = g_new0(uint32_t, nn + 1);
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    s->unit_node[k] = res->units[k].members[0] / gpn;
+    s->node_size[s->unit_node[k]]++;
+  }
+  for (uint32_t n = 0; n < nn; n++)
+    s->node_first[n + 1] = s->node_first[n] + s->node_size[n];
+  uint32_t *fill = g_new0(uint32_t, nn + 1);
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    uint32_t n = s->unit_node[k];
+    s->node_units[s->node_first[n] + fill[n]++] = k;
+  }
+  g_free(fill);
 }
 
 /* Every unit's state; instruction ids (base + instr) must fit in 32 bits. */
@@ -1451,6 +1527,11 @@ static void sim_free(struct sim *s) {
   g_free(s->slot_mark);
   g_free(s->parts);
   g_free(s->heap.a);
+  g_free(s->unit_node);
+  g_free(s->node_first);
+  g_free(s->node_units);
+  g_free(s->node_running);
+  g_free(s->node_size);
   for (uint32_t c = 0; c < s->p->n_classes; c++)
     class_info_free(&s->ci[c]);
   g_free(s->ci);
@@ -1462,10 +1543,16 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
   if (!o)
     o = &defaults;
   double w0 = piper_clock_seconds();
-  struct sim s = {.p = p, .prof = prof, .o = o, .t_first = INFINITY, .t_last = -INFINITY};
+  struct sim s = {.p = p,
+                  .prof = prof,
+                  .o = o,
+                  .t_first = INFINITY,
+                  .t_last = -INFINITY,
+                  .sharing = prof->cores_per_node > 0};
   struct sim_result *res = g_new0(struct sim_result, 1);
   sim_classes(&s);
   sim_units(&s, res);
+  sim_nodes(&s, res);
   bool ok = sim_units_init(&s, res, err) && build_slots(&s, err);
   if (ok) {
     res->seconds_setup = piper_clock_seconds() - w0;

@@ -153,11 +153,30 @@ static const struct profile_key synthetic_keys[] = {
     KEY("optimizer_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_optimizer),
     KEY("comm_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_comm),
 };
+static const struct profile_key host_keys[] = {
+    KEY("cores_per_node", U32, REQUIRED, 1, 1 << 20, 1, cores_per_node),
+    KEY("instruction_overhead_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, instruction_overhead),
+    KEY("wait_core_share", DOUBLE, OPTIONAL, 0, 1, 1, wait_core_share),
+    KEY("comm_test_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, comm_test),
+    KEY("wake_latency_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, wake_latency),
+};
 #undef KEY
+#define FIT_KEY(name, lo, hi, scale, field)                                                       \
+  { name, PROFILE_KEY_DOUBLE, PROFILE_KEY_REQUIRED, lo, hi, scale, offsetof(struct profile_fit, field) }
+static const struct profile_key fit_keys[] = {
+    FIT_KEY("latency_us", 0, 1e9, 1e-6, latency),
+    FIT_KEY("bandwidth_gbs", 1e-9, 1e9, 1e9, bandwidth),
+};
+#undef FIT_KEY
+
+const char *const profile_collective_names[PROFILE_COLL_COUNT] = {
+    "p2p", "all_reduce", "reduce_scatter", "all_gather", "all_to_all"};
+const char *const profile_link_names[PROFILE_LINK_COUNT] = {"intra_node", "inter_node"};
 
 /* Sets the fields of rows[0 .. n) from obj. */
-static bool read_keys(struct profile *p, const cJSON *obj, const struct profile_key *rows, size_t n,
-                      const char *ctx, GError **err) {
+static bool read_keys_into(struct profile *p, void *base, const cJSON *obj,
+                           const struct profile_key *rows, size_t n, const char *ctx,
+                           GError **err) {
   for (size_t i = 0; i < n; i++) {
     const struct profile_key *k = &rows[i];
     bool required =
@@ -165,7 +184,7 @@ static bool read_keys(struct profile *p, const cJSON *obj, const struct profile_
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, k->name);
     if (!v && !required)
       continue; /* keeps the default */
-    char *field = (char *)p + k->offset;
+    char *field = (char *)base + k->offset;
     double x;
     uint32_t u;
     switch (k->type) {
@@ -187,6 +206,11 @@ static bool read_keys(struct profile *p, const cJSON *obj, const struct profile_
     }
   }
   return true;
+}
+
+static bool read_keys(struct profile *p, const cJSON *obj, const struct profile_key *rows, size_t n,
+                      const char *ctx, GError **err) {
+  return read_keys_into(p, p, obj, rows, n, ctx, err);
 }
 
 /* json_check_keys with the allowed names taken from the table, plus extra (NULL or one name). */
@@ -212,8 +236,9 @@ static bool read_section(struct profile *p, const cJSON *obj, const struct profi
 static bool read_identity(struct profile *p, const char *name, const cJSON *root, GError **err) {
   if (!cJSON_IsObject(root))
     return piper_input_error(err, "%s: a profile must be a JSON object", name);
-  static const char *const top[] = {"name",    "kind",       "description", "sources",   "device",
-                                    "network", "contention", "measured",    "synthetic", NULL};
+  static const char *const top[] = {"name",     "kind",      "description", "sources",
+                                    "device",   "network",   "contention",  "measured",
+                                    "synthetic", "host",     "collectives", NULL};
   if (!json_check_keys(root, top, name, err))
     return false;
   const char *s = NULL;
@@ -282,6 +307,56 @@ static bool read_network(struct profile *p, const char *name, const cJSON *net, 
       err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto", ctx, algo);
 }
 
+/* "collectives": {LINK: {OP: {latency_us, bandwidth_gbs}}}, every level optional. */
+static bool read_collectives(struct profile *p, const char *name, const cJSON *col, GError **err) {
+  char ctx[300];
+  snprintf(ctx, sizeof ctx, "%s: collectives", name);
+  const char *links[PROFILE_LINK_COUNT + 1] = {0};
+  memcpy(links, profile_link_names, sizeof profile_link_names);
+  if (!json_check_keys(col, links, ctx, err))
+    return false;
+  for (int l = 0; l < PROFILE_LINK_COUNT; l++) {
+    const cJSON *lk;
+    if (!json_get_object(col, profile_link_names[l], false, &lk, ctx, err))
+      return false;
+    if (!lk)
+      continue;
+    char c2[340];
+    snprintf(c2, sizeof c2, "%s.%s", ctx, profile_link_names[l]);
+    const char *ops[PROFILE_COLL_COUNT + 1] = {0};
+    memcpy(ops, profile_collective_names, sizeof profile_collective_names);
+    if (!json_check_keys(lk, ops, c2, err))
+      return false;
+    for (int k = 0; k < PROFILE_COLL_COUNT; k++) {
+      const cJSON *op;
+      if (!json_get_object(lk, profile_collective_names[k], false, &op, c2, err))
+        return false;
+      if (!op)
+        continue;
+      char c3[380];
+      snprintf(c3, sizeof c3, "%s.%s", c2, profile_collective_names[k]);
+      if (!json_check_keys(op, (const char *const[]){"latency_us", "bandwidth_gbs", NULL}, c3,
+                           err) ||
+          !read_keys_into(p, &p->fits[l][k], op, fit_keys, G_N_ELEMENTS(fit_keys), c3, err))
+        return false;
+    }
+  }
+  return true;
+}
+
+/* The optional sections of a measured machine: host facts and per-operation fits. */
+static bool read_machine(struct profile *p, const char *name, const cJSON *root, GError **err) {
+  const cJSON *host, *col;
+  char ctx[300];
+  if (!json_get_object(root, "host", false, &host, name, err) ||
+      !json_get_object(root, "collectives", false, &col, name, err))
+    return false;
+  snprintf(ctx, sizeof ctx, "%s: host", name);
+  if (host && !read_section(p, host, host_keys, G_N_ELEMENTS(host_keys), ctx, err))
+    return false;
+  return !col || read_collectives(p, name, col, err);
+}
+
 /* The sections by kind: a device profile needs device and network, a synthetic one synthetic;
  * contention and measured are optional. */
 static bool read_sections(struct profile *p, const char *name, const cJSON *root, GError **err) {
@@ -324,7 +399,8 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   p->gpus_per_node = 8;
   p->nics_per_node = 8;
   p->algo = PROFILE_ALGO_RING;
-  if (!read_identity(p, name, root, err) || !read_sections(p, name, root, err)) {
+  if (!read_identity(p, name, root, err) || !read_sections(p, name, root, err) ||
+      !read_machine(p, name, root, err)) {
     profile_free(p);
     return NULL;
   }
@@ -519,6 +595,10 @@ struct profile_cost profile_optimizer_cost(const struct profile *p, double param
 
 /* ---- network ------------------------------------------------------------------------------ */
 
+static bool kind_is_comm_op(enum ir_node_kind k) {
+  return profile_collective_of(k) != PROFILE_COLL_COUNT;
+}
+
 struct profile_span profile_span_of(const struct profile *pr, const uint32_t *devices, uint32_t n) {
   struct profile_span s = {.p = n, .n_nodes = 0, .min_per_node = 0};
   if (n == 0)
@@ -580,6 +660,13 @@ struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node
   double pr = span->p;
   profile_link(p, span, &B, &a);
   c.inter_node = span->n_nodes > 1;
+  enum profile_collective op = profile_collective_of(kind);
+  const struct profile_fit *fit =
+      op < PROFILE_COLL_COUNT ? &p->fits[c.inter_node ? PROFILE_LINK_INTER : PROFILE_LINK_INTRA][op]
+                              : NULL;
+  bool fitted = fit && fit->bandwidth > 0;
+  if (fitted) /* measured for this operation: its own terms, under the ring formulas below */
+    a = fit->latency, B = fit->bandwidth;
   if (B <= 0)
     B = 1;
   switch (kind) {
@@ -596,8 +683,8 @@ struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node
     /* double binary tree (NCCL): log2(p) hops up and down, pipelined, every byte crosses
      * each device's link twice */
     double tree_l = 2 * ceil(log2(pr)) * a, tree_t = 2 * n / B;
-    bool tree = p->algo == PROFILE_ALGO_TREE ||
-                (p->algo == PROFILE_ALGO_AUTO && tree_l + tree_t < ring_l + ring_t);
+    bool tree = !fitted && (p->algo == PROFILE_ALGO_TREE ||
+                            (p->algo == PROFILE_ALGO_AUTO && tree_l + tree_t < ring_l + ring_t));
     c.latency = tree ? tree_l : ring_l;
     c.transfer = tree ? tree_t : ring_t;
     break;
@@ -614,5 +701,33 @@ struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node
     break;
   default: break;
   }
+  /* the executor sees an operation end at a test of it */
+  if (kind_is_comm_op(kind) && (span->p > 1 || kind == IR_NODE_SEND || kind == IR_NODE_RECV))
+    c.latency += p->comm_test;
   return c;
+}
+
+enum profile_collective profile_collective_of(enum ir_node_kind kind) {
+  switch (kind) {
+  case IR_NODE_SEND:
+  case IR_NODE_RECV: return PROFILE_COLL_P2P;
+  case IR_NODE_ALL_REDUCE: return PROFILE_COLL_ALL_REDUCE;
+  case IR_NODE_REDUCE_SCATTER: return PROFILE_COLL_REDUCE_SCATTER;
+  case IR_NODE_ALL_GATHER: return PROFILE_COLL_ALL_GATHER;
+  case IR_NODE_ALL_TO_ALL: return PROFILE_COLL_ALL_TO_ALL;
+  default: return PROFILE_COLL_COUNT;
+  }
+}
+
+/* ---- ranks sharing a node's cores --------------------------------------------------------- */
+
+/* Processor sharing as the kernel's scheduler does it: a computing rank asks for a whole core,
+ * a polling one for wait_core_share of one; when the node's cores cannot meet the demand, each
+ * gets its demand scaled down alike. */
+double profile_node_speed(const struct profile *p, double running, double waiting) {
+  if (p->cores_per_node == 0 || running <= 0)
+    return 1;
+  double demand = running + waiting * p->wait_core_share;
+  double cores = (double)p->cores_per_node;
+  return demand <= cores ? 1 : cores / demand;
 }

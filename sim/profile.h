@@ -32,6 +32,28 @@
 
 enum profile_collective_algo { PROFILE_ALGO_RING, PROFILE_ALGO_TREE, PROFILE_ALGO_AUTO };
 
+/* The operations a profile may fit one by one ("collectives" section), and the link kinds a
+ * fit is for: inside one node (shared memory, NVLink) or across nodes. */
+enum profile_collective {
+  PROFILE_COLL_P2P,
+  PROFILE_COLL_ALL_REDUCE,
+  PROFILE_COLL_REDUCE_SCATTER,
+  PROFILE_COLL_ALL_GATHER,
+  PROFILE_COLL_ALL_TO_ALL,
+  PROFILE_COLL_COUNT
+};
+enum profile_link_kind { PROFILE_LINK_INTRA, PROFILE_LINK_INTER, PROFILE_LINK_COUNT };
+extern const char *const profile_collective_names[PROFILE_COLL_COUNT]; /* "p2p", "all_reduce".. */
+extern const char *const profile_link_names[PROFILE_LINK_COUNT]; /* "intra_node", "inter_node" */
+
+/* A measured operation's link terms under the simulator's formula for it (profile_comm_cost:
+ * a p2p transfer is a + n / B, a ring all-reduce 2 (p-1) a + 2 (p-1)/p n / B, the others
+ * (p-1) a + (p-1)/p n / B), fitted over sizes and group sizes. bandwidth 0: not measured. */
+struct profile_fit {
+  double latency;   /* a, seconds */
+  double bandwidth; /* B, bytes/s, achieved (no efficiency factor applies) */
+};
+
 /* One measured kernel time: op kind + pass + shape (the model_op shape fields) -> seconds. */
 struct profile_entry {
   enum model_op_kind kind;
@@ -65,6 +87,21 @@ struct profile {
   double nic_bandwidth, inter_latency;   /* per NIC, one direction */
   double network_efficiency;             /* bus bandwidth achieved / link bandwidth */
   enum profile_collective_algo algo;
+
+  /* per-operation fits: where one is present it replaces the link terms above for that
+   * operation and link kind */
+  struct profile_fit fits[PROFILE_LINK_COUNT][PROFILE_COLL_COUNT];
+
+  /* host: the devices of a node (network.gpus_per_node of them, device d on node
+   * d / gpus_per_node) are processes sharing cores_per_node cores; 0 (no "host" section):
+   * every device has a processor of its own. instruction_overhead is the executor's own
+   * work per instruction (on the rank's core), wait_core_share the part of a core a rank
+   * waiting for communication takes by polling, comm_test the cost of one test of posted
+   * communication (added to every communication's latency: the test that sees it end), and
+   * wake_latency how late a waiting rank sees its communication end when every core of its
+   * node is computing (the scheduler must first take a core from a computing rank). */
+  uint32_t cores_per_node;
+  double instruction_overhead, wait_core_share, comm_test, wake_latency;
 
   /* measured table, sorted by (kind, pass, shape) */
   uint32_t n_entries;
@@ -120,6 +157,13 @@ struct profile_comm_cost {
  * the full buffer on one device) or ALL_TO_ALL (bytes = what one device sends in all). */
 struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node_kind kind,
                                            uint64_t bytes, const struct profile_span *span);
+/* The collective of a communication node kind (SEND and RECV: P2P), or PROFILE_COLL_COUNT. */
+enum profile_collective profile_collective_of(enum ir_node_kind kind);
+
+/* Processor sharing among the ranks of one node: the speed (0, 1] at which each of `running`
+ * computing ranks runs when `waiting` more ranks poll for communication, on cores_per_node
+ * cores. 1 when the profile has no cores_per_node. */
+double profile_node_speed(const struct profile *p, double running, double waiting);
 /* Effective bandwidth (bytes/s) and latency of a span: NVLink inside a node; across nodes the
  * share of the node's NICs held by the members on it. */
 void profile_link(const struct profile *p, const struct profile_span *span, double *bandwidth,

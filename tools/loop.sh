@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fidelity loop (make loop): profile this machine with piper-prof, then for a fixed set of
-# validation plans simulate with that profile, execute several times, compare (piper-compare
+# validation plans simulate with those profiles, execute several times, compare (piper-compare
 # --json) and print one table. The profile comes from kernel and MPI micro-benchmarks only;
 # nothing in it is fitted on the runs it then predicts.
 #
@@ -38,14 +38,20 @@ mkdir -p "$OUT"
 fails=0
 log() { echo "loop: $*" >&2; }
 
-# 1. profiling: kernels at the shapes of both models, the network over 2 ranks
-log "profiling this machine (piper-prof, 2 ranks) -> $OUT/profile.json"
-if ! timeout 900 "${MPIRUN[@]}" -np 2 "$BIN/piper-prof" $PROF_ARGS \
-    --model models/tiny-dense.json,models/tiny-moe.json -o "$OUT/profile.json" 2> "$OUT/prof.log"; then
-  cat "$OUT/prof.log" >&2
-  echo "loop.sh: error: piper-prof failed" >&2
-  exit 1
-fi
+# 1. profiling: kernels at the shapes of both models, the network and the host's costs, once
+# with 2 ranks and once with 4 (on 2 cores MPI then runs oversubscribed, yielding the core in
+# every idle test, and the executor's waits cost what they cost there): each validation plan is
+# simulated with the profile of its own number of ranks (1 process: the 2-rank one)
+for np in 2 4; do
+  log "profiling this machine (piper-prof, $np ranks) -> $OUT/profile-$np.json"
+  if ! timeout 900 "${MPIRUN[@]}" -np "$np" "$BIN/piper-prof" $PROF_ARGS \
+      --model models/tiny-dense.json,models/tiny-moe.json -o "$OUT/profile-$np.json" \
+      2> "$OUT/prof-$np.log"; then
+    cat "$OUT/prof-$np.log" >&2
+    echo "loop.sh: error: piper-prof failed" >&2
+    exit 1
+  fi
+done
 
 # 2. validation plans: NAME PROCESSES FRONT-END-ARGS
 echo '[{"op": "split", "filter": {}, "dim_name": "MB", "num_microbatches": 4}]' > "$OUT/split4.json"
@@ -59,19 +65,29 @@ plans=(
   "4p-moe-1f1b 4 --model models/tiny-moe.json --directives directives/base-schedules/pp2_dp2_ep2.json --schedule 1f1b --mbs 4"
   "4p-moe-dualpipev 4 --model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v --schedule dualpipev --mbs 4"
 )
+# simulate every plan, then execute run 1 of every plan, run 2 of every plan, ...: a change of
+# the machine's load during the loop then falls on every plan alike, not on the last ones
+runnable=()
 for p in "${plans[@]}"; do
   read -r -a w <<< "$p"
   name=${w[0]} np=${w[1]} args=("${w[@]:2}")
   dir="$OUT/$name"
   mkdir -p "$dir"
-  log "$name: simulate, execute $RUNS x $STEPS steps on $np process(es), compare"
-  if ! "$BIN/piper-sim" "${args[@]}" --profile "$OUT/profile.json" --out "$dir/sim" --no-charts \
+  prof="$OUT/profile-$([ "$np" -gt 2 ] && echo 4 || echo 2).json"
+  if ! "$BIN/piper-sim" "${args[@]}" --profile "$prof" --out "$dir/sim" --no-charts \
       --quiet 2> "$dir/sim.log"; then
     log "$name: piper-sim failed: $(tail -1 "$dir/sim.log")"; fails=$((fails + 1)); continue
   fi
-  launch=()
-  [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np")
-  for r in $(seq 1 "$RUNS"); do
+  runnable+=("$p")
+done
+for r in $(seq 1 "$RUNS"); do
+  log "run $r of $RUNS: execute $STEPS steps of each plan, compare"
+  for p in "${runnable[@]}"; do
+    read -r -a w <<< "$p"
+    name=${w[0]} np=${w[1]} args=("${w[@]:2}")
+    dir="$OUT/$name"
+    launch=()
+    [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np")
     if ! timeout 600 "${launch[@]}" "$BIN/piper-exec" "${args[@]}" --iters "$STEPS" \
         --warmup "$WARMUP" --quiet --timeout 120 --out "$dir/exec$r" > "$dir/exec$r.log" 2>&1; then
       log "$name: piper-exec run $r failed: $(tail -2 "$dir/exec$r.log")"; fails=$((fails + 1)); continue
@@ -88,13 +104,21 @@ done
 python3 - "$OUT" "$RUNS" "$STEPS" <<'EOF' | tee "$OUT/table.md"
 import glob, json, os, statistics, sys
 out, runs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-prof = json.load(open(os.path.join(out, "profile.json")))
+prof = json.load(open(os.path.join(out, "profile-2.json")))
+prof4 = json.load(open(os.path.join(out, "profile-4.json")))
 src = prof["sources"]
 m = src["machine"]
 load_end = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
+h2, h4 = prof.get("host", {}), prof4.get("host", {})
 print(f"fidelity loop, {src['date']}: {m['cpu']}, {m['cores']} cores, load {m['load_average_1min']} "
-      f"when profiled and {load_end} at the end; {runs} run(s) x {steps} steps per plan; "
-      "errors are simulated / measured - 1")
+      f"when profiled (2 ranks; {prof4['sources']['machine']['load_average_1min']} with 4) and "
+      f"{load_end} at the end; {runs} run(s) x {steps} steps per plan; "
+      "measured = the median step over all runs; errors are simulated / measured - 1")
+print()
+for n, h in (("2", h2), ("4", h4)):
+    print(f"- host costs measured with {n} ranks: {h.get('instruction_overhead_us', '-')} us per "
+          f"instruction, test {h.get('comm_test_us', '-')} us, waiting rank "
+          f"{h.get('wait_core_share', '-')} of a core, wake-up {h.get('wake_latency_us', '-')} us")
 print()
 print("| plan | procs | measured ms | simulated ms | time error | run-to-run noise | memory error "
       "| bubble diff (pp) | per-kind error (node median B/A - 1) |")
@@ -108,13 +132,24 @@ for d in sorted(glob.glob(os.path.join(out, "*", ""))):
         print(f"| {name} | - | - | - | no run | - | - | - | - |")
         continue
     g = [c["global"] for c in cmps]
-    meas = [x["iteration_time_s"]["a"] for x in g]
+    # measured: the median step over every run (a step slowed by another job on the machine
+    # moves a mean, not a median); noise: the spread of the runs' median steps
+    runs_steps = []
+    for f in sorted(glob.glob(os.path.join(d, "exec*", "metrics.json"))):
+        t = json.load(open(f)).get("iteration_times_s") or []
+        if t:
+            runs_steps.append(t)
+    if not runs_steps:
+        runs_steps = [[x["iteration_time_s"]["a"]] for x in g]
     sim = g[0]["iteration_time_s"]["b"]
-    mean = statistics.mean(meas)
-    if len(meas) > 1:
-        noise = f"{100 * (max(meas) - min(meas)) / mean:.1f}% (runs)"
+    mean = statistics.median([t for r in runs_steps for t in r])
+    if len(runs_steps) > 1:
+        meds = [statistics.median(r) for r in runs_steps]
+        noise = f"{100 * (max(meds) - min(meds)) / mean:.1f}% (runs)"
     else:
-        noise = f"{100 * g[0]['iteration_time_std_s']['a'] / mean:.1f}% (steps)"
+        q = sorted(runs_steps[0])
+        lo, hi = q[len(q) // 10], q[(len(q) * 9) // 10]
+        noise = f"{100 * (hi - lo) / mean:.1f}% (steps p10-p90)"
     mem = statistics.mean(x["peak_memory_bytes_max"]["b"] / x["peak_memory_bytes_max"]["a"] - 1 for x in g)
     bub = statistics.mean(x["bubble_fraction_mean"]["b"] - x["bubble_fraction_mean"]["a"] for x in g)
     kinds = {}
@@ -147,4 +182,4 @@ if [ "$fails" -gt 0 ]; then
   echo "loop.sh: $fails step(s) failed (logs under $OUT)" >&2
   exit 1
 fi
-echo "loop: table in $OUT/table.md; profile $OUT/profile.json" >&2
+echo "loop: table in $OUT/table.md; profiles $OUT/profile-2.json, $OUT/profile-4.json" >&2

@@ -3,10 +3,12 @@
  * BI, BW and the fused B, through the host kernels the executor calls (exec/train.c), as the
  * median of repeats after warm-up; then AdamW at several sizes, the single-thread GEMM rate
  * and a triad bandwidth (the roofline the simulator falls back on for ops without an entry);
- * under mpirun with 2 or more ranks, point-to-point and each collective over a range of sizes,
- * fitted as latency + bytes / bandwidth by least squares. Progress goes to stderr. */
+ * the host's cores and the executor's own costs through the host backend; under mpirun with 2
+ * or more ranks, point-to-point and each collective over a range of sizes and group sizes,
+ * one fit per operation by least squares. Progress goes to stderr. */
 #include <cJSON.h>
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 
 #include "../base/base.h"
 #include "../base/version.h"
+#include "../exec/exec.h"
 #include "../ir/ir.h"
 #include "../kernels/kernels.h"
 #include "../models/model.h"
@@ -61,13 +64,16 @@ static const struct option_program program = {
         "usage: piper-prof --model FILE[,FILE] [--backend host] -o PROFILE [options]\n"
         "\n"
         "Measures this machine and writes a device profile for piper-sim --profile: the time\n"
-        "of every op kind at the shapes the models use, for F, BI, BW and B (medians after\n"
-        "warm-up), AdamW, the GEMM rate and memory bandwidth, and, run under mpirun with 2\n"
-        "or more ranks, point-to-point and collectives (latency and bandwidth fitted by least\n"
-        "squares). Set OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs.\n"
+        "of every op kind at the shapes the models use, for F, BI, BW and B, run in the\n"
+        "executor's order (medians after warm-up), AdamW, the GEMM rate and memory bandwidth,\n"
+        "the host's cores and the executor's own costs (per instruction, per test of posted\n"
+        "communication, a waiting rank beside a computing one), and, run under mpirun with 2\n"
+        "or more ranks, point-to-point and each collective over every group size up to the\n"
+        "ranks launched (latency and bandwidth fitted per operation by least squares). Set\n"
+        "OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs.\n"
         "\n"
-        "  OPENBLAS_NUM_THREADS=1 mpirun -np 2 piper-prof --model models/tiny-moe.json \\\n"
-        "    -o profiles/host-cpu.json\n"
+        "  OPENBLAS_NUM_THREADS=1 mpirun -np 4 piper-prof \\\n"
+        "    --model models/tiny-dense.json,models/tiny-moe.json -o profiles/host-cpu.json\n"
         "\n",
     .epilogue = "\nExit status: 0 success, 1 runtime failure, 2 bad input.\n",
     .options = options,
@@ -83,9 +89,17 @@ struct prof_run {
   uint32_t n_entries, n_skipped;
   double gemm_flops, triad_bytes; /* per second */
   double adamw_overhead, adamw_per_param;
-  cJSON *fits; /* per collective: latency_us, bandwidth_gbs, points */
+  GArray *opt_params, *opt_seconds; /* AdamW per segment in the executor's order (chains) */
+  bool optimizer_from_chain;
+  cJSON *fits;     /* sources: per operation, its measured points */
+  cJSON *fit_json; /* the profile's "collectives" section (intra_node) */
   double p2p_latency, p2p_bandwidth, ar_bandwidth;
   bool network_measured;
+  /* the host: cores of this node, the executor's own costs (host_measure) */
+  uint32_t cores;
+  double instruction_overhead, comm_test, wait_share, wait_self_share, wake_latency;
+  bool comm_measured; /* comm_test and wait_share: 2 ranks or more */
+  bool failed;        /* a measurement failed: err says which */
 };
 
 static void progress(const struct prof_run *r, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
@@ -100,15 +114,28 @@ static void progress(const struct prof_run *r, const char *fmt, ...) {
   va_end(ap);
 }
 
+static double physical_memory_bytes(void) {
+  return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+}
+
+static double round_sig(double x, int digits) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%.*g", digits, x);
+  return strtod(buf, NULL);
+}
+
 /* ---- timing ------------------------------------------------------------------------------- */
 
 typedef void (*bench_fn)(void *ctx);
 
 /* Median seconds of one call of fn: warm-up calls first (scratch grows, caches fill), then at
  * least `repeats` timed calls, more for short kernels (up to about 50 ms of timing in all). */
-static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) {
+static double median_seconds_after(const struct prof_args *a, bench_fn fn, void *ctx,
+                                   bench_fn before) {
   for (uint32_t i = 0; i < a->warmup; i++)
     fn(ctx);
+  if (before)
+    before(NULL);
   double t0 = piper_clock_seconds();
   fn(ctx);
   double first = piper_clock_seconds() - t0;
@@ -118,6 +145,8 @@ static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) 
     n = want / first > 500 ? 500 : (uint32_t)(want / first);
   double *t = g_new(double, n);
   for (uint32_t i = 0; i < n; i++) {
+    if (before)
+      before(NULL);
     double s = piper_clock_seconds();
     fn(ctx);
     t[i] = piper_clock_seconds() - s;
@@ -126,6 +155,26 @@ static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) 
   double med = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
   g_free(t);
   return med;
+}
+
+static double median_seconds(const struct prof_args *a, bench_fn fn, void *ctx) {
+  return median_seconds_after(a, fn, ctx, NULL);
+}
+
+/* Writes a buffer twice the last-level cache (at least 16 MiB): what runs next finds its
+ * operands in memory, as the optimizer does after a whole step of other work. */
+static void evict_caches(void *unused) {
+  (void)unused;
+  static char *buf;
+  static size_t n;
+  if (!buf) {
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    n = llc > 0 ? 2 * (size_t)llc : 0;
+    n = n < ((size_t)16 << 20) ? (size_t)16 << 20 : n > ((size_t)256 << 20) ? (size_t)256 << 20 : n;
+    buf = g_malloc(n);
+  }
+  for (size_t i = 0; i < n; i += 64)
+    buf[i] = (char)(buf[i] + 1);
 }
 
 static float *random_floats(size_t n, uint32_t seed, float scale) {
@@ -465,6 +514,16 @@ static double op_bench_bytes(const struct model *m, const struct model_op *op) {
           (double)z.bwork + 4.0 * (double)z.rows + (double)z.scratch + 6.0 * TK + (double)b.T);
 }
 
+static void progress_op(const struct prof_run *r, const struct model_op *op, const double *t) {
+  GString *shape = g_string_new("");
+  for (int i = 0; i < shape_rank(op); i++)
+    g_string_append_printf(shape, "%s%lld", i ? "x" : "", (long long)op->shape[i]);
+  progress(r, "  %-13s %-18s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us",
+           model_op_kind_name(op->kind), shape->str, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6,
+           t[3] * 1e6);
+  g_string_free(shape, TRUE);
+}
+
 static void measure_op(struct prof_run *r, const struct model *m, const struct model_op *op) {
   static const enum ir_pass passes[] = {IR_PASS_F, IR_PASS_BI, IR_PASS_BW, IR_PASS_B};
   struct op_bench b;
@@ -476,21 +535,248 @@ static void measure_op(struct prof_run *r, const struct model *m, const struct m
     add_entry(r, op, b.pass, t[p]);
   }
   op_bench_free(&b);
-  GString *shape = g_string_new("");
-  for (int i = 0; i < shape_rank(op); i++)
-    g_string_append_printf(shape, "%s%lld", i ? "x" : "", (long long)op->shape[i]);
-  progress(r, "  %-13s %-18s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us",
-           model_op_kind_name(op->kind), shape->str, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6,
-           t[3] * 1e6);
-  g_string_free(shape, TRUE);
+  progress_op(r, op, t);
 }
 
-static double physical_memory_bytes(void) {
-  return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+/* ---- kernels in the executor's order ------------------------------------------------------
+ * A kernel timed alone, back to back on the same buffers, runs with its operands hot in the
+ * caches; the executor runs it between the other ops of the model, on one set of activation
+ * buffers per micro-batch, with the weights shared. So the model's ops are run as the
+ * executor runs them on one device: forward of every op for each of CHAIN_MBS micro-batches,
+ * then BI in reverse op order, BW, and the fused B, every op on its micro-batch's own buffers;
+ * each call is timed where it stands and an entry is the median over repeats, micro-batches
+ * and every op of that kind and shape (the layers). This is a micro-benchmark of the kernels
+ * alone, not a run of any plan. */
+#define CHAIN_MBS 4
+
+struct chain {
+  const struct model *m;
+  uint32_t n_ops;         /* of the model */
+  bool *run;              /* [n_ops] ops timed here (kernel, first-seen shape class) */
+  uint32_t *cls;          /* [n_ops] index of the op's (kind, shape) class */
+  uint32_t n_classes;
+  const struct model_op **class_op; /* [n_classes] an op of each class */
+  struct op_bench *b;     /* [CHAIN_MBS * n_ops] */
+  GArray **samples;       /* [n_classes * 4] seconds per (class, pass) */
+  float **m1, **v1;       /* [n_ops] AdamW moments of each op's weights */
+  size_t *n_params;       /* [n_ops] */
+  GArray **opt;           /* [n_segments] AdamW seconds of each segment */
+  int step;
+};
+
+/* AdamW of every segment after the backward, in segment order, each timed as a whole (the
+ * executor's optimizer instruction updates a segment's weights). */
+static void chain_optimizer(struct chain *c) {
+  c->step++;
+  for (uint32_t sg = 0; sg < c->m->n_segments; sg++) {
+    const struct model_segment *seg = &c->m->segments[sg];
+    double t0 = piper_clock_seconds();
+    bool any = false;
+    for (uint32_t i = seg->op_first; i < seg->op_first + seg->op_count; i++) {
+      if (!c->run[i] || c->n_params[i] == 0)
+        continue;
+      kernels_adamw_step(c->b[i].params, c->b[i].dparams, c->m1[i], c->v1[i], c->n_params[i], 1e-9f,
+                         0.9f, 0.95f, 1e-8f, 0.0f, c->step);
+      any = true;
+    }
+    double dt = piper_clock_seconds() - t0;
+    if (any)
+      g_array_append_val(c->opt[sg], dt);
+  }
+}
+
+static const enum ir_pass chain_passes[4] = {IR_PASS_F, IR_PASS_BI, IR_PASS_BW, IR_PASS_B};
+
+/* One sweep of a pass over every micro-batch and op (backward passes in reverse op order). */
+static void chain_sweep(struct chain *c, int pass) {
+  bool reverse = chain_passes[pass] != IR_PASS_F;
+  for (int mb = 0; mb < CHAIN_MBS; mb++)
+    for (uint32_t k = 0; k < c->n_ops; k++) {
+      uint32_t i = reverse ? c->n_ops - 1 - k : k;
+      if (!c->run[i])
+        continue;
+      struct op_bench *b = &c->b[(size_t)mb * c->n_ops + i];
+      b->pass = chain_passes[pass];
+      if (!pass_runs(b->op->kind, b->pass))
+        continue;
+      double t0 = piper_clock_seconds();
+      op_bench_run(b);
+      double dt = piper_clock_seconds() - t0;
+      if (c->cls[i] != UINT32_MAX) /* else measured with an earlier model: run, not kept */
+        g_array_append_val(c->samples[c->cls[i] * 4 + (uint32_t)pass], dt);
+    }
+}
+
+static double array_median(GArray *a) {
+  if (a->len == 0)
+    return 0;
+  qsort(a->data, a->len, sizeof(double), piper_cmp_double);
+  const double *v = (const double *)(void *)a->data;
+  return a->len % 2 ? v[a->len / 2] : 0.5 * (v[a->len / 2 - 1] + v[a->len / 2]);
+}
+
+/* Buffers of every micro-batch of every op, the weights of micro-batch 0 shared by all. */
+static void chain_init(struct chain *c, const struct model *m) {
+  c->m = m;
+  c->n_ops = m->n_ops;
+  c->b = g_new0(struct op_bench, (size_t)CHAIN_MBS * m->n_ops + 1);
+  for (uint32_t i = 0; i < m->n_ops; i++) {
+    if (!c->run[i])
+      continue;
+    for (int mb = 0; mb < CHAIN_MBS; mb++) {
+      struct op_bench *b = &c->b[(size_t)mb * m->n_ops + i];
+      op_bench_init(b, m, &m->ops[i]);
+      if (mb > 0) {
+        g_free(b->params), g_free(b->dparams);
+        b->params = c->b[i].params, b->dparams = c->b[i].dparams;
+      }
+    }
+  }
+  c->m1 = g_new0(float *, m->n_ops + 1);
+  c->v1 = g_new0(float *, m->n_ops + 1);
+  c->n_params = g_new0(size_t, m->n_ops + 1);
+  for (uint32_t i = 0; i < m->n_ops; i++)
+    if (c->run[i]) {
+      c->n_params[i] = op_sizes_of(&c->b[i]).params;
+      c->m1[i] = g_new0(float, c->n_params[i] + 1);
+      c->v1[i] = g_new0(float, c->n_params[i] + 1);
+    }
+  c->opt = g_new(GArray *, m->n_segments + 1);
+  for (uint32_t sg = 0; sg < m->n_segments; sg++)
+    c->opt[sg] = g_array_new(FALSE, FALSE, sizeof(double));
+}
+
+static void chain_free(struct chain *c) {
+  for (uint32_t i = 0; i < c->n_ops; i++) {
+    if (!c->run[i])
+      continue;
+    for (int mb = CHAIN_MBS - 1; mb >= 0; mb--) {
+      struct op_bench *b = &c->b[(size_t)mb * c->n_ops + i];
+      if (mb > 0)
+        b->params = b->dparams = NULL;
+      op_bench_free(b);
+    }
+  }
+  for (uint32_t k = 0; k < 4 * c->n_classes; k++)
+    g_array_free(c->samples[k], TRUE);
+  for (uint32_t i = 0; i < c->n_ops; i++)
+    g_free(c->m1[i]), g_free(c->v1[i]);
+  for (uint32_t sg = 0; sg < c->m->n_segments; sg++)
+    g_array_free(c->opt[sg], TRUE);
+  g_free(c->m1), g_free(c->v1), g_free(c->n_params), g_free(c->opt);
+  g_free(c->samples), g_free(c->b), g_free(c->run), g_free(c->cls), g_free(c->class_op);
+}
+
+/* The ops with a kernel (all run) and the (kind, shape) classes not measured yet (kept). */
+static void chain_classes(struct prof_run *r, struct chain *c, const struct model *m) {
+  c->run = g_new0(bool, m->n_ops + 1);
+  c->cls = g_new0(uint32_t, m->n_ops + 1);
+  c->class_op = g_new0(const struct model_op *, m->n_ops + 1);
+  GHashTable *mine = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+  for (uint32_t i = 0; i < m->n_ops; i++) {
+    const struct model_op *op = &m->ops[i];
+    if (!op_has_kernel(op->kind))
+      continue;
+    c->run[i] = true;
+    c->cls[i] = UINT32_MAX;
+    GString *key = g_string_new(model_op_kind_name(op->kind));
+    for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
+      g_string_append_printf(key, " %lld", (long long)op->shape[d]);
+    gpointer id;
+    if (g_hash_table_lookup_extended(mine, key->str, NULL, &id)) {
+      c->cls[i] = GPOINTER_TO_UINT(id);
+      g_string_free(key, TRUE);
+      continue;
+    }
+    if (g_hash_table_contains(r->seen, key->str)) {
+      g_string_free(key, TRUE);
+      continue;
+    }
+    c->cls[i] = c->n_classes;
+    c->class_op[c->n_classes++] = op;
+    g_hash_table_insert(mine, g_strdup(key->str), GUINT_TO_POINTER(c->cls[i]));
+    g_hash_table_add(r->seen, g_string_free(key, FALSE));
+  }
+  g_hash_table_destroy(mine);
+  c->samples = g_new(GArray *, 4 * c->n_classes + 1);
+  for (uint32_t k = 0; k < 4 * c->n_classes; k++)
+    c->samples[k] = g_array_new(FALSE, FALSE, sizeof(double));
+}
+
+/* Bytes of every buffer of the chain: it must fit comfortably, or the ops are timed alone. */
+static double chain_bytes(const struct model *m) {
+  double total = 0;
+  for (uint32_t i = 0; i < m->n_ops; i++)
+    if (op_has_kernel(m->ops[i].kind))
+      total += CHAIN_MBS * op_bench_bytes(m, &m->ops[i]);
+  return total;
+}
+
+static bool measure_model_chain(struct prof_run *r, const struct model *m) {
+  if (chain_bytes(m) > physical_memory_bytes() / 8)
+    return false;
+  progress(r, "kernels of %s (%u ops) in the executor's order, %d micro-batches", m->name,
+           m->n_ops, CHAIN_MBS);
+  struct chain c = {0};
+  chain_classes(r, &c, m);
+  chain_init(&c, m);
+  uint32_t reps = r->a->quick ? 3 : r->a->repeats;
+  for (uint32_t rep = 0; rep < r->a->warmup + 1 + reps; rep++) {
+    if (rep == r->a->warmup + 1) { /* warm-up done */
+      for (uint32_t k = 0; k < 4 * c.n_classes; k++)
+        g_array_set_size(c.samples[k], 0);
+      for (uint32_t sg = 0; sg < m->n_segments; sg++)
+        g_array_set_size(c.opt[sg], 0);
+    }
+    for (int p = 0; p < 4; p++)
+      chain_sweep(&c, p);
+    chain_optimizer(&c);
+  }
+  for (uint32_t sg = 0; sg < m->n_segments; sg++) {
+    if (c.opt[sg]->len == 0)
+      continue;
+    double params = 0, t = array_median(c.opt[sg]);
+    for (uint32_t i = m->segments[sg].op_first;
+         i < m->segments[sg].op_first + m->segments[sg].op_count; i++)
+      params += (double)c.n_params[i];
+    g_array_append_val(r->opt_params, params);
+    g_array_append_val(r->opt_seconds, t);
+    progress(r, "  AdamW of segment %u: %.0f parameters, %.1f us", sg, params, t * 1e6);
+  }
+  for (uint32_t k = 0; k < c.n_classes; k++) {
+    double t[4];
+    for (int p = 0; p < 4; p++) {
+      t[p] = array_median(c.samples[k * 4 + (uint32_t)p]);
+      add_entry(r, c.class_op[k], chain_passes[p], t[p]);
+    }
+    progress_op(r, c.class_op[k], t);
+  }
+  chain_free(&c);
+  return true;
+}
+
+/* AdamW as the chains ran it, where they give two sizes or more, replaces the line through
+ * the cold, isolated sizes of measure_machine. */
+static void fit_chain_optimizer(struct prof_run *r) {
+  GArray *x = r->opt_params, *y = r->opt_seconds;
+  bool two = false;
+  for (guint i = 1; i < x->len; i++)
+    two |= g_array_index(x, double, i) != g_array_index(x, double, 0);
+  if (!two)
+    return;
+  fit_line((double *)(void *)x->data, (double *)(void *)y->data, (int)x->len, &r->adamw_overhead,
+           &r->adamw_per_param);
+  if (r->adamw_overhead < 0)
+    r->adamw_overhead = 0;
+  r->optimizer_from_chain = true;
+  progress(r, "AdamW in the executor's order: %.2f us + %.3f ns per parameter (%u segments)",
+           r->adamw_overhead * 1e6, r->adamw_per_param * 1e9, x->len);
 }
 
 /* Every distinct (kind, shape) of the model, once. */
 static void measure_model(struct prof_run *r, const struct model *m) {
+  if (measure_model_chain(r, m))
+    return;
   progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
   for (uint32_t i = 0; i < m->n_ops; i++) {
     const struct model_op *op = &m->ops[i];
@@ -553,7 +839,8 @@ static void adamw_run(void *ctx) {
 }
 
 /* AdamW at 4 sizes up to the largest model's parameter count (what one device of a host run
- * updates at most), by 4x: the fit holds where the executor uses it, caches included. */
+ * updates at most), by 4x: the fit holds where the executor uses it. Each timed call starts
+ * with cold caches: the executor's optimizer runs after a whole step of other work. */
 static void measure_machine(struct prof_run *r, uint64_t max_params) {
   struct gemm_ctx g = {.n = r->a->quick ? 512 : 1024};
   size_t nn = (size_t)g.n * g.n;
@@ -577,7 +864,7 @@ static void measure_machine(struct prof_run *r, uint64_t max_params) {
     w.p = random_floats(w.n, 11, 1), w.g = random_floats(w.n, 12, 1);
     w.m = g_new0(float, w.n), w.v = g_new0(float, w.n);
     x[i] = (double)w.n;
-    y[i] = median_seconds(r->a, adamw_run, &w);
+    y[i] = median_seconds_after(r->a, adamw_run, &w, evict_caches);
     g_free(w.p), g_free(w.g), g_free(w.m), g_free(w.v);
     progress(r, "AdamW %zu parameters: %.1f us", w.n, y[i] * 1e6);
   }
@@ -586,7 +873,12 @@ static void measure_machine(struct prof_run *r, uint64_t max_params) {
     r->adamw_overhead = 0;
 }
 
-/* ---- the network (under mpirun) ---------------------------------------------------------- */
+/* ---- the network (under mpirun) ----------------------------------------------------------
+ * Every operation over every group size from 2 to the ranks launched (p2p: 2), sizes 8 B to
+ * 8 MiB by 4x, each timed by its slowest rank as the median over repeats; then one fit per
+ * operation over all its points: time = steps(p) a + share(p) n / B, the simulator's ring
+ * terms (profile_comm_cost), least squares with relative residuals. These are the "intra_node"
+ * fits of the profile: mpirun on one machine puts every rank on it. */
 
 #ifdef HAVE_MPI
 enum net_kind {
@@ -603,12 +895,12 @@ static const char *const net_names[NET_N] = {"p2p", "all_reduce", "reduce_scatte
 struct net_ctx {
   enum net_kind kind;
   size_t bytes; /* the simulator's convention per kind (sim/profile.h, profile_comm_cost) */
-  int rank, size;
+  MPI_Comm comm;
+  int rank, size; /* in comm */
   char *send, *recv;
 };
 
-/* One operation as the executor posts it (nonblocking, then waited for), timed by the slowest
- * rank: every rank starts together after a barrier, and rank 0 keeps the maximum. */
+/* One operation as the executor posts it (nonblocking, then waited for). */
 static void net_once(struct net_ctx *c) {
   MPI_Request req[2];
   int n = 0, p = c->size;
@@ -617,28 +909,27 @@ static void net_once(struct net_ctx *c) {
   case NET_P2P:
     /* half a ping-pong between ranks 0 and 1: one transfer of `bytes` */
     if (c->rank == 0) {
-      MPI_Isend(c->send, (int)c->bytes, MPI_BYTE, 1, 7, MPI_COMM_WORLD, &req[n++]);
+      MPI_Isend(c->send, (int)c->bytes, MPI_BYTE, 1, 7, c->comm, &req[n++]);
       MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
-      MPI_Recv(c->recv, (int)c->bytes, MPI_BYTE, 1, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(c->recv, (int)c->bytes, MPI_BYTE, 1, 8, c->comm, MPI_STATUS_IGNORE);
     } else if (c->rank == 1) {
-      MPI_Irecv(c->recv, (int)c->bytes, MPI_BYTE, 0, 7, MPI_COMM_WORLD, &req[n++]);
+      MPI_Irecv(c->recv, (int)c->bytes, MPI_BYTE, 0, 7, c->comm, &req[n++]);
       MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
-      MPI_Send(c->send, (int)c->bytes, MPI_BYTE, 0, 8, MPI_COMM_WORLD);
+      MPI_Send(c->send, (int)c->bytes, MPI_BYTE, 0, 8, c->comm);
     }
     return;
   case NET_ALL_REDUCE:
-    MPI_Iallreduce(MPI_IN_PLACE, c->send, (int)(c->bytes / 4), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+    MPI_Iallreduce(MPI_IN_PLACE, c->send, (int)(c->bytes / 4), MPI_FLOAT, MPI_SUM, c->comm,
                    &req[n++]);
     break;
   case NET_REDUCE_SCATTER:
-    MPI_Ireduce_scatter_block(c->send, c->recv, per / 4, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
-                              &req[n++]);
+    MPI_Ireduce_scatter_block(c->send, c->recv, per / 4, MPI_FLOAT, MPI_SUM, c->comm, &req[n++]);
     break;
   case NET_ALL_GATHER:
-    MPI_Iallgather(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, MPI_COMM_WORLD, &req[n++]);
+    MPI_Iallgather(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, c->comm, &req[n++]);
     break;
   case NET_ALL_TO_ALL:
-    MPI_Ialltoall(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, MPI_COMM_WORLD, &req[n++]);
+    MPI_Ialltoall(c->send, per, MPI_BYTE, c->recv, per, MPI_BYTE, c->comm, &req[n++]);
     break;
   default: PIPER_UNREACHABLE();
   }
@@ -651,11 +942,11 @@ static double net_median(const struct prof_args *a, struct net_ctx *c, uint32_t 
     net_once(c);
   double *t = g_new(double, reps);
   for (uint32_t i = 0; i < reps; i++) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(c->comm);
     double s = piper_clock_seconds();
     net_once(c);
     double mine = piper_clock_seconds() - s, worst = 0;
-    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, c->comm);
     t[i] = c->kind == NET_P2P ? worst / 2 : worst;
   }
   qsort(t, reps, sizeof *t, piper_cmp_double);
@@ -665,8 +956,7 @@ static double net_median(const struct prof_args *a, struct net_ctx *c, uint32_t 
 }
 
 /* The simulator's alpha-beta terms of one operation of n bytes over p ranks are
- * latency_steps * a + transfer_share * n / B (profile_comm_cost, ring): the fit's intercept
- * and slope give the link latency a and bandwidth B each collective implies. */
+ * latency_steps * a + transfer_share * n / B (profile_comm_cost, ring). */
 static void net_model_terms(enum net_kind k, int p, double *latency_steps, double *share) {
   double q = p;
   switch (k) {
@@ -676,67 +966,399 @@ static void net_model_terms(enum net_kind k, int p, double *latency_steps, doubl
   }
 }
 
-static void measure_network(struct prof_run *r) {
+/* The ranks outside a group wait here without a core (MPI's barrier spins, and a spinning
+ * rank would take a core from the group being timed). */
+static void sleeping_barrier(void) {
+  MPI_Request req;
+  MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  for (int flag = 0; !flag;) {
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (!flag)
+      g_usleep(1000);
+  }
+}
+
+/* Measured points of one operation: (group size, bytes, seconds). */
+struct net_points {
+  GArray *p, *n, *t; /* double */
+};
+
+/* a and B of t = A a + S n / B over the points, weights 1 / t^2; a >= 0 (else refitted at 0). */
+static void net_fit(enum net_kind k, const struct net_points *pts, double *a, double *B) {
+  double saa = 0, sab = 0, sbb = 0, sat = 0, sbt = 0;
+  for (guint i = 0; i < pts->t->len; i++) {
+    double A, S, t = g_array_index(pts->t, double, i);
+    net_model_terms(k, (int)g_array_index(pts->p, double, i), &A, &S);
+    double X = S * g_array_index(pts->n, double, i), w = t > 0 ? 1 / (t * t) : 0;
+    saa += w * A * A, sab += w * A * X, sbb += w * X * X, sat += w * A * t, sbt += w * X * t;
+  }
+  double det = saa * sbb - sab * sab, inv_b;
+  *a = det != 0 ? (sat * sbb - sbt * sab) / det : 0;
+  inv_b = det != 0 ? (saa * sbt - sab * sat) / det : 0;
+  if (*a < 0 || det == 0) {
+    *a = 0;
+    inv_b = sbb > 0 ? sbt / sbb : 0;
+  }
+  *B = inv_b > 0 ? 1 / inv_b : 1e15;
+}
+
+/* Every operation over the ranks [0, g) of the world: points kept on rank 0. */
+static void measure_group(struct prof_run *r, int g, struct net_ctx *c, int max_log4,
+                          struct net_points *pts) {
   const struct prof_args *a = r->a;
-  int max_log4 = a->quick ? 8 : 11; /* 8 B .. 128 KiB (quick) or 8 MiB, by 4x */
-  /* sizes round up to whole floats per rank: room for the largest one rounded */
-  size_t max_bytes = ((size_t)8 << (2 * (max_log4 - 1))) + (size_t)4 * r->size;
-  struct net_ctx c = {.rank = r->rank, .size = r->size};
-  c.send = g_malloc0(max_bytes), c.recv = g_malloc0(max_bytes);
-  r->fits = cJSON_CreateObject();
   for (int k = 0; k < NET_N; k++) {
-    double x[16], y[16];
-    int n = 0;
-    cJSON *pts = cJSON_CreateArray();
+    if (k == NET_P2P && g != 2)
+      continue;
+    c->kind = (enum net_kind)k;
+    GString *line = g_string_new("");
     for (int s = 0; s < max_log4; s++) {
-      size_t bytes = (size_t)8 << (2 * s);
-      size_t unit = (size_t)4 * r->size; /* whole floats per rank */
-      bytes = (bytes + unit - 1) / unit * unit;
-      c.kind = (enum net_kind)k, c.bytes = bytes;
+      size_t unit = (size_t)4 * g; /* whole floats per rank */
+      size_t bytes = (((size_t)8 << (2 * s)) + unit - 1) / unit * unit;
+      c->bytes = bytes;
       uint32_t reps = bytes > ((size_t)1 << 20) ? (a->quick ? 3 : 7) : (a->quick ? 7 : 31);
       if (reps < a->repeats && bytes <= ((size_t)1 << 20) && !a->quick)
         reps = a->repeats;
-      x[n] = (double)bytes;
-      y[n] = net_median(a, &c, reps);
-      cJSON *pt = cJSON_CreateArray();
-      cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)bytes));
-      cJSON_AddItemToArray(pt, cJSON_CreateNumber(round(y[n] * 1e8) / 1e2));
-      cJSON_AddItemToArray(pts, pt);
-      n++;
+      double t = net_median(a, c, reps);
+      double pv = g, nv = (double)bytes;
+      g_array_append_val(pts[k].p, pv);
+      g_array_append_val(pts[k].n, nv);
+      g_array_append_val(pts[k].t, t);
+      if (s == 0 || s == max_log4 - 1)
+        g_string_append_printf(line, "%s%zu B %.1f us", s ? ", " : "", bytes, t * 1e6);
     }
-    double alpha, beta, steps, share;
-    fit_line(x, y, n, &alpha, &beta);
-    if (alpha < 0)
-      alpha = 0;
-    net_model_terms((enum net_kind)k, r->size, &steps, &share);
-    double lat = alpha / steps, bw = beta > 0 ? share / beta : 1e12;
-    progress(r, "%-14s over %d ranks: %.2f us + bytes / %.2f GB/s (link: %.2f us, %.2f GB/s)",
-             net_names[k], k == NET_P2P ? 2 : r->size, alpha * 1e6, 1 / beta / 1e9, lat * 1e6,
-             bw / 1e9);
+    progress(r, "  %-14s %d ranks: %s", net_names[k], g, line->str);
+    g_string_free(line, TRUE);
+  }
+}
+
+/* The sources' view of the largest group measured: its points and the plain line through them
+ * (latency_us + bytes / bandwidth_gbs), what one operation costs at that size. */
+static void net_source_largest(cJSON *src, enum net_kind k, const struct net_points *pts) {
+  double pmax = 0, x[32], y[32];
+  int n = 0;
+  for (guint i = 0; i < pts->p->len; i++)
+    pmax = g_array_index(pts->p, double, i) > pmax ? g_array_index(pts->p, double, i) : pmax;
+  cJSON *arr = cJSON_CreateArray();
+  for (guint i = 0; i < pts->p->len && n < 32; i++) {
+    if (g_array_index(pts->p, double, i) != pmax)
+      continue;
+    x[n] = g_array_index(pts->n, double, i), y[n] = g_array_index(pts->t, double, i);
+    cJSON *pt = cJSON_CreateArray();
+    cJSON_AddItemToArray(pt, cJSON_CreateNumber(x[n]));
+    cJSON_AddItemToArray(pt, cJSON_CreateNumber(round_sig(y[n] * 1e6, 4)));
+    cJSON_AddItemToArray(arr, pt);
+    n++;
+  }
+  double alpha = 0, beta = 0;
+  fit_line(x, y, n, &alpha, &beta);
+  cJSON_AddNumberToObject(src, "ranks", k == NET_P2P ? 2 : pmax);
+  cJSON_AddNumberToObject(src, "latency_us", round_sig((alpha > 0 ? alpha : 0) * 1e6, 4));
+  cJSON_AddNumberToObject(src, "bandwidth_gbs", round_sig(beta > 0 ? 1 / beta / 1e9 : 1e6, 4));
+  cJSON_AddItemToObject(src, "points_bytes_us", arr);
+}
+
+/* The fits (and their points, for the sources) into r. */
+static void net_record(struct prof_run *r, const struct net_points *pts) {
+  r->fits = cJSON_CreateObject();
+  r->fit_json = cJSON_CreateObject();
+  for (int k = 0; k < NET_N; k++) {
+    double lat, bw;
+    net_fit((enum net_kind)k, &pts[k], &lat, &bw);
+    progress(r, "%-14s fit over %u points: %.2f us per step + bytes / %.3f GB/s", net_names[k],
+             pts[k].t->len, lat * 1e6, bw / 1e9);
     if (k == NET_P2P)
       r->p2p_latency = lat, r->p2p_bandwidth = bw;
     if (k == NET_ALL_REDUCE)
       r->ar_bandwidth = bw;
-    cJSON *f = cJSON_AddObjectToObject(r->fits, net_names[k]);
-    cJSON_AddNumberToObject(f, "ranks", k == NET_P2P ? 2 : r->size);
-    cJSON_AddNumberToObject(f, "latency_us", round(alpha * 1e8) / 1e2);
-    cJSON_AddNumberToObject(f, "bandwidth_gbs", round(1 / beta / 1e9 * 1e3) / 1e3);
-    cJSON_AddNumberToObject(f, "link_latency_us", round(lat * 1e8) / 1e2);
-    cJSON_AddNumberToObject(f, "link_bandwidth_gbs", round(bw / 1e9 * 1e3) / 1e3);
-    cJSON_AddItemToObject(f, "points_bytes_us", pts);
+    cJSON *f = cJSON_AddObjectToObject(r->fit_json, net_names[k]);
+    cJSON_AddNumberToObject(f, "latency_us", round_sig(lat * 1e6, 4));
+    cJSON_AddNumberToObject(f, "bandwidth_gbs", round_sig(bw / 1e9, 4));
+    cJSON *src = cJSON_AddObjectToObject(r->fits, net_names[k]);
+    net_source_largest(src, (enum net_kind)k, &pts[k]);
+    cJSON_AddNumberToObject(src, "link_latency_us", round_sig(lat * 1e6, 4));
+    cJSON_AddNumberToObject(src, "link_bandwidth_gbs", round_sig(bw / 1e9, 4));
+    cJSON *arr = cJSON_AddArrayToObject(src, "points_ranks_bytes_us");
+    for (guint i = 0; i < pts[k].t->len; i++) {
+      cJSON *pt = cJSON_CreateArray();
+      cJSON_AddItemToArray(pt, cJSON_CreateNumber(g_array_index(pts[k].p, double, i)));
+      cJSON_AddItemToArray(pt, cJSON_CreateNumber(g_array_index(pts[k].n, double, i)));
+      cJSON_AddItemToArray(pt, cJSON_CreateNumber(round_sig(g_array_index(pts[k].t, double, i) * 1e6, 4)));
+      cJSON_AddItemToArray(arr, pt);
+    }
   }
+}
+
+static void measure_network(struct prof_run *r) {
+  int max_log4 = r->a->quick ? 8 : 11; /* 8 B .. 128 KiB (quick) or 8 MiB, by 4x */
+  /* sizes round up to whole floats per rank: room for the largest one rounded */
+  size_t max_bytes = ((size_t)8 << (2 * (max_log4 - 1))) + (size_t)4 * r->size;
+  struct net_ctx c = {0};
+  c.send = g_malloc0(max_bytes), c.recv = g_malloc0(max_bytes);
+  struct net_points pts[NET_N];
+  for (int k = 0; k < NET_N; k++)
+    pts[k] = (struct net_points){g_array_new(FALSE, FALSE, sizeof(double)),
+                                 g_array_new(FALSE, FALSE, sizeof(double)),
+                                 g_array_new(FALSE, FALSE, sizeof(double))};
+  for (int g = 2; g <= r->size; g++) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, r->rank < g ? 0 : MPI_UNDEFINED, r->rank, &sub);
+    if (sub != MPI_COMM_NULL) {
+      c.comm = sub, c.rank = r->rank, c.size = g;
+      measure_group(r, g, &c, max_log4, pts);
+      MPI_Comm_free(&sub);
+    }
+    sleeping_barrier();
+  }
+  if (r->rank == 0)
+    net_record(r, pts);
+  for (int k = 0; k < NET_N; k++)
+    g_array_free(pts[k].p, TRUE), g_array_free(pts[k].n, TRUE), g_array_free(pts[k].t, TRUE);
   g_free(c.send), g_free(c.recv);
   r->network_measured = true;
 }
 #endif
 
-/* ---- the profile ---------------------------------------------------------------------------- */
 
-static double round_sig(double x, int digits) {
-  char buf[48];
-  snprintf(buf, sizeof buf, "%.*g", digits, x);
-  return strtod(buf, NULL);
+/* ---- the host: cores and the executor's own costs ------------------------------------------
+ * What the simulator needs to model ranks sharing a node's cores (sim/profile.h, "host"): the
+ * node's cores; what the executor's loop spends per instruction (a task and an event record
+ * through the host backend's loop, no kernel); what one test of posted communication costs;
+ * and what a rank waiting for communication costs a rank computing on the same core: two
+ * ranks are pinned to one core, one waits in the host backend's loop for a receive while the
+ * other counts GEMMs, against the count with the waiter asleep. Under processor sharing the
+ * computing rank then runs at 1 / (1 + share). */
+
+static bool noop_task(struct exec_stream *s, void *arg, GError **err) {
+  (void)s, (void)arg, (void)err;
+  return true;
 }
+
+/* Median seconds per instruction (task + record) of the backend's loop, over 5 batches. */
+static double host_instruction_cost(struct exec_backend *b, uint32_t n, GError **err) {
+  struct exec_stream *st = exec_stream_create(b, "piper-prof", 0, err);
+  if (!st)
+    return -1;
+  struct exec_event *e = exec_event_create(b);
+  double t[5];
+  for (int rep = 0; rep < 6; rep++) {
+    double t0 = piper_clock_seconds();
+    for (uint32_t i = 0; i < n; i++) {
+      exec_stream_submit(b, st, noop_task, NULL, i);
+      exec_event_record(b, e, st);
+    }
+    exec_event_synchronize(b, e, 60);
+    if (rep > 0) /* the first batch warms the loop up */
+      t[rep - 1] = (piper_clock_seconds() - t0) / n;
+  }
+  exec_event_destroy(b, e);
+  exec_stream_destroy(b, st);
+  qsort(t, 5, sizeof *t, piper_cmp_double);
+  return t[2];
+}
+
+#ifdef HAVE_MPI
+/* Seconds per MPI_Test of a receive from another rank that nothing matches (as the loop
+ * tests posted work: the library polls its shared-memory queues), the median of 9 batches;
+ * the receive is cancelled after. The other ranks sleep meanwhile. */
+static double host_test_cost(uint32_t n) {
+  char in = 0;
+  MPI_Request req;
+  MPI_Irecv(&in, 1, MPI_CHAR, 1, 99, MPI_COMM_WORLD, &req);
+  int flag = 0;
+  double t[9];
+  for (int b = 0; b < 9; b++) {
+    double t0 = piper_clock_seconds();
+    for (uint32_t i = 0; i < n / 9 + 1; i++)
+      MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    t[b] = (piper_clock_seconds() - t0) / (n / 9 + 1);
+  }
+  MPI_Cancel(&req);
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  qsort(t, 9, sizeof *t, piper_cmp_double);
+  return t[4];
+}
+
+/* GEMMs of 64^3 per second over `window` seconds. */
+static double compute_rate(double window) {
+  enum { N = 64 };
+  static float a[N * N], b[N * N], c[N * N];
+  double t0 = piper_clock_seconds(), t = t0;
+  uint64_t calls = 0;
+  while (t - t0 < window) {
+    kernels_gemm(false, false, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
+    calls++;
+    if ((calls & 15) == 0)
+      t = piper_clock_seconds();
+  }
+  return (double)calls / (piper_clock_seconds() - t0);
+}
+
+struct wait_arg {
+  struct exec_backend *b;
+  struct exec_comm *c;
+  int32_t v;
+  double seen; /* when the task saw the message */
+};
+static bool recv_task(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
+  struct wait_arg *w = arg;
+  bool ok = exec_comm_recv(w->b, w->c, 0, &w->v, sizeof w->v, 5, err);
+  w->seen = piper_clock_seconds();
+  return ok;
+}
+
+/* Rank 1: waits in the backend's loop for one message; returns the wait's CPU share. */
+static double waiter_once(struct exec_backend *b, struct exec_comm *c, double *seen, bool *ok,
+                          GError **err) {
+  struct exec_stream *st = exec_stream_create(b, "piper-prof wait", 0, err);
+  if (!st) {
+    *ok = false;
+    return 0;
+  }
+  struct exec_event *e = exec_event_create(b);
+  struct wait_arg w = {.b = b, .c = c};
+  struct timespec c0, c1;
+  double t0 = piper_clock_seconds();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+  exec_stream_submit(b, st, recv_task, &w, 0);
+  exec_event_record(b, e, st);
+  *ok = exec_event_synchronize(b, e, 60) && *ok;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+  double cpu_s = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+  exec_event_destroy(b, e);
+  exec_stream_destroy(b, st);
+  *seen = w.seen;
+  return cpu_s / (piper_clock_seconds() - t0);
+}
+
+/* Rank 0: computes for window seconds while rank 1 waits, sends, and computes on so that the
+ * core stays busy while the waiter must wake; returns the compute rate. */
+static double computer_once(struct exec_backend *b, struct exec_comm *c, double window,
+                            double *sent, bool *ok, GError **err) {
+  double rate = compute_rate(window);
+  int32_t v = 1;
+  *sent = piper_clock_seconds();
+  *ok = exec_comm_send(b, c, 1, &v, sizeof v, 5, err) && *ok;
+  compute_rate(0.01);
+  return rate;
+}
+
+enum { PAIR_ROUNDS = 7 };
+
+/* Rank 1 sleeps in MPI (1 ms polls) until rank 0 says go. */
+static void pair_go(int rank) {
+  char go = 1;
+  if (rank == 0) {
+    MPI_Send(&go, 1, MPI_CHAR, 1, 96, MPI_COMM_WORLD);
+    return;
+  }
+  MPI_Request req;
+  MPI_Irecv(&go, 1, MPI_CHAR, 0, 96, MPI_COMM_WORLD, &req);
+  for (int flag = 0; !flag;) {
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (!flag)
+      g_usleep(1000);
+  }
+}
+
+static double median_of(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, piper_cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Both pinned to one core, in rounds (a change of the machine's load falls on both halves of a
+ * round): rank 0 computes alone while rank 1 sleeps, then computes while rank 1 waits for it in
+ * the backend's loop, sends, and computes on so that the core is busy when the waiter must
+ * wake. Medians over the rounds. */
+static bool host_wait_pair(struct prof_run *r, struct exec_backend *b, struct exec_comm *c,
+                           double window, GError **err) {
+  bool ok = true;
+  double share[PAIR_ROUNDS], self[PAIR_ROUNDS], wake[PAIR_ROUNDS];
+  for (int i = 0; i < PAIR_ROUNDS; i++) {
+    double sent = 0, seen = 0;
+    if (r->rank == 0) {
+      double alone = compute_rate(window);
+      pair_go(0);
+      double shared = computer_once(b, c, window, &sent, &ok, err);
+      MPI_Recv(&seen, 1, MPI_DOUBLE, 1, 97, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(&self[i], 1, MPI_DOUBLE, 1, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      share[i] = shared > 0 ? alone / shared - 1 : 0;
+      wake[i] = seen - sent > 0 ? seen - sent : 0;
+    } else if (r->rank == 1) {
+      pair_go(1);
+      double mine = waiter_once(b, c, &seen, &ok, err);
+      MPI_Send(&seen, 1, MPI_DOUBLE, 0, 97, MPI_COMM_WORLD);
+      MPI_Send(&mine, 1, MPI_DOUBLE, 0, 98, MPI_COMM_WORLD);
+    }
+  }
+  if (r->rank == 0) {
+    r->wait_share = median_of(share, PAIR_ROUNDS);
+    r->wait_share = r->wait_share < 0 ? 0 : r->wait_share > 1 ? 1 : r->wait_share;
+    r->wait_self_share = median_of(self, PAIR_ROUNDS);
+    r->wake_latency = median_of(wake, PAIR_ROUNDS);
+  }
+  return ok;
+}
+
+/* Rank 1 waits in the backend's loop for rank 0, which computes meanwhile on the same core:
+ * the share of the core the waiter takes, and how long after the message it notices. */
+static bool host_wait_share(struct prof_run *r, struct exec_backend *b, GError **err) {
+  uint32_t pair[2] = {0, 1};
+  struct exec_comm *c = exec_comm_create(b, "piper-prof wait", pair, 2, true, err);
+  if (!c)
+    return false;
+  cpu_set_t old, one;
+  sched_getaffinity(0, sizeof old, &old);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &old))
+    cpu++;
+  MPI_Bcast(&cpu, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (r->rank <= 1) {
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
+  }
+  sleeping_barrier();
+  bool ok = r->rank > 1 || host_wait_pair(r, b, c, r->a->quick ? 0.02 : 0.05, err);
+  if (r->rank <= 1)
+    sched_setaffinity(0, sizeof old, &old);
+  sleeping_barrier();
+  exec_comm_destroy(b, c);
+  return ok;
+}
+#endif
+
+/* Every rank takes part (the backend starts with a barrier); rank 0 keeps the figures. */
+static bool measure_host(struct prof_run *r, GError **err) {
+  r->cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+  struct exec_backend *b = exec_backend_init(&exec_backend_host, NULL, err);
+  if (!b)
+    return false;
+  bool ok = true;
+  if (r->rank == 0) {
+    r->instruction_overhead = host_instruction_cost(b, r->a->quick ? 2000 : 20000, err);
+    ok = r->instruction_overhead >= 0;
+  }
+#ifdef HAVE_MPI
+  if (r->size > 1) {
+    sleeping_barrier();
+    if (r->rank == 0)
+      r->comm_test = host_test_cost(r->a->quick ? 2000 : 20000);
+    ok = host_wait_share(r, b, err) && ok;
+    r->comm_measured = true;
+  }
+#endif
+  exec_backend_free(b);
+  progress(r,
+           "host: %u cores; the executor's loop %.2f us per instruction; a test of posted "
+           "communication %.2f us; a waiting rank takes %.2f of a computing rank's core "
+           "(%.2f of a free one) and sees a message %.1f us late when its core is busy",
+           r->cores, r->instruction_overhead * 1e6, r->comm_test * 1e6, r->wait_share,
+           r->wait_self_share, r->wake_latency * 1e6);
+  return ok;
+}
+
+/* ---- the profile ---------------------------------------------------------------------------- */
 
 /* The CPU's model name from /proc/cpuinfo ("unknown" elsewhere). */
 static char *cpu_model(void) {
@@ -812,26 +1434,35 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
   cJSON_AddStringToObject(
       s, "measured",
       "every distinct (op kind, shape) of the models: the host kernels of exec/train.c for F, BI, "
-      "BW and the fused B, median of repeats after warm-up; 0 where the executor runs nothing "
-      "(embedding BI, residual-add BW)");
+      "BW and the fused B, run in the executor's order over the whole model (forward of every op "
+      "for 4 micro-batches of buffers, then BI in reverse, BW, B; weights shared), each call "
+      "timed where it stands; the median over repeats after warm-up, micro-batches and layers; "
+      "0 where the executor runs nothing (embedding BI, residual-add BW). A model too large for "
+      "that is timed op by op, alone");
   cJSON_AddStringToObject(
       s, "device",
       "peak_tflops: median rate of one kernels_gemm of n^3 fp32 (bf16 the same: the host "
       "computes in fp32); memory_bandwidth_gbs: triad a = b + s*c, 12 bytes per element; both are "
       "achieved rates, so the efficiencies are 1. kernel_overhead_us and "
       "optimizer_bytes_per_param: least-squares line (relative residuals) through AdamW's median "
-      "times at 4 sizes up to the largest model's parameter count (intercept; slope times the "
-      "triad bandwidth)");
+      "times per segment, run after each backward sweep of the executor-order runs (else at 4 "
+      "sizes up to the largest model's parameter count, caches cold): intercept; slope times "
+      "the triad bandwidth. host: cores_per_node = online processors; instruction_overhead_us = "
+      "a no-op task and an event record through the host backend's loop; comm_test_us = one "
+      "MPI_Test of a pending receive; wait_core_share and wake_latency_us: two ranks pinned to "
+      "one core, one computing GEMMs, the other waiting for a receive in the backend's loop: "
+      "the computing rank's slowdown (1 / (1 + share)) and how late the waiter sees the message");
   cJSON_AddStringToObject(
       s, "network",
       r->network_measured
-          ? "the 'nvlink' keys are MPI between ranks of this machine, the point-to-point fit "
-            "(half a ping-pong); efficiency = the link bandwidth the all-reduce fit implies "
-            "under the simulator's ring model over the point-to-point one (at most 1): the format "
-            "has one bandwidth for all operations, so the gradient all-reduce, the largest "
-            "volume, sets it. collectives: each operation's fit (latency_us + bytes / "
-            "bandwidth_gbs) and the link terms it implies; gpus_per_node 64: every rank of a run "
-            "on one machine is one node"
+          ? "collectives.intra_node: one fit per operation over every group size from 2 to the "
+            "ranks launched and sizes 8 B to 8 MiB: time = steps(p) latency + share(p) bytes / "
+            "bandwidth with the simulator's ring terms, least squares with relative residuals; "
+            "piper-sim uses these. The 'nvlink' keys (for older readers) are the point-to-point "
+            "fit, efficiency the all-reduce's bandwidth over it. sources.collectives: per "
+            "operation the points (ranks, bytes, us), the line at the largest group and the "
+            "fit's link terms. gpus_per_node 64: every rank of a run on one machine is on one "
+            "node, sharing host.cores_per_node cores"
           : "not measured (one process; run under mpirun -np 2 or more): the link is the triad "
             "bandwidth with no latency, a stand-in for shared-memory MPI");
   if (r->fits)
@@ -872,6 +1503,18 @@ static cJSON *network_json(const struct prof_run *r) {
   return n;
 }
 
+static cJSON *host_json(const struct prof_run *r) {
+  cJSON *h = cJSON_CreateObject();
+  cJSON_AddNumberToObject(h, "cores_per_node", r->cores);
+  cJSON_AddNumberToObject(h, "instruction_overhead_us", round_sig(r->instruction_overhead * 1e6, 3));
+  if (r->comm_measured) {
+    cJSON_AddNumberToObject(h, "wait_core_share", round_sig(r->wait_share, 3));
+    cJSON_AddNumberToObject(h, "comm_test_us", round_sig(r->comm_test * 1e6, 3));
+    cJSON_AddNumberToObject(h, "wake_latency_us", round_sig(r->wake_latency * 1e6, 3));
+  }
+  return h;
+}
+
 static cJSON *profile_json(const struct prof_run *r, const struct machine_facts *mf) {
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "name", strcmp(r->a->backend, "host") == 0 ? "host-cpu" : "cpu");
@@ -887,6 +1530,10 @@ static cJSON *profile_json(const struct prof_run *r, const struct machine_facts 
   cJSON_AddItemToObject(root, "sources", sources_json(r, mf));
   cJSON_AddItemToObject(root, "device", device_json(r, mf));
   cJSON_AddItemToObject(root, "network", network_json(r));
+  cJSON_AddItemToObject(root, "host", host_json(r));
+  if (r->fit_json)
+    cJSON_AddItemReferenceToObject(cJSON_AddObjectToObject(root, "collectives"), "intra_node",
+                                   r->fit_json);
   cJSON_AddItemReferenceToObject(root, "measured", r->measured);
   return root;
 }
@@ -972,12 +1619,16 @@ static void release_others(const struct prof_run *r) {
 
 /* Network first, with every rank; then rank 0 alone times the kernels while the others sleep,
  * so nothing else of this run competes for the cores. */
-static bool measure_all(struct prof_run *r, GPtrArray *models) {
+static bool measure_all(struct prof_run *r, GPtrArray *models, GError **err) {
 #ifdef HAVE_MPI
   if (r->size > 1) {
-    progress(r, "network over %d ranks", r->size);
+    progress(r, "network over 2 to %d ranks", r->size);
     measure_network(r);
   }
+#endif
+  if (!measure_host(r, err))
+    r->failed = true;
+#ifdef HAVE_MPI
   if (r->size > 1 && r->rank != 0) {
     idle_until_released();
     return false;
@@ -998,6 +1649,7 @@ static bool measure_all(struct prof_run *r, GPtrArray *models) {
   measure_machine(r, max_params);
   for (guint i = 0; i < models->len; i++)
     measure_model(r, g_ptr_array_index(models, i));
+  fit_chain_optimizer(r);
   progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries, r->n_skipped);
   return true;
 }
@@ -1020,22 +1672,25 @@ int main(int argc, char **argv) {
   struct prof_run r = {.a = &a,
                        .size = 1,
                        .measured = cJSON_CreateArray(),
-                       .seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)};
+                       .seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                       .opt_params = g_array_new(FALSE, FALSE, sizeof(double)),
+                       .opt_seconds = g_array_new(FALSE, FALSE, sizeof(double))};
   bool mpi = false;
 #ifdef HAVE_MPI
   if (under_mpirun()) {
-    MPI_Init(&argc, &argv);
+    int provided; /* the host backend (instruction costs) needs full thread support */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &r.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &r.size);
     mpi = true;
   }
 #endif
-  bool writer = measure_all(&r, models);
+  bool writer = measure_all(&r, models, &err);
 #ifdef HAVE_MPI
   if (mpi && r.rank == 0)
     release_others(&r);
 #endif
-  bool ok = !writer || write_profile(&r, argc, argv, &err);
+  bool ok = !r.failed && (!writer || write_profile(&r, argc, argv, &err));
   if (writer && ok)
     progress(&r, "wrote %s (%u measured entries)", a.out, r.n_entries);
 #ifdef HAVE_MPI
@@ -1045,7 +1700,10 @@ int main(int argc, char **argv) {
   (void)mpi;
   cJSON_Delete(r.measured);
   cJSON_Delete(r.fits);
+  cJSON_Delete(r.fit_json);
   g_hash_table_destroy(r.seen);
+  g_array_free(r.opt_params, TRUE);
+  g_array_free(r.opt_seconds, TRUE);
   g_ptr_array_free(models, TRUE);
   return ok ? 0 : piper_error_exit(program.name, err);
 }

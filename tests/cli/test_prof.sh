@@ -68,8 +68,23 @@ for k, f in c.items():
 n = j["network"]
 assert n["nvlink_bandwidth_gbs"] == c["p2p"]["link_bandwidth_gbs"] or \
     abs(n["nvlink_bandwidth_gbs"] / c["p2p"]["link_bandwidth_gbs"] - 1) < 1e-3, (n, c["p2p"])
-assert 0 < n["efficiency"] <= 1 and j["sources"]["machine"]["ranks"] == 2
+assert 0 < n["efficiency"] <= 1 and j["sources"]["machine"]["ranks"] == 2# the fits piper-sim uses, one per operation, and the host facts
+fits = j["collectives"]["intra_node"]
+assert set(fits) == set(c), fits
+for k, f in fits.items():
+    assert set(f) == {"latency_us", "bandwidth_gbs"} and f["bandwidth_gbs"] > 0, (k, f)
+    assert abs(f["bandwidth_gbs"] / c[k]["link_bandwidth_gbs"] - 1) < 1e-3, (k, f, c[k])
+    assert all(len(p) == 3 and p[0] == 2 for p in c[k]["points_ranks_bytes_us"]), c[k]
+h = j["host"]
+assert h["cores_per_node"] >= 1 and h["instruction_overhead_us"] > 0, h
+assert 0 <= h["wait_core_share"] <= 1 and h["comm_test_us"] > 0 and h["wake_latency_us"] >= 0, h
 EOF
+if [ -f "$tmp/p2.json" ] && "$SIM" --model models/tiny-dense.json --layout pp=2 --schedule 1f1b \
+    --mbs 4 --profile "$tmp/p2.json" --out "$tmp/sim2" --no-charts --quiet 2> "$tmp/err"; then
+  ok "piper-sim loads the measured host facts and fits"
+else
+  fail "piper-sim with the fitted profile: $(cat "$tmp/err")"
+fi
 else
   fail "mpirun is missing (MPI is a dependency: tools/install-deps.sh)"
 fi

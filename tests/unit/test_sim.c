@@ -508,6 +508,182 @@ static void test_engine_order_and_rendezvous(void **state) {
   profile_free(u);
 }
 
+/* ---- ranks sharing cores; measured per-operation fits ------------------------------------- */
+
+/* The plain profile with the host facts and a fit per operation (the keys piper-prof writes). */
+static const char *const host_profile =
+    "{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":100,\"fp32\":10},"
+    "\"memory_bandwidth_gbs\":1000,\"memory_capacity_gib\":80},"
+    "\"network\":{\"gpus_per_node\":8,\"nics_per_node\":8,\"nvlink_bandwidth_gbs\":100,"
+    "\"nvlink_latency_us\":2,\"nic_bandwidth_gbs\":10,\"inter_node_latency_us\":5},"
+    "\"host\":{\"cores_per_node\":2,\"instruction_overhead_us\":1.5,\"wait_core_share\":0.25,"
+    "\"comm_test_us\":3,\"wake_latency_us\":40},"
+    "\"collectives\":{\"intra_node\":{\"p2p\":{\"latency_us\":1,\"bandwidth_gbs\":8},"
+    "\"all_to_all\":{\"latency_us\":4,\"bandwidth_gbs\":2}}}}";
+
+static void test_profile_host_and_fits(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct profile *p = profile_from(host_profile, &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  assert_int_equal(p->cores_per_node, 2);
+  test_assert_near(p->instruction_overhead, 1.5e-6, 1e-18, 0, "instruction overhead");
+  test_assert_near(p->wait_core_share, 0.25, 0, 0, "wait share");
+  test_assert_near(p->comm_test, 3e-6, 1e-18, 0, "comm test");
+  test_assert_near(p->wake_latency, 40e-6, 1e-18, 0, "wake latency");
+  const struct profile_fit *a2a = &p->fits[PROFILE_LINK_INTRA][PROFILE_COLL_ALL_TO_ALL];
+  test_assert_near(a2a->latency, 4e-6, 1e-18, 0, "all-to-all latency");
+  test_assert_near(a2a->bandwidth, 2e9, 0, 0, "all-to-all bandwidth");
+  assert_true(p->fits[PROFILE_LINK_INTRA][PROFILE_COLL_ALL_REDUCE].bandwidth == 0);
+  assert_true(p->fits[PROFILE_LINK_INTER][PROFILE_COLL_P2P].bandwidth == 0);
+  /* costs: all-to-all over 4 ranks of one node, 4 MB: 3 (4 us) + 3/4 4e6 / 2e9 + the test;
+   * p2p 1 MB: 1 us + 1e6 / 8e9 + the test; the all-reduce keeps the link terms (2 us,
+   * 100 GB/s): 2 (p-1) 2 us + 2 (p-1)/p n / 100e9 + the test */
+  uint32_t devs[4] = {0, 1, 2, 3};
+  struct profile_span sp4 = profile_span_of(p, devs, 4), sp2 = profile_span_of(p, devs, 2);
+  struct profile_comm_cost c = profile_comm_cost(p, IR_NODE_ALL_TO_ALL, 4000000, &sp4);
+  test_assert_near(c.latency, 12e-6 + 3e-6, 1e-15, 0, "a2a latency");
+  test_assert_near(c.transfer, 0.75 * 4e6 / 2e9, 1e-15, 0, "a2a transfer");
+  c = profile_comm_cost(p, IR_NODE_SEND, 1000000, &sp2);
+  test_assert_near(c.latency + c.transfer, 1e-6 + 1e6 / 8e9 + 3e-6, 1e-15, 0, "p2p");
+  c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, 4000000, &sp4);
+  test_assert_near(c.latency + c.transfer, 6 * 2e-6 + 1.5 * 4e6 / 100e9 + 3e-6, 1e-15, 0,
+                   "all-reduce on link terms");
+  /* processor sharing: 4 computing on 2 cores run at 1/2; 3 computing and 1 waiting (a
+   * quarter core) at 2 / 3.25; 2 computing and 2 waiting at 2 / 2.5; 1 computing alone at 1 */
+  test_assert_near(profile_node_speed(p, 4, 0), 0.5, 0, 0, "4 on 2");
+  test_assert_near(profile_node_speed(p, 3, 1), 2 / 3.25, 1e-15, 0, "3 + 1 waiting");
+  test_assert_near(profile_node_speed(p, 2, 2), 2 / 2.5, 1e-15, 0, "2 + 2 waiting");
+  test_assert_near(profile_node_speed(p, 1, 3), 1, 0, 0, "1 + 3 waiting");
+  profile_free(p);
+  /* without the section nothing is shared */
+  p = profile_from(plain_profile, &err);
+  assert_int_equal(p->cores_per_node, 0);
+  test_assert_near(profile_node_speed(p, 8, 8), 1, 0, 0, "no host section");
+  profile_free(p);
+}
+
+/* Every bad new key is one input error naming the file and the key. */
+static void test_profile_host_errors(void **state) {
+  (void)state;
+  static const struct {
+    const char *section, *want;
+  } cases[] = {
+      {"\"host\":{\"instruction_overhead_us\":1}", "cores_per_node"},
+      {"\"host\":{\"cores_per_node\":0}", "cores_per_node"},
+      {"\"host\":{\"cores_per_node\":2.5}", "cores_per_node"},
+      {"\"host\":{\"cores_per_node\":2,\"wait_core_share\":1.5}", "wait_core_share"},
+      {"\"host\":{\"cores_per_node\":2,\"comm_test_us\":-1}", "comm_test_us"},
+      {"\"host\":{\"cores_per_node\":2,\"wake_latency_us\":\"x\"}", "wake_latency_us"},
+      {"\"host\":{\"cores_per_node\":2,\"cores\":2}", "cores"},
+      {"\"host\":[]", "host"},
+      {"\"collectives\":{\"intra\":{}}", "intra"},
+      {"\"collectives\":{\"intra_node\":{\"allreduce\":{}}}", "allreduce"},
+      {"\"collectives\":{\"intra_node\":{\"p2p\":{\"latency_us\":1}}}", "bandwidth_gbs"},
+      {"\"collectives\":{\"inter_node\":{\"p2p\":{\"latency_us\":1,\"bandwidth_gbs\":0}}}",
+       "bandwidth_gbs"},
+      {"\"collectives\":{\"intra_node\":{\"p2p\":{\"latency_us\":-1,\"bandwidth_gbs\":1}}}",
+       "latency_us"},
+      {"\"collectives\":{\"intra_node\":{\"p2p\":{\"latency_us\":1,\"bandwidth_gbs\":1,"
+       "\"ranks\":2}}}",
+       "ranks"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%.*s,%s}", (int)strlen(plain_profile) - 1, plain_profile,
+             cases[i].section);
+    GError *err = NULL;
+    struct profile *p = profile_from(buf, &err);
+    if (p)
+      fail_msg("case %zu accepted: %s", i, cases[i].section);
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    if (!strstr(err->message, cases[i].want) || !strstr(err->message, "test.json") ||
+        strchr(err->message, '\n'))
+      fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err->message, cases[i].want);
+    g_error_free(err);
+  }
+}
+
+/* A synthetic profile (F 1 ms, communication free) with host facts. */
+static struct profile *sharing_profile(const char *host) {
+  char buf[512];
+  snprintf(buf, sizeof buf,
+           "{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":2,\"BI_ms\":1,"
+           "\"BW_ms\":1,\"comm_ms\":0},\"host\":{%s}}",
+           host);
+  GError *err = NULL;
+  struct profile *p = profile_from(buf, &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  return p;
+}
+
+static void test_engine_cores_shared(void **state) {
+  (void)state;
+  /* 4 ranks on one node of 2 cores, equal work (one F of 1 ms each): each runs at half speed,
+   * so every F and the step end at 2 ms, twice the time alone */
+  struct profile *pr = sharing_profile("\"cores_per_node\":2");
+  struct hplan h = {.n_devices = 4, .n_streams = 1, .n = {1, 1, 1, 1}};
+  for (uint32_t d = 0; d < 4; d++)
+    h.ins[d][0] = (struct hi)C(0, IR_PASS_F);
+  struct plan *p = hplan_build(&h);
+  struct sim_result *r = run(p, pr, true);
+  for (uint32_t d = 0; d < 4; d++)
+    test_assert_near(iv_of(r, p, d, 0)->end, 2 * MS, TIME_TOL, 0, "4 on 2 cores: 2x");
+  test_assert_near(r->iteration_time, 2 * MS, TIME_TOL, 0, "step 2x");
+  sim_result_free(r);
+  profile_free(pr);
+  /* the same on 4 cores, or without the section: 1 ms */
+  pr = sharing_profile("\"cores_per_node\":4");
+  r = run(p, pr, true);
+  test_assert_near(r->iteration_time, 1 * MS, TIME_TOL, 0, "4 on 4 cores");
+  sim_result_free(r);
+  profile_free(pr);
+  plan_free(p);
+
+  /* waiting ranks poll: devices 0-2 compute F while device 3 waits for device 0's send (a
+   * quarter core each waiting): 2 / (3 + 0.25) speed, F ends at 1.625 ms; then device 3's F
+   * with three waiting: 2 / (1 + 0.75) > 1, full speed, ends at 2.625 ms. The instruction
+   * overhead (100 us) is compute: F is 1.1 ms of work, a send's latency 0.1 ms more. */
+  pr = sharing_profile("\"cores_per_node\":2,\"wait_core_share\":0.25");
+  struct hplan h2 = {.n_devices = 4, .n_streams = 1, .n = {2, 1, 1, 2}};
+  h2.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h2.ins[0][1] = (struct hi){IR_NODE_SEND, 0, IR_PASS_NONE, 3, 1000, -1, 0, -1, 0};
+  h2.ins[1][0] = (struct hi)C(0, IR_PASS_F);
+  h2.ins[2][0] = (struct hi)C(0, IR_PASS_F);
+  h2.ins[3][0] = (struct hi){IR_NODE_RECV, 0, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  h2.ins[3][1] = (struct hi)C(0, IR_PASS_F);
+  p = hplan_build(&h2);
+  r = run(p, pr, true);
+  test_assert_near(iv_of(r, p, 0, 0)->end, 3.25 / 2 * MS, TIME_TOL, 0, "3 computing + 1 polling");
+  test_assert_near(iv_of(r, p, 3, 1)->end, (3.25 / 2 + 1) * MS, TIME_TOL, 0, "then alone");
+  sim_result_free(r);
+  profile_free(pr);
+  pr = sharing_profile("\"cores_per_node\":8,\"instruction_overhead_us\":100");
+  r = run(p, pr, true);
+  test_assert_near(iv_of(r, p, 0, 0)->end, 1.1 * MS, TIME_TOL, 0, "overhead in F");
+  test_assert_near(iv_of(r, p, 3, 0)->end, 1.2 * MS, TIME_TOL, 0, "overhead in the send");
+  test_assert_near(iv_of(r, p, 3, 1)->end, 2.3 * MS, TIME_TOL, 0, "then F");
+  sim_result_free(r);
+  profile_free(pr);
+  plan_free(p);
+
+  /* wake-up: device 0's F (1 ms) runs beside two 2 ms Bs on 2 cores (speed 2/3): it ends at
+   * 1.5 ms, when both cores are still computing, so device 3 sees the message 0.2 ms late */
+  pr = sharing_profile("\"cores_per_node\":2,\"wake_latency_us\":200");
+  struct hplan h3 = h2;
+  h3.ins[1][0] = (struct hi)C(0, IR_PASS_B);
+  h3.ins[2][0] = (struct hi)C(0, IR_PASS_B);
+  p = hplan_build(&h3);
+  r = run(p, pr, true);
+  test_assert_near(iv_of(r, p, 0, 0)->end, 1.5 * MS, TIME_TOL, 0, "F beside two Bs");
+  test_assert_near(iv_of(r, p, 3, 0)->end, 1.7 * MS, TIME_TOL, 0, "late wake-up");
+  sim_result_free(r);
+  profile_free(pr);
+  plan_free(p);
+}
+
 static void test_engine_contention(void **state) {
   (void)state;
   /* a synthetic profile with communication of 1 ms holding half the SMs */
@@ -1313,6 +1489,9 @@ int main(void) {
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_engine_order_and_rendezvous),
       cmocka_unit_test(test_engine_contention),
+      cmocka_unit_test(test_profile_host_and_fits),
+      cmocka_unit_test(test_profile_host_errors),
+      cmocka_unit_test(test_engine_cores_shared),
       cmocka_unit_test(test_engine_memory),
       cmocka_unit_test(test_report_stats),
       cmocka_unit_test(test_collapse_exact),
