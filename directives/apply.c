@@ -559,7 +559,10 @@ static void recompute_priorities(struct apply *a) {
   for (uint32_t e = 0; e < g->edges->len; e++) {
     const struct ir_edge *ed = IR_EDGE(g, e);
     struct ir_node *r = IR_NODE(g, ed->src);
-    if (ed->kind != IR_EDGE_DATA || r->kind != IR_NODE_COMPUTE || r->pass != IR_PASS_R)
+    /* the backward it restores for; not its own collectives (tensor parallelism), which
+     * inherit the rerun's place when lowered */
+    if (ed->kind != IR_EDGE_DATA || r->kind != IR_NODE_COMPUTE || r->pass != IR_PASS_R ||
+        IR_NODE(g, ed->dst)->kind != IR_NODE_COMPUTE)
       continue;
     uint64_t p = IR_NODE(g, ed->dst)->priority;
     if (p - (p > 0) < r->priority)

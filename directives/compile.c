@@ -122,6 +122,18 @@ static bool load_model_and_program(const struct compile_options *o, struct compi
     return false;
   if (o->layout) {
     g_autofree char *name = g_strdup_printf("--layout \"%s\"", o->layout);
+    /* expert sharding only where the model has experts */
+    uint32_t stages = layout_stages(&l);
+    g_autofree bool *dense = g_new(bool, stages + 1);
+    for (uint32_t st = 0; st < stages; st++)
+      dense[st] = true;
+    for (uint32_t k = 0; k < r->model->n_segments; k++) {
+      const struct model_segment *seg = &r->model->segments[k];
+      int32_t st = seg->tags[MODEL_TAG_PP];
+      if (seg->expert && st >= 0 && (uint32_t)st < stages)
+        dense[st] = false;
+    }
+    l.stage_without_experts = dense;
     r->program = layout_program(&l, name, err);
   } else {
     r->program = dir_program_load_file(o->directives_path, err);

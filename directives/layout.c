@@ -156,6 +156,8 @@ char *layout_to_json(const struct layout *l) {
       append_line(s, "replicate", filter, l, layout_stage_rank(l, st), zero);
     }
     for (uint32_t st = 0; st < stages && l->ep > 1; st++) {
+      if (l->stage_without_experts && l->stage_without_experts[st])
+        continue;
       g_snprintf(filter, sizeof filter, "{\"PP\": %u, \"EP\": \"*\"}", st);
       append_line(s, "shard", filter, l, layout_stage_rank(l, st), "");
     }

@@ -41,6 +41,9 @@ struct layout {
   uint32_t tp;          /* tensor parallelism inside each data-parallel replica, 1 = none */
   bool sequence_parallel; /* "sp": with tp */
   enum ir_recompute recompute; /* recompute=full|selective: one recompute directive over {} */
+  /* Not parsed: [stages] true where the model has no experts (DeepSeek-V3's dense first
+   * stage), which then get no shard line; NULL: every stage has them. Not owned. */
+  const bool *stage_without_experts;
 };
 
 /* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero, recompute (full or

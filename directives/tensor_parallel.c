@@ -281,9 +281,16 @@ static void insert_for_node(struct ir_graph *g, const struct ir_adjacency *adj, 
   }
   /* the output reaches the next block only once reduced; weight gradients and saved
    * activations do not wait */
+  bool rerun = IR_NODE(g, x)->pass == IR_PASS_R;
   for (uint32_t k = adj->out_first[x]; k < adj->out_first[x + 1]; k++) {
     uint32_t e = adj->out_edges[k];
     struct ir_edge ed = *IR_EDGE(g, e);
+    /* a rerun's output is what its backward reads (slot 1): the backward waits for the rerun's
+     * collectives too, which keeps them (and the rerun) right before it */
+    if (rerun && ed.kind == IR_EDGE_DATA && ed.slot == 1) {
+      ir_graph_add_edge(g, last, ed.dst, IR_EDGE_TEMPORAL, 0, 0);
+      continue;
+    }
     if (ed.kind != IR_EDGE_DATA || ed.slot != 0)
       continue;
     enum ir_node_kind k = IR_NODE(g, ed.dst)->kind;

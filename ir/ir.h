@@ -217,6 +217,14 @@ uint64_t ir_tp_segment_param_bytes(const struct model *m, uint32_t segment, uint
  * ([T, hidden]) whole unless sequence_parallel. */
 uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint32_t tp,
                                    bool sequence_parallel);
+/* What a compute node of segment holds on one device besides its tensors (the memory rule's
+ * workspace, models/model.h): in pass F its scratch and the outputs nothing keeps; in B the
+ * gradients of its values, bwork and scratch; in BI its scratch; in BW nothing; *keep the part
+ * BI keeps for BW. Each op's bwork and scratch are divided as its work is (ir_tp_op_share); the
+ * [T, hidden] values and gradients between ops only under sequence parallelism. tp <= 1: the
+ * segment's own figures. */
+uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pass pass, uint32_t tp,
+                            bool sequence_parallel, uint64_t *keep);
 /* The TP collectives a compute node of segment in pass implies: *count of them moving *bytes
  * in total per device (all-reduces; under sequence parallelism each is a reduce-scatter plus an
  * all-gather of the same size). */

@@ -497,11 +497,8 @@ static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,
                        struct class_pools *cp) {
   if (n->kind != IR_NODE_COMPUTE || n->segment >= l->g->model->n_segments)
     return;
-  const struct model_segment *s = &l->g->model->segments[n->segment];
-  uint64_t bytes = n->pass == IR_PASS_F    ? s->fwd_work_bytes
-                   : n->pass == IR_PASS_B  ? s->bwd_keep_bytes + s->bwd_scratch_bytes
-                   : n->pass == IR_PASS_BI ? s->bwd_scratch_bytes
-                                           : 0;
+  uint64_t bytes = ir_tp_segment_work(l->g->model, n->segment, n->pass, n->tp_degree,
+                                      n->sequence_parallel, NULL);
   if (!bytes)
     return;
   struct plan_tensor pt = {.bytes = bytes,
@@ -552,7 +549,8 @@ static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
     /* what BI keeps for BW: the gradients of the segment's values and the ops' bwork */
     if (xn->kind == IR_NODE_COMPUTE && xn->pass == IR_PASS_BI && e->slot == 1 &&
         xn->segment < l->g->model->n_segments)
-      pt->bytes = l->g->model->segments[xn->segment].bwd_keep_bytes;
+      ir_tp_segment_work(l->g->model, xn->segment, IR_PASS_BI, xn->tp_degree,
+                         xn->sequence_parallel, &pt->bytes);
     uint32_t pair[2] = {instr_of[e->dst], t};
     g_array_append_vals(cp->tensor_reads, pair, 1);
   }

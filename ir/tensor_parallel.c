@@ -152,3 +152,33 @@ bool ir_tp_check_model(const struct model *m, uint32_t tp, bool sequence_paralle
     }
   return true;
 }
+
+uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pass pass, uint32_t tp,
+                            bool sequence_parallel, uint64_t *keep) {
+  const struct model_segment *s = &m->segments[segment];
+  uint64_t fwd = s->fwd_work_bytes, bkeep = s->bwd_keep_bytes, bscratch = s->bwd_scratch_bytes;
+  if (tp > 1) {
+    double values = sequence_parallel ? 1.0 / tp : 1.0; /* [T, hidden] between ops */
+    double f_scratch = 0, f_all_scratch = 0, k = 0, b = 0;
+    for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++) {
+      const struct model_op *op = &m->ops[i];
+      double share = ir_tp_op_share(op, tp, sequence_parallel);
+      f_all_scratch += (double)op->fwd_scratch_bytes;
+      f_scratch += share * (double)op->fwd_scratch_bytes;
+      if (op->kind != MODEL_OP_LM_HEAD_LOSS)
+        k += values * (double)op->out_bytes;
+      k += share * (double)op->bwork_bytes;
+      b += share * (double)op->bwd_scratch_bytes;
+    }
+    double outputs = (double)s->fwd_work_bytes - f_all_scratch; /* outputs nothing keeps */
+    fwd = (uint64_t)(f_scratch + values * (outputs > 0 ? outputs : 0));
+    bkeep = (uint64_t)k;
+    bscratch = (uint64_t)b;
+  }
+  if (keep)
+    *keep = bkeep;
+  return pass == IR_PASS_F    ? fwd
+         : pass == IR_PASS_B  ? bkeep + bscratch
+         : pass == IR_PASS_BI ? bscratch
+                              : 0;
+}

@@ -42,6 +42,27 @@ expect_bad() {
   python3 -c "import json,sys; m=json.load(open('$T/l70/metrics.json')); sys.exit(0 if m['peak_memory_bytes_max'] < 80e9 and m['dp'] == 1 and m['tp'] == 8 else 1)" &&
   ok || bad "llama3-70b pp=4,tp=8,sp does not fit 80 GB"
 
+# The bundled real configurations fit an H100's 79.6 GiB (profiles/h100-sxm.json), as files:
+# Llama-3-70B on 32 (TP 8 x PP 4, 1F1B) and Llama-3.1-405B on 128 (TP 8 x PP 16, interleaved
+# 1F1B over 32 stages, full recomputation)
+for c in "llama3-70b llama3-70b_tp8_pp4 4 1f1b 16" "llama3.1-405b llama3.1-405b_tp8_pp16_interleaved 32 interleaved_1f1b 32"; do
+  set -- $c
+  "$BIN/piper-sim" --model models/$1.json --directives directives/base-schedules/$2.json --pp-regions $3 \
+    --schedule $4 --mbs $5 --profile profiles/h100-sxm.json --out "$T/$2" --no-charts --quiet 2>"$T/err" &&
+    python3 -c "import json,sys; m=json.load(open('$T/$2/metrics.json')); sys.exit(0 if m['peak_memory_bytes_max'] < 79.6 * 2**30 else 1)" &&
+    ok || bad "bundled $2 does not fit: $(cat "$T/err")"
+done
+
+# recomputation under TP: the rerun goes right before its backward (not after its forward, where
+# its collectives' order once put it), so full recomputation lowers the peak
+for r in none full; do
+  lay=pp=4,tp=8,sp; [ $r = full ] && lay=$lay,recompute=full
+  "$BIN/piper-sim" --model models/llama3-70b.json --layout $lay --schedule 1f1b --mbs 16 \
+    --profile profiles/h100-sxm.json --no-charts --quiet --out "$T/rc_$r" >/dev/null 2>&1
+done
+python3 -c "import json,sys; a,b=(json.load(open('$T/rc_%s/metrics.json' % r))['peak_memory_bytes_max'] for r in ('none','full')); sys.exit(0 if b < 0.9 * a else 1)" &&
+  ok || bad "recompute=full does not lower the TP peak"
+
 # the executor refuses, one line
 expect_bad "does not run tensor parallelism yet" "$BIN/piper-exec" --model models/tiny-dense.json --layout tp=2 --iters 1
 expect_bad "does not run tensor parallelism yet" "$BIN/piper-exec" --plans "$T/p" --iters 1
