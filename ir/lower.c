@@ -511,6 +511,29 @@ static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,
   g_array_append_val(cp->writes, t);
 }
 
+/* A ZeRO-2/3 gradient reduce-scatter's input: the bucket's gradients summed whole (padded to
+ * N * ceil(P / N) so the collective divides evenly) from the first weight gradient of the step
+ * to the reduce-scatter, after which only the shard stays (the static figure). Produced by the
+ * reduce-scatter, read by nobody; its alloc point moves to the first weight gradient
+ * (class_bucket_points). */
+static void instr_bucket(struct lower *l, uint32_t i, const struct ir_node *n,
+                         struct class_pools *cp) {
+  if (n->kind != IR_NODE_REDUCE_SCATTER || n->purpose != IR_COMM_DP || !n->shard_grads ||
+      n->segset == IR_NONE)
+    return;
+  uint64_t dtype = model_dtype_bytes(l->g->model->dtype);
+  uint64_t P = IR_SEGSET(l->g, n->segset)->param_bytes / dtype;
+  uint64_t N = n->replica_degree ? n->replica_degree : 1;
+  struct plan_tensor pt = {.bytes = (P + N - 1) / N * N * dtype,
+                           .producer = i,
+                           .kind = PLAN_TENSOR_OUT,
+                           .consumer_first = IR_NONE, /* no slot: never matched as an output */
+                           .consumer_count = 0};
+  g_array_append_val(cp->tensors, pt);
+  uint32_t t = cp->tensors->len - 1;
+  g_array_append_val(cp->writes, t);
+}
+
 /* Instruction i's tensors: one per distinct output slot with a local consumer, and its
  * workspace. */
 static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
@@ -555,6 +578,7 @@ static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
     g_array_append_vals(cp->tensor_reads, pair, 1);
   }
   instr_work(l, i, xn, cp);
+  instr_bucket(l, i, xn, cp);
   c->instrs[i].write_count = cp->writes->len - c->instrs[i].write_first;
 }
 
@@ -628,6 +652,31 @@ static void class_take_pools(struct plan_class *c, struct class_pools *cp) {
   memset(cp, 0, sizeof *cp);
 }
 
+/* A bucket tensor (instr_bucket) is allocated at the first instruction of the class that
+ * writes a weight gradient of one of its segments (B or BW), in issue order. */
+static void class_bucket_points(const struct lower *l, struct plan_class *c) {
+  for (uint32_t t = 0; t < c->n_tensors; t++) {
+    struct plan_tensor *pt = &c->tensors[t];
+    const struct ir_node *rs = IR_NODE(l->g, c->instrs[pt->producer].node);
+    if (pt->consumer_count || rs->kind != IR_NODE_REDUCE_SCATTER || rs->segset == IR_NONE)
+      continue;
+    const struct ir_segset *ss = IR_SEGSET(l->g, rs->segset);
+    const uint32_t *segs = &g_array_index(l->g->segment_pool, uint32_t, ss->first);
+    for (uint32_t i = 0; i < pt->producer; i++) {
+      const struct ir_node *n = IR_NODE(l->g, c->instrs[i].node);
+      if (n->kind != IR_NODE_COMPUTE || (n->pass != IR_PASS_B && n->pass != IR_PASS_BW))
+        continue;
+      bool mine = false;
+      for (uint32_t k = 0; k < ss->count && !mine; k++)
+        mine = segs[k] == n->segment;
+      if (mine) {
+        pt->alloc = i;
+        break;
+      }
+    }
+  }
+}
+
 /* Builds the program of one class, whose devices belong to exactly `groups`. instr_of is
  * IR_NONE for every node on entry and on return. */
 static void build_class(struct lower *l, struct plan_class *c, const uint32_t *groups,
@@ -659,6 +708,7 @@ static void build_class(struct lower *l, struct plan_class *c, const uint32_t *g
   g_free(latest);
   class_reads_consumers(c, &cp);
   class_take_pools(c, &cp);
+  class_bucket_points(l, c);
   if (shared)
     class_group_p2p(l, c, shared);
   g_free(shared);

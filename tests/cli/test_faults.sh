@@ -34,16 +34,16 @@ fi
 judge() {
   local name=$1 rc=$2 took=$3 log=$4 want=${5:-}
   local lines
-  lines=$(grep -c "^piper-exec: error: rank [0-9]*: watchdog: no progress for" "$log")
+  lines=$(grep -c "piper-exec: error: rank [0-9]*: watchdog: no progress for" "$log")
   if [ "$rc" -ne 1 ] || [ "$took" -ge "$LIMIT" ]; then
     bad "$name: exit $rc after ${took}s (want 1 within ${LIMIT}s): $(grep -v '^step' "$log" | tail -4)"
   elif [ "$lines" -lt 1 ]; then
-    bad "$name: no watchdog line: $(tail -4 "$log")"
+    bad "$name: no watchdog line: $(grep -a "piper" "$log" | tail -6)"
   elif [ -n "$want" ] && ! grep -q "$want" "$log"; then
     bad "$name: no line matching '$want': $(grep watchdog "$log")"
   elif grep -qiE "segmentation|signal [0-9]|core dumped|aborted" "$log"; then
     bad "$name: a rank crashed: $(grep -iE "segmentation|signal|core dumped|aborted" "$log" | head -3)"
-  elif [ -n "$(grep -o "^piper-exec: error: rank [0-9]*: watchdog" "$log" | sort | uniq -d)" ]; then
+  elif [ -n "$(grep -o "piper-exec: error: rank [0-9]*: watchdog" "$log" | sort | uniq -d)" ]; then
     bad "$name: a rank reported twice: $(grep watchdog "$log")"
   else
     ok
