@@ -145,6 +145,18 @@ static void part_met(struct progress *s, uint32_t unit, uint32_t st) {
   s->arrived[unit][st] = false;
 }
 
+/* The arrivals (devices) that complete an instance of comm. A split communicator (tensor
+ * parallelism) has several instances in one group, which colours do not tell apart (a colour
+ * may hold devices of several): colour mode waits for the whole group, every instance at once.
+ * That only asks more of a run, so a colour run that finishes still proves the device run does
+ * (an instance there completes as soon as its own members arrive). */
+static uint32_t arrivals_needed(const struct progress *s, uint32_t comm) {
+  const struct plan_comm *c = &s->p->comms[comm];
+  if (s->colour && c->split > 1 && c->group < s->p->n_groups)
+    return s->p->groups[c->group].count;
+  return plan_comm_size(s->p, comm);
+}
+
 /* Instruction in of unit, heading stream st (alone or as a part of a group), arrives at its
  * communication; completes the instance when it is the last to come. False on a mismatch
  * error. */
@@ -171,7 +183,7 @@ static bool arrive(struct progress *s, uint32_t unit, uint32_t st, const struct 
   uint32_t who[2] = {unit, st};
   g_array_append_vals(a->who, who, 1);
   a->count += weight;
-  if (a->count == plan_comm_size(p, in->comm)) {
+  if (a->count == arrivals_needed(s, in->comm)) {
     /* A unit may stand in who twice (a group whose send and receive pair within one colour):
      * each entry is one part met. */
     for (uint32_t k = 0; k < a->who->len; k++) {
@@ -358,11 +370,6 @@ static uint32_t refine_step(const struct plan *p, GArray *const *rel, const uint
 static uint32_t *device_colours(const struct plan *p, uint32_t *n) {
   for (uint32_t d = 0; d < p->n_devices; d++)
     if (p->device_class[d] >= p->n_classes)
-      return NULL;
-  /* A split communicator (tensor parallelism) has several instances in one group, which the
-   * weighted count above does not tell apart: the device run decides. */
-  for (uint32_t k = 0; k < p->n_comms; k++)
-    if (p->comms[k].split > 1)
       return NULL;
   GArray **rel = g_new(GArray *, p->n_classes ? p->n_classes : 1);
   for (uint32_t c = 0; c < p->n_classes; c++)
