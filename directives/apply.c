@@ -1526,7 +1526,8 @@ static void default_priorities(struct apply *a, const bool *ordered) {
 /* ---- ZeRO-3 prefetch ------------------------------------------------------------------------ */
 
 /* A group's compute nodes in the order its devices run them: by run_positions. */
-static const uint32_t *run_pos; /* qsort context for by_run_order */
+/* qsort context for by_run_order; per thread: the planner compiles on several at once */
+static _Thread_local const uint32_t *run_pos;
 static int by_run_order(const void *x, const void *y) {
   uint32_t u = run_pos[*(const uint32_t *)x], v = run_pos[*(const uint32_t *)y];
   return u < v ? -1 : u > v;

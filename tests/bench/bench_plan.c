@@ -1,8 +1,10 @@
 /* Planner benchmark (issue 12): the 64-GPU Qwen3-30B-A3B question on an H100 profile, global
  * batch 256 sequences, micro-batch sizes 1 and 2 (every layout pp x dp x ep of 64 devices that
- * divides the model, every schedule that applies, ZeRO 0/2/3). Prints the configurations
- * searched, the wall clock, configurations per second, the CPU time and the best answer; the
- * target is a few hundred configurations in under a minute on 2 cores.
+ * divides the model, every schedule that applies, ZeRO 0/2/3), first without tensor
+ * parallelism, then with the default degrees (tp 2 and 4 with sequence parallelism: 8 does not
+ * divide the 4 KV heads). Prints for each the configurations searched, the wall clock,
+ * configurations per second, the CPU time and the best answer; the target is a few hundred
+ * configurations in under a minute on 2 cores.
  * Run from the repository root: build/bench/bench_plan [THREADS (default 2)] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +19,8 @@ static double cpu_seconds(void) {
          ru.ru_stime.tv_usec * 1e-6;
 }
 
-int main(int argc, char **argv) {
-  uint32_t threads = argc > 1 ? (uint32_t)atoi(argv[1]) : 2;
+/* One search: tp NULL searches the default degrees. */
+static int search(uint32_t threads, const uint32_t *tp, uint32_t n_tp) {
   static const int64_t sizes[] = {1, 2};
   struct planner_request rq = planner_request_default();
   rq.model_path = "models/qwen3-30b-a3b.json";
@@ -27,6 +29,8 @@ int main(int argc, char **argv) {
   rq.global_batch = 256;
   rq.micro_batch_sizes = sizes;
   rq.n_micro_batch_sizes = 2;
+  rq.tp = tp;
+  rq.n_tp = n_tp;
   rq.threads = threads ? threads : 2;
   rq.progress = true;
   GError *err = NULL;
@@ -43,7 +47,8 @@ int main(int argc, char **argv) {
     feasible += pl->configs[i].status == PLANNER_FEASIBLE;
     failed += pl->configs[i].status == PLANNER_FAILED;
   }
-  printf("planner: qwen3-30b-a3b, 64 devices, h100-sxm, global batch 256, micro-batch sizes 1,2\n");
+  printf("planner: qwen3-30b-a3b, 64 devices, h100-sxm, global batch 256, micro-batch sizes 1,2, %s\n",
+         tp ? "no tensor parallelism" : "tensor parallelism 1, 2, 4 (default)");
   printf("  %u configurations (%u layouts; %u feasible, %u failed) in %.1f s wall on %u threads "
          "(%.1f configurations/s, %.1f s CPU)\n",
          pl->n_configs, pl->n_layouts, feasible, failed, pl->seconds, rq.threads,
@@ -56,4 +61,10 @@ int main(int argc, char **argv) {
   }
   planner_free(pl);
   return 0;
+}
+
+int main(int argc, char **argv) {
+  uint32_t threads = argc > 1 ? (uint32_t)atoi(argv[1]) : 2;
+  static const uint32_t no_tp[] = {1};
+  return search(threads, no_tp, 1) || search(threads, NULL, 0);
 }
