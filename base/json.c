@@ -63,6 +63,15 @@ cJSON *json_parse_file(const char *path, GError **err) {
   return root;
 }
 
+cJSON *json_parse_file_strict(const char *path, GError **err) {
+  cJSON *root = json_parse_file(path, err);
+  if (root && !json_refuse_duplicate_keys(root, path, err)) {
+    cJSON_Delete(root);
+    return NULL;
+  }
+  return root;
+}
+
 bool json_check_keys(const cJSON *obj, const char *const *allowed, const char *ctx, GError **err) {
   if (!cJSON_IsObject(obj))
     return piper_input_error(err, "%s: expected an object", ctx);

@@ -26,6 +26,8 @@
 
 /* Parses a whole file; on failure the message is "<path>:<line>:<col>: <what>". */
 cJSON *json_parse_file(const char *path, GError **err);
+/* json_parse_file, then json_refuse_duplicate_keys: what every input file reader wants. */
+cJSON *json_parse_file_strict(const char *path, GError **err);
 /* Parses a buffer; name is what error messages call it (a path, "<stdin>"). */
 cJSON *json_parse_buffer(const char *name, const char *buf, size_t len, GError **err);
 

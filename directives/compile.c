@@ -84,11 +84,7 @@ static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *pat
 /* The model file with its "piper" object's micro_batch_size replaced. */
 static struct model *load_model_with_micro_batch(const char *path, int pp_regions, int64_t mbs,
                                                  GError **err) {
-  cJSON *root = json_parse_file(path, err);
-  if (root && !json_refuse_duplicate_keys(root, path, err)) {
-    cJSON_Delete(root);
-    return NULL;
-  }
+  cJSON *root = json_parse_file_strict(path, err);
   if (!root)
     return NULL;
   cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");

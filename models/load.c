@@ -656,11 +656,7 @@ fail:
 }
 
 struct model *model_load_file(const char *path, int pp_regions_override, GError **err) {
-  cJSON *root = json_parse_file(path, err);
-  if (root && !json_refuse_duplicate_keys(root, path, err)) {
-    cJSON_Delete(root);
-    return NULL;
-  }
+  cJSON *root = json_parse_file_strict(path, err);
   if (!root)
     return NULL;
   struct model *m = model_load_json(path, root, pp_regions_override, err);

@@ -408,11 +408,10 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
 }
 
 struct profile *profile_load_file(const char *path, GError **err) {
-  cJSON *root = json_parse_file(path, err);
+  cJSON *root = json_parse_file_strict(path, err);
   if (!root)
     return NULL;
-  struct profile *p =
-      json_refuse_duplicate_keys(root, path, err) ? profile_parse_json(path, root, err) : NULL;
+  struct profile *p = profile_parse_json(path, root, err);
   cJSON_Delete(root);
   return p;
 }

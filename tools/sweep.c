@@ -119,11 +119,7 @@ static bool check_files(const struct sweep *s, GError **err) {
 }
 
 struct sweep *sweep_load_file(const char *path, GError **err) {
-  cJSON *root = json_parse_file(path, err);
-  if (root && !json_refuse_duplicate_keys(root, path, err)) {
-    cJSON_Delete(root);
-    return NULL;
-  }
+  cJSON *root = json_parse_file_strict(path, err);
   if (!root)
     return NULL;
   struct sweep *s = g_new0(struct sweep, 1);
