@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "../../base/base.h"
+#include "../../base/json.h"
 #include "../../directives/compile.h"
 #include "../../models/model.h"
 
@@ -110,6 +111,46 @@ static inline struct compile_result test_compile(const struct compile_options *o
   if (!compile_run(o, &r, &err))
     fail_msg("compile %s with %s: %s", o->model_path, o->directives_path, err->message);
   return r;
+}
+
+/* Applies a directive program given as JSON text to model m's graph; the graph, or NULL with
+ * *err. */
+static inline struct ir_graph *test_apply_text(const struct model *m, const char *text,
+                                               GError **err) {
+  cJSON *root = json_parse_buffer("test.json", text, strlen(text), err);
+  if (!root)
+    return NULL;
+  struct dir_program *p = dir_program_parse_json("test.json", root, err);
+  cJSON_Delete(root);
+  if (!p)
+    return NULL;
+  struct ir_graph *g = ir_graph_build(m);
+  bool ok = dir_program_apply(p, g, 0, err);
+  dir_program_free(p);
+  if (!ok) {
+    ir_graph_free(g);
+    return NULL;
+  }
+  return g;
+}
+
+/* test_apply_text, failing the test with the error. */
+static inline struct ir_graph *test_must_apply(const struct model *m, const char *text) {
+  GError *err = NULL;
+  struct ir_graph *g = test_apply_text(m, text, &err);
+  if (!g)
+    fail_msg("%s", err->message);
+  return g;
+}
+
+/* The program is refused with an input error naming substring. */
+static inline void test_expect_apply_error(const struct model *m, const char *text,
+                                           const char *substring) {
+  GError *err = NULL;
+  struct ir_graph *g = test_apply_text(m, text, &err);
+  assert_null(g);
+  test_assert_input_error(err, substring);
+  g_error_free(err);
 }
 
 #endif

@@ -36,41 +36,6 @@ static struct counts count(const struct ir_graph *g) {
   return c;
 }
 
-/* Applies a directive program given as JSON text; returns the graph or NULL with *err. */
-static struct ir_graph *apply_text(const struct model *m, const char *text, GError **err) {
-  cJSON *root = json_parse_buffer("test.json", text, strlen(text), err);
-  if (!root)
-    return NULL;
-  struct dir_program *p = dir_program_parse_json("test.json", root, err);
-  cJSON_Delete(root);
-  if (!p)
-    return NULL;
-  struct ir_graph *g = ir_graph_build(m);
-  bool ok = dir_program_apply(p, g, 0, err);
-  dir_program_free(p);
-  if (!ok) {
-    ir_graph_free(g);
-    return NULL;
-  }
-  return g;
-}
-
-static struct ir_graph *must_apply(const struct model *m, const char *text) {
-  GError *err = NULL;
-  struct ir_graph *g = apply_text(m, text, &err);
-  if (!g)
-    fail_msg("%s", err->message);
-  return g;
-}
-
-static void expect_error(const struct model *m, const char *text, const char *substring) {
-  GError *err = NULL;
-  struct ir_graph *g = apply_text(m, text, &err);
-  assert_null(g);
-  test_assert_input_error(err, substring);
-  g_error_free(err);
-}
-
 static uint32_t param_segments(const struct model *m) {
   uint32_t n = 0;
   for (uint32_t s = 0; s < m->n_segments; s++)
@@ -102,7 +67,7 @@ static void test_build_dense(void **state) {
 static void test_split_multiplies_matched_nodes(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 0);
-  struct ir_graph *g = must_apply(
+  struct ir_graph *g = test_must_apply(
       m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
   struct counts c = count(g);
   assert_int_equal(c.pass[IR_PASS_F], 4 * 3);
@@ -114,7 +79,7 @@ static void test_split_multiplies_matched_nodes(void **state) {
   ir_graph_free(g);
 
   /* A split of one region copies only its nodes. */
-  g = must_apply(
+  g = test_must_apply(
       m, "[{\"op\":\"split\",\"filter\":{\"PP\":1},\"dim_name\":\"MB\",\"num_microbatches\":5}]");
   c = count(g);
   assert_int_equal(c.pass[IR_PASS_F], 3 + 5);
@@ -129,7 +94,7 @@ static void test_place_adds_send_recv_per_crossing_edge(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 0);
   struct ir_graph *g =
-      must_apply(m, "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0]},"
+      test_must_apply(m, "[{\"op\":\"place\",\"filter\":{\"PP\":0},\"devices\":[0]},"
                     "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[0]},"
                     "{\"op\":\"place\",\"filter\":{\"PP\":2},\"devices\":[1]},"
                     "{\"op\":\"place\",\"filter\":{\"PP\":3},\"devices\":[1]},"
@@ -158,20 +123,20 @@ static void test_replicate_buckets(void **state) {
   struct model *m = test_load_model("models/tiny-dense.json", 0);
   uint32_t ps = param_segments(m);
   /* A tiny bucket holds one segment each: one all-reduce per parameter segment. */
-  struct ir_graph *g = must_apply(
+  struct ir_graph *g = test_must_apply(
       m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001}]");
   struct counts c = count(g);
   assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], ps);
   assert_int_equal(c.kind[IR_NODE_REDUCE_SCATTER], 0);
   ir_graph_free(g);
   /* The default 25 MB bucket holds the whole tiny model. */
-  g = must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]}]");
+  g = test_must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]}]");
   c = count(g);
   assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], 1);
   ir_graph_free(g);
   /* ZeRO-2: reduce-scatter instead of all-reduce; the update touches this device's shard, so
    * an all-gather per bucket follows it. */
-  g = must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
+  g = test_must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
                     "\"shard_grads\":true}]");
   c = count(g);
   assert_int_equal(c.kind[IR_NODE_ALL_REDUCE], 0);
@@ -180,7 +145,7 @@ static void test_replicate_buckets(void **state) {
   ir_graph_free(g);
   /* ZeRO-3: parameters stay sharded; an all-gather per bucket before F and before B of each
    * micro-batch, none after the update. */
-  g = must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
+  g = test_must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
                     "\"shard_params\":true},"
                     "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]");
   c = count(g);
@@ -210,7 +175,7 @@ static void test_replicate_zero1(void **state) {
       total += m->segments[s].param_bytes;
     }
   struct ir_graph *g =
-      must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
+      test_must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"bucket_size\":0.0001,"
                     "\"shard_optimizer\":true},"
                     "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]");
   struct counts c = count(g);
@@ -250,7 +215,7 @@ static void test_zero3_prefetch_edges(void **state) {
   struct model *m = test_load_model("models/tiny-dense.json", 1); /* one segment */
   assert_int_equal(m->n_segments, 1);
   uint32_t mbs = 4;
-  struct ir_graph *g = must_apply(
+  struct ir_graph *g = test_must_apply(
       m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1],\"shard_params\":true},"
          "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":4}]");
   uint32_t gathers = 0, linked = 0;
@@ -320,7 +285,7 @@ static void test_recompute_rewrite(void **state) {
       "[{\"op\":\"recompute\",\"filter\":{\"PASS\":\"F\"},\"granularity\":\"selective\"},"
       "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]"};
   for (int v = 0; v < 2; v++) {
-    struct ir_graph *g = must_apply(m, prog[v]);
+    struct ir_graph *g = test_must_apply(m, prog[v]);
     uint32_t reruns = 0;
     for (uint32_t i = 0; i < g->nodes->len; i++) {
       const struct ir_node *r = IR_NODE(g, i);
@@ -383,7 +348,7 @@ static void test_shard_adds_all_to_all(void **state) {
   struct model *m = test_load_model("models/tiny-moe.json", 0);
   uint32_t mbs = 3;
   struct ir_graph *g =
-      must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]},"
+      test_must_apply(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]},"
                     "{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1]},"
                     "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":3}]");
   struct counts c = count(g);
@@ -415,13 +380,13 @@ static void test_order_adds_temporal_edges(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 2);
   char *base = g_strdup_printf("[%s]", pp2_place);
-  struct ir_graph *g0 = must_apply(m, base);
+  struct ir_graph *g0 = test_must_apply(m, base);
   char *ordered =
       g_strdup_printf("[%s, {\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}],"
                       "[{\"PP\":0,\"MB\":1,\"PASS\":\"F\"}],[{\"PP\":0,\"MB\":0,\"PASS\":\"B\"}],[{"
                       "\"PP\":0,\"MB\":1,\"PASS\":\"B\"}]]}]",
                       pp2_place);
-  struct ir_graph *g1 = must_apply(m, ordered);
+  struct ir_graph *g1 = test_must_apply(m, ordered);
   /* One segment per stage: each of the 3 slot boundaries adds exactly one edge. */
   assert_int_equal(count(g1).temporal_edges, count(g0).temporal_edges + 3);
   ir_graph_free(g0);
@@ -434,21 +399,21 @@ static void test_order_adds_temporal_edges(void **state) {
                                   "{\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":"
                                   "\"B\"}],[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}]]}]",
                                   pp2_place);
-  expect_error(m, reverse, "directive 3 (order): the order creates a cycle against dataflow");
+  test_expect_apply_error(m, reverse, "directive 3 (order): the order creates a cycle against dataflow");
   g_free(reverse);
   /* A slot spanning two device groups. */
   char *cross = g_strdup_printf("[%s, "
                                 "{\"op\":\"order\",\"filters\":[[{\"PP\":0,\"MB\":0,\"PASS\":\"F\"}"
                                 "],[{\"PP\":1,\"MB\":0,\"PASS\":\"F\"}]]}]",
                                 pp2_place);
-  expect_error(m, cross, "spans device groups");
+  test_expect_apply_error(m, cross, "spans device groups");
   g_free(cross);
   /* BI without a later BW. */
   char *bi = g_strdup_printf("[%s, "
                              "{\"op\":\"order\",\"filters\":[[{\"PP\":1,\"MB\":0,\"PASS\":\"F\"}],["
                              "{\"PP\":1,\"MB\":0,\"PASS\":\"BI\"}]]}]",
                              pp2_place);
-  expect_error(m, bi, "no later group has its BW");
+  test_expect_apply_error(m, bi, "no later group has its BW");
   g_free(bi);
   model_free(m);
 }
@@ -456,29 +421,29 @@ static void test_order_adds_temporal_edges(void **state) {
 static void test_bad_programs(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-moe.json", 0);
-  expect_error(m, "[{\"op\":\"place\",\"filter\":{\"XX\":0},\"devices\":[0]}]",
+  test_expect_apply_error(m, "[{\"op\":\"place\",\"filter\":{\"XX\":0},\"devices\":[0]}]",
                "filter key \"XX\" is not a tag");
-  expect_error(m, "[{\"op\":\"place\",\"filter\":{\"PP\":7},\"devices\":[0]}]", "matches nothing");
-  expect_error(m, "[{\"op\":\"shard\",\"filter\":{\"PP\":0},\"devices\":[0,1]}]",
+  test_expect_apply_error(m, "[{\"op\":\"place\",\"filter\":{\"PP\":7},\"devices\":[0]}]", "matches nothing");
+  test_expect_apply_error(m, "[{\"op\":\"shard\",\"filter\":{\"PP\":0},\"devices\":[0,1]}]",
                "no expert region");
-  expect_error(m, "[{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1,2]}]",
+  test_expect_apply_error(m, "[{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1,2]}]",
                "do not divide evenly");
-  expect_error(m,
+  test_expect_apply_error(m,
                "[{\"op\":\"replicate\",\"filter\":{\"PP\":0},\"devices\":[0,1]},"
                "{\"op\":\"place\",\"filter\":{\"PP\":1},\"devices\":[2]}]",
                "must have equal sizes");
-  expect_error(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]}]",
+  test_expect_apply_error(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]}]",
                "neither replicated nor sharded");
-  expect_error(m,
+  test_expect_apply_error(m,
                "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
                "{\"op\":\"replicate\",\"filter\":{},\"devices\":[2,3]}]",
                "differ from the devices given");
-  expect_error(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"PP\",\"num_microbatches\":2}]",
+  test_expect_apply_error(m, "[{\"op\":\"split\",\"filter\":{},\"dim_name\":\"PP\",\"num_microbatches\":2}]",
                "already names a tag");
-  expect_error(m, "[{\"op\":\"recompute\",\"filter\":{\"PASS\":\"B\"}}]",
+  test_expect_apply_error(m, "[{\"op\":\"recompute\",\"filter\":{\"PASS\":\"B\"}}]",
                "directive 0 (recompute): \"filter\": \"PASS\" may only be F");
-  expect_error(m, "[{\"op\":\"recompute\",\"filter\":{\"PP\":9}}]", "matches no forward");
-  expect_error(m,
+  test_expect_apply_error(m, "[{\"op\":\"recompute\",\"filter\":{\"PP\":9}}]", "matches no forward");
+  test_expect_apply_error(m,
                "[{\"op\":\"recompute\",\"filter\":{\"PP\":0}},"
                "{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\"}]",
                "which an earlier recompute took");

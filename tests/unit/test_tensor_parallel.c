@@ -28,40 +28,6 @@
 #define PARAMS_PER_DEVICE 164928u
 #define SAVED_PER_DEVICE 1156352u
 
-static struct ir_graph *apply_text(const struct model *m, const char *text, GError **err) {
-  cJSON *root = json_parse_buffer("tp.json", text, strlen(text), err);
-  if (!root)
-    return NULL;
-  struct dir_program *p = dir_program_parse_json("tp.json", root, err);
-  cJSON_Delete(root);
-  if (!p)
-    return NULL;
-  struct ir_graph *g = ir_graph_build(m);
-  bool ok = dir_program_apply(p, g, 0, err);
-  dir_program_free(p);
-  if (!ok) {
-    ir_graph_free(g);
-    return NULL;
-  }
-  return g;
-}
-
-static struct ir_graph *must_apply(const struct model *m, const char *text) {
-  GError *err = NULL;
-  struct ir_graph *g = apply_text(m, text, &err);
-  if (!g)
-    fail_msg("%s", err->message);
-  return g;
-}
-
-static void expect_error(const struct model *m, const char *text, const char *substring) {
-  GError *err = NULL;
-  struct ir_graph *g = apply_text(m, text, &err);
-  assert_null(g);
-  test_assert_input_error(err, substring);
-  g_error_free(err);
-}
-
 /* The one TP node of kind after compute node of pass. */
 static const struct ir_node *tp_node(const struct ir_graph *g, enum ir_node_kind kind,
                                      enum ir_pass pass) {
@@ -80,7 +46,7 @@ static const struct ir_node *tp_node(const struct ir_graph *g, enum ir_node_kind
 static void test_rewrite_tp2(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 1);
-  struct ir_graph *g = must_apply(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
+  struct ir_graph *g = test_must_apply(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
                                      "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2}]");
   uint32_t n_tp = 0;
   for (uint32_t i = 0; i < g->nodes->len; i++) {
@@ -122,7 +88,7 @@ static void test_rewrite_tp2(void **state) {
 static void test_rewrite_sequence_parallel(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 1);
-  struct ir_graph *g = must_apply(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
+  struct ir_graph *g = test_must_apply(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
                                      "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2,"
                                      "\"sequence_parallel\":true}]");
   const struct ir_node *rs = tp_node(g, IR_NODE_REDUCE_SCATTER, IR_PASS_F);
@@ -294,26 +260,26 @@ static void test_moe_schedules(void **state) {
 static void test_errors(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 1);
-  expect_error(m,
+  test_expect_apply_error(m,
                "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2]},"
                "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":3}]",
-               "tp.json: directive 1 (tensor_parallel): \"degree\" 3 does not divide "
+               "test.json: directive 1 (tensor_parallel): \"degree\" 3 does not divide "
                "num_attention_heads = 4");
-  expect_error(m,
+  test_expect_apply_error(m,
                "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2,3]},"
                "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":4}]",
                "\"degree\" 4 does not divide num_key_value_heads = 2");
-  expect_error(m,
+  test_expect_apply_error(m,
                "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2,3]},"
                "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2}]",
                "runs on 4 devices, neither replicated nor sharded");
-  expect_error(m,
+  test_expect_apply_error(m,
                "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
                "{\"op\":\"tensor_parallel\",\"filter\":{\"PASS\":\"F\"},\"degree\":2}]",
                "is not divided but other passes");
-  expect_error(m, "[{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2,\"sp\":true}]",
+  test_expect_apply_error(m, "[{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2,\"sp\":true}]",
                "unknown key \"sp\"");
-  expect_error(m, "[{\"op\":\"tensor_parallel\",\"filter\":{}}]", "\"degree\"");
+  test_expect_apply_error(m, "[{\"op\":\"tensor_parallel\",\"filter\":{}}]", "\"degree\"");
   model_free(m);
 }
 
