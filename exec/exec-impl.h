@@ -87,6 +87,7 @@ enum exec_role {
   EXEC_ROLE_GATHER_UPDATE, /* ZeRO-2: updated shards back into the parameters */
   EXEC_ROLE_OPTIMIZER,
   EXEC_ROLE_TIED_SYNC, /* all-reduce of the tied embedding's two copies' gradients */
+  EXEC_ROLE_TP,        /* the plan's TP collectives of a compute: run inside it (tp.c) */
 };
 
 struct exec_instr {
@@ -162,6 +163,12 @@ struct exec_device {
   uint32_t *mb_instr_count; /* [M]: instructions tagged with each micro-batch */
   uint32_t n_comm_keys;     /* every communicator of the plan (all ranks create all) */
   struct exec_comm_key *comm_keys;
+  /* Tensor parallelism (tp.c): one degree for the whole model, this device's TP rank, and the
+   * communicator key its compute runs the TP collectives on (IR_NONE without TP). */
+  uint32_t tp_degree, tp_rank;
+  bool sequence_parallel;
+  uint32_t tp_comm;
+  uint64_t *op_offset; /* [n_ops]: where each op's parameters start in its segment's local block */
 };
 
 /* Derives the device program from the plan; fails (input error) for what the executor cannot
@@ -276,6 +283,48 @@ void exec_pool_clear(struct exec_state *s);
  * (held[i] set), zeros elsewhere. */
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
+
+/* tp.c: tensor parallelism (Megatron-LM's layout) on one device */
+
+/* Parameters op holds on one of tp ranks, and the index in the op's full block (the one-device
+ * layout, exec_init_param's) of local element `local` on TP rank r: column-parallel Q/K/V and
+ * MLP gate/up keep a slice of each row's columns, row-parallel attention output and MLP down
+ * a block of rows, the embedding (and a tied head) a block of vocabulary rows, an untied head
+ * a block of vocabulary columns; norms and the router are whole. */
+uint64_t exec_tp_op_params(const struct exec_model *xm, const struct model_op *op, uint32_t tp);
+uint64_t exec_tp_full_index(const struct exec_model *xm, const struct model_op *op, uint32_t tp,
+                            uint32_t r, uint64_t local);
+/* The TP shape of the plan on this device: degree, rank, communicator; input error for what
+ * the executor cannot run under TP (experts, regions divided differently). */
+bool exec_tp_device_init(struct exec_device *d, GError **err);
+/* After the communicator keys: d->tp_comm, and the checks that need it. */
+bool exec_tp_link_comm(struct exec_device *d, GError **err);
+/* Each op's local parameter offset in its segment (d->op_offset), after the EP split. */
+void exec_tp_op_offsets(struct exec_device *d);
+/* Whether the executor's kernel of op kind k runs on a slice (and its output or input gradient
+ * is summed over the TP group). */
+bool exec_tp_divided(enum model_op_kind k);
+/* Sum of buf [n] over the TP group, timed as communication of the task. */
+bool exec_tp_all_reduce(struct exec_state *s, struct exec_task_ctx *st, float *buf, size_t n,
+                        GError **err);
+/* The vocabulary-parallel embedding: x [T, C] = this rank's rows of the table for the tokens
+ * in its range, zero for the others (the caller sums over the group); its weight gradient. */
+void exec_tp_embedding_forward(const struct exec_state *s, float *x, const int32_t *tokens,
+                               const float *table);
+void exec_tp_embedding_backward(const struct exec_state *s, float *dtable, const float *dx,
+                                const int32_t *tokens);
+/* The vocabulary-parallel LM head with the parallel cross-entropy: logits of this rank's
+ * vocabulary slice only, the max, the sum of exp and the target logit summed over the group
+ * (never the logits); saved = each row's max then 1 / sum, as the one-device kernel keeps.
+ * Returns false with err set when a collective fails; *loss the mean over the tokens. */
+bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float *saved,
+                          const float *h, const int32_t *targets, const float *w, bool tied,
+                          double *loss, GError **err);
+/* dh (partial, this slice's share: the caller sums it) and / or dw (+=) from the recomputed
+ * slice of dlogits; either may be NULL. */
+void exec_tp_head_backward(const struct exec_state *s, float *dh, float *dw, const float *saved,
+                           const float *h, const int32_t *targets, const float *w, bool tied,
+                           float dloss);
 
 /* shard.c */
 /* Fills each bucket's store_at, the tail and n_store, after the flat layout is known. */

@@ -303,19 +303,20 @@ static bool load_plan(const struct exec_cli *a, struct exec_plan *p, GError **er
     p->plan = p->compiled.plan;
     p->program_file = g_strdup(p->compiled.program_file_name);
   }
-  /* Not yet: sliced weights per TP rank and the TP collectives in the executor. Refused up
-   * front rather than trained as something else. */
-  for (uint32_t i = 0; i < p->plan->n_nodes; i++)
+  /* The TP slices' vocabulary-parallel embedding and head run on the CPU (exec/tp.c): the
+   * host backend's memory. Refused up front on another backend rather than run wrongly. */
+  for (uint32_t i = 0; strcmp(a->backend, "host") != 0 && i < p->plan->n_nodes; i++)
     if (p->plan->nodes[i].tp_degree > 1) {
       char name[256];
       plan_node_name(p->plan, i, name, sizeof name);
       return piper_input_error(err,
-                               "%s: \"%s\" is divided by tensor parallelism (tp_degree %u); the "
-                               "executor does not run tensor parallelism yet (piper-sim does)",
+                               "%s: \"%s\" is divided by tensor parallelism (tp_degree %u); "
+                               "backend %s does not run tensor parallelism yet (--backend host "
+                               "does)",
                                a->plans                ? a->plans
                                : a->compile.directives ? a->compile.directives
                                                        : "--layout",
-                               name, p->plan->nodes[i].tp_degree);
+                               name, p->plan->nodes[i].tp_degree, a->backend);
     }
   if (!p->program_file) {
     /* plans read from disk: name the program by the pipeline ranks the plan has */
