@@ -148,8 +148,9 @@ run() {
 # equal to 1e-7, parameters 2e-7 in norm). Elementwise, a parameter whose gradient is tiny
 # can move by AdamW's normalised step times that rounding: allow 1e-5 absolute (1% of one step
 # at lr 1e-3) on top of 1e-4 relative.
-same() {
-  python3 - "$T/ref" "$T/$1" <<'EOF' && ok || bad "$1 differs from one device"
+same() { same_as ref "$1"; }
+same_as() {
+  python3 - "$T/$1" "$T/$2" <<'EOF' && ok || bad "$2 differs from one device"
 import array, json, math, sys
 a, b = sys.argv[1], sys.argv[2]
 la = json.load(open(a + "/metrics.json"))["losses"]
@@ -189,6 +190,12 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
       [ "$(losses "$T/pp2_rc_$g")" = "$(losses "$T/dense_pp2")" ] && cmp -s "$T/pp2_rc_$g.params" "$T/dense_pp2.params" \
       && ok || bad "recompute $g is not bit-identical to storing activations"
   done
+  # tensor parallelism: each TP rank holds slices cut from the one-device initialisation, so
+  # TP 2 and TP 2 x PP 2 x DP 2 (8 ranks on the 2 cores: --oversubscribe, 4 micro-batches per
+  # replica) give the one-device losses, and the dumped parameters gathered from the slices
+  run dense_ref 1 --directives "$T/one.json" --mbs 8
+  run tp2 2 --layout pp=1,tp=2 --mbs 8 && same_as dense_ref tp2
+  run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
   MOE=$MOE_SAVED
   timeout 120 "${MPIRUN[@]}" -np 2 "$PE" --model $MOE --directives "$T/pp2_rc_full.json" --schedule 1f1b \
     --ranks 2 --mbs 8 --iters 1 --no-report >"$T/rcmoe.out" 2>"$T/rcmoe.err"

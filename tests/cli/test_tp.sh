@@ -63,9 +63,15 @@ done
 python3 -c "import json,sys; a,b=(json.load(open('$T/rc_%s/metrics.json' % r))['peak_memory_bytes_max'] for r in ('none','full')); sys.exit(0 if b < 0.9 * a else 1)" &&
   ok || bad "recompute=full does not lower the TP peak"
 
-# the executor refuses, one line
-expect_bad "does not run tensor parallelism yet" "$BIN/piper-exec" --model models/tiny-dense.json --layout tp=2 --iters 1
-expect_bad "does not run tensor parallelism yet" "$BIN/piper-exec" --plans "$T/p" --iters 1
+# the executor runs TP on the host backend (the equivalence with one device is in
+# test_exec.sh); what it does not run yet is refused in one line before any process starts:
+# another backend, experts divided by TP
+expect_bad "backend cuda does not run tensor parallelism yet" \
+  "$BIN/piper-exec" --backend cuda --model models/tiny-dense.json --layout tp=2 --iters 1
+expect_bad "$T/p: \"F s0 PP=0 MB=0\" is divided by tensor parallelism (tp_degree 2); backend cuda" \
+  "$BIN/piper-exec" --backend cuda --plans "$T/p" --iters 1
+expect_bad "--layout: \"F s1 PP=0 EP=0\" divides experts by tensor parallelism" \
+  "$BIN/piper-exec" --model models/tiny-moe.json --layout tp=2 --iters 1
 
 # bad input
 echo '[{"op": "place", "filter": {}, "devices": [0, 1, 2]}, {"op": "tensor_parallel", "filter": {}, "degree": 3}]' >"$T/d3.json"
