@@ -46,6 +46,8 @@ struct exec_segment {
 struct exec_model {
   const struct model *m;
   int T, C, V, K, E, F_expert; /* tokens per micro-batch, hidden, vocab, top-k, experts, ffn */
+  int T_seq; /* tokens of the residual stream one rank holds: T, or T / tp under sequence
+              * parallelism (exec_tp_model_shape); the decoder state's values have T_seq rows */
   int batch, seq;
   uint8_t *edge_mask;        /* [n_edges]: tensors each model edge carries */
   struct exec_segment *segs; /* [n_segments] */
@@ -297,6 +299,15 @@ uint64_t exec_tp_full_index(const struct exec_model *xm, const struct model_op *
 /* The TP shape of the plan on this device: degree, rank, communicator; input error for what
  * the executor cannot run under TP (experts, regions divided differently). */
 bool exec_tp_device_init(struct exec_device *d, GError **err);
+/* The model's shape on the device: under sequence parallelism the residual stream's values
+ * are the device's sequence shard (xm->T_seq). */
+void exec_tp_model_shape(struct exec_model *xm, const struct exec_device *d);
+/* Collectives over the TP group, timed as communication of the task: the sequence shards of
+ * the summed in [tp * n] into out [n], and the shards in [n] gathered into out [tp * n]. */
+bool exec_tp_reduce_scatter(struct exec_state *s, struct exec_task_ctx *st, const float *in,
+                            float *out, size_t n, GError **err);
+bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in,
+                        float *out, size_t n, GError **err);
 /* After the communicator keys: d->tp_comm, and the checks that need it. */
 bool exec_tp_link_comm(struct exec_device *d, GError **err);
 /* Each op's local parameter offset in its segment (d->op_offset), after the EP split. */

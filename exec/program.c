@@ -19,7 +19,7 @@ const char *exec_tensor_name(enum exec_tensor t) {
 size_t exec_tensor_words(const struct exec_model *xm, enum exec_tensor t) {
   if (t == EXEC_T_R)
     return 2 * (size_t)xm->T * (size_t)xm->K;
-  return (size_t)xm->T * (size_t)xm->C;
+  return (size_t)xm->T_seq * (size_t)xm->C;
 }
 
 size_t exec_grad_floats(const struct exec_model *xm, enum exec_tensor t) {
@@ -27,7 +27,7 @@ size_t exec_grad_floats(const struct exec_model *xm, enum exec_tensor t) {
    * the weights' gradients in the first half, the ids' half unused */
   if (t == EXEC_T_R)
     return 2 * (size_t)xm->T * (size_t)xm->K;
-  return (size_t)xm->T * (size_t)xm->C;
+  return (size_t)xm->T_seq * (size_t)xm->C;
 }
 
 uint32_t exec_model_edge(const struct exec_model *xm, uint32_t src, uint32_t dst) {
@@ -144,7 +144,7 @@ static bool model_dims(struct exec_model *xm, const struct model *m, GError **er
                              "hidden_size %lld, vocab_size %lld)",
                              m->name, (long long)T, (long long)m->hidden_size,
                              (long long)m->vocab_size);
-  xm->T = (int)T;
+  xm->T = xm->T_seq = (int)T;
   xm->batch = (int)m->micro_batch_size;
   xm->seq = (int)m->seq_len;
   xm->C = (int)m->hidden_size;

@@ -826,6 +826,7 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   if (!exec_device_init(&R->device, o->plan, &R->xm, rank, err))
     return false;
   R->device_ready = true;
+  exec_tp_model_shape(&R->xm, &R->device);
   R->o = o;
   R->b = b;
   R->dev = &R->device;

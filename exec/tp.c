@@ -122,11 +122,6 @@ bool exec_tp_device_init(struct exec_device *d, GError **err) {
   }
   if (d->tp_degree <= 1)
     return true;
-  if (d->sequence_parallel)
-    return piper_input_error(err,
-                             "plan: sequence_parallel: the host executor runs tensor parallelism "
-                             "without sequence parallelism only (drop \"sp\" / "
-                             "\"sequence_parallel\")");
   const struct plan_class *c = d->cls;
   for (uint32_t i = 0; i < c->n_instrs; i++) {
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
@@ -187,6 +182,18 @@ void exec_tp_op_offsets(struct exec_device *d) {
   }
 }
 
+void exec_tp_model_shape(struct exec_model *xm, const struct exec_device *d) {
+  xm->T_seq = d->sequence_parallel ? xm->T / (int)d->tp_degree : xm->T;
+}
+
+bool exec_tp_reduce_scatter(struct exec_state *s, struct exec_task_ctx *st, const float *in,
+                            float *out, size_t n, GError **err) {
+  double t0 = exec_backend_clock(s->b);
+  bool ok = exec_comm_reduce_scatter_f32(s->b, s->comms[s->dev->tp_comm], in, out, n, err);
+  st->comm_s += exec_backend_clock(s->b) - t0;
+  return ok;
+}
+
 bool exec_tp_all_reduce(struct exec_state *s, struct exec_task_ctx *st, float *buf, size_t n,
                         GError **err) {
   double t0 = exec_backend_clock(s->b);
@@ -241,8 +248,8 @@ static void slice_logits(const struct exec_state *s, float *out, const float *h,
     kernels_gemm(false, false, T, n, C, 1.0f, h, C, w, n, 0.0f, out, n);
 }
 
-static bool tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in,
-                          float *out, size_t n, GError **err) {
+bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in,
+                        float *out, size_t n, GError **err) {
   double t0 = exec_backend_clock(s->b);
   bool ok = exec_comm_all_gather(s->b, s->comms[s->dev->tp_comm], in, out, n * sizeof(float), err);
   st->comm_s += exec_backend_clock(s->b) - t0;
@@ -270,7 +277,7 @@ bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float 
   /* the row max over the group (gathered: the backend sums, it does not take maxima) */
   float *mine = maxes + (size_t)s->dev->tp_rank * T;
   memcpy(mine, stats, (size_t)T * sizeof(float));
-  bool ok = tp_all_gather(s, st, mine, maxes, (size_t)T, err);
+  bool ok = exec_tp_all_gather(s, st, mine, maxes, (size_t)T, err);
   if (ok) {
     t0 = exec_backend_clock(s->b);
     for (int t = 0; t < T; t++) {

@@ -821,6 +821,14 @@ static int mlp_width(const struct exec_state *s, const struct model_op *op) {
   return (int)op->shape[2] / (int)s->dev->tp_degree;
 }
 
+/* The buffers of one instruction's TP collectives, each [T, C], made on first use: the
+ * partial sums (tp_buffer), and under sequence parallelism an op's input and its output
+ * gradient gathered from the sequence shards. */
+struct tp_bufs {
+  float *sum, *input, *dout;
+  float *shard, *norm; /* SP: a summed shard to add, a norm's weight gradient part */
+};
+
 /* The [T, C] buffer instruction i's TP collectives run in: the plan tensor its TP node reads,
  * made on first use (the instruction's workspace where the plan has none). */
 static float *tp_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
@@ -839,24 +847,42 @@ static float *tp_buffer(struct exec_state *s, struct exec_task_ctx *st, struct e
   return *buf;
 }
 
-/* A slice's partial result in buf, summed over the TP group, then into dst (= or +=). */
-static bool tp_sum_into(struct exec_state *s, struct exec_task_ctx *st, float *dst, float *buf,
-                        bool acc, GError **err) {
-  size_t n = (size_t)s->xm->T * (size_t)s->xm->C;
-  if (!exec_tp_all_reduce(s, st, buf, n, err))
+/* Value src [T_seq, C], a sequence shard under SP, gathered whole into *slot [T, C]. */
+static const float *tp_gathered(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                                float **slot, const float *src, GError **err) {
+  size_t n = (size_t)s->xm->T_seq * (size_t)s->xm->C;
+  if (!*slot)
+    *slot = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)s->xm->T * (size_t)s->xm->C);
+  return exec_tp_all_gather(s, st, src, *slot, n, err) ? *slot : NULL;
+}
+
+/* A slice's partial result in buf [T, C], summed over the TP group, then into dst (= or +=):
+ * all of it, or under SP this device's sequence shard (a reduce-scatter). */
+static bool tp_sum_into(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                        struct tp_bufs *tb, float *dst, bool acc, GError **err) {
+  size_t n = (size_t)s->xm->T_seq * (size_t)s->xm->C;
+  float *buf = tb->sum, *sum = buf;
+  if (s->dev->sequence_parallel) {
+    if (acc && !tb->shard)
+      tb->shard = mb_floats_raw(s, st, mb, OWN_WORK, n);
+    sum = acc ? tb->shard : dst;
+    if (!exec_tp_reduce_scatter(s, st, buf, sum, n, err))
+      return false;
+  } else if (!exec_tp_all_reduce(s, st, buf, n, err)) {
     return false;
+  }
   if (acc)
-    KT(st, s, s->k->add(st->stream, dst, buf, n));
-  else
-    KT(st, s, s->k->copy(st->stream, dst, buf, n * sizeof(float)));
+    KT(st, s, s->k->add(st->stream, dst, sum, n));
+  else if (sum != dst)
+    KT(st, s, s->k->copy(st->stream, dst, sum, n * sizeof(float)));
   return true;
 }
 
 /* Forward of divided op j under TP: this rank's slice into the collectives' buffer, summed
  * over the group into the op's output (the LM head sums only its row statistics). */
 static bool tp_forward_op(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
-                          struct exec_seg_run *run, uint32_t j, uint32_t saved, float **tpbuf,
-                          GError **err) {
+                          struct exec_seg_run *run, uint32_t j, uint32_t saved,
+                          struct tp_bufs *tb, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   struct exec_mb *mb = &s->mbs[x->mb];
@@ -866,7 +892,9 @@ static bool tp_forward_op(struct exec_state *s, uint32_t i, struct exec_task_ctx
   const float *P = params_of(s, x), *prm = P + s->dev->op_offset[so->op];
   const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
   int T = xm->T;
-  float *buf = tp_buffer(s, st, mb, i, tpbuf);
+  float *buf = tp_buffer(s, st, mb, i, &tb->sum);
+  if (s->dev->sequence_parallel && in0 && !(in0 = tp_gathered(s, st, mb, &tb->input, in0, err)))
+    return false;
   switch (so->kind) {
   case MODEL_OP_EMBEDDING:
     mb->tokens = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
@@ -900,7 +928,7 @@ static bool tp_forward_op(struct exec_state *s, uint32_t i, struct exec_task_ctx
   }
   default: return internal(err, s, i, "op kind without a tensor-parallel kernel");
   }
-  return tp_sum_into(s, st, run->val[so->out], buf, false, err);
+  return tp_sum_into(s, st, mb, tb, run->val[so->out], false, err);
 }
 
 static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
@@ -915,7 +943,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
   if (saved == OWN_WORK)
     saved = OWN_MB; /* no backward reads it here: kept as long as the micro-batch */
   struct exec_seg_run *run = seg_run_begin(s, i, st, saved);
-  float *tpbuf = NULL;
+  struct tp_bufs tpb = {0};
   for (uint32_t v = 0; v < es->n_values; v++)
     if (es->values[v].op < 0 && !run->val[v])
       return internal(err, s, i, "an input of the segment has not arrived");
@@ -933,7 +961,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
     const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
     const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
     if (s->dev->tp_degree > 1 && exec_tp_divided(so->kind)) {
-      if (!tp_forward_op(s, i, st, run, j, saved, &tpbuf, err))
+      if (!tp_forward_op(s, i, st, run, j, saved, &tpb, err))
         return false;
       continue;
     }
@@ -944,9 +972,11 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       KT(st, s, k->embedding_forward(st->stream, out, mb->tokens, prm, T, V, C));
       break;
     case MODEL_OP_RMSNORM:
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_rmsnorm_saved_floats(T));
+      /* norms and residuals run on the sequence shard under SP: T_seq rows */
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_rmsnorm_saved_floats(xm->T_seq));
       KT(st, s,
-         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, T, C, s->xm->rms_norm_eps));
+         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, xm->T_seq, C,
+                            s->xm->rms_norm_eps));
       break;
     case MODEL_OP_ATTENTION: {
       struct kernels_attention_dims dd = exec_attention_dims(s->xm, op);
@@ -955,7 +985,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       break;
     }
     case MODEL_OP_RESIDUAL_ADD: {
-      size_t n = (size_t)T * C;
+      size_t n = (size_t)xm->T_seq * C;
       KT(st, s, k->copy(st->stream, out, in0, n * sizeof(float)));
       KT(st, s, k->residual_add_forward(st->stream, out, in1, n));
       if (in2)
@@ -1042,7 +1072,7 @@ struct bwd {
   float dloss;    /* the loss gradient's scale: one over the global batch's micro-batches */
   uint32_t i;     /* the instruction */
   uint32_t keep;  /* owner of what BW reads: BI's saved tensor, or the workspace (B, BW) */
-  float *tpbuf;   /* the TP collectives' buffer (tp_buffer) */
+  struct tp_bufs tpb; /* the TP collectives' buffers */
 };
 
 /* Where the gradient of value v goes: an input's leaves the segment in the tensor that
@@ -1125,7 +1155,7 @@ static void bwd_rmsnorm(struct bwd *b, const struct bwd_op *o) {
   struct exec_state *s = b->s;
   struct exec_task_ctx *st = b->st;
   const float *saved = b->run->saved[o->j];
-  int T = b->xm->T, C = b->xm->C;
+  int T = b->xm->T_seq, C = b->xm->C;
   if (b->mode == BWD_FUSED)
     KT(st, s,
        b->k->rmsnorm_backward(st->stream, o->din, o->dprm, o->dout, o->in0, saved, o->prm, T, C,
@@ -1171,7 +1201,8 @@ static void bwd_residual_add(struct bwd *b, const struct bwd_op *o) {
       continue;
     bool a;
     float *g = dval_in(b, o->so->in[q], &a);
-    KT(st, s, b->k->residual_add_backward(st->stream, g, o->dout, (size_t)b->xm->T * b->xm->C, a));
+    KT(st, s,
+       b->k->residual_add_backward(st->stream, g, o->dout, (size_t)b->xm->T_seq * b->xm->C, a));
   }
 }
 
@@ -1302,10 +1333,19 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
   float *din = o->din, *buf = NULL;
   bool acc = o->acc;
   if (input && o->so->kind != MODEL_OP_EMBEDDING) {
-    buf = tp_buffer(s, st, b->mb, b->i, &b->tpbuf);
+    buf = tp_buffer(s, st, b->mb, b->i, &b->tpb.sum);
     o->din = buf;
     o->acc = false;
   }
+  /* SP: the output gradient's and the input's sequence shards gathered (the input only where
+   * it is read: weight gradients, and the head's logits) */
+  bool sp = s->dev->sequence_parallel;
+  if (sp && o->dout && (weight || o->so->kind != MODEL_OP_EMBEDDING) &&
+      !(o->dout = (float *)tp_gathered(s, st, b->mb, &b->tpb.dout, o->dout, err)))
+    return false;
+  if (sp && o->in0 && (weight || o->so->kind == MODEL_OP_LM_HEAD_LOSS) &&
+      !(o->in0 = tp_gathered(s, st, b->mb, &b->tpb.input, o->in0, err)))
+    return false;
   switch (o->so->kind) {
   case MODEL_OP_EMBEDDING:
     if (weight)
@@ -1326,7 +1366,25 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
   }
   default: return internal(err, s, b->i, "op kind without a tensor-parallel kernel");
   }
-  return !input || tp_sum_into(s, st, din, buf, acc, err);
+  return !input || tp_sum_into(s, st, b->mb, &b->tpb, din, acc, err);
+}
+
+/* A norm's weight gradient under SP: each device has its sequence shard's part; their sum over
+ * the TP group is the gradient (Megatron sums the replicated norms' gradients likewise). */
+static bool tp_norm_backward(struct bwd *b, struct bwd_op *o, GError **err) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  size_t C = (size_t)b->xm->C;
+  if (!b->tpb.norm)
+    b->tpb.norm = mb_floats_raw(s, st, b->mb, OWN_WORK, C);
+  float *dprm = o->dprm, *part = b->tpb.norm;
+  KT(st, s, s->k->fill(st->stream, part, 0.0f, C));
+  o->dprm = part;
+  bwd_rmsnorm(b, o);
+  if (!exec_tp_all_reduce(s, st, part, C, err))
+    return false;
+  KT(st, s, s->k->add(st->stream, dprm, part, C));
+  return true;
 }
 
 /* Op j's operands, then its kind's backward. */
@@ -1344,6 +1402,8 @@ static bool backward_op(struct bwd *b, int32_t j, uint32_t i, GError **err) {
     o.din = dval_in(b, so->in[0], &o.acc);
   if (b->s->dev->tp_degree > 1 && exec_tp_divided(so->kind))
     return tp_backward_op(b, &o, err);
+  if (b->s->dev->sequence_parallel && so->kind == MODEL_OP_RMSNORM && b->mode != BWD_INPUT)
+    return tp_norm_backward(b, &o, err);
   switch (so->kind) {
   case MODEL_OP_EMBEDDING: bwd_embedding(b, &o); return true;
   case MODEL_OP_RMSNORM: bwd_rmsnorm(b, &o); return true;

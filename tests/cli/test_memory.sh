@@ -58,6 +58,8 @@ plans=(
   "tp2 2 $DENSE --layout pp=1,tp=2 --mbs 4"
   "pp2_tp2 4 $DENSE --layout pp=2,tp=2 --schedule 1f1b --mbs 4"
   "pp2_dp2_tp2 8 $DENSE --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 2"
+  "tp2_sp 2 $DENSE --layout pp=1,tp=2,sp --mbs 4"
+  "pp2_dp2_tp2_sp 8 $DENSE --layout pp=2,dp=2,tp=2,sp --schedule 1f1b --mbs 2"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 for p in "${plans[@]}"; do
