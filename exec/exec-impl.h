@@ -110,6 +110,9 @@ struct exec_instr {
    * part (group_lead) issues every part, listed group_head -> group_next, as one backend group
    * (exec_comm_p2p_group); the others' tasks do nothing. IR_NONE where there is no group. */
   uint32_t group_lead, group_head, group_next;
+  /* A TP node: the compute whose collectives it stands for (its first TP node only; under
+   * SP the all-gather after the reduce-scatter has IR_NONE). */
+  uint32_t tp_compute;
 };
 
 /* A DP gradient bucket: its segments' parameters are contiguous in the device's flat arrays
@@ -251,6 +254,7 @@ struct exec_state {
    * releases (release_first[i] .. release_first[i + 1] of release_list) */
   struct exec_tensor_rt *tensors;
   uint32_t *release_first, *release_list;
+  double *tp_seconds; /* [n_instrs]: a compute's time in its TP collectives (NULL: no TP) */
   GMutex tensor_lock;
   /* A receive's buffers, allocated when its stream becomes free (its issue: the plan's alloc
    * point), before the event loop gets to run it: [n_instrs * EXEC_T_COUNT]; next_on_stream
@@ -308,6 +312,11 @@ bool exec_tp_reduce_scatter(struct exec_state *s, struct exec_task_ctx *st, cons
                             float *out, size_t n, GError **err);
 bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in,
                         float *out, size_t n, GError **err);
+/* The plan has one TP node (two under SP) after each compute for its collectives, which ran
+ * inside the compute: the measured intervals of the step are moved so that the compute ends
+ * where its collectives' time begins and its first TP node spans that time (communication),
+ * as the simulator has them, for the trace and piper-compare. */
+void exec_tp_retime(const struct exec_state *s, double *start, double *end, double *comm);
 /* After the communicator keys: d->tp_comm, and the checks that need it. */
 bool exec_tp_link_comm(struct exec_device *d, GError **err);
 /* Each op's local parameter offset in its segment (d->op_offset), after the EP split. */

@@ -700,7 +700,8 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
   x->node = pi->node;
   x->stream = pi->stream;
   x->pass = n->pass;
-  x->segment = x->edge = x->peer = x->comm = x->bucket = x->gather = x->segset = IR_NONE;
+  x->segment = x->edge = x->peer = x->comm = x->bucket = x->gather = x->segset = x->tp_compute =
+      IR_NONE;
   x->mb = -1;
   bool per_mb = n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV ||
                 n->kind == IR_NODE_ALL_TO_ALL || n->purpose == IR_COMM_TP ||

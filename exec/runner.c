@@ -1075,6 +1075,7 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   if (!run_step(R, step, err))
     return false;
   device_times(R);
+  exec_tp_retime(&R->s, R->start, R->end, R->comm);
   exec_backend_loop_stats(R->b, &after);
   R->loop_step = (struct exec_backend_loop_stats){after.dispatch_s - before.dispatch_s,
                                                   after.test_s - before.test_s,

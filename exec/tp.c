@@ -143,8 +143,17 @@ bool exec_tp_link_comm(struct exec_device *d, GError **err) {
     return true;
   const struct plan *p = d->plan;
   uint32_t stream = IR_NONE;
+  const struct plan_class *c = d->cls;
   for (uint32_t i = 0; i < d->n_instrs; i++) {
-    const struct exec_instr *x = &d->instrs[i];
+    struct exec_instr *x = &d->instrs[i];
+    x->tp_compute = IR_NONE;
+    if (x->role == EXEC_ROLE_TP && c->instrs[i].read_count) {
+      /* the compute that wrote what it reads: its own collectives (SP's all-gather reads the
+       * reduce-scatter's, and stands for nothing more) */
+      uint32_t prod = c->tensors[c->reads[c->instrs[i].read_first]].producer;
+      if (d->instrs[prod].role == EXEC_ROLE_COMPUTE)
+        x->tp_compute = prod;
+    }
     if (x->role == EXEC_ROLE_TP) {
       if (d->tp_comm != IR_NONE &&
           d->comm_keys[d->tp_comm].comm != d->comm_keys[x->comm].comm)
@@ -165,6 +174,22 @@ bool exec_tp_link_comm(struct exec_device *d, GError **err) {
     return piper_input_error(err, "plan: device %u: tensor parallelism without a TP communicator",
                              d->device);
   return true;
+}
+
+void exec_tp_retime(const struct exec_state *s, double *start, double *end, double *comm) {
+  if (!s->tp_seconds)
+    return;
+  for (uint32_t i = 0; i < s->dev->n_instrs; i++) {
+    uint32_t c = s->dev->instrs[i].tp_compute;
+    if (s->dev->instrs[i].role != EXEC_ROLE_TP || c == IR_NONE)
+      continue;
+    double t = s->tp_seconds[c], e = end[c];
+    end[c] = e - t;
+    comm[c] -= t;
+    start[i] = e - t;
+    end[i] = e;
+    comm[i] = t;
+  }
 }
 
 void exec_tp_op_offsets(struct exec_device *d) {

@@ -376,6 +376,7 @@ void exec_memory_free(struct exec_state *s) {
   g_clear_pointer(&s->release_list, g_free);
   g_clear_pointer(&s->recv_ready, g_free);
   g_clear_pointer(&s->next_on_stream, g_free);
+  g_clear_pointer(&s->tp_seconds, g_free);
   g_mutex_clear(&s->tensor_lock);
 }
 
@@ -1931,6 +1932,11 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
       ok = seg_forward(s, i, st, err); /* R: the same forward again, bit for bit */
     else
       ok = seg_backward(s, i, mode, st, err);
+    if (s->dev->tp_degree > 1) { /* all its communication is its TP collectives */
+      if (!s->tp_seconds) /* one rank's instructions run on one thread */
+        s->tp_seconds = g_new0(double, s->dev->n_instrs ? s->dev->n_instrs : 1);
+      s->tp_seconds[i] = st->comm_s;
+    }
     if (x->gather != IR_NONE)
       gathered_release(s, x->gather);
     break;

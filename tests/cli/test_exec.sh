@@ -4,7 +4,9 @@
 # from piper-compile -o run like plans compiled in-process. With mpirun (when MPI is built in):
 # tiny-moe trained 3 steps on a global batch of 8 micro-batches gives the same losses and final
 # parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
-# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; a checkpoint at step 2
+# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; tiny-dense
+# under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
+# gives the losses and parameters of one device; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
 # timeout. A checkpoint of another sharding, learning rate or batch shape is refused naming the
 # difference (or accepted with --resume-allow-change); the last step is checkpointed,
@@ -195,6 +197,10 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   # replica) give the one-device losses, and the dumped parameters gathered from the slices
   run dense_ref 1 --directives "$T/one.json" --mbs 8
   run tp2 2 --layout pp=1,tp=2 --mbs 8 && same_as dense_ref tp2
+  # ... with sequence parallelism (norms and residuals on sequence shards, the norms' weight
+  # gradients summed over the TP group), also under ZB-H1's split backward (BI, BW)
+  run tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same_as dense_ref tp2_sp
+  run pp2_tp2_sp_zb 4 --layout pp=2,tp=2,sp --schedule zerobubble --mbs 8 && same_as dense_ref pp2_tp2_sp_zb
   run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
   MOE=$MOE_SAVED
   timeout 120 "${MPIRUN[@]}" -np 2 "$PE" --model $MOE --directives "$T/pp2_rc_full.json" --schedule 1f1b \
