@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tensor and sequence parallelism from the command line: tp= in --layout and piper-layout (TP
 # innermost), a TP program compiles, reads back and simulates (Llama-3-70B, TP 8 x PP 4, 1F1B,
-# fits an 80 GB H100), piper-exec refuses it in one line, and bad input is one line with exit 2
-# naming the file and the key.
+# fits an 80 GB H100), piper-exec refuses in one line what it does not run under TP (another
+# backend than host, experts divided by TP), and bad input is one line with exit 2 naming the
+# file and the key.
 set -u
 BIN=${PIPER_BIN:-bin}
 T=$(mktemp -d)
