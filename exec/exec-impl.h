@@ -215,10 +215,19 @@ struct exec_mb {
 
 /* What an instruction runs with: the stream its kernels go to (NULL: the backend's default
  * stream, outside any task) and the time it spends in kernels and communication. */
+/* The buffers of one instruction's TP collectives (train.c), each made on first use: the
+ * [T, C] partial sums (the plan tensor its TP node reads), under sequence parallelism a divided
+ * op's input and its output gradient gathered whole [T, C], a summed shard to add, and a norm's
+ * weight-gradient part. */
+struct exec_tp_bufs {
+  float *sum, *input, *dout, *shard, *norm;
+};
+
 struct exec_task_ctx {
   struct exec_stream *stream;
   double kernel_s, comm_s;
   GArray *work; /* struct exec_block: the instruction's workspace, freed when it ends */
+  struct exec_tp_bufs tp;
 };
 
 /* A plan tensor's buffers in the current step (the memory rule, struct plan_tensor): what the

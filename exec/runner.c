@@ -95,7 +95,7 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
   struct runner *R = t->R;
   uint32_t i = t->i;
   double t0 = exec_backend_clock(R->b);
-  struct exec_task_ctx st = {stream, 0, 0, NULL};
+  struct exec_task_ctx st = {.stream = stream};
   bool ok;
   if (R->stall_armed && i == R->stall_instr)
     ok = stall_task(R, i, err);

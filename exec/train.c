@@ -822,14 +822,6 @@ static int mlp_width(const struct exec_state *s, const struct model_op *op) {
   return (int)op->shape[2] / (int)s->dev->tp_degree;
 }
 
-/* The buffers of one instruction's TP collectives, each [T, C], made on first use: the
- * partial sums (tp_buffer), and under sequence parallelism an op's input and its output
- * gradient gathered from the sequence shards. */
-struct tp_bufs {
-  float *sum, *input, *dout;
-  float *shard, *norm; /* SP: a summed shard to add, a norm's weight gradient part */
-};
-
 /* The [T, C] buffer instruction i's TP collectives run in: the plan tensor its TP node reads,
  * made on first use (the instruction's workspace where the plan has none). */
 static float *tp_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
@@ -860,7 +852,8 @@ static const float *tp_gathered(struct exec_state *s, struct exec_task_ctx *st, 
 /* A slice's partial result in buf [T, C], summed over the TP group, then into dst (= or +=):
  * all of it, or under SP this device's sequence shard (a reduce-scatter). */
 static bool tp_sum_into(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
-                        struct tp_bufs *tb, float *dst, bool acc, GError **err) {
+                        float *dst, bool acc, GError **err) {
+  struct exec_tp_bufs *tb = &st->tp;
   size_t n = (size_t)s->xm->T_seq * (size_t)s->xm->C;
   float *buf = tb->sum, *sum = buf;
   if (s->dev->sequence_parallel) {
@@ -883,7 +876,8 @@ static bool tp_sum_into(struct exec_state *s, struct exec_task_ctx *st, struct e
  * over the group into the op's output (the LM head sums only its row statistics). */
 static bool tp_forward_op(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
                           struct exec_seg_run *run, uint32_t j, uint32_t saved,
-                          struct tp_bufs *tb, GError **err) {
+                          GError **err) {
+  struct exec_tp_bufs *tb = &st->tp;
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   struct exec_mb *mb = &s->mbs[x->mb];
@@ -929,7 +923,7 @@ static bool tp_forward_op(struct exec_state *s, uint32_t i, struct exec_task_ctx
   }
   default: return internal(err, s, i, "op kind without a tensor-parallel kernel");
   }
-  return tp_sum_into(s, st, mb, tb, run->val[so->out], false, err);
+  return tp_sum_into(s, st, mb, run->val[so->out], false, err);
 }
 
 static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
@@ -939,12 +933,11 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
   struct exec_mb *mb = &s->mbs[x->mb];
   const struct exec_segment *es = &xm->segs[x->segment];
   const struct model *m = xm->m;
-  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
+  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K, Ts = xm->T_seq;
   uint32_t saved = written_tensor(s, i, PLAN_TENSOR_SAVED);
   if (saved == OWN_WORK)
     saved = OWN_MB; /* no backward reads it here: kept as long as the micro-batch */
   struct exec_seg_run *run = seg_run_begin(s, i, st, saved);
-  struct tp_bufs tpb = {0};
   for (uint32_t v = 0; v < es->n_values; v++)
     if (es->values[v].op < 0 && !run->val[v])
       return internal(err, s, i, "an input of the segment has not arrived");
@@ -962,7 +955,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
     const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
     const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
     if (s->dev->tp_degree > 1 && exec_tp_divided(so->kind)) {
-      if (!tp_forward_op(s, i, st, run, j, saved, &tpb, err))
+      if (!tp_forward_op(s, i, st, run, j, saved, err))
         return false;
       continue;
     }
@@ -973,11 +966,9 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       KT(st, s, k->embedding_forward(st->stream, out, mb->tokens, prm, T, V, C));
       break;
     case MODEL_OP_RMSNORM:
-      /* norms and residuals run on the sequence shard under SP: T_seq rows */
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_rmsnorm_saved_floats(xm->T_seq));
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_rmsnorm_saved_floats(Ts));
       KT(st, s,
-         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, xm->T_seq, C,
-                            s->xm->rms_norm_eps));
+         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, Ts, C, s->xm->rms_norm_eps));
       break;
     case MODEL_OP_ATTENTION: {
       struct kernels_attention_dims dd = exec_attention_dims(s->xm, op);
@@ -986,7 +977,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       break;
     }
     case MODEL_OP_RESIDUAL_ADD: {
-      size_t n = (size_t)xm->T_seq * C;
+      size_t n = (size_t)Ts * C;
       KT(st, s, k->copy(st->stream, out, in0, n * sizeof(float)));
       KT(st, s, k->residual_add_forward(st->stream, out, in1, n));
       if (in2)
@@ -1073,7 +1064,6 @@ struct bwd {
   float dloss;    /* the loss gradient's scale: one over the global batch's micro-batches */
   uint32_t i;     /* the instruction */
   uint32_t keep;  /* owner of what BW reads: BI's saved tensor, or the workspace (B, BW) */
-  struct tp_bufs tpb; /* the TP collectives' buffers */
 };
 
 /* Where the gradient of value v goes: an input's leaves the segment in the tensor that
@@ -1334,7 +1324,7 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
   float *din = o->din, *buf = NULL;
   bool acc = o->acc;
   if (input && o->so->kind != MODEL_OP_EMBEDDING) {
-    buf = tp_buffer(s, st, b->mb, b->i, &b->tpb.sum);
+    buf = tp_buffer(s, st, b->mb, b->i, &st->tp.sum);
     o->din = buf;
     o->acc = false;
   }
@@ -1342,10 +1332,10 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
    * it is read: weight gradients, and the head's logits) */
   bool sp = s->dev->sequence_parallel;
   if (sp && o->dout && (weight || o->so->kind != MODEL_OP_EMBEDDING) &&
-      !(o->dout = (float *)tp_gathered(s, st, b->mb, &b->tpb.dout, o->dout, err)))
+      !(o->dout = (float *)tp_gathered(s, st, b->mb, &st->tp.dout, o->dout, err)))
     return false;
   if (sp && o->in0 && (weight || o->so->kind == MODEL_OP_LM_HEAD_LOSS) &&
-      !(o->in0 = tp_gathered(s, st, b->mb, &b->tpb.input, o->in0, err)))
+      !(o->in0 = tp_gathered(s, st, b->mb, &st->tp.input, o->in0, err)))
     return false;
   switch (o->so->kind) {
   case MODEL_OP_EMBEDDING:
@@ -1367,7 +1357,7 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
   }
   default: return internal(err, s, b->i, "op kind without a tensor-parallel kernel");
   }
-  return !input || tp_sum_into(s, st, b->mb, &b->tpb, din, acc, err);
+  return !input || tp_sum_into(s, st, b->mb, din, acc, err);
 }
 
 /* A norm's weight gradient under SP: each device has its sequence shard's part; their sum over
@@ -1376,9 +1366,9 @@ static bool tp_norm_backward(struct bwd *b, struct bwd_op *o, GError **err) {
   struct exec_state *s = b->s;
   struct exec_task_ctx *st = b->st;
   size_t C = (size_t)b->xm->C;
-  if (!b->tpb.norm)
-    b->tpb.norm = mb_floats_raw(s, st, b->mb, OWN_WORK, C);
-  float *dprm = o->dprm, *part = b->tpb.norm;
+  if (!st->tp.norm)
+    st->tp.norm = mb_floats_raw(s, st, b->mb, OWN_WORK, C);
+  float *dprm = o->dprm, *part = st->tp.norm;
   KT(st, s, s->k->fill(st->stream, part, 0.0f, C));
   o->dprm = part;
   bwd_rmsnorm(b, o);
