@@ -202,6 +202,13 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same_as dense_ref tp2_sp
   run pp2_tp2_sp_zb 4 --layout pp=2,tp=2,sp --schedule zerobubble --mbs 8 && same_as dense_ref pp2_tp2_sp_zb
   run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
+  # a TP checkpoint (each rank's file holds its slices) resumes bit-identically
+  tp_run=("${MPIRUN[@]}" -np 2 "$PE" --model $DENSE --layout pp=1,tp=2,sp --mbs 4 --warmup 0 --quiet \
+    --timeout 60 --no-report)
+  timeout 120 "${tp_run[@]}" --iters 3 --dump-params "$T/tpck_ref.params" >/dev/null 2>&1 &&
+    timeout 120 "${tp_run[@]}" --iters 2 --checkpoint "$T/tpck" --checkpoint-every 1 >/dev/null 2>&1 &&
+    timeout 120 "${tp_run[@]}" --iters 3 --resume "$T/tpck" --dump-params "$T/tpck.params" >/dev/null 2>&1 &&
+    cmp -s "$T/tpck_ref.params" "$T/tpck.params" && ok || bad "a TP checkpoint does not resume bit-identically"
   MOE=$MOE_SAVED
   timeout 120 "${MPIRUN[@]}" -np 2 "$PE" --model $MOE --directives "$T/pp2_rc_full.json" --schedule 1f1b \
     --ranks 2 --mbs 8 --iters 1 --no-report >"$T/rcmoe.out" 2>"$T/rcmoe.err"
