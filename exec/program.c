@@ -966,8 +966,7 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
   d->plan = p;
   d->xm = xm;
   d->device = device;
-  if (!device_shape(d, device, err) || !exec_tp_device_init(d, err) ||
-      !data_parallel_place(d, err))
+  if (!device_shape(d, device, err) || !exec_tp_device_init(d, err) || !data_parallel_place(d, err))
     return false;
   device_alloc(d);
   if (!decode_instrs(d, err) || !link_gathers(d, err) || !lay_out_params(d, err) ||

@@ -88,8 +88,7 @@ uint64_t exec_tp_full_index(const struct exec_model *xm, const struct model_op *
   }
 }
 
-static bool fail_node(const struct exec_device *d, uint32_t node, GError **err,
-                      const char *what) {
+static bool fail_node(const struct exec_device *d, uint32_t node, GError **err, const char *what) {
   char nb[256];
   plan_node_name(d->plan, node, nb, sizeof nb);
   return piper_input_error(err, "plan: device %u: instruction \"%s\": %s", d->device, nb, what);
@@ -155,8 +154,7 @@ bool exec_tp_link_comm(struct exec_device *d, GError **err) {
         x->tp_compute = prod;
     }
     if (x->role == EXEC_ROLE_TP) {
-      if (d->tp_comm != IR_NONE &&
-          d->comm_keys[d->tp_comm].comm != d->comm_keys[x->comm].comm)
+      if (d->tp_comm != IR_NONE && d->comm_keys[d->tp_comm].comm != d->comm_keys[x->comm].comm)
         return fail_node(d, x->node, err,
                          "runs TP collectives on a second TP group; a device belongs to one");
       if (d->tp_comm == IR_NONE)
@@ -273,8 +271,8 @@ static void slice_logits(const struct exec_state *s, float *out, const float *h,
     kernels_gemm(false, false, T, n, C, 1.0f, h, C, w, n, 0.0f, out, n);
 }
 
-bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in,
-                        float *out, size_t n, GError **err) {
+bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in, float *out,
+                        size_t n, GError **err) {
   double t0 = exec_backend_clock(s->b);
   bool ok = exec_comm_all_gather(s->b, s->comms[s->dev->tp_comm], in, out, n * sizeof(float), err);
   st->comm_s += exec_backend_clock(s->b) - t0;
@@ -287,8 +285,8 @@ bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float 
   int lo, n, T = s->xm->T;
   uint32_t tp = s->dev->tp_degree;
   vocab_slice(s, &lo, &n);
-  float *logits = g_new(float, (size_t)T * n);
-  float *maxes = g_new(float, (size_t)T * tp + 2 * (size_t)T), *stats = maxes + (size_t)T * tp;
+  float *logits = g_new(float, (size_t)T *n);
+  float *maxes = g_new(float, (size_t)T *tp + 2 * (size_t)T), *stats = maxes + (size_t)T * tp;
   double t0 = exec_backend_clock(s->b);
   slice_logits(s, logits, h, w, tied);
   for (int t = 0; t < T; t++) {
@@ -341,7 +339,7 @@ void exec_tp_head_backward(const struct exec_state *s, float *dh, float *dw, con
   int lo, n, T = s->xm->T, C = s->xm->C;
   vocab_slice(s, &lo, &n);
   float scale = dloss / (float)T;
-  float *dl = g_new(float, (size_t)T * n);
+  float *dl = g_new(float, (size_t)T *n);
   slice_logits(s, dl, h, w, tied);
   for (int t = 0; t < T; t++) {
     float *row = dl + (size_t)t * n, m = saved[t], inv = saved[T + t];

@@ -875,8 +875,7 @@ static bool tp_sum_into(struct exec_state *s, struct exec_task_ctx *st, struct e
 /* Forward of divided op j under TP: this rank's slice into the collectives' buffer, summed
  * over the group into the op's output (the LM head sums only its row statistics). */
 static bool tp_forward_op(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
-                          struct exec_seg_run *run, uint32_t j, uint32_t saved,
-                          GError **err) {
+                          struct exec_seg_run *run, uint32_t j, uint32_t saved, GError **err) {
   struct exec_tp_bufs *tb = &st->tp;
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
@@ -1922,8 +1921,10 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
       ok = seg_forward(s, i, st, err); /* R: the same forward again, bit for bit */
     else
       ok = seg_backward(s, i, mode, st, err);
-    if (s->dev->tp_degree > 1) { /* all its communication is its TP collectives */
-      if (!s->tp_seconds) /* one rank's instructions run on one thread */
+    if (s->dev->tp_degree > 1) {
+      /* all its communication is its TP collectives; one rank's instructions run on one
+       * thread, so the table's creation cannot race */
+      if (!s->tp_seconds)
         s->tp_seconds = g_new0(double, s->dev->n_instrs ? s->dev->n_instrs : 1);
       s->tp_seconds[i] = st->comm_s;
     }

@@ -289,13 +289,27 @@ static void exec_plan_free(struct exec_plan *p) {
  * vocabulary-parallel embedding and head run on the CPU, exec/tp.c) and experts divided by
  * TP. */
 static bool tp_supported(const struct exec_cli *a, const struct plan *plan, GError **err) {
-  const char *file = a->plans ? a->plans : a->compile.directives ? a->compile.directives : "--layout";
+  const char *file = a->plans                ? a->plans
+                     : a->compile.directives ? a->compile.directives
+                                             : "--layout";
+  const struct ir_node *first = NULL;
   for (uint32_t i = 0; i < plan->n_nodes; i++) {
     const struct ir_node *n = &plan->nodes[i];
-    if (n->tp_degree <= 1 || n->kind != IR_NODE_COMPUTE)
+    if (n->kind != IR_NODE_COMPUTE)
       continue;
+    first = first ? first : n;
     char name[256];
     plan_node_name(plan, i, name, sizeof name);
+    uint32_t tp = n->tp_degree > 1 ? n->tp_degree : 1,
+             tp0 = first->tp_degree > 1 ? first->tp_degree : 1;
+    if (tp != tp0 || (tp > 1 && n->sequence_parallel != first->sequence_parallel))
+      return piper_input_error(err,
+                               "%s: \"%s\" is divided by tensor parallelism unlike other "
+                               "regions; the executor needs one degree (and one "
+                               "sequence_parallel) for the whole model",
+                               file, name);
+    if (tp <= 1)
+      continue;
     if (strcmp(a->backend, "host") != 0)
       return piper_input_error(err,
                                "%s: \"%s\" is divided by tensor parallelism (tp_degree %u); "

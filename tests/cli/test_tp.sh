@@ -73,6 +73,13 @@ expect_bad "$T/p: \"F s0 PP=0 MB=0\" is divided by tensor parallelism (tp_degree
   "$BIN/piper-exec" --backend cuda --plans "$T/p" --iters 1
 expect_bad "--layout: \"F s1 PP=0 EP=0\" divides experts by tensor parallelism" \
   "$BIN/piper-exec" --model models/tiny-moe.json --layout tp=2 --iters 1
+# ... and a model divided by TP in some regions only
+cat >"$T/part.json" <<'J'
+[{"op": "place", "filter": {"PP": 0}, "devices": [0, 1]}, {"op": "replicate", "filter": {"PP": 1}, "devices": [2, 3]},
+ {"op": "tensor_parallel", "filter": {"PP": 0}, "degree": 2}]
+J
+expect_bad "$T/part.json: \"F s1 PP=1\" is divided by tensor parallelism unlike other regions" \
+  "$BIN/piper-exec" --model models/tiny-dense.json --pp-regions 2 --directives "$T/part.json" --iters 1
 
 # bad input
 echo '[{"op": "place", "filter": {}, "devices": [0, 1, 2]}, {"op": "tensor_parallel", "filter": {}, "degree": 3}]' >"$T/d3.json"
