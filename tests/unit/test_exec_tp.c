@@ -1,7 +1,8 @@
 /* Tests for exec/tp.c: the slices a TP rank holds, against matrices cut by hand from a known
- * full block (the one-device layout: element k holds k), and what a device of a TP plan
- * derives (its TP and data-parallel ranks, the parameters it holds, the TP nodes' role). The
- * runs that train with TP are in tests/cli/test_exec.sh. */
+ * full block (the one-device layout: element k holds k), the vocabulary-parallel embedding's
+ * two halves against the whole lookup, and what a device of a TP plan derives (its TP and
+ * data-parallel ranks, the parameters it holds, the TP nodes' role). The runs that train with
+ * TP are in tests/cli/test_exec.sh. */
 #include "test-helpers.h"
 
 #include <string.h>
@@ -137,6 +138,40 @@ static void test_vocab_and_replicated(void **state) {
   g_free(seen);
 }
 
+/* The vocabulary-parallel embedding: the two ranks' lookups sum to the one-device lookup of
+ * the whole table, and their weight gradients, placed where their slices sit, to its gradient
+ * (tokens on both sides of the split, repeated ones included). */
+static void test_vocab_parallel_embedding(void **state) {
+  (void)state;
+  enum { T = 6, C = 3, V = 8 };
+  const int32_t tokens[T] = {0, 3, 4, 7, 3, 5};
+  float table[V * C], dx[T * C], want_x[T * C] = {0}, want_dt[V * C] = {0};
+  for (int k = 0; k < V * C; k++)
+    table[k] = (float)(k + 1);
+  for (int k = 0; k < T * C; k++)
+    dx[k] = 0.5f * (float)k;
+  for (int t = 0; t < T; t++)
+    for (int c = 0; c < C; c++) {
+      want_x[t * C + c] = table[tokens[t] * C + c];
+      want_dt[tokens[t] * C + c] += dx[t * C + c];
+    }
+  struct exec_model m = {.T = T, .C = C, .V = V};
+  float x[T * C] = {0}, dt[V * C] = {0};
+  for (uint32_t r = 0; r < 2; r++) {
+    struct exec_device d = {.tp_degree = 2, .tp_rank = r};
+    struct exec_state s = {.xm = &m, .dev = &d};
+    float part[T * C];
+    exec_tp_embedding_forward(&s, part, tokens, table + r * (V / 2) * C);
+    for (int k = 0; k < T * C; k++)
+      x[k] += part[k];
+    exec_tp_embedding_backward(&s, dt + r * (V / 2) * C, dx, tokens);
+  }
+  for (int k = 0; k < T * C; k++)
+    assert_float_equal(x[k], want_x[k], 0.0f);
+  for (int k = 0; k < V * C; k++)
+    assert_float_equal(dt[k], want_dt[k], 0.0f);
+}
+
 /* PP 2 x DP 2 x TP 2: TP innermost in each stage's group of 4; each device holds its slices,
  * what the compiler's memory formula says; the TP nodes run inside the compute. */
 static void test_device_pp2_dp2_tp2(void **state) {
@@ -180,9 +215,8 @@ static void test_device_pp2_dp2_tp2(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mlp_slices),
-      cmocka_unit_test(test_attention_slices),
-      cmocka_unit_test(test_vocab_and_replicated),
+      cmocka_unit_test(test_mlp_slices),           cmocka_unit_test(test_attention_slices),
+      cmocka_unit_test(test_vocab_and_replicated), cmocka_unit_test(test_vocab_parallel_embedding),
       cmocka_unit_test(test_device_pp2_dp2_tp2),
   };
   return cmocka_run_group_tests_name("exec_tp", tests, setup, teardown);
