@@ -46,6 +46,8 @@ struct exec_segment {
 struct exec_model {
   const struct model *m;
   int T, C, V, K, E, F_expert; /* tokens per micro-batch, hidden, vocab, top-k, experts, ffn */
+  int T_seq; /* tokens of the residual stream one rank holds: T, or T / tp under sequence
+              * parallelism (exec_tp_model_shape); the decoder state's values have T_seq rows */
   int batch, seq;
   uint8_t *edge_mask;        /* [n_edges]: tensors each model edge carries */
   struct exec_segment *segs; /* [n_segments] */
@@ -87,6 +89,7 @@ enum exec_role {
   EXEC_ROLE_GATHER_UPDATE, /* ZeRO-2: updated shards back into the parameters */
   EXEC_ROLE_OPTIMIZER,
   EXEC_ROLE_TIED_SYNC, /* all-reduce of the tied embedding's two copies' gradients */
+  EXEC_ROLE_TP,        /* the plan's TP collectives of a compute: run inside it (tp.c) */
 };
 
 struct exec_instr {
@@ -107,6 +110,9 @@ struct exec_instr {
    * part (group_lead) issues every part, listed group_head -> group_next, as one backend group
    * (exec_comm_p2p_group); the others' tasks do nothing. IR_NONE where there is no group. */
   uint32_t group_lead, group_head, group_next;
+  /* A TP node: the compute whose collectives it stands for (its first TP node only; under
+   * SP the all-gather after the reduce-scatter has IR_NONE). */
+  uint32_t tp_compute;
 };
 
 /* A DP gradient bucket: its segments' parameters are contiguous in the device's flat arrays
@@ -162,6 +168,12 @@ struct exec_device {
   uint32_t *mb_instr_count; /* [M]: instructions tagged with each micro-batch */
   uint32_t n_comm_keys;     /* every communicator of the plan (all ranks create all) */
   struct exec_comm_key *comm_keys;
+  /* Tensor parallelism (tp.c): one degree for the whole model, this device's TP rank, and the
+   * communicator key its compute runs the TP collectives on (IR_NONE without TP). */
+  uint32_t tp_degree, tp_rank;
+  bool sequence_parallel;
+  uint32_t tp_comm;
+  uint64_t *op_offset; /* [n_ops]: where each op's parameters start in its segment's local block */
 };
 
 /* Derives the device program from the plan; fails (input error) for what the executor cannot
@@ -203,10 +215,19 @@ struct exec_mb {
 
 /* What an instruction runs with: the stream its kernels go to (NULL: the backend's default
  * stream, outside any task) and the time it spends in kernels and communication. */
+/* The buffers of one instruction's TP collectives (train.c), each made on first use: the
+ * [T, C] partial sums (the plan tensor its TP node reads), under sequence parallelism a divided
+ * op's input and its output gradient gathered whole [T, C], a summed shard to add, and a norm's
+ * weight-gradient part. */
+struct exec_tp_bufs {
+  float *sum, *input, *dout, *shard, *norm;
+};
+
 struct exec_task_ctx {
   struct exec_stream *stream;
   double kernel_s, comm_s;
   GArray *work; /* struct exec_block: the instruction's workspace, freed when it ends */
+  struct exec_tp_bufs tp;
 };
 
 /* A plan tensor's buffers in the current step (the memory rule, struct plan_tensor): what the
@@ -242,6 +263,7 @@ struct exec_state {
    * releases (release_first[i] .. release_first[i + 1] of release_list) */
   struct exec_tensor_rt *tensors;
   uint32_t *release_first, *release_list;
+  double *tp_seconds; /* [n_instrs]: a compute's time in its TP collectives (NULL: no TP) */
   GMutex tensor_lock;
   /* A receive's buffers, allocated when its stream becomes free (its issue: the plan's alloc
    * point), before the event loop gets to run it: [n_instrs * EXEC_T_COUNT]; next_on_stream
@@ -276,6 +298,62 @@ void exec_pool_clear(struct exec_state *s);
  * (held[i] set), zeros elsewhere. */
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
+
+/* tp.c: tensor parallelism (Megatron-LM's layout) on one device */
+
+/* Parameters op holds on one of tp ranks, and the index in the op's full block (the one-device
+ * layout, exec_init_param's) of local element `local` on TP rank r: column-parallel Q/K/V and
+ * MLP gate/up keep a slice of each row's columns, row-parallel attention output and MLP down
+ * a block of rows, the embedding (and a tied head) a block of vocabulary rows, an untied head
+ * a block of vocabulary columns; norms and the router are whole. */
+uint64_t exec_tp_op_params(const struct exec_model *xm, const struct model_op *op, uint32_t tp);
+uint64_t exec_tp_full_index(const struct exec_model *xm, const struct model_op *op, uint32_t tp,
+                            uint32_t r, uint64_t local);
+/* The TP shape of the plan on this device: degree, rank, communicator; input error for what
+ * the executor cannot run under TP (experts, regions divided differently). */
+bool exec_tp_device_init(struct exec_device *d, GError **err);
+/* The model's shape on the device: under sequence parallelism the residual stream's values
+ * are the device's sequence shard (xm->T_seq). */
+void exec_tp_model_shape(struct exec_model *xm, const struct exec_device *d);
+/* Collectives over the TP group, timed as communication of the task: the sequence shards of
+ * the summed in [tp * n] into out [n], and the shards in [n] gathered into out [tp * n]. */
+bool exec_tp_reduce_scatter(struct exec_state *s, struct exec_task_ctx *st, const float *in,
+                            float *out, size_t n, GError **err);
+bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in,
+                        float *out, size_t n, GError **err);
+/* The plan has one TP node (two under SP) after each compute for its collectives, which ran
+ * inside the compute: the measured intervals of the step are moved so that the compute ends
+ * where its collectives' time begins and its first TP node spans that time (communication),
+ * as the simulator has them, for the trace and piper-compare. */
+void exec_tp_retime(const struct exec_state *s, double *start, double *end, double *comm);
+/* After the communicator keys: d->tp_comm, and the checks that need it. */
+bool exec_tp_link_comm(struct exec_device *d, GError **err);
+/* Each op's local parameter offset in its segment (d->op_offset), after the EP split. */
+void exec_tp_op_offsets(struct exec_device *d);
+/* Whether the executor's kernel of op kind k runs on a slice (and its output or input gradient
+ * is summed over the TP group). */
+bool exec_tp_divided(enum model_op_kind k);
+/* Sum of buf [n] over the TP group, timed as communication of the task. */
+bool exec_tp_all_reduce(struct exec_state *s, struct exec_task_ctx *st, float *buf, size_t n,
+                        GError **err);
+/* The vocabulary-parallel embedding: x [T, C] = this rank's rows of the table for the tokens
+ * in its range, zero for the others (the caller sums over the group); its weight gradient. */
+void exec_tp_embedding_forward(const struct exec_state *s, float *x, const int32_t *tokens,
+                               const float *table);
+void exec_tp_embedding_backward(const struct exec_state *s, float *dtable, const float *dx,
+                                const int32_t *tokens);
+/* The vocabulary-parallel LM head with the parallel cross-entropy: logits of this rank's
+ * vocabulary slice only, the max, the sum of exp and the target logit summed over the group
+ * (never the logits); saved = each row's max then 1 / sum, as the one-device kernel keeps.
+ * Returns false with err set when a collective fails; *loss the mean over the tokens. */
+bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float *saved,
+                          const float *h, const int32_t *targets, const float *w, bool tied,
+                          double *loss, GError **err);
+/* dh (partial, this slice's share: the caller sums it) and / or dw (+=) from the recomputed
+ * slice of dlogits; either may be NULL. */
+void exec_tp_head_backward(const struct exec_state *s, float *dh, float *dw, const float *saved,
+                           const float *h, const int32_t *targets, const float *w, bool tied,
+                           float dloss);
 
 /* shard.c */
 /* Fills each bucket's store_at, the tail and n_store, after the flat layout is known. */

@@ -19,7 +19,7 @@ const char *exec_tensor_name(enum exec_tensor t) {
 size_t exec_tensor_words(const struct exec_model *xm, enum exec_tensor t) {
   if (t == EXEC_T_R)
     return 2 * (size_t)xm->T * (size_t)xm->K;
-  return (size_t)xm->T * (size_t)xm->C;
+  return (size_t)xm->T_seq * (size_t)xm->C;
 }
 
 size_t exec_grad_floats(const struct exec_model *xm, enum exec_tensor t) {
@@ -27,7 +27,7 @@ size_t exec_grad_floats(const struct exec_model *xm, enum exec_tensor t) {
    * the weights' gradients in the first half, the ids' half unused */
   if (t == EXEC_T_R)
     return 2 * (size_t)xm->T * (size_t)xm->K;
-  return (size_t)xm->T * (size_t)xm->C;
+  return (size_t)xm->T_seq * (size_t)xm->C;
 }
 
 uint32_t exec_model_edge(const struct exec_model *xm, uint32_t src, uint32_t dst) {
@@ -144,7 +144,7 @@ static bool model_dims(struct exec_model *xm, const struct model *m, GError **er
                              "hidden_size %lld, vocab_size %lld)",
                              m->name, (long long)T, (long long)m->hidden_size,
                              (long long)m->vocab_size);
-  xm->T = (int)T;
+  xm->T = xm->T_seq = (int)T;
   xm->batch = (int)m->micro_batch_size;
   xm->seq = (int)m->seq_len;
   xm->C = (int)m->hidden_size;
@@ -459,6 +459,7 @@ void exec_device_clear(struct exec_device *d) {
   g_free(d->buckets);
   g_free(d->mb_instr_count);
   g_free(d->comm_keys);
+  g_free(d->op_offset);
   memset(d, 0, sizeof *d);
 }
 
@@ -510,7 +511,8 @@ static bool data_parallel_place(struct exec_device *d, GError **err) {
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
     if (n->kind != IR_NODE_COMPUTE || d->dp_degree == 1)
       continue;
-    int pos = plan_node_position(p, c->instrs[i].node, d->device);
+    /* TP innermost in the group: the data-parallel rank is the position over the degree */
+    int pos = plan_node_position(p, c->instrs[i].node, d->device) / (int)d->tp_degree;
     if (dp_set && (uint32_t)pos != d->dp_rank)
       return fail_instr(p, d->device, c->instrs[i].node, err,
                         "this device has different positions in its data-parallel groups");
@@ -535,6 +537,7 @@ static void device_alloc(struct exec_device *d) {
     d->ep_size[s] = 1;
   }
   d->mb_instr_count = g_new0(uint32_t, d->M);
+  d->op_offset = g_new0(uint64_t, d->xm->m->n_ops ? d->xm->m->n_ops : 1);
 }
 
 /* What decoding the instructions collects on the way. */
@@ -654,6 +657,13 @@ static bool decode_all_to_all(struct decoder *dc, uint32_t i, GError **err) {
   return true;
 }
 
+/* How many instances the instruction's communicator splits its group into (1: none). */
+static uint32_t pi_split(const struct plan *p, const struct plan_instr *pi) {
+  if (pi->comm == IR_NONE || pi->comm >= p->n_comms)
+    return 1;
+  return p->comms[pi->comm].split > 1 ? p->comms[pi->comm].split : 1;
+}
+
 /* An all-reduce or reduce-scatter: a gradient bucket. */
 static bool decode_bucket(struct decoder *dc, uint32_t i, GError **err) {
   struct exec_device *d = dc->d;
@@ -664,12 +674,14 @@ static bool decode_bucket(struct decoder *dc, uint32_t i, GError **err) {
   if (n->segset >= p->n_segsets)
     return fail_at(dc, i, err, "has no segment set");
   const struct ir_segset *ss = &p->segsets[n->segset];
+  /* under TP the group's instance is the devices with this one's TP rank (plan_comm.split) */
+  uint32_t split = pi_split(p, &d->cls->instrs[i]);
   struct exec_bucket bk = {.node = x->node,
                            .n_segs = ss->count,
                            .segs = g_memdup2(&p->segment_pool[ss->first],
                                              (ss->count ? ss->count : 1) * sizeof(uint32_t)),
-                           .group_size = p->groups[n->group].count,
-                           .rank = (uint32_t)plan_node_position(p, x->node, d->device),
+                           .group_size = p->groups[n->group].count / split,
+                           .rank = (uint32_t)plan_node_position(p, x->node, d->device) / split,
                            .sharded_optimizer = n->kind == IR_NODE_REDUCE_SCATTER,
                            .sharded_grads = n->shard_grads,
                            .sharded_params = n->shard_params};
@@ -688,10 +700,11 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
   x->node = pi->node;
   x->stream = pi->stream;
   x->pass = n->pass;
-  x->segment = x->edge = x->peer = x->comm = x->bucket = x->gather = x->segset = IR_NONE;
+  x->segment = x->edge = x->peer = x->comm = x->bucket = x->gather = x->segset = x->tp_compute =
+      IR_NONE;
   x->mb = -1;
   bool per_mb = n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV ||
-                n->kind == IR_NODE_ALL_TO_ALL ||
+                n->kind == IR_NODE_ALL_TO_ALL || n->purpose == IR_COMM_TP ||
                 (n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE);
   if (per_mb) {
     int32_t v = d->mb_tag >= 0 ? n->tags[d->mb_tag] : 0;
@@ -699,6 +712,11 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
       return fail_at(dc, i, err, "has no micro-batch index in range");
     x->mb = v;
     d->mb_instr_count[v]++;
+  }
+  if (n->purpose == IR_COMM_TP) { /* run inside its compute (tp.c) */
+    x->role = EXEC_ROLE_TP;
+    x->segment = n->segment;
+    return true;
   }
   switch (n->kind) {
   case IR_NODE_COMPUTE: return decode_compute(dc, i, err);
@@ -831,8 +849,13 @@ static bool lay_out_params(struct exec_device *d, GError **err) {
   const struct model *m = d->xm->m;
   uint32_t ns = m->n_segments;
   uint64_t off = 0;
-  for (uint32_t s = 0; s < ns; s++)
-    d->param_local[s] = d->holds[s] ? m->segments[s].param_count / d->ep_size[s] : 0;
+  for (uint32_t s = 0; s < ns; s++) {
+    uint64_t n = 0; /* the segment's ops, each as this device holds it (TP slices) */
+    for (uint32_t j = 0; j < d->xm->segs[s].n_ops; j++)
+      n += exec_tp_op_params(d->xm, &m->ops[d->xm->segs[s].ops[j].op], d->tp_degree);
+    d->param_local[s] = d->holds[s] ? n / d->ep_size[s] : 0;
+  }
+  exec_tp_op_offsets(d);
   for (uint32_t b = 0; b < d->n_buckets; b++) {
     struct exec_bucket *bk = &d->buckets[b];
     bk->offset = off;
@@ -943,7 +966,7 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
   d->plan = p;
   d->xm = xm;
   d->device = device;
-  if (!device_shape(d, device, err) || !data_parallel_place(d, err))
+  if (!device_shape(d, device, err) || !exec_tp_device_init(d, err) || !data_parallel_place(d, err))
     return false;
   device_alloc(d);
   if (!decode_instrs(d, err) || !link_gathers(d, err) || !lay_out_params(d, err) ||
@@ -952,5 +975,9 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
     return false;
   }
   collect_comm_keys(d);
+  if (!exec_tp_link_comm(d, err)) {
+    exec_device_clear(d);
+    return false;
+  }
   return true;
 }

@@ -95,7 +95,7 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
   struct runner *R = t->R;
   uint32_t i = t->i;
   double t0 = exec_backend_clock(R->b);
-  struct exec_task_ctx st = {stream, 0, 0, NULL};
+  struct exec_task_ctx st = {.stream = stream};
   bool ok;
   if (R->stall_armed && i == R->stall_instr)
     ok = stall_task(R, i, err);
@@ -669,6 +669,35 @@ void exec_result_clear(struct exec_result *r) {
   memset(r, 0, sizeof *r);
 }
 
+/* A DP, EP or TP communicator: its group whole, or with split (tensor parallelism, TP
+ * innermost) each instance of it in turn (every rank creates every instance, members or not):
+ * TP the runs of split consecutive positions, DP and EP the positions with one TP rank. This
+ * rank keeps its own instance. */
+static struct exec_comm *create_split_comm(struct runner *R, const struct plan_comm *pc,
+                                           const char *label, GError **err) {
+  const struct plan *p = R->dev->plan;
+  const struct ir_group *g = &p->groups[pc->group];
+  const uint32_t *pool = &p->device_pool[g->first];
+  uint32_t split = pc->split > 1 && g->count % pc->split == 0 ? pc->split : 1;
+  if (split == 1)
+    return exec_comm_create(R->b, label, pool, g->count, false, err);
+  bool tp = pc->purpose == IR_COMM_TP;
+  uint32_t size = tp ? split : g->count / split, n_inst = g->count / size;
+  uint32_t *members = g_new(uint32_t, size);
+  struct exec_comm *mine = NULL;
+  for (uint32_t inst = 0; inst < n_inst; inst++) {
+    for (uint32_t k = 0; k < size; k++)
+      members[k] = pool[tp ? inst * split + k : inst + k * split];
+    struct exec_comm *c = exec_comm_create(R->b, label, members, size, false, err);
+    if (c)
+      mine = c;
+    else if (*err)
+      break;
+  }
+  g_free(members);
+  return mine;
+}
+
 static bool create_comms(struct runner *R, GError **err) {
   const struct exec_device *d = R->dev;
   const struct plan *p = d->plan;
@@ -691,8 +720,7 @@ static bool create_comms(struct runner *R, GError **err) {
     if (pc->purpose == IR_COMM_PP) {
       R->s.comms[k] = exec_comm_create(R->b, label, all, p->n_devices, true, &e);
     } else {
-      const struct ir_group *g = &p->groups[pc->group];
-      R->s.comms[k] = exec_comm_create(R->b, label, &p->device_pool[g->first], g->count, false, &e);
+      R->s.comms[k] = create_split_comm(R, pc, label, &e);
     }
     if (e) {
       g_propagate_error(err, e);
@@ -798,6 +826,7 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   if (!exec_device_init(&R->device, o->plan, &R->xm, rank, err))
     return false;
   R->device_ready = true;
+  exec_tp_model_shape(&R->xm, &R->device);
   R->o = o;
   R->b = b;
   R->dev = &R->device;
@@ -1046,6 +1075,7 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   if (!run_step(R, step, err))
     return false;
   device_times(R);
+  exec_tp_retime(&R->s, R->start, R->end, R->comm);
   exec_backend_loop_stats(R->b, &after);
   R->loop_step = (struct exec_backend_loop_stats){after.dispatch_s - before.dispatch_s,
                                                   after.test_s - before.test_s,

@@ -206,6 +206,13 @@ static uint32_t consumer_edge(const struct exec_state *s, uint32_t i, uint32_t j
   return exec_model_edge(s->xm, a, b);
 }
 
+/* The buffer of a compute's TP collectives: the tensor its TP node reads (tp_buffer). */
+static bool is_tp_buffer(const struct exec_state *s, const struct plan_tensor *pt) {
+  const struct plan_class *c = s->dev->cls;
+  return pt->consumer_count > 0 &&
+         s->dev->instrs[c->consumers[pt->consumer_first]].role == EXEC_ROLE_TP;
+}
+
 /* The plan tensor that carries value t out of instruction i: an "out" tensor whose consumer
  * reads t through its edge (else, unless exact, i's first "out" tensor); OWN_WORK (exact) or
  * OWN_MB when there is none. */
@@ -217,7 +224,7 @@ static uint32_t out_tensor_of(const struct exec_state *s, uint32_t i, enum exec_
   for (uint32_t w = 0; w < in->write_count; w++) {
     uint32_t tid = c->writes[in->write_first + w];
     const struct plan_tensor *pt = &c->tensors[tid];
-    if (pt->kind != PLAN_TENSOR_OUT)
+    if (pt->kind != PLAN_TENSOR_OUT || is_tp_buffer(s, pt))
       continue;
     if (first == OWN_WORK)
       first = tid;
@@ -369,6 +376,7 @@ void exec_memory_free(struct exec_state *s) {
   g_clear_pointer(&s->release_list, g_free);
   g_clear_pointer(&s->recv_ready, g_free);
   g_clear_pointer(&s->next_on_stream, g_free);
+  g_clear_pointer(&s->tp_seconds, g_free);
   g_mutex_clear(&s->tensor_lock);
 }
 
@@ -465,11 +473,14 @@ static void for_each_param(const struct exec_state *s, uint32_t seg,
   uint32_t S = d->ep_size[seg];
   for (uint32_t j = 0; j < es->n_ops; j++) {
     const struct exec_seg_op *so = &es->ops[j];
-    uint64_t n = so->param_count / S;
+    const struct model_op *op = &s->xm->m->ops[so->op];
+    uint64_t n = exec_tp_op_params(s->xm, op, d->tp_degree) / S;
     uint64_t first = (uint64_t)d->ep_rank[seg] * n; /* local experts start here in the op */
-    uint64_t base = so->param_offset / S;
+    uint64_t base = d->op_offset[so->op];
+    /* a TP slice's elements sit where the one-device layout has them (tp.c) */
     for (uint64_t i = 0; i < n; i++)
-      fn(s, so->op, base + i, first + i, data);
+      fn(s, so->op, base + i, exec_tp_full_index(s->xm, op, d->tp_degree, d->tp_rank, first + i),
+         data);
   }
 }
 
@@ -795,6 +806,125 @@ static void seg_outputs(struct exec_state *s, uint32_t i, struct exec_task_ctx *
   }
 }
 
+/* ---- tensor parallelism (tp.c) ------------------------------------------------------------ */
+
+/* Attention's dimensions as this device runs it: heads / tp of each kind. */
+static struct kernels_attention_dims attention_dims(const struct exec_state *s,
+                                                    const struct model_op *op) {
+  struct kernels_attention_dims dd = exec_attention_dims(s->xm, op);
+  dd.heads /= (int)s->dev->tp_degree;
+  dd.kv_heads /= (int)s->dev->tp_degree;
+  return dd;
+}
+
+/* The MLP's intermediate size as this device runs it. */
+static int mlp_width(const struct exec_state *s, const struct model_op *op) {
+  return (int)op->shape[2] / (int)s->dev->tp_degree;
+}
+
+/* The [T, C] buffer instruction i's TP collectives run in: the plan tensor its TP node reads,
+ * made on first use (the instruction's workspace where the plan has none). */
+static float *tp_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                        uint32_t i, float **buf) {
+  if (*buf)
+    return *buf;
+  const struct plan_class *c = s->dev->cls;
+  const struct plan_instr *in = &c->instrs[i];
+  uint32_t owner = OWN_WORK;
+  for (uint32_t w = 0; w < in->write_count; w++) {
+    uint32_t tid = c->writes[in->write_first + w];
+    if (c->tensors[tid].kind == PLAN_TENSOR_OUT && is_tp_buffer(s, &c->tensors[tid]))
+      owner = tid;
+  }
+  *buf = mb_floats_raw(s, st, mb, owner, (size_t)s->xm->T * (size_t)s->xm->C);
+  return *buf;
+}
+
+/* Value src [T_seq, C], a sequence shard under SP, gathered whole into *slot [T, C]. */
+static const float *tp_gathered(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                                float **slot, const float *src, GError **err) {
+  size_t n = (size_t)s->xm->T_seq * (size_t)s->xm->C;
+  if (!*slot)
+    *slot = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)s->xm->T * (size_t)s->xm->C);
+  return exec_tp_all_gather(s, st, src, *slot, n, err) ? *slot : NULL;
+}
+
+/* A slice's partial result in buf [T, C], summed over the TP group, then into dst (= or +=):
+ * all of it, or under SP this device's sequence shard (a reduce-scatter). */
+static bool tp_sum_into(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                        float *dst, bool acc, GError **err) {
+  struct exec_tp_bufs *tb = &st->tp;
+  size_t n = (size_t)s->xm->T_seq * (size_t)s->xm->C;
+  float *buf = tb->sum, *sum = buf;
+  if (s->dev->sequence_parallel) {
+    if (acc && !tb->shard)
+      tb->shard = mb_floats_raw(s, st, mb, OWN_WORK, n);
+    sum = acc ? tb->shard : dst;
+    if (!exec_tp_reduce_scatter(s, st, buf, sum, n, err))
+      return false;
+  } else if (!exec_tp_all_reduce(s, st, buf, n, err)) {
+    return false;
+  }
+  if (acc)
+    KT(st, s, s->k->add(st->stream, dst, sum, n));
+  else if (sum != dst)
+    KT(st, s, s->k->copy(st->stream, dst, sum, n * sizeof(float)));
+  return true;
+}
+
+/* Forward of divided op j under TP: this rank's slice into the collectives' buffer, summed
+ * over the group into the op's output (the LM head sums only its row statistics). */
+static bool tp_forward_op(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                          struct exec_seg_run *run, uint32_t j, uint32_t saved, GError **err) {
+  struct exec_tp_bufs *tb = &st->tp;
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  const struct exec_segment *es = &xm->segs[x->segment];
+  const struct exec_seg_op *so = &es->ops[j];
+  const struct model_op *op = &xm->m->ops[so->op];
+  const float *P = params_of(s, x), *prm = P + s->dev->op_offset[so->op];
+  const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
+  int T = xm->T;
+  float *buf = tp_buffer(s, st, mb, i, &tb->sum);
+  if (s->dev->sequence_parallel && in0 && !(in0 = tp_gathered(s, st, mb, &tb->input, in0, err)))
+    return false;
+  switch (so->kind) {
+  case MODEL_OP_EMBEDDING:
+    mb->tokens = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+    exec_backend_from_host(s->b, mb->tokens, mb->tokens_host, (size_t)T * sizeof(int32_t));
+    KT(st, s, exec_tp_embedding_forward(s, buf, mb->tokens, prm));
+    break;
+  case MODEL_OP_ATTENTION: {
+    struct kernels_attention_dims dd = attention_dims(s, op);
+    run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_saved_floats(&dd));
+    KT(st, s, s->k->attention_forward(st->stream, buf, run->saved[j], in0, prm, &dd));
+    break;
+  }
+  case MODEL_OP_MLP: {
+    int F = mlp_width(s, op);
+    run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_mlp_saved_floats(T, F));
+    KT(st, s, s->k->mlp_forward(st->stream, buf, run->saved[j], in0, prm, T, xm->C, F));
+    break;
+  }
+  case MODEL_OP_LM_HEAD_LOSS: {
+    run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_lm_head_loss_saved_floats(T, xm->V));
+    mb->targets = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+    exec_backend_from_host(s->b, mb->targets, mb->targets_host, (size_t)T * sizeof(int32_t));
+    const float *w = xm->tied ? P + s->dev->op_offset[es->ops[0].op] : prm;
+    double loss = 0;
+    if (!exec_tp_head_forward(s, st, run->saved[j], in0, mb->targets, w, xm->tied || xm->tied_copy,
+                              &loss, err))
+      return false;
+    mb->loss = loss;
+    mb->has_loss = s->dev->tp_rank == 0; /* every TP peer has it; the step sums one */
+    return true;
+  }
+  default: return internal(err, s, i, "op kind without a tensor-parallel kernel");
+  }
+  return tp_sum_into(s, st, mb, run->val[so->out], false, err);
+}
+
 static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
@@ -802,7 +932,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
   struct exec_mb *mb = &s->mbs[x->mb];
   const struct exec_segment *es = &xm->segs[x->segment];
   const struct model *m = xm->m;
-  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K;
+  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K, Ts = xm->T_seq;
   uint32_t saved = written_tensor(s, i, PLAN_TENSOR_SAVED);
   if (saved == OWN_WORK)
     saved = OWN_MB; /* no backward reads it here: kept as long as the micro-batch */
@@ -814,7 +944,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
   for (uint32_t j = 0; j < es->n_ops; j++) {
     const struct exec_seg_op *so = &es->ops[j];
     const struct model_op *op = &m->ops[so->op];
-    const float *prm = P + so->param_offset;
+    const float *prm = P + s->dev->op_offset[so->op];
     float *out = NULL;
     if (so->out >= 0)
       out = run->val[so->out] =
@@ -823,6 +953,11 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
     const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
     const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
     const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
+    if (s->dev->tp_degree > 1 && exec_tp_divided(so->kind)) {
+      if (!tp_forward_op(s, i, st, run, j, saved, err))
+        return false;
+      continue;
+    }
     switch (so->kind) {
     case MODEL_OP_EMBEDDING:
       mb->tokens = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
@@ -830,9 +965,9 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       KT(st, s, k->embedding_forward(st->stream, out, mb->tokens, prm, T, V, C));
       break;
     case MODEL_OP_RMSNORM:
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_rmsnorm_saved_floats(T));
+      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_rmsnorm_saved_floats(Ts));
       KT(st, s,
-         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, T, C, s->xm->rms_norm_eps));
+         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, Ts, C, s->xm->rms_norm_eps));
       break;
     case MODEL_OP_ATTENTION: {
       struct kernels_attention_dims dd = exec_attention_dims(s->xm, op);
@@ -841,7 +976,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       break;
     }
     case MODEL_OP_RESIDUAL_ADD: {
-      size_t n = (size_t)T * C;
+      size_t n = (size_t)Ts * C;
       KT(st, s, k->copy(st->stream, out, in0, n * sizeof(float)));
       KT(st, s, k->residual_add_forward(st->stream, out, in1, n));
       if (in2)
@@ -893,7 +1028,7 @@ static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_lm_head_loss_saved_floats(T, V));
       mb->targets = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
       exec_backend_from_host(s->b, mb->targets, mb->targets_host, (size_t)T * sizeof(int32_t));
-      const float *w = xm->tied ? P + es->ops[0].param_offset : prm;
+      const float *w = xm->tied ? P + s->dev->op_offset[es->ops[0].op] : prm;
       float *loss = s->loss_device + x->mb, loss_host = 0;
       KT(st, s,
          k->lm_head_loss_forward(
@@ -1010,7 +1145,7 @@ static void bwd_rmsnorm(struct bwd *b, const struct bwd_op *o) {
   struct exec_state *s = b->s;
   struct exec_task_ctx *st = b->st;
   const float *saved = b->run->saved[o->j];
-  int T = b->xm->T, C = b->xm->C;
+  int T = b->xm->T_seq, C = b->xm->C;
   if (b->mode == BWD_FUSED)
     KT(st, s,
        b->k->rmsnorm_backward(st->stream, o->din, o->dprm, o->dout, o->in0, saved, o->prm, T, C,
@@ -1028,7 +1163,7 @@ static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
   struct exec_task_ctx *st = b->st;
   struct exec_seg_run *run = b->run;
   int32_t j = o->j;
-  struct kernels_attention_dims dd = exec_attention_dims(s->xm, o->op);
+  struct kernels_attention_dims dd = attention_dims(s, o->op);
   if (b->mode != BWD_WEIGHT)
     run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_attention_bwork_floats(&dd));
   if (b->mode == BWD_FUSED)
@@ -1056,7 +1191,8 @@ static void bwd_residual_add(struct bwd *b, const struct bwd_op *o) {
       continue;
     bool a;
     float *g = dval_in(b, o->so->in[q], &a);
-    KT(st, s, b->k->residual_add_backward(st->stream, g, o->dout, (size_t)b->xm->T * b->xm->C, a));
+    KT(st, s,
+       b->k->residual_add_backward(st->stream, g, o->dout, (size_t)b->xm->T_seq * b->xm->C, a));
   }
 }
 
@@ -1065,7 +1201,7 @@ static void bwd_mlp(struct bwd *b, const struct bwd_op *o) {
   struct exec_task_ctx *st = b->st;
   struct exec_seg_run *run = b->run;
   int32_t j = o->j;
-  int T = b->xm->T, C = b->xm->C, F = (int)o->op->shape[2];
+  int T = b->xm->T, C = b->xm->C, F = mlp_width(s, o->op);
   if (b->mode != BWD_WEIGHT)
     run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_mlp_bwork_floats(T, F));
   if (b->mode == BWD_FUSED)
@@ -1157,8 +1293,9 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
   /* BW recomputes the logits too, so it reads the head's parameters as BI does (the host
    * executor holds them whole; under ZeRO-3 the plan would have to gather them for BW) */
   const float *P = b->P ? b->P : params_of(s, &s->dev->instrs[b->i]);
-  const float *w = P + (xm->tied ? b->es->ops[0].param_offset : o->so->param_offset);
-  float *dw = xm->tied ? b->G + b->es->ops[0].param_offset : o->dprm;
+  const uint64_t *at = s->dev->op_offset;
+  const float *w = P + (xm->tied ? at[b->es->ops[0].op] : at[o->so->op]);
+  float *dw = xm->tied ? b->G + at[b->es->ops[0].op] : o->dprm;
   run->bwork[j] = NULL; /* BI and BW recompute the dlogits from h and the row statistics */
   if (b->mode == BWD_FUSED)
     KT(st, s,
@@ -1175,19 +1312,88 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
                                           b->mb->targets, w, lay, b->dloss, T, C, V));
 }
 
+/* Backward of divided op j under TP: the input gradient of this rank's slice into the
+ * collectives' buffer, summed over the group into the op's input gradient; the weight
+ * gradient of the slice. */
+static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  const struct exec_model *xm = b->xm;
+  bool input = b->mode != BWD_WEIGHT, weight = b->mode != BWD_INPUT;
+  float *din = o->din, *buf = NULL;
+  bool acc = o->acc;
+  if (input && o->so->kind != MODEL_OP_EMBEDDING) {
+    buf = tp_buffer(s, st, b->mb, b->i, &st->tp.sum);
+    o->din = buf;
+    o->acc = false;
+  }
+  /* SP: the output gradient's and the input's sequence shards gathered (the input only where
+   * it is read: weight gradients, and the head's logits) */
+  bool sp = s->dev->sequence_parallel;
+  if (sp && o->dout && (weight || o->so->kind != MODEL_OP_EMBEDDING) &&
+      !(o->dout = (float *)tp_gathered(s, st, b->mb, &st->tp.dout, o->dout, err)))
+    return false;
+  if (sp && o->in0 && (weight || o->so->kind == MODEL_OP_LM_HEAD_LOSS) &&
+      !(o->in0 = tp_gathered(s, st, b->mb, &st->tp.input, o->in0, err)))
+    return false;
+  switch (o->so->kind) {
+  case MODEL_OP_EMBEDDING:
+    if (weight)
+      KT(st, s, exec_tp_embedding_backward(s, o->dprm, o->dout, b->mb->tokens));
+    return true;
+  case MODEL_OP_ATTENTION: bwd_attention(b, o); break;
+  case MODEL_OP_MLP: bwd_mlp(b, o); break;
+  case MODEL_OP_LM_HEAD_LOSS: {
+    const uint64_t *at = s->dev->op_offset;
+    const float *P = b->P ? b->P : params_of(s, &s->dev->instrs[b->i]);
+    const float *w = P + (xm->tied ? at[b->es->ops[0].op] : at[o->so->op]);
+    float *dw = xm->tied ? b->G + at[b->es->ops[0].op] : o->dprm;
+    b->run->bwork[o->j] = NULL;
+    KT(st, s,
+       exec_tp_head_backward(s, buf, weight ? dw : NULL, b->run->saved[o->j], o->in0,
+                             b->mb->targets, w, xm->tied || xm->tied_copy, b->dloss));
+    break;
+  }
+  default: return internal(err, s, b->i, "op kind without a tensor-parallel kernel");
+  }
+  return !input || tp_sum_into(s, st, b->mb, din, acc, err);
+}
+
+/* A norm's weight gradient under SP: each device has its sequence shard's part; their sum over
+ * the TP group is the gradient (Megatron sums the replicated norms' gradients likewise). */
+static bool tp_norm_backward(struct bwd *b, struct bwd_op *o, GError **err) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  size_t C = (size_t)b->xm->C;
+  if (!st->tp.norm)
+    st->tp.norm = mb_floats_raw(s, st, b->mb, OWN_WORK, C);
+  float *dprm = o->dprm, *part = st->tp.norm;
+  KT(st, s, s->k->fill(st->stream, part, 0.0f, C));
+  o->dprm = part;
+  bwd_rmsnorm(b, o);
+  if (!exec_tp_all_reduce(s, st, part, C, err))
+    return false;
+  KT(st, s, s->k->add(st->stream, dprm, part, C));
+  return true;
+}
+
 /* Op j's operands, then its kind's backward. */
 static bool backward_op(struct bwd *b, int32_t j, uint32_t i, GError **err) {
   struct exec_seg_run *run = b->run;
   const struct exec_seg_op *so = &b->es->ops[j];
   struct bwd_op o = {.j = j, .so = so, .op = &b->xm->m->ops[so->op]};
-  o.prm = b->P ? b->P + so->param_offset : NULL;
-  o.dprm = b->G + so->param_offset;
+  o.prm = b->P ? b->P + b->s->dev->op_offset[so->op] : NULL;
+  o.dprm = b->G + b->s->dev->op_offset[so->op];
   o.in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
   o.in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
   o.dout = so->out >= 0 ? dval_out(b, so->out) : NULL;
   if (b->mode != BWD_WEIGHT && so->in[0] >= 0 && so->kind != MODEL_OP_EXPERT_FFN &&
       so->kind != MODEL_OP_RESIDUAL_ADD)
     o.din = dval_in(b, so->in[0], &o.acc);
+  if (b->s->dev->tp_degree > 1 && exec_tp_divided(so->kind))
+    return tp_backward_op(b, &o, err);
+  if (b->s->dev->sequence_parallel && so->kind == MODEL_OP_RMSNORM && b->mode != BWD_INPUT)
+    return tp_norm_backward(b, &o, err);
   switch (so->kind) {
   case MODEL_OP_EMBEDDING: bwd_embedding(b, &o); return true;
   case MODEL_OP_RMSNORM: bwd_rmsnorm(b, &o); return true;
@@ -1646,7 +1852,7 @@ static bool tied_sync(struct exec_state *s, uint32_t i, struct exec_task_ctx *st
   for (uint32_t j = 0; j < es->n_ops; j++)
     if (es->ops[j].op == op) {
       bool ok = true;
-      float *g = grads_of(s, st, x->segment) + es->ops[j].param_offset;
+      float *g = grads_of(s, st, x->segment) + s->dev->op_offset[es->ops[j].op];
       CT(st, s, ok, exec_comm_all_reduce_f32(s->b, comm, g, (size_t)xm->V * (size_t)xm->C, err));
       return ok;
     }
@@ -1715,6 +1921,13 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
       ok = seg_forward(s, i, st, err); /* R: the same forward again, bit for bit */
     else
       ok = seg_backward(s, i, mode, st, err);
+    if (s->dev->tp_degree > 1) {
+      /* all its communication is its TP collectives; one rank's instructions run on one
+       * thread, so the table's creation cannot race */
+      if (!s->tp_seconds)
+        s->tp_seconds = g_new0(double, s->dev->n_instrs ? s->dev->n_instrs : 1);
+      s->tp_seconds[i] = st->comm_s;
+    }
     if (x->gather != IR_NONE)
       gathered_release(s, x->gather);
     break;
@@ -1729,6 +1942,7 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
   case EXEC_ROLE_GATHER_UPDATE: ok = data_parallel(s, i, st, err); break;
   case EXEC_ROLE_OPTIMIZER: ok = optimizer(s, i, st); break;
   case EXEC_ROLE_TIED_SYNC: ok = tied_sync(s, i, st, err); break;
+  case EXEC_ROLE_TP: break; /* its collectives ran inside its compute (tp.c) */
   }
   instr_memory_done(s, i, st);
   if (x->mb >= 0 && atomic_fetch_sub(&s->mbs[x->mb].remaining, 1) == 1)

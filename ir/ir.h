@@ -221,8 +221,9 @@ uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint
  * workspace, models/model.h): in pass F its scratch and the outputs nothing keeps; in B the
  * gradients of its values, bwork and scratch; in BI its scratch; in BW nothing; *keep the part
  * BI keeps for BW. Each op's bwork and scratch are divided as its work is (ir_tp_op_share); the
- * [T, hidden] values and gradients between ops only under sequence parallelism. tp <= 1: the
- * segment's own figures. */
+ * [T, hidden] values and gradients between ops only under sequence parallelism, which adds the
+ * [T, hidden] buffers its all-gathers fill (a divided op's input, its output gradient). tp <= 1:
+ * the segment's own figures. */
 uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pass pass, uint32_t tp,
                             bool sequence_parallel, uint64_t *keep);
 /* The TP collectives a compute node of segment in pass implies: *count of them moving *bytes

@@ -153,6 +153,34 @@ bool ir_tp_check_model(const struct model *m, uint32_t tp, bool sequence_paralle
   return true;
 }
 
+/* Under sequence parallelism the divided ops read their input whole, and their backward the
+ * output gradient: each all-gathered from the sequence shards into a [T, hidden] buffer that
+ * lives while the node runs (Megatron's all-gather output; the host executor allocates the
+ * same). The input where it is read: the forward, the weight gradients, and the LM head's
+ * recomputed logits; the output gradient in every backward pass but the embedding's BI (it
+ * has no input gradient). */
+static uint64_t sp_gathered(const struct model *m, const struct model_segment *s,
+                            enum ir_pass pass) {
+  bool input = false, dout = false, backward = pass != IR_PASS_F;
+  for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++)
+    switch (m->ops[i].kind) {
+    case MODEL_OP_ATTENTION:
+    case MODEL_OP_MLA_ATTENTION:
+    case MODEL_OP_MLP:
+    case MODEL_OP_SHARED_EXPERT:
+    case MODEL_OP_EXPERT_FFN:
+      input = input || pass != IR_PASS_BI;
+      dout = dout || backward;
+      break;
+    case MODEL_OP_EMBEDDING: dout = dout || pass == IR_PASS_B || pass == IR_PASS_BW; break;
+    case MODEL_OP_LM_HEAD_LOSS: input = true; break;
+    default: break;
+    }
+  uint64_t act = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->hidden_size *
+                 model_dtype_bytes(m->dtype);
+  return ((uint64_t)input + (uint64_t)dout) * act;
+}
+
 uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pass pass, uint32_t tp,
                             bool sequence_parallel, uint64_t *keep) {
   const struct model_segment *s = &m->segments[segment];
@@ -177,8 +205,9 @@ uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pas
   }
   if (keep)
     *keep = bkeep;
-  return pass == IR_PASS_F    ? fwd
-         : pass == IR_PASS_B  ? bkeep + bscratch
-         : pass == IR_PASS_BI ? bscratch
-                              : 0;
+  uint64_t gathered = tp > 1 && sequence_parallel ? sp_gathered(m, s, pass) : 0;
+  return gathered + (pass == IR_PASS_F    ? fwd
+                     : pass == IR_PASS_B  ? bkeep + bscratch
+                     : pass == IR_PASS_BI ? bscratch
+                                          : 0);
 }

@@ -284,6 +284,48 @@ static void exec_plan_free(struct exec_plan *p) {
   plan_free(p->read);
 }
 
+/* What the executor does not run under tensor parallelism, refused up front (before MPI
+ * starts) rather than trained as something else: another backend than the host's (the
+ * vocabulary-parallel embedding and head run on the CPU, exec/tp.c) and experts divided by
+ * TP. */
+static bool tp_supported(const struct exec_cli *a, const struct plan *plan, GError **err) {
+  const char *file = a->plans                ? a->plans
+                     : a->compile.directives ? a->compile.directives
+                                             : "--layout";
+  const struct ir_node *first = NULL;
+  for (uint32_t i = 0; i < plan->n_nodes; i++) {
+    const struct ir_node *n = &plan->nodes[i];
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    first = first ? first : n;
+    char name[256];
+    plan_node_name(plan, i, name, sizeof name);
+    uint32_t tp = n->tp_degree > 1 ? n->tp_degree : 1,
+             tp0 = first->tp_degree > 1 ? first->tp_degree : 1;
+    if (tp != tp0 || (tp > 1 && n->sequence_parallel != first->sequence_parallel))
+      return piper_input_error(err,
+                               "%s: \"%s\" is divided by tensor parallelism unlike other "
+                               "regions; the executor needs one degree (and one "
+                               "sequence_parallel) for the whole model",
+                               file, name);
+    if (tp <= 1)
+      continue;
+    if (strcmp(a->backend, "host") != 0)
+      return piper_input_error(err,
+                               "%s: \"%s\" is divided by tensor parallelism (tp_degree %u); "
+                               "backend %s does not run tensor parallelism yet (--backend host "
+                               "does)",
+                               file, name, n->tp_degree, a->backend);
+    if (n->segment < plan->model->n_segments && plan->model->segments[n->segment].expert)
+      return piper_input_error(err,
+                               "%s: \"%s\" divides experts by tensor parallelism (tp_degree "
+                               "%u); the host executor runs tensor parallelism of dense regions "
+                               "only (piper-sim runs both)",
+                               file, name, n->tp_degree);
+  }
+  return true;
+}
+
 static bool load_plan(const struct exec_cli *a, struct exec_plan *p, GError **err) {
   if (a->plans) {
     p->read = plan_read_dir(a->plans, err);
@@ -303,20 +345,8 @@ static bool load_plan(const struct exec_cli *a, struct exec_plan *p, GError **er
     p->plan = p->compiled.plan;
     p->program_file = g_strdup(p->compiled.program_file_name);
   }
-  /* Not yet: sliced weights per TP rank and the TP collectives in the executor. Refused up
-   * front rather than trained as something else. */
-  for (uint32_t i = 0; i < p->plan->n_nodes; i++)
-    if (p->plan->nodes[i].tp_degree > 1) {
-      char name[256];
-      plan_node_name(p->plan, i, name, sizeof name);
-      return piper_input_error(err,
-                               "%s: \"%s\" is divided by tensor parallelism (tp_degree %u); the "
-                               "executor does not run tensor parallelism yet (piper-sim does)",
-                               a->plans                ? a->plans
-                               : a->compile.directives ? a->compile.directives
-                                                       : "--layout",
-                               name, p->plan->nodes[i].tp_degree);
-    }
+  if (!tp_supported(a, p->plan, err))
+    return false;
   if (!p->program_file) {
     /* plans read from disk: name the program by the pipeline ranks the plan has */
     struct report_run shape = {.plan = p->plan};

@@ -4,7 +4,9 @@
 # from piper-compile -o run like plans compiled in-process. With mpirun (when MPI is built in):
 # tiny-moe trained 3 steps on a global batch of 8 micro-batches gives the same losses and final
 # parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
-# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; a checkpoint at step 2
+# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; tiny-dense
+# under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
+# gives the losses and parameters of one device; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
 # timeout. A checkpoint of another sharding, learning rate or batch shape is refused naming the
 # difference (or accepted with --resume-allow-change); the last step is checkpointed,
@@ -148,8 +150,9 @@ run() {
 # equal to 1e-7, parameters 2e-7 in norm). Elementwise, a parameter whose gradient is tiny
 # can move by AdamW's normalised step times that rounding: allow 1e-5 absolute (1% of one step
 # at lr 1e-3) on top of 1e-4 relative.
-same() {
-  python3 - "$T/ref" "$T/$1" <<'EOF' && ok || bad "$1 differs from one device"
+same() { same_as ref "$1"; }
+same_as() {
+  python3 - "$T/$1" "$T/$2" <<'EOF' && ok || bad "$2 differs from one device"
 import array, json, math, sys
 a, b = sys.argv[1], sys.argv[2]
 la = json.load(open(a + "/metrics.json"))["losses"]
@@ -189,6 +192,23 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
       [ "$(losses "$T/pp2_rc_$g")" = "$(losses "$T/dense_pp2")" ] && cmp -s "$T/pp2_rc_$g.params" "$T/dense_pp2.params" \
       && ok || bad "recompute $g is not bit-identical to storing activations"
   done
+  # tensor parallelism: each TP rank holds slices cut from the one-device initialisation, so
+  # TP 2 and TP 2 x PP 2 x DP 2 (8 ranks on the 2 cores: --oversubscribe, 4 micro-batches per
+  # replica) give the one-device losses, and the dumped parameters gathered from the slices
+  run dense_ref 1 --directives "$T/one.json" --mbs 8
+  run tp2 2 --layout pp=1,tp=2 --mbs 8 && same_as dense_ref tp2
+  # ... with sequence parallelism (norms and residuals on sequence shards, the norms' weight
+  # gradients summed over the TP group), also under ZB-H1's split backward (BI, BW)
+  run tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same_as dense_ref tp2_sp
+  run pp2_tp2_sp_zb 4 --layout pp=2,tp=2,sp --schedule zerobubble --mbs 8 && same_as dense_ref pp2_tp2_sp_zb
+  run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
+  # a TP checkpoint (each rank's file holds its slices) resumes bit-identically
+  tp_run=("${MPIRUN[@]}" -np 2 "$PE" --model $DENSE --layout pp=1,tp=2,sp --mbs 4 --warmup 0 --quiet \
+    --timeout 60 --no-report)
+  timeout 120 "${tp_run[@]}" --iters 3 --dump-params "$T/tpck_ref.params" >/dev/null 2>&1 &&
+    timeout 120 "${tp_run[@]}" --iters 2 --checkpoint "$T/tpck" --checkpoint-every 1 >/dev/null 2>&1 &&
+    timeout 120 "${tp_run[@]}" --iters 3 --resume "$T/tpck" --dump-params "$T/tpck.params" >/dev/null 2>&1 &&
+    cmp -s "$T/tpck_ref.params" "$T/tpck.params" && ok || bad "a TP checkpoint does not resume bit-identically"
   MOE=$MOE_SAVED
   timeout 120 "${MPIRUN[@]}" -np 2 "$PE" --model $MOE --directives "$T/pp2_rc_full.json" --schedule 1f1b \
     --ranks 2 --mbs 8 --iters 1 --no-report >"$T/rcmoe.out" 2>"$T/rcmoe.err"

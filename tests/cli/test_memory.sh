@@ -55,6 +55,11 @@ plans=(
   "zero1_dense 4 $DENSE --layout pp=2,dp=2,zero=1 --schedule 1f1b --mbs 4"
   "zero2_dense 4 $DENSE --layout pp=2,dp=2,zero=2 --schedule 1f1b --mbs 4"
   "zero3_dense 4 $DENSE --layout pp=2,dp=2,zero=3 --schedule 1f1b --mbs 4"
+  "tp2 2 $DENSE --layout pp=1,tp=2 --mbs 4"
+  "pp2_tp2 4 $DENSE --layout pp=2,tp=2 --schedule 1f1b --mbs 4"
+  "pp2_dp2_tp2 8 $DENSE --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 2"
+  "tp2_sp 2 $DENSE --layout pp=1,tp=2,sp --mbs 4"
+  "pp2_dp2_tp2_sp 8 $DENSE --layout pp=2,dp=2,tp=2,sp --schedule 1f1b --mbs 2"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 for p in "${plans[@]}"; do

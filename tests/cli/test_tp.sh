@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tensor and sequence parallelism from the command line: tp= in --layout and piper-layout (TP
 # innermost), a TP program compiles, reads back and simulates (Llama-3-70B, TP 8 x PP 4, 1F1B,
-# fits an 80 GB H100), piper-exec refuses it in one line, and bad input is one line with exit 2
-# naming the file and the key.
+# fits an 80 GB H100), piper-exec refuses in one line what it does not run under TP (another
+# backend than host, experts divided by TP), and bad input is one line with exit 2 naming the
+# file and the key.
 set -u
 BIN=${PIPER_BIN:-bin}
 T=$(mktemp -d)
@@ -63,9 +64,22 @@ done
 python3 -c "import json,sys; a,b=(json.load(open('$T/rc_%s/metrics.json' % r))['peak_memory_bytes_max'] for r in ('none','full')); sys.exit(0 if b < 0.9 * a else 1)" &&
   ok || bad "recompute=full does not lower the TP peak"
 
-# the executor refuses, one line
-expect_bad "does not run tensor parallelism yet" "$BIN/piper-exec" --model models/tiny-dense.json --layout tp=2 --iters 1
-expect_bad "does not run tensor parallelism yet" "$BIN/piper-exec" --plans "$T/p" --iters 1
+# the executor runs TP on the host backend (the equivalence with one device is in
+# test_exec.sh); what it does not run yet is refused in one line before any process starts:
+# another backend, experts divided by TP
+expect_bad "backend cuda does not run tensor parallelism yet" \
+  "$BIN/piper-exec" --backend cuda --model models/tiny-dense.json --layout tp=2 --iters 1
+expect_bad "$T/p: \"F s0 PP=0 MB=0\" is divided by tensor parallelism (tp_degree 2); backend cuda" \
+  "$BIN/piper-exec" --backend cuda --plans "$T/p" --iters 1
+expect_bad "--layout: \"F s1 PP=0 EP=0\" divides experts by tensor parallelism" \
+  "$BIN/piper-exec" --model models/tiny-moe.json --layout tp=2 --iters 1
+# ... and a model divided by TP in some regions only
+cat >"$T/part.json" <<'J'
+[{"op": "place", "filter": {"PP": 0}, "devices": [0, 1]}, {"op": "replicate", "filter": {"PP": 1}, "devices": [2, 3]},
+ {"op": "tensor_parallel", "filter": {"PP": 0}, "degree": 2}]
+J
+expect_bad "$T/part.json: \"F s1 PP=1\" is divided by tensor parallelism unlike other regions" \
+  "$BIN/piper-exec" --model models/tiny-dense.json --pp-regions 2 --directives "$T/part.json" --iters 1
 
 # bad input
 echo '[{"op": "place", "filter": {}, "devices": [0, 1, 2]}, {"op": "tensor_parallel", "filter": {}, "degree": 3}]' >"$T/d3.json"

@@ -1,0 +1,361 @@
+/* tp: tensor parallelism in the executor (Megatron-LM, Shoeybi et al. 2019), as the compiler
+ * lays it out (directives/tensor_parallel.c).
+ *
+ * Each TP rank holds a slice of every divided op, cut from the same full initialisation the
+ * one-device run uses (exec_tp_full_index maps a local element to its place in the full
+ * block), so losses and the gathered parameters match one device:
+ *   - attention: the columns of Q, K and V of its heads and KV heads (heads / tp of each, a
+ *     contiguous run, so each local query head still reads its own KV head), and the rows of
+ *     the output projection for those heads: the host kernel runs with heads / tp;
+ *   - MLP: the gate and up columns and the down rows of F / tp: the kernel runs with F / tp;
+ *   - embedding: the rows of a vocabulary slice; a token outside it gives zeros, and the sum
+ *     over the group gives every token its row;
+ *   - LM head: the columns (the rows, tied) of the same vocabulary slice, with the parallel
+ *     cross-entropy: each rank's logits stay on it; the row max, the sum of exp and the target
+ *     logit are summed (the max gathered) over the group;
+ *   - norms and the router: whole on every rank.
+ * The row-parallel outputs (and the embedding's) are partial sums, summed over the group right
+ * after the op; the column-parallel ops' input gradients likewise before they reach the op
+ * before. These collectives run inside the compute, on the compute's fiber, as Megatron's run
+ * synchronously with compute; the plan's TP node after each compute (which stands for them)
+ * has nothing left to do (exec_run_instr, EXEC_ROLE_TP). */
+#include <math.h>
+#include <string.h>
+
+#include "exec-impl.h"
+
+bool exec_tp_divided(enum model_op_kind k) {
+  switch (k) {
+  case MODEL_OP_EMBEDDING:
+  case MODEL_OP_ATTENTION:
+  case MODEL_OP_MLP:
+  case MODEL_OP_LM_HEAD_LOSS: return true;
+  default: return false;
+  }
+}
+
+uint64_t exec_tp_op_params(const struct exec_model *xm, const struct model_op *op, uint32_t tp) {
+  (void)xm;
+  if (tp <= 1 || !exec_tp_divided(op->kind))
+    return op->param_count;
+  return op->param_count / tp;
+}
+
+/* Element `local` of a [rows, cols / tp] column slice r, in the full [rows, cols]. */
+static uint64_t column(uint64_t local, uint64_t cols, uint32_t tp, uint32_t r) {
+  uint64_t w = cols / tp;
+  return local / w * cols + (uint64_t)r * w + local % w;
+}
+
+uint64_t exec_tp_full_index(const struct exec_model *xm, const struct model_op *op, uint32_t tp,
+                            uint32_t r, uint64_t local) {
+  if (tp <= 1)
+    return local;
+  uint64_t C = (uint64_t)xm->C, V = (uint64_t)xm->V;
+  switch (op->kind) {
+  case MODEL_OP_EMBEDDING: return (uint64_t)r * (V / tp) * C + local; /* [V, C] rows */
+  case MODEL_OP_LM_HEAD_LOSS: return column(local, V, tp, r);         /* [C, V] columns */
+  case MODEL_OP_ATTENTION: {
+    /* wq [C, HD], wk, wv [C, KD] columns; wo [HD, C] rows (kernels/attention.c) */
+    struct kernels_attention_dims d = exec_attention_dims(xm, op);
+    uint64_t HD = (uint64_t)d.heads * (uint64_t)d.head_dim;
+    uint64_t KD = (uint64_t)d.kv_heads * (uint64_t)d.head_dim;
+    uint64_t base = 0;
+    if (local < C * HD / tp)
+      return column(local, HD, tp, r);
+    local -= C * HD / tp;
+    base += C * HD;
+    for (int k = 0; k < 2; k++) {
+      if (local < C * KD / tp)
+        return base + column(local, KD, tp, r);
+      local -= C * KD / tp;
+      base += C * KD;
+    }
+    return base + (uint64_t)r * (HD / tp) * C + local;
+  }
+  case MODEL_OP_MLP: {
+    /* wg, wu [C, F] columns; wd [F, C] rows (kernels/mlp.c) */
+    uint64_t F = (uint64_t)op->shape[2], base = 0;
+    for (int k = 0; k < 2; k++) {
+      if (local < C * F / tp)
+        return base + column(local, F, tp, r);
+      local -= C * F / tp;
+      base += C * F;
+    }
+    return base + (uint64_t)r * (F / tp) * C + local;
+  }
+  default: return local;
+  }
+}
+
+static bool fail_node(const struct exec_device *d, uint32_t node, GError **err, const char *what) {
+  char nb[256];
+  plan_node_name(d->plan, node, nb, sizeof nb);
+  return piper_input_error(err, "plan: device %u: instruction \"%s\": %s", d->device, nb, what);
+}
+
+bool exec_tp_device_init(struct exec_device *d, GError **err) {
+  const struct plan *p = d->plan;
+  d->tp_degree = 1;
+  d->tp_rank = 0;
+  d->tp_comm = IR_NONE;
+  bool first = true;
+  for (uint32_t i = 0; i < p->n_nodes; i++) {
+    const struct ir_node *n = &p->nodes[i];
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    uint32_t tp = n->tp_degree > 1 ? n->tp_degree : 1;
+    if (first) {
+      d->tp_degree = tp;
+      d->sequence_parallel = tp > 1 && n->sequence_parallel;
+      first = false;
+    } else if (tp != d->tp_degree || (tp > 1 && n->sequence_parallel != d->sequence_parallel)) {
+      return fail_node(d, i, err,
+                       "is divided by tensor parallelism unlike other regions; the executor "
+                       "needs one degree (and one sequence_parallel) for the whole model");
+    }
+    if (tp > 1 && d->xm->m->segments[n->segment].expert)
+      return fail_node(d, i, err,
+                       "divides experts by tensor parallelism, which the host executor does not "
+                       "run yet (tensor parallelism of dense models only)");
+  }
+  if (d->tp_degree <= 1)
+    return true;
+  const struct plan_class *c = d->cls;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    int pos = plan_node_position(p, c->instrs[i].node, d->device);
+    if (pos < 0)
+      return fail_node(d, c->instrs[i].node, err, "runs on a device outside its group");
+    d->tp_rank = (uint32_t)pos % d->tp_degree;
+    break;
+  }
+  return true;
+}
+
+/* The communicator the compute runs its TP collectives on: the plan's TP nodes' (one for the
+ * device; its compute in one stream, so the collectives come in one order on every peer). */
+bool exec_tp_link_comm(struct exec_device *d, GError **err) {
+  if (d->tp_degree <= 1)
+    return true;
+  const struct plan *p = d->plan;
+  uint32_t stream = IR_NONE;
+  const struct plan_class *c = d->cls;
+  for (uint32_t i = 0; i < d->n_instrs; i++) {
+    struct exec_instr *x = &d->instrs[i];
+    x->tp_compute = IR_NONE;
+    if (x->role == EXEC_ROLE_TP && c->instrs[i].read_count) {
+      /* the compute that wrote what it reads: its own collectives (SP's all-gather reads the
+       * reduce-scatter's, and stands for nothing more) */
+      uint32_t prod = c->tensors[c->reads[c->instrs[i].read_first]].producer;
+      if (d->instrs[prod].role == EXEC_ROLE_COMPUTE)
+        x->tp_compute = prod;
+    }
+    if (x->role == EXEC_ROLE_TP) {
+      if (d->tp_comm != IR_NONE && d->comm_keys[d->tp_comm].comm != d->comm_keys[x->comm].comm)
+        return fail_node(d, x->node, err,
+                         "runs TP collectives on a second TP group; a device belongs to one");
+      if (d->tp_comm == IR_NONE)
+        d->tp_comm = x->comm;
+    }
+    if (x->role == EXEC_ROLE_COMPUTE) {
+      if (stream != IR_NONE && x->stream != stream)
+        return fail_node(d, x->node, err,
+                         "computes on a second stream; under tensor parallelism the host "
+                         "executor needs one compute stream per device");
+      stream = x->stream;
+    }
+  }
+  if (d->tp_comm == IR_NONE || p->comms[d->comm_keys[d->tp_comm].comm].purpose != IR_COMM_TP)
+    return piper_input_error(err, "plan: device %u: tensor parallelism without a TP communicator",
+                             d->device);
+  return true;
+}
+
+void exec_tp_retime(const struct exec_state *s, double *start, double *end, double *comm) {
+  if (!s->tp_seconds)
+    return;
+  for (uint32_t i = 0; i < s->dev->n_instrs; i++) {
+    uint32_t c = s->dev->instrs[i].tp_compute;
+    if (s->dev->instrs[i].role != EXEC_ROLE_TP || c == IR_NONE)
+      continue;
+    double t = s->tp_seconds[c], e = end[c];
+    end[c] = e - t;
+    comm[c] -= t;
+    start[i] = e - t;
+    end[i] = e;
+    comm[i] = t;
+  }
+}
+
+void exec_tp_op_offsets(struct exec_device *d) {
+  const struct exec_model *xm = d->xm;
+  const struct model *m = xm->m;
+  for (uint32_t seg = 0; seg < m->n_segments; seg++) {
+    const struct exec_segment *es = &xm->segs[seg];
+    uint64_t off = 0;
+    for (uint32_t j = 0; j < es->n_ops; j++) {
+      const struct exec_seg_op *so = &es->ops[j];
+      /* experts split over EP: each op's local experts, at the same fraction of the block */
+      d->op_offset[so->op] = d->ep_size[seg] > 1 ? so->param_offset / d->ep_size[seg] : off;
+      off += exec_tp_op_params(xm, &m->ops[so->op], d->tp_degree);
+    }
+  }
+}
+
+void exec_tp_model_shape(struct exec_model *xm, const struct exec_device *d) {
+  xm->T_seq = d->sequence_parallel ? xm->T / (int)d->tp_degree : xm->T;
+}
+
+bool exec_tp_reduce_scatter(struct exec_state *s, struct exec_task_ctx *st, const float *in,
+                            float *out, size_t n, GError **err) {
+  double t0 = exec_backend_clock(s->b);
+  bool ok = exec_comm_reduce_scatter_f32(s->b, s->comms[s->dev->tp_comm], in, out, n, err);
+  st->comm_s += exec_backend_clock(s->b) - t0;
+  return ok;
+}
+
+bool exec_tp_all_reduce(struct exec_state *s, struct exec_task_ctx *st, float *buf, size_t n,
+                        GError **err) {
+  double t0 = exec_backend_clock(s->b);
+  bool ok = exec_comm_all_reduce_f32(s->b, s->comms[s->dev->tp_comm], buf, n, err);
+  st->comm_s += exec_backend_clock(s->b) - t0;
+  return ok;
+}
+
+/* This rank's vocabulary slice [lo, lo + n). */
+static void vocab_slice(const struct exec_state *s, int *lo, int *n) {
+  *n = s->xm->V / (int)s->dev->tp_degree;
+  *lo = (int)s->dev->tp_rank * *n;
+}
+
+void exec_tp_embedding_forward(const struct exec_state *s, float *x, const int32_t *tokens,
+                               const float *table) {
+  int lo, n, T = s->xm->T, C = s->xm->C;
+  vocab_slice(s, &lo, &n);
+  for (int t = 0; t < T; t++) {
+    int v = tokens[t] - lo;
+    if (v >= 0 && v < n)
+      memcpy(x + (size_t)t * C, table + (size_t)v * C, (size_t)C * sizeof(float));
+    else
+      memset(x + (size_t)t * C, 0, (size_t)C * sizeof(float));
+  }
+}
+
+void exec_tp_embedding_backward(const struct exec_state *s, float *dtable, const float *dx,
+                                const int32_t *tokens) {
+  int lo, n, T = s->xm->T, C = s->xm->C;
+  vocab_slice(s, &lo, &n);
+  for (int t = 0; t < T; t++) {
+    int v = tokens[t] - lo;
+    if (v < 0 || v >= n)
+      continue;
+    float *row = dtable + (size_t)v * C;
+    const float *g = dx + (size_t)t * C;
+    for (int c = 0; c < C; c++)
+      row[c] += g[c];
+  }
+}
+
+/* logits [T, n] of this rank's slice: h [T, C] x w [C, n] of [C, V] (untied), or x w^T of
+ * the table's rows [n, C] (tied). */
+static void slice_logits(const struct exec_state *s, float *out, const float *h, const float *w,
+                         bool tied) {
+  int lo, n, T = s->xm->T, C = s->xm->C;
+  vocab_slice(s, &lo, &n);
+  if (tied)
+    kernels_gemm(false, true, T, n, C, 1.0f, h, C, w, C, 0.0f, out, n);
+  else
+    kernels_gemm(false, false, T, n, C, 1.0f, h, C, w, n, 0.0f, out, n);
+}
+
+bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in, float *out,
+                        size_t n, GError **err) {
+  double t0 = exec_backend_clock(s->b);
+  bool ok = exec_comm_all_gather(s->b, s->comms[s->dev->tp_comm], in, out, n * sizeof(float), err);
+  st->comm_s += exec_backend_clock(s->b) - t0;
+  return ok;
+}
+
+bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float *saved,
+                          const float *h, const int32_t *targets, const float *w, bool tied,
+                          double *loss, GError **err) {
+  int lo, n, T = s->xm->T;
+  uint32_t tp = s->dev->tp_degree;
+  vocab_slice(s, &lo, &n);
+  float *logits = g_new(float, (size_t)T *n);
+  float *maxes = g_new(float, (size_t)T *tp + 2 * (size_t)T), *stats = maxes + (size_t)T * tp;
+  double t0 = exec_backend_clock(s->b);
+  slice_logits(s, logits, h, w, tied);
+  for (int t = 0; t < T; t++) {
+    const float *row = logits + (size_t)t * n;
+    float m = row[0];
+    for (int v = 1; v < n; v++)
+      m = row[v] > m ? row[v] : m;
+    stats[t] = m;
+  }
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  /* the row max over the group (gathered: the backend sums, it does not take maxima) */
+  float *mine = maxes + (size_t)s->dev->tp_rank * T;
+  memcpy(mine, stats, (size_t)T * sizeof(float));
+  bool ok = exec_tp_all_gather(s, st, mine, maxes, (size_t)T, err);
+  if (ok) {
+    t0 = exec_backend_clock(s->b);
+    for (int t = 0; t < T; t++) {
+      float m = maxes[t];
+      for (uint32_t r = 1; r < tp; r++)
+        m = maxes[(size_t)r * T + t] > m ? maxes[(size_t)r * T + t] : m;
+      const float *row = logits + (size_t)t * n;
+      double sum = 0.0;
+      for (int v = 0; v < n; v++)
+        sum += exp((double)row[v] - (double)m);
+      saved[t] = m;
+      stats[t] = (float)sum;
+      int tg = targets[t] - lo;
+      stats[T + t] = tg >= 0 && tg < n ? row[tg] : 0.0f;
+    }
+    st->kernel_s += exec_backend_clock(s->b) - t0;
+    /* the sum of exp and the target logit, summed over the vocabulary slices */
+    ok = exec_tp_all_reduce(s, st, stats, 2 * (size_t)T, err);
+  }
+  if (ok) {
+    double sum = 0.0;
+    for (int t = 0; t < T; t++) {
+      sum += (double)saved[t] + log((double)stats[t]) - (double)stats[T + t];
+      saved[T + t] = 1.0f / stats[t];
+    }
+    *loss = sum / T;
+  }
+  g_free(maxes);
+  g_free(logits);
+  return ok;
+}
+
+void exec_tp_head_backward(const struct exec_state *s, float *dh, float *dw, const float *saved,
+                           const float *h, const int32_t *targets, const float *w, bool tied,
+                           float dloss) {
+  int lo, n, T = s->xm->T, C = s->xm->C;
+  vocab_slice(s, &lo, &n);
+  float scale = dloss / (float)T;
+  float *dl = g_new(float, (size_t)T *n);
+  slice_logits(s, dl, h, w, tied);
+  for (int t = 0; t < T; t++) {
+    float *row = dl + (size_t)t * n, m = saved[t], inv = saved[T + t];
+    for (int v = 0; v < n; v++)
+      row[v] = expf(row[v] - m) * inv * scale;
+    int tg = targets[t] - lo;
+    if (tg >= 0 && tg < n)
+      row[tg] -= scale;
+  }
+  if (dh && tied)
+    kernels_gemm(false, false, T, C, n, 1.0f, dl, n, w, C, 0.0f, dh, C);
+  else if (dh)
+    kernels_gemm(false, true, T, C, n, 1.0f, dl, n, w, n, 0.0f, dh, C);
+  if (dw && tied)
+    kernels_gemm(true, false, n, C, T, 1.0f, dl, n, h, C, 1.0f, dw, C);
+  else if (dw)
+    kernels_gemm(true, false, C, n, T, 1.0f, h, C, dl, n, 1.0f, dw, n);
+  g_free(dl);
+}

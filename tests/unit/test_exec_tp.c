@@ -1,0 +1,223 @@
+/* Tests for exec/tp.c: the slices a TP rank holds, against matrices cut by hand from a known
+ * full block (the one-device layout: element k holds k), the vocabulary-parallel embedding's
+ * two halves against the whole lookup, and what a device of a TP plan derives (its TP and
+ * data-parallel ranks, the parameters it holds, the TP nodes' role). The runs that train with
+ * TP are in tests/cli/test_exec.sh. */
+#include "test-helpers.h"
+
+#include <string.h>
+
+#include "../../directives/compile.h"
+#include "../../exec/exec-impl.h"
+
+static struct model *dense;
+static struct exec_model xm;
+
+static int setup(void **state) {
+  (void)state;
+  dense = test_load_model("models/tiny-dense.json", 1);
+  GError *err = NULL;
+  if (!exec_model_init(&xm, dense, &err))
+    fail_msg("%s", err->message);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  exec_model_clear(&xm);
+  model_free(dense);
+  return 0;
+}
+
+static const struct model_op *op_of(enum model_op_kind k) {
+  for (uint32_t o = 0; o < dense->n_ops; o++)
+    if (dense->ops[o].kind == k)
+      return &dense->ops[o];
+  fail_msg("no op of kind %d", (int)k);
+  return NULL;
+}
+
+/* The full indices rank r of tp holds, in its local order. */
+static uint64_t *slice(const struct model_op *op, uint32_t tp, uint32_t r, uint64_t *n) {
+  *n = exec_tp_op_params(&xm, op, tp);
+  uint64_t *idx = g_new(uint64_t, *n);
+  for (uint64_t i = 0; i < *n; i++)
+    idx[i] = exec_tp_full_index(&xm, op, tp, r, i);
+  return idx;
+}
+
+/* Appends the column block [c0, c0 + w) of the [rows, cols] matrix at base, row by row. */
+static void want_columns(GArray *want, uint64_t base, uint64_t rows, uint64_t cols, uint64_t c0,
+                         uint64_t w) {
+  for (uint64_t i = 0; i < rows; i++)
+    for (uint64_t j = c0; j < c0 + w; j++) {
+      uint64_t k = base + i * cols + j;
+      g_array_append_val(want, k);
+    }
+}
+
+/* Appends rows [r0, r0 + h) of the [rows, cols] matrix at base. */
+static void want_rows(GArray *want, uint64_t base, uint64_t cols, uint64_t r0, uint64_t h) {
+  for (uint64_t k = base + r0 * cols; k < base + (r0 + h) * cols; k++)
+    g_array_append_val(want, k);
+}
+
+static void assert_slice(const struct model_op *op, uint32_t tp, uint32_t r, GArray *want) {
+  uint64_t n;
+  uint64_t *got = slice(op, tp, r, &n);
+  assert_int_equal(n, want->len);
+  for (uint64_t i = 0; i < n; i++)
+    if (got[i] != g_array_index(want, uint64_t, i))
+      fail_msg("op kind %d, rank %u of %u: local %llu is full %llu, want %llu", (int)op->kind, r,
+               tp, (unsigned long long)i, (unsigned long long)got[i],
+               (unsigned long long)g_array_index(want, uint64_t, i));
+  g_free(got);
+  g_array_set_size(want, 0);
+}
+
+/* MLP [wg C x F | wu C x F | wd F x C]: gate and up columns, down rows. */
+static void test_mlp_slices(void **state) {
+  (void)state;
+  const struct model_op *op = op_of(MODEL_OP_MLP);
+  uint64_t C = 64, F = 128;
+  assert_int_equal(op->shape[2], F);
+  GArray *want = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+  for (uint32_t tp = 2; tp <= 4; tp *= 2)
+    for (uint32_t r = 0; r < tp; r++) {
+      uint64_t w = F / tp;
+      want_columns(want, 0, C, F, r * w, w);
+      want_columns(want, C * F, C, F, r * w, w);
+      want_rows(want, 2 * C * F, C, r * w, w);
+      assert_slice(op, tp, r, want);
+    }
+  g_array_free(want, TRUE);
+}
+
+/* Attention [wq C x HD | wk C x KD | wv C x KD | wo HD x C]: 4 heads, 2 KV heads of 16. */
+static void test_attention_slices(void **state) {
+  (void)state;
+  const struct model_op *op = op_of(MODEL_OP_ATTENTION);
+  uint64_t C = 64, HD = 4 * 16, KD = 2 * 16;
+  GArray *want = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+  for (uint32_t r = 0; r < 2; r++) {
+    want_columns(want, 0, C, HD, r * HD / 2, HD / 2);
+    want_columns(want, C * HD, C, KD, r * KD / 2, KD / 2);
+    want_columns(want, C * HD + C * KD, C, KD, r * KD / 2, KD / 2);
+    want_rows(want, C * HD + 2 * C * KD, C, r * HD / 2, HD / 2);
+    assert_slice(op, 2, r, want);
+  }
+  g_array_free(want, TRUE);
+}
+
+/* Embedding [V, C]: vocabulary rows; untied head [C, V]: vocabulary columns; norms whole. */
+static void test_vocab_and_replicated(void **state) {
+  (void)state;
+  uint64_t C = 64, V = 256;
+  GArray *want = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+  for (uint32_t r = 0; r < 2; r++) {
+    want_rows(want, 0, C, r * V / 2, V / 2);
+    assert_slice(op_of(MODEL_OP_EMBEDDING), 2, r, want);
+    want_columns(want, 0, C, V, r * V / 2, V / 2);
+    assert_slice(op_of(MODEL_OP_LM_HEAD_LOSS), 2, r, want);
+    want_rows(want, 0, C, 0, 1);
+    assert_slice(op_of(MODEL_OP_RMSNORM), 2, r, want);
+  }
+  g_array_free(want, TRUE);
+  /* every element of a divided op is held by exactly one rank */
+  const struct model_op *op = op_of(MODEL_OP_ATTENTION);
+  uint8_t *seen = g_new0(uint8_t, op->param_count);
+  for (uint32_t r = 0; r < 4; r++) {
+    uint64_t n;
+    uint64_t *idx = slice(op, 4, r, &n);
+    for (uint64_t i = 0; i < n; i++)
+      seen[idx[i]]++;
+    g_free(idx);
+  }
+  for (uint64_t k = 0; k < op->param_count; k++)
+    assert_int_equal(seen[k], 1);
+  g_free(seen);
+}
+
+/* The vocabulary-parallel embedding: the two ranks' lookups sum to the one-device lookup of
+ * the whole table, and their weight gradients, placed where their slices sit, to its gradient
+ * (tokens on both sides of the split, repeated ones included). */
+static void test_vocab_parallel_embedding(void **state) {
+  (void)state;
+  enum { T = 6, C = 3, V = 8 };
+  const int32_t tokens[T] = {0, 3, 4, 7, 3, 5};
+  float table[V * C], dx[T * C], want_x[T * C] = {0}, want_dt[V * C] = {0};
+  for (int k = 0; k < V * C; k++)
+    table[k] = (float)(k + 1);
+  for (int k = 0; k < T * C; k++)
+    dx[k] = 0.5f * (float)k;
+  for (int t = 0; t < T; t++)
+    for (int c = 0; c < C; c++) {
+      want_x[t * C + c] = table[tokens[t] * C + c];
+      want_dt[tokens[t] * C + c] += dx[t * C + c];
+    }
+  struct exec_model m = {.T = T, .C = C, .V = V};
+  float x[T * C] = {0}, dt[V * C] = {0};
+  for (uint32_t r = 0; r < 2; r++) {
+    struct exec_device d = {.tp_degree = 2, .tp_rank = r};
+    struct exec_state s = {.xm = &m, .dev = &d};
+    float part[T * C];
+    exec_tp_embedding_forward(&s, part, tokens, table + r * (V / 2) * C);
+    for (int k = 0; k < T * C; k++)
+      x[k] += part[k];
+    exec_tp_embedding_backward(&s, dt + r * (V / 2) * C, dx, tokens);
+  }
+  for (int k = 0; k < T * C; k++)
+    assert_float_equal(x[k], want_x[k], 0.0f);
+  for (int k = 0; k < V * C; k++)
+    assert_float_equal(dt[k], want_dt[k], 0.0f);
+}
+
+/* PP 2 x DP 2 x TP 2: TP innermost in each stage's group of 4; each device holds its slices,
+ * what the compiler's memory formula says; the TP nodes run inside the compute. */
+static void test_device_pp2_dp2_tp2(void **state) {
+  (void)state;
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-dense.json";
+  o.layout = "pp=2,dp=2,tp=2";
+  o.schedule.mbs = 4;
+  o.have_schedule = true;
+  assert_true(sched_family_parse("1f1b", &o.schedule.family));
+  struct compile_result r = test_compile(&o);
+  struct exec_model pxm;
+  GError *err = NULL;
+  assert_true(exec_model_init(&pxm, r.plan->model, &err));
+  for (uint32_t d = 0; d < 8; d++) {
+    struct exec_device dev;
+    if (!exec_device_init(&dev, r.plan, &pxm, d, &err))
+      fail_msg("%s", err->message);
+    assert_int_equal(dev.tp_degree, 2);
+    assert_int_equal(dev.tp_rank, d % 2);
+    assert_int_equal(dev.dp_degree, 2);
+    assert_int_equal(dev.dp_rank, d % 4 / 2);
+    assert_true(dev.tp_comm != IR_NONE);
+    uint32_t tp_nodes = 0;
+    for (uint32_t i = 0; i < dev.n_instrs; i++)
+      tp_nodes += dev.instrs[i].role == EXEC_ROLE_TP;
+    assert_true(tp_nodes > 0);
+    for (uint32_t s = 0; s < r.plan->model->n_segments; s++)
+      if (dev.holds[s])
+        assert_int_equal(dev.param_local[s] * 4, ir_tp_segment_param_bytes(r.plan->model, s, 2));
+    /* the gradient bucket's group is the two devices with this TP rank */
+    for (uint32_t b = 0; b < dev.n_buckets; b++) {
+      assert_int_equal(dev.buckets[b].group_size, 2);
+      assert_int_equal(dev.buckets[b].rank, dev.dp_rank);
+    }
+    exec_device_clear(&dev);
+  }
+  exec_model_clear(&pxm);
+  compile_result_free(&r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_mlp_slices),           cmocka_unit_test(test_attention_slices),
+      cmocka_unit_test(test_vocab_and_replicated), cmocka_unit_test(test_vocab_parallel_embedding),
+      cmocka_unit_test(test_device_pp2_dp2_tp2),
+  };
+  return cmocka_run_group_tests_name("exec_tp", tests, setup, teardown);
+}
