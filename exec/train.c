@@ -883,8 +883,8 @@ static void fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in
 
 /* The experts on one device: dispatch, experts, combine (no combine in a rerun that does not
  * need its output). */
-static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in0,
-                          const float *in1, const float *prm) {
+static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in0, const float *in1,
+                          const float *prm) {
   struct exec_state *s = f->s;
   struct exec_task_ctx *st = f->st;
   const struct exec_kernels *k = s->k;
@@ -927,10 +927,9 @@ static void fwd_lm_head(struct fwd *f, uint32_t j, const float *in0, const float
   const float *w = xm->tied ? f->P + f->es->ops[0].param_offset : prm;
   float *loss = s->loss_device + f->s->dev->instrs[f->i].mb, loss_host = 0;
   KT(st, s,
-     s->k->lm_head_loss_forward(st->stream, loss, f->run->saved[j], in0, mb->targets, w,
-                                xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED
-                                                          : KERNELS_LM_HEAD_UNTIED,
-                                T, C, V));
+     s->k->lm_head_loss_forward(
+         st->stream, loss, f->run->saved[j], in0, mb->targets, w,
+         xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED, T, C, V));
   exec_backend_to_host(s->b, &loss_host, loss, sizeof loss_host);
   mb->loss = loss_host; /* a rerun's is the same, bit for bit */
   mb->has_loss = true;
@@ -988,8 +987,8 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
   case MODEL_OP_ROUTER:
     run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_router_saved_floats(T, E));
     KT(st, s,
-       k->router_forward(st->stream, (int32_t *)out, out + T * K, run->saved[j], in0, prm, T, C,
-                         E, K));
+       k->router_forward(st->stream, (int32_t *)out, out + T * K, run->saved[j], in0, prm, T, C, E,
+                         K));
     return true;
   case MODEL_OP_EXPERT_FFN:
     if (s->dev->ep_size[s->dev->instrs[f->i].segment] > 1)
@@ -1447,8 +1446,8 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(n, C));
   if (n)
     KT(st, s,
-       s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->scratch, rows, moe->recv_expert,
-                                n, P, moe->e_first, moe->e_count, C, F));
+       s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->scratch, rows, moe->recv_expert, n,
+                                P, moe->e_first, moe->e_count, C, F));
   return true;
 }
 

@@ -511,8 +511,7 @@ static uint64_t recompute_work(const struct model *m, const struct ir_node *n, u
   if (n->pass == IR_PASS_R)
     return full ? fwd_work : 0;
   if (full)
-    return fwd_work +
-           ir_tp_segment_saved_bytes(m, n->segment, n->tp_degree, n->sequence_parallel);
+    return fwd_work + ir_tp_segment_saved_bytes(m, n->segment, n->tp_degree, n->sequence_parallel);
   return fwd_work + segment_core_bytes(m, n->segment, n->tp_degree);
 }
 

@@ -186,7 +186,8 @@ static void attention_head_forward(const struct attention_head *a, float scale, 
 }
 
 /* lse, y <- q, k, v: every (sequence, head) */
-static void attention_core(const struct attention_views *w, const struct kernels_attention_dims *d) {
+static void attention_core(const struct attention_views *w,
+                           const struct kernels_attention_dims *d) {
   int S = d->seq;
   float scale = 1.0f / sqrtf((float)d->head_dim);
   float *pb = kernels_impl_scratch(KERNELS_SCRATCH_ATTENTION_P,

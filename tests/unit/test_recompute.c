@@ -154,7 +154,8 @@ static void test_simulated_growth(void **state) {
   uint64_t grow[3], kept[3];
   for (int g = NONE; g <= SELECTIVE; g++) {
     uint64_t k2, k4;
-    uint64_t p2 = peak_saved((enum granularity)g, 2, &k2), p4 = peak_saved((enum granularity)g, 4, &k4);
+    uint64_t p2 = peak_saved((enum granularity)g, 2, &k2),
+             p4 = peak_saved((enum granularity)g, 4, &k4);
     assert_int_equal(k2, k4);
     kept[g] = k2;
     grow[g] = p4 - p2;
@@ -181,9 +182,9 @@ static void test_attention_core_rerun(void **state) {
   size_t CO = kernels_attention_core_floats(&d), BW = kernels_attention_bwork_floats(&d);
   size_t T = 64, C = 64;
   assert_int_equal(CO * 4, CORE);
-  float *prm = g_new(float, P), *h = g_new(float, T * C), *a = g_new(float, T * C);
+  float *prm = g_new(float, P), *h = g_new(float, T *C), *a = g_new(float, T *C);
   float *saved = g_new0(float, SV), *split = g_new0(float, SV - CO), *core = g_new0(float, CO);
-  float *da = g_new(float, T * C), *dh[2], *dp[2], *bw[2];
+  float *da = g_new(float, T *C), *dh[2], *dp[2], *bw[2];
   for (size_t i = 0; i < P; i++)
     prm[i] = 0.02f * (float)((i * 2654435761u) % 1000) / 1000.0f - 0.01f;
   for (size_t i = 0; i < T * C; i++) {
@@ -199,7 +200,7 @@ static void test_attention_core_rerun(void **state) {
   kernels_attention_core_forward(split, &ds); /* R */
   assert_memory_equal(core, saved + (SV - CO), CO * sizeof(float));
   for (int k = 0; k < 2; k++) {
-    dh[k] = g_new(float, T * C);
+    dh[k] = g_new(float, T *C);
     dp[k] = g_new0(float, P);
     bw[k] = g_new(float, BW);
     kernels_attention_backward(dh[k], dp[k], bw[k], da, h, k ? split : saved, prm, k ? &ds : &d,
