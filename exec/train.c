@@ -1622,7 +1622,9 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
       goto out;
     }
     float *dy_send = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
-    float *dweights = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)TK);
+    /* in r's layout (exec_grad_floats): the router's backward reads that many */
+    float *dweights =
+        mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), exec_grad_floats(xm, EXEC_T_R));
     KT(st, s,
        k->moe_combine_backward(st->stream, dy_send, dweights, dm, moe->y_send, moe->weights,
                                moe->route_row, T, K, C));
