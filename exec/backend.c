@@ -2,6 +2,7 @@
  * goes through these wrappers (ggml-backend's pattern): they check their arguments, supply the
  * default of an optional entry the table leaves NULL, and keep the version check in one place,
  * so the runner never touches a table and an out-of-tree backend fills in only what it has. */
+#include <stddef.h>
 #include <string.h>
 
 #include "../base/assert.h"
@@ -54,10 +55,12 @@ static bool check_table(const struct exec_backend_ops *ops, GError **err) {
     if (!required[i].present)
       return piper_input_error(err, "backend \"%s\": the table has no %s (a required entry)",
                                ops->name ? ops->name : "?", required[i].name);
-  /* the kernel table is all function pointers, every one required */
+  /* the kernel table is all function pointers, every one required up to the optional ones
+   * at its end (attention_core_forward: selective recomputation, refused without it) */
   typedef void (*any_fn)(void);
   const any_fn *entry = (const any_fn *)k;
-  for (size_t i = 0; i < sizeof *k / sizeof(any_fn); i++)
+  for (size_t i = 0; i < offsetof(struct exec_kernels, attention_core_forward) / sizeof(any_fn);
+       i++)
     if (!entry[i])
       return piper_input_error(err, "backend \"%s\": kernel table entry %zu is missing", ops->name,
                                i);

@@ -627,6 +627,12 @@ static void k_attention_forward(struct exec_stream *s, float *a, float *saved, c
   kernels_attention_forward(a, saved, h, params, d);
 }
 
+static void k_attention_core_forward(struct exec_stream *s, float *saved,
+                                     const struct kernels_attention_dims *d) {
+  progress_within(s);
+  kernels_attention_core_forward(saved, d);
+}
+
 static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
                                        const float *da, const float *saved, const float *params,
                                        const struct kernels_attention_dims *d, bool accumulate) {
@@ -868,6 +874,7 @@ static const struct exec_kernels host_kernels = {
     .residual_add_forward = k_residual_add_forward,
     .residual_add_backward = k_residual_add_backward,
     .adamw_step = k_adamw_step,
+    .attention_core_forward = k_attention_core_forward,
 };
 
 /* ---- lifecycle --------------------------------------------------------------------------- */

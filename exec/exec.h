@@ -190,6 +190,12 @@ struct exec_kernels {
   void (*adamw_step)(struct exec_stream *s, float *params, const float *grads, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                      int step);
+  /* Optional entries, after every required one (exec_backend_check counts those up to
+   * here). Selective recomputation's rerun: lse and y from the saved q, k, v (into d->core
+   * when set); a backend without it runs no selective recomputation (d->core is then never
+   * set on its other attention entries either). */
+  void (*attention_core_forward)(struct exec_stream *s, float *saved,
+                                 const struct kernels_attention_dims *d);
 };
 
 /* The table a backend implements (after ggml's backend interface). Entries marked optional may

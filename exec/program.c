@@ -563,10 +563,8 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
   d->holds[n->segment] = true;
   if (!d->xm->m->segments[n->segment].expert)
     return true;
-  if (n->pass == IR_PASS_R) /* the routing state of a micro-batch lives once, from its F */
-    return fail_at(dc, i, err,
-                   "recomputes a segment with experts, which the host executor does not do yet "
-                   "(recompute dense segments, or give the filter a PP that has no experts)");
+  /* R of experts reruns them on the rows its F kept, routed as F routed them (train.c,
+   * expert_forward): a micro-batch's routing is computed once, and no all-to-all reruns */
   if (n->shard_degree <= 1)
     return true;
   if (d->xm->E % (int)n->shard_degree != 0)

@@ -854,6 +854,14 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   R->comm = g_new0(double, n ? n : 1);
   R->streams = g_new0(struct exec_stream *, o->plan->n_streams);
   R->stream_end = g_new0(struct exec_event *, o->plan->n_streams);
+  /* the optional kernel selective recomputation needs (every rank sees the same plan, so
+   * every rank refuses) */
+  for (uint32_t k = 0; k < o->plan->n_nodes && !s->k->attention_core_forward; k++)
+    if (o->plan->nodes[k].recompute == IR_RECOMPUTE_SELECTIVE)
+      return piper_input_error(err,
+                               "backend \"%s\" has no attention core kernel, which selective "
+                               "recomputation reruns (recompute full runs there)",
+                               b->ops->name ? b->ops->name : "?");
   return check_host_memory(R, b, err);
 }
 

@@ -655,6 +655,14 @@ struct exec_seg_run {
   float **val, **dval;
   float **saved, **bwork;
   struct local_moe **moe;
+  /* per op: an attention's lse and y where selective recomputation keeps them apart from
+   * its saved q, k, v (kernels_attention_dims.core); NULL: inside saved */
+  float **core;
+  /* per value: the copy of an input that a forward under full recomputation keeps for its
+   * rerun (the only thing it keeps); NULL elsewhere */
+  float **kept_in;
+  /* a forward under full recomputation: its values went with its workspace */
+  bool dropped;
 };
 
 /* Expert-parallel state of one micro-batch at one expert segment. */
@@ -669,6 +677,7 @@ struct exec_moe {
   int32_t *route_row, *send_expert, *recv_expert;
   float *send_rows, *recv_rows, *y_recv, *y_send, *saved, *bwork, *scratch;
   float *dy_recv, *drows_recv;
+  float *rows_kept; /* the experts' rows a forward under full recomputation keeps for R */
 };
 
 #define KT(st, s, call)                                                                            \
@@ -753,27 +762,57 @@ static uint32_t value_owner(const struct exec_state *s, uint32_t i, const struct
   return OWN_WORK;
 }
 
+/* How a forward instruction keeps what its backward reads (ir_node.recompute, docs/directives.md):
+ * plainly; under full recomputation F keeps only copies of its inputs and R rebuilds the rest;
+ * under selective both keep all but the attention core, which F drops and R reruns alone. */
+enum fwd_keep { FWD_PLAIN, FWD_FULL_DROP, FWD_FULL_RERUN, FWD_SELECTIVE_DROP, FWD_SELECTIVE_RERUN };
+
+static enum fwd_keep fwd_keep_of(const struct exec_state *s, const struct exec_instr *x) {
+  enum ir_recompute rc = s->dev->plan->nodes[x->node].recompute;
+  bool rerun = x->pass == IR_PASS_R;
+  if (rc == IR_RECOMPUTE_FULL)
+    return rerun ? FWD_FULL_RERUN : FWD_FULL_DROP;
+  if (rc == IR_RECOMPUTE_SELECTIVE)
+    return rerun ? FWD_SELECTIVE_RERUN : FWD_SELECTIVE_DROP;
+  return FWD_PLAIN;
+}
+
+/* The owner of what instruction i saves for a backward: its saved tensor, or the micro-batch
+ * where the plan has none on this device. */
+static uint32_t saved_owner(const struct exec_state *s, uint32_t i) {
+  uint32_t t = written_tensor(s, i, PLAN_TENSOR_SAVED);
+  return t == OWN_WORK ? OWN_MB : t;
+}
+
 /* The run tables of a segment's forward, and its inputs: those the backward reads are copied
- * into the saved activations (the tensor that brought them goes after its last reader). */
+ * into the saved activations (the tensor that brought them goes after its last reader). Under
+ * full recomputation F copies every input into `keep` too, for R; R (from: F's run) reads
+ * them there. */
 static struct exec_seg_run *seg_run_begin(struct exec_state *s, uint32_t i,
-                                          struct exec_task_ctx *st, uint32_t saved) {
+                                          struct exec_task_ctx *st, uint32_t saved, uint32_t keep,
+                                          const struct exec_seg_run *from) {
   const struct exec_instr *x = &s->dev->instrs[i];
   struct exec_mb *mb = &s->mbs[x->mb];
   const struct exec_segment *es = &s->xm->segs[x->segment];
   struct exec_seg_run *run = mb_host(s, mb, sizeof *run, REPORT_MEM_ACTIVATIONS);
   run->val = mb_host(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
   run->dval = mb_host(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->kept_in = mb_host(s, mb, es->n_values * sizeof(float *), REPORT_MEM_ACTIVATIONS);
   run->saved = mb_host(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
   run->bwork = mb_host(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
+  run->core = mb_host(s, mb, es->n_ops * sizeof(float *), REPORT_MEM_ACTIVATIONS);
   run->moe = mb_host(s, mb, es->n_ops * sizeof(struct local_moe *), REPORT_MEM_ACTIVATIONS);
-  mb->seg[x->segment] = run;
   for (uint32_t v = 0; v < es->n_values; v++) {
     if (es->values[v].op >= 0)
       continue;
     enum exec_tensor t = (enum exec_tensor)es->values[v].tensor;
-    float *in = edge_value(s, mb, es->values[v].edge, t);
+    float *in = from ? from->kept_in[v] : edge_value(s, mb, es->values[v].edge, t);
+    size_t n = exec_tensor_words(s->xm, t) * sizeof(float);
+    if (in && keep != OWN_WORK) {
+      run->kept_in[v] = mb_floats_raw(s, st, mb, keep, n / sizeof(float));
+      KT(st, s, s->k->copy(st->stream, run->kept_in[v], in, n));
+    }
     if (in && value_kept(es, (int32_t)v)) {
-      size_t n = exec_tensor_words(s->xm, t) * sizeof(float);
       float *copy = mb_floats_raw(s, st, mb, saved, n / sizeof(float));
       KT(st, s, s->k->copy(st->stream, copy, in, n));
       in = copy;
@@ -820,6 +859,107 @@ static struct kernels_attention_dims attention_dims(const struct exec_state *s,
 /* The MLP's intermediate size as this device runs it. */
 static int mlp_width(const struct exec_state *s, const struct model_op *op) {
   return (int)op->shape[2] / (int)s->dev->tp_degree;
+}
+
+/* A rerun under full recomputation computes only what its backward reads: an op runs when it
+ * saves something or a later running op reads its output, so a layer's last residual add does
+ * not; the embedding (its token ids) and a local MoE (its routing and rows) run but skip the
+ * lookup and the combine when nothing reads them. Returns needed[n_values] (value v is
+ * computed) followed by runs[n_ops]. */
+static bool *rerun_needed(const struct exec_segment *es) {
+  bool *needed = g_new0(bool, es->n_values + es->n_ops + 1), *runs = needed + es->n_values;
+  for (uint32_t v = 0; v < es->n_values; v++)
+    needed[v] = value_kept(es, (int32_t)v);
+  for (int32_t j = (int32_t)es->n_ops - 1; j >= 0; j--) {
+    const struct exec_seg_op *so = &es->ops[j];
+    runs[j] = so->kind != MODEL_OP_RESIDUAL_ADD || (so->out >= 0 && needed[so->out]);
+    for (int q = 0; q < 3 && runs[j]; q++)
+      if (so->in[q] >= 0)
+        needed[so->in[q]] = true;
+  }
+  return needed;
+}
+
+/* One forward (or rerun) of a segment: the op loop's shared state. */
+struct fwd {
+  struct exec_state *s;
+  struct exec_task_ctx *st;
+  struct exec_mb *mb;
+  const struct exec_segment *es;
+  struct exec_seg_run *run;
+  const float *P;
+  uint32_t i, saved; /* owner of what the backward reads (OWN_WORK: F under full) */
+  enum fwd_keep keep;
+  const bool *needed; /* a full rerun's (rerun_needed); NULL: every value */
+};
+
+static void fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in0,
+                          const float *prm) {
+  struct exec_state *s = f->s;
+  struct exec_task_ctx *st = f->st;
+  struct kernels_attention_dims dd = attention_dims(s, &s->xm->m->ops[f->es->ops[j].op]);
+  size_t all = kernels_attention_saved_floats(&dd), core = kernels_attention_core_floats(&dd);
+  if (f->keep == FWD_SELECTIVE_DROP) { /* q, k, v saved; lse and y only while F runs */
+    f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->saved, all - core);
+    dd.core = f->run->core[j] = mb_floats_raw(s, st, f->mb, OWN_WORK, core);
+  } else {
+    f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->saved, all);
+  }
+  KT(st, s, s->k->attention_forward(st->stream, out, f->run->saved[j], in0, prm, &dd));
+}
+
+/* The experts on one device: dispatch, experts, combine (no combine in a rerun that does not
+ * need its output). */
+static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in0, const float *in1,
+                          const float *prm) {
+  struct exec_state *s = f->s;
+  struct exec_task_ctx *st = f->st;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = f->mb;
+  const struct exec_model *xm = s->xm;
+  int T = xm->T, C = xm->C, E = xm->E, K = xm->K, TK = T * K, F = xm->F_expert;
+  uint32_t saved = f->saved;
+  struct local_moe *lm = mb_host(s, mb, sizeof *lm, REPORT_MEM_ACTIVATIONS);
+  f->run->moe[j] = lm;
+  /* the backward reads the routing and the experts' outputs (the weights' gradient) */
+  lm->counts = mb_raw(s, st, mb, OWN_WORK, sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  lm->route_row = mb_raw(s, st, mb, saved, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  lm->row_expert = mb_raw(s, st, mb, saved, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  lm->rows = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C);
+  lm->y = mb_floats_raw(s, st, mb, saved, (size_t)TK * C);
+  lm->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(TK, C));
+  f->run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats(TK, C, F));
+  const int32_t *ids = (const int32_t *)in1;
+  const float *weights = in1 + TK;
+  KT(st, s, k->moe_dispatch_plan(st->stream, lm->counts, lm->route_row, ids, T, K, E, 1));
+  KT(st, s,
+     k->moe_dispatch_forward(st->stream, lm->rows, lm->row_expert, in0, ids, lm->route_row, T, K,
+                             C));
+  KT(st, s,
+     k->expert_ffn_forward(st->stream, lm->y, f->run->saved[j], lm->scratch, lm->rows,
+                           lm->row_expert, TK, prm, 0, E, C, F));
+  if (out)
+    KT(st, s, k->moe_combine_forward(st->stream, out, lm->y, weights, lm->route_row, T, K, C));
+}
+
+static void fwd_lm_head(struct fwd *f, uint32_t j, const float *in0, const float *prm) {
+  struct exec_state *s = f->s;
+  struct exec_task_ctx *st = f->st;
+  const struct exec_model *xm = s->xm;
+  struct exec_mb *mb = f->mb;
+  int T = xm->T, C = xm->C, V = xm->V;
+  f->run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_lm_head_loss_saved_floats(T, V));
+  mb->targets = mb_raw(s, st, mb, f->saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  exec_backend_from_host(s->b, mb->targets, mb->targets_host, (size_t)T * sizeof(int32_t));
+  const float *w = xm->tied ? f->P + s->dev->op_offset[f->es->ops[0].op] : prm;
+  float *loss = s->loss_device + f->s->dev->instrs[f->i].mb, loss_host = 0;
+  KT(st, s,
+     s->k->lm_head_loss_forward(
+         st->stream, loss, f->run->saved[j], in0, mb->targets, w,
+         xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED, T, C, V));
+  exec_backend_to_host(s->b, &loss_host, loss, sizeof loss_host);
+  mb->loss = loss_host; /* a rerun's is the same, bit for bit */
+  mb->has_loss = true;
 }
 
 /* The [T, C] buffer instruction i's TP collectives run in: the plan tensor its TP node reads,
@@ -874,176 +1014,182 @@ static bool tp_sum_into(struct exec_state *s, struct exec_task_ctx *st, struct e
 
 /* Forward of divided op j under TP: this rank's slice into the collectives' buffer, summed
  * over the group into the op's output (the LM head sums only its row statistics). */
-static bool tp_forward_op(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
-                          struct exec_seg_run *run, uint32_t j, uint32_t saved, GError **err) {
+static bool tp_forward_op(struct fwd *f, uint32_t j, GError **err) {
+  struct exec_state *s = f->s;
+  struct exec_task_ctx *st = f->st;
   struct exec_tp_bufs *tb = &st->tp;
-  const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
-  struct exec_mb *mb = &s->mbs[x->mb];
-  const struct exec_segment *es = &xm->segs[x->segment];
-  const struct exec_seg_op *so = &es->ops[j];
+  struct exec_mb *mb = f->mb;
+  struct exec_seg_run *run = f->run;
+  const struct exec_seg_op *so = &f->es->ops[j];
   const struct model_op *op = &xm->m->ops[so->op];
-  const float *P = params_of(s, x), *prm = P + s->dev->op_offset[so->op];
+  const float *prm = f->P + s->dev->op_offset[so->op];
   const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
   int T = xm->T;
-  float *buf = tp_buffer(s, st, mb, i, &tb->sum);
+  float *buf = tp_buffer(s, st, mb, f->i, &tb->sum);
   if (s->dev->sequence_parallel && in0 && !(in0 = tp_gathered(s, st, mb, &tb->input, in0, err)))
     return false;
   switch (so->kind) {
   case MODEL_OP_EMBEDDING:
-    mb->tokens = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+    mb->tokens = mb_raw(s, st, mb, f->saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
     exec_backend_from_host(s->b, mb->tokens, mb->tokens_host, (size_t)T * sizeof(int32_t));
     KT(st, s, exec_tp_embedding_forward(s, buf, mb->tokens, prm));
     break;
-  case MODEL_OP_ATTENTION: {
-    struct kernels_attention_dims dd = attention_dims(s, op);
-    run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_saved_floats(&dd));
-    KT(st, s, s->k->attention_forward(st->stream, buf, run->saved[j], in0, prm, &dd));
-    break;
-  }
+  case MODEL_OP_ATTENTION: fwd_attention(f, j, buf, in0, prm); break;
   case MODEL_OP_MLP: {
     int F = mlp_width(s, op);
-    run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_mlp_saved_floats(T, F));
+    run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_mlp_saved_floats(T, F));
     KT(st, s, s->k->mlp_forward(st->stream, buf, run->saved[j], in0, prm, T, xm->C, F));
     break;
   }
   case MODEL_OP_LM_HEAD_LOSS: {
-    run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_lm_head_loss_saved_floats(T, xm->V));
-    mb->targets = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+    run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_lm_head_loss_saved_floats(T, xm->V));
+    mb->targets = mb_raw(s, st, mb, f->saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
     exec_backend_from_host(s->b, mb->targets, mb->targets_host, (size_t)T * sizeof(int32_t));
-    const float *w = xm->tied ? P + s->dev->op_offset[es->ops[0].op] : prm;
+    const float *w = xm->tied ? f->P + s->dev->op_offset[f->es->ops[0].op] : prm;
     double loss = 0;
     if (!exec_tp_head_forward(s, st, run->saved[j], in0, mb->targets, w, xm->tied || xm->tied_copy,
                               &loss, err))
       return false;
-    mb->loss = loss;
+    mb->loss = loss; /* a rerun's is the same, bit for bit */
     mb->has_loss = s->dev->tp_rank == 0; /* every TP peer has it; the step sums one */
     return true;
   }
-  default: return internal(err, s, i, "op kind without a tensor-parallel kernel");
+  default: return internal(err, s, f->i, "op kind without a tensor-parallel kernel");
   }
   return tp_sum_into(s, st, mb, run->val[so->out], false, err);
 }
 
+/* Op j of the forward f. */
+static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
+  struct exec_state *s = f->s;
+  struct exec_task_ctx *st = f->st;
+  const struct exec_kernels *k = s->k;
+  const struct exec_model *xm = s->xm;
+  struct exec_mb *mb = f->mb;
+  struct exec_seg_run *run = f->run;
+  const struct exec_seg_op *so = &f->es->ops[j];
+  const float *prm = f->P + s->dev->op_offset[so->op];
+  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, Ts = xm->T_seq;
+  float *out = NULL;
+  bool tp = s->dev->tp_degree > 1 && exec_tp_divided(so->kind);
+  /* only the embedding's lookup and the combine can be left out; the other kernels (and the
+   * TP collectives) write their output whether read or not */
+  bool optional = !tp && (so->kind == MODEL_OP_EMBEDDING || so->kind == MODEL_OP_EXPERT_FFN);
+  if (so->out >= 0 && (!f->needed || f->needed[so->out] || !optional))
+    out = run->val[so->out] =
+        mb_floats_raw(s, st, mb, value_owner(s, f->i, f->es, so->out, f->saved),
+                      exec_tensor_words(xm, (enum exec_tensor)f->es->values[so->out].tensor));
+  const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
+  const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
+  const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
+  if (tp)
+    return tp_forward_op(f, j, err);
+  switch (so->kind) {
+  case MODEL_OP_EMBEDDING:
+    mb->tokens = mb_raw(s, st, mb, f->saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+    exec_backend_from_host(s->b, mb->tokens, mb->tokens_host, (size_t)T * sizeof(int32_t));
+    if (out)
+      KT(st, s, k->embedding_forward(st->stream, out, mb->tokens, prm, T, V, C));
+    return true;
+  case MODEL_OP_RMSNORM:
+    run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_rmsnorm_saved_floats(Ts));
+    KT(st, s,
+       k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, Ts, C, xm->rms_norm_eps));
+    return true;
+  case MODEL_OP_ATTENTION: fwd_attention(f, j, out, in0, prm); return true;
+  case MODEL_OP_RESIDUAL_ADD: {
+    size_t n = (size_t)Ts * C;
+    KT(st, s, k->copy(st->stream, out, in0, n * sizeof(float)));
+    KT(st, s, k->residual_add_forward(st->stream, out, in1, n));
+    if (in2)
+      KT(st, s, k->residual_add_forward(st->stream, out, in2, n));
+    return true;
+  }
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: {
+    int F = (int)xm->m->ops[so->op].shape[2];
+    run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_mlp_saved_floats(T, F));
+    KT(st, s, k->mlp_forward(st->stream, out, run->saved[j], in0, prm, T, C, F));
+    return true;
+  }
+  case MODEL_OP_ROUTER:
+    run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_router_saved_floats(T, E));
+    KT(st, s,
+       k->router_forward(st->stream, (int32_t *)out, out + T * K, run->saved[j], in0, prm, T, C, E,
+                         K));
+    return true;
+  case MODEL_OP_EXPERT_FFN:
+    if (s->dev->ep_size[s->dev->instrs[f->i].segment] > 1)
+      return internal(err, s, f->i, "expert op outside EP path");
+    fwd_local_moe(f, j, out, in0, in1, prm);
+    return true;
+  case MODEL_OP_LM_HEAD_LOSS: fwd_lm_head(f, j, in0, prm); return true;
+  default: return internal(err, s, f->i, "op kind without a host kernel");
+  }
+}
+
+/* Selective recomputation's rerun: each attention core again from the q, k and v its forward
+ * kept, into R's saved tensor; everything else the forward kept stays as it is. */
+static bool seg_rerun_cores(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                            GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  struct exec_mb *mb = &s->mbs[x->mb];
+  const struct exec_segment *es = &s->xm->segs[x->segment];
+  struct exec_seg_run *run = mb->seg[x->segment];
+  if (!run)
+    return internal(err, s, i, "a rerun before its forward");
+  uint32_t saved = saved_owner(s, i);
+  for (uint32_t j = 0; j < es->n_ops; j++) {
+    if (es->ops[j].kind != MODEL_OP_ATTENTION)
+      continue;
+    struct kernels_attention_dims dd = attention_dims(s, &s->xm->m->ops[es->ops[j].op]);
+    dd.core = run->core[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_core_floats(&dd));
+    KT(st, s, s->k->attention_core_forward(st->stream, run->saved[j], &dd));
+  }
+  return true;
+}
+
+/* A segment's forward F, or its rerun R under full recomputation: the same ops on the same
+ * inputs, so R's values are F's bit for bit. */
 static bool seg_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
-  const struct exec_model *xm = s->xm;
-  const struct exec_kernels *k = s->k;
   struct exec_mb *mb = &s->mbs[x->mb];
-  const struct exec_segment *es = &xm->segs[x->segment];
-  const struct model *m = xm->m;
-  int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, TK = T * K, Ts = xm->T_seq;
-  uint32_t saved = written_tensor(s, i, PLAN_TENSOR_SAVED);
-  if (saved == OWN_WORK)
-    saved = OWN_MB; /* no backward reads it here: kept as long as the micro-batch */
-  struct exec_seg_run *run = seg_run_begin(s, i, st, saved);
-  for (uint32_t v = 0; v < es->n_values; v++)
-    if (es->values[v].op < 0 && !run->val[v])
-      return internal(err, s, i, "an input of the segment has not arrived");
-  const float *P = params_of(s, x);
-  for (uint32_t j = 0; j < es->n_ops; j++) {
-    const struct exec_seg_op *so = &es->ops[j];
-    const struct model_op *op = &m->ops[so->op];
-    const float *prm = P + s->dev->op_offset[so->op];
-    float *out = NULL;
-    if (so->out >= 0)
-      out = run->val[so->out] =
-          mb_floats_raw(s, st, mb, value_owner(s, i, es, so->out, saved),
-                        exec_tensor_words(xm, (enum exec_tensor)es->values[so->out].tensor));
-    const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
-    const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
-    const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
-    if (s->dev->tp_degree > 1 && exec_tp_divided(so->kind)) {
-      if (!tp_forward_op(s, i, st, run, j, saved, err))
-        return false;
-      continue;
-    }
-    switch (so->kind) {
-    case MODEL_OP_EMBEDDING:
-      mb->tokens = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      exec_backend_from_host(s->b, mb->tokens, mb->tokens_host, (size_t)T * sizeof(int32_t));
-      KT(st, s, k->embedding_forward(st->stream, out, mb->tokens, prm, T, V, C));
-      break;
-    case MODEL_OP_RMSNORM:
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_rmsnorm_saved_floats(Ts));
-      KT(st, s,
-         k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, Ts, C, s->xm->rms_norm_eps));
-      break;
-    case MODEL_OP_ATTENTION: {
-      struct kernels_attention_dims dd = exec_attention_dims(s->xm, op);
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_saved_floats(&dd));
-      KT(st, s, k->attention_forward(st->stream, out, run->saved[j], in0, prm, &dd));
-      break;
-    }
-    case MODEL_OP_RESIDUAL_ADD: {
-      size_t n = (size_t)Ts * C;
-      KT(st, s, k->copy(st->stream, out, in0, n * sizeof(float)));
-      KT(st, s, k->residual_add_forward(st->stream, out, in1, n));
-      if (in2)
-        KT(st, s, k->residual_add_forward(st->stream, out, in2, n));
-      break;
-    }
-    case MODEL_OP_MLP:
-    case MODEL_OP_SHARED_EXPERT: {
-      int F = (int)op->shape[2];
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_mlp_saved_floats(T, F));
-      KT(st, s, k->mlp_forward(st->stream, out, run->saved[j], in0, prm, T, C, F));
-      break;
-    }
-    case MODEL_OP_ROUTER:
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_router_saved_floats(T, E));
-      KT(st, s,
-         k->router_forward(st->stream, (int32_t *)out, out + TK, run->saved[j], in0, prm, T, C, E,
-                           K));
-      break;
-    case MODEL_OP_EXPERT_FFN: {
-      if (s->dev->ep_size[x->segment] > 1)
-        return internal(err, s, i, "expert op outside EP path");
-      int F = xm->F_expert;
-      struct local_moe *lm = mb_host(s, mb, sizeof *lm, REPORT_MEM_ACTIVATIONS);
-      run->moe[j] = lm;
-      /* the backward reads the routing and the experts' outputs (the weights' gradient) */
-      lm->counts = mb_raw(s, st, mb, OWN_WORK, sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->route_row =
-          mb_raw(s, st, mb, saved, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->row_expert =
-          mb_raw(s, st, mb, saved, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      lm->rows = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C);
-      lm->y = mb_floats_raw(s, st, mb, saved, (size_t)TK * C);
-      lm->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(TK, C));
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats(TK, C, F));
-      const int32_t *ids = (const int32_t *)in1;
-      const float *weights = in1 + TK;
-      KT(st, s, k->moe_dispatch_plan(st->stream, lm->counts, lm->route_row, ids, T, K, E, 1));
-      KT(st, s,
-         k->moe_dispatch_forward(st->stream, lm->rows, lm->row_expert, in0, ids, lm->route_row, T,
-                                 K, C));
-      KT(st, s,
-         k->expert_ffn_forward(st->stream, lm->y, run->saved[j], lm->scratch, lm->rows,
-                               lm->row_expert, TK, prm, 0, E, C, F));
-      KT(st, s, k->moe_combine_forward(st->stream, out, lm->y, weights, lm->route_row, T, K, C));
-      break;
-    }
-    case MODEL_OP_LM_HEAD_LOSS: {
-      run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_lm_head_loss_saved_floats(T, V));
-      mb->targets = mb_raw(s, st, mb, saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-      exec_backend_from_host(s->b, mb->targets, mb->targets_host, (size_t)T * sizeof(int32_t));
-      const float *w = xm->tied ? P + s->dev->op_offset[es->ops[0].op] : prm;
-      float *loss = s->loss_device + x->mb, loss_host = 0;
-      KT(st, s,
-         k->lm_head_loss_forward(
-             st->stream, loss, run->saved[j], in0, mb->targets, w,
-             xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED, T, C, V));
-      exec_backend_to_host(s->b, &loss_host, loss, sizeof loss_host);
-      mb->loss = loss_host;
-      mb->has_loss = true;
-      break;
-    }
-    default: return internal(err, s, i, "op kind without a host kernel");
-    }
+  struct fwd f = {.s = s, .st = st, .mb = mb, .es = &s->xm->segs[x->segment], .i = i};
+  f.keep = fwd_keep_of(s, x);
+  if ((f.keep == FWD_SELECTIVE_DROP || f.keep == FWD_SELECTIVE_RERUN) &&
+      !s->k->attention_core_forward)
+    return internal(err, s, i, "selective recomputation needs the backend's attention core kernel");
+  if (f.keep == FWD_SELECTIVE_RERUN)
+    return seg_rerun_cores(s, i, st, err);
+  const struct exec_seg_run *from = NULL;
+  uint32_t keep = OWN_WORK;
+  f.saved = saved_owner(s, i);
+  if (f.keep == FWD_FULL_DROP) { /* only the inputs, for R */
+    keep = f.saved;
+    f.saved = OWN_WORK;
+  } else if (f.keep == FWD_FULL_RERUN) {
+    from = mb->seg[x->segment];
+    if (!from || !from->dropped)
+      return internal(err, s, i, "a rerun before its forward");
   }
-  seg_outputs(s, i, st, run);
-  return true;
+  f.run = seg_run_begin(s, i, st, f.saved, keep, from);
+  f.run->dropped = f.keep == FWD_FULL_DROP;
+  mb->seg[x->segment] = f.run;
+  for (uint32_t v = 0; v < f.es->n_values; v++)
+    if (f.es->values[v].op < 0 && !f.run->val[v])
+      return internal(err, s, i, "an input of the segment has not arrived");
+  f.P = params_of(s, x);
+  bool *needed = f.keep == FWD_FULL_RERUN ? rerun_needed(f.es) : NULL;
+  f.needed = needed;
+  bool ok = true;
+  for (uint32_t j = 0; j < f.es->n_ops && ok; j++)
+    if (!needed || needed[f.es->n_values + j])
+      ok = fwd_op(&f, j, err);
+  g_free(needed);
+  if (ok && f.keep != FWD_FULL_RERUN) /* R's outputs: the next segments have theirs */
+    seg_outputs(s, i, st, f.run);
+  return ok;
 }
 
 enum bwd_mode { BWD_FUSED, BWD_INPUT, BWD_WEIGHT };
@@ -1164,6 +1310,7 @@ static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
   struct exec_seg_run *run = b->run;
   int32_t j = o->j;
   struct kernels_attention_dims dd = attention_dims(s, o->op);
+  dd.core = run->core[j]; /* apart from saved under selective recomputation */
   if (b->mode != BWD_WEIGHT)
     run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_attention_bwork_floats(&dd));
   if (b->mode == BWD_FUSED)
@@ -1466,6 +1613,44 @@ static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_
     out[r] = (size_t)rows[r] * row_bytes;
 }
 
+/* The experts' forward on the rows the dispatch brought, or their rerun under full
+ * recomputation. The routing (which rows, which experts) is the micro-batch's, from F's
+ * dispatch: R reruns the experts on the rows F kept, and no all-to-all runs again (the
+ * combine's output and what its backward reads stay on the tokens' side; the plan has no
+ * all-to-all for R either). */
+static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                           struct exec_moe *moe, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  int C = xm->C, F = xm->F_expert, n = (int)moe->n_recv;
+  enum fwd_keep keep = fwd_keep_of(s, x);
+  const float *P = params_of(s, x), *rows = moe->recv_rows;
+  uint32_t saved = saved_owner(s, i), y = out_tensor(s, i, EXEC_T_M);
+  if (keep == FWD_FULL_DROP) { /* the rows alone, for R */
+    moe->rows_kept = mb_floats_raw(s, st, mb, saved, (size_t)n * C);
+    KT(st, s, s->k->copy(st->stream, moe->rows_kept, rows, (size_t)n * C * sizeof(float)));
+    saved = OWN_WORK;
+  } else if (keep == FWD_FULL_RERUN) {
+    if (!moe->rows_kept)
+      return internal(err, s, i, "a rerun before its forward");
+    rows = moe->rows_kept;
+    y = OWN_WORK; /* the combine has its output from F */
+  } else if (keep != FWD_PLAIN) {
+    return internal(err, s, i, "selective recomputation of experts (they have no attention)");
+  }
+  float *yr = mb_floats_raw(s, st, mb, y, (size_t)n * C);
+  if (keep != FWD_FULL_RERUN)
+    moe->y_recv = yr;
+  moe->saved = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats(n, C, F));
+  moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(n, C));
+  if (n)
+    KT(st, s,
+       s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->scratch, rows, moe->recv_expert, n,
+                                P, moe->e_first, moe->e_count, C, F));
+  return true;
+}
+
 static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, bool forward,
                            struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
@@ -1478,19 +1663,8 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
     return internal(err, s, i, "experts run before their dispatch");
   int n = (int)moe->n_recv;
   float *G = forward ? NULL : grads_of(s, st, x->segment);
-  if (forward) {
-    const float *P = params_of(s, x);
-    uint32_t saved = written_tensor(s, i, PLAN_TENSOR_SAVED);
-    moe->y_recv = mb_floats_raw(s, st, mb, out_tensor(s, i, EXEC_T_M), (size_t)n * C);
-    moe->saved = mb_floats_raw(s, st, mb, saved == OWN_WORK ? OWN_MB : saved,
-                               kernels_expert_ffn_saved_floats(n, C, F));
-    moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(n, C));
-    if (n)
-      KT(st, s,
-         k->expert_ffn_forward(st->stream, moe->y_recv, moe->saved, moe->scratch, moe->recv_rows,
-                               moe->recv_expert, n, P, moe->e_first, moe->e_count, C, F));
-    return true;
-  }
+  if (forward)
+    return expert_forward(s, i, st, moe, err);
   if (mode == BWD_WEIGHT) {
     if (n)
       KT(st, s,
@@ -1550,8 +1724,15 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
    * here, goes after this dispatch) */
   const struct exec_seg_run *router = mb->seg[s->xm->m->edges[x->edge].src];
   int32_t rv = s->xm->segs[s->xm->m->edges[x->edge].src].final_value[EXEC_T_R];
-  if (router && rv >= 0 && router->val[rv])
+  if (router && rv >= 0 && router->val[rv] && !router->dropped) {
     r = router->val[rv];
+  } else if (router && router->dropped) {
+    /* the router's forward under full recomputation kept none of it, and its rerun comes
+     * after the combine's backward: a copy of the micro-batch's */
+    float *copy = mb_floats_raw(s, st, mb, OWN_MB, (size_t)2 * TK);
+    KT(st, s, k->copy(st->stream, copy, r, (size_t)2 * TK * sizeof(float)));
+    r = copy;
+  }
   moe->ids = (const int32_t *)r;
   moe->weights = r + TK;
   moe->send_counts = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
@@ -1641,7 +1822,9 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
       goto out;
     }
     float *dy_send = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
-    float *dweights = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)TK);
+    /* in r's layout (exec_grad_floats): the router's backward reads that many */
+    float *dweights =
+        mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), exec_grad_floats(xm, EXEC_T_R));
     KT(st, s,
        k->moe_combine_backward(st->stream, dy_send, dweights, dm, moe->y_send, moe->weights,
                                moe->route_row, T, K, C));
@@ -1916,9 +2099,9 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
                          : x->pass == IR_PASS_BW ? BWD_WEIGHT
                                                  : BWD_FUSED;
     if (ep)
-      ok = expert_compute(s, i, mode, x->pass == IR_PASS_F, st, err);
+      ok = expert_compute(s, i, mode, x->pass == IR_PASS_F || x->pass == IR_PASS_R, st, err);
     else if (x->pass == IR_PASS_F || x->pass == IR_PASS_R)
-      ok = seg_forward(s, i, st, err); /* R: the same forward again, bit for bit */
+      ok = seg_forward(s, i, st, err); /* R: what F dropped again, bit for bit */
     else
       ok = seg_backward(s, i, mode, st, err);
     if (s->dev->tp_degree > 1) {

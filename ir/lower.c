@@ -490,15 +490,44 @@ static void instr_waits(struct lower *l, struct plan_class *c, uint32_t i, const
   c->instrs[i].wait_count = cp->waits->len - c->instrs[i].wait_first;
 }
 
+/* What a segment's attention cores save (their output and log-sum-exp), per device: what
+ * selective recomputation drops after F and R rebuilds (divided by heads under TP). */
+static uint64_t segment_core_bytes(const struct model *m, uint32_t seg, uint32_t tp) {
+  uint64_t b = 0;
+  const struct model_segment *s = &m->segments[seg];
+  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
+    b += m->ops[o].core_saved_bytes;
+  return tp > 1 ? b / tp : b;
+}
+
+/* The workspace of a forward or rerun under recomputation (apply_recompute gives F's and R's
+ * saved tensors their sizes; these are what each holds only while it runs):
+ *   F, full: everything a plain F saves, now dropped when it ends (it keeps its inputs);
+ *   R, full: a plain F's workspace (it saves what a plain F saves, in its own tensor);
+ *   F, selective: a plain F's workspace and the attention cores it no longer saves;
+ *   R, selective: nothing (it writes the cores into its saved tensor). */
+static uint64_t recompute_work(const struct model *m, const struct ir_node *n, uint64_t fwd_work) {
+  bool full = n->recompute == IR_RECOMPUTE_FULL;
+  if (n->pass == IR_PASS_R)
+    return full ? fwd_work : 0;
+  if (full)
+    return fwd_work + ir_tp_segment_saved_bytes(m, n->segment, n->tp_degree, n->sequence_parallel);
+  return fwd_work + segment_core_bytes(m, n->segment, n->tp_degree);
+}
+
 /* Compute instruction i's workspace (models/model.h): F holds its outputs nobody keeps and
  * scratch; a fused B its values' gradients, bwork and scratch; BI its scratch (it keeps the
- * rest for BW, its saved tensor); BW nothing new. */
+ * rest for BW, its saved tensor); BW nothing new; under recomputation, recompute_work. */
 static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,
                        struct class_pools *cp) {
   if (n->kind != IR_NODE_COMPUTE || n->segment >= l->g->model->n_segments)
     return;
   uint64_t bytes = ir_tp_segment_work(l->g->model, n->segment, n->pass, n->tp_degree,
                                       n->sequence_parallel, NULL);
+  if (n->recompute != IR_RECOMPUTE_NONE && (n->pass == IR_PASS_F || n->pass == IR_PASS_R))
+    bytes = recompute_work(l->g->model, n,
+                           ir_tp_segment_work(l->g->model, n->segment, IR_PASS_F, n->tp_degree,
+                                              n->sequence_parallel, NULL));
   if (!bytes)
     return;
   struct plan_tensor pt = {.bytes = bytes,

@@ -20,6 +20,11 @@ size_t kernels_attention_saved_floats(const struct kernels_attention_dims *d) {
   return T * d->head_dim * (2 * (size_t)d->heads + 2 * (size_t)d->kv_heads) + T * d->heads;
 }
 
+size_t kernels_attention_core_floats(const struct kernels_attention_dims *d) {
+  size_t T = (size_t)d->batch * d->seq;
+  return T * d->heads + T * d->head_dim * (size_t)d->heads;
+}
+
 size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d) {
   size_t T = (size_t)d->batch * d->seq;
   return T * d->head_dim * (2 * (size_t)d->heads + 2 * (size_t)d->kv_heads);
@@ -55,7 +60,7 @@ static struct attention_views attention_views(const struct kernels_attention_dim
     w.q = (float *)saved;
     w.k = w.q + w.T * w.HD;
     w.v = w.k + w.T * w.KD;
-    w.lse = w.v + w.T * w.KD;
+    w.lse = d->core ? d->core : w.v + w.T * w.KD;
     w.y = w.lse + w.T * (size_t)d->heads;
   }
   if (bwork) {
@@ -180,6 +185,21 @@ static void attention_head_forward(const struct attention_head *a, float scale, 
   }
 }
 
+/* lse, y <- q, k, v: every (sequence, head) */
+static void attention_core(const struct attention_views *w,
+                           const struct kernels_attention_dims *d) {
+  int S = d->seq;
+  float scale = 1.0f / sqrtf((float)d->head_dim);
+  float *pb = kernels_impl_scratch(KERNELS_SCRATCH_ATTENTION_P,
+                                   ((size_t)ATTENTION_BLOCK + 1) * S * sizeof(float));
+  for (int b = 0; b < d->batch; b++)
+    for (int hh = 0; hh < d->heads; hh++) {
+      struct attention_head ah = attention_head(w, d, b, hh);
+      ah.p = pb;
+      attention_head_forward(&ah, scale, pb + (size_t)ATTENTION_BLOCK * S);
+    }
+}
+
 /* a [B*S, C], saved <- h [B*S, C] */
 void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
                                const struct kernels_attention_dims *d) {
@@ -191,16 +211,13 @@ void kernels_attention_forward(float *a, float *saved, const float *h, const flo
   kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
   kernels_rope_scaled(w.q, B, S, H, D, d->rope_theta, d->rope_scaling, false);
   kernels_rope_scaled(w.k, B, S, d->kv_heads, D, d->rope_theta, d->rope_scaling, false);
-  float scale = 1.0f / sqrtf((float)D);
-  float *pb = kernels_impl_scratch(KERNELS_SCRATCH_ATTENTION_P,
-                                   ((size_t)ATTENTION_BLOCK + 1) * S * sizeof(float));
-  for (int b = 0; b < B; b++)
-    for (int hh = 0; hh < H; hh++) {
-      struct attention_head ah = attention_head(&w, d, b, hh);
-      ah.p = pb;
-      attention_head_forward(&ah, scale, pb + (size_t)ATTENTION_BLOCK * S);
-    }
+  attention_core(&w, d);
   kernels_gemm(false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
+}
+
+void kernels_attention_core_forward(float *saved, const struct kernels_attention_dims *d) {
+  struct attention_views w = attention_views(d, NULL, saved, NULL);
+  attention_core(&w, d);
 }
 
 /* For row block [i0, i0 + m) over keys [0, n): p recomputed from q, k and lse; dP = dy v^T;

@@ -121,13 +121,24 @@ struct kernels_attention_dims {
   int batch, seq, heads, kv_heads, head_dim, hidden;
   float rope_theta; /* KERNELS_ROPE_THETA unless the model says otherwise */
   const struct kernels_rope_scaling *rope_scaling; /* the model's "rope_scaling"; NULL: none */
+  /* Where the core's lse and y live: NULL, right after v in saved (the layout above); else
+   * a buffer of kernels_attention_core_floats() floats of its own, so that selective
+   * recomputation can drop it after the forward and rebuild it before the backward while q,
+   * k and v stay saved (saved then holds kernels_attention_saved_floats() minus those). */
+  float *core;
 };
 size_t kernels_attention_param_count(const struct kernels_attention_dims *d);
 size_t kernels_attention_saved_floats(const struct kernels_attention_dims *d);
 size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d);
+/* lse and y: the part of saved that the core alone writes (Megatron's selective
+ * recomputation reruns the core and keeps the rest) */
+size_t kernels_attention_core_floats(const struct kernels_attention_dims *d);
 /* a [T, C], saved <- h [T, C] */
 void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
                                const struct kernels_attention_dims *d);
+/* lse, y <- q, k, v of saved: the core alone, bit-identical to what the forward wrote (into
+ * d->core when set, else into saved) */
+void kernels_attention_core_forward(float *saved, const struct kernels_attention_dims *d);
 /* dh [T, C] (= or +=), bwork <- da [T, C] */
 void kernels_attention_backward_input(float *dh, float *bwork, const float *da, const float *saved,
                                       const float *params, const struct kernels_attention_dims *d,

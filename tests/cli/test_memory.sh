@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One memory rule (SPEC §5): the simulator's memory timeline and the host executor's allocator
 # both follow the plan's allocation and release points, so on every plan of the equivalence
-# suite (tests/cli/test_exec.sh, test_tied.sh) each device's peak memory, and every kind of
+# suite (tests/cli/test_exec.sh, test_tied.sh, test_recompute.sh) each device's peak memory, and every kind of
 # its breakdown at the peak, agree within MEM_TOL (1%) of the peak between piper-sim and
 # piper-exec --backend host. Prints one table: plan, device, simulated and measured peak, error, breakdown.
 # MEM_PLANS=name,name runs a subset.
@@ -33,13 +33,23 @@ cat >"$T/pp2.json" <<'J'
 ]
 J
 split - 8 "$T/one8.json"
+# recompute G IN OUT: IN (a program, or - for none) with every forward recomputed at
+# granularity G
+recompute() { python3 -c "
+import json, sys
+d = json.load(open(sys.argv[2])) if sys.argv[2] != '-' else []
+d.insert(0, {'op': 'recompute', 'filter': {}, 'granularity': sys.argv[1]})
+json.dump(d, open(sys.argv[3], 'w'))" "$1" "$2" "$3"; }
+for g in full selective; do
+  recompute $g "$T/one8.json" "$T/one8_$g.json"
+done
 split $BS/dp2.json 4 "$T/dp2_4.json"
 # name processes model args... Expert-parallel plans (EP, marked below) are printed but not
 # asserted: their dispatched rows are sized by the routing at run time (the plan's all-to-all
 # edges carry T*hidden bytes, the executor moves and keeps n_recv routed rows). ZeRO-1/2/3 are
 # asserted on the dense model (ZeRO-2/3 sum a bucket's gradients whole from its first weight
 # gradient to its reduce-scatter: a plan tensor of the reduce-scatter, allocated early).
-EP_PLANS=",pp2_dp2_ep2,zero2,zero3,dualpipev,dualpipe,"
+EP_PLANS=",pp2_dp2_ep2,zero2,zero3,dualpipev,dualpipe,ep_rc_full,"
 plans=(
   "one 1 $MOE --directives $T/one8.json"
   "dp2 2 $MOE --directives $T/dp2_4.json"
@@ -60,6 +70,17 @@ plans=(
   "pp2_dp2_tp2 8 $DENSE --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 2"
   "tp2_sp 2 $DENSE --layout pp=1,tp=2,sp --mbs 4"
   "pp2_dp2_tp2_sp 8 $DENSE --layout pp=2,dp=2,tp=2,sp --schedule 1f1b --mbs 2"
+  # recomputation (docs/directives.md): F keeps only its inputs (full) or all but the
+  # attention cores (selective), R rebuilds the rest right before the backward
+  "rc_full_pp2 2 $DENSE --layout pp=2,recompute=full --schedule 1f1b --mbs 8"
+  "rc_sel_pp2 2 $DENSE --layout pp=2,recompute=selective --schedule 1f1b --mbs 8"
+  "rc_full_one 1 $DENSE --pp-regions 2 --directives $T/one8_full.json"
+  "rc_sel_one 1 $DENSE --pp-regions 2 --directives $T/one8_selective.json"
+  "rc_full_moe 2 $MOE --layout pp=2,recompute=full --schedule 1f1b --mbs 8"
+  "rc_sel_moe 2 $MOE --layout pp=2,recompute=selective --schedule 1f1b --mbs 8"
+  "rc_full_zb 2 $DENSE --layout pp=2,recompute=full --schedule zerobubble --mbs 4"
+  "rc_sel_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective --schedule 1f1b --mbs 4"
+  "ep_rc_full 4 $MOE --layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 for p in "${plans[@]}"; do

@@ -157,7 +157,7 @@ static void check_embedding_norm(struct check *c) {
 
 static void check_attention(struct check *c) {
   struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
-  struct kernels_attention_dims d = {B, S, H, KV, D, C, 10000.0f, &sc};
+  struct kernels_attention_dims d = {B, S, H, KV, D, C, 10000.0f, &sc, NULL};
   size_t P = kernels_attention_param_count(&d), SV = kernels_attention_saved_floats(&d);
   size_t BW = kernels_attention_bwork_floats(&d);
   float *p = rnd(c, P, 0.2f), *h = rnd(c, T * C, 1), *a = g_new(float, T *C);

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Activation recomputation in piper-exec --backend host (docs/directives.md, `recompute`): a
+# plan with recomputation trains bit-identically to the same plan without it (the same losses
+# as written, the same parameter bytes after 3 steps), since R reruns the same kernels on the
+# same inputs and parameters, and a micro-batch's routing is computed once (the experts' rerun
+# reads the rows F kept and F's routing). Plans: dense 1F1B over 2 ranks, one device (every
+# forward before every backward), tiny-moe 1F1B over 2 ranks (local experts, rerun too),
+# tiny-moe PP 2 x DP 2 x EP 2 (the experts' rerun under expert parallelism, with no second
+# all-to-all), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters) and
+# DualPipeV on tiny-moe with EP; each under full and selective recomputation. And the
+# executor's own peak of activations drops: full below selective below none on the one-device
+# plan (memory agreement with piper-sim is tests/cli/test_memory.sh's).
+set -u
+BIN=${PIPER_BIN:-bin}
+PE="$BIN/piper-exec"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+unset PIPER_EXEC_FAULT
+# every buffer NaN when allocated: a rerun that read what its forward already released (and
+# another allocation reused) would not come out bit-identical
+export PIPER_EXEC_POISON=1
+pass=0
+failed=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+if ! command -v mpirun >/dev/null || ! "$PE" --list-backends | grep -q "MPI"; then
+  bad "mpirun or piper-exec's MPI support is missing"
+  echo "test_recompute.sh: $pass passed, $failed failed"
+  exit 1
+fi
+DENSE=models/tiny-dense.json
+MOE=models/tiny-moe.json
+
+# one8 G OUT: one device, 8 micro-batches, every forward recomputed at granularity G (none:
+# no recomputation)
+one8() { python3 -c "
+import json, sys
+d = [] if sys.argv[1] == 'none' else [{'op': 'recompute', 'filter': {}, 'granularity': sys.argv[1]}]
+d.append({'op': 'split', 'filter': {}, 'dim_name': 'MB', 'num_microbatches': 8})
+json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"; }
+
+# run NAME NP MODEL ARGS...: 3 steps, losses and parameters kept
+run() {
+  local name=$1 np=$2 model=$3
+  shift 3
+  local launch=()
+  [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe -np "$np")
+  if timeout 300 "${launch[@]}" "$PE" --backend host --model "$model" "$@" --warmup 0 --iters 3 \
+    --quiet --timeout 60 --no-charts --out "$T/$name" --dump-params "$T/$name.params" \
+    >"$T/$name.log" 2>&1; then
+    return 0
+  fi
+  bad "$name: $(tail -3 "$T/$name.log")"
+  return 1
+}
+losses() { python3 -c "import json,sys; print('\n'.join(repr(x) for x in json.load(open(sys.argv[1]))['losses']))" "$1/metrics.json"; }
+# same NAME REF: bit-identical losses and parameters
+same() {
+  [ "$(losses "$T/$1")" = "$(losses "$T/$2")" ] && [ -s "$T/$1.params" ] &&
+    cmp -s "$T/$1.params" "$T/$2.params" && ok ||
+    bad "$1 is not bit-identical to $2 ($(losses "$T/$1" | tr '\n' ' ') against $(losses "$T/$2" | tr '\n' ' '))"
+}
+# the executor's activations at its peak on device 0
+activations() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['devices'][0]['memory_breakdown_bytes']['activations'])" "$1/metrics.json"; }
+
+for g in none full selective; do
+  one8 $g "$T/one8_$g.json"
+done
+# name NP MODEL LAYOUT-ARGS: the reference runs with the layout as given, each variant with
+# ",recompute=G" appended to its --layout (or the one-device program of G)
+plans=(
+  "dense_pp2 2 $DENSE --layout pp=2 --schedule 1f1b --mbs 8"
+  "moe_pp2 2 $MOE --layout pp=2 --schedule 1f1b --mbs 8"
+  "moe_ep 4 $MOE --layout pp=2,dp=2,ep=2 --schedule 1f1b --mbs 4"
+  "dense_zb 2 $DENSE --layout pp=2 --schedule zerobubble --mbs 4"
+  "dense_zero3 4 $DENSE --layout pp=2,dp=2,zero=3 --schedule 1f1b --mbs 4"
+  "moe_dualpipev 4 $MOE --pp-regions 4 --layout pp=2,dp=2,ep=2,v --schedule dualpipev --mbs 4"
+)
+for p in "${plans[@]}"; do
+  read -r -a w <<<"$p"
+  name=${w[0]} np=${w[1]} model=${w[2]} args=("${w[@]:3}")
+  run "$name" "$np" "$model" "${args[@]}" || continue
+  for g in full selective; do
+    rargs=()
+    for a in "${args[@]}"; do
+      case $a in pp=*) rargs+=("$a,recompute=$g") ;; *) rargs+=("$a") ;; esac
+    done
+    run "${name}_$g" "$np" "$model" "${rargs[@]}" && same "${name}_$g" "$name"
+  done
+done
+
+for m in dense moe; do
+  model=$DENSE
+  [ $m = moe ] && model=$MOE
+  for g in none full selective; do
+    run "one_${m}_$g" 1 $model --pp-regions 2 --directives "$T/one8_$g.json" || continue
+    [ $g != none ] && same "one_${m}_$g" "one_${m}_none"
+  done
+  if [ -s "$T/one_${m}_none.params" ] && [ -s "$T/one_${m}_full.params" ] && [ -s "$T/one_${m}_selective.params" ]; then
+    a=$(activations "$T/one_${m}_none") f=$(activations "$T/one_${m}_full") s=$(activations "$T/one_${m}_selective")
+    [ "$f" -lt "$s" ] && [ "$s" -lt "$a" ] && ok ||
+      bad "one device ($m): activations at the peak: none $a, selective $s, full $f (want full < selective < none)"
+  fi
+done
+echo "test_recompute.sh: $pass passed, $failed failed"
+[ "$failed" -eq 0 ]
