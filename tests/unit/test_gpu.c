@@ -184,6 +184,133 @@ static void test_arena_peak_matches_simulator(void **state) {
   plan_free(p);
 }
 
+/* Replays a class's events through the carver as a backend meets them (each tensor one block
+ * of its planned bytes): every block lands at its planned offset, no two live blocks share a
+ * byte, and none ends past the arena. */
+static void carve_class(const struct plan_class *c, const struct exec_arena *a) {
+  struct exec_arena_carver cv;
+  exec_arena_carver_init(&cv, a, c->tensors, 256);
+  GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
+  exec_arena_class_events(c, ev);
+  uint64_t *at = g_new(uint64_t, c->n_tensors);
+  bool *live = g_new0(bool, c->n_tensors);
+  for (guint k = 0; k < ev->len; k++) {
+    const struct exec_arena_event *e = &g_array_index(ev, struct exec_arena_event, k);
+    if (!e->alloc) {
+      exec_arena_carve_release(&cv, e->tensor);
+      live[e->tensor] = false;
+      continue;
+    }
+    uint64_t bytes = c->tensors[e->tensor].bytes;
+    assert_true(exec_arena_carve(&cv, e->tensor, bytes, 256, &at[e->tensor]));
+    assert_int_equal(at[e->tensor], a->offset[e->tensor]);
+    assert_true(at[e->tensor] + bytes <= a->size);
+    for (uint32_t u = 0; u < c->n_tensors; u++)
+      if (live[u] && at[u] < at[e->tensor] + bytes && at[e->tensor] < at[u] + c->tensors[u].bytes)
+        fail_msg("tensors %u and %u live at once share bytes", u, e->tensor);
+    live[e->tensor] = true;
+  }
+  assert_int_equal(cv.fallback_blocks, 0);
+  g_free(live);
+  g_free(at);
+  g_array_free(ev, TRUE);
+  exec_arena_carver_clear(&cv);
+}
+
+/* For every device of a plan: the arena the cuda backend allocates is the planner's size, which
+ * is the live peak of the plan's memory rule in issue order (greedy by size packs these plans
+ * without a hole, first fit does not); carving at its offsets keeps live tensors apart; and
+ * against the simulator's transient peak (its peak less static memory): equal on one device,
+ * where its timed order is the issue order; with several devices the simulator's order holds
+ * at least as much at once (received buffers posted ahead), so the arena never exceeds it. */
+static void check_arena_against_simulator(const char *model, const char *layout,
+                                          const char *schedule, uint32_t mbs) {
+  struct plan *p = compile_layout(model, layout, schedule, mbs);
+  GError *err = NULL;
+  struct profile *prof = profile_load_file("profiles/h100-sxm.json", &err);
+  assert_non_null(prof);
+  struct sim_options so = {0};
+  struct sim_result *r = sim_run(p, prof, &so, &err);
+  assert_non_null(r);
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    const struct sim_unit *u = &r->units[r->device_unit[d]];
+    uint64_t stat = 0;
+    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+      stat += u->static_bytes[k];
+    struct exec_arena a;
+    const struct plan_class *c = plan_device_class(p, d);
+    assert_true(exec_arena_plan(c, 256, &a, &err));
+    if (a.size != a.live_peak)
+      fail_msg("%s %s device %u: arena %llu bytes, live peak %llu", model, layout, d,
+               (unsigned long long)a.size, (unsigned long long)a.live_peak);
+    assert_true(a.first_fit_size >= a.size);
+    if (p->n_devices == 1)
+      assert_int_equal(a.size, u->peak_bytes - stat);
+    else
+      assert_true(a.size <= u->peak_bytes - stat);
+    carve_class(c, &a);
+    exec_arena_clear(&a);
+  }
+  sim_result_free(r);
+  profile_free(prof);
+  plan_free(p);
+}
+
+static void test_arena_size_is_the_peak(void **state) {
+  (void)state;
+  check_arena_against_simulator("models/tiny-dense.json", "pp=1", "1f1b", 4);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=1", NULL, 0);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=2", "1f1b", 8);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=4", "zerobubble", 8);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=2,dp=2,ep=2,v", "dualpipev", 4);
+  check_arena_against_simulator("models/tiny-dense.json", "pp=2,dp=2,zero=1", "1f1b", 4);
+  check_arena_against_simulator("models/tiny-dense.json", "pp=2,dp=2,zero=3", "1f1b", 4);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=2,dp=2,ep=2,zero=2", "1f1b", 4);
+}
+
+/* The run's order may leave the plan's: a block that does not fit its slot, or a slot whose
+ * bytes a live tensor still holds, is refused (the backend's fallback takes it); blocks of one
+ * tensor follow one another in its slot, which is free again with the last one. */
+static void test_arena_carve_refusals(void **state) {
+  (void)state;
+  struct plan_tensor t[3] = {{.bytes = 512}, {.bytes = 256}, {.bytes = 512}};
+  /* 0 lives alone, then 1 and 2 together in its place */
+  struct exec_arena_event ev[] = {{0, 0, true}, {0, 1, false}, {1, 2, true}, {2, 3, true}};
+  struct exec_arena a;
+  plan_by_hand(t, 3, ev, 4, 256, &a);
+  assert_int_equal(a.size, 768);
+  struct exec_arena_carver cv;
+  exec_arena_carver_init(&cv, &a, t, 256);
+  uint64_t at = 0;
+  assert_true(exec_arena_carve(&cv, 0, 200, 256, &at));
+  assert_int_equal(at, a.offset[0]);
+  assert_true(exec_arena_carve(&cv, 0, 256, 256, &at)); /* the second block follows */
+  assert_int_equal(at, a.offset[0] + 256);
+  assert_false(exec_arena_carve(&cv, 0, 1, 256, &at)); /* the slot is full */
+  /* 1 and 2 share bytes with 0, still live: refused */
+  assert_true(a.offset[1] < 512 || a.offset[2] < 512);
+  uint32_t early = a.offset[1] < 512 ? 1 : 2;
+  assert_false(exec_arena_carve(&cv, early, 16, 256, &at));
+  exec_arena_carve_release(&cv, 0);
+  assert_false(exec_arena_carve(&cv, early, 16, 256, &at)); /* one block of 0 is left */
+  exec_arena_carve_release(&cv, 0);
+  assert_true(exec_arena_carve(&cv, early, 16, 256, &at));
+  assert_int_equal(at, a.offset[early]);
+  assert_false(exec_arena_carve(&cv, 3 - early, 4096, 256, &at)); /* larger than its slot */
+  assert_int_equal(cv.fallback_blocks, 4);
+  assert_int_equal(cv.carved_blocks, 3);
+  /* every tensor's overlap list names the others sharing its bytes, both ways */
+  for (uint32_t x = 0; x < 3; x++)
+    for (uint32_t k = cv.overlap_first[x]; k < cv.overlap_first[x + 1]; k++) {
+      uint32_t y = cv.overlap[k];
+      assert_true(a.offset[x] < a.offset[y] + 256 * ((t[y].bytes + 255) / 256) &&
+                  a.offset[y] < a.offset[x] + 256 * ((t[x].bytes + 255) / 256));
+    }
+  assert_int_equal(cv.overlap_first[3], 4); /* 0 meets 1 and 2, and back */
+  exec_arena_carver_clear(&cv);
+  exec_arena_clear(&a);
+}
+
 /* ---- device choice, communicators, SM shares ---------------------------------------------- */
 
 static void test_gpu_pick(void **state) {
@@ -389,6 +516,8 @@ int main(void) {
       cmocka_unit_test(test_arena_refuses_bad_events),
       cmocka_unit_test(test_arena_real_plans),
       cmocka_unit_test(test_arena_peak_matches_simulator),
+      cmocka_unit_test(test_arena_size_is_the_peak),
+      cmocka_unit_test(test_arena_carve_refusals),
       cmocka_unit_test(test_gpu_pick),
       cmocka_unit_test(test_gpu_shared),
       cmocka_unit_test(test_gpu_comm_rank),
