@@ -38,7 +38,7 @@
 
 /* The version of the table below. A backend sets api_version to the value it was written
  * against; exec_backend_init refuses a table of another version. */
-#define EXEC_BACKEND_API_VERSION 4 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times */
+#define EXEC_BACKEND_API_VERSION 5 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times; 5: alloc_tensor */
 
 struct exec_backend_ops;
 struct exec_stream; /* an in-order queue of work (the backend's own type) */
@@ -237,6 +237,10 @@ struct exec_backend_ops {
    * and from host memory (complete when they return, after work already enqueued). */
   void *(*alloc)(struct exec_backend *b, size_t bytes);
   void (*release)(struct exec_backend *b, void *p);
+  /* Optional: a buffer of plan tensor `tensor` (an index into the configured device's class
+   * tensors), which a backend may place where its offline plan put the tensor (cuda: the
+   * arena planner's offset); released with release (default: alloc). */
+  void *(*alloc_tensor)(struct exec_backend *b, uint32_t tensor, size_t bytes);
   void (*to_host)(struct exec_backend *b, void *host_dst, const void *device_src, size_t bytes);
   void (*from_host)(struct exec_backend *b, void *device_dst, const void *host_src, size_t bytes);
 
@@ -362,6 +366,7 @@ void exec_backend_reset(struct exec_backend *b);
 const struct exec_kernels *exec_backend_kernels(const struct exec_backend *b);
 
 void *exec_backend_alloc(struct exec_backend *b, size_t bytes);
+void *exec_backend_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t bytes);
 void exec_backend_release(struct exec_backend *b, void *device_p);
 void exec_backend_to_host(struct exec_backend *b, void *host_dst, const void *device_src,
                           size_t bytes);
