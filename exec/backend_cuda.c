@@ -152,6 +152,8 @@ static void context_free(struct cuda_context *b) {
     g_hash_table_destroy(b->gemm_algos);
   if (b->lt_workspace)
     cudaFree(b->lt_workspace);
+  if (b->setup_bf16.p)
+    cudaFree(b->setup_bf16.p);
   if (b->lt)
     cublasLtDestroy(b->lt);
   if (b->arena)
@@ -252,6 +254,8 @@ static void cuda_free(struct exec_backend *backend) {
     cudaStreamDestroy(s->cs);
     exec_cuda_green_destroy(s->green);
     cudaFree(s->lt_workspace);
+    if (s->bf16.p)
+      cudaFree(s->bf16.p);
     if (s->error)
       g_error_free(s->error);
     g_free(s);
@@ -569,6 +573,8 @@ static void cuda_stream_destroy(struct exec_stream *s) {
   cudaStreamDestroy(s->cs);
   exec_cuda_green_destroy(s->green);
   cudaFree(s->lt_workspace);
+  if (s->bf16.p)
+    cudaFree(s->bf16.p);
   g_ptr_array_remove(s->b->streams, s);
   if (s->error)
     g_error_free(s->error);

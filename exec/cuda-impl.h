@@ -16,6 +16,13 @@
 #include "arena.h"
 #include "exec.h"
 
+/* Device memory a stream's GEMMs reuse in turn: the bf16 copies of their operands
+ * (backend_cuda_kernels.c), grown on first need (the warm-up step), outside the arena. */
+struct cuda_scratch {
+  void *p;
+  size_t bytes;
+};
+
 struct cuda_context {
   uint32_t rank, size;             /* world */
   uint32_t local_rank, local_size; /* on this host */
@@ -28,7 +35,8 @@ struct cuda_context {
   double epoch;
   const struct plan *plan; /* from configure (not owned) */
   uint32_t plan_device;
-  bool bf16_gemm; /* cuBLASLt computes in bf16 (fp32 in and out, fp32 accumulation) */
+  bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
+  struct cuda_scratch setup_bf16; /* the setup stream's (work outside tasks) */
   cublasLtHandle_t lt;
   void *lt_workspace;
   size_t lt_workspace_bytes;
@@ -73,6 +81,7 @@ struct exec_stream {
   cudaStream_t cs;
   void *green;        /* CUgreenCtx the stream lives in (sm_share < 1), or NULL */
   void *lt_workspace; /* cuBLASLt's, this stream's own (lt_workspace_bytes) */
+  struct cuda_scratch bf16;
   uint64_t setup_seen;
   bool failed;
   double since;

@@ -2,6 +2,7 @@
 // kernels/*.c (same formulas, fp32 throughout); row-wise reductions use one block per row and
 // a fixed reduction tree, so results are deterministic run to run. Weight gradients that sum
 // over tokens loop over the tokens in order inside one thread per column (no atomics).
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include "kernels_cuda.h"
@@ -46,6 +47,16 @@ __global__ void fill_k(float *x, float v, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     x[i] = v;
+}
+
+// Round to nearest even (__float2bfloat16_rn), a compact [rows, cols] copy of a strided one.
+__global__ void to_bf16_k(uint16_t *dst, const float *src, int rows, int cols, int ld) {
+  size_t n = (size_t)rows * cols;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t r = i / (size_t)cols, c = i % (size_t)cols;
+    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[r * (size_t)ld + c]));
+  }
 }
 
 __global__ void add_k(float *y, const float *x, size_t n, bool acc) {
@@ -417,6 +428,12 @@ extern "C" {
 void kc_fill(float *x, float value, size_t n, cudaStream_t st) {
   if (n)
     fill_k<<<blocks_for(n), kThreads, 0, st>>>(x, value, n);
+}
+
+void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cudaStream_t st) {
+  size_t n = (size_t)rows * cols;
+  if (n)
+    to_bf16_k<<<blocks_for(n), kThreads, 0, st>>>(dst, src, rows, cols, ld);
 }
 
 void kc_add(float *y, const float *x, size_t n, bool acc, cudaStream_t st) {
