@@ -452,6 +452,13 @@ static void *cuda_alloc_tensor(struct exec_backend *backend, uint32_t tensor, si
   return p ? p : cuda_alloc(backend, bytes);
 }
 
+/* The highest byte of the allocation in use: the planned arena (the plan's tensors) and what
+ * first fit placed above it (parameters, gradients, optimizer state, workspaces). */
+static uint64_t cuda_memory_peak(struct exec_backend *backend) {
+  const struct cuda_context *b = backend->context;
+  return b->arena_high > b->dyn_base ? b->arena_high : b->dyn_base;
+}
+
 static void cuda_release(struct exec_backend *backend, void *p) {
   struct cuda_context *b = backend->context;
   if (exec_cuda_arena_release(b, p))
@@ -754,6 +761,7 @@ const struct exec_backend_ops exec_backend_cuda = {
     .alloc = cuda_alloc,
     .release = cuda_release,
     .alloc_tensor = cuda_alloc_tensor,
+    .memory_peak = cuda_memory_peak,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
     .stream_create = cuda_stream_create,

@@ -15,9 +15,8 @@
  *     accumulation the sum's error stays near 2^-8 of the largest terms (the rounding errors
  *     of independent inputs partly cancel; the bound takes them aligned), and ops chain up to
  *     three GEMMs (attention: projection, scores, values, output) with a softmax between:
- *     3 * 2^-8 ~ 1.2e-2, doubled for the worst element of each output. A GEMM accumulating in
- *     bf16, or writing bf16 out, would be off by 2^-8 per add of the k terms and fail it. The
- *     training check (tools/gpu-check.sh b) holds bf16 losses to the same 3e-2 of the host's.
+ *     3 * 2^-8 ~ 1.2e-2, doubled for the worst element of each output. The training check
+ *     (tools/gpu-check.sh b) holds bf16 losses to the same 3e-2 of the host's.
  * Prints one line per check; exits 1 when any exceeds its tolerance, 2 when no GPU. */
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,7 @@
 /* test_gpu: the host-side pieces of the cuda backend, which run without a GPU: the offline
- * arena planner (exec/arena.h), the device, communicator and SM-share decisions
- * (exec/gpu_layout.h), and the registry (the cuda backend is listed exactly when built). */
+ * arena planner and the run-time carver (exec/arena.h), the device, communicator and SM-share
+ * decisions (exec/gpu_layout.h), device times and the backend's memory peak in the run's
+ * report, and the registry (the cuda backend is listed exactly when built). */
 #include "test-helpers.h"
 
 #include "../../base/json.h"
@@ -497,6 +498,51 @@ static void test_gpu_trace_from_device_times(void **state) {
   plan_free(p);
 }
 
+/* A backend that places its buffers itself (the cuda arena) reports the memory they spanned:
+ * metrics.json's peak is its figure, not the runner's sum of live buffers. */
+static uint64_t fake_memory_peak(struct exec_backend *b) {
+  (void)b;
+  return 123456789;
+}
+
+static void test_gpu_backend_memory_peak(void **state) {
+  (void)state;
+  struct plan *p = compile_layout("models/tiny-dense.json", "pp=1", NULL, 0);
+  struct exec_backend_ops ops = exec_backend_host;
+  ops.task_times = fake_task_times; /* enqueues: plan tensors go through alloc_tensor */
+  ops.memory_peak = fake_memory_peak;
+  GError *err = NULL;
+  struct exec_backend *b = exec_backend_init(&ops, NULL, &err);
+  assert_non_null(b);
+  char *dir = test_tmp_dir("test_gpu-XXXXXX");
+  char *out = g_build_filename(dir, "run", NULL);
+  struct exec_options o = exec_options_default();
+  o.plan = p;
+  o.warmup = 0;
+  o.iters = 1;
+  o.out_dir = out;
+  struct exec_result r = {0};
+  if (!exec_run(&o, b, &r, &err))
+    fail_msg("exec_run: %s", err->message);
+  assert_int_equal(r.peak_memory_bytes, 123456789);
+  char *path = g_build_filename(out, "metrics.json", NULL);
+  char *text = test_read_file(path);
+  cJSON *root = cJSON_Parse(text);
+  assert_non_null(root);
+  const cJSON *peak = cJSON_GetObjectItemCaseSensitive(root, "peak_memory_bytes_max");
+  assert_true(cJSON_IsNumber(peak));
+  assert_int_equal((uint64_t)peak->valuedouble, 123456789);
+  cJSON_Delete(root);
+  g_free(text);
+  g_free(path);
+  exec_result_clear(&r);
+  exec_backend_free(b);
+  test_remove_tree(dir);
+  g_free(out);
+  g_free(dir);
+  plan_free(p);
+}
+
 /* The cuda backend is in the registry exactly when it was built. */
 static void test_gpu_registry(void **state) {
   (void)state;
@@ -525,6 +571,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_serial_progress),
       cmocka_unit_test(test_gpu_sm_share),
       cmocka_unit_test(test_gpu_trace_from_device_times),
+      cmocka_unit_test(test_gpu_backend_memory_peak),
       cmocka_unit_test(test_gpu_registry),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
