@@ -71,5 +71,16 @@ else
     && ok "--backend cuda refused: $(cat "$tmp/err")" || fail "exit $rc: $(cat "$tmp/err")"
 fi
 
+# tools/gpu-check.sh cannot run here, but its host-side steps can: --dry-run runs them (host
+# reference runs, loss comparison, the reduced llama model, simulate -> compare) and must pass
+if [ "$BIN" = bin ] && command -v python3 > /dev/null && command -v mpirun > /dev/null; then
+  if OUT="$tmp/gpu-check" GPU_CHECK_SKIP_BUILD=1 tools/gpu-check.sh --dry-run > "$tmp/gc.out" 2>&1 &&
+    grep -q '^gpu-check: 0 check(s) failed' "$tmp/gc.out"; then
+    ok "tools/gpu-check.sh --dry-run: $(grep -c '^ok:' "$tmp/gc.out") steps ok"
+  else
+    fail "tools/gpu-check.sh --dry-run: $(grep -E '^FAIL|^gpu-check' "$tmp/gc.out" | head -5)"
+  fi
+fi
+
 [ "$fails" -eq 0 ] && echo "test_cuda: all passed" || echo "test_cuda: $fails failed"
 [ "$fails" -eq 0 ]
