@@ -213,6 +213,17 @@ bool exec_arena_plan(const struct plan_class *c, uint64_t align, struct exec_are
   return ok;
 }
 
+struct plan_tensor *exec_arena_tensors_held(const struct plan_class *c, uint64_t counted,
+                                            uint64_t held) {
+  PIPER_ASSERT(counted > 0);
+  struct plan_tensor *t = g_new(struct plan_tensor, c->n_tensors ? c->n_tensors : 1);
+  for (uint32_t k = 0; k < c->n_tensors; k++) {
+    t[k] = c->tensors[k];
+    t[k].bytes = (c->tensors[k].bytes * held + counted - 1) / counted;
+  }
+  return t;
+}
+
 void exec_arena_clear(struct exec_arena *a) {
   if (!a)
     return;

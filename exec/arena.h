@@ -65,6 +65,11 @@ bool exec_arena_plan_best(uint32_t n_tensors, const struct plan_tensor *tensors,
                           uint64_t align, struct exec_arena *out, GError **err);
 bool exec_arena_plan(const struct plan_class *c, uint64_t align, struct exec_arena *out,
                      GError **err);
+/* The class's tensors at the bytes a backend holds: each tensor's bytes times held / counted
+ * (a backend keeping activations in fp32, 4 bytes, where the plan counts a bf16 model's at 2),
+ * rounded up; g_free the array. */
+struct plan_tensor *exec_arena_tensors_held(const struct plan_class *c, uint64_t counted,
+                                            uint64_t held);
 void exec_arena_clear(struct exec_arena *a);
 
 /* Carving at run time: a backend places each block the executor allocates for plan tensor t

@@ -23,12 +23,7 @@ bool exec_cuda_arena_plan(struct cuda_context *b, const struct plan *p, uint32_t
   const struct plan_class *c = plan_device_class(p, device);
   /* the executor holds activations in fp32, the master precision, where the plan counts a
    * bf16 model's at 2 bytes: the slots are planned at the bytes really held */
-  uint64_t held = 4, counted = model_dtype_bytes(p->model->dtype);
-  b->arena_tensors = g_new(struct plan_tensor, c->n_tensors ? c->n_tensors : 1);
-  for (uint32_t t = 0; t < c->n_tensors; t++) {
-    b->arena_tensors[t] = c->tensors[t];
-    b->arena_tensors[t].bytes = (c->tensors[t].bytes * held + counted - 1) / counted;
-  }
+  b->arena_tensors = exec_arena_tensors_held(c, model_dtype_bytes(p->model->dtype), 4);
   GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
   exec_arena_class_events(c, ev);
   bool ok = exec_arena_plan_best(c->n_tensors, b->arena_tensors,

@@ -543,6 +543,105 @@ static void test_gpu_backend_memory_peak(void **state) {
   plan_free(p);
 }
 
+/* The executor's own buffers against the planner's slots: a host backend that enqueues (so
+ * plan tensors come through alloc_tensor, as on the cuda backend) carves every block the
+ * executor asks for through an exec_arena_carver over the one-device plan's class, as
+ * backend_cuda_arena.c does, and counts what fits. */
+static struct exec_arena_carver fit_carver;
+static GHashTable *fit_blocks; /* pointer -> tensor + 1 */
+
+static void *fit_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t bytes) {
+  void *p = exec_backend_host.alloc(b, bytes);
+  uint64_t at = 0;
+  if (p && exec_arena_carve(&fit_carver, tensor, bytes, 256, &at))
+    g_hash_table_insert(fit_blocks, p, GUINT_TO_POINTER(tensor + 1));
+  return p;
+}
+
+static void fit_release(struct exec_backend *b, void *p) {
+  gpointer v = NULL;
+  if (g_hash_table_steal_extended(fit_blocks, p, NULL, &v))
+    exec_arena_carve_release(&fit_carver, GPOINTER_TO_UINT(v) - 1);
+  exec_backend_host.release(b, p);
+}
+
+/* held: the bytes per element the executor holds (4: fp32) against the plan's dtype, as
+ * backend_cuda_arena.c plans the slots; 0: the plan's bytes as they are. */
+static void check_executor_fits(const char *model, const char *layout, const char *schedule,
+                                uint32_t mbs, uint64_t held, uint32_t *carved,
+                                uint32_t *refused) {
+  struct plan *p = compile_layout(model, layout, schedule, mbs);
+  GError *err = NULL;
+  const struct plan_class *c = plan_device_class(p, 0);
+  struct plan_tensor *t =
+      held ? exec_arena_tensors_held(c, model_dtype_bytes(p->model->dtype), held) : NULL;
+  GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
+  exec_arena_class_events(c, ev);
+  struct exec_arena a;
+  assert_true(exec_arena_plan_best(c->n_tensors, t ? t : c->tensors,
+                                   (const struct exec_arena_event *)(void *)ev->data, ev->len,
+                                   256, &a, &err));
+  g_array_free(ev, TRUE);
+  exec_arena_carver_init(&fit_carver, &a, t ? t : c->tensors, 256);
+  fit_blocks = g_hash_table_new(g_direct_hash, g_direct_equal);
+  struct exec_backend_ops ops = exec_backend_host;
+  ops.task_times = fake_task_times;
+  ops.alloc_tensor = fit_alloc_tensor;
+  ops.release = fit_release;
+  struct exec_backend *b = exec_backend_init(&ops, NULL, &err);
+  assert_non_null(b);
+  struct exec_options o = exec_options_default();
+  o.plan = p;
+  o.warmup = 1;
+  o.iters = 1;
+  struct exec_result r = {0};
+  if (!exec_run(&o, b, &r, &err))
+    fail_msg("exec_run: %s", err->message);
+  *carved = fit_carver.carved_blocks;
+  *refused = fit_carver.fallback_blocks;
+  exec_result_clear(&r);
+  g_free(t);
+  exec_backend_free(b);
+  g_hash_table_destroy(fit_blocks);
+  exec_arena_carver_clear(&fit_carver);
+  exec_arena_clear(&a);
+  plan_free(p);
+}
+
+/* Every block the executor allocates for a plan tensor, over a warm-up and a measured step,
+ * lands at the planner's offset: dense and MoE (its expert rows at this plan's routing),
+ * fp32 as planned. A bf16 model's plan counts activations at 2 bytes while the executor holds
+ * fp32: at the plan's bytes the blocks do not fit (the backend would place them first fit
+ * above the arena), at the bytes held (what backend_cuda_arena.c plans) they all do. */
+static void test_gpu_executor_fits_planned_slots(void **state) {
+  (void)state;
+  uint32_t carved = 0, refused = 0;
+  check_executor_fits("models/tiny-dense.json", "pp=1", "1f1b", 4, 0, &carved, &refused);
+  assert_true(carved > 100);
+  assert_int_equal(refused, 0);
+  check_executor_fits("models/tiny-moe.json", "pp=1", "1f1b", 4, 0, &carved, &refused);
+  assert_true(carved > 100);
+  assert_int_equal(refused, 0);
+  char *dir = test_tmp_dir("test_gpu-XXXXXX");
+  char *fp32 = test_read_file("models/tiny-dense.json");
+  char **parts = g_strsplit(fp32, "\"dtype\": \"fp32\"", -1);
+  assert_int_equal(g_strv_length(parts), 2);
+  char *text = g_strjoinv("\"dtype\": \"bf16\"", parts);
+  g_strfreev(parts);
+  g_free(fp32);
+  char *bf16 = g_build_filename(dir, "tiny-dense-bf16.json", NULL);
+  test_write_file(bf16, text);
+  check_executor_fits(bf16, "pp=1", "1f1b", 4, 0, &carved, &refused);
+  assert_true(refused > 100);
+  check_executor_fits(bf16, "pp=1", "1f1b", 4, 4, &carved, &refused);
+  assert_true(carved > 100);
+  assert_int_equal(refused, 0);
+  g_free(bf16);
+  g_free(text);
+  test_remove_tree(dir);
+  g_free(dir);
+}
+
 /* The cuda backend is in the registry exactly when it was built. */
 static void test_gpu_registry(void **state) {
   (void)state;
@@ -572,6 +671,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_sm_share),
       cmocka_unit_test(test_gpu_trace_from_device_times),
       cmocka_unit_test(test_gpu_backend_memory_peak),
+      cmocka_unit_test(test_gpu_executor_fits_planned_slots),
       cmocka_unit_test(test_gpu_registry),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
