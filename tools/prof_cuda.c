@@ -521,9 +521,17 @@ static bool net_group(struct prof_run *r, struct gpu *g, uint32_t n, struct net_
   GError *cerr = NULL;
   struct exec_comm *comm = exec_comm_create(g->b, label, members, n, false, &cerr);
   g_free(members);
-  if (cerr) {
-    g_propagate_error(err, cerr);
-    return false;
+  /* every rank learns whether all made it, so none goes on to wait for a failed one */
+  int made = cerr == NULL, all_made = 0;
+  MPI_Allreduce(&made, &all_made, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all_made) {
+    exec_comm_destroy(g->b, comm);
+    if (cerr)
+      g_propagate_error(err, cerr);
+    return cerr ? false
+                : piper_runtime_error(err, "piper-prof: another rank could not make the "
+                                           "communicator of %u ranks",
+                                      n);
   }
   bool member = (uint32_t)r->rank < n, ok = true;
   MPI_Comm sub = MPI_COMM_NULL;
