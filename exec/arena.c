@@ -180,8 +180,8 @@ static uint64_t greedy_by_size(uint32_t n_tensors, const struct plan_tensor *ten
 }
 
 bool exec_arena_plan_best(uint32_t n_tensors, const struct plan_tensor *tensors,
-                          const struct exec_arena_event *events, uint32_t n_events,
-                          uint64_t align, struct exec_arena *out, GError **err) {
+                          const struct exec_arena_event *events, uint32_t n_events, uint64_t align,
+                          struct exec_arena *out, GError **err) {
   if (!exec_arena_plan_events(n_tensors, tensors, events, n_events, align, out, err))
     return false;
   out->first_fit_size = out->size;
@@ -262,8 +262,8 @@ void exec_arena_carver_init(struct exec_arena_carver *cv, const struct exec_aren
   g_free(by_offset);
   GArray *pairs = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2);
   for (uint32_t i = 0; i < m; i++)
-    for (uint32_t j = i + 1; j < m && a->offset[order[j]] < a->offset[order[i]] + cv->slot[order[i]];
-         j++)
+    for (uint32_t j = i + 1;
+         j < m && a->offset[order[j]] < a->offset[order[i]] + cv->slot[order[i]]; j++)
       if (slots_meet(a, cv->slot, order[i], order[j])) {
         uint32_t pr[2] = {order[i], order[j]}, rp[2] = {order[j], order[i]};
         g_array_append_val(pairs, pr);

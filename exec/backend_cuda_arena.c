@@ -133,9 +133,8 @@ void exec_cuda_arena_report(const struct cuda_context *b) {
   const struct exec_arena_carver *cv = &b->carver;
   g_printerr("piper-exec: cuda: plan tensors: %u blocks (%.3f GiB in all) at the planner's "
              "offsets in its %.3f GiB, %u blocks (%.3f GiB) placed first fit above it (rank 0)\n",
-             cv->carved_blocks, cv->carved_bytes / 1073741824.0,
-             b->plan_arena.size / 1073741824.0, cv->fallback_blocks,
-             cv->fallback_bytes / 1073741824.0);
+             cv->carved_blocks, cv->carved_bytes / 1073741824.0, b->plan_arena.size / 1073741824.0,
+             cv->fallback_blocks, cv->fallback_bytes / 1073741824.0);
 }
 
 void exec_cuda_arena_free(struct cuda_context *b) {

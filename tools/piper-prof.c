@@ -724,8 +724,8 @@ static void fit_chain_optimizer(struct prof_run *r) {
     two |= g_array_index(x, double, i) != g_array_index(x, double, 0);
   if (!two)
     return;
-  prof_fit_line((double *)(void *)x->data, (double *)(void *)y->data, (int)x->len, &r->adamw_overhead,
-           &r->adamw_per_param);
+  prof_fit_line((double *)(void *)x->data, (double *)(void *)y->data, (int)x->len,
+                &r->adamw_overhead, &r->adamw_per_param);
   if (r->adamw_overhead < 0)
     r->adamw_overhead = 0;
   r->optimizer_from_chain = true;
@@ -749,7 +749,8 @@ static void measure_model(struct prof_run *r, const struct model *m) {
     }
     g_hash_table_add(r->seen, g_string_free(key, FALSE));
     if (!prof_op_has_kernel(op->kind)) {
-      prof_progress(r, "  %-13s no host kernel: left to the roofline", model_op_kind_name(op->kind));
+      prof_progress(r, "  %-13s no host kernel: left to the roofline",
+                    model_op_kind_name(op->kind));
       r->n_skipped++;
       continue;
     }
@@ -810,7 +811,9 @@ static void measure_machine(struct prof_run *r, uint64_t max_params) {
   prof_progress(r, "GEMM %d^3: %.1f GFLOP/s", g.n, r->gemm_flops / 1e9);
 
   struct triad_ctx t = {.n = (size_t)(r->a->quick ? 4 : 16) << 20};
-  t.a = g_new0(float, t.n), t.b = prof_random_floats(t.n, 9, 1), t.c = prof_random_floats(t.n, 10, 1);
+  t.a = g_new0(float, t.n);
+  t.b = prof_random_floats(t.n, 9, 1);
+  t.c = prof_random_floats(t.n, 10, 1);
   r->triad_bytes = 3.0 * (double)t.n * sizeof(float) / median_seconds(r->a, triad_run, &t);
   g_free(t.a), g_free(t.b), g_free(t.c);
   prof_progress(r, "triad: %.1f GB/s", r->triad_bytes / 1e9);
@@ -1012,8 +1015,8 @@ void prof_net_record(struct prof_run *r, const struct net_points *pts) {
   for (int k = 0; k < NET_N; k++) {
     double lat, bw;
     net_fit((enum net_kind)k, &pts[k], &lat, &bw);
-    prof_progress(r, "%-14s fit over %u points: %.2f us per step + bytes / %.3f GB/s", prof_net_names[k],
-             pts[k].t->len, lat * 1e6, bw / 1e9);
+    prof_progress(r, "%-14s fit over %u points: %.2f us per step + bytes / %.3f GB/s",
+                  prof_net_names[k], pts[k].t->len, lat * 1e6, bw / 1e9);
     if (k == NET_P2P)
       r->p2p_latency = lat, r->p2p_bandwidth = bw;
     if (k == NET_ALL_REDUCE)
@@ -1030,7 +1033,8 @@ void prof_net_record(struct prof_run *r, const struct net_points *pts) {
       cJSON *pt = cJSON_CreateArray();
       cJSON_AddItemToArray(pt, cJSON_CreateNumber(g_array_index(pts[k].p, double, i)));
       cJSON_AddItemToArray(pt, cJSON_CreateNumber(g_array_index(pts[k].n, double, i)));
-      cJSON_AddItemToArray(pt, cJSON_CreateNumber(prof_round_sig(g_array_index(pts[k].t, double, i) * 1e6, 4)));
+      cJSON_AddItemToArray(
+          pt, cJSON_CreateNumber(prof_round_sig(g_array_index(pts[k].t, double, i) * 1e6, 4)));
       cJSON_AddItemToArray(arr, pt);
     }
   }
@@ -1402,26 +1406,27 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
         "cost)");
   } else {
     cJSON_AddStringToObject(
-      s, "measured",
-      "every distinct (op kind, shape) of the models: the host kernels of exec/train.c for F, BI, "
-      "BW and the fused B, run in the executor's order over the whole model (forward of every op "
-      "for 4 micro-batches of buffers, then BI in reverse, BW, B; weights shared), each call "
-      "timed where it stands; the median over repeats after warm-up, micro-batches and layers; "
-      "0 where the executor runs nothing (embedding BI, residual-add BW). A model too large for "
-      "that is timed op by op, alone");
-  cJSON_AddStringToObject(
-      s, "device",
-      "peak_tflops: median rate of one kernels_gemm of n^3 fp32 (bf16 the same: the host "
-      "computes in fp32); memory_bandwidth_gbs: triad a = b + s*c, 12 bytes per element; both are "
-      "achieved rates, so the efficiencies are 1. kernel_overhead_us and "
-      "optimizer_bytes_per_param: least-squares line (relative residuals) through AdamW's median "
-      "times per segment, run after each backward sweep of the executor-order runs (else at 4 "
-      "sizes up to the largest model's parameter count, caches cold): intercept; slope times "
-      "the triad bandwidth. host: cores_per_node = online processors; instruction_overhead_us = "
-      "a no-op task and an event record through the host backend's loop; comm_test_us = one "
-      "MPI_Test of a pending receive; wait_core_share and wake_latency_us: two ranks pinned to "
-      "one core, one computing GEMMs, the other waiting for a receive in the backend's loop: "
-      "the computing rank's slowdown (1 / (1 + share)) and how late the waiter sees the message");
+        s, "measured",
+        "every distinct (op kind, shape) of the models: the host kernels of exec/train.c for F, "
+        "BI, BW and the fused B, run in the executor's order over the whole model (forward of "
+        "every op for 4 micro-batches of buffers, then BI in reverse, BW, B; weights shared), "
+        "each call timed where it stands; the median over repeats after warm-up, micro-batches "
+        "and layers; 0 where the executor runs nothing (embedding BI, residual-add BW). A model "
+        "too large for that is timed op by op, alone");
+    cJSON_AddStringToObject(
+        s, "device",
+        "peak_tflops: median rate of one kernels_gemm of n^3 fp32 (bf16 the same: the host "
+        "computes in fp32); memory_bandwidth_gbs: triad a = b + s*c, 12 bytes per element; both "
+        "are achieved rates, so the efficiencies are 1. kernel_overhead_us and "
+        "optimizer_bytes_per_param: least-squares line (relative residuals) through AdamW's "
+        "median times per segment, run after each backward sweep of the executor-order runs "
+        "(else at 4 sizes up to the largest model's parameter count, caches cold): intercept; "
+        "slope times the triad bandwidth. host: cores_per_node = online processors; "
+        "instruction_overhead_us = a no-op task and an event record through the host backend's "
+        "loop; comm_test_us = one MPI_Test of a pending receive; wait_core_share and "
+        "wake_latency_us: two ranks pinned to one core, one computing GEMMs, the other waiting "
+        "for a receive in the backend's loop: the computing rank's slowdown (1 / (1 + share)) "
+        "and how late the waiter sees the message");
   }
   cJSON_AddStringToObject(
       s, "network",
@@ -1480,7 +1485,8 @@ static cJSON *network_json(const struct prof_run *r) {
 static cJSON *host_json(const struct prof_run *r) {
   cJSON *h = cJSON_CreateObject();
   cJSON_AddNumberToObject(h, "cores_per_node", r->cores);
-  cJSON_AddNumberToObject(h, "instruction_overhead_us", prof_round_sig(r->instruction_overhead * 1e6, 3));
+  cJSON_AddNumberToObject(h, "instruction_overhead_us",
+                          prof_round_sig(r->instruction_overhead * 1e6, 3));
   if (r->comm_measured) {
     cJSON_AddNumberToObject(h, "wait_core_share", prof_round_sig(r->wait_share, 3));
     cJSON_AddNumberToObject(h, "comm_test_us", prof_round_sig(r->comm_test * 1e6, 3));
@@ -1644,7 +1650,8 @@ static bool measure_all(struct prof_run *r, GPtrArray *models, GError **err) {
   for (guint i = 0; i < models->len; i++)
     measure_model(r, g_ptr_array_index(models, i));
   fit_chain_optimizer(r);
-  prof_progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries, r->n_skipped);
+  prof_progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries,
+                r->n_skipped);
   return true;
 }
 

@@ -123,10 +123,10 @@ static bool cuda_op_init(struct cuda_op *o, struct gpu *g, const struct model *m
   b->drows = device_floats(g, z.rows, 0, 0);
   b->scratch = device_floats(g, z.scratch, 0, 0);
   o->counts = device_ids(g, 1, 1);
-  void *all[] = {b->params, b->dparams, b->in0,     b->dout,      b->out,     b->din,
-                 b->saved,  b->bwork,   b->tokens,  b->ids,       b->route_row, b->row_expert,
-                 b->weights, b->dweights, b->rows,  b->y,         b->dy,      b->drows,
-                 b->scratch, o->counts};
+  void *all[] = {b->params,    b->dparams,    b->in0,     b->dout,     b->out,
+                 b->din,       b->saved,      b->bwork,   b->tokens,   b->ids,
+                 b->route_row, b->row_expert, b->weights, b->dweights, b->rows,
+                 b->y,         b->dy,         b->drows,   b->scratch,  o->counts};
   for (size_t i = 0; i < G_N_ELEMENTS(all); i++)
     if (!all[i])
       return false;
@@ -135,10 +135,10 @@ static bool cuda_op_init(struct cuda_op *o, struct gpu *g, const struct model *m
 
 static void cuda_op_free(struct cuda_op *o) {
   struct op_bench *b = &o->b;
-  void *all[] = {b->params, b->dparams, b->in0,     b->dout,      b->out,     b->din,
-                 b->saved,  b->bwork,   b->tokens,  b->ids,       b->route_row, b->row_expert,
-                 b->weights, b->dweights, b->rows,  b->y,         b->dy,      b->drows,
-                 b->scratch, o->counts};
+  void *all[] = {b->params,    b->dparams,    b->in0,     b->dout,     b->out,
+                 b->din,       b->saved,      b->bwork,   b->tokens,   b->ids,
+                 b->route_row, b->row_expert, b->weights, b->dweights, b->rows,
+                 b->y,         b->dy,         b->drows,   b->scratch,  o->counts};
   for (size_t i = 0; i < G_N_ELEMENTS(all); i++)
     if (all[i])
       exec_backend_release(o->g->b, all[i]);
@@ -150,14 +150,15 @@ static double cuda_op_bytes(const struct model *m, const struct model_op *op) {
   prof_op_bench_dims(&b);
   struct op_sizes z = prof_op_sizes(&b);
   double TK = (double)b.T * (b.K ? b.K : 1);
-  return 4.0 * (2.0 * (double)z.params + 2.0 * (double)z.in + 2.0 * (double)z.out +
-                (double)z.saved + (double)z.bwork + 4.0 * (double)z.rows + (double)z.scratch +
-                6.0 * TK + (double)b.T);
+  return 4.0 *
+         (2.0 * (double)z.params + 2.0 * (double)z.in + 2.0 * (double)z.out + (double)z.saved +
+          (double)z.bwork + 4.0 * (double)z.rows + (double)z.scratch + 6.0 * TK + (double)b.T);
 }
 
 /* ---- one op's pass, as exec/train.c calls the kernel table --------------------------------- */
 
-static void run_norm_embed(struct exec_stream *s, const struct exec_kernels *k, struct op_bench *b) {
+static void run_norm_embed(struct exec_stream *s, const struct exec_kernels *k,
+                           struct op_bench *b) {
   if (b->op->kind == MODEL_OP_EMBEDDING) {
     if (b->pass == IR_PASS_F)
       k->embedding_forward(s, b->out, b->tokens, b->params, b->T, b->V, b->C);
@@ -203,8 +204,8 @@ static void run_mlp_router(struct exec_stream *s, const struct exec_kernels *k,
     else if (b->pass == IR_PASS_BW)
       k->router_backward_weight(s, b->dparams, b->bwork, b->in0, T, C, E);
     else
-      k->router_backward(s, b->din, b->dparams, b->bwork, b->dweights, b->ids, b->weights,
-                         b->saved, b->in0, b->params, T, C, E, K, false);
+      k->router_backward(s, b->din, b->dparams, b->bwork, b->dweights, b->ids, b->weights, b->saved,
+                         b->in0, b->params, T, C, E, K, false);
     return;
   }
   if (b->pass == IR_PASS_F)
@@ -214,8 +215,8 @@ static void run_mlp_router(struct exec_stream *s, const struct exec_kernels *k,
   else if (b->pass == IR_PASS_BW)
     k->mlp_backward_weight(s, b->dparams, b->bwork, b->dout, b->in0, b->saved, T, C, F);
   else
-    k->mlp_backward(s, b->din, b->dparams, b->bwork, b->dout, b->in0, b->saved, b->params, T, C,
-                    F, false);
+    k->mlp_backward(s, b->din, b->dparams, b->bwork, b->dout, b->in0, b->saved, b->params, T, C, F,
+                    false);
 }
 
 /* Experts on one device, as the host profiler runs them: plan, dispatch, the experts, combine,
@@ -232,8 +233,7 @@ static void run_experts(struct exec_stream *s, const struct exec_kernels *k, str
     return;
   }
   if (b->pass == IR_PASS_BW) {
-    k->expert_ffn_backward_weight(s, b->dparams, b->bwork, b->row_expert, TK, b->saved, 0, E, C,
-                                  F);
+    k->expert_ffn_backward_weight(s, b->dparams, b->bwork, b->row_expert, TK, b->saved, 0, E, C, F);
     return;
   }
   k->moe_combine_backward(s, b->dy, b->dweights, b->dout, b->y, b->weights, b->route_row, T, K, C);
@@ -254,11 +254,11 @@ static void run_lm_head(struct exec_stream *s, const struct exec_kernels *k, str
     k->lm_head_loss_forward(s, b->weights /* the mean loss: one float of scratch */, b->saved,
                             b->in0, b->tokens, b->params, lay, T, C, V);
   else if (b->pass == IR_PASS_BI)
-    k->lm_head_loss_backward_input(s, b->din, b->bwork, b->saved, b->in0, b->tokens, b->params,
-                                   lay, 1.0f, T, C, V, false);
+    k->lm_head_loss_backward_input(s, b->din, b->bwork, b->saved, b->in0, b->tokens, b->params, lay,
+                                   1.0f, T, C, V, false);
   else if (b->pass == IR_PASS_BW)
-    k->lm_head_loss_backward_weight(s, b->dparams, b->bwork, b->saved, b->in0, b->tokens,
-                                    b->params, lay, 1.0f, T, C, V);
+    k->lm_head_loss_backward_weight(s, b->dparams, b->bwork, b->saved, b->in0, b->tokens, b->params,
+                                    lay, 1.0f, T, C, V);
   else
     k->lm_head_loss_backward(s, b->din, b->dparams, b->bwork, b->saved, b->in0, b->tokens,
                              b->params, lay, 1.0f, T, C, V, false);
@@ -529,8 +529,9 @@ static bool net_group(struct prof_run *r, struct gpu *g, uint32_t n, struct net_
     if (cerr)
       g_propagate_error(err, cerr);
     return cerr ? false
-                : piper_runtime_error(err, "piper-prof: another rank could not make the "
-                                           "communicator of %u ranks",
+                : piper_runtime_error(err,
+                                      "piper-prof: another rank could not make the "
+                                      "communicator of %u ranks",
                                       n);
   }
   bool member = (uint32_t)r->rank < n, ok = true;
@@ -603,8 +604,8 @@ static bool gpu_facts(struct prof_run *r, size_t *free_bytes, GError **err) {
   g_strlcpy(r->gpu_name, b->device_name, sizeof r->gpu_name);
   r->gpu_memory_gib = (double)total / 1073741824.0;
   r->gpu_sms = (uint32_t)b->n_sms;
-  prof_progress(r, "%s: %d SMs, %.1f GiB (%.1f GiB free)", r->gpu_name, b->n_sms,
-                r->gpu_memory_gib, (double)*free_bytes / 1073741824.0);
+  prof_progress(r, "%s: %d SMs, %.1f GiB (%.1f GiB free)", r->gpu_name, b->n_sms, r->gpu_memory_gib,
+                (double)*free_bytes / 1073741824.0);
   return true;
 }
 
@@ -628,8 +629,9 @@ static bool measure_gpu(struct prof_run *r, struct gpu *g, GPtrArray *models, GE
   r->instruction_overhead = prof_instruction_cost(g->b, r->a->quick ? 2000 : 20000, err);
   if (r->instruction_overhead < 0)
     return false;
-  prof_progress(r, "%u kernel entries, %u op shapes left to the roofline; the host thread "
-                   "enqueues an instruction in %.2f us",
+  prof_progress(r,
+                "%u kernel entries, %u op shapes left to the roofline; the host thread "
+                "enqueues an instruction in %.2f us",
                 r->n_entries, r->n_skipped, r->instruction_overhead * 1e6);
   return true;
 }
