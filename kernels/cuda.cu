@@ -50,13 +50,19 @@ __global__ void fill_k(float *x, float v, size_t n) {
 }
 
 // Round to nearest even (__float2bfloat16_rn), a compact [rows, cols] copy of a strided one.
-__global__ void to_bf16_k(uint16_t *dst, const float *src, int rows, int cols, int ld) {
-  size_t n = (size_t)rows * cols;
+// Memory-bound: a contiguous source (ld == cols, the usual case) is copied with no index
+// arithmetic; a strided one gets a row per grid row (y), columns along x.
+__global__ void to_bf16_k(uint16_t *dst, const float *src, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    size_t r = i / (size_t)cols, c = i % (size_t)cols;
-    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[r * (size_t)ld + c]));
-  }
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+}
+
+__global__ void to_bf16_strided_k(uint16_t *dst, const float *src, int rows, int cols, int ld) {
+  for (int r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+      dst[(size_t)r * cols + c] =
+          __bfloat16_as_ushort(__float2bfloat16_rn(src[(size_t)r * ld + c]));
 }
 
 __global__ void add_k(float *y, const float *x, size_t n, bool acc) {
@@ -432,8 +438,15 @@ void kc_fill(float *x, float value, size_t n, cudaStream_t st) {
 
 void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cudaStream_t st) {
   size_t n = (size_t)rows * cols;
-  if (n)
-    to_bf16_k<<<blocks_for(n), kThreads, 0, st>>>(dst, src, rows, cols, ld);
+  if (!n)
+    return;
+  if (ld == cols) {
+    to_bf16_k<<<blocks_for(n), kThreads, 0, st>>>(dst, src, n);
+    return;
+  }
+  unsigned bx = (unsigned)((cols + kThreads - 1) / kThreads);
+  dim3 grid(bx < 64 ? bx : 64, rows < 65535 ? (unsigned)rows : 65535u);
+  to_bf16_strided_k<<<grid, kThreads, 0, st>>>(dst, src, rows, cols, ld);
 }
 
 void kc_add(float *y, const float *x, size_t n, bool acc, cudaStream_t st) {
