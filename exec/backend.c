@@ -189,7 +189,8 @@ void *exec_backend_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t 
 
 uint64_t exec_backend_memory_peak(struct exec_backend *b, uint64_t counted) {
   PIPER_ASSERT(b != NULL);
-  return b->ops->memory_peak ? b->ops->memory_peak(b) : counted;
+  uint64_t v = b->ops->memory_peak ? b->ops->memory_peak(b) : 0;
+  return v ? v : counted;
 }
 
 void exec_backend_release(struct exec_backend *b, void *device_p) {

@@ -456,6 +456,8 @@ static void *cuda_alloc_tensor(struct exec_backend *backend, uint32_t tensor, si
  * first fit placed above it (parameters, gradients, optimizer state, workspaces). */
 static uint64_t cuda_memory_peak(struct exec_backend *backend) {
   const struct cuda_context *b = backend->context;
+  if (!b->arena)
+    return 0; /* not configured: buffers of their own (cudaMalloc), the runner's count */
   return b->arena_high > b->dyn_base ? b->arena_high : b->dyn_base;
 }
 

@@ -244,7 +244,8 @@ struct exec_backend_ops {
   void *(*alloc_tensor)(struct exec_backend *b, uint32_t tensor, size_t bytes);
   /* Optional: the device memory this process's buffers really spanned at most, where the
    * backend places them itself (cuda: the highest byte of its one allocation in use, the
-   * planned arena included), reported as the peak (default: the sum of live buffers). */
+   * planned arena included), reported as the peak; 0 when it has none (default: the sum of
+   * live buffers the runner counted). */
   uint64_t (*memory_peak)(struct exec_backend *b);
   void (*to_host)(struct exec_backend *b, void *host_dst, const void *device_src, size_t bytes);
   void (*from_host)(struct exec_backend *b, void *device_dst, const void *host_src, size_t bytes);
