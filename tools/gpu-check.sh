@@ -195,23 +195,12 @@ m["piper"]["pp_regions"] = 1
 json.dump(m, open(sys.argv[1], "w"), indent=1)
 PY
 }
-check_llama() {
-  make_llama || { fail "(c) could not write $LLAMA"; return; }
-  if [ "$DRY" = 1 ]; then
-    # the plan compiles and simulates (the GPU's run needs the GPU)
-    if timeout 60 bin/piper-sim --model "$LLAMA" --layout pp=1 --profile profiles/h200.json \
-      --out "$OUT/sim-llama-dry" --force > "$OUT/sim-llama-dry.log" 2>&1; then
-      ok "(c) the reduced llama model compiles and simulates (dry run)"
-    else
-      fail "(c) the reduced llama model: $(tail -3 "$OUT/sim-llama-dry.log")"
-    fi
-    return
-  fi
-  in_budget "(c) llama3-8b-shaped run" || return
-  if run llama-cuda $EXEC "${llama[@]}" --backend cuda --out "$OUT/llama-cuda"; then
-    python3 - "$OUT/llama-cuda" "$peak" << 'PY' | tee -a "$REPORT"
+# figures RUN_DIR PEAK_TFLOPS LABEL: throughput, MFU and executor overhead of a run (rank 0)
+figures() {
+  local out
+  out=$(python3 - "$1" "$2" "$3" << 'PY'
 import json, sys
-d, peak = sys.argv[1], float(sys.argv[2])
+d, peak, label = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 m = json.load(open(f"{d}/metrics.json"))
 t = m["iteration_time_s"]
 flops = m["model_flops_per_iteration"]
@@ -230,12 +219,40 @@ for a, b in iv:
     end = b
 span = (iv[-1][1] - iv[0][0]) if iv else 0
 over = 1 - busy / span if span else float("nan")
-print(f"      (c) llama3-8b shape, 2 layers, seq {m['seq_len']}: {m['throughput_tokens_per_s']:.0f} tokens/s, "
+print(f"      {label}, seq {m['seq_len']}: {m['throughput_tokens_per_s']:.0f} tokens/s, "
       f"step {t*1e3:.1f} ms, MFU {mfu*100:.1f}% (target >= 60%: {'met' if mfu >= 0.6 else 'NOT met'}), "
       f"executor overhead {over*100:.2f}% of the step (target <= 2%: {'met' if over <= 0.02 else 'NOT met'}), "
       f"peak memory {m['peak_memory_bytes_max']/2**30:.1f} GiB")
 PY
-    ok "(c) llama3-8b-shaped run completed (figures above; targets reported, not failed)"
+  ) || return 1
+  say "$out"
+}
+check_llama() {
+  make_llama || { fail "(c) could not write $LLAMA"; return; }
+  if [ "$DRY" = 1 ]; then
+    # the plan compiles and simulates (the GPU's run needs the GPU)
+    if timeout 60 bin/piper-sim --model "$LLAMA" --layout pp=1 --profile profiles/h200.json \
+      --out "$OUT/sim-llama-dry" --force > "$OUT/sim-llama-dry.log" 2>&1; then
+      ok "(c) the reduced llama model compiles and simulates (dry run)"
+    else
+      fail "(c) the reduced llama model: $(tail -3 "$OUT/sim-llama-dry.log")"
+    fi
+    # the figures' script, on the host run of (b) (peak 1 TFLOP/s: only that it runs)
+    if [ -f "$OUT/moe1-host/metrics.json" ] &&
+      figures "$OUT/moe1-host" 1 "(c) dry run: tiny-moe on the host"; then
+      ok "(c) the figures' script reads a run directory (dry run)"
+    else
+      fail "(c) the figures' script failed on $OUT/moe1-host"
+    fi
+    return
+  fi
+  in_budget "(c) llama3-8b-shaped run" || return
+  if run llama-cuda $EXEC "${llama[@]}" --backend cuda --out "$OUT/llama-cuda"; then
+    if figures "$OUT/llama-cuda" "$peak" "(c) llama3-8b shape, 2 layers"; then
+      ok "(c) llama3-8b-shaped run completed (figures above; targets reported, not failed)"
+    else
+      fail "(c) no figures from $OUT/llama-cuda"
+    fi
     grep -h "arena\|plan tensors" "$OUT/llama-cuda.log" | sed 's/^/      /' | tee -a "$REPORT"
   else
     fail "(c) llama3-8b-shaped run: $(tail -3 "$OUT/llama-cuda.log")"
