@@ -103,15 +103,125 @@ bool exec_arena_plan_events(uint32_t n_tensors, const struct plan_tensor *tensor
   return ok;
 }
 
+/* ---- greedy by size: the offline alternative ----------------------------------------------
+ * First fit in issue order places a tensor before it knows what comes later, so a small
+ * early tensor can split the room a large later one needs. Offline the whole schedule is
+ * known: placing the largest tensors first, each at the lowest offset clear of every placed
+ * tensor whose lifetime meets its own (TFLite's greedy-by-size arena planner), usually packs to
+ * the live peak. Lifetimes are event indices: [alloc, free), free = n_events when never freed. */
+
+struct lifetime {
+  uint32_t tensor, first, last;
+  uint64_t bytes;
+};
+
+static int compare_lifetime_by_size(const void *a, const void *b) {
+  const struct lifetime *x = a, *y = b;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  return x->first < y->first ? -1 : x->first > y->first;
+}
+
+/* The lowest offset for l clear of placed[0..n) that overlap it in time; placed is kept
+ * sorted by offset (insertion), so the scan is one pass. */
+static uint64_t greedy_offset(const struct lifetime *l, const struct lifetime *placed, uint32_t n,
+                              const uint64_t *offset, uint64_t align) {
+  uint64_t at = 0;
+  for (uint32_t k = 0; k < n; k++) {
+    const struct lifetime *p = &placed[k];
+    if (p->last <= l->first || l->last <= p->first)
+      continue; /* never live together */
+    uint64_t o = offset[p->tensor];
+    if (o >= at + l->bytes)
+      return at;
+    uint64_t end = align_up(o + p->bytes, align);
+    at = end > at ? end : at;
+  }
+  return at;
+}
+
+/* Greedy-by-size offsets for the events (already checked by first fit: they pair up) into
+ * offset[], and the size they need. */
+static uint64_t greedy_by_size(uint32_t n_tensors, const struct plan_tensor *tensors,
+                               const struct exec_arena_event *events, uint32_t n_events,
+                               uint64_t align, uint64_t *offset) {
+  struct lifetime *l = g_new0(struct lifetime, n_tensors ? n_tensors : 1);
+  uint32_t n = 0;
+  uint32_t *slot = g_new(uint32_t, n_tensors ? n_tensors : 1);
+  for (uint32_t k = 0; k < n_events; k++) {
+    const struct exec_arena_event *e = &events[k];
+    if (e->alloc) {
+      slot[e->tensor] = n;
+      l[n++] = (struct lifetime){e->tensor, k, n_events, align_up(tensors[e->tensor].bytes, align)};
+    } else {
+      l[slot[e->tensor]].last = k;
+    }
+  }
+  qsort(l, n, sizeof *l, compare_lifetime_by_size);
+  struct lifetime *placed = g_new(struct lifetime, n ? n : 1);
+  uint64_t size = 0;
+  for (uint32_t k = 0; k < n; k++) {
+    uint64_t o = greedy_offset(&l[k], placed, k, offset, align);
+    offset[l[k].tensor] = o;
+    /* insert by offset */
+    uint32_t at = k;
+    while (at > 0 && offset[placed[at - 1].tensor] > o) {
+      placed[at] = placed[at - 1];
+      at--;
+    }
+    placed[at] = l[k];
+    if (o + l[k].bytes > size)
+      size = o + l[k].bytes;
+  }
+  g_free(placed);
+  g_free(slot);
+  g_free(l);
+  return size;
+}
+
+bool exec_arena_plan_best(uint32_t n_tensors, const struct plan_tensor *tensors,
+                          const struct exec_arena_event *events, uint32_t n_events, uint64_t align,
+                          struct exec_arena *out, GError **err) {
+  if (!exec_arena_plan_events(n_tensors, tensors, events, n_events, align, out, err))
+    return false;
+  out->first_fit_size = out->size;
+  if (out->size == out->live_peak)
+    return true; /* first fit is already exact */
+  uint64_t *greedy = g_new(uint64_t, n_tensors ? n_tensors : 1);
+  for (uint32_t t = 0; t < n_tensors; t++)
+    greedy[t] = out->offset[t];
+  uint64_t size = greedy_by_size(n_tensors, tensors, events, n_events, align, greedy);
+  if (size < out->size) {
+    g_free(out->offset);
+    out->offset = greedy;
+    out->size = size;
+    out->greedy = true;
+  } else {
+    g_free(greedy);
+  }
+  return true;
+}
+
 bool exec_arena_plan(const struct plan_class *c, uint64_t align, struct exec_arena *out,
                      GError **err) {
   GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
   exec_arena_class_events(c, ev);
-  bool ok = exec_arena_plan_events(c->n_tensors, c->tensors,
-                                   (const struct exec_arena_event *)(void *)ev->data, ev->len,
-                                   align, out, err);
+  bool ok = exec_arena_plan_best(c->n_tensors, c->tensors,
+                                 (const struct exec_arena_event *)(void *)ev->data, ev->len, align,
+                                 out, err);
   g_array_free(ev, TRUE);
   return ok;
+}
+
+struct plan_tensor *exec_arena_tensors_held(const struct plan_class *c, uint64_t counted,
+                                            uint64_t held) {
+  PIPER_ASSERT(counted > 0);
+  struct plan_tensor *t = g_new(struct plan_tensor, c->n_tensors ? c->n_tensors : 1);
+  for (uint32_t k = 0; k < c->n_tensors; k++) {
+    t[k] = c->tensors[k];
+    t[k].bytes = (c->tensors[k].bytes * held + counted - 1) / counted;
+  }
+  return t;
 }
 
 void exec_arena_clear(struct exec_arena *a) {
@@ -119,4 +229,95 @@ void exec_arena_clear(struct exec_arena *a) {
     return;
   g_free(a->offset);
   memset(a, 0, sizeof *a);
+}
+
+/* ---- carving at run time ------------------------------------------------------------------ */
+
+static bool slots_meet(const struct exec_arena *a, const uint64_t *slot, uint32_t x, uint32_t y) {
+  return a->offset[x] < a->offset[y] + slot[y] && a->offset[y] < a->offset[x] + slot[x];
+}
+
+void exec_arena_carver_init(struct exec_arena_carver *cv, const struct exec_arena *a,
+                            const struct plan_tensor *tensors, uint64_t align) {
+  uint32_t n = a->n_tensors;
+  memset(cv, 0, sizeof *cv);
+  cv->arena = a;
+  cv->n_tensors = n;
+  cv->slot = g_new0(uint64_t, n ? n : 1);
+  cv->used = g_new0(uint64_t, n ? n : 1);
+  cv->blocks = g_new0(uint32_t, n ? n : 1);
+  cv->overlap_first = g_new0(uint32_t, n + 1);
+  for (uint32_t t = 0; t < n; t++)
+    cv->slot[t] = a->offset[t] == UINT64_MAX ? 0 : align_up(tensors[t].bytes, align);
+  /* slots sorted by offset: each meets only those starting before its end */
+  struct block *by_offset = g_new(struct block, n ? n : 1);
+  uint32_t m = 0;
+  for (uint32_t t = 0; t < n; t++)
+    if (cv->slot[t])
+      by_offset[m++] = (struct block){a->offset[t], t};
+  qsort(by_offset, m, sizeof *by_offset, compare_block);
+  uint32_t *order = g_new(uint32_t, m ? m : 1);
+  for (uint32_t i = 0; i < m; i++)
+    order[i] = (uint32_t)by_offset[i].bytes; /* the tensor, in the size field */
+  g_free(by_offset);
+  GArray *pairs = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2);
+  for (uint32_t i = 0; i < m; i++)
+    for (uint32_t j = i + 1;
+         j < m && a->offset[order[j]] < a->offset[order[i]] + cv->slot[order[i]]; j++)
+      if (slots_meet(a, cv->slot, order[i], order[j])) {
+        uint32_t pr[2] = {order[i], order[j]}, rp[2] = {order[j], order[i]};
+        g_array_append_val(pairs, pr);
+        g_array_append_val(pairs, rp);
+        cv->overlap_first[order[i] + 1]++;
+        cv->overlap_first[order[j] + 1]++;
+      }
+  for (uint32_t t = 0; t < n; t++)
+    cv->overlap_first[t + 1] += cv->overlap_first[t];
+  cv->overlap = g_new(uint32_t, pairs->len ? pairs->len : 1);
+  uint32_t *fill = g_new0(uint32_t, n ? n : 1);
+  for (guint k = 0; k < pairs->len; k++) {
+    const uint32_t *pr = (const uint32_t *)(void *)(pairs->data + k * sizeof(uint32_t) * 2);
+    cv->overlap[cv->overlap_first[pr[0]] + fill[pr[0]]++] = pr[1];
+  }
+  g_free(fill);
+  g_array_free(pairs, TRUE);
+  g_free(order);
+}
+
+bool exec_arena_carve(struct exec_arena_carver *cv, uint32_t t, uint64_t bytes, uint64_t align,
+                      uint64_t *offset) {
+  uint64_t need = align_up(bytes ? bytes : 1, align);
+  bool ok = t < cv->n_tensors && cv->slot[t] && cv->used[t] + need <= cv->slot[t];
+  /* the first block claims the slot: nothing sharing its bytes may still be live */
+  for (uint32_t k = ok && cv->blocks[t] == 0 ? cv->overlap_first[t] : 0;
+       ok && cv->blocks[t] == 0 && k < cv->overlap_first[t + 1]; k++)
+    ok = cv->blocks[cv->overlap[k]] == 0;
+  if (!ok) {
+    cv->fallback_blocks++;
+    cv->fallback_bytes += need;
+    return false;
+  }
+  *offset = cv->arena->offset[t] + cv->used[t];
+  cv->used[t] += need;
+  cv->blocks[t]++;
+  cv->carved_blocks++;
+  cv->carved_bytes += need;
+  return true;
+}
+
+void exec_arena_carve_release(struct exec_arena_carver *cv, uint32_t t) {
+  PIPER_ASSERT(t < cv->n_tensors && cv->blocks[t] > 0);
+  if (--cv->blocks[t] == 0)
+    cv->used[t] = 0;
+}
+
+void exec_arena_carver_clear(struct exec_arena_carver *cv) {
+  if (!cv)
+    return;
+  g_free(cv->slot);
+  g_free(cv->used);
+  g_free(cv->blocks);
+  g_free(cv->overlap_first);
+  g_free(cv->overlap);
+  memset(cv, 0, sizeof *cv);
 }

@@ -185,6 +185,17 @@ void *exec_backend_alloc(struct exec_backend *b, size_t bytes) {
   return b->ops->alloc(b, bytes);
 }
 
+void *exec_backend_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t bytes) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->alloc_tensor ? b->ops->alloc_tensor(b, tensor, bytes) : b->ops->alloc(b, bytes);
+}
+
+uint64_t exec_backend_memory_peak(struct exec_backend *b, uint64_t counted) {
+  PIPER_ASSERT(b != NULL);
+  uint64_t v = b->ops->memory_peak ? b->ops->memory_peak(b) : 0;
+  return v ? v : counted;
+}
+
 void exec_backend_release(struct exec_backend *b, void *device_p) {
   PIPER_ASSERT(b != NULL);
   if (device_p)

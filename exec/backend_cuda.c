@@ -1,6 +1,7 @@
 /* backend_cuda: one process per GPU (MPI ranks), a CUDA stream per logical stream with the
  * plan's priorities, CUDA events for the cross-stream waits, one device allocation per process
- * carved first fit, and the kernel table of backend_cuda_kernels.c. The host thread only
+ * (the plan's tensors at the arena planner's offsets: backend_cuda_arena.c; the rest first fit
+ * above them), and the kernel table of backend_cuda_kernels.c. The host thread only
  * enqueues: stream_submit runs the task at once, and the task's kernels and communication go
  * to the stream's CUDA stream in order; event_synchronize polls the event under the runner's
  * watchdog. Errors name the call, file, line, rank and GPU, and are returned, never exit. */
@@ -151,6 +152,8 @@ static void context_free(struct cuda_context *b) {
     g_hash_table_destroy(b->gemm_algos);
   if (b->lt_workspace)
     cudaFree(b->lt_workspace);
+  if (b->setup_bf16.p)
+    cudaFree(b->setup_bf16.p);
   if (b->lt)
     cublasLtDestroy(b->lt);
   if (b->arena)
@@ -179,6 +182,7 @@ static void context_free(struct cuda_context *b) {
   }
   if (b->epoch_event)
     cudaEventDestroy(b->epoch_event);
+  exec_cuda_arena_free(b);
   if (b->blocks)
     g_array_free(b->blocks, TRUE);
   for (guint i = 0; b->deferred && i < b->deferred->len; i++) {
@@ -244,11 +248,14 @@ static void cuda_free(struct exec_backend *backend) {
   if (b->arena && b->rank == 0)
     g_printerr("piper-exec: cuda: arena high-water %.3f GiB of %.2f GiB reserved (rank 0)\n",
                b->arena_high / 1073741824.0, b->arena_bytes / 1073741824.0);
+  exec_cuda_arena_report(b);
   for (guint i = b->streams->len; i-- > 0;) {
     struct exec_stream *s = g_ptr_array_index(b->streams, i);
     cudaStreamDestroy(s->cs);
     exec_cuda_green_destroy(s->green);
     cudaFree(s->lt_workspace);
+    if (s->bf16.p)
+      cudaFree(s->bf16.p);
     if (s->error)
       g_error_free(s->error);
     g_free(s);
@@ -293,29 +300,31 @@ static void report_sm_shares(struct cuda_context *b, const struct plan *p) {
                  exec_gpu_green_sms(p->streams[s].sm_share, b->n_sms, 8));
 }
 
+/* One allocation: the plan's tensors at the planner's offsets in [0, dyn_base), then the rest
+ * (parameters, gradients, optimizer state, workspaces, the micro-batch's routing state and
+ * any block the carver refuses) first fit above. */
 static bool reserve_arena(struct cuda_context *b, const struct plan *p, uint32_t device,
                           GError **err) {
-  struct exec_arena a = {0};
-  if (!exec_arena_plan(plan_device_class(p, device), 256, &a, err))
+  if (!exec_cuda_arena_plan(b, p, device, err))
     return false;
   size_t free_b = 0, total = 0;
-  if (!CUDA_CHECK(b, cudaMemGetInfo(&free_b, &total), err)) {
-    exec_arena_clear(&a);
+  if (!CUDA_CHECK(b, cudaMemGetInfo(&free_b, &total), err))
     return false;
-  }
-  /* The executor allocates float32 buffers of its own layout (not the plan's tensors one to
-   * one), so the reservation is most of the free memory, carved first fit at run time; the
-   * offline plan's size is what the plan needs and is printed next to it. */
   const char *env = getenv("PIPER_CUDA_MEMORY");
   /* ranks sharing the GPU split it (each asks at about the same time, seeing it all free) */
   size_t want = env ? (size_t)g_ascii_strtoull(env, NULL, 10)
                     : (size_t)(free_b * 0.80 / (b->shared_gpu ? b->local_size : 1));
   if (b->rank == 0)
-    g_printerr("piper-exec: cuda: %s, %d SMs: arena %.2f GiB reserved (plan's activation "
-               "arena %.3f GiB, live peak %.3f GiB, %s GEMMs)\n",
-               b->device_name, b->n_sms, want / 1073741824.0, a.size / 1073741824.0,
-               a.live_peak / 1073741824.0, b->bf16_gemm ? "bf16" : "fp32");
-  exec_arena_clear(&a);
+    g_printerr("piper-exec: cuda: %s, %d SMs: arena %.2f GiB reserved (plan's tensors %.3f "
+               "GiB at the planner's offsets, its live peak %.3f GiB; %s GEMMs)\n",
+               b->device_name, b->n_sms, want / 1073741824.0, b->plan_arena.size / 1073741824.0,
+               b->plan_arena.live_peak / 1073741824.0, b->bf16_gemm ? "bf16" : "fp32");
+  if (want < b->dyn_base + ((size_t)64 << 20))
+    return piper_runtime_error(err,
+                               "rank %u GPU %d: the plan's tensors need %.3f GiB at once, and %.3f "
+                               "GiB is reserved (PIPER_CUDA_MEMORY=BYTES sets it)",
+                               b->rank, b->device, b->dyn_base / 1073741824.0,
+                               want / 1073741824.0);
   b->arena_bytes = want;
   return CUDA_CHECK(b, cudaMalloc((void **)&b->arena, want), err);
 }
@@ -395,7 +404,7 @@ static void *cuda_alloc(struct exec_backend *backend, size_t bytes) {
     need = 256;
   g_mutex_lock(&b->mem_lock);
   reclaim(b);
-  size_t at = 0;
+  size_t at = b->dyn_base;
   guint k = 0;
   for (; k < b->blocks->len; k++) {
     const struct blk *x = &g_array_index(b->blocks, struct blk, k);
@@ -437,8 +446,25 @@ static void *cuda_alloc(struct exec_backend *backend, size_t bytes) {
   return p;
 }
 
+/* A plan tensor's block: at the planner's offset when the carver takes it, else first fit. */
+static void *cuda_alloc_tensor(struct exec_backend *backend, uint32_t tensor, size_t bytes) {
+  void *p = exec_cuda_arena_carve(backend->context, tensor, bytes);
+  return p ? p : cuda_alloc(backend, bytes);
+}
+
+/* The highest byte of the allocation in use: the planned arena (the plan's tensors) and what
+ * first fit placed above it (parameters, gradients, optimizer state, workspaces). */
+static uint64_t cuda_memory_peak(struct exec_backend *backend) {
+  const struct cuda_context *b = backend->context;
+  if (!b->arena)
+    return 0; /* not configured: buffers of their own (cudaMalloc), the runner's count */
+  return b->arena_high > b->dyn_base ? b->arena_high : b->dyn_base;
+}
+
 static void cuda_release(struct exec_backend *backend, void *p) {
   struct cuda_context *b = backend->context;
+  if (exec_cuda_arena_release(b, p))
+    return; /* its slot's next holder waits for its users on the GPU */
   if (!b->arena || (char *)p < b->arena || (char *)p >= b->arena + b->arena_bytes) {
     cudaDeviceSynchronize();
     cudaFree(p);
@@ -556,6 +582,8 @@ static void cuda_stream_destroy(struct exec_stream *s) {
   cudaStreamDestroy(s->cs);
   exec_cuda_green_destroy(s->green);
   cudaFree(s->lt_workspace);
+  if (s->bf16.p)
+    cudaFree(s->bf16.p);
   g_ptr_array_remove(s->b->streams, s);
   if (s->error)
     g_error_free(s->error);
@@ -734,6 +762,8 @@ const struct exec_backend_ops exec_backend_cuda = {
     .clock = cuda_clock,
     .alloc = cuda_alloc,
     .release = cuda_release,
+    .alloc_tensor = cuda_alloc_tensor,
+    .memory_peak = cuda_memory_peak,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
     .stream_create = cuda_stream_create,

@@ -1,10 +1,11 @@
 /* backend_cuda_kernels: the cuda backend's kernel table. Each model op is composed, step for
  * step, like its host reference in kernels/ (*.c): the same buffers (saved, bwork, scratch in the
  * same layouts), GEMMs through cuBLASLt and the elementwise and row-wise steps from
- * kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models compute in bf16 on
- * the tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF), fp32 models in
- * fp32. A kernel entry cannot return an error: a failure fails the stream it was enqueued on,
- * and the runner reports it. */
+ * kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models take bf16 copies of
+ * their operands (weights and activations, rounded to nearest even) on the tensor cores with
+ * fp32 accumulation and fp32 output (CUBLAS_COMPUTE_32F), fp32 models stay fp32. A kernel
+ * entry cannot return an error: a failure fails the stream it was enqueued on, and the runner
+ * reports it. */
 #include <math.h>
 #include <string.h>
 
@@ -34,12 +35,102 @@ static uint32_t ptr_alignment(const void *p) {
   return al;
 }
 
+/* One GEMM's operands as cuBLASLt sees them (column-major: row-major C is column-major C^T =
+ * op(B)^T op(A)^T, so B goes first), their element type and what the heuristic needs. */
+struct gemm_call {
+  bool ta, tb, bf16;
+  int m, n, k;
+  const void *first, *second; /* B, A as stored or their bf16 copies */
+  int ld_first, ld_second;
+  float *C;
+  int ldc;
+};
+
+/* bf16 copies of A and B (round to nearest even), compact, in the stream's scratch: cuBLASLt
+ * then reads bf16 operands and accumulates in fp32 (CUBLAS_COMPUTE_32F) into fp32 C. The
+ * master copies stay fp32; a copy costs 6 bytes of traffic per element, O(mk + kn) against
+ * the GEMM's O(mnk) arithmetic. */
+static bool gemm_bf16_operands(struct cuda_context *b, cudaStream_t cs, struct cuda_scratch *sc,
+                               struct gemm_call *g, const float *A, int lda, const float *B,
+                               int ldb, GError **err) {
+  int ra = g->ta ? g->k : g->m, ca = g->ta ? g->m : g->k; /* A as stored, row-major */
+  int rb = g->tb ? g->n : g->k, cb = g->tb ? g->k : g->n;
+  size_t nb = (size_t)rb * cb * 2, off = (nb + 255) & ~(size_t)255, need = off + (size_t)ra * ca * 2;
+  if (need > sc->bytes) {
+    /* GEMMs enqueued on this stream may still read the old copies */
+    if (sc->p && !(CUDA_CHECK(b, cudaStreamSynchronize(cs), err) &&
+                   CUDA_CHECK(b, cudaFree(sc->p), err)))
+      return false;
+    sc->p = NULL;
+    sc->bytes = 0;
+    if (!CUDA_CHECK(b, cudaMalloc(&sc->p, need + need / 2), err))
+      return false;
+    sc->bytes = need + need / 2;
+  }
+  uint16_t *b16 = sc->p, *a16 = (uint16_t *)(void *)((char *)sc->p + off);
+  kc_to_bf16(b16, B, rb, cb, ldb, cs);
+  kc_to_bf16(a16, A, ra, ca, lda, cs);
+  g->first = b16, g->ld_first = cb;
+  g->second = a16, g->ld_second = ca;
+  return true;
+}
+
+/* The algorithm for g: the heuristic's answer per shape, alignment and precision, cached
+ * (asking costs more than a small GEMM, and every step asks for the same shapes). */
+static bool gemm_algo(struct cuda_context *b, const struct gemm_call *g, cublasLtMatmulDesc_t op,
+                      cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                      cublasLtMatrixLayout_t lc, cublasLtMatmulHeuristicResult_t *heur,
+                      GError **err) {
+  /* the heuristic assumes 256-byte aligned operands unless told: views into saved buffers
+   * (a head's columns, an expert's rows) are often only 4-byte aligned */
+  uint32_t align_a = ptr_alignment(g->first), align_b = ptr_alignment(g->second),
+           align_c = ptr_alignment(g->C);
+  char key[160];
+  g_snprintf(key, sizeof key, "%d%d %d %d %d %d %d %d %u %u %u %d", g->ta, g->tb, g->m, g->n, g->k,
+             g->ld_second, g->ld_first, g->ldc, align_a, align_b, align_c, g->bf16);
+  if (!b->gemm_algos)
+    b->gemm_algos = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+  const cublasLtMatmulHeuristicResult_t *cached = g_hash_table_lookup(b->gemm_algos, key);
+  if (cached) {
+    *heur = *cached;
+    return true;
+  }
+  cublasLtMatmulPreference_t pref = NULL;
+  int found = 0;
+  const cublasLtMatmulPreferenceAttributes_t which[] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  const uint32_t value[] = {align_a, align_b, align_c, align_c};
+  bool ok = CUBLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref), err) &&
+            CUBLAS_CHECK(b,
+                         cublasLtMatmulPreferenceSetAttribute(
+                             pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                             &b->lt_workspace_bytes, sizeof b->lt_workspace_bytes),
+                         err);
+  for (size_t i = 0; ok && i < G_N_ELEMENTS(which); i++)
+    ok = CUBLAS_CHECK(
+        b, cublasLtMatmulPreferenceSetAttribute(pref, which[i], &value[i], sizeof value[i]), err);
+  ok = ok && CUBLAS_CHECK(b,
+                          cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, heur,
+                                                         &found),
+                          err);
+  if (pref)
+    cublasLtMatmulPreferenceDestroy(pref);
+  if (ok && found == 0)
+    ok = piper_runtime_error(err,
+                             "rank %u GPU %d: cuBLASLt has no algorithm for a %dx%dx%d %s GEMM",
+                             b->rank, b->device, g->m, g->n, g->k, g->bf16 ? "bf16" : "fp32");
+  if (ok)
+    g_hash_table_insert(b->gemm_algos, g_strdup(key), g_memdup2(heur, sizeof *heur));
+  return ok;
+}
+
 /* kernels_gemm's contract (row-major C[m,n] = alpha op(A) op(B) + beta C, beta 0 ignores C)
- * through cuBLASLt, which is column-major: row-major C is column-major C^T = op(B)^T op(A)^T,
- * so B goes first. */
-static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, bool ta, bool tb, int m,
-                    int n, int k, float alpha, const float *A, int lda, const float *B, int ldb,
-                    float beta, float *C, int ldc, GError **err) {
+ * through cuBLASLt: fp32 operands computed in fp32, or (bf16 models) bf16 copies of them with
+ * fp32 accumulation (CUBLAS_COMPUTE_32F, bf16 A and B, fp32 C and D). */
+static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, struct cuda_scratch *sc,
+                    bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc, GError **err) {
   if (m == 0 || n == 0)
     return true;
   if (k == 0) {
@@ -49,12 +140,16 @@ static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, bool ta, 
         kc_fill(C + (size_t)r * ldc, 0.0f, (size_t)n, cs);
     return true;
   }
-  cublasComputeType_t ct = b->bf16_gemm ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  struct gemm_call g = {ta, tb, b->bf16_gemm, m, n, k, B, A, ldb, lda, C, ldc};
+  if (g.bf16 && !gemm_bf16_operands(b, cs, sc, &g, A, lda, B, ldb, err))
+    return false;
+  cudaDataType_t in = g.bf16 ? CUDA_R_16BF : CUDA_R_32F;
   cublasLtMatmulDesc_t op = NULL;
   cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
   cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtMatmulHeuristicResult_t heur;
   bool ok =
-      CUBLAS_CHECK(b, cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F), err) &&
+      CUBLAS_CHECK(b, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), err) &&
       CUBLAS_CHECK(
           b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
           err) &&
@@ -62,71 +157,16 @@ static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, bool ta, 
           b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
           err) &&
       /* first operand: B^T as stored, [n, k] after op; second: A, [k, m] after op */
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, tb ? k : n, tb ? n : k, ldb),
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, in, tb ? k : n, tb ? n : k, g.ld_first),
                    err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, ta ? m : k, ta ? k : m, lda),
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, in, ta ? m : k, ta ? k : m, g.ld_second),
                    err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, ldc), err);
-  cublasLtMatmulPreference_t pref = NULL;
-  cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
-  /* the heuristic's answer per shape, alignment and precision: asking costs more than a small
-   * GEMM, and every step asks for the same shapes */
-  char key[160];
-  g_snprintf(key, sizeof key, "%d%d %d %d %d %d %d %d %u %u %u %d", ta, tb, m, n, k, lda, ldb, ldc,
-             ptr_alignment(B), ptr_alignment(A), ptr_alignment(C), (int)ct);
-  if (!b->gemm_algos)
-    b->gemm_algos = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
-  const cublasLtMatmulHeuristicResult_t *cached = g_hash_table_lookup(b->gemm_algos, key);
-  if (cached) {
-    heur = *cached;
-    found = 1;
-  }
-  /* the heuristic assumes 256-byte aligned operands unless told: views into saved buffers
-   * (a head's columns, an expert's rows) are often only 4-byte aligned */
-  uint32_t align_a = ptr_alignment(B), align_b = ptr_alignment(A), align_c = ptr_alignment(C);
-  ok = ok &&
-       (found ||
-        (CUBLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref), err) &&
-         CUBLAS_CHECK(b,
-                      cublasLtMatmulPreferenceSetAttribute(
-                          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b->lt_workspace_bytes,
-                          sizeof b->lt_workspace_bytes),
-                      err) &&
-         CUBLAS_CHECK(
-             b,
-             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                  &align_a, sizeof align_a),
-             err) &&
-         CUBLAS_CHECK(
-             b,
-             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                  &align_b, sizeof align_b),
-             err) &&
-         CUBLAS_CHECK(
-             b,
-             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                  &align_c, sizeof align_c),
-             err) &&
-         CUBLAS_CHECK(
-             b,
-             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                  &align_c, sizeof align_c),
-             err) &&
-         CUBLAS_CHECK(
-             b, cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, &heur, &found),
-             err)));
-  if (ok && found && !cached)
-    g_hash_table_insert(b->gemm_algos, g_strdup(key), g_memdup2(&heur, sizeof heur));
-  if (ok && found == 0)
-    ok = piper_runtime_error(err, "rank %u GPU %d: cuBLASLt has no algorithm for a %dx%dx%d GEMM",
-                             b->rank, b->device, m, n, k);
-  ok = ok && CUBLAS_CHECK(b,
-                          cublasLtMatmul(b->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
-                                         &heur.algo, ws, b->lt_workspace_bytes, cs),
-                          err);
-  if (pref)
-    cublasLtMatmulPreferenceDestroy(pref);
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, ldc), err) &&
+      gemm_algo(b, &g, op, la, lb, lc, &heur, err) &&
+      CUBLAS_CHECK(b,
+                   cublasLtMatmul(b->lt, op, &alpha, g.first, la, g.second, lb, &beta, C, lc, C,
+                                  lc, &heur.algo, ws, b->lt_workspace_bytes, cs),
+                   err);
   if (lc)
     cublasLtMatrixLayoutDestroy(lc);
   if (lb)
@@ -143,9 +183,10 @@ static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, f
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
   GError *e = NULL;
   struct cuda_context *b = kernel_ctx(s);
-  /* a workspace per stream: GEMMs of two streams run at once */
+  /* a workspace and operand copies per stream: GEMMs of two streams run at once */
   void *ws = s ? s->lt_workspace : b->lt_workspace;
-  if (!gemm_lt(b, st_of(s), ws, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, &e))
+  struct cuda_scratch *sc = s ? &s->bf16 : &b->setup_bf16;
+  if (!gemm_lt(b, st_of(s), ws, sc, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, &e))
     exec_cuda_fail(s, e);
 }
 

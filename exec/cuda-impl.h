@@ -13,7 +13,15 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include "arena.h"
 #include "exec.h"
+
+/* Device memory a stream's GEMMs reuse in turn: the bf16 copies of their operands
+ * (backend_cuda_kernels.c), grown on first need (the warm-up step), outside the arena. */
+struct cuda_scratch {
+  void *p;
+  size_t bytes;
+};
 
 struct cuda_context {
   uint32_t rank, size;             /* world */
@@ -27,7 +35,8 @@ struct cuda_context {
   double epoch;
   const struct plan *plan; /* from configure (not owned) */
   uint32_t plan_device;
-  bool bf16_gemm; /* cuBLASLt computes in bf16 (fp32 in and out, fp32 accumulation) */
+  bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
+  struct cuda_scratch setup_bf16; /* the setup stream's (work outside tasks) */
   cublasLtHandle_t lt;
   void *lt_workspace;
   size_t lt_workspace_bytes;
@@ -36,7 +45,17 @@ struct cuda_context {
   GMutex mem_lock;
   char *arena;
   size_t arena_bytes, arena_high;
-  GArray *blocks;   /* struct cuda_block, live, by offset */
+  GArray *blocks;   /* struct cuda_block, live, by offset (at or above dyn_base) */
+  /* plan tensors carved at the arena planner's offsets, in [0, dyn_base) (backend_cuda_arena.c);
+   * everything else (parameters, workspaces, what the carver refuses) first fit above */
+  bool carving;
+  size_t dyn_base;
+  struct exec_arena plan_arena;
+  struct exec_arena_carver carver;
+  struct plan_tensor *arena_tensors; /* the class's tensors at the bytes the executor holds */
+  GHashTable *carved;                /* block pointer -> its tensor + 1 */
+  uint32_t *wait_stamp;              /* [n_instrs]: instructions already waited for */
+  uint32_t wait_gen;
   GArray *deferred; /* struct cuda_deferred: released, reusable once their events complete */
   /* work outside any task (the runner's step setup) runs on this stream; every stream waits
    * for its latest record before its next work */
@@ -62,6 +81,7 @@ struct exec_stream {
   cudaStream_t cs;
   void *green;        /* CUgreenCtx the stream lives in (sm_share < 1), or NULL */
   void *lt_workspace; /* cuBLASLt's, this stream's own (lt_workspace_bytes) */
+  struct cuda_scratch bf16;
   uint64_t setup_seen;
   bool failed;
   double since;
@@ -129,6 +149,18 @@ bool exec_cuda_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, 
 bool exec_cuda_green_stream(struct cuda_context *b, double sm_share, int priority,
                             cudaStream_t *out, void **green, char *why, size_t why_len);
 void exec_cuda_green_destroy(void *green);
+
+/* backend_cuda_arena.c: the plan's tensors at the offline planner's offsets. plan sizes the
+ * carved region (dyn_base) for device `device` of p; carve returns a block of tensor t in its
+ * slot, after making the current stream wait for the last users of what held those bytes
+ * before, or NULL (the caller allocates first fit above dyn_base); release is false for a
+ * pointer it did not carve. */
+bool exec_cuda_arena_plan(struct cuda_context *b, const struct plan *p, uint32_t device,
+                          GError **err);
+void *exec_cuda_arena_carve(struct cuda_context *b, uint32_t tensor, size_t bytes);
+bool exec_cuda_arena_release(struct cuda_context *b, void *p);
+void exec_cuda_arena_report(const struct cuda_context *b);
+void exec_cuda_arena_free(struct cuda_context *b);
 
 /* backend_cuda_kernels.c: the kernel table, and whether it runs every op of a model (input
  * error naming the first op it has no kernel for). */

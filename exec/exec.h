@@ -38,7 +38,8 @@
 
 /* The version of the table below. A backend sets api_version to the value it was written
  * against; exec_backend_init refuses a table of another version. */
-#define EXEC_BACKEND_API_VERSION 4 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times */
+#define EXEC_BACKEND_API_VERSION 5 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times; \
+                                      5: alloc_tensor, memory_peak */
 
 struct exec_backend_ops;
 struct exec_stream; /* an in-order queue of work (the backend's own type) */
@@ -243,6 +244,15 @@ struct exec_backend_ops {
    * and from host memory (complete when they return, after work already enqueued). */
   void *(*alloc)(struct exec_backend *b, size_t bytes);
   void (*release)(struct exec_backend *b, void *p);
+  /* Optional: a buffer of plan tensor `tensor` (an index into the configured device's class
+   * tensors), which a backend may place where its offline plan put the tensor (cuda: the
+   * arena planner's offset); released with release (default: alloc). */
+  void *(*alloc_tensor)(struct exec_backend *b, uint32_t tensor, size_t bytes);
+  /* Optional: the device memory this process's buffers really spanned at most, where the
+   * backend places them itself (cuda: the highest byte of its one allocation in use, the
+   * planned arena included), reported as the peak; 0 when it has none (default: the sum of
+   * live buffers the runner counted). */
+  uint64_t (*memory_peak)(struct exec_backend *b);
   void (*to_host)(struct exec_backend *b, void *host_dst, const void *device_src, size_t bytes);
   void (*from_host)(struct exec_backend *b, void *device_dst, const void *host_src, size_t bytes);
 
@@ -368,6 +378,9 @@ void exec_backend_reset(struct exec_backend *b);
 const struct exec_kernels *exec_backend_kernels(const struct exec_backend *b);
 
 void *exec_backend_alloc(struct exec_backend *b, size_t bytes);
+void *exec_backend_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t bytes);
+/* The backend's memory_peak, or counted (the runner's sum of live buffers) without one. */
+uint64_t exec_backend_memory_peak(struct exec_backend *b, uint64_t counted);
 void exec_backend_release(struct exec_backend *b, void *device_p);
 void exec_backend_to_host(struct exec_backend *b, void *host_dst, const void *device_src,
                           size_t bytes);

@@ -468,7 +468,8 @@ static char *report_blob(struct runner *R, size_t *bytes) {
   /* memory points are appended by workers as they finish: sort by time */
   g_array_sort(R->memory, compare_memory_point);
   uint32_t n_steps = R->traced_steps->len / 2;
-  struct device_blob hdr = {R->traced->len, n_steps, R->memory->len, 0, R->s.mem_peak, {0}};
+  struct device_blob hdr = {R->traced->len, n_steps, R->memory->len, 0,
+                            exec_backend_memory_peak(R->b, R->s.mem_peak), {0}};
   memcpy(hdr.peak_breakdown, R->s.mem_peak_breakdown, sizeof hdr.peak_breakdown);
   size_t iv_bytes = R->traced->len * sizeof(struct report_interval);
   size_t mem_bytes = R->memory->len * sizeof(struct report_memory_point);
@@ -1148,7 +1149,7 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
     res->comm_test_s = R->loop_total.test_s / (double)R->loop_total.tests;
     res->comm_tests_per_instr = (double)R->loop_total.tests / (double)R->instructions;
   }
-  res->peak_memory_bytes = R->s.mem_peak;
+  res->peak_memory_bytes = exec_backend_memory_peak(R->b, R->s.mem_peak);
   exec_watchdog_phase("the run's summary and report", true);
   double sums[3] = {R->overhead_s, R->dispatch_s, (double)R->instructions};
   struct step_stats tot = {sums, 3, {0, 0, 0}};

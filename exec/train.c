@@ -129,7 +129,12 @@ static void *mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct ex
   size_t n = (bytes + 15) & ~(size_t)15;
   if (!n)
     n = 16;
-  struct exec_block blk = {exec_pool_get(s, n), n, kind, false};
+  /* a backend that only enqueues keeps no pool (exec_pool_put); it is told whose buffer a
+   * plan tensor's is, so it can place it where its offline plan put it (the cuda arena) */
+  void *p = owner < OWN_MB && exec_backend_enqueues(s->b)
+                ? exec_backend_alloc_tensor(s->b, owner, n)
+                : exec_pool_get(s, n);
+  struct exec_block blk = {p, n, kind, false};
   struct exec_stream *stream = st ? st->stream : NULL;
   if (zero)
     s->k->fill(stream, blk.p, 0.0f, n / sizeof(float));

@@ -2,6 +2,7 @@
 // kernels/*.c (same formulas, fp32 throughout); row-wise reductions use one block per row and
 // a fixed reduction tree, so results are deterministic run to run. Weight gradients that sum
 // over tokens loop over the tokens in order inside one thread per column (no atomics).
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include "kernels_cuda.h"
@@ -46,6 +47,22 @@ __global__ void fill_k(float *x, float v, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     x[i] = v;
+}
+
+// Round to nearest even (__float2bfloat16_rn), a compact [rows, cols] copy of a strided one.
+// Memory-bound: a contiguous source (ld == cols, the usual case) is copied with no index
+// arithmetic; a strided one gets a row per grid row (y), columns along x.
+__global__ void to_bf16_k(uint16_t *dst, const float *src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+}
+
+__global__ void to_bf16_strided_k(uint16_t *dst, const float *src, int rows, int cols, int ld) {
+  for (int r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+      dst[(size_t)r * cols + c] =
+          __bfloat16_as_ushort(__float2bfloat16_rn(src[(size_t)r * ld + c]));
 }
 
 __global__ void add_k(float *y, const float *x, size_t n, bool acc) {
@@ -417,6 +434,19 @@ extern "C" {
 void kc_fill(float *x, float value, size_t n, cudaStream_t st) {
   if (n)
     fill_k<<<blocks_for(n), kThreads, 0, st>>>(x, value, n);
+}
+
+void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cudaStream_t st) {
+  size_t n = (size_t)rows * cols;
+  if (!n)
+    return;
+  if (ld == cols) {
+    to_bf16_k<<<blocks_for(n), kThreads, 0, st>>>(dst, src, n);
+    return;
+  }
+  unsigned bx = (unsigned)((cols + kThreads - 1) / kThreads);
+  dim3 grid(bx < 64 ? bx : 64, rows < 65535 ? (unsigned)rows : 65535u);
+  to_bf16_strided_k<<<grid, kThreads, 0, st>>>(dst, src, rows, cols, ld);
 }
 
 void kc_add(float *y, const float *x, size_t n, bool acc, cudaStream_t st) {

@@ -1,8 +1,9 @@
 /* kernels_cuda: the CUDA kernels behind the cuda backend's kernel table (kernels/cuda.cu),
  * each the device twin of a step of kernels.h's host reference: elementwise and row-wise work
  * only. GEMMs go through cuBLASLt in exec/backend_cuda_kernels.c, which composes each model op
- * from these and GEMMs. fp32 in memory; every launcher enqueues on `stream` and returns, e.g.
- * kc_fill(x, 0.0f, n, stream). Empty without HAVE_CUDA (the CUDA headers are not there).
+ * from these and GEMMs. fp32 in memory (bf16 only as GEMM operands: kc_to_bf16); every
+ * launcher enqueues on `stream` and returns, e.g. kc_fill(x, 0.0f, n, stream). Empty without
+ * HAVE_CUDA (the CUDA headers are not there).
  */
 #ifndef PIPER_KERNELS_KERNELS_CUDA_H
 #define PIPER_KERNELS_KERNELS_CUDA_H
@@ -18,6 +19,9 @@ extern "C" {
 #endif
 
 void kc_fill(float *x, float value, size_t n, cudaStream_t stream);
+/* dst [rows, cols] (compact, bf16 bits) = src [rows, cols] with row stride ld, rounded to
+ * nearest even: a GEMM operand for cuBLASLt's bf16 inputs */
+void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cudaStream_t stream);
 /* y = x (accumulate false) or y += x */
 void kc_add(float *y, const float *x, size_t n, bool accumulate, cudaStream_t stream);
 void kc_embedding_forward(float *x, const int32_t *tokens, const float *wte, int T, int C,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-check: the cuda backend's checks, on a machine with an NVIDIA GPU, the CUDA toolkit in
-# /usr/local/cuda (NCCL, cuBLASLt) and Debian packages only. One script, under 8 minutes on one
-# H200; writes its report, traces and profile under $OUT (default out/gpu-check) and exits
-# non-zero when a check fails.
+# /usr/local/cuda (NCCL, cuBLASLt) and Debian packages only. One script, meant to finish in
+# under 8 minutes on one H200 (each step is capped, and a step that would start past 7 minutes
+# is failed unrun); writes its report, traces and profile under $OUT (default out/gpu-check)
+# and exits non-zero when a check fails.
 #   (a) every CUDA kernel against the host reference kernels, F, BI and BW apart, with fp32
 #       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why);
 #   (b) tiny-moe, 20 steps: one GPU (fp32 GEMMs, as the model is fp32; and bf16 GEMMs), and 4
@@ -12,14 +13,27 @@
 #       MFU against the GPU's dense bf16 peak, executor overhead (step time against the busy
 #       time of the GPU's instructions), reported against the issue's targets (>= 60% MFU,
 #       <= 2% overhead; reported, not failed);
-#   (d) piper-prof --backend cuda, then simulate -> execute -> compare on tiny-moe.
-# Usage: tools/gpu-check.sh   (from anywhere; OUT=DIR to choose where results go)
+#   (d) piper-prof --backend cuda at the shapes of tiny-moe and the llama layers, then
+#       simulate -> execute -> compare with that profile, for tiny-moe on one GPU and for the
+#       llama layers of (c) (the prediction errors are reported, not failed).
+# Usage: tools/gpu-check.sh [--dry-run]   (from anywhere; OUT=DIR chooses where results go)
+# --dry-run: no GPU needed: builds as configured, then runs every step's host-side part (the
+# host reference runs, the reduced llama model, simulate -> compare against a host run of the
+# same plan) so the script's plumbing is checked where no GPU is (tests/cli/test_cuda.sh runs
+# it with GPU_CHECK_SKIP_BUILD=1, which skips the build).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
+DRY=0
+case ${1:-} in
+  --dry-run) DRY=1 ;;
+  "") ;;
+  -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "gpu-check.sh: error: unknown argument $1" >&2; exit 2 ;;
+esac
 OUT=${OUT:-out/gpu-check}
-mkdir -p "$OUT"
+mkdir -p "$OUT" || exit 2
 # run directories of an earlier check go (each run writes a fresh one)
-rm -rf "$OUT"/moe* "$OUT"/llama* "$OUT/sim"
+rm -rf "$OUT"/moe* "$OUT"/llama* "$OUT"/loop* "$OUT"/sim*
 REPORT="$OUT/report.txt"
 : > "$REPORT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
@@ -28,111 +42,165 @@ say() { echo "$*" | tee -a "$REPORT"; }
 ok() { say "ok:   $*"; }
 fail() { say "FAIL: $*"; fails=$((fails + 1)); }
 t_start=$(date +%s)
-
-say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  say "FAIL: no GPU (nvidia-smi -L fails): nothing to check"
-  exit 2
-fi
-nvidia-smi -L | tee -a "$REPORT"
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')
-# dense bf16 peak (TFLOP/s) of the GPUs the targets are stated for; others: CUDA_PEAK_TFLOPS
-case "$gpu_name" in
-  *H200* | *H100*SXM* | *H100\ 80GB\ HBM3*) peak=${CUDA_PEAK_TFLOPS:-989} ;;
-  *H100*) peak=${CUDA_PEAK_TFLOPS:-756} ;;
-  *A100*) peak=${CUDA_PEAK_TFLOPS:-312} ;;
-  *) peak=${CUDA_PEAK_TFLOPS:-0} ;;
-esac
-say "GPU: $gpu_name (sm_$cap), dense bf16 peak ${peak} TFLOP/s"
-
-# ---- build: only this GPU's architecture, to keep nvcc short -----------------------------
-tools/install-deps.sh > "$OUT/install-deps.log" 2>&1 || say "note: install-deps failed (see install-deps.log)"
-export PATH="/usr/local/cuda/bin:$PATH"
-tb=$(date +%s)
-if make -j"$(nproc)" CUDA_ARCH="sm_$cap" all > "$OUT/build.log" 2>&1 && [ -x build/gpu/check_kernels ] &&
-  bin/piper-exec --list-backends | grep -q '^cuda'; then
-  ok "build with the cuda backend ($(($(date +%s) - tb)) s)"
-else
-  fail "build (see $OUT/build.log; the cuda backend must be listed)"
-  tail -20 "$OUT/build.log"
-  exit 1
-fi
+BUDGET=${GPU_CHECK_BUDGET_S:-420} # no step starts after this: the whole stays under 8 minutes
+# in_budget STEP: true while a step may still start, else the step is failed unrun
+in_budget() {
+  local used=$(($(date +%s) - t_start))
+  [ "$used" -lt "$BUDGET" ] && return 0
+  fail "$1: not run, $used s used of the ${BUDGET} s budget"
+  return 1
+}
 EXEC=bin/piper-exec
+BACKEND=cuda
+[ "$DRY" = 1 ] && BACKEND=host # dry run: the host backend stands in for the GPU's runs
+
+# ---- the GPU -------------------------------------------------------------------------------
+say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)$([ "$DRY" = 1 ] && echo ' (dry run: no GPU used)')"
+peak=0
+cap=
+if [ "$DRY" = 0 ]; then
+  if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+    say "FAIL: no GPU (nvidia-smi -L fails): nothing to check"
+    exit 2
+  fi
+  nvidia-smi -L | tee -a "$REPORT"
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')
+  # dense bf16 peak (TFLOP/s) of the GPUs the targets are stated for; others: CUDA_PEAK_TFLOPS
+  case "$gpu_name" in
+    *H200* | *H100*SXM* | *H100\ 80GB\ HBM3*) peak=${CUDA_PEAK_TFLOPS:-989} ;;
+    *H100*) peak=${CUDA_PEAK_TFLOPS:-756} ;;
+    *A100*) peak=${CUDA_PEAK_TFLOPS:-312} ;;
+    *) peak=${CUDA_PEAK_TFLOPS:-0} ;;
+  esac
+  say "GPU: $gpu_name (sm_$cap), dense bf16 peak ${peak} TFLOP/s"
+fi
+
+# ---- build: only this GPU's architecture, to keep nvcc short -------------------------------
+build() {
+  local tb
+  tb=$(date +%s)
+  if [ "$DRY" = 1 ] && [ -n "${GPU_CHECK_SKIP_BUILD:-}" ]; then
+    say "skip: build (GPU_CHECK_SKIP_BUILD: the tree is built)"
+    return
+  fi
+  export PATH="/usr/local/cuda/bin:$PATH"
+  if [ "$DRY" = 0 ]; then
+    timeout 240 tools/install-deps.sh > "$OUT/install-deps.log" 2>&1 ||
+      say "note: install-deps failed (see $OUT/install-deps.log)"
+    make -j"$(nproc)" CUDA_ARCH="sm_$cap" all > "$OUT/build.log" 2>&1 &&
+      [ -x build/gpu/check_kernels ] && $EXEC --list-backends | grep -q '^cuda'
+  else
+    make -j"$(nproc)" all > "$OUT/build.log" 2>&1
+  fi || {
+    fail "build (see $OUT/build.log$([ "$DRY" = 0 ] && echo '; the cuda backend must be listed'))"
+    tail -20 "$OUT/build.log"
+    exit 1
+  }
+  ok "build ($(($(date +%s) - tb)) s)"
+}
 
 # ---- (a) kernels ---------------------------------------------------------------------------
-for g in fp32 bf16; do
-  if PIPER_CUDA_GEMM=$g timeout 120 build/gpu/check_kernels > "$OUT/kernels-$g.txt" 2>&1; then
-    ok "(a) kernels vs host reference, $g GEMMs: $(tail -1 "$OUT/kernels-$g.txt")"
-  else
-    fail "(a) kernels, $g GEMMs: $(grep -c '^FAIL' "$OUT/kernels-$g.txt") failed; $(tail -1 "$OUT/kernels-$g.txt")"
-    grep '^FAIL' "$OUT/kernels-$g.txt" | head -20 | tee -a "$REPORT"
-  fi
-done
+check_kernels() {
+  [ "$DRY" = 1 ] && { say "skip: (a) kernels need the GPU"; return; }
+  local g
+  for g in fp32 bf16; do
+    in_budget "(a) kernels, $g GEMMs" || continue
+    if PIPER_CUDA_GEMM=$g timeout 90 build/gpu/check_kernels > "$OUT/kernels-$g.txt" 2>&1; then
+      ok "(a) kernels vs host reference, $g GEMMs: $(tail -1 "$OUT/kernels-$g.txt")"
+    else
+      fail "(a) kernels, $g GEMMs: $(grep -c '^FAIL' "$OUT/kernels-$g.txt") failed; $(tail -1 "$OUT/kernels-$g.txt")"
+      grep '^FAIL' "$OUT/kernels-$g.txt" | head -20 | tee -a "$REPORT"
+    fi
+  done
+}
 
-# ---- (b) tiny-moe losses against the host backend -------------------------------------------
+# ---- (b) tiny-moe losses against the host backend ------------------------------------------
 # compare_losses A B RTOL: every step's loss within RTOL relative (metrics.json "losses")
 compare_losses() {
-  python3 - "$1/metrics.json" "$2/metrics.json" "$3" <<'PY'
+  python3 - "$1/metrics.json" "$2/metrics.json" "$3" << 'PY'
 import json, sys
 a = json.load(open(sys.argv[1]))["losses"]
 b = json.load(open(sys.argv[2]))["losses"]
 rtol = float(sys.argv[3])
 assert len(a) == len(b) == 20, (len(a), len(b))
 worst = max(abs(x - y) / max(abs(x), 1e-6) for x, y in zip(a, b))
-print(f"worst step {worst:.2e} (tol {rtol:g}); host {a[0]:.4f} -> {a[-1]:.4f}, cuda {b[0]:.4f} -> {b[-1]:.4f}")
+print(f"worst step {worst:.2e} (tol {rtol:g}); host {a[0]:.4f} -> {a[-1]:.4f}, other {b[0]:.4f} -> {b[-1]:.4f}")
 sys.exit(0 if worst <= rtol else 1)
 PY
 }
 one=(--model models/tiny-moe.json --layout pp=1 --iters 20 --warmup 0 --seed 7)
-four=(--model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v --schedule dualpipev --mbs 4
+LAYOUT4=pp=2,dp=2,ep=2,v
+four=(--model models/tiny-moe.json --layout "$LAYOUT4" --schedule dualpipev --mbs 4
   --iters 20 --warmup 0 --seed 7)
 run() { # name, then the command; output in $OUT/name.log
   local name=$1
   shift
   timeout 150 "$@" > "$OUT/$name.log" 2>&1
 }
-run moe1-host $EXEC "${one[@]}" --backend host --out "$OUT/moe1-host" &&
-  run moe4-host mpirun --oversubscribe -np 4 $EXEC "${four[@]}" --backend host --out "$OUT/moe4-host" ||
-  fail "(b) host reference runs (see moe1-host.log, moe4-host.log)"
-# fp32 model: fp32 GEMMs; the losses differ only by summation order, through 20 AdamW steps
-if run moe1-cuda $EXEC "${one[@]}" --backend cuda --out "$OUT/moe1-cuda" &&
-  r=$(compare_losses "$OUT/moe1-host" "$OUT/moe1-cuda" 1e-3); then
-  ok "(b) tiny-moe one GPU, fp32: $r"
-else
-  fail "(b) tiny-moe one GPU, fp32: ${r:-$(tail -3 "$OUT/moe1-cuda.log")}"
-fi
-r=
-# bf16 GEMMs: the bf16 tolerance (3e-2, as the kernels')
-if PIPER_CUDA_GEMM=bf16 run moe1-cuda-bf16 $EXEC "${one[@]}" --backend cuda --out "$OUT/moe1-cuda-bf16" &&
-  r=$(compare_losses "$OUT/moe1-host" "$OUT/moe1-cuda-bf16" 3e-2); then
-  ok "(b) tiny-moe one GPU, bf16 GEMMs: $r"
-else
-  fail "(b) tiny-moe one GPU, bf16 GEMMs: ${r:-$(tail -3 "$OUT/moe1-cuda-bf16.log")}"
-fi
-r=
-if PIPER_CUDA_GEMM=bf16 run moe4-cuda mpirun --oversubscribe -np 4 $EXEC "${four[@]}" --backend cuda \
-  --out "$OUT/moe4-cuda" && r=$(compare_losses "$OUT/moe4-host" "$OUT/moe4-cuda" 3e-2); then
-  ok "(b) tiny-moe 4 ranks PP2xDP2xEP2 dualpipev on one GPU, bf16 GEMMs: $r"
-  grep -q "host-staged" "$OUT/moe4-cuda.log" && ok "(b) host-staged MPI said once at start-up" ||
-    fail "(b) no start-up line about host-staged MPI in moe4-cuda.log"
-else
-  fail "(b) tiny-moe 4 ranks dualpipev: ${r:-$(tail -5 "$OUT/moe4-cuda.log")}"
-fi
+# check_losses LABEL NAME REF TOL COMMAND...: run NAME, compare its losses with run REF's
+check_losses() {
+  local label=$1 name=$2 ref=$3 tol=$4 r=
+  shift 4
+  in_budget "$label" || return
+  if run "$name" "$@" && r=$(compare_losses "$OUT/$ref" "$OUT/$name" "$tol"); then
+    ok "$label: $r"
+  else
+    fail "$label: ${r:-$(tail -3 "$OUT/$name.log")}"
+  fi
+}
+check_training() {
+  in_budget "(b) host reference runs" || return
+  if run moe1-host $EXEC "${one[@]}" --backend host --out "$OUT/moe1-host" &&
+    run moe4-host mpirun --oversubscribe -np 4 $EXEC "${four[@]}" --backend host \
+      --out "$OUT/moe4-host"; then
+    ok "(b) host reference runs (one process; 4 ranks dualpipev)"
+  else
+    fail "(b) host reference runs (see moe1-host.log, moe4-host.log)"
+    return
+  fi
+  if [ "$DRY" = 1 ]; then
+    # the comparison itself, on two host runs of the same plan: equal to the last bit
+    check_losses "(b) loss comparison (dry run: the host backend twice)" moe1-host-again \
+      moe1-host 1e-6 $EXEC "${one[@]}" --backend host --out "$OUT/moe1-host-again"
+    return
+  fi
+  # fp32 model: fp32 GEMMs; the losses differ only by summation order, through 20 AdamW steps
+  check_losses "(b) tiny-moe one GPU, fp32" moe1-cuda moe1-host 1e-3 \
+    $EXEC "${one[@]}" --backend cuda --out "$OUT/moe1-cuda"
+  # bf16 GEMMs: the bf16 tolerance (3e-2, as the kernels')
+  PIPER_CUDA_GEMM=bf16 check_losses "(b) tiny-moe one GPU, bf16 GEMMs" moe1-cuda-bf16 moe1-host \
+    3e-2 $EXEC "${one[@]}" --backend cuda --out "$OUT/moe1-cuda-bf16"
+  PIPER_CUDA_GEMM=bf16 check_losses \
+    "(b) tiny-moe 4 ranks PP2xDP2xEP2 dualpipev on one GPU, bf16 GEMMs" moe4-cuda moe4-host \
+    3e-2 mpirun --oversubscribe -np 4 $EXEC "${four[@]}" --backend cuda --out "$OUT/moe4-cuda"
+  if [ -f "$OUT/moe4-cuda.log" ]; then
+    if [ "$(grep -c "communication goes through host-staged" "$OUT/moe4-cuda.log")" -eq 1 ]; then
+      ok "(b) host-staged MPI said once at start-up"
+    else
+      fail "(b) host-staged MPI not said exactly once in moe4-cuda.log"
+    fi
+  fi
+}
 
-# ---- (c) llama3-8b-shaped layers, reduced depth ---------------------------------------------
-python3 - "$OUT/llama3-8b-2l.json" <<'PY'
+# ---- (c) llama3-8b-shaped layers, reduced depth --------------------------------------------
+LLAMA=$OUT/llama3-8b-2l.json
+llama=(--model "$LLAMA" --layout pp=1 --iters 5 --warmup 2 --seed 7)
+make_llama() {
+  python3 - "$LLAMA" << 'PY'
 import json, sys
 m = json.load(open("models/llama3-8b.json"))
 m["num_hidden_layers"] = 2
 m["piper"]["pp_regions"] = 1
 json.dump(m, open(sys.argv[1], "w"), indent=1)
 PY
-if run llama-cuda $EXEC --model "$OUT/llama3-8b-2l.json" --layout pp=1 --iters 5 --warmup 2 \
-  --backend cuda --out "$OUT/llama-cuda"; then
-  python3 - "$OUT/llama-cuda" "$peak" <<'PY' | tee -a "$REPORT"
+}
+# figures RUN_DIR PEAK_TFLOPS LABEL: throughput, MFU and executor overhead of a run (rank 0)
+figures() {
+  local out
+  out=$(python3 - "$1" "$2" "$3" << 'PY'
 import json, sys
-d, peak = sys.argv[1], float(sys.argv[2])
+d, peak, label = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 m = json.load(open(f"{d}/metrics.json"))
 t = m["iteration_time_s"]
 flops = m["model_flops_per_iteration"]
@@ -151,36 +219,111 @@ for a, b in iv:
     end = b
 span = (iv[-1][1] - iv[0][0]) if iv else 0
 over = 1 - busy / span if span else float("nan")
-print(f"      (c) llama3-8b shape, 2 layers, seq {m['seq_len']}: {m['throughput_tokens_per_s']:.0f} tokens/s, "
+print(f"      {label}, seq {m['seq_len']}: {m['throughput_tokens_per_s']:.0f} tokens/s, "
       f"step {t*1e3:.1f} ms, MFU {mfu*100:.1f}% (target >= 60%: {'met' if mfu >= 0.6 else 'NOT met'}), "
       f"executor overhead {over*100:.2f}% of the step (target <= 2%: {'met' if over <= 0.02 else 'NOT met'}), "
       f"peak memory {m['peak_memory_bytes_max']/2**30:.1f} GiB")
 PY
-  ok "(c) llama3-8b-shaped run completed (figures above; targets reported, not failed)"
-else
-  fail "(c) llama3-8b-shaped run: $(tail -3 "$OUT/llama-cuda.log")"
-fi
-
-# ---- (d) profile the GPU, then simulate -> execute -> compare -------------------------------
-if timeout 240 bin/piper-prof --model models/tiny-moe.json --backend cuda -o "$OUT/profile-cuda.json" \
-  > "$OUT/prof.log" 2>&1; then
-  ok "(d) piper-prof --backend cuda wrote $OUT/profile-cuda.json"
-  profile=$OUT/profile-cuda.json
-else
-  fail "(d) piper-prof --backend cuda: $(tail -1 "$OUT/prof.log")"
-  profile=profiles/h200.json
-  say "      (d) the loop below uses the bundled $profile instead"
-fi
-if timeout 120 bin/piper-sim --model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v \
-  --schedule dualpipev --mbs 4 --profile "$profile" --out "$OUT/sim" --force > "$OUT/sim.log" 2>&1; then
-  if [ -d "$OUT/moe4-cuda" ] && bin/piper-compare "$OUT/sim" "$OUT/moe4-cuda" > "$OUT/compare.txt" 2>&1; then
-    ok "(d) simulate -> execute -> compare: $OUT/compare.txt ($(grep -m1 -i 'iteration' "$OUT/compare.txt"))"
-  else
-    fail "(d) piper-compare: $(tail -3 "$OUT/compare.txt" 2>/dev/null)"
+  ) || return 1
+  say "$out"
+}
+check_llama() {
+  make_llama || { fail "(c) could not write $LLAMA"; return; }
+  if [ "$DRY" = 1 ]; then
+    # the plan compiles and simulates (the GPU's run needs the GPU)
+    if timeout 60 bin/piper-sim --model "$LLAMA" --layout pp=1 --profile profiles/h200.json \
+      --out "$OUT/sim-llama-dry" --force > "$OUT/sim-llama-dry.log" 2>&1; then
+      ok "(c) the reduced llama model compiles and simulates (dry run)"
+    else
+      fail "(c) the reduced llama model: $(tail -3 "$OUT/sim-llama-dry.log")"
+    fi
+    # the figures' script, on the host run of (b) (peak 1 TFLOP/s: only that it runs)
+    if [ -f "$OUT/moe1-host/metrics.json" ] &&
+      figures "$OUT/moe1-host" 1 "(c) dry run: tiny-moe on the host"; then
+      ok "(c) the figures' script reads a run directory (dry run)"
+    else
+      fail "(c) the figures' script failed on $OUT/moe1-host"
+    fi
+    return
   fi
-else
-  fail "(d) piper-sim: $(tail -3 "$OUT/sim.log")"
-fi
+  in_budget "(c) llama3-8b-shaped run" || return
+  if run llama-cuda $EXEC "${llama[@]}" --backend cuda --out "$OUT/llama-cuda"; then
+    if figures "$OUT/llama-cuda" "$peak" "(c) llama3-8b shape, 2 layers"; then
+      ok "(c) llama3-8b-shaped run completed (figures above; targets reported, not failed)"
+    else
+      fail "(c) no figures from $OUT/llama-cuda"
+    fi
+    grep -h "arena\|plan tensors" "$OUT/llama-cuda.log" | sed 's/^/      /' | tee -a "$REPORT"
+  else
+    fail "(c) llama3-8b-shaped run: $(tail -3 "$OUT/llama-cuda.log")"
+  fi
+}
 
+# ---- (d) profile the GPU, then simulate -> execute -> compare ------------------------------
+profile_gpu() {
+  PROFILE=$OUT/profile-cuda.json
+  local prof=(bin/piper-prof --model "models/tiny-moe.json,$LLAMA" --backend cuda --repeats 7
+    -o "$PROFILE")
+  if [ "$DRY" = 1 ]; then
+    # the same command line is accepted, and without a GPU ends with the CUDA error (exit 1)
+    "${prof[@]}" > "$OUT/prof.log" 2>&1
+    local rc=$?
+    if [ "$rc" = 1 ] && grep -q 'piper-prof: error: .*cuda' "$OUT/prof.log"; then
+      ok "(d) piper-prof --backend cuda: arguments accepted; no GPU: $(tail -1 "$OUT/prof.log")"
+    elif [ "$rc" = 0 ]; then
+      ok "(d) piper-prof --backend cuda ran (a GPU is here after all)"
+    else
+      fail "(d) piper-prof --backend cuda: exit $rc: $(tail -1 "$OUT/prof.log")"
+    fi
+    PROFILE=profiles/h200.json
+    say "      (d) dry run: the loop uses $PROFILE"
+    return
+  fi
+  in_budget "(d) piper-prof --backend cuda" || { PROFILE=profiles/h200.json; return; }
+  if timeout 150 "${prof[@]}" > "$OUT/prof.log" 2>&1; then
+    ok "(d) piper-prof --backend cuda wrote $PROFILE ($(grep -c '"op"' "$PROFILE") entries)"
+  else
+    fail "(d) piper-prof --backend cuda: $(tail -1 "$OUT/prof.log")"
+    PROFILE=profiles/h200.json
+    say "      (d) the loop below uses the bundled $PROFILE instead"
+  fi
+}
+# loop NAME EXEC_DIR FRONT-END-ARGS...: simulate the plan the run EXEC_DIR executed, compare
+loop() {
+  local name=$1 ran=$2
+  shift 2
+  in_budget "(d) loop $name" || return
+  [ -f "$ran/metrics.json" ] || { fail "(d) loop $name: no run in $ran to compare with"; return; }
+  if ! timeout 60 bin/piper-sim "$@" --profile "$PROFILE" --out "$OUT/sim-$name" --force \
+    > "$OUT/sim-$name.log" 2>&1; then
+    fail "(d) loop $name: piper-sim: $(tail -3 "$OUT/sim-$name.log")"
+    return
+  fi
+  if bin/piper-compare "$OUT/sim-$name" "$ran" --json "$OUT/compare-$name.json" \
+    > "$OUT/compare-$name.txt" 2>&1; then
+    ok "(d) loop $name: simulate -> execute -> compare ($OUT/compare-$name.txt)"
+    grep -m2 -i 'iteration\|peak' "$OUT/compare-$name.txt" | sed 's/^/      /' | tee -a "$REPORT"
+  else
+    fail "(d) loop $name: piper-compare: $(tail -3 "$OUT/compare-$name.txt")"
+  fi
+}
+check_loop() {
+  profile_gpu
+  local moe=(--model models/tiny-moe.json --layout pp=1)
+  if in_budget "(d) tiny-moe run for the loop"; then
+    run loop-moe $EXEC "${moe[@]}" --seed 7 --iters 10 --warmup 2 --backend "$BACKEND" \
+      --out "$OUT/loop-moe" || fail "(d) tiny-moe run: $(tail -3 "$OUT/loop-moe.log")"
+  fi
+  loop moe "$OUT/loop-moe" "${moe[@]}"
+  if [ "$DRY" = 0 ]; then
+    loop llama "$OUT/llama-cuda" --model "$LLAMA" --layout pp=1
+  fi
+}
+
+build
+check_kernels
+check_training
+check_llama
+check_loop
 say "gpu-check: $fails check(s) failed, $(($(date +%s) - t_start)) s"
 [ "$fails" -eq 0 ]

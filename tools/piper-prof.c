@@ -27,12 +27,8 @@
 #include "../models/model.h"
 #include "../sim/profile.h"
 #include "options.h"
+#include "prof-impl.h"
 
-struct prof_args {
-  const char *model, *backend, *out;
-  uint32_t repeats, warmup;
-  bool quick, quiet;
-};
 
 // clang-format off
 static const struct option_spec options[] = {
@@ -40,7 +36,8 @@ static const struct option_spec options[] = {
      .metavar = "FILE[,FILE]",
      .help = "annotated model(s) whose op shapes are measured (comma-separated)"},
     {.name = "--backend", .kind = OPTION_STRING, .offset = offsetof(struct prof_args, backend),
-     .metavar = "NAME", .help = "backend whose kernels are timed: host (default)"},
+     .metavar = "NAME",
+     .help = "host (default), or cuda: the GPU's kernels by CUDA events, NCCL under mpirun"},
     {.name = "--out", .alias = "-o", .kind = OPTION_STRING,
      .offset = offsetof(struct prof_args, out), .metavar = "PROFILE",
      .help = "write the profile to PROFILE (\"-\": standard output)"},
@@ -61,7 +58,7 @@ static const struct option_spec options[] = {
 static const struct option_program program = {
     .name = "piper-prof",
     .usage =
-        "usage: piper-prof --model FILE[,FILE] [--backend host] -o PROFILE [options]\n"
+        "usage: piper-prof --model FILE[,FILE] [--backend host|cuda] -o PROFILE [options]\n"
         "\n"
         "Measures this machine and writes a device profile for piper-sim --profile: the time\n"
         "of every op kind at the shapes the models use, for F, BI, BW and B, run in the\n"
@@ -70,7 +67,9 @@ static const struct option_program program = {
         "communication, a waiting rank beside a computing one), and, run under mpirun with 2\n"
         "or more ranks, point-to-point and each collective over every group size up to the\n"
         "ranks launched (latency and bandwidth fitted per operation by least squares). Set\n"
-        "OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs.\n"
+        "OPENBLAS_NUM_THREADS=1 to profile one core per rank, as piper-exec runs. With\n"
+        "--backend cuda (where the cuda backend is built) the GPU's kernels are timed by CUDA\n"
+        "events, and NCCL under mpirun with one GPU per rank; no usable GPU: exit 1.\n"
         "\n"
         "  OPENBLAS_NUM_THREADS=1 mpirun -np 4 piper-prof \\\n"
         "    --model models/tiny-dense.json,models/tiny-moe.json -o profiles/host-cpu.json\n"
@@ -80,30 +79,8 @@ static const struct option_program program = {
     .help_column = 24,
 };
 
-/* What the run found, gathered on rank 0 into the profile. */
-struct prof_run {
-  const struct prof_args *a;
-  int rank, size;
-  cJSON *measured;  /* the table's entries */
-  GHashTable *seen; /* "kind shape" keys already measured */
-  uint32_t n_entries, n_skipped;
-  double gemm_flops, triad_bytes; /* per second */
-  double adamw_overhead, adamw_per_param;
-  GArray *opt_params, *opt_seconds; /* AdamW per segment in the executor's order (chains) */
-  bool optimizer_from_chain;
-  cJSON *fits;     /* sources: per operation, its measured points */
-  cJSON *fit_json; /* the profile's "collectives" section (intra_node) */
-  double p2p_latency, p2p_bandwidth, ar_bandwidth;
-  bool network_measured;
-  /* the host: cores of this node, the executor's own costs (host_measure) */
-  uint32_t cores;
-  double instruction_overhead, comm_test, wait_share, wait_self_share, wake_latency;
-  bool comm_measured; /* comm_test and wait_share: 2 ranks or more */
-  bool failed;        /* a measurement failed: err says which */
-};
 
-static void progress(const struct prof_run *r, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-static void progress(const struct prof_run *r, const char *fmt, ...) {
+void prof_progress(const struct prof_run *r, const char *fmt, ...) {
   if (r->a->quiet || r->rank != 0)
     return;
   va_list ap;
@@ -118,7 +95,7 @@ static double physical_memory_bytes(void) {
   return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
 }
 
-static double round_sig(double x, int digits) {
+double prof_round_sig(double x, int digits) {
   char buf[48];
   snprintf(buf, sizeof buf, "%.*g", digits, x);
   return strtod(buf, NULL);
@@ -177,7 +154,7 @@ static void evict_caches(void *unused) {
     buf[i] = (char)(buf[i] + 1);
 }
 
-static float *random_floats(size_t n, uint32_t seed, float scale) {
+float *prof_random_floats(size_t n, uint32_t seed, float scale) {
   float *x = g_new(float, n ? n : 1);
   uint32_t s = seed * 2654435761u + 1;
   for (size_t i = 0; i < n; i++) {
@@ -187,7 +164,7 @@ static float *random_floats(size_t n, uint32_t seed, float scale) {
   return x;
 }
 
-static int32_t *random_ids(size_t n, int32_t range) {
+int32_t *prof_random_ids(size_t n, int32_t range) {
   int32_t *x = g_new(int32_t, n ? n : 1);
   for (size_t i = 0; i < n; i++)
     x[i] = (int32_t)((i * 7919u + 13u) % (uint32_t)range);
@@ -197,7 +174,7 @@ static int32_t *random_ids(size_t n, int32_t range) {
 /* Least squares of y = alpha + beta * x over n points, each residual relative to its y (weights
  * 1 / y^2): the times span several decades, and a plain fit would let the largest sizes set
  * the latency too (often below zero). */
-static void fit_line(const double *x, const double *y, int n, double *alpha, double *beta) {
+void prof_fit_line(const double *x, const double *y, int n, double *alpha, double *beta) {
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (int i = 0; i < n; i++) {
     double w = y[i] > 0 ? 1 / (y[i] * y[i]) : 0;
@@ -210,19 +187,6 @@ static void fit_line(const double *x, const double *y, int n, double *alpha, dou
 
 /* ---- one op's kernels, as exec/train.c calls them ----------------------------------------- */
 
-/* Buffers of one op at one shape, every pass's operands (sizes from the kernels' own counts).
- * The fields are named after the executor's: in0 (h or x), in1 (routing), out, dout, din,
- * params and their gradient, saved and bwork; the MoE path's dispatch state. */
-struct op_bench {
-  const struct model *m;
-  const struct model_op *op;
-  enum ir_pass pass;
-  int T, C, F, V, E, K;
-  struct kernels_attention_dims dd;
-  float *params, *dparams, *in0, *out, *dout, *din, *saved, *bwork, *saved2;
-  int32_t *tokens, *ids, *route_row, *row_expert, counts[1];
-  float *weights, *dweights, *rows, *y, *dy, *drows, *scratch;
-};
 
 static void run_embedding(struct op_bench *b) {
   if (b->pass == IR_PASS_F)
@@ -360,12 +324,8 @@ static void op_bench_run(void *ctx) {
   }
 }
 
-/* The sizes of each buffer, in floats, by kind (0: not used). */
-struct op_sizes {
-  size_t params, in, out, saved, bwork, rows, scratch;
-};
 
-static struct op_sizes op_sizes_of(struct op_bench *b) {
+struct op_sizes prof_op_sizes(struct op_bench *b) {
   struct op_sizes z = {.in = (size_t)b->T * b->C, .out = (size_t)b->T * b->C};
   size_t TK = (size_t)b->T * b->K;
   switch (b->op->kind) {
@@ -409,7 +369,7 @@ static struct op_sizes op_sizes_of(struct op_bench *b) {
 }
 
 /* The dimensions from the op's shape (models/model.h's table of shape fields). */
-static void op_bench_dims(struct op_bench *b) {
+void prof_op_bench_dims(struct op_bench *b) {
   const int64_t *s = b->op->shape;
   switch (b->op->kind) {
   case MODEL_OP_ATTENTION:
@@ -434,23 +394,23 @@ static void op_bench_dims(struct op_bench *b) {
 
 static void op_bench_init(struct op_bench *b, const struct model *m, const struct model_op *op) {
   *b = (struct op_bench){.m = m, .op = op};
-  op_bench_dims(b);
-  struct op_sizes z = op_sizes_of(b);
+  prof_op_bench_dims(b);
+  struct op_sizes z = prof_op_sizes(b);
   size_t TK = (size_t)b->T * (b->K ? b->K : 1);
-  b->params = random_floats(z.params, 1, 0.1f);
+  b->params = prof_random_floats(z.params, 1, 0.1f);
   b->dparams = g_new0(float, z.params ? z.params : 1);
-  b->in0 = random_floats(z.in, 2, 1.0f);
-  b->dout = random_floats(z.out, 3, 1.0f);
+  b->in0 = prof_random_floats(z.in, 2, 1.0f);
+  b->dout = prof_random_floats(z.out, 3, 1.0f);
   b->out = g_new0(float, z.out ? z.out : 1);
   b->din = g_new0(float, z.in ? z.in : 1);
   b->saved = g_new0(float, z.saved ? z.saved : 1);
   b->bwork = g_new0(float, z.bwork ? z.bwork : 1);
-  b->tokens = random_ids((size_t)b->T, b->V > 0 ? b->V : 1);
-  b->ids = random_ids(TK, b->E > 0 ? b->E : 1);
+  b->tokens = prof_random_ids((size_t)b->T, b->V > 0 ? b->V : 1);
+  b->ids = prof_random_ids(TK, b->E > 0 ? b->E : 1);
   b->route_row = g_new0(int32_t, TK);
   b->row_expert = g_new0(int32_t, TK);
-  b->weights = random_floats(TK, 4, 1.0f);
-  b->dweights = random_floats(TK, 5, 1.0f);
+  b->weights = prof_random_floats(TK, 4, 1.0f);
+  b->dweights = prof_random_floats(TK, 5, 1.0f);
   b->rows = g_new0(float, z.rows ? z.rows : 1);
   b->y = g_new0(float, z.rows ? z.rows : 1);
   b->dy = g_new0(float, z.rows ? z.rows : 1);
@@ -468,13 +428,13 @@ static void op_bench_free(struct op_bench *b) {
 
 /* ---- the kernel table --------------------------------------------------------------------- */
 
-static bool op_has_kernel(enum model_op_kind k) {
+bool prof_op_has_kernel(enum model_op_kind k) {
   return k != MODEL_OP_MLA_ATTENTION && k < MODEL_OP_KIND_COUNT;
 }
 
 /* Whether the executor runs anything for (kind, pass): embeddings have no BI (tokens are not
  * differentiable), a residual add no BW (no parameters). */
-static bool pass_runs(enum model_op_kind k, enum ir_pass pass) {
+bool prof_pass_runs(enum model_op_kind k, enum ir_pass pass) {
   return !(k == MODEL_OP_EMBEDDING && pass == IR_PASS_BI) &&
          !(k == MODEL_OP_RESIDUAL_ADD && pass == IR_PASS_BW);
 }
@@ -486,7 +446,7 @@ static int shape_rank(const struct model_op *op) {
   return n;
 }
 
-static void add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass pass,
+void prof_add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass pass,
                       double seconds) {
   cJSON *e = cJSON_CreateObject();
   cJSON_AddStringToObject(e, "op", model_op_kind_name(op->kind));
@@ -506,8 +466,8 @@ static void add_entry(struct prof_run *r, const struct model_op *op, enum ir_pas
 /* Bytes of every buffer op_bench_init allocates for the op (an upper bound). */
 static double op_bench_bytes(const struct model *m, const struct model_op *op) {
   struct op_bench b = {.m = m, .op = op};
-  op_bench_dims(&b);
-  struct op_sizes z = op_sizes_of(&b);
+  prof_op_bench_dims(&b);
+  struct op_sizes z = prof_op_sizes(&b);
   double TK = (double)b.T * (b.K ? b.K : 1);
   return 4.0 *
          (2.0 * (double)z.params + 2.0 * (double)z.in + 2.0 * (double)z.out + (double)z.saved +
@@ -518,7 +478,7 @@ static void progress_op(const struct prof_run *r, const struct model_op *op, con
   GString *shape = g_string_new("");
   for (int i = 0; i < shape_rank(op); i++)
     g_string_append_printf(shape, "%s%lld", i ? "x" : "", (long long)op->shape[i]);
-  progress(r, "  %-13s %-18s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us",
+  prof_progress(r, "  %-13s %-18s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us",
            model_op_kind_name(op->kind), shape->str, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6,
            t[3] * 1e6);
   g_string_free(shape, TRUE);
@@ -531,8 +491,8 @@ static void measure_op(struct prof_run *r, const struct model *m, const struct m
   double t[4];
   for (size_t p = 0; p < G_N_ELEMENTS(passes); p++) {
     b.pass = passes[p];
-    t[p] = pass_runs(op->kind, b.pass) ? median_seconds(r->a, op_bench_run, &b) : 0;
-    add_entry(r, op, b.pass, t[p]);
+    t[p] = prof_pass_runs(op->kind, b.pass) ? median_seconds(r->a, op_bench_run, &b) : 0;
+    prof_add_entry(r, op, b.pass, t[p]);
   }
   op_bench_free(&b);
   progress_op(r, op, t);
@@ -597,7 +557,7 @@ static void chain_sweep(struct chain *c, int pass) {
         continue;
       struct op_bench *b = &c->b[(size_t)mb * c->n_ops + i];
       b->pass = chain_passes[pass];
-      if (!pass_runs(b->op->kind, b->pass))
+      if (!prof_pass_runs(b->op->kind, b->pass))
         continue;
       double t0 = piper_clock_seconds();
       op_bench_run(b);
@@ -637,7 +597,7 @@ static void chain_init(struct chain *c, const struct model *m) {
   c->n_params = g_new0(size_t, m->n_ops + 1);
   for (uint32_t i = 0; i < m->n_ops; i++)
     if (c->run[i]) {
-      c->n_params[i] = op_sizes_of(&c->b[i]).params;
+      c->n_params[i] = prof_op_sizes(&c->b[i]).params;
       c->m1[i] = g_new0(float, c->n_params[i] + 1);
       c->v1[i] = g_new0(float, c->n_params[i] + 1);
     }
@@ -675,7 +635,7 @@ static void chain_classes(struct prof_run *r, struct chain *c, const struct mode
   GHashTable *mine = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
   for (uint32_t i = 0; i < m->n_ops; i++) {
     const struct model_op *op = &m->ops[i];
-    if (!op_has_kernel(op->kind))
+    if (!prof_op_has_kernel(op->kind))
       continue;
     c->run[i] = true;
     c->cls[i] = UINT32_MAX;
@@ -707,7 +667,7 @@ static void chain_classes(struct prof_run *r, struct chain *c, const struct mode
 static double chain_bytes(const struct model *m) {
   double total = 0;
   for (uint32_t i = 0; i < m->n_ops; i++)
-    if (op_has_kernel(m->ops[i].kind))
+    if (prof_op_has_kernel(m->ops[i].kind))
       total += CHAIN_MBS * op_bench_bytes(m, &m->ops[i]);
   return total;
 }
@@ -715,7 +675,7 @@ static double chain_bytes(const struct model *m) {
 static bool measure_model_chain(struct prof_run *r, const struct model *m) {
   if (chain_bytes(m) > physical_memory_bytes() / 8)
     return false;
-  progress(r, "kernels of %s (%u ops) in the executor's order, %d micro-batches", m->name,
+  prof_progress(r, "kernels of %s (%u ops) in the executor's order, %d micro-batches", m->name,
            m->n_ops, CHAIN_MBS);
   struct chain c = {0};
   chain_classes(r, &c, m);
@@ -741,13 +701,13 @@ static bool measure_model_chain(struct prof_run *r, const struct model *m) {
       params += (double)c.n_params[i];
     g_array_append_val(r->opt_params, params);
     g_array_append_val(r->opt_seconds, t);
-    progress(r, "  AdamW of segment %u: %.0f parameters, %.1f us", sg, params, t * 1e6);
+    prof_progress(r, "  AdamW of segment %u: %.0f parameters, %.1f us", sg, params, t * 1e6);
   }
   for (uint32_t k = 0; k < c.n_classes; k++) {
     double t[4];
     for (int p = 0; p < 4; p++) {
       t[p] = array_median(c.samples[k * 4 + (uint32_t)p]);
-      add_entry(r, c.class_op[k], chain_passes[p], t[p]);
+      prof_add_entry(r, c.class_op[k], chain_passes[p], t[p]);
     }
     progress_op(r, c.class_op[k], t);
   }
@@ -764,12 +724,12 @@ static void fit_chain_optimizer(struct prof_run *r) {
     two |= g_array_index(x, double, i) != g_array_index(x, double, 0);
   if (!two)
     return;
-  fit_line((double *)(void *)x->data, (double *)(void *)y->data, (int)x->len, &r->adamw_overhead,
-           &r->adamw_per_param);
+  prof_fit_line((double *)(void *)x->data, (double *)(void *)y->data, (int)x->len,
+                &r->adamw_overhead, &r->adamw_per_param);
   if (r->adamw_overhead < 0)
     r->adamw_overhead = 0;
   r->optimizer_from_chain = true;
-  progress(r, "AdamW in the executor's order: %.2f us + %.3f ns per parameter (%u segments)",
+  prof_progress(r, "AdamW in the executor's order: %.2f us + %.3f ns per parameter (%u segments)",
            r->adamw_overhead * 1e6, r->adamw_per_param * 1e9, x->len);
 }
 
@@ -777,7 +737,7 @@ static void fit_chain_optimizer(struct prof_run *r) {
 static void measure_model(struct prof_run *r, const struct model *m) {
   if (measure_model_chain(r, m))
     return;
-  progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
+  prof_progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
   for (uint32_t i = 0; i < m->n_ops; i++) {
     const struct model_op *op = &m->ops[i];
     GString *key = g_string_new(model_op_kind_name(op->kind));
@@ -788,15 +748,16 @@ static void measure_model(struct prof_run *r, const struct model *m) {
       continue;
     }
     g_hash_table_add(r->seen, g_string_free(key, FALSE));
-    if (!op_has_kernel(op->kind)) {
-      progress(r, "  %-13s no host kernel: left to the roofline", model_op_kind_name(op->kind));
+    if (!prof_op_has_kernel(op->kind)) {
+      prof_progress(r, "  %-13s no host kernel: left to the roofline",
+                    model_op_kind_name(op->kind));
       r->n_skipped++;
       continue;
     }
     /* a model too big for this machine: its ops fall back to the roofline, not to swap */
     double bytes = op_bench_bytes(m, op), limit = 0.25 * physical_memory_bytes();
     if (bytes > limit) {
-      progress(r,
+      prof_progress(r,
                "  %-13s needs %.1f GiB of buffers, over a quarter of this machine's memory: "
                "left to the roofline",
                model_op_kind_name(op->kind), bytes / 1073741824.0);
@@ -844,16 +805,18 @@ static void adamw_run(void *ctx) {
 static void measure_machine(struct prof_run *r, uint64_t max_params) {
   struct gemm_ctx g = {.n = r->a->quick ? 512 : 1024};
   size_t nn = (size_t)g.n * g.n;
-  g.a = random_floats(nn, 7, 1), g.b = random_floats(nn, 8, 1), g.c = g_new0(float, nn);
+  g.a = prof_random_floats(nn, 7, 1), g.b = prof_random_floats(nn, 8, 1), g.c = g_new0(float, nn);
   r->gemm_flops = 2.0 * g.n * g.n * g.n / median_seconds(r->a, gemm_run, &g);
   g_free(g.a), g_free(g.b), g_free(g.c);
-  progress(r, "GEMM %d^3: %.1f GFLOP/s", g.n, r->gemm_flops / 1e9);
+  prof_progress(r, "GEMM %d^3: %.1f GFLOP/s", g.n, r->gemm_flops / 1e9);
 
   struct triad_ctx t = {.n = (size_t)(r->a->quick ? 4 : 16) << 20};
-  t.a = g_new0(float, t.n), t.b = random_floats(t.n, 9, 1), t.c = random_floats(t.n, 10, 1);
+  t.a = g_new0(float, t.n);
+  t.b = prof_random_floats(t.n, 9, 1);
+  t.c = prof_random_floats(t.n, 10, 1);
   r->triad_bytes = 3.0 * (double)t.n * sizeof(float) / median_seconds(r->a, triad_run, &t);
   g_free(t.a), g_free(t.b), g_free(t.c);
-  progress(r, "triad: %.1f GB/s", r->triad_bytes / 1e9);
+  prof_progress(r, "triad: %.1f GB/s", r->triad_bytes / 1e9);
 
   enum { N_ADAMW = 4 };
   double x[N_ADAMW], y[N_ADAMW];
@@ -861,14 +824,14 @@ static void measure_machine(struct prof_run *r, uint64_t max_params) {
     struct adamw_ctx w = {.n = (size_t)(max_params >> (2 * (N_ADAMW - 1 - i)))};
     if (w.n < 1024)
       w.n = 1024;
-    w.p = random_floats(w.n, 11, 1), w.g = random_floats(w.n, 12, 1);
+    w.p = prof_random_floats(w.n, 11, 1), w.g = prof_random_floats(w.n, 12, 1);
     w.m = g_new0(float, w.n), w.v = g_new0(float, w.n);
     x[i] = (double)w.n;
     y[i] = median_seconds_after(r->a, adamw_run, &w, evict_caches);
     g_free(w.p), g_free(w.g), g_free(w.m), g_free(w.v);
-    progress(r, "AdamW %zu parameters: %.1f us", w.n, y[i] * 1e6);
+    prof_progress(r, "AdamW %zu parameters: %.1f us", w.n, y[i] * 1e6);
   }
-  fit_line(x, y, N_ADAMW, &r->adamw_overhead, &r->adamw_per_param);
+  prof_fit_line(x, y, N_ADAMW, &r->adamw_overhead, &r->adamw_per_param);
   if (r->adamw_overhead < 0)
     r->adamw_overhead = 0;
 }
@@ -881,16 +844,8 @@ static void measure_machine(struct prof_run *r, uint64_t max_params) {
  * fits of the profile: mpirun on one machine puts every rank on it. */
 
 #ifdef HAVE_MPI
-enum net_kind {
-  NET_P2P,
-  NET_ALL_REDUCE,
-  NET_REDUCE_SCATTER,
-  NET_ALL_GATHER,
-  NET_ALL_TO_ALL,
-  NET_N
-};
-static const char *const net_names[NET_N] = {"p2p", "all_reduce", "reduce_scatter", "all_gather",
-                                             "all_to_all"};
+const char *const prof_net_names[NET_N] = {"p2p", "all_reduce", "reduce_scatter",
+                                          "all_gather", "all_to_all"};
 
 struct net_ctx {
   enum net_kind kind;
@@ -978,10 +933,6 @@ static void sleeping_barrier(void) {
   }
 }
 
-/* Measured points of one operation: (group size, bytes, seconds). */
-struct net_points {
-  GArray *p, *n, *t; /* double */
-};
 
 /* a and B of t = A a + S n / B over the points, weights 1 / t^2; a >= 0 (else refitted at 0). */
 static void net_fit(enum net_kind k, const struct net_points *pts, double *a, double *B) {
@@ -1026,7 +977,7 @@ static void measure_group(struct prof_run *r, int g, struct net_ctx *c, int max_
       if (s == 0 || s == max_log4 - 1)
         g_string_append_printf(line, "%s%zu B %.1f us", s ? ", " : "", bytes, t * 1e6);
     }
-    progress(r, "  %-14s %d ranks: %s", net_names[k], g, line->str);
+    prof_progress(r, "  %-14s %d ranks: %s", prof_net_names[k], g, line->str);
     g_string_free(line, TRUE);
   }
 }
@@ -1045,44 +996,45 @@ static void net_source_largest(cJSON *src, enum net_kind k, const struct net_poi
     x[n] = g_array_index(pts->n, double, i), y[n] = g_array_index(pts->t, double, i);
     cJSON *pt = cJSON_CreateArray();
     cJSON_AddItemToArray(pt, cJSON_CreateNumber(x[n]));
-    cJSON_AddItemToArray(pt, cJSON_CreateNumber(round_sig(y[n] * 1e6, 4)));
+    cJSON_AddItemToArray(pt, cJSON_CreateNumber(prof_round_sig(y[n] * 1e6, 4)));
     cJSON_AddItemToArray(arr, pt);
     n++;
   }
   double alpha = 0, beta = 0;
-  fit_line(x, y, n, &alpha, &beta);
+  prof_fit_line(x, y, n, &alpha, &beta);
   cJSON_AddNumberToObject(src, "ranks", k == NET_P2P ? 2 : pmax);
-  cJSON_AddNumberToObject(src, "latency_us", round_sig((alpha > 0 ? alpha : 0) * 1e6, 4));
-  cJSON_AddNumberToObject(src, "bandwidth_gbs", round_sig(beta > 0 ? 1 / beta / 1e9 : 1e6, 4));
+  cJSON_AddNumberToObject(src, "latency_us", prof_round_sig((alpha > 0 ? alpha : 0) * 1e6, 4));
+  cJSON_AddNumberToObject(src, "bandwidth_gbs", prof_round_sig(beta > 0 ? 1 / beta / 1e9 : 1e6, 4));
   cJSON_AddItemToObject(src, "points_bytes_us", arr);
 }
 
 /* The fits (and their points, for the sources) into r. */
-static void net_record(struct prof_run *r, const struct net_points *pts) {
+void prof_net_record(struct prof_run *r, const struct net_points *pts) {
   r->fits = cJSON_CreateObject();
   r->fit_json = cJSON_CreateObject();
   for (int k = 0; k < NET_N; k++) {
     double lat, bw;
     net_fit((enum net_kind)k, &pts[k], &lat, &bw);
-    progress(r, "%-14s fit over %u points: %.2f us per step + bytes / %.3f GB/s", net_names[k],
-             pts[k].t->len, lat * 1e6, bw / 1e9);
+    prof_progress(r, "%-14s fit over %u points: %.2f us per step + bytes / %.3f GB/s",
+                  prof_net_names[k], pts[k].t->len, lat * 1e6, bw / 1e9);
     if (k == NET_P2P)
       r->p2p_latency = lat, r->p2p_bandwidth = bw;
     if (k == NET_ALL_REDUCE)
       r->ar_bandwidth = bw;
-    cJSON *f = cJSON_AddObjectToObject(r->fit_json, net_names[k]);
-    cJSON_AddNumberToObject(f, "latency_us", round_sig(lat * 1e6, 4));
-    cJSON_AddNumberToObject(f, "bandwidth_gbs", round_sig(bw / 1e9, 4));
-    cJSON *src = cJSON_AddObjectToObject(r->fits, net_names[k]);
+    cJSON *f = cJSON_AddObjectToObject(r->fit_json, prof_net_names[k]);
+    cJSON_AddNumberToObject(f, "latency_us", prof_round_sig(lat * 1e6, 4));
+    cJSON_AddNumberToObject(f, "bandwidth_gbs", prof_round_sig(bw / 1e9, 4));
+    cJSON *src = cJSON_AddObjectToObject(r->fits, prof_net_names[k]);
     net_source_largest(src, (enum net_kind)k, &pts[k]);
-    cJSON_AddNumberToObject(src, "link_latency_us", round_sig(lat * 1e6, 4));
-    cJSON_AddNumberToObject(src, "link_bandwidth_gbs", round_sig(bw / 1e9, 4));
+    cJSON_AddNumberToObject(src, "link_latency_us", prof_round_sig(lat * 1e6, 4));
+    cJSON_AddNumberToObject(src, "link_bandwidth_gbs", prof_round_sig(bw / 1e9, 4));
     cJSON *arr = cJSON_AddArrayToObject(src, "points_ranks_bytes_us");
     for (guint i = 0; i < pts[k].t->len; i++) {
       cJSON *pt = cJSON_CreateArray();
       cJSON_AddItemToArray(pt, cJSON_CreateNumber(g_array_index(pts[k].p, double, i)));
       cJSON_AddItemToArray(pt, cJSON_CreateNumber(g_array_index(pts[k].n, double, i)));
-      cJSON_AddItemToArray(pt, cJSON_CreateNumber(round_sig(g_array_index(pts[k].t, double, i) * 1e6, 4)));
+      cJSON_AddItemToArray(
+          pt, cJSON_CreateNumber(prof_round_sig(g_array_index(pts[k].t, double, i) * 1e6, 4)));
       cJSON_AddItemToArray(arr, pt);
     }
   }
@@ -1110,7 +1062,7 @@ static void measure_network(struct prof_run *r) {
     sleeping_barrier();
   }
   if (r->rank == 0)
-    net_record(r, pts);
+    prof_net_record(r, pts);
   for (int k = 0; k < NET_N; k++)
     g_array_free(pts[k].p, TRUE), g_array_free(pts[k].n, TRUE), g_array_free(pts[k].t, TRUE);
   g_free(c.send), g_free(c.recv);
@@ -1134,7 +1086,7 @@ static bool noop_task(struct exec_stream *s, void *arg, GError **err) {
 }
 
 /* Median seconds per instruction (task + record) of the backend's loop, over 5 batches. */
-static double host_instruction_cost(struct exec_backend *b, uint32_t n, GError **err) {
+double prof_instruction_cost(struct exec_backend *b, uint32_t n, GError **err) {
   struct exec_stream *st = exec_stream_create(b, "piper-prof", 0, err);
   if (!st)
     return -1;
@@ -1336,7 +1288,7 @@ static bool measure_host(struct prof_run *r, GError **err) {
     return false;
   bool ok = true;
   if (r->rank == 0) {
-    r->instruction_overhead = host_instruction_cost(b, r->a->quick ? 2000 : 20000, err);
+    r->instruction_overhead = prof_instruction_cost(b, r->a->quick ? 2000 : 20000, err);
     ok = r->instruction_overhead >= 0;
   }
 #ifdef HAVE_MPI
@@ -1349,7 +1301,7 @@ static bool measure_host(struct prof_run *r, GError **err) {
   }
 #endif
   exec_backend_free(b);
-  progress(r,
+  prof_progress(r,
            "host: %u cores; the executor's loop %.2f us per instruction; a test of posted "
            "communication %.2f us; a waiting rank takes %.2f of a computing rank's core "
            "(%.2f of a free one) and sees a message %.1f us late when its core is busy",
@@ -1426,32 +1378,56 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
   cJSON *m = cJSON_AddObjectToObject(s, "machine");
   cJSON_AddStringToObject(m, "cpu", mf->cpu);
   cJSON_AddNumberToObject(m, "cores", (double)mf->cores);
-  cJSON_AddNumberToObject(m, "memory_gib", round_sig(mf->memory_gib, 3));
+  cJSON_AddNumberToObject(m, "memory_gib", prof_round_sig(mf->memory_gib, 3));
   cJSON_AddNumberToObject(m, "load_average_1min", mf->load);
   cJSON_AddNumberToObject(m, "ranks", r->size);
   const char *blas = getenv("OPENBLAS_NUM_THREADS");
   cJSON_AddStringToObject(m, "openblas_threads", blas ? blas : "unset");
-  cJSON_AddStringToObject(
-      s, "measured",
-      "every distinct (op kind, shape) of the models: the host kernels of exec/train.c for F, BI, "
-      "BW and the fused B, run in the executor's order over the whole model (forward of every op "
-      "for 4 micro-batches of buffers, then BI in reverse, BW, B; weights shared), each call "
-      "timed where it stands; the median over repeats after warm-up, micro-batches and layers; "
-      "0 where the executor runs nothing (embedding BI, residual-add BW). A model too large for "
-      "that is timed op by op, alone");
-  cJSON_AddStringToObject(
-      s, "device",
-      "peak_tflops: median rate of one kernels_gemm of n^3 fp32 (bf16 the same: the host "
-      "computes in fp32); memory_bandwidth_gbs: triad a = b + s*c, 12 bytes per element; both are "
-      "achieved rates, so the efficiencies are 1. kernel_overhead_us and "
-      "optimizer_bytes_per_param: least-squares line (relative residuals) through AdamW's median "
-      "times per segment, run after each backward sweep of the executor-order runs (else at 4 "
-      "sizes up to the largest model's parameter count, caches cold): intercept; slope times "
-      "the triad bandwidth. host: cores_per_node = online processors; instruction_overhead_us = "
-      "a no-op task and an event record through the host backend's loop; comm_test_us = one "
-      "MPI_Test of a pending receive; wait_core_share and wake_latency_us: two ranks pinned to "
-      "one core, one computing GEMMs, the other waiting for a receive in the backend's loop: "
-      "the computing rank's slowdown (1 / (1 + share)) and how late the waiter sees the message");
+  if (r->gpu_name[0]) {
+    cJSON_AddStringToObject(m, "gpu", r->gpu_name);
+    cJSON_AddNumberToObject(m, "gpu_memory_gib", prof_round_sig(r->gpu_memory_gib, 4));
+    cJSON_AddNumberToObject(m, "gpu_sms", r->gpu_sms);
+    cJSON_AddStringToObject(
+        s, "measured",
+        "every distinct (op kind, shape) of the models: the cuda backend's kernel table (CUDA "
+        "kernels, cuBLASLt GEMMs in the precision the executor uses for the model: bf16 "
+        "operands with fp32 accumulation for bf16 models, fp32 for fp32 models) for F, BI, BW "
+        "and the fused B, each call one task on one CUDA stream timed by the CUDA events the "
+        "backend records around it (the trace's clock); the median over repeats after warm-up. "
+        "0 where the executor runs nothing (embedding BI, residual-add BW)");
+    cJSON_AddStringToObject(
+        s, "device",
+        "peak_tflops: median rate of the largest SwiGLU MLP forward (three GEMMs) through the "
+        "backend, bf16 and fp32; memory_bandwidth_gbs: a device-to-device copy, 2 bytes moved "
+        "per byte; both achieved rates (efficiencies 1). kernel_overhead_us and "
+        "optimizer_bytes_per_param: least-squares line through fused AdamW's median times at 4 "
+        "sizes: intercept; slope times the copy bandwidth. host: instruction_overhead_us = a "
+        "no-op task and an event record through the cuda backend (the host thread's enqueue "
+        "cost)");
+  } else {
+    cJSON_AddStringToObject(
+        s, "measured",
+        "every distinct (op kind, shape) of the models: the host kernels of exec/train.c for F, "
+        "BI, BW and the fused B, run in the executor's order over the whole model (forward of "
+        "every op for 4 micro-batches of buffers, then BI in reverse, BW, B; weights shared), "
+        "each call timed where it stands; the median over repeats after warm-up, micro-batches "
+        "and layers; 0 where the executor runs nothing (embedding BI, residual-add BW). A model "
+        "too large for that is timed op by op, alone");
+    cJSON_AddStringToObject(
+        s, "device",
+        "peak_tflops: median rate of one kernels_gemm of n^3 fp32 (bf16 the same: the host "
+        "computes in fp32); memory_bandwidth_gbs: triad a = b + s*c, 12 bytes per element; both "
+        "are achieved rates, so the efficiencies are 1. kernel_overhead_us and "
+        "optimizer_bytes_per_param: least-squares line (relative residuals) through AdamW's "
+        "median times per segment, run after each backward sweep of the executor-order runs "
+        "(else at 4 sizes up to the largest model's parameter count, caches cold): intercept; "
+        "slope times the triad bandwidth. host: cores_per_node = online processors; "
+        "instruction_overhead_us = a no-op task and an event record through the host backend's "
+        "loop; comm_test_us = one MPI_Test of a pending receive; wait_core_share and "
+        "wake_latency_us: two ranks pinned to one core, one computing GEMMs, the other waiting "
+        "for a receive in the backend's loop: the computing rank's slowdown (1 / (1 + share)) "
+        "and how late the waiter sees the message");
+  }
   cJSON_AddStringToObject(
       s, "network",
       r->network_measured
@@ -1473,16 +1449,19 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
 static cJSON *device_json(const struct prof_run *r, const struct machine_facts *mf) {
   cJSON *d = cJSON_CreateObject();
   cJSON *pk = cJSON_AddObjectToObject(d, "peak_tflops");
-  double tf = round_sig(r->gemm_flops / 1e12, 4);
-  cJSON_AddNumberToObject(pk, "bf16", tf);
+  double tf = prof_round_sig(r->gemm_flops / 1e12, 4);
+  /* the host computes bf16 in fp32; a GPU has its own bf16 rate */
+  cJSON_AddNumberToObject(
+      pk, "bf16", r->gpu_name[0] ? prof_round_sig(r->gemm_flops_bf16 / 1e12, 4) : tf);
   cJSON_AddNumberToObject(pk, "fp32", tf);
-  cJSON_AddNumberToObject(d, "memory_bandwidth_gbs", round_sig(r->triad_bytes / 1e9, 4));
-  cJSON_AddNumberToObject(d, "memory_capacity_gib", round_sig(mf->memory_gib, 3));
+  cJSON_AddNumberToObject(d, "memory_bandwidth_gbs", prof_round_sig(r->triad_bytes / 1e9, 4));
+  cJSON_AddNumberToObject(d, "memory_capacity_gib",
+                          prof_round_sig(r->gpu_name[0] ? r->gpu_memory_gib : mf->memory_gib, 3));
   cJSON_AddNumberToObject(d, "compute_efficiency", 1);
   cJSON_AddNumberToObject(d, "memory_efficiency", 1);
-  cJSON_AddNumberToObject(d, "kernel_overhead_us", round_sig(r->adamw_overhead * 1e6, 3));
+  cJSON_AddNumberToObject(d, "kernel_overhead_us", prof_round_sig(r->adamw_overhead * 1e6, 3));
   cJSON_AddNumberToObject(d, "optimizer_bytes_per_param",
-                          round_sig(r->adamw_per_param * r->triad_bytes, 3));
+                          prof_round_sig(r->adamw_per_param * r->triad_bytes, 3));
   return d;
 }
 
@@ -1494,11 +1473,11 @@ static cJSON *network_json(const struct prof_run *r) {
   cJSON *n = cJSON_CreateObject();
   cJSON_AddNumberToObject(n, "gpus_per_node", 64);
   cJSON_AddNumberToObject(n, "nics_per_node", 1);
-  cJSON_AddNumberToObject(n, "nvlink_bandwidth_gbs", round_sig(bw / 1e9, 4));
-  cJSON_AddNumberToObject(n, "nvlink_latency_us", round_sig(lat * 1e6, 3));
-  cJSON_AddNumberToObject(n, "nic_bandwidth_gbs", round_sig(bw / 1e9, 4));
-  cJSON_AddNumberToObject(n, "inter_node_latency_us", round_sig(lat * 1e6, 3));
-  cJSON_AddNumberToObject(n, "efficiency", round_sig(eff, 3));
+  cJSON_AddNumberToObject(n, "nvlink_bandwidth_gbs", prof_round_sig(bw / 1e9, 4));
+  cJSON_AddNumberToObject(n, "nvlink_latency_us", prof_round_sig(lat * 1e6, 3));
+  cJSON_AddNumberToObject(n, "nic_bandwidth_gbs", prof_round_sig(bw / 1e9, 4));
+  cJSON_AddNumberToObject(n, "inter_node_latency_us", prof_round_sig(lat * 1e6, 3));
+  cJSON_AddNumberToObject(n, "efficiency", prof_round_sig(eff, 3));
   cJSON_AddStringToObject(n, "collective_algorithm", "ring");
   return n;
 }
@@ -1506,18 +1485,21 @@ static cJSON *network_json(const struct prof_run *r) {
 static cJSON *host_json(const struct prof_run *r) {
   cJSON *h = cJSON_CreateObject();
   cJSON_AddNumberToObject(h, "cores_per_node", r->cores);
-  cJSON_AddNumberToObject(h, "instruction_overhead_us", round_sig(r->instruction_overhead * 1e6, 3));
+  cJSON_AddNumberToObject(h, "instruction_overhead_us",
+                          prof_round_sig(r->instruction_overhead * 1e6, 3));
   if (r->comm_measured) {
-    cJSON_AddNumberToObject(h, "wait_core_share", round_sig(r->wait_share, 3));
-    cJSON_AddNumberToObject(h, "comm_test_us", round_sig(r->comm_test * 1e6, 3));
-    cJSON_AddNumberToObject(h, "wake_latency_us", round_sig(r->wake_latency * 1e6, 3));
+    cJSON_AddNumberToObject(h, "wait_core_share", prof_round_sig(r->wait_share, 3));
+    cJSON_AddNumberToObject(h, "comm_test_us", prof_round_sig(r->comm_test * 1e6, 3));
+    cJSON_AddNumberToObject(h, "wake_latency_us", prof_round_sig(r->wake_latency * 1e6, 3));
   }
   return h;
 }
 
 static cJSON *profile_json(const struct prof_run *r, const struct machine_facts *mf) {
   cJSON *root = cJSON_CreateObject();
-  cJSON_AddStringToObject(root, "name", strcmp(r->a->backend, "host") == 0 ? "host-cpu" : "cpu");
+  cJSON_AddStringToObject(root, "name", strcmp(r->a->backend, "host") == 0 ? "host-cpu"
+                                        : r->gpu_name[0]                   ? r->gpu_name
+                                                                           : "cpu");
   cJSON_AddStringToObject(root, "kind", "device");
   char *desc = g_strdup_printf(
       "piper-exec's %s backend, measured by piper-prof %s on %s (%ld cores, %d rank%s, "
@@ -1583,12 +1565,18 @@ static int check_args(const struct prof_args *a) {
     return piper_usage_error(program.name, "%s", "--model FILE is required");
   if (!a->out)
     return piper_usage_error(program.name, "%s", "-o PROFILE is required");
+#ifdef HAVE_CUDA
+  if (strcmp(a->backend, "host") != 0 && strcmp(a->backend, "cuda") != 0)
+    return piper_usage_error(program.name, "--backend: unknown backend \"%s\" (host, cuda)",
+                             a->backend);
+#else
   if (strcmp(a->backend, "cuda") == 0)
     return piper_usage_error(program.name, "%s",
                              "--backend cuda: this piper-prof times the host kernels only "
                              "(the CUDA backend is not built in)");
   if (strcmp(a->backend, "host") != 0)
     return piper_usage_error(program.name, "--backend: unknown backend \"%s\" (host)", a->backend);
+#endif
   return OPTIONS_CONTINUE;
 }
 
@@ -1599,7 +1587,7 @@ static bool under_mpirun(void) {
 #ifdef HAVE_MPI
 /* The other ranks wait for rank 0's kernels without a core: MPI's blocking calls spin, and a
  * spinning rank would take a core from the kernels being timed. */
-static void idle_until_released(void) {
+void prof_idle_until_released(void) {
   char done = 0;
   MPI_Request req;
   MPI_Irecv(&done, 1, MPI_CHAR, 0, 9, MPI_COMM_WORLD, &req);
@@ -1620,9 +1608,21 @@ static void release_others(const struct prof_run *r) {
 /* Network first, with every rank; then rank 0 alone times the kernels while the others sleep,
  * so nothing else of this run competes for the cores. */
 static bool measure_all(struct prof_run *r, GPtrArray *models, GError **err) {
+#ifdef HAVE_CUDA
+  if (strcmp(r->a->backend, "cuda") == 0) {
+    /* tools/prof_cuda.c: every rank its own GPU for the network, rank 0 the kernels */
+    r->failed = !prof_cuda_measure(r, models, err);
+    if (r->size > 1 && r->rank != 0) {
+      if (!r->failed)
+        prof_idle_until_released();
+      return false;
+    }
+    return !r->failed;
+  }
+#endif
 #ifdef HAVE_MPI
   if (r->size > 1) {
-    progress(r, "network over 2 to %d ranks", r->size);
+    prof_progress(r, "network over 2 to %d ranks", r->size);
     measure_network(r);
   }
 #endif
@@ -1630,7 +1630,7 @@ static bool measure_all(struct prof_run *r, GPtrArray *models, GError **err) {
     r->failed = true;
 #ifdef HAVE_MPI
   if (r->size > 1 && r->rank != 0) {
-    idle_until_released();
+    prof_idle_until_released();
     return false;
   }
 #endif
@@ -1650,7 +1650,8 @@ static bool measure_all(struct prof_run *r, GPtrArray *models, GError **err) {
   for (guint i = 0; i < models->len; i++)
     measure_model(r, g_ptr_array_index(models, i));
   fit_chain_optimizer(r);
-  progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries, r->n_skipped);
+  prof_progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries,
+                r->n_skipped);
   return true;
 }
 
@@ -1692,7 +1693,7 @@ int main(int argc, char **argv) {
 #endif
   bool ok = !r.failed && (!writer || write_profile(&r, argc, argv, &err));
   if (writer && ok)
-    progress(&r, "wrote %s (%u measured entries)", a.out, r.n_entries);
+    prof_progress(&r, "wrote %s (%u measured entries)", a.out, r.n_entries);
 #ifdef HAVE_MPI
   if (mpi)
     MPI_Finalize();

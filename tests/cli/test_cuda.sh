@@ -16,14 +16,14 @@ ok() { echo "ok: $*"; }
 
 [ -x "$EXEC" ] || { echo "FAIL: $EXEC not built"; exit 1; }
 
-# one line on stderr, "piper-exec: error: ..." naming a CUDA error, exit status 1
+# one line on stderr, "PROGRAM: error: ..." naming a CUDA error, exit status 1
 expect_cuda_error() {
-  local what=$1 rc=$2 err=$3
+  local what=$1 rc=$2 err=$3 prog=${4:-piper-exec}
   if [ "$rc" -ne 1 ]; then fail "$what: exit $rc, want 1: $(head -3 "$err")"; return; fi
   local lines
   lines=$(grep -c . "$err")
   if [ "$lines" -ne 1 ]; then fail "$what: $lines lines on stderr, want 1: $(head -5 "$err")"; return; fi
-  grep -Eq '^piper-exec: error: .*(cuda[A-Za-z]+\(|cudaError|no CUDA device)' "$err" \
+  grep -Eq "^$prog: error: .*(cuda[A-Za-z]+\\(|cudaError|no CUDA device)" "$err" \
     && ok "$what: $(cat "$err")" || fail "$what: $(cat "$err")"
 }
 
@@ -49,12 +49,37 @@ if "$EXEC" --list-backends | grep -q '^cuda'; then
       fi
     fi
   fi
+  # piper-prof --backend cuda: the same one line, no profile written
+  PROF="$BIN/piper-prof"
+  if "$PROF" --backend cuda --model models/tiny-moe.json --quick --quiet -o "$tmp/gpu.json" \
+    > "$tmp/pout" 2> "$tmp/perr"; then
+    echo "skip: piper-prof --backend cuda ran (a usable GPU is here)"
+  else
+    expect_cuda_error "piper-prof --backend cuda" $? "$tmp/perr" piper-prof
+    [ -e "$tmp/gpu.json" ] && fail "piper-prof --backend cuda wrote a profile after failing"
+  fi
 else
   ok "cuda not listed (not built)"
+  "$BIN/piper-prof" --backend cuda --model models/tiny-moe.json -o "$tmp/gpu.json" \
+    > "$tmp/pout" 2> "$tmp/perr"
+  rc=$?
+  [ "$rc" -eq 2 ] && grep -q 'not built in' "$tmp/perr" \
+    && ok "piper-prof --backend cuda refused: $(cat "$tmp/perr")" || fail "piper-prof: exit $rc: $(cat "$tmp/perr")"
   "$EXEC" "${run[@]}" --out "$tmp/one" > "$tmp/out" 2> "$tmp/err"
   rc=$?
   [ "$rc" -ne 0 ] && grep -q '"cuda" is not built in' "$tmp/err" \
     && ok "--backend cuda refused: $(cat "$tmp/err")" || fail "exit $rc: $(cat "$tmp/err")"
+fi
+
+# tools/gpu-check.sh cannot run here, but its host-side steps can: --dry-run runs them (host
+# reference runs, loss comparison, the reduced llama model, simulate -> compare) and must pass
+if [ "$BIN" = bin ] && command -v python3 > /dev/null && command -v mpirun > /dev/null; then
+  if OUT="$tmp/gpu-check" GPU_CHECK_SKIP_BUILD=1 tools/gpu-check.sh --dry-run > "$tmp/gc.out" 2>&1 &&
+    grep -q '^gpu-check: 0 check(s) failed' "$tmp/gc.out"; then
+    ok "tools/gpu-check.sh --dry-run: $(grep -c '^ok:' "$tmp/gc.out") steps ok"
+  else
+    fail "tools/gpu-check.sh --dry-run: $(grep -E '^FAIL|^gpu-check' "$tmp/gc.out" | head -5)"
+  fi
 fi
 
 [ "$fails" -eq 0 ] && echo "test_cuda: all passed" || echo "test_cuda: $fails failed"

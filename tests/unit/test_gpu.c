@@ -1,6 +1,7 @@
 /* test_gpu: the host-side pieces of the cuda backend, which run without a GPU: the offline
- * arena planner (exec/arena.h), the device, communicator and SM-share decisions
- * (exec/gpu_layout.h), and the registry (the cuda backend is listed exactly when built). */
+ * arena planner and the run-time carver (exec/arena.h), the device, communicator and SM-share
+ * decisions (exec/gpu_layout.h), device times and the backend's memory peak in the run's
+ * report, and the registry (the cuda backend is listed exactly when built). */
 #include "test-helpers.h"
 
 #include "../../base/json.h"
@@ -182,6 +183,133 @@ static void test_arena_peak_matches_simulator(void **state) {
   sim_result_free(r);
   profile_free(prof);
   plan_free(p);
+}
+
+/* Replays a class's events through the carver as a backend meets them (each tensor one block
+ * of its planned bytes): every block lands at its planned offset, no two live blocks share a
+ * byte, and none ends past the arena. */
+static void carve_class(const struct plan_class *c, const struct exec_arena *a) {
+  struct exec_arena_carver cv;
+  exec_arena_carver_init(&cv, a, c->tensors, 256);
+  GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
+  exec_arena_class_events(c, ev);
+  uint64_t *at = g_new(uint64_t, c->n_tensors);
+  bool *live = g_new0(bool, c->n_tensors);
+  for (guint k = 0; k < ev->len; k++) {
+    const struct exec_arena_event *e = &g_array_index(ev, struct exec_arena_event, k);
+    if (!e->alloc) {
+      exec_arena_carve_release(&cv, e->tensor);
+      live[e->tensor] = false;
+      continue;
+    }
+    uint64_t bytes = c->tensors[e->tensor].bytes;
+    assert_true(exec_arena_carve(&cv, e->tensor, bytes, 256, &at[e->tensor]));
+    assert_int_equal(at[e->tensor], a->offset[e->tensor]);
+    assert_true(at[e->tensor] + bytes <= a->size);
+    for (uint32_t u = 0; u < c->n_tensors; u++)
+      if (live[u] && at[u] < at[e->tensor] + bytes && at[e->tensor] < at[u] + c->tensors[u].bytes)
+        fail_msg("tensors %u and %u live at once share bytes", u, e->tensor);
+    live[e->tensor] = true;
+  }
+  assert_int_equal(cv.fallback_blocks, 0);
+  g_free(live);
+  g_free(at);
+  g_array_free(ev, TRUE);
+  exec_arena_carver_clear(&cv);
+}
+
+/* For every device of a plan: the arena the cuda backend allocates is the planner's size, which
+ * is the live peak of the plan's memory rule in issue order (greedy by size packs these plans
+ * without a hole, first fit does not); carving at its offsets keeps live tensors apart; and
+ * against the simulator's transient peak (its peak less static memory): equal on one device,
+ * where its timed order is the issue order; with several devices the simulator's order holds
+ * at least as much at once (received buffers posted ahead), so the arena never exceeds it. */
+static void check_arena_against_simulator(const char *model, const char *layout,
+                                          const char *schedule, uint32_t mbs) {
+  struct plan *p = compile_layout(model, layout, schedule, mbs);
+  GError *err = NULL;
+  struct profile *prof = profile_load_file("profiles/h100-sxm.json", &err);
+  assert_non_null(prof);
+  struct sim_options so = {0};
+  struct sim_result *r = sim_run(p, prof, &so, &err);
+  assert_non_null(r);
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    const struct sim_unit *u = &r->units[r->device_unit[d]];
+    uint64_t stat = 0;
+    for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
+      stat += u->static_bytes[k];
+    struct exec_arena a;
+    const struct plan_class *c = plan_device_class(p, d);
+    assert_true(exec_arena_plan(c, 256, &a, &err));
+    if (a.size != a.live_peak)
+      fail_msg("%s %s device %u: arena %llu bytes, live peak %llu", model, layout, d,
+               (unsigned long long)a.size, (unsigned long long)a.live_peak);
+    assert_true(a.first_fit_size >= a.size);
+    if (p->n_devices == 1)
+      assert_int_equal(a.size, u->peak_bytes - stat);
+    else
+      assert_true(a.size <= u->peak_bytes - stat);
+    carve_class(c, &a);
+    exec_arena_clear(&a);
+  }
+  sim_result_free(r);
+  profile_free(prof);
+  plan_free(p);
+}
+
+static void test_arena_size_is_the_peak(void **state) {
+  (void)state;
+  check_arena_against_simulator("models/tiny-dense.json", "pp=1", "1f1b", 4);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=1", NULL, 0);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=2", "1f1b", 8);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=4", "zerobubble", 8);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=2,dp=2,ep=2,v", "dualpipev", 4);
+  check_arena_against_simulator("models/tiny-dense.json", "pp=2,dp=2,zero=1", "1f1b", 4);
+  check_arena_against_simulator("models/tiny-dense.json", "pp=2,dp=2,zero=3", "1f1b", 4);
+  check_arena_against_simulator("models/tiny-moe.json", "pp=2,dp=2,ep=2,zero=2", "1f1b", 4);
+}
+
+/* The run's order may leave the plan's: a block that does not fit its slot, or a slot whose
+ * bytes a live tensor still holds, is refused (the backend's fallback takes it); blocks of one
+ * tensor follow one another in its slot, which is free again with the last one. */
+static void test_arena_carve_refusals(void **state) {
+  (void)state;
+  struct plan_tensor t[3] = {{.bytes = 512}, {.bytes = 256}, {.bytes = 512}};
+  /* 0 lives alone, then 1 and 2 together in its place */
+  struct exec_arena_event ev[] = {{0, 0, true}, {0, 1, false}, {1, 2, true}, {2, 3, true}};
+  struct exec_arena a;
+  plan_by_hand(t, 3, ev, 4, 256, &a);
+  assert_int_equal(a.size, 768);
+  struct exec_arena_carver cv;
+  exec_arena_carver_init(&cv, &a, t, 256);
+  uint64_t at = 0;
+  assert_true(exec_arena_carve(&cv, 0, 200, 256, &at));
+  assert_int_equal(at, a.offset[0]);
+  assert_true(exec_arena_carve(&cv, 0, 256, 256, &at)); /* the second block follows */
+  assert_int_equal(at, a.offset[0] + 256);
+  assert_false(exec_arena_carve(&cv, 0, 1, 256, &at)); /* the slot is full */
+  /* 1 and 2 share bytes with 0, still live: refused */
+  assert_true(a.offset[1] < 512 || a.offset[2] < 512);
+  uint32_t early = a.offset[1] < 512 ? 1 : 2;
+  assert_false(exec_arena_carve(&cv, early, 16, 256, &at));
+  exec_arena_carve_release(&cv, 0);
+  assert_false(exec_arena_carve(&cv, early, 16, 256, &at)); /* one block of 0 is left */
+  exec_arena_carve_release(&cv, 0);
+  assert_true(exec_arena_carve(&cv, early, 16, 256, &at));
+  assert_int_equal(at, a.offset[early]);
+  assert_false(exec_arena_carve(&cv, 3 - early, 4096, 256, &at)); /* larger than its slot */
+  assert_int_equal(cv.fallback_blocks, 4);
+  assert_int_equal(cv.carved_blocks, 3);
+  /* every tensor's overlap list names the others sharing its bytes, both ways */
+  for (uint32_t x = 0; x < 3; x++)
+    for (uint32_t k = cv.overlap_first[x]; k < cv.overlap_first[x + 1]; k++) {
+      uint32_t y = cv.overlap[k];
+      assert_true(a.offset[x] < a.offset[y] + 256 * ((t[y].bytes + 255) / 256) &&
+                  a.offset[y] < a.offset[x] + 256 * ((t[x].bytes + 255) / 256));
+    }
+  assert_int_equal(cv.overlap_first[3], 4); /* 0 meets 1 and 2, and back */
+  exec_arena_carver_clear(&cv);
+  exec_arena_clear(&a);
 }
 
 /* ---- device choice, communicators, SM shares ---------------------------------------------- */
@@ -370,6 +498,150 @@ static void test_gpu_trace_from_device_times(void **state) {
   plan_free(p);
 }
 
+/* A backend that places its buffers itself (the cuda arena) reports the memory they spanned:
+ * metrics.json's peak is its figure, not the runner's sum of live buffers. */
+static uint64_t fake_memory_peak(struct exec_backend *b) {
+  (void)b;
+  return 123456789;
+}
+
+static void test_gpu_backend_memory_peak(void **state) {
+  (void)state;
+  struct plan *p = compile_layout("models/tiny-dense.json", "pp=1", NULL, 0);
+  struct exec_backend_ops ops = exec_backend_host;
+  ops.task_times = fake_task_times; /* enqueues: plan tensors go through alloc_tensor */
+  ops.memory_peak = fake_memory_peak;
+  GError *err = NULL;
+  struct exec_backend *b = exec_backend_init(&ops, NULL, &err);
+  assert_non_null(b);
+  char *dir = test_tmp_dir("test_gpu-XXXXXX");
+  char *out = g_build_filename(dir, "run", NULL);
+  struct exec_options o = exec_options_default();
+  o.plan = p;
+  o.warmup = 0;
+  o.iters = 1;
+  o.out_dir = out;
+  struct exec_result r = {0};
+  if (!exec_run(&o, b, &r, &err))
+    fail_msg("exec_run: %s", err->message);
+  assert_int_equal(r.peak_memory_bytes, 123456789);
+  char *path = g_build_filename(out, "metrics.json", NULL);
+  char *text = test_read_file(path);
+  cJSON *root = cJSON_Parse(text);
+  assert_non_null(root);
+  const cJSON *peak = cJSON_GetObjectItemCaseSensitive(root, "peak_memory_bytes_max");
+  assert_true(cJSON_IsNumber(peak));
+  assert_int_equal((uint64_t)peak->valuedouble, 123456789);
+  cJSON_Delete(root);
+  g_free(text);
+  g_free(path);
+  exec_result_clear(&r);
+  exec_backend_free(b);
+  test_remove_tree(dir);
+  g_free(out);
+  g_free(dir);
+  plan_free(p);
+}
+
+/* The executor's own buffers against the planner's slots: a host backend that enqueues (so
+ * plan tensors come through alloc_tensor, as on the cuda backend) carves every block the
+ * executor asks for through an exec_arena_carver over the one-device plan's class, as
+ * backend_cuda_arena.c does, and counts what fits. */
+static struct exec_arena_carver fit_carver;
+static GHashTable *fit_blocks; /* pointer -> tensor + 1 */
+
+static void *fit_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t bytes) {
+  void *p = exec_backend_host.alloc(b, bytes);
+  uint64_t at = 0;
+  if (p && exec_arena_carve(&fit_carver, tensor, bytes, 256, &at))
+    g_hash_table_insert(fit_blocks, p, GUINT_TO_POINTER(tensor + 1));
+  return p;
+}
+
+static void fit_release(struct exec_backend *b, void *p) {
+  gpointer v = NULL;
+  if (g_hash_table_steal_extended(fit_blocks, p, NULL, &v))
+    exec_arena_carve_release(&fit_carver, GPOINTER_TO_UINT(v) - 1);
+  exec_backend_host.release(b, p);
+}
+
+/* held: the bytes per element the executor holds (4: fp32) against the plan's dtype, as
+ * backend_cuda_arena.c plans the slots; 0: the plan's bytes as they are. */
+static void check_executor_fits(const char *model, const char *layout, const char *schedule,
+                                uint32_t mbs, uint64_t held, uint32_t *carved,
+                                uint32_t *refused) {
+  struct plan *p = compile_layout(model, layout, schedule, mbs);
+  GError *err = NULL;
+  const struct plan_class *c = plan_device_class(p, 0);
+  struct plan_tensor *t =
+      held ? exec_arena_tensors_held(c, model_dtype_bytes(p->model->dtype), held) : NULL;
+  GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
+  exec_arena_class_events(c, ev);
+  struct exec_arena a;
+  assert_true(exec_arena_plan_best(c->n_tensors, t ? t : c->tensors,
+                                   (const struct exec_arena_event *)(void *)ev->data, ev->len,
+                                   256, &a, &err));
+  g_array_free(ev, TRUE);
+  exec_arena_carver_init(&fit_carver, &a, t ? t : c->tensors, 256);
+  fit_blocks = g_hash_table_new(g_direct_hash, g_direct_equal);
+  struct exec_backend_ops ops = exec_backend_host;
+  ops.task_times = fake_task_times;
+  ops.alloc_tensor = fit_alloc_tensor;
+  ops.release = fit_release;
+  struct exec_backend *b = exec_backend_init(&ops, NULL, &err);
+  assert_non_null(b);
+  struct exec_options o = exec_options_default();
+  o.plan = p;
+  o.warmup = 1;
+  o.iters = 1;
+  struct exec_result r = {0};
+  if (!exec_run(&o, b, &r, &err))
+    fail_msg("exec_run: %s", err->message);
+  *carved = fit_carver.carved_blocks;
+  *refused = fit_carver.fallback_blocks;
+  exec_result_clear(&r);
+  g_free(t);
+  exec_backend_free(b);
+  g_hash_table_destroy(fit_blocks);
+  exec_arena_carver_clear(&fit_carver);
+  exec_arena_clear(&a);
+  plan_free(p);
+}
+
+/* Every block the executor allocates for a plan tensor, over a warm-up and a measured step,
+ * lands at the planner's offset: dense and MoE (its expert rows at this plan's routing),
+ * fp32 as planned. A bf16 model's plan counts activations at 2 bytes while the executor holds
+ * fp32: at the plan's bytes the blocks do not fit (the backend would place them first fit
+ * above the arena), at the bytes held (what backend_cuda_arena.c plans) they all do. */
+static void test_gpu_executor_fits_planned_slots(void **state) {
+  (void)state;
+  uint32_t carved = 0, refused = 0;
+  check_executor_fits("models/tiny-dense.json", "pp=1", "1f1b", 4, 0, &carved, &refused);
+  assert_true(carved > 100);
+  assert_int_equal(refused, 0);
+  check_executor_fits("models/tiny-moe.json", "pp=1", "1f1b", 4, 0, &carved, &refused);
+  assert_true(carved > 100);
+  assert_int_equal(refused, 0);
+  char *dir = test_tmp_dir("test_gpu-XXXXXX");
+  char *fp32 = test_read_file("models/tiny-dense.json");
+  char **parts = g_strsplit(fp32, "\"dtype\": \"fp32\"", -1);
+  assert_int_equal(g_strv_length(parts), 2);
+  char *text = g_strjoinv("\"dtype\": \"bf16\"", parts);
+  g_strfreev(parts);
+  g_free(fp32);
+  char *bf16 = g_build_filename(dir, "tiny-dense-bf16.json", NULL);
+  test_write_file(bf16, text);
+  check_executor_fits(bf16, "pp=1", "1f1b", 4, 0, &carved, &refused);
+  assert_true(refused > 100);
+  check_executor_fits(bf16, "pp=1", "1f1b", 4, 4, &carved, &refused);
+  assert_true(carved > 100);
+  assert_int_equal(refused, 0);
+  g_free(bf16);
+  g_free(text);
+  test_remove_tree(dir);
+  g_free(dir);
+}
+
 /* The cuda backend is in the registry exactly when it was built. */
 static void test_gpu_registry(void **state) {
   (void)state;
@@ -389,6 +661,8 @@ int main(void) {
       cmocka_unit_test(test_arena_refuses_bad_events),
       cmocka_unit_test(test_arena_real_plans),
       cmocka_unit_test(test_arena_peak_matches_simulator),
+      cmocka_unit_test(test_arena_size_is_the_peak),
+      cmocka_unit_test(test_arena_carve_refusals),
       cmocka_unit_test(test_gpu_pick),
       cmocka_unit_test(test_gpu_shared),
       cmocka_unit_test(test_gpu_comm_rank),
@@ -396,6 +670,8 @@ int main(void) {
       cmocka_unit_test(test_gpu_serial_progress),
       cmocka_unit_test(test_gpu_sm_share),
       cmocka_unit_test(test_gpu_trace_from_device_times),
+      cmocka_unit_test(test_gpu_backend_memory_peak),
+      cmocka_unit_test(test_gpu_executor_fits_planned_slots),
       cmocka_unit_test(test_gpu_registry),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
