@@ -435,13 +435,11 @@ out:
 
 /* ---- recompute ----------------------------------------------------------------------------- */
 
-/* What a segment's attention core saves: what selective recomputation stops keeping. */
-static uint64_t segment_core_saved(const struct model *m, uint32_t seg) {
-  uint64_t b = 0;
-  const struct model_segment *s = &m->segments[seg];
-  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
-    b += m->ops[o].core_saved_bytes;
-  return b;
+/* What node i's attention cores save on its devices: what selective recomputation stops
+ * keeping (tensor parallelism, applied before, divides them by heads). */
+static uint64_t node_core_saved(const struct ir_graph *g, uint32_t i) {
+  const struct ir_node *n = IR_NODE(g, i);
+  return ir_tp_segment_core_bytes(g->model, n->segment, n->tp_degree);
 }
 
 /* Matched forward nodes a recompute directive acts on; fails naming the directive when there
@@ -462,7 +460,7 @@ static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
   for (uint32_t j = 0; j < m->len; j++) {
     uint32_t i = g_array_index(m, uint32_t, j);
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->pass != IR_PASS_F || (selective && segment_core_saved(g->model, n->segment) == 0))
+    if (n->pass != IR_PASS_F || (selective && node_core_saved(g, i) == 0))
       continue;
     if (n->recompute != IR_RECOMPUTE_NONE) {
       char *nm = node_name(g, i);
@@ -529,14 +527,14 @@ static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
       IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
       ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, ed.bytes);
     } else {
-      uint64_t core = segment_core_saved(g->model, IR_NODE(g, ed.src)->segment);
+      uint64_t core = node_core_saved(g, ed.src);
       IR_EDGE(g, e)->bytes = ed.bytes > core ? ed.bytes - core : 0;
       ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, core);
     }
   }
   for (uint32_t j = 0; j < t->len; j++) {
     uint32_t i = g_array_index(t, uint32_t, j);
-    uint64_t core = segment_core_saved(g->model, IR_NODE(g, i)->segment);
+    uint64_t core = node_core_saved(g, i);
     uint64_t kept = dd->granularity == IR_RECOMPUTE_FULL ? inputs[i]
                     : saved[i] > core                    ? saved[i] - core
                                                          : 0;

@@ -217,6 +217,9 @@ uint64_t ir_tp_segment_param_bytes(const struct model *m, uint32_t segment, uint
  * ([T, hidden]) whole unless sequence_parallel. */
 uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint32_t tp,
                                    bool sequence_parallel);
+/* What the segment's attention cores save (their output and log-sum-exp) on one device, divided
+ * by heads under TP: what selective recomputation drops after F and R rebuilds. */
+uint64_t ir_tp_segment_core_bytes(const struct model *m, uint32_t segment, uint32_t tp);
 /* What a compute node of segment holds on one device besides its tensors (the memory rule's
  * workspace, models/model.h): in pass F its scratch and the outputs nothing keeps; in B the
  * gradients of its values, bwork and scratch; in BI its scratch; in BW nothing; *keep the part

@@ -490,16 +490,6 @@ static void instr_waits(struct lower *l, struct plan_class *c, uint32_t i, const
   c->instrs[i].wait_count = cp->waits->len - c->instrs[i].wait_first;
 }
 
-/* What a segment's attention cores save (their output and log-sum-exp), per device: what
- * selective recomputation drops after F and R rebuilds (divided by heads under TP). */
-static uint64_t segment_core_bytes(const struct model *m, uint32_t seg, uint32_t tp) {
-  uint64_t b = 0;
-  const struct model_segment *s = &m->segments[seg];
-  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
-    b += m->ops[o].core_saved_bytes;
-  return tp > 1 ? b / tp : b;
-}
-
 /* The workspace of a forward or rerun under recomputation (apply_recompute gives F's and R's
  * saved tensors their sizes; these are what each holds only while it runs):
  *   F, full: everything a plain F saves, now dropped when it ends (it keeps its inputs);
@@ -512,7 +502,7 @@ static uint64_t recompute_work(const struct model *m, const struct ir_node *n, u
     return full ? fwd_work : 0;
   if (full)
     return fwd_work + ir_tp_segment_saved_bytes(m, n->segment, n->tp_degree, n->sequence_parallel);
-  return fwd_work + segment_core_bytes(m, n->segment, n->tp_degree);
+  return fwd_work + ir_tp_segment_core_bytes(m, n->segment, n->tp_degree);
 }
 
 /* Compute instruction i's workspace (models/model.h): F holds its outputs nobody keeps and

@@ -86,6 +86,14 @@ uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint
   return sum;
 }
 
+uint64_t ir_tp_segment_core_bytes(const struct model *m, uint32_t segment, uint32_t tp) {
+  uint64_t b = 0;
+  const struct model_segment *s = &m->segments[segment];
+  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
+    b += m->ops[o].core_saved_bytes;
+  return tp > 1 ? b / tp : b;
+}
+
 void ir_tp_segment_comm(const struct model *m, uint32_t segment, enum ir_pass pass,
                         uint64_t *bytes, uint32_t *count) {
   const struct model_segment *s = &m->segments[segment];

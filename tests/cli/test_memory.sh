@@ -80,6 +80,8 @@ plans=(
   "rc_sel_moe 2 $MOE --layout pp=2,recompute=selective --schedule 1f1b --mbs 8"
   "rc_full_zb 2 $DENSE --layout pp=2,recompute=full --schedule zerobubble --mbs 4"
   "rc_sel_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective --schedule 1f1b --mbs 4"
+  "tp2_rc_sel 4 $DENSE --layout pp=2,tp=2,recompute=selective --schedule 1f1b --mbs 4"
+  "tp2_sp_rc_full 4 $DENSE --layout pp=2,tp=2,sp,recompute=full --schedule 1f1b --mbs 4"
   "ep_rc_full 4 $MOE --layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"

@@ -6,8 +6,8 @@
 # reads the rows F kept and F's routing). Plans: dense 1F1B over 2 ranks, one device (every
 # forward before every backward), tiny-moe 1F1B over 2 ranks (local experts, rerun too),
 # tiny-moe PP 2 x DP 2 x EP 2 (the experts' rerun under expert parallelism, with no second
-# all-to-all), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters) and
-# DualPipeV on tiny-moe with EP; each under full and selective recomputation. And the
+# all-to-all), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters),
+# DualPipeV on tiny-moe with EP, and PP 2 x TP 2 with and without SP (R's collectives); each under full and selective recomputation. And the
 # executor's own peak of activations drops: full below selective below none on the one-device
 # plan (memory agreement with piper-sim is tests/cli/test_memory.sh's).
 set -u
@@ -76,6 +76,8 @@ plans=(
   "dense_zb 2 $DENSE --layout pp=2 --schedule zerobubble --mbs 4"
   "dense_zero3 4 $DENSE --layout pp=2,dp=2,zero=3 --schedule 1f1b --mbs 4"
   "moe_dualpipev 4 $MOE --pp-regions 4 --layout pp=2,dp=2,ep=2,v --schedule dualpipev --mbs 4"
+  "dense_pp2_tp2 4 $DENSE --layout pp=2,tp=2 --schedule 1f1b --mbs 4"
+  "dense_pp2_tp2_sp 4 $DENSE --layout pp=2,tp=2,sp --schedule 1f1b --mbs 4"
 )
 for p in "${plans[@]}"; do
   read -r -a w <<<"$p"

@@ -17,6 +17,14 @@
  * What F and R hold only while they run (their workspace): a plain F's W; F under full, W +
  * 214,528 (what it no longer keeps); R under full, W; F under selective, W + 17,408; R under
  * selective, nothing.
+ * Under tensor parallelism over 2 devices (Megatron's layout, no sequence parallelism) each
+ * device keeps its heads' and its FFN columns' half, the replicated inputs and norms whole:
+ *   rmsnorm, twice                                                             =  16,640 each
+ *   attention: h 16,384 + q 8,192 + k, v 2 x 4,096 + y 8,192 + lse 512          =  41,472
+ *   MLP: h 16,384 + gate, up 32,768 + silu(gate) up 16,384                      =  65,536
+ *   one layer                                                                  = 140,288
+ * and its attention core is 8,192 + 512 = 8,704 B: selective F keeps 131,584, R rebuilds
+ * 8,704; full F keeps the input x (16,384, whole) and R rebuilds 140,288.
  * In the simulator, one device running every forward before every backward holds each
  * micro-batch's kept bytes from its F to its backward: two more micro-batches add twice the
  * model's kept bytes per micro-batch to the peak of saved activations. */
@@ -30,19 +38,27 @@
 #define LAYER_INPUT 16384u
 #define CORE 17408u
 #define LAYERS 8u
+#define TP2_LAYER_SAVED 140288u
+#define TP2_CORE 8704u
 
 enum granularity { NONE, FULL, SELECTIVE };
 static const char *const names[] = {"none", "full", "selective"};
 
 /* One device, M micro-batches, every forward before every backward (a split alone: the
  * default order issues each ready forward first). */
-static struct plan *compile(enum granularity g, uint32_t M) {
+static struct plan *compile_tp(enum granularity g, uint32_t M, uint32_t tp) {
   char *dir = test_tmp_dir("test_recompute-XXXXXX");
   char *path = g_build_filename(dir, "program.json", NULL);
-  char text[256];
+  char text[512];
+  char tp_text[160] = "";
+  if (tp > 1)
+    g_snprintf(tp_text, sizeof tp_text,
+               "{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
+               "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":%u},",
+               tp);
   g_snprintf(text, sizeof text,
-             "[%s%s%s{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":%u}]",
-             g == NONE ? "" : "{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"",
+             "[%s%s%s%s{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":%u}]",
+             tp_text, g == NONE ? "" : "{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"",
              g == NONE ? "" : names[g], g == NONE ? "" : "\"},", M);
   test_write_file(path, text);
   GError *err = NULL;
@@ -54,6 +70,8 @@ static struct plan *compile(enum granularity g, uint32_t M) {
   g_free(dir);
   return p;
 }
+
+static struct plan *compile(enum granularity g, uint32_t M) { return compile_tp(g, M, 1); }
 
 /* The micro-batch tag's index (the split dimension "MB"). */
 static uint32_t mb_tag(const struct plan *p) {
@@ -121,6 +139,25 @@ static void test_layer_tensors(void **state) {
     plan_free(p);
   }
   plan_free(plain);
+}
+
+/* Under TP 2 the attention core a selective F drops is its heads' half (the rewrite that
+ * splits F's saved tensor runs after tensor parallelism divided it). */
+static void test_layer_tensors_tp2(void **state) {
+  (void)state;
+  struct plan *plain = compile_tp(NONE, 2, 2), *full = compile_tp(FULL, 2, 2);
+  struct plan *sel = compile_tp(SELECTIVE, 2, 2);
+  for (uint32_t seg = 1; seg + 1 < LAYERS; seg++) {
+    assert_int_equal(layer_figures(plain, seg).f_saved, TP2_LAYER_SAVED);
+    struct layer_figures f = layer_figures(full, seg), s = layer_figures(sel, seg);
+    assert_int_equal(f.f_saved, LAYER_INPUT);
+    assert_int_equal(f.r_saved, TP2_LAYER_SAVED);
+    assert_int_equal(s.f_saved, TP2_LAYER_SAVED - TP2_CORE);
+    assert_int_equal(s.r_saved, TP2_CORE);
+  }
+  plan_free(plain);
+  plan_free(full);
+  plan_free(sel);
 }
 
 /* The simulator's peak of saved activations, device 0. */
@@ -226,6 +263,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention_core_rerun),
       cmocka_unit_test(test_layer_tensors),
+      cmocka_unit_test(test_layer_tensors_tp2),
       cmocka_unit_test(test_simulated_growth),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
