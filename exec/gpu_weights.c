@@ -96,7 +96,6 @@ struct exec_wcache_entry *exec_wcache_find(struct exec_wcache *c, const void *pt
     return e;
   e = g_new0(struct exec_wcache_entry, 1);
   *e = key;
-  e->maker = -1;
   g_ptr_array_add(c->entries, e);
   g_hash_table_add(c->index, e);
   *created = true;
@@ -135,4 +134,28 @@ float exec_bf16_to_f32(uint16_t b) {
   float x;
   memcpy(&x, &u, sizeof x);
   return x;
+}
+
+uint32_t exec_wcache_drop(struct exec_wcache *c, const void *p, GPtrArray *out) {
+  uintptr_t at = (uintptr_t)p;
+  for (guint k = 0; c->stores && k < c->stores->len; k++) {
+    struct store x = g_array_index(c->stores, struct store, k);
+    if (at < x.lo || at >= x.hi)
+      continue;
+    g_array_remove_index_fast(c->stores, k);
+    uint32_t n = 0;
+    for (guint i = 0; i < c->entries->len;) {
+      struct exec_wcache_entry *e = g_ptr_array_index(c->entries, i);
+      uintptr_t ep = (uintptr_t)e->ptr;
+      if (ep < x.lo || ep >= x.hi) {
+        i++;
+        continue;
+      }
+      g_hash_table_remove(c->index, e);
+      g_ptr_array_add(out, g_ptr_array_steal_index_fast(c->entries, i));
+      n++;
+    }
+    return n;
+  }
+  return 0;
 }

@@ -18,7 +18,10 @@
  *   bool created = false;
  *   struct exec_wcache_entry *e = exec_wcache_find(&c, store + 8, 4, 4, 8, &created);
  *   bool stale = e && !e->fresh;                 // true: convert, then e->fresh = true
- *   uint32_t hit = exec_wcache_written(&c, store + 9, sizeof(float)); // 1: e is stale again
+ *   uint32_t hit = exec_wcache_written(&c, store + 9, sizeof(float)); // 0: e was not made yet
+ *   GPtrArray *gone = g_ptr_array_new_with_free_func(g_free);
+ *   exec_wcache_drop(&c, store, gone);           // the store is freed: e moves to gone
+ *   g_ptr_array_free(gone, TRUE);
  *   uint16_t b = exec_bf16_round(1.0f);          // 0x3f80
  *   exec_wcache_clear(&c);
  */
@@ -35,7 +38,7 @@ struct exec_wcache_entry {
   int rows, cols, ld;  /* as stored, row-major, in elements */
   void *copy;          /* compact bf16 [rows, cols]: the caller's buffer (NULL until made) */
   void *made;          /* the caller's event recorded after the copy was made, or NULL */
-  int maker;           /* the stream that made it (the caller's index), -1 before */
+  const void *maker;   /* the stream that made it (the caller's handle), NULL before */
   bool fresh;          /* made after the last write to the matrix's bytes */
   uint64_t conversions; /* times made */
 };
@@ -65,6 +68,11 @@ struct exec_wcache_entry *exec_wcache_find(struct exec_wcache *c, const void *pt
 /* Device bytes [p, p + bytes) were (or are about to be) written: every entry whose matrix
  * meets them is no longer fresh. Returns how many were fresh and are now stale. */
 uint32_t exec_wcache_written(struct exec_wcache *c, const void *p, size_t bytes);
+
+/* The store holding p is freed: it and its entries leave the cache; the entries are moved to
+ * out (the caller frees each one's copy and event, then the entry with g_free). Returns how
+ * many; 0 when p is in no store. */
+uint32_t exec_wcache_drop(struct exec_wcache *c, const void *p, GPtrArray *out);
 
 /* fp32 -> bf16 bits, rounded to nearest even (subnormals kept, overflow to infinity), every
  * NaN the canonical 0x7fff: bit for bit the device's __float2bfloat16_rn (kc_to_bf16). */

@@ -712,7 +712,8 @@ static void test_gpu_weight_cache(void **state) {
   assert_non_null(a);
   assert_true(created);
   assert_false(a->fresh);
-  assert_int_equal(a->maker, -1);
+  assert_null(a->maker);
+  assert_null(a->copy);
   a->fresh = true; /* made */
   struct exec_wcache_entry *again = exec_wcache_find(&c, store, 4, 8, 16, &created);
   assert_ptr_equal(again, a);
@@ -740,6 +741,14 @@ static void test_gpu_weight_cache(void **state) {
   assert_false(a->fresh || b->fresh || d->fresh);
   assert_int_equal(exec_wcache_written(&c, store, 0), 0);
   assert_int_equal(c.entries->len, 3);
+  /* the store is freed: its entries go, and nothing is cached there any more */
+  GPtrArray *gone = g_ptr_array_new_with_free_func(g_free);
+  assert_int_equal(exec_wcache_drop(&c, other, gone), 0);
+  assert_int_equal(exec_wcache_drop(&c, store, gone), 3);
+  assert_int_equal(gone->len, 3);
+  assert_int_equal(c.entries->len, 0);
+  assert_null(exec_wcache_find(&c, store, 4, 8, 16, &created));
+  g_ptr_array_free(gone, TRUE);
   exec_wcache_clear(&c);
 }
 
