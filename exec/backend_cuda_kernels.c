@@ -1,11 +1,12 @@
 /* backend_cuda_kernels: the cuda backend's kernel table. Each model op is composed, step for
  * step, like its host reference in kernels/ (*.c): the same buffers (saved, bwork, scratch in the
  * same layouts), GEMMs through cuBLASLt and the elementwise and row-wise steps from
- * kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models take bf16 copies of
- * their operands (weights and activations, rounded to nearest even) on the tensor cores with
- * fp32 accumulation and fp32 output (CUBLAS_COMPUTE_32F), fp32 models stay fp32. A kernel
- * entry cannot return an error: a failure fails the stream it was enqueued on, and the runner
- * reports it. */
+ * kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models read bf16 operands
+ * on the tensor cores with fp32 accumulation and fp32 output (CUBLAS_COMPUTE_32F): a weight
+ * matrix of the optimizer's store from its cached bf16 copy (one per matrix, made by its first
+ * GEMM after each write: once per step; exec/gpu_weights.h), the other operand rounded to
+ * nearest even per GEMM; fp32 models stay fp32. A kernel entry cannot return an error: a
+ * failure fails the stream it was enqueued on, and the runner reports it. */
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
@@ -123,11 +124,15 @@ void exec_cuda_weights_free(struct cuda_context *b) {
                " times, reused %" PRIu64 " times (rank 0)\n",
                b->wcache.entries->len, b->wcache_bytes / 1073741824.0, b->wcache.misses,
                b->wcache.hits);
-  /* the arena goes with the context: the copies need no release, only their events */
+  /* copies in the arena go with it; before configure they are device memory of their own */
   for (guint k = 0; k < b->wcache.entries->len; k++) {
     struct exec_wcache_entry *e = g_ptr_array_index(b->wcache.entries, k);
     if (e->made)
       cudaEventDestroy((cudaEvent_t)e->made);
+    bool in_arena = b->arena && (char *)e->copy >= b->arena &&
+                    (char *)e->copy < b->arena + b->arena_bytes;
+    if (e->copy && !in_arena)
+      cudaFree(e->copy);
   }
   exec_wcache_clear(&b->wcache);
 }
