@@ -64,8 +64,11 @@ static const uint16_t *weight_copy(struct cuda_context *b, cudaStream_t cs, cons
     size_t bytes = (size_t)rows * (size_t)cols * 2;
     cudaEvent_t ev = NULL;
     e->copy = exec_cuda_alloc_quiet(b, bytes);
-    if (e->copy && !CUDA_CHECK(b, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), err))
+    if (e->copy && !CUDA_CHECK(b, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), err)) {
+      exec_cuda_release_block(b, e->copy);
+      e->copy = NULL; /* this GEMM fails; later ones convert per GEMM */
       return NULL;
+    }
     e->made = ev;
     if (e->copy)
       b->wcache_bytes += bytes;
