@@ -148,6 +148,7 @@ static bool select_device(struct cuda_context *b, GError **err) {
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
 static void context_free(struct cuda_context *b) {
+  exec_cuda_weights_free(b);
   if (b->gemm_algos)
     g_hash_table_destroy(b->gemm_algos);
   if (b->lt_workspace)
@@ -221,6 +222,7 @@ static bool cuda_init(struct exec_backend *backend, const struct exec_backend_pa
   b->t_end = g_array_new(FALSE, TRUE, sizeof(cudaEvent_t));
   b->free_events = g_ptr_array_new();
   b->blocks = g_array_new(FALSE, FALSE, sizeof(struct blk));
+  exec_wcache_init(&b->wcache);
   b->deferred = g_array_new(FALSE, FALSE, sizeof(struct deferred));
   backend->context = b;
   if (!exec_cuda_comm_start(b, p, err) || !select_device(b, err) || !start_gpu(b, err)) {
@@ -389,8 +391,9 @@ static void reclaim(struct cuda_context *b) {
   }
 }
 
-static void *cuda_alloc(struct exec_backend *backend, size_t bytes) {
-  struct cuda_context *b = backend->context;
+/* First fit above the planned region; fail_stream: no room fails the running stream (the
+ * executor's buffers), else it is the caller's to do without (a bf16 weight copy). */
+static void *arena_alloc(struct cuda_context *b, size_t bytes, bool fail_stream) {
   if (!b->arena) {
     /* before configure (a library user without a plan): plain device memory */
     void *p = NULL;
@@ -424,6 +427,8 @@ static void *cuda_alloc(struct exec_backend *backend, size_t bytes) {
   for (guint i = 0; !p && i < b->blocks->len; i++)
     in_use += g_array_index(b->blocks, struct blk, i).bytes;
   g_mutex_unlock(&b->mem_lock);
+  if (!p && !fail_stream)
+    return NULL;
   if (!p) {
     /* the kernels given NULL then fail too, but this is the stream's first error */
     exec_cuda_fail(exec_cuda_current,
@@ -446,6 +451,36 @@ static void *cuda_alloc(struct exec_backend *backend, size_t bytes) {
   return p;
 }
 
+static void *cuda_alloc(struct exec_backend *backend, size_t bytes) {
+  return arena_alloc(backend->context, bytes, true);
+}
+
+void *exec_cuda_alloc_quiet(struct cuda_context *b, size_t bytes) {
+  if (b->arena)
+    return arena_alloc(b, bytes, false);
+  /* before configure (the kernel check): plain device memory, as cuda_alloc gives */
+  void *p = NULL;
+  return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+
+bool exec_cuda_block_of(struct cuda_context *b, const void *p, void **base, size_t *bytes) {
+  if (!b->arena || (const char *)p < b->arena || (const char *)p >= b->arena + b->arena_bytes)
+    return false;
+  size_t at = (size_t)((const char *)p - b->arena);
+  bool found = false;
+  g_mutex_lock(&b->mem_lock);
+  for (guint k = 0; k < b->blocks->len && !found; k++) {
+    const struct blk *x = &g_array_index(b->blocks, struct blk, k);
+    if (x->offset <= at && at < x->offset + x->bytes) {
+      *base = b->arena + x->offset;
+      *bytes = x->bytes;
+      found = true;
+    }
+  }
+  g_mutex_unlock(&b->mem_lock);
+  return found;
+}
+
 /* A plan tensor's block: at the planner's offset when the carver takes it, else first fit. */
 static void *cuda_alloc_tensor(struct exec_backend *backend, uint32_t tensor, size_t bytes) {
   void *p = exec_cuda_arena_carve(backend->context, tensor, bytes);
@@ -463,6 +498,7 @@ static uint64_t cuda_memory_peak(struct exec_backend *backend) {
 
 static void cuda_release(struct exec_backend *backend, void *p) {
   struct cuda_context *b = backend->context;
+  exec_cuda_weights_forget(b, p);
   if (exec_cuda_arena_release(b, p))
     return; /* its slot's next holder waits for its users on the GPU */
   if (!b->arena || (char *)p < b->arena || (char *)p >= b->arena + b->arena_bytes) {
@@ -488,12 +524,18 @@ static void cuda_release(struct exec_backend *backend, void *p) {
   g_mutex_unlock(&b->mem_lock);
 }
 
+void exec_cuda_release_block(struct cuda_context *b, void *p) {
+  struct exec_backend be = {NULL, b};
+  cuda_release(&be, p);
+}
+
 /* Host to device: from pageable memory cudaMemcpyAsync returns once the bytes are staged, so
  * the caller may reuse its buffer, and no stream is waited for. */
 static void cuda_from_host(struct exec_backend *backend, void *dst, const void *src, size_t n) {
   struct cuda_context *b = backend->context;
   cudaStream_t cs = exec_cuda_stream(b, exec_cuda_current);
   GError *e = NULL;
+  exec_cuda_written(b, dst, n); /* a checkpoint's weights: their bf16 copies go stale */
   if (n && !CUDA_CHECK(b, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, cs), &e))
     exec_cuda_fail(exec_cuda_current, e);
   if (!exec_cuda_current) {

@@ -257,6 +257,9 @@ static bool staged_group(struct cuda_context *b, const struct exec_p2p_part *par
 bool exec_cuda_p2p_group(struct exec_backend *backend, const struct exec_p2p_part *parts,
                          uint32_t n, GError **err) {
   struct cuda_context *b = backend->context;
+  for (uint32_t k = 0; k < n; k++)
+    if (!parts[k].is_send)
+      exec_cuda_written(b, parts[k].buf, parts[k].bytes);
   if (b->shared_gpu)
     return staged_group(b, parts, n, err);
   if (!NCCL_CHECK(b, ncclGroupStart(), err))
@@ -292,6 +295,7 @@ bool exec_cuda_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes,
 
 bool exec_cuda_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {
   struct cuda_context *b = c->b;
+  exec_cuda_written(b, buf, n * sizeof(float));
   if (!b->shared_gpu)
     return NCCL_CHECK(b, ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c->nccl, stream_now(c)),
                       err);
@@ -306,6 +310,7 @@ bool exec_cuda_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError 
 bool exec_cuda_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
                                   size_t n_per_rank, GError **err) {
   struct cuda_context *b = c->b;
+  exec_cuda_written(b, out, n_per_rank * sizeof(float));
   if (!b->shared_gpu)
     return NCCL_CHECK(
         b, ncclReduceScatter(in, out, n_per_rank, ncclFloat, ncclSum, c->nccl, stream_now(c)), err);
@@ -324,6 +329,8 @@ bool exec_cuda_reduce_scatter_f32(struct exec_comm *c, const float *in, float *o
 bool exec_cuda_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
                           GError **err) {
   struct cuda_context *b = c->b;
+  /* ZeRO's gather of updated weights into the store: their bf16 copies go stale */
+  exec_cuda_written(b, out, bytes_per_rank * c->n_members);
   if (!b->shared_gpu)
     return NCCL_CHECK(b, ncclAllGather(in, out, bytes_per_rank, ncclInt8, c->nccl, stream_now(c)),
                       err);

@@ -1,11 +1,13 @@
 /* backend_cuda_kernels: the cuda backend's kernel table. Each model op is composed, step for
  * step, like its host reference in kernels/ (*.c): the same buffers (saved, bwork, scratch in the
  * same layouts), GEMMs through cuBLASLt and the elementwise and row-wise steps from
- * kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models take bf16 copies of
- * their operands (weights and activations, rounded to nearest even) on the tensor cores with
- * fp32 accumulation and fp32 output (CUBLAS_COMPUTE_32F), fp32 models stay fp32. A kernel
- * entry cannot return an error: a failure fails the stream it was enqueued on, and the runner
- * reports it. */
+ * kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models read bf16 operands
+ * on the tensor cores with fp32 accumulation and fp32 output (CUBLAS_COMPUTE_32F): a weight
+ * matrix of the optimizer's store from its cached bf16 copy (one per matrix, made by its first
+ * GEMM after each write: once per step; exec/gpu_weights.h), the other operand rounded to
+ * nearest even per GEMM; fp32 models stay fp32. A kernel entry cannot return an error: a
+ * failure fails the stream it was enqueued on, and the runner reports it. */
+#include <inttypes.h>
 #include <math.h>
 #include <string.h>
 
@@ -46,16 +48,113 @@ struct gemm_call {
   int ldc;
 };
 
-/* bf16 copies of A and B (round to nearest even), compact, in the stream's scratch: cuBLASLt
- * then reads bf16 operands and accumulates in fp32 (CUBLAS_COMPUTE_32F) into fp32 C. The
- * master copies stay fp32; a copy costs 6 bytes of traffic per element, O(mk + kn) against
- * the GEMM's O(mnk) arithmetic. */
+/* ---- bf16 weight copies ---------------------------------------------------------------- */
+
+/* The bf16 copy of weight matrix B (rows x cols, row stride ld) for a GEMM enqueued on cs:
+ * made on cs when it is stale (its first GEMM after the optimizer step, a load or a gather
+ * wrote it), else reused after cs waits for the stream that made it. NULL when B is not in
+ * the optimizer's store or the arena has no room: the caller converts it for this GEMM. */
+static const uint16_t *weight_copy(struct cuda_context *b, cudaStream_t cs, const float *B,
+                                   int rows, int cols, int ld, GError **err) {
+  bool created = false;
+  struct exec_wcache_entry *e = exec_wcache_find(&b->wcache, B, rows, cols, ld, &created);
+  if (!e)
+    return NULL;
+  if (created) {
+    size_t bytes = (size_t)rows * (size_t)cols * 2;
+    cudaEvent_t ev = NULL;
+    e->copy = exec_cuda_alloc_quiet(b, bytes);
+    if (e->copy && !CUDA_CHECK(b, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), err)) {
+      exec_cuda_release_block(b, e->copy);
+      e->copy = NULL; /* this GEMM fails; later ones convert per GEMM */
+      return NULL;
+    }
+    e->made = ev;
+    if (e->copy)
+      b->wcache_bytes += bytes;
+  }
+  if (!e->copy)
+    return NULL; /* no room: converted per GEMM, as without the cache */
+  if (e->fresh) {
+    b->wcache.hits++;
+    if (e->maker != (const void *)cs &&
+        !CUDA_CHECK(b, cudaStreamWaitEvent(cs, (cudaEvent_t)e->made, 0), err))
+      return NULL;
+    return e->copy;
+  }
+  /* whoever read the previous copy read the weights before their write, which this GEMM's
+   * stream already waits for (the plan's order): overwriting it here races with nobody */
+  kc_to_bf16(e->copy, B, rows, cols, ld, cs);
+  if (!CUDA_CHECK(b, cudaGetLastError(), err) ||
+      !CUDA_CHECK(b, cudaEventRecord((cudaEvent_t)e->made, cs), err))
+    return NULL;
+  e->fresh = true;
+  e->maker = cs;
+  e->conversions++;
+  b->wcache.misses++;
+  return e->copy;
+}
+
+void exec_cuda_written(struct cuda_context *b, const void *p, size_t bytes) {
+  if (b && b->wcache.entries)
+    exec_wcache_written(&b->wcache, p, bytes);
+}
+
+static void entry_free(struct cuda_context *b, struct exec_wcache_entry *e) {
+  if (e->made)
+    cudaEventDestroy((cudaEvent_t)e->made);
+  if (e->copy) {
+    exec_cuda_release_block(b, e->copy);
+    b->wcache_bytes -= (size_t)e->rows * (size_t)e->cols * 2;
+  }
+}
+
+void exec_cuda_weights_forget(struct cuda_context *b, const void *p) {
+  if (!b->wcache.stores || !exec_wcache_in_store(&b->wcache, p, 1))
+    return;
+  GPtrArray *gone = g_ptr_array_new_with_free_func(g_free);
+  exec_wcache_drop(&b->wcache, p, gone);
+  for (guint k = 0; k < gone->len; k++)
+    entry_free(b, g_ptr_array_index(gone, k));
+  g_ptr_array_free(gone, TRUE);
+}
+
+void exec_cuda_weights_free(struct cuda_context *b) {
+  if (!b->wcache.entries)
+    return;
+  if (b->rank == 0 && b->wcache.entries->len)
+    g_printerr("piper-exec: cuda: bf16 weight copies: %u matrices, %.3f GiB, made %" PRIu64
+               " times, reused %" PRIu64 " times (rank 0)\n",
+               b->wcache.entries->len, b->wcache_bytes / 1073741824.0, b->wcache.misses,
+               b->wcache.hits);
+  /* copies in the arena go with it; before configure they are device memory of their own */
+  for (guint k = 0; k < b->wcache.entries->len; k++) {
+    struct exec_wcache_entry *e = g_ptr_array_index(b->wcache.entries, k);
+    if (e->made)
+      cudaEventDestroy((cudaEvent_t)e->made);
+    bool in_arena = b->arena && (char *)e->copy >= b->arena &&
+                    (char *)e->copy < b->arena + b->arena_bytes;
+    if (e->copy && !in_arena)
+      cudaFree(e->copy);
+  }
+  exec_wcache_clear(&b->wcache);
+}
+
+/* bf16 copies of A and B (round to nearest even), compact: cuBLASLt then reads bf16 operands
+ * and accumulates in fp32 (CUBLAS_COMPUTE_32F) into fp32 C. B, where it is a weight matrix
+ * of the optimizer's store, comes from its cached copy (weight_copy); the rest is converted
+ * into the stream's scratch, 6 bytes of traffic per element, O(mk + kn) against the GEMM's
+ * O(mnk) arithmetic. */
 static bool gemm_bf16_operands(struct cuda_context *b, cudaStream_t cs, struct cuda_scratch *sc,
                                struct gemm_call *g, const float *A, int lda, const float *B,
                                int ldb, GError **err) {
   int ra = g->ta ? g->k : g->m, ca = g->ta ? g->m : g->k; /* A as stored, row-major */
   int rb = g->tb ? g->n : g->k, cb = g->tb ? g->k : g->n;
-  size_t nb = (size_t)rb * cb * 2, off = (nb + 255) & ~(size_t)255, need = off + (size_t)ra * ca * 2;
+  const uint16_t *cached = weight_copy(b, cs, B, rb, cb, ldb, err);
+  if (!cached && err && *err)
+    return false;
+  size_t nb = cached ? 0 : (size_t)rb * cb * 2, off = (nb + 255) & ~(size_t)255;
+  size_t need = off + (size_t)ra * ca * 2;
   if (need > sc->bytes) {
     /* GEMMs enqueued on this stream may still read the old copies */
     if (sc->p && !(CUDA_CHECK(b, cudaStreamSynchronize(cs), err) &&
@@ -68,9 +167,10 @@ static bool gemm_bf16_operands(struct cuda_context *b, cudaStream_t cs, struct c
     sc->bytes = need + need / 2;
   }
   uint16_t *b16 = sc->p, *a16 = (uint16_t *)(void *)((char *)sc->p + off);
-  kc_to_bf16(b16, B, rb, cb, ldb, cs);
+  if (!cached)
+    kc_to_bf16(b16, B, rb, cb, ldb, cs);
   kc_to_bf16(a16, A, ra, ca, lda, cs);
-  g->first = b16, g->ld_first = cb;
+  g->first = cached ? (const void *)cached : (const void *)b16, g->ld_first = cb;
   g->second = a16, g->ld_second = ca;
   return true;
 }
@@ -193,12 +293,14 @@ static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, f
 /* ---- simple entries --------------------------------------------------------------------- */
 
 static void k_fill(struct exec_stream *s, float *x, float value, size_t n) {
+  exec_cuda_written(kernel_ctx(s), x, n * sizeof(float));
   kc_fill(x, value, n, st_of(s));
 }
 
 static void k_copy(struct exec_stream *s, void *dst, const void *src, size_t bytes) {
   GError *e = NULL;
   struct cuda_context *b = kernel_ctx(s);
+  exec_cuda_written(b, dst, bytes);
   if (bytes &&
       !CUDA_CHECK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_of(s)), &e))
     exec_cuda_fail(s, e);
@@ -255,6 +357,17 @@ static void k_residual_add_backward(struct exec_stream *s, float *dy, const floa
 static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int step) {
+  struct cuda_context *b = kernel_ctx(s);
+  if (b->bf16_gemm) {
+    /* the block the optimizer updates is where GEMMs find their weights: its bf16 copies
+     * are made once per step, after this write (weight_copy) */
+    void *base = params;
+    size_t bytes = n * sizeof(float);
+    if (!exec_cuda_block_of(b, params, &base, &bytes))
+      base = params;
+    exec_wcache_add_store(&b->wcache, base, bytes);
+  }
+  exec_cuda_written(b, params, n * sizeof(float));
   kc_adamw(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step, st_of(s));
 }
 

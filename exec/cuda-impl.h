@@ -15,6 +15,7 @@
 
 #include "arena.h"
 #include "exec.h"
+#include "gpu_weights.h"
 
 /* Device memory a stream's GEMMs reuse in turn: the bf16 copies of their operands
  * (backend_cuda_kernels.c), grown on first need (the warm-up step), outside the arena. */
@@ -36,6 +37,10 @@ struct cuda_context {
   const struct plan *plan; /* from configure (not owned) */
   uint32_t plan_device;
   bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
+  /* bf16 GEMMs: one bf16 copy per weight matrix of the optimizer's store, made by its first
+   * GEMM after each write (backend_cuda_kernels.c), in first-fit blocks of the arena */
+  struct exec_wcache wcache;
+  size_t wcache_bytes;
   struct cuda_scratch setup_bf16; /* the setup stream's (work outside tasks) */
   cublasLtHandle_t lt;
   void *lt_workspace;
@@ -161,6 +166,22 @@ void *exec_cuda_arena_carve(struct cuda_context *b, uint32_t tensor, size_t byte
 bool exec_cuda_arena_release(struct cuda_context *b, void *p);
 void exec_cuda_arena_report(const struct cuda_context *b);
 void exec_cuda_arena_free(struct cuda_context *b);
+
+/* backend_cuda.c: a first-fit block of the arena (before configure: cudaMalloc), or NULL when
+ * there is no room (no error: the caller does without); the live first-fit block holding p
+ * (false when none). */
+void *exec_cuda_alloc_quiet(struct cuda_context *b, size_t bytes);
+bool exec_cuda_block_of(struct cuda_context *b, const void *p, void **base, size_t *bytes);
+/* The backend's release (reusable once the work enqueued before it is done). */
+void exec_cuda_release_block(struct cuda_context *b, void *p);
+
+/* backend_cuda_kernels.c: device bytes [p, p + bytes) are written by work enqueued now (a
+ * copy, a transfer, a collective, the optimizer): bf16 weight copies of them go stale. */
+void exec_cuda_written(struct cuda_context *b, const void *p, size_t bytes);
+/* p is released: if it is a weight store, its bf16 copies are released with it. */
+void exec_cuda_weights_forget(struct cuda_context *b, const void *p);
+/* Every bf16 weight copy released (at the end, with the arena). */
+void exec_cuda_weights_free(struct cuda_context *b);
 
 /* backend_cuda_kernels.c: the kernel table, and whether it runs every op of a model (input
  * error naming the first op it has no kernel for). */

@@ -1,9 +1,9 @@
 /* kernels_cuda: the CUDA kernels behind the cuda backend's kernel table (kernels/cuda.cu),
  * each the device twin of a step of kernels.h's host reference: elementwise and row-wise work
  * only. GEMMs go through cuBLASLt in exec/backend_cuda_kernels.c, which composes each model op
- * from these and GEMMs. fp32 in memory (bf16 only as GEMM operands: kc_to_bf16); every
- * launcher enqueues on `stream` and returns, e.g. kc_fill(x, 0.0f, n, stream). Empty without
- * HAVE_CUDA (the CUDA headers are not there).
+ * from these and GEMMs. fp32 in memory (bf16 only as GEMM operands and the cached bf16
+ * copies of the weights: kc_to_bf16); every launcher enqueues on `stream` and returns, e.g.
+ * kc_fill(x, 0.0f, n, stream). Empty without HAVE_CUDA (the CUDA headers are not there).
  */
 #ifndef PIPER_KERNELS_KERNELS_CUDA_H
 #define PIPER_KERNELS_KERNELS_CUDA_H

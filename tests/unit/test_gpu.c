@@ -8,6 +8,7 @@
 #include "../../exec/arena.h"
 #include "../../exec/exec.h"
 #include "../../exec/gpu_layout.h"
+#include "../../exec/gpu_weights.h"
 #include "../../sim/profile.h"
 #include "../../sim/sim.h"
 
@@ -642,6 +643,115 @@ static void test_gpu_executor_fits_planned_slots(void **state) {
   g_free(dir);
 }
 
+/* fp32 -> bf16 on the host, bit for bit what cvt.rn.bf16.f32 gives (cuda_bf16.hpp's host
+ * path is the same rule): ties to even, subnormals kept, overflow to infinity, NaN canonical. */
+static void test_gpu_bf16_round(void **state) {
+  (void)state;
+  static const struct {
+    uint32_t in;
+    uint16_t out;
+  } cases[] = {
+      {0x3f800000u, 0x3f80u}, /* 1 */
+      {0x3f808000u, 0x3f80u}, /* 1 + 2^-8: a tie, the even one below */
+      {0x3f818000u, 0x3f82u}, /* 1 + 3 * 2^-8: a tie, the even one above */
+      {0x3f808001u, 0x3f81u}, /* just above the tie */
+      {0x3f807fffu, 0x3f80u}, /* just below it */
+      {0xbf808001u, 0xbf81u}, /* the sign is apart */
+      {0x00000000u, 0x0000u}, {0x80000000u, 0x8000u},
+      {0x00008000u, 0x0000u}, /* the smallest subnormal tie: to even (zero) */
+      {0x00018000u, 0x0002u}, /* a subnormal tie to even above */
+      {0x007fffffu, 0x0080u}, /* the largest subnormal rounds up to the smallest normal */
+      {0x7f7fffffu, 0x7f80u}, /* FLT_MAX overflows to infinity */
+      {0x7f7f7fffu, 0x7f7fu}, /* the largest finite bf16 stays */
+      {0x7f800000u, 0x7f80u}, {0xff800000u, 0xff80u}, /* infinities */
+      {0x7fc00000u, 0x7fffu}, {0xffc00001u, 0x7fffu}, {0x7f800001u, 0x7fffu}, /* NaNs */
+  };
+  for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+    float x;
+    memcpy(&x, &cases[i].in, sizeof x);
+    if (exec_bf16_round(x) != cases[i].out)
+      fail_msg("0x%08x -> 0x%04x, expected 0x%04x", cases[i].in, exec_bf16_round(x),
+               cases[i].out);
+  }
+  /* every bf16 value survives the round trip; and rounding is within half a bf16 ulp */
+  for (uint32_t b = 0; b < 0x10000u; b++) {
+    float x = exec_bf16_to_f32((uint16_t)b);
+    if (!isnan(x))
+      assert_int_equal(exec_bf16_round(x), b);
+  }
+  GRand *r = g_rand_new_with_seed(13);
+  for (int i = 0; i < 100000; i++) {
+    float x = (float)g_rand_double_range(r, -1e6, 1e6);
+    float y = exec_bf16_to_f32(exec_bf16_round(x));
+    assert_true(fabsf(y - x) <= ldexpf(fabsf(x), -8)); /* the unit roundoff, 2^-8 */
+  }
+  g_rand_free(r);
+}
+
+/* The bf16 weight copies: only matrices inside a weight store get one; each is stale until
+ * made and after any write meeting its extent (first to last element: a write between a
+ * strided matrix's rows counts too, conservatively), and stays fresh across writes
+ * elsewhere. */
+static void test_gpu_weight_cache(void **state) {
+  (void)state;
+  static float store[1024], other[64];
+  struct exec_wcache c;
+  exec_wcache_init(&c);
+  bool created = false;
+  assert_null(exec_wcache_find(&c, store, 4, 4, 4, &created));
+  exec_wcache_add_store(&c, store, 512 * sizeof(float));
+  exec_wcache_add_store(&c, store + 256, 768 * sizeof(float)); /* merges: one store */
+  assert_int_equal(c.stores->len, 1);
+  assert_true(exec_wcache_in_store(&c, store, sizeof store));
+  assert_false(exec_wcache_in_store(&c, other, sizeof(float)));
+  assert_int_equal(exec_wcache_extent(4, 8, 16), (3 * 16 + 8) * sizeof(float));
+  assert_int_equal(exec_wcache_extent(0, 8, 16), 0);
+  /* a matrix crossing the store's end is not cached */
+  assert_null(exec_wcache_find(&c, store + 1020, 2, 4, 4, &created));
+  struct exec_wcache_entry *a = exec_wcache_find(&c, store, 4, 8, 16, &created);
+  assert_non_null(a);
+  assert_true(created);
+  assert_false(a->fresh);
+  assert_null(a->maker);
+  assert_null(a->copy);
+  a->fresh = true; /* made */
+  struct exec_wcache_entry *again = exec_wcache_find(&c, store, 4, 8, 16, &created);
+  assert_ptr_equal(again, a);
+  assert_false(created);
+  /* another view of the same bytes is another copy */
+  struct exec_wcache_entry *b = exec_wcache_find(&c, store, 4, 8, 8, &created);
+  assert_true(created && b != a);
+  b->fresh = true;
+  struct exec_wcache_entry *d = exec_wcache_find(&c, store + 512, 16, 16, 16, &created);
+  d->fresh = true;
+  /* writes outside every store, or just past a matrix's extent, leave it fresh */
+  assert_int_equal(exec_wcache_written(&c, other, sizeof other), 0);
+  assert_int_equal(exec_wcache_written(&c, store + 3 * 16 + 8, 8 * sizeof(float)), 0);
+  assert_true(a->fresh && b->fresh && d->fresh);
+  /* a write inside a's extent and past b's (store[0, 32)): a goes stale, b and d not */
+  assert_int_equal(exec_wcache_written(&c, store + 33, sizeof(float)), 1);
+  assert_false(a->fresh);
+  assert_true(b->fresh);
+  assert_int_equal(exec_wcache_written(&c, store + 31, sizeof(float)), 1);
+  assert_false(b->fresh);
+  assert_true(d->fresh);
+  /* the optimizer's whole range */
+  a->fresh = b->fresh = true;
+  assert_int_equal(exec_wcache_written(&c, store, sizeof store), 3);
+  assert_false(a->fresh || b->fresh || d->fresh);
+  assert_int_equal(exec_wcache_written(&c, store, 0), 0);
+  assert_int_equal(c.entries->len, 3);
+  /* the store is freed: its entries go, and nothing is cached there any more */
+  GPtrArray *gone = g_ptr_array_new_with_free_func(g_free);
+  assert_int_equal(exec_wcache_drop(&c, other, gone), 0);
+  assert_int_equal(exec_wcache_drop(&c, store, gone), 3);
+  assert_int_equal(gone->len, 3);
+  assert_int_equal(c.entries->len, 0);
+  assert_null(exec_wcache_find(&c, store, 4, 8, 16, &created));
+  g_ptr_array_free(gone, TRUE);
+  exec_wcache_clear(&c);
+}
+
 /* The cuda backend is in the registry exactly when it was built. */
 static void test_gpu_registry(void **state) {
   (void)state;
@@ -672,6 +782,8 @@ int main(void) {
       cmocka_unit_test(test_gpu_trace_from_device_times),
       cmocka_unit_test(test_gpu_backend_memory_peak),
       cmocka_unit_test(test_gpu_executor_fits_planned_slots),
+      cmocka_unit_test(test_gpu_bf16_round),
+      cmocka_unit_test(test_gpu_weight_cache),
       cmocka_unit_test(test_gpu_registry),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
