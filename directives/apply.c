@@ -1610,23 +1610,35 @@ static void run_positions(const struct ir_graph *g, const struct ir_adjacency *a
   g_free(h.id);
 }
 
-/* A rerun (recompute) waits for the compute right before it on its group: it would otherwise
- * run as soon as its forward is done whenever the device idles, and hold everything it
- * restores until its backward, undoing the saving. Edge u -> R only from a u topologically
- * before every consumer of R (R's only successors): no cycle. */
+/* A rerun (recompute) waits for the compute right before its backward on its group: it would
+ * otherwise run as soon as its forward is done whenever the device idles, and hold everything it
+ * restores until its backward, undoing the saving. The place is taken from the backward's run
+ * position, not the rerun's own: a rerun is ready once its forward is done, so its run position
+ * drifts ahead of its backward by as many micro-batches as the backward waits on other stages
+ * (DeepSeek-V3 on DualPipeV held 8 micro-batches' reruns, 30 GB). Other reruns are skipped: they
+ * are held the same way. Edge u -> R only from a u run before every consumer of R (R's only
+ * successors, so u cannot descend from R): no cycle. */
 static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const uint32_t *pos,
                        const GArray *seq, const uint32_t *seq_index, uint32_t r) {
-  uint32_t k = seq_index[r], min_pos = UINT32_MAX;
-  if (k == 0)
-    return;
+  uint32_t min_pos = UINT32_MAX, first = IR_NONE;
   for (uint32_t e = adj->out_first[r]; e < adj->out_first[r + 1]; e++) {
     uint32_t c = IR_EDGE(g, adj->out_edges[e])->dst;
     if (pos[c] < min_pos)
       min_pos = pos[c];
+    const struct ir_node *cn = IR_NODE(g, c);
+    if (cn->kind == IR_NODE_COMPUTE && cn->group == IR_NODE(g, r)->group &&
+        (first == IR_NONE || pos[c] < pos[first]))
+      first = c;
   }
-  uint32_t u = g_array_index(seq, uint32_t, k - 1);
-  if (pos[u] < min_pos)
-    ir_graph_add_edge(g, u, r, IR_EDGE_TEMPORAL, 0, 0);
+  uint32_t k = first != IR_NONE ? seq_index[first] : seq_index[r];
+  while (k > 0) {
+    uint32_t u = g_array_index(seq, uint32_t, --k);
+    if (u == r || IR_NODE(g, u)->pass == IR_PASS_R)
+      continue;
+    if (pos[u] < min_pos)
+      ir_graph_add_edge(g, u, r, IR_EDGE_TEMPORAL, 0, 0);
+    return;
+  }
 }
 
 /* ZeRO-3 prefetching one segment ahead (ZeRO paper §5.3; FSDP's forward/backward prefetch):
