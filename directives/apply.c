@@ -422,6 +422,8 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
       break;
     case DIR_SHARD:
       n->shard_degree = dd->n_devices;
+      n->capacity_factor =
+          dd->capacity_factor > 0 ? dd->capacity_factor : IR_EP_CAPACITY_FACTOR_DEFAULT;
       ni->shard = d;
       break;
     default: break;
@@ -1278,6 +1280,44 @@ static void insert_gathers(struct apply *a) {
   g_hash_table_destroy(groups);
 }
 
+/* The expert side's tensors at the capacity the plan states (ir/expert.c), and the state the
+ * backward reads beyond the experts' saved activations, as tensors of the plan: the dispatch's
+ * routing tables (read by the experts, the combine and both backward all-to-alls) and the
+ * combine's copy of the expert outputs (read by its transpose). into[x] / out[x]: the
+ * all-to-all into and out of expert node x, IR_NONE where none. */
+static void size_expert_side(struct ir_graph *g, const uint32_t *into, const uint32_t *out,
+                             uint32_t nn) {
+  const struct model *m = g->model;
+  uint32_t ne = g->edges->len;
+  for (uint32_t x = 0; x < nn; x++) {
+    const struct ir_node *xn = IR_NODE(g, x);
+    if (xn->kind != IR_NODE_COMPUTE || xn->pass != IR_PASS_F || !ir_ep_sized(xn) ||
+        into[x] == IR_NONE || out[x] == IR_NONE)
+      continue;
+    uint64_t route = ir_ep_route_bytes(m, xn), saved = ir_ep_saved_bytes(m, xn);
+    uint32_t d = into[x];
+    ir_graph_add_edge(g, d, x, IR_EDGE_DATA, 1, route);
+    ir_graph_add_edge(g, d, out[x], IR_EDGE_DATA, 1, route);
+    for (uint32_t e = 0; e < ne; e++) {
+      struct ir_edge *ed = IR_EDGE(g, e);
+      if (ed->kind != IR_EDGE_DATA || ed->slot != 1 || ed->src != x)
+        continue;
+      uint32_t b = ed->dst;
+      const struct ir_node *bn = IR_NODE(g, b);
+      if (bn->kind != IR_NODE_COMPUTE || bn->segment != xn->segment || bn->pass == IR_PASS_R)
+        continue;
+      ed->bytes = saved;
+      ir_graph_add_edge(g, d, b, IR_EDGE_DATA, 1, route);
+      if (into[b] != IR_NONE) { /* B or BI: the combine's and the dispatch's transposes */
+        ir_graph_add_edge(g, d, into[b], IR_EDGE_DATA, 1, route);
+        ir_graph_add_edge(g, out[x], into[b], IR_EDGE_DATA, 1, ir_ep_combine_bytes(m));
+      }
+      if (out[b] != IR_NONE)
+        ir_graph_add_edge(g, d, out[b], IR_EDGE_DATA, 1, route);
+    }
+  }
+}
+
 /* Expert parallelism: an all-to-all on every data edge into and out of a sharded expert node
  * (dispatch and combine in F; their transposes in B or BI). Saved activations stay local. */
 static void insert_all_to_all(struct apply *a) {
@@ -1285,7 +1325,10 @@ static void insert_all_to_all(struct apply *a) {
   const struct model *m = g->model;
   uint64_t payload = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok *
                      (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
-  uint32_t ne = g->edges->len;
+  uint32_t ne = g->edges->len, nn = g->nodes->len;
+  uint32_t *into_of = g_new(uint32_t, nn ? nn : 1), *out_of = g_new(uint32_t, nn ? nn : 1);
+  for (uint32_t i = 0; i < nn; i++)
+    into_of[i] = out_of[i] = IR_NONE;
   for (uint32_t e = 0; e < ne; e++) {
     struct ir_edge ed = *IR_EDGE(g, e);
     if (ed.kind != IR_EDGE_DATA || ed.slot == 1)
@@ -1299,15 +1342,21 @@ static void insert_all_to_all(struct apply *a) {
       continue;
     const struct ir_node *expert = into ? dst : src;
     uint32_t ex = into ? ed.dst : ed.src;
+    /* the routed rows on the experts' side: the capacity, not the tokens' [T, hidden] */
+    uint64_t rows = ir_ep_sized(expert) ? ir_ep_rows_bytes(m, expert) : ed.bytes;
     const struct dir_directive *sd = &a->p->d[INFO(a, ex)->shard];
     struct ir_node c =
         comm_node(expert, IR_NODE_ALL_TO_ALL, IR_COMM_EP, stream_or(g, sd->stream, "ep"), payload);
     c.directive = INFO(a, ex)->shard;
     uint32_t cid = add_node(a, &c);
     IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
-    ir_graph_add_edge(g, ed.src, cid, IR_EDGE_DATA, ed.slot, ed.bytes);
-    ir_graph_add_edge(g, cid, ed.dst, IR_EDGE_DATA, 0, ed.bytes);
+    ir_graph_add_edge(g, ed.src, cid, IR_EDGE_DATA, ed.slot, into ? ed.bytes : rows);
+    ir_graph_add_edge(g, cid, ed.dst, IR_EDGE_DATA, 0, into ? rows : ed.bytes);
+    (into ? into_of : out_of)[ex] = cid;
   }
+  size_expert_side(g, into_of, out_of, nn);
+  g_free(into_of);
+  g_free(out_of);
 }
 
 /* Pipeline communication: a send/recv pair on every data edge between device groups. */

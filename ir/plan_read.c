@@ -353,6 +353,7 @@ enum {
   N_SEQUENCE_PARALLEL,
   N_COLLECTIVES,
   N_PRIORITY,
+  N_CAPACITY_FACTOR, /* expert parallelism: optional, absent without it */
   N_COUNT
 };
 static const char *const node_keys[N_COUNT] = {
@@ -360,7 +361,7 @@ static const char *const node_keys[N_COUNT] = {
     "tags",        "group",        "peer_group", "stream",       "segment",
     "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
     "shard_grads", "shard_params", "shard_optimizer", "recompute", "directive", "tp_degree",
-    "sequence_parallel", "collectives", "priority"};
+    "sequence_parallel", "collectives", "priority", "capacity_factor"};
 
 /* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
 static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct json_loc *l,
@@ -546,6 +547,12 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   n->replica_degree = (uint32_t)replica;
   if (!read_tensor_parallel(p, n, x[N_TP_DEGREE], x[N_SEQUENCE_PARALLEL], x[N_COLLECTIVES], &l,
                             err))
+    return false;
+  /* the EP receive capacity (ir/expert.c); plans written before it get the default */
+  n->capacity_factor = 0;
+  if (x[N_CAPACITY_FACTOR] &&
+      !json_value_double(x[N_CAPACITY_FACTOR], "capacity_factor", 1.0,
+                         IR_EP_CAPACITY_FACTOR_MAX, &n->capacity_factor, &l, err))
     return false;
   return check_peer_group(p, n, &l, err);
 }
