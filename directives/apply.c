@@ -1288,7 +1288,8 @@ static void insert_gathers(struct apply *a) {
 static void size_expert_side(struct ir_graph *g, const uint32_t *into, const uint32_t *out,
                              uint32_t nn) {
   const struct model *m = g->model;
-  uint32_t ne = g->edges->len;
+  struct ir_adjacency adj; /* of the edges before this pass: the ones it adds are not walked */
+  ir_adjacency_build(g, &adj);
   for (uint32_t x = 0; x < nn; x++) {
     const struct ir_node *xn = IR_NODE(g, x);
     if (xn->kind != IR_NODE_COMPUTE || xn->pass != IR_PASS_F || !ir_ep_sized(xn) ||
@@ -1298,9 +1299,10 @@ static void size_expert_side(struct ir_graph *g, const uint32_t *into, const uin
     uint32_t d = into[x];
     ir_graph_add_edge(g, d, x, IR_EDGE_DATA, 1, route);
     ir_graph_add_edge(g, d, out[x], IR_EDGE_DATA, 1, route);
-    for (uint32_t e = 0; e < ne; e++) {
+    for (uint32_t k = adj.out_first[x]; k < adj.out_first[x + 1]; k++) {
+      uint32_t e = adj.out_edges[k];
       struct ir_edge *ed = IR_EDGE(g, e);
-      if (ed->kind != IR_EDGE_DATA || ed->slot != 1 || ed->src != x)
+      if (ed->kind != IR_EDGE_DATA || ed->slot != 1)
         continue;
       uint32_t b = ed->dst;
       const struct ir_node *bn = IR_NODE(g, b);
@@ -1316,6 +1318,7 @@ static void size_expert_side(struct ir_graph *g, const uint32_t *into, const uin
         ir_graph_add_edge(g, d, out[b], IR_EDGE_DATA, 1, route);
     }
   }
+  ir_adjacency_free(&adj);
 }
 
 /* Expert parallelism: an all-to-all on every data edge into and out of a sharded expert node
