@@ -1330,8 +1330,12 @@ static void insert_all_to_all(struct apply *a) {
                      (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
   uint32_t ne = g->edges->len, nn = g->nodes->len;
   uint32_t *into_of = g_new(uint32_t, nn ? nn : 1), *out_of = g_new(uint32_t, nn ? nn : 1);
-  for (uint32_t i = 0; i < nn; i++)
+  for (uint32_t i = 0; i < nn; i++) {
     into_of[i] = out_of[i] = IR_NONE;
+    struct ir_node *n = IR_NODE(g, i); /* every EP node states its capacity (copies included) */
+    if (n->shard_degree > 1 && n->capacity_factor <= 0)
+      n->capacity_factor = IR_EP_CAPACITY_FACTOR_DEFAULT;
+  }
   for (uint32_t e = 0; e < ne; e++) {
     struct ir_edge ed = *IR_EDGE(g, e);
     if (ed.kind != IR_EDGE_DATA || ed.slot == 1)

@@ -548,8 +548,11 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   if (!read_tensor_parallel(p, n, x[N_TP_DEGREE], x[N_SEQUENCE_PARALLEL], x[N_COLLECTIVES], &l,
                             err))
     return false;
-  /* the EP receive capacity (ir/expert.c); plans written before it get the default */
-  n->capacity_factor = 0;
+  /* the EP receive capacity (ir/expert.c), on EP nodes alone; plans written before it get the
+   * default */
+  n->capacity_factor = n->shard_degree > 1 ? IR_EP_CAPACITY_FACTOR_DEFAULT : 0;
+  if (x[N_CAPACITY_FACTOR] && n->shard_degree <= 1)
+    return json_fail_at(err, &l, "\"capacity_factor\" on a node without expert parallelism");
   if (x[N_CAPACITY_FACTOR] &&
       !json_value_double(x[N_CAPACITY_FACTOR], "capacity_factor", 1.0,
                          IR_EP_CAPACITY_FACTOR_MAX, &n->capacity_factor, &l, err))
