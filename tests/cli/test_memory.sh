@@ -144,6 +144,30 @@ for f, rows, factor in (("default", 256, 2), ("1.5", 192, 1.5), ("1", 128, 1)):
                 outs |= {tensors[w]["bytes"] for w in i["writes"] if tensors[w]["kind"] == "out"}
     assert outs == {rows * 64 * 4, 64 * 64 * 4}, (f, outs)
 PY
+  # a plan written before the capacity reads with the default (same figures); the key on a
+  # node without expert parallelism is refused
+  python3 - "$T" <<'PY'
+import json, shutil, sys
+t = sys.argv[1]
+for name, edit in (("old", lambda n: n.pop("capacity_factor", None)),
+                   ("bad", lambda n: n.setdefault("capacity_factor", 2) if n["shard_degree"] <= 1 else None)):
+    shutil.copytree("%s/cap_default" % t, "%s/cap_%s" % (t, name))
+    plan = json.load(open("%s/cap_%s/plan.json" % (t, name)))
+    for n in plan["nodes"]:
+        edit(n)
+    json.dump(plan, open("%s/cap_%s/plan.json" % (t, name), "w"))
+PY
+  for v in default old; do
+    "$BIN/piper-sim" --plans "$T/cap_$v" --profile profiles/host-cpu.json --out "$T/cap_${v}_sim" \
+      --no-charts --quiet >/dev/null 2>&1 || bad "simulate the $v plan"
+  done
+  cmp -s <(grep -o '"peak_memory_bytes": [0-9]*' "$T/cap_default_sim/metrics.json") \
+    <(grep -o '"peak_memory_bytes": [0-9]*' "$T/cap_old_sim/metrics.json") &&
+    ok || bad "a plan without capacity_factor does not read with the default"
+  "$BIN/piper-sim" --plans "$T/cap_bad" --profile profiles/host-cpu.json --out "$T/cap_bad_sim" \
+    --no-charts --quiet >/dev/null 2>"$T/cap_bad.err"
+  [ $? -eq 2 ] && grep -q '"capacity_factor" on a node without expert parallelism' "$T/cap_bad.err" &&
+    ok || bad "capacity_factor on a node without EP: $(cat "$T/cap_bad.err")"
   # a routing over the capacity stops the step, naming the factor that would hold it (the
   # first steps of tiny-moe route up to 1.9 x the average to one device)
   mpirun --oversubscribe -np 4 "$BIN/piper-exec" --backend host --model $MOE --directives "$T/cap_1.json" \
