@@ -201,8 +201,10 @@ static void build_interleaved_zb(struct builder *b, uint32_t R, uint32_t v, uint
  * F BI BW of one stage then of the other; the cool-down defers BW to fill what is left. With
  * F = BI = BW the only idle time is the R-1 units before the last rank's first forward, and the
  * peak is 2R chunk activations (R full stages: 1F1B's peak). Needs M >= 2R-1 (the first rank's
- * warm-up). */
-static void build_zbv(struct builder *b, uint32_t R, uint32_t M) {
+ * warm-up). Under full recomputation (recompute) the cool-down runs each BW right after its BI:
+ * a deferred BW holds what the rerun restored, 2p chunks on rank p (DeepSeek-V3 on PP 16: 252
+ * GiB on the last rank). */
+static void build_zbv(struct builder *b, uint32_t R, uint32_t M, bool recompute) {
   for (uint32_t p = 0; p < R; p++) {
     int32_t c0 = (int32_t)p, c1 = (int32_t)(2 * R - 1 - p);
     uint32_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
@@ -229,7 +231,11 @@ static void build_zbv(struct builder *b, uint32_t R, uint32_t M) {
     uint32_t w0 = b0, w1 = b1;
     for (uint32_t i = 0; i < p; i++) {
       emit(b, p, act(c0, (int32_t)b0++, IR_PASS_BI));
+      if (recompute)
+        emit(b, p, act(c0, (int32_t)w0++, IR_PASS_BW));
       emit(b, p, act(c1, (int32_t)b1++, IR_PASS_BI));
+      if (recompute)
+        emit(b, p, act(c1, (int32_t)w1++, IR_PASS_BW));
     }
     for (uint32_t i = 0; i < R - p; i++) {
       emit(b, p, act(c0, (int32_t)b0++, IR_PASS_BI));
@@ -561,7 +567,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   case SCHED_ZEROBUBBLE: build_1f1b(&b, R, M, true); break;
   case SCHED_INTERLEAVED_1F1B: build_interleaved(&b, R, v, M); break;
   case SCHED_INTERLEAVED_ZEROBUBBLE: build_interleaved_zb(&b, R, v, M); break;
-  case SCHED_ZBV: build_zbv(&b, R, M); break;
+  case SCHED_ZBV: build_zbv(&b, R, M, layout->recompute); break;
   case SCHED_DUALPIPE: build_dualpipe(&b, R, M, layout->recompute); break;
   case SCHED_DUALPIPEV: build_dualpipev(&b, R, M, layout->recompute); break;
   default: PIPER_UNREACHABLE();

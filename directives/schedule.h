@@ -39,9 +39,9 @@ enum sched_family {
 };
 
 /* stage_rank[s] = physical pipeline rank of stage s (stage = PP region index). recompute: the
- * stages rerun their forward before their backward (full recomputation); DualPipe and DualPipeV
- * then keep their cool-down's backwards whole instead of deferring weight gradients (see
- * build_dualpipe_rank). */
+ * stages rerun their forward before their backward (full recomputation); ZB-V, DualPipe and
+ * DualPipeV then defer no weight gradient in their cool-down (a deferred BW would hold what the
+ * rerun restored: see build_zbv and build_dualpipe_rank). */
 struct sched_layout {
   uint32_t n_ranks;
   uint32_t n_stages;

@@ -561,9 +561,10 @@ static uint32_t max_deferred(const struct sched_rank *rk) {
   return most;
 }
 
-/* Under full recomputation DualPipe's and DualPipeV's cool-down keeps its backwards whole: a
- * deferred BW would hold the rerun's activations, and the last rank held R of them (DeepSeek-V3
- * on PP 16: 114 GiB). At most one weight gradient waits at a time (steps 3 and 7). */
+/* Under full recomputation the cool-down of ZB-V, DualPipe and DualPipeV defers no weight
+ * gradient: a deferred BW would hold the rerun's activations, and the last rank held R (DualPipeV)
+ * or 2R - 2 (ZB-V) of them (DeepSeek-V3 on PP 16: 114 and 252 GiB). At most one weight gradient
+ * waits at a time (DualPipe's steps 3 and 7). */
 static void test_dualpipe_recompute(void **state) {
   (void)state;
   for (uint32_t R = 2; R <= 8; R *= 2)
@@ -574,6 +575,11 @@ static void test_dualpipe_recompute(void **state) {
       sched_program_free(s);
       l.recompute = true;
       s = build_ok(SCHED_DUALPIPEV, &l, M);
+      run_ok(s, &l, false);
+      for (uint32_t q = 0; q < R; q++)
+        assert_true(max_deferred(&s->ranks[q]) <= 1);
+      sched_program_free(s);
+      s = build_ok(SCHED_ZBV, &l, M);
       run_ok(s, &l, false);
       for (uint32_t q = 0; q < R; q++)
         assert_true(max_deferred(&s->ranks[q]) <= 1);
