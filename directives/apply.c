@@ -422,6 +422,8 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
       break;
     case DIR_SHARD:
       n->shard_degree = dd->n_devices;
+      n->capacity_factor =
+          dd->capacity_factor > 0 ? dd->capacity_factor : IR_EP_CAPACITY_FACTOR_DEFAULT;
       ni->shard = d;
       break;
     default: break;
@@ -1276,6 +1278,75 @@ static void insert_gathers(struct apply *a) {
   g_hash_table_destroy(groups);
 }
 
+/* The expert side's tensors at the capacity the plan states (ir/expert.c), and the state the
+ * backward reads beyond the experts' saved activations, as tensors of the plan: the dispatch's
+ * routing tables (read by the experts, their rerun, the combine and both backward all-to-alls)
+ * and the combine's copy of the expert outputs (read by its transpose). into[x] / out[x]: the
+ * all-to-all into and out of expert node x, IR_NONE where none. */
+struct expert_side {
+  struct ir_graph *g;
+  const uint32_t *into, *out;
+  uint32_t x, d;          /* the expert forward and its dispatch */
+  uint64_t route, saved; /* bytes of the routing tables and of the experts' saved rows */
+};
+
+/* A backward b of the expert forward: what it reads at the capacity, and the routing. */
+static void size_expert_backward(const struct expert_side *es, uint32_t e) {
+  struct ir_graph *g = es->g;
+  uint32_t b = IR_EDGE(g, e)->dst;
+  IR_EDGE(g, e)->bytes = es->saved;
+  ir_graph_add_edge(g, es->d, b, IR_EDGE_DATA, 1, es->route);
+  if (es->into[b] != IR_NONE) { /* B or BI: the combine's and the dispatch's transposes */
+    ir_graph_add_edge(g, es->d, es->into[b], IR_EDGE_DATA, 1, es->route);
+    ir_graph_add_edge(g, es->out[es->x], es->into[b], IR_EDGE_DATA, 1,
+                      ir_ep_combine_bytes(g->model));
+  }
+  if (es->out[b] != IR_NONE)
+    ir_graph_add_edge(g, es->d, es->out[b], IR_EDGE_DATA, 1, es->route);
+}
+
+/* The slot-1 edges out of node n into compute nodes of segment seg: each backward's, or under
+ * full recomputation the rerun's (F keeps its received rows for it; the rerun reads the routing
+ * and its own slot-1 edges go to the backwards). */
+static void size_expert_readers(const struct expert_side *es, const struct ir_adjacency *adj,
+                                uint32_t n) {
+  struct ir_graph *g = es->g;
+  for (uint32_t k = adj->out_first[n]; k < adj->out_first[n + 1]; k++) {
+    uint32_t e = adj->out_edges[k];
+    const struct ir_edge *ed = IR_EDGE(g, e);
+    const struct ir_node *bn = IR_NODE(g, ed->dst), *xn = IR_NODE(g, es->x);
+    if (ed->kind != IR_EDGE_DATA || ed->slot != 1 || bn->kind != IR_NODE_COMPUTE ||
+        bn->segment != xn->segment)
+      continue;
+    if (bn->pass != IR_PASS_R) {
+      size_expert_backward(es, e);
+      continue;
+    }
+    IR_EDGE(g, e)->bytes = ir_ep_rows_bytes(g->model, xn);
+    ir_graph_add_edge(g, es->d, ed->dst, IR_EDGE_DATA, 1, es->route);
+    size_expert_readers(es, adj, ed->dst);
+  }
+}
+
+static void size_expert_side(struct ir_graph *g, const uint32_t *into, const uint32_t *out,
+                             uint32_t nn) {
+  const struct model *m = g->model;
+  struct ir_adjacency adj; /* of the edges before this pass: the ones it adds are not walked */
+  ir_adjacency_build(g, &adj);
+  for (uint32_t x = 0; x < nn; x++) {
+    const struct ir_node *xn = IR_NODE(g, x);
+    if (xn->kind != IR_NODE_COMPUTE || xn->pass != IR_PASS_F || !ir_ep_sized(xn) ||
+        into[x] == IR_NONE || out[x] == IR_NONE)
+      continue;
+    struct expert_side es = {g, into, out, x, into[x], ir_ep_route_bytes(m, xn),
+                             ir_ep_saved_bytes(m, xn)};
+    ir_graph_add_edge(g, es.d, x, IR_EDGE_DATA, 1, es.route);
+    ir_graph_add_edge(g, es.d, out[x], IR_EDGE_DATA, 1, es.route);
+    size_expert_readers(&es, &adj, x);
+  }
+  ir_adjacency_free(&adj);
+}
+
 /* Expert parallelism: an all-to-all on every data edge into and out of a sharded expert node
  * (dispatch and combine in F; their transposes in B or BI). Saved activations stay local. */
 static void insert_all_to_all(struct apply *a) {
@@ -1283,7 +1354,14 @@ static void insert_all_to_all(struct apply *a) {
   const struct model *m = g->model;
   uint64_t payload = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok *
                      (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
-  uint32_t ne = g->edges->len;
+  uint32_t ne = g->edges->len, nn = g->nodes->len;
+  uint32_t *into_of = g_new(uint32_t, nn ? nn : 1), *out_of = g_new(uint32_t, nn ? nn : 1);
+  for (uint32_t i = 0; i < nn; i++) {
+    into_of[i] = out_of[i] = IR_NONE;
+    struct ir_node *n = IR_NODE(g, i); /* every EP node states its capacity (copies included) */
+    if (n->shard_degree > 1 && n->capacity_factor <= 0)
+      n->capacity_factor = IR_EP_CAPACITY_FACTOR_DEFAULT;
+  }
   for (uint32_t e = 0; e < ne; e++) {
     struct ir_edge ed = *IR_EDGE(g, e);
     if (ed.kind != IR_EDGE_DATA || ed.slot == 1)
@@ -1297,15 +1375,21 @@ static void insert_all_to_all(struct apply *a) {
       continue;
     const struct ir_node *expert = into ? dst : src;
     uint32_t ex = into ? ed.dst : ed.src;
+    /* the routed rows on the experts' side: the capacity, not the tokens' [T, hidden] */
+    uint64_t rows = ir_ep_sized(expert) ? ir_ep_rows_bytes(m, expert) : ed.bytes;
     const struct dir_directive *sd = &a->p->d[INFO(a, ex)->shard];
     struct ir_node c =
         comm_node(expert, IR_NODE_ALL_TO_ALL, IR_COMM_EP, stream_or(g, sd->stream, "ep"), payload);
     c.directive = INFO(a, ex)->shard;
     uint32_t cid = add_node(a, &c);
     IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
-    ir_graph_add_edge(g, ed.src, cid, IR_EDGE_DATA, ed.slot, ed.bytes);
-    ir_graph_add_edge(g, cid, ed.dst, IR_EDGE_DATA, 0, ed.bytes);
+    ir_graph_add_edge(g, ed.src, cid, IR_EDGE_DATA, ed.slot, into ? ed.bytes : rows);
+    ir_graph_add_edge(g, cid, ed.dst, IR_EDGE_DATA, 0, into ? rows : ed.bytes);
+    (into ? into_of : out_of)[ex] = cid;
   }
+  size_expert_side(g, into_of, out_of, nn);
+  g_free(into_of);
+  g_free(out_of);
 }
 
 /* Pipeline communication: a send/recv pair on every data edge between device groups. */
@@ -1608,23 +1692,35 @@ static void run_positions(const struct ir_graph *g, const struct ir_adjacency *a
   g_free(h.id);
 }
 
-/* A rerun (recompute) waits for the compute right before it on its group: it would otherwise
- * run as soon as its forward is done whenever the device idles, and hold everything it
- * restores until its backward, undoing the saving. Edge u -> R only from a u topologically
- * before every consumer of R (R's only successors): no cycle. */
+/* A rerun (recompute) waits for the compute right before its backward on its group: it would
+ * otherwise run as soon as its forward is done whenever the device idles, and hold everything it
+ * restores until its backward, undoing the saving. The place is taken from the backward's run
+ * position, not the rerun's own: a rerun is ready once its forward is done, so its run position
+ * drifts ahead of its backward by as many micro-batches as the backward waits on other stages
+ * (DeepSeek-V3 on DualPipeV held 8 micro-batches' reruns, 30 GB). Other reruns are skipped: they
+ * are held the same way. Edge u -> R only from a u run before every consumer of R (R's only
+ * successors, so u cannot descend from R): no cycle. */
 static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const uint32_t *pos,
                        const GArray *seq, const uint32_t *seq_index, uint32_t r) {
-  uint32_t k = seq_index[r], min_pos = UINT32_MAX;
-  if (k == 0)
-    return;
+  uint32_t min_pos = UINT32_MAX, first = IR_NONE;
   for (uint32_t e = adj->out_first[r]; e < adj->out_first[r + 1]; e++) {
     uint32_t c = IR_EDGE(g, adj->out_edges[e])->dst;
     if (pos[c] < min_pos)
       min_pos = pos[c];
+    const struct ir_node *cn = IR_NODE(g, c);
+    if (cn->kind == IR_NODE_COMPUTE && cn->group == IR_NODE(g, r)->group &&
+        (first == IR_NONE || pos[c] < pos[first]))
+      first = c;
   }
-  uint32_t u = g_array_index(seq, uint32_t, k - 1);
-  if (pos[u] < min_pos)
-    ir_graph_add_edge(g, u, r, IR_EDGE_TEMPORAL, 0, 0);
+  uint32_t k = first != IR_NONE ? seq_index[first] : seq_index[r];
+  while (k > 0) {
+    uint32_t u = g_array_index(seq, uint32_t, --k);
+    if (u == r || IR_NODE(g, u)->pass == IR_PASS_R)
+      continue;
+    if (pos[u] < min_pos)
+      ir_graph_add_edge(g, u, r, IR_EDGE_TEMPORAL, 0, 0);
+    return;
+  }
 }
 
 /* ZeRO-3 prefetching one segment ahead (ZeRO paper §5.3; FSDP's forward/backward prefetch):

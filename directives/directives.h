@@ -54,6 +54,9 @@ struct dir_directive {
   uint32_t n_devices;       /* place, replicate, shard */
   uint32_t *devices;
   char stream[DIR_NAME_MAX];        /* place (send/recv), shard (all-to-all); "" = default */
+  /* shard: rows a device receives per micro-batch and expert layer, as a multiple of its
+   * tokens x top_k (ir_ep_capacity_rows); 0 = IR_EP_CAPACITY_FACTOR_DEFAULT */
+  double capacity_factor;
   char reduce_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   char gather_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   double bucket_size_mb;            /* replicate */

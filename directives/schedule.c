@@ -201,8 +201,10 @@ static void build_interleaved_zb(struct builder *b, uint32_t R, uint32_t v, uint
  * F BI BW of one stage then of the other; the cool-down defers BW to fill what is left. With
  * F = BI = BW the only idle time is the R-1 units before the last rank's first forward, and the
  * peak is 2R chunk activations (R full stages: 1F1B's peak). Needs M >= 2R-1 (the first rank's
- * warm-up). */
-static void build_zbv(struct builder *b, uint32_t R, uint32_t M) {
+ * warm-up). Under full recomputation (recompute) the cool-down runs each BW right after its BI:
+ * a deferred BW holds what the rerun restored, 2p chunks on rank p (DeepSeek-V3 on PP 16: 252
+ * GiB on the last rank). */
+static void build_zbv(struct builder *b, uint32_t R, uint32_t M, bool recompute) {
   for (uint32_t p = 0; p < R; p++) {
     int32_t c0 = (int32_t)p, c1 = (int32_t)(2 * R - 1 - p);
     uint32_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
@@ -229,7 +231,11 @@ static void build_zbv(struct builder *b, uint32_t R, uint32_t M) {
     uint32_t w0 = b0, w1 = b1;
     for (uint32_t i = 0; i < p; i++) {
       emit(b, p, act(c0, (int32_t)b0++, IR_PASS_BI));
+      if (recompute)
+        emit(b, p, act(c0, (int32_t)w0++, IR_PASS_BW));
       emit(b, p, act(c1, (int32_t)b1++, IR_PASS_BI));
+      if (recompute)
+        emit(b, p, act(c1, (int32_t)w1++, IR_PASS_BW));
     }
     for (uint32_t i = 0; i < R - p; i++) {
       emit(b, p, act(c0, (int32_t)b0++, IR_PASS_BI));
@@ -256,6 +262,7 @@ struct dp_rank {
   uint32_t f[2], bk[2];
   struct sched_action *wq; /* deferred BW, FIFO */
   uint32_t wq_head, wq_tail;
+  bool recompute; /* sched_layout.recompute */
 };
 
 static struct sched_action dp_f(struct dp_rank *d, int ph) {
@@ -270,9 +277,11 @@ static struct sched_action dp_b(struct dp_rank *d, int ph, bool zb) {
   return act(d->stage[ph], mb, IR_PASS_BI);
 }
 
+/* Runs the oldest deferred BW; with none deferred (step 6 kept whole, d->recompute), nothing. */
 static void dp_w(struct dp_rank *d) {
-  PIPER_ASSERT(d->wq_head < d->wq_tail);
-  emit(d->b, d->pos, d->wq[d->wq_head++]);
+  PIPER_ASSERT(d->wq_head < d->wq_tail || d->recompute);
+  if (d->wq_head < d->wq_tail)
+    emit(d->b, d->pos, d->wq[d->wq_head++]);
 }
 
 static void build_dualpipe_rank(struct dp_rank *d, uint32_t H, uint32_t h, uint32_t C) {
@@ -311,14 +320,18 @@ static void build_dualpipe_rank(struct dp_rank *d, uint32_t H, uint32_t h, uint3
     struct sched_action x = dp_f(d, 1);
     emit2(b, p, x, dp_b(d, 0, false));
   }
-  /* 6: nB1B0, the second half with zero bubble */
+  /* 6: nB1B0, the second half with zero bubble. Under full recomputation the second half
+   * stays whole: a deferred BW reads what the rerun restored (and what BI kept) until step 8,
+   * so the last rank would hold h + 1 = R chunks of whole recomputed activations (DeepSeek-V3,
+   * PP 16: 16 chunks of 7 GB, 114 GiB) and undo what recomputation saves; a whole backward
+   * frees them at once, for a bubble longer by about (h + 1) / 2 W. */
   bool zb = false;
   uint32_t n6 = h + 1;
   for (uint32_t i = 0; i < n6; i++) {
-    if (i == n6 / 2 && h % 2 == 1)
+    if (i == n6 / 2 && h % 2 == 1 && !d->recompute)
       zb = true;
     emit(b, p, dp_b(d, 1, zb));
-    if (i == n6 / 2 && h % 2 == 0)
+    if (i == n6 / 2 && h % 2 == 0 && !d->recompute)
       zb = true;
     emit(b, p, dp_b(d, 0, zb));
   }
@@ -337,14 +350,14 @@ static void build_dualpipe_rank(struct dp_rank *d, uint32_t H, uint32_t h, uint3
 /* DualPipe: bidirectional, one stage per rank per copy (see the file comment for the copies).
  * Needs R even, M even and M >= 2R (DualPipe.step's assertions). Bubble
  * (R/2-1)(F&B + B - 3W), activations R+1 chunks per rank, parameters twice (two copies). */
-static void build_dualpipe(struct builder *b, uint32_t R, uint32_t M) {
+static void build_dualpipe(struct builder *b, uint32_t R, uint32_t M, bool recompute) {
   uint32_t H = R / 2, C = M / 2;
   struct sched_action *wq = g_new(struct sched_action, 2 * (size_t)C);
   for (uint32_t p = 0; p < R; p++) {
     /* Ranks in the second half are nearer the start of copy B: their phase 0 is copy B. */
     int second = p >= H;
     int32_t stage[2] = {(int32_t)p, (int32_t)(R - 1 - p)}, mb0[2] = {0, (int32_t)C};
-    struct dp_rank d = {.b = b, .pos = p, .wq = wq};
+    struct dp_rank d = {.b = b, .pos = p, .wq = wq, .recompute = recompute};
     for (int ph = 0; ph < 2; ph++) {
       d.stage[ph] = stage[ph ^ second];
       d.mb0[ph] = mb0[ph ^ second];
@@ -357,11 +370,15 @@ static void build_dualpipe(struct builder *b, uint32_t R, uint32_t M) {
 /* DualPipeV: DualPipe cut in half, one copy in a V (position p holds stages p and 2R-1-p).
  * Needs M >= 2R (DualPipeV.step's assertion). Bubble (R-1)(F&B + B - 3W) with PP = 2R stages,
  * i.e. (PP/2-1)(F&B + B - 3W); activations 2R+1 chunks per rank. */
-static void build_dualpipev(struct builder *b, uint32_t R, uint32_t M) {
+static void build_dualpipev(struct builder *b, uint32_t R, uint32_t M, bool recompute) {
   struct sched_action *wq = g_new(struct sched_action, 2 * (size_t)M);
   for (uint32_t p = 0; p < R; p++) {
-    struct dp_rank d = {
-        .b = b, .pos = p, .stage = {(int32_t)p, (int32_t)(2 * R - 1 - p)}, .mb0 = {0, 0}, .wq = wq};
+    struct dp_rank d = {.b = b,
+                        .pos = p,
+                        .stage = {(int32_t)p, (int32_t)(2 * R - 1 - p)},
+                        .mb0 = {0, 0},
+                        .wq = wq,
+                        .recompute = recompute};
     build_dualpipe_rank(&d, R, p, M);
   }
   g_free(wq);
@@ -550,9 +567,9 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   case SCHED_ZEROBUBBLE: build_1f1b(&b, R, M, true); break;
   case SCHED_INTERLEAVED_1F1B: build_interleaved(&b, R, v, M); break;
   case SCHED_INTERLEAVED_ZEROBUBBLE: build_interleaved_zb(&b, R, v, M); break;
-  case SCHED_ZBV: build_zbv(&b, R, M); break;
-  case SCHED_DUALPIPE: build_dualpipe(&b, R, M); break;
-  case SCHED_DUALPIPEV: build_dualpipev(&b, R, M); break;
+  case SCHED_ZBV: build_zbv(&b, R, M, layout->recompute); break;
+  case SCHED_DUALPIPE: build_dualpipe(&b, R, M, layout->recompute); break;
+  case SCHED_DUALPIPEV: build_dualpipev(&b, R, M, layout->recompute); break;
   default: PIPER_UNREACHABLE();
   }
   return sched_rows_finish(&b.rows, f, S, M);
@@ -867,6 +884,8 @@ bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struc
                      "stages on %u device groups (ranks)",
                      p->name, fam, o->ranks, n_stages, R);
   struct sched_layout l = {.n_ranks = R, .n_stages = n_stages, .stage_rank = stage_rank};
+  for (uint32_t d = 0; d < p->n; d++)
+    l.recompute |= p->d[d].op == DIR_RECOMPUTE && p->d[d].granularity == IR_RECOMPUTE_FULL;
   g_autoptr(GError) e = NULL;
   struct sched_program *s = sched_build(o->family, &l, M, &e);
   if (!s)

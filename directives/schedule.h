@@ -38,11 +38,15 @@ enum sched_family {
   SCHED_FAMILY_COUNT
 };
 
-/* stage_rank[s] = physical pipeline rank of stage s (stage = PP region index). */
+/* stage_rank[s] = physical pipeline rank of stage s (stage = PP region index). recompute: the
+ * stages rerun their forward before their backward (full recomputation); ZB-V, DualPipe and
+ * DualPipeV then defer no weight gradient in their cool-down (a deferred BW would hold what the
+ * rerun restored: see build_zbv and build_dualpipe_rank). */
 struct sched_layout {
   uint32_t n_ranks;
   uint32_t n_stages;
   const int32_t *stage_rank;
+  bool recompute;
 };
 
 struct sched_action {

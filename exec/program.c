@@ -416,14 +416,6 @@ static uint32_t first_consumer(const struct plan_class *c, uint32_t i) {
   return IR_NONE;
 }
 
-/* Producer instruction of the first tensor instruction i reads, or IR_NONE. */
-static uint32_t first_producer(const struct plan_class *c, uint32_t i) {
-  const struct plan_instr *in = &c->instrs[i];
-  if (!in->read_count)
-    return IR_NONE;
-  return c->tensors[c->reads[in->read_first]].producer;
-}
-
 static int compare_key(const void *a, const void *b) {
   const struct exec_comm_key *x = a, *y = b;
   if (x->comm != y->comm)
@@ -630,6 +622,29 @@ static bool decode_transfer(struct decoder *dc, uint32_t i, GError **err) {
   return true;
 }
 
+/* The producer of the first tensor instruction i reads that a compute instruction wrote, and
+ * the first consumer of i's first "out" tensor: an all-to-all also reads and writes the
+ * routing tables and the combine's copy (ir/expert.c), between all-to-alls. IR_NONE if none. */
+static uint32_t a2a_producer(const struct plan *p, const struct plan_class *c, uint32_t i) {
+  const struct plan_instr *in = &c->instrs[i];
+  for (uint32_t r = 0; r < in->read_count; r++) {
+    uint32_t pr = c->tensors[c->reads[in->read_first + r]].producer;
+    if (p->nodes[c->instrs[pr].node].kind == IR_NODE_COMPUTE)
+      return pr;
+  }
+  return IR_NONE;
+}
+
+static uint32_t a2a_consumer(const struct plan_class *c, uint32_t i) {
+  const struct plan_instr *in = &c->instrs[i];
+  for (uint32_t w = 0; w < in->write_count; w++) {
+    const struct plan_tensor *t = &c->tensors[c->writes[in->write_first + w]];
+    if (t->kind == PLAN_TENSOR_OUT && t->consumer_count)
+      return c->consumers[t->consumer_first];
+  }
+  return IR_NONE;
+}
+
 /* An all-to-all: dispatch or combine, by which side of it the expert segment is. */
 static bool decode_all_to_all(struct decoder *dc, uint32_t i, GError **err) {
   struct exec_device *d = dc->d;
@@ -638,7 +653,7 @@ static bool decode_all_to_all(struct decoder *dc, uint32_t i, GError **err) {
   const struct ir_node *n = &p->nodes[c->instrs[i].node];
   struct exec_instr *x = &d->instrs[i];
   uint32_t e = n->segment;
-  uint32_t pr = first_producer(c, i), co = first_consumer(c, i);
+  uint32_t pr = a2a_producer(p, c, i), co = a2a_consumer(c, i);
   const struct ir_node *pn = pr == IR_NONE ? NULL : &p->nodes[c->instrs[pr].node];
   const struct ir_node *cn = co == IR_NONE ? NULL : &p->nodes[c->instrs[co].node];
   if (!pn || !cn || pn->kind != IR_NODE_COMPUTE || cn->kind != IR_NODE_COMPUTE)

@@ -676,7 +676,7 @@ struct exec_moe {
   int e_first, e_count;
   uint32_t in_edge;
   int32_t *send_counts, *recv_counts; /* host memory [S] */
-  size_t n_recv;
+  size_t n_recv, cap; /* rows received; rows every buffer of them holds (the plan's capacity) */
   const int32_t *ids;
   const float *weights;
   int32_t *route_row, *send_expert, *recv_expert;
@@ -1629,11 +1629,12 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   const struct exec_model *xm = s->xm;
   struct exec_mb *mb = &s->mbs[x->mb];
   int C = xm->C, F = xm->F_expert, n = (int)moe->n_recv;
+  size_t cap = moe->cap; /* every buffer of routed rows at the plan's capacity (ir/expert.c) */
   enum fwd_keep keep = fwd_keep_of(s, x);
   const float *P = params_of(s, x), *rows = moe->recv_rows;
   uint32_t saved = saved_owner(s, i), y = out_tensor(s, i, EXEC_T_M);
   if (keep == FWD_FULL_DROP) { /* the rows alone, for R */
-    moe->rows_kept = mb_floats_raw(s, st, mb, saved, (size_t)n * C);
+    moe->rows_kept = mb_floats_raw(s, st, mb, saved, cap * C);
     KT(st, s, s->k->copy(st->stream, moe->rows_kept, rows, (size_t)n * C * sizeof(float)));
     saved = OWN_WORK;
   } else if (keep == FWD_FULL_RERUN) {
@@ -1644,11 +1645,12 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   } else if (keep != FWD_PLAIN) {
     return internal(err, s, i, "selective recomputation of experts (they have no attention)");
   }
-  float *yr = mb_floats_raw(s, st, mb, y, (size_t)n * C);
+  float *yr = mb_floats_raw(s, st, mb, y, cap * C);
   if (keep != FWD_FULL_RERUN)
     moe->y_recv = yr;
-  moe->saved = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats(n, C, F));
-  moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(n, C));
+  moe->saved = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats((int)cap, C, F));
+  moe->scratch =
+      mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)cap, C));
   if (n)
     KT(st, s,
        s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->scratch, rows, moe->recv_expert, n,
@@ -1685,9 +1687,10 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
     keep = written_tensor(s, i, PLAN_TENSOR_SAVED);
     keep = keep == OWN_WORK ? OWN_MB : keep;
   }
-  moe->bwork = mb_floats_raw(s, st, mb, keep, kernels_expert_ffn_bwork_floats(n, C, F));
-  moe->drows_recv = mb_floats_raw(s, st, mb, out_tensor(s, i, EXEC_T_H), (size_t)n * C);
-  moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(n, C));
+  moe->bwork = mb_floats_raw(s, st, mb, keep, kernels_expert_ffn_bwork_floats((int)moe->cap, C, F));
+  moe->drows_recv = mb_floats_raw(s, st, mb, out_tensor(s, i, EXEC_T_H), moe->cap * C);
+  moe->scratch =
+      mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)moe->cap, C));
   if (n && mode == BWD_FUSED)
     KT(st, s,
        k->expert_ffn_backward(st->stream, moe->drows_recv, G, moe->bwork, moe->scratch,
@@ -1699,6 +1702,20 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
                                     moe->dy_recv, moe->recv_expert, n, moe->saved, P, moe->e_first,
                                     moe->e_count, C, F, false));
   return true;
+}
+
+/* Piper drops no tokens (ir/expert.c): a routing that sends a device more rows than the
+ * plan's capacity stops the step, saying what would hold it. */
+static bool capacity_exceeded(struct exec_state *s, uint32_t i, const struct exec_moe *moe,
+                              GError **err) {
+  const struct ir_node *n = &s->dev->plan->nodes[s->dev->instrs[i].node];
+  double f = n->capacity_factor > 0 ? n->capacity_factor : IR_EP_CAPACITY_FACTOR_DEFAULT;
+  double need = (double)moe->n_recv / (double)((size_t)s->xm->T * (size_t)s->xm->K);
+  g_autofree char *why = g_strdup_printf(
+      "the routing sent this device %zu rows, over the plan's expert capacity of %zu "
+      "(capacity_factor %g on the shard directive; %.2f would hold them)",
+      moe->n_recv, moe->cap, f, need);
+  return internal(err, s, i, why);
 }
 
 /* The dispatch: routes this micro-batch's tokens to the experts' owners (counts first, then
@@ -1742,10 +1759,12 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   moe->weights = r + TK;
   moe->send_counts = mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
   int32_t *counts_dev = mb_raw(s, st, mb, OWN_WORK, S * sizeof(int32_t), REPORT_MEM_COMM);
-  /* the routing serves the combine and both backward all-to-alls: no plan tensor says so
-   * yet, so it lives as long as the micro-batch, counted with the activations the backward
-   * reads (as are the experts' ids and the combine's rows) */
-  moe->route_row = mb_raw(s, st, mb, OWN_MB, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  /* the routing tables serve the experts, the combine and both backward all-to-alls: the
+   * plan's tensor of them (ir_ep_route_bytes) lives until the last of those */
+  uint32_t route = written_tensor(s, i, PLAN_TENSOR_SAVED);
+  route = route == OWN_WORK ? OWN_MB : route;
+  moe->cap = (size_t)ir_ep_capacity_rows(s->dev->plan->model, &s->dev->plan->nodes[x->node]);
+  moe->route_row = mb_raw(s, st, mb, route, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   moe->send_expert =
       mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
   moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
@@ -1763,10 +1782,11 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   moe->n_recv = 0;
   for (uint32_t q = 0; q < S; q++)
     moe->n_recv += (size_t)rc[q];
-  moe->recv_rows =
-      mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->n_recv * row, REPORT_MEM_COMM);
+  if (moe->n_recv > moe->cap)
+    return capacity_exceeded(s, i, moe, err);
+  moe->recv_rows = mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->cap * row, REPORT_MEM_COMM);
   moe->recv_expert =
-      mb_raw(s, st, mb, OWN_MB, moe->n_recv * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+      mb_raw(s, st, mb, route, moe->cap * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   byte_counts(moe->send_counts, S, row, sb);
   byte_counts(moe->recv_counts, S, row, rb);
   CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->send_rows, sb, moe->recv_rows, rb, err));
@@ -1810,7 +1830,10 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
       ok = internal(err, s, i, "combine before the experts ran");
       goto out;
     }
-    moe->y_send = mb_raw(s, st, mb, OWN_MB, (size_t)TK * row, REPORT_MEM_ACTIVATIONS);
+    /* kept for the transpose (the routing weights' gradient): the plan's tensor of it */
+    uint32_t keep = written_tensor(s, i, PLAN_TENSOR_SAVED);
+    moe->y_send = mb_raw(s, st, mb, keep == OWN_WORK ? OWN_MB : keep, (size_t)TK * row,
+                         REPORT_MEM_ACTIVATIONS);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
     if (!ok)
       goto out;
@@ -1835,7 +1858,7 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
                                moe->route_row, T, K, C));
     mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R] = dweights;
     moe->dy_recv =
-        mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->n_recv * row, REPORT_MEM_COMM);
+        mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->cap * row, REPORT_MEM_COMM);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, dy_send, sb, moe->dy_recv, rb, err));
   } else {
     /* dispatch's transpose: input gradients back, summed over each token's routes */

@@ -72,6 +72,9 @@ struct ir_node {
   uint32_t shard_degree;     /* compute on an expert region: EP group size, else 1. Each
                               * device holds 1/shard_degree of the experts and runs as many
                               * routed tokens as its own micro-batch has (EP group = DP group) */
+  /* expert parallelism (shard_degree > 1): the receive capacity factor of the shard directive
+   * (ir_ep_capacity_rows); 0 = IR_EP_CAPACITY_FACTOR_DEFAULT */
+  double capacity_factor;
   uint32_t replica_degree;   /* data-parallel replicas of this node (group size), 1 if none */
   /* ZeRO levels of the replicate directive that placed it: shard_optimizer (1), shard_grads
    * (2, implies 1), shard_params (3, implies 2) */
@@ -238,6 +241,29 @@ void ir_tp_segment_comm(const struct model *m, uint32_t segment, enum ir_pass pa
  * the tokens of a micro-batch under sequence parallelism), written into why; true if it can. */
 bool ir_tp_check_model(const struct model *m, uint32_t tp, bool sequence_parallel, char *why,
                        size_t len);
+
+/* Expert parallelism (ir/expert.c): what an expert-parallel device holds, per micro-batch and
+ * expert layer, at the capacity its plan states. An EP device receives at most
+ * ir_ep_capacity_rows routed rows (tokens x top_k on average: each device sends that many), and
+ * every buffer of routed rows on the experts' side is allocated at that many rows, whatever the
+ * routing, so that the simulator and the executor hold the same bytes. */
+#define IR_EP_CAPACITY_FACTOR_DEFAULT 2.0
+#define IR_EP_CAPACITY_FACTOR_MAX 1024.0
+/* min(ceil(factor x T x top_k), shard_degree x T x top_k): T tokens per micro-batch. */
+uint64_t ir_ep_capacity_rows(const struct model *m, const struct ir_node *n);
+/* The sizes of an EP expert node n (shard_degree > 1, no TP): rows received (or their outputs,
+ * or either's gradients), its saved activations (for the backward), its workspace in its pass
+ * (*keep: what BI keeps for BW), the dispatch's routing tables (the token side's route of each
+ * (token, k) and the received rows' experts, kept until the last backward that reads them), the
+ * combine's copy of the expert outputs (the routing weights' gradient reads it) and an
+ * all-to-all's send buffers (into: toward the experts). */
+bool ir_ep_sized(const struct ir_node *n);
+uint64_t ir_ep_rows_bytes(const struct model *m, const struct ir_node *n);
+uint64_t ir_ep_saved_bytes(const struct model *m, const struct ir_node *n);
+uint64_t ir_ep_work_bytes(const struct model *m, const struct ir_node *n, uint64_t *keep);
+uint64_t ir_ep_route_bytes(const struct model *m, const struct ir_node *n);
+uint64_t ir_ep_combine_bytes(const struct model *m);
+uint64_t ir_ep_a2a_work_bytes(const struct model *m, const struct ir_node *n, bool into);
 
 const char *ir_pass_name(enum ir_pass p);
 const char *ir_node_kind_name(enum ir_node_kind k);

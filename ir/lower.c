@@ -500,9 +500,22 @@ static uint64_t recompute_work(const struct model *m, const struct ir_node *n, u
   bool full = n->recompute == IR_RECOMPUTE_FULL;
   if (n->pass == IR_PASS_R)
     return full ? fwd_work : 0;
-  if (full)
-    return fwd_work + ir_tp_segment_saved_bytes(m, n->segment, n->tp_degree, n->sequence_parallel);
+  if (full) /* experts under EP save their rows at the capacity (ir/expert.c) */
+    return fwd_work + (ir_ep_sized(n) ? ir_ep_saved_bytes(m, n)
+                                      : ir_tp_segment_saved_bytes(m, n->segment, n->tp_degree,
+                                                                  n->sequence_parallel));
   return fwd_work + ir_tp_segment_core_bytes(m, n->segment, n->tp_degree);
+}
+
+/* What compute node n holds while it runs in pass (its workspace without recomputation):
+ * expert-parallel experts at the plan's capacity (ir/expert.c), any other segment as tensor
+ * parallelism divides it (ir/tensor_parallel.c; undivided at tp <= 1). */
+static uint64_t node_work(const struct model *m, const struct ir_node *n, enum ir_pass pass) {
+  struct ir_node at = *n;
+  at.pass = pass;
+  return ir_ep_sized(&at) ? ir_ep_work_bytes(m, &at, NULL)
+                          : ir_tp_segment_work(m, n->segment, pass, n->tp_degree,
+                                               n->sequence_parallel, NULL);
 }
 
 /* Compute instruction i's workspace (models/model.h): F holds its outputs nobody keeps and
@@ -512,12 +525,35 @@ static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,
                        struct class_pools *cp) {
   if (n->kind != IR_NODE_COMPUTE || n->segment >= l->g->model->n_segments)
     return;
-  uint64_t bytes = ir_tp_segment_work(l->g->model, n->segment, n->pass, n->tp_degree,
-                                      n->sequence_parallel, NULL);
+  uint64_t bytes = node_work(l->g->model, n, n->pass);
   if (n->recompute != IR_RECOMPUTE_NONE && (n->pass == IR_PASS_F || n->pass == IR_PASS_R))
-    bytes = recompute_work(l->g->model, n,
-                           ir_tp_segment_work(l->g->model, n->segment, IR_PASS_F, n->tp_degree,
-                                              n->sequence_parallel, NULL));
+    bytes = recompute_work(l->g->model, n, node_work(l->g->model, n, IR_PASS_F));
+  if (!bytes)
+    return;
+  struct plan_tensor pt = {.bytes = bytes,
+                           .producer = i,
+                           .kind = PLAN_TENSOR_WORK,
+                           .consumer_first = IR_NONE, /* no slot: never matched as an output */
+                           .consumer_count = 0};
+  g_array_append_val(cp->tensors, pt);
+  uint32_t t = cp->tensors->len - 1;
+  g_array_append_val(cp->writes, t);
+}
+
+/* An expert-parallel all-to-all's send buffers (ir_ep_a2a_work_bytes), released when it ends.
+ * Into the experts when its output goes to a compute node of the segment it serves. */
+static void instr_a2a_work(struct lower *l, uint32_t i, uint32_t x, struct class_pools *cp) {
+  const struct ir_node *n = IR_NODE(l->g, x);
+  if (n->kind != IR_NODE_ALL_TO_ALL || !ir_ep_sized(n))
+    return;
+  bool into = false;
+  for (uint32_t k = l->adj.out_first[x]; k < l->adj.out_first[x + 1]; k++) {
+    const struct ir_edge *e = IR_EDGE(l->g, l->adj.out_edges[k]);
+    const struct ir_node *dn = IR_NODE(l->g, e->dst);
+    into |= e->kind == IR_EDGE_DATA && e->slot == 0 && dn->kind == IR_NODE_COMPUTE &&
+            dn->segment == n->segment;
+  }
+  uint64_t bytes = ir_ep_a2a_work_bytes(l->g->model, n, into);
   if (!bytes)
     return;
   struct plan_tensor pt = {.bytes = bytes,
@@ -590,13 +626,18 @@ static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
       pt->bytes = e->bytes;
     /* what BI keeps for BW: the gradients of the segment's values and the ops' bwork */
     if (xn->kind == IR_NODE_COMPUTE && xn->pass == IR_PASS_BI && e->slot == 1 &&
-        xn->segment < l->g->model->n_segments)
-      ir_tp_segment_work(l->g->model, xn->segment, IR_PASS_BI, xn->tp_degree,
-                         xn->sequence_parallel, &pt->bytes);
+        xn->segment < l->g->model->n_segments) {
+      if (ir_ep_sized(xn))
+        ir_ep_work_bytes(l->g->model, xn, &pt->bytes);
+      else
+        ir_tp_segment_work(l->g->model, xn->segment, IR_PASS_BI, xn->tp_degree,
+                           xn->sequence_parallel, &pt->bytes);
+    }
     uint32_t pair[2] = {instr_of[e->dst], t};
     g_array_append_vals(cp->tensor_reads, pair, 1);
   }
   instr_work(l, i, xn, cp);
+  instr_a2a_work(l, i, x, cp);
   instr_bucket(l, i, xn, cp);
   c->instrs[i].write_count = cp->writes->len - c->instrs[i].write_first;
 }

@@ -429,7 +429,7 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->shard_params == b->shard_params && a->recompute == b->recompute &&
          a->directive == b->directive && a->priority == b->priority &&
          a->tp_degree == b->tp_degree && a->sequence_parallel == b->sequence_parallel &&
-         a->collectives == b->collectives;
+         a->collectives == b->collectives && a->capacity_factor == b->capacity_factor;
 }
 
 bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,

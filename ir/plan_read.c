@@ -353,6 +353,7 @@ enum {
   N_SEQUENCE_PARALLEL,
   N_COLLECTIVES,
   N_PRIORITY,
+  N_CAPACITY_FACTOR, /* expert parallelism: optional, absent without it */
   N_COUNT
 };
 static const char *const node_keys[N_COUNT] = {
@@ -360,7 +361,7 @@ static const char *const node_keys[N_COUNT] = {
     "tags",        "group",        "peer_group", "stream",       "segment",
     "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
     "shard_grads", "shard_params", "shard_optimizer", "recompute", "directive", "tp_degree",
-    "sequence_parallel", "collectives", "priority"};
+    "sequence_parallel", "collectives", "priority", "capacity_factor"};
 
 /* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
 static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct json_loc *l,
@@ -455,6 +456,19 @@ static bool read_tensor_parallel(const struct plan *p, struct ir_node *n, const 
   return true;
 }
 
+/* The EP receive capacity (ir/expert.c), on EP nodes alone; plans written before it get the
+ * default. */
+static bool read_capacity(struct ir_node *n, const cJSON *v, const struct json_loc *l,
+                          GError **err) {
+  n->capacity_factor = n->shard_degree > 1 ? IR_EP_CAPACITY_FACTOR_DEFAULT : 0;
+  if (!v)
+    return true;
+  if (n->shard_degree <= 1)
+    return json_fail_at(err, l, "\"capacity_factor\" on a node without expert parallelism");
+  return json_value_double(v, "capacity_factor", 1.0, IR_EP_CAPACITY_FACTOR_MAX,
+                           &n->capacity_factor, l, err);
+}
+
 /* The ZeRO level: shard_grads and shard_params always written, shard_optimizer only for
  * ZeRO-1 (every higher level implies it). */
 static bool read_zero_flags(const cJSON *const *x, struct ir_node *n, const struct json_loc *l,
@@ -547,7 +561,7 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   if (!read_tensor_parallel(p, n, x[N_TP_DEGREE], x[N_SEQUENCE_PARALLEL], x[N_COLLECTIVES], &l,
                             err))
     return false;
-  return check_peer_group(p, n, &l, err);
+  return read_capacity(n, x[N_CAPACITY_FACTOR], &l, err) && check_peer_group(p, n, &l, err);
 }
 
 /* "split" (tensor parallelism): absent, or 2 or more dividing the group, never on pp; a tp

@@ -254,6 +254,11 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
     cJSON_AddBoolToObject(o, "sequence_parallel", true);
   if (n->collectives > 1)
     cJSON_AddNumberToObject(o, "collectives", n->collectives);
+  /* Expert parallelism's receive capacity (ir/expert.c): on EP nodes alone. */
+  if (n->shard_degree > 1)
+    cJSON_AddNumberToObject(o, "capacity_factor", n->capacity_factor > 0
+                                                      ? n->capacity_factor
+                                                      : IR_EP_CAPACITY_FACTOR_DEFAULT);
   /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
   char prio[24];
   snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);

@@ -54,6 +54,27 @@ for c in "llama3-70b llama3-70b_tp8_pp4 4 1f1b 16" "llama3.1-405b llama3.1-405b_
     ok || bad "bundled $2 does not fit: $(cat "$T/err")"
 done
 
+# DeepSeek-V3 on 2,048 H100s (PP 16 DualPipeV over 32 stages, EP 128, ZeRO-1, full recomputation;
+# the bundled file is piper-layout pp=16,dp=128,ep=128,v,zero=1,recompute=full without the shard
+# of stage 0, which holds only dense layers) fits 79.6 GiB, and its ranks past the first dense
+# stages hold the same: reruns wait for their backward and the cool-down defers no weight
+# gradient (both once grew the peak linearly with the rank, up to 114.6 GiB). Figures printed.
+DS=deepseek_v3_pp16_dualpipev_dp128_ep128_zero1_recompute
+"$BIN/piper-sim" --model models/deepseek-v3.json --directives directives/base-schedules/$DS.json \
+  --pp-regions 32 --schedule dualpipev --mbs 32 --profile profiles/h100-sxm.json --out "$T/$DS" \
+  --no-charts --quiet 2>"$T/err" &&
+  python3 -c "
+import json, sys
+m = json.load(open('$T/$DS/metrics.json'))
+peaks = {}
+for d in m['devices']:
+    peaks[d['pp_rank']] = max(peaks.get(d['pp_rank'], 0), d['peak_memory_bytes'])
+mid = [peaks[r] for r in range(3, 15)]
+print('deepseek-v3 dualpipev pp16 x dp128 (2048 H100s): peak %.1f GiB, step %.1f ms, MFU %.1f%%'
+      % (m['peak_memory_bytes_max'] / 2**30, m['iteration_time_s'] * 1e3, m['mfu'] * 100))
+sys.exit(0 if m['peak_memory_bytes_max'] < 79.6 * 2**30 and max(mid) <= 1.01 * min(mid) else 1)" &&
+  ok || bad "bundled $DS does not fit or grows with the rank: $(cat "$T/err")"
+
 # recomputation under TP: the rerun goes right before its backward (not after its forward, where
 # its collectives' order once put it), so full recomputation lowers the peak
 for r in none full; do

@@ -168,7 +168,8 @@ static void test_parse_shard(void **state) {
   struct dir_program *p = parse_ok(
       "[{\"op\": \"shard\", \"filter\": {\"EXPERT\": \"*\", \"PASS\": \"F\"}, \"devices\": [4, 5],"
       "  \"stream\": \"a2a\"},"
-      " {\"op\": \"shard\", \"filter\": {\"EXPERT\": 2}, \"devices\": [9]}]");
+      " {\"op\": \"shard\", \"filter\": {\"EXPERT\": 2}, \"devices\": [9],"
+      "  \"capacity_factor\": 1.25}]");
   const struct dir_directive *d = &p->d[0];
   assert_int_equal(d->op, DIR_SHARD);
   assert_string_equal(d->filter.keys[0].name, "EXPERT");
@@ -178,6 +179,8 @@ static void test_parse_shard(void **state) {
   assert_string_equal(d->stream, "a2a");
   assert_string_equal(p->d[1].stream, "");
   assert_int_equal(p->d[1].filter.keys[0].value, 2);
+  assert_true(d->capacity_factor == 0); /* the default, IR_EP_CAPACITY_FACTOR_DEFAULT */
+  assert_true(p->d[1].capacity_factor == 1.25);
   assert_int_equal(p->max_device, 10);
   dir_program_free(p);
 }
@@ -285,6 +288,13 @@ static const struct bad_case bad_cases[] = {
      "t.json: directive 0 (split): duplicate key \"op\""},
     {"[{\"op\": \"order\", \"filters\": [{}, {}], \"devices\": [0]}]",
      "directive 0 (order): unknown key \"devices\""},
+    /* expert capacity: below 1 the average routing would not fit */
+    {"[{\"op\": \"shard\", \"filter\": {}, \"devices\": [0], \"capacity_factor\": 0.5}]",
+     "directive 0 (shard): \"capacity_factor\""},
+    {"[{\"op\": \"shard\", \"filter\": {}, \"devices\": [0], \"capacity_factor\": \"2\"}]",
+     "directive 0 (shard): \"capacity_factor\""},
+    {PLACE_PREFIX "\"devices\": [0], \"capacity_factor\": 2}]",
+     "directive 0 (place): unknown key \"capacity_factor\""},
     /* filter */
     {"[{\"op\": \"place\", \"devices\": [0]}]", "directive 0 (place): missing key \"filter\""},
     {"[{\"op\": \"place\", \"filter\": [], \"devices\": [0]}]", "\"filter\" must be an object"},

@@ -548,6 +548,52 @@ static void test_dualpipev(void **state) {
     }
 }
 
+/* Most weight gradients a rank has deferred at once: BI run, its BW not yet. */
+static uint32_t max_deferred(const struct sched_rank *rk) {
+  uint32_t open = 0, most = 0;
+  for (uint32_t i = 0; i < rk->n_slots; i++)
+    for (uint32_t k = 0; k < rk->slots[i].n_actions; k++) {
+      enum ir_pass p = rk->slots[i].actions[k].pass;
+      open += p == IR_PASS_BI;
+      open -= p == IR_PASS_BW;
+      most = open > most ? open : most;
+    }
+  return most;
+}
+
+/* Under full recomputation the cool-down of ZB-V, DualPipe and DualPipeV defers no weight
+ * gradient: a deferred BW would hold the rerun's activations, and the last rank held R (DualPipeV)
+ * or 2R - 2 (ZB-V) of them (DeepSeek-V3 on PP 16: 114 and 252 GiB). At most one weight gradient
+ * waits at a time (DualPipe's steps 3 and 7). */
+static void test_dualpipe_recompute(void **state) {
+  (void)state;
+  for (uint32_t R = 2; R <= 8; R *= 2)
+    for (uint32_t M = 2 * R; M <= 2 * R + 5; M++) {
+      struct sched_layout l = layout_v(R);
+      struct sched_program *s = build_ok(SCHED_DUALPIPEV, &l, M);
+      assert_true(max_deferred(&s->ranks[R - 1]) > 1); /* without: step 6 defers R - 1 */
+      sched_program_free(s);
+      l.recompute = true;
+      s = build_ok(SCHED_DUALPIPEV, &l, M);
+      run_ok(s, &l, false);
+      for (uint32_t q = 0; q < R; q++)
+        assert_true(max_deferred(&s->ranks[q]) <= 1);
+      sched_program_free(s);
+      s = build_ok(SCHED_ZBV, &l, M);
+      run_ok(s, &l, false);
+      for (uint32_t q = 0; q < R; q++)
+        assert_true(max_deferred(&s->ranks[q]) <= 1);
+      sched_program_free(s);
+      l = layout_single(R);
+      l.recompute = true;
+      s = build_ok(SCHED_DUALPIPE, &l, 2 * M);
+      run_ok(s, &l, true);
+      for (uint32_t q = 0; q < R; q++)
+        assert_true(max_deferred(&s->ranks[q]) <= 1);
+      sched_program_free(s);
+    }
+}
+
 /* Rank numbering need not follow stage order: the builders map positions through the layout. */
 static void test_permuted_layouts(void **state) {
   (void)state;
@@ -1057,6 +1103,7 @@ int main(void) {
       cmocka_unit_test(test_zbv),
       cmocka_unit_test(test_dualpipe),
       cmocka_unit_test(test_dualpipev),
+      cmocka_unit_test(test_dualpipe_recompute),
       cmocka_unit_test(test_permuted_layouts),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_family_names),

@@ -1,0 +1,82 @@
+/* ir: what expert parallelism holds on one device (the memory rule of SPEC §5 for routed rows).
+ *
+ * The rows an EP device receives depend on the routing, known only at run time. A plan fixes
+ * them instead: each device receives at most a capacity of ceil(factor x T x top_k) rows per
+ * micro-batch and expert layer (T x top_k is the average: every device sends that many), and
+ * the executor allocates every routed-row buffer on the experts' side at the capacity, so that
+ * the simulator and the executor hold the same bytes. A step whose routing sends a device more
+ * rows than that stops with an error (exec/train.c): Piper drops no tokens, so that expert
+ * parallelism trains exactly as one device does. The default factor 2.0 never binds at EP 2
+ * (a device cannot receive more than 2 x T x top_k rows there) and leaves twice the average on
+ * larger groups; Megatron's moe_expert_capacity_factor plays the same part (its default, no
+ * capacity, sizes the buffers at run time, which a plan cannot). The sizes below are those the
+ * host executor allocates (exec/train.c), in the model's dtype. */
+#include <math.h>
+
+#include "ir.h"
+
+bool ir_ep_sized(const struct ir_node *n) {
+  return n->shard_degree > 1 && n->tp_degree <= 1;
+}
+
+static uint64_t routes(const struct model *m) {
+  return (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok;
+}
+
+static uint64_t round16(uint64_t b) {
+  return (b + 15) & ~(uint64_t)15;
+}
+
+uint64_t ir_ep_capacity_rows(const struct model *m, const struct ir_node *n) {
+  double f = n->capacity_factor > 0 ? n->capacity_factor : IR_EP_CAPACITY_FACTOR_DEFAULT;
+  uint64_t tk = routes(m), most = tk * (n->shard_degree ? n->shard_degree : 1);
+  double rows = ceil(f * (double)tk);
+  return rows >= (double)most ? most : (uint64_t)rows;
+}
+
+uint64_t ir_ep_rows_bytes(const struct model *m, const struct ir_node *n) {
+  return ir_ep_capacity_rows(m, n) * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+}
+
+/* kernels_expert_ffn_saved_floats: each row's input, gate and up, and silu(gate) * up */
+uint64_t ir_ep_saved_bytes(const struct model *m, const struct ir_node *n) {
+  uint64_t h = (uint64_t)m->hidden_size, f = (uint64_t)m->moe_intermediate_size;
+  return ir_ep_capacity_rows(m, n) * (h + 3 * f) * model_dtype_bytes(m->dtype);
+}
+
+/* F: scratch of a row each; B: bwork (the rows' gradients, dgate, dup) and scratch; BI:
+ * scratch, keeping bwork for BW; BW: nothing. */
+uint64_t ir_ep_work_bytes(const struct model *m, const struct ir_node *n, uint64_t *keep) {
+  uint64_t h = (uint64_t)m->hidden_size, f = (uint64_t)m->moe_intermediate_size;
+  uint64_t rows = ir_ep_capacity_rows(m, n), B = model_dtype_bytes(m->dtype);
+  uint64_t scratch = rows * h * B, bwork = rows * (h + 2 * f) * B;
+  if (keep)
+    *keep = n->pass == IR_PASS_BI ? bwork : 0;
+  switch (n->pass) {
+  case IR_PASS_F:
+  case IR_PASS_R:
+  case IR_PASS_BI: return scratch;
+  case IR_PASS_B: return bwork + scratch;
+  default: return 0;
+  }
+}
+
+/* int32 route row per (token, k) and expert per received row */
+uint64_t ir_ep_route_bytes(const struct model *m, const struct ir_node *n) {
+  return round16(routes(m) * 4) + round16(ir_ep_capacity_rows(m, n) * 4);
+}
+
+uint64_t ir_ep_combine_bytes(const struct model *m) {
+  return routes(m) * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+}
+
+/* Into the experts: the dispatch's rows, their experts and one count per peer in F, the output
+ * gradients' rows in B; out of them: the input gradients' rows in B, nothing in F (the combine
+ * receives into the copy it keeps). */
+uint64_t ir_ep_a2a_work_bytes(const struct model *m, const struct ir_node *n, bool into) {
+  uint64_t rows = ir_ep_combine_bytes(m);
+  bool forward = n->pass == IR_PASS_F || n->pass == IR_PASS_R;
+  if (forward && into)
+    return rows + round16(routes(m) * 4) + round16((uint64_t)n->shard_degree * 4);
+  return forward ? 0 : rows;
+}
