@@ -507,6 +507,20 @@ static uint64_t recompute_work(const struct model *m, const struct ir_node *n, u
   return fwd_work + ir_tp_segment_core_bytes(m, n->segment, n->tp_degree);
 }
 
+/* A workspace tensor of instruction i: held while it runs, read by nobody. */
+static void add_work(uint32_t i, uint64_t bytes, struct class_pools *cp) {
+  if (!bytes)
+    return;
+  struct plan_tensor pt = {.bytes = bytes,
+                           .producer = i,
+                           .kind = PLAN_TENSOR_WORK,
+                           .consumer_first = IR_NONE, /* no slot: never matched as an output */
+                           .consumer_count = 0};
+  g_array_append_val(cp->tensors, pt);
+  uint32_t t = cp->tensors->len - 1;
+  g_array_append_val(cp->writes, t);
+}
+
 /* What compute node n holds while it runs in pass (its workspace without recomputation):
  * expert-parallel experts at the plan's capacity (ir/expert.c), any other segment as tensor
  * parallelism divides it (ir/tensor_parallel.c; undivided at tp <= 1). */
@@ -528,16 +542,7 @@ static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,
   uint64_t bytes = node_work(l->g->model, n, n->pass);
   if (n->recompute != IR_RECOMPUTE_NONE && (n->pass == IR_PASS_F || n->pass == IR_PASS_R))
     bytes = recompute_work(l->g->model, n, node_work(l->g->model, n, IR_PASS_F));
-  if (!bytes)
-    return;
-  struct plan_tensor pt = {.bytes = bytes,
-                           .producer = i,
-                           .kind = PLAN_TENSOR_WORK,
-                           .consumer_first = IR_NONE, /* no slot: never matched as an output */
-                           .consumer_count = 0};
-  g_array_append_val(cp->tensors, pt);
-  uint32_t t = cp->tensors->len - 1;
-  g_array_append_val(cp->writes, t);
+  add_work(i, bytes, cp);
 }
 
 /* An expert-parallel all-to-all's send buffers (ir_ep_a2a_work_bytes), released when it ends.
@@ -554,16 +559,7 @@ static void instr_a2a_work(struct lower *l, uint32_t i, uint32_t x, struct class
             dn->segment == n->segment;
   }
   uint64_t bytes = ir_ep_a2a_work_bytes(l->g->model, n, into);
-  if (!bytes)
-    return;
-  struct plan_tensor pt = {.bytes = bytes,
-                           .producer = i,
-                           .kind = PLAN_TENSOR_WORK,
-                           .consumer_first = IR_NONE, /* no slot: never matched as an output */
-                           .consumer_count = 0};
-  g_array_append_val(cp->tensors, pt);
-  uint32_t t = cp->tensors->len - 1;
-  g_array_append_val(cp->writes, t);
+  add_work(i, bytes, cp);
 }
 
 /* A ZeRO-2/3 gradient reduce-scatter's input: the bucket's gradients summed whole (padded to
