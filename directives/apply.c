@@ -1859,6 +1859,7 @@ static uint32_t earlier_compute(const struct ir_graph *g, const uint32_t *pos, u
 static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const uint32_t *pos,
                        const GArray *seq, const uint32_t *seq_index, uint32_t r) {
   uint32_t min_pos = UINT32_MAX, first = IR_NONE;
+  bool routes = false;
   for (uint32_t e = adj->out_first[r]; e < adj->out_first[r + 1]; e++) {
     uint32_t c = IR_EDGE(g, adj->out_edges[e])->dst;
     if (!is_rerun_a2a(g, c)) {
@@ -1870,6 +1871,7 @@ static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const
     /* the rerun's own all-to-alls run right after it (they drift with it): the router's
      * rerun is held like the experts' rerun it feeds, by their backward. No cycle: a compute
      * that descends from them and is not a rerun descends from that backward. */
+    routes = true; /* held one compute earlier: its dispatch overlaps that compute */
     for (uint32_t f = adj->out_first[c]; f < adj->out_first[c + 1]; f++) {
       uint32_t r1 = IR_EDGE(g, adj->out_edges[f])->dst;
       if (IR_NODE(g, r1)->kind != IR_NODE_COMPUTE || IR_NODE(g, r1)->pass != IR_PASS_R)
@@ -1884,10 +1886,10 @@ static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const
       }
     }
   }
-  uint32_t k = first != IR_NONE ? seq_index[first] : seq_index[r];
+  uint32_t k = first != IR_NONE ? seq_index[first] : seq_index[r], skip = routes ? 1 : 0;
   while (k > 0) {
     uint32_t u = g_array_index(seq, uint32_t, --k);
-    if (u == r || IR_NODE(g, u)->pass == IR_PASS_R)
+    if (u == r || IR_NODE(g, u)->pass == IR_PASS_R || (skip && skip--))
       continue;
     if (pos[u] < min_pos)
       ir_graph_add_edge(g, u, r, IR_EDGE_TEMPORAL, 0, 0);
