@@ -1339,9 +1339,10 @@ static void insert_gathers(struct apply *a) {
 
 /* The expert side's tensors at the capacity the plan states (ir/expert.c), and the state the
  * backward reads beyond the experts' saved activations, as tensors of the plan: the dispatch's
- * routing tables (read by the experts, their rerun, the combine and both backward all-to-alls)
- * and the combine's copy of the expert outputs (read by its transpose). into[x] / out[x]: the
- * all-to-all into and out of expert node x, IR_NONE where none. */
+ * routing tables (read by the experts, the combine and both backward all-to-alls; under full
+ * recomputation the rerun's dispatch's serve the backwards) and the combine's copy of the
+ * expert outputs (read by its transpose; under full recomputation the rerun's combine's).
+ * into[x] / out[x]: the all-to-all into and out of expert node x, IR_NONE where none. */
 struct expert_side {
   struct ir_graph *g;
   const uint32_t *into, *out;
@@ -1364,26 +1365,21 @@ static void size_expert_backward(const struct expert_side *es, uint32_t e) {
     ir_graph_add_edge(g, es->d, es->out[b], IR_EDGE_DATA, 1, es->route);
 }
 
-/* The slot-1 edges out of node n into compute nodes of segment seg: each backward's, or under
- * full recomputation the rerun's (F keeps its received rows for it; the rerun reads the routing
- * and its own slot-1 edges go to the backwards). */
-static void size_expert_readers(const struct expert_side *es, const struct ir_adjacency *adj,
-                                uint32_t n) {
+/* The slot-1 edges out of expert node x (a forward, or a rerun with its own all-to-alls) into
+ * compute nodes of its segment: its backwards'. (A forward under full recomputation has none:
+ * insert_expert_reruns took its edge to the rerun.) */
+static void size_expert_readers(const struct expert_side *es, const struct ir_adjacency *adj) {
   struct ir_graph *g = es->g;
-  for (uint32_t k = adj->out_first[n]; k < adj->out_first[n + 1]; k++) {
+  uint32_t x = es->x;
+  for (uint32_t k = adj->out_first[x]; k < adj->out_first[x + 1]; k++) {
     uint32_t e = adj->out_edges[k];
     const struct ir_edge *ed = IR_EDGE(g, e);
-    const struct ir_node *bn = IR_NODE(g, ed->dst), *xn = IR_NODE(g, es->x);
+    const struct ir_node *bn = IR_NODE(g, ed->dst), *xn = IR_NODE(g, x);
     if (ed->kind != IR_EDGE_DATA || ed->slot != 1 || bn->kind != IR_NODE_COMPUTE ||
         bn->segment != xn->segment)
       continue;
-    if (bn->pass != IR_PASS_R) {
-      size_expert_backward(es, e);
-      continue;
-    }
-    IR_EDGE(g, e)->bytes = ir_ep_rows_bytes(g->model, xn);
-    ir_graph_add_edge(g, es->d, ed->dst, IR_EDGE_DATA, 1, es->route);
-    size_expert_readers(es, adj, ed->dst);
+    PIPER_ASSERT(bn->pass != IR_PASS_R); /* insert_expert_reruns */
+    size_expert_backward(es, e);
   }
 }
 
@@ -1411,7 +1407,7 @@ static void size_expert_side(struct ir_graph *g, const uint32_t *into, const uin
                              ir_ep_saved_bytes(m, xn)};
     ir_graph_add_edge(g, es.d, x, IR_EDGE_DATA, 1, es.route);
     ir_graph_add_edge(g, es.d, es.copy, IR_EDGE_DATA, 1, es.route);
-    size_expert_readers(&es, &adj, x);
+    size_expert_readers(&es, &adj);
   }
   ir_adjacency_free(&adj);
 }
