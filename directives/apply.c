@@ -549,6 +549,64 @@ static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
   return true;
 }
 
+/* Full recomputation of expert-parallel experts reruns their dispatch on the router's rerun
+ * (insert_expert_reruns), so the segment that feeds the experts must be recomputed in full
+ * too: refused in one line naming the directive that takes the experts alone. (Keeping the
+ * router's outputs instead would keep [T, hidden] and the routing per micro-batch anyway, the
+ * same as rerunning the router, whose FLOPs are small; one rule is simpler to state.) */
+static bool check_expert_recompute(struct apply *a, GError **err) {
+  struct ir_graph *g = a->g;
+  for (uint32_t e = 0; e < g->edges->len; e++) {
+    const struct ir_edge *ed = IR_EDGE(g, e);
+    const struct ir_node *x = IR_NODE(g, ed->dst), *src = IR_NODE(g, ed->src);
+    if (ed->kind != IR_EDGE_DATA || ed->slot == 1 || x->kind != IR_NODE_COMPUTE ||
+        x->pass != IR_PASS_F || x->recompute != IR_RECOMPUTE_FULL || !ir_ep_sized(x) ||
+        src->kind != IR_NODE_COMPUTE || src->segment == x->segment ||
+        src->recompute == IR_RECOMPUTE_FULL)
+      continue;
+    uint32_t d = IR_NONE;
+    for (uint32_t k = 0; k < g->edges->len && d == IR_NONE; k++) {
+      const struct ir_edge *r = IR_EDGE(g, k);
+      if (r->src == ed->dst && r->kind == IR_EDGE_DATA && r->slot == 1 &&
+          IR_NODE(g, r->dst)->pass == IR_PASS_R)
+        d = IR_NODE(g, r->dst)->directive;
+    }
+    char *xn = node_name(g, ed->dst), *rn = node_name(g, ed->src);
+    fail_at(a, d, err,
+            "recomputes the experts \"%s\" in full but not \"%s\", which routes their tokens "
+            "(their rerun reruns the dispatch on the router's rerun: recompute both in full)",
+            xn, rn);
+    g_free(xn);
+    g_free(rn);
+    return false;
+  }
+  return true;
+}
+
+/* The router's rerun feeds the experts' rerun through the rerun's dispatch (pass R): it goes
+ * right before that rerun, not before its own backward (which comes after the experts'). */
+static void rerun_chain_priorities(struct ir_graph *g) {
+  struct ir_adjacency adj;
+  ir_adjacency_build(g, &adj);
+  for (uint32_t d = 0; d < g->nodes->len; d++) {
+    const struct ir_node *dn = IR_NODE(g, d);
+    if (dn->kind != IR_NODE_ALL_TO_ALL || dn->pass != IR_PASS_R)
+      continue;
+    for (uint32_t i = adj.in_first[d]; i < adj.in_first[d + 1]; i++)
+      for (uint32_t o = adj.out_first[d]; o < adj.out_first[d + 1]; o++) {
+        struct ir_node *r0 = IR_NODE(g, IR_EDGE(g, adj.in_edges[i])->src);
+        const struct ir_node *r1 = IR_NODE(g, IR_EDGE(g, adj.out_edges[o])->dst);
+        if (r0->kind != IR_NODE_COMPUTE || r0->pass != IR_PASS_R ||
+            r1->kind != IR_NODE_COMPUTE || r1->pass != IR_PASS_R)
+          continue;
+        uint64_t p = r1->priority - (r1->priority > 0);
+        if (p < r0->priority)
+          r0->priority = p;
+      }
+  }
+  ir_adjacency_free(&adj);
+}
+
 /* A rerun goes right before the first backward that reads what it restores: lowering then
  * runs it there, not as soon as its forward is done (which would keep everything alive). */
 static void recompute_priorities(struct apply *a) {
@@ -568,6 +626,7 @@ static void recompute_priorities(struct apply *a) {
     if (p - (p > 0) < r->priority)
       r->priority = p - (p > 0);
   }
+  rerun_chain_priorities(g);
 }
 
 /* ---- phase 5: communication insertion ---------------------------------------------------- */
@@ -1280,13 +1339,15 @@ static void insert_gathers(struct apply *a) {
 
 /* The expert side's tensors at the capacity the plan states (ir/expert.c), and the state the
  * backward reads beyond the experts' saved activations, as tensors of the plan: the dispatch's
- * routing tables (read by the experts, their rerun, the combine and both backward all-to-alls)
- * and the combine's copy of the expert outputs (read by its transpose). into[x] / out[x]: the
- * all-to-all into and out of expert node x, IR_NONE where none. */
+ * routing tables (read by the experts, the combine and both backward all-to-alls; under full
+ * recomputation the rerun's dispatch's serve the backwards) and the combine's copy of the
+ * expert outputs (read by its transpose; under full recomputation the rerun's combine's).
+ * into[x] / out[x]: the all-to-all into and out of expert node x, IR_NONE where none. */
 struct expert_side {
   struct ir_graph *g;
   const uint32_t *into, *out;
-  uint32_t x, d;          /* the expert forward and its dispatch */
+  uint32_t x, d;          /* the expert forward (or rerun) and the dispatch whose tables it reads */
+  uint32_t copy;          /* the combine whose copy of the expert outputs the transpose reads */
   uint64_t route, saved; /* bytes of the routing tables and of the experts' saved rows */
 };
 
@@ -1298,51 +1359,122 @@ static void size_expert_backward(const struct expert_side *es, uint32_t e) {
   ir_graph_add_edge(g, es->d, b, IR_EDGE_DATA, 1, es->route);
   if (es->into[b] != IR_NONE) { /* B or BI: the combine's and the dispatch's transposes */
     ir_graph_add_edge(g, es->d, es->into[b], IR_EDGE_DATA, 1, es->route);
-    ir_graph_add_edge(g, es->out[es->x], es->into[b], IR_EDGE_DATA, 1,
-                      ir_ep_combine_bytes(g->model));
+    ir_graph_add_edge(g, es->copy, es->into[b], IR_EDGE_DATA, 1, ir_ep_combine_bytes(g->model));
   }
   if (es->out[b] != IR_NONE)
     ir_graph_add_edge(g, es->d, es->out[b], IR_EDGE_DATA, 1, es->route);
 }
 
-/* The slot-1 edges out of node n into compute nodes of segment seg: each backward's, or under
- * full recomputation the rerun's (F keeps its received rows for it; the rerun reads the routing
- * and its own slot-1 edges go to the backwards). */
-static void size_expert_readers(const struct expert_side *es, const struct ir_adjacency *adj,
-                                uint32_t n) {
+/* The slot-1 edges out of expert node x (a forward, or a rerun with its own all-to-alls) into
+ * compute nodes of its segment: its backwards'. (A forward under full recomputation has none:
+ * insert_expert_reruns took its edge to the rerun.) */
+static void size_expert_readers(const struct expert_side *es, const struct ir_adjacency *adj) {
   struct ir_graph *g = es->g;
-  for (uint32_t k = adj->out_first[n]; k < adj->out_first[n + 1]; k++) {
+  uint32_t x = es->x;
+  for (uint32_t k = adj->out_first[x]; k < adj->out_first[x + 1]; k++) {
     uint32_t e = adj->out_edges[k];
     const struct ir_edge *ed = IR_EDGE(g, e);
-    const struct ir_node *bn = IR_NODE(g, ed->dst), *xn = IR_NODE(g, es->x);
+    const struct ir_node *bn = IR_NODE(g, ed->dst), *xn = IR_NODE(g, x);
     if (ed->kind != IR_EDGE_DATA || ed->slot != 1 || bn->kind != IR_NODE_COMPUTE ||
         bn->segment != xn->segment)
       continue;
-    if (bn->pass != IR_PASS_R) {
-      size_expert_backward(es, e);
-      continue;
-    }
-    IR_EDGE(g, e)->bytes = ir_ep_rows_bytes(g->model, xn);
-    ir_graph_add_edge(g, es->d, ed->dst, IR_EDGE_DATA, 1, es->route);
-    size_expert_readers(es, adj, ed->dst);
+    PIPER_ASSERT(bn->pass != IR_PASS_R); /* insert_expert_reruns */
+    size_expert_backward(es, e);
   }
 }
 
+/* rerun_into[r] / rerun_out[r]: the rerun's own dispatch and combine (pass R), IR_NONE where
+ * the rerun has none. Under full recomputation the forward's tables serve it and its combine
+ * alone; the rerun's serve the rerun, its combine and the backwards. */
 static void size_expert_side(struct ir_graph *g, const uint32_t *into, const uint32_t *out,
-                             uint32_t nn) {
+                             const uint32_t *rerun_into, const uint32_t *rerun_out, uint32_t nn) {
   const struct model *m = g->model;
   struct ir_adjacency adj; /* of the edges before this pass: the ones it adds are not walked */
   ir_adjacency_build(g, &adj);
   for (uint32_t x = 0; x < nn; x++) {
     const struct ir_node *xn = IR_NODE(g, x);
-    if (xn->kind != IR_NODE_COMPUTE || xn->pass != IR_PASS_F || !ir_ep_sized(xn) ||
-        into[x] == IR_NONE || out[x] == IR_NONE)
+    bool rerun = rerun_into[x] != IR_NONE; /* insert_expert_reruns */
+    if (xn->kind != IR_NODE_COMPUTE || !ir_ep_sized(xn) ||
+        (!rerun && (xn->pass != IR_PASS_F || into[x] == IR_NONE || out[x] == IR_NONE)))
       continue;
-    struct expert_side es = {g, into, out, x, into[x], ir_ep_route_bytes(m, xn),
+    struct expert_side es = {g,
+                             into,
+                             out,
+                             x,
+                             rerun ? rerun_into[x] : into[x],
+                             rerun ? rerun_out[x] : out[x],
+                             ir_ep_route_bytes(m, xn),
                              ir_ep_saved_bytes(m, xn)};
     ir_graph_add_edge(g, es.d, x, IR_EDGE_DATA, 1, es.route);
-    ir_graph_add_edge(g, es.d, out[x], IR_EDGE_DATA, 1, es.route);
-    size_expert_readers(&es, &adj, x);
+    ir_graph_add_edge(g, es.d, es.copy, IR_EDGE_DATA, 1, es.route);
+    size_expert_readers(&es, &adj);
+  }
+  ir_adjacency_free(&adj);
+}
+
+/* The rerun of forward f: the R node of f's segment that reads f's kept inputs (slot 1), and
+ * that edge; IR_NONE where f has none. */
+static uint32_t rerun_of(const struct ir_graph *g, const struct ir_adjacency *adj, uint32_t f,
+                         uint32_t *edge) {
+  for (uint32_t k = adj->out_first[f]; k < adj->out_first[f + 1]; k++) {
+    const struct ir_edge *ed = IR_EDGE(g, adj->out_edges[k]);
+    const struct ir_node *r = IR_NODE(g, ed->dst);
+    if (ed->kind == IR_EDGE_DATA && ed->slot == 1 && r->kind == IR_NODE_COMPUTE &&
+        r->pass == IR_PASS_R && r->segment == IR_NODE(g, f)->segment) {
+      if (edge)
+        *edge = adj->out_edges[k];
+      return ed->dst;
+    }
+  }
+  return IR_NONE;
+}
+
+/* The data edge into all-to-all c from a compute node (the router's output into a dispatch,
+ * the experts' into a combine). */
+static struct ir_edge a2a_input(const struct ir_graph *g, const struct ir_adjacency *adj,
+                                uint32_t c) {
+  for (uint32_t k = adj->in_first[c]; k < adj->in_first[c + 1]; k++) {
+    const struct ir_edge *ed = IR_EDGE(g, adj->in_edges[k]);
+    if (ed->kind == IR_EDGE_DATA && ed->slot != 1 && IR_NODE(g, ed->src)->kind == IR_NODE_COMPUTE)
+      return *ed;
+  }
+  PIPER_UNREACHABLE();
+}
+
+/* Full recomputation of expert-parallel experts as Megatron-LM does it: the rerun reruns the
+ * dispatch and the combine too, so that a micro-batch waiting for its backward keeps nothing
+ * of T x top_k x hidden (the forward's received rows, the combine's copy of the expert
+ * outputs). The router's rerun R0 (check_expert_recompute makes sure there is one) hands its
+ * h and routing to the rerun's dispatch DR (they are in R0's saved activations, read there);
+ * DR sends the rows to the experts' rerun R1, whose outputs the rerun's combine CR sends back
+ * into the copy the combine's transpose reads (CR produces no combined output: the forward's
+ * went on). The forward's experts keep nothing for R1 (their edge dies), and the router's
+ * output lives until the forward's combine, which reads its routing weights. */
+static void insert_expert_reruns(struct apply *a, const uint32_t *into, const uint32_t *out,
+                                 uint32_t *rerun_into, uint32_t *rerun_out, uint32_t nn) {
+  struct ir_graph *g = a->g;
+  struct ir_adjacency adj;
+  ir_adjacency_build(g, &adj);
+  for (uint32_t x = 0; x < nn; x++) {
+    const struct ir_node *xn = IR_NODE(g, x);
+    uint32_t kept;
+    if (xn->kind != IR_NODE_COMPUTE || xn->pass != IR_PASS_F || !ir_ep_sized(xn) ||
+        xn->recompute != IR_RECOMPUTE_FULL || into[x] == IR_NONE || out[x] == IR_NONE)
+      continue;
+    uint32_t r1 = rerun_of(g, &adj, x, &kept);
+    struct ir_edge in = a2a_input(g, &adj, into[x]), back = a2a_input(g, &adj, out[x]);
+    uint32_t r0 = rerun_of(g, &adj, in.src, NULL);
+    PIPER_ASSERT(r1 != IR_NONE && r0 != IR_NONE); /* check_expert_recompute */
+    uint64_t rows = ir_ep_rows_bytes(g->model, xn);
+    IR_EDGE(g, kept)->kind = IR_EDGE_DEAD;
+    struct ir_node d = *IR_NODE(g, into[x]), c = *IR_NODE(g, out[x]);
+    d.pass = c.pass = IR_PASS_R;
+    rerun_into[r1] = add_node(a, &d);
+    rerun_out[r1] = add_node(a, &c);
+    ir_graph_add_edge(g, r0, rerun_into[r1], IR_EDGE_DATA, 1, in.bytes);
+    ir_graph_add_edge(g, rerun_into[r1], r1, IR_EDGE_DATA, 0, rows);
+    ir_graph_add_edge(g, r1, rerun_out[r1], IR_EDGE_DATA, back.slot, rows);
+    ir_graph_add_edge(g, in.src, out[x], IR_EDGE_DATA, in.slot, in.bytes);
   }
   ir_adjacency_free(&adj);
 }
@@ -1387,7 +1519,13 @@ static void insert_all_to_all(struct apply *a) {
     ir_graph_add_edge(g, cid, ed.dst, IR_EDGE_DATA, 0, into ? rows : ed.bytes);
     (into ? into_of : out_of)[ex] = cid;
   }
-  size_expert_side(g, into_of, out_of, nn);
+  uint32_t *rerun_into = g_new(uint32_t, nn ? nn : 1), *rerun_out = g_new(uint32_t, nn ? nn : 1);
+  for (uint32_t i = 0; i < nn; i++)
+    rerun_into[i] = rerun_out[i] = IR_NONE;
+  insert_expert_reruns(a, into_of, out_of, rerun_into, rerun_out, nn);
+  size_expert_side(g, into_of, out_of, rerun_into, rerun_out, nn);
+  g_free(rerun_into);
+  g_free(rerun_out);
   g_free(into_of);
   g_free(out_of);
 }
@@ -1700,22 +1838,54 @@ static void run_positions(const struct ir_graph *g, const struct ir_adjacency *a
  * (DeepSeek-V3 on DualPipeV held 8 micro-batches' reruns, 30 GB). Other reruns are skipped: they
  * are held the same way. Edge u -> R only from a u run before every consumer of R (R's only
  * successors, so u cannot descend from R): no cycle. */
+static bool is_rerun_a2a(const struct ir_graph *g, uint32_t c) {
+  return IR_NODE(g, c)->kind == IR_NODE_ALL_TO_ALL && IR_NODE(g, c)->pass == IR_PASS_R;
+}
+
+/* first or c, whichever runs earlier, where c is a compute of the group */
+static uint32_t earlier_compute(const struct ir_graph *g, const uint32_t *pos, uint32_t group,
+                                uint32_t first, uint32_t c) {
+  const struct ir_node *cn = IR_NODE(g, c);
+  if (cn->kind == IR_NODE_COMPUTE && cn->pass != IR_PASS_R && cn->group == group &&
+      (first == IR_NONE || pos[c] < pos[first]))
+    return c;
+  return first;
+}
+
 static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const uint32_t *pos,
                        const GArray *seq, const uint32_t *seq_index, uint32_t r) {
   uint32_t min_pos = UINT32_MAX, first = IR_NONE;
+  bool routes = false;
   for (uint32_t e = adj->out_first[r]; e < adj->out_first[r + 1]; e++) {
     uint32_t c = IR_EDGE(g, adj->out_edges[e])->dst;
-    if (pos[c] < min_pos)
-      min_pos = pos[c];
-    const struct ir_node *cn = IR_NODE(g, c);
-    if (cn->kind == IR_NODE_COMPUTE && cn->group == IR_NODE(g, r)->group &&
-        (first == IR_NONE || pos[c] < pos[first]))
-      first = c;
+    if (!is_rerun_a2a(g, c)) {
+      if (pos[c] < min_pos)
+        min_pos = pos[c];
+      first = earlier_compute(g, pos, IR_NODE(g, r)->group, first, c);
+      continue;
+    }
+    /* the rerun's own all-to-alls run right after it (they drift with it): the router's
+     * rerun is held like the experts' rerun it feeds, by their backward. No cycle: a compute
+     * that descends from them and is not a rerun descends from that backward. */
+    routes = true; /* held one compute earlier: its dispatch overlaps that compute */
+    for (uint32_t f = adj->out_first[c]; f < adj->out_first[c + 1]; f++) {
+      uint32_t r1 = IR_EDGE(g, adj->out_edges[f])->dst;
+      if (IR_NODE(g, r1)->kind != IR_NODE_COMPUTE || IR_NODE(g, r1)->pass != IR_PASS_R)
+        continue;
+      for (uint32_t b = adj->out_first[r1]; b < adj->out_first[r1 + 1]; b++) {
+        uint32_t bn = IR_EDGE(g, adj->out_edges[b])->dst;
+        if (is_rerun_a2a(g, bn))
+          continue;
+        if (pos[bn] < min_pos)
+          min_pos = pos[bn];
+        first = earlier_compute(g, pos, IR_NODE(g, r)->group, first, bn);
+      }
+    }
   }
-  uint32_t k = first != IR_NONE ? seq_index[first] : seq_index[r];
+  uint32_t k = first != IR_NONE ? seq_index[first] : seq_index[r], skip = routes ? 1 : 0;
   while (k > 0) {
     uint32_t u = g_array_index(seq, uint32_t, --k);
-    if (u == r || IR_NODE(g, u)->pass == IR_PASS_R)
+    if (u == r || IR_NODE(g, u)->pass == IR_PASS_R || (skip && skip--))
       continue;
     if (pos[u] < min_pos)
       ir_graph_add_edge(g, u, r, IR_EDGE_TEMPORAL, 0, 0);
@@ -1830,6 +2000,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   for (uint32_t d = 0; d < p->n; d++)
     if (p->d[d].op == DIR_RECOMPUTE && !apply_recompute(&a, d, err))
       goto out;
+  if (!check_expert_recompute(&a, err))
+    goto out;
   if (!check_all_placed(&a, err) || !check_contiguous(&a, n_devices_limit, err) ||
       !check_group_use(&a, err))
     goto out;

@@ -645,6 +645,29 @@ static uint32_t a2a_consumer(const struct plan_class *c, uint32_t i) {
   return IR_NONE;
 }
 
+/* Whether all-to-all i reads what a compute of segment e wrote: a combine (or the dispatch's
+ * transpose). A combine under full recomputation also reads the router's output (its routing
+ * weights), so the producer it reads first need not be the experts. */
+static bool a2a_reads_segment(const struct plan *p, const struct plan_class *c, uint32_t i,
+                              uint32_t e) {
+  const struct plan_instr *in = &c->instrs[i];
+  for (uint32_t r = 0; r < in->read_count; r++) {
+    uint32_t pr = c->tensors[c->reads[in->read_first + r]].producer;
+    const struct ir_node *pn = &p->nodes[c->instrs[pr].node];
+    if (pn->kind == IR_NODE_COMPUTE && pn->segment == e)
+      return true;
+  }
+  return false;
+}
+
+/* The segment expert segment e's output goes to (its combine's other side). */
+static uint32_t a2a_next_segment(const struct model *m, uint32_t e) {
+  for (uint32_t k = 0; k < m->n_edges; k++)
+    if (m->edges[k].src == e)
+      return m->edges[k].dst;
+  return IR_NONE;
+}
+
 /* An all-to-all: dispatch or combine, by which side of it the expert segment is. */
 static bool decode_all_to_all(struct decoder *dc, uint32_t i, GError **err) {
   struct exec_device *d = dc->d;
@@ -656,13 +679,17 @@ static bool decode_all_to_all(struct decoder *dc, uint32_t i, GError **err) {
   uint32_t pr = a2a_producer(p, c, i), co = a2a_consumer(c, i);
   const struct ir_node *pn = pr == IR_NONE ? NULL : &p->nodes[c->instrs[pr].node];
   const struct ir_node *cn = co == IR_NONE ? NULL : &p->nodes[c->instrs[co].node];
+  if (n->pass == IR_PASS_R && !cn && pn && pn->segment == e)
+    cn = pn; /* the rerun's combine (directives/apply.c, insert_expert_reruns) */
   if (!pn || !cn || pn->kind != IR_NODE_COMPUTE || cn->kind != IR_NODE_COMPUTE)
     return fail_at(dc, i, err,
                    "expert parallelism needs the expert region and its neighbours on the same "
                    "devices");
-  bool from = pn->segment == e;
+  bool from = a2a_reads_segment(p, c, i, e);
   x->role = from ? EXEC_ROLE_A2A_FROM_EXPERT : EXEC_ROLE_A2A_TO_EXPERT;
   uint32_t other = from ? cn->segment : pn->segment;
+  if (from && cn->segment == e) /* a rerun's combine: read by the transpose alone */
+    other = a2a_next_segment(d->xm->m, e);
   x->segment = e;
   x->edge = exec_model_edge(d->xm, e < other ? e : other, e < other ? other : e);
   if (e >= d->xm->m->n_segments || !d->xm->m->segments[e].expert || x->edge == IR_NONE)

@@ -682,7 +682,7 @@ struct exec_moe {
   int32_t *route_row, *send_expert, *recv_expert;
   float *send_rows, *recv_rows, *y_recv, *y_send, *saved, *bwork, *scratch;
   float *dy_recv, *drows_recv;
-  float *rows_kept; /* the experts' rows a forward under full recomputation keeps for R */
+  bool rerun; /* routed by the rerun's own dispatch (full recomputation, pass R) */
 };
 
 #define KT(st, s, call)                                                                            \
@@ -1619,10 +1619,9 @@ static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_
 }
 
 /* The experts' forward on the rows the dispatch brought, or their rerun under full
- * recomputation. The routing (which rows, which experts) is the micro-batch's, from F's
- * dispatch: R reruns the experts on the rows F kept, and no all-to-all runs again (the
- * combine's output and what its backward reads stay on the tokens' side; the plan has no
- * all-to-all for R either). */
+ * recomputation on the rows the rerun's own dispatch brought (Megatron-LM's full
+ * recomputation of a MoE layer: the rerun routes again, bit-identically, and its combine
+ * regenerates the copy the combine's backward reads). F keeps nothing for R. */
 static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
                            struct exec_moe *moe, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
@@ -1633,21 +1632,16 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   enum fwd_keep keep = fwd_keep_of(s, x);
   const float *P = params_of(s, x), *rows = moe->recv_rows;
   uint32_t saved = saved_owner(s, i), y = out_tensor(s, i, EXEC_T_M);
-  if (keep == FWD_FULL_DROP) { /* the rows alone, for R */
-    moe->rows_kept = mb_floats_raw(s, st, mb, saved, cap * C);
-    KT(st, s, s->k->copy(st->stream, moe->rows_kept, rows, (size_t)n * C * sizeof(float)));
+  if (keep == FWD_FULL_DROP) {
     saved = OWN_WORK;
   } else if (keep == FWD_FULL_RERUN) {
-    if (!moe->rows_kept)
-      return internal(err, s, i, "a rerun before its forward");
-    rows = moe->rows_kept;
-    y = OWN_WORK; /* the combine has its output from F */
+    if (!moe->rerun)
+      return internal(err, s, i, "a rerun before its own dispatch");
   } else if (keep != FWD_PLAIN) {
     return internal(err, s, i, "selective recomputation of experts (they have no attention)");
   }
   float *yr = mb_floats_raw(s, st, mb, y, cap * C);
-  if (keep != FWD_FULL_RERUN)
-    moe->y_recv = yr;
+  moe->y_recv = yr;
   moe->saved = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats((int)cap, C, F));
   moe->scratch =
       mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)cap, C));
@@ -1718,8 +1712,25 @@ static bool capacity_exceeded(struct exec_state *s, uint32_t i, const struct exe
   return internal(err, s, i, why);
 }
 
+/* A rerun's dispatch reads h and the routing where the router's rerun left them: in its saved
+ * activations (the router's backward reads both), which the plan keeps until that backward. */
+static bool router_rerun_output(struct exec_state *s, const struct exec_instr *x, const float **h,
+                                const float **r) {
+  uint32_t src = s->xm->m->edges[x->edge].src;
+  const struct exec_seg_run *router = s->mbs[x->mb].seg[src];
+  const struct exec_segment *es = &s->xm->segs[src];
+  int32_t hv = es->final_value[EXEC_T_H], rv = es->final_value[EXEC_T_R];
+  if (!router || router->dropped || hv < 0 || rv < 0)
+    return false;
+  *h = router->val[hv];
+  *r = router->val[rv];
+  return *h && *r;
+}
+
 /* The dispatch: routes this micro-batch's tokens to the experts' owners (counts first, then
- * the rows and their experts). sb, rb: scratch of S byte counts. */
+ * the rows and their experts); under full recomputation again in the rerun (pass R), to the
+ * same peers in the same order: the routing is recomputed bit for bit. sb, rb: scratch of S
+ * byte counts. */
 static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
                          struct exec_comm *comm, size_t *sb, size_t *rb, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
@@ -1737,8 +1748,11 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   moe->e_count = E / (int)S;
   moe->e_first = (int)moe->rank * moe->e_count;
   moe->in_edge = x->edge;
+  moe->rerun = x->pass == IR_PASS_R;
   const float *h = edge_value(s, mb, x->edge, EXEC_T_H);
   const float *r = edge_value(s, mb, x->edge, EXEC_T_R);
+  if (moe->rerun && !router_rerun_output(s, x, &h, &r))
+    return internal(err, s, i, "a rerun's dispatch before the router's rerun");
   if (!h || !r)
     return internal(err, s, i, "the router's output has not arrived");
   /* the combine and both backward all-to-alls read the routing: the router's own copy in
@@ -1746,7 +1760,11 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
    * here, goes after this dispatch) */
   const struct exec_seg_run *router = mb->seg[s->xm->m->edges[x->edge].src];
   int32_t rv = s->xm->segs[s->xm->m->edges[x->edge].src].final_value[EXEC_T_R];
-  if (router && rv >= 0 && router->val[rv] && !router->dropped) {
+  if (moe->rerun || fwd_keep_of(s, x) == FWD_FULL_DROP) {
+    /* under full recomputation: the rerun's routing is in the router rerun's saved
+     * activations (until its backward, after every reader); the forward's stays in the
+     * router's output, which the plan keeps until the forward's combine, its last reader */
+  } else if (router && rv >= 0 && router->val[rv] && !router->dropped) {
     r = router->val[rv];
   } else if (router && router->dropped) {
     /* the router's forward under full recomputation kept none of it, and its rerun comes
@@ -1813,7 +1831,7 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
   uint32_t S = s->dev->ep_size[x->segment];
   size_t *sb = g_new(size_t, S), *rb = g_new(size_t, S);
   struct exec_moe *moe = mb->moe[x->segment];
-  bool forward = x->pass == IR_PASS_F;
+  bool forward = x->pass == IR_PASS_F || x->pass == IR_PASS_R;
   if (x->role == EXEC_ROLE_A2A_TO_EXPERT && forward) {
     ok = a2a_dispatch(s, i, st, comm, sb, rb, err);
     goto out;
@@ -1830,12 +1848,14 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
       ok = internal(err, s, i, "combine before the experts ran");
       goto out;
     }
-    /* kept for the transpose (the routing weights' gradient): the plan's tensor of it */
+    /* kept for the transpose (the routing weights' gradient): the plan's tensor of it; under
+     * full recomputation the rerun's combine keeps it, the forward's none */
     uint32_t keep = written_tensor(s, i, PLAN_TENSOR_SAVED);
-    moe->y_send = mb_raw(s, st, mb, keep == OWN_WORK ? OWN_MB : keep, (size_t)TK * row,
-                         REPORT_MEM_ACTIVATIONS);
+    if (keep == OWN_WORK && fwd_keep_of(s, x) != FWD_FULL_DROP)
+      keep = OWN_MB;
+    moe->y_send = mb_raw(s, st, mb, keep, (size_t)TK * row, REPORT_MEM_ACTIVATIONS);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
-    if (!ok)
+    if (!ok || x->pass == IR_PASS_R) /* the forward's combined output went on */
       goto out;
     float *mout = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)T * C);
     KT(st, s,

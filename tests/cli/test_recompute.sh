@@ -2,11 +2,11 @@
 # Activation recomputation in piper-exec --backend host (docs/directives.md, `recompute`): a
 # plan with recomputation trains bit-identically to the same plan without it (the same losses
 # as written, the same parameter bytes after 3 steps), since R reruns the same kernels on the
-# same inputs and parameters, and a micro-batch's routing is computed once (the experts' rerun
-# reads the rows F kept and F's routing). Plans: dense 1F1B over 2 ranks, one device (every
-# forward before every backward), tiny-moe 1F1B over 2 ranks (local experts, rerun too),
-# tiny-moe PP 2 x DP 2 x EP 2 (the experts' rerun under expert parallelism, with no second
-# all-to-all), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters),
+# same inputs and parameters (under expert parallelism the rerun routes again, from the
+# router's rerun, and its dispatch sends the same rows to the same peers). Plans: dense 1F1B
+# over 2 ranks, one device (every forward before every backward), tiny-moe 1F1B over 2 ranks
+# (local experts, rerun too), tiny-moe PP 2 x DP 2 x EP 2 (the experts' rerun under expert
+# parallelism, with the rerun's own dispatch and combine), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters),
 # DualPipeV on tiny-moe with EP, and PP 2 x TP 2 with and without SP (R's collectives); each under full and selective recomputation. And the
 # executor's own peak of activations drops: full below selective below none on the one-device
 # plan (memory agreement with piper-sim is tests/cli/test_memory.sh's).

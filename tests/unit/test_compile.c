@@ -369,6 +369,66 @@ static void test_shard_adds_all_to_all(void **state) {
   model_free(m);
 }
 
+/* Full recomputation of expert-parallel experts (Megatron-LM's): the rerun reruns the dispatch
+ * and the combine (pass R all-to-alls), so F keeps nothing for it. tiny-moe, fp32, T 64 tokens,
+ * top-2, hidden 64, EP 2 at the default capacity factor 2: the rerun's dispatch brings
+ * min(2 x 64 x 2, 64 x 2 x 2) = 256 rows x 64 x 4 B = 65,536 B to the experts' rerun, its
+ * routing tables are 128 + 256 int32 = 1,536 B (each rounded to 16), and the rerun's combine
+ * regenerates the copy the combine's transpose reads, 64 x 2 x 64 x 4 = 32,768 B. */
+static void test_expert_recompute_all_to_all(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
+  const char *ep = "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]},"
+                   "{\"op\":\"shard\",\"filter\":{\"EP\":\"*\"},\"devices\":[0,1]},"
+                   "{\"op\":\"recompute\",\"filter\":%s},"
+                   "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]";
+  char *text = g_strdup_printf(ep, "{}");
+  struct ir_graph *g = test_must_apply(m, text);
+  uint32_t rerun_a2a = 0, dispatches = 0, combines = 0;
+  for (uint32_t e = 0; e < g->edges->len; e++) {
+    const struct ir_edge *ed = IR_EDGE(g, e);
+    const struct ir_node *src = IR_NODE(g, ed->src), *dst = IR_NODE(g, ed->dst);
+    if (ed->kind != IR_EDGE_DATA)
+      continue;
+    /* the experts' forward keeps nothing for their rerun */
+    if (src->kind == IR_NODE_COMPUTE && src->pass == IR_PASS_F && dst->pass == IR_PASS_R &&
+        dst->kind == IR_NODE_COMPUTE)
+      assert_false(m->segments[src->segment].expert);
+    /* the backwards read the rerun's routing and copy, not the forward's */
+    if (src->kind == IR_NODE_ALL_TO_ALL && src->pass == IR_PASS_F)
+      assert_true(dst->pass == IR_PASS_F);
+    if (src->kind != IR_NODE_ALL_TO_ALL || src->pass != IR_PASS_R)
+      continue;
+    if (ed->slot == 0) { /* the rerun's dispatch: rows to the experts' rerun */
+      assert_int_equal(dst->kind, IR_NODE_COMPUTE);
+      assert_int_equal(dst->pass, IR_PASS_R);
+      assert_true(m->segments[dst->segment].expert);
+      assert_int_equal(ed->bytes, 65536);
+      dispatches++;
+    } else if (dst->kind == IR_NODE_ALL_TO_ALL && ed->bytes == 32768) {
+      assert_int_equal(dst->pass, IR_PASS_B); /* the rerun's combine: the transpose's copy */
+      combines++;
+    } else {
+      assert_int_equal(ed->bytes, 1536); /* routing tables */
+    }
+  }
+  for (uint32_t i = 0; i < g->nodes->len; i++)
+    rerun_a2a += IR_NODE(g, i)->kind == IR_NODE_ALL_TO_ALL && IR_NODE(g, i)->pass == IR_PASS_R;
+  /* per MoE layer and micro-batch: F dispatch + combine, their transposes, and the rerun's two */
+  assert_int_equal(count(g).kind[IR_NODE_ALL_TO_ALL], (uint32_t)m->n_ep_regions * 6 * 2);
+  assert_int_equal(rerun_a2a, (uint32_t)m->n_ep_regions * 2 * 2);
+  assert_int_equal(dispatches, (uint32_t)m->n_ep_regions * 2);
+  assert_int_equal(combines, (uint32_t)m->n_ep_regions * 2);
+  ir_graph_free(g);
+  g_free(text);
+  /* the experts alone: their rerun's dispatch would have no router rerun to read */
+  text = g_strdup_printf(ep, "{\"EP\":\"*\"}");
+  test_expect_apply_error(m, text, "directive 2 (recompute): recomputes the experts \"F s1");
+  test_expect_apply_error(m, text, "in full but not \"F s0");
+  g_free(text);
+  model_free(m);
+}
+
 /* ---- order -------------------------------------------------------------------------------- */
 
 static const char *pp2_place =
@@ -888,6 +948,7 @@ int main(void) {
       cmocka_unit_test(test_replicate_zero1),
       cmocka_unit_test(test_zero3_prefetch_edges),
       cmocka_unit_test(test_recompute_rewrite),
+      cmocka_unit_test(test_expert_recompute_all_to_all),
       cmocka_unit_test(test_shard_adds_all_to_all),
       cmocka_unit_test(test_order_adds_temporal_edges),
       cmocka_unit_test(test_bad_programs),
