@@ -1686,6 +1686,22 @@ static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_
     out[r] = (size_t)rows[r] * row_bytes;
 }
 
+/* EP with TP: the routed rows' partial sums summed over the TP group in place, through the
+ * buffer the plan gives the TP node ([T, hidden], ir_tp_segment_comm), T rows at a time. */
+static bool tp_sum_rows(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                        uint32_t i, float *rows, size_t n_rows, GError **err) {
+  size_t C = (size_t)s->xm->C, T = (size_t)s->xm->T;
+  float *buf = tp_buffer(s, st, mb, i, &st->tp.sum);
+  for (size_t r = 0; r < n_rows; r += T) {
+    size_t k = (n_rows - r < T ? n_rows - r : T) * C;
+    KT(st, s, s->k->copy(st->stream, buf, rows + r * C, k * sizeof(float)));
+    if (!exec_tp_all_reduce(s, st, buf, k, err))
+      return false;
+    KT(st, s, s->k->copy(st->stream, rows + r * C, buf, k * sizeof(float)));
+  }
+  return true;
+}
+
 /* The experts' forward on the rows the dispatch brought, or their rerun under full
  * recomputation. The routing (which rows, which experts) is the micro-batch's, from F's
  * dispatch: R reruns the experts on the rows F kept, and no all-to-all runs again (the
@@ -1728,7 +1744,7 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
    * the combine, so the combine and its backward see whole outputs. A rerun's output goes
    * nowhere. */
   if (s->dev->tp_degree > 1 && n && keep != FWD_FULL_RERUN)
-    return exec_tp_all_reduce(s, st, yr, (size_t)n * C, err);
+    return tp_sum_rows(s, st, mb, i, yr, (size_t)n, err);
   return true;
 }
 
@@ -1777,7 +1793,7 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
                                     moe->e_count, C, F, false));
   /* TP: each slice's input gradient is partial; the rows go back whole */
   if (s->dev->tp_degree > 1 && n)
-    return exec_tp_all_reduce(s, st, moe->drows_recv, (size_t)n * C, err);
+    return tp_sum_rows(s, st, mb, i, moe->drows_recv, (size_t)n, err);
   return true;
 }
 
