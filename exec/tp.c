@@ -13,7 +13,10 @@
  *   - LM head: the columns (the rows, tied) of the same vocabulary slice, with the parallel
  *     cross-entropy: each rank's logits stay on it; the row max, the sum of exp and the target
  *     logit are summed (the max gathered) over the group;
- *   - norms and the router: whole on every rank.
+ *   - experts (and the shared expert): each expert's gate and up columns and down rows, like
+ *     the MLP (E blocks of its layout); the routed rows stay whole, the partial outputs are
+ *     summed after the combine (local experts) or on the routed rows (EP, train.c);
+ *   - norms and the router: whole on every rank (under SP the router on the whole sequence).
  * The row-parallel outputs (and the embedding's) are partial sums, summed over the group right
  * after the op; the column-parallel ops' input gradients likewise before they reach the op
  * before. These collectives run inside the compute, on the compute's fiber, as Megatron's run
