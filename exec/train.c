@@ -1054,8 +1054,8 @@ static bool tp_forward_op(struct fwd *f, uint32_t j, GError **err) {
     break;
   }
   case MODEL_OP_EXPERT_FFN:
-    /* the whole sequence's routing (the router's, tp_router_input); the partial outputs
-     * summed over the group after the combine, as the plan's one [T, hidden] all-reduce */
+    /* the whole sequence's routing (the router runs on it under SP too, fwd_op); the partial
+     * outputs summed over the group after the combine, as the plan's one [T, hidden] all-reduce */
     fwd_local_moe(f, j, buf, in0, run->val[so->in[1]], prm);
     break;
   case MODEL_OP_LM_HEAD_LOSS: {
