@@ -89,11 +89,14 @@ static bool divide_node(const struct dir_program *p, const struct dir_directive 
     fail(p, dd, err, "\"degree\" %u does not divide the %u devices \"%s\" runs on", tp, size, nm);
     goto out;
   }
-  if (size > 1 && n->replica_degree == size) {
+  /* experts under `replicate` and `shard` over the same devices are both: EP over DP keeps
+   * both meanings over the d positions */
+  bool replicated = size > 1 && n->replica_degree == size, sharded = size > 1 && n->shard_degree == size;
+  if (replicated)
     n->replica_degree = size / tp;
-  } else if (size > 1 && n->shard_degree == size) {
+  if (sharded)
     n->shard_degree = size / tp;
-  } else if (size != tp) {
+  if (!replicated && !sharded && size != tp) {
     fail(p, dd, err,
          "\"%s\" runs on %u devices, neither replicated nor sharded: tensor parallelism of %u "
          "needs exactly %u (or replicate / shard over all %u)",

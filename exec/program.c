@@ -566,7 +566,9 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
     return fail_at(dc, i, err,
                    "replicates sharded experts over a different group than it shards them");
   d->ep_size[n->segment] = n->shard_degree;
-  d->ep_rank[n->segment] = (uint32_t)plan_node_position(p, x->node, d->device);
+  /* TP innermost: the EP rank is the position's data-parallel rank (tensor_parallel.c) */
+  d->ep_rank[n->segment] =
+      (uint32_t)plan_node_position(p, x->node, d->device) / (n->tp_degree > 1 ? n->tp_degree : 1);
   return true;
 }
 

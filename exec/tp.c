@@ -13,7 +13,10 @@
  *   - LM head: the columns (the rows, tied) of the same vocabulary slice, with the parallel
  *     cross-entropy: each rank's logits stay on it; the row max, the sum of exp and the target
  *     logit are summed (the max gathered) over the group;
- *   - norms and the router: whole on every rank.
+ *   - experts (and the shared expert): each expert's gate and up columns and down rows, like
+ *     the MLP (E blocks of its layout); the routed rows stay whole, the partial outputs are
+ *     summed after the combine (local experts) or on the routed rows (EP, train.c);
+ *   - norms and the router: whole on every rank (under SP the router on the whole sequence).
  * The row-parallel outputs (and the embedding's) are partial sums, summed over the group right
  * after the op; the column-parallel ops' input gradients likewise before they reach the op
  * before. These collectives run inside the compute, on the compute's fiber, as Megatron's run
@@ -29,6 +32,8 @@ bool exec_tp_divided(enum model_op_kind k) {
   case MODEL_OP_EMBEDDING:
   case MODEL_OP_ATTENTION:
   case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT:
+  case MODEL_OP_EXPERT_FFN:
   case MODEL_OP_LM_HEAD_LOSS: return true;
   default: return false;
   }
@@ -45,6 +50,19 @@ uint64_t exec_tp_op_params(const struct exec_model *xm, const struct model_op *o
 static uint64_t column(uint64_t local, uint64_t cols, uint32_t tp, uint32_t r) {
   uint64_t w = cols / tp;
   return local / w * cols + (uint64_t)r * w + local % w;
+}
+
+/* Element `local` of slice r of a SwiGLU block: wg, wu [C, F] columns; wd [F, C] rows
+ * (kernels/mlp.c, and each expert's block in kernels/moe.c). */
+static uint64_t ffn_index(uint64_t local, uint64_t C, uint64_t F, uint32_t tp, uint32_t r) {
+  uint64_t base = 0;
+  for (int k = 0; k < 2; k++) {
+    if (local < C * F / tp)
+      return base + column(local, F, tp, r);
+    local -= C * F / tp;
+    base += C * F;
+  }
+  return base + (uint64_t)r * (F / tp) * C + local;
 }
 
 uint64_t exec_tp_full_index(const struct exec_model *xm, const struct model_op *op, uint32_t tp,
@@ -73,16 +91,12 @@ uint64_t exec_tp_full_index(const struct exec_model *xm, const struct model_op *
     }
     return base + (uint64_t)r * (HD / tp) * C + local;
   }
-  case MODEL_OP_MLP: {
-    /* wg, wu [C, F] columns; wd [F, C] rows (kernels/mlp.c) */
-    uint64_t F = (uint64_t)op->shape[2], base = 0;
-    for (int k = 0; k < 2; k++) {
-      if (local < C * F / tp)
-        return base + column(local, F, tp, r);
-      local -= C * F / tp;
-      base += C * F;
-    }
-    return base + (uint64_t)r * (F / tp) * C + local;
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: return ffn_index(local, C, (uint64_t)op->shape[2], tp, r);
+  case MODEL_OP_EXPERT_FFN: {
+    /* E blocks of [wg, wu, wd] (kernels/moe.c), each divided like the MLP */
+    uint64_t F = (uint64_t)op->shape[2], per = 3 * C * F / tp;
+    return local / per * 3 * C * F + ffn_index(local % per, C, F, tp, r);
   }
   default: return local;
   }
@@ -114,10 +128,11 @@ bool exec_tp_device_init(struct exec_device *d, GError **err) {
                        "is divided by tensor parallelism unlike other regions; the executor "
                        "needs one degree (and one sequence_parallel) for the whole model");
     }
-    if (tp > 1 && d->xm->m->segments[n->segment].expert)
+    if (tp > 1 && n->sequence_parallel && n->shard_degree > 1 &&
+        d->xm->m->segments[n->segment].expert)
       return fail_node(d, i, err,
-                       "divides experts by tensor parallelism, which the host executor does not "
-                       "run yet (tensor parallelism of dense models only)");
+                       "shards experts by EP under tensor and sequence parallelism, which the "
+                       "host executor does not run yet (EP with TP, or SP with local experts)");
   }
   if (d->tp_degree <= 1)
     return true;

@@ -861,6 +861,11 @@ static struct kernels_attention_dims attention_dims(const struct exec_state *s,
   return dd;
 }
 
+/* Each expert's intermediate size as this device runs it (its gate / up columns, down rows). */
+static int expert_width(const struct exec_state *s) {
+  return s->xm->F_expert / (int)s->dev->tp_degree;
+}
+
 /* The MLP's intermediate size as this device runs it. */
 static int mlp_width(const struct exec_state *s, const struct model_op *op) {
   return (int)op->shape[2] / (int)s->dev->tp_degree;
@@ -922,7 +927,7 @@ static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in
   const struct exec_kernels *k = s->k;
   struct exec_mb *mb = f->mb;
   const struct exec_model *xm = s->xm;
-  int T = xm->T, C = xm->C, E = xm->E, K = xm->K, TK = T * K, F = xm->F_expert;
+  int T = xm->T, C = xm->C, E = xm->E, K = xm->K, TK = T * K, F = expert_width(s);
   uint32_t saved = f->saved;
   struct local_moe *lm = mb_host(s, mb, sizeof *lm, REPORT_MEM_ACTIVATIONS);
   f->run->moe[j] = lm;
@@ -1041,12 +1046,18 @@ static bool tp_forward_op(struct fwd *f, uint32_t j, GError **err) {
     KT(st, s, exec_tp_embedding_forward(s, buf, mb->tokens, prm));
     break;
   case MODEL_OP_ATTENTION: fwd_attention(f, j, buf, in0, prm); break;
-  case MODEL_OP_MLP: {
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: {
     int F = mlp_width(s, op);
     run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_mlp_saved_floats(T, F));
     KT(st, s, s->k->mlp_forward(st->stream, buf, run->saved[j], in0, prm, T, xm->C, F));
     break;
   }
+  case MODEL_OP_EXPERT_FFN:
+    /* the whole sequence's routing (the router runs on it under SP too, fwd_op); the partial
+     * outputs summed over the group after the combine, as the plan's one [T, hidden] all-reduce */
+    fwd_local_moe(f, j, buf, in0, run->val[so->in[1]], prm);
+    break;
   case MODEL_OP_LM_HEAD_LOSS: {
     run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_lm_head_loss_saved_floats(T, xm->V));
     mb->targets = mb_raw(s, st, mb, f->saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
@@ -1119,6 +1130,9 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
     return true;
   }
   case MODEL_OP_ROUTER:
+    /* under SP on the whole sequence: every TP rank's expert slices read every token's route */
+    if (s->dev->sequence_parallel && !(in0 = tp_gathered(s, st, mb, &st->tp.input, in0, err)))
+      return false;
     run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_router_saved_floats(T, E));
     KT(st, s,
        k->router_forward(st->stream, (int32_t *)out, out + T * K, run->saved[j], in0, prm, T, C, E,
@@ -1392,21 +1406,24 @@ static void bwd_router(struct bwd *b, const struct bwd_op *o) {
     KT(st, s, b->k->router_backward_weight(st->stream, o->dprm, run->bwork[j], o->in0, T, C, E));
 }
 
-/* Experts on one device: combine's backward, the experts', dispatch's. */
-static void bwd_expert_ffn(struct bwd *b, const struct bwd_op *o) {
+/* Experts on one device: combine's backward, the experts', dispatch's. Under TP (dh_tp: the
+ * collectives' buffer) each rank's expert outputs are partial sums, so the routing weights'
+ * gradient (dout . y) is summed over the group here, and the input gradient, partial too, is
+ * left in dh_tp for the caller's sum. */
+static bool bwd_expert_ffn(struct bwd *b, const struct bwd_op *o, float *dh_tp, GError **err) {
   struct exec_state *s = b->s;
   struct exec_task_ctx *st = b->st;
   struct exec_seg_run *run = b->run;
   struct exec_mb *mb = b->mb;
   const struct exec_kernels *k = b->k;
   int32_t j = o->j;
-  int T = b->xm->T, C = b->xm->C, E = b->xm->E, K = b->xm->K, TK = T * K, F = b->xm->F_expert;
+  int T = b->xm->T, C = b->xm->C, E = b->xm->E, K = b->xm->K, TK = T * K, F = expert_width(s);
   struct local_moe *lm = run->moe[j];
   if (b->mode == BWD_WEIGHT) {
     KT(st, s,
        k->expert_ffn_backward_weight(st->stream, o->dprm, run->bwork[j], lm->row_expert, TK,
                                      run->saved[j], 0, E, C, F));
-    return;
+    return true;
   }
   run->bwork[j] = mb_floats_raw(s, st, mb, b->keep, kernels_expert_ffn_bwork_floats(TK, C, F));
   float *dy = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C),
@@ -1418,6 +1435,8 @@ static void bwd_expert_ffn(struct bwd *b, const struct bwd_op *o) {
   KT(st, s,
      k->moe_combine_backward(st->stream, dy, dwt, o->dout, lm->y, o->in1 + TK, lm->route_row, T, K,
                              C));
+  if (dh_tp && !exec_tp_all_reduce(s, st, dwt, (size_t)TK, err))
+    return false;
   if (ar)
     KT(st, s, k->add(st->stream, dw, dwt, (size_t)TK));
   if (b->mode == BWD_FUSED)
@@ -1428,9 +1447,10 @@ static void bwd_expert_ffn(struct bwd *b, const struct bwd_op *o) {
     KT(st, s,
        k->expert_ffn_backward_input(st->stream, drows, run->bwork[j], scratch, dy,
                                     lm->row_expert, TK, run->saved[j], o->prm, 0, E, C, F, false));
-  bool ah;
-  float *dh = dval_in(b, o->so->in[0], &ah);
+  bool ah = false;
+  float *dh = dh_tp ? dh_tp : dval_in(b, o->so->in[0], &ah);
   KT(st, s, k->moe_dispatch_backward(st->stream, dh, drows, lm->route_row, T, K, C, ah));
+  return true;
 }
 
 static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
@@ -1464,6 +1484,49 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
                                           b->mb->targets, w, lay, b->dloss, T, C, V));
 }
 
+/* The local experts' backward under TP: the output gradient whole (gathered under SP), the
+ * partial input gradient summed over the group (reduce-scattered under SP). */
+static bool tp_experts_backward(struct bwd *b, struct bwd_op *o, GError **err) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  if (b->mode == BWD_WEIGHT)
+    return bwd_expert_ffn(b, o, NULL, err);
+  if (s->dev->sequence_parallel &&
+      !(o->dout = (float *)tp_gathered(s, st, b->mb, &st->tp.dout, o->dout, err)))
+    return false;
+  bool ah;
+  float *dh = dval_in(b, o->so->in[0], &ah);
+  float *buf = tp_buffer(s, st, b->mb, b->i, &st->tp.sum);
+  return bwd_expert_ffn(b, o, buf, err) && tp_sum_into(s, st, b->mb, dh, ah, err);
+}
+
+/* The router under SP runs on the whole sequence (its input gathered), as every TP rank needs
+ * the whole routing for its slices of the experts: its weight gradient is the same on every
+ * rank, and its input gradient's rows of this device's shard go on. */
+static bool tp_router_backward(struct bwd *b, struct bwd_op *o, GError **err) {
+  struct exec_state *s = b->s;
+  struct exec_task_ctx *st = b->st;
+  size_t n = (size_t)b->xm->T_seq * (size_t)b->xm->C;
+  if (o->in0 && b->mode != BWD_INPUT &&
+      !(o->in0 = tp_gathered(s, st, b->mb, &st->tp.input, o->in0, err)))
+    return false;
+  float *din = o->din;
+  bool acc = o->acc;
+  if (din) {
+    o->din = tp_buffer(s, st, b->mb, b->i, &st->tp.sum);
+    o->acc = false;
+  }
+  bwd_router(b, o);
+  if (!din)
+    return true;
+  const float *mine = o->din + (size_t)s->dev->tp_rank * n;
+  if (acc)
+    KT(st, s, s->k->add(st->stream, din, mine, n));
+  else
+    KT(st, s, s->k->copy(st->stream, din, mine, n * sizeof(float)));
+  return true;
+}
+
 /* Backward of divided op j under TP: the input gradient of this rank's slice into the
  * collectives' buffer, summed over the group into the op's input gradient; the weight
  * gradient of the slice. */
@@ -1472,6 +1535,8 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
   struct exec_task_ctx *st = b->st;
   const struct exec_model *xm = b->xm;
   bool input = b->mode != BWD_WEIGHT, weight = b->mode != BWD_INPUT;
+  if (o->so->kind == MODEL_OP_EXPERT_FFN)
+    return tp_experts_backward(b, o, err);
   float *din = o->din, *buf = NULL;
   bool acc = o->acc;
   if (input && o->so->kind != MODEL_OP_EMBEDDING) {
@@ -1494,7 +1559,8 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
       KT(st, s, exec_tp_embedding_backward(s, o->dprm, o->dout, b->mb->tokens));
     return true;
   case MODEL_OP_ATTENTION: bwd_attention(b, o); break;
-  case MODEL_OP_MLP: bwd_mlp(b, o); break;
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: bwd_mlp(b, o); break;
   case MODEL_OP_LM_HEAD_LOSS: {
     const uint64_t *at = s->dev->op_offset;
     const float *P = b->P ? b->P : params_of(s, &s->dev->instrs[b->i]);
@@ -1546,6 +1612,8 @@ static bool backward_op(struct bwd *b, int32_t j, uint32_t i, GError **err) {
     return tp_backward_op(b, &o, err);
   if (b->s->dev->sequence_parallel && so->kind == MODEL_OP_RMSNORM && b->mode != BWD_INPUT)
     return tp_norm_backward(b, &o, err);
+  if (b->s->dev->sequence_parallel && so->kind == MODEL_OP_ROUTER)
+    return tp_router_backward(b, &o, err);
   switch (so->kind) {
   case MODEL_OP_EMBEDDING: bwd_embedding(b, &o); return true;
   case MODEL_OP_RMSNORM: bwd_rmsnorm(b, &o); return true;
@@ -1554,7 +1622,7 @@ static bool backward_op(struct bwd *b, int32_t j, uint32_t i, GError **err) {
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: bwd_mlp(b, &o); return true;
   case MODEL_OP_ROUTER: bwd_router(b, &o); return true;
-  case MODEL_OP_EXPERT_FFN: bwd_expert_ffn(b, &o); return true;
+  case MODEL_OP_EXPERT_FFN: return bwd_expert_ffn(b, &o, NULL, err);
   case MODEL_OP_LM_HEAD_LOSS: bwd_lm_head(b, &o); return true;
   default: return internal(err, b->s, i, "op kind without a host kernel");
   }
@@ -1618,6 +1686,22 @@ static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_
     out[r] = (size_t)rows[r] * row_bytes;
 }
 
+/* EP with TP: the routed rows' partial sums summed over the TP group in place, through the
+ * buffer the plan gives the TP node ([T, hidden], ir_tp_segment_comm), T rows at a time. */
+static bool tp_sum_rows(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                        uint32_t i, float *rows, size_t n_rows, GError **err) {
+  size_t C = (size_t)s->xm->C, T = (size_t)s->xm->T;
+  float *buf = tp_buffer(s, st, mb, i, &st->tp.sum);
+  for (size_t r = 0; r < n_rows; r += T) {
+    size_t k = (n_rows - r < T ? n_rows - r : T) * C;
+    KT(st, s, s->k->copy(st->stream, buf, rows + r * C, k * sizeof(float)));
+    if (!exec_tp_all_reduce(s, st, buf, k, err))
+      return false;
+    KT(st, s, s->k->copy(st->stream, rows + r * C, buf, k * sizeof(float)));
+  }
+  return true;
+}
+
 /* The experts' forward on the rows the dispatch brought, or their rerun under full
  * recomputation on the rows the rerun's own dispatch brought (Megatron-LM's full
  * recomputation of a MoE layer: the rerun routes again, bit-identically, and its combine
@@ -1627,7 +1711,7 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   struct exec_mb *mb = &s->mbs[x->mb];
-  int C = xm->C, F = xm->F_expert, n = (int)moe->n_recv;
+  int C = xm->C, F = expert_width(s), n = (int)moe->n_recv;
   size_t cap = moe->cap; /* every buffer of routed rows at the plan's capacity (ir/expert.c) */
   enum fwd_keep keep = fwd_keep_of(s, x);
   const float *P = params_of(s, x), *rows = moe->recv_rows;
@@ -1649,6 +1733,12 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
     KT(st, s,
        s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->scratch, rows, moe->recv_expert, n,
                                 P, moe->e_first, moe->e_count, C, F));
+  /* TP: the TP peers received the same rows (same tokens, same routing, the all-to-all over
+   * the devices of their TP rank), each output a partial sum of its slice; summed here, before
+   * the combine, so the combine and its backward see whole outputs. A rerun's output goes
+   * nowhere. */
+  if (s->dev->tp_degree > 1 && n && keep != FWD_FULL_RERUN)
+    return tp_sum_rows(s, st, mb, i, yr, (size_t)n, err);
   return true;
 }
 
@@ -1659,7 +1749,7 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   const struct exec_kernels *k = s->k;
   struct exec_mb *mb = &s->mbs[x->mb];
   struct exec_moe *moe = mb->moe[x->segment];
-  int C = xm->C, F = xm->F_expert;
+  int C = xm->C, F = expert_width(s);
   if (!moe)
     return internal(err, s, i, "experts run before their dispatch");
   int n = (int)moe->n_recv;
@@ -1695,6 +1785,9 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
        k->expert_ffn_backward_input(st->stream, moe->drows_recv, moe->bwork, moe->scratch,
                                     moe->dy_recv, moe->recv_expert, n, moe->saved, P, moe->e_first,
                                     moe->e_count, C, F, false));
+  /* TP: each slice's input gradient is partial; the rows go back whole */
+  if (s->dev->tp_degree > 1 && n)
+    return tp_sum_rows(s, st, mb, i, moe->drows_recv, (size_t)n, err);
   return true;
 }
 

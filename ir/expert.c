@@ -16,7 +16,13 @@
 #include "ir.h"
 
 bool ir_ep_sized(const struct ir_node *n) {
-  return n->shard_degree > 1 && n->tp_degree <= 1;
+  return n->shard_degree > 1;
+}
+
+/* Each expert's intermediate size on one device: under tensor parallelism (EP with TP inside)
+ * its gate / up columns and down rows of F / tp; the routed rows stay whole. */
+static uint64_t expert_ffn(const struct model *m, const struct ir_node *n) {
+  return (uint64_t)m->moe_intermediate_size / (n->tp_degree > 1 ? n->tp_degree : 1);
 }
 
 static uint64_t routes(const struct model *m) {
@@ -40,14 +46,14 @@ uint64_t ir_ep_rows_bytes(const struct model *m, const struct ir_node *n) {
 
 /* kernels_expert_ffn_saved_floats: each row's input, gate and up, and silu(gate) * up */
 uint64_t ir_ep_saved_bytes(const struct model *m, const struct ir_node *n) {
-  uint64_t h = (uint64_t)m->hidden_size, f = (uint64_t)m->moe_intermediate_size;
+  uint64_t h = (uint64_t)m->hidden_size, f = expert_ffn(m, n);
   return ir_ep_capacity_rows(m, n) * (h + 3 * f) * model_dtype_bytes(m->dtype);
 }
 
 /* F: scratch of a row each; B: bwork (the rows' gradients, dgate, dup) and scratch; BI:
  * scratch, keeping bwork for BW; BW: nothing. */
 uint64_t ir_ep_work_bytes(const struct model *m, const struct ir_node *n, uint64_t *keep) {
-  uint64_t h = (uint64_t)m->hidden_size, f = (uint64_t)m->moe_intermediate_size;
+  uint64_t h = (uint64_t)m->hidden_size, f = expert_ffn(m, n);
   uint64_t rows = ir_ep_capacity_rows(m, n), B = model_dtype_bytes(m->dtype);
   uint64_t scratch = rows * h * B, bwork = rows * (h + 2 * f) * B;
   if (keep)

@@ -251,7 +251,8 @@ bool ir_tp_check_model(const struct model *m, uint32_t tp, bool sequence_paralle
 #define IR_EP_CAPACITY_FACTOR_MAX 1024.0
 /* min(ceil(factor x T x top_k), shard_degree x T x top_k): T tokens per micro-batch. */
 uint64_t ir_ep_capacity_rows(const struct model *m, const struct ir_node *n);
-/* The sizes of an EP expert node n (shard_degree > 1, no TP): rows received (or their outputs,
+/* The sizes of an EP expert node n (shard_degree > 1; under TP each row's gate / up of F / tp,
+ * the rows whole): rows received (or their outputs,
  * or either's gradients), its saved activations (for the backward), its workspace in its pass
  * (*keep: what BI keeps for BW), the dispatch's routing tables (the token side's route of each
  * (token, k) and the received rows' experts, kept until the last backward that reads them), the

@@ -40,6 +40,12 @@ uint64_t ir_tp_segment_param_bytes(const struct model *m, uint32_t segment, uint
   return sum;
 }
 
+/* One intermediate value of every routed row (T x top_k x moe_intermediate_size). */
+static uint64_t expert_row_bytes(const struct model *m) {
+  return (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok *
+         (uint64_t)m->moe_intermediate_size * model_dtype_bytes(m->dtype);
+}
+
 /* The part of an op's saved activations that TP alone leaves whole on every rank: the
  * replicated [T, hidden] inputs of the divided blocks (sequence parallelism divides them too),
  * and everything the replicated ops save. */
@@ -58,13 +64,27 @@ static uint64_t saved_whole(const struct model *m, const struct model_op *op) {
     return op->saved_bytes >= act + probs ? op->saved_bytes - probs : op->saved_bytes;
   }
   case MODEL_OP_EXPERT_FFN: {
-    /* routed rows, routing and expert outputs whole; the gate / up per row divided */
-    uint64_t gu = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok * 2 *
-                  (uint64_t)m->moe_intermediate_size * model_dtype_bytes(m->dtype);
-    return op->saved_bytes > gu ? op->saved_bytes - gu : 0;
+    /* routed rows, routing and expert outputs whole; the gate, up and silu(gate) * up per row
+     * divided (kernels_expert_ffn_saved_floats at F / tp) */
+    uint64_t f = expert_row_bytes(m);
+    return op->saved_bytes > 3 * f ? op->saved_bytes - 3 * f : 0;
   }
   default: return op->saved_bytes;
   }
+}
+
+/* [T, hidden] of the model's dtype. */
+static uint64_t act_bytes(const struct model *m) {
+  return (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->hidden_size *
+         model_dtype_bytes(m->dtype);
+}
+
+/* Under sequence parallelism the router and the experts still run on the whole sequence (the
+ * router on its gathered input): each rank's expert slices read every token's route, as
+ * Megatron's experts under SP get the tokens of the whole TP group. So their routing, probs,
+ * routed rows and outputs stay whole on every rank. */
+static bool routes_whole(enum model_op_kind k) {
+  return k == MODEL_OP_ROUTER || k == MODEL_OP_EXPERT_FFN;
 }
 
 uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint32_t tp,
@@ -81,6 +101,12 @@ uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint
     }
     uint64_t whole = saved_whole(m, op);
     uint64_t divided = op->saved_bytes - whole;
+    if (sequence_parallel && routes_whole(op->kind)) {
+      /* only the router's input is a sequence shard */
+      uint64_t h = op->kind == MODEL_OP_ROUTER ? act_bytes(m) : 0;
+      sum += divided / tp + (whole - h) + h / tp;
+      continue;
+    }
     sum += divided / tp + (sequence_parallel ? whole / tp : whole);
   }
   return sum;
@@ -176,9 +202,12 @@ static uint64_t sp_gathered(const struct model *m, const struct model_segment *s
     case MODEL_OP_MLA_ATTENTION:
     case MODEL_OP_MLP:
     case MODEL_OP_SHARED_EXPERT:
-    case MODEL_OP_EXPERT_FFN:
       input = input || pass != IR_PASS_BI;
       dout = dout || backward;
+      break;
+    case MODEL_OP_EXPERT_FFN: /* its backward reads the routed rows it saved, not its input */
+      input = input || pass == IR_PASS_F || pass == IR_PASS_R;
+      dout = dout || pass == IR_PASS_B || pass == IR_PASS_BI;
       break;
     case MODEL_OP_EMBEDDING: dout = dout || pass == IR_PASS_B || pass == IR_PASS_BW; break;
     case MODEL_OP_LM_HEAD_LOSS: input = true; break;
@@ -198,11 +227,21 @@ uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pas
     double f_scratch = 0, f_all_scratch = 0, k = 0, b = 0;
     for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++) {
       const struct model_op *op = &m->ops[i];
-      double share = ir_tp_op_share(op, tp, sequence_parallel);
+      bool whole = sequence_parallel && op->kind == MODEL_OP_ROUTER; /* routes_whole */
+      double share = whole ? 1.0 : ir_tp_op_share(op, tp, sequence_parallel);
       f_all_scratch += (double)op->fwd_scratch_bytes;
-      f_scratch += share * (double)op->fwd_scratch_bytes;
       if (op->kind != MODEL_OP_LM_HEAD_LOSS)
-        k += values * (double)op->out_bytes;
+        k += (whole ? 1.0 : values) * (double)op->out_bytes;
+      if (op->kind == MODEL_OP_EXPERT_FFN) {
+        /* the routed rows, their gradients and the combine's whole on every rank (the host
+         * executor's local experts); only dgate and dup per row are divided */
+        double gu = 2.0 * (double)expert_row_bytes(m);
+        f_scratch += (double)op->fwd_scratch_bytes;
+        k += (double)op->bwork_bytes - gu + gu / tp;
+        b += (double)op->bwd_scratch_bytes;
+        continue;
+      }
+      f_scratch += share * (double)op->fwd_scratch_bytes;
       k += share * (double)op->bwork_bytes;
       b += share * (double)op->bwd_scratch_bytes;
     }

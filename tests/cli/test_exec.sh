@@ -6,6 +6,8 @@
 # parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
 # and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
+# and tiny-moe with experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
+# DP 2 x EP 2 x TP 2, its ZB-H1, full recomputation bit-identical to storing)
 # gives the losses and parameters of one device; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
 # timeout. A checkpoint of another sharding, learning rate or batch shape is refused naming the
@@ -210,6 +212,27 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
     timeout 120 "${tp_run[@]}" --iters 3 --resume "$T/tpck" --dump-params "$T/tpck.params" >/dev/null 2>&1 &&
     cmp -s "$T/tpck_ref.params" "$T/tpck.params" && ok || bad "a TP checkpoint does not resume bit-identically"
   MOE=$MOE_SAVED
+  # experts under tensor parallelism (Megatron's expert TP = TP): each TP rank runs the gate/up
+  # columns and down rows of every local expert, cut from the one-device initialisation; local
+  # experts (TP 2, TP 2 + SP: router and experts on the whole sequence), PP 2 x TP 2 + SP, and EP 2
+  # with TP 2 inside (the all-to-all over the devices of one TP rank), also under PP 2 x DP 2
+  # (8 ranks)
+  run moe_tp2 2 --layout pp=1,tp=2 --mbs 8 && same moe_tp2
+  run moe_tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same moe_tp2_sp
+  run moe_pp2_tp2_sp 4 --layout pp=2,tp=2,sp --schedule 1f1b --mbs 8 && same moe_pp2_tp2_sp
+  run moe_ep2_tp2 4 --layout pp=1,dp=2,ep=2,tp=2 --mbs 4 && same moe_ep2_tp2
+  run moe_pp2_dp2_ep2_tp2 8 --layout pp=2,dp=2,ep=2,tp=2 --schedule 1f1b --mbs 4 && same moe_pp2_dp2_ep2_tp2
+  # ... under ZB-H1's split backward (the experts' BI sums the input gradients, BW none), and
+  # under full recomputation bit-identical to storing (a rerun's outputs are not summed again)
+  run moe_zb_ep2_tp2 8 --layout pp=2,dp=2,ep=2,tp=2 --schedule zerobubble --mbs 4 && same moe_zb_ep2_tp2
+  for c in "moe_pp2_tp2_sp 4 pp=2,tp=2,sp" "moe_pp2_dp2_ep2_tp2 8 pp=2,dp=2,ep=2,tp=2"; do
+    set -- $c
+    [ -s "$T/$1.params" ] || continue
+    mbs=8; [ "$2" = 8 ] && mbs=4
+    run $1_rc $2 --layout $3,recompute=full --schedule 1f1b --mbs $mbs &&
+      [ "$(losses "$T/$1_rc")" = "$(losses "$T/$1")" ] && cmp -s "$T/$1_rc.params" "$T/$1.params" &&
+      ok || bad "$1: full recomputation is not bit-identical to storing activations"
+  done
   run pp2_dp2_ep2 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 && same pp2_dp2_ep2
   run zero1 4 --base-schedule $BS/pp2_dp2_ep2_zero1.json --schedule 1f1b --ranks 2 --mbs 4 && same zero1
   run zero2 4 --base-schedule $BS/pp2_dp2_ep2_zero2.json --schedule 1f1b --ranks 2 --mbs 4 && same zero2

@@ -92,6 +92,13 @@ plans=(
   "tp2_rc_sel 4 $DENSE --layout pp=2,tp=2,recompute=selective --schedule 1f1b --mbs 4"
   "tp2_sp_rc_full 4 $DENSE --layout pp=2,tp=2,sp,recompute=full --schedule 1f1b --mbs 4"
   "ep_rc_full 4 $MOE --layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
+  # experts under TP: local (their slices' rows and outputs [T x top_k, hidden] whole, the gate
+  # and up of F / TP), with SP, and EP 2 with TP 2 inside (routed rows at the plan's capacity)
+  "moe_tp2 2 $MOE --layout pp=1,tp=2 --mbs 4"
+  "moe_tp2_sp 2 $MOE --layout pp=1,tp=2,sp --mbs 4"
+  "moe_pp2_tp2_sp 4 $MOE --layout pp=2,tp=2,sp --schedule 1f1b --mbs 4"
+  "moe_ep2_tp2 4 $MOE --layout pp=1,dp=2,ep=2,tp=2 --mbs 4"
+  "moe_pp2_dp2_ep2_tp2 8 $MOE --layout pp=2,dp=2,ep=2,tp=2 --schedule 1f1b --mbs 2"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 for p in "${plans[@]}"; do

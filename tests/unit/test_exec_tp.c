@@ -1,5 +1,6 @@
 /* Tests for exec/tp.c: the slices a TP rank holds, against matrices cut by hand from a known
- * full block (the one-device layout: element k holds k), the vocabulary-parallel embedding's
+ * full block (the one-device layout: element k holds k), experts' slices under EP x TP, the
+ * vocabulary-parallel embedding's
  * two halves against the whole lookup, and what a device of a TP plan derives (its TP and
  * data-parallel ranks, the parameters it holds, the TP nodes' role). The runs that train with
  * TP are in tests/cli/test_exec.sh. */
@@ -213,11 +214,97 @@ static void test_device_pp2_dp2_tp2(void **state) {
   compile_result_free(&r);
 }
 
+/* Experts [E x (wg C x F | wu C x F | wd F x C)] (kernels/moe.c): each expert divided like the
+ * MLP, experts in order; under EP a device's local experts are a run of the TP rank's slices
+ * (train.c, for_each_param: local index ep_rank x n + i), so EP 2 x TP 2 gives each of the four
+ * devices the gate/up columns and down rows of its TP rank in its half of the experts; the
+ * four hold every element once. */
+static void test_expert_slices(void **state) {
+  (void)state;
+  struct model *moe = test_load_model("models/tiny-moe.json", 1);
+  struct exec_model mxm;
+  GError *err = NULL;
+  if (!exec_model_init(&mxm, moe, &err))
+    fail_msg("%s", err->message);
+  const struct model_op *op = NULL;
+  for (uint32_t o = 0; o < moe->n_ops && !op; o++)
+    if (moe->ops[o].kind == MODEL_OP_EXPERT_FFN)
+      op = &moe->ops[o];
+  assert_non_null(op);
+  uint64_t C = 64, F = 32, E = 8, per = 3 * C * F;
+  assert_int_equal(op->shape[2], F);
+  assert_int_equal(exec_tp_op_params(&mxm, op, 2), E * per / 2);
+  GArray *want = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+  uint8_t *seen = g_new0(uint8_t, op->param_count);
+  for (uint32_t ep = 0; ep < 2; ep++)
+    for (uint32_t r = 0; r < 2; r++) {
+      uint64_t w = F / 2, n = E * per / 2 / 2, first = ep * n;
+      for (uint64_t e = ep * E / 2; e < (ep + 1) * E / 2; e++) {
+        want_columns(want, e * per, C, F, r * w, w);
+        want_columns(want, e * per + C * F, C, F, r * w, w);
+        want_rows(want, e * per + 2 * C * F, C, r * w, w);
+      }
+      assert_int_equal(want->len, n);
+      for (uint64_t i = 0; i < n; i++) {
+        uint64_t got = exec_tp_full_index(&mxm, op, 2, r, first + i);
+        if (got != g_array_index(want, uint64_t, i))
+          fail_msg("EP rank %u, TP rank %u: local %llu is full %llu, want %llu", ep, r,
+                   (unsigned long long)i, (unsigned long long)got,
+                   (unsigned long long)g_array_index(want, uint64_t, i));
+        seen[got]++;
+      }
+      g_array_set_size(want, 0);
+    }
+  for (uint64_t k = 0; k < op->param_count; k++)
+    assert_int_equal(seen[k], 1);
+  g_free(seen);
+  g_array_free(want, TRUE);
+  exec_model_clear(&mxm);
+  model_free(moe);
+}
+
+/* A device of EP 2 x TP 2 (one stage, 4 devices, TP innermost): its TP rank, its EP rank (the
+ * position's data-parallel rank), its share of an expert segment (a quarter: half the experts,
+ * half of each), the router whole. */
+static void test_device_ep2_tp2(void **state) {
+  (void)state;
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-moe.json";
+  o.layout = "pp=1,dp=2,ep=2,tp=2";
+  o.schedule.mbs = 4;
+  struct compile_result r = test_compile(&o);
+  struct exec_model pxm;
+  GError *err = NULL;
+  assert_true(exec_model_init(&pxm, r.plan->model, &err));
+  const struct model *m = r.plan->model;
+  for (uint32_t d = 0; d < 4; d++) {
+    struct exec_device dev;
+    if (!exec_device_init(&dev, r.plan, &pxm, d, &err))
+      fail_msg("%s", err->message);
+    assert_int_equal(dev.tp_degree, 2);
+    assert_int_equal(dev.tp_rank, d % 2);
+    uint32_t experts = 0;
+    for (uint32_t s = 0; s < m->n_segments; s++) {
+      if (!m->segments[s].expert)
+        continue;
+      experts++;
+      assert_int_equal(dev.ep_size[s], 2);
+      assert_int_equal(dev.ep_rank[s], d / 2);
+      assert_int_equal(dev.param_local[s] * 4, m->segments[s].param_count);
+    }
+    assert_true(experts > 0);
+    exec_device_clear(&dev);
+  }
+  exec_model_clear(&pxm);
+  compile_result_free(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mlp_slices),           cmocka_unit_test(test_attention_slices),
       cmocka_unit_test(test_vocab_and_replicated), cmocka_unit_test(test_vocab_parallel_embedding),
-      cmocka_unit_test(test_device_pp2_dp2_tp2),
+      cmocka_unit_test(test_device_pp2_dp2_tp2),   cmocka_unit_test(test_expert_slices),
+      cmocka_unit_test(test_device_ep2_tp2),
   };
   return cmocka_run_group_tests_name("exec_tp", tests, setup, teardown);
 }
