@@ -1735,9 +1735,10 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
                                 P, moe->e_first, moe->e_count, C, F));
   /* TP: the TP peers received the same rows (same tokens, same routing, the all-to-all over
    * the devices of their TP rank), each output a partial sum of its slice; summed here, before
-   * the combine, so the combine and its backward see whole outputs. A rerun's output goes
-   * nowhere. */
-  if (s->dev->tp_degree > 1 && n && keep != FWD_FULL_RERUN)
+   * the combine, so the combine and its backward see whole outputs. A rerun's too: its combine
+   * regenerates the copy the combine's transpose reads (the routing weights' gradient), which
+   * must be the forward's whole outputs on every TP peer, or their routers drift apart. */
+  if (s->dev->tp_degree > 1 && n)
     return tp_sum_rows(s, st, mb, i, yr, (size_t)n, err);
   return true;
 }
