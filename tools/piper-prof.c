@@ -672,47 +672,73 @@ static double chain_bytes(const struct model *m) {
   return total;
 }
 
-static bool measure_model_chain(struct prof_run *r, const struct model *m) {
-  if (chain_bytes(m) > physical_memory_bytes() / 8)
-    return false;
-  prof_progress(r, "kernels of %s (%u ops) in the executor's order, %d micro-batches", m->name,
-           m->n_ops, CHAIN_MBS);
-  struct chain c = {0};
-  chain_classes(r, &c, m);
-  chain_init(&c, m);
-  uint32_t reps = r->a->quick ? 3 : r->a->repeats;
-  for (uint32_t rep = 0; rep < r->a->warmup + 1 + reps; rep++) {
-    if (rep == r->a->warmup + 1) { /* warm-up done */
-      for (uint32_t k = 0; k < 4 * c.n_classes; k++)
-        g_array_set_size(c.samples[k], 0);
-      for (uint32_t sg = 0; sg < m->n_segments; sg++)
-        g_array_set_size(c.opt[sg], 0);
-    }
-    for (int p = 0; p < 4; p++)
-      chain_sweep(&c, p);
-    chain_optimizer(&c);
-  }
+/* A chain's figures once its sweeps are done: AdamW per segment, then each class's entries. */
+static void chain_entries(struct prof_run *r, struct chain *c) {
+  const struct model *m = c->m;
   for (uint32_t sg = 0; sg < m->n_segments; sg++) {
-    if (c.opt[sg]->len == 0)
+    if (c->opt[sg]->len == 0)
       continue;
-    double params = 0, t = array_median(c.opt[sg]);
+    double params = 0, t = array_median(c->opt[sg]);
     for (uint32_t i = m->segments[sg].op_first;
          i < m->segments[sg].op_first + m->segments[sg].op_count; i++)
-      params += (double)c.n_params[i];
+      params += (double)c->n_params[i];
     g_array_append_val(r->opt_params, params);
     g_array_append_val(r->opt_seconds, t);
-    prof_progress(r, "  AdamW of segment %u: %.0f parameters, %.1f us", sg, params, t * 1e6);
+    prof_progress(r, "  %s: AdamW of segment %u: %.0f parameters, %.1f us", m->name, sg, params,
+                  t * 1e6);
   }
-  for (uint32_t k = 0; k < c.n_classes; k++) {
+  for (uint32_t k = 0; k < c->n_classes; k++) {
     double t[4];
     for (int p = 0; p < 4; p++) {
-      t[p] = array_median(c.samples[k * 4 + (uint32_t)p]);
-      prof_add_entry(r, c.class_op[k], chain_passes[p], t[p]);
+      t[p] = array_median(c->samples[k * 4 + (uint32_t)p]);
+      prof_add_entry(r, c->class_op[k], chain_passes[p], t[p]);
     }
-    progress_op(r, c.class_op[k], t);
+    progress_op(r, c->class_op[k], t);
   }
-  chain_free(&c);
-  return true;
+}
+
+/* The chains of every model that fits (their buffers together within an eighth of the memory;
+ * chained[i] says which), timed in turns: each repeat sweeps every model's chain once, so a
+ * slow spell of the machine (another tenant, a frequency change) falls on every model's
+ * samples alike and the medians over repeats leave it out. Timed one model after the other, a
+ * spell of ten seconds moved every kernel of one model by 30% between two profiles. */
+static void measure_chains(struct prof_run *r, const GPtrArray *models, bool *chained) {
+  struct chain *cs = g_new0(struct chain, models->len + 1);
+  double total = 0, limit = physical_memory_bytes() / 8;
+  for (guint i = 0; i < models->len; i++) {
+    const struct model *m = g_ptr_array_index(models, i);
+    double bytes = chain_bytes(m);
+    if (total + bytes > limit)
+      continue;
+    total += bytes;
+    chained[i] = true;
+    prof_progress(r, "kernels of %s (%u ops) in the executor's order, %d micro-batches", m->name,
+                  m->n_ops, CHAIN_MBS);
+    chain_classes(r, &cs[i], m);
+    chain_init(&cs[i], m);
+  }
+  uint32_t reps = r->a->quick ? 3 : r->a->repeats;
+  for (uint32_t rep = 0; rep < r->a->warmup + 1 + reps; rep++)
+    for (guint i = 0; i < models->len; i++) {
+      struct chain *c = &cs[i];
+      if (!chained[i])
+        continue;
+      if (rep == r->a->warmup + 1) { /* warm-up done */
+        for (uint32_t k = 0; k < 4 * c->n_classes; k++)
+          g_array_set_size(c->samples[k], 0);
+        for (uint32_t sg = 0; sg < c->m->n_segments; sg++)
+          g_array_set_size(c->opt[sg], 0);
+      }
+      for (int p = 0; p < 4; p++)
+        chain_sweep(c, p);
+      chain_optimizer(c);
+    }
+  for (guint i = 0; i < models->len; i++)
+    if (chained[i]) {
+      chain_entries(r, &cs[i]);
+      chain_free(&cs[i]);
+    }
+  g_free(cs);
 }
 
 /* AdamW as the chains ran it, where they give two sizes or more, replaces the line through
@@ -733,10 +759,8 @@ static void fit_chain_optimizer(struct prof_run *r) {
            r->adamw_overhead * 1e6, r->adamw_per_param * 1e9, x->len);
 }
 
-/* Every distinct (kind, shape) of the model, once. */
+/* Every distinct (kind, shape) of a model too big to chain, once, each kernel timed alone. */
 static void measure_model(struct prof_run *r, const struct model *m) {
-  if (measure_model_chain(r, m))
-    return;
   prof_progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
   for (uint32_t i = 0; i < m->n_ops; i++) {
     const struct model_op *op = &m->ops[i];
@@ -1647,8 +1671,12 @@ static bool measure_all(struct prof_run *r, GPtrArray *models, GError **err) {
   if (max_params > ((uint64_t)1 << 24))
     max_params = (uint64_t)1 << 24;
   measure_machine(r, max_params);
+  bool *chained = g_new0(bool, models->len + 1);
+  measure_chains(r, models, chained);
   for (guint i = 0; i < models->len; i++)
-    measure_model(r, g_ptr_array_index(models, i));
+    if (!chained[i])
+      measure_model(r, g_ptr_array_index(models, i));
+  g_free(chained);
   fit_chain_optimizer(r);
   prof_progress(r, "%u kernel entries, %u op shapes left to the roofline", r->n_entries,
                 r->n_skipped);
