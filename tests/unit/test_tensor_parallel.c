@@ -46,8 +46,9 @@ static const struct ir_node *tp_node(const struct ir_graph *g, enum ir_node_kind
 static void test_rewrite_tp2(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 1);
-  struct ir_graph *g = test_must_apply(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
-                                     "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2}]");
+  struct ir_graph *g =
+      test_must_apply(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
+                         "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2}]");
   uint32_t n_tp = 0;
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
@@ -80,6 +81,45 @@ static void test_rewrite_tp2(void **state) {
   model_free(m);
 }
 
+/* ZeRO under TP 2 x DP 2: each ZeRO level divides a device's slices (P = 164928 parameters,
+ * even per bucket, so no padding) over its 2 data-parallel peers. fp32 Adam, by hand:
+ *   ZeRO-1: params 4P = 659712, grads 4P = 659712, optimizer 8P / 2 = 659712;
+ *   ZeRO-2: grads 4P / 2 = 329856 too; ZeRO-3: params 4P / 2 = 329856 too. */
+static void test_zero_with_tp(void **state) {
+  (void)state;
+  static const char *const keys[] = {"\"shard_optimizer\":true", "\"shard_grads\":true",
+                                     "\"shard_params\":true"};
+  static const uint64_t want[3][3] = {
+      {4 * PARAMS_PER_DEVICE, 4 * PARAMS_PER_DEVICE, 4 * PARAMS_PER_DEVICE},
+      {4 * PARAMS_PER_DEVICE, 2 * PARAMS_PER_DEVICE, 4 * PARAMS_PER_DEVICE},
+      {2 * PARAMS_PER_DEVICE, 2 * PARAMS_PER_DEVICE, 4 * PARAMS_PER_DEVICE}};
+  for (int z = 0; z < 3; z++) {
+    char *dir = test_tmp_dir("test_tp-XXXXXX");
+    char *path = g_build_filename(dir, "zero.json", NULL);
+    char *text = g_strdup_printf("[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1,2,3],%s},"
+                                 "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2}]",
+                                 keys[z]);
+    test_write_file(path, text);
+    struct compile_options o = compile_options_default();
+    o.model_path = "models/tiny-dense.json";
+    o.directives_path = path;
+    o.pp_regions = 1;
+    struct compile_result r = test_compile(&o);
+    for (uint32_t d = 0; d < 4; d++) {
+      uint64_t mem[REPORT_MEM_KIND_COUNT];
+      sim_static_memory(r.plan, plan_device_class(r.plan, d), mem);
+      assert_int_equal(mem[REPORT_MEM_PARAMS], want[z][0]);
+      assert_int_equal(mem[REPORT_MEM_GRADS], want[z][1]);
+      assert_int_equal(mem[REPORT_MEM_OPTIMIZER], want[z][2]);
+    }
+    compile_result_free(&r);
+    test_remove_tree(dir);
+    g_free(text);
+    g_free(path);
+    g_free(dir);
+  }
+}
+
 /* Sequence parallelism: a reduce-scatter and an all-gather of the same totals; the whole parts
  * of the saved activations halve too. Per layer: RMSNorms 16640 / 2 = 8320 each; attention
  * 16384 / 2 + 50176 / 2 = 33280; MLP 16384 / 2 + 98304 / 2 = 57344: 107264. x 8 = 858112,
@@ -89,8 +129,8 @@ static void test_rewrite_sequence_parallel(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 1);
   struct ir_graph *g = test_must_apply(m, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
-                                     "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2,"
-                                     "\"sequence_parallel\":true}]");
+                                          "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2,"
+                                          "\"sequence_parallel\":true}]");
   const struct ir_node *rs = tp_node(g, IR_NODE_REDUCE_SCATTER, IR_PASS_F);
   const struct ir_node *ag = tp_node(g, IR_NODE_ALL_GATHER, IR_PASS_F);
   assert_int_equal(rs->bytes, 17 * ACT + 3 * 64 * 4);
@@ -261,37 +301,35 @@ static void test_errors(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 1);
   test_expect_apply_error(m,
-               "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2]},"
-               "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":3}]",
-               "test.json: directive 1 (tensor_parallel): \"degree\" 3 does not divide "
-               "num_attention_heads = 4");
+                          "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2]},"
+                          "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":3}]",
+                          "test.json: directive 1 (tensor_parallel): \"degree\" 3 does not divide "
+                          "num_attention_heads = 4");
   test_expect_apply_error(m,
-               "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2,3]},"
-               "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":4}]",
-               "\"degree\" 4 does not divide num_key_value_heads = 2");
+                          "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2,3]},"
+                          "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":4}]",
+                          "\"degree\" 4 does not divide num_key_value_heads = 2");
   test_expect_apply_error(m,
-               "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2,3]},"
-               "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2}]",
-               "runs on 4 devices, neither replicated nor sharded");
+                          "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1,2,3]},"
+                          "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2}]",
+                          "runs on 4 devices, neither replicated nor sharded");
   test_expect_apply_error(m,
-               "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
-               "{\"op\":\"tensor_parallel\",\"filter\":{\"PASS\":\"F\"},\"degree\":2}]",
-               "is not divided but other passes");
-  test_expect_apply_error(m, "[{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2,\"sp\":true}]",
-               "unknown key \"sp\"");
+                          "[{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
+                          "{\"op\":\"tensor_parallel\",\"filter\":{\"PASS\":\"F\"},\"degree\":2}]",
+                          "is not divided but other passes");
+  test_expect_apply_error(m,
+                          "[{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":2,\"sp\":true}]",
+                          "unknown key \"sp\"");
   test_expect_apply_error(m, "[{\"op\":\"tensor_parallel\",\"filter\":{}}]", "\"degree\"");
   model_free(m);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_rewrite_tp2),
-      cmocka_unit_test(test_rewrite_sequence_parallel),
-      cmocka_unit_test(test_split_communicators),
-      cmocka_unit_test(test_op_share_flops),
-      cmocka_unit_test(test_sim_tp_costs),
-      cmocka_unit_test(test_moe_schedules),
-      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_rewrite_tp2),    cmocka_unit_test(test_rewrite_sequence_parallel),
+      cmocka_unit_test(test_zero_with_tp),   cmocka_unit_test(test_split_communicators),
+      cmocka_unit_test(test_op_share_flops), cmocka_unit_test(test_sim_tp_costs),
+      cmocka_unit_test(test_moe_schedules),  cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests_name("tensor_parallel", tests, NULL, NULL);
 }
