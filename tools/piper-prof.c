@@ -462,9 +462,9 @@ void prof_add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass 
   r->n_entries++;
 }
 
-/* One op at its shape: F first (it fills saved), BI (it fills bwork) before BW, then B. */
-/* Bytes of every buffer op_bench_init allocates for the op (an upper bound). */
-static double op_bench_bytes(const struct model *m, const struct model_op *op) {
+/* Bytes of every buffer op_bench_init allocates for the op (an upper bound); the CUDA
+ * profiler's buffers are the same. */
+double prof_op_bench_bytes(const struct model *m, const struct model_op *op) {
   struct op_bench b = {.m = m, .op = op};
   prof_op_bench_dims(&b);
   struct op_sizes z = prof_op_sizes(&b);
@@ -484,6 +484,7 @@ static void progress_op(const struct prof_run *r, const struct model_op *op, con
   g_string_free(shape, TRUE);
 }
 
+/* One op at its shape: F first (it fills saved), BI (it fills bwork) before BW, then B. */
 static void measure_op(struct prof_run *r, const struct model *m, const struct model_op *op) {
   static const enum ir_pass passes[] = {IR_PASS_F, IR_PASS_BI, IR_PASS_BW, IR_PASS_B};
   struct op_bench b;
@@ -668,7 +669,7 @@ static double chain_bytes(const struct model *m) {
   double total = 0;
   for (uint32_t i = 0; i < m->n_ops; i++)
     if (prof_op_has_kernel(m->ops[i].kind))
-      total += CHAIN_MBS * op_bench_bytes(m, &m->ops[i]);
+      total += CHAIN_MBS * prof_op_bench_bytes(m, &m->ops[i]);
   return total;
 }
 
@@ -779,7 +780,7 @@ static void measure_model(struct prof_run *r, const struct model *m) {
       continue;
     }
     /* a model too big for this machine: its ops fall back to the roofline, not to swap */
-    double bytes = op_bench_bytes(m, op), limit = 0.25 * physical_memory_bytes();
+    double bytes = prof_op_bench_bytes(m, op), limit = 0.25 * physical_memory_bytes();
     if (bytes > limit) {
       prof_progress(r,
                "  %-13s needs %.1f GiB of buffers, over a quarter of this machine's memory: "

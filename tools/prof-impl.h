@@ -74,6 +74,8 @@ void prof_fit_line(const double *x, const double *y, int n, double *alpha, doubl
 /* The op's dimensions from its shape, and its buffers' sizes in floats. */
 void prof_op_bench_dims(struct op_bench *b);
 struct op_sizes prof_op_sizes(struct op_bench *b);
+/* Bytes of every buffer of one op's benchmark (an upper bound, 4-byte elements). */
+double prof_op_bench_bytes(const struct model *m, const struct model_op *op);
 bool prof_op_has_kernel(enum model_op_kind k);
 /* Whether the executor runs anything for (kind, pass). */
 bool prof_pass_runs(enum model_op_kind k, enum ir_pass pass);

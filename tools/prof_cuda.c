@@ -144,17 +144,6 @@ static void cuda_op_free(struct cuda_op *o) {
       exec_backend_release(o->g->b, all[i]);
 }
 
-/* Device bytes cuda_op_init allocates (an upper bound). */
-static double cuda_op_bytes(const struct model *m, const struct model_op *op) {
-  struct op_bench b = {.m = m, .op = op};
-  prof_op_bench_dims(&b);
-  struct op_sizes z = prof_op_sizes(&b);
-  double TK = (double)b.T * (b.K ? b.K : 1);
-  return 4.0 *
-         (2.0 * (double)z.params + 2.0 * (double)z.in + 2.0 * (double)z.out + (double)z.saved +
-          (double)z.bwork + 4.0 * (double)z.rows + (double)z.scratch + 6.0 * TK + (double)b.T);
-}
-
 /* ---- one op's pass, as exec/train.c calls the kernel table --------------------------------- */
 
 static void run_norm_embed(struct exec_stream *s, const struct exec_kernels *k,
@@ -345,7 +334,7 @@ static bool measure_model(struct prof_run *r, struct gpu *g, const struct model 
       continue;
     }
     g_hash_table_add(r->seen, g_string_free(key, FALSE));
-    double bytes = cuda_op_bytes(m, op);
+    double bytes = prof_op_bench_bytes(m, op); /* cuda_op_init allocates the same buffers */
     if (!prof_op_has_kernel(op->kind) || bytes > 0.5 * (double)free_bytes) {
       prof_progress(r, "  %-13s %s: left to the roofline", model_op_kind_name(op->kind),
                     prof_op_has_kernel(op->kind) ? "buffers over half the GPU's free memory"
