@@ -128,11 +128,6 @@ bool exec_tp_device_init(struct exec_device *d, GError **err) {
                        "is divided by tensor parallelism unlike other regions; the executor "
                        "needs one degree (and one sequence_parallel) for the whole model");
     }
-    if (tp > 1 && n->sequence_parallel && n->shard_degree > 1 &&
-        d->xm->m->segments[n->segment].expert)
-      return fail_node(d, i, err,
-                       "shards experts by EP under tensor and sequence parallelism, which the "
-                       "host executor does not run yet (EP with TP, or SP with local experts)");
   }
   if (d->tp_degree <= 1)
     return true;

@@ -1688,18 +1688,36 @@ static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_
 
 /* EP with TP: the routed rows' partial sums summed over the TP group in place, through the
  * buffer the plan gives the TP node ([T, hidden], ir_tp_segment_comm), T rows at a time. */
-static bool tp_sum_rows(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
-                        uint32_t i, float *rows, size_t n_rows, GError **err) {
-  size_t C = (size_t)s->xm->C, T = (size_t)s->xm->T;
+static bool tp_sum_floats(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                          uint32_t i, float *x, size_t n, GError **err) {
+  size_t chunk = (size_t)s->xm->T * (size_t)s->xm->C;
   float *buf = tp_buffer(s, st, mb, i, &st->tp.sum);
-  for (size_t r = 0; r < n_rows; r += T) {
-    size_t k = (n_rows - r < T ? n_rows - r : T) * C;
-    KT(st, s, s->k->copy(st->stream, buf, rows + r * C, k * sizeof(float)));
+  for (size_t r = 0; r < n; r += chunk) {
+    size_t k = n - r < chunk ? n - r : chunk;
+    KT(st, s, s->k->copy(st->stream, buf, x + r, k * sizeof(float)));
     if (!exec_tp_all_reduce(s, st, buf, k, err))
       return false;
-    KT(st, s, s->k->copy(st->stream, rows + r * C, buf, k * sizeof(float)));
+    KT(st, s, s->k->copy(st->stream, x + r, buf, k * sizeof(float)));
   }
   return true;
+}
+
+static bool tp_sum_rows(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                        uint32_t i, float *rows, size_t n_rows, GError **err) {
+  return tp_sum_floats(s, st, mb, i, rows, n_rows * (size_t)s->xm->C, err);
+}
+
+/* EP with TP and SP: each TP peer dispatched every route (the same rows in the same order on
+ * every peer: one routing) but only its sequence shard's tokens' values, zeros elsewhere, and
+ * its combine's transpose only its shard's output gradients and routing weights' gradients;
+ * summed over the TP group here, in the expert compute (the compute stream orders the TP
+ * collectives alike on every peer), each value comes whole from the one peer that holds it
+ * (x + 0 is exact). */
+static bool sp_whole_rows(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                          uint32_t i, float *rows, size_t n_rows, GError **err) {
+  if (!s->dev->sequence_parallel || !n_rows)
+    return true;
+  return tp_sum_rows(s, st, mb, i, rows, n_rows, err);
 }
 
 /* The experts' forward on the rows the dispatch brought, or their rerun under full
@@ -1729,6 +1747,8 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   moe->saved = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats((int)cap, C, F));
   moe->scratch =
       mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)cap, C));
+  if (!sp_whole_rows(s, st, mb, i, moe->recv_rows, (size_t)n, err))
+    return false;
   if (n)
     KT(st, s,
        s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->scratch, rows, moe->recv_expert, n,
@@ -1776,6 +1796,14 @@ static bool expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   moe->drows_recv = mb_floats_raw(s, st, mb, out_tensor(s, i, EXEC_T_H), moe->cap * C);
   moe->scratch =
       mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)moe->cap, C));
+  if (s->dev->sequence_parallel) {
+    float *dweights = mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R];
+    if (!dweights)
+      return internal(err, s, i, "expert backward before the routing weights' gradient");
+    if (!sp_whole_rows(s, st, mb, i, moe->dy_recv, (size_t)n, err) ||
+        !tp_sum_floats(s, st, mb, i, dweights, (size_t)xm->T * (size_t)xm->K, err))
+      return false;
+  }
   if (n && mode == BWD_FUSED)
     KT(st, s,
        k->expert_ffn_backward(st->stream, moe->drows_recv, G, moe->bwork, moe->scratch,
@@ -1882,6 +1910,14 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
   KT(st, s,
      k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
+  if (s->dev->sequence_parallel) {
+    /* h is this peer's sequence shard: the other tokens' rows go as zeros (sp_whole_rows) */
+    size_t shard = (size_t)xm->T_seq * C;
+    float *hz = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)T * C);
+    KT(st, s, k->fill(st->stream, hz, 0.0f, (size_t)T * C));
+    KT(st, s, k->copy(st->stream, hz + s->dev->tp_rank * shard, h, shard * sizeof(float)));
+    h = hz;
+  }
   KT(st, s,
      k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, h, moe->ids,
                              moe->route_row, T, K, C));
@@ -1920,6 +1956,10 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
   int T = xm->T, C = xm->C, K = xm->K, TK = T * K;
   size_t row = (size_t)C * sizeof(float);
   bool ok = true;
+  /* under SP the combine's output and the dispatch's input gradient are this peer's sequence
+   * shard: its tokens' routes, from route off on */
+  int TS = xm->T_seq;
+  size_t off = s->dev->sequence_parallel ? (size_t)s->dev->tp_rank * TS * K : 0;
   if (!comm)
     return internal(err, s, i, "no communicator");
   uint32_t S = s->dev->ep_size[x->segment];
@@ -1951,10 +1991,10 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
     if (!ok || x->pass == IR_PASS_R) /* the forward's combined output went on */
       goto out;
-    float *mout = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)T * C);
+    float *mout = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)TS * C);
     KT(st, s,
-       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->weights, moe->route_row, T, K,
-                              C));
+       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->weights + off,
+                              moe->route_row + off, TS, K, C));
     mb->out[(size_t)x->segment * TC + EXEC_T_M] = mout;
   } else if (x->role == EXEC_ROLE_A2A_TO_EXPERT) {
     /* combine's transpose: output gradients to the experts; routing weights' gradient here */
@@ -1967,9 +2007,13 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
     /* in r's layout (exec_grad_floats): the router's backward reads that many */
     float *dweights =
         mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), exec_grad_floats(xm, EXEC_T_R));
+    if (s->dev->sequence_parallel) { /* the other tokens' as zeros (sp_whole_rows) */
+      KT(st, s, k->fill(st->stream, dy_send, 0.0f, (size_t)TK * C));
+      KT(st, s, k->fill(st->stream, dweights, 0.0f, (size_t)TK));
+    }
     KT(st, s,
-       k->moe_combine_backward(st->stream, dy_send, dweights, dm, moe->y_send, moe->weights,
-                               moe->route_row, T, K, C));
+       k->moe_combine_backward(st->stream, dy_send, dweights + off, dm, moe->y_send,
+                               moe->weights + off, moe->route_row + off, TS, K, C));
     mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R] = dweights;
     moe->dy_recv =
         mb_raw(s, st, mb, a2a_out_tensor(s, i, true), moe->cap * row, REPORT_MEM_COMM);
@@ -1984,8 +2028,9 @@ static bool all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *s
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->drows_recv, rb, dsend, sb, err));
     if (!ok)
       goto out;
-    float *dh = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)T * C);
-    KT(st, s, k->moe_dispatch_backward(st->stream, dh, dsend, moe->route_row, T, K, C, false));
+    float *dh = mb_floats_raw(s, st, mb, a2a_out_tensor(s, i, false), (size_t)TS * C);
+    KT(st, s,
+       k->moe_dispatch_backward(st->stream, dh, dsend, moe->route_row + off, TS, K, C, false));
     mb->grad[(size_t)x->edge * TC + EXEC_T_H] = dh;
   }
 out:

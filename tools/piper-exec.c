@@ -316,13 +316,6 @@ static bool tp_supported(const struct exec_cli *a, const struct plan *plan, GErr
                                "backend %s does not run tensor parallelism yet (--backend host "
                                "does)",
                                file, name, n->tp_degree, a->backend);
-    if (n->sequence_parallel && n->shard_degree > 1 && n->segment < plan->model->n_segments &&
-        plan->model->segments[n->segment].expert)
-      return piper_input_error(err,
-                               "%s: \"%s\" shards experts by EP under tensor and sequence "
-                               "parallelism (tp_degree %u); the host executor runs EP with TP, "
-                               "or SP with local experts (piper-sim runs both)",
-                               file, name, n->tp_degree);
   }
   return true;
 }
