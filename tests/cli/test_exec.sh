@@ -222,10 +222,18 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run moe_pp2_tp2_sp 4 --layout pp=2,tp=2,sp --schedule 1f1b --mbs 8 && same moe_pp2_tp2_sp
   run moe_ep2_tp2 4 --layout pp=1,dp=2,ep=2,tp=2 --mbs 4 && same moe_ep2_tp2
   run moe_pp2_dp2_ep2_tp2 8 --layout pp=2,dp=2,ep=2,tp=2 --schedule 1f1b --mbs 4 && same moe_pp2_dp2_ep2_tp2
+  # ... with SP: each TP peer dispatches every route (one routing: the router runs on the
+  # gathered input) with its sequence shard's rows and zeros for the others, and the experts sum
+  # the rows, the output gradients and the routing weights' gradients over the TP group
+  run moe_ep2_tp2_sp 4 --layout pp=1,dp=2,ep=2,tp=2,sp --mbs 4 && same moe_ep2_tp2_sp
+  run moe_pp2_dp2_ep2_tp2_sp 8 --layout pp=2,dp=2,ep=2,tp=2,sp --schedule 1f1b --mbs 4 &&
+    same moe_pp2_dp2_ep2_tp2_sp
   # ... under ZB-H1's split backward (the experts' BI sums the input gradients, BW none), and
   # under full recomputation bit-identical to storing (the rerun sums its partial outputs over
   # the TP group too: the combine of pass R copies them for the routing weights' gradient)
   run moe_zb_ep2_tp2 8 --layout pp=2,dp=2,ep=2,tp=2 --schedule zerobubble --mbs 4 && same moe_zb_ep2_tp2
+  run moe_zb_ep2_tp2_sp 8 --layout pp=2,dp=2,ep=2,tp=2,sp --schedule zerobubble --mbs 4 &&
+    same moe_zb_ep2_tp2_sp
   for c in "moe_pp2_tp2_sp 4 pp=2,tp=2,sp" "moe_pp2_dp2_ep2_tp2 8 pp=2,dp=2,ep=2,tp=2"; do
     set -- $c
     [ -s "$T/$1.params" ] || continue

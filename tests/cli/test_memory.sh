@@ -99,6 +99,10 @@ plans=(
   "moe_pp2_tp2_sp 4 $MOE --layout pp=2,tp=2,sp --schedule 1f1b --mbs 4"
   "moe_ep2_tp2 4 $MOE --layout pp=1,dp=2,ep=2,tp=2 --mbs 4"
   "moe_pp2_dp2_ep2_tp2 8 $MOE --layout pp=2,dp=2,ep=2,tp=2 --schedule 1f1b --mbs 2"
+  # ... and with SP (each TP peer dispatches every route, its shard's rows and zeros, and the
+  # experts sum them over the TP group)
+  "moe_ep2_tp2_sp 4 $MOE --layout pp=1,dp=2,ep=2,tp=2,sp --mbs 4"
+  "moe_pp2_dp2_ep2_tp2_sp 8 $MOE --layout pp=2,dp=2,ep=2,tp=2,sp --schedule 1f1b --mbs 2"
   # ... under full recomputation: the rerun's dispatch and combine over the devices of one TP
   # rank, the rerun's expert outputs summed over the TP group through the TP node's buffer
   "moe_ep2_tp2_rc 8 $MOE --layout pp=2,dp=2,ep=2,tp=2,recompute=full --schedule 1f1b --mbs 2"
