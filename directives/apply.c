@@ -1936,6 +1936,11 @@ static void prefetch_gathers(struct apply *a) {
     }
     if (n->kind != IR_NODE_ALL_GATHER || n->pass == IR_PASS_NONE || !seq[n->group])
       continue;
+    /* a rerun's SP all-gather is no parameter gather: it follows its rerun, which hold_rerun
+     * holds already (held again by its consumers it can wait on a backward that waits on the
+     * expert-parallel rerun it feeds: a cycle) */
+    if (n->purpose == IR_COMM_TP && n->pass == IR_PASS_R)
+      continue;
     uint32_t first = UINT32_MAX, min_pos = UINT32_MAX;
     for (uint32_t e = adj.out_first[i]; e < adj.out_first[i + 1]; e++) {
       uint32_t c = IR_EDGE(g, adj.out_edges[e])->dst;

@@ -234,7 +234,8 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run moe_zb_ep2_tp2 8 --layout pp=2,dp=2,ep=2,tp=2 --schedule zerobubble --mbs 4 && same moe_zb_ep2_tp2
   run moe_zb_ep2_tp2_sp 8 --layout pp=2,dp=2,ep=2,tp=2,sp --schedule zerobubble --mbs 4 &&
     same moe_zb_ep2_tp2_sp
-  for c in "moe_pp2_tp2_sp 4 pp=2,tp=2,sp" "moe_pp2_dp2_ep2_tp2 8 pp=2,dp=2,ep=2,tp=2"; do
+  for c in "moe_pp2_tp2_sp 4 pp=2,tp=2,sp" "moe_pp2_dp2_ep2_tp2 8 pp=2,dp=2,ep=2,tp=2" \
+    "moe_pp2_dp2_ep2_tp2_sp 8 pp=2,dp=2,ep=2,tp=2,sp"; do
     set -- $c
     [ -s "$T/$1.params" ] || continue
     mbs=8; [ "$2" = 8 ] && mbs=4
@@ -243,12 +244,13 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
       ok || bad "$1: full recomputation is not bit-identical to storing activations"
   done
   # ... and EP 2 x TP 2 under ZB-H1 (the experts' BI after the rerun's TP sums)
-  if [ -s "$T/moe_zb_ep2_tp2.params" ]; then
-    run moe_zb_ep2_tp2_rc 8 --layout pp=2,dp=2,ep=2,tp=2,recompute=full --schedule zerobubble --mbs 4 &&
-      [ "$(losses "$T/moe_zb_ep2_tp2_rc")" = "$(losses "$T/moe_zb_ep2_tp2")" ] &&
-      cmp -s "$T/moe_zb_ep2_tp2_rc.params" "$T/moe_zb_ep2_tp2.params" &&
-      ok || bad "moe_zb_ep2_tp2: full recomputation is not bit-identical to storing activations"
-  fi
+  for c in "moe_zb_ep2_tp2 pp=2,dp=2,ep=2,tp=2" "moe_zb_ep2_tp2_sp pp=2,dp=2,ep=2,tp=2,sp"; do
+    set -- $c
+    [ -s "$T/$1.params" ] || continue
+    run $1_rc 8 --layout $2,recompute=full --schedule zerobubble --mbs 4 &&
+      [ "$(losses "$T/$1_rc")" = "$(losses "$T/$1")" ] && cmp -s "$T/$1_rc.params" "$T/$1.params" &&
+      ok || bad "$1: full recomputation is not bit-identical to storing activations"
+  done
   run pp2_dp2_ep2 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4 && same pp2_dp2_ep2
   run zero1 4 --base-schedule $BS/pp2_dp2_ep2_zero1.json --schedule 1f1b --ranks 2 --mbs 4 && same zero1
   run zero2 4 --base-schedule $BS/pp2_dp2_ep2_zero2.json --schedule 1f1b --ranks 2 --mbs 4 && same zero2

@@ -106,6 +106,7 @@ plans=(
   # ... under full recomputation: the rerun's dispatch and combine over the devices of one TP
   # rank, the rerun's expert outputs summed over the TP group through the TP node's buffer
   "moe_ep2_tp2_rc 8 $MOE --layout pp=2,dp=2,ep=2,tp=2,recompute=full --schedule 1f1b --mbs 2"
+  "moe_ep2_tp2_sp_rc 8 $MOE --layout pp=2,dp=2,ep=2,tp=2,sp,recompute=full --schedule 1f1b --mbs 2"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 for p in "${plans[@]}"; do
