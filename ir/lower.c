@@ -507,13 +507,15 @@ static uint64_t recompute_work(const struct model *m, const struct ir_node *n, u
   return fwd_work + ir_tp_segment_core_bytes(m, n->segment, n->tp_degree);
 }
 
-/* A workspace tensor of instruction i: held while it runs, read by nobody. */
-static void add_work(uint32_t i, uint64_t bytes, struct class_pools *cp) {
+/* A tensor of instruction i that no instruction reads: its workspace (held while it runs) or
+ * an output whose release the memory rule places (instr_bucket). */
+static void add_unread(uint32_t i, uint64_t bytes, enum plan_tensor_kind kind,
+                       struct class_pools *cp) {
   if (!bytes)
     return;
   struct plan_tensor pt = {.bytes = bytes,
                            .producer = i,
-                           .kind = PLAN_TENSOR_WORK,
+                           .kind = kind,
                            .consumer_first = IR_NONE, /* no slot: never matched as an output */
                            .consumer_count = 0};
   g_array_append_val(cp->tensors, pt);
@@ -542,7 +544,7 @@ static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,
   uint64_t bytes = node_work(l->g->model, n, n->pass);
   if (n->recompute != IR_RECOMPUTE_NONE && (n->pass == IR_PASS_F || n->pass == IR_PASS_R))
     bytes = recompute_work(l->g->model, n, node_work(l->g->model, n, IR_PASS_F));
-  add_work(i, bytes, cp);
+  add_unread(i, bytes, PLAN_TENSOR_WORK, cp);
 }
 
 /* An expert-parallel all-to-all's send buffers (ir_ep_a2a_work_bytes), released when it ends.
@@ -559,7 +561,7 @@ static void instr_a2a_work(struct lower *l, uint32_t i, uint32_t x, struct class
             dn->segment == n->segment;
   }
   uint64_t bytes = ir_ep_a2a_work_bytes(l->g->model, n, into);
-  add_work(i, bytes, cp);
+  add_unread(i, bytes, PLAN_TENSOR_WORK, cp);
 }
 
 /* A ZeRO-2/3 gradient reduce-scatter's input: the bucket's gradients summed whole (padded to
@@ -575,14 +577,7 @@ static void instr_bucket(struct lower *l, uint32_t i, const struct ir_node *n,
   uint64_t dtype = model_dtype_bytes(l->g->model->dtype);
   uint64_t P = IR_SEGSET(l->g, n->segset)->param_bytes / dtype;
   uint64_t N = n->replica_degree ? n->replica_degree : 1;
-  struct plan_tensor pt = {.bytes = (P + N - 1) / N * N * dtype,
-                           .producer = i,
-                           .kind = PLAN_TENSOR_OUT,
-                           .consumer_first = IR_NONE, /* no slot: never matched as an output */
-                           .consumer_count = 0};
-  g_array_append_val(cp->tensors, pt);
-  uint32_t t = cp->tensors->len - 1;
-  g_array_append_val(cp->writes, t);
+  add_unread(i, (P + N - 1) / N * N * dtype, PLAN_TENSOR_OUT, cp);
 }
 
 /* Instruction i's tensors: one per distinct output slot with a local consumer, and its
