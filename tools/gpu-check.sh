@@ -20,14 +20,15 @@
 # --dry-run: no GPU needed: builds as configured, then runs every step's host-side part (the
 # host reference runs, the reduced llama model, simulate -> compare against a host run of the
 # same plan) so the script's plumbing is checked where no GPU is (tests/cli/test_cuda.sh runs
-# it with GPU_CHECK_SKIP_BUILD=1, which skips the build).
+# it with GPU_CHECK_SKIP_BUILD=1, which skips the build). GPU_CHECK_SKIP_BUILD=1 on a GPU uses a
+# tree built beforehand, which must list the cuda backend.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 DRY=0
 case ${1:-} in
   --dry-run) DRY=1 ;;
   "") ;;
-  -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "gpu-check.sh: error: unknown argument $1" >&2; exit 2 ;;
 esac
 OUT=${OUT:-out/gpu-check}
@@ -80,7 +81,12 @@ fi
 build() {
   local tb
   tb=$(date +%s)
-  if [ "$DRY" = 1 ] && [ -n "${GPU_CHECK_SKIP_BUILD:-}" ]; then
+  if [ -n "${GPU_CHECK_SKIP_BUILD:-}" ]; then
+    # a tree built elsewhere (a login node, or here before): it must hold the cuda backend
+    if [ "$DRY" = 0 ] && ! { [ -x build/gpu/check_kernels ] && $EXEC --list-backends | grep -q '^cuda'; }; then
+      fail "build: GPU_CHECK_SKIP_BUILD is set but the tree holds no cuda backend (make CUDA_ARCH=sm_$cap all)"
+      exit 1
+    fi
     say "skip: build (GPU_CHECK_SKIP_BUILD: the tree is built)"
     return
   fi
