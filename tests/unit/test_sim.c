@@ -219,6 +219,20 @@ static void test_roofline_and_table(void **state) {
   assert_int_equal(ce.measured_ops, same);
   test_assert_near(ce.seconds, rest + same * 2 * MS, 0, 1e-12, "extrapolated");
   profile_free(p);
+  /* host_ms (GPU profiles): an op takes the longer of its kernels and its enqueueing */
+  for (int slow_host = 0; slow_host <= 1; slow_host++) {
+    snprintf(buf, sizeof buf,
+             "%.*s,\"measured\":[{\"op\":\"%s\",\"pass\":\"F\",\"shape\":[%s],\"ms\":1,"
+             "\"host_ms\":%s}]}",
+             (int)strlen(plain_profile) - 1, plain_profile, model_op_kind_name(op->kind),
+             shape_lo->str, slow_host ? "3" : "0.5");
+    p = profile_from(buf, &err);
+    if (!p)
+      fail_msg("%s", err->message);
+    struct profile_cost ch = profile_compute_cost(p, m, s, IR_PASS_F, 1);
+    test_assert_near(ch.seconds, rest + same * (slow_host ? 6 : 2) * MS, 0, 1e-12, "host_ms");
+    profile_free(p);
+  }
   g_string_free(shape_lo, TRUE);
   g_string_free(shape_hi, TRUE);
   model_free(m);
