@@ -9,6 +9,7 @@
  * failure fails the stream it was enqueued on, and the runner reports it. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../base/assert.h"
@@ -792,6 +793,14 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dpar
  * recompute the logits and dlogits (split schedules run them apart); B recomputes them once
  * per chunk and feeds both dh and dparams from them. ---------------------------------------- */
 
+/* Rows per chunk. PIPER_CUDA_HEAD_ROWS=N forces N: gpu-check runs the kernel checks with a few
+ * rows, so that the multi-chunk path (a partial last chunk, dparams summed over chunks) is
+ * checked against the host at the checks' small T, which the rule puts in one chunk. */
+static int head_rows(int T, int V) {
+  const char *forced = getenv("PIPER_CUDA_HEAD_ROWS");
+  return exec_gpu_head_chunk_rows(T, V, forced ? atoi(forced) : 0);
+}
+
 static void head_logits(struct exec_stream *s, float *out, const float *h, const float *params,
                         enum kernels_lm_head_layout layout, int n, int C, int V) {
   if (layout == KERNELS_LM_HEAD_TIED)
@@ -816,7 +825,7 @@ static float *head_buffer(struct exec_stream *s, size_t floats) {
 static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
                                    const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, int T, int C, int V) {
-  int rows = exec_gpu_head_chunk_rows(T, V);
+  int rows = head_rows(T, V);
   float *chunk = head_buffer(s, (size_t)rows * V);
   float *rowloss = chunk ? head_buffer(s, (size_t)T) : NULL;
   for (int t0 = 0; rowloss && t0 < T; t0 += rows) {
@@ -839,7 +848,7 @@ static void head_backward(struct exec_stream *s, float *dh, float *dparams, cons
                           const float *h, const int32_t *targets, const float *params,
                           enum kernels_lm_head_layout layout, float dloss, int T, int C, int V,
                           bool accumulate) {
-  int rows = exec_gpu_head_chunk_rows(T, V);
+  int rows = head_rows(T, V);
   float *dl = head_buffer(s, (size_t)rows * V);
   float beta = accumulate ? 1.0f : 0.0f;
   bool tied = layout == KERNELS_LM_HEAD_TIED;

@@ -10,7 +10,7 @@
  *   uint32_t members[3] = {4, 6, 7};
  *   struct exec_gpu_comm_rank r = exec_gpu_comm_rank(members, 3, 6); // rank 1 of 3, root 4
  *   int ctas = exec_gpu_cta_limit(0.25, 132);    // 33 CTAs for a quarter of an H100's SMs
- *   int rows = exec_gpu_head_chunk_rows(4096, 128256); // 2092: llama3's LM head in 2 chunks
+ *   int rows = exec_gpu_head_chunk_rows(4096, 128256, 0); // 2092: llama3's LM head in 2 chunks
  */
 #ifndef PIPER_EXEC_GPU_LAYOUT_H
 #define PIPER_EXEC_GPU_LAYOUT_H
@@ -67,9 +67,10 @@ int exec_gpu_green_sms(double sm_share, int n_sms, int min_count);
  * be compute-bound on an H100/H200 (~200 FLOP per byte of HBM), and n >= 1024 keeps the GEMM
  * tiles full. 1 GiB: llama3's V = 128256 gives 2092 rows (seq 4096 in 2 chunks, against 32
  * of 130 rows before), a transient 1.07 GB chunk plus its 0.54 GB bf16 copy in the stream's
- * GEMM scratch; tiny models (T small) get one chunk of T rows. */
+ * GEMM scratch; tiny models (T small) get one chunk of T rows. forced > 0 asks for that many
+ * rows instead (PIPER_CUDA_HEAD_ROWS: the kernel checks' small T in several chunks), at most T. */
 #define EXEC_GPU_HEAD_CHUNK_BYTES ((size_t)1 << 30)
 #define EXEC_GPU_HEAD_MIN_ROWS 1024
-int exec_gpu_head_chunk_rows(int T, int V);
+int exec_gpu_head_chunk_rows(int T, int V, int forced);
 
 #endif

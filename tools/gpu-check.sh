@@ -5,7 +5,8 @@
 # is failed unrun); writes its report, traces and profile under $OUT (default out/gpu-check)
 # and exits non-zero when a check fails.
 #   (a) every CUDA kernel against the host reference kernels, F, BI and BW apart, with fp32
-#       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why);
+#       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why), and
+#       again with the LM head in 7-row chunks (PIPER_CUDA_HEAD_ROWS: its multi-chunk path);
 #   (b) tiny-moe, 20 steps: one GPU (fp32 GEMMs, as the model is fp32; and bf16 GEMMs), and 4
 #       ranks PP2 x DP2 x EP2 dualpipev sharing the GPU (host-staged MPI), against the host
 #       backend's losses step by step; then the issue's "a dualpipev plan no slower than the
@@ -34,7 +35,7 @@ DRY=0
 case ${1:-} in
   --dry-run) DRY=1 ;;
   "") ;;
-  -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "gpu-check.sh: error: unknown argument $1" >&2; exit 2 ;;
 esac
 OUT=${OUT:-out/gpu-check}
@@ -125,6 +126,16 @@ check_kernels() {
       grep '^FAIL' "$OUT/kernels-$g.txt" | head -20 | tee -a "$REPORT"
     fi
   done
+  # the checks' T (32 rows) is one LM-head chunk under the chunk rule: 7-row chunks (5, the last
+  # partial) check the multi-chunk path, dparams summed over chunks, against the host too
+  in_budget "(a) kernels, LM head in 7-row chunks" || return
+  if PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_ROWS=7 timeout 90 build/gpu/check_kernels \
+    > "$OUT/kernels-head-chunks.txt" 2>&1; then
+    ok "(a) kernels vs host reference, bf16 GEMMs, LM head in 7-row chunks: $(tail -1 "$OUT/kernels-head-chunks.txt")"
+  else
+    fail "(a) kernels, LM head in 7-row chunks: $(tail -1 "$OUT/kernels-head-chunks.txt")"
+    grep '^FAIL' "$OUT/kernels-head-chunks.txt" | head -20 | tee -a "$REPORT"
+  fi
 }
 
 # ---- (b) tiny-moe losses against the host backend ------------------------------------------

@@ -111,8 +111,7 @@ static bool cuda_op_init(struct cuda_op *o, struct gpu *g, const struct model *m
   /* the optimizer's block is a weight store in piper-exec (k_adamw_step): without one, every
    * GEMM would convert its whole weight to bf16 (the LM head's 525 M elements once per chunk) */
   if (b->params && exec_cuda_kernels_context->bf16_gemm)
-    exec_wcache_add_store(&exec_cuda_kernels_context->wcache, b->params,
-                          z.params * sizeof(float));
+    exec_wcache_add_store(&exec_cuda_kernels_context->wcache, b->params, z.params * sizeof(float));
   b->dparams = device_floats(g, z.params, 0, 0);
   b->in0 = device_floats(g, z.in, 2, 1.0f);
   b->dout = device_floats(g, z.out, 3, 1.0f);
