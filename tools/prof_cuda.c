@@ -6,9 +6,9 @@
  * weight store of the bf16 weight cache: GEMMs of bf16 models read the weights' bf16 copy,
  * made once (in the warm-up) and reused, so an entry leaves out the copy's making, which the
  * executor does once per optimizer step (in the first GEMM after it); that cost is printed
- * apart, per op. Then the GEMM rate in bf16 and fp32, a device
- * copy's bandwidth, fused AdamW at 4 sizes, the host thread's cost per enqueued instruction,
- * and under mpirun (one GPU per rank) NCCL's point-to-point and collectives over sizes and
+ * apart, per op. Then the GEMM rate in bf16 (weights' copies reused, as in a step) and fp32,
+ * a device copy's bandwidth, fused AdamW at 4 sizes, the host thread's cost per enqueued
+ * instruction, and under mpirun (one GPU per rank) NCCL's point-to-point and collectives over sizes and
  * group sizes, fitted as the host profiler fits MPI's. Without a usable GPU the backend's
  * start fails and that one line (naming the CUDA error) is the program's error. */
 #ifdef HAVE_CUDA
