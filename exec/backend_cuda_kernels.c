@@ -9,12 +9,14 @@
  * failure fails the stream it was enqueued on, and the runner reports it. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../base/assert.h"
 #include "../base/base.h"
 #include "../kernels/kernels_cuda.h"
 #include "cuda-impl.h"
+#include "gpu_layout.h"
 
 struct cuda_context *exec_cuda_kernels_context;
 
@@ -785,14 +787,18 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dpar
 }
 
 /* ---- LM head + cross-entropy (kernels/loss.c): the host's saved layout (each row's max logit
- * and 1 / sum of exp, O(T)). F, BI and BW compute the logits a chunk of rows at a time in
- * stream-ordered scratch (BI and BW recompute them and the dlogits), so no [T, V] buffer lives
- * past a kernel. ------------------------------------------------------------------------- */
+ * and 1 / sum of exp, O(T)). F, BI, BW and B compute the logits a chunk of rows at a time in
+ * stream-ordered scratch (exec_gpu_head_chunk_rows: about 1 GiB, at least 1024 rows, so the
+ * chunk GEMMs run at GEMM speed), so no [T, V] buffer lives past a kernel. BI and BW each
+ * recompute the logits and dlogits (split schedules run them apart); B recomputes them once
+ * per chunk and feeds both dh and dparams from them. ---------------------------------------- */
 
-/* Rows per chunk: about 64 MiB of logits (at least one row, at most T). */
-static int head_chunk_rows(int T, int V) {
-  size_t rows = ((size_t)16 << 20) / (size_t)(V > 0 ? V : 1);
-  return rows < 1 ? 1 : rows > (size_t)T ? T : (int)rows;
+/* Rows per chunk. PIPER_CUDA_HEAD_ROWS=N forces N: gpu-check runs the kernel checks with a few
+ * rows, so that the multi-chunk path (a partial last chunk, dparams summed over chunks) is
+ * checked against the host at the checks' small T, which the rule puts in one chunk. */
+static int head_rows(int T, int V) {
+  const char *forced = getenv("PIPER_CUDA_HEAD_ROWS");
+  return exec_gpu_head_chunk_rows(T, V, forced ? atoi(forced) : 0);
 }
 
 static void head_logits(struct exec_stream *s, float *out, const float *h, const float *params,
@@ -819,7 +825,7 @@ static float *head_buffer(struct exec_stream *s, size_t floats) {
 static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
                                    const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, int T, int C, int V) {
-  int rows = head_chunk_rows(T, V);
+  int rows = head_rows(T, V);
   float *chunk = head_buffer(s, (size_t)rows * V);
   float *rowloss = chunk ? head_buffer(s, (size_t)T) : NULL;
   for (int t0 = 0; rowloss && t0 < T; t0 += rows) {
@@ -835,26 +841,28 @@ static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *sa
     cudaFreeAsync(chunk, st_of(s));
 }
 
-/* dh rows (BI) or dparams (BW) from the dlogits, recomputed a chunk of rows at a time */
+/* dh rows (BI, when dh), dparams (BW, when dparams) or both (B) from the dlogits, recomputed a
+ * chunk of rows at a time: once per chunk whichever of them is asked for. dparams
+ * accumulates over the chunks, in the same order whether BW runs alone or within B. */
 static void head_backward(struct exec_stream *s, float *dh, float *dparams, const float *saved,
                           const float *h, const int32_t *targets, const float *params,
                           enum kernels_lm_head_layout layout, float dloss, int T, int C, int V,
                           bool accumulate) {
-  int rows = head_chunk_rows(T, V);
+  int rows = head_rows(T, V);
   float *dl = head_buffer(s, (size_t)rows * V);
   float beta = accumulate ? 1.0f : 0.0f;
+  bool tied = layout == KERNELS_LM_HEAD_TIED;
   for (int t0 = 0; dl && t0 < T; t0 += rows) {
     int n = T - t0 < rows ? T - t0 : rows;
     const float *hc = h + (size_t)t0 * C;
     head_logits(s, dl, hc, params, layout, n, C, V);
     kc_xent_backward(dl, saved, targets, t0, n, T, V, dloss / (float)T, st_of(s));
-    bool tied = layout == KERNELS_LM_HEAD_TIED;
     if (dh)
       gemm(s, false, !tied, n, C, V, 1.0f, dl, V, params, tied ? C : V, beta, dh + (size_t)t0 * C,
            C);
-    else if (tied)
+    if (dparams && tied)
       gemm(s, true, false, V, C, n, 1.0f, dl, V, hc, C, 1.0f, dparams, C);
-    else
+    else if (dparams)
       gemm(s, true, false, C, V, n, 1.0f, hc, C, dl, V, 1.0f, dparams, V);
   }
   if (dl)
@@ -879,14 +887,13 @@ static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams
   head_backward(s, NULL, dparams, saved, h, targets, params, layout, dloss, T, C, V, false);
 }
 
+/* The fused pass: one recompute per chunk for both gradients (BI then BW would make two). */
 static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
                                     const float *saved, const float *h, const int32_t *targets,
                                     const float *params, enum kernels_lm_head_layout layout,
                                     float dloss, int T, int C, int V, bool accumulate) {
-  k_lm_head_loss_backward_input(s, dh, bwork, saved, h, targets, params, layout, dloss, T, C, V,
-                                accumulate);
-  k_lm_head_loss_backward_weight(s, dparams, bwork, saved, h, targets, params, layout, dloss, T, C,
-                                 V);
+  (void)bwork;
+  head_backward(s, dh, dparams, saved, h, targets, params, layout, dloss, T, C, V, accumulate);
 }
 
 static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,

@@ -63,6 +63,18 @@ int exec_gpu_green_sms(double sm_share, int n_sms, int min_count) {
   return sms > n_sms ? n_sms : sms;
 }
 
+int exec_gpu_head_chunk_rows(int T, int V, int forced) {
+  PIPER_ASSERT(T >= 0 && V >= 0);
+  size_t rows = EXEC_GPU_HEAD_CHUNK_BYTES / (sizeof(float) * (size_t)(V > 0 ? V : 1));
+  if (forced > 0)
+    rows = (size_t)forced;
+  else if (rows < EXEC_GPU_HEAD_MIN_ROWS)
+    rows = EXEC_GPU_HEAD_MIN_ROWS;
+  if (rows > (size_t)T)
+    rows = (size_t)T;
+  return rows < 1 ? 1 : (int)rows;
+}
+
 /* ---- serial progress ------------------------------------------------------------------- */
 
 struct serial {

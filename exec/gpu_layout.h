@@ -1,7 +1,8 @@
 /* gpu_layout: the decisions of the cuda backend that need no GPU, kept apart so that they are
  * tested on machines without one: which GPU a rank uses, whether ranks share a GPU (then
  * NCCL cannot be used between them), how a communicator's members map to NCCL ranks and who
- * makes its unique id, and how a stream's sm_share becomes a CTA limit or an SM count.
+ * makes its unique id, how a stream's sm_share becomes a CTA limit or an SM count, and how many
+ * rows of logits the LM head computes at a time.
  *
  *   uint8_t uuids[2][16] = {{1}, {1}};           // the GPU each local rank picked
  *   int dev = exec_gpu_pick(1, 2, 1);            // local rank 1 of 2, one GPU visible: 0
@@ -9,6 +10,7 @@
  *   uint32_t members[3] = {4, 6, 7};
  *   struct exec_gpu_comm_rank r = exec_gpu_comm_rank(members, 3, 6); // rank 1 of 3, root 4
  *   int ctas = exec_gpu_cta_limit(0.25, 132);    // 33 CTAs for a quarter of an H100's SMs
+ *   int rows = exec_gpu_head_chunk_rows(4096, 128256, 0); // 2092: llama3's LM head in 2 chunks
  */
 #ifndef PIPER_EXEC_GPU_LAYOUT_H
 #define PIPER_EXEC_GPU_LAYOUT_H
@@ -56,5 +58,19 @@ int exec_gpu_cta_limit(double sm_share, int n_sms);
 /* SMs of a green context for a compute stream limited to sm_share: a multiple of the
  * driver's granularity (min_count), at least one granule, at most n_sms; 0 for no limit. */
 int exec_gpu_green_sms(double sm_share, int n_sms, int min_count);
+
+/* The LM head's logits chunk (stream-ordered scratch of [rows, V] fp32, not a plan tensor):
+ * about EXEC_GPU_HEAD_CHUNK_BYTES of logits, but never under EXEC_GPU_HEAD_MIN_ROWS rows; at
+ * most T, at least 1. Why these sizes: each chunk's GEMMs read the whole [C, V] weight (bf16)
+ * and BW reads and writes the whole [C, V] fp32 dparams, so a chunk of n rows does 2 n C V
+ * FLOPs against 8 C V bytes of dparams traffic: n / 4 FLOP per byte, which needs n >~ 800 to
+ * be compute-bound on an H100/H200 (~200 FLOP per byte of HBM), and n >= 1024 keeps the GEMM
+ * tiles full. 1 GiB: llama3's V = 128256 gives 2092 rows (seq 4096 in 2 chunks, against 32
+ * of 130 rows before), a transient 1.07 GB chunk plus its 0.54 GB bf16 copy in the stream's
+ * GEMM scratch; tiny models (T small) get one chunk of T rows. forced > 0 asks for that many
+ * rows instead (PIPER_CUDA_HEAD_ROWS: the kernel checks' small T in several chunks), at most T. */
+#define EXEC_GPU_HEAD_CHUNK_BYTES ((size_t)1 << 30)
+#define EXEC_GPU_HEAD_MIN_ROWS 1024
+int exec_gpu_head_chunk_rows(int T, int V, int forced);
 
 #endif

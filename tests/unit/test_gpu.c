@@ -437,6 +437,30 @@ static void test_gpu_sm_share(void **state) {
   assert_int_equal(exec_gpu_green_sms(0.01, 132, 8), 8);
 }
 
+/* The LM head's chunk rule: llama3's vocabulary in 2092-row chunks (1 GiB of fp32 logits, a
+ * seq of 4096 in 2 chunks, not the 32 of the old 64 MiB rule); a vocabulary too large for
+ * 1024 rows in the budget still gets 1024 (the GEMMs' and dparams' efficiency floor); small
+ * models one chunk of all T rows; never 0 rows, whatever T and V; a forced count as asked. */
+static void test_gpu_head_chunk_rows(void **state) {
+  (void)state;
+  assert_int_equal(exec_gpu_head_chunk_rows(4096, 128256, 0), 2092);
+  assert_true((size_t)2092 * 128256 * sizeof(float) <= EXEC_GPU_HEAD_CHUNK_BYTES);
+  assert_true((size_t)2093 * 128256 * sizeof(float) > EXEC_GPU_HEAD_CHUNK_BYTES);
+  int rows = exec_gpu_head_chunk_rows(4096, 128256, 0);
+  assert_int_equal((4096 + rows - 1) / rows, 2);
+  assert_int_equal(exec_gpu_head_chunk_rows(1 << 20, 1 << 20, 0), EXEC_GPU_HEAD_MIN_ROWS);
+  assert_int_equal(exec_gpu_head_chunk_rows(1 << 20, 32000, 0), 8388);
+  assert_int_equal(exec_gpu_head_chunk_rows(32, 101, 0), 32);
+  assert_int_equal(exec_gpu_head_chunk_rows(1000, 128256, 0), 1000);
+  assert_int_equal(exec_gpu_head_chunk_rows(1, 1, 0), 1);
+  assert_int_equal(exec_gpu_head_chunk_rows(0, 128256, 0), 1);
+  assert_int_equal(exec_gpu_head_chunk_rows(5000, 0, 0), 5000);
+  /* forced (PIPER_CUDA_HEAD_ROWS): as asked, even under the floor, at most T */
+  assert_int_equal(exec_gpu_head_chunk_rows(32, 101, 7), 7);
+  assert_int_equal(exec_gpu_head_chunk_rows(4096, 128256, 100), 100);
+  assert_int_equal(exec_gpu_head_chunk_rows(32, 101, 64), 32);
+}
+
 /* ---- device times into trace.json ------------------------------------------------------ */
 
 /* A backend that says when each task's work ran (as the cuda backend does from its events):
@@ -784,6 +808,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_comm_layout),
       cmocka_unit_test(test_gpu_serial_progress),
       cmocka_unit_test(test_gpu_sm_share),
+      cmocka_unit_test(test_gpu_head_chunk_rows),
       cmocka_unit_test(test_gpu_trace_from_device_times),
       cmocka_unit_test(test_gpu_backend_memory_peak),
       cmocka_unit_test(test_gpu_executor_fits_planned_slots),
