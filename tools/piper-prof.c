@@ -446,7 +446,18 @@ static int shape_rank(const struct model_op *op) {
   return n;
 }
 
-void prof_add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass pass,
+/* milliseconds to 4 significant digits: microsecond resolution is below the clocks' noise */
+static cJSON *ms4(double seconds) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.4g", seconds * 1e3);
+  return cJSON_CreateNumber(strtod(buf, NULL));
+}
+
+void prof_entry_host_ms(cJSON *entry, double seconds) {
+  cJSON_AddItemToObject(entry, "host_ms", ms4(seconds));
+}
+
+cJSON *prof_add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass pass,
                       double seconds) {
   cJSON *e = cJSON_CreateObject();
   cJSON_AddStringToObject(e, "op", model_op_kind_name(op->kind));
@@ -454,12 +465,10 @@ void prof_add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass 
   cJSON *shape = cJSON_AddArrayToObject(e, "shape");
   for (int i = 0; i < shape_rank(op); i++)
     cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)op->shape[i]));
-  /* microseconds resolution is below the clock's noise; keep 4 significant digits */
-  char buf[32];
-  snprintf(buf, sizeof buf, "%.4g", seconds * 1e3);
-  cJSON_AddItemToObject(e, "ms", cJSON_CreateNumber(strtod(buf, NULL)));
+  cJSON_AddItemToObject(e, "ms", ms4(seconds));
   cJSON_AddItemToArray(r->measured, e);
   r->n_entries++;
+  return e;
 }
 
 /* Bytes of every buffer op_bench_init allocates for the op (an upper bound); the CUDA

@@ -79,8 +79,11 @@ double prof_op_bench_bytes(const struct model *m, const struct model_op *op);
 bool prof_op_has_kernel(enum model_op_kind k);
 /* Whether the executor runs anything for (kind, pass). */
 bool prof_pass_runs(enum model_op_kind k, enum ir_pass pass);
-void prof_add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass pass,
-                    double seconds);
+/* Appends a "measured" entry (seconds as "ms"); returns it for optional keys. */
+cJSON *prof_add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass pass,
+                      double seconds);
+/* Sets an entry's "host_ms": the host thread's time to enqueue the op (GPU profiles). */
+void prof_entry_host_ms(cJSON *entry, double seconds);
 /* Median seconds per instruction (a no-op task and an event record) through backend b. */
 struct exec_backend;
 double prof_instruction_cost(struct exec_backend *b, uint32_t n, GError **err);

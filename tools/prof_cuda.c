@@ -2,7 +2,9 @@
  * Every distinct (op kind, shape) of the models runs through the cuda backend's kernel table
  * for F, BI, BW and B, each call one task on one stream; the backend records a CUDA event
  * before and after every task (the clock of piper-exec's trace), and an entry is the median
- * of those times over repeats after warm-up. As in a training step, an op's parameters are a
+ * of those times over repeats after warm-up; "host_ms" is the median time this thread took to
+ * enqueue the call (the simulator takes the longer of the two: a small op on a large GPU
+ * waits for its enqueueing). As in a training step, an op's parameters are a
  * weight store of the bf16 weight cache: GEMMs of bf16 models read the weights' bf16 copy,
  * made once (in the warm-up) and reused, so an entry leaves out the copy's making, which the
  * executor does once per optimizer step (in the first GEMM after it); that cost is printed
@@ -35,14 +37,30 @@ struct gpu {
 
 typedef bool (*gpu_task_fn)(struct exec_stream *s, void *arg, GError **err);
 
+static double median_of(double *t, uint32_t m) {
+  qsort(t, m, sizeof *t, piper_cmp_double);
+  return m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]);
+}
+
 /* Median GPU seconds of one task: `warmup` untimed tasks, then `n` timed ones (task ids
- * 0 .. n-1: the backend's events around each), all enqueued before one wait. */
-static bool gpu_median(struct gpu *g, uint32_t warmup, uint32_t n, gpu_task_fn fn, void *arg,
-                       double *out, GError **err) {
+ * 0 .. n-1: the backend's events around each), all enqueued before one wait. host_out, when
+ * not NULL, gets the median host seconds of enqueueing one timed task (submit runs the task
+ * on this thread: cuBLASLt's setup, the launches, a wait where the task needs a value on the
+ * CPU; a full launch queue makes it wait for the GPU, so it is never far below the GPU's
+ * time when the GPU is the slower side). */
+static bool gpu_median_host(struct gpu *g, uint32_t warmup, uint32_t n, gpu_task_fn fn,
+                            void *arg, double *out, double *host_out, GError **err) {
   for (uint32_t i = 0; i < warmup; i++)
     exec_stream_submit(g->b, g->s, fn, arg, UINT32_MAX);
-  for (uint32_t i = 0; i < n; i++)
+  double *h = g_new(double, n ? n : 1);
+  for (uint32_t i = 0; i < n; i++) {
+    double t0 = piper_clock_seconds();
     exec_stream_submit(g->b, g->s, fn, arg, i);
+    h[i] = piper_clock_seconds() - t0;
+  }
+  if (host_out && n)
+    *host_out = median_of(h, n);
+  g_free(h);
   exec_event_record(g->b, g->done, g->s);
   if (!exec_event_synchronize(g->b, g->done, 600))
     return piper_runtime_error(err, "piper-prof: the GPU did not finish a measurement in 600 s");
@@ -63,10 +81,14 @@ static bool gpu_median(struct gpu *g, uint32_t warmup, uint32_t n, gpu_task_fn f
     g_free(t);
     return piper_runtime_error(err, "piper-prof: the cuda backend gave no event times");
   }
-  qsort(t, m, sizeof *t, piper_cmp_double);
-  *out = m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]);
+  *out = median_of(t, m);
   g_free(t);
   return true;
+}
+
+static bool gpu_median(struct gpu *g, uint32_t warmup, uint32_t n, gpu_task_fn fn, void *arg,
+                       double *out, GError **err) {
+  return gpu_median_host(g, warmup, n, fn, arg, out, NULL, err);
 }
 
 /* ---- device buffers ---------------------------------------------------------------------- */
@@ -337,16 +359,16 @@ static bool measure_op(struct prof_run *r, struct gpu *g, const struct model *m,
   if (!ok)
     ok = piper_runtime_error(err, "piper-prof: no device memory for %s's buffers",
                              model_op_kind_name(op->kind));
-  double t[4] = {0}, copies = 0;
+  double t[4] = {0}, host[4] = {0}, copies = 0;
   uint32_t n = r->a->quick ? 5 : r->a->repeats;
   /* at least one untimed call: it makes the weights' bf16 copies */
   uint32_t warmup = r->a->warmup ? r->a->warmup : 1;
   for (size_t p = 0; ok && p < G_N_ELEMENTS(passes); p++) {
     o.b.pass = passes[p];
     if (prof_pass_runs(op->kind, o.b.pass))
-      ok = gpu_median(g, warmup, n, op_task, &o, &t[p], err);
+      ok = gpu_median_host(g, warmup, n, op_task, &o, &t[p], &host[p], err);
     if (ok)
-      prof_add_entry(r, op, o.b.pass, t[p]);
+      prof_entry_host_ms(prof_add_entry(r, op, o.b.pass, t[p]), host[p]);
   }
   if (ok && prof_pass_runs(op->kind, IR_PASS_F))
     ok = weight_copy_cost(r, g, &o, t[0], &copies, err);
@@ -354,9 +376,9 @@ static bool measure_op(struct prof_run *r, struct gpu *g, const struct model *m,
   if (ok)
     prof_progress(r,
                   "  %-13s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us  (bf16 weight copy "
-                  "%.1f us per step, not in F)",
+                  "%.1f us per step, not in F; enqueueing F %.1f BI %.1f BW %.1f B %.1f us)",
                   model_op_kind_name(op->kind), t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6,
-                  copies * 1e6);
+                  copies * 1e6, host[0] * 1e6, host[1] * 1e6, host[2] * 1e6, host[3] * 1e6);
   return ok;
 }
 
