@@ -22,7 +22,10 @@
 #       layers' per-op table F / BI / BW / B goes into the report, with the MLP op's MFU alone:
 #       6 T C F FLOPs for F, 12 T C F for B), then simulate -> execute -> compare with that
 #       profile, for tiny-moe on one GPU and for the llama layers of (c) (the prediction errors
-#       are reported, not failed).
+#       are reported, not failed);
+#   (e) the equivalence suite's multi-rank plans of tiny-moe (DP2, PP2 x DP2 x EP2 1F1B, ZeRO-1,
+#       ZeRO-3, ZB-H1, interleaved 1F1B, DualPipe on 4 stages, full recomputation), ranks
+#       sharing the GPU, 10 steps each against the host backend's run of the same plan (1e-4).
 # Usage: tools/gpu-check.sh [--dry-run]   (from anywhere; OUT=DIR chooses where results go)
 # --dry-run: no GPU needed: builds as configured, then runs every step's host-side part (the
 # host reference runs, the reduced llama model, simulate -> compare against a host run of the
@@ -35,13 +38,13 @@ DRY=0
 case ${1:-} in
   --dry-run) DRY=1 ;;
   "") ;;
-  -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "gpu-check.sh: error: unknown argument $1" >&2; exit 2 ;;
 esac
 OUT=${OUT:-out/gpu-check}
 mkdir -p "$OUT" || exit 2
 # run directories of an earlier check go (each run writes a fresh one)
-rm -rf "$OUT"/moe* "$OUT"/llama* "$OUT"/loop* "$OUT"/sim*
+rm -rf "$OUT"/moe* "$OUT"/llama* "$OUT"/loop* "$OUT"/sim* "$OUT"/eq-*
 REPORT="$OUT/report.txt"
 : > "$REPORT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
@@ -426,11 +429,66 @@ check_loop() {
   fi
 }
 
+# ---- (e) the equivalence suite's multi-rank plans, ranks sharing the GPU ------------------
+# Each plan of tiny-moe (an fp32 model: fp32 GEMMs) on the cuda backend against the host
+# backend's run of the same plan, 10 steps, every loss within 1e-4 relative (the one-GPU run
+# of (b) agrees to 1e-7: only summation orders differ). Exercises what the one-device runs do
+# not: ZeRO's sharded stores and gathers, every schedule's point-to-point order, the
+# collectives through host-staged MPI, recomputation's reruns.
+BS=directives/base-schedules
+PLANS=(
+  "dp2|2|--directives $BS/dp2.json --mbs 4"
+  "pp2-dp2-ep2-1f1b|4|--base-schedule $BS/pp2_dp2_ep2.json --schedule 1f1b --ranks 2 --mbs 4"
+  "zero1|4|--base-schedule $BS/pp2_dp2_ep2_zero1.json --schedule 1f1b --ranks 2 --mbs 4"
+  "zero3|4|--base-schedule $BS/pp2_dp2_ep2_zero3.json --schedule 1f1b --ranks 2 --mbs 4"
+  "zb-h1-pp2|2|--layout pp=2 --schedule zerobubble --mbs 8"
+  "interleaved-pp2x2|2|--pp-regions 4 --layout pp=2,interleave=2 --schedule interleaved_1f1b --mbs 4"
+  "dualpipe-pp4|4|--pp-regions 4 --directives $BS/pp4.json --schedule dualpipe --mbs 8"
+  "recompute-full-pp2-dp2-ep2|4|--layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
+)
+same_losses() { # A B RTOL: equal step counts, every loss within RTOL relative
+  python3 - "$1/metrics.json" "$2/metrics.json" "$3" << 'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["losses"]
+b = json.load(open(sys.argv[2]))["losses"]
+worst = max(abs(x - y) / max(abs(x), 1e-6) for x, y in zip(a, b)) if a else 1.0
+print(f"{len(b)} steps, worst {worst:.1e}")
+sys.exit(0 if len(a) == len(b) > 0 and worst <= float(sys.argv[3]) else 1)
+PY
+}
+check_plans() {
+  local spec name np args r
+  for spec in "${PLANS[@]}"; do
+    IFS='|' read -r name np args <<< "$spec"
+    in_budget "(e) $name" || return
+    # shellcheck disable=SC2086 # args is a word list
+    local cmd=(mpirun --oversubscribe -np "$np" $EXEC --model models/tiny-moe.json $args --iters 10
+      --warmup 0 --seed 7 --no-charts)
+    if ! run "eq-$name-host" "${cmd[@]}" --backend host --out "$OUT/eq-$name-host"; then
+      fail "(e) $name: the host run failed: $(tail -2 "$OUT/eq-$name-host.log")"
+      continue
+    fi
+    local other=host
+    [ "$DRY" = 0 ] && other=cuda
+    if [ "$DRY" = 0 ] && ! run "eq-$name-cuda" "${cmd[@]}" --backend cuda --out "$OUT/eq-$name-cuda"; then
+      fail "(e) $name, $np ranks on one GPU: $(tail -2 "$OUT/eq-$name-cuda.log")"
+      continue
+    fi
+    if r=$(same_losses "$OUT/eq-$name-host" "$OUT/eq-$name-$other" 1e-4); then
+      ok "(e) $name, $np ranks$([ "$DRY" = 0 ] && echo ' sharing the GPU = host backend' ||
+        echo ': dry run, the host run against itself'): $r"
+    else
+      fail "(e) $name: losses differ from the host backend's: $r"
+    fi
+  done
+}
+
 build
 check_kernels
 check_training
 check_dualpipev_speed
 check_llama
 check_loop
+check_plans
 say "gpu-check: $fails check(s) failed, $(($(date +%s) - t_start)) s"
 [ "$fails" -eq 0 ]
