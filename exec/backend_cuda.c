@@ -694,7 +694,12 @@ static void cuda_stream_submit(struct exec_stream *s, exec_task_fn fn, void *arg
   struct exec_stream *outer = exec_cuda_current;
   exec_cuda_current = s;
   GError *e = NULL;
+  double h0 = piper_clock_seconds();
   bool ok = fn(s, arg, &e);
+  if (task_id != UINT32_MAX) {
+    b->host_task_s += piper_clock_seconds() - h0;
+    b->host_tasks++;
+  }
   exec_cuda_current = outer;
   nvtxRangePop();
   if (!ok)

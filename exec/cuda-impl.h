@@ -55,6 +55,9 @@ struct cuda_context {
    * everything else (parameters, workspaces, what the carver refuses) first fit above */
   bool carving;
   size_t dyn_base;
+  /* the host thread's time inside instructions' tasks and, of it, carving (the report) */
+  double host_task_s, host_carve_s;
+  uint64_t host_tasks;
   struct exec_arena plan_arena;
   struct exec_arena_carver carver;
   struct plan_tensor *arena_tensors; /* the class's tensors at the bytes the executor holds */

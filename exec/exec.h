@@ -246,7 +246,9 @@ struct exec_backend_ops {
   void (*release)(struct exec_backend *b, void *p);
   /* Optional: a buffer of plan tensor `tensor` (an index into the configured device's class
    * tensors), which a backend may place where its offline plan put the tensor (cuda: the
-   * arena planner's offset); released with release (default: alloc). */
+   * arena planner's offset); released with release (default: alloc). Unlike alloc's, its
+   * contents are undefined: the executor zeroes what must start at zero, and zeroing every
+   * block again costs a launch and the block's bytes of bandwidth per allocation. */
   void *(*alloc_tensor)(struct exec_backend *b, uint32_t tensor, size_t bytes);
   /* Optional: the device memory this process's buffers really spanned at most, where the
    * backend places them itself (cuda: the highest byte of its one allocation in use, the
