@@ -20,11 +20,11 @@ namespace {
 using namespace nvcuda;
 typedef __nv_bfloat16 bf16;
 
-constexpr int kTile = 64;      // queries per query tile = keys per key tile (Br = Bc)
-constexpr int kPadH = 8;       // bf16 row padding (elements): wmma ldm % 8, fewer bank clashes
-constexpr int kPadF = 4;       // fp32 row padding (elements): wmma ldm % 4
-constexpr int kFwdWarps = 4;   // forward: warp w owns query rows 16w .. 16w + 15 of its tile
-constexpr int kBwdWarps = 8;   // backward: 4 row bands x 2 column halves
+constexpr int kTile = 64;           // queries per query tile = keys per key tile (Br = Bc)
+constexpr int kPadH = 8;            // bf16 row padding (elements): wmma ldm % 8, fewer bank clashes
+constexpr int kPadF = 4;            // fp32 row padding (elements): wmma ldm % 4
+constexpr int kFwdWarps = 4;        // forward: warp w owns query rows 16w .. 16w + 15 of its tile
+constexpr int kBwdWarps = 8;        // backward: 4 row bands x 2 column halves
 constexpr int kLdS = kTile + kPadF; // fp32 [64 x 64] score tiles
 constexpr int kLdP = kTile + kPadH; // bf16 [64 x 64] probability tiles
 
@@ -42,8 +42,8 @@ template <bool Row> __device__ const bf16 *at(const bf16 *p, int ld, int r, int 
 // acc[f] += A[r0 .. r0+16, 0 .. K) * B[0 .. K, c0 + 16 f .. + 16): one warp, fp32 accumulation.
 // ARow / BRow: how A and B are stored (a transposed operand is the other layout of its tile).
 template <int NF, bool ARow, bool BRow>
-__device__ void warp_mma(FragAcc (&acc)[NF], const bf16 *A, int lda, const bf16 *B, int ldb,
-                         int r0, int c0, int K) {
+__device__ void warp_mma(FragAcc (&acc)[NF], const bf16 *A, int lda, const bf16 *B, int ldb, int r0,
+                         int c0, int K) {
   typename std::conditional<ARow, FragArow, FragAcol>::type a;
   typename std::conditional<BRow, FragBrow, FragBcol>::type b;
   for (int k = 0; k < K; k += 16) {
@@ -60,8 +60,7 @@ template <int NF> __device__ void zero(FragAcc (&acc)[NF]) {
     wmma::fill_fragment(acc[f], 0.0f);
 }
 
-template <int NF>
-__device__ void store(float *dst, int ld, int r0, int c0, FragAcc (&acc)[NF]) {
+template <int NF> __device__ void store(float *dst, int ld, int r0, int c0, FragAcc (&acc)[NF]) {
   for (int f = 0; f < NF; f++)
     wmma::store_matrix_sync(dst + r0 * ld + c0 + 16 * f, acc[f], ld, wmma::mem_row_major);
 }
@@ -107,7 +106,8 @@ __device__ HeadPtrs head_ptrs(int b, int h, int S, int H, int KVH, int D) {
 
 template <int D> struct FwdSmem {
   static constexpr int kLd = D + kPadH, kLdO = D + kPadF;
-  static constexpr size_t q = 0, k = q + sizeof(bf16) * kTile * kLd, v = k + sizeof(bf16) * kTile * kLd;
+  static constexpr size_t q = 0, k = q + sizeof(bf16) * kTile * kLd,
+                          v = k + sizeof(bf16) * kTile * kLd;
   static constexpr size_t s = v + sizeof(bf16) * kTile * kLd;
   static constexpr size_t p = s + sizeof(float) * kTile * kLdS;
   static constexpr size_t o = p + sizeof(bf16) * kTile * kLdP;
@@ -154,11 +154,15 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
     flash_fwd_k(float *y, float *lse, const float *q, const float *k, const float *v, int S, int H,
                 int KVH, float scale) {
   typedef FwdSmem<D> L;
+  static_assert(L::k % 32 == 0 && L::v % 32 == 0 && L::s % 32 == 0 && L::p % 32 == 0 &&
+                    L::o % 32 == 0,
+                "wmma tiles must start 32-byte aligned");
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *Qs = (bf16 *)(smem + L::q), *Ks = (bf16 *)(smem + L::k), *Vs = (bf16 *)(smem + L::v);
   float *Ss = (float *)(smem + L::s), *Os = (float *)(smem + L::o);
   bf16 *Ps = (bf16 *)(smem + L::p);
-  float *m = (float *)(smem + L::m), *l = (float *)(smem + L::l), *alpha = (float *)(smem + L::alpha);
+  float *m = (float *)(smem + L::m), *l = (float *)(smem + L::l),
+        *alpha = (float *)(smem + L::alpha);
   int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = 16 * warp;
   HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
@@ -229,13 +233,20 @@ template <int D> struct BwdSmem {
   static constexpr size_t q = 0, dy = q + tile, k = dy + tile, v = k + tile;
   // the fp32 scores and dp tiles, or the fp32 staging of a finished [64 x D] result
   static constexpr size_t work = v + tile;
-  static constexpr size_t work_bytes = 2 * sizeof(float) * kTile * kLdS > sizeof(float) * kTile * kLdO
-                                           ? 2 * sizeof(float) * kTile * kLdS
-                                           : sizeof(float) * kTile * kLdO;
+  static constexpr size_t scores_bytes = 2 * sizeof(float) * kTile * kLdS;
+  static constexpr size_t stage_bytes = sizeof(float) * kTile * kLdO;
+  static constexpr size_t work_bytes = scores_bytes > stage_bytes ? scores_bytes : stage_bytes;
   static constexpr size_t p = work + work_bytes, ds = p + sizeof(bf16) * kTile * kLdP;
-  static constexpr size_t lse = ds + sizeof(bf16) * kTile * kLdP, dvec = lse + sizeof(float) * kTile;
+  static constexpr size_t lse = ds + sizeof(bf16) * kTile * kLdP,
+                          dvec = lse + sizeof(float) * kTile;
   static constexpr size_t bytes = dvec + sizeof(float) * kTile;
 };
+
+// sm_80 (A100) grants a block at most 163 KB of shared memory, sm_90 227 KB: the largest
+// variant must fit the smaller.
+constexpr size_t kMaxSmem = 163 * 1024;
+static_assert(FwdSmem<128>::bytes <= kMaxSmem, "forward tiles exceed sm_80's shared memory");
+static_assert(BwdSmem<128>::bytes <= kMaxSmem, "backward tiles exceed sm_80's shared memory");
 
 // The shared tiles of one (query tile, key tile) pair of the backward.
 struct BwdTiles {
@@ -247,6 +258,8 @@ struct BwdTiles {
 
 template <int D> __device__ BwdTiles bwd_tiles(unsigned char *smem) {
   typedef BwdSmem<D> L;
+  static_assert(L::tile % 32 == 0 && L::work % 32 == 0 && L::p % 32 == 0 && L::ds % 32 == 0,
+                "wmma tiles must start 32-byte aligned");
   BwdTiles t;
   t.Qs = (const bf16 *)(smem + L::q);
   t.dYs = (const bf16 *)(smem + L::dy);
@@ -288,8 +301,8 @@ __device__ void load_key_side(unsigned char *smem, const float *k, const float *
 // probabilities, recomputed), dP = dy v^T, dS = P (dP - dvec) scale; P and dS in bf16 for the
 // tensor cores. Masked entries (key after query, either past S) are exactly 0 in both.
 // Starts and ends with the whole block in step.
-template <int D> __device__ void pair_probs_and_grads(const BwdTiles &t, int q0, int k0, int S,
-                                                      float scale) {
+template <int D>
+__device__ void pair_probs_and_grads(const BwdTiles &t, int q0, int k0, int S, float scale) {
   constexpr int kLd = D + kPadH;
   int warp = threadIdx.x / 32, r0 = 16 * (warp % 4), c0 = 32 * (warp / 4);
   FragAcc acc[2];
@@ -352,7 +365,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
   for (int h = kvh * group; h < (kvh + 1) * group; h++) {
     HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
     for (int q0 = k0; q0 < S; q0 += kTile) { // earlier query tiles see none of these keys
-      __syncthreads(); // the previous pair's tiles are no longer read
+      __syncthreads();                       // the previous pair's tiles are no longer read
       load_query_side<D>(smem, q, dy, lse, dvec, hp, q0, S, H);
       __syncthreads();
       pair_probs_and_grads<D>(t, q0, k0, S, scale);
@@ -402,12 +415,12 @@ cudaError_t forward(float *y, float *lse, const float *q, const float *k, const 
                     int S, int H, int KVH, cudaStream_t st) {
   size_t bytes = FwdSmem<D>::bytes;
   // over 48 KB of dynamic shared memory must be asked for (sm_80: up to 163 KB, sm_90: 227 KB)
-  cudaError_t e = cudaFuncSetAttribute(flash_fwd_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)bytes);
+  cudaError_t e =
+      cudaFuncSetAttribute(flash_fwd_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
   if (e != cudaSuccess)
     return e;
   flash_fwd_k<D><<<tiles_grid(S, H, B), kFwdWarps * 32, bytes, st>>>(y, lse, q, k, v, S, H, KVH,
-                                                                       1.0f / sqrtf((float)D));
+                                                                     1.0f / sqrtf((float)D));
   return cudaGetLastError();
 }
 
@@ -428,12 +441,12 @@ cudaError_t backward(float *dq, float *dk, float *dv, float *dvec, const float *
                              (int)bytes);
   if (e != cudaSuccess)
     return e;
-  flash_bwd_kv_k<D><<<tiles_grid(S, KVH, B), kBwdWarps * 32, bytes, st>>>(
-      dk, dv, q, k, v, dy, lse, dvec, S, H, KVH, scale);
+  flash_bwd_kv_k<D><<<tiles_grid(S, KVH, B), kBwdWarps * 32, bytes, st>>>(dk, dv, q, k, v, dy, lse,
+                                                                          dvec, S, H, KVH, scale);
   if ((e = cudaGetLastError()) != cudaSuccess)
     return e;
-  flash_bwd_q_k<D><<<tiles_grid(S, H, B), kBwdWarps * 32, bytes, st>>>(dq, q, k, v, dy, lse,
-                                                                        dvec, S, H, KVH, scale);
+  flash_bwd_q_k<D><<<tiles_grid(S, H, B), kBwdWarps * 32, bytes, st>>>(dq, q, k, v, dy, lse, dvec,
+                                                                       S, H, KVH, scale);
   return cudaGetLastError();
 }
 
@@ -445,19 +458,15 @@ bool kc_flash_attention_supported(int head_dim, int heads, int kv_heads) {
 }
 
 cudaError_t kc_flash_attention_forward(float *y, float *lse, const float *q, const float *k,
-                                       const float *v, int batch, int seq, int heads,
-                                       int kv_heads, int head_dim, cudaStream_t st) {
+                                       const float *v, int batch, int seq, int heads, int kv_heads,
+                                       int head_dim, cudaStream_t st) {
   if (!batch || !seq || !heads)
     return cudaSuccess;
   switch (head_dim) {
-  case 32:
-    return forward<32>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
-  case 64:
-    return forward<64>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
-  case 128:
-    return forward<128>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
-  default:
-    return cudaErrorInvalidValue;
+  case 32: return forward<32>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
+  case 64: return forward<64>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
+  case 128: return forward<128>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
+  default: return cudaErrorInvalidValue;
   }
 }
 
@@ -475,7 +484,6 @@ cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, float *
     return backward<64>(dq, dk, dv, dvec, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
   case 128:
     return backward<128>(dq, dk, dv, dvec, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
-  default:
-    return cudaErrorInvalidValue;
+  default: return cudaErrorInvalidValue;
   }
 }

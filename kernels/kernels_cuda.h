@@ -63,8 +63,8 @@ bool kc_flash_attention_supported(int head_dim, int heads, int kv_heads);
 /* y, lse <- q, k, v (lse: the natural-log log-sum-exp of the row's scaled scores, as
  * kc_causal_softmax) */
 cudaError_t kc_flash_attention_forward(float *y, float *lse, const float *q, const float *k,
-                                       const float *v, int batch, int seq, int heads,
-                                       int kv_heads, int head_dim, cudaStream_t stream);
+                                       const float *v, int batch, int seq, int heads, int kv_heads,
+                                       int head_dim, cudaStream_t stream);
 /* dq, dk, dv (=, not +=) <- q, k, v, y, dy, lse; dvec: B*heads*S floats of scratch */
 cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, float *dvec,
                                         const float *q, const float *k, const float *v,

@@ -234,20 +234,14 @@ static void check_attention(struct check *c) {
   struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
   struct kernels_attention_dims small = {B, S, H, KV, D, C, 10000.0f, &sc, NULL};
   check_attention_shape(c, "", small);
-  const struct {
-    int batch, seq, heads, kv_heads, head_dim;
-    const char *label;
-  } shapes[] = {
-      {1, 256, 8, 2, 64, "S256 H8/2 D64"},
-      {2, 200, 8, 2, 128, "B2 S200 H8/2 D128"},
-      {3, 40, 4, 1, 32, "B3 S40 H4/1 D32"},
+  const struct kernels_attention_dims shapes[] = {
+      {1, 256, 8, 2, 64, 128, 500000.0f, &sc, NULL},
+      {2, 200, 8, 2, 128, 128, 500000.0f, &sc, NULL},
+      {3, 40, 4, 1, 32, 128, 500000.0f, &sc, NULL},
   };
-  for (size_t i = 0; i < G_N_ELEMENTS(shapes); i++) {
-    struct kernels_attention_dims d = {shapes[i].batch, shapes[i].seq,      shapes[i].heads,
-                                       shapes[i].kv_heads, shapes[i].head_dim, 128,
-                                       500000.0f,       &sc,                NULL};
-    check_attention_shape(c, shapes[i].label, d);
-  }
+  const char *labels[] = {"S256 H8/2 D64", "B2 S200 H8/2 D128", "B3 S40 H4/1 D32"};
+  for (size_t i = 0; i < G_N_ELEMENTS(shapes); i++)
+    check_attention_shape(c, labels[i], shapes[i]);
 }
 
 static void check_mlp(struct check *c) {
