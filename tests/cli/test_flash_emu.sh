@@ -1,6 +1,6 @@
 #!/bin/bash
 # The fused attention kernels (kernels/flash_attention.cu) run on the host through
-# tests/gpu/emu/fake_cuda.h against a plain reference: indexing, causal masking, sequence
+# tests/gpu/emu/fake_cuda.hpp against a plain reference: indexing, causal masking, sequence
 # tails (S not a multiple of the 64-row tile), grouped-query heads, several sequences, and
 # the barriers, checked without a GPU (tests/gpu/check_kernels.c checks the same on one).
 # Needs g++ with C++20 (<barrier>); skipped, with a line, without it.
@@ -11,8 +11,11 @@ trap 'rm -rf "$tmp"' EXIT
 # the launch syntax <<<grid, block, bytes, stream>>>(args) becomes fake_launch(grid, ..., args)
 sed -E 's/([A-Za-z_0-9]+(<[A-Za-z0-9_]+>)?)<<<(.*)>>>\(/fake_launch(\3, \1, /' \
   kernels/flash_attention.cu > "$tmp/flash_attention_emu.cpp"
+# the stand-ins take the CUDA headers' names (*.hpp in the tree: every *.h there is C)
+cp tests/gpu/emu/cuda_bf16.hpp "$tmp/cuda_bf16.h"
+cp tests/gpu/emu/mma.hpp "$tmp/mma.h"
 if ! command -v g++ > /dev/null ||
-  ! g++ -std=c++20 -O2 -pthread -Itests/gpu/emu -Ikernels -I"$tmp" -include tests/gpu/emu/fake_cuda.h \
+  ! g++ -std=c++20 -O2 -pthread -Ikernels -I"$tmp" -include tests/gpu/emu/fake_cuda.hpp \
     tests/gpu/emu/flash_emu.cpp -o "$tmp/flash_emu" 2> "$tmp/build.log"; then
   if grep -q 'barrier' "$tmp/build.log" 2> /dev/null || ! command -v g++ > /dev/null; then
     echo "skip: test_flash_emu needs g++ with C++20's <barrier>"

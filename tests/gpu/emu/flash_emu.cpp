@@ -1,4 +1,4 @@
-// flash_emu: kernels/flash_attention.cu run on the host (fake_cuda.h) against a plain
+// flash_emu: kernels/flash_attention.cu run on the host (fake_cuda.hpp) against a plain
 // double-precision causal attention, forward and backward, at the shape given:
 //   flash_emu BATCH SEQ HEADS KV_HEADS HEAD_DIM
 // The kernel rounds q, k, v, p, dy and ds to bf16 as the GPU does; the error measure and the
@@ -14,8 +14,12 @@ namespace {
 
 struct shape {
   int B, S, H, KVH, D;
-  size_t T() const { return (size_t)B * S; }
-  size_t q_index(int b, int i, int h, int d) const { return ((size_t)b * S + i) * H * D + (size_t)h * D + d; }
+  size_t T() const {
+    return (size_t)B * S;
+  }
+  size_t q_index(int b, int i, int h, int d) const {
+    return ((size_t)b * S + i) * H * D + (size_t)h * D + d;
+  }
   size_t k_index(int b, int j, int h, int d) const {
     return ((size_t)b * S + j) * KVH * D + (size_t)(h / (H / KVH)) * D + d;
   }
@@ -27,8 +31,9 @@ struct reference {
 
 // One (sequence, head): probabilities P [S x S] (row i over keys j <= i), y, lse, then the
 // gradients (dk, dv accumulate over the heads of a kv group).
-void reference_head(const shape &s, int b, int h, const std::vector<float> &q, const std::vector<float> &k,
-                    const std::vector<float> &v, const std::vector<float> &dy, reference &r) {
+void reference_head(const shape &s, int b, int h, const std::vector<float> &q,
+                    const std::vector<float> &k, const std::vector<float> &v,
+                    const std::vector<float> &dy, reference &r) {
   double scale = 1.0 / std::sqrt((double)s.D);
   std::vector<double> P((size_t)s.S * s.S, 0.0);
   for (int i = 0; i < s.S; i++) {
@@ -92,7 +97,8 @@ int main(int argc, char **argv) {
   }
   shape s = {atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
   if (!kc_flash_attention_supported(s.D, s.H, s.KVH)) {
-    fprintf(stderr, "flash_emu: head_dim %d with %d/%d heads is not a fused shape\n", s.D, s.H, s.KVH);
+    fprintf(stderr, "flash_emu: head_dim %d with %d/%d heads is not a fused shape\n", s.D, s.H,
+            s.KVH);
     return 2;
   }
   size_t nq = s.T() * s.H * s.D, nk = s.T() * s.KVH * s.D, nl = s.T() * s.H;
@@ -111,11 +117,11 @@ int main(int argc, char **argv) {
   std::vector<float> y(nq, NAN), lse(nl, NAN), dq(nq, NAN), dk(nk, NAN), dv(nk, NAN), dvec(nl, NAN);
   std::vector<float> ry(r.y.begin(), r.y.end()), rlse(r.lse.begin(), r.lse.end());
   bool launched =
-      kc_flash_attention_forward(y.data(), lse.data(), q.data(), k.data(), v.data(), s.B, s.S, s.H, s.KVH, s.D,
-                                 nullptr) == cudaSuccess &&
-      kc_flash_attention_backward(dq.data(), dk.data(), dv.data(), dvec.data(), q.data(), k.data(), v.data(),
-                                  ry.data(), dy.data(), rlse.data(), s.B, s.S, s.H, s.KVH, s.D,
-                                  nullptr) == cudaSuccess;
+      kc_flash_attention_forward(y.data(), lse.data(), q.data(), k.data(), v.data(), s.B, s.S, s.H,
+                                 s.KVH, s.D, nullptr) == cudaSuccess &&
+      kc_flash_attention_backward(dq.data(), dk.data(), dv.data(), dvec.data(), q.data(), k.data(),
+                                  v.data(), ry.data(), dy.data(), rlse.data(), s.B, s.S, s.H, s.KVH,
+                                  s.D, nullptr) == cudaSuccess;
   const char *names[] = {"y", "lse", "dq", "dk", "dv"};
   double errors[] = {error_of(y, r.y), error_of(lse, r.lse), error_of(dq, r.dq), error_of(dk, r.dk),
                      error_of(dv, r.dv)};

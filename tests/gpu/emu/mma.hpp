@@ -1,4 +1,4 @@
-// A host stand-in for <mma.h> (nvcuda::wmma, 16x16x16 bf16 -> fp32 only; see fake_cuda.h).
+// A host stand-in for <mma.h> (nvcuda::wmma, 16x16x16 bf16 -> fp32 only; see fake_cuda.hpp).
 // Every thread of a warp holds the whole tile (the real fragment spreads it over the lanes:
 // which lane holds what is unspecified, so code that respects the API cannot tell). The
 // operations are warp-collective as on the GPU: each starts with the warp in step, so that no
@@ -27,7 +27,8 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const T *p, unsigned l
   __syncwarp();
   for (unsigned i = 0; i < 16; i++)
     for (unsigned j = 0; j < 16; j++)
-      f.x[i][j] = emu_bf16_to_float(std::is_same<L, row_major>::value ? p[i * ld + j] : p[j * ld + i]);
+      f.x[i][j] =
+          emu_bf16_to_float(std::is_same<L, row_major>::value ? p[i * ld + j] : p[j * ld + i]);
 }
 
 inline void load_matrix_sync(emu_acc &f, const float *p, unsigned ld, layout_t l) {
@@ -50,7 +51,8 @@ inline void fill_fragment(emu_acc &f, float v) {
       f.x[i][j] = v;
 }
 
-template <typename A, typename B> void mma_sync(emu_acc &d, const A &a, const B &b, const emu_acc &c) {
+template <typename A, typename B>
+void mma_sync(emu_acc &d, const A &a, const B &b, const emu_acc &c) {
   emu_acc r;
   for (int i = 0; i < 16; i++)
     for (int j = 0; j < 16; j++) {

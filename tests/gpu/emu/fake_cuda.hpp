@@ -36,14 +36,20 @@ enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 template <class F> cudaError_t cudaFuncSetAttribute(F, int, int bytes) {
   return bytes <= 163 * 1024 ? cudaSuccess : cudaErrorInvalidValue; // sm_80's limit
 }
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaGetLastError() {
+  return cudaSuccess;
+}
 
 inline std::barrier<> *emu_block_barrier;
 inline std::barrier<> *emu_warp_barrier[32];
 inline float emu_shuffle[32][32];
 
-inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-inline void __syncwarp() { emu_warp_barrier[threadIdx.x / 32]->arrive_and_wait(); }
+inline void __syncthreads() {
+  emu_block_barrier->arrive_and_wait();
+}
+inline void __syncwarp() {
+  emu_warp_barrier[threadIdx.x / 32]->arrive_and_wait();
+}
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   int w = threadIdx.x / 32, l = threadIdx.x % 32;
   emu_shuffle[w][l] = v;

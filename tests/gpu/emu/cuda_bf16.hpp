@@ -1,5 +1,5 @@
 // A host stand-in for <cuda_bf16.h>, only what kernels/flash_attention.cu uses (see
-// fake_cuda.h): bf16 as its bits, rounded to nearest even like __float2bfloat16_rn.
+// fake_cuda.hpp): bf16 as its bits, rounded to nearest even like __float2bfloat16_rn.
 #pragma once
 #include <cstdint>
 #include <cstring>
