@@ -146,7 +146,7 @@ __device__ void online_softmax_rows(const float *Ss, bf16 *Ps, float *m, float *
   }
 }
 
-// grid (query tiles, H, B), kFwdWarps warps. O (fp32, shared) accumulates P V; y = O / l and
+// grid tiles_grid(S, H, B), kFwdWarps warps. O (fp32, shared) accumulates P V; y = O / l and
 // lse = m + log(l) at the end: the natural-log log-sum-exp of the row's scaled scores, as
 // kc_causal_softmax writes it (the backward and the host reference read it).
 template <int D>
@@ -163,7 +163,9 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   bf16 *Ps = (bf16 *)(smem + L::p);
   float *m = (float *)(smem + L::m), *l = (float *)(smem + L::l),
         *alpha = (float *)(smem + L::alpha);
-  int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
+  // blocks start in grid order, z slowest: the last query tiles (the most keys) go first,
+  // the light ones fill the tail
+  int q0 = (int)(gridDim.z - 1 - blockIdx.z) * kTile, h = blockIdx.x, b = blockIdx.y;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = 16 * warp;
   HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
   size_t ldq = (size_t)H * D, ldk = (size_t)KVH * D;
@@ -343,7 +345,7 @@ __device__ void write_result(float *dst, size_t ld, int row0, int S, FragAcc (&a
   }
 }
 
-// grid (key tiles, KVH, B), kBwdWarps warps. dK and dV of a kv head sum over its whole
+// grid tiles_grid(S, KVH, B), kBwdWarps warps. dK and dV of a kv head sum over its whole
 // query-head group and over the query tiles from the diagonal on; they stay in registers
 // (warp w: key rows 16 (w % 4), columns (w / 4) D / 2) and are written once (=): each row of
 // dk, dv belongs to one block.
@@ -355,7 +357,8 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
   constexpr int kLd = D + kPadH;
   extern __shared__ __align__(128) unsigned char smem[];
   BwdTiles t = bwd_tiles<D>(smem);
-  int k0 = blockIdx.x * kTile, kvh = blockIdx.y, b = blockIdx.z, group = H / KVH;
+  // the first key tiles (seen by the most queries) go first
+  int k0 = blockIdx.z * kTile, kvh = blockIdx.x, b = blockIdx.y, group = H / KVH;
   int warp = threadIdx.x / 32, r0 = 16 * (warp % 4), c0 = (warp / 4) * (D / 2);
   HeadPtrs kp = head_ptrs(b, kvh * group, S, H, KVH, D);
   load_key_side<D>(smem, k, v, kp, k0, S, KVH);
@@ -378,7 +381,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
   write_result<D>(dk + kp.koff, (size_t)KVH * D, k0, S, dk_acc, smem);
 }
 
-// grid (query tiles, H, B), kBwdWarps warps: dQ = dS k over the key tiles up to the diagonal,
+// grid tiles_grid(S, H, B), kBwdWarps warps: dQ = dS k over the key tiles up to the diagonal,
 // in registers, written once (=). Recomputes the pairs' P and dS rather than adding into dq
 // from the key-side kernel with atomics: deterministic, and no zero-fill.
 template <int D>
@@ -388,7 +391,9 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
   constexpr int kLd = D + kPadH;
   extern __shared__ __align__(128) unsigned char smem[];
   BwdTiles t = bwd_tiles<D>(smem);
-  int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
+  // blocks start in grid order, z slowest: the last query tiles (the most keys) go first,
+  // the light ones fill the tail
+  int q0 = (int)(gridDim.z - 1 - blockIdx.z) * kTile, h = blockIdx.x, b = blockIdx.y;
   int warp = threadIdx.x / 32, r0 = 16 * (warp % 4), c0 = (warp / 4) * (D / 2);
   HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
   load_query_side<D>(smem, q, dy, lse, dvec, hp, q0, S, H);
@@ -406,8 +411,10 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
 
 // ---- launchers ----------------------------------------------------------------------------
 
+// (heads, sequences, 64-row tiles): the tile slowest, so that the kernels order the work by
+// tile (x allows 2^31 - 1 heads; S up to 65535 tiles, 4M rows)
 dim3 tiles_grid(int S, int heads, int batch) {
-  return dim3((unsigned)((S + kTile - 1) / kTile), (unsigned)heads, (unsigned)batch);
+  return dim3((unsigned)heads, (unsigned)batch, (unsigned)((S + kTile - 1) / kTile));
 }
 
 template <int D>
@@ -462,6 +469,8 @@ cudaError_t kc_flash_attention_forward(float *y, float *lse, const float *q, con
                                        int head_dim, cudaStream_t st) {
   if (!batch || !seq || !heads)
     return cudaSuccess;
+  if (batch > 65535 || (seq + kTile - 1) / kTile > 65535) // grid y and z
+    return cudaErrorInvalidValue;
   switch (head_dim) {
   case 32: return forward<32>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
   case 64: return forward<64>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
@@ -477,6 +486,8 @@ cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, float *
                                         cudaStream_t st) {
   if (!batch || !seq || !heads)
     return cudaSuccess;
+  if (batch > 65535 || (seq + kTile - 1) / kTile > 65535) // grid y and z
+    return cudaErrorInvalidValue;
   switch (head_dim) {
   case 32:
     return backward<32>(dq, dk, dv, dvec, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
