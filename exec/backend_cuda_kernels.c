@@ -415,9 +415,11 @@ static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, flo
   k_mlp_backward_weight(s, dparams, bwork, dm, h, saved, T, C, F);
 }
 
-/* ---- attention (kernels/attention.c's layout: per (sequence, head) GEMMs; saved q, k, v, the
- * log-sum-exp of each row of scores [B,H,S] and y; a head's S x S probabilities live in
- * stream-ordered scratch and are recomputed from q, k and lse in the backward) -------------- */
+/* ---- attention (kernels/attention.c's layout: saved q, k, v, the log-sum-exp of each row of
+ * scores [B,H,S] and y, the core's lse and y in d->core when set). The core of bf16 models
+ * runs fused (kernels/flash_attention.cu: no [S, S] memory at all) for the head sizes it
+ * supports; fp32 models and other head sizes run per (sequence, head) GEMMs, a head's S x S
+ * probabilities in stream-ordered scratch, recomputed from q, k and lse in the backward. ---- */
 
 struct attn_views {
   size_t T, HD, KD;
@@ -442,7 +444,7 @@ static struct attn_views attn_views(const struct kernels_attention_dims *d, cons
     w.q = (float *)saved;
     w.k = w.q + w.T * w.HD;
     w.v = w.k + w.T * w.KD;
-    w.lse = w.v + w.T * w.KD;
+    w.lse = d->core ? d->core : w.v + w.T * w.KD;
     w.y = w.lse + (size_t)d->batch * d->heads * d->seq;
   }
   if (bwork) {
@@ -483,16 +485,26 @@ static float *head_scratch(struct exec_stream *s, int S) {
   return x;
 }
 
-static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
-                                const float *params, const struct kernels_attention_dims *d) {
-  struct attn_views w = attn_views(d, params, saved, NULL);
-  int S = d->seq, D = d->head_dim, C = d->hidden;
-  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
-  gemm(s, false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
-  gemm(s, false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
-  gemm(s, false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
-  rope(s, w.q, d, d->heads, false);
-  rope(s, w.k, d, d->kv_heads, false);
+/* Whether the core runs fused: bf16 models (the fused kernel rounds its operands to bf16
+ * exactly where the unfused bf16 GEMMs do) with a head size it has a variant for. */
+static bool attention_fused(struct exec_stream *s, const struct kernels_attention_dims *d) {
+  return kernel_ctx(s)->bf16_gemm &&
+         kc_flash_attention_supported(d->head_dim, d->heads, d->kv_heads);
+}
+
+/* lse, y <- q, k, v: one fused kernel, or per head: scores, softmax, values. */
+static void attention_core(struct exec_stream *s, const struct attn_views *w,
+                           const struct kernels_attention_dims *d) {
+  int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
+  if (attention_fused(s, d)) {
+    GError *e = NULL;
+    if (!CUDA_CHECK(kernel_ctx(s),
+                    kc_flash_attention_forward(w->y, w->lse, w->q, w->k, w->v, d->batch, S,
+                                               d->heads, d->kv_heads, D, st_of(s)),
+                    &e))
+      exec_cuda_fail(s, e);
+    return;
+  }
   float scale = 1.0f / sqrtf((float)D);
   float *p = head_scratch(s, S);
   if (!p)
@@ -500,13 +512,53 @@ static void k_attention_forward(struct exec_stream *s, float *a, float *saved, c
   for (int b = 0; b < d->batch; b++)
     for (int hh = 0; hh < d->heads; hh++) {
       size_t qo, ko, lo;
-      head_offsets(&w, d, b, hh, &qo, &ko, &lo);
-      gemm(s, false, true, S, S, D, 1.0f, w.q + qo, HD, w.k + ko, KD, 0.0f, p, S);
-      kc_causal_softmax(p, w.lse + lo, S, S, scale, st_of(s));
-      gemm(s, false, false, S, D, S, 1.0f, p, S, w.v + ko, KD, 0.0f, w.y + qo, HD);
+      head_offsets(w, d, b, hh, &qo, &ko, &lo);
+      gemm(s, false, true, S, S, D, 1.0f, w->q + qo, HD, w->k + ko, KD, 0.0f, p, S);
+      kc_causal_softmax(p, w->lse + lo, S, S, scale, st_of(s));
+      gemm(s, false, false, S, D, S, 1.0f, p, S, w->v + ko, KD, 0.0f, w->y + qo, HD);
     }
   cudaFreeAsync(p, st_of(s));
+}
+
+static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
+                                const float *params, const struct kernels_attention_dims *d) {
+  struct attn_views w = attn_views(d, params, saved, NULL);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
+  gemm(s, false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
+  gemm(s, false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
+  gemm(s, false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
+  rope(s, w.q, d, d->heads, false);
+  rope(s, w.k, d, d->kv_heads, false);
+  attention_core(s, &w, d);
   gemm(s, false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
+}
+
+/* Selective recomputation's rerun: the same core on the same q, k, v (deterministic either
+ * way, so lse and y are the forward's bit for bit). */
+static void k_attention_core_forward(struct exec_stream *s, float *saved,
+                                     const struct kernels_attention_dims *d) {
+  struct attn_views w = attn_views(d, NULL, saved, NULL);
+  attention_core(s, &w, d);
+}
+
+/* dq, dk, dv <- q, k, v, y, dy, lse in one fused pass (dk, dv written, not accumulated);
+ * the softmax gradient's row sums (B*H*S floats) in stream-ordered scratch. */
+static void attention_fused_backward(struct exec_stream *s, const struct attn_views *w,
+                                     const struct kernels_attention_dims *d) {
+  GError *e = NULL;
+  float *dvec = NULL;
+  size_t bytes = (size_t)d->batch * d->heads * d->seq * sizeof(float);
+  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync((void **)&dvec, bytes, st_of(s)), &e)) {
+    exec_cuda_fail(s, e);
+    return;
+  }
+  if (!CUDA_CHECK(kernel_ctx(s),
+                  kc_flash_attention_backward(w->dq, w->dk, w->dv, dvec, w->q, w->k, w->v, w->y,
+                                              w->dy, w->lse, d->batch, d->seq, d->heads,
+                                              d->kv_heads, d->head_dim, st_of(s)),
+                  &e))
+    exec_cuda_fail(s, e);
+  cudaFreeAsync(dvec, st_of(s));
 }
 
 /* p, ds: S*S floats of scratch each, stream-ordered (cudaMallocAsync); p is recomputed per
@@ -536,17 +588,21 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
   int S = d->seq, C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   cudaStream_t cs = st_of(s);
   gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
-  kc_fill(w.dk, 0.0f, w.T * w.KD, cs);
-  kc_fill(w.dv, 0.0f, w.T * w.KD, cs);
-  float *p = head_scratch(s, S), *ds = p ? head_scratch(s, S) : NULL;
-  if (!ds) {
-    if (p)
-      cudaFreeAsync(p, cs);
-    return;
+  if (attention_fused(s, d)) {
+    attention_fused_backward(s, &w, d);
+  } else {
+    kc_fill(w.dk, 0.0f, w.T * w.KD, cs);
+    kc_fill(w.dv, 0.0f, w.T * w.KD, cs);
+    float *p = head_scratch(s, S), *ds = p ? head_scratch(s, S) : NULL;
+    if (!ds) {
+      if (p)
+        cudaFreeAsync(p, cs);
+      return;
+    }
+    attention_heads_backward(s, &w, d, p, ds);
+    cudaFreeAsync(ds, cs);
+    cudaFreeAsync(p, cs);
   }
-  attention_heads_backward(s, &w, d, p, ds);
-  cudaFreeAsync(ds, cs);
-  cudaFreeAsync(p, cs);
   rope(s, w.dq, d, d->heads, true);
   rope(s, w.dk, d, d->kv_heads, true);
   gemm(s, false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
@@ -940,6 +996,7 @@ const struct exec_kernels exec_cuda_kernels = {
     .residual_add_forward = k_residual_add_forward,
     .residual_add_backward = k_residual_add_backward,
     .adamw_step = k_adamw_step,
+    .attention_core_forward = k_attention_core_forward,
 };
 
 /* MLA attention has no kernel here (nor on the host): refused before anything runs. */

@@ -53,6 +53,24 @@ void kc_causal_softmax_from_lse(float *p, const float *lse, int n_rows, int S, f
 /* ds = p * (dp - sum(p * dp)) * scale, in place over dp */
 void kc_softmax_backward(float *dp, const float *p, int n_rows, int S, float scale,
                          cudaStream_t stream);
+/* The fused attention core of bf16 models (kernels/flash_attention.cu, FlashAttention-2
+ * style: no [S, S] buffer; bf16 tensor-core products, fp32 accumulation and softmax). Layout
+ * of kernels/attention.c's saved: q, y, dq [B*S, heads*head_dim], k, v, dk, dv
+ * [B*S, kv_heads*head_dim], lse, dvec [B, heads, S]; causal, query head h reads kv head
+ * h / (heads / kv_heads), scale 1/sqrt(head_dim). Only the shapes _supported says (head_dim
+ * 32, 64 or 128); the others keep the unfused path. Each returns the launch's error. */
+bool kc_flash_attention_supported(int head_dim, int heads, int kv_heads);
+/* y, lse <- q, k, v (lse: the natural-log log-sum-exp of the row's scaled scores, as
+ * kc_causal_softmax) */
+cudaError_t kc_flash_attention_forward(float *y, float *lse, const float *q, const float *k,
+                                       const float *v, int batch, int seq, int heads, int kv_heads,
+                                       int head_dim, cudaStream_t stream);
+/* dq, dk, dv (=, not +=) <- q, k, v, y, dy, lse; dvec: B*heads*S floats of scratch */
+cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, float *dvec,
+                                        const float *q, const float *k, const float *v,
+                                        const float *y, const float *dy, const float *lse,
+                                        int batch, int seq, int heads, int kv_heads, int head_dim,
+                                        cudaStream_t stream);
 /* probs [T, E] = softmax(logits) (in place), then top-k ids and renormalised weights */
 void kc_router_topk(int32_t *ids, float *weights, float *probs, int T, int E, int K,
                     cudaStream_t stream);

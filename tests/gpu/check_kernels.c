@@ -167,31 +167,81 @@ static void check_embedding_norm(struct check *c) {
   compare(c, "rmsnorm BW", gw, dgw, C, TOL_PLAIN);
 }
 
-static void check_attention(struct check *c) {
-  struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
-  struct kernels_attention_dims d = {B, S, H, KV, D, C, 10000.0f, &sc, NULL};
+static void compare_bits(struct check *c, const char *what, const float *d1, const float *d2,
+                         size_t n, bool same);
+
+/* "attention" + the shape's label + what: one check's name. */
+static const char *attn_name(char *buf, size_t n, const char *label, const char *what) {
+  g_snprintf(buf, n, "attention%s%s %s", label[0] ? " " : "", label, what);
+  return buf;
+}
+
+/* Attention at shape d (T = batch * seq, C = d.hidden): F, the core rerun of selective
+ * recomputation (into a core buffer of its own: the forward's lse and y bit for bit), BI, BW. */
+static void check_attention_shape(struct check *c, const char *label,
+                                  struct kernels_attention_dims d) {
+  char what[80];
+  size_t T_ = (size_t)d.batch * d.seq, C_ = (size_t)d.hidden, TC = T_ * C_;
   size_t P = kernels_attention_param_count(&d), SV = kernels_attention_saved_floats(&d);
-  size_t BW = kernels_attention_bwork_floats(&d);
-  float *p = rnd(c, P, 0.2f), *h = rnd(c, T * C, 1), *a = g_new(float, T *C);
+  size_t BW = kernels_attention_bwork_floats(&d), CORE = kernels_attention_core_floats(&d);
+  float *p = rnd(c, P, 0.2f), *h = rnd(c, TC, 1), *a = g_new(float, TC);
   float *saved = g_new0(float, SV), *bwork = g_new0(float, BW);
-  float *dp = devf(c, p, P), *dh = devf(c, h, T * C), *da = devf(c, NULL, T * C);
-  float *dsaved = devf(c, NULL, SV);
+  float *dp = devf(c, p, P), *dh = devf(c, h, TC), *da = devf(c, NULL, TC);
+  float *dsaved = devf(c, NULL, SV), *dcore = devf(c, NULL, CORE);
   kernels_attention_forward(a, saved, h, p, &d);
   c->k->attention_forward(c->s, da, dsaved, dh, dp, &d);
-  compare(c, "attention F (llama3 rope scaling)", a, da, T * C, c->tol_gemm);
-  compare(c, "attention F saved (q k v lse y)", saved, dsaved, SV, c->tol_gemm);
+  compare(c, attn_name(what, sizeof what, label, "F (llama3 rope scaling)"), a, da, TC,
+          c->tol_gemm);
+  compare(c, attn_name(what, sizeof what, label, "F saved (q k v lse y)"), saved, dsaved, SV,
+          c->tol_gemm);
+  struct kernels_attention_dims dc = d;
+  dc.core = dcore;
+  c->k->attention_core_forward(c->s, dsaved, &dc);
+  compare_bits(c, attn_name(what, sizeof what, label, "core rerun = F's lse y"), dcore,
+               dsaved + (SV - CORE), CORE, true);
   exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
-  float *g = rnd(c, T * C, 1), *dgo = devf(c, g, T * C);
-  float *gh = g_new0(float, T *C), *dgh = devf(c, NULL, T * C), *dbw = devf(c, NULL, BW);
+  float *g = rnd(c, TC, 1), *dgo = devf(c, g, TC);
+  float *gh = g_new0(float, TC), *dgh = devf(c, NULL, TC), *dbw = devf(c, NULL, BW);
   kernels_attention_backward_input(gh, bwork, g, saved, p, &d, false);
   c->k->attention_backward_input(c->s, dgh, dbw, dgo, dsaved, dp, &d, false);
-  compare(c, "attention BI", gh, dgh, T * C, c->tol_gemm);
-  compare(c, "attention BI bwork (dy dq dk dv)", bwork, dbw, BW, c->tol_gemm);
+  compare(c, attn_name(what, sizeof what, label, "BI"), gh, dgh, TC, c->tol_gemm);
+  compare(c, attn_name(what, sizeof what, label, "BI bwork (dy dq dk dv)"), bwork, dbw, BW,
+          c->tol_gemm);
   exec_backend_from_host(c->b, dbw, bwork, BW * sizeof(float));
   float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P);
   kernels_attention_backward_weight(gp, bwork, g, h, saved, &d);
   c->k->attention_backward_weight(c->s, dgp, dbw, dgo, dh, dsaved, &d);
-  compare(c, "attention BW", gp, dgp, P, c->tol_gemm);
+  compare(c, attn_name(what, sizeof what, label, "BW"), gp, dgp, P, c->tol_gemm);
+  float *bufs[] = {dp, dh, da, dsaved, dcore, dgo, dgh, dbw, dgp};
+  for (size_t i = 0; i < G_N_ELEMENTS(bufs); i++)
+    exec_backend_release(c->b, bufs[i]);
+  float *hbufs[] = {p, h, a, saved, bwork, g, gh, gp};
+  for (size_t i = 0; i < G_N_ELEMENTS(hbufs); i++)
+    g_free(hbufs[i]);
+}
+
+/* The small shape (head_dim 16: the unfused per-head path in both precisions), then shapes of
+ * the fused kernel (kernels/flash_attention.cu), which bf16 GEMMs select for head_dim 32, 64
+ * and 128: grouped-query heads, sequences a whole number of its 64-row tiles long and not
+ * (200 = 3 * 64 + 8: a tail tile; 40: a single partial tile), several sequences. With fp32
+ * GEMMs the same shapes check the unfused path at sizes where its scratch is S x S. The
+ * fused path meets the bf16 tolerance for the unfused path's reason: it rounds the same
+ * operands to bf16 (q, k for the scores; p, v for y; dy, v for dP; p, dy for dV; ds, q for
+ * dK; ds, k for dQ), accumulates every product in fp32 and keeps the softmax, lse and the
+ * softmax gradient in fp32; only the order of the fp32 sums differs (the running max
+ * rescales partial sums by exact-to-fp32 factors). */
+static void check_attention(struct check *c) {
+  struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
+  struct kernels_attention_dims small = {B, S, H, KV, D, C, 10000.0f, &sc, NULL};
+  check_attention_shape(c, "", small);
+  const struct kernels_attention_dims shapes[] = {
+      {1, 256, 8, 2, 64, 128, 500000.0f, &sc, NULL},
+      {2, 200, 8, 2, 128, 128, 500000.0f, &sc, NULL},
+      {3, 40, 4, 1, 32, 128, 500000.0f, &sc, NULL},
+  };
+  const char *labels[] = {"S256 H8/2 D64", "B2 S200 H8/2 D128", "B3 S40 H4/1 D32"};
+  for (size_t i = 0; i < G_N_ELEMENTS(shapes); i++)
+    check_attention_shape(c, labels[i], shapes[i]);
 }
 
 static void check_mlp(struct check *c) {
