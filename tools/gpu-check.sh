@@ -321,10 +321,23 @@ check_llama() {
     else
       fail "(c) no figures from $OUT/llama-cuda"
     fi
-    grep -h "arena\|plan tensors" "$OUT/llama-cuda.log" | sed 's/^/      /' | tee -a "$REPORT"
+    grep -h "arena\|plan tensors\|host thread" "$OUT/llama-cuda.log" | sed 's/^/      /' |
+      tee -a "$REPORT"
   else
     fail "(c) llama3-8b-shaped run: $(tail -3 "$OUT/llama-cuda.log")"
   fi
+  # the two kernels the layers' time is mostly in, alone: cuBLASLt's GEMMs at the layers'
+  # shapes (and what the backend's choices cost) and the fused attention at sequence 4096
+  local b
+  for b in bench_gemm bench_attention; do
+    in_budget "(c) $b" || return
+    if timeout 90 "build/gpu/$b" > "$OUT/$b.txt" 2>&1; then
+      ok "(c) build/gpu/$b:"
+      sed 's/^/      /' "$OUT/$b.txt" | tee -a "$REPORT"
+    else
+      fail "(c) build/gpu/$b: $(tail -2 "$OUT/$b.txt")"
+    fi
+  done
 }
 
 # ---- (d) profile the GPU, then simulate -> execute -> compare ------------------------------
