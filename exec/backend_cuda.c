@@ -98,8 +98,10 @@ void exec_cuda_fail(struct exec_stream *s, GError *e) {
   s->b->cancelled = true;
 }
 
-/* PIPER_CUDA_GEMM=bf16|fp32 overrides the model's precision (the kernel check runs both). */
+/* PIPER_CUDA_GEMM=bf16|fp32 overrides the model's precision (the kernel check runs both);
+ * PIPER_CUDA_ATTENTION=fused|unfused the attention core's choice. */
 static void gemm_override(struct cuda_context *b) {
+  b->attention = exec_gpu_attention_mode(getenv("PIPER_CUDA_ATTENTION"));
   const char *g = getenv("PIPER_CUDA_GEMM");
   if (g && strcmp(g, "fp32") == 0)
     b->bf16_gemm = false;

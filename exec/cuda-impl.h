@@ -15,6 +15,7 @@
 
 #include "arena.h"
 #include "exec.h"
+#include "gpu_layout.h"
 #include "gpu_weights.h"
 
 /* Device memory a stream's GEMMs reuse in turn: the bf16 copies of their operands
@@ -37,6 +38,7 @@ struct cuda_context {
   const struct plan *plan; /* from configure (not owned) */
   uint32_t plan_device;
   bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
+  enum exec_gpu_attention attention; /* PIPER_CUDA_ATTENTION (gpu_layout.h) */
   /* bf16 GEMMs: one bf16 copy per weight matrix of the optimizer's store, made by its first
    * GEMM after each write (backend_cuda_kernels.c), in first-fit blocks of the arena */
   struct exec_wcache wcache;

@@ -75,6 +75,23 @@ int exec_gpu_head_chunk_rows(int T, int V, int forced) {
   return rows < 1 ? 1 : (int)rows;
 }
 
+enum exec_gpu_attention exec_gpu_attention_mode(const char *env) {
+  if (env && strcmp(env, "fused") == 0)
+    return EXEC_GPU_ATTENTION_FUSED;
+  if (env && strcmp(env, "unfused") == 0)
+    return EXEC_GPU_ATTENTION_UNFUSED;
+  return EXEC_GPU_ATTENTION_AUTO;
+}
+
+bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable, int seq) {
+  if (!fusable || mode == EXEC_GPU_ATTENTION_UNFUSED)
+    return false;
+  if (mode == EXEC_GPU_ATTENTION_FUSED)
+    return true;
+  uint64_t scratch = 2 * sizeof(float) * (uint64_t)seq * (uint64_t)seq;
+  return scratch > EXEC_GPU_ATTENTION_SCRATCH_BYTES;
+}
+
 /* ---- serial progress ------------------------------------------------------------------- */
 
 struct serial {

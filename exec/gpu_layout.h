@@ -1,8 +1,8 @@
 /* gpu_layout: the decisions of the cuda backend that need no GPU, kept apart so that they are
  * tested on machines without one: which GPU a rank uses, whether ranks share a GPU (then
  * NCCL cannot be used between them), how a communicator's members map to NCCL ranks and who
- * makes its unique id, how a stream's sm_share becomes a CTA limit or an SM count, and how many
- * rows of logits the LM head computes at a time.
+ * makes its unique id, how a stream's sm_share becomes a CTA limit or an SM count, how many
+ * rows of logits the LM head computes at a time, and which attention core runs.
  *
  *   uint8_t uuids[2][16] = {{1}, {1}};           // the GPU each local rank picked
  *   int dev = exec_gpu_pick(1, 2, 1);            // local rank 1 of 2, one GPU visible: 0
@@ -11,6 +11,8 @@
  *   struct exec_gpu_comm_rank r = exec_gpu_comm_rank(members, 3, 6); // rank 1 of 3, root 4
  *   int ctas = exec_gpu_cta_limit(0.25, 132);    // 33 CTAs for a quarter of an H100's SMs
  *   int rows = exec_gpu_head_chunk_rows(4096, 128256, 0); // 2092: llama3's LM head in 2 chunks
+ *   enum exec_gpu_attention am = exec_gpu_attention_mode("fused");
+ *   bool fused = exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 4096); // false
  */
 #ifndef PIPER_EXEC_GPU_LAYOUT_H
 #define PIPER_EXEC_GPU_LAYOUT_H
@@ -72,5 +74,22 @@ int exec_gpu_green_sms(double sm_share, int n_sms, int min_count);
 #define EXEC_GPU_HEAD_CHUNK_BYTES ((size_t)1 << 30)
 #define EXEC_GPU_HEAD_MIN_ROWS 1024
 int exec_gpu_head_chunk_rows(int T, int V, int forced);
+
+/* Which attention core runs: the fused kernel (kernels/flash_attention.cu, no [S, S] memory)
+ * or per (sequence, head) cuBLASLt GEMMs with a head's S x S fp32 scores in scratch.
+ * PIPER_CUDA_ATTENTION=fused|unfused forces one (anything else: auto). Auto takes the
+ * unfused core while its scratch (the backward's scores and their gradient, 2 S^2 fp32) fits
+ * in EXEC_GPU_ATTENTION_SCRATCH_BYTES: measured on an H200 at S 4096, 32 heads, 8 kv heads,
+ * head size 128 (2026-11-30), the fused kernel took 12.9 ms forward and 26.2 ms backward, the
+ * unfused GEMMs 5.9 and 13.6; past that S (S > 11585) the scratch would grow as S^2 and the
+ * fused core takes over. fusable: a bf16 model and a head size the fused kernel has. */
+enum exec_gpu_attention {
+  EXEC_GPU_ATTENTION_AUTO,
+  EXEC_GPU_ATTENTION_FUSED,
+  EXEC_GPU_ATTENTION_UNFUSED,
+};
+#define EXEC_GPU_ATTENTION_SCRATCH_BYTES ((uint64_t)1 << 30)
+enum exec_gpu_attention exec_gpu_attention_mode(const char *env);
+bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable, int seq);
 
 #endif

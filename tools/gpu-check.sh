@@ -6,7 +6,8 @@
 # and exits non-zero when a check fails.
 #   (a) every CUDA kernel against the host reference kernels, F, BI and BW apart, with fp32
 #       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why), and
-#       again with the LM head in 7-row chunks (PIPER_CUDA_HEAD_ROWS: its multi-chunk path);
+#       with bf16 GEMMs again with the fused attention core forced (PIPER_CUDA_ATTENTION) and
+#       with the LM head in 7-row chunks (PIPER_CUDA_HEAD_ROWS: its multi-chunk path);
 #   (b) tiny-moe, 20 steps: one GPU (fp32 GEMMs, as the model is fp32; and bf16 GEMMs), and 4
 #       ranks PP2 x DP2 x EP2 dualpipev sharing the GPU (host-staged MPI), against the host
 #       backend's losses step by step; then the issue's "a dualpipev plan no slower than the
@@ -38,7 +39,7 @@ DRY=0
 case ${1:-} in
   --dry-run) DRY=1 ;;
   "") ;;
-  -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "gpu-check.sh: error: unknown argument $1" >&2; exit 2 ;;
 esac
 OUT=${OUT:-out/gpu-check}
@@ -119,26 +120,27 @@ build() {
 # ---- (a) kernels ---------------------------------------------------------------------------
 check_kernels() {
   [ "$DRY" = 1 ] && { say "skip: (a) kernels need the GPU"; return; }
-  local g
-  for g in fp32 bf16; do
-    in_budget "(a) kernels, $g GEMMs" || continue
-    if PIPER_CUDA_GEMM=$g timeout 90 build/gpu/check_kernels > "$OUT/kernels-$g.txt" 2>&1; then
-      ok "(a) kernels vs host reference, $g GEMMs: $(tail -1 "$OUT/kernels-$g.txt")"
+  # label|environment: both GEMM precisions; the fused attention core, which bf16 runs take
+  # only past the unfused core's scratch budget (long sequences) unless asked; and the LM head
+  # in 7-row chunks (the checks' T of 32 rows is one chunk under the chunk rule: 5 chunks, the
+  # last partial, check the multi-chunk path, dparams summed over chunks)
+  local variants=("fp32 GEMMs|PIPER_CUDA_GEMM=fp32" "bf16 GEMMs|PIPER_CUDA_GEMM=bf16"
+    "bf16 GEMMs, fused attention|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_ATTENTION=fused"
+    "bf16 GEMMs, LM head in 7-row chunks|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_ROWS=7")
+  local v label vars n=0 f
+  for v in "${variants[@]}"; do
+    IFS='|' read -r label vars <<< "$v"
+    n=$((n + 1))
+    f="$OUT/kernels-$n.txt"
+    in_budget "(a) kernels, $label" || continue
+    # shellcheck disable=SC2086 # vars is a list of assignments
+    if env $vars timeout 90 build/gpu/check_kernels > "$f" 2>&1; then
+      ok "(a) kernels vs host reference, $label: $(tail -1 "$f")"
     else
-      fail "(a) kernels, $g GEMMs: $(grep -c '^FAIL' "$OUT/kernels-$g.txt") failed; $(tail -1 "$OUT/kernels-$g.txt")"
-      grep '^FAIL' "$OUT/kernels-$g.txt" | head -20 | tee -a "$REPORT"
+      fail "(a) kernels, $label: $(grep -c '^FAIL' "$f") failed; $(tail -1 "$f")"
+      grep '^FAIL' "$f" | head -20 | tee -a "$REPORT"
     fi
   done
-  # the checks' T (32 rows) is one LM-head chunk under the chunk rule: 7-row chunks (5, the last
-  # partial) check the multi-chunk path, dparams summed over chunks, against the host too
-  in_budget "(a) kernels, LM head in 7-row chunks" || return
-  if PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_ROWS=7 timeout 90 build/gpu/check_kernels \
-    > "$OUT/kernels-head-chunks.txt" 2>&1; then
-    ok "(a) kernels vs host reference, bf16 GEMMs, LM head in 7-row chunks: $(tail -1 "$OUT/kernels-head-chunks.txt")"
-  else
-    fail "(a) kernels, LM head in 7-row chunks: $(tail -1 "$OUT/kernels-head-chunks.txt")"
-    grep '^FAIL' "$OUT/kernels-head-chunks.txt" | head -20 | tee -a "$REPORT"
-  fi
 }
 
 # ---- (b) tiny-moe losses against the host backend ------------------------------------------

@@ -441,6 +441,25 @@ static void test_gpu_sm_share(void **state) {
  * seq of 4096 in 2 chunks, not the 32 of the old 64 MiB rule); a vocabulary too large for
  * 1024 rows in the budget still gets 1024 (the GEMMs' and dparams' efficiency floor); small
  * models one chunk of all T rows; never 0 rows, whatever T and V; a forced count as asked. */
+/* Auto runs the unfused core (faster, measured) while its 2 S^2 fp32 scratch fits in 1 GiB:
+ * S 11585 still does (1,073,676,800 bytes), 11586 not; fp32 models or unsupported head sizes
+ * (not fusable) never fuse, whatever is forced. */
+static void test_gpu_attention_choice(void **state) {
+  (void)state;
+  assert_int_equal(exec_gpu_attention_mode(NULL), EXEC_GPU_ATTENTION_AUTO);
+  assert_int_equal(exec_gpu_attention_mode("fused"), EXEC_GPU_ATTENTION_FUSED);
+  assert_int_equal(exec_gpu_attention_mode("unfused"), EXEC_GPU_ATTENTION_UNFUSED);
+  assert_int_equal(exec_gpu_attention_mode("Fused"), EXEC_GPU_ATTENTION_AUTO);
+  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 4096));
+  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 11585));
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 11586));
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 131072));
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, true, 64));
+  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_UNFUSED, true, 131072));
+  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, false, 64));
+  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, false, 131072));
+}
+
 static void test_gpu_head_chunk_rows(void **state) {
   (void)state;
   assert_int_equal(exec_gpu_head_chunk_rows(4096, 128256, 0), 2092);
@@ -809,6 +828,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_serial_progress),
       cmocka_unit_test(test_gpu_sm_share),
       cmocka_unit_test(test_gpu_head_chunk_rows),
+      cmocka_unit_test(test_gpu_attention_choice),
       cmocka_unit_test(test_gpu_trace_from_device_times),
       cmocka_unit_test(test_gpu_backend_memory_peak),
       cmocka_unit_test(test_gpu_executor_fits_planned_slots),
