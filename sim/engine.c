@@ -235,9 +235,12 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       if (n->segset != IR_NONE && n->segset < p->n_segsets)
         params =
             (double)p->segsets[n->segset].param_bytes / (double)model_dtype_bytes(p->model->dtype);
+      /* the whole weights a device holds get their bf16 copy (ZeRO-1/2 too); ZeRO-3's are
+       * gathered per use and converted per GEMM, in the ops' own time */
+      double copied = p->model->dtype != MODEL_DTYPE_FP32 && !n->shard_params ? params : 0;
       if ((n->shard_optimizer || n->shard_grads || n->shard_params) && n->replica_degree > 1)
         params /= n->replica_degree;
-      struct profile_cost pc = profile_optimizer_cost(prof, params);
+      struct profile_cost pc = profile_optimizer_cost(prof, params, copied);
       ci->work[i] = pc.seconds + prof->instruction_overhead;
       ci->mem_frac[i] = (float)pc.mem_fraction;
     } else if (in->comm != IR_NONE &&

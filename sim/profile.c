@@ -136,6 +136,7 @@ static const struct profile_key device_keys[] = {
     KEY("memory_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, memory_efficiency),
     KEY("kernel_overhead_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, kernel_overhead),
     KEY("optimizer_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, optimizer_bytes_per_param),
+    KEY("weight_copy_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, weight_copy_bytes_per_param),
 };
 static const struct profile_key contention_keys[] = {
     KEY("comm_sm_share", DOUBLE, OPTIONAL, 0, 0.9, 1, comm_sm_share),
@@ -584,13 +585,15 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
   return c;
 }
 
-struct profile_cost profile_optimizer_cost(const struct profile *p, double params) {
+struct profile_cost profile_optimizer_cost(const struct profile *p, double params,
+                                          double copied) {
   struct profile_cost c = {0};
   if (p->synthetic) {
     c.seconds = p->syn_optimizer;
     return c;
   }
-  c.seconds = params * p->optimizer_bytes_per_param / (p->memory_bandwidth * p->memory_efficiency);
+  double bytes = params * p->optimizer_bytes_per_param + copied * p->weight_copy_bytes_per_param;
+  c.seconds = bytes / (p->memory_bandwidth * p->memory_efficiency);
   if (params > 0)
     c.seconds += p->kernel_overhead;
   c.mem_fraction = 1;

@@ -76,6 +76,9 @@ struct profile {
   double memory_efficiency;         /* achieved / peak bandwidth for streaming kernels */
   double kernel_overhead;           /* per op launch, added to every roofline op */
   double optimizer_bytes_per_param; /* AdamW traffic per parameter updated */
+  /* a backend that keeps a bf16 copy of each fp32 weight for its GEMMs (piper-exec's cuda
+   * backend) remakes it once a step: traffic per parameter held, bf16 models only (0: none) */
+  double weight_copy_bytes_per_param;
 
   /* contention: a running communication kernel holds these shares of the device */
   double comm_sm_share;
@@ -134,7 +137,11 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
                                             uint32_t shard_degree, uint32_t tp_degree,
                                             bool sequence_parallel);
 /* AdamW over `params` parameters held by one device. */
-struct profile_cost profile_optimizer_cost(const struct profile *p, double params);
+/* params: parameters the step updates; copied: parameters whose bf16 copy the backend remakes
+ * after the update (weight_copy_bytes_per_param), charged with it: the copies are made in the
+ * next forward's first GEMMs, the same traffic once a step. */
+struct profile_cost profile_optimizer_cost(const struct profile *p, double params,
+                                          double copied);
 
 /* Where a communication runs: p ranks over n_nodes nodes, with at least min_per_node of them on
  * every node spanned. p2p transfers are p = 2. */

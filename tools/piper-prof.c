@@ -1496,6 +1496,9 @@ static cJSON *device_json(const struct prof_run *r, const struct machine_facts *
   cJSON_AddNumberToObject(d, "kernel_overhead_us", prof_round_sig(r->adamw_overhead * 1e6, 3));
   cJSON_AddNumberToObject(d, "optimizer_bytes_per_param",
                           prof_round_sig(r->adamw_per_param * r->triad_bytes, 3));
+  if (r->weight_copy_bytes_per_param > 0)
+    cJSON_AddNumberToObject(d, "weight_copy_bytes_per_param",
+                            prof_round_sig(r->weight_copy_bytes_per_param, 3));
   return d;
 }
 

@@ -43,6 +43,7 @@ struct prof_run {
    * copy bandwidth */
   char gpu_name[256];
   double gpu_memory_gib, gemm_flops_bf16;
+  double weight_copy_bytes_per_param; /* bf16 models' weight copies, once a step (0: none) */
   uint32_t gpu_sms;
 };
 

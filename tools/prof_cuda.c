@@ -31,6 +31,10 @@ struct gpu {
   const struct exec_kernels *k;
   struct exec_stream *s;
   struct exec_event *done;
+  /* bf16 models: each measured op's weight-copy seconds ("kind shape dtype" -> double), and
+   * the sums over every op of the models (repeated layers counted each time) */
+  GHashTable *copy_s;
+  double copy_seconds, copy_params;
 };
 
 /* ---- timing ------------------------------------------------------------------------------- */
@@ -352,7 +356,7 @@ static bool weight_copy_cost(struct prof_run *r, struct gpu *g, struct cuda_op *
 }
 
 static bool measure_op(struct prof_run *r, struct gpu *g, const struct model *m,
-                       const struct model_op *op, GError **err) {
+                       const struct model_op *op, double *copy_out, GError **err) {
   static const enum ir_pass passes[] = {IR_PASS_F, IR_PASS_BI, IR_PASS_BW, IR_PASS_B};
   struct cuda_op o;
   bool ok = cuda_op_init(&o, g, m, op);
@@ -373,6 +377,7 @@ static bool measure_op(struct prof_run *r, struct gpu *g, const struct model *m,
   if (ok && prof_pass_runs(op->kind, IR_PASS_F))
     ok = weight_copy_cost(r, g, &o, t[0], &copies, err);
   cuda_op_free(&o);
+  *copy_out = copies;
   if (ok)
     prof_progress(r,
                   "  %-13s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us  (bf16 weight copy "
@@ -382,6 +387,24 @@ static bool measure_op(struct prof_run *r, struct gpu *g, const struct model *m,
   return ok;
 }
 
+/* "kind shape... dtype": an op measured once per distinct key (r->seen) */
+static char *op_key(const struct model *m, const struct model_op *op) {
+  GString *key = g_string_new(model_op_kind_name(op->kind));
+  for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
+    g_string_append_printf(key, " %lld", (long long)op->shape[d]);
+  g_string_append_printf(key, " %d", (int)m->dtype);
+  return g_string_free(key, FALSE);
+}
+
+/* One op of a bf16 model in the sums of weight-copy time and parameters (every layer's). */
+static void count_copy(struct gpu *g, const struct model *m, const struct model_op *op,
+                       double seconds) {
+  if (m->dtype == MODEL_DTYPE_FP32)
+    return;
+  g->copy_seconds += seconds;
+  g->copy_params += (double)op->param_count;
+}
+
 static bool measure_model(struct prof_run *r, struct gpu *g, const struct model *m,
                           size_t free_bytes, GError **err) {
   gemm_precision(g, m->dtype != MODEL_DTYPE_FP32);
@@ -389,25 +412,31 @@ static bool measure_model(struct prof_run *r, struct gpu *g, const struct model 
                 m->dtype != MODEL_DTYPE_FP32 ? "bf16" : "fp32");
   for (uint32_t i = 0; i < m->n_ops; i++) {
     const struct model_op *op = &m->ops[i];
-    GString *key = g_string_new(model_op_kind_name(op->kind));
-    for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
-      g_string_append_printf(key, " %lld", (long long)op->shape[d]);
-    g_string_append_printf(key, " %d", (int)m->dtype);
-    if (g_hash_table_contains(r->seen, key->str)) {
-      g_string_free(key, TRUE);
+    char *key = op_key(m, op);
+    const double *known = g_hash_table_lookup(g->copy_s, key);
+    if (known)
+      count_copy(g, m, op, *known);
+    if (g_hash_table_contains(r->seen, key)) {
+      g_free(key);
       continue;
     }
-    g_hash_table_add(r->seen, g_string_free(key, FALSE));
+    g_hash_table_add(r->seen, g_strdup(key));
     double bytes = prof_op_bench_bytes(m, op); /* cuda_op_init allocates the same buffers */
     if (!prof_op_has_kernel(op->kind) || bytes > 0.5 * (double)free_bytes) {
       prof_progress(r, "  %-13s %s: left to the roofline", model_op_kind_name(op->kind),
                     prof_op_has_kernel(op->kind) ? "buffers over half the GPU's free memory"
                                                  : "no kernel");
       r->n_skipped++;
+      g_free(key);
       continue;
     }
-    if (!measure_op(r, g, m, op, err))
+    double copy = 0;
+    if (!measure_op(r, g, m, op, &copy, err)) {
+      g_free(key);
       return false;
+    }
+    count_copy(g, m, op, copy);
+    g_hash_table_insert(g->copy_s, key, g_memdup2(&copy, sizeof copy));
   }
   return true;
 }
@@ -674,10 +703,16 @@ static bool measure_gpu(struct prof_run *r, struct gpu *g, GPtrArray *models, GE
   bool ok = gemm_rate(r, g, true, &r->gemm_flops_bf16, err) &&
             gemm_rate(r, g, false, &r->gemm_flops, err) && copy_rate(r, g, err) &&
             adamw_fit(r, g, max_params, err);
+  g->copy_s = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
   for (guint i = 0; ok && i < models->len; i++)
     ok = measure_model(r, g, g_ptr_array_index(models, i), free_bytes, err);
+  g_hash_table_destroy(g->copy_s);
   if (!ok)
     return false;
+  /* the bf16 models' weight copies as traffic per parameter at the copy bandwidth, so the
+   * simulator charges them as it charges AdamW (profile_optimizer_cost) */
+  if (g->copy_params > 0)
+    r->weight_copy_bytes_per_param = g->copy_seconds / g->copy_params * r->triad_bytes;
   r->cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
   r->instruction_overhead = prof_instruction_cost(g->b, r->a->quick ? 2000 : 20000, err);
   if (r->instruction_overhead < 0)

@@ -238,6 +238,29 @@ static void test_roofline_and_table(void **state) {
   model_free(m);
 }
 
+/* AdamW's traffic per parameter updated, plus the weight copies' per parameter held (a bf16
+ * model on the cuda backend): 1000 GB/s, 28 B (the default) and 10 B. */
+static void test_optimizer_cost(void **state) {
+  (void)state;
+  GError *err = NULL;
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", plain_profile);
+  char *at = strstr(buf, "\"memory_capacity_gib\"");
+  assert_non_null(at);
+  memmove(at + 36, at, strlen(at) + 1);
+  memcpy(at, "\"weight_copy_bytes_per_param\":10.0, ", 36);
+  struct profile *p = profile_from(buf, &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  test_assert_near(p->weight_copy_bytes_per_param, 10, 0, 1e-12, "parsed");
+  double over = p->kernel_overhead;
+  test_assert_near(profile_optimizer_cost(p, 1e9, 0).seconds, 28e9 / 1e12 + over, 0, 1e-12,
+                   "no copies");
+  test_assert_near(profile_optimizer_cost(p, 0.5e9, 1e9).seconds, (14e9 + 10e9) / 1e12 + over, 0,
+                   1e-12, "ZeRO-1 over 2: half updated, all copied");
+  profile_free(p);
+}
+
 static void test_collectives(void **state) {
   (void)state;
   GError *err = NULL;
@@ -1500,6 +1523,7 @@ int main(void) {
       cmocka_unit_test(test_profile_bundled),
       cmocka_unit_test(test_profile_errors),
       cmocka_unit_test(test_roofline_and_table),
+      cmocka_unit_test(test_optimizer_cost),
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_engine_order_and_rendezvous),
       cmocka_unit_test(test_engine_contention),
