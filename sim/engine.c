@@ -436,7 +436,7 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
 
 /* ---- runtime state ------------------------------------------------------------------------ */
 
-enum { EV_KERNEL_END, EV_COMM_END };
+enum { EV_KERNEL_END, EV_COMM_END, EV_WAKE };
 
 /* A kernel end names its unit and instruction, so handling it touches that unit only (no
  * search over the units, no table over every instruction of every unit: with --no-collapse
@@ -795,24 +795,25 @@ static void reschedule_parts(struct sim *s, const struct slot *sl, double t) {
   }
 }
 
-/* A waiting rank sees its communication end wake_latency late when every core of its node is
- * taken by computing ranks (the state when the operation starts stands for its end). */
-static double wake_delay(const struct sim *s, const struct slot *sl) {
-  if (!s->sharing)
-    return 0;
-  for (uint32_t k = 0; k < sl->part_count; k++) {
-    uint32_t node = s->unit_node[s->parts[2 * (sl->part_first + k)]];
-    if (s->node_running[node] >= s->prof->cores_per_node)
-      return s->prof->wake_latency;
-  }
-  return 0;
+/* Whether participant (u, instr) of a communication that ends now sees its end wake_latency
+ * late: a rank blocked on it (computing nothing, and waiting on a receive or a collective; a
+ * send is posted and left) sleeps until the scheduler gives it a core, which takes that long
+ * when every core of its node computes for other ranks. A rank that is computing picks the
+ * completion up in its own loop, without a wake-up. */
+static bool wakes_late(const struct sim *s, const struct unit_rt *u, uint32_t instr) {
+  if (!s->sharing || s->prof->wake_latency <= 0 || u->n_kernels > 0)
+    return false;
+  const struct plan_class *c = &s->p->classes[u->cls];
+  if (s->p->nodes[c->instrs[instr].node].kind == IR_NODE_SEND)
+    return false;
+  return s->node_running[s->unit_node[u - s->u]] >= s->prof->cores_per_node;
 }
 
 static void start_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
   settle_parts(s, sl, t);
   sl->running = true;
-  sl->lat_end = t + sl->latency + wake_delay(s, sl);
+  sl->lat_end = t + sl->latency;
   sl->remaining = sl->transfer;
   sl->last = t;
   sl->rate = 0;
@@ -876,7 +877,10 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
     u->comm_sm -= sl->sm_share;
     if (u->n_ops == 0)
       u->comm_sm = 0; /* no drift from repeated add/subtract */
-    part_done(s, u, instr, t);
+    if (wakes_late(s, u, instr))
+      heap_push(&s->heap, t + s->prof->wake_latency, EV_WAKE, instr, 0, ui);
+    else
+      part_done(s, u, instr, t);
   }
   reschedule_parts(s, sl, t);
   for (uint32_t k = 0; k < sl->part_count; k++)
@@ -1413,6 +1417,10 @@ static void sim_loop(struct sim *s) {
         continue;
       s->events++;
       end_kernel(s, u, (uint32_t)j, e.t);
+    } else if (e.type == EV_WAKE) {
+      s->events++;
+      part_done(s, &s->u[e.unit], e.id, e.t);
+      try_advance(s, &s->u[e.unit], e.t);
     } else {
       if (e.version != s->slots[e.id].version || !s->slots[e.id].running)
         continue;

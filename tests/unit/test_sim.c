@@ -717,6 +717,20 @@ static void test_engine_cores_shared(void **state) {
   test_assert_near(iv_of(r, p, 0, 0)->end, 1.5 * MS, TIME_TOL, 0, "F beside two Bs");
   test_assert_near(iv_of(r, p, 3, 0)->end, 1.7 * MS, TIME_TOL, 0, "late wake-up");
   sim_result_free(r);
+  plan_free(p);
+
+  /* a receiver that is computing when its message arrives picks it up in its own loop: device
+   * 3 runs a B on a second stream beside its receive, so all 4 ranks compute (speed 1/2), the
+   * F ends at 2 ms and the receive with it, not 0.2 ms later */
+  struct hplan h4 = h3;
+  h4.n_streams = 2;
+  h4.n[3] = 2;
+  h4.ins[3][1] = (struct hi)C(1, IR_PASS_B);
+  p = hplan_build(&h4);
+  r = run(p, pr, true);
+  test_assert_near(iv_of(r, p, 0, 0)->end, 2 * MS, TIME_TOL, 0, "F beside three Bs");
+  test_assert_near(iv_of(r, p, 3, 0)->end, 2 * MS, TIME_TOL, 0, "no wake-up while computing");
+  sim_result_free(r);
   profile_free(pr);
   plan_free(p);
 }
