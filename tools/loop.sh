@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The fidelity loop (make loop): profile this machine with piper-prof, then for a fixed set of
-# validation plans simulate with those profiles, execute several times, compare (piper-compare
-# --json) and print one table. The profile comes from kernel and MPI micro-benchmarks only;
+# The fidelity loop (make loop): in rounds, profile this machine with piper-prof, then for a
+# fixed set of validation plans simulate with that round's profiles, execute once, compare
+# (piper-compare --json); then print one table. The profile comes from kernel and MPI micro-benchmarks only;
 # nothing in it is fitted on the runs it then predicts.
 #
 #   tools/loop.sh [--short] [--out DIR]
@@ -38,22 +38,28 @@ mkdir -p "$OUT"
 fails=0
 log() { echo "loop: $*" >&2; }
 
-# 1. profiling: kernels at the shapes of both models, the network and the host's costs, once
-# with 2 ranks and once with 4 (on 2 cores MPI then runs oversubscribed, yielding the core in
-# every idle test, and the executor's waits cost what they cost there): each validation plan is
-# simulated with the profile of its own number of ranks (1 process: the 2-rank one)
-for np in 2 4; do
-  log "profiling this machine (piper-prof, $np ranks) -> $OUT/profile-$np.json"
-  if ! timeout 900 "${MPIRUN[@]}" -np "$np" "$BIN/piper-prof" $PROF_ARGS \
-      --model models/tiny-dense.json,models/tiny-moe.json -o "$OUT/profile-$np.json" \
-      2> "$OUT/prof-$np.log"; then
-    cat "$OUT/prof-$np.log" >&2
-    echo "loop.sh: error: piper-prof failed" >&2
-    exit 1
-  fi
-done
+# Rounds: each profiles the machine (piper-prof, once with 2 ranks and once with 4: on 2 cores
+# MPI then runs oversubscribed, yielding the core in every idle test, and the executor's waits
+# cost what they cost there), simulates every plan with the profile of its own number of ranks
+# (1 process: the 2-rank one), then executes every plan once and compares that run with that
+# simulation. The machine's speed drifts by 20-35% over minutes: a run is predicted from a
+# profile taken just before it, not from one taken before all of them. Profiles come from
+# micro-benchmarks only: nothing in them is fitted on the runs they predict.
+profile_round() { # ROUND: profile-NP-rROUND.json for NP in 2 4
+  local np
+  for np in 2 4; do
+    log "round $1: profiling this machine (piper-prof, $np ranks) -> $OUT/profile-$np-r$1.json"
+    if ! timeout 900 "${MPIRUN[@]}" -np "$np" "$BIN/piper-prof" $PROF_ARGS \
+        --model models/tiny-dense.json,models/tiny-moe.json -o "$OUT/profile-$np-r$1.json" \
+        2> "$OUT/prof-$np-r$1.log"; then
+      cat "$OUT/prof-$np-r$1.log" >&2
+      echo "loop.sh: error: piper-prof failed" >&2
+      exit 1
+    fi
+  done
+}
 
-# 2. validation plans: NAME PROCESSES FRONT-END-ARGS
+# validation plans: NAME PROCESSES FRONT-END-ARGS
 echo '[{"op": "split", "filter": {}, "dim_name": "MB", "num_microbatches": 4}]' > "$OUT/split4.json"
 plans=(
   "1p-dense 1 --model models/tiny-dense.json --directives $OUT/split4.json"
@@ -65,27 +71,21 @@ plans=(
   "4p-moe-1f1b 4 --model models/tiny-moe.json --directives directives/base-schedules/pp2_dp2_ep2.json --schedule 1f1b --mbs 4"
   "4p-moe-dualpipev 4 --model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v --schedule dualpipev --mbs 4"
 )
-# simulate every plan, then execute run 1 of every plan, run 2 of every plan, ...: a change of
-# the machine's load during the loop then falls on every plan alike, not on the last ones
-runnable=()
-for p in "${plans[@]}"; do
-  read -r -a w <<< "$p"
-  name=${w[0]} np=${w[1]} args=("${w[@]:2}")
-  dir="$OUT/$name"
-  mkdir -p "$dir"
-  prof="$OUT/profile-$([ "$np" -gt 2 ] && echo 4 || echo 2).json"
-  if ! "$BIN/piper-sim" "${args[@]}" --profile "$prof" --out "$dir/sim" --no-charts \
-      --quiet 2> "$dir/sim.log"; then
-    log "$name: piper-sim failed: $(tail -1 "$dir/sim.log")"; fails=$((fails + 1)); continue
-  fi
-  runnable+=("$p")
-done
+# round r: profile, simulate every plan (sim$r), execute run r of every plan, compare: a change
+# of the machine's load during a round falls on every plan alike, not on the last ones
 for r in $(seq 1 "$RUNS"); do
-  log "run $r of $RUNS: execute $STEPS steps of each plan, compare"
-  for p in "${runnable[@]}"; do
+  profile_round "$r"
+  log "round $r of $RUNS: simulate, execute $STEPS steps of each plan, compare"
+  for p in "${plans[@]}"; do
     read -r -a w <<< "$p"
     name=${w[0]} np=${w[1]} args=("${w[@]:2}")
     dir="$OUT/$name"
+    mkdir -p "$dir"
+    prof="$OUT/profile-$([ "$np" -gt 2 ] && echo 4 || echo 2)-r$r.json"
+    if ! "$BIN/piper-sim" "${args[@]}" --profile "$prof" --out "$dir/sim$r" --no-charts \
+        --quiet 2> "$dir/sim$r.log"; then
+      log "$name: piper-sim failed: $(tail -1 "$dir/sim$r.log")"; fails=$((fails + 1)); continue
+    fi
     launch=()
     [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np")
     if ! timeout 600 "${launch[@]}" "$BIN/piper-exec" "${args[@]}" --iters "$STEPS" \
@@ -93,11 +93,14 @@ for r in $(seq 1 "$RUNS"); do
       log "$name: piper-exec run $r failed: $(tail -2 "$dir/exec$r.log")"; fails=$((fails + 1)); continue
     fi
     # exit 1 only says "outside --tolerance"; no tolerance is given, so any failure is real
-    if ! "$BIN/piper-compare" "$dir/exec$r" "$dir/sim" --json "$dir/compare$r.json" \
+    if ! "$BIN/piper-compare" "$dir/exec$r" "$dir/sim$r" --json "$dir/compare$r.json" \
         > "$dir/compare$r.txt" 2>&1; then
       log "$name: piper-compare run $r failed: $(tail -1 "$dir/compare$r.txt")"; fails=$((fails + 1))
     fi
   done
+done
+for np in 2 4; do
+  cp "$OUT/profile-$np-r$RUNS.json" "$OUT/profile-$np.json" # the last round's, for the header
 done
 
 # 3. the table
@@ -113,7 +116,9 @@ h2, h4 = prof.get("host", {}), prof4.get("host", {})
 print(f"fidelity loop, {src['date']}: {m['cpu']}, {m['cores']} cores, load {m['load_average_1min']} "
       f"when profiled (2 ranks; {prof4['sources']['machine']['load_average_1min']} with 4) and "
       f"{load_end} at the end; {runs} run(s) x {steps} steps per plan; "
-      "measured = the median step over all runs; errors are simulated / measured - 1")
+      "measured = the median step over all runs, simulated = the median of the rounds' "
+      "simulations; time error = the median over rounds of simulated / measured - 1, each "
+      "round's run against the simulation from that round's profile")
 print()
 for n, h in (("2", h2), ("4", h4)):
     print(f"- host costs measured with {n} ranks: {h.get('instruction_overhead_us', '-')} us per "
@@ -141,8 +146,12 @@ for d in sorted(glob.glob(os.path.join(out, "*", ""))):
             runs_steps.append(t)
     if not runs_steps:
         runs_steps = [[x["iteration_time_s"]["a"]] for x in g]
-    sim = g[0]["iteration_time_s"]["b"]
+    # each run against the simulation from the profile of its own round
+    sims = [x["iteration_time_s"]["b"] for x in g]
+    sim = statistics.median(sims)
     mean = statistics.median([t for r in runs_steps for t in r])
+    errs = [s_ / statistics.median(r) - 1 for s_, r in zip(sims, runs_steps)]
+    err = statistics.median(errs) if errs else sim / mean - 1
     if len(runs_steps) > 1:
         meds = [statistics.median(r) for r in runs_steps]
         noise = f"{100 * (max(meds) - min(meds)) / mean:.1f}% (runs)"
@@ -159,7 +168,7 @@ for d in sorted(glob.glob(os.path.join(out, "*", ""))):
                 kinds.setdefault(r["kind"], []).append(r["median_ratio"] - 1)
     per = ", ".join(f"{k} {pct(statistics.median(v))}" for k, v in kinds.items())
     procs = cmps[0]["n_devices"]
-    print(f"| {name} | {procs} | {1e3 * mean:.2f} | {1e3 * sim:.2f} | {pct(sim / mean - 1)} | {noise} "
+    print(f"| {name} | {procs} | {1e3 * mean:.2f} | {1e3 * sim:.2f} | {pct(err)} | {noise} "
           f"| {pct(mem)} | {100 * bub:+.1f} | {per} |")
 EOF
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "loop.sh: error: the table could not be made" >&2; exit 1; }
