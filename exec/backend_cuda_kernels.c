@@ -495,17 +495,39 @@ static bool attention_fused(struct exec_stream *s, const struct kernels_attentio
   return exec_gpu_attention_fused(b->attention, fusable, d->seq);
 }
 
+/* n bytes of stream-ordered scratch (cudaMallocAsync), NULL with the failure recorded. */
+static void *stream_scratch(struct exec_stream *s, size_t n) {
+  void *x = NULL;
+  GError *e = NULL;
+  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync(&x, n ? n : 1, st_of(s)), &e)) {
+    exec_cuda_fail(s, e);
+    return NULL;
+  }
+  return x;
+}
+
+/* lse, y <- q, k, v in one fused pass; its scratch (the operands' bf16 copies) stream-ordered. */
+static void attention_fused_forward(struct exec_stream *s, const struct attn_views *w,
+                                    const struct kernels_attention_dims *d) {
+  void *scratch = stream_scratch(s, kc_flash_attention_scratch_bytes(
+                                        d->batch, d->seq, d->heads, d->kv_heads, d->head_dim, false));
+  if (!scratch)
+    return;
+  GError *e = NULL;
+  if (!CUDA_CHECK(kernel_ctx(s),
+                  kc_flash_attention_forward(w->y, w->lse, scratch, w->q, w->k, w->v, d->batch,
+                                             d->seq, d->heads, d->kv_heads, d->head_dim, st_of(s)),
+                  &e))
+    exec_cuda_fail(s, e);
+  cudaFreeAsync(scratch, st_of(s));
+}
+
 /* lse, y <- q, k, v: one fused kernel, or per head: scores, softmax, values. */
 static void attention_core(struct exec_stream *s, const struct attn_views *w,
                            const struct kernels_attention_dims *d) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
   if (attention_fused(s, d)) {
-    GError *e = NULL;
-    if (!CUDA_CHECK(kernel_ctx(s),
-                    kc_flash_attention_forward(w->y, w->lse, w->q, w->k, w->v, d->batch, S,
-                                               d->heads, d->kv_heads, D, st_of(s)),
-                    &e))
-      exec_cuda_fail(s, e);
+    attention_fused_forward(s, w, d);
     return;
   }
   float scale = 1.0f / sqrtf((float)D);
@@ -544,24 +566,22 @@ static void k_attention_core_forward(struct exec_stream *s, float *saved,
   attention_core(s, &w, d);
 }
 
-/* dq, dk, dv <- q, k, v, y, dy, lse in one fused pass (dk, dv written, not accumulated);
- * the softmax gradient's row sums (B*H*S floats) in stream-ordered scratch. */
+/* dq, dk, dv <- q, k, v, y, dy, lse in one fused pass (dk, dv written, not accumulated); its
+ * scratch (bf16 operands, the softmax gradient's row sums) stream-ordered. */
 static void attention_fused_backward(struct exec_stream *s, const struct attn_views *w,
                                      const struct kernels_attention_dims *d) {
-  GError *e = NULL;
-  float *dvec = NULL;
-  size_t bytes = (size_t)d->batch * d->heads * d->seq * sizeof(float);
-  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync((void **)&dvec, bytes, st_of(s)), &e)) {
-    exec_cuda_fail(s, e);
+  void *scratch = stream_scratch(s, kc_flash_attention_scratch_bytes(
+                                        d->batch, d->seq, d->heads, d->kv_heads, d->head_dim, true));
+  if (!scratch)
     return;
-  }
+  GError *e = NULL;
   if (!CUDA_CHECK(kernel_ctx(s),
-                  kc_flash_attention_backward(w->dq, w->dk, w->dv, dvec, w->q, w->k, w->v, w->y,
+                  kc_flash_attention_backward(w->dq, w->dk, w->dv, scratch, w->q, w->k, w->v, w->y,
                                               w->dy, w->lse, d->batch, d->seq, d->heads,
                                               d->kv_heads, d->head_dim, st_of(s)),
                   &e))
     exec_cuda_fail(s, e);
-  cudaFreeAsync(dvec, st_of(s));
+  cudaFreeAsync(scratch, st_of(s));
 }
 
 /* p, ds: S*S floats of scratch each, stream-ordered (cudaMallocAsync); p is recomputed per

@@ -1,93 +1,37 @@
 // flash_attention: the attention core of bf16 models (kernels_cuda.h: kc_flash_*), fused after
-// FlashAttention-2: causal, grouped-query, no [S, S] matrix anywhere. The scores of a tile of
-// 64 queries against a tile of 64 keys live in shared memory only; the forward keeps a running
-// softmax per row, the backward recomputes the probabilities from the forward's log-sum-exp.
+// FlashAttention-2: causal, grouped-query, no [S, S] matrix anywhere. Each warp owns 16 rows of
+// a tile and keeps its scores, probabilities and output accumulators in registers (mma.sync's
+// documented fragment layouts, kernels/mma_sm80.cuh): the forward's online softmax, the
+// backward's recomputed probabilities and softmax gradient never touch shared memory, which
+// holds only the bf16 operand tiles, double-buffered by cp.async so the next tile loads while
+// the tensor cores work on this one.
 // Precision is what the unfused path (cuBLASLt bf16 GEMMs + kernels/cuda.cu's softmax) had:
-// q, k, v, p, dy and ds are rounded to bf16 (nearest even) as tensor-core operands, every
-// product is accumulated in fp32 (wmma 16x16x16 bf16 -> fp32), softmax, lse and the
-// gradient of the softmax are fp32. Memory is fp32 row-major as in the saved layout:
-// q, y, dq rows of T x (H*D), k, v, dk, dv rows of T x (KVH*D), lse [B, H, S].
-// Deterministic: every output element is written by one block, sums run in a fixed order.
+// q, k, v, p, dy and ds are rounded to bf16 (nearest even) as tensor-core operands (q, k, v
+// and dy once, by a conversion pass into scratch), every product is accumulated in fp32,
+// softmax, lse and the gradient of the softmax are fp32. Memory is fp32 row-major as in the
+// saved layout: q, y, dq rows of T x (H*D), k, v, dk, dv rows of T x (KVH*D), lse [B, H, S].
+// Deterministic: every output element is written by one block, sums run in a fixed order; dQ
+// has a kernel of its own (it recomputes the scores) rather than atomics into dq.
 #include <cuda_bf16.h>
 #include <math.h>
-#include <mma.h>
-#include <type_traits>
+#include <stdint.h>
 
 #include "kernels_cuda.h"
+#include "mma_sm80.cuh"
 
 namespace {
 
-using namespace nvcuda;
 typedef __nv_bfloat16 bf16;
 
-constexpr int kTile = 64;           // queries per query tile = keys per key tile (Br = Bc)
-constexpr int kPadH = 8;            // bf16 row padding (elements): wmma ldm % 8, fewer bank clashes
-constexpr int kPadF = 4;            // fp32 row padding (elements): wmma ldm % 4
-constexpr int kFwdWarps = 4;        // forward: warp w owns query rows 16w .. 16w + 15 of its tile
-constexpr int kBwdWarps = 8;        // backward: 4 row bands x 2 column halves
-constexpr int kLdS = kTile + kPadF; // fp32 [64 x 64] score tiles
-constexpr int kLdP = kTile + kPadH; // bf16 [64 x 64] probability tiles
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kBr = 64; // query rows of a forward or dQ block: 16 per warp
+constexpr int kBc = 64; // keys per key tile (forward, dQ) and of a dK/dV block: 16 per warp
+constexpr int kBq = 32; // query rows per tile a dK/dV block streams
+constexpr int kPad = 8; // bf16 row padding: rows 16 B apart mod 128, ldmatrix conflict-free
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+constexpr size_t kAlign = 256; // scratch regions
 
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> FragArow;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> FragAcol;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> FragBrow;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> FragBcol;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragAcc;
-
-// Element (r, c) of a matrix stored row-major (Row) or column-major with leading dimension ld.
-template <bool Row> __device__ const bf16 *at(const bf16 *p, int ld, int r, int c) {
-  return Row ? p + r * ld + c : p + c * ld + r;
-}
-
-// acc[f] += A[r0 .. r0+16, 0 .. K) * B[0 .. K, c0 + 16 f .. + 16): one warp, fp32 accumulation.
-// ARow / BRow: how A and B are stored (a transposed operand is the other layout of its tile).
-template <int NF, bool ARow, bool BRow>
-__device__ void warp_mma(FragAcc (&acc)[NF], const bf16 *A, int lda, const bf16 *B, int ldb, int r0,
-                         int c0, int K) {
-  typename std::conditional<ARow, FragArow, FragAcol>::type a;
-  typename std::conditional<BRow, FragBrow, FragBcol>::type b;
-  for (int k = 0; k < K; k += 16) {
-    wmma::load_matrix_sync(a, at<ARow>(A, lda, r0, k), lda);
-    for (int f = 0; f < NF; f++) {
-      wmma::load_matrix_sync(b, at<BRow>(B, ldb, k, c0 + 16 * f), ldb);
-      wmma::mma_sync(acc[f], a, b, acc[f]);
-    }
-  }
-}
-
-template <int NF> __device__ void zero(FragAcc (&acc)[NF]) {
-  for (int f = 0; f < NF; f++)
-    wmma::fill_fragment(acc[f], 0.0f);
-}
-
-template <int NF> __device__ void store(float *dst, int ld, int r0, int c0, FragAcc (&acc)[NF]) {
-  for (int f = 0; f < NF; f++)
-    wmma::store_matrix_sync(dst + r0 * ld + c0 + 16 * f, acc[f], ld, wmma::mem_row_major);
-}
-
-// dst [64 x D] bf16 (row stride D + kPadH) <- rows row0 .. row0 + 63 of src (fp32, row stride
-// ld, D columns); rows at or past n_rows are zero, so that padding never holds a NaN that a
-// zero probability would turn into one (0 * NaN).
-template <int D>
-__device__ void load_tile(bf16 *dst, const float *src, size_t ld, int row0, int n_rows) {
-  for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
-    int r = i / D, c = i % D;
-    float x = row0 + r < n_rows ? src[(size_t)(row0 + r) * ld + c] : 0.0f;
-    dst[r * (D + kPadH) + c] = __float2bfloat16_rn(x);
-  }
-}
-
-__device__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-__device__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+static_assert(kBr == kBc, "the diagonal key tile of a query tile is aligned with it");
 
 // Where a (sequence, head) starts: query head h reads kv head h / group.
 struct HeadPtrs {
@@ -102,115 +46,198 @@ __device__ HeadPtrs head_ptrs(int b, int h, int S, int H, int KVH, int D) {
   return p;
 }
 
-// ---- forward ------------------------------------------------------------------------------
+// ---- operand tiles and fragments ------------------------------------------------------------
+
+// dst [Rows x D] (row stride D + kPad) <- rows row0 .. row0 + Rows - 1 of src (bf16, row stride
+// ld), asynchronously; rows at or past n_rows are zero, so that padding never holds a NaN that
+// a zero probability would turn into one (0 * NaN).
+template <int D, int Rows>
+__device__ void load_tile(bf16 *dst, const bf16 *src, size_t ld, int row0, int n_rows) {
+  constexpr int kChunks = D / 8; // 16-byte pieces per row
+  for (int i = threadIdx.x; i < Rows * kChunks; i += kThreads) {
+    int r = i / kChunks, c = (i % kChunks) * 8;
+    bool valid = row0 + r < n_rows;
+    cp_async_16(dst + r * (D + kPad) + c, valid ? src + (size_t)(row0 + r) * ld + c : src, valid);
+  }
+}
+
+// A operand rows r0 .. r0 + 15, columns c0 .. c0 + 15 of a row-major tile.
+__device__ void load_a(uint32_t (&a)[4], const bf16 *tile, int ld, int r0, int c0) {
+  int lane = threadIdx.x % 32;
+  ldmatrix_x4(a, tile + (r0 + lane % 16) * ld + c0 + (lane / 16) * 8);
+}
+
+// B operands of the n8 tiles n0 and n0 + 8 over k0 .. k0 + 15 (b[0], b[1] the first, b[2],
+// b[3] the second) from a tile that stores B transposed, a row per n: K for q k^T.
+__device__ void load_b_nk(uint32_t (&b)[4], const bf16 *tile, int ld, int n0, int k0) {
+  int lane = threadIdx.x % 32, i = lane / 8;
+  ldmatrix_x4(b, tile + (n0 + lane % 8 + (i / 2) * 8) * ld + k0 + (i % 2) * 8);
+}
+
+// The same from a tile that stores B as it is, a row per k: V for p v (ldmatrix transposes).
+__device__ void load_b_kn(uint32_t (&b)[4], const bf16 *tile, int ld, int k0, int n0) {
+  int lane = threadIdx.x % 32, i = lane / 8;
+  ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + (i % 2) * 8) * ld + n0 + (i / 2) * 8);
+}
+
+// acc[n] += A (16 rows of tile a from r0, K columns) times the N / 8 n-tiles of B (tile b,
+// stored transposed: a row per n), over k 0 .. K.
+template <int N, int K>
+__device__ void mma_rows_nk(float (&acc)[N / 8][4], const bf16 *a, const bf16 *b, int ld, int r0) {
+  for (int kk = 0; kk < K / 16; kk++) {
+    uint32_t af[4];
+    load_a(af, a, ld, r0, 16 * kk);
+    for (int n = 0; n < N / 16; n++) {
+      uint32_t bf[4];
+      load_b_nk(bf, b, ld, 16 * n, 16 * kk);
+      mma_16816(acc[2 * n], af, bf[0], bf[1]);
+      mma_16816(acc[2 * n + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc[n] += P times B (tile b stored as is: K rows of N), P the warp's [16 x K] fp32
+// accumulators, rounded to bf16: mma's C layout of n-tiles 2j, 2j + 1 is A's of k chunk j.
+template <int N, int K>
+__device__ void mma_acc_kn(float (&acc)[N / 8][4], const float (&p)[K / 8][4], const bf16 *b,
+                           int ld) {
+  for (int kk = 0; kk < K / 16; kk++) {
+    const float *lo = p[2 * kk], *hi = p[2 * kk + 1];
+    uint32_t af[4] = {pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]), pack_bf16(hi[0], hi[1]),
+                      pack_bf16(hi[2], hi[3])};
+    for (int n = 0; n < N / 16; n++) {
+      uint32_t bf[4];
+      load_b_kn(bf, b, ld, 16 * kk, 16 * n);
+      mma_16816(acc[2 * n], af, bf[0], bf[1]);
+      mma_16816(acc[2 * n + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// Reductions over the four lanes that share a row of a C fragment.
+__device__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Rows row and row + 8 of a warp's [16 x N] fp32 result (C layout), those before S, to dst
+// (row stride ld), times mul[0], mul[1].
+template <int N>
+__device__ void store_rows(float *dst, size_t ld, int row, int S, const float (&acc)[N / 8][4],
+                           const float (&mul)[2]) {
+  int t = threadIdx.x % 4;
+  for (int h = 0; h < 2; h++) {
+    if (row + 8 * h >= S)
+      continue;
+    float *r = dst + (size_t)(row + 8 * h) * ld + 2 * t;
+    for (int n = 0; n < N / 8; n++) {
+      r[8 * n] = acc[n][2 * h] * mul[h];
+      r[8 * n + 1] = acc[n][2 * h + 1] * mul[h];
+    }
+  }
+}
+
+// ---- forward --------------------------------------------------------------------------------
 
 template <int D> struct FwdSmem {
-  static constexpr int kLd = D + kPadH, kLdO = D + kPadF;
-  static constexpr size_t q = 0, k = q + sizeof(bf16) * kTile * kLd,
-                          v = k + sizeof(bf16) * kTile * kLd;
-  static constexpr size_t s = v + sizeof(bf16) * kTile * kLd;
-  static constexpr size_t p = s + sizeof(float) * kTile * kLdS;
-  static constexpr size_t o = p + sizeof(bf16) * kTile * kLdP;
-  static constexpr size_t m = o + sizeof(float) * kTile * kLdO;
-  static constexpr size_t l = m + sizeof(float) * kTile, alpha = l + sizeof(float) * kTile;
-  static constexpr size_t bytes = alpha + sizeof(float) * kTile;
+  static constexpr int kLd = D + kPad;
+  static constexpr size_t tile = sizeof(bf16) * kBc * kLd;
+  static constexpr size_t q = 0, k = q + tile, v = k + 2 * tile, bytes = v + 2 * tile;
 };
 
-// One warp's rows of the online softmax after the scores of key tile k0 are in Ss. Invariant
-// after the call, for each row r: m[r] = the max scaled score over the keys seen so far,
-// l[r] = sum over those keys of exp(score - m[r]), alpha[r] = exp(old m - new m) (the factor
-// that rescales what O accumulated against the old max), P = exp(score - m[r]) in bf16 (0 for
-// masked keys: later than the query or past the sequence's end).
-__device__ void online_softmax_rows(const float *Ss, bf16 *Ps, float *m, float *l, float *alpha,
-                                    int r0, int q0, int k0, int S, float scale) {
-  int lane = threadIdx.x % 32;
-  for (int r = r0; r < r0 + 16; r++) {
-    int qi = q0 + r, ka = k0 + lane, kb = ka + 32;
-    bool va = ka <= qi && ka < S, vb = kb <= qi && kb < S;
-    float xa = va ? Ss[r * kLdS + lane] * scale : -INFINITY;
-    float xb = vb ? Ss[r * kLdS + lane + 32] * scale : -INFINITY;
-    float m_old = m[r], m_new = fmaxf(m_old, warp_max(fmaxf(xa, xb)));
-    // every row sees key k0 <= q0 <= qi in each tile it visits (Br = Bc, tiles aligned), so
-    // m_new is finite; the guard only keeps exp(-inf - -inf) out should that ever change
-    float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    float pa = va ? expf(xa - m_use) : 0.0f, pb = vb ? expf(xb - m_use) : 0.0f;
-    float a = expf(m_old - m_use);
-    float sum = warp_sum(pa + pb);
-    Ps[r * kLdP + lane] = __float2bfloat16_rn(pa);
-    Ps[r * kLdP + lane + 32] = __float2bfloat16_rn(pb);
-    if (lane == 0) {
-      m[r] = m_new;
-      l[r] = l[r] * a + sum;
-      alpha[r] = a;
+// The scores of the warp's rows (row, row + 8) against key tile k0 -> log2 units (c =
+// scale log2 e), -inf where the key is after the query or past S (only tiles at an edge).
+__device__ void mask_scores(float (&s)[kBc / 8][4], int row, int k0, int S, float c, bool edge) {
+  int t = threadIdx.x % 4;
+  for (int n = 0; n < kBc / 8; n++)
+    for (int e = 0; e < 4; e++) {
+      int key = k0 + 8 * n + 2 * t + (e & 1), r = row + 8 * (e / 2);
+      s[n][e] = edge && (key > r || key >= S) ? -INFINITY : s[n][e] * c;
+    }
+}
+
+// One key tile of the online softmax for the warp's rows. After it, per row: m = the max score
+// seen so far, l = this lane's part of sum exp2(score - m), o rescaled to the new m, and s
+// holds exp2(score - m). Every tile a query tile visits has a key no later than each of its
+// rows and before S (key k0 <= q0), so the new max is finite.
+template <int D>
+__device__ void online_softmax(float (&s)[kBc / 8][4], float (&o)[D / 8][4], float (&m)[2],
+                               float (&l)[2]) {
+  for (int h = 0; h < 2; h++) {
+    float mx = m[h];
+    for (int n = 0; n < kBc / 8; n++)
+      mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    mx = quad_max(mx);
+    float alpha = exp2f(m[h] - mx), sum = 0.0f;
+    for (int n = 0; n < kBc / 8; n++)
+      for (int e = 2 * h; e < 2 * h + 2; e++) {
+        s[n][e] = exp2f(s[n][e] - mx);
+        sum += s[n][e];
+      }
+    l[h] = l[h] * alpha + sum;
+    m[h] = mx;
+    for (int n = 0; n < D / 8; n++) {
+      o[n][2 * h] *= alpha;
+      o[n][2 * h + 1] *= alpha;
     }
   }
 }
 
-// grid tiles_grid(S, H, B), kFwdWarps warps. O (fp32, shared) accumulates P V; y = O / l and
-// lse = m + log(l) at the end: the natural-log log-sum-exp of the row's scaled scores, as
-// kc_causal_softmax writes it (the backward and the host reference read it).
+// grid tiles_grid(S, H, B), kThreads. y = softmax(scale q k^T) v per query tile, lse = the
+// natural-log log-sum-exp of each row's scaled scores, as kc_causal_softmax writes it.
 template <int D>
-__global__ void __launch_bounds__(kFwdWarps * 32)
-    flash_fwd_k(float *y, float *lse, const float *q, const float *k, const float *v, int S, int H,
+__global__ void __launch_bounds__(kThreads)
+    flash_fwd_k(float *y, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int S, int H,
                 int KVH, float scale) {
   typedef FwdSmem<D> L;
-  static_assert(L::k % 32 == 0 && L::v % 32 == 0 && L::s % 32 == 0 && L::p % 32 == 0 &&
-                    L::o % 32 == 0,
-                "wmma tiles must start 32-byte aligned");
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *Qs = (bf16 *)(smem + L::q), *Ks = (bf16 *)(smem + L::k), *Vs = (bf16 *)(smem + L::v);
-  float *Ss = (float *)(smem + L::s), *Os = (float *)(smem + L::o);
-  bf16 *Ps = (bf16 *)(smem + L::p);
-  float *m = (float *)(smem + L::m), *l = (float *)(smem + L::l),
-        *alpha = (float *)(smem + L::alpha);
   // blocks start in grid order, z slowest: the last query tiles (the most keys) go first,
   // the light ones fill the tail
-  int q0 = (int)(gridDim.z - 1 - blockIdx.z) * kTile, h = blockIdx.x, b = blockIdx.y;
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = 16 * warp;
+  int q0 = (int)(gridDim.z - 1 - blockIdx.z) * kBr, h = blockIdx.x, b = blockIdx.y;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = q0 + 16 * warp + lane / 4;
   HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
   size_t ldq = (size_t)H * D, ldk = (size_t)KVH * D;
-  load_tile<D>(Qs, q + hp.qoff, ldq, q0, S);
-  for (int i = threadIdx.x; i < kTile * L::kLdO; i += blockDim.x)
-    Os[i] = 0.0f;
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    m[i] = -INFINITY;
-    l[i] = 0.0f;
-  }
-  // key tiles up to the diagonal tile (causal: later keys are masked for every row)
-  for (int k0 = 0; k0 <= q0 && k0 < S; k0 += kTile) {
-    __syncthreads(); // the previous tile's K, V are no longer read
-    load_tile<D>(Ks, k + hp.koff, ldk, k0, S);
-    load_tile<D>(Vs, v + hp.koff, ldk, k0, S);
-    __syncthreads();
-    FragAcc sacc[kTile / 16];
-    zero(sacc);
-    warp_mma<kTile / 16, true, false>(sacc, Qs, L::kLd, Ks, L::kLd, r0, 0, D);
-    store(Ss, kLdS, r0, 0, sacc);
-    __syncwarp();
-    online_softmax_rows(Ss, Ps, m, l, alpha, r0, q0, k0, S, scale);
-    __syncwarp();
-    for (int i = lane; i < 16 * D; i += 32) {
-      int r = r0 + i / D;
-      Os[r * L::kLdO + i % D] *= alpha[r];
+  int n_tiles = q0 / kBc + 1; // up to the diagonal tile: later keys are masked for every row
+  load_tile<D, kBr>(Qs, q + hp.qoff, ldq, q0, S);
+  load_tile<D, kBc>(Ks, k + hp.koff, ldk, 0, S);
+  load_tile<D, kBc>(Vs, v + hp.koff, ldk, 0, S);
+  cp_async_commit();
+  float o[D / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int j = 0; j < n_tiles; j++) {
+    const bf16 *Kj = Ks + (j % 2) * kBc * L::kLd, *Vj = Vs + (j % 2) * kBc * L::kLd;
+    if (j + 1 < n_tiles) { // into the buffers tile j - 1 used: read before the last barrier
+      load_tile<D, kBc>(Ks + ((j + 1) % 2) * kBc * L::kLd, k + hp.koff, ldk, (j + 1) * kBc, S);
+      load_tile<D, kBc>(Vs + ((j + 1) % 2) * kBc * L::kLd, v + hp.koff, ldk, (j + 1) * kBc, S);
     }
-    __syncwarp();
-    FragAcc oacc[D / 16];
-    for (int f = 0; f < D / 16; f++)
-      wmma::load_matrix_sync(oacc[f], Os + r0 * L::kLdO + 16 * f, L::kLdO, wmma::mem_row_major);
-    warp_mma<D / 16, true, true>(oacc, Ps, kLdP, Vs, L::kLd, r0, 0, kTile);
-    store(Os, L::kLdO, r0, 0, oacc);
+    cp_async_commit();
+    cp_async_wait<1>(); // everything but the prefetch: tile j (and q) are in
+    __syncthreads();
+    float s[kBc / 8][4] = {};
+    mma_rows_nk<kBc, D>(s, Qs, Kj, L::kLd, 16 * warp);
+    int k0 = j * kBc;
+    mask_scores(s, row, k0, S, scale * kLog2e, k0 + kBc - 1 > q0 + 16 * warp || k0 + kBc > S);
+    online_softmax<D>(s, o, m, l);
+    mma_acc_kn<D, kBc>(o, s, Vj, L::kLd);
+    __syncthreads(); // this tile's buffers are read: the next turn may load over them
   }
-  __syncwarp();
-  for (int i = lane; i < 16 * D; i += 32) {
-    int r = r0 + i / D;
-    if (q0 + r < S)
-      y[hp.qoff + (size_t)(q0 + r) * ldq + i % D] = Os[r * L::kLdO + i % D] / l[r];
+  float inv[2];
+  for (int h2 = 0; h2 < 2; h2++) {
+    l[h2] = quad_sum(l[h2]);
+    inv[h2] = 1.0f / l[h2];
   }
-  if (lane < 16 && q0 + r0 + lane < S)
-    lse[hp.loff + q0 + r0 + lane] = m[r0 + lane] + logf(l[r0 + lane]);
+  store_rows<D>(y + hp.qoff, ldq, row, S, o, inv);
+  for (int h2 = 0; h2 < 2; h2++)
+    if (lane % 4 == 0 && row + 8 * h2 < S)
+      lse[hp.loff + row + 8 * h2] = (m[h2] + log2f(l[h2])) * kLn2;
 }
 
-// ---- backward -----------------------------------------------------------------------------
+// ---- backward -------------------------------------------------------------------------------
 
 // dvec[b, h, i] = sum_d dy[i, d] y[i, d] = sum_j p_ij dp_ij (FA2's D): the softmax gradient's
 // row term, from fp32 dy and y. One warp per row.
@@ -224,237 +251,284 @@ __global__ void flash_dvec_k(float *dvec, const float *dy, const float *y, int S
   float sum = 0.0f;
   for (int d = lane; d < D; d += 32)
     sum += dy[off + d] * y[off + d];
-  sum = warp_sum(sum);
+  for (int o = 16; o > 0; o >>= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (lane == 0)
     dvec[row] = sum;
 }
 
-template <int D> struct BwdSmem {
-  static constexpr int kLd = D + kPadH, kLdO = D + kPadF;
-  static constexpr size_t tile = sizeof(bf16) * kTile * kLd;
-  static constexpr size_t q = 0, dy = q + tile, k = dy + tile, v = k + tile;
-  // the fp32 scores and dp tiles, or the fp32 staging of a finished [64 x D] result
-  static constexpr size_t work = v + tile;
-  static constexpr size_t scores_bytes = 2 * sizeof(float) * kTile * kLdS;
-  static constexpr size_t stage_bytes = sizeof(float) * kTile * kLdO;
-  static constexpr size_t work_bytes = scores_bytes > stage_bytes ? scores_bytes : stage_bytes;
-  static constexpr size_t p = work + work_bytes, ds = p + sizeof(bf16) * kTile * kLdP;
-  static constexpr size_t lse = ds + sizeof(bf16) * kTile * kLdP,
-                          dvec = lse + sizeof(float) * kTile;
-  static constexpr size_t bytes = dvec + sizeof(float) * kTile;
+// The backward's operands: bf16 q, k, v, dy (the conversion pass's), fp32 lse and dvec.
+struct BwdIn {
+  const bf16 *q, *k, *v, *dy;
+  const float *lse, *dvec;
 };
+
+// p = exp2(s c - lse2) (the forward's probabilities, lse2 = lse log2 e) and, in place over dp,
+// ds = p (dp - dvec) scale, for one score entry; both 0 where masked.
+__device__ void prob_and_grad(float &s, float &dp, float lse2, float dvec, float c, float scale,
+                              bool masked) {
+  float p = masked ? 0.0f : exp2f(s * c - lse2);
+  dp = p * (dp - dvec) * scale;
+  s = p;
+}
+
+template <int D> struct KvSmem {
+  static constexpr int kLd = D + kPad;
+  static constexpr size_t key_tile = sizeof(bf16) * kBc * kLd, q_tile = sizeof(bf16) * kBq * kLd;
+  static constexpr size_t k = 0, v = k + key_tile, q = v + key_tile, dy = q + 2 * q_tile;
+  static constexpr size_t lse = dy + 2 * q_tile, dvec = lse + 2 * sizeof(float) * kBq;
+  static constexpr size_t bytes = dvec + 2 * sizeof(float) * kBq;
+};
+
+// Starts loading turn it's query side of a dK/dV block into buffer it % 2: q and dy rows q0 ..
+// q0 + kBq - 1 of head hh (asynchronously), lse in log2 units and dvec (synchronously; rows
+// past S 0: their probabilities are masked).
+template <int D>
+__device__ void kv_load_query_side(unsigned char *smem, const BwdIn &in, int b, int hh, int q0,
+                                   int S, int H, int KVH, int buf) {
+  typedef KvSmem<D> L;
+  HeadPtrs hp = head_ptrs(b, hh, S, H, KVH, D);
+  size_t ldq = (size_t)H * D;
+  load_tile<D, kBq>((bf16 *)(smem + L::q) + buf * kBq * L::kLd, in.q + hp.qoff, ldq, q0, S);
+  load_tile<D, kBq>((bf16 *)(smem + L::dy) + buf * kBq * L::kLd, in.dy + hp.qoff, ldq, q0, S);
+  float *ls = (float *)(smem + L::lse) + buf * kBq, *dv = (float *)(smem + L::dvec) + buf * kBq;
+  for (int i = threadIdx.x; i < kBq; i += kThreads) {
+    ls[i] = q0 + i < S ? in.lse[hp.loff + q0 + i] * kLog2e : 0.0f;
+    dv[i] = q0 + i < S ? in.dvec[hp.loff + q0 + i] : 0.0f;
+  }
+}
+
+// grid tiles_grid(S, KVH, B), kThreads. dK and dV of a key tile sum over its kv head's whole
+// query-head group and over the query tiles from the diagonal on; each warp keeps its 16 keys'
+// rows in registers, computing the transposed scores (s^T = k q^T, dp^T = v dy^T) so that
+// p^T and ds^T are A operands as they are: dV += p^T dy, dK += ds^T q. Written once (=).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_bwd_kv_k(float *dk, float *dv, BwdIn in, int S, int H, int KVH, float scale) {
+  typedef KvSmem<D> L;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const bf16 *Ks = (const bf16 *)(smem + L::k), *Vs = (const bf16 *)(smem + L::v);
+  // the first key tiles (seen by the most queries) go first
+  int k0 = blockIdx.z * kBc, kvh = blockIdx.x, b = blockIdx.y, group = H / KVH;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+  int key = k0 + 16 * warp + lane / 4;
+  HeadPtrs kp = head_ptrs(b, kvh * group, S, H, KVH, D);
+  size_t ldk = (size_t)KVH * D;
+  load_tile<D, kBc>((bf16 *)(smem + L::k), in.k + kp.koff, ldk, k0, S);
+  load_tile<D, kBc>((bf16 *)(smem + L::v), in.v + kp.koff, ldk, k0, S);
+  int per_head = (S - k0 + kBq - 1) / kBq, n_turns = group * per_head; // earlier queries see none
+  kv_load_query_side<D>(smem, in, b, kvh * group, k0, S, H, KVH, 0);
+  cp_async_commit();
+  float dka[D / 8][4] = {}, dva[D / 8][4] = {};
+  const float c = scale * kLog2e;
+  for (int it = 0; it < n_turns; it++) {
+    int q0 = k0 + (it % per_head) * kBq, buf = it % 2;
+    if (it + 1 < n_turns)
+      kv_load_query_side<D>(smem, in, b, kvh * group + (it + 1) / per_head,
+                            k0 + ((it + 1) % per_head) * kBq, S, H, KVH, 1 - buf);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16 *Qs = (const bf16 *)(smem + L::q) + buf * kBq * L::kLd;
+    const bf16 *dYs = (const bf16 *)(smem + L::dy) + buf * kBq * L::kLd;
+    const float *ls = (const float *)(smem + L::lse) + buf * kBq;
+    const float *dvs = (const float *)(smem + L::dvec) + buf * kBq;
+    float st[kBq / 8][4] = {}, dpt[kBq / 8][4] = {};
+    mma_rows_nk<kBq, D>(st, Ks, Qs, L::kLd, 16 * warp);
+    mma_rows_nk<kBq, D>(dpt, Vs, dYs, L::kLd, 16 * warp);
+    bool edge = q0 < k0 + 16 * warp + 15 || q0 + kBq > S || k0 + kBc > S;
+    for (int n = 0; n < kBq / 8; n++)
+      for (int e = 0; e < 4; e++) {
+        int col = 8 * n + 2 * t + (e & 1), qi = q0 + col, r = key + 8 * (e / 2);
+        prob_and_grad(st[n][e], dpt[n][e], ls[col], dvs[col], c, scale,
+                      edge && (r > qi || qi >= S || r >= S));
+      }
+    mma_acc_kn<D, kBq>(dva, st, dYs, L::kLd);
+    mma_acc_kn<D, kBq>(dka, dpt, Qs, L::kLd);
+    __syncthreads();
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows<D>(dk + kp.koff, ldk, key, S, dka, one);
+  store_rows<D>(dv + kp.koff, ldk, key, S, dva, one);
+}
+
+template <int D> struct QSmem {
+  static constexpr int kLd = D + kPad;
+  static constexpr size_t tile = sizeof(bf16) * kBc * kLd;
+  static constexpr size_t q = 0, dy = q + tile, k = dy + tile, v = k + 2 * tile;
+  static constexpr size_t bytes = v + 2 * tile;
+};
+
+// grid tiles_grid(S, H, B), kThreads: dQ = ds k over the key tiles up to the diagonal, each
+// warp's 16 rows in registers, written once (=). Recomputes the pairs' p and ds rather than
+// adding into dq from the key-side kernel with atomics: deterministic, and no zero-fill.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_bwd_q_k(float *dq, BwdIn in, int S, int H, int KVH, float scale) {
+  typedef QSmem<D> L;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16 *Qs = (bf16 *)(smem + L::q), *dYs = (bf16 *)(smem + L::dy);
+  bf16 *Ks = (bf16 *)(smem + L::k), *Vs = (bf16 *)(smem + L::v);
+  int q0 = (int)(gridDim.z - 1 - blockIdx.z) * kBr, h = blockIdx.x, b = blockIdx.y;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+  int row = q0 + 16 * warp + lane / 4;
+  HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
+  size_t ldq = (size_t)H * D, ldk = (size_t)KVH * D;
+  int n_tiles = q0 / kBc + 1;
+  load_tile<D, kBr>(Qs, in.q + hp.qoff, ldq, q0, S);
+  load_tile<D, kBr>(dYs, in.dy + hp.qoff, ldq, q0, S);
+  load_tile<D, kBc>(Ks, in.k + hp.koff, ldk, 0, S);
+  load_tile<D, kBc>(Vs, in.v + hp.koff, ldk, 0, S);
+  cp_async_commit();
+  float lse2[2], dvr[2];
+  for (int h2 = 0; h2 < 2; h2++) {
+    bool in_seq = row + 8 * h2 < S;
+    lse2[h2] = in_seq ? in.lse[hp.loff + row + 8 * h2] * kLog2e : 0.0f;
+    dvr[h2] = in_seq ? in.dvec[hp.loff + row + 8 * h2] : 0.0f;
+  }
+  float dqa[D / 8][4] = {};
+  const float c = scale * kLog2e;
+  for (int j = 0; j < n_tiles; j++) {
+    const bf16 *Kj = Ks + (j % 2) * kBc * L::kLd, *Vj = Vs + (j % 2) * kBc * L::kLd;
+    if (j + 1 < n_tiles) {
+      load_tile<D, kBc>(Ks + ((j + 1) % 2) * kBc * L::kLd, in.k + hp.koff, ldk, (j + 1) * kBc, S);
+      load_tile<D, kBc>(Vs + ((j + 1) % 2) * kBc * L::kLd, in.v + hp.koff, ldk, (j + 1) * kBc, S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    float s[kBc / 8][4] = {}, dp[kBc / 8][4] = {};
+    mma_rows_nk<kBc, D>(s, Qs, Kj, L::kLd, 16 * warp);
+    mma_rows_nk<kBc, D>(dp, dYs, Vj, L::kLd, 16 * warp);
+    int k0 = j * kBc;
+    bool edge = k0 + kBc - 1 > q0 + 16 * warp || k0 + kBc > S;
+    for (int n = 0; n < kBc / 8; n++)
+      for (int e = 0; e < 4; e++) {
+        int key = k0 + 8 * n + 2 * t + (e & 1), r = row + 8 * (e / 2);
+        prob_and_grad(s[n][e], dp[n][e], lse2[e / 2], dvr[e / 2], c, scale,
+                      edge && (key > r || key >= S));
+      }
+    mma_acc_kn<D, kBc>(dqa, dp, Kj, L::kLd);
+    __syncthreads();
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows<D>(dq + hp.qoff, ldq, row, S, dqa, one);
+}
+
+// ---- launchers --------------------------------------------------------------------------------
+
+// dst = src rounded to bf16 (nearest even), n elements
+__global__ void to_bf16_k(bf16 *dst, const float *src, size_t n) {
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+cudaError_t to_bf16(bf16 *dst, const float *src, size_t n, cudaStream_t st) {
+  size_t blocks = (n + 255) / 256;
+  to_bf16_k<<<(unsigned)(blocks < 2048 ? blocks : 2048), 256, 0, st>>>(dst, src, n);
+  return cudaGetLastError();
+}
+
+// (heads, sequences, 64-row tiles): the tile slowest, so that the kernels order the work by
+// tile (x allows 2^31 - 1 heads; S up to 65535 tiles, 4M rows)
+dim3 tiles_grid(int S, int heads, int batch) {
+  return dim3((unsigned)heads, (unsigned)batch, (unsigned)((S + kBr - 1) / kBr));
+}
+
+size_t round_up(size_t x) {
+  return (x + kAlign - 1) / kAlign * kAlign;
+}
+
+// The scratch's regions: bf16 q, k, v (both passes), dy and fp32 dvec (backward).
+struct Scratch {
+  bf16 *q, *k, *v, *dy;
+  float *dvec;
+};
+
+Scratch carve(void *scratch, int B, int S, int H, int KVH, int D, bool backward, size_t *bytes) {
+  size_t nq = (size_t)B * S * H * D, nk = (size_t)B * S * KVH * D;
+  size_t off_k = round_up(nq * sizeof(bf16)), off_v = off_k + round_up(nk * sizeof(bf16));
+  size_t off_dy = off_v + round_up(nk * sizeof(bf16)), off_dvec = off_dy + round_up(nq * sizeof(bf16));
+  size_t end = backward ? off_dvec + round_up((size_t)B * H * S * sizeof(float)) : off_dy;
+  if (bytes)
+    *bytes = end;
+  unsigned char *p = (unsigned char *)scratch;
+  if (!p)
+    return Scratch{};
+  return Scratch{(bf16 *)p, (bf16 *)(p + off_k), (bf16 *)(p + off_v),
+                 backward ? (bf16 *)(p + off_dy) : nullptr,
+                 backward ? (float *)(p + off_dvec) : nullptr};
+}
+
+// bf16 copies of q (n_q elements), k and v (n_k each) into the scratch
+cudaError_t convert_qkv(const Scratch &sc, const float *q, const float *k, const float *v,
+                        size_t n_q, size_t n_k, cudaStream_t st) {
+  cudaError_t e = to_bf16(sc.q, q, n_q, st);
+  if (e == cudaSuccess)
+    e = to_bf16(sc.k, k, n_k, st);
+  if (e == cudaSuccess)
+    e = to_bf16(sc.v, v, n_k, st);
+  return e;
+}
+
+template <int D>
+cudaError_t forward(float *y, float *lse, void *scratch, const float *q, const float *k,
+                    const float *v, int B, int S, int H, int KVH, cudaStream_t st) {
+  Scratch sc = carve(scratch, B, S, H, KVH, D, false, nullptr);
+  size_t bytes = FwdSmem<D>::bytes;
+  cudaError_t e = convert_qkv(sc, q, k, v, (size_t)B * S * H * D, (size_t)B * S * KVH * D, st);
+  // over 48 KB of dynamic shared memory must be asked for (sm_80: up to 163 KB, sm_90: 227 KB)
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(flash_fwd_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)bytes);
+  if (e != cudaSuccess)
+    return e;
+  flash_fwd_k<D><<<tiles_grid(S, H, B), kThreads, bytes, st>>>(y, lse, sc.q, sc.k, sc.v, S, H, KVH,
+                                                               1.0f / sqrtf((float)D));
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t backward(float *dq, float *dk, float *dv, void *scratch, const float *q,
+                     const float *k, const float *v, const float *y, const float *dy,
+                     const float *lse, int B, int S, int H, int KVH, cudaStream_t st) {
+  Scratch sc = carve(scratch, B, S, H, KVH, D, true, nullptr);
+  size_t nq = (size_t)B * S * H * D, kv_bytes = KvSmem<D>::bytes, q_bytes = QSmem<D>::bytes;
+  float scale = 1.0f / sqrtf((float)D);
+  int n_rows = B * H * S;
+  flash_dvec_k<<<(n_rows + 7) / 8, 256, 0, st>>>(sc.dvec, dy, y, S, H, D, n_rows);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess)
+    e = convert_qkv(sc, q, k, v, nq, (size_t)B * S * KVH * D, st);
+  if (e == cudaSuccess)
+    e = to_bf16(sc.dy, dy, nq, st);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(flash_bwd_kv_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)kv_bytes);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(flash_bwd_q_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)q_bytes);
+  if (e != cudaSuccess)
+    return e;
+  BwdIn in = {sc.q, sc.k, sc.v, sc.dy, lse, sc.dvec};
+  flash_bwd_kv_k<D><<<tiles_grid(S, KVH, B), kThreads, kv_bytes, st>>>(dk, dv, in, S, H, KVH,
+                                                                      scale);
+  if ((e = cudaGetLastError()) != cudaSuccess)
+    return e;
+  flash_bwd_q_k<D><<<tiles_grid(S, H, B), kThreads, q_bytes, st>>>(dq, in, S, H, KVH, scale);
+  return cudaGetLastError();
+}
 
 // sm_80 (A100) grants a block at most 163 KB of shared memory, sm_90 227 KB: the largest
 // variant must fit the smaller.
 constexpr size_t kMaxSmem = 163 * 1024;
 static_assert(FwdSmem<128>::bytes <= kMaxSmem, "forward tiles exceed sm_80's shared memory");
-static_assert(BwdSmem<128>::bytes <= kMaxSmem, "backward tiles exceed sm_80's shared memory");
+static_assert(KvSmem<128>::bytes <= kMaxSmem, "dK/dV tiles exceed sm_80's shared memory");
+static_assert(QSmem<128>::bytes <= kMaxSmem, "dQ tiles exceed sm_80's shared memory");
 
-// The shared tiles of one (query tile, key tile) pair of the backward.
-struct BwdTiles {
-  const bf16 *Qs, *dYs, *Ks, *Vs;
-  float *Ss, *dPs;
-  bf16 *Ps, *dSs;
-  const float *lse, *dvec;
-};
-
-template <int D> __device__ BwdTiles bwd_tiles(unsigned char *smem) {
-  typedef BwdSmem<D> L;
-  static_assert(L::tile % 32 == 0 && L::work % 32 == 0 && L::p % 32 == 0 && L::ds % 32 == 0,
-                "wmma tiles must start 32-byte aligned");
-  BwdTiles t;
-  t.Qs = (const bf16 *)(smem + L::q);
-  t.dYs = (const bf16 *)(smem + L::dy);
-  t.Ks = (const bf16 *)(smem + L::k);
-  t.Vs = (const bf16 *)(smem + L::v);
-  t.Ss = (float *)(smem + L::work);
-  t.dPs = t.Ss + kTile * kLdS;
-  t.Ps = (bf16 *)(smem + L::p);
-  t.dSs = (bf16 *)(smem + L::ds);
-  t.lse = (const float *)(smem + L::lse);
-  t.dvec = (const float *)(smem + L::dvec);
-  return t;
-}
-
-// Loads the query side of a pair: q, dy (bf16), lse and dvec of query rows q0 .. q0 + 63.
-template <int D>
-__device__ void load_query_side(unsigned char *smem, const float *q, const float *dy,
-                                const float *lse, const float *dvec, const HeadPtrs &hp, int q0,
-                                int S, int H) {
-  typedef BwdSmem<D> L;
-  load_tile<D>((bf16 *)(smem + L::q), q + hp.qoff, (size_t)H * D, q0, S);
-  load_tile<D>((bf16 *)(smem + L::dy), dy + hp.qoff, (size_t)H * D, q0, S);
-  float *ls = (float *)(smem + L::lse), *dv = (float *)(smem + L::dvec);
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    ls[i] = q0 + i < S ? lse[hp.loff + q0 + i] : 0.0f;
-    dv[i] = q0 + i < S ? dvec[hp.loff + q0 + i] : 0.0f;
-  }
-}
-
-template <int D>
-__device__ void load_key_side(unsigned char *smem, const float *k, const float *v,
-                              const HeadPtrs &hp, int k0, int S, int KVH) {
-  typedef BwdSmem<D> L;
-  load_tile<D>((bf16 *)(smem + L::k), k + hp.koff, (size_t)KVH * D, k0, S);
-  load_tile<D>((bf16 *)(smem + L::v), v + hp.koff, (size_t)KVH * D, k0, S);
-}
-
-// For the pair (q0, k0) whose tiles are loaded: P = exp(scale q k^T - lse) (the forward's
-// probabilities, recomputed), dP = dy v^T, dS = P (dP - dvec) scale; P and dS in bf16 for the
-// tensor cores. Masked entries (key after query, either past S) are exactly 0 in both.
-// Starts and ends with the whole block in step.
-template <int D>
-__device__ void pair_probs_and_grads(const BwdTiles &t, int q0, int k0, int S, float scale) {
-  constexpr int kLd = D + kPadH;
-  int warp = threadIdx.x / 32, r0 = 16 * (warp % 4), c0 = 32 * (warp / 4);
-  FragAcc acc[2];
-  zero(acc);
-  warp_mma<2, true, false>(acc, t.Qs, kLd, t.Ks, kLd, r0, c0, D);
-  store(t.Ss, kLdS, r0, c0, acc);
-  zero(acc);
-  warp_mma<2, true, false>(acc, t.dYs, kLd, t.Vs, kLd, r0, c0, D);
-  store(t.dPs, kLdS, r0, c0, acc);
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
-    int r = i / kTile, c = i % kTile, qi = q0 + r, kj = k0 + c;
-    bool valid = kj <= qi && qi < S && kj < S;
-    float p = valid ? expf(t.Ss[r * kLdS + c] * scale - t.lse[r]) : 0.0f;
-    float ds = p * (t.dPs[r * kLdS + c] - t.dvec[r]) * scale;
-    t.Ps[r * kLdP + c] = __float2bfloat16_rn(p);
-    t.dSs[r * kLdP + c] = __float2bfloat16_rn(ds);
-  }
-  __syncthreads();
-}
-
-// Writes a block's [64 x D] result, held by its warps as acc (rows 16 (w % 4), columns
-// (w / 4) D / 2), to rows row0 .. of dst (row stride ld; rows past S are dropped), staged
-// through the shared work area.
-template <int D>
-__device__ void write_result(float *dst, size_t ld, int row0, int S, FragAcc (&acc)[D / 32],
-                             unsigned char *smem) {
-  typedef BwdSmem<D> L;
-  float *stage = (float *)(smem + L::work);
-  int warp = threadIdx.x / 32;
-  __syncthreads(); // the work area's last scores are read
-  store(stage, L::kLdO, 16 * (warp % 4), (warp / 4) * (D / 2), acc);
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
-    int r = i / D, c = i % D;
-    if (row0 + r < S)
-      dst[(size_t)(row0 + r) * ld + c] = stage[r * L::kLdO + c];
-  }
-}
-
-// grid tiles_grid(S, KVH, B), kBwdWarps warps. dK and dV of a kv head sum over its whole
-// query-head group and over the query tiles from the diagonal on; they stay in registers
-// (warp w: key rows 16 (w % 4), columns (w / 4) D / 2) and are written once (=): each row of
-// dk, dv belongs to one block.
-template <int D>
-__global__ void __launch_bounds__(kBwdWarps * 32)
-    flash_bwd_kv_k(float *dk, float *dv, const float *q, const float *k, const float *v,
-                   const float *dy, const float *lse, const float *dvec, int S, int H, int KVH,
-                   float scale) {
-  constexpr int kLd = D + kPadH;
-  extern __shared__ __align__(128) unsigned char smem[];
-  BwdTiles t = bwd_tiles<D>(smem);
-  // the first key tiles (seen by the most queries) go first
-  int k0 = blockIdx.z * kTile, kvh = blockIdx.x, b = blockIdx.y, group = H / KVH;
-  int warp = threadIdx.x / 32, r0 = 16 * (warp % 4), c0 = (warp / 4) * (D / 2);
-  HeadPtrs kp = head_ptrs(b, kvh * group, S, H, KVH, D);
-  load_key_side<D>(smem, k, v, kp, k0, S, KVH);
-  FragAcc dk_acc[D / 32], dv_acc[D / 32];
-  zero(dk_acc);
-  zero(dv_acc);
-  for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-    HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
-    for (int q0 = k0; q0 < S; q0 += kTile) { // earlier query tiles see none of these keys
-      __syncthreads();                       // the previous pair's tiles are no longer read
-      load_query_side<D>(smem, q, dy, lse, dvec, hp, q0, S, H);
-      __syncthreads();
-      pair_probs_and_grads<D>(t, q0, k0, S, scale);
-      // dV += P^T dy, dK += dS^T q: the transposed probabilities are the column-major view
-      warp_mma<D / 32, false, true>(dv_acc, t.Ps, kLdP, t.dYs, kLd, r0, c0, kTile);
-      warp_mma<D / 32, false, true>(dk_acc, t.dSs, kLdP, t.Qs, kLd, r0, c0, kTile);
-    }
-  }
-  write_result<D>(dv + kp.koff, (size_t)KVH * D, k0, S, dv_acc, smem);
-  write_result<D>(dk + kp.koff, (size_t)KVH * D, k0, S, dk_acc, smem);
-}
-
-// grid tiles_grid(S, H, B), kBwdWarps warps: dQ = dS k over the key tiles up to the diagonal,
-// in registers, written once (=). Recomputes the pairs' P and dS rather than adding into dq
-// from the key-side kernel with atomics: deterministic, and no zero-fill.
-template <int D>
-__global__ void __launch_bounds__(kBwdWarps * 32)
-    flash_bwd_q_k(float *dq, const float *q, const float *k, const float *v, const float *dy,
-                  const float *lse, const float *dvec, int S, int H, int KVH, float scale) {
-  constexpr int kLd = D + kPadH;
-  extern __shared__ __align__(128) unsigned char smem[];
-  BwdTiles t = bwd_tiles<D>(smem);
-  // blocks start in grid order, z slowest: the last query tiles (the most keys) go first,
-  // the light ones fill the tail
-  int q0 = (int)(gridDim.z - 1 - blockIdx.z) * kTile, h = blockIdx.x, b = blockIdx.y;
-  int warp = threadIdx.x / 32, r0 = 16 * (warp % 4), c0 = (warp / 4) * (D / 2);
-  HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
-  load_query_side<D>(smem, q, dy, lse, dvec, hp, q0, S, H);
-  FragAcc dq_acc[D / 32];
-  zero(dq_acc);
-  for (int k0 = 0; k0 <= q0 && k0 < S; k0 += kTile) {
-    __syncthreads();
-    load_key_side<D>(smem, k, v, hp, k0, S, KVH);
-    __syncthreads();
-    pair_probs_and_grads<D>(t, q0, k0, S, scale);
-    warp_mma<D / 32, true, true>(dq_acc, t.dSs, kLdP, t.Ks, kLd, r0, c0, kTile);
-  }
-  write_result<D>(dq + hp.qoff, (size_t)H * D, q0, S, dq_acc, smem);
-}
-
-// ---- launchers ----------------------------------------------------------------------------
-
-// (heads, sequences, 64-row tiles): the tile slowest, so that the kernels order the work by
-// tile (x allows 2^31 - 1 heads; S up to 65535 tiles, 4M rows)
-dim3 tiles_grid(int S, int heads, int batch) {
-  return dim3((unsigned)heads, (unsigned)batch, (unsigned)((S + kTile - 1) / kTile));
-}
-
-template <int D>
-cudaError_t forward(float *y, float *lse, const float *q, const float *k, const float *v, int B,
-                    int S, int H, int KVH, cudaStream_t st) {
-  size_t bytes = FwdSmem<D>::bytes;
-  // over 48 KB of dynamic shared memory must be asked for (sm_80: up to 163 KB, sm_90: 227 KB)
-  cudaError_t e =
-      cudaFuncSetAttribute(flash_fwd_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-  if (e != cudaSuccess)
-    return e;
-  flash_fwd_k<D><<<tiles_grid(S, H, B), kFwdWarps * 32, bytes, st>>>(y, lse, q, k, v, S, H, KVH,
-                                                                     1.0f / sqrtf((float)D));
-  return cudaGetLastError();
-}
-
-template <int D>
-cudaError_t backward(float *dq, float *dk, float *dv, float *dvec, const float *q, const float *k,
-                     const float *v, const float *y, const float *dy, const float *lse, int B,
-                     int S, int H, int KVH, cudaStream_t st) {
-  size_t bytes = BwdSmem<D>::bytes;
-  float scale = 1.0f / sqrtf((float)D);
-  int n_rows = B * H * S;
-  flash_dvec_k<<<(n_rows + 7) / 8, 256, 0, st>>>(dvec, dy, y, S, H, D, n_rows);
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(flash_bwd_kv_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)bytes);
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(flash_bwd_q_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)bytes);
-  if (e != cudaSuccess)
-    return e;
-  flash_bwd_kv_k<D><<<tiles_grid(S, KVH, B), kBwdWarps * 32, bytes, st>>>(dk, dv, q, k, v, dy, lse,
-                                                                          dvec, S, H, KVH, scale);
-  if ((e = cudaGetLastError()) != cudaSuccess)
-    return e;
-  flash_bwd_q_k<D><<<tiles_grid(S, H, B), kBwdWarps * 32, bytes, st>>>(dq, q, k, v, dy, lse, dvec,
-                                                                       S, H, KVH, scale);
-  return cudaGetLastError();
+bool shape_ok(int batch, int seq) {
+  return batch <= 65535 && (seq + kBr - 1) / kBr <= 65535; // grid y and z
 }
 
 } // namespace
@@ -464,37 +538,45 @@ bool kc_flash_attention_supported(int head_dim, int heads, int kv_heads) {
          heads % kv_heads == 0;
 }
 
-cudaError_t kc_flash_attention_forward(float *y, float *lse, const float *q, const float *k,
-                                       const float *v, int batch, int seq, int heads, int kv_heads,
-                                       int head_dim, cudaStream_t st) {
+size_t kc_flash_attention_scratch_bytes(int batch, int seq, int heads, int kv_heads, int head_dim,
+                                        bool backward) {
+  size_t bytes = 0;
+  carve(nullptr, batch, seq, heads, kv_heads, head_dim, backward, &bytes);
+  return bytes;
+}
+
+cudaError_t kc_flash_attention_forward(float *y, float *lse, void *scratch, const float *q,
+                                       const float *k, const float *v, int batch, int seq,
+                                       int heads, int kv_heads, int head_dim, cudaStream_t st) {
   if (!batch || !seq || !heads)
     return cudaSuccess;
-  if (batch > 65535 || (seq + kTile - 1) / kTile > 65535) // grid y and z
+  if (!shape_ok(batch, seq))
     return cudaErrorInvalidValue;
   switch (head_dim) {
-  case 32: return forward<32>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
-  case 64: return forward<64>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
-  case 128: return forward<128>(y, lse, q, k, v, batch, seq, heads, kv_heads, st);
+  case 32: return forward<32>(y, lse, scratch, q, k, v, batch, seq, heads, kv_heads, st);
+  case 64: return forward<64>(y, lse, scratch, q, k, v, batch, seq, heads, kv_heads, st);
+  case 128: return forward<128>(y, lse, scratch, q, k, v, batch, seq, heads, kv_heads, st);
   default: return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, float *dvec,
+cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, void *scratch,
                                         const float *q, const float *k, const float *v,
                                         const float *y, const float *dy, const float *lse,
                                         int batch, int seq, int heads, int kv_heads, int head_dim,
                                         cudaStream_t st) {
   if (!batch || !seq || !heads)
     return cudaSuccess;
-  if (batch > 65535 || (seq + kTile - 1) / kTile > 65535) // grid y and z
+  if (!shape_ok(batch, seq))
     return cudaErrorInvalidValue;
   switch (head_dim) {
   case 32:
-    return backward<32>(dq, dk, dv, dvec, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
+    return backward<32>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
   case 64:
-    return backward<64>(dq, dk, dv, dvec, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
+    return backward<64>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
   case 128:
-    return backward<128>(dq, dk, dv, dvec, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
+    return backward<128>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, seq, heads, kv_heads,
+                         st);
   default: return cudaErrorInvalidValue;
   }
 }

@@ -56,17 +56,21 @@ void kc_softmax_backward(float *dp, const float *p, int n_rows, int S, float sca
 /* The fused attention core of bf16 models (kernels/flash_attention.cu, FlashAttention-2
  * style: no [S, S] buffer; bf16 tensor-core products, fp32 accumulation and softmax). Layout
  * of kernels/attention.c's saved: q, y, dq [B*S, heads*head_dim], k, v, dk, dv
- * [B*S, kv_heads*head_dim], lse, dvec [B, heads, S]; causal, query head h reads kv head
+ * [B*S, kv_heads*head_dim], lse [B, heads, S]; causal, query head h reads kv head
  * h / (heads / kv_heads), scale 1/sqrt(head_dim). Only the shapes _supported says (head_dim
- * 32, 64 or 128); the others keep the unfused path. Each returns the launch's error. */
+ * 32, 64 or 128); the others keep the unfused path. Each pass needs device scratch of
+ * _scratch_bytes (its operands' bf16 copies; the backward's softmax row terms), in use until
+ * the pass's last kernel ends (stream order). Each returns the launch's error. */
 bool kc_flash_attention_supported(int head_dim, int heads, int kv_heads);
+size_t kc_flash_attention_scratch_bytes(int batch, int seq, int heads, int kv_heads, int head_dim,
+                                        bool backward);
 /* y, lse <- q, k, v (lse: the natural-log log-sum-exp of the row's scaled scores, as
  * kc_causal_softmax) */
-cudaError_t kc_flash_attention_forward(float *y, float *lse, const float *q, const float *k,
-                                       const float *v, int batch, int seq, int heads, int kv_heads,
-                                       int head_dim, cudaStream_t stream);
-/* dq, dk, dv (=, not +=) <- q, k, v, y, dy, lse; dvec: B*heads*S floats of scratch */
-cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, float *dvec,
+cudaError_t kc_flash_attention_forward(float *y, float *lse, void *scratch, const float *q,
+                                       const float *k, const float *v, int batch, int seq,
+                                       int heads, int kv_heads, int head_dim, cudaStream_t stream);
+/* dq, dk, dv (=, not +=) <- q, k, v, y, dy, lse */
+cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, void *scratch,
                                         const float *q, const float *k, const float *v,
                                         const float *y, const float *dy, const float *lse,
                                         int batch, int seq, int heads, int kv_heads, int head_dim,

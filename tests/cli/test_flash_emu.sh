@@ -13,7 +13,7 @@ sed -E 's/([A-Za-z_0-9]+(<[A-Za-z0-9_]+>)?)<<<(.*)>>>\(/fake_launch(\3, \1, /' \
   kernels/flash_attention.cu > "$tmp/flash_attention_emu.cpp"
 # the stand-ins take the CUDA headers' names (*.hpp in the tree: every *.h there is C)
 cp tests/gpu/emu/cuda_bf16.hpp "$tmp/cuda_bf16.h"
-cp tests/gpu/emu/mma.hpp "$tmp/mma.h"
+cp tests/gpu/emu/mma_sm80.hpp "$tmp/mma_sm80.cuh"
 if ! command -v g++ > /dev/null ||
   ! g++ -std=c++20 -O2 -pthread -Ikernels -I"$tmp" -include tests/gpu/emu/fake_cuda.hpp \
     tests/gpu/emu/flash_emu.cpp -o "$tmp/flash_emu" 2> "$tmp/build.log"; then

@@ -51,7 +51,8 @@ int main(int argc, char **argv) {
   float *q = device_floats(nq, rng), *k = device_floats(nk, rng), *v = device_floats(nk, rng);
   float *dy = device_floats(nq, rng), *y = device_floats(nq, NULL), *lse = device_floats(nl, NULL);
   float *dq = device_floats(nq, NULL), *dk = device_floats(nk, NULL), *dv = device_floats(nk, NULL);
-  float *dvec = device_floats(nl, NULL);
+  size_t sb = kc_flash_attention_scratch_bytes(1, S, HEADS, KV_HEADS, HEAD_DIM, true);
+  float *scratch = device_floats(sb / sizeof(float) + 1, NULL);
   cudaEvent_t ev[3];
   for (int i = 0; i < 3; i++)
     if (!ok(cudaEventCreate(&ev[i]), "cudaEventCreate"))
@@ -60,11 +61,11 @@ int main(int argc, char **argv) {
   for (int it = 0; it < WARMUP + REPEAT; it++) {
     bool timed = it >= WARMUP;
     cudaEventRecord(ev[0], 0);
-    if (!ok(kc_flash_attention_forward(y, lse, q, k, v, 1, S, HEADS, KV_HEADS, HEAD_DIM, 0),
+    if (!ok(kc_flash_attention_forward(y, lse, scratch, q, k, v, 1, S, HEADS, KV_HEADS, HEAD_DIM, 0),
             "forward"))
       return 1;
     cudaEventRecord(ev[1], 0);
-    if (!ok(kc_flash_attention_backward(dq, dk, dv, dvec, q, k, v, y, dy, lse, 1, S, HEADS,
+    if (!ok(kc_flash_attention_backward(dq, dk, dv, scratch, q, k, v, y, dy, lse, 1, S, HEADS,
                                         KV_HEADS, HEAD_DIM, 0),
             "backward"))
       return 1;
@@ -84,7 +85,7 @@ int main(int argc, char **argv) {
          HEAD_DIM);
   printf("  forward  %8.3f ms  %6.1f TFLOP/s\n", ms_f, flop_f / (ms_f * 1e-3) / 1e12);
   printf("  backward %8.3f ms  %6.1f TFLOP/s\n", ms_b, flop_b / (ms_b * 1e-3) / 1e12);
-  float *bufs[] = {q, k, v, dy, y, lse, dq, dk, dv, dvec};
+  float *bufs[] = {q, k, v, dy, y, lse, dq, dk, dv, scratch};
   for (size_t i = 0; i < G_N_ELEMENTS(bufs); i++)
     cudaFree(bufs[i]);
   g_rand_free(rng);

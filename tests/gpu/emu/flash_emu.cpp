@@ -114,12 +114,15 @@ int main(int argc, char **argv) {
     for (int h = 0; h < s.H; h++)
       reference_head(s, b, h, q, k, v, dy, r);
   // NaN-filled outputs: an element the kernels leave unwritten fails
-  std::vector<float> y(nq, NAN), lse(nl, NAN), dq(nq, NAN), dk(nk, NAN), dv(nk, NAN), dvec(nl, NAN);
+  std::vector<float> y(nq, NAN), lse(nl, NAN), dq(nq, NAN), dk(nk, NAN), dv(nk, NAN);
+  // NaN bytes: what a pass reads of its scratch before writing it shows up
+  std::vector<unsigned char> scratch(
+      kc_flash_attention_scratch_bytes(s.B, s.S, s.H, s.KVH, s.D, true), 0xff);
   std::vector<float> ry(r.y.begin(), r.y.end()), rlse(r.lse.begin(), r.lse.end());
   bool launched =
-      kc_flash_attention_forward(y.data(), lse.data(), q.data(), k.data(), v.data(), s.B, s.S, s.H,
+      kc_flash_attention_forward(y.data(), lse.data(), scratch.data(), q.data(), k.data(), v.data(), s.B, s.S, s.H,
                                  s.KVH, s.D, nullptr) == cudaSuccess &&
-      kc_flash_attention_backward(dq.data(), dk.data(), dv.data(), dvec.data(), q.data(), k.data(),
+      kc_flash_attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), q.data(), k.data(),
                                   v.data(), ry.data(), dy.data(), rlse.data(), s.B, s.S, s.H, s.KVH,
                                   s.D, nullptr) == cudaSuccess;
   const char *names[] = {"y", "lse", "dq", "dk", "dv"};
