@@ -418,9 +418,9 @@ static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, flo
 /* ---- attention (kernels/attention.c's layout: saved q, k, v, the log-sum-exp of each row of
  * scores [B,H,S] and y, the core's lse and y in d->core when set). The core runs per
  * (sequence, head) GEMMs, a head's S x S probabilities in stream-ordered scratch, recomputed
- * from q, k and lse in the backward; or, for bf16 models with a head size it supports, fused
- * (kernels/flash_attention.cu: no [S, S] memory at all) when exec_gpu_attention_fused says
- * (long sequences, or PIPER_CUDA_ATTENTION=fused). ---------------------------------------- */
+ * from q, k and lse in the backward (fp32 models; PIPER_CUDA_ATTENTION=unfused); or fused
+ * (kernels/flash_attention.cu: no [S, S] memory at all), for bf16 models with a head size it
+ * supports (exec_gpu_attention_fused). -------------------------------------------------------- */
 
 struct attn_views {
   size_t T, HD, KD;
@@ -486,9 +486,9 @@ static float *head_scratch(struct exec_stream *s, int S) {
   return x;
 }
 
-/* Whether the core runs fused (exec_gpu_attention_fused: the faster core while the unfused
- * one's scratch is small): for bf16 models (the fused kernel rounds its operands to bf16
- * exactly where the unfused bf16 GEMMs do) with a head size it has a variant for. */
+/* Whether the core runs fused (exec_gpu_attention_fused: the faster core): for bf16 models (the
+ * fused kernel rounds its operands to bf16 exactly where the unfused bf16 GEMMs do) with a
+ * head size it has a variant for. */
 static bool attention_fused(struct exec_stream *s, const struct kernels_attention_dims *d) {
   const struct cuda_context *b = kernel_ctx(s);
   bool fusable = b->bf16_gemm && kc_flash_attention_supported(d->head_dim, d->heads, d->kv_heads);

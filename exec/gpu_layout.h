@@ -12,7 +12,7 @@
  *   int ctas = exec_gpu_cta_limit(0.25, 132);    // 33 CTAs for a quarter of an H100's SMs
  *   int rows = exec_gpu_head_chunk_rows(4096, 128256, 0); // 2092: llama3's LM head in 2 chunks
  *   enum exec_gpu_attention am = exec_gpu_attention_mode("fused");
- *   bool fused = exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 4096); // false
+ *   bool fused = exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 4096); // true
  */
 #ifndef PIPER_EXEC_GPU_LAYOUT_H
 #define PIPER_EXEC_GPU_LAYOUT_H
@@ -77,18 +77,16 @@ int exec_gpu_head_chunk_rows(int T, int V, int forced);
 
 /* Which attention core runs: the fused kernel (kernels/flash_attention.cu, no [S, S] memory)
  * or per (sequence, head) cuBLASLt GEMMs with a head's S x S fp32 scores in scratch.
- * PIPER_CUDA_ATTENTION=fused|unfused forces one (anything else: auto). Auto takes the
- * unfused core while its scratch (the backward's scores and their gradient, 2 S^2 fp32) fits
- * in EXEC_GPU_ATTENTION_SCRATCH_BYTES: measured on an H200 at S 4096, 32 heads, 8 kv heads,
- * head size 128 (2026-11-30), the fused kernel took 12.9 ms forward and 26.2 ms backward, the
- * unfused GEMMs 5.9 and 13.6; past that S (S > 11585) the scratch would grow as S^2 and the
- * fused core takes over. fusable: a bf16 model and a head size the fused kernel has. */
+ * PIPER_CUDA_ATTENTION=fused|unfused forces one (anything else: auto). Auto takes the fused
+ * core wherever it can run (fusable: a bf16 model and a head size the fused kernel has):
+ * measured on an H200 at 32 heads, 8 kv heads, head size 128 (2026-11-30), it took 0.73 ms
+ * forward and 2.50 ms backward at S 4096, where the unfused GEMMs took 5.9 and 14.4, and 0.08
+ * and 0.42 at S 1000; fp32 models keep the unfused core (the fused one computes in bf16). */
 enum exec_gpu_attention {
   EXEC_GPU_ATTENTION_AUTO,
   EXEC_GPU_ATTENTION_FUSED,
   EXEC_GPU_ATTENTION_UNFUSED,
 };
-#define EXEC_GPU_ATTENTION_SCRATCH_BYTES ((uint64_t)1 << 30)
 enum exec_gpu_attention exec_gpu_attention_mode(const char *env);
 bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable, int seq);
 

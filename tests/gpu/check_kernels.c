@@ -222,8 +222,9 @@ static void check_attention_shape(struct check *c, const char *label,
 
 /* The small shape (head_dim 16: the unfused per-head path in both precisions), then shapes of
  * the fused kernel (kernels/flash_attention.cu), which bf16 GEMMs take for head_dim 32, 64
- * and 128 when PIPER_CUDA_ATTENTION=fused (tools/gpu-check.sh runs the checks so; otherwise
- * only past the unfused core's scratch budget, exec_gpu_attention_fused): grouped-query heads, sequences a whole number of its 64-row tiles long and not
+ * and 128 (exec_gpu_attention_fused; tools/gpu-check.sh also runs the checks with
+ * PIPER_CUDA_ATTENTION=unfused): grouped-query heads, sequences a whole number of its 64-row
+ * tiles long and not
  * (200 = 3 * 64 + 8: a tail tile; 40: a single partial tile), several sequences. With fp32
  * GEMMs the same shapes check the unfused path at sizes where its scratch is S x S. The
  * fused path meets the bf16 tolerance for the unfused path's reason: it rounds the same

@@ -450,9 +450,8 @@ static void test_gpu_attention_choice(void **state) {
   assert_int_equal(exec_gpu_attention_mode("fused"), EXEC_GPU_ATTENTION_FUSED);
   assert_int_equal(exec_gpu_attention_mode("unfused"), EXEC_GPU_ATTENTION_UNFUSED);
   assert_int_equal(exec_gpu_attention_mode("Fused"), EXEC_GPU_ATTENTION_AUTO);
-  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 4096));
-  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 11585));
-  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 11586));
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 1));
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 4096));
   assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 131072));
   assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, true, 64));
   assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_UNFUSED, true, 131072));
