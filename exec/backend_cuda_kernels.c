@@ -356,6 +356,33 @@ static void k_residual_add_backward(struct exec_stream *s, float *dy, const floa
   kc_add(dy, dx, n, accumulate, st_of(s));
 }
 
+/* The copies of the matrices the optimizer has just rewritten whole, made now on its stream
+ * (the next GEMM to read one waits for it: weight_copy): a step's copies then cost in the
+ * optimizer, where the simulator charges them, not in the first F to read each weight. Every
+ * GEMM that read the old copy read the weights before this update, which the plan orders
+ * before the optimizer, as it orders the fp32 weights' readers. */
+static void remake_weight_copies(struct exec_stream *s, const float *params, size_t bytes) {
+  struct cuda_context *b = kernel_ctx(s);
+  cudaStream_t cs = st_of(s);
+  GPtrArray *remake = g_ptr_array_new();
+  exec_wcache_within(&b->wcache, params, bytes, remake);
+  GError *e = NULL;
+  for (guint k = 0; k < remake->len && !e; k++) {
+    struct exec_wcache_entry *w = g_ptr_array_index(remake, k);
+    kc_to_bf16(w->copy, w->ptr, w->rows, w->cols, w->ld, cs);
+    if (!CUDA_CHECK(b, cudaGetLastError(), &e) ||
+        !CUDA_CHECK(b, cudaEventRecord((cudaEvent_t)w->made, cs), &e))
+      break;
+    w->fresh = true;
+    w->maker = cs;
+    w->conversions++;
+    b->wcache.misses++;
+  }
+  g_ptr_array_free(remake, TRUE);
+  if (e)
+    exec_cuda_fail(s, e);
+}
+
 static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int step) {
@@ -371,6 +398,8 @@ static void k_adamw_step(struct exec_stream *s, float *params, const float *grad
   }
   exec_cuda_written(b, params, n * sizeof(float));
   kc_adamw(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step, st_of(s));
+  if (b->bf16_gemm)
+    remake_weight_copies(s, params, n * sizeof(float));
 }
 
 /* ---- MLP (kernels/mlp.c) ------------------------------------------------------------------ */

@@ -118,6 +118,23 @@ uint32_t exec_wcache_written(struct exec_wcache *c, const void *p, size_t bytes)
   return n;
 }
 
+uint32_t exec_wcache_within(const struct exec_wcache *c, const void *p, size_t bytes,
+                            GPtrArray *out) {
+  if (!bytes || !c->entries)
+    return 0;
+  uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+  uint32_t n = 0;
+  for (guint k = 0; k < c->entries->len; k++) {
+    struct exec_wcache_entry *e = g_ptr_array_index(c->entries, k);
+    uintptr_t elo = (uintptr_t)e->ptr, ehi = elo + exec_wcache_extent(e->rows, e->cols, e->ld);
+    if (e->copy && lo <= elo && ehi <= hi) {
+      g_ptr_array_add(out, e);
+      n++;
+    }
+  }
+  return n;
+}
+
 uint16_t exec_bf16_round(float x) {
   uint32_t u;
   memcpy(&u, &x, sizeof u);

@@ -7,7 +7,8 @@
  * matrix (a GEMM's B operand as stored: pointer, rows, columns, row stride) that lies in a
  * weight store (the buffer the optimizer updates) gets one compact bf16 copy, made by the
  * first GEMM that reads it after its last write and reused until the next write: once per
- * optimizer step. Every path that writes device memory reports the bytes it wrote
+ * optimizer step, by the optimizer itself once the copy exists (exec_wcache_within), so that
+ * the cost lands where the simulator charges it. Every path that writes device memory reports the bytes it wrote
  * (exec_wcache_written), which makes the copies they overlap stale. The caller owns the
  * copies' memory and the event that orders their making (entry->copy, entry->made).
  *
@@ -19,6 +20,9 @@
  *   struct exec_wcache_entry *e = exec_wcache_find(&c, store + 8, 4, 4, 8, &created);
  *   bool stale = e && !e->fresh;                 // true: convert, then e->fresh = true
  *   uint32_t hit = exec_wcache_written(&c, store + 9, sizeof(float)); // 0: e was not made yet
+ *   GPtrArray *remake = g_ptr_array_new();
+ *   uint32_t n = exec_wcache_within(&c, store, sizeof store, remake); // 0: e has no copy yet
+ *   g_ptr_array_free(remake, TRUE);
  *   GPtrArray *gone = g_ptr_array_new_with_free_func(g_free);
  *   exec_wcache_drop(&c, store, gone);           // the store is freed: e moves to gone
  *   g_ptr_array_free(gone, TRUE);
@@ -68,6 +72,12 @@ struct exec_wcache_entry *exec_wcache_find(struct exec_wcache *c, const void *pt
 /* Device bytes [p, p + bytes) were (or are about to be) written: every entry whose matrix
  * meets them is no longer fresh. Returns how many were fresh and are now stale. */
 uint32_t exec_wcache_written(struct exec_wcache *c, const void *p, size_t bytes);
+
+/* Appends to out (not owning) every entry whose matrix lies wholly inside [p, p + bytes) and
+ * has a copy: what an optimizer that has just rewritten those bytes remakes at once, so that
+ * the step's GEMMs find fresh copies. Returns how many. */
+uint32_t exec_wcache_within(const struct exec_wcache *c, const void *p, size_t bytes,
+                            GPtrArray *out);
 
 /* The store holding p is freed: it and its entries leave the cache; the entries are moved to
  * out (the caller frees each one's copy and event, then the entry with g_free). Returns how

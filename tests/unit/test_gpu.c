@@ -788,6 +788,22 @@ static void test_gpu_weight_cache(void **state) {
   assert_false(a->fresh || b->fresh || d->fresh);
   assert_int_equal(exec_wcache_written(&c, store, 0), 0);
   assert_int_equal(c.entries->len, 3);
+  /* what an optimizer that rewrote a range remakes: matrices wholly inside it with a copy */
+  GPtrArray *remake = g_ptr_array_new();
+  assert_int_equal(exec_wcache_within(&c, store, sizeof store, remake), 0); /* no copies yet */
+  static uint16_t copy_a[32], copy_d[256];
+  a->copy = copy_a;
+  d->copy = copy_d;
+  assert_int_equal(exec_wcache_within(&c, store, sizeof store, remake), 2);
+  assert_true(g_ptr_array_index(remake, 0) == a || g_ptr_array_index(remake, 1) == a);
+  g_ptr_array_set_size(remake, 0);
+  /* a ZeRO shard ending inside a's extent: a is half written, only the gather completes it */
+  assert_int_equal(exec_wcache_within(&c, store, 40 * sizeof(float), remake), 0);
+  assert_int_equal(exec_wcache_within(&c, store + 512, 256 * sizeof(float), remake), 1);
+  assert_ptr_equal(g_ptr_array_index(remake, 0), d);
+  assert_int_equal(exec_wcache_within(&c, store, 0, remake), 0);
+  g_ptr_array_free(remake, TRUE);
+  a->copy = d->copy = NULL;
   /* the store is freed: its entries go, and nothing is cached there any more */
   GPtrArray *gone = g_ptr_array_new_with_free_func(g_free);
   assert_int_equal(exec_wcache_drop(&c, other, gone), 0);
