@@ -142,21 +142,25 @@ void exec_cuda_weights_free(struct cuda_context *b) {
   exec_wcache_clear(&b->wcache);
 }
 
+/* Operands a caller already holds in bf16 (GEMM_A16, GEMM_B16: used as stored, with the ld
+ * given), so that they are not converted again per GEMM. */
+enum { GEMM_A16 = 1, GEMM_B16 = 2 };
+
 /* bf16 copies of A and B (round to nearest even), compact: cuBLASLt then reads bf16 operands
  * and accumulates in fp32 (CUBLAS_COMPUTE_32F) into fp32 C. B, where it is a weight matrix
  * of the optimizer's store, comes from its cached copy (weight_copy); the rest is converted
  * into the stream's scratch, 6 bytes of traffic per element, O(mk + kn) against the GEMM's
- * O(mnk) arithmetic. */
+ * O(mnk) arithmetic; an operand already in bf16 (pre) is taken as it is. */
 static bool gemm_bf16_operands(struct cuda_context *b, cudaStream_t cs, struct cuda_scratch *sc,
-                               struct gemm_call *g, const float *A, int lda, const float *B,
-                               int ldb, GError **err) {
+                               struct gemm_call *g, const void *A, int lda, const void *B,
+                               int ldb, unsigned pre, GError **err) {
   int ra = g->ta ? g->k : g->m, ca = g->ta ? g->m : g->k; /* A as stored, row-major */
   int rb = g->tb ? g->n : g->k, cb = g->tb ? g->k : g->n;
-  const uint16_t *cached = weight_copy(b, cs, B, rb, cb, ldb, err);
+  const uint16_t *cached = pre & GEMM_B16 ? B : weight_copy(b, cs, B, rb, cb, ldb, err);
   if (!cached && err && *err)
     return false;
   size_t nb = cached ? 0 : (size_t)rb * cb * 2, off = (nb + 255) & ~(size_t)255;
-  size_t need = off + (size_t)ra * ca * 2;
+  size_t need = off + (pre & GEMM_A16 ? 0 : (size_t)ra * ca * 2);
   if (need > sc->bytes) {
     /* GEMMs enqueued on this stream may still read the old copies */
     if (sc->p && !(CUDA_CHECK(b, cudaStreamSynchronize(cs), err) &&
@@ -171,8 +175,13 @@ static bool gemm_bf16_operands(struct cuda_context *b, cudaStream_t cs, struct c
   uint16_t *b16 = sc->p, *a16 = (uint16_t *)(void *)((char *)sc->p + off);
   if (!cached)
     kc_to_bf16(b16, B, rb, cb, ldb, cs);
+  g->first = cached ? (const void *)cached : (const void *)b16;
+  g->ld_first = pre & GEMM_B16 ? ldb : cb;
+  if (pre & GEMM_A16) {
+    g->second = A, g->ld_second = lda;
+    return true;
+  }
   kc_to_bf16(a16, A, ra, ca, lda, cs);
-  g->first = cached ? (const void *)cached : (const void *)b16, g->ld_first = cb;
   g->second = a16, g->ld_second = ca;
   return true;
 }
@@ -231,8 +240,10 @@ static bool gemm_algo(struct cuda_context *b, const struct gemm_call *g, cublasL
  * through cuBLASLt: fp32 operands computed in fp32, or (bf16 models) bf16 copies of them with
  * fp32 accumulation (CUBLAS_COMPUTE_32F, bf16 A and B, fp32 C and D). */
 static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, struct cuda_scratch *sc,
-                    bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
-                    const float *B, int ldb, float beta, float *C, int ldc, GError **err) {
+                    bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda,
+                    const void *B, int ldb, unsigned pre, float beta, float *C, int ldc,
+                    GError **err) {
+  PIPER_ASSERT(!pre || b->bf16_gemm);
   if (m == 0 || n == 0)
     return true;
   if (k == 0) {
@@ -243,7 +254,7 @@ static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, struct cu
     return true;
   }
   struct gemm_call g = {ta, tb, b->bf16_gemm, m, n, k, B, A, ldb, lda, C, ldc};
-  if (g.bf16 && !gemm_bf16_operands(b, cs, sc, &g, A, lda, B, ldb, err))
+  if (g.bf16 && !gemm_bf16_operands(b, cs, sc, &g, A, lda, B, ldb, pre, err))
     return false;
   cudaDataType_t in = g.bf16 ? CUDA_R_16BF : CUDA_R_32F;
   cublasLtMatmulDesc_t op = NULL;
@@ -280,16 +291,24 @@ static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, struct cu
   return ok;
 }
 
-/* A GEMM of a kernel entry: failures fail the stream. */
-static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, float alpha,
-                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+/* A GEMM of a kernel entry, pre saying which operands are already bf16 (bf16 models only):
+ * failures fail the stream. */
+static void gemm_pre(struct exec_stream *s, unsigned pre, bool ta, bool tb, int m, int n, int k,
+                     float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                     float *C, int ldc) {
   GError *e = NULL;
   struct cuda_context *b = kernel_ctx(s);
   /* a workspace and operand copies per stream: GEMMs of two streams run at once */
   void *ws = s ? s->lt_workspace : b->lt_workspace;
   struct cuda_scratch *sc = s ? &s->bf16 : &b->setup_bf16;
-  if (!gemm_lt(b, st_of(s), ws, sc, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, &e))
+  if (!gemm_lt(b, st_of(s), ws, sc, ta, tb, m, n, k, alpha, A, lda, B, ldb, pre, beta, C, ldc,
+               &e))
     exec_cuda_fail(s, e);
+}
+
+static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  gemm_pre(s, 0, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ---- simple entries --------------------------------------------------------------------- */
@@ -958,21 +977,29 @@ static void head_backward(struct exec_stream *s, float *dh, float *dparams, cons
                           bool accumulate) {
   int rows = head_rows(T, V);
   float *dl = head_buffer(s, (size_t)rows * V);
+  /* bf16 GEMMs read the dlogits rounded once, by the cross-entropy's backward itself, rather
+   * than converted for each of the two GEMMs: 1.5 GB less traffic per GiB chunk */
+  bool bf16 = kernel_ctx(s)->bf16_gemm;
+  uint16_t *dl16 = dl && bf16 ? (uint16_t *)head_buffer(s, (size_t)rows * V / 2 + 1) : NULL;
+  unsigned pre_a = dl16 ? GEMM_A16 : 0, pre_b = dl16 ? GEMM_B16 : 0;
+  const void *g = dl16 ? (const void *)dl16 : (const void *)dl;
   float beta = accumulate ? 1.0f : 0.0f;
   bool tied = layout == KERNELS_LM_HEAD_TIED;
-  for (int t0 = 0; dl && t0 < T; t0 += rows) {
+  for (int t0 = 0; dl && (dl16 || !bf16) && t0 < T; t0 += rows) {
     int n = T - t0 < rows ? T - t0 : rows;
     const float *hc = h + (size_t)t0 * C;
     head_logits(s, dl, hc, params, layout, n, C, V);
-    kc_xent_backward(dl, saved, targets, t0, n, T, V, dloss / (float)T, st_of(s));
+    kc_xent_backward(dl, dl16, saved, targets, t0, n, T, V, dloss / (float)T, st_of(s));
     if (dh)
-      gemm(s, false, !tied, n, C, V, 1.0f, dl, V, params, tied ? C : V, beta, dh + (size_t)t0 * C,
-           C);
+      gemm_pre(s, pre_a, false, !tied, n, C, V, 1.0f, g, V, params, tied ? C : V, beta,
+               dh + (size_t)t0 * C, C);
     if (dparams && tied)
-      gemm(s, true, false, V, C, n, 1.0f, dl, V, hc, C, 1.0f, dparams, C);
+      gemm_pre(s, pre_a, true, false, V, C, n, 1.0f, g, V, hc, C, 1.0f, dparams, C);
     else if (dparams)
-      gemm(s, true, false, C, V, n, 1.0f, hc, C, dl, V, 1.0f, dparams, V);
+      gemm_pre(s, pre_b, true, false, C, V, n, 1.0f, hc, C, g, V, 1.0f, dparams, V);
   }
+  if (dl16)
+    cudaFreeAsync(dl16, st_of(s));
   if (dl)
     cudaFreeAsync(dl, st_of(s));
 }

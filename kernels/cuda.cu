@@ -401,15 +401,22 @@ __global__ void mean_k(float *out, const float *x, int n) {
     *out = s / n;
 }
 
-__global__ void xent_bwd_k(float *dl, const float *saved, const int32_t *targets, int t0, int n,
-                           int T, int V, float scale) {
-  size_t total = (size_t)n * V;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-       i += (size_t)gridDim.x * blockDim.x) {
-    int t = t0 + (int)(i / V);
-    int v = (int)(i % V);
-    float p = expf(dl[i] - saved[t]) * saved[T + t];
-    dl[i] = (p - (v == targets[t] ? 1.0f : 0.0f)) * scale;
+// Row r of the chunk (grid y) over its V columns (grid x): to out16 (bf16, compact) when
+// given, the GEMMs' operand, else in place over the logits.
+__global__ void xent_bwd_k(float *dl, uint16_t *out16, const float *saved, const int32_t *targets,
+                           int t0, int n, int T, int V, float scale) {
+  for (int r = blockIdx.y; r < n; r += gridDim.y) {
+    int t = t0 + r, target = targets[t];
+    float mx = saved[t], inv = saved[T + t];
+    size_t row = (size_t)r * V;
+    for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < V; v += gridDim.x * blockDim.x) {
+      float p = expf(dl[row + v] - mx) * inv;
+      float g = (p - (v == target ? 1.0f : 0.0f)) * scale;
+      if (out16)
+        out16[row + v] = __bfloat16_as_ushort(__float2bfloat16_rn(g));
+      else
+        dl[row + v] = g;
+    }
   }
 }
 
@@ -583,11 +590,13 @@ void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t st) {
   mean_k<<<1, kThreads, 0, st>>>(loss, rowloss, T);
 }
 
-void kc_xent_backward(float *dl, const float *saved, const int32_t *targets, int t0, int n, int T,
-                      int V, float scale, cudaStream_t st) {
-  size_t total = (size_t)n * V;
-  if (total)
-    xent_bwd_k<<<blocks_for(total), kThreads, 0, st>>>(dl, saved, targets, t0, n, T, V, scale);
+void kc_xent_backward(float *dl, uint16_t *out16, const float *saved, const int32_t *targets,
+                      int t0, int n, int T, int V, float scale, cudaStream_t st) {
+  if (!n || !V)
+    return;
+  unsigned bx = (unsigned)((V + kThreads - 1) / kThreads);
+  dim3 grid(bx < 64 ? bx : 64, n < 65535 ? (unsigned)n : 65535u);
+  xent_bwd_k<<<grid, kThreads, 0, st>>>(dl, out16, saved, targets, t0, n, T, V, scale);
 }
 
 void kc_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,

@@ -106,9 +106,10 @@ void kc_xent_stats(float *rowloss, float *saved, const float *logits, const int3
 /* *loss = the mean of rowloss [T], in a fixed order */
 void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t stream);
 /* a chunk of logits [n, V] (rows t0 .. t0 + n of T) -> dlogits = (softmax - onehot(target)) *
- * scale in place, the probabilities recomputed from saved (kc_xent_stats) */
-void kc_xent_backward(float *logits, const float *saved, const int32_t *targets, int t0, int n,
-                      int T, int V, float scale, cudaStream_t stream);
+ * scale, the probabilities recomputed from saved (kc_xent_stats): in place over the logits, or
+ * rounded to bf16 into out16 [n, V] when it is not NULL (the operand of bf16 GEMMs) */
+void kc_xent_backward(float *logits, uint16_t *out16, const float *saved, const int32_t *targets,
+                      int t0, int n, int T, int V, float scale, cudaStream_t stream);
 void kc_adamw(float *params, const float *grads, float *m, float *v, size_t n, float lr,
               float beta1, float beta2, float eps, float weight_decay, int step,
               cudaStream_t stream);
