@@ -313,6 +313,18 @@ static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, f
 
 /* ---- simple entries --------------------------------------------------------------------- */
 
+/* n bytes of stream-ordered scratch (cudaMallocAsync), NULL with the failure recorded. */
+static void *stream_scratch(struct exec_stream *s, size_t n) {
+  void *x = NULL;
+  GError *e = NULL;
+  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync(&x, n ? n : 1, st_of(s)), &e)) {
+    exec_cuda_fail(s, e);
+    return NULL;
+  }
+  return x;
+}
+
+
 static void k_fill(struct exec_stream *s, float *x, float value, size_t n) {
   exec_cuda_written(kernel_ctx(s), x, n * sizeof(float));
   kc_fill(x, value, n, st_of(s));
@@ -340,7 +352,11 @@ static void k_embedding_forward(struct exec_stream *s, float *x, const int32_t *
 static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, const float *dx,
                                         const int32_t *tokens, int T, int V, int C) {
   (void)V;
-  kc_embedding_backward(dparams, dx, tokens, T, C, st_of(s));
+  int32_t *chains = stream_scratch(s, 2 * (size_t)T * sizeof(int32_t));
+  if (!chains)
+    return;
+  kc_embedding_backward(dparams, dx, tokens, T, C, chains, st_of(s));
+  cudaFreeAsync(chains, st_of(s));
 }
 
 static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, const float *x,
@@ -541,17 +557,6 @@ static bool attention_fused(struct exec_stream *s, const struct kernels_attentio
   const struct cuda_context *b = kernel_ctx(s);
   bool fusable = b->bf16_gemm && kc_flash_attention_supported(d->head_dim, d->heads, d->kv_heads);
   return exec_gpu_attention_fused(b->attention, fusable, d->seq);
-}
-
-/* n bytes of stream-ordered scratch (cudaMallocAsync), NULL with the failure recorded. */
-static void *stream_scratch(struct exec_stream *s, size_t n) {
-  void *x = NULL;
-  GError *e = NULL;
-  if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync(&x, n ? n : 1, st_of(s)), &e)) {
-    exec_cuda_fail(s, e);
-    return NULL;
-  }
-  return x;
 }
 
 /* lse, y <- q, k, v in one fused pass; its scratch (the operands' bf16 copies) stream-ordered. */

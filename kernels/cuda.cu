@@ -80,12 +80,47 @@ __global__ void embedding_fwd_k(float *x, const int32_t *tok, const float *wte, 
   }
 }
 
+// dwte[tok[t]] += dx[t], t ascending per column: the serial walk (no scratch for chains).
 __global__ void embedding_bwd_k(float *dwte, const float *dx, const int32_t *tok, int T, int C) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C)
     return;
   for (int t = 0; t < T; t++)
     dwte[(size_t)tok[t] * C + c] += dx[(size_t)t * C + c];
+}
+
+// The positions of each token as a chain: next[t] = the next position holding tok[t] (-1:
+// none), head[t] = 1 where no earlier position holds it. O(T^2) comparisons, a thread a
+// position, every warp reading the same tok[u] at once.
+__global__ void token_chains_k(int32_t *next, int32_t *head, const int32_t *tok, int T) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T)
+    return;
+  int v = tok[t], nx = -1, first = 1;
+  for (int u = 0; u < T; u++)
+    if (tok[u] == v) {
+      first &= u >= t;
+      if (u > t && nx < 0)
+        nx = u;
+    }
+  next[t] = nx;
+  head[t] = first;
+}
+
+// dwte[v] += the sum of dx over the positions holding token v, ascending: a (column, chain)
+// per thread, so every row of dwte has one writer and the order is fixed.
+__global__ void embedding_bwd_chain_k(float *dwte, const float *dx, const int32_t *tok,
+                                      const int32_t *next, const int32_t *head, int T, int C) {
+  for (int t = blockIdx.y; t < T; t += gridDim.y) {
+    if (!head[t])
+      continue;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+      float sum = 0.0f;
+      for (int u = t; u >= 0; u = next[u])
+        sum += dx[(size_t)u * C + c];
+      dwte[(size_t)tok[t] * C + c] += sum;
+    }
+  }
 }
 
 __global__ void rmsnorm_fwd_k(float *h, float *rstd, const float *x, const float *w, int C,
@@ -117,15 +152,27 @@ __global__ void rmsnorm_bwd_input_k(float *dx, const float *dh, const float *x, 
   }
 }
 
+// dw[c] += sum over t of dh x rstd: a block per 32 columns, kNormGroups row groups (rows g,
+// g + kNormGroups, ...), whose sums are added in group order: deterministic, and T / 16 long
+// loops instead of one thread per column walking all T rows.
+constexpr int kNormGroups = 16;
+
 __global__ void rmsnorm_bwd_weight_k(float *dw, const float *dh, const float *x, const float *rstd,
                                      int T, int C) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C)
-    return;
+  __shared__ float part[kNormGroups][33];
+  int c = blockIdx.x * 32 + threadIdx.x, g = threadIdx.y;
   float s = 0;
-  for (int t = 0; t < T; t++)
-    s += dh[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
-  dw[c] += s;
+  if (c < C)
+    for (int t = g; t < T; t += kNormGroups)
+      s += dh[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
+  part[g][threadIdx.x] = s;
+  __syncthreads();
+  if (g == 0 && c < C) {
+    float total = 0;
+    for (int k = 0; k < kNormGroups; k++)
+      total += part[k][threadIdx.x];
+    dw[c] += total;
+  }
 }
 
 // Llama 3's frequency scaling, as kernels/rope.c (double, like the host's tables).
@@ -420,18 +467,40 @@ __global__ void xent_bwd_k(float *dl, uint16_t *out16, const float *saved, const
   }
 }
 
+__device__ void adamw_one(float &p, float g, float &m, float &v, float lr, float b1, float b2,
+                          float eps, float wd, float bc1, float bc2) {
+  m = b1 * m + (1.0f - b1) * g;
+  v = b2 * v + (1.0f - b2) * g * g;
+  float mh = m / bc1, vh = v / bc2;
+  p -= lr * (mh / (sqrtf(vh) + eps) + wd * p);
+}
+
 __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
                         float b2, float eps, float wd, float bc1, float bc2) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    adamw_one(p[i], g[i], m[i], v[i], lr, b1, b2, eps, wd, bc1, bc2);
+}
+
+// The same four elements at a time (16-byte loads and stores: the update is bound by its 28
+// bytes of traffic per parameter)
+__global__ void adamw4_k(float4 *p, const float4 *g, float4 *m, float4 *v, size_t n4, float lr,
+                         float b1, float b2, float eps, float wd, float bc1, float bc2) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
        i += (size_t)gridDim.x * blockDim.x) {
-    float gi = g[i];
-    float mi = b1 * m[i] + (1.0f - b1) * gi;
-    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    float4 pi = p[i], gi = g[i], mi = m[i], vi = v[i];
+    adamw_one(pi.x, gi.x, mi.x, vi.x, lr, b1, b2, eps, wd, bc1, bc2);
+    adamw_one(pi.y, gi.y, mi.y, vi.y, lr, b1, b2, eps, wd, bc1, bc2);
+    adamw_one(pi.z, gi.z, mi.z, vi.z, lr, b1, b2, eps, wd, bc1, bc2);
+    adamw_one(pi.w, gi.w, mi.w, vi.w, lr, b1, b2, eps, wd, bc1, bc2);
+    p[i] = pi;
     m[i] = mi;
     v[i] = vi;
-    float mh = mi / bc1, vh = vi / bc2;
-    p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
   }
+}
+
+bool aligned16(const void *a, const void *b, const void *c, const void *d) {
+  return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;
 }
 
 } // namespace
@@ -467,8 +536,18 @@ void kc_embedding_forward(float *x, const int32_t *tok, const float *wte, int T,
 }
 
 void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tok, int T, int C,
-                           cudaStream_t st) {
-  embedding_bwd_k<<<blocks_for(C), kThreads, 0, st>>>(dwte, dx, tok, T, C);
+                           int32_t *scratch, cudaStream_t st) {
+  if (!T || !C)
+    return;
+  if (!scratch) {
+    embedding_bwd_k<<<blocks_for(C), kThreads, 0, st>>>(dwte, dx, tok, T, C);
+    return;
+  }
+  int32_t *next = scratch, *head = scratch + T;
+  token_chains_k<<<(T + kThreads - 1) / kThreads, kThreads, 0, st>>>(next, head, tok, T);
+  unsigned bx = (unsigned)((C + kThreads - 1) / kThreads);
+  dim3 grid(bx < 64 ? bx : 64, T < 65535 ? (unsigned)T : 65535u);
+  embedding_bwd_chain_k<<<grid, kThreads, 0, st>>>(dwte, dx, tok, next, head, T, C);
 }
 
 void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, int T, int C,
@@ -485,7 +564,8 @@ void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const
 
 void kc_rmsnorm_backward_weight(float *dw, const float *dh, const float *x, const float *rstd,
                                 int T, int C, cudaStream_t st) {
-  rmsnorm_bwd_weight_k<<<blocks_for(C), kThreads, 0, st>>>(dw, dh, x, rstd, T, C);
+  if (C)
+    rmsnorm_bwd_weight_k<<<(C + 31) / 32, dim3(32, kNormGroups), 0, st>>>(dw, dh, x, rstd, T, C);
 }
 
 void kc_rope(float *x, int B, int S, int H, int D, float theta, float factor, float lo, float hi,
@@ -604,7 +684,11 @@ void kc_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, 
   // bias corrections in double, as the host reference
   float bc1 = (float)(1.0 - pow((double)b1, step));
   float bc2 = (float)(1.0 - pow((double)b2, step));
-  if (n)
+  if (n && n % 4 == 0 && aligned16(p, g, m, v))
+    adamw4_k<<<blocks_for(n / 4), kThreads, 0, st>>>((float4 *)p, (const float4 *)g, (float4 *)m,
+                                                     (float4 *)v, n / 4, lr, b1, b2, eps, wd, bc1,
+                                                     bc2);
+  else if (n)
     adamw_k<<<blocks_for(n), kThreads, 0, st>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
 }
 

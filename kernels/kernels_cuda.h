@@ -26,9 +26,11 @@ void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cud
 void kc_add(float *y, const float *x, size_t n, bool accumulate, cudaStream_t stream);
 void kc_embedding_forward(float *x, const int32_t *tokens, const float *wte, int T, int C,
                           cudaStream_t stream);
-/* dwte[tokens[t]] += dx[t], t ascending per column: deterministic, no atomics */
+/* dwte[tokens[t]] += dx[t], t ascending per row of dwte: deterministic, no atomics. With
+ * scratch (2 T int32, device), the positions of each token are chained first and a thread
+ * sums a (column, token) chain; without, a thread a column walks all T positions. */
 void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tokens, int T, int C,
-                           cudaStream_t stream);
+                           int32_t *scratch, cudaStream_t stream);
 void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, int T, int C,
                         float eps, cudaStream_t stream);
 void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,
