@@ -111,6 +111,17 @@ static void gemm_override(struct cuda_context *b) {
 
 /* ---- device selection ---------------------------------------------------------------------- */
 
+/* Kernel scratch (the LM head's logits chunks, attention's operand copies) comes from the
+ * device's stream-ordered pool (cudaMallocAsync). Its default release threshold, 0, hands
+ * every freed byte back to the driver at each synchronisation, so each step would map its
+ * scratch (over a GiB for a real vocabulary) again: the pool keeps what it has. */
+static bool keep_pool_memory(struct cuda_context *b, GError **err) {
+  cudaMemPool_t pool;
+  uint64_t keep = UINT64_MAX;
+  return CUDA_CHECK(b, cudaDeviceGetDefaultMemPool(&pool, b->device), err) &&
+         CUDA_CHECK(b, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), err);
+}
+
 /* Which GPU this rank uses, and whether another rank of its host uses the same one. */
 static bool select_device(struct cuda_context *b, GError **err) {
   int n = 0;
@@ -126,6 +137,8 @@ static bool select_device(struct cuda_context *b, GError **err) {
     return false;
   b->n_sms = prop.multiProcessorCount;
   g_strlcpy(b->device_name, prop.name, sizeof b->device_name);
+  if (!keep_pool_memory(b, err))
+    return false;
   uint8_t mine[16];
   memcpy(mine, prop.uuid.bytes, 16);
   uint8_t *all = g_malloc0((size_t)16 * b->local_size);
