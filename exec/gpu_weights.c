@@ -102,14 +102,22 @@ struct exec_wcache_entry *exec_wcache_find(struct exec_wcache *c, const void *pt
   return e;
 }
 
+/* Entry k and the bytes [*lo, *hi) its fp32 matrix spans. */
+static struct exec_wcache_entry *entry_span(const struct exec_wcache *c, guint k, uintptr_t *lo,
+                                            uintptr_t *hi) {
+  struct exec_wcache_entry *e = g_ptr_array_index(c->entries, k);
+  *lo = (uintptr_t)e->ptr;
+  *hi = *lo + exec_wcache_extent(e->rows, e->cols, e->ld);
+  return e;
+}
+
 uint32_t exec_wcache_written(struct exec_wcache *c, const void *p, size_t bytes) {
   if (!bytes || !c->entries || !meets_store(c, p, bytes))
     return 0;
-  uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+  uintptr_t lo = (uintptr_t)p, hi = lo + bytes, elo, ehi;
   uint32_t n = 0;
   for (guint k = 0; k < c->entries->len; k++) {
-    struct exec_wcache_entry *e = g_ptr_array_index(c->entries, k);
-    uintptr_t elo = (uintptr_t)e->ptr, ehi = elo + exec_wcache_extent(e->rows, e->cols, e->ld);
+    struct exec_wcache_entry *e = entry_span(c, k, &elo, &ehi);
     if (e->fresh && elo < hi && lo < ehi) {
       e->fresh = false;
       n++;
@@ -122,11 +130,10 @@ uint32_t exec_wcache_within(const struct exec_wcache *c, const void *p, size_t b
                             GPtrArray *out) {
   if (!bytes || !c->entries)
     return 0;
-  uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+  uintptr_t lo = (uintptr_t)p, hi = lo + bytes, elo, ehi;
   uint32_t n = 0;
   for (guint k = 0; k < c->entries->len; k++) {
-    struct exec_wcache_entry *e = g_ptr_array_index(c->entries, k);
-    uintptr_t elo = (uintptr_t)e->ptr, ehi = elo + exec_wcache_extent(e->rows, e->cols, e->ld);
+    struct exec_wcache_entry *e = entry_span(c, k, &elo, &ehi);
     if (e->copy && lo <= elo && ehi <= hi) {
       g_ptr_array_add(out, e);
       n++;
