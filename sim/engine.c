@@ -83,17 +83,62 @@ static GArray *split_instance(const struct plan *p, const struct profile *prof, 
 /* Bytes per parameter of parameters, gradients and optimizer state. Mixed-precision Adam (ZeRO
  * paper, Rajbhandari et al. 2020, §3.1): 2 bytes of bf16 parameters, 2 of gradients, 12 of
  * optimizer state (fp32 master copy, momentum, variance); fp32 training: 4 + 4 + 8 (momentum,
- * variance). */
+ * variance). A profile that states how its backend holds them (struct profile_memory) replaces
+ * each rate; copy is its bf16 copy of each GEMM weight matrix (bf16 models only), counted with
+ * the parameters. */
 struct static_rates {
-  double params, grads, opt;
+  double params, grads, opt, copy;
 };
+
+static struct static_rates static_rates_of(const struct profile *prof, enum model_dtype dtype) {
+  bool bf16 = dtype == MODEL_DTYPE_BF16;
+  struct static_rates r = {bf16 ? 2 : 4, bf16 ? 2 : 4, bf16 ? 12 : 8, 0};
+  if (!prof)
+    return r;
+  const struct profile_memory *pm = &prof->memory;
+  if (pm->param_bytes >= 0)
+    r.params = pm->param_bytes;
+  if (pm->grad_bytes >= 0)
+    r.grads = pm->grad_bytes;
+  if (pm->optimizer_bytes >= 0)
+    r.opt = pm->optimizer_bytes;
+  if (dtype != MODEL_DTYPE_FP32)
+    r.copy = pm->compute_copy_bytes;
+  return r;
+}
+
+/* Parameters of segment seg that are a GEMM's weight matrix (whatever is not an embedding's
+ * rows or a norm's scale), of which a backend computing in bf16 keeps a bf16 copy. A tied LM
+ * head in one region shares the embedding's matrix and counts it here, where its GEMM is. */
+static double segment_gemm_params(const struct model *m, uint32_t seg) {
+  const struct model_segment *s = &m->segments[seg];
+  double n = 0;
+  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++) {
+    const struct model_op *op = &m->ops[o];
+    if (op->kind == MODEL_OP_EMBEDDING || op->kind == MODEL_OP_RMSNORM)
+      continue;
+    n += (double)op->param_count;
+    if (op->kind == MODEL_OP_LM_HEAD_LOSS && op->param_count == 0 && m->tie_word_embeddings)
+      n += (double)m->vocab_size * (double)m->hidden_size;
+  }
+  return n;
+}
+
+/* The compute copies of `held` parameters of segment seg (its share on this device: TP slices,
+ * local experts): the GEMM weights' part of them. */
+static double segment_copy_params(const struct model *m, uint32_t seg, double held) {
+  double all = (double)m->segments[seg].param_count, gemm = segment_gemm_params(m, seg);
+  return all > 0 ? gemm * held / all : gemm;
+}
 
 /* A ZeRO bucket (a reduce-scatter of the class): P parameters on each of N devices, padded to
  * N * ceil(P / N) so the collectives divide evenly, as the executor lays them out. Each level
  * keeps its sharded stores at one shard, ceil(P / N), and the rest whole (padded):
  *   ZeRO-1: params, grads padded, optimizer shard   (bf16: about 4 psi + 12 psi / N)
  *   ZeRO-2: params padded, grads, optimizer shard   (2 psi + 14 psi / N)
- *   ZeRO-3: every store one shard                   (16 psi / N) */
+ *   ZeRO-3: every store one shard                   (16 psi / N)
+ * Compute copies are of whole weights (ZeRO-1/2); ZeRO-3's gathered weights are converted per
+ * GEMM, in its scratch. */
 static void zero_bucket_memory(const struct plan *p, const struct ir_node *n,
                                const struct static_rates *r, double *params, double *grads,
                                double *opt) {
@@ -103,15 +148,31 @@ static void zero_bucket_memory(const struct plan *p, const struct ir_node *n,
   *params += r->params * (n->shard_params ? shard : padded);
   *grads += r->grads * (n->shard_grads ? shard : padded);
   *opt += r->opt * shard;
+  if (r->copy <= 0 || n->shard_params)
+    return;
+  const struct ir_segset *ss = &p->segsets[n->segset];
+  double all = 0, gemm = 0;
+  for (uint32_t j = 0; j < ss->count; j++) {
+    uint32_t seg = p->segment_pool[ss->first + j];
+    if (seg < p->model->n_segments) {
+      all += (double)p->model->segments[seg].param_count;
+      gemm += segment_gemm_params(p->model, seg);
+    }
+  }
+  *params += r->copy * (all > 0 ? gemm * P / all : gemm);
 }
 
 void sim_static_memory(const struct plan *p, const struct plan_class *c,
                        uint64_t bytes[REPORT_MEM_KIND_COUNT]) {
+  sim_static_memory_held(p, c, NULL, bytes);
+}
+
+void sim_static_memory_held(const struct plan *p, const struct plan_class *c,
+                            const struct profile *prof, uint64_t bytes[REPORT_MEM_KIND_COUNT]) {
   memset(bytes, 0, sizeof(uint64_t) * REPORT_MEM_KIND_COUNT);
   const struct model *m = p->model;
   bool *seen = g_new0(bool, m->n_segments);
-  bool bf16 = m->dtype == MODEL_DTYPE_BF16;
-  struct static_rates r = {bf16 ? 2 : 4, bf16 ? 2 : 4, bf16 ? 12 : 8};
+  struct static_rates r = static_rates_of(prof, m->dtype);
   double params = 0, grads = 0, opt = 0;
   /* ZeRO buckets first; their segments are then counted */
   for (uint32_t i = 0; i < c->n_instrs; i++) {
@@ -145,6 +206,8 @@ void sim_static_memory(const struct plan *p, const struct plan_class *c,
     params += r.params * psi;
     grads += r.grads * psi;
     opt += r.opt * psi;
+    if (r.copy > 0)
+      params += r.copy * segment_copy_params(m, n->segment, psi);
   }
   g_free(seen);
   bytes[REPORT_MEM_PARAMS] = (uint64_t)llround(params);
@@ -160,6 +223,7 @@ struct class_info {
   uint32_t *measured, *fallback; /* [n_instrs] op counts */
   uint8_t *tensor_kind;          /* [n_tensors] report_mem_kind */
   uint8_t *tensor_saved;         /* [n_tensors] saved activations */
+  uint64_t *tensor_bytes;        /* [n_tensors] as the profile's backend holds them */
   /* The plan's memory points (plan_class_memory_events): instruction i allocates and releases
    * the tensors of events[event_first[i] .. event_first[i + 1]) */
   struct plan_memory_event *events;
@@ -196,6 +260,22 @@ static struct profile_cost compute_cost(const struct profile *prof, const struct
     pc.seconds *= s->flops_fwd > 0 ? core / s->flops_fwd : 0;
   }
   return pc;
+}
+
+/* The bytes of each of the class's tensors as the profile's backend holds them: the plan
+ * counts elements at the model's dtype, a backend may hold them wider (piper-exec: fp32).
+ * Scaled whole and rounded up, as the cuda backend plans its arena's slots
+ * (exec_arena_tensors_held); the few fixed-width parts of a tensor (int32 token ids, fp32
+ * statistics per row) are scaled with the rest. */
+static uint64_t *class_tensor_bytes(const struct plan *p, const struct plan_class *c,
+                                    const struct profile *prof) {
+  uint64_t counted = model_dtype_bytes(p->model->dtype);
+  uint64_t held = profile_activation_bytes(prof, p->model->dtype);
+  uint64_t *bytes = g_new0(uint64_t, c->n_tensors + 1);
+  for (uint32_t t = 0; t < c->n_tensors; t++)
+    bytes[t] = held == counted ? c->tensors[t].bytes
+                               : (c->tensors[t].bytes * held + counted - 1) / counted;
+  return bytes;
 }
 
 static void class_info_build(const struct plan *p, const struct plan_class *c,
@@ -296,6 +376,7 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     ci->tensor_kind[t] = kind;
     ci->tensor_saved[t] = kind == REPORT_MEM_ACTIVATIONS && pt->kind == PLAN_TENSOR_SAVED;
   }
+  ci->tensor_bytes = class_tensor_bytes(p, c, prof);
   plan_class_memory_events(c, &ci->events);
   ci->event_first = g_new0(uint32_t, c->n_instrs + 2);
   for (uint32_t t = 0; t < c->n_tensors; t++) {
@@ -317,6 +398,7 @@ static void class_info_free(struct class_info *ci) {
   g_free(ci->fallback);
   g_free(ci->tensor_kind);
   g_free(ci->tensor_saved);
+  g_free(ci->tensor_bytes);
   g_free(ci->events);
   g_free(ci->event_first);
   g_free(ci->streams_used);
@@ -706,16 +788,15 @@ static void mem_point(struct sim *s, struct unit_rt *u, double t) {
 /* The memory rule (struct plan_tensor): what instruction i allocates comes to life when it
  * starts (is issued on its stream), as a kernel's output or a posted receive's buffer does. */
 static void alloc_tensors(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
-  const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
   bool changed = false;
   for (uint32_t k = ci->event_first[i]; k < ci->event_first[i + 1]; k++) {
     uint32_t tid = ci->events[k].tensor;
-    if (ci->events[k].release || c->tensors[tid].bytes == 0)
+    if (ci->events[k].release || ci->tensor_bytes[tid] == 0)
       continue;
-    u->mem[ci->tensor_kind[tid]] += (int64_t)c->tensors[tid].bytes;
+    u->mem[ci->tensor_kind[tid]] += (int64_t)ci->tensor_bytes[tid];
     if (ci->tensor_saved[tid])
-      u->saved += (int64_t)c->tensors[tid].bytes;
+      u->saved += (int64_t)ci->tensor_bytes[tid];
     changed = true;
   }
   if (changed)
@@ -724,13 +805,12 @@ static void alloc_tensors(struct sim *s, struct unit_rt *u, uint32_t i, double t
 
 /* One of tensor tid's last uses (a consumer, or its release point) has ended: the last frees
  * it. Returns whether memory changed. */
-static bool use_done(struct unit_rt *u, const struct plan_class *c, const struct class_info *ci,
-                     uint32_t tid) {
-  if (u->remaining[tid] == 0 || --u->remaining[tid] > 0 || c->tensors[tid].bytes == 0)
+static bool use_done(struct unit_rt *u, const struct class_info *ci, uint32_t tid) {
+  if (u->remaining[tid] == 0 || --u->remaining[tid] > 0 || ci->tensor_bytes[tid] == 0)
     return false;
-  u->mem[ci->tensor_kind[tid]] -= (int64_t)c->tensors[tid].bytes;
+  u->mem[ci->tensor_kind[tid]] -= (int64_t)ci->tensor_bytes[tid];
   if (ci->tensor_saved[tid])
-    u->saved -= (int64_t)c->tensors[tid].bytes;
+    u->saved -= (int64_t)ci->tensor_bytes[tid];
   return true;
 }
 
@@ -749,10 +829,10 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
    * release itself. */
   bool freed = false;
   for (uint32_t k = 0; k < in->read_count; k++)
-    freed |= use_done(u, c, ci, c->reads[in->read_first + k]);
+    freed |= use_done(u, ci, c->reads[in->read_first + k]);
   for (uint32_t k = ci->event_first[i]; k < ci->event_first[i + 1]; k++)
     if (ci->events[k].release)
-      freed |= use_done(u, c, ci, ci->events[k].tensor);
+      freed |= use_done(u, ci, ci->events[k].tensor);
   if (freed)
     mem_point(s, u, t);
 }
@@ -1341,7 +1421,7 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
     u->start[i] = u->end[i] = -1;
   for (uint32_t t = 0; t < c->n_tensors; t++)
     u->remaining[t] = c->tensors[t].consumer_count + 1; /* and the release point */
-  sim_static_memory(p, c, res->units[k].static_bytes);
+  sim_static_memory_held(p, c, s->prof, res->units[k].static_bytes);
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
 }

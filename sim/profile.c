@@ -166,6 +166,14 @@ static const struct profile_key host_keys[] = {
     KEY("comm_test_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, comm_test),
     KEY("wake_latency_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, wake_latency),
 };
+/* bounds: bytes per element or parameter of any numeric type a backend could hold */
+static const struct profile_key memory_keys[] = {
+    KEY("activation_bytes_per_element", U32, OPTIONAL, 1, 16, 1, memory.activation_bytes),
+    KEY("param_bytes_per_param", DOUBLE, OPTIONAL, 0, 64, 1, memory.param_bytes),
+    KEY("grad_bytes_per_param", DOUBLE, OPTIONAL, 0, 64, 1, memory.grad_bytes),
+    KEY("optimizer_state_bytes_per_param", DOUBLE, OPTIONAL, 0, 64, 1, memory.optimizer_bytes),
+    KEY("compute_copy_bytes_per_param", DOUBLE, OPTIONAL, 0, 64, 1, memory.compute_copy_bytes),
+};
 #undef KEY
 #define FIT_KEY(name, lo, hi, scale, field)                                                       \
   { name, PROFILE_KEY_DOUBLE, PROFILE_KEY_REQUIRED, lo, hi, scale, offsetof(struct profile_fit, field) }
@@ -244,7 +252,7 @@ static bool read_identity(struct profile *p, const char *name, const cJSON *root
     return piper_input_error(err, "%s: a profile must be a JSON object", name);
   static const char *const top[] = {"name",     "kind",      "description", "sources",
                                     "device",   "network",   "contention",  "measured",
-                                    "synthetic", "host",     "collectives", NULL};
+                                    "synthetic", "host",     "collectives", "memory", NULL};
   if (!json_check_keys(root, top, name, err))
     return false;
   const char *s = NULL;
@@ -350,15 +358,20 @@ static bool read_collectives(struct profile *p, const char *name, const cJSON *c
   return true;
 }
 
-/* The optional sections of a measured machine: host facts and per-operation fits. */
+/* The optional sections of a measured machine: host facts, per-operation fits and how the
+ * backend holds memory. */
 static bool read_machine(struct profile *p, const char *name, const cJSON *root, GError **err) {
-  const cJSON *host, *col;
+  const cJSON *host, *col, *mem;
   char ctx[300];
   if (!json_get_object(root, "host", false, &host, name, err) ||
-      !json_get_object(root, "collectives", false, &col, name, err))
+      !json_get_object(root, "collectives", false, &col, name, err) ||
+      !json_get_object(root, "memory", false, &mem, name, err))
     return false;
   snprintf(ctx, sizeof ctx, "%s: host", name);
   if (host && !read_section(p, host, host_keys, G_N_ELEMENTS(host_keys), ctx, err))
+    return false;
+  snprintf(ctx, sizeof ctx, "%s: memory", name);
+  if (mem && !read_section(p, mem, memory_keys, G_N_ELEMENTS(memory_keys), ctx, err))
     return false;
   return !col || read_collectives(p, name, col, err);
 }
@@ -405,6 +418,8 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   p->gpus_per_node = 8;
   p->nics_per_node = 8;
   p->algo = PROFILE_ALGO_RING;
+  /* the plan's own memory rule (struct profile_memory) unless the profile says otherwise */
+  p->memory = (struct profile_memory){0, -1, -1, -1, 0};
   if (!read_identity(p, name, root, err) || !read_sections(p, name, root, err) ||
       !read_machine(p, name, root, err)) {
     profile_free(p);
@@ -429,6 +444,11 @@ void profile_free(struct profile *p) {
   g_free(p->path);
   g_free(p->entries);
   g_free(p);
+}
+
+uint32_t profile_activation_bytes(const struct profile *p, enum model_dtype dtype) {
+  return p && p->memory.activation_bytes ? p->memory.activation_bytes
+                                         : (uint32_t)model_dtype_bytes(dtype);
 }
 
 /* ---- compute costs ------------------------------------------------------------------------ */

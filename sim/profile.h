@@ -62,6 +62,19 @@ struct profile_entry {
   double seconds;
 };
 
+/* How a backend holds memory, per element of the plan's tensors and per parameter. A field
+ * left unset (0 for activation_bytes, negative for the rates) takes the plan's own rule, what
+ * a production executor holds: the plan's tensors at the model's dtype, and the ZeRO paper's
+ * mixed-precision rates (bf16: params 2, grads 2, optimizer 12 with the fp32 master copy;
+ * fp32: 4, 4, 8). piper-exec holds everything in fp32 whatever the model's dtype: tensors 4,
+ * params 4 (the master copy), grads 4, optimizer 8 (AdamW m and v); its cuda backend adds a
+ * bf16 copy of each GEMM weight matrix for bf16 models (compute_copy 2, counted as params). */
+struct profile_memory {
+  uint32_t activation_bytes; /* per element of the plan's tensors */
+  double param_bytes, grad_bytes, optimizer_bytes; /* per parameter held */
+  double compute_copy_bytes; /* per GEMM weight parameter held whole, bf16 models only */
+};
+
 struct profile {
   char *name; /* "name" key, else the file basename */
   char *path; /* for messages */
@@ -106,6 +119,10 @@ struct profile {
   uint32_t cores_per_node;
   double instruction_overhead, wait_core_share, comm_test, wake_latency;
 
+  /* memory: the precision at which the profiled backend holds each kind ("memory" section;
+   * facts of the backend's code, which piper-prof writes, not measurements) */
+  struct profile_memory memory;
+
   /* measured table, sorted by (kind, pass, shape) */
   uint32_t n_entries;
   struct profile_entry *entries;
@@ -142,6 +159,10 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
  * next forward's first GEMMs, the same traffic once a step. */
 struct profile_cost profile_optimizer_cost(const struct profile *p, double params,
                                           double copied);
+
+/* Bytes per element at which the backend holds a plan's tensors for a model of dtype: the
+ * profile's memory.activation_bytes, else the model's own (the plan's count). */
+uint32_t profile_activation_bytes(const struct profile *p, enum model_dtype dtype);
 
 /* Where a communication runs: p ranks over n_nodes nodes, with at least min_per_node of them on
  * every node spanned. p2p transfers are p = 2. */

@@ -84,6 +84,10 @@ void sim_result_free(struct sim_result *r);
 /* Static memory of a plan class (params, grads, optimizer state by the ZeRO formulas). */
 void sim_static_memory(const struct plan *p, const struct plan_class *c,
                        uint64_t bytes[REPORT_MEM_KIND_COUNT]);
+/* The same at the rates the profile's backend holds them (struct profile_memory; NULL: the
+ * ZeRO formulas), its compute copies of GEMM weights counted as params. */
+void sim_static_memory_held(const struct plan *p, const struct plan_class *c,
+                            const struct profile *prof, uint64_t bytes[REPORT_MEM_KIND_COUNT]);
 
 /* Points every device of r->devices (report_run_init_devices done) at its unit's intervals and
  * memory, and fills the peaks. */

@@ -1532,6 +1532,18 @@ static cJSON *host_json(const struct prof_run *r) {
   return h;
 }
 
+/* How the measured backend holds memory: constants of its code (PROF_HELD_*), written so
+ * that the simulator's memory figures of a bf16 model are what this backend holds. */
+static cJSON *memory_json(const struct prof_run *r) {
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddNumberToObject(m, "activation_bytes_per_element", PROF_HELD_ELEMENT_BYTES);
+  cJSON_AddNumberToObject(m, "param_bytes_per_param", PROF_HELD_ELEMENT_BYTES);
+  cJSON_AddNumberToObject(m, "grad_bytes_per_param", PROF_HELD_ELEMENT_BYTES);
+  cJSON_AddNumberToObject(m, "optimizer_state_bytes_per_param", PROF_HELD_OPTIMIZER_BYTES);
+  cJSON_AddNumberToObject(m, "compute_copy_bytes_per_param", r->compute_copy_bytes_per_param);
+  return m;
+}
+
 static cJSON *profile_json(const struct prof_run *r, const struct machine_facts *mf) {
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "name", strcmp(r->a->backend, "host") == 0 ? "host-cpu"
@@ -1550,6 +1562,7 @@ static cJSON *profile_json(const struct prof_run *r, const struct machine_facts 
   cJSON_AddItemToObject(root, "device", device_json(r, mf));
   cJSON_AddItemToObject(root, "network", network_json(r));
   cJSON_AddItemToObject(root, "host", host_json(r));
+  cJSON_AddItemToObject(root, "memory", memory_json(r));
   if (r->fit_json)
     cJSON_AddItemReferenceToObject(cJSON_AddObjectToObject(root, "collectives"), "intra_node",
                                    r->fit_json);

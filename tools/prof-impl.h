@@ -44,8 +44,19 @@ struct prof_run {
   char gpu_name[256];
   double gpu_memory_gib, gemm_flops_bf16;
   double weight_copy_bytes_per_param; /* bf16 models' weight copies, once a step (0: none) */
+  double compute_copy_bytes_per_param; /* held: their bytes per GEMM weight parameter */
   uint32_t gpu_sms;
 };
+
+/* How piper-exec holds memory whatever the model's dtype (the profile's "memory" section,
+ * struct profile_memory): facts of its code, not measurements. Both backends keep the plan's
+ * tensors, the parameters (the fp32 master copy), their gradients and AdamW's m and v in fp32
+ * (exec/train.c: exec_state_init_params and mb_buffer; exec/backend_cuda_arena.c plans the
+ * arena's slots at 4 bytes per element); the cuda backend adds a bf16 copy of each GEMM
+ * weight matrix of a bf16 model (exec/backend_cuda_kernels.c: weight_copy). */
+#define PROF_HELD_ELEMENT_BYTES 4   /* fp32 */
+#define PROF_HELD_OPTIMIZER_BYTES 8 /* AdamW's m and v, fp32 */
+#define PROF_CUDA_COMPUTE_COPY_BYTES 2 /* bf16 */
 
 /* Buffers of one op at one shape, every pass's operands (sizes from the kernels' own counts).
  * The fields are named after the executor's: in0 (h or x), in1 (routing), out, dout, din,

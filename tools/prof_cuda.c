@@ -713,6 +713,7 @@ static bool measure_gpu(struct prof_run *r, struct gpu *g, GPtrArray *models, GE
    * simulator charges them as it charges AdamW (profile_optimizer_cost) */
   if (g->copy_params > 0)
     r->weight_copy_bytes_per_param = g->copy_seconds / g->copy_params * r->triad_bytes;
+  r->compute_copy_bytes_per_param = PROF_CUDA_COMPUTE_COPY_BYTES;
   r->cores = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
   r->instruction_overhead = prof_instruction_cost(g->b, r->a->quick ? 2000 : 20000, err);
   if (r->instruction_overhead < 0)

@@ -1337,6 +1337,99 @@ static void test_static_memory_zero_experts(void **state) {
   profile_free(u);
 }
 
+/* The profile's memory section: every bad key one input error naming the file and the key. */
+static void test_profile_memory_errors(void **state) {
+  (void)state;
+  static const struct {
+    const char *section, *want;
+  } cases[] = {
+      {"\"memory\":{\"activation_bytes_per_element\":0}", "activation_bytes_per_element"},
+      {"\"memory\":{\"activation_bytes_per_element\":2.5}", "activation_bytes_per_element"},
+      {"\"memory\":{\"activation_bytes_per_element\":17}", "activation_bytes_per_element"},
+      {"\"memory\":{\"param_bytes_per_param\":-1}", "param_bytes_per_param"},
+      {"\"memory\":{\"grad_bytes_per_param\":\"4\"}", "grad_bytes_per_param"},
+      {"\"memory\":{\"optimizer_state_bytes_per_param\":65}", "optimizer_state_bytes_per_param"},
+      {"\"memory\":{\"compute_copy_bytes_per_param\":-2}", "compute_copy_bytes_per_param"},
+      {"\"memory\":{\"optimizer_bytes_per_param\":8}", "optimizer_bytes_per_param"},
+      {"\"memory\":[]", "memory"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%.*s,%s}", (int)strlen(plain_profile) - 1, plain_profile,
+             cases[i].section);
+    GError *err = NULL;
+    struct profile *p = profile_from(buf, &err);
+    if (p)
+      fail_msg("case %zu accepted: %s", i, cases[i].section);
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    if (!strstr(err->message, cases[i].want) || !strstr(err->message, "test.json") ||
+        strchr(err->message, '\n'))
+      fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err->message, cases[i].want);
+    g_error_free(err);
+  }
+}
+
+/* A profile's memory section: the executor's fp32 rates for a bf16 model. By hand for
+ * tiny-dense-bf16 on one device: psi = 328,768 parameters (8 layers of 36,992: attention
+ * 12,288, MLP 24,576, two norms of 64; embedding and head 16,384 each, final norm 64), of
+ * which GEMM weights 8 x (12,288 + 24,576) + 16,384 = 311,296. Params 4 psi + 2 x 311,296
+ * (the compute copies), grads 4 psi, optimizer 8 psi; the plan's tensors at 4 bytes per
+ * element where it counts 2, so the activations at the peak double. Without the section:
+ * 2 / 2 / 12 psi and the plan's bytes; an fp32 model is unchanged by the section. */
+static void test_static_memory_held(void **state) {
+  (void)state;
+  char buf[2048];
+  snprintf(buf, sizeof buf, "%.*s,%s}", (int)strlen(plain_profile) - 1, plain_profile,
+           "\"memory\":{\"activation_bytes_per_element\":4,\"param_bytes_per_param\":4,"
+           "\"grad_bytes_per_param\":4,\"optimizer_state_bytes_per_param\":8,"
+           "\"compute_copy_bytes_per_param\":2}");
+  GError *err = NULL;
+  struct profile *held = profile_from(buf, &err);
+  if (!held)
+    fail_msg("%s", err->message);
+  struct profile *plain = profile_from(plain_profile, &err);
+  assert_non_null(plain);
+  char dir[] = "/tmp/test_sim_XXXXXX", one[300];
+  assert_non_null(g_mkdtemp(dir));
+  snprintf(one, sizeof one, "%s/one.json", dir);
+  test_write_file(one, "[{\"op\":\"place\",\"filter\":{},\"devices\":[0]}]");
+  struct plan *p = compile("models/tiny-dense-bf16.json", one, "gpipe", 4, 1);
+  double psi = 328768, gemm = 311296;
+  assert_int_equal(model_param_count(p->model), psi);
+  uint64_t mem[REPORT_MEM_KIND_COUNT];
+  sim_static_memory_held(p, plan_device_class(p, 0), held, mem);
+  assert_int_equal(mem[REPORT_MEM_PARAMS], 4 * psi + 2 * gemm);
+  assert_int_equal(mem[REPORT_MEM_GRADS], 4 * psi);
+  assert_int_equal(mem[REPORT_MEM_OPTIMIZER], 8 * psi);
+  sim_static_memory_held(p, plan_device_class(p, 0), plain, mem);
+  assert_int_equal(mem[REPORT_MEM_PARAMS], 2 * psi);
+  assert_int_equal(mem[REPORT_MEM_GRADS], 2 * psi);
+  assert_int_equal(mem[REPORT_MEM_OPTIMIZER], 12 * psi);
+  struct sim_result *rh = run(p, held, false), *rp = run(p, plain, false);
+  const struct sim_unit *uh = &rh->units[0], *up = &rp->units[0];
+  assert_true(up->peak_breakdown[REPORT_MEM_ACTIVATIONS] > 0);
+  assert_int_equal(uh->peak_breakdown[REPORT_MEM_ACTIVATIONS],
+                   2 * up->peak_breakdown[REPORT_MEM_ACTIVATIONS]);
+  assert_int_equal(uh->peak_bytes, 16 * psi + 2 * gemm + uh->peak_breakdown[REPORT_MEM_ACTIVATIONS]);
+  sim_result_free(rh);
+  sim_result_free(rp);
+  plan_free(p);
+  /* fp32: the executor's rates are the fp32 rule, and no compute copy */
+  p = compile("models/tiny-dense.json", one, "gpipe", 4, 1);
+  remove(one);
+  rmdir(dir);
+  rh = run(p, held, false);
+  rp = run(p, plain, false);
+  assert_int_equal(rh->units[0].peak_bytes, rp->units[0].peak_bytes);
+  assert_memory_equal(rh->units[0].peak_breakdown, rp->units[0].peak_breakdown,
+                      sizeof rh->units[0].peak_breakdown);
+  sim_result_free(rh);
+  sim_result_free(rp);
+  plan_free(p);
+  profile_free(held);
+  profile_free(plain);
+}
+
 /* ---- report files and charts ---------------------------------------------------------------- */
 
 static void test_report_files(void **state) {
@@ -1550,6 +1643,8 @@ int main(void) {
       cmocka_unit_test(test_memory_timeline_limit),
       cmocka_unit_test(test_static_memory_zero),
       cmocka_unit_test(test_static_memory_zero_experts),
+      cmocka_unit_test(test_profile_memory_errors),
+      cmocka_unit_test(test_static_memory_held),
       cmocka_unit_test(test_report_files),
       cmocka_unit_test(test_sweep),
       cmocka_unit_test(test_textbook_gpipe_1f1b),
