@@ -227,6 +227,10 @@ struct exec_task_ctx {
   struct exec_stream *stream;
   double kernel_s, comm_s;
   GArray *work; /* struct exec_block: the instruction's workspace, freed when it ends */
+  /* the plan's tensor for that workspace (a backend that places tensors puts it in the
+   * tensor's slot), when has_work */
+  bool has_work;
+  uint32_t work_tensor;
   struct exec_tp_bufs tp;
 };
 
@@ -263,6 +267,8 @@ struct exec_state {
    * releases (release_first[i] .. release_first[i + 1] of release_list) */
   struct exec_tensor_rt *tensors;
   uint32_t *release_first, *release_list;
+  /* [n_instrs] instruction i's workspace tensor (PLAN_TENSOR_WORK), IR_NONE where it has none */
+  uint32_t *work_of;
   double *tp_seconds; /* [n_instrs]: a compute's time in its TP collectives (NULL: no TP) */
   GMutex tensor_lock;
   /* A receive's buffers, allocated when its stream becomes free (its issue: the plan's alloc

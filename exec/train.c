@@ -130,9 +130,12 @@ static void *mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct ex
   if (!n)
     n = 16;
   /* a backend that only enqueues keeps no pool (exec_pool_put); it is told whose buffer a
-   * plan tensor's is, so it can place it where its offline plan put it (the cuda arena) */
-  void *p = owner < OWN_MB && exec_backend_enqueues(s->b)
-                ? exec_backend_alloc_tensor(s->b, owner, n)
+   * plan tensor's is, so it can place it where its offline plan put it (the cuda arena): the
+   * running instruction's workspace blocks too, in its workspace tensor's slot, one after
+   * the other */
+  uint32_t place = owner == OWN_WORK && st && st->has_work ? st->work_tensor : owner;
+  void *p = place < OWN_MB && exec_backend_enqueues(s->b)
+                ? exec_backend_alloc_tensor(s->b, place, n)
                 : exec_pool_get(s, n);
   struct exec_block blk = {p, n, kind, false};
   struct exec_stream *stream = st ? st->stream : NULL;
@@ -337,6 +340,12 @@ void exec_step_memory_begin(struct exec_state *s) {
     for (uint32_t i = 0; i < c->n_instrs; i++)
       s->release_first[i + 1] += s->release_first[i];
     g_free(ev);
+    s->work_of = g_new(uint32_t, c->n_instrs + 1);
+    for (uint32_t i = 0; i <= c->n_instrs; i++)
+      s->work_of[i] = IR_NONE;
+    for (uint32_t t = 0; t < c->n_tensors; t++)
+      if (c->tensors[t].kind == PLAN_TENSOR_WORK && c->tensors[t].producer < c->n_instrs)
+        s->work_of[c->tensors[t].producer] = t;
     s->recv_ready = g_new0(float *, (size_t)c->n_instrs * TC + 1);
     s->next_on_stream = g_new(uint32_t, c->n_instrs + 1);
     for (uint32_t st = 0; st < s->dev->plan->n_streams; st++)
@@ -379,6 +388,7 @@ void exec_memory_free(struct exec_state *s) {
   g_clear_pointer(&s->tensors, g_free);
   g_clear_pointer(&s->release_first, g_free);
   g_clear_pointer(&s->release_list, g_free);
+  g_clear_pointer(&s->work_of, g_free);
   g_clear_pointer(&s->recv_ready, g_free);
   g_clear_pointer(&s->next_on_stream, g_free);
   g_clear_pointer(&s->tp_seconds, g_free);
@@ -2279,6 +2289,8 @@ static bool optimizer(struct exec_state *s, uint32_t i, struct exec_task_ctx *st
 bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   bool ok = true;
+  st->has_work = s->work_of && s->work_of[i] != IR_NONE;
+  st->work_tensor = st->has_work ? s->work_of[i] : 0;
   switch (x->role) {
   case EXEC_ROLE_COMPUTE: {
     bool ep = s->dev->ep_size[x->segment] > 1;

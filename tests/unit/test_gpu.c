@@ -597,12 +597,16 @@ static void test_gpu_backend_memory_peak(void **state) {
  * backend_cuda_arena.c does, and counts what fits. */
 static struct exec_arena_carver fit_carver;
 static GHashTable *fit_blocks; /* pointer -> tensor + 1 */
+static const struct plan_class *fit_class;
+static uint32_t fit_work_blocks; /* carved into instruction workspace tensors */
 
 static void *fit_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t bytes) {
   void *p = exec_backend_host.alloc(b, bytes);
   uint64_t at = 0;
-  if (p && exec_arena_carve(&fit_carver, tensor, bytes, 256, &at))
+  if (p && exec_arena_carve(&fit_carver, tensor, bytes, 256, &at)) {
     g_hash_table_insert(fit_blocks, p, GUINT_TO_POINTER(tensor + 1));
+    fit_work_blocks += fit_class->tensors[tensor].kind == PLAN_TENSOR_WORK;
+  }
   return p;
 }
 
@@ -632,6 +636,8 @@ static void check_executor_fits(const char *model, const char *layout, const cha
   g_array_free(ev, TRUE);
   exec_arena_carver_init(&fit_carver, &a, t ? t : c->tensors, 256);
   fit_blocks = g_hash_table_new(g_direct_hash, g_direct_equal);
+  fit_class = c;
+  fit_work_blocks = 0;
   struct exec_backend_ops ops = exec_backend_host;
   ops.task_times = fake_task_times;
   ops.alloc_tensor = fit_alloc_tensor;
@@ -658,7 +664,8 @@ static void check_executor_fits(const char *model, const char *layout, const cha
 
 /* Every block the executor allocates for a plan tensor, over a warm-up and a measured step,
  * lands at the planner's offset: dense and MoE (its expert rows at this plan's routing),
- * fp32 as planned. A bf16 model's plan counts activations at 2 bytes while the executor holds
+ * fp32 as planned, an instruction's workspace blocks in its workspace tensor's slot (before,
+ * they went first fit beside it: on an H200 a second 2.06 GiB for the Llama layers). A bf16 model's plan counts activations at 2 bytes while the executor holds
  * fp32: at the plan's bytes the blocks do not fit (the backend would place them first fit
  * above the arena), at the bytes held (what backend_cuda_arena.c plans) they all do. */
 static void test_gpu_executor_fits_planned_slots(void **state) {
@@ -667,9 +674,11 @@ static void test_gpu_executor_fits_planned_slots(void **state) {
   check_executor_fits("models/tiny-dense.json", "pp=1", "1f1b", 4, 0, &carved, &refused);
   assert_true(carved > 100);
   assert_int_equal(refused, 0);
+  assert_true(fit_work_blocks > 20);
   check_executor_fits("models/tiny-moe.json", "pp=1", "1f1b", 4, 0, &carved, &refused);
   assert_true(carved > 100);
   assert_int_equal(refused, 0);
+  assert_true(fit_work_blocks > 20);
   char *dir = test_tmp_dir("test_gpu-XXXXXX");
   char *fp32 = test_read_file("models/tiny-dense.json");
   char **parts = g_strsplit(fp32, "\"dtype\": \"fp32\"", -1);
