@@ -1278,8 +1278,8 @@ static bool host_wait_pair(struct prof_run *r, struct exec_backend *b, struct ex
     }
   }
   if (r->rank == 0) {
-    r->wait_share = median_of(share, PAIR_ROUNDS);
-    r->wait_share = r->wait_share < 0 ? 0 : r->wait_share > 1 ? 1 : r->wait_share;
+    double slow = median_of(share, PAIR_ROUNDS);
+    r->wait_pinned_slowdown = slow < 0 ? 0 : slow > 1 ? 1 : slow;
     r->wait_self_share = median_of(self, PAIR_ROUNDS);
     r->wake_latency = median_of(wake, PAIR_ROUNDS);
   }
@@ -1312,6 +1312,41 @@ static bool host_wait_share(struct prof_run *r, struct exec_backend *b, GError *
   exec_comm_destroy(b, c);
   return ok;
 }
+
+/* Every rank but the last computes (GEMMs, no pinning: the scheduler places them as it places
+ * the executor's ranks) while the last waits in the backend's loop for a message rank 0 sends
+ * at the end of the window: the CPU the waiter burns over its wait, a share of one core, is
+ * what a rank waiting on its peers asks of the node's cores in a run (with 4 ranks on 2 cores:
+ * 3 computing and 1 waiting). Medians over rounds; rank 0 keeps the figure. */
+static bool host_wait_crowd(struct prof_run *r, struct exec_backend *b, GError **err) {
+  uint32_t waiter = (uint32_t)r->size - 1, pair[2] = {0, waiter};
+  struct exec_comm *c = exec_comm_create(b, "piper-prof crowd", pair, 2, true, err);
+  if (!c)
+    return false;
+  double window = r->a->quick ? 0.02 : 0.05, share[PAIR_ROUNDS];
+  bool ok = true;
+  for (int i = 0; i < PAIR_ROUNDS; i++) {
+    double sent = 0, seen = 0;
+    sleeping_barrier();
+    if ((uint32_t)r->rank == waiter)
+      share[i] = waiter_once(b, c, &seen, &ok, err);
+    else if (r->rank == 0)
+      computer_once(b, c, window, &sent, &ok, err);
+    else
+      compute_rate(window + 0.01);
+  }
+  if ((uint32_t)r->rank == waiter)
+    MPI_Send(share, PAIR_ROUNDS, MPI_DOUBLE, 0, 99, MPI_COMM_WORLD);
+  else if (r->rank == 0)
+    MPI_Recv(share, PAIR_ROUNDS, MPI_DOUBLE, (int)waiter, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  if (r->rank == 0) {
+    double m = median_of(share, PAIR_ROUNDS);
+    r->wait_share = m < 0 ? 0 : m > 1 ? 1 : m;
+  }
+  sleeping_barrier();
+  exec_comm_destroy(b, c);
+  return ok;
+}
 #endif
 
 /* Every rank takes part (the backend starts with a barrier); rank 0 keeps the figures. */
@@ -1331,16 +1366,18 @@ static bool measure_host(struct prof_run *r, GError **err) {
     if (r->rank == 0)
       r->comm_test = host_test_cost(r->a->quick ? 2000 : 20000);
     ok = host_wait_share(r, b, err) && ok;
+    ok = host_wait_crowd(r, b, err) && ok;
     r->comm_measured = true;
   }
 #endif
   exec_backend_free(b);
   prof_progress(r,
            "host: %u cores; the executor's loop %.2f us per instruction; a test of posted "
-           "communication %.2f us; a waiting rank takes %.2f of a computing rank's core "
-           "(%.2f of a free one) and sees a message %.1f us late when its core is busy",
+           "communication %.2f us; a waiting rank burns %.2f of a core among computing ranks "
+           "(pinned beside one: %.2f of its core, slowing it by %.0f%%) and sees a message "
+           "%.1f us late when its core is busy",
            r->cores, r->instruction_overhead * 1e6, r->comm_test * 1e6, r->wait_share,
-           r->wait_self_share, r->wake_latency * 1e6);
+           r->wait_self_share, 100 * r->wait_pinned_slowdown, r->wake_latency * 1e6);
   return ok;
 }
 
@@ -1457,10 +1494,11 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
         "(else at 4 sizes up to the largest model's parameter count, caches cold): intercept; "
         "slope times the triad bandwidth. host: cores_per_node = online processors; "
         "instruction_overhead_us = a no-op task and an event record through the host backend's "
-        "loop; comm_test_us = one MPI_Test of a pending receive; wait_core_share and "
-        "wake_latency_us: two ranks pinned to one core, one computing GEMMs, the other waiting "
-        "for a receive in the backend's loop: the computing rank's slowdown (1 / (1 + share)) "
-        "and how late the waiter sees the message");
+        "loop; comm_test_us = one MPI_Test of a pending receive; wait_core_share: every rank "
+        "but the last computing GEMMs (not pinned), the last waiting for a receive in the "
+        "backend's loop: the waiter's CPU time over its wait; wake_latency_us: two ranks pinned "
+        "to one core, one computing, the other waiting in the backend's loop: how late the "
+        "waiter sees the message");
   }
   cJSON_AddStringToObject(
       s, "network",
