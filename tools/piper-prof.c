@@ -1278,8 +1278,8 @@ static bool host_wait_pair(struct prof_run *r, struct exec_backend *b, struct ex
     }
   }
   if (r->rank == 0) {
-    r->wait_share = median_of(share, PAIR_ROUNDS);
-    r->wait_share = r->wait_share < 0 ? 0 : r->wait_share > 1 ? 1 : r->wait_share;
+    double slow = median_of(share, PAIR_ROUNDS);
+    r->wait_pinned_slowdown = slow < 0 ? 0 : slow > 1 ? 1 : slow;
     r->wait_self_share = median_of(self, PAIR_ROUNDS);
     r->wake_latency = median_of(wake, PAIR_ROUNDS);
   }
@@ -1312,6 +1312,51 @@ static bool host_wait_share(struct prof_run *r, struct exec_backend *b, GError *
   exec_comm_destroy(b, c);
   return ok;
 }
+
+/* Rank 0 of host_wait_demand: computes for window seconds, sends the waiter (a world rank: the
+ * communicator is point-to-point) its message, and computes on while the waiter wakes. */
+static void demand_sender(struct exec_backend *b, struct exec_comm *c, uint32_t waiter,
+                         double window, bool *ok, GError **err) {
+  compute_rate(window);
+  int32_t v = 1;
+  *ok = exec_comm_send(b, c, waiter, &v, sizeof v, 5, err) && *ok;
+  compute_rate(0.01);
+}
+
+/* What a rank waiting for its peers in the backend's loop asks of the node's cores: rank 0
+ * computes (GEMMs) while the last rank waits for a message rank 0 sends at the end of the
+ * window; the other ranks sleep, so that a core is free for the waiter (on 2 cores) and it
+ * burns what its loop asks, not what a saturated scheduler leaves it (beside 3 computing
+ * ranks on 2 cores it gets 0.03 of a core and wakes ~2 ms late; in 4-rank 1F1B runs waiting
+ * ranks burn 0.27-0.35 of a core). The waiter's CPU time over its wait, median over rounds;
+ * rank 0 keeps the figure. */
+static bool host_wait_demand(struct prof_run *r, struct exec_backend *b, GError **err) {
+  uint32_t waiter = (uint32_t)r->size - 1, pair[2] = {0, waiter};
+  struct exec_comm *c = exec_comm_create(b, "piper-prof demand", pair, 2, true, err);
+  if (!c)
+    return false;
+  double window = r->a->quick ? 0.02 : 0.05, share[PAIR_ROUNDS];
+  bool ok = true;
+  for (int i = 0; i < PAIR_ROUNDS; i++) {
+    double seen = 0;
+    sleeping_barrier();
+    if ((uint32_t)r->rank == waiter)
+      share[i] = waiter_once(b, c, &seen, &ok, err);
+    else if (r->rank == 0)
+      demand_sender(b, c, waiter, window, &ok, err);
+  }
+  if ((uint32_t)r->rank == waiter)
+    MPI_Send(share, PAIR_ROUNDS, MPI_DOUBLE, 0, 99, MPI_COMM_WORLD);
+  else if (r->rank == 0)
+    MPI_Recv(share, PAIR_ROUNDS, MPI_DOUBLE, (int)waiter, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  if (r->rank == 0) {
+    double m = median_of(share, PAIR_ROUNDS);
+    r->wait_share = m < 0 ? 0 : m > 1 ? 1 : m;
+  }
+  sleeping_barrier();
+  exec_comm_destroy(b, c);
+  return ok;
+}
 #endif
 
 /* Every rank takes part (the backend starts with a barrier); rank 0 keeps the figures. */
@@ -1331,16 +1376,18 @@ static bool measure_host(struct prof_run *r, GError **err) {
     if (r->rank == 0)
       r->comm_test = host_test_cost(r->a->quick ? 2000 : 20000);
     ok = host_wait_share(r, b, err) && ok;
+    ok = host_wait_demand(r, b, err) && ok;
     r->comm_measured = true;
   }
 #endif
   exec_backend_free(b);
   prof_progress(r,
            "host: %u cores; the executor's loop %.2f us per instruction; a test of posted "
-           "communication %.2f us; a waiting rank takes %.2f of a computing rank's core "
-           "(%.2f of a free one) and sees a message %.1f us late when its core is busy",
+           "communication %.2f us; a waiting rank burns %.2f of a core beside a computing one "
+           "(pinned beside one: %.2f of its core, slowing it by %.0f%%) and sees a message "
+           "%.1f us late when its core is busy",
            r->cores, r->instruction_overhead * 1e6, r->comm_test * 1e6, r->wait_share,
-           r->wait_self_share, r->wake_latency * 1e6);
+           r->wait_self_share, 100 * r->wait_pinned_slowdown, r->wake_latency * 1e6);
   return ok;
 }
 
@@ -1457,10 +1504,11 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
         "(else at 4 sizes up to the largest model's parameter count, caches cold): intercept; "
         "slope times the triad bandwidth. host: cores_per_node = online processors; "
         "instruction_overhead_us = a no-op task and an event record through the host backend's "
-        "loop; comm_test_us = one MPI_Test of a pending receive; wait_core_share and "
-        "wake_latency_us: two ranks pinned to one core, one computing GEMMs, the other waiting "
-        "for a receive in the backend's loop: the computing rank's slowdown (1 / (1 + share)) "
-        "and how late the waiter sees the message");
+        "loop; comm_test_us = one MPI_Test of a pending receive; wait_core_share: rank 0 "
+        "computing GEMMs, the last rank waiting for a receive from it in the backend's loop, "
+        "the others asleep (no pinning): the waiter's CPU time over its wait; wake_latency_us: two ranks pinned "
+        "to one core, one computing, the other waiting in the backend's loop: how late the "
+        "waiter sees the message");
   }
   cJSON_AddStringToObject(
       s, "network",

@@ -85,6 +85,16 @@ if [ -f "$tmp/p2.json" ] && "$SIM" --model models/tiny-dense.json --layout pp=2 
 else
   fail "piper-sim with the fitted profile: $(cat "$tmp/err")"
 fi
+# 3 ranks: the waiting-share measurement's waiter is the last rank, not rank 1 (a message sent
+# to the wrong rank times the waiter out and fails the run); a waiting rank burns some CPU
+if timeout 300 mpirun --oversubscribe -np 3 "$PROF" --model models/tiny-dense.json \
+    -o "$tmp/p3.json" --quick --repeats 3 > /dev/null 2> "$tmp/err" \
+    && python3 -c 'import json, sys; h = json.load(open(sys.argv[1]))["host"]
+assert 0 < h["wait_core_share"] <= 1, h' "$tmp/p3.json"; then
+  ok "piper-prof under mpirun -np 3: the waiter's share measured"
+else
+  fail "mpirun -np 3 piper-prof: $(tail -3 "$tmp/err")"
+fi
 else
   fail "mpirun is missing (MPI is a dependency: tools/install-deps.sh)"
 fi
