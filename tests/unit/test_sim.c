@@ -601,6 +601,22 @@ static void test_profile_host_and_fits(void **state) {
   profile_free(p);
 }
 
+/* plain_profile with section added must be refused: one input error line naming test.json and
+ * the key want. */
+static void expect_section_rejected(size_t i, const char *section, const char *want) {
+  char buf[2048];
+  snprintf(buf, sizeof buf, "%.*s,%s}", (int)strlen(plain_profile) - 1, plain_profile, section);
+  GError *err = NULL;
+  struct profile *p = profile_from(buf, &err);
+  if (p)
+    fail_msg("case %zu accepted: %s", i, section);
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  if (!strstr(err->message, want) || !strstr(err->message, "test.json") ||
+      strchr(err->message, '\n'))
+    fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err->message, want);
+  g_error_free(err);
+}
+
 /* Every bad new key is one input error naming the file and the key. */
 static void test_profile_host_errors(void **state) {
   (void)state;
@@ -626,20 +642,8 @@ static void test_profile_host_errors(void **state) {
        "\"ranks\":2}}}",
        "ranks"},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char buf[2048];
-    snprintf(buf, sizeof buf, "%.*s,%s}", (int)strlen(plain_profile) - 1, plain_profile,
-             cases[i].section);
-    GError *err = NULL;
-    struct profile *p = profile_from(buf, &err);
-    if (p)
-      fail_msg("case %zu accepted: %s", i, cases[i].section);
-    assert_int_equal(err->code, PIPER_ERROR_INPUT);
-    if (!strstr(err->message, cases[i].want) || !strstr(err->message, "test.json") ||
-        strchr(err->message, '\n'))
-      fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err->message, cases[i].want);
-    g_error_free(err);
-  }
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    expect_section_rejected(i, cases[i].section, cases[i].want);
 }
 
 /* A synthetic profile (F 1 ms, communication free) with host facts. */
@@ -1353,20 +1357,8 @@ static void test_profile_memory_errors(void **state) {
       {"\"memory\":{\"optimizer_bytes_per_param\":8}", "optimizer_bytes_per_param"},
       {"\"memory\":[]", "memory"},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char buf[2048];
-    snprintf(buf, sizeof buf, "%.*s,%s}", (int)strlen(plain_profile) - 1, plain_profile,
-             cases[i].section);
-    GError *err = NULL;
-    struct profile *p = profile_from(buf, &err);
-    if (p)
-      fail_msg("case %zu accepted: %s", i, cases[i].section);
-    assert_int_equal(err->code, PIPER_ERROR_INPUT);
-    if (!strstr(err->message, cases[i].want) || !strstr(err->message, "test.json") ||
-        strchr(err->message, '\n'))
-      fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err->message, cases[i].want);
-    g_error_free(err);
-  }
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    expect_section_rejected(i, cases[i].section, cases[i].want);
 }
 
 /* A profile's memory section: the executor's fp32 rates for a bf16 model. By hand for
