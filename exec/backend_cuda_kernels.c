@@ -324,7 +324,6 @@ static void *stream_scratch(struct exec_stream *s, size_t n) {
   return x;
 }
 
-
 static void k_fill(struct exec_stream *s, float *x, float value, size_t n) {
   exec_cuda_written(kernel_ctx(s), x, n * sizeof(float));
   kc_fill(x, value, n, st_of(s));
@@ -538,25 +537,13 @@ static void head_offsets(const struct attn_views *w, const struct kernels_attent
   *loff = ((size_t)b * d->heads + hh) * S;
 }
 
-/* S*S floats of stream-ordered scratch (one head's scores), NULL with the failure recorded. */
-static float *head_scratch(struct exec_stream *s, int S) {
-  float *x = NULL;
-  GError *e = NULL;
-  if (!CUDA_CHECK(kernel_ctx(s),
-                  cudaMallocAsync((void **)&x, (size_t)S * S * sizeof(float), st_of(s)), &e)) {
-    exec_cuda_fail(s, e);
-    return NULL;
-  }
-  return x;
-}
-
 /* Whether the core runs fused (exec_gpu_attention_fused: the faster core): for bf16 models (the
  * fused kernel rounds its operands to bf16 exactly where the unfused bf16 GEMMs do) with a
  * head size it has a variant for. */
 static bool attention_fused(struct exec_stream *s, const struct kernels_attention_dims *d) {
   const struct cuda_context *b = kernel_ctx(s);
   bool fusable = b->bf16_gemm && kc_flash_attention_supported(d->head_dim, d->heads, d->kv_heads);
-  return exec_gpu_attention_fused(b->attention, fusable, d->seq);
+  return exec_gpu_attention_fused(b->attention, fusable);
 }
 
 /* lse, y <- q, k, v in one fused pass; its scratch (the operands' bf16 copies) stream-ordered. */
@@ -584,7 +571,7 @@ static void attention_core(struct exec_stream *s, const struct attn_views *w,
     return;
   }
   float scale = 1.0f / sqrtf((float)D);
-  float *p = head_scratch(s, S);
+  float *p = stream_scratch(s, (size_t)S * S * sizeof(float)); /* one head's scores */
   if (!p)
     return;
   for (int b = 0; b < d->batch; b++)
@@ -669,7 +656,8 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
   } else {
     kc_fill(w.dk, 0.0f, w.T * w.KD, cs);
     kc_fill(w.dv, 0.0f, w.T * w.KD, cs);
-    float *p = head_scratch(s, S), *ds = p ? head_scratch(s, S) : NULL;
+    size_t head = (size_t)S * S * sizeof(float); /* one head's scores */
+    float *p = stream_scratch(s, head), *ds = p ? stream_scratch(s, head) : NULL;
     if (!ds) {
       if (p)
         cudaFreeAsync(p, cs);
@@ -941,25 +929,12 @@ static void head_logits(struct exec_stream *s, float *out, const float *h, const
     gemm(s, false, false, n, V, C, 1.0f, h, C, params, V, 0.0f, out, V);
 }
 
-/* floats of stream-ordered scratch, NULL with the failure recorded */
-static float *head_buffer(struct exec_stream *s, size_t floats) {
-  float *x = NULL;
-  GError *e = NULL;
-  if (!CUDA_CHECK(kernel_ctx(s),
-                  cudaMallocAsync((void **)&x, (floats ? floats : 1) * sizeof(float), st_of(s)),
-                  &e)) {
-    exec_cuda_fail(s, e);
-    return NULL;
-  }
-  return x;
-}
-
 static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
                                    const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, int T, int C, int V) {
   int rows = head_rows(T, V);
-  float *chunk = head_buffer(s, (size_t)rows * V);
-  float *rowloss = chunk ? head_buffer(s, (size_t)T) : NULL;
+  float *chunk = stream_scratch(s, (size_t)rows * V * sizeof(float));
+  float *rowloss = chunk ? stream_scratch(s, (size_t)T * sizeof(float)) : NULL;
   for (int t0 = 0; rowloss && t0 < T; t0 += rows) {
     int n = T - t0 < rows ? T - t0 : rows;
     head_logits(s, chunk, h + (size_t)t0 * C, params, layout, n, C, V);
@@ -981,11 +956,11 @@ static void head_backward(struct exec_stream *s, float *dh, float *dparams, cons
                           enum kernels_lm_head_layout layout, float dloss, int T, int C, int V,
                           bool accumulate) {
   int rows = head_rows(T, V);
-  float *dl = head_buffer(s, (size_t)rows * V);
+  float *dl = stream_scratch(s, (size_t)rows * V * sizeof(float));
   /* bf16 GEMMs read the dlogits rounded once, by the cross-entropy's backward itself, rather
    * than converted for each of the two GEMMs: 1.5 GB less traffic per GiB chunk */
   bool bf16 = kernel_ctx(s)->bf16_gemm;
-  uint16_t *dl16 = dl && bf16 ? (uint16_t *)head_buffer(s, (size_t)rows * V / 2 + 1) : NULL;
+  uint16_t *dl16 = dl && bf16 ? stream_scratch(s, (size_t)rows * V * sizeof(uint16_t)) : NULL;
   unsigned pre_a = dl16 ? GEMM_A16 : 0, pre_b = dl16 ? GEMM_B16 : 0;
   const void *g = dl16 ? (const void *)dl16 : (const void *)dl;
   float beta = accumulate ? 1.0f : 0.0f;

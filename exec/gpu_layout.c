@@ -83,11 +83,9 @@ enum exec_gpu_attention exec_gpu_attention_mode(const char *env) {
   return EXEC_GPU_ATTENTION_AUTO;
 }
 
-bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable, int seq) {
-  if (!fusable || mode == EXEC_GPU_ATTENTION_UNFUSED)
-    return false;
-  (void)seq; /* either core takes any length; the fused one is faster at every one measured */
-  return true;
+bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable) {
+  /* either core takes any length; the fused one is faster at every one measured */
+  return fusable && mode != EXEC_GPU_ATTENTION_UNFUSED;
 }
 
 /* ---- serial progress ------------------------------------------------------------------- */

@@ -12,7 +12,7 @@
  *   int ctas = exec_gpu_cta_limit(0.25, 132);    // 33 CTAs for a quarter of an H100's SMs
  *   int rows = exec_gpu_head_chunk_rows(4096, 128256, 0); // 2092: llama3's LM head in 2 chunks
  *   enum exec_gpu_attention am = exec_gpu_attention_mode("fused");
- *   bool fused = exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 4096); // true
+ *   bool fused = exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true); // true
  */
 #ifndef PIPER_EXEC_GPU_LAYOUT_H
 #define PIPER_EXEC_GPU_LAYOUT_H
@@ -88,6 +88,6 @@ enum exec_gpu_attention {
   EXEC_GPU_ATTENTION_UNFUSED,
 };
 enum exec_gpu_attention exec_gpu_attention_mode(const char *env);
-bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable, int seq);
+bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable);
 
 #endif

@@ -450,13 +450,11 @@ static void test_gpu_attention_choice(void **state) {
   assert_int_equal(exec_gpu_attention_mode("fused"), EXEC_GPU_ATTENTION_FUSED);
   assert_int_equal(exec_gpu_attention_mode("unfused"), EXEC_GPU_ATTENTION_UNFUSED);
   assert_int_equal(exec_gpu_attention_mode("Fused"), EXEC_GPU_ATTENTION_AUTO);
-  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 1));
-  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 4096));
-  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true, 131072));
-  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, true, 64));
-  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_UNFUSED, true, 131072));
-  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, false, 64));
-  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, false, 131072));
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, true));
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, true));
+  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_UNFUSED, true));
+  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, false));
+  assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, false));
 }
 
 static void test_gpu_head_chunk_rows(void **state) {
