@@ -52,6 +52,19 @@ struct gemm_call {
 
 /* ---- bf16 weight copies ---------------------------------------------------------------- */
 
+/* w's copy is fresh, made on cs: the GEMMs of other streams wait for its event. */
+static bool copy_made(struct cuda_context *b, struct exec_wcache_entry *w, cudaStream_t cs,
+                      GError **err) {
+  if (!CUDA_CHECK(b, cudaGetLastError(), err) ||
+      !CUDA_CHECK(b, cudaEventRecord((cudaEvent_t)w->made, cs), err))
+    return false;
+  w->fresh = true;
+  w->maker = cs;
+  w->conversions++;
+  b->wcache.misses++;
+  return true;
+}
+
 /* The bf16 copy of weight matrix B (rows x cols, row stride ld) for a GEMM enqueued on cs:
  * made on cs when it is stale (its first GEMM after the optimizer step, a load or a gather
  * wrote it), else reused after cs waits for the stream that made it. NULL when B is not in
@@ -87,14 +100,7 @@ static const uint16_t *weight_copy(struct cuda_context *b, cudaStream_t cs, cons
   /* whoever read the previous copy read the weights before their write, which this GEMM's
    * stream already waits for (the plan's order): overwriting it here races with nobody */
   kc_to_bf16(e->copy, B, rows, cols, ld, cs);
-  if (!CUDA_CHECK(b, cudaGetLastError(), err) ||
-      !CUDA_CHECK(b, cudaEventRecord((cudaEvent_t)e->made, cs), err))
-    return NULL;
-  e->fresh = true;
-  e->maker = cs;
-  e->conversions++;
-  b->wcache.misses++;
-  return e->copy;
+  return copy_made(b, e, cs, err) ? e->copy : NULL;
 }
 
 void exec_cuda_written(struct cuda_context *b, const void *p, size_t bytes) {
@@ -390,29 +396,50 @@ static void k_residual_add_backward(struct exec_stream *s, float *dy, const floa
   kc_add(dy, dx, n, accumulate, st_of(s));
 }
 
-/* The copies of the matrices the optimizer has just rewritten whole, made now on its stream
- * (the next GEMM to read one waits for it: weight_copy): a step's copies then cost in the
- * optimizer, where the simulator charges them, not in the first F to read each weight. Every
- * GEMM that read the old copy read the weights before this update, which the plan orders
- * before the optimizer, as it orders the fp32 weights' readers. */
-static void remake_weight_copies(struct exec_stream *s, const float *params, size_t bytes) {
+static int entry_by_address(gconstpointer a, gconstpointer b) {
+  const struct exec_wcache_entry *x = *(struct exec_wcache_entry *const *)a;
+  const struct exec_wcache_entry *y = *(struct exec_wcache_entry *const *)b;
+  return (uintptr_t)x->ptr < (uintptr_t)y->ptr ? -1 : (uintptr_t)x->ptr > (uintptr_t)y->ptr;
+}
+
+/* The optimizer's step over params [n] for a bf16 model: the bf16 copies of the weight
+ * matrices it rewrites are made by the update itself, where a matrix is compact (its copy is
+ * then the same elements in the same order), and converted afterwards where it is strided or
+ * overlaps one already written. A GEMM that read an old copy read the weights before this
+ * update, which the plan orders before the optimizer, as it orders the fp32 weights' readers. */
+static void adamw_with_copies(struct exec_stream *s, float *params, const float *grads, float *m,
+                              float *v, size_t n, const float *hyper, int step) {
   struct cuda_context *b = kernel_ctx(s);
   cudaStream_t cs = st_of(s);
-  GPtrArray *remake = g_ptr_array_new();
-  exec_wcache_within(&b->wcache, params, bytes, remake);
+  GPtrArray *within = g_ptr_array_new(), *later = g_ptr_array_new();
+  exec_wcache_within(&b->wcache, params, n * sizeof(float), within);
+  g_ptr_array_sort(within, entry_by_address);
   GError *e = NULL;
-  for (guint k = 0; k < remake->len && !e; k++) {
-    struct exec_wcache_entry *w = g_ptr_array_index(remake, k);
-    kc_to_bf16(w->copy, w->ptr, w->rows, w->cols, w->ld, cs);
-    if (!CUDA_CHECK(b, cudaGetLastError(), &e) ||
-        !CUDA_CHECK(b, cudaEventRecord((cudaEvent_t)w->made, cs), &e))
-      break;
-    w->fresh = true;
-    w->maker = cs;
-    w->conversions++;
-    b->wcache.misses++;
+  size_t done = 0; /* params [0, done) updated */
+  for (guint k = 0; k < within->len && !e; k++) {
+    struct exec_wcache_entry *w = g_ptr_array_index(within, k);
+    size_t at = (size_t)((const float *)w->ptr - params), len = (size_t)w->rows * w->cols;
+    if (w->ld != w->cols || at < done) {
+      g_ptr_array_add(later, w);
+      continue;
+    }
+    kc_adamw(params + done, grads + done, m + done, v + done, NULL, at - done, hyper[0],
+             hyper[1], hyper[2], hyper[3], hyper[4], step, cs);
+    kc_adamw(params + at, grads + at, m + at, v + at, w->copy, len, hyper[0], hyper[1],
+             hyper[2], hyper[3], hyper[4], step, cs);
+    done = at + len;
+    copy_made(b, w, cs, &e);
   }
-  g_ptr_array_free(remake, TRUE);
+  if (!e)
+    kc_adamw(params + done, grads + done, m + done, v + done, NULL, n - done, hyper[0],
+             hyper[1], hyper[2], hyper[3], hyper[4], step, cs);
+  for (guint k = 0; k < later->len && !e; k++) {
+    struct exec_wcache_entry *w = g_ptr_array_index(later, k);
+    kc_to_bf16(w->copy, w->ptr, w->rows, w->cols, w->ld, cs);
+    copy_made(b, w, cs, &e);
+  }
+  g_ptr_array_free(later, TRUE);
+  g_ptr_array_free(within, TRUE);
   if (e)
     exec_cuda_fail(s, e);
 }
@@ -421,54 +448,128 @@ static void k_adamw_step(struct exec_stream *s, float *params, const float *grad
                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int step) {
   struct cuda_context *b = kernel_ctx(s);
-  if (b->bf16_gemm) {
-    /* the block the optimizer updates is where GEMMs find their weights: its bf16 copies
-     * are made once per step, after this write (weight_copy) */
-    void *base = params;
-    size_t bytes = n * sizeof(float);
-    if (!exec_cuda_block_of(b, params, &base, &bytes))
-      base = params;
-    exec_wcache_add_store(&b->wcache, base, bytes);
-  }
   exec_cuda_written(b, params, n * sizeof(float));
-  kc_adamw(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step, st_of(s));
-  if (b->bf16_gemm)
-    remake_weight_copies(s, params, n * sizeof(float));
+  if (!b->bf16_gemm) {
+    kc_adamw(params, grads, m, v, NULL, n, lr, beta1, beta2, eps, weight_decay, step, st_of(s));
+    return;
+  }
+  /* the block the optimizer updates is where GEMMs find their weights: its bf16 copies are
+   * made once per step, by the update itself once they exist (weight_copy makes the first) */
+  void *base = params;
+  size_t bytes = n * sizeof(float);
+  if (!exec_cuda_block_of(b, params, &base, &bytes))
+    base = params;
+  exec_wcache_add_store(&b->wcache, base, bytes);
+  const float hyper[] = {lr, beta1, beta2, eps, weight_decay};
+  adamw_with_copies(s, params, grads, m, v, n, hyper, step);
 }
 
 /* ---- MLP (kernels/mlp.c) ------------------------------------------------------------------ */
 
+/* bf16 models keep act, dg and du, which only GEMMs read, in bf16 inside the op's fp32
+ * buffers, written so by the SwiGLU kernels (no fp32 copy to write and convert again): act in
+ * the first half of saved's act slot; dg, du in bwork's du slot, after the fp32 dact (the
+ * down projection's gradient) in its dg slot. fp32 models keep the host's layout. */
+struct mlp_views {
+  const float *wg, *wu, *wd;
+  float *g, *u, *act, *dact, *du;
+  uint16_t *act16, *dg16, *du16;
+};
+
+static struct mlp_views mlp_views(const float *params, const float *saved, const float *bwork,
+                                  int T, int C, int F) {
+  struct mlp_views w = {0};
+  size_t TF = (size_t)T * F;
+  w.wg = params;
+  w.wu = params ? w.wg + (size_t)C * F : NULL;
+  w.wd = params ? w.wu + (size_t)C * F : NULL;
+  if (saved) {
+    w.g = (float *)saved;
+    w.u = w.g + TF;
+    w.act = w.u + TF;
+    w.act16 = (uint16_t *)(void *)w.act;
+  }
+  if (bwork) {
+    w.dact = (float *)bwork;
+    w.du = w.dact + TF;
+    w.dg16 = (uint16_t *)(void *)w.du;
+    w.du16 = w.dg16 + TF;
+  }
+  return w;
+}
+
+/* A bf16 copy of activation x [rows, cols] in stream-ordered scratch, for the GEMMs of one op
+ * that read it (converted once rather than per GEMM); free with cudaFreeAsync. */
+static uint16_t *bf16_once(struct exec_stream *s, const float *x, int rows, int cols) {
+  uint16_t *x16 = stream_scratch(s, (size_t)rows * cols * sizeof(uint16_t));
+  if (x16)
+    kc_to_bf16(x16, x, rows, cols, cols, st_of(s));
+  return x16;
+}
+
+static void mlp_forward_bf16(struct exec_stream *s, float *m, const struct mlp_views *w,
+                             const float *h, int T, int C, int F) {
+  uint16_t *h16 = bf16_once(s, h, T, C);
+  if (!h16)
+    return;
+  gemm_pre(s, GEMM_A16, false, false, T, F, C, 1.0f, h16, C, w->wg, F, 0.0f, w->g, F);
+  gemm_pre(s, GEMM_A16, false, false, T, F, C, 1.0f, h16, C, w->wu, F, 0.0f, w->u, F);
+  cudaFreeAsync(h16, st_of(s));
+  kc_swiglu_forward_bf16(w->act16, w->g, w->u, (size_t)T * F, st_of(s));
+  gemm_pre(s, GEMM_A16, false, false, T, C, F, 1.0f, w->act16, F, w->wd, C, 0.0f, m, C);
+}
+
 static void k_mlp_forward(struct exec_stream *s, float *m, float *saved, const float *h,
                           const float *params, int T, int C, int F) {
-  const float *wg = params, *wu = wg + (size_t)C * F, *wd = wu + (size_t)C * F;
-  float *g = saved, *u = g + (size_t)T * F, *act = u + (size_t)T * F;
-  gemm(s, false, false, T, F, C, 1.0f, h, C, wg, F, 0.0f, g, F);
-  gemm(s, false, false, T, F, C, 1.0f, h, C, wu, F, 0.0f, u, F);
-  kc_swiglu_forward(act, g, u, (size_t)T * F, st_of(s));
-  gemm(s, false, false, T, C, F, 1.0f, act, F, wd, C, 0.0f, m, C);
+  struct mlp_views w = mlp_views(params, saved, NULL, T, C, F);
+  if (kernel_ctx(s)->bf16_gemm) {
+    mlp_forward_bf16(s, m, &w, h, T, C, F);
+    return;
+  }
+  gemm(s, false, false, T, F, C, 1.0f, h, C, w.wg, F, 0.0f, w.g, F);
+  gemm(s, false, false, T, F, C, 1.0f, h, C, w.wu, F, 0.0f, w.u, F);
+  kc_swiglu_forward(w.act, w.g, w.u, (size_t)T * F, st_of(s));
+  gemm(s, false, false, T, C, F, 1.0f, w.act, F, w.wd, C, 0.0f, m, C);
 }
 
 static void k_mlp_backward_input(struct exec_stream *s, float *dh, float *bwork, const float *dm,
                                  const float *saved, const float *params, int T, int C, int F,
                                  bool accumulate) {
-  const float *wg = params, *wu = wg + (size_t)C * F, *wd = wu + (size_t)C * F;
-  const float *g = saved, *u = g + (size_t)T * F;
-  float *dg = bwork, *du = dg + (size_t)T * F;
-  gemm(s, false, true, T, F, C, 1.0f, dm, C, wd, C, 0.0f, dg, F); /* dact, into dg */
-  kc_swiglu_backward(dg, du, dg, g, u, (size_t)T * F, st_of(s));
-  gemm(s, false, true, T, C, F, 1.0f, dg, F, wg, F, accumulate ? 1.0f : 0.0f, dh, C);
-  gemm(s, false, true, T, C, F, 1.0f, du, F, wu, F, 1.0f, dh, C);
+  struct mlp_views w = mlp_views(params, saved, bwork, T, C, F);
+  float beta = accumulate ? 1.0f : 0.0f;
+  gemm(s, false, true, T, F, C, 1.0f, dm, C, w.wd, C, 0.0f, w.dact, F);
+  if (kernel_ctx(s)->bf16_gemm) {
+    kc_swiglu_backward_bf16(w.dg16, w.du16, w.dact, w.g, w.u, (size_t)T * F, st_of(s));
+    gemm_pre(s, GEMM_A16, false, true, T, C, F, 1.0f, w.dg16, F, w.wg, F, beta, dh, C);
+    gemm_pre(s, GEMM_A16, false, true, T, C, F, 1.0f, w.du16, F, w.wu, F, 1.0f, dh, C);
+    return;
+  }
+  float *dg = w.dact; /* in place over dact */
+  kc_swiglu_backward(dg, w.du, w.dact, w.g, w.u, (size_t)T * F, st_of(s));
+  gemm(s, false, true, T, C, F, 1.0f, dg, F, w.wg, F, beta, dh, C);
+  gemm(s, false, true, T, C, F, 1.0f, w.du, F, w.wu, F, 1.0f, dh, C);
 }
 
 static void k_mlp_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                   const float *dm, const float *h, const float *saved, int T, int C,
                                   int F) {
+  struct mlp_views w = mlp_views(NULL, saved, bwork, T, C, F);
   float *dwg = dparams, *dwu = dwg + (size_t)C * F, *dwd = dwu + (size_t)C * F;
-  const float *act = saved + 2 * (size_t)T * F;
-  const float *dg = bwork, *du = dg + (size_t)T * F;
+  if (kernel_ctx(s)->bf16_gemm) {
+    uint16_t *h16 = bf16_once(s, h, T, C);
+    if (!h16)
+      return;
+    unsigned both = GEMM_A16 | GEMM_B16;
+    gemm_pre(s, both, true, false, C, F, T, 1.0f, h16, C, w.dg16, F, 1.0f, dwg, F);
+    gemm_pre(s, both, true, false, C, F, T, 1.0f, h16, C, w.du16, F, 1.0f, dwu, F);
+    gemm_pre(s, GEMM_A16, true, false, F, C, T, 1.0f, w.act16, F, dm, C, 1.0f, dwd, C);
+    cudaFreeAsync(h16, st_of(s));
+    return;
+  }
+  const float *dg = w.dact;
   gemm(s, true, false, C, F, T, 1.0f, h, C, dg, F, 1.0f, dwg, F);
-  gemm(s, true, false, C, F, T, 1.0f, h, C, du, F, 1.0f, dwu, F);
-  gemm(s, true, false, F, C, T, 1.0f, act, F, dm, C, 1.0f, dwd, C);
+  gemm(s, true, false, C, F, T, 1.0f, h, C, w.du, F, 1.0f, dwu, F);
+  gemm(s, true, false, F, C, T, 1.0f, w.act, F, dm, C, 1.0f, dwd, C);
 }
 
 static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
@@ -589,9 +690,15 @@ static void k_attention_forward(struct exec_stream *s, float *a, float *saved, c
                                 const float *params, const struct kernels_attention_dims *d) {
   struct attn_views w = attn_views(d, params, saved, NULL);
   int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
-  gemm(s, false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
-  gemm(s, false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
-  gemm(s, false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
+  /* bf16 models: h converted once for its three projections */
+  uint16_t *h16 = kernel_ctx(s)->bf16_gemm ? bf16_once(s, h, T, C) : NULL;
+  const void *x = h16 ? (const void *)h16 : (const void *)h;
+  unsigned pre = h16 ? GEMM_A16 : 0;
+  gemm_pre(s, pre, false, false, T, HD, C, 1.0f, x, C, w.wq, HD, 0.0f, w.q, HD);
+  gemm_pre(s, pre, false, false, T, KD, C, 1.0f, x, C, w.wk, KD, 0.0f, w.k, KD);
+  gemm_pre(s, pre, false, false, T, KD, C, 1.0f, x, C, w.wv, KD, 0.0f, w.v, KD);
+  if (h16)
+    cudaFreeAsync(h16, st_of(s));
   rope(s, w.q, d, d->heads, false);
   rope(s, w.k, d, d->kv_heads, false);
   attention_core(s, &w, d);
@@ -681,9 +788,14 @@ static void k_attention_backward_weight(struct exec_stream *s, float *dparams, c
   int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   float *dwq = dparams, *dwk = dwq + (size_t)C * HD, *dwv = dwk + (size_t)C * KD;
   float *dwo = dwv + (size_t)C * KD;
-  gemm(s, true, false, C, HD, T, 1.0f, h, C, w.dq, HD, 1.0f, dwq, HD);
-  gemm(s, true, false, C, KD, T, 1.0f, h, C, w.dk, KD, 1.0f, dwk, KD);
-  gemm(s, true, false, C, KD, T, 1.0f, h, C, w.dv, KD, 1.0f, dwv, KD);
+  uint16_t *h16 = kernel_ctx(s)->bf16_gemm ? bf16_once(s, h, T, C) : NULL;
+  const void *x = h16 ? (const void *)h16 : (const void *)h;
+  unsigned pre = h16 ? GEMM_A16 : 0;
+  gemm_pre(s, pre, true, false, C, HD, T, 1.0f, x, C, w.dq, HD, 1.0f, dwq, HD);
+  gemm_pre(s, pre, true, false, C, KD, T, 1.0f, x, C, w.dk, KD, 1.0f, dwk, KD);
+  gemm_pre(s, pre, true, false, C, KD, T, 1.0f, x, C, w.dv, KD, 1.0f, dwv, KD);
+  if (h16)
+    cudaFreeAsync(h16, st_of(s));
   gemm(s, true, false, HD, C, T, 1.0f, w.y, HD, da, C, 1.0f, dwo, C);
 }
 

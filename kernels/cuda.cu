@@ -52,17 +52,43 @@ __global__ void fill_k(float *x, float v, size_t n) {
 // Round to nearest even (__float2bfloat16_rn), a compact [rows, cols] copy of a strided one.
 // Memory-bound: a contiguous source (ld == cols, the usual case) is copied with no index
 // arithmetic; a strided one gets a row per grid row (y), columns along x.
-__global__ void to_bf16_k(uint16_t *dst, const float *src, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+__device__ uint16_t bf16(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+// Four at a time (16-byte loads, 8-byte stores) where vec says the pointers allow it: the
+// conversions are pure traffic, so their width is their speed.
+__device__ uint2 bf16x4(float4 f) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(f.x, f.y), hi = __floats2bfloat162_rn(f.z, f.w);
+  return make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+}
+
+// Elementwise kernels below: quads [0, n4) (n4 = n / 4 when vec, else 0) by 16-byte
+// vectors, then the elements [4 n4, n) one at a time.
+#define FOR_QUADS(i, n4)                                                                     \
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n4);                \
        i += (size_t)gridDim.x * blockDim.x)
-    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+#define FOR_TAIL(i, n4, n)                                                                   \
+  for (size_t i = 4 * (n4) + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);      \
+       i += (size_t)gridDim.x * blockDim.x)
+
+bool aligned_to(unsigned bytes, const void *a, const void *b = NULL, const void *c = NULL) {
+  return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & (bytes - 1)) == 0;
+}
+
+__global__ void to_bf16_k(uint16_t *dst, const float *src, size_t n, bool vec) {
+  size_t n4 = vec ? n / 4 : 0;
+  FOR_QUADS(i, n4)
+  ((uint2 *)dst)[i] = bf16x4(((const float4 *)src)[i]);
+  FOR_TAIL(i, n4, n)
+  dst[i] = bf16(src[i]);
 }
 
 __global__ void to_bf16_strided_k(uint16_t *dst, const float *src, int rows, int cols, int ld) {
   for (int r = blockIdx.y; r < rows; r += gridDim.y)
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
       dst[(size_t)r * cols + c] =
-          __bfloat16_as_ushort(__float2bfloat16_rn(src[(size_t)r * ld + c]));
+          bf16(src[(size_t)r * ld + c]);
 }
 
 __global__ void add_k(float *y, const float *x, size_t n, bool acc) {
@@ -217,21 +243,61 @@ __device__ float silu(float g) {
   return g / (1.0f + expf(-g));
 }
 
+__device__ void swiglu_grad(float d, float g, float u, float *dg, float *du) {
+  float s = 1.0f / (1.0f + expf(-g));
+  *dg = d * u * s * (1.0f + g * (1.0f - s));
+  *du = d * g * s;
+}
+
 __global__ void swiglu_fwd_k(float *act, const float *g, const float *u, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     act[i] = silu(g[i]) * u[i];
 }
 
+// The same with act in bf16 (bf16 models: act is only ever a GEMM operand).
+__global__ void swiglu_fwd_bf16_k(uint16_t *act, const float *g, const float *u, size_t n,
+                                  bool vec) {
+  size_t n4 = vec ? n / 4 : 0;
+  FOR_QUADS(i, n4) {
+    float4 gi = ((const float4 *)g)[i], ui = ((const float4 *)u)[i];
+    ((uint2 *)act)[i] = bf16x4(make_float4(silu(gi.x) * ui.x, silu(gi.y) * ui.y,
+                                           silu(gi.z) * ui.z, silu(gi.w) * ui.w));
+  }
+  FOR_TAIL(i, n4, n)
+  act[i] = bf16(silu(g[i]) * u[i]);
+}
+
 __global__ void swiglu_bwd_k(float *dg, float *du, const float *dact, const float *g,
                              const float *u, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
-    float s = 1.0f / (1.0f + expf(-g[i]));
-    float d = dact[i];
-    float ui = u[i], gi = g[i];
-    dg[i] = d * ui * s * (1.0f + gi * (1.0f - s));
-    du[i] = d * gi * s;
+    float a, b;
+    swiglu_grad(dact[i], g[i], u[i], &a, &b);
+    dg[i] = a;
+    du[i] = b;
+  }
+}
+
+// dg and du in bf16 (bf16 models: both are only GEMM operands).
+__global__ void swiglu_bwd_bf16_k(uint16_t *dg, uint16_t *du, const float *dact, const float *g,
+                                  const float *u, size_t n, bool vec) {
+  size_t n4 = vec ? n / 4 : 0;
+  FOR_QUADS(i, n4) {
+    float4 d = ((const float4 *)dact)[i], gi = ((const float4 *)g)[i];
+    float4 ui = ((const float4 *)u)[i], a, b;
+    swiglu_grad(d.x, gi.x, ui.x, &a.x, &b.x);
+    swiglu_grad(d.y, gi.y, ui.y, &a.y, &b.y);
+    swiglu_grad(d.z, gi.z, ui.z, &a.z, &b.z);
+    swiglu_grad(d.w, gi.w, ui.w, &a.w, &b.w);
+    ((uint2 *)dg)[i] = bf16x4(a);
+    ((uint2 *)du)[i] = bf16x4(b);
+  }
+  FOR_TAIL(i, n4, n) {
+    float a, b;
+    swiglu_grad(dact[i], g[i], u[i], &a, &b);
+    dg[i] = bf16(a);
+    du[i] = bf16(b);
   }
 }
 
@@ -460,7 +526,7 @@ __global__ void xent_bwd_k(float *dl, uint16_t *out16, const float *saved, const
       float p = expf(dl[row + v] - mx) * inv;
       float g = (p - (v == target ? 1.0f : 0.0f)) * scale;
       if (out16)
-        out16[row + v] = __bfloat16_as_ushort(__float2bfloat16_rn(g));
+        out16[row + v] = bf16(g);
       else
         dl[row + v] = g;
     }
@@ -475,32 +541,34 @@ __device__ void adamw_one(float &p, float g, float &m, float &v, float lr, float
   p -= lr * (mh / (sqrtf(vh) + eps) + wd * p);
 }
 
-__global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
-                        float b2, float eps, float wd, float bc1, float bc2) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x)
-    adamw_one(p[i], g[i], m[i], v[i], lr, b1, b2, eps, wd, bc1, bc2);
-}
+struct adamw_hyper {
+  float lr, b1, b2, eps, wd, bc1, bc2;
+};
 
-// The same four elements at a time (16-byte loads and stores: the update is bound by its 28
-// bytes of traffic per parameter)
-__global__ void adamw4_k(float4 *p, const float4 *g, float4 *m, float4 *v, size_t n4, float lr,
-                         float b1, float b2, float eps, float wd, float bc1, float bc2) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
-       i += (size_t)gridDim.x * blockDim.x) {
-    float4 pi = p[i], gi = g[i], mi = m[i], vi = v[i];
-    adamw_one(pi.x, gi.x, mi.x, vi.x, lr, b1, b2, eps, wd, bc1, bc2);
-    adamw_one(pi.y, gi.y, mi.y, vi.y, lr, b1, b2, eps, wd, bc1, bc2);
-    adamw_one(pi.z, gi.z, mi.z, vi.z, lr, b1, b2, eps, wd, bc1, bc2);
-    adamw_one(pi.w, gi.w, mi.w, vi.w, lr, b1, b2, eps, wd, bc1, bc2);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+// Four elements at a time where vec (16-byte loads and stores: the update is bound by its 28
+// bytes of traffic per parameter), and the bf16 copy of the new weights when copy is given:
+// 2 bytes more here against the 6 of remaking it from the weights afterwards.
+__global__ void adamw_k(float *p, const float *g, float *m, float *v, uint16_t *copy, size_t n,
+                        bool vec, adamw_hyper h) {
+  size_t n4 = vec ? n / 4 : 0;
+  FOR_QUADS(i, n4) {
+    float4 pi = ((float4 *)p)[i], gi = ((const float4 *)g)[i];
+    float4 mi = ((float4 *)m)[i], vi = ((float4 *)v)[i];
+    adamw_one(pi.x, gi.x, mi.x, vi.x, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+    adamw_one(pi.y, gi.y, mi.y, vi.y, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+    adamw_one(pi.z, gi.z, mi.z, vi.z, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+    adamw_one(pi.w, gi.w, mi.w, vi.w, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+    ((float4 *)p)[i] = pi;
+    ((float4 *)m)[i] = mi;
+    ((float4 *)v)[i] = vi;
+    if (copy)
+      ((uint2 *)copy)[i] = bf16x4(pi);
   }
-}
-
-bool aligned16(const void *a, const void *b, const void *c, const void *d) {
-  return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;
+  FOR_TAIL(i, n4, n) {
+    adamw_one(p[i], g[i], m[i], v[i], h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+    if (copy)
+      copy[i] = bf16(p[i]);
+  }
 }
 
 } // namespace
@@ -517,7 +585,8 @@ void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cud
   if (!n)
     return;
   if (ld == cols) {
-    to_bf16_k<<<blocks_for(n), kThreads, 0, st>>>(dst, src, n);
+    bool vec = aligned_to(16, src) && aligned_to(8, dst);
+    to_bf16_k<<<blocks_for(vec ? n / 4 : n), kThreads, 0, st>>>(dst, src, n, vec);
     return;
   }
   unsigned bx = (unsigned)((cols + kThreads - 1) / kThreads);
@@ -581,10 +650,25 @@ void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cud
     swiglu_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(act, g, u, n);
 }
 
+void kc_swiglu_forward_bf16(uint16_t *act, const float *g, const float *u, size_t n,
+                            cudaStream_t st) {
+  bool vec = aligned_to(16, g, u) && aligned_to(8, act);
+  if (n)
+    swiglu_fwd_bf16_k<<<blocks_for(vec ? n / 4 : n), kThreads, 0, st>>>(act, g, u, n, vec);
+}
+
 void kc_swiglu_backward(float *dg, float *du, const float *dact, const float *g, const float *u,
                         size_t n, cudaStream_t st) {
   if (n)
     swiglu_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dg, du, dact, g, u, n);
+}
+
+void kc_swiglu_backward_bf16(uint16_t *dg, uint16_t *du, const float *dact, const float *g,
+                             const float *u, size_t n, cudaStream_t st) {
+  bool vec = aligned_to(16, dact, g, u) && aligned_to(8, dg, du);
+  if (n)
+    swiglu_bwd_bf16_k<<<blocks_for(vec ? n / 4 : n), kThreads, 0, st>>>(dg, du, dact, g, u, n,
+                                                                         vec);
 }
 
 void kc_causal_softmax(float *p, float *lse, int n_rows, int S, float scale, cudaStream_t st) {
@@ -679,17 +763,14 @@ void kc_xent_backward(float *dl, uint16_t *out16, const float *saved, const int3
   xent_bwd_k<<<grid, kThreads, 0, st>>>(dl, out16, saved, targets, t0, n, T, V, scale);
 }
 
-void kc_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-              float eps, float wd, int step, cudaStream_t st) {
+void kc_adamw(float *p, const float *g, float *m, float *v, uint16_t *copy, size_t n, float lr,
+              float b1, float b2, float eps, float wd, int step, cudaStream_t st) {
   // bias corrections in double, as the host reference
-  float bc1 = (float)(1.0 - pow((double)b1, step));
-  float bc2 = (float)(1.0 - pow((double)b2, step));
-  if (n && n % 4 == 0 && aligned16(p, g, m, v))
-    adamw4_k<<<blocks_for(n / 4), kThreads, 0, st>>>((float4 *)p, (const float4 *)g, (float4 *)m,
-                                                     (float4 *)v, n / 4, lr, b1, b2, eps, wd, bc1,
-                                                     bc2);
-  else if (n)
-    adamw_k<<<blocks_for(n), kThreads, 0, st>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+  adamw_hyper h = {lr, b1, b2, eps, wd, (float)(1.0 - pow((double)b1, step)),
+                   (float)(1.0 - pow((double)b2, step))};
+  bool vec = aligned_to(16, p, g, m) && aligned_to(16, v) && aligned_to(8, copy);
+  if (n)
+    adamw_k<<<blocks_for(vec ? n / 4 : n), kThreads, 0, st>>>(p, g, m, v, copy, n, vec, h);
 }
 
 } // extern "C"

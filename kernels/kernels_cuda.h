@@ -46,6 +46,12 @@ void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cud
 /* dg = dact * u * silu'(g), du = dact * silu(g) */
 void kc_swiglu_backward(float *dg, float *du, const float *dact, const float *g, const float *u,
                         size_t n, cudaStream_t stream);
+/* The same with bf16 outputs (round to nearest even), for bf16 models, where act, dg and du
+ * are only GEMM operands: no fp32 copy to write and convert again */
+void kc_swiglu_forward_bf16(uint16_t *act, const float *g, const float *u, size_t n,
+                            cudaStream_t stream);
+void kc_swiglu_backward_bf16(uint16_t *dg, uint16_t *du, const float *dact, const float *g,
+                             const float *u, size_t n, cudaStream_t stream);
 /* rows [n_rows, S] of scores scaled by scale, causal softmax (row r is query r % S): keys
  * beyond it become 0; lse[r] = log-sum-exp of the row's scaled scores */
 void kc_causal_softmax(float *p, float *lse, int n_rows, int S, float scale, cudaStream_t stream);
@@ -112,8 +118,10 @@ void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t stream)
  * rounded to bf16 into out16 [n, V] when it is not NULL (the operand of bf16 GEMMs) */
 void kc_xent_backward(float *logits, uint16_t *out16, const float *saved, const int32_t *targets,
                       int t0, int n, int T, int V, float scale, cudaStream_t stream);
-void kc_adamw(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-              float beta1, float beta2, float eps, float weight_decay, int step,
+/* One AdamW step over n parameters (kernels_adamw's formulas); with copy, also the bf16 copy
+ * [n] of the updated weights (round to nearest even), the GEMMs' operand */
+void kc_adamw(float *params, const float *grads, float *m, float *v, uint16_t *copy, size_t n,
+              float lr, float beta1, float beta2, float eps, float weight_decay, int step,
               cudaStream_t stream);
 
 #ifdef __cplusplus
