@@ -155,8 +155,8 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
                                             bool sequence_parallel);
 /* AdamW over `params` parameters held by one device. */
 /* params: parameters the step updates; copied: parameters whose bf16 copy the backend remakes
- * after the update (weight_copy_bytes_per_param), charged with it: the copies are made in the
- * next forward's first GEMMs, the same traffic once a step. */
+ * with the update (weight_copy_bytes_per_param, measured by piper-prof as the update's extra
+ * time), charged with it. */
 struct profile_cost profile_optimizer_cost(const struct profile *p, double params,
                                           double copied);
 

@@ -7,8 +7,8 @@
  * waits for its enqueueing). As in a training step, an op's parameters are a
  * weight store of the bf16 weight cache: GEMMs of bf16 models read the weights' bf16 copy,
  * made once (in the warm-up) and reused, so an entry leaves out the copy's making, which the
- * executor does once per optimizer step (in the first GEMM after it); that cost is printed
- * apart, per op. Then the GEMM rate in bf16 (weights' copies reused, as in a step) and fp32,
+ * executor does once per optimizer step (in the update itself); that cost is measured there
+ * and printed apart, per op. Then the GEMM rate in bf16 (weights' copies reused, as in a step) and fp32,
  * a device copy's bandwidth, fused AdamW at 4 sizes, the host thread's cost per enqueued
  * instruction, and under mpirun (one GPU per rank) NCCL's point-to-point and collectives over sizes and
  * group sizes, fitted as the host profiler fits MPI's. Without a usable GPU the backend's
@@ -328,31 +328,47 @@ static void gemm_precision(struct gpu *g, bool bf16) {
   exec_cuda_kernels_context->bf16_gemm = bf16;
 }
 
-/* F with the weights' bf16 copies made anew each time (as after an optimizer step), less F
- * with them reused: the copies' making, which the profile's entries leave out. */
-struct stale_arg {
-  struct cuda_op *o;
-  size_t bytes;
+struct adamw_arg {
+  struct gpu *g;
+  float *p, *grad, *m, *v;
+  size_t n;
+  int step;
 };
-static bool stale_task(struct exec_stream *s, void *arg, GError **err) {
-  struct stale_arg *a = arg;
-  exec_cuda_written(exec_cuda_kernels_context, a->o->b.params, a->bytes);
-  return op_task(s, a->o, err);
+static bool adamw_task(struct exec_stream *s, void *arg, GError **err) {
+  (void)err;
+  struct adamw_arg *w = arg;
+  w->g->k->adamw_step(s, w->p, w->grad, w->m, w->v, w->n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                      ++w->step);
+  return true;
 }
 
-static bool weight_copy_cost(struct prof_run *r, struct gpu *g, struct cuda_op *o, double f,
-                             double *out, GError **err) {
+/* What the op's bf16 weight copies cost a step. piper-exec makes them in the optimizer's
+ * update (k_adamw_step writes each compact matrix's copy as it writes the weights): AdamW over
+ * the op's own weights, whose copies its forward made, less AdamW over as many parameters
+ * with no copies. A forward then finds them fresh, so the entries leave them out. */
+static bool weight_copy_cost(struct prof_run *r, struct gpu *g, struct cuda_op *o, double *out,
+                             GError **err) {
   *out = 0;
-  size_t bytes = prof_op_sizes(&o->b).params * sizeof(float);
-  if (!exec_cuda_kernels_context->bf16_gemm || bytes == 0)
+  size_t n = prof_op_sizes(&o->b).params;
+  if (!exec_cuda_kernels_context->bf16_gemm || n == 0)
     return true;
-  struct stale_arg a = {o, bytes};
-  double t = 0;
-  o->b.pass = IR_PASS_F;
-  if (!gpu_median(g, 1, r->a->quick ? 3 : 5, stale_task, &a, &t, err))
-    return false;
-  *out = t > f ? t - f : 0;
-  return true;
+  struct adamw_arg with = {.g = g, .p = o->b.params, .grad = o->b.dparams, .n = n};
+  struct adamw_arg without = with;
+  with.m = device_floats(g, n, 0, 0), with.v = device_floats(g, n, 0, 0);
+  without.p = device_floats(g, n, 11, 0.1f);
+  without.m = with.m, without.v = with.v;
+  double t_with = 0, t_without = 0;
+  uint32_t reps = r->a->quick ? 3 : 5;
+  bool ok = with.m && with.v && without.p
+                ? gpu_median(g, 1, reps, adamw_task, &with, &t_with, err) &&
+                      gpu_median(g, 1, reps, adamw_task, &without, &t_without, err)
+                : piper_runtime_error(err, "piper-prof: no device memory for AdamW's state");
+  float *bufs[] = {with.m, with.v, without.p};
+  for (size_t k = 0; k < G_N_ELEMENTS(bufs); k++)
+    if (bufs[k])
+      exec_backend_release(g->b, bufs[k]);
+  *out = ok && t_with > t_without ? t_with - t_without : 0;
+  return ok;
 }
 
 static bool measure_op(struct prof_run *r, struct gpu *g, const struct model *m,
@@ -375,13 +391,14 @@ static bool measure_op(struct prof_run *r, struct gpu *g, const struct model *m,
       prof_entry_host_ms(prof_add_entry(r, op, o.b.pass, t[p]), host[p]);
   }
   if (ok && prof_pass_runs(op->kind, IR_PASS_F))
-    ok = weight_copy_cost(r, g, &o, t[0], &copies, err);
+    ok = weight_copy_cost(r, g, &o, &copies, err);
   cuda_op_free(&o);
   *copy_out = copies;
   if (ok)
     prof_progress(r,
                   "  %-13s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us  (bf16 weight copy "
-                  "%.1f us per step, not in F; enqueueing F %.1f BI %.1f BW %.1f B %.1f us)",
+                  "%.1f us per step, in the optimizer; enqueueing F %.1f BI %.1f BW %.1f B "
+                  "%.1f us)",
                   model_op_kind_name(op->kind), t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6,
                   copies * 1e6, host[0] * 1e6, host[1] * 1e6, host[2] * 1e6, host[3] * 1e6);
   return ok;
@@ -452,20 +469,6 @@ static bool copy_task(struct exec_stream *s, void *arg, GError **err) {
   (void)err;
   struct copy_arg *c = arg;
   c->g->k->copy(s, c->dst, c->src, c->bytes);
-  return true;
-}
-
-struct adamw_arg {
-  struct gpu *g;
-  float *p, *grad, *m, *v;
-  size_t n;
-  int step;
-};
-static bool adamw_task(struct exec_stream *s, void *arg, GError **err) {
-  (void)err;
-  struct adamw_arg *w = arg;
-  w->g->k->adamw_step(s, w->p, w->grad, w->m, w->v, w->n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                      ++w->step);
   return true;
 }
 
