@@ -1378,9 +1378,9 @@ struct late_arg {
   double t; /* the send posted, or the receive seen */
 };
 
-static bool late_task(struct exec_stream *s, void *arg, GError **err) {
-  (void)s;
-  struct late_arg *w = arg;
+/* The send or the receive, and its time. Inside a task the backend suspends it and its loop
+ * polls; outside one the backend polls without sleeping. */
+static bool late_exchange(struct late_arg *w, GError **err) {
   if (w->send)
     w->t = piper_clock_seconds();
   bool ok = w->send ? exec_comm_send(w->b, w->c, w->peer, w->buf, LATE_BYTES, 6, err)
@@ -1390,17 +1390,15 @@ static bool late_task(struct exec_stream *s, void *arg, GError **err) {
   return ok;
 }
 
+static bool late_task(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
+  return late_exchange(arg, err);
+}
+
 /* One side of one exchange: through the loop (a task on a stream) or polling (no task). */
 static bool late_side(struct late_arg *w, bool loop, GError **err) {
-  if (!loop) {
-    if (w->send)
-      w->t = piper_clock_seconds();
-    bool ok = w->send ? exec_comm_send(w->b, w->c, w->peer, w->buf, LATE_BYTES, 6, err)
-                      : exec_comm_recv(w->b, w->c, w->peer, w->buf, LATE_BYTES, 6, err);
-    if (!w->send)
-      w->t = piper_clock_seconds();
-    return ok;
-  }
+  if (!loop)
+    return late_exchange(w, err);
   struct exec_stream *st = exec_stream_create(w->b, "piper-prof late", 0, err);
   if (!st)
     return false;
