@@ -324,7 +324,7 @@ static bool may_progress(struct host_context *b) {
 
 /* How long an idle loop polls before it lets the core go, in seconds: a message already on
  * its way arrives within it, at no added latency. */
-#define IDLE_SPIN_S 20e-6
+#define IDLE_SPIN_S (EXEC_HOST_IDLE_SPIN_US * 1e-6)
 /* Then the quantum it sleeps between polls (timer slack set to 1 us at init): busy polling,
  * even with sched_yield, takes the core from the rank that computes (2 cores for 4 ranks,
  * or SMT siblings: measured, a spinning neighbour halves a kernel's speed). */

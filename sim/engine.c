@@ -602,6 +602,7 @@ struct unit_rt {
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   double *start, *end; /* [n_instrs], end < 0 while not done */
+  double *posted;      /* [n_instrs] when a communication instruction was issued here */
   uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
   uint32_t *remaining; /* [n_tensors] consumers still to run */
   uint32_t done;
@@ -875,18 +876,30 @@ static void reschedule_parts(struct sim *s, const struct slot *sl, double t) {
   }
 }
 
-/* Whether participant (u, instr) of a communication that ends now sees its end wake_latency
- * late: a rank blocked on it (computing nothing, and waiting on a receive or a collective; a
- * send is posted and left) sleeps until the scheduler gives it a core, which takes that long
- * when every core of its node computes for other ranks. A rank that is computing picks the
- * completion up in its own loop, without a wake-up. */
-static bool wakes_late(const struct sim *s, const struct unit_rt *u, uint32_t instr) {
-  if (!s->sharing || s->prof->wake_latency <= 0 || u->n_kernels > 0)
-    return false;
+/* How late participant (u, instr) of a communication that ends at t sees its end. A rank that
+ * computes picks the completion up in its own loop, and a sender posts and moves on: neither is
+ * late. A rank blocked on a receive or a collective
+ *  - waits wake_latency for the scheduler when every core of its node computes for others;
+ *  - else loop_late (its loop sleeps between polls, and the message needs both sides' polls)
+ *    once it has waited past the loop's spin window, or whenever its node has more ranks than
+ *    cores: the ranks then run in turns, so that a communication's participants reach it at
+ *    different times and the first of them has gone to sleep (on 4 ranks and 2 cores a 32 KiB
+ *    all-to-all took 150-200 us after its posts in a step, 14 us with the ranks doing nothing
+ *    else). */
+static double comm_lateness(const struct sim *s, const struct unit_rt *u, uint32_t instr,
+                            double t) {
+  if (!s->sharing || u->n_kernels > 0)
+    return 0;
   const struct plan_class *c = &s->p->classes[u->cls];
   if (s->p->nodes[c->instrs[instr].node].kind == IR_NODE_SEND)
-    return false;
-  return s->node_running[s->unit_node[u - s->u]] >= s->prof->cores_per_node;
+    return 0;
+  uint32_t node = s->unit_node[u - s->u], cores = s->prof->cores_per_node;
+  if (s->prof->wake_latency > 0 && s->node_running[node] >= cores)
+    return s->prof->wake_latency;
+  if (s->prof->loop_late > 0 &&
+      (s->node_size[node] > cores || t - u->posted[instr] > s->prof->loop_spin))
+    return s->prof->loop_late;
+  return 0;
 }
 
 static void start_comm(struct sim *s, uint32_t id, double t) {
@@ -957,8 +970,9 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
     u->comm_sm -= sl->sm_share;
     if (u->n_ops == 0)
       u->comm_sm = 0; /* no drift from repeated add/subtract */
-    if (wakes_late(s, u, instr))
-      heap_push(&s->heap, t + s->prof->wake_latency, EV_WAKE, instr, 0, ui);
+    double late = comm_lateness(s, u, instr, t);
+    if (late > 0)
+      heap_push(&s->heap, t + late, EV_WAKE, instr, 0, ui);
     else
       part_done(s, u, instr, t);
   }
@@ -1056,6 +1070,7 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
       uint32_t i = c->stream_instrs[e + j];
       alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
       if (u->slot[i] != IR_NONE) {
+        u->posted[i] = t;
         struct slot *sl = &s->slots[u->slot[i]];
         if (++sl->arrived == sl->expected)
           start_comm(s, u->slot[i], t);
@@ -1384,7 +1399,7 @@ static void sim_units(struct sim *s, struct sim_result *res) {
  * remaining, which unit_init sets. */
 static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
-                 ni * (2 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
+                 ni * (3 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
   char *at = u->block = g_malloc0(bytes + sizeof(double));
   /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
   u->queued = (double *)(void *)at;
@@ -1392,6 +1407,8 @@ static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   u->start = (double *)(void *)at;
   at += ni * sizeof(double);
   u->end = (double *)(void *)at;
+  at += ni * sizeof(double);
+  u->posted = (double *)(void *)at;
   at += ni * sizeof(double);
   u->pos = (uint32_t *)(void *)at;
   at += ns * sizeof(uint32_t);

@@ -165,6 +165,8 @@ static const struct profile_key host_keys[] = {
     KEY("wait_core_share", DOUBLE, OPTIONAL, 0, 1, 1, wait_core_share),
     KEY("comm_test_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, comm_test),
     KEY("wake_latency_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, wake_latency),
+    KEY("loop_spin_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, loop_spin),
+    KEY("loop_late_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, loop_late),
 };
 /* bounds: bytes per element or parameter of any numeric type a backend could hold */
 static const struct profile_key memory_keys[] = {

@@ -115,9 +115,12 @@ struct profile {
    * waiting for communication takes by polling, comm_test the cost of one test of posted
    * communication (added to every communication's latency: the test that sees it end), and
    * wake_latency how late a waiting rank sees its communication end when every core of its
-   * node is computing (the scheduler must first take a core from a computing rank). */
+   * node is computing (the scheduler must first take a core from a computing rank).
+   * loop_late is how late a rank waiting in the executor's loop sees its communication end
+   * once it has waited past loop_spin (the loop then sleeps between polls, and a message
+   * needs both sides' polls), measured with a core free for each side; 0: not modelled. */
   uint32_t cores_per_node;
-  double instruction_overhead, wait_core_share, comm_test, wake_latency;
+  double instruction_overhead, wait_core_share, comm_test, wake_latency, loop_spin, loop_late;
 
   /* memory: the precision at which the profiled backend holds each kind ("memory" section;
    * facts of the backend's code, which piper-prof writes, not measurements) */

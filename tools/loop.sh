@@ -123,7 +123,8 @@ print()
 for n, h in (("2", h2), ("4", h4)):
     print(f"- host costs measured with {n} ranks: {h.get('instruction_overhead_us', '-')} us per "
           f"instruction, test {h.get('comm_test_us', '-')} us, waiting rank "
-          f"{h.get('wait_core_share', '-')} of a core, wake-up {h.get('wake_latency_us', '-')} us")
+          f"{h.get('wait_core_share', '-')} of a core, wake-up {h.get('wake_latency_us', '-')} us, "
+          f"loop lateness {h.get('loop_late_us', '-')} us")
 print()
 print("| plan | procs | measured ms | simulated ms | time error | run-to-run noise | memory error "
       "| bubble diff (pp) | per-kind error (node median B/A - 1) |")

@@ -1357,6 +1357,100 @@ static bool host_wait_demand(struct prof_run *r, struct exec_backend *b, GError 
   exec_comm_destroy(b, c);
   return ok;
 }
+/* What the host backend's loop adds to a communication its rank waits on past the loop's spin
+ * window (EXEC_HOST_IDLE_SPIN_US; the rank then sleeps between polls, and a rendezvous message
+ * needs both sides' polls): rank 0 computes for a window while the last rank waits for its
+ * message, then sends; the other ranks sleep, so that each of the two has a core. The message
+ * is LATE_BYTES, above Open MPI's shared-memory eager limit (4 KiB) and the size of tiny-moe's
+ * expert all-to-alls. Each round times it twice, in turns: through the backend's loop (the send
+ * and the receive tasks on streams, as the executor runs them) and with both sides polling
+ * without sleep (the backend's calls outside a task), which is what the collective fits
+ * measure; the lateness is the difference of the medians (how much later the waiter sees the
+ * message, from when the sender posted it). */
+enum { LATE_BYTES = 32768 };
+
+struct late_arg {
+  struct exec_backend *b;
+  struct exec_comm *c;
+  uint32_t peer;
+  bool send;
+  char *buf;
+  double t; /* the send posted, or the receive seen */
+};
+
+/* The send or the receive, and its time. Inside a task the backend suspends it and its loop
+ * polls; outside one the backend polls without sleeping. */
+static bool late_exchange(struct late_arg *w, GError **err) {
+  if (w->send)
+    w->t = piper_clock_seconds();
+  bool ok = w->send ? exec_comm_send(w->b, w->c, w->peer, w->buf, LATE_BYTES, 6, err)
+                    : exec_comm_recv(w->b, w->c, w->peer, w->buf, LATE_BYTES, 6, err);
+  if (!w->send)
+    w->t = piper_clock_seconds();
+  return ok;
+}
+
+static bool late_task(struct exec_stream *s, void *arg, GError **err) {
+  (void)s;
+  return late_exchange(arg, err);
+}
+
+/* One side of one exchange: through the loop (a task on a stream) or polling (no task). */
+static bool late_side(struct late_arg *w, bool loop, GError **err) {
+  if (!loop)
+    return late_exchange(w, err);
+  struct exec_stream *st = exec_stream_create(w->b, "piper-prof late", 0, err);
+  if (!st)
+    return false;
+  struct exec_event *e = exec_event_create(w->b);
+  exec_stream_submit(w->b, st, late_task, w, 0);
+  exec_event_record(w->b, e, st);
+  bool ok = exec_event_synchronize(w->b, e, 60);
+  exec_event_destroy(w->b, e);
+  exec_stream_destroy(w->b, st);
+  return ok;
+}
+
+/* Seconds from the send's post to the receive seen, one exchange (rank 0 keeps it). */
+static double late_once(struct prof_run *r, struct late_arg *w, bool loop, double window,
+                        bool *ok, GError **err) {
+  double seen = 0;
+  sleeping_barrier();
+  if (r->rank == 0) {
+    compute_rate(window);
+    *ok = late_side(w, loop, err) && *ok;
+    MPI_Recv(&seen, 1, MPI_DOUBLE, (int)w->peer, 95, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    return seen - w->t;
+  }
+  if ((uint32_t)r->rank == (uint32_t)r->size - 1) {
+    *ok = late_side(w, loop, err) && *ok;
+    MPI_Send(&w->t, 1, MPI_DOUBLE, 0, 95, MPI_COMM_WORLD);
+  }
+  return 0;
+}
+
+static bool host_loop_late(struct prof_run *r, struct exec_backend *b, GError **err) {
+  uint32_t waiter = (uint32_t)r->size - 1, pair[2] = {0, waiter};
+  struct exec_comm *c = exec_comm_create(b, "piper-prof late", pair, 2, true, err);
+  if (!c)
+    return false;
+  struct late_arg w = {.b = b, .c = c, .peer = r->rank == 0 ? waiter : 0, .send = r->rank == 0,
+                       .buf = g_malloc0(LATE_BYTES)};
+  double window = r->a->quick ? 0.001 : 0.002, loop[PAIR_ROUNDS], poll[PAIR_ROUNDS];
+  bool ok = true;
+  for (int i = 0; i < PAIR_ROUNDS; i++) {
+    loop[i] = late_once(r, &w, true, window, &ok, err);
+    poll[i] = late_once(r, &w, false, window, &ok, err);
+  }
+  if (r->rank == 0) {
+    double late = median_of(loop, PAIR_ROUNDS) - median_of(poll, PAIR_ROUNDS);
+    r->loop_late = late > 0 ? late : 0;
+  }
+  sleeping_barrier();
+  g_free(w.buf);
+  exec_comm_destroy(b, c);
+  return ok;
+}
 #endif
 
 /* Every rank takes part (the backend starts with a barrier); rank 0 keeps the figures. */
@@ -1377,6 +1471,7 @@ static bool measure_host(struct prof_run *r, GError **err) {
       r->comm_test = host_test_cost(r->a->quick ? 2000 : 20000);
     ok = host_wait_share(r, b, err) && ok;
     ok = host_wait_demand(r, b, err) && ok;
+    ok = host_loop_late(r, b, err) && ok;
     r->comm_measured = true;
   }
 #endif
@@ -1385,9 +1480,10 @@ static bool measure_host(struct prof_run *r, GError **err) {
            "host: %u cores; the executor's loop %.2f us per instruction; a test of posted "
            "communication %.2f us; a waiting rank burns %.2f of a core beside a computing one "
            "(pinned beside one: %.2f of its core, slowing it by %.0f%%) and sees a message "
-           "%.1f us late when its core is busy",
+           "%.1f us late when its core is busy; asleep in the loop, %.1f us late with a core free",
            r->cores, r->instruction_overhead * 1e6, r->comm_test * 1e6, r->wait_share,
-           r->wait_self_share, 100 * r->wait_pinned_slowdown, r->wake_latency * 1e6);
+           r->wait_self_share, 100 * r->wait_pinned_slowdown, r->wake_latency * 1e6,
+           r->loop_late * 1e6);
   return ok;
 }
 
@@ -1508,7 +1604,12 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
         "computing GEMMs, the last rank waiting for a receive from it in the backend's loop, "
         "the others asleep (no pinning): the waiter's CPU time over its wait; wake_latency_us: two ranks pinned "
         "to one core, one computing, the other waiting in the backend's loop: how late the "
-        "waiter sees the message");
+        "waiter sees the message; loop_spin_us: how long the backend's idle loop polls before "
+        "it sleeps between polls (a constant of its code); loop_late_us: rank 0 computes 2 ms, "
+        "then sends the last rank, which waits for it, 32 KiB, the others asleep (a core for "
+        "each): the median time from the send's post to the receive seen through the backend's "
+        "loop (tasks on streams) less the same exchange polled without sleeping, 7 rounds in "
+        "turns");
   }
   cJSON_AddStringToObject(
       s, "network",
@@ -1576,6 +1677,8 @@ static cJSON *host_json(const struct prof_run *r) {
     cJSON_AddNumberToObject(h, "wait_core_share", prof_round_sig(r->wait_share, 3));
     cJSON_AddNumberToObject(h, "comm_test_us", prof_round_sig(r->comm_test * 1e6, 3));
     cJSON_AddNumberToObject(h, "wake_latency_us", prof_round_sig(r->wake_latency * 1e6, 3));
+    cJSON_AddNumberToObject(h, "loop_spin_us", EXEC_HOST_IDLE_SPIN_US);
+    cJSON_AddNumberToObject(h, "loop_late_us", prof_round_sig(r->loop_late * 1e6, 3));
   }
   return h;
 }

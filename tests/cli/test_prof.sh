@@ -78,12 +78,30 @@ for k, f in fits.items():
 h = j["host"]
 assert h["cores_per_node"] >= 1 and h["instruction_overhead_us"] > 0, h
 assert 0 <= h["wait_core_share"] <= 1 and h["comm_test_us"] > 0 and h["wake_latency_us"] >= 0, h
+# the backend loop's spin window (exec/exec.h) and what its sleeping adds to a communication
+assert h["loop_spin_us"] == 20 and h["loop_late_us"] >= 0, h
 EOF
 if [ -f "$tmp/p2.json" ] && "$SIM" --model models/tiny-dense.json --layout pp=2 --schedule 1f1b \
     --mbs 4 --profile "$tmp/p2.json" --out "$tmp/sim2" --no-charts --quiet 2> "$tmp/err"; then
   ok "piper-sim loads the measured host facts and fits"
 else
   fail "piper-sim with the fitted profile: $(cat "$tmp/err")"
+fi
+# the lateness is used: a receive that waits past the spin window ends loop_late_us later, so
+# the 2-rank 1F1B step is longer with the key than with it removed (equal only if it is 0)
+if [ -f "$tmp/p2.json" ] && python3 -c 'import json, sys; j = json.load(open(sys.argv[1]))
+del j["host"]["loop_late_us"]; json.dump(j, open(sys.argv[2], "w"))' "$tmp/p2.json" "$tmp/p2-old.json" \
+    && "$SIM" --model models/tiny-dense.json --layout pp=2 --schedule 1f1b --mbs 4 \
+      --profile "$tmp/p2-old.json" --out "$tmp/sim2-old" --no-charts --quiet 2> "$tmp/err" \
+    && python3 - "$tmp/p2.json" "$tmp/sim2/metrics.json" "$tmp/sim2-old/metrics.json" <<'EOF'; then
+import json, sys
+late = json.load(open(sys.argv[1]))["host"]["loop_late_us"]
+new, old = (json.load(open(f))["iteration_time_s"] for f in sys.argv[2:4])
+assert (new > old) if late > 0 else (new == old), (late, new, old)
+EOF
+  ok "piper-sim charges the loop's lateness"
+else
+  fail "loop_late_us not charged: $(cat "$tmp/err")"
 fi
 # 3 ranks: the waiting-share measurement's waiter is the last rank, not rank 1 (a message sent
 # to the wrong rank times the waiter out and fails the run); a waiting rank burns some CPU

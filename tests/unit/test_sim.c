@@ -739,6 +739,58 @@ static void test_engine_cores_shared(void **state) {
   plan_free(p);
 }
 
+/* The executor's loop sleeps between polls once it has waited past loop_spin: a blocked
+ * receiver then sees its message loop_late late, as it does on a node with more ranks than
+ * cores, where the ranks run in turns; a sender is never late. */
+static void test_engine_loop_late(void **state) {
+  (void)state;
+  /* device 1 waits 1 ms (device 0's F) for its receive, on 4 cores: 0.1 ms late */
+  struct hplan h = {.n_devices = 2, .n_streams = 1, .n = {2, 1}};
+  h.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h.ins[0][1] = (struct hi){IR_NODE_SEND, 0, IR_PASS_NONE, 1, 1000, -1, 0, -1, 0};
+  h.ins[1][0] = (struct hi){IR_NODE_RECV, 0, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  struct plan *p = hplan_build(&h);
+  struct profile *pr =
+      sharing_profile("\"cores_per_node\":4,\"loop_spin_us\":20,\"loop_late_us\":100");
+  struct sim_result *r = run(p, pr, true);
+  test_assert_near(iv_of(r, p, 1, 0)->end, 1.1 * MS, TIME_TOL, 0, "waited past the spin");
+  test_assert_near(iv_of(r, p, 0, 1)->end, 1 * MS, TIME_TOL, 0, "the sender is not late");
+  sim_result_free(r);
+  profile_free(pr);
+  /* a wait within the spin window, or a profile without the key: on time */
+  const char *on_time[] = {"\"cores_per_node\":4,\"loop_spin_us\":2000,\"loop_late_us\":100",
+                           "\"cores_per_node\":4,\"loop_spin_us\":20"};
+  for (size_t i = 0; i < 2; i++) {
+    pr = sharing_profile(on_time[i]);
+    r = run(p, pr, true);
+    test_assert_near(iv_of(r, p, 1, 0)->end, 1 * MS, TIME_TOL, 0, "on time");
+    sim_result_free(r);
+    profile_free(pr);
+  }
+  plan_free(p);
+
+  /* 4 ranks each run an F (2 ms on 2 cores), then device 0 sends device 3, which posted its
+   * receive as the message went (no wait): late on 2 cores, on time on 4 (F ends at 1 ms) */
+  struct hplan h2 = {.n_devices = 4, .n_streams = 1, .n = {2, 1, 1, 2}};
+  for (uint32_t d = 0; d < 4; d++)
+    h2.ins[d][0] = (struct hi)C(0, IR_PASS_F);
+  h2.ins[0][1] = (struct hi){IR_NODE_SEND, 0, IR_PASS_NONE, 3, 1000, -1, 0, -1, 0};
+  h2.ins[3][1] = (struct hi){IR_NODE_RECV, 0, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  p = hplan_build(&h2);
+  pr = sharing_profile("\"cores_per_node\":2,\"loop_spin_us\":20,\"loop_late_us\":100");
+  r = run(p, pr, true);
+  test_assert_near(iv_of(r, p, 3, 1)->end, 2.1 * MS, TIME_TOL, 0, "ranks outnumber cores");
+  test_assert_near(iv_of(r, p, 0, 1)->end, 2 * MS, TIME_TOL, 0, "sender on time");
+  sim_result_free(r);
+  profile_free(pr);
+  pr = sharing_profile("\"cores_per_node\":4,\"loop_spin_us\":20,\"loop_late_us\":100");
+  r = run(p, pr, true);
+  test_assert_near(iv_of(r, p, 3, 1)->end, 1 * MS, TIME_TOL, 0, "a core each, no wait");
+  sim_result_free(r);
+  profile_free(pr);
+  plan_free(p);
+}
+
 static void test_engine_contention(void **state) {
   (void)state;
   /* a synthetic profile with communication of 1 ms holding half the SMs */
@@ -1625,6 +1677,7 @@ int main(void) {
       cmocka_unit_test(test_optimizer_cost),
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_engine_order_and_rendezvous),
+      cmocka_unit_test(test_engine_loop_late),
       cmocka_unit_test(test_engine_contention),
       cmocka_unit_test(test_profile_host_and_fits),
       cmocka_unit_test(test_profile_host_errors),
