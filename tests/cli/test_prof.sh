@@ -27,6 +27,12 @@ else
 fi
 grep -q "piper-prof: .*attention" "$tmp/err" && grep -q "wrote $tmp/p.json" "$tmp/err" \
   && ok "progress on stderr" || fail "no progress: $(head -3 "$tmp/err")"
+# the kernels are timed on the executor's data flow: every op of tiny-dense but the embedding
+# reads its predecessor's output ([T, C] all along)
+n_ops=$(python3 -c "import json; print(json.load(open('models/tiny-dense.json')).get('num_hidden_layers', 0))")
+linked=$(sed -n 's/.*tiny-dense: \([0-9]*\) ops read their predecessor.*/\1/p' "$tmp/err")
+[ -n "$linked" ] && [ "$linked" -ge $((6 * n_ops + 2)) ] \
+  && ok "ops chained as the executor runs them ($linked)" || fail "ops chained: '${linked}'"
 python3 - "$tmp/p.json" <<'EOF' && ok "profile contents" || fail "profile contents"
 import json, sys
 j = json.load(open(sys.argv[1]))
