@@ -407,8 +407,23 @@ static int entry_by_address(gconstpointer a, gconstpointer b) {
  * then the same elements in the same order), and converted afterwards where it is strided or
  * overlaps one already written. A GEMM that read an old copy read the weights before this
  * update, which the plan orders before the optimizer, as it orders the fp32 weights' readers. */
-static void adamw_with_copies(struct exec_stream *s, float *params, const float *grads, float *m,
-                              float *v, size_t n, const float *hyper, int step) {
+struct adamw_args {
+  float *params;
+  const float *grads;
+  float *m, *v;
+  float lr, beta1, beta2, eps, weight_decay;
+  int step;
+};
+
+/* AdamW over parameters [from, from + len) of a, writing their bf16 copy when copy is set. */
+static void adamw_span(const struct adamw_args *a, size_t from, size_t len, uint16_t *copy,
+                       cudaStream_t cs) {
+  kc_adamw(a->params + from, a->grads + from, a->m + from, a->v + from, copy, len, a->lr,
+           a->beta1, a->beta2, a->eps, a->weight_decay, a->step, cs);
+}
+
+static void adamw_with_copies(struct exec_stream *s, const struct adamw_args *a, size_t n) {
+  float *params = a->params;
   struct cuda_context *b = kernel_ctx(s);
   cudaStream_t cs = st_of(s);
   GPtrArray *within = g_ptr_array_new(), *later = g_ptr_array_new();
@@ -423,16 +438,13 @@ static void adamw_with_copies(struct exec_stream *s, float *params, const float 
       g_ptr_array_add(later, w);
       continue;
     }
-    kc_adamw(params + done, grads + done, m + done, v + done, NULL, at - done, hyper[0],
-             hyper[1], hyper[2], hyper[3], hyper[4], step, cs);
-    kc_adamw(params + at, grads + at, m + at, v + at, w->copy, len, hyper[0], hyper[1],
-             hyper[2], hyper[3], hyper[4], step, cs);
+    adamw_span(a, done, at - done, NULL, cs);
+    adamw_span(a, at, len, w->copy, cs);
     done = at + len;
     copy_made(b, w, cs, &e);
   }
   if (!e)
-    kc_adamw(params + done, grads + done, m + done, v + done, NULL, n - done, hyper[0],
-             hyper[1], hyper[2], hyper[3], hyper[4], step, cs);
+    adamw_span(a, done, n - done, NULL, cs);
   for (guint k = 0; k < later->len && !e; k++) {
     struct exec_wcache_entry *w = g_ptr_array_index(later, k);
     kc_to_bf16(w->copy, w->ptr, w->rows, w->cols, w->ld, cs);
@@ -448,9 +460,10 @@ static void k_adamw_step(struct exec_stream *s, float *params, const float *grad
                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int step) {
   struct cuda_context *b = kernel_ctx(s);
+  const struct adamw_args a = {params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step};
   exec_cuda_written(b, params, n * sizeof(float));
   if (!b->bf16_gemm) {
-    kc_adamw(params, grads, m, v, NULL, n, lr, beta1, beta2, eps, weight_decay, step, st_of(s));
+    adamw_span(&a, 0, n, NULL, st_of(s));
     return;
   }
   /* the block the optimizer updates is where GEMMs find their weights: its bf16 copies are
@@ -460,8 +473,7 @@ static void k_adamw_step(struct exec_stream *s, float *params, const float *grad
   if (!exec_cuda_block_of(b, params, &base, &bytes))
     base = params;
   exec_wcache_add_store(&b->wcache, base, bytes);
-  const float hyper[] = {lr, beta1, beta2, eps, weight_decay};
-  adamw_with_copies(s, params, grads, m, v, n, hyper, step);
+  adamw_with_copies(s, &a, n);
 }
 
 /* ---- MLP (kernels/mlp.c) ------------------------------------------------------------------ */
