@@ -510,6 +510,34 @@ static double table_lookup(const struct profile *p, enum model_op_kind kind, enu
   return -1;
 }
 
+/* table_lookup, and B as BI + BW where only those were measured. */
+static double measured_time(const struct profile *p, enum model_op_kind kind, enum ir_pass pass,
+                            const int64_t *shape) {
+  double t = table_lookup(p, kind, pass, shape);
+  if (t < 0 && pass == IR_PASS_B) {
+    double ti = table_lookup(p, kind, IR_PASS_BI, shape);
+    double tw = table_lookup(p, kind, IR_PASS_BW, shape);
+    if (ti >= 0 && tw >= 0)
+      t = ti + tw;
+  }
+  return t;
+}
+
+/* The experts of an expert op on one device of a degree-way group, where the profile measured
+ * that degree (PROFILE_EP_DIM; the other dimensions may be interpolated); else negative, and
+ * the op is costed as measured on one device. */
+static double ep_experts_time(const struct profile *p, enum ir_pass pass, const int64_t *shape,
+                              uint32_t degree) {
+  int64_t q[PROFILE_MAX_SHAPE];
+  memcpy(q, shape, sizeof q);
+  q[PROFILE_EP_DIM] = degree;
+  bool measured = false;
+  for (uint32_t i = 0; i < p->n_entries && !measured; i++)
+    measured = p->entries[i].kind == MODEL_OP_EXPERT_FFN &&
+               p->entries[i].shape[PROFILE_EP_DIM] == (int64_t)degree;
+  return measured ? measured_time(p, MODEL_OP_EXPERT_FFN, pass, q) : -1;
+}
+
 static void op_pass_load(const struct model_op *op, enum ir_pass pass, double *flops,
                          double *bytes) {
   /* Backward kernels touch about what the forward touched: BI reads the output gradient and
@@ -561,13 +589,11 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
   double bw = p->memory_bandwidth * p->memory_efficiency;
   for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++) {
     const struct model_op *op = &m->ops[i];
-    double t = table_lookup(p, op->kind, pass, op->shape);
-    if (t < 0 && pass == IR_PASS_B) {
-      double ti = table_lookup(p, op->kind, IR_PASS_BI, op->shape);
-      double tw = table_lookup(p, op->kind, IR_PASS_BW, op->shape);
-      if (ti >= 0 && tw >= 0)
-        t = ti + tw;
-    }
+    double t = -1;
+    if (op->kind == MODEL_OP_EXPERT_FFN && shard_degree > 1)
+      t = ep_experts_time(p, pass, op->shape, shard_degree);
+    if (t < 0)
+      t = measured_time(p, op->kind, pass, op->shape);
     double flops, bytes;
     op_pass_load(op, pass, &flops, &bytes);
     /* Experts sharded over an EP group that is also the data-parallel group (the only layout

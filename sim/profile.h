@@ -29,6 +29,11 @@
 #include "../models/model.h"
 
 #define PROFILE_MAX_SHAPE 8
+/* An expert_ffn entry whose shape has d > 1 in this field (past the op's five) times the
+ * experts alone on one device of a d-way expert-parallel group: E / d local experts over the
+ * T x k rows the all-to-all brings with balanced routing, without the dispatch and combine
+ * (which the executor runs in the all-to-alls). 0: the op on one device, dispatch to combine. */
+#define PROFILE_EP_DIM 5
 
 enum profile_collective_algo { PROFILE_ALGO_RING, PROFILE_ALGO_TREE, PROFILE_ALGO_AUTO };
 

@@ -261,10 +261,32 @@ static void run_router(struct op_bench *b) {
                             b->in0, b->params, T, C, E, K, false);
 }
 
+/* The experts alone on one device of an ep-way group, as the executor's expert-parallel path
+ * runs them between the all-to-alls: E / ep local experts over the T x k rows it receives. */
+static void run_ep_experts(struct op_bench *b) {
+  int C = b->C, El = b->E / b->ep, F = b->F, TK = b->T * b->K;
+  if (b->pass == IR_PASS_F)
+    kernels_expert_ffn_forward(b->y, b->saved, b->scratch, b->rows, b->row_expert, TK, b->params, 0,
+                               El, C, F);
+  else if (b->pass == IR_PASS_BW)
+    kernels_expert_ffn_backward_weight(b->dparams, b->bwork, b->row_expert, TK, b->saved, 0, El, C,
+                                       F);
+  else if (b->pass == IR_PASS_B)
+    kernels_expert_ffn_backward(b->drows, b->dparams, b->bwork, b->scratch, b->dy, b->row_expert,
+                                TK, b->saved, b->params, 0, El, C, F, false);
+  else
+    kernels_expert_ffn_backward_input(b->drows, b->bwork, b->scratch, b->dy, b->row_expert, TK,
+                                      b->saved, b->params, 0, El, C, F, false);
+}
+
 /* Experts on one device: plan, dispatch, the experts, combine (and their backward), as the
  * executor's one-device path runs them. */
 static void run_expert_ffn(struct op_bench *b) {
   int T = b->T, C = b->C, E = b->E, K = b->K, F = b->F, TK = T * K;
+  if (b->ep > 1) {
+    run_ep_experts(b);
+    return;
+  }
   if (b->pass == IR_PASS_F) {
     kernels_moe_dispatch_plan(b->counts, b->route_row, b->ids, T, K, E, 1);
     kernels_moe_dispatch_forward(b->rows, b->row_expert, b->in0, b->ids, b->route_row, T, K, C);
@@ -352,7 +374,7 @@ struct op_sizes prof_op_sizes(struct op_bench *b) {
     z.bwork = kernels_router_bwork_floats(b->T, b->E);
     break;
   case MODEL_OP_EXPERT_FFN:
-    z.params = kernels_expert_ffn_param_count(b->E, b->C, b->F);
+    z.params = kernels_expert_ffn_param_count(b->ep > 1 ? b->E / b->ep : b->E, b->C, b->F);
     z.saved = kernels_expert_ffn_saved_floats((int)TK, b->C, b->F);
     z.bwork = kernels_expert_ffn_bwork_floats((int)TK, b->C, b->F);
     z.scratch = kernels_expert_ffn_scratch_floats((int)TK, b->C);
@@ -385,6 +407,7 @@ void prof_op_bench_dims(struct op_bench *b) {
     break;
   case MODEL_OP_EXPERT_FFN:
     b->T = (int)s[0], b->C = (int)s[1], b->F = (int)s[2], b->E = (int)s[3], b->K = (int)s[4];
+    b->ep = (int)s[PROFILE_EP_DIM];
     break;
   default: b->T = (int)s[0], b->C = (int)s[1], b->F = (int)s[2]; break;
   }
@@ -414,6 +437,13 @@ static void op_bench_init(struct op_bench *b, const struct model *m, const struc
   b->rows = g_new0(float, z.rows ? z.rows : 1);
   b->y = g_new0(float, z.rows ? z.rows : 1);
   b->dy = g_new0(float, z.rows ? z.rows : 1);
+  if (b->ep > 1) { /* what the dispatch would have brought: rows, their local experts */
+    g_free(b->rows), g_free(b->dy);
+    b->rows = prof_random_floats(z.rows, 6, 1.0f);
+    b->dy = prof_random_floats(z.rows, 7, 1.0f);
+    for (size_t r = 0; r < TK; r++)
+      b->row_expert[r] = b->ids[r] % (b->E / b->ep);
+  }
   b->drows = g_new0(float, z.rows ? z.rows : 1);
   b->scratch = g_new0(float, z.scratch ? z.scratch : 1);
 }
@@ -508,6 +538,27 @@ static void measure_op(struct prof_run *r, const struct model *m, const struct m
   progress_op(r, op, t);
 }
 
+/* The expert-parallel variants of a model's expert ops (PROFILE_EP_DIM), each distinct shape
+ * once: one per degree d > 1 that divides the experts, the degrees a plan can shard them to. */
+static GArray *ep_variants(const struct model *m) {
+  GArray *v = g_array_new(FALSE, FALSE, sizeof(struct model_op));
+  for (uint32_t i = 0; i < m->n_ops; i++) {
+    const struct model_op *op = &m->ops[i];
+    if (op->kind != MODEL_OP_EXPERT_FFN)
+      continue;
+    for (int64_t d = 2, E = op->shape[3]; d <= E; d++) {
+      struct model_op x = *op;
+      x.shape[PROFILE_EP_DIM] = d;
+      bool seen = E % d != 0;
+      for (guint k = 0; k < v->len && !seen; k++)
+        seen = !memcmp(g_array_index(v, struct model_op, k).shape, x.shape, sizeof x.shape);
+      if (!seen)
+        g_array_append_val(v, x);
+    }
+  }
+  return v;
+}
+
 /* ---- kernels in the executor's order ------------------------------------------------------
  * A kernel timed alone, back to back on the same buffers, runs with its operands hot in the
  * caches; the executor runs it between the other ops of the model, on one set of activation
@@ -521,7 +572,10 @@ static void measure_op(struct prof_run *r, const struct model *m, const struct m
 
 struct chain {
   const struct model *m;
-  uint32_t n_ops;         /* of the model */
+  uint32_t n_ops;         /* the model's, then its expert-parallel variants (ep_variants) */
+  uint32_t n_model_ops;
+  GArray *variants;       /* struct model_op: the expert-parallel variants */
+  const struct model_op **ops; /* [n_ops] */
   bool *run;              /* [n_ops] ops timed here (kernel, first-seen shape class) */
   uint32_t *cls;          /* [n_ops] index of the op's (kind, shape) class */
   uint32_t n_classes;
@@ -600,7 +654,7 @@ static uint32_t chain_link(struct chain *c) {
   for (int mb = 0; mb < CHAIN_MBS; mb++) {
     struct op_bench *prev = NULL;
     uint8_t *prev_link = NULL;
-    for (uint32_t i = 0; i < c->n_ops; i++) {
+    for (uint32_t i = 0; i < c->n_model_ops; i++) {
       if (!c->run[i])
         continue;
       size_t at = (size_t)mb * c->n_ops + i;
@@ -625,25 +679,23 @@ static uint32_t chain_link(struct chain *c) {
 
 /* Buffers of every micro-batch of every op, the weights of micro-batch 0 shared by all. */
 static void chain_init(struct chain *c, const struct model *m) {
-  c->m = m;
-  c->n_ops = m->n_ops;
-  c->b = g_new0(struct op_bench, (size_t)CHAIN_MBS * m->n_ops + 1);
-  for (uint32_t i = 0; i < m->n_ops; i++) {
+  c->b = g_new0(struct op_bench, (size_t)CHAIN_MBS * c->n_ops + 1);
+  for (uint32_t i = 0; i < c->n_ops; i++) {
     if (!c->run[i])
       continue;
     for (int mb = 0; mb < CHAIN_MBS; mb++) {
-      struct op_bench *b = &c->b[(size_t)mb * m->n_ops + i];
-      op_bench_init(b, m, &m->ops[i]);
+      struct op_bench *b = &c->b[(size_t)mb * c->n_ops + i];
+      op_bench_init(b, m, c->ops[i]);
       if (mb > 0) {
         g_free(b->params), g_free(b->dparams);
         b->params = c->b[i].params, b->dparams = c->b[i].dparams;
       }
     }
   }
-  c->m1 = g_new0(float *, m->n_ops + 1);
-  c->v1 = g_new0(float *, m->n_ops + 1);
-  c->n_params = g_new0(size_t, m->n_ops + 1);
-  for (uint32_t i = 0; i < m->n_ops; i++)
+  c->m1 = g_new0(float *, c->n_ops + 1);
+  c->v1 = g_new0(float *, c->n_ops + 1);
+  c->n_params = g_new0(size_t, c->n_ops + 1);
+  for (uint32_t i = 0; i < c->n_ops; i++)
     if (c->run[i]) {
       c->n_params[i] = prof_op_sizes(&c->b[i]).params;
       c->m1[i] = g_new0(float, c->n_params[i] + 1);
@@ -680,16 +732,27 @@ static void chain_free(struct chain *c) {
     g_array_free(c->opt[sg], TRUE);
   g_free(c->m1), g_free(c->v1), g_free(c->n_params), g_free(c->opt);
   g_free(c->samples), g_free(c->b), g_free(c->run), g_free(c->cls), g_free(c->class_op);
+  g_free(c->ops);
+  g_array_free(c->variants, TRUE);
 }
 
-/* The ops with a kernel (all run) and the (kind, shape) classes not measured yet (kept). */
+/* The ops with a kernel (all run) and the (kind, shape) classes not measured yet (kept): the
+ * model's ops, then their expert-parallel variants, timed after the model's in each sweep. */
 static void chain_classes(struct prof_run *r, struct chain *c, const struct model *m) {
-  c->run = g_new0(bool, m->n_ops + 1);
-  c->cls = g_new0(uint32_t, m->n_ops + 1);
-  c->class_op = g_new0(const struct model_op *, m->n_ops + 1);
+  c->m = m;
+  c->n_model_ops = m->n_ops;
+  c->variants = ep_variants(m);
+  c->n_ops = m->n_ops + c->variants->len;
+  c->ops = g_new(const struct model_op *, c->n_ops + 1);
+  for (uint32_t i = 0; i < c->n_ops; i++)
+    c->ops[i] = i < m->n_ops ? &m->ops[i]
+                             : &g_array_index(c->variants, struct model_op, i - m->n_ops);
+  c->run = g_new0(bool, c->n_ops + 1);
+  c->cls = g_new0(uint32_t, c->n_ops + 1);
+  c->class_op = g_new0(const struct model_op *, c->n_ops + 1);
   GHashTable *mine = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-  for (uint32_t i = 0; i < m->n_ops; i++) {
-    const struct model_op *op = &m->ops[i];
+  for (uint32_t i = 0; i < c->n_ops; i++) {
+    const struct model_op *op = c->ops[i];
     if (!prof_op_has_kernel(op->kind))
       continue;
     c->run[i] = true;
@@ -724,6 +787,10 @@ static double chain_bytes(const struct model *m) {
   for (uint32_t i = 0; i < m->n_ops; i++)
     if (prof_op_has_kernel(m->ops[i].kind))
       total += CHAIN_MBS * prof_op_bench_bytes(m, &m->ops[i]);
+  GArray *v = ep_variants(m);
+  for (guint i = 0; i < v->len; i++)
+    total += CHAIN_MBS * prof_op_bench_bytes(m, &g_array_index(v, struct model_op, i));
+  g_array_free(v, TRUE);
   return total;
 }
 
@@ -816,37 +883,45 @@ static void fit_chain_optimizer(struct prof_run *r) {
            r->adamw_overhead * 1e6, r->adamw_per_param * 1e9, x->len);
 }
 
-/* Every distinct (kind, shape) of a model too big to chain, once, each kernel timed alone. */
+/* One op of a model too big to chain, timed alone unless its (kind, shape) was seen. */
+static void measure_unchained(struct prof_run *r, const struct model *m,
+                              const struct model_op *op) {
+  GString *key = g_string_new(model_op_kind_name(op->kind));
+  for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
+    g_string_append_printf(key, " %lld", (long long)op->shape[d]);
+  if (g_hash_table_contains(r->seen, key->str)) {
+    g_string_free(key, TRUE);
+    return;
+  }
+  g_hash_table_add(r->seen, g_string_free(key, FALSE));
+  if (!prof_op_has_kernel(op->kind)) {
+    prof_progress(r, "  %-13s no host kernel: left to the roofline", model_op_kind_name(op->kind));
+    r->n_skipped++;
+    return;
+  }
+  /* a model too big for this machine: its ops fall back to the roofline, not to swap */
+  double bytes = prof_op_bench_bytes(m, op), limit = 0.25 * physical_memory_bytes();
+  if (bytes > limit) {
+    prof_progress(r,
+                  "  %-13s needs %.1f GiB of buffers, over a quarter of this machine's memory: "
+                  "left to the roofline",
+                  model_op_kind_name(op->kind), bytes / 1073741824.0);
+    r->n_skipped++;
+    return;
+  }
+  measure_op(r, m, op);
+}
+
+/* Every distinct (kind, shape) of a model too big to chain, and of its expert-parallel
+ * variants, once, each kernel timed alone. */
 static void measure_model(struct prof_run *r, const struct model *m) {
   prof_progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
-  for (uint32_t i = 0; i < m->n_ops; i++) {
-    const struct model_op *op = &m->ops[i];
-    GString *key = g_string_new(model_op_kind_name(op->kind));
-    for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
-      g_string_append_printf(key, " %lld", (long long)op->shape[d]);
-    if (g_hash_table_contains(r->seen, key->str)) {
-      g_string_free(key, TRUE);
-      continue;
-    }
-    g_hash_table_add(r->seen, g_string_free(key, FALSE));
-    if (!prof_op_has_kernel(op->kind)) {
-      prof_progress(r, "  %-13s no host kernel: left to the roofline",
-                    model_op_kind_name(op->kind));
-      r->n_skipped++;
-      continue;
-    }
-    /* a model too big for this machine: its ops fall back to the roofline, not to swap */
-    double bytes = prof_op_bench_bytes(m, op), limit = 0.25 * physical_memory_bytes();
-    if (bytes > limit) {
-      prof_progress(r,
-               "  %-13s needs %.1f GiB of buffers, over a quarter of this machine's memory: "
-               "left to the roofline",
-               model_op_kind_name(op->kind), bytes / 1073741824.0);
-      r->n_skipped++;
-      continue;
-    }
-    measure_op(r, m, op);
-  }
+  for (uint32_t i = 0; i < m->n_ops; i++)
+    measure_unchained(r, m, &m->ops[i]);
+  GArray *v = ep_variants(m);
+  for (guint i = 0; i < v->len; i++)
+    measure_unchained(r, m, &g_array_index(v, struct model_op, i));
+  g_array_free(v, TRUE);
 }
 
 /* ---- the machine: GEMM rate, memory bandwidth, AdamW ------------------------------------- */

@@ -67,6 +67,8 @@ struct op_bench {
   const struct model_op *op;
   enum ir_pass pass;
   int T, C, F, V, E, K;
+  int ep; /* expert_ffn: 0 the one-device op (dispatch, experts, combine); d > 1 the experts
+           * alone on one device of a d-way expert-parallel group (its shape's PROFILE_EP_DIM) */
   struct kernels_attention_dims dd;
   float *params, *dparams, *in0, *out, *dout, *din, *saved, *bwork, *saved2;
   int32_t *tokens, *ids, *route_row, *row_expert, counts[1];

@@ -56,6 +56,37 @@ fi
 grep -Eq '; 0 ops costed by roofline, [1-9][0-9]* measured' "$tmp/sim.out" \
   && ok "every op costed from the measurements" || fail "summary: $(grep simulated "$tmp/sim.out")"
 
+# the experts are also timed alone at every expert-parallel degree that divides them, and an
+# EP plan's expert segments cost those entries: the step is shorter than with them removed
+if "$PROF" --model models/tiny-moe.json -o "$tmp/pm.json" --quick --repeats 3 2> "$tmp/err" \
+    && python3 - "$tmp/pm.json" "$tmp/pm-one.json" <<'EOF'; then
+import json, sys
+j = json.load(open(sys.argv[1]))
+ep = {(e["shape"][5], e["pass"]) for e in j["measured"]
+      if e["op"] == "expert_ffn" and len(e["shape"]) > 5}
+E = [e["shape"][3] for e in j["measured"] if e["op"] == "expert_ffn"][0]
+want = {(d, p) for d in range(2, E + 1) if E % d == 0 for p in ("F", "BI", "BW", "B")}
+assert ep == want, (sorted(ep), sorted(want))
+j["measured"] = [e for e in j["measured"] if e["op"] != "expert_ffn" or len(e["shape"]) <= 5]
+json.dump(j, open(sys.argv[2], "w"))
+EOF
+  ok "experts timed at every expert-parallel degree"
+else
+  fail "expert-parallel entries: $(tail -3 "$tmp/err")"
+fi
+for v in pm pm-one; do
+  "$SIM" --model models/tiny-moe.json --layout pp=2,dp=2,ep=2 --pp-regions 2 --schedule 1f1b \
+    --mbs 4 --profile "$tmp/$v.json" --out "$tmp/sim-$v" --no-charts --quiet 2> "$tmp/err" \
+    || fail "piper-sim with $v: $(cat "$tmp/err")"
+done
+python3 - "$tmp/sim-pm/metrics.json" "$tmp/sim-pm-one/metrics.json" <<'EOF' \
+  && ok "piper-sim costs the experts at their expert-parallel degree" \
+  || fail "expert-parallel entries not used"
+import json, sys
+ep, one = (json.load(open(f))["iteration_time_s"] for f in sys.argv[1:3])
+assert ep < one, (ep, one)
+EOF
+
 # 2. two ranks: the network section and the collectives' fits
 if command -v mpirun > /dev/null; then
   if timeout 300 mpirun --oversubscribe -np 2 "$PROF" --model models/tiny-dense.json \

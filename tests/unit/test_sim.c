@@ -238,6 +238,50 @@ static void test_roofline_and_table(void **state) {
   model_free(m);
 }
 
+/* An expert segment on a device of a d-way expert-parallel group costs what the profile
+ * measured for the experts alone at d (PROFILE_EP_DIM), where it did; at a degree it did not
+ * measure, the op as measured on one device (dispatch to combine). */
+static void test_expert_parallel_entries(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
+  uint32_t s = UINT32_MAX, e = 0;
+  for (uint32_t k = 0; k < m->n_segments && s == UINT32_MAX; k++)
+    for (uint32_t i = m->segments[k].op_first;
+         i < m->segments[k].op_first + m->segments[k].op_count; i++)
+      if (m->ops[i].kind == MODEL_OP_EXPERT_FFN && m->segments[k].op_count == 1)
+        s = k, e = i;
+  assert_true(s != UINT32_MAX); /* tiny-moe's experts are a segment of their own */
+  const int64_t *sh = m->ops[e].shape;
+  char buf[4096];
+  snprintf(buf, sizeof buf,
+           "%.*s,\"measured\":["
+           "{\"op\":\"expert_ffn\",\"pass\":\"F\",\"shape\":[%lld,%lld,%lld,%lld,%lld],\"ms\":4},"
+           "{\"op\":\"expert_ffn\",\"pass\":\"F\",\"shape\":[%lld,%lld,%lld,%lld,%lld,2],\"ms\":3},"
+           "{\"op\":\"expert_ffn\",\"pass\":\"BI\",\"shape\":[%lld,%lld,%lld,%lld,%lld,2],\"ms\":1},"
+           "{\"op\":\"expert_ffn\",\"pass\":\"BW\",\"shape\":[%lld,%lld,%lld,%lld,%lld,2],\"ms\":0.5}"
+           "]}",
+           (int)strlen(plain_profile) - 1, plain_profile, (long long)sh[0], (long long)sh[1],
+           (long long)sh[2], (long long)sh[3], (long long)sh[4], (long long)sh[0], (long long)sh[1],
+           (long long)sh[2], (long long)sh[3], (long long)sh[4], (long long)sh[0], (long long)sh[1],
+           (long long)sh[2], (long long)sh[3], (long long)sh[4], (long long)sh[0], (long long)sh[1],
+           (long long)sh[2], (long long)sh[3], (long long)sh[4]);
+  GError *err = NULL;
+  struct profile *p = profile_from(buf, &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  test_assert_near(profile_compute_cost(p, m, s, IR_PASS_F, 1).seconds, 4 * MS, 0, 1e-12,
+                   "one device");
+  test_assert_near(profile_compute_cost(p, m, s, IR_PASS_F, 2).seconds, 3 * MS, 0, 1e-12,
+                   "ep 2 measured");
+  test_assert_near(profile_compute_cost(p, m, s, IR_PASS_F, 4).seconds, 4 * MS, 0, 1e-12,
+                   "ep 4 not measured: the one-device op");
+  /* B from its halves at the measured degree */
+  test_assert_near(profile_compute_cost(p, m, s, IR_PASS_B, 2).seconds, 1.5 * MS, 0, 1e-12,
+                   "ep 2 B = BI + BW");
+  profile_free(p);
+  model_free(m);
+}
+
 /* AdamW's traffic per parameter updated, plus the weight copies' per parameter held (a bf16
  * model on the cuda backend): 1000 GB/s, 28 B (the default) and 10 B. */
 static void test_optimizer_cost(void **state) {
@@ -1674,6 +1718,7 @@ int main(void) {
       cmocka_unit_test(test_profile_bundled),
       cmocka_unit_test(test_profile_errors),
       cmocka_unit_test(test_roofline_and_table),
+      cmocka_unit_test(test_expert_parallel_entries),
       cmocka_unit_test(test_optimizer_cost),
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_engine_order_and_rendezvous),
