@@ -4,8 +4,9 @@
  * loop, entered by event_synchronize, repeatedly
  *   1. tests the communication that blocked tasks wait for, resuming those it completed;
  *   2. runs the head item of the ready stream submitted first (plan order);
- *   3. when nothing is ready, polls for 20 us, then sleeps in 20 us quanta between polls (a
- *      spinning or yielding rank takes the core from the rank that computes: 4 ranks on 2 cores);
+ *   3. when nothing is ready, polls for EXEC_HOST_IDLE_SPIN_US (1 ms), then sleeps in 20 us
+ *      quanta between polls (a communication that ends within the window is seen at once; a
+ *      rank that waits longer leaves the core to the ranks that compute: 4 ranks on 2 cores);
  * A task runs on its stream's fiber (a stack of its own, ucontext), so a communication call
  * inside it posts nonblocking MPI and switches back to the loop instead of blocking the rank:
  * compute of other streams runs meanwhile, and no thread per stream competes for the cores
@@ -322,12 +323,14 @@ static bool may_progress(struct host_context *b) {
   return false;
 }
 
-/* How long an idle loop polls before it lets the core go, in seconds: a message already on
- * its way arrives within it, at no added latency. */
+/* How long an idle loop polls before it lets the core go, in seconds: a communication that
+ * ends within it is seen at no added latency. 1 ms, not 20 us: with 20 us nearly every wait
+ * of 4 ranks on 2 cores outlasted the window and was seen a sleep cycle (55-100 us) late; 1 ms
+ * made the 4-rank steps 21-39% shorter (docs/fidelity.md, 2026-11-30). */
 #define IDLE_SPIN_S (EXEC_HOST_IDLE_SPIN_US * 1e-6)
-/* Then the quantum it sleeps between polls (timer slack set to 1 us at init): busy polling,
- * even with sched_yield, takes the core from the rank that computes (2 cores for 4 ranks,
- * or SMT siblings: measured, a spinning neighbour halves a kernel's speed). */
+/* Then the quantum it sleeps between polls (timer slack set to 1 us at init): polling for
+ * longer, even with sched_yield, takes the core from the rank that computes (2 cores for 4
+ * ranks, or SMT siblings: measured, a spinning neighbour halves a kernel's speed). */
 #define IDLE_SLEEP_NS 20000
 
 /* 3. Nothing is ready and everything waits on peers. */

@@ -347,8 +347,9 @@ struct exec_backend_ops {
 
 extern const struct exec_backend_ops exec_backend_host;
 /* How long the host backend's loop polls, when nothing is ready, before it sleeps between
- * polls (piper-prof writes it into the profile: the simulator's model of that loop). */
-#define EXEC_HOST_IDLE_SPIN_US 20
+ * polls (piper-prof writes it into the profile: the simulator's model of that loop; an idle
+ * spell within it sees its communication end at once, a longer one loop_late_us late). */
+#define EXEC_HOST_IDLE_SPIN_US 1000
 /* Built-in backends, NULL-terminated. */
 extern const struct exec_backend_ops *const exec_backends[];
 const struct exec_backend_ops *exec_backend_find(const char *name);

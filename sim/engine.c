@@ -602,7 +602,6 @@ struct unit_rt {
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   double *start, *end; /* [n_instrs], end < 0 while not done */
-  double *posted;      /* [n_instrs] when a communication instruction was issued here */
   uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
   uint32_t *remaining; /* [n_tensors] consumers still to run */
   uint32_t done;
@@ -612,6 +611,7 @@ struct unit_rt {
   uint32_t *ops;      /* running comm ops (slot ids) */
   uint32_t n_link[2]; /* transfers running: intra, inter node */
   double comm_sm;     /* SM share held by running communication */
+  double idle_since; /* ranks sharing a node's cores: when its idle spell began; -1 computing */
   int64_t mem[REPORT_MEM_KIND_COUNT];
   int64_t saved, peak_saved;
   int64_t peak_total;
@@ -878,14 +878,12 @@ static void reschedule_parts(struct sim *s, const struct slot *sl, double t) {
 
 /* How late participant (u, instr) of a communication that ends at t sees its end. A rank that
  * computes picks the completion up in its own loop, and a sender posts and moves on: neither is
- * late. A rank blocked on a receive or a collective
- *  - waits wake_latency for the scheduler when every core of its node computes for others;
- *  - else loop_late (its loop sleeps between polls, and the message needs both sides' polls)
- *    once it has waited past the loop's spin window, or whenever its node has more ranks than
- *    cores: the ranks then run in turns, so that a communication's participants reach it at
- *    different times and the first of them has gone to sleep (on 4 ranks and 2 cores a 32 KiB
- *    all-to-all took 150-200 us after its posts in a step, 14 us with the ranks doing nothing
- *    else). */
+ * late. A rank idle in its loop (blocked on a receive or a collective)
+ *  - waits wake_latency for the scheduler when every core of its node computes for others
+ *    (polling or asleep, it must first be given a core);
+ *  - else sees it at once while its idle spell is within the loop's spin window (it polls
+ *    without sleeping), and loop_late after (it sleeps between polls, and the message needs
+ *    both sides' polls). */
 static double comm_lateness(const struct sim *s, const struct unit_rt *u, uint32_t instr,
                             double t) {
   if (!s->sharing || u->n_kernels > 0)
@@ -896,8 +894,7 @@ static double comm_lateness(const struct sim *s, const struct unit_rt *u, uint32
   uint32_t node = s->unit_node[u - s->u], cores = s->prof->cores_per_node;
   if (s->prof->wake_latency > 0 && s->node_running[node] >= cores)
     return s->prof->wake_latency;
-  if (s->prof->loop_late > 0 &&
-      (s->node_size[node] > cores || t - u->posted[instr] > s->prof->loop_spin))
+  if (u->idle_since >= 0 && t - u->idle_since > s->prof->loop_spin)
     return s->prof->loop_late;
   return 0;
 }
@@ -981,14 +978,15 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
     try_advance(s, &s->u[s->parts[2 * (sl->part_first + k)]], t);
 }
 
-/* Unit u starts (+1) or stops (-1) computing at t: the node's other computing units are
- * brought up to t at their old speed and go on at the new one (u itself is settled and
- * rescheduled by its caller). */
+/* Unit u starts (+1) or stops (-1) computing at t: its idle spell ends or begins, and the
+ * node's other computing units are brought up to t at their old speed and go on at the new
+ * one (u itself is settled and rescheduled by its caller). */
 static void node_reshare(struct sim *s, struct unit_rt *u, int delta, double t) {
   if (!s->sharing)
     return;
   uint32_t node = s->unit_node[u - s->u];
   s->node_running[node] = (uint32_t)((int)s->node_running[node] + delta);
+  u->idle_since = delta > 0 ? -1 : t;
   for (uint32_t k = s->node_first[node]; k < s->node_first[node + 1]; k++) {
     struct unit_rt *v = &s->u[s->node_units[k]];
     if (v == u || v->n_kernels == 0)
@@ -1070,7 +1068,6 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
       uint32_t i = c->stream_instrs[e + j];
       alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
       if (u->slot[i] != IR_NONE) {
-        u->posted[i] = t;
         struct slot *sl = &s->slots[u->slot[i]];
         if (++sl->arrived == sl->expected)
           start_comm(s, u->slot[i], t);
@@ -1399,7 +1396,7 @@ static void sim_units(struct sim *s, struct sim_result *res) {
  * remaining, which unit_init sets. */
 static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
-                 ni * (3 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
+                 ni * (2 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
   char *at = u->block = g_malloc0(bytes + sizeof(double));
   /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
   u->queued = (double *)(void *)at;
@@ -1407,8 +1404,6 @@ static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   u->start = (double *)(void *)at;
   at += ni * sizeof(double);
   u->end = (double *)(void *)at;
-  at += ni * sizeof(double);
-  u->posted = (double *)(void *)at;
   at += ni * sizeof(double);
   u->pos = (uint32_t *)(void *)at;
   at += ns * sizeof(uint32_t);
@@ -1503,6 +1498,8 @@ static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) 
 static void sim_loop(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++)
     mem_point(s, &s->u[k], 0);
+  for (uint32_t k = 0; k < s->n_units; k++) /* every rank starts idle */
+    s->u[k].idle_since = 0;
   for (uint32_t k = 0; k < s->n_units; k++)
     try_advance(s, &s->u[k], 0);
   while (s->heap.n > 0) {

@@ -122,8 +122,9 @@ struct profile {
    * wake_latency how late a waiting rank sees its communication end when every core of its
    * node is computing (the scheduler must first take a core from a computing rank).
    * loop_late is how late a rank waiting in the executor's loop sees its communication end
-   * once it has waited past loop_spin (the loop then sleeps between polls, and a message
-   * needs both sides' polls), measured with a core free for each side; 0: not modelled. */
+   * once it has been idle past loop_spin (the loop then sleeps between polls, and a message
+   * needs both sides' polls), measured with a core free for each side; 0: not modelled.
+   * Within loop_spin of going idle a rank polls without sleeping and is not late. */
   uint32_t cores_per_node;
   double instruction_overhead, wait_core_share, comm_test, wake_latency, loop_spin, loop_late;
 

@@ -1558,7 +1558,9 @@ static bool host_loop_late(struct prof_run *r, struct exec_backend *b, GError **
     return false;
   struct late_arg w = {.b = b, .c = c, .peer = r->rank == 0 ? waiter : 0, .send = r->rank == 0,
                        .buf = g_malloc0(LATE_BYTES)};
-  double window = r->a->quick ? 0.001 : 0.002, loop[PAIR_ROUNDS], poll[PAIR_ROUNDS];
+  /* the waiter waits past the spin window by construction */
+  double window = EXEC_HOST_IDLE_SPIN_US * 1e-6 + (r->a->quick ? 0.001 : 0.002);
+  double loop[PAIR_ROUNDS], poll[PAIR_ROUNDS];
   bool ok = true;
   for (int i = 0; i < PAIR_ROUNDS; i++) {
     loop[i] = late_once(r, &w, true, window, &ok, err);

@@ -813,25 +813,24 @@ static void test_engine_loop_late(void **state) {
   }
   plan_free(p);
 
-  /* 4 ranks each run an F (2 ms on 2 cores), then device 0 sends device 3, which posted its
-   * receive as the message went (no wait): late on 2 cores, on time on 4 (F ends at 1 ms) */
-  struct hplan h2 = {.n_devices = 4, .n_streams = 1, .n = {2, 1, 1, 2}};
-  for (uint32_t d = 0; d < 4; d++)
-    h2.ins[d][0] = (struct hi)C(0, IR_PASS_F);
-  h2.ins[0][1] = (struct hi){IR_NODE_SEND, 0, IR_PASS_NONE, 3, 1000, -1, 0, -1, 0};
-  h2.ins[3][1] = (struct hi){IR_NODE_RECV, 0, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  /* the window counts from when the rank went idle, not from the post: device 1 posts its
+   * receive at 0 on one stream and computes F (1 ms) on another, then idles until device 0's
+   * message at 2 ms (after its B): 1 ms idle, on time within a 1.5 ms window, late past 0.5 */
+  struct hplan h2 = {.n_devices = 2, .n_streams = 2, .n = {2, 2}};
+  h2.ins[0][0] = (struct hi)C(0, IR_PASS_B);
+  h2.ins[0][1] = (struct hi){IR_NODE_SEND, 0, IR_PASS_NONE, 1, 1000, -1, 0, -1, 0};
+  h2.ins[1][0] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  h2.ins[1][1] = (struct hi)C(0, IR_PASS_F);
   p = hplan_build(&h2);
-  pr = sharing_profile("\"cores_per_node\":2,\"loop_spin_us\":20,\"loop_late_us\":100");
-  r = run(p, pr, true);
-  test_assert_near(iv_of(r, p, 3, 1)->end, 2.1 * MS, TIME_TOL, 0, "ranks outnumber cores");
-  test_assert_near(iv_of(r, p, 0, 1)->end, 2 * MS, TIME_TOL, 0, "sender on time");
-  sim_result_free(r);
-  profile_free(pr);
-  pr = sharing_profile("\"cores_per_node\":4,\"loop_spin_us\":20,\"loop_late_us\":100");
-  r = run(p, pr, true);
-  test_assert_near(iv_of(r, p, 3, 1)->end, 1 * MS, TIME_TOL, 0, "a core each, no wait");
-  sim_result_free(r);
-  profile_free(pr);
+  const char *windows[] = {"\"cores_per_node\":4,\"loop_spin_us\":1500,\"loop_late_us\":100",
+                           "\"cores_per_node\":4,\"loop_spin_us\":500,\"loop_late_us\":100"};
+  for (size_t i = 0; i < 2; i++) {
+    pr = sharing_profile(windows[i]);
+    r = run(p, pr, true);
+    test_assert_near(iv_of(r, p, 1, 0)->end, (i ? 2.1 : 2.0) * MS, TIME_TOL, 0, "idle spell");
+    sim_result_free(r);
+    profile_free(pr);
+  }
   plan_free(p);
 }
 
