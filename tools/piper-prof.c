@@ -538,9 +538,7 @@ static void measure_op(struct prof_run *r, const struct model *m, const struct m
   progress_op(r, op, t);
 }
 
-/* The expert-parallel variants of a model's expert ops (PROFILE_EP_DIM), each distinct shape
- * once: one per degree d > 1 that divides the experts, the degrees a plan can shard them to. */
-static GArray *ep_variants(const struct model *m) {
+GArray *prof_ep_variants(const struct model *m) {
   GArray *v = g_array_new(FALSE, FALSE, sizeof(struct model_op));
   for (uint32_t i = 0; i < m->n_ops; i++) {
     const struct model_op *op = &m->ops[i];
@@ -755,7 +753,7 @@ static void chain_free(struct chain *c) {
 static void chain_classes(struct prof_run *r, struct chain *c, const struct model *m) {
   c->m = m;
   c->n_model_ops = m->n_ops;
-  c->variants = ep_variants(m);
+  c->variants = prof_ep_variants(m);
   c->n_ops = m->n_ops + c->variants->len;
   c->ops = g_new(const struct model_op *, c->n_ops + 1);
   for (uint32_t i = 0; i < c->n_ops; i++)
@@ -801,7 +799,7 @@ static double chain_bytes(const struct model *m) {
   for (uint32_t i = 0; i < m->n_ops; i++)
     if (prof_op_has_kernel(m->ops[i].kind))
       total += CHAIN_MBS * prof_op_bench_bytes(m, &m->ops[i]);
-  GArray *v = ep_variants(m);
+  GArray *v = prof_ep_variants(m);
   for (guint i = 0; i < v->len; i++)
     total += CHAIN_MBS * prof_op_bench_bytes(m, &g_array_index(v, struct model_op, i));
   g_array_free(v, TRUE);
@@ -931,7 +929,7 @@ static void measure_model(struct prof_run *r, const struct model *m) {
   prof_progress(r, "kernels of %s (%u ops)", m->name, m->n_ops);
   for (uint32_t i = 0; i < m->n_ops; i++)
     measure_unchained(r, m, &m->ops[i]);
-  GArray *v = ep_variants(m);
+  GArray *v = prof_ep_variants(m);
   for (guint i = 0; i < v->len; i++)
     measure_unchained(r, m, &g_array_index(v, struct model_op, i));
   g_array_free(v, TRUE);

@@ -89,6 +89,10 @@ void prof_fit_line(const double *x, const double *y, int n, double *alpha, doubl
 /* The op's dimensions from its shape, and its buffers' sizes in floats. */
 void prof_op_bench_dims(struct op_bench *b);
 struct op_sizes prof_op_sizes(struct op_bench *b);
+/* The expert-parallel variants of a model's expert ops (struct model_op with PROFILE_EP_DIM
+ * set), each distinct shape once: one per degree d > 1 that divides the experts, the degrees a
+ * plan can shard them to. The caller frees the array. */
+GArray *prof_ep_variants(const struct model *m);
 /* Bytes of every buffer of one op's benchmark (an upper bound, 4-byte elements). */
 double prof_op_bench_bytes(const struct model *m, const struct model_op *op);
 bool prof_op_has_kernel(enum model_op_kind k);

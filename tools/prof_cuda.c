@@ -148,12 +148,13 @@ static bool cuda_op_init(struct cuda_op *o, struct gpu *g, const struct model *m
   b->tokens = device_ids(g, (size_t)b->T, b->V > 0 ? b->V : 1);
   b->ids = device_ids(g, TK, b->E > 0 ? b->E : 1);
   b->route_row = device_ids(g, TK, 1);
-  b->row_expert = device_ids(g, TK, 1);
+  /* an expert-parallel variant's rows come routed to its E / ep experts */
+  b->row_expert = device_ids(g, TK, b->ep > 1 ? b->E / b->ep : 1);
   b->weights = device_floats(g, TK, 4, 1.0f);
   b->dweights = device_floats(g, TK, 5, 1.0f);
-  b->rows = device_floats(g, z.rows, 0, 0);
+  b->rows = device_floats(g, z.rows, b->ep > 1 ? 6 : 0, b->ep > 1 ? 1.0f : 0);
   b->y = device_floats(g, z.rows, 0, 0);
-  b->dy = device_floats(g, z.rows, 0, 0);
+  b->dy = device_floats(g, z.rows, b->ep > 1 ? 7 : 0, b->ep > 1 ? 1.0f : 0);
   b->drows = device_floats(g, z.rows, 0, 0);
   b->scratch = device_floats(g, z.scratch, 0, 0);
   o->counts = device_ids(g, 1, 1);
@@ -244,9 +245,32 @@ static void run_mlp_router(struct exec_stream *s, const struct exec_kernels *k,
 
 /* Experts on one device, as the host profiler runs them: plan, dispatch, the experts, combine,
  * and their backward. */
+/* The experts alone on one device of an ep-way group (PROFILE_EP_DIM): E / ep local experts
+ * over the T x k rows the dispatch brings. */
+static void run_ep_experts(struct exec_stream *s, const struct exec_kernels *k,
+                           struct op_bench *b) {
+  int C = b->C, El = b->E / b->ep, F = b->F, TK = b->T * b->K;
+  if (b->pass == IR_PASS_F)
+    k->expert_ffn_forward(s, b->y, b->saved, b->scratch, b->rows, b->row_expert, TK, b->params, 0,
+                          El, C, F);
+  else if (b->pass == IR_PASS_BW)
+    k->expert_ffn_backward_weight(s, b->dparams, b->bwork, b->row_expert, TK, b->saved, 0, El, C,
+                                  F);
+  else if (b->pass == IR_PASS_B)
+    k->expert_ffn_backward(s, b->drows, b->dparams, b->bwork, b->scratch, b->dy, b->row_expert, TK,
+                           b->saved, b->params, 0, El, C, F, false);
+  else
+    k->expert_ffn_backward_input(s, b->drows, b->bwork, b->scratch, b->dy, b->row_expert, TK,
+                                 b->saved, b->params, 0, El, C, F, false);
+}
+
 static void run_experts(struct exec_stream *s, const struct exec_kernels *k, struct cuda_op *o) {
   struct op_bench *b = &o->b;
   int T = b->T, C = b->C, E = b->E, K = b->K, F = b->F, TK = T * K;
+  if (b->ep > 1) {
+    run_ep_experts(s, k, b);
+    return;
+  }
   if (b->pass == IR_PASS_F) {
     k->moe_dispatch_plan(s, o->counts, b->route_row, b->ids, T, K, E, 1);
     k->moe_dispatch_forward(s, b->rows, b->row_expert, b->in0, b->ids, b->route_row, T, K, C);
@@ -394,13 +418,18 @@ static bool measure_op(struct prof_run *r, struct gpu *g, const struct model *m,
     ok = weight_copy_cost(r, g, &o, &copies, err);
   cuda_op_free(&o);
   *copy_out = copies;
+  char name[32];
+  if (op->kind == MODEL_OP_EXPERT_FFN && op->shape[PROFILE_EP_DIM] > 1)
+    snprintf(name, sizeof name, "experts/ep%lld", (long long)op->shape[PROFILE_EP_DIM]);
+  else
+    snprintf(name, sizeof name, "%s", model_op_kind_name(op->kind));
   if (ok)
     prof_progress(r,
                   "  %-13s F %8.1f us  BI %8.1f us  BW %8.1f us  B %8.1f us  (bf16 weight copy "
                   "%.1f us per step, in the optimizer; enqueueing F %.1f BI %.1f BW %.1f B "
                   "%.1f us)",
-                  model_op_kind_name(op->kind), t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6,
-                  copies * 1e6, host[0] * 1e6, host[1] * 1e6, host[2] * 1e6, host[3] * 1e6);
+                  name, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6, copies * 1e6,
+                  host[0] * 1e6, host[1] * 1e6, host[2] * 1e6, host[3] * 1e6);
   return ok;
 }
 
@@ -422,40 +451,54 @@ static void count_copy(struct gpu *g, const struct model *m, const struct model_
   g->copy_params += (double)op->param_count;
 }
 
+/* One op of a model unless its key was seen; a model op (counted) also goes into the sums of
+ * weight-copy time, an expert-parallel variant does not (its weights are a model op's). */
+static bool measure_key(struct prof_run *r, struct gpu *g, const struct model *m,
+                        const struct model_op *op, bool counted, size_t free_bytes,
+                        GError **err) {
+  char *key = op_key(m, op);
+  const double *known = g_hash_table_lookup(g->copy_s, key);
+  if (known && counted)
+    count_copy(g, m, op, *known);
+  if (g_hash_table_contains(r->seen, key)) {
+    g_free(key);
+    return true;
+  }
+  g_hash_table_add(r->seen, g_strdup(key));
+  double bytes = prof_op_bench_bytes(m, op); /* cuda_op_init allocates the same buffers */
+  if (!prof_op_has_kernel(op->kind) || bytes > 0.5 * (double)free_bytes) {
+    prof_progress(r, "  %-13s %s: left to the roofline", model_op_kind_name(op->kind),
+                  prof_op_has_kernel(op->kind) ? "buffers over half the GPU's free memory"
+                                               : "no kernel");
+    r->n_skipped++;
+    g_free(key);
+    return true;
+  }
+  double copy = 0;
+  if (!measure_op(r, g, m, op, &copy, err)) {
+    g_free(key);
+    return false;
+  }
+  if (counted)
+    count_copy(g, m, op, copy);
+  g_hash_table_insert(g->copy_s, key, g_memdup2(&copy, sizeof copy));
+  return true;
+}
+
+/* A model's ops, then its expert ops' expert-parallel variants (PROFILE_EP_DIM). */
 static bool measure_model(struct prof_run *r, struct gpu *g, const struct model *m,
                           size_t free_bytes, GError **err) {
   gemm_precision(g, m->dtype != MODEL_DTYPE_FP32);
   prof_progress(r, "kernels of %s (%u ops, %s GEMMs)", m->name, m->n_ops,
                 m->dtype != MODEL_DTYPE_FP32 ? "bf16" : "fp32");
-  for (uint32_t i = 0; i < m->n_ops; i++) {
-    const struct model_op *op = &m->ops[i];
-    char *key = op_key(m, op);
-    const double *known = g_hash_table_lookup(g->copy_s, key);
-    if (known)
-      count_copy(g, m, op, *known);
-    if (g_hash_table_contains(r->seen, key)) {
-      g_free(key);
-      continue;
-    }
-    g_hash_table_add(r->seen, g_strdup(key));
-    double bytes = prof_op_bench_bytes(m, op); /* cuda_op_init allocates the same buffers */
-    if (!prof_op_has_kernel(op->kind) || bytes > 0.5 * (double)free_bytes) {
-      prof_progress(r, "  %-13s %s: left to the roofline", model_op_kind_name(op->kind),
-                    prof_op_has_kernel(op->kind) ? "buffers over half the GPU's free memory"
-                                                 : "no kernel");
-      r->n_skipped++;
-      g_free(key);
-      continue;
-    }
-    double copy = 0;
-    if (!measure_op(r, g, m, op, &copy, err)) {
-      g_free(key);
-      return false;
-    }
-    count_copy(g, m, op, copy);
-    g_hash_table_insert(g->copy_s, key, g_memdup2(&copy, sizeof copy));
-  }
-  return true;
+  bool ok = true;
+  for (uint32_t i = 0; ok && i < m->n_ops; i++)
+    ok = measure_key(r, g, m, &m->ops[i], true, free_bytes, err);
+  GArray *v = prof_ep_variants(m);
+  for (guint i = 0; ok && i < v->len; i++)
+    ok = measure_key(r, g, m, &g_array_index(v, struct model_op, i), false, free_bytes, err);
+  g_array_free(v, TRUE);
+  return ok;
 }
 
 /* ---- the device: GEMM rate, copy bandwidth, AdamW ---------------------------------------- */
