@@ -503,8 +503,10 @@ static double table_lookup(const struct profile *p, enum model_op_kind kind, enu
       double x0 = (double)below->shape[d], x1 = (double)above->shape[d], x = (double)shape[d];
       return below->seconds + (above->seconds - below->seconds) * (x - x0) / (x1 - x0);
     }
+    /* never from or to 0 (a dimension the query or the entry does not have: an expert op's
+     * one-device entry against its expert-parallel ones) */
     const struct profile_entry *near = below ? below : above;
-    if (near && near->shape[d] > 0)
+    if (near && near->shape[d] > 0 && shape[d] > 0)
       return near->seconds * (double)shape[d] / (double)near->shape[d];
   }
   return -1;

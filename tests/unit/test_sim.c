@@ -278,6 +278,10 @@ static void test_expert_parallel_entries(void **state) {
   /* B from its halves at the measured degree */
   test_assert_near(profile_compute_cost(p, m, s, IR_PASS_B, 2).seconds, 1.5 * MS, 0, 1e-12,
                    "ep 2 B = BI + BW");
+  /* BI measured at ep 2 only: the one-device op is not scaled from it (to 0), it falls back */
+  struct profile_cost one = profile_compute_cost(p, m, s, IR_PASS_BI, 1);
+  assert_true(one.seconds > 0);
+  assert_int_equal(one.measured_ops, 0);
   profile_free(p);
   model_free(m);
 }
