@@ -539,6 +539,14 @@ static void measure_op(struct prof_run *r, const struct model *m, const struct m
   progress_op(r, op, t);
 }
 
+/* "kind shape...": a (kind, shape) class is measured once per run (prof_run.seen). */
+static char *op_shape_key(const struct model_op *op) {
+  GString *key = g_string_new(model_op_kind_name(op->kind));
+  for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
+    g_string_append_printf(key, " %lld", (long long)op->shape[d]);
+  return g_string_free(key, FALSE);
+}
+
 GArray *prof_ep_variants(const struct model *m) {
   GArray *v = g_array_new(FALSE, FALSE, sizeof(struct model_op));
   for (uint32_t i = 0; i < m->n_ops; i++) {
@@ -571,7 +579,7 @@ GArray *prof_ep_variants(const struct model *m) {
 
 struct chain {
   const struct model *m;
-  uint32_t n_ops;         /* the model's, then its expert-parallel variants (ep_variants) */
+  uint32_t n_ops;         /* the model's, then its expert-parallel variants */
   uint32_t n_model_ops;
   GArray *variants;       /* struct model_op: the expert-parallel variants */
   const struct model_op **ops; /* [n_ops] */
@@ -770,23 +778,21 @@ static void chain_classes(struct prof_run *r, struct chain *c, const struct mode
       continue;
     c->run[i] = true;
     c->cls[i] = UINT32_MAX;
-    GString *key = g_string_new(model_op_kind_name(op->kind));
-    for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
-      g_string_append_printf(key, " %lld", (long long)op->shape[d]);
+    char *key = op_shape_key(op);
     gpointer id;
-    if (g_hash_table_lookup_extended(mine, key->str, NULL, &id)) {
+    if (g_hash_table_lookup_extended(mine, key, NULL, &id)) {
       c->cls[i] = GPOINTER_TO_UINT(id);
-      g_string_free(key, TRUE);
+      g_free(key);
       continue;
     }
-    if (g_hash_table_contains(r->seen, key->str)) {
-      g_string_free(key, TRUE);
+    if (g_hash_table_contains(r->seen, key)) {
+      g_free(key);
       continue;
     }
     c->cls[i] = c->n_classes;
     c->class_op[c->n_classes++] = op;
-    g_hash_table_insert(mine, g_strdup(key->str), GUINT_TO_POINTER(c->cls[i]));
-    g_hash_table_add(r->seen, g_string_free(key, FALSE));
+    g_hash_table_insert(mine, g_strdup(key), GUINT_TO_POINTER(c->cls[i]));
+    g_hash_table_add(r->seen, key);
   }
   g_hash_table_destroy(mine);
   c->samples = g_new(GArray *, 4 * c->n_classes + 1);
@@ -898,14 +904,12 @@ static void fit_chain_optimizer(struct prof_run *r) {
 /* One op of a model too big to chain, timed alone unless its (kind, shape) was seen. */
 static void measure_unchained(struct prof_run *r, const struct model *m,
                               const struct model_op *op) {
-  GString *key = g_string_new(model_op_kind_name(op->kind));
-  for (int d = 0; d < PROFILE_MAX_SHAPE; d++)
-    g_string_append_printf(key, " %lld", (long long)op->shape[d]);
-  if (g_hash_table_contains(r->seen, key->str)) {
-    g_string_free(key, TRUE);
+  char *key = op_shape_key(op);
+  if (g_hash_table_contains(r->seen, key)) {
+    g_free(key);
     return;
   }
-  g_hash_table_add(r->seen, g_string_free(key, FALSE));
+  g_hash_table_add(r->seen, key);
   if (!prof_op_has_kernel(op->kind)) {
     prof_progress(r, "  %-13s no host kernel: left to the roofline", model_op_kind_name(op->kind));
     r->n_skipped++;

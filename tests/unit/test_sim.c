@@ -787,9 +787,9 @@ static void test_engine_cores_shared(void **state) {
   plan_free(p);
 }
 
-/* The executor's loop sleeps between polls once it has waited past loop_spin: a blocked
- * receiver then sees its message loop_late late, as it does on a node with more ranks than
- * cores, where the ranks run in turns; a sender is never late. */
+/* The executor's loop sleeps between polls once its rank has been idle past loop_spin: a
+ * blocked receiver then sees its message loop_late late; within the window it is on time, and
+ * a sender is never late. */
 static void test_engine_loop_late(void **state) {
   (void)state;
   /* device 1 waits 1 ms (device 0's F) for its receive, on 4 cores: 0.1 ms late */
