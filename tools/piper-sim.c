@@ -299,6 +299,21 @@ static bool load_inputs(const struct sim_cli *a, const struct compile_options *c
   return s->plan != NULL;
 }
 
+/* A host profile from one process has the machine's cores but not how ranks that share them
+ * wait for each other (piper-prof measures that under mpirun): a plan with several devices
+ * on a node is then predicted without those waits, several times too fast. Said once. */
+static void warn_unmeasured_waits(const struct sim_cli *a, const struct sim_session *s) {
+  const struct profile *p = s->prof;
+  uint32_t gpn = p->gpus_per_node ? p->gpus_per_node : 1;
+  uint32_t on_node = s->plan->n_devices < gpn ? s->plan->n_devices : gpn;
+  if (p->cores_per_node == 0 || on_node < 2 || p->wake_latency > 0 || p->wait_core_share > 0)
+    return;
+  g_printerr("piper-sim: warning: %s: host measured by one process, without how ranks sharing "
+             "its cores wait for each other; %u devices per node are predicted too fast "
+             "(profile under mpirun -np %u)\n",
+             a->profile, on_node, on_node);
+}
+
 /* The run directory's description of the simulated step, with the simulation's own figures
  * under "simulation" in metrics.json. */
 static void fill_report(const struct sim_cli *a, const struct compile_options *co,
@@ -402,7 +417,10 @@ static int run_simulation(const struct sim_cli *a, enum chart_format extra_forma
     return rc;
   struct sim_session s = {0};
   GError *err = NULL;
-  if (load_inputs(a, &co, &s, &err) && simulate_and_write(a, &co, extra_format, dir, &s, &err)) {
+  bool loaded = load_inputs(a, &co, &s, &err);
+  if (loaded)
+    warn_unmeasured_waits(a, &s);
+  if (loaded && simulate_and_write(a, &co, extra_format, dir, &s, &err)) {
     print_summary(&s.run, s.res, s.prof, dir, s.files->str);
     print_stream_note(a, &co, &s);
     rc = 0;

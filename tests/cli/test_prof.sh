@@ -55,6 +55,10 @@ else
 fi
 grep -Eq '; 0 ops costed by roofline, [1-9][0-9]* measured' "$tmp/sim.out" \
   && ok "every op costed from the measurements" || fail "summary: $(grep simulated "$tmp/sim.out")"
+# a one-process profile has no measured waits: a 2-device plan on its node is said to be
+# predicted too fast, once
+[ "$(grep -c 'warning: .*p.json: host measured by one process.*mpirun -np 2' "$tmp/err")" = 1 ] \
+  && ok "one-process profile: warned" || fail "no warning: $(cat "$tmp/err")"
 
 # the experts are also timed alone at every expert-parallel degree that divides them, and an
 # EP plan's expert segments cost those entries: the step is shorter than with them removed
@@ -122,6 +126,7 @@ EOF
 if [ -f "$tmp/p2.json" ] && "$SIM" --model models/tiny-dense.json --layout pp=2 --schedule 1f1b \
     --mbs 4 --profile "$tmp/p2.json" --out "$tmp/sim2" --no-charts --quiet 2> "$tmp/err"; then
   ok "piper-sim loads the measured host facts and fits"
+  grep -q "warning" "$tmp/err" && fail "warned with measured waits: $(cat "$tmp/err")"
 else
   fail "piper-sim with the fitted profile: $(cat "$tmp/err")"
 fi
