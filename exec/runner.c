@@ -455,7 +455,8 @@ static void keep_step_trace(struct runner *R, uint32_t step) {
   uint32_t pair[2] = {step, R->traced->len};
   g_array_append_vals(R->traced_steps, pair, 2);
   for (uint32_t i = 0; i < c->n_instrs; i++) {
-    struct report_interval v = {R->start[i], R->end[i], c->instrs[i].node, c->instrs[i].stream};
+    /* a measured box starts at the post: no wait before it */
+    struct report_interval v = {R->start[i], R->end[i], c->instrs[i].node, c->instrs[i].stream, 0};
     if (v.end > v.start || v.start > 0)
       g_array_append_val(R->traced, v);
   }

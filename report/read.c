@@ -491,6 +491,7 @@ static uint32_t trace_kind_of(struct report_dir_reader *rd, const char *kind, co
 struct trace_event_args {
   const char *kind, *pass;
   int64_t node, step, micro_batch, stage;
+  double wait_us;
 };
 
 static bool trace_event_args(const cJSON *args, struct trace_event_args *ea, const char *ctx,
@@ -498,7 +499,9 @@ static bool trace_event_args(const cJSON *args, struct trace_event_args *ea, con
   ea->kind = ea->pass = NULL;
   ea->step = 0; /* traces written before events carried their step hold one */
   ea->node = ea->micro_batch = ea->stage = -1;
+  ea->wait_us = 0;
   return json_get_string(args, "kind", true, &ea->kind, ctx, err) &&
+         json_get_double(args, "wait_us", false, 0, 1e18, &ea->wait_us, ctx, err) &&
          json_get_int(args, "node", false, 0, INT32_MAX, &ea->node, ctx, err) &&
          json_get_string(args, "PASS", false, &ea->pass, ctx, err) &&
          json_get_int(args, "step", false, 0, INT32_MAX, &ea->step, ctx, err) &&
@@ -597,8 +600,8 @@ static bool trace_event(struct report_dir_reader *rd, const cJSON *ev, uint64_t 
       &g_array_index(rd->kinds, struct report_trace_kind,
                      g_array_index(rd->nodes, struct report_trace_node, node).kind);
   k->count++;
-  k->total_s += dur * 1e-6; /* trace times are microseconds */
-  struct report_trace_event e = {ts * 1e-6, dur * 1e-6, node, (uint32_t)tid,
+  k->total_s += (ea.wait_us + dur) * 1e-6; /* trace times are microseconds */
+  struct report_trace_event e = {ts * 1e-6, dur * 1e-6, ea.wait_us * 1e-6, node, (uint32_t)tid,
                                  trace_step_of(rd, (uint32_t)ea.step)};
   g_array_append_val(rd->events, e);
   rd->device_seen[pid] = true;
@@ -685,7 +688,7 @@ static void trace_finish_nodes(struct report_dir_reader *rd) {
   struct node_duration *nd = g_new(struct node_duration, n_ev + 1);
   for (guint i = 0; i < n_ev; i++) {
     const struct report_trace_event *e = &g_array_index(rd->events, struct report_trace_event, i);
-    nd[i] = (struct node_duration){e->node, e->dur_s};
+    nd[i] = (struct node_duration){e->node, e->wait_s + e->dur_s};
   }
   qsort(nd, n_ev, sizeof *nd, node_duration_cmp);
   struct report_trace_node *nodes = (struct report_trace_node *)(void *)rd->nodes->data;

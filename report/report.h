@@ -40,11 +40,16 @@ enum report_mem_kind {
 };
 const char *report_mem_kind_name(enum report_mem_kind k);
 
-/* One instruction that ran: plan node and stream, seconds on a clock shared by all devices. */
+/* One instruction that ran: plan node and stream, seconds on a clock shared by all devices.
+ * wait: how long before start the instruction was posted. The simulator starts a
+ * communication's box when its parties meet, so a receive posted early waits first (the
+ * waiting shows as idle, not as communication, in the figures); a measured box starts at the
+ * post, wait 0. Comparisons take durations from the post (wait + end - start) on both sides. */
 struct report_interval {
   double start, end;
   uint32_t node;
   uint32_t stream;
+  double wait;
 };
 
 /* Memory held by kind from time t on (static kinds included). */
@@ -167,7 +172,7 @@ struct report_trace_kind {
   char name[48];
   uint32_t rank; /* sort key: compute passes, communication kinds by pass, optimizer, unknown */
   uint64_t count;
-  double total_s; /* sum of the events' durations */
+  double total_s; /* sum of the events' durations from their posts (trace args wait_us) */
 };
 
 /* One IR node of one device in trace.json (the event's name names the node, micro-batch
@@ -183,12 +188,13 @@ struct report_trace_node {
   uint32_t ir_kind;    /* enum ir_node_kind, IR_NODE_KIND_COUNT when this build does not know it */
   uint32_t pass;       /* enum ir_pass (IR_PASS_NONE without) */
   uint32_t n_events;   /* one per step it ran in */
-  double median_s;     /* median duration over those steps */
+  double median_s;     /* median duration over those steps, from the post (wait_s + dur_s) */
 };
 
 /* One instruction event: times in seconds from the trace's zero. */
 struct report_trace_event {
   double start_s, dur_s;
+  double wait_s;   /* posted this long before start_s (args wait_us; 0 without) */
   uint32_t node;   /* index into trace_nodes */
   uint32_t stream; /* the event's tid */
   uint32_t step;   /* index into trace_steps */

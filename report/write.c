@@ -357,6 +357,8 @@ static void trace_event(struct trace_writer *w, const struct report_device *d,
     fprintf(f, ",\"bytes\":%llu", (unsigned long long)n->bytes);
   if (entry)
     fprintf(f, ",\"group_parts\":%u", plan_group_span(w->cls, entry - 1));
+  if (iv->wait > 0)
+    fprintf(f, ",\"wait_us\":%.3f", iv->wait * 1e6);
   fprintf(f, ",\"node\":%u,\"step\":%u}}", iv->node, step);
 }
 

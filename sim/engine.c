@@ -602,6 +602,8 @@ struct unit_rt {
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   double *start, *end; /* [n_instrs], end < 0 while not done */
+  double *posted;      /* [n_instrs] when a communication was posted (it starts when its
+                          parties have all been) */
   uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
   uint32_t *remaining; /* [n_tensors] consumers still to run */
   uint32_t done;
@@ -1068,6 +1070,7 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
       uint32_t i = c->stream_instrs[e + j];
       alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
       if (u->slot[i] != IR_NONE) {
+        u->posted[i] = t;
         struct slot *sl = &s->slots[u->slot[i]];
         if (++sl->arrived == sl->expected)
           start_comm(s, u->slot[i], t);
@@ -1396,7 +1399,7 @@ static void sim_units(struct sim *s, struct sim_result *res) {
  * remaining, which unit_init sets. */
 static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
-                 ni * (2 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
+                 ni * (3 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
   char *at = u->block = g_malloc0(bytes + sizeof(double));
   /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
   u->queued = (double *)(void *)at;
@@ -1404,6 +1407,8 @@ static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   u->start = (double *)(void *)at;
   at += ni * sizeof(double);
   u->end = (double *)(void *)at;
+  at += ni * sizeof(double);
+  u->posted = (double *)(void *)at;
   at += ni * sizeof(double);
   u->pos = (uint32_t *)(void *)at;
   at += ns * sizeof(uint32_t);
@@ -1569,10 +1574,13 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
     return;
   su->intervals = g_new(struct report_interval, c->n_instrs + 1);
   for (uint32_t i = 0; i < c->n_instrs; i++)
-    su->intervals[i] = (struct report_interval){.start = u->start[i],
-                                                .end = u->end[i],
-                                                .node = c->instrs[i].node,
-                                                .stream = c->instrs[i].stream};
+    su->intervals[i] = (struct report_interval){
+        .start = u->start[i],
+        .end = u->end[i],
+        .node = c->instrs[i].node,
+        .stream = c->instrs[i].stream,
+        .wait = u->slot[i] != IR_NONE && u->start[i] > u->posted[i] ? u->start[i] - u->posted[i]
+                                                                    : 0};
   su->n_intervals = c->n_instrs;
   qsort(su->intervals, su->n_intervals, sizeof *su->intervals, interval_cmp);
 }

@@ -99,7 +99,7 @@ static void fake_run_init(struct fake_run *f, const struct plan *p, uint32_t rep
       bool compute = report_node_is_compute(&p->nodes[in->node]);
       double t = unit * (double)(d + k);
       f->intervals[d][k] =
-          (struct report_interval){t, t + unit * (compute ? 1 : comm_share), in->node, in->stream};
+          (struct report_interval){t, t + unit * (compute ? 1 : comm_share), in->node, in->stream, 0};
       if (compute) {
         held += 1u << 20;
         f->memory[d][n_memory].t = t + unit;
@@ -206,9 +206,9 @@ static void test_dense_lane_is_a_band(void **state) {
     assert_non_null(compute);
     lanes++;
     iv[d] = g_new0(struct report_interval, n + 1);
-    iv[d][0] = (struct report_interval){0, n * slot, compute->node, compute->stream};
+    iv[d][0] = (struct report_interval){0, n * slot, compute->node, compute->stream, 0};
     for (uint32_t k = 1; k < n; k++)
-      iv[d][k] = (struct report_interval){k * slot, (k + 0.25) * slot, comm->node, comm->stream};
+      iv[d][k] = (struct report_interval){k * slot, (k + 0.25) * slot, comm->node, comm->stream, 0};
     run.devices[d].n_intervals = n;
     run.devices[d].intervals = iv[d];
   }

@@ -51,7 +51,7 @@ static void fake_run_init(struct fake_run *f, const struct plan *p) {
     for (uint32_t i = 0; i < c->n_instrs; i++) {
       double t = 1e-3 * (d + i);
       f->intervals[d][i] = (struct report_interval){t, t + 1e-3, c->instrs[i].node,
-                                                    c->instrs[i].stream};
+                                                    c->instrs[i].stream, 0};
       if (report_node_is_compute(&p->nodes[c->instrs[i].node])) {
         held += 1u << 20;
         f->memory[d][n_memory].t = t + 1e-3;
@@ -219,6 +219,56 @@ static void test_trace_of_every_step(void **state) {
   plan_free(p);
 }
 
+/* A communication's box may start after its post (the simulator's, when its parties meet):
+ * the trace carries the wait, and durations read back (per node and per kind) run from the
+ * post, as a measured box does, while the box itself stays where it was drawn. */
+static void test_trace_wait_counts_in_durations(void **state) {
+  (void)state;
+  struct plan *p =
+      plan_of("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
+  struct fake_run f;
+  fake_run_init(&f, p);
+  uint32_t n_comm = 0;
+  for (uint32_t d = 0; d < p->n_devices; d++)
+    for (uint32_t i = 0; i < f.run.devices[d].n_intervals; i++) {
+      struct report_interval *v = &f.intervals[d][i];
+      if (!report_node_is_compute(&p->nodes[v->node])) {
+        v->wait = 0.5e-3;
+        n_comm++;
+      }
+    }
+  assert_true(n_comm > 0);
+  f.run.program_file = "custom_pp2_mbs4.json";
+  char dir[] = "/tmp/test_report_XXXXXX";
+  assert_non_null(g_mkdtemp(dir));
+  GError *err = NULL;
+  if (!report_write_dir(&f.run, dir, &err))
+    fail_msg("%s", err->message);
+  struct report_dir *rd = report_dir_load(dir, &err);
+  if (!rd)
+    fail_msg("%s", err->message);
+  uint64_t waited = 0;
+  for (uint64_t e = 0; e < rd->n_trace_events; e++) {
+    const struct report_trace_event *ev = &rd->trace_events[e];
+    const struct report_trace_node *node = &rd->trace_nodes[ev->node];
+    bool comm = node->ir_kind != IR_NODE_COMPUTE && node->ir_kind != IR_NODE_OPTIMIZER;
+    assert_true(fabs(ev->dur_s - 1e-3) < 1e-9);
+    assert_true(fabs(ev->wait_s - (comm ? 0.5e-3 : 0)) < 1e-9);
+    assert_true(fabs(node->median_s - (comm ? 1.5e-3 : 1e-3)) < 1e-9);
+    waited += comm;
+  }
+  assert_true(waited > 0);
+  for (uint32_t k = 0; k < rd->n_trace_kinds; k++) {
+    const struct report_trace_kind *kind = &rd->trace_kinds[k];
+    double each = kind->total_s / (double)kind->count;
+    assert_true(fabs(each - 1e-3) < 1e-9 || fabs(each - 1.5e-3) < 1e-9);
+  }
+  report_dir_free(rd);
+  remove_dir(dir);
+  fake_run_free(&f);
+  plan_free(p);
+}
+
 static void test_chart_write_errors(void **state) {
   (void)state;
   struct plan *p = plan_of("models/tiny-moe.json", "directives/base-schedules/dp2.json");
@@ -289,6 +339,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_charts_of_a_measured_run),
       cmocka_unit_test(test_trace_of_every_step),
+      cmocka_unit_test(test_trace_wait_counts_in_durations),
       cmocka_unit_test(test_chart_write_errors),
       cmocka_unit_test(test_gnuplot_failures),
   };

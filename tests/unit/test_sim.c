@@ -934,8 +934,8 @@ static void test_report_stats(void **state) {
   uint32_t nc = p->classes[0].instrs[0].node, ns = p->classes[0].instrs[1].node;
   /* compute [0,4) and [6,8); comm [3,7): overlap 1 + 1 = 2 of 4; exposed 2; bubble over the
    * window [0,10) (device 1's comm ends at 10): 1 - 6/10 */
-  struct report_interval iv0[] = {{0, 4, nc, 0}, {3, 7, ns, 1}, {6, 8, nc, 0}};
-  struct report_interval iv1[] = {{9, 10, p->classes[1].instrs[0].node, 1}};
+  struct report_interval iv0[] = {{0, 4, nc, 0, 0}, {3, 7, ns, 1, 0}, {6, 8, nc, 0, 0}};
+  struct report_interval iv1[] = {{9, 10, p->classes[1].instrs[0].node, 1, 0}};
   struct report_run rr = {.plan = p, .kind = "sim", .schedule = "custom"};
   report_run_init_devices(&rr);
   rr.devices[0].intervals = iv0;
@@ -968,8 +968,8 @@ static void test_bubble_split_intervals(void **state) {
   h.ins[1][0] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 10, -1, 0, -1, 0};
   struct plan *p = hplan_build(&h);
   uint32_t nc = p->classes[0].instrs[0].node, ns = p->classes[0].instrs[1].node;
-  struct report_interval iv0[] = {{0, 4, nc, 0}, {3, 7, ns, 1}, {6, 8, nc, 0}};
-  struct report_interval iv1[] = {{9, 10, p->classes[1].instrs[0].node, 1}};
+  struct report_interval iv0[] = {{0, 4, nc, 0, 0}, {3, 7, ns, 1, 0}, {6, 8, nc, 0, 0}};
+  struct report_interval iv1[] = {{9, 10, p->classes[1].instrs[0].node, 1, 0}};
   struct report_run rr = {.plan = p, .kind = "sim", .schedule = "custom"};
   report_run_init_devices(&rr);
   rr.devices[0].intervals = iv0;
