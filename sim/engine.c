@@ -599,6 +599,8 @@ struct unit_rt {
   void *block;         /* the arrays below but kernels and ops (unit_arrays) */
   uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
   uint8_t *busy;       /* [n_streams] */
+  uint8_t *polled;     /* [n_instrs] host loop: 1 once the rank has seen its communication's
+                          transfer end, 2 once the instruction is done (comm_polled) */
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   double *start, *end; /* [n_instrs], end < 0 while not done */
@@ -614,6 +616,10 @@ struct unit_rt {
   uint32_t n_link[2]; /* transfers running: intra, inter node */
   double comm_sm;     /* SM share held by running communication */
   double idle_since; /* ranks sharing a node's cores: when its idle spell began; -1 computing */
+  /* The host loop (ranks sharing a node's cores): communication that ended while the rank
+   * computed, seen when its task ends (instructions) */
+  uint32_t n_seen_late, cap_seen_late;
+  uint32_t *seen_late;
   int64_t mem[REPORT_MEM_KIND_COUNT];
   int64_t saved, peak_saved;
   int64_t peak_total;
@@ -636,6 +642,7 @@ struct slot { /* a rendezvous: p2p pair or collective; its comm op */
   double lat_end, remaining, rate, last, end_t;
   uint32_t version;
   bool running;
+  uint32_t need; /* host loop: polls still needed before the parties that wait complete */
 };
 
 struct sim {
@@ -952,10 +959,74 @@ static void part_done(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
   }
 }
 
+/* What a party's poll means to a transfer on the host loop (MPI's progress happens in the
+ * ranks' own calls): a collective completes for its members once every member has polled (each
+ * moves it on); a message above the profile's eager_bytes completes for its sender once the
+ * receiver has polled (and copied it); a receiver, and an eager sender, complete at their own
+ * poll. Outside a host loop every party completes when it sees the end. */
+enum poll_role { POLL_FREE, POLL_NEEDED, POLL_WAITS, POLL_BOTH };
+
+static enum poll_role poll_role(const struct sim *s, const struct unit_rt *u, uint32_t instr) {
+  if (!s->sharing)
+    return POLL_FREE;
+  const struct ir_node *n = &s->p->nodes[s->p->classes[u->cls].instrs[instr].node];
+  if (!kind_is_p2p(n->kind))
+    return POLL_BOTH;
+  if (s->prof->eager_bytes <= 0 || (double)n->bytes <= s->prof->eager_bytes)
+    return POLL_FREE;
+  return n->kind == IR_NODE_SEND ? POLL_WAITS : POLL_NEEDED;
+}
+
+static void loop_see(struct sim *s, struct unit_rt *u, uint32_t instr, double t);
+
+/* Party (u, instr) polls at t, its transfer over: it completes unless it waits for others'
+ * polls; the last poll another waits for releases it (loop_see: at once, or when its task
+ * ends). */
+static void comm_polled(struct sim *s, struct unit_rt *u, uint32_t instr, double t) {
+  struct slot *sl = &s->slots[u->slot[instr]];
+  enum poll_role role = poll_role(s, u, instr);
+  if (u->polled[instr] == 0) {
+    u->polled[instr] = 1;
+    if ((role == POLL_NEEDED || role == POLL_BOTH) && sl->need > 0 && --sl->need == 0)
+      for (uint32_t k = 0; k < sl->part_count; k++) {
+        struct unit_rt *v = &s->u[s->parts[2 * (sl->part_first + k)]];
+        uint32_t j = s->parts[2 * (sl->part_first + k) + 1];
+        if ((v != u || j != instr) && v->polled[j] == 1) {
+          loop_see(s, v, j, t);
+          try_advance(s, v, t);
+        }
+      }
+  }
+  if (u->polled[instr] == 2 || ((role == POLL_WAITS || role == POLL_BOTH) && sl->need > 0))
+    return;
+  u->polled[instr] = 2;
+  part_done(s, u, instr, t);
+}
+
+/* A communication of u has ended at t, as u's loop sees it: at once, or, while u computes on
+ * the host loop (one task at a time), when that task ends (end_kernel). */
+static void loop_see(struct sim *s, struct unit_rt *u, uint32_t instr, double t) {
+  if (!s->sharing || u->n_kernels == 0) {
+    comm_polled(s, u, instr, t);
+    return;
+  }
+  if (u->n_seen_late == u->cap_seen_late) {
+    u->cap_seen_late = u->cap_seen_late ? 2 * u->cap_seen_late : 8;
+    u->seen_late = g_renew(uint32_t, u->seen_late, u->cap_seen_late);
+  }
+  u->seen_late[u->n_seen_late++] = instr;
+}
+
 static void end_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
   settle_parts(s, sl, t);
   sl->running = false;
+  sl->need = 0;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    enum poll_role r = poll_role(s, &s->u[s->parts[2 * (sl->part_first + k)]],
+                                 s->parts[2 * (sl->part_first + k) + 1]);
+    sl->need += r == POLL_NEEDED || r == POLL_BOTH;
+  }
   for (uint32_t k = 0; k < sl->part_count; k++) {
     uint32_t ui = s->parts[2 * (sl->part_first + k)],
              instr = s->parts[2 * (sl->part_first + k) + 1];
@@ -973,7 +1044,7 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
     if (late > 0)
       heap_push(&s->heap, t + late, EV_WAKE, instr, 0, ui);
     else
-      part_done(s, u, instr, t);
+      loop_see(s, u, instr, t);
   }
   reschedule_parts(s, sl, t);
   for (uint32_t k = 0; k < sl->part_count; k++)
@@ -1051,33 +1122,69 @@ static void stream_queued(struct unit_rt *u, const struct plan_class *c, uint32_
   }
 }
 
+/* Issues the head of stream st of u (its waits done) at t: a kernel starts; a communication is
+ * posted, and starts when its last party posts. A point-to-point group is one operation: all
+ * its parts are posted at once, each starts when its peer is there, and the stream is free
+ * again when the last has ended. */
+static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  uint32_t e = u->pos[st], n = plan_group_span(c, e);
+  u->busy[st] = 1;
+  u->group_left[st] = n;
+  stream_queued(u, c, e, n, st, t);
+  for (uint32_t j = 0; j < n; j++) {
+    uint32_t i = c->stream_instrs[e + j];
+    alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
+    if (u->slot[i] != IR_NONE) {
+      u->posted[i] = t;
+      struct slot *sl = &s->slots[u->slot[i]];
+      if (++sl->arrived == sl->expected)
+        start_comm(s, u->slot[i], t);
+    } else {
+      start_kernel(s, u, i, t);
+    }
+  }
+}
+
+/* Whether stream st of u has a head that may be issued now. */
+static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t st) {
+  return !u->busy[st] && u->pos[st] < c->stream_first[st + 1] &&
+         parts_ready(u, c, u->pos[st], plan_group_span(c, u->pos[st]));
+}
+
+/* The host loop of a rank sharing its node's cores (piper-exec's host backend, exec/
+ * backend_host.c): one task at a time, the ready head first in issue order. A compute task
+ * holds the loop until it ends (what ends meanwhile is seen then: loop_see); a communication
+ * is posted and the loop goes on. */
+static void loop_advance(struct sim *s, struct unit_rt *u, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  const struct class_info *ci = &s->ci[u->cls];
+  while (u->n_kernels == 0) {
+    uint32_t best = UINT32_MAX, first = UINT32_MAX;
+    for (uint32_t k = 0; k < ci->n_streams_used; k++) {
+      uint32_t st = ci->streams_used[k];
+      if (head_ready(u, c, st) && c->stream_instrs[u->pos[st]] < first) {
+        first = c->stream_instrs[u->pos[st]];
+        best = st;
+      }
+    }
+    if (best == UINT32_MAX)
+      return;
+    issue_head(s, u, best, t);
+  }
+}
+
 static void try_advance(struct sim *s, struct unit_rt *u, double t) {
+  if (s->sharing) {
+    loop_advance(s, u, t);
+    return;
+  }
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
   for (uint32_t k = 0; k < ci->n_streams_used; k++) {
     uint32_t st = ci->streams_used[k];
-    if (u->busy[st] || u->pos[st] >= c->stream_first[st + 1])
-      continue;
-    /* A point-to-point group is one operation: all its parts are posted at once, each starts
-     * when its peer is there, and the stream is free again when the last has ended. */
-    uint32_t e = u->pos[st], n = plan_group_span(c, e);
-    if (!parts_ready(u, c, e, n))
-      continue;
-    u->busy[st] = 1;
-    u->group_left[st] = n;
-    stream_queued(u, c, e, n, st, t);
-    for (uint32_t j = 0; j < n; j++) {
-      uint32_t i = c->stream_instrs[e + j];
-      alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
-      if (u->slot[i] != IR_NONE) {
-        u->posted[i] = t;
-        struct slot *sl = &s->slots[u->slot[i]];
-        if (++sl->arrived == sl->expected)
-          start_comm(s, u->slot[i], t);
-      } else {
-        start_kernel(s, u, i, t);
-      }
-    }
+    if (head_ready(u, c, st))
+      issue_head(s, u, st, t);
   }
 }
 
@@ -1098,6 +1205,10 @@ static void end_kernel(struct sim *s, struct unit_rt *u, uint32_t j, double t) {
   if (u->n_kernels == 0)
     node_reshare(s, u, -1, t);
   unit_reschedule(s, u, t);
+  /* the host loop's next turn tests what ended meanwhile before it runs the next task */
+  for (uint32_t k = 0; k < u->n_seen_late; k++)
+    loop_see(s, u, u->seen_late[k], t);
+  u->n_seen_late = 0;
   try_advance(s, u, t);
 }
 
@@ -1399,7 +1510,8 @@ static void sim_units(struct sim *s, struct sim_result *res) {
  * remaining, which unit_init sets. */
 static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
-                 ni * (3 * sizeof(double) + sizeof(uint32_t)) + nt * sizeof(uint32_t);
+                 ni * (3 * sizeof(double) + sizeof(uint32_t) + sizeof(uint8_t)) +
+                 nt * sizeof(uint32_t);
   char *at = u->block = g_malloc0(bytes + sizeof(double));
   /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
   u->queued = (double *)(void *)at;
@@ -1419,6 +1531,8 @@ static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   u->remaining = (uint32_t *)(void *)at;
   at += nt * sizeof(uint32_t);
   u->busy = (uint8_t *)at;
+  at += ns;
+  u->polled = (uint8_t *)at;
 }
 
 /* Unit k's run-time state: its representative, stream positions, instruction times, tensor
@@ -1518,7 +1632,7 @@ static void sim_loop(struct sim *s) {
       end_kernel(s, u, (uint32_t)j, e.t);
     } else if (e.type == EV_WAKE) {
       s->events++;
-      part_done(s, &s->u[e.unit], e.id, e.t);
+      loop_see(s, &s->u[e.unit], e.id, e.t);
       try_advance(s, &s->u[e.unit], e.t);
     } else {
       if (e.version != s->slots[e.id].version || !s->slots[e.id].running)
@@ -1633,6 +1747,7 @@ static void sim_free(struct sim *s) {
     g_free(u->block);
     g_free(u->kernels);
     g_free(u->ops);
+    g_free(u->seen_late);
     g_free(u->tl);
   }
   g_free(s->u);

@@ -167,6 +167,7 @@ static const struct profile_key host_keys[] = {
     KEY("wake_latency_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, wake_latency),
     KEY("loop_spin_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, loop_spin),
     KEY("loop_late_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, loop_late),
+    KEY("eager_bytes", DOUBLE, OPTIONAL, 0, 1e12, 1, eager_bytes),
 };
 /* bounds: bytes per element or parameter of any numeric type a backend could hold */
 static const struct profile_key memory_keys[] = {

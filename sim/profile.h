@@ -124,9 +124,13 @@ struct profile {
    * loop_late is how late a rank waiting in the executor's loop sees its communication end
    * once it has been idle past loop_spin (the loop then sleeps between polls, and a message
    * needs both sides' polls), measured with a core free for each side; 0: not modelled.
-   * Within loop_spin of going idle a rank polls without sleeping and is not late. */
+   * Within loop_spin of going idle a rank polls without sleeping and is not late.
+   * eager_bytes: a point-to-point message up to this size completes for its sender without
+   * its receiver (MPI's eager protocol); a larger one once the receiver has polled and taken
+   * it; 0 (absent): every send completes without its receiver. */
   uint32_t cores_per_node;
   double instruction_overhead, wait_core_share, comm_test, wake_latency, loop_spin, loop_late;
+  double eager_bytes;
 
   /* memory: the precision at which the profiled backend holds each kind ("memory" section;
    * facts of the backend's code, which piper-prof writes, not measurements) */

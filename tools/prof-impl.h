@@ -37,6 +37,7 @@ struct prof_run {
   /* the host: cores of this node, the executor's own costs (host_measure) */
   uint32_t cores;
   double instruction_overhead, comm_test, wait_share, wait_self_share, wake_latency, loop_late;
+  double eager_bytes; /* the largest message a send completes without its receiver */
   double wait_pinned_slowdown; /* a computing rank's, with a waiter pinned on its core */
   bool comm_measured; /* comm_test and wait_share: 2 ranks or more */
   bool failed;        /* a measurement failed: err says which */

@@ -771,9 +771,10 @@ static void test_engine_cores_shared(void **state) {
   sim_result_free(r);
   plan_free(p);
 
-  /* a receiver that is computing when its message arrives picks it up in its own loop: device
-   * 3 runs a B on a second stream beside its receive, so all 4 ranks compute (speed 1/2), the
-   * F ends at 2 ms and the receive with it, not 0.2 ms later */
+  /* a receiver that is computing when its message arrives sees it when its task ends (its loop
+   * tests between tasks), never a wake-up later: device 3 runs a B on a second stream beside
+   * its receive, so all 4 ranks compute (speed 1/2) until the F ends at 2 ms; then 3 on 2 cores
+   * (speed 2/3) run the Bs' last 1 ms of work: the B, and the receive with it, end at 3.5 ms */
   struct hplan h4 = h3;
   h4.n_streams = 2;
   h4.n[3] = 2;
@@ -781,7 +782,7 @@ static void test_engine_cores_shared(void **state) {
   p = hplan_build(&h4);
   r = run(p, pr, true);
   test_assert_near(iv_of(r, p, 0, 0)->end, 2 * MS, TIME_TOL, 0, "F beside three Bs");
-  test_assert_near(iv_of(r, p, 3, 0)->end, 2 * MS, TIME_TOL, 0, "no wake-up while computing");
+  test_assert_near(iv_of(r, p, 3, 0)->end, 3.5 * MS, TIME_TOL, 0, "seen when the task ends");
   sim_result_free(r);
   profile_free(pr);
   plan_free(p);
@@ -836,6 +837,97 @@ static void test_engine_loop_late(void **state) {
     profile_free(pr);
   }
   plan_free(p);
+}
+
+/* The host loop (piper-exec's host backend) runs one task at a time, the ready one first in
+ * issue order; what ends while it computes is seen when the task ends; a message above
+ * eager_bytes completes for its sender once the receiver has polled; a collective once every
+ * member has. Synthetic costs: F 1 ms, BW 1 ms, B 4 ms, communication 0, 4 cores (no sharing). */
+static void test_engine_host_loop(void **state) {
+  (void)state;
+  const char *body = "{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":4,\"BI_ms\":1,"
+                     "\"BW_ms\":1,\"comm_ms\":0}%s}";
+  char buf[512];
+  GError *err = NULL;
+  snprintf(buf, sizeof buf, body, ",\"host\":{\"cores_per_node\":4}");
+  struct profile *loop = profile_from(buf, &err);
+  snprintf(buf, sizeof buf, body, ",\"host\":{\"cores_per_node\":4,\"eager_bytes\":100}");
+  struct profile *rndv = profile_from(buf, &err);
+  snprintf(buf, sizeof buf, body, "");
+  struct profile *plain = profile_from(buf, &err);
+  assert_non_null(loop);
+  assert_non_null(rndv);
+  assert_non_null(plain);
+
+  /* plan order: device 1's receive (after its B in issue order) is posted when the B ends, 4
+   * ms, where streams alone post it at once and meet device 0's send at 1 ms */
+  struct hplan h = {.n_devices = 2, .n_streams = 2, .n = {2, 2}};
+  h.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h.ins[0][1] = (struct hi){IR_NODE_SEND, 1, IR_PASS_NONE, 1, 1000, 0, 0, -1, 0};
+  h.ins[1][0] = (struct hi)C(0, IR_PASS_B);
+  h.ins[1][1] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  struct plan *p = hplan_build(&h);
+  struct sim_result *r = run(p, loop, true);
+  const struct report_interval *recv = iv_of(r, p, 1, 1), *send = iv_of(r, p, 0, 1);
+  test_assert_near(recv->start - recv->wait, 4 * MS, TIME_TOL, 0, "posted after the B");
+  test_assert_near(send->start, 4 * MS, TIME_TOL, 0, "met then");
+  test_assert_near(send->wait, 3 * MS, TIME_TOL, 0, "the send waited from its post");
+  sim_result_free(r);
+  r = run(p, plain, true);
+  test_assert_near(iv_of(r, p, 0, 1)->start, 1 * MS, TIME_TOL, 0, "streams post at once");
+  sim_result_free(r);
+  plan_free(p);
+
+  /* seen when the task ends: device 1 posts its receive, then computes B (0-4 ms); the message
+   * arrives at 1 ms and the receive ends at 4. Device 0 sends at 1 ms and computes BW (1-2 ms):
+   * eager, its send ends at its own next poll (2 ms); above eager_bytes, when the receiver has
+   * polled (4 ms). The F after the send on its stream starts then. */
+  struct hplan h2 = {.n_devices = 2, .n_streams = 2, .n = {4, 2}};
+  h2.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h2.ins[0][1] = (struct hi){IR_NODE_SEND, 1, IR_PASS_NONE, 1, 1000, 0, 0, -1, 0};
+  h2.ins[0][2] = (struct hi)C(0, IR_PASS_BW);
+  h2.ins[0][3] = (struct hi)C(1, IR_PASS_F);
+  h2.ins[1][0] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  h2.ins[1][1] = (struct hi)C(0, IR_PASS_B);
+  p = hplan_build(&h2);
+  r = run(p, loop, true);
+  test_assert_near(iv_of(r, p, 1, 0)->end, 4 * MS, TIME_TOL, 0, "receive seen after the B");
+  test_assert_near(iv_of(r, p, 0, 1)->end, 2 * MS, TIME_TOL, 0, "eager send: own poll");
+  test_assert_near(iv_of(r, p, 0, 3)->end, 3 * MS, TIME_TOL, 0, "then F");
+  sim_result_free(r);
+  r = run(p, rndv, true);
+  test_assert_near(iv_of(r, p, 0, 1)->end, 4 * MS, TIME_TOL, 0, "rendezvous: receiver's poll");
+  test_assert_near(iv_of(r, p, 0, 3)->end, 5 * MS, TIME_TOL, 0, "then F");
+  sim_result_free(r);
+  r = run(p, plain, true);
+  test_assert_near(iv_of(r, p, 1, 0)->end, 1 * MS, TIME_TOL, 0, "streams: at the arrival");
+  sim_result_free(r);
+  plan_free(p);
+
+  /* a collective completes once every member has polled: both post an all-reduce, then
+   * device 0 computes F (0-1 ms) and device 1 B (0-4 ms): it ends at 4 ms on both */
+  struct hplan h3 = {.n_devices = 2,
+                     .n_streams = 2,
+                     .n = {2, 2},
+                     .n_coll_groups = 1,
+                     .coll_group = {{0, 1}},
+                     .coll_size = {2}};
+  h3.ins[0][0] = (struct hi){IR_NODE_ALL_REDUCE, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  h3.ins[0][1] = (struct hi)C(0, IR_PASS_F);
+  h3.ins[1][0] = (struct hi){IR_NODE_ALL_REDUCE, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  h3.ins[1][1] = (struct hi)C(0, IR_PASS_B);
+  p = hplan_build(&h3);
+  r = run(p, loop, true);
+  for (uint32_t d = 0; d < 2; d++)
+    test_assert_near(iv_of(r, p, d, 0)->end, 4 * MS, TIME_TOL, 0, "all polled");
+  sim_result_free(r);
+  r = run(p, plain, true);
+  test_assert_near(iv_of(r, p, 0, 0)->end, 0, TIME_TOL, 0, "streams: at once");
+  sim_result_free(r);
+  plan_free(p);
+  profile_free(loop);
+  profile_free(rndv);
+  profile_free(plain);
 }
 
 static void test_engine_contention(void **state) {
@@ -1726,6 +1818,7 @@ int main(void) {
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_engine_order_and_rendezvous),
       cmocka_unit_test(test_engine_loop_late),
+      cmocka_unit_test(test_engine_host_loop),
       cmocka_unit_test(test_engine_contention),
       cmocka_unit_test(test_profile_host_and_fits),
       cmocka_unit_test(test_profile_host_errors),
