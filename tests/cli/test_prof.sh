@@ -122,6 +122,9 @@ assert h["cores_per_node"] >= 1 and h["instruction_overhead_us"] > 0, h
 assert 0 <= h["wait_core_share"] <= 1 and h["comm_test_us"] > 0 and h["wake_latency_us"] >= 0, h
 # the backend loop's spin window (exec/exec.h) and what its sleeping adds to a communication
 assert h["loop_spin_us"] == int(sys.argv[2]) and h["loop_late_us"] >= 0, (h, sys.argv[2])
+# MPI's eager limit, one of the sizes tried (a power of two from 256 B to 1 MiB; 1: none eager)
+e = h["eager_bytes"]
+assert e == 1 or (256 <= e <= 1 << 20 and e & (e - 1) == 0), h
 EOF
 if [ -f "$tmp/p2.json" ] && "$SIM" --model models/tiny-dense.json --layout pp=2 --schedule 1f1b \
     --mbs 4 --profile "$tmp/p2.json" --out "$tmp/sim2" --no-charts --quiet 2> "$tmp/err"; then
