@@ -325,6 +325,17 @@ assert len({e['args']['step'] for e in g}) == 3, {e['args']['step'] for e in g}"
 import json,sys; t=json.load(open(sys.argv[1]))
 assert {e['pid'] for e in t['traceEvents'] if e['ph']=='X'} == {0,1,2,3}" "$T/zero3/trace.json" \
     && ok || bad "zero3 trace lacks devices"
+  # ... on one clock (4 ranks on 2 cores leave a barrier at different moments, by milliseconds:
+  # the ranks take rank 0's origin): no member of a collective starts after another has ended
+  python3 -c "
+import json,sys; t=json.load(open(sys.argv[1]))
+by = {}
+for e in t['traceEvents']:
+    if e['ph'] == 'X' and e['args']['kind'] in ('all_to_all', 'all_reduce'):
+        by.setdefault((e['args']['node'], e['args']['step']), []).append(e)
+late = [max(e['ts'] for e in v) - min(e['ts'] + e['dur'] for e in v) for v in by.values() if len(v) > 1]
+assert late and max(late) < 5, max(late)" "$T/pp2_dp2_ep2/trace.json" \
+    && ok || bad "pp2_dp2_ep2's ranks are not on one clock"
 fi
 
 # activations live from their forward to their last backward: 1F1B holds fewer micro-batches
