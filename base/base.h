@@ -90,6 +90,9 @@ uint64_t piper_fnv1a(uint64_t h, const void *data, size_t n);
 
 /* Seconds on the monotonic clock. */
 double piper_clock_seconds(void);
+/* Which machine's monotonic clock piper_clock_seconds reads: the kernel's boot id (processes
+ * with equal ids share the clock), else the host name; into out (NUL-terminated). */
+void piper_clock_machine(char *out, size_t n);
 
 /* qsort comparators over arrays of the named type, ascending. */
 int piper_cmp_u32(const void *a, const void *b);

@@ -1,7 +1,10 @@
 /* base utilities: hashing, the clock, comparators. */
 #include "base.h"
 
+#include <glib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 uint64_t piper_fnv1a(uint64_t h, const void *data, size_t n) {
   const unsigned char *p = data;
@@ -16,6 +19,18 @@ double piper_clock_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void piper_clock_machine(char *out, size_t n) {
+  gchar *text = NULL;
+  if (g_file_get_contents("/proc/sys/kernel/random/boot_id", &text, NULL, NULL)) {
+    g_strlcpy(out, g_strstrip(text), n);
+    g_free(text);
+    return;
+  }
+  if (gethostname(out, n) != 0)
+    g_strlcpy(out, "unknown", n);
+  out[n - 1] = 0;
 }
 
 int piper_cmp_u32(const void *a, const void *b) {

@@ -224,6 +224,26 @@ static bool start_gpu(struct cuda_context *b, GError **err) {
          CUDA_CHECK(b, cudaMalloc(&b->lt_workspace, b->lt_workspace_bytes), err);
 }
 
+/* The ranks' shared time origin (as the host backend's): a rank on rank 0's machine reads the
+ * same monotonic clock, so it takes rank 0's origin and places its GPU events from when its
+ * own epoch event completed on that clock; leaving a barrier is not a shared moment when
+ * ranks outnumber the cores they run on. A rank on another machine keeps its own. */
+static void shared_epoch(struct cuda_context *b) {
+  if (!b->mpi)
+    return;
+  struct {
+    char machine[64];
+    double epoch;
+  } mine = {.epoch = b->epoch}, root;
+  piper_clock_machine(mine.machine, sizeof mine.machine);
+  root = mine;
+  MPI_Bcast(&root, sizeof root, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (strcmp(root.machine, mine.machine) != 0)
+    return;
+  b->epoch_event_at = b->epoch - root.epoch;
+  b->epoch = root.epoch;
+}
+
 static bool cuda_init(struct exec_backend *backend, const struct exec_backend_params *p,
                       GError **err) {
   struct cuda_context *b = g_new0(struct cuda_context, 1);
@@ -252,6 +272,7 @@ static bool cuda_init(struct exec_backend *backend, const struct exec_backend_pa
   cudaEventRecord(b->epoch_event, b->setup);
   cudaEventSynchronize(b->epoch_event);
   b->epoch = piper_clock_seconds();
+  shared_epoch(b);
   exec_cuda_kernels_context = b;
   gemm_override(b);
   return true;
@@ -690,8 +711,8 @@ static bool cuda_task_times(struct exec_backend *backend, uint32_t id, double *s
   if (!t0 || !t1 || cudaEventElapsedTime(&ms0, b->epoch_event, t0) != cudaSuccess ||
       cudaEventElapsedTime(&ms1, b->epoch_event, t1) != cudaSuccess)
     return false;
-  *start = ms0 * 1e-3;
-  *end = ms1 * 1e-3;
+  *start = b->epoch_event_at + ms0 * 1e-3;
+  *end = b->epoch_event_at + ms1 * 1e-3;
   return true;
 }
 

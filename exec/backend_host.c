@@ -21,7 +21,6 @@
 #include <sys/prctl.h>
 #include <time.h>
 #include <ucontext.h>
-#include <unistd.h>
 
 #include "../base/assert.h"
 #include "../base/json.h"
@@ -899,22 +898,10 @@ struct clock_origin {
   double epoch;
 };
 
-static void this_machine(char *out, size_t n) {
-  gchar *text = NULL;
-  if (g_file_get_contents("/proc/sys/kernel/random/boot_id", &text, NULL, NULL)) {
-    g_strlcpy(out, g_strstrip(text), n);
-    g_free(text);
-    return;
-  }
-  if (gethostname(out, n) != 0)
-    g_strlcpy(out, "unknown", n);
-  out[n - 1] = 0;
-}
-
 static bool shared_epoch(struct host_context *b, GError **err) {
   exec_host_comm_barrier(b);
   struct clock_origin mine = {.epoch = piper_clock_seconds()}, root = {{0}, 0};
-  this_machine(mine.machine, sizeof mine.machine);
+  piper_clock_machine(mine.machine, sizeof mine.machine);
   root = mine;
   if (!exec_host_world_broadcast(b, &root, sizeof root, err))
     return false;

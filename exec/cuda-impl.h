@@ -35,6 +35,9 @@ struct cuda_context {
   MPI_Comm node;        /* the ranks of this host */
   GArray *staged_sends; /* host-staged sends in flight (backend_cuda_comm.c) */
   double epoch;
+  /* the backend's clock at epoch_event: 0 on rank 0; on a rank of rank 0's machine, which
+   * takes rank 0's origin, when its own event completed on it */
+  double epoch_event_at;
   const struct plan *plan; /* from configure (not owned) */
   uint32_t plan_device;
   bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
