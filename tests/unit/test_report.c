@@ -139,6 +139,20 @@ static void test_charts_of_a_measured_run(void **state) {
 /* A measured run that kept three steps (numbered 5, 6, 7) of durations 1, 2 and 4 ms per
  * instruction: trace.json holds every step, each event its step and node; read back, every node
  * has three events and the median duration 2 ms, and the run pairs with itself exactly. */
+/* Writes the fake run as a run directory under a new dir (a mkdtemp template) and reads it
+ * back, or the test fails. */
+static struct report_dir *write_and_load(struct fake_run *f, char *dir) {
+  f->run.program_file = "custom_pp2_mbs4.json";
+  assert_non_null(g_mkdtemp(dir));
+  GError *err = NULL;
+  if (!report_write_dir(&f->run, dir, &err))
+    fail_msg("%s", err->message);
+  struct report_dir *rd = report_dir_load(dir, &err);
+  if (!rd)
+    fail_msg("%s", err->message);
+  return rd;
+}
+
 static void test_trace_of_every_step(void **state) {
   (void)state;
   struct plan *p =
@@ -170,15 +184,8 @@ static void test_trace_of_every_step(void **state) {
   }
   f.run.n_trace_steps = 3;
   f.run.trace_steps = steps;
-  f.run.program_file = "custom_pp2_mbs4.json";
   char dir[] = "/tmp/test_report_XXXXXX";
-  assert_non_null(g_mkdtemp(dir));
-  GError *err = NULL;
-  if (!report_write_dir(&f.run, dir, &err))
-    fail_msg("%s", err->message);
-  struct report_dir *rd = report_dir_load(dir, &err);
-  if (!rd)
-    fail_msg("%s", err->message);
+  struct report_dir *rd = write_and_load(&f, dir);
   assert_int_equal(rd->n_trace_steps, 3);
   for (uint32_t k = 0; k < 3; k++)
     assert_int_equal(rd->trace_steps[k], steps[k]);
@@ -203,6 +210,7 @@ static void test_trace_of_every_step(void **state) {
   g_free(pairs);
   /* the comparison chart of the run against itself: a whole PNG */
   char *png = g_build_filename(dir, "compare.png", NULL);
+  GError *err = NULL;
   if (!chart_compare(rd, rd, png, &err))
     fail_msg("%s", err->message);
   assert_starts_with_file(dir, "compare.png", "\x89PNG\r\n\x1a\n");
@@ -238,15 +246,8 @@ static void test_trace_wait_counts_in_durations(void **state) {
       }
     }
   assert_true(n_comm > 0);
-  f.run.program_file = "custom_pp2_mbs4.json";
   char dir[] = "/tmp/test_report_XXXXXX";
-  assert_non_null(g_mkdtemp(dir));
-  GError *err = NULL;
-  if (!report_write_dir(&f.run, dir, &err))
-    fail_msg("%s", err->message);
-  struct report_dir *rd = report_dir_load(dir, &err);
-  if (!rd)
-    fail_msg("%s", err->message);
+  struct report_dir *rd = write_and_load(&f, dir);
   uint64_t waited = 0;
   for (uint64_t e = 0; e < rd->n_trace_events; e++) {
     const struct report_trace_event *ev = &rd->trace_events[e];
