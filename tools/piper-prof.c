@@ -1451,111 +1451,6 @@ static bool host_wait_share(struct prof_run *r, struct exec_backend *b, GError *
   return ok;
 }
 
-/* How late a rank waiting in the backend's loop sees its message when every core of the node
- * computes for others, as a plan's ranks meet it: ranks 0 .. cores - 1 run compute tasks of
- * BUSY_TASK_US back to back through the backend's loop (a stage's kernels, the loop turning
- * between them, nobody pinned) for a window; the last rank waits in its loop for a message
- * (8 bytes: no rendezvous) that the rank before it sends halfway through the window, after
- * sleeping; the other ranks sleep. seen - sent, the mean over rounds: the scheduler hands the
- * waiter a core at once (20-200 us) or after a slice (1-4 ms), and the simulator adds the
- * delay to the step, whose expectation is the mean (a median flips between the two). Needs
- * cores + 2 ranks; with fewer the pinned pair's figure stands (host_wait_pair: its computing
- * rank never turns a loop, so the waiter waits out the scheduler's slice). */
-enum { BUSY_TASK_US = 200, WAKE_ROUNDS = 41 };
-
-static bool busy_task(struct exec_stream *s, void *arg, GError **err) {
-  (void)s, (void)arg, (void)err;
-  compute_rate(BUSY_TASK_US * 1e-6);
-  return true;
-}
-
-static bool busy_compute(struct exec_backend *b, double window, GError **err) {
-  struct exec_stream *st = exec_stream_create(b, "piper-prof busy", 0, err);
-  if (!st)
-    return false;
-  struct exec_event *e = exec_event_create(b);
-  for (uint32_t i = 0; i < (uint32_t)(window / (BUSY_TASK_US * 1e-6)); i++)
-    exec_stream_submit(b, st, busy_task, NULL, i);
-  exec_event_record(b, e, st);
-  bool ok = exec_event_synchronize(b, e, 60);
-  exec_event_destroy(b, e);
-  exec_stream_destroy(b, st);
-  return ok;
-}
-
-struct stamp_arg {
-  struct exec_backend *b;
-  struct exec_comm *c;
-  uint32_t peer;
-  double sent, seen;
-};
-
-static bool stamp_recv_task(struct exec_stream *s, void *arg, GError **err) {
-  (void)s;
-  struct stamp_arg *w = arg;
-  bool ok = exec_comm_recv(w->b, w->c, w->peer, &w->sent, sizeof w->sent, 4, err);
-  w->seen = piper_clock_seconds();
-  return ok;
-}
-
-/* The waiter's side of one round: the receive as a task of the backend's loop. */
-static double stamp_wait(struct stamp_arg *w, bool *ok, GError **err) {
-  struct exec_stream *st = exec_stream_create(w->b, "piper-prof wake", 0, err);
-  if (!st) {
-    *ok = false;
-    return 0;
-  }
-  struct exec_event *e = exec_event_create(w->b);
-  exec_stream_submit(w->b, st, stamp_recv_task, w, 0);
-  exec_event_record(w->b, e, st);
-  *ok = exec_event_synchronize(w->b, e, 60) && *ok;
-  exec_event_destroy(w->b, e);
-  exec_stream_destroy(w->b, st);
-  return w->seen - w->sent > 0 ? w->seen - w->sent : 0;
-}
-
-static bool host_wake_busy(struct prof_run *r, struct exec_backend *b, GError **err) {
-  if ((uint32_t)r->size < r->cores + 2)
-    return true;
-  uint32_t waiter = (uint32_t)r->size - 1, sender = waiter - 1, pair[2] = {sender, waiter};
-  struct exec_comm *c = exec_comm_create(b, "piper-prof wake", pair, 2, true, err);
-  if (!c)
-    return false;
-  double window = r->a->quick ? 0.006 : 0.01, wake[WAKE_ROUNDS];
-  bool ok = true;
-  struct stamp_arg w = {.b = b, .c = c, .peer = r->rank == (int)waiter ? sender : waiter};
-  for (int i = 0; i < WAKE_ROUNDS; i++) {
-    sleeping_barrier();
-    if ((uint32_t)r->rank < r->cores) {
-      ok = busy_compute(b, window, err) && ok;
-    } else if ((uint32_t)r->rank == sender) {
-      g_usleep((gulong)(window * 0.5e6));
-      w.sent = piper_clock_seconds();
-      ok = exec_comm_send(b, c, waiter, &w.sent, sizeof w.sent, 4, err) && ok;
-    } else if ((uint32_t)r->rank == waiter) {
-      wake[i] = stamp_wait(&w, &ok, err);
-    }
-  }
-  if ((uint32_t)r->rank == waiter)
-    MPI_Send(wake, WAKE_ROUNDS, MPI_DOUBLE, 0, 99, MPI_COMM_WORLD);
-  else if (r->rank == 0)
-    MPI_Recv(wake, WAKE_ROUNDS, MPI_DOUBLE, (int)waiter, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-  if (r->rank == 0) {
-    double sum = 0;
-    for (int i = 0; i < WAKE_ROUNDS; i++)
-      sum += wake[i];
-    r->wake_latency = sum / WAKE_ROUNDS;
-    qsort(wake, WAKE_ROUNDS, sizeof *wake, piper_cmp_double);
-    prof_progress(r, "host: a waiting rank beside busy cores sees its message %.0f us late on "
-                     "average (%d rounds, %.0f to %.0f us: the scheduler hands it a core at once or "
-                     "after a slice)",
-                  r->wake_latency * 1e6, WAKE_ROUNDS, wake[0] * 1e6, wake[WAKE_ROUNDS - 1] * 1e6);
-  }
-  sleeping_barrier();
-  exec_comm_destroy(b, c);
-  return ok;
-}
-
 /* Rank 0 of host_wait_demand: computes for window seconds, sends the waiter (a world rank: the
  * communicator is point-to-point) its message, and computes on while the waiter wakes. */
 static void demand_sender(struct exec_backend *b, struct exec_comm *c, uint32_t waiter,
@@ -1761,7 +1656,6 @@ static bool measure_host(struct prof_run *r, GError **err) {
     if (r->rank == 0)
       r->comm_test = host_test_cost(r->a->quick ? 2000 : 20000);
     ok = host_wait_share(r, b, err) && ok;
-    ok = host_wake_busy(r, b, err) && ok;
     ok = host_wait_demand(r, b, err) && ok;
     ok = host_loop_late(r, b, err) && ok;
     host_eager_limit(r);
@@ -1896,13 +1790,9 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
         "instruction_overhead_us = a no-op task and an event record through the host backend's "
         "loop; comm_test_us = one MPI_Test of a pending receive; wait_core_share: rank 0 "
         "computing GEMMs, the last rank waiting for a receive from it in the backend's loop, "
-        "the others asleep (no pinning): the waiter's CPU time over its wait; wake_latency_us: with at least "
-        "cores + 2 ranks, ranks 0 .. cores - 1 computing 200 us tasks back to back through the "
-        "backend's loop for 10 ms, the last rank waiting in its loop for 8 bytes the rank before "
-        "it sends at 5 ms, the others asleep: the median time from the send's post to the "
-        "message seen, the mean of 41 rounds; with fewer ranks, two ranks pinned to one core, one computing, "
-        "the other waiting in the backend's loop: how late the waiter sees the message; "
-        "loop_spin_us: how long the backend's idle loop polls before "
+        "the others asleep (no pinning): the waiter's CPU time over its wait; wake_latency_us: two ranks pinned "
+        "to one core, one computing, the other waiting in the backend's loop: how late the "
+        "waiter sees the message; loop_spin_us: how long the backend's idle loop polls before "
         "it sleeps between polls (a constant of its code); loop_late_us: rank 0 computes 2 ms, "
         "then sends the last rank, which waits for it, 32 KiB, the others asleep (a core for "
         "each): the median time from the send's post to the receive seen through the backend's "
