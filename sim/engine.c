@@ -601,6 +601,8 @@ struct unit_rt {
   uint8_t *busy;       /* [n_streams] */
   uint8_t *polled;     /* [n_instrs] host loop: 1 once the rank has seen its communication's
                           transfer end, 2 once the instruction is done (comm_polled) */
+  uint8_t *held;       /* [n_instrs] host loop: a communication's buffers counted from when
+                          the loop could first post it (loop_advance) */
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   double *start, *end; /* [n_instrs], end < 0 while not done */
@@ -1134,7 +1136,8 @@ static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) 
   stream_queued(u, c, e, n, st, t);
   for (uint32_t j = 0; j < n; j++) {
     uint32_t i = c->stream_instrs[e + j];
-    alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
+    if (!u->held[i])
+      alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
     if (u->slot[i] != IR_NONE) {
       u->posted[i] = t;
       struct slot *sl = &s->slots[u->slot[i]];
@@ -1152,6 +1155,23 @@ static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint
          parts_ready(u, c, u->pos[st], plan_group_span(c, u->pos[st]));
 }
 
+/* A ready communication's buffers are counted from the first loop turn that could post it:
+ * the loop posts it then unless a task earlier in issue order is ready at that very turn, which
+ * depends on timing the plan does not fix (a compute's input arriving a little earlier or
+ * later), so the memory figures take the posting that holds more, and the executor reaches it
+ * or stays below. */
+static void hold_ready_comm(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  uint32_t e = u->pos[st], n = plan_group_span(c, e);
+  for (uint32_t j = 0; j < n; j++) {
+    uint32_t i = c->stream_instrs[e + j];
+    if (u->slot[i] != IR_NONE && !u->held[i]) {
+      alloc_tensors(s, u, i, t);
+      u->held[i] = 1;
+    }
+  }
+}
+
 /* The host loop of a rank sharing its node's cores (piper-exec's host backend, exec/
  * backend_host.c): one task at a time, the ready head first in issue order. A compute task
  * holds the loop until it ends (what ends meanwhile is seen then: loop_see); a communication
@@ -1163,7 +1183,10 @@ static void loop_advance(struct sim *s, struct unit_rt *u, double t) {
     uint32_t best = UINT32_MAX, first = UINT32_MAX;
     for (uint32_t k = 0; k < ci->n_streams_used; k++) {
       uint32_t st = ci->streams_used[k];
-      if (head_ready(u, c, st) && c->stream_instrs[u->pos[st]] < first) {
+      if (!head_ready(u, c, st))
+        continue;
+      hold_ready_comm(s, u, st, t);
+      if (c->stream_instrs[u->pos[st]] < first) {
         first = c->stream_instrs[u->pos[st]];
         best = st;
       }
@@ -1510,7 +1533,7 @@ static void sim_units(struct sim *s, struct sim_result *res) {
  * remaining, which unit_init sets. */
 static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
-                 ni * (3 * sizeof(double) + sizeof(uint32_t) + sizeof(uint8_t)) +
+                 ni * (3 * sizeof(double) + sizeof(uint32_t) + 2 * sizeof(uint8_t)) +
                  nt * sizeof(uint32_t);
   char *at = u->block = g_malloc0(bytes + sizeof(double));
   /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
@@ -1533,6 +1556,8 @@ static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
   u->busy = (uint8_t *)at;
   at += ns;
   u->polled = (uint8_t *)at;
+  at += ni;
+  u->held = (uint8_t *)at;
 }
 
 /* Unit k's run-time state: its representative, stream positions, instruction times, tensor
