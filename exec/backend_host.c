@@ -900,7 +900,7 @@ struct clock_origin {
 
 static bool shared_epoch(struct host_context *b, GError **err) {
   exec_host_comm_barrier(b);
-  struct clock_origin mine = {.epoch = piper_clock_seconds()}, root = {{0}, 0};
+  struct clock_origin mine = {.epoch = piper_clock_seconds()}, root;
   piper_clock_machine(mine.machine, sizeof mine.machine);
   root = mine;
   if (!exec_host_world_broadcast(b, &root, sizeof root, err))
