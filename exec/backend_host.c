@@ -3,7 +3,9 @@
  * model): streams are in-order queues of items (tasks, event records, event waits), and the
  * loop, entered by event_synchronize, repeatedly
  *   1. tests the communication that blocked tasks wait for, resuming those it completed;
- *   2. runs the head item of the ready stream submitted first (plan order);
+ *   2. runs the next task in submission order (the plan's) once it is ready, and ready event
+ *      records and waits at once: a task in flight holds back nothing, a task that waits
+ *      holds back every later one;
  *   3. when nothing is ready, polls for EXEC_HOST_IDLE_SPIN_US (1 ms), then sleeps in 20 us
  *      quanta between polls (a communication that ends within the window is seen at once; a
  *      rank that waits longer leaves the core to the ranks that compute: 4 ranks on 2 cores);
@@ -267,21 +269,36 @@ static bool head_ready(const struct exec_stream *s) {
   return it->kind != ITEM_WAIT || it->event->completed >= it->gen;
 }
 
-/* The ready stream whose head was submitted first, or NULL. */
+/* The submission order of the first task queued on s at or after its head (UINT64_MAX when
+ * none): an event record behind a task in flight, or the waits of the next, are not tasks. */
+static uint64_t first_task_seq(const struct exec_stream *s) {
+  for (guint k = s->head; k < s->queue->len; k++) {
+    const struct item *it = &g_array_index(s->queue, struct item, k);
+    if (it->kind == ITEM_TASK)
+      return it->seq;
+  }
+  return UINT64_MAX;
+}
+
+/* What the loop runs next, or NULL. Records and waits that are ready go at once (they do no
+ * work); tasks go in submission order (the plan's issue order): while the first task not yet
+ * started cannot start, no later one does. Which tensors are live when is then the plan's,
+ * not the run's timing (docs/exec.md); letting a later ready task go first was measured no
+ * faster (docs/fidelity.md, 2026-12-01). */
 static struct exec_stream *next_ready(struct host_context *b) {
-  struct exec_stream *best = NULL;
-  uint64_t best_seq = UINT64_MAX;
+  struct exec_stream *first = NULL;
+  uint64_t first_seq = UINT64_MAX;
   for (guint i = 0; i < b->streams->len; i++) {
     struct exec_stream *s = g_ptr_array_index(b->streams, i);
-    if (!head_ready(s))
-      continue;
-    uint64_t seq = g_array_index(s->queue, struct item, s->head).seq;
-    if (seq < best_seq) {
-      best = s;
-      best_seq = seq;
+    if (head_ready(s) && g_array_index(s->queue, struct item, s->head).kind != ITEM_TASK)
+      return s;
+    uint64_t seq = first_task_seq(s);
+    if (seq < first_seq) {
+      first = s;
+      first_seq = seq;
     }
   }
-  return best;
+  return first && head_ready(first) ? first : NULL;
 }
 
 /* 2. Runs the head item of s. */

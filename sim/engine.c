@@ -669,6 +669,14 @@ struct sim {
   uint32_t *unit_node;                  /* [n_units] */
   uint32_t *node_first, *node_units;    /* units of node k: node_units[node_first[k] ..] */
   uint32_t *node_running, *node_size;   /* [n_nodes] units computing; units */
+  uint32_t n_nodes_alloc;
+  GArray **node_wakers; /* [n_nodes] struct waker: idle ranks waiting for a core, oldest first */
+};
+
+/* A rank idle in its loop whose communication has ended while every core of its node
+ * computes: it sees the end when the scheduler gives it a core (node_handover). */
+struct waker {
+  uint32_t unit, instr;
 };
 
 /* Water-filling of the device's compute capacity among running kernels, each capped by its
@@ -896,15 +904,18 @@ static void reschedule_parts(struct sim *s, const struct slot *sl, double t) {
  *    without sleeping), and loop_late after (it sleeps between polls, and the message needs
  *    both sides' polls). */
 static double comm_lateness(const struct sim *s, const struct unit_rt *u, uint32_t instr,
-                            double t) {
+                            double t, bool *handover) {
+  *handover = false;
   if (!s->sharing || u->n_kernels > 0)
     return 0;
   const struct plan_class *c = &s->p->classes[u->cls];
   if (s->p->nodes[c->instrs[instr].node].kind == IR_NODE_SEND)
     return 0;
   uint32_t node = s->unit_node[u - s->u], cores = s->prof->cores_per_node;
-  if (s->prof->wake_latency > 0 && s->node_running[node] >= cores)
+  if (s->prof->wake_latency > 0 && s->node_running[node] >= cores) {
+    *handover = true;
     return s->prof->wake_latency;
+  }
   if (u->idle_since >= 0 && t - u->idle_since > s->prof->loop_spin)
     return s->prof->loop_late;
   return 0;
@@ -1042,7 +1053,12 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
     u->comm_sm -= sl->sm_share;
     if (u->n_ops == 0)
       u->comm_sm = 0; /* no drift from repeated add/subtract */
-    double late = comm_lateness(s, u, instr, t);
+    bool handover;
+    double late = comm_lateness(s, u, instr, t, &handover);
+    if (handover) {
+      struct waker w = {ui, instr};
+      g_array_append_val(s->node_wakers[s->unit_node[ui]], w);
+    }
     if (late > 0)
       heap_push(&s->heap, t + late, EV_WAKE, instr, 0, ui);
     else
@@ -1155,45 +1171,45 @@ static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint
          parts_ready(u, c, u->pos[st], plan_group_span(c, u->pos[st]));
 }
 
-/* A ready communication's buffers are counted from the first loop turn that could post it:
- * the loop posts it then unless a task earlier in issue order is ready at that very turn, which
- * depends on timing the plan does not fix (a compute's input arriving a little earlier or
- * later), so the memory figures take the posting that holds more, and the executor reaches it
- * or stays below. */
-static void hold_ready_comm(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
+/* A receive's buffers count from the first loop turn that finds it ready, before its turn
+ * comes: the executor allocates them as soon as its stream is free, when it waits for nothing
+ * and is not part of a point-to-point group (exec/train.c, recv_issue), to post it early. */
+static void hold_ready_recv(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
-  uint32_t e = u->pos[st], n = plan_group_span(c, e);
-  for (uint32_t j = 0; j < n; j++) {
-    uint32_t i = c->stream_instrs[e + j];
-    if (u->slot[i] != IR_NONE && !u->held[i]) {
-      alloc_tensors(s, u, i, t);
-      u->held[i] = 1;
-    }
-  }
+  uint32_t i = c->stream_instrs[u->pos[st]];
+  const struct plan_instr *in = &c->instrs[i];
+  if (u->held[i] || in->group_parts > 0 || in->wait_count > 0 ||
+      s->p->nodes[in->node].kind != IR_NODE_RECV)
+    return;
+  alloc_tensors(s, u, i, t);
+  u->held[i] = 1;
 }
 
 /* The host loop of a rank sharing its node's cores (piper-exec's host backend, exec/
- * backend_host.c): one task at a time, the ready head first in issue order. A compute task
- * holds the loop until it ends (what ends meanwhile is seen then: loop_see); a communication
- * is posted and the loop goes on. */
+ * backend_host.c): one task at a time, in issue order; while the first instruction not yet
+ * issued waits, nothing after it is issued. A compute task holds the loop until it ends (what
+ * ends meanwhile is seen then: loop_see); a communication is posted and the loop goes on. */
 static void loop_advance(struct sim *s, struct unit_rt *u, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
   while (u->n_kernels == 0) {
-    uint32_t best = UINT32_MAX, first = UINT32_MAX;
+    uint32_t first_st = UINT32_MAX, first = UINT32_MAX;
     for (uint32_t k = 0; k < ci->n_streams_used; k++) {
       uint32_t st = ci->streams_used[k];
-      if (!head_ready(u, c, st))
-        continue;
-      hold_ready_comm(s, u, st, t);
-      if (c->stream_instrs[u->pos[st]] < first) {
-        first = c->stream_instrs[u->pos[st]];
-        best = st;
+      if (head_ready(u, c, st))
+        hold_ready_recv(s, u, st, t);
+      /* the stream's first instruction not yet issued: behind the one in flight, if any */
+      uint32_t e = u->pos[st];
+      if (u->busy[st])
+        e += plan_group_span(c, e);
+      if (e < c->stream_first[st + 1] && c->stream_instrs[e] < first) {
+        first = c->stream_instrs[e];
+        first_st = st;
       }
     }
-    if (best == UINT32_MAX)
+    if (first_st == UINT32_MAX || !head_ready(u, c, first_st))
       return;
-    issue_head(s, u, best, t);
+    issue_head(s, u, first_st, t);
   }
 }
 
@@ -1220,6 +1236,25 @@ static int32_t kernel_of_event(const struct unit_rt *u, const struct event *e) {
   return -1;
 }
 
+/* A rank of node n has ended a task: its loop turns and tests its communication, which under
+ * mpirun on more ranks than cores yields the core (Open MPI's yield_when_idle) to a rank waiting
+ * for one. The oldest waiter polls and sees its end; while the ones woken find nothing to
+ * compute they give the core on. */
+static void node_handover(struct sim *s, uint32_t node, double t) {
+  GArray *w = s->node_wakers[node];
+  while (w->len > 0) {
+    struct waker k = g_array_index(w, struct waker, 0);
+    g_array_remove_index(w, 0);
+    struct unit_rt *v = &s->u[k.unit];
+    if (v->polled[k.instr] != 0)
+      continue; /* seen already: its slice came first */
+    loop_see(s, v, k.instr, t);
+    try_advance(s, v, t);
+    if (v->n_kernels > 0)
+      return;
+  }
+}
+
 static void end_kernel(struct sim *s, struct unit_rt *u, uint32_t j, double t) {
   uint32_t instr = u->kernels[j].instr;
   unit_settle(u, t);
@@ -1233,6 +1268,8 @@ static void end_kernel(struct sim *s, struct unit_rt *u, uint32_t j, double t) {
     loop_see(s, u, u->seen_late[k], t);
   u->n_seen_late = 0;
   try_advance(s, u, t);
+  if (s->sharing)
+    node_handover(s, s->unit_node[u - s->u], t);
 }
 
 /* ---- setup -------------------------------------------------------------------------------- */
@@ -1608,6 +1645,10 @@ static void sim_nodes(struct sim *s, const struct sim_result *res) {
   s->node_first = g_new0(uint32_t, nn + 2);
   s->node_units = g_new(uint32_t, s->n_units + 1);
   s->node_running = g_new0(uint32_t, nn + 1);
+  s->node_wakers = g_new(GArray *, nn + 1);
+  for (uint32_t n = 0; n <= nn; n++)
+    s->node_wakers[n] = g_array_new(FALSE, FALSE, sizeof(struct waker));
+  s->n_nodes_alloc = nn + 1;
   s->node_size = g_new0(uint32_t, nn + 1);
   for (uint32_t k = 0; k < s->n_units; k++) {
     s->unit_node[k] = res->units[k].members[0] / gpn;
@@ -1656,6 +1697,8 @@ static void sim_loop(struct sim *s) {
       s->events++;
       end_kernel(s, u, (uint32_t)j, e.t);
     } else if (e.type == EV_WAKE) {
+      if (s->u[e.unit].polled[e.id] != 0)
+        continue; /* a turn of another rank's loop handed it a core first */
       s->events++;
       loop_see(s, &s->u[e.unit], e.id, e.t);
       try_advance(s, &s->u[e.unit], e.t);
@@ -1785,6 +1828,9 @@ static void sim_free(struct sim *s) {
   g_free(s->node_units);
   g_free(s->node_running);
   g_free(s->node_size);
+  for (uint32_t n = 0; s->node_wakers && n < s->n_nodes_alloc; n++)
+    g_array_free(s->node_wakers[n], TRUE);
+  g_free(s->node_wakers);
   for (uint32_t c = 0; c < s->p->n_classes; c++)
     class_info_free(&s->ci[c]);
   g_free(s->ci);

@@ -333,8 +333,10 @@ static bool recv_fn(struct exec_stream *s, void *arg, GError **err) {
   return ok;
 }
 
-/* One loop runs every stream: a task suspended on communication lets the other streams run,
- * and a cancel stops its request before the task unwinds (with an error, once). */
+/* One loop runs every stream, in submission order: a task suspended on communication lets
+ * what was submitted after it on other streams run, up to the first item that must wait (here
+ * the task queued behind the receive): nothing after that runs before it, though ready. A
+ * cancel stops the request before the task unwinds (with an error, once). */
 static void test_host_loop_suspends_and_cancels(void **state) {
   (void)state;
   GError *err = NULL;
@@ -345,18 +347,23 @@ static void test_host_loop_suspends_and_cancels(void **state) {
   struct exec_stream *a = exec_stream_create(backend, "a", 0, &err);
   struct exec_stream *b = exec_stream_create(backend, "b", 0, &err);
   struct exec_event *ea = exec_event_create(backend), *eb = exec_event_create(backend);
+  struct exec_event *ec = exec_event_create(backend);
   struct recv_task rt = {comm, 0, false, ""};
   int log[4] = {0}, n = 0;
-  struct seq_task t1 = {log, &n, 1, 0}, t2 = {log, &n, 2, 0};
+  struct seq_task t1 = {log, &n, 1, 0}, t2 = {log, &n, 2, 0}, t3 = {log, &n, 3, 0};
   exec_stream_submit(backend, a, recv_fn, &rt, 1);
-  exec_stream_submit(backend, a, seq_fn, &t1, 2); /* behind the receive: never runs */
-  exec_event_record(backend, ea, a);
-  exec_stream_submit(backend, b, seq_fn, &t2, 3);
+  exec_stream_submit(backend, b, seq_fn, &t2, 2); /* runs while the receive waits */
   exec_event_record(backend, eb, b);
+  exec_stream_submit(backend, a, seq_fn, &t1, 3); /* behind the receive: never runs */
+  exec_event_record(backend, ea, a);
+  exec_stream_submit(backend, b, seq_fn, &t3, 4); /* ready, but after t1: never runs */
+  exec_event_record(backend, ec, b);
   assert_true(exec_event_synchronize(backend, eb, 5));
   assert_int_equal(n, 1);
   assert_int_equal(log[0], 2);
   uint64_t before = exec_backend_progress(backend);
+  assert_false(exec_event_synchronize(backend, ec, 0.05));
+  assert_int_equal(n, 1);
   assert_false(exec_event_synchronize(backend, ea, 0.05));
   assert_false(rt.returned);
   struct exec_stream_status st;
@@ -381,6 +388,7 @@ static void test_host_loop_suspends_and_cancels(void **state) {
   exec_stream_destroy(backend, b);
   exec_event_destroy(backend, ea);
   exec_event_destroy(backend, eb);
+  exec_event_destroy(backend, ec);
   exec_comm_destroy(backend, comm);
   exec_backend_reset(backend);
 }

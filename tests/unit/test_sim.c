@@ -769,6 +769,14 @@ static void test_engine_cores_shared(void **state) {
   test_assert_near(iv_of(r, p, 0, 0)->end, 1.5 * MS, TIME_TOL, 0, "F beside two Bs");
   test_assert_near(iv_of(r, p, 3, 0)->end, 1.7 * MS, TIME_TOL, 0, "late wake-up");
   sim_result_free(r);
+  /* the scheduler hands the waiter a core at the next turn of a computing rank's loop (its
+   * task ends, Open MPI yields in the test) when that comes before a slice: the Bs, with 1 ms
+   * of work left at 1.5 ms on 2 cores for 2, end at 2.5 ms, before the 2 ms slice */
+  struct profile *slice = sharing_profile("\"cores_per_node\":2,\"wake_latency_us\":2000");
+  r = run(p, slice, true);
+  test_assert_near(iv_of(r, p, 3, 0)->end, 2.5 * MS, TIME_TOL, 0, "handed over when a B ends");
+  sim_result_free(r);
+  profile_free(slice);
   plan_free(p);
 
   /* a receiver that is computing when its message arrives sees it when its task ends (its loop
@@ -839,8 +847,8 @@ static void test_engine_loop_late(void **state) {
   plan_free(p);
 }
 
-/* The host loop (piper-exec's host backend) runs one task at a time, the ready one first in
- * issue order; what ends while it computes is seen when the task ends; a message above
+/* The host loop (piper-exec's host backend) runs one task at a time, strictly in issue order;
+ * what ends while it computes is seen when the task ends; a message above
  * eager_bytes completes for its sender once the receiver has polled; a collective once every
  * member has. Synthetic costs: F 1 ms, BW 1 ms, B 4 ms, communication 0, 4 cores (no sharing). */
 static void test_engine_host_loop(void **state) {
@@ -901,6 +909,25 @@ static void test_engine_host_loop(void **state) {
   sim_result_free(r);
   r = run(p, plain, true);
   test_assert_near(iv_of(r, p, 1, 0)->end, 1 * MS, TIME_TOL, 0, "streams: at the arrival");
+  sim_result_free(r);
+  plan_free(p);
+
+  /* issue order, strictly: device 1's F waits for its receive (device 0 sends after its F,
+   * at 1 ms), and its BW on a third stream, ready from the start but after the F in issue
+   * order, starts only when the F has: 2 ms, where streams alone run it at once */
+  struct hplan h4 = {.n_devices = 2, .n_streams = 3, .n = {2, 3}};
+  h4.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  h4.ins[0][1] = (struct hi){IR_NODE_SEND, 1, IR_PASS_NONE, 1, 1000, 0, 0, -1, 0};
+  h4.ins[1][0] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 0, 1000, -1, 0, -1, 0};
+  h4.ins[1][1] = (struct hi){IR_NODE_COMPUTE, 0, IR_PASS_F, 0, 0, 0, 0, -1, 0};
+  h4.ins[1][2] = (struct hi)C(2, IR_PASS_BW);
+  p = hplan_build(&h4);
+  r = run(p, loop, true);
+  test_assert_near(iv_of(r, p, 1, 1)->start, 1 * MS, TIME_TOL, 0, "F when its input is in");
+  test_assert_near(iv_of(r, p, 1, 2)->start, 2 * MS, TIME_TOL, 0, "BW after it, in order");
+  sim_result_free(r);
+  r = run(p, plain, true);
+  test_assert_near(iv_of(r, p, 1, 2)->start, 0, TIME_TOL, 0, "streams: BW at once");
   sim_result_free(r);
   plan_free(p);
 
