@@ -282,9 +282,10 @@ static uint64_t first_task_seq(const struct exec_stream *s) {
 
 /* What the loop runs next, or NULL. Records and waits that are ready go at once (they do no
  * work); tasks go in submission order (the plan's issue order): while the first task not yet
- * started cannot start, no later one does. Which tensors are live when is then the plan's,
- * not the run's timing (docs/exec.md); letting a later ready task go first was measured no
- * faster (docs/fidelity.md, 2026-12-01). */
+ * started cannot start, no later one does. The order in which tensors come and go is then the
+ * plan's but for when communication in flight ends, not which input arrived first (peak
+ * memory: docs/exec.md); letting a later ready task go first was measured no faster
+ * (docs/fidelity.md, 2026-12-01). */
 static struct exec_stream *next_ready(struct host_context *b) {
   struct exec_stream *first = NULL;
   uint64_t first_seq = UINT64_MAX;

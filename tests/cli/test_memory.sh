@@ -52,8 +52,8 @@ split $BS/dp2.json 4 "$T/dp2_4.json"
 # reduce-scatter: a plan tensor of the reduce-scatter, allocated early). So are DualPipe,
 # DualPipeV and expert parallelism under full recomputation: the host backend's loop issues
 # strictly in the plan's order (exec/backend_host.c, next_ready), so which tensors are live at
-# once does not depend on when a peer's message arrives, and the simulator's loop model issues
-# the same way.
+# once no longer depends on which input arrives first (only on when a communication in flight
+# ends: within 0.5% here), and the simulator's loop model issues the same way.
 plans=(
   "one 1 $MOE --directives $T/one8.json"
   "dp2 2 $MOE --directives $T/dp2_4.json"
