@@ -1236,10 +1236,22 @@ static int32_t kernel_of_event(const struct unit_rt *u, const struct event *e) {
   return -1;
 }
 
-/* A rank of node n has ended a task: its loop turns and tests its communication, which under
- * mpirun on more ranks than cores yields the core (Open MPI's yield_when_idle) to a rank waiting
- * for one. The oldest waiter polls and sees its end; while the ones woken find nothing to
- * compute they give the core on. */
+/* Whether u has communication posted and not yet done: its loop tests it at every turn. */
+static bool comm_in_flight(const struct sim *s, const struct unit_rt *u) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  const struct class_info *ci = &s->ci[u->cls];
+  for (uint32_t k = 0; k < ci->n_streams_used; k++) {
+    uint32_t st = ci->streams_used[k];
+    if (u->busy[st] && u->slot[c->stream_instrs[u->pos[st]]] != IR_NONE)
+      return true;
+  }
+  return false;
+}
+
+/* A rank of node n has ended a task and its loop has turned, testing its communication: under
+ * mpirun on more ranks than cores a test that progresses nothing yields the core (Open MPI's
+ * yield_when_idle, opal_progress) to a rank waiting for one. The oldest waiter polls and sees
+ * its end; while the ones woken find nothing to compute they give the core on. */
 static void node_handover(struct sim *s, uint32_t node, double t) {
   GArray *w = s->node_wakers[node];
   while (w->len > 0) {
@@ -1268,7 +1280,8 @@ static void end_kernel(struct sim *s, struct unit_rt *u, uint32_t j, double t) {
     loop_see(s, u, u->seen_late[k], t);
   u->n_seen_late = 0;
   try_advance(s, u, t);
-  if (s->sharing)
+  /* a rank with nothing in flight makes no MPI call between its tasks, and keeps its core */
+  if (s->sharing && comm_in_flight(s, u))
     node_handover(s, s->unit_node[u - s->u], t);
 }
 

@@ -769,10 +769,23 @@ static void test_engine_cores_shared(void **state) {
   test_assert_near(iv_of(r, p, 0, 0)->end, 1.5 * MS, TIME_TOL, 0, "F beside two Bs");
   test_assert_near(iv_of(r, p, 3, 0)->end, 1.7 * MS, TIME_TOL, 0, "late wake-up");
   sim_result_free(r);
-  /* the scheduler hands the waiter a core at the next turn of a computing rank's loop (its
-   * task ends, Open MPI yields in the test) when that comes before a slice: the Bs, with 1 ms
-   * of work left at 1.5 ms on 2 cores for 2, end at 2.5 ms, before the 2 ms slice */
+  /* the scheduler hands the waiter a core at the next turn of a computing rank's loop, when
+   * that rank has communication in flight (Open MPI yields in a test that progresses nothing)
+   * and before a slice: the Bs, with 1 ms of work left at 1.5 ms on 2 cores for 2, end at 2.5
+   * ms, before the 2 ms slice, device 1 with a receive from device 2 posted; without it, and
+   * nothing else in flight, a B's end yields nothing: the slice, 1.5 + 2 ms */
   struct profile *slice = sharing_profile("\"cores_per_node\":2,\"wake_latency_us\":2000");
+  r = run(p, slice, true);
+  test_assert_near(iv_of(r, p, 3, 0)->end, 3.5 * MS, TIME_TOL, 0, "nothing in flight: slice");
+  sim_result_free(r);
+  plan_free(p);
+  struct hplan h5 = h3;
+  h5.n_streams = 2;
+  h5.n[1] = h5.n[2] = 2;
+  h5.ins[1][0] = (struct hi){IR_NODE_RECV, 1, IR_PASS_NONE, 2, 1000, -1, 0, -1, 0};
+  h5.ins[1][1] = (struct hi)C(0, IR_PASS_B);
+  h5.ins[2][1] = (struct hi){IR_NODE_SEND, 1, IR_PASS_NONE, 1, 1000, 0, 0, -1, 0};
+  p = hplan_build(&h5);
   r = run(p, slice, true);
   test_assert_near(iv_of(r, p, 3, 0)->end, 2.5 * MS, TIME_TOL, 0, "handed over when a B ends");
   sim_result_free(r);
