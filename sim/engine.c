@@ -1860,7 +1860,7 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
                   .o = o,
                   .t_first = INFINITY,
                   .t_last = -INFINITY,
-                  .sharing = prof->cores_per_node > 0};
+                  .sharing = prof->cores_per_node > 0 && prof->host_loop};
   struct sim_result *res = g_new0(struct sim_result, 1);
   sim_classes(&s);
   sim_units(&s, res);

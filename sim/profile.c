@@ -361,6 +361,21 @@ static bool read_collectives(struct profile *p, const char *name, const cJSON *c
   return true;
 }
 
+/* The host section: its numeric keys and which executor the profile measured ("executor":
+ * "loop", the default, or "enqueue"). */
+static bool read_host(struct profile *p, const cJSON *host, const char *ctx, GError **err) {
+  const char *executor = "loop";
+  if (!check_section_keys(host, host_keys, G_N_ELEMENTS(host_keys), "executor", ctx, err) ||
+      !read_keys(p, host, host_keys, G_N_ELEMENTS(host_keys), ctx, err) ||
+      !json_get_string(host, "executor", false, &executor, ctx, err))
+    return false;
+  if (strcmp(executor, "loop") != 0 && strcmp(executor, "enqueue") != 0)
+    return piper_input_error(err, "%s: key \"executor\" must be \"loop\" or \"enqueue\", not \"%s\"",
+                             ctx, executor);
+  p->host_loop = strcmp(executor, "loop") == 0;
+  return true;
+}
+
 /* The optional sections of a measured machine: host facts, per-operation fits and how the
  * backend holds memory. */
 static bool read_machine(struct profile *p, const char *name, const cJSON *root, GError **err) {
@@ -371,7 +386,7 @@ static bool read_machine(struct profile *p, const char *name, const cJSON *root,
       !json_get_object(root, "memory", false, &mem, name, err))
     return false;
   snprintf(ctx, sizeof ctx, "%s: host", name);
-  if (host && !read_section(p, host, host_keys, G_N_ELEMENTS(host_keys), ctx, err))
+  if (host && !read_host(p, host, ctx, err))
     return false;
   snprintf(ctx, sizeof ctx, "%s: memory", name);
   if (mem && !read_section(p, mem, memory_keys, G_N_ELEMENTS(memory_keys), ctx, err))

@@ -129,6 +129,10 @@ struct profile {
    * its receiver (MPI's eager protocol); a larger one once the receiver has polled and taken
    * it; 0 (absent): every send completes without its receiver. */
   uint32_t cores_per_node;
+  /* executor "loop" (the default: piper-exec's host backend, each rank running its plan from
+   * one loop on the node's cores, which the simulator then models) or "enqueue" (the cuda
+   * backend: the host thread only enqueues, the devices' streams run apart) */
+  bool host_loop;
   double instruction_overhead, wait_core_share, comm_test, wake_latency, loop_spin, loop_late;
   double eager_bytes;
 

@@ -380,6 +380,9 @@ profile_gpu() {
   in_budget "(d) piper-prof --backend cuda" || { PROFILE=profiles/h200.json; return; }
   if timeout 150 "${prof[@]}" > "$OUT/prof.log" 2>&1; then
     ok "(d) piper-prof --backend cuda wrote $PROFILE ($(grep -c '"op"' "$PROFILE") entries)"
+    # the simulator models the host backend's loop only where the profile says "loop"
+    grep -Eq '"executor":[[:space:]]*"enqueue"' "$PROFILE" ||
+      fail "(d) $PROFILE does not say its host thread only enqueues (host.executor)"
     op_table "$OUT/prof.log"
     local mfu
     if mfu=$(mlp_mfu "$PROFILE" "$peak"); then

@@ -1859,6 +1859,9 @@ static cJSON *network_json(const struct prof_run *r) {
 
 static cJSON *host_json(const struct prof_run *r) {
   cJSON *h = cJSON_CreateObject();
+  /* the host backend runs each rank from one loop on the cores (the simulator models it);
+   * the cuda backend's host thread only enqueues */
+  cJSON_AddStringToObject(h, "executor", strcmp(r->a->backend, "host") == 0 ? "loop" : "enqueue");
   cJSON_AddNumberToObject(h, "cores_per_node", r->cores);
   cJSON_AddNumberToObject(h, "instruction_overhead_us",
                           prof_round_sig(r->instruction_overhead * 1e6, 3));

@@ -306,7 +306,8 @@ static void warn_unmeasured_waits(const struct sim_cli *a, const struct sim_sess
   const struct profile *p = s->prof;
   uint32_t gpn = p->gpus_per_node ? p->gpus_per_node : 1;
   uint32_t on_node = s->plan->n_devices < gpn ? s->plan->n_devices : gpn;
-  if (p->cores_per_node == 0 || on_node < 2 || p->wake_latency > 0 || p->wait_core_share > 0)
+  if (p->cores_per_node == 0 || !p->host_loop || on_node < 2 || p->wake_latency > 0 ||
+      p->wait_core_share > 0)
     return;
   g_printerr("piper-sim: warning: %s: host measured by one process, without how ranks sharing "
              "its cores wait for each other; %u devices per node are predicted too fast "

@@ -118,6 +118,8 @@ for k, f in fits.items():
     assert abs(f["bandwidth_gbs"] / c[k]["link_bandwidth_gbs"] - 1) < 1e-3, (k, f, c[k])
     assert all(len(p) == 3 and p[0] == 2 for p in c[k]["points_ranks_bytes_us"]), c[k]
 h = j["host"]
+# the host backend runs each rank from one loop, which the simulator models (cuda: "enqueue")
+assert h["executor"] == "loop", h
 assert h["cores_per_node"] >= 1 and h["instruction_overhead_us"] > 0, h
 assert 0 <= h["wait_core_share"] <= 1 and h["comm_test_us"] > 0 and h["wake_latency_us"] >= 0, h
 # the backend loop's spin window (exec/exec.h) and what its sleeping adds to a communication

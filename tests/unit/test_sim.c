@@ -678,6 +678,8 @@ static void test_profile_host_errors(void **state) {
       {"\"host\":{\"cores_per_node\":2,\"comm_test_us\":-1}", "comm_test_us"},
       {"\"host\":{\"cores_per_node\":2,\"wake_latency_us\":\"x\"}", "wake_latency_us"},
       {"\"host\":{\"cores_per_node\":2,\"cores\":2}", "cores"},
+      {"\"host\":{\"cores_per_node\":2,\"executor\":\"threads\"}", "executor"},
+      {"\"host\":{\"cores_per_node\":2,\"executor\":1}", "executor"},
       {"\"host\":[]", "host"},
       {"\"collectives\":{\"intra\":{}}", "intra"},
       {"\"collectives\":{\"intra_node\":{\"allreduce\":{}}}", "allreduce"},
@@ -876,9 +878,14 @@ static void test_engine_host_loop(void **state) {
   struct profile *rndv = profile_from(buf, &err);
   snprintf(buf, sizeof buf, body, "");
   struct profile *plain = profile_from(buf, &err);
+  snprintf(buf, sizeof buf, body, ",\"host\":{\"executor\":\"enqueue\",\"cores_per_node\":4}");
+  struct profile *enqueue = profile_from(buf, &err);
   assert_non_null(loop);
   assert_non_null(rndv);
   assert_non_null(plain);
+  assert_non_null(enqueue);
+  assert_true(loop->host_loop);
+  assert_false(enqueue->host_loop);
 
   /* plan order: device 1's receive (after its B in issue order) is posted when the B ends, 4
    * ms, where streams alone post it at once and meet device 0's send at 1 ms */
@@ -942,6 +949,11 @@ static void test_engine_host_loop(void **state) {
   r = run(p, plain, true);
   test_assert_near(iv_of(r, p, 1, 2)->start, 0, TIME_TOL, 0, "streams: BW at once");
   sim_result_free(r);
+  /* a host section measured on a backend whose host thread only enqueues (cuda): the
+   * devices' streams run apart, as without the section */
+  r = run(p, enqueue, true);
+  test_assert_near(iv_of(r, p, 1, 2)->start, 0, TIME_TOL, 0, "enqueue: BW at once");
+  sim_result_free(r);
   plan_free(p);
 
   /* a collective completes once every member has polled: both post an all-reduce, then
@@ -968,6 +980,7 @@ static void test_engine_host_loop(void **state) {
   profile_free(loop);
   profile_free(rndv);
   profile_free(plain);
+  profile_free(enqueue);
 }
 
 static void test_engine_contention(void **state) {
