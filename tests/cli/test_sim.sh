@@ -134,10 +134,12 @@ expect_input_error "nope.json" "${run[@]}" --profile "$tmp/nope.json"
 syn='"kind": "synthetic", "synthetic": {"F_ms": 1, "B_ms": 2, "BI_ms": 1, "BW_ms": 1}'
 echo "{$syn, \"host\": {\"wait_core_share\": 0.1}}" > "$tmp/host_nocores.json"
 echo "{$syn, \"host\": {\"cores_per_node\": 2, \"wait_core_share\": 3}}" > "$tmp/host_share.json"
+echo "{$syn, \"host\": {\"cores_per_node\": 2, \"executor\": \"threads\"}}" > "$tmp/host_exec.json"
 echo "{$syn, \"collectives\": {\"intra_node\": {\"all_reduce\": {\"latency_us\": 1}}}}" > "$tmp/fit_nobw.json"
 echo "{$syn, \"collectives\": {\"intra_node\": {\"allgather\": {}}}}" > "$tmp/fit_op.json"
 expect_input_error "host_nocores.json: host.*cores_per_node" "${run[@]}" --profile "$tmp/host_nocores.json"
 expect_input_error "host_share.json: host.*wait_core_share" "${run[@]}" --profile "$tmp/host_share.json"
+expect_input_error "host_exec.json: host.*executor" "${run[@]}" --profile "$tmp/host_exec.json"
 expect_input_error "fit_nobw.json: collectives.intra_node.all_reduce.*bandwidth_gbs" "${run[@]}" --profile "$tmp/fit_nobw.json"
 expect_input_error "fit_op.json: collectives.intra_node.*allgather" "${run[@]}" --profile "$tmp/fit_op.json"
 expect_input_error "unknown schedule" --model models/tiny-dense.json --directives directives/base-schedules/pp4.json --schedule bogus --profile profiles/unit.json
