@@ -601,8 +601,8 @@ struct unit_rt {
   uint8_t *busy;       /* [n_streams] */
   uint8_t *polled;     /* [n_instrs] host loop: 1 once the rank has seen its communication's
                           transfer end, 2 once the instruction is done (comm_polled) */
-  uint8_t *held;       /* [n_instrs] host loop: a communication's buffers counted from when
-                          the loop could first post it (loop_advance) */
+  uint8_t *held;       /* [n_instrs] host loop: a receive's buffers counted from when its
+                          stream was free and it waited for nothing (hold_ready_recv) */
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   double *start, *end; /* [n_instrs], end < 0 while not done */
@@ -898,8 +898,9 @@ static void reschedule_parts(struct sim *s, const struct slot *sl, double t) {
 /* How late participant (u, instr) of a communication that ends at t sees its end. A rank that
  * computes picks the completion up in its own loop, and a sender posts and moves on: neither is
  * late. A rank idle in its loop (blocked on a receive or a collective)
- *  - waits wake_latency for the scheduler when every core of its node computes for others
- *    (polling or asleep, it must first be given a core);
+ *  - when every core of its node computes for others, must first be given a core (*handover:
+ *    it waits in its node's queue): at the next task end on the node whose rank tests
+ *    communication in flight (node_handover), or after wake_latency, the scheduler's slice;
  *  - else sees it at once while its idle spell is within the loop's spin window (it polls
  *    without sleeping), and loop_late after (it sleeps between polls, and the message needs
  *    both sides' polls). */
