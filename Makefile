@@ -51,11 +51,20 @@ endif
 comma := ,
 CUDA_HOME ?= /usr/local/cuda
 CUDA_ARCH ?= sm_80 sm_90
-ifeq ($(NO_CUDA),)
+ifeq ($(NO_CUDA)$(CUDA_EMU),)
   NVCC := $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
 endif
 HAVE_CUDA :=
-ifeq ($(NVCC),)
+ifneq ($(CUDA_EMU),)
+  # The emulation (tests/gpu/emu/README.md, `make emu`): the same backend and kernels against
+  # host stand-ins of the CUDA runtime, cuBLASLt and NCCL (over MPI); no GPU, no nvcc.
+  ifeq ($(MPI_LIBS),)
+    $(error CUDA_EMU needs MPI, as the cuda backend does)
+  endif
+  HAVE_CUDA := 1
+  CFLAGS_ALL += -DHAVE_CUDA -DPIPER_CUDA_EMU -Itests/gpu/emu/include
+  LDLIBS_ALL += -lstdc++
+else ifeq ($(NVCC),)
   $(call report,✗ cuda backend skipped: $(if $(NO_CUDA),NO_CUDA=1,no nvcc on PATH or in $(CUDA_HOME)/bin))
 else ifeq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
   $(call report,✗ cuda backend skipped: nvcc found but no nccl.h under $(CUDA_HOME)/include)
@@ -85,6 +94,12 @@ ifeq ($(HAVE_CUDA),)
 else
   CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.cu.o)
 endif
+# the emulation's stand-ins, in the library (C, and the fibers the kernels' threads run on)
+EMU_SRCS := $(wildcard tests/gpu/emu/*.c)
+ifneq ($(CUDA_EMU),)
+  LIB_SRCS += $(EMU_SRCS)
+  CU_OBJS += $(BUILD)/tests/gpu/emu/launch.cpp.o
+endif
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libpiper.a
 TOOLS := $(patsubst tools/%.c,$(BIN)/%,$(wildcard tools/piper-*.c))
@@ -99,7 +114,9 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRCS := $(wildcard tests/bench/*.c)
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 # GPU check programs (tests/gpu/, run by tools/gpu-check.sh): built with the cuda backend.
+# Emulated: the kernel check only (the benchmarks time a GPU).
 GPU_CHECK_SRCS := $(if $(HAVE_CUDA),$(wildcard tests/gpu/*.c))
+GPU_CHECK_SRCS := $(if $(CUDA_EMU),tests/gpu/check_kernels.c,$(GPU_CHECK_SRCS))
 GPU_CHECK_BINS := $(GPU_CHECK_SRCS:tests/gpu/%.c=$(BUILD)/gpu/%)
 ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%.o) \
   $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(GPU_CHECK_SRCS:%.c=$(BUILD)/%.o)
@@ -107,8 +124,10 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
 .PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example lint \
-  loop loop-short
-all: $(TOOLS) $(GPU_CHECK_BINS)
+  loop loop-short emu
+# the emulation's own check of the fused attention (tests/gpu/emu/flash_emu.cpp)
+EMU_CHECK_BINS := $(if $(CUDA_EMU),$(BUILD)/gpu/flash_emu)
+all: $(TOOLS) $(GPU_CHECK_BINS) $(EMU_CHECK_BINS)
 
 deps:
 	@tools/install-deps.sh
@@ -134,9 +153,28 @@ $(BUILD)/%.o: %.c
 -include $(ALL_OBJS:.o=.d)
 
 # CUDA kernels: few files (each nvcc run compiles every architecture of CUDA_ARCH).
+ifeq ($(CUDA_EMU),)
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+else
+# Emulated: g++ compiles the same source, its launches (<<<grid, block, bytes, stream>>>(...))
+# rewritten to fake_launch(grid, block, bytes, stream, kernel, ...) and __shared__ to static
+# (blocks run one after another); tests/gpu/emu/fake_cuda.hpp gives the device side.
+# The kernels pun bf16 pairs through pointers, as CUDA code does: no strict aliasing.
+EMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -fno-strict-aliasing -DHAVE_CUDA \
+  -DPIPER_CUDA_EMU -Ikernels -Itests/gpu/emu -Itests/gpu/emu/include \
+  -include tests/gpu/emu/fake_cuda.hpp
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	sed -E -e 's/([A-Za-z_0-9]+(<[A-Za-z0-9_]+>)?)<<<(.*)>>>\(/fake_launch(\3, \1, /' \
+	  -e 's/extern __shared__/extern/' -e 's/__shared__/static/' \
+	  -e 's/"mma_sm80.cuh"/"mma_sm80.hpp"/' $< > $(BUILD)/$*.emu.cpp
+	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -MT $@ -c $(BUILD)/$*.emu.cpp -o $@
+$(BUILD)/%.cpp.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+endif
 -include $(CU_OBJS:.o=.d)
 
 $(LIB): $(LIB_OBJS) $(CU_OBJS)
@@ -162,11 +200,21 @@ $(GPU_CHECK_BINS): $(BUILD)/gpu/%: $(BUILD)/tests/gpu/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
 
+$(EMU_CHECK_BINS): $(BUILD)/gpu/%: $(BUILD)/tests/gpu/emu/%.cpp.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $< $(LIB) $(LDLIBS_ALL) -o $@
+
 $(BENCH_BINS): $(BUILD)/bench/%: $(BUILD)/tests/bench/%.o $(TOOL_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< $(TOOL_LIB) $(LIB) $(LDLIBS_ALL) -o $@
 
 bench: $(BENCH_BINS) $(TOOLS)
+
+# The cuda backend run on the CPU (tests/gpu/emu/README.md): the programs and the kernel check
+# built against the emulation, in $(EMU_BUILD) (tests/cli/test_cuda_emu.sh runs them).
+EMU_BUILD ?= build/emu
+emu:
+	@$(MAKE) --no-print-directory CUDA_EMU=1 BUILD=$(EMU_BUILD) BIN=$(EMU_BUILD)/bin all
 
 # Each unit test binary is its own process; the CLI scripts run the programs as a user would.
 unit: $(UNIT_BINS) $(TOOLS)

@@ -28,19 +28,27 @@
 #   (e) the equivalence suite's multi-rank plans of tiny-moe (DP2, PP2 x DP2 x EP2 1F1B, ZeRO-1,
 #       ZeRO-3, ZB-H1, interleaved 1F1B, DualPipe on 4 stages, full recomputation), ranks
 #       sharing the GPU, 10 steps each against the host backend's run of the same plan (1e-4).
-# Usage: tools/gpu-check.sh [--dry-run]   (from anywhere; OUT=DIR chooses where results go)
+# Usage: tools/gpu-check.sh [--dry-run | --emu]   (from anywhere; OUT=DIR chooses where results go)
 # --dry-run: no GPU needed: builds as configured, then runs every step's host-side part (the
 # host reference runs, the reduced llama model, simulate -> compare against a host run of the
 # same plan) so the script's plumbing is checked where no GPU is (tests/cli/test_cuda.sh runs
 # it with GPU_CHECK_SKIP_BUILD=1, which skips the build). GPU_CHECK_SKIP_BUILD=1 on a GPU uses a
 # tree built beforehand, which must list the cuda backend.
+# --emu: no GPU needed: the same checks on the emulated GPU (tests/gpu/emu/README.md: the cuda
+# backend and its kernels built against host stand-ins of the CUDA runtime, cuBLASLt and
+# NCCL, by `make emu`): (a) and (b) as on a GPU, plus (b) with one emulated GPU per rank (the
+# NCCL path, over MPI); (c) is skipped (Llama layers at CPU speed); (d) profiles tiny-moe
+# only; (e) runs each plan with one emulated GPU per rank (NCCL); runs take 8 steps ((e) 4),
+# not 20. Times mean nothing there.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 DRY=0
+EMU=0
 case ${1:-} in
   --dry-run) DRY=1 ;;
+  --emu) EMU=1 ;;
   "") ;;
-  -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "gpu-check.sh: error: unknown argument $1" >&2; exit 2 ;;
 esac
 OUT=${OUT:-out/gpu-check}
@@ -64,14 +72,33 @@ in_budget() {
   return 1
 }
 EXEC=bin/piper-exec
+PROF=bin/piper-prof
+KBIN=build/gpu # the GPU check programs
+STEPS=20       # (b)'s training runs; (e)'s take half
 BACKEND=cuda
 [ "$DRY" = 1 ] && BACKEND=host # dry run: the host backend stands in for the GPU's runs
+if [ "$EMU" = 1 ]; then
+  EXEC=build/emu/bin/piper-exec
+  PROF=build/emu/bin/piper-prof
+  KBIN=build/emu/gpu
+  # a CPU thread runs each rank's kernels: fewer steps (each still runs every instruction
+  # kind and the optimizer), no step budget, and an arena that leaves the emulated GPU's
+  # 1 GiB room for the streams' workspaces
+  STEPS=8
+  BUDGET=${GPU_CHECK_BUDGET_S:-3000}
+  export PIPER_CUDA_MEMORY=${PIPER_CUDA_MEMORY:-268435456}
+fi
 
 # ---- the GPU -------------------------------------------------------------------------------
-say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)$([ "$DRY" = 1 ] && echo ' (dry run: no GPU used)')"
+mode=
+[ "$DRY" = 1 ] && mode=' (dry run: no GPU used)'
+[ "$EMU" = 1 ] && mode=' (emulated GPU: tests/gpu/emu)'
+say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)$mode"
 peak=0
 cap=
-if [ "$DRY" = 0 ]; then
+if [ "$EMU" = 1 ]; then
+  say "GPU: emulated on the CPU (no tensor cores, no timing: results are checked, times are not)"
+elif [ "$DRY" = 0 ]; then
   if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
     say "FAIL: no GPU (nvidia-smi -L fails): nothing to check"
     exit 2
@@ -95,7 +122,7 @@ build() {
   tb=$(date +%s)
   if [ -n "${GPU_CHECK_SKIP_BUILD:-}" ]; then
     # a tree built elsewhere (a login node, or here before): it must hold the cuda backend
-    if [ "$DRY" = 0 ] && ! { [ -x build/gpu/check_kernels ] && $EXEC --list-backends | grep -q '^cuda'; }; then
+    if [ "$DRY" = 0 ] && ! { [ -x $KBIN/check_kernels ] && $EXEC --list-backends | grep -q '^cuda'; }; then
       fail "build: GPU_CHECK_SKIP_BUILD is set but the tree holds no cuda backend (make CUDA_ARCH=sm_$cap all)"
       exit 1
     fi
@@ -103,7 +130,10 @@ build() {
     return
   fi
   export PATH="/usr/local/cuda/bin:$PATH"
-  if [ "$DRY" = 0 ]; then
+  if [ "$EMU" = 1 ]; then
+    make -j"$(nproc)" all emu > "$OUT/build.log" 2>&1 &&
+      [ -x $KBIN/check_kernels ] && $EXEC --list-backends | grep -q '^cuda'
+  elif [ "$DRY" = 0 ]; then
     timeout 240 tools/install-deps.sh > "$OUT/install-deps.log" 2>&1 ||
       say "note: install-deps failed (see $OUT/install-deps.log)"
     make -j"$(nproc)" CUDA_ARCH="sm_$cap" all > "$OUT/build.log" 2>&1 &&
@@ -135,7 +165,7 @@ check_kernels() {
     f="$OUT/kernels-$n.txt"
     in_budget "(a) kernels, $label" || continue
     # shellcheck disable=SC2086 # vars is a list of assignments
-    if env $vars timeout 90 build/gpu/check_kernels > "$f" 2>&1; then
+    if env $vars timeout 90 $KBIN/check_kernels > "$f" 2>&1; then
       ok "(a) kernels vs host reference, $label: $(tail -1 "$f")"
     else
       fail "(a) kernels, $label: $(grep -c '^FAIL' "$f") failed; $(tail -1 "$f")"
@@ -147,21 +177,21 @@ check_kernels() {
 # ---- (b) tiny-moe losses against the host backend ------------------------------------------
 # compare_losses A B RTOL: every step's loss within RTOL relative (metrics.json "losses")
 compare_losses() {
-  python3 - "$1/metrics.json" "$2/metrics.json" "$3" << 'PY'
+  python3 - "$1/metrics.json" "$2/metrics.json" "$3" "$STEPS" << 'PY'
 import json, sys
 a = json.load(open(sys.argv[1]))["losses"]
 b = json.load(open(sys.argv[2]))["losses"]
 rtol = float(sys.argv[3])
-assert len(a) == len(b) == 20, (len(a), len(b))
+assert len(a) == len(b) == int(sys.argv[4]), (len(a), len(b))
 worst = max(abs(x - y) / max(abs(x), 1e-6) for x, y in zip(a, b))
 print(f"worst step {worst:.2e} (tol {rtol:g}); host {a[0]:.4f} -> {a[-1]:.4f}, other {b[0]:.4f} -> {b[-1]:.4f}")
 sys.exit(0 if worst <= rtol else 1)
 PY
 }
-one=(--model models/tiny-moe.json --layout pp=1 --iters 20 --warmup 0 --seed 7)
+one=(--model models/tiny-moe.json --layout pp=1 --iters "$STEPS" --warmup 0 --seed 7)
 LAYOUT4=pp=2,dp=2,ep=2,v
 four=(--model models/tiny-moe.json --layout "$LAYOUT4" --schedule dualpipev --mbs 4
-  --iters 20 --warmup 0 --seed 7)
+  --iters "$STEPS" --warmup 0 --seed 7)
 run() { # name, then the command; output in $OUT/name.log
   local name=$1
   shift
@@ -210,6 +240,15 @@ check_training() {
       fail "(b) host-staged MPI not said exactly once in moe4-cuda.log"
     fi
   fi
+  [ "$EMU" = 1 ] || return
+  # the NCCL path, which one GPU cannot take: an emulated GPU per rank (NCCL's calls over MPI)
+  PIPER_EMU_GPUS=4 PIPER_CUDA_GEMM=bf16 check_losses \
+    "(b) tiny-moe 4 ranks PP2xDP2xEP2 dualpipev, one emulated GPU each (NCCL), bf16 GEMMs" \
+    moe4-cuda-nccl moe4-host 3e-2 mpirun --oversubscribe -np 4 $EXEC "${four[@]}" \
+    --backend cuda --out "$OUT/moe4-cuda-nccl"
+  if [ -f "$OUT/moe4-cuda-nccl/metrics.json" ] && grep -q 'host-staged' "$OUT/moe4-cuda-nccl.log"; then
+    fail "(b) with one emulated GPU per rank the ranks still went through host-staged MPI"
+  fi
 }
 
 # step_ms DIR: the median step time (ms) of a run, its first 2 steps (warm-up: allocation,
@@ -227,6 +266,7 @@ PY
 # Reported, not failed: 4 ranks sharing one GPU talk through host-staged MPI.
 check_dualpipev_speed() {
   local four_dir=$OUT/moe4-$BACKEND seq=moe8-seq-$BACKEND t4 t1
+  [ "$EMU" = 1 ] && { say "skip: (b) dualpipev against sequential: emulated times mean nothing"; return; }
   in_budget "(b) dualpipev against sequential" || return
   if [ ! -f "$four_dir/metrics.json" ]; then
     say "skip: (b) dualpipev against sequential: no 4-rank run in $four_dir (failed above)"
@@ -300,6 +340,10 @@ PY
 }
 check_llama() {
   make_llama || { fail "(c) could not write $LLAMA"; return; }
+  if [ "$EMU" = 1 ]; then
+    say "skip: (c) llama3-8b-shaped layers: the emulation runs kernels at a CPU thread's speed"
+    return
+  fi
   if [ "$DRY" = 1 ]; then
     # the plan compiles and simulates (the GPU's run needs the GPU)
     if timeout 60 bin/piper-sim --model "$LLAMA" --layout pp=1 --profile profiles/h200.json \
@@ -357,8 +401,10 @@ check_llama() {
 # ---- (d) profile the GPU, then simulate -> execute -> compare ------------------------------
 profile_gpu() {
   PROFILE=$OUT/profile-cuda.json
-  local prof=(bin/piper-prof --model "models/tiny-moe.json,$LLAMA" --backend cuda --repeats 7
+  local prof=("$PROF" --model "models/tiny-moe.json,$LLAMA" --backend cuda --repeats 7
     -o "$PROFILE")
+  # emulated: tiny-moe only, few repeats (the code path is checked, not the figures)
+  [ "$EMU" = 1 ] && prof=("$PROF" --model models/tiny-moe.json --backend cuda --quick -o "$PROFILE")
   if [ "$DRY" = 1 ]; then
     # the same command line is accepted, and without a GPU ends with the CUDA error (exit 1)
     "${prof[@]}" > "$OUT/prof.log" 2>&1
@@ -383,6 +429,7 @@ profile_gpu() {
     # the simulator models the host backend's loop only where the profile says "loop"
     grep -Eq '"executor":[[:space:]]*"enqueue"' "$PROFILE" ||
       fail "(d) $PROFILE does not say its host thread only enqueues (host.executor)"
+    [ "$EMU" = 1 ] && return
     op_table "$OUT/prof.log"
     local mfu
     if mfu=$(mlp_mfu "$PROFILE" "$peak"); then
@@ -477,7 +524,7 @@ check_loop() {
       --out "$OUT/loop-moe" || fail "(d) tiny-moe run: $(tail -3 "$OUT/loop-moe.log")"
   fi
   loop moe "$OUT/loop-moe" "${moe[@]}"
-  if [ "$DRY" = 0 ]; then
+  if [ "$DRY" = 0 ] && [ "$EMU" = 0 ]; then
     loop llama "$OUT/llama-cuda" --model "$LLAMA" --layout pp=1
   fi
 }
@@ -499,14 +546,24 @@ PLANS=(
   "dualpipe-pp4|4|--pp-regions 4 --directives $BS/pp4.json --schedule dualpipe --mbs 8"
   "recompute-full-pp2-dp2-ep2|4|--layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
 )
-same_losses() { # A B RTOL: equal step counts, every loss within RTOL relative
-  python3 - "$1/metrics.json" "$2/metrics.json" "$3" << 'PY'
-import json, sys
-a = json.load(open(sys.argv[1]))["losses"]
-b = json.load(open(sys.argv[2]))["losses"]
+# same_run A B RTOL: equal step counts, every loss within RTOL relative, and the final
+# parameters (--dump-params: A.params, B.params) within RTOL of the largest one. A fault that
+# moves the loss little still fails: one gradient element left out of a reduction moved the
+# loss 1e-6 but the parameters 1.5e-3, against 6e-6 from summation order alone (emulated).
+same_run() {
+  python3 - "$1" "$2" "$3" << 'PY'
+import array, json, sys
+a = json.load(open(sys.argv[1] + "/metrics.json"))["losses"]
+b = json.load(open(sys.argv[2] + "/metrics.json"))["losses"]
+rtol = float(sys.argv[3])
 worst = max(abs(x - y) / max(abs(x), 1e-6) for x, y in zip(a, b)) if a else 1.0
-print(f"{len(b)} steps, worst {worst:.1e}")
-sys.exit(0 if len(a) == len(b) > 0 and worst <= float(sys.argv[3]) else 1)
+pa, pb = array.array("f"), array.array("f")
+pa.frombytes(open(sys.argv[1] + ".params", "rb").read())
+pb.frombytes(open(sys.argv[2] + ".params", "rb").read())
+big = max((abs(x) for x in pa), default=0.0) or 1.0
+pw = max((abs(x - y) for x, y in zip(pa, pb)), default=1.0) / big if len(pa) == len(pb) else 1.0
+print(f"{len(b)} steps, worst loss {worst:.1e}, parameters {pw:.1e} of the largest")
+sys.exit(0 if len(a) == len(b) > 0 and worst <= rtol and pw <= rtol else 1)
 PY
 }
 check_plans() {
@@ -514,24 +571,28 @@ check_plans() {
   for spec in "${PLANS[@]}"; do
     IFS='|' read -r name np args <<< "$spec"
     in_budget "(e) $name" || return
-    # shellcheck disable=SC2086 # args is a word list
-    local cmd=(mpirun --oversubscribe -np "$np" $EXEC --model models/tiny-moe.json $args --iters 10
-      --warmup 0 --seed 7 --no-charts)
-    if ! run "eq-$name-host" "${cmd[@]}" --backend host --out "$OUT/eq-$name-host"; then
+    # shellcheck disable=SC2086,SC2206 # args is a word list
+    local cmd=(mpirun --oversubscribe -np "$np" "$EXEC" --model models/tiny-moe.json $args
+      --iters $((STEPS / 2)) --warmup 0 --seed 7 --no-charts)
+    if ! run "eq-$name-host" "${cmd[@]}" --backend host --out "$OUT/eq-$name-host" \
+      --dump-params "$OUT/eq-$name-host.params"; then
       fail "(e) $name: the host run failed: $(tail -2 "$OUT/eq-$name-host.log")"
       continue
     fi
-    local other=host
+    local other=host where="sharing the GPU"
     [ "$DRY" = 0 ] && other=cuda
-    if [ "$DRY" = 0 ] && ! run "eq-$name-cuda" "${cmd[@]}" --backend cuda --out "$OUT/eq-$name-cuda"; then
-      fail "(e) $name, $np ranks on one GPU: $(tail -2 "$OUT/eq-$name-cuda.log")"
+    # emulated: a GPU per rank, so the plan's communicators are NCCL's ((b) took host staging)
+    [ "$EMU" = 1 ] && where="one emulated GPU each (NCCL)"
+    if [ "$DRY" = 0 ] && ! PIPER_EMU_GPUS=$np run "eq-$name-cuda" "${cmd[@]}" --backend cuda \
+      --out "$OUT/eq-$name-cuda" --dump-params "$OUT/eq-$name-cuda.params"; then
+      fail "(e) $name, $np ranks $where: $(tail -2 "$OUT/eq-$name-cuda.log")"
       continue
     fi
-    if r=$(same_losses "$OUT/eq-$name-host" "$OUT/eq-$name-$other" 1e-4); then
-      ok "(e) $name, $np ranks$([ "$DRY" = 0 ] && echo ' sharing the GPU = host backend' ||
+    if r=$(same_run "$OUT/eq-$name-host" "$OUT/eq-$name-$other" 1e-4); then
+      ok "(e) $name, $np ranks$([ "$DRY" = 0 ] && echo " $where = host backend" ||
         echo ': dry run, the host run against itself'): $r"
     else
-      fail "(e) $name: losses differ from the host backend's: $r"
+      fail "(e) $name: the run differs from the host backend's: $r"
     fi
   done
 }

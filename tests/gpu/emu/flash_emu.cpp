@@ -1,11 +1,13 @@
-// flash_emu: kernels/flash_attention.cu run on the host (fake_cuda.hpp) against a plain
-// double-precision causal attention, forward and backward, at the shape given:
+// flash_emu: kernels/flash_attention.cu run on the host (the emulation: README.md here)
+// against a plain double-precision causal attention, forward and backward, at the shape given:
 //   flash_emu BATCH SEQ HEADS KV_HEADS HEAD_DIM
 // The kernel rounds q, k, v, p, dy and ds to bf16 as the GPU does; the error measure and the
 // tolerance are tests/gpu/check_kernels.c's (max |error| / max |reference|, 3e-2). The
 // backward gets the reference's y and lse, so a fault is pinned to one pass. Exits 1 on a
-// failure. Built and run by tests/cli/test_flash_emu.sh.
-#include "flash_attention_emu.cpp"
+// failure. Built by `make emu`, run by tests/cli/test_cuda_emu.sh.
+#include <cuda_runtime.h>
+
+#include "kernels_cuda.h"
 
 #include <algorithm>
 #include <random>

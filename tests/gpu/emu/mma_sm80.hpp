@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cuda_bf16.h"
+#include <cuda_bf16.h>
 
-#define __forceinline__
+
 
 inline uint32_t emu_regs[32][32][6]; // [warp][lane]: a0..a3, b0, b1 of an mma
 inline const void *emu_rows[32][32]; // [warp][lane]: ldmatrix row addresses
