@@ -318,6 +318,8 @@ static uint32_t cuda_world_size(struct exec_backend *b) {
 }
 static const char *cuda_comm_library(struct exec_backend *backend) {
   struct cuda_context *b = backend->context;
+  if (!b->mpi)
+    return "one process, no MPI"; /* as the host backend says: no communicator is made */
   return b->shared_gpu ? "MPI (host-staged: ranks share a GPU)" : "NCCL (MPI bootstrap)";
 }
 static double cuda_clock(struct exec_backend *backend) {
@@ -357,12 +359,18 @@ static bool reserve_arena(struct cuda_context *b, const struct plan *p, uint32_t
                "GiB at the planner's offsets, its live peak %.3f GiB; %s GEMMs)\n",
                b->device_name, b->n_sms, want / 1073741824.0, b->plan_arena.size / 1073741824.0,
                b->plan_arena.live_peak / 1073741824.0, b->bf16_gemm ? "bf16" : "fp32");
-  if (want < b->dyn_base + ((size_t)64 << 20))
+  /* above the planned region: parameters, gradients, optimizer state and workspaces */
+  const size_t above = (size_t)64 << 20;
+  if (want < b->dyn_base + above)
     return piper_runtime_error(err,
-                               "rank %u GPU %d: the plan's tensors need %.3f GiB at once, and %.3f "
-                               "GiB is reserved (PIPER_CUDA_MEMORY=BYTES sets it)",
+                               "rank %u GPU %d: the arena needs the plan's %.3f GiB at the "
+                               "planner's offsets and at least %.3f GiB above them, and %.3f GiB "
+                               "is reserved (%s)",
                                b->rank, b->device, b->dyn_base / 1073741824.0,
-                               want / 1073741824.0);
+                               above / 1073741824.0, want / 1073741824.0,
+                               env ? "PIPER_CUDA_MEMORY's figure"
+                                   : "80% of the GPU's free memory; PIPER_CUDA_MEMORY=BYTES sets "
+                                     "another");
   b->arena_bytes = want;
   return CUDA_CHECK(b, cudaMalloc((void **)&b->arena, want), err);
 }
