@@ -1140,6 +1140,57 @@ static void k_embedding_backward(struct exec_stream *s, float *dparams, const fl
   k_embedding_backward_weight(s, dparams, dx, tokens, T, V, C);
 }
 
+/* ---- tensor parallelism's vocabulary slice [lo, lo + n) (exec/tp.c runs the collectives
+ * between these): the embedding's rows, and the LM head over the slice's logits, in the chunks
+ * of rows the whole head uses (n columns wide). --------------------------------------------- */
+
+static void k_tp_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
+                                   const float *table, int T, int C, int lo, int n) {
+  kc_embedding_slice_forward(x, tokens, table, T, C, lo, n, st_of(s));
+}
+
+static void k_tp_embedding_backward(struct exec_stream *s, float *dtable, const float *dx,
+                                    const int32_t *tokens, int T, int C, int lo, int n) {
+  kc_embedding_slice_backward(dtable, dx, tokens, T, C, lo, n, st_of(s));
+}
+
+static void k_tp_head_stats(struct exec_stream *s, float *stats, const float *h,
+                            const int32_t *targets, const float *w,
+                            enum kernels_lm_head_layout layout, int T, int C, int lo, int n) {
+  int rows = head_rows(T, n);
+  float *chunk = stream_scratch(s, (size_t)rows * n * sizeof(float));
+  for (int t0 = 0; chunk && t0 < T; t0 += rows) {
+    int r = T - t0 < rows ? T - t0 : rows;
+    head_logits(s, chunk, h + (size_t)t0 * C, w, layout, r, C, n);
+    kc_tp_head_stats(stats, chunk, targets, t0, r, T, n, lo, st_of(s));
+  }
+  if (chunk)
+    cudaFreeAsync(chunk, st_of(s));
+}
+
+static void k_tp_head_combine(struct exec_stream *s, float *loss, float *saved,
+                              const float *gathered, int tp, int T) {
+  float *rowloss = stream_scratch(s, (size_t)T * sizeof(float));
+  if (!rowloss)
+    return;
+  kc_tp_head_combine(loss, rowloss, saved, gathered, tp, T, st_of(s));
+  cudaFreeAsync(rowloss, st_of(s));
+}
+
+/* The whole head's backward over the slice: its targets as the slice's columns (none outside
+ * it), dh a partial sum (=, summed over the group by the caller), dw += */
+static void k_tp_head_backward(struct exec_stream *s, float *dh, float *dw, const float *saved,
+                               const float *h, const int32_t *targets, const float *w,
+                               enum kernels_lm_head_layout layout, float dloss, int T, int C,
+                               int lo, int n) {
+  int32_t *local = stream_scratch(s, (size_t)T * sizeof(int32_t));
+  if (!local)
+    return;
+  kc_slice_targets(local, targets, T, lo, n, st_of(s));
+  head_backward(s, dh, dw, saved, h, local, w, layout, dloss, T, C, n, false);
+  cudaFreeAsync(local, st_of(s));
+}
+
 const struct exec_kernels exec_cuda_kernels = {
     .fill = k_fill,
     .copy = k_copy,
@@ -1180,6 +1231,11 @@ const struct exec_kernels exec_cuda_kernels = {
     .residual_add_backward = k_residual_add_backward,
     .adamw_step = k_adamw_step,
     .attention_core_forward = k_attention_core_forward,
+    .tp_embedding_forward = k_tp_embedding_forward,
+    .tp_embedding_backward = k_tp_embedding_backward,
+    .tp_head_stats = k_tp_head_stats,
+    .tp_head_combine = k_tp_head_combine,
+    .tp_head_backward = k_tp_head_backward,
 };
 
 /* MLA attention has no kernel here (nor on the host): refused before anything runs. */

@@ -856,6 +856,39 @@ static void k_adamw_step(struct exec_stream *s, float *params, const float *grad
   kernels_adamw_step(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 
+static void k_tp_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
+                                   const float *table, int T, int C, int lo, int n) {
+  progress_within(s);
+  kernels_tp_embedding_forward(x, tokens, table, T, C, lo, n);
+}
+
+static void k_tp_embedding_backward(struct exec_stream *s, float *dtable, const float *dx,
+                                    const int32_t *tokens, int T, int C, int lo, int n) {
+  progress_within(s);
+  kernels_tp_embedding_backward(dtable, dx, tokens, T, C, lo, n);
+}
+
+static void k_tp_head_stats(struct exec_stream *s, float *stats, const float *h,
+                            const int32_t *targets, const float *w,
+                            enum kernels_lm_head_layout layout, int T, int C, int lo, int n) {
+  progress_within(s);
+  kernels_tp_head_stats(stats, h, targets, w, layout, T, C, lo, n);
+}
+
+static void k_tp_head_combine(struct exec_stream *s, float *loss, float *saved,
+                              const float *gathered, int tp, int T) {
+  progress_within(s);
+  *loss = kernels_tp_head_combine(saved, gathered, tp, T);
+}
+
+static void k_tp_head_backward(struct exec_stream *s, float *dh, float *dw, const float *saved,
+                               const float *h, const int32_t *targets, const float *w,
+                               enum kernels_lm_head_layout layout, float dloss, int T, int C,
+                               int lo, int n) {
+  progress_within(s);
+  kernels_tp_head_backward(dh, dw, saved, h, targets, w, layout, dloss, T, C, lo, n);
+}
+
 static const struct exec_kernels host_kernels = {
     .fill = host_fill,
     .copy = host_copy,
@@ -896,6 +929,11 @@ static const struct exec_kernels host_kernels = {
     .residual_add_backward = k_residual_add_backward,
     .adamw_step = k_adamw_step,
     .attention_core_forward = k_attention_core_forward,
+    .tp_embedding_forward = k_tp_embedding_forward,
+    .tp_embedding_backward = k_tp_embedding_backward,
+    .tp_head_stats = k_tp_head_stats,
+    .tp_head_combine = k_tp_head_combine,
+    .tp_head_backward = k_tp_head_backward,
 };
 
 /* ---- lifecycle --------------------------------------------------------------------------- */

@@ -343,23 +343,25 @@ bool exec_tp_divided(enum model_op_kind k);
 bool exec_tp_all_reduce(struct exec_state *s, struct exec_task_ctx *st, float *buf, size_t n,
                         GError **err);
 /* The vocabulary-parallel embedding: x [T, C] = this rank's rows of the table for the tokens
- * in its range, zero for the others (the caller sums over the group); its weight gradient. */
-void exec_tp_embedding_forward(const struct exec_state *s, float *x, const int32_t *tokens,
-                               const float *table);
-void exec_tp_embedding_backward(const struct exec_state *s, float *dtable, const float *dx,
-                                const int32_t *tokens);
-/* The vocabulary-parallel LM head with the parallel cross-entropy: logits of this rank's
- * vocabulary slice only, the max, the sum of exp and the target logit summed over the group
- * (never the logits); saved = each row's max then 1 / sum, as the one-device kernel keeps.
- * Returns false with err set when a collective fails; *loss the mean over the tokens. */
-bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float *saved,
-                          const float *h, const int32_t *targets, const float *w, bool tied,
-                          double *loss, GError **err);
+ * in its range, zero for the others (the caller sums over the group); its weight gradient.
+ * Enqueued on stream through the kernel table (tp_embedding_*). */
+void exec_tp_embedding_forward(const struct exec_state *s, struct exec_stream *stream, float *x,
+                               const int32_t *tokens, const float *table);
+void exec_tp_embedding_backward(const struct exec_state *s, struct exec_stream *stream,
+                                float *dtable, const float *dx, const int32_t *tokens);
+/* The vocabulary-parallel LM head with the parallel cross-entropy: the logits of this rank's
+ * vocabulary slice only; each row's max, sum of exp and target logit over the slice,
+ * all-gathered into gathered [tp][3, T] (device memory) and merged into saved (each row's max
+ * then 1 / sum, as the one-device kernel keeps) and *loss (device memory: the mean over the
+ * tokens). Returns false with err set when the collective fails. */
+bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float *gathered,
+                          float *loss, float *saved, const float *h, const int32_t *targets,
+                          const float *w, bool tied, GError **err);
 /* dh (partial, this slice's share: the caller sums it) and / or dw (+=) from the recomputed
  * slice of dlogits; either may be NULL. */
-void exec_tp_head_backward(const struct exec_state *s, float *dh, float *dw, const float *saved,
-                           const float *h, const int32_t *targets, const float *w, bool tied,
-                           float dloss);
+void exec_tp_head_backward(const struct exec_state *s, struct exec_stream *stream, float *dh,
+                           float *dw, const float *saved, const float *h, const int32_t *targets,
+                           const float *w, bool tied, float dloss);
 
 /* shard.c */
 /* Fills each bucket's store_at, the tail and n_store, after the flat layout is known. */

@@ -197,6 +197,22 @@ struct exec_kernels {
    * set on its other attention entries either). */
   void (*attention_core_forward)(struct exec_stream *s, float *saved,
                                  const struct kernels_attention_dims *d);
+  /* Tensor parallelism's vocabulary slice [lo, lo + n) (kernels_tp_* of kernels.h; exec/tp.c
+   * runs the collectives between them): all five, or none, and a backend without them runs no
+   * tensor parallelism. tp_head_combine writes the mean loss to *loss (device memory). */
+  void (*tp_embedding_forward)(struct exec_stream *s, float *x, const int32_t *tokens,
+                               const float *table, int T, int C, int lo, int n);
+  void (*tp_embedding_backward)(struct exec_stream *s, float *dtable, const float *dx,
+                                const int32_t *tokens, int T, int C, int lo, int n);
+  void (*tp_head_stats)(struct exec_stream *s, float *stats, const float *h,
+                        const int32_t *targets, const float *w,
+                        enum kernels_lm_head_layout layout, int T, int C, int lo, int n);
+  void (*tp_head_combine)(struct exec_stream *s, float *loss, float *saved, const float *gathered,
+                          int tp, int T);
+  void (*tp_head_backward)(struct exec_stream *s, float *dh, float *dw, const float *saved,
+                           const float *h, const int32_t *targets, const float *w,
+                           enum kernels_lm_head_layout layout, float dloss, int T, int C, int lo,
+                           int n);
 };
 
 /* The table a backend implements (after ggml's backend interface). Entries marked optional may

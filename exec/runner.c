@@ -864,6 +864,10 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
                                "backend \"%s\" has no attention core kernel, which selective "
                                "recomputation reruns (recompute full runs there)",
                                b->ops->name ? b->ops->name : "?");
+  for (uint32_t k = 0; k < o->plan->n_nodes && !s->k->tp_head_stats; k++)
+    if (o->plan->nodes[k].tp_degree > 1)
+      return piper_input_error(err, "backend \"%s\" has no tensor-parallel kernels",
+                               b->ops->name ? b->ops->name : "?");
   return check_host_memory(R, b, err);
 }
 

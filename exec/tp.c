@@ -131,6 +131,12 @@ bool exec_tp_device_init(struct exec_device *d, GError **err) {
   }
   if (d->tp_degree <= 1)
     return true;
+  /* the LM head gathers 3 statistics a token a rank in the collectives' [T, C] buffer */
+  if (3 * d->tp_degree > (uint32_t)d->xm->C)
+    return piper_input_error(err,
+                             "plan: device %u: tensor parallelism of degree %u needs a hidden "
+                             "size of at least %u (the model's is %d)",
+                             d->device, d->tp_degree, 3 * d->tp_degree, d->xm->C);
   const struct plan_class *c = d->cls;
   for (uint32_t i = 0; i < c->n_instrs; i++) {
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
@@ -241,44 +247,18 @@ static void vocab_slice(const struct exec_state *s, int *lo, int *n) {
   *lo = (int)s->dev->tp_rank * *n;
 }
 
-void exec_tp_embedding_forward(const struct exec_state *s, float *x, const int32_t *tokens,
-                               const float *table) {
-  int lo, n, T = s->xm->T, C = s->xm->C;
+void exec_tp_embedding_forward(const struct exec_state *s, struct exec_stream *stream, float *x,
+                               const int32_t *tokens, const float *table) {
+  int lo, n;
   vocab_slice(s, &lo, &n);
-  for (int t = 0; t < T; t++) {
-    int v = tokens[t] - lo;
-    if (v >= 0 && v < n)
-      memcpy(x + (size_t)t * C, table + (size_t)v * C, (size_t)C * sizeof(float));
-    else
-      memset(x + (size_t)t * C, 0, (size_t)C * sizeof(float));
-  }
+  s->k->tp_embedding_forward(stream, x, tokens, table, s->xm->T, s->xm->C, lo, n);
 }
 
-void exec_tp_embedding_backward(const struct exec_state *s, float *dtable, const float *dx,
-                                const int32_t *tokens) {
-  int lo, n, T = s->xm->T, C = s->xm->C;
+void exec_tp_embedding_backward(const struct exec_state *s, struct exec_stream *stream,
+                                float *dtable, const float *dx, const int32_t *tokens) {
+  int lo, n;
   vocab_slice(s, &lo, &n);
-  for (int t = 0; t < T; t++) {
-    int v = tokens[t] - lo;
-    if (v < 0 || v >= n)
-      continue;
-    float *row = dtable + (size_t)v * C;
-    const float *g = dx + (size_t)t * C;
-    for (int c = 0; c < C; c++)
-      row[c] += g[c];
-  }
-}
-
-/* logits [T, n] of this rank's slice: h [T, C] x w [C, n] of [C, V] (untied), or x w^T of
- * the table's rows [n, C] (tied). */
-static void slice_logits(const struct exec_state *s, float *out, const float *h, const float *w,
-                         bool tied) {
-  int lo, n, T = s->xm->T, C = s->xm->C;
-  vocab_slice(s, &lo, &n);
-  if (tied)
-    kernels_gemm(false, true, T, n, C, 1.0f, h, C, w, C, 0.0f, out, n);
-  else
-    kernels_gemm(false, false, T, n, C, 1.0f, h, C, w, n, 0.0f, out, n);
+  s->k->tp_embedding_backward(stream, dtable, dx, tokens, s->xm->T, s->xm->C, lo, n);
 }
 
 bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const float *in, float *out,
@@ -289,83 +269,33 @@ bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const fl
   return ok;
 }
 
-bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float *saved,
-                          const float *h, const int32_t *targets, const float *w, bool tied,
-                          double *loss, GError **err) {
-  int lo, n, T = s->xm->T;
-  uint32_t tp = s->dev->tp_degree;
-  vocab_slice(s, &lo, &n);
-  float *logits = g_new(float, (size_t)T *n);
-  float *maxes = g_new(float, (size_t)T *tp + 2 * (size_t)T), *stats = maxes + (size_t)T * tp;
-  double t0 = exec_backend_clock(s->b);
-  slice_logits(s, logits, h, w, tied);
-  for (int t = 0; t < T; t++) {
-    const float *row = logits + (size_t)t * n;
-    float m = row[0];
-    for (int v = 1; v < n; v++)
-      m = row[v] > m ? row[v] : m;
-    stats[t] = m;
-  }
-  st->kernel_s += exec_backend_clock(s->b) - t0;
-  /* the row max over the group (gathered: the backend sums, it does not take maxima) */
-  float *mine = maxes + (size_t)s->dev->tp_rank * T;
-  memcpy(mine, stats, (size_t)T * sizeof(float));
-  bool ok = exec_tp_all_gather(s, st, mine, maxes, (size_t)T, err);
-  if (ok) {
-    t0 = exec_backend_clock(s->b);
-    for (int t = 0; t < T; t++) {
-      float m = maxes[t];
-      for (uint32_t r = 1; r < tp; r++)
-        m = maxes[(size_t)r * T + t] > m ? maxes[(size_t)r * T + t] : m;
-      const float *row = logits + (size_t)t * n;
-      double sum = 0.0;
-      for (int v = 0; v < n; v++)
-        sum += exp((double)row[v] - (double)m);
-      saved[t] = m;
-      stats[t] = (float)sum;
-      int tg = targets[t] - lo;
-      stats[T + t] = tg >= 0 && tg < n ? row[tg] : 0.0f;
-    }
-    st->kernel_s += exec_backend_clock(s->b) - t0;
-    /* the sum of exp and the target logit, summed over the vocabulary slices */
-    ok = exec_tp_all_reduce(s, st, stats, 2 * (size_t)T, err);
-  }
-  if (ok) {
-    double sum = 0.0;
-    for (int t = 0; t < T; t++) {
-      sum += (double)saved[t] + log((double)stats[t]) - (double)stats[T + t];
-      saved[T + t] = 1.0f / stats[t];
-    }
-    *loss = sum / T;
-  }
-  g_free(maxes);
-  g_free(logits);
-  return ok;
+static enum kernels_lm_head_layout head_layout(bool tied) {
+  return tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
 }
 
-void exec_tp_head_backward(const struct exec_state *s, float *dh, float *dw, const float *saved,
-                           const float *h, const int32_t *targets, const float *w, bool tied,
-                           float dloss) {
-  int lo, n, T = s->xm->T, C = s->xm->C;
+bool exec_tp_head_forward(struct exec_state *s, struct exec_task_ctx *st, float *gathered,
+                          float *loss, float *saved, const float *h, const int32_t *targets,
+                          const float *w, bool tied, GError **err) {
+  int lo, n, T = s->xm->T, C = s->xm->C, tp = (int)s->dev->tp_degree;
   vocab_slice(s, &lo, &n);
-  float scale = dloss / (float)T;
-  float *dl = g_new(float, (size_t)T *n);
-  slice_logits(s, dl, h, w, tied);
-  for (int t = 0; t < T; t++) {
-    float *row = dl + (size_t)t * n, m = saved[t], inv = saved[T + t];
-    for (int v = 0; v < n; v++)
-      row[v] = expf(row[v] - m) * inv * scale;
-    int tg = targets[t] - lo;
-    if (tg >= 0 && tg < n)
-      row[tg] -= scale;
-  }
-  if (dh && tied)
-    kernels_gemm(false, false, T, C, n, 1.0f, dl, n, w, C, 0.0f, dh, C);
-  else if (dh)
-    kernels_gemm(false, true, T, C, n, 1.0f, dl, n, w, n, 0.0f, dh, C);
-  if (dw && tied)
-    kernels_gemm(true, false, n, C, T, 1.0f, dl, n, h, C, 1.0f, dw, C);
-  else if (dw)
-    kernels_gemm(true, false, C, n, T, 1.0f, h, C, dl, n, 1.0f, dw, n);
-  g_free(dl);
+  /* this rank's statistics in its place of the gathered [tp][3, T] (all-gather in place) */
+  float *mine = gathered + (size_t)s->dev->tp_rank * 3 * (size_t)T;
+  double t0 = exec_backend_clock(s->b);
+  s->k->tp_head_stats(st->stream, mine, h, targets, w, head_layout(tied), T, C, lo, n);
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  if (!exec_tp_all_gather(s, st, mine, gathered, 3 * (size_t)T, err))
+    return false;
+  t0 = exec_backend_clock(s->b);
+  s->k->tp_head_combine(st->stream, loss, saved, gathered, tp, T);
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  return true;
+}
+
+void exec_tp_head_backward(const struct exec_state *s, struct exec_stream *stream, float *dh,
+                           float *dw, const float *saved, const float *h, const int32_t *targets,
+                           const float *w, bool tied, float dloss) {
+  int lo, n;
+  vocab_slice(s, &lo, &n);
+  s->k->tp_head_backward(stream, dh, dw, saved, h, targets, w, head_layout(tied), dloss, s->xm->T,
+                         s->xm->C, lo, n);
 }

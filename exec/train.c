@@ -1053,7 +1053,7 @@ static bool tp_forward_op(struct fwd *f, uint32_t j, GError **err) {
   case MODEL_OP_EMBEDDING:
     mb->tokens = mb_raw(s, st, mb, f->saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
     exec_backend_from_host(s->b, mb->tokens, mb->tokens_host, (size_t)T * sizeof(int32_t));
-    KT(st, s, exec_tp_embedding_forward(s, buf, mb->tokens, prm));
+    KT(st, s, exec_tp_embedding_forward(s, st->stream, buf, mb->tokens, prm));
     break;
   case MODEL_OP_ATTENTION: fwd_attention(f, j, buf, in0, prm); break;
   case MODEL_OP_MLP:
@@ -1073,11 +1073,13 @@ static bool tp_forward_op(struct fwd *f, uint32_t j, GError **err) {
     mb->targets = mb_raw(s, st, mb, f->saved, (size_t)T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
     exec_backend_from_host(s->b, mb->targets, mb->targets_host, (size_t)T * sizeof(int32_t));
     const float *w = xm->tied ? f->P + s->dev->op_offset[f->es->ops[0].op] : prm;
-    double loss = 0;
-    if (!exec_tp_head_forward(s, st, run->saved[j], in0, mb->targets, w, xm->tied || xm->tied_copy,
-                              &loss, err))
+    /* the row statistics gathered in the collectives' buffer (exec_tp_device_init: 3 tp <= C) */
+    float *loss = s->loss_device + s->dev->instrs[f->i].mb, loss_host = 0;
+    if (!exec_tp_head_forward(s, st, buf, loss, run->saved[j], in0, mb->targets, w,
+                              xm->tied || xm->tied_copy, err))
       return false;
-    mb->loss = loss; /* a rerun's is the same, bit for bit */
+    exec_backend_to_host(s->b, &loss_host, loss, sizeof loss_host);
+    mb->loss = loss_host; /* a rerun's is the same, bit for bit */
     mb->has_loss = s->dev->tp_rank == 0; /* every TP peer has it; the step sums one */
     return true;
   }
@@ -1566,7 +1568,7 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
   switch (o->so->kind) {
   case MODEL_OP_EMBEDDING:
     if (weight)
-      KT(st, s, exec_tp_embedding_backward(s, o->dprm, o->dout, b->mb->tokens));
+      KT(st, s, exec_tp_embedding_backward(s, st->stream, o->dprm, o->dout, b->mb->tokens));
     return true;
   case MODEL_OP_ATTENTION: bwd_attention(b, o); break;
   case MODEL_OP_MLP:
@@ -1578,7 +1580,7 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
     float *dw = xm->tied ? b->G + at[b->es->ops[0].op] : o->dprm;
     b->run->bwork[o->j] = NULL;
     KT(st, s,
-       exec_tp_head_backward(s, buf, weight ? dw : NULL, b->run->saved[o->j], o->in0,
+       exec_tp_head_backward(s, st->stream, buf, weight ? dw : NULL, b->run->saved[o->j], o->in0,
                              b->mb->targets, w, xm->tied || xm->tied_copy, b->dloss));
     break;
   }

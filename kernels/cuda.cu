@@ -3,6 +3,7 @@
 // a fixed reduction tree, so results are deterministic run to run. Weight gradients that sum
 // over tokens loop over the tokens in order inside one thread per column (no atomics).
 #include <cuda_bf16.h>
+#include <limits.h>
 #include <math.h>
 
 #include "kernels_cuda.h"
@@ -97,22 +98,31 @@ __global__ void add_k(float *y, const float *x, size_t n, bool acc) {
     y[i] = acc ? y[i] + x[i] : x[i];
 }
 
-__global__ void embedding_fwd_k(float *x, const int32_t *tok, const float *wte, int T, int C) {
+// Rows [lo, lo + rows) of the vocabulary in wte (tensor parallelism's slice; the whole table:
+// lo 0, rows INT_MAX): a token outside gets zeros.
+__global__ void embedding_fwd_k(float *x, const int32_t *tok, const float *wte, int T, int C,
+                                int lo, int rows) {
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     size_t t = i / C, c = i % C;
-    x[i] = wte[(size_t)tok[t] * C + c];
+    int v = tok[t] - lo;
+    x[i] = v >= 0 && v < rows ? wte[(size_t)v * C + c] : 0.0f;
   }
 }
 
-// dwte[tok[t]] += dx[t], t ascending per column: the serial walk (no scratch for chains).
-__global__ void embedding_bwd_k(float *dwte, const float *dx, const int32_t *tok, int T, int C) {
+// dwte[tok[t] - lo] += dx[t] for the tokens in the slice, t ascending per column: the serial
+// walk (no scratch for chains).
+__global__ void embedding_bwd_k(float *dwte, const float *dx, const int32_t *tok, int T, int C,
+                                int lo, int rows) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C)
     return;
-  for (int t = 0; t < T; t++)
-    dwte[(size_t)tok[t] * C + c] += dx[(size_t)t * C + c];
+  for (int t = 0; t < T; t++) {
+    int v = tok[t] - lo;
+    if (v >= 0 && v < rows)
+      dwte[(size_t)v * C + c] += dx[(size_t)t * C + c];
+  }
 }
 
 // The positions of each token as a chain: next[t] = the next position holding tok[t] (-1:
@@ -485,18 +495,25 @@ __global__ void scatter_rows_k(float *dst, const float *src, const int32_t *inde
 
 // One block per row of a chunk: the row's loss, max logit and 1 / sum of exp (saved layout of
 // kernels/loss.c: max [T], then inv [T]); the logits are left as they are.
+// A row of logits' max and its sum of exp(logit - max), every thread of the block getting both.
+__device__ void row_softmax_stats(const float *row, int V, float *mx, float *sum) {
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x)
+    m = fmaxf(m, row[v]);
+  m = block_max(m);
+  float s = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x)
+    s += expf(row[v] - m);
+  *mx = m;
+  *sum = block_sum(s);
+}
+
 __global__ void xent_stats_k(float *rowloss, float *saved, const float *logits,
                              const int32_t *targets, int t0, int T, int V) {
   const float *row = logits + (size_t)blockIdx.x * V;
   int t = t0 + (int)blockIdx.x;
-  float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x)
-    mx = fmaxf(mx, row[v]);
-  mx = block_max(mx);
-  float sum = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x)
-    sum += expf(row[v] - mx);
-  sum = block_sum(sum);
+  float mx, sum;
+  row_softmax_stats(row, V, &mx, &sum);
   if (threadIdx.x == 0) {
     rowloss[t] = -(row[targets[t]] - mx - logf(sum));
     saved[t] = mx;
@@ -531,6 +548,51 @@ __global__ void xent_bwd_k(float *dl, uint16_t *out16, const float *saved, const
         dl[row + v] = g;
     }
   }
+}
+
+// Tensor parallelism's LM head over the vocabulary slice [lo, lo + n): a block per row of the
+// slice's logits [T, n]: stats [3, T] = its max, its sum of exp(logit - max), the target's
+// logit (0 when the target is in another slice).
+__global__ void tp_head_stats_k(float *stats, const float *logits, const int32_t *targets, int t0,
+                                int T, int n, int lo) {
+  const float *row = logits + (size_t)blockIdx.x * n;
+  int t = t0 + (int)blockIdx.x;
+  float mx, sum;
+  row_softmax_stats(row, n, &mx, &sum);
+  if (threadIdx.x == 0) {
+    int tg = targets[t] - lo;
+    stats[t] = mx;
+    stats[T + t] = sum;
+    stats[2 * (size_t)T + t] = tg >= 0 && tg < n ? row[tg] : 0.0f;
+  }
+}
+
+// The group's stats [tp][3, T] merged a thread a row (in double, as the host's): saved = the
+// max over the vocabulary, then 1 / the sum of exp; rowloss = max + log(sum) - target logit.
+__global__ void tp_head_combine_k(float *rowloss, float *saved, const float *gathered, int tp,
+                                  int T) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T)
+    return;
+  float m = gathered[t];
+  for (int r = 1; r < tp; r++)
+    m = fmaxf(m, gathered[(size_t)r * 3 * T + t]);
+  double sum = 0.0, target = 0.0;
+  for (int r = 0; r < tp; r++) {
+    const float *st = gathered + (size_t)r * 3 * T;
+    sum += (double)st[T + t] * exp((double)st[t] - (double)m);
+    target += st[2 * (size_t)T + t];
+  }
+  saved[t] = m;
+  saved[T + t] = (float)(1.0 / sum);
+  rowloss[t] = (float)((double)m + log(sum) - target);
+}
+
+// targets as columns of the slice: target - lo, or -1 (no column) outside it
+__global__ void slice_targets_k(int32_t *local, const int32_t *targets, int T, int lo, int n) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < T)
+    local[t] = targets[t] - lo >= 0 && targets[t] - lo < n ? targets[t] - lo : -1;
 }
 
 __device__ void adamw_one(float &p, float g, float &m, float &v, float lr, float b1, float b2,
@@ -601,7 +663,18 @@ void kc_add(float *y, const float *x, size_t n, bool acc, cudaStream_t st) {
 
 void kc_embedding_forward(float *x, const int32_t *tok, const float *wte, int T, int C,
                           cudaStream_t st) {
-  embedding_fwd_k<<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, wte, T, C);
+  embedding_fwd_k<<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, wte, T, C, 0, INT_MAX);
+}
+
+void kc_embedding_slice_forward(float *x, const int32_t *tok, const float *table, int T, int C,
+                                int lo, int n, cudaStream_t st) {
+  embedding_fwd_k<<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, table, T, C, lo, n);
+}
+
+void kc_embedding_slice_backward(float *dtable, const float *dx, const int32_t *tok, int T, int C,
+                                 int lo, int n, cudaStream_t st) {
+  if (T && C)
+    embedding_bwd_k<<<blocks_for(C), kThreads, 0, st>>>(dtable, dx, tok, T, C, lo, n);
 }
 
 void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tok, int T, int C,
@@ -609,7 +682,7 @@ void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tok, int
   if (!T || !C)
     return;
   if (!scratch) {
-    embedding_bwd_k<<<blocks_for(C), kThreads, 0, st>>>(dwte, dx, tok, T, C);
+    embedding_bwd_k<<<blocks_for(C), kThreads, 0, st>>>(dwte, dx, tok, T, C, 0, INT_MAX);
     return;
   }
   int32_t *next = scratch, *head = scratch + T;
@@ -752,6 +825,25 @@ void kc_xent_stats(float *rowloss, float *saved, const float *logits, const int3
 
 void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t st) {
   mean_k<<<1, kThreads, 0, st>>>(loss, rowloss, T);
+}
+
+void kc_tp_head_stats(float *stats, const float *logits, const int32_t *targets, int t0, int rows,
+                      int T, int n, int lo, cudaStream_t st) {
+  if (rows)
+    tp_head_stats_k<<<rows, kThreads, 0, st>>>(stats, logits, targets, t0, T, n, lo);
+}
+
+void kc_tp_head_combine(float *loss, float *rowloss, float *saved, const float *gathered, int tp,
+                        int T, cudaStream_t st) {
+  if (T)
+    tp_head_combine_k<<<blocks_for(T), kThreads, 0, st>>>(rowloss, saved, gathered, tp, T);
+  mean_k<<<1, kThreads, 0, st>>>(loss, rowloss, T);
+}
+
+void kc_slice_targets(int32_t *local, const int32_t *targets, int T, int lo, int n,
+                      cudaStream_t st) {
+  if (T)
+    slice_targets_k<<<blocks_for(T), kThreads, 0, st>>>(local, targets, T, lo, n);
 }
 
 void kc_xent_backward(float *dl, uint16_t *out16, const float *saved, const int32_t *targets,

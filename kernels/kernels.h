@@ -287,6 +287,29 @@ void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, cons
                                    enum kernels_lm_head_layout layout, float dloss, int T, int C,
                                    int V, bool accumulate);
 
+/* ---- Tensor parallelism's vocabulary slice (exec/tp.c) -------------------------------------
+ * A TP rank holds rows [lo, lo + n) of the vocabulary (Megatron's vocabulary-parallel
+ * embedding and parallel cross-entropy). Embedding: x [T, C] <- the slice's table [n, C] rows
+ * for the tokens in it, zeros for the others (the sum over the group gives every token its
+ * row); BW: dtable [n, C] += dx of the tokens in it. LM head: logits = h w over the slice (w
+ * [C, n] untied, or the table's rows [n, C] tied); stats [3, T] <- each row's max logit m over
+ * the slice, the sum of exp(logit - m), and the target's logit where the target is in the
+ * slice (else 0); _combine merges the group's stats, gathered [tp][3, T], into saved (the max
+ * over the vocabulary [T], then 1 / the sum of exp [T], as kernels_lm_head_loss_forward's) and
+ * returns the mean loss; _backward: the slice's dlogits from saved, dh [T, C] = dlogits w^T
+ * (a partial sum over the group; NULL: none) and dw += (NULL: none). */
+void kernels_tp_embedding_forward(float *x, const int32_t *tokens, const float *table, int T,
+                                  int C, int lo, int n);
+void kernels_tp_embedding_backward(float *dtable, const float *dx, const int32_t *tokens, int T,
+                                   int C, int lo, int n);
+void kernels_tp_head_stats(float *stats, const float *h, const int32_t *targets, const float *w,
+                           enum kernels_lm_head_layout layout, int T, int C, int lo, int n);
+float kernels_tp_head_combine(float *saved, const float *gathered, int tp, int T);
+void kernels_tp_head_backward(float *dh, float *dw, const float *saved, const float *h,
+                              const int32_t *targets, const float *w,
+                              enum kernels_lm_head_layout layout, float dloss, int T, int C,
+                              int lo, int n);
+
 /* ---- RESIDUAL_ADD: x += y ----------------------------------------------------------------
  * Backward passes the gradient to both: dx is unchanged, dy = dx (or dy += dx). */
 void kernels_residual_add_forward(float *x, const float *y, size_t n);

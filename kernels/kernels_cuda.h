@@ -31,6 +31,12 @@ void kc_embedding_forward(float *x, const int32_t *tokens, const float *wte, int
  * sums a (column, token) chain; without, a thread a column walks all T positions. */
 void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tokens, int T, int C,
                            int32_t *scratch, cudaStream_t stream);
+/* Tensor parallelism's vocabulary slice [lo, lo + n) (kernels_tp_embedding_* of kernels.h):
+ * table [n, C]; a token outside the slice gets zeros, and no gradient (the serial walk) */
+void kc_embedding_slice_forward(float *x, const int32_t *tokens, const float *table, int T, int C,
+                                int lo, int n, cudaStream_t stream);
+void kc_embedding_slice_backward(float *dtable, const float *dx, const int32_t *tokens, int T,
+                                 int C, int lo, int n, cudaStream_t stream);
 void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, int T, int C,
                         float eps, cudaStream_t stream);
 void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,
@@ -118,6 +124,17 @@ void kc_xent_mean(float *loss, const float *rowloss, int T, cudaStream_t stream)
  * rounded to bf16 into out16 [n, V] when it is not NULL (the operand of bf16 GEMMs) */
 void kc_xent_backward(float *logits, uint16_t *out16, const float *saved, const int32_t *targets,
                       int t0, int n, int T, int V, float scale, cudaStream_t stream);
+/* Tensor parallelism's LM head (kernels_tp_head_* of kernels.h) over a chunk of the slice's
+ * logits [rows, n] (rows t0 .. t0 + rows of T): stats [3, T] (max, sum of exp, the target's
+ * logit or 0); the group's stats [tp][3, T] merged into saved and *loss (the mean of rowloss
+ * [T], device scratch); the targets as the slice's columns (-1 outside it), for
+ * kc_xent_backward over the slice */
+void kc_tp_head_stats(float *stats, const float *logits, const int32_t *targets, int t0, int rows,
+                      int T, int n, int lo, cudaStream_t stream);
+void kc_tp_head_combine(float *loss, float *rowloss, float *saved, const float *gathered, int tp,
+                        int T, cudaStream_t stream);
+void kc_slice_targets(int32_t *local, const int32_t *targets, int T, int lo, int n,
+                      cudaStream_t stream);
 /* One AdamW step over n parameters (kernels_adamw's formulas); with copy, also the bf16 copy
  * [n] of the updated weights (round to nearest even), the GEMMs' operand */
 void kc_adamw(float *params, const float *grads, float *m, float *v, uint16_t *copy, size_t n,

@@ -140,3 +140,72 @@ void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, cons
   kernels_lm_head_loss_backward_weight(dparams, bwork, saved, h, targets, params, layout, dloss, T,
                                        C, V);
 }
+
+/* ---- tensor parallelism: the vocabulary slice [lo, lo + n) ------------------------------------ */
+
+/* logits [T, n] of the slice: h [T, C] x w [C, n] (untied), or x w^T of the table's rows */
+static float *slice_logits(const float *h, const float *w, enum kernels_lm_head_layout layout,
+                           int T, int C, int n) {
+  float *out = kernels_impl_scratch(KERNELS_SCRATCH_LM_HEAD, (size_t)T * n * sizeof(float));
+  head_logits(out, h, w, layout, T, C, n);
+  return out;
+}
+
+/* stats [3, T] <- each row's max over the slice, its sum of exp, the target's logit (or 0) */
+void kernels_tp_head_stats(float *stats, const float *h, const int32_t *targets, const float *w,
+                           enum kernels_lm_head_layout layout, int T, int C, int lo, int n) {
+  float *logits = slice_logits(h, w, layout, T, C, n);
+  for (int t = 0; t < T; t++) {
+    float *row = logits + (size_t)t * n;
+    float m = kernels_impl_max(row, (size_t)n);
+    int tg = targets[t] - lo;
+    stats[t] = m;
+    stats[2 * (size_t)T + t] = tg >= 0 && tg < n ? row[tg] : 0.0f;
+    stats[T + t] = (float)kernels_impl_exp_sum(row, (size_t)n, m); /* exp in place */
+  }
+}
+
+/* saved (max [T], 1 / sum [T]) <- the group's stats [tp][3, T]; returns the mean loss */
+float kernels_tp_head_combine(float *saved, const float *gathered, int tp, int T) {
+  double loss = 0.0;
+  for (int t = 0; t < T; t++) {
+    float m = gathered[t];
+    for (int r = 1; r < tp; r++)
+      m = fmaxf(m, gathered[(size_t)r * 3 * T + t]);
+    double sum = 0.0, target = 0.0;
+    for (int r = 0; r < tp; r++) {
+      const float *st = gathered + (size_t)r * 3 * T;
+      sum += (double)st[T + t] * exp((double)st[t] - (double)m);
+      target += st[2 * (size_t)T + t];
+    }
+    saved[t] = m;
+    saved[T + t] = (float)(1.0 / sum);
+    loss += (double)m + log(sum) - target;
+  }
+  return (float)(loss / T);
+}
+
+void kernels_tp_head_backward(float *dh, float *dw, const float *saved, const float *h,
+                              const int32_t *targets, const float *w,
+                              enum kernels_lm_head_layout layout, float dloss, int T, int C,
+                              int lo, int n) {
+  float scale = dloss / (float)T;
+  float *dl = slice_logits(h, w, layout, T, C, n);
+  for (int t = 0; t < T; t++) {
+    float *row = dl + (size_t)t * n, m = saved[t], inv = saved[T + t];
+    for (int v = 0; v < n; v++)
+      row[v] = expf(row[v] - m) * inv * scale;
+    int tg = targets[t] - lo;
+    if (tg >= 0 && tg < n)
+      row[tg] -= scale;
+  }
+  bool tied = layout == KERNELS_LM_HEAD_TIED;
+  if (dh && tied)
+    kernels_gemm(false, false, T, C, n, 1.0f, dl, n, w, C, 0.0f, dh, C);
+  else if (dh)
+    kernels_gemm(false, true, T, C, n, 1.0f, dl, n, w, n, 0.0f, dh, C);
+  if (dw && tied)
+    kernels_gemm(true, false, n, C, T, 1.0f, dl, n, h, C, 1.0f, dw, C);
+  else if (dw)
+    kernels_gemm(true, false, C, n, T, 1.0f, h, C, dl, n, 1.0f, dw, n);
+}

@@ -34,6 +34,32 @@ void kernels_embedding_backward_weight(float *dparams, const float *dx, const in
   }
 }
 
+/* x [T, C] <- the rows of the vocabulary slice [lo, lo + n) (table [n, C]), zeros elsewhere */
+void kernels_tp_embedding_forward(float *x, const int32_t *tokens, const float *table, int T,
+                                  int C, int lo, int n) {
+  for (int t = 0; t < T; t++) {
+    int v = tokens[t] - lo;
+    if (v >= 0 && v < n)
+      memcpy(x + (size_t)t * C, table + (size_t)v * C, (size_t)C * sizeof(float));
+    else
+      memset(x + (size_t)t * C, 0, (size_t)C * sizeof(float));
+  }
+}
+
+/* dtable [n, C] += dx [T, C] of the tokens in the slice [lo, lo + n) */
+void kernels_tp_embedding_backward(float *dtable, const float *dx, const int32_t *tokens, int T,
+                                   int C, int lo, int n) {
+  for (int t = 0; t < T; t++) {
+    int v = tokens[t] - lo;
+    if (v < 0 || v >= n)
+      continue;
+    float *row = dtable + (size_t)v * C;
+    const float *g = dx + (size_t)t * C;
+    for (int c = 0; c < C; c++)
+      row[c] += g[c];
+  }
+}
+
 /* Fused backward: the embedding has BW only (dwte [V, C] += scatter of dx [T, C]). */
 void kernels_embedding_backward(float *dparams, const float *dx, const int32_t *tokens, int T,
                                 int V, int C) {

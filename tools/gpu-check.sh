@@ -26,7 +26,8 @@
 #       profile, for tiny-moe on one GPU and for the llama layers of (c) (the prediction errors
 #       are reported, not failed);
 #   (e) the equivalence suite's multi-rank plans of tiny-moe (DP2, PP2 x DP2 x EP2 1F1B, ZeRO-1,
-#       ZeRO-3, ZB-H1, interleaved 1F1B, DualPipe on 4 stages, full recomputation), ranks
+#       ZeRO-3, ZB-H1, interleaved 1F1B, DualPipe on 4 stages, full recomputation, tensor
+#       parallelism with SP: PP2 x TP2, DP2 x EP2 x TP2), ranks
 #       sharing the GPU, 10 steps each against the host backend's run of the same plan (1e-4).
 # Usage: tools/gpu-check.sh [--dry-run | --emu]   (from anywhere; OUT=DIR chooses where results go)
 # --dry-run: no GPU needed: builds as configured, then runs every step's host-side part (the
@@ -545,6 +546,8 @@ PLANS=(
   "interleaved-pp2x2|2|--pp-regions 4 --layout pp=2,interleave=2 --schedule interleaved_1f1b --mbs 4"
   "dualpipe-pp4|4|--pp-regions 4 --directives $BS/pp4.json --schedule dualpipe --mbs 8"
   "recompute-full-pp2-dp2-ep2|4|--layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
+  "pp2-tp2-sp|4|--layout pp=2,tp=2,sp --schedule 1f1b --mbs 4"
+  "dp2-ep2-tp2-sp|4|--layout pp=1,dp=2,ep=2,tp=2,sp --mbs 4"
 )
 # same_run A B RTOL: equal step counts, every loss within RTOL relative, and the final
 # parameters (--dump-params: A.params, B.params) within RTOL of the largest one. A fault that

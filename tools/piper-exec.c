@@ -285,9 +285,7 @@ static void exec_plan_free(struct exec_plan *p) {
 }
 
 /* What the executor does not run under tensor parallelism, refused up front (before MPI
- * starts) rather than trained as something else: another backend than the host's (the
- * vocabulary-parallel embedding and head run on the CPU, exec/tp.c) and experts divided by
- * TP. */
+ * starts) rather than trained as something else: regions divided unlike each other. */
 static bool tp_supported(const struct exec_cli *a, const struct plan *plan, GError **err) {
   const char *file = a->plans                ? a->plans
                      : a->compile.directives ? a->compile.directives
@@ -308,14 +306,6 @@ static bool tp_supported(const struct exec_cli *a, const struct plan *plan, GErr
                                "regions; the executor needs one degree (and one "
                                "sequence_parallel) for the whole model",
                                file, name);
-    if (tp <= 1)
-      continue;
-    if (strcmp(a->backend, "host") != 0)
-      return piper_input_error(err,
-                               "%s: \"%s\" is divided by tensor parallelism (tp_degree %u); "
-                               "backend %s does not run tensor parallelism yet (--backend host "
-                               "does)",
-                               file, name, n->tp_degree, a->backend);
   }
   return true;
 }

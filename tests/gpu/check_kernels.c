@@ -423,6 +423,64 @@ static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {
   compare(c, what, gp, dgp, (size_t)C * V, c->tol_gemm);
 }
 
+/* Tensor parallelism's vocabulary slice: rows [lo, lo + n) of V, tokens and targets drawn
+ * over the whole vocabulary (some in the slice, most not): the embedding's rows and zeros and
+ * its gradient; the head's row statistics, their merge over a group of 2 (the second rank's
+ * statistics drawn), and its backward (dh = the slice's partial sum, dw +=). */
+static void check_tp(struct check *c, enum kernels_lm_head_layout layout) {
+  enum { LO = 40, N = 33, TP = 2 };
+  const char *name = layout == KERNELS_LM_HEAD_TIED ? "tied" : "untied";
+  char what[80];
+  int32_t tok[T];
+  for (int t = 0; t < T; t++)
+    tok[t] = (int32_t)g_rand_int_range(c->rng, 0, V);
+  int32_t *dtok = dev(c, tok, sizeof tok);
+  size_t TC = (size_t)T * C, P = (size_t)N * C;
+  float *tab = rnd(c, P, 1), *x = g_new(float, TC), *dx = rnd(c, TC, 1), *gt = rnd(c, P, 1);
+  float *dtab = devf(c, tab, P), *dxo = devf(c, NULL, TC), *ddx = devf(c, dx, TC);
+  float *dgt = devf(c, gt, P);
+  kernels_tp_embedding_forward(x, tok, tab, T, C, LO, N);
+  c->k->tp_embedding_forward(c->s, dxo, dtok, dtab, T, C, LO, N);
+  compare(c, "tp embedding F (slice rows, zeros)", x, dxo, TC, 0);
+  kernels_tp_embedding_backward(gt, dx, tok, T, C, LO, N);
+  c->k->tp_embedding_backward(c->s, dgt, ddx, dtok, T, C, LO, N);
+  compare(c, "tp embedding BW", gt, dgt, P, TOL_PLAIN);
+  /* the head: w [C, N] untied, or the table's rows [N, C] tied */
+  float *h = rnd(c, TC, 1), *dh_in = devf(c, h, TC);
+  float *gathered = g_new(float, (size_t)TP * 3 * T), *saved = g_new(float, 2 * T);
+  float *dgathered = devf(c, NULL, (size_t)TP * 3 * T), *dsaved = devf(c, NULL, 2 * T);
+  float *dloss = devf(c, NULL, 1);
+  kernels_tp_head_stats(gathered, h, tok, tab, layout, T, C, LO, N);
+  c->k->tp_head_stats(c->s, dgathered, dh_in, dtok, dtab, layout, T, C, LO, N);
+  g_snprintf(what, sizeof what, "tp lm_head stats %s (max, sum of exp, target)", name);
+  compare(c, what, gathered, dgathered, 3 * (size_t)T, c->tol_gemm);
+  for (int t = 0; t < T; t++) { /* rank 1's statistics */
+    gathered[3 * T + t] = (float)g_rand_double_range(c->rng, -2, 2);
+    gathered[4 * T + t] = (float)g_rand_double_range(c->rng, 1, 40);
+    gathered[5 * T + t] = (float)g_rand_double_range(c->rng, -1, 1);
+  }
+  exec_backend_from_host(c->b, dgathered, gathered, (size_t)TP * 3 * T * sizeof(float));
+  float loss = kernels_tp_head_combine(saved, gathered, TP, T);
+  c->k->tp_head_combine(c->s, dloss, dsaved, dgathered, TP, T);
+  compare(c, "tp lm_head combine (loss)", &loss, dloss, 1, TOL_PLAIN);
+  compare(c, "tp lm_head combine saved (max, 1 / sum)", saved, dsaved, 2 * (size_t)T, TOL_PLAIN);
+  float *gh = g_new(float, TC), *dgh = devf(c, NULL, TC), *gw = rnd(c, P, 0.1f);
+  float *dgw = devf(c, gw, P);
+  kernels_tp_head_backward(gh, gw, saved, h, tok, tab, layout, 0.5f, T, C, LO, N);
+  c->k->tp_head_backward(c->s, dgh, dgw, dsaved, dh_in, dtok, dtab, layout, 0.5f, T, C, LO, N);
+  g_snprintf(what, sizeof what, "tp lm_head B %s dh (partial)", name);
+  compare(c, what, gh, dgh, TC, c->tol_gemm);
+  g_snprintf(what, sizeof what, "tp lm_head B %s dw", name);
+  compare(c, what, gw, dgw, P, c->tol_gemm);
+  float *bufs[] = {dtab, dxo, ddx, dgt, dh_in, dgathered, dsaved, dloss, dgh, dgw};
+  for (size_t i = 0; i < G_N_ELEMENTS(bufs); i++)
+    exec_backend_release(c->b, bufs[i]);
+  exec_backend_release(c->b, dtok);
+  float *host[] = {tab, x, dx, gt, h, gathered, saved, gh, gw};
+  for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
+    g_free(host[i]);
+}
+
 /* The GEMMs' bf16 operand copies, bit for bit against the host twin exec_bf16_round: a
  * contiguous matrix and a strided view (a head's columns), with exact ties (1 + 2^-8 rounds
  * down to 1, 1 + 3 * 2^-8 up to 1 + 2^-6), a subnormal tie, an overflow to infinity and an
@@ -566,6 +624,8 @@ int main(int argc, char **argv) {
   check_expert_ffn(&c);
   check_lm_head(&c, KERNELS_LM_HEAD_UNTIED);
   check_lm_head(&c, KERNELS_LM_HEAD_TIED);
+  check_tp(&c, KERNELS_LM_HEAD_UNTIED);
+  check_tp(&c, KERNELS_LM_HEAD_TIED);
   printf("check_kernels: %d of %d checks failed\n", c.failed, c.run);
   g_rand_free(c.rng);
   exec_stream_destroy(c.b, c.s);
