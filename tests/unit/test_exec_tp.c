@@ -6,6 +6,7 @@
  * TP are in tests/cli/test_exec.sh. */
 #include "test-helpers.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "../../directives/compile.h"
@@ -156,21 +157,67 @@ static void test_vocab_parallel_embedding(void **state) {
       want_x[t * C + c] = table[tokens[t] * C + c];
       want_dt[tokens[t] * C + c] += dx[t * C + c];
     }
-  struct exec_model m = {.T = T, .C = C, .V = V};
   float x[T * C] = {0}, dt[V * C] = {0};
-  for (uint32_t r = 0; r < 2; r++) {
-    struct exec_device d = {.tp_degree = 2, .tp_rank = r};
-    struct exec_state s = {.xm = &m, .dev = &d};
+  for (int r = 0; r < 2; r++) {
     float part[T * C];
-    exec_tp_embedding_forward(&s, part, tokens, table + r * (V / 2) * C);
+    kernels_tp_embedding_forward(part, tokens, table + r * (V / 2) * C, T, C, r * V / 2, V / 2);
     for (int k = 0; k < T * C; k++)
       x[k] += part[k];
-    exec_tp_embedding_backward(&s, dt + r * (V / 2) * C, dx, tokens);
+    kernels_tp_embedding_backward(dt + r * (V / 2) * C, dx, tokens, T, C, r * V / 2, V / 2);
   }
   for (int k = 0; k < T * C; k++)
     assert_float_equal(x[k], want_x[k], 0.0f);
   for (int k = 0; k < V * C; k++)
     assert_float_equal(dt[k], want_dt[k], 0.0f);
+}
+
+/* The vocabulary-parallel LM head: three slices' row statistics, merged, give the one-device
+ * loss and saved statistics; their dh partials sum to its dh, and each slice's dw is its
+ * columns (untied) or rows (tied) of the one-device dw. The slices are uneven (V 11 = 4 + 4 +
+ * 3 is not what TP cuts, but the merge must not care) and targets fall in each. */
+static void test_vocab_parallel_head(void **state) {
+  (void)state;
+  enum { T = 5, C = 4, V = 11, TP = 3 };
+  const int32_t tg[T] = {0, 10, 4, 7, 3};
+  const int lo[TP] = {0, 4, 8}, n[TP] = {4, 4, 3};
+  for (int tied = 0; tied < 2; tied++) {
+    enum kernels_lm_head_layout L = tied ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
+    float h[T * C], w[C * V], saved[2 * T], dh[T * C], dw[C * V] = {0};
+    for (int k = 0; k < T * C; k++)
+      h[k] = sinf(0.7f * (float)k);
+    for (int k = 0; k < C * V; k++)
+      w[k] = 0.3f * cosf(1.3f * (float)k);
+    float loss = kernels_lm_head_loss_forward(saved, h, tg, w, L, T, C, V);
+    kernels_lm_head_loss_backward(dh, dw, NULL, saved, h, tg, w, L, 0.5f, T, C, V, false);
+    float gathered[TP * 3 * T], saved2[2 * T], dh2[T * C] = {0};
+    float ws[TP][C * 4], dws[TP][C * 4];
+    for (int r = 0; r < TP; r++) {
+      /* the slice's weights as a TP rank holds them: [C, n] columns, or [n, C] rows */
+      for (int i = 0; i < C * n[r]; i++) {
+        int row = i / n[r], col = i % n[r];
+        ws[r][i] = tied ? w[lo[r] * C + i] : w[row * V + lo[r] + col];
+        dws[r][i] = 0;
+      }
+      kernels_tp_head_stats(gathered + r * 3 * T, h, tg, ws[r], L, T, C, lo[r], n[r]);
+    }
+    float loss2 = kernels_tp_head_combine(saved2, gathered, TP, T);
+    assert_float_equal(loss2, loss, 1e-5f);
+    for (int k = 0; k < 2 * T; k++)
+      assert_float_equal(saved2[k], saved[k], 1e-5f * fabsf(saved[k]));
+    for (int r = 0; r < TP; r++) {
+      float part[T * C];
+      kernels_tp_head_backward(part, dws[r], saved2, h, tg, ws[r], L, 0.5f, T, C, lo[r], n[r]);
+      for (int k = 0; k < T * C; k++)
+        dh2[k] += part[k];
+      for (int i = 0; i < C * n[r]; i++) {
+        int row = i / n[r], col = i % n[r];
+        float want = tied ? dw[lo[r] * C + i] : dw[row * V + lo[r] + col];
+        assert_float_equal(dws[r][i], want, 1e-5f);
+      }
+    }
+    for (int k = 0; k < T * C; k++)
+      assert_float_equal(dh2[k], dh[k], 1e-5f);
+  }
 }
 
 /* PP 2 x DP 2 x TP 2: TP innermost in each stage's group of 4; each device holds its slices,
@@ -303,6 +350,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mlp_slices),           cmocka_unit_test(test_attention_slices),
       cmocka_unit_test(test_vocab_and_replicated), cmocka_unit_test(test_vocab_parallel_embedding),
+      cmocka_unit_test(test_vocab_parallel_head),
       cmocka_unit_test(test_device_pp2_dp2_tp2),   cmocka_unit_test(test_expert_slices),
       cmocka_unit_test(test_device_ep2_tp2),
   };
