@@ -159,18 +159,21 @@ $(BUILD)/%.cu.o: %.cu
 	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 else
 # Emulated: g++ compiles the same source, its launches (<<<grid, block, bytes, stream>>>(...))
-# rewritten to fake_launch(grid, block, bytes, stream, kernel, ...) and __shared__ to static
-# (blocks run one after another); tests/gpu/emu/fake_cuda.hpp gives the device side.
+# rewritten to fake_launch(grid, block, bytes, stream, kernel, ...), __shared__ arrays to
+# static thread-local ones (a thread runs a block at a time), and the dynamic shared memory's
+# `extern __shared__ ... smem[];` left out (tests/gpu/emu/fake_cuda.hpp declares smem, the
+# device side's stand-in).
 # The kernels pun bf16 pairs through pointers, as CUDA code does: no strict aliasing.
 EMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -fno-strict-aliasing -DHAVE_CUDA \
   -DPIPER_CUDA_EMU -Ikernels -Itests/gpu/emu -Itests/gpu/emu/include \
   -include tests/gpu/emu/fake_cuda.hpp
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.emu.cpp: %.cu Makefile
 	@mkdir -p $(dir $@)
 	sed -E -e 's/([A-Za-z_0-9]+(<[A-Za-z0-9_]+>)?)<<<(.*)>>>\(/fake_launch(\3, \1, /' \
-	  -e 's/extern __shared__/extern/' -e 's/__shared__/static/' \
-	  -e 's/"mma_sm80.cuh"/"mma_sm80.hpp"/' $< > $(BUILD)/$*.emu.cpp
-	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -MT $@ -c $(BUILD)/$*.emu.cpp -o $@
+	  -e '/extern __shared__/d' -e 's/__shared__/static thread_local/' \
+	  -e 's/"mma_sm80.cuh"/"mma_sm80.hpp"/' $< > $@
+$(BUILD)/%.cu.o: $(BUILD)/%.emu.cpp
+	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/%.cpp.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@

@@ -38,9 +38,10 @@
 # --emu: no GPU needed: the same checks on the emulated GPU (tests/gpu/emu/README.md: the cuda
 # backend and its kernels built against host stand-ins of the CUDA runtime, cuBLASLt and
 # NCCL, by `make emu`): (a) and (b) as on a GPU, plus (b) with one emulated GPU per rank (the
-# NCCL path, over MPI); (c) is skipped (Llama layers at CPU speed); (d) profiles tiny-moe
-# only; (e) runs each plan with one emulated GPU per rank (NCCL); runs take 8 steps ((e) 4),
-# not 20. Times mean nothing there.
+# NCCL path, over MPI, each stream in its own thread with jitter: PIPER_EMU_ASYNC); (c) is
+# skipped (Llama layers at CPU speed); (d) profiles tiny-moe only; (e) runs each plan with one
+# emulated GPU per rank (NCCL, streams apart); runs take 8 steps ((e) 4), not 20. Times mean
+# nothing there.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 DRY=0
@@ -74,6 +75,7 @@ in_budget() {
 }
 EXEC=bin/piper-exec
 PROF=bin/piper-prof
+TOOLS=bin # piper-sim, piper-compare
 KBIN=build/gpu # the GPU check programs
 STEPS=20       # (b)'s training runs; (e)'s take half
 BACKEND=cuda
@@ -81,6 +83,7 @@ BACKEND=cuda
 if [ "$EMU" = 1 ]; then
   EXEC=build/emu/bin/piper-exec
   PROF=build/emu/bin/piper-prof
+  TOOLS=build/emu/bin # `make emu` builds every program (bin/ may not exist)
   KBIN=build/emu/gpu
   # a CPU thread runs each rank's kernels: fewer steps (each still runs every instruction
   # kind and the optimizer), no step budget, and an arena that leaves the emulated GPU's
@@ -242,9 +245,10 @@ check_training() {
     fi
   fi
   [ "$EMU" = 1 ] || return
-  # the NCCL path, which one GPU cannot take: an emulated GPU per rank (NCCL's calls over MPI)
-  PIPER_EMU_GPUS=4 PIPER_CUDA_GEMM=bf16 check_losses \
-    "(b) tiny-moe 4 ranks PP2xDP2xEP2 dualpipev, one emulated GPU each (NCCL), bf16 GEMMs" \
+  # the NCCL path, which one GPU cannot take: an emulated GPU per rank (NCCL's calls over MPI),
+  # its streams run apart, each in its own thread, with jitter (a missing event wait fails)
+  PIPER_EMU_GPUS=4 PIPER_EMU_ASYNC=1 PIPER_EMU_JITTER_US=50 PIPER_CUDA_GEMM=bf16 check_losses \
+    "(b) tiny-moe 4 ranks PP2xDP2xEP2 dualpipev, a GPU each (NCCL, streams apart), bf16 GEMMs" \
     moe4-cuda-nccl moe4-host 3e-2 mpirun --oversubscribe -np 4 $EXEC "${four[@]}" \
     --backend cuda --out "$OUT/moe4-cuda-nccl"
   if [ -f "$OUT/moe4-cuda-nccl/metrics.json" ] && grep -q 'host-staged' "$OUT/moe4-cuda-nccl.log"; then
@@ -504,12 +508,12 @@ loop() {
   shift 2
   in_budget "(d) loop $name" || return
   [ -f "$ran/metrics.json" ] || { fail "(d) loop $name: no run in $ran to compare with"; return; }
-  if ! timeout 60 bin/piper-sim "$@" --profile "$PROFILE" --out "$OUT/sim-$name" --force \
+  if ! timeout 60 "$TOOLS/piper-sim" "$@" --profile "$PROFILE" --out "$OUT/sim-$name" --force \
     > "$OUT/sim-$name.log" 2>&1; then
     fail "(d) loop $name: piper-sim: $(tail -3 "$OUT/sim-$name.log")"
     return
   fi
-  if bin/piper-compare "$OUT/sim-$name" "$ran" --json "$OUT/compare-$name.json" \
+  if "$TOOLS/piper-compare" "$OUT/sim-$name" "$ran" --json "$OUT/compare-$name.json" \
     > "$OUT/compare-$name.txt" 2>&1; then
     ok "(d) loop $name: simulate -> execute -> compare ($OUT/compare-$name.txt)"
     grep -m2 -i 'iteration\|peak' "$OUT/compare-$name.txt" | sed 's/^/      /' | tee -a "$REPORT"
@@ -584,10 +588,12 @@ check_plans() {
     fi
     local other=host where="sharing the GPU"
     [ "$DRY" = 0 ] && other=cuda
-    # emulated: a GPU per rank, so the plan's communicators are NCCL's ((b) took host staging)
-    [ "$EMU" = 1 ] && where="one emulated GPU each (NCCL)"
-    if [ "$DRY" = 0 ] && ! PIPER_EMU_GPUS=$np run "eq-$name-cuda" "${cmd[@]}" --backend cuda \
-      --out "$OUT/eq-$name-cuda" --dump-params "$OUT/eq-$name-cuda.params"; then
+    # emulated: a GPU per rank, so the plan's communicators are NCCL's ((b) took host staging),
+    # streams apart with jitter
+    [ "$EMU" = 1 ] && where="one emulated GPU each (NCCL, streams apart)"
+    if [ "$DRY" = 0 ] && ! PIPER_EMU_GPUS=$np PIPER_EMU_ASYNC=$EMU PIPER_EMU_JITTER_US=20 \
+      run "eq-$name-cuda" "${cmd[@]}" --backend cuda --out "$OUT/eq-$name-cuda" \
+      --dump-params "$OUT/eq-$name-cuda.params"; then
       fail "(e) $name, $np ranks $where: $(tail -2 "$OUT/eq-$name-cuda.log")"
       continue
     fi

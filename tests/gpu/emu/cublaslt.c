@@ -155,13 +155,24 @@ static size_t extent(const struct emu_lt_layout *l) {
   return ((l->cols - 1) * (size_t)l->ld + l->rows) * elem;
 }
 
+/* One matmul, its descriptors copied (the caller may destroy them once it returns) */
+struct matmul {
+  struct emu_lt_desc d;
+  struct emu_lt_layout la, lb, lc, ld;
+  const void *A, *B, *C;
+  void *D;
+  float alpha, beta;
+  uint64_t m, n, k;
+};
+
+static void matmul_run(void *arg);
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
                               const void *A, cublasLtMatrixLayout_t la, const void *B,
                               cublasLtMatrixLayout_t lb, const void *beta, const void *C,
                               cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
                               const cublasLtMatmulAlgo_t *algo, void *workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
-  (void)stream;
   uint64_t m, n, k;
   if (!h || !algo || !shapes(d, la, lb, lc, &m, &n, &k) || ld->rows != m || ld->cols != n ||
       ld->ld != lc->ld || (workspace_bytes && !emu_device_range(workspace, workspace_bytes)))
@@ -172,8 +183,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
   float al = *(const float *)alpha, be = *(const float *)beta;
   if (be != 0.0f)
     emu_check_device(C, extent(lc), "cublasLtMatmul C");
+  struct matmul *x = g_new(struct matmul, 1);
+  *x = (struct matmul){*d, *la, *lb, *lc, *ld, A, B, C, D, al, be, m, n, k};
+  emu_enqueue(stream, matmul_run, x);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+static void matmul_run(void *arg) {
+  struct matmul *x = arg;
+  const struct emu_lt_desc *d = &x->d;
+  const struct emu_lt_layout *la = &x->la, *lb = &x->lb, *lc = &x->lc, *ld = &x->ld;
+  const void *A = x->A, *B = x->B, *C = x->C;
+  float al = x->alpha, be = x->beta;
+  uint64_t m = x->m, n = x->n, k = x->k;
   /* op(A) by rows and op(B) by columns, each contiguous along k: dot products */
-  float *a = g_new(float, m * k + 1), *b = g_new(float, n * k + 1), *out = D;
+  float *a = g_new(float, m * k + 1), *b = g_new(float, n * k + 1), *out = x->D;
   for (uint64_t i = 0; i < m; i++)
     for (uint64_t l = 0; l < k; l++)
       a[i * k + l] = d->ta == CUBLAS_OP_T ? element(A, la, l, i) : element(A, la, i, l);
@@ -191,5 +215,5 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     }
   g_free(a);
   g_free(b);
-  return CUBLAS_STATUS_SUCCESS;
+  g_free(x);
 }

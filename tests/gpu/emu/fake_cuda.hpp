@@ -1,10 +1,11 @@
 // fake_cuda: the device side of CUDA on the host (tests/gpu/emu/README.md), for compiling
 // kernels/*.cu with g++ (the launch syntax <<<grid, block, bytes, stream>>>(args) is
 // rewritten to fake_launch(grid, block, bytes, stream, kernel, args) by the build, and
-// `__shared__` to `static`). A block runs as blockDim threads with real barriers
-// (__syncthreads, __syncwarp, shuffles) on fibers (launch.cpp), blocks one after the other
-// over one shared-memory array that starts as NaN bytes each time (what a kernel reads before
-// writing shows up). What this cannot check: the tensor cores' own rounding and the GPU's
+// `__shared__` to `static thread_local`). A launch is its stream's work (emu.h): a block runs
+// as blockDim threads with real barriers (__syncthreads, __syncwarp, shuffles) on fibers
+// (launch.cpp) in the thread that runs the stream, blocks one after the other over that
+// thread's shared-memory array, which starts as NaN bytes each time (what a kernel reads
+// before writing shows up). What this cannot check: the tensor cores' own rounding and the GPU's
 // timing; that is tests/gpu/check_kernels.c's job on a GPU.
 #pragma once
 #include <cuda_runtime.h>
@@ -40,12 +41,17 @@ extern thread_local uint3 threadIdx, blockIdx, blockDim, gridDim;
 // different barriers).
 void emu_run_grid(dim3 grid, dim3 block, void *shared, size_t bytes, void (*thunk)(void *),
                   void *arg);
+// The launch on stream st (emu.h: at once, or in the stream's thread): emu_run_grid over the
+// shared memory shared() returns in the thread that runs it, then done(arg).
+void emu_launch(cudaStream_t st, dim3 grid, dim3 block, void *(*shared)(), size_t bytes,
+                void (*thunk)(void *), void *arg, void (*done)(void *));
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 
 namespace {
-alignas(128) unsigned char smem[200 * 1024]; // dynamic shared memory (extern __shared__)
+// dynamic shared memory (extern __shared__), one a thread: streams run apart (emu.h)
+alignas(128) thread_local unsigned char smem[200 * 1024];
 }
 
 template <class F> cudaError_t cudaFuncSetAttribute(F, enum cudaFuncAttribute, int bytes) {
@@ -54,15 +60,18 @@ template <class F> cudaError_t cudaFuncSetAttribute(F, enum cudaFuncAttribute, i
 
 template <class K, class... A> struct emu_call {
   K kernel;
-  std::tuple<A...> args;
+  std::tuple<A...> args; // by value, as a launch's arguments are
   static void run(void *p) {
     emu_call *c = (emu_call *)p;
     std::apply(c->kernel, c->args);
   }
+  static void done(void *p) {
+    delete (emu_call *)p;
+  }
 };
 
 template <class K, class... A>
-void fake_launch(dim3 grid, dim3 block, size_t bytes, cudaStream_t, K kernel, A... args) {
+void fake_launch(dim3 grid, dim3 block, size_t bytes, cudaStream_t st, K kernel, A... args) {
   unsigned threads = block.x * block.y * block.z;
   if (bytes > sizeof smem || threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 ||
       grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
@@ -70,6 +79,7 @@ void fake_launch(dim3 grid, dim3 block, size_t bytes, cudaStream_t, K kernel, A.
     emu_set_last_error(cudaErrorInvalidValue);
     return;
   }
-  emu_call<K, A...> call{kernel, std::tuple<A...>(args...)};
-  emu_run_grid(grid, block, smem, bytes, emu_call<K, A...>::run, &call);
+  auto *call = new emu_call<K, A...>{kernel, std::tuple<A...>(args...)};
+  emu_launch(st, grid, block, []() -> void * { return smem; }, bytes, emu_call<K, A...>::run, call,
+             emu_call<K, A...>::done);
 }

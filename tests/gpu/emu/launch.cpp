@@ -1,4 +1,5 @@
-// launch: the threads of fake_cuda.hpp's kernel launches, as fibers on the caller's thread.
+// launch: the threads of fake_cuda.hpp's kernel launches, as fibers on the thread that runs the
+// launch (the caller's, or its stream's: emu.h).
 // Each block runs warp by warp: lane 0 of a warp runs first, on a fiber; if it ends without
 // reaching a barrier or a shuffle, the warp's other lanes run as plain calls (most kernels:
 // elementwise, no barrier, about a function call per thread). Otherwise the whole block goes
@@ -7,6 +8,8 @@
 // when every running lane of the warp does. Threads waiting at barriers nothing can release
 // abort the program with the launch named: on a GPU that is a hang or undefined behaviour.
 #include "fake_cuda.hpp"
+
+#include "emu.h"
 
 #include <sys/mman.h>
 
@@ -282,6 +285,29 @@ void emu_run_grid(dim3 grid, dim3 block, void *shared, size_t bytes, void (*thun
         run_block(&r);
       }
   run_now = NULL;
+}
+
+namespace {
+struct launch_work {
+  dim3 grid, block;
+  void *(*shared)();
+  size_t bytes;
+  void (*thunk)(void *);
+  void *arg;
+  void (*done)(void *);
+};
+
+void launch_run(void *p) {
+  launch_work *w = (launch_work *)p;
+  emu_run_grid(w->grid, w->block, w->shared(), w->bytes, w->thunk, w->arg);
+  w->done(w->arg);
+  delete w;
+}
+} // namespace
+
+void emu_launch(cudaStream_t st, dim3 grid, dim3 block, void *(*shared)(), size_t bytes,
+                void (*thunk)(void *), void *arg, void (*done)(void *)) {
+  emu_enqueue(st, launch_run, new launch_work{grid, block, shared, bytes, thunk, arg, done});
 }
 
 void __syncthreads() {

@@ -11,8 +11,8 @@
 
 
 
-inline uint32_t emu_regs[32][32][6]; // [warp][lane]: a0..a3, b0, b1 of an mma
-inline const void *emu_rows[32][32]; // [warp][lane]: ldmatrix row addresses
+inline thread_local uint32_t emu_regs[32][32][6]; // [warp][lane]: a0..a3, b0, b1 of an mma
+inline thread_local const void *emu_rows[32][32]; // [warp][lane]: ldmatrix row addresses
 
 inline uint32_t emu_bits(float f) {
   return __float2bfloat16_rn(f).bits;

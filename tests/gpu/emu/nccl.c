@@ -30,8 +30,10 @@ struct part {
   size_t bytes;
   int peer;
   ncclComm_t comm;
+  cudaStream_t stream;
 };
 
+static GMutex sends_lock; /* streams post sends from their threads (emu.h) */
 static GArray *sends;  /* struct pending_send */
 static GArray *group;  /* struct part, between ncclGroupStart and ncclGroupEnd */
 static int group_depth;
@@ -58,6 +60,7 @@ static size_t type_bytes(ncclDataType_t t) {
 
 /* Frees the buffered sends MPI has finished; all: waits for every one. */
 static void settle(bool all) {
+  g_mutex_lock(&sends_lock);
   for (guint i = 0; sends && i < sends->len;) {
     struct pending_send *s = &g_array_index(sends, struct pending_send, i);
     int done = 0;
@@ -72,6 +75,7 @@ static void settle(bool all) {
     g_free(s->copy);
     g_array_remove_index_fast(sends, i);
   }
+  g_mutex_unlock(&sends_lock);
 }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
@@ -142,6 +146,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm)
     return ncclInvalidArgument;
+  cudaDeviceSynchronize(); /* what the streams still hold for it */
   settle(true);
   MPI_Comm_free(&comm->mpi);
   g_free(comm);
@@ -155,9 +160,11 @@ static ncclResult_t post_send(const struct part *p) {
     g_free(s.copy);
     return ncclSystemError;
   }
+  g_mutex_lock(&sends_lock);
   if (!sends)
     sends = g_array_new(FALSE, FALSE, sizeof(struct pending_send));
   g_array_append_val(sends, s);
+  g_mutex_unlock(&sends_lock);
   return ncclSuccess;
 }
 
@@ -181,14 +188,50 @@ static ncclResult_t run_parts(const struct part *parts, guint n) {
   return r;
 }
 
+/* Parts enqueued on their stream: they run there, in its order (emu.h). An operation failing
+ * on a stream's thread has no caller to tell (NCCL reports such errors asynchronously): the
+ * emulation says so and aborts. */
+struct parts_work {
+  guint n;
+  struct part parts[];
+};
+
+static void must(ncclResult_t r, const char *what) {
+  if (r != ncclSuccess) {
+    fprintf(stderr, "emu: %s: %s\n", what, ncclGetErrorString(r));
+    abort();
+  }
+}
+
+static void parts_run(void *arg) {
+  struct parts_work *w = arg;
+  must(run_parts(w->parts, w->n), "NCCL send/receive");
+  g_free(w);
+}
+
+static ncclResult_t enqueue_parts(const struct part *parts, guint n) {
+  if (!n)
+    return ncclSuccess;
+  for (guint i = 1; i < n; i++)
+    if (parts[i].stream != parts[0].stream)
+      return ncclInvalidUsage; /* the backend groups one stream's parts */
+  if (!parts[0].stream || !emu_async())
+    return run_parts(parts, n);
+  struct parts_work *w = g_malloc(sizeof *w + n * sizeof *parts);
+  w->n = n;
+  memcpy(w->parts, parts, n * sizeof *parts);
+  emu_enqueue(parts[0].stream, parts_run, w);
+  return ncclSuccess;
+}
+
 static ncclResult_t point_to_point(bool send, void *buf, size_t count, ncclDataType_t type,
-                                   int peer, ncclComm_t comm) {
+                                   int peer, ncclComm_t comm, cudaStream_t stream) {
   if (!comm || peer < 0 || peer >= comm->size)
     return ncclInvalidArgument;
-  struct part p = {send, buf, count * type_bytes(type), peer, comm};
+  struct part p = {send, buf, count * type_bytes(type), peer, comm, stream};
   emu_check_device(buf, p.bytes, send ? "ncclSend buffer" : "ncclRecv buffer");
   if (group_depth == 0)
-    return run_parts(&p, 1);
+    return enqueue_parts(&p, 1);
   g_array_append_val(group, p);
   return ncclSuccess;
 }
@@ -205,82 +248,84 @@ ncclResult_t ncclGroupEnd(void) {
     return ncclInvalidUsage;
   if (--group_depth > 0)
     return ncclSuccess;
-  ncclResult_t r = run_parts((const struct part *)(void *)group->data, group->len);
+  ncclResult_t r = enqueue_parts((const struct part *)(void *)group->data, group->len);
   g_array_set_size(group, 0);
   return r;
 }
 
 ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
-  return point_to_point(true, (void *)buf, count, type, peer, comm);
+  return point_to_point(true, (void *)buf, count, type, peer, comm, stream);
 }
 
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  (void)stream;
-  return point_to_point(false, buf, count, type, peer, comm);
+  return point_to_point(false, buf, count, type, peer, comm, stream);
 }
 
-/* A collective: not inside a group (the backend groups only point-to-point), its input
- * copied first (NCCL allows in-place forms MPI spells differently). */
-static ncclResult_t collective_input(ncclComm_t comm, const void *in, size_t bytes,
-                                     void **copy) {
+/* A collective, checked when called and run in its stream's order: its input copied first
+ * (NCCL allows in-place forms MPI spells differently), then the MPI call on the members'
+ * communicator. Not inside a group (the backend groups only point-to-point). */
+enum coll_kind { ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER };
+struct coll_work {
+  enum coll_kind kind;
+  const void *in;
+  void *out;
+  size_t count, in_bytes; /* count: floats (reductions) or bytes (gather) per rank */
+  ncclComm_t comm;
+};
+
+static void coll_run(void *arg) {
+  struct coll_work *w = arg;
+  settle(false);
+  void *copy = g_memdup2(w->in, w->in_bytes ? w->in_bytes : 1);
+  MPI_Comm mc = w->comm->mpi;
+  int n = (int)w->count, rc;
+  if (w->kind == ALL_REDUCE)
+    rc = MPI_Allreduce(copy, w->out, n, MPI_FLOAT, MPI_SUM, mc);
+  else if (w->kind == REDUCE_SCATTER)
+    rc = MPI_Reduce_scatter_block(copy, w->out, n, MPI_FLOAT, MPI_SUM, mc);
+  else
+    rc = MPI_Allgather(copy, n, MPI_BYTE, w->out, n, MPI_BYTE, mc);
+  g_free(copy);
+  must(rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError, "NCCL collective");
+  g_free(w);
+}
+
+static ncclResult_t collective(enum coll_kind kind, const void *in, void *out, size_t count,
+                               size_t in_bytes, size_t out_bytes, ncclComm_t comm,
+                               cudaStream_t stream) {
   if (!comm)
     return ncclInvalidArgument;
   if (group_depth > 0)
     return ncclInvalidUsage;
-  emu_check_device(in, bytes, "NCCL collective input");
-  settle(false);
-  *copy = g_memdup2(in, bytes ? bytes : 1);
+  emu_check_device(in, in_bytes, "NCCL collective input");
+  emu_check_device(out, out_bytes, "NCCL collective output");
+  struct coll_work *w = g_new(struct coll_work, 1);
+  *w = (struct coll_work){kind, in, out, count, in_bytes, comm};
+  emu_enqueue(stream, coll_run, w);
   return ncclSuccess;
 }
 
 ncclResult_t ncclAllReduce(const void *in, void *out, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
-  void *copy = NULL;
   if (type != ncclFloat || op != ncclSum)
     return ncclInvalidArgument;
-  ncclResult_t r = collective_input(comm, in, count * 4, &copy);
-  if (r != ncclSuccess)
-    return r;
-  emu_check_device(out, count * 4, "ncclAllReduce output");
-  if (MPI_Allreduce(copy, out, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi) != MPI_SUCCESS)
-    r = ncclSystemError;
-  g_free(copy);
-  return r;
+  return collective(ALL_REDUCE, in, out, count, count * 4, count * 4, comm, stream);
 }
 
 ncclResult_t ncclReduceScatter(const void *in, void *out, size_t count, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
-  void *copy = NULL;
-  if (type != ncclFloat || op != ncclSum)
+  if (type != ncclFloat || op != ncclSum || !comm)
     return ncclInvalidArgument;
-  ncclResult_t r = collective_input(comm, in, count * 4 * (size_t)(comm ? comm->size : 0), &copy);
-  if (r != ncclSuccess)
-    return r;
-  emu_check_device(out, count * 4, "ncclReduceScatter output");
-  if (MPI_Reduce_scatter_block(copy, out, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi) !=
-      MPI_SUCCESS)
-    r = ncclSystemError;
-  g_free(copy);
-  return r;
+  return collective(REDUCE_SCATTER, in, out, count, count * 4 * (size_t)comm->size, count * 4,
+                    comm, stream);
 }
 
 ncclResult_t ncclAllGather(const void *in, void *out, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
-  void *copy = NULL;
   size_t bytes = count * type_bytes(type);
-  ncclResult_t r = collective_input(comm, in, bytes, &copy);
-  if (r != ncclSuccess)
-    return r;
-  emu_check_device(out, bytes * (size_t)comm->size, "ncclAllGather output");
-  if (MPI_Allgather(copy, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, comm->mpi) !=
-      MPI_SUCCESS)
-    r = ncclSystemError;
-  g_free(copy);
-  return r;
+  if (!comm)
+    return ncclInvalidArgument;
+  return collective(ALL_GATHER, in, out, bytes, bytes, bytes * (size_t)comm->size, comm, stream);
 }

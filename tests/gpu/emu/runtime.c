@@ -13,12 +13,25 @@
 
 #include "emu.h"
 
+/* A stream: its queue of enqueued work, run in order by its own thread in the asynchronous
+ * mode (PIPER_EMU_ASYNC=1), at once by the caller otherwise. */
 struct emu_stream {
   int priority;
+  GMutex lock;
+  GCond cond;
+  GQueue work; /* struct work */
+  bool busy, stop;
+  GThread *thread;
 };
+struct work {
+  void (*run)(void *); /* owns arg */
+  void *arg;
+};
+/* An event: how many records were enqueued, how many have run (a wait enqueued after the k-th
+ * record waits for done >= k, as CUDA's waits for the record before them). */
 struct emu_event {
   unsigned flags;
-  bool recorded;
+  uint64_t recorded, done;
   double at;
 };
 struct emu_mem_pool {
@@ -26,6 +39,10 @@ struct emu_mem_pool {
 };
 
 static _Thread_local cudaError_t last_error;
+static GMutex event_lock; /* every event's counts */
+static GCond event_cond;
+static GPtrArray *streams; /* the live ones, for cudaDeviceSynchronize */
+static GMutex streams_lock;
 static int device_now;
 static size_t used;
 static GTree *allocations; /* start -> size */
@@ -54,6 +71,70 @@ static int n_devices(void) {
 
 static size_t device_bytes(void) {
   return (size_t)env_long("PIPER_EMU_GPU_BYTES", 1L << 30, 1L << 20);
+}
+
+bool emu_async(void) {
+  static int mode = -1;
+  if (mode < 0)
+    mode = (int)env_long("PIPER_EMU_ASYNC", 0, 0) > 0;
+  return mode;
+}
+
+/* PIPER_EMU_JITTER_US: each stream waits up to that long before each piece of work (drawn per
+ * piece), so that runs try other interleavings of the streams */
+static void jitter(void) {
+  static long most = -1;
+  static _Thread_local GRand *rng;
+  if (most < 0)
+    most = env_long("PIPER_EMU_JITTER_US", 0, 0);
+  if (!most)
+    return;
+  if (!rng)
+    rng = g_rand_new();
+  g_usleep((gulong)g_rand_int_range(rng, 0, (gint32)most + 1));
+}
+
+static gpointer stream_thread(gpointer data) {
+  struct emu_stream *s = data;
+  g_mutex_lock(&s->lock);
+  for (;;) {
+    while (g_queue_is_empty(&s->work) && !s->stop)
+      g_cond_wait(&s->cond, &s->lock);
+    struct work *w = g_queue_pop_head(&s->work);
+    if (!w)
+      break; /* stopped and drained */
+    s->busy = true;
+    g_mutex_unlock(&s->lock);
+    jitter();
+    w->run(w->arg);
+    g_free(w);
+    g_mutex_lock(&s->lock);
+    s->busy = false;
+    g_cond_broadcast(&s->cond);
+  }
+  g_mutex_unlock(&s->lock);
+  return NULL;
+}
+
+void emu_enqueue(cudaStream_t s, void (*run)(void *), void *arg) {
+  if (!s || !emu_async()) {
+    run(arg);
+    return;
+  }
+  struct work *w = g_new(struct work, 1);
+  w->run = run;
+  w->arg = arg;
+  g_mutex_lock(&s->lock);
+  g_queue_push_tail(&s->work, w);
+  g_cond_broadcast(&s->cond);
+  g_mutex_unlock(&s->lock);
+}
+
+static void stream_drain(cudaStream_t s) {
+  g_mutex_lock(&s->lock);
+  while (!g_queue_is_empty(&s->work) || s->busy)
+    g_cond_wait(&s->cond, &s->lock);
+  g_mutex_unlock(&s->lock);
 }
 
 static gint by_address(gconstpointer a, gconstpointer b, gpointer unused) {
@@ -155,7 +236,11 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
-  return cudaSuccess; /* streams run at enqueue */
+  g_mutex_lock(&streams_lock);
+  for (guint i = 0; streams && i < streams->len; i++)
+    stream_drain(g_ptr_array_index(streams, i));
+  g_mutex_unlock(&streams_lock);
+  return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
@@ -207,9 +292,8 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
   return cudaSuccess;
 }
 
-cudaError_t cudaFree(void *p) {
-  if (!p)
-    return cudaSuccess;
+/* p's allocation back, at once */
+static cudaError_t release(void *p) {
   g_mutex_lock(&lock);
   gpointer size = allocations ? g_tree_lookup(allocations, p) : NULL;
   if (size) {
@@ -223,13 +307,36 @@ cudaError_t cudaFree(void *p) {
   return cudaSuccess;
 }
 
+cudaError_t cudaFree(void *p) {
+  if (!p)
+    return cudaSuccess;
+  cudaDeviceSynchronize(); /* as CUDA's: nothing enqueued still uses it */
+  return release(p);
+}
+
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
   (void)s;
   return cudaMalloc(p, bytes);
 }
 
+static void free_now(void *p) {
+  cudaError_t e = release(p); /* the work before it on its stream has run */
+  if (e != cudaSuccess) {
+    fprintf(stderr, "emu: cudaFreeAsync(%p): not an allocation's start\n", p);
+    abort();
+  }
+}
+
+/* after the work enqueued before it (stream order), as the stream-ordered allocator's */
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
-  (void)s;
+  if (!p)
+    return cudaSuccess;
+  if (!emu_device_range(p, 1))
+    return cudaErrorInvalidValue;
+  if (s && emu_async()) {
+    emu_enqueue(s, free_now, p);
+    return cudaSuccess;
+  }
   return cudaFree(p);
 }
 
@@ -259,10 +366,47 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
   return cudaSuccess;
 }
 
+/* A copy or a fill enqueued: bytes from src (its own snapshot for host memory) or value */
+struct copy_work {
+  void *dst;
+  const void *src;
+  size_t bytes;
+  int value;
+  bool fill;
+  unsigned char host[]; /* the snapshot */
+};
+
+static void copy_run(void *arg) {
+  struct copy_work *c = arg;
+  if (c->fill)
+    memset(c->dst, c->value, c->bytes);
+  else
+    memmove(c->dst, c->src, c->bytes);
+  g_free(c);
+}
+
+/* Host memory here is pageable (g_malloc), so as CUDA does: host to device takes the source
+ * when called (its bytes staged) and lands in stream order; device to host waits for the
+ * stream and copies before returning; device to device is stream work. */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t s) {
-  (void)s;
-  return cudaMemcpy(dst, src, bytes, kind);
+  if (!s || !emu_async() || kind == cudaMemcpyDeviceToHost) {
+    if (s && emu_async())
+      stream_drain(s);
+    return cudaMemcpy(dst, src, bytes, kind);
+  }
+  if (kind == cudaMemcpyHostToHost || kind == cudaMemcpyDefault)
+    return cudaErrorInvalidValue;
+  emu_check_device(dst, bytes, "cudaMemcpyAsync destination");
+  bool staged = kind == cudaMemcpyHostToDevice;
+  if (!staged)
+    emu_check_device(src, bytes, "cudaMemcpyAsync source");
+  struct copy_work *c = g_malloc(sizeof *c + (staged ? bytes : 0));
+  *c = (struct copy_work){dst, staged ? c->host : src, bytes, 0, false};
+  if (staged)
+    memcpy(c->host, src, bytes);
+  emu_enqueue(s, copy_run, c);
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t bytes) {
@@ -272,8 +416,11 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes) {
 }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
-  (void)s;
-  return cudaMemset(p, value, bytes);
+  emu_check_device(p, bytes, "cudaMemsetAsync");
+  struct copy_work *c = g_new(struct copy_work, 1);
+  *c = (struct copy_work){p, NULL, bytes, value, true};
+  emu_enqueue(s, copy_run, c);
+  return cudaSuccess;
 }
 
 /* ---- streams and events --------------------------------------------------------------------- */
@@ -286,27 +433,93 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int pr
   (void)flags;
   *s = g_new0(struct emu_stream, 1);
   (*s)->priority = priority;
+  g_mutex_init(&(*s)->lock);
+  g_cond_init(&(*s)->cond);
+  g_queue_init(&(*s)->work);
+  if (emu_async())
+    (*s)->thread = g_thread_new("emu-stream", stream_thread, *s);
+  g_mutex_lock(&streams_lock);
+  if (!streams)
+    streams = g_ptr_array_new();
+  g_ptr_array_add(streams, *s);
+  g_mutex_unlock(&streams_lock);
   return cudaSuccess;
 }
 
+/* As CUDA's: the work enqueued still runs (here: before it returns). */
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s)
+    return cudaErrorInvalidValue;
+  g_mutex_lock(&streams_lock);
+  g_ptr_array_remove(streams, s);
+  g_mutex_unlock(&streams_lock);
+  if (s->thread) {
+    g_mutex_lock(&s->lock);
+    s->stop = true;
+    g_cond_broadcast(&s->cond);
+    g_mutex_unlock(&s->lock);
+    g_thread_join(s->thread);
+  }
+  g_mutex_clear(&s->lock);
+  g_cond_clear(&s->cond);
   g_free(s);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  (void)s;
+  if (s && emu_async())
+    stream_drain(s);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-  (void)s;
-  return cudaSuccess;
+  if (!s || !emu_async())
+    return cudaSuccess;
+  g_mutex_lock(&s->lock);
+  bool idle = g_queue_is_empty(&s->work) && !s->busy;
+  g_mutex_unlock(&s->lock);
+  return idle ? cudaSuccess : cudaErrorNotReady;
 }
 
+struct event_work {
+  cudaEvent_t e;
+  uint64_t k; /* the record: the k-th */
+};
+
+static void event_mark(void *arg) {
+  struct event_work *w = arg;
+  g_mutex_lock(&event_lock);
+  if (w->k > w->e->done)
+    w->e->done = w->k;
+  w->e->at = now_s(); /* everything before it on the stream has run */
+  g_cond_broadcast(&event_cond);
+  g_mutex_unlock(&event_lock);
+  g_free(w);
+}
+
+static void event_wait(void *arg) {
+  struct event_work *w = arg;
+  g_mutex_lock(&event_lock);
+  while (w->e->done < w->k)
+    g_cond_wait(&event_cond, &event_lock);
+  g_mutex_unlock(&event_lock);
+  g_free(w);
+}
+
+/* the work enqueued on s after this waits for e's last record before it */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
-  (void)s, (void)flags;
-  return e ? cudaSuccess : cudaErrorInvalidValue;
+  (void)flags;
+  if (!e)
+    return cudaErrorInvalidValue;
+  g_mutex_lock(&event_lock);
+  uint64_t k = e->recorded;
+  g_mutex_unlock(&event_lock);
+  if (k) {
+    struct event_work *w = g_new(struct event_work, 1);
+    *w = (struct event_work){e, k};
+    emu_enqueue(s, event_wait, w);
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
@@ -319,32 +532,50 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
   return cudaSuccess;
 }
 
+/* Asynchronous: work still enqueued may name it (a record, a wait), so it is left to the
+ * process's end, as CUDA keeps an event's resources until its pending work is done. */
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  g_free(e);
+  if (!emu_async())
+    g_free(e);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  (void)s;
   if (!e)
     return cudaErrorInvalidValue;
-  e->recorded = true;
-  e->at = now_s(); /* everything before it on the stream has run */
+  g_mutex_lock(&event_lock);
+  struct event_work *w = g_new(struct event_work, 1);
+  *w = (struct event_work){e, ++e->recorded};
+  g_mutex_unlock(&event_lock);
+  emu_enqueue(s, event_mark, w);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  return e ? cudaSuccess : cudaErrorInvalidValue;
+  if (!e)
+    return cudaErrorInvalidValue;
+  g_mutex_lock(&event_lock);
+  bool done = e->done >= e->recorded;
+  g_mutex_unlock(&event_lock);
+  return done ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  return e ? cudaSuccess : cudaErrorInvalidValue;
+  if (!e)
+    return cudaErrorInvalidValue;
+  g_mutex_lock(&event_lock);
+  while (e->done < e->recorded)
+    g_cond_wait(&event_cond, &event_lock);
+  g_mutex_unlock(&event_lock);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
   if (!start || !end || !start->recorded || !end->recorded ||
       (start->flags | end->flags) & cudaEventDisableTiming)
     return cudaErrorInvalidValue;
+  if (cudaEventQuery(start) != cudaSuccess || cudaEventQuery(end) != cudaSuccess)
+    return cudaErrorNotReady;
   *ms = (float)((end->at - start->at) * 1e3);
   return cudaSuccess;
 }
