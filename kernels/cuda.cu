@@ -493,8 +493,6 @@ __global__ void scatter_rows_k(float *dst, const float *src, const int32_t *inde
   }
 }
 
-// One block per row of a chunk: the row's loss, max logit and 1 / sum of exp (saved layout of
-// kernels/loss.c: max [T], then inv [T]); the logits are left as they are.
 // A row of logits' max and its sum of exp(logit - max), every thread of the block getting both.
 __device__ void row_softmax_stats(const float *row, int V, float *mx, float *sum) {
   float m = -INFINITY;
@@ -508,6 +506,8 @@ __device__ void row_softmax_stats(const float *row, int V, float *mx, float *sum
   *sum = block_sum(s);
 }
 
+// One block per row of a chunk: the row's loss, max logit and 1 / sum of exp (saved layout of
+// kernels/loss.c: max [T], then inv [T]); the logits are left as they are.
 __global__ void xent_stats_k(float *rowloss, float *saved, const float *logits,
                              const int32_t *targets, int t0, int T, int V) {
   const float *row = logits + (size_t)blockIdx.x * V;

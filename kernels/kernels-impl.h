@@ -34,6 +34,7 @@ enum kernels_scratch_slot {
   KERNELS_SCRATCH_ATTENTION_DS, /* attention BI: dS of one row block, [block, seq] floats */
   KERNELS_SCRATCH_ATTENTION_P,  /* attention F and BI: one row block's probabilities and a row */
   KERNELS_SCRATCH_LM_HEAD,      /* LM head F: a chunk of rows' logits */
+  KERNELS_SCRATCH_TP_TARGETS,   /* TP's LM head: the targets as its vocabulary slice's columns */
   KERNELS_SCRATCH_SLOTS
 };
 void *kernels_impl_scratch(enum kernels_scratch_slot slot, size_t bytes);

@@ -71,7 +71,8 @@ float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *
 
 /* dl [n, V] <- dlogits = (probs - onehot(target)) * scale for rows [t0, t0 + n), the
  * probabilities recomputed from the logits and the forward's max and 1 / sum, exactly as the
- * forward had them */
+ * forward had them. A target outside [0, V) has no column (tensor parallelism's slice of the
+ * vocabulary holds no target of another slice): that row's dlogits are the probabilities'. */
 KERNELS_IMPL_VECTOR
 static void dlogits_rows(float *dl, const float *h, const float *saved, const int32_t *targets,
                          const float *params, enum kernels_lm_head_layout layout, float scale,
@@ -82,10 +83,12 @@ static void dlogits_rows(float *dl, const float *h, const float *saved, const in
     int tg = targets[t0 + t];
     kernels_impl_exp_sum(row, (size_t)V, saved[t0 + t]);
     float inv = saved[T + t0 + t];
-    float pt = row[tg] * inv;
+    bool has = tg >= 0 && tg < V;
+    float pt = has ? row[tg] * inv : 0.0f;
     for (int v = 0; v < V; v++)
       row[v] = row[v] * inv * scale;
-    row[tg] = (pt - 1.0f) * scale;
+    if (has)
+      row[tg] = (pt - 1.0f) * scale;
   }
 }
 
@@ -185,27 +188,18 @@ float kernels_tp_head_combine(float *saved, const float *gathered, int tp, int T
   return (float)(loss / T);
 }
 
+/* The whole head's backward over the slice (its chunks of rows), the targets as the slice's
+ * columns (none outside it): dh = (a partial sum), dw += */
 void kernels_tp_head_backward(float *dh, float *dw, const float *saved, const float *h,
                               const int32_t *targets, const float *w,
                               enum kernels_lm_head_layout layout, float dloss, int T, int C,
                               int lo, int n) {
-  float scale = dloss / (float)T;
-  float *dl = slice_logits(h, w, layout, T, C, n);
-  for (int t = 0; t < T; t++) {
-    float *row = dl + (size_t)t * n, m = saved[t], inv = saved[T + t];
-    for (int v = 0; v < n; v++)
-      row[v] = expf(row[v] - m) * inv * scale;
-    int tg = targets[t] - lo;
-    if (tg >= 0 && tg < n)
-      row[tg] -= scale;
-  }
-  bool tied = layout == KERNELS_LM_HEAD_TIED;
-  if (dh && tied)
-    kernels_gemm(false, false, T, C, n, 1.0f, dl, n, w, C, 0.0f, dh, C);
-  else if (dh)
-    kernels_gemm(false, true, T, C, n, 1.0f, dl, n, w, n, 0.0f, dh, C);
-  if (dw && tied)
-    kernels_gemm(true, false, n, C, T, 1.0f, dl, n, h, C, 1.0f, dw, C);
-  else if (dw)
-    kernels_gemm(true, false, C, n, T, 1.0f, h, C, dl, n, 1.0f, dw, n);
+  int32_t *local = kernels_impl_scratch(KERNELS_SCRATCH_TP_TARGETS, (size_t)T * sizeof(int32_t));
+  for (int t = 0; t < T; t++)
+    local[t] = targets[t] - lo >= 0 && targets[t] - lo < n ? targets[t] - lo : -1;
+  if (dh)
+    kernels_lm_head_loss_backward_input(dh, NULL, saved, h, local, w, layout, dloss, T, C, n,
+                                        false);
+  if (dw)
+    kernels_lm_head_loss_backward_weight(dw, NULL, saved, h, local, w, layout, dloss, T, C, n);
 }
