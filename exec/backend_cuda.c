@@ -278,6 +278,10 @@ static bool cuda_init(struct exec_backend *backend, const struct exec_backend_pa
   return true;
 }
 
+struct cuda_context *exec_cuda_context(struct exec_backend *b) {
+  return b->context;
+}
+
 static void cuda_free(struct exec_backend *backend) {
   struct cuda_context *b = backend->context;
   if (!b)

@@ -198,6 +198,8 @@ extern const struct exec_kernels exec_cuda_kernels;
  * step setup) enqueues on. Set by init. */
 extern struct cuda_context *exec_cuda_kernels_context;
 bool exec_cuda_kernels_cover(const struct model *m, GError **err);
+/* The cuda backend's own state of instance b (made by exec_backend_init with the cuda table). */
+struct cuda_context *exec_cuda_context(struct exec_backend *b);
 
 #endif /* HAVE_CUDA */
 #endif

@@ -136,8 +136,8 @@ static bool cuda_op_init(struct cuda_op *o, struct gpu *g, const struct model *m
   b->params = device_floats(g, z.params, 1, 0.1f);
   /* the optimizer's block is a weight store in piper-exec (k_adamw_step): without one, every
    * GEMM would convert its whole weight to bf16 (the LM head's 525 M elements once per chunk) */
-  if (b->params && exec_cuda_kernels_context->bf16_gemm)
-    exec_wcache_add_store(&exec_cuda_kernels_context->wcache, b->params, z.params * sizeof(float));
+  if (b->params && exec_cuda_context(g->b)->bf16_gemm)
+    exec_wcache_add_store(&exec_cuda_context(g->b)->wcache, b->params, z.params * sizeof(float));
   b->dparams = device_floats(g, z.params, 0, 0);
   b->in0 = device_floats(g, z.in, 2, 1.0f);
   b->dout = device_floats(g, z.out, 3, 1.0f);
@@ -348,8 +348,7 @@ static bool op_task(struct exec_stream *s, void *arg, GError **err) {
 /* GEMMs in the precision the executor picks for the model (cuda_configure): bf16 operands
  * with fp32 accumulation for bf16 models, fp32 for fp32 models. */
 static void gemm_precision(struct gpu *g, bool bf16) {
-  (void)g;
-  exec_cuda_kernels_context->bf16_gemm = bf16;
+  exec_cuda_context(g->b)->bf16_gemm = bf16;
 }
 
 struct adamw_arg {
@@ -374,7 +373,7 @@ static bool weight_copy_cost(struct prof_run *r, struct gpu *g, struct cuda_op *
                              GError **err) {
   *out = 0;
   size_t n = prof_op_sizes(&o->b).params;
-  if (!exec_cuda_kernels_context->bf16_gemm || n == 0)
+  if (!exec_cuda_context(g->b)->bf16_gemm || n == 0)
     return true;
   struct adamw_arg with = {.g = g, .p = o->b.params, .grad = o->b.dparams, .n = n};
   struct adamw_arg without = with;
@@ -724,8 +723,8 @@ static bool measure_nccl(struct prof_run *r, struct gpu *g, GError **err) {
 
 /* ---- the whole run ------------------------------------------------------------------------ */
 
-static bool gpu_facts(struct prof_run *r, size_t *free_bytes, GError **err) {
-  struct cuda_context *b = exec_cuda_kernels_context;
+static bool gpu_facts(struct prof_run *r, struct gpu *g, size_t *free_bytes, GError **err) {
+  struct cuda_context *b = exec_cuda_context(g->b);
   size_t total = 0;
   if (!CUDA_CHECK(b, cudaMemGetInfo(free_bytes, &total), err))
     return false;
@@ -739,7 +738,7 @@ static bool gpu_facts(struct prof_run *r, size_t *free_bytes, GError **err) {
 
 static bool measure_gpu(struct prof_run *r, struct gpu *g, GPtrArray *models, GError **err) {
   size_t free_bytes = 0;
-  if (!gpu_facts(r, &free_bytes, err))
+  if (!gpu_facts(r, g, &free_bytes, err))
     return false;
   uint64_t max_params = 0;
   for (guint i = 0; i < models->len; i++) {
