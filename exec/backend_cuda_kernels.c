@@ -18,10 +18,11 @@
 #include "cuda-impl.h"
 #include "gpu_layout.h"
 
-struct cuda_context *exec_cuda_kernels_context;
-
+/* Every entry is given a stream (the setup stream outside tasks): its context is the
+ * instance's. */
 static struct cuda_context *kernel_ctx(struct exec_stream *s) {
-  return s ? s->b : exec_cuda_kernels_context;
+  PIPER_ASSERT(s != NULL);
+  return s->b;
 }
 
 static cudaStream_t st_of(struct exec_stream *s) {
@@ -1192,50 +1193,11 @@ static void k_tp_head_backward(struct exec_stream *s, float *dh, float *dw, cons
 }
 
 const struct exec_kernels exec_cuda_kernels = {
-    .fill = k_fill,
-    .copy = k_copy,
-    .add = k_add,
-    .embedding_forward = k_embedding_forward,
-    .embedding_backward_weight = k_embedding_backward_weight,
-    .embedding_backward = k_embedding_backward,
-    .rmsnorm_forward = k_rmsnorm_forward,
-    .rmsnorm_backward_input = k_rmsnorm_backward_input,
-    .rmsnorm_backward_weight = k_rmsnorm_backward_weight,
-    .rmsnorm_backward = k_rmsnorm_backward,
-    .attention_forward = k_attention_forward,
-    .attention_backward_input = k_attention_backward_input,
-    .attention_backward_weight = k_attention_backward_weight,
-    .attention_backward = k_attention_backward,
-    .mlp_forward = k_mlp_forward,
-    .mlp_backward_input = k_mlp_backward_input,
-    .mlp_backward_weight = k_mlp_backward_weight,
-    .mlp_backward = k_mlp_backward,
-    .router_forward = k_router_forward,
-    .router_backward_input = k_router_backward_input,
-    .router_backward_weight = k_router_backward_weight,
-    .router_backward = k_router_backward,
-    .moe_dispatch_plan = k_moe_dispatch_plan,
-    .moe_dispatch_forward = k_moe_dispatch_forward,
-    .moe_dispatch_backward = k_moe_dispatch_backward,
-    .moe_combine_forward = k_moe_combine_forward,
-    .moe_combine_backward = k_moe_combine_backward,
-    .expert_ffn_forward = k_expert_ffn_forward,
-    .expert_ffn_backward_input = k_expert_ffn_backward_input,
-    .expert_ffn_backward_weight = k_expert_ffn_backward_weight,
-    .expert_ffn_backward = k_expert_ffn_backward,
-    .lm_head_loss_forward = k_lm_head_loss_forward,
-    .lm_head_loss_backward_input = k_lm_head_loss_backward_input,
-    .lm_head_loss_backward_weight = k_lm_head_loss_backward_weight,
-    .lm_head_loss_backward = k_lm_head_loss_backward,
-    .residual_add_forward = k_residual_add_forward,
-    .residual_add_backward = k_residual_add_backward,
-    .adamw_step = k_adamw_step,
-    .attention_core_forward = k_attention_core_forward,
-    .tp_embedding_forward = k_tp_embedding_forward,
-    .tp_embedding_backward = k_tp_embedding_backward,
-    .tp_head_stats = k_tp_head_stats,
-    .tp_head_combine = k_tp_head_combine,
-    .tp_head_backward = k_tp_head_backward,
+#define EXEC_KERNEL(name, use, params, args) .name = k_##name,
+#define EXEC_COLLECTIVE(name, use, params, args, pre)
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
 };
 
 /* MLA attention has no kernel here (nor on the host): refused before anything runs. */

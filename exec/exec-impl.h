@@ -7,7 +7,10 @@
 
 #include <stdatomic.h>
 
-#include "exec.h"
+#include "../report/report.h"
+#include "backend.h"
+#include "data.h"
+#include "watchdog.h"
 
 /* The decoder state one micro-batch passes between ops (models/model.h's kind table). r holds
  * the top-k expert ids (int32) then their weights (float): 2 * T * K words. */
@@ -65,6 +68,10 @@ struct exec_model {
 /* Attention dimensions of a model op, with the model's RoPE. */
 struct kernels_attention_dims exec_attention_dims(const struct exec_model *xm,
                                                   const struct model_op *op);
+
+/* Deterministic initial value of element `index` of model op `op`'s parameters: independent of
+ * the plan, so every plan of a model starts from the same weights. */
+float exec_init_param(const struct model *m, uint64_t seed, uint32_t op, uint64_t index);
 
 bool exec_model_init(struct exec_model *xm, const struct model *m, GError **err);
 void exec_model_clear(struct exec_model *xm);
@@ -447,5 +454,10 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
 /* Rank 0, once every rank has written step: points dir/latest at it, then keeps the last keep
  * step directories (0: all). */
 bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t keep, GError **err);
+
+/* ops_check.c: the uses (enum exec_op_use) of the ops plan p runs, and the input error,
+ * naming the op, when b lacks one of them. */
+void exec_plan_uses(const struct plan *p, bool uses[EXEC_USE_COUNT]);
+bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err);
 
 #endif

@@ -186,18 +186,6 @@ static bool local_world_broadcast(struct host_context *b, void *buf, size_t byte
 #ifdef HAVE_MPI
 /* ---- MPI ------------------------------------------------------------------------------- */
 
-/* Whether this process was started by an MPI launcher: alone, it runs one device without
- * initialising MPI at all (faster, and nothing to tear down); params.force_mpi forces MPI. */
-static bool launched_by_mpi(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
-                                     "MPI_LOCALNRANKS"};
-  for (size_t i = 0; i < G_N_ELEMENTS(vars); i++)
-    if (getenv(vars[i]))
-      return true;
-  const char *tasks = getenv("SLURM_NTASKS");
-  return tasks && atoi(tasks) > 1;
-}
-
 static bool mpi_fail(GError **err, struct host_context *b, const char *label, const char *what,
                      int rc) {
   char msg[MPI_MAX_ERROR_STRING] = "";
@@ -623,7 +611,9 @@ bool exec_host_comm_init(struct host_context *b, const struct exec_backend_param
                          GError **err) {
   b->world = g_new0(struct host_world, 1);
 #ifdef HAVE_MPI
-  if ((p && p->force_mpi) || launched_by_mpi())
+  /* alone (no launcher), a process runs one device without initialising MPI at all (faster,
+   * nothing to tear down); force_mpi starts it anyway */
+  if (p->force_mpi || p->launch.launched)
     return mpi_comm_init(b, p, err);
 #endif
   return local_comm_init(b, p, err);

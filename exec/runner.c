@@ -273,7 +273,7 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   struct exec_state *s = &R->s;
   double t0 = exec_backend_clock(R->b);
   s->step = step;
-  s->k->fill(NULL, s->grads, 0.0f, (size_t)d->n_store[EXEC_STORE_GRADS]);
+  s->k->fill(exec_backend_setup_stream(R->b), s->grads, 0.0f, (size_t)d->n_store[EXEC_STORE_GRADS]);
   R->step_fill = exec_backend_clock(R->b) - t0; /* a kernel: training needs it, not the executor */
   exec_step_memory_begin(s);
   for (uint32_t k = 0; k < d->M; k++)
@@ -792,7 +792,7 @@ static uint64_t host_memory_available(void) {
  * runs (the launcher's local size). A backend with device memory of its own is not judged
  * by the host's. */
 static bool check_host_memory(const struct runner *R, struct exec_backend *b, GError **err) {
-  if (strcmp(exec_backend_name(b), "host") != 0)
+  if (!exec_backend_host_memory(b))
     return true;
   uint64_t avail = host_memory_available();
   if (!avail)
@@ -805,9 +805,8 @@ static bool check_host_memory(const struct runner *R, struct exec_backend *b, GE
   const uint64_t *st = R->device.n_store;
   uint64_t stat = (st[EXEC_STORE_PARAMS] + st[EXEC_STORE_GRADS] + 2 * st[EXEC_STORE_STATE]) *
                   sizeof(float);
-  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  uint64_t ranks = local ? g_ascii_strtoull(local, NULL, 10) : 1;
-  uint64_t need = (stat + acts) * (ranks ? ranks : 1);
+  uint64_t ranks = exec_backend_local_size(b);
+  uint64_t need = (stat + acts) * ranks;
   if (need <= avail)
     return true;
   const double gib = (double)(1ull << 30);
@@ -856,18 +855,9 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   R->comm = g_new0(double, n ? n : 1);
   R->streams = g_new0(struct exec_stream *, o->plan->n_streams);
   R->stream_end = g_new0(struct exec_event *, o->plan->n_streams);
-  /* the optional kernel selective recomputation needs (every rank sees the same plan, so
-   * every rank refuses) */
-  for (uint32_t k = 0; k < o->plan->n_nodes && !s->k->attention_core_forward; k++)
-    if (o->plan->nodes[k].recompute == IR_RECOMPUTE_SELECTIVE)
-      return piper_input_error(err,
-                               "backend \"%s\" has no attention core kernel, which selective "
-                               "recomputation reruns (recompute full runs there)",
-                               b->ops->name ? b->ops->name : "?");
-  for (uint32_t k = 0; k < o->plan->n_nodes && !s->k->tp_head_stats; k++)
-    if (o->plan->nodes[k].tp_degree > 1)
-      return piper_input_error(err, "backend \"%s\" has no tensor-parallel kernels",
-                               b->ops->name ? b->ops->name : "?");
+  /* every op the plan runs is in b's tables (every rank sees the whole plan: all refuse) */
+  if (!exec_check_ops(b, o->plan, err))
+    return false;
   return check_host_memory(R, b, err);
 }
 

@@ -268,10 +268,10 @@ enum kernels_lm_head_layout { KERNELS_LM_HEAD_UNTIED, KERNELS_LM_HEAD_TIED };
 size_t kernels_lm_head_loss_param_count(int C, int V); /* untied: C * V */
 size_t kernels_lm_head_loss_saved_floats(int T, int V);
 size_t kernels_lm_head_loss_bwork_floats(int T, int V);
-/* returns the mean loss; saved <- h [T, C] */
-float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *targets,
-                                   const float *params, enum kernels_lm_head_layout layout, int T,
-                                   int C, int V);
+/* *loss <- the mean loss; saved <- h [T, C] */
+void kernels_lm_head_loss_forward(float *loss, float *saved, const float *h, const int32_t *targets,
+                                  const float *params, enum kernels_lm_head_layout layout, int T,
+                                  int C, int V);
 /* dh [T, C] (= or +=), bwork */
 void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *saved,
                                          const float *h, const int32_t *targets,
@@ -296,7 +296,7 @@ void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, cons
  * the slice, the sum of exp(logit - m), and the target's logit where the target is in the
  * slice (else 0); _combine merges the group's stats, gathered [tp][3, T], into saved (the max
  * over the vocabulary [T], then 1 / the sum of exp [T], as kernels_lm_head_loss_forward's) and
- * returns the mean loss; _backward: the slice's dlogits from saved, dh [T, C] = dlogits w^T
+ * writes the mean loss to *loss; _backward: the slice's dlogits from saved, dh [T, C] = dlogits w^T
  * (a partial sum over the group; NULL: none) and dw += (NULL: none). */
 void kernels_tp_embedding_forward(float *x, const int32_t *tokens, const float *table, int T,
                                   int C, int lo, int n);
@@ -304,11 +304,16 @@ void kernels_tp_embedding_backward(float *dtable, const float *dx, const int32_t
                                    int C, int lo, int n);
 void kernels_tp_head_stats(float *stats, const float *h, const int32_t *targets, const float *w,
                            enum kernels_lm_head_layout layout, int T, int C, int lo, int n);
-float kernels_tp_head_combine(float *saved, const float *gathered, int tp, int T);
+void kernels_tp_head_combine(float *loss, float *saved, const float *gathered, int tp, int T);
 void kernels_tp_head_backward(float *dh, float *dw, const float *saved, const float *h,
                               const int32_t *targets, const float *w,
                               enum kernels_lm_head_layout layout, float dloss, int T, int C,
                               int lo, int n);
+
+/* ---- buffers: x [n] = value; dst [bytes] = src (may overlap); y [n] += x [n] ---------------- */
+void kernels_fill(float *x, float value, size_t n);
+void kernels_copy(void *dst, const void *src, size_t bytes);
+void kernels_add(float *y, const float *x, size_t n);
 
 /* ---- RESIDUAL_ADD: x += y ----------------------------------------------------------------
  * Backward passes the gradient to both: dx is unchanged, dy = dx (or dy += dx). */

@@ -19,6 +19,7 @@
 
 #include "../directives/compile.h"
 #include "../exec/exec.h"
+#include "../exec/watchdog.h"
 #include "../base/json.h"
 #include "../base/version.h"
 #include "../report/chart.h"
@@ -35,8 +36,9 @@ struct exec_cli {
 
 static void list_backends(const struct option_program *p) {
   (void)p;
-  for (size_t k = 0; exec_backends[k]; k++)
-    printf("%s\t%s\n", exec_backends[k]->name, exec_backends[k]->description);
+  const char *name, *description;
+  for (uint32_t k = 0; (name = exec_backend_builtin(k, &description)); k++)
+    printf("%s\t%s\n", name, description);
 }
 
 /* One row per option, as in redis's config table: kept as rows, not reflowed. */
@@ -205,10 +207,17 @@ static void fault_hook(uint32_t rank, uint32_t step, void *data) {
 }
 
 /* The options that go together; OPTIONS_CONTINUE, or the usage error's exit status. */
-static int check_inputs(const struct exec_cli *a, const struct exec_backend_ops **ops) {
+static bool backend_built_in(const char *name) {
+  const char *n;
+  for (uint32_t k = 0; (n = exec_backend_builtin(k, NULL)); k++)
+    if (strcmp(n, name) == 0)
+      return true;
+  return false;
+}
+
+static int check_inputs(const struct exec_cli *a) {
   const struct compile_args *ca = &a->compile;
-  *ops = exec_backend_find(a->backend);
-  if (!*ops)
+  if (!backend_built_in(a->backend))
     return piper_usage_error("piper-exec",
                              "--backend: \"%s\" is not built in (see --list-backends)", a->backend);
   if (a->plans && options_compile_arg_given(ca))
@@ -437,18 +446,19 @@ static void free_backend(struct exec_backend *b) {
 }
 
 /* Starts the backend (MPI, when launched so), trains, and stops it. */
-static int run_on_backend(const struct exec_backend_ops *ops, struct exec_options *o,
+static int run_on_backend(struct exec_options *o,
                           const struct exec_cli *a, int *argc,
                           char ***argv) {
   GError *err = NULL;
   const struct plan *plan = o->plan;
   leak_check_before_mpi();
   /* test hooks: PIPER_EXEC_MPI starts MPI without a launcher, PIPER_EXEC_POISON=1 poisons */
-  struct exec_backend_params bp = {argc, argv, getenv("PIPER_EXEC_MPI") != NULL};
+  struct exec_backend_params bp = {argc, argv, getenv("PIPER_EXEC_MPI") != NULL,
+                                   piper_launch_detect()};
   o->poison = getenv("PIPER_EXEC_POISON") && strcmp(getenv("PIPER_EXEC_POISON"), "1") == 0;
   /* from here to the end of MPI_Finalize, a hang anywhere ends the job in one line */
   exec_watchdog_start("piper-exec", o->timeout_s);
-  struct exec_backend *b = exec_backend_init(ops, &bp, &err);
+  struct exec_backend *b = exec_backend_init_by_name(a->backend, &bp, &err);
   if (!b)
     return piper_error_exit("piper-exec", err);
   uint32_t rank = exec_backend_world_rank(b), size = exec_backend_world_size(b);
@@ -518,10 +528,9 @@ int main(int argc, char **argv) {
   int rc = options_parse(&program, &a, argc, argv);
   if (rc != OPTIONS_CONTINUE)
     return rc;
-  const struct exec_backend_ops *ops = NULL;
   struct exec_options o = a.run;
   struct fault fault = {0};
-  if ((rc = check_inputs(&a, &ops)) != OPTIONS_CONTINUE ||
+  if ((rc = check_inputs(&a)) != OPTIONS_CONTINUE ||
       (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE)
     return rc;
   GError *err = NULL;
@@ -533,7 +542,7 @@ int main(int argc, char **argv) {
     return error_exit_once(err);
   }
   fill_run_options(&a, &p, run_dir, &o);
-  rc = run_on_backend(ops, &o, &a, &argc, &argv);
+  rc = run_on_backend(&o, &a, &argc, &argv);
   if (rc != 0 && rc != 130 && created && run_dir && launcher_rank() == 0)
     g_rmdir(run_dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
   g_free(run_dir);

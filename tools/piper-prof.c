@@ -21,7 +21,7 @@
 
 #include "../base/base.h"
 #include "../base/version.h"
-#include "../exec/exec.h"
+#include "../exec/backend.h"
 #include "../ir/ir.h"
 #include "../kernels/kernels.h"
 #include "../models/model.h"
@@ -318,8 +318,9 @@ static void run_lm_head(struct op_bench *b) {
   enum kernels_lm_head_layout lay =
       b->m->tie_word_embeddings ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
   int T = b->T, C = b->C, V = b->V;
+  float loss;
   if (b->pass == IR_PASS_F)
-    kernels_lm_head_loss_forward(b->saved, b->in0, b->tokens, b->params, lay, T, C, V);
+    kernels_lm_head_loss_forward(&loss, b->saved, b->in0, b->tokens, b->params, lay, T, C, V);
   else if (b->pass == IR_PASS_BI)
     kernels_lm_head_loss_backward_input(b->din, b->bwork, b->saved, b->in0, b->tokens, b->params,
                                         lay, 1.0f, T, C, V, false);

@@ -22,7 +22,7 @@
 #include "../base/assert.h"
 #include "../base/base.h"
 #include "../exec/cuda-impl.h"
-#include "../exec/exec.h"
+#include "../exec/backend.h"
 #include "../sim/profile.h"
 #include "prof-impl.h"
 

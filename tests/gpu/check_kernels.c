@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../exec/exec.h"
+#include "../../exec/backend.h"
 #include "../../exec/gpu_weights.h"
 #include "../../kernels/kernels.h"
 #include "../../kernels/kernels_cuda.h"
@@ -402,7 +402,8 @@ static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {
   float *dp = devf(c, p, (size_t)C * V), *dh = devf(c, h, T * C), *dsaved = devf(c, NULL, T * V);
   float *dloss = devf(c, NULL, 1);
   int32_t *dtg = dev(c, tg, sizeof tg);
-  float loss = kernels_lm_head_loss_forward(saved, h, tg, p, layout, T, C, V);
+  float loss;
+  kernels_lm_head_loss_forward(&loss, saved, h, tg, p, layout, T, C, V);
   c->k->lm_head_loss_forward(c->s, dloss, dsaved, dh, dtg, dp, layout, T, C, V);
   g_snprintf(what, sizeof what, "lm_head_loss F %s (loss)", name);
   compare(c, what, &loss, dloss, 1, c->tol_gemm);
@@ -460,7 +461,8 @@ static void check_tp(struct check *c, enum kernels_lm_head_layout layout) {
     gathered[5 * T + t] = (float)g_rand_double_range(c->rng, -1, 1);
   }
   exec_backend_from_host(c->b, dgathered, gathered, (size_t)TP * 3 * T * sizeof(float));
-  float loss = kernels_tp_head_combine(saved, gathered, TP, T);
+  float loss;
+  kernels_tp_head_combine(&loss, saved, gathered, TP, T);
   c->k->tp_head_combine(c->s, dloss, dsaved, dgathered, TP, T);
   compare(c, "tp lm_head combine (loss)", &loss, dloss, 1, TOL_PLAIN);
   compare(c, "tp lm_head combine saved (max, 1 / sum)", saved, dsaved, 2 * (size_t)T, TOL_PLAIN);
@@ -594,7 +596,7 @@ static void check_weight_copies(struct check *c, bool bf16) {
 
 int main(int argc, char **argv) {
   GError *err = NULL;
-  struct exec_backend_params bp = {&argc, &argv, false};
+  struct exec_backend_params bp = {&argc, &argv, false, piper_launch_detect()};
   struct check c = {0};
   /* no plan configures the backend here: its GEMM precision is the variable's, bf16 unless
    * told (what this prints must be what runs) */

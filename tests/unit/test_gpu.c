@@ -6,7 +6,7 @@
 
 #include "../../base/json.h"
 #include "../../exec/arena.h"
-#include "../../exec/exec.h"
+#include "../../exec/backend.h"
 #include "../../exec/gpu_layout.h"
 #include "../../exec/gpu_weights.h"
 #include "../../sim/profile.h"
