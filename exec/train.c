@@ -138,7 +138,7 @@ static void *mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct ex
                 ? exec_backend_alloc_tensor(s->b, place, n)
                 : exec_pool_get(s, n);
   struct exec_block blk = {p, n, kind, false};
-  struct exec_stream *stream = st ? st->stream : NULL;
+  struct exec_stream *stream = st ? st->stream : exec_backend_setup_stream(s->b);
   if (zero)
     s->k->fill(stream, blk.p, 0.0f, n / sizeof(float));
   else if (s->poison)
@@ -567,7 +567,8 @@ static float *grad_accumulator(struct exec_state *s, struct exec_task_ctx *st, u
     size_t bytes = (bk->padded ? bk->padded : 1) * sizeof(float);
     s->grad_acc[b] = exec_backend_alloc(s->b, bytes);
     exec_mem_add(s, REPORT_MEM_COMM, (int64_t)(bk->padded * sizeof(float)));
-    s->k->fill(st ? st->stream : NULL, s->grad_acc[b], 0.0f, bk->padded ? bk->padded : 1);
+    s->k->fill(st ? st->stream : exec_backend_setup_stream(s->b), s->grad_acc[b], 0.0f,
+               bk->padded ? bk->padded : 1);
   }
   return s->grad_acc[b];
 }
