@@ -75,8 +75,7 @@ struct exec_options {
   /* What a resume may find changed: "lr,weight_decay,beta1,beta2,eps,data,schedule" (any
    * of them, comma-separated); NULL = nothing. Every other difference is refused. */
   const char *resume_allow_change;
-  const char *out_dir;          /* run directory (rank 0 writes it); NULL = no report */
-  bool charts; /* draw schedule.png/.svg and memory.png (gnuplot) of the measured step there */
+  bool report; /* rank 0 returns the measured run (exec_result_report) for a run directory */
   const char *dump_params_path; /* rank 0 writes every parameter here (float32, model order) */
   bool progress;                /* rank 0 prints a line per step ... */
   uint32_t log_every; /* ... every log_every-th of them (0 or 1: all; the first and the last
@@ -121,8 +120,7 @@ struct exec_result {
    * and how many it made per instruction (this rank, measured steps); 0 otherwise */
   double comm_test_s, comm_tests_per_instr;
   uint64_t peak_memory_bytes;
-  char *run_dir;   /* the report directory written (rank 0), or NULL */
-  char *run_files; /* the files written there, space-separated (rank 0), or NULL */
+  struct exec_report *report; /* with exec_options.report, on rank 0: exec_result_report */
   /* After a failure: every rank failed at the same agreed point (the job can end without an
    * abort), and whether another rank prints the error (this one need not). */
   bool error_everywhere, error_printed_elsewhere;
@@ -132,5 +130,10 @@ struct exec_result {
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,
               GError **err);
 void exec_result_clear(struct exec_result *r);
+/* The measured run (every rank's trace, memory and statistics, report/report.h), for
+ * report_write_dir and report_write_charts; NULL without exec_options.report or off rank 0. */
+struct report_run;
+const struct report_run *exec_result_report(const struct exec_result *r);
+void exec_report_free(struct exec_report *x);
 
 #endif

@@ -11,7 +11,6 @@
 
 #include "../base/assert.h"
 #include "../base/json.h"
-#include "../report/chart.h"
 #include "exec-impl.h"
 
 struct runner;
@@ -560,11 +559,41 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
   return extra;
 }
 
-/* Gathers every rank's trace on rank 0, which writes the run directory and its charts. The
- * trace holds every measured step (the last step alone when none was measured). */
-static bool write_report(struct runner *R, struct exec_result *res, const double *all_losses,
-                         uint32_t n_losses, const double *measured, uint32_t n_measured,
-                         GError **err) {
+/* What the measured run reports (rank 0): the run and what its pointers point into. */
+struct exec_report {
+  struct report_run run;
+  cJSON *extra;
+  char *blobs;
+  size_t *sizes;
+  uint32_t **step_begin, *steps;
+  double *measured;
+};
+
+void exec_report_free(struct exec_report *x) {
+  if (!x)
+    return;
+  cJSON_Delete(x->extra);
+  for (uint32_t dv = 0; x->step_begin && dv < x->run.plan->n_devices; dv++)
+    g_free(x->step_begin[dv]);
+  g_free(x->step_begin);
+  g_free(x->steps);
+  report_run_free_devices(&x->run);
+  g_free(x->blobs);
+  g_free(x->sizes);
+  g_free(x->measured);
+  g_free(x);
+}
+
+const struct report_run *exec_result_report(const struct exec_result *r) {
+  return r->report ? &r->report->run : NULL;
+}
+
+/* Gathers every rank's trace on rank 0, which returns the run for the caller to write (the
+ * run directory and its charts are the program's). The trace holds every measured step (the
+ * last step alone when none was measured). */
+static bool gather_report(struct runner *R, struct exec_result *res, const double *all_losses,
+                          uint32_t n_losses, const double *measured, uint32_t n_measured,
+                          GError **err) {
   const struct plan *p = R->dev->plan;
   if (!R->traced)
     keep_step_trace(R, R->o->warmup + R->o->iters);
@@ -577,41 +606,25 @@ static bool write_report(struct runner *R, struct exec_result *res, const double
     g_free(j.sizes);
     return ok;
   }
-  struct report_run run = {.plan = p,
-                           .kind = "exec",
-                           .schedule = R->o->schedule ? R->o->schedule : "custom",
-                           .program_file = R->o->program_file,
-                           .n_iterations = n_measured,
-                           .iteration_times = measured,
-                           .trace_device_limit = 0};
-  report_run_init_devices(&run);
-  uint32_t **step_begin = g_new0(uint32_t *, p->n_devices + 1), *steps = NULL;
-  report_devices_from_blobs(&run, &j, step_begin, &steps);
-  report_compute_stats(&run);
-  cJSON *extra = report_extra(R, res, all_losses, n_losses);
-  run.extra = extra;
-  ok = report_write_dir(&run, R->o->out_dir, err);
-  GString *files = g_string_new(NULL);
-  if (run.program_file)
-    g_string_printf(files, "%s ", run.program_file);
-  g_string_append(files, "results.csv metrics.json trace.json");
-  if (ok && R->o->charts)
-    ok = report_write_charts(&run, R->o->out_dir, CHART_PNG, files, err);
-  cJSON_Delete(extra);
-  for (uint32_t dv = 0; dv < p->n_devices; dv++)
-    g_free(step_begin[dv]);
-  g_free(step_begin);
-  g_free(steps);
-  report_run_free_devices(&run);
-  g_free(j.all);
-  g_free(j.sizes);
-  if (ok) {
-    res->run_dir = g_strdup(R->o->out_dir);
-    res->run_files = g_string_free(files, FALSE);
-  } else {
-    g_string_free(files, TRUE);
-  }
-  return ok;
+  struct exec_report *x = g_new0(struct exec_report, 1);
+  x->blobs = j.all;
+  x->sizes = j.sizes;
+  x->measured = g_memdup2(measured, (n_measured ? n_measured : 1) * sizeof(double));
+  x->run = (struct report_run){.plan = p,
+                               .kind = "exec",
+                               .schedule = R->o->schedule ? R->o->schedule : "custom",
+                               .program_file = R->o->program_file,
+                               .n_iterations = n_measured,
+                               .iteration_times = x->measured,
+                               .trace_device_limit = 0};
+  report_run_init_devices(&x->run);
+  x->step_begin = g_new0(uint32_t *, p->n_devices + 1);
+  report_devices_from_blobs(&x->run, &j, x->step_begin, &x->steps);
+  report_compute_stats(&x->run);
+  x->extra = report_extra(R, res, all_losses, n_losses);
+  x->run.extra = x->extra;
+  res->report = x;
+  return true;
 }
 
 /* The final parameters on rank 0. Copies exist on several ranks (data-parallel replicas,
@@ -657,7 +670,6 @@ struct exec_options exec_options_default(void) {
   o.eps = 1e-8f;
   o.weight_decay = 0.0f;
   o.timeout_s = 300;
-  o.charts = true;
   return o;
 }
 
@@ -666,8 +678,7 @@ void exec_result_clear(struct exec_result *r) {
     return;
   g_free(r->losses);
   g_free(r->step_times);
-  g_free(r->run_dir);
-  g_free(r->run_files);
+  exec_report_free(r->report);
   memset(r, 0, sizeof *r);
 }
 
@@ -1165,8 +1176,8 @@ static bool write_outputs(struct runner *R, struct exec_result *res, GError **er
   R->clean = false;
   if (o->dump_params_path && !dump_params(R, err))
     return false;
-  if (o->out_dir &&
-      !write_report(R, res, res->losses, res->n_steps, R->measured, R->n_measured, err))
+  if (o->report &&
+      !gather_report(R, res, res->losses, res->n_steps, R->measured, R->n_measured, err))
     return false;
   R->clean = true;
   return true;

@@ -406,9 +406,8 @@ static void fill_run_options(const struct exec_cli *a, const struct exec_plan *p
   o->checkpoint_dir = a->checkpoint;
   o->checkpoint_every = a->checkpoint_every;
   o->resume_dir = a->resume;
-  o->out_dir = run_dir;
+  o->report = run_dir != NULL;
   o->stop = &stop_requested;
-  o->charts = !a->no_charts;
   o->dump_params_path = a->dump_params;
   o->seed = a->seed;
 }
@@ -428,8 +427,25 @@ static void print_result(const struct exec_options *o, const struct exec_result 
          res->n_steps ? res->losses[res->n_steps - 1] : NAN,
          mean > 0 ? res->tokens_per_step / mean : 0, nm, (double)res->peak_memory_bytes / (1 << 20),
          res->job_overhead_per_instr_s * 1e6, res->job_dispatch_per_instr_s * 1e6);
-  if (res->run_dir)
-    printf("  wrote %s/ (%s)\n", res->run_dir, res->run_files);
+}
+
+/* Rank 0: the run directory of the measured run, and its charts (as piper-sim writes them). */
+static bool write_run_dir(const struct exec_options *o, const struct exec_result *res,
+                          const char *dir, bool charts, GError **err) {
+  const struct report_run *run = exec_result_report(res);
+  if (!run)
+    return true;
+  if (!report_write_dir(run, dir, err))
+    return false;
+  GString *files = g_string_new(NULL);
+  if (o->program_file)
+    g_string_printf(files, "%s ", o->program_file);
+  g_string_append(files, "results.csv metrics.json trace.json");
+  bool ok = !charts || report_write_charts(run, dir, CHART_PNG, files, err);
+  if (ok)
+    printf("  wrote %s/ (%s)\n", dir, files->str);
+  g_string_free(files, TRUE);
+  return ok;
 }
 
 /* The watchdog's way to end the job: every rank, exit status 1. */
@@ -446,9 +462,8 @@ static void free_backend(struct exec_backend *b) {
 }
 
 /* Starts the backend (MPI, when launched so), trains, and stops it. */
-static int run_on_backend(struct exec_options *o,
-                          const struct exec_cli *a, int *argc,
-                          char ***argv) {
+static int run_on_backend(struct exec_options *o, const struct exec_cli *a, const char *run_dir,
+                          int *argc, char ***argv) {
   GError *err = NULL;
   const struct plan *plan = o->plan;
   leak_check_before_mpi();
@@ -479,7 +494,7 @@ static int run_on_backend(struct exec_options *o,
 #endif
   o->progress = !a->quiet && rank == 0;
   uint32_t total = o->warmup + o->iters;
-  if (o->charts && o->out_dir && rank == 0 && !chart_gnuplot_available())
+  if (!a->no_charts && o->report && rank == 0 && !chart_gnuplot_available())
     fprintf(stderr, "piper-exec: note: gnuplot is not installed: no memory.png\n");
   if (rank == 0) {
     printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s, "
@@ -505,8 +520,14 @@ static int run_on_backend(struct exec_options *o,
     free_backend(b);
     return rc;
   }
-  if (rank == 0)
+  if (rank == 0) {
     print_result(o, &res);
+    if (!write_run_dir(o, &res, run_dir, !a->no_charts, &err)) {
+      exec_result_clear(&res);
+      free_backend(b);
+      return piper_error_exit("piper-exec", err);
+    }
+  }
   if (res.stopped) { /* every rank stops at this step: the launcher may end us once one exits */
     term_message[0] = '\0';
     term_code = 130;
@@ -542,7 +563,7 @@ int main(int argc, char **argv) {
     return error_exit_once(err);
   }
   fill_run_options(&a, &p, run_dir, &o);
-  rc = run_on_backend(&o, &a, &argc, &argv);
+  rc = run_on_backend(&o, &a, run_dir, &argc, &argv);
   if (rc != 0 && rc != 130 && created && run_dir && launcher_rank() == 0)
     g_rmdir(run_dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
   g_free(run_dir);
