@@ -32,8 +32,8 @@
 #define PIPER_ERROR piper_error_quark()
 GQuark piper_error_quark(void);
 
-/* The code is the exit status the program entry points use (docs/design.md, "Outputs and exit
- * statuses"). */
+/* The code is the exit status the program entry points use
+ * (docs/design.md, "Outputs and exit statuses"). */
 enum piper_error_code {
   PIPER_ERROR_RUNTIME = 1, /* the run failed: I/O, a peer died, a watchdog fired */
   PIPER_ERROR_INPUT = 2,   /* the user's input is wrong */

@@ -1,8 +1,8 @@
-/* ir: the global training DAG (docs/design.md, "The model and its annotations" and "The directive
- * phase order"). One graph holds every compute and communication op of one training step. A node
- * runs on a device group; replicas of a data-parallel group are one node (they differ only in rank
- * ids), so the graph stays small at thousands of devices. Nodes, edges, groups and streams live in
- * flat arrays and refer to each other by index.
+/* ir: the global training DAG (docs/design.md, "The model and its annotations";
+ * docs/design.md, "The directive phase order"). One graph holds every compute and communication
+ * op of one training step. A node runs on a device group; replicas of a data-parallel group are
+ * one node (they differ only in rank ids), so the graph stays small at thousands of devices.
+ * Nodes, edges, groups and streams live in flat arrays and refer to each other by index.
  *
  *   GError *err = NULL;
  *   struct model *model = model_load_file("models/tiny-moe.json", 0, &err);
