@@ -280,10 +280,14 @@ loop-short: $(TOOLS)
 LINT_SRCS = $(wildcard $(foreach d,base ir models directives sim exec kernels report tools,$(d)/*.c $(d)/*.h))
 lint:
 	@command -v lizard >/dev/null || python3 -c "import lizard" 2>/dev/null || tools/install-deps.sh
-	@if command -v lizard >/dev/null; then lizard=lizard; else lizard="python3 -m lizard"; fi; \
-	  out=$$($$lizard -L 120 -C 40 -w $(LINT_SRCS)); \
-	  if [ -n "$$out" ]; then echo "$$out"; echo "lint: $$(echo "$$out" | wc -l) function(s) over 120 lines or CCN 40"; exit 1; fi; \
-	  echo "lint: no function over 120 lines or CCN 40"
+	@# the LINT_SRCS folders' C, headers and CUDA (.cu, .cuh: lizard's C-like reader), then the layering
+	@if command -v lizard >/dev/null; then lizard=lizard; else lizard="python3 -m lizard"; fi; fail=0; \
+	  srcs="$(sort $(LINT_SRCS) $(wildcard $(foreach d,$(sort $(dir $(LINT_SRCS))),$(d)*.cu $(d)*.cuh)))"; \
+	  out=$$($$lizard -L 120 -C 40 -w $$srcs); \
+	  if [ -n "$$out" ]; then echo "$$out"; echo "lint: $$(echo "$$out" | wc -l) function(s) over 120 lines or CCN 40"; fail=1; \
+	  else echo "lint: no function over 120 lines or CCN 40"; fi; \
+	  tools/lint-layers.sh $$srcs || fail=1; \
+	  exit $$fail
 
 install: all
 	install -d $(PREFIX)/bin

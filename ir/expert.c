@@ -1,4 +1,5 @@
-/* ir: what expert parallelism holds on one device (the memory rule of SPEC §5 for routed rows).
+/* ir: what expert parallelism holds on one device (docs/design.md, "The memory rule", for
+ * routed rows).
  *
  * The rows an EP device receives depend on the routing, known only at run time. A plan fixes
  * them instead: each device receives at most a capacity of ceil(factor x T x top_k) rows per

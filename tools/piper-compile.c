@@ -1,4 +1,5 @@
-/* piper-compile: model + directive program -> per-device plans (SPEC §5). */
+/* piper-compile: model + directive program -> per-device plans
+ * (docs/design.md, "The plan contract"). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
