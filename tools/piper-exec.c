@@ -1,6 +1,7 @@
-/* piper-exec: train a model by running its per-device plans for real (SPEC §7): one process
- * per device (mpirun / srun; one process alone runs a one-device plan), writing the run
- * directory of SPEC §8 from measured times. Exit status: 0 success, 1 runtime failure (a
+/* piper-exec: train a model by running its per-device plans for real
+ * (docs/design.md, "The executor's contract"): one process per device (mpirun / srun; one
+ * process alone runs a one-device plan), writing the run directory from measured times
+ * (docs/design.md, "Outputs and exit statuses"). Exit status: 0 success, 1 runtime failure (a
  * watchdog, a dead peer, I/O), 2 bad input. */
 #include <errno.h>
 #include <math.h>

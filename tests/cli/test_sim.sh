@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# piper-sim as a user runs it: a run on bundled examples writes every output file of SPEC §8
+# piper-sim as a user runs it: a run on bundled examples writes every output file
+# (docs/design.md, "Outputs and exit statuses")
 # with the right shape; the textbook 1F1B time comes out of results.csv; --plans reads what
 # piper-compile wrote; a sweep writes its ranked CSV; bad input exits 2 with one line
 # "piper-sim: error: ..." naming the file or option at fault. Run from the repository root.
