@@ -1,5 +1,5 @@
-/* exec: the executor (docs/design.md, "The executor's contract"). Runs the per-device plans for real, one
- * process per device, on a backend (host: CPU + MPI; cuda: GPU + NCCL). This header is for
+/* exec: the executor (docs/design.md, "The executor's contract"). Runs the per-device plans
+ * for real, one process per device, on a backend (host: CPU + MPI; cuda: GPU + NCCL). This header is for
  * people who run plans; exec/backend.h is for people who write backends.
  *
  *   GError *err = NULL;
