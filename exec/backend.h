@@ -327,6 +327,12 @@ bool exec_world_gather(struct exec_backend *b, const void *in, size_t bytes, voi
                        size_t **out_sizes, GError **err);
 bool exec_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err);
 
+/* world_gather's contract, for backends that gather with MPI: rank r's sizes[r] bytes lie at
+ * displs[r] of rank 0's concatenation, in rank order; counts are sizes as MPI's int counts.
+ * Returns the total bytes (input error: a rank's bytes do not fit an MPI count). */
+bool exec_world_gather_layout(const uint64_t *sizes, uint32_t n, int *counts, int *displs,
+                              size_t *total, GError **err);
+
 /* The op's name ("rmsnorm_forward"), its use, and whether b's table has it. */
 const char *exec_op_name(enum exec_op op);
 enum exec_op_use exec_op_use(enum exec_op op);

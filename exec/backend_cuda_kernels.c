@@ -599,41 +599,6 @@ static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, flo
  * (kernels/flash_attention.cu: no [S, S] memory at all), for bf16 models with a head size it
  * supports (exec_gpu_attention_fused). -------------------------------------------------------- */
 
-struct attn_views {
-  size_t T, HD, KD;
-  const float *wq, *wk, *wv, *wo;
-  float *q, *k, *v, *lse, *y, *dy, *dq, *dk, *dv;
-};
-
-static struct attn_views attn_views(const struct kernels_attention_dims *d, const float *params,
-                                    const float *saved, const float *bwork) {
-  struct attn_views w = {0};
-  w.T = (size_t)d->batch * d->seq;
-  w.HD = (size_t)d->heads * d->head_dim;
-  w.KD = (size_t)d->kv_heads * d->head_dim;
-  size_t C = (size_t)d->hidden;
-  if (params) {
-    w.wq = params;
-    w.wk = w.wq + C * w.HD;
-    w.wv = w.wk + C * w.KD;
-    w.wo = w.wv + C * w.KD;
-  }
-  if (saved) {
-    w.q = (float *)saved;
-    w.k = w.q + w.T * w.HD;
-    w.v = w.k + w.T * w.KD;
-    w.lse = d->core ? d->core : w.v + w.T * w.KD;
-    w.y = w.lse + (size_t)d->batch * d->heads * d->seq;
-  }
-  if (bwork) {
-    w.dy = (float *)bwork;
-    w.dq = w.dy + w.T * w.HD;
-    w.dk = w.dq + w.T * w.HD;
-    w.dv = w.dk + w.T * w.KD;
-  }
-  return w;
-}
-
 static void rope(struct exec_stream *s, float *x, const struct kernels_attention_dims *d, int heads,
                  bool inverse) {
   const struct kernels_rope_scaling *sc = d->rope_scaling;
@@ -643,7 +608,7 @@ static void rope(struct exec_stream *s, float *x, const struct kernels_attention
 }
 
 /* Offsets of sequence b, query head hh: into q/y rows (HD wide), k/v rows (KD wide) and lse. */
-static void head_offsets(const struct attn_views *w, const struct kernels_attention_dims *d, int b,
+static void head_offsets(const struct kernels_attention_views *w, const struct kernels_attention_dims *d, int b,
                          int hh, size_t *qoff, size_t *koff, size_t *loff) {
   int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
   *qoff = (size_t)b * S * w->HD + (size_t)hh * D;
@@ -661,7 +626,7 @@ static bool attention_fused(struct exec_stream *s, const struct kernels_attentio
 }
 
 /* lse, y <- q, k, v in one fused pass; its scratch (the operands' bf16 copies) stream-ordered. */
-static void attention_fused_forward(struct exec_stream *s, const struct attn_views *w,
+static void attention_fused_forward(struct exec_stream *s, const struct kernels_attention_views *w,
                                     const struct kernels_attention_dims *d) {
   void *scratch = stream_scratch(s, kc_flash_attention_scratch_bytes(
                                         d->batch, d->seq, d->heads, d->kv_heads, d->head_dim, false));
@@ -677,7 +642,7 @@ static void attention_fused_forward(struct exec_stream *s, const struct attn_vie
 }
 
 /* lse, y <- q, k, v: one fused kernel, or per head: scores, softmax, values. */
-static void attention_core(struct exec_stream *s, const struct attn_views *w,
+static void attention_core(struct exec_stream *s, const struct kernels_attention_views *w,
                            const struct kernels_attention_dims *d) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
   if (attention_fused(s, d)) {
@@ -701,7 +666,7 @@ static void attention_core(struct exec_stream *s, const struct attn_views *w,
 
 static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
                                 const float *params, const struct kernels_attention_dims *d) {
-  struct attn_views w = attn_views(d, params, saved, NULL);
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
   int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   /* bf16 models: h converted once for its three projections */
   uint16_t *h16 = kernel_ctx(s)->bf16_gemm ? bf16_once(s, h, T, C) : NULL;
@@ -722,13 +687,13 @@ static void k_attention_forward(struct exec_stream *s, float *a, float *saved, c
  * way, so lse and y are the forward's bit for bit). */
 static void k_attention_core_forward(struct exec_stream *s, float *saved,
                                      const struct kernels_attention_dims *d) {
-  struct attn_views w = attn_views(d, NULL, saved, NULL);
+  struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, NULL);
   attention_core(s, &w, d);
 }
 
 /* dq, dk, dv <- q, k, v, y, dy, lse in one fused pass (dk, dv written, not accumulated); its
  * scratch (bf16 operands, the softmax gradient's row sums) stream-ordered. */
-static void attention_fused_backward(struct exec_stream *s, const struct attn_views *w,
+static void attention_fused_backward(struct exec_stream *s, const struct kernels_attention_views *w,
                                      const struct kernels_attention_dims *d) {
   void *scratch = stream_scratch(s, kc_flash_attention_scratch_bytes(
                                         d->batch, d->seq, d->heads, d->kv_heads, d->head_dim, true));
@@ -746,7 +711,7 @@ static void attention_fused_backward(struct exec_stream *s, const struct attn_vi
 
 /* p, ds: S*S floats of scratch each, stream-ordered (cudaMallocAsync); p is recomputed per
  * head from q, k and the forward's lse. */
-static void attention_heads_backward(struct exec_stream *s, const struct attn_views *w,
+static void attention_heads_backward(struct exec_stream *s, const struct kernels_attention_views *w,
                                      const struct kernels_attention_dims *d, float *p, float *ds) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
   float scale = 1.0f / sqrtf((float)D);
@@ -767,7 +732,7 @@ static void attention_heads_backward(struct exec_stream *s, const struct attn_vi
 static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
                                        const float *da, const float *saved, const float *params,
                                        const struct kernels_attention_dims *d, bool accumulate) {
-  struct attn_views w = attn_views(d, params, saved, bwork);
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, bwork);
   int S = d->seq, C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   cudaStream_t cs = st_of(s);
   gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
@@ -797,7 +762,7 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
 static void k_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                         const float *da, const float *h, const float *saved,
                                         const struct kernels_attention_dims *d) {
-  struct attn_views w = attn_views(d, NULL, saved, bwork);
+  struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, bwork);
   int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   float *dwq = dparams, *dwk = dwq + (size_t)C * HD, *dwv = dwk + (size_t)C * KD;
   float *dwo = dwv + (size_t)C * KD;

@@ -133,6 +133,19 @@ size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d);
 /* lse and y: the part of saved that the core alone writes (Megatron's selective
  * recomputation reruns the core and keeps the rest) */
 size_t kernels_attention_core_floats(const struct kernels_attention_dims *d);
+/* Pointers into params, saved and bwork in the layouts above (NULL where the buffer is NULL):
+ * the one description of them, which the host kernels and the cuda backend's both use. The
+ * views serve const and non-const callers; each kernel writes only the buffers it owns
+ * (forward: saved, BI: bwork). */
+struct kernels_attention_views {
+  size_t T, HD, KD; /* tokens, H * D, KV * D */
+  const float *wq, *wk, *wv, *wo;
+  float *q, *k, *v, *lse, *y;
+  float *dy, *dq, *dk, *dv;
+};
+struct kernels_attention_views kernels_attention_views(const struct kernels_attention_dims *d,
+                                                      const float *params, const float *saved,
+                                                      const float *bwork);
 /* a [T, C], saved <- h [T, C] */
 void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
                                const struct kernels_attention_dims *d);
