@@ -370,6 +370,12 @@ static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, con
   kc_rmsnorm_forward(h, saved, x, params, T, C, eps, st_of(s));
 }
 
+static void k_residual_rmsnorm_forward(struct exec_stream *s, float *x, float *h, float *saved,
+                                       const float *y, const float *params, int T, int C,
+                                       float eps) {
+  kc_residual_rmsnorm_forward(x, h, saved, y, params, T, C, eps, st_of(s));
+}
+
 static void k_rmsnorm_backward_input(struct exec_stream *s, float *dx, const float *dh,
                                      const float *x, const float *saved, const float *params, int T,
                                      int C, bool accumulate) {

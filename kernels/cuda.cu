@@ -173,6 +173,26 @@ __global__ void rmsnorm_fwd_k(float *h, float *rstd, const float *x, const float
     h[(size_t)blockIdx.x * C + c] = xr[c] * r * w[c];
 }
 
+// x += y, then rmsnorm_fwd_k on the sum: each thread adds the columns it then squares, in
+// rmsnorm_fwd_k's order, so the bits are those of add_k followed by rmsnorm_fwd_k.
+__global__ void residual_rmsnorm_fwd_k(float *x, float *h, float *rstd, const float *y,
+                                       const float *w, int C, float eps) {
+  float *xr = x + (size_t)blockIdx.x * C;
+  const float *yr = y + (size_t)blockIdx.x * C;
+  float ss = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float v = xr[c] + yr[c];
+    xr[c] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  float r = 1.0f / sqrtf(ss / C + eps);
+  if (threadIdx.x == 0)
+    rstd[blockIdx.x] = r;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    h[(size_t)blockIdx.x * C + c] = xr[c] * r * w[c];
+}
+
 __global__ void rmsnorm_bwd_input_k(float *dx, const float *dh, const float *x, const float *rstd,
                                     const float *w, int C, bool acc) {
   size_t row = (size_t)blockIdx.x * C;
@@ -696,6 +716,12 @@ void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, i
                         float eps, cudaStream_t st) {
   if (T)
     rmsnorm_fwd_k<<<T, kThreads, 0, st>>>(h, rstd, x, w, C, eps);
+}
+
+void kc_residual_rmsnorm_forward(float *x, float *h, float *rstd, const float *y, const float *w,
+                                 int T, int C, float eps, cudaStream_t st) {
+  if (T)
+    residual_rmsnorm_fwd_k<<<T, kThreads, 0, st>>>(x, h, rstd, y, w, C, eps);
 }
 
 void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,

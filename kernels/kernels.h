@@ -77,6 +77,10 @@ size_t kernels_rmsnorm_saved_floats(int T);
 void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float *params, int T,
                              int C, float eps);
 /* dx [T, C] (= or +=) <- dh [T, C] */
+/* x [T, C] += y, then h, saved from x as kernels_rmsnorm_forward (the residual add before the
+ * next norm fused: one pass over x instead of three, the same bits) */
+void kernels_residual_rmsnorm_forward(float *x, float *h, float *saved, const float *y,
+                                      const float *params, int T, int C, float eps);
 void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *saved,
                                     const float *params, int T, int C, bool accumulate);
 /* dw [C] += sum_t dh * x * rstd */
