@@ -213,8 +213,6 @@ struct exec_mb {
   bool has_loss;
 };
 
-/* What an instruction runs with: the stream its kernels go to (NULL: the backend's default
- * stream, outside any task) and the time it spends in kernels and communication. */
 /* The buffers of one instruction's TP collectives (tp.c), each made on first use: the
  * [T, C] partial sums (the plan tensor its TP node reads), under sequence parallelism a divided
  * op's input and its output gradient gathered whole [T, C], a summed shard to add, and a norm's
@@ -223,6 +221,8 @@ struct exec_tp_bufs {
   float *sum, *input, *dout, *shard, *norm;
 };
 
+/* What an instruction runs with: the stream its kernels go to (NULL: the backend's default
+ * stream, outside any task) and the time it spends in kernels and communication. */
 struct exec_task_ctx {
   struct exec_stream *stream;
   double kernel_s, comm_s;

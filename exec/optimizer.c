@@ -88,7 +88,6 @@ bool exec_tied_sync(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
   return internal(err, s, i, "the tied embedding's copy is not in its segment");
 }
 
-/* A consumer of gathered parameters is done; the last one frees them. */
 void exec_gathered_release(struct exec_state *s, uint32_t g) {
   if (atomic_load(&s->gathered_users[g]) == GATHER_TENSOR)
     return;

@@ -128,7 +128,15 @@ void exec_grad_accumulator_release(struct exec_state *s, uint32_t b) {
   exec_mem_add(s, REPORT_MEM_COMM, -(int64_t)(s->dev->buckets[b].padded * sizeof(float)));
 }
 
-/* Where segment seg's weight gradients accumulate. */
+const float *exec_params_of(struct exec_state *s, const struct exec_instr *x) {
+  const struct exec_device *d = s->dev;
+  if (x->gather != IR_NONE) {
+    const struct exec_bucket *bk = &d->buckets[d->instrs[x->gather].bucket];
+    return (const float *)s->gathered[x->gather] + (d->param_offset[x->segment] - bk->offset);
+  }
+  return stored(s, s->params, EXEC_STORE_PARAMS, d->param_offset[x->segment]);
+}
+
 float *exec_grads_of(struct exec_state *s, struct exec_task_ctx *st, uint32_t seg) {
   const struct exec_device *d = s->dev;
   uint32_t b = d->bucket_of[seg];
@@ -203,13 +211,4 @@ void exec_params_export(const struct exec_state *s, float *full, bool *held, uin
   }
   g_free(op_offset);
   g_free(host);
-}
-
-const float *exec_params_of(struct exec_state *s, const struct exec_instr *x) {
-  const struct exec_device *d = s->dev;
-  if (x->gather != IR_NONE) {
-    const struct exec_bucket *bk = &d->buckets[d->instrs[x->gather].bucket];
-    return (const float *)s->gathered[x->gather] + (d->param_offset[x->segment] - bk->offset);
-  }
-  return stored(s, s->params, EXEC_STORE_PARAMS, d->param_offset[x->segment]);
 }
