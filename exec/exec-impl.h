@@ -228,8 +228,9 @@ struct exec_tp_bufs {
   float *sum, *input, *dout, *shard, *norm;
 };
 
-/* What an instruction runs with: the stream its kernels go to (NULL: the backend's default
- * stream, outside any task) and the time it spends in kernels and communication. */
+/* What an instruction runs with: the stream its kernels go to, and the time it spends in
+ * kernels and communication. Work outside any task has none: its kernels go to the backend's
+ * exec_backend_setup_stream. */
 struct exec_task_ctx {
   struct exec_stream *stream;
   double kernel_s, comm_s;

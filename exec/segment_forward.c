@@ -279,6 +279,54 @@ static bool tp_forward_op(struct fwd *f, uint32_t j, GError **err) {
 
 /* ---- the forward ----------------------------------------------------------------------------- */
 
+/* Op j's output buffer, where it has one that is read (or always written). */
+static float *fwd_out(struct fwd *f, uint32_t j, bool tp) {
+  struct exec_state *s = f->s;
+  const struct exec_seg_op *so = &f->es->ops[j];
+  /* only the embedding's lookup and the combine can be left out; the other kernels (and the
+   * TP collectives) write their output whether read or not */
+  bool optional = !tp && (so->kind == MODEL_OP_EMBEDDING || so->kind == MODEL_OP_EXPERT_FFN);
+  if (so->out < 0 || (f->needed && !f->needed[so->out] && optional))
+    return NULL;
+  size_t words = exec_tensor_words(s->xm, (enum exec_tensor)f->es->values[so->out].tensor);
+  uint32_t owner = value_owner(s, f->i, f->es, so->out, f->saved);
+  return f->run->val[so->out] = mb_floats_raw(s, f->st, f->mb, owner, words);
+}
+
+static bool tp_divides(const struct exec_state *s, enum model_op_kind kind) {
+  return s->dev->tp_degree > 1 && exec_tp_divided(kind);
+}
+
+/* Whether op j is a residual add of two values whose sum op j + 1 normalises, both run here:
+ * then one kernel does both (ops.def's residual_rmsnorm_forward, the same bits). */
+static bool fwd_fuses_norm(const struct fwd *f, uint32_t j) {
+  const struct exec_segment *es = f->es;
+  if (j + 1 >= es->n_ops || !f->s->k->residual_rmsnorm_forward)
+    return false;
+  const struct exec_seg_op *add = &es->ops[j], *norm = &es->ops[j + 1];
+  return add->kind == MODEL_OP_RESIDUAL_ADD && add->in[2] < 0 && add->out >= 0 &&
+         norm->kind == MODEL_OP_RMSNORM && norm->in[0] == add->out &&
+         !tp_divides(f->s, add->kind) && !tp_divides(f->s, norm->kind) &&
+         (!f->needed || (f->needed[es->n_values + j] && f->needed[es->n_values + j + 1]));
+}
+
+/* Ops j (the residual add) and j + 1 (the norm) of the forward f, in one pass over x. */
+static void fwd_residual_norm(struct fwd *f, uint32_t j) {
+  struct exec_state *s = f->s;
+  struct exec_task_ctx *st = f->st;
+  const struct exec_model *xm = s->xm;
+  const struct exec_seg_op *add = &f->es->ops[j], *norm = &f->es->ops[j + 1];
+  float *x = fwd_out(f, j, false), *h = fwd_out(f, j + 1, false);
+  float *saved = f->run->saved[j + 1] =
+      mb_floats_raw(s, st, f->mb, f->saved, kernels_rmsnorm_saved_floats(xm->T_seq));
+  const float *prm = f->P + s->dev->op_offset[norm->op];
+  size_t n = (size_t)xm->T_seq * xm->C;
+  KT(st, s, s->k->copy(st->stream, x, f->run->val[add->in[0]], n * sizeof(float)));
+  KT(st, s,
+     s->k->residual_rmsnorm_forward(st->stream, x, h, saved, f->run->val[add->in[1]], prm,
+                                    xm->T_seq, xm->C, xm->rms_norm_eps));
+}
+
 /* Op j of the forward f. */
 static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
   struct exec_state *s = f->s;
@@ -290,15 +338,8 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
   const struct exec_seg_op *so = &f->es->ops[j];
   const float *prm = f->P + s->dev->op_offset[so->op];
   int T = xm->T, C = xm->C, V = xm->V, K = xm->K, E = xm->E, Ts = xm->T_seq;
-  float *out = NULL;
-  bool tp = s->dev->tp_degree > 1 && exec_tp_divided(so->kind);
-  /* only the embedding's lookup and the combine can be left out; the other kernels (and the
-   * TP collectives) write their output whether read or not */
-  bool optional = !tp && (so->kind == MODEL_OP_EMBEDDING || so->kind == MODEL_OP_EXPERT_FFN);
-  if (so->out >= 0 && (!f->needed || f->needed[so->out] || !optional))
-    out = run->val[so->out] =
-        mb_floats_raw(s, st, mb, value_owner(s, f->i, f->es, so->out, f->saved),
-                      exec_tensor_words(xm, (enum exec_tensor)f->es->values[so->out].tensor));
+  bool tp = tp_divides(s, so->kind);
+  float *out = fwd_out(f, j, tp);
   const float *in0 = so->in[0] >= 0 ? run->val[so->in[0]] : NULL;
   const float *in1 = so->in[1] >= 0 ? run->val[so->in[1]] : NULL;
   const float *in2 = so->in[2] >= 0 ? run->val[so->in[2]] : NULL;
@@ -405,7 +446,9 @@ bool exec_segment_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx
   f.needed = needed;
   bool ok = true;
   for (uint32_t j = 0; j < f.es->n_ops && ok; j++)
-    if (!needed || needed[f.es->n_values + j])
+    if (fwd_fuses_norm(&f, j))
+      fwd_residual_norm(&f, j++);
+    else if (!needed || needed[f.es->n_values + j])
       ok = fwd_op(&f, j, err);
   g_free(needed);
   if (ok && f.keep != FWD_FULL_RERUN) /* R's outputs: the next segments have theirs */
