@@ -1,8 +1,22 @@
-/* prof-impl: what piper-prof's host profiler (tools/piper-prof.c) and its CUDA part
- * (tools/prof_cuda.c, built with the cuda backend) share: the run's figures, one op's buffers
- * at one shape, the table's entries and the network's fits, written as one profile format. */
-#ifndef PIPER_TOOLS_PROF_IMPL_H
-#define PIPER_TOOLS_PROF_IMPL_H
+/* prof-impl: what the profiler's sources share: the run's figures, one op's buffers at one
+ * shape, the table's entries and the network's fits, written as one profile format. Each file
+ * calls only files below it in this list (nothing calls up, so no two call each other):
+ *
+ *  run.c           prof_run, the backends' table (host; cuda.c's) -> every file below
+ *  cuda.c          the GPU, compiled with HAVE_CUDA only         -> net.c, ops.c, core.c
+ *  host.c          the host's cores and the executor's own costs -> net.c, core.c
+ *  chain.c         the host kernels in the executor's order      -> host_kernels.c, ops.c, core.c
+ *  host_kernels.c  one op through the host kernels               -> ops.c, core.c
+ *  machine.c       the host's GEMM rate, bandwidth and AdamW     -> core.c
+ *  output.c        the profile's JSON                            -> core.c
+ *  net.c           the network under mpirun, and its fits        -> core.c
+ *  ops.c           the ops' shapes, buffers' sizes, the entries  -> core.c
+ *  core.c          progress, medians, inputs, line fits, a backend's cost per instruction
+ *
+ * The cuda part is one row of run.c's table of backends (prof_cuda_measure, declared below
+ * with HAVE_CUDA only): the core knows nothing of it. */
+#ifndef PIPER_PROF_PROF_IMPL_H
+#define PIPER_PROF_PROF_IMPL_H
 
 #include <cJSON.h>
 #include <glib.h>
@@ -12,12 +26,7 @@
 #include "../ir/ir.h"
 #include "../kernels/kernels.h"
 #include "../models/model.h"
-
-struct prof_args {
-  const char *model, *backend, *out;
-  uint32_t repeats, warmup;
-  bool quick, quiet;
-};
+#include "prof.h"
 
 /* What the run found, gathered on rank 0 into the profile. */
 struct prof_run {
@@ -81,12 +90,30 @@ struct op_sizes {
   size_t params, in, out, saved, bwork, rows, scratch;
 };
 
+/* ---- core.c: what every part uses ---------------------------------------------------------- */
+
 void prof_progress(const struct prof_run *r, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 double prof_round_sig(double x, int digits);
+double prof_physical_memory_bytes(void);
 float *prof_random_floats(size_t n, uint32_t seed, float scale);
 int32_t *prof_random_ids(size_t n, int32_t range);
 /* Least squares of y = alpha + beta x, residuals relative to y. */
 void prof_fit_line(const double *x, const double *y, int n, double *alpha, double *beta);
+/* The median of v[0 .. n) (n > 0), which it sorts. */
+double prof_median(double *v, size_t n);
+typedef void (*prof_bench_fn)(void *ctx);
+/* Median seconds of one call of fn after a's warm-up; before, when not NULL, runs untimed
+ * ahead of each timed call. */
+double prof_median_seconds_after(const struct prof_args *a, prof_bench_fn fn, void *ctx,
+                                 prof_bench_fn before);
+double prof_median_seconds(const struct prof_args *a, prof_bench_fn fn, void *ctx);
+/* Median seconds per instruction (a no-op task and an event record) through backend b;
+ * negative (err set) when its stream cannot be made. */
+struct exec_backend;
+double prof_instruction_cost(struct exec_backend *b, uint32_t n, GError **err);
+
+/* ---- ops.c: the models' ops, their buffers' sizes and the table's entries ------------------ */
+
 /* The op's dimensions from its shape, and its buffers' sizes in floats. */
 void prof_op_bench_dims(struct op_bench *b);
 struct op_sizes prof_op_sizes(struct op_bench *b);
@@ -99,16 +126,40 @@ double prof_op_bench_bytes(const struct model *m, const struct model_op *op);
 bool prof_op_has_kernel(enum model_op_kind k);
 /* Whether the executor runs anything for (kind, pass). */
 bool prof_pass_runs(enum model_op_kind k, enum ir_pass pass);
+/* "kind shape...": a (kind, shape) class is measured once per run (prof_run.seen). */
+char *prof_op_shape_key(const struct model_op *op);
 /* Appends a "measured" entry (seconds as "ms"); returns it for optional keys. */
 cJSON *prof_add_entry(struct prof_run *r, const struct model_op *op, enum ir_pass pass,
                       double seconds);
 /* Sets an entry's "host_ms": the host thread's time to enqueue the op (GPU profiles). */
 void prof_entry_host_ms(cJSON *entry, double seconds);
-/* Median seconds per instruction (a no-op task and an event record) through backend b. */
-struct exec_backend;
-double prof_instruction_cost(struct exec_backend *b, uint32_t n, GError **err);
+/* One progress line of an op's four passes (t: seconds of F, BI, BW, B). */
+void prof_progress_op(const struct prof_run *r, const struct model_op *op, const double *t);
 
-/* The network: points per operation, fitted into r's "collectives" (rank 0). */
+/* ---- host_kernels.c: one op through the host kernels, as exec/train.c calls them ----------- */
+
+/* Host buffers of the op at its shape (random inputs and weights); op_bench_free frees them. */
+void prof_op_bench_init(struct op_bench *b, const struct model *m, const struct model_op *op);
+void prof_op_bench_free(struct op_bench *b);
+/* Runs b's pass (ctx: struct op_bench): a prof_bench_fn. */
+void prof_op_bench_run(void *ctx);
+/* Every distinct (kind, shape) of a model too big to chain, and of its expert-parallel
+ * variants, once, each kernel timed alone. */
+void prof_host_measure_model(struct prof_run *r, const struct model *m);
+
+/* ---- chain.c: the host kernels in the executor's order ------------------------------------- */
+
+/* The models that fit (chained[i] says which) run as the executor runs them, in turns. */
+void prof_measure_chains(struct prof_run *r, const GPtrArray *models, bool *chained);
+/* AdamW as the chains ran it, where they give two sizes or more, replaces measure_machine's. */
+void prof_fit_chain_optimizer(struct prof_run *r);
+
+/* ---- machine.c: the host's GEMM rate, memory bandwidth and AdamW (the roofline) ------------ */
+
+void prof_measure_machine(struct prof_run *r, uint64_t max_params);
+
+/* ---- net.c: the network under mpirun, and its fits ---------------------------------------- */
+
 enum net_kind {
   NET_P2P,
   NET_ALL_REDUCE,
@@ -122,12 +173,41 @@ extern const char *const prof_net_names[NET_N];
 struct net_points {
   GArray *p, *n, *t; /* double */
 };
+/* Fits each operation's points into r's "collectives" and their sources (rank 0). */
 void prof_net_record(struct prof_run *r, const struct net_points *pts);
+#ifdef HAVE_MPI
+/* Every operation over every group size of the world through MPI (every rank). */
+void prof_measure_network(struct prof_run *r);
+/* A barrier of the world whose ranks wait without a core (they poll every millisecond). */
+void prof_sleeping_barrier(void);
 /* Ranks other than 0 wait here, without a core, until rank 0 has written the profile. */
 void prof_idle_until_released(void);
+/* Rank 0: lets the others go (prof_idle_until_released). */
+void prof_release_others(const struct prof_run *r);
+#endif
+
+/* ---- host.c: the host's cores and the executor's own costs --------------------------------- */
+
+/* Every rank takes part (the backend starts with a barrier); rank 0 keeps the figures. */
+bool prof_measure_host(struct prof_run *r, GError **err);
+
+/* ---- output.c: the profile --------------------------------------------------------------- */
+
+/* Checks the profile as piper-sim will read it, then writes it to r->a->out. */
+bool prof_write_profile(const struct prof_run *r, int argc, char **argv, GError **err);
+
+/* ---- run.c's table: the backends measured through ------------------------------------------ */
+
+/* One backend: measure runs on every rank, fills r (rank 0 keeps the figures) and returns
+ * whether this rank writes the profile; a failed measurement sets r->failed and err. */
+struct prof_backend {
+  const char *name;
+  bool (*measure)(struct prof_run *r, GPtrArray *models, GError **err);
+};
 
 #ifdef HAVE_CUDA
-/* tools/prof_cuda.c: the cuda backend's kernels, AdamW and, under mpirun, NCCL, into r. */
+/* cuda.c, built with the cuda backend only: the GPU's kernels, AdamW and, under mpirun, NCCL,
+ * into r; the other ranks then wait for rank 0 (prof_idle_until_released). */
 bool prof_cuda_measure(struct prof_run *r, GPtrArray *models, GError **err);
 #endif
 
