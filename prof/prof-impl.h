@@ -43,7 +43,7 @@ struct prof_run {
   cJSON *fit_json; /* the profile's "collectives" section (intra_node) */
   double p2p_latency, p2p_bandwidth, ar_bandwidth;
   bool network_measured;
-  /* the host: cores of this node, the executor's own costs (host_measure) */
+  /* the host: cores of this node, the executor's own costs (prof_measure_host) */
   uint32_t cores;
   double instruction_overhead, comm_test, wait_share, wait_self_share, wake_latency, loop_late;
   double eager_bytes; /* the largest message a send completes without its receiver */
@@ -138,7 +138,7 @@ void prof_progress_op(const struct prof_run *r, const struct model_op *op, const
 
 /* ---- host_kernels.c: one op through the host kernels, as exec/train.c calls them ----------- */
 
-/* Host buffers of the op at its shape (random inputs and weights); op_bench_free frees them. */
+/* Host buffers of the op at its shape (random inputs and weights), freed by prof_op_bench_free. */
 void prof_op_bench_init(struct op_bench *b, const struct model *m, const struct model_op *op);
 void prof_op_bench_free(struct op_bench *b);
 /* Runs b's pass (ctx: struct op_bench): a prof_bench_fn. */
@@ -151,7 +151,7 @@ void prof_host_measure_model(struct prof_run *r, const struct model *m);
 
 /* The models that fit (chained[i] says which) run as the executor runs them, in turns. */
 void prof_measure_chains(struct prof_run *r, const GPtrArray *models, bool *chained);
-/* AdamW as the chains ran it, where they give two sizes or more, replaces measure_machine's. */
+/* AdamW as the chains ran it, where they give two sizes or more, replaces the machine's fit. */
 void prof_fit_chain_optimizer(struct prof_run *r);
 
 /* ---- machine.c: the host's GEMM rate, memory bandwidth and AdamW (the roofline) ------------ */
