@@ -20,7 +20,6 @@
 const char *const prof_net_names[NET_N] = {"p2p", "all_reduce", "reduce_scatter",
                                           "all_gather", "all_to_all"};
 
-
 /* The simulator's alpha-beta terms of one operation of n bytes over p ranks are
  * latency_steps * a + transfer_share * n / B (profile_comm_cost, ring). */
 static void net_model_terms(enum net_kind k, int p, double *latency_steps, double *share) {
@@ -112,6 +111,7 @@ void prof_net_record(struct prof_run *r, const struct net_points *pts) {
 /* ---- the measurements (under mpirun) ------------------------------------------------------ */
 
 #ifdef HAVE_MPI
+
 struct net_ctx {
   enum net_kind kind;
   size_t bytes; /* the simulator's convention per kind (sim/profile.h, profile_comm_cost) */
