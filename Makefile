@@ -83,10 +83,11 @@ else
 endif
 
 # --- sources --------------------------------------------------------------------------------
-MODULES := base ir models directives report sim kernels exec
+MODULES := base ir models directives report sim kernels exec prof
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
-# The cuda backend's host side: compiled only with HAVE_CUDA (it includes the CUDA headers).
-CUDA_SRCS := $(wildcard exec/backend_cuda*.c)
+# The cuda backend's host side and the profiler's CUDA part: compiled only with HAVE_CUDA (they
+# include the CUDA headers).
+CUDA_SRCS := $(wildcard exec/backend_cuda*.c prof/cuda*.c)
 CU_SRCS := $(wildcard kernels/*.cu)
 ifeq ($(HAVE_CUDA),)
   LIB_SRCS := $(filter-out $(CUDA_SRCS),$(LIB_SRCS))
@@ -277,7 +278,7 @@ loop-short: $(TOOLS)
 
 # Function budget (issue 8): no function over 120 lines or cyclomatic complexity 40 in the
 # library or the programs. Prints the offenders and fails when there is any.
-LINT_SRCS = $(wildcard $(foreach d,base ir models directives sim exec kernels report tools,$(d)/*.c $(d)/*.h))
+LINT_SRCS = $(wildcard $(foreach d,base ir models directives sim exec prof kernels report tools,$(d)/*.c $(d)/*.h))
 lint:
 	@command -v lizard >/dev/null || python3 -c "import lizard" 2>/dev/null || tools/install-deps.sh
 	@# the LINT_SRCS folders' C, headers and CUDA (.cu, .cuh: lizard's C-like reader), then the layering
