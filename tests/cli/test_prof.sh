@@ -99,7 +99,7 @@ if command -v mpirun > /dev/null; then
   else
     fail "mpirun piper-prof: $(tail -3 "$tmp/err")"
   fi
-  spin=$(sed -n 's/^#define EXEC_HOST_IDLE_SPIN_US \([0-9]*\).*/\1/p' exec/exec.h)
+  spin=$(sed -n 's/^#define EXEC_HOST_IDLE_SPIN_US \([0-9]*\).*/\1/p' exec/backend.h)
   python3 - "$tmp/p2.json" "$spin" <<'EOF' && ok "network fitted" || fail "network section"
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -122,7 +122,7 @@ h = j["host"]
 assert h["executor"] == "loop", h
 assert h["cores_per_node"] >= 1 and h["instruction_overhead_us"] > 0, h
 assert 0 <= h["wait_core_share"] <= 1 and h["comm_test_us"] > 0 and h["wake_latency_us"] >= 0, h
-# the backend loop's spin window (exec/exec.h) and what its sleeping adds to a communication
+# the backend loop's spin window (exec/backend.h) and what its sleeping adds to a communication
 assert h["loop_spin_us"] == int(sys.argv[2]) and h["loop_late_us"] >= 0, (h, sys.argv[2])
 # MPI's eager limit, one of the sizes tried (a power of two from 256 B to 1 MiB; 1: none eager)
 e = h["eager_bytes"]
