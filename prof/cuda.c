@@ -173,7 +173,7 @@ static void cuda_op_free(struct cuda_op *o) {
       exec_backend_release(o->g->b, all[i]);
 }
 
-/* ---- one op's pass, as exec/train.c calls the kernel table --------------------------------- */
+/* ---- one op's pass, as the segment forward and backward (exec/segment_*.c) call the kernel table --------------------------------- */
 
 static void run_norm_embed(struct exec_stream *s, const struct exec_kernels *k,
                            struct op_bench *b) {

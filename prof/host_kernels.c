@@ -1,5 +1,5 @@
 /* prof host kernels: one op's buffers on the host and its passes through the host kernels, as
- * exec/train.c calls them (the executor-order chains of chain.c run the same calls), and the
+ * exec/segment_*.c call them (the executor-order chains of chain.c run the same calls), and the
  * ops of a model too big to chain, each (kind, shape) timed alone. */
 #include <string.h>
 
@@ -9,7 +9,7 @@
 #include "../models/model.h"
 #include "prof-impl.h"
 
-/* ---- one op's kernels, as exec/train.c calls them ----------------------------------------- */
+/* ---- one op's kernels, as the segment forward and backward (exec/segment_*.c) call them ----------------------------------------- */
 
 static void run_embedding(struct op_bench *b) {
   if (b->pass == IR_PASS_F)

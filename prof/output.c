@@ -109,7 +109,7 @@ static cJSON *sources_json(const struct prof_run *r, const struct machine_facts 
   } else {
     cJSON_AddStringToObject(
         s, "measured",
-        "every distinct (op kind, shape) of the models: the host kernels of exec/train.c for F, "
+        "every distinct (op kind, shape) of the models: the host kernels the executor calls for F, "
         "BI, BW and the fused B, run in the executor's order over the whole model (forward of "
         "every op for 4 micro-batches of buffers, then BI in reverse, BW, B; weights shared), "
         "each call timed where it stands; the median over repeats after warm-up, micro-batches "

@@ -62,7 +62,7 @@ struct prof_run {
 /* How piper-exec holds memory whatever the model's dtype (the profile's "memory" section,
  * struct profile_memory): facts of its code, not measurements. Both backends keep the plan's
  * tensors, the parameters (the fp32 master copy), their gradients and AdamW's m and v in fp32
- * (exec/train.c: exec_state_init_params and mb_buffer; exec/backend_cuda_arena.c plans the
+ * (exec/params.c: exec_state_init_params; exec/memory.c: exec_mb_buffer; exec/backend_cuda_arena.c plans the
  * arena's slots at 4 bytes per element); the cuda backend adds a bf16 copy of each GEMM
  * weight matrix of a bf16 model (exec/backend_cuda_kernels.c: weight_copy). */
 #define PROF_HELD_ELEMENT_BYTES 4   /* fp32 */
@@ -136,7 +136,7 @@ void prof_entry_host_ms(cJSON *entry, double seconds);
 /* One progress line of an op's four passes (t: seconds of F, BI, BW, B). */
 void prof_progress_op(const struct prof_run *r, const struct model_op *op, const double *t);
 
-/* ---- host_kernels.c: one op through the host kernels, as exec/train.c calls them ----------- */
+/* ---- host_kernels.c: one op through the host kernels, as the segment forward and backward (exec/segment_*.c) call them ----------- */
 
 /* Host buffers of the op at its shape (random inputs and weights), freed by prof_op_bench_free. */
 void prof_op_bench_init(struct op_bench *b, const struct model *m, const struct model_op *op);

@@ -11,7 +11,7 @@
  *     fprintf(stderr, "%s\n", err->message);
  *   g_clear_error(&err);
  *
- * The host backend times the host kernels in the executor's order (exec/train.c) and measures
+ * The host backend times the host kernels in the executor's order (exec/segment_*.c) and measures
  * MPI; the cuda backend (where it is built: prof_backend_built("cuda")) times the GPU's kernel
  * table by CUDA events and NCCL. Progress goes to stderr ("piper-prof: ..."), unless quiet. */
 #ifndef PIPER_PROF_PROF_H
