@@ -489,6 +489,9 @@ static void k_adamw_step(struct exec_stream *s, float *params, const float *grad
  * buffers, written so by the SwiGLU kernels (no fp32 copy to write and convert again): act in
  * the first half of saved's act slot; dg, du in bwork's du slot, after the fp32 dact (the
  * down projection's gradient) in its dg slot. fp32 models keep the host's layout. */
+/* The host kernels' layout (kernels_mlp_views), and the bf16 forms this backend keeps in it:
+ * act in bf16 over act's own floats, dg and du in bf16 over du's (dact, the fp32 gradient of
+ * act, in dg's place until the SwiGLU backward). */
 struct mlp_views {
   const float *wg, *wu, *wd;
   float *g, *u, *act, *dact, *du;
@@ -497,22 +500,13 @@ struct mlp_views {
 
 static struct mlp_views mlp_views(const float *params, const float *saved, const float *bwork,
                                   int T, int C, int F) {
-  struct mlp_views w = {0};
-  size_t TF = (size_t)T * F;
-  w.wg = params;
-  w.wu = params ? w.wg + (size_t)C * F : NULL;
-  w.wd = params ? w.wu + (size_t)C * F : NULL;
-  if (saved) {
-    w.g = (float *)saved;
-    w.u = w.g + TF;
-    w.act = w.u + TF;
+  struct kernels_mlp_views k = kernels_mlp_views(params, saved, bwork, T, C, F);
+  struct mlp_views w = {k.wg, k.wu, k.wd, k.g, k.u, k.act, k.dg, k.du, NULL, NULL, NULL};
+  if (saved)
     w.act16 = (uint16_t *)(void *)w.act;
-  }
   if (bwork) {
-    w.dact = (float *)bwork;
-    w.du = w.dact + TF;
     w.dg16 = (uint16_t *)(void *)w.du;
-    w.du16 = w.dg16 + TF;
+    w.du16 = w.dg16 + (size_t)T * F;
   }
   return w;
 }

@@ -175,6 +175,16 @@ void kernels_attention_backward(float *dh, float *dparams, float *bwork, const f
 size_t kernels_mlp_param_count(int C, int F);
 size_t kernels_mlp_saved_floats(int T, int F);
 size_t kernels_mlp_bwork_floats(int T, int F);
+/* Pointers into params (wg, wu [C, F], wd [F, C]), saved (g, u, act [T, F]) and bwork (dg,
+ * du [T, F]; dg holds dact until the SwiGLU backward) of a SwiGLU MLP (NULL where the buffer
+ * is NULL): the one description of them, for the host kernels and the cuda backend's. */
+struct kernels_mlp_views {
+  const float *wg, *wu, *wd;
+  float *g, *u, *act;
+  float *dg, *du;
+};
+struct kernels_mlp_views kernels_mlp_views(const float *params, const float *saved,
+                                           const float *bwork, int T, int C, int F);
 /* m [T, C], saved <- h [T, C] */
 void kernels_mlp_forward(float *m, float *saved, const float *h, const float *params, int T, int C,
                          int F);
