@@ -4,11 +4,16 @@
  * collectives of exec/ops.def. Callers use the wrappers below (exec/backend.c), never the
  * table: they check arguments and supply the default of an optional entry.
  *
- *   static void my_fill(struct exec_stream *s, float *x, float value, size_t n) { ... }
- *   static const struct exec_kernels my_kernels = {.fill = my_fill, ...};
- *   const struct exec_backend_ops my_backend = {.api_version = EXEC_BACKEND_API_VERSION,
- *                                               .name = "mine", .kernels = &my_kernels, ...};
- *   struct exec_backend *b = exec_backend_init(&my_backend, NULL, &err);
+ *   GError *err = NULL;
+ *   struct exec_backend_ops mine = exec_backend_host; // a table: memory, streams, ..., kernels
+ *   mine.name = "mine";
+ *   struct exec_backend *b = exec_backend_init(&mine, NULL, &err);
+ *   if (b && !exec_backend_supports_op(b, EXEC_OP_attention_core_forward))
+ *     printf("%s lacks %s\n", exec_backend_name(b), exec_op_name(EXEC_OP_attention_core_forward));
+ *   exec_backend_free(b);
+ *
+ * A table is written as the host's and cuda's are: their kernel and collective entries
+ * generated from exec/ops.def (docs/exec.md, "Adding an op").
  */
 #ifndef PIPER_EXEC_BACKEND_H
 #define PIPER_EXEC_BACKEND_H

@@ -3,9 +3,10 @@
  * people who run plans; exec/backend.h is for people who write backends.
  *
  *   GError *err = NULL;
+ *   const struct plan *plan = NULL; // from compile_run or plan_read_dir
  *   struct exec_backend *b = exec_backend_init_by_name("host", NULL, &err);
  *   struct exec_options o = exec_options_default();
- *   o.plan = plan; // from compile_run or plan_read_dir
+ *   o.plan = plan;
  *   o.iters = 10;
  *   struct exec_result r = {0};
  *   if (b && exec_run(&o, b, &r, &err))
