@@ -465,4 +465,11 @@ bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t keep, GErro
 void exec_plan_uses(const struct plan *p, bool uses[EXEC_USE_COUNT]);
 bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err);
 
+/* stragglers.c: the ranks whose compute (compute [n_steps][n_ranks] seconds) exceeds the median
+ * of their peers' (the other ranks of their class) by more than threshold in three measured
+ * steps of four at least; *out (g_free) holds them by rank. */
+uint32_t exec_find_stragglers(const double *compute, uint32_t n_steps, uint32_t n_ranks,
+                              const uint32_t *class_of, double threshold,
+                              struct exec_straggler **out);
+
 #endif

@@ -24,6 +24,7 @@ struct step_stats {
   double *losses; /* [dp * M] by global micro-batch */
   uint32_t n;
   double window[3]; /* -first start, last end, a stop asked for on some rank */
+  double *compute;  /* [n_devices]: each rank's compute time this step (its slot, others 0) */
 };
 
 struct runner {
@@ -60,6 +61,7 @@ struct runner {
   double progress_t0; /* wall clock at the start of the first step run (for the ETA) */
   struct step_stats ss;
   double *measured; /* [n_steps]: step times of measured steps */
+  GArray *compute_steps; /* double [n_measured][n_devices]: every rank's compute per step */
   uint32_t n_measured;
   /* the trace of every measured step (write_report): intervals, and per step a pair
    * (step number, first index into traced) */

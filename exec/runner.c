@@ -28,6 +28,14 @@ static bool stall_task(struct runner *R, uint32_t i, GError **err) {
   return piper_runtime_error(err, "rank %u: stalled instruction %u cancelled", R->rank, i);
 }
 
+/* The slow-rank hook: the core kept busy for secs more, as a slower device would be. */
+static double slow_down(struct runner *R, double secs) {
+  double t0 = exec_backend_clock(R->b);
+  while (exec_backend_clock(R->b) - t0 < secs)
+    ;
+  return exec_backend_clock(R->b) - t0;
+}
+
 static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
   struct task *t = arg;
   struct runner *R = t->R;
@@ -39,6 +47,9 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
     ok = stall_task(R, i, err);
   else
     ok = exec_run_instr(&R->s, i, &st, err);
+  if (ok && R->o->slow_factor > 1 && R->rank == R->o->slow_rank &&
+      R->dev->instrs[i].role == EXEC_ROLE_COMPUTE)
+    st.kernel_s += slow_down(R, (R->o->slow_factor - 1) * st.kernel_s);
   double t1 = exec_backend_clock(R->b);
   R->start[i] = t0;
   R->end[i] = t1;
@@ -160,7 +171,9 @@ static void account_step(struct runner *R) {
 
 static bool collect(struct runner *R, void *arg, GError **err) {
   struct step_stats *ss = arg;
-  if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err))
+  if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err) ||
+      !exec_world_all_reduce_f64(R->b, ss->compute, R->dev->plan->n_devices, EXEC_REDUCE_SUM,
+                                 err))
     return false;
   return exec_world_all_reduce_f64(R->b, ss->window, 3, EXEC_REDUCE_MAX, err);
 }
@@ -212,6 +225,7 @@ struct exec_options exec_options_default(void) {
   o.eps = 1e-8f;
   o.weight_decay = 0.0f;
   o.timeout_s = 300;
+  o.straggler_threshold = 0.25;
   return o;
 }
 
@@ -220,6 +234,8 @@ void exec_result_clear(struct exec_result *r) {
     return;
   g_free(r->losses);
   g_free(r->step_times);
+  g_free(r->compute_seconds);
+  g_free(r->stragglers);
   exec_report_free(r->report);
   memset(r, 0, sizeof *r);
 }
@@ -567,6 +583,8 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
   R->measured = g_new0(double, res->n_steps);
   R->ss.n = R->dev->dp_degree * R->dev->M;
   R->ss.losses = g_new0(double, R->ss.n);
+  R->ss.compute = g_new0(double, R->dev->plan->n_devices);
+  R->compute_steps = g_array_new(FALSE, FALSE, sizeof(double));
   return true;
 }
 
@@ -587,6 +605,10 @@ static bool collect_step(struct runner *R, GError **err) {
   for (uint32_t k = 0; k < R->dev->M; k++)
     if (R->s.mbs[k].has_loss)
       ss->losses[R->s.mbs[k].global_index] = R->s.mbs[k].loss;
+  memset(ss->compute, 0, R->dev->plan->n_devices * sizeof(double));
+  for (uint32_t i = 0; i < R->dev->n_instrs; i++)
+    if (R->dev->instrs[i].role == EXEC_ROLE_COMPUTE)
+      ss->compute[R->rank] += R->kernel[i];
   return exec_runner_control(R, collect, ss, err);
 }
 
@@ -654,6 +676,7 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   res->step_times[idx] = secs;
   if (!warm) {
     R->measured[R->n_measured++] = secs;
+    g_array_append_vals(R->compute_steps, R->ss.compute, R->dev->plan->n_devices);
     exec_runner_keep_step_trace(R, step);
   }
   if (o->progress && R->rank == 0)
@@ -684,6 +707,19 @@ static bool run_steps(struct runner *R, struct exec_result *res, GError **err) {
   return true;
 }
 
+/* Every rank's mean compute per measured step, and the ranks consistently slower than their
+ * peers (every rank has every rank's times: the same answer everywhere). */
+static void compute_summary(struct runner *R, struct exec_result *res) {
+  uint32_t n = R->dev->plan->n_devices, steps = R->n_measured;
+  const double *t = (const double *)(void *)R->compute_steps->data;
+  res->compute_seconds = g_new0(double, n);
+  for (uint32_t s = 0; s < steps; s++)
+    for (uint32_t r = 0; r < n; r++)
+      res->compute_seconds[r] += t[(size_t)s * n + r] / steps;
+  res->n_stragglers = exec_find_stragglers(t, steps, n, R->dev->plan->device_class,
+                                           R->o->straggler_threshold, &res->stragglers);
+}
+
 /* This rank's totals, and the executor overhead over every rank's instructions. */
 static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
   res->instructions = R->instructions;
@@ -707,6 +743,7 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
     res->job_overhead_per_instr_s = sums[0] / sums[2];
     res->job_dispatch_per_instr_s = sums[1] / sums[2];
   }
+  compute_summary(R, res);
   return true;
 }
 
@@ -802,6 +839,9 @@ static void runner_free(struct runner *R) {
     g_free(R->comm);
     g_free(R->measured);
     g_free(R->ss.losses);
+    g_free(R->ss.compute);
+    if (R->compute_steps)
+      g_array_free(R->compute_steps, TRUE);
     g_array_free(R->memory, TRUE);
     if (R->traced) {
       g_array_free(R->traced, TRUE);

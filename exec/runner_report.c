@@ -158,6 +158,21 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
   cJSON_AddNumberToObject(extra, "instructions_per_step", (double)plan_instruction_count(p));
   cJSON_AddNumberToObject(extra, "kernel_seconds_rank0", res->kernel_seconds);
   cJSON_AddNumberToObject(extra, "comm_seconds_rank0", res->comm_seconds);
+  cJSON *compute = cJSON_AddArrayToObject(extra, "compute_seconds_per_rank");
+  for (uint32_t r = 0; res->compute_seconds && r < p->n_devices; r++)
+    cJSON_AddItemToArray(compute, cJSON_CreateNumber(res->compute_seconds[r]));
+  cJSON *slow = cJSON_AddArrayToObject(extra, "stragglers");
+  for (uint32_t k = 0; k < res->n_stragglers; k++) {
+    const struct exec_straggler *x = &res->stragglers[k];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "rank", x->rank);
+    cJSON_AddNumberToObject(o, "class", x->class_id);
+    cJSON_AddNumberToObject(o, "peers", x->peers);
+    cJSON_AddNumberToObject(o, "ratio", x->ratio);
+    cJSON_AddNumberToObject(o, "slow_steps", x->slow_steps);
+    cJSON_AddItemToArray(slow, o);
+  }
+  cJSON_AddNumberToObject(extra, "straggler_threshold", R->o->straggler_threshold);
   cJSON *traced = cJSON_AddArrayToObject(extra, "traced_steps");
   for (guint k = 0; k < R->traced_steps->len; k += 2)
     cJSON_AddItemToArray(traced, cJSON_CreateNumber(g_array_index(R->traced_steps, uint32_t, k)));

@@ -83,6 +83,10 @@ static const struct option_spec options[] = {
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
+    {.name = "--straggler-threshold", .kind = OPTION_DOUBLE, EXEC_OPTION(run.straggler_threshold),
+     .lo = 0.01, .hi = 100, .metavar = "F",
+     .help = "name a rank whose compute exceeds its peers' median by more than\n"
+             "F (default 0.25) in 3 of 4 measured steps"},
     {.kind = OPTION_HEADING, .help = "output:"},
     {.name = "--out", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
      .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
@@ -247,6 +251,23 @@ static const char *const stall_kinds[] = {
 /* PIPER_EXEC_FAULT (tests): a stall the runner injects (stall:RANK:STEP hits the first
  * communication, stall:KIND:RANK:STEP the first of a kind), or a kill or a SIGSTOP by the
  * step hook (kill:RANK:STEP, stop:RANK:STEP; step 0 is start-up). */
+/* PIPER_EXEC_SLOW=RANK:FACTOR: that rank's compute takes FACTOR times as long (a test hook:
+ * a straggler made on purpose, for the detection that names it). */
+static int read_slow(struct exec_options *o) {
+  const char *env = getenv("PIPER_EXEC_SLOW");
+  if (!env || !*env)
+    return OPTIONS_CONTINUE;
+  unsigned rank = 0;
+  double factor = 0;
+  char tail = 0;
+  if (sscanf(env, "%u:%lf%c", &rank, &factor, &tail) != 2 || !(factor > 1 && factor < 1e3))
+    return piper_usage_error("piper-exec",
+                             "PIPER_EXEC_SLOW: \"%s\" is not RANK:FACTOR (a factor above 1)", env);
+  o->slow_rank = rank;
+  o->slow_factor = factor;
+  return OPTIONS_CONTINUE;
+}
+
 static int read_fault(struct exec_options *o, struct fault *fault) {
   const char *fenv = getenv("PIPER_EXEC_FAULT");
   if (!fenv || !*fenv)
@@ -430,6 +451,20 @@ static void print_result(const struct exec_options *o, const struct exec_result 
          res->job_overhead_per_instr_s * 1e6, res->job_dispatch_per_instr_s * 1e6);
 }
 
+/* Rank 0: the ranks slower than their peers (the simulator's slow-device scenario can take
+ * the ratio). */
+static void print_stragglers(const struct exec_options *o, const struct exec_result *res) {
+  uint32_t warm = o->warmup >= res->first_step ? o->warmup - res->first_step + 1 : 0;
+  uint32_t measured = res->n_steps > warm ? res->n_steps - warm : 0;
+  for (uint32_t k = 0; k < res->n_stragglers; k++) {
+    const struct exec_straggler *x = &res->stragglers[k];
+    printf("  straggler: rank %u computes %.2fx the median of its %u peer%s (plan class %u), "
+           "slower in %u of %u measured steps\n",
+           x->rank, x->ratio, x->peers, x->peers == 1 ? "" : "s", x->class_id, x->slow_steps,
+           measured);
+  }
+}
+
 /* Rank 0: the run directory of the measured run, and its charts (as piper-sim writes them). */
 static bool write_run_dir(const struct exec_options *o, const struct exec_result *res,
                           const char *dir, bool charts, GError **err) {
@@ -523,6 +558,7 @@ static int run_on_backend(struct exec_options *o, const struct exec_cli *a, cons
   }
   if (rank == 0) {
     print_result(o, &res);
+    print_stragglers(o, &res);
     if (!write_run_dir(o, &res, run_dir, !a->no_charts, &err)) {
       exec_result_clear(&res);
       free_backend(b);
@@ -553,7 +589,8 @@ int main(int argc, char **argv) {
   struct exec_options o = a.run;
   struct fault fault = {0};
   if ((rc = check_inputs(&a)) != OPTIONS_CONTINUE ||
-      (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE)
+      (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE ||
+      (rc = read_slow(&o)) != OPTIONS_CONTINUE)
     return rc;
   GError *err = NULL;
   struct exec_plan p = {0};
