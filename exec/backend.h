@@ -49,7 +49,6 @@ struct exec_backend {
  * false with *err set to fail the stream (the runner then reports the error). */
 typedef bool (*exec_task_fn)(struct exec_stream *s, void *arg, GError **err);
 
-
 /* What a stream is doing, for the watchdog's message. */
 enum exec_stream_phase { EXEC_STREAM_IDLE, EXEC_STREAM_WAITING, EXEC_STREAM_RUNNING };
 struct exec_stream_status {
