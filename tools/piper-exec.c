@@ -409,7 +409,7 @@ static bool prepare_outputs(const struct exec_cli *a, char **run_dir, bool *crea
     return true;
   if (a->out) {
     *created = !g_file_test(a->out, G_FILE_TEST_EXISTS);
-    if (!report_run_dir_claim(a->out, a->force, err) || !dir_writable("--out", a->out, err))
+    if (!report_run_dir_claim(a->out, a->force, err))
       return false;
     *run_dir = g_strdup(a->out);
     return true;
