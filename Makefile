@@ -251,10 +251,15 @@ fuzz: $(FUZZ_BINS)
 	    && echo "$$n: no crash in $(FUZZ_SECONDS) s" || { tail -40 $(FUZZ_BUILD)/$$n.log; fail=1; }; \
 	done; exit $$fail
 
+# Every suite runs (a failure does not stop the others); the log is kept in $(BUILD)/test.log
+# and its last line is the totals (tools/test-totals.sh): "tests: N passed, N failed".
 test: deps
-	@$(MAKE) --no-print-directory lint unit cli loop-short
-	@$(MAKE) --no-print-directory fuzz
-	@echo "all test suites passed"
+	@mkdir -p $(BUILD)
+	@( rc=0; \
+	  $(MAKE) --no-print-directory -k lint unit cli loop-short || rc=1; \
+	  $(MAKE) --no-print-directory fuzz || rc=1; \
+	  echo $$rc > $(BUILD)/test.rc ) 2>&1 | tee $(BUILD)/test.log
+	@tools/test-totals.sh $(BUILD)/test.log; exit $$(cat $(BUILD)/test.rc)
 
 # Every UBSan report fails its test (halt_on_error: the process exits 1 after the report);
 # leaks of third-party caches are suppressed (tests/sanitizers/lsan.supp).

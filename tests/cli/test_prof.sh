@@ -11,8 +11,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fails=0
+passes=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+ok() { echo "ok: $*"; passes=$((passes + 1)); }
 
 [ -x "$PROF" ] || { echo "FAIL: $PROF not built"; exit 1; }
 
@@ -195,5 +196,5 @@ expect_bad "bad --repeats" "--repeats" --model models/tiny-dense.json --repeats 
 expect_bad "unknown option" "--frobnicate" --frobnicate
 [ ! -e "$tmp/x.json" ] && ok "no profile written on bad input" || fail "a profile was written"
 
-echo "test_prof.sh: $fails failure(s)"
+echo "test_prof.sh: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]
