@@ -62,6 +62,36 @@ static void test_build_dense(void **state) {
   model_free(m);
 }
 
+/* ---- stream declarations ------------------------------------------------------------------ */
+
+/* Each `stream` naming a new stream keeps its settings, however often the stream table grows
+ * (it once wrote them through the table's buffer from before the growth). */
+static void test_stream_declarations_kept(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
+  GString *text = g_string_new("[");
+  enum { N = 40 };
+  for (int i = 0; i < N; i++)
+    g_string_append_printf(text, "%s{\"op\":\"stream\",\"name\":\"s%d\",\"priority\":%d,"
+                           "\"sm_share\":%g}", i ? "," : "", i, -1 - i, (i + 1) / 64.0);
+  g_string_append(text, "]");
+  struct ir_graph *g = test_must_apply(m, text->str);
+  for (int i = 0; i < N; i++) {
+    char name[16];
+    g_snprintf(name, sizeof name, "s%d", i);
+    uint32_t found = IR_NONE;
+    for (uint32_t s = 0; s < g->streams->len; s++)
+      if (strcmp(IR_STREAM(g, s)->name, name) == 0)
+        found = s;
+    assert_int_not_equal(found, IR_NONE);
+    assert_int_equal(IR_STREAM(g, found)->priority, -1 - i);
+    assert_true(IR_STREAM(g, found)->sm_share == (i + 1) / 64.0);
+  }
+  ir_graph_free(g);
+  g_string_free(text, TRUE);
+  model_free(m);
+}
+
 /* ---- split -------------------------------------------------------------------------------- */
 
 static void test_split_multiplies_matched_nodes(void **state) {
@@ -942,6 +972,7 @@ static void test_base_schedules_compile(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build_dense),
+      cmocka_unit_test(test_stream_declarations_kept),
       cmocka_unit_test(test_split_multiplies_matched_nodes),
       cmocka_unit_test(test_place_adds_send_recv_per_crossing_edge),
       cmocka_unit_test(test_replicate_buckets),
