@@ -190,3 +190,83 @@ bool plan_check_model(const struct plan *p, const char *file, GError **err) {
   g_free(v.sequence_parallel);
   return ok;
 }
+
+/* n_microbatches is what the splits made: each split adds its own tag (a dimension name is
+ * never split twice) and numbers its copies 0 .. n-1, so the product over the tags beyond the
+ * model's of (largest value + 1) is the count the compiler multiplied up. The executor runs
+ * that many micro-batches and the simulator counts that many in its tokens per step, so a
+ * count edited in plan.json would train and report a different batch than the instructions. */
+static bool check_microbatches(const struct plan *p, const char *file, GError **err) {
+  uint64_t want = 1;
+  for (uint32_t t = p->model->n_tags; t < p->n_tags; t++) {
+    int32_t top = -1;
+    for (uint32_t i = 0; i < p->n_nodes; i++)
+      if (p->nodes[i].tags[t] > top)
+        top = p->nodes[i].tags[t];
+    want *= (uint64_t)(top + 1 > 0 ? top + 1 : 1);
+    if (want > PLAN_MAX_MICROBATCHES)
+      break;
+  }
+  if (p->n_microbatches == want)
+    return true;
+  return piper_input_error(err,
+                           "%s: \"n_microbatches\" is %u, but the nodes' split tags number %" PRIu64
+                           " micro-batches",
+                           file, p->n_microbatches, want);
+}
+
+/* A compute instruction's "work" tensor holds what lowering gave it from the model's shapes
+ * (plan_compute_work_bytes): sequence length and micro-batch size show there even on a plan
+ * with no transfer between stages (one device, or data parallelism only), where nothing else
+ * carries them. The simulator's memory comes from the tensors and its times from the model, so
+ * both must describe the same shapes. (Every workspace is linear in sequence length x
+ * micro-batch size, so an edit that keeps their product gives exactly the plan piper-compile
+ * writes for the edited model: nothing disagrees, and the plan runs as the model it names.) */
+static bool check_class_work(const struct plan *p, uint32_t cls, const char *file, GError **err) {
+  const struct plan_class *c = &p->classes[cls];
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    uint64_t want = plan_compute_work_bytes(p->model, n), have = 0;
+    uint32_t found = 0;
+    for (uint32_t w = 0; w < c->instrs[i].write_count; w++) {
+      const struct plan_tensor *t = &c->tensors[c->writes[c->instrs[i].write_first + w]];
+      if (t->kind == PLAN_TENSOR_WORK) {
+        have = t->bytes;
+        found++;
+      }
+    }
+    if (found <= 1 && have == want)
+      continue;
+    char name[PLAN_NAME_LEN];
+    plan_node_name(p, c->instrs[i].node, name, sizeof name);
+    return piper_input_error(err,
+                             "%s: class %u, instruction %u \"%s\": its \"work\" tensors hold "
+                             "%" PRIu64 " bytes in %u, the embedded \"model\" gives %" PRIu64
+                             " (sequence length x micro-batch size x hidden sizes)",
+                             file, cls, i, name, have, found, want);
+  }
+  return true;
+}
+
+static bool has_work_tensors(const struct plan *p) {
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    for (uint32_t t = 0; t < p->classes[c].n_tensors; t++)
+      if (p->classes[c].tensors[t].kind == PLAN_TENSOR_WORK)
+        return true;
+  return false;
+}
+
+bool plan_check_instructions(const struct plan *p, const char *file, GError **err) {
+  if (!check_microbatches(p, file, err))
+    return false;
+  /* Lowering gives every compute instruction its workspace; a plan built by hand for a test
+   * may give none at all (nothing is required of what a plan does not have), never some. */
+  if (!has_work_tensors(p))
+    return true;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    if (!check_class_work(p, c, file, err))
+      return false;
+  return true;
+}

@@ -1376,6 +1376,8 @@ static struct plan *reader_finish(struct reader *r, GError **err) {
                    (long long)per_op[k]);
       return NULL;
     }
+  if (!plan_check_instructions(p, r->index_file, err))
+    return NULL;
   if (!plan_check_progress(p, err)) {
     g_prefix_error(err, "%s: ", r->dir);
     return NULL;
