@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Regressions from the malformed-input battery (docs/reliability.md): each input once crashed,
+# hung or gave a silent wrong answer; now it is one `<program>: error:` line and exit 2 (or the
+# right answer).
+set -u
+BIN=${PIPER_BIN:-bin}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=1
+pass=0
+failed=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+PS="$BIN/piper-sim"
+PE="$BIN/piper-exec"
+
+# expect_input_error NAME PATTERN CMD...: exit 2 and one stderr line matching PATTERN
+expect_input_error() {
+  local name=$1 pat=$2; shift 2
+  "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then bad "$name: exit $rc, want 2 ($(head -c 300 "$T/err"))"; return; fi
+  if [ "$(wc -l <"$T/err")" -ne 1 ]; then bad "$name: $(wc -l <"$T/err") stderr lines: $(cat "$T/err")"; return; fi
+  grep -q -- "$pat" "$T/err" && ok || bad "$name: $(cat "$T/err")"
+}
+
+# An odd head_dim: RoPE rotates pairs, so both programs refuse the model (piper-exec once
+# aborted in kernels/attention.c, exit 134, while piper-sim costed it).
+python3 - "$T/odd.json" <<'PY'
+import json, sys
+m = json.load(open("models/tiny-dense.json"))
+m["head_dim"] = 15
+json.dump(m, open(sys.argv[1], "w"))
+PY
+echo '[]' >"$T/none.json"
+expect_input_error "sim, odd head_dim" "odd.json: \"head_dim\" = 15 is odd" \
+  "$PS" --model "$T/odd.json" --directives "$T/none.json" --profile profiles/unit.json --out "$T/s" --no-charts
+expect_input_error "exec, odd head_dim" "odd.json: \"head_dim\" = 15 is odd" \
+  "$PE" --model "$T/odd.json" --directives "$T/none.json" --iters 1 --out "$T/r" --quiet --no-charts
+
+echo "battery: $pass passed, $failed failed"
+[ "$failed" -eq 0 ]
