@@ -58,6 +58,29 @@ static bool resolve_target(const char *path, char **final, GError **err) {
   return true;
 }
 
+/* A new file at tmp, created by this call: O_EXCL|O_NOFOLLOW, so a link planted at tmp is never
+ * followed (fopen "w" once wrote through one onto its target). What is already there (a
+ * leftover of a killed writer, or a planted link) is unlinked, which removes the name and never
+ * touches what a link points to, and creation is tried once more; should something reappear
+ * in between, the writer gives up. The name stays fixed (not mkstemp's) so that whoever cleans
+ * leftovers (exec/checkpoint.c: rank-<r>.ckpt.tmp) finds them. */
+static FILE *open_temporary(const char *tmp) {
+  int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = open(tmp, flags, 0666);
+  if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
+    fd = open(tmp, flags, 0666);
+  if (fd < 0)
+    return NULL;
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    int code = errno;
+    close(fd);
+    unlink(tmp);
+    errno = code;
+  }
+  return f;
+}
+
 bool piper_out_open(struct piper_out *o, const char *path, GError **err) {
   memset(o, 0, sizeof *o);
   o->path = g_strdup(path);
@@ -76,9 +99,12 @@ bool piper_out_open(struct piper_out *o, const char *path, GError **err) {
     return true;
   }
   o->tmp = g_strdup_printf("%s.tmp", o->final);
-  o->f = fopen(o->tmp, "wb");
+  o->f = open_temporary(o->tmp);
   if (!o->f) {
-    io_error(err, o->tmp, "cannot write", errno);
+    int code = errno;
+    g_free(o->tmp);
+    o->tmp = NULL; /* not ours: never removed */
+    io_error(err, o->final, "cannot create a temporary file next to it", code);
     goto fail;
   }
   return true;

@@ -38,5 +38,14 @@ expect_input_error "sim, odd head_dim" "odd.json: \"head_dim\" = 15 is odd" \
 expect_input_error "exec, odd head_dim" "odd.json: \"head_dim\" = 15 is odd" \
   "$PE" --model "$T/odd.json" --directives "$T/none.json" --iters 1 --out "$T/r" --quiet --no-charts
 
+# A link planted at an output's temporary name is not written through (base/file.c).
+mkdir -p "$T/o"
+echo victim >"$T/victim.txt"
+ln -s ../victim.txt "$T/o/results.csv.tmp"
+"$PS" --model models/tiny-dense.json --directives "$T/none.json" --profile profiles/unit.json \
+  --out "$T/o" --force --no-charts >/dev/null 2>"$T/err" || bad "sim with a planted link: $(cat "$T/err")"
+[ "$(cat "$T/victim.txt")" = victim ] && grep -q dp_rank "$T/o/results.csv" && [ ! -e "$T/o/results.csv.tmp" ] &&
+  ok || bad "planted link: victim now $(head -c 100 "$T/victim.txt")"
+
 echo "battery: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
