@@ -47,5 +47,18 @@ ln -s ../victim.txt "$T/o/results.csv.tmp"
 [ "$(cat "$T/victim.txt")" = victim ] && grep -q dp_rank "$T/o/results.csv" && [ ! -e "$T/o/results.csv.tmp" ] &&
   ok || bad "planted link: victim now $(head -c 100 "$T/victim.txt")"
 
+# A checkpoint stored under another step's name (step 2's state as step-5, its checksum
+# intact) once resumed "at step 2" with the data and schedule of step 5: refused.
+KD=(--model models/tiny-dense.json --directives "$T/none.json" --mbs 2 --warmup 0 --no-report --quiet)
+if "$PE" "${KD[@]}" --iters 4 --checkpoint "$T/ck" --checkpoint-every 2 >/dev/null 2>"$T/err"; then
+  rm -rf "$T/ck/step-4" && mv "$T/ck/step-2" "$T/ck/step-4"
+  expect_input_error "resume, step 2 stored as step-4" "describes step 2 but is stored as step-4" \
+    "$PE" "${KD[@]}" --iters 6 --resume "$T/ck"
+  expect_input_error "resume step-4 directly" "describes step 2 but is stored as step-4" \
+    "$PE" "${KD[@]}" --iters 6 --resume "$T/ck/step-4"
+else
+  bad "checkpoint run: $(cat "$T/err")"
+fi
+
 echo "battery: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
