@@ -180,6 +180,15 @@ static uint32_t launcher_rank(void) {
   return 0;
 }
 
+/* A rank other than the first, ending on an error the first one prints: it lingers a moment,
+ * because the launcher ends every rank once one has exited non-zero, and the first might not
+ * have written its line yet. */
+static int quiet_rank_exit(int rc) {
+  if (rc != 0 && launcher_rank() != 0)
+    g_usleep(G_USEC_PER_SEC);
+  return rc;
+}
+
 /* An error found before MPI starts is the same on every rank (same command line, same files):
  * rank 0 says it, the others end with the same status quietly. */
 static int error_exit_once(GError *err) {
@@ -187,7 +196,7 @@ static int error_exit_once(GError *err) {
     return piper_error_exit("piper-exec", err);
   int rc = err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
   g_error_free(err);
-  return rc;
+  return quiet_rank_exit(rc);
 }
 
 struct fault {
@@ -515,15 +524,18 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
 int main(int argc, char **argv) {
   struct exec_cli a = {.backend = "host", .run = exec_options_default()};
   a.seed = (uint32_t)a.run.seed;
+  /* a usage error is every rank's: the first one says it (error_exit_once for the rest) */
+  piper_usage_error_quiet(launcher_rank() != 0);
   int rc = options_parse(&program, &a, argc, argv);
   if (rc != OPTIONS_CONTINUE)
-    return rc;
+    return quiet_rank_exit(rc);
   const struct exec_backend_ops *ops = NULL;
   struct exec_options o = a.run;
   struct fault fault = {0};
   if ((rc = check_inputs(&a, &ops)) != OPTIONS_CONTINUE ||
       (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE)
-    return rc;
+    return quiet_rank_exit(rc);
+  piper_usage_error_quiet(false);
   GError *err = NULL;
   struct exec_plan p = {0};
   char *run_dir = NULL;

@@ -60,5 +60,17 @@ else
   bad "checkpoint run: $(cat "$T/err")"
 fi
 
+# Under a launcher an error every rank finds alike (a usage error) is printed once, by the
+# first rank, not once per rank.
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  for args in "--bogus" "--model models/tiny-dense.json --layout pp=2,pp=4"; do
+    timeout 120 mpirun --oversubscribe -np 3 "$PE" $args >/dev/null 2>"$T/err"
+    rc=$?
+    n=$(grep -c 'piper-exec: error' "$T/err")
+    [ "$rc" -eq 2 ] && [ "$n" -eq 1 ] && ok || bad "mpirun -np 3 piper-exec $args: exit $rc, $n error lines"
+  done
+fi
+
 echo "battery: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
