@@ -72,5 +72,20 @@ if command -v mpirun >/dev/null; then
   done
 fi
 
+# --dump-params to a FIFO: nobody reading is exit 1 naming it after a bounded wait (it blocked
+# for ever after training, deaf to the first SIGINT), with the run directory written; a reader
+# that comes late gets the parameters.
+mkfifo "$T/params.fifo"
+KR=(--model models/tiny-dense.json --directives "$T/none.json" --mbs 2 --warmup 0 --quiet)
+timeout 60 "$PE" "${KR[@]}" --iters 1 --dump-params "$T/params.fifo" --out "$T/fifo_run" \
+  --no-charts >/dev/null 2>"$T/err"
+rc=$?
+[ "$rc" -eq 1 ] && grep -q "params.fifo: a FIFO that nobody reads" "$T/err" && [ -s "$T/fifo_run/results.csv" ] &&
+  ok || bad "--dump-params FIFO without a reader: exit $rc, $(cat "$T/err"), run dir: $(ls "$T/fifo_run" 2>&1)"
+( sleep 1; cat "$T/params.fifo" >"$T/params.bin" ) &
+reader=$!
+timeout 60 "$PE" "${KD[@]}" --iters 1 --dump-params "$T/params.fifo" >/dev/null 2>"$T/err" &&
+  wait $reader && [ -s "$T/params.bin" ] && ok || bad "--dump-params FIFO, late reader: $(cat "$T/err")"
+
 echo "battery: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
