@@ -9,6 +9,7 @@
 #include "../../ir/ir.h"
 #include "../../base/json.h"
 #include "../../ir/plan.h"
+#include "../../ir/plan-impl.h"
 #include "../../models/model.h"
 
 struct counts {
@@ -60,6 +61,14 @@ static void test_build_dense(void **state) {
   assert_int_equal(c.temporal_edges, 4); /* each B feeds its region's optimizer */
   ir_graph_free(g);
   model_free(m);
+}
+
+/* A compiled plan passes every check the reader makes of a plan from files (ir/plan_model.c):
+ * those checks refuse edits, never the compiler's own plans. */
+static void assert_reader_accepts(const struct plan *p) {
+  GError *err = NULL;
+  if (!plan_check_model(p, "compiled", &err) || !plan_check_instructions(p, "compiled", &err))
+    fail_msg("%s", err->message);
 }
 
 /* ---- stream declarations ------------------------------------------------------------------ */
@@ -925,6 +934,7 @@ static void test_every_builder_compiles(void **state) {
         assert_int_equal(f, per_pass);
         assert_int_equal(b + bi, per_pass);
         assert_int_equal(bi, bw);
+        assert_reader_accepts(res.plan);
         compile_result_free(&res);
         compiled++;
       }
@@ -964,6 +974,7 @@ static void test_base_schedules_compile(void **state) {
         compile_files(cases[i].model, cases[i].pp, path, cases[i].f, cases[i].mbs);
     assert_non_null(r.plan);
     assert_true(r.plan->n_devices >= 2);
+    assert_reader_accepts(r.plan);
     compile_result_free(&r);
     g_free(path);
   }
