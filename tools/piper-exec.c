@@ -266,6 +266,12 @@ static int read_fault(struct exec_options *o, struct fault *fault) {
                              "send, recv, all-reduce, reduce-scatter, all-to-all, all-gather), "
                              "kill:RANK:STEP or stop:RANK:STEP",
                              fenv);
+  /* Kept in the release binary on purpose (docs/reliability.md): the fault tests must run the
+   * program users run, and an operator may rehearse a failure on a real cluster. A stray
+   * variable in a job script must not sabotage a run unseen: say so at start. */
+  if (launcher_rank() == 0)
+    fprintf(stderr, "piper-exec: note: PIPER_EXEC_FAULT=%s is set: a fault will be injected\n",
+            fenv);
   if (strcmp(kind, "stall") == 0) {
     o->fault = EXEC_FAULT_STALL;
     o->fault_kind = (enum exec_stall_kind)stall;

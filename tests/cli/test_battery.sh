@@ -87,5 +87,10 @@ reader=$!
 timeout 60 "$PE" "${KD[@]}" --iters 1 --dump-params "$T/params.fifo" >/dev/null 2>"$T/err" &&
   wait $reader && [ -s "$T/params.bin" ] && ok || bad "--dump-params FIFO, late reader: $(cat "$T/err")"
 
+# PIPER_EXEC_FAULT stays in the release binary (docs/reliability.md), but never acts unseen: a
+# run with it set says so at start, even when the fault never fires.
+PIPER_EXEC_FAULT=kill:7:99 "$PE" "${KD[@]}" --iters 1 >/dev/null 2>"$T/err" &&
+  grep -q "note: PIPER_EXEC_FAULT=kill:7:99 is set" "$T/err" && ok || bad "fault note: $(cat "$T/err")"
+
 echo "battery: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
