@@ -1061,11 +1061,6 @@ static bool read_instr(struct reader *r, struct program_read *pr, struct plan_cl
   if (plan_group_position(p, nd->group, d) < 0)
     return json_fail_at(err, &li, "device %u is not in group %u, which runs node %u", d, nd->group,
                         in->node);
-  char want[PLAN_NAME_LEN];
-  plan_node_name(p, in->node, want, sizeof want);
-  if (strcmp(name, want) != 0)
-    return json_fail_at(err, &li, "\"name\" is \"%s\", but node %u is \"%s\"", name, in->node,
-                        want);
   return check_instr_node(nd, in->node, x, &li, err) &&
          read_instr_comm(r, d, x, nd, in, pr->n, &li, err) &&
          check_instr_peer(p, d, nd, in->node, x, &li, err) &&
