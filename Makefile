@@ -83,10 +83,11 @@ else
 endif
 
 # --- sources --------------------------------------------------------------------------------
-MODULES := base ir models directives report sim kernels exec
+MODULES := base ir models directives report sim kernels exec prof
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
-# The cuda backend's host side: compiled only with HAVE_CUDA (it includes the CUDA headers).
-CUDA_SRCS := $(wildcard exec/backend_cuda*.c)
+# The cuda backend's host side and the profiler's CUDA part: compiled only with HAVE_CUDA (they
+# include the CUDA headers).
+CUDA_SRCS := $(wildcard exec/backend_cuda*.c prof/cuda*.c)
 CU_SRCS := $(wildcard kernels/*.cu)
 ifeq ($(HAVE_CUDA),)
   LIB_SRCS := $(filter-out $(CUDA_SRCS),$(LIB_SRCS))
@@ -250,11 +251,16 @@ fuzz: $(FUZZ_BINS)
 	    && echo "$$n: no crash in $(FUZZ_SECONDS) s" || { tail -40 $(FUZZ_BUILD)/$$n.log; fail=1; }; \
 	done; exit $$fail
 
+# Every suite runs (a failure does not stop the others); the log is kept in $(BUILD)/test.log
+# and its last line is the totals (tools/test-totals.sh): "tests: N passed, N failed".
 test: deps
-	@$(MAKE) --no-print-directory lint unit cli loop-short
-	@$(MAKE) --no-print-directory asan-unit
-	@$(MAKE) --no-print-directory fuzz
-	@echo "all test suites passed"
+	@mkdir -p $(BUILD)
+	@( rc=0; \
+	  $(MAKE) --no-print-directory -k lint unit cli loop-short || rc=1; \
+	  $(MAKE) --no-print-directory asan-unit || rc=1; \
+	  $(MAKE) --no-print-directory fuzz || rc=1; \
+	  echo $$rc > $(BUILD)/test.rc ) 2>&1 | tee $(BUILD)/test.log
+	@tools/test-totals.sh $(BUILD)/test.log; exit $$(cat $(BUILD)/test.rc)
 
 # Every UBSan report fails its test (halt_on_error: the process exits 1 after the report);
 # leaks of third-party caches are suppressed (tests/sanitizers/lsan.supp).
@@ -288,13 +294,17 @@ loop-short: $(TOOLS)
 
 # Function budget (issue 8): no function over 120 lines or cyclomatic complexity 40 in the
 # library or the programs. Prints the offenders and fails when there is any.
-LINT_SRCS = $(wildcard $(foreach d,base ir models directives sim exec kernels report tools,$(d)/*.c $(d)/*.h))
+LINT_SRCS = $(wildcard $(foreach d,base ir models directives sim exec prof kernels report tools,$(d)/*.c $(d)/*.h))
 lint:
 	@command -v lizard >/dev/null || python3 -c "import lizard" 2>/dev/null || tools/install-deps.sh
-	@if command -v lizard >/dev/null; then lizard=lizard; else lizard="python3 -m lizard"; fi; \
-	  out=$$($$lizard -L 120 -C 40 -w $(LINT_SRCS)); \
-	  if [ -n "$$out" ]; then echo "$$out"; echo "lint: $$(echo "$$out" | wc -l) function(s) over 120 lines or CCN 40"; exit 1; fi; \
-	  echo "lint: no function over 120 lines or CCN 40"
+	@# the LINT_SRCS folders' C, headers and CUDA (.cu, .cuh: lizard's C-like reader), then the layering
+	@if command -v lizard >/dev/null; then lizard=lizard; else lizard="python3 -m lizard"; fi; fail=0; \
+	  srcs="$(sort $(LINT_SRCS) $(wildcard $(foreach d,$(sort $(dir $(LINT_SRCS))),$(d)*.cu $(d)*.cuh)))"; \
+	  out=$$($$lizard -L 120 -C 40 -w $$srcs); \
+	  if [ -n "$$out" ]; then echo "$$out"; echo "lint: $$(echo "$$out" | wc -l) function(s) over 120 lines or CCN 40"; fail=1; \
+	  else echo "lint: no function over 120 lines or CCN 40"; fi; \
+	  tools/lint-layers.sh $$srcs || fail=1; \
+	  exit $$fail
 
 install: all
 	install -d $(PREFIX)/bin

@@ -32,7 +32,8 @@
 #define PIPER_ERROR piper_error_quark()
 GQuark piper_error_quark(void);
 
-/* The code is the exit status the program entry points use (SPEC §8). */
+/* The code is the exit status the program entry points use
+ * (docs/design.md, "Outputs and exit statuses"). */
 enum piper_error_code {
   PIPER_ERROR_RUNTIME = 1, /* the run failed: I/O, a peer died, a watchdog fired */
   PIPER_ERROR_INPUT = 2,   /* the user's input is wrong */
@@ -101,8 +102,8 @@ int piper_cmp_double(const void *a, const void *b);
 
 /* ---- command-line helpers of the program entry points ----------------------------------- */
 
-/* Prints "<program>: error: <message>" on stderr, frees err, returns the exit status (SPEC §8):
- * 1 for PIPER_ERROR_RUNTIME, 2 for everything else. */
+/* Prints "<program>: error: <message>" on stderr, frees err, returns the exit status: 1 for
+ * PIPER_ERROR_RUNTIME, 2 for everything else (docs/design.md, "Outputs and exit statuses"). */
 int piper_error_exit(const char *program, GError *err);
 /* Prints "<program>: error: <what> (see <program> --help)" on stderr; returns 2 (bad input). */
 int piper_usage_error(const char *program, const char *fmt, ...) G_GNUC_PRINTF(2, 3);

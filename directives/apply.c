@@ -1,8 +1,10 @@
-/* directives: applying a program to the IR as rewrites, in the fixed phase order of SPEC §4:
+/* directives: applying a program to the IR as rewrites, in the fixed phase order
+ * (docs/design.md, "The directive phase order"):
  *   1. every split (program order), 2. the BI/BW split of backward nodes named by orders,
- *   3. place, 4. replicate / shard (program order), 5. communication insertion
- *   (optimizer regrouping, gradient buckets, ZeRO-3 gathers, all-to-all, send/recv),
- *   6. order (temporal edges, cycle check), then default priorities for lowering. */
+ *   3. place, 4. replicate / shard (program order), 5. tensor_parallel, the stream
+ *   declarations, recompute, 6. communication insertion (optimizer regrouping, gradient
+ *   buckets, ZeRO-3 gathers, all-to-all, TP collectives, send/recv),
+ *   7. order (temporal edges, cycle check), then default priorities for lowering. */
 #include <string.h>
 
 #include "../base/json.h"

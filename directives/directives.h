@@ -1,7 +1,8 @@
-/* directives: the directive program (SPEC §4). Parses a JSON array of directives (accepting
- * Python-Piper files unchanged), validates every field, and applies the program to the IR as
- * rewrites in the fixed phase order: all split, the BI/BW split of backward, place,
- * replicate/shard in program order, communication insertion, then order.
+/* directives: the directive program (docs/design.md, "The directive phase order"). Parses a JSON
+ * array of directives (accepting Python-Piper files unchanged), validates every field, and applies
+ * the program to the IR as rewrites in the fixed phase order: all split, the BI/BW split of
+ * backward, place, replicate/shard in program order, tensor_parallel, stream, recompute,
+ * communication insertion, then order.
  *
  *   GError *err = NULL;
  *   struct model *m = model_load_file("models/tiny-moe.json", 0, &err);

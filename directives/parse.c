@@ -1,4 +1,5 @@
-/* directives: reading, validating, building and writing directive programs (SPEC §4).
+/* directives: reading, validating, building and writing directive programs
+ * (docs/design.md, "The directive phase order").
  * Applying a program to the IR lives in apply.c. Every input error is one line of the shape
  * "<file>: directive <index> (<op>): <what>", naming the key at fault. */
 #include "directives.h"

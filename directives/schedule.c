@@ -1,5 +1,6 @@
-/* schedule: the schedule builders (SPEC §4) and the harness that puts their `order` directives
- * into a directive program. The CSV interchange lives in schedule_csv.c.
+/* schedule: the schedule builders (docs/design.md, "The directive phase order") and the harness
+ * that puts their `order` directives into a directive program. The CSV interchange lives in
+ * schedule_csv.c.
  *
  * Conventions.
  * - A stage is a PP region index. An action is (stage, micro-batch, pass); a rank's schedule is

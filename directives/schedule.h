@@ -1,7 +1,7 @@
-/* schedule: the schedule builders (SPEC §4): for R physical pipeline ranks, M micro-batches and
- * a stage-to-rank layout taken from a base schedule's place directives, each builder produces
- * the per-rank sequence of slots (the `order` directives) of one schedule family, plus the
- * PyTorch pipeline-schedule CSV interchange of those sequences.
+/* schedule: the schedule builders (docs/design.md, "The directive phase order"): for R physical
+ * pipeline ranks, M micro-batches and a stage-to-rank layout taken from a base schedule's place
+ * directives, each builder produces the per-rank sequence of slots (the `order` directives) of one
+ * schedule family, plus the PyTorch pipeline-schedule CSV interchange of those sequences.
  *
  *   GError *err = NULL;
  *   struct sched_layout l = {.n_ranks = 2, .n_stages = 2, .stage_rank = (int32_t[]){0, 1}};

@@ -2,12 +2,105 @@
  * goes through these wrappers (ggml-backend's pattern): they check their arguments, supply the
  * default of an optional entry the table leaves NULL, and keep the version check in one place,
  * so the runner never touches a table and an out-of-tree backend fills in only what it has. */
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 
 #include "../base/assert.h"
 #include "../base/json.h"
-#include "exec.h"
+#include "backend.h"
+
+/* ---- the built-in backends and the op list ------------------------------------------------ */
+
+#ifdef HAVE_CUDA
+extern const struct exec_backend_ops exec_backend_cuda; /* exec/backend_cuda.c */
+#endif
+
+const struct exec_backend_ops *const exec_backends[] = {
+    &exec_backend_host,
+#ifdef HAVE_CUDA
+    &exec_backend_cuda,
+#endif
+    NULL,
+};
+
+const struct exec_backend_ops *exec_backend_find(const char *name) {
+  for (size_t i = 0; exec_backends[i]; i++)
+    if (strcmp(exec_backends[i]->name, name) == 0)
+      return exec_backends[i];
+  return NULL;
+}
+
+const char *exec_backend_builtin(uint32_t i, const char **description) {
+  for (uint32_t k = 0; exec_backends[k]; k++)
+    if (k == i) {
+      if (description)
+        *description = exec_backends[k]->description;
+      return exec_backends[k]->name;
+    }
+  return NULL;
+}
+
+/* Each op's name, use, and where its entry lies: in the kernel table or in the backend's. */
+static const struct op_info {
+  const char *name;
+  enum exec_op_use use;
+  bool collective;
+  size_t offset;
+} op_info[EXEC_OP_COUNT] = {
+#define EXEC_KERNEL(name, use, params, args) {#name, use, false, offsetof(struct exec_kernels, name)},
+#define EXEC_COLLECTIVE(name, use, params, args, pre)                                             \
+  {#name, use, true, offsetof(struct exec_backend_ops, name)},
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
+};
+
+static const char *const use_names[EXEC_USE_COUNT] = {
+    [EXEC_USE_ALWAYS] = "every plan",
+    [EXEC_USE_EMBEDDING] = "the embedding",
+    [EXEC_USE_RMSNORM] = "RMSNorm",
+    [EXEC_USE_ATTENTION] = "attention",
+    [EXEC_USE_MLP] = "the MLP",
+    [EXEC_USE_EXPERTS] = "the routed experts",
+    [EXEC_USE_LM_HEAD] = "the LM head",
+    [EXEC_USE_SELECTIVE_RECOMPUTE] = "selective recomputation",
+    [EXEC_USE_TENSOR_PARALLEL] = "tensor parallelism",
+    [EXEC_USE_POINT_TO_POINT] = "pipeline transfers",
+    [EXEC_USE_ALL_REDUCE] = "gradient all-reduce",
+    [EXEC_USE_REDUCE_SCATTER] = "gradient reduce-scatter",
+    [EXEC_USE_ALL_GATHER] = "parameter all-gather",
+    [EXEC_USE_ALL_TO_ALL] = "expert all-to-all",
+};
+
+const char *exec_op_name(enum exec_op op) {
+  PIPER_ASSERT(op < EXEC_OP_COUNT);
+  return op_info[op].name;
+}
+
+enum exec_op_use exec_op_use(enum exec_op op) {
+  PIPER_ASSERT(op < EXEC_OP_COUNT);
+  return op_info[op].use;
+}
+
+const char *exec_op_use_name(enum exec_op_use use) {
+  PIPER_ASSERT(use < EXEC_USE_COUNT);
+  return use_names[use];
+}
+
+typedef void (*any_fn)(void);
+
+static bool table_has(const struct exec_backend_ops *ops, enum exec_op op) {
+  const char *base = op_info[op].collective ? (const char *)ops : (const char *)ops->kernels;
+  any_fn f;
+  memcpy(&f, base + op_info[op].offset, sizeof f);
+  return f != NULL;
+}
+
+bool exec_backend_supports_op(const struct exec_backend *b, enum exec_op op) {
+  PIPER_ASSERT(b != NULL && op < EXEC_OP_COUNT);
+  return table_has(b->ops, op);
+}
 
 /* Required entries, by name, for the message of a table that lacks one. */
 #define REQUIRED(ops, entry)                                                                       \
@@ -20,7 +113,6 @@ static bool check_table(const struct exec_backend_ops *ops, GError **err) {
                              "(rebuild the backend against exec/exec.h)",
                              ops->name ? ops->name : "?", ops->api_version,
                              EXEC_BACKEND_API_VERSION);
-  const struct exec_kernels *k = ops->kernels;
   const struct {
     const char *name;
     bool present;
@@ -42,28 +134,17 @@ static bool check_table(const struct exec_backend_ops *ops, GError **err) {
       REQUIRED(ops, event_synchronize),
       REQUIRED(ops, comm_create),
       REQUIRED(ops, comm_destroy),
-      REQUIRED(ops, send),
-      REQUIRED(ops, recv),
-      REQUIRED(ops, all_reduce_f32),
-      REQUIRED(ops, reduce_scatter_f32),
-      REQUIRED(ops, all_gather),
-      REQUIRED(ops, all_to_all_i32),
-      REQUIRED(ops, all_to_all_v),
       REQUIRED(ops, kernels),
   };
   for (size_t i = 0; i < G_N_ELEMENTS(required); i++)
     if (!required[i].present)
       return piper_input_error(err, "backend \"%s\": the table has no %s (a required entry)",
                                ops->name ? ops->name : "?", required[i].name);
-  /* the kernel table is all function pointers, every one required up to the optional ones
-   * at its end (attention_core_forward: selective recomputation, refused without it) */
-  typedef void (*any_fn)(void);
-  const any_fn *entry = (const any_fn *)k;
-  for (size_t i = 0; i < offsetof(struct exec_kernels, attention_core_forward) / sizeof(any_fn);
-       i++)
-    if (!entry[i])
-      return piper_input_error(err, "backend \"%s\": kernel table entry %zu is missing", ops->name,
-                               i);
+  /* the ops every plan runs (ops.def's EXEC_USE_ALWAYS); the others are checked per plan */
+  for (int op = 0; op < EXEC_OP_COUNT; op++)
+    if (op_info[op].use == EXEC_USE_ALWAYS && !table_has(ops, (enum exec_op)op))
+      return piper_input_error(err, "backend \"%s\": the table has no %s (every plan runs it)",
+                               ops->name, op_info[op].name);
   return true;
 }
 
@@ -72,8 +153,13 @@ struct exec_backend *exec_backend_init(const struct exec_backend_ops *ops,
   PIPER_ASSERT(ops != NULL);
   if (!check_table(ops, err))
     return NULL;
+  /* without parameters: no arguments for MPI, and the launcher's view read here */
+  struct exec_backend_params detected = {NULL, NULL, false, piper_launch_detect()};
+  if (!p)
+    p = &detected;
   struct exec_backend *b = g_new0(struct exec_backend, 1);
   b->ops = ops;
+  b->launch = p->launch;
   if (!ops->init(b, p, err)) {
     g_free(b);
     return NULL;
@@ -291,18 +377,6 @@ void exec_comm_destroy(struct exec_backend *b, struct exec_comm *c) {
     b->ops->comm_destroy(c);
 }
 
-bool exec_comm_send(struct exec_backend *b, struct exec_comm *c, uint32_t peer_world_rank,
-                    const void *buf, size_t bytes, int tag, GError **err) {
-  PIPER_ASSERT(b != NULL && c != NULL && (buf != NULL || bytes == 0));
-  return b->ops->send(c, peer_world_rank, buf, bytes, tag, err);
-}
-
-bool exec_comm_recv(struct exec_backend *b, struct exec_comm *c, uint32_t peer_world_rank,
-                    void *buf, size_t bytes, int tag, GError **err) {
-  PIPER_ASSERT(b != NULL && c != NULL && (buf != NULL || bytes == 0));
-  return b->ops->recv(c, peer_world_rank, buf, bytes, tag, err);
-}
-
 bool exec_comm_p2p_group(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
                          GError **err) {
   PIPER_ASSERT(b != NULL && (parts != NULL || n == 0));
@@ -319,36 +393,17 @@ bool exec_comm_p2p_group(struct exec_backend *b, const struct exec_p2p_part *par
   return ok;
 }
 
-bool exec_comm_all_reduce_f32(struct exec_backend *b, struct exec_comm *c, float *buf, size_t n,
-                              GError **err) {
-  PIPER_ASSERT(b != NULL && c != NULL && (buf != NULL || n == 0));
-  return b->ops->all_reduce_f32(c, buf, n, err);
-}
-
-bool exec_comm_reduce_scatter_f32(struct exec_backend *b, struct exec_comm *c, const float *in,
-                                  float *out, size_t n_per_rank, GError **err) {
-  PIPER_ASSERT(b != NULL && c != NULL && in != NULL && out != NULL);
-  return b->ops->reduce_scatter_f32(c, in, out, n_per_rank, err);
-}
-
-bool exec_comm_all_gather(struct exec_backend *b, struct exec_comm *c, const void *in, void *out,
-                          size_t bytes_per_rank, GError **err) {
-  PIPER_ASSERT(b != NULL && c != NULL && in != NULL && out != NULL);
-  return b->ops->all_gather(c, in, out, bytes_per_rank, err);
-}
-
-bool exec_comm_all_to_all_i32(struct exec_backend *b, struct exec_comm *c, const int32_t *in,
-                              int32_t *out, GError **err) {
-  PIPER_ASSERT(b != NULL && c != NULL && in != NULL && out != NULL);
-  return b->ops->all_to_all_i32(c, in, out, err);
-}
-
-bool exec_comm_all_to_all_v(struct exec_backend *b, struct exec_comm *c, const void *in,
-                            const size_t *send_bytes, void *out, const size_t *recv_bytes,
-                            GError **err) {
-  PIPER_ASSERT(b != NULL && c != NULL && send_bytes != NULL && recv_bytes != NULL);
-  return b->ops->all_to_all_v(c, in, send_bytes, out, recv_bytes, err);
-}
+#define EXEC_KERNEL(name, use, params, args)
+#define EXEC_COLLECTIVE(name, use, params, args, pre)                                             \
+  bool exec_comm_##name(struct exec_backend *b, struct exec_comm *c, EXEC_UNPAREN params,         \
+                        GError **err) {                                                           \
+    PIPER_ASSERT(b != NULL && c != NULL && (pre));                                                \
+    PIPER_ASSERT(b->ops->name != NULL); /* exec_check_plan_ops refused the plan before */         \
+    return b->ops->name(c, EXEC_UNPAREN args, err);                                               \
+  }
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
 
 /* ---- job-wide operations (one process: the identity) -------------------------------------- */
 
@@ -372,4 +427,35 @@ bool exec_world_gather(struct exec_backend *b, const void *in, size_t bytes, voi
 bool exec_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err) {
   PIPER_ASSERT(b != NULL && (buf != NULL || bytes == 0));
   return b->ops->world_broadcast ? b->ops->world_broadcast(b, buf, bytes, err) : true;
+}
+
+/* ---- what the runner asks of a backend ---------------------------------------------------- */
+
+struct exec_stream *exec_backend_setup_stream(struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->setup_stream ? b->ops->setup_stream(b) : NULL;
+}
+
+uint32_t exec_backend_local_size(const struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->launch.local_size ? b->launch.local_size : 1;
+}
+
+bool exec_backend_host_memory(const struct exec_backend *b) {
+  PIPER_ASSERT(b != NULL);
+  return b->ops->host_memory;
+}
+
+bool exec_world_gather_layout(const uint64_t *sizes, uint32_t n, int *counts, int *displs,
+                              size_t *total, GError **err) {
+  *total = 0;
+  for (uint32_t r = 0; r < n; r++) {
+    if (sizes[r] > INT_MAX || *total > (size_t)INT_MAX - sizes[r])
+      return piper_input_error(err, "the job's gathered report exceeds MPI's count (%d bytes)",
+                               INT_MAX);
+    counts[r] = (int)sizes[r];
+    displs[r] = (int)*total;
+    *total += (size_t)sizes[r];
+  }
+  return true;
 }

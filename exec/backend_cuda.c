@@ -82,7 +82,7 @@ bool exec_mpi_check(const struct cuda_context *b, int e, const char *call, const
 }
 
 void exec_cuda_fail(struct exec_stream *s, GError *e) {
-  if (!s) {
+  if (!s || s == s->b->setup_stream) {
     /* work outside any task: nobody to fail, say it */
     g_printerr("piper-exec: error: %s\n", e->message);
     g_error_free(e);
@@ -152,7 +152,7 @@ static bool select_device(struct cuda_context *b, GError **err) {
   g_free(all);
   int any = b->shared_gpu;
   if (ok && b->mpi)
-    ok = MPI_CHECK(b, MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), err);
+    ok = MPI_CHECK(b, MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, b->job), err);
   b->shared_gpu = any; /* one mode for the whole job: every communicator works the same way */
   if (ok && b->shared_gpu && b->rank == 0)
     g_printerr("piper-exec: cuda: ranks share a GPU: communication goes through host-staged "
@@ -212,6 +212,7 @@ static void context_free(struct cuda_context *b) {
   if (b->streams)
     g_ptr_array_free(b->streams, TRUE);
   g_mutex_clear(&b->mem_lock);
+  g_free(b->setup_stream);
   g_free(b);
 }
 
@@ -228,21 +229,25 @@ static bool start_gpu(struct cuda_context *b, GError **err) {
  * same monotonic clock, so it takes rank 0's origin and places its GPU events from when its
  * own epoch event completed on that clock; leaving a barrier is not a shared moment when
  * ranks outnumber the cores they run on. A rank on another machine keeps its own. */
-static void shared_epoch(struct cuda_context *b) {
+static bool shared_epoch(struct cuda_context *b, GError **err) {
   if (!b->mpi)
-    return;
+    return true;
   struct {
     char machine[64];
     double epoch;
   } mine = {.epoch = b->epoch}, root;
   piper_clock_machine(mine.machine, sizeof mine.machine);
   root = mine;
-  MPI_Bcast(&root, sizeof root, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (!MPI_CHECK(b, MPI_Bcast(&root, sizeof root, MPI_BYTE, 0, b->job), err))
+    return false;
   if (strcmp(root.machine, mine.machine) != 0)
-    return;
+    return true;
   b->epoch_event_at = b->epoch - root.epoch;
   b->epoch = root.epoch;
+  return true;
 }
+
+static void cuda_free(struct exec_backend *backend);
 
 static bool cuda_init(struct exec_backend *backend, const struct exec_backend_params *p,
                       GError **err) {
@@ -260,22 +265,36 @@ static bool cuda_init(struct exec_backend *backend, const struct exec_backend_pa
   exec_wcache_init(&b->wcache);
   b->deferred = g_array_new(FALSE, FALSE, sizeof(struct deferred));
   backend->context = b;
+  b->backend = backend;
+  b->setup_stream = g_new0(struct exec_stream, 1);
+  b->setup_stream->b = b;
+  b->setup_stream->plan_stream = -1;
+  g_strlcpy(b->setup_stream->name, "setup", sizeof b->setup_stream->name);
   if (!exec_cuda_comm_start(b, p, err) || !select_device(b, err) || !start_gpu(b, err)) {
     exec_cuda_comm_finalize(b);
     context_free(b);
     backend->context = NULL;
     return false;
   }
-  if (b->mpi)
-    MPI_Barrier(MPI_COMM_WORLD);
+  if (b->mpi && !MPI_CHECK(b, MPI_Barrier(b->job), err)) {
+    cuda_free(backend);
+    return false;
+  }
   /* the GPU's time origin: an event that completed when the clock read (about) 0 */
   cudaEventRecord(b->epoch_event, b->setup);
   cudaEventSynchronize(b->epoch_event);
   b->epoch = piper_clock_seconds();
-  shared_epoch(b);
-  exec_cuda_kernels_context = b;
+  if (!shared_epoch(b, err)) {
+    cuda_free(backend);
+    return false;
+  }
   gemm_override(b);
   return true;
+}
+
+static struct exec_stream *cuda_setup_stream(struct exec_backend *backend) {
+  struct cuda_context *b = backend->context;
+  return b->setup_stream;
 }
 
 struct cuda_context *exec_cuda_context(struct exec_backend *b) {
@@ -311,7 +330,7 @@ static void cuda_free(struct exec_backend *backend) {
 static void cuda_abort(struct exec_backend *backend, int code) {
   struct cuda_context *b = backend->context;
   if (b && b->mpi)
-    MPI_Abort(MPI_COMM_WORLD, code);
+    MPI_Abort(b->job != MPI_COMM_NULL ? b->job : MPI_COMM_WORLD, code);
 }
 
 static uint32_t cuda_world_rank(struct exec_backend *b) {
@@ -573,8 +592,7 @@ static void cuda_release(struct exec_backend *backend, void *p) {
 }
 
 void exec_cuda_release_block(struct cuda_context *b, void *p) {
-  struct exec_backend be = {NULL, b};
-  cuda_release(&be, p);
+  cuda_release(b->backend, p);
 }
 
 /* Host to device: from pageable memory cudaMemcpyAsync returns once the bytes are staged, so
@@ -614,7 +632,7 @@ static void cuda_to_host(struct exec_backend *backend, void *dst, const void *sr
 /* ---- streams and events -------------------------------------------------------------------- */
 
 cudaStream_t exec_cuda_stream(struct cuda_context *b, struct exec_stream *s) {
-  if (!s)
+  if (!s || s == b->setup_stream)
     return b->setup;
   if (s->setup_seen != b->setup_gen) {
     cudaStreamWaitEvent(s->cs, b->setup_done, 0);
@@ -871,20 +889,19 @@ const struct exec_backend_ops exec_backend_cuda = {
     .event_record = cuda_event_record,
     .stream_wait_event = cuda_stream_wait_event,
     .event_synchronize = cuda_event_synchronize,
+    .setup_stream = cuda_setup_stream,
     .progress = cuda_progress,
     .task_times = cuda_task_times,
     .cancel = cuda_cancel,
     .reset = cuda_reset,
     .comm_create = exec_cuda_comm_create,
     .comm_destroy = exec_cuda_comm_destroy,
-    .send = exec_cuda_send,
-    .recv = exec_cuda_recv,
     .p2p_group = exec_cuda_p2p_group,
-    .all_reduce_f32 = exec_cuda_all_reduce_f32,
-    .reduce_scatter_f32 = exec_cuda_reduce_scatter_f32,
-    .all_gather = exec_cuda_all_gather,
-    .all_to_all_i32 = exec_cuda_all_to_all_i32,
-    .all_to_all_v = exec_cuda_all_to_all_v,
+#define EXEC_KERNEL(name, use, params, args)
+#define EXEC_COLLECTIVE(name, use, params, args, pre) .name = exec_cuda_##name,
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
     .world_all_reduce_f64 = exec_cuda_world_all_reduce_f64,
     .world_gather = exec_cuda_world_gather,
     .world_broadcast = exec_cuda_world_broadcast,

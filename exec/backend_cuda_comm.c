@@ -22,23 +22,14 @@ struct exec_comm {
 
 /* ---- start-up -------------------------------------------------------------------------------- */
 
-static bool launched_by_mpi(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
-                                     "MPI_LOCALNRANKS"};
-  for (size_t i = 0; i < G_N_ELEMENTS(vars); i++)
-    if (getenv(vars[i]))
-      return true;
-  const char *tasks = getenv("SLURM_NTASKS");
-  return tasks && atoi(tasks) > 1;
-}
-
 bool exec_cuda_comm_start(struct cuda_context *b, const struct exec_backend_params *p,
                           GError **err) {
-  b->node = MPI_COMM_NULL;
-  if (!(p && p->force_mpi) && !launched_by_mpi())
+  b->node = b->job = MPI_COMM_NULL;
+  if (!p->force_mpi && !p->launch.launched)
     return true; /* one process, one GPU: no MPI */
   int inited = 0, provided = 0;
-  MPI_Initialized(&inited);
+  if (!MPI_CHECK(b, MPI_Initialized(&inited), err))
+    return false;
   if (!inited) {
     if (!MPI_CHECK(
             b,
@@ -49,10 +40,11 @@ bool exec_cuda_comm_start(struct cuda_context *b, const struct exec_backend_para
   }
   b->mpi = true;
   int rank = 0, size = 1, lrank = 0, lsize = 1;
-  bool ok = MPI_CHECK(b, MPI_Comm_rank(MPI_COMM_WORLD, &rank), err) &&
-            MPI_CHECK(b, MPI_Comm_size(MPI_COMM_WORLD, &size), err) &&
+  bool ok = MPI_CHECK(b, MPI_Comm_dup(MPI_COMM_WORLD, &b->job), err) &&
+            MPI_CHECK(b, MPI_Comm_rank(b->job, &rank), err) &&
+            MPI_CHECK(b, MPI_Comm_size(b->job, &size), err) &&
             MPI_CHECK(b,
-                      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                      MPI_Comm_split_type(b->job, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
                                           &b->node),
                       err) &&
             MPI_CHECK(b, MPI_Comm_rank(b->node, &lrank), err) &&
@@ -73,7 +65,9 @@ void exec_cuda_comm_finalize(struct cuda_context *b) {
   b->staged_sends = NULL;
   if (b->node != MPI_COMM_NULL && b->mpi)
     MPI_Comm_free(&b->node);
-  b->node = MPI_COMM_NULL;
+  if (b->job != MPI_COMM_NULL && b->mpi)
+    MPI_Comm_free(&b->job);
+  b->node = b->job = MPI_COMM_NULL;
   if (b->finalize_mpi)
     MPI_Finalize();
   b->finalize_mpi = false;
@@ -90,7 +84,7 @@ static bool nccl_create(struct cuda_context *b, struct exec_comm *c, GError **er
   if (b->rank == c->me.id_root && !NCCL_CHECK(b, ncclGetUniqueId(&id), err))
     return false;
   if (b->mpi &&
-      !MPI_CHECK(b, MPI_Bcast(&id, sizeof id, MPI_BYTE, (int)c->me.id_root, MPI_COMM_WORLD), err))
+      !MPI_CHECK(b, MPI_Bcast(&id, sizeof id, MPI_BYTE, (int)c->me.id_root, b->job), err))
     return false;
   if (!c->me.member)
     return true;
@@ -121,7 +115,7 @@ struct exec_comm *exec_cuda_comm_create(struct exec_backend *backend, const char
   if (b->mpi) {
     MPI_Comm made = MPI_COMM_NULL;
     ok = MPI_CHECK(
-        b, MPI_Comm_split(MPI_COMM_WORLD, c->me.member ? 0 : MPI_UNDEFINED, (int)c->me.rank, &made),
+        b, MPI_Comm_split(b->job, c->me.member ? 0 : MPI_UNDEFINED, (int)c->me.rank, &made),
         err);
     c->mpi = made;
   }
@@ -280,15 +274,13 @@ bool exec_cuda_p2p_group(struct exec_backend *backend, const struct exec_p2p_par
 bool exec_cuda_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
                     GError **err) {
   struct exec_p2p_part part = {c, peer, true, (void *)buf, bytes, tag};
-  struct exec_backend fake = {NULL, c->b};
-  return exec_cuda_p2p_group(&fake, &part, 1, err);
+  return exec_cuda_p2p_group(c->b->backend, &part, 1, err);
 }
 
 bool exec_cuda_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
                     GError **err) {
   struct exec_p2p_part part = {c, peer, false, buf, bytes, tag};
-  struct exec_backend fake = {NULL, c->b};
-  return exec_cuda_p2p_group(&fake, &part, 1, err);
+  return exec_cuda_p2p_group(c->b->backend, &part, 1, err);
 }
 
 /* ---- collectives ------------------------------------------------------------------------------- */
@@ -370,8 +362,7 @@ bool exec_cuda_all_to_all_v(struct exec_comm *c, const void *in, const size_t *s
     so += send_bytes[k];
     ro += recv_bytes[k];
   }
-  struct exec_backend fake = {NULL, c->b};
-  bool ok = exec_cuda_p2p_group(&fake, parts, n, err);
+  bool ok = exec_cuda_p2p_group(c->b->backend, parts, n, err);
   g_free(parts);
   return ok;
 }
@@ -384,7 +375,7 @@ bool exec_cuda_world_all_reduce_f64(struct exec_backend *backend, double *buf, s
   if (!b->mpi)
     return true;
   MPI_Op mop = op == EXEC_REDUCE_SUM ? MPI_SUM : op == EXEC_REDUCE_MAX ? MPI_MAX : MPI_MIN;
-  return MPI_CHECK(b, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, mop, MPI_COMM_WORLD),
+  return MPI_CHECK(b, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, mop, b->job),
                    err);
 }
 
@@ -399,20 +390,21 @@ bool exec_cuda_world_gather(struct exec_backend *backend, const void *in, size_t
     (*out_sizes)[0] = bytes;
     return true;
   }
-  int mine = (int)bytes;
-  int *sizes = b->rank == 0 ? g_new(int, b->size) : NULL;
-  int *displs = b->rank == 0 ? g_new0(int, b->size) : NULL;
-  bool ok = MPI_CHECK(b, MPI_Gather(&mine, 1, MPI_INT, sizes, 1, MPI_INT, 0, MPI_COMM_WORLD), err);
+  uint64_t mine = bytes;
+  uint64_t *sizes = b->rank == 0 ? g_new(uint64_t, b->size) : NULL;
+  int *counts = b->rank == 0 ? g_new(int, 2 * (size_t)b->size) : NULL;
+  int *displs = counts ? counts + b->size : NULL;
+  bool ok =
+      MPI_CHECK(b, MPI_Gather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, 0, b->job), err);
   size_t total = 0;
-  for (uint32_t r = 0; ok && b->rank == 0 && r < b->size; r++) {
-    displs[r] = (int)total;
-    total += (size_t)sizes[r];
-  }
+  /* only rank 0 has the sizes (and judges them); the others send theirs regardless */
+  ok = ok &&
+       (b->rank != 0 || exec_world_gather_layout(sizes, b->size, counts, displs, &total, err));
   char *all = b->rank == 0 ? g_malloc(total + 1) : NULL;
-  ok =
-      ok &&
-      MPI_CHECK(b, MPI_Gatherv(in, mine, MPI_BYTE, all, sizes, displs, MPI_BYTE, 0, MPI_COMM_WORLD),
-                err);
+  ok = ok && MPI_CHECK(b,
+                       MPI_Gatherv(in, (int)bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0,
+                                   b->job),
+                       err);
   if (ok && b->rank == 0) {
     *out = all;
     *out_sizes = g_new(size_t, b->size);
@@ -422,12 +414,12 @@ bool exec_cuda_world_gather(struct exec_backend *backend, const void *in, size_t
     g_free(all);
   }
   g_free(sizes);
-  g_free(displs);
+  g_free(counts);
   return ok;
 }
 
 bool exec_cuda_world_broadcast(struct exec_backend *backend, void *buf, size_t bytes,
                                GError **err) {
   struct cuda_context *b = backend->context;
-  return !b->mpi || MPI_CHECK(b, MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD), err);
+  return !b->mpi || MPI_CHECK(b, MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, b->job), err);
 }

@@ -577,363 +577,23 @@ static void host_copy_bytes(struct exec_backend *b, void *dst, const void *src, 
  * kernels.h's function, called now, after testing the communication other tasks wait for
  * (at most every WITHIN_TASK_PERIOD_S). */
 
-/* x [n] = value */
-static void host_fill(struct exec_stream *s, float *x, float value, size_t n) {
-  progress_within(s);
-  for (size_t i = 0; i < n; i++)
-    x[i] = value;
-}
-
-/* dst [bytes] = src */
-static void host_copy(struct exec_stream *s, void *dst, const void *src, size_t bytes) {
-  progress_within(s);
-  if (bytes)
-    memmove(dst, src, bytes);
-}
-
-/* y [n] += x [n] */
-static void host_add(struct exec_stream *s, float *y, const float *x, size_t n) {
-  progress_within(s);
-  for (size_t i = 0; i < n; i++)
-    y[i] += x[i];
-}
-
-static void k_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
-                                const float *params, int T, int V, int C) {
-  progress_within(s);
-  kernels_embedding_forward(x, tokens, params, T, V, C);
-}
-
-static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, const float *dx,
-                                        const int32_t *tokens, int T, int V, int C) {
-  progress_within(s);
-  kernels_embedding_backward_weight(dparams, dx, tokens, T, V, C);
-}
-
-static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,
-                                 const int32_t *tokens, int T, int V, int C) {
-  progress_within(s);
-  kernels_embedding_backward(dparams, dx, tokens, T, V, C);
-}
-
-static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, const float *x,
-                              const float *params, int T, int C, float eps) {
-  progress_within(s);
-  kernels_rmsnorm_forward(h, saved, x, params, T, C, eps);
-}
-
-static void k_rmsnorm_backward_input(struct exec_stream *s, float *dx, const float *dh,
-                                     const float *x, const float *saved, const float *params, int T,
-                                     int C, bool accumulate) {
-  progress_within(s);
-  kernels_rmsnorm_backward_input(dx, dh, x, saved, params, T, C, accumulate);
-}
-
-static void k_rmsnorm_backward_weight(struct exec_stream *s, float *dparams, const float *dh,
-                                      const float *x, const float *saved, int T, int C) {
-  progress_within(s);
-  kernels_rmsnorm_backward_weight(dparams, dh, x, saved, T, C);
-}
-
-static void k_rmsnorm_backward(struct exec_stream *s, float *dx, float *dparams, const float *dh,
-                               const float *x, const float *saved, const float *params, int T,
-                               int C, bool accumulate) {
-  progress_within(s);
-  kernels_rmsnorm_backward(dx, dparams, dh, x, saved, params, T, C, accumulate);
-}
-
-static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
-                                const float *params, const struct kernels_attention_dims *d) {
-  progress_within(s);
-  kernels_attention_forward(a, saved, h, params, d);
-}
-
-static void k_attention_core_forward(struct exec_stream *s, float *saved,
-                                     const struct kernels_attention_dims *d) {
-  progress_within(s);
-  kernels_attention_core_forward(saved, d);
-}
-
-static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
-                                       const float *da, const float *saved, const float *params,
-                                       const struct kernels_attention_dims *d, bool accumulate) {
-  progress_within(s);
-  kernels_attention_backward_input(dh, bwork, da, saved, params, d, accumulate);
-}
-
-static void k_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
-                                        const float *da, const float *h, const float *saved,
-                                        const struct kernels_attention_dims *d) {
-  progress_within(s);
-  kernels_attention_backward_weight(dparams, bwork, da, h, saved, d);
-}
-
-static void k_attention_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
-                                 const float *da, const float *h, const float *saved,
-                                 const float *params, const struct kernels_attention_dims *d,
-                                 bool accumulate) {
-  progress_within(s);
-  kernels_attention_backward(dh, dparams, bwork, da, h, saved, params, d, accumulate);
-}
-
-static void k_mlp_forward(struct exec_stream *s, float *m, float *saved, const float *h,
-                          const float *params, int T, int C, int F) {
-  progress_within(s);
-  kernels_mlp_forward(m, saved, h, params, T, C, F);
-}
-
-static void k_mlp_backward_input(struct exec_stream *s, float *dh, float *bwork, const float *dm,
-                                 const float *saved, const float *params, int T, int C, int F,
-                                 bool accumulate) {
-  progress_within(s);
-  kernels_mlp_backward_input(dh, bwork, dm, saved, params, T, C, F, accumulate);
-}
-
-static void k_mlp_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
-                                  const float *dm, const float *h, const float *saved, int T, int C,
-                                  int F) {
-  progress_within(s);
-  kernels_mlp_backward_weight(dparams, bwork, dm, h, saved, T, C, F);
-}
-
-static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
-                           const float *dm, const float *h, const float *saved, const float *params,
-                           int T, int C, int F, bool accumulate) {
-  progress_within(s);
-  kernels_mlp_backward(dh, dparams, bwork, dm, h, saved, params, T, C, F, accumulate);
-}
-
-static void k_router_forward(struct exec_stream *s, int32_t *ids, float *weights, float *saved,
-                             const float *h, const float *params, int T, int C, int E, int K) {
-  progress_within(s);
-  kernels_router_forward(ids, weights, saved, h, params, T, C, E, K);
-}
-
-static void k_router_backward_input(struct exec_stream *s, float *dh, float *bwork,
-                                    const float *dweights, const int32_t *ids, const float *weights,
-                                    const float *saved, const float *params, int T, int C, int E,
-                                    int K, bool accumulate) {
-  progress_within(s);
-  kernels_router_backward_input(dh, bwork, dweights, ids, weights, saved, params, T, C, E, K,
-                                accumulate);
-}
-
-static void k_router_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
-                                     const float *h, int T, int C, int E) {
-  progress_within(s);
-  kernels_router_backward_weight(dparams, bwork, h, T, C, E);
-}
-
-static void k_router_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
-                              const float *dweights, const int32_t *ids, const float *weights,
-                              const float *saved, const float *h, const float *params, int T, int C,
-                              int E, int K, bool accumulate) {
-  progress_within(s);
-  kernels_router_backward(dh, dparams, bwork, dweights, ids, weights, saved, h, params, T, C, E, K,
-                          accumulate);
-}
-
-static void k_moe_dispatch_plan(struct exec_stream *s, int32_t *send_counts, int32_t *route_row,
-                                const int32_t *ids, int T, int K, int E, int n_ranks) {
-  progress_within(s);
-  kernels_moe_dispatch_plan(send_counts, route_row, ids, T, K, E, n_ranks);
-}
-
-static void k_moe_dispatch_forward(struct exec_stream *s, float *send, int32_t *send_expert,
-                                   const float *h, const int32_t *ids, const int32_t *route_row,
-                                   int T, int K, int C) {
-  progress_within(s);
-  kernels_moe_dispatch_forward(send, send_expert, h, ids, route_row, T, K, C);
-}
-
-static void k_moe_dispatch_backward(struct exec_stream *s, float *dh, const float *dsend,
-                                    const int32_t *route_row, int T, int K, int C,
-                                    bool accumulate) {
-  progress_within(s);
-  kernels_moe_dispatch_backward(dh, dsend, route_row, T, K, C, accumulate);
-}
-
-static void k_moe_combine_forward(struct exec_stream *s, float *m, const float *y,
-                                  const float *weights, const int32_t *route_row, int T, int K,
-                                  int C) {
-  progress_within(s);
-  kernels_moe_combine_forward(m, y, weights, route_row, T, K, C);
-}
-
-static void k_moe_combine_backward(struct exec_stream *s, float *dy, float *dweights,
-                                   const float *dm, const float *y, const float *weights,
-                                   const int32_t *route_row, int T, int K, int C) {
-  progress_within(s);
-  kernels_moe_combine_backward(dy, dweights, dm, y, weights, route_row, T, K, C);
-}
-
-static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *scratch,
-                                 const float *in, const int32_t *row_expert, int n_rows,
-                                 const float *params, int e_first, int e_count, int C, int F) {
-  progress_within(s);
-  kernels_expert_ffn_forward(out, saved, scratch, in, row_expert, n_rows, params, e_first, e_count,
-                             C, F);
-}
-
-static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float *bwork,
-                                        float *scratch, const float *dout,
-                                        const int32_t *row_expert, int n_rows, const float *saved,
-                                        const float *params, int e_first, int e_count, int C, int F,
-                                        bool accumulate) {
-  progress_within(s);
-  kernels_expert_ffn_backward_input(din, bwork, scratch, dout, row_expert, n_rows, saved, params,
-                                    e_first, e_count, C, F, accumulate);
-}
-
-static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
-                                         const int32_t *row_expert, int n_rows, const float *saved,
-                                         int e_first, int e_count, int C, int F) {
-  progress_within(s);
-  kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, e_first, e_count, C,
-                                     F);
-}
-
-static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dparams, float *bwork,
-                                  float *scratch, const float *dout, const int32_t *row_expert,
-                                  int n_rows, const float *saved, const float *params, int e_first,
-                                  int e_count, int C, int F, bool accumulate) {
-  progress_within(s);
-  kernels_expert_ffn_backward(din, dparams, bwork, scratch, dout, row_expert, n_rows, saved, params,
-                              e_first, e_count, C, F, accumulate);
-}
-
-static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
-                                   const int32_t *targets, const float *params,
-                                   enum kernels_lm_head_layout layout, int T, int C, int V) {
-  progress_within(s);
-  *loss = kernels_lm_head_loss_forward(saved, h, targets, params, layout, T, C, V);
-}
-
-static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, float *bwork,
-                                          const float *saved, const float *h,
-                                          const int32_t *targets, const float *params,
-                                          enum kernels_lm_head_layout layout, float dloss, int T,
-                                          int C, int V, bool accumulate) {
-  progress_within(s);
-  kernels_lm_head_loss_backward_input(dh, bwork, saved, h, targets, params, layout, dloss, T, C, V,
-                                      accumulate);
-}
-
-static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams,
-                                           const float *bwork, const float *saved, const float *h,
-                                           const int32_t *targets, const float *params,
-                                           enum kernels_lm_head_layout layout, float dloss, int T,
-                                           int C, int V) {
-  progress_within(s);
-  kernels_lm_head_loss_backward_weight(dparams, bwork, saved, h, targets, params, layout, dloss, T,
-                                       C, V);
-}
-
-static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
-                                    const float *saved, const float *h, const int32_t *targets,
-                                    const float *params, enum kernels_lm_head_layout layout,
-                                    float dloss, int T, int C, int V, bool accumulate) {
-  progress_within(s);
-  kernels_lm_head_loss_backward(dh, dparams, bwork, saved, h, targets, params, layout, dloss, T, C,
-                                V, accumulate);
-}
-
-static void k_residual_add_forward(struct exec_stream *s, float *x, const float *y, size_t n) {
-  progress_within(s);
-  kernels_residual_add_forward(x, y, n);
-}
-
-static void k_residual_add_backward(struct exec_stream *s, float *dy, const float *dx, size_t n,
-                                    bool accumulate) {
-  progress_within(s);
-  kernels_residual_add_backward(dy, dx, n, accumulate);
-}
-
-static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
-                         float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, int step) {
-  progress_within(s);
-  kernels_adamw_step(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
-}
-
-static void k_tp_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
-                                   const float *table, int T, int C, int lo, int n) {
-  progress_within(s);
-  kernels_tp_embedding_forward(x, tokens, table, T, C, lo, n);
-}
-
-static void k_tp_embedding_backward(struct exec_stream *s, float *dtable, const float *dx,
-                                    const int32_t *tokens, int T, int C, int lo, int n) {
-  progress_within(s);
-  kernels_tp_embedding_backward(dtable, dx, tokens, T, C, lo, n);
-}
-
-static void k_tp_head_stats(struct exec_stream *s, float *stats, const float *h,
-                            const int32_t *targets, const float *w,
-                            enum kernels_lm_head_layout layout, int T, int C, int lo, int n) {
-  progress_within(s);
-  kernels_tp_head_stats(stats, h, targets, w, layout, T, C, lo, n);
-}
-
-static void k_tp_head_combine(struct exec_stream *s, float *loss, float *saved,
-                              const float *gathered, int tp, int T) {
-  progress_within(s);
-  *loss = kernels_tp_head_combine(saved, gathered, tp, T);
-}
-
-static void k_tp_head_backward(struct exec_stream *s, float *dh, float *dw, const float *saved,
-                               const float *h, const int32_t *targets, const float *w,
-                               enum kernels_lm_head_layout layout, float dloss, int T, int C,
-                               int lo, int n) {
-  progress_within(s);
-  kernels_tp_head_backward(dh, dw, saved, h, targets, w, layout, dloss, T, C, lo, n);
-}
+/* One entry per kernel of ops.def: kernels_<name>, called now on the task's fiber. */
+#define EXEC_KERNEL(name, use, params, args)                                                      \
+  static void host_##name(struct exec_stream *s, EXEC_UNPAREN params) {                          \
+    progress_within(s);                                                                           \
+    kernels_##name args;                                                                          \
+  }
+#define EXEC_COLLECTIVE(name, use, params, args, pre)
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
 
 static const struct exec_kernels host_kernels = {
-    .fill = host_fill,
-    .copy = host_copy,
-    .add = host_add,
-    .embedding_forward = k_embedding_forward,
-    .embedding_backward_weight = k_embedding_backward_weight,
-    .embedding_backward = k_embedding_backward,
-    .rmsnorm_forward = k_rmsnorm_forward,
-    .rmsnorm_backward_input = k_rmsnorm_backward_input,
-    .rmsnorm_backward_weight = k_rmsnorm_backward_weight,
-    .rmsnorm_backward = k_rmsnorm_backward,
-    .attention_forward = k_attention_forward,
-    .attention_backward_input = k_attention_backward_input,
-    .attention_backward_weight = k_attention_backward_weight,
-    .attention_backward = k_attention_backward,
-    .mlp_forward = k_mlp_forward,
-    .mlp_backward_input = k_mlp_backward_input,
-    .mlp_backward_weight = k_mlp_backward_weight,
-    .mlp_backward = k_mlp_backward,
-    .router_forward = k_router_forward,
-    .router_backward_input = k_router_backward_input,
-    .router_backward_weight = k_router_backward_weight,
-    .router_backward = k_router_backward,
-    .moe_dispatch_plan = k_moe_dispatch_plan,
-    .moe_dispatch_forward = k_moe_dispatch_forward,
-    .moe_dispatch_backward = k_moe_dispatch_backward,
-    .moe_combine_forward = k_moe_combine_forward,
-    .moe_combine_backward = k_moe_combine_backward,
-    .expert_ffn_forward = k_expert_ffn_forward,
-    .expert_ffn_backward_input = k_expert_ffn_backward_input,
-    .expert_ffn_backward_weight = k_expert_ffn_backward_weight,
-    .expert_ffn_backward = k_expert_ffn_backward,
-    .lm_head_loss_forward = k_lm_head_loss_forward,
-    .lm_head_loss_backward_input = k_lm_head_loss_backward_input,
-    .lm_head_loss_backward_weight = k_lm_head_loss_backward_weight,
-    .lm_head_loss_backward = k_lm_head_loss_backward,
-    .residual_add_forward = k_residual_add_forward,
-    .residual_add_backward = k_residual_add_backward,
-    .adamw_step = k_adamw_step,
-    .attention_core_forward = k_attention_core_forward,
-    .tp_embedding_forward = k_tp_embedding_forward,
-    .tp_embedding_backward = k_tp_embedding_backward,
-    .tp_head_stats = k_tp_head_stats,
-    .tp_head_combine = k_tp_head_combine,
-    .tp_head_backward = k_tp_head_backward,
+#define EXEC_KERNEL(name, use, params, args) .name = host_##name,
+#define EXEC_COLLECTIVE(name, use, params, args, pre)
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
 };
 
 /* ---- lifecycle --------------------------------------------------------------------------- */
@@ -1040,6 +700,7 @@ static bool host_world_broadcast(struct exec_backend *b, void *buf, size_t bytes
 const struct exec_backend_ops exec_backend_host = {
     .api_version = EXEC_BACKEND_API_VERSION,
     .name = "host",
+    .host_memory = true,
     .description = "CPU: reference kernels in C with BLAS GEMMs, one event loop per rank, "
 #ifdef HAVE_MPI
                    "MPI communication",
@@ -1073,35 +734,14 @@ const struct exec_backend_ops exec_backend_host = {
     .reset = host_reset,
     .comm_create = host_comm_create,
     .comm_destroy = exec_host_comm_destroy,
-    .send = exec_host_send,
-    .recv = exec_host_recv,
     .p2p_group = host_p2p_group,
-    .all_reduce_f32 = exec_host_all_reduce_f32,
-    .reduce_scatter_f32 = exec_host_reduce_scatter_f32,
-    .all_gather = exec_host_all_gather,
-    .all_to_all_i32 = exec_host_all_to_all_i32,
-    .all_to_all_v = exec_host_all_to_all_v,
     .world_all_reduce_f64 = host_world_all_reduce_f64,
     .world_gather = host_world_gather,
     .world_broadcast = host_world_broadcast,
     .kernels = &host_kernels,
+#define EXEC_KERNEL(name, use, params, args)
+#define EXEC_COLLECTIVE(name, use, params, args, pre) .name = exec_host_##name,
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
 };
-
-#ifdef HAVE_CUDA
-extern const struct exec_backend_ops exec_backend_cuda; /* exec/backend_cuda.c */
-#endif
-
-const struct exec_backend_ops *const exec_backends[] = {
-    &exec_backend_host,
-#ifdef HAVE_CUDA
-    &exec_backend_cuda,
-#endif
-    NULL,
-};
-
-const struct exec_backend_ops *exec_backend_find(const char *name) {
-  for (size_t i = 0; exec_backends[i]; i++)
-    if (strcmp(exec_backends[i]->name, name) == 0)
-      return exec_backends[i];
-  return NULL;
-}

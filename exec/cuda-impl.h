@@ -14,7 +14,7 @@
 #include <nccl.h>
 
 #include "arena.h"
-#include "exec.h"
+#include "backend.h"
 #include "gpu_layout.h"
 #include "gpu_weights.h"
 
@@ -26,12 +26,14 @@ struct cuda_scratch {
 };
 
 struct cuda_context {
+  struct exec_backend *backend;    /* the instance this is the context of */
   uint32_t rank, size;             /* world */
   uint32_t local_rank, local_size; /* on this host */
   int device, n_sms;
   char device_name[256];
   bool mpi, finalize_mpi;
   bool shared_gpu;      /* ranks share this GPU: host-staged MPI instead of NCCL */
+  MPI_Comm job;         /* the job's ranks (a duplicate of MPI_COMM_WORLD, the backend's own) */
   MPI_Comm node;        /* the ranks of this host */
   GArray *staged_sends; /* host-staged sends in flight (backend_cuda_comm.c) */
   double epoch;
@@ -73,6 +75,7 @@ struct cuda_context {
   /* work outside any task (the runner's step setup) runs on this stream; every stream waits
    * for its latest record before its next work */
   cudaStream_t setup;
+  struct exec_stream *setup_stream; /* setup as a stream: kernels outside any task run on it */
   cudaEvent_t setup_done;
   uint64_t setup_gen;
   GPtrArray *streams;
@@ -137,20 +140,15 @@ struct exec_comm *exec_cuda_comm_create(struct exec_backend *b, const char *labe
                                         const uint32_t *members, uint32_t n_members,
                                         bool point_to_point, GError **err);
 void exec_cuda_comm_destroy(struct exec_comm *c);
-bool exec_cuda_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
-                    GError **err);
-bool exec_cuda_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
-                    GError **err);
+/* The collectives of ops.def. */
+#define EXEC_KERNEL(name, use, params, args)
+#define EXEC_COLLECTIVE(name, use, params, args, pre)                                             \
+  bool exec_cuda_##name(struct exec_comm *c, EXEC_UNPAREN params, GError **err);
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
 bool exec_cuda_p2p_group(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
                          GError **err);
-bool exec_cuda_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err);
-bool exec_cuda_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
-                                  size_t n_per_rank, GError **err);
-bool exec_cuda_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
-                          GError **err);
-bool exec_cuda_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err);
-bool exec_cuda_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes,
-                            void *out, const size_t *recv_bytes, GError **err);
 bool exec_cuda_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
                                     enum exec_reduce_op op, GError **err);
 bool exec_cuda_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
@@ -183,7 +181,29 @@ bool exec_cuda_block_of(struct cuda_context *b, const void *p, void **base, size
 /* The backend's release (reusable once the work enqueued before it is done). */
 void exec_cuda_release_block(struct cuda_context *b, void *p);
 
-/* backend_cuda_kernels.c: device bytes [p, p + bytes) are written by work enqueued now (a
+/* A kernel entry's context and CUDA stream: every entry is given a stream (the setup stream
+ * outside tasks), whose context is the instance's. */
+static inline struct cuda_context *exec_cuda_kernel_ctx(struct exec_stream *s) {
+  PIPER_ASSERT(s != NULL);
+  return s->b;
+}
+static inline cudaStream_t exec_cuda_st_of(struct exec_stream *s) {
+  return exec_cuda_stream(exec_cuda_kernel_ctx(s), s);
+}
+
+/* backend_cuda_gemm.c: a GEMM of a kernel entry (row-major, as kernels_gemm), pre saying which
+ * operands are already bf16 (GEMM_A16, GEMM_B16: used as stored, with the ld given, so that
+ * they are not converted again); failures fail the stream. */
+enum { GEMM_A16 = 1, GEMM_B16 = 2 };
+/* Weight w's bf16 copy was just made on cs (the optimizer makes them as it writes weights):
+ * the GEMMs of other streams wait for its event. */
+bool exec_cuda_copy_made(struct cuda_context *b, struct exec_wcache_entry *w, cudaStream_t cs,
+                         GError **err);
+void exec_cuda_gemm_pre(struct exec_stream *s, unsigned pre, bool ta, bool tb, int m, int n, int k,
+                        float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                        float *C, int ldc);
+
+/* backend_cuda_gemm.c: device bytes [p, p + bytes) are written by work enqueued now (a
  * copy, a transfer, a collective, the optimizer): bf16 weight copies of them go stale. */
 void exec_cuda_written(struct cuda_context *b, const void *p, size_t bytes);
 /* p is released: if it is a weight store, its bf16 copies are released with it. */
@@ -194,9 +214,6 @@ void exec_cuda_weights_free(struct cuda_context *b);
 /* backend_cuda_kernels.c: the kernel table, and whether it runs every op of a model (input
  * error naming the first op it has no kernel for). */
 extern const struct exec_kernels exec_cuda_kernels;
-/* The process's backend (one per process): what a kernel entry given no stream (the runner's
- * step setup) enqueues on. Set by init. */
-extern struct cuda_context *exec_cuda_kernels_context;
 bool exec_cuda_kernels_cover(const struct model *m, GError **err);
 /* The cuda backend's own state of instance b (made by exec_backend_init with the cuda table). */
 struct cuda_context *exec_cuda_context(struct exec_backend *b);

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../base/json.h"
-#include "exec.h"
+#include "data.h"
 
 enum data_kind { DATA_SYNTHETIC, DATA_TOKENS16, DATA_TOKENS32, DATA_BYTES };
 

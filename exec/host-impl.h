@@ -3,7 +3,7 @@
 #ifndef PIPER_EXEC_HOST_IMPL_H
 #define PIPER_EXEC_HOST_IMPL_H
 
-#include "exec.h"
+#include "backend.h"
 
 struct host_world; /* MPI state (host_comm.c) */
 struct host_loop;  /* the event loop (backend_host.c) */
@@ -49,21 +49,16 @@ struct exec_comm *exec_host_comm_create(struct host_context *b, const char *labe
                                         const uint32_t *members, uint32_t n_members,
                                         bool point_to_point, GError **err);
 void exec_host_comm_destroy(struct exec_comm *c);
-bool exec_host_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
-                    GError **err);
-bool exec_host_recv(struct exec_comm *c, uint32_t peer, void *buf, size_t bytes, int tag,
-                    GError **err);
+/* The collectives of ops.def. */
+#define EXEC_KERNEL(name, use, params, args)
+#define EXEC_COLLECTIVE(name, use, params, args, pre)                                             \
+  bool exec_host_##name(struct exec_comm *c, EXEC_UNPAREN params, GError **err);
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
 /* A point-to-point group (struct exec_backend_ops.p2p_group): posted together, one wait. */
 bool exec_host_p2p_group(struct host_context *b, const struct exec_p2p_part *parts, uint32_t n,
                          GError **err);
-bool exec_host_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err);
-bool exec_host_reduce_scatter_f32(struct exec_comm *c, const float *in, float *out,
-                                  size_t n_per_rank, GError **err);
-bool exec_host_all_gather(struct exec_comm *c, const void *in, void *out, size_t bytes_per_rank,
-                          GError **err);
-bool exec_host_all_to_all_i32(struct exec_comm *c, const int32_t *in, int32_t *out, GError **err);
-bool exec_host_all_to_all_v(struct exec_comm *c, const void *in, const size_t *send_bytes,
-                            void *out, const size_t *recv_bytes, GError **err);
 bool exec_host_world_all_reduce_f64(struct host_context *b, double *buf, size_t n,
                                     enum exec_reduce_op op, GError **err);
 bool exec_host_world_gather(struct host_context *b, const void *in, size_t bytes, void **out,

@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "exec.h"
+#include <glib.h>
+
+#include "../base/base.h"
+#include "watchdog.h"
 
 static struct {
   GMutex lock; /* phase, rank, abort function, stop */

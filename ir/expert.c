@@ -1,16 +1,17 @@
-/* ir: what expert parallelism holds on one device (the memory rule of SPEC §5 for routed rows).
+/* ir: what expert parallelism holds on one device (docs/design.md, "The memory rule", for
+ * routed rows).
  *
  * The rows an EP device receives depend on the routing, known only at run time. A plan fixes
  * them instead: each device receives at most a capacity of ceil(factor x T x top_k) rows per
  * micro-batch and expert layer (T x top_k is the average: every device sends that many), and
  * the executor allocates every routed-row buffer on the experts' side at the capacity, so that
  * the simulator and the executor hold the same bytes. A step whose routing sends a device more
- * rows than that stops with an error (exec/train.c): Piper drops no tokens, so that expert
+ * rows than that stops with an error (exec/expert_parallel.c): Piper drops no tokens, so that expert
  * parallelism trains exactly as one device does. The default factor 2.0 never binds at EP 2
  * (a device cannot receive more than 2 x T x top_k rows there) and leaves twice the average on
  * larger groups; Megatron's moe_expert_capacity_factor plays the same part (its default, no
  * capacity, sizes the buffers at run time, which a plan cannot). The sizes below are those the
- * host executor allocates (exec/train.c), in the model's dtype. */
+ * host executor allocates (exec/expert_parallel.c), in the model's dtype. */
 #include <math.h>
 
 #include "ir.h"

@@ -1,6 +1,7 @@
-/* ir: the global training DAG (SPEC §3-§4). One graph holds every compute and communication op
- * of one training step. A node runs on a device group; replicas of a data-parallel group are one
- * node (they differ only in rank ids), so the graph stays small at thousands of devices.
+/* ir: the global training DAG (docs/design.md, "The model and its annotations";
+ * docs/design.md, "The directive phase order"). One graph holds every compute and communication
+ * op of one training step. A node runs on a device group; replicas of a data-parallel group are
+ * one node (they differ only in rank ids), so the graph stays small at thousands of devices.
  * Nodes, edges, groups and streams live in flat arrays and refer to each other by index.
  *
  *   GError *err = NULL;
@@ -189,9 +190,10 @@ struct ir_adjacency {
 void ir_adjacency_build(const struct ir_graph *g, struct ir_adjacency *adj);
 void ir_adjacency_free(struct ir_adjacency *adj);
 
-/* A filter (SPEC §4): every key must match. value >= 0 matches that index, IR_FILTER_ANY any
- * value with the tag present. pass is IR_PASS_NONE when the filter has no PASS key. A filter
- * PASS of B also matches BI and BW nodes (the backward of the key, however split). */
+/* A filter (docs/design.md, "The directive phase order"): every key must match. value >= 0
+ * matches that index, IR_FILTER_ANY any value with the tag present. pass is IR_PASS_NONE when the
+ * filter has no PASS key. A filter PASS of B also matches BI and BW nodes (the backward of the
+ * key, however split). */
 #define IR_FILTER_ANY (-2)
 #define IR_FILTER_UNSET (-1)
 struct ir_filter {

@@ -1,8 +1,8 @@
-/* plan: per-device plans lowered from the rewritten IR (SPEC §5). Each device runs, per logical
- * stream, an ordered list of instructions, with event waits on other streams, communicators per
- * purpose with sequence numbers, and tensors with sizes, producers and consumers.
- * Devices that belong to the same device groups run the same program up to rank ids, so they
- * share one program ("class"); peers and communicator ranks are resolved per device from the
+/* plan: per-device plans lowered from the rewritten IR (docs/design.md, "The plan contract"). Each
+ * device runs, per logical stream, an ordered list of instructions, with event waits on other
+ * streams, communicators per purpose with sequence numbers, and tensors with sizes, producers and
+ * consumers. Devices that belong to the same device groups run the same program up to rank ids, so
+ * they share one program ("class"); peers and communicator ranks are resolved per device from the
  * groups. Plans are self-contained: they carry the model config, nodes, groups and streams.
  *
  *   GError *err = NULL;

@@ -1,4 +1,5 @@
-/* plan_read: plans from a directory of JSON files (SPEC §5); plan_write.c writes them.
+/* plan_read: plans from a directory of JSON files (docs/design.md, "The plan contract");
+ * plan_write.c writes them.
  *
  * Devices of one class carry the same program; the reader checks that they agree, and checks
  * every field a device file repeats from the index (op, pass, bytes, peer, rank, members)

@@ -1,4 +1,5 @@
-/* plan_write: plans to a directory of JSON files (SPEC §5); plan_read.c reads them back.
+/* plan_write: plans to a directory of JSON files (docs/design.md, "The plan contract");
+ * plan_read.c reads them back.
  *
  * dir/plan.json holds everything devices share (model config, program, tags, streams, groups,
  * segment sets, nodes, communicators, classes); dir/device-<d>.json holds one device's program:

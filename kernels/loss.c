@@ -54,10 +54,10 @@ static double softmax_stats(float *logits, float *max, float *inv, const int32_t
 }
 
 /* saved = (max [T], inv [T]) <- h [T, C], w [C, V] (or wte [V, C] tied), targets [T], the
- * logits a chunk of rows at a time; returns mean_t -log probs[t, target] */
-float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *targets,
-                                   const float *params, enum kernels_lm_head_layout layout, int T,
-                                   int C, int V) {
+ * logits a chunk of rows at a time; *loss <- mean_t -log probs[t, target] */
+void kernels_lm_head_loss_forward(float *loss_out, float *saved, const float *h,
+                                  const int32_t *targets, const float *params,
+                                  enum kernels_lm_head_layout layout, int T, int C, int V) {
   int rows = head_chunk_rows(T, V);
   float *chunk = kernels_impl_scratch(KERNELS_SCRATCH_LM_HEAD, (size_t)rows * V * sizeof(float));
   double loss = 0.0;
@@ -66,7 +66,7 @@ float kernels_lm_head_loss_forward(float *saved, const float *h, const int32_t *
     head_logits(chunk, h + (size_t)t0 * C, params, layout, n, C, V);
     loss += softmax_stats(chunk, saved + t0, saved + T + t0, targets + t0, n, V);
   }
-  return (float)(loss / T);
+  *loss_out = (float)(loss / T);
 }
 
 /* dl [n, V] <- dlogits = (probs - onehot(target)) * scale for rows [t0, t0 + n), the
@@ -168,8 +168,8 @@ void kernels_tp_head_stats(float *stats, const float *h, const int32_t *targets,
   }
 }
 
-/* saved (max [T], 1 / sum [T]) <- the group's stats [tp][3, T]; returns the mean loss */
-float kernels_tp_head_combine(float *saved, const float *gathered, int tp, int T) {
+/* saved (max [T], 1 / sum [T]) <- the group's stats [tp][3, T]; *loss_out <- the mean loss */
+void kernels_tp_head_combine(float *loss_out, float *saved, const float *gathered, int tp, int T) {
   double loss = 0.0;
   for (int t = 0; t < T; t++) {
     float m = gathered[t];
@@ -185,7 +185,7 @@ float kernels_tp_head_combine(float *saved, const float *gathered, int tp, int T
     saved[T + t] = (float)(1.0 / sum);
     loss += (double)m + log(sum) - target;
   }
-  return (float)(loss / T);
+  *loss_out = (float)(loss / T);
 }
 
 /* The whole head's backward over the slice (its chunks of rows), the targets as the slice's

@@ -39,3 +39,20 @@ void kernels_impl_swiglu_backward(float *dg, float *du, const float *g, const fl
     }
   }
 }
+
+/* ---- copies and sums of buffers (the executor's fill, copy and add) ---- */
+
+void kernels_fill(float *x, float value, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    x[i] = value;
+}
+
+void kernels_copy(void *dst, const void *src, size_t bytes) {
+  if (bytes)
+    memmove(dst, src, bytes);
+}
+
+void kernels_add(float *y, const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    y[i] += x[i];
+}

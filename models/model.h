@@ -1,6 +1,7 @@
-/* model: loads an annotated model file (HF config.json keys plus a "piper" object, SPEC §3) and
- * builds its forward op list, its tags (PP, EP, user tags) and its segments: maximal runs of ops
- * with identical tags, which become the compute nodes of the IR.
+/* model: loads an annotated model file (HF config.json keys plus a "piper" object;
+ * docs/design.md, "The model and its annotations") and builds its forward op list, its tags (PP,
+ * EP, user tags) and its segments: maximal runs of ops with identical tags, which become the
+ * compute nodes of the IR.
  *
  *   GError *err = NULL;
  *   struct model *m = model_load_file("models/tiny-moe.json", 0, &err);  // 0: the file's PP split

@@ -1,8 +1,9 @@
-/* chart: pictures of a run (SPEC §8). The schedule chart (Cairo: PNG, SVG or PDF) has a row per
- * device and a lane per stream, boxes coloured by pass and labelled with the micro-batch,
- * communication drawn as thin dark bars, a real time axis and a legend. The memory chart and
- * the sweep chart are gnuplot scripts run by gnuplot (data and script are kept beside them).
- * Every file goes through piper_out: a chart that cannot be written whole is an error.
+/* chart: pictures of a run (docs/design.md, "Outputs and exit statuses"). The schedule chart
+ * (Cairo: PNG, SVG or PDF) has a row per device and a lane per stream, boxes coloured by pass and
+ * labelled with the micro-batch, communication drawn as thin dark bars, a real time axis and a
+ * legend. The memory chart is a gnuplot script run by gnuplot (data and script are kept beside
+ * it); the what-if chart of sweeps and the planner (chart_points) is drawn with Cairo too. Every
+ * file goes through piper_out: a chart that cannot be written whole is an error.
  *
  *   struct report_run run = {0};               // filled as report.h shows (sim or exec)
  *   GError *err = NULL;

@@ -1,9 +1,9 @@
-/* report: the run directory of SPEC §8, shared by piper-sim (simulated runs) and piper-exec
- * (measured runs), read back by piper-compare. It takes per-device intervals (what ran on which
- * stream, when) and memory numbers, derives the pinned metrics (bubble, exposed communication,
- * overlap: stats.c), writes the directive program, results.csv, metrics.json and trace.json
- * (write.c) and reads a run directory back (read.c); chart.h draws its pictures. It depends on
- * base/, models/ and ir/ only.
+/* report: the run directory (docs/design.md, "Outputs and exit statuses"), shared by piper-sim
+ * (simulated runs) and piper-exec (measured runs), read back by piper-compare. It takes per-device
+ * intervals (what ran on which stream, when) and memory numbers, derives the pinned metrics
+ * (bubble, exposed communication, overlap: stats.c), writes the directive program, results.csv,
+ * metrics.json and trace.json (write.c) and reads a run directory back (read.c); chart.h draws its
+ * pictures. It depends on base/, models/ and ir/ only.
  *
  *   const struct plan *plan = NULL;           // from compile_run or plan_read_dir
  *   struct report_interval ran[] = {{.start = 0, .end = 1e-3, .node = 0, .stream = 0}};
@@ -75,7 +75,7 @@ struct report_device {
    * trace holds intervals alone, as one step. */
   const struct report_interval *all_intervals;
   const uint32_t *step_begin; /* [n_trace_steps + 1] */
-  /* derived by report_compute_stats (pinned definitions, SPEC §6) */
+  /* derived by report_compute_stats (docs/design.md, "The simulator's definitions") */
   double compute_s;        /* time with some compute running */
   double comm_s;           /* time with some communication running */
   double bubble_fraction;  /* 1 - compute_s / iteration time */
@@ -140,9 +140,9 @@ double report_mean_iteration_time(const struct report_run *r, double *stddev);
 /* A new run directory PARENT/YYYYmmdd_HHMMSS (then _2, _3, ... within one second), created
  * here, never one an earlier run made. Returns the path (g_free), NULL with err. */
 char *report_run_dir_new(const char *parent, GError **err);
-/* An explicit run directory (--out DIR): refused with an input error naming DIR and the file
- * found when it holds another run's metrics.json, results.csv, trace.json or sweep.csv,
- * unless force. A directory that does not exist yet is fine. */
+/* An explicit run directory (--out DIR), made if it does not exist: refused with an input
+ * error naming DIR when it cannot be made or written, or, unless force, naming the file found
+ * when it holds another run's metrics.json, results.csv, trace.json or sweep.csv. */
 bool report_run_dir_claim(const char *dir, bool force, GError **err);
 
 bool report_write_dir(const struct report_run *r, const char *dir, GError **err);

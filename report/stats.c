@@ -1,5 +1,6 @@
 /* report statistics: devices and their ranks, the run's window and the pinned per-device
- * figures (bubble, exposed communication, overlap; SPEC §6). */
+ * figures (bubble, exposed communication, overlap;
+ * docs/design.md, "The simulator's definitions"). */
 #include "report.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /* report writing: results.csv, metrics.json, trace.json and the directive program of a run
- * (SPEC §8), every file through piper_out. */
+ * (docs/design.md, "Outputs and exit statuses"), every file through piper_out. */
 #include "report.h"
 
 #include <errno.h>

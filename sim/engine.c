@@ -1,4 +1,4 @@
-/* sim engine: the discrete-event simulation of SPEC §6.
+/* sim engine: the discrete-event simulation (docs/design.md, "The simulator's definitions").
  *
  * Time is continuous (seconds, double). A device runs kernels as a fluid: each running compute
  * kernel has remaining work (seconds it would take alone on the whole device) and a rate; the

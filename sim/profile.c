@@ -1,4 +1,5 @@
-/* profile: loading hardware profiles and the cost formulas of the simulator (SPEC §6). */
+/* profile: loading hardware profiles and the cost formulas of the simulator (docs/sim.md, "The
+ * simulation model"; docs/design.md, "The simulator's definitions"). */
 #include "profile.h"
 
 #include <math.h>

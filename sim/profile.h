@@ -1,7 +1,8 @@
-/* profile: the hardware a simulation runs on (SPEC §6). A device profile gives peak FLOP/s per
- * dtype, memory bandwidth and capacity, efficiency factors, an optional measured table (op kind +
- * pass + shape -> time) and a network (GPUs per node, NVLink and NIC bandwidth and latency); a
- * synthetic profile gives fixed milliseconds per compute node by pass and per communication.
+/* profile: the hardware a simulation runs on (docs/design.md, "The simulator's definitions"). A
+ * device profile gives peak FLOP/s per dtype, memory bandwidth and capacity, efficiency factors, an
+ * optional measured table (op kind + pass + shape -> time) and a network (GPUs per node, NVLink and
+ * NIC bandwidth and latency); a synthetic profile gives fixed milliseconds per compute node by pass
+ * and per communication.
  *
  *   GError *err = NULL;
  *   struct model *model = model_load_file("models/tiny-moe.json", 0, &err);

@@ -1,8 +1,9 @@
-/* sim: discrete-event simulation of per-device plans on a hardware profile (SPEC §6). Streams
- * run in order, cross-stream waits, send/recv rendezvous and collectives that start when every
- * member is there; concurrent kernels share a device (processor sharing; communication holds a
- * share of SMs and memory bandwidth) and concurrent transfers share a device's links; memory is
- * tracked per kind with a timeline. Devices that provably behave alike are simulated once.
+/* sim: discrete-event simulation of per-device plans on a hardware profile
+ * (docs/design.md, "The simulator's definitions"). Streams run in order, cross-stream waits,
+ * send/recv rendezvous and collectives that start when every member is there; concurrent kernels
+ * share a device (processor sharing; communication holds a share of SMs and memory bandwidth) and
+ * concurrent transfers share a device's links; memory is tracked per kind with a timeline. Devices
+ * that provably behave alike are simulated once.
  *
  *   GError *err = NULL;
  *   struct plan *plan = NULL;                   // from compile_run or plan_read_dir

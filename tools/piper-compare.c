@@ -1,7 +1,8 @@
-/* piper-compare: put two run directories of the same plan side by side (SPEC §1, §8), typically
- * one simulated (piper-sim) and one measured (piper-exec), to check the simulator against the
- * measurement. Exit status: 0 success, 1 runtime failure (--tolerance: the iteration times
- * differ by more than it allows; an output that cannot be written), 2 bad input. */
+/* piper-compare: put two run directories of the same plan side by side (docs/design.md, "Pipeline"
+ * and "Outputs and exit statuses"), typically one simulated (piper-sim) and one measured
+ * (piper-exec), to check the simulator against the measurement. Exit status: 0 success, 1 runtime
+ * failure (--tolerance: the iteration times differ by more than it allows; an output that cannot be
+ * written), 2 bad input. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>

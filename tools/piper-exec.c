@@ -1,6 +1,7 @@
-/* piper-exec: train a model by running its per-device plans for real (SPEC §7): one process
- * per device (mpirun / srun; one process alone runs a one-device plan), writing the run
- * directory of SPEC §8 from measured times. Exit status: 0 success, 1 runtime failure (a
+/* piper-exec: train a model by running its per-device plans for real
+ * (docs/design.md, "The executor's contract"): one process per device (mpirun / srun; one
+ * process alone runs a one-device plan), writing the run directory from measured times
+ * (docs/design.md, "Outputs and exit statuses"). Exit status: 0 success, 1 runtime failure (a
  * watchdog, a dead peer, I/O), 2 bad input. */
 #include <errno.h>
 #include <math.h>
@@ -19,6 +20,7 @@
 
 #include "../directives/compile.h"
 #include "../exec/exec.h"
+#include "../exec/watchdog.h"
 #include "../base/json.h"
 #include "../base/version.h"
 #include "../report/chart.h"
@@ -35,8 +37,9 @@ struct exec_cli {
 
 static void list_backends(const struct option_program *p) {
   (void)p;
-  for (size_t k = 0; exec_backends[k]; k++)
-    printf("%s\t%s\n", exec_backends[k]->name, exec_backends[k]->description);
+  const char *name, *description;
+  for (uint32_t k = 0; (name = exec_backend_builtin(k, &description)); k++)
+    printf("%s\t%s\n", name, description);
 }
 
 /* One row per option, as in redis's config table: kept as rows, not reflowed. */
@@ -80,6 +83,10 @@ static const struct option_spec options[] = {
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
+    {.name = "--straggler-threshold", .kind = OPTION_DOUBLE, EXEC_OPTION(run.straggler_threshold),
+     .lo = 0.01, .hi = 100, .metavar = "F",
+     .help = "name a rank whose compute exceeds its peers' median by more than\n"
+             "F (default 0.25) in 3 of 4 measured steps"},
     {.kind = OPTION_HEADING, .help = "output:"},
     {.name = "--out", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
      .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
@@ -214,10 +221,17 @@ static void fault_hook(uint32_t rank, uint32_t step, void *data) {
 }
 
 /* The options that go together; OPTIONS_CONTINUE, or the usage error's exit status. */
-static int check_inputs(const struct exec_cli *a, const struct exec_backend_ops **ops) {
+static bool backend_built_in(const char *name) {
+  const char *n;
+  for (uint32_t k = 0; (n = exec_backend_builtin(k, NULL)); k++)
+    if (strcmp(n, name) == 0)
+      return true;
+  return false;
+}
+
+static int check_inputs(const struct exec_cli *a) {
   const struct compile_args *ca = &a->compile;
-  *ops = exec_backend_find(a->backend);
-  if (!*ops)
+  if (!backend_built_in(a->backend))
     return piper_usage_error("piper-exec",
                              "--backend: \"%s\" is not built in (see --list-backends)", a->backend);
   if (a->plans && options_compile_arg_given(ca))
@@ -246,6 +260,23 @@ static const char *const stall_kinds[] = {
 /* PIPER_EXEC_FAULT (tests): a stall the runner injects (stall:RANK:STEP hits the first
  * communication, stall:KIND:RANK:STEP the first of a kind), or a kill or a SIGSTOP by the
  * step hook (kill:RANK:STEP, stop:RANK:STEP; step 0 is start-up). */
+/* PIPER_EXEC_SLOW=RANK:FACTOR: that rank's compute takes FACTOR times as long (a test hook:
+ * a straggler made on purpose, for the detection that names it). */
+static int read_slow(struct exec_options *o) {
+  const char *env = getenv("PIPER_EXEC_SLOW");
+  if (!env || !*env)
+    return OPTIONS_CONTINUE;
+  unsigned rank = 0;
+  double factor = 0;
+  char tail = 0;
+  if (sscanf(env, "%u:%lf%c", &rank, &factor, &tail) != 2 || !(factor > 1 && factor < 1e3))
+    return piper_usage_error("piper-exec",
+                             "PIPER_EXEC_SLOW: \"%s\" is not RANK:FACTOR (a factor above 1)", env);
+  o->slow_rank = rank;
+  o->slow_factor = factor;
+  return OPTIONS_CONTINUE;
+}
+
 static int read_fault(struct exec_options *o, struct fault *fault) {
   const char *fenv = getenv("PIPER_EXEC_FAULT");
   if (!fenv || !*fenv)
@@ -393,7 +424,7 @@ static bool prepare_outputs(const struct exec_cli *a, char **run_dir, bool *crea
     return true;
   if (a->out) {
     *created = !g_file_test(a->out, G_FILE_TEST_EXISTS);
-    if (!report_run_dir_claim(a->out, a->force, err) || !dir_writable("--out", a->out, err))
+    if (!report_run_dir_claim(a->out, a->force, err))
       return false;
     *run_dir = g_strdup(a->out);
     return true;
@@ -412,9 +443,8 @@ static void fill_run_options(const struct exec_cli *a, const struct exec_plan *p
   o->checkpoint_dir = a->checkpoint;
   o->checkpoint_every = a->checkpoint_every;
   o->resume_dir = a->resume;
-  o->out_dir = run_dir;
+  o->report = run_dir != NULL;
   o->stop = &stop_requested;
-  o->charts = !a->no_charts;
   o->dump_params_path = a->dump_params;
   o->seed = a->seed;
 }
@@ -434,8 +464,39 @@ static void print_result(const struct exec_options *o, const struct exec_result 
          res->n_steps ? res->losses[res->n_steps - 1] : NAN,
          mean > 0 ? res->tokens_per_step / mean : 0, nm, (double)res->peak_memory_bytes / (1 << 20),
          res->job_overhead_per_instr_s * 1e6, res->job_dispatch_per_instr_s * 1e6);
-  if (res->run_dir)
-    printf("  wrote %s/ (%s)\n", res->run_dir, res->run_files);
+}
+
+/* Rank 0: the ranks slower than their peers (the simulator's slow-device scenario can take
+ * the ratio). */
+static void print_stragglers(const struct exec_options *o, const struct exec_result *res) {
+  uint32_t warm = o->warmup >= res->first_step ? o->warmup - res->first_step + 1 : 0;
+  uint32_t measured = res->n_steps > warm ? res->n_steps - warm : 0;
+  for (uint32_t k = 0; k < res->n_stragglers; k++) {
+    const struct exec_straggler *x = &res->stragglers[k];
+    printf("  straggler: rank %u computes %.2fx the median of its %u peer%s (plan class %u), "
+           "slower in %u of %u measured steps\n",
+           x->rank, x->ratio, x->peers, x->peers == 1 ? "" : "s", x->class_id, x->slow_steps,
+           measured);
+  }
+}
+
+/* Rank 0: the run directory of the measured run, and its charts (as piper-sim writes them). */
+static bool write_run_dir(const struct exec_options *o, const struct exec_result *res,
+                          const char *dir, bool charts, GError **err) {
+  const struct report_run *run = exec_result_report(res);
+  if (!run)
+    return true;
+  if (!report_write_dir(run, dir, err))
+    return false;
+  GString *files = g_string_new(NULL);
+  if (o->program_file)
+    g_string_printf(files, "%s ", o->program_file);
+  g_string_append(files, "results.csv metrics.json trace.json");
+  bool ok = !charts || report_write_charts(run, dir, CHART_PNG, files, err);
+  if (ok)
+    printf("  wrote %s/ (%s)\n", dir, files->str);
+  g_string_free(files, TRUE);
+  return ok;
 }
 
 /* The watchdog's way to end the job: every rank, exit status 1. */
@@ -452,18 +513,18 @@ static void free_backend(struct exec_backend *b) {
 }
 
 /* Starts the backend (MPI, when launched so), trains, and stops it. */
-static int run_on_backend(const struct exec_backend_ops *ops, struct exec_options *o,
-                          const struct exec_cli *a, int *argc,
-                          char ***argv) {
+static int run_on_backend(struct exec_options *o, const struct exec_cli *a, const char *run_dir,
+                          int *argc, char ***argv) {
   GError *err = NULL;
   const struct plan *plan = o->plan;
   leak_check_before_mpi();
   /* test hooks: PIPER_EXEC_MPI starts MPI without a launcher, PIPER_EXEC_POISON=1 poisons */
-  struct exec_backend_params bp = {argc, argv, getenv("PIPER_EXEC_MPI") != NULL};
+  struct exec_backend_params bp = {argc, argv, getenv("PIPER_EXEC_MPI") != NULL,
+                                   piper_launch_detect()};
   o->poison = getenv("PIPER_EXEC_POISON") && strcmp(getenv("PIPER_EXEC_POISON"), "1") == 0;
   /* from here to the end of MPI_Finalize, a hang anywhere ends the job in one line */
   exec_watchdog_start("piper-exec", o->timeout_s);
-  struct exec_backend *b = exec_backend_init(ops, &bp, &err);
+  struct exec_backend *b = exec_backend_init_by_name(a->backend, &bp, &err);
   if (!b)
     return piper_error_exit("piper-exec", err);
   uint32_t rank = exec_backend_world_rank(b), size = exec_backend_world_size(b);
@@ -484,7 +545,7 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
 #endif
   o->progress = !a->quiet && rank == 0;
   uint32_t total = o->warmup + o->iters;
-  if (o->charts && o->out_dir && rank == 0 && !chart_gnuplot_available())
+  if (!a->no_charts && o->report && rank == 0 && !chart_gnuplot_available())
     fprintf(stderr, "piper-exec: note: gnuplot is not installed: no memory.png\n");
   if (rank == 0) {
     printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s, "
@@ -507,11 +568,25 @@ static int run_on_backend(const struct exec_backend_ops *ops, struct exec_option
       term_message[0] = '\0';
       term_code = rc;
     }
+    /* The training ran to its end and only an output after the run's report failed (the
+     * parameter dump: a FIFO nobody reads, a full disk): the run directory is still written. */
+    GError *dir_err = NULL;
+    if (rank == 0 && exec_result_report(&res) &&
+        !write_run_dir(o, &res, run_dir, !a->no_charts, &dir_err))
+      piper_error_exit("piper-exec", dir_err);
+    exec_result_clear(&res);
     free_backend(b);
     return rc;
   }
-  if (rank == 0)
+  if (rank == 0) {
     print_result(o, &res);
+    print_stragglers(o, &res);
+    if (!write_run_dir(o, &res, run_dir, !a->no_charts, &err)) {
+      exec_result_clear(&res);
+      free_backend(b);
+      return piper_error_exit("piper-exec", err);
+    }
+  }
   if (res.stopped) { /* every rank stops at this step: the launcher may end us once one exits */
     term_message[0] = '\0';
     term_code = 130;
@@ -535,11 +610,11 @@ int main(int argc, char **argv) {
   int rc = options_parse(&program, &a, argc, argv);
   if (rc != OPTIONS_CONTINUE)
     return quiet_rank_exit(rc);
-  const struct exec_backend_ops *ops = NULL;
   struct exec_options o = a.run;
   struct fault fault = {0};
-  if ((rc = check_inputs(&a, &ops)) != OPTIONS_CONTINUE ||
-      (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE)
+  if ((rc = check_inputs(&a)) != OPTIONS_CONTINUE ||
+      (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE ||
+      (rc = read_slow(&o)) != OPTIONS_CONTINUE)
     return quiet_rank_exit(rc);
   piper_usage_error_quiet(false);
   GError *err = NULL;
@@ -551,7 +626,7 @@ int main(int argc, char **argv) {
     return error_exit_once(err);
   }
   fill_run_options(&a, &p, run_dir, &o);
-  rc = run_on_backend(ops, &o, &a, &argc, &argv);
+  rc = run_on_backend(&o, &a, run_dir, &argc, &argv);
   if (rc != 0 && rc != 130 && created && run_dir && launcher_rank() == 0)
     g_rmdir(run_dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
   g_free(run_dir);

@@ -1,6 +1,7 @@
 /* piper-sim: simulate one training step of compiled per-device plans on a hardware profile and
- * write the run directory of SPEC §8 (program, results.csv, metrics.json, trace.json, charts).
- * Exit status: 0 success, 1 runtime failure, 2 bad input. */
+ * write the run directory: the program, results.csv, metrics.json, trace.json, the charts
+ * (docs/design.md, "Outputs and exit statuses"). Exit status: 0 success, 1 runtime failure, 2 bad
+ * input. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

@@ -28,6 +28,7 @@
 
 #include "../directives/layout.h"
 #include "../directives/schedule.h"
+#include "../report/chart.h"
 #include "../report/report.h"
 #include "../sim/profile.h"
 
@@ -132,7 +133,7 @@ struct planner *planner_new(const struct planner_request *rq, GError **err);
 void planner_free(struct planner *pl);
 bool planner_run(struct planner *pl, GError **err);
 /* dir/plan.csv (every configuration, ranked; infeasible ones with the reason) and, when
- * charts, plan.dat, plan.gp and plan.png (throughput against peak memory). */
+ * charts, plan.png (throughput against peak memory, planner_write_chart). */
 bool planner_write_outputs(const struct planner *pl, const char *dir, bool charts, GError **err);
 /* Why configs[i] ranks where it does against the next feasible one: the step-time difference
  * split into pipeline idle, exposed communication, imbalance and compute, and the memory
@@ -140,5 +141,15 @@ bool planner_write_outputs(const struct planner *pl, const char *dir, bool chart
 char *planner_explain(const struct planner *pl, uint32_t i);
 /* The configuration's name as the CSV and summary show it: "zbv pp=4,dp=16,ep=16,v mbs 1 x 16". */
 char *planner_config_name(const struct planner_config *c);
+
+/* The what-if chart of the planner (plan.png) and of sweeps (sweep.png): n configurations, best
+ * first, drawn by chart_points. point(ctx, i, &label) returns configuration i's point and sets
+ * label to its g_malloc'd label (left NULL: none); the labels are freed after drawing. */
+bool planner_write_chart(const char *title, uint32_t n,
+                         struct chart_point (*point)(const void *ctx, uint32_t i, char **label),
+                         const void *ctx, const char *path, GError **err);
+/* One CSV field of plan.csv and sweep.csv: quoted when it holds a comma, a quote or a newline
+ * (quotes doubled, newlines written as spaces). */
+void planner_csv_field(FILE *f, const char *s);
 
 #endif

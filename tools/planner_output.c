@@ -27,7 +27,7 @@ static const char *status_name(enum planner_status s) {
   }
 }
 
-static void csv_field(FILE *f, const char *s) {
+void planner_csv_field(FILE *f, const char *s) {
   if (!strpbrk(s, ",\"\n")) {
     fputs(s, f);
     return;
@@ -62,7 +62,7 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
   for (uint32_t i = 0; i < pl->n_configs; i++) {
     const struct planner_config *c = &pl->configs[i];
     fprintf(f, "%u,%s,%s,", i + 1, status_name(c->status), sched_family_name(c->schedule));
-    csv_field(f, c->layout ? c->layout : c->directives ? c->directives : "");
+    planner_csv_field(f, c->layout ? c->layout : c->directives ? c->directives : "");
     fprintf(f, ",%u,%u,%u,%u,%u,%s,%lld,%u", c->pp, c->dp, c->ep, c->tp, c->stages,
             c->memory_choice,
             (long long)(c->micro_batch_size ? c->micro_batch_size : pl->model_micro_batch_size),
@@ -77,43 +77,53 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
     else
       fputs(",,,,,,,,,,,", f);
     char *reason = c->status == PLANNER_FEASIBLE ? g_strdup("") : infeasible_reason(c);
-    csv_field(f, reason);
+    planner_csv_field(f, reason);
     g_free(reason);
     fputc('\n', f);
   }
   return piper_out_close(&out, err);
 }
 
-/* plan.png: every simulated configuration, throughput against peak memory, through the
- * same chart as sweeps (chart_points: colour by schedule, hollow over the cap, the cap line,
- * labels that never overlap). Configurations come ranked, so the labels, "#rank layout", go
- * to the best ones first. */
-static bool write_chart(const struct planner *pl, const char *path, GError **err) {
-  struct chart_point *pts = g_new0(struct chart_point, pl->n_configs + 1);
-  char **labels = g_new0(char *, pl->n_configs + 1);
-  for (uint32_t i = 0; i < pl->n_configs; i++) {
-    const struct planner_config *c = &pl->configs[i];
-    bool simulated = c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP;
-    if (simulated && i < 12)
-      labels[i] = g_strdup_printf("#%u %s", i + 1, c->layout ? c->layout : "");
-    pts[i] = (struct chart_point){.label = labels[i],
-                                  .schedule = sched_family_name(c->schedule),
-                                  .profile = pl->profile->name,
-                                  .ok = simulated,
-                                  .feasible = c->status == PLANNER_FEASIBLE,
-                                  .peak_memory_bytes = c->peak_memory_bytes,
-                                  .throughput_tokens_per_s = c->throughput_tokens_per_s,
-                                  .memory_cap_bytes = pl->memory_cap_bytes};
+bool planner_write_chart(const char *title, uint32_t n,
+                         struct chart_point (*point)(const void *ctx, uint32_t i, char **label),
+                         const void *ctx, const char *path, GError **err) {
+  struct chart_point *pts = g_new0(struct chart_point, n + 1);
+  char **labels = g_new0(char *, n + 1);
+  for (uint32_t i = 0; i < n; i++) {
+    pts[i] = point(ctx, i, &labels[i]);
+    pts[i].label = labels[i];
   }
+  bool ok = chart_points(title, pts, n, path, err);
+  g_strfreev(labels);
+  g_free(pts);
+  return ok;
+}
+
+/* plan.png: every simulated configuration, throughput against peak memory (colour by
+ * schedule, hollow over the cap, the cap line, labels that never overlap). Configurations
+ * come ranked, so the labels, "#rank layout", go to the best ones first. */
+static struct chart_point config_point(const void *ctx, uint32_t i, char **label) {
+  const struct planner *pl = ctx;
+  const struct planner_config *c = &pl->configs[i];
+  bool simulated = c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP;
+  if (simulated && i < 12)
+    *label = g_strdup_printf("#%u %s", i + 1, c->layout ? c->layout : "");
+  return (struct chart_point){.schedule = sched_family_name(c->schedule),
+                              .profile = pl->profile->name,
+                              .ok = simulated,
+                              .feasible = c->status == PLANNER_FEASIBLE,
+                              .peak_memory_bytes = c->peak_memory_bytes,
+                              .throughput_tokens_per_s = c->throughput_tokens_per_s,
+                              .memory_cap_bytes = pl->memory_cap_bytes};
+}
+
+static bool write_chart(const struct planner *pl, const char *path, GError **err) {
   g_autofree char *title = g_strdup_printf(
       "piper-plan: %s on %u devices, %s, global batch %llu (%u configurations; labels: rank "
       "and layout)",
       pl->model_name, pl->request.devices, pl->profile->name,
       (unsigned long long)pl->request.global_batch, pl->n_configs);
-  bool ok = chart_points(title, pts, pl->n_configs, path, err);
-  g_strfreev(labels);
-  g_free(pts);
-  return ok;
+  return planner_write_chart(title, pl->n_configs, config_point, pl, path, err);
 }
 
 bool planner_write_outputs(const struct planner *pl, const char *dir, bool charts, GError **err) {

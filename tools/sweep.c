@@ -226,21 +226,6 @@ static int point_rank_cmp(const void *a, const void *b) {
   return x->order < y->order ? -1 : x->order > y->order;
 }
 
-static void csv_field(FILE *f, const char *s) {
-  bool quote = strpbrk(s, ",\"\n") != NULL;
-  if (!quote) {
-    fputs(s, f);
-    return;
-  }
-  fputc('"', f);
-  for (; *s; s++) {
-    if (*s == '"')
-      fputc('"', f);
-    fputc(*s == '\n' ? ' ' : *s, f);
-  }
-  fputc('"', f);
-}
-
 static bool write_csv(const struct sweep *s, const char *path, GError **err) {
   struct piper_out out;
   if (!piper_out_open(&out, path, err))
@@ -252,11 +237,11 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
   for (uint32_t i = 0; i < s->n_points; i++) {
     const struct sweep_point *p = &s->points[i];
     fprintf(f, "%u,%s,", i + 1, p->feasible ? "ok" : p->ok ? "over_memory_cap" : "error");
-    csv_field(f, p->schedule);
+    planner_csv_field(f, p->schedule);
     fputc(',', f);
-    csv_field(f, p->base);
+    planner_csv_field(f, p->base);
     fprintf(f, ",%u,", p->microbatches);
-    csv_field(f, p->profile);
+    planner_csv_field(f, p->profile);
     if (p->ok)
       fprintf(f, ",%.9g,%.9g,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,", p->iteration_time_s,
               p->throughput_tokens_per_s, p->peak_memory_bytes / (double)(1ull << 30),
@@ -264,41 +249,35 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
               p->bubble.pipeline_idle, p->bubble.exposed_comm, p->bubble.imbalance);
     else
       fputs(",,,,,,,,,", f);
-    csv_field(f, p->error ? p->error : "");
+    planner_csv_field(f, p->error ? p->error : "");
     fputc('\n', f);
   }
   return piper_out_close(&out, err);
 }
 
-/* sweep.png: every simulated point (chart_points), labelled schedule/base/micro-batches, best
- * first. */
+/* sweep.png: every simulated point, labelled schedule/base/micro-batches, best first. */
+static struct chart_point sweep_chart_point(const void *ctx, uint32_t i, char **label) {
+  const struct sweep_point *p = &((const struct sweep *)ctx)->points[i];
+  g_autofree char *base = g_path_get_basename(p->base);
+  char *dot = strrchr(base, '.');
+  if (dot)
+    *dot = 0;
+  *label = g_strdup_printf("%s/%s/%u", p->schedule, base, p->microbatches);
+  return (struct chart_point){.schedule = p->schedule,
+                              .profile = p->profile,
+                              .ok = p->ok,
+                              .feasible = p->feasible,
+                              .peak_memory_bytes = p->peak_memory_bytes,
+                              .throughput_tokens_per_s = p->throughput_tokens_per_s,
+                              .memory_cap_bytes = p->memory_cap_bytes};
+}
+
 static bool write_chart(const struct sweep *s, const char *path, GError **err) {
-  struct chart_point *pts = g_new0(struct chart_point, s->n_points + 1);
-  char **labels = g_new0(char *, s->n_points + 1);
-  for (uint32_t i = 0; i < s->n_points; i++) {
-    const struct sweep_point *p = &s->points[i];
-    g_autofree char *base = g_path_get_basename(p->base);
-    char *dot = strrchr(base, '.');
-    if (dot)
-      *dot = 0;
-    labels[i] = g_strdup_printf("%s/%s/%u", p->schedule, base, p->microbatches);
-    pts[i] = (struct chart_point){.label = labels[i],
-                                  .schedule = p->schedule,
-                                  .profile = p->profile,
-                                  .ok = p->ok,
-                                  .feasible = p->feasible,
-                                  .peak_memory_bytes = p->peak_memory_bytes,
-                                  .throughput_tokens_per_s = p->throughput_tokens_per_s,
-                                  .memory_cap_bytes = p->memory_cap_bytes};
-  }
   g_autofree char *mname = g_path_get_basename(s->model);
   g_autofree char *title = g_strdup_printf(
       "What-if sweep: %s, %u configurations (labels: schedule/base/micro-batches)", mname,
       s->n_points);
-  bool ok = chart_points(title, pts, s->n_points, path, err);
-  g_strfreev(labels);
-  g_free(pts);
-  return ok;
+  return planner_write_chart(title, s->n_points, sweep_chart_point, s, path, err);
 }
 
 /* dir/sweep.csv, and with charts sweep.png. */

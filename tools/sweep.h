@@ -56,7 +56,7 @@ struct sweep {
 
 struct sweep_run_options {
   bool progress;       /* progress on stderr (a line per tenth when it is not a terminal) */
-  bool charts;         /* sweep.png (and its .dat, .gp) */
+  bool charts;         /* sweep.png */
   bool collapse;       /* simulate one device per class of alike devices */
   uint32_t threads;    /* 0: one per core */
   const char *profile; /* replaces the file's "profiles" when not NULL */

@@ -16,7 +16,7 @@
 #include <glib/gstdio.h>
 
 #include "../../directives/compile.h"
-#include "../../exec/exec.h"
+#include "../../exec/backend.h"
 #include "../../base/json.h"
 
 static struct plan *compile_one(const char *model, uint32_t mbs, struct compile_result *r) {

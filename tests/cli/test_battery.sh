@@ -92,5 +92,5 @@ timeout 60 "$PE" "${KD[@]}" --iters 1 --dump-params "$T/params.fifo" >/dev/null 
 PIPER_EXEC_FAULT=kill:7:99 "$PE" "${KD[@]}" --iters 1 >/dev/null 2>"$T/err" &&
   grep -q "note: PIPER_EXEC_FAULT=kill:7:99 is set" "$T/err" && ok || bad "fault note: $(cat "$T/err")"
 
-echo "battery: $pass passed, $failed failed"
+echo "test_battery.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One memory rule (SPEC §5): the simulator's memory timeline and the host executor's allocator
+# One memory rule (docs/design.md, "The memory rule"): the simulator's memory timeline and the
+# host executor's allocator
 # both follow the plan's allocation and release points, so on every plan of the equivalence
 # suite (tests/cli/test_exec.sh, test_tied.sh, test_recompute.sh) each device's peak memory, and every kind of
 # its breakdown at the peak, agree within MEM_TOL (1%) of the peak between piper-sim and

@@ -137,5 +137,5 @@ rm -rf "$T/edited" && cp -r "$T/four" "$T/edited" && cp "$T/bytes.json" "$T/edit
 expect_refused "sim, all-to-all bytes" "$T/edited" \
   "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
 
-echo "plan model: $pass passed, $failed failed"
+echo "test_plan_model.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# piper-sim as a user runs it: a run on bundled examples writes every output file of SPEC §8
+# piper-sim as a user runs it: a run on bundled examples writes every output file
+# (docs/design.md, "Outputs and exit statuses")
 # with the right shape; the textbook 1F1B time comes out of results.csv; --plans reads what
 # piper-compile wrote; a sweep writes its ranked CSV; bad input exits 2 with one line
 # "piper-sim: error: ..." naming the file or option at fault. Run from the repository root.
@@ -9,8 +10,9 @@ SIM="$BIN/piper-sim"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
+passes=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+ok() { echo "ok: $*"; passes=$((passes + 1)); }
 
 [ -x "$SIM" ] || { echo "FAIL: $SIM not built"; exit 1; }
 
@@ -230,7 +232,7 @@ else
 fi
 
 if [ $fails -ne 0 ]; then
-  echo "test_sim.sh: $fails failure(s)"
+  echo "test_sim.sh: $passes passed, $fails failed"
   exit 1
 fi
-echo "test_sim.sh: all passed"
+echo "test_sim.sh: $passes passed, 0 failed"

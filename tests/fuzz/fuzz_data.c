@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../exec/exec.h"
+#include "../../exec/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../exec/exec.h"
+#include "../../exec/backend.h"
 #include "../../exec/gpu_weights.h"
 #include "../../kernels/kernels.h"
 #include "../../kernels/kernels_cuda.h"
@@ -90,6 +90,9 @@ static void compare(struct check *c, const char *what, const float *ref, const f
   c->failed += !ok;
   g_free(got);
 }
+
+static void compare_bits(struct check *c, const char *what, const float *d1, const float *d2,
+                         size_t n, bool same);
 
 static void compare_i32(struct check *c, const char *what, const int32_t *ref, const int32_t *d,
                         size_t n) {
@@ -166,10 +169,22 @@ static void check_embedding_norm(struct check *c) {
   kernels_rmsnorm_backward_weight(gw, gdh, x, rs, T, C);
   c->k->rmsnorm_backward_weight(c->s, dgw, dgdh, dxin, drs, T, C);
   compare(c, "rmsnorm BW", gw, dgw, C, TOL_PLAIN);
+  /* the fused residual add + RMSNorm: the host's reference, and the GPU's own add then norm
+   * bit for bit */
+  float *y = rnd(c, T * C, 1), *dy = devf(c, y, T * C);
+  float *xf = devf(c, x, T * C), *xu = devf(c, x, T * C);
+  float *hf = devf(c, NULL, T * C), *hu = devf(c, NULL, T * C);
+  float *rf = devf(c, NULL, T), *ru = devf(c, NULL, T);
+  kernels_residual_rmsnorm_forward(x, h, rs, y, w, T, C, 1e-6f);
+  c->k->residual_rmsnorm_forward(c->s, xf, hf, rf, dy, dw, T, C, 1e-6f);
+  c->k->residual_add_forward(c->s, xu, dy, (size_t)T * C);
+  c->k->rmsnorm_forward(c->s, hu, ru, xu, dw, T, C, 1e-6f);
+  compare(c, "residual + rmsnorm F (x)", x, xf, T * C, TOL_PLAIN);
+  compare(c, "residual + rmsnorm F (h)", h, hf, T * C, TOL_PLAIN);
+  compare(c, "residual + rmsnorm F saved (rstd)", rs, rf, T, TOL_PLAIN);
+  compare_bits(c, "residual + rmsnorm F = residual add, rmsnorm", hf, hu, T * C, true);
+  compare_bits(c, "residual + rmsnorm F saved = rmsnorm's", rf, ru, T, true);
 }
-
-static void compare_bits(struct check *c, const char *what, const float *d1, const float *d2,
-                         size_t n, bool same);
 
 /* "attention" + the shape's label + what: one check's name. */
 static const char *attn_name(char *buf, size_t n, const char *label, const char *what) {
@@ -402,7 +417,8 @@ static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {
   float *dp = devf(c, p, (size_t)C * V), *dh = devf(c, h, T * C), *dsaved = devf(c, NULL, T * V);
   float *dloss = devf(c, NULL, 1);
   int32_t *dtg = dev(c, tg, sizeof tg);
-  float loss = kernels_lm_head_loss_forward(saved, h, tg, p, layout, T, C, V);
+  float loss;
+  kernels_lm_head_loss_forward(&loss, saved, h, tg, p, layout, T, C, V);
   c->k->lm_head_loss_forward(c->s, dloss, dsaved, dh, dtg, dp, layout, T, C, V);
   g_snprintf(what, sizeof what, "lm_head_loss F %s (loss)", name);
   compare(c, what, &loss, dloss, 1, c->tol_gemm);
@@ -460,7 +476,8 @@ static void check_tp(struct check *c, enum kernels_lm_head_layout layout) {
     gathered[5 * T + t] = (float)g_rand_double_range(c->rng, -1, 1);
   }
   exec_backend_from_host(c->b, dgathered, gathered, (size_t)TP * 3 * T * sizeof(float));
-  float loss = kernels_tp_head_combine(saved, gathered, TP, T);
+  float loss;
+  kernels_tp_head_combine(&loss, saved, gathered, TP, T);
   c->k->tp_head_combine(c->s, dloss, dsaved, dgathered, TP, T);
   compare(c, "tp lm_head combine (loss)", &loss, dloss, 1, TOL_PLAIN);
   compare(c, "tp lm_head combine saved (max, 1 / sum)", saved, dsaved, 2 * (size_t)T, TOL_PLAIN);
@@ -592,9 +609,24 @@ static void check_weight_copies(struct check *c, bool bf16) {
   g_free(zero);
 }
 
+/* The cuda table has every op of exec/ops.def (it is generated from the list: a k_ function
+ * per kernel, an exec_cuda_ function per collective). */
+static void check_op_table(struct check *c) {
+  int missing = 0;
+  for (int op = 0; op < EXEC_OP_COUNT; op++)
+    if (!exec_backend_supports_op(c->b, (enum exec_op)op)) {
+      printf("FAIL op %s is not in the cuda table\n", exec_op_name((enum exec_op)op));
+      missing++;
+    }
+  printf("%-4s %-44s %d of %d ops\n", missing ? "FAIL" : "ok", "the op list (exec/ops.def)",
+         EXEC_OP_COUNT - missing, EXEC_OP_COUNT);
+  c->run++;
+  c->failed += missing > 0;
+}
+
 int main(int argc, char **argv) {
   GError *err = NULL;
-  struct exec_backend_params bp = {&argc, &argv, false};
+  struct exec_backend_params bp = {&argc, &argv, false, piper_launch_detect()};
   struct check c = {0};
   /* no plan configures the backend here: its GEMM precision is the variable's, bf16 unless
    * told (what this prints must be what runs) */
@@ -614,6 +646,7 @@ int main(int argc, char **argv) {
   c.k = exec_backend_kernels(c.b);
   c.s = exec_stream_create(c.b, "check", 0, &err);
   c.rng = g_rand_new_with_seed(42);
+  check_op_table(&c);
   check_simple(&c);
   check_bf16_copy(&c);
   check_embedding_norm(&c);

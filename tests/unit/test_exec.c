@@ -477,9 +477,17 @@ static void test_backend_table_checks_and_defaults(void **state) {
   assert_non_null(strstr(err->message, "interface version"));
   g_clear_error(&err);
   struct exec_backend_ops lacking = exec_backend_host;
-  lacking.send = NULL;
+  lacking.stream_submit = NULL;
   assert_null(exec_backend_init(&lacking, NULL, &err));
-  assert_non_null(strstr(err->message, "has no send"));
+  assert_non_null(strstr(err->message, "has no stream_submit"));
+  g_clear_error(&err);
+  /* an op every plan runs (ops.def's EXEC_USE_ALWAYS) is required of every table */
+  struct exec_kernels no_fill = *exec_backend_host.kernels;
+  no_fill.fill = NULL;
+  lacking = exec_backend_host;
+  lacking.kernels = &no_fill;
+  assert_null(exec_backend_init(&lacking, NULL, &err));
+  assert_non_null(strstr(err->message, "has no fill (every plan runs it)"));
   g_clear_error(&err);
   assert_null(exec_backend_init_by_name("nonexistent", NULL, &err));
   assert_int_equal(err->code, PIPER_ERROR_INPUT);
@@ -963,6 +971,92 @@ static void test_refuses_plan_larger_than_job(void **state) {
   compile_result_free(&r);
 }
 
+/* The op list (exec/ops.def) generates the host's tables: every op is there, each name once,
+ * and a table without an op is refused for exactly the plans that use it, naming the op. */
+static void test_ops_cover_host_and_refuse_unsupported(void **state) {
+  (void)state;
+  GHashTable *names = g_hash_table_new(g_str_hash, g_str_equal);
+  for (int op = 0; op < EXEC_OP_COUNT; op++) {
+    assert_true(exec_backend_supports_op(backend, (enum exec_op)op));
+    const char *name = exec_op_name((enum exec_op)op);
+    assert_false(g_hash_table_contains(names, name));
+    g_hash_table_add(names, (gpointer)name);
+  }
+  assert_int_equal(g_hash_table_size(names), EXEC_OP_COUNT);
+  g_hash_table_destroy(names);
+  assert_string_equal(exec_op_name(EXEC_OP_rmsnorm_forward), "rmsnorm_forward");
+  assert_int_equal(exec_op_use(EXEC_OP_reduce_scatter_f32), EXEC_USE_REDUCE_SCATTER);
+
+  gchar *prog = NULL;
+  assert_true(g_file_get_contents("directives/base-schedules/dp2.json", &prog, NULL, NULL));
+  struct compile_result dp = compile_text("models/tiny-moe.json", prog, 2, NULL, 0);
+  g_free(prog);
+  bool uses[EXEC_USE_COUNT];
+  exec_plan_uses(dp.plan, uses);
+  assert_true(uses[EXEC_USE_ALWAYS] && uses[EXEC_USE_ATTENTION] && uses[EXEC_USE_EXPERTS]);
+  assert_true(uses[EXEC_USE_ALL_REDUCE]);
+  assert_false(uses[EXEC_USE_POINT_TO_POINT] || uses[EXEC_USE_TENSOR_PARALLEL]);
+  assert_false(uses[EXEC_USE_SELECTIVE_RECOMPUTE]);
+
+  GError *err = NULL;
+  struct exec_backend_ops no_send = exec_backend_host;
+  no_send.send = NULL;
+  struct exec_backend_ops no_all_reduce = exec_backend_host;
+  no_all_reduce.all_reduce_f32 = NULL;
+  struct exec_backend *b = exec_backend_init(&no_send, NULL, &err);
+  assert_non_null(b);
+  assert_false(exec_backend_supports_op(b, EXEC_OP_send));
+  assert_true(exec_check_ops(b, dp.plan, &err)); /* data parallelism sends nothing */
+  exec_backend_free(b);
+  b = exec_backend_init(&no_all_reduce, NULL, &err);
+  assert_non_null(b);
+  assert_false(exec_check_ops(b, dp.plan, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "no all_reduce_f32 op"));
+  assert_non_null(strstr(err->message, "gradient all-reduce"));
+  g_clear_error(&err);
+  exec_backend_free(b);
+  compile_result_free(&dp);
+}
+
+/* Stragglers: ranks of a class compared with their peers' median, step by step; named when
+ * slower by more than the threshold in three steps of four. */
+static void test_stragglers_named_against_their_peers(void **state) {
+  (void)state;
+  /* 4 steps x 5 ranks; ranks 0-3 one class (data-parallel replicas), rank 4 alone */
+  const uint32_t class_of[5] = {0, 0, 0, 0, 1};
+  double t[4][5];
+  for (int s = 0; s < 4; s++)
+    for (int r = 0; r < 5; r++)
+      t[s][r] = 1.0 + 0.01 * r; /* peers within 3% of each other */
+  for (int s = 0; s < 4; s++)
+    t[s][1] = 1.5 * 1.02; /* rank 1: 1.5x its peers' median (1.02) every step */
+  t[2][3] = 2.0;          /* rank 3: slow in one step of four only */
+  for (int s = 0; s < 4; s++)
+    t[s][4] = 9.0; /* alone in its class: no peer to compare with */
+  struct exec_straggler *x = NULL;
+  uint32_t n = exec_find_stragglers(&t[0][0], 4, 5, class_of, 0.25, &x);
+  assert_int_equal(n, 1);
+  assert_int_equal(x[0].rank, 1);
+  assert_int_equal(x[0].class_id, 0);
+  assert_int_equal(x[0].peers, 3);
+  assert_int_equal(x[0].slow_steps, 4);
+  /* its peers 0, 2, 3 take 1.00, 1.02, 1.03 (2.0 in step 2): the median is 1.02 each step */
+  assert_true(fabs(x[0].ratio - 1.5) < 1e-12);
+  g_free(x);
+  /* a threshold above its ratio names nobody; a slow step in three of four is enough */
+  assert_int_equal(exec_find_stragglers(&t[0][0], 4, 5, class_of, 0.6, &x), 0);
+  assert_null(x);
+  t[0][1] = 1.0;
+  assert_int_equal(exec_find_stragglers(&t[0][0], 4, 5, class_of, 0.25, &x), 1);
+  assert_int_equal(x[0].slow_steps, 3);
+  g_free(x);
+  t[1][1] = 1.0; /* two of four: not consistent */
+  assert_int_equal(exec_find_stragglers(&t[0][0], 4, 5, class_of, 0.25, &x), 0);
+  /* one measured step is never enough */
+  assert_int_equal(exec_find_stragglers(&t[3][0], 1, 5, class_of, 0.25, &x), 0);
+}
+
 static int setup(void **state) {
   (void)state;
   GError *err = NULL;
@@ -1002,6 +1096,8 @@ int main(void) {
       cmocka_unit_test(test_checkpoint_final_keep_and_cleanup),
       cmocka_unit_test(test_watchdog),
       cmocka_unit_test(test_refuses_plan_larger_than_job),
+      cmocka_unit_test(test_ops_cover_host_and_refuse_unsupported),
+      cmocka_unit_test(test_stragglers_named_against_their_peers),
   };
   return cmocka_run_group_tests_name("exec", tests, setup, teardown);
 }

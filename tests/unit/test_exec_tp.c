@@ -187,7 +187,8 @@ static void test_vocab_parallel_head(void **state) {
       h[k] = sinf(0.7f * (float)k);
     for (int k = 0; k < C * V; k++)
       w[k] = 0.3f * cosf(1.3f * (float)k);
-    float loss = kernels_lm_head_loss_forward(saved, h, tg, w, L, T, C, V);
+    float loss;
+  kernels_lm_head_loss_forward(&loss, saved, h, tg, w, L, T, C, V);
     kernels_lm_head_loss_backward(dh, dw, NULL, saved, h, tg, w, L, 0.5f, T, C, V, false);
     float gathered[TP * 3 * T], saved2[2 * T], dh2[T * C] = {0};
     float ws[TP][C * 4], dws[TP][C * 4];
@@ -200,7 +201,8 @@ static void test_vocab_parallel_head(void **state) {
       }
       kernels_tp_head_stats(gathered + r * 3 * T, h, tg, ws[r], L, T, C, lo[r], n[r]);
     }
-    float loss2 = kernels_tp_head_combine(saved2, gathered, TP, T);
+    float loss2;
+  kernels_tp_head_combine(&loss2, saved2, gathered, TP, T);
     assert_float_equal(loss2, loss, 1e-5f);
     for (int k = 0; k < 2 * T; k++)
       assert_float_equal(saved2[k], saved[k], 1e-5f * fabsf(saved[k]));
@@ -263,7 +265,7 @@ static void test_device_pp2_dp2_tp2(void **state) {
 
 /* Experts [E x (wg C x F | wu C x F | wd F x C)] (kernels/moe.c): each expert divided like the
  * MLP, experts in order; under EP a device's local experts are a run of the TP rank's slices
- * (train.c, for_each_param: local index ep_rank x n + i), so EP 2 x TP 2 gives each of the four
+ * (exec/params.c, for_each_param: local index ep_rank x n + i), so EP 2 x TP 2 gives each of the four
  * devices the gate/up columns and down rows of its TP rank in its half of the experts; the
  * four hold every element once. */
 static void test_expert_slices(void **state) {

@@ -245,6 +245,26 @@ static void test_rmsnorm_known(void **state) {
   assert_close("rmsnorm known", h, want, 4, 0.0, 1e-6); /* a few fp32 roundings */
 }
 
+/* The fused residual add + RMSNorm: the same bits as the add and then the norm, for a width
+ * that is no multiple of the vector lanes. */
+static void test_residual_rmsnorm_equals_unfused(void **state) {
+  (void)state;
+  enum { T = 5, C = 37 };
+  float x1[T * C], x2[T * C], y[T * C], w[C], h1[T * C], h2[T * C], r1[T], r2[T];
+  uint64_t rng_saved = rng_state; /* the later tests' inputs stay what they were */
+  fill(x1, T * C, 2.0f);
+  memcpy(x2, x1, sizeof x1);
+  fill(y, T * C, 1.0f);
+  fill(w, C, 1.0f);
+  kernels_residual_add_forward(x1, y, T * C);
+  kernels_rmsnorm_forward(h1, r1, x1, w, T, C, KERNELS_RMSNORM_EPS);
+  kernels_residual_rmsnorm_forward(x2, h2, r2, y, w, T, C, KERNELS_RMSNORM_EPS);
+  assert_memory_equal(x1, x2, sizeof x1);
+  assert_memory_equal(h1, h2, sizeof h1);
+  assert_memory_equal(r1, r2, sizeof r1);
+  rng_state = rng_saved;
+}
+
 struct rms_ctx {
   int T, C;
   float *x, *params, *h, *saved, *R;
@@ -905,13 +925,14 @@ static void test_lm_head_known(void **state) {
   int32_t targets[T] = {0, 17, 49};
   fill(h, T * C, 1.0f);
   memset(w, 0, sizeof w);
-  float loss = kernels_lm_head_loss_forward(probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
+  float loss;
+  kernels_lm_head_loss_forward(&loss, probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
   double want = log((double)V);
   assert_close("uniform logits: ln V", &loss, &want, 1, 0.0, 1e-6); /* rounded to fp32 */
   /* V = 2, C = 1, h = 1, logits (0, d): -log p[0] = log(1 + e^d). */
   float h1 = 1.0f, w2[2] = {0.0f, 1.5f}, p2[2];
   int32_t t0 = 0;
-  loss = kernels_lm_head_loss_forward(p2, &h1, &t0, w2, KERNELS_LM_HEAD_UNTIED, 1, 1, 2);
+  kernels_lm_head_loss_forward(&loss, p2, &h1, &t0, w2, KERNELS_LM_HEAD_UNTIED, 1, 1, 2);
   want = log(1.0 + exp(1.5));
   assert_close("two-class loss", &loss, &want, 1, 0.0, 1e-6);
 }
@@ -925,8 +946,10 @@ struct lm_ctx {
 
 static double lm_loss(void *p) {
   struct lm_ctx *c = p;
-  return kernels_lm_head_loss_forward(c->saved, c->h, c->targets, c->params, c->layout, c->T, c->C,
-                                      c->V);
+  float loss;
+  kernels_lm_head_loss_forward(&loss, c->saved, c->h, c->targets, c->params, c->layout, c->T,
+                               c->C, c->V);
+  return loss;
 }
 
 static void test_lm_head_grad(void **state) {
@@ -1006,7 +1029,8 @@ static void test_lm_head_old_formula(void **state) {
   for (size_t i = 0; i < (size_t)C * V; i++)
     w[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
   double want = old_head_forward(probs, h, targets, w, T, C, V);
-  float loss = kernels_lm_head_loss_forward(saved, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
+  float loss;
+  kernels_lm_head_loss_forward(&loss, saved, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
   float want_f = (float)want;
   assert_close_f("chunked loss = the old formula's", &loss, &want_f, 1, 1e-6, 1e-6);
   float scale = 1.0f / T;
@@ -1041,10 +1065,12 @@ static void test_lm_head_tied(void **state) {
   for (int c = 0; c < C; c++)
     for (int v = 0; v < V; v++)
       wte[v * C + c] = w[c * V + v];
-  float loss = kernels_lm_head_loss_forward(probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
+  float loss;
+  kernels_lm_head_loss_forward(&loss, probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, T, C, V);
   kernels_lm_head_loss_backward(dh[0], dw, bw, probs, h, targets, w, KERNELS_LM_HEAD_UNTIED, 1.0f,
                                 T, C, V, false);
-  float tied = kernels_lm_head_loss_forward(probs, h, targets, wte, KERNELS_LM_HEAD_TIED, T, C, V);
+  float tied;
+  kernels_lm_head_loss_forward(&tied, probs, h, targets, wte, KERNELS_LM_HEAD_TIED, T, C, V);
   kernels_lm_head_loss_backward(dh[1], dwte, bw, probs, h, targets, wte, KERNELS_LM_HEAD_TIED, 1.0f,
                                 T, C, V, false);
   assert_close_f("tied loss", &tied, &loss, 1, 1e-6, 1e-6);
@@ -1286,6 +1312,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_all_transposes),
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_rmsnorm_known),
+      cmocka_unit_test(test_residual_rmsnorm_equals_unfused),
       cmocka_unit_test(test_rmsnorm_grad),
       cmocka_unit_test(test_rope_known),
       cmocka_unit_test(test_attention_grad),

@@ -2,8 +2,9 @@
  * with interpolation, ring/tree alpha-beta collectives on the group's span), the engine on
  * hand-built plans (stream order, waits, rendezvous, processor sharing, SM shares, contention,
  * link sharing, memory lifetimes), the pinned metrics from synthetic intervals, the report files
- * (results.csv columns, trace.json schema), the charts, and the textbook results of SPEC §6 end
- * to end through the real compile pipeline with profiles/unit.json. Run from the repo root.
+ * (results.csv columns, trace.json schema), the charts, and the textbook results
+ * (docs/design.md, "The simulator's definitions") end to end through the real compile pipeline
+ * with profiles/unit.json. Run from the repo root.
  *
  * Times: the unit profile's costs are decimal milliseconds, which binary floating point cannot
  * hold exactly; a step sums at most a few hundred of them, so results agree with the textbook
@@ -1694,7 +1695,7 @@ static void test_report_files(void **state) {
     fail_msg("%s", err->message);
   char path[512];
 
-  /* results.csv: the SPEC §8 columns, one row per dp rank */
+  /* results.csv (docs/design.md, "Outputs and exit statuses"): one row per dp rank */
   snprintf(path, sizeof path, "%s/results.csv", dir);
   char *csv = test_read_file(path);
   const char *header = "dp_rank,model,schedule,pp,dp,batch_size,num_microbatches,seq_len,"

@@ -1,0 +1,64 @@
+/* ops_check: which ops of exec/ops.def a plan runs (by their use), and the refusal,
+ * before anything runs, of a plan whose backend lacks one of them (ggml's supports_op). */
+#include "../base/json.h"
+#include "exec-impl.h"
+
+/* The use of a model op kind's kernels; EXEC_USE_COUNT for a kind with none of its own. */
+static enum exec_op_use kind_use(enum model_op_kind k) {
+  switch (k) {
+  case MODEL_OP_EMBEDDING: return EXEC_USE_EMBEDDING;
+  case MODEL_OP_RMSNORM: return EXEC_USE_RMSNORM;
+  case MODEL_OP_ATTENTION: return EXEC_USE_ATTENTION;
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: return EXEC_USE_MLP;
+  case MODEL_OP_ROUTER:
+  case MODEL_OP_EXPERT_FFN: return EXEC_USE_EXPERTS;
+  case MODEL_OP_LM_HEAD_LOSS: return EXEC_USE_LM_HEAD;
+  default: return EXEC_USE_COUNT; /* residual adds: EXEC_USE_ALWAYS */
+  }
+}
+
+/* The communication a plan node runs. */
+static void node_uses(const struct ir_node *n, bool *uses) {
+  switch (n->kind) {
+  case IR_NODE_SEND:
+  case IR_NODE_RECV: uses[EXEC_USE_POINT_TO_POINT] = true; break;
+  case IR_NODE_ALL_TO_ALL: uses[EXEC_USE_ALL_TO_ALL] = true; break;
+  case IR_NODE_ALL_REDUCE: uses[EXEC_USE_ALL_REDUCE] = true; break;
+  case IR_NODE_REDUCE_SCATTER: uses[EXEC_USE_REDUCE_SCATTER] = true; break;
+  case IR_NODE_ALL_GATHER: uses[EXEC_USE_ALL_GATHER] = true; break;
+  default: break;
+  }
+  if (n->recompute == IR_RECOMPUTE_SELECTIVE)
+    uses[EXEC_USE_SELECTIVE_RECOMPUTE] = true;
+  if (n->tp_degree > 1)
+    uses[EXEC_USE_TENSOR_PARALLEL] = true;
+}
+
+/* Over the whole plan, not one device's part of it: every rank then refuses alike. */
+void exec_plan_uses(const struct plan *p, bool uses[EXEC_USE_COUNT]) {
+  for (int u = 0; u < EXEC_USE_COUNT; u++)
+    uses[u] = u == EXEC_USE_ALWAYS;
+  for (uint32_t o = 0; o < p->model->n_ops; o++) {
+    enum exec_op_use u = kind_use(p->model->ops[o].kind);
+    if (u != EXEC_USE_COUNT)
+      uses[u] = true;
+  }
+  for (uint32_t k = 0; k < p->n_nodes; k++)
+    node_uses(&p->nodes[k], uses);
+}
+
+bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err) {
+  bool uses[EXEC_USE_COUNT];
+  exec_plan_uses(p, uses);
+  for (int op = 0; op < EXEC_OP_COUNT; op++) {
+    enum exec_op_use u = exec_op_use((enum exec_op)op);
+    if (uses[u] && !exec_backend_supports_op(b, (enum exec_op)op))
+      return piper_input_error(err,
+                               "the %s backend has no %s op, which the plan needs for %s "
+                               "(exec/ops.def)",
+                               exec_backend_name(b), exec_op_name((enum exec_op)op),
+                               exec_op_use_name(u));
+  }
+  return true;
+}
