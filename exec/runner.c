@@ -751,10 +751,11 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
 static bool write_outputs(struct runner *R, struct exec_result *res, GError **err) {
   const struct exec_options *o = R->o;
   R->clean = false;
-  if (o->dump_params_path && !exec_runner_dump_params(R, err))
-    return false;
+  /* the run directory first: a dump that fails (a FIFO nobody reads) does not lose it */
   if (o->report &&
       !exec_runner_gather_report(R, res, res->losses, res->n_steps, R->measured, R->n_measured, err))
+    return false;
+  if (o->dump_params_path && !exec_runner_dump_params(R, err))
     return false;
   R->clean = true;
   return true;

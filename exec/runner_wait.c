@@ -118,7 +118,7 @@ static bool give_up(struct runner *R, const GError *failure, double idle, GError
 bool exec_runner_wait_events(struct runner *R, struct exec_event **evs, uint32_t n,
                              GError **err) {
   uint64_t seen = exec_backend_progress(R->b);
-  double last = exec_backend_clock(R->b);
+  double last = exec_backend_clock(R->b), looked = last;
   for (uint32_t k = 0; k < n; k++) {
     if (!evs[k])
       continue;
@@ -126,9 +126,14 @@ bool exec_runner_wait_events(struct runner *R, struct exec_event **evs, uint32_t
       const GError *f = stream_failure(R);
       uint64_t now_seen = exec_backend_progress(R->b);
       double now = exec_backend_clock(R->b);
+      /* A gap of many 0.05 s slices between two looks: this process was stopped (SIGSTOP),
+       * not its peers; resumed, it must not blame the peer it waits on for its own pause
+       * (exec/watchdog.c's thread has the same rule). */
+      bool was_stopped = now - looked > 1.0;
+      looked = now;
       if (f)
         return give_up(R, f, 0, err);
-      if (now_seen != seen) {
+      if (now_seen != seen || was_stopped) {
         seen = now_seen;
         last = now;
         exec_watchdog_progress();

@@ -187,6 +187,15 @@ static uint32_t launcher_rank(void) {
   return 0;
 }
 
+/* A rank other than the first, ending on an error the first one prints: it lingers a moment,
+ * because the launcher ends every rank once one has exited non-zero, and the first might not
+ * have written its line yet. */
+static int quiet_rank_exit(int rc) {
+  if (rc != 0 && launcher_rank() != 0)
+    g_usleep(G_USEC_PER_SEC);
+  return rc;
+}
+
 /* An error found before MPI starts is the same on every rank (same command line, same files):
  * rank 0 says it, the others end with the same status quietly. */
 static int error_exit_once(GError *err) {
@@ -194,7 +203,7 @@ static int error_exit_once(GError *err) {
     return piper_error_exit("piper-exec", err);
   int rc = err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
   g_error_free(err);
-  return rc;
+  return quiet_rank_exit(rc);
 }
 
 struct fault {
@@ -288,6 +297,12 @@ static int read_fault(struct exec_options *o, struct fault *fault) {
                              "send, recv, all-reduce, reduce-scatter, all-to-all, all-gather), "
                              "kill:RANK:STEP or stop:RANK:STEP",
                              fenv);
+  /* Kept in the release binary on purpose (docs/reliability.md): the fault tests must run the
+   * program users run, and an operator may rehearse a failure on a real cluster. A stray
+   * variable in a job script must not sabotage a run unseen: say so at start. */
+  if (launcher_rank() == 0)
+    fprintf(stderr, "piper-exec: note: PIPER_EXEC_FAULT=%s is set: a fault will be injected\n",
+            fenv);
   if (strcmp(kind, "stall") == 0) {
     o->fault = EXEC_FAULT_STALL;
     o->fault_kind = (enum exec_stall_kind)stall;
@@ -553,6 +568,13 @@ static int run_on_backend(struct exec_options *o, const struct exec_cli *a, cons
       term_message[0] = '\0';
       term_code = rc;
     }
+    /* The training ran to its end and only an output after the run's report failed (the
+     * parameter dump: a FIFO nobody reads, a full disk): the run directory is still written. */
+    GError *dir_err = NULL;
+    if (rank == 0 && exec_result_report(&res) &&
+        !write_run_dir(o, &res, run_dir, !a->no_charts, &dir_err))
+      piper_error_exit("piper-exec", dir_err);
+    exec_result_clear(&res);
     free_backend(b);
     return rc;
   }
@@ -583,15 +605,18 @@ static int run_on_backend(struct exec_options *o, const struct exec_cli *a, cons
 int main(int argc, char **argv) {
   struct exec_cli a = {.backend = "host", .run = exec_options_default()};
   a.seed = (uint32_t)a.run.seed;
+  /* a usage error is every rank's: the first one says it (error_exit_once for the rest) */
+  piper_usage_error_quiet(launcher_rank() != 0);
   int rc = options_parse(&program, &a, argc, argv);
   if (rc != OPTIONS_CONTINUE)
-    return rc;
+    return quiet_rank_exit(rc);
   struct exec_options o = a.run;
   struct fault fault = {0};
   if ((rc = check_inputs(&a)) != OPTIONS_CONTINUE ||
       (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE ||
       (rc = read_slow(&o)) != OPTIONS_CONTINUE)
-    return rc;
+    return quiet_rank_exit(rc);
+  piper_usage_error_quiet(false);
   GError *err = NULL;
   struct exec_plan p = {0};
   char *run_dir = NULL;

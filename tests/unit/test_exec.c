@@ -211,6 +211,14 @@ static void test_data_token_file(void **state) {
   assert_null(exec_data_open(path, 256, 0, &err));
   assert_non_null(strstr(err->message, "header says 11 tokens"));
   g_clear_error(&err);
+  /* cut inside its header (the magic intact): refused, never read as bytes */
+  for (size_t cut = 4; cut < sizeof hdr; cut += 500) {
+    assert_true(g_file_set_contents(path, buf, (gssize)cut, NULL));
+    assert_null(exec_data_open(path, 256, 0, &err));
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    assert_non_null(strstr(err->message, "cut inside its 1024-byte header"));
+    g_clear_error(&err);
+  }
   char *dir = g_path_get_dirname(path);
   test_remove_tree(dir);
   g_free(dir);
