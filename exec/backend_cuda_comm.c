@@ -182,10 +182,12 @@ static void staged_sends_settle(struct cuda_context *b, bool all) {
   for (guint i = 0; b->staged_sends && i < b->staged_sends->len;) {
     struct staged_send *x = &g_array_index(b->staged_sends, struct staged_send, i);
     int done = 0;
+    /* a send whose test or wait fails is left for the next settling (its host copy must
+     * outlive MPI's use of it); the final one frees it whatever MPI says */
     if (all)
-      done = MPI_Wait(&x->req, MPI_STATUS_IGNORE) == MPI_SUCCESS;
-    else
-      MPI_Test(&x->req, &done, MPI_STATUS_IGNORE);
+      done = MPI_Wait(&x->req, MPI_STATUS_IGNORE) == MPI_SUCCESS || all;
+    else if (MPI_Test(&x->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      done = 0;
     if (!done && !all) {
       i++;
       continue;
