@@ -182,10 +182,11 @@ static void staged_sends_settle(struct cuda_context *b, bool all) {
   for (guint i = 0; b->staged_sends && i < b->staged_sends->len;) {
     struct staged_send *x = &g_array_index(b->staged_sends, struct staged_send, i);
     int done = 0;
-    /* a send whose test or wait fails is left for the next settling (its host copy must
-     * outlive MPI's use of it); the final one frees it whatever MPI says */
+    /* a send whose test fails is left for the next settling (its host copy must outlive MPI's
+     * use of it); the final settling waits, and frees it whatever the wait returns (MPI is
+     * being torn down: nothing else could use it) */
     if (all)
-      done = MPI_Wait(&x->req, MPI_STATUS_IGNORE) == MPI_SUCCESS || all;
+      done = MPI_Wait(&x->req, MPI_STATUS_IGNORE) == MPI_SUCCESS;
     else if (MPI_Test(&x->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
       done = 0;
     if (!done && !all) {
