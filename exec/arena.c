@@ -289,8 +289,7 @@ void exec_arena_carver_init(struct exec_arena_carver *cv, const struct exec_aren
 bool exec_arena_carve(struct exec_arena_carver *cv, uint32_t t, uint64_t bytes, uint64_t align,
                       bool top, uint64_t *offset) {
   uint64_t need = align_up(bytes ? bytes : 1, align);
-  bool ok = t < cv->n_tensors && cv->slot[t] &&
-            cv->used[t] + cv->used_top[t] + need <= cv->slot[t];
+  bool ok = t < cv->n_tensors && cv->slot[t] && cv->used[t] + cv->used_top[t] + need <= cv->slot[t];
   /* the first block claims the slot: nothing sharing its bytes may still be live */
   for (uint32_t k = ok && cv->blocks[t] == 0 ? cv->overlap_first[t] : 0;
        ok && cv->blocks[t] == 0 && k < cv->overlap_first[t + 1]; k++)

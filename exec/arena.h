@@ -82,11 +82,11 @@ void exec_arena_clear(struct exec_arena *a);
 struct exec_arena_carver {
   const struct exec_arena *arena;
   uint32_t n_tensors;
-  uint64_t *slot;      /* [n_tensors] planned bytes */
-  uint64_t *used;      /* [n_tensors] bytes carved so far while live, from the slot's start */
-  uint32_t *blocks;    /* [n_tensors] live blocks (both sides) */
-  uint64_t *used_top;  /* [n_tensors] the same from the slot's top down */
-  uint32_t *blocks_top; /* [n_tensors] live blocks of those */
+  uint64_t *slot;          /* [n_tensors] planned bytes */
+  uint64_t *used;          /* [n_tensors] bytes carved so far while live, from the slot's start */
+  uint32_t *blocks;        /* [n_tensors] live blocks (both sides) */
+  uint64_t *used_top;      /* [n_tensors] the same from the slot's top down */
+  uint32_t *blocks_top;    /* [n_tensors] live blocks of those */
   uint32_t *overlap_first; /* [n_tensors + 1] into overlap */
   uint32_t *overlap;
   uint64_t carved_bytes, fallback_bytes; /* since init */

@@ -197,7 +197,7 @@ struct exec_block {
   void *p;
   size_t bytes;
   enum report_mem_kind kind;
-  bool host; /* host memory (g_malloc0), else device memory from the state's pool */
+  bool host;      /* host memory (g_malloc0), else device memory from the state's pool */
   uint32_t group; /* a workspace block's: the op group it is released with (memory.c) */
 };
 

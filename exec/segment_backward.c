@@ -15,12 +15,12 @@ struct bwd {
   struct exec_seg_run *run;
   const struct exec_segment *es;
   enum bwd_mode mode;
-  const float *P; /* the segment's parameters (NULL for BW: it needs none) */
-  float *G;       /* and their gradients */
-  float dloss;    /* the loss gradient's scale: one over the global batch's micro-batches */
-  uint32_t i;     /* the instruction */
-  uint32_t keep;  /* owner of what BW reads: BI's saved tensor, or the workspace (B, BW) */
-  uint32_t *group; /* [n_ops] each op's group (model_group_end), 0 for the segment's first */
+  const float *P;     /* the segment's parameters (NULL for BW: it needs none) */
+  float *G;           /* and their gradients */
+  float dloss;        /* the loss gradient's scale: one over the global batch's micro-batches */
+  uint32_t i;         /* the instruction */
+  uint32_t keep;      /* owner of what BW reads: BI's saved tensor, or the workspace (B, BW) */
+  uint32_t *group;    /* [n_ops] each op's group (model_group_end), 0 for the segment's first */
   float **input_grad; /* [n_values] the segment inputs' gradients, allocated as the pass began */
 };
 
