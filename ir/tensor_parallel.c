@@ -272,6 +272,14 @@ static uint64_t group_work(const struct model *m, uint32_t first, uint32_t end, 
   double values = tp > 1 && sequence_parallel ? 1.0 / tp : 1.0;
   double carried = later ? values * (double)act_bytes(m) : 0;
   uint64_t gathered = tp > 1 && sequence_parallel ? sp_gathered(m, first, end, pass) : 0;
+  /* under SP a norm's weight gradient is summed over the group from a [hidden] part of each
+   * device's shard (the host executor's, once a group) in B and BW */
+  bool norm = false;
+  for (uint32_t i = first; i < end; i++)
+    norm = norm || m->ops[i].kind == MODEL_OP_RMSNORM;
+  if (norm && (pass == IR_PASS_B || pass == IR_PASS_BW) && tp > 1 &&
+      sequence_parallel)
+    gathered += (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
   return gathered + (pass == IR_PASS_F    ? (uint64_t)w.fwd
                      : pass == IR_PASS_B  ? (uint64_t)(w.keep + carried) + (uint64_t)w.scratch
                      : pass == IR_PASS_BI ? (uint64_t)w.scratch
