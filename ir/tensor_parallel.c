@@ -235,7 +235,7 @@ static void op_work(const struct model *m, const struct model_op *op, uint32_t t
     w->scratch += (double)op->bwd_scratch_bytes;
     return;
   }
-  double values = sequence_parallel ? 1.0 / tp : 1.0; /* [T, hidden] between ops */
+  double values = sequence_parallel ? 1.0 / tp : 1.0;            /* [T, hidden] between ops */
   bool whole = sequence_parallel && op->kind == MODEL_OP_ROUTER; /* routes_whole */
   double share = whole ? 1.0 : ir_tp_op_share(op, tp, sequence_parallel);
   double outputs = (double)op->fwd_work_bytes - (double)op->fwd_scratch_bytes;
@@ -277,8 +277,7 @@ static uint64_t group_work(const struct model *m, uint32_t first, uint32_t end, 
   bool norm = false;
   for (uint32_t i = first; i < end; i++)
     norm = norm || m->ops[i].kind == MODEL_OP_RMSNORM;
-  if (norm && (pass == IR_PASS_B || pass == IR_PASS_BW) && tp > 1 &&
-      sequence_parallel)
+  if (norm && (pass == IR_PASS_B || pass == IR_PASS_BW) && tp > 1 && sequence_parallel)
     gathered += (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
   return gathered + (pass == IR_PASS_F    ? (uint64_t)w.fwd
                      : pass == IR_PASS_B  ? (uint64_t)(w.keep + carried) + (uint64_t)w.scratch
