@@ -246,6 +246,8 @@ void exec_arena_carver_init(struct exec_arena_carver *cv, const struct exec_aren
   cv->slot = g_new0(uint64_t, n ? n : 1);
   cv->used = g_new0(uint64_t, n ? n : 1);
   cv->blocks = g_new0(uint32_t, n ? n : 1);
+  cv->used_top = g_new0(uint64_t, n ? n : 1);
+  cv->blocks_top = g_new0(uint32_t, n ? n : 1);
   cv->overlap_first = g_new0(uint32_t, n + 1);
   for (uint32_t t = 0; t < n; t++)
     cv->slot[t] = a->offset[t] == UINT64_MAX ? 0 : align_up(tensors[t].bytes, align);
@@ -285,9 +287,9 @@ void exec_arena_carver_init(struct exec_arena_carver *cv, const struct exec_aren
 }
 
 bool exec_arena_carve(struct exec_arena_carver *cv, uint32_t t, uint64_t bytes, uint64_t align,
-                      uint64_t *offset) {
+                      bool top, uint64_t *offset) {
   uint64_t need = align_up(bytes ? bytes : 1, align);
-  bool ok = t < cv->n_tensors && cv->slot[t] && cv->used[t] + need <= cv->slot[t];
+  bool ok = t < cv->n_tensors && cv->slot[t] && cv->used[t] + cv->used_top[t] + need <= cv->slot[t];
   /* the first block claims the slot: nothing sharing its bytes may still be live */
   for (uint32_t k = ok && cv->blocks[t] == 0 ? cv->overlap_first[t] : 0;
        ok && cv->blocks[t] == 0 && k < cv->overlap_first[t + 1]; k++)
@@ -297,17 +299,27 @@ bool exec_arena_carve(struct exec_arena_carver *cv, uint32_t t, uint64_t bytes, 
     cv->fallback_bytes += need;
     return false;
   }
-  *offset = cv->arena->offset[t] + cv->used[t];
-  cv->used[t] += need;
+  if (top) {
+    cv->used_top[t] += need;
+    cv->blocks_top[t]++;
+    *offset = cv->arena->offset[t] + cv->slot[t] - cv->used_top[t];
+  } else {
+    *offset = cv->arena->offset[t] + cv->used[t];
+    cv->used[t] += need;
+  }
   cv->blocks[t]++;
   cv->carved_blocks++;
   cv->carved_bytes += need;
   return true;
 }
 
-void exec_arena_carve_release(struct exec_arena_carver *cv, uint32_t t) {
+void exec_arena_carve_release(struct exec_arena_carver *cv, uint32_t t, bool top) {
   PIPER_ASSERT(t < cv->n_tensors && cv->blocks[t] > 0);
-  if (--cv->blocks[t] == 0)
+  PIPER_ASSERT(!top || cv->blocks_top[t] > 0);
+  cv->blocks[t]--;
+  if (top && --cv->blocks_top[t] == 0)
+    cv->used_top[t] = 0;
+  if (!top && cv->blocks[t] == cv->blocks_top[t])
     cv->used[t] = 0;
 }
 
@@ -317,6 +329,8 @@ void exec_arena_carver_clear(struct exec_arena_carver *cv) {
   g_free(cv->slot);
   g_free(cv->used);
   g_free(cv->blocks);
+  g_free(cv->used_top);
+  g_free(cv->blocks_top);
   g_free(cv->overlap_first);
   g_free(cv->overlap);
   memset(cv, 0, sizeof *cv);

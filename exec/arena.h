@@ -82,9 +82,11 @@ void exec_arena_clear(struct exec_arena *a);
 struct exec_arena_carver {
   const struct exec_arena *arena;
   uint32_t n_tensors;
-  uint64_t *slot;      /* [n_tensors] planned bytes */
-  uint64_t *used;      /* [n_tensors] bytes carved so far while live */
-  uint32_t *blocks;    /* [n_tensors] live blocks */
+  uint64_t *slot;          /* [n_tensors] planned bytes */
+  uint64_t *used;          /* [n_tensors] bytes carved so far while live, from the slot's start */
+  uint32_t *blocks;        /* [n_tensors] live blocks (both sides) */
+  uint64_t *used_top;      /* [n_tensors] the same from the slot's top down */
+  uint32_t *blocks_top;    /* [n_tensors] live blocks of those */
   uint32_t *overlap_first; /* [n_tensors + 1] into overlap */
   uint32_t *overlap;
   uint64_t carved_bytes, fallback_bytes; /* since init */
@@ -94,11 +96,13 @@ struct exec_arena_carver {
 /* tensors: those the arena was planned over (t's slot: its bytes aligned up). */
 void exec_arena_carver_init(struct exec_arena_carver *cv, const struct exec_arena *a,
                             const struct plan_tensor *tensors, uint64_t align);
-/* *offset of a block of bytes for tensor t, or false (counted as a fallback). */
+/* *offset of a block of bytes for tensor t, or false (counted as a fallback): from the slot's
+ * start up, or with top from its top down; each side starts over when its last block goes. */
 bool exec_arena_carve(struct exec_arena_carver *cv, uint32_t t, uint64_t bytes, uint64_t align,
-                      uint64_t *offset);
-/* One carved block of t released: the slot is free again with its last one. */
-void exec_arena_carve_release(struct exec_arena_carver *cv, uint32_t t);
+                      bool top, uint64_t *offset);
+/* One carved block of t released (top: one from the top down): the slot is free again with
+ * its last one. */
+void exec_arena_carve_release(struct exec_arena_carver *cv, uint32_t t, bool top);
 void exec_arena_carver_clear(struct exec_arena_carver *cv);
 
 #endif

@@ -165,7 +165,9 @@ struct exec_backend_ops {
    * tensors), which a backend may place where its offline plan put the tensor (cuda: the
    * arena planner's offset); released with release (default: alloc). Unlike alloc's, its
    * contents are undefined: the executor zeroes what must start at zero, and zeroing every
-   * block again costs a launch and the block's bytes of bandwidth per allocation. */
+   * block again costs a launch and the block's bytes of bandwidth per allocation. With
+   * EXEC_TENSOR_SLOT_TOP or'ed into tensor, the block goes from the top of the tensor's slot
+   * down (a workspace's blocks fill its slot from both ends: exec/memory.c). */
   void *(*alloc_tensor)(struct exec_backend *b, uint32_t tensor, size_t bytes);
   /* Optional: the device memory this process's buffers really spanned at most, where the
    * backend places them itself (cuda: the highest byte of its one allocation in use, the
@@ -287,6 +289,8 @@ void exec_backend_reset(struct exec_backend *b);
 const struct exec_kernels *exec_backend_kernels(const struct exec_backend *b);
 
 void *exec_backend_alloc(struct exec_backend *b, size_t bytes);
+/* alloc_tensor's flag: from the slot's top (plan tensor indices stay below it) */
+#define EXEC_TENSOR_SLOT_TOP 0x80000000u
 void *exec_backend_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t bytes);
 /* The backend's memory_peak, or counted (the runner's sum of live buffers) without one. */
 uint64_t exec_backend_memory_peak(struct exec_backend *b, uint64_t counted);

@@ -80,13 +80,16 @@ void *exec_cuda_arena_carve(struct cuda_context *b, uint32_t tensor, size_t byte
   if (!b->carving || !b->arena)
     return NULL;
   double t0 = piper_clock_seconds();
+  bool top = (tensor & EXEC_TENSOR_SLOT_TOP) != 0;
+  tensor &= ~EXEC_TENSOR_SLOT_TOP;
   g_mutex_lock(&b->mem_lock);
   uint64_t off = 0;
   bool first = tensor < b->carver.n_tensors && b->carver.blocks[tensor] == 0;
-  bool ok = exec_arena_carve(&b->carver, tensor, bytes, ARENA_ALIGN, &off);
+  bool ok = exec_arena_carve(&b->carver, tensor, bytes, ARENA_ALIGN, top, &off);
   void *p = ok ? b->arena + off : NULL;
-  if (p)
-    g_hash_table_insert(b->carved, p, GUINT_TO_POINTER(tensor + 1));
+  if (p) /* the side in the value's top bit, the tensor + 1 below */
+    g_hash_table_insert(b->carved, p,
+                        GUINT_TO_POINTER((tensor + 1) | (top ? EXEC_TENSOR_SLOT_TOP : 0)));
   g_mutex_unlock(&b->mem_lock);
   if (!p)
     return NULL;
@@ -120,8 +123,11 @@ bool exec_cuda_arena_release(struct cuda_context *b, void *p) {
   g_mutex_lock(&b->mem_lock);
   gpointer v = NULL;
   bool mine = g_hash_table_steal_extended(b->carved, p, NULL, &v);
-  if (mine)
-    exec_arena_carve_release(&b->carver, GPOINTER_TO_UINT(v) - 1);
+  if (mine) {
+    uint32_t held = GPOINTER_TO_UINT(v);
+    exec_arena_carve_release(&b->carver, (held & ~EXEC_TENSOR_SLOT_TOP) - 1,
+                             (held & EXEC_TENSOR_SLOT_TOP) != 0);
+  }
   g_mutex_unlock(&b->mem_lock);
   return mine;
 }

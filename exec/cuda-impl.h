@@ -163,7 +163,7 @@ void exec_cuda_green_destroy(void *green);
 
 /* backend_cuda_arena.c: the plan's tensors at the offline planner's offsets. plan sizes the
  * carved region (dyn_base) for device `device` of p; carve returns a block of tensor t in its
- * slot, after making the current stream wait for the last users of what held those bytes
+ * slot (from its top with EXEC_TENSOR_SLOT_TOP in t), after making the current stream wait for the last users of what held those bytes
  * before, or NULL (the caller allocates first fit above dyn_base); release is false for a
  * pointer it did not carve. */
 bool exec_cuda_arena_plan(struct cuda_context *b, const struct plan *p, uint32_t device,

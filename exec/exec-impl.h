@@ -197,7 +197,8 @@ struct exec_block {
   void *p;
   size_t bytes;
   enum report_mem_kind kind;
-  bool host; /* host memory (g_malloc0), else device memory from the state's pool */
+  bool host;      /* host memory (g_malloc0), else device memory from the state's pool */
+  uint32_t group; /* a workspace block's: the op group it is released with (memory.c) */
 };
 
 /* One micro-batch of the current step on this device. Buffers come from its arena, freed when
@@ -239,6 +240,9 @@ struct exec_task_ctx {
    * tensor's slot), when has_work */
   bool has_work;
   uint32_t work_tensor;
+  /* the op group new workspace blocks are released with (exec_work_group_end): a segment's
+   * ops run one group (model_group_end) at a time and hold one group's transients */
+  uint32_t group;
   struct exec_tp_bufs tp;
 };
 

@@ -107,20 +107,32 @@ static enum report_mem_kind tensor_kind(const struct exec_state *s, uint32_t t) 
   }
 }
 
+/* Where a backend that places tensors puts a workspace block of group g in its tensor's slot:
+ * from the slot's top what stays for the whole instruction and the odd groups, from its start
+ * the even ones. A group's blocks all go at its end, so each side starts over where a group
+ * that holds the gradient its predecessor reads (the other side's) allocates again. */
+static uint32_t work_place(const struct exec_task_ctx *st, uint32_t group) {
+  bool top = group == EXEC_GROUP_STAY || (group & 1);
+  return st->work_tensor | (top ? EXEC_TENSOR_SLOT_TOP : 0);
+}
+
 void *exec_mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
                      uint32_t owner, size_t bytes, enum report_mem_kind kind, bool zero) {
   size_t n = (bytes + 15) & ~(size_t)15;
   if (!n)
     n = 16;
+  uint32_t group = owner == OWN_STAY ? EXEC_GROUP_STAY : st ? st->group : 0;
+  if (owner == OWN_STAY)
+    owner = OWN_WORK;
   /* a backend that only enqueues keeps no pool (exec_pool_put); it is told whose buffer a
    * plan tensor's is, so it can place it where its offline plan put it (the cuda arena): the
    * running instruction's workspace blocks too, in its workspace tensor's slot, one after
-   * the other */
-  uint32_t place = owner == OWN_WORK && st && st->has_work ? st->work_tensor : owner;
+   * the other from either end (work_place) */
+  uint32_t place = owner == OWN_WORK && st && st->has_work ? work_place(st, group) : owner;
   void *p = place < OWN_MB && exec_backend_enqueues(s->b)
                 ? exec_backend_alloc_tensor(s->b, place, n)
                 : exec_pool_get(s, n);
-  struct exec_block blk = {p, n, kind, false};
+  struct exec_block blk = {p, n, kind, false, group};
   struct exec_stream *stream = st ? st->stream : exec_backend_setup_stream(s->b);
   if (zero)
     s->k->fill(stream, blk.p, 0.0f, n / sizeof(float));
@@ -145,11 +157,37 @@ void *exec_mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec
   return blk.p;
 }
 
+static void forget_tp_buffer(float **buf, const void *p) {
+  if (*buf == p)
+    *buf = NULL;
+}
+
+void exec_work_group_end(struct exec_state *s, struct exec_task_ctx *st, uint32_t group) {
+  if (!st->work)
+    return;
+  guint kept = 0;
+  for (guint k = 0; k < st->work->len; k++) {
+    struct exec_block blk = g_array_index(st->work, struct exec_block, k);
+    if (blk.group != group) {
+      g_array_index(st->work, struct exec_block, kept++) = blk;
+      continue;
+    }
+    struct exec_tp_bufs *tb = &st->tp;
+    forget_tp_buffer(&tb->sum, blk.p);
+    forget_tp_buffer(&tb->input, blk.p);
+    forget_tp_buffer(&tb->dout, blk.p);
+    forget_tp_buffer(&tb->shard, blk.p);
+    forget_tp_buffer(&tb->norm, blk.p);
+    block_release(s, &blk);
+  }
+  g_array_set_size(st->work, kept);
+}
+
 void *exec_mb_host(struct exec_state *s, struct exec_mb *mb, size_t bytes,
                    enum report_mem_kind kind) {
   (void)s;
   size_t n = (bytes + 15) & ~(size_t)15;
-  struct exec_block blk = {g_malloc0(n ? n : 16), n ? n : 16, kind, true};
+  struct exec_block blk = {g_malloc0(n ? n : 16), n ? n : 16, kind, true, 0};
   g_mutex_lock(&mb->lock);
   g_array_append_val(mb->allocs, blk);
   g_mutex_unlock(&mb->lock);

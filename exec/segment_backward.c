@@ -15,11 +15,13 @@ struct bwd {
   struct exec_seg_run *run;
   const struct exec_segment *es;
   enum bwd_mode mode;
-  const float *P; /* the segment's parameters (NULL for BW: it needs none) */
-  float *G;       /* and their gradients */
-  float dloss;    /* the loss gradient's scale: one over the global batch's micro-batches */
-  uint32_t i;     /* the instruction */
-  uint32_t keep;  /* owner of what BW reads: BI's saved tensor, or the workspace (B, BW) */
+  const float *P;     /* the segment's parameters (NULL for BW: it needs none) */
+  float *G;           /* and their gradients */
+  float dloss;        /* the loss gradient's scale: one over the global batch's micro-batches */
+  uint32_t i;         /* the instruction */
+  uint32_t keep;      /* owner of what BW reads: BI's saved tensor, or the workspace (B, BW) */
+  uint32_t *group;    /* [n_ops] each op's group (model_group_end), 0 for the segment's first */
+  float **input_grad; /* [n_values] the segment inputs' gradients, allocated as the pass began */
 };
 
 /* Where the gradient of value v goes: an input's leaves the segment in the tensor that
@@ -31,11 +33,34 @@ static uint32_t grad_owner(const struct bwd *b, int32_t v) {
   return b->keep;
 }
 
+/* A gradient buffer of value v. In the workspace it goes with the group of v's producer (the
+ * last to read it: the residual stream's gradient, written by the group after, is read by the
+ * group before). */
+static float *grad_buffer(struct bwd *b, int32_t v, bool zero) {
+  const struct exec_value *val = &b->es->values[v];
+  if (val->op < 0 && b->input_grad && b->input_grad[v]) { /* allocated when the pass began */
+    float *g = b->input_grad[v];
+    b->input_grad[v] = NULL;
+    if (zero)
+      KT(b->st, b->s,
+         b->k->fill(b->st->stream, g, 0.0f,
+                    exec_grad_floats(b->xm, (enum exec_tensor)val->tensor)));
+    return g;
+  }
+  size_t n = exec_grad_floats(b->xm, (enum exec_tensor)val->tensor);
+  uint32_t now = b->st->group;
+  if (val->op >= 0)
+    b->st->group = b->group[val->op];
+  float *g = zero ? mb_floats(b->s, b->st, b->mb, grad_owner(b, v), n)
+                  : mb_floats_raw(b->s, b->st, b->mb, grad_owner(b, v), n);
+  b->st->group = now;
+  return g;
+}
+
 static float *dval_out(struct bwd *b, int32_t v) {
   struct exec_seg_run *run = b->run;
   if (!run->dval[v])
-    run->dval[v] = mb_floats(b->s, b->st, b->mb, grad_owner(b, v),
-                             exec_grad_floats(b->xm, (enum exec_tensor)b->es->values[v].tensor));
+    run->dval[v] = grad_buffer(b, v, true);
   return run->dval[v];
 }
 
@@ -44,9 +69,7 @@ static float *dval_in(struct bwd *b, int32_t v, bool *acc) {
   struct exec_seg_run *run = b->run;
   *acc = run->dval[v] != NULL;
   if (!*acc) /* the kernel writes it (accumulate = false) */
-    run->dval[v] =
-        mb_floats_raw(b->s, b->st, b->mb, grad_owner(b, v),
-                      exec_grad_floats(b->xm, (enum exec_tensor)b->es->values[v].tensor));
+    run->dval[v] = grad_buffer(b, v, false);
   return run->dval[v];
 }
 
@@ -78,7 +101,7 @@ static bool output_grads(struct bwd *b, uint32_t i, GError **err) {
       int32_t v = es->final_value[t];
       size_t n = exec_grad_floats(b->xm, (enum exec_tensor)t);
       if (!run->dval[v]) {
-        run->dval[v] = mb_floats_raw(s, st, b->mb, grad_owner(b, v), n);
+        run->dval[v] = grad_buffer(b, v, false);
         KT(st, s, b->k->copy(st->stream, run->dval[v], g, n * sizeof(float)));
       } else {
         KT(st, s, b->k->add(st->stream, run->dval[v], g, n));
@@ -462,12 +485,29 @@ bool exec_segment_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   if (!b.run)
     return internal(err, s, i, "backward before its forward");
   b.P = mode == BWD_WEIGHT ? NULL : exec_params_of(s, x);
-  if (mode != BWD_WEIGHT && !output_grads(&b, i, err))
-    return false;
-  for (int32_t j = (int32_t)b.es->n_ops - 1; j >= 0; j--)
-    if (!backward_op(&b, j, i, err))
-      return false;
-  if (mode != BWD_WEIGHT)
+  /* op by op in reverse, one group at a time: a group's transients go when its first op is
+   * done */
+  b.group = g_new0(uint32_t, b.es->n_ops + 1);
+  for (uint32_t j = 1; j < b.es->n_ops; j++)
+    b.group[j] = b.group[j - 1] + (exec_group_starts(s, b.es, j) ? 1 : 0);
+  /* the tensors that carry the inputs' gradients back are allocated as the pass begins, as
+   * the memory rule has them (their producer starts), not when the segment's first group
+   * writes them at the end */
+  b.input_grad = g_new0(float *, b.es->n_values + 1);
+  for (uint32_t v = 0; mode != BWD_WEIGHT && v < b.es->n_values; v++)
+    if (b.es->values[v].op < 0 && !b.run->dval[v])
+      b.input_grad[v] = grad_buffer(&b, (int32_t)v, false);
+  bool ok = mode == BWD_WEIGHT || output_grads(&b, i, err);
+  for (int32_t j = (int32_t)b.es->n_ops - 1; ok && j >= 0; j--) {
+    st->group = b.group[j];
+    ok = backward_op(&b, j, i, err);
+    if (ok && (j == 0 || exec_group_starts(s, b.es, (uint32_t)j)))
+      exec_work_group_end(s, st, b.group[j]);
+  }
+  st->group = 0;
+  g_free(b.group);
+  g_free(b.input_grad);
+  if (ok && mode != BWD_WEIGHT)
     input_grads(&b);
-  return true;
+  return ok;
 }

@@ -6,7 +6,8 @@
  * so the backward finds each op's inputs as the forward saw them. Memory follows the plan's
  * rule (ir/plan.h, memory.c): a forward keeps in its saved tensor exactly what its backward
  * reads, outputs live in the tensors that carry them until their last reader, everything else
- * only while its instruction runs. */
+ * only while its op group runs (one model layer: model_group_end; no value a later group
+ * reads is a transient, so the workspace of group 0 is all released when the group ends). */
 #include "train-impl.h"
 
 /* ---- a run's values and what it keeps -------------------------------------------------------- */
@@ -427,9 +428,9 @@ bool exec_segment_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx
   const struct exec_seg_run *from = NULL;
   uint32_t keep = OWN_WORK;
   f.saved = saved_owner(s, i);
-  if (f.keep == FWD_FULL_DROP) { /* only the inputs, for R */
+  if (f.keep == FWD_FULL_DROP) { /* only the inputs, for R; the rest until F ends */
     keep = f.saved;
-    f.saved = OWN_WORK;
+    f.saved = OWN_STAY;
   } else if (f.keep == FWD_FULL_RERUN) {
     from = mb->seg[x->segment];
     if (!from || !from->dropped)
@@ -445,11 +446,22 @@ bool exec_segment_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx
   bool *needed = f.keep == FWD_FULL_RERUN ? rerun_needed(f.es) : NULL;
   f.needed = needed;
   bool ok = true;
-  for (uint32_t j = 0; j < f.es->n_ops && ok; j++)
-    if (fwd_fuses_norm(&f, j))
-      fwd_residual_norm(&f, j++);
-    else if (!needed || needed[f.es->n_values + j])
+  for (uint32_t j = 0, next; j < f.es->n_ops && ok; j = next) {
+    next = j + 1;
+    if (fwd_fuses_norm(&f, j)) {
+      fwd_residual_norm(&f, j);
+      next = j + 2;
+    } else if (!needed || needed[f.es->n_values + j]) {
       ok = fwd_op(&f, j, err);
+    }
+    /* a group ended among the ops just run (a fused add and norm may span two: the norm's
+     * outputs and saved row statistics are kept, none is a transient): its transients go */
+    bool ended = false;
+    for (uint32_t k = j + 1; k <= next; k++)
+      ended = ended || exec_group_starts(s, f.es, k);
+    if (ended)
+      exec_work_group_end(s, st, 0);
+  }
   g_free(needed);
   if (ok && f.keep != FWD_FULL_RERUN) /* R's outputs: the next segments have theirs */
     seg_outputs(s, i, st, f.run);

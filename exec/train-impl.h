@@ -15,6 +15,11 @@
  * (OWN_WORK) and the micro-batch (OWN_MB); see memory.c. */
 #define OWN_WORK IR_NONE
 #define OWN_MB (IR_NONE - 1u)
+/* The running instruction's too, but held until it ends whatever group it was allocated in
+ * (what a forward under full recomputation saves and drops at its end). */
+#define OWN_STAY (IR_NONE - 2u)
+/* exec_block.group of OWN_STAY's blocks */
+#define EXEC_GROUP_STAY UINT32_MAX
 /* exec_state.gathered_users of a gather whose buffer is its plan tensor's */
 #define GATHER_TENSOR UINT32_MAX
 
@@ -23,6 +28,9 @@
  * buffer used after its release, shows up in the equivalence tests). */
 void *exec_mb_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
                      uint32_t owner, size_t bytes, enum report_mem_kind kind, bool zero);
+/* The running instruction's op group `group` has ended: its workspace blocks go back (the
+ * TP buffers among them are allocated again by the next group that needs them). */
+void exec_work_group_end(struct exec_state *s, struct exec_task_ctx *st, uint32_t group);
 /* Host memory of the micro-batch, zeroed: what the CPU reads (pointer tables, expert-parallel
  * state, all-to-all counts). Not device memory, so not in the figures. */
 void *exec_mb_host(struct exec_state *s, struct exec_mb *mb, size_t bytes,
@@ -171,6 +179,16 @@ static inline enum fwd_keep fwd_keep_of(const struct exec_state *s, const struct
 static inline uint32_t saved_owner(const struct exec_state *s, uint32_t i) {
   uint32_t t = exec_written_tensor(s, i, PLAN_TENSOR_SAVED);
   return t == OWN_WORK ? OWN_MB : t;
+}
+
+/* Whether op j of segment es starts an op group (model_group_end) after the segment's first:
+ * the group before it ends there, and its transients go (exec_work_group_end). */
+static inline bool exec_group_starts(const struct exec_state *s, const struct exec_segment *es,
+                                     uint32_t j) {
+  if (j == 0 || j >= es->n_ops)
+    return false;
+  uint32_t prev = es->ops[j - 1].op;
+  return model_group_end(s->xm->m, prev, es->ops[j].op + 1) == es->ops[j].op;
 }
 
 /* Attention's dimensions as this device runs it: heads / tp of each kind. */

@@ -8,6 +8,7 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
   bool ok = true;
   st->has_work = s->work_of && s->work_of[i] != IR_NONE;
   st->work_tensor = st->has_work ? s->work_of[i] : 0;
+  st->group = 0;
   switch (x->role) {
   case EXEC_ROLE_COMPUTE: {
     bool ep = s->dev->ep_size[x->segment] > 1;

@@ -226,14 +226,20 @@ uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint
  * by heads under TP: what selective recomputation drops after F and R rebuilds. */
 uint64_t ir_tp_segment_core_bytes(const struct model *m, uint32_t segment, uint32_t tp);
 /* What a compute node of segment holds on one device besides its tensors (the memory rule's
- * workspace, models/model.h): in pass F its scratch and the outputs nothing keeps; in B the
- * gradients of its values, bwork and scratch; in BI its scratch; in BW nothing; *keep the part
- * BI keeps for BW. Each op's bwork and scratch are divided as its work is (ir_tp_op_share); the
- * [T, hidden] values and gradients between ops only under sequence parallelism, which adds the
- * [T, hidden] buffers its all-gathers fill (a divided op's input, its output gradient). tp <= 1:
- * the segment's own figures. */
+ * workspace, models/model.h), one op group at a time (model_group_end: a trainer holds one
+ * layer's transients, docs/memory.md), so the most any group holds: in pass F its scratch and
+ * the outputs nothing keeps; in B the gradients of its values, bwork and scratch, and the
+ * residual stream's gradient it hands the group before; in BI its scratch; in BW nothing;
+ * *keep the part BI keeps for BW, summed over the segment's groups. Each op's bwork and scratch
+ * are divided as its work is (ir_tp_op_share); the [T, hidden] values and gradients between
+ * ops only under sequence parallelism, which adds the [T, hidden] buffers its all-gathers fill
+ * (a divided op's input, its output gradient), again for each group. */
 uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pass pass, uint32_t tp,
                             bool sequence_parallel, uint64_t *keep);
+/* The most a group of segment holds in F under selective recomputation: its F workspace and
+ * its attention cores (ir_tp_segment_core_bytes, per group). */
+uint64_t ir_tp_segment_work_cores(const struct model *m, uint32_t segment, uint32_t tp,
+                                  bool sequence_parallel);
 /* The TP collectives a compute node of segment in pass implies: *count of them moving *bytes
  * in total per device (all-reduces; under sequence parallelism each is a reduce-scatter plus an
  * all-gather of the same size). */

@@ -491,10 +491,13 @@ static void instr_waits(struct lower *l, struct plan_class *c, uint32_t i, const
 }
 
 /* The workspace of a forward or rerun under recomputation (apply_recompute gives F's and R's
- * saved tensors their sizes; these are what each holds only while it runs):
- *   F, full: everything a plain F saves, now dropped when it ends (it keeps its inputs);
+ * saved tensors their sizes; these are what each holds only while it runs), one op group's
+ * transients at a time (ir_tp_segment_work):
+ *   F, full: everything a plain F saves, now dropped when it ends (it keeps its inputs), held
+ *            for the whole instruction, and the largest group's transients;
  *   R, full: a plain F's workspace (it saves what a plain F saves, in its own tensor);
- *   F, selective: a plain F's workspace and the attention cores it no longer saves;
+ *   F, selective: the largest group's plain F workspace and attention cores, which it no
+ *            longer saves;
  *   R, selective: nothing (it writes the cores into its saved tensor). */
 static uint64_t recompute_work(const struct model *m, const struct ir_node *n, uint64_t fwd_work) {
   bool full = n->recompute == IR_RECOMPUTE_FULL;
@@ -504,7 +507,9 @@ static uint64_t recompute_work(const struct model *m, const struct ir_node *n, u
     return fwd_work + (ir_ep_sized(n) ? ir_ep_saved_bytes(m, n)
                                       : ir_tp_segment_saved_bytes(m, n->segment, n->tp_degree,
                                                                   n->sequence_parallel));
-  return fwd_work + ir_tp_segment_core_bytes(m, n->segment, n->tp_degree);
+  if (ir_ep_sized(n)) /* no attention among the experts */
+    return fwd_work;
+  return ir_tp_segment_work_cores(m, n->segment, n->tp_degree, n->sequence_parallel);
 }
 
 /* A tensor of instruction i that no instruction reads: its workspace (held while it runs) or

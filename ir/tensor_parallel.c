@@ -189,14 +189,14 @@ bool ir_tp_check_model(const struct model *m, uint32_t tp, bool sequence_paralle
 
 /* Under sequence parallelism the divided ops read their input whole, and their backward the
  * output gradient: each all-gathered from the sequence shards into a [T, hidden] buffer that
- * lives while the node runs (Megatron's all-gather output; the host executor allocates the
- * same). The input where it is read: the forward, the weight gradients, and the LM head's
- * recomputed logits; the output gradient in every backward pass but the embedding's BI (it
- * has no input gradient). */
-static uint64_t sp_gathered(const struct model *m, const struct model_segment *s,
+ * lives while the op group runs (Megatron's all-gather output; the host executor allocates the
+ * same, again for each group). The input where it is read: the forward, the weight gradients,
+ * and the LM head's recomputed logits; the output gradient in every backward pass but the
+ * embedding's BI (it has no input gradient). Ops [first, end) of one group. */
+static uint64_t sp_gathered(const struct model *m, uint32_t first, uint32_t end,
                             enum ir_pass pass) {
   bool input = false, dout = false, backward = pass != IR_PASS_F;
-  for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++)
+  for (uint32_t i = first; i < end; i++)
     switch (m->ops[i].kind) {
     case MODEL_OP_ATTENTION:
     case MODEL_OP_MLA_ATTENTION:
@@ -218,43 +218,104 @@ static uint64_t sp_gathered(const struct model *m, const struct model_segment *s
   return ((uint64_t)input + (uint64_t)dout) * act;
 }
 
+/* One op group's transients on one device (ir_tp_segment_work): F's scratch and outputs
+ * nothing keeps, the gradients of its values and bwork (what B holds and BI keeps), and the
+ * backward's scratch. At tp <= 1 the model's own figures. */
+struct group_work {
+  double fwd, keep, scratch;
+};
+
+static void op_work(const struct model *m, const struct model_op *op, uint32_t tp,
+                    bool sequence_parallel, struct group_work *w) {
+  if (tp <= 1) {
+    w->fwd += (double)op->fwd_work_bytes;
+    if (op->kind != MODEL_OP_LM_HEAD_LOSS)
+      w->keep += (double)op->out_bytes;
+    w->keep += (double)op->bwork_bytes;
+    w->scratch += (double)op->bwd_scratch_bytes;
+    return;
+  }
+  double values = sequence_parallel ? 1.0 / tp : 1.0;            /* [T, hidden] between ops */
+  bool whole = sequence_parallel && op->kind == MODEL_OP_ROUTER; /* routes_whole */
+  double share = whole ? 1.0 : ir_tp_op_share(op, tp, sequence_parallel);
+  double outputs = (double)op->fwd_work_bytes - (double)op->fwd_scratch_bytes;
+  w->fwd += values * outputs; /* outputs nothing keeps */
+  if (op->kind != MODEL_OP_LM_HEAD_LOSS)
+    w->keep += (whole ? 1.0 : values) * (double)op->out_bytes;
+  if (op->kind == MODEL_OP_EXPERT_FFN) {
+    /* the routed rows, their gradients and the combine's whole on every rank (the host
+     * executor's local experts); only dgate and dup per row are divided */
+    double gu = 2.0 * (double)expert_row_bytes(m);
+    w->fwd += (double)op->fwd_scratch_bytes;
+    w->keep += (double)op->bwork_bytes - gu + gu / tp;
+    w->scratch += (double)op->bwd_scratch_bytes;
+    return;
+  }
+  w->fwd += share * (double)op->fwd_scratch_bytes;
+  w->keep += share * (double)op->bwork_bytes;
+  w->scratch += share * (double)op->bwd_scratch_bytes;
+}
+
+/* What one group of ops [first, end) holds in pass; *seg_keep sums the keep of the whole
+ * segment in op order (BI's saved tensor keeps every group's for BW). A fused B of a group
+ * after the segment's first also holds the gradient of the value the group before handed it
+ * (the residual stream, [T, hidden]): the group writes it, the group before reads it. */
+static uint64_t group_work(const struct model *m, uint32_t first, uint32_t end, bool later,
+                           enum ir_pass pass, uint32_t tp, bool sequence_parallel,
+                           double *seg_keep) {
+  struct group_work w = {0};
+  for (uint32_t i = first; i < end; i++) {
+    double k0 = w.keep;
+    op_work(m, &m->ops[i], tp, sequence_parallel, &w);
+    *seg_keep += w.keep - k0;
+  }
+  double values = tp > 1 && sequence_parallel ? 1.0 / tp : 1.0;
+  double carried = later ? values * (double)act_bytes(m) : 0;
+  uint64_t gathered = tp > 1 && sequence_parallel ? sp_gathered(m, first, end, pass) : 0;
+  /* under SP a norm's weight gradient is summed over the group from a [hidden] part of each
+   * device's shard (the host executor's, once a group) in B and BW */
+  bool norm = false;
+  for (uint32_t i = first; i < end; i++)
+    norm = norm || m->ops[i].kind == MODEL_OP_RMSNORM;
+  if (norm && (pass == IR_PASS_B || pass == IR_PASS_BW) && tp > 1 && sequence_parallel)
+    gathered += (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+  return gathered + (pass == IR_PASS_F    ? (uint64_t)w.fwd
+                     : pass == IR_PASS_B  ? (uint64_t)(w.keep + carried) + (uint64_t)w.scratch
+                     : pass == IR_PASS_BI ? (uint64_t)w.scratch
+                                          : 0);
+}
+
+/* The most any group of segment holds in pass; with cores, each group's F also holds its
+ * attention cores (selective recomputation's F drops them when the group ends). */
+static uint64_t segment_most(const struct model *m, uint32_t segment, enum ir_pass pass,
+                             uint32_t tp, bool sequence_parallel, bool cores, double *seg_keep) {
+  const struct model_segment *s = &m->segments[segment];
+  uint32_t end = s->op_first + s->op_count;
+  uint64_t most = 0;
+  for (uint32_t g = s->op_first; g < end; g = model_group_end(m, g, end)) {
+    uint32_t g_end = model_group_end(m, g, end);
+    uint64_t b = group_work(m, g, g_end, g > s->op_first, pass, tp, sequence_parallel, seg_keep);
+    uint64_t core = 0;
+    for (uint32_t o = g; cores && o < g_end; o++)
+      core += m->ops[o].core_saved_bytes;
+    b += tp > 1 ? core / tp : core;
+    most = b > most ? b : most;
+  }
+  return most;
+}
+
+uint64_t ir_tp_segment_work_cores(const struct model *m, uint32_t segment, uint32_t tp,
+                                  bool sequence_parallel) {
+  double seg_keep = 0;
+  return segment_most(m, segment, IR_PASS_F, tp, sequence_parallel, true, &seg_keep);
+}
+
 uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pass pass, uint32_t tp,
                             bool sequence_parallel, uint64_t *keep) {
   const struct model_segment *s = &m->segments[segment];
-  uint64_t fwd = s->fwd_work_bytes, bkeep = s->bwd_keep_bytes, bscratch = s->bwd_scratch_bytes;
-  if (tp > 1) {
-    double values = sequence_parallel ? 1.0 / tp : 1.0; /* [T, hidden] between ops */
-    double f_scratch = 0, f_all_scratch = 0, k = 0, b = 0;
-    for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++) {
-      const struct model_op *op = &m->ops[i];
-      bool whole = sequence_parallel && op->kind == MODEL_OP_ROUTER; /* routes_whole */
-      double share = whole ? 1.0 : ir_tp_op_share(op, tp, sequence_parallel);
-      f_all_scratch += (double)op->fwd_scratch_bytes;
-      if (op->kind != MODEL_OP_LM_HEAD_LOSS)
-        k += (whole ? 1.0 : values) * (double)op->out_bytes;
-      if (op->kind == MODEL_OP_EXPERT_FFN) {
-        /* the routed rows, their gradients and the combine's whole on every rank (the host
-         * executor's local experts); only dgate and dup per row are divided */
-        double gu = 2.0 * (double)expert_row_bytes(m);
-        f_scratch += (double)op->fwd_scratch_bytes;
-        k += (double)op->bwork_bytes - gu + gu / tp;
-        b += (double)op->bwd_scratch_bytes;
-        continue;
-      }
-      f_scratch += share * (double)op->fwd_scratch_bytes;
-      k += share * (double)op->bwork_bytes;
-      b += share * (double)op->bwd_scratch_bytes;
-    }
-    double outputs = (double)s->fwd_work_bytes - f_all_scratch; /* outputs nothing keeps */
-    fwd = (uint64_t)(f_scratch + values * (outputs > 0 ? outputs : 0));
-    bkeep = (uint64_t)k;
-    bscratch = (uint64_t)b;
-  }
+  double seg_keep = 0;
+  uint64_t most = segment_most(m, segment, pass, tp, sequence_parallel, false, &seg_keep);
   if (keep)
-    *keep = bkeep;
-  uint64_t gathered = tp > 1 && sequence_parallel ? sp_gathered(m, s, pass) : 0;
-  return gathered + (pass == IR_PASS_F    ? fwd
-                     : pass == IR_PASS_B  ? bkeep + bscratch
-                     : pass == IR_PASS_BI ? bscratch
-                                          : 0);
+    *keep = tp > 1 ? (uint64_t)seg_keep : s->bwd_keep_bytes;
+  return most;
 }

@@ -422,7 +422,7 @@ static bool same_tags(const int32_t *a, const int32_t *b) {
 /* An attention's, MLP's or shared expert's output is read by the residual add alone, which
  * keeps nothing: when that add is in the same segment the output lives only while F runs. */
 static void segments_fwd_outputs(struct builder *b, GArray *segs) {
-  const struct model *m = b->m;
+  struct model *m = b->m;
   for (guint k = 0; k < segs->len; k++) {
     struct model_segment *s = &g_array_index(segs, struct model_segment, k);
     for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++) {
@@ -434,6 +434,7 @@ static void segments_fwd_outputs(struct builder *b, GArray *segs) {
       for (uint32_t p = o + 1; p < s->op_first + s->op_count; p++)
         if (g_array_index(b->io, struct op_io, p).reads & out) {
           s->fwd_work_bytes = add(b, s->fwd_work_bytes, m->ops[o].out_bytes);
+          m->ops[o].fwd_work_bytes = add(b, m->ops[o].fwd_work_bytes, m->ops[o].out_bytes);
           break;
         }
     }
@@ -466,6 +467,7 @@ static void build_segments(struct builder *b) {
       s->bwd_keep_bytes = add(b, s->bwd_keep_bytes, op->out_bytes);
     s->bwd_keep_bytes = add(b, s->bwd_keep_bytes, op->bwork_bytes);
     s->fwd_work_bytes = add(b, s->fwd_work_bytes, op->fwd_scratch_bytes);
+    m->ops[o].fwd_work_bytes = op->fwd_scratch_bytes;
     s->bwd_scratch_bytes = add(b, s->bwd_scratch_bytes, op->bwd_scratch_bytes);
   }
   segments_fwd_outputs(b, segs);

@@ -776,3 +776,14 @@ cJSON *model_to_json(const struct model *m) {
   }
   return o;
 }
+
+uint32_t model_group_end(const struct model *m, uint32_t op, uint32_t end) {
+  uint32_t o = op + 1;
+  /* the embedding and the final norm share layer -1 but are never next to each other but in a
+   * model without layers; the embedding stays alone there too */
+  if (m->ops[op].kind == MODEL_OP_EMBEDDING)
+    return o < end ? o : end;
+  while (o < end && m->ops[o].layer == m->ops[op].layer)
+    o++;
+  return o;
+}

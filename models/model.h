@@ -76,6 +76,9 @@ struct model_op {
   /* What the host kernels hold besides (the memory rule, ir/plan.h): the intermediate
    * gradients BI hands BW (bwork), and scratch an F or a backward frees when it ends. */
   uint64_t bwork_bytes, fwd_scratch_bytes, bwd_scratch_bytes;
+  /* what F holds only while the op's layer runs: its scratch, and its output when a later op
+   * of its segment reads it and nothing keeps it (segment fwd_work_bytes is their sum) */
+  uint64_t fwd_work_bytes;
   /* attention ops: the core (QK^T, softmax, PV) alone, what selective recomputation reruns
    * (forward FLOPs) and what it stops saving (core output and logsumexp) */
   double core_flops_fwd;
@@ -178,5 +181,9 @@ int model_tag_index(const struct model *m, const char *name);
 uint64_t model_param_count(const struct model *m);
 double model_flops_per_microbatch(const struct model *m); /* F + BI + BW */
 int64_t model_tokens_per_microbatch(const struct model *m);
+/* Op groups, the unit a trainer holds transients for (docs/memory.md): the ops of one decoder
+ * layer; the embedding, and the final norm with the head, are groups of their own. The end of
+ * the group of op `op` within ops [op, end): the first op after it of another layer. */
+uint32_t model_group_end(const struct model *m, uint32_t op, uint32_t end);
 
 #endif

@@ -944,6 +944,51 @@ static void test_every_builder_compiles(void **state) {
   assert_int_equal(compiled, 7 * 3 * 3);
 }
 
+
+/* A trainer holds one layer's transients at a time (Megatron, torchtitan, llm.c): so does the
+ * plan (docs/memory.md). Llama-3-8B as one stage is one segment of 32 layers; each compute
+ * instruction's workspace is the largest op group's transients, within 10% of one decoder
+ * layer's from the model's per-op figures (B: its values' gradients, bwork and scratch; F: its
+ * scratch and the outputs nothing keeps), not the sum over the 32 layers. */
+static void test_workspace_one_layer(void **state) {
+  (void)state;
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/llama3-8b.json";
+  o.layout = "pp=1";
+  o.have_schedule = true;
+  assert_true(sched_family_parse("gpipe", &o.schedule.family));
+  o.schedule.mbs = 1;
+  GError *err = NULL;
+  struct plan *p = compile_take_plan(&o, &err);
+  if (!p)
+    fail_msg("compile: %s", err->message);
+  const struct model *m = p->model;
+  assert_int_equal(m->n_segments, 1);
+  uint64_t layer_f = 0, layer_b = 0;
+  for (uint32_t k = 0; k < m->n_ops; k++) {
+    const struct model_op *op = &m->ops[k];
+    if (op->layer != 0)
+      continue;
+    layer_f += op->fwd_work_bytes;
+    layer_b += op->out_bytes + op->bwork_bytes + op->bwd_scratch_bytes;
+  }
+  const struct model_segment *seg = &m->segments[0];
+  assert_true(seg->bwd_keep_bytes + seg->bwd_scratch_bytes > 30 * layer_b); /* the old sum */
+  const struct plan_class *c = plan_device_class(p, 0);
+  uint64_t work[IR_PASS_NONE + 1] = {0};
+  for (uint32_t t = 0; t < c->n_tensors; t++) {
+    const struct plan_tensor *pt = &c->tensors[t];
+    if (pt->kind != PLAN_TENSOR_WORK)
+      continue;
+    enum ir_pass pass = p->nodes[c->instrs[pt->producer].node].pass;
+    if (pt->bytes > work[pass])
+      work[pass] = pt->bytes;
+  }
+  assert_true(work[IR_PASS_B] >= layer_b && work[IR_PASS_B] <= layer_b + layer_b / 10);
+  assert_true(work[IR_PASS_F] >= layer_f && work[IR_PASS_F] <= layer_f + layer_f / 10);
+  plan_free(p);
+}
+
 /* Every bundled base schedule compiles, lowers and passes the progress check with the model it
  * is written for. */
 static void test_base_schedules_compile(void **state) {
@@ -1004,6 +1049,7 @@ int main(void) {
       cmocka_unit_test(test_dualpipe_copies_sync),
       cmocka_unit_test(test_every_builder_compiles),
       cmocka_unit_test(test_base_schedules_compile),
+      cmocka_unit_test(test_workspace_one_layer),
   };
   return cmocka_run_group_tests_name("compile", tests, NULL, NULL);
 }

@@ -200,12 +200,12 @@ static void carve_class(const struct plan_class *c, const struct exec_arena *a) 
   for (guint k = 0; k < ev->len; k++) {
     const struct exec_arena_event *e = &g_array_index(ev, struct exec_arena_event, k);
     if (!e->alloc) {
-      exec_arena_carve_release(&cv, e->tensor);
+      exec_arena_carve_release(&cv, e->tensor, false);
       live[e->tensor] = false;
       continue;
     }
     uint64_t bytes = c->tensors[e->tensor].bytes;
-    assert_true(exec_arena_carve(&cv, e->tensor, bytes, 256, &at[e->tensor]));
+    assert_true(exec_arena_carve(&cv, e->tensor, bytes, 256, false, &at[e->tensor]));
     assert_int_equal(at[e->tensor], a->offset[e->tensor]);
     assert_true(at[e->tensor] + bytes <= a->size);
     for (uint32_t u = 0; u < c->n_tensors; u++)
@@ -290,23 +290,39 @@ static void test_arena_carve_refusals(void **state) {
   struct exec_arena_carver cv;
   exec_arena_carver_init(&cv, &a, t, 256);
   uint64_t at = 0;
-  assert_true(exec_arena_carve(&cv, 0, 200, 256, &at));
+  assert_true(exec_arena_carve(&cv, 0, 200, 256, false, &at));
   assert_int_equal(at, a.offset[0]);
-  assert_true(exec_arena_carve(&cv, 0, 256, 256, &at)); /* the second block follows */
+  assert_true(exec_arena_carve(&cv, 0, 256, 256, false, &at)); /* the second block follows */
   assert_int_equal(at, a.offset[0] + 256);
-  assert_false(exec_arena_carve(&cv, 0, 1, 256, &at)); /* the slot is full */
+  assert_false(exec_arena_carve(&cv, 0, 1, 256, false, &at)); /* the slot is full */
   /* 1 and 2 share bytes with 0, still live: refused */
   assert_true(a.offset[1] < 512 || a.offset[2] < 512);
   uint32_t early = a.offset[1] < 512 ? 1 : 2;
-  assert_false(exec_arena_carve(&cv, early, 16, 256, &at));
-  exec_arena_carve_release(&cv, 0);
-  assert_false(exec_arena_carve(&cv, early, 16, 256, &at)); /* one block of 0 is left */
-  exec_arena_carve_release(&cv, 0);
-  assert_true(exec_arena_carve(&cv, early, 16, 256, &at));
+  assert_false(exec_arena_carve(&cv, early, 16, 256, false, &at));
+  exec_arena_carve_release(&cv, 0, false);
+  assert_false(exec_arena_carve(&cv, early, 16, 256, false, &at)); /* one block of 0 is left */
+  exec_arena_carve_release(&cv, 0, false);
+  assert_true(exec_arena_carve(&cv, early, 16, 256, false, &at));
   assert_int_equal(at, a.offset[early]);
-  assert_false(exec_arena_carve(&cv, 3 - early, 4096, 256, &at)); /* larger than its slot */
+  assert_false(exec_arena_carve(&cv, 3 - early, 4096, 256, false, &at)); /* larger than its slot */
   assert_int_equal(cv.fallback_blocks, 4);
   assert_int_equal(cv.carved_blocks, 3);
+  /* a workspace's two sides (exec/memory.c): the top one down from the slot's end, each
+   * side starting over with its own last block while the other's stay */
+  exec_arena_carve_release(&cv, early, false);
+  assert_true(exec_arena_carve(&cv, 0, 256, 256, true, &at));
+  assert_int_equal(at, a.offset[0] + 256);
+  assert_true(exec_arena_carve(&cv, 0, 100, 256, false, &at));
+  assert_int_equal(at, a.offset[0]);
+  assert_false(exec_arena_carve(&cv, 0, 1, 256, false, &at)); /* the sides meet */
+  exec_arena_carve_release(&cv, 0, false);
+  assert_true(exec_arena_carve(&cv, 0, 256, 256, false, &at)); /* the start again */
+  assert_int_equal(at, a.offset[0]);
+  exec_arena_carve_release(&cv, 0, true);
+  exec_arena_carve_release(&cv, 0, false);
+  assert_true(exec_arena_carve(&cv, 0, 512, 256, true, &at)); /* all free: the whole slot */
+  assert_int_equal(at, a.offset[0]);
+  exec_arena_carve_release(&cv, 0, true);
   /* every tensor's overlap list names the others sharing its bytes, both ways */
   for (uint32_t x = 0; x < 3; x++)
     for (uint32_t k = cv.overlap_first[x]; k < cv.overlap_first[x + 1]; k++) {
@@ -601,15 +617,17 @@ static void test_gpu_backend_memory_peak(void **state) {
  * executor asks for through an exec_arena_carver over the one-device plan's class, as
  * backend_cuda_arena.c does, and counts what fits. */
 static struct exec_arena_carver fit_carver;
-static GHashTable *fit_blocks; /* pointer -> tensor + 1 */
+static GHashTable *fit_blocks; /* pointer -> tensor + 1, the side in the top bit */
 static const struct plan_class *fit_class;
 static uint32_t fit_work_blocks; /* carved into instruction workspace tensors */
 
 static void *fit_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t bytes) {
   void *p = exec_backend_host.alloc(b, bytes);
   uint64_t at = 0;
-  if (p && exec_arena_carve(&fit_carver, tensor, bytes, 256, &at)) {
-    g_hash_table_insert(fit_blocks, p, GUINT_TO_POINTER(tensor + 1));
+  uint32_t top = tensor & EXEC_TENSOR_SLOT_TOP;
+  tensor &= ~EXEC_TENSOR_SLOT_TOP;
+  if (p && exec_arena_carve(&fit_carver, tensor, bytes, 256, top != 0, &at)) {
+    g_hash_table_insert(fit_blocks, p, GUINT_TO_POINTER((tensor + 1) | top));
     fit_work_blocks += fit_class->tensors[tensor].kind == PLAN_TENSOR_WORK;
   }
   return p;
@@ -617,8 +635,11 @@ static void *fit_alloc_tensor(struct exec_backend *b, uint32_t tensor, size_t by
 
 static void fit_release(struct exec_backend *b, void *p) {
   gpointer v = NULL;
-  if (g_hash_table_steal_extended(fit_blocks, p, NULL, &v))
-    exec_arena_carve_release(&fit_carver, GPOINTER_TO_UINT(v) - 1);
+  if (g_hash_table_steal_extended(fit_blocks, p, NULL, &v)) {
+    uint32_t held = GPOINTER_TO_UINT(v);
+    exec_arena_carve_release(&fit_carver, (held & ~EXEC_TENSOR_SLOT_TOP) - 1,
+                             (held & EXEC_TENSOR_SLOT_TOP) != 0);
+  }
   exec_backend_host.release(b, p);
 }
 
