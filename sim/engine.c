@@ -21,8 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 #include "../base/json.h"
+#include "queue-impl.h"
 #include "sim.h"
 
 /* ---- small helpers over the plan ------------------------------------------------------------ */
@@ -522,69 +524,8 @@ enum { EV_KERNEL_END, EV_COMM_END, EV_WAKE };
 
 /* A kernel end names its unit and instruction, so handling it touches that unit only (no
  * search over the units, no table over every instruction of every unit: with --no-collapse
- * both outgrow the caches). A comm end names its slot (unit unused). */
-struct event {
-  double t;
-  uint64_t seq;
-  uint32_t type, id, version, unit;
-};
-
-/* A 4-ary heap: half the levels of a binary one, and the four children of a node share a
- * cache line pair, so a sift misses the caches about half as often once the heap outgrows
- * them (tens of thousands of events under --no-collapse). (t, seq) orders events totally, so
- * the events come out in the same order whatever the heap's shape. */
-#define HEAP_ARITY 4
-
-struct heap {
-  struct event *a;
-  size_t n, cap;
-  uint64_t seq;
-};
-
-static bool ev_less(const struct event *x, const struct event *y) {
-  return x->t < y->t || (x->t == y->t && x->seq < y->seq);
-}
-
-static void heap_push(struct heap *h, double t, uint32_t type, uint32_t id, uint32_t version,
-                      uint32_t unit) {
-  if (h->n == h->cap) {
-    h->cap = h->cap ? h->cap * 2 : 1024;
-    h->a = g_renew(struct event, h->a, h->cap);
-  }
-  struct event e = {t, h->seq++, type, id, version, unit};
-  size_t i = h->n++;
-  while (i > 0) {
-    size_t parent = (i - 1) / HEAP_ARITY;
-    if (!ev_less(&e, &h->a[parent]))
-      break;
-    h->a[i] = h->a[parent];
-    i = parent;
-  }
-  h->a[i] = e;
-}
-
-static struct event heap_pop(struct heap *h) {
-  struct event top = h->a[0];
-  struct event last = h->a[--h->n];
-  size_t i = 0;
-  for (;;) {
-    size_t first = HEAP_ARITY * i + 1, m = i;
-    const struct event *best = &last;
-    for (size_t c = first; c < first + HEAP_ARITY && c < h->n; c++)
-      if (ev_less(&h->a[c], best)) {
-        m = c;
-        best = &h->a[c];
-      }
-    if (m == i)
-      break;
-    h->a[i] = h->a[m];
-    i = m;
-  }
-  if (h->n > 0)
-    h->a[i] = last;
-  return top;
-}
-
+ * both outgrow the caches). A comm end names its slot (unit unused). Events come out in (time,
+ * push order): struct sim_queue (queue-impl.h). */
 struct kernel { /* a running compute kernel */
   uint32_t instr;
   uint32_t version; /* of its latest end event; older ones are stale */
@@ -592,11 +533,16 @@ struct kernel { /* a running compute kernel */
   float mem_frac;
 };
 
+/* Entry i of array f of unit u (the units of a class share interleaved arrays: unit_arrays). */
+#define AT(u, f, i) ((u)->f[(size_t)(i) * (u)->stride])
+
 struct unit_rt {
   uint32_t cls;
   uint32_t rep;
   uint32_t base;       /* global id of instruction 0: base + instr */
-  void *block;         /* the arrays below but kernels and ops (unit_arrays) */
+  void *block;         /* the arrays below but kernels and ops (unit_arrays; first member of
+                          its class only, NULL for the others), entries stride apart: AT */
+  uint32_t stride;
   uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
   uint8_t *busy;       /* [n_streams] */
   uint8_t *polled;     /* [n_instrs] host loop: 1 once the rank has seen its communication's
@@ -661,7 +607,7 @@ struct sim {
   uint32_t *slot_mark; /* [n_slots] visit of the last pass that touched the slot */
   uint32_t visit;      /* passes over a communication's participants so far */
   uint32_t *parts; /* pairs (unit, instr) */
-  struct heap heap;
+  struct sim_queue heap;
   uint64_t events;
   double t_first, t_last;
   /* ranks sharing a node's cores (profile cores_per_node): units are devices here */
@@ -744,7 +690,7 @@ static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
       continue;
     k->rate = r[i];
     double end = k->remaining <= 0 ? t : t + k->remaining / (k->rate > 0 ? k->rate : 1e-30);
-    heap_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
+    sim_queue_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
   }
   if (r != rates)
     g_free(r);
@@ -774,7 +720,7 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
   sl->rate = rate;
   double from = t > sl->lat_end ? t : sl->lat_end;
   sl->end_t = sl->remaining <= 0 ? from : from + sl->remaining / rate;
-  heap_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version, 0);
+  sim_queue_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version, 0);
 }
 
 static void mem_point(struct sim *s, struct unit_rt *u, double t) {
@@ -826,7 +772,7 @@ static void alloc_tensors(struct sim *s, struct unit_rt *u, uint32_t i, double t
 /* One of tensor tid's last uses (a consumer, or its release point) has ended: the last frees
  * it. Returns whether memory changed. */
 static bool use_done(struct unit_rt *u, const struct class_info *ci, uint32_t tid) {
-  if (u->remaining[tid] == 0 || --u->remaining[tid] > 0 || ci->tensor_bytes[tid] == 0)
+  if (AT(u, remaining, tid) == 0 || --AT(u, remaining, tid) > 0 || ci->tensor_bytes[tid] == 0)
     return false;
   u->mem[ci->tensor_kind[tid]] -= (int64_t)ci->tensor_bytes[tid];
   if (ci->tensor_saved[tid])
@@ -838,9 +784,9 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
   const struct plan_instr *in = &c->instrs[i];
-  u->end[i] = t;
-  u->busy[in->stream] = 0;
-  u->pos[in->stream]++;
+  AT(u, end, i) = t;
+  AT(u, busy, in->stream) = 0;
+  AT(u, pos, in->stream)++;
   u->done++;
   if (t > s->t_last)
     s->t_last = t;
@@ -934,7 +880,7 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
     uint32_t ui = s->parts[2 * (sl->part_first + k)],
              instr = s->parts[2 * (sl->part_first + k) + 1];
     struct unit_rt *u = &s->u[ui];
-    u->start[instr] = t;
+    AT(u, start, instr) = t;
     if (t < s->t_first)
       s->t_first = t;
     if (u->n_ops == u->cap_ops) {
@@ -960,15 +906,15 @@ static void part_done(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
     finish_instr(s, u, i, t);
     return;
   }
-  if (--u->group_left[st] > 0)
+  if (--AT(u, group_left, st) > 0)
     return;
-  uint32_t e = u->pos[st];
+  uint32_t e = AT(u, pos, st);
   double first = t;
   for (uint32_t k = 0; k < n; k++)
-    if (u->start[c->stream_instrs[e + k]] < first)
-      first = u->start[c->stream_instrs[e + k]];
+    if (AT(u, start, c->stream_instrs[e + k]) < first)
+      first = AT(u, start, c->stream_instrs[e + k]);
   for (uint32_t k = 0; k < n; k++) {
-    u->start[c->stream_instrs[e + k]] = first;
+    AT(u, start, c->stream_instrs[e + k]) = first;
     finish_instr(s, u, c->stream_instrs[e + k], t);
   }
 }
@@ -997,23 +943,23 @@ static void loop_see(struct sim *s, struct unit_rt *u, uint32_t instr, double t)
  * polls; the last poll another waits for releases it (loop_see: at once, or when its task
  * ends). */
 static void comm_polled(struct sim *s, struct unit_rt *u, uint32_t instr, double t) {
-  struct slot *sl = &s->slots[u->slot[instr]];
+  struct slot *sl = &s->slots[AT(u, slot, instr)];
   enum poll_role role = poll_role(s, u, instr);
-  if (u->polled[instr] == 0) {
-    u->polled[instr] = 1;
+  if (AT(u, polled, instr) == 0) {
+    AT(u, polled, instr) = 1;
     if ((role == POLL_NEEDED || role == POLL_BOTH) && sl->need > 0 && --sl->need == 0)
       for (uint32_t k = 0; k < sl->part_count; k++) {
         struct unit_rt *v = &s->u[s->parts[2 * (sl->part_first + k)]];
         uint32_t j = s->parts[2 * (sl->part_first + k) + 1];
-        if ((v != u || j != instr) && v->polled[j] == 1) {
+        if ((v != u || j != instr) && AT(v, polled, j) == 1) {
           loop_see(s, v, j, t);
           try_advance(s, v, t);
         }
       }
   }
-  if (u->polled[instr] == 2 || ((role == POLL_WAITS || role == POLL_BOTH) && sl->need > 0))
+  if (AT(u, polled, instr) == 2 || ((role == POLL_WAITS || role == POLL_BOTH) && sl->need > 0))
     return;
-  u->polled[instr] = 2;
+  AT(u, polled, instr) = 2;
   part_done(s, u, instr, t);
 }
 
@@ -1061,7 +1007,7 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
       g_array_append_val(s->node_wakers[s->unit_node[ui]], w);
     }
     if (late > 0)
-      heap_push(&s->heap, t + late, EV_WAKE, instr, 0, ui);
+      sim_queue_push(&s->heap, t + late, EV_WAKE, instr, 0, ui);
     else
       loop_see(s, u, instr, t);
   }
@@ -1105,7 +1051,7 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
                                                .last = t,
                                                .cap = cap,
                                                .mem_frac = ci->mem_frac[i]};
-  u->start[i] = t;
+  AT(u, start, i) = t;
   if (t < s->t_first)
     s->t_first = t;
   if (u->n_kernels == 1)
@@ -1119,7 +1065,7 @@ static bool parts_ready(const struct unit_rt *u, const struct plan_class *c, uin
   for (uint32_t k = 0; k < n; k++) {
     const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
     for (uint32_t w = 0; w < in->wait_count; w++)
-      if (u->end[c->waits[in->wait_first + w]] < 0)
+      if (AT(u, end, c->waits[in->wait_first + w]) < 0)
         return false;
   }
   return true;
@@ -1134,10 +1080,10 @@ static void stream_queued(struct unit_rt *u, const struct plan_class *c, uint32_
       continue;
     double ready = 0;
     for (uint32_t w = 0; w < in->wait_count; w++)
-      if (u->end[c->waits[in->wait_first + w]] > ready)
-        ready = u->end[c->waits[in->wait_first + w]];
+      if (AT(u, end, c->waits[in->wait_first + w]) > ready)
+        ready = AT(u, end, c->waits[in->wait_first + w]);
     if (t > ready)
-      u->queued[st] += t - ready;
+      AT(u, queued, st) += t - ready;
   }
 }
 
@@ -1147,19 +1093,19 @@ static void stream_queued(struct unit_rt *u, const struct plan_class *c, uint32_
  * again when the last has ended. */
 static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
-  uint32_t e = u->pos[st], n = plan_group_span(c, e);
-  u->busy[st] = 1;
-  u->group_left[st] = n;
+  uint32_t e = AT(u, pos, st), n = plan_group_span(c, e);
+  AT(u, busy, st) = 1;
+  AT(u, group_left, st) = n;
   stream_queued(u, c, e, n, st, t);
   for (uint32_t j = 0; j < n; j++) {
     uint32_t i = c->stream_instrs[e + j];
-    if (!u->held[i])
+    if (!AT(u, held, i))
       alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
-    if (u->slot[i] != IR_NONE) {
-      u->posted[i] = t;
-      struct slot *sl = &s->slots[u->slot[i]];
+    if (AT(u, slot, i) != IR_NONE) {
+      AT(u, posted, i) = t;
+      struct slot *sl = &s->slots[AT(u, slot, i)];
       if (++sl->arrived == sl->expected)
-        start_comm(s, u->slot[i], t);
+        start_comm(s, AT(u, slot, i), t);
     } else {
       start_kernel(s, u, i, t);
     }
@@ -1168,8 +1114,8 @@ static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) 
 
 /* Whether stream st of u has a head that may be issued now. */
 static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t st) {
-  return !u->busy[st] && u->pos[st] < c->stream_first[st + 1] &&
-         parts_ready(u, c, u->pos[st], plan_group_span(c, u->pos[st]));
+  return !AT(u, busy, st) && AT(u, pos, st) < c->stream_first[st + 1] &&
+         parts_ready(u, c, AT(u, pos, st), plan_group_span(c, AT(u, pos, st)));
 }
 
 /* A receive's buffers count from the first loop turn that finds it ready, before its turn
@@ -1177,13 +1123,13 @@ static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint
  * and is not part of a point-to-point group (exec/train.c, recv_issue), to post it early. */
 static void hold_ready_recv(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
-  uint32_t i = c->stream_instrs[u->pos[st]];
+  uint32_t i = c->stream_instrs[AT(u, pos, st)];
   const struct plan_instr *in = &c->instrs[i];
-  if (u->held[i] || in->group_parts > 0 || in->wait_count > 0 ||
+  if (AT(u, held, i) || in->group_parts > 0 || in->wait_count > 0 ||
       s->p->nodes[in->node].kind != IR_NODE_RECV)
     return;
   alloc_tensors(s, u, i, t);
-  u->held[i] = 1;
+  AT(u, held, i) = 1;
 }
 
 /* The host loop of a rank sharing its node's cores (piper-exec's host backend, exec/
@@ -1200,8 +1146,8 @@ static void loop_advance(struct sim *s, struct unit_rt *u, double t) {
       if (head_ready(u, c, st))
         hold_ready_recv(s, u, st, t);
       /* the stream's first instruction not yet issued: behind the one in flight, if any */
-      uint32_t e = u->pos[st];
-      if (u->busy[st])
+      uint32_t e = AT(u, pos, st);
+      if (AT(u, busy, st))
         e += plan_group_span(c, e);
       if (e < c->stream_first[st + 1] && c->stream_instrs[e] < first) {
         first = c->stream_instrs[e];
@@ -1230,7 +1176,7 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
 
 /* The running kernel of unit u that event e ends, or -1 when e is stale (the kernel was
  * rescheduled since, or has ended). */
-static int32_t kernel_of_event(const struct unit_rt *u, const struct event *e) {
+static int32_t kernel_of_event(const struct unit_rt *u, const struct sim_event *e) {
   for (uint32_t j = 0; j < u->n_kernels; j++)
     if (u->kernels[j].instr == e->id)
       return u->kernels[j].version == e->version ? (int32_t)j : -1;
@@ -1243,7 +1189,7 @@ static bool comm_in_flight(const struct sim *s, const struct unit_rt *u) {
   const struct class_info *ci = &s->ci[u->cls];
   for (uint32_t k = 0; k < ci->n_streams_used; k++) {
     uint32_t st = ci->streams_used[k];
-    if (u->busy[st] && u->slot[c->stream_instrs[u->pos[st]]] != IR_NONE)
+    if (AT(u, busy, st) && AT(u, slot, c->stream_instrs[AT(u, pos, st)]) != IR_NONE)
       return true;
   }
   return false;
@@ -1259,7 +1205,7 @@ static void node_handover(struct sim *s, uint32_t node, double t) {
     struct waker k = g_array_index(w, struct waker, 0);
     g_array_remove_index(w, 0);
     struct unit_rt *v = &s->u[k.unit];
-    if (v->polled[k.instr] != 0)
+    if (AT(v, polled, k.instr) != 0)
       continue; /* seen already: its slice came first */
     loop_see(s, v, k.instr, t);
     try_advance(s, v, t);
@@ -1444,7 +1390,7 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
   }
   const struct slot_entry *found = slot_table_find(&b->by_key, &key);
   uint32_t id = found->id ? found->id - 1 : slot_new(s, b, &key, in, expected, &span);
-  u->slot[i] = id;
+  AT(u, slot, i) = id;
   uint32_t pr[2] = {ui, i};
   g_array_append_val(b->parts, pr);
   g_array_append_val(b->part_slot, id);
@@ -1506,7 +1452,7 @@ static bool build_slots(struct sim *s, GError **err) {
   for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
     const struct plan_class *c = &p->classes[s->u[ui].cls];
     for (uint32_t i = 0; i < c->n_instrs && ok; i++) {
-      s->u[ui].slot[i] = IR_NONE;
+      AT(&s->u[ui], slot, i) = IR_NONE;
       if (kind_is_comm(p->nodes[c->instrs[i].node].kind))
         ok = slot_join(s, &b, ui, i, err);
     }
@@ -1578,37 +1524,85 @@ static void sim_units(struct sim *s, struct sim_result *res) {
   }
 }
 
-/* A unit's arrays in one block, the per-stream ones (touched by every event of the unit) first:
- * with --no-collapse there are as many units as devices, and eight allocations each scattered
- * what one event touches over as many cache lines and pages. Zeroed but for pos, start, end and
+/* Zeroed memory for the large arrays of the run: past a few MiB aligned to 2 MiB and marked
+ * for transparent huge pages, because with every device simulated each event touches another
+ * unit's state and 4 KiB pages made nearly every such touch a TLB miss too. Freed with free(). */
+static void *big_alloc0(size_t bytes) {
+  void *p = NULL;
+  size_t huge = (size_t)2 << 20;
+  if (bytes >= 2 * huge) {
+    bytes = (bytes + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, bytes) != 0)
+      p = NULL;
+    else
+      madvise(p, bytes, MADV_HUGEPAGE);
+  }
+  if (!p)
+    p = malloc(bytes ? bytes : 1);
+  g_assert(p);
+  memset(p, 0, bytes);
+  return p;
+}
+
+/* The arrays of the n units of one class in one block, interleaved: entry x of member m is at
+ * array[x * n + m] (AT), so the replicas of a stage, which run in lockstep and are handled one
+ * after the other at each time, touch neighbouring words where a block per unit put each touch
+ * on a line and a page of its own. Doubles first, then 32-bit arrays, then bytes: every array
+ * stays aligned. The first member holds the block. Zeroed but for pos, start, end and
  * remaining, which unit_init sets. */
-static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
+static void unit_arrays(struct unit_rt *const *members, uint32_t n, size_t ns, size_t ni,
+                        size_t nt) {
   size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
                  ni * (3 * sizeof(double) + sizeof(uint32_t) + 2 * sizeof(uint8_t)) +
                  nt * sizeof(uint32_t);
-  char *at = u->block = g_malloc0(bytes + sizeof(double));
-  /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
-  u->queued = (double *)(void *)at;
-  at += ns * sizeof(double);
-  u->start = (double *)(void *)at;
-  at += ni * sizeof(double);
-  u->end = (double *)(void *)at;
-  at += ni * sizeof(double);
-  u->posted = (double *)(void *)at;
-  at += ni * sizeof(double);
-  u->pos = (uint32_t *)(void *)at;
-  at += ns * sizeof(uint32_t);
-  u->group_left = (uint32_t *)(void *)at;
-  at += ns * sizeof(uint32_t);
-  u->slot = (uint32_t *)(void *)at;
-  at += ni * sizeof(uint32_t);
-  u->remaining = (uint32_t *)(void *)at;
-  at += nt * sizeof(uint32_t);
-  u->busy = (uint8_t *)at;
-  at += ns;
-  u->polled = (uint8_t *)at;
-  at += ni;
-  u->held = (uint8_t *)at;
+  char *at = members[0]->block = big_alloc0(bytes * n + sizeof(double));
+  size_t sizes[11] = {sizeof(double) * ns, sizeof(double) * ni, sizeof(double) * ni,
+                      sizeof(double) * ni, sizeof(uint32_t) * ns, sizeof(uint32_t) * ns,
+                      sizeof(uint32_t) * ni, sizeof(uint32_t) * nt, ns, ni, ni};
+  char *first[11];
+  for (int k = 0; k < 11; k++) {
+    first[k] = at;
+    at += sizes[k] * n;
+  }
+  for (uint32_t m = 0; m < n; m++) {
+    struct unit_rt *u = members[m];
+    u->stride = n;
+    u->queued = (double *)(void *)first[0] + m;
+    u->start = (double *)(void *)first[1] + m;
+    u->end = (double *)(void *)first[2] + m;
+    u->posted = (double *)(void *)first[3] + m;
+    u->pos = (uint32_t *)(void *)first[4] + m;
+    u->group_left = (uint32_t *)(void *)first[5] + m;
+    u->slot = (uint32_t *)(void *)first[6] + m;
+    u->remaining = (uint32_t *)(void *)first[7] + m;
+    u->busy = (uint8_t *)first[8] + m;
+    u->polled = (uint8_t *)first[9] + m;
+    u->held = (uint8_t *)first[10] + m;
+  }
+}
+
+/* Every unit's arrays, interleaved by class (unit_arrays). */
+static void sim_units_arrays(struct sim *s, const struct sim_result *res) {
+  const struct plan *p = s->p;
+  uint32_t *count = g_new0(uint32_t, p->n_classes + 1), *fill = g_new0(uint32_t, p->n_classes + 1);
+  struct unit_rt **by_class = g_new(struct unit_rt *, s->n_units + 1);
+  uint32_t *first = g_new0(uint32_t, p->n_classes + 2);
+  for (uint32_t k = 0; k < s->n_units; k++)
+    count[p->device_class[res->units[k].members[0]]]++;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    first[c + 1] = first[c] + count[c];
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    uint32_t c = p->device_class[res->units[k].members[0]];
+    by_class[first[c] + fill[c]++] = &s->u[k];
+  }
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    if (count[c] > 0)
+      unit_arrays(by_class + first[c], count[c], p->n_streams + 1, p->classes[c].n_instrs + 1,
+                  p->classes[c].n_tensors + 1);
+  g_free(count);
+  g_free(fill);
+  g_free(by_class);
+  g_free(first);
 }
 
 /* Unit k's run-time state: its representative, stream positions, instruction times, tensor
@@ -1621,13 +1615,12 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   res->units[k].class_index = u->cls;
   const struct plan_class *c = &p->classes[u->cls];
   u->base = base;
-  unit_arrays(u, p->n_streams + 1, c->n_instrs + 1, c->n_tensors + 1);
   for (uint32_t st = 0; st < p->n_streams; st++)
-    u->pos[st] = c->stream_first[st];
+    AT(u, pos, st) = c->stream_first[st];
   for (uint32_t i = 0; i < c->n_instrs; i++)
-    u->start[i] = u->end[i] = -1;
+    AT(u, start, i) = AT(u, end, i) = -1;
   for (uint32_t t = 0; t < c->n_tensors; t++)
-    u->remaining[t] = c->tensors[t].consumer_count + 1; /* and the release point */
+    AT(u, remaining, t) = c->tensors[t].consumer_count + 1; /* and the release point */
   sim_static_memory_held(p, c, s->prof, res->units[k].static_bytes);
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
@@ -1681,6 +1674,7 @@ static void sim_nodes(struct sim *s, const struct sim_result *res) {
 /* Every unit's state; instruction ids (base + instr) must fit in 32 bits. */
 static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) {
   uint64_t total = 0;
+  sim_units_arrays(s, res);
   for (uint32_t k = 0; k < s->n_units; k++) {
     uint32_t base = (uint32_t)total;
     total += s->p->classes[s->p->device_class[res->units[k].members[0]]].n_instrs;
@@ -1702,7 +1696,7 @@ static void sim_loop(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++)
     try_advance(s, &s->u[k], 0);
   while (s->heap.n > 0) {
-    struct event e = heap_pop(&s->heap);
+    struct sim_event e = sim_queue_pop(&s->heap);
     if (e.type == EV_KERNEL_END) {
       struct unit_rt *u = &s->u[e.unit];
       int32_t j = kernel_of_event(u, &e);
@@ -1711,7 +1705,7 @@ static void sim_loop(struct sim *s) {
       s->events++;
       end_kernel(s, u, (uint32_t)j, e.t);
     } else if (e.type == EV_WAKE) {
-      if (s->u[e.unit].polled[e.id] != 0)
+      if (AT(&s->u[e.unit], polled, e.id) != 0)
         continue; /* a turn of another rank's loop handed it a core first */
       s->events++;
       loop_see(s, &s->u[e.unit], e.id, e.t);
@@ -1734,9 +1728,9 @@ static bool sim_check_finished(const struct sim *s, GError **err) {
     if (u->done == c->n_instrs)
       continue;
     for (uint32_t st = 0; st < p->n_streams; st++) {
-      if (u->pos[st] >= c->stream_first[st + 1])
+      if (AT(u, pos, st) >= c->stream_first[st + 1])
         continue;
-      uint32_t i = c->stream_instrs[u->pos[st]];
+      uint32_t i = c->stream_instrs[AT(u, pos, st)];
       char name[160];
       plan_node_name(p, c->instrs[i].node, name, sizeof name);
       return piper_runtime_error(
@@ -1771,11 +1765,11 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   su->intervals = g_new(struct report_interval, c->n_instrs + 1);
   for (uint32_t i = 0; i < c->n_instrs; i++)
     su->intervals[i] = (struct report_interval){
-        .start = u->start[i],
-        .end = u->end[i],
+        .start = AT(u, start, i),
+        .end = AT(u, end, i),
         .node = c->instrs[i].node,
         .stream = c->instrs[i].stream,
-        .wait = u->slot[i] != IR_NONE && u->start[i] > u->posted[i] ? u->start[i] - u->posted[i]
+        .wait = AT(u, slot, i) != IR_NONE && AT(u, start, i) > AT(u, posted, i) ? AT(u, start, i) - AT(u, posted, i)
                                                                     : 0};
   su->n_intervals = c->n_instrs;
   qsort(su->intervals, su->n_intervals, sizeof *su->intervals, interval_cmp);
@@ -1803,8 +1797,8 @@ static void sim_collect_serial(struct sim *s, struct sim_result *res) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     const struct plan_class *c = &s->p->classes[s->u[k].cls];
     for (uint32_t st = 0; st < s->p->n_streams; st++)
-      if (s->u[k].queued[st] > res->serial_seconds && stream_mixed(c, st)) {
-        res->serial_seconds = s->u[k].queued[st];
+      if (AT(&s->u[k], queued, st) > res->serial_seconds && stream_mixed(c, st)) {
+        res->serial_seconds = AT(&s->u[k], queued, st);
         res->serial_stream = st;
         res->serial_device = s->u[k].rep;
       }
@@ -1826,7 +1820,7 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
 static void sim_free(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     struct unit_rt *u = &s->u[k];
-    g_free(u->block);
+    free(u->block);
     g_free(u->kernels);
     g_free(u->ops);
     g_free(u->seen_late);
@@ -1836,7 +1830,7 @@ static void sim_free(struct sim *s) {
   g_free(s->slots);
   g_free(s->slot_mark);
   g_free(s->parts);
-  g_free(s->heap.a);
+  sim_queue_free(&s->heap);
   g_free(s->unit_node);
   g_free(s->node_first);
   g_free(s->node_units);
