@@ -236,7 +236,40 @@ struct class_info {
   uint32_t *comms;
   uint32_t *comm_kind; /* per used comm: node kind of its first instruction */
   uint32_t *comm_node; /* per used comm: a node of it (p2p: to find the peer) */
+  /* The class's point-to-point instructions by (comm, seq), ascending: a device has one
+   * instruction per pair, so a send finds its receive in the peer's class (slot_join). */
+  uint32_t n_p2p;
+  struct p2p_key *p2p;
 };
+
+struct p2p_key {
+  uint32_t comm, seq, instr;
+};
+
+static int p2p_key_cmp(const void *a, const void *b) {
+  const struct p2p_key *x = a, *y = b;
+  if (x->comm != y->comm)
+    return x->comm < y->comm ? -1 : 1;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* The class's point-to-point instruction on comm with sequence number seq, or IR_NONE. */
+static uint32_t class_p2p_find(const struct class_info *ci, uint32_t comm, uint32_t seq) {
+  struct p2p_key key = {comm, seq, 0};
+  const struct p2p_key *k = bsearch(&key, ci->p2p, ci->n_p2p, sizeof key, p2p_key_cmp);
+  return k ? k->instr : IR_NONE;
+}
+
+/* Fills ci->p2p from class c. */
+static void class_p2p_index(const struct plan *p, const struct plan_class *c,
+                            struct class_info *ci) {
+  ci->p2p = g_new(struct p2p_key, c->n_instrs + 1);
+  ci->n_p2p = 0;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    if (kind_is_p2p(p->nodes[c->instrs[i].node].kind))
+      ci->p2p[ci->n_p2p++] = (struct p2p_key){c->instrs[i].comm, c->instrs[i].seq, i};
+  qsort(ci->p2p, ci->n_p2p, sizeof *ci->p2p, p2p_key_cmp);
+}
 
 struct cost_key {
   uint32_t segment, pass, shard;
@@ -366,6 +399,7 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     }
   }
   g_hash_table_destroy(seen);
+  class_p2p_index(p, c, ci);
   ci->tensor_kind = g_new0(uint8_t, c->n_tensors + 1);
   ci->tensor_saved = g_new0(uint8_t, c->n_tensors + 1);
   for (uint32_t t = 0; t < c->n_tensors; t++) {
@@ -407,6 +441,7 @@ static void class_info_free(struct class_info *ci) {
   g_free(ci->comms);
   g_free(ci->comm_kind);
   g_free(ci->comm_node);
+  g_free(ci->p2p);
 }
 
 /* ---- units (colour refinement) ------------------------------------------------------------ */
@@ -581,15 +616,35 @@ struct unit_rt {
   bool keep_tl; /* records a timeline (sim_options.memory_timeline_limit) */
 };
 
-struct slot { /* a rendezvous: p2p pair or collective; its comm op */
-  uint32_t expected, arrived;
-  uint32_t part_first, part_count; /* into sim.parts: (unit, instr) */
+/* What a communication costs; slots share one entry per distinct cost (sim.costs). */
+struct slot_cost {
   double latency, transfer, sm_share;
   bool inter;
-  /* running state */
+};
+
+enum { RUN_LEVELS = 24, RUN_HIST_PARTS = 8 };
+
+/* A running communication's state, from a pool (sim.runs) while it runs. */
+struct slot_run {
   double lat_end, remaining, rate, last, end_t;
+  /* A collective of many parties shares the busiest party's link: the largest n_link of its
+   * parties. Rescheduling it at every start and end of any of its members' other transfers
+   * scanned every party (the square of a data-parallel group over a step), so a large one
+   * keeps how many of its parties are at each level (run_levels); hist is false for small
+   * ones, and for a party past the last level, which fall back to the scan. */
+  bool hist;
+  uint32_t level[RUN_LEVELS];
+};
+
+/* A rendezvous: p2p pair or collective; its comm op. 32 bytes: with every device simulated
+ * there is a slot per point-to-point pair (128 a device here), so its cost lives in a shared
+ * table and its running state in a pool of the few running at once. */
+struct slot {
+  uint32_t expected, arrived;
+  uint32_t part_first, part_count; /* into sim.parts: (unit, instr) */
+  uint32_t cost;                   /* into sim.costs */
+  uint32_t run;                    /* into sim.runs while running, else IR_NONE */
   uint32_t version;
-  bool running;
   uint32_t need; /* host loop: polls still needed before the parties that wait complete */
 };
 
@@ -604,6 +659,9 @@ struct sim {
   uint32_t *gid_unit; /* not stored: found via bases (binary search) */
   uint32_t n_slots;
   struct slot *slots;
+  struct slot_cost *costs;
+  struct slot_run *runs;
+  uint32_t n_runs, cap_runs, *free_runs, n_free_runs;
   uint32_t *slot_mark; /* [n_slots] visit of the last pass that touched the slot */
   uint32_t visit;      /* passes over a communication's participants so far */
   uint32_t *parts; /* pairs (unit, instr) */
@@ -696,7 +754,7 @@ static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
     g_free(r);
 }
 
-static void op_settle(struct slot *sl, double t) {
+static void op_settle(struct slot_run *sl, double t) {
   if (t > sl->lat_end) {
     double from = sl->last > sl->lat_end ? sl->last : sl->lat_end;
     sl->remaining -= (t - from) * sl->rate;
@@ -707,12 +765,22 @@ static void op_settle(struct slot *sl, double t) {
 }
 
 static void op_reschedule(struct sim *s, uint32_t id, double t) {
-  struct slot *sl = &s->slots[id];
+  struct slot *slot = &s->slots[id];
+  struct slot_run *sl = &s->runs[slot->run];
+  bool inter = s->costs[slot->cost].inter;
   uint32_t share = 1;
-  for (uint32_t k = 0; k < sl->part_count; k++) {
-    uint32_t n = s->u[s->parts[2 * (sl->part_first + k)]].n_link[sl->inter];
-    if (n > share)
-      share = n;
+  if (sl->hist) {
+    for (uint32_t l = RUN_LEVELS - 1; l > 1; l--)
+      if (sl->level[l] > 0) {
+        share = l;
+        break;
+      }
+  } else {
+    for (uint32_t k = 0; k < slot->part_count; k++) {
+      uint32_t n = s->u[s->parts[2 * (slot->part_first + k)]].n_link[inter];
+      if (n > share)
+        share = n;
+    }
   }
   double rate = 1.0 / share;
   if (rate == sl->rate)
@@ -720,7 +788,7 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
   sl->rate = rate;
   double from = t > sl->lat_end ? t : sl->lat_end;
   sl->end_t = sl->remaining <= 0 ? from : from + sl->remaining / rate;
-  sim_queue_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version, 0);
+  sim_queue_push(&s->heap, sl->end_t, EV_COMM_END, id, ++slot->version, 0);
 }
 
 static void mem_point(struct sim *s, struct unit_rt *u, double t) {
@@ -825,7 +893,7 @@ static void settle_parts(struct sim *s, const struct slot *sl, double t) {
     unit_settle(u, t);
     for (uint32_t j = 0; j < u->n_ops; j++)
       if (first_visit(s, u->ops[j], visit))
-        op_settle(&s->slots[u->ops[j]], t);
+        op_settle(&s->runs[s->slots[u->ops[j]].run], t);
   }
 }
 
@@ -868,14 +936,60 @@ static double comm_lateness(const struct sim *s, const struct unit_rt *u, uint32
   return 0;
 }
 
+/* Unit u's n_link[inter] has moved from `from` by delta: the large collectives it runs beside
+ * slot `self` move one party each (struct slot_run). */
+static void run_levels_move(struct sim *s, const struct unit_rt *u, uint32_t self, bool inter,
+                            uint32_t from, int delta) {
+  for (uint32_t j = 0; j < u->n_ops; j++) {
+    const struct slot *o = &s->slots[u->ops[j]];
+    struct slot_run *r = &s->runs[o->run];
+    if (u->ops[j] == self || !r->hist || s->costs[o->cost].inter != inter)
+      continue;
+    uint32_t to = (uint32_t)((int)from + delta);
+    if (from >= RUN_LEVELS || to >= RUN_LEVELS) {
+      r->hist = false;
+      continue;
+    }
+    r->level[from]--;
+    r->level[to]++;
+  }
+}
+
+/* The levels of a collective that starts (after its parties' n_link counted it). */
+static void run_levels_init(struct sim *s, uint32_t id) {
+  const struct slot *sl = &s->slots[id];
+  struct slot_run *r = &s->runs[sl->run];
+  bool inter = s->costs[sl->cost].inter;
+  r->hist = sl->part_count > RUN_HIST_PARTS;
+  for (uint32_t k = 0; k < sl->part_count && r->hist; k++) {
+    uint32_t n = s->u[s->parts[2 * (sl->part_first + k)]].n_link[inter];
+    if (n >= RUN_LEVELS)
+      r->hist = false;
+    else
+      r->level[n]++;
+  }
+}
+
+/* A running state from the pool (struct slot_run). */
+static uint32_t run_new(struct sim *s) {
+  if (s->n_free_runs > 0)
+    return s->free_runs[--s->n_free_runs];
+  if (s->n_runs == s->cap_runs) {
+    s->cap_runs = s->cap_runs ? 2 * s->cap_runs : 256;
+    s->runs = g_renew(struct slot_run, s->runs, s->cap_runs);
+    s->free_runs = g_renew(uint32_t, s->free_runs, s->cap_runs);
+  }
+  return s->n_runs++;
+}
+
 static void start_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
+  const struct slot_cost *cost = &s->costs[sl->cost];
   settle_parts(s, sl, t);
-  sl->running = true;
-  sl->lat_end = t + sl->latency;
-  sl->remaining = sl->transfer;
-  sl->last = t;
-  sl->rate = 0;
+  sl->run = run_new(s);
+  s->runs[sl->run] =
+      (struct slot_run){.lat_end = t + cost->latency, .remaining = cost->transfer, .last = t};
+  memset(s->runs[sl->run].level, 0, sizeof s->runs[sl->run].level);
   for (uint32_t k = 0; k < sl->part_count; k++) {
     uint32_t ui = s->parts[2 * (sl->part_first + k)],
              instr = s->parts[2 * (sl->part_first + k) + 1];
@@ -888,9 +1002,10 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
       u->ops = g_renew(uint32_t, u->ops, u->cap_ops);
     }
     u->ops[u->n_ops++] = id;
-    u->n_link[sl->inter]++;
-    u->comm_sm += sl->sm_share;
+    run_levels_move(s, u, id, cost->inter, u->n_link[cost->inter]++, +1);
+    u->comm_sm += cost->sm_share;
   }
+  run_levels_init(s, id);
   reschedule_parts(s, sl, t);
 }
 
@@ -979,8 +1094,10 @@ static void loop_see(struct sim *s, struct unit_rt *u, uint32_t instr, double t)
 
 static void end_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
+  const struct slot_cost *cost = &s->costs[sl->cost];
   settle_parts(s, sl, t);
-  sl->running = false;
+  s->free_runs[s->n_free_runs++] = sl->run;
+  sl->run = IR_NONE;
   sl->need = 0;
   for (uint32_t k = 0; k < sl->part_count; k++) {
     enum poll_role r = poll_role(s, &s->u[s->parts[2 * (sl->part_first + k)]],
@@ -996,8 +1113,8 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
         u->ops[j] = u->ops[--u->n_ops];
         break;
       }
-    u->n_link[sl->inter]--;
-    u->comm_sm -= sl->sm_share;
+    run_levels_move(s, u, id, cost->inter, u->n_link[cost->inter]--, -1);
+    u->comm_sm -= cost->sm_share;
     if (u->n_ops == 0)
       u->comm_sm = 0; /* no drift from repeated add/subtract */
     bool handover;
@@ -1295,6 +1412,8 @@ struct slot_builder {
   uint32_t *comm_units;           /* [n_comms] distinct units per collective communicator */
   struct profile_span *comm_span; /* [n_comms] where each collective runs */
   GHashTable *split_sets;         /* unit sets of split instances -> id + 1 */
+  GArray *costs;                  /* struct slot_cost, distinct */
+  uint32_t *cost_ids, cost_mask;  /* costs by value: id + 1, 0 empty */
 };
 
 /* Per collective communicator: how many distinct units take part, and its span. */
@@ -1316,13 +1435,48 @@ static void slots_collectives(struct sim *s, struct slot_builder *b) {
   }
 }
 
+static uint64_t cost_hash(const struct slot_cost *c) {
+  uint64_t h = 0, v[3];
+  memcpy(v, c, sizeof v);
+  for (int k = 0; k < 3; k++)
+    h = (h ^ v[k]) * 0x9e3779b97f4a7c15ull;
+  return (h ^ c->inter) ^ (h >> 31);
+}
+
+/* The id of cost c in the builder's table of distinct costs (open addressing). */
+static uint32_t cost_intern(struct slot_builder *b, const struct slot_cost *c) {
+  struct slot_cost *all = (struct slot_cost *)(void *)b->costs->data;
+  if (2 * (b->costs->len + 1) > b->cost_mask + 1) { /* grow and rehash */
+    uint32_t cap = b->cost_ids ? 2 * (b->cost_mask + 1) : 64;
+    g_free(b->cost_ids);
+    b->cost_ids = g_new0(uint32_t, cap);
+    b->cost_mask = cap - 1;
+    for (uint32_t k = 0; k < b->costs->len; k++) {
+      size_t at = cost_hash(&all[k]) & b->cost_mask;
+      while (b->cost_ids[at])
+        at = (at + 1) & b->cost_mask;
+      b->cost_ids[at] = k + 1;
+    }
+  }
+  size_t at = cost_hash(c) & b->cost_mask;
+  for (; b->cost_ids[at]; at = (at + 1) & b->cost_mask) {
+    const struct slot_cost *o = &all[b->cost_ids[at] - 1];
+    if (o->latency == c->latency && o->transfer == c->transfer && o->sm_share == c->sm_share &&
+        o->inter == c->inter)
+      return b->cost_ids[at] - 1;
+  }
+  b->cost_ids[at] = b->costs->len + 1;
+  g_array_append_val(b->costs, *c);
+  return b->costs->len - 1;
+}
+
 /* A new slot for key: its cost on span, and the SM share of the stream it runs on. */
 static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slot_key *key,
                          const struct plan_instr *in, uint32_t expected,
-                         const struct profile_span *span) {
+                         const struct profile_span *span, bool indexed) {
   const struct ir_node *n = &s->p->nodes[in->node];
   uint32_t id = b->slots->len;
-  struct slot sl = {.expected = expected};
+  struct slot_cost sl = {0};
   if (s->prof->synthetic) {
     sl.latency = s->prof->syn_comm;
   } else {
@@ -1337,7 +1491,10 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
   sl.latency += s->prof->instruction_overhead; /* posting it is the rank's work */
   double share = s->p->streams[in->stream].sm_share;
   sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
-  g_array_append_val(b->slots, sl);
+  struct slot slot = {.expected = expected, .cost = cost_intern(b, &sl), .run = IR_NONE};
+  g_array_append_val(b->slots, slot);
+  if (!indexed)
+    return id;
   if (2 * (b->by_key.n + 1) > b->by_key.mask + 1)
     slot_table_grow(&b->by_key);
   struct slot_entry *e = slot_table_find(&b->by_key, key);
@@ -1345,6 +1502,31 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
   e->id = id + 1;
   b->by_key.n++;
   return id;
+}
+
+static void pr_join(struct slot_builder *b, uint32_t ui, uint32_t i, uint32_t id) {
+  uint32_t pr[2] = {ui, i};
+  g_array_append_val(b->parts, pr);
+  g_array_append_val(b->part_slot, id);
+}
+
+/* The other end of unit ui's point-to-point instruction i, when unit pu holds it and comes
+ * later in build_slots' order: found in pu's class by (comm, seq), a receive for a send and
+ * the reverse, whose own peer is in unit ui (the key both ends would make). The slot is then
+ * handed to it directly, and the key table, which would hold a slot per pair of devices and
+ * miss the caches on every lookup, only keeps what no end found this way. IR_NONE otherwise. */
+static uint32_t slot_pair(struct sim *s, uint32_t ui, uint32_t i, uint32_t pu) {
+  const struct plan *p = s->p;
+  const struct unit_rt *u = &s->u[ui], *v = &s->u[pu];
+  const struct plan_instr *in = &p->classes[u->cls].instrs[i];
+  uint32_t j = class_p2p_find(&s->ci[v->cls], in->comm, in->seq);
+  if (j == IR_NONE || pu < ui || (pu == ui && j <= i) || AT(v, slot, j) != IR_NONE)
+    return IR_NONE;
+  const struct ir_node *n = &p->nodes[in->node], *m = &p->nodes[p->classes[v->cls].instrs[j].node];
+  if (m->kind == n->kind || !kind_is_p2p(m->kind))
+    return IR_NONE;
+  uint32_t back = node_peer(p, m, v->rep);
+  return back < p->n_devices && s->unit_of_device[back] == ui ? j : IR_NONE;
 }
 
 /* The slot of unit ui's communication instruction i: a p2p pair is keyed by its two units, a
@@ -1359,6 +1541,11 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
   uint32_t expected;
   struct profile_span span;
   char name[160];
+  if (AT(u, slot, i) != IR_NONE) { /* the other end made it (slot_pair) */
+    pr_join(b, ui, i, AT(u, slot, i));
+    return true;
+  }
+  uint32_t partner = IR_NONE;
   if (kind_is_p2p(n->kind)) {
     uint32_t peer = node_peer(p, n, u->rep);
     if (peer == IR_NONE || peer >= p->n_devices) {
@@ -1366,6 +1553,7 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
       return piper_input_error(err, "plan: device %u: %s has no peer device", u->rep, name);
     }
     uint32_t pu = s->unit_of_device[peer];
+    partner = pu;
     key.a = n->kind == IR_NODE_SEND ? ui : pu;
     key.b = n->kind == IR_NODE_SEND ? pu : ui;
     expected = 2;
@@ -1389,11 +1577,17 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
     }
   }
   const struct slot_entry *found = slot_table_find(&b->by_key, &key);
-  uint32_t id = found->id ? found->id - 1 : slot_new(s, b, &key, in, expected, &span);
+  uint32_t id;
+  if (found->id) {
+    id = found->id - 1;
+  } else {
+    uint32_t j = partner == IR_NONE ? IR_NONE : slot_pair(s, ui, i, partner);
+    id = slot_new(s, b, &key, in, expected, &span, j == IR_NONE);
+    if (j != IR_NONE)
+      AT(&s->u[partner], slot, j) = id;
+  }
   AT(u, slot, i) = id;
-  uint32_t pr[2] = {ui, i};
-  g_array_append_val(b->parts, pr);
-  g_array_append_val(b->part_slot, id);
+  pr_join(b, ui, i, id);
   return true;
 }
 
@@ -1443,16 +1637,19 @@ static bool build_slots(struct sim *s, GError **err) {
       .slots = g_array_new(FALSE, TRUE, sizeof(struct slot)),
       .parts = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2),
       .part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .costs = g_array_new(FALSE, FALSE, sizeof(struct slot_cost)),
   };
   slot_table_grow(&b.by_key);
   b.split_sets =
       g_hash_table_new_full(g_bytes_hash, g_bytes_equal, (GDestroyNotify)g_bytes_unref, NULL);
   slots_collectives(s, &b);
   bool ok = true;
+  for (uint32_t ui = 0; ui < s->n_units; ui++)
+    for (uint32_t i = 0; i < p->classes[s->u[ui].cls].n_instrs; i++)
+      AT(&s->u[ui], slot, i) = IR_NONE;
   for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
     const struct plan_class *c = &p->classes[s->u[ui].cls];
     for (uint32_t i = 0; i < c->n_instrs && ok; i++) {
-      AT(&s->u[ui], slot, i) = IR_NONE;
       if (kind_is_comm(p->nodes[c->instrs[i].node].kind))
         ok = slot_join(s, &b, ui, i, err);
     }
@@ -1463,6 +1660,8 @@ static bool build_slots(struct sim *s, GError **err) {
   g_free(b.by_key.e);
   s->n_slots = b.slots->len;
   s->slots = (struct slot *)g_array_free(b.slots, FALSE);
+  s->costs = (struct slot_cost *)(void *)g_array_free(b.costs, FALSE);
+  g_free(b.cost_ids);
   s->slot_mark = g_new0(uint32_t, s->n_slots ? s->n_slots : 1);
   slots_group_parts(s, &b);
   g_array_free(b.parts, TRUE);
@@ -1711,7 +1910,7 @@ static void sim_loop(struct sim *s) {
       loop_see(s, &s->u[e.unit], e.id, e.t);
       try_advance(s, &s->u[e.unit], e.t);
     } else {
-      if (e.version != s->slots[e.id].version || !s->slots[e.id].running)
+      if (e.version != s->slots[e.id].version || s->slots[e.id].run == IR_NONE)
         continue;
       s->events++;
       end_comm(s, e.id, e.t);
@@ -1828,6 +2027,9 @@ static void sim_free(struct sim *s) {
   }
   g_free(s->u);
   g_free(s->slots);
+  g_free(s->costs);
+  g_free(s->runs);
+  g_free(s->free_runs);
   g_free(s->slot_mark);
   g_free(s->parts);
   sim_queue_free(&s->heap);

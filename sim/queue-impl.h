@@ -24,20 +24,31 @@ struct sim_event {
   uint32_t type, id, version, unit;
 };
 
-struct sim_queue_entry { /* an event in its bucket's FIFO */
+struct sim_queue_entry {
   uint32_t type, id, version, unit;
-  uint32_t next; /* next in the bucket, or the free list; UINT32_MAX: none */
+};
+
+/* A bucket's events are chunks of consecutive entries: popping a linked list of single events
+ * chased one pointer per event (each load waiting for the previous one, a cache miss apiece
+ * once the queue outgrows the caches); a chunk's entries are adjacent and prefetched. */
+#define SIM_QUEUE_CHUNK 15
+
+struct sim_queue_chunk {
+  struct sim_queue_entry e[SIM_QUEUE_CHUNK];
+  uint32_t n;    /* entries written */
+  uint32_t next; /* next chunk of the bucket, or of the free list; UINT32_MAX: none */
 };
 
 struct sim_queue_bucket {
   double t;
-  uint32_t head, tail; /* entries; a free bucket's tail links the free list */
+  uint32_t head, tail; /* chunks; a free bucket's tail links the free list */
+  uint32_t read;       /* entries of the head chunk already popped */
 };
 
 struct sim_queue {
   size_t n; /* events queued */
-  struct sim_queue_entry *e;
-  uint32_t n_e, cap_e, free_e;
+  struct sim_queue_chunk *c;
+  uint32_t n_c, cap_c, free_c;
   struct sim_queue_bucket *b;
   uint32_t n_b, cap_b, free_b;
   uint32_t *heap; /* bucket ids, a binary min-heap on their distinct times */

@@ -84,6 +84,28 @@ static void heap_down(struct sim_queue *q, uint32_t i) {
   heap_set(q, i, bucket);
 }
 
+static uint32_t chunk_new(struct sim_queue *q) {
+  uint32_t id;
+  if (q->free_c != NONE) {
+    id = q->free_c;
+    q->free_c = q->c[id].next;
+  } else {
+    if (q->n_c == q->cap_c) {
+      q->cap_c = q->cap_c ? 2 * q->cap_c : 256;
+      q->c = g_renew(struct sim_queue_chunk, q->c, q->cap_c);
+    }
+    id = q->n_c++;
+  }
+  q->c[id].n = 0;
+  q->c[id].next = NONE;
+  return id;
+}
+
+static void chunk_free(struct sim_queue *q, uint32_t id) {
+  q->c[id].next = q->free_c;
+  q->free_c = id;
+}
+
 static uint32_t bucket_new(struct sim_queue *q, double t) {
   uint32_t id;
   if (q->free_b != NONE) {
@@ -96,7 +118,8 @@ static uint32_t bucket_new(struct sim_queue *q, double t) {
     }
     id = q->n_b++;
   }
-  q->b[id] = (struct sim_queue_bucket){.t = t, .head = NONE, .tail = NONE};
+  uint32_t chunk = chunk_new(q);
+  q->b[id] = (struct sim_queue_bucket){.t = t, .head = chunk, .tail = chunk};
   if (q->n_heap == q->cap_heap) {
     q->cap_heap = q->cap_heap ? 2 * q->cap_heap : 256;
     q->heap = g_renew(uint32_t, q->heap, q->cap_heap);
@@ -111,7 +134,7 @@ void sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, u
   if (t == 0)
     t = 0; /* -0.0 and 0.0 are one time */
   if (!q->table) {
-    q->free_e = q->free_b = NONE;
+    q->free_c = q->free_b = NONE;
     table_grow(q);
   }
   uint32_t *slot = table_find(q, t), bucket;
@@ -126,50 +149,46 @@ void sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, u
     *slot = bucket + 1;
     q->table_n++;
   }
-  uint32_t k;
-  if (q->free_e != NONE) {
-    k = q->free_e;
-    q->free_e = q->e[k].next;
-  } else {
-    if (q->n_e == q->cap_e) {
-      q->cap_e = q->cap_e ? 2 * q->cap_e : 1024;
-      q->e = g_renew(struct sim_queue_entry, q->e, q->cap_e);
-    }
-    k = q->n_e++;
+  uint32_t tail = q->b[bucket].tail;
+  if (q->c[tail].n == SIM_QUEUE_CHUNK) {
+    uint32_t fresh = chunk_new(q);
+    q->c[tail].next = fresh;
+    q->b[bucket].tail = tail = fresh;
   }
-  q->e[k] = (struct sim_queue_entry){type, id, version, unit, NONE};
-  struct sim_queue_bucket *b = &q->b[bucket];
-  if (b->tail == NONE)
-    b->head = k;
-  else
-    q->e[b->tail].next = k;
-  b->tail = k;
+  struct sim_queue_chunk *c = &q->c[tail];
+  c->e[c->n++] = (struct sim_queue_entry){type, id, version, unit};
   q->n++;
 }
 
 struct sim_event sim_queue_pop(struct sim_queue *q) {
   uint32_t bucket = q->heap[0];
   struct sim_queue_bucket *b = &q->b[bucket];
-  uint32_t k = b->head;
-  const struct sim_queue_entry *e = &q->e[k];
+  struct sim_queue_chunk *c = &q->c[b->head];
+  const struct sim_queue_entry *e = &c->e[b->read++];
   struct sim_event out = {b->t, e->type, e->id, e->version, e->unit};
-  b->head = e->next;
-  q->e[k].next = q->free_e;
-  q->free_e = k;
   q->n--;
-  if (b->head == NONE) { /* the time is used up: its bucket goes */
-    table_remove(q, b->t);
-    heap_set(q, 0, q->heap[--q->n_heap]);
-    if (q->n_heap > 0)
-      heap_down(q, 0);
-    b->tail = q->free_b;
-    q->free_b = bucket;
+  if (b->read < c->n)
+    return out;
+  if (b->head != b->tail) { /* on to the next chunk */
+    uint32_t next = c->next;
+    chunk_free(q, b->head);
+    b->head = next;
+    b->read = 0;
+    return out;
   }
+  /* the time is used up: its bucket goes */
+  chunk_free(q, b->head);
+  table_remove(q, b->t);
+  heap_set(q, 0, q->heap[--q->n_heap]);
+  if (q->n_heap > 0)
+    heap_down(q, 0);
+  b->tail = q->free_b;
+  q->free_b = bucket;
   return out;
 }
 
 void sim_queue_free(struct sim_queue *q) {
-  g_free(q->e);
+  g_free(q->c);
   g_free(q->b);
   g_free(q->heap);
   g_free(q->table);
