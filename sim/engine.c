@@ -80,6 +80,26 @@ static GArray *split_instance(const struct plan *p, const struct profile *prof, 
   return set;
 }
 
+/* Zeroed memory for the large arrays of the run: past a few MiB aligned to 2 MiB and marked
+ * for transparent huge pages, because with every device simulated each event touches another
+ * unit's state and 4 KiB pages made nearly every such touch a TLB miss too. Freed with free(). */
+static void *big_alloc0(size_t bytes) {
+  void *p = NULL;
+  size_t huge = (size_t)2 << 20;
+  if (bytes >= 2 * huge) {
+    bytes = (bytes + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, bytes) != 0)
+      p = NULL;
+    else
+      madvise(p, bytes, MADV_HUGEPAGE);
+  }
+  if (!p)
+    p = malloc(bytes ? bytes : 1);
+  g_assert(p);
+  memset(p, 0, bytes);
+  return p;
+}
+
 /* ---- static memory ------------------------------------------------------------------------ */
 
 /* Bytes per parameter of parameters, gradients and optimizer state. Mixed-precision Adam (ZeRO
@@ -593,6 +613,7 @@ struct unit_rt {
   uint32_t *remaining; /* [n_tensors] consumers still to run */
   uint32_t done;
   uint32_t n_kernels, cap_kernels;
+  bool own_kernels, own_ops; /* kernels, ops outgrew their places in the pools (sim_pools) */
   struct kernel *kernels;
   uint32_t n_ops, cap_ops;
   uint32_t *ops;      /* running comm ops (slot ids) */
@@ -655,6 +676,8 @@ struct sim {
   struct class_info *ci;
   uint32_t n_units;
   struct unit_rt *u;
+  struct kernel *kernel_pool; /* POOL_KERNELS a unit, then its own (unit_rt.own_kernels) */
+  uint32_t *op_pool;          /* POOL_OPS a unit */
   uint32_t *unit_of_device;
   uint32_t *gid_unit; /* not stored: found via bases (binary search) */
   uint32_t n_slots;
@@ -999,7 +1022,9 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
       s->t_first = t;
     if (u->n_ops == u->cap_ops) {
       u->cap_ops = u->cap_ops ? 2 * u->cap_ops : 8;
-      u->ops = g_renew(uint32_t, u->ops, u->cap_ops);
+      u->ops = u->own_ops ? g_renew(uint32_t, u->ops, u->cap_ops)
+                          : g_memdup2(u->ops, sizeof(uint32_t) * u->cap_ops);
+      u->own_ops = true;
     }
     u->ops[u->n_ops++] = id;
     run_levels_move(s, u, id, cost->inter, u->n_link[cost->inter]++, +1);
@@ -1157,7 +1182,9 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   unit_settle(u, t);
   if (u->n_kernels == u->cap_kernels) {
     u->cap_kernels = u->cap_kernels ? 2 * u->cap_kernels : 4;
-    u->kernels = g_renew(struct kernel, u->kernels, u->cap_kernels);
+    u->kernels = u->own_kernels ? g_renew(struct kernel, u->kernels, u->cap_kernels)
+                                : g_memdup2(u->kernels, sizeof(struct kernel) * u->cap_kernels);
+    u->own_kernels = true;
   }
   double cap = s->p->streams[c->instrs[i].stream].sm_share;
   if (!(cap > 0 && cap <= 1))
@@ -1594,7 +1621,7 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
 /* Lays the participants out by slot (a counting sort) into s->parts. */
 static void slots_group_parts(struct sim *s, struct slot_builder *b) {
   uint32_t np = b->parts->len;
-  s->parts = g_new(uint32_t, 2 * (size_t)np + 2);
+  s->parts = big_alloc0(sizeof(uint32_t) * (2 * (size_t)np + 2));
   uint32_t *ps = (uint32_t *)b->part_slot->data, *pp = (uint32_t *)b->parts->data;
   for (uint32_t k = 0; k < np; k++)
     s->slots[ps[k]].part_count++;
@@ -1659,10 +1686,12 @@ static bool build_slots(struct sim *s, GError **err) {
   g_hash_table_destroy(b.split_sets);
   g_free(b.by_key.e);
   s->n_slots = b.slots->len;
-  s->slots = (struct slot *)g_array_free(b.slots, FALSE);
+  s->slots = big_alloc0(sizeof(struct slot) * (s->n_slots + 1));
+  memcpy(s->slots, b.slots->data, sizeof(struct slot) * s->n_slots);
+  g_array_free(b.slots, TRUE);
   s->costs = (struct slot_cost *)(void *)g_array_free(b.costs, FALSE);
   g_free(b.cost_ids);
-  s->slot_mark = g_new0(uint32_t, s->n_slots ? s->n_slots : 1);
+  s->slot_mark = big_alloc0(sizeof(uint32_t) * (s->n_slots + 1));
   slots_group_parts(s, &b);
   g_array_free(b.parts, TRUE);
   g_array_free(b.part_slot, TRUE);
@@ -1707,7 +1736,7 @@ static void sim_units(struct sim *s, struct sim_result *res) {
   g_free(col);
   g_free(col_unit);
   s->n_units = nu;
-  s->u = g_new0(struct unit_rt, nu + 1);
+  s->u = big_alloc0(sizeof(struct unit_rt) * (nu + 1));
   res->n_units = nu;
   res->units = g_new0(struct sim_unit, nu + 1);
   res->device_unit = s->unit_of_device;
@@ -1721,26 +1750,6 @@ static void sim_units(struct sim *s, struct sim_result *res) {
     struct sim_unit *su = &res->units[s->unit_of_device[d]];
     su->members[su->n_members++] = d;
   }
-}
-
-/* Zeroed memory for the large arrays of the run: past a few MiB aligned to 2 MiB and marked
- * for transparent huge pages, because with every device simulated each event touches another
- * unit's state and 4 KiB pages made nearly every such touch a TLB miss too. Freed with free(). */
-static void *big_alloc0(size_t bytes) {
-  void *p = NULL;
-  size_t huge = (size_t)2 << 20;
-  if (bytes >= 2 * huge) {
-    bytes = (bytes + huge - 1) / huge * huge;
-    if (posix_memalign(&p, huge, bytes) != 0)
-      p = NULL;
-    else
-      madvise(p, bytes, MADV_HUGEPAGE);
-  }
-  if (!p)
-    p = malloc(bytes ? bytes : 1);
-  g_assert(p);
-  memset(p, 0, bytes);
-  return p;
 }
 
 /* The arrays of the n units of one class in one block, interleaved: entry x of member m is at
@@ -1870,10 +1879,26 @@ static void sim_nodes(struct sim *s, const struct sim_result *res) {
   g_free(fill);
 }
 
+/* Each unit's first running kernels and communications in two pools, unit after unit, on huge
+ * pages (big_alloc0): a small allocation per unit put each on a line and a page of its own. */
+enum { POOL_KERNELS = 4, POOL_OPS = 8 };
+
+static void sim_pools(struct sim *s) {
+  s->kernel_pool = big_alloc0(sizeof(struct kernel) * POOL_KERNELS * (s->n_units + (size_t)1));
+  s->op_pool = big_alloc0(sizeof(uint32_t) * POOL_OPS * (s->n_units + (size_t)1));
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    s->u[k].kernels = s->kernel_pool + (size_t)POOL_KERNELS * k;
+    s->u[k].cap_kernels = POOL_KERNELS;
+    s->u[k].ops = s->op_pool + (size_t)POOL_OPS * k;
+    s->u[k].cap_ops = POOL_OPS;
+  }
+}
+
 /* Every unit's state; instruction ids (base + instr) must fit in 32 bits. */
 static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) {
   uint64_t total = 0;
   sim_units_arrays(s, res);
+  sim_pools(s);
   for (uint32_t k = 0; k < s->n_units; k++) {
     uint32_t base = (uint32_t)total;
     total += s->p->classes[s->p->device_class[res->units[k].members[0]]].n_instrs;
@@ -2020,18 +2045,22 @@ static void sim_free(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     struct unit_rt *u = &s->u[k];
     free(u->block);
-    g_free(u->kernels);
-    g_free(u->ops);
+    if (u->own_kernels)
+      g_free(u->kernels);
+    if (u->own_ops)
+      g_free(u->ops);
     g_free(u->seen_late);
     g_free(u->tl);
   }
-  g_free(s->u);
-  g_free(s->slots);
+  free(s->u);
+  free(s->kernel_pool);
+  free(s->op_pool);
+  free(s->slots);
   g_free(s->costs);
   g_free(s->runs);
   g_free(s->free_runs);
-  g_free(s->slot_mark);
-  g_free(s->parts);
+  free(s->slot_mark);
+  free(s->parts);
   sim_queue_free(&s->heap);
   g_free(s->unit_node);
   g_free(s->node_first);
