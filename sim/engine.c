@@ -260,6 +260,9 @@ struct class_info {
    * instruction per pair, so a send finds its receive in the peer's class (slot_join). */
   uint32_t n_p2p;
   struct p2p_key *p2p;
+  uint32_t *order; /* [n_instrs] the sorted order of a unit's intervals (unit_intervals_sorted) */
+  bool have_static; /* static_bytes computed (the same for every unit of the class) */
+  uint64_t static_bytes[REPORT_MEM_KIND_COUNT];
 };
 
 struct p2p_key {
@@ -462,6 +465,7 @@ static void class_info_free(struct class_info *ci) {
   g_free(ci->comm_kind);
   g_free(ci->comm_node);
   g_free(ci->p2p);
+  g_free(ci->order);
 }
 
 /* ---- units (colour refinement) ------------------------------------------------------------ */
@@ -1829,7 +1833,11 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
     AT(u, start, i) = AT(u, end, i) = -1;
   for (uint32_t t = 0; t < c->n_tensors; t++)
     AT(u, remaining, t) = c->tensors[t].consumer_count + 1; /* and the release point */
-  sim_static_memory_held(p, c, s->prof, res->units[k].static_bytes);
+  struct class_info *ci = &s->ci[u->cls];
+  if (!ci->have_static)
+    sim_static_memory_held(p, c, s->prof, ci->static_bytes);
+  ci->have_static = true;
+  memcpy(res->units[k].static_bytes, ci->static_bytes, sizeof ci->static_bytes);
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
 }
@@ -1965,6 +1973,62 @@ static bool sim_check_finished(const struct sim *s, GError **err) {
   return true;
 }
 
+static struct report_interval unit_interval(const struct unit_rt *u, const struct plan_class *c,
+                                            uint32_t i) {
+  return (struct report_interval){
+      .start = AT(u, start, i),
+      .end = AT(u, end, i),
+      .node = c->instrs[i].node,
+      .stream = c->instrs[i].stream,
+      .wait = AT(u, slot, i) != IR_NONE && AT(u, start, i) > AT(u, posted, i)
+                  ? AT(u, start, i) - AT(u, posted, i)
+                  : 0};
+}
+
+struct keyed_interval {
+  struct report_interval iv;
+  uint32_t instr;
+};
+
+/* interval_cmp, ties by instruction: the order of a stable sort of the instructions. */
+static int keyed_interval_cmp(const void *a, const void *b) {
+  const struct keyed_interval *x = a, *y = b;
+  int r = interval_cmp(&x->iv, &y->iv);
+  return r ? r : (x->instr > y->instr) - (x->instr < y->instr);
+}
+
+/* u's intervals sorted by (start, stream, node), ties in instruction order (what the stable
+ * qsort of the instructions gave). The units of a class mostly run their instructions in the
+ * same order, so the order the class's last unit sorted to is tried first and kept when it is
+ * sorted (one pass), else the intervals are sorted and the order kept for the next unit. */
+static void unit_intervals_sorted(struct sim *s, const struct unit_rt *u,
+                                  struct report_interval *out) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  struct class_info *ci = &s->ci[u->cls];
+  uint32_t n = c->n_instrs;
+  bool sorted = ci->order != NULL;
+  for (uint32_t j = 0; sorted && j < n; j++) {
+    out[j] = unit_interval(u, c, ci->order[j]);
+    if (j > 0) {
+      int r = interval_cmp(&out[j - 1], &out[j]);
+      sorted = r < 0 || (r == 0 && ci->order[j - 1] < ci->order[j]);
+    }
+  }
+  if (sorted)
+    return;
+  struct keyed_interval *k = g_new(struct keyed_interval, n + 1);
+  for (uint32_t i = 0; i < n; i++)
+    k[i] = (struct keyed_interval){unit_interval(u, c, i), i};
+  qsort(k, n, sizeof *k, keyed_interval_cmp);
+  if (!ci->order)
+    ci->order = g_new(uint32_t, n + 1);
+  for (uint32_t j = 0; j < n; j++) {
+    out[j] = k[j].iv;
+    ci->order[j] = k[j].instr;
+  }
+  g_free(k);
+}
+
 /* Unit k's figures, memory timeline and (unless turned off) its intervals in start order. */
 static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   const struct plan *p = s->p;
@@ -1987,16 +2051,8 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   if (s->o->no_intervals)
     return;
   su->intervals = g_new(struct report_interval, c->n_instrs + 1);
-  for (uint32_t i = 0; i < c->n_instrs; i++)
-    su->intervals[i] = (struct report_interval){
-        .start = AT(u, start, i),
-        .end = AT(u, end, i),
-        .node = c->instrs[i].node,
-        .stream = c->instrs[i].stream,
-        .wait = AT(u, slot, i) != IR_NONE && AT(u, start, i) > AT(u, posted, i) ? AT(u, start, i) - AT(u, posted, i)
-                                                                    : 0};
   su->n_intervals = c->n_instrs;
-  qsort(su->intervals, su->n_intervals, sizeof *su->intervals, interval_cmp);
+  unit_intervals_sorted(s, u, su->intervals);
 }
 
 /* True when stream st of class c carries more than one communicator's traffic. */
@@ -2036,8 +2092,40 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
   res->t_end = nu > 0 && isfinite(s->t_last) ? s->t_last : 0;
   res->iteration_time = res->t_end - res->t_start;
   res->events = s->events;
-  for (uint32_t k = 0; k < nu; k++)
+  /* each class's arrays go with its last unit: they and the intervals are the two largest
+   * parts of the run, and need not be held both at once */
+  uint32_t nc = s->p->n_classes, *left = g_new0(uint32_t, nc + 1), *holder = g_new(uint32_t, nc + 1);
+  for (uint32_t k = 0; k < nu; k++) {
+    left[s->u[k].cls]++;
+    if (s->u[k].block)
+      holder[s->u[k].cls] = k;
+  }
+  for (uint32_t k = 0; k < nu; k++) {
     unit_collect(s, res, k);
+    if (--left[s->u[k].cls] == 0) {
+      free(s->u[holder[s->u[k].cls]].block);
+      s->u[holder[s->u[k].cls]].block = NULL;
+    }
+  }
+  g_free(left);
+  g_free(holder);
+}
+
+/* The rendezvous and the event queue, before the results are collected (sim_collect). */
+static void sim_free_run(struct sim *s) {
+  free(s->slots);
+  g_free(s->costs);
+  g_free(s->runs);
+  g_free(s->free_runs);
+  free(s->slot_mark);
+  free(s->parts);
+  sim_queue_free(&s->heap);
+  s->slots = NULL;
+  s->costs = NULL;
+  s->runs = NULL;
+  s->free_runs = NULL;
+  s->slot_mark = NULL;
+  s->parts = NULL;
 }
 
 /* Frees the run-time state; the result keeps what it took (timelines, unit_of_device). */
@@ -2055,13 +2143,7 @@ static void sim_free(struct sim *s) {
   free(s->u);
   free(s->kernel_pool);
   free(s->op_pool);
-  free(s->slots);
-  g_free(s->costs);
-  g_free(s->runs);
-  g_free(s->free_runs);
-  free(s->slot_mark);
-  free(s->parts);
-  sim_queue_free(&s->heap);
+  sim_free_run(s);
   g_free(s->unit_node);
   g_free(s->node_first);
   g_free(s->node_units);
@@ -2099,8 +2181,10 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
     res->seconds_run = piper_clock_seconds() - w1;
     ok = sim_check_finished(&s, err);
   }
-  if (ok)
+  if (ok) {
+    sim_free_run(&s);
     sim_collect(&s, res);
+  }
   sim_free(&s);
   if (!ok) {
     sim_result_free(res); /* also frees unit_of_device, which res->device_unit holds */
