@@ -25,6 +25,7 @@
 
 #include "../base/json.h"
 #include "queue-impl.h"
+#include "scenario.h"
 #include "sim.h"
 
 /* ---- small helpers over the plan ------------------------------------------------------------ */
@@ -483,8 +484,22 @@ static uint32_t intern_key(GHashTable *h, GArray *key) {
 }
 
 /* colour[d] for every device: devices of one colour provably run at the same times. */
+/* What a scenario does to device d, for its initial colour: its factors' bits, and the device
+ * itself when its compute varies per instruction (no other device runs like it then). */
+static void scenario_key(const struct sim_scenario *sc, uint32_t d, GArray *key) {
+  if (!sc)
+    return;
+  double v[3] = {sc->compute[d], sc->inter_bw[d], sc->intra_bw[d]};
+  uint32_t w[6];
+  memcpy(w, v, sizeof w);
+  g_array_append_vals(key, w, 6);
+  uint32_t own = sim_scenario_varies(sc, d) ? d : IR_NONE;
+  g_array_append_val(key, own);
+}
+
 static uint32_t *refine_colours(const struct plan *p, const struct profile *prof,
-                                const struct class_info *ci, bool collapse, uint32_t *n_colours) {
+                                const struct class_info *ci, bool collapse,
+                                const struct sim_scenario *sc, uint32_t *n_colours) {
   uint32_t nd = p->n_devices;
   uint32_t *col = g_new(uint32_t, nd);
   if (!collapse) {
@@ -510,6 +525,7 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
       struct profile_span sp = profile_span_of(prof, devs, peer == IR_NONE ? 1 : 2);
       g_array_append_val(key, sp.n_nodes);
     }
+    scenario_key(sc, d, key);
     col[d] = intern_key(h, key);
   }
   uint32_t n = g_hash_table_size(h);
@@ -1180,6 +1196,15 @@ static void node_reshare(struct sim *s, struct unit_rt *u, int delta, double t) 
   }
 }
 
+/* Seconds instruction i of u takes alone: the class's cost, times a scenario's factor for the
+ * unit's devices (all alike: scenario_key). */
+static double kernel_work(const struct sim *s, const struct unit_rt *u, uint32_t i) {
+  double w = s->ci[u->cls].work[i];
+  if (s->o->scenario)
+    w *= sim_scenario_compute_factor(s->o->scenario, u->rep, i);
+  return w;
+}
+
 static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
@@ -1194,7 +1219,7 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   if (!(cap > 0 && cap <= 1))
     cap = 1;
   u->kernels[u->n_kernels++] = (struct kernel){.instr = i,
-                                               .remaining = ci->work[i],
+                                               .remaining = kernel_work(s, u, i),
                                                .rate = -1,
                                                .last = t,
                                                .cap = cap,
@@ -1504,7 +1529,8 @@ static uint32_t cost_intern(struct slot_builder *b, const struct slot_cost *c) {
 /* A new slot for key: its cost on span, and the SM share of the stream it runs on. */
 static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slot_key *key,
                          const struct plan_instr *in, uint32_t expected,
-                         const struct profile_span *span, bool indexed) {
+                         const struct profile_span *span, const uint32_t *devs, uint32_t n_devs,
+                         bool indexed) {
   const struct ir_node *n = &s->p->nodes[in->node];
   uint32_t id = b->slots->len;
   struct slot_cost sl = {0};
@@ -1518,6 +1544,8 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
     sl.latency = cc.latency * count;
     sl.transfer = cc.transfer * count;
     sl.inter = cc.inter_node;
+    if (s->o->scenario) /* a degraded link or NIC: the slowest party's share of its rate */
+      sl.transfer /= sim_scenario_bandwidth(s->o->scenario, devs, n_devs, cc.inter_node);
   }
   sl.latency += s->prof->instruction_overhead; /* posting it is the rank's work */
   double share = s->p->streams[in->stream].sm_share;
@@ -1533,6 +1561,31 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
   e->id = id + 1;
   b->by_key.n++;
   return id;
+}
+
+/* The devices of the communication instruction in run by device rep (peer: a p2p's other end),
+ * for a scenario's bandwidths; NULL without a scenario. */
+static uint32_t *slot_devices(const struct sim *s, const struct plan_instr *in, uint32_t rep,
+                              uint32_t peer, uint32_t *n) {
+  const struct plan *p = s->p;
+  *n = 0;
+  if (!s->o->scenario)
+    return NULL;
+  if (peer != IR_NONE) {
+    uint32_t *d = g_new(uint32_t, 2);
+    d[0] = rep;
+    d[1] = peer;
+    *n = 2;
+    return d;
+  }
+  if (comm_is_split(p, in->comm)) {
+    *n = plan_comm_size(p, in->comm);
+    uint32_t *d = g_new0(uint32_t, *n + 1);
+    plan_comm_members(p, in->comm, rep, d);
+    return d;
+  }
+  const uint32_t *gd = group_devices(p, p->comms[in->comm].group, n);
+  return g_memdup2(gd, sizeof(uint32_t) * (*n + 1));
 }
 
 static void pr_join(struct slot_builder *b, uint32_t ui, uint32_t i, uint32_t id) {
@@ -1576,9 +1629,9 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
     pr_join(b, ui, i, AT(u, slot, i));
     return true;
   }
-  uint32_t partner = IR_NONE;
+  uint32_t partner = IR_NONE, peer = IR_NONE;
   if (kind_is_p2p(n->kind)) {
-    uint32_t peer = node_peer(p, n, u->rep);
+    peer = node_peer(p, n, u->rep);
     if (peer == IR_NONE || peer >= p->n_devices) {
       plan_node_name(p, in->node, name, sizeof name);
       return piper_input_error(err, "plan: device %u: %s has no peer device", u->rep, name);
@@ -1613,7 +1666,9 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
     id = found->id - 1;
   } else {
     uint32_t j = partner == IR_NONE ? IR_NONE : slot_pair(s, ui, i, partner);
-    id = slot_new(s, b, &key, in, expected, &span, j == IR_NONE);
+    uint32_t n_devs = 0, *devs = slot_devices(s, in, u->rep, peer, &n_devs);
+    id = slot_new(s, b, &key, in, expected, &span, devs, n_devs, j == IR_NONE);
+    g_free(devs);
     if (j != IR_NONE)
       AT(&s->u[partner], slot, j) = id;
   }
@@ -1726,7 +1781,8 @@ static void sim_classes(struct sim *s) {
 static void sim_units(struct sim *s, struct sim_result *res) {
   const struct plan *p = s->p;
   uint32_t n_col;
-  uint32_t *col = refine_colours(p, s->prof, s->ci, s->o->collapse && !s->sharing, &n_col);
+  uint32_t *col =
+      refine_colours(p, s->prof, s->ci, s->o->collapse && !s->sharing, s->o->scenario, &n_col);
   uint32_t *col_unit = g_new(uint32_t, n_col + 1);
   for (uint32_t k = 0; k < n_col; k++)
     col_unit[k] = IR_NONE;
@@ -1951,6 +2007,116 @@ static void sim_loop(struct sim *s) {
   }
 }
 
+/* ---- the critical path ------------------------------------------------------------------- */
+
+/* The position of every instruction in its stream's list, per class (for its predecessor). */
+static uint32_t *class_entries(const struct plan_class *c, uint32_t n_streams) {
+  uint32_t *entry = g_new(uint32_t, c->n_instrs + 1);
+  for (uint32_t st = 0; st < n_streams; st++)
+    for (uint32_t e = c->stream_first[st]; e < c->stream_first[st + 1]; e++)
+      entry[c->stream_instrs[e]] = e;
+  return entry;
+}
+
+/* Why (u, i) could start no earlier than `at` (its start, or its post for a communication that
+ * waited for its parties): the latest-ending of its stream's previous instruction and the
+ * instructions it waits on. Returns false at the step's beginning. */
+static bool path_gate(const struct sim *s, const struct unit_rt *u, uint32_t i, uint32_t **entries,
+                      uint32_t *gate, enum sim_path_cause *cause) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  if (!entries[u->cls])
+    entries[u->cls] = class_entries(c, s->p->n_streams);
+  const struct plan_instr *in = &c->instrs[i];
+  uint32_t e = entries[u->cls][i];
+  double best = -INFINITY;
+  if (e > c->stream_first[in->stream]) {
+    *gate = c->stream_instrs[e - 1];
+    best = AT(u, end, *gate);
+    *cause = SIM_PATH_STREAM;
+  }
+  for (uint32_t w = 0; w < in->wait_count; w++) {
+    uint32_t j = c->waits[in->wait_first + w];
+    if (AT(u, end, j) > best) {
+      best = AT(u, end, j);
+      *gate = j;
+      *cause = SIM_PATH_WAIT;
+    }
+  }
+  return isfinite(best);
+}
+
+/* The party of (u, i)'s communication that arrived last, when it came after (u, i) did. */
+static bool path_peer(const struct sim *s, const struct unit_rt *u, uint32_t i, uint32_t *pu,
+                      uint32_t *pi) {
+  uint32_t id = AT(u, slot, i);
+  if (id == IR_NONE || !(AT(u, start, i) > AT(u, posted, i)))
+    return false;
+  const struct slot *sl = &s->slots[id];
+  double latest = AT(u, posted, i);
+  bool found = false;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    uint32_t v = s->parts[2 * (sl->part_first + k)], j = s->parts[2 * (sl->part_first + k) + 1];
+    if (AT(&s->u[v], posted, j) > latest) {
+      latest = AT(&s->u[v], posted, j);
+      *pu = v;
+      *pi = j;
+      found = true;
+    }
+  }
+  return found;
+}
+
+/* The critical path: from the instruction that ends the step, back through what made each
+ * start when it did (sim_path_cause), into res->path in time order. */
+static void sim_critical_path(const struct sim *s, struct sim_result *res) {
+  uint32_t cu = IR_NONE, ci = 0;
+  double last = -INFINITY;
+  for (uint32_t k = 0; k < s->n_units; k++)
+    for (uint32_t i = 0; i < s->p->classes[s->u[k].cls].n_instrs; i++)
+      if (AT(&s->u[k], end, i) > last) {
+        last = AT(&s->u[k], end, i);
+        cu = k;
+        ci = i;
+      }
+  GArray *steps = g_array_new(FALSE, FALSE, sizeof(struct sim_path_step));
+  uint32_t **entries = g_new0(uint32_t *, s->p->n_classes + 1);
+  for (uint32_t n = 0; cu != IR_NONE && n < 1000000; n++) {
+    const struct unit_rt *u = &s->u[cu];
+    const struct plan_instr *in = &s->p->classes[u->cls].instrs[ci];
+    struct sim_path_step st = {u->rep, in->node, in->stream, AT(u, start, ci), AT(u, end, ci),
+                               SIM_PATH_FIRST};
+    uint32_t pu = 0, pi = 0, gate = IR_NONE;
+    enum sim_path_cause cause = SIM_PATH_FIRST;
+    if (path_peer(s, u, ci, &pu, &pi)) { /* waited for a party: on through the party */
+      st.cause = SIM_PATH_PEER;
+      g_array_append_val(steps, st);
+      u = &s->u[pu];
+      ci = pi;
+      in = &s->p->classes[u->cls].instrs[ci];
+      st = (struct sim_path_step){u->rep, in->node, in->stream, AT(u, start, ci), AT(u, end, ci),
+                                  SIM_PATH_FIRST};
+      cu = pu;
+    }
+    if (path_gate(s, u, ci, entries, &gate, &cause)) {
+      st.cause = cause;
+      ci = gate;
+    } else {
+      cu = IR_NONE;
+    }
+    g_array_append_val(steps, st);
+  }
+  for (uint32_t c = 0; c < s->p->n_classes; c++)
+    g_free(entries[c]);
+  g_free(entries);
+  res->n_path = steps->len;
+  res->path = (struct sim_path_step *)(void *)g_array_free(steps, FALSE);
+  for (uint32_t a = 0, b = res->n_path ? res->n_path - 1 : 0; a < b; a++, b--) {
+    struct sim_path_step t = res->path[a];
+    res->path[a] = res->path[b];
+    res->path[b] = t;
+  }
+}
+
 /* Every instruction must have run; a plan that stalls names where. */
 static bool sim_check_finished(const struct sim *s, GError **err) {
   const struct plan *p = s->p;
@@ -2045,6 +2211,9 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     su->peak_breakdown[m] = (uint64_t)u->peak_breakdown[m];
   su->peak_saved_activation_bytes = (uint64_t)u->peak_saved;
+  su->finish = -INFINITY;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    su->finish = fmax(su->finish, AT(u, end, i));
   su->n_memory = u->tl_len;
   su->memory = u->tl;
   u->tl = NULL;
@@ -2181,6 +2350,8 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
     res->seconds_run = piper_clock_seconds() - w1;
     ok = sim_check_finished(&s, err);
   }
+  if (ok && o->critical_path)
+    sim_critical_path(&s, res);
   if (ok) {
     sim_free_run(&s);
     sim_collect(&s, res);
@@ -2203,6 +2374,7 @@ void sim_result_free(struct sim_result *r) {
   }
   g_free(r->units);
   g_free(r->device_unit);
+  g_free(r->path);
   g_free(r);
 }
 
