@@ -263,6 +263,7 @@ struct class_info {
   struct p2p_key *p2p;
   uint32_t *order; /* [n_instrs] the sorted order of a unit's intervals (unit_intervals_sorted) */
   bool have_static; /* static_bytes computed (the same for every unit of the class) */
+  uint32_t n_comm_instrs;
   uint64_t static_bytes[REPORT_MEM_KIND_COUNT];
 };
 
@@ -424,6 +425,8 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
   }
   g_hash_table_destroy(seen);
   class_p2p_index(p, c, ci);
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    ci->n_comm_instrs += kind_is_comm(p->nodes[c->instrs[i].node].kind);
   ci->tensor_kind = g_new0(uint8_t, c->n_tensors + 1);
   ci->tensor_saved = g_new0(uint8_t, c->n_tensors + 1);
   for (uint32_t t = 0; t < c->n_tensors; t++) {
@@ -611,50 +614,53 @@ struct kernel { /* a running compute kernel */
 /* Entry i of array f of unit u (the units of a class share interleaved arrays: unit_arrays). */
 #define AT(u, f, i) ((u)->f[(size_t)(i) * (u)->stride])
 
+/* What every event of a unit touches comes first (its first two cache lines: ids, running
+ * kernels and communications, the arrays' pointers), memory and the rest after. */
 struct unit_rt {
   uint32_t cls;
   uint32_t rep;
-  uint32_t base;       /* global id of instruction 0: base + instr */
-  void *block;         /* the arrays below but kernels and ops (unit_arrays; first member of
-                          its class only, NULL for the others), entries stride apart: AT */
-  uint32_t stride;
-  uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
-  uint8_t *busy;       /* [n_streams] */
+  uint32_t stride;    /* entries of the arrays below are stride apart: AT */
+  uint32_t n_kernels;
+  uint32_t n_ops;
+  uint32_t n_link[2]; /* transfers running: intra, inter node */
+  uint32_t done;
+  struct kernel *kernels;
+  uint32_t *ops;      /* running comm ops (slot ids) */
+  double comm_sm;     /* SM share held by running communication */
+  uint32_t *pos;      /* [n_streams] next entry of stream_instrs */
+  uint8_t *busy;      /* [n_streams] */
+  double *start, *end; /* [n_instrs], end < 0 while not done */
+  uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
+  double *posted;      /* [n_instrs] when a communication was posted (it starts when its
+                          parties have all been) */
+  uint32_t *remaining; /* [n_tensors] consumers still to run */
+  uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
+  double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
+  int64_t mem[REPORT_MEM_KIND_COUNT];
+  int64_t saved, peak_saved;
+  int64_t peak_total;
+  bool keep_tl; /* records a timeline (sim_options.memory_timeline_limit) */
   uint8_t *polled;     /* [n_instrs] host loop: 1 once the rank has seen its communication's
                           transfer end, 2 once the instruction is done (comm_polled) */
   uint8_t *held;       /* [n_instrs] host loop: a receive's buffers counted from when its
                           stream was free and it waited for nothing (hold_ready_recv) */
-  uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
-  double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
-  double *start, *end; /* [n_instrs], end < 0 while not done */
-  double *posted;      /* [n_instrs] when a communication was posted (it starts when its
-                          parties have all been) */
-  uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
-  uint32_t *remaining; /* [n_tensors] consumers still to run */
-  uint32_t done;
-  uint32_t n_kernels, cap_kernels;
+  int64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
+  uint32_t base;       /* global id of instruction 0: base + instr */
+  void *block;         /* the arrays above (unit_arrays; first member of its class only,
+                          NULL for the others) */
+  uint32_t cap_kernels, cap_ops;
   bool own_kernels, own_ops; /* kernels, ops outgrew their places in the pools (sim_pools) */
-  struct kernel *kernels;
-  uint32_t n_ops, cap_ops;
-  uint32_t *ops;      /* running comm ops (slot ids) */
-  uint32_t n_link[2]; /* transfers running: intra, inter node */
-  double comm_sm;     /* SM share held by running communication */
   double idle_since; /* ranks sharing a node's cores: when its idle spell began; -1 computing */
   /* The host loop (ranks sharing a node's cores): communication that ended while the rank
    * computed, seen when its task ends (instructions) */
   uint32_t n_seen_late, cap_seen_late;
   uint32_t *seen_late;
-  int64_t mem[REPORT_MEM_KIND_COUNT];
-  int64_t saved, peak_saved;
-  int64_t peak_total;
-  int64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
   /* The memory timeline, inline rather than a GArray: appending touched the array's header,
    * a separate allocation, and read the last point back to compare times (two cache misses per
    * point with as many timelines as devices). tl_t is the last point's time while tl_len > 0. */
   struct report_memory_point *tl;
   uint32_t tl_len, tl_cap;
   double tl_t;
-  bool keep_tl; /* records a timeline (sim_options.memory_timeline_limit) */
 };
 
 /* What a communication costs; slots share one entry per distinct cost (sim.costs). */
@@ -668,6 +674,7 @@ enum { RUN_LEVELS = 24, RUN_HIST_PARTS = 8 };
 /* A running communication's state, from a pool (sim.runs) while it runs. */
 struct slot_run {
   double lat_end, remaining, rate, last, end_t;
+  uint32_t mark; /* visit of the last pass over parties that met it (first_visit) */
   /* A collective of many parties shares the busiest party's link: the largest n_link of its
    * parties. Rescheduling it at every start and end of any of its members' other transfers
    * scanned every party (the square of a data-parallel group over a step), so a large one
@@ -705,7 +712,7 @@ struct sim {
   struct slot_cost *costs;
   struct slot_run *runs;
   uint32_t n_runs, cap_runs, *free_runs, n_free_runs;
-  uint32_t *slot_mark; /* [n_slots] visit of the last pass that touched the slot */
+  size_t interval_next; /* next free entry of sim_result.interval_block (sim_collect) */
   uint32_t visit;      /* passes over a communication's participants so far */
   uint32_t *parts; /* pairs (unit, instr) */
   struct sim_queue heap;
@@ -921,9 +928,10 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
  * changes nothing (the second settle advances by zero, the second reschedule finds its rate
  * unchanged and pushes no event), so the first visit does all of it, in the same order. */
 static bool first_visit(struct sim *s, uint32_t id, uint32_t visit) {
-  if (s->slot_mark[id] == visit)
+  struct slot_run *r = &s->runs[s->slots[id].run]; /* a unit's ops are running */
+  if (r->mark == visit)
     return false;
-  s->slot_mark[id] = visit;
+  r->mark = visit;
   return true;
 }
 
@@ -1716,13 +1724,22 @@ static bool slots_check_parties(struct sim *s, GError **err) {
   return true;
 }
 
+/* Communication instructions of every unit: the parts build_slots makes (sized up front: a
+ * doubling array copied and faulted in its pages again at every step). */
+static uint32_t comm_instructions(const struct sim *s) {
+  uint64_t n = 0;
+  for (uint32_t k = 0; k < s->n_units; k++)
+    n += s->ci[s->u[k].cls].n_comm_instrs;
+  return (uint32_t)(n < UINT32_MAX ? n : UINT32_MAX - 1);
+}
+
 /* The rendezvous of every communication instruction of every unit. */
 static bool build_slots(struct sim *s, GError **err) {
   const struct plan *p = s->p;
   struct slot_builder b = {
       .slots = g_array_new(FALSE, TRUE, sizeof(struct slot)),
-      .parts = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2),
-      .part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .parts = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t) * 2, comm_instructions(s)),
+      .part_slot = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t), comm_instructions(s)),
       .costs = g_array_new(FALSE, FALSE, sizeof(struct slot_cost)),
   };
   slot_table_grow(&b.by_key);
@@ -1750,7 +1767,6 @@ static bool build_slots(struct sim *s, GError **err) {
   g_array_free(b.slots, TRUE);
   s->costs = (struct slot_cost *)(void *)g_array_free(b.costs, FALSE);
   g_free(b.cost_ids);
-  s->slot_mark = big_alloc0(sizeof(uint32_t) * (s->n_slots + 1));
   slots_group_parts(s, &b);
   g_array_free(b.parts, TRUE);
   g_array_free(b.part_slot, TRUE);
@@ -2219,7 +2235,8 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   u->tl = NULL;
   if (s->o->no_intervals)
     return;
-  su->intervals = g_new(struct report_interval, c->n_instrs + 1);
+  su->intervals = res->interval_block + s->interval_next;
+  s->interval_next += c->n_instrs;
   su->n_intervals = c->n_instrs;
   unit_intervals_sorted(s, u, su->intervals);
 }
@@ -2264,6 +2281,12 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
   /* each class's arrays go with its last unit: they and the intervals are the two largest
    * parts of the run, and need not be held both at once */
   uint32_t nc = s->p->n_classes, *left = g_new0(uint32_t, nc + 1), *holder = g_new(uint32_t, nc + 1);
+  /* every unit's intervals in one block, on huge pages (big_alloc0): a small allocation per
+   * unit faulted its pages in one by one */
+  size_t n_iv = 1;
+  for (uint32_t k = 0; k < nu && !s->o->no_intervals; k++)
+    n_iv += s->p->classes[s->u[k].cls].n_instrs;
+  res->interval_block = big_alloc0(sizeof(struct report_interval) * n_iv);
   for (uint32_t k = 0; k < nu; k++) {
     left[s->u[k].cls]++;
     if (s->u[k].block)
@@ -2286,14 +2309,12 @@ static void sim_free_run(struct sim *s) {
   g_free(s->costs);
   g_free(s->runs);
   g_free(s->free_runs);
-  free(s->slot_mark);
   free(s->parts);
   sim_queue_free(&s->heap);
   s->slots = NULL;
   s->costs = NULL;
   s->runs = NULL;
   s->free_runs = NULL;
-  s->slot_mark = NULL;
   s->parts = NULL;
 }
 
@@ -2369,12 +2390,14 @@ void sim_result_free(struct sim_result *r) {
     return;
   for (uint32_t k = 0; k < r->n_units; k++) {
     g_free(r->units[k].members);
-    g_free(r->units[k].intervals);
+    if (!r->interval_block)
+      g_free(r->units[k].intervals);
     g_free(r->units[k].memory);
   }
   g_free(r->units);
   g_free(r->device_unit);
   g_free(r->path);
+  free(r->interval_block);
   g_free(r);
 }
 

@@ -100,6 +100,8 @@ struct sim_result {
    * order (first to last) */
   uint32_t n_path;
   struct sim_path_step *path;
+  /* the units' intervals, one block (units[k].intervals point into it; freed with free()) */
+  struct report_interval *interval_block;
 };
 
 struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
