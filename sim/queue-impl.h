@@ -3,8 +3,11 @@
  * share a bucket: a FIFO in push order, and a small heap orders the distinct times only.
  *
  *   struct sim_queue q = {0};
- *   sim_queue_push(&q, 1.5, type, id, version, unit);
- *   while (q.n > 0) { struct sim_event e = sim_queue_pop(&q); ... }
+ *   sim_queue_push(&q, 1.5, 0, 7, 1, 3);        // time, type, id, version, unit
+ *   while (q.n > 0) {
+ *     struct sim_event e = sim_queue_pop(&q);   // the earliest, first pushed first
+ *     printf("%g %u\n", e.t, e.id);
+ *   }
  *   sim_queue_free(&q);
  *
  * Why buckets: with every device simulated (--no-collapse), the replicas of a stage run in

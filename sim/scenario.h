@@ -5,11 +5,12 @@
  * still collapse into one simulated unit.
  *
  *   GError *err = NULL;
- *   struct sim_scenario *sc = sim_scenario_load("slow-gpu.json", plan, &err);
- *   struct sim_options o = {.collapse = true, .scenario = sc, .critical_path = true};
- *   struct sim_result *r = sc ? sim_run(plan, profile, &o, &err) : NULL;   // sim.h
- *   sim_result_free(r);
+ *   const struct plan *plan = NULL;             // from compile_run or plan_read_dir
+ *   struct sim_scenario *sc = sim_scenario_load("docs/examples/slow-gpu.json", plan, &err);
+ *   if (sc)                                     // sim.h: sim_options.scenario = sc
+ *     printf("device 7468 computes x%g\n", sim_scenario_compute_factor(sc, 7468, 0));
  *   sim_scenario_free(sc);
+ *   g_clear_error(&err);
  */
 #ifndef PIPER_SIM_SCENARIO_H
 #define PIPER_SIM_SCENARIO_H
