@@ -1240,6 +1240,12 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   unit_reschedule(s, u, t);
 }
 
+/* plan_group_span, inline: it is asked at every look at a stream's head. */
+static inline uint32_t group_span(const struct plan_class *c, uint32_t entry) {
+  uint32_t n = c->instrs[c->stream_instrs[entry]].group_parts;
+  return n ? n : 1;
+}
+
 /* Whether the n instructions from stream entry e may be issued: their waits are done. */
 static bool parts_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t e,
                         uint32_t n) {
@@ -1274,7 +1280,7 @@ static void stream_queued(struct unit_rt *u, const struct plan_class *c, uint32_
  * again when the last has ended. */
 static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
-  uint32_t e = AT(u, pos, st), n = plan_group_span(c, e);
+  uint32_t e = AT(u, pos, st), n = group_span(c, e);
   AT(u, busy, st) = 1;
   AT(u, group_left, st) = n;
   stream_queued(u, c, e, n, st, t);
@@ -1296,7 +1302,7 @@ static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) 
 /* Whether stream st of u has a head that may be issued now. */
 static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t st) {
   return !AT(u, busy, st) && AT(u, pos, st) < c->stream_first[st + 1] &&
-         parts_ready(u, c, AT(u, pos, st), plan_group_span(c, AT(u, pos, st)));
+         parts_ready(u, c, AT(u, pos, st), group_span(c, AT(u, pos, st)));
 }
 
 /* A receive's buffers count from the first loop turn that finds it ready, before its turn
@@ -1329,7 +1335,7 @@ static void loop_advance(struct sim *s, struct unit_rt *u, double t) {
       /* the stream's first instruction not yet issued: behind the one in flight, if any */
       uint32_t e = AT(u, pos, st);
       if (AT(u, busy, st))
-        e += plan_group_span(c, e);
+        e += group_span(c, e);
       if (e < c->stream_first[st + 1] && c->stream_instrs[e] < first) {
         first = c->stream_instrs[e];
         first_st = st;
@@ -1747,9 +1753,6 @@ static bool build_slots(struct sim *s, GError **err) {
       g_hash_table_new_full(g_bytes_hash, g_bytes_equal, (GDestroyNotify)g_bytes_unref, NULL);
   slots_collectives(s, &b);
   bool ok = true;
-  for (uint32_t ui = 0; ui < s->n_units; ui++)
-    for (uint32_t i = 0; i < p->classes[s->u[ui].cls].n_instrs; i++)
-      AT(&s->u[ui], slot, i) = IR_NONE;
   for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
     const struct plan_class *c = &p->classes[s->u[ui].cls];
     for (uint32_t i = 0; i < c->n_instrs && ok; i++) {
@@ -1832,10 +1835,10 @@ static void sim_units(struct sim *s, struct sim_result *res) {
  * array[x * n + m] (AT), so the replicas of a stage, which run in lockstep and are handled one
  * after the other at each time, touch neighbouring words where a block per unit put each touch
  * on a line and a page of its own. Doubles first, then 32-bit arrays, then bytes: every array
- * stays aligned. The first member holds the block. Zeroed but for pos, start, end and
- * remaining, which unit_init sets. */
-static void unit_arrays(struct unit_rt *const *members, uint32_t n, size_t ns, size_t ni,
-                        size_t nt) {
+ * stays aligned. The first member holds the block; zeroed but for pos, start, end, slot and
+ * remaining, set below. */
+static void unit_arrays(struct unit_rt *const *members, uint32_t n, const struct plan_class *c,
+                        size_t ns, size_t ni, size_t nt) {
   size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
                  ni * (3 * sizeof(double) + sizeof(uint32_t) + 2 * sizeof(uint8_t)) +
                  nt * sizeof(uint32_t);
@@ -1863,6 +1866,20 @@ static void unit_arrays(struct unit_rt *const *members, uint32_t n, size_t ns, s
     u->polled = (uint8_t *)first[9] + m;
     u->held = (uint8_t *)first[10] + m;
   }
+  /* the initial values, entry by entry: in this order the writes are sequential */
+  uint32_t *pos = (uint32_t *)(void *)first[4], *slot = (uint32_t *)(void *)first[6],
+           *remaining = (uint32_t *)(void *)first[7];
+  double *start = (double *)(void *)first[1], *end = (double *)(void *)first[2];
+  for (size_t st = 0; st + 1 < ns; st++)
+    for (uint32_t m = 0; m < n; m++)
+      pos[st * n + m] = c->stream_first[st];
+  for (size_t x = 0; x < (ni - 1) * n; x++) {
+    start[x] = end[x] = -1;
+    slot[x] = IR_NONE;
+  }
+  for (size_t t = 0; t + 1 < nt; t++)
+    for (uint32_t m = 0; m < n; m++)
+      remaining[t * n + m] = c->tensors[t].consumer_count + 1; /* and the release point */
 }
 
 /* Every unit's arrays, interleaved by class (unit_arrays). */
@@ -1881,16 +1898,16 @@ static void sim_units_arrays(struct sim *s, const struct sim_result *res) {
   }
   for (uint32_t c = 0; c < p->n_classes; c++)
     if (count[c] > 0)
-      unit_arrays(by_class + first[c], count[c], p->n_streams + 1, p->classes[c].n_instrs + 1,
-                  p->classes[c].n_tensors + 1);
+      unit_arrays(by_class + first[c], count[c], &p->classes[c], p->n_streams + 1,
+                  p->classes[c].n_instrs + 1, p->classes[c].n_tensors + 1);
   g_free(count);
   g_free(fill);
   g_free(by_class);
   g_free(first);
 }
 
-/* Unit k's run-time state: its representative, stream positions, instruction times, tensor
- * consumer counts and static memory. */
+/* Unit k's run-time state: its representative and static memory (its arrays' initial values:
+ * unit_arrays). */
 static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_t base) {
   const struct plan *p = s->p;
   struct unit_rt *u = &s->u[k];
@@ -1899,12 +1916,6 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   res->units[k].class_index = u->cls;
   const struct plan_class *c = &p->classes[u->cls];
   u->base = base;
-  for (uint32_t st = 0; st < p->n_streams; st++)
-    AT(u, pos, st) = c->stream_first[st];
-  for (uint32_t i = 0; i < c->n_instrs; i++)
-    AT(u, start, i) = AT(u, end, i) = -1;
-  for (uint32_t t = 0; t < c->n_tensors; t++)
-    AT(u, remaining, t) = c->tensors[t].consumer_count + 1; /* and the release point */
   struct class_info *ci = &s->ci[u->cls];
   if (!ci->have_static)
     sim_static_memory_held(p, c, s->prof, ci->static_bytes);
