@@ -635,6 +635,7 @@ struct unit_rt {
                           parties have all been) */
   uint32_t *remaining; /* [n_tensors] consumers still to run */
   uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
+  uint32_t *blocker;    /* [n_streams] a wait of the stream's head found not done (head_ready) */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   int64_t mem[REPORT_MEM_KIND_COUNT];
   int64_t saved, peak_saved;
@@ -905,6 +906,7 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   AT(u, end, i) = t;
   AT(u, busy, in->stream) = 0;
   AT(u, pos, in->stream)++;
+  AT(u, blocker, in->stream) = IR_NONE; /* a new head */
   u->done++;
   if (t > s->t_last)
     s->t_last = t;
@@ -1246,18 +1248,6 @@ static inline uint32_t group_span(const struct plan_class *c, uint32_t entry) {
   return n ? n : 1;
 }
 
-/* Whether the n instructions from stream entry e may be issued: their waits are done. */
-static bool parts_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t e,
-                        uint32_t n) {
-  for (uint32_t k = 0; k < n; k++) {
-    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
-    for (uint32_t w = 0; w < in->wait_count; w++)
-      if (AT(u, end, c->waits[in->wait_first + w]) < 0)
-        return false;
-  }
-  return true;
-}
-
 /* Communication posted at t whose waits were done earlier waited for its stream only. */
 static void stream_queued(struct unit_rt *u, const struct plan_class *c, uint32_t e, uint32_t n,
                           uint32_t st, double t) {
@@ -1299,10 +1289,29 @@ static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) 
   }
 }
 
-/* Whether stream st of u has a head that may be issued now. */
-static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t st) {
-  return !AT(u, busy, st) && AT(u, pos, st) < c->stream_first[st + 1] &&
-         parts_ready(u, c, AT(u, pos, st), group_span(c, AT(u, pos, st)));
+/* Whether stream st of u has a head that may be issued now. Every event asks it of every
+ * stream of the units it touches, and a head waits for many events (DualPipe with expert
+ * parallelism: a dozen streams, heads waiting on several instructions each), so the wait
+ * found not done last time is asked first: while it is not done the head is not ready, and
+ * the head's other waits need not be read (the head changes only in finish_instr, which
+ * forgets it). */
+static bool head_ready(struct unit_rt *u, const struct plan_class *c, uint32_t st) {
+  if (AT(u, busy, st) || AT(u, pos, st) >= c->stream_first[st + 1])
+    return false;
+  uint32_t b = AT(u, blocker, st);
+  if (b != IR_NONE && AT(u, end, b) < 0)
+    return false;
+  uint32_t e = AT(u, pos, st), n = group_span(c, e);
+  for (uint32_t k = 0; k < n; k++) {
+    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (AT(u, end, c->waits[in->wait_first + w]) < 0) {
+        AT(u, blocker, st) = c->waits[in->wait_first + w];
+        return false;
+      }
+  }
+  AT(u, blocker, st) = IR_NONE;
+  return true;
 }
 
 /* A receive's buffers count from the first loop turn that finds it ready, before its turn
@@ -1839,15 +1848,16 @@ static void sim_units(struct sim *s, struct sim_result *res) {
  * remaining, set below. */
 static void unit_arrays(struct unit_rt *const *members, uint32_t n, const struct plan_class *c,
                         size_t ns, size_t ni, size_t nt) {
-  size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
+  size_t bytes = ns * (sizeof(double) + 3 * sizeof(uint32_t) + sizeof(uint8_t)) +
                  ni * (3 * sizeof(double) + sizeof(uint32_t) + 2 * sizeof(uint8_t)) +
                  nt * sizeof(uint32_t);
   char *at = members[0]->block = big_alloc0(bytes * n + sizeof(double));
-  size_t sizes[11] = {sizeof(double) * ns, sizeof(double) * ni, sizeof(double) * ni,
-                      sizeof(double) * ni, sizeof(uint32_t) * ns, sizeof(uint32_t) * ns,
-                      sizeof(uint32_t) * ni, sizeof(uint32_t) * nt, ns, ni, ni};
-  char *first[11];
-  for (int k = 0; k < 11; k++) {
+  size_t sizes[12] = {sizeof(double) * ns,   sizeof(double) * ni,   sizeof(double) * ni,
+                      sizeof(double) * ni,   sizeof(uint32_t) * ns, sizeof(uint32_t) * ns,
+                      sizeof(uint32_t) * ni, sizeof(uint32_t) * nt, sizeof(uint32_t) * ns,
+                      ns,                    ni,                    ni};
+  char *first[12];
+  for (int k = 0; k < 12; k++) {
     first[k] = at;
     at += sizes[k] * n;
   }
@@ -1862,17 +1872,20 @@ static void unit_arrays(struct unit_rt *const *members, uint32_t n, const struct
     u->group_left = (uint32_t *)(void *)first[5] + m;
     u->slot = (uint32_t *)(void *)first[6] + m;
     u->remaining = (uint32_t *)(void *)first[7] + m;
-    u->busy = (uint8_t *)first[8] + m;
-    u->polled = (uint8_t *)first[9] + m;
-    u->held = (uint8_t *)first[10] + m;
+    u->blocker = (uint32_t *)(void *)first[8] + m;
+    u->busy = (uint8_t *)first[9] + m;
+    u->polled = (uint8_t *)first[10] + m;
+    u->held = (uint8_t *)first[11] + m;
   }
   /* the initial values, entry by entry: in this order the writes are sequential */
   uint32_t *pos = (uint32_t *)(void *)first[4], *slot = (uint32_t *)(void *)first[6],
-           *remaining = (uint32_t *)(void *)first[7];
+           *remaining = (uint32_t *)(void *)first[7], *blocker = (uint32_t *)(void *)first[8];
   double *start = (double *)(void *)first[1], *end = (double *)(void *)first[2];
   for (size_t st = 0; st + 1 < ns; st++)
     for (uint32_t m = 0; m < n; m++)
       pos[st * n + m] = c->stream_first[st];
+  for (size_t x = 0; x < ns * n; x++)
+    blocker[x] = IR_NONE;
   for (size_t x = 0; x < (ni - 1) * n; x++) {
     start[x] = end[x] = -1;
     slot[x] = IR_NONE;
