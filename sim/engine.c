@@ -1608,7 +1608,9 @@ static uint32_t *slot_devices(const struct sim *s, const struct plan_instr *in, 
     return d;
   }
   const uint32_t *gd = group_devices(p, p->comms[in->comm].group, n);
-  return g_memdup2(gd, sizeof(uint32_t) * (*n + 1));
+  uint32_t *d = g_new(uint32_t, *n + 1);
+  memcpy(d, gd, sizeof(uint32_t) * *n);
+  return d;
 }
 
 static void pr_join(struct slot_builder *b, uint32_t ui, uint32_t i, uint32_t id) {
@@ -1775,7 +1777,8 @@ static bool build_slots(struct sim *s, GError **err) {
   g_free(b.by_key.e);
   s->n_slots = b.slots->len;
   s->slots = big_alloc0(sizeof(struct slot) * (s->n_slots + 1));
-  memcpy(s->slots, b.slots->data, sizeof(struct slot) * s->n_slots);
+  if (s->n_slots > 0)
+    memcpy(s->slots, b.slots->data, sizeof(struct slot) * s->n_slots);
   g_array_free(b.slots, TRUE);
   s->costs = (struct slot_cost *)(void *)g_array_free(b.costs, FALSE);
   g_free(b.cost_ids);
