@@ -24,7 +24,8 @@
  * simulated instructions a second, the bytes per device it adds to the peak RSS, the growth
  * exponent over those sizes and, per size, the time per instruction over that at a quarter of
  * the devices. --check R exits 1 when such a ratio exceeds R (a loose test of linear growth
- * that a noisy machine passes; tests/cli/test_sim.sh runs it on small sizes).
+ * that a noisy machine passes; tests/cli/test_sim.sh runs it on small sizes). BENCH_SPLIT=1
+ * also prints sim_run's own setup and event-loop wall seconds for each size on stderr.
  *
  * Run from the repository root: build/bench/bench_scale [--big] [--no-collapse] [--no-charts]
  * [--only dense|moe-ep|moe-dp] [--repeat N] [--engine [--min-dp G] [--max-dp G] [--check R]] */
