@@ -83,10 +83,11 @@ else
 endif
 
 # --- sources --------------------------------------------------------------------------------
-MODULES := base ir models directives report sim kernels exec
+MODULES := base ir models directives report sim kernels exec prof
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
-# The cuda backend's host side: compiled only with HAVE_CUDA (it includes the CUDA headers).
-CUDA_SRCS := $(wildcard exec/backend_cuda*.c)
+# The cuda backend's host side and the profiler's CUDA part: compiled only with HAVE_CUDA (they
+# include the CUDA headers).
+CUDA_SRCS := $(wildcard exec/backend_cuda*.c prof/cuda*.c)
 CU_SRCS := $(wildcard kernels/*.cu)
 ifeq ($(HAVE_CUDA),)
   LIB_SRCS := $(filter-out $(CUDA_SRCS),$(LIB_SRCS))
@@ -123,7 +124,7 @@ ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
-.PHONY: all test unit cli fuzz asan bench install clean deps print-cflags print-libs example lint \
+.PHONY: all test unit cli fuzz asan asan-unit bench install clean deps print-cflags print-libs example lint \
   loop loop-short emu
 # the emulation's own check of the fused attention (tests/gpu/emu/flash_emu.cpp)
 EMU_CHECK_BINS := $(if $(CUDA_EMU),$(BUILD)/gpu/flash_emu)
@@ -250,10 +251,16 @@ fuzz: $(FUZZ_BINS)
 	    && echo "$$n: no crash in $(FUZZ_SECONDS) s" || { tail -40 $(FUZZ_BUILD)/$$n.log; fail=1; }; \
 	done; exit $$fail
 
+# Every suite runs (a failure does not stop the others); the log is kept in $(BUILD)/test.log
+# and its last line is the totals (tools/test-totals.sh): "tests: N passed, N failed".
 test: deps
-	@$(MAKE) --no-print-directory lint unit cli loop-short
-	@$(MAKE) --no-print-directory fuzz
-	@echo "all test suites passed"
+	@mkdir -p $(BUILD)
+	@( rc=0; \
+	  $(MAKE) --no-print-directory -k lint unit cli loop-short || rc=1; \
+	  $(MAKE) --no-print-directory asan-unit || rc=1; \
+	  $(MAKE) --no-print-directory fuzz || rc=1; \
+	  echo $$rc > $(BUILD)/test.rc ) 2>&1 | tee $(BUILD)/test.log
+	@tools/test-totals.sh $(BUILD)/test.log; exit $$(cat $(BUILD)/test.rc)
 
 # Every UBSan report fails its test (halt_on_error: the process exits 1 after the report);
 # leaks of third-party caches are suppressed (tests/sanitizers/lsan.supp).
@@ -263,6 +270,16 @@ asan: deps
 	  $(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDLIBS_EXTRA= unit cli
+
+# The unit tests alone under ASan + UBSan + LeakSanitizer, without the cuda backend (no GPU
+# here, and nvcc would double the build): what `make test` (and so CI, 90 minutes on 2 cores)
+# runs of the sanitizers. Its own build folder: its flags differ from `make asan`'s.
+ASAN_UNIT_BUILD ?= build-asan-unit
+asan-unit:
+	@UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
+	  $(MAKE) --no-print-directory BUILD=$(ASAN_UNIT_BUILD) BIN=$(ASAN_UNIT_BUILD)/bin OPT=-O1 \
+	  NO_CUDA=1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" unit
 
 # The fidelity loop (tools/loop.sh): profile this machine with piper-prof, then simulate,
 # execute (3 runs) and compare a fixed set of validation plans; prints one table (out/loop/).
@@ -277,7 +294,7 @@ loop-short: $(TOOLS)
 
 # Function budget (issue 8): no function over 120 lines or cyclomatic complexity 40 in the
 # library or the programs. Prints the offenders and fails when there is any.
-LINT_SRCS = $(wildcard $(foreach d,base ir models directives sim exec kernels report tools,$(d)/*.c $(d)/*.h))
+LINT_SRCS = $(wildcard $(foreach d,base ir models directives sim exec prof kernels report tools,$(d)/*.c $(d)/*.h))
 lint:
 	@command -v lizard >/dev/null || python3 -c "import lizard" 2>/dev/null || tools/install-deps.sh
 	@# the LINT_SRCS folders' C, headers and CUDA (.cu, .cuh: lizard's C-like reader), then the layering
@@ -294,7 +311,7 @@ install: all
 	install -m 755 $(TOOLS) $(PREFIX)/bin
 
 clean:
-	rm -rf $(BUILD) build-asan $(BIN)
+	rm -rf $(BUILD) build-asan build-asan-unit $(BIN)
 
 # Flags for compiling a subset of the tree by hand (cc $(make -s print-cflags) ...).
 print-cflags:

@@ -107,6 +107,9 @@ int piper_cmp_double(const void *a, const void *b);
 int piper_error_exit(const char *program, GError *err);
 /* Prints "<program>: error: <what> (see <program> --help)" on stderr; returns 2 (bad input). */
 int piper_usage_error(const char *program, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+/* quiet: piper_usage_error prints nothing (it still returns 2). For the ranks of a launcher other
+ * than the first, where the same command line gives every rank the same usage error. */
+void piper_usage_error_quiet(bool quiet);
 /* Whole decimal number in [lo, hi]; false otherwise. */
 bool piper_parse_u32(const char *text, uint32_t lo, uint32_t hi, uint32_t *out);
 /* Finite decimal number in [lo, hi]; false otherwise. */

@@ -72,7 +72,15 @@ int piper_error_exit(const char *program, GError *err) {
   return code;
 }
 
+static bool usage_quiet;
+
+void piper_usage_error_quiet(bool quiet) {
+  usage_quiet = quiet;
+}
+
 int piper_usage_error(const char *program, const char *fmt, ...) {
+  if (usage_quiet)
+    return 2;
   va_list ap;
   va_start(ap, fmt);
   char *what = g_strdup_vprintf(fmt, ap);

@@ -58,6 +58,64 @@ static bool resolve_target(const char *path, char **final, GError **err) {
   return true;
 }
 
+/* A new file at tmp, created by this call: O_EXCL|O_NOFOLLOW, so a link planted at tmp is never
+ * followed (fopen "w" once wrote through one onto its target). What is already there (a
+ * leftover of a killed writer, or a planted link) is unlinked, which removes the name and never
+ * touches what a link points to, and creation is tried once more; should something reappear
+ * in between, the writer gives up. The name stays fixed (not mkstemp's) so that whoever cleans
+ * leftovers (exec/checkpoint.c: rank-<r>.ckpt.tmp) finds them. */
+static FILE *open_temporary(const char *tmp) {
+  int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = open(tmp, flags, 0666);
+  if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
+    fd = open(tmp, flags, 0666);
+  if (fd < 0)
+    return NULL;
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    int code = errno;
+    close(fd);
+    unlink(tmp);
+    errno = code;
+  }
+  return f;
+}
+
+/* How long a FIFO given as an output may wait for its reader (`cat FIFO` started after the
+ * program) before that is an error. */
+#define FIFO_READER_WAIT_S 10
+
+/* A device or FIFO, opened to write in place. open(2) of a FIFO blocks until a reader opens it,
+ * for ever if none comes, and a signal that only asks the program to stop (SIGINT) restarts
+ * the call: so a FIFO is opened with O_NONBLOCK, which fails (ENXIO) while it has no reader,
+ * polled for FIFO_READER_WAIT_S, then written blocking as a pipe is. */
+static FILE *open_in_place(const char *path, GError **err) {
+  int fd = -1;
+  for (int tries = 0; fd < 0; tries++) {
+    fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0 || errno != ENXIO)
+      break;
+    if (tries >= FIFO_READER_WAIT_S * 20) {
+      piper_runtime_error(err, "%s: a FIFO that nobody reads (waited %d s for a reader)", path,
+                          FIFO_READER_WAIT_S);
+      return NULL;
+    }
+    g_usleep(G_USEC_PER_SEC / 20);
+  }
+  if (fd < 0 || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    io_error(err, path, "cannot write", errno);
+    if (fd >= 0)
+      close(fd);
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "w");
+  if (!f) {
+    io_error(err, path, "cannot write", errno);
+    close(fd);
+  }
+  return f;
+}
+
 bool piper_out_open(struct piper_out *o, const char *path, GError **err) {
   memset(o, 0, sizeof *o);
   o->path = g_strdup(path);
@@ -68,17 +126,18 @@ bool piper_out_open(struct piper_out *o, const char *path, GError **err) {
   if (!resolve_target(path, &o->final, err))
     goto fail;
   if (!o->final) { /* device, FIFO, socket: in place */
-    o->f = fopen(path, "w");
-    if (!o->f) {
-      io_error(err, path, "cannot write", errno);
+    o->f = open_in_place(path, err);
+    if (!o->f)
       goto fail;
-    }
     return true;
   }
   o->tmp = g_strdup_printf("%s.tmp", o->final);
-  o->f = fopen(o->tmp, "wb");
+  o->f = open_temporary(o->tmp);
   if (!o->f) {
-    io_error(err, o->tmp, "cannot write", errno);
+    int code = errno;
+    g_free(o->tmp);
+    o->tmp = NULL; /* not ours: never removed */
+    io_error(err, o->final, "cannot create a temporary file next to it", code);
     goto fail;
   }
   return true;

@@ -2,7 +2,8 @@
  * PMI/PMIx, Slurm), so that nothing below the programs reads launcher variables itself.
  *
  *   struct piper_launch l = piper_launch_detect();
- *   if (l.launched) ... // rank l.rank of l.size, l.local_rank of l.local_size on this machine
+ *   if (l.launched) // rank l.rank of l.size, l.local_rank of l.local_size on this machine
+ *     printf("rank %u of %u\n", l.rank, l.size);
  */
 #ifndef PIPER_BASE_LAUNCH_H
 #define PIPER_BASE_LAUNCH_H

@@ -2000,7 +2000,9 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     const struct dir_directive *dd = &p->d[d];
     if (dd->op != DIR_STREAM)
       continue;
-    struct ir_stream *s = IR_STREAM(g, ir_graph_stream(g, dd->name));
+    /* ir_graph_stream may append, and so move g->streams: take the index before the address. */
+    uint32_t si = ir_graph_stream(g, dd->name);
+    struct ir_stream *s = IR_STREAM(g, si);
     s->priority = (int32_t)dd->priority;
     s->sm_share = dd->sm_share;
   }

@@ -76,14 +76,35 @@ static bool check(const char *spec, struct layout *l, GError **err) {
   return true;
 }
 
+/* An item's key: what comes before '=', or the whole item ("v", "sp"). */
+static size_t item_key_len(const char *item) {
+  const char *eq = strchr(item, '=');
+  return eq ? (size_t)(eq - item) : strlen(item);
+}
+
+/* A key given twice ("pp=2,pp=4") is refused: the last one silently won. */
+static bool check_repeats(const char *spec, gchar **items, GError **err) {
+  for (gchar **a = items; *a; a++)
+    for (gchar **b = items; b < a; b++) {
+      size_t n = item_key_len(*a);
+      if (n && item_key_len(*b) == n && strncmp(*a, *b, n) == 0)
+        return piper_input_error(err, "--layout \"%s\": \"%.*s\" is given twice", spec, (int)n,
+                                 *a);
+    }
+  return true;
+}
+
 bool layout_parse(const char *spec, struct layout *out, GError **err) {
   struct layout l = {.pp = 1, .dp = 1, .ep = 1, .tp = 1, .shape = LAYOUT_LINEAR, .interleave = 1};
   if (!spec || !spec[0])
     return piper_input_error(err, "--layout: empty (e.g. pp=4,dp=2)");
   gchar **items = g_strsplit(spec, ",", -1);
   bool ok = true;
+  for (gchar **it = items; *it; it++)
+    g_strstrip(*it);
+  ok = check_repeats(spec, items, err);
   for (gchar **it = items; ok && *it; it++)
-    ok = parse_item(spec, g_strstrip(*it), &l, err);
+    ok = parse_item(spec, *it, &l, err);
   g_strfreev(items);
   if (!ok || !check(spec, &l, err))
     return false;

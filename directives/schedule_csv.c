@@ -5,7 +5,8 @@
  * an idle step (skipped on reading). Rows end in "\n" ("\r\n" is read too, as Python's csv
  * module writes it); spaces around a cell are ignored, as PyTorch's _Action.from_str strips
  * them. The communication cells of PyTorch's default "compute_comms" dialect (SEND_F, RECV_F,
- * SEND_B, RECV_B, SEND_F_RECV_B, SEND_B_RECV_F, UNSHARD, RESHARD, REDUCE_GRAD, with or without
+ * SEND_B, RECV_B, SEND_F_RECV_B, SEND_B_RECV_F, UNSHARD, RESHARD, REDUCE_GRAD, WAIT_REDUCE_GRAD
+ * (the wait PyTorch's GPipe and 1F1B schedules put after REDUCE_GRAD), with or without
  * a micro-batch) are read and skipped, counted in the program's note: the plan makes its own
  * (pipeline sends and receives from the placement, UNSHARD/RESHARD from shard directives,
  * REDUCE_GRAD from replicate). Writing gives the compute-only dialect; writing what was read
@@ -92,6 +93,7 @@ static const struct {
 } comm_kinds[] = {
     {"SEND_F_RECV_B", "pipeline sends and receives come from the placement"},
     {"SEND_B_RECV_F", "pipeline sends and receives come from the placement"},
+    {"WAIT_REDUCE_GRAD", "gradient reduction comes from the replicate directives"},
     {"REDUCE_GRAD", "gradient reduction comes from the replicate directives"},
     {"UNSHARD", "parameter gathers come from the shard directives"},
     {"RESHARD", "parameter gathers come from the shard directives"},

@@ -2,6 +2,7 @@
  * goes through these wrappers (ggml-backend's pattern): they check their arguments, supply the
  * default of an optional entry the table leaves NULL, and keep the version check in one place,
  * so the runner never touches a table and an out-of-tree backend fills in only what it has. */
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -443,4 +444,18 @@ uint32_t exec_backend_local_size(const struct exec_backend *b) {
 bool exec_backend_host_memory(const struct exec_backend *b) {
   PIPER_ASSERT(b != NULL);
   return b->ops->host_memory;
+}
+
+bool exec_world_gather_layout(const uint64_t *sizes, uint32_t n, int *counts, int *displs,
+                              size_t *total, GError **err) {
+  *total = 0;
+  for (uint32_t r = 0; r < n; r++) {
+    if (sizes[r] > INT_MAX || *total > (size_t)INT_MAX - sizes[r])
+      return piper_input_error(err, "the job's gathered report exceeds MPI's count (%d bytes)",
+                               INT_MAX);
+    counts[r] = (int)sizes[r];
+    displs[r] = (int)*total;
+    *total += (size_t)sizes[r];
+  }
+  return true;
 }

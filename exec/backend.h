@@ -4,11 +4,16 @@
  * collectives of exec/ops.def. Callers use the wrappers below (exec/backend.c), never the
  * table: they check arguments and supply the default of an optional entry.
  *
- *   static void my_fill(struct exec_stream *s, float *x, float value, size_t n) { ... }
- *   static const struct exec_kernels my_kernels = {.fill = my_fill, ...};
- *   const struct exec_backend_ops my_backend = {.api_version = EXEC_BACKEND_API_VERSION,
- *                                               .name = "mine", .kernels = &my_kernels, ...};
- *   struct exec_backend *b = exec_backend_init(&my_backend, NULL, &err);
+ *   GError *err = NULL;
+ *   struct exec_backend_ops mine = exec_backend_host; // a table: memory, streams, ..., kernels
+ *   mine.name = "mine";
+ *   struct exec_backend *b = exec_backend_init(&mine, NULL, &err);
+ *   if (b && !exec_backend_supports_op(b, EXEC_OP_attention_core_forward))
+ *     printf("%s lacks %s\n", exec_backend_name(b), exec_op_name(EXEC_OP_attention_core_forward));
+ *   exec_backend_free(b);
+ *
+ * A table is written as the host's and cuda's are: their kernel and collective entries
+ * generated from exec/ops.def (docs/exec.md, "Adding an op").
  */
 #ifndef PIPER_EXEC_BACKEND_H
 #define PIPER_EXEC_BACKEND_H
@@ -43,7 +48,6 @@ struct exec_backend {
 /* Work run in stream order, given the stream it runs on (kernels are enqueued on it). Returns
  * false with *err set to fail the stream (the runner then reports the error). */
 typedef bool (*exec_task_fn)(struct exec_stream *s, void *arg, GError **err);
-
 
 /* What a stream is doing, for the watchdog's message. */
 enum exec_stream_phase { EXEC_STREAM_IDLE, EXEC_STREAM_WAITING, EXEC_STREAM_RUNNING };
@@ -326,6 +330,12 @@ bool exec_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
 bool exec_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,
                        size_t **out_sizes, GError **err);
 bool exec_world_broadcast(struct exec_backend *b, void *buf, size_t bytes, GError **err);
+
+/* world_gather's contract, for backends that gather with MPI: rank r's sizes[r] bytes lie at
+ * displs[r] of rank 0's concatenation, in rank order; counts are sizes as MPI's int counts.
+ * Returns the total bytes (input error: a rank's bytes do not fit an MPI count). */
+bool exec_world_gather_layout(const uint64_t *sizes, uint32_t n, int *counts, int *displs,
+                              size_t *total, GError **err);
 
 /* The op's name ("rmsnorm_forward"), its use, and whether b's table has it. */
 const char *exec_op_name(enum exec_op op);

@@ -82,7 +82,7 @@ bool exec_mpi_check(const struct cuda_context *b, int e, const char *call, const
 }
 
 void exec_cuda_fail(struct exec_stream *s, GError *e) {
-  if (!s) {
+  if (!s || s == s->b->setup_stream) {
     /* work outside any task: nobody to fail, say it */
     g_printerr("piper-exec: error: %s\n", e->message);
     g_error_free(e);

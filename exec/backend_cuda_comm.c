@@ -182,10 +182,13 @@ static void staged_sends_settle(struct cuda_context *b, bool all) {
   for (guint i = 0; b->staged_sends && i < b->staged_sends->len;) {
     struct staged_send *x = &g_array_index(b->staged_sends, struct staged_send, i);
     int done = 0;
+    /* a send whose test fails is left for the next settling (its host copy must outlive MPI's
+     * use of it); the final settling waits, and frees it whatever the wait returns (MPI is
+     * being torn down: nothing else could use it) */
     if (all)
       done = MPI_Wait(&x->req, MPI_STATUS_IGNORE) == MPI_SUCCESS;
-    else
-      MPI_Test(&x->req, &done, MPI_STATUS_IGNORE);
+    else if (MPI_Test(&x->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      done = 0;
     if (!done && !all) {
       i++;
       continue;
@@ -390,20 +393,21 @@ bool exec_cuda_world_gather(struct exec_backend *backend, const void *in, size_t
     (*out_sizes)[0] = bytes;
     return true;
   }
-  int mine = (int)bytes;
-  int *sizes = b->rank == 0 ? g_new(int, b->size) : NULL;
-  int *displs = b->rank == 0 ? g_new0(int, b->size) : NULL;
-  bool ok = MPI_CHECK(b, MPI_Gather(&mine, 1, MPI_INT, sizes, 1, MPI_INT, 0, b->job), err);
+  uint64_t mine = bytes;
+  uint64_t *sizes = b->rank == 0 ? g_new(uint64_t, b->size) : NULL;
+  int *counts = b->rank == 0 ? g_new(int, 2 * (size_t)b->size) : NULL;
+  int *displs = counts ? counts + b->size : NULL;
+  bool ok =
+      MPI_CHECK(b, MPI_Gather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, 0, b->job), err);
   size_t total = 0;
-  for (uint32_t r = 0; ok && b->rank == 0 && r < b->size; r++) {
-    displs[r] = (int)total;
-    total += (size_t)sizes[r];
-  }
+  /* only rank 0 has the sizes (and judges them); the others send theirs regardless */
+  ok = ok &&
+       (b->rank != 0 || exec_world_gather_layout(sizes, b->size, counts, displs, &total, err));
   char *all = b->rank == 0 ? g_malloc(total + 1) : NULL;
-  ok =
-      ok &&
-      MPI_CHECK(b, MPI_Gatherv(in, mine, MPI_BYTE, all, sizes, displs, MPI_BYTE, 0, b->job),
-                err);
+  ok = ok && MPI_CHECK(b,
+                       MPI_Gatherv(in, (int)bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0,
+                                   b->job),
+                       err);
   if (ok && b->rank == 0) {
     *out = all;
     *out_sizes = g_new(size_t, b->size);
@@ -413,7 +417,7 @@ bool exec_cuda_world_gather(struct exec_backend *backend, const void *in, size_t
     g_free(all);
   }
   g_free(sizes);
-  g_free(displs);
+  g_free(counts);
   return ok;
 }
 

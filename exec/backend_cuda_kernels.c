@@ -1,7 +1,7 @@
 /* backend_cuda_kernels: the cuda backend's kernel table. Each model op is composed, step for
  * step, like its host reference in kernels/ (*.c): the same buffers (saved, bwork, scratch in the
- * same layouts), GEMMs through cuBLASLt and the elementwise and row-wise steps from
- * kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models read bf16 operands
+ * same layouts), GEMMs through cuBLASLt (backend_cuda_gemm.c) and the elementwise and row-wise
+ * steps from kernels/cuda.cu. Memory is fp32 (the master copy); GEMMs of bf16 models read bf16 operands
  * on the tensor cores with fp32 accumulation and fp32 output (CUBLAS_COMPUTE_32F): a weight
  * matrix of the optimizer's store from its cached bf16 copy (one per matrix, made by its first
  * GEMM after each write: once per step; exec/gpu_weights.h), the other operand rounded to
@@ -18,304 +18,17 @@
 #include "cuda-impl.h"
 #include "gpu_layout.h"
 
-/* Every entry is given a stream (the setup stream outside tasks): its context is the
- * instance's. */
 static struct cuda_context *kernel_ctx(struct exec_stream *s) {
-  PIPER_ASSERT(s != NULL);
-  return s->b;
+  return exec_cuda_kernel_ctx(s);
 }
 
 static cudaStream_t st_of(struct exec_stream *s) {
-  return exec_cuda_stream(kernel_ctx(s), s);
-}
-
-/* ---- GEMM ------------------------------------------------------------------------------- */
-
-/* The largest power of two up to 256 that divides p's address. */
-static uint32_t ptr_alignment(const void *p) {
-  uintptr_t a = (uintptr_t)p;
-  uint32_t al = 256;
-  while (al > 1 && a % al != 0)
-    al /= 2;
-  return al;
-}
-
-/* One GEMM's operands as cuBLASLt sees them (column-major: row-major C is column-major C^T =
- * op(B)^T op(A)^T, so B goes first), their element type and what the heuristic needs. */
-struct gemm_call {
-  bool ta, tb, bf16;
-  int m, n, k;
-  const void *first, *second; /* B, A as stored or their bf16 copies */
-  int ld_first, ld_second;
-  float *C;
-  int ldc;
-};
-
-/* ---- bf16 weight copies ---------------------------------------------------------------- */
-
-/* w's copy is fresh, made on cs: the GEMMs of other streams wait for its event. */
-static bool copy_made(struct cuda_context *b, struct exec_wcache_entry *w, cudaStream_t cs,
-                      GError **err) {
-  if (!CUDA_CHECK(b, cudaGetLastError(), err) ||
-      !CUDA_CHECK(b, cudaEventRecord((cudaEvent_t)w->made, cs), err))
-    return false;
-  w->fresh = true;
-  w->maker = cs;
-  w->conversions++;
-  b->wcache.misses++;
-  return true;
-}
-
-/* The bf16 copy of weight matrix B (rows x cols, row stride ld) for a GEMM enqueued on cs:
- * made on cs when it is stale (its first GEMM after the optimizer step, a load or a gather
- * wrote it), else reused after cs waits for the stream that made it. NULL when B is not in
- * the optimizer's store or the arena has no room: the caller converts it for this GEMM. */
-static const uint16_t *weight_copy(struct cuda_context *b, cudaStream_t cs, const float *B,
-                                   int rows, int cols, int ld, GError **err) {
-  bool created = false;
-  struct exec_wcache_entry *e = exec_wcache_find(&b->wcache, B, rows, cols, ld, &created);
-  if (!e)
-    return NULL;
-  if (created) {
-    size_t bytes = (size_t)rows * (size_t)cols * 2;
-    cudaEvent_t ev = NULL;
-    e->copy = exec_cuda_alloc_quiet(b, bytes);
-    if (e->copy && !CUDA_CHECK(b, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), err)) {
-      exec_cuda_release_block(b, e->copy);
-      e->copy = NULL; /* this GEMM fails; later ones convert per GEMM */
-      return NULL;
-    }
-    e->made = ev;
-    if (e->copy)
-      b->wcache_bytes += bytes;
-  }
-  if (!e->copy)
-    return NULL; /* no room: converted per GEMM, as without the cache */
-  if (e->fresh) {
-    b->wcache.hits++;
-    if (e->maker != (const void *)cs &&
-        !CUDA_CHECK(b, cudaStreamWaitEvent(cs, (cudaEvent_t)e->made, 0), err))
-      return NULL;
-    return e->copy;
-  }
-  /* whoever read the previous copy read the weights before their write, which this GEMM's
-   * stream already waits for (the plan's order): overwriting it here races with nobody */
-  kc_to_bf16(e->copy, B, rows, cols, ld, cs);
-  return copy_made(b, e, cs, err) ? e->copy : NULL;
-}
-
-void exec_cuda_written(struct cuda_context *b, const void *p, size_t bytes) {
-  if (b && b->wcache.entries)
-    exec_wcache_written(&b->wcache, p, bytes);
-}
-
-static void entry_free(struct cuda_context *b, struct exec_wcache_entry *e) {
-  if (e->made)
-    cudaEventDestroy((cudaEvent_t)e->made);
-  if (e->copy) {
-    exec_cuda_release_block(b, e->copy);
-    b->wcache_bytes -= (size_t)e->rows * (size_t)e->cols * 2;
-  }
-}
-
-void exec_cuda_weights_forget(struct cuda_context *b, const void *p) {
-  if (!b->wcache.stores || !exec_wcache_in_store(&b->wcache, p, 1))
-    return;
-  GPtrArray *gone = g_ptr_array_new_with_free_func(g_free);
-  exec_wcache_drop(&b->wcache, p, gone);
-  for (guint k = 0; k < gone->len; k++)
-    entry_free(b, g_ptr_array_index(gone, k));
-  g_ptr_array_free(gone, TRUE);
-}
-
-void exec_cuda_weights_free(struct cuda_context *b) {
-  if (!b->wcache.entries)
-    return;
-  if (b->rank == 0 && b->wcache.entries->len)
-    g_printerr("piper-exec: cuda: bf16 weight copies: %u matrices, %.3f GiB, made %" PRIu64
-               " times, reused %" PRIu64 " times (rank 0)\n",
-               b->wcache.entries->len, b->wcache_bytes / 1073741824.0, b->wcache.misses,
-               b->wcache.hits);
-  /* copies in the arena go with it; before configure they are device memory of their own */
-  for (guint k = 0; k < b->wcache.entries->len; k++) {
-    struct exec_wcache_entry *e = g_ptr_array_index(b->wcache.entries, k);
-    if (e->made)
-      cudaEventDestroy((cudaEvent_t)e->made);
-    bool in_arena = b->arena && (char *)e->copy >= b->arena &&
-                    (char *)e->copy < b->arena + b->arena_bytes;
-    if (e->copy && !in_arena)
-      cudaFree(e->copy);
-  }
-  exec_wcache_clear(&b->wcache);
-}
-
-/* Operands a caller already holds in bf16 (GEMM_A16, GEMM_B16: used as stored, with the ld
- * given), so that they are not converted again per GEMM. */
-enum { GEMM_A16 = 1, GEMM_B16 = 2 };
-
-/* bf16 copies of A and B (round to nearest even), compact: cuBLASLt then reads bf16 operands
- * and accumulates in fp32 (CUBLAS_COMPUTE_32F) into fp32 C. B, where it is a weight matrix
- * of the optimizer's store, comes from its cached copy (weight_copy); the rest is converted
- * into the stream's scratch, 6 bytes of traffic per element, O(mk + kn) against the GEMM's
- * O(mnk) arithmetic; an operand already in bf16 (pre) is taken as it is. */
-static bool gemm_bf16_operands(struct cuda_context *b, cudaStream_t cs, struct cuda_scratch *sc,
-                               struct gemm_call *g, const void *A, int lda, const void *B,
-                               int ldb, unsigned pre, GError **err) {
-  int ra = g->ta ? g->k : g->m, ca = g->ta ? g->m : g->k; /* A as stored, row-major */
-  int rb = g->tb ? g->n : g->k, cb = g->tb ? g->k : g->n;
-  const uint16_t *cached = pre & GEMM_B16 ? B : weight_copy(b, cs, B, rb, cb, ldb, err);
-  if (!cached && err && *err)
-    return false;
-  size_t nb = cached ? 0 : (size_t)rb * cb * 2, off = (nb + 255) & ~(size_t)255;
-  size_t need = off + (pre & GEMM_A16 ? 0 : (size_t)ra * ca * 2);
-  if (need > sc->bytes) {
-    /* GEMMs enqueued on this stream may still read the old copies */
-    if (sc->p && !(CUDA_CHECK(b, cudaStreamSynchronize(cs), err) &&
-                   CUDA_CHECK(b, cudaFree(sc->p), err)))
-      return false;
-    sc->p = NULL;
-    sc->bytes = 0;
-    if (!CUDA_CHECK(b, cudaMalloc(&sc->p, need + need / 2), err))
-      return false;
-    sc->bytes = need + need / 2;
-  }
-  uint16_t *b16 = sc->p, *a16 = (uint16_t *)(void *)((char *)sc->p + off);
-  if (!cached)
-    kc_to_bf16(b16, B, rb, cb, ldb, cs);
-  g->first = cached ? (const void *)cached : (const void *)b16;
-  g->ld_first = pre & GEMM_B16 ? ldb : cb;
-  if (pre & GEMM_A16) {
-    g->second = A, g->ld_second = lda;
-    return true;
-  }
-  kc_to_bf16(a16, A, ra, ca, lda, cs);
-  g->second = a16, g->ld_second = ca;
-  return true;
-}
-
-/* The algorithm for g: the heuristic's answer per shape, alignment and precision, cached
- * (asking costs more than a small GEMM, and every step asks for the same shapes). */
-static bool gemm_algo(struct cuda_context *b, const struct gemm_call *g, cublasLtMatmulDesc_t op,
-                      cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-                      cublasLtMatrixLayout_t lc, cublasLtMatmulHeuristicResult_t *heur,
-                      GError **err) {
-  /* the heuristic assumes 256-byte aligned operands unless told: views into saved buffers
-   * (a head's columns, an expert's rows) are often only 4-byte aligned */
-  uint32_t align_a = ptr_alignment(g->first), align_b = ptr_alignment(g->second),
-           align_c = ptr_alignment(g->C);
-  char key[160];
-  g_snprintf(key, sizeof key, "%d%d %d %d %d %d %d %d %u %u %u %d", g->ta, g->tb, g->m, g->n, g->k,
-             g->ld_second, g->ld_first, g->ldc, align_a, align_b, align_c, g->bf16);
-  if (!b->gemm_algos)
-    b->gemm_algos = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
-  const cublasLtMatmulHeuristicResult_t *cached = g_hash_table_lookup(b->gemm_algos, key);
-  if (cached) {
-    *heur = *cached;
-    return true;
-  }
-  cublasLtMatmulPreference_t pref = NULL;
-  int found = 0;
-  const cublasLtMatmulPreferenceAttributes_t which[] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  const uint32_t value[] = {align_a, align_b, align_c, align_c};
-  bool ok = CUBLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref), err) &&
-            CUBLAS_CHECK(b,
-                         cublasLtMatmulPreferenceSetAttribute(
-                             pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                             &b->lt_workspace_bytes, sizeof b->lt_workspace_bytes),
-                         err);
-  for (size_t i = 0; ok && i < G_N_ELEMENTS(which); i++)
-    ok = CUBLAS_CHECK(
-        b, cublasLtMatmulPreferenceSetAttribute(pref, which[i], &value[i], sizeof value[i]), err);
-  ok = ok && CUBLAS_CHECK(b,
-                          cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, heur,
-                                                         &found),
-                          err);
-  if (pref)
-    cublasLtMatmulPreferenceDestroy(pref);
-  if (ok && found == 0)
-    ok = piper_runtime_error(err,
-                             "rank %u GPU %d: cuBLASLt has no algorithm for a %dx%dx%d %s GEMM",
-                             b->rank, b->device, g->m, g->n, g->k, g->bf16 ? "bf16" : "fp32");
-  if (ok)
-    g_hash_table_insert(b->gemm_algos, g_strdup(key), g_memdup2(heur, sizeof *heur));
-  return ok;
-}
-
-/* kernels_gemm's contract (row-major C[m,n] = alpha op(A) op(B) + beta C, beta 0 ignores C)
- * through cuBLASLt: fp32 operands computed in fp32, or (bf16 models) bf16 copies of them with
- * fp32 accumulation (CUBLAS_COMPUTE_32F, bf16 A and B, fp32 C and D). */
-static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, struct cuda_scratch *sc,
-                    bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda,
-                    const void *B, int ldb, unsigned pre, float beta, float *C, int ldc,
-                    GError **err) {
-  PIPER_ASSERT(!pre || b->bf16_gemm);
-  if (m == 0 || n == 0)
-    return true;
-  if (k == 0) {
-    /* nothing to multiply: C = beta C */
-    if (beta == 0.0f)
-      for (int r = 0; r < m; r++)
-        kc_fill(C + (size_t)r * ldc, 0.0f, (size_t)n, cs);
-    return true;
-  }
-  struct gemm_call g = {ta, tb, b->bf16_gemm, m, n, k, B, A, ldb, lda, C, ldc};
-  if (g.bf16 && !gemm_bf16_operands(b, cs, sc, &g, A, lda, B, ldb, pre, err))
-    return false;
-  cudaDataType_t in = g.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasLtMatmulDesc_t op = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtMatmulHeuristicResult_t heur;
-  bool ok =
-      CUBLAS_CHECK(b, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), err) &&
-      CUBLAS_CHECK(
-          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
-          err) &&
-      CUBLAS_CHECK(
-          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
-          err) &&
-      /* first operand: B^T as stored, [n, k] after op; second: A, [k, m] after op */
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, in, tb ? k : n, tb ? n : k, g.ld_first),
-                   err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, in, ta ? m : k, ta ? k : m, g.ld_second),
-                   err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, ldc), err) &&
-      gemm_algo(b, &g, op, la, lb, lc, &heur, err) &&
-      CUBLAS_CHECK(b,
-                   cublasLtMatmul(b->lt, op, &alpha, g.first, la, g.second, lb, &beta, C, lc, C,
-                                  lc, &heur.algo, ws, b->lt_workspace_bytes, cs),
-                   err);
-  if (lc)
-    cublasLtMatrixLayoutDestroy(lc);
-  if (lb)
-    cublasLtMatrixLayoutDestroy(lb);
-  if (la)
-    cublasLtMatrixLayoutDestroy(la);
-  if (op)
-    cublasLtMatmulDescDestroy(op);
-  return ok;
-}
-
-/* A GEMM of a kernel entry, pre saying which operands are already bf16 (bf16 models only):
- * failures fail the stream. */
-static void gemm_pre(struct exec_stream *s, unsigned pre, bool ta, bool tb, int m, int n, int k,
-                     float alpha, const void *A, int lda, const void *B, int ldb, float beta,
-                     float *C, int ldc) {
-  GError *e = NULL;
-  struct cuda_context *b = kernel_ctx(s);
-  /* a workspace and operand copies per stream: GEMMs of two streams run at once */
-  void *ws = s ? s->lt_workspace : b->lt_workspace;
-  struct cuda_scratch *sc = s ? &s->bf16 : &b->setup_bf16;
-  if (!gemm_lt(b, st_of(s), ws, sc, ta, tb, m, n, k, alpha, A, lda, B, ldb, pre, beta, C, ldc,
-               &e))
-    exec_cuda_fail(s, e);
+  return exec_cuda_st_of(s);
 }
 
 static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-  gemm_pre(s, 0, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  exec_cuda_gemm_pre(s, 0, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ---- simple entries --------------------------------------------------------------------- */
@@ -368,6 +81,12 @@ static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, c
 static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, const float *x,
                               const float *params, int T, int C, float eps) {
   kc_rmsnorm_forward(h, saved, x, params, T, C, eps, st_of(s));
+}
+
+static void k_residual_rmsnorm_forward(struct exec_stream *s, float *x, float *h, float *saved,
+                                       const float *y, const float *params, int T, int C,
+                                       float eps) {
+  kc_residual_rmsnorm_forward(x, h, saved, y, params, T, C, eps, st_of(s));
 }
 
 static void k_rmsnorm_backward_input(struct exec_stream *s, float *dx, const float *dh,
@@ -442,14 +161,14 @@ static void adamw_with_copies(struct exec_stream *s, const struct adamw_args *a,
     adamw_span(a, done, at - done, NULL, cs);
     adamw_span(a, at, len, w->copy, cs);
     done = at + len;
-    copy_made(b, w, cs, &e);
+    exec_cuda_copy_made(b, w, cs, &e);
   }
   if (!e)
     adamw_span(a, done, n - done, NULL, cs);
   for (guint k = 0; k < later->len && !e; k++) {
     struct exec_wcache_entry *w = g_ptr_array_index(later, k);
     kc_to_bf16(w->copy, w->ptr, w->rows, w->cols, w->ld, cs);
-    copy_made(b, w, cs, &e);
+    exec_cuda_copy_made(b, w, cs, &e);
   }
   g_ptr_array_free(later, TRUE);
   g_ptr_array_free(within, TRUE);
@@ -483,6 +202,9 @@ static void k_adamw_step(struct exec_stream *s, float *params, const float *grad
  * buffers, written so by the SwiGLU kernels (no fp32 copy to write and convert again): act in
  * the first half of saved's act slot; dg, du in bwork's du slot, after the fp32 dact (the
  * down projection's gradient) in its dg slot. fp32 models keep the host's layout. */
+/* The host kernels' layout (kernels_mlp_views), and the bf16 forms this backend keeps in it:
+ * act in bf16 over act's own floats, dg and du in bf16 over du's (dact, the fp32 gradient of
+ * act, in dg's place until the SwiGLU backward). */
 struct mlp_views {
   const float *wg, *wu, *wd;
   float *g, *u, *act, *dact, *du;
@@ -491,22 +213,13 @@ struct mlp_views {
 
 static struct mlp_views mlp_views(const float *params, const float *saved, const float *bwork,
                                   int T, int C, int F) {
-  struct mlp_views w = {0};
-  size_t TF = (size_t)T * F;
-  w.wg = params;
-  w.wu = params ? w.wg + (size_t)C * F : NULL;
-  w.wd = params ? w.wu + (size_t)C * F : NULL;
-  if (saved) {
-    w.g = (float *)saved;
-    w.u = w.g + TF;
-    w.act = w.u + TF;
+  struct kernels_mlp_views k = kernels_mlp_views(params, saved, bwork, T, C, F);
+  struct mlp_views w = {k.wg, k.wu, k.wd, k.g, k.u, k.act, k.dg, k.du, NULL, NULL, NULL};
+  if (saved)
     w.act16 = (uint16_t *)(void *)w.act;
-  }
   if (bwork) {
-    w.dact = (float *)bwork;
-    w.du = w.dact + TF;
     w.dg16 = (uint16_t *)(void *)w.du;
-    w.du16 = w.dg16 + TF;
+    w.du16 = w.dg16 + (size_t)T * F;
   }
   return w;
 }
@@ -525,11 +238,11 @@ static void mlp_forward_bf16(struct exec_stream *s, float *m, const struct mlp_v
   uint16_t *h16 = bf16_once(s, h, T, C);
   if (!h16)
     return;
-  gemm_pre(s, GEMM_A16, false, false, T, F, C, 1.0f, h16, C, w->wg, F, 0.0f, w->g, F);
-  gemm_pre(s, GEMM_A16, false, false, T, F, C, 1.0f, h16, C, w->wu, F, 0.0f, w->u, F);
+  exec_cuda_gemm_pre(s, GEMM_A16, false, false, T, F, C, 1.0f, h16, C, w->wg, F, 0.0f, w->g, F);
+  exec_cuda_gemm_pre(s, GEMM_A16, false, false, T, F, C, 1.0f, h16, C, w->wu, F, 0.0f, w->u, F);
   cudaFreeAsync(h16, st_of(s));
   kc_swiglu_forward_bf16(w->act16, w->g, w->u, (size_t)T * F, st_of(s));
-  gemm_pre(s, GEMM_A16, false, false, T, C, F, 1.0f, w->act16, F, w->wd, C, 0.0f, m, C);
+  exec_cuda_gemm_pre(s, GEMM_A16, false, false, T, C, F, 1.0f, w->act16, F, w->wd, C, 0.0f, m, C);
 }
 
 static void k_mlp_forward(struct exec_stream *s, float *m, float *saved, const float *h,
@@ -553,8 +266,8 @@ static void k_mlp_backward_input(struct exec_stream *s, float *dh, float *bwork,
   gemm(s, false, true, T, F, C, 1.0f, dm, C, w.wd, C, 0.0f, w.dact, F);
   if (kernel_ctx(s)->bf16_gemm) {
     kc_swiglu_backward_bf16(w.dg16, w.du16, w.dact, w.g, w.u, (size_t)T * F, st_of(s));
-    gemm_pre(s, GEMM_A16, false, true, T, C, F, 1.0f, w.dg16, F, w.wg, F, beta, dh, C);
-    gemm_pre(s, GEMM_A16, false, true, T, C, F, 1.0f, w.du16, F, w.wu, F, 1.0f, dh, C);
+    exec_cuda_gemm_pre(s, GEMM_A16, false, true, T, C, F, 1.0f, w.dg16, F, w.wg, F, beta, dh, C);
+    exec_cuda_gemm_pre(s, GEMM_A16, false, true, T, C, F, 1.0f, w.du16, F, w.wu, F, 1.0f, dh, C);
     return;
   }
   float *dg = w.dact; /* in place over dact */
@@ -573,9 +286,9 @@ static void k_mlp_backward_weight(struct exec_stream *s, float *dparams, const f
     if (!h16)
       return;
     unsigned both = GEMM_A16 | GEMM_B16;
-    gemm_pre(s, both, true, false, C, F, T, 1.0f, h16, C, w.dg16, F, 1.0f, dwg, F);
-    gemm_pre(s, both, true, false, C, F, T, 1.0f, h16, C, w.du16, F, 1.0f, dwu, F);
-    gemm_pre(s, GEMM_A16, true, false, F, C, T, 1.0f, w.act16, F, dm, C, 1.0f, dwd, C);
+    exec_cuda_gemm_pre(s, both, true, false, C, F, T, 1.0f, h16, C, w.dg16, F, 1.0f, dwg, F);
+    exec_cuda_gemm_pre(s, both, true, false, C, F, T, 1.0f, h16, C, w.du16, F, 1.0f, dwu, F);
+    exec_cuda_gemm_pre(s, GEMM_A16, true, false, F, C, T, 1.0f, w.act16, F, dm, C, 1.0f, dwd, C);
     cudaFreeAsync(h16, st_of(s));
     return;
   }
@@ -599,41 +312,6 @@ static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, flo
  * (kernels/flash_attention.cu: no [S, S] memory at all), for bf16 models with a head size it
  * supports (exec_gpu_attention_fused). -------------------------------------------------------- */
 
-struct attn_views {
-  size_t T, HD, KD;
-  const float *wq, *wk, *wv, *wo;
-  float *q, *k, *v, *lse, *y, *dy, *dq, *dk, *dv;
-};
-
-static struct attn_views attn_views(const struct kernels_attention_dims *d, const float *params,
-                                    const float *saved, const float *bwork) {
-  struct attn_views w = {0};
-  w.T = (size_t)d->batch * d->seq;
-  w.HD = (size_t)d->heads * d->head_dim;
-  w.KD = (size_t)d->kv_heads * d->head_dim;
-  size_t C = (size_t)d->hidden;
-  if (params) {
-    w.wq = params;
-    w.wk = w.wq + C * w.HD;
-    w.wv = w.wk + C * w.KD;
-    w.wo = w.wv + C * w.KD;
-  }
-  if (saved) {
-    w.q = (float *)saved;
-    w.k = w.q + w.T * w.HD;
-    w.v = w.k + w.T * w.KD;
-    w.lse = d->core ? d->core : w.v + w.T * w.KD;
-    w.y = w.lse + (size_t)d->batch * d->heads * d->seq;
-  }
-  if (bwork) {
-    w.dy = (float *)bwork;
-    w.dq = w.dy + w.T * w.HD;
-    w.dk = w.dq + w.T * w.HD;
-    w.dv = w.dk + w.T * w.KD;
-  }
-  return w;
-}
-
 static void rope(struct exec_stream *s, float *x, const struct kernels_attention_dims *d, int heads,
                  bool inverse) {
   const struct kernels_rope_scaling *sc = d->rope_scaling;
@@ -643,7 +321,7 @@ static void rope(struct exec_stream *s, float *x, const struct kernels_attention
 }
 
 /* Offsets of sequence b, query head hh: into q/y rows (HD wide), k/v rows (KD wide) and lse. */
-static void head_offsets(const struct attn_views *w, const struct kernels_attention_dims *d, int b,
+static void head_offsets(const struct kernels_attention_views *w, const struct kernels_attention_dims *d, int b,
                          int hh, size_t *qoff, size_t *koff, size_t *loff) {
   int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
   *qoff = (size_t)b * S * w->HD + (size_t)hh * D;
@@ -661,7 +339,7 @@ static bool attention_fused(struct exec_stream *s, const struct kernels_attentio
 }
 
 /* lse, y <- q, k, v in one fused pass; its scratch (the operands' bf16 copies) stream-ordered. */
-static void attention_fused_forward(struct exec_stream *s, const struct attn_views *w,
+static void attention_fused_forward(struct exec_stream *s, const struct kernels_attention_views *w,
                                     const struct kernels_attention_dims *d) {
   void *scratch = stream_scratch(s, kc_flash_attention_scratch_bytes(
                                         d->batch, d->seq, d->heads, d->kv_heads, d->head_dim, false));
@@ -677,7 +355,7 @@ static void attention_fused_forward(struct exec_stream *s, const struct attn_vie
 }
 
 /* lse, y <- q, k, v: one fused kernel, or per head: scores, softmax, values. */
-static void attention_core(struct exec_stream *s, const struct attn_views *w,
+static void attention_core(struct exec_stream *s, const struct kernels_attention_views *w,
                            const struct kernels_attention_dims *d) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
   if (attention_fused(s, d)) {
@@ -701,15 +379,15 @@ static void attention_core(struct exec_stream *s, const struct attn_views *w,
 
 static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
                                 const float *params, const struct kernels_attention_dims *d) {
-  struct attn_views w = attn_views(d, params, saved, NULL);
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
   int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   /* bf16 models: h converted once for its three projections */
   uint16_t *h16 = kernel_ctx(s)->bf16_gemm ? bf16_once(s, h, T, C) : NULL;
   const void *x = h16 ? (const void *)h16 : (const void *)h;
   unsigned pre = h16 ? GEMM_A16 : 0;
-  gemm_pre(s, pre, false, false, T, HD, C, 1.0f, x, C, w.wq, HD, 0.0f, w.q, HD);
-  gemm_pre(s, pre, false, false, T, KD, C, 1.0f, x, C, w.wk, KD, 0.0f, w.k, KD);
-  gemm_pre(s, pre, false, false, T, KD, C, 1.0f, x, C, w.wv, KD, 0.0f, w.v, KD);
+  exec_cuda_gemm_pre(s, pre, false, false, T, HD, C, 1.0f, x, C, w.wq, HD, 0.0f, w.q, HD);
+  exec_cuda_gemm_pre(s, pre, false, false, T, KD, C, 1.0f, x, C, w.wk, KD, 0.0f, w.k, KD);
+  exec_cuda_gemm_pre(s, pre, false, false, T, KD, C, 1.0f, x, C, w.wv, KD, 0.0f, w.v, KD);
   if (h16)
     cudaFreeAsync(h16, st_of(s));
   rope(s, w.q, d, d->heads, false);
@@ -722,13 +400,13 @@ static void k_attention_forward(struct exec_stream *s, float *a, float *saved, c
  * way, so lse and y are the forward's bit for bit). */
 static void k_attention_core_forward(struct exec_stream *s, float *saved,
                                      const struct kernels_attention_dims *d) {
-  struct attn_views w = attn_views(d, NULL, saved, NULL);
+  struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, NULL);
   attention_core(s, &w, d);
 }
 
 /* dq, dk, dv <- q, k, v, y, dy, lse in one fused pass (dk, dv written, not accumulated); its
  * scratch (bf16 operands, the softmax gradient's row sums) stream-ordered. */
-static void attention_fused_backward(struct exec_stream *s, const struct attn_views *w,
+static void attention_fused_backward(struct exec_stream *s, const struct kernels_attention_views *w,
                                      const struct kernels_attention_dims *d) {
   void *scratch = stream_scratch(s, kc_flash_attention_scratch_bytes(
                                         d->batch, d->seq, d->heads, d->kv_heads, d->head_dim, true));
@@ -746,7 +424,7 @@ static void attention_fused_backward(struct exec_stream *s, const struct attn_vi
 
 /* p, ds: S*S floats of scratch each, stream-ordered (cudaMallocAsync); p is recomputed per
  * head from q, k and the forward's lse. */
-static void attention_heads_backward(struct exec_stream *s, const struct attn_views *w,
+static void attention_heads_backward(struct exec_stream *s, const struct kernels_attention_views *w,
                                      const struct kernels_attention_dims *d, float *p, float *ds) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
   float scale = 1.0f / sqrtf((float)D);
@@ -767,7 +445,7 @@ static void attention_heads_backward(struct exec_stream *s, const struct attn_vi
 static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
                                        const float *da, const float *saved, const float *params,
                                        const struct kernels_attention_dims *d, bool accumulate) {
-  struct attn_views w = attn_views(d, params, saved, bwork);
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, bwork);
   int S = d->seq, C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   cudaStream_t cs = st_of(s);
   gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
@@ -797,16 +475,16 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
 static void k_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                         const float *da, const float *h, const float *saved,
                                         const struct kernels_attention_dims *d) {
-  struct attn_views w = attn_views(d, NULL, saved, bwork);
+  struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, bwork);
   int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   float *dwq = dparams, *dwk = dwq + (size_t)C * HD, *dwv = dwk + (size_t)C * KD;
   float *dwo = dwv + (size_t)C * KD;
   uint16_t *h16 = kernel_ctx(s)->bf16_gemm ? bf16_once(s, h, T, C) : NULL;
   const void *x = h16 ? (const void *)h16 : (const void *)h;
   unsigned pre = h16 ? GEMM_A16 : 0;
-  gemm_pre(s, pre, true, false, C, HD, T, 1.0f, x, C, w.dq, HD, 1.0f, dwq, HD);
-  gemm_pre(s, pre, true, false, C, KD, T, 1.0f, x, C, w.dk, KD, 1.0f, dwk, KD);
-  gemm_pre(s, pre, true, false, C, KD, T, 1.0f, x, C, w.dv, KD, 1.0f, dwv, KD);
+  exec_cuda_gemm_pre(s, pre, true, false, C, HD, T, 1.0f, x, C, w.dq, HD, 1.0f, dwq, HD);
+  exec_cuda_gemm_pre(s, pre, true, false, C, KD, T, 1.0f, x, C, w.dk, KD, 1.0f, dwk, KD);
+  exec_cuda_gemm_pre(s, pre, true, false, C, KD, T, 1.0f, x, C, w.dv, KD, 1.0f, dwv, KD);
   if (h16)
     cudaFreeAsync(h16, st_of(s));
   gemm(s, true, false, HD, C, T, 1.0f, w.y, HD, da, C, 1.0f, dwo, C);
@@ -1096,12 +774,12 @@ static void head_backward(struct exec_stream *s, float *dh, float *dparams, cons
     head_logits(s, dl, hc, params, layout, n, C, V);
     kc_xent_backward(dl, dl16, saved, targets, t0, n, T, V, dloss / (float)T, st_of(s));
     if (dh)
-      gemm_pre(s, pre_a, false, !tied, n, C, V, 1.0f, g, V, params, tied ? C : V, beta,
+      exec_cuda_gemm_pre(s, pre_a, false, !tied, n, C, V, 1.0f, g, V, params, tied ? C : V, beta,
                dh + (size_t)t0 * C, C);
     if (dparams && tied)
-      gemm_pre(s, pre_a, true, false, V, C, n, 1.0f, g, V, hc, C, 1.0f, dparams, C);
+      exec_cuda_gemm_pre(s, pre_a, true, false, V, C, n, 1.0f, g, V, hc, C, 1.0f, dparams, C);
     else if (dparams)
-      gemm_pre(s, pre_b, true, false, C, V, n, 1.0f, hc, C, g, V, 1.0f, dparams, V);
+      exec_cuda_gemm_pre(s, pre_b, true, false, C, V, n, 1.0f, hc, C, g, V, 1.0f, dparams, V);
   }
   if (dl16)
     cudaFreeAsync(dl16, st_of(s));

@@ -288,8 +288,10 @@ bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t keep, GErro
 
 /* ---- reading ----------------------------------------------------------------------------- */
 
-/* The step directory a resume reads: DIR/latest names it, or DIR is one itself. */
-static char *resolve(const char *dir, uint32_t rank, GError **err) {
+/* The step directory a resume reads: DIR/latest names it, or DIR is one itself. *named gets
+ * the step its directory's name says (step-<k>), UINT32_MAX when DIR has another name. */
+static char *resolve(const char *dir, uint32_t rank, uint32_t *named, GError **err) {
+  *named = UINT32_MAX;
   char *latest = g_strdup_printf("%s/latest", dir);
   gchar *text = NULL;
   char *path = NULL;
@@ -302,12 +304,18 @@ static char *resolve(const char *dir, uint32_t rank, GError **err) {
       g_free(q);
     } else {
       path = g_strdup_printf("%s/%s/rank-%u.ckpt", dir, text, rank);
+      *named = k;
     }
   } else {
     char *direct = g_strdup_printf("%s/rank-%u.ckpt", dir, rank);
-    if (g_file_test(direct, G_FILE_TEST_EXISTS))
+    if (g_file_test(direct, G_FILE_TEST_EXISTS)) {
       path = g_strdup(direct);
-    else
+      char *base = g_path_get_basename(dir);
+      uint32_t k;
+      if (step_dir_name(base, &k))
+        *named = k;
+      g_free(base);
+    } else
       piper_input_error(err, "%s: no checkpoint here (no \"latest\" file and no rank-%u.ckpt)", dir,
                         rank);
     g_free(direct);
@@ -323,7 +331,8 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
   uint32_t allow = 0;
   if (!exec_resume_allow_parse(s->o->resume_allow_change, &allow, err))
     return false;
-  char *path = resolve(dir, d->device, err);
+  uint32_t named;
+  char *path = resolve(dir, d->device, &named, err);
   if (!path)
     return false;
   size_t len = 0;
@@ -333,6 +342,11 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
   exec_checkpoint_describe(s->o, d, s->data, 0, &now);
   bool ok = data && exec_checkpoint_parse(path, data, len, &f, err) &&
             exec_checkpoint_compare(path, &f.meta, &now, allow, notes, err);
+  /* The description's step is what the run continues from (the data position, the LR
+   * schedule); the directory's name is what latest and pruning go by: they must agree. */
+  if (ok && named != UINT32_MAX && f.meta.step != named)
+    ok = piper_input_error(err, "%s: the checkpoint describes step %u but is stored as step-%u",
+                           path, f.meta.step, named);
   if (ok) {
     size_t n = (size_t)d->n_params;
     float *arrays[3] = {s->params, s->adam_m, s->adam_v};

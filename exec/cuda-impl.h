@@ -181,7 +181,29 @@ bool exec_cuda_block_of(struct cuda_context *b, const void *p, void **base, size
 /* The backend's release (reusable once the work enqueued before it is done). */
 void exec_cuda_release_block(struct cuda_context *b, void *p);
 
-/* backend_cuda_kernels.c: device bytes [p, p + bytes) are written by work enqueued now (a
+/* A kernel entry's context and CUDA stream: every entry is given a stream (the setup stream
+ * outside tasks), whose context is the instance's. */
+static inline struct cuda_context *exec_cuda_kernel_ctx(struct exec_stream *s) {
+  PIPER_ASSERT(s != NULL);
+  return s->b;
+}
+static inline cudaStream_t exec_cuda_st_of(struct exec_stream *s) {
+  return exec_cuda_stream(exec_cuda_kernel_ctx(s), s);
+}
+
+/* backend_cuda_gemm.c: a GEMM of a kernel entry (row-major, as kernels_gemm), pre saying which
+ * operands are already bf16 (GEMM_A16, GEMM_B16: used as stored, with the ld given, so that
+ * they are not converted again); failures fail the stream. */
+enum { GEMM_A16 = 1, GEMM_B16 = 2 };
+/* Weight w's bf16 copy was just made on cs (the optimizer makes them as it writes weights):
+ * the GEMMs of other streams wait for its event. */
+bool exec_cuda_copy_made(struct cuda_context *b, struct exec_wcache_entry *w, cudaStream_t cs,
+                         GError **err);
+void exec_cuda_gemm_pre(struct exec_stream *s, unsigned pre, bool ta, bool tb, int m, int n, int k,
+                        float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                        float *C, int ldc);
+
+/* backend_cuda_gemm.c: device bytes [p, p + bytes) are written by work enqueued now (a
  * copy, a transfer, a collective, the optimizer): bf16 weight copies of them go stale. */
 void exec_cuda_written(struct cuda_context *b, const void *p, size_t bytes);
 /* p is released: if it is a weight store, its bf16 copies are released with it. */

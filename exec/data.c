@@ -73,8 +73,16 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
   size_t size = g_mapped_file_get_length(d->file);
   const unsigned char *p = (const unsigned char *)g_mapped_file_get_contents(d->file);
   int32_t hdr[3] = {0, 0, 0};
-  if (size >= HEADER_BYTES)
-    memcpy(hdr, p, sizeof hdr);
+  if (size)
+    memcpy(hdr, p, size < sizeof hdr ? size : sizeof hdr);
+  if (hdr[0] == EXEC_DATA_MAGIC && size < HEADER_BYTES) {
+    /* a token file cut inside its header: never bytes of text (it once trained on them) */
+    piper_input_error(err,
+                      "%s: a token file (magic %d) of %zu bytes, cut inside its %d-byte header",
+                      path, EXEC_DATA_MAGIC, size, HEADER_BYTES);
+    exec_data_free(d);
+    return NULL;
+  }
   if (size >= HEADER_BYTES && hdr[0] == EXEC_DATA_MAGIC) {
     if (hdr[1] != 1 && hdr[1] != 2) {
       piper_input_error(err, "%s: token file version %d (known: 1 = uint16 tokens, 2 = uint32)",

@@ -2,8 +2,10 @@
  * token count, then uint16 tokens), any other file as bytes (vocab 256), or, with path NULL, a
  * deterministic synthetic stream with learnable structure.
  *
- *   struct exec_data *d = exec_data_open("train.bin", vocab, seed, &err);
- *   exec_data_batch(d, step, batch, seq, tokens, targets);
+ *   GError *err = NULL;
+ *   int32_t tokens[2 * 64], targets[2 * 64];
+ *   struct exec_data *d = exec_data_open(NULL, 256, 1234, &err); // synthetic, vocabulary 256
+ *   exec_data_batch(d, 0, 2, 64, tokens, targets); // sequence block 0: 2 sequences of 64
  *   exec_data_free(d);
  */
 #ifndef PIPER_EXEC_DATA_H

@@ -1,7 +1,7 @@
 /* exec-impl: what the executor's sources share. program.c derives, from the plan alone, what
  * each instruction of this device means for training (which model edge a send carries, which
- * all-to-all is a dispatch, where each segment's parameters live); train.c runs the segments;
- * runner.c drives steps on a backend; checkpoint.c saves and restores the state. */
+ * all-to-all is a dispatch, where each segment's parameters live); train.c runs an instruction
+ * (train-impl.h); runner.c drives steps on a backend; checkpoint.c saves and restores the state. */
 #ifndef PIPER_EXEC_EXEC_IMPL_H
 #define PIPER_EXEC_EXEC_IMPL_H
 
@@ -28,7 +28,7 @@ struct exec_value {
 struct exec_seg_op {
   uint32_t op; /* model op index */
   enum model_op_kind kind;
-  int32_t in[3];         /* value indices, -1 = unused (see train.c per kind) */
+  int32_t in[3];         /* value indices, -1 = unused (see segment_forward.c per kind) */
   int32_t out;           /* value index, -1 for the LM head */
   uint64_t param_offset; /* in the segment's full parameter block */
   uint64_t param_count;  /* full (all experts) */
@@ -220,9 +220,7 @@ struct exec_mb {
   bool has_loss;
 };
 
-/* What an instruction runs with: the stream its kernels go to (NULL: the backend's default
- * stream, outside any task) and the time it spends in kernels and communication. */
-/* The buffers of one instruction's TP collectives (train.c), each made on first use: the
+/* The buffers of one instruction's TP collectives (tp.c), each made on first use: the
  * [T, C] partial sums (the plan tensor its TP node reads), under sequence parallelism a divided
  * op's input and its output gradient gathered whole [T, C], a summed shard to add, and a norm's
  * weight-gradient part. */
@@ -230,6 +228,9 @@ struct exec_tp_bufs {
   float *sum, *input, *dout, *shard, *norm;
 };
 
+/* What an instruction runs with: the stream its kernels go to, and the time it spends in
+ * kernels and communication. Work outside any task has none: its kernels go to the backend's
+ * exec_backend_setup_stream. */
 struct exec_task_ctx {
   struct exec_stream *stream;
   double kernel_s, comm_s;
@@ -289,9 +290,7 @@ struct exec_state {
   uint64_t mem_peak, mem_peak_breakdown[REPORT_MEM_KIND_COUNT];
 };
 
-/* train.c */
-bool exec_state_init_params(struct exec_state *s, GError **err);
-void exec_state_free_params(struct exec_state *s);
+/* memory.c: the byte figures, the pool of freed buffers, the memory rule, the micro-batches */
 void exec_mb_begin(struct exec_state *s, uint32_t mb);
 void exec_mb_end(struct exec_state *s, uint32_t mb);
 /* The memory rule's state: set up and armed for a step (before its micro-batches begin);
@@ -302,15 +301,21 @@ void exec_step_memory_begin(struct exec_state *s);
 void exec_step_memory_issue(struct exec_state *s);
 void exec_step_memory_end(struct exec_state *s);
 void exec_memory_free(struct exec_state *s);
-bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);
 void exec_mem_add(struct exec_state *s, enum report_mem_kind k, int64_t bytes);
 void *exec_pool_get(struct exec_state *s, size_t bytes);
 void exec_pool_put(struct exec_state *s, void *p, size_t bytes);
 void exec_pool_clear(struct exec_state *s);
+
+/* params.c: the training state's stores */
+bool exec_state_init_params(struct exec_state *s, GError **err);
+void exec_state_free_params(struct exec_state *s);
 /* Full model parameters in model op order (floats): what this device holds current copies of
  * (held[i] set), zeros elsewhere. */
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
+
+/* train.c: runs instruction i (the sources it calls share train-impl.h) */
+bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);
 
 /* tp.c: tensor parallelism (Megatron-LM's layout) on one device */
 
@@ -459,5 +464,12 @@ bool exec_checkpoint_commit(const char *dir, uint32_t step, uint32_t keep, GErro
  * naming the op, when b lacks one of them. */
 void exec_plan_uses(const struct plan *p, bool uses[EXEC_USE_COUNT]);
 bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err);
+
+/* stragglers.c: the ranks whose compute (compute [n_steps][n_ranks] seconds) exceeds the median
+ * of their peers' (the other ranks of their class) by more than threshold in three measured
+ * steps of four at least; *out (g_free) holds them by rank. */
+uint32_t exec_find_stragglers(const double *compute, uint32_t n_steps, uint32_t n_ranks,
+                              const uint32_t *class_of, double threshold,
+                              struct exec_straggler **out);
 
 #endif

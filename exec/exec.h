@@ -3,9 +3,10 @@
  * people who run plans; exec/backend.h is for people who write backends.
  *
  *   GError *err = NULL;
+ *   const struct plan *plan = NULL; // from compile_run or plan_read_dir
  *   struct exec_backend *b = exec_backend_init_by_name("host", NULL, &err);
  *   struct exec_options o = exec_options_default();
- *   o.plan = plan; // from compile_run or plan_read_dir
+ *   o.plan = plan;
  *   o.iters = 10;
  *   struct exec_result r = {0};
  *   if (b && exec_run(&o, b, &r, &err))
@@ -33,7 +34,7 @@ struct exec_backend_params {
   struct piper_launch launch; /* the launcher's view of this process (piper_launch_detect) */
 };
 
-/* A backend built in by name (input error: not built in, or it cannot start), and its end. */
+/* A built-in backend by name (input error: not built in, or it cannot start), and its end. */
 struct exec_backend *exec_backend_init_by_name(const char *name,
                                                const struct exec_backend_params *p, GError **err);
 void exec_backend_free(struct exec_backend *b);
@@ -77,42 +78,48 @@ struct exec_options {
   const char *resume_allow_change;
   bool report; /* rank 0 returns the measured run (exec_result_report) for a run directory */
   const char *dump_params_path; /* rank 0 writes every parameter here (float32, model order) */
-  bool progress;                /* rank 0 prints a line per step ... */
-  uint32_t log_every; /* ... every log_every-th of them (0 or 1: all; the first and the last
-                         always), with the time left at the pace so far */
+  bool progress;      /* rank 0 prints a line per step, with the time left at the pace so far */
+  uint32_t log_every; /* every log_every-th step only (0, 1: all; the first and last always) */
+  double straggler_threshold; /* a rank this much slower than its peers' median: a straggler */
   /* Testing hook: EXEC_FAULT_STALL makes rank fault_rank's first instruction of kind
    * fault_kind in step fault_step (1-based) block until cancelled, as a transfer whose peer
    * never comes would (a receive nothing matches, on a communicator of its own). */
   enum exec_fault fault;
   enum exec_stall_kind fault_kind;
   uint32_t fault_rank, fault_step;
-  /* Testing hook: fill every fresh activation buffer with NaN, so a kernel that reads what it
-   * did not write shows up as a NaN loss (piper-exec: PIPER_EXEC_POISON=1). */
+  /* Testing hooks: fill every fresh activation buffer with NaN, so a kernel that reads what it
+   * did not write shows up as a NaN loss (piper-exec: PIPER_EXEC_POISON=1); make rank
+   * slow_rank's compute take slow_factor (> 1) times as long (PIPER_EXEC_SLOW=rank:factor). */
   bool poison;
+  uint32_t slow_rank;
+  double slow_factor;
   /* Called at the start of every step (rank, 1-based step), e.g. to inject a crash; step 0:
    * at start-up, before the communicators are created. */
   void (*step_hook)(uint32_t rank, uint32_t step, void *data);
   void *step_hook_data;
-  /* Nonzero (a signal handler sets it) asks the run to stop at the next step boundary: the
-   * ranks agree on it in the step's loss exchange, so all stop after the same step, and the
-   * run directory holds the steps done. NULL: never. */
+  /* Nonzero (a signal handler sets it): stop at the next step boundary, where every rank
+   * agrees on it (the step's loss exchange); the run holds the steps done. NULL: never. */
   const volatile sig_atomic_t *stop;
 };
 
 struct exec_options exec_options_default(void);
 
+/* A rank whose compute was slower than its peers' (its plan class) in slow_steps of the
+ * measured steps, by ratio (the median over the steps of its time / the peers' median). */
+struct exec_straggler {
+  uint32_t rank, class_id, peers, slow_steps;
+  double ratio;
+};
+
 struct exec_result {
-  uint32_t n_steps;            /* steps run by this call (after a resume: the rest) */
-  uint32_t first_step;         /* 1-based number of the first step run */
-  double *losses;              /* [n_steps]: mean loss over the global batch */
-  double *step_times;          /* [n_steps]: first start to last end over all ranks, seconds */
+  uint32_t n_steps, first_step; /* steps this call ran (after a resume: the rest), 1-based */
+  double *losses, *step_times; /* [n_steps]: mean loss of the global batch; first start to
+                                  last end over all ranks, seconds */
   double tokens_per_step;      /* global batch tokens */
-  double wall_seconds;         /* measured steps, as this rank's loop saw them (setup and
-                                  the loss exchange included) */
+  double wall_seconds; /* measured steps as this rank's loop saw them (setup, loss exchange) */
   uint64_t instructions;       /* instructions this rank ran */
-  double kernel_seconds;       /* time inside kernels (this rank, all steps) */
-  double comm_seconds;         /* time inside communication calls */
-  double task_seconds;         /* time inside instruction bodies */
+  /* time inside kernels, communication calls and instruction bodies (this rank, all steps) */
+  double kernel_seconds, comm_seconds, task_seconds;
   double overhead_per_instr_s; /* executor latency per instruction (see the README) */
   double dispatch_per_instr_s; /* the part of it before the instruction started */
   double job_overhead_per_instr_s, job_dispatch_per_instr_s; /* the same over all ranks */
@@ -120,6 +127,9 @@ struct exec_result {
    * and how many it made per instruction (this rank, measured steps); 0 otherwise */
   double comm_test_s, comm_tests_per_instr;
   uint64_t peak_memory_bytes;
+  double *compute_seconds;  /* [n_devices]: each rank's compute per measured step, mean */
+  uint32_t n_stragglers;    /* ranks consistently slower than their peers (all ranks know) */
+  struct exec_straggler *stragglers;
   struct exec_report *report; /* with exec_options.report, on rank 0: exec_result_report */
   /* After a failure: every rank failed at the same agreed point (the job can end without an
    * abort), and whether another rank prints the error (this one need not). */
@@ -130,8 +140,8 @@ struct exec_result {
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,
               GError **err);
 void exec_result_clear(struct exec_result *r);
-/* The measured run (every rank's trace, memory and statistics, report/report.h), for
- * report_write_dir and report_write_charts; NULL without exec_options.report or off rank 0. */
+/* The measured run (every rank's trace, memory and statistics: report/report.h) to write with
+ * report_write_dir, report_write_charts; NULL without exec_options.report or off rank 0. */
 struct report_run;
 const struct report_run *exec_result_report(const struct exec_result *r);
 void exec_report_free(struct exec_report *x);

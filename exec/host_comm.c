@@ -546,26 +546,26 @@ static bool mpi_world_gather(struct host_context *b, const void *in, size_t byte
                              size_t **out_sizes, GError **err) {
   *out = NULL;
   *out_sizes = NULL;
-  long long mine = (long long)bytes;
-  long long *sizes = g_new0(long long, b->size);
+  uint64_t mine = bytes;
+  uint64_t *sizes = g_new0(uint64_t, b->size);
   MPI_Request req;
   int rc =
-      MPI_Igather(&mine, 1, MPI_LONG_LONG, sizes, 1, MPI_LONG_LONG, 0, b->world->control, &req);
+      MPI_Igather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, 0, b->world->control, &req);
   if (rc != MPI_SUCCESS || !wait_requests(b, "the job", "gather", 1, &req, false, err)) {
     g_free(sizes);
     return rc == MPI_SUCCESS ? false : mpi_fail(err, b, "the job", "gather", rc);
   }
   int *cnt = g_new0(int, 2 * (size_t)b->size), *disp = cnt + b->size;
   size_t total = 0;
-  for (uint32_t i = 0; i < b->size; i++) {
-    cnt[i] = (int)sizes[i];
-    disp[i] = (int)total;
-    total += (size_t)sizes[i];
-  }
+  /* only rank 0 has the sizes (and judges them); the others send theirs regardless */
+  bool ok = b->rank != 0 || exec_world_gather_layout(sizes, b->size, cnt, disp, &total, err);
   char *all = b->rank == 0 ? g_malloc(total ? total : 1) : NULL;
-  rc = MPI_Igatherv(in, (int)bytes, MPI_BYTE, all, cnt, disp, MPI_BYTE, 0, b->world->control, &req);
-  bool ok = rc == MPI_SUCCESS ? wait_requests(b, "the job", "gather", 1, &req, false, err)
-                              : mpi_fail(err, b, "the job", "gather", rc);
+  if (ok) {
+    rc = MPI_Igatherv(in, (int)bytes, MPI_BYTE, all, cnt, disp, MPI_BYTE, 0, b->world->control,
+                      &req);
+    ok = rc == MPI_SUCCESS ? wait_requests(b, "the job", "gather", 1, &req, false, err)
+                           : mpi_fail(err, b, "the job", "gather", rc);
+  }
   if (ok && b->rank == 0) {
     *out = all;
     *out_sizes = g_new(size_t, b->size);

@@ -3,7 +3,7 @@
  * instructions it depends on and followed by a record of its own event, then waits for the
  * streams to drain under a watchdog. Between steps it collects the global loss and timings
  * (job-wide operations on a control stream, so a dead peer cannot block the main thread),
- * prints progress and writes checkpoints; at the end, rank 0 writes the run directory. */
+ * prints progress and writes checkpoints; at the end, rank 0 returns the measured run. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,68 +11,7 @@
 
 #include "../base/assert.h"
 #include "../base/json.h"
-#include "exec-impl.h"
-
-struct runner;
-
-struct task {
-  struct runner *R;
-  uint32_t i;
-};
-
-/* A job-wide operation run on the control stream. */
-struct control_job {
-  struct runner *R;
-  bool (*fn)(struct runner *R, void *arg, GError **err);
-  void *arg;
-};
-
-struct step_stats {
-  double *losses; /* [dp * M] by global micro-batch */
-  uint32_t n;
-  double window[3]; /* -first start, last end, a stop asked for on some rank */
-};
-
-struct runner {
-  struct exec_state s;
-  struct exec_model xm;
-  struct exec_device device;
-  const struct exec_options *o;
-  struct exec_backend *b;
-  const struct exec_device *dev;
-  uint32_t rank;
-  struct exec_stream **streams; /* [plan n_streams], NULL where unused */
-  struct exec_stream *control;
-  struct exec_event **events;     /* [n_instrs] */
-  struct exec_event **stream_end; /* [plan n_streams] */
-  struct exec_event *control_end;
-  struct task *tasks;
-  /* per-instruction measurements of the current step */
-  double *start, *end, *kernel, *comm;
-  double step_setup, step_fill;
-  bool tracing; /* record memory points (the last step) */
-  GMutex trace_lock;
-  GArray *memory; /* struct report_memory_point */
-  /* totals over measured steps */
-  uint64_t instructions;
-  double kernel_s, comm_s, task_s, overhead_s, dispatch_s;
-  bool loop_known; /* the backend measures its own loop (exec_backend_loop_stats) */
-  struct exec_backend_loop_stats loop_step, loop_total; /* this step's, measured steps' */
-  bool stall_armed;
-  uint32_t stall_instr;
-  struct exec_comm *fault_comm; /* the stall's own communicator (fault injection only) */
-  int32_t stall_word;           /* the stalled receive's buffer */
-  bool model_ready, device_ready; /* what teardown frees */
-  bool clean; /* false while streams may be busy or blocked (after a failure: drain them) */
-  double progress_t0; /* wall clock at the start of the first step run (for the ETA) */
-  struct step_stats ss;
-  double *measured; /* [n_steps]: step times of measured steps */
-  uint32_t n_measured;
-  /* the trace of every measured step (write_report): intervals, and per step a pair
-   * (step number, first index into traced) */
-  GArray *traced;       /* struct report_interval */
-  GArray *traced_steps; /* uint32_t pairs */
-};
+#include "runner-impl.h"
 
 /* ---- tasks ------------------------------------------------------------------------------- */
 
@@ -89,6 +28,14 @@ static bool stall_task(struct runner *R, uint32_t i, GError **err) {
   return piper_runtime_error(err, "rank %u: stalled instruction %u cancelled", R->rank, i);
 }
 
+/* The slow-rank hook: the core kept busy for secs more, as a slower device would be. */
+static double slow_down(struct runner *R, double secs) {
+  double t0 = exec_backend_clock(R->b);
+  while (exec_backend_clock(R->b) - t0 < secs)
+    ;
+  return exec_backend_clock(R->b) - t0;
+}
+
 static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
   struct task *t = arg;
   struct runner *R = t->R;
@@ -100,6 +47,9 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
     ok = stall_task(R, i, err);
   else
     ok = exec_run_instr(&R->s, i, &st, err);
+  if (ok && R->o->slow_factor > 1 && R->rank == R->o->slow_rank &&
+      R->dev->instrs[i].role == EXEC_ROLE_COMPUTE)
+    st.kernel_s += slow_down(R, (R->o->slow_factor - 1) * st.kernel_s);
   double t1 = exec_backend_clock(R->b);
   R->start[i] = t0;
   R->end[i] = t1;
@@ -115,153 +65,6 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
     g_mutex_unlock(&R->trace_lock);
   }
   return ok;
-}
-
-static bool run_control(struct exec_stream *stream, void *arg, GError **err) {
-  (void)stream; /* job-wide operations are host work: no kernels */
-  struct control_job *c = arg;
-  return c->fn(c->R, c->arg, err);
-}
-
-/* ---- the watchdog ------------------------------------------------------------------------ */
-
-static const char *instr_peer_text(const struct runner *R, uint32_t i, char *buf, size_t len) {
-  const struct exec_instr *x = &R->dev->instrs[i];
-  buf[0] = 0;
-  if (x->role == EXEC_ROLE_SEND)
-    g_snprintf(buf, len, " (sending to rank %u)", x->peer);
-  if (x->role == EXEC_ROLE_RECV)
-    g_snprintf(buf, len, " (receiving from rank %u)", x->peer);
-  if (x->comm != IR_NONE && x->role != EXEC_ROLE_SEND && x->role != EXEC_ROLE_RECV) {
-    char cn[64];
-    plan_comm_name(R->dev->plan, R->dev->comm_keys[x->comm].comm, cn, sizeof cn);
-    g_snprintf(buf, len, " (collective on %s)", cn);
-  }
-  return buf;
-}
-
-/* One line naming what this rank waits on: the longest-running instruction, else the
- * longest-waiting one. */
-static void stall_error(struct runner *R, double idle, GError **err) {
-  const struct plan *p = R->dev->plan;
-  double now = exec_backend_clock(R->b);
-  int best = -1, best_rank = -1;
-  double best_age = -1;
-  struct exec_stream_status best_st = {0};
-  for (uint32_t s = 0; s < p->n_streams; s++) {
-    if (!R->streams[s])
-      continue;
-    struct exec_stream_status st;
-    exec_stream_status(R->b, R->streams[s], &st);
-    int rank = st.phase == EXEC_STREAM_RUNNING ? 2 : st.phase == EXEC_STREAM_WAITING ? 1 : 0;
-    if (rank == 0)
-      continue;
-    double age = now - st.since;
-    if (rank > best_rank || (rank == best_rank && age > best_age)) {
-      best = (int)s;
-      best_rank = rank;
-      best_age = age;
-      best_st = st;
-    }
-  }
-  if (best < 0) {
-    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
-                "rank %u: watchdog: no progress for %.1f s in a job-wide operation between steps "
-                "(stream control; a peer rank may have died)",
-                R->rank, idle);
-    return;
-  }
-  uint32_t i = best_st.task_id;
-  char nb[256] = "?", peer[96] = "";
-  if (i < R->dev->n_instrs) {
-    plan_node_name(p, R->dev->instrs[i].node, nb, sizeof nb);
-    instr_peer_text(R, i, peer, sizeof peer);
-  }
-  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
-              "rank %u: watchdog: no progress for %.1f s: stream \"%s\" is %s instruction %u "
-              "\"%s\"%s",
-              R->rank, idle, p->streams[best].name,
-              best_rank == 2 ? "stuck in" : "waiting to start", i, nb, peer);
-}
-
-/* The first error of a failed stream (by time), or NULL. */
-static const GError *stream_failure(struct runner *R) {
-  const GError *first = NULL;
-  double when = INFINITY;
-  uint32_t n = R->dev->plan->n_streams;
-  for (uint32_t s = 0; s <= n; s++) {
-    struct exec_stream *st = s < n ? R->streams[s] : R->control;
-    if (!st)
-      continue;
-    struct exec_stream_status ss;
-    exec_stream_status(R->b, st, &ss);
-    if (!ss.failed)
-      continue;
-    const GError *e = exec_stream_error(R->b, st);
-    if (e && ss.since < when) {
-      first = e;
-      when = ss.since;
-    }
-  }
-  return first;
-}
-
-/* The process watchdog's thread reported first and is ending the job: stay silent (one
- * line in all) until it has. */
-static void await_job_end(void) {
-  for (;;)
-    g_usleep(G_USEC_PER_SEC);
-}
-
-/* Gives up the step: every posted request is cancelled or completed before anything is
- * freed (exec_backend_cancel), and the error says why. */
-static bool give_up(struct runner *R, const GError *failure, double idle, GError **err) {
-  if (!failure && exec_watchdog_running() && !exec_watchdog_claim())
-    await_job_end();
-  if (failure)
-    g_propagate_error(err, g_error_copy(failure));
-  else
-    stall_error(R, idle, err);
-  exec_backend_cancel(R->b);
-  return false;
-}
-
-/* Waits until every event in evs has completed, running the backend (its event loop, for the
- * host) in slices between which the watchdog looks: a failed stream, or no progress for
- * timeout_s, gives up. */
-static bool wait_events(struct runner *R, struct exec_event **evs, uint32_t n, GError **err) {
-  uint64_t seen = exec_backend_progress(R->b);
-  double last = exec_backend_clock(R->b);
-  for (uint32_t k = 0; k < n; k++) {
-    if (!evs[k])
-      continue;
-    while (!exec_event_synchronize(R->b, evs[k], 0.05)) {
-      const GError *f = stream_failure(R);
-      uint64_t now_seen = exec_backend_progress(R->b);
-      double now = exec_backend_clock(R->b);
-      if (f)
-        return give_up(R, f, 0, err);
-      if (now_seen != seen) {
-        seen = now_seen;
-        last = now;
-        exec_watchdog_progress();
-      } else if (now - last > R->o->timeout_s) {
-        return give_up(R, NULL, now - last, err);
-      }
-    }
-    exec_watchdog_progress();
-  }
-  const GError *f = stream_failure(R);
-  return f ? give_up(R, f, 0, err) : true;
-}
-
-/* Runs fn on the control stream and waits for it under the watchdog. */
-static bool control(struct runner *R, bool (*fn)(struct runner *, void *, GError **), void *arg,
-                    GError **err) {
-  struct control_job c = {R, fn, arg};
-  exec_stream_submit(R->b, R->control, run_control, &c, UINT32_MAX);
-  exec_event_record(R->b, R->control_end, R->control);
-  return wait_events(R, &R->control_end, 1, err);
 }
 
 /* ---- steps ------------------------------------------------------------------------------- */
@@ -299,7 +102,7 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
     if (R->streams[s2])
       exec_event_record(R->b, R->stream_end[s2], R->streams[s2]);
   R->step_setup = exec_backend_clock(R->b) - t0;
-  bool ok = wait_events(R, R->stream_end, d->plan->n_streams, err);
+  bool ok = exec_runner_wait_events(R, R->stream_end, d->plan->n_streams, err);
   for (uint32_t k = 0; k < d->M; k++)
     exec_mb_end(s, k);
   exec_step_memory_end(s);
@@ -368,14 +171,28 @@ static void account_step(struct runner *R) {
 
 static bool collect(struct runner *R, void *arg, GError **err) {
   struct step_stats *ss = arg;
-  if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err))
+  if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err) ||
+      !exec_world_all_reduce_f64(R->b, ss->compute, R->dev->plan->n_devices, EXEC_REDUCE_SUM,
+                                 err))
     return false;
   return exec_world_all_reduce_f64(R->b, ss->window, 3, EXEC_REDUCE_MAX, err);
 }
 
-static bool sum_fn(struct runner *R, void *arg, GError **err) {
-  struct step_stats *ss = arg;
-  return exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err);
+struct reduce_job {
+  double *v;
+  uint64_t n;
+  enum exec_reduce_op op;
+};
+
+static bool reduce_fn(struct runner *R, void *arg, GError **err) {
+  struct reduce_job *j = arg;
+  return exec_world_all_reduce_f64(R->b, j->v, j->n, j->op, err);
+}
+
+bool exec_runner_all_reduce(struct runner *R, double *v, uint64_t n, enum exec_reduce_op op,
+                            GError **err) {
+  struct reduce_job j = {v, n, op};
+  return exec_runner_control(R, reduce_fn, &j, err);
 }
 
 static bool barrier(struct runner *R, void *arg, GError **err) {
@@ -394,268 +211,6 @@ static bool agree_fn(struct runner *R, void *arg, GError **err) {
   return exec_world_all_reduce_f64(R->b, a->v, 6, EXEC_REDUCE_MAX, err);
 }
 
-/* ---- report ------------------------------------------------------------------------------ */
-
-/* What each rank sends rank 0: this header, the intervals of every traced step, the memory
- * timeline of the last step, the steps' (number, first interval) pairs, padded to 8 bytes so
- * that the next rank's blob stays aligned. */
-struct device_blob {
-  uint32_t n_intervals, n_steps, n_memory, pad;
-  uint64_t peak, peak_breakdown[REPORT_MEM_KIND_COUNT];
-};
-
-struct report_job {
-  void *mine;
-  size_t mine_bytes;
-  void *all;
-  size_t *sizes;
-};
-
-static bool gather_fn(struct runner *R, void *arg, GError **err) {
-  struct report_job *j = arg;
-  return exec_world_gather(R->b, j->mine, j->mine_bytes, &j->all, &j->sizes, err);
-}
-
-struct dump_job {
-  double *full;
-  uint64_t n;
-  enum exec_reduce_op op;
-};
-
-static bool dump_fn(struct runner *R, void *arg, GError **err) {
-  struct dump_job *j = arg;
-  return exec_world_all_reduce_f64(R->b, j->full, j->n, j->op, err);
-}
-
-static gint compare_memory_point(gconstpointer a, gconstpointer b) {
-  double x = ((const struct report_memory_point *)a)->t,
-         y = ((const struct report_memory_point *)b)->t;
-  return x < y ? -1 : x > y;
-}
-
-/* By start; ties by node and stream, so that the order does not depend on qsort. */
-static int compare_interval(const void *a, const void *b) {
-  const struct report_interval *x = a, *y = b;
-  if (x->start != y->start)
-    return x->start < y->start ? -1 : 1;
-  if (x->node != y->node)
-    return x->node < y->node ? -1 : 1;
-  return x->stream < y->stream ? -1 : x->stream > y->stream;
-}
-
-/* Appends this step's instructions to the trace (per-op statistics then cover the same steps
- * as the iteration time), sorted by start; the ones that never ran (start 0) dropped. */
-static void keep_step_trace(struct runner *R, uint32_t step) {
-  const struct plan_class *c = R->dev->cls;
-  if (!R->traced) {
-    R->traced = g_array_new(FALSE, FALSE, sizeof(struct report_interval));
-    R->traced_steps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  }
-  uint32_t pair[2] = {step, R->traced->len};
-  g_array_append_vals(R->traced_steps, pair, 2);
-  for (uint32_t i = 0; i < c->n_instrs; i++) {
-    /* a measured box starts at the post: no wait before it */
-    struct report_interval v = {R->start[i], R->end[i], c->instrs[i].node, c->instrs[i].stream, 0};
-    if (v.end > v.start || v.start > 0)
-      g_array_append_val(R->traced, v);
-  }
-  qsort((struct report_interval *)(void *)R->traced->data + pair[1], R->traced->len - pair[1],
-        sizeof(struct report_interval), compare_interval);
-}
-
-/* This rank's blob (struct device_blob). */
-static char *report_blob(struct runner *R, size_t *bytes) {
-  /* memory points are appended by workers as they finish: sort by time */
-  g_array_sort(R->memory, compare_memory_point);
-  uint32_t n_steps = R->traced_steps->len / 2;
-  struct device_blob hdr = {R->traced->len, n_steps, R->memory->len, 0,
-                            exec_backend_memory_peak(R->b, R->s.mem_peak), {0}};
-  memcpy(hdr.peak_breakdown, R->s.mem_peak_breakdown, sizeof hdr.peak_breakdown);
-  size_t iv_bytes = R->traced->len * sizeof(struct report_interval);
-  size_t mem_bytes = R->memory->len * sizeof(struct report_memory_point);
-  size_t steps_bytes = 2 * n_steps * sizeof(uint32_t);
-  *bytes = (sizeof hdr + iv_bytes + mem_bytes + steps_bytes + 7) & ~(size_t)7;
-  char *blob = g_malloc0(*bytes);
-  memcpy(blob, &hdr, sizeof hdr);
-  memcpy(blob + sizeof hdr, R->traced->data, iv_bytes);
-  memcpy(blob + sizeof hdr + iv_bytes, R->memory->data, mem_bytes);
-  memcpy(blob + sizeof hdr + iv_bytes + mem_bytes, R->traced_steps->data, steps_bytes);
-  return blob;
-}
-
-/* Rank 0's view of every device from the gathered blobs: the traced steps (the last one is
- * what the statistics and charts describe), memory and peaks. step_begin[dv] and *steps are
- * allocated here. */
-static void report_devices_from_blobs(struct report_run *run, const struct report_job *j,
-                                      uint32_t **step_begin, uint32_t **steps) {
-  size_t off = 0;
-  for (uint32_t dv = 0; dv < run->n_devices; dv++) {
-    const char *base = (const char *)j->all + off;
-    off += j->sizes[dv];
-    struct device_blob h;
-    memcpy(&h, base, sizeof h);
-    struct report_device *rd = &run->devices[dv];
-    const struct report_interval *iv = (const struct report_interval *)(base + sizeof h);
-    const char *mem = base + sizeof h + h.n_intervals * sizeof *iv;
-    const char *pairs = mem + h.n_memory * sizeof(struct report_memory_point);
-    step_begin[dv] = g_new(uint32_t, h.n_steps + 1);
-    /* every rank runs the same steps: the trace's step list is rank 0's */
-    PIPER_ASSERT(dv == 0 || h.n_steps == run->n_trace_steps);
-    if (dv == 0) {
-      run->n_trace_steps = h.n_steps;
-      *steps = g_new0(uint32_t, h.n_steps + 1);
-    }
-    for (uint32_t k = 0; k < h.n_steps; k++) {
-      uint32_t pair[2];
-      memcpy(pair, pairs + k * sizeof pair, sizeof pair);
-      step_begin[dv][k] = pair[1];
-      if (dv == 0)
-        (*steps)[k] = pair[0];
-    }
-    step_begin[dv][h.n_steps] = h.n_intervals;
-    rd->all_intervals = iv;
-    rd->step_begin = step_begin[dv];
-    uint32_t last = h.n_steps ? step_begin[dv][h.n_steps - 1] : 0;
-    rd->intervals = iv + last;
-    rd->n_intervals = h.n_intervals - last;
-    rd->n_memory = h.n_memory;
-    rd->memory = (const struct report_memory_point *)mem;
-    rd->peak_memory_bytes = h.peak;
-    memcpy(rd->peak_breakdown, h.peak_breakdown, sizeof rd->peak_breakdown);
-  }
-  run->trace_steps = *steps;
-}
-
-/* What metrics.json adds for a measured run: losses, the backend, executor overheads. */
-static cJSON *report_extra(struct runner *R, const struct exec_result *res,
-                           const double *all_losses, uint32_t n_losses) {
-  const struct plan *p = R->dev->plan;
-  cJSON *extra = cJSON_CreateObject();
-  cJSON *losses = cJSON_AddArrayToObject(extra, "losses");
-  for (uint32_t k = 0; k < n_losses; k++)
-    cJSON_AddItemToArray(losses, cJSON_CreateNumber(all_losses[k]));
-  cJSON_AddNumberToObject(extra, "first_step", res->first_step);
-  cJSON_AddNumberToObject(extra, "warmup", R->o->warmup);
-  if (res->stopped) /* a signal ended the run early: the steps asked for, and the last one run */
-    cJSON_AddNumberToObject(extra, "stopped_after_step", res->first_step + res->n_steps - 1);
-  cJSON_AddStringToObject(extra, "backend", exec_backend_name(R->b));
-  cJSON_AddStringToObject(extra, "communication", exec_backend_comm_library(R->b));
-  cJSON_AddStringToObject(extra, "data", exec_data_kind(R->s.data));
-  cJSON_AddNumberToObject(extra, "executor_overhead_us_per_instruction",
-                          res->job_overhead_per_instr_s * 1e6);
-  cJSON_AddNumberToObject(extra, "executor_dispatch_us_per_instruction",
-                          res->job_dispatch_per_instr_s * 1e6);
-  if (res->comm_tests_per_instr > 0) { /* rank 0's loop: a fact for the simulator's profile */
-    cJSON_AddNumberToObject(extra, "executor_comm_test_us", res->comm_test_s * 1e6);
-    cJSON_AddNumberToObject(extra, "executor_comm_tests_per_instruction",
-                            res->comm_tests_per_instr);
-  }
-  cJSON_AddNumberToObject(extra, "instructions_per_step", (double)plan_instruction_count(p));
-  cJSON_AddNumberToObject(extra, "kernel_seconds_rank0", res->kernel_seconds);
-  cJSON_AddNumberToObject(extra, "comm_seconds_rank0", res->comm_seconds);
-  cJSON *traced = cJSON_AddArrayToObject(extra, "traced_steps");
-  for (guint k = 0; k < R->traced_steps->len; k += 2)
-    cJSON_AddItemToArray(traced, cJSON_CreateNumber(g_array_index(R->traced_steps, uint32_t, k)));
-  return extra;
-}
-
-/* What the measured run reports (rank 0): the run and what its pointers point into. */
-struct exec_report {
-  struct report_run run;
-  cJSON *extra;
-  char *blobs;
-  size_t *sizes;
-  uint32_t **step_begin, *steps;
-  double *measured;
-};
-
-void exec_report_free(struct exec_report *x) {
-  if (!x)
-    return;
-  cJSON_Delete(x->extra);
-  for (uint32_t dv = 0; x->step_begin && dv < x->run.plan->n_devices; dv++)
-    g_free(x->step_begin[dv]);
-  g_free(x->step_begin);
-  g_free(x->steps);
-  report_run_free_devices(&x->run);
-  g_free(x->blobs);
-  g_free(x->sizes);
-  g_free(x->measured);
-  g_free(x);
-}
-
-const struct report_run *exec_result_report(const struct exec_result *r) {
-  return r->report ? &r->report->run : NULL;
-}
-
-/* Gathers every rank's trace on rank 0, which returns the run for the caller to write (the
- * run directory and its charts are the program's). The trace holds every measured step (the
- * last step alone when none was measured). */
-static bool gather_report(struct runner *R, struct exec_result *res, const double *all_losses,
-                          uint32_t n_losses, const double *measured, uint32_t n_measured,
-                          GError **err) {
-  const struct plan *p = R->dev->plan;
-  if (!R->traced)
-    keep_step_trace(R, R->o->warmup + R->o->iters);
-  struct report_job j = {NULL, 0, NULL, NULL};
-  j.mine = report_blob(R, &j.mine_bytes);
-  bool ok = control(R, gather_fn, &j, err);
-  g_free(j.mine);
-  if (!ok || R->rank != 0) {
-    g_free(j.all);
-    g_free(j.sizes);
-    return ok;
-  }
-  struct exec_report *x = g_new0(struct exec_report, 1);
-  x->blobs = j.all;
-  x->sizes = j.sizes;
-  x->measured = g_memdup2(measured, (n_measured ? n_measured : 1) * sizeof(double));
-  x->run = (struct report_run){.plan = p,
-                               .kind = "exec",
-                               .schedule = R->o->schedule ? R->o->schedule : "custom",
-                               .program_file = R->o->program_file,
-                               .n_iterations = n_measured,
-                               .iteration_times = x->measured,
-                               .trace_device_limit = 0};
-  report_run_init_devices(&x->run);
-  x->step_begin = g_new0(uint32_t *, p->n_devices + 1);
-  report_devices_from_blobs(&x->run, &j, x->step_begin, &x->steps);
-  report_compute_stats(&x->run);
-  x->extra = report_extra(R, res, all_losses, n_losses);
-  x->run.extra = x->extra;
-  res->report = x;
-  return true;
-}
-
-/* The final parameters on rank 0. Copies exist on several ranks (data-parallel replicas,
- * DualPipe's two model copies, ZeRO-3 shards, experts split over a group): every element is
- * taken from the lowest rank holding a current copy, so the result is exact. */
-static bool dump_params(struct runner *R, GError **err) {
-  uint64_t n = exec_model_param_total(R->s.xm);
-  float *full = g_new0(float, n ? n : 1);
-  bool *held = g_new0(bool, n ? n : 1);
-  exec_params_export(&R->s, full, held, n);
-  struct dump_job j = {g_new(double, n ? n : 1), n, EXEC_REDUCE_MIN};
-  for (uint64_t i = 0; i < n; i++)
-    j.full[i] = held[i] ? (double)R->rank : 1e30;
-  bool ok = control(R, dump_fn, &j, err);
-  for (uint64_t i = 0; ok && i < n; i++)
-    j.full[i] = held[i] && j.full[i] == (double)R->rank ? full[i] : 0.0;
-  j.op = EXEC_REDUCE_SUM;
-  ok = ok && control(R, dump_fn, &j, err);
-  if (ok && R->rank == 0) {
-    for (uint64_t i = 0; i < n; i++)
-      full[i] = (float)j.full[i];
-    /* piper_write_file: a device (/dev/null, /dev/full) is written in place, a full disk is
-     * an error naming the file */
-    ok = piper_write_file(R->o->dump_params_path, full, n * sizeof(float), err);
-  }
-  g_free(j.full);
-  g_free(held);
-  g_free(full);
-  return ok;
-}
-
 /* ---- setup and the run ------------------------------------------------------------------- */
 
 struct exec_options exec_options_default(void) {
@@ -670,6 +225,7 @@ struct exec_options exec_options_default(void) {
   o.eps = 1e-8f;
   o.weight_decay = 0.0f;
   o.timeout_s = 300;
+  o.straggler_threshold = 0.25;
   return o;
 }
 
@@ -678,6 +234,8 @@ void exec_result_clear(struct exec_result *r) {
     return;
   g_free(r->losses);
   g_free(r->step_times);
+  g_free(r->compute_seconds);
+  g_free(r->stragglers);
   exec_report_free(r->report);
   memset(r, 0, sizeof *r);
 }
@@ -947,7 +505,7 @@ static bool agree_on_start(struct runner *R, uint32_t done, GError **err) {
   double hi32 = (double)(fp >> 32), lo32 = (double)(fp & 0xffffffffu);
   struct agree a = {{hi32, -hi32, lo32, -lo32, done, -(double)done}};
   exec_watchdog_phase("agreeing on the plan", true);
-  if (!control(R, agree_fn, &a, err)) {
+  if (!exec_runner_control(R, agree_fn, &a, err)) {
     R->clean = false;
     return false;
   }
@@ -969,8 +527,7 @@ static bool resume(struct runner *R, struct exec_result *res, uint32_t *done, GE
   GString *notes = g_string_new(NULL);
   bool ok = exec_checkpoint_read(&R->s, o->resume_dir, done, notes, &mine);
   double first = ok ? (double)R->dev->plan->n_devices : (double)R->rank;
-  struct dump_job j = {&first, 1, EXEC_REDUCE_MIN};
-  if (!control(R, dump_fn, &j, err)) {
+  if (!exec_runner_all_reduce(R, &first, 1, EXEC_REDUCE_MIN, err)) {
     R->clean = false;
     ok = false;
   } else if (first < (double)R->dev->plan->n_devices) {
@@ -1026,6 +583,8 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
   R->measured = g_new0(double, res->n_steps);
   R->ss.n = R->dev->dp_degree * R->dev->M;
   R->ss.losses = g_new0(double, R->ss.n);
+  R->ss.compute = g_new0(double, R->dev->plan->n_devices);
+  R->compute_steps = g_array_new(FALSE, FALSE, sizeof(double));
   return true;
 }
 
@@ -1046,7 +605,11 @@ static bool collect_step(struct runner *R, GError **err) {
   for (uint32_t k = 0; k < R->dev->M; k++)
     if (R->s.mbs[k].has_loss)
       ss->losses[R->s.mbs[k].global_index] = R->s.mbs[k].loss;
-  return control(R, collect, ss, err);
+  memset(ss->compute, 0, R->dev->plan->n_devices * sizeof(double));
+  for (uint32_t i = 0; i < R->dev->n_instrs; i++)
+    if (R->dev->instrs[i].role == EXEC_ROLE_COMPUTE)
+      ss->compute[R->rank] += R->kernel[i];
+  return exec_runner_control(R, collect, ss, err);
 }
 
 /* A checkpoint every checkpoint_every steps and after the last one: every rank writes its
@@ -1057,7 +620,7 @@ static bool checkpoint_step(struct runner *R, uint32_t step, GError **err) {
   if (!o->checkpoint_dir || !o->checkpoint_every || (step % o->checkpoint_every != 0 && !last))
     return true;
   if (!exec_checkpoint_write(&R->s, o->checkpoint_dir, step, err) ||
-      !control(R, barrier, NULL, err))
+      !exec_runner_control(R, barrier, NULL, err))
     return false;
   if (R->rank != 0)
     return true;
@@ -1113,7 +676,8 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   res->step_times[idx] = secs;
   if (!warm) {
     R->measured[R->n_measured++] = secs;
-    keep_step_trace(R, step);
+    g_array_append_vals(R->compute_steps, R->ss.compute, R->dev->plan->n_devices);
+    exec_runner_keep_step_trace(R, step);
   }
   if (o->progress && R->rank == 0)
     print_step(R, res, step, loss, secs, warm);
@@ -1143,6 +707,19 @@ static bool run_steps(struct runner *R, struct exec_result *res, GError **err) {
   return true;
 }
 
+/* Every rank's mean compute per measured step, and the ranks consistently slower than their
+ * peers (every rank has every rank's times: the same answer everywhere). */
+static void compute_summary(struct runner *R, struct exec_result *res) {
+  uint32_t n = R->dev->plan->n_devices, steps = R->n_measured;
+  const double *t = (const double *)(void *)R->compute_steps->data;
+  res->compute_seconds = g_new0(double, n);
+  for (uint32_t s = 0; s < steps; s++)
+    for (uint32_t r = 0; r < n; r++)
+      res->compute_seconds[r] += t[(size_t)s * n + r] / steps;
+  res->n_stragglers = exec_find_stragglers(t, steps, n, R->dev->plan->device_class,
+                                           R->o->straggler_threshold, &res->stragglers);
+}
+
 /* This rank's totals, and the executor overhead over every rank's instructions. */
 static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
   res->instructions = R->instructions;
@@ -1158,8 +735,7 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
   res->peak_memory_bytes = exec_backend_memory_peak(R->b, R->s.mem_peak);
   exec_watchdog_phase("the run's summary and report", true);
   double sums[3] = {R->overhead_s, R->dispatch_s, (double)R->instructions};
-  struct step_stats tot = {sums, 3, {0, 0, 0}};
-  if (!control(R, sum_fn, &tot, err)) {
+  if (!exec_runner_all_reduce(R, sums, 3, EXEC_REDUCE_SUM, err)) {
     R->clean = false;
     return false;
   }
@@ -1167,6 +743,7 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
     res->job_overhead_per_instr_s = sums[0] / sums[2];
     res->job_dispatch_per_instr_s = sums[1] / sums[2];
   }
+  compute_summary(R, res);
   return true;
 }
 
@@ -1174,10 +751,11 @@ static bool summarise(struct runner *R, struct exec_result *res, GError **err) {
 static bool write_outputs(struct runner *R, struct exec_result *res, GError **err) {
   const struct exec_options *o = R->o;
   R->clean = false;
-  if (o->dump_params_path && !dump_params(R, err))
-    return false;
+  /* the run directory first: a dump that fails (a FIFO nobody reads) does not lose it */
   if (o->report &&
-      !gather_report(R, res, res->losses, res->n_steps, R->measured, R->n_measured, err))
+      !exec_runner_gather_report(R, res, res->losses, res->n_steps, R->measured, R->n_measured, err))
+    return false;
+  if (o->dump_params_path && !exec_runner_dump_params(R, err))
     return false;
   R->clean = true;
   return true;
@@ -1262,6 +840,9 @@ static void runner_free(struct runner *R) {
     g_free(R->comm);
     g_free(R->measured);
     g_free(R->ss.losses);
+    g_free(R->ss.compute);
+    if (R->compute_steps)
+      g_array_free(R->compute_steps, TRUE);
     g_array_free(R->memory, TRUE);
     if (R->traced) {
       g_array_free(R->traced, TRUE);

@@ -15,7 +15,7 @@
  *     logit are summed (the max gathered) over the group;
  *   - experts (and the shared expert): each expert's gate and up columns and down rows, like
  *     the MLP (E blocks of its layout); the routed rows stay whole, the partial outputs are
- *     summed after the combine (local experts) or on the routed rows (EP, train.c);
+ *     summed after the combine (local experts) or on the routed rows (EP, expert_parallel.c);
  *   - norms and the router: whole on every rank (under SP the router on the whole sequence).
  * The row-parallel outputs (and the embedding's) are partial sums, summed over the group right
  * after the op; the column-parallel ops' input gradients likewise before they reach the op
@@ -25,7 +25,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "exec-impl.h"
+#include "train-impl.h"
 
 bool exec_tp_divided(enum model_op_kind k) {
   switch (k) {
@@ -298,4 +298,51 @@ void exec_tp_head_backward(const struct exec_state *s, struct exec_stream *strea
   vocab_slice(s, &lo, &n);
   s->k->tp_head_backward(stream, dh, dw, saved, h, targets, w, head_layout(tied), dloss, s->xm->T,
                          s->xm->C, lo, n);
+}
+
+/* ---- the buffers of a compute's TP collectives ----------------------------------------------- */
+
+float *exec_tp_buffer(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                      uint32_t i, float **buf) {
+  if (*buf)
+    return *buf;
+  const struct plan_class *c = s->dev->cls;
+  const struct plan_instr *in = &c->instrs[i];
+  uint32_t owner = OWN_WORK;
+  for (uint32_t w = 0; w < in->write_count; w++) {
+    uint32_t tid = c->writes[in->write_first + w];
+    if (c->tensors[tid].kind == PLAN_TENSOR_OUT && exec_is_tp_buffer(s, &c->tensors[tid]))
+      owner = tid;
+  }
+  *buf = mb_floats_raw(s, st, mb, owner, (size_t)s->xm->T * (size_t)s->xm->C);
+  return *buf;
+}
+
+const float *exec_tp_gathered(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                              float **slot, const float *src, GError **err) {
+  size_t n = (size_t)s->xm->T_seq * (size_t)s->xm->C;
+  if (!*slot)
+    *slot = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)s->xm->T * (size_t)s->xm->C);
+  return exec_tp_all_gather(s, st, src, *slot, n, err) ? *slot : NULL;
+}
+
+bool exec_tp_sum_into(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                      float *dst, bool acc, GError **err) {
+  struct exec_tp_bufs *tb = &st->tp;
+  size_t n = (size_t)s->xm->T_seq * (size_t)s->xm->C;
+  float *buf = tb->sum, *sum = buf;
+  if (s->dev->sequence_parallel) {
+    if (acc && !tb->shard)
+      tb->shard = mb_floats_raw(s, st, mb, OWN_WORK, n);
+    sum = acc ? tb->shard : dst;
+    if (!exec_tp_reduce_scatter(s, st, buf, sum, n, err))
+      return false;
+  } else if (!exec_tp_all_reduce(s, st, buf, n, err)) {
+    return false;
+  }
+  if (acc)
+    KT(st, s, s->k->add(st->stream, dst, sum, n));
+  else if (sum != dst)
+    KT(st, s, s->k->copy(st->stream, dst, sum, n * sizeof(float)));
+  return true;
 }

@@ -9,7 +9,7 @@
  *
  *   exec_watchdog_start("piper-exec", 60.0);
  *   exec_watchdog_phase("start-up", false);
- *   ... exec_watchdog_progress(); ...
+ *   exec_watchdog_progress(); // after each piece of work
  *   exec_watchdog_stop();
  */
 #ifndef PIPER_EXEC_WATCHDOG_H

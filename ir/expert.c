@@ -6,12 +6,12 @@
  * micro-batch and expert layer (T x top_k is the average: every device sends that many), and
  * the executor allocates every routed-row buffer on the experts' side at the capacity, so that
  * the simulator and the executor hold the same bytes. A step whose routing sends a device more
- * rows than that stops with an error (exec/train.c): Piper drops no tokens, so that expert
+ * rows than that stops with an error (exec/expert_parallel.c): Piper drops no tokens, so that expert
  * parallelism trains exactly as one device does. The default factor 2.0 never binds at EP 2
  * (a device cannot receive more than 2 x T x top_k rows there) and leaves twice the average on
  * larger groups; Megatron's moe_expert_capacity_factor plays the same part (its default, no
  * capacity, sizes the buffers at run time, which a plan cannot). The sizes below are those the
- * host executor allocates (exec/train.c), in the model's dtype. */
+ * host executor allocates (exec/expert_parallel.c), in the model's dtype. */
 #include <math.h>
 
 #include "ir.h"

@@ -537,14 +537,17 @@ static uint64_t node_work(const struct model *m, const struct ir_node *n, enum i
 /* Compute instruction i's workspace (models/model.h): F holds its outputs nobody keeps and
  * scratch; a fused B its values' gradients, bwork and scratch; BI its scratch (it keeps the
  * rest for BW, its saved tensor); BW nothing new; under recomputation, recompute_work. */
+uint64_t plan_compute_work_bytes(const struct model *m, const struct ir_node *n) {
+  if (n->kind != IR_NODE_COMPUTE || n->segment >= m->n_segments)
+    return 0;
+  if (n->recompute != IR_RECOMPUTE_NONE && (n->pass == IR_PASS_F || n->pass == IR_PASS_R))
+    return recompute_work(m, n, node_work(m, n, IR_PASS_F));
+  return node_work(m, n, n->pass);
+}
+
 static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,
                        struct class_pools *cp) {
-  if (n->kind != IR_NODE_COMPUTE || n->segment >= l->g->model->n_segments)
-    return;
-  uint64_t bytes = node_work(l->g->model, n, n->pass);
-  if (n->recompute != IR_RECOMPUTE_NONE && (n->pass == IR_PASS_F || n->pass == IR_PASS_R))
-    bytes = recompute_work(l->g->model, n, node_work(l->g->model, n, IR_PASS_F));
-  add_unread(i, bytes, PLAN_TENSOR_WORK, cp);
+  add_unread(i, plan_compute_work_bytes(l->g->model, n), PLAN_TENSOR_WORK, cp);
 }
 
 /* An expert-parallel all-to-all's send buffers (ir_ep_a2a_work_bytes), released when it ends.

@@ -31,6 +31,13 @@ extern const char *const plan_purpose_names[IR_COMM_PURPOSE_COUNT];
  * parameter bytes of segment sets, bytes of communication. file names plan.json in messages. */
 bool plan_check_model(const struct plan *p, const char *file, GError **err);
 
+/* What lowering gives compute node n as its "work" tensor (0: none): the bytes it holds only
+ * while it runs, from the model's shapes (sequence length, micro-batch size, hidden sizes). */
+uint64_t plan_compute_work_bytes(const struct model *m, const struct ir_node *n);
+/* The reader's checks once every device is read (plan_model.c): n_microbatches against the
+ * split tags the nodes carry, and each compute instruction's "work" tensor against the model. */
+bool plan_check_instructions(const struct plan *p, const char *file, GError **err);
+
 /* Frees a class's arrays and zeroes it. */
 void plan_class_clear(struct plan_class *c);
 /* True when the two programs are equal; else writes what differs into what (the reader says

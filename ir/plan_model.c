@@ -190,3 +190,219 @@ bool plan_check_model(const struct plan *p, const char *file, GError **err) {
   g_free(v.sequence_parallel);
   return ok;
 }
+
+/* n_microbatches is what the splits made: each split adds its own tag (a dimension name is
+ * never split twice) and numbers its copies 0 .. n-1, so the product over the tags beyond the
+ * model's of (largest value + 1) is the count the compiler multiplied up. The executor runs
+ * that many micro-batches and the simulator counts that many in its tokens per step, so a
+ * count edited in plan.json would train and report a different batch than the instructions. */
+static bool check_microbatches(const struct plan *p, const char *file, GError **err) {
+  uint64_t want = 1;
+  for (uint32_t t = p->model->n_tags; t < p->n_tags; t++) {
+    int32_t top = -1;
+    for (uint32_t i = 0; i < p->n_nodes; i++)
+      if (p->nodes[i].tags[t] > top)
+        top = p->nodes[i].tags[t];
+    want *= (uint64_t)(top + 1 > 0 ? top + 1 : 1);
+    if (want > PLAN_MAX_MICROBATCHES)
+      break;
+  }
+  if (p->n_microbatches == want)
+    return true;
+  return piper_input_error(err,
+                           "%s: \"n_microbatches\" is %u, but the nodes' split tags number %" PRIu64
+                           " micro-batches",
+                           file, p->n_microbatches, want);
+}
+
+/* A compute instruction's "work" tensor holds what lowering gave it from the model's shapes
+ * (plan_compute_work_bytes): sequence length and micro-batch size show there even on a plan
+ * with no transfer between stages (one device, or data parallelism only), where nothing else
+ * carries them. The simulator's memory comes from the tensors and its times from the model, so
+ * both must describe the same shapes. (Every workspace is linear in sequence length x
+ * micro-batch size, so an edit that keeps their product gives exactly the plan piper-compile
+ * writes for the edited model: nothing disagrees, and the plan runs as the model it names.) */
+static bool check_class_work(const struct plan *p, uint32_t cls, const char *file, GError **err) {
+  const struct plan_class *c = &p->classes[cls];
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    uint64_t want = plan_compute_work_bytes(p->model, n), have = 0;
+    uint32_t found = 0;
+    for (uint32_t w = 0; w < c->instrs[i].write_count; w++) {
+      const struct plan_tensor *t = &c->tensors[c->writes[c->instrs[i].write_first + w]];
+      if (t->kind == PLAN_TENSOR_WORK) {
+        have = t->bytes;
+        found++;
+      }
+    }
+    if (found <= 1 && have == want)
+      continue;
+    char name[PLAN_NAME_LEN];
+    plan_node_name(p, c->instrs[i].node, name, sizeof name);
+    return piper_input_error(err,
+                             "%s: class %u, instruction %u \"%s\": its \"work\" tensors hold "
+                             "%" PRIu64 " bytes in %u, the embedded \"model\" gives %" PRIu64
+                             " (sequence length x micro-batch size x hidden sizes)",
+                             file, cls, i, name, have, found, want);
+  }
+  return true;
+}
+
+static bool has_work_tensors(const struct plan *p) {
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    for (uint32_t t = 0; t < p->classes[c].n_tensors; t++)
+      if (p->classes[c].tensors[t].kind == PLAN_TENSOR_WORK)
+        return true;
+  return false;
+}
+
+/* Which of segment and segset a node of this kind carries (lowering's rule): a segment's own
+ * work (compute, its transfers, its all-to-all, its tensor-parallel collectives) names the
+ * segment; an update or a data-parallel collective names the set of segments it covers. The
+ * other field stays null: the simulator and the executor read whichever is there (a segset
+ * on a compute node, a segment on an optimizer, changed what they did). The tied embedding's
+ * sync is the all-reduce without a set (ir_node_is_tied_sync): it names the head's segment. */
+static bool names_segment(const struct ir_node *n) {
+  switch (n->kind) {
+  case IR_NODE_OPTIMIZER: return false;
+  case IR_NODE_ALL_REDUCE: return n->purpose == IR_COMM_TP || ir_node_is_tied_sync(n);
+  case IR_NODE_REDUCE_SCATTER:
+  case IR_NODE_ALL_GATHER: return n->purpose == IR_COMM_TP;
+  default: return true;
+  }
+}
+
+static bool check_node_fields(const struct plan *p, uint32_t i, const char *file, GError **err) {
+  const struct ir_node *n = &p->nodes[i];
+  const struct model *m = p->model;
+  if (!names_segment(n) && n->segment != IR_NONE)
+    return fail_node(err, file, p, i, "a %s node has \"segment\" null", ir_node_kind_name(n->kind));
+  if (names_segment(n) && n->segset != IR_NONE)
+    return fail_node(err, file, p, i, "a %s node has \"segset\" null", ir_node_kind_name(n->kind));
+  /* its model tags are its segment's, or (an update, a DP collective) one of its segments' */
+  for (uint32_t t = 0; t < m->n_tags; t++) {
+    if (n->segment != IR_NONE && n->tags[t] != m->segments[n->segment].tags[t])
+      return fail_node(err, file, p, i, "tag %.*s is %d, the model's segment %u has %d",
+                       MODEL_TAG_NAME_MAX, m->tag_names[t], n->tags[t], n->segment,
+                       m->segments[n->segment].tags[t]);
+    if (n->segset == IR_NONE || n->tags[t] < 0)
+      continue;
+    /* a bucket may span regions: one of its segments has the node's tag */
+    const struct ir_segset *ss = &p->segsets[n->segset];
+    bool found = false;
+    for (uint32_t j = 0; j < ss->count && !found; j++)
+      found = m->segments[p->segment_pool[ss->first + j]].tags[t] == n->tags[t];
+    if (!found)
+      return fail_node(err, file, p, i, "tag %.*s is %d, no segment of its segment set has it",
+                       MODEL_TAG_NAME_MAX, m->tag_names[t], n->tags[t]);
+  }
+  /* a send and its receive are one transfer of one segment: the same tags */
+  if ((n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV) && n->pair != IR_NONE &&
+      n->segment != IR_NONE && p->nodes[n->pair].segment != IR_NONE)
+    for (uint32_t t = 0; t < p->n_tags; t++)
+      if (p->nodes[n->pair].tags[t] != n->tags[t])
+        return fail_node(err, file, p, i, "tag %.*s is %d, its pair (node %u) has %d",
+                         MODEL_TAG_NAME_MAX, p->tag_names[t], n->tags[t], n->pair,
+                         p->nodes[n->pair].tags[t]);
+  return true;
+}
+
+/* Micro-batch numbers (the split tags) follow the data: a tensor's producer and each of its
+ * consumers that carry a split tag carry the same value (the executor picks each compute
+ * node's micro-batch of data by it). */
+static bool check_class_microbatches(const struct plan *p, uint32_t cls, const char *file,
+                                     GError **err) {
+  const struct plan_class *c = &p->classes[cls];
+  for (uint32_t x = 0; x < c->n_tensors; x++) {
+    const struct plan_tensor *tn = &c->tensors[x];
+    const struct ir_node *a = &p->nodes[c->instrs[tn->producer].node];
+    for (uint32_t j = 0; j < tn->consumer_count; j++) {
+      uint32_t u = c->consumers[tn->consumer_first + j];
+      const struct ir_node *b = &p->nodes[c->instrs[u].node];
+      for (uint32_t t = p->model->n_tags; t < p->n_tags; t++)
+        if (a->tags[t] >= 0 && b->tags[t] >= 0 && a->tags[t] != b->tags[t])
+          return fail_node(err, file, p, c->instrs[u].node,
+                           "tag %.*s is %d, but it reads tensor %u of class %u from node %u, "
+                           "which has %d",
+                           MODEL_TAG_NAME_MAX, p->tag_names[t], b->tags[t], x, cls,
+                           c->instrs[tn->producer].node, a->tags[t]);
+    }
+  }
+  return true;
+}
+
+/* The one device group that runs segment s's compute nodes; IR_NONE when none or several. */
+static uint32_t segment_group(const struct plan *p, uint32_t s) {
+  uint32_t grp = IR_NONE;
+  for (uint32_t i = 0; i < p->n_nodes; i++) {
+    const struct ir_node *n = &p->nodes[i];
+    if (n->kind != IR_NODE_COMPUTE || n->segment != s)
+      continue;
+    if (grp != IR_NONE && grp != n->group)
+      return IR_NONE;
+    grp = n->group;
+  }
+  return grp;
+}
+
+static bool groups_share_a_device(const struct plan *p, uint32_t a, uint32_t b) {
+  const struct ir_group *x = &p->groups[a], *y = &p->groups[b];
+  for (uint32_t i = 0; i < x->count; i++)
+    for (uint32_t j = 0; j < y->count; j++)
+      if (p->device_pool[x->first + i] == p->device_pool[y->first + j])
+        return true;
+  return false;
+}
+
+/* A tied embedding split across stages is synced by one all-reduce per data-parallel position
+ * (directives/apply.c, insert_tied_sync): as many tied syncs as the model and the placement
+ * call for, so that "tie_word_embeddings" edited either way is seen (the head's copy has the
+ * same bytes as an untied head). */
+static bool check_tied(const struct plan *p, const char *file, GError **err) {
+  const struct model *m = p->model;
+  uint32_t emb = IR_NONE, head = IR_NONE, have = 0, want = 0;
+  for (uint32_t s = 0; s < m->n_segments; s++)
+    for (uint32_t o = m->segments[s].op_first;
+         o < m->segments[s].op_first + m->segments[s].op_count; o++) {
+      if (m->ops[o].kind == MODEL_OP_EMBEDDING)
+        emb = s;
+      if (m->ops[o].kind == MODEL_OP_LM_HEAD_LOSS && m->ops[o].param_count > 0)
+        head = s;
+    }
+  for (uint32_t i = 0; i < p->n_nodes; i++)
+    have += ir_node_is_tied_sync(&p->nodes[i]);
+  if (m->tie_word_embeddings && emb != IR_NONE && head != IR_NONE && emb != head) {
+    uint32_t ge = segment_group(p, emb), gh = segment_group(p, head);
+    if (ge == IR_NONE || gh == IR_NONE)
+      return true; /* copies on several groups: the executor refuses those itself */
+    if (!groups_share_a_device(p, ge, gh))
+      want = p->groups[ge].count;
+  }
+  if (have == want)
+    return true;
+  return piper_input_error(err,
+                           "%s: %u tied-embedding syncs, but the embedded \"model\" (\"tie_word_"
+                           "embeddings\": %s) and the placement call for %u",
+                           file, have, m->tie_word_embeddings ? "true" : "false", want);
+}
+
+bool plan_check_instructions(const struct plan *p, const char *file, GError **err) {
+  if (!check_microbatches(p, file, err) || !check_tied(p, file, err))
+    return false;
+  for (uint32_t i = 0; i < p->n_nodes; i++)
+    if (!check_node_fields(p, i, file, err))
+      return false;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    if (!check_class_microbatches(p, c, file, err))
+      return false;
+  /* Lowering gives every compute instruction its workspace; a plan built by hand for a test
+   * may give none at all (nothing is required of what a plan does not have), never some. */
+  if (!has_work_tensors(p))
+    return true;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    if (!check_class_work(p, c, file, err))
+      return false;
+  return true;
+}

@@ -174,6 +174,12 @@ static bool read_model(struct reader *r, const cJSON *const *k, GError **err) {
     g_propagate_prefixed_error(err, e, "%s: \"model\": ", r->index_file);
     return false;
   }
+  /* the writer gives model_name the model's own name: a "piper.name" edited apart from it would
+   * relabel the run's results */
+  if (strncmp(p->model->name, model_name, sizeof p->model->name) != 0)
+    return json_fail_at(err, &l,
+                        "\"model_name\" is \"%s\", the embedded \"model\" is named \"%.*s\"",
+                        model_name, (int)sizeof p->model->name, p->model->name);
   char *text = cJSON_PrintUnformatted(k[I_MODEL]);
   p->model_json = g_strdup(text);
   cJSON_free(text);
@@ -1154,6 +1160,26 @@ static bool read_tensor(struct program_read *pr, struct plan_class *c, uint32_t 
   return check_tensor_links(c, pr, t, &lt, err) && check_tensor_points(c, pr, t, &lt, err);
 }
 
+/* A device runs each node of its plan once: an instruction edited to run another's node would
+ * run that node twice and its own never. */
+static bool check_nodes_once(const struct plan *p, const struct plan_class *c,
+                             const struct json_loc *l, GError **err) {
+  GHashTable *seen = g_hash_table_new(g_direct_hash, g_direct_equal);
+  bool ok = true;
+  for (uint32_t i = 0; ok && i < c->n_instrs; i++) {
+    gpointer key = GUINT_TO_POINTER(c->instrs[i].node + 1);
+    if (g_hash_table_contains(seen, key)) {
+      char name[PLAN_NAME_LEN];
+      plan_node_name(p, c->instrs[i].node, name, sizeof name);
+      ok = json_fail_at(err, l, "node %u \"%s\" is run by two instructions", c->instrs[i].node,
+                        name);
+    }
+    g_hash_table_add(seen, key);
+  }
+  g_hash_table_destroy(seen);
+  return ok;
+}
+
 /* Reads one device's program into c (a fresh class without members): the stream lists, then
  * every instruction in issue order, then the tensors (which refer back to both). */
 static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, struct plan_class *c,
@@ -1182,7 +1208,7 @@ static bool read_program(struct reader *r, uint32_t d, const cJSON *const *k, st
   for (uint32_t i = 0; i < n; i++)
     if (!read_instr(r, &pr, c, i, l, err))
       goto out;
-  if (!check_groups(c, ns, l, err))
+  if (!check_groups(c, ns, l, err) || !check_nodes_once(r->p, c, l, err))
     goto out;
   c->waits = take_pool(pr.waits, &c->n_waits);
   c->reads = take_pool(pr.reads, &c->n_reads);
@@ -1377,6 +1403,8 @@ static struct plan *reader_finish(struct reader *r, GError **err) {
                    (long long)per_op[k]);
       return NULL;
     }
+  if (!plan_check_instructions(p, r->index_file, err))
+    return NULL;
   if (!plan_check_progress(p, err)) {
     g_prefix_error(err, "%s: ", r->dir);
     return NULL;

@@ -30,20 +30,12 @@ size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d) {
   return T * d->head_dim * (2 * (size_t)d->heads + 2 * (size_t)d->kv_heads);
 }
 
-/* Pointers into params, saved and bwork (layouts in kernels.h). */
-struct attention_views {
-  size_t T, HD, KD;
-  const float *wq, *wk, *wv, *wo;
-  float *q, *k, *v, *lse, *y;
-  float *dy, *dq, *dk, *dv;
-};
-
-static struct attention_views attention_views(const struct kernels_attention_dims *d,
-                                              const float *params, const float *saved,
-                                              const float *bwork) {
+struct kernels_attention_views kernels_attention_views(const struct kernels_attention_dims *d,
+                                                      const float *params, const float *saved,
+                                                      const float *bwork) {
   PIPER_ASSERT(d->heads > 0 && d->kv_heads > 0 && d->heads % d->kv_heads == 0);
   PIPER_ASSERT(d->head_dim % 2 == 0);
-  struct attention_views w = {0};
+  struct kernels_attention_views w = {0};
   w.T = (size_t)d->batch * d->seq;
   w.HD = (size_t)d->heads * d->head_dim;
   w.KD = (size_t)d->kv_heads * d->head_dim;
@@ -54,8 +46,6 @@ static struct attention_views attention_views(const struct kernels_attention_dim
     w.wv = w.wk + C * w.KD;
     w.wo = w.wv + C * w.KD;
   }
-  /* The views are shared by const and non-const callers; each function writes only the
-   * buffers it owns (forward: saved, BI: bwork). */
   if (saved) {
     w.q = (float *)saved;
     w.k = w.q + w.T * w.HD;
@@ -87,7 +77,7 @@ struct attention_head {
   float *dy, *dq, *dk, *dv;
 };
 
-static struct attention_head attention_head(const struct attention_views *w,
+static struct attention_head attention_head(const struct kernels_attention_views *w,
                                             const struct kernels_attention_dims *d, int b, int hh) {
   int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
   size_t qoff = (size_t)b * S * w->HD + (size_t)hh * D;
@@ -186,7 +176,7 @@ static void attention_head_forward(const struct attention_head *a, float scale, 
 }
 
 /* lse, y <- q, k, v: every (sequence, head) */
-static void attention_core(const struct attention_views *w,
+static void attention_core(const struct kernels_attention_views *w,
                            const struct kernels_attention_dims *d) {
   int S = d->seq;
   float scale = 1.0f / sqrtf((float)d->head_dim);
@@ -203,7 +193,7 @@ static void attention_core(const struct attention_views *w,
 /* a [B*S, C], saved <- h [B*S, C] */
 void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
                                const struct kernels_attention_dims *d) {
-  struct attention_views w = attention_views(d, params, saved, NULL);
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
   int B = d->batch, S = d->seq, H = d->heads, D = d->head_dim, C = d->hidden;
   int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   kernels_gemm(false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
@@ -216,7 +206,7 @@ void kernels_attention_forward(float *a, float *saved, const float *h, const flo
 }
 
 void kernels_attention_core_forward(float *saved, const struct kernels_attention_dims *d) {
-  struct attention_views w = attention_views(d, NULL, saved, NULL);
+  struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, NULL);
   attention_core(&w, d);
 }
 
@@ -244,7 +234,7 @@ static void attention_head_backward(const struct attention_head *a, float scale,
 void kernels_attention_backward_input(float *dh, float *bwork, const float *da, const float *saved,
                                       const float *params, const struct kernels_attention_dims *d,
                                       bool accumulate) {
-  struct attention_views w = attention_views(d, params, saved, bwork);
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, bwork);
   int B = d->batch, S = d->seq, H = d->heads, D = d->head_dim, C = d->hidden;
   int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   kernels_gemm(false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
@@ -272,7 +262,7 @@ void kernels_attention_backward_input(float *dh, float *bwork, const float *da, 
 void kernels_attention_backward_weight(float *dparams, const float *bwork, const float *da,
                                        const float *h, const float *saved,
                                        const struct kernels_attention_dims *d) {
-  struct attention_views w = attention_views(d, NULL, saved, bwork);
+  struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, bwork);
   int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   float *dwq = dparams, *dwk = dwq + (size_t)C * HD, *dwv = dwk + (size_t)C * KD;
   float *dwo = dwv + (size_t)C * KD;

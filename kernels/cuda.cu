@@ -159,18 +159,40 @@ __global__ void embedding_bwd_chain_k(float *dwte, const float *dx, const int32_
   }
 }
 
-__global__ void rmsnorm_fwd_k(float *h, float *rstd, const float *x, const float *w, int C,
-                              float eps) {
-  const float *xr = x + (size_t)blockIdx.x * C;
-  float ss = 0;
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
-    ss += xr[c] * xr[c];
+// Row blockIdx.x of h and its rstd from its x, given each thread's sum of squares of the
+// columns it holds (c = threadIdx.x, + blockDim.x, ...).
+__device__ void rmsnorm_row(float *h, float *rstd, const float *xr, const float *w, int C,
+                            float eps, float ss) {
   ss = block_sum(ss);
   float r = 1.0f / sqrtf(ss / C + eps);
   if (threadIdx.x == 0)
     rstd[blockIdx.x] = r;
   for (int c = threadIdx.x; c < C; c += blockDim.x)
     h[(size_t)blockIdx.x * C + c] = xr[c] * r * w[c];
+}
+
+__global__ void rmsnorm_fwd_k(float *h, float *rstd, const float *x, const float *w, int C,
+                              float eps) {
+  const float *xr = x + (size_t)blockIdx.x * C;
+  float ss = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    ss += xr[c] * xr[c];
+  rmsnorm_row(h, rstd, xr, w, C, eps, ss);
+}
+
+// x += y, then rmsnorm_fwd_k on the sum: each thread adds the columns it then squares, in
+// rmsnorm_fwd_k's order, so the bits are those of add_k followed by rmsnorm_fwd_k.
+__global__ void residual_rmsnorm_fwd_k(float *x, float *h, float *rstd, const float *y,
+                                       const float *w, int C, float eps) {
+  float *xr = x + (size_t)blockIdx.x * C;
+  const float *yr = y + (size_t)blockIdx.x * C;
+  float ss = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float v = xr[c] + yr[c];
+    xr[c] = v;
+    ss += v * v;
+  }
+  rmsnorm_row(h, rstd, xr, w, C, eps, ss);
 }
 
 __global__ void rmsnorm_bwd_input_k(float *dx, const float *dh, const float *x, const float *rstd,
@@ -696,6 +718,12 @@ void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, i
                         float eps, cudaStream_t st) {
   if (T)
     rmsnorm_fwd_k<<<T, kThreads, 0, st>>>(h, rstd, x, w, C, eps);
+}
+
+void kc_residual_rmsnorm_forward(float *x, float *h, float *rstd, const float *y, const float *w,
+                                 int T, int C, float eps, cudaStream_t st) {
+  if (T)
+    residual_rmsnorm_fwd_k<<<T, kThreads, 0, st>>>(x, h, rstd, y, w, C, eps);
 }
 
 void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,

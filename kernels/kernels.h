@@ -77,6 +77,10 @@ size_t kernels_rmsnorm_saved_floats(int T);
 void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float *params, int T,
                              int C, float eps);
 /* dx [T, C] (= or +=) <- dh [T, C] */
+/* x [T, C] += y, then h, saved from x as kernels_rmsnorm_forward (the residual add before the
+ * next norm fused: one pass over x instead of three, the same bits) */
+void kernels_residual_rmsnorm_forward(float *x, float *h, float *saved, const float *y,
+                                      const float *params, int T, int C, float eps);
 void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *saved,
                                     const float *params, int T, int C, bool accumulate);
 /* dw [C] += sum_t dh * x * rstd */
@@ -133,6 +137,19 @@ size_t kernels_attention_bwork_floats(const struct kernels_attention_dims *d);
 /* lse and y: the part of saved that the core alone writes (Megatron's selective
  * recomputation reruns the core and keeps the rest) */
 size_t kernels_attention_core_floats(const struct kernels_attention_dims *d);
+/* Pointers into params, saved and bwork in the layouts above (NULL where the buffer is NULL):
+ * the one description of them, which the host kernels and the cuda backend's both use. The
+ * views serve const and non-const callers; each kernel writes only the buffers it owns
+ * (forward: saved, BI: bwork). */
+struct kernels_attention_views {
+  size_t T, HD, KD; /* tokens, H * D, KV * D */
+  const float *wq, *wk, *wv, *wo;
+  float *q, *k, *v, *lse, *y;
+  float *dy, *dq, *dk, *dv;
+};
+struct kernels_attention_views kernels_attention_views(const struct kernels_attention_dims *d,
+                                                      const float *params, const float *saved,
+                                                      const float *bwork);
 /* a [T, C], saved <- h [T, C] */
 void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
                                const struct kernels_attention_dims *d);
@@ -158,6 +175,16 @@ void kernels_attention_backward(float *dh, float *dparams, float *bwork, const f
 size_t kernels_mlp_param_count(int C, int F);
 size_t kernels_mlp_saved_floats(int T, int F);
 size_t kernels_mlp_bwork_floats(int T, int F);
+/* Pointers into params (wg, wu [C, F], wd [F, C]), saved (g, u, act [T, F]) and bwork (dg,
+ * du [T, F]; dg holds dact until the SwiGLU backward) of a SwiGLU MLP (NULL where the buffer
+ * is NULL): the one description of them, for the host kernels and the cuda backend's. */
+struct kernels_mlp_views {
+  const float *wg, *wu, *wd;
+  float *g, *u, *act;
+  float *dg, *du;
+};
+struct kernels_mlp_views kernels_mlp_views(const float *params, const float *saved,
+                                           const float *bwork, int T, int C, int F);
 /* m [T, C], saved <- h [T, C] */
 void kernels_mlp_forward(float *m, float *saved, const float *h, const float *params, int T, int C,
                          int F);

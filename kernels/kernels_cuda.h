@@ -39,6 +39,8 @@ void kc_embedding_slice_backward(float *dtable, const float *dx, const int32_t *
                                  int C, int lo, int n, cudaStream_t stream);
 void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, int T, int C,
                         float eps, cudaStream_t stream);
+void kc_residual_rmsnorm_forward(float *x, float *h, float *rstd, const float *y, const float *w,
+                                 int T, int C, float eps, cudaStream_t stream);
 void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,
                                const float *w, int T, int C, bool accumulate, cudaStream_t stream);
 void kc_rmsnorm_backward_weight(float *dw, const float *dh, const float *x, const float *rstd,

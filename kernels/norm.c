@@ -88,6 +88,19 @@ void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float
   }
 }
 
+/* x [T, C] += y; h [T, C], rstd [T] <- x, w [C]: a row at a time, while it is in cache */
+KERNELS_IMPL_VECTOR
+void kernels_residual_rmsnorm_forward(float *x, float *h, float *saved, const float *y,
+                                      const float *params, int T, int C, float eps) {
+  for (int t = 0; t < T; t++) {
+    float *xt = x + (size_t)t * C;
+    const float *yt = y + (size_t)t * C;
+    for (int c = 0; c < C; c++)
+      xt[c] += yt[c];
+    kernels_rmsnorm_forward(h + (size_t)t * C, saved + t, xt, params, 1, C, eps);
+  }
+}
+
 /* sum of x[c] y[c] z[c] over [0, C), in double lanes (see kernels_impl_dot) */
 KERNELS_IMPL_INLINE double dot3(const float *x, const float *y, const float *z, int C) {
   enum { L = KERNELS_IMPL_LANES };

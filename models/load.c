@@ -353,6 +353,20 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
                        file, (long long)m->hidden_size, (long long)m->num_heads);
     m->head_dim = m->hidden_size / m->num_heads;
   }
+  /* Every family here applies RoPE, which rotates pairs of dimensions: an odd width has no
+   * valid model (the host kernels assert pairs; the simulator would cost a model nobody can
+   * train). MLA rotates only its qk_rope_head_dim part. */
+  if (deepseek && m->qk_rope_head_dim % 2)
+    return piper_input_error(err,
+                             "%s: \"qk_rope_head_dim\" = %lld is odd: RoPE rotates pairs of "
+                             "dimensions",
+                             file, (long long)m->qk_rope_head_dim);
+  if (!deepseek && m->head_dim % 2)
+    return piper_input_error(err,
+                             "%s: \"head_dim\" = %lld%s is odd: RoPE rotates pairs of dimensions",
+                             file, (long long)m->head_dim,
+                             present(root, "head_dim") ? ""
+                                                       : " (hidden_size / num_attention_heads)");
 
   if (m->family == MODEL_FAMILY_DENSE)
     return get_int(root, NULL, "intermediate_size", true, 1, MAX_FFN, &m->intermediate_size, file,

@@ -154,9 +154,9 @@ double report_mean_iteration_time(const struct report_run *r, double *stddev);
 /* A new run directory PARENT/YYYYmmdd_HHMMSS (then _2, _3, ... within one second), created
  * here, never one an earlier run made. Returns the path (g_free), NULL with err. */
 char *report_run_dir_new(const char *parent, GError **err);
-/* An explicit run directory (--out DIR): refused with an input error naming DIR and the file
- * found when it holds another run's metrics.json, results.csv, trace.json or sweep.csv,
- * unless force. A directory that does not exist yet is fine. */
+/* An explicit run directory (--out DIR), made if it does not exist: refused with an input
+ * error naming DIR when it cannot be made or written, or, unless force, naming the file found
+ * when it holds another run's metrics.json, results.csv, trace.json or sweep.csv. */
 bool report_run_dir_claim(const char *dir, bool force, GError **err);
 
 bool report_write_dir(const struct report_run *r, const char *dir, GError **err);

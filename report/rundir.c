@@ -3,6 +3,7 @@
  * another run's files is refused unless the user says to overwrite them. */
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -41,6 +42,10 @@ char *report_run_dir_new(const char *parent, GError **err) {
 }
 
 bool report_run_dir_claim(const char *dir, bool force, GError **err) {
+  /* before any work: a directory that cannot be made or written is said now, not after a
+   * search or a training run */
+  if (g_mkdir_with_parents(dir, 0755) != 0 || access(dir, W_OK) != 0)
+    return piper_input_error(err, "--out %s: cannot write there: %s", dir, g_strerror(errno));
   if (force)
     return true;
   for (size_t k = 0; k < G_N_ELEMENTS(run_files); k++) {

@@ -217,10 +217,17 @@ static void print_stats(const struct compile_result *r, double secs) {
 
 static void print_summary(const struct compile_cli *a, const struct compile_result *r,
                           double secs) {
+  const struct compile_args *c = &a->compile;
+  GString *with = g_string_new(NULL);
+  if (c->directives)
+    g_string_append(with, c->directives);
+  else
+    g_string_printf(with, "--layout %s", c->layout);
   printf("compiled %s with %s: %u devices, %u pipeline ranks, %u micro-batches, %u classes, "
          "%llu instructions (%.3f s)\n",
-         r->model->name, a->compile.directives, r->plan->n_devices, r->ranks, r->mbs,
+         r->model->name, with->str, r->plan->n_devices, r->ranks, r->mbs,
          r->plan->n_classes, (unsigned long long)plan_instruction_count(r->plan), secs);
+  g_string_free(with, TRUE);
   if (a->stats)
     print_stats(r, secs);
   if (a->out_dir && r->plan->n_devices <= PLAN_DEVICE_FILES_MAX)

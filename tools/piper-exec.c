@@ -83,6 +83,10 @@ static const struct option_spec options[] = {
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
+    {.name = "--straggler-threshold", .kind = OPTION_DOUBLE, EXEC_OPTION(run.straggler_threshold),
+     .lo = 0.01, .hi = 100, .metavar = "F",
+     .help = "name a rank whose compute exceeds its peers' median by more than\n"
+             "F (default 0.25) in 3 of 4 measured steps"},
     {.kind = OPTION_HEADING, .help = "output:"},
     {.name = "--out", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
      .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
@@ -183,6 +187,15 @@ static uint32_t launcher_rank(void) {
   return 0;
 }
 
+/* A rank other than the first, ending on an error the first one prints: it lingers a moment,
+ * because the launcher ends every rank once one has exited non-zero, and the first might not
+ * have written its line yet. */
+static int quiet_rank_exit(int rc) {
+  if (rc != 0 && launcher_rank() != 0)
+    g_usleep(G_USEC_PER_SEC);
+  return rc;
+}
+
 /* An error found before MPI starts is the same on every rank (same command line, same files):
  * rank 0 says it, the others end with the same status quietly. */
 static int error_exit_once(GError *err) {
@@ -190,7 +203,7 @@ static int error_exit_once(GError *err) {
     return piper_error_exit("piper-exec", err);
   int rc = err->code == PIPER_ERROR_RUNTIME ? 1 : 2;
   g_error_free(err);
-  return rc;
+  return quiet_rank_exit(rc);
 }
 
 struct fault {
@@ -247,6 +260,23 @@ static const char *const stall_kinds[] = {
 /* PIPER_EXEC_FAULT (tests): a stall the runner injects (stall:RANK:STEP hits the first
  * communication, stall:KIND:RANK:STEP the first of a kind), or a kill or a SIGSTOP by the
  * step hook (kill:RANK:STEP, stop:RANK:STEP; step 0 is start-up). */
+/* PIPER_EXEC_SLOW=RANK:FACTOR: that rank's compute takes FACTOR times as long (a test hook:
+ * a straggler made on purpose, for the detection that names it). */
+static int read_slow(struct exec_options *o) {
+  const char *env = getenv("PIPER_EXEC_SLOW");
+  if (!env || !*env)
+    return OPTIONS_CONTINUE;
+  unsigned rank = 0;
+  double factor = 0;
+  char tail = 0;
+  if (sscanf(env, "%u:%lf%c", &rank, &factor, &tail) != 2 || !(factor > 1 && factor < 1e3))
+    return piper_usage_error("piper-exec",
+                             "PIPER_EXEC_SLOW: \"%s\" is not RANK:FACTOR (a factor above 1)", env);
+  o->slow_rank = rank;
+  o->slow_factor = factor;
+  return OPTIONS_CONTINUE;
+}
+
 static int read_fault(struct exec_options *o, struct fault *fault) {
   const char *fenv = getenv("PIPER_EXEC_FAULT");
   if (!fenv || !*fenv)
@@ -267,6 +297,12 @@ static int read_fault(struct exec_options *o, struct fault *fault) {
                              "send, recv, all-reduce, reduce-scatter, all-to-all, all-gather), "
                              "kill:RANK:STEP or stop:RANK:STEP",
                              fenv);
+  /* Kept in the release binary on purpose (docs/reliability.md): the fault tests must run the
+   * program users run, and an operator may rehearse a failure on a real cluster. A stray
+   * variable in a job script must not sabotage a run unseen: say so at start. */
+  if (launcher_rank() == 0)
+    fprintf(stderr, "piper-exec: note: PIPER_EXEC_FAULT=%s is set: a fault will be injected\n",
+            fenv);
   if (strcmp(kind, "stall") == 0) {
     o->fault = EXEC_FAULT_STALL;
     o->fault_kind = (enum exec_stall_kind)stall;
@@ -388,7 +424,7 @@ static bool prepare_outputs(const struct exec_cli *a, char **run_dir, bool *crea
     return true;
   if (a->out) {
     *created = !g_file_test(a->out, G_FILE_TEST_EXISTS);
-    if (!report_run_dir_claim(a->out, a->force, err) || !dir_writable("--out", a->out, err))
+    if (!report_run_dir_claim(a->out, a->force, err))
       return false;
     *run_dir = g_strdup(a->out);
     return true;
@@ -428,6 +464,20 @@ static void print_result(const struct exec_options *o, const struct exec_result 
          res->n_steps ? res->losses[res->n_steps - 1] : NAN,
          mean > 0 ? res->tokens_per_step / mean : 0, nm, (double)res->peak_memory_bytes / (1 << 20),
          res->job_overhead_per_instr_s * 1e6, res->job_dispatch_per_instr_s * 1e6);
+}
+
+/* Rank 0: the ranks slower than their peers (the simulator's slow-device scenario can take
+ * the ratio). */
+static void print_stragglers(const struct exec_options *o, const struct exec_result *res) {
+  uint32_t warm = o->warmup >= res->first_step ? o->warmup - res->first_step + 1 : 0;
+  uint32_t measured = res->n_steps > warm ? res->n_steps - warm : 0;
+  for (uint32_t k = 0; k < res->n_stragglers; k++) {
+    const struct exec_straggler *x = &res->stragglers[k];
+    printf("  straggler: rank %u computes %.2fx the median of its %u peer%s (plan class %u), "
+           "slower in %u of %u measured steps\n",
+           x->rank, x->ratio, x->peers, x->peers == 1 ? "" : "s", x->class_id, x->slow_steps,
+           measured);
+  }
 }
 
 /* Rank 0: the run directory of the measured run, and its charts (as piper-sim writes them). */
@@ -518,11 +568,19 @@ static int run_on_backend(struct exec_options *o, const struct exec_cli *a, cons
       term_message[0] = '\0';
       term_code = rc;
     }
+    /* The training ran to its end and only an output after the run's report failed (the
+     * parameter dump: a FIFO nobody reads, a full disk): the run directory is still written. */
+    GError *dir_err = NULL;
+    if (rank == 0 && exec_result_report(&res) &&
+        !write_run_dir(o, &res, run_dir, !a->no_charts, &dir_err))
+      piper_error_exit("piper-exec", dir_err);
+    exec_result_clear(&res);
     free_backend(b);
     return rc;
   }
   if (rank == 0) {
     print_result(o, &res);
+    print_stragglers(o, &res);
     if (!write_run_dir(o, &res, run_dir, !a->no_charts, &err)) {
       exec_result_clear(&res);
       free_backend(b);
@@ -547,14 +605,18 @@ static int run_on_backend(struct exec_options *o, const struct exec_cli *a, cons
 int main(int argc, char **argv) {
   struct exec_cli a = {.backend = "host", .run = exec_options_default()};
   a.seed = (uint32_t)a.run.seed;
+  /* a usage error is every rank's: the first one says it (error_exit_once for the rest) */
+  piper_usage_error_quiet(launcher_rank() != 0);
   int rc = options_parse(&program, &a, argc, argv);
   if (rc != OPTIONS_CONTINUE)
-    return rc;
+    return quiet_rank_exit(rc);
   struct exec_options o = a.run;
   struct fault fault = {0};
   if ((rc = check_inputs(&a)) != OPTIONS_CONTINUE ||
-      (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE)
-    return rc;
+      (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE ||
+      (rc = read_slow(&o)) != OPTIONS_CONTINUE)
+    return quiet_rank_exit(rc);
+  piper_usage_error_quiet(false);
   GError *err = NULL;
   struct exec_plan p = {0};
   char *run_dir = NULL;

@@ -281,12 +281,13 @@ int main(int argc, char **argv) {
   if (rc != OPTIONS_CONTINUE)
     return rc;
   GError *err = NULL;
+  bool created = !a.out || !g_file_test(a.out, G_FILE_TEST_EXISTS);
   char *dir = a.out ? (report_run_dir_claim(a.out, a.force, &err) ? g_strdup(a.out) : NULL)
                     : report_run_dir_new("out", &err);
   if (!dir)
     return piper_error_exit(program.name, err);
   rc = a.sweep ? run_sweep_mode(&a, dir) : run_plan(&a, dir);
-  if (rc != 0 && !a.out)
+  if (rc != 0 && created)
     g_rmdir(dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
   g_free(dir);
   return rc;

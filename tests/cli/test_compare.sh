@@ -13,8 +13,9 @@ PE="$BIN/piper-exec"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
+passes=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+ok() { echo "ok: $*"; passes=$((passes + 1)); }
 export OPENBLAS_NUM_THREADS=1
 
 for p in "$PC" "$SIM" "$PE"; do
@@ -318,7 +319,7 @@ rc=$?
   || fail "--json unwritable: rc $rc $(cat "$tmp/err")"
 
 if [ $fails -ne 0 ]; then
-  echo "test_compare: $fails failure(s)"
+  echo "test_compare: $passes passed, $fails failed"
   exit 1
 fi
-echo "test_compare: all passed"
+echo "test_compare: $passes passed, 0 failed"

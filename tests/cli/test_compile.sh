@@ -183,5 +183,5 @@ expect_ok "small plan" --model $DENSE --layout pp=2,dp=2 --schedule 1f1b --mbs 4
 expect_ok "compact over small" --model $DENSE --layout pp=2,dp=1100 --schedule 1f1b --mbs 4 -o "$T/big1100"
 [ "$(files "$T/big1100")" -eq 2 ] && ok || bad "stale files after rewriting: $(ls "$T/big1100" | head)"
 
-echo "$pass passed, $failed failed"
+echo "test_compile.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -27,10 +27,12 @@ if ! make -j2 --no-print-directory emu > "$tmp/build.log" 2>&1; then
   exit 1
 fi
 fails=0
+passes=0
 for shape in "1 1 1 1 32" "1 64 2 2 64" "2 40 2 1 32" "1 130 2 1 128" "1 70 3 1 64"; do
   # shellcheck disable=SC2086 # a shape is five words
   if out=$(timeout 120 build/emu/gpu/flash_emu $shape 2>&1); then
     echo "ok: fused attention, $out"
+    passes=$((passes + 1))
   else
     echo "FAIL: fused attention, $out"
     fails=$((fails + 1))
@@ -38,11 +40,12 @@ for shape in "1 1 1 1 32" "1 64 2 2 64" "2 40 2 1 32" "1 130 2 1 128" "1 70 3 1 
 done
 if OUT="$tmp/gpu-check" GPU_CHECK_SKIP_BUILD=1 tools/gpu-check.sh --emu > "$tmp/gc.log" 2>&1; then
   echo "ok: tools/gpu-check.sh --emu: $(grep -c '^ok:' "$tmp/gc.log") steps ok, $(tail -1 "$tmp/gc.log")"
+  passes=$((passes + 1))
 else
   grep -E '^(FAIL|skip)' "$tmp/gc.log"
   tail -3 "$tmp/gc.log"
   echo "FAIL: tools/gpu-check.sh --emu"
   fails=$((fails + 1))
 fi
-echo "test_cuda_emu: $fails failed"
+echo "test_cuda_emu: $passes passed, $fails failed"
 [ "$fails" = 0 ]

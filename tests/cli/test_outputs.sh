@@ -44,5 +44,15 @@ ln -s cmp-target.json "$T/cmp-link.json"
 "$BIN/piper-compare" "$T/run" "$T/run" --json "$T/cmp-link.json" >/dev/null 2>"$T/err" && [ -L "$T/cmp-link.json" ] \
   && python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$T/cmp-target.json" && ok || bad "compare --json LINK: $(cat "$T/err")"
 
+# an --out that cannot be made is refused before any work: the planner's search, a simulation
+for tool in "piper-plan --model models/llama3.1-405b.json --devices 8192" "piper-sim $M"; do
+  start=$(date +%s)
+  "$BIN"/$tool --profile profiles/h100-sxm.json --out /proc/piper-no-such/run >"$T/out" 2>"$T/err"
+  rc=$?
+  secs=$(($(date +%s) - start))
+  [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q -- "--out /proc/piper-no-such/run: cannot write there" "$T/err" \
+    && [ $secs -le 5 ] && ok || bad "${tool%% *} --out unwritable: exit $rc after ${secs} s, $(cat "$T/err")"
+done
+
 echo "test_outputs.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

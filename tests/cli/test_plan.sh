@@ -12,8 +12,9 @@ SIM="$BIN/piper-sim"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
+passes=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+ok() { echo "ok: $*"; passes=$((passes + 1)); }
 
 [ -x "$PLAN" ] || { echo "FAIL: $PLAN not built"; exit 1; }
 
@@ -131,7 +132,7 @@ else
 fi
 
 if [ $fails -ne 0 ]; then
-  echo "test_plan.sh: $fails failure(s)"
+  echo "test_plan.sh: $passes passed, $fails failed"
   exit 1
 fi
-echo "test_plan.sh: all passed"
+echo "test_plan.sh: $passes passed, 0 failed"

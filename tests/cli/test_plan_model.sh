@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A plan directory whose embedded model was edited after piper-compile wrote it (layers, hidden
-# size, vocabulary, experts) disagrees with its nodes: piper-sim --plans and piper-exec --plans
+# size, vocabulary, experts, sequence length, micro-batch size) or whose n_microbatches was
+# edited disagrees with its nodes: piper-sim --plans and piper-exec --plans
 # exit 2 with one line naming plan.json and what disagrees. The untouched plans still load.
 set -u
 BIN=${PIPER_BIN:-bin}
@@ -22,13 +23,14 @@ echo '[]' >"$T/one.json"
   --schedule 1f1b --mbs 4 -o "$T/four" >/dev/null 2>"$T/err" || bad "compile pp2_dp2_ep2: $(cat "$T/err")"
 
 # expect_refused NAME DIR CMD...: exit 2, one stderr line naming DIR/plan.json and the model
+# (or $WANT)
 expect_refused() {
   local name=$1 dir=$2; shift 2
   "$@" >"$T/out" 2>"$T/err"
   local rc=$?
   if [ "$rc" -ne 2 ]; then bad "$name: exit $rc, want 2 ($(head -c 300 "$T/err"))"; return; fi
   if [ "$(wc -l <"$T/err")" -ne 1 ]; then bad "$name: $(wc -l <"$T/err") stderr lines: $(cat "$T/err")"; return; fi
-  grep -q "$dir/plan.json: .*model" "$T/err" && ok || bad "$name: $(cat "$T/err")"
+  grep -q "$dir/plan.json: .*${WANT:-model}" "$T/err" && ok || bad "$name: $(cat "$T/err")"
 }
 
 # edit SRC KEY VALUE: a copy of plan directory SRC with model[KEY] = VALUE, in $T/edited
@@ -72,6 +74,57 @@ for edit_ in piper.seq_len=64 piper.micro_batch_size=4; do
     "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
 done
 grep -q "the model's activations there are" "$T/err" && ok || bad "p2p message: $(cat "$T/err")"
+# One device and data parallelism alone show sequence length and micro-batch size in no
+# transfer: the compute instructions' workspaces carry them. n_microbatches is what the split
+# tags number.
+"$PC" --model models/tiny-dense.json --directives directives/base-schedules/dp2.json --mbs 2 \
+  -o "$T/dp2" >/dev/null 2>"$T/err" || bad "compile dp2: $(cat "$T/err")"
+for dir in one dp2; do
+  for edit_ in piper.seq_len=64 piper.micro_batch_size=4 piper.seq_len=16; do
+    key=${edit_%=*} value=${edit_#*=}
+    edit "$T/$dir" "$key" "$value"
+    expect_refused "sim, $dir, $edit_" "$T/edited" \
+      "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
+    [ "$dir" = one ] && expect_refused "exec, $dir, $edit_" "$T/edited" \
+      "$PE" --plans "$T/edited" --iters 1 --out "$T/run" --quiet --no-charts
+  done
+  grep -q '"work" tensors hold' "$T/err" && ok || bad "work message: $(cat "$T/err")"
+  for m in 5 1 3; do
+    rm -rf "$T/edited" && cp -r "$T/$dir" "$T/edited"
+    python3 - "$T/edited/plan.json" "$m" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+plan["n_microbatches"] = int(sys.argv[2])
+json.dump(plan, open(sys.argv[1], "w"), indent=1)
+PY
+    WANT=n_microbatches expect_refused "sim, $dir, n_microbatches=$m" "$T/edited" \
+      "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
+    [ "$dir" = one ] && WANT=n_microbatches expect_refused "exec, $dir, n_microbatches=$m" "$T/edited" \
+      "$PE" --plans "$T/edited" --iters 1 --out "$T/run" --quiet --no-charts
+  done
+done
+# Sequence length x micro-batch size kept (64 x 1 for 32 x 2): every workspace is linear in the
+# product, so the edited plan is the one piper-compile writes for the edited model (only the
+# model differs); it is accepted and simulates as that model's own plan does.
+edit "$T/dense" piper.seq_len 64
+python3 - "$T/edited/plan.json" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+plan["model"]["piper"]["micro_batch_size"] = 1
+json.dump(plan, open(sys.argv[1], "w"), indent=1)
+PY
+python3 - "$T/m64.json" <<'PY'
+import json, sys
+m = json.load(open("models/tiny-dense.json"))
+m["piper"]["seq_len"], m["piper"]["micro_batch_size"] = 64, 1
+json.dump(m, open(sys.argv[1], "w"))
+PY
+"$PC" --model "$T/m64.json" --directives directives/base-schedules/pp4.json --pp-regions 4 \
+  --schedule 1f1b --mbs 4 -o "$T/dense64" >/dev/null 2>"$T/err" || bad "compile seq 64: $(cat "$T/err")"
+"$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim_e" --force --no-charts >/dev/null 2>"$T/err" ||
+  bad "product kept: $(cat "$T/err")"
+"$PS" --plans "$T/dense64" --profile profiles/unit.json --out "$T/sim_c" --force --no-charts >/dev/null 2>&1
+cmp -s "$T/sim_e/trace.json" "$T/sim_c/trace.json" && ok || bad "product kept: trace differs from the compiled model's"
 # A byte count of one node edited on its own (the model untouched) is named too.
 python3 - "$T/four/plan.json" "$T/bytes.json" <<'PY'
 import json, sys
@@ -84,5 +137,5 @@ rm -rf "$T/edited" && cp -r "$T/four" "$T/edited" && cp "$T/bytes.json" "$T/edit
 expect_refused "sim, all-to-all bytes" "$T/edited" \
   "$PS" --plans "$T/edited" --profile profiles/unit.json --out "$T/sim" --force --no-charts
 
-echo "plan model: $pass passed, $failed failed"
+echo "test_plan_model.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -11,8 +11,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fails=0
+passes=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+ok() { echo "ok: $*"; passes=$((passes + 1)); }
 
 [ -x "$PROF" ] || { echo "FAIL: $PROF not built"; exit 1; }
 
@@ -99,7 +100,7 @@ if command -v mpirun > /dev/null; then
   else
     fail "mpirun piper-prof: $(tail -3 "$tmp/err")"
   fi
-  spin=$(sed -n 's/^#define EXEC_HOST_IDLE_SPIN_US \([0-9]*\).*/\1/p' exec/exec.h)
+  spin=$(sed -n 's/^#define EXEC_HOST_IDLE_SPIN_US \([0-9]*\).*/\1/p' exec/backend.h)
   python3 - "$tmp/p2.json" "$spin" <<'EOF' && ok "network fitted" || fail "network section"
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -122,7 +123,7 @@ h = j["host"]
 assert h["executor"] == "loop", h
 assert h["cores_per_node"] >= 1 and h["instruction_overhead_us"] > 0, h
 assert 0 <= h["wait_core_share"] <= 1 and h["comm_test_us"] > 0 and h["wake_latency_us"] >= 0, h
-# the backend loop's spin window (exec/exec.h) and what its sleeping adds to a communication
+# the backend loop's spin window (exec/backend.h) and what its sleeping adds to a communication
 assert h["loop_spin_us"] == int(sys.argv[2]) and h["loop_late_us"] >= 0, (h, sys.argv[2])
 # MPI's eager limit, one of the sizes tried (a power of two from 256 B to 1 MiB; 1: none eager)
 e = h["eager_bytes"]
@@ -195,5 +196,5 @@ expect_bad "bad --repeats" "--repeats" --model models/tiny-dense.json --repeats 
 expect_bad "unknown option" "--frobnicate" --frobnicate
 [ ! -e "$tmp/x.json" ] && ok "no profile written on bad input" || fail "a profile was written"
 
-echo "test_prof.sh: $fails failure(s)"
+echo "test_prof.sh: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -10,8 +10,9 @@ SIM="$BIN/piper-sim"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
+passes=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { echo "ok: $*"; }
+ok() { echo "ok: $*"; passes=$((passes + 1)); }
 
 [ -x "$SIM" ] || { echo "FAIL: $SIM not built"; exit 1; }
 
@@ -275,7 +276,7 @@ else
 fi
 
 if [ $fails -ne 0 ]; then
-  echo "test_sim.sh: $fails failure(s)"
+  echo "test_sim.sh: $passes passed, $fails failed"
   exit 1
 fi
-echo "test_sim.sh: all passed"
+echo "test_sim.sh: $passes passed, 0 failed"

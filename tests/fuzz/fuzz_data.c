@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../base/base.h"
 #include "../../exec/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -91,6 +91,9 @@ static void compare(struct check *c, const char *what, const float *ref, const f
   g_free(got);
 }
 
+static void compare_bits(struct check *c, const char *what, const float *d1, const float *d2,
+                         size_t n, bool same);
+
 static void compare_i32(struct check *c, const char *what, const int32_t *ref, const int32_t *d,
                         size_t n) {
   int32_t *got = g_new(int32_t, n ? n : 1);
@@ -166,10 +169,22 @@ static void check_embedding_norm(struct check *c) {
   kernels_rmsnorm_backward_weight(gw, gdh, x, rs, T, C);
   c->k->rmsnorm_backward_weight(c->s, dgw, dgdh, dxin, drs, T, C);
   compare(c, "rmsnorm BW", gw, dgw, C, TOL_PLAIN);
+  /* the fused residual add + RMSNorm: the host's reference, and the GPU's own add then norm
+   * bit for bit */
+  float *y = rnd(c, T * C, 1), *dy = devf(c, y, T * C);
+  float *xf = devf(c, x, T * C), *xu = devf(c, x, T * C);
+  float *hf = devf(c, NULL, T * C), *hu = devf(c, NULL, T * C);
+  float *rf = devf(c, NULL, T), *ru = devf(c, NULL, T);
+  kernels_residual_rmsnorm_forward(x, h, rs, y, w, T, C, 1e-6f);
+  c->k->residual_rmsnorm_forward(c->s, xf, hf, rf, dy, dw, T, C, 1e-6f);
+  c->k->residual_add_forward(c->s, xu, dy, (size_t)T * C);
+  c->k->rmsnorm_forward(c->s, hu, ru, xu, dw, T, C, 1e-6f);
+  compare(c, "residual + rmsnorm F (x)", x, xf, T * C, TOL_PLAIN);
+  compare(c, "residual + rmsnorm F (h)", h, hf, T * C, TOL_PLAIN);
+  compare(c, "residual + rmsnorm F saved (rstd)", rs, rf, T, TOL_PLAIN);
+  compare_bits(c, "residual + rmsnorm F = residual add, rmsnorm", hf, hu, T * C, true);
+  compare_bits(c, "residual + rmsnorm F saved = rmsnorm's", rf, ru, T, true);
 }
-
-static void compare_bits(struct check *c, const char *what, const float *d1, const float *d2,
-                         size_t n, bool same);
 
 /* "attention" + the shape's label + what: one check's name. */
 static const char *attn_name(char *buf, size_t n, const char *label, const char *what) {
@@ -594,6 +609,21 @@ static void check_weight_copies(struct check *c, bool bf16) {
   g_free(zero);
 }
 
+/* The cuda table has every op of exec/ops.def (it is generated from the list: a k_ function
+ * per kernel, an exec_cuda_ function per collective). */
+static void check_op_table(struct check *c) {
+  int missing = 0;
+  for (int op = 0; op < EXEC_OP_COUNT; op++)
+    if (!exec_backend_supports_op(c->b, (enum exec_op)op)) {
+      printf("FAIL op %s is not in the cuda table\n", exec_op_name((enum exec_op)op));
+      missing++;
+    }
+  printf("%-4s %-44s %d of %d ops\n", missing ? "FAIL" : "ok", "the op list (exec/ops.def)",
+         EXEC_OP_COUNT - missing, EXEC_OP_COUNT);
+  c->run++;
+  c->failed += missing > 0;
+}
+
 int main(int argc, char **argv) {
   GError *err = NULL;
   struct exec_backend_params bp = {&argc, &argv, false, piper_launch_detect()};
@@ -616,6 +646,7 @@ int main(int argc, char **argv) {
   c.k = exec_backend_kernels(c.b);
   c.s = exec_stream_create(c.b, "check", 0, &err);
   c.rng = g_rand_new_with_seed(42);
+  check_op_table(&c);
   check_simple(&c);
   check_bf16_copy(&c);
   check_embedding_norm(&c);

@@ -116,6 +116,43 @@ static void test_symlink_is_followed(void **state) {
   g_free(dir);
 }
 
+/* A link planted at the temporary name (<file>.tmp) is never written through: its target keeps
+ * its bytes, the file gets them, and the link is gone (fopen "w" once followed it). So is a
+ * leftover temporary file of a killed writer. */
+static void test_planted_temporary_link(void **state) {
+  (void)state;
+  char *dir = temp_dir();
+  char *victim = g_build_filename(dir, "victim.txt", NULL);
+  char *path = g_build_filename(dir, "results.csv", NULL);
+  char *tmp = g_strdup_printf("%s.tmp", path);
+  GError *err = NULL;
+  assert_true(piper_write_file(victim, "keep", 4, &err));
+  assert_int_equal(symlink("victim.txt", tmp), 0);
+  assert_true(piper_write_file(path, "data", 4, &err));
+  char *text = slurp(victim);
+  assert_string_equal(text, "keep");
+  g_free(text);
+  text = slurp(path);
+  assert_string_equal(text, "data");
+  g_free(text);
+  struct stat st;
+  assert_int_not_equal(lstat(tmp, &st), 0);
+  /* a stale temporary file from a writer killed before its rename */
+  assert_true(piper_write_file(victim, "stale", 5, &err));
+  assert_int_equal(rename(victim, tmp), 0);
+  assert_true(piper_write_file_durable(path, "next", 4, &err));
+  text = slurp(path);
+  assert_string_equal(text, "next");
+  g_free(text);
+  assert_int_not_equal(lstat(tmp, &st), 0);
+  remove(path);
+  rmdir(dir);
+  g_free(tmp);
+  g_free(path);
+  g_free(victim);
+  g_free(dir);
+}
+
 static void test_devices_written_in_place(void **state) {
   (void)state;
   GError *err = NULL;
@@ -284,6 +321,7 @@ int main(void) {
       cmocka_unit_test(test_quote),
       cmocka_unit_test(test_write_regular_and_new),
       cmocka_unit_test(test_symlink_is_followed),
+      cmocka_unit_test(test_planted_temporary_link),
       cmocka_unit_test(test_devices_written_in_place),
       cmocka_unit_test(test_fifo_written_in_place),
       cmocka_unit_test(test_abandon_leaves_nothing),

@@ -9,6 +9,7 @@
 #include "../../ir/ir.h"
 #include "../../base/json.h"
 #include "../../ir/plan.h"
+#include "../../ir/plan-impl.h"
 #include "../../models/model.h"
 
 struct counts {
@@ -59,6 +60,44 @@ static void test_build_dense(void **state) {
   assert_int_equal(c.data_edges, 3 + 3 + 4);
   assert_int_equal(c.temporal_edges, 4); /* each B feeds its region's optimizer */
   ir_graph_free(g);
+  model_free(m);
+}
+
+/* A compiled plan passes every check the reader makes of a plan from files (ir/plan_model.c):
+ * those checks refuse edits, never the compiler's own plans. */
+static void assert_reader_accepts(const struct plan *p) {
+  GError *err = NULL;
+  if (!plan_check_model(p, "compiled", &err) || !plan_check_instructions(p, "compiled", &err))
+    fail_msg("%s", err->message);
+}
+
+/* ---- stream declarations ------------------------------------------------------------------ */
+
+/* Each `stream` naming a new stream keeps its settings, however often the stream table grows
+ * (it once wrote them through the table's buffer from before the growth). */
+static void test_stream_declarations_kept(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
+  GString *text = g_string_new("[");
+  enum { N = 40 };
+  for (int i = 0; i < N; i++)
+    g_string_append_printf(text, "%s{\"op\":\"stream\",\"name\":\"s%d\",\"priority\":%d,"
+                           "\"sm_share\":%g}", i ? "," : "", i, -1 - i, (i + 1) / 64.0);
+  g_string_append(text, "]");
+  struct ir_graph *g = test_must_apply(m, text->str);
+  for (int i = 0; i < N; i++) {
+    char name[16];
+    g_snprintf(name, sizeof name, "s%d", i);
+    uint32_t found = IR_NONE;
+    for (uint32_t s = 0; s < g->streams->len; s++)
+      if (strcmp(IR_STREAM(g, s)->name, name) == 0)
+        found = s;
+    assert_int_not_equal(found, IR_NONE);
+    assert_int_equal(IR_STREAM(g, found)->priority, -1 - i);
+    assert_true(IR_STREAM(g, found)->sm_share == (i + 1) / 64.0);
+  }
+  ir_graph_free(g);
+  g_string_free(text, TRUE);
   model_free(m);
 }
 
@@ -895,6 +934,7 @@ static void test_every_builder_compiles(void **state) {
         assert_int_equal(f, per_pass);
         assert_int_equal(b + bi, per_pass);
         assert_int_equal(bi, bw);
+        assert_reader_accepts(res.plan);
         compile_result_free(&res);
         compiled++;
       }
@@ -934,6 +974,7 @@ static void test_base_schedules_compile(void **state) {
         compile_files(cases[i].model, cases[i].pp, path, cases[i].f, cases[i].mbs);
     assert_non_null(r.plan);
     assert_true(r.plan->n_devices >= 2);
+    assert_reader_accepts(r.plan);
     compile_result_free(&r);
     g_free(path);
   }
@@ -942,6 +983,7 @@ static void test_base_schedules_compile(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build_dense),
+      cmocka_unit_test(test_stream_declarations_kept),
       cmocka_unit_test(test_split_multiplies_matched_nodes),
       cmocka_unit_test(test_place_adds_send_recv_per_crossing_edge),
       cmocka_unit_test(test_replicate_buckets),

@@ -211,6 +211,14 @@ static void test_data_token_file(void **state) {
   assert_null(exec_data_open(path, 256, 0, &err));
   assert_non_null(strstr(err->message, "header says 11 tokens"));
   g_clear_error(&err);
+  /* cut inside its header (the magic intact): refused, never read as bytes */
+  for (size_t cut = 4; cut < sizeof hdr; cut += 500) {
+    assert_true(g_file_set_contents(path, buf, (gssize)cut, NULL));
+    assert_null(exec_data_open(path, 256, 0, &err));
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    assert_non_null(strstr(err->message, "cut inside its 1024-byte header"));
+    g_clear_error(&err);
+  }
   char *dir = g_path_get_dirname(path);
   test_remove_tree(dir);
   g_free(dir);
@@ -1011,6 +1019,44 @@ static void test_ops_cover_host_and_refuse_unsupported(void **state) {
   compile_result_free(&dp);
 }
 
+/* Stragglers: ranks of a class compared with their peers' median, step by step; named when
+ * slower by more than the threshold in three steps of four. */
+static void test_stragglers_named_against_their_peers(void **state) {
+  (void)state;
+  /* 4 steps x 5 ranks; ranks 0-3 one class (data-parallel replicas), rank 4 alone */
+  const uint32_t class_of[5] = {0, 0, 0, 0, 1};
+  double t[4][5];
+  for (int s = 0; s < 4; s++)
+    for (int r = 0; r < 5; r++)
+      t[s][r] = 1.0 + 0.01 * r; /* peers within 3% of each other */
+  for (int s = 0; s < 4; s++)
+    t[s][1] = 1.5 * 1.02; /* rank 1: 1.5x its peers' median (1.02) every step */
+  t[2][3] = 2.0;          /* rank 3: slow in one step of four only */
+  for (int s = 0; s < 4; s++)
+    t[s][4] = 9.0; /* alone in its class: no peer to compare with */
+  struct exec_straggler *x = NULL;
+  uint32_t n = exec_find_stragglers(&t[0][0], 4, 5, class_of, 0.25, &x);
+  assert_int_equal(n, 1);
+  assert_int_equal(x[0].rank, 1);
+  assert_int_equal(x[0].class_id, 0);
+  assert_int_equal(x[0].peers, 3);
+  assert_int_equal(x[0].slow_steps, 4);
+  /* its peers 0, 2, 3 take 1.00, 1.02, 1.03 (2.0 in step 2): the median is 1.02 each step */
+  assert_true(fabs(x[0].ratio - 1.5) < 1e-12);
+  g_free(x);
+  /* a threshold above its ratio names nobody; a slow step in three of four is enough */
+  assert_int_equal(exec_find_stragglers(&t[0][0], 4, 5, class_of, 0.6, &x), 0);
+  assert_null(x);
+  t[0][1] = 1.0;
+  assert_int_equal(exec_find_stragglers(&t[0][0], 4, 5, class_of, 0.25, &x), 1);
+  assert_int_equal(x[0].slow_steps, 3);
+  g_free(x);
+  t[1][1] = 1.0; /* two of four: not consistent */
+  assert_int_equal(exec_find_stragglers(&t[0][0], 4, 5, class_of, 0.25, &x), 0);
+  /* one measured step is never enough */
+  assert_int_equal(exec_find_stragglers(&t[3][0], 1, 5, class_of, 0.25, &x), 0);
+}
+
 static int setup(void **state) {
   (void)state;
   GError *err = NULL;
@@ -1051,6 +1097,7 @@ int main(void) {
       cmocka_unit_test(test_watchdog),
       cmocka_unit_test(test_refuses_plan_larger_than_job),
       cmocka_unit_test(test_ops_cover_host_and_refuse_unsupported),
+      cmocka_unit_test(test_stragglers_named_against_their_peers),
   };
   return cmocka_run_group_tests_name("exec", tests, setup, teardown);
 }

@@ -265,7 +265,7 @@ static void test_device_pp2_dp2_tp2(void **state) {
 
 /* Experts [E x (wg C x F | wu C x F | wd F x C)] (kernels/moe.c): each expert divided like the
  * MLP, experts in order; under EP a device's local experts are a run of the TP rank's slices
- * (train.c, for_each_param: local index ep_rank x n + i), so EP 2 x TP 2 gives each of the four
+ * (exec/params.c, for_each_param: local index ep_rank x n + i), so EP 2 x TP 2 gives each of the four
  * devices the gate/up columns and down rows of its TP rank in its half of the experts; the
  * four hold every element once. */
 static void test_expert_slices(void **state) {

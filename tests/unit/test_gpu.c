@@ -7,6 +7,7 @@
 #include "../../base/json.h"
 #include "../../exec/arena.h"
 #include "../../exec/backend.h"
+#include "../../report/report.h"
 #include "../../exec/gpu_layout.h"
 #include "../../exec/gpu_weights.h"
 #include "../../sim/profile.h"
@@ -505,10 +506,13 @@ static void test_gpu_trace_from_device_times(void **state) {
   o.plan = p;
   o.warmup = 0;
   o.iters = 2;
-  o.out_dir = out;
+  o.report = true; /* the run comes back; writing it is the program's (piper-exec's) */
   struct exec_result r = {0};
   if (!exec_run(&o, b, &r, &err))
     fail_msg("exec_run: %s", err->message);
+  assert_non_null(exec_result_report(&r));
+  if (!report_write_dir(exec_result_report(&r), out, &err))
+    fail_msg("report_write_dir: %s", err->message);
   char *path = g_build_filename(out, "trace.json", NULL);
   char *text = test_read_file(path);
   cJSON *root = cJSON_Parse(text);
@@ -566,10 +570,13 @@ static void test_gpu_backend_memory_peak(void **state) {
   o.plan = p;
   o.warmup = 0;
   o.iters = 1;
-  o.out_dir = out;
+  o.report = true; /* the run comes back; writing it is the program's (piper-exec's) */
   struct exec_result r = {0};
   if (!exec_run(&o, b, &r, &err))
     fail_msg("exec_run: %s", err->message);
+  assert_non_null(exec_result_report(&r));
+  if (!report_write_dir(exec_result_report(&r), out, &err))
+    fail_msg("report_write_dir: %s", err->message);
   assert_int_equal(r.peak_memory_bytes, 123456789);
   char *path = g_build_filename(out, "metrics.json", NULL);
   char *text = test_read_file(path);

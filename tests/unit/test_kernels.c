@@ -245,6 +245,26 @@ static void test_rmsnorm_known(void **state) {
   assert_close("rmsnorm known", h, want, 4, 0.0, 1e-6); /* a few fp32 roundings */
 }
 
+/* The fused residual add + RMSNorm: the same bits as the add and then the norm, for a width
+ * that is no multiple of the vector lanes. */
+static void test_residual_rmsnorm_equals_unfused(void **state) {
+  (void)state;
+  enum { T = 5, C = 37 };
+  float x1[T * C], x2[T * C], y[T * C], w[C], h1[T * C], h2[T * C], r1[T], r2[T];
+  uint64_t rng_saved = rng_state; /* the later tests' inputs stay what they were */
+  fill(x1, T * C, 2.0f);
+  memcpy(x2, x1, sizeof x1);
+  fill(y, T * C, 1.0f);
+  fill(w, C, 1.0f);
+  kernels_residual_add_forward(x1, y, T * C);
+  kernels_rmsnorm_forward(h1, r1, x1, w, T, C, KERNELS_RMSNORM_EPS);
+  kernels_residual_rmsnorm_forward(x2, h2, r2, y, w, T, C, KERNELS_RMSNORM_EPS);
+  assert_memory_equal(x1, x2, sizeof x1);
+  assert_memory_equal(h1, h2, sizeof h1);
+  assert_memory_equal(r1, r2, sizeof r1);
+  rng_state = rng_saved;
+}
+
 struct rms_ctx {
   int T, C;
   float *x, *params, *h, *saved, *R;
@@ -1292,6 +1312,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_all_transposes),
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_rmsnorm_known),
+      cmocka_unit_test(test_residual_rmsnorm_equals_unfused),
       cmocka_unit_test(test_rmsnorm_grad),
       cmocka_unit_test(test_rope_known),
       cmocka_unit_test(test_attention_grad),

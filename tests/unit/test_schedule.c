@@ -888,6 +888,13 @@ static void test_csv_read_pytorch_comms(void **state) {
                "reduction comes from the replicate directives; parameter gathers come from the "
                "shard directives; pipeline sends and receives come from the placement)");
   sched_program_free(s);
+  /* PyTorch's GPipe and 1F1B dumps wait for the reduction after it (WAIT_REDUCE_GRAD) */
+  s = read_csv("pt.csv", "0F0,0B0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n", &e);
+  assert_non_null(s);
+  g_autofree char *w0 = rank_text(&s->ranks[0], true);
+  assert_string_equal(w0, "0F0 0B0");
+  assert_non_null(strstr(s->note, "(WAIT_REDUCE_GRAD 1, REDUCE_GRAD 1)"));
+  sched_program_free(s);
   s = read_csv("pt.csv", "0F0,0B0\n", &e);
   assert_non_null(s);
   assert_null(s->note);

@@ -1,4 +1,4 @@
-/* prof_cuda: `piper-prof --backend cuda`, the GPU's profile in the host profile's format.
+/* prof cuda: `piper-prof --backend cuda`, the GPU's profile in the host profile's format.
  * Every distinct (op kind, shape) of the models runs through the cuda backend's kernel table
  * for F, BI, BW and B, each call one task on one stream; the backend records a CUDA event
  * before and after every task (the clock of piper-exec's trace), and an entry is the median
@@ -12,9 +12,8 @@
  * a device copy's bandwidth, fused AdamW at 4 sizes, the host thread's cost per enqueued
  * instruction, and under mpirun (one GPU per rank) NCCL's point-to-point and collectives over sizes and
  * group sizes, fitted as the host profiler fits MPI's. Without a usable GPU the backend's
- * start fails and that one line (naming the CUDA error) is the program's error. */
-#ifdef HAVE_CUDA
-
+ * start fails and that one line (naming the CUDA error) is the program's error. Compiled only
+ * with HAVE_CUDA (the Makefile's CUDA_SRCS); run.c's table of backends names prof_cuda_measure. */
 #include <mpi.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,11 +40,6 @@ struct gpu {
 
 typedef bool (*gpu_task_fn)(struct exec_stream *s, void *arg, GError **err);
 
-static double median_of(double *t, uint32_t m) {
-  qsort(t, m, sizeof *t, piper_cmp_double);
-  return m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]);
-}
-
 /* Median GPU seconds of one task: `warmup` untimed tasks, then `n` timed ones (task ids
  * 0 .. n-1: the backend's events around each), all enqueued before one wait. host_out, when
  * not NULL, gets the median host seconds of enqueueing one timed task (submit runs the task
@@ -63,7 +57,7 @@ static bool gpu_median_host(struct gpu *g, uint32_t warmup, uint32_t n, gpu_task
     h[i] = piper_clock_seconds() - t0;
   }
   if (host_out && n)
-    *host_out = median_of(h, n);
+    *host_out = prof_median(h, n);
   g_free(h);
   exec_event_record(g->b, g->done, g->s);
   if (!exec_event_synchronize(g->b, g->done, 600))
@@ -85,7 +79,7 @@ static bool gpu_median_host(struct gpu *g, uint32_t warmup, uint32_t n, gpu_task
     g_free(t);
     return piper_runtime_error(err, "piper-prof: the cuda backend gave no event times");
   }
-  *out = median_of(t, m);
+  *out = prof_median(t, m);
   g_free(t);
   return true;
 }
@@ -179,7 +173,7 @@ static void cuda_op_free(struct cuda_op *o) {
       exec_backend_release(o->g->b, all[i]);
 }
 
-/* ---- one op's pass, as exec/train.c calls the kernel table --------------------------------- */
+/* ---- one op's pass, as the segment forward and backward (exec/segment_*.c) call the kernel table --------------------------------- */
 
 static void run_norm_embed(struct exec_stream *s, const struct exec_kernels *k,
                            struct op_bench *b) {
@@ -770,11 +764,11 @@ static bool measure_gpu(struct prof_run *r, struct gpu *g, GPtrArray *models, GE
   return true;
 }
 
-bool prof_cuda_measure(struct prof_run *r, GPtrArray *models, GError **err) {
+static bool cuda_measure(struct prof_run *r, GPtrArray *models, GError **err) {
   const struct exec_backend_ops *ops = exec_backend_find("cuda");
   PIPER_ASSERT(ops != NULL);
   struct gpu g = {0};
-  /* MPI is already started under mpirun (main); the backend then uses it */
+  /* MPI is already started under mpirun (prof_run); the backend then uses it */
   g.b = exec_backend_init(ops, NULL, err);
   if (!g.b)
     return false;
@@ -795,7 +789,14 @@ bool prof_cuda_measure(struct prof_run *r, GPtrArray *models, GError **err) {
   return ok;
 }
 
-#else
-/* Built without the cuda backend: piper-prof refuses --backend cuda before measuring. */
-typedef int prof_cuda_not_built;
-#endif
+/* Every rank its own GPU for the network, rank 0 the kernels; the others then wait for rank 0
+ * to write the profile. */
+bool prof_cuda_measure(struct prof_run *r, GPtrArray *models, GError **err) {
+  r->failed = !cuda_measure(r, models, err);
+  if (r->size > 1 && r->rank != 0) {
+    if (!r->failed)
+      prof_idle_until_released();
+    return false;
+  }
+  return !r->failed;
+}

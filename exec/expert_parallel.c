@@ -1,0 +1,375 @@
+/* expert_parallel: an expert segment sharded by expert parallelism: the all-to-all dispatch
+ * that routes each token's rows to the experts' owners, the experts' compute on the rows
+ * received, the combine that brings their outputs back, and their transposes in the backward. */
+#include "train-impl.h"
+
+/* Expert-parallel state of one micro-batch at one expert segment. */
+struct exec_moe {
+  uint32_t S, rank;
+  int e_first, e_count;
+  uint32_t in_edge;
+  int32_t *send_counts, *recv_counts; /* host memory [S] */
+  size_t n_recv, cap; /* rows received; rows every buffer of them holds (the plan's capacity) */
+  const int32_t *ids;
+  const float *weights;
+  int32_t *route_row, *send_expert, *recv_expert;
+  float *send_rows, *recv_rows, *y_recv, *y_send, *saved, *bwork, *scratch;
+  float *dy_recv, *drows_recv;
+  bool rerun; /* routed by the rerun's own dispatch (full recomputation, pass R) */
+};
+
+static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_t *out) {
+  for (uint32_t r = 0; r < S; r++)
+    out[r] = (size_t)rows[r] * row_bytes;
+}
+
+/* EP with TP: the routed rows' partial sums summed over the TP group in place, through the
+ * buffer the plan gives the TP node ([T, hidden], ir_tp_segment_comm), T rows at a time. */
+static bool tp_sum_floats(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                          uint32_t i, float *x, size_t n, GError **err) {
+  size_t chunk = (size_t)s->xm->T * (size_t)s->xm->C;
+  float *buf = exec_tp_buffer(s, st, mb, i, &st->tp.sum);
+  for (size_t r = 0; r < n; r += chunk) {
+    size_t k = n - r < chunk ? n - r : chunk;
+    KT(st, s, s->k->copy(st->stream, buf, x + r, k * sizeof(float)));
+    if (!exec_tp_all_reduce(s, st, buf, k, err))
+      return false;
+    KT(st, s, s->k->copy(st->stream, x + r, buf, k * sizeof(float)));
+  }
+  return true;
+}
+
+static bool tp_sum_rows(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                        uint32_t i, float *rows, size_t n_rows, GError **err) {
+  return tp_sum_floats(s, st, mb, i, rows, n_rows * (size_t)s->xm->C, err);
+}
+
+/* EP with TP and SP: each TP peer dispatched every route (the same rows in the same order on
+ * every peer: one routing) but only its sequence shard's tokens' values, zeros elsewhere, and
+ * its combine's transpose only its shard's output gradients and routing weights' gradients;
+ * summed over the TP group here, in the expert compute (the compute stream orders the TP
+ * collectives alike on every peer), each value comes whole from the one peer that holds it
+ * (x + 0 is exact). */
+static bool sp_whole_rows(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                          uint32_t i, float *rows, size_t n_rows, GError **err) {
+  if (!s->dev->sequence_parallel || !n_rows)
+    return true;
+  return tp_sum_rows(s, st, mb, i, rows, n_rows, err);
+}
+
+/* The experts' forward on the rows the dispatch brought, or their rerun under full
+ * recomputation on the rows the rerun's own dispatch brought (Megatron-LM's full
+ * recomputation of a MoE layer: the rerun routes again, bit-identically, and its combine
+ * regenerates the copy the combine's backward reads). F keeps nothing for R. */
+static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                           struct exec_moe *moe, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  int C = xm->C, F = expert_width(s), n = (int)moe->n_recv;
+  size_t cap = moe->cap; /* every buffer of routed rows at the plan's capacity (ir/expert.c) */
+  enum fwd_keep keep = fwd_keep_of(s, x);
+  const float *P = exec_params_of(s, x), *rows = moe->recv_rows;
+  uint32_t saved = saved_owner(s, i), y = out_tensor(s, i, EXEC_T_M);
+  if (keep == FWD_FULL_DROP) {
+    saved = OWN_WORK;
+  } else if (keep == FWD_FULL_RERUN) {
+    if (!moe->rerun)
+      return internal(err, s, i, "a rerun before its own dispatch");
+  } else if (keep != FWD_PLAIN) {
+    return internal(err, s, i, "selective recomputation of experts (they have no attention)");
+  }
+  float *yr = mb_floats_raw(s, st, mb, y, cap * C);
+  moe->y_recv = yr;
+  moe->saved = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats((int)cap, C, F));
+  moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)cap, C));
+  if (!sp_whole_rows(s, st, mb, i, moe->recv_rows, (size_t)n, err))
+    return false;
+  if (n)
+    KT(st, s,
+       s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->scratch, rows, moe->recv_expert, n,
+                                P, moe->e_first, moe->e_count, C, F));
+  /* TP: the TP peers received the same rows (same tokens, same routing, the all-to-all over
+   * the devices of their TP rank), each output a partial sum of its slice; summed here, before
+   * the combine, so the combine and its backward see whole outputs. A rerun's too: its combine
+   * regenerates the copy the combine's transpose reads (the routing weights' gradient), which
+   * must be the forward's whole outputs on every TP peer, or their routers drift apart. */
+  if (s->dev->tp_degree > 1 && n)
+    return tp_sum_rows(s, st, mb, i, yr, (size_t)n, err);
+  return true;
+}
+
+bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, bool forward,
+                         struct exec_task_ctx *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  struct exec_moe *moe = mb->moe[x->segment];
+  int C = xm->C, F = expert_width(s);
+  if (!moe)
+    return internal(err, s, i, "experts run before their dispatch");
+  int n = (int)moe->n_recv;
+  float *G = forward ? NULL : exec_grads_of(s, st, x->segment);
+  if (forward)
+    return expert_forward(s, i, st, moe, err);
+  if (mode == BWD_WEIGHT) {
+    if (n)
+      KT(st, s,
+         k->expert_ffn_backward_weight(st->stream, G, moe->bwork, moe->recv_expert, n, moe->saved,
+                                       moe->e_first, moe->e_count, C, F));
+    return true;
+  }
+  if (!moe->dy_recv)
+    return internal(err, s, i, "expert backward before its output gradient");
+  const float *P = exec_params_of(s, x);
+  uint32_t keep = OWN_WORK;
+  if (mode == BWD_INPUT) {
+    keep = exec_written_tensor(s, i, PLAN_TENSOR_SAVED);
+    keep = keep == OWN_WORK ? OWN_MB : keep;
+  }
+  moe->bwork = mb_floats_raw(s, st, mb, keep, kernels_expert_ffn_bwork_floats((int)moe->cap, C, F));
+  moe->drows_recv = mb_floats_raw(s, st, mb, out_tensor(s, i, EXEC_T_H), moe->cap * C);
+  moe->scratch =
+      mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)moe->cap, C));
+  if (s->dev->sequence_parallel) {
+    float *dweights = mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R];
+    if (!dweights)
+      return internal(err, s, i, "expert backward before the routing weights' gradient");
+    if (!sp_whole_rows(s, st, mb, i, moe->dy_recv, (size_t)n, err) ||
+        !tp_sum_floats(s, st, mb, i, dweights, (size_t)xm->T * (size_t)xm->K, err))
+      return false;
+  }
+  if (n && mode == BWD_FUSED)
+    KT(st, s,
+       k->expert_ffn_backward(st->stream, moe->drows_recv, G, moe->bwork, moe->scratch,
+                              moe->dy_recv, moe->recv_expert, n, moe->saved, P, moe->e_first,
+                              moe->e_count, C, F, false));
+  else if (n)
+    KT(st, s,
+       k->expert_ffn_backward_input(st->stream, moe->drows_recv, moe->bwork, moe->scratch,
+                                    moe->dy_recv, moe->recv_expert, n, moe->saved, P, moe->e_first,
+                                    moe->e_count, C, F, false));
+  /* TP: each slice's input gradient is partial; the rows go back whole */
+  if (s->dev->tp_degree > 1 && n)
+    return tp_sum_rows(s, st, mb, i, moe->drows_recv, (size_t)n, err);
+  return true;
+}
+
+/* Piper drops no tokens (ir/expert.c): a routing that sends a device more rows than the
+ * plan's capacity stops the step, saying what would hold it. */
+static bool capacity_exceeded(struct exec_state *s, uint32_t i, const struct exec_moe *moe,
+                              GError **err) {
+  const struct ir_node *n = &s->dev->plan->nodes[s->dev->instrs[i].node];
+  double f = n->capacity_factor > 0 ? n->capacity_factor : IR_EP_CAPACITY_FACTOR_DEFAULT;
+  double need = (double)moe->n_recv / (double)((size_t)s->xm->T * (size_t)s->xm->K);
+  g_autofree char *why = g_strdup_printf(
+      "the routing sent this device %zu rows, over the plan's expert capacity of %zu "
+      "(capacity_factor %g on the shard directive; %.2f would hold them)",
+      moe->n_recv, moe->cap, f, need);
+  return internal(err, s, i, why);
+}
+
+/* A rerun's dispatch reads h and the routing where the router's rerun left them: in its saved
+ * activations (the router's backward reads both), which the plan keeps until that backward. */
+static bool router_rerun_output(struct exec_state *s, const struct exec_instr *x, const float **h,
+                                const float **r) {
+  uint32_t src = s->xm->m->edges[x->edge].src;
+  const struct exec_seg_run *router = s->mbs[x->mb].seg[src];
+  const struct exec_segment *es = &s->xm->segs[src];
+  int32_t hv = es->final_value[EXEC_T_H], rv = es->final_value[EXEC_T_R];
+  if (!router || router->dropped || hv < 0 || rv < 0)
+    return false;
+  *h = router->val[hv];
+  *r = router->val[rv];
+  return *h && *r;
+}
+
+/* The dispatch: routes this micro-batch's tokens to the experts' owners (counts first, then
+ * the rows and their experts); under full recomputation again in the rerun (pass R), to the
+ * same peers in the same order: the routing is recomputed bit for bit. sb, rb: scratch of S
+ * byte counts. */
+static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                         struct exec_comm *comm, size_t *sb, size_t *rb, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  int T = xm->T, C = xm->C, K = xm->K, E = xm->E, TK = T * K;
+  size_t row = (size_t)C * sizeof(float);
+  bool ok = true;
+  uint32_t S = s->dev->ep_size[x->segment];
+  struct exec_moe *moe = exec_mb_host(s, mb, sizeof *moe, REPORT_MEM_COMM);
+  mb->moe[x->segment] = moe;
+  moe->S = S;
+  moe->rank = s->dev->ep_rank[x->segment];
+  moe->e_count = E / (int)S;
+  moe->e_first = (int)moe->rank * moe->e_count;
+  moe->in_edge = x->edge;
+  moe->rerun = x->pass == IR_PASS_R;
+  const float *h = edge_value(s, mb, x->edge, EXEC_T_H);
+  const float *r = edge_value(s, mb, x->edge, EXEC_T_R);
+  if (moe->rerun && !router_rerun_output(s, x, &h, &r))
+    return internal(err, s, i, "a rerun's dispatch before the router's rerun");
+  if (!h || !r)
+    return internal(err, s, i, "the router's output has not arrived");
+  /* the combine and both backward all-to-alls read the routing: the router's own copy in
+   * its saved activations lives until its backward, after theirs (r, the copy that came
+   * here, goes after this dispatch) */
+  const struct exec_seg_run *router = mb->seg[s->xm->m->edges[x->edge].src];
+  int32_t rv = s->xm->segs[s->xm->m->edges[x->edge].src].final_value[EXEC_T_R];
+  if (moe->rerun || fwd_keep_of(s, x) == FWD_FULL_DROP) {
+    /* under full recomputation: the rerun's routing is in the router rerun's saved
+     * activations (until its backward, after every reader); the forward's stays in the
+     * router's output, which the plan keeps until the forward's combine, its last reader */
+  } else if (router && rv >= 0 && router->val[rv] && !router->dropped) {
+    r = router->val[rv];
+  } else if (router && router->dropped) {
+    /* the router's forward under full recomputation kept none of it, and its rerun comes
+     * after the combine's backward: a copy of the micro-batch's */
+    float *copy = mb_floats_raw(s, st, mb, OWN_MB, (size_t)2 * TK);
+    KT(st, s, k->copy(st->stream, copy, r, (size_t)2 * TK * sizeof(float)));
+    r = copy;
+  }
+  moe->ids = (const int32_t *)r;
+  moe->weights = r + TK;
+  moe->send_counts = exec_mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+  int32_t *counts_dev = mb_raw(s, st, mb, OWN_WORK, S * sizeof(int32_t), REPORT_MEM_COMM);
+  /* the routing tables serve the experts, the combine and both backward all-to-alls: the
+   * plan's tensor of them (ir_ep_route_bytes) lives until the last of those */
+  uint32_t route = exec_written_tensor(s, i, PLAN_TENSOR_SAVED);
+  route = route == OWN_WORK ? OWN_MB : route;
+  moe->cap = (size_t)ir_ep_capacity_rows(s->dev->plan->model, &s->dev->plan->nodes[x->node]);
+  moe->route_row = mb_raw(s, st, mb, route, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  moe->send_expert = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
+  moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
+  KT(st, s,
+     k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
+  if (s->dev->sequence_parallel) {
+    /* h is this peer's sequence shard: the other tokens' rows go as zeros (sp_whole_rows) */
+    size_t shard = (size_t)xm->T_seq * C;
+    float *hz = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)T * C);
+    KT(st, s, k->fill(st->stream, hz, 0.0f, (size_t)T * C));
+    KT(st, s, k->copy(st->stream, hz + s->dev->tp_rank * shard, h, shard * sizeof(float)));
+    h = hz;
+  }
+  KT(st, s,
+     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, h, moe->ids,
+                             moe->route_row, T, K, C));
+  exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
+  int32_t *rc = exec_mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
+  CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
+  moe->recv_counts = rc;
+  if (!ok)
+    return false;
+  moe->n_recv = 0;
+  for (uint32_t q = 0; q < S; q++)
+    moe->n_recv += (size_t)rc[q];
+  if (moe->n_recv > moe->cap)
+    return capacity_exceeded(s, i, moe, err);
+  moe->recv_rows =
+      mb_raw(s, st, mb, exec_a2a_out_tensor(s, i, true), moe->cap * row, REPORT_MEM_COMM);
+  moe->recv_expert = mb_raw(s, st, mb, route, moe->cap * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  byte_counts(moe->send_counts, S, row, sb);
+  byte_counts(moe->recv_counts, S, row, rb);
+  CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->send_rows, sb, moe->recv_rows, rb, err));
+  if (!ok)
+    return false;
+  byte_counts(moe->send_counts, S, sizeof(int32_t), sb);
+  byte_counts(moe->recv_counts, S, sizeof(int32_t), rb);
+  CT(st, s, ok,
+     exec_comm_all_to_all_v(s->b, comm, moe->send_expert, sb, moe->recv_expert, rb, err));
+  return ok;
+}
+
+bool exec_all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  struct exec_comm *comm = comm_of(s, i);
+  int T = xm->T, C = xm->C, K = xm->K, TK = T * K;
+  size_t row = (size_t)C * sizeof(float);
+  bool ok = true;
+  /* under SP the combine's output and the dispatch's input gradient are this peer's sequence
+   * shard: its tokens' routes, from route off on */
+  int TS = xm->T_seq;
+  size_t off = s->dev->sequence_parallel ? (size_t)s->dev->tp_rank * TS * K : 0;
+  if (!comm)
+    return internal(err, s, i, "no communicator");
+  uint32_t S = s->dev->ep_size[x->segment];
+  size_t *sb = g_new(size_t, S), *rb = g_new(size_t, S);
+  struct exec_moe *moe = mb->moe[x->segment];
+  bool forward = x->pass == IR_PASS_F || x->pass == IR_PASS_R;
+  if (x->role == EXEC_ROLE_A2A_TO_EXPERT && forward) {
+    ok = a2a_dispatch(s, i, st, comm, sb, rb, err);
+    goto out;
+  }
+  if (!moe) {
+    ok = internal(err, s, i, "all-to-all before its dispatch");
+    goto out;
+  }
+  byte_counts(moe->send_counts, S, row, sb);
+  byte_counts(moe->recv_counts, S, row, rb);
+  if (x->role == EXEC_ROLE_A2A_FROM_EXPERT && forward) {
+    /* combine: expert outputs back to the tokens' owners, weighted sum per token */
+    if (!moe->y_recv) {
+      ok = internal(err, s, i, "combine before the experts ran");
+      goto out;
+    }
+    /* kept for the transpose (the routing weights' gradient): the plan's tensor of it; under
+     * full recomputation the rerun's combine keeps it, the forward's none */
+    uint32_t keep = exec_written_tensor(s, i, PLAN_TENSOR_SAVED);
+    if (keep == OWN_WORK && fwd_keep_of(s, x) != FWD_FULL_DROP)
+      keep = OWN_MB;
+    moe->y_send = mb_raw(s, st, mb, keep, (size_t)TK * row, REPORT_MEM_ACTIVATIONS);
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
+    if (!ok || x->pass == IR_PASS_R) /* the forward's combined output went on */
+      goto out;
+    float *mout = mb_floats_raw(s, st, mb, exec_a2a_out_tensor(s, i, false), (size_t)TS * C);
+    KT(st, s,
+       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->weights + off,
+                              moe->route_row + off, TS, K, C));
+    mb->out[(size_t)x->segment * TC + EXEC_T_M] = mout;
+  } else if (x->role == EXEC_ROLE_A2A_TO_EXPERT) {
+    /* combine's transpose: output gradients to the experts; routing weights' gradient here */
+    const float *dm = mb->grad[(size_t)x->edge * TC + EXEC_T_M];
+    if (!dm) {
+      ok = internal(err, s, i, "the experts' output gradient has not arrived");
+      goto out;
+    }
+    float *dy_send = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
+    /* in r's layout (exec_grad_floats): the router's backward reads that many */
+    float *dweights =
+        mb_floats_raw(s, st, mb, exec_a2a_out_tensor(s, i, false), exec_grad_floats(xm, EXEC_T_R));
+    if (s->dev->sequence_parallel) { /* the other tokens' as zeros (sp_whole_rows) */
+      KT(st, s, k->fill(st->stream, dy_send, 0.0f, (size_t)TK * C));
+      KT(st, s, k->fill(st->stream, dweights, 0.0f, (size_t)TK));
+    }
+    KT(st, s,
+       k->moe_combine_backward(st->stream, dy_send, dweights + off, dm, moe->y_send,
+                               moe->weights + off, moe->route_row + off, TS, K, C));
+    mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R] = dweights;
+    moe->dy_recv =
+        mb_raw(s, st, mb, exec_a2a_out_tensor(s, i, true), moe->cap * row, REPORT_MEM_COMM);
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, dy_send, sb, moe->dy_recv, rb, err));
+  } else {
+    /* dispatch's transpose: input gradients back, summed over each token's routes */
+    if (!moe->drows_recv) {
+      ok = internal(err, s, i, "input gradients before the experts' backward");
+      goto out;
+    }
+    float *dsend = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->drows_recv, rb, dsend, sb, err));
+    if (!ok)
+      goto out;
+    float *dh = mb_floats_raw(s, st, mb, exec_a2a_out_tensor(s, i, false), (size_t)TS * C);
+    KT(st, s,
+       k->moe_dispatch_backward(st->stream, dh, dsend, moe->route_row + off, TS, K, C, false));
+    mb->grad[(size_t)x->edge * TC + EXEC_T_H] = dh;
+  }
+out:
+  g_free(sb);
+  g_free(rb);
+  return ok;
+}
