@@ -24,7 +24,10 @@
  * simulated instructions a second, the bytes per device it adds to the peak RSS, the growth
  * exponent over those sizes and, per size, the time per instruction over that at a quarter of
  * the devices. --check R exits 1 when such a ratio exceeds R (a loose test of linear growth
- * that a noisy machine passes; tests/cli/test_sim.sh runs it on small sizes). BENCH_SPLIT=1
+ * that a noisy machine passes; tests/cli/test_sim.sh runs it from 4,096 to 16,384 devices with
+ * --no-timelines: below piper-sim's trace limit (2 million instructions) every device keeps a
+ * memory timeline, above it none does, and that step, or a working set still in the caches
+ * (below 4,096 devices), says nothing about growth). BENCH_SPLIT=1
  * also prints sim_run's own setup and event-loop wall seconds for each size on stderr.
  *
  * Run from the repository root: build/bench/bench_scale [--big] [--no-collapse] [--no-charts]
@@ -69,7 +72,7 @@ static const struct family families[] = {
 };
 
 struct options {
-  bool big, no_collapse, charts, engine;
+  bool big, no_collapse, charts, engine, no_timelines;
   const char *only;
   uint32_t repeat, min_dp, max_dp;
   double check;
@@ -154,8 +157,10 @@ static bool write_outputs(const struct plan *plan, const struct sim_result *res,
 }
 
 static bool simulate(const struct plan *plan, const struct profile *prof, bool collapse,
-                     struct sim_result **out, GError **err) {
-  struct sim_options o = {.collapse = collapse, .memory_timeline_limit = 2000000}; /* piper-sim's */
+                     bool no_timelines, struct sim_result **out, GError **err) {
+  struct sim_options o = {.collapse = collapse,
+                          .memory_timeline_limit = 2000000, /* piper-sim's */
+                          .no_memory_timeline = no_timelines};
   *out = sim_run(plan, prof, &o, err);
   return *out != NULL;
 }
@@ -168,13 +173,14 @@ static double peak_rss_mib(void) {
 
 /* --engine: the simulation of every device alone, its CPU seconds and what it adds to the
  * peak RSS (the compile's peak is below the simulation's at these sizes). */
-static bool engine_phase(struct compile_result *r, struct sample *s, GError **err) {
+static bool engine_phase(struct compile_result *r, const struct options *opt, struct sample *s,
+                         GError **err) {
   struct profile *prof = profile_load_file("profiles/h100-sxm.json", err);
   struct sim_result *res = NULL;
   bool ok = prof != NULL;
   if (ok) {
     double before = peak_rss_mib(), t = cpu_seconds();
-    ok = simulate(r->plan, prof, false, &res, err);
+    ok = simulate(r->plan, prof, false, opt->no_timelines, &res, err);
     s->seconds[PH_NOCOLLAPSE] = cpu_seconds() - t;
     s->sim_rss_mib = peak_rss_mib() - before;
     if (res && getenv("BENCH_SPLIT"))
@@ -218,7 +224,7 @@ static bool run_phases(const struct family *f, const char *program_path, const c
     s->seconds[PH_CHECK] = since(&t);
   }
   if (ok && opt->engine)
-    return engine_phase(&r, s, err);
+    return engine_phase(&r, opt, s, err);
   char *plan_dir = g_build_filename(dir, "plan", NULL);
   if (ok) {
     t = cpu_seconds();
@@ -230,14 +236,14 @@ static bool run_phases(const struct family *f, const char *program_path, const c
   ok = ok && prof;
   if (ok && opt->no_collapse) {
     t = cpu_seconds();
-    ok = simulate(r.plan, prof, false, &res, err);
+    ok = simulate(r.plan, prof, false, false, &res, err);
     s->seconds[PH_NOCOLLAPSE] = since(&t);
     sim_result_free(res);
     res = NULL;
   }
   if (ok) {
     t = cpu_seconds();
-    ok = simulate(r.plan, prof, true, &res, err);
+    ok = simulate(r.plan, prof, true, false, &res, err);
     s->seconds[PH_SIM] = since(&t);
   }
   if (ok) {
@@ -447,6 +453,8 @@ static bool parse_args(int argc, char **argv, struct options *o) {
       o->repeat = (uint32_t)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--engine"))
       o->engine = true;
+    else if (!strcmp(argv[i], "--no-timelines"))
+      o->no_timelines = true;
     else if (!strcmp(argv[i], "--min-dp") && i + 1 < argc)
       o->min_dp = (uint32_t)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--max-dp") && i + 1 < argc)
@@ -464,7 +472,7 @@ int main(int argc, char **argv) {
   if (!parse_args(argc, argv, &opt)) {
     fprintf(stderr, "usage: bench_scale [--big] [--no-collapse] [--no-charts] "
                     "[--only dense|moe-ep|moe-dp] "
-                    "[--repeat N (1..64)] [--engine [--min-dp G] [--max-dp G] [--check R]]\n");
+                    "[--repeat N (1..64)] [--engine [--min-dp G] [--max-dp G] [--check R] [--no-timelines]]\n");
     return 2;
   }
   if (opt.engine) {

