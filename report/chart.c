@@ -28,7 +28,8 @@ bool chart_format_parse(const char *name, enum chart_format *out) {
   return true;
 }
 
-uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint32_t *n) {
+/* What chart_pick_devices picks for a run without marked devices. */
+static uint32_t *chart_pick_healthy(const struct report_run *r, uint32_t max_rows, uint32_t *n) {
   uint32_t *out = g_new(uint32_t, r->n_devices + 1);
   *n = 0;
   /* the tp ranks of a group run one program on slices: tp rank 0 speaks for them */
@@ -61,6 +62,69 @@ uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint
   }
   g_free(by_pp);
   return out;
+}
+
+static bool row_before(const struct report_run *r, uint32_t a, uint32_t b) {
+  const struct report_device *x = &r->devices[a], *y = &r->devices[b];
+  return x->pp_rank != y->pp_rank ? x->pp_rank < y->pp_rank : x->device < y->device;
+}
+
+/* A what-if's changed devices (r->marked, up to 8) get rows of their own beside those picked,
+ * in pp order (an insertion sort: a few dozen rows). */
+/* The device of pp rank pp on which the critical path spends the most time (UINT32_MAX: the
+ * path does not visit the rank). */
+static uint32_t path_device_of_rank(const struct report_run *r, int32_t pp) {
+  uint32_t best = UINT32_MAX, cur = UINT32_MAX;
+  double best_s = 0, cur_s = 0;
+  GHashTable *time = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
+  for (uint32_t k = 0; k < r->n_path; k++) {
+    uint32_t d = r->path[k].device;
+    if (d >= r->n_devices || r->devices[d].pp_rank != pp)
+      continue;
+    double *t = g_hash_table_lookup(time, GUINT_TO_POINTER(d + 1));
+    if (!t) {
+      t = g_new0(double, 1);
+      g_hash_table_insert(time, GUINT_TO_POINTER(d + 1), t);
+    }
+    *t += r->path[k].end - r->path[k].start;
+    cur = d;
+    cur_s = *t;
+    if (best == UINT32_MAX || cur_s > best_s || (cur_s == best_s && cur < best)) {
+      best = cur;
+      best_s = cur_s;
+    }
+  }
+  g_hash_table_destroy(time);
+  return best;
+}
+
+uint32_t *chart_pick_devices(const struct report_run *r, uint32_t max_rows, uint32_t *n) {
+  uint32_t *rows = chart_pick_healthy(r, max_rows, n);
+  /* a what-if's rows follow its critical path: of each pp rank drawn, the device the path
+   * spends the most time on, where the rows are not every device already */
+  uint32_t shown = r->tp > 1 ? r->n_devices / r->tp : r->n_devices;
+  for (uint32_t j = 0; r->n_path > 0 && shown > max_rows && j < *n; j++) {
+    uint32_t d = path_device_of_rank(r, r->devices[rows[j]].pp_rank);
+    if (d != UINT32_MAX)
+      rows[j] = d;
+  }
+  if (r->n_marked == 0)
+    return rows;
+  for (uint32_t k = 0; k < r->n_marked && k < 8; k++) {
+    uint32_t d = r->marked[k];
+    bool have = d >= r->n_devices || r->devices[d].device != d;
+    for (uint32_t j = 0; j < *n && !have; j++)
+      have = rows[j] == d;
+    if (!have)
+      rows[(*n)++] = d;
+  }
+  for (uint32_t i = 1; i < *n; i++)
+    for (uint32_t j = i; j > 0 && row_before(r, rows[j], rows[j - 1]); j--) {
+      uint32_t t = rows[j];
+      rows[j] = rows[j - 1];
+      rows[j - 1] = t;
+    }
+  return rows;
 }
 
 /* ---- schedule chart ------------------------------------------------------------------------ */
@@ -265,7 +329,7 @@ static void draw_title(cairo_t *cr, const struct report_run *r, const struct sch
            iter >= 1 ? iter : iter * 1e3, iter >= 1 ? "s" : "ms",
            r->tp > 1 ? (l->n_rows * r->tp >= r->n_devices ? " · tp rank 0 of each group shown"
                                                           : " · tp 0, dp 0 of each pp rank shown")
-           : l->n_rows < r->n_devices ? " · dp rank 0 of each pp rank shown"
+           : l->n_rows < r->n_devices ? (r->n_path > 0 ? " · the critical path's device of each pp rank shown" : " · dp rank 0 of each pp rank shown")
                                       : "");
   cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
   cairo_set_font_size(cr, 16);
@@ -754,6 +818,57 @@ static void draw_legend(cairo_t *cr, const struct schedule_layout *l) {
   g_string_free(note, TRUE);
 }
 
+/* A what-if's changed device: its row framed in red, its note under the row's label. */
+static void draw_marked_row(cairo_t *cr, const struct report_run *r, uint32_t dev, double y,
+                            double row_h) {
+  for (uint32_t k = 0; k < r->n_marked; k++) {
+    if (r->marked[k] != r->devices[dev].device)
+      continue;
+    cairo_set_source_rgb(cr, 0.80, 0.10, 0.10);
+    cairo_set_line_width(cr, 2);
+    cairo_rectangle(cr, 3, y - 1, LEFT + PLOT_W - 2, row_h + 2);
+    cairo_stroke(cr);
+    cairo_set_font_size(cr, 10);
+    text_at(cr, 8, y + LANE_H + 21, r->marked_notes ? r->marked_notes[k] : "changed", 0);
+  }
+}
+
+/* The critical path over the rows drawn: each of its instructions there outlined in red, and
+ * a line from one to the next where the path goes on on another row drawn. */
+static void draw_path(cairo_t *cr, const struct report_run *r, const struct schedule_layout *l,
+                      const double *row_y) {
+  cairo_set_source_rgb(cr, 0.85, 0.05, 0.05);
+  double px = NAN, py = NAN;
+  for (uint32_t k = 0; k < r->n_path; k++) {
+    const struct report_path_step *st = &r->path[k];
+    uint32_t ri = UINT32_MAX;
+    for (uint32_t j = 0; j < l->n_rows && ri == UINT32_MAX; j++)
+      if (r->devices[l->rows[j]].device == st->device)
+        ri = j;
+    if (ri == UINT32_MAX || st->stream >= r->plan->n_streams ||
+        l->lane_of[(size_t)ri * l->stride + st->stream] == UINT32_MAX) {
+      px = py = NAN; /* off the rows drawn */
+      continue;
+    }
+    double x0 = LEFT + (st->start - l->t0) * l->sx, x1 = LEFT + (st->end - l->t0) * l->sx;
+    double ly = row_y[ri] + l->lane_of[(size_t)ri * l->stride + st->stream] * LANE_H;
+    cairo_set_line_width(cr, 1.6);
+    cairo_rectangle(cr, x0, ly + 1, fmax(x1 - x0, 1), LANE_H - 2);
+    cairo_stroke(cr);
+    if (isfinite(px) && fabs(py - (ly + LANE_H / 2)) > 1) {
+      cairo_set_line_width(cr, 1.0);
+      cairo_move_to(cr, px, py);
+      cairo_line_to(cr, x0, ly + LANE_H / 2);
+      cairo_stroke(cr);
+    }
+    px = x1;
+    py = ly + LANE_H / 2;
+  }
+  cairo_set_font_size(cr, 11);
+  text_at(cr, LEFT + PLOT_W, 46, "red: the critical path of the step; framed rows: devices the "
+                                 "what-if changed", 1);
+}
+
 static void draw_schedule(cairo_t *cr, const struct report_run *r,
                           const struct schedule_layout *l) {
   cairo_set_source_rgb(cr, 1, 1, 1);
@@ -761,9 +876,17 @@ static void draw_schedule(cairo_t *cr, const struct report_run *r,
   cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
   draw_title(cr, r, l);
   draw_time_axis(cr, l);
-  double y = TOP;
-  for (uint32_t ri = 0; ri < l->n_rows; ri++)
-    y += draw_device_row(cr, r, l, ri, y) + ROW_GAP;
+  double y = TOP, *row_y = g_new(double, l->n_rows + 1);
+  for (uint32_t ri = 0; ri < l->n_rows; ri++) {
+    row_y[ri] = y;
+    double h = draw_device_row(cr, r, l, ri, y);
+    if (r->n_marked > 0)
+      draw_marked_row(cr, r, l->rows[ri], y, h);
+    y += h + ROW_GAP;
+  }
+  if (r->n_path > 0)
+    draw_path(cr, r, l, row_y);
+  g_free(row_y);
   draw_legend(cr, l);
 }
 

@@ -52,6 +52,12 @@ struct report_interval {
   double wait;
 };
 
+/* One instruction of a critical path: the device and stream it ran on, when. */
+struct report_path_step {
+  uint32_t device, stream;
+  double start, end;
+};
+
 /* Memory held by kind from time t on (static kinds included). */
 struct report_memory_point {
   double t;
@@ -110,6 +116,14 @@ struct report_run {
                                   many events in all, else one device per pp rank; 0 = all */
   uint32_t n_trace_steps;      /* steps in devices' all_intervals; 0: one step (intervals) */
   const uint32_t *trace_steps; /* [n_trace_steps]: the training step number of each */
+  /* optional, what-if runs (piper-sim --scenario): devices the schedule chart gives a row and
+   * marks with their note ("compute x1.5"), and the step's critical path, drawn over the rows
+   * that hold its steps. Zero: none. */
+  uint32_t n_marked;
+  const uint32_t *marked;            /* device ids */
+  const char *const *marked_notes;   /* [n_marked] */
+  uint32_t n_path;
+  const struct report_path_step *path; /* in time order */
 };
 
 /* Allocates devices[] (one per plan device) and fills device, pp_rank and dp_rank: a device's

@@ -21,8 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 #include "../base/json.h"
+#include "queue-impl.h"
+#include "scenario.h"
 #include "sim.h"
 
 /* ---- small helpers over the plan ------------------------------------------------------------ */
@@ -76,6 +79,26 @@ static GArray *split_instance(const struct plan *p, const struct profile *prof, 
       v[w++] = v[i];
   g_array_set_size(set, w);
   return set;
+}
+
+/* Zeroed memory for the large arrays of the run: past a few MiB aligned to 2 MiB and marked
+ * for transparent huge pages, because with every device simulated each event touches another
+ * unit's state and 4 KiB pages made nearly every such touch a TLB miss too. Freed with free(). */
+static void *big_alloc0(size_t bytes) {
+  void *p = NULL;
+  size_t huge = (size_t)2 << 20;
+  if (bytes >= 2 * huge) {
+    bytes = (bytes + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, bytes) != 0)
+      p = NULL;
+    else
+      madvise(p, bytes, MADV_HUGEPAGE);
+  }
+  if (!p)
+    p = malloc(bytes ? bytes : 1);
+  g_assert(p);
+  memset(p, 0, bytes);
+  return p;
 }
 
 /* ---- static memory ------------------------------------------------------------------------ */
@@ -234,7 +257,44 @@ struct class_info {
   uint32_t *comms;
   uint32_t *comm_kind; /* per used comm: node kind of its first instruction */
   uint32_t *comm_node; /* per used comm: a node of it (p2p: to find the peer) */
+  /* The class's point-to-point instructions by (comm, seq), ascending: a device has one
+   * instruction per pair, so a send finds its receive in the peer's class (slot_join). */
+  uint32_t n_p2p;
+  struct p2p_key *p2p;
+  uint32_t *order; /* [n_instrs] the sorted order of a unit's intervals (unit_intervals_sorted) */
+  bool have_static; /* static_bytes computed (the same for every unit of the class) */
+  uint32_t n_comm_instrs;
+  uint64_t static_bytes[REPORT_MEM_KIND_COUNT];
 };
+
+struct p2p_key {
+  uint32_t comm, seq, instr;
+};
+
+static int p2p_key_cmp(const void *a, const void *b) {
+  const struct p2p_key *x = a, *y = b;
+  if (x->comm != y->comm)
+    return x->comm < y->comm ? -1 : 1;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* The class's point-to-point instruction on comm with sequence number seq, or IR_NONE. */
+static uint32_t class_p2p_find(const struct class_info *ci, uint32_t comm, uint32_t seq) {
+  struct p2p_key key = {comm, seq, 0};
+  const struct p2p_key *k = bsearch(&key, ci->p2p, ci->n_p2p, sizeof key, p2p_key_cmp);
+  return k ? k->instr : IR_NONE;
+}
+
+/* Fills ci->p2p from class c. */
+static void class_p2p_index(const struct plan *p, const struct plan_class *c,
+                            struct class_info *ci) {
+  ci->p2p = g_new(struct p2p_key, c->n_instrs + 1);
+  ci->n_p2p = 0;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    if (kind_is_p2p(p->nodes[c->instrs[i].node].kind))
+      ci->p2p[ci->n_p2p++] = (struct p2p_key){c->instrs[i].comm, c->instrs[i].seq, i};
+  qsort(ci->p2p, ci->n_p2p, sizeof *ci->p2p, p2p_key_cmp);
+}
 
 struct cost_key {
   uint32_t segment, pass, shard;
@@ -364,6 +424,9 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     }
   }
   g_hash_table_destroy(seen);
+  class_p2p_index(p, c, ci);
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    ci->n_comm_instrs += kind_is_comm(p->nodes[c->instrs[i].node].kind);
   ci->tensor_kind = g_new0(uint8_t, c->n_tensors + 1);
   ci->tensor_saved = g_new0(uint8_t, c->n_tensors + 1);
   for (uint32_t t = 0; t < c->n_tensors; t++) {
@@ -405,6 +468,8 @@ static void class_info_free(struct class_info *ci) {
   g_free(ci->comms);
   g_free(ci->comm_kind);
   g_free(ci->comm_node);
+  g_free(ci->p2p);
+  g_free(ci->order);
 }
 
 /* ---- units (colour refinement) ------------------------------------------------------------ */
@@ -422,8 +487,22 @@ static uint32_t intern_key(GHashTable *h, GArray *key) {
 }
 
 /* colour[d] for every device: devices of one colour provably run at the same times. */
+/* What a scenario does to device d, for its initial colour: its factors' bits, and the device
+ * itself when its compute varies per instruction (no other device runs like it then). */
+static void scenario_key(const struct sim_scenario *sc, uint32_t d, GArray *key) {
+  if (!sc)
+    return;
+  double v[3] = {sc->compute[d], sc->inter_bw[d], sc->intra_bw[d]};
+  uint32_t w[6];
+  memcpy(w, v, sizeof w);
+  g_array_append_vals(key, w, 6);
+  uint32_t own = sim_scenario_varies(sc, d) ? d : IR_NONE;
+  g_array_append_val(key, own);
+}
+
 static uint32_t *refine_colours(const struct plan *p, const struct profile *prof,
-                                const struct class_info *ci, bool collapse, uint32_t *n_colours) {
+                                const struct class_info *ci, bool collapse,
+                                const struct sim_scenario *sc, uint32_t *n_colours) {
   uint32_t nd = p->n_devices;
   uint32_t *col = g_new(uint32_t, nd);
   if (!collapse) {
@@ -449,6 +528,7 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
       struct profile_span sp = profile_span_of(prof, devs, peer == IR_NONE ? 1 : 2);
       g_array_append_val(key, sp.n_nodes);
     }
+    scenario_key(sc, d, key);
     col[d] = intern_key(h, key);
   }
   uint32_t n = g_hash_table_size(h);
@@ -522,69 +602,8 @@ enum { EV_KERNEL_END, EV_COMM_END, EV_WAKE };
 
 /* A kernel end names its unit and instruction, so handling it touches that unit only (no
  * search over the units, no table over every instruction of every unit: with --no-collapse
- * both outgrow the caches). A comm end names its slot (unit unused). */
-struct event {
-  double t;
-  uint64_t seq;
-  uint32_t type, id, version, unit;
-};
-
-/* A 4-ary heap: half the levels of a binary one, and the four children of a node share a
- * cache line pair, so a sift misses the caches about half as often once the heap outgrows
- * them (tens of thousands of events under --no-collapse). (t, seq) orders events totally, so
- * the events come out in the same order whatever the heap's shape. */
-#define HEAP_ARITY 4
-
-struct heap {
-  struct event *a;
-  size_t n, cap;
-  uint64_t seq;
-};
-
-static bool ev_less(const struct event *x, const struct event *y) {
-  return x->t < y->t || (x->t == y->t && x->seq < y->seq);
-}
-
-static void heap_push(struct heap *h, double t, uint32_t type, uint32_t id, uint32_t version,
-                      uint32_t unit) {
-  if (h->n == h->cap) {
-    h->cap = h->cap ? h->cap * 2 : 1024;
-    h->a = g_renew(struct event, h->a, h->cap);
-  }
-  struct event e = {t, h->seq++, type, id, version, unit};
-  size_t i = h->n++;
-  while (i > 0) {
-    size_t parent = (i - 1) / HEAP_ARITY;
-    if (!ev_less(&e, &h->a[parent]))
-      break;
-    h->a[i] = h->a[parent];
-    i = parent;
-  }
-  h->a[i] = e;
-}
-
-static struct event heap_pop(struct heap *h) {
-  struct event top = h->a[0];
-  struct event last = h->a[--h->n];
-  size_t i = 0;
-  for (;;) {
-    size_t first = HEAP_ARITY * i + 1, m = i;
-    const struct event *best = &last;
-    for (size_t c = first; c < first + HEAP_ARITY && c < h->n; c++)
-      if (ev_less(&h->a[c], best)) {
-        m = c;
-        best = &h->a[c];
-      }
-    if (m == i)
-      break;
-    h->a[i] = h->a[m];
-    i = m;
-  }
-  if (h->n > 0)
-    h->a[i] = last;
-  return top;
-}
-
+ * both outgrow the caches). A comm end names its slot (unit unused). Events come out in (time,
+ * push order): struct sim_queue (queue-impl.h). */
 struct kernel { /* a running compute kernel */
   uint32_t instr;
   uint32_t version; /* of its latest end event; older ones are stale */
@@ -592,58 +611,89 @@ struct kernel { /* a running compute kernel */
   float mem_frac;
 };
 
+/* Entry i of array f of unit u (the units of a class share interleaved arrays: unit_arrays). */
+#define AT(u, f, i) ((u)->f[(size_t)(i) * (u)->stride])
+
+/* What every event of a unit touches comes first (its first two cache lines: ids, running
+ * kernels and communications, the arrays' pointers), memory and the rest after. */
 struct unit_rt {
   uint32_t cls;
   uint32_t rep;
-  uint32_t base;       /* global id of instruction 0: base + instr */
-  void *block;         /* the arrays below but kernels and ops (unit_arrays) */
-  uint32_t *pos;       /* [n_streams] next entry of stream_instrs */
-  uint8_t *busy;       /* [n_streams] */
+  uint32_t stride;    /* entries of the arrays below are stride apart: AT */
+  uint32_t n_kernels;
+  uint32_t n_ops;
+  uint32_t n_link[2]; /* transfers running: intra, inter node */
+  uint32_t done;
+  struct kernel *kernels;
+  uint32_t *ops;      /* running comm ops (slot ids) */
+  double comm_sm;     /* SM share held by running communication */
+  uint32_t *pos;      /* [n_streams] next entry of stream_instrs */
+  uint8_t *busy;      /* [n_streams] */
+  double *start, *end; /* [n_instrs], end < 0 while not done */
+  uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
+  double *posted;      /* [n_instrs] when a communication was posted (it starts when its
+                          parties have all been) */
+  uint32_t *remaining; /* [n_tensors] consumers still to run */
+  uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
+  uint32_t *blocker;    /* [n_streams] a wait of the stream's head found not done (head_ready) */
+  double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
+  int64_t mem[REPORT_MEM_KIND_COUNT];
+  int64_t saved, peak_saved;
+  int64_t peak_total;
+  bool keep_tl; /* records a timeline (sim_options.memory_timeline_limit) */
   uint8_t *polled;     /* [n_instrs] host loop: 1 once the rank has seen its communication's
                           transfer end, 2 once the instruction is done (comm_polled) */
   uint8_t *held;       /* [n_instrs] host loop: a receive's buffers counted from when its
                           stream was free and it waited for nothing (hold_ready_recv) */
-  uint32_t *group_left; /* [n_streams] parts of the stream's running p2p group still to meet */
-  double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
-  double *start, *end; /* [n_instrs], end < 0 while not done */
-  double *posted;      /* [n_instrs] when a communication was posted (it starts when its
-                          parties have all been) */
-  uint32_t *slot;      /* [n_instrs] rendezvous of comm instructions */
-  uint32_t *remaining; /* [n_tensors] consumers still to run */
-  uint32_t done;
-  uint32_t n_kernels, cap_kernels;
-  struct kernel *kernels;
-  uint32_t n_ops, cap_ops;
-  uint32_t *ops;      /* running comm ops (slot ids) */
-  uint32_t n_link[2]; /* transfers running: intra, inter node */
-  double comm_sm;     /* SM share held by running communication */
+  int64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
+  uint32_t base;       /* global id of instruction 0: base + instr */
+  void *block;         /* the arrays above (unit_arrays; first member of its class only,
+                          NULL for the others) */
+  uint32_t cap_kernels, cap_ops;
+  bool own_kernels, own_ops; /* kernels, ops outgrew their places in the pools (sim_pools) */
   double idle_since; /* ranks sharing a node's cores: when its idle spell began; -1 computing */
   /* The host loop (ranks sharing a node's cores): communication that ended while the rank
    * computed, seen when its task ends (instructions) */
   uint32_t n_seen_late, cap_seen_late;
   uint32_t *seen_late;
-  int64_t mem[REPORT_MEM_KIND_COUNT];
-  int64_t saved, peak_saved;
-  int64_t peak_total;
-  int64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
   /* The memory timeline, inline rather than a GArray: appending touched the array's header,
    * a separate allocation, and read the last point back to compare times (two cache misses per
    * point with as many timelines as devices). tl_t is the last point's time while tl_len > 0. */
   struct report_memory_point *tl;
   uint32_t tl_len, tl_cap;
   double tl_t;
-  bool keep_tl; /* records a timeline (sim_options.memory_timeline_limit) */
 };
 
-struct slot { /* a rendezvous: p2p pair or collective; its comm op */
-  uint32_t expected, arrived;
-  uint32_t part_first, part_count; /* into sim.parts: (unit, instr) */
+/* What a communication costs; slots share one entry per distinct cost (sim.costs). */
+struct slot_cost {
   double latency, transfer, sm_share;
   bool inter;
-  /* running state */
+};
+
+enum { RUN_LEVELS = 24, RUN_HIST_PARTS = 8 };
+
+/* A running communication's state, from a pool (sim.runs) while it runs. */
+struct slot_run {
   double lat_end, remaining, rate, last, end_t;
+  uint32_t mark; /* visit of the last pass over parties that met it (first_visit) */
+  /* A collective of many parties shares the busiest party's link: the largest n_link of its
+   * parties. Rescheduling it at every start and end of any of its members' other transfers
+   * scanned every party (the square of a data-parallel group over a step), so a large one
+   * keeps how many of its parties are at each level (run_levels); hist is false for small
+   * ones, and for a party past the last level, which fall back to the scan. */
+  bool hist;
+  uint32_t level[RUN_LEVELS];
+};
+
+/* A rendezvous: p2p pair or collective; its comm op. 32 bytes: with every device simulated
+ * there is a slot per point-to-point pair (128 a device here), so its cost lives in a shared
+ * table and its running state in a pool of the few running at once. */
+struct slot {
+  uint32_t expected, arrived;
+  uint32_t part_first, part_count; /* into sim.parts: (unit, instr) */
+  uint32_t cost;                   /* into sim.costs */
+  uint32_t run;                    /* into sim.runs while running, else IR_NONE */
   uint32_t version;
-  bool running;
   uint32_t need; /* host loop: polls still needed before the parties that wait complete */
 };
 
@@ -654,14 +704,19 @@ struct sim {
   struct class_info *ci;
   uint32_t n_units;
   struct unit_rt *u;
+  struct kernel *kernel_pool; /* POOL_KERNELS a unit, then its own (unit_rt.own_kernels) */
+  uint32_t *op_pool;          /* POOL_OPS a unit */
   uint32_t *unit_of_device;
   uint32_t *gid_unit; /* not stored: found via bases (binary search) */
   uint32_t n_slots;
   struct slot *slots;
-  uint32_t *slot_mark; /* [n_slots] visit of the last pass that touched the slot */
+  struct slot_cost *costs;
+  struct slot_run *runs;
+  uint32_t n_runs, cap_runs, *free_runs, n_free_runs;
+  size_t interval_next; /* next free entry of sim_result.interval_block (sim_collect) */
   uint32_t visit;      /* passes over a communication's participants so far */
   uint32_t *parts; /* pairs (unit, instr) */
-  struct heap heap;
+  struct sim_queue heap;
   uint64_t events;
   double t_first, t_last;
   /* ranks sharing a node's cores (profile cores_per_node): units are devices here */
@@ -744,13 +799,13 @@ static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
       continue;
     k->rate = r[i];
     double end = k->remaining <= 0 ? t : t + k->remaining / (k->rate > 0 ? k->rate : 1e-30);
-    heap_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
+    sim_queue_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
   }
   if (r != rates)
     g_free(r);
 }
 
-static void op_settle(struct slot *sl, double t) {
+static void op_settle(struct slot_run *sl, double t) {
   if (t > sl->lat_end) {
     double from = sl->last > sl->lat_end ? sl->last : sl->lat_end;
     sl->remaining -= (t - from) * sl->rate;
@@ -761,12 +816,22 @@ static void op_settle(struct slot *sl, double t) {
 }
 
 static void op_reschedule(struct sim *s, uint32_t id, double t) {
-  struct slot *sl = &s->slots[id];
+  struct slot *slot = &s->slots[id];
+  struct slot_run *sl = &s->runs[slot->run];
+  bool inter = s->costs[slot->cost].inter;
   uint32_t share = 1;
-  for (uint32_t k = 0; k < sl->part_count; k++) {
-    uint32_t n = s->u[s->parts[2 * (sl->part_first + k)]].n_link[sl->inter];
-    if (n > share)
-      share = n;
+  if (sl->hist) {
+    for (uint32_t l = RUN_LEVELS - 1; l > 1; l--)
+      if (sl->level[l] > 0) {
+        share = l;
+        break;
+      }
+  } else {
+    for (uint32_t k = 0; k < slot->part_count; k++) {
+      uint32_t n = s->u[s->parts[2 * (slot->part_first + k)]].n_link[inter];
+      if (n > share)
+        share = n;
+    }
   }
   double rate = 1.0 / share;
   if (rate == sl->rate)
@@ -774,7 +839,7 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
   sl->rate = rate;
   double from = t > sl->lat_end ? t : sl->lat_end;
   sl->end_t = sl->remaining <= 0 ? from : from + sl->remaining / rate;
-  heap_push(&s->heap, sl->end_t, EV_COMM_END, id, ++sl->version, 0);
+  sim_queue_push(&s->heap, sl->end_t, EV_COMM_END, id, ++slot->version, 0);
 }
 
 static void mem_point(struct sim *s, struct unit_rt *u, double t) {
@@ -826,7 +891,7 @@ static void alloc_tensors(struct sim *s, struct unit_rt *u, uint32_t i, double t
 /* One of tensor tid's last uses (a consumer, or its release point) has ended: the last frees
  * it. Returns whether memory changed. */
 static bool use_done(struct unit_rt *u, const struct class_info *ci, uint32_t tid) {
-  if (u->remaining[tid] == 0 || --u->remaining[tid] > 0 || ci->tensor_bytes[tid] == 0)
+  if (AT(u, remaining, tid) == 0 || --AT(u, remaining, tid) > 0 || ci->tensor_bytes[tid] == 0)
     return false;
   u->mem[ci->tensor_kind[tid]] -= (int64_t)ci->tensor_bytes[tid];
   if (ci->tensor_saved[tid])
@@ -838,9 +903,10 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
   const struct plan_instr *in = &c->instrs[i];
-  u->end[i] = t;
-  u->busy[in->stream] = 0;
-  u->pos[in->stream]++;
+  AT(u, end, i) = t;
+  AT(u, busy, in->stream) = 0;
+  AT(u, pos, in->stream)++;
+  AT(u, blocker, in->stream) = IR_NONE; /* a new head */
   u->done++;
   if (t > s->t_last)
     s->t_last = t;
@@ -864,9 +930,10 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
  * changes nothing (the second settle advances by zero, the second reschedule finds its rate
  * unchanged and pushes no event), so the first visit does all of it, in the same order. */
 static bool first_visit(struct sim *s, uint32_t id, uint32_t visit) {
-  if (s->slot_mark[id] == visit)
+  struct slot_run *r = &s->runs[s->slots[id].run]; /* a unit's ops are running */
+  if (r->mark == visit)
     return false;
-  s->slot_mark[id] = visit;
+  r->mark = visit;
   return true;
 }
 
@@ -879,7 +946,7 @@ static void settle_parts(struct sim *s, const struct slot *sl, double t) {
     unit_settle(u, t);
     for (uint32_t j = 0; j < u->n_ops; j++)
       if (first_visit(s, u->ops[j], visit))
-        op_settle(&s->slots[u->ops[j]], t);
+        op_settle(&s->runs[s->slots[u->ops[j]].run], t);
   }
 }
 
@@ -922,29 +989,78 @@ static double comm_lateness(const struct sim *s, const struct unit_rt *u, uint32
   return 0;
 }
 
+/* Unit u's n_link[inter] has moved from `from` by delta: the large collectives it runs beside
+ * slot `self` move one party each (struct slot_run). */
+static void run_levels_move(struct sim *s, const struct unit_rt *u, uint32_t self, bool inter,
+                            uint32_t from, int delta) {
+  for (uint32_t j = 0; j < u->n_ops; j++) {
+    const struct slot *o = &s->slots[u->ops[j]];
+    struct slot_run *r = &s->runs[o->run];
+    if (u->ops[j] == self || !r->hist || s->costs[o->cost].inter != inter)
+      continue;
+    uint32_t to = (uint32_t)((int)from + delta);
+    if (from >= RUN_LEVELS || to >= RUN_LEVELS) {
+      r->hist = false;
+      continue;
+    }
+    r->level[from]--;
+    r->level[to]++;
+  }
+}
+
+/* The levels of a collective that starts (after its parties' n_link counted it). */
+static void run_levels_init(struct sim *s, uint32_t id) {
+  const struct slot *sl = &s->slots[id];
+  struct slot_run *r = &s->runs[sl->run];
+  bool inter = s->costs[sl->cost].inter;
+  r->hist = sl->part_count > RUN_HIST_PARTS;
+  for (uint32_t k = 0; k < sl->part_count && r->hist; k++) {
+    uint32_t n = s->u[s->parts[2 * (sl->part_first + k)]].n_link[inter];
+    if (n >= RUN_LEVELS)
+      r->hist = false;
+    else
+      r->level[n]++;
+  }
+}
+
+/* A running state from the pool (struct slot_run). */
+static uint32_t run_new(struct sim *s) {
+  if (s->n_free_runs > 0)
+    return s->free_runs[--s->n_free_runs];
+  if (s->n_runs == s->cap_runs) {
+    s->cap_runs = s->cap_runs ? 2 * s->cap_runs : 256;
+    s->runs = g_renew(struct slot_run, s->runs, s->cap_runs);
+    s->free_runs = g_renew(uint32_t, s->free_runs, s->cap_runs);
+  }
+  return s->n_runs++;
+}
+
 static void start_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
+  const struct slot_cost *cost = &s->costs[sl->cost];
   settle_parts(s, sl, t);
-  sl->running = true;
-  sl->lat_end = t + sl->latency;
-  sl->remaining = sl->transfer;
-  sl->last = t;
-  sl->rate = 0;
+  sl->run = run_new(s);
+  s->runs[sl->run] =
+      (struct slot_run){.lat_end = t + cost->latency, .remaining = cost->transfer, .last = t};
+  memset(s->runs[sl->run].level, 0, sizeof s->runs[sl->run].level);
   for (uint32_t k = 0; k < sl->part_count; k++) {
     uint32_t ui = s->parts[2 * (sl->part_first + k)],
              instr = s->parts[2 * (sl->part_first + k) + 1];
     struct unit_rt *u = &s->u[ui];
-    u->start[instr] = t;
+    AT(u, start, instr) = t;
     if (t < s->t_first)
       s->t_first = t;
     if (u->n_ops == u->cap_ops) {
       u->cap_ops = u->cap_ops ? 2 * u->cap_ops : 8;
-      u->ops = g_renew(uint32_t, u->ops, u->cap_ops);
+      u->ops = u->own_ops ? g_renew(uint32_t, u->ops, u->cap_ops)
+                          : g_memdup2(u->ops, sizeof(uint32_t) * u->cap_ops);
+      u->own_ops = true;
     }
     u->ops[u->n_ops++] = id;
-    u->n_link[sl->inter]++;
-    u->comm_sm += sl->sm_share;
+    run_levels_move(s, u, id, cost->inter, u->n_link[cost->inter]++, +1);
+    u->comm_sm += cost->sm_share;
   }
+  run_levels_init(s, id);
   reschedule_parts(s, sl, t);
 }
 
@@ -960,15 +1076,15 @@ static void part_done(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
     finish_instr(s, u, i, t);
     return;
   }
-  if (--u->group_left[st] > 0)
+  if (--AT(u, group_left, st) > 0)
     return;
-  uint32_t e = u->pos[st];
+  uint32_t e = AT(u, pos, st);
   double first = t;
   for (uint32_t k = 0; k < n; k++)
-    if (u->start[c->stream_instrs[e + k]] < first)
-      first = u->start[c->stream_instrs[e + k]];
+    if (AT(u, start, c->stream_instrs[e + k]) < first)
+      first = AT(u, start, c->stream_instrs[e + k]);
   for (uint32_t k = 0; k < n; k++) {
-    u->start[c->stream_instrs[e + k]] = first;
+    AT(u, start, c->stream_instrs[e + k]) = first;
     finish_instr(s, u, c->stream_instrs[e + k], t);
   }
 }
@@ -997,23 +1113,23 @@ static void loop_see(struct sim *s, struct unit_rt *u, uint32_t instr, double t)
  * polls; the last poll another waits for releases it (loop_see: at once, or when its task
  * ends). */
 static void comm_polled(struct sim *s, struct unit_rt *u, uint32_t instr, double t) {
-  struct slot *sl = &s->slots[u->slot[instr]];
+  struct slot *sl = &s->slots[AT(u, slot, instr)];
   enum poll_role role = poll_role(s, u, instr);
-  if (u->polled[instr] == 0) {
-    u->polled[instr] = 1;
+  if (AT(u, polled, instr) == 0) {
+    AT(u, polled, instr) = 1;
     if ((role == POLL_NEEDED || role == POLL_BOTH) && sl->need > 0 && --sl->need == 0)
       for (uint32_t k = 0; k < sl->part_count; k++) {
         struct unit_rt *v = &s->u[s->parts[2 * (sl->part_first + k)]];
         uint32_t j = s->parts[2 * (sl->part_first + k) + 1];
-        if ((v != u || j != instr) && v->polled[j] == 1) {
+        if ((v != u || j != instr) && AT(v, polled, j) == 1) {
           loop_see(s, v, j, t);
           try_advance(s, v, t);
         }
       }
   }
-  if (u->polled[instr] == 2 || ((role == POLL_WAITS || role == POLL_BOTH) && sl->need > 0))
+  if (AT(u, polled, instr) == 2 || ((role == POLL_WAITS || role == POLL_BOTH) && sl->need > 0))
     return;
-  u->polled[instr] = 2;
+  AT(u, polled, instr) = 2;
   part_done(s, u, instr, t);
 }
 
@@ -1033,8 +1149,10 @@ static void loop_see(struct sim *s, struct unit_rt *u, uint32_t instr, double t)
 
 static void end_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
+  const struct slot_cost *cost = &s->costs[sl->cost];
   settle_parts(s, sl, t);
-  sl->running = false;
+  s->free_runs[s->n_free_runs++] = sl->run;
+  sl->run = IR_NONE;
   sl->need = 0;
   for (uint32_t k = 0; k < sl->part_count; k++) {
     enum poll_role r = poll_role(s, &s->u[s->parts[2 * (sl->part_first + k)]],
@@ -1050,8 +1168,8 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
         u->ops[j] = u->ops[--u->n_ops];
         break;
       }
-    u->n_link[sl->inter]--;
-    u->comm_sm -= sl->sm_share;
+    run_levels_move(s, u, id, cost->inter, u->n_link[cost->inter]--, -1);
+    u->comm_sm -= cost->sm_share;
     if (u->n_ops == 0)
       u->comm_sm = 0; /* no drift from repeated add/subtract */
     bool handover;
@@ -1061,7 +1179,7 @@ static void end_comm(struct sim *s, uint32_t id, double t) {
       g_array_append_val(s->node_wakers[s->unit_node[ui]], w);
     }
     if (late > 0)
-      heap_push(&s->heap, t + late, EV_WAKE, instr, 0, ui);
+      sim_queue_push(&s->heap, t + late, EV_WAKE, instr, 0, ui);
     else
       loop_see(s, u, instr, t);
   }
@@ -1088,24 +1206,35 @@ static void node_reshare(struct sim *s, struct unit_rt *u, int delta, double t) 
   }
 }
 
+/* Seconds instruction i of u takes alone: the class's cost, times a scenario's factor for the
+ * unit's devices (all alike: scenario_key). */
+static double kernel_work(const struct sim *s, const struct unit_rt *u, uint32_t i) {
+  double w = s->ci[u->cls].work[i];
+  if (s->o->scenario)
+    w *= sim_scenario_compute_factor(s->o->scenario, u->rep, i);
+  return w;
+}
+
 static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
   unit_settle(u, t);
   if (u->n_kernels == u->cap_kernels) {
     u->cap_kernels = u->cap_kernels ? 2 * u->cap_kernels : 4;
-    u->kernels = g_renew(struct kernel, u->kernels, u->cap_kernels);
+    u->kernels = u->own_kernels ? g_renew(struct kernel, u->kernels, u->cap_kernels)
+                                : g_memdup2(u->kernels, sizeof(struct kernel) * u->cap_kernels);
+    u->own_kernels = true;
   }
   double cap = s->p->streams[c->instrs[i].stream].sm_share;
   if (!(cap > 0 && cap <= 1))
     cap = 1;
   u->kernels[u->n_kernels++] = (struct kernel){.instr = i,
-                                               .remaining = ci->work[i],
+                                               .remaining = kernel_work(s, u, i),
                                                .rate = -1,
                                                .last = t,
                                                .cap = cap,
                                                .mem_frac = ci->mem_frac[i]};
-  u->start[i] = t;
+  AT(u, start, i) = t;
   if (t < s->t_first)
     s->t_first = t;
   if (u->n_kernels == 1)
@@ -1113,16 +1242,10 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   unit_reschedule(s, u, t);
 }
 
-/* Whether the n instructions from stream entry e may be issued: their waits are done. */
-static bool parts_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t e,
-                        uint32_t n) {
-  for (uint32_t k = 0; k < n; k++) {
-    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
-    for (uint32_t w = 0; w < in->wait_count; w++)
-      if (u->end[c->waits[in->wait_first + w]] < 0)
-        return false;
-  }
-  return true;
+/* plan_group_span, inline: it is asked at every look at a stream's head. */
+static inline uint32_t group_span(const struct plan_class *c, uint32_t entry) {
+  uint32_t n = c->instrs[c->stream_instrs[entry]].group_parts;
+  return n ? n : 1;
 }
 
 /* Communication posted at t whose waits were done earlier waited for its stream only. */
@@ -1134,10 +1257,10 @@ static void stream_queued(struct unit_rt *u, const struct plan_class *c, uint32_
       continue;
     double ready = 0;
     for (uint32_t w = 0; w < in->wait_count; w++)
-      if (u->end[c->waits[in->wait_first + w]] > ready)
-        ready = u->end[c->waits[in->wait_first + w]];
+      if (AT(u, end, c->waits[in->wait_first + w]) > ready)
+        ready = AT(u, end, c->waits[in->wait_first + w]);
     if (t > ready)
-      u->queued[st] += t - ready;
+      AT(u, queued, st) += t - ready;
   }
 }
 
@@ -1147,29 +1270,48 @@ static void stream_queued(struct unit_rt *u, const struct plan_class *c, uint32_
  * again when the last has ended. */
 static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
-  uint32_t e = u->pos[st], n = plan_group_span(c, e);
-  u->busy[st] = 1;
-  u->group_left[st] = n;
+  uint32_t e = AT(u, pos, st), n = group_span(c, e);
+  AT(u, busy, st) = 1;
+  AT(u, group_left, st) = n;
   stream_queued(u, c, e, n, st, t);
   for (uint32_t j = 0; j < n; j++) {
     uint32_t i = c->stream_instrs[e + j];
-    if (!u->held[i])
+    if (!AT(u, held, i))
       alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
-    if (u->slot[i] != IR_NONE) {
-      u->posted[i] = t;
-      struct slot *sl = &s->slots[u->slot[i]];
+    if (AT(u, slot, i) != IR_NONE) {
+      AT(u, posted, i) = t;
+      struct slot *sl = &s->slots[AT(u, slot, i)];
       if (++sl->arrived == sl->expected)
-        start_comm(s, u->slot[i], t);
+        start_comm(s, AT(u, slot, i), t);
     } else {
       start_kernel(s, u, i, t);
     }
   }
 }
 
-/* Whether stream st of u has a head that may be issued now. */
-static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint32_t st) {
-  return !u->busy[st] && u->pos[st] < c->stream_first[st + 1] &&
-         parts_ready(u, c, u->pos[st], plan_group_span(c, u->pos[st]));
+/* Whether stream st of u has a head that may be issued now. Every event asks it of every
+ * stream of the units it touches, and a head waits for many events (DualPipe with expert
+ * parallelism: a dozen streams, heads waiting on several instructions each), so the wait
+ * found not done last time is asked first: while it is not done the head is not ready, and
+ * the head's other waits need not be read (the head changes only in finish_instr, which
+ * forgets it). */
+static bool head_ready(struct unit_rt *u, const struct plan_class *c, uint32_t st) {
+  if (AT(u, busy, st) || AT(u, pos, st) >= c->stream_first[st + 1])
+    return false;
+  uint32_t b = AT(u, blocker, st);
+  if (b != IR_NONE && AT(u, end, b) < 0)
+    return false;
+  uint32_t e = AT(u, pos, st), n = group_span(c, e);
+  for (uint32_t k = 0; k < n; k++) {
+    const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      if (AT(u, end, c->waits[in->wait_first + w]) < 0) {
+        AT(u, blocker, st) = c->waits[in->wait_first + w];
+        return false;
+      }
+  }
+  AT(u, blocker, st) = IR_NONE;
+  return true;
 }
 
 /* A receive's buffers count from the first loop turn that finds it ready, before its turn
@@ -1177,13 +1319,13 @@ static bool head_ready(const struct unit_rt *u, const struct plan_class *c, uint
  * and is not part of a point-to-point group (exec/train.c, recv_issue), to post it early. */
 static void hold_ready_recv(struct sim *s, struct unit_rt *u, uint32_t st, double t) {
   const struct plan_class *c = &s->p->classes[u->cls];
-  uint32_t i = c->stream_instrs[u->pos[st]];
+  uint32_t i = c->stream_instrs[AT(u, pos, st)];
   const struct plan_instr *in = &c->instrs[i];
-  if (u->held[i] || in->group_parts > 0 || in->wait_count > 0 ||
+  if (AT(u, held, i) || in->group_parts > 0 || in->wait_count > 0 ||
       s->p->nodes[in->node].kind != IR_NODE_RECV)
     return;
   alloc_tensors(s, u, i, t);
-  u->held[i] = 1;
+  AT(u, held, i) = 1;
 }
 
 /* The host loop of a rank sharing its node's cores (piper-exec's host backend, exec/
@@ -1200,9 +1342,9 @@ static void loop_advance(struct sim *s, struct unit_rt *u, double t) {
       if (head_ready(u, c, st))
         hold_ready_recv(s, u, st, t);
       /* the stream's first instruction not yet issued: behind the one in flight, if any */
-      uint32_t e = u->pos[st];
-      if (u->busy[st])
-        e += plan_group_span(c, e);
+      uint32_t e = AT(u, pos, st);
+      if (AT(u, busy, st))
+        e += group_span(c, e);
       if (e < c->stream_first[st + 1] && c->stream_instrs[e] < first) {
         first = c->stream_instrs[e];
         first_st = st;
@@ -1230,7 +1372,7 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
 
 /* The running kernel of unit u that event e ends, or -1 when e is stale (the kernel was
  * rescheduled since, or has ended). */
-static int32_t kernel_of_event(const struct unit_rt *u, const struct event *e) {
+static int32_t kernel_of_event(const struct unit_rt *u, const struct sim_event *e) {
   for (uint32_t j = 0; j < u->n_kernels; j++)
     if (u->kernels[j].instr == e->id)
       return u->kernels[j].version == e->version ? (int32_t)j : -1;
@@ -1243,7 +1385,7 @@ static bool comm_in_flight(const struct sim *s, const struct unit_rt *u) {
   const struct class_info *ci = &s->ci[u->cls];
   for (uint32_t k = 0; k < ci->n_streams_used; k++) {
     uint32_t st = ci->streams_used[k];
-    if (u->busy[st] && u->slot[c->stream_instrs[u->pos[st]]] != IR_NONE)
+    if (AT(u, busy, st) && AT(u, slot, c->stream_instrs[AT(u, pos, st)]) != IR_NONE)
       return true;
   }
   return false;
@@ -1259,7 +1401,7 @@ static void node_handover(struct sim *s, uint32_t node, double t) {
     struct waker k = g_array_index(w, struct waker, 0);
     g_array_remove_index(w, 0);
     struct unit_rt *v = &s->u[k.unit];
-    if (v->polled[k.instr] != 0)
+    if (AT(v, polled, k.instr) != 0)
       continue; /* seen already: its slice came first */
     loop_see(s, v, k.instr, t);
     try_advance(s, v, t);
@@ -1349,6 +1491,8 @@ struct slot_builder {
   uint32_t *comm_units;           /* [n_comms] distinct units per collective communicator */
   struct profile_span *comm_span; /* [n_comms] where each collective runs */
   GHashTable *split_sets;         /* unit sets of split instances -> id + 1 */
+  GArray *costs;                  /* struct slot_cost, distinct */
+  uint32_t *cost_ids, cost_mask;  /* costs by value: id + 1, 0 empty */
 };
 
 /* Per collective communicator: how many distinct units take part, and its span. */
@@ -1370,13 +1514,49 @@ static void slots_collectives(struct sim *s, struct slot_builder *b) {
   }
 }
 
+static uint64_t cost_hash(const struct slot_cost *c) {
+  uint64_t h = 0, v[3];
+  memcpy(v, c, sizeof v);
+  for (int k = 0; k < 3; k++)
+    h = (h ^ v[k]) * 0x9e3779b97f4a7c15ull;
+  return (h ^ c->inter) ^ (h >> 31);
+}
+
+/* The id of cost c in the builder's table of distinct costs (open addressing). */
+static uint32_t cost_intern(struct slot_builder *b, const struct slot_cost *c) {
+  struct slot_cost *all = (struct slot_cost *)(void *)b->costs->data;
+  if (2 * (b->costs->len + 1) > b->cost_mask + 1) { /* grow and rehash */
+    uint32_t cap = b->cost_ids ? 2 * (b->cost_mask + 1) : 64;
+    g_free(b->cost_ids);
+    b->cost_ids = g_new0(uint32_t, cap);
+    b->cost_mask = cap - 1;
+    for (uint32_t k = 0; k < b->costs->len; k++) {
+      size_t at = cost_hash(&all[k]) & b->cost_mask;
+      while (b->cost_ids[at])
+        at = (at + 1) & b->cost_mask;
+      b->cost_ids[at] = k + 1;
+    }
+  }
+  size_t at = cost_hash(c) & b->cost_mask;
+  for (; b->cost_ids[at]; at = (at + 1) & b->cost_mask) {
+    const struct slot_cost *o = &all[b->cost_ids[at] - 1];
+    if (o->latency == c->latency && o->transfer == c->transfer && o->sm_share == c->sm_share &&
+        o->inter == c->inter)
+      return b->cost_ids[at] - 1;
+  }
+  b->cost_ids[at] = b->costs->len + 1;
+  g_array_append_val(b->costs, *c);
+  return b->costs->len - 1;
+}
+
 /* A new slot for key: its cost on span, and the SM share of the stream it runs on. */
 static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slot_key *key,
                          const struct plan_instr *in, uint32_t expected,
-                         const struct profile_span *span) {
+                         const struct profile_span *span, const uint32_t *devs, uint32_t n_devs,
+                         bool indexed) {
   const struct ir_node *n = &s->p->nodes[in->node];
   uint32_t id = b->slots->len;
-  struct slot sl = {.expected = expected};
+  struct slot_cost sl = {0};
   if (s->prof->synthetic) {
     sl.latency = s->prof->syn_comm;
   } else {
@@ -1387,11 +1567,16 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
     sl.latency = cc.latency * count;
     sl.transfer = cc.transfer * count;
     sl.inter = cc.inter_node;
+    if (s->o->scenario) /* a degraded link or NIC: the slowest party's share of its rate */
+      sl.transfer /= sim_scenario_bandwidth(s->o->scenario, devs, n_devs, cc.inter_node);
   }
   sl.latency += s->prof->instruction_overhead; /* posting it is the rank's work */
   double share = s->p->streams[in->stream].sm_share;
   sl.sm_share = share > 0 && share < 1 ? share : s->prof->comm_sm_share;
-  g_array_append_val(b->slots, sl);
+  struct slot slot = {.expected = expected, .cost = cost_intern(b, &sl), .run = IR_NONE};
+  g_array_append_val(b->slots, slot);
+  if (!indexed)
+    return id;
   if (2 * (b->by_key.n + 1) > b->by_key.mask + 1)
     slot_table_grow(&b->by_key);
   struct slot_entry *e = slot_table_find(&b->by_key, key);
@@ -1399,6 +1584,58 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
   e->id = id + 1;
   b->by_key.n++;
   return id;
+}
+
+/* The devices of the communication instruction in run by device rep (peer: a p2p's other end),
+ * for a scenario's bandwidths; NULL without a scenario. */
+static uint32_t *slot_devices(const struct sim *s, const struct plan_instr *in, uint32_t rep,
+                              uint32_t peer, uint32_t *n) {
+  const struct plan *p = s->p;
+  *n = 0;
+  if (!s->o->scenario)
+    return NULL;
+  if (peer != IR_NONE) {
+    uint32_t *d = g_new(uint32_t, 2);
+    d[0] = rep;
+    d[1] = peer;
+    *n = 2;
+    return d;
+  }
+  if (comm_is_split(p, in->comm)) {
+    *n = plan_comm_size(p, in->comm);
+    uint32_t *d = g_new0(uint32_t, *n + 1);
+    plan_comm_members(p, in->comm, rep, d);
+    return d;
+  }
+  const uint32_t *gd = group_devices(p, p->comms[in->comm].group, n);
+  uint32_t *d = g_new(uint32_t, *n + 1);
+  memcpy(d, gd, sizeof(uint32_t) * *n);
+  return d;
+}
+
+static void pr_join(struct slot_builder *b, uint32_t ui, uint32_t i, uint32_t id) {
+  uint32_t pr[2] = {ui, i};
+  g_array_append_val(b->parts, pr);
+  g_array_append_val(b->part_slot, id);
+}
+
+/* The other end of unit ui's point-to-point instruction i, when unit pu holds it and comes
+ * later in build_slots' order: found in pu's class by (comm, seq), a receive for a send and
+ * the reverse, whose own peer is in unit ui (the key both ends would make). The slot is then
+ * handed to it directly, and the key table, which would hold a slot per pair of devices and
+ * miss the caches on every lookup, only keeps what no end found this way. IR_NONE otherwise. */
+static uint32_t slot_pair(struct sim *s, uint32_t ui, uint32_t i, uint32_t pu) {
+  const struct plan *p = s->p;
+  const struct unit_rt *u = &s->u[ui], *v = &s->u[pu];
+  const struct plan_instr *in = &p->classes[u->cls].instrs[i];
+  uint32_t j = class_p2p_find(&s->ci[v->cls], in->comm, in->seq);
+  if (j == IR_NONE || pu < ui || (pu == ui && j <= i) || AT(v, slot, j) != IR_NONE)
+    return IR_NONE;
+  const struct ir_node *n = &p->nodes[in->node], *m = &p->nodes[p->classes[v->cls].instrs[j].node];
+  if (m->kind == n->kind || !kind_is_p2p(m->kind))
+    return IR_NONE;
+  uint32_t back = node_peer(p, m, v->rep);
+  return back < p->n_devices && s->unit_of_device[back] == ui ? j : IR_NONE;
 }
 
 /* The slot of unit ui's communication instruction i: a p2p pair is keyed by its two units, a
@@ -1413,13 +1650,19 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
   uint32_t expected;
   struct profile_span span;
   char name[160];
+  if (AT(u, slot, i) != IR_NONE) { /* the other end made it (slot_pair) */
+    pr_join(b, ui, i, AT(u, slot, i));
+    return true;
+  }
+  uint32_t partner = IR_NONE, peer = IR_NONE;
   if (kind_is_p2p(n->kind)) {
-    uint32_t peer = node_peer(p, n, u->rep);
+    peer = node_peer(p, n, u->rep);
     if (peer == IR_NONE || peer >= p->n_devices) {
       plan_node_name(p, in->node, name, sizeof name);
       return piper_input_error(err, "plan: device %u: %s has no peer device", u->rep, name);
     }
     uint32_t pu = s->unit_of_device[peer];
+    partner = pu;
     key.a = n->kind == IR_NODE_SEND ? ui : pu;
     key.b = n->kind == IR_NODE_SEND ? pu : ui;
     expected = 2;
@@ -1443,18 +1686,26 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
     }
   }
   const struct slot_entry *found = slot_table_find(&b->by_key, &key);
-  uint32_t id = found->id ? found->id - 1 : slot_new(s, b, &key, in, expected, &span);
-  u->slot[i] = id;
-  uint32_t pr[2] = {ui, i};
-  g_array_append_val(b->parts, pr);
-  g_array_append_val(b->part_slot, id);
+  uint32_t id;
+  if (found->id) {
+    id = found->id - 1;
+  } else {
+    uint32_t j = partner == IR_NONE ? IR_NONE : slot_pair(s, ui, i, partner);
+    uint32_t n_devs = 0, *devs = slot_devices(s, in, u->rep, peer, &n_devs);
+    id = slot_new(s, b, &key, in, expected, &span, devs, n_devs, j == IR_NONE);
+    g_free(devs);
+    if (j != IR_NONE)
+      AT(&s->u[partner], slot, j) = id;
+  }
+  AT(u, slot, i) = id;
+  pr_join(b, ui, i, id);
   return true;
 }
 
 /* Lays the participants out by slot (a counting sort) into s->parts. */
 static void slots_group_parts(struct sim *s, struct slot_builder *b) {
   uint32_t np = b->parts->len;
-  s->parts = g_new(uint32_t, 2 * (size_t)np + 2);
+  s->parts = big_alloc0(sizeof(uint32_t) * (2 * (size_t)np + 2));
   uint32_t *ps = (uint32_t *)b->part_slot->data, *pp = (uint32_t *)b->parts->data;
   for (uint32_t k = 0; k < np; k++)
     s->slots[ps[k]].part_count++;
@@ -1490,13 +1741,23 @@ static bool slots_check_parties(struct sim *s, GError **err) {
   return true;
 }
 
+/* Communication instructions of every unit: the parts build_slots makes (sized up front: a
+ * doubling array copied and faulted in its pages again at every step). */
+static uint32_t comm_instructions(const struct sim *s) {
+  uint64_t n = 0;
+  for (uint32_t k = 0; k < s->n_units; k++)
+    n += s->ci[s->u[k].cls].n_comm_instrs;
+  return (uint32_t)(n < UINT32_MAX ? n : UINT32_MAX - 1);
+}
+
 /* The rendezvous of every communication instruction of every unit. */
 static bool build_slots(struct sim *s, GError **err) {
   const struct plan *p = s->p;
   struct slot_builder b = {
       .slots = g_array_new(FALSE, TRUE, sizeof(struct slot)),
-      .parts = g_array_new(FALSE, FALSE, sizeof(uint32_t) * 2),
-      .part_slot = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .parts = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t) * 2, comm_instructions(s)),
+      .part_slot = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t), comm_instructions(s)),
+      .costs = g_array_new(FALSE, FALSE, sizeof(struct slot_cost)),
   };
   slot_table_grow(&b.by_key);
   b.split_sets =
@@ -1506,7 +1767,6 @@ static bool build_slots(struct sim *s, GError **err) {
   for (uint32_t ui = 0; ui < s->n_units && ok; ui++) {
     const struct plan_class *c = &p->classes[s->u[ui].cls];
     for (uint32_t i = 0; i < c->n_instrs && ok; i++) {
-      s->u[ui].slot[i] = IR_NONE;
       if (kind_is_comm(p->nodes[c->instrs[i].node].kind))
         ok = slot_join(s, &b, ui, i, err);
     }
@@ -1516,8 +1776,12 @@ static bool build_slots(struct sim *s, GError **err) {
   g_hash_table_destroy(b.split_sets);
   g_free(b.by_key.e);
   s->n_slots = b.slots->len;
-  s->slots = (struct slot *)g_array_free(b.slots, FALSE);
-  s->slot_mark = g_new0(uint32_t, s->n_slots ? s->n_slots : 1);
+  s->slots = big_alloc0(sizeof(struct slot) * (s->n_slots + 1));
+  if (s->n_slots > 0)
+    memcpy(s->slots, b.slots->data, sizeof(struct slot) * s->n_slots);
+  g_array_free(b.slots, TRUE);
+  s->costs = (struct slot_cost *)(void *)g_array_free(b.costs, FALSE);
+  g_free(b.cost_ids);
   slots_group_parts(s, &b);
   g_array_free(b.parts, TRUE);
   g_array_free(b.part_slot, TRUE);
@@ -1548,7 +1812,8 @@ static void sim_classes(struct sim *s) {
 static void sim_units(struct sim *s, struct sim_result *res) {
   const struct plan *p = s->p;
   uint32_t n_col;
-  uint32_t *col = refine_colours(p, s->prof, s->ci, s->o->collapse && !s->sharing, &n_col);
+  uint32_t *col =
+      refine_colours(p, s->prof, s->ci, s->o->collapse && !s->sharing, s->o->scenario, &n_col);
   uint32_t *col_unit = g_new(uint32_t, n_col + 1);
   for (uint32_t k = 0; k < n_col; k++)
     col_unit[k] = IR_NONE;
@@ -1562,7 +1827,7 @@ static void sim_units(struct sim *s, struct sim_result *res) {
   g_free(col);
   g_free(col_unit);
   s->n_units = nu;
-  s->u = g_new0(struct unit_rt, nu + 1);
+  s->u = big_alloc0(sizeof(struct unit_rt) * (nu + 1));
   res->n_units = nu;
   res->units = g_new0(struct sim_unit, nu + 1);
   res->device_unit = s->unit_of_device;
@@ -1578,41 +1843,87 @@ static void sim_units(struct sim *s, struct sim_result *res) {
   }
 }
 
-/* A unit's arrays in one block, the per-stream ones (touched by every event of the unit) first:
- * with --no-collapse there are as many units as devices, and eight allocations each scattered
- * what one event touches over as many cache lines and pages. Zeroed but for pos, start, end and
- * remaining, which unit_init sets. */
-static void unit_arrays(struct unit_rt *u, size_t ns, size_t ni, size_t nt) {
-  size_t bytes = ns * (sizeof(double) + 2 * sizeof(uint32_t) + sizeof(uint8_t)) +
+/* The arrays of the n units of one class in one block, interleaved: entry x of member m is at
+ * array[x * n + m] (AT), so the replicas of a stage, which run in lockstep and are handled one
+ * after the other at each time, touch neighbouring words where a block per unit put each touch
+ * on a line and a page of its own. Doubles first, then 32-bit arrays, then bytes: every array
+ * stays aligned. The first member holds the block; zeroed but for pos, start, end, slot and
+ * remaining, set below. */
+static void unit_arrays(struct unit_rt *const *members, uint32_t n, const struct plan_class *c,
+                        size_t ns, size_t ni, size_t nt) {
+  size_t bytes = ns * (sizeof(double) + 3 * sizeof(uint32_t) + sizeof(uint8_t)) +
                  ni * (3 * sizeof(double) + sizeof(uint32_t) + 2 * sizeof(uint8_t)) +
                  nt * sizeof(uint32_t);
-  char *at = u->block = g_malloc0(bytes + sizeof(double));
-  /* doubles first, then 32-bit arrays, then bytes: every array stays aligned */
-  u->queued = (double *)(void *)at;
-  at += ns * sizeof(double);
-  u->start = (double *)(void *)at;
-  at += ni * sizeof(double);
-  u->end = (double *)(void *)at;
-  at += ni * sizeof(double);
-  u->posted = (double *)(void *)at;
-  at += ni * sizeof(double);
-  u->pos = (uint32_t *)(void *)at;
-  at += ns * sizeof(uint32_t);
-  u->group_left = (uint32_t *)(void *)at;
-  at += ns * sizeof(uint32_t);
-  u->slot = (uint32_t *)(void *)at;
-  at += ni * sizeof(uint32_t);
-  u->remaining = (uint32_t *)(void *)at;
-  at += nt * sizeof(uint32_t);
-  u->busy = (uint8_t *)at;
-  at += ns;
-  u->polled = (uint8_t *)at;
-  at += ni;
-  u->held = (uint8_t *)at;
+  char *at = members[0]->block = big_alloc0(bytes * n + sizeof(double));
+  size_t sizes[12] = {sizeof(double) * ns,   sizeof(double) * ni,   sizeof(double) * ni,
+                      sizeof(double) * ni,   sizeof(uint32_t) * ns, sizeof(uint32_t) * ns,
+                      sizeof(uint32_t) * ni, sizeof(uint32_t) * nt, sizeof(uint32_t) * ns,
+                      ns,                    ni,                    ni};
+  char *first[12];
+  for (int k = 0; k < 12; k++) {
+    first[k] = at;
+    at += sizes[k] * n;
+  }
+  for (uint32_t m = 0; m < n; m++) {
+    struct unit_rt *u = members[m];
+    u->stride = n;
+    u->queued = (double *)(void *)first[0] + m;
+    u->start = (double *)(void *)first[1] + m;
+    u->end = (double *)(void *)first[2] + m;
+    u->posted = (double *)(void *)first[3] + m;
+    u->pos = (uint32_t *)(void *)first[4] + m;
+    u->group_left = (uint32_t *)(void *)first[5] + m;
+    u->slot = (uint32_t *)(void *)first[6] + m;
+    u->remaining = (uint32_t *)(void *)first[7] + m;
+    u->blocker = (uint32_t *)(void *)first[8] + m;
+    u->busy = (uint8_t *)first[9] + m;
+    u->polled = (uint8_t *)first[10] + m;
+    u->held = (uint8_t *)first[11] + m;
+  }
+  /* the initial values, entry by entry: in this order the writes are sequential */
+  uint32_t *pos = (uint32_t *)(void *)first[4], *slot = (uint32_t *)(void *)first[6],
+           *remaining = (uint32_t *)(void *)first[7], *blocker = (uint32_t *)(void *)first[8];
+  double *start = (double *)(void *)first[1], *end = (double *)(void *)first[2];
+  for (size_t st = 0; st + 1 < ns; st++)
+    for (uint32_t m = 0; m < n; m++)
+      pos[st * n + m] = c->stream_first[st];
+  for (size_t x = 0; x < ns * n; x++)
+    blocker[x] = IR_NONE;
+  for (size_t x = 0; x < (ni - 1) * n; x++) {
+    start[x] = end[x] = -1;
+    slot[x] = IR_NONE;
+  }
+  for (size_t t = 0; t + 1 < nt; t++)
+    for (uint32_t m = 0; m < n; m++)
+      remaining[t * n + m] = c->tensors[t].consumer_count + 1; /* and the release point */
 }
 
-/* Unit k's run-time state: its representative, stream positions, instruction times, tensor
- * consumer counts and static memory. */
+/* Every unit's arrays, interleaved by class (unit_arrays). */
+static void sim_units_arrays(struct sim *s, const struct sim_result *res) {
+  const struct plan *p = s->p;
+  uint32_t *count = g_new0(uint32_t, p->n_classes + 1), *fill = g_new0(uint32_t, p->n_classes + 1);
+  struct unit_rt **by_class = g_new(struct unit_rt *, s->n_units + 1);
+  uint32_t *first = g_new0(uint32_t, p->n_classes + 2);
+  for (uint32_t k = 0; k < s->n_units; k++)
+    count[p->device_class[res->units[k].members[0]]]++;
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    first[c + 1] = first[c] + count[c];
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    uint32_t c = p->device_class[res->units[k].members[0]];
+    by_class[first[c] + fill[c]++] = &s->u[k];
+  }
+  for (uint32_t c = 0; c < p->n_classes; c++)
+    if (count[c] > 0)
+      unit_arrays(by_class + first[c], count[c], &p->classes[c], p->n_streams + 1,
+                  p->classes[c].n_instrs + 1, p->classes[c].n_tensors + 1);
+  g_free(count);
+  g_free(fill);
+  g_free(by_class);
+  g_free(first);
+}
+
+/* Unit k's run-time state: its representative and static memory (its arrays' initial values:
+ * unit_arrays). */
 static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_t base) {
   const struct plan *p = s->p;
   struct unit_rt *u = &s->u[k];
@@ -1621,14 +1932,11 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   res->units[k].class_index = u->cls;
   const struct plan_class *c = &p->classes[u->cls];
   u->base = base;
-  unit_arrays(u, p->n_streams + 1, c->n_instrs + 1, c->n_tensors + 1);
-  for (uint32_t st = 0; st < p->n_streams; st++)
-    u->pos[st] = c->stream_first[st];
-  for (uint32_t i = 0; i < c->n_instrs; i++)
-    u->start[i] = u->end[i] = -1;
-  for (uint32_t t = 0; t < c->n_tensors; t++)
-    u->remaining[t] = c->tensors[t].consumer_count + 1; /* and the release point */
-  sim_static_memory_held(p, c, s->prof, res->units[k].static_bytes);
+  struct class_info *ci = &s->ci[u->cls];
+  if (!ci->have_static)
+    sim_static_memory_held(p, c, s->prof, ci->static_bytes);
+  ci->have_static = true;
+  memcpy(res->units[k].static_bytes, ci->static_bytes, sizeof ci->static_bytes);
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
 }
@@ -1678,9 +1986,26 @@ static void sim_nodes(struct sim *s, const struct sim_result *res) {
   g_free(fill);
 }
 
+/* Each unit's first running kernels and communications in two pools, unit after unit, on huge
+ * pages (big_alloc0): a small allocation per unit put each on a line and a page of its own. */
+enum { POOL_KERNELS = 4, POOL_OPS = 8 };
+
+static void sim_pools(struct sim *s) {
+  s->kernel_pool = big_alloc0(sizeof(struct kernel) * POOL_KERNELS * (s->n_units + (size_t)1));
+  s->op_pool = big_alloc0(sizeof(uint32_t) * POOL_OPS * (s->n_units + (size_t)1));
+  for (uint32_t k = 0; k < s->n_units; k++) {
+    s->u[k].kernels = s->kernel_pool + (size_t)POOL_KERNELS * k;
+    s->u[k].cap_kernels = POOL_KERNELS;
+    s->u[k].ops = s->op_pool + (size_t)POOL_OPS * k;
+    s->u[k].cap_ops = POOL_OPS;
+  }
+}
+
 /* Every unit's state; instruction ids (base + instr) must fit in 32 bits. */
 static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) {
   uint64_t total = 0;
+  sim_units_arrays(s, res);
+  sim_pools(s);
   for (uint32_t k = 0; k < s->n_units; k++) {
     uint32_t base = (uint32_t)total;
     total += s->p->classes[s->p->device_class[res->units[k].members[0]]].n_instrs;
@@ -1702,7 +2027,7 @@ static void sim_loop(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++)
     try_advance(s, &s->u[k], 0);
   while (s->heap.n > 0) {
-    struct event e = heap_pop(&s->heap);
+    struct sim_event e = sim_queue_pop(&s->heap);
     if (e.type == EV_KERNEL_END) {
       struct unit_rt *u = &s->u[e.unit];
       int32_t j = kernel_of_event(u, &e);
@@ -1711,17 +2036,127 @@ static void sim_loop(struct sim *s) {
       s->events++;
       end_kernel(s, u, (uint32_t)j, e.t);
     } else if (e.type == EV_WAKE) {
-      if (s->u[e.unit].polled[e.id] != 0)
+      if (AT(&s->u[e.unit], polled, e.id) != 0)
         continue; /* a turn of another rank's loop handed it a core first */
       s->events++;
       loop_see(s, &s->u[e.unit], e.id, e.t);
       try_advance(s, &s->u[e.unit], e.t);
     } else {
-      if (e.version != s->slots[e.id].version || !s->slots[e.id].running)
+      if (e.version != s->slots[e.id].version || s->slots[e.id].run == IR_NONE)
         continue;
       s->events++;
       end_comm(s, e.id, e.t);
     }
+  }
+}
+
+/* ---- the critical path ------------------------------------------------------------------- */
+
+/* The position of every instruction in its stream's list, per class (for its predecessor). */
+static uint32_t *class_entries(const struct plan_class *c, uint32_t n_streams) {
+  uint32_t *entry = g_new(uint32_t, c->n_instrs + 1);
+  for (uint32_t st = 0; st < n_streams; st++)
+    for (uint32_t e = c->stream_first[st]; e < c->stream_first[st + 1]; e++)
+      entry[c->stream_instrs[e]] = e;
+  return entry;
+}
+
+/* Why (u, i) could start no earlier than `at` (its start, or its post for a communication that
+ * waited for its parties): the latest-ending of its stream's previous instruction and the
+ * instructions it waits on. Returns false at the step's beginning. */
+static bool path_gate(const struct sim *s, const struct unit_rt *u, uint32_t i, uint32_t **entries,
+                      uint32_t *gate, enum sim_path_cause *cause) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  if (!entries[u->cls])
+    entries[u->cls] = class_entries(c, s->p->n_streams);
+  const struct plan_instr *in = &c->instrs[i];
+  uint32_t e = entries[u->cls][i];
+  double best = -INFINITY;
+  if (e > c->stream_first[in->stream]) {
+    *gate = c->stream_instrs[e - 1];
+    best = AT(u, end, *gate);
+    *cause = SIM_PATH_STREAM;
+  }
+  for (uint32_t w = 0; w < in->wait_count; w++) {
+    uint32_t j = c->waits[in->wait_first + w];
+    if (AT(u, end, j) > best) {
+      best = AT(u, end, j);
+      *gate = j;
+      *cause = SIM_PATH_WAIT;
+    }
+  }
+  return isfinite(best);
+}
+
+/* The party of (u, i)'s communication that arrived last, when it came after (u, i) did. */
+static bool path_peer(const struct sim *s, const struct unit_rt *u, uint32_t i, uint32_t *pu,
+                      uint32_t *pi) {
+  uint32_t id = AT(u, slot, i);
+  if (id == IR_NONE || !(AT(u, start, i) > AT(u, posted, i)))
+    return false;
+  const struct slot *sl = &s->slots[id];
+  double latest = AT(u, posted, i);
+  bool found = false;
+  for (uint32_t k = 0; k < sl->part_count; k++) {
+    uint32_t v = s->parts[2 * (sl->part_first + k)], j = s->parts[2 * (sl->part_first + k) + 1];
+    if (AT(&s->u[v], posted, j) > latest) {
+      latest = AT(&s->u[v], posted, j);
+      *pu = v;
+      *pi = j;
+      found = true;
+    }
+  }
+  return found;
+}
+
+/* The critical path: from the instruction that ends the step, back through what made each
+ * start when it did (sim_path_cause), into res->path in time order. */
+static void sim_critical_path(const struct sim *s, struct sim_result *res) {
+  uint32_t cu = IR_NONE, ci = 0;
+  double last = -INFINITY;
+  for (uint32_t k = 0; k < s->n_units; k++)
+    for (uint32_t i = 0; i < s->p->classes[s->u[k].cls].n_instrs; i++)
+      if (AT(&s->u[k], end, i) > last) {
+        last = AT(&s->u[k], end, i);
+        cu = k;
+        ci = i;
+      }
+  GArray *steps = g_array_new(FALSE, FALSE, sizeof(struct sim_path_step));
+  uint32_t **entries = g_new0(uint32_t *, s->p->n_classes + 1);
+  for (uint32_t n = 0; cu != IR_NONE && n < 1000000; n++) {
+    const struct unit_rt *u = &s->u[cu];
+    const struct plan_instr *in = &s->p->classes[u->cls].instrs[ci];
+    struct sim_path_step st = {u->rep, in->node, in->stream, AT(u, start, ci), AT(u, end, ci),
+                               SIM_PATH_FIRST};
+    uint32_t pu = 0, pi = 0, gate = IR_NONE;
+    enum sim_path_cause cause = SIM_PATH_FIRST;
+    if (path_peer(s, u, ci, &pu, &pi)) { /* waited for a party: on through the party */
+      st.cause = SIM_PATH_PEER;
+      g_array_append_val(steps, st);
+      u = &s->u[pu];
+      ci = pi;
+      in = &s->p->classes[u->cls].instrs[ci];
+      st = (struct sim_path_step){u->rep, in->node, in->stream, AT(u, start, ci), AT(u, end, ci),
+                                  SIM_PATH_FIRST};
+      cu = pu;
+    }
+    if (path_gate(s, u, ci, entries, &gate, &cause)) {
+      st.cause = cause;
+      ci = gate;
+    } else {
+      cu = IR_NONE;
+    }
+    g_array_append_val(steps, st);
+  }
+  for (uint32_t c = 0; c < s->p->n_classes; c++)
+    g_free(entries[c]);
+  g_free(entries);
+  res->n_path = steps->len;
+  res->path = (struct sim_path_step *)(void *)g_array_free(steps, FALSE);
+  for (uint32_t a = 0, b = res->n_path ? res->n_path - 1 : 0; a < b; a++, b--) {
+    struct sim_path_step t = res->path[a];
+    res->path[a] = res->path[b];
+    res->path[b] = t;
   }
 }
 
@@ -1734,9 +2169,9 @@ static bool sim_check_finished(const struct sim *s, GError **err) {
     if (u->done == c->n_instrs)
       continue;
     for (uint32_t st = 0; st < p->n_streams; st++) {
-      if (u->pos[st] >= c->stream_first[st + 1])
+      if (AT(u, pos, st) >= c->stream_first[st + 1])
         continue;
-      uint32_t i = c->stream_instrs[u->pos[st]];
+      uint32_t i = c->stream_instrs[AT(u, pos, st)];
       char name[160];
       plan_node_name(p, c->instrs[i].node, name, sizeof name);
       return piper_runtime_error(
@@ -1745,6 +2180,62 @@ static bool sim_check_finished(const struct sim *s, GError **err) {
     }
   }
   return true;
+}
+
+static struct report_interval unit_interval(const struct unit_rt *u, const struct plan_class *c,
+                                            uint32_t i) {
+  return (struct report_interval){
+      .start = AT(u, start, i),
+      .end = AT(u, end, i),
+      .node = c->instrs[i].node,
+      .stream = c->instrs[i].stream,
+      .wait = AT(u, slot, i) != IR_NONE && AT(u, start, i) > AT(u, posted, i)
+                  ? AT(u, start, i) - AT(u, posted, i)
+                  : 0};
+}
+
+struct keyed_interval {
+  struct report_interval iv;
+  uint32_t instr;
+};
+
+/* interval_cmp, ties by instruction: the order of a stable sort of the instructions. */
+static int keyed_interval_cmp(const void *a, const void *b) {
+  const struct keyed_interval *x = a, *y = b;
+  int r = interval_cmp(&x->iv, &y->iv);
+  return r ? r : (x->instr > y->instr) - (x->instr < y->instr);
+}
+
+/* u's intervals sorted by (start, stream, node), ties in instruction order (what the stable
+ * qsort of the instructions gave). The units of a class mostly run their instructions in the
+ * same order, so the order the class's last unit sorted to is tried first and kept when it is
+ * sorted (one pass), else the intervals are sorted and the order kept for the next unit. */
+static void unit_intervals_sorted(struct sim *s, const struct unit_rt *u,
+                                  struct report_interval *out) {
+  const struct plan_class *c = &s->p->classes[u->cls];
+  struct class_info *ci = &s->ci[u->cls];
+  uint32_t n = c->n_instrs;
+  bool sorted = ci->order != NULL;
+  for (uint32_t j = 0; sorted && j < n; j++) {
+    out[j] = unit_interval(u, c, ci->order[j]);
+    if (j > 0) {
+      int r = interval_cmp(&out[j - 1], &out[j]);
+      sorted = r < 0 || (r == 0 && ci->order[j - 1] < ci->order[j]);
+    }
+  }
+  if (sorted)
+    return;
+  struct keyed_interval *k = g_new(struct keyed_interval, n + 1);
+  for (uint32_t i = 0; i < n; i++)
+    k[i] = (struct keyed_interval){unit_interval(u, c, i), i};
+  qsort(k, n, sizeof *k, keyed_interval_cmp);
+  if (!ci->order)
+    ci->order = g_new(uint32_t, n + 1);
+  for (uint32_t j = 0; j < n; j++) {
+    out[j] = k[j].iv;
+    ci->order[j] = k[j].instr;
+  }
+  g_free(k);
 }
 
 /* Unit k's figures, memory timeline and (unless turned off) its intervals in start order. */
@@ -1763,22 +2254,18 @@ static void unit_collect(struct sim *s, struct sim_result *res, uint32_t k) {
   for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
     su->peak_breakdown[m] = (uint64_t)u->peak_breakdown[m];
   su->peak_saved_activation_bytes = (uint64_t)u->peak_saved;
+  su->finish = -INFINITY;
+  for (uint32_t i = 0; i < c->n_instrs; i++)
+    su->finish = fmax(su->finish, AT(u, end, i));
   su->n_memory = u->tl_len;
   su->memory = u->tl;
   u->tl = NULL;
   if (s->o->no_intervals)
     return;
-  su->intervals = g_new(struct report_interval, c->n_instrs + 1);
-  for (uint32_t i = 0; i < c->n_instrs; i++)
-    su->intervals[i] = (struct report_interval){
-        .start = u->start[i],
-        .end = u->end[i],
-        .node = c->instrs[i].node,
-        .stream = c->instrs[i].stream,
-        .wait = u->slot[i] != IR_NONE && u->start[i] > u->posted[i] ? u->start[i] - u->posted[i]
-                                                                    : 0};
+  su->intervals = res->interval_block + s->interval_next;
+  s->interval_next += c->n_instrs;
   su->n_intervals = c->n_instrs;
-  qsort(su->intervals, su->n_intervals, sizeof *su->intervals, interval_cmp);
+  unit_intervals_sorted(s, u, su->intervals);
 }
 
 /* True when stream st of class c carries more than one communicator's traffic. */
@@ -1803,8 +2290,8 @@ static void sim_collect_serial(struct sim *s, struct sim_result *res) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     const struct plan_class *c = &s->p->classes[s->u[k].cls];
     for (uint32_t st = 0; st < s->p->n_streams; st++)
-      if (s->u[k].queued[st] > res->serial_seconds && stream_mixed(c, st)) {
-        res->serial_seconds = s->u[k].queued[st];
+      if (AT(&s->u[k], queued, st) > res->serial_seconds && stream_mixed(c, st)) {
+        res->serial_seconds = AT(&s->u[k], queued, st);
         res->serial_stream = st;
         res->serial_device = s->u[k].rep;
       }
@@ -1818,25 +2305,62 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
   res->t_end = nu > 0 && isfinite(s->t_last) ? s->t_last : 0;
   res->iteration_time = res->t_end - res->t_start;
   res->events = s->events;
-  for (uint32_t k = 0; k < nu; k++)
+  /* each class's arrays go with its last unit: they and the intervals are the two largest
+   * parts of the run, and need not be held both at once */
+  uint32_t nc = s->p->n_classes, *left = g_new0(uint32_t, nc + 1), *holder = g_new(uint32_t, nc + 1);
+  /* every unit's intervals in one block, on huge pages (big_alloc0): a small allocation per
+   * unit faulted its pages in one by one */
+  size_t n_iv = 1;
+  for (uint32_t k = 0; k < nu && !s->o->no_intervals; k++)
+    n_iv += s->p->classes[s->u[k].cls].n_instrs;
+  res->interval_block = big_alloc0(sizeof(struct report_interval) * n_iv);
+  for (uint32_t k = 0; k < nu; k++) {
+    left[s->u[k].cls]++;
+    if (s->u[k].block)
+      holder[s->u[k].cls] = k;
+  }
+  for (uint32_t k = 0; k < nu; k++) {
     unit_collect(s, res, k);
+    if (--left[s->u[k].cls] == 0) {
+      free(s->u[holder[s->u[k].cls]].block);
+      s->u[holder[s->u[k].cls]].block = NULL;
+    }
+  }
+  g_free(left);
+  g_free(holder);
+}
+
+/* The rendezvous and the event queue, before the results are collected (sim_collect). */
+static void sim_free_run(struct sim *s) {
+  free(s->slots);
+  g_free(s->costs);
+  g_free(s->runs);
+  g_free(s->free_runs);
+  free(s->parts);
+  sim_queue_free(&s->heap);
+  s->slots = NULL;
+  s->costs = NULL;
+  s->runs = NULL;
+  s->free_runs = NULL;
+  s->parts = NULL;
 }
 
 /* Frees the run-time state; the result keeps what it took (timelines, unit_of_device). */
 static void sim_free(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     struct unit_rt *u = &s->u[k];
-    g_free(u->block);
-    g_free(u->kernels);
-    g_free(u->ops);
+    free(u->block);
+    if (u->own_kernels)
+      g_free(u->kernels);
+    if (u->own_ops)
+      g_free(u->ops);
     g_free(u->seen_late);
     g_free(u->tl);
   }
-  g_free(s->u);
-  g_free(s->slots);
-  g_free(s->slot_mark);
-  g_free(s->parts);
-  g_free(s->heap.a);
+  free(s->u);
+  free(s->kernel_pool);
+  free(s->op_pool);
+  sim_free_run(s);
   g_free(s->unit_node);
   g_free(s->node_first);
   g_free(s->node_units);
@@ -1874,8 +2398,12 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
     res->seconds_run = piper_clock_seconds() - w1;
     ok = sim_check_finished(&s, err);
   }
-  if (ok)
+  if (ok && o->critical_path)
+    sim_critical_path(&s, res);
+  if (ok) {
+    sim_free_run(&s);
     sim_collect(&s, res);
+  }
   sim_free(&s);
   if (!ok) {
     sim_result_free(res); /* also frees unit_of_device, which res->device_unit holds */
@@ -1889,11 +2417,14 @@ void sim_result_free(struct sim_result *r) {
     return;
   for (uint32_t k = 0; k < r->n_units; k++) {
     g_free(r->units[k].members);
-    g_free(r->units[k].intervals);
+    if (!r->interval_block)
+      g_free(r->units[k].intervals);
     g_free(r->units[k].memory);
   }
   g_free(r->units);
   g_free(r->device_unit);
+  g_free(r->path);
+  free(r->interval_block);
   g_free(r);
 }
 

@@ -29,6 +29,7 @@
 
 #include "../ir/plan.h"
 #include "profile.h"
+#include "scenario.h"
 #include "../report/report.h"
 
 struct sim_options {
@@ -43,6 +44,24 @@ struct sim_options {
    * device is most of the simulator's memory under --no-collapse (two points an instruction).
    * Peaks are kept for every device. 0 keeps every timeline. */
   uint64_t memory_timeline_limit;
+  /* What-ifs on devices and links (scenario.h); NULL: the healthy plan. */
+  const struct sim_scenario *scenario;
+  /* Trace the step's critical path back from its last instruction (sim_result.path). */
+  bool critical_path;
+};
+
+/* One instruction of the critical path: what it ran on and when, and why it started then. */
+enum sim_path_cause {
+  SIM_PATH_FIRST,  /* nothing before it on the path: the step's start */
+  SIM_PATH_STREAM, /* the previous instruction of its stream ended */
+  SIM_PATH_WAIT,   /* an instruction it waits on ended */
+  SIM_PATH_PEER    /* a party of its communication arrived last (another device) */
+};
+
+struct sim_path_step {
+  uint32_t device, node, stream;
+  double start, end;
+  enum sim_path_cause cause; /* how it is tied to the step before it on the path */
 };
 
 /* A set of devices simulated as one (its representative is members[0]). */
@@ -58,6 +77,7 @@ struct sim_unit {
   uint64_t peak_bytes;
   uint64_t peak_breakdown[REPORT_MEM_KIND_COUNT];
   uint64_t peak_saved_activation_bytes; /* activations saved for backward only */
+  double finish; /* end of its last instruction (seconds) */
 };
 
 struct sim_result {
@@ -76,6 +96,12 @@ struct sim_result {
    * is IR_NONE when no such stream queued anything. */
   uint32_t serial_stream, serial_device;
   double serial_seconds;
+  /* sim_options.critical_path: the chain of instructions that set the step's end, in time
+   * order (first to last) */
+  uint32_t n_path;
+  struct sim_path_step *path;
+  /* the units' intervals, one block (units[k].intervals point into it; freed with free()) */
+  struct report_interval *interval_block;
 };
 
 struct sim_result *sim_run(const struct plan *p, const struct profile *prof,

@@ -25,7 +25,7 @@
 /* What the command line asks for. */
 struct sim_cli {
   struct compile_args compile;
-  const char *plans, *profile, *sweep, *out, *format;
+  const char *plans, *profile, *sweep, *out, *format, *scenario;
   bool viz, no_charts, trace_all, no_collapse, quiet, force;
 };
 
@@ -41,6 +41,9 @@ static const struct option_spec options[] = {
      .help = "hardware profile (profiles/*.json)"},
     {.name = "--sweep", .kind = OPTION_STRING, SIM_OPTION(sweep), .metavar = "FILE",
      .help = "what-if grid (see the README): sweep.csv, sweep.png"},
+    {.name = "--scenario", .kind = OPTION_STRING, SIM_OPTION(scenario), .metavar = "FILE",
+     .help = "what-ifs on devices and links (slow GPUs, degraded or failed NICs,\n"
+             "jitter; docs/sim.md): the step against the healthy one, the delay's path"},
     {.kind = OPTION_HEADING, .help = "output:"},
     {.name = "--out", .kind = OPTION_STRING, SIM_OPTION(out), .metavar = "DIR",
      .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
@@ -215,6 +218,10 @@ struct sim_session {
   char *program_file;
   cJSON *extra;
   GString *files; /* what was written, for the summary */
+  struct sim_scenario *scenario;      /* --scenario */
+  struct sim_result *healthy;         /* the step without it */
+  struct report_path_step *path;      /* the critical path, for the chart */
+  cJSON *scenario_report;             /* inside extra */
 };
 
 static void session_free(struct sim_session *s) {
@@ -224,6 +231,9 @@ static void session_free(struct sim_session *s) {
   g_free(s->program_file);
   report_run_free_devices(&s->run);
   sim_result_free(s->res);
+  sim_result_free(s->healthy);
+  sim_scenario_free(s->scenario);
+  g_free(s->path);
   plan_free(s->plan);
   profile_free(s->prof);
 }
@@ -316,6 +326,21 @@ static void warn_unmeasured_waits(const struct sim_cli *a, const struct sim_sess
              a->profile, on_node, on_node);
 }
 
+/* --scenario: metrics.json's "scenario", and the chart's marked rows and critical path. */
+static void fill_scenario(struct sim_session *s) {
+  s->scenario_report = sim_scenario_report(s->scenario, s->plan, s->healthy, s->res);
+  cJSON_AddItemToObject(s->extra, "scenario", s->scenario_report);
+  s->run.n_marked = s->scenario->n_marked;
+  s->run.marked = s->scenario->marked;
+  s->run.marked_notes = (const char *const *)s->scenario->marked_label;
+  s->path = g_new(struct report_path_step, s->res->n_path + 1);
+  for (uint32_t k = 0; k < s->res->n_path; k++)
+    s->path[k] = (struct report_path_step){s->res->path[k].device, s->res->path[k].stream,
+                                           s->res->path[k].start, s->res->path[k].end};
+  s->run.n_path = s->res->n_path;
+  s->run.path = s->path;
+}
+
 /* The run directory's description of the simulated step, with the simulation's own figures
  * under "simulation" in metrics.json. */
 static void fill_report(const struct sim_cli *a, const struct compile_options *co,
@@ -349,6 +374,8 @@ static void fill_report(const struct sim_cli *a, const struct compile_options *c
   cJSON_AddNumberToObject(sim, "events", (double)s->res->events);
   cJSON_AddNumberToObject(sim, "wall_seconds", s->res->seconds_setup + s->res->seconds_run);
   run->extra = s->extra;
+  if (s->scenario)
+    fill_scenario(s);
 }
 
 /* schedule.png and .svg (and .pdf under --format pdf), memory.png when gnuplot is there. */
@@ -366,6 +393,15 @@ static bool simulate_and_write(const struct sim_cli *a, const struct compile_opt
   /* timelines of the devices the outputs show, as the trace (--trace-all: every device) */
   struct sim_options o = {.collapse = !a->no_collapse,
                           .memory_timeline_limit = a->trace_all ? 0 : 2000000};
+  if (a->scenario) { /* the healthy step first (collapsed: the same times), then the what-if */
+    s->scenario = sim_scenario_load(a->scenario, s->plan, err);
+    struct sim_options h = {.collapse = true, .no_intervals = true, .no_memory_timeline = true};
+    s->healthy = s->scenario ? sim_run(s->plan, s->prof, &h, err) : NULL;
+    if (!s->healthy)
+      return false;
+    o.scenario = s->scenario;
+    o.critical_path = true;
+  }
   s->res = sim_run(s->plan, s->prof, &o, err);
   if (!s->res)
     return false;
@@ -424,6 +460,11 @@ static int run_simulation(const struct sim_cli *a, enum chart_format extra_forma
     warn_unmeasured_waits(a, &s);
   if (loaded && simulate_and_write(a, &co, extra_format, dir, &s, &err)) {
     print_summary(&s.run, s.res, s.prof, dir, s.files->str);
+    if (s.scenario_report) {
+      char *text = sim_scenario_summary(s.scenario_report);
+      fputs(text, stdout);
+      g_free(text);
+    }
     print_stream_note(a, &co, &s);
     rc = 0;
   } else {
@@ -441,6 +482,8 @@ int main(int argc, char **argv) {
   enum chart_format extra_format = CHART_PNG;
   if (a.format && !chart_format_parse(a.format, &extra_format))
     return piper_usage_error(program.name, "--format: \"%s\" is not png, svg or pdf", a.format);
+  if (a.sweep && a.scenario)
+    return piper_usage_error(program.name, "--scenario: not with --sweep (one plan at a time)");
   GError *err = NULL;
   char *dir = claim_run_dir(&a, &err);
   if (!dir)

@@ -19,8 +19,19 @@
  * (plan-impl.h), so writing it costs what plan.json's device lists cost. A phase not run shows
  * 0 and is left out of its exponent.
  *
+ * --engine measures the simulator alone with every device simulated (sim_options.collapse
+ * false), dense family from 4,096 to 65,536 devices (--big: 131,072): CPU seconds of sim_run,
+ * simulated instructions a second, the bytes per device it adds to the peak RSS, the growth
+ * exponent over those sizes and, per size, the time per instruction over that at a quarter of
+ * the devices. --check R exits 1 when such a ratio exceeds R (a loose test of linear growth
+ * that a noisy machine passes; tests/cli/test_sim.sh runs it from 4,096 to 16,384 devices with
+ * --no-timelines: below piper-sim's trace limit (2 million instructions) every device keeps a
+ * memory timeline, above it none does, and that step, or a working set still in the caches
+ * (below 4,096 devices), says nothing about growth). BENCH_SPLIT=1
+ * also prints sim_run's own setup and event-loop wall seconds for each size on stderr.
+ *
  * Run from the repository root: build/bench/bench_scale [--big] [--no-collapse] [--no-charts]
- * [--only dense|moe-ep|moe-dp] [--repeat N] */
+ * [--only dense|moe-ep|moe-dp] [--repeat N] [--engine [--min-dp G] [--max-dp G] [--check R]] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,9 +72,10 @@ static const struct family families[] = {
 };
 
 struct options {
-  bool big, no_collapse, charts;
+  bool big, no_collapse, charts, engine, no_timelines;
   const char *only;
-  uint32_t repeat;
+  uint32_t repeat, min_dp, max_dp;
+  double check;
 };
 
 /* What one run reports back through its pipe. */
@@ -72,6 +84,7 @@ struct sample {
   uint64_t instructions;
   double seconds[PH_COUNT];
   double rss_mib;
+  double sim_rss_mib; /* --engine: what the simulation added to the peak RSS */
 };
 
 /* The layout's directive program. DeepSeek-V3's stage 0 holds only dense layers (its first
@@ -144,10 +157,39 @@ static bool write_outputs(const struct plan *plan, const struct sim_result *res,
 }
 
 static bool simulate(const struct plan *plan, const struct profile *prof, bool collapse,
-                     struct sim_result **out, GError **err) {
-  struct sim_options o = {.collapse = collapse, .memory_timeline_limit = 2000000}; /* piper-sim's */
+                     bool no_timelines, struct sim_result **out, GError **err) {
+  struct sim_options o = {.collapse = collapse,
+                          .memory_timeline_limit = 2000000, /* piper-sim's */
+                          .no_memory_timeline = no_timelines};
   *out = sim_run(plan, prof, &o, err);
   return *out != NULL;
+}
+
+static double peak_rss_mib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;
+}
+
+/* --engine: the simulation of every device alone, its CPU seconds and what it adds to the
+ * peak RSS (the compile's peak is below the simulation's at these sizes). */
+static bool engine_phase(struct compile_result *r, const struct options *opt, struct sample *s,
+                         GError **err) {
+  struct profile *prof = profile_load_file("profiles/h100-sxm.json", err);
+  struct sim_result *res = NULL;
+  bool ok = prof != NULL;
+  if (ok) {
+    double before = peak_rss_mib(), t = cpu_seconds();
+    ok = simulate(r->plan, prof, false, opt->no_timelines, &res, err);
+    s->seconds[PH_NOCOLLAPSE] = cpu_seconds() - t;
+    s->sim_rss_mib = peak_rss_mib() - before;
+    if (res && getenv("BENCH_SPLIT"))
+      fprintf(stderr, "setup %.3f run %.3f (wall)\n", res->seconds_setup, res->seconds_run);
+  }
+  sim_result_free(res);
+  profile_free(prof);
+  compile_result_free(r);
+  return ok;
 }
 
 /* Compiles, checks, writes and simulates one configuration; fills s. */
@@ -181,6 +223,8 @@ static bool run_phases(const struct family *f, const char *program_path, const c
     ok = plan_check_progress(r.plan, err);
     s->seconds[PH_CHECK] = since(&t);
   }
+  if (ok && opt->engine)
+    return engine_phase(&r, opt, s, err);
   char *plan_dir = g_build_filename(dir, "plan", NULL);
   if (ok) {
     t = cpu_seconds();
@@ -192,14 +236,14 @@ static bool run_phases(const struct family *f, const char *program_path, const c
   ok = ok && prof;
   if (ok && opt->no_collapse) {
     t = cpu_seconds();
-    ok = simulate(r.plan, prof, false, &res, err);
+    ok = simulate(r.plan, prof, false, false, &res, err);
     s->seconds[PH_NOCOLLAPSE] = since(&t);
     sim_result_free(res);
     res = NULL;
   }
   if (ok) {
     t = cpu_seconds();
-    ok = simulate(r.plan, prof, true, &res, err);
+    ok = simulate(r.plan, prof, true, false, &res, err);
     s->seconds[PH_SIM] = since(&t);
   }
   if (ok) {
@@ -287,8 +331,10 @@ static struct sample median_of(struct sample *runs, uint32_t n) {
     qsort(v, n, sizeof v[0], compare_double);
     m.seconds[ph] = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   }
-  for (uint32_t k = 0; k < n; k++)
+  for (uint32_t k = 0; k < n; k++) {
     m.rss_mib = fmax(m.rss_mib, runs[k].rss_mib);
+    m.sim_rss_mib = fmax(m.sim_rss_mib, runs[k].sim_rss_mib);
+  }
   return m;
 }
 
@@ -351,6 +397,47 @@ static bool run_family(const struct family *f, const struct options *opt) {
   return true;
 }
 
+/* --engine: the simulator with every device simulated, dense family; false when a ratio of
+ * time per instruction (at 4x the devices over the smaller) exceeds opt->check. */
+static bool run_engine(const struct options *opt, bool *within) {
+  const struct family *f = &families[0];
+  uint32_t lo = opt->min_dp ? opt->min_dp : 256, hi = opt->max_dp ? opt->max_dp : opt->big ? 8192 : 4096;
+  printf("\nengine: %s, %s, %s, %u micro-batches, every device simulated (median of %u; CPU "
+         "seconds of sim_run)\n",
+         f->model, f->layout_fmt, sched_family_name(f->schedule), f->mbs, opt->repeat);
+  printf("%8s %12s %9s %12s %12s %13s %11s\n", "devices", "instrs", "seconds", "instrs/s",
+         "ns/instr", "bytes/device", "vs 1/4 size");
+  struct sample med[16];
+  uint32_t n = 0;
+  *within = true;
+  for (uint32_t g = lo; g <= hi && n < 16; g *= 2, n++) {
+    struct sample runs[64];
+    for (uint32_t k = 0; k < opt->repeat; k++)
+      if (!run_forked(f, g, opt, &runs[k]))
+        return false;
+    med[n] = median_of(runs, opt->repeat);
+    const struct sample *m = &med[n];
+    double sec = m->seconds[PH_NOCOLLAPSE], per = sec / (double)m->instructions;
+    char ratio[32] = "";
+    if (n >= 2) {
+      double r = per / (med[n - 2].seconds[PH_NOCOLLAPSE] / (double)med[n - 2].instructions);
+      g_snprintf(ratio, sizeof ratio, "%.2f", r);
+      if (opt->check > 0 && r > opt->check)
+        *within = false;
+    }
+    printf("%8u %12llu %9.3f %12.3g %12.1f %13.0f %11s\n", m->devices,
+           (unsigned long long)m->instructions, sec, (double)m->instructions / sec, per * 1e9,
+           m->sim_rss_mib * 1048576.0 / m->devices, ratio);
+    fflush(stdout);
+  }
+  printf("%8s %12s %9.2f (seconds over devices)\n", "exponent", "",
+         growth_exponent(med, n, PH_NOCOLLAPSE));
+  if (!*within)
+    printf("bench_scale: a time per instruction at 4x the devices is over %.2fx the smaller's\n",
+           opt->check);
+  return true;
+}
+
 static bool parse_args(int argc, char **argv, struct options *o) {
   *o = (struct options){.charts = true, .repeat = 1};
   for (int i = 1; i < argc; i++) {
@@ -364,6 +451,16 @@ static bool parse_args(int argc, char **argv, struct options *o) {
       o->only = argv[++i];
     else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
       o->repeat = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--engine"))
+      o->engine = true;
+    else if (!strcmp(argv[i], "--no-timelines"))
+      o->no_timelines = true;
+    else if (!strcmp(argv[i], "--min-dp") && i + 1 < argc)
+      o->min_dp = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--max-dp") && i + 1 < argc)
+      o->max_dp = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--check") && i + 1 < argc)
+      o->check = atof(argv[++i]);
     else
       return false;
   }
@@ -375,8 +472,14 @@ int main(int argc, char **argv) {
   if (!parse_args(argc, argv, &opt)) {
     fprintf(stderr, "usage: bench_scale [--big] [--no-collapse] [--no-charts] "
                     "[--only dense|moe-ep|moe-dp] "
-                    "[--repeat N (1..64)]\n");
+                    "[--repeat N (1..64)] [--engine [--min-dp G] [--max-dp G] [--check R] [--no-timelines]]\n");
     return 2;
+  }
+  if (opt.engine) {
+    bool within = true;
+    if (!run_engine(&opt, &within))
+      return 1;
+    return within ? 0 : 1;
   }
   printf("phases: apply = load + schedule + IR + directives; lower = plans incl. progress check;"
          "\ncheck = progress check alone; write = plan directory (0: not run); sim = simulation"

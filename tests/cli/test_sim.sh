@@ -231,6 +231,55 @@ else
   fail "ZeRO-3 Llama-3-70B runs"
 fi
 
+# 7. --scenario: a slow GPU of a pp 4 pipeline on the unit profile delays the step by the
+# textbook amount (stage 1 at x2, 8 micro-batches: 3r + 3sM + W(3 - s) = 3 + 48 + 2 = 53 ms
+# against 33; tests/unit/test_sim.c derives it), written under metrics.json "scenario", the
+# summary says so and the chart is drawn; bad scenario input is one line naming the key
+echo '{"seed": 1, "slow": [{"devices": [1], "factor": 2}]}' > "$tmp/slow.json"
+if "$SIM" --model models/tiny-dense.json --directives directives/base-schedules/pp4.json \
+    --schedule 1f1b --mbs 8 --profile profiles/unit.json --scenario "$tmp/slow.json" \
+    --out "$tmp/scen" > "$tmp/stdout" 2> "$tmp/stderr"; then
+  grep -q "^  scenario .*53 ms against 33 ms healthy" "$tmp/stdout" && ok "scenario summary" \
+    || fail "scenario summary: $(cat "$tmp/stdout")"
+  python3 - "$tmp/scen" <<'PY' && ok "metrics.json scenario" || fail "metrics.json scenario"
+import json, sys
+s = json.load(open(sys.argv[1] + "/metrics.json"))["scenario"]
+assert abs(s["iteration_time_s"] - 0.053) < 1e-12 and abs(s["healthy_iteration_time_s"] - 0.033) < 1e-12, s
+assert abs(s["loss_fraction"] - (53 / 33 - 1)) < 1e-9, s
+assert s["changed_devices"] == [{"device": 1, "change": "compute x2"}], s
+assert 1 in s["critical_path"]["devices"] and s["critical_path"]["seconds_on_changed_devices"] > 0, s
+PY
+  [ -s "$tmp/scen/schedule.png" ] && ok "scenario chart" || fail "no scenario chart"
+else
+  fail "scenario run: $(cat "$tmp/stderr")"
+fi
+echo '{"slow": [{"devices": [1], "factor": -2}]}' > "$tmp/bad_scen.json"
+expect_input_error 'bad_scen.json: key "slow\[0\].factor"' "${run[@]}" --profile profiles/unit.json \
+  --scenario "$tmp/bad_scen.json" --force
+echo '{"links": [{"devices": [99], "bandwidth": 0.5}]}' > "$tmp/bad_scen.json"
+expect_input_error 'bad_scen.json: key "links\[0\].devices"' "${run[@]}" --profile profiles/unit.json \
+  --scenario "$tmp/bad_scen.json" --force
+expect_input_error 'nope_scen.json' "${run[@]}" --profile profiles/unit.json \
+  --scenario "$tmp/nope_scen.json" --force
+
+# 8. the engine grows with the work: the time per instruction at 4x the devices (4,096 to 16,384,
+# no memory timelines, so neither side is at the trace limit's step) within 2x (CPU seconds,
+# medians of 3; a ratio, not a time: tests/bench/bench_scale.c). On this 2-core machine with a
+# 32 MiB L3 it comes out 1.26-1.56: what the replicas touch between two visits to one of them
+# leaves the caches over that range (docs/scale.md); a cost that grows with the square of a group
+# gives 4
+BENCH=${PIPER_BENCH:-build/bench/bench_scale}
+if [ -x "$BENCH" ]; then
+  if "$BENCH" --engine --no-timelines --min-dp 256 --max-dp 1024 --repeat 3 --check 2 \
+      > "$tmp/bench" 2>&1; then
+    ok "engine: time per instruction at 4x the devices within 2x"
+  else
+    fail "engine scaling: $(cat "$tmp/bench")"
+  fi
+else
+  echo "skip: $BENCH not built (make bench)"
+fi
+
 if [ $fails -ne 0 ]; then
   echo "test_sim.sh: $passes passed, $fails failed"
   exit 1

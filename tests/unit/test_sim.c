@@ -1863,6 +1863,197 @@ static void test_sweep(void **state) {
   g_free(cmd);
 }
 
+/* ---- what-if scenarios -------------------------------------------------------------------- */
+
+static struct sim_scenario *scenario_of(const char *text, const struct plan *p, GError **err) {
+  cJSON *root = cJSON_Parse(text);
+  if (!root)
+    fail_msg("bad JSON in test: %s", text);
+  struct sim_scenario *sc = sim_scenario_from_json(root, "s.json", p, err);
+  cJSON_Delete(root);
+  return sc;
+}
+
+static double scenario_step(const struct plan *p, const struct profile *prof, const char *text,
+                            bool collapse) {
+  GError *err = NULL;
+  struct sim_scenario *sc = scenario_of(text, p, &err);
+  if (!sc)
+    fail_msg("%s: %s", text, err->message);
+  struct sim_options o = {.collapse = collapse, .scenario = sc, .critical_path = true};
+  struct sim_result *r = sim_run(p, prof, &o, &err);
+  if (!r)
+    fail_msg("sim_run: %s", err->message);
+  double t = r->iteration_time;
+  assert_true(r->n_path > 0);
+  sim_result_free(r);
+  sim_scenario_free(sc);
+  return t;
+}
+
+/* One slow stage in 1F1B, unit costs (F = 1, B = 2, communication free), R stages, M >= R
+ * micro-batches, stage r's compute slowed by s >= 1; W = R - 1 - r stages after it.
+ *  - Fill: micro-batch 0's forward reaches stage r after r F = r.
+ *  - Stage r then runs M forwards and M backwards, 3 s M, idle only twice:
+ *    before its first backward it has W more forwards to run (W s; 1F1B's warm-up) while the
+ *    gradient of micro-batch 0 comes back through the W faster stages after W (F + B) = 3W
+ *    (each of them waits for that gradient, not for the slow forwards, while s <= 3): idle
+ *    W max(0, 3 - s);
+ *    after its last forward it has W backwards to run (2 s W) against the same round trip:
+ *    idle W max(0, 3 - 2s);
+ *    in between, from F(m) to B(m) it runs W forwards and W backwards, 3 s W >= 3W: no idle.
+ *  - Drain: its last backward goes back through stages r - 1 .. 0, r B = 2r.
+ * T = 3r + 3sM + W max(0, 3 - s) + W max(0, 3 - 2s); s = 1 gives the textbook 3(M + R - 1).
+ * All terms are multiples of 1/4 ms for the factors below, so the figure is exact. */
+static void test_scenario_slow_stage_1f1b(void **state) {
+  (void)state;
+  struct profile *u = load_profile("profiles/unit.json");
+  const uint32_t R = 4, M = 8;
+  const double factors[] = {1, 1.25, 1.5, 2, 4};
+  struct plan *p = compile("models/tiny-dense.json", "directives/base-schedules/pp4.json", "1f1b",
+                           M, 0);
+  for (uint32_t r = 0; r < R; r++)
+    for (size_t k = 0; k < G_N_ELEMENTS(factors); k++) {
+      double s = factors[k], W = R - 1 - r;
+      double want = (3 * r + 3 * s * M + W * fmax(0, 3 - s) + W * fmax(0, 3 - 2 * s)) * MS;
+      char text[128], what[96];
+      snprintf(text, sizeof text, "{\"slow\": [{\"devices\": [%u], \"factor\": %g}]}", r, s);
+      for (int collapse = 0; collapse < 2; collapse++) {
+        snprintf(what, sizeof what, "1F1B R=%u M=%u stage %u x%g%s", R, M, r, s,
+                 collapse ? "" : " (every device)");
+        test_assert_near(scenario_step(p, u, text, collapse), want, TIME_TOL, 0, what);
+      }
+    }
+  plan_free(p);
+  profile_free(u);
+}
+
+/* A slow GPU among data-parallel replicas: collapsed or not, the same step; the replicas it
+ * does not touch still collapse (few units), and the critical path runs through it. */
+static void test_scenario_collapse_exact(void **state) {
+  (void)state;
+  struct profile *h = load_profile("profiles/h100-sxm.json");
+  struct compile_options co = compile_options_default();
+  co.model_path = "models/tiny-dense.json";
+  co.layout = "pp=2,dp=2";
+  co.have_schedule = true;
+  co.schedule.mbs = 4;
+  co.schedule.family = SCHED_1F1B;
+  struct compile_result cr = test_compile(&co);
+  struct plan *p = cr.plan;
+  cr.plan = NULL;
+  compile_result_free(&cr);
+  const char *texts[] = {
+      "{\"slow\": [{\"devices\": [1], \"factor\": 1.7}]}",
+      "{\"links\": [{\"devices\": [0], \"bandwidth\": 0.25, \"scope\": \"all\"}]}",
+      "{\"seed\": 3, \"jitter\": {\"sigma\": 0.05}}",
+      "{\"seed\": 3, \"jitter\": {\"sigma\": 0.05, \"per\": \"device\"}}",
+      "{\"seed\": 5, \"slow_random\": {\"count\": 1, \"factor\": 2}}",
+  };
+  struct sim_result *healthy = run(p, h, true);
+  for (size_t k = 0; k < G_N_ELEMENTS(texts); k++) {
+    double a = scenario_step(p, h, texts[k], true), b = scenario_step(p, h, texts[k], false);
+    if (a != b)
+      fail_msg("%s: collapsed %.17g, every device %.17g", texts[k], a, b);
+    if (!(a > healthy->iteration_time))
+      fail_msg("%s: %.17g not slower than healthy %.17g", texts[k], a, healthy->iteration_time);
+    assert_true(scenario_step(p, h, texts[k], true) == a); /* the seed fixes the draws */
+  }
+  /* a slow device on the critical path */
+  GError *err = NULL;
+  struct sim_scenario *sc = scenario_of(texts[0], p, &err);
+  struct sim_options o = {.collapse = true, .scenario = sc, .critical_path = true};
+  struct sim_result *r = sim_run(p, h, &o, &err);
+  assert_non_null(r);
+  bool through = false;
+  for (uint32_t k = 0; k < r->n_path; k++)
+    through |= r->path[k].device == 1;
+  assert_true(through);
+  for (uint32_t k = 1; k < r->n_path; k++) /* in time order */
+    assert_true(r->path[k].start >= r->path[k - 1].start - TIME_TOL);
+  cJSON *rep = sim_scenario_report(sc, p, healthy, r);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(rep, "loss_fraction")) > 0);
+  /* device 1 (pp 0) delays its dp peer through the gradient all-reduce, and both delay pp 1 */
+  assert_int_equal(cJSON_GetNumberValue(cJSON_GetObjectItem(rep, "delayed_devices")), 4);
+  char *text = sim_scenario_summary(rep);
+  assert_non_null(strstr(text, "healthy"));
+  g_free(text);
+  cJSON_Delete(rep);
+  sim_result_free(r);
+  sim_result_free(healthy);
+  sim_scenario_free(sc);
+  plan_free(p);
+  profile_free(h);
+}
+
+/* Scenario files: what is read, and one line naming the key for what is wrong. */
+static void test_scenario_parse(void **state) {
+  (void)state;
+  struct plan *p = compile("models/tiny-dense.json", "directives/base-schedules/pp4.json", "1f1b",
+                           4, 0);
+  GError *err = NULL;
+  struct sim_scenario *sc = scenario_of(
+      "{\"seed\": 9, \"slow\": [{\"devices\": [1, 2], \"factor\": 1.5}, {\"devices\": [2], "
+      "\"factor\": 2}], \"links\": [{\"devices\": [3], \"bandwidth\": 0.5}, {\"devices\": [0], "
+      "\"failed\": true}], \"comment\": \"x\"}",
+      p, &err);
+  assert_non_null(sc);
+  assert_true(sc->seed == 9);
+  assert_true(sc->compute[0] == 1 && sc->compute[1] == 1.5 && sc->compute[2] == 3);
+  assert_true(sc->inter_bw[3] == 0.5 && sc->intra_bw[3] == 1);
+  assert_true(sc->inter_bw[0] == 0.5 && sc->inter_bw[1] == 0.5); /* a failed NIC and its stand-in */
+  assert_int_equal(sc->n_marked, 4);
+  assert_string_equal(sc->marked_label[2], "compute x3");
+  uint32_t devs[2] = {2, 3};
+  assert_true(sim_scenario_bandwidth(sc, devs, 2, true) == 0.5);
+  assert_true(sim_scenario_bandwidth(sc, devs, 2, false) == 1);
+  assert_true(sim_scenario_compute_factor(sc, 2, 7) == 3);
+  sim_scenario_free(sc);
+  const struct {
+    const char *text, *want;
+  } bad[] = {
+      {"[]", "s.json: must be a JSON object"},
+      {"{\"slo\": []}", "s.json: key \"slo\": unknown key"},
+      {"{\"seed\": -1}", "s.json: key \"seed\": must be a number in [0,"},
+      {"{\"seed\": 1.5}", "s.json: key \"seed\": must be an integer"},
+      {"{\"slow\": {}}", "s.json: key \"slow\": must be an array"},
+      {"{\"slow\": [3]}", "s.json: key \"slow[0]\": must be an object"},
+      {"{\"slow\": [{\"devices\": [1]}]}", "s.json: key \"slow[0].factor\": missing"},
+      {"{\"slow\": [{\"devices\": [1], \"factor\": 0}]}",
+       "s.json: key \"slow[0].factor\": must be a number in (0, 1e+06]"},
+      {"{\"slow\": [{\"devices\": [1], \"factor\": 2}, {\"devices\": [4], \"factor\": 2}]}",
+       "s.json: key \"slow[1].devices\": must hold integers in [0, 3]"},
+      {"{\"slow\": [{\"devices\": [], \"factor\": 2}]}",
+       "s.json: key \"slow[0].devices\": must be a non-empty array"},
+      {"{\"slow\": [{\"device\": [1], \"factor\": 2}]}", "s.json: key \"slow[0].device\": unknown"},
+      {"{\"slow_random\": {\"count\": 5, \"factor\": 2}}",
+       "s.json: key \"slow_random.count\": must be a number in [1, 4]"},
+      {"{\"links\": [{\"devices\": [1]}]}", "s.json: key \"links[0].bandwidth\": missing"},
+      {"{\"links\": [{\"devices\": [1], \"bandwidth\": 1.5}]}",
+       "s.json: key \"links[0].bandwidth\": must be a number in (0, 1]"},
+      {"{\"links\": [{\"devices\": [1], \"failed\": 1}]}",
+       "s.json: key \"links[0].failed\": must be true or false"},
+      {"{\"links\": [{\"devices\": [1], \"bandwidth\": 0.5, \"scope\": \"nic\"}]}",
+       "s.json: key \"links[0].scope\": must be \"inter\", \"intra\" or \"all\""},
+      {"{\"jitter\": {\"sigma\": 2}}", "s.json: key \"jitter.sigma\": must be a number in [0, 1]"},
+      {"{\"jitter\": {\"sigma\": 0.1, \"per\": \"step\"}}",
+       "s.json: key \"jitter.per\": must be \"kernel\" or \"device\""},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(bad); k++) {
+    g_clear_error(&err);
+    sc = scenario_of(bad[k].text, p, &err);
+    if (sc || !err || !g_str_has_prefix(err->message, bad[k].want) ||
+        err->code != PIPER_ERROR_INPUT || strchr(err->message, '\n'))
+      fail_msg("%s: got \"%s\", want \"%s...\"", bad[k].text, err ? err->message : "success",
+               bad[k].want);
+  }
+  g_clear_error(&err);
+  assert_null(sim_scenario_load("/nonexistent/s.json", p, &err));
+  assert_non_null(err);
+  g_clear_error(&err);
+  plan_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_profile_bundled),
@@ -1895,6 +2086,9 @@ int main(void) {
       cmocka_unit_test(test_textbook_dualpipev),
       cmocka_unit_test(test_named_stream_textbook),
       cmocka_unit_test(test_ranks_with_model_copies),
+      cmocka_unit_test(test_scenario_slow_stage_1f1b),
+      cmocka_unit_test(test_scenario_collapse_exact),
+      cmocka_unit_test(test_scenario_parse),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   /* cairo's and fontconfig's caches, so that the leak checker sees only our allocations */
