@@ -485,11 +485,12 @@ int main(int argc, char **argv) {
   if (a.sweep && a.scenario)
     return piper_usage_error(program.name, "--scenario: not with --sweep (one plan at a time)");
   GError *err = NULL;
+  bool created = !a.out || !g_file_test(a.out, G_FILE_TEST_EXISTS);
   char *dir = claim_run_dir(&a, &err);
   if (!dir)
     return piper_error_exit(program.name, err);
   rc = a.sweep ? run_sweep(&a, dir) : run_simulation(&a, extra_format, dir);
-  if (rc != 0 && !a.out)
+  if (rc != 0 && created)
     g_rmdir(dir); /* a failed run leaves no empty directory behind (only an empty one goes) */
   g_free(dir);
   release_cairo_caches();
