@@ -216,6 +216,12 @@ double exec_backend_clock(struct exec_backend *b) {
   return b->ops->clock ? b->ops->clock(b) : piper_clock_seconds();
 }
 
+bool exec_backend_busy_clock(struct exec_backend *b, double *secs) {
+  PIPER_ASSERT(b != NULL && secs != NULL);
+  *secs = b->ops->busy_clock ? b->ops->busy_clock(b) : 0;
+  return b->ops->busy_clock != NULL;
+}
+
 bool exec_backend_configure(struct exec_backend *b, const struct plan *plan, uint32_t device,
                             GError **err) {
   PIPER_ASSERT(b != NULL && plan != NULL && device < plan->n_devices);

@@ -29,9 +29,9 @@
 
 /* The version of the table below. A backend sets api_version to the value it was written
  * against; exec_backend_init refuses a table of another version. */
-#define EXEC_BACKEND_API_VERSION 6 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times; \
+#define EXEC_BACKEND_API_VERSION 7 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times; \
                                       5: alloc_tensor, memory_peak; 6: ops.def, \
-                                      host_memory, setup_stream */
+                                      host_memory, setup_stream; 7: busy_clock */
 
 struct exec_stream; /* an in-order queue of work (the backend's own type) */
 struct exec_event;  /* marks a point in a stream's queue */
@@ -156,6 +156,13 @@ struct exec_backend_ops {
   /* Optional: seconds on a clock all ranks share, offsets aligned at init (default: the
    * process's monotonic clock). */
   double (*clock)(struct exec_backend *b);
+  /* Optional: seconds the device has worked so far, on a clock that stops while it is not
+   * running, the figure ranks are compared by (piper-exec's stragglers). The host backend's
+   * device is the thread that runs its tasks: that thread's CPU time, so a rank that waits for
+   * a core it shares (more ranks than cores) is not counted slower, and one whose core does
+   * less a second is. Default: none (the runner compares the compute tasks' times on clock,
+   * which a device that times its own work, cuda, measures on the device). */
+  double (*busy_clock)(struct exec_backend *b);
 
   /* Memory: zero-filled device buffers (NULL when out of memory), and synchronous copies to
    * and from host memory (complete when they return, after work already enqueued). */
@@ -274,6 +281,8 @@ const struct exec_backend_ops *exec_backend_find(const char *name);
 struct exec_backend *exec_backend_init(const struct exec_backend_ops *ops,
                                        const struct exec_backend_params *p, GError **err);
 double exec_backend_clock(struct exec_backend *b);
+/* The backend's busy_clock into *secs; false (and *secs 0) without one. */
+bool exec_backend_busy_clock(struct exec_backend *b, double *secs);
 bool exec_backend_configure(struct exec_backend *b, const struct plan *plan, uint32_t device,
                             GError **err);
 bool exec_backend_task_times(struct exec_backend *b, uint32_t task_id, double *start,

@@ -43,6 +43,10 @@ struct runner {
   struct task *tasks;
   /* per-instruction measurements of the current step */
   double *start, *end, *kernel, *comm;
+  /* a compute instruction's time on the backend's busy clock (when busy_known: it has one and
+   * the job has ranks to compare), the stragglers' measure; else its kernel time */
+  double *busy;
+  bool busy_known;
   double step_setup, step_fill;
   bool tracing; /* record memory points (the last step) */
   GMutex trace_lock;

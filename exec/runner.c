@@ -28,11 +28,17 @@ static bool stall_task(struct runner *R, uint32_t i, GError **err) {
   return piper_runtime_error(err, "rank %u: stalled instruction %u cancelled", R->rank, i);
 }
 
-/* The slow-rank hook: the core kept busy for secs more, as a slower device would be. */
+/* The slow-rank hook: the device kept busy for secs more, as a slower device would be; on
+ * its busy clock where the backend has one (so a rank that waits for a core still does the
+ * extra work), else on the wall clock. Returns the wall seconds it took. */
 static double slow_down(struct runner *R, double secs) {
-  double t0 = exec_backend_clock(R->b);
-  while (exec_backend_clock(R->b) - t0 < secs)
-    ;
+  double t0 = exec_backend_clock(R->b), b0, b;
+  if (R->busy_known && exec_backend_busy_clock(R->b, &b0))
+    while (exec_backend_busy_clock(R->b, &b) && b - b0 < secs)
+      ;
+  else
+    while (exec_backend_clock(R->b) - t0 < secs)
+      ;
   return exec_backend_clock(R->b) - t0;
 }
 
@@ -40,16 +46,24 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
   struct task *t = arg;
   struct runner *R = t->R;
   uint32_t i = t->i;
-  double t0 = exec_backend_clock(R->b);
+  bool compute = R->dev->instrs[i].role == EXEC_ROLE_COMPUTE;
+  double t0 = exec_backend_clock(R->b), b0 = 0, b1 = 0;
+  if (compute && R->busy_known)
+    exec_backend_busy_clock(R->b, &b0);
   struct exec_task_ctx st = {.stream = stream};
   bool ok;
   if (R->stall_armed && i == R->stall_instr)
     ok = stall_task(R, i, err);
   else
     ok = exec_run_instr(&R->s, i, &st, err);
-  if (ok && R->o->slow_factor > 1 && R->rank == R->o->slow_rank &&
-      R->dev->instrs[i].role == EXEC_ROLE_COMPUTE)
-    st.kernel_s += slow_down(R, (R->o->slow_factor - 1) * st.kernel_s);
+  if (ok && compute && R->o->slow_factor > 1 && R->rank == R->o->slow_rank) {
+    double work = st.kernel_s;
+    if (R->busy_known && exec_backend_busy_clock(R->b, &b1))
+      work = b1 - b0;
+    st.kernel_s += slow_down(R, (R->o->slow_factor - 1) * work);
+  }
+  if (compute && R->busy_known && exec_backend_busy_clock(R->b, &b1))
+    R->busy[i] = b1 - b0;
   double t1 = exec_backend_clock(R->b);
   R->start[i] = t0;
   R->end[i] = t1;
@@ -422,6 +436,9 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   R->end = g_new0(double, n ? n : 1);
   R->kernel = g_new0(double, n ? n : 1);
   R->comm = g_new0(double, n ? n : 1);
+  R->busy = g_new0(double, n ? n : 1);
+  double busy0;
+  R->busy_known = o->plan->n_devices > 1 && exec_backend_busy_clock(b, &busy0);
   R->streams = g_new0(struct exec_stream *, o->plan->n_streams);
   R->stream_end = g_new0(struct exec_event *, o->plan->n_streams);
   /* every op the plan runs is in b's tables (every rank sees the whole plan: all refuse) */
@@ -608,7 +625,7 @@ static bool collect_step(struct runner *R, GError **err) {
   memset(ss->compute, 0, R->dev->plan->n_devices * sizeof(double));
   for (uint32_t i = 0; i < R->dev->n_instrs; i++)
     if (R->dev->instrs[i].role == EXEC_ROLE_COMPUTE)
-      ss->compute[R->rank] += R->kernel[i];
+      ss->compute[R->rank] += R->busy_known ? R->busy[i] : R->kernel[i];
   return exec_runner_control(R, collect, ss, err);
 }
 
@@ -837,6 +854,7 @@ static void runner_free(struct runner *R) {
     g_free(R->start);
     g_free(R->end);
     g_free(R->kernel);
+    g_free(R->busy);
     g_free(R->comm);
     g_free(R->measured);
     g_free(R->ss.losses);

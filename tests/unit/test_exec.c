@@ -520,6 +520,34 @@ static void test_backend_table_checks_and_defaults(void **state) {
   exec_backend_free(b);
 }
 
+/* The busy clock (stragglers' measure): the host's counts the work its thread does and not
+ * the time it waits (a rank waiting for a core); a backend without one says so. */
+static void test_backend_busy_clock(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct exec_backend *b = exec_backend_init(&exec_backend_host, NULL, &err);
+  assert_non_null(b);
+  double b0, b1, b2;
+  assert_true(exec_backend_busy_clock(b, &b0));
+  g_usleep(100000); /* 0.1 s asleep: the clock barely moves */
+  assert_true(exec_backend_busy_clock(b, &b1));
+  assert_true(b1 - b0 < 0.02);
+  double t0 = exec_backend_clock(b);
+  while (exec_backend_clock(b) - t0 < 0.05) /* 0.05 s spinning: it moves, at most as fast */
+    ;
+  assert_true(exec_backend_busy_clock(b, &b2));
+  assert_true(b2 - b1 > 0 && b2 - b1 <= exec_backend_clock(b) - t0 + 1e-3);
+  exec_backend_free(b);
+  struct exec_backend_ops ops = exec_backend_host;
+  ops.busy_clock = NULL;
+  b = exec_backend_init(&ops, NULL, &err);
+  assert_non_null(b);
+  b0 = 1;
+  assert_false(exec_backend_busy_clock(b, &b0));
+  assert_true(b0 == 0);
+  exec_backend_free(b);
+}
+
 static GString *p2p_log;
 
 static bool log_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,
@@ -1088,6 +1116,7 @@ int main(void) {
       cmocka_unit_test(test_host_loop_suspends_and_cancels),
       cmocka_unit_test(test_backend_table_checks_and_defaults),
       cmocka_unit_test(test_backend_p2p_group),
+      cmocka_unit_test(test_backend_busy_clock),
       cmocka_unit_test(test_train_loss_falls),
       cmocka_unit_test(test_bi_bw_split_equals_fused),
       cmocka_unit_test(test_checkpoint_resume),
