@@ -117,29 +117,23 @@ static bool give_up(struct runner *R, const GError *failure, double idle, GError
  * timeout_s, gives up. */
 bool exec_runner_wait_events(struct runner *R, struct exec_event **evs, uint32_t n,
                              GError **err) {
-  uint64_t seen = exec_backend_progress(R->b);
-  double last = exec_backend_clock(R->b), looked = last;
+  /* a gap of many 0.05 s slices between two looks: this process was stopped, not its peers */
+  struct exec_stall_clock clock;
+  exec_stall_clock_init(&clock, exec_backend_progress(R->b), exec_backend_clock(R->b), 1.0);
   for (uint32_t k = 0; k < n; k++) {
     if (!evs[k])
       continue;
     while (!exec_event_synchronize(R->b, evs[k], 0.05)) {
       const GError *f = stream_failure(R);
-      uint64_t now_seen = exec_backend_progress(R->b);
-      double now = exec_backend_clock(R->b);
-      /* A gap of many 0.05 s slices between two looks: this process was stopped (SIGSTOP),
-       * not its peers; resumed, it must not blame the peer it waits on for its own pause
-       * (exec/watchdog.c's thread has the same rule). */
-      bool was_stopped = now - looked > 1.0;
-      looked = now;
+      double idle;
+      bool restarted = exec_stall_clock_look(&clock, exec_backend_progress(R->b),
+                                             exec_backend_clock(R->b), &idle);
       if (f)
         return give_up(R, f, 0, err);
-      if (now_seen != seen || was_stopped) {
-        seen = now_seen;
-        last = now;
+      if (restarted)
         exec_watchdog_progress();
-      } else if (now - last > R->o->timeout_s) {
-        return give_up(R, NULL, now - last, err);
-      }
+      else if (idle > R->o->timeout_s)
+        return give_up(R, NULL, idle, err);
     }
     exec_watchdog_progress();
   }

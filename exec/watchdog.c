@@ -57,35 +57,49 @@ static void report(double idle) {
   g_mutex_unlock(&wd.lock);
 }
 
+void exec_stall_clock_init(struct exec_stall_clock *c, uint64_t progress, double now,
+                           double stop_gap_s) {
+  *c = (struct exec_stall_clock){progress, now, now, stop_gap_s};
+}
+
+bool exec_stall_clock_look(struct exec_stall_clock *c, uint64_t progress, double now,
+                           double *idle) {
+  bool paused = now - c->looked > c->stop_gap_s;
+  c->looked = now;
+  bool restarted = progress != c->seen || paused;
+  if (restarted) {
+    c->seen = progress;
+    c->last = now;
+  }
+  *idle = now - c->last;
+  return restarted;
+}
+
 static gpointer watch(gpointer data) {
   (void)data;
-  uint64_t seen = atomic_load(&wd.progress);
-  double last = piper_clock_seconds(), looked = last;
+  /* a gap of many periods between two looks: this process itself was stopped (SIGSTOP, then
+   * SIGCONT from the launcher that ends the job): not a hang to report */
+  struct exec_stall_clock clock;
+  exec_stall_clock_init(&clock, atomic_load(&wd.progress), piper_clock_seconds(),
+                        20 * WATCH_PERIOD_US * 1e-6);
   g_mutex_lock(&wd.lock);
   while (!wd.stop) {
     g_cond_wait_until(&wd.wake, &wd.lock, g_get_monotonic_time() + WATCH_PERIOD_US);
-    uint64_t now_seen = atomic_load(&wd.progress);
-    double now = piper_clock_seconds();
-    /* a gap of many periods: this process itself was stopped (SIGSTOP, then SIGCONT from the
-     * launcher that ends the job): not a hang to report */
-    bool was_stopped = now - looked > 20 * WATCH_PERIOD_US * 1e-6;
-    looked = now;
-    if (now_seen != seen || wd.stop || was_stopped) {
-      seen = now_seen;
-      last = now;
+    double idle;
+    if (exec_stall_clock_look(&clock, atomic_load(&wd.progress), piper_clock_seconds(), &idle) ||
+        wd.stop)
       continue;
-    }
     double limit = wd.timeout_s + (wd.self_checked ? grace(wd.timeout_s) : 0);
-    if (now - last <= limit)
+    if (idle <= limit)
       continue;
     g_mutex_unlock(&wd.lock);
     if (exec_watchdog_claim()) {
-      report(now - last);
+      report(idle);
       end_job();
     }
     /* the runner reported and is ending the job: end it ourselves if that hangs too */
     g_mutex_lock(&wd.lock);
-    if (now - last > limit + wd.timeout_s) {
+    if (idle > limit + wd.timeout_s) {
       g_mutex_unlock(&wd.lock);
       end_job();
     }

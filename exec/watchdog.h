@@ -28,4 +28,19 @@ void exec_watchdog_progress(void);
 bool exec_watchdog_claim(void);
 bool exec_watchdog_running(void);
 
+/* The stall rule the watchdog thread and the runner's waits share: looked at regularly, a
+ * waiter is idle since its progress counter last changed, but a gap between two looks longer
+ * than stop_gap_s is this process's own pause (SIGSTOP, then SIGCONT), not its peers' silence,
+ * and restarts the idle time as progress does. */
+struct exec_stall_clock {
+  uint64_t seen;
+  double last, looked, stop_gap_s;
+};
+void exec_stall_clock_init(struct exec_stall_clock *c, uint64_t progress, double now,
+                           double stop_gap_s);
+/* One look: true when it restarted the idle time (progress, or a pause); *idle gets the
+ * seconds without progress. */
+bool exec_stall_clock_look(struct exec_stall_clock *c, uint64_t progress, double now,
+                           double *idle);
+
 #endif

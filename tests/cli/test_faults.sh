@@ -5,7 +5,8 @@
 # stall:KIND:RANK:STEP: a receive nothing matches, cancelled like a real one), a rank stops
 # itself at a step's start and at start-up (stop:RANK:STEP, step 0: before the communicators
 # exist, so its peers wait inside MPI_Comm_split), and one rank is sent SIGSTOP from outside in
-# the middle of a step. FAULT_REPEAT=N runs each case N times (default 1).
+# the middle of a step. Every rank stopped together past --timeout and resumed apart is a pause,
+# not a hang: the job trains to its end and nobody is blamed. FAULT_REPEAT=N runs each case N times (default 1).
 set -u
 BIN=${PIPER_BIN:-bin}
 PE="$BIN/piper-exec"
@@ -103,6 +104,36 @@ for k in $(seq "$REPEAT"); do
   # job-wide operation that ends one); the watchdog names either, one line
   judge "SIGSTOP mid-step (run $k)" "$rc" $(($(date +%s) - start)) "$T/sigstop.log" \
     "$W\(: stream\| in a job-wide operation between steps\)"
+done
+
+# --- every rank SIGSTOPped together for longer than --timeout, resumed 0.3 s apart -------------
+# A resumed rank must not count its own pause as its peer's silence (the watchdog thread and the
+# runner's wait both take a long gap between two looks for a stop): exit 0, no watchdog line.
+for k in $(seq "$REPEAT"); do
+  timeout 120 "${JOB[@]}" --base-schedule "$BS/pp2_dp2_ep2.json" --iters 600 >"$T/pause.log" 2>&1 &
+  job=$!
+  for _ in $(seq 200); do grep -q "^step *3/" "$T/pause.log" && break; sleep 0.1; done
+  mpi=$(pgrep -P "$job" -x mpirun)
+  ranks=$(pgrep -P "$mpi" -x piper-exec)
+  if [ "$(echo "$ranks" | wc -w)" != 4 ]; then
+    bad "paused job (run $k): 4 ranks wanted, found '$ranks': $(tail -3 "$T/pause.log")"
+    kill "$job"
+    wait "$job"
+    continue
+  fi
+  kill -STOP $ranks
+  sleep 5 # past --timeout 3
+  for r in $ranks; do
+    kill -CONT "$r"
+    sleep 0.3
+  done
+  wait "$job"
+  rc=$?
+  if [ "$rc" -ne 0 ] || grep -q "watchdog" "$T/pause.log" || ! grep -q "^step *601/601" "$T/pause.log"; then
+    bad "paused job (run $k): exit $rc: $(grep -v '^step' "$T/pause.log" | tail -3)"
+  else
+    ok
+  fi
 done
 
 echo "test_faults.sh: $pass passed, $failed failed"

@@ -16,6 +16,7 @@
 
 #include "../../directives/compile.h"
 #include "../../exec/exec-impl.h"
+#include "../../exec/watchdog.h"
 #include "../../base/json.h"
 
 static struct exec_backend *backend; /* one per process: MPI initialises once */
@@ -546,6 +547,27 @@ static void test_backend_busy_clock(void **state) {
   assert_false(exec_backend_busy_clock(b, &b0));
   assert_true(b0 == 0);
   exec_backend_free(b);
+}
+
+/* The stall rule: idle time grows between looks without progress and restarts on progress;
+ * a gap between two looks longer than the stop gap (this process was stopped, SIGSTOP) restarts
+ * it too, so a resumed rank does not blame its peers for its own pause. */
+static void test_stall_clock(void **state) {
+  (void)state;
+  struct exec_stall_clock c;
+  double idle = -1, t = 0;
+  exec_stall_clock_init(&c, 7, 0.0, 1.0);
+  for (int k = 0; k < 80; k++) /* 4 s of looks every 0.05 s, nothing done */
+    assert_false(exec_stall_clock_look(&c, 7, t += 0.05, &idle));
+  assert_true(fabs(idle - 4.0) < 1e-9);
+  assert_true(exec_stall_clock_look(&c, 8, t += 0.05, &idle)); /* progress */
+  assert_true(idle == 0);
+  assert_false(exec_stall_clock_look(&c, 8, t += 0.05, &idle));
+  assert_true(fabs(idle - 0.05) < 1e-9);
+  assert_true(exec_stall_clock_look(&c, 8, t += 5.0, &idle)); /* stopped 5 s: a pause */
+  assert_true(idle == 0);
+  assert_false(exec_stall_clock_look(&c, 8, t += 0.9, &idle)); /* a slow look is not one */
+  assert_true(fabs(idle - 0.9) < 1e-9);
 }
 
 static GString *p2p_log;
@@ -1117,6 +1139,7 @@ int main(void) {
       cmocka_unit_test(test_backend_table_checks_and_defaults),
       cmocka_unit_test(test_backend_p2p_group),
       cmocka_unit_test(test_backend_busy_clock),
+      cmocka_unit_test(test_stall_clock),
       cmocka_unit_test(test_train_loss_falls),
       cmocka_unit_test(test_bi_bw_split_equals_fused),
       cmocka_unit_test(test_checkpoint_resume),
