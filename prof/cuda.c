@@ -644,7 +644,7 @@ static bool net_group(struct prof_run *r, struct gpu *g, uint32_t n, struct net_
   g_free(members);
   /* every rank learns whether all made it, so none goes on to wait for a failed one */
   int made = cerr == NULL, all_made = 0;
-  MPI_Allreduce(&made, &all_made, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&made, &all_made, 1, MPI_INT, MPI_MIN, r->comm);
   if (!all_made) {
     exec_comm_destroy(g->b, comm);
     if (cerr)
@@ -657,7 +657,7 @@ static bool net_group(struct prof_run *r, struct gpu *g, uint32_t n, struct net_
   }
   bool member = (uint32_t)r->rank < n, ok = true;
   MPI_Comm sub = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, r->rank, &sub);
+  MPI_Comm_split(r->comm, member ? 0 : MPI_UNDEFINED, r->rank, &sub);
   int max_log4 = r->a->quick ? 8 : 11; /* 8 B .. 128 KiB or 8 MiB, by 4x */
   size_t max_bytes = ((size_t)8 << (2 * (max_log4 - 1))) + (size_t)4 * n;
   struct net_arg c = {.g = g, .comm = comm, .me = (uint32_t)r->rank, .n = n};
@@ -691,7 +691,7 @@ static bool net_group(struct prof_run *r, struct gpu *g, uint32_t n, struct net_
   exec_comm_destroy(g->b, comm);
   /* every rank agrees before the next group's communicator is made */
   int okv = ok, all = 0;
-  MPI_Allreduce(&okv, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&okv, &all, 1, MPI_INT, MPI_MIN, r->comm);
   if (ok && !all)
     ok = piper_runtime_error(err, "piper-prof: another rank's NCCL measurement failed");
   return ok;
@@ -795,7 +795,7 @@ bool prof_cuda_measure(struct prof_run *r, GPtrArray *models, GError **err) {
   r->failed = !cuda_measure(r, models, err);
   if (r->size > 1 && r->rank != 0) {
     if (!r->failed)
-      prof_idle_until_released();
+      prof_idle_until_released(r);
     return false;
   }
   return !r->failed;

@@ -23,10 +23,10 @@
 /* Seconds per MPI_Test of a receive from another rank that nothing matches (as the loop
  * tests posted work: the library polls its shared-memory queues), the median of 9 batches;
  * the receive is cancelled after. The other ranks sleep meanwhile. */
-static double host_test_cost(uint32_t n) {
+static double host_test_cost(const struct prof_run *r, uint32_t n) {
   char in = 0;
   MPI_Request req;
-  MPI_Irecv(&in, 1, MPI_CHAR, 1, 99, MPI_COMM_WORLD, &req);
+  MPI_Irecv(&in, 1, MPI_CHAR, 1, 99, r->comm, &req);
   int flag = 0;
   double t[9];
   for (int b = 0; b < 9; b++) {
@@ -108,14 +108,14 @@ static double computer_once(struct exec_backend *b, struct exec_comm *c, double 
 enum { PAIR_ROUNDS = 7 };
 
 /* Rank 1 sleeps in MPI (1 ms polls) until rank 0 says go. */
-static void pair_go(int rank) {
+static void pair_go(const struct prof_run *r, int rank) {
   char go = 1;
   if (rank == 0) {
-    MPI_Send(&go, 1, MPI_CHAR, 1, 96, MPI_COMM_WORLD);
+    MPI_Send(&go, 1, MPI_CHAR, 1, 96, r->comm);
     return;
   }
   MPI_Request req;
-  MPI_Irecv(&go, 1, MPI_CHAR, 0, 96, MPI_COMM_WORLD, &req);
+  MPI_Irecv(&go, 1, MPI_CHAR, 0, 96, r->comm, &req);
   for (int flag = 0; !flag;) {
     MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
     if (!flag)
@@ -135,17 +135,17 @@ static bool host_wait_pair(struct prof_run *r, struct exec_backend *b, struct ex
     double sent = 0, seen = 0;
     if (r->rank == 0) {
       double alone = compute_rate(window);
-      pair_go(0);
+      pair_go(r, 0);
       double shared = computer_once(b, c, window, &sent, &ok, err);
-      MPI_Recv(&seen, 1, MPI_DOUBLE, 1, 97, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      MPI_Recv(&self[i], 1, MPI_DOUBLE, 1, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(&seen, 1, MPI_DOUBLE, 1, 97, r->comm, MPI_STATUS_IGNORE);
+      MPI_Recv(&self[i], 1, MPI_DOUBLE, 1, 98, r->comm, MPI_STATUS_IGNORE);
       share[i] = shared > 0 ? alone / shared - 1 : 0;
       wake[i] = seen - sent > 0 ? seen - sent : 0;
     } else if (r->rank == 1) {
-      pair_go(1);
+      pair_go(r, 1);
       double mine = waiter_once(b, c, &seen, &ok, err);
-      MPI_Send(&seen, 1, MPI_DOUBLE, 0, 97, MPI_COMM_WORLD);
-      MPI_Send(&mine, 1, MPI_DOUBLE, 0, 98, MPI_COMM_WORLD);
+      MPI_Send(&seen, 1, MPI_DOUBLE, 0, 97, r->comm);
+      MPI_Send(&mine, 1, MPI_DOUBLE, 0, 98, r->comm);
     }
   }
   if (r->rank == 0) {
@@ -169,17 +169,17 @@ static bool host_wait_share(struct prof_run *r, struct exec_backend *b, GError *
   int cpu = 0;
   while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &old))
     cpu++;
-  MPI_Bcast(&cpu, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  MPI_Bcast(&cpu, 1, MPI_INT, 0, r->comm);
   if (r->rank <= 1) {
     CPU_ZERO(&one);
     CPU_SET(cpu, &one);
     sched_setaffinity(0, sizeof one, &one);
   }
-  prof_sleeping_barrier();
+  prof_sleeping_barrier(r);
   bool ok = r->rank > 1 || host_wait_pair(r, b, c, r->a->quick ? 0.02 : 0.05, err);
   if (r->rank <= 1)
     sched_setaffinity(0, sizeof old, &old);
-  prof_sleeping_barrier();
+  prof_sleeping_barrier(r);
   exec_comm_destroy(b, c);
   return ok;
 }
@@ -210,21 +210,21 @@ static bool host_wait_demand(struct prof_run *r, struct exec_backend *b, GError 
   bool ok = true;
   for (int i = 0; i < PAIR_ROUNDS; i++) {
     double seen = 0;
-    prof_sleeping_barrier();
+    prof_sleeping_barrier(r);
     if ((uint32_t)r->rank == waiter)
       share[i] = waiter_once(b, c, &seen, &ok, err);
     else if (r->rank == 0)
       demand_sender(b, c, waiter, window, &ok, err);
   }
   if ((uint32_t)r->rank == waiter)
-    MPI_Send(share, PAIR_ROUNDS, MPI_DOUBLE, 0, 99, MPI_COMM_WORLD);
+    MPI_Send(share, PAIR_ROUNDS, MPI_DOUBLE, 0, 99, r->comm);
   else if (r->rank == 0)
-    MPI_Recv(share, PAIR_ROUNDS, MPI_DOUBLE, (int)waiter, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(share, PAIR_ROUNDS, MPI_DOUBLE, (int)waiter, 99, r->comm, MPI_STATUS_IGNORE);
   if (r->rank == 0) {
     double m = prof_median(share, PAIR_ROUNDS);
     r->wait_share = m < 0 ? 0 : m > 1 ? 1 : m;
   }
-  prof_sleeping_barrier();
+  prof_sleeping_barrier(r);
   exec_comm_destroy(b, c);
   return ok;
 }
@@ -286,16 +286,16 @@ static bool late_side(struct late_arg *w, bool loop, GError **err) {
 static double late_once(struct prof_run *r, struct late_arg *w, bool loop, double window,
                         bool *ok, GError **err) {
   double seen = 0;
-  prof_sleeping_barrier();
+  prof_sleeping_barrier(r);
   if (r->rank == 0) {
     compute_rate(window);
     *ok = late_side(w, loop, err) && *ok;
-    MPI_Recv(&seen, 1, MPI_DOUBLE, (int)w->peer, 95, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(&seen, 1, MPI_DOUBLE, (int)w->peer, 95, r->comm, MPI_STATUS_IGNORE);
     return seen - w->t;
   }
   if ((uint32_t)r->rank == (uint32_t)r->size - 1) {
     *ok = late_side(w, loop, err) && *ok;
-    MPI_Send(&w->t, 1, MPI_DOUBLE, 0, 95, MPI_COMM_WORLD);
+    MPI_Send(&w->t, 1, MPI_DOUBLE, 0, 95, r->comm);
   }
   return 0;
 }
@@ -319,7 +319,7 @@ static bool host_loop_late(struct prof_run *r, struct exec_backend *b, GError **
     double late = prof_median(loop, PAIR_ROUNDS) - prof_median(poll, PAIR_ROUNDS);
     r->loop_late = late > 0 ? late : 0;
   }
-  prof_sleeping_barrier();
+  prof_sleeping_barrier(r);
   g_free(w.buf);
   exec_comm_destroy(b, c);
   return ok;
@@ -333,19 +333,19 @@ static bool host_loop_late(struct prof_run *r, struct exec_backend *b, GError **
  * host loop). */
 static int eager_once(struct prof_run *r, char *buf, size_t n) {
   int waiter = r->size - 1, done = 0;
-  prof_sleeping_barrier();
+  prof_sleeping_barrier(r);
   if (r->rank == 0) {
     MPI_Request req;
     double t0 = piper_clock_seconds();
-    MPI_Isend(buf, (int)n, MPI_BYTE, waiter, 97, MPI_COMM_WORLD, &req);
+    MPI_Isend(buf, (int)n, MPI_BYTE, waiter, 97, r->comm, &req);
     while (!done && piper_clock_seconds() - t0 < 0.001)
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
     MPI_Wait(&req, MPI_STATUS_IGNORE);
   } else if (r->rank == waiter) {
     g_usleep(2000);
-    MPI_Recv(buf, (int)n, MPI_BYTE, 0, 97, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(buf, (int)n, MPI_BYTE, 0, 97, r->comm, MPI_STATUS_IGNORE);
   }
-  MPI_Bcast(&done, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  MPI_Bcast(&done, 1, MPI_INT, 0, r->comm);
   return done;
 }
 
@@ -354,9 +354,9 @@ static void host_eager_limit(struct prof_run *r) {
   char *buf = g_malloc0((size_t)1 << 20);
   for (int k = 0; k < 32; k++) {
     if (r->rank == 0)
-      MPI_Send(buf, 64, MPI_BYTE, waiter, 96, MPI_COMM_WORLD);
+      MPI_Send(buf, 64, MPI_BYTE, waiter, 96, r->comm);
     else if (r->rank == waiter)
-      MPI_Recv(buf, 64, MPI_BYTE, 0, 96, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(buf, 64, MPI_BYTE, 0, 96, r->comm, MPI_STATUS_IGNORE);
   }
   double eager = 0;
   for (size_t n = 256; n <= ((size_t)1 << 20); n *= 2) {
@@ -385,9 +385,9 @@ bool prof_measure_host(struct prof_run *r, GError **err) {
   }
 #ifdef HAVE_MPI
   if (r->size > 1) {
-    prof_sleeping_barrier();
+    prof_sleeping_barrier(r);
     if (r->rank == 0)
-      r->comm_test = host_test_cost(r->a->quick ? 2000 : 20000);
+      r->comm_test = host_test_cost(r, r->a->quick ? 2000 : 20000);
     ok = host_wait_share(r, b, err) && ok;
     ok = host_wait_demand(r, b, err) && ok;
     ok = host_loop_late(r, b, err) && ok;

@@ -176,9 +176,9 @@ static double net_median(const struct prof_args *a, struct net_ctx *c, uint32_t 
 
 /* The ranks outside a group wait here without a core (MPI's barrier spins, and a spinning
  * rank would take a core from the group being timed); host.c's rounds start with it too. */
-void prof_sleeping_barrier(void) {
+void prof_sleeping_barrier(const struct prof_run *r) {
   MPI_Request req;
-  MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  MPI_Ibarrier(r->comm, &req);
   for (int flag = 0; !flag;) {
     MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
     if (!flag)
@@ -229,13 +229,13 @@ void prof_measure_network(struct prof_run *r) {
                                  g_array_new(FALSE, FALSE, sizeof(double))};
   for (int g = 2; g <= r->size; g++) {
     MPI_Comm sub = MPI_COMM_NULL;
-    MPI_Comm_split(MPI_COMM_WORLD, r->rank < g ? 0 : MPI_UNDEFINED, r->rank, &sub);
+    MPI_Comm_split(r->comm, r->rank < g ? 0 : MPI_UNDEFINED, r->rank, &sub);
     if (sub != MPI_COMM_NULL) {
       c.comm = sub, c.rank = r->rank, c.size = g;
       measure_group(r, g, &c, max_log4, pts);
       MPI_Comm_free(&sub);
     }
-    prof_sleeping_barrier();
+    prof_sleeping_barrier(r);
   }
   if (r->rank == 0)
     prof_net_record(r, pts);
@@ -247,10 +247,10 @@ void prof_measure_network(struct prof_run *r) {
 
 /* The other ranks wait for rank 0's kernels without a core: MPI's blocking calls spin, and a
  * spinning rank would take a core from the kernels being timed. */
-void prof_idle_until_released(void) {
+void prof_idle_until_released(const struct prof_run *r) {
   char done = 0;
   MPI_Request req;
-  MPI_Irecv(&done, 1, MPI_CHAR, 0, 9, MPI_COMM_WORLD, &req);
+  MPI_Irecv(&done, 1, MPI_CHAR, 0, 9, r->comm, &req);
   for (int flag = 0; !flag;) {
     MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
     if (!flag)
@@ -261,6 +261,6 @@ void prof_idle_until_released(void) {
 void prof_release_others(const struct prof_run *r) {
   char done = 1;
   for (int q = 1; q < r->size; q++)
-    MPI_Send(&done, 1, MPI_CHAR, q, 9, MPI_COMM_WORLD);
+    MPI_Send(&done, 1, MPI_CHAR, q, 9, r->comm);
 }
 #endif

@@ -23,6 +23,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef HAVE_MPI
+#include <mpi.h>
+#endif
+
 #include "../ir/ir.h"
 #include "../kernels/kernels.h"
 #include "../models/model.h"
@@ -32,6 +36,13 @@
 struct prof_run {
   const struct prof_args *a;
   int rank, size;
+#ifdef HAVE_MPI
+  /* The job's communicator (a duplicate of the world, under a launcher), every MPI call of
+   * the profiler is on it. Its error handler is MPI_ERRORS_ARE_FATAL, set on purpose: a
+   * failed call ends the job with MPI's own line naming the call and the communicator (what
+   * a profiler that cannot measure should do), so no call's result goes unseen. */
+  MPI_Comm comm;
+#endif
   cJSON *measured;  /* the table's entries */
   GHashTable *seen; /* "kind shape" keys already measured */
   uint32_t n_entries, n_skipped;
@@ -179,9 +190,9 @@ void prof_net_record(struct prof_run *r, const struct net_points *pts);
 /* Every operation over every group size of the world through MPI (every rank). */
 void prof_measure_network(struct prof_run *r);
 /* A barrier of the world whose ranks wait without a core (they poll every millisecond). */
-void prof_sleeping_barrier(void);
+void prof_sleeping_barrier(const struct prof_run *r);
 /* Ranks other than 0 wait here, without a core, until rank 0 has written the profile. */
-void prof_idle_until_released(void);
+void prof_idle_until_released(const struct prof_run *r);
 /* Rank 0: lets the others go (prof_idle_until_released). */
 void prof_release_others(const struct prof_run *r);
 #endif

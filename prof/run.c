@@ -8,6 +8,7 @@
 #endif
 
 #include "../base/base.h"
+#include "../base/launch.h"
 #include "../models/model.h"
 #include "prof-impl.h"
 
@@ -45,7 +46,7 @@ static bool host_measure(struct prof_run *r, GPtrArray *models, GError **err) {
     r->failed = true;
 #ifdef HAVE_MPI
   if (r->size > 1 && r->rank != 0) {
-    prof_idle_until_released();
+    prof_idle_until_released(r);
     return false;
   }
 #endif
@@ -120,6 +121,9 @@ static void run_init(struct prof_run *r, const struct prof_args *a) {
                          .seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
                          .opt_params = g_array_new(FALSE, FALSE, sizeof(double)),
                          .opt_seconds = g_array_new(FALSE, FALSE, sizeof(double))};
+#ifdef HAVE_MPI
+  r->comm = MPI_COMM_NULL;
+#endif
 }
 
 static void run_free(struct prof_run *r) {
@@ -131,20 +135,33 @@ static void run_free(struct prof_run *r) {
   g_array_free(r->opt_seconds, TRUE);
 }
 
-/* Under mpirun: starts MPI (the host backend's instruction costs need full thread support)
- * and fills in r's rank and size; returns whether it did. */
-static bool mpi_start(struct prof_run *r, int *argc, char ***argv) {
+/* Under a launcher (base/launch.h): starts MPI (the host backend's instruction costs need full
+ * thread support), makes r's communicator and fills in r's rank and size; returns whether it
+ * did (false with err set when MPI cannot start as needed). */
+static bool mpi_start(struct prof_run *r, int *argc, char ***argv, bool *mpi, GError **err) {
+  *mpi = false;
 #ifdef HAVE_MPI
-  if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK")) {
-    int provided;
-    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &r->size);
+  if (!piper_launch_detect().launched)
     return true;
-  }
+  int provided = 0;
+  int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  if (rc != MPI_SUCCESS)
+    return piper_runtime_error(err, "MPI_Init_thread failed (code %d)", rc);
+  *mpi = true;
+  if (provided < MPI_THREAD_MULTIPLE)
+    return piper_runtime_error(err,
+                               "the MPI library provides thread level %d, but piper-prof "
+                               "needs MPI_THREAD_MULTIPLE (%d), as piper-exec does",
+                               provided, MPI_THREAD_MULTIPLE);
+  /* from here on a failed call ends the job with MPI's line (prof-impl.h, comm) */
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+  MPI_Comm_dup(MPI_COMM_WORLD, &r->comm);
+  MPI_Comm_set_errhandler(r->comm, MPI_ERRORS_ARE_FATAL);
+  MPI_Comm_rank(r->comm, &r->rank);
+  MPI_Comm_size(r->comm, &r->size);
 #endif
-  (void)r, (void)argc, (void)argv;
-  return false;
+  (void)r, (void)argc, (void)argv, (void)err;
+  return true;
 }
 
 /* Rank 0, once it has measured: lets the others go (they wait without a core). */
@@ -156,12 +173,15 @@ static void mpi_release(const struct prof_run *r, bool mpi) {
   (void)r, (void)mpi;
 }
 
-static void mpi_finish(bool mpi) {
+static void mpi_finish(struct prof_run *r, bool mpi) {
 #ifdef HAVE_MPI
-  if (mpi)
+  if (mpi) {
+    if (r->comm != MPI_COMM_NULL)
+      MPI_Comm_free(&r->comm);
     MPI_Finalize();
+  }
 #endif
-  (void)mpi;
+  (void)r, (void)mpi;
 }
 
 bool prof_run(const struct prof_args *args, int argc, char **argv, GError **err) {
@@ -182,13 +202,19 @@ bool prof_run(const struct prof_args *args, int argc, char **argv, GError **err)
   }
   struct prof_run r;
   run_init(&r, &a);
-  bool mpi = mpi_start(&r, &argc, &argv);
+  bool mpi;
+  if (!mpi_start(&r, &argc, &argv, &mpi, err)) {
+    mpi_finish(&r, mpi);
+    run_free(&r);
+    g_ptr_array_free(models, TRUE);
+    return false;
+  }
   bool writer = backend->measure(&r, models, err);
   mpi_release(&r, mpi);
   bool ok = !r.failed && (!writer || prof_write_profile(&r, argc, argv, err));
   if (writer && ok)
     prof_progress(&r, "wrote %s (%u measured entries)", a.out, r.n_entries);
-  mpi_finish(mpi);
+  mpi_finish(&r, mpi);
   run_free(&r);
   g_ptr_array_free(models, TRUE);
   return ok;
