@@ -19,6 +19,7 @@
 #include "../base/assert.h"
 #include "../base/base.h"
 #include "arena.h"
+#include "backend_cuda.h"
 #include "cuda-impl.h"
 #include "gpu_layout.h"
 
@@ -330,7 +331,8 @@ static void cuda_free(struct exec_backend *backend) {
 static void cuda_abort(struct exec_backend *backend, int code) {
   struct cuda_context *b = backend->context;
   if (b && b->mpi)
-    MPI_Abort(b->job != MPI_COMM_NULL ? b->job : MPI_COMM_WORLD, code);
+    /* returns only when it fails: the caller exits */
+    (void)MPI_Abort(b->job != MPI_COMM_NULL ? b->job : MPI_COMM_WORLD, code);
 }
 
 static uint32_t cuda_world_rank(struct exec_backend *b) {
@@ -858,6 +860,27 @@ static void cuda_cancel(struct exec_backend *backend) {
 
 static void cuda_reset(struct exec_backend *backend) {
   ((struct cuda_context *)backend->context)->cancelled = false;
+}
+
+/* ---- beyond the table (backend_cuda.h) ----------------------------------------------------- */
+
+bool exec_cuda_facts(struct exec_backend *backend, struct exec_cuda_facts *out, GError **err) {
+  struct cuda_context *b = exec_cuda_context(backend);
+  *out = (struct exec_cuda_facts){.n_sms = b->n_sms};
+  g_strlcpy(out->name, b->device_name, sizeof out->name);
+  return CUDA_CHECK(b, cudaMemGetInfo(&out->free_bytes, &out->total_bytes), err);
+}
+
+bool exec_cuda_gemm_bf16(struct exec_backend *backend) {
+  return exec_cuda_context(backend)->bf16_gemm;
+}
+
+void exec_cuda_set_gemm_bf16(struct exec_backend *backend, bool bf16) {
+  exec_cuda_context(backend)->bf16_gemm = bf16;
+}
+
+void exec_cuda_add_weight_store(struct exec_backend *backend, const void *store, size_t bytes) {
+  exec_wcache_add_store(&exec_cuda_context(backend)->wcache, store, bytes);
 }
 
 const struct exec_backend_ops exec_backend_cuda = {

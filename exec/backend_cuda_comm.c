@@ -40,7 +40,11 @@ bool exec_cuda_comm_start(struct cuda_context *b, const struct exec_backend_para
   }
   b->mpi = true;
   int rank = 0, size = 1, lrank = 0, lsize = 1;
-  bool ok = MPI_CHECK(b, MPI_Comm_dup(MPI_COMM_WORLD, &b->job), err) &&
+  /* errors return (MPI's default ends the job): MPI_CHECK then names the call; every
+   * communicator split from job inherits its handler */
+  bool ok = MPI_CHECK(b, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), err) &&
+            MPI_CHECK(b, MPI_Comm_dup(MPI_COMM_WORLD, &b->job), err) &&
+            MPI_CHECK(b, MPI_Comm_set_errhandler(b->job, MPI_ERRORS_RETURN), err) &&
             MPI_CHECK(b, MPI_Comm_rank(b->job, &rank), err) &&
             MPI_CHECK(b, MPI_Comm_size(b->job, &size), err) &&
             MPI_CHECK(b,
@@ -63,13 +67,14 @@ void exec_cuda_comm_finalize(struct cuda_context *b) {
   if (b->staged_sends)
     g_array_free(b->staged_sends, TRUE);
   b->staged_sends = NULL;
+  /* teardown has no caller to tell: a failure (a peer gone) changes nothing that follows */
   if (b->node != MPI_COMM_NULL && b->mpi)
-    MPI_Comm_free(&b->node);
+    (void)MPI_Comm_free(&b->node);
   if (b->job != MPI_COMM_NULL && b->mpi)
-    MPI_Comm_free(&b->job);
+    (void)MPI_Comm_free(&b->job);
   b->node = b->job = MPI_COMM_NULL;
   if (b->finalize_mpi)
-    MPI_Finalize();
+    (void)MPI_Finalize();
   b->finalize_mpi = false;
 }
 
@@ -134,7 +139,7 @@ void exec_cuda_comm_destroy(struct exec_comm *c) {
   if (c->nccl)
     ncclCommDestroy(c->nccl);
   if (c->mpi != MPI_COMM_NULL)
-    MPI_Comm_free(&c->mpi);
+    (void)MPI_Comm_free(&c->mpi); /* teardown: nothing to tell */
   g_free(c->members);
   g_free(c);
 }

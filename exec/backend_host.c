@@ -615,7 +615,8 @@ struct clock_origin {
 };
 
 static bool shared_epoch(struct host_context *b, GError **err) {
-  exec_host_comm_barrier(b);
+  if (!exec_host_comm_barrier(b, err))
+    return false;
   struct clock_origin mine = {.epoch = piper_clock_seconds()}, root;
   piper_clock_machine(mine.machine, sizeof mine.machine);
   root = mine;

@@ -42,7 +42,7 @@ bool exec_host_comm_init(struct host_context *b, const struct exec_backend_param
 void exec_host_comm_finalize(struct host_context *b);
 void exec_host_comm_abort(struct host_context *b, int code);
 /* Barrier across the job used to align clocks at start (no-op alone). */
-void exec_host_comm_barrier(struct host_context *b);
+bool exec_host_comm_barrier(struct host_context *b, GError **err);
 const char *exec_host_comm_library(struct host_context *b);
 
 struct exec_comm *exec_host_comm_create(struct host_context *b, const char *label,

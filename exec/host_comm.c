@@ -51,8 +51,9 @@ static bool local_comm_init(struct host_context *b, const struct exec_backend_pa
   return true;
 }
 
-static void local_comm_barrier(struct host_context *b) {
-  (void)b;
+static bool local_comm_barrier(struct host_context *b, GError **err) {
+  (void)b, (void)err;
+  return true;
 }
 static void local_comm_finalize(struct host_context *b) {
   (void)b;
@@ -186,11 +187,17 @@ static bool local_world_broadcast(struct host_context *b, void *buf, size_t byte
 #ifdef HAVE_MPI
 /* ---- MPI ------------------------------------------------------------------------------- */
 
+/* MPI's text for code rc (its code when MPI cannot say). */
+static void mpi_error_text(int rc, char msg[MPI_MAX_ERROR_STRING]) {
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+    g_snprintf(msg, MPI_MAX_ERROR_STRING, "MPI error %d", rc);
+}
+
 static bool mpi_fail(GError **err, struct host_context *b, const char *label, const char *what,
                      int rc) {
   char msg[MPI_MAX_ERROR_STRING] = "";
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
+  mpi_error_text(rc, msg);
   g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
               "rank %u: %s on %s failed: %s (a peer may have died)", b->rank, what, label, msg);
   return false;
@@ -211,8 +218,7 @@ static enum host_pending_state mpi_test(struct host_pending *p, GError **err) {
   int rc = MPI_Testall(m->n, m->reqs, &flag, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) {
     char msg[MPI_MAX_ERROR_STRING] = "";
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
+    mpi_error_text(rc, msg);
     piper_runtime_error(err, "rank %u: %s failed: %s (a peer may have died)", m->b->rank,
                         p->what, msg);
     return HOST_PENDING_FAILED;
@@ -229,7 +235,7 @@ static bool mpi_cancel(struct host_pending *p) {
   if (m->cancellable)
     for (int i = 0; i < m->n; i++)
       if (m->reqs[i] != MPI_REQUEST_NULL)
-        MPI_Cancel(&m->reqs[i]);
+        (void)MPI_Cancel(&m->reqs[i]); /* a request that cannot be cancelled completes */
   double until = piper_clock_seconds() + CANCEL_GRACE_S;
   for (;;) {
     int flag = 0;
@@ -252,22 +258,50 @@ static bool wait_requests(struct host_context *b, const char *label, const char 
   return exec_host_wait(b, &m.base, err);
 }
 
+/* MPI's code rc as an error naming the call, on this rank; false (for returns). */
+static bool mpi_call_fail(GError **err, const char *call, int rank, int rc) {
+  char msg[MPI_MAX_ERROR_STRING] = "";
+  mpi_error_text(rc, msg);
+  g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "rank %d: %s failed: %s", rank, call, msg);
+  return false;
+}
+
+/* Every MPI call of the world's set-up is checked (MPI_ERRORS_RETURN is set first thing). */
+#define MPI_CHECK(call, rank)                                                                      \
+  do {                                                                                             \
+    int rc_ = (call);                                                                              \
+    if (rc_ != MPI_SUCCESS)                                                                        \
+      return mpi_call_fail(err, #call, rank, rc_);                                                 \
+  } while (0)
+
+/* Starts MPI where the launcher has not (with full thread support: the watchdog thread ends
+ * the job while the event loop may be inside MPI). */
+static bool mpi_start(struct host_context *b, const struct exec_backend_params *p, int *provided,
+                      GError **err) {
+  int inited = 0;
+  MPI_CHECK(MPI_Initialized(&inited), -1);
+  if (inited) {
+    MPI_CHECK(MPI_Query_thread(provided), -1);
+    return true;
+  }
+  int rc = MPI_Init_thread(p ? p->argc : NULL, p ? p->argv : NULL, MPI_THREAD_MULTIPLE, provided);
+  if (rc != MPI_SUCCESS) {
+    g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "MPI_Init_thread failed (code %d)", rc);
+    return false;
+  }
+  b->world->finalize = true;
+  return true;
+}
+
+/* The job's communicator (control), a duplicate of the world that reports errors: every
+ * communicator of the backend derives from it. */
 static bool mpi_comm_init(struct host_context *b, const struct exec_backend_params *p,
                           GError **err) {
   b->world->mpi = true;
-  int inited = 0, provided = 0;
-  MPI_Initialized(&inited);
-  if (!inited) {
-    int rc =
-        MPI_Init_thread(p ? p->argc : NULL, p ? p->argv : NULL, MPI_THREAD_MULTIPLE, &provided);
-    if (rc != MPI_SUCCESS) {
-      g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "MPI_Init_thread failed (code %d)", rc);
-      return false;
-    }
-    b->world->finalize = true;
-  } else {
-    MPI_Query_thread(&provided);
-  }
+  b->world->control = MPI_COMM_NULL;
+  int provided = 0;
+  if (!mpi_start(b, p, &provided, err))
+    return false;
   if (provided < MPI_THREAD_MULTIPLE) {
     g_set_error(err, PIPER_ERROR, PIPER_ERROR_RUNTIME,
                 "the MPI library provides thread level %d, but piper-exec needs "
@@ -275,19 +309,20 @@ static bool mpi_comm_init(struct host_context *b, const struct exec_backend_para
                 "the event loop may be inside MPI; use an MPI built with thread support",
                 provided, MPI_THREAD_MULTIPLE);
     if (b->world->finalize)
-      MPI_Finalize();
+      (void)MPI_Finalize(); /* failing already: the thread level is the error */
     return false;
   }
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), -1);
+  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &b->world->control), -1);
+  MPI_CHECK(MPI_Comm_set_errhandler(b->world->control, MPI_ERRORS_RETURN), -1);
   int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_CHECK(MPI_Comm_rank(b->world->control, &rank), -1);
+  MPI_CHECK(MPI_Comm_size(b->world->control, &size), rank);
   b->rank = (uint32_t)rank;
   b->size = (uint32_t)size;
-  MPI_Comm_dup(MPI_COMM_WORLD, &b->world->control);
-  MPI_Comm_set_errhandler(b->world->control, MPI_ERRORS_RETURN);
   char lib[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
-  MPI_Get_library_version(lib, &len);
+  MPI_CHECK(MPI_Get_library_version(lib, &len), rank);
   char *nl = strchr(lib, '\n');
   if (nl)
     *nl = 0;
@@ -298,19 +333,23 @@ static bool mpi_comm_init(struct host_context *b, const struct exec_backend_para
   return true;
 }
 
-static void mpi_comm_barrier(struct host_context *b) {
-  MPI_Barrier(b->world->control);
+static bool mpi_comm_barrier(struct host_context *b, GError **err) {
+  int rc = MPI_Barrier(b->world->control);
+  return rc == MPI_SUCCESS || mpi_fail(err, b, "the job", "barrier", rc);
 }
 
+/* Teardown has no caller to tell: a failure here (a peer gone) changes nothing that follows,
+ * and MPI_Finalize is still due. */
 static void mpi_comm_finalize(struct host_context *b) {
-  MPI_Comm_free(&b->world->control);
+  if (b->world->control != MPI_COMM_NULL)
+    (void)MPI_Comm_free(&b->world->control);
   if (b->world->finalize)
-    MPI_Finalize();
+    (void)MPI_Finalize();
 }
 
+/* Ends every process of the job (MPI_Abort returns only if it fails: then the caller exits). */
 static void mpi_comm_abort(struct host_context *b, int code) {
-  (void)b;
-  MPI_Abort(MPI_COMM_WORLD, code);
+  (void)MPI_Abort(b->world->control != MPI_COMM_NULL ? b->world->control : MPI_COMM_WORLD, code);
 }
 
 static const char *mpi_comm_library(struct host_context *b) {
@@ -327,22 +366,24 @@ static struct exec_comm *mpi_comm_create(struct host_context *b, const char *lab
       pos = (int)i;
   int rc;
   if (point_to_point)
-    rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm); /* every rank is in it: peers are world ranks */
+    rc = MPI_Comm_dup(b->world->control, &comm); /* every rank is in it: peers are job ranks */
   else
-    rc = MPI_Comm_split(MPI_COMM_WORLD, pos >= 0 ? 0 : MPI_UNDEFINED, pos, &comm);
+    rc = MPI_Comm_split(b->world->control, pos >= 0 ? 0 : MPI_UNDEFINED, pos, &comm);
   if (rc != MPI_SUCCESS)
     return mpi_fail(err, b, label, "creating the communicator", rc), NULL;
   if (comm == MPI_COMM_NULL)
     return NULL;
   if (point_to_point)
     pos = (int)b->rank;
-  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  int size = 0; /* errors already return on comm: it inherits the handler of control */
+  if ((rc = MPI_Comm_size(comm, &size)) != MPI_SUCCESS) {
+    (void)MPI_Comm_free(&comm);
+    return mpi_fail(err, b, label, "creating the communicator", rc), NULL;
+  }
   struct exec_comm *c = g_new0(struct exec_comm, 1);
   c->b = b;
   c->local = false;
   c->comm = comm;
-  int size;
-  MPI_Comm_size(comm, &size);
   c->size = (uint32_t)size;
   c->rank = (uint32_t)pos;
   c->members = g_new(uint32_t, c->size);
@@ -358,7 +399,7 @@ static struct exec_comm *mpi_comm_create(struct host_context *b, const char *lab
 static void mpi_comm_destroy(struct exec_comm *c) {
   if (!c)
     return;
-  MPI_Comm_free(&c->comm);
+  (void)MPI_Comm_free(&c->comm); /* teardown: a peer's failure changes nothing here */
   g_free(c->members);
   g_free(c);
 }
@@ -619,8 +660,8 @@ bool exec_host_comm_init(struct host_context *b, const struct exec_backend_param
   return local_comm_init(b, p, err);
 }
 
-void exec_host_comm_barrier(struct host_context *b) {
-  VIA_WORLD(b, comm_barrier)(b);
+bool exec_host_comm_barrier(struct host_context *b, GError **err) {
+  return VIA_WORLD(b, comm_barrier)(b, err);
 }
 
 void exec_host_comm_finalize(struct host_context *b) {

@@ -20,8 +20,8 @@
 
 #include "../base/assert.h"
 #include "../base/base.h"
-#include "../exec/cuda-impl.h"
 #include "../exec/backend.h"
+#include "../exec/backend_cuda.h"
 #include "../sim/profile.h"
 #include "prof-impl.h"
 
@@ -130,8 +130,8 @@ static bool cuda_op_init(struct cuda_op *o, struct gpu *g, const struct model *m
   b->params = device_floats(g, z.params, 1, 0.1f);
   /* the optimizer's block is a weight store in piper-exec (k_adamw_step): without one, every
    * GEMM would convert its whole weight to bf16 (the LM head's 525 M elements once per chunk) */
-  if (b->params && exec_cuda_context(g->b)->bf16_gemm)
-    exec_wcache_add_store(&exec_cuda_context(g->b)->wcache, b->params, z.params * sizeof(float));
+  if (b->params && exec_cuda_gemm_bf16(g->b))
+    exec_cuda_add_weight_store(g->b, b->params, z.params * sizeof(float));
   b->dparams = device_floats(g, z.params, 0, 0);
   b->in0 = device_floats(g, z.in, 2, 1.0f);
   b->dout = device_floats(g, z.out, 3, 1.0f);
@@ -342,7 +342,7 @@ static bool op_task(struct exec_stream *s, void *arg, GError **err) {
 /* GEMMs in the precision the executor picks for the model (cuda_configure): bf16 operands
  * with fp32 accumulation for bf16 models, fp32 for fp32 models. */
 static void gemm_precision(struct gpu *g, bool bf16) {
-  exec_cuda_context(g->b)->bf16_gemm = bf16;
+  exec_cuda_set_gemm_bf16(g->b, bf16);
 }
 
 struct adamw_arg {
@@ -367,7 +367,7 @@ static bool weight_copy_cost(struct prof_run *r, struct gpu *g, struct cuda_op *
                              GError **err) {
   *out = 0;
   size_t n = prof_op_sizes(&o->b).params;
-  if (!exec_cuda_context(g->b)->bf16_gemm || n == 0)
+  if (!exec_cuda_gemm_bf16(g->b) || n == 0)
     return true;
   struct adamw_arg with = {.g = g, .p = o->b.params, .grad = o->b.dparams, .n = n};
   struct adamw_arg without = with;
@@ -718,14 +718,14 @@ static bool measure_nccl(struct prof_run *r, struct gpu *g, GError **err) {
 /* ---- the whole run ------------------------------------------------------------------------ */
 
 static bool gpu_facts(struct prof_run *r, struct gpu *g, size_t *free_bytes, GError **err) {
-  struct cuda_context *b = exec_cuda_context(g->b);
-  size_t total = 0;
-  if (!CUDA_CHECK(b, cudaMemGetInfo(free_bytes, &total), err))
+  struct exec_cuda_facts f;
+  if (!exec_cuda_facts(g->b, &f, err))
     return false;
-  g_strlcpy(r->gpu_name, b->device_name, sizeof r->gpu_name);
-  r->gpu_memory_gib = (double)total / 1073741824.0;
-  r->gpu_sms = (uint32_t)b->n_sms;
-  prof_progress(r, "%s: %d SMs, %.1f GiB (%.1f GiB free)", r->gpu_name, b->n_sms, r->gpu_memory_gib,
+  *free_bytes = f.free_bytes;
+  g_strlcpy(r->gpu_name, f.name, sizeof r->gpu_name);
+  r->gpu_memory_gib = (double)f.total_bytes / 1073741824.0;
+  r->gpu_sms = (uint32_t)f.n_sms;
+  prof_progress(r, "%s: %d SMs, %.1f GiB (%.1f GiB free)", r->gpu_name, f.n_sms, r->gpu_memory_gib,
                 (double)*free_bytes / 1073741824.0);
   return true;
 }

@@ -5,7 +5,9 @@
 # "module: allowed modules ...". A file's module is its top-level folder; an include is resolved
 # against the including file's folder, and its module is the top-level folder it lands in. Prints
 # "file:line: includes X (module A may not depend on B)" per violation and a summary; exit 1 on
-# any violation, 2 on a bad table or a file whose module has no line in it. tests/ are exempt.
+# any violation, 2 on a bad table or a file whose module has no line in it. A module's private
+# headers (*-impl.h) are its own: including one from another module is a violation too. tests/
+# are exempt.
 table="$(dirname "$0")/lint-layers.txt"
 if [ "$1" = "-t" ]; then table=$2; shift 2; fi
 [ -r "$table" ] || { echo "lint-layers: error: cannot read the table $table" >&2; exit 2; }
@@ -47,7 +49,10 @@ FNR == 1 { f = norm(FILENAME); m = module_of(f); dir = f; sub(/\/[^\/]*$/, "", d
   inc = $0; sub(/^[^"]*"/, "", inc); sub(/".*/, "", inc)
   target = module_of(norm(dir "/" inc))
   if (target == m || !(target in known)) next   # its own module, or no module of ours
-  if (!((m, target) in allow)) {
+  if (inc ~ /-impl\.h$/) {
+    printf "%s:%d: includes %s (a private header of module %s)\n", FILENAME, FNR, inc, target
+    bad++
+  } else if (!((m, target) in allow)) {
     printf "%s:%d: includes %s (module %s may not depend on %s)\n", FILENAME, FNR, inc, m, target
     bad++
   }

@@ -148,8 +148,7 @@ static const struct option_program program = {
  * never starts MPI and keeps the full check. Weak: absent without the sanitizer. */
 extern void __lsan_do_leak_check(void) __attribute__((weak));
 static void leak_check_before_mpi(void) {
-  if (__lsan_do_leak_check &&
-      (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK")))
+  if (__lsan_do_leak_check && piper_launch_detect().launched)
     __lsan_do_leak_check();
 }
 
@@ -180,11 +179,7 @@ static void on_term(int sig) {
 
 /* The rank a launcher gave this process, before MPI starts (0 when run alone). */
 static uint32_t launcher_rank(void) {
-  const char *names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
-  for (size_t k = 0; k < G_N_ELEMENTS(names); k++)
-    if (getenv(names[k]))
-      return (uint32_t)strtoul(getenv(names[k]), NULL, 10);
-  return 0;
+  return piper_launch_detect().rank;
 }
 
 /* A rank other than the first, ending on an error the first one prints: it lingers a moment,

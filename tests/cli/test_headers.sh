@@ -40,5 +40,25 @@ for h in $headers; do
   fi
 done
 
+# the layering (make lint's tools/lint-layers.sh) refuses an include that points up and one of
+# another module's private header, and passes the tree
+mkdir -p "$T/kernels" "$T/prof"
+printf '#include "../exec/exec.h"\n' > "$T/kernels/up.c"
+printf '#include "../exec/cuda-impl.h"\n' > "$T/prof/private.c"
+for f in kernels/up.c prof/private.c; do
+  if (cd "$T" && sh "$OLDPWD/tools/lint-layers.sh" -t "$OLDPWD/tools/lint-layers.txt" "$f") > "$T/lint.txt" 2>&1; then
+    failed=$((failed + 1))
+    echo "FAIL: lint-layers passed $f: $(cat "$T/lint.txt")"
+  else
+    pass=$((pass + 1))
+  fi
+done
+if tools/lint-layers.sh $(git ls-files 'base/*.[ch]' 'exec/*.[ch]' 'prof/*.[ch]' 'kernels/*.cu' 'tools/*.c') > "$T/lint.txt" 2>&1; then
+  pass=$((pass + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: lint-layers on the tree: $(tail -3 "$T/lint.txt")"
+fi
+
 echo "test_headers: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
