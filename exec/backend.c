@@ -61,6 +61,7 @@ static const char *const use_names[EXEC_USE_COUNT] = {
     [EXEC_USE_EMBEDDING] = "the embedding",
     [EXEC_USE_RMSNORM] = "RMSNorm",
     [EXEC_USE_ATTENTION] = "attention",
+    [EXEC_USE_MLA_ATTENTION] = "MLA attention",
     [EXEC_USE_MLP] = "the MLP",
     [EXEC_USE_EXPERTS] = "the routed experts",
     [EXEC_USE_LM_HEAD] = "the LM head",

@@ -86,6 +86,7 @@ enum exec_op_use {
   EXEC_USE_EMBEDDING,
   EXEC_USE_RMSNORM,
   EXEC_USE_ATTENTION,
+  EXEC_USE_MLA_ATTENTION, /* no op in the list yet: every backend refuses it */
   EXEC_USE_MLP,
   EXEC_USE_EXPERTS, /* router, dispatch, routed experts, combine */
   EXEC_USE_LM_HEAD,

@@ -877,12 +877,3 @@ const struct exec_kernels exec_cuda_kernels = {
 #undef EXEC_KERNEL
 #undef EXEC_COLLECTIVE
 };
-
-/* MLA attention has no kernel here (nor on the host): refused before anything runs. */
-bool exec_cuda_kernels_cover(const struct model *m, GError **err) {
-  for (uint32_t i = 0; i < m->n_ops; i++)
-    if (m->ops[i].kind == MODEL_OP_MLA_ATTENTION)
-      return piper_input_error(err, "the cuda backend has no kernel for %s (model op %u)",
-                               model_op_kind_name(m->ops[i].kind), i);
-  return true;
-}

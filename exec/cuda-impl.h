@@ -211,10 +211,9 @@ void exec_cuda_weights_forget(struct cuda_context *b, const void *p);
 /* Every bf16 weight copy released (at the end, with the arena). */
 void exec_cuda_weights_free(struct cuda_context *b);
 
-/* backend_cuda_kernels.c: the kernel table, and whether it runs every op of a model (input
- * error naming the first op it has no kernel for). */
+/* backend_cuda_kernels.c: the kernel table (the op list's; exec_check_ops refuses a plan
+ * needing an op it lacks). */
 extern const struct exec_kernels exec_cuda_kernels;
-bool exec_cuda_kernels_cover(const struct model *m, GError **err);
 /* The cuda backend's own state of instance b (made by exec_backend_init with the cuda table). */
 struct cuda_context *exec_cuda_context(struct exec_backend *b);
 

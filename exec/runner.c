@@ -404,6 +404,9 @@ static bool check_host_memory(const struct runner *R, struct exec_backend *b, GE
 
 static bool runner_prepare(struct runner *R, const struct exec_options *o, struct exec_backend *b,
                            uint32_t rank, GError **err) {
+  /* every op the plan runs is in b's tables (every rank sees the whole plan: all refuse) */
+  if (!exec_check_ops(b, o->plan, err))
+    return false;
   if (!exec_model_init(&R->xm, o->plan->model, err))
     return false;
   R->model_ready = true;
@@ -441,9 +444,6 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   R->busy_known = o->plan->n_devices > 1 && exec_backend_busy_clock(b, &busy0);
   R->streams = g_new0(struct exec_stream *, o->plan->n_streams);
   R->stream_end = g_new0(struct exec_event *, o->plan->n_streams);
-  /* every op the plan runs is in b's tables (every rank sees the whole plan: all refuse) */
-  if (!exec_check_ops(b, o->plan, err))
-    return false;
   return check_host_memory(R, b, err);
 }
 

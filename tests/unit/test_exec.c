@@ -1067,6 +1067,17 @@ static void test_ops_cover_host_and_refuse_unsupported(void **state) {
   g_clear_error(&err);
   exec_backend_free(b);
   compile_result_free(&dp);
+
+  /* MLA attention is a use with no op in the list yet: every backend refuses it, by name */
+  struct compile_result mla = compile_text("models/deepseek-v3.json", "[]", 1, NULL, 1);
+  assert_non_null(mla.plan);
+  exec_plan_uses(mla.plan, uses);
+  assert_true(uses[EXEC_USE_MLA_ATTENTION] && !uses[EXEC_USE_ATTENTION]);
+  assert_false(exec_check_ops(backend, mla.plan, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_non_null(strstr(err->message, "MLA attention, which no op of exec/ops.def runs"));
+  g_clear_error(&err);
+  compile_result_free(&mla);
 }
 
 /* Stragglers: ranks of a class compared with their peers' median, step by step; named when
