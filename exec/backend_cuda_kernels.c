@@ -26,6 +26,19 @@ static cudaStream_t st_of(struct exec_stream *s) {
   return exec_cuda_st_of(s);
 }
 
+/* The op list's DIRECT ops (kernels/ops.def): their launchers as they are, on the task's
+ * stream. */
+#define K_DIRECT(name, params, args)                                                               \
+  static void k_##name(struct exec_stream *s, EXEC_UNPAREN params) {                               \
+    kc_##name(EXEC_UNPAREN args, st_of(s));                                                        \
+  }
+#define K_OWN(name, params, args)
+#define KERNEL_OP(name, use, cuda, params, args) K_##cuda(name, params, args)
+#include "../kernels/ops.def"
+#undef KERNEL_OP
+#undef K_DIRECT
+#undef K_OWN
+
 static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
   exec_cuda_gemm_pre(s, 0, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -78,28 +91,6 @@ static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, c
   cudaFreeAsync(chains, st_of(s));
 }
 
-static void k_rmsnorm_forward(struct exec_stream *s, float *h, float *saved, const float *x,
-                              const float *params, int T, int C, float eps) {
-  kc_rmsnorm_forward(h, saved, x, params, T, C, eps, st_of(s));
-}
-
-static void k_residual_rmsnorm_forward(struct exec_stream *s, float *x, float *h, float *saved,
-                                       const float *y, const float *params, int T, int C,
-                                       float eps) {
-  kc_residual_rmsnorm_forward(x, h, saved, y, params, T, C, eps, st_of(s));
-}
-
-static void k_rmsnorm_backward_input(struct exec_stream *s, float *dx, const float *dh,
-                                     const float *x, const float *saved, const float *params, int T,
-                                     int C, bool accumulate) {
-  kc_rmsnorm_backward_input(dx, dh, x, saved, params, T, C, accumulate, st_of(s));
-}
-
-static void k_rmsnorm_backward_weight(struct exec_stream *s, float *dparams, const float *dh,
-                                      const float *x, const float *saved, int T, int C) {
-  kc_rmsnorm_backward_weight(dparams, dh, x, saved, T, C, st_of(s));
-}
-
 static void k_rmsnorm_backward(struct exec_stream *s, float *dx, float *dparams, const float *dh,
                                const float *x, const float *saved, const float *params, int T,
                                int C, bool accumulate) {
@@ -138,8 +129,8 @@ struct adamw_args {
 /* AdamW over parameters [from, from + len) of a, writing their bf16 copy when copy is set. */
 static void adamw_span(const struct adamw_args *a, size_t from, size_t len, uint16_t *copy,
                        cudaStream_t cs) {
-  kc_adamw(a->params + from, a->grads + from, a->m + from, a->v + from, copy, len, a->lr,
-           a->beta1, a->beta2, a->eps, a->weight_decay, a->step, cs);
+  kc_adamw(a->params + from, a->grads + from, a->m + from, a->v + from, copy, len, a->lr, a->beta1,
+           a->beta2, a->eps, a->weight_decay, a->step, cs);
 }
 
 static void adamw_with_copies(struct exec_stream *s, const struct adamw_args *a, size_t n) {
@@ -321,8 +312,9 @@ static void rope(struct exec_stream *s, float *x, const struct kernels_attention
 }
 
 /* Offsets of sequence b, query head hh: into q/y rows (HD wide), k/v rows (KD wide) and lse. */
-static void head_offsets(const struct kernels_attention_views *w, const struct kernels_attention_dims *d, int b,
-                         int hh, size_t *qoff, size_t *koff, size_t *loff) {
+static void head_offsets(const struct kernels_attention_views *w,
+                         const struct kernels_attention_dims *d, int b, int hh, size_t *qoff,
+                         size_t *koff, size_t *loff) {
   int S = d->seq, D = d->head_dim, group = d->heads / d->kv_heads;
   *qoff = (size_t)b * S * w->HD + (size_t)hh * D;
   *koff = (size_t)b * S * w->KD + (size_t)(hh / group) * D;
@@ -341,8 +333,9 @@ static bool attention_fused(struct exec_stream *s, const struct kernels_attentio
 /* lse, y <- q, k, v in one fused pass; its scratch (the operands' bf16 copies) stream-ordered. */
 static void attention_fused_forward(struct exec_stream *s, const struct kernels_attention_views *w,
                                     const struct kernels_attention_dims *d) {
-  void *scratch = stream_scratch(s, kc_flash_attention_scratch_bytes(
-                                        d->batch, d->seq, d->heads, d->kv_heads, d->head_dim, false));
+  void *scratch =
+      stream_scratch(s, kc_flash_attention_scratch_bytes(d->batch, d->seq, d->heads, d->kv_heads,
+                                                         d->head_dim, false));
   if (!scratch)
     return;
   GError *e = NULL;
@@ -408,8 +401,9 @@ static void k_attention_core_forward(struct exec_stream *s, float *saved,
  * scratch (bf16 operands, the softmax gradient's row sums) stream-ordered. */
 static void attention_fused_backward(struct exec_stream *s, const struct kernels_attention_views *w,
                                      const struct kernels_attention_dims *d) {
-  void *scratch = stream_scratch(s, kc_flash_attention_scratch_bytes(
-                                        d->batch, d->seq, d->heads, d->kv_heads, d->head_dim, true));
+  void *scratch =
+      stream_scratch(s, kc_flash_attention_scratch_bytes(d->batch, d->seq, d->heads, d->kv_heads,
+                                                         d->head_dim, true));
   if (!scratch)
     return;
   GError *e = NULL;
@@ -526,35 +520,6 @@ static void k_router_backward(struct exec_stream *s, float *dh, float *dparams, 
   k_router_backward_input(s, dh, bwork, dweights, ids, weights, saved, params, T, C, E, K,
                           accumulate);
   k_router_backward_weight(s, dparams, bwork, h, T, C, E);
-}
-
-static void k_moe_dispatch_plan(struct exec_stream *s, int32_t *send_counts, int32_t *route_row,
-                                const int32_t *ids, int T, int K, int E, int n_ranks) {
-  kc_moe_dispatch_plan(send_counts, route_row, ids, T, K, E, n_ranks, st_of(s));
-}
-
-static void k_moe_dispatch_forward(struct exec_stream *s, float *send, int32_t *send_expert,
-                                   const float *h, const int32_t *ids, const int32_t *route_row,
-                                   int T, int K, int C) {
-  kc_moe_dispatch_forward(send, send_expert, h, ids, route_row, T, K, C, st_of(s));
-}
-
-static void k_moe_dispatch_backward(struct exec_stream *s, float *dh, const float *dsend,
-                                    const int32_t *route_row, int T, int K, int C,
-                                    bool accumulate) {
-  kc_moe_dispatch_backward(dh, dsend, route_row, T, K, C, accumulate, st_of(s));
-}
-
-static void k_moe_combine_forward(struct exec_stream *s, float *m, const float *y,
-                                  const float *weights, const int32_t *route_row, int T, int K,
-                                  int C) {
-  kc_moe_combine_forward(m, y, weights, route_row, T, K, C, st_of(s));
-}
-
-static void k_moe_combine_backward(struct exec_stream *s, float *dy, float *dweights,
-                                   const float *dm, const float *y, const float *weights,
-                                   const int32_t *route_row, int T, int K, int C) {
-  kc_moe_combine_backward(dy, dweights, dm, y, weights, route_row, T, K, C, st_of(s));
 }
 
 /* ---- expert FFN (kernels/moe.c): rows grouped by expert, as the host groups them ----------- */
@@ -775,7 +740,7 @@ static void head_backward(struct exec_stream *s, float *dh, float *dparams, cons
     kc_xent_backward(dl, dl16, saved, targets, t0, n, T, V, dloss / (float)T, st_of(s));
     if (dh)
       exec_cuda_gemm_pre(s, pre_a, false, !tied, n, C, V, 1.0f, g, V, params, tied ? C : V, beta,
-               dh + (size_t)t0 * C, C);
+                         dh + (size_t)t0 * C, C);
     if (dparams && tied)
       exec_cuda_gemm_pre(s, pre_a, true, false, V, C, n, 1.0f, g, V, hc, C, 1.0f, dparams, C);
     else if (dparams)

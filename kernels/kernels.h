@@ -58,14 +58,9 @@ void kernels_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
  * params: wte [V, C]. tokens: int32 [T], each in [0, V). No BI: tokens are not differentiable.
  * Nothing is saved: BW needs the tokens and dx. */
 size_t kernels_embedding_param_count(int V, int C);
-/* x [T, C] = wte[tokens[t]] */
-void kernels_embedding_forward(float *x, const int32_t *tokens, const float *params, int T, int V,
-                               int C);
-/* dwte[tokens[t]] += dx[t], t ascending (deterministic for repeated tokens). */
-void kernels_embedding_backward_weight(float *dparams, const float *dx, const int32_t *tokens,
-                                       int T, int V, int C);
-void kernels_embedding_backward(float *dparams, const float *dx, const int32_t *tokens, int T,
-                                int V, int C);
+/* kernels_embedding_forward: x [T, C] = wte[tokens[t]] */
+/* kernels_embedding_backward_weight: dwte[tokens[t]] += dx[t], t ascending (deterministic for
+ * repeated tokens). */
 
 /* ---- RMSNORM: x -> h ---------------------------------------------------------------------
  * h = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). params: w [C]. eps: the model's
@@ -73,22 +68,9 @@ void kernels_embedding_backward(float *dparams, const float *dx, const int32_t *
  * saved: rstd [T]. BI and BW need x, saved and dh; nothing goes from BI to BW. */
 size_t kernels_rmsnorm_param_count(int C);
 size_t kernels_rmsnorm_saved_floats(int T);
-/* h [T, C], saved [T] <- x [T, C] */
-void kernels_rmsnorm_forward(float *h, float *saved, const float *x, const float *params, int T,
-                             int C, float eps);
-/* dx [T, C] (= or +=) <- dh [T, C] */
-/* x [T, C] += y, then h, saved from x as kernels_rmsnorm_forward (the residual add before the
- * next norm fused: one pass over x instead of three, the same bits) */
-void kernels_residual_rmsnorm_forward(float *x, float *h, float *saved, const float *y,
-                                      const float *params, int T, int C, float eps);
-void kernels_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *saved,
-                                    const float *params, int T, int C, bool accumulate);
-/* dw [C] += sum_t dh * x * rstd */
-void kernels_rmsnorm_backward_weight(float *dparams, const float *dh, const float *x,
-                                     const float *saved, int T, int C);
-void kernels_rmsnorm_backward(float *dx, float *dparams, const float *dh, const float *x,
-                              const float *saved, const float *params, int T, int C,
-                              bool accumulate);
+/* kernels_rmsnorm_forward: h [T, C], saved [T] <- x [T, C] */
+/* kernels_rmsnorm_backward_input: dx [T, C] (= or +=) <- dh [T, C] */
+/* kernels_rmsnorm_backward_weight: dw [C] += sum_t dh * x * rstd */
 
 /* ---- ROTARY POSITION EMBEDDING (used by attention; public for the CUDA reference) --------
  * x [batch * seq, n_heads * head_dim]; row b*seq + s is at position s. Pairs (i, i + D/2)
@@ -148,25 +130,13 @@ struct kernels_attention_views {
   float *dy, *dq, *dk, *dv;
 };
 struct kernels_attention_views kernels_attention_views(const struct kernels_attention_dims *d,
-                                                      const float *params, const float *saved,
-                                                      const float *bwork);
-/* a [T, C], saved <- h [T, C] */
-void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
-                               const struct kernels_attention_dims *d);
-/* lse, y <- q, k, v of saved: the core alone, bit-identical to what the forward wrote (into
- * d->core when set, else into saved) */
-void kernels_attention_core_forward(float *saved, const struct kernels_attention_dims *d);
-/* dh [T, C] (= or +=), bwork <- da [T, C] */
-void kernels_attention_backward_input(float *dh, float *bwork, const float *da, const float *saved,
-                                      const float *params, const struct kernels_attention_dims *d,
-                                      bool accumulate);
-/* dparams += ... <- bwork, da [T, C], h [T, C], saved */
-void kernels_attention_backward_weight(float *dparams, const float *bwork, const float *da,
-                                       const float *h, const float *saved,
-                                       const struct kernels_attention_dims *d);
-void kernels_attention_backward(float *dh, float *dparams, float *bwork, const float *da,
-                                const float *h, const float *saved, const float *params,
-                                const struct kernels_attention_dims *d, bool accumulate);
+                                                       const float *params, const float *saved,
+                                                       const float *bwork);
+/* kernels_attention_forward: a [T, C], saved <- h [T, C] */
+/* kernels_attention_core_forward: lse, y <- q, k, v of saved: the core alone, bit-identical to
+ * what the forward wrote (into d->core when set, else into saved) */
+/* kernels_attention_backward_input: dh [T, C] (= or +=), bwork <- da [T, C] */
+/* kernels_attention_backward_weight: dparams += ... <- bwork, da [T, C], h [T, C], saved */
 
 /* ---- MLP (SwiGLU; also SHARED_EXPERT with F = ffn * n_shared): h -> m ----------------------
  * params: w_gate [C, F], w_up [C, F], w_down [F, C]. m = (silu(h wg) * (h wu)) wd.
@@ -185,17 +155,8 @@ struct kernels_mlp_views {
 };
 struct kernels_mlp_views kernels_mlp_views(const float *params, const float *saved,
                                            const float *bwork, int T, int C, int F);
-/* m [T, C], saved <- h [T, C] */
-void kernels_mlp_forward(float *m, float *saved, const float *h, const float *params, int T, int C,
-                         int F);
-/* dh [T, C] (= or +=), bwork <- dm [T, C] */
-void kernels_mlp_backward_input(float *dh, float *bwork, const float *dm, const float *saved,
-                                const float *params, int T, int C, int F, bool accumulate);
-void kernels_mlp_backward_weight(float *dparams, const float *bwork, const float *dm,
-                                 const float *h, const float *saved, int T, int C, int F);
-void kernels_mlp_backward(float *dh, float *dparams, float *bwork, const float *dm, const float *h,
-                          const float *saved, const float *params, int T, int C, int F,
-                          bool accumulate);
+/* kernels_mlp_forward: m [T, C], saved <- h [T, C] */
+/* kernels_mlp_backward_input: dh [T, C] (= or +=), bwork <- dm [T, C] */
 
 /* ---- ROUTER: h -> r (softmax over E experts, top-k, weights renormalised) ------------------
  * params: w [C, E]. probs = softmax(h w); ids[t] = the K most probable experts, most probable
@@ -205,20 +166,9 @@ void kernels_mlp_backward(float *dh, float *dparams, float *bwork, const float *
 size_t kernels_router_param_count(int C, int E);
 size_t kernels_router_saved_floats(int T, int E);
 size_t kernels_router_bwork_floats(int T, int E);
-/* ids int32 [T, K], weights [T, K], saved <- h [T, C] */
-void kernels_router_forward(int32_t *ids, float *weights, float *saved, const float *h,
-                            const float *params, int T, int C, int E, int K);
-/* dh [T, C] (= or +=), bwork <- dweights [T, K] (from kernels_moe_combine_backward) */
-void kernels_router_backward_input(float *dh, float *bwork, const float *dweights,
-                                   const int32_t *ids, const float *weights, const float *saved,
-                                   const float *params, int T, int C, int E, int K,
-                                   bool accumulate);
-void kernels_router_backward_weight(float *dparams, const float *bwork, const float *h, int T,
-                                    int C, int E);
-void kernels_router_backward(float *dh, float *dparams, float *bwork, const float *dweights,
-                             const int32_t *ids, const float *weights, const float *saved,
-                             const float *h, const float *params, int T, int C, int E, int K,
-                             bool accumulate);
+/* kernels_router_forward: ids int32 [T, K], weights [T, K], saved <- h [T, C] */
+/* kernels_router_backward_input: dh [T, C] (= or +=), bwork <- dweights [T, K] (from
+ * kernels_moe_combine_backward) */
 
 /* ---- TOKEN DISPATCH / COMBINE for expert parallelism (no parameters) -----------------------
  * The EXPERT_FFN op is: plan -> dispatch (rows to send) -> [all-to-all] -> expert FFN on the
@@ -230,25 +180,17 @@ void kernels_router_backward(float *dh, float *dparams, float *bwork, const floa
  * share too). The backward of dispatch and combine is the same permutation reversed, and sums
  * over the K routes of a token in slot order (deterministic). */
 int kernels_moe_owner(int expert, int E, int n_ranks);
-/* send_counts int32 [n_ranks] (rows to each rank), route_row int32 [T * K] <- ids [T, K] */
-void kernels_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_t *ids, int T,
-                               int K, int E, int n_ranks);
-/* send [T*K, C], send_expert int32 [T*K] (the expert of each row) <- h [T, C] */
-void kernels_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h,
-                                  const int32_t *ids, const int32_t *route_row, int T, int K,
-                                  int C);
-/* dh [T, C] (= or +=) <- dsend [T*K, C]: dh[t] = sum_k dsend[route_row[t, k]] */
-void kernels_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T,
-                                   int K, int C, bool accumulate);
-/* m [T, C] = sum_k weights[t, k] * y[route_row[t, k]] <- y [T*K, C] (expert outputs, in send
- * order) */
-void kernels_moe_combine_forward(float *m, const float *y, const float *weights,
-                                 const int32_t *route_row, int T, int K, int C);
-/* dy [T*K, C] = weights * dm[t] (written), dweights [T, K] = dm[t] . y[row] (written, feeds
- * kernels_router_backward_input) <- dm [T, C]. Keep y (the expert outputs) for this. */
-void kernels_moe_combine_backward(float *dy, float *dweights, const float *dm, const float *y,
-                                  const float *weights, const int32_t *route_row, int T, int K,
-                                  int C);
+/* kernels_moe_dispatch_plan: send_counts int32 [n_ranks] (rows to each rank), route_row int32 [T
+ * * K] <- ids [T, K] */
+/* kernels_moe_dispatch_forward: send [T*K, C], send_expert int32 [T*K] (the expert of each row)
+ * <- h [T, C] */
+/* kernels_moe_dispatch_backward: dh [T, C] (= or +=) <- dsend [T*K, C]: dh[t] = sum_k
+ * dsend[route_row[t, k]] */
+/* kernels_moe_combine_forward: m [T, C] = sum_k weights[t, k] * y[route_row[t, k]] <- y [T*K, C]
+ * (expert outputs, in send order) */
+/* kernels_moe_combine_backward: dy [T*K, C] = weights * dm[t] (written), dweights [T, K] = dm[t]
+ * . y[row] (written, feeds kernels_router_backward_input) <- dm [T, C]. Keep y (the expert
+ * outputs) for this. */
 
 /* ---- EXPERT_FFN: SwiGLU experts over routed rows -------------------------------------------
  * params of the whole op: [E][w_gate C*F, w_up C*F, w_down F*C], contiguous per expert. These
@@ -265,22 +207,8 @@ size_t kernels_expert_ffn_param_count(int E, int C, int F);
 size_t kernels_expert_ffn_saved_floats(int n_rows, int C, int F);
 size_t kernels_expert_ffn_bwork_floats(int n_rows, int C, int F);
 size_t kernels_expert_ffn_scratch_floats(int n_rows, int C);
-/* out [n, C], saved <- in [n, C], row_expert int32 [n] */
-void kernels_expert_ffn_forward(float *out, float *saved, float *scratch, const float *in,
-                                const int32_t *row_expert, int n_rows, const float *params,
-                                int e_first, int e_count, int C, int F);
-/* din [n, C] (= or +=), bwork <- dout [n, C] */
-void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch, const float *dout,
-                                       const int32_t *row_expert, int n_rows, const float *saved,
-                                       const float *params, int e_first, int e_count, int C, int F,
-                                       bool accumulate);
-void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
-                                        const int32_t *row_expert, int n_rows, const float *saved,
-                                        int e_first, int e_count, int C, int F);
-void kernels_expert_ffn_backward(float *din, float *dparams, float *bwork, float *scratch,
-                                 const float *dout, const int32_t *row_expert, int n_rows,
-                                 const float *saved, const float *params, int e_first, int e_count,
-                                 int C, int F, bool accumulate);
+/* kernels_expert_ffn_forward: out [n, C], saved <- in [n, C], row_expert int32 [n] */
+/* kernels_expert_ffn_backward_input: din [n, C] (= or +=), bwork <- dout [n, C] */
 
 /* ---- LM_HEAD_LOSS: h -> loss ------------------------------------------------------------
  * params: w [C, V] (KERNELS_LM_HEAD_UNTIED), or, with tied embeddings (models/ then counts no
@@ -295,24 +223,8 @@ enum kernels_lm_head_layout { KERNELS_LM_HEAD_UNTIED, KERNELS_LM_HEAD_TIED };
 size_t kernels_lm_head_loss_param_count(int C, int V); /* untied: C * V */
 size_t kernels_lm_head_loss_saved_floats(int T, int V);
 size_t kernels_lm_head_loss_bwork_floats(int T, int V);
-/* *loss <- the mean loss; saved <- h [T, C] */
-void kernels_lm_head_loss_forward(float *loss, float *saved, const float *h, const int32_t *targets,
-                                  const float *params, enum kernels_lm_head_layout layout, int T,
-                                  int C, int V);
-/* dh [T, C] (= or +=), bwork */
-void kernels_lm_head_loss_backward_input(float *dh, float *bwork, const float *saved,
-                                         const float *h, const int32_t *targets,
-                                         const float *params,
-                                         enum kernels_lm_head_layout layout, float dloss, int T,
-                                         int C, int V, bool accumulate);
-void kernels_lm_head_loss_backward_weight(float *dparams, const float *bwork, const float *saved,
-                                          const float *h, const int32_t *targets,
-                                          const float *params, enum kernels_lm_head_layout layout,
-                                          float dloss, int T, int C, int V);
-void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, const float *saved,
-                                   const float *h, const int32_t *targets, const float *params,
-                                   enum kernels_lm_head_layout layout, float dloss, int T, int C,
-                                   int V, bool accumulate);
+/* kernels_lm_head_loss_forward: *loss <- the mean loss; saved <- h [T, C] */
+/* kernels_lm_head_loss_backward_input: dh [T, C] (= or +=), bwork */
 
 /* ---- Tensor parallelism's vocabulary slice (exec/tp.c) -------------------------------------
  * A TP rank holds rows [lo, lo + n) of the vocabulary (Megatron's vocabulary-parallel
@@ -325,32 +237,20 @@ void kernels_lm_head_loss_backward(float *dh, float *dparams, float *bwork, cons
  * over the vocabulary [T], then 1 / the sum of exp [T], as kernels_lm_head_loss_forward's) and
  * writes the mean loss to *loss; _backward: the slice's dlogits from saved, dh [T, C] = dlogits w^T
  * (a partial sum over the group; NULL: none) and dw += (NULL: none). */
-void kernels_tp_embedding_forward(float *x, const int32_t *tokens, const float *table, int T,
-                                  int C, int lo, int n);
-void kernels_tp_embedding_backward(float *dtable, const float *dx, const int32_t *tokens, int T,
-                                   int C, int lo, int n);
-void kernels_tp_head_stats(float *stats, const float *h, const int32_t *targets, const float *w,
-                           enum kernels_lm_head_layout layout, int T, int C, int lo, int n);
-void kernels_tp_head_combine(float *loss, float *saved, const float *gathered, int tp, int T);
-void kernels_tp_head_backward(float *dh, float *dw, const float *saved, const float *h,
-                              const int32_t *targets, const float *w,
-                              enum kernels_lm_head_layout layout, float dloss, int T, int C,
-                              int lo, int n);
 
 /* ---- buffers: x [n] = value; dst [bytes] = src (may overlap); y [n] += x [n] ---------------- */
-void kernels_fill(float *x, float value, size_t n);
-void kernels_copy(void *dst, const void *src, size_t bytes);
-void kernels_add(float *y, const float *x, size_t n);
 
 /* ---- RESIDUAL_ADD: x += y ----------------------------------------------------------------
  * Backward passes the gradient to both: dx is unchanged, dy = dx (or dy += dx). */
-void kernels_residual_add_forward(float *x, const float *y, size_t n);
-void kernels_residual_add_backward(float *dy, const float *dx, size_t n, bool accumulate);
 
 /* ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1) --------------------
  * m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  mh = m / (1 - b1^step);  vh = v / (1 - b2^step)
  * p -= lr * (mh / (sqrt(vh) + eps) + weight_decay * p)      over n elements, in place. */
-void kernels_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                        float beta1, float beta2, float eps, float weight_decay, int step);
+
+/* The op kernels' prototypes, void kernels_<name>(parameters), from the op list (kernels/ops.def:
+ * each entry's parameters; the comments above say what each computes). */
+#define KERNEL_OP(name, use, cuda, params, args) void kernels_##name params;
+#include "ops.def"
+#undef KERNEL_OP
 
 #endif

@@ -37,14 +37,6 @@ void kc_embedding_slice_forward(float *x, const int32_t *tokens, const float *ta
                                 int lo, int n, cudaStream_t stream);
 void kc_embedding_slice_backward(float *dtable, const float *dx, const int32_t *tokens, int T,
                                  int C, int lo, int n, cudaStream_t stream);
-void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, int T, int C,
-                        float eps, cudaStream_t stream);
-void kc_residual_rmsnorm_forward(float *x, float *h, float *rstd, const float *y, const float *w,
-                                 int T, int C, float eps, cudaStream_t stream);
-void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,
-                               const float *w, int T, int C, bool accumulate, cudaStream_t stream);
-void kc_rmsnorm_backward_weight(float *dw, const float *dh, const float *x, const float *rstd,
-                                int T, int C, cudaStream_t stream);
 /* kernels_rope_scaled on x [B*S, H*D]; factor 0: no scaling */
 void kc_rope(float *x, int batch, int seq, int heads, int head_dim, float theta, float factor,
              float low_freq_factor, float high_freq_factor, int original_max, bool inverse,
@@ -98,17 +90,6 @@ void kc_router_topk(int32_t *ids, float *weights, float *probs, int T, int E, in
 void kc_router_dlogits(float *dlogits, const float *dweights, const int32_t *ids,
                        const float *weights, const float *probs, int T, int E, int K,
                        cudaStream_t stream);
-void kc_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const int32_t *ids, int T,
-                          int K, int E, int n_ranks, cudaStream_t stream);
-void kc_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h, const int32_t *ids,
-                             const int32_t *route_row, int T, int K, int C, cudaStream_t stream);
-void kc_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T, int K,
-                              int C, bool accumulate, cudaStream_t stream);
-void kc_moe_combine_forward(float *m, const float *y, const float *weights,
-                            const int32_t *route_row, int T, int K, int C, cudaStream_t stream);
-void kc_moe_combine_backward(float *dy, float *dweights, const float *dm, const float *y,
-                             const float *weights, const int32_t *route_row, int T, int K, int C,
-                             cudaStream_t stream);
 /* rows gathered (dst[i] = src[index[i]]) or scattered (dst[index[i]] (+)= src[i]), C wide */
 void kc_gather_rows(float *dst, const float *src, const int32_t *index, int n, int C,
                     cudaStream_t stream);
@@ -142,6 +123,17 @@ void kc_slice_targets(int32_t *local, const int32_t *targets, int T, int lo, int
 void kc_adamw(float *params, const float *grads, float *m, float *v, uint16_t *copy, size_t n,
               float lr, float beta1, float beta2, float eps, float weight_decay, int step,
               cudaStream_t stream);
+
+/* The launchers of the op list's DIRECT ops (kernels/ops.def), void kc_<name>(parameters,
+ * cudaStream_t stream), which the cuda backend's table calls as they are. */
+#define KERNELS_CUDA_LAUNCHER_DIRECT(name, ...) void kc_##name(__VA_ARGS__, cudaStream_t stream);
+#define KERNELS_CUDA_LAUNCHER_OWN(name, ...)
+#define KERNELS_CUDA_LAUNCHER(cuda, name, params)                                                  \
+  KERNELS_CUDA_LAUNCHER_##cuda(name, KERNELS_UNPAREN params)
+#define KERNELS_UNPAREN(...) __VA_ARGS__
+#define KERNEL_OP(name, use, cuda, params, args) KERNELS_CUDA_LAUNCHER(cuda, name, params)
+#include "ops.def"
+#undef KERNEL_OP
 
 #ifdef __cplusplus
 }
