@@ -161,6 +161,15 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
   cJSON *compute = cJSON_AddArrayToObject(extra, "compute_seconds_per_rank");
   for (uint32_t r = 0; res->compute_seconds && r < p->n_devices; r++)
     cJSON_AddItemToArray(compute, cJSON_CreateNumber(res->compute_seconds[r]));
+  /* [measured step][rank], as every rank exchanged them */
+  cJSON *per_step = cJSON_AddArrayToObject(extra, "compute_seconds_per_step");
+  const double *t = (const double *)(void *)R->compute_steps->data;
+  for (uint32_t s = 0; s < R->compute_steps->len / p->n_devices; s++) {
+    cJSON *row = cJSON_CreateArray();
+    for (uint32_t r = 0; r < p->n_devices; r++)
+      cJSON_AddItemToArray(row, cJSON_CreateNumber(t[(size_t)s * p->n_devices + r]));
+    cJSON_AddItemToArray(per_step, row);
+  }
   cJSON *slow = cJSON_AddArrayToObject(extra, "stragglers");
   for (uint32_t k = 0; k < res->n_stragglers; k++) {
     const struct exec_straggler *x = &res->stragglers[k];

@@ -473,6 +473,14 @@ static void print_stragglers(const struct exec_options *o, const struct exec_res
            x->rank, x->ratio, x->peers, x->peers == 1 ? "" : "s", x->class_id, x->slow_steps,
            measured);
   }
+  /* the measured counterpart of a slow-device scenario: rank r runs plan device r */
+  if (res->n_stragglers) {
+    printf("  as a piper-sim --scenario: {\"slow\": [");
+    for (uint32_t k = 0; k < res->n_stragglers; k++)
+      printf("%s{\"devices\": [%u], \"factor\": %.2f}", k ? ", " : "", res->stragglers[k].rank,
+             res->stragglers[k].ratio);
+    printf("]}\n");
+  }
 }
 
 /* Rank 0: the run directory of the measured run, and its charts (as piper-sim writes them). */

@@ -23,10 +23,20 @@ if ! command -v mpirun > /dev/null; then
   exit 0
 fi
 if run slow PIPER_EXEC_SLOW=2:4 && grep -q "straggler: rank 2 computes" "$T/slow.txt" &&
-  [ "$(grep -c straggler: "$T/slow.txt")" = 1 ]; then
+  [ "$(grep -c straggler: "$T/slow.txt")" = 1 ] &&
+  grep -q 'as a piper-sim --scenario: {"slow": \[{"devices": \[2\], "factor": [0-9.]*}\]}' "$T/slow.txt"; then
   ok "the rank slowed 4x is named, and no other"
 else
   bad "slowed rank 2 not named alone: $(tail -5 "$T/slow.txt")"
+fi
+# the line it prints is a scenario piper-sim takes, for the same layout
+sed -n 's/^  as a piper-sim --scenario: //p' "$T/slow.txt" > "$T/scenario.json"
+if "$BIN/piper-sim" --model models/tiny-dense.json --layout dp=4 --mbs 2 --profile profiles/host-cpu.json \
+  --scenario "$T/scenario.json" --no-charts --out "$T/sim" --force > "$T/sim.txt" 2>&1 &&
+  grep -q "scenario .*against .* healthy (+" "$T/sim.txt"; then
+  ok "the printed scenario simulates the slow rank"
+else
+  bad "scenario: $(cat "$T/scenario.json"): $(tail -3 "$T/sim.txt")"
 fi
 python3 - "$T/slow/metrics.json" <<'PY' && ok "metrics.json: stragglers and every rank's compute" || bad "metrics.json"
 import json, sys
@@ -37,6 +47,10 @@ assert [e["rank"] for e in s] == [2], s
 assert s[0]["peers"] == 3 and s[0]["ratio"] > 1.25 and s[0]["slow_steps"] >= 6, s
 c = x["compute_seconds_per_rank"]
 assert len(c) == 4 and c[2] == max(c), c
+steps = x["compute_seconds_per_step"]
+assert len(steps) == 8 and all(len(s) == 4 for s in steps), steps
+for r in range(4):  # the mean per rank is the mean of its steps
+    assert abs(sum(s[r] for s in steps) / 8 - c[r]) <= 1e-9 * max(c), (r, steps, c)
 PY
 if run healthy && ! grep -q "straggler:" "$T/healthy.txt"; then
   ok "a healthy run names nobody"
