@@ -6,7 +6,8 @@
 # parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
 # and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
-# and tiny-moe with experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
+# and uneven stages (3 + 5 layers; embedding and loss counted as layers), and tiny-moe with
+# experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
 # DP 2 x EP 2 x TP 2, its ZB-H1, full recomputation bit-identical to storing)
 # gives the losses and parameters of one device; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
@@ -204,6 +205,11 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same_as dense_ref tp2_sp
   run pp2_tp2_sp_zb 4 --layout pp=2,tp=2,sp --schedule zerobubble --mbs 8 && same_as dense_ref pp2_tp2_sp_zb
   run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
+  # uneven stages: 3 + 5 of tiny-dense's 8 layers, and the first / last stage counts with the
+  # embedding and the loss counted (2 + 3 + 2 + 1 over four stages)
+  run uneven_pp2 2 --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8 && same_as dense_ref uneven_pp2
+  run uneven_pp4 4 --layout pp=4,account-for-embedding,account-for-loss --schedule 1f1b --mbs 8 &&
+    same_as dense_ref uneven_pp4
   # a TP checkpoint (each rank's file holds its slices) resumes bit-identically
   tp_run=("${MPIRUN[@]}" -np 2 "$PE" --model $DENSE --layout pp=1,tp=2,sp --mbs 4 --warmup 0 --quiet \
     --timeout 60 --no-report)

@@ -68,6 +68,8 @@ plans=(
   "tied_one 1 $TIED --pp-regions 1 --directives $T/one8.json"
   "tied_pp2 2 $TIED --directives $T/pp2.json --schedule 1f1b --ranks 2 --mbs 8"
   "zero1_dense 4 $DENSE --layout pp=2,dp=2,zero=1 --schedule 1f1b --mbs 4"
+  "uneven_pp2 2 $DENSE --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8"
+  "uneven_pp4 4 $DENSE --layout pp=4,first-stage-layers=1,last-stage-layers=3 --schedule 1f1b --mbs 8"
   "zero2_dense 4 $DENSE --layout pp=2,dp=2,zero=2 --schedule 1f1b --mbs 4"
   "zero3_dense 4 $DENSE --layout pp=2,dp=2,zero=3 --schedule 1f1b --mbs 4"
   "tp2 2 $DENSE --layout pp=1,tp=2 --mbs 4"
