@@ -25,12 +25,15 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
   o->schedule.ranks = a->ranks;
   o->schedule.mbs = a->mbs;
   o->schedule.keep_order = a->keep_order;
+  o->schedule.microbatch_group = a->microbatch_group;
   o->import_csv = a->import_csv;
   if (a->schedule && !sched_family_parse(a->schedule, &o->schedule.family))
     return piper_input_error(err,
                      "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, "
                      "zerobubble, zbv, dualpipe, dualpipev, interleaved_zerobubble, custom)",
                      a->schedule);
+  if (a->microbatch_group && (!a->schedule || o->schedule.family != SCHED_INTERLEAVED_1F1B))
+    return piper_input_error(err, "--microbatch-group applies to --schedule interleaved_1f1b only");
   return true;
 }
 

@@ -6,7 +6,8 @@
 # parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
 # and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
-# and uneven stages (3 + 5 layers; embedding and loss counted as layers), and tiny-moe with
+# and uneven stages (3 + 5 layers; embedding and loss counted as layers), interleaved 1F1B with
+# M not a multiple of R, and tiny-moe with
 # experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
 # DP 2 x EP 2 x TP 2, its ZB-H1, full recomputation bit-identical to storing)
 # gives the losses and parameters of one device; a checkpoint at step 2
@@ -210,6 +211,11 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run uneven_pp2 2 --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8 && same_as dense_ref uneven_pp2
   run uneven_pp4 4 --layout pp=4,account-for-embedding,account-for-loss --schedule 1f1b --mbs 8 &&
     same_as dense_ref uneven_pp4
+  # interleaved 1F1B with M not a multiple of R: 8 micro-batches over 3 ranks x 2 chunks, in
+  # groups of 3 (the last 5) and of 4
+  run il_pp3 3 --layout pp=3,interleave=2 --schedule interleaved_1f1b --mbs 8 && same_as dense_ref il_pp3
+  run il_pp3_g4 3 --layout pp=3,interleave=2 --schedule interleaved_1f1b --mbs 8 --microbatch-group 4 &&
+    same_as dense_ref il_pp3_g4
   # a TP checkpoint (each rank's file holds its slices) resumes bit-identically
   tp_run=("${MPIRUN[@]}" -np 2 "$PE" --model $DENSE --layout pp=1,tp=2,sp --mbs 4 --warmup 0 --quiet \
     --timeout 60 --no-report)

@@ -69,6 +69,7 @@ plans=(
   "tied_pp2 2 $TIED --directives $T/pp2.json --schedule 1f1b --ranks 2 --mbs 8"
   "zero1_dense 4 $DENSE --layout pp=2,dp=2,zero=1 --schedule 1f1b --mbs 4"
   "uneven_pp2 2 $DENSE --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8"
+  "il_pp3 3 $DENSE --layout pp=3,interleave=2 --schedule interleaved_1f1b --mbs 8 --microbatch-group 4"
   "uneven_pp4 4 $DENSE --layout pp=4,first-stage-layers=1,last-stage-layers=3 --schedule 1f1b --mbs 8"
   "zero2_dense 4 $DENSE --layout pp=2,dp=2,zero=2 --schedule 1f1b --mbs 4"
   "zero3_dense 4 $DENSE --layout pp=2,dp=2,zero=3 --schedule 1f1b --mbs 4"
