@@ -5,6 +5,7 @@
  *   declarations, recompute, 6. communication insertion (optimizer regrouping, gradient
  *   buckets, ZeRO-3 gathers, all-to-all, TP collectives, send/recv),
  *   7. order (temporal edges, cycle check), then default priorities for lowering. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "../base/json.h"
@@ -730,10 +731,10 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
               "\"%s\" runs on %u devices but \"%s\" of the same segment on %u: copies of a "
               "segment need equal groups",
               y, IR_GROUP(g, n->group)->count, x, IR_GROUP(g, h->group)->count);
-    else if (n->shard_optimizer || IR_NODE(g, h->fwd_node)->shard_optimizer)
+    else if (n->shard_params || IR_NODE(g, h->fwd_node)->shard_params)
       fail_at(a, d, err,
-              "\"%s\" and \"%s\" put copies of a ZeRO-sharded segment on two device groups, "
-              "which is not supported",
+              "\"%s\" and \"%s\" put copies of a ZeRO-3 (shard_params) segment on two device "
+              "groups, which is not supported (ZeRO-1 and ZeRO-2 are)",
               y, x);
     else {
       h->homes[h->n_homes++] = n->group;
@@ -911,6 +912,8 @@ static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket,
       c.tags[t] = -1;
   c.segset = ir_graph_add_segset(g, (const uint32_t *)bucket->data, bucket->len, NULL);
   c.directive = directive;
+  if (directive == IR_NONE) /* a sum across model copies: whole gradients, whatever the ZeRO */
+    c.shard_optimizer = c.shard_grads = c.shard_params = false;
   uint32_t cid = add_node(a, &c);
   for (uint32_t j = 0; j < bucket->len; j++) {
     uint32_t seg = g_array_index(bucket, uint32_t, j);
@@ -966,6 +969,106 @@ static void replicate_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
     }
   }
   g_array_free(bucket, TRUE);
+}
+
+/* A segment with copies on several homes (DualPipe) under ZeRO-1/2: each copy shards over its
+ * own replica group (zero_copy_buckets), not over the union of the homes. */
+static bool zero_copy_segment(const struct apply *a, const struct segment_home *home, uint32_t s) {
+  const struct segment_home *h = &home[s];
+  if (h->n_homes < 2 || a->g->model->segments[s].param_count == 0)
+    return false;
+  const struct ir_node *fn = IR_NODE(a->g, h->fwd_node);
+  return fn->shard_optimizer && fn->shard_degree == 1;
+}
+
+static bool same_homes(const struct segment_home *x, const struct segment_home *y) {
+  if (x->n_homes != y->n_homes)
+    return false;
+  for (uint32_t k = 0; k < x->n_homes; k++)
+    if (!has_home(y, x->homes[k]))
+      return false;
+  return true;
+}
+
+/* One bucket of zero_copy_buckets: the copies' sums (one all-reduce per position), then one
+ * reduce-scatter per home, each after the sums on its devices. */
+static bool zero_copy_bucket(struct apply *a, struct dp_sync *ds, const struct segment_home *ref,
+                             const GArray *bucket, uint64_t bytes, uint32_t d, GError **err) {
+  struct ir_graph *g = a->g;
+  const struct dir_directive *dd = &a->p->d[d];
+  uint32_t size = IR_GROUP(g, ref->homes[0])->count, stream = stream_or(g, dd->reduce_stream, "dp");
+  g_autofree uint32_t *sums = g_new(uint32_t, size);
+  uint32_t devs[MAX_HOMES];
+  for (uint32_t p = 0; p < size; p++) {
+    for (uint32_t k = 0; k < ref->n_homes; k++)
+      devs[k] = IR_GROUP_DEVICES(g, ref->homes[k])[p];
+    qsort(devs, ref->n_homes, sizeof *devs, (int (*)(const void *, const void *))compare_u32);
+    for (uint32_t k = 1; k < ref->n_homes; k++)
+      if (devs[k] == devs[k - 1]) {
+        char *x = node_name(g, ref->fwd_node);
+        fail_at(a, INFO(a, ref->fwd_node)->grouped_by, err, "copies of \"%s\" share device %u",
+                x, devs[k]);
+        g_free(x);
+        return false;
+      }
+    sums[p] = add_bucket_collective(a, bucket, ds->home, IR_NODE_ALL_REDUCE,
+                                    ir_graph_group(g, devs, ref->n_homes), stream, bytes, IR_NONE,
+                                    &ds->gi, ds->syncs_of);
+  }
+  for (uint32_t k = 0; k < ref->n_homes; k++) {
+    uint32_t rs = add_bucket_collective(a, bucket, ds->home, IR_NODE_REDUCE_SCATTER,
+                                        ref->homes[k], stream, bytes, d, &ds->gi, ds->syncs_of);
+    for (uint32_t p = 0; p < size; p++)
+      if (groups_overlap(g, IR_NODE(g, sums[p])->group, ref->homes[k]))
+        ir_graph_add_edge(g, sums[p], rs, IR_EDGE_TEMPORAL, 0, 0);
+  }
+  return true;
+}
+
+/* DualPipe under ZeRO-1/2: the segments of replicate directive d with copies on several homes.
+ * Per bucket (reverse model order, d's bucket_size), the copies' gradients are summed first,
+ * by one all-reduce per position p over the devices at p of each home (a device and its twin
+ * in the other copy hold the same parameters); then each home reduce-scatters the bucket over
+ * its own replica group, updates its shard and all-gathers it (insert_zero2_gathers), so the
+ * copies take the same steps. The executor runs each sum on its reduce-scatter's bucket
+ * (exec/program.c, alias_copy_sums): both name the same segments. */
+static bool zero_copy_buckets(struct apply *a, struct dp_sync *ds, uint32_t d, GError **err) {
+  struct ir_graph *g = a->g;
+  const struct model *m = g->model;
+  double cap = a->p->d[d].bucket_size_mb * MIB;
+  const struct segment_home *ref = NULL;
+  GArray *bucket = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  uint64_t bytes = 0;
+  bool ok = true;
+  for (int64_t s = (int64_t)m->n_segments - 1; s >= -1 && ok; s--) {
+    const struct segment_home *h = s >= 0 ? &ds->home[s] : NULL;
+    bool take = h && zero_copy_segment(a, ds->home, (uint32_t)s) &&
+                INFO(a, h->fwd_node)->replicate == d;
+    if (take && !ref)
+      ref = h;
+    if (take && !same_homes(ref, h)) {
+      char *x = node_name(g, ref->fwd_node), *y = node_name(g, h->fwd_node);
+      ok = fail_at(a, d, err, "the copies of \"%s\" and \"%s\" are on different device groups: "
+                              "one ZeRO replicate needs its segments' copies on the same groups",
+                   x, y);
+      g_free(x);
+      g_free(y);
+      break;
+    }
+    uint64_t sb = take ? m->segments[s].param_bytes : 0;
+    if (bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap))) {
+      ok = zero_copy_bucket(a, ds, ref, bucket, bytes, d, err);
+      g_array_set_size(bucket, 0);
+      bytes = 0;
+    }
+    if (take) {
+      uint32_t seg = (uint32_t)s;
+      g_array_append_val(bucket, seg);
+      bytes += sb;
+    }
+  }
+  g_array_free(bucket, TRUE);
+  return ok;
 }
 
 /* Open buckets of the copies' gradient sums, one per sync group. */
@@ -1026,7 +1129,8 @@ static bool copy_sync_buckets(struct apply *a, struct dp_sync *ds, GError **err)
   bool ok = true;
   for (int64_t s = (int64_t)m->n_segments - 1; s >= -1 && ok; s--) {
     g_array_set_size(mine, 0);
-    if (s >= 0 && ds->home[s].n_homes > 1 && m->segments[s].param_count > 0)
+    if (s >= 0 && ds->home[s].n_homes > 1 && m->segments[s].param_count > 0 &&
+        !zero_copy_segment(a, ds->home, (uint32_t)s))
       ok = copy_sync_groups(a, &ds->home[s], mine, err);
     uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
     copy_buckets_flush(a, ds, &cb, s, mine, sb);
@@ -1257,10 +1361,13 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   for (uint32_t s = 0; s < m->n_segments; s++)
     ds.syncs_of[s] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   uint32_t n_opt = g->nodes->len;
-  for (uint32_t d = 0; d < a->p->n; d++)
-    if (a->p->d[d].op == DIR_REPLICATE)
+  bool ok = true;
+  for (uint32_t d = 0; d < a->p->n && ok; d++)
+    if (a->p->d[d].op == DIR_REPLICATE) {
       replicate_buckets(a, &ds, d);
-  bool ok = copy_sync_buckets(a, &ds, err) && insert_tied_sync(a, &ds, err);
+      ok = zero_copy_buckets(a, &ds, d, err);
+    }
+  ok = ok && copy_sync_buckets(a, &ds, err) && insert_tied_sync(a, &ds, err);
   if (ok) {
     regroup_optimizers(a, &ds, n_opt);
     insert_zero2_gathers(a, n_opt);

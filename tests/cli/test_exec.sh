@@ -4,7 +4,8 @@
 # from piper-compile -o run like plans compiled in-process. With mpirun (when MPI is built in):
 # tiny-moe trained 3 steps on a global batch of 8 micro-batches gives the same losses and final
 # parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
-# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; tiny-dense
+# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe (also with
+# ZeRO-1, and ZeRO-2 with EP 2); tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
 # and uneven stages (3 + 5 layers; embedding and loss counted as layers), interleaved 1F1B with
 # M not a multiple of R, and tiny-moe with
@@ -300,6 +301,11 @@ EOF
   # summed over all four devices, each expert's over the two devices that hold it
   run dualpipe_dp_ep 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule dualpipe --ranks 2 --mbs 4 \
     && same dualpipe_dp_ep
+  # ... under ZeRO-1 (and ZeRO-2 with the experts sharded): each copy reduce-scatters over its
+  # own replica group after the copies' sum (one all-reduce per data-parallel position)
+  run dualpipe_zero1 4 --layout pp=2,dp=2,zero=1 --schedule dualpipe --mbs 4 && same dualpipe_zero1
+  run dualpipe_zero2_ep 4 --layout pp=2,dp=2,ep=2,zero=2 --schedule dualpipe --mbs 4 &&
+    same dualpipe_zero2_ep
   # one named stream for all pipeline traffic: sends and receives go in groups, same losses
   named() { python3 -c "
 import json, sys

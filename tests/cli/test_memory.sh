@@ -67,6 +67,8 @@ plans=(
   "dualpipe 4 $MOE --pp-regions 4 --directives $BS/pp4.json --schedule dualpipe --mbs 8"
   "tied_one 1 $TIED --pp-regions 1 --directives $T/one8.json"
   "tied_pp2 2 $TIED --directives $T/pp2.json --schedule 1f1b --ranks 2 --mbs 8"
+  "dualpipe_zero1 4 $MOE --layout pp=2,dp=2,zero=1 --schedule dualpipe --mbs 4"
+  "dualpipe_zero2_ep 4 $MOE --layout pp=2,dp=2,ep=2,zero=2 --schedule dualpipe --mbs 4"
   "zero1_dense 4 $DENSE --layout pp=2,dp=2,zero=1 --schedule 1f1b --mbs 4"
   "uneven_pp2 2 $DENSE --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8"
   "il_pp3 3 $DENSE --layout pp=3,interleave=2 --schedule interleaved_1f1b --mbs 8 --microbatch-group 4"
