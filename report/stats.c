@@ -88,8 +88,8 @@ void report_run_init_devices(struct report_run *r) {
   /* Under tensor parallelism a stage's devices are tp x dp, TP innermost: tp devices make one
    * data-parallel replica (and one batch of tokens). */
   uint32_t tp = 1;
-  for (uint32_t i = 0; i < p->n_nodes; i++)
-    if (p->nodes[i].tp_degree > tp)
+  for (uint32_t i = 0; i < p->n_nodes; i++) /* compute: a copies' sum splits its group too */
+    if (p->nodes[i].kind == IR_NODE_COMPUTE && p->nodes[i].tp_degree > tp)
       tp = p->nodes[i].tp_degree;
   for (uint32_t d = 0; d < p->n_devices; d++) {
     struct report_device *rd = &r->devices[d];
