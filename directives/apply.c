@@ -5,6 +5,7 @@
  *   declarations, recompute, 6. communication insertion (optimizer regrouping, gradient
  *   buckets, ZeRO-3 gathers, all-to-all, TP collectives, send/recv),
  *   7. order (temporal edges, cycle check), then default priorities for lowering. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "../base/json.h"
@@ -730,10 +731,10 @@ static bool segment_homes(struct apply *a, struct segment_home *home, GError **e
               "\"%s\" runs on %u devices but \"%s\" of the same segment on %u: copies of a "
               "segment need equal groups",
               y, IR_GROUP(g, n->group)->count, x, IR_GROUP(g, h->group)->count);
-    else if (n->shard_optimizer || IR_NODE(g, h->fwd_node)->shard_optimizer)
+    else if (n->shard_params || IR_NODE(g, h->fwd_node)->shard_params)
       fail_at(a, d, err,
-              "\"%s\" and \"%s\" put copies of a ZeRO-sharded segment on two device groups, "
-              "which is not supported",
+              "\"%s\" and \"%s\" put copies of a ZeRO-3 (shard_params) segment on two device "
+              "groups, which is not supported (ZeRO-1 and ZeRO-2 are)",
               y, x);
     else {
       h->homes[h->n_homes++] = n->group;
@@ -857,35 +858,79 @@ static void free_syncs(GArray **syncs_of, uint32_t n) {
   g_free(syncs_of);
 }
 
-/* The groups over which the copies of a segment with several homes sum their gradients. */
-static bool copy_sync_groups(struct apply *a, const struct segment_home *h, GArray *out,
-                             GError **err) {
+/* A copies' sum is keyed by its group and split: key = group | split << 32 (split 0: the
+ * whole group). */
+#define SYNC_KEY(group, split) ((uint64_t)(group) | (uint64_t)(split) << 32)
+#define SYNC_GROUP(key) ((uint32_t)((key) & 0xffffffffu))
+#define SYNC_SPLIT(key) ((uint32_t)((key) >> 32))
+
+/* The devices of every home of h, ascending (devs); fails when two copies share a device. */
+static bool union_of_homes(struct apply *a, const struct segment_home *h, GArray *devs,
+                           GError **err) {
   struct ir_graph *g = a->g;
   uint32_t size = IR_GROUP(g, h->homes[0])->count;
-  bool sharded = IR_NODE(g, h->fwd_node)->shard_degree > 1;
-  GArray *devs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  bool ok = true;
-  for (uint32_t p = 0; p < (sharded ? size : 1) && ok; p++) {
-    g_array_set_size(devs, 0);
-    for (uint32_t k = 0; k < h->n_homes; k++) {
-      const uint32_t *d = IR_GROUP_DEVICES(g, h->homes[k]);
-      if (sharded)
-        g_array_append_val(devs, d[p]);
-      else
-        g_array_append_vals(devs, d, size);
+  g_array_set_size(devs, 0);
+  for (uint32_t k = 0; k < h->n_homes; k++)
+    g_array_append_vals(devs, IR_GROUP_DEVICES(g, h->homes[k]), size);
+  g_array_sort(devs, compare_u32);
+  for (uint32_t k = 1; k < devs->len; k++)
+    if (g_array_index(devs, uint32_t, k) == g_array_index(devs, uint32_t, k - 1)) {
+      char *x = node_name(g, h->fwd_node);
+      fail_at(a, INFO(a, h->fwd_node)->grouped_by, err, "copies of \"%s\" share device %u", x,
+              g_array_index(devs, uint32_t, k));
+      g_free(x);
+      return false;
     }
-    g_array_sort(devs, compare_u32);
-    for (uint32_t k = 1; k < devs->len && ok; k++)
-      if (g_array_index(devs, uint32_t, k) == g_array_index(devs, uint32_t, k - 1)) {
-        char *x = node_name(g, h->fwd_node);
-        fail_at(a, INFO(a, h->fwd_node)->grouped_by, err, "copies of \"%s\" share device %u", x,
-                g_array_index(devs, uint32_t, k));
-        g_free(x);
-        ok = false;
+  return true;
+}
+
+/* True when the sorted union puts every home's device p at an index = p mod the home's size:
+ * the union's instances under split = size (plan_comm: positions {p mod split + k split}) are
+ * then the devices at each position (as for homes of ascending ids, what layouts write). */
+static bool positions_line_up(const struct ir_graph *g, const struct segment_home *h,
+                              const GArray *devs) {
+  uint32_t size = IR_GROUP(g, h->homes[0])->count;
+  for (uint32_t k = 0; k < h->n_homes; k++)
+    for (uint32_t p = 0; p < size; p++) {
+      uint32_t dev = IR_GROUP_DEVICES(g, h->homes[k])[p], lo = 0, hi = devs->len;
+      while (lo < hi) { /* binary search: devs is ascending */
+        uint32_t mid = (lo + hi) / 2;
+        if (g_array_index(devs, uint32_t, mid) < dev)
+          lo = mid + 1;
+        else
+          hi = mid;
       }
-    if (ok) {
-      uint32_t grp = ir_graph_group(g, (uint32_t *)devs->data, devs->len);
-      g_array_append_val(out, grp);
+      if (lo % size != p)
+        return false;
+    }
+  return true;
+}
+
+/* The sync keys over which the copies of a segment with several homes sum their gradients: a
+ * replicated segment the union of its homes (which covers the data parallelism inside each);
+ * per_position (experts sharded over each home, or each home's own ZeRO sharding), the devices
+ * at each position of the homes, which hold the same parameters: one collective over the union
+ * split into those positions where the union lines them up (so that the devices of a data-
+ * parallel group share one program at any scale), else one group per position. */
+static bool copy_sync_keys(struct apply *a, const struct segment_home *h, bool per_position,
+                           GArray *out, GError **err) {
+  struct ir_graph *g = a->g;
+  uint32_t size = IR_GROUP(g, h->homes[0])->count;
+  GArray *devs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  bool ok = union_of_homes(a, h, devs, err);
+  uint32_t tp = IR_NODE(g, h->fwd_node)->tp_degree;
+  if (ok && (!per_position || (size > 1 && tp <= 1 && positions_line_up(g, h, devs)))) {
+    uint64_t key = SYNC_KEY(ir_graph_group(g, (uint32_t *)devs->data, devs->len),
+                            per_position ? size : 0);
+    g_array_append_val(out, key);
+  } else if (ok) {
+    uint32_t pos[MAX_HOMES];
+    for (uint32_t p = 0; p < size; p++) {
+      for (uint32_t k = 0; k < h->n_homes; k++)
+        pos[k] = IR_GROUP_DEVICES(g, h->homes[k])[p];
+      qsort(pos, h->n_homes, sizeof *pos, (int (*)(const void *, const void *))compare_u32);
+      uint64_t key = SYNC_KEY(ir_graph_group(g, pos, h->n_homes), 0);
+      g_array_append_val(out, key);
     }
   }
   g_array_free(devs, TRUE);
@@ -911,6 +956,8 @@ static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket,
       c.tags[t] = -1;
   c.segset = ir_graph_add_segset(g, (const uint32_t *)bucket->data, bucket->len, NULL);
   c.directive = directive;
+  if (directive == IR_NONE) /* a sum across model copies: whole gradients, whatever the ZeRO */
+    c.shard_optimizer = c.shard_grads = c.shard_params = false;
   uint32_t cid = add_node(a, &c);
   for (uint32_t j = 0; j < bucket->len; j++) {
     uint32_t seg = g_array_index(bucket, uint32_t, j);
@@ -918,6 +965,22 @@ static uint32_t add_bucket_collective(struct apply *a, const GArray *bucket,
     for (uint32_t q = gi->first[seg]; q < gi->first[seg + 1]; q++)
       if (groups_overlap(g, IR_NODE(g, gi->nodes[q])->group, group))
         ir_graph_add_edge(g, gi->nodes[q], cid, IR_EDGE_TEMPORAL, 0, 0);
+  }
+  return cid;
+}
+
+/* A copies' sum of one bucket over sync key `key`; a split key runs one instance per position
+ * (the communicator's split, carried as the node's tp_degree: lower.c, comm_of). */
+static uint32_t add_copy_sum(struct apply *a, const GArray *bucket, const struct segment_home *home,
+                             uint64_t key, uint32_t stream, uint64_t bytes,
+                             const struct grad_index *gi, GArray **syncs_of) {
+  uint32_t cid = add_bucket_collective(a, bucket, home, IR_NODE_ALL_REDUCE, SYNC_GROUP(key),
+                                       stream, bytes, IR_NONE, gi, syncs_of);
+  if (SYNC_SPLIT(key) > 1) {
+    struct ir_node *c = IR_NODE(a->g, cid);
+    c->tp_degree = SYNC_SPLIT(key);
+    c->sequence_parallel = false;
+    c->replica_degree = IR_GROUP(a->g, c->group)->count / SYNC_SPLIT(key);
   }
   return cid;
 }
@@ -968,9 +1031,102 @@ static void replicate_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
   g_array_free(bucket, TRUE);
 }
 
+/* A segment with copies on several homes (DualPipe) under ZeRO-1/2: each copy shards over its
+ * own replica group (zero_copy_buckets), not over the union of the homes. */
+static bool zero_copy_segment(const struct apply *a, const struct segment_home *home, uint32_t s) {
+  const struct segment_home *h = &home[s];
+  if (h->n_homes < 2 || a->g->model->segments[s].param_count == 0)
+    return false;
+  const struct ir_node *fn = IR_NODE(a->g, h->fwd_node);
+  return fn->shard_optimizer && fn->shard_degree == 1;
+}
+
+static bool same_homes(const struct segment_home *x, const struct segment_home *y) {
+  if (x->n_homes != y->n_homes)
+    return false;
+  for (uint32_t k = 0; k < x->n_homes; k++)
+    if (!has_home(y, x->homes[k]))
+      return false;
+  return true;
+}
+
+/* One bucket of zero_copy_buckets: the copies' sums (per position), then one reduce-scatter
+ * per home, each after the sums on its devices. */
+static bool zero_copy_bucket(struct apply *a, struct dp_sync *ds, const struct segment_home *ref,
+                             const GArray *bucket, uint64_t bytes, uint32_t d, GError **err) {
+  struct ir_graph *g = a->g;
+  uint32_t stream = stream_or(g, a->p->d[d].reduce_stream, "dp");
+  GArray *keys = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+  GArray *sums = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  bool ok = copy_sync_keys(a, ref, true, keys, err);
+  for (uint32_t q = 0; ok && q < keys->len; q++) {
+    uint32_t cid = add_copy_sum(a, bucket, ds->home, g_array_index(keys, uint64_t, q), stream,
+                                bytes, &ds->gi, ds->syncs_of);
+    g_array_append_val(sums, cid);
+  }
+  for (uint32_t k = 0; ok && k < ref->n_homes; k++) {
+    uint32_t rs = add_bucket_collective(a, bucket, ds->home, IR_NODE_REDUCE_SCATTER,
+                                        ref->homes[k], stream, bytes, d, &ds->gi, ds->syncs_of);
+    for (uint32_t q = 0; q < sums->len; q++) {
+      uint32_t cid = g_array_index(sums, uint32_t, q);
+      if (groups_overlap(g, IR_NODE(g, cid)->group, ref->homes[k]))
+        ir_graph_add_edge(g, cid, rs, IR_EDGE_TEMPORAL, 0, 0);
+    }
+  }
+  g_array_free(keys, TRUE);
+  g_array_free(sums, TRUE);
+  return ok;
+}
+
+/* DualPipe under ZeRO-1/2: the segments of replicate directive d with copies on several homes.
+ * Per bucket (reverse model order, d's bucket_size), the copies' gradients are summed first,
+ * by one all-reduce per position p over the devices at p of each home (a device and its twin
+ * in the other copy hold the same parameters); then each home reduce-scatters the bucket over
+ * its own replica group, updates its shard and all-gathers it (insert_zero2_gathers), so the
+ * copies take the same steps. The executor runs each sum on its reduce-scatter's bucket
+ * (exec/program.c, alias_copy_sums): both name the same segments. */
+static bool zero_copy_buckets(struct apply *a, struct dp_sync *ds, uint32_t d, GError **err) {
+  struct ir_graph *g = a->g;
+  const struct model *m = g->model;
+  double cap = a->p->d[d].bucket_size_mb * MIB;
+  const struct segment_home *ref = NULL;
+  GArray *bucket = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  uint64_t bytes = 0;
+  bool ok = true;
+  for (int64_t s = (int64_t)m->n_segments - 1; s >= -1 && ok; s--) {
+    const struct segment_home *h = s >= 0 ? &ds->home[s] : NULL;
+    bool take = h && zero_copy_segment(a, ds->home, (uint32_t)s) &&
+                INFO(a, h->fwd_node)->replicate == d;
+    if (take && !ref)
+      ref = h;
+    if (take && !same_homes(ref, h)) {
+      char *x = node_name(g, ref->fwd_node), *y = node_name(g, h->fwd_node);
+      ok = fail_at(a, d, err, "the copies of \"%s\" and \"%s\" are on different device groups: "
+                              "one ZeRO replicate needs its segments' copies on the same groups",
+                   x, y);
+      g_free(x);
+      g_free(y);
+      break;
+    }
+    uint64_t sb = take ? m->segments[s].param_bytes : 0;
+    if (bucket->len > 0 && (s < 0 || (take && (double)(bytes + sb) > cap))) {
+      ok = zero_copy_bucket(a, ds, ref, bucket, bytes, d, err);
+      g_array_set_size(bucket, 0);
+      bytes = 0;
+    }
+    if (take) {
+      uint32_t seg = (uint32_t)s;
+      g_array_append_val(bucket, seg);
+      bytes += sb;
+    }
+  }
+  g_array_free(bucket, TRUE);
+  return ok;
+}
+
 /* Open buckets of the copies' gradient sums, one per sync group. */
 struct copy_buckets {
-  GArray *sync_groups;  /* group ids */
+  GArray *sync_groups;  /* sync keys (SYNC_KEY) */
   GPtrArray *buckets;   /* per sync group: segments */
   GArray *bucket_bytes; /* per sync group */
 };
@@ -982,14 +1138,13 @@ static void copy_buckets_flush(struct apply *a, struct dp_sync *ds, struct copy_
   for (uint32_t k = 0; k < cb->sync_groups->len; k++) {
     GArray *b = g_ptr_array_index(cb->buckets, k);
     uint64_t *bytes = &g_array_index(cb->bucket_bytes, uint64_t, k);
-    uint32_t sg = g_array_index(cb->sync_groups, uint32_t, k);
+    uint64_t sg = g_array_index(cb->sync_groups, uint64_t, k);
     bool in_mine = false;
     for (uint32_t q = 0; q < mine->len; q++)
-      in_mine |= g_array_index(mine, uint32_t, q) == sg;
+      in_mine |= g_array_index(mine, uint64_t, q) == sg;
     if (b->len == 0 || !(s < 0 || (in_mine && (double)(*bytes + sb) > DIR_DEFAULT_BUCKET_MB * MIB)))
       continue;
-    add_bucket_collective(a, b, ds->home, IR_NODE_ALL_REDUCE, sg, stream_or(a->g, "", "dp"), *bytes,
-                          IR_NONE, &ds->gi, ds->syncs_of);
+    add_copy_sum(a, b, ds->home, sg, stream_or(a->g, "", "dp"), *bytes, &ds->gi, ds->syncs_of);
     g_array_set_size(b, 0);
     *bytes = 0;
   }
@@ -998,8 +1153,9 @@ static void copy_buckets_flush(struct apply *a, struct dp_sync *ds, struct copy_
 static void copy_buckets_add(struct copy_buckets *cb, uint32_t seg, const GArray *mine,
                              uint64_t sb) {
   for (uint32_t q = 0; q < mine->len; q++) {
-    uint32_t sg = g_array_index(mine, uint32_t, q), k = 0;
-    while (k < cb->sync_groups->len && g_array_index(cb->sync_groups, uint32_t, k) != sg)
+    uint64_t sg = g_array_index(mine, uint64_t, q);
+    uint32_t k = 0;
+    while (k < cb->sync_groups->len && g_array_index(cb->sync_groups, uint64_t, k) != sg)
       k++;
     if (k == cb->sync_groups->len) {
       g_array_append_val(cb->sync_groups, sg);
@@ -1018,16 +1174,18 @@ static void copy_buckets_add(struct copy_buckets *cb, uint32_t seg, const GArray
 static bool copy_sync_buckets(struct apply *a, struct dp_sync *ds, GError **err) {
   const struct model *m = a->g->model;
   struct copy_buckets cb = {
-      .sync_groups = g_array_new(FALSE, FALSE, sizeof(uint32_t)),
+      .sync_groups = g_array_new(FALSE, FALSE, sizeof(uint64_t)),
       .buckets = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref),
       .bucket_bytes = g_array_new(FALSE, TRUE, sizeof(uint64_t)),
   };
-  GArray *mine = g_array_new(FALSE, FALSE, sizeof(uint32_t)); /* this segment's sync groups */
+  GArray *mine = g_array_new(FALSE, FALSE, sizeof(uint64_t)); /* this segment's sync keys */
   bool ok = true;
   for (int64_t s = (int64_t)m->n_segments - 1; s >= -1 && ok; s--) {
     g_array_set_size(mine, 0);
-    if (s >= 0 && ds->home[s].n_homes > 1 && m->segments[s].param_count > 0)
-      ok = copy_sync_groups(a, &ds->home[s], mine, err);
+    if (s >= 0 && ds->home[s].n_homes > 1 && m->segments[s].param_count > 0 &&
+        !zero_copy_segment(a, ds->home, (uint32_t)s))
+      ok = copy_sync_keys(a, &ds->home[s], IR_NODE(a->g, ds->home[s].fwd_node)->shard_degree > 1,
+                          mine, err);
     uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
     copy_buckets_flush(a, ds, &cb, s, mine, sb);
     copy_buckets_add(&cb, (uint32_t)s, mine, sb);
@@ -1257,10 +1415,13 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   for (uint32_t s = 0; s < m->n_segments; s++)
     ds.syncs_of[s] = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   uint32_t n_opt = g->nodes->len;
-  for (uint32_t d = 0; d < a->p->n; d++)
-    if (a->p->d[d].op == DIR_REPLICATE)
+  bool ok = true;
+  for (uint32_t d = 0; d < a->p->n && ok; d++)
+    if (a->p->d[d].op == DIR_REPLICATE) {
       replicate_buckets(a, &ds, d);
-  bool ok = copy_sync_buckets(a, &ds, err) && insert_tied_sync(a, &ds, err);
+      ok = zero_copy_buckets(a, &ds, d, err);
+    }
+  ok = ok && copy_sync_buckets(a, &ds, err) && insert_tied_sync(a, &ds, err);
   if (ok) {
     regroup_optimizers(a, &ds, n_opt);
     insert_zero2_gathers(a, n_opt);

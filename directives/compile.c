@@ -25,12 +25,15 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
   o->schedule.ranks = a->ranks;
   o->schedule.mbs = a->mbs;
   o->schedule.keep_order = a->keep_order;
+  o->schedule.microbatch_group = a->microbatch_group;
   o->import_csv = a->import_csv;
   if (a->schedule && !sched_family_parse(a->schedule, &o->schedule.family))
     return piper_input_error(err,
                      "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, "
                      "zerobubble, zbv, dualpipe, dualpipev, interleaved_zerobubble, custom)",
                      a->schedule);
+  if (a->microbatch_group && (!a->schedule || o->schedule.family != SCHED_INTERLEAVED_1F1B))
+    return piper_input_error(err, "--microbatch-group applies to --schedule interleaved_1f1b only");
   return true;
 }
 
@@ -81,20 +84,45 @@ static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *pat
   return ok;
 }
 
-/* The model file with its "piper" object's micro_batch_size replaced. */
-static struct model *load_model_with_micro_batch(const char *path, int pp_regions, int64_t mbs,
-                                                 GError **err) {
+/* The model file with its "piper" object's micro_batch_size replaced (mbs > 0) and its PP
+ * split replaced by pp_layers[n_layers] (n_layers > 0). */
+static struct model *load_model_with(const char *path, int pp_regions, int64_t mbs,
+                                     const int32_t *pp_layers, uint32_t n_layers, GError **err) {
   cJSON *root = json_parse_file_strict(path, err);
   if (!root)
     return NULL;
   cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
-  if (!cJSON_IsObject(piper))
+  if (!cJSON_IsObject(piper) && (mbs > 0 || n_layers > 0))
     piper = cJSON_AddObjectToObject(root, "piper");
-  cJSON_DeleteItemFromObjectCaseSensitive(piper, "micro_batch_size");
-  cJSON_AddNumberToObject(piper, "micro_batch_size", (double)mbs);
+  if (mbs > 0) {
+    cJSON_DeleteItemFromObjectCaseSensitive(piper, "micro_batch_size");
+    cJSON_AddNumberToObject(piper, "micro_batch_size", (double)mbs);
+  }
+  if (n_layers > 0) {
+    cJSON_DeleteItemFromObjectCaseSensitive(piper, "pp_regions");
+    cJSON_DeleteItemFromObjectCaseSensitive(piper, "pp_layers");
+    cJSON *a = cJSON_AddArrayToObject(piper, "pp_layers");
+    for (uint32_t s = 0; s < n_layers; s++)
+      cJSON_AddItemToArray(a, cJSON_CreateNumber(pp_layers[s]));
+    pp_regions = 0;
+  }
   struct model *m = model_load_json(path, root, pp_regions, err);
   cJSON_Delete(root);
   return m;
+}
+
+/* The model split into the layout's stages: equally, or as its uneven-stage keys say (the
+ * counts need the model's layer count, so the model is read again with them). */
+static struct model *load_model_for_layout(const struct compile_options *o, const struct layout *l,
+                                           int pp_regions, GError **err) {
+  struct model *m = load_model_with(o->model_path, pp_regions, o->micro_batch_size, NULL, 0, err);
+  if (!m || !l || !layout_has_stage_layers(l))
+    return m;
+  uint32_t stages = layout_stages(l);
+  g_autofree int32_t *layers = g_new(int32_t, stages);
+  bool ok = layout_stage_layers(l, o->layout, m->num_layers, layers, err);
+  model_free(m);
+  return ok ? load_model_with(o->model_path, 0, o->micro_batch_size, layers, stages, err) : NULL;
 }
 
 /* The model, split into the layout's stages when the program comes from --layout, and the
@@ -111,9 +139,7 @@ static bool load_model_and_program(const struct compile_options *o, struct compi
                                pp_regions, o->layout, layout_stages(&l));
     pp_regions = (int)layout_stages(&l);
   }
-  r->model = o->micro_batch_size > 0
-                 ? load_model_with_micro_batch(o->model_path, pp_regions, o->micro_batch_size, err)
-                 : model_load_file(o->model_path, pp_regions, err);
+  r->model = load_model_for_layout(o, o->layout ? &l : NULL, pp_regions, err);
   if (!r->model)
     return false;
   if (o->layout) {

@@ -61,7 +61,7 @@ struct compile_result {
  * read them by one option table (tools/options.h). */
 struct compile_args {
   const char *model, *directives, *layout, *schedule, *import_csv;
-  uint32_t ranks, mbs, pp_regions;
+  uint32_t ranks, mbs, pp_regions, microbatch_group;
   bool keep_order;
 };
 /* Compile options from the arguments; fails naming an unknown --schedule. */

@@ -5,21 +5,57 @@
 
 #include "../base/json.h"
 
+/* "stage-layers=6+8+8+6": every stage's decoder layers, in stage order. */
+static bool parse_stage_list(const char *spec, const char *value, struct layout *l,
+                             GError **err) {
+  gchar **parts = g_strsplit(value, "+", -1);
+  bool ok = true;
+  l->n_stage_layers = 0;
+  for (gchar **p = parts; ok && *p; p++) {
+    uint32_t n = 0;
+    if (l->n_stage_layers == LAYOUT_MAX_STAGE_LIST)
+      ok = piper_input_error(err, "--layout \"%s\": \"stage-layers\" has more than %u entries",
+                             spec, LAYOUT_MAX_STAGE_LIST);
+    else if (!piper_parse_u32(*p, 0, MODEL_MAX_LAYERS, &n))
+      ok = piper_input_error(err, "--layout \"%s\": \"stage-layers\" entry %u (\"%s\") must be a "
+                                  "whole number of layers, e.g. stage-layers=3+5",
+                             spec, l->n_stage_layers, *p);
+    else if (n == 0)
+      ok = piper_input_error(err, "--layout \"%s\": \"stage-layers\" gives stage %u no layer; "
+                                  "every stage needs at least one", spec, l->n_stage_layers);
+    else
+      l->stage_layers[l->n_stage_layers++] = n;
+  }
+  g_strfreev(parts);
+  return ok;
+}
+
 /* "pp=4" -> key "pp", value 4; a bare "v" has no value. */
 static bool parse_item(const char *spec, const char *item, struct layout *l, GError **err) {
   const char *eq = strchr(item, '=');
   if (!eq) {
-    if (strcmp(item, "sp") == 0) {
-      l->sequence_parallel = true;
-      return true;
-    }
+    static const struct {
+      const char *name;
+      size_t offset;
+    } flags[] = {{"sp", offsetof(struct layout, sequence_parallel)},
+                 {"account-for-embedding", offsetof(struct layout, account_embedding)},
+                 {"account-for-loss", offsetof(struct layout, account_loss)}};
+    for (size_t k = 0; k < G_N_ELEMENTS(flags); k++)
+      if (strcmp(item, flags[k].name) == 0) {
+        *(bool *)((char *)l + flags[k].offset) = true;
+        return true;
+      }
     if (strcmp(item, "v") != 0)
       return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
-                                    "interleave=, zero=, recompute=, v, sp)", spec, item);
+                                    "interleave=, zero=, recompute=, first-stage-layers=, "
+                                    "last-stage-layers=, stage-layers=, v, sp, "
+                                    "account-for-embedding, account-for-loss)", spec, item);
     l->shape = LAYOUT_V;
     return true;
   }
   size_t klen = (size_t)(eq - item);
+  if (klen == 12 && strncmp(item, "stage-layers", klen) == 0)
+    return parse_stage_list(spec, eq + 1, l, err);
   if (klen == 9 && strncmp(item, "recompute", klen) == 0) {
     if (strcmp(eq + 1, "full") == 0)
       l->recompute = IR_RECOMPUTE_FULL;
@@ -41,6 +77,8 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       {"tp", offsetof(struct layout, tp), 1, DIR_MAX_TP_DEGREE},
       {"interleave", offsetof(struct layout, interleave), 1, 64},
       {"zero", offsetof(struct layout, zero), 0, 3},
+      {"first-stage-layers", offsetof(struct layout, first_stage_layers), 1, MODEL_MAX_LAYERS},
+      {"last-stage-layers", offsetof(struct layout, last_stage_layers), 1, MODEL_MAX_LAYERS},
   };
   for (size_t k = 0; k < G_N_ELEMENTS(keys); k++) {
     if (strlen(keys[k].key) != klen || strncmp(item, keys[k].key, klen) != 0)
@@ -52,7 +90,26 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
     return true;
   }
   return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
-                                "interleave, zero, recompute, v, sp)", spec, (int)klen, item);
+                                "interleave, zero, recompute, first-stage-layers, "
+                                "last-stage-layers, stage-layers, v, sp, account-for-embedding, "
+                                "account-for-loss)", spec, (int)klen, item);
+}
+
+/* The uneven-stage keys against each other and the stage count (shape already set). */
+static bool check_stage_layers(const char *spec, const struct layout *l, GError **err) {
+  uint32_t stages = layout_stages(l);
+  bool first_last = l->first_stage_layers || l->last_stage_layers;
+  if (l->n_stage_layers && (first_last || l->account_embedding || l->account_loss))
+    return piper_input_error(err, "--layout \"%s\": \"stage-layers\" gives every stage's layers; "
+                                  "it excludes first-stage-layers, last-stage-layers and "
+                                  "account-for-embedding/loss", spec);
+  if (l->n_stage_layers && l->n_stage_layers != stages)
+    return piper_input_error(err, "--layout \"%s\": \"stage-layers\" has %u entries for %u "
+                                  "stages", spec, l->n_stage_layers, stages);
+  if (first_last && stages < 2)
+    return piper_input_error(err, "--layout \"%s\": first-stage-layers and last-stage-layers "
+                                  "need at least 2 stages", spec);
+  return true;
 }
 
 /* What the compiler cannot express yet, and combinations that mean nothing. */
@@ -70,6 +127,8 @@ static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->sequence_parallel && l->tp < 2)
     return piper_input_error(err, "--layout \"%s\": sp (sequence parallelism) needs tp of at "
                                   "least 2", spec);
+  if (!check_stage_layers(spec, l, err))
+    return false;
   if ((uint64_t)l->pp * l->dp * l->tp > LAYOUT_MAX_DEVICES)
     return piper_input_error(err, "--layout \"%s\": %llu devices, more than %u", spec,
                              (unsigned long long)l->pp * l->dp * l->tp, LAYOUT_MAX_DEVICES);
@@ -118,6 +177,56 @@ uint32_t layout_stages(const struct layout *l) {
   case LAYOUT_INTERLEAVED: return l->pp * l->interleave;
   default: return l->pp;
   }
+}
+
+bool layout_has_stage_layers(const struct layout *l) {
+  return l->n_stage_layers || l->first_stage_layers || l->last_stage_layers ||
+         l->account_embedding || l->account_loss;
+}
+
+bool layout_stage_layers(const struct layout *l, const char *spec, int64_t num_layers,
+                         int32_t *out, GError **err) {
+  uint32_t stages = layout_stages(l);
+  int64_t sum = 0;
+  if (l->n_stage_layers) {
+    for (uint32_t s = 0; s < stages; s++)
+      sum += out[s] = (int32_t)l->stage_layers[s];
+    if (sum != num_layers)
+      return piper_input_error(err, "--layout \"%s\": \"stage-layers\" sums to %lld but the "
+                                    "model has %lld layers", spec, (long long)sum,
+                               (long long)num_layers);
+    return true;
+  }
+  /* Units to split: the layers no count fixes, plus the embedding / loss where counted. */
+  uint32_t lo = l->first_stage_layers ? 1 : 0;
+  uint32_t hi = stages - (l->last_stage_layers ? 1 : 0);
+  int64_t fixed = (int64_t)l->first_stage_layers + l->last_stage_layers;
+  if (fixed > num_layers || (lo == hi && fixed != num_layers))
+    return piper_input_error(err, "--layout \"%s\": first-stage-layers + last-stage-layers = "
+                                  "%lld, %s the model's %lld layers", spec, (long long)fixed,
+                             fixed > num_layers ? "more than" : "but with two stages they must be",
+                             (long long)num_layers);
+  int64_t extra_first = !l->first_stage_layers && l->account_embedding;
+  int64_t extra_last = !l->last_stage_layers && l->account_loss;
+  int64_t units = num_layers - fixed + extra_first + extra_last;
+  uint32_t free_stages = hi - lo;
+  for (uint32_t s = 0; s < stages; s++) {
+    if (s < lo)
+      out[s] = (int32_t)l->first_stage_layers;
+    else if (s >= hi)
+      out[s] = (int32_t)l->last_stage_layers;
+    else /* the first (units mod free) stages take one more, as the model's equal split */
+      out[s] = (int32_t)(units / free_stages + (s - lo < units % free_stages ? 1 : 0));
+  }
+  out[0] -= (int32_t)extra_first;
+  out[stages - 1] -= (int32_t)extra_last;
+  for (uint32_t s = 0; s < stages; s++)
+    if (out[s] < 1)
+      return piper_input_error(err, "--layout \"%s\": stage %u would hold no decoder layer "
+                                    "(%lld layers over %u stages%s)", spec, s,
+                               (long long)num_layers, stages,
+                               extra_first || extra_last ? ", embedding and loss counted" : "");
+  return true;
 }
 
 uint32_t layout_devices(const struct layout *l) {

@@ -24,6 +24,7 @@
 #include "directives.h"
 
 #define LAYOUT_MAX_DEVICES (1u << 20)
+#define LAYOUT_MAX_STAGE_LIST 512 /* entries of "stage-layers=a+b+..." */
 
 enum layout_shape {
   LAYOUT_LINEAR,      /* one stage per rank */
@@ -41,16 +42,35 @@ struct layout {
   uint32_t tp;          /* tensor parallelism inside each data-parallel replica, 1 = none */
   bool sequence_parallel; /* "sp": with tp */
   enum ir_recompute recompute; /* recompute=full|selective: one recompute directive over {} */
+  /* Uneven stages (all 0/false: the model's equal split). Decoder layers of the first / last
+   * stage (Megatron's --decoder-first/last-pipeline-num-layers), or of every stage in order
+   * ("stage-layers=6+8+..."); the embedding and the loss counted as one layer each when the
+   * rest is split (--account-for-embedding/loss-in-pipeline-split). */
+  uint32_t first_stage_layers, last_stage_layers;
+  uint32_t n_stage_layers;
+  uint32_t stage_layers[LAYOUT_MAX_STAGE_LIST];
+  bool account_embedding, account_loss;
   /* Not parsed: [stages] true where the model has no experts (DeepSeek-V3's dense first
    * stage), which then get no shard line; NULL: every stage has them. Not owned. */
   const bool *stage_without_experts;
 };
 
 /* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero, recompute (full or
- * selective) and the flags v, sp; unset counts are 1. Fails (input error naming the spec and
+ * selective), first-stage-layers, last-stage-layers, stage-layers (a+b+...) and the flags v,
+ * sp, account-for-embedding, account-for-loss; unset counts are 1. Fails (input error naming the spec and
  * key) on unknown keys, bad numbers, an ep other
  * than 1 or dp, interleave together with v, and more than LAYOUT_MAX_DEVICES devices. */
 bool layout_parse(const char *spec, struct layout *out, GError **err);
+/* True when the layout says how many layers each stage holds (any uneven-stage key). */
+bool layout_has_stage_layers(const struct layout *l);
+/* Decoder layers of each stage (out[layout_stages(l)]) for a model of num_layers layers: the
+ * explicit counts, and the layers they leave split equally over the other stages (the first
+ * of them take one more where it does not divide, as the model's pp_regions split), counting
+ * the embedding in stage 0 and the loss in the last stage as a layer each where asked. Fails
+ * (input error naming spec) where the counts do not sum to num_layers or a stage would hold
+ * no layer. */
+bool layout_stage_layers(const struct layout *l, const char *spec, int64_t num_layers,
+                         int32_t *out, GError **err);
 /* Pipeline stages (PP regions) the layout places: pp, pp*interleave or 2*pp. */
 uint32_t layout_stages(const struct layout *l);
 uint32_t layout_devices(const struct layout *l);

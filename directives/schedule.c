@@ -126,33 +126,48 @@ static void build_1f1b(struct builder *b, uint32_t R, uint32_t M, bool zero_bubb
 }
 
 /* Interleaved 1F1B (Narayanan et al. 2021, §2.2; Megatron-LM's
- * forward_backward_pipelining_with_interleaving): v chunks per rank in a loop layout. The k-th
- * forward of a rank runs chunk (k / R) mod v of micro-batch (k / (R v)) R + k mod R, i.e.
- * groups of R micro-batches go through all v chunks in turn; backwards run the same sequence
- * with the chunks reversed. Warm-up: (R-1-p)*2 + (v-1)*R forwards, capped at M v. Needs M a
- * multiple of R (Megatron's condition) so that every group of R micro-batches is whole: then
- * the mapping above is a bijection onto [0, M) x chunks and never names a micro-batch >= M.
- * Bubble (R-1)(F+B)/v per rank for chunk costs F and B, at the price of about v times more
- * in-flight chunk activations in the warm-up. */
-static void build_interleaved(struct builder *b, uint32_t R, uint32_t v, uint32_t M) {
+ * forward_backward_pipelining_with_interleaving): v chunks per rank in a loop layout.
+ * Micro-batches go through the chunks in groups of G (Megatron's
+ * --microbatch-group-size-per-virtual-pipeline-stage, default R): the forwards of a rank run
+ * group 0 through chunk 0, then chunk 1, ..., then group 1 likewise; the last group takes the
+ * micro-batches left (Megatron's get_schedule_table: fewer than G when G does not divide M).
+ * Backwards run the same sequence with the chunks reversed. Warm-up: (R-1-p)*2 + (v-1)*G
+ * forwards, capped at M v. With G = R dividing M the bubble is (R-1)(F+B)/v per rank for chunk
+ * costs F and B, at the price of about v times more in-flight chunk activations in the
+ * warm-up; a last group of g < R micro-batches leaves its chunks waiting for the pipeline to
+ * turn round (R - g per chunk change: see tests/unit/test_schedule.c). */
+static void build_interleaved(struct builder *b, uint32_t R, uint32_t v, uint32_t M, uint32_t G) {
   uint32_t total = M * v;
+  g_autofree int32_t *mb = g_new(int32_t, total);
+  g_autofree uint32_t *chunk = g_new(uint32_t, total);
+  uint32_t k = 0;
+  for (uint32_t first = 0; first < M; first += G) {
+    uint32_t last = first + 2 * G > M ? M : first + G; /* the last group takes the rest */
+    for (uint32_t c = 0; c < v; c++)
+      for (uint32_t m = first; m < last; m++, k++) {
+        mb[k] = (int32_t)m;
+        chunk[k] = c;
+      }
+    if (last == M)
+      break;
+  }
+  PIPER_ASSERT(k == total);
+  /* A backward of a group's first chunk comes (v-1) x its group's size forwards after it: the
+   * warm-up covers the biggest group (the last, G + M mod G) so that every backward finds its
+   * forward issued. */
+  uint32_t biggest = M < 2 * G ? M : G + M % G;
   for (uint32_t p = 0; p < R; p++) {
-    uint32_t warmup = (R - 1 - p) * 2 + (v - 1) * R;
+    uint32_t warmup = (R - 1 - p) * 2 + (v - 1) * biggest;
     if (warmup > total)
       warmup = total;
-#define FWD_CHUNK(k) (((k) / R) % v)
-#define MB_OF(k) ((int32_t)(((k) / (R * v)) * R + (k) % R))
-    for (uint32_t k = 0; k < warmup; k++)
-      emit(b, p, act((int32_t)(FWD_CHUNK(k) * R + p), MB_OF(k), IR_PASS_F));
-    for (uint32_t k = 0; k < total; k++) {
-      uint32_t kf = k + warmup;
+    for (uint32_t i = 0; i < warmup; i++)
+      emit(b, p, act((int32_t)(chunk[i] * R + p), mb[i], IR_PASS_F));
+    for (uint32_t i = 0; i < total; i++) {
+      uint32_t kf = i + warmup;
       if (kf < total)
-        emit(b, p, act((int32_t)(FWD_CHUNK(kf) * R + p), MB_OF(kf), IR_PASS_F));
-      uint32_t cb = v - 1 - FWD_CHUNK(k);
-      emit(b, p, act((int32_t)(cb * R + p), MB_OF(k), IR_PASS_B));
+        emit(b, p, act((int32_t)(chunk[kf] * R + p), mb[kf], IR_PASS_F));
+      emit(b, p, act((int32_t)((v - 1 - chunk[i]) * R + p), mb[i], IR_PASS_B));
     }
-#undef FWD_CHUNK
-#undef MB_OF
   }
 }
 
@@ -475,22 +490,21 @@ static bool check_request(enum sched_family f, const struct sched_layout *layout
 }
 
 /* The family's conditions on R and M, each refusal saying what is needed. */
-static bool check_microbatches(enum sched_family f, uint32_t R, uint32_t M, GError **err) {
+static bool check_microbatches(enum sched_family f, uint32_t R, uint32_t M, uint32_t G,
+                               GError **err) {
   switch (f) {
   case SCHED_INTERLEAVED_1F1B:
-    if (M % R != 0) {
-      if (M < R)
-        piper_input_error(err,
-                  "interleaved_1f1b: needs the number of micro-batches to be a multiple of "
-                  "the %u ranks (micro-batches go through the chunks in groups of R); got M = %u, "
-                  "use M = %u",
-                  R, M, R);
-      else
-        piper_input_error(err,
-                  "interleaved_1f1b: needs the number of micro-batches to be a multiple of "
-                  "the %u ranks (micro-batches go through the chunks in groups of R); got M = %u, "
-                  "use M = %u or %u",
-                  R, M, M / R * R, (M / R + 1) * R);
+    if (M < R) {
+      piper_input_error(err,
+                "interleaved_1f1b: needs at least as many micro-batches as the %u ranks (a "
+                "micro-batch comes back to rank 0 for its next chunk after R forwards); got "
+                "M = %u, use M >= %u", R, M, R);
+      return false;
+    }
+    if (G && (G < R || G > M)) {
+      piper_input_error(err,
+                "interleaved_1f1b: the micro-batch group (--microbatch-group) must be between "
+                "the %u ranks and the %u micro-batches; got %u", R, M, G);
       return false;
     }
     break;
@@ -558,7 +572,7 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   uint32_t v = 1;
   if (!check_layout(f, shape, layout, pos_rank, &v, err))
     return NULL;
-  if (!check_microbatches(f, R, M, err))
+  if (!check_microbatches(f, R, M, layout->microbatch_group, err))
     return NULL;
   struct builder b = {.pos_rank = pos_rank};
   sched_rows_init(&b.rows, R);
@@ -566,7 +580,9 @@ struct sched_program *sched_build(enum sched_family f, const struct sched_layout
   case SCHED_GPIPE: build_gpipe(&b, R, M); break;
   case SCHED_1F1B: build_1f1b(&b, R, M, false); break;
   case SCHED_ZEROBUBBLE: build_1f1b(&b, R, M, true); break;
-  case SCHED_INTERLEAVED_1F1B: build_interleaved(&b, R, v, M); break;
+  case SCHED_INTERLEAVED_1F1B:
+    build_interleaved(&b, R, v, M, layout->microbatch_group ? layout->microbatch_group : R);
+    break;
   case SCHED_INTERLEAVED_ZEROBUBBLE: build_interleaved_zb(&b, R, v, M); break;
   case SCHED_ZBV: build_zbv(&b, R, M, layout->recompute); break;
   case SCHED_DUALPIPE: build_dualpipe(&b, R, M, layout->recompute); break;
@@ -884,7 +900,11 @@ bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struc
                      "%s: %s with %u ranks was asked, but the base schedule places its %u "
                      "stages on %u device groups (ranks)",
                      p->name, fam, o->ranks, n_stages, R);
-  struct sched_layout l = {.n_ranks = R, .n_stages = n_stages, .stage_rank = stage_rank};
+  if (o->microbatch_group && o->family != SCHED_INTERLEAVED_1F1B)
+    return piper_input_error(err, "--microbatch-group applies to interleaved_1f1b only, not %s",
+                             fam);
+  struct sched_layout l = {.n_ranks = R, .n_stages = n_stages, .stage_rank = stage_rank,
+                           .microbatch_group = o->microbatch_group};
   for (uint32_t d = 0; d < p->n; d++)
     l.recompute |= p->d[d].op == DIR_RECOMPUTE && p->d[d].granularity == IR_RECOMPUTE_FULL;
   g_autoptr(GError) e = NULL;

@@ -47,6 +47,9 @@ struct sched_layout {
   uint32_t n_stages;
   const int32_t *stage_rank;
   bool recompute;
+  /* interleaved_1f1b: micro-batches per group going through the chunks together (Megatron's
+   * --microbatch-group-size-per-virtual-pipeline-stage); 0 = the ranks R. R .. M. */
+  uint32_t microbatch_group;
 };
 
 struct sched_action {
@@ -116,6 +119,7 @@ struct sched_options {
   enum sched_family family;
   uint32_t ranks; /* 0 = take it from the layout */
   uint32_t mbs;   /* 0 = keep the program's split */
+  uint32_t microbatch_group; /* interleaved_1f1b's group (sched_layout); 0 = R */
   bool keep_order;
 };
 bool sched_prepare_program(struct dir_program *p, uint32_t n_stages, const struct sched_options *o,

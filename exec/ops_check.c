@@ -32,7 +32,7 @@ static void node_uses(const struct ir_node *n, bool *uses) {
   }
   if (n->recompute == IR_RECOMPUTE_SELECTIVE)
     uses[EXEC_USE_SELECTIVE_RECOMPUTE] = true;
-  if (n->tp_degree > 1)
+  if (n->tp_degree > 1 && n->kind == IR_NODE_COMPUTE) /* a copies' sum splits its group too */
     uses[EXEC_USE_TENSOR_PARALLEL] = true;
 }
 

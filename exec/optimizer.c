@@ -14,8 +14,13 @@ bool exec_data_parallel(struct exec_state *s, uint32_t i, struct exec_task_ctx *
   float *own_p = stored(s, s->params, EXEC_STORE_PARAMS, own);
   switch (x->role) {
   case EXEC_ROLE_ALL_REDUCE:
+    /* on a ZeRO-2 bucket, the copies' sum before its reduce-scatter (DualPipe): the whole
+     * gradients are in the accumulator, only the shard is stored */
     CT(st, s, ok,
-       exec_comm_all_reduce_f32(s->b, comm, stored(s, s->grads, EXEC_STORE_GRADS, bk->offset),
+       exec_comm_all_reduce_f32(s->b, comm,
+                                bk->sharded_grads
+                                    ? exec_grad_accumulator(s, st, x->bucket)
+                                    : stored(s, s->grads, EXEC_STORE_GRADS, bk->offset),
                                 bk->count, err));
     break;
   case EXEC_ROLE_REDUCE_SCATTER:

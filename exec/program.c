@@ -400,6 +400,44 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
 
 static void link_groups(struct exec_device *d);
 
+static bool same_segments(const struct exec_bucket *x, const struct exec_bucket *y) {
+  if (x->n_segs != y->n_segs)
+    return false;
+  for (uint32_t j = 0; j < x->n_segs; j++)
+    if (x->segs[j] != y->segs[j])
+      return false;
+  return true;
+}
+
+/* DualPipe under ZeRO-1/2 (directives/apply.c, zero_copy_buckets): the copies' sum of a
+ * bucket is an all-reduce naming the segments of one of this device's reduce-scatters, run
+ * on that bucket's whole gradients before it. It is no bucket of its own: a segment lives in
+ * one bucket. */
+static void alias_copy_sums(struct exec_device *d, GArray *buckets) {
+  for (uint32_t b = 0; b < buckets->len; b++) {
+    struct exec_bucket *ar = &g_array_index(buckets, struct exec_bucket, b);
+    if (ar->sharded_optimizer)
+      continue;
+    uint32_t rs = 0;
+    while (rs < buckets->len &&
+           !(g_array_index(buckets, struct exec_bucket, rs).sharded_optimizer &&
+             same_segments(ar, &g_array_index(buckets, struct exec_bucket, rs))))
+      rs++;
+    if (rs == buckets->len)
+      continue;
+    g_free(ar->segs);
+    g_array_remove_index(buckets, b);
+    for (uint32_t i = 0; i < d->n_instrs; i++) {
+      struct exec_instr *x = &d->instrs[i];
+      if (x->bucket == b)
+        x->bucket = rs > b ? rs - 1 : rs;
+      else if (x->bucket != IR_NONE && x->bucket > b)
+        x->bucket--;
+    }
+    b--;
+  }
+}
+
 static bool decode_instrs(struct exec_device *d, GError **err) {
   const struct plan *p = d->plan;
   struct decoder dc = {d, g_array_new(FALSE, TRUE, sizeof(struct exec_bucket)),
@@ -407,6 +445,8 @@ static bool decode_instrs(struct exec_device *d, GError **err) {
   bool ok = true;
   for (uint32_t i = 0; i < d->cls->n_instrs && ok; i++)
     ok = decode_instr(&dc, i, err);
+  if (ok)
+    alias_copy_sums(d, dc.buckets);
   /* the device owns the buckets from here, so clearing it frees them after a failure too */
   d->n_buckets = dc.buckets->len;
   d->buckets = (struct exec_bucket *)g_array_free(dc.buckets, FALSE);

@@ -684,7 +684,7 @@ static void put_int(cJSON *obj, const char *key, int64_t v) {
   cJSON_AddItemToObject(obj, key, cJSON_CreateNumber((double)v));
 }
 
-static bool split_is_equal(const struct model *m) {
+bool model_pp_split_is_equal(const struct model *m) {
   for (int32_t r = 0; r < m->pp_regions; r++)
     if (m->pp_layers[r] != m->num_layers / m->pp_regions + (r < m->num_layers % m->pp_regions))
       return false;
@@ -756,7 +756,7 @@ cJSON *model_to_json(const struct model *m) {
   put_int(p, "seq_len", m->seq_len);
   put_int(p, "micro_batch_size", m->micro_batch_size);
   cJSON_AddStringToObject(p, "dtype", model_dtype_name(m->dtype));
-  if (split_is_equal(m)) {
+  if (model_pp_split_is_equal(m)) {
     put_int(p, "pp_regions", m->pp_regions);
   } else {
     cJSON *a = cJSON_AddArrayToObject(p, "pp_layers");

@@ -167,6 +167,9 @@ struct model *model_load_file(const char *path, int pp_regions_override, GError 
 struct model *model_load_json(const char *name, const cJSON *root, int pp_regions_override,
                               GError **err);
 void model_free(struct model *m);
+/* True when the PP split is the equal one (the first layers mod regions regions one layer
+ * longer): what pp_regions gives. Reports show per-stage layers only where it is not. */
+bool model_pp_split_is_equal(const struct model *m);
 
 /* The model's configuration as a JSON object that model_load_json reads back to the same model
  * (embedded in plans so they are self-contained). Caller frees. */

@@ -543,6 +543,11 @@ static void draw_device_frame(cairo_t *cr, const struct report_run *r,
              d->tp_rank);
   else
     snprintf(sublabel, sizeof sublabel, "pp rank %d · dp rank %d", d->pp_rank, d->dp_rank);
+  if (!model_pp_split_is_equal(p->model)) { /* uneven stages: the device's load */
+    size_t n = strlen(sublabel);
+    snprintf(sublabel + n, sizeof sublabel - n, " · %lld layers",
+             (long long)report_device_layers(p, d));
+  }
   const char **names = g_new0(const char *, n_lanes + 1);
   char *text = g_malloc0((size_t)(n_lanes + 1) * LANE_NAME_MAX); /* a name per lane */
   for (uint32_t s = 0; s < p->n_streams; s++)

@@ -136,6 +136,9 @@ void report_run_free_devices(struct report_run *r);
 void report_run_window(const struct report_run *r, double *t0, double *t1);
 /* Iteration time of the run (first start to last end over every device). */
 double report_iteration_time(const struct report_run *r);
+/* Decoder layers of the PP stages device d computes (the model's pp_layers summed over them):
+ * its share of the model under uneven stages. */
+int64_t report_device_layers(const struct plan *p, const struct report_device *d);
 /* Fills the derived fields of every device from its intervals, over [t0, t0 + iter). */
 void report_compute_stats(struct report_run *r);
 

@@ -17,6 +17,21 @@ bool report_node_is_compute(const struct ir_node *n) {
   return n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_OPTIMIZER;
 }
 
+int64_t report_device_layers(const struct plan *p, const struct report_device *d) {
+  const struct model *m = p->model;
+  g_autofree bool *seen = g_new0(bool, (size_t)m->pp_regions + 1);
+  int64_t layers = 0;
+  for (uint32_t k = 0; k < d->n_intervals; k++) {
+    const struct ir_node *n = &p->nodes[d->intervals[k].node];
+    int32_t st = n->tags[MODEL_TAG_PP];
+    if (n->kind != IR_NODE_COMPUTE || st < 0 || st >= m->pp_regions || seen[st])
+      continue;
+    seen[st] = true;
+    layers += m->pp_layers[st];
+  }
+  return layers;
+}
+
 /* ---- ranks -------------------------------------------------------------------------------- */
 
 void report_run_init_devices(struct report_run *r) {
@@ -73,8 +88,8 @@ void report_run_init_devices(struct report_run *r) {
   /* Under tensor parallelism a stage's devices are tp x dp, TP innermost: tp devices make one
    * data-parallel replica (and one batch of tokens). */
   uint32_t tp = 1;
-  for (uint32_t i = 0; i < p->n_nodes; i++)
-    if (p->nodes[i].tp_degree > tp)
+  for (uint32_t i = 0; i < p->n_nodes; i++) /* compute: a copies' sum splits its group too */
+    if (p->nodes[i].kind == IR_NODE_COMPUTE && p->nodes[i].tp_degree > tp)
       tp = p->nodes[i].tp_degree;
   for (uint32_t d = 0; d < p->n_devices; d++) {
     struct report_device *rd = &r->devices[d];

@@ -145,6 +145,14 @@ cJSON *report_metrics_json(const struct report_run *r) {
     cJSON_ArrayForEach(it, r->extra)
         cJSON_AddItemToObject(root, it->string, cJSON_Duplicate(it, true));
   }
+  /* Uneven stages: each stage's layers, and each device's share (an equal split adds nothing,
+   * so the files of the runs before stay as they were). */
+  bool uneven = !model_pp_split_is_equal(m);
+  if (uneven) {
+    cJSON *sl = cJSON_AddArrayToObject(root, "stage_layers");
+    for (int32_t st = 0; st < m->pp_regions; st++)
+      cJSON_AddItemToArray(sl, cJSON_CreateNumber(m->pp_layers[st]));
+  }
   cJSON *devs = cJSON_AddArrayToObject(root, "devices");
   for (uint32_t i = 0; i < r->n_devices; i++) {
     const struct report_device *d = &r->devices[i];
@@ -152,6 +160,8 @@ cJSON *report_metrics_json(const struct report_run *r) {
     cJSON_AddNumberToObject(o, "device", d->device);
     cJSON_AddNumberToObject(o, "pp_rank", d->pp_rank);
     cJSON_AddNumberToObject(o, "dp_rank", d->dp_rank);
+    if (uneven)
+      cJSON_AddNumberToObject(o, "layers", (double)report_device_layers(r->plan, d));
     cJSON_AddNumberToObject(o, "busy_s", d->compute_s);
     cJSON_AddNumberToObject(o, "comm_s", d->comm_s);
     cJSON_AddNumberToObject(o, "idle_s", d->idle_s);

@@ -26,7 +26,8 @@
 #       profile, for tiny-moe on one GPU and for the llama layers of (c) (the prediction errors
 #       are reported, not failed);
 #   (e) the equivalence suite's multi-rank plans of tiny-moe (DP2, PP2 x DP2 x EP2 1F1B, ZeRO-1,
-#       ZeRO-3, ZB-H1, interleaved 1F1B, DualPipe on 4 stages, full recomputation, tensor
+#       ZeRO-3, ZB-H1, interleaved 1F1B (also M = 5, groups of 3), DualPipe on 4 stages (and
+#       with ZeRO-1), uneven stages (1 + 3 layers), full recomputation, tensor
 #       parallelism with SP: PP2 x TP2, DP2 x EP2 x TP2), ranks
 #       sharing the GPU, 10 steps each against the host backend's run of the same plan (1e-4).
 # Usage: tools/gpu-check.sh [--dry-run | --emu]   (from anywhere; OUT=DIR chooses where results go)
@@ -549,6 +550,9 @@ PLANS=(
   "zb-h1-pp2|2|--layout pp=2 --schedule zerobubble --mbs 8"
   "interleaved-pp2x2|2|--pp-regions 4 --layout pp=2,interleave=2 --schedule interleaved_1f1b --mbs 4"
   "dualpipe-pp4|4|--pp-regions 4 --directives $BS/pp4.json --schedule dualpipe --mbs 8"
+  "dualpipe-zero1|4|--layout pp=2,dp=2,zero=1 --schedule dualpipe --mbs 4"
+  "uneven-pp2|2|--layout pp=2,stage-layers=1+3 --schedule 1f1b --mbs 8"
+  "interleaved-m5|2|--layout pp=2,interleave=2 --schedule interleaved_1f1b --mbs 5 --microbatch-group 3"
   "recompute-full-pp2-dp2-ep2|4|--layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
   "pp2-tp2-sp|4|--layout pp=2,tp=2,sp --schedule 1f1b --mbs 4"
   "dp2-ep2-tp2-sp|4|--layout pp=1,dp=2,ep=2,tp=2,sp --mbs 4"

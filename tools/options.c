@@ -146,7 +146,8 @@ const char *options_compile_arg_given(const struct compile_args *ca) {
               {ca->layout != NULL, "--layout"},         {ca->schedule != NULL, "--schedule"},
               {ca->ranks > 0, "--ranks"},               {ca->mbs > 0, "--mbs"},
               {ca->pp_regions > 0, "--pp-regions"},     {ca->keep_order, "--keep-order"},
-              {ca->import_csv != NULL, "--import-csv"}};
+              {ca->import_csv != NULL, "--import-csv"},
+              {ca->microbatch_group > 0, "--microbatch-group"}};
   for (size_t i = 0; i < G_N_ELEMENTS(args); i++)
     if (args[i].given)
       return args[i].name;

@@ -94,7 +94,9 @@ void options_print_version(const struct option_program *p);
   {.name = "--layout", .kind = OPTION_STRING, .offset = offsetof(T, m.layout), .metavar = "SPEC", \
    .help = "instead of --directives: place/replicate/shard generated from\n"                    \
            "pp=N,dp=N,ep=N (1 or dp),v | interleave=N,zero=1|2|3,\n"                          \
-           "tp=N,sp,recompute=full|selective (PP regions follow)"},                              \
+           "tp=N,sp,recompute=full|selective (PP regions follow;\n"                              \
+           "uneven: first-stage-layers=N,last-stage-layers=N |\n"                               \
+           "stage-layers=A+B+..., account-for-embedding,account-for-loss)"},                     \
   {.name = "--schedule", .kind = OPTION_STRING, .offset = offsetof(T, m.schedule),               \
    .metavar = "NAME",                                                                            \
    .help = "build the order directives for R ranks and M micro-batches: gpipe,\n"                \
@@ -108,6 +110,10 @@ void options_print_version(const struct option_program *p);
    .hi = DIR_MAX_MICROBATCHES, .metavar = "M",                                                   \
    .help = "micro-batches per step on each data-parallel rank: sets the program's\n"             \
            "MB split (default: the program's)"},                                                 \
+  {.name = "--microbatch-group", .kind = OPTION_U32, .offset = offsetof(T, m.microbatch_group),  \
+   .lo = 1, .hi = DIR_MAX_MICROBATCHES, .metavar = "G",                                         \
+   .help = "interleaved_1f1b: micro-batches going through the chunks together,\n"               \
+           "R .. M (Megatron's microbatch group per virtual stage; default R)"},                 \
   {.name = "--keep-order", .kind = OPTION_FLAG, .offset = offsetof(T, m.keep_order),             \
    .help = "keep the program's order directives under --schedule"},                             \
   {.name = "--import-csv", .kind = OPTION_STRING, .offset = offsetof(T, m.import_csv),           \

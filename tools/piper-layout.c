@@ -72,8 +72,12 @@ int main(int argc, char **argv) {
   g_free(text);
   if (!ok)
     return piper_error_exit(program.name, err);
-  if (a.out)
+  if (a.out && !layout_has_stage_layers(&l))
     fprintf(stderr, "piper-layout: %u devices, %u pipeline ranks, %u stages (use --pp-regions %u)\n",
             layout_devices(&l), l.pp, layout_stages(&l), layout_stages(&l));
+  else if (a.out) /* the layer counts belong to the model file, which this program never reads */
+    fprintf(stderr, "piper-layout: %u devices, %u pipeline ranks, %u stages (uneven: give the "
+                    "model's \"piper\": {\"pp_layers\": [...]} or use --layout itself)\n",
+            layout_devices(&l), l.pp, layout_stages(&l));
   return 0;
 }

@@ -264,7 +264,29 @@ static void add_layout(struct space *s, const struct layout *l, const char *spec
   s->pl->n_layouts += s->configs->len > before;
 }
 
-/* One pp x dp x ep x tp with each stage shape that divides the model's layers. */
+/* Stage layer counts for a layout whose stages do not divide the layers (Llama-3.1-405B: 126
+ * over 16), appended to spec: Megatron's account-for-embedding/loss where layers + 2 divide
+ * (the embedding and the loss each weigh a layer: 7 + 14 x 8 + 7), else the middle stages
+ * ceil(layers / stages) each and the first and last stage the rest, the first the lighter (it
+ * holds the embedding; DeepSeek-V3's 61 over 16: 2 + 14 x 4 + 3). False when neither leaves
+ * every stage a layer. */
+static bool uneven_stages(int64_t layers, uint32_t stages, char *spec, size_t size) {
+  size_t n = strlen(spec);
+  if ((layers + 2) % stages == 0 && (layers + 2) / stages >= 2) {
+    g_snprintf(spec + n, size - n, ",account-for-embedding,account-for-loss");
+    return true;
+  }
+  int64_t middle = (layers + stages - 1) / stages;
+  int64_t rest = layers - (int64_t)(stages - 2) * middle;
+  if (rest < 2)
+    return false;
+  g_snprintf(spec + n, size - n, ",first-stage-layers=%lld,last-stage-layers=%lld",
+             (long long)(rest / 2), (long long)(rest - rest / 2));
+  return true;
+}
+
+/* One pp x dp x ep x tp with each stage shape, its stages splitting the model's layers evenly
+ * or, where they do not divide, as uneven_stages says. */
 static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep, uint32_t tp) {
   uint32_t max_v = s->pl->request.max_interleave;
   for (uint32_t v = 1; v <= max_v + 1; v++) {
@@ -272,7 +294,7 @@ static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep, u
     bool is_v = v == max_v + 1;
     struct layout l = {.pp = pp, .dp = dp, .ep = ep, .interleave = 1, .shape = LAYOUT_LINEAR,
                        .tp = tp, .sequence_parallel = tp > 1};
-    char spec[96];
+    char spec[192];
     int n = g_snprintf(spec, sizeof spec, "pp=%u,dp=%u,ep=%u", pp, dp, ep);
     if (tp > 1)
       n += g_snprintf(spec + n, sizeof spec - (size_t)n, ",tp=%u,sp", tp);
@@ -287,8 +309,9 @@ static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep, u
     if ((is_v || v > 1) && pp < 2)
       continue;
     uint32_t stages = layout_stages(&l);
-    if (stages > s->layers || s->layers % stages != 0) {
-      skip(s, "layouts: the stages do not divide the model's layers");
+    if (stages > s->layers ||
+        (s->layers % stages != 0 && !uneven_stages(s->layers, stages, spec, sizeof spec))) {
+      skip(s, "layouts: the stages do not split the model's layers");
       continue;
     }
     add_layout(s, &l, spec);

@@ -4,9 +4,12 @@
 # from piper-compile -o run like plans compiled in-process. With mpirun (when MPI is built in):
 # tiny-moe trained 3 steps on a global batch of 8 micro-batches gives the same losses and final
 # parameters as one device under dp2, 1F1B over 2 ranks, pp2_dp2_ep2 (1F1B), its ZeRO-1, ZeRO-2
-# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe; tiny-dense
+# and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe (also with
+# ZeRO-1, and ZeRO-2 with EP 2); tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
-# and tiny-moe with experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
+# and uneven stages (3 + 5 layers; embedding and loss counted as layers), interleaved 1F1B with
+# M not a multiple of R, and tiny-moe with
+# experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
 # DP 2 x EP 2 x TP 2, its ZB-H1, full recomputation bit-identical to storing)
 # gives the losses and parameters of one device; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
@@ -204,6 +207,16 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same_as dense_ref tp2_sp
   run pp2_tp2_sp_zb 4 --layout pp=2,tp=2,sp --schedule zerobubble --mbs 8 && same_as dense_ref pp2_tp2_sp_zb
   run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
+  # uneven stages: 3 + 5 of tiny-dense's 8 layers, and the first / last stage counts with the
+  # embedding and the loss counted (2 + 3 + 2 + 1 over four stages)
+  run uneven_pp2 2 --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8 && same_as dense_ref uneven_pp2
+  run uneven_pp4 4 --layout pp=4,account-for-embedding,account-for-loss --schedule 1f1b --mbs 8 &&
+    same_as dense_ref uneven_pp4
+  # interleaved 1F1B with M not a multiple of R: 8 micro-batches over 3 ranks x 2 chunks, in
+  # groups of 3 (the last 5) and of 4
+  run il_pp3 3 --layout pp=3,interleave=2 --schedule interleaved_1f1b --mbs 8 && same_as dense_ref il_pp3
+  run il_pp3_g4 3 --layout pp=3,interleave=2 --schedule interleaved_1f1b --mbs 8 --microbatch-group 4 &&
+    same_as dense_ref il_pp3_g4
   # a TP checkpoint (each rank's file holds its slices) resumes bit-identically
   tp_run=("${MPIRUN[@]}" -np 2 "$PE" --model $DENSE --layout pp=1,tp=2,sp --mbs 4 --warmup 0 --quiet \
     --timeout 60 --no-report)
@@ -288,6 +301,11 @@ EOF
   # summed over all four devices, each expert's over the two devices that hold it
   run dualpipe_dp_ep 4 --base-schedule $BS/pp2_dp2_ep2.json --schedule dualpipe --ranks 2 --mbs 4 \
     && same dualpipe_dp_ep
+  # ... under ZeRO-1 (and ZeRO-2 with the experts sharded): each copy reduce-scatters over its
+  # own replica group after the copies' sum (one all-reduce per data-parallel position)
+  run dualpipe_zero1 4 --layout pp=2,dp=2,zero=1 --schedule dualpipe --mbs 4 && same dualpipe_zero1
+  run dualpipe_zero2_ep 4 --layout pp=2,dp=2,ep=2,zero=2 --schedule dualpipe --mbs 4 &&
+    same dualpipe_zero2_ep
   # one named stream for all pipeline traffic: sends and receives go in groups, same losses
   named() { python3 -c "
 import json, sys

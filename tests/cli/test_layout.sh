@@ -36,6 +36,39 @@ expect_bad() {
     bad "$* : exit $rc, $(cat "$T/err")"
   else ok; fi
 }
+# uneven stages: the layer counts reach the plan (its model's pp_layers) and the reports (each
+# stage's layers in metrics.json); Llama-3.1-405B's 126 layers and DeepSeek-V3's 61 over 16
+# stages compile and simulate
+layers() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['model']['piper']['pp_layers'])" "$1/plan.json"; }
+"$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 4 -o "$T/u1" >/dev/null &&
+  [ "$(layers "$T/u1")" = "[3, 5]" ] && ok || bad "stage-layers=3+5: $(layers "$T/u1")"
+"$BIN/piper-compile" --model models/tiny-dense.json --layout pp=4,first-stage-layers=1,last-stage-layers=3 --schedule 1f1b --mbs 4 -o "$T/u2" >/dev/null &&
+  [ "$(layers "$T/u2")" = "[1, 2, 2, 3]" ] && ok || bad "first/last-stage-layers: $(layers "$T/u2")"
+"$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,v,account-for-embedding,account-for-loss --schedule dualpipev --mbs 4 -o "$T/u3" >/dev/null &&
+  [ "$(layers "$T/u3")" = "[2, 3, 2, 1]" ] && ok || bad "account-for-embedding/loss: $(layers "$T/u3")"
+stage_layers() { python3 -c "import json,sys; m = json.load(open(sys.argv[1])); print(m.get('stage_layers'), sorted({d['layers'] for d in m['devices']}))" "$1/metrics.json"; }
+sim --model models/llama3.1-405b.json --layout pp=16,interleave=2,tp=8,dp=64,sp,account-for-embedding,account-for-loss \
+  --schedule interleaved_1f1b --mbs 32 --out "$T/l405" &&
+  [ "$(stage_layers "$T/l405")" = "[3$(printf ', 4%.0s' $(seq 30)), 3] [7, 8]" ] && ok ||
+  bad "405B over 16 x 2 stages: $(stage_layers "$T/l405")"
+sim --model models/llama3.1-405b.json --layout pp=16,first-stage-layers=7,last-stage-layers=7 --schedule 1f1b --mbs 16 --out "$T/l405b" &&
+  [ "$(stage_layers "$T/l405b")" = "[7$(printf ', 8%.0s' $(seq 14)), 7] [7, 8]" ] && ok ||
+  bad "405B first/last 7: $(stage_layers "$T/l405b")"
+sim --model models/deepseek-v3.json --layout pp=16,dp=2,ep=2,first-stage-layers=2,last-stage-layers=3 --schedule 1f1b --mbs 16 --out "$T/dsv3" &&
+  [ "$(stage_layers "$T/dsv3")" = "[2$(printf ', 4%.0s' $(seq 14)), 3] [2, 3, 4]" ] && ok ||
+  bad "DeepSeek-V3 61 over 16: $(stage_layers "$T/dsv3")"
+# an equal split adds nothing to the reports
+sim --model models/tiny-dense.json --layout pp=2 --schedule 1f1b --mbs 4 --out "$T/eq" &&
+  python3 -c "import json,sys; m = json.load(open(sys.argv[1])); sys.exit('stage_layers' in m or any('layers' in d for d in m['devices']))" "$T/eq/metrics.json" &&
+  ok || bad "an equal split reports stage layers"
+expect_bad "sums to 7 but the model has 8 layers" "$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,stage-layers=3+4
+expect_bad "gives stage 1 no layer" "$BIN/piper-sim" --model models/tiny-dense.json --layout pp=2,stage-layers=8+0 --profile profiles/unit.json
+expect_bad "has 2 entries for 4 stages" "$BIN/piper-layout" pp=2,v,stage-layers=3+5
+expect_bad '"first-stage-layers" must be a whole number in [1, 4096]' "$BIN/piper-layout" pp=4,first-stage-layers=0
+expect_bad "stage 7 would hold no decoder layer" "$BIN/piper-compile" --model models/tiny-dense.json --layout pp=8,account-for-embedding,account-for-loss
+expect_bad "more than the model's 8 layers" "$BIN/piper-compile" --model models/tiny-dense.json --layout pp=4,first-stage-layers=5,last-stage-layers=4
+expect_bad "need at least 2 stages" "$BIN/piper-layout" pp=1,last-stage-layers=2
+expect_bad "excludes first-stage-layers" "$BIN/piper-layout" pp=2,stage-layers=3+5,account-for-loss
 expect_bad 'unknown key "cp"' "$BIN/piper-layout" pp=2,cp=2
 expect_bad "ep must be 1 or equal to dp" "$BIN/piper-layout" pp=2,dp=4,ep=2
 expect_bad "give a layout" "$BIN/piper-layout"

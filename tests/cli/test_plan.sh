@@ -36,6 +36,12 @@ if "$PLAN" "${small[@]}" --pp 4 --out "$tmp/p" > "$tmp/stdout" 2> "$tmp/stderr";
 else
   fail "plan: $(cat "$tmp/stderr")"
 fi
+# 2. uneven stages where the stages do not divide the layers: DeepSeek-V3's 61 over 16 stages
+# searched as 2 + 14 x 4 + 3 (the spec is simulated as --layout takes it)
+"$PLAN" --model models/deepseek-v3.json --devices 16 --pp 16 --tp 1 --schedules 1f1b --max-interleave 1 \
+  --profile profiles/h100-sxm.json --global-batch 32 --out "$tmp/uneven" --no-charts --quiet 2>/dev/null &&
+  grep -q '^1,over_memory_cap,1f1b,"pp=16,dp=1,ep=1,first-stage-layers=2,last-stage-layers=3",16,1,1,1,16,' "$tmp/uneven/plan.csv" &&
+  ok "61 layers over 16 stages" || fail "uneven stages: $(cat "$tmp/uneven/plan.csv" 2>/dev/null)"
 "$PLAN" "${small[@]}" --out "$tmp/nc" --no-charts --quiet > "$tmp/stdout" 2>/dev/null && [ ! -e "$tmp/nc/plan.png" ] \
   && [ ! -s "$tmp/stdout" ] && [ -s "$tmp/nc/plan.csv" ] && ok "--no-charts, --quiet" || fail "--no-charts/--quiet"
 # infeasible rows say why: a cap below every configuration

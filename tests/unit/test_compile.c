@@ -849,24 +849,29 @@ static void test_dualpipe_copies_sync(void **state) {
   compile_result_free(&r);
   /* With data and expert parallelism in each rank (pp2_dp2_ep2: ranks [0,1] and [2,3]): the
    * dense segments' copies are summed over all four devices, each expert's over the two devices
-   * holding it (position k of both groups: {0,2} and {1,3}). */
+   * holding it (position k of both groups: {0,2} and {1,3}): one collective over the four whose
+   * communicator is split in two (instances {p mod 2 + 2k}), so that the devices of a group
+   * keep one program. */
   r = compile_files("models/tiny-moe.json", 0, "directives/base-schedules/pp2_dp2_ep2.json",
                     SCHED_DUALPIPE, 4);
-  uint32_t sizes[5] = {0};
+  uint32_t whole = 0, split = 0;
   for (uint32_t i = 0; i < r.plan->n_nodes; i++) {
     const struct ir_node *n = &r.plan->nodes[i];
     if (n->kind != IR_NODE_ALL_REDUCE)
       continue;
-    const struct ir_group *grp = &r.plan->groups[n->group];
-    assert_true(grp->count <= 4);
-    sizes[grp->count]++;
-    if (grp->count == 2) {
-      uint32_t a = r.plan->device_pool[grp->first], b = r.plan->device_pool[grp->first + 1];
-      assert_int_equal(b - a, 2);
-    }
+    assert_int_equal(r.plan->groups[n->group].count, 4);
+    if (n->tp_degree == 2)
+      split++;
+    else
+      whole++;
   }
-  assert_int_equal(sizes[4], 1);
-  assert_int_equal(sizes[2], 2);
+  assert_int_equal(whole, 1);
+  assert_int_equal(split, 1);
+  uint32_t split_comms = 0;
+  for (uint32_t c = 0; c < r.plan->n_comms; c++)
+    split_comms += r.plan->comms[c].purpose == IR_COMM_DP && r.plan->comms[c].split == 2;
+  assert_int_equal(split_comms, 1);
+  assert_int_equal(r.plan->n_classes, 2); /* a program per rank: the pairs share it */
   compile_result_free(&r);
 }
 

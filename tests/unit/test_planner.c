@@ -61,7 +61,7 @@ static void test_enumeration(void **state) {
     fail_msg("%s", err->message);
   assert_int_equal(pl->n_configs, 45);
   assert_int_equal(pl->n_layouts, 9);
-  assert_non_null(strstr(pl->skipped->str, "left out: 2 layouts: the stages do not divide"));
+  assert_non_null(strstr(pl->skipped->str, "left out: 2 layouts: the stages do not split"));
   uint32_t per_pp[5] = {0};
   for (uint32_t i = 0; i < pl->n_configs; i++) {
     const struct planner_config *c = &pl->configs[i];
@@ -74,6 +74,39 @@ static void test_enumeration(void **state) {
   assert_int_equal(per_pp[2], 36);
   assert_int_equal(per_pp[4], 3);
   planner_free(pl);
+}
+
+/* Uneven stages where the stages do not divide the layers: DeepSeek-V3's 61 layers get first
+ * and last stage counts (61 = 2 + 14 x 4 + 3 over 16 stages, 30 + 31 over 2), Llama-3.1-405B's
+ * 126 the embedding and the loss counted as layers (128 units, 8 per stage over 16); every
+ * spec is what --layout takes (tests/cli/test_plan.sh runs one). */
+static void test_uneven_stages(void **state) {
+  (void)state;
+  static const struct {
+    const char *model;
+    uint32_t stages;
+    const char *keys;
+  } cases[] = {
+      {"models/deepseek-v3.json", 16, ",first-stage-layers=2,last-stage-layers=3"},
+      {"models/deepseek-v3.json", 2, ",first-stage-layers=30,last-stage-layers=31"},
+      {"models/llama3.1-405b.json", 16, ",account-for-embedding,account-for-loss"},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    struct planner_request rq = tiny(cases[k].model, 16, 64);
+    struct planner *pl = plan_or_fail_new(&rq);
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < pl->n_configs; i++) {
+      const struct planner_config *c = &pl->configs[i];
+      if (c->stages != cases[k].stages)
+        continue;
+      seen++;
+      if (!strstr(c->layout, cases[k].keys))
+        fail_msg("%s, %u stages: layout %s lacks %s", cases[k].model, c->stages, c->layout,
+                 cases[k].keys);
+    }
+    assert_true(seen > 0);
+    planner_free(pl);
+  }
 }
 
 /* Tensor parallelism: tiny-dense (4 heads, 2 KV heads, vocabulary 256, FFN 128) on 4 devices,
@@ -230,7 +263,7 @@ int main(void) {
       cmocka_unit_test(test_enumeration), cmocka_unit_test(test_enumeration_tp),
       cmocka_unit_test(test_known_best),
       cmocka_unit_test(test_memory_cap),  cmocka_unit_test(test_threads_agree),
-      cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_refused),     cmocka_unit_test(test_uneven_stages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

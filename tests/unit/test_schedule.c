@@ -412,19 +412,26 @@ static void test_interleaved(void **state) {
   (void)state;
   for (uint32_t R = 1; R <= 8; R *= 2)
     for (uint32_t v = 2; v <= 4; v++)
-      for (uint32_t M = R; M <= 6 * R; M += R) {
-        struct sched_layout l = layout_loop(R, v);
-        struct sched_program *s = build_ok(SCHED_INTERLEAVED_1F1B, &l, M);
-        struct run r = run_ok(s, &l, false);
-        /* Narayanan et al. 2021, §2.2.2: with v chunks per rank the bubble shrinks to
-         * (R-1)(t_f+t_b)/v, t_f and t_b a rank's whole forward and backward (v chunks each). In
-         * chunk units (F=1, B=2 per chunk): total = 3 M v + 3 (R-1). */
-        assert_int_equal(r.makespan, (int64_t)3 * M * v + 3 * (R - 1));
-        for (uint32_t q = 0; q < R; q++)
-          /* Megatron's warm-up, (R-1-q)*2 + (v-1)*R forwards, plus the first steady one. */
-          assert_int_equal(r.peak[q], MIN((R - 1 - q) * 2 + (v - 1) * R + 1, M * v));
-        sched_program_free(s);
-      }
+      for (uint32_t M = R; M <= 4 * R; M++)
+        for (uint32_t G = R; G <= M && G <= 2 * R; G++) {
+          /* G: micro-batches per group (Megatron's microbatch group per virtual stage); groups
+           * of G, the last taking the rest (G + M mod G, or M when M < 2G) */
+          struct sched_layout l = layout_loop(R, v);
+          l.microbatch_group = G == R ? 0 : G; /* 0: the default, R */
+          struct sched_program *s = build_ok(SCHED_INTERLEAVED_1F1B, &l, M);
+          struct run r = run_ok(s, &l, false);
+          /* Narayanan et al. 2021, §2.2.2: with v chunks per rank the bubble shrinks to
+           * (R-1)(t_f+t_b)/v, t_f and t_b a rank's whole forward and backward (v chunks each). In
+           * chunk units (F=1, B=2 per chunk): total = 3 M v + 3 (R-1), for every M >= R and
+           * group G >= R (a group never waits for the pipeline to turn round). */
+          assert_int_equal(r.makespan, (int64_t)3 * M * v + 3 * (R - 1));
+          uint32_t biggest = M < 2 * G ? M : G + M % G;
+          for (uint32_t q = 0; q < R; q++)
+            /* Megatron's warm-up, (R-1-q)*2 + (v-1)*G forwards with G the biggest group, plus
+             * the first steady one. */
+            assert_int_equal(r.peak[q], MIN((R - 1 - q) * 2 + (v - 1) * biggest + 1, M * v));
+          sched_program_free(s);
+        }
 }
 
 /* Interleaved zero bubble (PyTorch's ScheduleInterleavedZeroBubble), R=2, v=2, M=2, derived
@@ -667,8 +674,12 @@ static void test_refusals(void **state) {
   expect_refusal(SCHED_GPIPE, &l, 4, "stage 1 is on rank 2, outside [0, 2)");
   /* too few micro-batches, wrong parity */
   l = layout_loop(4, 2);
-  expect_refusal(SCHED_INTERLEAVED_1F1B, &l, 2, "got M = 2, use M = 4");
-  expect_refusal(SCHED_INTERLEAVED_1F1B, &l, 6, "use M = 4 or 8");
+  expect_refusal(SCHED_INTERLEAVED_1F1B, &l, 2, "got M = 2, use M >= 4");
+  l.microbatch_group = 3;
+  expect_refusal(SCHED_INTERLEAVED_1F1B, &l, 6, "between the 4 ranks and the 6 micro-batches; got 3");
+  l.microbatch_group = 7;
+  expect_refusal(SCHED_INTERLEAVED_1F1B, &l, 6, "between the 4 ranks and the 6 micro-batches; got 7");
+  l.microbatch_group = 0;
   l = layout_v(4);
   expect_refusal(SCHED_ZBV, &l, 6, "at least 2R-1 = 7");
   expect_refusal(SCHED_DUALPIPEV, &l, 7, "at least 2R = 8");
