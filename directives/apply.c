@@ -461,10 +461,13 @@ static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
   }
   GArray *m = match(a, &f, false), *t = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   bool selective = dd->granularity == IR_RECOMPUTE_SELECTIVE;
+  /* a layered directive reruns its chunks only (compile's chunk_model tagged them) */
+  int rc = dd->method == DIR_RECOMPUTE_SEGMENT ? -1 : model_tag_index(g->model, DIR_RECOMPUTE_TAG);
   for (uint32_t j = 0; j < m->len; j++) {
     uint32_t i = g_array_index(m, uint32_t, j);
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->pass != IR_PASS_F || (selective && node_core_saved(g, i) == 0))
+    if (n->pass != IR_PASS_F || (selective && node_core_saved(g, i) == 0) ||
+        (dd->method != DIR_RECOMPUTE_SEGMENT && (rc < 0 || n->tags[rc] < 0)))
       continue;
     if (n->recompute != IR_RECOMPUTE_NONE) {
       char *nm = node_name(g, i);

@@ -285,7 +285,7 @@ static const char *const *const op_keys[] = {
     (const char *const[]){"op", "filters", NULL},
     (const char *const[]){"op", "name", "priority", "sm_share", NULL},
     (const char *const[]){"op", "filter", "degree", "sequence_parallel", NULL},
-    (const char *const[]){"op", "filter", "granularity", NULL},
+    (const char *const[]){"op", "filter", "granularity", "method", "num_layers", NULL},
 };
 
 static bool parse_stream(const cJSON *obj, struct dir_directive *d, const char *ctx,
@@ -323,6 +323,32 @@ static bool parse_replicate(const cJSON *obj, struct dir_directive *d, uint32_t 
   return true;
 }
 
+/* recompute's "method" ("uniform" or "block") and "num_layers", Megatron's
+ * --recompute-method and --recompute-num-layers: both or neither, and only with full. */
+static bool parse_recompute_method(const cJSON *obj, struct dir_directive *d, const char *ctx,
+                                   GError **err) {
+  const char *m = NULL;
+  if (!json_get_string(obj, "method", false, &m, ctx, err) ||
+      !json_get_u32(obj, "num_layers", false, 1, MODEL_MAX_LAYERS, &d->num_layers, ctx, err))
+    return false;
+  if (!m && d->num_layers == 0)
+    return true;
+  if (!m || d->num_layers == 0)
+    return piper_input_error(err, "%s: \"method\" and \"num_layers\" go together (layers per "
+                             "recomputed chunk, or recomputed layers per stage)", ctx);
+  if (d->granularity != IR_RECOMPUTE_FULL)
+    return piper_input_error(err, "%s: \"method\" applies to \"granularity\": \"full\" only", ctx);
+  if (strcmp(m, "uniform") == 0)
+    d->method = DIR_RECOMPUTE_UNIFORM;
+  else if (strcmp(m, "block") == 0)
+    d->method = DIR_RECOMPUTE_BLOCK;
+  else {
+    g_autofree char *q = quote(m);
+    return piper_input_error(err, "%s: \"method\" = %s must be \"uniform\" or \"block\"", ctx, q);
+  }
+  return true;
+}
+
 /* recompute's "granularity": "full" (the default) or "selective", Megatron's names. */
 static bool parse_granularity(const cJSON *obj, struct dir_directive *d, const char *ctx,
                               GError **err) {
@@ -338,7 +364,7 @@ static bool parse_granularity(const cJSON *obj, struct dir_directive *d, const c
     return piper_input_error(err, "%s: \"granularity\" = %s must be \"full\" or \"selective\"",
                              ctx, q);
   }
-  return true;
+  return parse_recompute_method(obj, d, ctx, err);
 }
 
 static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
@@ -598,6 +624,10 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));
       cJSON_AddStringToObject(o, "granularity",
                               d->granularity == IR_RECOMPUTE_SELECTIVE ? "selective" : "full");
+      if (d->method != DIR_RECOMPUTE_SEGMENT) {
+        cJSON_AddStringToObject(o, "method", d->method == DIR_RECOMPUTE_UNIFORM ? "uniform" : "block");
+        cJSON_AddNumberToObject(o, "num_layers", d->num_layers);
+      }
       break;
     case DIR_STREAM:
       cJSON_AddStringToObject(o, "name", d->name);

@@ -88,6 +88,11 @@ plans=(
   "tp2_rc_sel 4 $DENSE --layout pp=2,tp=2,recompute=selective --schedule 1f1b --mbs 4"
   "tp2_sp_rc_full 4 $DENSE --layout pp=2,tp=2,sp,recompute=full --schedule 1f1b --mbs 4"
   "ep_rc_full 4 $MOE --layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
+  # Megatron's methods, chunks cut at layer boundaries, and a different choice per stage
+  "rc_uniform1_one 1 $DENSE --pp-regions 1 --layout pp=1,recompute=full:uniform:1 --mbs 8"
+  "rc_uniform3_pp2 2 $DENSE --layout pp=2,recompute=full:uniform:3 --schedule 1f1b --mbs 8"
+  "rc_block1_moe 2 $MOE --layout pp=2,recompute=full:block:1 --schedule 1f1b --mbs 8"
+  "rc_per_stage 2 $DENSE --layout pp=2,recompute@0=full:block:2,recompute@1=selective --schedule 1f1b --mbs 8"
   # experts under TP: local (their slices' rows and outputs [T x top_k, hidden] whole, the gate
   # and up of F / TP), with SP, and EP 2 with TP 2 inside (routed rows at the plan's capacity)
   "moe_tp2 2 $MOE --layout pp=1,tp=2 --mbs 4"

@@ -7,7 +7,8 @@
 # over 2 ranks, one device (every forward before every backward), tiny-moe 1F1B over 2 ranks
 # (local experts, rerun too), tiny-moe PP 2 x DP 2 x EP 2 (the experts' rerun under expert
 # parallelism, with the rerun's own dispatch and combine), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters),
-# DualPipeV on tiny-moe with EP, and PP 2 x TP 2 with and without SP (R's collectives); each under full and selective recomputation. And the
+# DualPipeV on tiny-moe with EP, and PP 2 x TP 2 with and without SP (R's collectives); each under full and selective recomputation, and full per layer
+# (Megatron's methods: uniform chunks of 1 layer, block of each stage's first layer). And the
 # executor's own peak of activations drops: full below selective below none on the one-device
 # plan (memory agreement with piper-sim is tests/cli/test_memory.sh's).
 set -u
@@ -83,12 +84,14 @@ for p in "${plans[@]}"; do
   read -r -a w <<<"$p"
   name=${w[0]} np=${w[1]} model=${w[2]} args=("${w[@]:3}")
   run "$name" "$np" "$model" "${args[@]}" || continue
-  for g in full selective; do
+  # the last: stage 0 per layer, stage 1 selective (the other stages of a V none)
+  for g in =full =selective =full:uniform:1 =full:block:1 @0=full:uniform:1,recompute@1=selective; do
     rargs=()
     for a in "${args[@]}"; do
-      case $a in pp=*) rargs+=("$a,recompute=$g") ;; *) rargs+=("$a") ;; esac
+      case $a in pp=*) rargs+=("$a,recompute$g") ;; *) rargs+=("$a") ;; esac
     done
-    run "${name}_$g" "$np" "$model" "${rargs[@]}" && same "${name}_$g" "$name"
+    v=$(echo "$g" | tr -c 'a-z0-9\n' _)
+    run "${name}$v" "$np" "$model" "${rargs[@]}" && same "${name}$v" "$name"
   done
 done
 

@@ -259,9 +259,123 @@ static void test_attention_core_rerun(void **state) {
   g_free(da);
 }
 
+/* Compiles tiny-dense in 2 stages of 4 layers on one device, 2 micro-batches, under the given
+ * recompute directive(s) (JSON objects, comma-separated); NULL and *err set on refusal. */
+static struct plan *compile_layered(const char *recompute, GError **err) {
+  char *dir = test_tmp_dir("test_recompute-XXXXXX");
+  char *path = g_build_filename(dir, "program.json", NULL);
+  char *text = g_strdup_printf(
+      "[%s,{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]", recompute);
+  test_write_file(path, text);
+  struct plan *p = compile_plan("models/tiny-dense.json", path, NULL, 2, err);
+  test_remove_tree(dir);
+  g_free(text);
+  g_free(path);
+  g_free(dir);
+  return p;
+}
+
+/* Megatron's methods, per stage of 4 layers (docs/directives.md, "recompute"): uniform N
+ * reruns chunks of N layers (the last one shorter), block N each of the first N layers (all of
+ * them past 4). Each rerun chunk's F keeps its input x (16,384 B) and its R rebuilds its
+ * layers' 214,528 B each; nothing else reruns (embedding, head, a block's stored rest). */
+static void test_layered_chunks(void **state) {
+  (void)state;
+  static const struct {
+    const char *method;
+    uint32_t n;
+    uint32_t chunk_layers[8]; /* per rerun chunk, in model order; 0 ends */
+  } cases[] = {
+      {"uniform", 1, {1, 1, 1, 1, 1, 1, 1, 1}},
+      {"uniform", 2, {2, 2, 2, 2}},
+      {"uniform", 3, {3, 1, 3, 1}},
+      {"uniform", 4, {4, 4}},
+      {"block", 1, {1, 1}},
+      {"block", 3, {1, 1, 1, 1, 1, 1}},
+      {"block", 9, {1, 1, 1, 1, 1, 1, 1, 1}},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    char *d = g_strdup_printf("{\"op\":\"recompute\",\"filter\":{},\"method\":\"%s\","
+                              "\"num_layers\":%u}",
+                              cases[k].method, cases[k].n);
+    GError *err = NULL;
+    struct plan *p = compile_layered(d, &err);
+    if (!p)
+      fail_msg("%s: %s", d, err->message);
+    uint32_t r = 0;
+    for (uint32_t seg = 0; seg < p->model->n_segments; seg++) {
+      struct layer_figures lf = layer_figures(p, seg);
+      if (lf.r_saved == 0)
+        continue;
+      uint32_t want = cases[k].chunk_layers[r++];
+      if (want == 0 || lf.r_saved != want * LAYER_SAVED || lf.f_saved != LAYER_INPUT)
+        fail_msg("%s: rerun %u keeps %llu B and rebuilds %llu B, want %u B and %u layers", d,
+                 r - 1, (unsigned long long)lf.f_saved, (unsigned long long)lf.r_saved,
+                 LAYER_INPUT, want);
+    }
+    if (r < G_N_ELEMENTS(cases[k].chunk_layers) && cases[k].chunk_layers[r] != 0)
+      fail_msg("%s: %u reruns, want more", d, r);
+    plan_free(p);
+    g_free(d);
+  }
+}
+
+/* Per stage: stage 0 uniform chunks of 2, stage 1 selective (attention cores). */
+static void test_layered_per_stage(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct plan *p = compile_layered(
+      "{\"op\":\"recompute\",\"filter\":{\"PP\":0},\"method\":\"uniform\",\"num_layers\":2},"
+      "{\"op\":\"recompute\",\"filter\":{\"PP\":1},\"granularity\":\"selective\"}",
+      &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  uint32_t full = 0, sel = 0;
+  for (uint32_t seg = 0; seg < p->model->n_segments; seg++) {
+    struct layer_figures lf = layer_figures(p, seg);
+    full += lf.r_saved == 2 * LAYER_SAVED && lf.f_saved == LAYER_INPUT;
+    sel += lf.r_saved > 0 && lf.r_saved % CORE == 0 && lf.r_saved < LAYER_SAVED;
+  }
+  assert_int_equal(full, 2);
+  assert_int_equal(sel, 1); /* stage 1 is one segment: its four cores rerun in one R */
+  plan_free(p);
+}
+
+static void test_layered_refusals(void **state) {
+  (void)state;
+  static const struct {
+    const char *d, *want;
+  } cases[] = {
+      {"{\"op\":\"recompute\",\"filter\":{},\"method\":\"uniform\"}",
+       "\"method\" and \"num_layers\" go together"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"num_layers\":0,\"method\":\"block\"}", "num_layers"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"method\":\"stripes\",\"num_layers\":1}",
+       "\"method\" = \"stripes\" must be \"uniform\" or \"block\""},
+      {"{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\",\"method\":\"block\","
+       "\"num_layers\":1}",
+       "\"method\" applies to \"granularity\": \"full\" only"},
+      {"{\"op\":\"recompute\",\"filter\":{\"EP\":\"*\"},\"method\":\"block\",\"num_layers\":1}",
+       "the filter may name PP only"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"method\":\"block\",\"num_layers\":1},"
+       "{\"op\":\"recompute\",\"filter\":{\"PP\":1},\"method\":\"uniform\",\"num_layers\":1}",
+       "directives 0 and 1 (recompute) both cut stage 1's layers"},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    GError *err = NULL;
+    struct plan *p = compile_layered(cases[k].d, &err);
+    if (p || !err || err->code != PIPER_ERROR_INPUT || !strstr(err->message, cases[k].want))
+      fail_msg("%s: got \"%s\", want \"%s\"", cases[k].d, err ? err->message : "a plan",
+               cases[k].want);
+    g_error_free(err);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention_core_rerun),
+      cmocka_unit_test(test_layered_chunks),
+      cmocka_unit_test(test_layered_per_stage),
+      cmocka_unit_test(test_layered_refusals),
       cmocka_unit_test(test_layer_tensors),
       cmocka_unit_test(test_layer_tensors_tp2),
       cmocka_unit_test(test_simulated_growth),
