@@ -439,11 +439,34 @@ out:
 
 /* ---- recompute ----------------------------------------------------------------------------- */
 
-/* What node i's attention cores save on its devices: what selective recomputation stops
- * keeping (tensor parallelism, applied before, divides them by heads). */
-static uint64_t node_core_saved(const struct ir_graph *g, uint32_t i) {
-  const struct ir_node *n = IR_NODE(g, i);
-  return ir_tp_segment_core_bytes(g->model, n->segment, n->tp_degree);
+/* How directive d recomputes forward node i: its granularity, except that selective
+ * recomputation of the "moe" module reruns the routed experts' segments in full. */
+static enum ir_recompute node_granularity(const struct apply *a, uint32_t d, uint32_t i) {
+  const struct dir_directive *dd = &a->p->d[d];
+  const struct ir_node *n = IR_NODE(a->g, i);
+  if (dd->granularity == IR_RECOMPUTE_SELECTIVE &&
+      (dd->modules & MODEL_MODULE_BIT(MODEL_MODULE_MOE)) && n->segment < a->g->model->n_segments &&
+      a->g->model->segments[n->segment].expert)
+    return IR_RECOMPUTE_FULL;
+  return dd->granularity;
+}
+
+/* What selective recomputation of directive d's modules stops keeping on node i's devices. */
+static uint64_t node_module_saved(const struct apply *a, uint32_t d, uint32_t i) {
+  return ir_node_module_bytes(a->g->model, IR_NODE(a->g, i), a->p->d[d].modules);
+}
+
+/* Modules besides the attention core are rerun on whole ops: tensor parallelism, which would
+ * rerun their collectives (and all-gathers under sequence parallelism), is refused. */
+static bool check_modules_tp(struct apply *a, uint32_t d, uint32_t i, GError **err) {
+  const struct dir_directive *dd = &a->p->d[d];
+  if (IR_NODE(a->g, i)->tp_degree <= 1 || !(dd->modules & ~IR_RECOMPUTE_MODULES_DEFAULT))
+    return true;
+  char *nm = node_name(a->g, i);
+  fail_at(a, d, err, "\"modules\" other than core_attn under tensor parallelism (\"%s\"): not "
+                     "supported (their reruns would repeat the collectives)", nm);
+  g_free(nm);
+  return false;
 }
 
 /* Matched forward nodes a recompute directive acts on; fails naming the directive when there
@@ -460,31 +483,35 @@ static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
     return NULL;
   }
   GArray *m = match(a, &f, false), *t = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  bool selective = dd->granularity == IR_RECOMPUTE_SELECTIVE;
   /* a layered directive reruns its chunks only (compile's chunk_model tagged them) */
   int rc = dd->method == DIR_RECOMPUTE_SEGMENT ? -1 : model_tag_index(g->model, DIR_RECOMPUTE_TAG);
-  for (uint32_t j = 0; j < m->len; j++) {
+  bool ok = true;
+  for (uint32_t j = 0; j < m->len && ok; j++) {
     uint32_t i = g_array_index(m, uint32_t, j);
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->pass != IR_PASS_F || (selective && node_core_saved(g, i) == 0) ||
+    bool selective = node_granularity(a, d, i) == IR_RECOMPUTE_SELECTIVE;
+    if (n->pass != IR_PASS_F || (selective && node_module_saved(a, d, i) == 0) ||
         (dd->method != DIR_RECOMPUTE_SEGMENT && (rc < 0 || n->tags[rc] < 0)))
       continue;
     if (n->recompute != IR_RECOMPUTE_NONE) {
       char *nm = node_name(g, i);
       fail_at(a, d, err, "\"filter\" matches \"%s\", which an earlier recompute took", nm);
       g_free(nm);
-      g_array_free(m, TRUE);
-      g_array_free(t, TRUE);
-      return NULL;
+      ok = false;
     }
-    g_array_append_val(t, i);
+    ok = ok && (!selective || check_modules_tp(a, d, i, err));
+    if (ok)
+      g_array_append_val(t, i);
   }
   g_array_free(m, TRUE);
-  if (t->len == 0) {
+  if (ok && t->len == 0) {
     char *ft = filter_text(&dd->filter);
     fail_at(a, d, err, "\"filter\" %s matches no forward%s", ft,
-            selective ? " with an attention core" : "");
+            dd->granularity == IR_RECOMPUTE_SELECTIVE ? " with one of its modules" : "");
     g_free(ft);
+    ok = false;
+  }
+  if (!ok) {
     g_array_free(t, TRUE);
     return NULL;
   }
@@ -496,12 +523,11 @@ static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
  * from its producer to its last consumer):
  *   full: F keeps only the segment's inputs, for R (F -> R); R restores everything F saved
  *     (R -> B), so a micro-batch waiting for its backward holds its inputs alone;
- *   selective (Megatron's selective recomputation): F keeps all but the attention core's
- *     output and logsumexp (F -> B, F -> R: one tensor, read by both); R recomputes those
- *     (R -> B). */
+ *   selective (Megatron's selective recomputation): F keeps all but its modules' part (the
+ *     attention core's output and logsumexp by default; F -> B, F -> R: one tensor, read by
+ *     both); R recomputes that part (R -> B). */
 static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
   struct ir_graph *g = a->g;
-  const struct dir_directive *dd = &a->p->d[d];
   GArray *t = recompute_targets(a, d, err);
   if (!t)
     return false;
@@ -514,9 +540,11 @@ static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
     uint32_t i = g_array_index(t, uint32_t, j);
     struct ir_node r = *IR_NODE(g, i);
     r.pass = IR_PASS_R;
-    r.recompute = dd->granularity;
+    r.recompute = node_granularity(a, d, i);
+    r.recompute_modules = r.recompute == IR_RECOMPUTE_SELECTIVE ? a->p->d[d].modules : 0;
     r.directive = d;
-    IR_NODE(g, i)->recompute = dd->granularity;
+    IR_NODE(g, i)->recompute = r.recompute;
+    IR_NODE(g, i)->recompute_modules = r.recompute_modules;
     rerun[i] = add_node(a, &r);
     *INFO(a, rerun[i]) = *INFO(a, i);
   }
@@ -530,21 +558,21 @@ static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
       continue;
     if (ed.bytes > saved[ed.src])
       saved[ed.src] = ed.bytes;
-    if (dd->granularity == IR_RECOMPUTE_FULL) {
+    if (IR_NODE(g, ed.src)->recompute == IR_RECOMPUTE_FULL) {
       IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
       ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, ed.bytes);
     } else {
-      uint64_t core = node_core_saved(g, ed.src);
-      IR_EDGE(g, e)->bytes = ed.bytes > core ? ed.bytes - core : 0;
-      ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, core);
+      uint64_t part = node_module_saved(a, d, ed.src);
+      IR_EDGE(g, e)->bytes = ed.bytes > part ? ed.bytes - part : 0;
+      ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, part);
     }
   }
   for (uint32_t j = 0; j < t->len; j++) {
     uint32_t i = g_array_index(t, uint32_t, j);
-    uint64_t core = node_core_saved(g, i);
-    uint64_t kept = dd->granularity == IR_RECOMPUTE_FULL ? inputs[i]
-                    : saved[i] > core                    ? saved[i] - core
-                                                         : 0;
+    uint64_t part = node_module_saved(a, d, i);
+    uint64_t kept = IR_NODE(g, i)->recompute == IR_RECOMPUTE_FULL ? inputs[i]
+                    : saved[i] > part                             ? saved[i] - part
+                                                                  : 0;
     ir_graph_add_edge(g, i, rerun[i], IR_EDGE_DATA, 1, kept);
   }
   g_free(rerun);

@@ -75,6 +75,9 @@ struct dir_directive {
    * the rest. Chunks are segments of their own (the RC tag, dir_recompute_chunk_model). */
   enum dir_recompute_method method;
   uint32_t num_layers;
+  /* recompute, selective: "modules" (MODEL_MODULE_BIT mask), Megatron's --recompute-modules;
+   * IR_RECOMPUTE_MODULES_DEFAULT (core_attn) when absent */
+  uint32_t modules;
   char dim_name[DIR_NAME_MAX];      /* split */
   int64_t num_microbatches;         /* split */
   uint32_t n_slots;           /* order: slot s holds filters[slot_first[s] .. slot_first[s+1]) */

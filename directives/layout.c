@@ -5,7 +5,21 @@
 
 #include "../base/json.h"
 
-/* "recompute[@A[-B]]=full[:uniform|block:N]|selective" -> one more l->recompute. */
+/* "layernorm+mla_up_proj" -> a MODEL_MODULE_BIT mask; false on an unknown or repeated name. */
+static bool parse_modules(const char *text, uint32_t *out) {
+  gchar **names = g_strsplit(text, "+", -1);
+  bool ok = names[0] != NULL;
+  *out = 0;
+  for (gchar **it = names; ok && *it; it++) {
+    enum model_module k;
+    ok = model_module_parse(*it, &k) && !(*out & MODEL_MODULE_BIT(k));
+    *out |= ok ? MODEL_MODULE_BIT(k) : 0;
+  }
+  g_strfreev(names);
+  return ok;
+}
+
+/* "recompute[@A[-B]]=full[:uniform|block:N]|selective[:M+M]" -> one more l->recompute. */
 static bool parse_recompute(const char *spec, const char *item, const char *value, struct layout *l,
                             GError **err) {
   if (l->n_recompute >= LAYOUT_MAX_RECOMPUTE)
@@ -25,9 +39,10 @@ static bool parse_recompute(const char *spec, const char *item, const char *valu
   gchar **w = g_strsplit(value, ":", -1);
   uint32_t n = g_strv_length(w);
   bool ok = true;
-  if (n == 1 && strcmp(w[0], "selective") == 0)
+  if ((n == 1 || n == 2) && strcmp(w[0], "selective") == 0) {
     r.granularity = IR_RECOMPUTE_SELECTIVE;
-  else if (strcmp(w[0], "full") == 0 && (n == 1 || n == 3)) {
+    ok = n == 1 || parse_modules(w[1], &r.modules);
+  } else if (strcmp(w[0], "full") == 0 && (n == 1 || n == 3)) {
     r.granularity = IR_RECOMPUTE_FULL;
     if (n == 3) {
       r.method = strcmp(w[1], "uniform") == 0 ? DIR_RECOMPUTE_UNIFORM
@@ -41,7 +56,9 @@ static bool parse_recompute(const char *spec, const char *item, const char *valu
   g_strfreev(w);
   if (!ok)
     return piper_input_error(err, "--layout \"%s\": \"%s\" must be full, full:uniform:N, "
-                                  "full:block:N (N layers) or selective", spec, item);
+                                  "full:block:N (N layers), selective or selective:M+M (modules "
+                                  "core_attn, layernorm, mlp, moe_act, moe, shared_experts, "
+                                  "mla_up_proj)", spec, item);
   l->recompute[l->n_recompute++] = r;
   return true;
 }
@@ -215,11 +232,19 @@ static void append_recompute(GString *s, const struct layout_recompute *r) {
           : g_strdup_printf(", \"method\": \"%s\", \"num_layers\": %u",
                             r->method == DIR_RECOMPUTE_UNIFORM ? "uniform" : "block", r->num_layers);
   const char *g = r->granularity == IR_RECOMPUTE_FULL ? "full" : "selective";
+  GString *mods = g_string_new("");
+  for (int k = 0; k < MODEL_MODULE_COUNT && r->modules; k++)
+    if (r->modules & MODEL_MODULE_BIT(k))
+      g_string_append_printf(mods, "%s\"%s\"", mods->len ? ", " : ", \"modules\": [",
+                             model_module_name((enum model_module)k));
+  if (mods->len)
+    g_string_append_c(mods, ']');
   for (uint32_t st = r->first_stage; st <= r->last_stage; st++) {
     g_autofree char *filter = r->all_stages ? g_strdup("{}") : g_strdup_printf("{\"PP\": %u}", st);
-    g_string_append_printf(s, "%s  {\"op\": \"recompute\", \"filter\": %s, \"granularity\": \"%s\"%s}",
-                           s->len > 2 ? ",\n" : "", filter, g, method);
+    g_string_append_printf(s, "%s  {\"op\": \"recompute\", \"filter\": %s, \"granularity\": \"%s\"%s%s}",
+                           s->len > 2 ? ",\n" : "", filter, g, method, mods->str);
   }
+  g_string_free(mods, TRUE);
 }
 
 char *layout_to_json(const struct layout *l) {

@@ -34,11 +34,12 @@ enum layout_shape {
 #define LAYOUT_MAX_RECOMPUTE 16
 
 /* One recompute item: "recompute=full", "recompute@0-3=full:uniform:1",
- * "recompute@4=full:block:2", "recompute=selective". */
+ * "recompute@4=full:block:2", "recompute=selective", "recompute=selective:layernorm+mlp". */
 struct layout_recompute {
   enum ir_recompute granularity;
   enum dir_recompute_method method; /* full only; DIR_RECOMPUTE_SEGMENT without ":method:N" */
   uint32_t num_layers;
+  uint32_t modules; /* selective: MODEL_MODULE_BIT mask ("selective:layernorm+mlp"), 0: default */
   bool all_stages; /* no "@": filter {} */
   uint32_t first_stage, last_stage; /* "@A-B" or "@A" (inclusive) */
 };
@@ -61,7 +62,7 @@ struct layout {
 };
 
 /* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero, recompute[@A-B] (full,
- * full:uniform:N, full:block:N or selective, on stages A to B or all) and the flags v, sp; unset counts are 1. Fails (input error naming the spec and
+ * full:uniform:N, full:block:N, selective or selective:MODULE+..., on stages A to B or all) and the flags v, sp; unset counts are 1. Fails (input error naming the spec and
  * key) on unknown keys, bad numbers, an ep other
  * than 1 or dp, interleave together with v, and more than LAYOUT_MAX_DEVICES devices. */
 bool layout_parse(const char *spec, struct layout *out, GError **err);
