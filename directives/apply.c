@@ -1385,10 +1385,10 @@ struct expert_side {
 };
 
 /* A backward b of the expert forward: what it reads at the capacity, and the routing. */
-static void size_expert_backward(const struct expert_side *es, uint32_t e) {
+static void size_expert_backward(const struct expert_side *es, uint32_t e, uint64_t saved) {
   struct ir_graph *g = es->g;
   uint32_t b = IR_EDGE(g, e)->dst;
-  IR_EDGE(g, e)->bytes = es->saved;
+  IR_EDGE(g, e)->bytes = saved;
   ir_graph_add_edge(g, es->d, b, IR_EDGE_DATA, 1, es->route);
   if (es->into[b] != IR_NONE) { /* B or BI: the combine's and the dispatch's transposes */
     ir_graph_add_edge(g, es->d, es->into[b], IR_EDGE_DATA, 1, es->route);
@@ -1400,7 +1400,9 @@ static void size_expert_backward(const struct expert_side *es, uint32_t e) {
 
 /* The slot-1 edges out of expert node x (a forward, or a rerun with its own all-to-alls) into
  * compute nodes of its segment: its backwards'. (A forward under full recomputation has none:
- * insert_expert_reruns took its edge to the rerun.) */
+ * insert_expert_reruns took its edge to the rerun.) Under selective recomputation (moe_act)
+ * the forward keeps its rows less the activations, for its rerun and its backwards; the
+ * rerun's edge, sized by apply_recompute at the capacity already, carries those. */
 static void size_expert_readers(const struct expert_side *es, const struct ir_adjacency *adj) {
   struct ir_graph *g = es->g;
   uint32_t x = es->x;
@@ -1411,8 +1413,16 @@ static void size_expert_readers(const struct expert_side *es, const struct ir_ad
     if (ed->kind != IR_EDGE_DATA || ed->slot != 1 || bn->kind != IR_NODE_COMPUTE ||
         bn->segment != xn->segment)
       continue;
-    PIPER_ASSERT(bn->pass != IR_PASS_R); /* insert_expert_reruns */
-    size_expert_backward(es, e);
+    uint64_t part = xn->recompute == IR_RECOMPUTE_SELECTIVE && xn->pass == IR_PASS_F
+                        ? ir_node_module_bytes(g->model, xn, xn->recompute_modules)
+                        : 0;
+    PIPER_ASSERT(part <= es->saved);
+    if (bn->pass == IR_PASS_R) { /* a selective rerun reads what F kept, no routing */
+      PIPER_ASSERT(part > 0);    /* a full one: insert_expert_reruns */
+      IR_EDGE(g, e)->bytes = es->saved - part;
+      continue;
+    }
+    size_expert_backward(es, e, es->saved - part);
   }
 }
 
