@@ -44,12 +44,13 @@ static bool value_kept(const struct exec_segment *es, int32_t v) {
 
 /* Where forward instruction i keeps value v: with its saved activations when the backward
  * reads it, in the tensor that carries it on when it leaves the segment, else in the
- * instruction's workspace. */
+ * instruction's workspace. A value selective recomputation drops (dropped: a norm's output,
+ * which R rebuilds) is not kept: it lives in the carrying tensor or in the workspace. */
 static uint32_t value_owner(const struct exec_state *s, uint32_t i, const struct exec_segment *es,
                             int32_t v, uint32_t saved, bool dropped) {
-  if (value_kept(es, v))
-    return dropped ? OWN_WORK : saved;
   enum exec_tensor t = (enum exec_tensor)es->values[v].tensor;
+  if (value_kept(es, v) && !(dropped && es->final_value[t] == v))
+    return dropped ? OWN_WORK : saved;
   if (es->final_value[t] == v)
     return exec_out_tensor_of(s, i, t, true); /* OWN_WORK when nothing reads it on */
   return OWN_WORK;
@@ -93,11 +94,27 @@ static struct exec_seg_run *seg_run_begin(struct exec_state *s, uint32_t i,
   return run;
 }
 
+/* Whether selective recomputation drops model op `op`'s part under modules: its attention
+ * core, its output (a decoder layer's norm: models/build.c sets the bytes), its MLP or shared
+ * expert activations. */
+static bool op_dropped(const struct exec_state *s, uint32_t modules, uint32_t op) {
+  const struct model_op *mo = &s->xm->m->ops[op];
+  switch (mo->kind) {
+  case MODEL_OP_ATTENTION: return modules & MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN);
+  case MODEL_OP_RMSNORM:
+    return (modules & MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM)) &&
+           mo->module_saved_bytes[MODEL_MODULE_LAYERNORM] > 0;
+  case MODEL_OP_MLP: return modules & MODEL_MODULE_BIT(MODEL_MODULE_MLP);
+  case MODEL_OP_SHARED_EXPERT: return modules & MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS);
+  default: return false;
+  }
+}
+
 /* The segment's final values, for the instructions that read them. One the backward also
  * reads lives in the saved activations; the tensor that carries it on gets its own copy, so
  * that each goes at its own release point. */
 static void seg_outputs(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
-                        struct exec_seg_run *run) {
+                        struct exec_seg_run *run, uint32_t drop) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_segment *es = &s->xm->segs[x->segment];
   struct exec_mb *mb = &s->mbs[x->mb];
@@ -107,7 +124,10 @@ static void seg_outputs(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       continue;
     float *val = run->val[v];
     uint32_t out = exec_out_tensor_of(s, i, (enum exec_tensor)t, true);
-    if (out != OWN_WORK && es->values[v].op >= 0 && value_kept(es, v)) {
+    /* a dropped norm output is already in the tensor that carries it (value_owner) */
+    bool dropped = es->values[v].op >= 0 && op_dropped(s, drop, es->ops[es->values[v].op].op) &&
+                   es->ops[es->values[v].op].kind == MODEL_OP_RMSNORM;
+    if (out != OWN_WORK && es->values[v].op >= 0 && value_kept(es, v) && !dropped) {
       size_t n = exec_tensor_words(s->xm, (enum exec_tensor)t);
       val = mb_floats_raw(s, st, mb, out, n);
       KT(st, s, s->k->copy(st->stream, val, run->val[v], n * sizeof(float)));
@@ -150,22 +170,6 @@ struct fwd {
   uint32_t drop;      /* F under selective recomputation: the modules it does not keep */
   const bool *needed; /* a full rerun's (rerun_needed); NULL: every value */
 };
-
-/* Whether selective recomputation drops model op `op`'s part under modules: its attention
- * core, its output (a decoder layer's norm whose output stays in its segment: models/build.c
- * sets the bytes), its MLP or shared expert activations. */
-static bool op_dropped(const struct exec_state *s, uint32_t modules, uint32_t op) {
-  const struct model_op *mo = &s->xm->m->ops[op];
-  switch (mo->kind) {
-  case MODEL_OP_ATTENTION: return modules & MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN);
-  case MODEL_OP_RMSNORM:
-    return (modules & MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM)) &&
-           mo->module_saved_bytes[MODEL_MODULE_LAYERNORM] > 0;
-  case MODEL_OP_MLP: return modules & MODEL_MODULE_BIT(MODEL_MODULE_MLP);
-  case MODEL_OP_SHARED_EXPERT: return modules & MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS);
-  default: return false;
-  }
-}
 
 static void fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in0,
                           const float *prm) {
@@ -526,6 +530,6 @@ bool exec_segment_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx
   }
   g_free(needed);
   if (ok && f.keep != FWD_FULL_RERUN) /* R's outputs: the next segments have theirs */
-    seg_outputs(s, i, st, f.run);
+    seg_outputs(s, i, st, f.run, f.drop);
   return ok;
 }

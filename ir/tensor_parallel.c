@@ -112,13 +112,16 @@ uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint
   return sum;
 }
 
-/* What ops [first, end) drop under modules, per device (the cores divided by heads). */
+/* What ops [first, end) drop under modules, per device (the cores divided by heads); with
+ * transient, only what F then holds until its group ends (a norm output that leaves the
+ * segment lives in the tensor that carries it instead). */
 static uint64_t ops_module_bytes(const struct model *m, uint32_t first, uint32_t end, uint32_t tp,
-                                 uint32_t modules) {
+                                 uint32_t modules, bool transient) {
   uint64_t b = 0;
   for (uint32_t o = first; o < end; o++)
     for (int k = 0; k < MODEL_MODULE_COUNT; k++)
-      if (modules & MODEL_MODULE_BIT(k))
+      if ((modules & MODEL_MODULE_BIT(k)) &&
+          !(transient && k == MODEL_MODULE_LAYERNORM && m->ops[o].out_leaves_segment))
         b += m->ops[o].module_saved_bytes[k];
   return tp > 1 ? b / tp : b;
 }
@@ -126,7 +129,7 @@ static uint64_t ops_module_bytes(const struct model *m, uint32_t first, uint32_t
 uint64_t ir_tp_segment_module_bytes(const struct model *m, uint32_t segment, uint32_t tp,
                                     uint32_t modules) {
   const struct model_segment *s = &m->segments[segment];
-  return ops_module_bytes(m, s->op_first, s->op_first + s->op_count, tp, modules);
+  return ops_module_bytes(m, s->op_first, s->op_first + s->op_count, tp, modules, false);
 }
 
 double ir_segment_module_flops(const struct model *m, uint32_t segment, uint32_t modules) {
@@ -323,7 +326,7 @@ static uint64_t segment_most(const struct model *m, uint32_t segment, enum ir_pa
             b += m->ops[o].module_rerun_work_bytes[k];
     } else {
       b = group_work(m, g, g_end, g > s->op_first, pass, tp, sequence_parallel, seg_keep) +
-          ops_module_bytes(m, g, g_end, tp, modules);
+          ops_module_bytes(m, g, g_end, tp, modules, true);
     }
     most = b > most ? b : most;
   }

@@ -463,8 +463,8 @@ static void segments_fwd_outputs(struct builder *b, GArray *segs) {
 }
 
 /* A norm output that a later segment reads (the experts', under their EP tag) leaves in the
- * tensor that carries it on: selective recomputation of layernorm keeps it there and drops
- * only the outputs read within their own segment. */
+ * tensor that carries it on: selective recomputation of layernorm drops the copy its segment
+ * keeps, and F writes it straight into that tensor (no transient of its own). */
 static void segments_norm_outputs(struct builder *b, GArray *segs) {
   struct model *m = b->m;
   for (guint k = 0; k < segs->len; k++) {
@@ -476,11 +476,8 @@ static void segments_norm_outputs(struct builder *b, GArray *segs) {
       uint8_t out = g_array_index(b->io, struct op_io, o).writes;
       for (uint32_t p = o + 1; p < m->n_ops; p++) {
         const struct op_io *io = &g_array_index(b->io, struct op_io, p);
-        if ((io->reads & out) && p >= end) {
-          m->ops[o].module_saved_bytes[MODEL_MODULE_LAYERNORM] = 0;
-          m->ops[o].module_flops_fwd[MODEL_MODULE_LAYERNORM] = 0;
-          m->ops[o].module_rerun_work_bytes[MODEL_MODULE_LAYERNORM] = 0;
-        }
+        if ((io->reads & out) && p >= end)
+          m->ops[o].out_leaves_segment = true;
         if (io->writes & out)
           break;
       }

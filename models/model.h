@@ -106,6 +106,9 @@ struct model_op {
   uint64_t module_saved_bytes[MODEL_MODULE_COUNT];
   double module_flops_fwd[MODEL_MODULE_COUNT];
   uint64_t module_rerun_work_bytes[MODEL_MODULE_COUNT];
+  /* its output is read by a later segment too (a norm's, by the experts' segment): what
+   * layernorm recomputation drops of it is the kept copy, not a transient of F */
+  bool out_leaves_segment;
 };
 
 /* A data edge between segments of one micro-batch's forward pass (backward runs it reversed,
