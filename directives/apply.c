@@ -451,6 +451,14 @@ static enum ir_recompute node_granularity(const struct apply *a, uint32_t d, uin
   return dd->granularity;
 }
 
+/* What forward node i saves on its devices without recomputation. */
+static uint64_t node_saved(const struct ir_graph *g, uint32_t i) {
+  const struct ir_node *n = IR_NODE(g, i);
+  return ir_ep_sized(n) ? ir_ep_saved_bytes(g->model, n)
+                        : ir_tp_segment_saved_bytes(g->model, n->segment, n->tp_degree,
+                                                    n->sequence_parallel);
+}
+
 /* What selective recomputation of directive d's modules stops keeping on node i's devices. */
 static uint64_t node_module_saved(const struct apply *a, uint32_t d, uint32_t i) {
   return ir_node_module_bytes(a->g->model, IR_NODE(a->g, i), a->p->d[d].modules);
@@ -490,7 +498,10 @@ static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
     uint32_t i = g_array_index(m, uint32_t, j);
     const struct ir_node *n = IR_NODE(g, i);
     bool selective = node_granularity(a, d, i) == IR_RECOMPUTE_SELECTIVE;
+    /* a forward that saves nothing (a residual add after the experts) has nothing to rerun:
+     * under full recomputation it would keep its inputs for a rerun that restores nothing */
     if (n->pass != IR_PASS_F || (selective && node_module_saved(a, d, i) == 0) ||
+        (!selective && node_saved(g, i) == 0) ||
         (dd->method != DIR_RECOMPUTE_SEGMENT && (rc < 0 || n->tags[rc] < 0)))
       continue;
     if (n->recompute != IR_RECOMPUTE_NONE) {
