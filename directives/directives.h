@@ -69,10 +69,11 @@ struct dir_directive {
    * (shard_params, implies both) */
   bool shard_optimizer, shard_grads, shard_params;
   enum ir_recompute granularity;    /* recompute: full or selective */
-  /* recompute, full only (Megatron's --recompute-method / --recompute-num-layers): SEGMENT (no
-   * "method") reruns each matched segment whole; UNIFORM reruns every chunk of num_layers
-   * layers of a stage; BLOCK reruns each of the first num_layers layers of a stage and stores
-   * the rest. Chunks are segments of their own (the RC tag, dir_recompute_chunk_model). */
+  /* recompute (Megatron's --recompute-method / --recompute-num-layers): SEGMENT (no "method")
+   * reruns each matched segment whole; UNIFORM reruns every chunk of num_layers layers of a
+   * stage; BLOCK reruns each of the first num_layers layers of a stage and stores the rest.
+   * Chunks are segments of their own (the RC tag, compile.c's chunk_model); under selective
+   * each chunk's modules rerun before the chunk's backward. */
   enum dir_recompute_method method;
   uint32_t num_layers;
   /* recompute, selective: "modules" (MODEL_MODULE_BIT mask), Megatron's --recompute-modules;

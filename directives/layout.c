@@ -19,7 +19,8 @@ static bool parse_modules(const char *text, uint32_t *out) {
   return ok;
 }
 
-/* "recompute[@A[-B]]=full[:uniform|block:N]|selective[:M+M]" -> one more l->recompute. */
+/* "recompute[@A[-B]]=full[:uniform|block:N]|selective[:M+M][:uniform|block:N]" -> one more
+ * l->recompute. */
 static bool parse_recompute(const char *spec, const char *item, const char *value, struct layout *l,
                             GError **err) {
   if (l->n_recompute >= LAYOUT_MAX_RECOMPUTE)
@@ -39,26 +40,30 @@ static bool parse_recompute(const char *spec, const char *item, const char *valu
   gchar **w = g_strsplit(value, ":", -1);
   uint32_t n = g_strv_length(w);
   bool ok = true;
-  if ((n == 1 || n == 2) && strcmp(w[0], "selective") == 0) {
-    r.granularity = IR_RECOMPUTE_SELECTIVE;
-    ok = n == 1 || parse_modules(w[1], &r.modules);
-  } else if (strcmp(w[0], "full") == 0 && (n == 1 || n == 3)) {
-    r.granularity = IR_RECOMPUTE_FULL;
-    if (n == 3) {
-      r.method = strcmp(w[1], "uniform") == 0 ? DIR_RECOMPUTE_UNIFORM
-                 : strcmp(w[1], "block") == 0 ? DIR_RECOMPUTE_BLOCK
-                                              : DIR_RECOMPUTE_SEGMENT;
+  /* GRANULARITY[:MODULES][:METHOD:N], modules with selective only */
+  bool sel = strcmp(w[0], "selective") == 0;
+  uint32_t mods = sel && (n == 2 || n == 4);
+  if (sel || strcmp(w[0], "full") == 0) {
+    r.granularity = sel ? IR_RECOMPUTE_SELECTIVE : IR_RECOMPUTE_FULL;
+    ok = n == 1 + mods || n == 3 + mods;
+    ok = ok && (!mods || parse_modules(w[1], &r.modules));
+    if (ok && n == 3 + mods) {
+      const char *m = w[1 + mods];
+      r.method = strcmp(m, "uniform") == 0 ? DIR_RECOMPUTE_UNIFORM
+                 : strcmp(m, "block") == 0 ? DIR_RECOMPUTE_BLOCK
+                                           : DIR_RECOMPUTE_SEGMENT;
       ok = r.method != DIR_RECOMPUTE_SEGMENT &&
-           piper_parse_u32(w[2], 1, MODEL_MAX_LAYERS, &r.num_layers);
+           piper_parse_u32(w[2 + mods], 1, MODEL_MAX_LAYERS, &r.num_layers);
     }
   } else
     ok = false;
   g_strfreev(w);
   if (!ok)
     return piper_input_error(err, "--layout \"%s\": \"%s\" must be full, full:uniform:N, "
-                                  "full:block:N (N layers), selective or selective:M+M (modules "
+                                  "full:block:N (N layers), selective, selective:M+M (modules "
                                   "core_attn, layernorm, mlp, moe_act, moe, shared_experts, "
-                                  "mla_up_proj)", spec, item);
+                                  "mla_up_proj), each selective one with :uniform:N or :block:N",
+                             spec, item);
   l->recompute[l->n_recompute++] = r;
   return true;
 }

@@ -324,7 +324,8 @@ static bool parse_replicate(const cJSON *obj, struct dir_directive *d, uint32_t 
 }
 
 /* recompute's "method" ("uniform" or "block") and "num_layers", Megatron's
- * --recompute-method and --recompute-num-layers: both or neither, and only with full. */
+ * --recompute-method and --recompute-num-layers: both or neither. With selective they cut the
+ * layers the same way, so that each chunk's modules rerun right before its own backward. */
 static bool parse_recompute_method(const cJSON *obj, struct dir_directive *d, const char *ctx,
                                    GError **err) {
   const char *m = NULL;
@@ -336,8 +337,6 @@ static bool parse_recompute_method(const cJSON *obj, struct dir_directive *d, co
   if (!m || d->num_layers == 0)
     return piper_input_error(err, "%s: \"method\" and \"num_layers\" go together (layers per "
                              "recomputed chunk, or recomputed layers per stage)", ctx);
-  if (d->granularity != IR_RECOMPUTE_FULL)
-    return piper_input_error(err, "%s: \"method\" applies to \"granularity\": \"full\" only", ctx);
   if (strcmp(m, "uniform") == 0)
     d->method = DIR_RECOMPUTE_UNIFORM;
   else if (strcmp(m, "block") == 0)

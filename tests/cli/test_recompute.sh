@@ -38,7 +38,7 @@ mods=(
   "dense_pp2 2 $DENSE --layout pp=2,recompute=selective:core_attn+layernorm+mlp --schedule 1f1b --mbs 8"
   "dense_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
   "dense_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective:layernorm --schedule 1f1b --mbs 4"
-  "one_dense_none 1 $DENSE --pp-regions 2 --layout pp=1,recompute=selective:core_attn+layernorm+mlp --mbs 8"
+  "one_dense_none 1 $DENSE --pp-regions 2 --directives $T/one8_modules.json"
 )
 run moe_shared 2 "$SHARED" --layout pp=2 --schedule 1f1b --mbs 8 &&
   mods+=("moe_shared 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8")
@@ -73,6 +73,8 @@ MOE=models/tiny-moe.json
 one8() { python3 -c "
 import json, sys
 d = [] if sys.argv[1] == 'none' else [{'op': 'recompute', 'filter': {}, 'granularity': sys.argv[1]}]
+if sys.argv[1] == 'modules':
+    d = [{'op': 'recompute', 'filter': {}, 'granularity': 'selective', 'modules': ['core_attn', 'layernorm', 'mlp']}]
 d.append({'op': 'split', 'filter': {}, 'dim_name': 'MB', 'num_microbatches': 8})
 json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"; }
 
@@ -100,7 +102,7 @@ same() {
 # the executor's activations at its peak on device 0
 activations() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['devices'][0]['memory_breakdown_bytes']['activations'])" "$1/metrics.json"; }
 
-for g in none full selective; do
+for g in none full selective modules; do
   one8 $g "$T/one8_$g.json"
 done
 # name NP MODEL LAYOUT-ARGS: the reference runs with the layout as given, each variant with
@@ -154,7 +156,7 @@ mods=(
   "dense_pp2 2 $DENSE --layout pp=2,recompute=selective:core_attn+layernorm+mlp --schedule 1f1b --mbs 8"
   "dense_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
   "dense_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective:layernorm --schedule 1f1b --mbs 4"
-  "one_dense_none 1 $DENSE --pp-regions 2 --layout pp=1,recompute=selective:core_attn+layernorm+mlp --mbs 8"
+  "one_dense_none 1 $DENSE --pp-regions 2 --directives $T/one8_modules.json"
 )
 run moe_shared 2 "$SHARED" --layout pp=2 --schedule 1f1b --mbs 8 &&
   mods+=("moe_shared 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8")

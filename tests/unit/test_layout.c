@@ -81,6 +81,15 @@ static void test_shapes(void **state) {
   assert_int_equal(l.recompute[1].method, DIR_RECOMPUTE_BLOCK);
   assert_int_equal(l.recompute[1].first_stage, 3);
   assert_int_equal(l.recompute[1].last_stage, 3);
+  l = parse("pp=2,recompute=selective:layernorm+mla_up_proj:uniform:1");
+  assert_int_equal(l.recompute[0].granularity, IR_RECOMPUTE_SELECTIVE);
+  assert_int_equal(l.recompute[0].modules, MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM) |
+                                               MODEL_MODULE_BIT(MODEL_MODULE_MLA_UP_PROJ));
+  assert_int_equal(l.recompute[0].method, DIR_RECOMPUTE_UNIFORM);
+  assert_int_equal(l.recompute[0].num_layers, 1);
+  l = parse("pp=2,recompute=selective:block:3");
+  assert_int_equal(l.recompute[0].modules, 0);
+  assert_int_equal(l.recompute[0].method, DIR_RECOMPUTE_BLOCK);
 }
 
 /* Each layout compiles with the model and gives the devices and pipeline ranks it promises. */
@@ -154,7 +163,10 @@ static void test_bad_specs(void **state) {
       {"pp=2,recompute=full:uniform", "must be full, full:uniform:N"},
       {"pp=2,recompute=full:stripes:2", "must be full, full:uniform:N"},
       {"pp=2,recompute=full:block:0", "must be full, full:uniform:N"},
-      {"pp=2,recompute=selective:uniform:2", "must be full, full:uniform:N"},
+      {"pp=2,recompute=selective:uniform", "must be full, full:uniform:N"},
+      {"pp=2,recompute=full:mlp", "must be full, full:uniform:N"},
+      {"pp=2,recompute=selective:mlp+mlp", "must be full, full:uniform:N"},
+      {"pp=2,recompute=selective:attn", "must be full, full:uniform:N"},
       {"pp=2,recompute@2=full", "recompute@2-2 names a stage past the layout's 2"},
       {"pp=2,recompute@1-0=full", "stages must be @A or @A-B with A <= B"},
       {"pp=2,recompute@x=full", "stages must be @A or @A-B"},

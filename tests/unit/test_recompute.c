@@ -352,9 +352,13 @@ static void test_layered_refusals(void **state) {
       {"{\"op\":\"recompute\",\"filter\":{},\"num_layers\":0,\"method\":\"block\"}", "num_layers"},
       {"{\"op\":\"recompute\",\"filter\":{},\"method\":\"stripes\",\"num_layers\":1}",
        "\"method\" = \"stripes\" must be \"uniform\" or \"block\""},
-      {"{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\",\"method\":\"block\","
-       "\"num_layers\":1}",
-       "\"method\" applies to \"granularity\": \"full\" only"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"full\",\"modules\":[\"mlp\"]}",
+       "\"modules\" applies to \"granularity\": \"selective\" only"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\",\"modules\":[\"mlp\","
+       "\"mlp\"]}",
+       "\"modules\" names \"mlp\" twice"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\",\"modules\":[\"attn\"]}",
+       "\"modules\": \"attn\" is not one of core_attn"},
       {"{\"op\":\"recompute\",\"filter\":{\"EP\":\"*\"},\"method\":\"block\",\"num_layers\":1}",
        "the filter may name PP only"},
       {"{\"op\":\"recompute\",\"filter\":{},\"method\":\"block\",\"num_layers\":1},"
