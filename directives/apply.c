@@ -440,11 +440,42 @@ out:
 
 /* ---- recompute ----------------------------------------------------------------------------- */
 
-/* What node i's attention cores save on its devices: what selective recomputation stops
- * keeping (tensor parallelism, applied before, divides them by heads). */
-static uint64_t node_core_saved(const struct ir_graph *g, uint32_t i) {
+/* How directive d recomputes forward node i: its granularity, except that selective
+ * recomputation of the "moe" module reruns the routed experts' segments in full. */
+static enum ir_recompute node_granularity(const struct apply *a, uint32_t d, uint32_t i) {
+  const struct dir_directive *dd = &a->p->d[d];
+  const struct ir_node *n = IR_NODE(a->g, i);
+  if (dd->granularity == IR_RECOMPUTE_SELECTIVE &&
+      (dd->modules & MODEL_MODULE_BIT(MODEL_MODULE_MOE)) && n->segment < a->g->model->n_segments &&
+      a->g->model->segments[n->segment].expert)
+    return IR_RECOMPUTE_FULL;
+  return dd->granularity;
+}
+
+/* What forward node i saves on its devices without recomputation. */
+static uint64_t node_saved(const struct ir_graph *g, uint32_t i) {
   const struct ir_node *n = IR_NODE(g, i);
-  return ir_tp_segment_core_bytes(g->model, n->segment, n->tp_degree);
+  return ir_ep_sized(n) ? ir_ep_saved_bytes(g->model, n)
+                        : ir_tp_segment_saved_bytes(g->model, n->segment, n->tp_degree,
+                                                    n->sequence_parallel);
+}
+
+/* What selective recomputation of directive d's modules stops keeping on node i's devices. */
+static uint64_t node_module_saved(const struct apply *a, uint32_t d, uint32_t i) {
+  return ir_node_module_bytes(a->g->model, IR_NODE(a->g, i), a->p->d[d].modules);
+}
+
+/* Modules besides the attention core are rerun on whole ops: tensor parallelism, which would
+ * rerun their collectives (and all-gathers under sequence parallelism), is refused. */
+static bool check_modules_tp(struct apply *a, uint32_t d, uint32_t i, GError **err) {
+  const struct dir_directive *dd = &a->p->d[d];
+  if (IR_NODE(a->g, i)->tp_degree <= 1 || !(dd->modules & ~IR_RECOMPUTE_MODULES_DEFAULT))
+    return true;
+  char *nm = node_name(a->g, i);
+  fail_at(a, d, err, "\"modules\" other than core_attn under tensor parallelism (\"%s\"): not "
+                     "supported (their reruns would repeat the collectives)", nm);
+  g_free(nm);
+  return false;
 }
 
 /* Matched forward nodes a recompute directive acts on; fails naming the directive when there
@@ -461,28 +492,38 @@ static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
     return NULL;
   }
   GArray *m = match(a, &f, false), *t = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  bool selective = dd->granularity == IR_RECOMPUTE_SELECTIVE;
-  for (uint32_t j = 0; j < m->len; j++) {
+  /* a layered directive reruns its chunks only (compile's chunk_model tagged them) */
+  int rc = dd->method == DIR_RECOMPUTE_SEGMENT ? -1 : model_tag_index(g->model, DIR_RECOMPUTE_TAG);
+  bool ok = true;
+  for (uint32_t j = 0; j < m->len && ok; j++) {
     uint32_t i = g_array_index(m, uint32_t, j);
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->pass != IR_PASS_F || (selective && node_core_saved(g, i) == 0))
+    bool selective = node_granularity(a, d, i) == IR_RECOMPUTE_SELECTIVE;
+    /* a forward that saves nothing (a residual add after the experts) has nothing to rerun:
+     * under full recomputation it would keep its inputs for a rerun that restores nothing */
+    if (n->pass != IR_PASS_F || (selective && node_module_saved(a, d, i) == 0) ||
+        (!selective && node_saved(g, i) == 0) ||
+        (dd->method != DIR_RECOMPUTE_SEGMENT && (rc < 0 || n->tags[rc] < 0)))
       continue;
     if (n->recompute != IR_RECOMPUTE_NONE) {
       char *nm = node_name(g, i);
       fail_at(a, d, err, "\"filter\" matches \"%s\", which an earlier recompute took", nm);
       g_free(nm);
-      g_array_free(m, TRUE);
-      g_array_free(t, TRUE);
-      return NULL;
+      ok = false;
     }
-    g_array_append_val(t, i);
+    ok = ok && (!selective || check_modules_tp(a, d, i, err));
+    if (ok)
+      g_array_append_val(t, i);
   }
   g_array_free(m, TRUE);
-  if (t->len == 0) {
+  if (ok && t->len == 0) {
     char *ft = filter_text(&dd->filter);
     fail_at(a, d, err, "\"filter\" %s matches no forward%s", ft,
-            selective ? " with an attention core" : "");
+            dd->granularity == IR_RECOMPUTE_SELECTIVE ? " with one of its modules" : "");
     g_free(ft);
+    ok = false;
+  }
+  if (!ok) {
     g_array_free(t, TRUE);
     return NULL;
   }
@@ -494,12 +535,11 @@ static GArray *recompute_targets(struct apply *a, uint32_t d, GError **err) {
  * from its producer to its last consumer):
  *   full: F keeps only the segment's inputs, for R (F -> R); R restores everything F saved
  *     (R -> B), so a micro-batch waiting for its backward holds its inputs alone;
- *   selective (Megatron's selective recomputation): F keeps all but the attention core's
- *     output and logsumexp (F -> B, F -> R: one tensor, read by both); R recomputes those
- *     (R -> B). */
+ *   selective (Megatron's selective recomputation): F keeps all but its modules' part (the
+ *     attention core's output and logsumexp by default; F -> B, F -> R: one tensor, read by
+ *     both); R recomputes that part (R -> B). */
 static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
   struct ir_graph *g = a->g;
-  const struct dir_directive *dd = &a->p->d[d];
   GArray *t = recompute_targets(a, d, err);
   if (!t)
     return false;
@@ -512,9 +552,11 @@ static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
     uint32_t i = g_array_index(t, uint32_t, j);
     struct ir_node r = *IR_NODE(g, i);
     r.pass = IR_PASS_R;
-    r.recompute = dd->granularity;
+    r.recompute = node_granularity(a, d, i);
+    r.recompute_modules = r.recompute == IR_RECOMPUTE_SELECTIVE ? a->p->d[d].modules : 0;
     r.directive = d;
-    IR_NODE(g, i)->recompute = dd->granularity;
+    IR_NODE(g, i)->recompute = r.recompute;
+    IR_NODE(g, i)->recompute_modules = r.recompute_modules;
     rerun[i] = add_node(a, &r);
     *INFO(a, rerun[i]) = *INFO(a, i);
   }
@@ -528,21 +570,21 @@ static bool apply_recompute(struct apply *a, uint32_t d, GError **err) {
       continue;
     if (ed.bytes > saved[ed.src])
       saved[ed.src] = ed.bytes;
-    if (dd->granularity == IR_RECOMPUTE_FULL) {
+    if (IR_NODE(g, ed.src)->recompute == IR_RECOMPUTE_FULL) {
       IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
       ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, ed.bytes);
     } else {
-      uint64_t core = node_core_saved(g, ed.src);
-      IR_EDGE(g, e)->bytes = ed.bytes > core ? ed.bytes - core : 0;
-      ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, core);
+      uint64_t part = node_module_saved(a, d, ed.src);
+      IR_EDGE(g, e)->bytes = ed.bytes > part ? ed.bytes - part : 0;
+      ir_graph_add_edge(g, rerun[ed.src], ed.dst, IR_EDGE_DATA, 1, part);
     }
   }
   for (uint32_t j = 0; j < t->len; j++) {
     uint32_t i = g_array_index(t, uint32_t, j);
-    uint64_t core = node_core_saved(g, i);
-    uint64_t kept = dd->granularity == IR_RECOMPUTE_FULL ? inputs[i]
-                    : saved[i] > core                    ? saved[i] - core
-                                                         : 0;
+    uint64_t part = node_module_saved(a, d, i);
+    uint64_t kept = IR_NODE(g, i)->recompute == IR_RECOMPUTE_FULL ? inputs[i]
+                    : saved[i] > part                             ? saved[i] - part
+                                                                  : 0;
     ir_graph_add_edge(g, i, rerun[i], IR_EDGE_DATA, 1, kept);
   }
   g_free(rerun);
@@ -1515,10 +1557,10 @@ struct expert_side {
 };
 
 /* A backward b of the expert forward: what it reads at the capacity, and the routing. */
-static void size_expert_backward(const struct expert_side *es, uint32_t e) {
+static void size_expert_backward(const struct expert_side *es, uint32_t e, uint64_t saved) {
   struct ir_graph *g = es->g;
   uint32_t b = IR_EDGE(g, e)->dst;
-  IR_EDGE(g, e)->bytes = es->saved;
+  IR_EDGE(g, e)->bytes = saved;
   ir_graph_add_edge(g, es->d, b, IR_EDGE_DATA, 1, es->route);
   if (es->into[b] != IR_NONE) { /* B or BI: the combine's and the dispatch's transposes */
     ir_graph_add_edge(g, es->d, es->into[b], IR_EDGE_DATA, 1, es->route);
@@ -1530,7 +1572,9 @@ static void size_expert_backward(const struct expert_side *es, uint32_t e) {
 
 /* The slot-1 edges out of expert node x (a forward, or a rerun with its own all-to-alls) into
  * compute nodes of its segment: its backwards'. (A forward under full recomputation has none:
- * insert_expert_reruns took its edge to the rerun.) */
+ * insert_expert_reruns took its edge to the rerun.) Under selective recomputation (moe_act)
+ * the forward keeps its rows less the activations, for its rerun and its backwards; the
+ * rerun's edge, sized by apply_recompute at the capacity already, carries those. */
 static void size_expert_readers(const struct expert_side *es, const struct ir_adjacency *adj) {
   struct ir_graph *g = es->g;
   uint32_t x = es->x;
@@ -1541,8 +1585,16 @@ static void size_expert_readers(const struct expert_side *es, const struct ir_ad
     if (ed->kind != IR_EDGE_DATA || ed->slot != 1 || bn->kind != IR_NODE_COMPUTE ||
         bn->segment != xn->segment)
       continue;
-    PIPER_ASSERT(bn->pass != IR_PASS_R); /* insert_expert_reruns */
-    size_expert_backward(es, e);
+    uint64_t part = xn->recompute == IR_RECOMPUTE_SELECTIVE && xn->pass == IR_PASS_F
+                        ? ir_node_module_bytes(g->model, xn, xn->recompute_modules)
+                        : 0;
+    PIPER_ASSERT(part <= es->saved);
+    if (bn->pass == IR_PASS_R) { /* a selective rerun reads what F kept, no routing */
+      PIPER_ASSERT(part > 0);    /* a full one: insert_expert_reruns */
+      IR_EDGE(g, e)->bytes = es->saved - part;
+      continue;
+    }
+    size_expert_backward(es, e, es->saved - part);
   }
 }
 

@@ -163,6 +163,91 @@ static bool load_model_and_program(const struct compile_options *o, struct compi
   return r->program != NULL;
 }
 
+/* The layered recompute directive (a "method") whose filter covers stage s, if any; fails
+ * when its filter names more than PP (chunks are cut per stage before any rewrite runs) or
+ * when two cover one stage. */
+static bool stage_chunking(const struct dir_program *p, int32_t s, const struct dir_directive **out,
+                           GError **err) {
+  *out = NULL;
+  for (uint32_t d = 0; d < p->n; d++) {
+    const struct dir_directive *dd = &p->d[d];
+    if (dd->op != DIR_RECOMPUTE || dd->method == DIR_RECOMPUTE_SEGMENT)
+      continue;
+    bool covers = true;
+    for (uint32_t k = 0; k < dd->filter.n_keys; k++) {
+      const struct dir_filter_key *fk = &dd->filter.keys[k];
+      if (strcmp(fk->name, "PP") != 0)
+        return piper_input_error(err,
+                                 "%s: directive %u (recompute): with \"method\" the filter may "
+                                 "name PP only (its chunks are cut per stage), not \"%s\"",
+                                 p->name, dd->index, fk->name);
+      covers = covers && (fk->value == IR_FILTER_ANY || fk->value == s);
+    }
+    if (!covers)
+      continue;
+    if (*out)
+      return piper_input_error(err,
+                               "%s: directives %u and %u (recompute) both cut stage %d's layers "
+                               "into chunks: give each stage one method",
+                               p->name, (*out)->index, dd->index, s);
+    *out = dd;
+  }
+  return true;
+}
+
+/* Adds to tags the RC chunks of one stage's layers [first, first + n): uniform, every run of
+ * num_layers layers; block, each of the first num_layers layers (the rest stay one segment,
+ * stored). Megatron's --recompute-method semantics, per pipeline stage. */
+static void add_stage_chunks(cJSON *tags, const struct dir_directive *dd, int64_t first, int64_t n) {
+  int64_t step = dd->method == DIR_RECOMPUTE_UNIFORM ? dd->num_layers : 1;
+  int64_t end = dd->method == DIR_RECOMPUTE_UNIFORM ? first + n
+                                                     : first + MIN(n, (int64_t)dd->num_layers);
+  for (int64_t c = first; c < end; c += step) {
+    cJSON *t = cJSON_CreateObject(), *range = cJSON_AddArrayToObject(t, "layers");
+    cJSON_AddStringToObject(t, "tag", DIR_RECOMPUTE_TAG);
+    cJSON_AddItemToArray(range, cJSON_CreateNumber((double)c));
+    cJSON_AddItemToArray(range, cJSON_CreateNumber((double)(MIN(c + step, end) - 1)));
+    cJSON_AddItemToArray(tags, t);
+  }
+}
+
+/* Under a layered recompute directive the model is loaded again with its chunks tagged RC, so
+ * each chunk is a segment of its own (its F keeps its input, its R reruns it alone). Models
+ * without one are left as they are, so their plans stay byte-identical. */
+static bool chunk_model(struct compile_result *r, GError **err) {
+  const struct dir_program *p = r->program;
+  bool any = false;
+  for (uint32_t d = 0; d < p->n; d++)
+    any = any || (p->d[d].op == DIR_RECOMPUTE && p->d[d].method != DIR_RECOMPUTE_SEGMENT);
+  if (!any)
+    return true;
+  struct model *m = r->model;
+  if (model_tag_index(m, DIR_RECOMPUTE_TAG) >= 0)
+    return piper_input_error(err, "%s: the model's user tag \"%s\" is the one recompute's "
+                             "\"method\" cuts its chunks with: rename it", m->name,
+                             DIR_RECOMPUTE_TAG);
+  cJSON *root = model_to_json(m), *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
+  cJSON *tags = cJSON_GetObjectItemCaseSensitive(piper, "tags");
+  if (!tags)
+    tags = cJSON_AddArrayToObject(piper, "tags");
+  int64_t first = 0;
+  bool ok = true;
+  for (int32_t s = 0; ok && s < m->pp_regions; s++) {
+    const struct dir_directive *dd = NULL;
+    ok = stage_chunking(p, s, &dd, err);
+    if (ok && dd)
+      add_stage_chunks(tags, dd, first, m->pp_layers[s]);
+    first += m->pp_layers[s];
+  }
+  struct model *chunked = ok ? model_load_json(m->name, root, 0, err) : NULL;
+  cJSON_Delete(root);
+  if (!chunked)
+    return false;
+  model_free(r->model);
+  r->model = chunked;
+  return true;
+}
+
 bool compile_run(const struct compile_options *o, struct compile_result *r, GError **err) {
   memset(r, 0, sizeof *r);
   if (!o->model_path)
@@ -171,7 +256,7 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
     return piper_input_error(err, "--directives (or --base-schedule, or --layout) is required");
   if (o->directives_path && o->layout)
     return piper_input_error(err, "--layout replaces --directives: give one of them");
-  if (!load_model_and_program(o, r, err))
+  if (!load_model_and_program(o, r, err) || !chunk_model(r, err))
     goto fail;
   for (uint32_t k = 0; k < r->program->n && o->default_streams; k++)
     if (r->program->d[k].op == DIR_PLACE || r->program->d[k].op == DIR_SHARD)

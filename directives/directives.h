@@ -48,6 +48,10 @@ struct dir_filter {
   enum ir_pass pass; /* IR_PASS_NONE when no PASS key */
 };
 
+/* The user tag whose values are the chunks a layered recompute reruns (one segment each). */
+#define DIR_RECOMPUTE_TAG "RC"
+enum dir_recompute_method { DIR_RECOMPUTE_SEGMENT, DIR_RECOMPUTE_UNIFORM, DIR_RECOMPUTE_BLOCK };
+
 struct dir_directive {
   enum dir_op op;
   uint32_t index;           /* position in the program, for messages */
@@ -65,6 +69,16 @@ struct dir_directive {
    * (shard_params, implies both) */
   bool shard_optimizer, shard_grads, shard_params;
   enum ir_recompute granularity;    /* recompute: full or selective */
+  /* recompute (Megatron's --recompute-method / --recompute-num-layers): SEGMENT (no "method")
+   * reruns each matched segment whole; UNIFORM reruns every chunk of num_layers layers of a
+   * stage; BLOCK reruns each of the first num_layers layers of a stage and stores the rest.
+   * Chunks are segments of their own (the RC tag, compile.c's chunk_model); under selective
+   * each chunk's modules rerun before the chunk's backward. */
+  enum dir_recompute_method method;
+  uint32_t num_layers;
+  /* recompute, selective: "modules" (MODEL_MODULE_BIT mask), Megatron's --recompute-modules;
+   * IR_RECOMPUTE_MODULES_DEFAULT (core_attn) when absent */
+  uint32_t modules;
   char dim_name[DIR_NAME_MAX];      /* split */
   int64_t num_microbatches;         /* split */
   uint32_t n_slots;           /* order: slot s holds filters[slot_first[s] .. slot_first[s+1]) */

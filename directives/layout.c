@@ -30,6 +30,69 @@ static bool parse_stage_list(const char *spec, const char *value, struct layout 
   return ok;
 }
 
+/* "layernorm+mla_up_proj" -> a MODEL_MODULE_BIT mask; false on an unknown or repeated name. */
+static bool parse_modules(const char *text, uint32_t *out) {
+  gchar **names = g_strsplit(text, "+", -1);
+  bool ok = names[0] != NULL;
+  *out = 0;
+  for (gchar **it = names; ok && *it; it++) {
+    enum model_module k;
+    ok = model_module_parse(*it, &k) && !(*out & MODEL_MODULE_BIT(k));
+    *out |= ok ? MODEL_MODULE_BIT(k) : 0;
+  }
+  g_strfreev(names);
+  return ok;
+}
+
+/* "recompute[@A[-B]]=full[:uniform|block:N]|selective[:M+M][:uniform|block:N]" -> one more
+ * l->recompute. */
+static bool parse_recompute(const char *spec, const char *item, const char *value, struct layout *l,
+                            GError **err) {
+  if (l->n_recompute >= LAYOUT_MAX_RECOMPUTE)
+    return piper_input_error(err, "--layout \"%s\": more than %u recompute items", spec,
+                             LAYOUT_MAX_RECOMPUTE);
+  struct layout_recompute r = {.all_stages = item[9] != '@'};
+  if (!r.all_stages) {
+    g_autofree char *range = g_strndup(item + 10, (size_t)(value - 1 - (item + 10)));
+    char *dash = strchr(range, '-');
+    if (dash)
+      *dash = '\0';
+    if (!piper_parse_u32(range, 0, 65535, &r.first_stage) ||
+        !piper_parse_u32(dash ? dash + 1 : range, r.first_stage, 65535, &r.last_stage))
+      return piper_input_error(err, "--layout \"%s\": \"%s\": stages must be @A or @A-B with "
+                                    "A <= B (stage numbers)", spec, item);
+  }
+  gchar **w = g_strsplit(value, ":", -1);
+  uint32_t n = g_strv_length(w);
+  bool ok = true;
+  /* GRANULARITY[:MODULES][:METHOD:N], modules with selective only */
+  bool sel = strcmp(w[0], "selective") == 0;
+  uint32_t mods = sel && (n == 2 || n == 4);
+  if (sel || strcmp(w[0], "full") == 0) {
+    r.granularity = sel ? IR_RECOMPUTE_SELECTIVE : IR_RECOMPUTE_FULL;
+    ok = n == 1 + mods || n == 3 + mods;
+    ok = ok && (!mods || parse_modules(w[1], &r.modules));
+    if (ok && n == 3 + mods) {
+      const char *m = w[1 + mods];
+      r.method = strcmp(m, "uniform") == 0 ? DIR_RECOMPUTE_UNIFORM
+                 : strcmp(m, "block") == 0 ? DIR_RECOMPUTE_BLOCK
+                                           : DIR_RECOMPUTE_SEGMENT;
+      ok = r.method != DIR_RECOMPUTE_SEGMENT &&
+           piper_parse_u32(w[2 + mods], 1, MODEL_MAX_LAYERS, &r.num_layers);
+    }
+  } else
+    ok = false;
+  g_strfreev(w);
+  if (!ok)
+    return piper_input_error(err, "--layout \"%s\": \"%s\" must be full, full:uniform:N, "
+                                  "full:block:N (N layers), selective, selective:M+M (modules "
+                                  "core_attn, layernorm, mlp, moe_act, moe, shared_experts, "
+                                  "mla_up_proj), each selective one with :uniform:N or :block:N",
+                             spec, item);
+  l->recompute[l->n_recompute++] = r;
+  return true;
+}
+
 /* "pp=4" -> key "pp", value 4; a bare "v" has no value. */
 static bool parse_item(const char *spec, const char *item, struct layout *l, GError **err) {
   const char *eq = strchr(item, '=');
@@ -56,16 +119,8 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
   size_t klen = (size_t)(eq - item);
   if (klen == 12 && strncmp(item, "stage-layers", klen) == 0)
     return parse_stage_list(spec, eq + 1, l, err);
-  if (klen == 9 && strncmp(item, "recompute", klen) == 0) {
-    if (strcmp(eq + 1, "full") == 0)
-      l->recompute = IR_RECOMPUTE_FULL;
-    else if (strcmp(eq + 1, "selective") == 0)
-      l->recompute = IR_RECOMPUTE_SELECTIVE;
-    else
-      return piper_input_error(err, "--layout \"%s\": \"recompute\" must be full or selective",
-                               spec);
-    return true;
-  }
+  if (klen >= 9 && strncmp(item, "recompute", 9) == 0 && (klen == 9 || item[9] == '@'))
+    return parse_recompute(spec, item, eq + 1, l, err);
   static const struct {
     const char *key;
     size_t offset;
@@ -112,6 +167,25 @@ static bool check_stage_layers(const char *spec, const struct layout *l, GError 
   return true;
 }
 
+/* Recompute items name stages the layout has, and no stage twice (each stage gets one). */
+static bool check_recompute(const char *spec, const struct layout *l, GError **err) {
+  uint32_t stages = layout_stages(l);
+  for (uint32_t i = 0; i < l->n_recompute; i++) {
+    const struct layout_recompute *a = &l->recompute[i];
+    if (!a->all_stages && a->last_stage >= stages)
+      return piper_input_error(err, "--layout \"%s\": recompute@%u-%u names a stage past the "
+                                    "layout's %u", spec, a->first_stage, a->last_stage, stages);
+    for (uint32_t j = 0; j < i; j++) {
+      const struct layout_recompute *b = &l->recompute[j];
+      if (a->all_stages || b->all_stages ||
+          (a->first_stage <= b->last_stage && b->first_stage <= a->last_stage))
+        return piper_input_error(err, "--layout \"%s\": two recompute items cover one stage "
+                                      "(give each stage one)", spec);
+    }
+  }
+  return true;
+}
+
 /* What the compiler cannot express yet, and combinations that mean nothing. */
 static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->interleave > 1 && l->shape == LAYOUT_V)
@@ -127,7 +201,7 @@ static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->sequence_parallel && l->tp < 2)
     return piper_input_error(err, "--layout \"%s\": sp (sequence parallelism) needs tp of at "
                                   "least 2", spec);
-  if (!check_stage_layers(spec, l, err))
+  if (!check_stage_layers(spec, l, err) || !check_recompute(spec, l, err))
     return false;
   if ((uint64_t)l->pp * l->dp * l->tp > LAYOUT_MAX_DEVICES)
     return piper_input_error(err, "--layout \"%s\": %llu devices, more than %u", spec,
@@ -261,6 +335,30 @@ static void append_line(GString *s, const char *op, const char *filter, const st
   g_string_append_printf(s, "%s}", extra);
 }
 
+/* One recompute directive per stage of the item (its filter names PP alone, as a layered
+ * method needs), or one over {} for the whole model. */
+static void append_recompute(GString *s, const struct layout_recompute *r) {
+  g_autofree char *method =
+      r->method == DIR_RECOMPUTE_SEGMENT
+          ? g_strdup("")
+          : g_strdup_printf(", \"method\": \"%s\", \"num_layers\": %u",
+                            r->method == DIR_RECOMPUTE_UNIFORM ? "uniform" : "block", r->num_layers);
+  const char *g = r->granularity == IR_RECOMPUTE_FULL ? "full" : "selective";
+  GString *mods = g_string_new("");
+  for (int k = 0; k < MODEL_MODULE_COUNT && r->modules; k++)
+    if (r->modules & MODEL_MODULE_BIT(k))
+      g_string_append_printf(mods, "%s\"%s\"", mods->len ? ", " : ", \"modules\": [",
+                             model_module_name((enum model_module)k));
+  if (mods->len)
+    g_string_append_c(mods, ']');
+  for (uint32_t st = r->first_stage; st <= r->last_stage; st++) {
+    g_autofree char *filter = r->all_stages ? g_strdup("{}") : g_strdup_printf("{\"PP\": %u}", st);
+    g_string_append_printf(s, "%s  {\"op\": \"recompute\", \"filter\": %s, \"granularity\": \"%s\"%s%s}",
+                           s->len > 2 ? ",\n" : "", filter, g, method, mods->str);
+  }
+  g_string_free(mods, TRUE);
+}
+
 char *layout_to_json(const struct layout *l) {
   GString *s = g_string_new("[\n");
   uint32_t stages = layout_stages(l);
@@ -296,10 +394,8 @@ char *layout_to_json(const struct layout *l) {
     g_string_append_printf(s,
                            ",\n  {\"op\": \"tensor_parallel\", \"filter\": {}, \"degree\": %u%s}",
                            l->tp, l->sequence_parallel ? ", \"sequence_parallel\": true" : "");
-  if (l->recompute != IR_RECOMPUTE_NONE)
-    g_string_append_printf(s, "%s  {\"op\": \"recompute\", \"filter\": {}, \"granularity\": \"%s\"}",
-                           s->len > 2 ? ",\n" : "",
-                           l->recompute == IR_RECOMPUTE_FULL ? "full" : "selective");
+  for (uint32_t i = 0; i < l->n_recompute; i++)
+    append_recompute(s, &l->recompute[i]);
   g_string_append(s, "\n]\n");
   return g_string_free(s, FALSE);
 }

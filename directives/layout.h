@@ -32,6 +32,19 @@ enum layout_shape {
   LAYOUT_V,           /* two stages per rank, rank r holds stages r and 2pp-1-r */
 };
 
+#define LAYOUT_MAX_RECOMPUTE 16
+
+/* One recompute item: "recompute=full", "recompute@0-3=full:uniform:1",
+ * "recompute@4=full:block:2", "recompute=selective", "recompute=selective:layernorm+mlp". */
+struct layout_recompute {
+  enum ir_recompute granularity;
+  enum dir_recompute_method method; /* full only; DIR_RECOMPUTE_SEGMENT without ":method:N" */
+  uint32_t num_layers;
+  uint32_t modules; /* selective: MODEL_MODULE_BIT mask ("selective:layernorm+mlp"), 0: default */
+  bool all_stages; /* no "@": filter {} */
+  uint32_t first_stage, last_stage; /* "@A-B" or "@A" (inclusive) */
+};
+
 struct layout {
   uint32_t pp;          /* pipeline ranks */
   uint32_t dp;          /* devices per pipeline rank, each a data-parallel replica */
@@ -41,7 +54,9 @@ struct layout {
   uint32_t zero;        /* 0 (none), 1 (shard_optimizer), 2 (shard_grads), 3 (shard_params) */
   uint32_t tp;          /* tensor parallelism inside each data-parallel replica, 1 = none */
   bool sequence_parallel; /* "sp": with tp */
-  enum ir_recompute recompute; /* recompute=full|selective: one recompute directive over {} */
+  /* recompute[@STAGES]=...: one recompute directive each (docs/directives.md, "recompute") */
+  uint32_t n_recompute;
+  struct layout_recompute recompute[LAYOUT_MAX_RECOMPUTE];
   /* Uneven stages (all 0/false: the model's equal split). Decoder layers of the first / last
    * stage (Megatron's --decoder-first/last-pipeline-num-layers), or of every stage in order
    * ("stage-layers=6+8+..."); the embedding and the loss counted as one layer each when the
@@ -55,9 +70,10 @@ struct layout {
   const bool *stage_without_experts;
 };
 
-/* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero, recompute (full or
- * selective), first-stage-layers, last-stage-layers, stage-layers (a+b+...) and the flags v,
- * sp, account-for-embedding, account-for-loss; unset counts are 1. Fails (input error naming the spec and
+/* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero, recompute[@A-B] (full,
+ * full:uniform:N, full:block:N, selective or selective:MODULE+..., on stages A to B or all),
+ * first-stage-layers, last-stage-layers, stage-layers (a+b+...) and the flags v, sp,
+ * account-for-embedding, account-for-loss; unset counts are 1. Fails (input error naming the spec and
  * key) on unknown keys, bad numbers, an ep other
  * than 1 or dp, interleave together with v, and more than LAYOUT_MAX_DEVICES devices. */
 bool layout_parse(const char *spec, struct layout *out, GError **err);

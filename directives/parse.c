@@ -285,7 +285,7 @@ static const char *const *const op_keys[] = {
     (const char *const[]){"op", "filters", NULL},
     (const char *const[]){"op", "name", "priority", "sm_share", NULL},
     (const char *const[]){"op", "filter", "degree", "sequence_parallel", NULL},
-    (const char *const[]){"op", "filter", "granularity", NULL},
+    (const char *const[]){"op", "filter", "granularity", "method", "num_layers", "modules", NULL},
 };
 
 static bool parse_stream(const cJSON *obj, struct dir_directive *d, const char *ctx,
@@ -323,6 +323,62 @@ static bool parse_replicate(const cJSON *obj, struct dir_directive *d, uint32_t 
   return true;
 }
 
+/* recompute's "method" ("uniform" or "block") and "num_layers", Megatron's
+ * --recompute-method and --recompute-num-layers: both or neither. With selective they cut the
+ * layers the same way, so that each chunk's modules rerun right before its own backward. */
+static bool parse_recompute_method(const cJSON *obj, struct dir_directive *d, const char *ctx,
+                                   GError **err) {
+  const char *m = NULL;
+  if (!json_get_string(obj, "method", false, &m, ctx, err) ||
+      !json_get_u32(obj, "num_layers", false, 1, MODEL_MAX_LAYERS, &d->num_layers, ctx, err))
+    return false;
+  if (!m && d->num_layers == 0)
+    return true;
+  if (!m || d->num_layers == 0)
+    return piper_input_error(err, "%s: \"method\" and \"num_layers\" go together (layers per "
+                             "recomputed chunk, or recomputed layers per stage)", ctx);
+  if (strcmp(m, "uniform") == 0)
+    d->method = DIR_RECOMPUTE_UNIFORM;
+  else if (strcmp(m, "block") == 0)
+    d->method = DIR_RECOMPUTE_BLOCK;
+  else {
+    g_autofree char *q = quote(m);
+    return piper_input_error(err, "%s: \"method\" = %s must be \"uniform\" or \"block\"", ctx, q);
+  }
+  return true;
+}
+
+/* recompute's "modules": a non-empty list of module names (model_module_name), selective
+ * only; absent, the attention core. */
+static bool parse_recompute_modules(const cJSON *obj, struct dir_directive *d, const char *ctx,
+                                    GError **err) {
+  const cJSON *mods = cJSON_GetObjectItemCaseSensitive(obj, "modules");
+  d->modules = d->granularity == IR_RECOMPUTE_SELECTIVE ? IR_RECOMPUTE_MODULES_DEFAULT : 0;
+  if (!mods)
+    return true;
+  if (d->granularity != IR_RECOMPUTE_SELECTIVE)
+    return piper_input_error(err, "%s: \"modules\" applies to \"granularity\": \"selective\" "
+                             "only", ctx);
+  if (!cJSON_IsArray(mods) || !mods->child)
+    return piper_input_error(err, "%s: \"modules\" must be a non-empty list of core_attn, "
+                             "layernorm, mlp, moe_act, moe, shared_experts, mla_up_proj", ctx);
+  d->modules = 0;
+  for (const cJSON *it = mods->child; it; it = it->next) {
+    enum model_module k;
+    if (!cJSON_IsString(it) || !it->valuestring || !model_module_parse(it->valuestring, &k)) {
+      g_autofree char *q = cJSON_IsString(it) && it->valuestring ? quote(it->valuestring)
+                                                                  : g_strdup("a non-string");
+      return piper_input_error(err, "%s: \"modules\": %s is not one of core_attn, layernorm, "
+                               "mlp, moe_act, moe, shared_experts, mla_up_proj", ctx, q);
+    }
+    if (d->modules & MODEL_MODULE_BIT(k))
+      return piper_input_error(err, "%s: \"modules\" names \"%s\" twice", ctx,
+                               model_module_name(k));
+    d->modules |= MODEL_MODULE_BIT(k);
+  }
+  return true;
+}
+
 /* recompute's "granularity": "full" (the default) or "selective", Megatron's names. */
 static bool parse_granularity(const cJSON *obj, struct dir_directive *d, const char *ctx,
                               GError **err) {
@@ -338,7 +394,7 @@ static bool parse_granularity(const cJSON *obj, struct dir_directive *d, const c
     return piper_input_error(err, "%s: \"granularity\" = %s must be \"full\" or \"selective\"",
                              ctx, q);
   }
-  return true;
+  return parse_recompute_method(obj, d, ctx, err) && parse_recompute_modules(obj, d, ctx, err);
 }
 
 static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
@@ -598,6 +654,16 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));
       cJSON_AddStringToObject(o, "granularity",
                               d->granularity == IR_RECOMPUTE_SELECTIVE ? "selective" : "full");
+      if (d->granularity == IR_RECOMPUTE_SELECTIVE && d->modules != IR_RECOMPUTE_MODULES_DEFAULT) {
+        cJSON *mods = cJSON_AddArrayToObject(o, "modules");
+        for (int k = 0; k < MODEL_MODULE_COUNT; k++)
+          if (d->modules & MODEL_MODULE_BIT(k))
+            cJSON_AddItemToArray(mods, cJSON_CreateString(model_module_name((enum model_module)k)));
+      }
+      if (d->method != DIR_RECOMPUTE_SEGMENT) {
+        cJSON_AddStringToObject(o, "method", d->method == DIR_RECOMPUTE_UNIFORM ? "uniform" : "block");
+        cJSON_AddNumberToObject(o, "num_layers", d->num_layers);
+      }
       break;
     case DIR_STREAM:
       cJSON_AddStringToObject(o, "name", d->name);

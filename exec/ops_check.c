@@ -49,7 +49,25 @@ void exec_plan_uses(const struct plan *p, bool uses[EXEC_USE_COUNT]) {
     node_uses(&p->nodes[k], uses);
 }
 
+/* Selective recomputation modules the executor reruns (exec/segment_forward.c, rerun_op);
+ * moe_act would need a kernel that rebuilds silu(gate)·up rows alone, mla_up_proj an MLA
+ * kernel: the simulator costs both, the executor refuses them. (moe is a full rerun of the
+ * experts' segments: no module of its own here.) */
+#define EXEC_RERUN_MODULES                                                                          \
+  (MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN) | MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM) |            \
+   MODEL_MODULE_BIT(MODEL_MODULE_MLP) | MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS) |             \
+   MODEL_MODULE_BIT(MODEL_MODULE_MOE))
+
 bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err) {
+  for (uint32_t k = 0; k < p->n_nodes; k++) {
+    uint32_t extra = p->nodes[k].recompute_modules & ~(uint32_t)EXEC_RERUN_MODULES;
+    for (int m = 0; m < MODEL_MODULE_COUNT && extra; m++)
+      if (extra & MODEL_MODULE_BIT(m))
+        return piper_input_error(err,
+                                 "selective recomputation of \"%s\" has no kernel on the %s "
+                                 "backend (piper-sim costs it; recompute other modules here)",
+                                 model_module_name((enum model_module)m), exec_backend_name(b));
+  }
   bool uses[EXEC_USE_COUNT], listed[EXEC_USE_COUNT] = {false};
   exec_plan_uses(p, uses);
   for (int op = 0; op < EXEC_OP_COUNT; op++) {

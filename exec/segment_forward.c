@@ -44,12 +44,13 @@ static bool value_kept(const struct exec_segment *es, int32_t v) {
 
 /* Where forward instruction i keeps value v: with its saved activations when the backward
  * reads it, in the tensor that carries it on when it leaves the segment, else in the
- * instruction's workspace. */
+ * instruction's workspace. A value selective recomputation drops (dropped: a norm's output,
+ * which R rebuilds) is not kept: it lives in the carrying tensor or in the workspace. */
 static uint32_t value_owner(const struct exec_state *s, uint32_t i, const struct exec_segment *es,
-                            int32_t v, uint32_t saved) {
-  if (value_kept(es, v))
-    return saved;
+                            int32_t v, uint32_t saved, bool dropped) {
   enum exec_tensor t = (enum exec_tensor)es->values[v].tensor;
+  if (value_kept(es, v) && !(dropped && es->final_value[t] == v))
+    return dropped ? OWN_WORK : saved;
   if (es->final_value[t] == v)
     return exec_out_tensor_of(s, i, t, true); /* OWN_WORK when nothing reads it on */
   return OWN_WORK;
@@ -93,11 +94,27 @@ static struct exec_seg_run *seg_run_begin(struct exec_state *s, uint32_t i,
   return run;
 }
 
+/* Whether selective recomputation drops model op `op`'s part under modules: its attention
+ * core, its output (a decoder layer's norm: models/build.c sets the bytes), its MLP or shared
+ * expert activations. */
+static bool op_dropped(const struct exec_state *s, uint32_t modules, uint32_t op) {
+  const struct model_op *mo = &s->xm->m->ops[op];
+  switch (mo->kind) {
+  case MODEL_OP_ATTENTION: return modules & MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN);
+  case MODEL_OP_RMSNORM:
+    return (modules & MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM)) &&
+           mo->module_saved_bytes[MODEL_MODULE_LAYERNORM] > 0;
+  case MODEL_OP_MLP: return modules & MODEL_MODULE_BIT(MODEL_MODULE_MLP);
+  case MODEL_OP_SHARED_EXPERT: return modules & MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS);
+  default: return false;
+  }
+}
+
 /* The segment's final values, for the instructions that read them. One the backward also
  * reads lives in the saved activations; the tensor that carries it on gets its own copy, so
  * that each goes at its own release point. */
 static void seg_outputs(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
-                        struct exec_seg_run *run) {
+                        struct exec_seg_run *run, uint32_t drop) {
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_segment *es = &s->xm->segs[x->segment];
   struct exec_mb *mb = &s->mbs[x->mb];
@@ -107,7 +124,10 @@ static void seg_outputs(struct exec_state *s, uint32_t i, struct exec_task_ctx *
       continue;
     float *val = run->val[v];
     uint32_t out = exec_out_tensor_of(s, i, (enum exec_tensor)t, true);
-    if (out != OWN_WORK && es->values[v].op >= 0 && value_kept(es, v)) {
+    /* a dropped norm output is already in the tensor that carries it (value_owner) */
+    bool dropped = es->values[v].op >= 0 && op_dropped(s, drop, es->ops[es->values[v].op].op) &&
+                   es->ops[es->values[v].op].kind == MODEL_OP_RMSNORM;
+    if (out != OWN_WORK && es->values[v].op >= 0 && value_kept(es, v) && !dropped) {
       size_t n = exec_tensor_words(s->xm, (enum exec_tensor)t);
       val = mb_floats_raw(s, st, mb, out, n);
       KT(st, s, s->k->copy(st->stream, val, run->val[v], n * sizeof(float)));
@@ -147,6 +167,7 @@ struct fwd {
   const float *P;
   uint32_t i, saved; /* owner of what the backward reads (OWN_WORK: F under full) */
   enum fwd_keep keep;
+  uint32_t drop;      /* F under selective recomputation: the modules it does not keep */
   const bool *needed; /* a full rerun's (rerun_needed); NULL: every value */
 };
 
@@ -156,7 +177,8 @@ static void fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in
   struct exec_task_ctx *st = f->st;
   struct kernels_attention_dims dd = attention_dims(s, &s->xm->m->ops[f->es->ops[j].op]);
   size_t all = kernels_attention_saved_floats(&dd), core = kernels_attention_core_floats(&dd);
-  if (f->keep == FWD_SELECTIVE_DROP) { /* q, k, v saved; lse and y only while F runs */
+  if (f->keep == FWD_SELECTIVE_DROP && op_dropped(s, f->drop, f->es->ops[j].op)) {
+    /* q, k, v saved; lse and y only while F runs */
     f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->saved, all - core);
     dd.core = f->run->core[j] = mb_floats_raw(s, st, f->mb, OWN_WORK, core);
   } else {
@@ -290,7 +312,8 @@ static float *fwd_out(struct fwd *f, uint32_t j, bool tp) {
   if (so->out < 0 || (f->needed && !f->needed[so->out] && optional))
     return NULL;
   size_t words = exec_tensor_words(s->xm, (enum exec_tensor)f->es->values[so->out].tensor);
-  uint32_t owner = value_owner(s, f->i, f->es, so->out, f->saved);
+  bool dropped = f->drop && so->kind == MODEL_OP_RMSNORM && op_dropped(s, f->drop, so->op);
+  uint32_t owner = value_owner(s, f->i, f->es, so->out, f->saved, dropped);
   return f->run->val[so->out] = mb_floats_raw(s, f->st, f->mb, owner, words);
 }
 
@@ -302,7 +325,10 @@ static bool tp_divides(const struct exec_state *s, enum model_op_kind kind) {
  * then one kernel does both (ops.def's residual_rmsnorm_forward, the same bits). */
 static bool fwd_fuses_norm(const struct fwd *f, uint32_t j) {
   const struct exec_segment *es = f->es;
-  if (j + 1 >= es->n_ops || !f->s->k->residual_rmsnorm_forward)
+  /* nor when the norm's output is dropped (layernorm recomputation): a transient of the next
+   * group, it would go when the add's group ends */
+  if (j + 1 >= es->n_ops || !f->s->k->residual_rmsnorm_forward ||
+      (f->drop && op_dropped(f->s, f->drop, es->ops[j + 1].op)))
     return false;
   const struct exec_seg_op *add = &es->ops[j], *norm = &es->ops[j + 1];
   return add->kind == MODEL_OP_RESIDUAL_ADD && add->in[2] < 0 && add->out >= 0 &&
@@ -370,7 +396,8 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: {
     int F = (int)xm->m->ops[so->op].shape[2];
-    run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_mlp_saved_floats(T, F));
+    uint32_t owner = op_dropped(s, f->drop, so->op) ? OWN_WORK : f->saved;
+    run->saved[j] = mb_floats_raw(s, st, mb, owner, kernels_mlp_saved_floats(T, F));
     KT(st, s, k->mlp_forward(st->stream, out, run->saved[j], in0, prm, T, C, F));
     return true;
   }
@@ -393,23 +420,60 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
   }
 }
 
-/* Selective recomputation's rerun: each attention core again from the q, k and v its forward
- * kept, into R's saved tensor; everything else the forward kept stays as it is. */
-static bool seg_rerun_cores(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
-                            GError **err) {
+/* One op of a selective rerun: what its forward dropped, rebuilt from what it kept into R's
+ * saved tensor (saved); what the kernel also writes and nobody reads (an MLP's output, a
+ * norm's row statistics) in R's workspace. */
+static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                     struct exec_seg_run *run, const struct exec_seg_op *so, uint32_t j,
+                     uint32_t saved, const float *P) {
+  const struct exec_model *xm = s->xm;
+  const float *prm = P + s->dev->op_offset[so->op];
+  int T = xm->T, C = xm->C, Ts = xm->T_seq;
+  switch (so->kind) {
+  case MODEL_OP_ATTENTION: {
+    struct kernels_attention_dims dd = attention_dims(s, &xm->m->ops[so->op]);
+    dd.core = run->core[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_core_floats(&dd));
+    KT(st, s, s->k->attention_core_forward(st->stream, run->saved[j], &dd));
+    return;
+  }
+  case MODEL_OP_RMSNORM: {
+    float *h = mb_floats_raw(s, st, mb, saved, (size_t)Ts * C);
+    float *rstd = mb_floats_raw(s, st, mb, OWN_WORK, kernels_rmsnorm_saved_floats(Ts));
+    KT(st, s, s->k->rmsnorm_forward(st->stream, h, rstd, run->val[so->in[0]], prm, Ts, C,
+                                    xm->rms_norm_eps));
+    run->val[so->out] = h;
+    return;
+  }
+  case MODEL_OP_MLP:
+  case MODEL_OP_SHARED_EXPERT: {
+    int F = (int)xm->m->ops[so->op].shape[2];
+    float *out = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)T * C);
+    run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_mlp_saved_floats(T, F));
+    KT(st, s, s->k->mlp_forward(st->stream, out, run->saved[j], run->val[so->in[0]], prm, T, C, F));
+    return;
+  }
+  default: PIPER_UNREACHABLE();
+  }
+}
+
+/* Selective recomputation's rerun: what its forward dropped of its modules, op by op in model
+ * order (a norm's output before the MLP that reads it), into R's saved tensor; everything
+ * else the forward kept stays as it is. A group's transients go when it ends, as in F. */
+static bool seg_rerun_modules(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                              GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
   struct exec_mb *mb = &s->mbs[x->mb];
   const struct exec_segment *es = &s->xm->segs[x->segment];
   struct exec_seg_run *run = mb->seg[x->segment];
   if (!run)
     return internal(err, s, i, "a rerun before its forward");
-  uint32_t saved = saved_owner(s, i);
+  uint32_t saved = saved_owner(s, i), modules = s->dev->plan->nodes[x->node].recompute_modules;
+  const float *P = exec_params_of(s, x);
   for (uint32_t j = 0; j < es->n_ops; j++) {
-    if (es->ops[j].kind != MODEL_OP_ATTENTION)
-      continue;
-    struct kernels_attention_dims dd = attention_dims(s, &s->xm->m->ops[es->ops[j].op]);
-    dd.core = run->core[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_core_floats(&dd));
-    KT(st, s, s->k->attention_core_forward(st->stream, run->saved[j], &dd));
+    if (op_dropped(s, modules, es->ops[j].op))
+      rerun_op(s, st, mb, run, &es->ops[j], j, saved, P);
+    if (exec_group_starts(s, es, j + 1))
+      exec_work_group_end(s, st, 0);
   }
   return true;
 }
@@ -424,7 +488,9 @@ bool exec_segment_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx
       !s->k->attention_core_forward)
     return internal(err, s, i, "selective recomputation needs the backend's attention core kernel");
   if (f.keep == FWD_SELECTIVE_RERUN)
-    return seg_rerun_cores(s, i, st, err);
+    return seg_rerun_modules(s, i, st, err);
+  if (f.keep == FWD_SELECTIVE_DROP)
+    f.drop = s->dev->plan->nodes[x->node].recompute_modules;
   const struct exec_seg_run *from = NULL;
   uint32_t keep = OWN_WORK;
   f.saved = saved_owner(s, i);
@@ -464,6 +530,6 @@ bool exec_segment_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx
   }
   g_free(needed);
   if (ok && f.keep != FWD_FULL_RERUN) /* R's outputs: the next segments have theirs */
-    seg_outputs(s, i, st, f.run);
+    seg_outputs(s, i, st, f.run, f.drop);
   return ok;
 }

@@ -87,3 +87,11 @@ uint64_t ir_ep_a2a_work_bytes(const struct model *m, const struct ir_node *n, bo
     return rows + round16(routes(m) * 4) + round16((uint64_t)n->shard_degree * 4);
   return forward ? 0 : rows;
 }
+
+uint64_t ir_node_module_bytes(const struct model *m, const struct ir_node *n, uint32_t modules) {
+  if (!ir_ep_sized(n))
+    return ir_tp_segment_module_bytes(m, n->segment, n->tp_degree, modules);
+  if (!(modules & MODEL_MODULE_BIT(MODEL_MODULE_MOE_ACT)))
+    return 0;
+  return ir_ep_capacity_rows(m, n) * expert_ffn(m, n) * model_dtype_bytes(m->dtype);
+}

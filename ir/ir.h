@@ -52,6 +52,7 @@ enum ir_edge_kind { IR_EDGE_DATA, IR_EDGE_TEMPORAL, IR_EDGE_DEAD };
  * keeps only the segment's input and reruns before backward); selective (only the attention
  * core's own activations are dropped and recomputed). */
 enum ir_recompute { IR_RECOMPUTE_NONE, IR_RECOMPUTE_FULL, IR_RECOMPUTE_SELECTIVE };
+#define IR_RECOMPUTE_MODULES_DEFAULT MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN)
 
 /* What a communication node serves, which fixes its communicator purpose. */
 /* TP: the tensor-parallel collectives of a compute node (tensor_parallel, IR_COMM_TP). */
@@ -90,6 +91,9 @@ struct ir_node {
   uint32_t collectives; /* a tp node: how many collectives of bytes/collectives it stands for */
   /* F under a recompute directive (it saves less) and its R rerun; NONE elsewhere */
   enum ir_recompute recompute;
+  /* under SELECTIVE: the modules it drops and reruns (MODEL_MODULE_BIT of enum model_module;
+   * IR_RECOMPUTE_MODULES_DEFAULT, the attention core, unless the directive names others) */
+  uint32_t recompute_modules;
   uint32_t directive; /* last directive that rewrote it (for messages), IR_NONE */
   /* Lowering's tie-break among ready nodes (lower first): an `order` slot and the node's
    * place in the slot's interleaving, or by default pass then micro-batch (GPipe-like).
@@ -222,9 +226,13 @@ uint64_t ir_tp_segment_param_bytes(const struct model *m, uint32_t segment, uint
  * ([T, hidden]) whole unless sequence_parallel. */
 uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint32_t tp,
                                    bool sequence_parallel);
-/* What the segment's attention cores save (their output and log-sum-exp) on one device, divided
- * by heads under TP: what selective recomputation drops after F and R rebuilds. */
-uint64_t ir_tp_segment_core_bytes(const struct model *m, uint32_t segment, uint32_t tp);
+/* What the segment's modules (a MODEL_MODULE_BIT mask) save on one device: what selective
+ * recomputation drops after F and R rebuilds (the attention cores' output and log-sum-exp,
+ * divided by heads under TP; the other modules only at tp <= 1, directives/apply.c). */
+uint64_t ir_tp_segment_module_bytes(const struct model *m, uint32_t segment, uint32_t tp,
+                                    uint32_t modules);
+/* The forward FLOPs a selective rerun of the segment's modules computes. */
+double ir_segment_module_flops(const struct model *m, uint32_t segment, uint32_t modules);
 /* What a compute node of segment holds on one device besides its tensors (the memory rule's
  * workspace, models/model.h), one op group at a time (model_group_end: a trainer holds one
  * layer's transients, docs/memory.md), so the most any group holds: in pass F its scratch and
@@ -236,10 +244,11 @@ uint64_t ir_tp_segment_core_bytes(const struct model *m, uint32_t segment, uint3
  * (a divided op's input, its output gradient), again for each group. */
 uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pass pass, uint32_t tp,
                             bool sequence_parallel, uint64_t *keep);
-/* The most a group of segment holds in F under selective recomputation: its F workspace and
- * its attention cores (ir_tp_segment_core_bytes, per group). */
-uint64_t ir_tp_segment_work_cores(const struct model *m, uint32_t segment, uint32_t tp,
-                                  bool sequence_parallel);
+/* The most a group of segment holds under selective recomputation of modules: in F its F
+ * workspace and what it no longer saves (ir_tp_segment_module_bytes, per group); in R what
+ * its reruns hold while they run (model_op.module_rerun_work_bytes, per group). */
+uint64_t ir_tp_segment_work_modules(const struct model *m, uint32_t segment, enum ir_pass pass,
+                                    uint32_t tp, bool sequence_parallel, uint32_t modules);
 /* The TP collectives a compute node of segment in pass implies: *count of them moving *bytes
  * in total per device (all-reduces; under sequence parallelism each is a reduce-scatter plus an
  * all-gather of the same size). */
@@ -273,6 +282,10 @@ uint64_t ir_ep_work_bytes(const struct model *m, const struct ir_node *n, uint64
 uint64_t ir_ep_route_bytes(const struct model *m, const struct ir_node *n);
 uint64_t ir_ep_combine_bytes(const struct model *m);
 uint64_t ir_ep_a2a_work_bytes(const struct model *m, const struct ir_node *n, bool into);
+/* What compute node n stops saving under selective recomputation of modules on its devices:
+ * ir_tp_segment_module_bytes, or for EP experts their silu(gate)·up rows at the capacity
+ * (moe_act). */
+uint64_t ir_node_module_bytes(const struct model *m, const struct ir_node *n, uint32_t modules);
 
 const char *ir_pass_name(enum ir_pass p);
 const char *ir_node_kind_name(enum ir_node_kind k);

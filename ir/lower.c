@@ -496,20 +496,24 @@ static void instr_waits(struct lower *l, struct plan_class *c, uint32_t i, const
  *   F, full: everything a plain F saves, now dropped when it ends (it keeps its inputs), held
  *            for the whole instruction, and the largest group's transients;
  *   R, full: a plain F's workspace (it saves what a plain F saves, in its own tensor);
- *   F, selective: the largest group's plain F workspace and attention cores, which it no
- *            longer saves;
- *   R, selective: nothing (it writes the cores into its saved tensor). */
+ *   F, selective: the largest group's plain F workspace and what of its modules it no
+ *            longer saves (attention cores, norm outputs, MLP activations);
+ *   R, selective: what the largest group's reruns hold while they run (a norm's rstd, an
+ *            MLP's output; the cores nothing), the rest going into its saved tensor. */
 static uint64_t recompute_work(const struct model *m, const struct ir_node *n, uint64_t fwd_work) {
   bool full = n->recompute == IR_RECOMPUTE_FULL;
   if (n->pass == IR_PASS_R)
-    return full ? fwd_work : 0;
+    return full ? fwd_work
+                : ir_tp_segment_work_modules(m, n->segment, IR_PASS_R, n->tp_degree,
+                                             n->sequence_parallel, n->recompute_modules);
   if (full) /* experts under EP save their rows at the capacity (ir/expert.c) */
     return fwd_work + (ir_ep_sized(n) ? ir_ep_saved_bytes(m, n)
                                       : ir_tp_segment_saved_bytes(m, n->segment, n->tp_degree,
                                                                   n->sequence_parallel));
-  if (ir_ep_sized(n)) /* no attention among the experts */
-    return fwd_work;
-  return ir_tp_segment_work_cores(m, n->segment, n->tp_degree, n->sequence_parallel);
+  if (ir_ep_sized(n)) /* no attention among the experts; their activation rows (moe_act) */
+    return fwd_work + ir_node_module_bytes(m, n, n->recompute_modules);
+  return ir_tp_segment_work_modules(m, n->segment, IR_PASS_F, n->tp_degree, n->sequence_parallel,
+                                    n->recompute_modules);
 }
 
 /* A tensor of instruction i that no instruction reads: its workspace (held while it runs) or

@@ -361,6 +361,7 @@ enum {
   N_COLLECTIVES,
   N_PRIORITY,
   N_CAPACITY_FACTOR, /* expert parallelism: optional, absent without it */
+  N_RECOMPUTE_MODULES, /* selective recomputation of other modules than the attention core */
   N_COUNT
 };
 static const char *const node_keys[N_COUNT] = {
@@ -368,7 +369,27 @@ static const char *const node_keys[N_COUNT] = {
     "tags",        "group",        "peer_group", "stream",       "segment",
     "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
     "shard_grads", "shard_params", "shard_optimizer", "recompute", "directive", "tp_degree",
-    "sequence_parallel", "collectives", "priority", "capacity_factor"};
+    "sequence_parallel", "collectives", "priority", "capacity_factor", "recompute_modules"};
+
+/* A selective node's "recompute_modules" (module names, absent: the attention core). */
+static bool read_recompute_modules(const cJSON *v, struct ir_node *n, const struct json_loc *l,
+                                   GError **err) {
+  n->recompute_modules = n->recompute == IR_RECOMPUTE_SELECTIVE ? IR_RECOMPUTE_MODULES_DEFAULT : 0;
+  if (!v)
+    return true;
+  if (n->recompute != IR_RECOMPUTE_SELECTIVE || !cJSON_IsArray(v) || !v->child)
+    return json_fail_at(err, l, "\"recompute_modules\" must be a list of module names on a "
+                                "selective node");
+  n->recompute_modules = 0;
+  for (const cJSON *it = v->child; it; it = it->next) {
+    enum model_module k;
+    if (!cJSON_IsString(it) || !it->valuestring || !model_module_parse(it->valuestring, &k))
+      return json_fail_at(err, l, "\"recompute_modules\": not a module name (core_attn, "
+                                  "layernorm, mlp, moe_act, moe, shared_experts, mla_up_proj)");
+    n->recompute_modules |= MODEL_MODULE_BIT(k);
+  }
+  return true;
+}
 
 /* "0x" and 1 to 16 hex digits: a 64-bit value written as text. */
 static bool read_hex(const cJSON *v, const char *key, uint64_t *out, const struct json_loc *l,
@@ -492,14 +513,14 @@ static bool read_zero_flags(const cJSON *const *x, struct ir_node *n, const stru
   n->recompute = IR_RECOMPUTE_NONE;
   const cJSON *rc = x[N_RECOMPUTE];
   if (!rc)
-    return true;
+    return read_recompute_modules(x[N_RECOMPUTE_MODULES], n, l, err);
   if (cJSON_IsString(rc) && rc->valuestring && strcmp(rc->valuestring, "full") == 0)
     n->recompute = IR_RECOMPUTE_FULL;
   else if (cJSON_IsString(rc) && rc->valuestring && strcmp(rc->valuestring, "selective") == 0)
     n->recompute = IR_RECOMPUTE_SELECTIVE;
   else
     return json_fail_at(err, l, "\"recompute\" must be \"full\" or \"selective\"");
-  return true;
+  return read_recompute_modules(x[N_RECOMPUTE_MODULES], n, l, err);
 }
 
 static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **err) {

@@ -247,6 +247,13 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
   if (n->recompute != IR_RECOMPUTE_NONE) /* only then: other plans read as before */
     cJSON_AddStringToObject(o, "recompute",
                             n->recompute == IR_RECOMPUTE_FULL ? "full" : "selective");
+  if (n->recompute == IR_RECOMPUTE_SELECTIVE &&
+      n->recompute_modules != IR_RECOMPUTE_MODULES_DEFAULT) { /* only then, as above */
+    cJSON *mods = cJSON_AddArrayToObject(o, "recompute_modules");
+    for (int k = 0; k < MODEL_MODULE_COUNT; k++)
+      if (n->recompute_modules & MODEL_MODULE_BIT(k))
+        cJSON_AddItemToArray(mods, cJSON_CreateString(model_module_name((enum model_module)k)));
+  }
   add_ref(o, "directive", n->directive);
   /* Tensor parallelism: absent without it, so plans without TP stay as they were. */
   if (n->tp_degree > 1)

@@ -112,12 +112,34 @@ uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint
   return sum;
 }
 
-uint64_t ir_tp_segment_core_bytes(const struct model *m, uint32_t segment, uint32_t tp) {
+/* What ops [first, end) drop under modules, per device (the cores divided by heads); with
+ * transient, only what F then holds until its group ends (a norm output that leaves the
+ * segment lives in the tensor that carries it instead). */
+static uint64_t ops_module_bytes(const struct model *m, uint32_t first, uint32_t end, uint32_t tp,
+                                 uint32_t modules, bool transient) {
   uint64_t b = 0;
-  const struct model_segment *s = &m->segments[segment];
-  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
-    b += m->ops[o].core_saved_bytes;
+  for (uint32_t o = first; o < end; o++)
+    for (int k = 0; k < MODEL_MODULE_COUNT; k++)
+      if ((modules & MODEL_MODULE_BIT(k)) &&
+          !(transient && k == MODEL_MODULE_LAYERNORM && m->ops[o].out_leaves_segment))
+        b += m->ops[o].module_saved_bytes[k];
   return tp > 1 ? b / tp : b;
+}
+
+uint64_t ir_tp_segment_module_bytes(const struct model *m, uint32_t segment, uint32_t tp,
+                                    uint32_t modules) {
+  const struct model_segment *s = &m->segments[segment];
+  return ops_module_bytes(m, s->op_first, s->op_first + s->op_count, tp, modules, false);
+}
+
+double ir_segment_module_flops(const struct model *m, uint32_t segment, uint32_t modules) {
+  const struct model_segment *s = &m->segments[segment];
+  double f = 0;
+  for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
+    for (int k = 0; k < MODEL_MODULE_COUNT; k++)
+      if (modules & MODEL_MODULE_BIT(k))
+        f += m->ops[o].module_flops_fwd[k];
+  return f;
 }
 
 void ir_tp_segment_comm(const struct model *m, uint32_t segment, enum ir_pass pass,
@@ -285,36 +307,43 @@ static uint64_t group_work(const struct model *m, uint32_t first, uint32_t end, 
                                           : 0);
 }
 
-/* The most any group of segment holds in pass; with cores, each group's F also holds its
- * attention cores (selective recomputation's F drops them when the group ends). */
+/* The most any group of segment holds in pass; with modules, each group's F also holds what
+ * selective recomputation's F drops when the group ends, and R holds only what its reruns of
+ * the group hold while they run (the rest goes into its saved tensor). */
 static uint64_t segment_most(const struct model *m, uint32_t segment, enum ir_pass pass,
-                             uint32_t tp, bool sequence_parallel, bool cores, double *seg_keep) {
+                             uint32_t tp, bool sequence_parallel, uint32_t modules,
+                             double *seg_keep) {
   const struct model_segment *s = &m->segments[segment];
   uint32_t end = s->op_first + s->op_count;
   uint64_t most = 0;
   for (uint32_t g = s->op_first; g < end; g = model_group_end(m, g, end)) {
     uint32_t g_end = model_group_end(m, g, end);
-    uint64_t b = group_work(m, g, g_end, g > s->op_first, pass, tp, sequence_parallel, seg_keep);
-    uint64_t core = 0;
-    for (uint32_t o = g; cores && o < g_end; o++)
-      core += m->ops[o].core_saved_bytes;
-    b += tp > 1 ? core / tp : core;
+    uint64_t b = 0;
+    if (pass == IR_PASS_R) {
+      for (uint32_t o = g; o < g_end; o++)
+        for (int k = 0; k < MODEL_MODULE_COUNT; k++)
+          if (modules & MODEL_MODULE_BIT(k))
+            b += m->ops[o].module_rerun_work_bytes[k];
+    } else {
+      b = group_work(m, g, g_end, g > s->op_first, pass, tp, sequence_parallel, seg_keep) +
+          ops_module_bytes(m, g, g_end, tp, modules, true);
+    }
     most = b > most ? b : most;
   }
   return most;
 }
 
-uint64_t ir_tp_segment_work_cores(const struct model *m, uint32_t segment, uint32_t tp,
-                                  bool sequence_parallel) {
+uint64_t ir_tp_segment_work_modules(const struct model *m, uint32_t segment, enum ir_pass pass,
+                                    uint32_t tp, bool sequence_parallel, uint32_t modules) {
   double seg_keep = 0;
-  return segment_most(m, segment, IR_PASS_F, tp, sequence_parallel, true, &seg_keep);
+  return segment_most(m, segment, pass, tp, sequence_parallel, modules, &seg_keep);
 }
 
 uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pass pass, uint32_t tp,
                             bool sequence_parallel, uint64_t *keep) {
   const struct model_segment *s = &m->segments[segment];
   double seg_keep = 0;
-  uint64_t most = segment_most(m, segment, pass, tp, sequence_parallel, false, &seg_keep);
+  uint64_t most = segment_most(m, segment, pass, tp, sequence_parallel, 0, &seg_keep);
   if (keep)
     *keep = tp > 1 ? (uint64_t)seg_keep : s->bwd_keep_bytes;
   return most;

@@ -98,6 +98,14 @@ static void emit_rmsnorm(struct builder *b, int32_t layer) {
   op->bytes_fwd = add(b, op->param_bytes, 2 * b->act);
   op->saved_bytes = add(b, b->act, mul(b, b->T, 4)); /* input x and fp32 rstd per token */
   op->out_bytes = b->act;
+  /* its output, which the op it feeds keeps (Megatron's layernorm recompute: a decoder
+   * layer's two norms, not the final one); the rerun writes it and holds the fp32 rstd it
+   * computes again */
+  if (layer >= 0) {
+    op->module_saved_bytes[MODEL_MODULE_LAYERNORM] = b->act;
+    op->module_flops_fwd[MODEL_MODULE_LAYERNORM] = op->flops_fwd;
+    op->module_rerun_work_bytes[MODEL_MODULE_LAYERNORM] = mul(b, b->T, 4);
+  }
 }
 
 /* h -> a, GQA with RoPE: [batch, seq, heads, kv_heads, head_dim, hidden].
@@ -130,8 +138,8 @@ static void emit_attention(struct builder *b, int32_t layer) {
   op->saved_bytes = add(b, add(b, b->act, qkv), add(b, core_out, lse));
   op->out_bytes = b->act;
   op->bwork_bytes = add(b, qkv, core_out); /* dy (BI scratch), dq, dk, dv */
-  op->core_flops_fwd = core;
-  op->core_saved_bytes = add(b, core_out, lse);
+  op->module_flops_fwd[MODEL_MODULE_CORE_ATTN] = core;
+  op->module_saved_bytes[MODEL_MODULE_CORE_ATTN] = add(b, core_out, lse);
 }
 
 /* h -> a, DeepSeek multi-head latent attention, costed as its real projections:
@@ -179,8 +187,14 @@ static void emit_mla(struct builder *b, int32_t layer) {
                       add(b, add(b, 2 * lat, 2 * qkv), add(b, 2 * core_out, lse)));
   /* h, the latents (q_b / kv_b weight gradients need them), q, k, v, core output, lse */
   op->saved_bytes = add(b, add(b, b->act, lat), add(b, add(b, qkv, core_out), lse));
-  op->core_flops_fwd = core;
-  op->core_saved_bytes = add(b, core_out, lse);
+  op->module_flops_fwd[MODEL_MODULE_CORE_ATTN] = core;
+  op->module_saved_bytes[MODEL_MODULE_CORE_ATTN] = add(b, core_out, lse);
+  /* q from c_q (q_b), k and v from c_kv (kv_b) and k_rope after the latent norms; the
+   * latents are kept. Without q_lora_rank q comes from h (q_proj): it stays. */
+  op->module_saved_bytes[MODEL_MODULE_MLA_UP_PROJ] = ql ? qkv : mul3(b, b->T, add(b, hq, hv), b->B);
+  op->module_flops_fwd[MODEL_MODULE_MLA_UP_PROJ] =
+      2 * (double)b->T * ((double)ql * (double)(ql ? hq : 0) + (double)kvl * (double)kv_b_out) +
+      4 * norm_el;
   op->out_bytes = b->act;
 }
 
@@ -222,6 +236,11 @@ static void emit_mlp(struct builder *b, enum model_op_kind kind, int32_t layer, 
   op->saved_bytes = shared ? add(b, gu, act) : add(b, add(b, b->act, gu), act);
   op->out_bytes = b->act;
   op->bwork_bytes = gu; /* dgate, dup */
+  /* rerun whole (the kernel computes the output too, into a transient [T, hidden]) */
+  enum model_module k = shared ? MODEL_MODULE_SHARED_EXPERTS : MODEL_MODULE_MLP;
+  op->module_saved_bytes[k] = add(b, gu, act);
+  op->module_flops_fwd[k] = op->flops_fwd;
+  op->module_rerun_work_bytes[k] = b->act;
 }
 
 /* Qwen2-MoE's shared-expert gate on the shared expert just emitted: s *= sigmoid(h w), w
@@ -300,6 +319,8 @@ static void emit_experts(struct builder *b, int32_t layer) {
   op->fwd_scratch_bytes = add(b, 2 * rows, 16);
   op->bwork_bytes = add(b, rows, gu);
   op->bwd_scratch_bytes = 3 * rows;
+  op->module_saved_bytes[MODEL_MODULE_MOE_ACT] = act; /* silu(gate) * up from gate and up */
+  op->module_flops_fwd[MODEL_MODULE_MOE_ACT] = 5 * rf;
 }
 
 /* x (after the final norm) -> loss, [T, hidden, vocab]: logits matmul and cross-entropy (~5
@@ -441,6 +462,29 @@ static void segments_fwd_outputs(struct builder *b, GArray *segs) {
   }
 }
 
+/* A norm output that a later segment reads (the experts', under their EP tag) leaves in the
+ * tensor that carries it on: selective recomputation of layernorm drops the copy its segment
+ * keeps, and F writes it straight into that tensor (no transient of its own). */
+static void segments_norm_outputs(struct builder *b, GArray *segs) {
+  struct model *m = b->m;
+  for (guint k = 0; k < segs->len; k++) {
+    const struct model_segment *s = &g_array_index(segs, struct model_segment, k);
+    uint32_t end = s->op_first + s->op_count;
+    for (uint32_t o = s->op_first; o < end; o++) {
+      if (m->ops[o].kind != MODEL_OP_RMSNORM)
+        continue;
+      uint8_t out = g_array_index(b->io, struct op_io, o).writes;
+      for (uint32_t p = o + 1; p < m->n_ops; p++) {
+        const struct op_io *io = &g_array_index(b->io, struct op_io, p);
+        if ((io->reads & out) && p >= end)
+          m->ops[o].out_leaves_segment = true;
+        if (io->writes & out)
+          break;
+      }
+    }
+  }
+}
+
 static void build_segments(struct builder *b) {
   struct model *m = b->m;
   GArray *segs = g_array_new(FALSE, TRUE, sizeof(struct model_segment));
@@ -471,6 +515,7 @@ static void build_segments(struct builder *b) {
     s->bwd_scratch_bytes = add(b, s->bwd_scratch_bytes, op->bwd_scratch_bytes);
   }
   segments_fwd_outputs(b, segs);
+  segments_norm_outputs(b, segs);
   /* Whole-model totals must fit too (callers sum segments). */
   uint64_t params = 0, saved = 0;
   for (guint i = 0; i < segs->len; i++) {

@@ -50,6 +50,23 @@ const char *model_op_kind_name(enum model_op_kind k) {
   return (unsigned)k < MODEL_OP_KIND_COUNT ? names[k] : "unknown";
 }
 
+static const char *const module_names[MODEL_MODULE_COUNT] = {
+    "core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj",
+};
+
+const char *model_module_name(enum model_module k) {
+  return (unsigned)k < MODEL_MODULE_COUNT ? module_names[k] : "unknown";
+}
+
+bool model_module_parse(const char *name, enum model_module *out) {
+  for (int k = 0; k < MODEL_MODULE_COUNT; k++)
+    if (strcmp(name, module_names[k]) == 0) {
+      *out = (enum model_module)k;
+      return true;
+    }
+  return false;
+}
+
 int model_tag_index(const struct model *m, const char *name) {
   for (uint32_t i = 0; i < m->n_tags; i++)
     if (strcmp(m->tag_names[i], name) == 0)

@@ -60,6 +60,27 @@ enum model_op_kind {
   MODEL_OP_KIND_COUNT
 };
 
+/* Megatron's --recompute-modules, what selective recomputation may rerun (docs/memory.md):
+ *   CORE_ATTN       attention's core: its output and log-sum-exp, rebuilt from q, k, v;
+ *   LAYERNORM       a decoder layer's RMSNorm output, which the op it feeds keeps (attention,
+ *                   MLP, router), rebuilt from the norm's kept input and its weight;
+ *   MLP             a dense SwiGLU MLP's gate, up and silu(gate)·up, rebuilt from its input;
+ *   MOE_ACT         the routed experts' silu(gate)·up rows, from their gate and up;
+ *   MOE             the routed experts whole: their segment recomputed in full;
+ *   SHARED_EXPERTS  the shared experts' gate, up and silu(gate)·up;
+ *   MLA_UP_PROJ     MLA's q, k, v, rebuilt from the kept latents by the up-projections. */
+enum model_module {
+  MODEL_MODULE_CORE_ATTN,
+  MODEL_MODULE_LAYERNORM,
+  MODEL_MODULE_MLP,
+  MODEL_MODULE_MOE_ACT,
+  MODEL_MODULE_MOE,
+  MODEL_MODULE_SHARED_EXPERTS,
+  MODEL_MODULE_MLA_UP_PROJ,
+  MODEL_MODULE_COUNT
+};
+#define MODEL_MODULE_BIT(k) (1u << (k))
+
 /* Costs are per micro-batch on one device holding the whole op (no sharding). */
 struct model_op {
   enum model_op_kind kind;
@@ -79,10 +100,15 @@ struct model_op {
   /* what F holds only while the op's layer runs: its scratch, and its output when a later op
    * of its segment reads it and nothing keeps it (segment fwd_work_bytes is their sum) */
   uint64_t fwd_work_bytes;
-  /* attention ops: the core (QK^T, softmax, PV) alone, what selective recomputation reruns
-   * (forward FLOPs) and what it stops saving (core output and logsumexp) */
-  double core_flops_fwd;
-  uint64_t core_saved_bytes;
+  /* Selective recomputation of module k (enum model_module) on this op: what a forward stops
+   * saving, what its rerun computes (forward FLOPs) and holds only while it runs. 0 where
+   * the op has no part of the module. */
+  uint64_t module_saved_bytes[MODEL_MODULE_COUNT];
+  double module_flops_fwd[MODEL_MODULE_COUNT];
+  uint64_t module_rerun_work_bytes[MODEL_MODULE_COUNT];
+  /* its output is read by a later segment too (a norm's, by the experts' segment): what
+   * layernorm recomputation drops of it is the kept copy, not a transient of F */
+  bool out_leaves_segment;
 };
 
 /* A data edge between segments of one micro-batch's forward pass (backward runs it reversed,
@@ -178,6 +204,10 @@ cJSON *model_to_json(const struct model *m);
 size_t model_dtype_bytes(enum model_dtype d);
 const char *model_dtype_name(enum model_dtype d);
 const char *model_op_kind_name(enum model_op_kind k);
+/* "core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj". */
+const char *model_module_name(enum model_module k);
+/* The module named name; false when none is. */
+bool model_module_parse(const char *name, enum model_module *out);
 /* Tag index of name, or -1. */
 int model_tag_index(const struct model *m, const char *name);
 /* Totals over the whole model, one micro-batch. */

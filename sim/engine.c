@@ -300,9 +300,9 @@ struct cost_key {
   uint32_t segment, pass, shard;
 };
 
-/* A compute node's cost. A rerun under recompute costs its forward (full), or the attention
- * core's share of it (selective: the core's FLOPs over the segment's forward FLOPs, the
- * profile having no separate entry for the core). */
+/* A compute node's cost. A rerun under recompute costs its forward (full), or its modules'
+ * share of it (selective: their forward FLOPs over the segment's, the profile having no
+ * separate entry for a module). */
 static struct profile_cost compute_cost(const struct profile *prof, const struct model *m,
                                         const struct ir_node *n) {
   if (n->segment >= m->n_segments)
@@ -314,10 +314,8 @@ static struct profile_cost compute_cost(const struct profile *prof, const struct
                                                    n->tp_degree, n->sequence_parallel);
   if (n->recompute == IR_RECOMPUTE_SELECTIVE) {
     const struct model_segment *s = &m->segments[n->segment];
-    double core = 0;
-    for (uint32_t o = s->op_first; o < s->op_first + s->op_count; o++)
-      core += m->ops[o].core_flops_fwd;
-    pc.seconds *= s->flops_fwd > 0 ? core / s->flops_fwd : 0;
+    double rerun = ir_segment_module_flops(m, n->segment, n->recompute_modules);
+    pc.seconds *= s->flops_fwd > 0 ? rerun / s->flops_fwd : 0;
   }
   return pc;
 }
@@ -352,9 +350,13 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     const struct ir_node *n = &p->nodes[in->node];
     if (n->kind == IR_NODE_COMPUTE) {
       /* costs depend on (segment, pass, shard) only; many micro-batches share them */
-      /* selective reruns cost only the attention core: a pass of their own */
-      uint64_t pass = n->pass == IR_PASS_R && n->recompute == IR_RECOMPUTE_SELECTIVE ? 15 : n->pass;
-      uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^
+      /* selective reruns cost only their modules: a pass of their own, per module set */
+      bool sel = n->pass == IR_PASS_R && n->recompute == IR_RECOMPUTE_SELECTIVE;
+      uint64_t pass = sel ? 15 : n->pass;
+      uint64_t modules = sel && n->recompute_modules != IR_RECOMPUTE_MODULES_DEFAULT
+                             ? (uint64_t)(n->recompute_modules & 0x7f) << 45
+                             : 0;
+      uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^ modules ^
                      (uint64_t)(n->shard_degree & 0xfffff) ^
                      ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
                      ((uint64_t)n->sequence_parallel << 63);

@@ -554,6 +554,8 @@ PLANS=(
   "uneven-pp2|2|--layout pp=2,stage-layers=1+3 --schedule 1f1b --mbs 8"
   "interleaved-m5|2|--layout pp=2,interleave=2 --schedule interleaved_1f1b --mbs 5 --microbatch-group 3"
   "recompute-full-pp2-dp2-ep2|4|--layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
+  "recompute-uniform1-pp2|2|--layout pp=2,recompute=full:uniform:1 --schedule 1f1b --mbs 4"
+  "recompute-modules-pp2|2|--layout pp=2,recompute=selective:core_attn+layernorm+moe:uniform:1 --schedule 1f1b --mbs 4"
   "pp2-tp2-sp|4|--layout pp=2,tp=2,sp --schedule 1f1b --mbs 4"
   "dp2-ep2-tp2-sp|4|--layout pp=1,dp=2,ep=2,tp=2,sp --mbs 4"
 )

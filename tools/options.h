@@ -94,9 +94,10 @@ void options_print_version(const struct option_program *p);
   {.name = "--layout", .kind = OPTION_STRING, .offset = offsetof(T, m.layout), .metavar = "SPEC", \
    .help = "instead of --directives: place/replicate/shard generated from\n"                    \
            "pp=N,dp=N,ep=N (1 or dp),v | interleave=N,zero=1|2|3,\n"                          \
-           "tp=N,sp,recompute=full|selective (PP regions follow;\n"                              \
-           "uneven: first-stage-layers=N,last-stage-layers=N |\n"                               \
-           "stage-layers=A+B+..., account-for-embedding,account-for-loss)"},                     \
+           "tp=N,sp,recompute[@A-B]=full[:uniform|block:N]|selective[:M+M]\n"              \
+           "(PP regions follow; uneven: first-stage-layers=N,\n"                               \
+           "last-stage-layers=N | stage-layers=A+B+...,\n"                                      \
+           "account-for-embedding,account-for-loss)"},                                           \
   {.name = "--schedule", .kind = OPTION_STRING, .offset = offsetof(T, m.schedule),               \
    .metavar = "NAME",                                                                            \
    .help = "build the order directives for R ranks and M micro-batches: gpipe,\n"                \

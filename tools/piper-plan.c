@@ -15,7 +15,7 @@
 #include "sweep.h"
 
 struct plan_cli {
-  const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp, *tp;
+  const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp, *tp, *recompute;
   uint32_t devices, global_batch, max_interleave, threads, top;
   double memory_cap_gib;
   bool force, no_charts, quiet;
@@ -49,6 +49,9 @@ static const struct option_spec options[] = {
     {.name = "--schedules", .kind = OPTION_STRING, PLAN_OPTION(schedules), .metavar = "LIST",
      .help = "schedule families to try where they apply (default: gpipe, 1f1b,\n"
              "zerobubble, interleaved_1f1b, zbv, dualpipev)"},
+    {.name = "--recompute", .kind = OPTION_STRING, PLAN_OPTION(recompute), .metavar = "LIST",
+     .help = "recomputation to try with each layout, e.g. none,selective,full:uniform:1\n"
+             "(none, selective, full, full:uniform:N, full:block:N; default none)"},
     {.name = "--max-interleave", .kind = OPTION_U32, PLAN_OPTION(max_interleave), .lo = 1,
      .hi = 64, .metavar = "V", .help = "interleaved 1F1B with 2 .. V stages per rank (default 2)"},
     {.name = "--threads", .kind = OPTION_U32, PLAN_OPTION(threads), .lo = 1, .hi = 1024,
@@ -107,6 +110,22 @@ static bool parse_list(const char *list, uint32_t hi, uint32_t **out, uint32_t *
   return ok;
 }
 
+/* "none,selective,full:uniform:1" into the request's recompute values, each checked as a
+ * --layout recompute= value would be; *items owns the strings (g_strfreev). */
+static bool parse_recompute(const char *list, struct planner_request *rq, gchar ***items) {
+  *items = g_strsplit(list, ",", -1);
+  rq->n_recompute = g_strv_length(*items);
+  rq->recompute = (const char *const *)*items;
+  bool ok = rq->n_recompute > 0;
+  for (gchar **it = *items; ok && *it; it++) {
+    g_strstrip(*it);
+    struct layout l;
+    g_autofree char *spec = g_strdup_printf("pp=1,recompute=%s", *it);
+    ok = strcmp(*it, "none") == 0 || layout_parse(spec, &l, NULL);
+  }
+  return ok;
+}
+
 /* "zbv,1f1b" into the request's family switches; the name at fault in *bad. */
 static bool parse_schedules(const char *list, struct planner_request *rq, char **bad) {
   for (int f = 0; f < SCHED_FAMILY_COUNT; f++)
@@ -127,7 +146,7 @@ static bool parse_schedules(const char *list, struct planner_request *rq, char *
 
 /* The request from the command line; OPTIONS_CONTINUE, or the usage error's exit status. */
 static int build_request(const struct plan_cli *a, struct planner_request *rq, int64_t **sizes,
-                         uint32_t **pps, uint32_t **tps) {
+                         uint32_t **pps, uint32_t **tps, gchar ***recompute) {
   if (!a->model || !a->devices || !a->profile || !a->global_batch)
     return piper_usage_error(program.name, "%s",
                              "give --model FILE, --devices N, --profile FILE and --global-batch SEQ");
@@ -170,6 +189,11 @@ static int build_request(const struct plan_cli *a, struct planner_request *rq, i
                                a->tp);
     rq->tp = *tps;
   }
+  if (a->recompute && !parse_recompute(a->recompute, rq, recompute))
+    return piper_usage_error(program.name,
+                             "--recompute: \"%s\" is not a list of none, selective, full, "
+                             "full:uniform:N, full:block:N",
+                             a->recompute);
   char *bad = NULL;
   if (a->schedules && !parse_schedules(a->schedules, rq, &bad)) {
     int rc = piper_usage_error(program.name,
@@ -244,12 +268,14 @@ static int run_plan(const struct plan_cli *a, const char *dir) {
   struct planner_request rq;
   int64_t *sizes = NULL;
   uint32_t *pps = NULL, *tps = NULL;
-  int rc = build_request(a, &rq, &sizes, &pps, &tps);
+  gchar **recompute = NULL;
+  int rc = build_request(a, &rq, &sizes, &pps, &tps, &recompute);
   GError *err = NULL;
   struct planner *pl = rc == OPTIONS_CONTINUE ? planner_new(&rq, &err) : NULL;
   g_free(sizes);
   g_free(pps);
   g_free(tps);
+  g_strfreev(recompute);
   if (rc != OPTIONS_CONTINUE)
     return rc;
   if (!pl)

@@ -221,10 +221,12 @@ static void skip(struct space *s, const char *reason) {
 
 /* One configuration at the end of the enumeration. */
 static void add_config(struct space *s, const struct layout *l, const char *spec,
-                       const struct planner_memory_choice *mc, enum sched_family family,
-                       int64_t mbs, uint32_t microbatches) {
+                       const struct planner_memory_choice *mc, const char *recompute,
+                       enum sched_family family, int64_t mbs, uint32_t microbatches) {
   struct planner_config c = {0};
-  c.layout = g_strdup_printf("%s%s", spec, mc->layout_suffix);
+  c.layout = strcmp(recompute, "none") == 0
+                 ? g_strdup_printf("%s%s", spec, mc->layout_suffix)
+                 : g_strdup_printf("%s%s,recompute=%s", spec, mc->layout_suffix, recompute);
   c.schedule = family;
   c.microbatches = microbatches;
   c.micro_batch_size = mbs;
@@ -251,14 +253,18 @@ static void add_layout(struct space *s, const struct layout *l, const char *spec
               "micro-batches per replica");
       continue;
     }
+    static const char *const no_recompute[] = {"none"};
+    const char *const *rc = rq->recompute ? rq->recompute : no_recompute;
+    uint32_t n_rc = rq->recompute ? rq->n_recompute : 1;
     for (uint32_t z = 0; z < planner_n_memory_choices; z++) {
       if (l->dp < planner_memory_choices[z].min_dp)
         continue;
-      for (size_t t = 0; t < G_N_ELEMENTS(schedule_table); t++)
-        if (schedule_table[t].shape == l->shape && l->pp >= schedule_table[t].min_pp &&
-            rq->schedules[schedule_table[t].family])
-          add_config(s, l, spec, &planner_memory_choices[z], schedule_table[t].family, mbs,
-                     (uint32_t)(rq->global_batch / per_step));
+      for (uint32_t r = 0; r < n_rc; r++)
+        for (size_t t = 0; t < G_N_ELEMENTS(schedule_table); t++)
+          if (schedule_table[t].shape == l->shape && l->pp >= schedule_table[t].min_pp &&
+              rq->schedules[schedule_table[t].family])
+            add_config(s, l, spec, &planner_memory_choices[z], rc[r], schedule_table[t].family,
+                       mbs, (uint32_t)(rq->global_batch / per_step));
     }
   }
   s->pl->n_layouts += s->configs->len > before;
@@ -428,6 +434,7 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
     describe_skips(&s);
     pl->request.micro_batch_sizes = NULL; /* the caller's arrays (or `own`): not kept */
     pl->request.pp = NULL;
+    pl->request.recompute = NULL;
     pl->memory_cap_bytes = rq->memory_cap_gib > 0 ? rq->memory_cap_gib * (double)(1ull << 30)
                                                   : (double)pl->profile->memory_capacity;
     if (s.configs->len == 0) {

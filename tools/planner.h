@@ -33,8 +33,8 @@
 #include "../sim/profile.h"
 
 /* A memory choice is one row: its name, what it adds to the layout spec, the smallest data
- * parallel degree it means something at. ZeRO-1 or recomputation is one more row once the
- * layout generator knows the key. */
+ * parallel degree it means something at. ZeRO-1 is one more row once wanted. Recomputation is
+ * a second axis (planner_request.recompute): each memory choice with each of its values. */
 struct planner_memory_choice {
   const char *name;
   const char *layout_suffix; /* appended to "pp=..,dp=..": ",zero=2" */
@@ -109,6 +109,10 @@ struct planner_request {
   uint32_t threads;         /* 0: one per core */
   bool progress;
   bool schedules[SCHED_FAMILY_COUNT]; /* families to try where they apply */
+  /* recomputation to try with each memory choice: --layout recompute= values ("none",
+   * "selective", "full", "full:uniform:N", "full:block:N"); NULL: none only */
+  const char *const *recompute;
+  uint32_t n_recompute;
   bool collapse;
 };
 struct planner_request planner_request_default(void);

@@ -45,6 +45,10 @@ for g in full selective; do
   recompute $g "$T/one8.json" "$T/one8_$g.json"
 done
 split $BS/dp2.json 4 "$T/dp2_4.json"
+# tiny-moe with a shared expert (n_shared_experts), for selective recomputation of it
+SHARED=$T/tiny-moe-shared.json
+python3 -c "import json, sys; d = json.load(open(sys.argv[1])); d['n_shared_experts'] = 1
+json.dump(d, open(sys.argv[2], 'w'))" $MOE "$SHARED"
 # name processes model args... Expert-parallel plans are asserted like the others: every
 # buffer of routed rows on the experts' side is allocated at the capacity the plan states
 # (capacity_factor on shard, ir/expert.c), not at what the routing sends, and the routing
@@ -92,6 +96,16 @@ plans=(
   "tp2_rc_sel 4 $DENSE --layout pp=2,tp=2,recompute=selective --schedule 1f1b --mbs 4"
   "tp2_sp_rc_full 4 $DENSE --layout pp=2,tp=2,sp,recompute=full --schedule 1f1b --mbs 4"
   "ep_rc_full 4 $MOE --layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"
+  # Megatron's methods, chunks cut at layer boundaries, and a different choice per stage
+  "rc_uniform1_one 1 $DENSE --pp-regions 1 --layout pp=1,recompute=full:uniform:1 --mbs 8"
+  "rc_uniform3_pp2 2 $DENSE --layout pp=2,recompute=full:uniform:3 --schedule 1f1b --mbs 8"
+  "rc_block1_moe 2 $MOE --layout pp=2,recompute=full:block:1 --schedule 1f1b --mbs 8"
+  "rc_per_stage 2 $DENSE --layout pp=2,recompute@0=full:block:2,recompute@1=selective --schedule 1f1b --mbs 8"
+  # selective recomputation of named modules (Megatron's --recompute-modules)
+  "rc_modules_pp2 2 $DENSE --layout pp=2,recompute=selective:core_attn+layernorm+mlp --schedule 1f1b --mbs 8"
+  "rc_layernorm_one 1 $DENSE --pp-regions 1 --layout pp=1,recompute=selective:layernorm --mbs 8"
+  "rc_modules_moe 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8"
+  "rc_modules_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
   # experts under TP: local (their slices' rows and outputs [T x top_k, hidden] whole, the gate
   # and up of F / TP), with SP, and EP 2 with TP 2 inside (routed rows at the plan's capacity)
   "moe_tp2 2 $MOE --layout pp=1,tp=2 --mbs 4"

@@ -48,6 +48,14 @@ fi
 "$PLAN" "${small[@]}" --pp 4 --memory-cap 0.000001 --out "$tmp/cap" > "$tmp/stdout" 2>/dev/null \
   && grep -q "no configuration fits" "$tmp/stdout" && grep -q ',over_memory_cap,.*over the cap of' "$tmp/cap/plan.csv" \
   && ok "over the cap: marked with the reason" || fail "cap: $(cat "$tmp/stdout")"
+# --recompute is a second axis: each layout with and without per-layer recomputation; under a
+# cap that only recomputing configurations meet (0.0019 to 0.0022 GiB here, 0.0032 without),
+# the best recomputes
+"$PLAN" "${small[@]}" --pp 4 --recompute none,full:uniform:1 --memory-cap 0.0025 --out "$tmp/rc" \
+  > /dev/null 2>&1 && [ "$(wc -l < "$tmp/rc/plan.csv")" -eq 13 ] \
+  && sed -n 2p "$tmp/rc/plan.csv" | grep -q '^1,ok,[a-z_0-9]*,"pp=4,dp=1,ep=1,.*recompute=full:uniform:1",' \
+  && ok "--recompute: 12 configurations, the best within the cap recomputes" \
+  || fail "--recompute: $(head -3 "$tmp/rc/plan.csv")"
 
 # 2. bad input: exit 2, one line
 expect_input_error() {  # expect_input_error PROGRAM WHAT-IN-MESSAGE ARGS...
@@ -64,6 +72,7 @@ expect_input_error piper-plan "give --model FILE" --devices 4
 expect_input_error piper-plan "--devices" "${small[@]}" --devices 0
 expect_input_error piper-plan "--schedules: \"dualpipe\"" "${small[@]}" --schedules 1f1b,dualpipe
 expect_input_error piper-plan "--micro-batch-sizes" "${small[@]}" --micro-batch-sizes 1,x
+expect_input_error piper-plan "--recompute: \"none,full:block:0\"" "${small[@]}" --recompute none,full:block:0
 expect_input_error piper-plan "--pp" "${small[@]}" --pp 0
 expect_input_error piper-plan "no layout of 4 devices fits.*not a whole number" "${small[@]}" --global-batch 3
 expect_input_error piper-plan "nope.json" "${small[@]}" --profile profiles/nope.json

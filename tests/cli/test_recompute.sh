@@ -7,7 +7,8 @@
 # over 2 ranks, one device (every forward before every backward), tiny-moe 1F1B over 2 ranks
 # (local experts, rerun too), tiny-moe PP 2 x DP 2 x EP 2 (the experts' rerun under expert
 # parallelism, with the rerun's own dispatch and combine), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters),
-# DualPipeV on tiny-moe with EP, and PP 2 x TP 2 with and without SP (R's collectives); each under full and selective recomputation. And the
+# DualPipeV on tiny-moe with EP, and PP 2 x TP 2 with and without SP (R's collectives); each under full and selective recomputation, and full per layer
+# (Megatron's methods: uniform chunks of 1 layer, block of each stage's first layer). And the
 # executor's own peak of activations drops: full below selective below none on the one-device
 # plan (memory agreement with piper-sim is tests/cli/test_memory.sh's).
 set -u
@@ -26,7 +27,42 @@ ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 if ! command -v mpirun >/dev/null || ! "$PE" --list-backends | grep -q "MPI"; then
   bad "mpirun or piper-exec's MPI support is missing"
-  echo "test_recompute.sh: $pass passed, $failed failed"
+  # Selective recomputation of named modules (Megatron's --recompute-modules): norm outputs, MLP
+# and shared-expert activations dropped by F and rebuilt by R, bit-identical to storing them,
+# under 1F1B, zero-bubble (R before BI) and ZeRO-3 (R reads the gathered parameters); "moe"
+# reruns the local experts' segments in full. Each drops activations (one device, below none).
+SHARED=$T/tiny-moe-shared.json
+python3 -c "import json, sys; d = json.load(open(sys.argv[1])); d['n_shared_experts'] = 1
+json.dump(d, open(sys.argv[2], 'w'))" $MOE "$SHARED"
+mods=(
+  "dense_pp2 2 $DENSE --layout pp=2,recompute=selective:core_attn+layernorm+mlp --schedule 1f1b --mbs 8"
+  "dense_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
+  "dense_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective:layernorm --schedule 1f1b --mbs 4"
+  "one_dense_none 1 $DENSE --pp-regions 2 --directives $T/one8_modules.json"
+)
+run moe_shared 2 "$SHARED" --layout pp=2 --schedule 1f1b --mbs 8 &&
+  mods+=("moe_shared 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8")
+for p in "${mods[@]}"; do
+  read -r -a w <<<"$p"
+  run "${w[0]}_modules" "${w[1]}" "${w[2]}" "${w[@]:3}" && same "${w[0]}_modules" "${w[0]}"
+done
+if [ -s "$T/one_dense_none_modules.params" ]; then
+  a=$(activations "$T/one_dense_none") s=$(activations "$T/one_dense_selective") m=$(activations "$T/one_dense_none_modules")
+  [ "$m" -lt "$s" ] && ok || bad "one device: activations at the peak: selective $s, core_attn+layernorm+mlp $m (want fewer)"
+fi
+# what the executor cannot rerun is refused in one error line (exit 2): moe_act needs a kernel of
+# its own; modules besides the attention core under tensor parallelism
+refused() {
+  local want=$1
+  shift
+  "$PE" --backend host --warmup 0 --iters 1 --quiet --no-charts --out "$T/refused" "$@" >"$T/refused.log" 2>&1
+  local rc=$?
+  [ $rc -eq 2 ] && [ "$(grep -c 'error:' "$T/refused.log")" -eq 1 ] && grep -q "error: .*$want" "$T/refused.log" && ok ||
+    bad "want exit 2 and one line with '$want', got $rc: $(cat "$T/refused.log")"
+}
+refused 'recomputation of "moe_act" has no kernel on the host backend' --model $MOE --layout pp=1,recompute=selective:moe_act --mbs 2
+refused 'other than core_attn under tensor parallelism' --model $DENSE --layout tp=2,recompute=selective:layernorm --mbs 2
+echo "test_recompute.sh: $pass passed, $failed failed"
   exit 1
 fi
 DENSE=models/tiny-dense.json
@@ -37,6 +73,8 @@ MOE=models/tiny-moe.json
 one8() { python3 -c "
 import json, sys
 d = [] if sys.argv[1] == 'none' else [{'op': 'recompute', 'filter': {}, 'granularity': sys.argv[1]}]
+if sys.argv[1] == 'modules':
+    d = [{'op': 'recompute', 'filter': {}, 'granularity': 'selective', 'modules': ['core_attn', 'layernorm', 'mlp']}]
 d.append({'op': 'split', 'filter': {}, 'dim_name': 'MB', 'num_microbatches': 8})
 json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"; }
 
@@ -64,7 +102,7 @@ same() {
 # the executor's activations at its peak on device 0
 activations() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['devices'][0]['memory_breakdown_bytes']['activations'])" "$1/metrics.json"; }
 
-for g in none full selective; do
+for g in none full selective modules; do
   one8 $g "$T/one8_$g.json"
 done
 # name NP MODEL LAYOUT-ARGS: the reference runs with the layout as given, each variant with
@@ -83,12 +121,14 @@ for p in "${plans[@]}"; do
   read -r -a w <<<"$p"
   name=${w[0]} np=${w[1]} model=${w[2]} args=("${w[@]:3}")
   run "$name" "$np" "$model" "${args[@]}" || continue
-  for g in full selective; do
+  # the last: stage 0 per layer, stage 1 selective (the other stages of a V none)
+  for g in =full =selective =full:uniform:1 =full:block:1 @0=full:uniform:1,recompute@1=selective; do
     rargs=()
     for a in "${args[@]}"; do
-      case $a in pp=*) rargs+=("$a,recompute=$g") ;; *) rargs+=("$a") ;; esac
+      case $a in pp=*) rargs+=("$a,recompute$g") ;; *) rargs+=("$a") ;; esac
     done
-    run "${name}_$g" "$np" "$model" "${rargs[@]}" && same "${name}_$g" "$name"
+    v=$(echo "$g" | tr -c 'a-z0-9\n' _)
+    run "${name}$v" "$np" "$model" "${rargs[@]}" && same "${name}$v" "$name"
   done
 done
 
@@ -105,5 +145,40 @@ for m in dense moe; do
       bad "one device ($m): activations at the peak: none $a, selective $s, full $f (want full < selective < none)"
   fi
 done
+# Selective recomputation of named modules (Megatron's --recompute-modules): norm outputs, MLP
+# and shared-expert activations dropped by F and rebuilt by R, bit-identical to storing them,
+# under 1F1B, zero-bubble (R before BI) and ZeRO-3 (R reads the gathered parameters); "moe"
+# reruns the local experts' segments in full. Each drops activations (one device, below none).
+SHARED=$T/tiny-moe-shared.json
+python3 -c "import json, sys; d = json.load(open(sys.argv[1])); d['n_shared_experts'] = 1
+json.dump(d, open(sys.argv[2], 'w'))" $MOE "$SHARED"
+mods=(
+  "dense_pp2 2 $DENSE --layout pp=2,recompute=selective:core_attn+layernorm+mlp --schedule 1f1b --mbs 8"
+  "dense_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
+  "dense_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective:layernorm --schedule 1f1b --mbs 4"
+  "one_dense_none 1 $DENSE --pp-regions 2 --directives $T/one8_modules.json"
+)
+run moe_shared 2 "$SHARED" --layout pp=2 --schedule 1f1b --mbs 8 &&
+  mods+=("moe_shared 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8")
+for p in "${mods[@]}"; do
+  read -r -a w <<<"$p"
+  run "${w[0]}_modules" "${w[1]}" "${w[2]}" "${w[@]:3}" && same "${w[0]}_modules" "${w[0]}"
+done
+if [ -s "$T/one_dense_none_modules.params" ]; then
+  a=$(activations "$T/one_dense_none") s=$(activations "$T/one_dense_selective") m=$(activations "$T/one_dense_none_modules")
+  [ "$m" -lt "$s" ] && ok || bad "one device: activations at the peak: selective $s, core_attn+layernorm+mlp $m (want fewer)"
+fi
+# what the executor cannot rerun is refused in one error line (exit 2): moe_act needs a kernel of
+# its own; modules besides the attention core under tensor parallelism
+refused() {
+  local want=$1
+  shift
+  "$PE" --backend host --warmup 0 --iters 1 --quiet --no-charts --out "$T/refused" "$@" >"$T/refused.log" 2>&1
+  local rc=$?
+  [ $rc -eq 2 ] && [ "$(grep -c 'error:' "$T/refused.log")" -eq 1 ] && grep -q "error: .*$want" "$T/refused.log" && ok ||
+    bad "want exit 2 and one line with '$want', got $rc: $(cat "$T/refused.log")"
+}
+refused 'recomputation of "moe_act" has no kernel on the host backend' --model $MOE --layout pp=1,recompute=selective:moe_act --mbs 2
+refused 'other than core_attn under tensor parallelism' --model $DENSE --layout tp=2,recompute=selective:layernorm --mbs 2
 echo "test_recompute.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

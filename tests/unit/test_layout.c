@@ -65,10 +65,31 @@ static void test_shapes(void **state) {
   l = parse("pp=4,dp=2,tp=8,sp"); /* a rank holds dp x tp devices */
   assert_int_equal(layout_devices(&l), 64);
   assert_true(l.sequence_parallel);
-  assert_int_equal(l.recompute, IR_RECOMPUTE_NONE);
+  assert_int_equal(l.n_recompute, 0);
   l = parse("pp=2,dp=2,zero=1,recompute=selective");
   assert_int_equal(l.zero, 1);
-  assert_int_equal(l.recompute, IR_RECOMPUTE_SELECTIVE);
+  assert_int_equal(l.n_recompute, 1);
+  assert_int_equal(l.recompute[0].granularity, IR_RECOMPUTE_SELECTIVE);
+  assert_true(l.recompute[0].all_stages);
+  l = parse("pp=4,recompute@0-2=full:uniform:2,recompute@3=full:block:1");
+  assert_int_equal(l.n_recompute, 2);
+  assert_int_equal(l.recompute[0].method, DIR_RECOMPUTE_UNIFORM);
+  assert_int_equal(l.recompute[0].num_layers, 2);
+  assert_int_equal(l.recompute[0].first_stage, 0);
+  assert_int_equal(l.recompute[0].last_stage, 2);
+  assert_false(l.recompute[0].all_stages);
+  assert_int_equal(l.recompute[1].method, DIR_RECOMPUTE_BLOCK);
+  assert_int_equal(l.recompute[1].first_stage, 3);
+  assert_int_equal(l.recompute[1].last_stage, 3);
+  l = parse("pp=2,recompute=selective:layernorm+mla_up_proj:uniform:1");
+  assert_int_equal(l.recompute[0].granularity, IR_RECOMPUTE_SELECTIVE);
+  assert_int_equal(l.recompute[0].modules, MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM) |
+                                               MODEL_MODULE_BIT(MODEL_MODULE_MLA_UP_PROJ));
+  assert_int_equal(l.recompute[0].method, DIR_RECOMPUTE_UNIFORM);
+  assert_int_equal(l.recompute[0].num_layers, 1);
+  l = parse("pp=2,recompute=selective:block:3");
+  assert_int_equal(l.recompute[0].modules, 0);
+  assert_int_equal(l.recompute[0].method, DIR_RECOMPUTE_BLOCK);
 }
 
 /* Each layout compiles with the model and gives the devices and pipeline ranks it promises. */
@@ -84,6 +105,8 @@ static void test_layouts_compile(void **state) {
       {"pp=4,dp=2,zero=3", "models/tiny-dense.json", "zerobubble", 4},
       {"pp=2,dp=2,zero=1,recompute=full", "models/tiny-dense.json", "1f1b", 4},
       {"pp=2,dp=2,ep=2,recompute=selective", "models/tiny-moe.json", "1f1b", 4},
+      {"pp=2,recompute@0=full:uniform:1,recompute@1=selective", "models/tiny-dense.json", "1f1b", 4},
+      {"pp=2,dp=2,ep=2,recompute=full:block:1", "models/tiny-moe.json", "1f1b", 4},
       {"dp=4,ep=4", "models/tiny-moe.json", NULL, 2},
       {"pp=1", "models/tiny-dense.json", NULL, 1},
       {"pp=2,dp=2,ep=2,tp=2,sp", "models/tiny-moe.json", "1f1b", 4},
@@ -136,7 +159,19 @@ static void test_bad_specs(void **state) {
       {"pp=2,dp=4,ep=2", "ep must be 1 or equal to dp (4)"},
       {"pp=2,interleave=2,v", "interleave and v exclude each other"},
       {"pp=2,zero=1", "zero=1 needs dp of at least 2"}, /* ZeRO-1 itself is accepted */
-      {"pp=2,recompute=all", "\"recompute\" must be full or selective"},
+      {"pp=2,recompute=all", "\"recompute=all\" must be full, full:uniform:N"},
+      {"pp=2,recompute=full:uniform", "must be full, full:uniform:N"},
+      {"pp=2,recompute=full:stripes:2", "must be full, full:uniform:N"},
+      {"pp=2,recompute=full:block:0", "must be full, full:uniform:N"},
+      {"pp=2,recompute=selective:uniform", "must be full, full:uniform:N"},
+      {"pp=2,recompute=full:mlp", "must be full, full:uniform:N"},
+      {"pp=2,recompute=selective:mlp+mlp", "must be full, full:uniform:N"},
+      {"pp=2,recompute=selective:attn", "must be full, full:uniform:N"},
+      {"pp=2,recompute@2=full", "recompute@2-2 names a stage past the layout's 2"},
+      {"pp=2,recompute@1-0=full", "stages must be @A or @A-B with A <= B"},
+      {"pp=2,recompute@x=full", "stages must be @A or @A-B"},
+      {"pp=4,recompute@0-2=full,recompute@2-3=selective", "two recompute items cover one stage"},
+      {"pp=4,recompute=full,recompute@3=selective", "two recompute items cover one stage"},
       {"pp=2,zero=2", "zero=2 needs dp of at least 2"},
       {"pp=65536,dp=65536", "more than"},
       {"dp=x", "\"dp\" must be a whole number"},

@@ -30,6 +30,7 @@
  * model's kept bytes per micro-batch to the peak of saved activations. */
 #include "test-helpers.h"
 
+#include "../../base/json.h"
 #include "../../ir/plan.h"
 #include "../../kernels/kernels.h"
 #include "../../sim/sim.h"
@@ -259,9 +260,300 @@ static void test_attention_core_rerun(void **state) {
   g_free(da);
 }
 
+/* Compiles tiny-dense in 2 stages of 4 layers on one device, 2 micro-batches, under the given
+ * recompute directive(s) (JSON objects, comma-separated); NULL and *err set on refusal. */
+static struct plan *compile_layered(const char *recompute, GError **err) {
+  char *dir = test_tmp_dir("test_recompute-XXXXXX");
+  char *path = g_build_filename(dir, "program.json", NULL);
+  char *text = g_strdup_printf(
+      "[%s,{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":2}]", recompute);
+  test_write_file(path, text);
+  struct plan *p = compile_plan("models/tiny-dense.json", path, NULL, 2, err);
+  test_remove_tree(dir);
+  g_free(text);
+  g_free(path);
+  g_free(dir);
+  return p;
+}
+
+/* Megatron's methods, per stage of 4 layers (docs/directives.md, "recompute"): uniform N
+ * reruns chunks of N layers (the last one shorter), block N each of the first N layers (all of
+ * them past 4). Each rerun chunk's F keeps its input x (16,384 B) and its R rebuilds its
+ * layers' 214,528 B each; nothing else reruns (embedding, head, a block's stored rest). */
+static void test_layered_chunks(void **state) {
+  (void)state;
+  static const struct {
+    const char *method;
+    uint32_t n;
+    uint32_t chunk_layers[8]; /* per rerun chunk, in model order; 0 ends */
+  } cases[] = {
+      {"uniform", 1, {1, 1, 1, 1, 1, 1, 1, 1}},
+      {"uniform", 2, {2, 2, 2, 2}},
+      {"uniform", 3, {3, 1, 3, 1}},
+      {"uniform", 4, {4, 4}},
+      {"block", 1, {1, 1}},
+      {"block", 3, {1, 1, 1, 1, 1, 1}},
+      {"block", 9, {1, 1, 1, 1, 1, 1, 1, 1}},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    char *d = g_strdup_printf("{\"op\":\"recompute\",\"filter\":{},\"method\":\"%s\","
+                              "\"num_layers\":%u}",
+                              cases[k].method, cases[k].n);
+    GError *err = NULL;
+    struct plan *p = compile_layered(d, &err);
+    if (!p)
+      fail_msg("%s: %s", d, err->message);
+    uint32_t r = 0;
+    for (uint32_t seg = 0; seg < p->model->n_segments; seg++) {
+      struct layer_figures lf = layer_figures(p, seg);
+      if (lf.r_saved == 0)
+        continue;
+      uint32_t want = cases[k].chunk_layers[r++];
+      if (want == 0 || lf.r_saved != want * LAYER_SAVED || lf.f_saved != LAYER_INPUT)
+        fail_msg("%s: rerun %u keeps %llu B and rebuilds %llu B, want %u B and %u layers", d,
+                 r - 1, (unsigned long long)lf.f_saved, (unsigned long long)lf.r_saved,
+                 LAYER_INPUT, want);
+    }
+    if (r < G_N_ELEMENTS(cases[k].chunk_layers) && cases[k].chunk_layers[r] != 0)
+      fail_msg("%s: %u reruns, want more", d, r);
+    plan_free(p);
+    g_free(d);
+  }
+}
+
+/* Per stage: stage 0 uniform chunks of 2, stage 1 selective (attention cores). */
+static void test_layered_per_stage(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct plan *p = compile_layered(
+      "{\"op\":\"recompute\",\"filter\":{\"PP\":0},\"method\":\"uniform\",\"num_layers\":2},"
+      "{\"op\":\"recompute\",\"filter\":{\"PP\":1},\"granularity\":\"selective\"}",
+      &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  uint32_t full = 0, sel = 0;
+  for (uint32_t seg = 0; seg < p->model->n_segments; seg++) {
+    struct layer_figures lf = layer_figures(p, seg);
+    full += lf.r_saved == 2 * LAYER_SAVED && lf.f_saved == LAYER_INPUT;
+    sel += lf.r_saved > 0 && lf.r_saved % CORE == 0 && lf.r_saved < LAYER_SAVED;
+  }
+  assert_int_equal(full, 2);
+  assert_int_equal(sel, 1); /* stage 1 is one segment: its four cores rerun in one R */
+  plan_free(p);
+}
+
+static void test_layered_refusals(void **state) {
+  (void)state;
+  static const struct {
+    const char *d, *want;
+  } cases[] = {
+      {"{\"op\":\"recompute\",\"filter\":{},\"method\":\"uniform\"}",
+       "\"method\" and \"num_layers\" go together"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"num_layers\":0,\"method\":\"block\"}", "num_layers"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"method\":\"stripes\",\"num_layers\":1}",
+       "\"method\" = \"stripes\" must be \"uniform\" or \"block\""},
+      {"{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"full\",\"modules\":[\"mlp\"]}",
+       "\"modules\" applies to \"granularity\": \"selective\" only"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\",\"modules\":[\"mlp\","
+       "\"mlp\"]}",
+       "\"modules\" names \"mlp\" twice"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"granularity\":\"selective\",\"modules\":[\"attn\"]}",
+       "\"modules\": \"attn\" is not one of core_attn"},
+      {"{\"op\":\"recompute\",\"filter\":{\"EP\":\"*\"},\"method\":\"block\",\"num_layers\":1}",
+       "the filter may name PP only"},
+      {"{\"op\":\"recompute\",\"filter\":{},\"method\":\"block\",\"num_layers\":1},"
+       "{\"op\":\"recompute\",\"filter\":{\"PP\":1},\"method\":\"uniform\",\"num_layers\":1}",
+       "directives 0 and 1 (recompute) both cut stage 1's layers"},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    GError *err = NULL;
+    struct plan *p = compile_layered(cases[k].d, &err);
+    if (p || !err || err->code != PIPER_ERROR_INPUT || !strstr(err->message, cases[k].want))
+      fail_msg("%s: got \"%s\", want \"%s\"", cases[k].d, err ? err->message : "a plan",
+               cases[k].want);
+    g_error_free(err);
+  }
+}
+
+/* ---- Korthikanti et al. 2022, by hand, at real sizes --------------------------------------- */
+
+/* What one decoder layer keeps per token for its backward, in bytes, derived from the model's
+ * dimensions as Korthikanti et al. (2022, "Reducing Activation Recomputation in Large
+ * Transformer Models", section 4) count it, with this project's kept tensors (docs/memory.md):
+ * B = 2 (bf16), h hidden, H heads, KV key-value heads, D head dim, F the MLP's width.
+ *
+ * Llama-3 (GQA, SwiGLU), no tensor parallelism:
+ *   norm 1: its input x 2h, its rstd 4 (fp32)                                    2h + 4
+ *   attention: its input 2h, q 2HD, k and v 2 x 2 KV D, core output y 2HD,
+ *              log-sum-exp 4H (fp32; flash attention keeps no score matrix)       2h + 4HD + 4 KV D + 4H
+ *   norm 2                                                                        2h + 4
+ *   MLP: its input 2h, gate and up 4F, silu(gate) up 2F                           2h + 6F
+ *   S = 8h + 8 + 4HD + 4 KV D + 4H + 6F (Llama-3-8B: 139,400 B, 34.03 h: the paper's 34 sbh)
+ * Recomputation (what F keeps, what R rebuilds):
+ *   full: the layer's input x (2h, the paper's 2sbh per layer), R all of S;
+ *   selective core_attn: drops y and lse, 2HD + 4H (the paper's 5as/h term is the score
+ *     matrix, which a fused attention never keeps; what remains is its output);
+ *   layernorm: drops the two norm outputs the attention and MLP keep, 4h;
+ *   mlp: drops gate, up and silu(gate) up, 6F.
+ * Tensor parallelism t (Megatron): q, k, v, y, lse, gate, up, act divided by t; the norms'
+ * and the blocks' inputs replicated (8h + 8 whole); with sequence parallelism those too: S / t
+ * (the paper's 34 sbh / t). Full keeps x whole without SP, x / t with it.
+ *
+ * DeepSeek-V3 MoE layer (MLA with q_lora_rank ql, kv_lora_rank kvl, rope and nope head dims,
+ * v head dim Dv, qk = nope + rope; E routed experts, k per token, expert width Fe; shared
+ * experts' width Fs = Fe x n_shared), local experts (one device):
+ *   norm 1                                                                        2h + 4
+ *   MLA: its input 2h, latents c_q, [c_kv, k_rope] 2(ql + kvl + rope), q and k 2 x 2H qk,
+ *        v 2H Dv, core output 2H Dv, log-sum-exp 4H
+ *   norm 2                                                                        2h + 4
+ *   router: its input 2h, fp32 probabilities 4E, the routing (int32 id, fp32 weight) 8k
+ *   shared experts: gate, up, silu(gate) up (their input is the router's)         6Fs
+ *   routed experts: the routed rows 2kh, gate and up 4k Fe, the routing 8k, the expert
+ *        outputs 2kh (the routing weights' gradient), silu(gate) up 2k Fe, the
+ *        permutation (int32 row and expert) 8k                                   4kh + 6k Fe + 16k
+ * and: full keeps each segment's inputs (x; the experts' h and routing: 4h + 8k; the residual
+ * add after the experts saves nothing and is not rerun); layernorm drops 4h; mla_up_proj q, k,
+ * v, 2(2H qk + H Dv); moe_act 2k Fe; shared_experts 6Fs; moe reruns the experts' segment in
+ * full (it keeps h and the routing, 2h + 8k, for 4kh + 6k Fe + 16k). */
+struct hand {
+  const char *name, *recompute; /* the directive's granularity and modules, "" for none */
+  uint32_t tp;
+  bool sp;
+  double kept, rebuilt; /* per token per layer */
+};
+
+/* The model file with seq_len T, one micro-batch of one sequence, one layer per PP region. */
+static char *small_model(const char *dir, const char *path, int64_t T) {
+  GError *err = NULL;
+  cJSON *root = json_parse_file_strict(path, &err);
+  if (!root)
+    fail_msg("%s", err->message);
+  cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
+  int layers = cJSON_GetObjectItemCaseSensitive(root, "num_hidden_layers")->valueint;
+  cJSON_ReplaceItemInObjectCaseSensitive(piper, "seq_len", cJSON_CreateNumber((double)T));
+  cJSON_ReplaceItemInObjectCaseSensitive(piper, "micro_batch_size", cJSON_CreateNumber(1));
+  cJSON_ReplaceItemInObjectCaseSensitive(piper, "pp_regions", cJSON_CreateNumber(layers));
+  char *out = g_build_filename(dir, "model.json", NULL);
+  if (!json_write_file(out, root, &err))
+    fail_msg("%s", err->message);
+  cJSON_Delete(root);
+  return out;
+}
+
+/* F's kept and R's rebuilt bytes of decoder layer L (summed over its segments), device 0. */
+static void layer_plan(const char *model, const struct hand *c, int32_t L, uint64_t *kept,
+                       uint64_t *rebuilt) {
+  char *dir = test_tmp_dir("test_recompute-XXXXXX");
+  char *path = g_build_filename(dir, "program.json", NULL);
+  GString *t = g_string_new("[");
+  if (c->tp > 1)
+    g_string_append_printf(t, "{\"op\":\"place\",\"filter\":{},\"devices\":[0,1]},"
+                              "{\"op\":\"tensor_parallel\",\"filter\":{},\"degree\":%u%s},",
+                           c->tp, c->sp ? ",\"sequence_parallel\":true" : "");
+  if (c->recompute[0])
+    g_string_append_printf(t, "{\"op\":\"recompute\",\"filter\":{},%s},", c->recompute);
+  g_string_append(t, "{\"op\":\"split\",\"filter\":{},\"dim_name\":\"MB\",\"num_microbatches\":1}]");
+  test_write_file(path, t->str);
+  GError *err = NULL;
+  struct plan *p = compile_plan(model, path, NULL, 0, &err);
+  if (!p)
+    fail_msg("%s: %s", c->name, err->message);
+  *kept = *rebuilt = 0;
+  for (uint32_t seg = 0; seg < p->model->n_segments; seg++) {
+    const struct model_segment *sg = &p->model->segments[seg];
+    if (p->model->ops[sg->op_first].layer != L)
+      continue;
+    struct layer_figures lf = layer_figures(p, seg);
+    *kept += lf.f_saved;
+    *rebuilt += lf.r_saved;
+  }
+  plan_free(p);
+  test_remove_tree(dir);
+  g_string_free(t, TRUE);
+  g_free(path);
+  g_free(dir);
+}
+
+static void check_hand(const char *file, const struct hand *cases, size_t n, int32_t L, int64_t T) {
+  char *dir = test_tmp_dir("test_recompute-XXXXXX");
+  char *model = small_model(dir, file, T);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t kept, rebuilt;
+    layer_plan(model, &cases[i], L, &kept, &rebuilt);
+    if ((double)kept != cases[i].kept * (double)T || (double)rebuilt != cases[i].rebuilt * (double)T)
+      fail_msg("%s, %s: the plan keeps %.2f B and rebuilds %.2f B per token, by hand %.2f and %.2f",
+               file, cases[i].name, (double)kept / (double)T, (double)rebuilt / (double)T,
+               cases[i].kept, cases[i].rebuilt);
+  }
+  test_remove_tree(dir);
+  g_free(model);
+  g_free(dir);
+}
+
+static void test_llama3_layer_by_hand(void **state) {
+  (void)state;
+  /* Llama-3-8B (models/llama3-8b.json) */
+  const double h = 4096, H = 32, KV = 8, D = 128, F = 14336;
+  const double S = 8 * h + 8 + 4 * H * D + 4 * KV * D + 4 * H + 6 * F;
+  const double core = 2 * H * D + 4 * H, ln = 4 * h, mlp = 6 * F;
+  const double divided = 4 * H * D + 4 * KV * D + 4 * H + 6 * F, S2 = 8 * h + 8 + divided / 2;
+  assert_true(S == 139400); /* 34.03 h bytes per token per layer */
+  const struct hand cases[] = {
+      {"none", "", 1, false, S, 0},
+      {"full", "\"granularity\":\"full\"", 1, false, 2 * h, S},
+      {"core_attn", "\"granularity\":\"selective\"", 1, false, S - core, core},
+      {"layernorm", "\"granularity\":\"selective\",\"modules\":[\"layernorm\"]", 1, false, S - ln, ln},
+      {"mlp", "\"granularity\":\"selective\",\"modules\":[\"mlp\"]", 1, false, S - mlp, mlp},
+      {"core_attn+layernorm+mlp",
+       "\"granularity\":\"selective\",\"modules\":[\"core_attn\",\"layernorm\",\"mlp\"]", 1, false,
+       S - core - ln - mlp, core + ln + mlp},
+      {"tp2", "", 2, false, S2, 0},
+      {"tp2 full", "\"granularity\":\"full\"", 2, false, 2 * h, S2},
+      {"tp2 core_attn", "\"granularity\":\"selective\"", 2, false, S2 - core / 2, core / 2},
+      {"tp2 sp", "", 2, true, S / 2, 0},
+      {"tp2 sp full", "\"granularity\":\"full\"", 2, true, h, S / 2},
+      {"tp2 sp core_attn", "\"granularity\":\"selective\"", 2, true, (S - core) / 2, core / 2},
+  };
+  check_hand("models/llama3-8b.json", cases, G_N_ELEMENTS(cases), 5, 64);
+}
+
+static void test_deepseek_v3_layer_by_hand(void **state) {
+  (void)state;
+  /* DeepSeek-V3 (models/deepseek-v3.json), layer 10 (MoE; the first three are dense) */
+  const double h = 7168, H = 128, ql = 1536, kvl = 512, rope = 64, qk = 128 + 64, Dv = 128;
+  const double E = 256, k = 8, Fe = 2048, Fs = 2048;
+  const double mla = 2 * h + 2 * (ql + kvl + rope) + 2 * (2 * H * qk + H * Dv) + 2 * H * Dv + 4 * H;
+  const double experts = 4 * k * h + 6 * k * Fe + 16 * k;
+  const double S = (2 * h + 4) + mla + (2 * h + 4) + (2 * h + 4 * E + 8 * k) + 6 * Fs + experts;
+  const double core = 2 * H * Dv + 4 * H, ln = 4 * h, up = 2 * (2 * H * qk + H * Dv);
+  const double act = 2 * k * Fe, shared = 6 * Fs;
+  const struct hand cases[] = {
+      {"none", "", 1, false, S, 0},
+      {"full", "\"granularity\":\"full\"", 1, false, 4 * h + 8 * k, S},
+      {"core_attn", "\"granularity\":\"selective\"", 1, false, S - core, core},
+      {"layernorm", "\"granularity\":\"selective\",\"modules\":[\"layernorm\"]", 1, false, S - ln, ln},
+      {"mla_up_proj", "\"granularity\":\"selective\",\"modules\":[\"mla_up_proj\"]", 1, false,
+       S - up, up},
+      {"layernorm+mla_up_proj",
+       "\"granularity\":\"selective\",\"modules\":[\"layernorm\",\"mla_up_proj\"]", 1, false,
+       S - ln - up, ln + up},
+      {"moe_act", "\"granularity\":\"selective\",\"modules\":[\"moe_act\"]", 1, false, S - act, act},
+      {"shared_experts", "\"granularity\":\"selective\",\"modules\":[\"shared_experts\"]", 1, false,
+       S - shared, shared},
+      {"moe", "\"granularity\":\"selective\",\"modules\":[\"moe\"]", 1, false,
+       S - experts + 2 * h + 8 * k, experts},
+  };
+  check_hand("models/deepseek-v3.json", cases, G_N_ELEMENTS(cases), 10, 64);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention_core_rerun),
+      cmocka_unit_test(test_layered_chunks),
+      cmocka_unit_test(test_layered_per_stage),
+      cmocka_unit_test(test_layered_refusals),
+      cmocka_unit_test(test_llama3_layer_by_hand),
+      cmocka_unit_test(test_deepseek_v3_layer_by_hand),
       cmocka_unit_test(test_layer_tensors),
       cmocka_unit_test(test_layer_tensors_tp2),
       cmocka_unit_test(test_simulated_growth),
