@@ -317,6 +317,42 @@ void exec_state_free_params(struct exec_state *s);
  * (held[i] set), zeros elsewhere. */
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
+/* fn(s, op, local, g, data) for every parameter of segment seg held here: local is its index
+ * in the segment's block (flat: param_offset[seg] + local), g its index in the op's one-device
+ * block (the layout of kernels/kernels.h). */
+typedef void (*exec_param_fn)(const struct exec_state *s, uint32_t op, uint64_t local,
+                              uint64_t g, void *data);
+void exec_for_each_param(const struct exec_state *s, uint32_t seg, exec_param_fn fn, void *data);
+/* Whether this device holds a current copy of element `local` of segment seg: everywhere but
+ * outside its own shard under ZeRO-3 (the rest is stale until the next gather). */
+bool exec_param_current(const struct exec_state *s, uint32_t seg, uint64_t local);
+
+/* hf.c: Hugging Face names and safetensors (docs/exec.md, "Hugging Face weights"). Each
+ * parameter tensor of a Hugging Face checkpoint, by name, and where it lies in an op's
+ * one-device block: HF stores nn.Linear weights [out, in] row-major, the kernels [in, out]. */
+struct exec_hf_tensor {
+  char *name;
+  uint32_t op;
+  uint64_t offset;     /* first element in the op's block */
+  uint32_t ndim;       /* 1 or 2 */
+  uint64_t shape[2];   /* HF's */
+  bool transposed;     /* the block holds [shape[1], shape[0]] */
+  bool alias;          /* the LM head's copy of a tied embedding: read, never written */
+};
+struct exec_hf_map {
+  uint32_t n;
+  struct exec_hf_tensor *t; /* model order */
+  uint32_t *op_first;       /* [n_ops + 1]: op o's tensors are [op_first[o], op_first[o + 1]) */
+};
+bool exec_hf_map_build(const struct model *m, struct exec_hf_map *map, GError **err);
+void exec_hf_map_clear(struct exec_hf_map *map);
+/* Element g of op's block: its tensor and its row-major index in HF's shape. */
+void exec_hf_locate(const struct exec_hf_map *map, uint32_t op, uint64_t g, uint32_t *tensor,
+                    uint64_t *index);
+/* Overwrites the initialisation in host (this device's flat parameters) with the checkpoint's
+ * values in dir, reading only the elements this device keeps current; every tensor's name,
+ * shape and dtype checked first (input errors naming the file and the tensor). */
+bool exec_hf_load(const struct exec_state *s, const char *dir, float *host, GError **err);
 
 /* train.c: runs instruction i (the sources it calls share train-impl.h) */
 bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);

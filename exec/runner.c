@@ -575,6 +575,8 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
     return piper_input_error(err, "--resume-allow-change goes with --resume DIR");
   if (o->checkpoint_keep && !o->checkpoint_dir)
     return piper_input_error(err, "--checkpoint-keep goes with --checkpoint DIR");
+  if (o->load_hf_dir && o->resume_dir)
+    return piper_input_error(err, "--load-hf starts a run; --resume continues one: give one");
   if (o->resume_dir && !resume(R, res, &done, err))
     return false;
   if (o->checkpoint_dir && !exec_checkpoint_begin(o->checkpoint_dir, R->rank, err))
@@ -773,6 +775,8 @@ static bool write_outputs(struct runner *R, struct exec_result *res, GError **er
       !exec_runner_gather_report(R, res, res->losses, res->n_steps, R->measured, R->n_measured, err))
     return false;
   if (o->dump_params_path && !exec_runner_dump_params(R, err))
+    return false;
+  if (o->save_hf_dir && !exec_runner_save_hf(R, err))
     return false;
   R->clean = true;
   return true;
