@@ -436,6 +436,11 @@ struct exec_checkpoint_segment {
   uint32_t segment;
   uint64_t offset, count;    /* in the flat arrays */
   uint32_t ep_size, ep_rank; /* expert split */
+  /* the model ops in it: [op, first local index in the segment's block, local count] each,
+   * what a resume on another layout maps back to the ops' one-device blocks (0: not recorded,
+   * a file from before resharding) */
+  uint32_t n_ops;
+  uint64_t *ops; /* [3 * n_ops] */
 };
 struct exec_checkpoint_bucket {
   uint32_t zero; /* 0: all-reduce, 2: shard_grads, 3: shard_params */
@@ -457,6 +462,10 @@ struct exec_checkpoint_meta {
   uint64_t data_bytes;
   float lr, beta1, beta2, eps, weight_decay;
   uint64_t program_hash;
+  /* the model without its training fields and PP split (what a resume on another layout
+   * must share), and this device's TP slice; absent (0) in files from before resharding */
+  uint64_t arch_hash;
+  uint32_t tp_degree, tp_rank;
 };
 void exec_checkpoint_describe(const struct exec_options *o, const struct exec_device *d,
                               const struct exec_data *data, uint32_t step,
@@ -479,11 +488,28 @@ struct exec_checkpoint_file {
 bool exec_checkpoint_parse(const char *path, const void *data, size_t len,
                            struct exec_checkpoint_file *f, GError **err);
 void exec_checkpoint_file_clear(struct exec_checkpoint_file *f);
+/* The same without the checksum (a resume on another layout checks it only for the files it
+ * reads from), and the checksum alone. */
+bool exec_checkpoint_parse_unverified(const char *path, const void *data, size_t len,
+                                      struct exec_checkpoint_file *f, GError **err);
+bool exec_checkpoint_verify(const char *path, const void *data, size_t len, GError **err);
 /* Input error naming the first difference that forbids continuing exactly; a difference that
  * allow (bits from exec_resume_allow_parse) accepts is appended to notes instead. */
 bool exec_checkpoint_compare(const char *path, const struct exec_checkpoint_meta *was,
                              const struct exec_checkpoint_meta *now, uint32_t allow, GString *notes,
                              GError **err);
+/* The part of that comparison a user may change on purpose (optimizer, data, schedule). */
+bool exec_checkpoint_compare_allowed(const char *path, const struct exec_checkpoint_meta *was,
+                                     const struct exec_checkpoint_meta *now, uint32_t allow,
+                                     GString *notes, GError **err);
+/* checkpoint_reshard.c: with --resume-allow-change layout, this device's state from the files
+ * of every rank of the checkpoint in step_dir, whatever layout wrote them: each element by its
+ * op and its index in the op's one-device block, from the lowest rank holding a current copy;
+ * only the files it reads from are read (mapped) and checksummed. */
+bool exec_checkpoint_reshard(struct exec_state *s, const char *step_dir, uint32_t allow,
+                             uint32_t *step, GString *notes, GError **err);
+#define EXEC_RESUME_ALLOW_SCHEDULE (1u << 6)
+#define EXEC_RESUME_ALLOW_LAYOUT (1u << 7)
 /* "lr,weight_decay" -> bits; NULL -> 0. */
 bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err);
 

@@ -79,7 +79,8 @@ static const struct option_spec options[] = {
      .help = "continue from the latest checkpoint in DIR"},
     {.name = "--resume-allow-change", .kind = OPTION_STRING, EXEC_OPTION(run.resume_allow_change),
      .metavar = "LIST", .help = "accept these changes on --resume (comma-separated: lr,\n"
-             "weight_decay, beta1, beta2, eps, data, schedule)"},
+             "weight_decay, beta1, beta2, eps, data, schedule; layout:\n"
+             "resume on another layout, resharded)"},
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
