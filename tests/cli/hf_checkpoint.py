@@ -7,6 +7,9 @@
   hf_checkpoint.py expect DIR OUT  the checkpoint's values in Piper's parameter order (float32,
       what --dump-params writes), transposing every nn.Linear weight from HF's [out, in]
   hf_checkpoint.py same DIR_A DIR_B  every tensor of A in B with its shape and equal values
+  hf_checkpoint.py loss DIR DATA N S  the mean next-token loss of Hugging Face's Llama (its
+      modeling_llama.py written out in numpy: [out, in] weights, rotate_half RoPE, grouped KV
+      heads) on N sequences of S tokens laid S apart in the byte file DATA (needs numpy)
 """
 import json
 import os
@@ -112,7 +115,9 @@ def make(d, model_json, dtype, shards, seed):
         if len(shape) == 1:
             values = [1.0 + rng.gauss(0, 0.1) for _ in range(count(shape))]
         else:
-            values = [rng.gauss(0, 0.05) for _ in range(count(shape))]
+            # queries and keys large enough that attention (and so RoPE) matters to the loss
+            sd = 0.25 if "q_proj" in name or "k_proj" in name else 0.05
+            values = [rng.gauss(0, sd) for _ in range(count(shape))]
         tensors.append((name, shape, values))
     weight_map = {}
     for k in range(shards):
@@ -149,12 +154,61 @@ def same(a, b):
         assert ta[name][2] == tb[name][2], (name, "values differ")
 
 
+def hf_loss(d, data, n, s):
+    import numpy as np
+    w = {k: np.array(v[2], dtype=np.float64).reshape(v[1]) for k, v in read_dir(d).items()}
+    c = CONFIG
+    H, KV = c["num_attention_heads"], c["num_key_value_heads"]
+    D = c["hidden_size"] // H
+    eps, theta = c["rms_norm_eps"], 10000.0
+    raw = open(data, "rb").read()
+    inv = 1.0 / theta ** (np.arange(0, D, 2) / D)
+    ang = np.outer(np.arange(s), inv)
+    cos, sin = np.cos(np.concatenate([ang, ang], 1)), np.sin(np.concatenate([ang, ang], 1))
+
+    def norm(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+    def rope(x):  # [S, heads, D]
+        half = np.concatenate([-x[..., D // 2:], x[..., :D // 2]], -1)
+        return x * cos[:, None, :] + half * sin[:, None, :]
+
+    total = 0.0
+    for q in range(n):
+        tok = np.frombuffer(raw[q * s:q * s + s + 1], dtype=np.uint8).astype(int)
+        x = w["model.embed_tokens.weight"][tok[:-1]]
+        for i in range(c["num_hidden_layers"]):
+            p = "model.layers.%d." % i
+            h = norm(x, w[p + "input_layernorm.weight"])
+            qs = rope((h @ w[p + "self_attn.q_proj.weight"].T).reshape(s, H, D))
+            ks = rope((h @ w[p + "self_attn.k_proj.weight"].T).reshape(s, KV, D))
+            vs = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(s, KV, D)
+            y = np.zeros((s, H, D))
+            for j in range(H):
+                sc = qs[:, j] @ ks[:, j // (H // KV)].T / np.sqrt(D)
+                sc = sc + np.triu(np.full((s, s), -np.inf), 1)
+                pr = np.exp(sc - sc.max(-1, keepdims=True))
+                y[:, j] = (pr / pr.sum(-1, keepdims=True)) @ vs[:, j // (H // KV)]
+            x = x + y.reshape(s, H * D) @ w[p + "self_attn.o_proj.weight"].T
+            h = norm(x, w[p + "post_attention_layernorm.weight"])
+            g = h @ w[p + "mlp.gate_proj.weight"].T
+            x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ \
+                w[p + "mlp.down_proj.weight"].T
+        logits = norm(x, w["model.norm.weight"]) @ w["lm_head.weight"].T
+        m = logits.max(-1, keepdims=True)
+        lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
+        total += (lse - logits[np.arange(s), tok[1:]]).sum()
+    return total / (n * s)
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "make":
         make(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
     elif cmd == "expect":
         expect(sys.argv[2], sys.argv[3])
+    elif cmd == "loss":
+        print(repr(float(hf_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))))
     elif cmd == "same":
         same(sys.argv[2], sys.argv[3])
     else:

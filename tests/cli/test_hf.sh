@@ -6,7 +6,8 @@
 # reads its own TP, PP, DP and ZeRO-3 slices); every name, shape or dtype mismatch is one line,
 # exit 2, naming the file and the tensor. An fp32 export reads back bit for bit; a bf16 one is
 # the parameters rounded; the Python safetensors package (when importable) reads the exports'
-# names, shapes and values. Round trip: export after one step, import on a plan and train one
+# names, shapes and values. The first step's loss is Hugging Face Llama's, computed in numpy from
+# the checkpoint (when numpy is importable). Round trip: export after one step, import on a plan and train one
 # step: its loss is the loss of the second step without exporting (the data repeats one global
 # batch, so both steps see the same tokens). tiny-moe's experts and router go out and back in
 # through EP 2 x ZeRO-3. A 4-rank PP 2 x DP 2 fine-tune of the Llama checkpoint learns and its
@@ -141,6 +142,15 @@ D=(--data "$T/data.bin")
 "$PE" "${ONE[@]}" "${D[@]}" --iters 2 --load-hf "$T/hf" --out "$T/two" >/dev/null 2>&1 &&
   "$PE" "${ONE[@]}" "${D[@]}" --iters 1 --load-hf "$T/hf" --save-hf "$T/step1" --no-report >/dev/null 2>&1 &&
   ok || bad "the runs to export from failed"
+# the first step's loss is Hugging Face's Llama on those weights (numpy, float64: layout, RoPE's
+# rotate_half, grouped KV heads; a model without RoPE would differ by 8e-4)
+if python3 -c "import numpy" 2>/dev/null; then
+  python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-6 * abs(a))" \
+    "$($HFC loss "$T/hf" "$T/data.bin" 16 16)" "$(losses "$T/two" | sed -n 1p)" && ok ||
+    bad "step 1's loss $(losses "$T/two" | head -1) is not Hugging Face Llama's $($HFC loss "$T/hf" "$T/data.bin" 16 16)"
+else
+  echo "note: python3 cannot import numpy: the Hugging Face reference loss is skipped"
+fi
 want=$(losses "$T/two" | tail -1)
 # same NAME LOSS: within 1e-5 relative (data parallelism and TP sum in another order)
 near() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(a))" "$1" "$2"; }
