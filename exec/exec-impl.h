@@ -312,6 +312,8 @@ void exec_pool_clear(struct exec_state *s);
 
 /* params.c: the training state's stores */
 bool exec_state_init_params(struct exec_state *s, GError **err);
+/* Replaces the parameters with a Hugging Face checkpoint's (exec_hf_load). */
+bool exec_state_load_hf(struct exec_state *s, const char *dir, GError **err);
 void exec_state_free_params(struct exec_state *s);
 /* Full model parameters in model op order (floats): what this device holds current copies of
  * (held[i] set), zeros elsewhere. */

@@ -165,6 +165,10 @@ void exec_hf_locate(const struct exec_hf_map *map, uint32_t op, uint64_t g, uint
 
 enum hf_dtype { HF_F32, HF_BF16, HF_F16 };
 
+static int cmp_names(gconstpointer a, gconstpointer b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 struct hf_entry {
   const char *file; /* path, for messages */
   enum hf_dtype dtype;
@@ -284,6 +288,31 @@ static bool open_shard(struct hf_source *src, const char *path, GError **err) {
   return ok;
 }
 
+/* Each tensor of a shard is where the index says (as transformers would load it), named in the
+ * first by name: the same message on every rank. */
+static bool check_index(struct hf_source *src, const cJSON *map, const char *index, GError **err) {
+  GHashTableIter it;
+  gpointer key, value;
+  GPtrArray *names = g_ptr_array_new();
+  g_hash_table_iter_init(&it, src->entries);
+  while (g_hash_table_iter_next(&it, &key, &value))
+    g_ptr_array_add(names, key);
+  g_ptr_array_sort(names, cmp_names);
+  bool ok = true;
+  for (guint k = 0; k < names->len && ok; k++) {
+    const char *name = g_ptr_array_index(names, k);
+    const struct hf_entry *e = g_hash_table_lookup(src->entries, name);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(map, name);
+    char *base = g_path_get_basename(e->file);
+    if (!cJSON_IsString(v) || strcmp(v->valuestring, base) != 0)
+      ok = piper_input_error(err, "%s: tensor \"%s\" is in %s, the index's weight_map says %s",
+                             index, name, base, cJSON_IsString(v) ? v->valuestring : "nothing");
+    g_free(base);
+  }
+  g_ptr_array_free(names, TRUE);
+  return ok;
+}
+
 /* The shards model.safetensors.index.json names (each once, in order of first mention), or
  * model.safetensors alone. */
 static bool open_source(const char *dir, struct hf_source *src, GError **err) {
@@ -324,14 +353,13 @@ static bool open_source(const char *dir, struct hf_source *src, GError **err) {
     }
   }
   g_hash_table_destroy(seen);
+  if (ok && root)
+    ok = check_index(src, map, index, err);
   cJSON_Delete(root);
   g_free(index);
   return ok && root;
 }
 
-static int cmp_names(gconstpointer a, gconstpointer b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
 
 static void append_shape(GString *s, uint32_t ndim, const uint64_t *shape) {
   g_string_append_c(s, '[');

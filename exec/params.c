@@ -98,9 +98,25 @@ bool exec_state_init_params(struct exec_state *s, GError **err) {
     exec_for_each_param(s, seg, fill_init, &c);
   }
   float *store = g_new0(float, d->n_store[EXEC_STORE_PARAMS] + 1);
-  bool ok = !s->o->load_hf_dir || exec_hf_load(s, s->o->load_hf_dir, host, err);
   exec_store_compact(d, EXEC_STORE_PARAMS, host, store);
   exec_backend_from_host(s->b, s->params, store, pb);
+  g_free(store);
+  g_free(host);
+  return true;
+}
+
+bool exec_state_load_hf(struct exec_state *s, const char *dir, GError **err) {
+  const struct exec_device *d = s->dev;
+  size_t n = (size_t)(d->n_params ? d->n_params : 1);
+  size_t pb = (size_t)d->n_store[EXEC_STORE_PARAMS] * sizeof(float);
+  float *host = g_new(float, n), *store = g_new(float, d->n_store[EXEC_STORE_PARAMS] + 1);
+  exec_backend_to_host(s->b, store, s->params, pb);
+  exec_store_expand(d, EXEC_STORE_PARAMS, store, host, NAN);
+  bool ok = exec_hf_load(s, dir, host, err);
+  if (ok) {
+    exec_store_compact(d, EXEC_STORE_PARAMS, host, store);
+    exec_backend_from_host(s->b, s->params, store, pb);
+  }
   g_free(store);
   g_free(host);
   return ok;
