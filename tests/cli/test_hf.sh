@@ -90,6 +90,17 @@ expect_bad "another model" 'tensor "model.embed_tokens.weight" has shape [256, 3
 expect_bad "save dtype" "--save-dtype fp16: give bf16 or fp32" "${ONE[@]}" --iters 1 --save-hf "$T/x" --save-dtype fp16
 expect_bad "load and resume" "--load-hf starts a run" "${ONE[@]}" --iters 1 --load-hf "$T/hf" --resume "$T/nothing" --no-report
 
+# the index places every tensor; under mpirun the job refuses in one line (no abort)
+rm -rf "$T/noidx"; cp -r "$T/hf" "$T/noidx"
+python3 -c "import json,sys; p=sys.argv[1]; d=json.load(open(p)); del d['weight_map']['model.norm.weight']; json.dump(d, open(p,'w'))" \
+  "$T/noidx/model.safetensors.index.json"
+timeout 120 "${MPIRUN[@]}" -np 2 "$PE" "${M[@]}" --layout pp=2 --schedule 1f1b --mbs 4 --warmup 0 --iters 1 \
+  --timeout 60 --load-hf "$T/noidx" --no-report >"$T/log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^piper-exec: error: ' "$T/log")" -eq 1 ] && ! grep -q MPI_ABORT "$T/log" &&
+  grep -q "^piper-exec: error: $T/noidx/model.safetensors.index.json: tensor \"model.norm.weight\" is in model-00002-of-00002.safetensors, the index's weight_map says nothing" "$T/log" &&
+  ok || bad "a tensor the index does not place, 2 ranks: exit $rc, $(cat "$T/log")"
+
 # --- exports ------------------------------------------------------------------------------
 "$PE" "${ONE[@]}" --iters 1 --lr 0 --load-hf "$T/hf" --save-hf "$T/exp32" --no-report >"$T/log" 2>&1 &&
   $HFC same "$T/hf" "$T/exp32" && ok || bad "an fp32 export after learning rate 0 is not the checkpoint: $(tail -2 "$T/log")"
