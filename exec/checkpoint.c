@@ -155,6 +155,18 @@ static bool write_body(const struct exec_state *s, FILE *f, const char *meta, ui
   return wrote && fwrite(&tail, sizeof tail, 1, f) == 1;
 }
 
+/* Rank 0: the tensors by name and global shape, what the rank files' slices are slices of. */
+static bool write_tensor_names(const struct exec_state *s, const char *sub, GError **err) {
+  char *text = exec_hf_map_json(s->xm->m);
+  if (!text)
+    return true;
+  char *path = g_strdup_printf("%s/tensors.json", sub);
+  bool ok = piper_write_file_durable(path, text, strlen(text), err);
+  g_free(path);
+  cJSON_free(text);
+  return ok;
+}
+
 bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t step,
                            GError **err) {
   const struct exec_device *d = s->dev;
@@ -182,6 +194,8 @@ bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t
     goto out;
   }
   ok = piper_out_close(&out, err);
+  if (ok && d->device == 0)
+    ok = write_tensor_names(s, sub, err);
 out:
   if (out.f)
     piper_out_abandon(&out);
@@ -251,8 +265,10 @@ static bool remove_step_dir(const char *sub, GError **err) {
   const char *name;
   bool ok = true;
   while (ok && d && (name = g_dir_read_name(d))) {
-    if (!g_str_has_prefix(name, "rank-") ||
-        !(g_str_has_suffix(name, ".ckpt") || g_str_has_suffix(name, ".ckpt.tmp")))
+    bool ours = strcmp(name, "tensors.json") == 0 || strcmp(name, "tensors.json.tmp") == 0 ||
+                (g_str_has_prefix(name, "rank-") &&
+                 (g_str_has_suffix(name, ".ckpt") || g_str_has_suffix(name, ".ckpt.tmp")));
+    if (!ours)
       continue;
     char *path = g_build_filename(sub, name, NULL);
     if (g_remove(path) != 0 && errno != ENOENT)

@@ -351,6 +351,9 @@ void exec_hf_map_clear(struct exec_hf_map *map);
 /* Element g of op's block: its tensor and its row-major index in HF's shape. */
 void exec_hf_locate(const struct exec_hf_map *map, uint32_t op, uint64_t g, uint32_t *tensor,
                     uint64_t *index);
+/* The map as the JSON a checkpoint's step directory keeps (tensors.json; cJSON_free), NULL for
+ * a model without one (MLA). */
+char *exec_hf_map_json(const struct model *m);
 /* Overwrites the initialisation in host (this device's flat parameters) with the checkpoint's
  * values in dir, reading only the elements this device keeps current; every tensor's name,
  * shape and dtype checked first (input errors naming the file and the tensor). */

@@ -161,6 +161,41 @@ void exec_hf_locate(const struct exec_hf_map *map, uint32_t op, uint64_t g, uint
   *index = t->transposed ? (p % t->shape[0]) * t->shape[1] + p / t->shape[0] : p;
 }
 
+char *exec_hf_map_json(const struct model *m) {
+  struct exec_hf_map map;
+  if (!exec_hf_map_build(m, &map, NULL))
+    return NULL;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "model", m->name);
+  cJSON_AddStringToObject(o, "model_type", m->model_type);
+  cJSON_AddStringToObject(o, "about",
+                          "every parameter tensor by its Hugging Face name and global shape, and "
+                          "where it lies in its op's one-device block (transposed: the block holds "
+                          "[shape[1], shape[0]]); each rank-<r>.ckpt holds, per segment, the "
+                          "slices [op, offset, count] of those blocks for its tp_rank of "
+                          "tp_degree and its ep_rank of ep_size, its ZeRO shards per bucket; the "
+                          "AdamW moments follow the parameters' layout (docs/exec.md)");
+  cJSON *a = cJSON_AddArrayToObject(o, "tensors");
+  for (uint32_t k = 0; k < map.n; k++) {
+    const struct exec_hf_tensor *t = &map.t[k];
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", t->name);
+    cJSON *shape = cJSON_AddArrayToObject(e, "shape");
+    for (uint32_t d = 0; d < t->ndim; d++)
+      cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+    cJSON_AddNumberToObject(e, "op", t->op);
+    cJSON_AddNumberToObject(e, "offset", (double)t->offset);
+    cJSON_AddBoolToObject(e, "transposed", t->transposed);
+    if (t->alias)
+      cJSON_AddBoolToObject(e, "copy", true);
+    cJSON_AddItemToArray(a, e);
+  }
+  char *text = cJSON_Print(o);
+  cJSON_Delete(o);
+  exec_hf_map_clear(&map);
+  return text;
+}
+
 /* ---- safetensors in ---------------------------------------------------------------------- */
 
 enum hf_dtype { HF_F32, HF_BF16, HF_F16 };

@@ -6,7 +6,8 @@
 # losses of steps 3 and 4 and the final parameters of continuing on the old layout, to the
 # tolerance of another reduction order: losses within 1e-5 relative, parameters within 1e-4
 # relative in norm and 1e-5 + 1e-4 relative per element (tests/cli/test_exec.sh says why); the
-# old layout through the same path is bit-identical. Without the flag a new layout is still
+# old layout through the same path is bit-identical; the step directory's tensors.json names
+# the tensors by their Hugging Face names and global shapes. Without the flag a new layout is still
 # refused; another model, another global batch and a corrupt file read from are refused naming
 # the file (a file nobody reads from, a DP replica's, is not checksummed).
 set -u
@@ -60,6 +61,10 @@ DN=(--model models/tiny-dense.json)
 OLD=("${DN[@]}" --layout pp=2,dp=2 --schedule 1f1b --mbs 4)
 if timeout 300 "${MPIRUN[@]}" -np 4 "$PE" "${OLD[@]}" --warmup 0 --iters 2 --quiet --timeout 60 --no-report \
   --checkpoint "$T/ck" --checkpoint-every 2 >"$T/ck.log" 2>&1 && job whole 4 "${OLD[@]}"; then
+  # the step directory names the tensors the rank files hold slices of
+  python3 -c "import json,sys; t={e['name']: e for e in json.load(open(sys.argv[1]))['tensors']}
+e = t['model.layers.7.mlp.down_proj.weight']; assert e['shape'] == [64, 128] and e['transposed'], e
+assert len(t) == 2 + 8 * 9 + 1, len(t)" "$T/ck/step-2/tensors.json" && ok || bad "tensors.json: $(head -c 300 "$T/ck/step-2/tensors.json")"
   job tp2_dp2 4 "${DN[@]}" --layout pp=1,dp=2,tp=2 --mbs 4 --resume "$T/ck" "${AL[@]}" && near whole tp2_dp2
   grep -q "^resume: from $T/ck (step 2) with schedule changed, the layout of its 4 ranks resharded, allowed by --resume-allow-change$" \
     "$T/tp2_dp2.log" && ok || bad "the resharding is not said: $(grep resume "$T/tp2_dp2.log")"
