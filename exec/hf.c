@@ -80,6 +80,8 @@ static bool map_op(const struct model *m, uint32_t o, struct map_builder *b, uin
     pre = g_strdup_printf("%s.mlp.%s", layer,
                           m->family == MODEL_FAMILY_DEEPSEEK_V3 ? "shared_experts" : "shared_expert");
     swiglu(b, pre, false, C, (uint64_t)op->shape[2]);
+    if (m->shared_expert_gate) /* Qwen2-MoE's sigmoid gate, [hidden, 1] after the MLP */
+      add(b, g_strdup_printf("%s.mlp.shared_expert_gate.weight", layer), 2, 1, C, true);
     break;
   case MODEL_OP_ROUTER:
     pre = g_strdup_printf("%s.%s", layer, moe);
