@@ -3,7 +3,8 @@
 # made here (tests/cli/hf_checkpoint.py: standard library only; F32 in two shards with an index,
 # BF16, F16) loads exactly: the parameters a step with learning rate 0 dumps are the
 # checkpoint's, transposed from HF's [out, in], on one device and on every plan below (each rank
-# reads its own TP, PP, DP and ZeRO-3 slices); every name, shape or dtype mismatch is one line,
+# reads its own TP, PP, DP and ZeRO-3 slices, and the export gathered from them is the
+# checkpoint again); every name, shape or dtype mismatch is one line,
 # exit 2, naming the file and the tensor. An fp32 export reads back bit for bit; a bf16 one is
 # the parameters rounded; the Python safetensors package (when importable) reads the exports'
 # names, shapes and values. The first step's loss is Hugging Face Llama's, computed in numpy from
@@ -141,8 +142,10 @@ for c in "${PLANS[@]}"; do
   set -- $c
   name=$1 np=$2; shift 2
   timeout 300 "${MPIRUN[@]}" -np $np "$PE" "${M[@]}" "$@" --warmup 0 --iters 1 --lr 0 --quiet --timeout 60 \
-    --load-hf "$T/hf" --no-report --dump-params "$T/load_$name.params" >"$T/log" 2>&1 &&
+    --load-hf "$T/hf" --no-report --dump-params "$T/load_$name.params" --save-hf "$T/save_$name" >"$T/log" 2>&1 &&
     cmp -s "$T/load_$name.params" "$T/hf.expect" && ok || bad "$name: --load-hf parameters differ: $(tail -3 "$T/log")"
+  # ... and its export, gathered from the slices, is the checkpoint
+  $HFC same "$T/hf" "$T/save_$name" && ok || bad "$name: the --save-hf export is not the checkpoint"
 done
 
 # --- round trip == not exporting, on every plan --------------------------------------------
@@ -183,8 +186,9 @@ assert h['model.layers.1.mlp.experts.7.down_proj.weight']['shape'] == [64, 32], 
 assert h['model.layers.0.mlp.gate.weight']['shape'] == [8, 64]" "$T/moe/model.safetensors" && ok || bad "tiny-moe export"
 timeout 300 "${MPIRUN[@]}" -np 4 "$PE" --model models/tiny-moe.json --base-schedule directives/base-schedules/pp2_dp2_ep2_zero3.json \
   --schedule 1f1b --ranks 2 --mbs 2 --warmup 0 --iters 1 --lr 0 --quiet --timeout 60 --no-report \
-  --load-hf "$T/moe" --dump-params "$T/moe_ep.params" >"$T/log" 2>&1 &&
-  cmp -s "$T/moe.params" "$T/moe_ep.params" && ok || bad "tiny-moe through pp2_dp2_ep2_zero3: $(tail -3 "$T/log")"
+  --load-hf "$T/moe" --dump-params "$T/moe_ep.params" --save-hf "$T/moe_ep" >"$T/log" 2>&1 &&
+  cmp -s "$T/moe.params" "$T/moe_ep.params" && $HFC same "$T/moe" "$T/moe_ep" && ok ||
+  bad "tiny-moe through pp2_dp2_ep2_zero3: $(tail -3 "$T/log")"
 
 # --- a 4-rank fine-tune, and its export loads again -----------------------------------------
 head -c 20000 README.md >"$T/text.bin"
