@@ -624,22 +624,40 @@ bool exec_checkpoint_compare_allowed(const char *path, const struct exec_checkpo
   return true;
 }
 
+/* Another layout of the same model and batch: resumable, resharded, when the user says so. */
+static bool layout_refused(GError **err) {
+  if (err && *err) {
+    char *m = g_strdup_printf("%s (--resume-allow-change layout to reshard)", (*err)->message);
+    g_free((*err)->message);
+    (*err)->message = m;
+  }
+  return false;
+}
+
 bool exec_checkpoint_compare(const char *path, const struct exec_checkpoint_meta *was,
                              const struct exec_checkpoint_meta *now, uint32_t allow, GString *notes,
                              GError **err) {
-  if (was->rank != now->rank || was->n_ranks != now->n_ranks)
-    return piper_input_error(err, "resume: %s was written by rank %u of %u, read by rank %u of %u",
-                             path, was->rank, was->n_ranks, now->rank, now->n_ranks);
-  if (was->model_hash != now->model_hash)
-    return piper_input_error(err,
-                             "resume: %s was written for a different model or parameter layout "
-                             "(model \"%s\" %016llx, this plan's \"%s\" %016llx)",
-                             path, was->model, (unsigned long long)was->model_hash, now->model,
-                             (unsigned long long)now->model_hash);
-  if (!compare_counts(path, was, now, err))
-    return false;
-  if (!compare_placement(path, was, now, err) || !compare_sharding(path, was, now, err))
-    return false;
+  /* what a resharding resume keeps: the architecture and the global batch */
+  bool same_arch = was->arch_hash && was->arch_hash == now->arch_hash &&
+                   was->global_microbatches * was->microbatch_size ==
+                       now->global_microbatches * now->microbatch_size &&
+                   was->seq_len == now->seq_len;
+  if (was->rank != now->rank || was->n_ranks != now->n_ranks) {
+    piper_input_error(err, "resume: %s was written by rank %u of %u, read by rank %u of %u", path,
+                      was->rank, was->n_ranks, now->rank, now->n_ranks);
+    return same_arch ? layout_refused(err) : false;
+  }
+  if (was->model_hash != now->model_hash) {
+    piper_input_error(err,
+                      "resume: %s was written for a different model or parameter layout (model "
+                      "\"%s\" %016llx, this plan's \"%s\" %016llx)",
+                      path, was->model, (unsigned long long)was->model_hash, now->model,
+                      (unsigned long long)now->model_hash);
+    return same_arch ? layout_refused(err) : false;
+  }
+  if (!compare_counts(path, was, now, err) || !compare_placement(path, was, now, err) ||
+      !compare_sharding(path, was, now, err))
+    return same_arch ? layout_refused(err) : false;
   if (was->n_params != now->n_params)
     return piper_input_error(err,
                              "resume: %s was written for a different model or parameter layout "
