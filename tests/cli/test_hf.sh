@@ -190,6 +190,14 @@ timeout 300 "${MPIRUN[@]}" -np 4 "$PE" --model models/tiny-moe.json --base-sched
   cmp -s "$T/moe.params" "$T/moe_ep.params" && $HFC same "$T/moe" "$T/moe_ep" && ok ||
   bad "tiny-moe through pp2_dp2_ep2_zero3: $(tail -3 "$T/log")"
 
+# --- a tied embedding over PP 2 (the head keeps a copy): written once, read into both -------
+TIED=(--model models/tiny-dense-tied.json --layout pp=2 --schedule 1f1b --mbs 8 --warmup 0 --quiet --timeout 60 --no-report)
+timeout 300 "${MPIRUN[@]}" -np 2 "$PE" "${TIED[@]}" --iters 2 --save-hf "$T/tied" --dump-params "$T/tied_a.params" >"$T/log" 2>&1 &&
+  timeout 300 "${MPIRUN[@]}" -np 2 "$PE" "${TIED[@]}" --iters 1 --lr 0 --load-hf "$T/tied" --dump-params "$T/tied_b.params" >>"$T/log" 2>&1 &&
+  cmp -s "$T/tied_a.params" "$T/tied_b.params" &&
+  python3 -c "import json,struct,sys; f=open(sys.argv[1],'rb'); n=struct.unpack('<Q',f.read(8))[0]; sys.exit('lm_head.weight' in json.loads(f.read(n)))" \
+    "$T/tied/model.safetensors" && ok || bad "tied embeddings over PP 2: $(tail -3 "$T/log")"
+
 # --- a 4-rank fine-tune, and its export loads again -----------------------------------------
 head -c 20000 README.md >"$T/text.bin"
 timeout 300 "${MPIRUN[@]}" -np 4 "$PE" "${M[@]}" --layout pp=2,dp=2 --schedule 1f1b --mbs 4 --warmup 0 --iters 8 \

@@ -74,7 +74,7 @@ assert len(t) == 2 + 8 * 9 + 1, len(t)" "$T/ck/step-2/tensors.json" && ok || bad
     cmp -s "$T/same.params" "$T/whole.params" && ok || bad "the old layout through resharding is not bit-identical"
   # refusals
   "$PE" "${DN[@]}" --directives "$T/one.json" --mbs 8 --warmup 0 --iters 4 --resume "$T/ck" --no-report >"$T/r.log" 2>&1
-  [ $? -eq 2 ] && grep -q "^piper-exec: error: resume: .*rank-0.ckpt was written by rank 0 of 4, read by rank 0 of 1" "$T/r.log" &&
+  [ $? -eq 2 ] && grep -q "^piper-exec: error: resume: .*rank-0.ckpt was written by rank 0 of 4, read by rank 0 of 1 (--resume-allow-change layout to reshard)$" "$T/r.log" &&
     ok || bad "another layout without the flag: $(cat "$T/r.log")"
   "$PE" --model models/tiny-moe.json --directives "$T/one.json" --mbs 8 --warmup 0 --iters 4 \
     --resume "$T/ck" "${AL[@]}" --no-report >"$T/r.log" 2>&1
