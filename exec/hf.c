@@ -6,6 +6,7 @@
  * only the elements it keeps: files are mapped, so the pages of other ranks' slices are never
  * read. The export is hf_save.c's. RoPE needs no permutation: the kernels rotate in HF's
  * rotate_half layout (kernels/kernels.h). */
+#include <math.h>
 #include <string.h>
 
 #include "../base/json.h"
@@ -497,13 +498,94 @@ static void load_one(const struct exec_state *s, uint32_t op, uint64_t local, ui
   c->host[s->dev->param_offset[c->seg] + local] = read_value(c->entry[k], i);
 }
 
+/* The first field in which the checkpoint's model (ck) differs from this run's (m), or NULL;
+ * *a and *b get the two values printed. */
+static const char *config_difference(const struct model *ck, const struct model *m, char *a,
+                                     char *b, size_t n) {
+  const struct {
+    const char *key;
+    double x, y;
+  } rows[] = {
+      {"hidden_size", (double)ck->hidden_size, (double)m->hidden_size},
+      {"num_hidden_layers", (double)ck->num_layers, (double)m->num_layers},
+      {"num_attention_heads", (double)ck->num_heads, (double)m->num_heads},
+      {"num_key_value_heads", (double)ck->num_kv_heads, (double)m->num_kv_heads},
+      {"head_dim", (double)ck->head_dim, (double)m->head_dim},
+      {"intermediate_size", (double)ck->intermediate_size, (double)m->intermediate_size},
+      {"moe_intermediate_size", (double)ck->moe_intermediate_size,
+       (double)m->moe_intermediate_size},
+      {"num_experts", (double)ck->num_experts, (double)m->num_experts},
+      {"num_experts_per_tok", (double)ck->experts_per_tok, (double)m->experts_per_tok},
+      {"vocab_size", (double)ck->vocab_size, (double)m->vocab_size},
+      {"tie_word_embeddings", ck->tie_word_embeddings, m->tie_word_embeddings},
+      {"rope_theta", ck->rope_theta, m->rope_theta},
+      {"rms_norm_eps", ck->rms_norm_eps, m->rms_norm_eps},
+      {"rope_scaling.factor", ck->rope_scaling.factor, m->rope_scaling.factor},
+  };
+  if (strcmp(ck->model_type, m->model_type) != 0) {
+    g_snprintf(a, n, "%s", ck->model_type);
+    g_snprintf(b, n, "%s", m->model_type);
+    return "model_type";
+  }
+  if (strcmp(ck->rope_scaling.type, m->rope_scaling.type) != 0) {
+    g_snprintf(a, n, "\"%s\"", ck->rope_scaling.type);
+    g_snprintf(b, n, "\"%s\"", m->rope_scaling.type);
+    return "rope_scaling type";
+  }
+  for (size_t k = 0; k < G_N_ELEMENTS(rows); k++)
+    if (rows[k].x != rows[k].y) {
+      g_snprintf(a, n, "%g", rows[k].x);
+      g_snprintf(b, n, "%g", rows[k].y);
+      return rows[k].key;
+    }
+  return NULL;
+}
+
+/* The checkpoint's config.json, when it has one, read as a model file with this run's training
+ * fields, must describe this model: shapes catch a wrong width, this also what shapes cannot
+ * (rope_theta, rms_norm_eps, rope_scaling, the model type). */
+static bool check_config(const struct model *m, const char *dir, GError **err) {
+  char *path = g_build_filename(dir, "config.json", NULL);
+  if (!g_file_test(path, G_FILE_TEST_EXISTS)) {
+    g_free(path);
+    return true;
+  }
+  char *text = piper_read_file(path, 16u << 20, NULL, err);
+  cJSON *cfg = text ? cJSON_Parse(text) : NULL;
+  bool ok = text != NULL;
+  if (ok && !cJSON_IsObject(cfg))
+    ok = piper_input_error(err, "%s: not a JSON object", path);
+  struct model *ck = NULL;
+  if (ok) {
+    /* training fields that fit any model: the architecture is what is compared */
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "piper");
+    cJSON *piper = cJSON_AddObjectToObject(cfg, "piper");
+    cJSON_AddNumberToObject(piper, "seq_len", (double)m->seq_len);
+    cJSON_AddNumberToObject(piper, "micro_batch_size", (double)m->micro_batch_size);
+    cJSON_AddNumberToObject(piper, "pp_regions", 1);
+    cJSON_AddStringToObject(piper, "dtype", "fp32");
+    ck = model_load_json(path, cfg, 0, err);
+    ok = ck != NULL;
+  }
+  char a[64], b[64];
+  const char *key = ck ? config_difference(ck, m, a, b, sizeof a) : NULL;
+  if (key)
+    ok = piper_input_error(err, "%s: %s is %s, model %s has %s", path, key, a, m->name, b);
+  model_free(ck);
+  cJSON_Delete(cfg);
+  g_free(text);
+  g_free(path);
+  return ok;
+}
+
 bool exec_hf_load(const struct exec_state *s, const char *dir, float *host, GError **err) {
   const struct model *m = s->xm->m;
   struct exec_hf_map map;
   struct hf_source src = {0};
   if (!exec_hf_map_build(m, &map, err))
     return false;
-  bool ok = open_source(dir, &src, err) && check_source(m, &map, &src, dir, err);
+  bool ok = check_config(m, dir, err) && open_source(dir, &src, err) &&
+            check_source(m, &map, &src, dir, err);
   if (ok) {
     struct hf_entry **entry = g_new(struct hf_entry *, map.n + 1);
     for (uint32_t k = 0; k < map.n; k++)

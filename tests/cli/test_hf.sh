@@ -4,7 +4,8 @@
 # BF16, F16) loads exactly: the parameters a step with learning rate 0 dumps are the
 # checkpoint's, transposed from HF's [out, in], on one device and on every plan below (each rank
 # reads its own TP, PP, DP and ZeRO-3 slices, and the export gathered from them is the
-# checkpoint again); every name, shape or dtype mismatch is one line,
+# checkpoint again); every name, shape or dtype mismatch, or a config.json that describes
+# another model (rope_theta: what shapes cannot show), is one line,
 # exit 2, naming the file and the tensor. An fp32 export reads back bit for bit; a bf16 one is
 # the parameters rounded; the Python safetensors package (when importable) reads the exports'
 # names, shapes and values. The first step's loss is Hugging Face Llama's, computed in numpy from
@@ -82,12 +83,19 @@ mutate extra 'h["model.layers.0.self_attn.q_proj.bias"] = {"dtype": "F32", "shap
 expect_bad "extra tensor" 'tensor "model.layers.0.self_attn.q_proj.bias" has no place in model llama' "${ONE[@]}" --iters 1 --load-hf "$T/extra"
 mutate offsets 'e = h["model.norm.weight"]; e["data_offsets"] = [0, 8]'
 expect_bad "bad offsets" 'tensor "model.norm.weight": data_offsets [0, 8] do not hold its shape' "${ONE[@]}" --iters 1 --load-hf "$T/offsets"
+rm -rf "$T/theta"; cp -r "$T/hf_F32" "$T/theta"
+python3 -c "import json,sys; p=sys.argv[1]; d=json.load(open(p)); d['rope_theta']=500000.0; json.dump(d, open(p,'w'))" "$T/theta/config.json"
+expect_bad "config.json" "$T/theta/config.json: rope_theta is 500000, model llama has 10000" "${ONE[@]}" --iters 1 --load-hf "$T/theta"
 printf 'garbage' >"$T/garbage.safetensors"; mkdir -p "$T/garbage"; cp "$T/garbage.safetensors" "$T/garbage/model.safetensors"
 expect_bad "not safetensors" "$T/garbage/model.safetensors: not a safetensors file" "${ONE[@]}" --iters 1 --load-hf "$T/garbage"
 mkdir -p "$T/empty"
 expect_bad "no checkpoint" "no model.safetensors.index.json and no model.safetensors" "${ONE[@]}" --iters 1 --load-hf "$T/empty"
-expect_bad "another model" 'tensor "model.embed_tokens.weight" has shape [256, 32], model tiny-dense needs [256, 64]' \
+expect_bad "another model" "$T/hf/config.json: hidden_size is 32, model tiny-dense has 64" \
   --model models/tiny-dense.json --directives "$T/one.json" --iters 1 --load-hf "$T/hf"
+# ... and without its config.json, the tensors' shapes say it
+rm -rf "$T/nocfg"; cp -r "$T/hf" "$T/nocfg"; rm "$T/nocfg/config.json"
+expect_bad "another model's tensors" "model-00001-of-00002.safetensors: tensor \"model.embed_tokens.weight\" has shape [256, 32], model tiny-dense needs [256, 64]" \
+  --model models/tiny-dense.json --directives "$T/one.json" --iters 1 --load-hf "$T/nocfg"
 expect_bad "save dtype" "--save-dtype fp16: give bf16 or fp32" "${ONE[@]}" --iters 1 --save-hf "$T/x" --save-dtype fp16
 expect_bad "load and resume" "--load-hf starts a run" "${ONE[@]}" --iters 1 --load-hf "$T/hf" --resume "$T/nothing" --no-report
 
