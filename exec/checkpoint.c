@@ -45,8 +45,18 @@ void exec_checkpoint_file_clear(struct exec_checkpoint_file *f) {
   memset(f, 0, sizeof *f);
 }
 
-bool exec_checkpoint_parse(const char *path, const void *bytes, size_t len,
-                           struct exec_checkpoint_file *f, GError **err) {
+bool exec_checkpoint_verify(const char *path, const void *bytes, size_t len, GError **err) {
+  uint64_t stored;
+  if (len < sizeof(struct header) + sizeof stored)
+    return piper_input_error(err, "%s: truncated (%zu bytes)", path, len);
+  memcpy(&stored, (const char *)bytes + len - sizeof stored, sizeof stored);
+  if (piper_fnv1a(PIPER_FNV1A_INIT, bytes, len - sizeof stored) != stored)
+    return piper_input_error(err, "%s: checksum mismatch: the file is corrupt", path);
+  return true;
+}
+
+static bool parse(const char *path, const void *bytes, size_t len, struct exec_checkpoint_file *f,
+                  bool verify, GError **err) {
   const char *data = bytes;
   memset(f, 0, sizeof *f);
   struct header h;
@@ -64,9 +74,8 @@ bool exec_checkpoint_parse(const char *path, const void *bytes, size_t len,
   if (h.version != VERSION)
     return piper_input_error(err, "%s: checkpoint version %u (this piper-exec reads version %u)",
                              path, h.version, VERSION);
-  memcpy(&stored, data + len - sizeof stored, sizeof stored);
-  if (piper_fnv1a(PIPER_FNV1A_INIT, data, len - sizeof stored) != stored)
-    return piper_input_error(err, "%s: checksum mismatch: the file is corrupt", path);
+  if (verify && !exec_checkpoint_verify(path, bytes, len, err))
+    return false;
   size_t room = len - sizeof h - sizeof stored;
   if (h.meta_bytes > META_MAX_BYTES || h.meta_bytes > room ||
       h.n_params > (room - h.meta_bytes) / (3 * sizeof(float)) ||
@@ -87,6 +96,16 @@ bool exec_checkpoint_parse(const char *path, const void *bytes, size_t len,
   f->version = h.version;
   f->arrays = data + sizeof h + h.meta_bytes;
   return true;
+}
+
+bool exec_checkpoint_parse(const char *path, const void *bytes, size_t len,
+                           struct exec_checkpoint_file *f, GError **err) {
+  return parse(path, bytes, len, f, true, err);
+}
+
+bool exec_checkpoint_parse_unverified(const char *path, const void *bytes, size_t len,
+                                      struct exec_checkpoint_file *f, GError **err) {
+  return parse(path, bytes, len, f, false, err);
 }
 
 /* ---- writing ----------------------------------------------------------------------------- */
@@ -136,6 +155,18 @@ static bool write_body(const struct exec_state *s, FILE *f, const char *meta, ui
   return wrote && fwrite(&tail, sizeof tail, 1, f) == 1;
 }
 
+/* Rank 0: the tensors by name and global shape, what the rank files' slices are slices of. */
+static bool write_tensor_names(const struct exec_state *s, const char *sub, GError **err) {
+  char *text = exec_hf_map_json(s->xm->m);
+  if (!text)
+    return true;
+  char *path = g_strdup_printf("%s/tensors.json", sub);
+  bool ok = piper_write_file_durable(path, text, strlen(text), err);
+  g_free(path);
+  cJSON_free(text);
+  return ok;
+}
+
 bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t step,
                            GError **err) {
   const struct exec_device *d = s->dev;
@@ -163,6 +194,8 @@ bool exec_checkpoint_write(const struct exec_state *s, const char *dir, uint32_t
     goto out;
   }
   ok = piper_out_close(&out, err);
+  if (ok && d->device == 0)
+    ok = write_tensor_names(s, sub, err);
 out:
   if (out.f)
     piper_out_abandon(&out);
@@ -232,8 +265,10 @@ static bool remove_step_dir(const char *sub, GError **err) {
   const char *name;
   bool ok = true;
   while (ok && d && (name = g_dir_read_name(d))) {
-    if (!g_str_has_prefix(name, "rank-") ||
-        !(g_str_has_suffix(name, ".ckpt") || g_str_has_suffix(name, ".ckpt.tmp")))
+    bool ours = strcmp(name, "tensors.json") == 0 || strcmp(name, "tensors.json.tmp") == 0 ||
+                (g_str_has_prefix(name, "rank-") &&
+                 (g_str_has_suffix(name, ".ckpt") || g_str_has_suffix(name, ".ckpt.tmp")));
+    if (!ours)
       continue;
     char *path = g_build_filename(sub, name, NULL);
     if (g_remove(path) != 0 && errno != ENOENT)
@@ -332,6 +367,18 @@ bool exec_checkpoint_read(struct exec_state *s, const char *dir, uint32_t *step,
   if (!exec_resume_allow_parse(s->o->resume_allow_change, &allow, err))
     return false;
   uint32_t named;
+  if (allow & EXEC_RESUME_ALLOW_LAYOUT) {
+    /* rank 0's file is there whatever the layout; its directory holds every rank's */
+    char *first = resolve(dir, 0, &named, err);
+    char *sub = first ? g_path_get_dirname(first) : NULL;
+    bool ok = sub && exec_checkpoint_reshard(s, sub, allow, step, notes, err);
+    if (ok && named != UINT32_MAX && *step != named)
+      ok = piper_input_error(err, "%s: the checkpoint describes step %u but is stored as step-%u",
+                             first, *step, named);
+    g_free(sub);
+    g_free(first);
+    return ok;
+  }
   char *path = resolve(dir, d->device, &named, err);
   if (!path)
     return false;

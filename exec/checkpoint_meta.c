@@ -15,8 +15,8 @@
 
 /* ---- what may change on purpose ---------------------------------------------------------- */
 
-static const char *const allow_names[] = {"lr",  "weight_decay", "beta1",    "beta2",
-                                          "eps", "data",         "schedule", NULL};
+static const char *const allow_names[] = {"lr",   "weight_decay", "beta1",  "beta2", "eps",
+                                          "data", "schedule",     "layout", NULL};
 
 bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err) {
   *mask = 0;
@@ -34,7 +34,7 @@ bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err) {
       char *q = piper_quote(*n, strlen(*n), 40);
       ok = piper_input_error(err,
                              "--resume-allow-change: %s is not one of lr, weight_decay, beta1, "
-                             "beta2, eps, data, schedule",
+                             "beta2, eps, data, schedule, layout",
                              q);
       g_free(q);
     }
@@ -52,6 +52,8 @@ void exec_checkpoint_meta_clear(struct exec_checkpoint_meta *m) {
   g_free(m->model);
   g_free(m->data_kind);
   g_free(m->data_path);
+  for (uint32_t k = 0; m->segments && k < m->n_segments; k++)
+    g_free(m->segments[k].ops);
   g_free(m->segments);
   for (uint32_t b = 0; b < m->n_buckets; b++) {
     g_free(m->buckets[b].group);
@@ -107,6 +109,33 @@ static void describe_buckets(const struct exec_device *d, struct exec_checkpoint
   }
 }
 
+static struct exec_checkpoint_segment describe_segment(const struct exec_device *d, uint32_t s) {
+  const struct model_segment *sg = &d->xm->m->segments[s];
+  struct exec_checkpoint_segment c = {s, d->param_offset[s], d->param_local[s], d->ep_size[s],
+                                      d->ep_rank[s], sg->op_count, NULL};
+  c.ops = g_new0(uint64_t, 3 * (sg->op_count ? sg->op_count : 1));
+  for (uint32_t j = 0; j < sg->op_count; j++) {
+    uint32_t op = sg->op_first + j;
+    c.ops[3 * j] = op;
+    c.ops[3 * j + 1] = d->op_offset[op];
+    c.ops[3 * j + 2] =
+        exec_tp_op_params(d->xm, &d->xm->m->ops[op], d->tp_degree) / d->ep_size[s];
+  }
+  return c;
+}
+
+/* The model as its Hugging Face keys describe it, without "piper" (training fields, the PP
+ * split, the name): what two layouts of one model share. */
+static uint64_t arch_hash(const struct model *m) {
+  cJSON *j = model_to_json(m);
+  cJSON_DeleteItemFromObjectCaseSensitive(j, "piper");
+  char *t = cJSON_PrintUnformatted(j);
+  uint64_t h = piper_fnv1a(PIPER_FNV1A_INIT, t, strlen(t));
+  cJSON_free(t);
+  cJSON_Delete(j);
+  return h;
+}
+
 void exec_checkpoint_describe(const struct exec_options *o, const struct exec_device *d,
                               const struct exec_data *data, uint32_t step,
                               struct exec_checkpoint_meta *m) {
@@ -123,8 +152,7 @@ void exec_checkpoint_describe(const struct exec_options *o, const struct exec_de
   m->segments = g_new0(struct exec_checkpoint_segment, m->n_segments ? m->n_segments : 1);
   for (uint32_t s = 0, k = 0; s < xm->m->n_segments; s++)
     if (d->holds[s])
-      m->segments[k++] = (struct exec_checkpoint_segment){s, d->param_offset[s], d->param_local[s],
-                                                          d->ep_size[s], d->ep_rank[s]};
+      m->segments[k++] = describe_segment(d, s);
   describe_buckets(d, m);
   m->microbatches = d->M;
   m->global_microbatches = d->M * d->dp_degree;
@@ -144,6 +172,9 @@ void exec_checkpoint_describe(const struct exec_options *o, const struct exec_de
   m->eps = o->eps;
   m->weight_decay = o->weight_decay;
   m->program_hash = program_hash(d);
+  m->arch_hash = arch_hash(xm->m);
+  m->tp_degree = d->tp_degree;
+  m->tp_rank = d->tp_rank;
 }
 
 static cJSON *u32_array(const uint32_t *v, uint32_t n) {
@@ -169,6 +200,9 @@ static cJSON *meta_segments_json(const struct exec_checkpoint_meta *m) {
     cJSON_AddNumberToObject(o, "count", (double)s->count);
     cJSON_AddNumberToObject(o, "ep_size", s->ep_size);
     cJSON_AddNumberToObject(o, "ep_rank", s->ep_rank);
+    cJSON *ops = cJSON_AddArrayToObject(o, "ops");
+    for (uint32_t k = 0; k < 3 * s->n_ops; k++)
+      cJSON_AddItemToArray(ops, cJSON_CreateNumber((double)s->ops[k]));
     cJSON_AddItemToArray(a, o);
   }
   return a;
@@ -217,6 +251,9 @@ char *exec_checkpoint_meta_to_json(const struct exec_checkpoint_meta *m) {
   cJSON_AddNumberToObject(o, "eps", m->eps);
   cJSON_AddNumberToObject(o, "weight_decay", m->weight_decay);
   add_hex(o, "program_hash", m->program_hash);
+  add_hex(o, "arch_hash", m->arch_hash);
+  cJSON_AddNumberToObject(o, "tp_degree", m->tp_degree);
+  cJSON_AddNumberToObject(o, "tp_rank", m->tp_rank);
   char *text = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   return text; /* cJSON_free */
@@ -295,6 +332,27 @@ static bool get_u32_array(const cJSON *o, const char *key, uint32_t max, uint32_
 /* Bounds the arrays a description may ask for: a plan has far fewer segments and devices. */
 #define META_MAX_ITEMS 65536
 
+/* A segment's optional "ops": [op, offset, count] triples. */
+static bool read_ops(const cJSON *v, struct exec_checkpoint_segment *s, const char *ctx,
+                     GError **err) {
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(v, "ops");
+  if (!a)
+    return true;
+  int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1;
+  if (n < 0 || n % 3 || n > 3 * META_MAX_ITEMS)
+    return piper_input_error(err, "%s: a segment's \"ops\" must be an array of triples", ctx);
+  s->ops = g_new0(uint64_t, n ? n : 1);
+  s->n_ops = (uint32_t)n / 3;
+  uint32_t k = 0;
+  for (const cJSON *x = a->child; x; x = x->next) {
+    int64_t y = 0;
+    if (!json_as_int(x, 0, COUNT_MAX_JSON, &y, ctx, "ops", err))
+      return false;
+    s->ops[k++] = (uint64_t)y;
+  }
+  return true;
+}
+
 static bool read_segments(const cJSON *root, struct exec_checkpoint_meta *m, const char *ctx,
                           GError **err) {
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "segments");
@@ -309,7 +367,7 @@ static bool read_segments(const cJSON *root, struct exec_checkpoint_meta *m, con
     if (!get_u32(v, "segment", &s->segment, ctx, err) ||
         !get_u64(v, "offset", &s->offset, ctx, err) || !get_u64(v, "count", &s->count, ctx, err) ||
         !get_u32(v, "ep_size", &s->ep_size, ctx, err) ||
-        !get_u32(v, "ep_rank", &s->ep_rank, ctx, err))
+        !get_u32(v, "ep_rank", &s->ep_rank, ctx, err) || !read_ops(v, s, ctx, err))
       return false;
     m->n_segments++;
   }
@@ -375,6 +433,11 @@ bool exec_checkpoint_meta_from_json(const char *path, const char *text, size_t l
     ok = piper_input_error(err, "%s: must be a JSON object", ctx);
   ok = ok && read_scalars(root, m, ctx, err) && read_segments(root, m, ctx, err) &&
        read_buckets(root, m, ctx, err);
+  /* written since checkpoints reshard; older files resume on their own layout only */
+  if (ok && cJSON_GetObjectItemCaseSensitive(root, "arch_hash"))
+    ok = get_hex(root, "arch_hash", &m->arch_hash, ctx, err) &&
+         get_u32(root, "tp_degree", &m->tp_degree, ctx, err) &&
+         get_u32(root, "tp_rank", &m->tp_rank, ctx, err);
   cJSON_Delete(root);
   g_free(ctx);
   return ok;
@@ -512,7 +575,7 @@ static bool compare_counts(const char *path, const struct exec_checkpoint_meta *
 
 /* What this run may change with --resume-allow-change: a difference is refused, or accepted
  * and said in notes. */
-static bool compare_allowed(const char *path, const struct exec_checkpoint_meta *was,
+bool exec_checkpoint_compare_allowed(const char *path, const struct exec_checkpoint_meta *was,
                             const struct exec_checkpoint_meta *now, uint32_t allow, GString *notes,
                             GError **err) {
   const float fw[5] = {was->lr, was->weight_decay, was->beta1, was->beta2, was->eps};
@@ -561,22 +624,40 @@ static bool compare_allowed(const char *path, const struct exec_checkpoint_meta 
   return true;
 }
 
+/* Another layout of the same model and batch: resumable, resharded, when the user says so. */
+static bool layout_refused(GError **err) {
+  if (err && *err) {
+    char *m = g_strdup_printf("%s (--resume-allow-change layout to reshard)", (*err)->message);
+    g_free((*err)->message);
+    (*err)->message = m;
+  }
+  return false;
+}
+
 bool exec_checkpoint_compare(const char *path, const struct exec_checkpoint_meta *was,
                              const struct exec_checkpoint_meta *now, uint32_t allow, GString *notes,
                              GError **err) {
-  if (was->rank != now->rank || was->n_ranks != now->n_ranks)
-    return piper_input_error(err, "resume: %s was written by rank %u of %u, read by rank %u of %u",
-                             path, was->rank, was->n_ranks, now->rank, now->n_ranks);
-  if (was->model_hash != now->model_hash)
-    return piper_input_error(err,
-                             "resume: %s was written for a different model or parameter layout "
-                             "(model \"%s\" %016llx, this plan's \"%s\" %016llx)",
-                             path, was->model, (unsigned long long)was->model_hash, now->model,
-                             (unsigned long long)now->model_hash);
-  if (!compare_counts(path, was, now, err))
-    return false;
-  if (!compare_placement(path, was, now, err) || !compare_sharding(path, was, now, err))
-    return false;
+  /* what a resharding resume keeps: the architecture and the global batch */
+  bool same_arch = was->arch_hash && was->arch_hash == now->arch_hash &&
+                   was->global_microbatches * was->microbatch_size ==
+                       now->global_microbatches * now->microbatch_size &&
+                   was->seq_len == now->seq_len;
+  if (was->rank != now->rank || was->n_ranks != now->n_ranks) {
+    piper_input_error(err, "resume: %s was written by rank %u of %u, read by rank %u of %u", path,
+                      was->rank, was->n_ranks, now->rank, now->n_ranks);
+    return same_arch ? layout_refused(err) : false;
+  }
+  if (was->model_hash != now->model_hash) {
+    piper_input_error(err,
+                      "resume: %s was written for a different model or parameter layout (model "
+                      "\"%s\" %016llx, this plan's \"%s\" %016llx)",
+                      path, was->model, (unsigned long long)was->model_hash, now->model,
+                      (unsigned long long)now->model_hash);
+    return same_arch ? layout_refused(err) : false;
+  }
+  if (!compare_counts(path, was, now, err) || !compare_placement(path, was, now, err) ||
+      !compare_sharding(path, was, now, err))
+    return same_arch ? layout_refused(err) : false;
   if (was->n_params != now->n_params)
     return piper_input_error(err,
                              "resume: %s was written for a different model or parameter layout "
@@ -587,5 +668,5 @@ bool exec_checkpoint_compare(const char *path, const struct exec_checkpoint_meta
     return piper_input_error(err,
                              "resume: %s was written with --seed %llu, this run has --seed %llu",
                              path, (unsigned long long)was->seed, (unsigned long long)now->seed);
-  return compare_allowed(path, was, now, allow, notes, err);
+  return exec_checkpoint_compare_allowed(path, was, now, allow, notes, err);
 }

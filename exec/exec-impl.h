@@ -312,11 +312,52 @@ void exec_pool_clear(struct exec_state *s);
 
 /* params.c: the training state's stores */
 bool exec_state_init_params(struct exec_state *s, GError **err);
+/* Replaces the parameters with a Hugging Face checkpoint's (exec_hf_load). */
+bool exec_state_load_hf(struct exec_state *s, const char *dir, GError **err);
 void exec_state_free_params(struct exec_state *s);
 /* Full model parameters in model op order (floats): what this device holds current copies of
  * (held[i] set), zeros elsewhere. */
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
+/* fn(s, op, local, g, data) for every parameter of segment seg held here: local is its index
+ * in the segment's block (flat: param_offset[seg] + local), g its index in the op's one-device
+ * block (the layout of kernels/kernels.h). */
+typedef void (*exec_param_fn)(const struct exec_state *s, uint32_t op, uint64_t local,
+                              uint64_t g, void *data);
+void exec_for_each_param(const struct exec_state *s, uint32_t seg, exec_param_fn fn, void *data);
+/* Whether this device holds a current copy of element `local` of segment seg: everywhere but
+ * outside its own shard under ZeRO-3 (the rest is stale until the next gather). */
+bool exec_param_current(const struct exec_state *s, uint32_t seg, uint64_t local);
+
+/* hf.c: Hugging Face names and safetensors (docs/exec.md, "Hugging Face weights"). Each
+ * parameter tensor of a Hugging Face checkpoint, by name, and where it lies in an op's
+ * one-device block: HF stores nn.Linear weights [out, in] row-major, the kernels [in, out]. */
+struct exec_hf_tensor {
+  char *name;
+  uint32_t op;
+  uint64_t offset;     /* first element in the op's block */
+  uint32_t ndim;       /* 1 or 2 */
+  uint64_t shape[2];   /* HF's */
+  bool transposed;     /* the block holds [shape[1], shape[0]] */
+  bool alias;          /* the LM head's copy of a tied embedding: read, never written */
+};
+struct exec_hf_map {
+  uint32_t n;
+  struct exec_hf_tensor *t; /* model order */
+  uint32_t *op_first;       /* [n_ops + 1]: op o's tensors are [op_first[o], op_first[o + 1]) */
+};
+bool exec_hf_map_build(const struct model *m, struct exec_hf_map *map, GError **err);
+void exec_hf_map_clear(struct exec_hf_map *map);
+/* Element g of op's block: its tensor and its row-major index in HF's shape. */
+void exec_hf_locate(const struct exec_hf_map *map, uint32_t op, uint64_t g, uint32_t *tensor,
+                    uint64_t *index);
+/* The map as the JSON a checkpoint's step directory keeps (tensors.json; cJSON_free), NULL for
+ * a model without one (MLA). */
+char *exec_hf_map_json(const struct model *m);
+/* Overwrites the initialisation in host (this device's flat parameters) with the checkpoint's
+ * values in dir, reading only the elements this device keeps current; every tensor's name,
+ * shape and dtype checked first (input errors naming the file and the tensor). */
+bool exec_hf_load(const struct exec_state *s, const char *dir, float *host, GError **err);
 
 /* train.c: runs instruction i (the sources it calls share train-impl.h) */
 bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);
@@ -400,6 +441,11 @@ struct exec_checkpoint_segment {
   uint32_t segment;
   uint64_t offset, count;    /* in the flat arrays */
   uint32_t ep_size, ep_rank; /* expert split */
+  /* the model ops in it: [op, first local index in the segment's block, local count] each,
+   * what a resume on another layout maps back to the ops' one-device blocks (0: not recorded,
+   * a file from before resharding) */
+  uint32_t n_ops;
+  uint64_t *ops; /* [3 * n_ops] */
 };
 struct exec_checkpoint_bucket {
   uint32_t zero; /* 0: all-reduce, 2: shard_grads, 3: shard_params */
@@ -421,6 +467,10 @@ struct exec_checkpoint_meta {
   uint64_t data_bytes;
   float lr, beta1, beta2, eps, weight_decay;
   uint64_t program_hash;
+  /* the model without its training fields and PP split (what a resume on another layout
+   * must share), and this device's TP slice; absent (0) in files from before resharding */
+  uint64_t arch_hash;
+  uint32_t tp_degree, tp_rank;
 };
 void exec_checkpoint_describe(const struct exec_options *o, const struct exec_device *d,
                               const struct exec_data *data, uint32_t step,
@@ -443,11 +493,28 @@ struct exec_checkpoint_file {
 bool exec_checkpoint_parse(const char *path, const void *data, size_t len,
                            struct exec_checkpoint_file *f, GError **err);
 void exec_checkpoint_file_clear(struct exec_checkpoint_file *f);
+/* The same without the checksum (a resume on another layout checks it only for the files it
+ * reads from), and the checksum alone. */
+bool exec_checkpoint_parse_unverified(const char *path, const void *data, size_t len,
+                                      struct exec_checkpoint_file *f, GError **err);
+bool exec_checkpoint_verify(const char *path, const void *data, size_t len, GError **err);
 /* Input error naming the first difference that forbids continuing exactly; a difference that
  * allow (bits from exec_resume_allow_parse) accepts is appended to notes instead. */
 bool exec_checkpoint_compare(const char *path, const struct exec_checkpoint_meta *was,
                              const struct exec_checkpoint_meta *now, uint32_t allow, GString *notes,
                              GError **err);
+/* The part of that comparison a user may change on purpose (optimizer, data, schedule). */
+bool exec_checkpoint_compare_allowed(const char *path, const struct exec_checkpoint_meta *was,
+                                     const struct exec_checkpoint_meta *now, uint32_t allow,
+                                     GString *notes, GError **err);
+/* checkpoint_reshard.c: with --resume-allow-change layout, this device's state from the files
+ * of every rank of the checkpoint in step_dir, whatever layout wrote them: each element by its
+ * op and its index in the op's one-device block, from the lowest rank holding a current copy;
+ * only the files it reads from are read (mapped) and checksummed. */
+bool exec_checkpoint_reshard(struct exec_state *s, const char *step_dir, uint32_t allow,
+                             uint32_t *step, GString *notes, GError **err);
+#define EXEC_RESUME_ALLOW_SCHEDULE (1u << 6)
+#define EXEC_RESUME_ALLOW_LAYOUT (1u << 7)
 /* "lr,weight_decay" -> bits; NULL -> 0. */
 bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err);
 

@@ -78,6 +78,10 @@ struct exec_options {
   const char *resume_allow_change;
   bool report; /* rank 0 returns the measured run (exec_result_report) for a run directory */
   const char *dump_params_path; /* rank 0 writes every parameter here (float32, model order) */
+  /* Hugging Face weights: start from the safetensors in load_hf_dir (shards with their
+   * model.safetensors.index.json, or model.safetensors); write the final parameters to
+   * save_hf_dir/model.safetensors + config.json in save_hf_dtype ("bf16", "fp32": default) */
+  const char *load_hf_dir, *save_hf_dir, *save_hf_dtype;
   bool progress;      /* rank 0 prints a line per step, with the time left at the pace so far */
   uint32_t log_every; /* every log_every-th step only (0, 1: all; the first and last always) */
   double straggler_threshold; /* a rank this much slower than its peers' median: a straggler */

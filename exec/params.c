@@ -38,11 +38,7 @@ uint64_t exec_model_param_total(const struct exec_model *xm) {
   return n;
 }
 
-/* Calls fn(local index, global index) for every parameter of segment seg held here. */
-static void for_each_param(const struct exec_state *s, uint32_t seg,
-                           void (*fn)(const struct exec_state *, uint32_t op, uint64_t local,
-                                      uint64_t global_in_op, void *),
-                           void *data) {
+void exec_for_each_param(const struct exec_state *s, uint32_t seg, exec_param_fn fn, void *data) {
   const struct exec_segment *es = &s->xm->segs[seg];
   const struct exec_device *d = s->dev;
   uint32_t S = d->ep_size[seg];
@@ -99,7 +95,7 @@ bool exec_state_init_params(struct exec_state *s, GError **err) {
     if (!d->holds[seg])
       continue;
     struct fill_ctx c = {host, d->param_offset[seg]};
-    for_each_param(s, seg, fill_init, &c);
+    exec_for_each_param(s, seg, fill_init, &c);
   }
   float *store = g_new0(float, d->n_store[EXEC_STORE_PARAMS] + 1);
   exec_store_compact(d, EXEC_STORE_PARAMS, host, store);
@@ -107,6 +103,23 @@ bool exec_state_init_params(struct exec_state *s, GError **err) {
   g_free(store);
   g_free(host);
   return true;
+}
+
+bool exec_state_load_hf(struct exec_state *s, const char *dir, GError **err) {
+  const struct exec_device *d = s->dev;
+  size_t n = (size_t)(d->n_params ? d->n_params : 1);
+  size_t pb = (size_t)d->n_store[EXEC_STORE_PARAMS] * sizeof(float);
+  float *host = g_new(float, n), *store = g_new(float, d->n_store[EXEC_STORE_PARAMS] + 1);
+  exec_backend_to_host(s->b, store, s->params, pb);
+  exec_store_expand(d, EXEC_STORE_PARAMS, store, host, NAN);
+  bool ok = exec_hf_load(s, dir, host, err);
+  if (ok) {
+    exec_store_compact(d, EXEC_STORE_PARAMS, host, store);
+    exec_backend_from_host(s->b, s->params, store, pb);
+  }
+  g_free(store);
+  g_free(host);
+  return ok;
 }
 
 float *exec_grad_accumulator(struct exec_state *s, struct exec_task_ctx *st, uint32_t b) {
@@ -161,9 +174,7 @@ void exec_state_free_params(struct exec_state *s) {
   s->params = s->grads = s->adam_m = s->adam_v = s->loss_device = NULL;
 }
 
-/* Whether this device holds a current copy of element `local` of segment seg: everywhere but
- * outside its own shard under ZeRO-3 (the rest is stale until the next gather). */
-static bool current(const struct exec_state *s, uint32_t seg, uint64_t local) {
+bool exec_param_current(const struct exec_state *s, uint32_t seg, uint64_t local) {
   const struct exec_device *d = s->dev;
   uint32_t b = d->bucket_of[seg];
   if (b == IR_NONE || !d->buckets[b].sharded_params)
@@ -184,7 +195,7 @@ struct export_ctx {
 static void export_one(const struct exec_state *s, uint32_t op, uint64_t local, uint64_t g,
                        void *data) {
   struct export_ctx *c = data;
-  if (!current(s, c->seg, local))
+  if (!exec_param_current(s, c->seg, local))
     return;
   c->full[c->op_offset[op] + g] = c->host[s->dev->param_offset[c->seg] + local];
   c->held[c->op_offset[op] + g] = true;
@@ -208,7 +219,7 @@ void exec_params_export(const struct exec_state *s, float *full, bool *held, uin
     if (!d->holds[seg])
       continue;
     struct export_ctx c = {host, full, held, seg, op_offset};
-    for_each_param(s, seg, export_one, &c);
+    exec_for_each_param(s, seg, export_one, &c);
   }
   g_free(op_offset);
   g_free(host);

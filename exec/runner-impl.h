@@ -86,6 +86,10 @@ bool exec_runner_control(struct runner *R, bool (*fn)(struct runner *, void *, G
 bool exec_runner_all_reduce(struct runner *R, double *v, uint64_t n, enum exec_reduce_op op,
                             GError **err);
 
+/* hf_save.c: the final parameters as o->save_hf_dir/model.safetensors + config.json, each op
+ * gathered to rank 0 from the ranks holding it (docs/exec.md, "Hugging Face weights"). */
+bool exec_runner_save_hf(struct runner *R, GError **err);
+
 /* runner_report.c: keep step `step`'s intervals in the trace; gather every rank's trace on
  * rank 0 into res->report; write the final parameters (rank 0, o->dump_params_path). */
 void exec_runner_keep_step_trace(struct runner *R, uint32_t step);

@@ -535,14 +535,15 @@ static bool agree_on_start(struct runner *R, uint32_t done, GError **err) {
   return true;
 }
 
-/* A checkpoint one rank refuses is refused by the job: every rank learns the lowest refusing
- * rank, which alone reports its reason, and all end together with the input error (nothing
+/* A checkpoint (or Hugging Face weights, --load-hf) one rank refuses is refused by the job:
+ * every rank learns the lowest refusing rank, which alone reports its reason, and all end together with the input error (nothing
  * is in flight, so no abort). Changes the user allowed are said on stdout by rank 0. */
 static bool resume(struct runner *R, struct exec_result *res, uint32_t *done, GError **err) {
   const struct exec_options *o = R->o;
   GError *mine = NULL;
   GString *notes = g_string_new(NULL);
-  bool ok = exec_checkpoint_read(&R->s, o->resume_dir, done, notes, &mine);
+  bool ok = o->resume_dir ? exec_checkpoint_read(&R->s, o->resume_dir, done, notes, &mine)
+                          : exec_state_load_hf(&R->s, o->load_hf_dir, &mine);
   double first = ok ? (double)R->dev->plan->n_devices : (double)R->rank;
   if (!exec_runner_all_reduce(R, &first, 1, EXEC_REDUCE_MIN, err)) {
     R->clean = false;
@@ -575,7 +576,9 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
     return piper_input_error(err, "--resume-allow-change goes with --resume DIR");
   if (o->checkpoint_keep && !o->checkpoint_dir)
     return piper_input_error(err, "--checkpoint-keep goes with --checkpoint DIR");
-  if (o->resume_dir && !resume(R, res, &done, err))
+  if (o->load_hf_dir && o->resume_dir)
+    return piper_input_error(err, "--load-hf starts a run; --resume continues one: give one");
+  if ((o->resume_dir || o->load_hf_dir) && !resume(R, res, &done, err))
     return false;
   if (o->checkpoint_dir && !exec_checkpoint_begin(o->checkpoint_dir, R->rank, err))
     return false;
@@ -773,6 +776,8 @@ static bool write_outputs(struct runner *R, struct exec_result *res, GError **er
       !exec_runner_gather_report(R, res, res->losses, res->n_steps, R->measured, R->n_measured, err))
     return false;
   if (o->dump_params_path && !exec_runner_dump_params(R, err))
+    return false;
+  if (o->save_hf_dir && !exec_runner_save_hf(R, err))
     return false;
   R->clean = true;
   return true;

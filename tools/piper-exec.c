@@ -79,7 +79,8 @@ static const struct option_spec options[] = {
      .help = "continue from the latest checkpoint in DIR"},
     {.name = "--resume-allow-change", .kind = OPTION_STRING, EXEC_OPTION(run.resume_allow_change),
      .metavar = "LIST", .help = "accept these changes on --resume (comma-separated: lr,\n"
-             "weight_decay, beta1, beta2, eps, data, schedule)"},
+             "weight_decay, beta1, beta2, eps, data, schedule; layout:\n"
+             "resume on another layout, resharded)"},
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
@@ -96,6 +97,12 @@ static const struct option_spec options[] = {
      .help = "write no run directory"},
     {.name = "--dump-params", .kind = OPTION_STRING, EXEC_OPTION(dump_params), .metavar = "FILE",
      .help = "write the final parameters (float32, model op order)"},
+    {.name = "--load-hf", .kind = OPTION_STRING, EXEC_OPTION(run.load_hf_dir), .metavar = "DIR",
+     .help = "start from Hugging Face safetensors in DIR (with its index)"},
+    {.name = "--save-hf", .kind = OPTION_STRING, EXEC_OPTION(run.save_hf_dir), .metavar = "DIR",
+     .help = "write the final parameters as DIR/model.safetensors + config.json"},
+    {.name = "--save-dtype", .kind = OPTION_STRING, EXEC_OPTION(run.save_hf_dtype),
+     .metavar = "T", .help = "... in bf16 or fp32 (default)"},
     {.name = "--no-charts", .kind = OPTION_FLAG, EXEC_OPTION(no_charts),
      .help = "draw no schedule.png/.svg or memory.png of the measured step"},
     {.name = "--quiet", .kind = OPTION_FLAG, EXEC_OPTION(quiet),
@@ -415,6 +422,11 @@ static bool prepare_outputs(const struct exec_cli *a, char **run_dir, bool *crea
     return false;
   if (a->checkpoint && !dir_writable("--checkpoint", a->checkpoint, err))
     return false;
+  if (a->run.save_hf_dir && !dir_writable("--save-hf", a->run.save_hf_dir, err))
+    return false;
+  const char *dt = a->run.save_hf_dtype;
+  if (dt && (!a->run.save_hf_dir || (strcmp(dt, "bf16") != 0 && strcmp(dt, "fp32") != 0)))
+    return piper_input_error(err, "--save-dtype %s: give bf16 or fp32, with --save-hf DIR", dt);
   if (a->no_report)
     return true;
   if (a->out) {

@@ -1082,6 +1082,70 @@ static void test_ops_cover_host_and_refuse_unsupported(void **state) {
 
 /* Stragglers: ranks of a class compared with their peers' median, step by step; named when
  * slower by more than the threshold in three steps of four. */
+/* The Hugging Face names of a family: every parameter of the model in exactly one tensor (the
+ * map covers each op's block end to end), the family's own names, and a Linear weight's [out,
+ * in] element for a block's [in, out] one. */
+static const struct exec_hf_tensor *hf_find(const struct exec_hf_map *map, const char *name) {
+  for (uint32_t k = 0; k < map->n; k++)
+    if (strcmp(map->t[k].name, name) == 0)
+      return &map->t[k];
+  return NULL;
+}
+
+static void hf_expect(const char *file, const char *name, uint64_t rows, uint64_t cols) {
+  GError *err = NULL;
+  struct model *m = model_load_file(file, 0, &err);
+  assert_non_null(m);
+  struct exec_hf_map map;
+  assert_true(exec_hf_map_build(m, &map, &err));
+  uint64_t total = 0;
+  for (uint32_t k = 0; k < map.n; k++)
+    if (!map.t[k].alias)
+      total += map.t[k].shape[0] * (map.t[k].ndim > 1 ? map.t[k].shape[1] : 1);
+  assert_int_equal(total, model_param_count(m));
+  const struct exec_hf_tensor *t = hf_find(&map, name);
+  assert_non_null(t);
+  assert_int_equal(t->shape[0], rows);
+  assert_int_equal(t->shape[1], cols);
+  exec_hf_map_clear(&map);
+  model_free(m);
+}
+
+static void test_hf_names_per_family(void **state) {
+  (void)state;
+  hf_expect("models/llama3-8b.json", "model.layers.31.self_attn.k_proj.weight", 1024, 4096);
+  hf_expect("models/mixtral-8x22b.json", "model.layers.0.block_sparse_moe.experts.7.w2.weight",
+            6144, 16384);
+  hf_expect("models/qwen3-30b-a3b.json", "model.layers.47.mlp.gate.weight", 128, 2048);
+  hf_expect("models/qwen1.5-moe-a2.7b.json", "model.layers.0.mlp.shared_expert_gate.weight", 1,
+            2048);
+  /* q_proj [out 4096, in 4096]: the block's element [0, 1] (index 1) is HF's [1, 0] */
+  GError *err = NULL;
+  struct model *m = model_load_file("models/llama3-8b.json", 0, &err);
+  struct exec_hf_map map;
+  assert_true(exec_hf_map_build(m, &map, &err));
+  uint32_t op = 0, k;
+  while (m->ops[op].kind != MODEL_OP_ATTENTION)
+    op++;
+  uint64_t index;
+  exec_hf_locate(&map, op, 1, &k, &index);
+  assert_string_equal(map.t[k].name, "model.layers.0.self_attn.q_proj.weight");
+  assert_int_equal(index, 4096);
+  /* the first element of k_proj follows q_proj's 4096 x 4096 */
+  exec_hf_locate(&map, op, 4096ull * 4096, &k, &index);
+  assert_string_equal(map.t[k].name, "model.layers.0.self_attn.k_proj.weight");
+  assert_int_equal(index, 0);
+  exec_hf_map_clear(&map);
+  model_free(m);
+  /* MLA has no mapping: refused naming the model type */
+  m = model_load_file("models/deepseek-v3.json", 61, &err);
+  assert_non_null(m);
+  assert_false(exec_hf_map_build(m, &map, &err));
+  assert_non_null(strstr(err->message, "MLA attention (model_type deepseek_v3)"));
+  g_clear_error(&err);
+  model_free(m);
+}
+
 static void test_stragglers_named_against_their_peers(void **state) {
   (void)state;
   /* 4 steps x 5 ranks; ranks 0-3 one class (data-parallel replicas), rank 4 alone */
@@ -1161,6 +1225,7 @@ int main(void) {
       cmocka_unit_test(test_refuses_plan_larger_than_job),
       cmocka_unit_test(test_ops_cover_host_and_refuse_unsupported),
       cmocka_unit_test(test_stragglers_named_against_their_peers),
+      cmocka_unit_test(test_hf_names_per_family),
   };
   return cmocka_run_group_tests_name("exec", tests, setup, teardown);
 }
