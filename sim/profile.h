@@ -38,6 +38,18 @@
 
 enum profile_collective_algo { PROFILE_ALGO_RING, PROFILE_ALGO_TREE, PROFILE_ALGO_AUTO };
 
+/* The families of costs a step is made of, which piper-sim's sensitivity scales one at a time
+ * (struct profile.family_scale): tensor-core GEMMs, the attention core, communication, and
+ * memory-bound kernels (norms, adds, elementwise parts of ops, the optimizer). */
+enum profile_family {
+  PROFILE_FAMILY_GEMM,
+  PROFILE_FAMILY_ATTENTION,
+  PROFILE_FAMILY_COMM,
+  PROFILE_FAMILY_MEMORY,
+  PROFILE_FAMILY_COUNT
+};
+extern const char *const profile_family_names[PROFILE_FAMILY_COUNT]; /* "gemm", "attention".. */
+
 /* The operations a profile may fit one by one ("collectives" section), and the link kinds a
  * fit is for: inside one node (shared memory, NVLink) or across nodes. */
 enum profile_collective {
@@ -98,6 +110,20 @@ struct profile {
   /* a backend that keeps a bf16 copy of each fp32 weight for its GEMMs (piper-exec's cuda
    * backend) remakes it once a step: traffic per parameter held, bf16 models only (0: none) */
   double weight_copy_bytes_per_param;
+
+  /* device.cost_model "shapes" (sim/cost.h): GEMMs costed as tiled tensor-core kernels from
+   * their shapes, the attention core as a FlashAttention-class kernel; false ("roofline",
+   * the default): every op at compute_efficiency of peak or memory_efficiency of bandwidth */
+  bool shape_model;
+  double gemm_efficiency;     /* a full wave of the largest tile's main loop / peak */
+  double gemm_tile_fill_k;    /* a tile's prologue and epilogue, in K elements of its loop */
+  double attention_efficiency[2]; /* [0] forward, [1] backward: long-sequence plateau / peak */
+  double attention_half_seq;  /* causal sequence at which the kernel reaches half its plateau */
+  /* MoE ("moe" section): routing_imbalance > 0 is the most-loaded expert's tokens over the
+   * mean (a measured or published figure); 0: the binomial spread of balanced random routing */
+  double routing_imbalance;
+  /* multiplies each family's costs (1 unless piper-sim's sensitivity varies them) */
+  double family_scale[PROFILE_FAMILY_COUNT];
 
   /* contention: a running communication kernel holds these shares of the device */
   double comm_sm_share;
