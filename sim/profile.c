@@ -707,6 +707,17 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
   return c;
 }
 
+struct profile_cost profile_op_cost(const struct profile *p, const struct model *m, uint32_t op,
+                                    enum ir_pass pass, uint32_t shard_degree, uint32_t tp_degree,
+                                    bool sequence_parallel) {
+  struct profile_cost c = {0};
+  double mem_time = 0;
+  op_cost(p, m, &m->ops[op], pass, shard_degree ? shard_degree : 1, tp_degree, sequence_parallel,
+          &c, &mem_time);
+  c.mem_fraction = c.seconds > 0 ? mem_time / c.seconds : 0;
+  return c;
+}
+
 struct profile_cost profile_optimizer_cost(const struct profile *p, double params,
                                           double copied) {
   struct profile_cost c = {0};

@@ -197,6 +197,10 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
                                             uint32_t segment, enum ir_pass pass,
                                             uint32_t shard_degree, uint32_t tp_degree,
                                             bool sequence_parallel);
+/* One op of the model (index into m->ops) alone, as profile_compute_cost_tp costs it. */
+struct profile_cost profile_op_cost(const struct profile *p, const struct model *m, uint32_t op,
+                                    enum ir_pass pass, uint32_t shard_degree, uint32_t tp_degree,
+                                    bool sequence_parallel);
 /* AdamW over `params` parameters held by one device. */
 /* params: parameters the step updates; copied: parameters whose bf16 copy the backend remakes
  * with the update (weight_copy_bytes_per_param, measured by piper-prof as the update's extra

@@ -21,6 +21,7 @@
 #include "../../base/json.h"
 #include "../../directives/compile.h"
 #include "../../report/chart.h"
+#include "../../sim/cost.h"
 #include "../../sim/profile.h"
 #include "../../report/report.h"
 #include "../../directives/layout.h"
@@ -66,8 +67,9 @@ static void test_profile_bundled(void **state) {
   test_assert_near(u->syn_bw, 1 * MS, 1e-15, 0, "BW");
   assert_true(u->syn_optimizer == 0 && u->syn_comm == 0);
   profile_free(u);
-  const char *dev[] = {"profiles/h100-sxm.json", "profiles/h200.json", "profiles/a100-80g.json"};
-  for (int i = 0; i < 3; i++) {
+  const char *dev[] = {"profiles/h100-sxm.json", "profiles/h200.json", "profiles/a100-80g.json",
+                       "profiles/h800.json"};
+  for (int i = 0; i < 4; i++) {
     struct profile *p = load_profile(dev[i]);
     assert_false(p->synthetic);
     assert_true(p->peak_flops[MODEL_DTYPE_BF16] > 1e14);
@@ -81,8 +83,102 @@ static void test_profile_bundled(void **state) {
   struct profile *h200 = load_profile("profiles/h200.json");
   assert_true(h100->peak_flops[MODEL_DTYPE_BF16] == h200->peak_flops[MODEL_DTYPE_BF16]);
   assert_true(h200->memory_bandwidth > h100->memory_bandwidth);
+  /* H800 = H100 compute, NVLink 400 GB/s both ways instead of 900 */
+  struct profile *h800 = load_profile("profiles/h800.json");
+  assert_true(h800->peak_flops[MODEL_DTYPE_BF16] == h100->peak_flops[MODEL_DTYPE_BF16]);
+  assert_true(h800->sm_count == h100->sm_count && h800->shape_model);
+  test_assert_near(h800->intra_bandwidth, 200e9, 0, 1e-12, "h800 nvlink");
+  profile_free(h800);
   profile_free(h100);
   profile_free(h200);
+}
+
+/* ---- costs from shapes (sim/cost.h) ------------------------------------------------------- */
+
+/* 132 SMs at 400 TFLOP/s (3.03 per SM), 1 TB/s, no efficiency losses, no launch overhead:
+ * round numbers for hand-computed cases. */
+static const char *const shape_profile =
+    "{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":400,\"fp32\":40},"
+    "\"memory_bandwidth_gbs\":1000,\"memory_capacity_gib\":80,\"sm_count\":132,"
+    "\"cost_model\":\"shapes\",\"gemm_efficiency\":1,\"gemm_tile_fill_k\":0,"
+    "\"attention_efficiency_fwd\":0.5,\"attention_efficiency_bwd\":0.4,"
+    "\"attention_half_seq\":1024},"
+    "\"network\":{\"gpus_per_node\":8,\"nics_per_node\":8,\"nvlink_bandwidth_gbs\":100,"
+    "\"nvlink_latency_us\":2,\"nic_bandwidth_gbs\":10,\"inter_node_latency_us\":5}}";
+
+static void test_gemm_shapes(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct profile *p = profile_from(shape_profile, &err);
+  assert_non_null(p);
+  assert_true(p->shape_model);
+  /* exactly one wave: 1536 x 2816 is 12 x 11 = 132 tiles of 128 x 256, one per SM, so the
+   * GEMM runs at the device's peak: 2 m n k / 400 TFLOP/s (its bytes, 44 MB, take 44 us of
+   * the 89 us) */
+  struct cost_gemm g = cost_gemm(p, MODEL_DTYPE_BF16, 1536, 2816, 4096);
+  assert_int_equal(g.tile_m * g.tile_n, 128 * 256);
+  assert_true(g.waves == 1 && g.split_k == 1);
+  test_assert_near(g.seconds, 2.0 * 1536 * 2816 * 4096 / 400e12, 0, 1e-12, "one wave");
+  /* one more row needs a second wave of 128 x 256 tiles, or smaller tiles: either way
+   * well over 1.5 times the time for 0.07% more work */
+  struct cost_gemm g1 = cost_gemm(p, MODEL_DTYPE_BF16, 1537, 2816, 4096);
+  assert_true(g1.seconds > 1.5 * g.seconds);
+  /* skinny: 8 tokens through a 4096 x 4096 weight moves the weight (32 MiB) for 0.27 GFLOP:
+   * memory-bound, its time the bytes over the bandwidth */
+  struct cost_gemm s = cost_gemm(p, MODEL_DTYPE_BF16, 8, 4096, 4096);
+  assert_true(s.memory > s.compute);
+  test_assert_near(s.seconds, (8.0 * 4096 + 4096.0 * 4096 + 8.0 * 4096) * 2 / 1e12, 0, 1e-12,
+                   "skinny");
+  /* a long K with few tiles splits K over the idle SMs */
+  struct cost_gemm sk = cost_gemm(p, MODEL_DTYPE_BF16, 256, 256, 65536);
+  assert_true(sk.split_k > 1);
+  /* grouped: 8 experts of 64 rows where one has 256: the hot group's tiles add waves */
+  struct cost_gemm even = cost_gemm_grouped(p, MODEL_DTYPE_BF16, 8, 512, 512, 4096, 4096);
+  struct cost_gemm hot = cost_gemm_grouped(p, MODEL_DTYPE_BF16, 8, 512, 2048, 4096, 4096);
+  assert_true(hot.seconds > even.seconds * 1.2);
+  profile_free(p);
+}
+
+static void test_attention_core(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct profile *p = profile_from(shape_profile, &err);
+  assert_non_null(p);
+  /* causal, seq 1024, 8 heads of 128: 2 * 8 * 1024^2 * 256 / 2 FLOPs at 0.5 * 1024 / (1024 +
+   * 1024) = 0.25 of 400 TFLOP/s */
+  double f = 2.0 * 8 * 1024 * 1024 * 256 / 2;
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1,
+                                       false),
+                   f / 100e12, 0, 1e-12, "causal forward");
+  /* backward: 2.5 times the FLOPs at 0.4 * 0.5 */
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1,
+                                       true),
+                   2.5 * f / 80e12, 0, 1e-12, "causal backward");
+  /* non-causal: twice the FLOPs, at the efficiency of causal 2048 (0.5 * 2/3) */
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, false, 1,
+                                       false),
+                   2 * f / (400e12 / 3), 0, 1e-12, "non-causal");
+  /* two context-parallel chunks: half the work each, at the efficiency of 512 (0.5 / 3) */
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 2,
+                                       false),
+                   f / 2 / (400e12 / 6), 0, 1e-12, "cp 2");
+  /* routing: balanced random routing of 1000 routes over 10 experts puts about mean +
+   * sqrt(2 ln 10) sd on the busiest (mean 100, sd sqrt(90)) */
+  test_assert_near(cost_routing_hot_factor(p, 1000, 10), 1 + sqrt(2 * log(10.0)) * sqrt(90.0) / 100,
+                   0, 1e-12, "binomial hot expert");
+  p->routing_imbalance = 1.5;
+  assert_true(cost_routing_hot_factor(p, 1000, 10) == 1.5);
+  profile_free(p);
+  /* the bundled H100: a TP-8 slice of Llama-3-70B's MLP and a few-token expert GEMM run
+   * further from peak than the whole MLP (tiles, waves, bytes) */
+  struct profile *h = load_profile("profiles/h100-sxm.json");
+  struct cost_gemm whole = cost_gemm(h, MODEL_DTYPE_BF16, 4096, 2 * 28672, 8192);
+  struct cost_gemm tp8 = cost_gemm(h, MODEL_DTYPE_BF16, 4096, 2 * 28672 / 8, 8192);
+  struct cost_gemm few = cost_gemm(h, MODEL_DTYPE_BF16, 32, 2 * 768, 2048);
+  double e_whole = whole.flops / whole.seconds, e_tp8 = tp8.flops / tp8.seconds;
+  double e_few = few.flops / few.seconds;
+  assert_true(e_whole > e_tp8 && e_tp8 > e_few);
+  profile_free(h);
 }
 
 static void test_profile_errors(void **state) {
@@ -102,6 +198,12 @@ static void test_profile_errors(void **state) {
        "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1}}",
        "\"network\" is required"},
       {"{\"bogus\":1}", "bogus"},
+      {"{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":1,\"fp32\":1},"
+       "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1,\"cost_model\":\"tiles\"}}",
+       "cost_model"},
+      {"{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":2,\"BI_ms\":1,\"BW_ms\":1},"
+       "\"moe\":{\"routing_imbalance\":0.5}}",
+       "routing_imbalance"},
       {"[1]", "object"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -2058,6 +2160,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_profile_bundled),
       cmocka_unit_test(test_profile_errors),
+      cmocka_unit_test(test_gemm_shapes),
+      cmocka_unit_test(test_attention_core),
       cmocka_unit_test(test_roofline_and_table),
       cmocka_unit_test(test_expert_parallel_entries),
       cmocka_unit_test(test_optimizer_cost),
