@@ -123,6 +123,104 @@ double cost_routing_hot_factor(const struct profile *p, double routes, double ex
   return 1 + sqrt(2 * log(experts)) * sd / mean;
 }
 
+/* ---- collectives by level ---------------------------------------------------------------- */
+
+/* The NIC level of a span across nodes: each member's share of its node's NICs (all of them
+ * when the group fills the node: one ring or peer per NIC rail), past one leaf group through
+ * the spine. */
+static void nic_level(const struct profile *p, const struct profile_span *span, double *bw,
+                      double *lat) {
+  double gpn = p->gpus_per_node ? (double)p->gpus_per_node : 1;
+  *bw = p->nic_bandwidth * p->network_efficiency * p->nics_per_node * span->min_per_node / gpn;
+  *lat = p->inter_latency;
+  if (p->nodes_per_leaf && span->n_nodes > p->nodes_per_leaf) {
+    *bw *= p->spine_bandwidth_factor;
+    *lat += p->spine_latency;
+  }
+  double intra = p->intra_bandwidth * p->network_efficiency;
+  if (intra > 0 && intra < *bw)
+    *bw = intra;
+}
+
+/* Ring and tree all-reduce as NCCL's tuning model (src/graph/tuning.cc) counts them: a ring
+ * takes 2 (p - 1) steps, 2 (N - 1) of them across nodes; a tree chains the g ranks of a node
+ * and spans the N nodes with a double binary tree, 2 ((g - 1) intra + log2 N inter) steps, and
+ * moves every byte twice. The algorithm is the faster, as NCCL's tuner picks, unless the profile
+ * names one; inside one node NCCL uses rings. */
+static void all_reduce_levels(const struct profile *p, double n, const struct profile_span *span,
+                              double b_inter, double a_inter, struct profile_comm_cost *c) {
+  double pr = span->p, N = span->n_nodes, g = span->min_per_node;
+  double a_intra = p->intra_latency;
+  double b = N > 1 ? b_inter : p->intra_bandwidth * p->network_efficiency;
+  double inter_steps = N > 1 ? 2 * (N - 1) : 0;
+  double ring_l = (2 * (pr - 1) - inter_steps) * a_intra + inter_steps * a_inter;
+  double ring_t = 2 * (pr - 1) / pr * n / b;
+  double tree_l = 2 * ((g - 1) * a_intra + ceil(log2(N > 1 ? N : 1)) * a_inter);
+  double tree_t = 2 * n / b;
+  bool tree = N > 1 && (p->algo == PROFILE_ALGO_TREE ||
+                        (p->algo == PROFILE_ALGO_AUTO && tree_l + tree_t < ring_l + ring_t));
+  c->latency = tree ? tree_l : ring_l;
+  c->transfer = tree ? tree_t : ring_t;
+}
+
+/* All-to-all: what goes to the node's own members over NVLink while the rest leaves over the
+ * NICs, the slower of the two. NCCL exchanges with each of the p - 1 peers (a step each, whose
+ * latency makes small messages slow: a peer's n / p bytes against one step's latency); an
+ * optimised dispatcher (DeepEP) sends in one pass at its own efficiency. */
+static void all_to_all_levels(const struct profile *p, double n, const struct profile_span *span,
+                              double b_inter, double a_inter, struct profile_comm_cost *c) {
+  double pr = span->p, g = span->min_per_node;
+  double b_intra = p->intra_bandwidth *
+                   (p->deepep ? p->deepep_efficiency_intra : p->network_efficiency);
+  if (p->deepep && span->n_nodes > 1)
+    b_inter *= p->deepep_efficiency_inter / p->network_efficiency;
+  double t_intra = (g - 1) / pr * n / b_intra;
+  double t_inter = span->n_nodes > 1 ? (pr - g) / pr * n / b_inter : 0;
+  c->transfer = t_intra > t_inter ? t_intra : t_inter;
+  if (p->deepep)
+    c->latency = span->n_nodes > 1 ? a_inter : p->intra_latency;
+  else
+    c->latency = (g - 1) * p->intra_latency + (pr - g) * a_inter;
+}
+
+struct profile_comm_cost cost_collective(const struct profile *p, enum ir_node_kind kind,
+                                         uint64_t bytes, const struct profile_span *span) {
+  struct profile_comm_cost c = {.inter_node = span->n_nodes > 1};
+  double n = (double)bytes, b, a;
+  if (span->n_nodes > 1)
+    nic_level(p, span, &b, &a);
+  else
+    b = p->intra_bandwidth * p->network_efficiency, a = p->intra_latency;
+  if (b <= 0)
+    b = 1;
+  double pr = span->p, N = span->n_nodes;
+  switch (kind) {
+  case IR_NODE_SEND:
+  case IR_NODE_RECV:
+    c.latency = a;
+    c.transfer = n / b;
+    break;
+  case IR_NODE_ALL_REDUCE:
+    if (span->p > 1)
+      all_reduce_levels(p, n, span, b, a, &c);
+    break;
+  case IR_NODE_REDUCE_SCATTER:
+  case IR_NODE_ALL_GATHER:
+    /* a ring of p - 1 steps, N - 1 of them across nodes */
+    if (span->p <= 1)
+      break;
+    c.latency = (pr - 1 - (N - 1)) * p->intra_latency + (N - 1) * (N > 1 ? a : 0);
+    c.transfer = (pr - 1) / pr * n / b;
+    break;
+  case IR_NODE_ALL_TO_ALL:
+    if (span->p > 1)
+      all_to_all_levels(p, n, span, b, a, &c);
+    break;
+  default: break;
+  }
+  return c;
+}
+
 /* ---- model ops as GEMMs ------------------------------------------------------------------- */
 
 /* The GEMMs of one op's forward as (rows, n, k, groups, hot rows); a backward pass runs each

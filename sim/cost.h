@@ -52,6 +52,12 @@ bool cost_model_op(const struct profile *p, const struct model *m, const struct 
                    enum ir_pass pass, uint32_t tp, uint32_t ep, double share, double bytes,
                    double family[PROFILE_FAMILY_COUNT], double *memory_bound);
 
+/* A collective under network.collective_model "topology" (kind and bytes as for
+ * profile_comm_cost; no per-operation fit): latency by level and algorithm, transfer at the
+ * bandwidth of the level that bounds it. */
+struct profile_comm_cost cost_collective(const struct profile *p, enum ir_node_kind kind,
+                                         uint64_t bytes, const struct profile_span *span);
+
 /* Expected most-loaded expert's rows over the mean when `routes` routed rows spread over
  * `experts` experts: the profile's routing_imbalance if set, else the binomial spread of
  * balanced random routing (mean + sqrt(2 ln E) standard deviations). */

@@ -162,6 +162,12 @@ static const struct profile_key network_keys[] = {
     KEY("nic_bandwidth_gbs", DOUBLE, DEVICE, 1e-6, 1e9, 1e9, nic_bandwidth),
     KEY("inter_node_latency_us", DOUBLE, DEVICE, 0, 1e9, 1e-6, inter_latency),
     KEY("efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, network_efficiency),
+    /* the topology model's (collective_model "topology"; sim/cost.h) */
+    KEY("nodes_per_leaf", U32, OPTIONAL, 0, 1 << 20, 1, nodes_per_leaf),
+    KEY("spine_latency_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, spine_latency),
+    KEY("spine_bandwidth_factor", DOUBLE, OPTIONAL, 1e-3, 1, 1, spine_bandwidth_factor),
+    KEY("deepep_efficiency_intra", DOUBLE, OPTIONAL, 1e-3, 1, 1, deepep_efficiency_intra),
+    KEY("deepep_efficiency_inter", DOUBLE, OPTIONAL, 1e-3, 1, 1, deepep_efficiency_inter),
 };
 static const struct profile_key synthetic_keys[] = {
     KEY("F_ms", DOUBLE, REQUIRED, 0, 1e9, 1e-3, syn_f),
@@ -323,28 +329,51 @@ static bool read_device(struct profile *p, const char *name, const cJSON *dev, G
   return read_keys(p, dev, device_keys, G_N_ELEMENTS(device_keys), ctx, err);
 }
 
-/* The network section: the table's keys and the collective algorithm. */
+/* A string key of a section that takes one of names (NULL-terminated); *out its index, left
+ * as it is when the key is absent. */
+static bool read_choice(const cJSON *obj, const char *key, const char *const *names, int *out,
+                        const char *ctx, GError **err) {
+  const char *v = NULL;
+  if (!json_get_string(obj, key, false, &v, ctx, err))
+    return false;
+  if (!v)
+    return true;
+  for (int i = 0; names[i]; i++)
+    if (strcmp(v, names[i]) == 0) {
+      *out = i;
+      return true;
+    }
+  GString *list = g_string_new(NULL);
+  for (int i = 0; names[i]; i++)
+    g_string_append_printf(list, "%s%s", i ? (names[i + 1] ? ", " : " or ") : "", names[i]);
+  piper_input_error(err, "%s: key \"%s\": \"%s\" is not %s", ctx, key, v, list->str);
+  g_string_free(list, TRUE);
+  return false;
+}
+
+/* The network section: the table's keys, the collective algorithm and models. */
 static bool read_network(struct profile *p, const char *name, const cJSON *net, GError **err) {
   char ctx[300];
   snprintf(ctx, sizeof ctx, "%s: network", name);
-  if (!check_section_keys(net, network_keys, G_N_ELEMENTS(network_keys),
-                          (const char *const[]){"collective_algorithm", NULL}, ctx, err) ||
+  static const char *const extra[] = {"collective_algorithm", "collective_model", "all_to_all",
+                                      NULL};
+  if (!check_section_keys(net, network_keys, G_N_ELEMENTS(network_keys), extra, ctx, err) ||
       !read_keys(p, net, network_keys, G_N_ELEMENTS(network_keys), ctx, err))
     return false;
   static const char *const algos[] = {
-      [PROFILE_ALGO_RING] = "ring", [PROFILE_ALGO_TREE] = "tree", [PROFILE_ALGO_AUTO] = "auto"};
-  const char *algo = NULL;
-  if (!json_get_string(net, "collective_algorithm", false, &algo, ctx, err))
+      [PROFILE_ALGO_RING] = "ring", [PROFILE_ALGO_TREE] = "tree", [PROFILE_ALGO_AUTO] = "auto",
+      NULL};
+  static const char *const models[] = {"alpha_beta", "topology", NULL};
+  static const char *const dispatchers[] = {"nccl", "deepep", NULL};
+  int algo = (int)p->algo, model = 0, a2a = 0;
+  if (!read_choice(net, "collective_algorithm", algos, &algo, ctx, err) ||
+      !read_choice(net, "collective_model", models, &model, ctx, err) ||
+      !read_choice(net, "all_to_all", dispatchers, &a2a, ctx, err))
     return false;
-  if (!algo)
-    return true;
-  for (size_t i = 0; i < G_N_ELEMENTS(algos); i++)
-    if (algos[i] && strcmp(algo, algos[i]) == 0) {
-      p->algo = (enum profile_collective_algo)i;
-      return true;
-    }
-  return piper_input_error(
-      err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto", ctx, algo);
+  p->algo = (enum profile_collective_algo)algo;
+  p->topology_model = model == 1;
+  p->deepep = a2a == 1;
+  return true;
 }
 
 /* "collectives": {LINK: {OP: {latency_us, bandwidth_gbs}}}, every level optional. */
@@ -461,6 +490,8 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   p->memory_efficiency = 1;
   p->network_efficiency = 1;
   p->gemm_efficiency = 1;
+  p->spine_bandwidth_factor = 1;
+  p->deepep_efficiency_intra = p->deepep_efficiency_inter = 1;
   p->attention_efficiency[0] = p->attention_efficiency[1] = 1;
   for (int f = 0; f < PROFILE_FAMILY_COUNT; f++)
     p->family_scale[f] = 1;
@@ -790,13 +821,11 @@ void profile_link(const struct profile *p, const struct profile_span *span, doub
   *latency = p->inter_latency;
 }
 
-struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node_kind kind,
-                                           uint64_t bytes, const struct profile_span *span) {
+/* One link and latency for the span (profile_link), or the operation's measured fit, under
+ * the ring (or tree) formulas. */
+static struct profile_comm_cost alpha_beta_cost(const struct profile *p, enum ir_node_kind kind,
+                                                uint64_t bytes, const struct profile_span *span) {
   struct profile_comm_cost c = {0};
-  if (p->synthetic) {
-    c.latency = p->syn_comm;
-    return c;
-  }
   double n = (double)bytes, B, a;
   double pr = span->p;
   profile_link(p, span, &B, &a);
@@ -842,6 +871,26 @@ struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node
     break;
   default: break;
   }
+  return c;
+}
+
+/* Whether a collective takes the topology model: the profile asks for it and has no measured
+ * fit of the operation on that kind of link. */
+static bool topology_costed(const struct profile *p, enum ir_node_kind kind,
+                            const struct profile_span *span) {
+  enum profile_collective op = profile_collective_of(kind);
+  if (!p->topology_model || op == PROFILE_COLL_COUNT)
+    return false;
+  return p->fits[span->n_nodes > 1 ? PROFILE_LINK_INTER : PROFILE_LINK_INTRA][op].bandwidth <= 0;
+}
+
+struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node_kind kind,
+                                           uint64_t bytes, const struct profile_span *span) {
+  if (p->synthetic)
+    return (struct profile_comm_cost){.latency = p->syn_comm};
+  struct profile_comm_cost c = topology_costed(p, kind, span)
+                                   ? cost_collective(p, kind, bytes, span)
+                                   : alpha_beta_cost(p, kind, bytes, span);
   c.latency *= p->family_scale[PROFILE_FAMILY_COMM];
   c.transfer *= p->family_scale[PROFILE_FAMILY_COMM];
   /* the executor sees an operation end at a test of it */

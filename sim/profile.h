@@ -135,6 +135,19 @@ struct profile {
   double nic_bandwidth, inter_latency;   /* per NIC, one direction */
   double network_efficiency;             /* bus bandwidth achieved / link bandwidth */
   enum profile_collective_algo algo;
+  /* network.collective_model "topology" (sim/cost.h, cost_collective): latency per level
+   * (NVLink steps, NIC steps, and past nodes_per_leaf nodes the spine's), ring and tree as
+   * NCCL's tuning model counts their steps, all-to-all split over NVLink and NIC peers;
+   * false ("alpha_beta", the default): one link and latency for the whole span */
+  bool topology_model;
+  uint32_t nodes_per_leaf;       /* nodes under one leaf (rail) switch group; 0: all */
+  double spine_latency;          /* added to each NIC step of a span past one leaf group */
+  double spine_bandwidth_factor; /* NIC bandwidth kept past one leaf group (1: non-blocking) */
+  /* network.all_to_all "deepep": an optimised dispatcher (DeepEP's normal kernels) sends
+   * every peer's tokens in one pass at these fractions of NVLink / NIC rates; "nccl" (the
+   * default): NCCL's p - 1 point-to-point exchanges at network_efficiency */
+  bool deepep;
+  double deepep_efficiency_intra, deepep_efficiency_inter;
 
   /* per-operation fits: where one is present it replaces the link terms above for that
    * operation and link kind */

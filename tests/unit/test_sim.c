@@ -199,6 +199,11 @@ static void test_profile_errors(void **state) {
        "\"network\" is required"},
       {"{\"bogus\":1}", "bogus"},
       {"{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":1,\"fp32\":1},"
+       "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1},\"network\":{\"gpus_per_node\":8,"
+       "\"nics_per_node\":8,\"nvlink_bandwidth_gbs\":1,\"nvlink_latency_us\":1,"
+       "\"nic_bandwidth_gbs\":1,\"inter_node_latency_us\":1,\"all_to_all\":\"mpi\"}}",
+       "\"all_to_all\": \"mpi\" is not nccl or deepep"},
+      {"{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":1,\"fp32\":1},"
        "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1,\"cost_model\":\"tiles\"}}",
        "cost_model"},
       {"{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":2,\"BI_ms\":1,\"BW_ms\":1},"
@@ -410,6 +415,60 @@ static void test_optimizer_cost(void **state) {
                    "no copies");
   test_assert_near(profile_optimizer_cost(p, 0.5e9, 1e9).seconds, (14e9 + 10e9) / 1e12 + over, 0,
                    1e-12, "ZeRO-1 over 2: half updated, all copied");
+  profile_free(p);
+}
+
+/* The topology model (network.collective_model "topology"): per-level latency, NCCL's step
+ * counts, all-to-all split over NVLink and NIC peers. Same links as plain_profile: NVLink
+ * 100 GB/s and 2 us, 8 NICs of 10 GB/s and 5 us per node of 8, efficiency 1. */
+static void test_collectives_topology(void **state) {
+  (void)state;
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%.*s,\"collective_model\":\"topology\",\"nodes_per_leaf\":2,"
+           "\"spine_latency_us\":1,\"spine_bandwidth_factor\":0.5}}",
+           (int)strlen(plain_profile) - 2, plain_profile);
+  GError *err = NULL;
+  struct profile *p = profile_from(buf, &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  assert_true(p->topology_model);
+  double n = 64e6;
+  uint32_t devs[32];
+  for (uint32_t i = 0; i < 32; i++)
+    devs[i] = i;
+  /* inside a node: ring, 2 (8 - 1) NVLink steps of 2 us, 2 (7/8) n at 100 GB/s */
+  struct profile_span sp = profile_span_of(p, devs, 8);
+  struct profile_comm_cost c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
+  test_assert_near(c.latency, 14 * 2e-6, 0, 1e-15, "intra latency");
+  test_assert_near(c.transfer, 2 * 7.0 / 8 * n / 100e9, 0, 1e-15, "intra transfer");
+  /* 2 nodes x 8: 30 steps, 2 (2 - 1) = 2 of them across nodes at 5 us, 28 on NVLink at 2 us;
+   * the node's 8 NICs carry 2 (15/16) n at 80 GB/s */
+  sp = profile_span_of(p, devs, 16);
+  c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
+  test_assert_near(c.latency, 28 * 2e-6 + 2 * 5e-6, 0, 1e-15, "inter latency");
+  test_assert_near(c.transfer, 2 * 15.0 / 16 * n / 80e9, 0, 1e-15, "inter transfer");
+  /* 4 nodes: past the leaf group of 2, the spine adds 1 us a NIC step and halves the NICs */
+  sp = profile_span_of(p, devs, 32);
+  c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
+  test_assert_near(c.latency, (62 - 6) * 2e-6 + 6 * 6e-6, 0, 1e-15, "spine latency");
+  test_assert_near(c.transfer, 2 * 31.0 / 32 * n / 40e9, 0, 1e-15, "spine transfer");
+  /* tree where NCCL would take it: 1 KiB over 4 nodes, 2 ((8 - 1) 2 us + log2 4 x 6 us) beats
+   * the ring's 62 steps */
+  p->algo = PROFILE_ALGO_AUTO;
+  c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, 1024, &sp);
+  test_assert_near(c.latency, 2 * (7 * 2e-6 + 2 * 6e-6), 0, 1e-15, "tree latency");
+  /* all-to-all over 2 nodes x 8: 7/16 of n to NVLink peers at 100 GB/s while 8/16 leaves at
+   * 80 GB/s; 7 peers at 2 us and 8 at 5 us */
+  sp = profile_span_of(p, devs, 16);
+  c = profile_comm_cost(p, IR_NODE_ALL_TO_ALL, (uint64_t)n, &sp);
+  test_assert_near(c.transfer, 8.0 / 16 * n / 80e9, 0, 1e-15, "a2a transfer");
+  test_assert_near(c.latency, 7 * 2e-6 + 8 * 5e-6, 0, 1e-15, "a2a latency");
+  /* DeepEP: one pass at its own efficiency */
+  p->deepep = true;
+  p->deepep_efficiency_inter = 0.5;
+  c = profile_comm_cost(p, IR_NODE_ALL_TO_ALL, (uint64_t)n, &sp);
+  test_assert_near(c.transfer, 8.0 / 16 * n / 40e9, 0, 1e-15, "deepep transfer");
+  test_assert_near(c.latency, 5e-6, 0, 1e-15, "deepep latency");
   profile_free(p);
 }
 
@@ -2166,6 +2225,7 @@ int main(void) {
       cmocka_unit_test(test_expert_parallel_entries),
       cmocka_unit_test(test_optimizer_cost),
       cmocka_unit_test(test_collectives),
+      cmocka_unit_test(test_collectives_topology),
       cmocka_unit_test(test_engine_order_and_rendezvous),
       cmocka_unit_test(test_engine_loop_late),
       cmocka_unit_test(test_engine_host_loop),
