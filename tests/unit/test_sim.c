@@ -418,6 +418,41 @@ static void test_optimizer_cost(void **state) {
   profile_free(p);
 }
 
+/* MoE as it runs: an expert op's GEMMs are two grouped launches (gate/up, down) whose
+ * most-loaded expert gets routing_imbalance x the mean rows; the dispatch and combine copies
+ * and the SwiGLU pass are memory-bound traffic besides. */
+static void test_moe_costs(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct model *m = model_load_file("models/qwen3-30b-a3b.json", 0, &err);
+  assert_non_null(m);
+  struct profile *h = load_profile("profiles/h100-sxm.json");
+  uint32_t e = 0;
+  while (m->ops[e].kind != MODEL_OP_EXPERT_FFN)
+    e++;
+  const struct model_op *op = &m->ops[e];
+  double T = (double)op->shape[0], hid = (double)op->shape[1], f = (double)op->shape[2];
+  double E = (double)op->shape[3], k = (double)op->shape[4], ep = 8;
+  double bytes = (double)op->bytes_fwd;
+  h->routing_imbalance = 2;
+  double fam[PROFILE_FAMILY_COUNT] = {0}, mem = 0;
+  assert_true(cost_model_op(h, m, op, IR_PASS_F, 1, (uint32_t)ep, 1, bytes, fam, &mem));
+  /* 8 devices of 16 experts each get T k routes: T k / 16 rows an expert, twice on the hot one */
+  double rows = T * k / (E / ep);
+  double want = cost_gemm_grouped(h, m->dtype, E / ep, rows, 2 * rows, 2 * f, hid).seconds +
+                cost_gemm_grouped(h, m->dtype, E / ep, rows, 2 * rows, hid, f).seconds;
+  test_assert_near(fam[PROFILE_FAMILY_GEMM], want, 0, 1e-12, "grouped GEMMs, hot expert");
+  assert_true(fam[PROFILE_FAMILY_MEMORY] > 0 && mem >= fam[PROFILE_FAMILY_MEMORY]);
+  double hot = fam[PROFILE_FAMILY_GEMM];
+  h->routing_imbalance = 0; /* the binomial spread: far less than 2x */
+  double fam1[PROFILE_FAMILY_COUNT] = {0};
+  mem = 0;
+  assert_true(cost_model_op(h, m, op, IR_PASS_F, 1, (uint32_t)ep, 1, bytes, fam1, &mem));
+  assert_true(fam1[PROFILE_FAMILY_GEMM] < hot);
+  profile_free(h);
+  model_free(m);
+}
+
 /* The topology model (network.collective_model "topology"): per-level latency, NCCL's step
  * counts, all-to-all split over NVLink and NIC peers. Same links as plain_profile: NVLink
  * 100 GB/s and 2 us, 8 NICs of 10 GB/s and 5 us per node of 8, efficiency 1. */
@@ -2226,6 +2261,7 @@ int main(void) {
       cmocka_unit_test(test_optimizer_cost),
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_collectives_topology),
+      cmocka_unit_test(test_moe_costs),
       cmocka_unit_test(test_engine_order_and_rendezvous),
       cmocka_unit_test(test_engine_loop_late),
       cmocka_unit_test(test_engine_host_loop),
