@@ -132,6 +132,25 @@ static void test_gemm_shapes(void **state) {
   /* a long K with few tiles splits K over the idle SMs */
   struct cost_gemm sk = cost_gemm(p, MODEL_DTYPE_BF16, 256, 256, 65536);
   assert_true(sk.split_k > 1);
+  /* a measured entry takes precedence over the shape model (tiny-dense's MLP, 64 x 64 x 128) */
+  char buf[2048];
+  snprintf(buf, sizeof buf,
+           "%.*s,\"measured\":[{\"op\":\"mlp\",\"pass\":\"F\",\"shape\":[64,64,128],"
+           "\"ms\":1}]}",
+           (int)strlen(shape_profile) - 1, shape_profile);
+  struct profile *pm = profile_from(buf, &err);
+  struct model *m = model_load_file("models/tiny-dense.json", 0, &err);
+  assert_non_null(pm);
+  assert_non_null(m);
+  uint32_t mlp = 0;
+  while (m->ops[mlp].kind != MODEL_OP_MLP)
+    mlp++;
+  struct profile_cost mc = profile_op_cost(pm, m, mlp, IR_PASS_F, 1, 1, false);
+  assert_true(mc.measured_ops == 1 && mc.seconds == 1e-3);
+  mc = profile_op_cost(pm, m, mlp, IR_PASS_BI, 1, 1, false); /* not measured: from shapes */
+  assert_true(mc.measured_ops == 0 && mc.fallback_ops == 1 && mc.seconds < 1e-4);
+  model_free(m);
+  profile_free(pm);
   /* grouped: 8 experts of 64 rows where one has 256: the hot group's tiles add waves */
   struct cost_gemm even = cost_gemm_grouped(p, MODEL_DTYPE_BF16, 8, 512, 512, 4096, 4096);
   struct cost_gemm hot = cost_gemm_grouped(p, MODEL_DTYPE_BF16, 8, 512, 2048, 4096, 4096);
