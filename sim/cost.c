@@ -221,6 +221,16 @@ struct profile_comm_cost cost_collective(const struct profile *p, enum ir_node_k
   return c;
 }
 
+double cost_all_to_all_skew(const struct profile *p, const struct model *m, uint32_t ranks) {
+  if (!p->shape_model || m->num_experts <= 1 || ranks <= 1)
+    return 1;
+  double E = (double)m->num_experts, local = E / ranks;
+  if (local < 1)
+    local = 1;
+  double routes = (double)model_tokens_per_microbatch(m) * (double)m->experts_per_tok * ranks;
+  return (local - 1 + cost_routing_hot_factor(p, routes, E)) / local;
+}
+
 /* ---- model ops as GEMMs ------------------------------------------------------------------- */
 
 /* The GEMMs of one op's forward as (rows, n, k, groups, hot rows); a backward pass runs each

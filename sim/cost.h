@@ -63,4 +63,10 @@ struct profile_comm_cost cost_collective(const struct profile *p, enum ir_node_k
  * balanced random routing (mean + sqrt(2 ln E) standard deviations). */
 double cost_routing_hot_factor(const struct profile *p, double routes, double experts);
 
+/* The all-to-all of a MoE layer over `ranks` expert-parallel ranks moves more to and from the
+ * rank holding the most-loaded expert: its E / ranks experts get (E / ranks - 1 + hot) times
+ * one expert's mean rows, and every rank waits for it. The factor on the transfer (1 for
+ * profiles without the shape model and models without experts). */
+double cost_all_to_all_skew(const struct profile *p, const struct model *m, uint32_t ranks);
+
 #endif

@@ -463,6 +463,10 @@ static void test_moe_costs(void **state) {
   test_assert_near(fam[PROFILE_FAMILY_GEMM], want, 0, 1e-12, "grouped GEMMs, hot expert");
   assert_true(fam[PROFILE_FAMILY_MEMORY] > 0 && mem >= fam[PROFILE_FAMILY_MEMORY]);
   double hot = fam[PROFILE_FAMILY_GEMM];
+  /* the all-to-all over 8 ranks waits for the rank of the hot expert: its 16 experts carry
+   * 15 + 2 experts' mean rows */
+  test_assert_near(cost_all_to_all_skew(h, m, 8), 17.0 / 16, 0, 1e-12, "a2a skew");
+  assert_true(cost_all_to_all_skew(h, m, 1) == 1);
   h->routing_imbalance = 0; /* the binomial spread: far less than 2x */
   double fam1[PROFILE_FAMILY_COUNT] = {0};
   mem = 0;
