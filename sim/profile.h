@@ -2,7 +2,8 @@
  * device profile gives peak FLOP/s per dtype, memory bandwidth and capacity, efficiency factors, an
  * optional measured table (op kind + pass + shape -> time) and a network (GPUs per node, NVLink and
  * NIC bandwidth and latency); a synthetic profile gives fixed milliseconds per compute node by pass
- * and per communication.
+ * and per communication. Datasheet profiles cost ops from their shapes and collectives by
+ * topology (device.cost_model "shapes", network.collective_model "topology": sim/cost.h).
  *
  *   GError *err = NULL;
  *   struct model *model = model_load_file("models/tiny-moe.json", 0, &err);
