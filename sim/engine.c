@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 
 #include "../base/json.h"
+#include "cost.h"
 #include "queue-impl.h"
 #include "scenario.h"
 #include "sim.h"
@@ -1569,6 +1570,8 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
     sl.latency = cc.latency * count;
     sl.transfer = cc.transfer * count;
     sl.inter = cc.inter_node;
+    if (n->kind == IR_NODE_ALL_TO_ALL) /* the rank of the most-loaded expert sets the pace */
+      sl.transfer *= cost_all_to_all_skew(s->prof, s->p->model, span->p);
     if (s->o->scenario) /* a degraded link or NIC: the slowest party's share of its rate */
       sl.transfer /= sim_scenario_bandwidth(s->o->scenario, devs, n_devs, cc.inter_node);
   }

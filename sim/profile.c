@@ -3,6 +3,8 @@
 #include "profile.h"
 
 #include <math.h>
+
+#include "cost.h"
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +140,15 @@ static const struct profile_key device_keys[] = {
     KEY("kernel_overhead_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, kernel_overhead),
     KEY("optimizer_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, optimizer_bytes_per_param),
     KEY("weight_copy_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, weight_copy_bytes_per_param),
+    /* the shape model's (cost_model "shapes"; sim/cost.h) */
+    KEY("gemm_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, gemm_efficiency),
+    KEY("gemm_tile_fill_k", DOUBLE, OPTIONAL, 0, 1e6, 1, gemm_tile_fill_k),
+    KEY("attention_efficiency_fwd", DOUBLE, OPTIONAL, 1e-3, 1, 1, attention_efficiency[0]),
+    KEY("attention_efficiency_bwd", DOUBLE, OPTIONAL, 1e-3, 1, 1, attention_efficiency[1]),
+    KEY("attention_half_seq", DOUBLE, OPTIONAL, 0, 1e9, 1, attention_half_seq),
+};
+static const struct profile_key moe_keys[] = {
+    KEY("routing_imbalance", DOUBLE, OPTIONAL, 1, 1e6, 1, routing_imbalance),
 };
 static const struct profile_key contention_keys[] = {
     KEY("comm_sm_share", DOUBLE, OPTIONAL, 0, 0.9, 1, comm_sm_share),
@@ -151,6 +162,12 @@ static const struct profile_key network_keys[] = {
     KEY("nic_bandwidth_gbs", DOUBLE, DEVICE, 1e-6, 1e9, 1e9, nic_bandwidth),
     KEY("inter_node_latency_us", DOUBLE, DEVICE, 0, 1e9, 1e-6, inter_latency),
     KEY("efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, network_efficiency),
+    /* the topology model's (collective_model "topology"; sim/cost.h) */
+    KEY("nodes_per_leaf", U32, OPTIONAL, 0, 1 << 20, 1, nodes_per_leaf),
+    KEY("spine_latency_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, spine_latency),
+    KEY("spine_bandwidth_factor", DOUBLE, OPTIONAL, 1e-3, 1, 1, spine_bandwidth_factor),
+    KEY("deepep_efficiency_intra", DOUBLE, OPTIONAL, 1e-3, 1, 1, deepep_efficiency_intra),
+    KEY("deepep_efficiency_inter", DOUBLE, OPTIONAL, 1e-3, 1, 1, deepep_efficiency_inter),
 };
 static const struct profile_key synthetic_keys[] = {
     KEY("F_ms", DOUBLE, REQUIRED, 0, 1e9, 1e-3, syn_f),
@@ -190,6 +207,8 @@ static const struct profile_key fit_keys[] = {
 const char *const profile_collective_names[PROFILE_COLL_COUNT] = {
     "p2p", "all_reduce", "reduce_scatter", "all_gather", "all_to_all"};
 const char *const profile_link_names[PROFILE_LINK_COUNT] = {"intra_node", "inter_node"};
+const char *const profile_family_names[PROFILE_FAMILY_COUNT] = {"gemm", "attention",
+                                                                "collectives", "memory"};
 
 /* Sets the fields of rows[0 .. n) from obj. */
 static bool read_keys_into(struct profile *p, void *base, const cJSON *obj,
@@ -231,15 +250,16 @@ static bool read_keys(struct profile *p, const cJSON *obj, const struct profile_
   return read_keys_into(p, p, obj, rows, n, ctx, err);
 }
 
-/* json_check_keys with the allowed names taken from the table, plus extra (NULL or one name). */
+/* json_check_keys with the allowed names taken from the table, plus extra (NULL or a
+ * NULL-terminated list of names). */
 static bool check_section_keys(const cJSON *obj, const struct profile_key *rows, size_t n,
-                               const char *extra, const char *ctx, GError **err) {
-  const char *allowed[16];
+                               const char *const *extra, const char *ctx, GError **err) {
+  const char *allowed[32];
   size_t m = 0;
-  for (size_t i = 0; i < n && m < G_N_ELEMENTS(allowed) - 2; i++)
+  for (size_t i = 0; i < n && m < G_N_ELEMENTS(allowed) - 4; i++)
     allowed[m++] = rows[i].name;
-  if (extra)
-    allowed[m++] = extra;
+  for (size_t i = 0; extra && extra[i] && m < G_N_ELEMENTS(allowed) - 1; i++)
+    allowed[m++] = extra[i];
   allowed[m] = NULL;
   return json_check_keys(obj, allowed, ctx, err);
 }
@@ -256,7 +276,8 @@ static bool read_identity(struct profile *p, const char *name, const cJSON *root
     return piper_input_error(err, "%s: a profile must be a JSON object", name);
   static const char *const top[] = {"name",     "kind",      "description", "sources",
                                     "device",   "network",   "contention",  "measured",
-                                    "synthetic", "host",     "collectives", "memory", NULL};
+                                    "synthetic", "host",     "collectives", "memory",
+                                    "moe",      NULL};
   if (!json_check_keys(root, top, name, err))
     return false;
   const char *s = NULL;
@@ -287,9 +308,16 @@ static bool read_device(struct profile *p, const char *name, const cJSON *dev, G
   char ctx[300];
   snprintf(ctx, sizeof ctx, "%s: device", name);
   const cJSON *pk;
-  if (!check_section_keys(dev, device_keys, G_N_ELEMENTS(device_keys), "peak_tflops", ctx, err) ||
-      !json_get_object(dev, "peak_tflops", false, &pk, ctx, err))
+  const char *extra[] = {"peak_tflops", "cost_model", NULL};
+  const char *model = NULL;
+  if (!check_section_keys(dev, device_keys, G_N_ELEMENTS(device_keys), extra, ctx, err) ||
+      !json_get_object(dev, "peak_tflops", false, &pk, ctx, err) ||
+      !json_get_string(dev, "cost_model", false, &model, ctx, err))
     return false;
+  if (model && strcmp(model, "shapes") != 0 && strcmp(model, "roofline") != 0)
+    return piper_input_error(err, "%s: key \"cost_model\": \"%s\" is not roofline or shapes",
+                             ctx, model);
+  p->shape_model = model && strcmp(model, "shapes") == 0;
   if (!pk && !p->synthetic)
     return piper_input_error(err, "%s: key \"peak_tflops\" is required", ctx);
   if (pk) {
@@ -301,28 +329,51 @@ static bool read_device(struct profile *p, const char *name, const cJSON *dev, G
   return read_keys(p, dev, device_keys, G_N_ELEMENTS(device_keys), ctx, err);
 }
 
-/* The network section: the table's keys and the collective algorithm. */
+/* A string key of a section that takes one of names (NULL-terminated); *out its index, left
+ * as it is when the key is absent. */
+static bool read_choice(const cJSON *obj, const char *key, const char *const *names, int *out,
+                        const char *ctx, GError **err) {
+  const char *v = NULL;
+  if (!json_get_string(obj, key, false, &v, ctx, err))
+    return false;
+  if (!v)
+    return true;
+  for (int i = 0; names[i]; i++)
+    if (strcmp(v, names[i]) == 0) {
+      *out = i;
+      return true;
+    }
+  GString *list = g_string_new(NULL);
+  for (int i = 0; names[i]; i++)
+    g_string_append_printf(list, "%s%s", i ? (names[i + 1] ? ", " : " or ") : "", names[i]);
+  piper_input_error(err, "%s: key \"%s\": \"%s\" is not %s", ctx, key, v, list->str);
+  g_string_free(list, TRUE);
+  return false;
+}
+
+/* The network section: the table's keys, the collective algorithm and models. */
 static bool read_network(struct profile *p, const char *name, const cJSON *net, GError **err) {
   char ctx[300];
   snprintf(ctx, sizeof ctx, "%s: network", name);
-  if (!check_section_keys(net, network_keys, G_N_ELEMENTS(network_keys), "collective_algorithm",
-                          ctx, err) ||
+  static const char *const extra[] = {"collective_algorithm", "collective_model", "all_to_all",
+                                      NULL};
+  if (!check_section_keys(net, network_keys, G_N_ELEMENTS(network_keys), extra, ctx, err) ||
       !read_keys(p, net, network_keys, G_N_ELEMENTS(network_keys), ctx, err))
     return false;
   static const char *const algos[] = {
-      [PROFILE_ALGO_RING] = "ring", [PROFILE_ALGO_TREE] = "tree", [PROFILE_ALGO_AUTO] = "auto"};
-  const char *algo = NULL;
-  if (!json_get_string(net, "collective_algorithm", false, &algo, ctx, err))
+      [PROFILE_ALGO_RING] = "ring", [PROFILE_ALGO_TREE] = "tree", [PROFILE_ALGO_AUTO] = "auto",
+      NULL};
+  static const char *const models[] = {"alpha_beta", "topology", NULL};
+  static const char *const dispatchers[] = {"nccl", "deepep", NULL};
+  int algo = (int)p->algo, model = 0, a2a = 0;
+  if (!read_choice(net, "collective_algorithm", algos, &algo, ctx, err) ||
+      !read_choice(net, "collective_model", models, &model, ctx, err) ||
+      !read_choice(net, "all_to_all", dispatchers, &a2a, ctx, err))
     return false;
-  if (!algo)
-    return true;
-  for (size_t i = 0; i < G_N_ELEMENTS(algos); i++)
-    if (algos[i] && strcmp(algo, algos[i]) == 0) {
-      p->algo = (enum profile_collective_algo)i;
-      return true;
-    }
-  return piper_input_error(
-      err, "%s: key \"collective_algorithm\": \"%s\" is not ring, tree or auto", ctx, algo);
+  p->algo = (enum profile_collective_algo)algo;
+  p->topology_model = model == 1;
+  p->deepep = a2a == 1;
+  return true;
 }
 
 /* "collectives": {LINK: {OP: {latency_us, bandwidth_gbs}}}, every level optional. */
@@ -366,7 +417,8 @@ static bool read_collectives(struct profile *p, const char *name, const cJSON *c
  * "loop", the default, or "enqueue"). */
 static bool read_host(struct profile *p, const cJSON *host, const char *ctx, GError **err) {
   const char *executor = "loop";
-  if (!check_section_keys(host, host_keys, G_N_ELEMENTS(host_keys), "executor", ctx, err) ||
+  if (!check_section_keys(host, host_keys, G_N_ELEMENTS(host_keys),
+                          (const char *const[]){"executor", NULL}, ctx, err) ||
       !read_keys(p, host, host_keys, G_N_ELEMENTS(host_keys), ctx, err) ||
       !json_get_string(host, "executor", false, &executor, ctx, err))
     return false;
@@ -380,14 +432,18 @@ static bool read_host(struct profile *p, const cJSON *host, const char *ctx, GEr
 /* The optional sections of a measured machine: host facts, per-operation fits and how the
  * backend holds memory. */
 static bool read_machine(struct profile *p, const char *name, const cJSON *root, GError **err) {
-  const cJSON *host, *col, *mem;
+  const cJSON *host, *col, *mem, *moe;
   char ctx[300];
-  if (!json_get_object(root, "host", false, &host, name, err) ||
+  if (!json_get_object(root, "moe", false, &moe, name, err) ||
+      !json_get_object(root, "host", false, &host, name, err) ||
       !json_get_object(root, "collectives", false, &col, name, err) ||
       !json_get_object(root, "memory", false, &mem, name, err))
     return false;
   snprintf(ctx, sizeof ctx, "%s: host", name);
   if (host && !read_host(p, host, ctx, err))
+    return false;
+  snprintf(ctx, sizeof ctx, "%s: moe", name);
+  if (moe && !read_section(p, moe, moe_keys, G_N_ELEMENTS(moe_keys), ctx, err))
     return false;
   snprintf(ctx, sizeof ctx, "%s: memory", name);
   if (mem && !read_section(p, mem, memory_keys, G_N_ELEMENTS(memory_keys), ctx, err))
@@ -433,6 +489,12 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   p->compute_efficiency = 1;
   p->memory_efficiency = 1;
   p->network_efficiency = 1;
+  p->gemm_efficiency = 1;
+  p->spine_bandwidth_factor = 1;
+  p->deepep_efficiency_intra = p->deepep_efficiency_inter = 1;
+  p->attention_efficiency[0] = p->attention_efficiency[1] = 1;
+  for (int f = 0; f < PROFILE_FAMILY_COUNT; f++)
+    p->family_scale[f] = 1;
   p->optimizer_bytes_per_param = 28; /* AdamW: read p32,g,m,v (4+4+4+4); write p32,m,v (12) */
   p->gpus_per_node = 8;
   p->nics_per_node = 8;
@@ -588,6 +650,72 @@ struct profile_cost profile_compute_cost(const struct profile *p, const struct m
   return profile_compute_cost_tp(p, m, segment, pass, shard_degree, 0, false);
 }
 
+/* The family a roofline or measured op's time counts in: the attention ops' in attention, a
+ * compute-bound op's in GEMMs, the rest (memory-bound) in memory. */
+static enum profile_family roofline_family(enum model_op_kind kind, bool memory_bound) {
+  if (kind == MODEL_OP_ATTENTION || kind == MODEL_OP_MLA_ATTENTION)
+    return PROFILE_FAMILY_ATTENTION;
+  return memory_bound ? PROFILE_FAMILY_MEMORY : PROFILE_FAMILY_GEMM;
+}
+
+/* One op of a node on this device: adds its time to c (scaled by family) and its memory-bound
+ * part to *mem_time. */
+static void op_cost(const struct profile *p, const struct model *m, const struct model_op *op,
+                    enum ir_pass pass, uint32_t shard_degree, uint32_t tp_degree,
+                    bool sequence_parallel, struct profile_cost *c, double *mem_time) {
+  double peak = p->peak_flops[m->dtype] * p->compute_efficiency;
+  double bw = p->memory_bandwidth * p->memory_efficiency;
+  double t = -1;
+  if (op->kind == MODEL_OP_EXPERT_FFN && shard_degree > 1)
+    t = ep_experts_time(p, pass, op->shape, shard_degree);
+  if (t < 0)
+    t = measured_time(p, op->kind, pass, op->shape);
+  double flops, bytes;
+  op_pass_load(op, pass, &flops, &bytes);
+  /* Experts sharded over an EP group that is also the data-parallel group (the only layout
+   * the compiler accepts): each device holds 1/shard_degree of the expert weights, and the
+   * all-to-all brings it as many routed tokens as its own micro-batch has (balanced routing),
+   * so the FLOPs stay whole and only the weight traffic divides. */
+  if (shard_degree > 1) {
+    double pbytes = (double)op->param_bytes;
+    if (pass == IR_PASS_B)
+      pbytes *= 2.0; /* B streams the weights twice, as op_pass_load counts */
+    if (pbytes > bytes)
+      pbytes = bytes;
+    bytes -= pbytes - pbytes / shard_degree;
+  }
+  /* tensor parallelism: this device's slice of the op (ir_tp_op_share); a measured time
+   * is of the whole op */
+  double share = ir_tp_op_share(op, tp_degree, sequence_parallel);
+  flops *= share;
+  bytes *= share;
+  double family[PROFILE_FAMILY_COUNT] = {0}, mem = 0;
+  if (t >= 0) {
+    t *= share;
+    c->measured_ops++;
+    /* measured times say nothing of their bound; take the roofline's verdict */
+    bool bound = bytes / bw > flops / peak;
+    family[roofline_family(op->kind, bound)] = t;
+    mem = bound ? t : 0;
+  } else if (!p->shape_model || !cost_model_op(p, m, op, pass, tp_degree, shard_degree, share,
+                                               bytes, family, &mem)) {
+    double tc = flops / peak, tm = bytes / bw;
+    t = (tc > tm ? tc : tm) + p->kernel_overhead;
+    family[roofline_family(op->kind, tm > tc)] = t;
+    mem = tm > tc ? t : 0;
+    c->fallback_ops++;
+  } else {
+    c->fallback_ops++;
+  }
+  double total = 0, unscaled = 0;
+  for (int f = 0; f < PROFILE_FAMILY_COUNT; f++) {
+    total += family[f] * p->family_scale[f];
+    unscaled += family[f];
+  }
+  c->seconds += total;
+  *mem_time += unscaled > 0 ? mem * total / unscaled : 0;
+}
+
 struct profile_cost profile_compute_cost_tp(const struct profile *p, const struct model *m,
                                             uint32_t segment, enum ir_pass pass,
                                             uint32_t shard_degree, uint32_t tp_degree,
@@ -604,50 +732,19 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
   }
   const struct model_segment *s = &m->segments[segment];
   double mem_time = 0;
-  double peak = p->peak_flops[m->dtype] * p->compute_efficiency;
-  double bw = p->memory_bandwidth * p->memory_efficiency;
-  for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++) {
-    const struct model_op *op = &m->ops[i];
-    double t = -1;
-    if (op->kind == MODEL_OP_EXPERT_FFN && shard_degree > 1)
-      t = ep_experts_time(p, pass, op->shape, shard_degree);
-    if (t < 0)
-      t = measured_time(p, op->kind, pass, op->shape);
-    double flops, bytes;
-    op_pass_load(op, pass, &flops, &bytes);
-    /* Experts sharded over an EP group that is also the data-parallel group (the only layout
-     * the compiler accepts): each device holds 1/shard_degree of the expert weights, and the
-     * all-to-all brings it as many routed tokens as its own micro-batch has (balanced routing),
-     * so the FLOPs stay whole and only the weight traffic divides. */
-    if (shard_degree > 1) {
-      double pbytes = (double)op->param_bytes;
-      if (pass == IR_PASS_B)
-        pbytes *= 2.0; /* B streams the weights twice, as op_pass_load counts */
-      if (pbytes > bytes)
-        pbytes = bytes;
-      bytes -= pbytes - pbytes / shard_degree;
-    }
-    /* tensor parallelism: this device's slice of the op (ir_tp_op_share); a measured time
-     * is of the whole op */
-    double share = ir_tp_op_share(op, tp_degree, sequence_parallel);
-    flops *= share;
-    bytes *= share;
-    if (t >= 0)
-      t *= share;
-    if (t >= 0) {
-      c.measured_ops++;
-      /* measured times say nothing of their bound; take the roofline's verdict */
-      if (bytes / bw > flops / peak)
-        mem_time += t;
-    } else {
-      double tc = flops / peak, tm = bytes / bw;
-      t = (tc > tm ? tc : tm) + p->kernel_overhead;
-      if (tm > tc)
-        mem_time += t;
-      c.fallback_ops++;
-    }
-    c.seconds += t;
-  }
+  for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++)
+    op_cost(p, m, &m->ops[i], pass, shard_degree, tp_degree, sequence_parallel, &c, &mem_time);
+  c.mem_fraction = c.seconds > 0 ? mem_time / c.seconds : 0;
+  return c;
+}
+
+struct profile_cost profile_op_cost(const struct profile *p, const struct model *m, uint32_t op,
+                                    enum ir_pass pass, uint32_t shard_degree, uint32_t tp_degree,
+                                    bool sequence_parallel) {
+  struct profile_cost c = {0};
+  double mem_time = 0;
+  op_cost(p, m, &m->ops[op], pass, shard_degree ? shard_degree : 1, tp_degree, sequence_parallel,
+          &c, &mem_time);
   c.mem_fraction = c.seconds > 0 ? mem_time / c.seconds : 0;
   return c;
 }
@@ -663,6 +760,7 @@ struct profile_cost profile_optimizer_cost(const struct profile *p, double param
   c.seconds = bytes / (p->memory_bandwidth * p->memory_efficiency);
   if (params > 0)
     c.seconds += p->kernel_overhead;
+  c.seconds *= p->family_scale[PROFILE_FAMILY_MEMORY];
   c.mem_fraction = 1;
   return c;
 }
@@ -723,13 +821,11 @@ void profile_link(const struct profile *p, const struct profile_span *span, doub
   *latency = p->inter_latency;
 }
 
-struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node_kind kind,
-                                           uint64_t bytes, const struct profile_span *span) {
+/* One link and latency for the span (profile_link), or the operation's measured fit, under
+ * the ring (or tree) formulas. */
+static struct profile_comm_cost alpha_beta_cost(const struct profile *p, enum ir_node_kind kind,
+                                                uint64_t bytes, const struct profile_span *span) {
   struct profile_comm_cost c = {0};
-  if (p->synthetic) {
-    c.latency = p->syn_comm;
-    return c;
-  }
   double n = (double)bytes, B, a;
   double pr = span->p;
   profile_link(p, span, &B, &a);
@@ -775,6 +871,28 @@ struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node
     break;
   default: break;
   }
+  return c;
+}
+
+/* Whether a collective takes the topology model: the profile asks for it and has no measured
+ * fit of the operation on that kind of link. */
+static bool topology_costed(const struct profile *p, enum ir_node_kind kind,
+                            const struct profile_span *span) {
+  enum profile_collective op = profile_collective_of(kind);
+  if (!p->topology_model || op == PROFILE_COLL_COUNT)
+    return false;
+  return p->fits[span->n_nodes > 1 ? PROFILE_LINK_INTER : PROFILE_LINK_INTRA][op].bandwidth <= 0;
+}
+
+struct profile_comm_cost profile_comm_cost(const struct profile *p, enum ir_node_kind kind,
+                                           uint64_t bytes, const struct profile_span *span) {
+  if (p->synthetic)
+    return (struct profile_comm_cost){.latency = p->syn_comm};
+  struct profile_comm_cost c = topology_costed(p, kind, span)
+                                   ? cost_collective(p, kind, bytes, span)
+                                   : alpha_beta_cost(p, kind, bytes, span);
+  c.latency *= p->family_scale[PROFILE_FAMILY_COMM];
+  c.transfer *= p->family_scale[PROFILE_FAMILY_COMM];
   /* the executor sees an operation end at a test of it */
   if (kind_is_comm_op(kind) && (span->p > 1 || kind == IR_NODE_SEND || kind == IR_NODE_RECV))
     c.latency += p->comm_test;

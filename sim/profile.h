@@ -2,7 +2,8 @@
  * device profile gives peak FLOP/s per dtype, memory bandwidth and capacity, efficiency factors, an
  * optional measured table (op kind + pass + shape -> time) and a network (GPUs per node, NVLink and
  * NIC bandwidth and latency); a synthetic profile gives fixed milliseconds per compute node by pass
- * and per communication.
+ * and per communication. Datasheet profiles cost ops from their shapes and collectives by
+ * topology (device.cost_model "shapes", network.collective_model "topology": sim/cost.h).
  *
  *   GError *err = NULL;
  *   struct model *model = model_load_file("models/tiny-moe.json", 0, &err);
@@ -37,6 +38,18 @@
 #define PROFILE_EP_DIM 5
 
 enum profile_collective_algo { PROFILE_ALGO_RING, PROFILE_ALGO_TREE, PROFILE_ALGO_AUTO };
+
+/* The families of costs a step is made of, which piper-sim's sensitivity scales one at a time
+ * (struct profile.family_scale): tensor-core GEMMs, the attention core, communication, and
+ * memory-bound kernels (norms, adds, elementwise parts of ops, the optimizer). */
+enum profile_family {
+  PROFILE_FAMILY_GEMM,
+  PROFILE_FAMILY_ATTENTION,
+  PROFILE_FAMILY_COMM,
+  PROFILE_FAMILY_MEMORY,
+  PROFILE_FAMILY_COUNT
+};
+extern const char *const profile_family_names[PROFILE_FAMILY_COUNT]; /* "gemm", "attention".. */
 
 /* The operations a profile may fit one by one ("collectives" section), and the link kinds a
  * fit is for: inside one node (shared memory, NVLink) or across nodes. */
@@ -99,6 +112,20 @@ struct profile {
    * backend) remakes it once a step: traffic per parameter held, bf16 models only (0: none) */
   double weight_copy_bytes_per_param;
 
+  /* device.cost_model "shapes" (sim/cost.h): GEMMs costed as tiled tensor-core kernels from
+   * their shapes, the attention core as a FlashAttention-class kernel; false ("roofline",
+   * the default): every op at compute_efficiency of peak or memory_efficiency of bandwidth */
+  bool shape_model;
+  double gemm_efficiency;     /* a full wave of the largest tile's main loop / peak */
+  double gemm_tile_fill_k;    /* a tile's prologue and epilogue, in K elements of its loop */
+  double attention_efficiency[2]; /* [0] forward, [1] backward: long-sequence plateau / peak */
+  double attention_half_seq;  /* causal sequence at which the kernel reaches half its plateau */
+  /* MoE ("moe" section): routing_imbalance > 0 is the most-loaded expert's tokens over the
+   * mean (a measured or published figure); 0: the binomial spread of balanced random routing */
+  double routing_imbalance;
+  /* multiplies each family's costs (1 unless piper-sim's sensitivity varies them) */
+  double family_scale[PROFILE_FAMILY_COUNT];
+
   /* contention: a running communication kernel holds these shares of the device */
   double comm_sm_share;
   double comm_memory_share;
@@ -109,6 +136,19 @@ struct profile {
   double nic_bandwidth, inter_latency;   /* per NIC, one direction */
   double network_efficiency;             /* bus bandwidth achieved / link bandwidth */
   enum profile_collective_algo algo;
+  /* network.collective_model "topology" (sim/cost.h, cost_collective): latency per level
+   * (NVLink steps, NIC steps, and past nodes_per_leaf nodes the spine's), ring and tree as
+   * NCCL's tuning model counts their steps, all-to-all split over NVLink and NIC peers;
+   * false ("alpha_beta", the default): one link and latency for the whole span */
+  bool topology_model;
+  uint32_t nodes_per_leaf;       /* nodes under one leaf (rail) switch group; 0: all */
+  double spine_latency;          /* added to each NIC step of a span past one leaf group */
+  double spine_bandwidth_factor; /* NIC bandwidth kept past one leaf group (1: non-blocking) */
+  /* network.all_to_all "deepep": an optimised dispatcher (DeepEP's normal kernels) sends
+   * every peer's tokens in one pass at these fractions of NVLink / NIC rates; "nccl" (the
+   * default): NCCL's p - 1 point-to-point exchanges at network_efficiency */
+  bool deepep;
+  double deepep_efficiency_intra, deepep_efficiency_inter;
 
   /* per-operation fits: where one is present it replaces the link terms above for that
    * operation and link kind */
@@ -171,6 +211,10 @@ struct profile_cost profile_compute_cost_tp(const struct profile *p, const struc
                                             uint32_t segment, enum ir_pass pass,
                                             uint32_t shard_degree, uint32_t tp_degree,
                                             bool sequence_parallel);
+/* One op of the model (index into m->ops) alone, as profile_compute_cost_tp costs it. */
+struct profile_cost profile_op_cost(const struct profile *p, const struct model *m, uint32_t op,
+                                    enum ir_pass pass, uint32_t shard_degree, uint32_t tp_degree,
+                                    bool sequence_parallel);
 /* AdamW over `params` parameters held by one device. */
 /* params: parameters the step updates; copied: parameters whose bf16 copy the backend remakes
  * with the update (weight_copy_bytes_per_param, measured by piper-prof as the update's extra

@@ -108,6 +108,18 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
                            const struct sim_options *o, GError **err);
 void sim_result_free(struct sim_result *r);
 
+/* The step with each cost family of the profile (enum profile_family) scaled by 1 - delta and
+ * 1 + delta in turn, the others as they are: 2 x 4 more simulations of the plan under o's
+ * scenario (collapsed as o says, without intervals or memory timelines). step: the step
+ * simulated unscaled, kept for the ratios. A synthetic profile's costs have no families. */
+struct sim_sensitivity {
+  double delta, step;
+  double minus[PROFILE_FAMILY_COUNT], plus[PROFILE_FAMILY_COUNT]; /* seconds */
+};
+bool sim_sensitivity_run(const struct plan *p, const struct profile *prof,
+                         const struct sim_options *o, double step, double delta,
+                         struct sim_sensitivity *out, GError **err);
+
 /* Static memory of a plan class (params, grads, optimizer state by the ZeRO formulas). */
 void sim_static_memory(const struct plan *p, const struct plan_class *c,
                        uint64_t bytes[REPORT_MEM_KIND_COUNT]);

@@ -26,7 +26,7 @@
 struct sim_cli {
   struct compile_args compile;
   const char *plans, *profile, *sweep, *out, *format, *scenario;
-  bool viz, no_charts, trace_all, no_collapse, quiet, force;
+  bool viz, no_charts, trace_all, no_collapse, quiet, force, no_sensitivity;
 };
 
 /* One row per option, as in redis's config table: kept as rows, not reflowed. */
@@ -60,6 +60,9 @@ static const struct option_spec options[] = {
      .help = "trace every device even when the trace gets large"},
     {.name = "--no-collapse", .kind = OPTION_FLAG, SIM_OPTION(no_collapse),
      .help = "simulate every device, not one per class of alike devices"},
+    {.name = "--no-sensitivity", .kind = OPTION_FLAG, SIM_OPTION(no_sensitivity),
+     .help = "skip the 8 extra simulations that say how much the step moves when\n"
+             "each cost family (GEMM, attention, collectives, memory) is +-10%"},
     {.name = "--quiet", .kind = OPTION_FLAG, SIM_OPTION(quiet),
      .help = "no progress lines (a sweep's; the summary stays, as in piper-exec)"},
     OPTIONS_HELP_VERSION,
@@ -201,11 +204,11 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
            prof->memory_capacity && peak > prof->memory_capacity ? "  over the profile's capacity"
                                                                  : "");
   }
-  printf("  simulated      %llu instructions (%llu distinct) in %.3f s; %llu ops costed by "
-         "roofline, %llu measured\n",
+  printf("  simulated      %llu instructions (%llu distinct) in %.3f s; %llu ops costed %s, "
+         "%llu measured\n",
          (unsigned long long)s->device_instructions, (unsigned long long)s->unit_instructions,
          s->seconds_setup + s->seconds_run, (unsigned long long)s->fallback_ops,
-         (unsigned long long)s->measured_ops);
+         prof->shape_model ? "from shapes" : "by roofline", (unsigned long long)s->measured_ops);
   printf("  wrote          %s/ (%s)\n", dir, files);
 }
 
@@ -222,6 +225,8 @@ struct sim_session {
   struct sim_result *healthy;         /* the step without it */
   struct report_path_step *path;      /* the critical path, for the chart */
   cJSON *scenario_report;             /* inside extra */
+  bool sensitive;                     /* sensitivity below was simulated */
+  struct sim_sensitivity sensitivity;
 };
 
 static void session_free(struct sim_session *s) {
@@ -341,6 +346,30 @@ static void fill_scenario(struct sim_session *s) {
   s->run.path = s->path;
 }
 
+/* metrics.json's simulation.sensitivity: per family, the step (ms) and its change (%) with that
+ * family's costs at 1 - delta and 1 + delta. */
+static void add_sensitivity(cJSON *sim, const struct sim_sensitivity *v) {
+  cJSON *o = cJSON_AddObjectToObject(sim, "sensitivity");
+  cJSON_AddNumberToObject(o, "delta", v->delta);
+  for (int f = 0; f < PROFILE_FAMILY_COUNT; f++) {
+    cJSON *fam = cJSON_AddObjectToObject(o, profile_family_names[f]);
+    cJSON_AddNumberToObject(fam, "minus_ms", v->minus[f] * 1e3);
+    cJSON_AddNumberToObject(fam, "plus_ms", v->plus[f] * 1e3);
+    cJSON_AddNumberToObject(fam, "minus_pct", 100 * (v->minus[f] / v->step - 1));
+    cJSON_AddNumberToObject(fam, "plus_pct", 100 * (v->plus[f] / v->step - 1));
+  }
+}
+
+/* The summary's line for it: each family's change at +delta and -delta. */
+static void print_sensitivity(const struct sim_sensitivity *v) {
+  printf("  sensitivity    step when each cost family is +%g%% / -%g%%:", 100 * v->delta,
+         100 * v->delta);
+  for (int f = 0; f < PROFILE_FAMILY_COUNT; f++)
+    printf("%s %s %+.1f%% / %+.1f%%", f ? "," : "", profile_family_names[f],
+           100 * (v->plus[f] / v->step - 1), 100 * (v->minus[f] / v->step - 1));
+  printf("\n");
+}
+
 /* The run directory's description of the simulated step, with the simulation's own figures
  * under "simulation" in metrics.json. */
 static void fill_report(const struct sim_cli *a, const struct compile_options *co,
@@ -373,6 +402,8 @@ static void fill_report(const struct sim_cli *a, const struct compile_options *c
   cJSON_AddNumberToObject(sim, "device_classes_simulated", s->res->n_units);
   cJSON_AddNumberToObject(sim, "events", (double)s->res->events);
   cJSON_AddNumberToObject(sim, "wall_seconds", s->res->seconds_setup + s->res->seconds_run);
+  if (s->sensitive)
+    add_sensitivity(sim, &s->sensitivity);
   run->extra = s->extra;
   if (s->scenario)
     fill_scenario(s);
@@ -405,6 +436,14 @@ static bool simulate_and_write(const struct sim_cli *a, const struct compile_opt
   s->res = sim_run(s->plan, s->prof, &o, err);
   if (!s->res)
     return false;
+  /* a synthetic profile's costs belong to no family */
+  if (!a->no_sensitivity && !s->prof->synthetic) {
+    struct sim_options q = {.collapse = !a->no_collapse, .scenario = o.scenario};
+    if (!sim_sensitivity_run(s->plan, s->prof, &q, s->res->iteration_time, 0.1, &s->sensitivity,
+                             err))
+      return false;
+    s->sensitive = true;
+  }
   fill_report(a, co, s);
   if (!report_write_dir(&s->run, dir, err))
     return false;
@@ -460,6 +499,8 @@ static int run_simulation(const struct sim_cli *a, enum chart_format extra_forma
     warn_unmeasured_waits(a, &s);
   if (loaded && simulate_and_write(a, &co, extra_format, dir, &s, &err)) {
     print_summary(&s.run, s.res, s.prof, dir, s.files->str);
+    if (s.sensitive)
+      print_sensitivity(&s.sensitivity);
     if (s.scenario_report) {
       char *text = sim_scenario_summary(s.scenario_report);
       fputs(text, stdout);

@@ -262,6 +262,28 @@ expect_input_error 'bad_scen.json: key "links\[0\].devices"' "${run[@]}" --profi
 expect_input_error 'nope_scen.json' "${run[@]}" --profile profiles/unit.json \
   --scenario "$tmp/nope_scen.json" --force
 
+# Sensitivity (issue 31): on one device with no communication the step is the sum of its costs,
+# so the four families' changes at +10% add up to 10% exactly and collectives move nothing;
+# --no-sensitivity leaves the line and the metrics out; a synthetic profile has no families.
+if "$SIM" --model models/llama3-8b.json --layout pp=1 --mbs 1 --schedule 1f1b \
+    --profile profiles/h100-sxm.json --out "$tmp/sens" --no-charts > "$tmp/sens.out" 2>&1 &&
+  grep -q '^  sensitivity    step when each cost family is +10% / -10%: gemm ' "$tmp/sens.out" &&
+  python3 - "$tmp/sens/metrics.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["simulation"]["sensitivity"]
+total = sum(s[f]["plus_pct"] for f in ("gemm", "attention", "collectives", "memory"))
+assert abs(total - 10) < 1e-6, total
+assert s["collectives"]["plus_pct"] == 0 and s["gemm"]["plus_pct"] > s["memory"]["plus_pct"] > 0
+PY
+then ok "sensitivity: one device's families add up to the +10%"
+else fail "sensitivity: $(cat "$tmp/sens.out")"; fi
+"$SIM" --model models/llama3-8b.json --layout pp=1 --mbs 1 --schedule 1f1b --no-sensitivity \
+  --profile profiles/h100-sxm.json --out "$tmp/nosens" --no-charts > "$tmp/nosens.out" 2>&1
+! grep -q sensitivity "$tmp/nosens.out" "$tmp/nosens/metrics.json" \
+  && ok "--no-sensitivity" || fail "--no-sensitivity still reports it"
+! grep -q sensitivity "$tmp/stdout" && ok "no sensitivity on a synthetic profile" \
+  || fail "sensitivity on the unit profile"
+
 # 8. the engine grows with the work: the time per instruction at 4x the devices (4,096 to 16,384,
 # no memory timelines, so neither side is at the trace limit's step) within 2x (CPU seconds,
 # medians of 3; a ratio, not a time: tests/bench/bench_scale.c). On this 2-core machine with a

@@ -21,6 +21,7 @@
 #include "../../base/json.h"
 #include "../../directives/compile.h"
 #include "../../report/chart.h"
+#include "../../sim/cost.h"
 #include "../../sim/profile.h"
 #include "../../report/report.h"
 #include "../../directives/layout.h"
@@ -66,8 +67,9 @@ static void test_profile_bundled(void **state) {
   test_assert_near(u->syn_bw, 1 * MS, 1e-15, 0, "BW");
   assert_true(u->syn_optimizer == 0 && u->syn_comm == 0);
   profile_free(u);
-  const char *dev[] = {"profiles/h100-sxm.json", "profiles/h200.json", "profiles/a100-80g.json"};
-  for (int i = 0; i < 3; i++) {
+  const char *dev[] = {"profiles/h100-sxm.json", "profiles/h200.json", "profiles/a100-80g.json",
+                       "profiles/h800.json"};
+  for (int i = 0; i < 4; i++) {
     struct profile *p = load_profile(dev[i]);
     assert_false(p->synthetic);
     assert_true(p->peak_flops[MODEL_DTYPE_BF16] > 1e14);
@@ -81,8 +83,121 @@ static void test_profile_bundled(void **state) {
   struct profile *h200 = load_profile("profiles/h200.json");
   assert_true(h100->peak_flops[MODEL_DTYPE_BF16] == h200->peak_flops[MODEL_DTYPE_BF16]);
   assert_true(h200->memory_bandwidth > h100->memory_bandwidth);
+  /* H800 = H100 compute, NVLink 400 GB/s both ways instead of 900 */
+  struct profile *h800 = load_profile("profiles/h800.json");
+  assert_true(h800->peak_flops[MODEL_DTYPE_BF16] == h100->peak_flops[MODEL_DTYPE_BF16]);
+  assert_true(h800->sm_count == h100->sm_count && h800->shape_model);
+  test_assert_near(h800->intra_bandwidth, 200e9, 0, 1e-12, "h800 nvlink");
+  profile_free(h800);
   profile_free(h100);
   profile_free(h200);
+}
+
+/* ---- costs from shapes (sim/cost.h) ------------------------------------------------------- */
+
+/* 132 SMs at 400 TFLOP/s (3.03 per SM), 1 TB/s, no efficiency losses, no launch overhead:
+ * round numbers for hand-computed cases. */
+static const char *const shape_profile =
+    "{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":400,\"fp32\":40},"
+    "\"memory_bandwidth_gbs\":1000,\"memory_capacity_gib\":80,\"sm_count\":132,"
+    "\"cost_model\":\"shapes\",\"gemm_efficiency\":1,\"gemm_tile_fill_k\":0,"
+    "\"attention_efficiency_fwd\":0.5,\"attention_efficiency_bwd\":0.4,"
+    "\"attention_half_seq\":1024},"
+    "\"network\":{\"gpus_per_node\":8,\"nics_per_node\":8,\"nvlink_bandwidth_gbs\":100,"
+    "\"nvlink_latency_us\":2,\"nic_bandwidth_gbs\":10,\"inter_node_latency_us\":5}}";
+
+static void test_gemm_shapes(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct profile *p = profile_from(shape_profile, &err);
+  assert_non_null(p);
+  assert_true(p->shape_model);
+  /* exactly one wave: 1536 x 2816 is 12 x 11 = 132 tiles of 128 x 256, one per SM, so the
+   * GEMM runs at the device's peak: 2 m n k / 400 TFLOP/s (its bytes, 44 MB, take 44 us of
+   * the 89 us) */
+  struct cost_gemm g = cost_gemm(p, MODEL_DTYPE_BF16, 1536, 2816, 4096);
+  assert_int_equal(g.tile_m * g.tile_n, 128 * 256);
+  assert_true(g.waves == 1 && g.split_k == 1);
+  test_assert_near(g.seconds, 2.0 * 1536 * 2816 * 4096 / 400e12, 0, 1e-12, "one wave");
+  /* one more row needs a second wave of 128 x 256 tiles, or smaller tiles: either way
+   * well over 1.5 times the time for 0.07% more work */
+  struct cost_gemm g1 = cost_gemm(p, MODEL_DTYPE_BF16, 1537, 2816, 4096);
+  assert_true(g1.seconds > 1.5 * g.seconds);
+  /* skinny: 8 tokens through a 4096 x 4096 weight moves the weight (32 MiB) for 0.27 GFLOP:
+   * memory-bound, its time the bytes over the bandwidth */
+  struct cost_gemm s = cost_gemm(p, MODEL_DTYPE_BF16, 8, 4096, 4096);
+  assert_true(s.memory > s.compute);
+  test_assert_near(s.seconds, (8.0 * 4096 + 4096.0 * 4096 + 8.0 * 4096) * 2 / 1e12, 0, 1e-12,
+                   "skinny");
+  /* a long K with few tiles splits K over the idle SMs */
+  struct cost_gemm sk = cost_gemm(p, MODEL_DTYPE_BF16, 256, 256, 65536);
+  assert_true(sk.split_k > 1);
+  /* a measured entry takes precedence over the shape model (tiny-dense's MLP, 64 x 64 x 128) */
+  char buf[2048];
+  snprintf(buf, sizeof buf,
+           "%.*s,\"measured\":[{\"op\":\"mlp\",\"pass\":\"F\",\"shape\":[64,64,128],"
+           "\"ms\":1}]}",
+           (int)strlen(shape_profile) - 1, shape_profile);
+  struct profile *pm = profile_from(buf, &err);
+  struct model *m = model_load_file("models/tiny-dense.json", 0, &err);
+  assert_non_null(pm);
+  assert_non_null(m);
+  uint32_t mlp = 0;
+  while (m->ops[mlp].kind != MODEL_OP_MLP)
+    mlp++;
+  struct profile_cost mc = profile_op_cost(pm, m, mlp, IR_PASS_F, 1, 1, false);
+  assert_true(mc.measured_ops == 1 && mc.seconds == 1e-3);
+  mc = profile_op_cost(pm, m, mlp, IR_PASS_BI, 1, 1, false); /* not measured: from shapes */
+  assert_true(mc.measured_ops == 0 && mc.fallback_ops == 1 && mc.seconds < 1e-4);
+  model_free(m);
+  profile_free(pm);
+  /* grouped: 8 experts of 64 rows where one has 256: the hot group's tiles add waves */
+  struct cost_gemm even = cost_gemm_grouped(p, MODEL_DTYPE_BF16, 8, 512, 512, 4096, 4096);
+  struct cost_gemm hot = cost_gemm_grouped(p, MODEL_DTYPE_BF16, 8, 512, 2048, 4096, 4096);
+  assert_true(hot.seconds > even.seconds * 1.2);
+  profile_free(p);
+}
+
+static void test_attention_core(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct profile *p = profile_from(shape_profile, &err);
+  assert_non_null(p);
+  /* causal, seq 1024, 8 heads of 128: 2 * 8 * 1024^2 * 256 / 2 FLOPs at 0.5 * 1024 / (1024 +
+   * 1024) = 0.25 of 400 TFLOP/s */
+  double f = 2.0 * 8 * 1024 * 1024 * 256 / 2;
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1,
+                                       false),
+                   f / 100e12, 0, 1e-12, "causal forward");
+  /* backward: 2.5 times the FLOPs at 0.4 * 0.5 */
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1,
+                                       true),
+                   2.5 * f / 80e12, 0, 1e-12, "causal backward");
+  /* non-causal: twice the FLOPs, at the efficiency of causal 2048 (0.5 * 2/3) */
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, false, 1,
+                                       false),
+                   2 * f / (400e12 / 3), 0, 1e-12, "non-causal");
+  /* two context-parallel chunks: half the work each, at the efficiency of 512 (0.5 / 3) */
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 2,
+                                       false),
+                   f / 2 / (400e12 / 6), 0, 1e-12, "cp 2");
+  /* routing: balanced random routing of 1000 routes over 10 experts puts about mean +
+   * sqrt(2 ln 10) sd on the busiest (mean 100, sd sqrt(90)) */
+  test_assert_near(cost_routing_hot_factor(p, 1000, 10), 1 + sqrt(2 * log(10.0)) * sqrt(90.0) / 100,
+                   0, 1e-12, "binomial hot expert");
+  p->routing_imbalance = 1.5;
+  assert_true(cost_routing_hot_factor(p, 1000, 10) == 1.5);
+  profile_free(p);
+  /* the bundled H100: a TP-8 slice of Llama-3-70B's MLP and a few-token expert GEMM run
+   * further from peak than the whole MLP (tiles, waves, bytes) */
+  struct profile *h = load_profile("profiles/h100-sxm.json");
+  struct cost_gemm whole = cost_gemm(h, MODEL_DTYPE_BF16, 4096, 2 * 28672, 8192);
+  struct cost_gemm tp8 = cost_gemm(h, MODEL_DTYPE_BF16, 4096, 2 * 28672 / 8, 8192);
+  struct cost_gemm few = cost_gemm(h, MODEL_DTYPE_BF16, 32, 2 * 768, 2048);
+  double e_whole = whole.flops / whole.seconds, e_tp8 = tp8.flops / tp8.seconds;
+  double e_few = few.flops / few.seconds;
+  assert_true(e_whole > e_tp8 && e_tp8 > e_few);
+  profile_free(h);
 }
 
 static void test_profile_errors(void **state) {
@@ -102,6 +217,17 @@ static void test_profile_errors(void **state) {
        "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1}}",
        "\"network\" is required"},
       {"{\"bogus\":1}", "bogus"},
+      {"{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":1,\"fp32\":1},"
+       "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1},\"network\":{\"gpus_per_node\":8,"
+       "\"nics_per_node\":8,\"nvlink_bandwidth_gbs\":1,\"nvlink_latency_us\":1,"
+       "\"nic_bandwidth_gbs\":1,\"inter_node_latency_us\":1,\"all_to_all\":\"mpi\"}}",
+       "\"all_to_all\": \"mpi\" is not nccl or deepep"},
+      {"{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":1,\"fp32\":1},"
+       "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1,\"cost_model\":\"tiles\"}}",
+       "cost_model"},
+      {"{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":2,\"BI_ms\":1,\"BW_ms\":1},"
+       "\"moe\":{\"routing_imbalance\":0.5}}",
+       "routing_imbalance"},
       {"[1]", "object"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -308,6 +434,99 @@ static void test_optimizer_cost(void **state) {
                    "no copies");
   test_assert_near(profile_optimizer_cost(p, 0.5e9, 1e9).seconds, (14e9 + 10e9) / 1e12 + over, 0,
                    1e-12, "ZeRO-1 over 2: half updated, all copied");
+  profile_free(p);
+}
+
+/* MoE as it runs: an expert op's GEMMs are two grouped launches (gate/up, down) whose
+ * most-loaded expert gets routing_imbalance x the mean rows; the dispatch and combine copies
+ * and the SwiGLU pass are memory-bound traffic besides. */
+static void test_moe_costs(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct model *m = model_load_file("models/qwen3-30b-a3b.json", 0, &err);
+  assert_non_null(m);
+  struct profile *h = load_profile("profiles/h100-sxm.json");
+  uint32_t e = 0;
+  while (m->ops[e].kind != MODEL_OP_EXPERT_FFN)
+    e++;
+  const struct model_op *op = &m->ops[e];
+  double T = (double)op->shape[0], hid = (double)op->shape[1], f = (double)op->shape[2];
+  double E = (double)op->shape[3], k = (double)op->shape[4], ep = 8;
+  double bytes = (double)op->bytes_fwd;
+  h->routing_imbalance = 2;
+  double fam[PROFILE_FAMILY_COUNT] = {0}, mem = 0;
+  assert_true(cost_model_op(h, m, op, IR_PASS_F, 1, (uint32_t)ep, 1, bytes, fam, &mem));
+  /* 8 devices of 16 experts each get T k routes: T k / 16 rows an expert, twice on the hot one */
+  double rows = T * k / (E / ep);
+  double want = cost_gemm_grouped(h, m->dtype, E / ep, rows, 2 * rows, 2 * f, hid).seconds +
+                cost_gemm_grouped(h, m->dtype, E / ep, rows, 2 * rows, hid, f).seconds;
+  test_assert_near(fam[PROFILE_FAMILY_GEMM], want, 0, 1e-12, "grouped GEMMs, hot expert");
+  assert_true(fam[PROFILE_FAMILY_MEMORY] > 0 && mem >= fam[PROFILE_FAMILY_MEMORY]);
+  double hot = fam[PROFILE_FAMILY_GEMM];
+  /* the all-to-all over 8 ranks waits for the rank of the hot expert: its 16 experts carry
+   * 15 + 2 experts' mean rows */
+  test_assert_near(cost_all_to_all_skew(h, m, 8), 17.0 / 16, 0, 1e-12, "a2a skew");
+  assert_true(cost_all_to_all_skew(h, m, 1) == 1);
+  h->routing_imbalance = 0; /* the binomial spread: far less than 2x */
+  double fam1[PROFILE_FAMILY_COUNT] = {0};
+  mem = 0;
+  assert_true(cost_model_op(h, m, op, IR_PASS_F, 1, (uint32_t)ep, 1, bytes, fam1, &mem));
+  assert_true(fam1[PROFILE_FAMILY_GEMM] < hot);
+  profile_free(h);
+  model_free(m);
+}
+
+/* The topology model (network.collective_model "topology"): per-level latency, NCCL's step
+ * counts, all-to-all split over NVLink and NIC peers. Same links as plain_profile: NVLink
+ * 100 GB/s and 2 us, 8 NICs of 10 GB/s and 5 us per node of 8, efficiency 1. */
+static void test_collectives_topology(void **state) {
+  (void)state;
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%.*s,\"collective_model\":\"topology\",\"nodes_per_leaf\":2,"
+           "\"spine_latency_us\":1,\"spine_bandwidth_factor\":0.5}}",
+           (int)strlen(plain_profile) - 2, plain_profile);
+  GError *err = NULL;
+  struct profile *p = profile_from(buf, &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  assert_true(p->topology_model);
+  double n = 64e6;
+  uint32_t devs[32];
+  for (uint32_t i = 0; i < 32; i++)
+    devs[i] = i;
+  /* inside a node: ring, 2 (8 - 1) NVLink steps of 2 us, 2 (7/8) n at 100 GB/s */
+  struct profile_span sp = profile_span_of(p, devs, 8);
+  struct profile_comm_cost c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
+  test_assert_near(c.latency, 14 * 2e-6, 0, 1e-15, "intra latency");
+  test_assert_near(c.transfer, 2 * 7.0 / 8 * n / 100e9, 0, 1e-15, "intra transfer");
+  /* 2 nodes x 8: 30 steps, 2 (2 - 1) = 2 of them across nodes at 5 us, 28 on NVLink at 2 us;
+   * the node's 8 NICs carry 2 (15/16) n at 80 GB/s */
+  sp = profile_span_of(p, devs, 16);
+  c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
+  test_assert_near(c.latency, 28 * 2e-6 + 2 * 5e-6, 0, 1e-15, "inter latency");
+  test_assert_near(c.transfer, 2 * 15.0 / 16 * n / 80e9, 0, 1e-15, "inter transfer");
+  /* 4 nodes: past the leaf group of 2, the spine adds 1 us a NIC step and halves the NICs */
+  sp = profile_span_of(p, devs, 32);
+  c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, (uint64_t)n, &sp);
+  test_assert_near(c.latency, (62 - 6) * 2e-6 + 6 * 6e-6, 0, 1e-15, "spine latency");
+  test_assert_near(c.transfer, 2 * 31.0 / 32 * n / 40e9, 0, 1e-15, "spine transfer");
+  /* tree where NCCL would take it: 1 KiB over 4 nodes, 2 ((8 - 1) 2 us + log2 4 x 6 us) beats
+   * the ring's 62 steps */
+  p->algo = PROFILE_ALGO_AUTO;
+  c = profile_comm_cost(p, IR_NODE_ALL_REDUCE, 1024, &sp);
+  test_assert_near(c.latency, 2 * (7 * 2e-6 + 2 * 6e-6), 0, 1e-15, "tree latency");
+  /* all-to-all over 2 nodes x 8: 7/16 of n to NVLink peers at 100 GB/s while 8/16 leaves at
+   * 80 GB/s; 7 peers at 2 us and 8 at 5 us */
+  sp = profile_span_of(p, devs, 16);
+  c = profile_comm_cost(p, IR_NODE_ALL_TO_ALL, (uint64_t)n, &sp);
+  test_assert_near(c.transfer, 8.0 / 16 * n / 80e9, 0, 1e-15, "a2a transfer");
+  test_assert_near(c.latency, 7 * 2e-6 + 8 * 5e-6, 0, 1e-15, "a2a latency");
+  /* DeepEP: one pass at its own efficiency */
+  p->deepep = true;
+  p->deepep_efficiency_inter = 0.5;
+  c = profile_comm_cost(p, IR_NODE_ALL_TO_ALL, (uint64_t)n, &sp);
+  test_assert_near(c.transfer, 8.0 / 16 * n / 40e9, 0, 1e-15, "deepep transfer");
+  test_assert_near(c.latency, 5e-6, 0, 1e-15, "deepep latency");
   profile_free(p);
 }
 
@@ -2058,10 +2277,14 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_profile_bundled),
       cmocka_unit_test(test_profile_errors),
+      cmocka_unit_test(test_gemm_shapes),
+      cmocka_unit_test(test_attention_core),
       cmocka_unit_test(test_roofline_and_table),
       cmocka_unit_test(test_expert_parallel_entries),
       cmocka_unit_test(test_optimizer_cost),
       cmocka_unit_test(test_collectives),
+      cmocka_unit_test(test_collectives_topology),
+      cmocka_unit_test(test_moe_costs),
       cmocka_unit_test(test_engine_order_and_rendezvous),
       cmocka_unit_test(test_engine_loop_late),
       cmocka_unit_test(test_engine_host_loop),
