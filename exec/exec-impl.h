@@ -267,6 +267,12 @@ struct exec_state {
   float **grad_acc; /* [n_buckets] */
   float *loss_device;                      /* [M]: each micro-batch's loss, read back */
   uint32_t step;                           /* 1-based step being run (AdamW's t) */
+  struct exec_lr_schedule lr_schedule;     /* o->lr_schedule resolved for the run */
+  float lr;                                /* this step's learning rate */
+  /* Clipping (o->clip_grad): the optimizer instructions wait for the step's global gradient
+   * norm (defer_update: they only run in the step's second phase, clip_scale known) */
+  bool defer_update, update_phase;
+  float clip_scale;
   struct exec_mb *mbs;                     /* [M] */
   void **gathered;                         /* [n_instrs] ZeRO-3 buffers by gather instruction */
   atomic_uint *gathered_users;             /* [n_instrs] consumers left */
@@ -420,6 +426,8 @@ struct exec_checkpoint_meta {
   char *data_kind, *data_path; /* path as given ("" = synthetic) */
   uint64_t data_bytes;
   float lr, beta1, beta2, eps, weight_decay;
+  char *lr_schedule; /* exec_lr_schedule_text; "constant" in checkpoints older than it */
+  float clip_grad;
   uint64_t program_hash;
 };
 void exec_checkpoint_describe(const struct exec_options *o, const struct exec_device *d,

@@ -89,6 +89,7 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   struct exec_state *s = &R->s;
   double t0 = exec_backend_clock(R->b);
   s->step = step;
+  s->lr = (float)exec_lr_at(&s->lr_schedule, R->o->lr, step);
   s->k->fill(exec_backend_setup_stream(R->b), s->grads, 0.0f, (size_t)d->n_store[EXEC_STORE_GRADS]);
   R->step_fill = exec_backend_clock(R->b) - t0; /* a kernel: training needs it, not the executor */
   exec_step_memory_begin(s);
@@ -238,6 +239,8 @@ struct exec_options exec_options_default(void) {
   o.beta2 = 0.95f;
   o.eps = 1e-8f;
   o.weight_decay = 0.0f;
+  o.lr_schedule.wsd_decay_fraction = 0.1f;
+  o.eval_iters = 1;
   o.timeout_s = 300;
   o.straggler_threshold = 0.25;
   return o;
@@ -565,6 +568,20 @@ static bool resume(struct runner *R, struct exec_result *res, uint32_t *done, GE
   return ok;
 }
 
+/* The learning-rate schedule resolved for the run, and the options that go with others. */
+static bool training_checks(struct runner *R, GError **err) {
+  const struct exec_options *o = R->o;
+  R->s.lr_schedule = o->lr_schedule;
+  if (!exec_lr_schedule_resolve(&R->s.lr_schedule, o->warmup + o->iters, err))
+    return false;
+  if (o->lr_schedule.decay != EXEC_LR_CONSTANT && o->lr_schedule.min_lr > o->lr)
+    return piper_input_error(err, "--min-lr %g is above --lr %g", (double)o->lr_schedule.min_lr,
+                             (double)o->lr);
+  if (o->eval_every && !o->eval_path)
+    return piper_input_error(err, "--eval-every N goes with --eval-data FILE");
+  return true;
+}
+
 /* Where the run starts (after a resume: the checkpoint's step) and the result's arrays. */
 static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) {
   const struct exec_options *o = R->o;
@@ -575,6 +592,8 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
     return piper_input_error(err, "--resume-allow-change goes with --resume DIR");
   if (o->checkpoint_keep && !o->checkpoint_dir)
     return piper_input_error(err, "--checkpoint-keep goes with --checkpoint DIR");
+  if (!training_checks(R, err))
+    return false;
   if (o->resume_dir && !resume(R, res, &done, err))
     return false;
   if (o->checkpoint_dir && !exec_checkpoint_begin(o->checkpoint_dir, R->rank, err))
