@@ -62,6 +62,14 @@ static void k_add(struct exec_stream *s, float *y, const float *x, size_t n) {
   kc_add(y, x, n, true, st_of(s));
 }
 
+static void k_sum_squares(struct exec_stream *s, double *sum, const float *x, size_t n) {
+  kc_sum_squares(sum, x, n, st_of(s));
+}
+
+static void k_scale(struct exec_stream *s, float *x, float factor, size_t n) {
+  kc_scale(x, factor, n, st_of(s));
+}
+
 static void k_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
                                 const float *params, int T, int V, int C) {
   (void)V;

@@ -269,10 +269,12 @@ struct exec_state {
   uint32_t step;                           /* 1-based step being run (AdamW's t) */
   struct exec_lr_schedule lr_schedule;     /* o->lr_schedule resolved for the run */
   float lr;                                /* this step's learning rate */
-  /* Clipping (o->clip_grad): the optimizer instructions wait for the step's global gradient
-   * norm (defer_update: they only run in the step's second phase, clip_scale known) */
-  bool defer_update, update_phase;
+  /* Clipping (o->clip_grad): the gradients the optimizer updates with are scaled by this
+   * (< 1: the step's global norm was above the limit; the runner sets it) */
   float clip_scale;
+  /* Evaluation: only the forward instructions run (exec_instr_in_forward); the others end
+   * as if run (exec_skip_instr) */
+  bool forward_only;
   struct exec_mb *mbs;                     /* [M] */
   void **gathered;                         /* [n_instrs] ZeRO-3 buffers by gather instruction */
   atomic_uint *gathered_users;             /* [n_instrs] consumers left */
@@ -324,8 +326,16 @@ void exec_state_free_params(struct exec_state *s);
 void exec_params_export(const struct exec_state *s, float *full, bool *held, uint64_t n_full);
 uint64_t exec_model_param_total(const struct exec_model *xm);
 
+/* grad_norm.c: *sum (device memory) += the squares of the step's reduced gradients this
+ * device owns (each element of the model on one device of the job), enqueued on stream. */
+void exec_grad_sum_squares(struct exec_state *s, struct exec_stream *stream, double *sum);
+
 /* train.c: runs instruction i (the sources it calls share train-impl.h) */
 bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);
+/* Whether x is a part of the forward pass (what an evaluation runs), and instruction i ended
+ * without running: its memory and micro-batch as if it had. */
+bool exec_instr_in_forward(const struct exec_instr *x);
+void exec_skip_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st);
 
 /* tp.c: tensor parallelism (Megatron-LM's layout) on one device */
 

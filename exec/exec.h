@@ -175,6 +175,13 @@ struct exec_result {
    * abort), and whether another rank prints the error (this one need not). */
   bool error_everywhere, error_printed_elsewhere;
   bool stopped; /* exec_options.stop ended the run early, after n_steps steps */
+  /* [n_steps]: the step's learning rate, global gradient norm (before clipping), peak
+   * memory so far (the job's largest rank, bytes), MFU (NAN without peak_flops) */
+  double *lrs, *grad_norms, *peak_memory, *mfu;
+  /* evaluations: after step eval_steps[k], the held-out loss eval_losses[k] */
+  uint32_t n_evals;
+  uint32_t *eval_steps;
+  double *eval_losses;
 };
 
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,

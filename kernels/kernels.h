@@ -341,6 +341,9 @@ void kernels_tp_head_backward(float *dh, float *dw, const float *saved, const fl
 void kernels_fill(float *x, float value, size_t n);
 void kernels_copy(void *dst, const void *src, size_t bytes);
 void kernels_add(float *y, const float *x, size_t n);
+/* *sum += x [n] squared, summed in double in index order; x [n] *= factor */
+void kernels_sum_squares(double *sum, const float *x, size_t n);
+void kernels_scale(float *x, float factor, size_t n);
 
 /* ---- RESIDUAL_ADD: x += y ----------------------------------------------------------------
  * Backward passes the gradient to both: dx is unchanged, dy = dx (or dy += dx). */
