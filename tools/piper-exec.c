@@ -68,7 +68,7 @@ static const struct option_spec options[] = {
     {.name = "--seed", .kind = OPTION_U32, EXEC_OPTION(seed), .lo = 0, .hi = UINT32_MAX - 1,
      .metavar = "S", .help = "initialisation and synthetic data (default 1234)"},
     {.name = "--lr", .kind = OPTION_FLOAT, EXEC_OPTION(run.lr), .lo = 0, .hi = 10,
-     .metavar = "X", .help = "AdamW learning rate (default 0.001)"},
+     .metavar = "X", .help = "AdamW learning rate: the schedule's peak (default 0.001)"},
     {.name = "--weight-decay", .kind = OPTION_FLOAT, EXEC_OPTION(run.weight_decay), .lo = 0,
      .hi = 10, .metavar = "X", .help = "AdamW weight decay (default 0)"},
     {.name = "--lr-warmup-iters", .kind = OPTION_U32, EXEC_OPTION(run.lr_schedule.warmup_iters),
@@ -107,7 +107,7 @@ static const struct option_spec options[] = {
      .help = "continue from the latest checkpoint in DIR"},
     {.name = "--resume-allow-change", .kind = OPTION_STRING, EXEC_OPTION(run.resume_allow_change),
      .metavar = "LIST", .help = "accept these changes on --resume (comma-separated: lr,\n"
-             "weight_decay, beta1, beta2, eps, data, schedule)"},
+             "weight_decay, beta1, beta2, eps, data, schedule, clip_grad)"},
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
