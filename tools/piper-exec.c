@@ -270,6 +270,9 @@ static int read_training(const struct exec_cli *a, struct exec_options *o) {
     return error_exit_once(err);
   if (a->run.eval_every && !a->eval_data)
     return piper_usage_error("piper-exec", "%s", "--eval-every N goes with --eval-data FILE");
+  if (a->eval_data && access(a->eval_data, R_OK) != 0) /* before MPI: one line, not one per rank */
+    return piper_usage_error("piper-exec", "--eval-data %s: cannot read it: %s", a->eval_data,
+                             g_strerror(errno));
   o->eval_path = a->eval_data;
   o->peak_flops = a->peak_tflops * 1e12;
   return OPTIONS_CONTINUE;
