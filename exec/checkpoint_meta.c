@@ -15,8 +15,9 @@
 
 /* ---- what may change on purpose ---------------------------------------------------------- */
 
-static const char *const allow_names[] = {"lr",   "weight_decay", "beta1",  "beta2", "eps",
-                                          "data", "schedule",     "layout", NULL};
+/* "lr" covers the learning-rate schedule too */
+static const char *const allow_names[] = {"lr",   "weight_decay", "beta1",     "beta2", "eps",
+                                          "data", "schedule",     "clip_grad", "layout", NULL};
 
 bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err) {
   *mask = 0;
@@ -34,7 +35,7 @@ bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err) {
       char *q = piper_quote(*n, strlen(*n), 40);
       ok = piper_input_error(err,
                              "--resume-allow-change: %s is not one of lr, weight_decay, beta1, "
-                             "beta2, eps, data, schedule, layout",
+                             "beta2, eps, data, schedule, clip_grad, layout",
                              q);
       g_free(q);
     }
@@ -54,6 +55,7 @@ void exec_checkpoint_meta_clear(struct exec_checkpoint_meta *m) {
   g_free(m->data_path);
   for (uint32_t k = 0; m->segments && k < m->n_segments; k++)
     g_free(m->segments[k].ops);
+  g_free(m->lr_schedule);
   g_free(m->segments);
   for (uint32_t b = 0; b < m->n_buckets; b++) {
     g_free(m->buckets[b].group);
@@ -171,6 +173,12 @@ void exec_checkpoint_describe(const struct exec_options *o, const struct exec_de
   m->beta2 = o->beta2;
   m->eps = o->eps;
   m->weight_decay = o->weight_decay;
+  struct exec_lr_schedule ls = o->lr_schedule;
+  GError *ignored = NULL; /* the run refused a schedule that does not resolve */
+  exec_lr_schedule_resolve(&ls, o->warmup + o->iters, &ignored);
+  g_clear_error(&ignored);
+  m->lr_schedule = exec_lr_schedule_text(&ls);
+  m->clip_grad = o->clip_grad;
   m->program_hash = program_hash(d);
   m->arch_hash = arch_hash(xm->m);
   m->tp_degree = d->tp_degree;
@@ -250,6 +258,8 @@ char *exec_checkpoint_meta_to_json(const struct exec_checkpoint_meta *m) {
   cJSON_AddNumberToObject(o, "beta2", m->beta2);
   cJSON_AddNumberToObject(o, "eps", m->eps);
   cJSON_AddNumberToObject(o, "weight_decay", m->weight_decay);
+  cJSON_AddStringToObject(o, "lr_schedule", m->lr_schedule);
+  cJSON_AddNumberToObject(o, "clip_grad", m->clip_grad);
   add_hex(o, "program_hash", m->program_hash);
   add_hex(o, "arch_hash", m->arch_hash);
   cJSON_AddNumberToObject(o, "tp_degree", m->tp_degree);
@@ -403,6 +413,19 @@ static bool read_buckets(const cJSON *root, struct exec_checkpoint_meta *m, cons
   return true;
 }
 
+/* What later versions added: absent in older checkpoints, which trained without them. */
+static bool read_training(const cJSON *o, struct exec_checkpoint_meta *m, const char *ctx,
+                          GError **err) {
+  const char *text = "constant";
+  double clip = 0;
+  if (!json_get_string(o, "lr_schedule", false, &text, ctx, err) ||
+      !json_get_double(o, "clip_grad", false, 0, 1e30, &clip, ctx, err))
+    return false;
+  m->lr_schedule = g_strdup(text ? text : "constant");
+  m->clip_grad = (float)clip;
+  return true;
+}
+
 static bool read_scalars(const cJSON *o, struct exec_checkpoint_meta *m, const char *ctx,
                          GError **err) {
   return get_u32(o, "step", &m->step, ctx, err) && get_u32(o, "rank", &m->rank, ctx, err) &&
@@ -421,7 +444,7 @@ static bool read_scalars(const cJSON *o, struct exec_checkpoint_meta *m, const c
          get_float(o, "lr", &m->lr, ctx, err) && get_float(o, "beta1", &m->beta1, ctx, err) &&
          get_float(o, "beta2", &m->beta2, ctx, err) && get_float(o, "eps", &m->eps, ctx, err) &&
          get_float(o, "weight_decay", &m->weight_decay, ctx, err) &&
-         get_hex(o, "program_hash", &m->program_hash, ctx, err);
+         get_hex(o, "program_hash", &m->program_hash, ctx, err) && read_training(o, m, ctx, err);
 }
 
 bool exec_checkpoint_meta_from_json(const char *path, const char *text, size_t len,
@@ -591,6 +614,24 @@ bool exec_checkpoint_compare_allowed(const char *path, const struct exec_checkpo
     g_string_append_printf(notes, "%s%s %g -> %g", notes->len ? ", " : "", allow_names[k],
                            (double)fw[k], (double)fn[k]);
   }
+  if (strcmp(was->lr_schedule, now->lr_schedule) != 0) {
+    if (!(allow & EXEC_RESUME_ALLOW_LR))
+      return piper_input_error(err,
+                               "resume: %s was written with the learning-rate schedule \"%s\", "
+                               "now \"%s\" (--resume-allow-change lr to accept)",
+                               path, was->lr_schedule, now->lr_schedule);
+    g_string_append_printf(notes, "%slr schedule \"%s\" -> \"%s\"", notes->len ? ", " : "",
+                           was->lr_schedule, now->lr_schedule);
+  }
+  if (memcmp(&was->clip_grad, &now->clip_grad, sizeof(float)) != 0) {
+    if (!(allow & EXEC_RESUME_ALLOW_CLIP_GRAD))
+      return piper_input_error(err,
+                               "resume: %s was written with --clip-grad %g, now %g "
+                               "(--resume-allow-change clip_grad to accept)",
+                               path, (double)was->clip_grad, (double)now->clip_grad);
+    g_string_append_printf(notes, "%sclip_grad %g -> %g", notes->len ? ", " : "",
+                           (double)was->clip_grad, (double)now->clip_grad);
+  }
   if (strcmp(was->data_kind, now->data_kind) != 0 || strcmp(was->data_path, now->data_path) != 0 ||
       was->data_bytes != now->data_bytes) {
     char *a = g_strdup_printf("%s %s (%llu bytes)", was->data_kind,
@@ -599,7 +640,7 @@ bool exec_checkpoint_compare_allowed(const char *path, const struct exec_checkpo
     char *b = g_strdup_printf("%s %s (%llu bytes)", now->data_kind,
                               *now->data_path ? now->data_path : "stream",
                               (unsigned long long)now->data_bytes);
-    bool ok = (allow & (1u << 5)) != 0;
+    bool ok = (allow & EXEC_RESUME_ALLOW_DATA) != 0;
     if (ok)
       g_string_append_printf(notes, "%sdata %s -> %s", notes->len ? ", " : "", a, b);
     else
@@ -613,7 +654,7 @@ bool exec_checkpoint_compare_allowed(const char *path, const struct exec_checkpo
       return false;
   }
   if (was->program_hash != now->program_hash) {
-    if (!(allow & (1u << 6)))
+    if (!(allow & EXEC_RESUME_ALLOW_SCHEDULE))
       return piper_input_error(err,
                                "resume: %s was written by another schedule or instruction order "
                                "on this device: the state fits, the sums would round otherwise "

@@ -267,6 +267,14 @@ struct exec_state {
   float **grad_acc; /* [n_buckets] */
   float *loss_device;                      /* [M]: each micro-batch's loss, read back */
   uint32_t step;                           /* 1-based step being run (AdamW's t) */
+  struct exec_lr_schedule lr_schedule;     /* o->lr_schedule resolved for the run */
+  float lr;                                /* this step's learning rate */
+  /* Clipping (o->clip_grad): the gradients the optimizer updates with are scaled by this
+   * (< 1: the step's global norm was above the limit; the runner sets it) */
+  float clip_scale;
+  /* Evaluation: only the forward instructions run (exec_instr_in_forward); the others end
+   * as if run (exec_skip_instr) */
+  bool forward_only;
   struct exec_mb *mbs;                     /* [M] */
   void **gathered;                         /* [n_instrs] ZeRO-3 buffers by gather instruction */
   atomic_uint *gathered_users;             /* [n_instrs] consumers left */
@@ -359,8 +367,16 @@ char *exec_hf_map_json(const struct model *m);
  * shape and dtype checked first (input errors naming the file and the tensor). */
 bool exec_hf_load(const struct exec_state *s, const char *dir, float *host, GError **err);
 
+/* grad_norm.c: *sum (device memory) += the squares of the step's reduced gradients this
+ * device owns (each element of the model on one device of the job), enqueued on stream. */
+void exec_grad_sum_squares(struct exec_state *s, struct exec_stream *stream, double *sum);
+
 /* train.c: runs instruction i (the sources it calls share train-impl.h) */
 bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err);
+/* Whether x is a part of the forward pass (what an evaluation runs), and instruction i ended
+ * without running: its memory and micro-batch as if it had. */
+bool exec_instr_in_forward(const struct exec_instr *x);
+void exec_skip_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st);
 
 /* tp.c: tensor parallelism (Megatron-LM's layout) on one device */
 
@@ -466,6 +482,8 @@ struct exec_checkpoint_meta {
   char *data_kind, *data_path; /* path as given ("" = synthetic) */
   uint64_t data_bytes;
   float lr, beta1, beta2, eps, weight_decay;
+  char *lr_schedule; /* exec_lr_schedule_text; "constant" in checkpoints older than it */
+  float clip_grad;
   uint64_t program_hash;
   /* the model without its training fields and PP split (what a resume on another layout
    * must share), and this device's TP slice; absent (0) in files from before resharding */
@@ -513,8 +531,12 @@ bool exec_checkpoint_compare_allowed(const char *path, const struct exec_checkpo
  * only the files it reads from are read (mapped) and checksummed. */
 bool exec_checkpoint_reshard(struct exec_state *s, const char *step_dir, uint32_t allow,
                              uint32_t *step, GString *notes, GError **err);
+/* bits of exec_resume_allow_parse's mask: a name's place in checkpoint_meta.c's allow_names */
+#define EXEC_RESUME_ALLOW_LR (1u << 0)
+#define EXEC_RESUME_ALLOW_DATA (1u << 5)
 #define EXEC_RESUME_ALLOW_SCHEDULE (1u << 6)
-#define EXEC_RESUME_ALLOW_LAYOUT (1u << 7)
+#define EXEC_RESUME_ALLOW_CLIP_GRAD (1u << 7)
+#define EXEC_RESUME_ALLOW_LAYOUT (1u << 8)
 /* "lr,weight_decay" -> bits; NULL -> 0. */
 bool exec_resume_allow_parse(const char *list, uint32_t *mask, GError **err);
 

@@ -60,6 +60,39 @@ enum exec_stall_kind {
   EXEC_STALL_ALL_GATHER,     /* ZeRO parameter gathers */
 };
 
+/* A learning-rate schedule, as Megatron-LM's OptimizerParamScheduler computes it: the rate of
+ * step t (1-based: the t-th update) rises linearly from 0 to the peak over warmup_iters steps,
+ * then holds (constant) or decays to min_lr by step decay_iters (linear, cosine, or WSD:
+ * stable at the peak, then the last wsd_decay_iters steps of decay_iters annealed in the
+ * wsd_style shape); past decay_iters it stays at min_lr. */
+enum exec_lr_decay { EXEC_LR_CONSTANT, EXEC_LR_LINEAR, EXEC_LR_COSINE, EXEC_LR_WSD };
+enum exec_lr_wsd_style { EXEC_WSD_EXPONENTIAL, EXEC_WSD_LINEAR, EXEC_WSD_COSINE, EXEC_WSD_MINUS_SQRT };
+struct exec_lr_schedule {
+  enum exec_lr_decay decay;
+  float min_lr;
+  uint32_t warmup_iters;
+  uint32_t decay_iters;     /* 0: the run's last step (warmup + iters) */
+  uint32_t wsd_decay_iters; /* 0: wsd_decay_fraction of decay_iters */
+  float wsd_decay_fraction;
+  enum exec_lr_wsd_style wsd_style;
+};
+/* The rate of step `step` (1-based) under s with peak lr; decay_iters resolved (not 0). */
+double exec_lr_at(const struct exec_lr_schedule *s, float lr, uint32_t step);
+/* Names as the flags take them ("constant", "linear", "cosine", "wsd"; "exponential",
+ * "linear", "cosine", "minus_sqrt"): false with an input error naming flag otherwise. */
+bool exec_lr_decay_parse(const char *flag, const char *name, enum exec_lr_decay *out, GError **err);
+bool exec_lr_wsd_style_parse(const char *flag, const char *name, enum exec_lr_wsd_style *out,
+                             GError **err);
+const char *exec_lr_decay_name(enum exec_lr_decay d);
+const char *exec_lr_wsd_style_name(enum exec_lr_wsd_style w);
+/* s with its defaults resolved for a run of total steps (decay_iters, wsd_decay_iters); an
+ * input error for a schedule that cannot be run (decay before the warm-up ends, WSD decay
+ * longer than the decay). */
+bool exec_lr_schedule_resolve(struct exec_lr_schedule *s, uint32_t total, GError **err);
+/* The curve a resolved s draws, in words ("warmup 10, cosine to 1e-05 by step 100"): equal
+ * texts, equal rates at every step (what a checkpoint compares; g_free). */
+char *exec_lr_schedule_text(const struct exec_lr_schedule *s);
+
 struct exec_options {
   const struct plan *plan;  /* the whole plan; this process runs device = world rank */
   const char *schedule;     /* family name for the report, "custom" if NULL */
@@ -67,7 +100,14 @@ struct exec_options {
   uint32_t warmup, iters;   /* steps run = warmup + iters; timings over the last iters */
   uint64_t seed;            /* initialisation and synthetic data */
   const char *data_path;    /* token file or byte file; NULL = synthetic */
-  float lr, beta1, beta2, eps, weight_decay;
+  float lr, beta1, beta2, eps, weight_decay; /* lr: the schedule's peak */
+  struct exec_lr_schedule lr_schedule;
+  float clip_grad; /* clip gradients to this global L2 norm before the update; 0: never */
+  /* Held-out loss: every eval_every steps and after the last, the mean loss of eval_iters
+   * global batches of eval_path (the same batches each time), forward only (0: never) */
+  const char *eval_path;
+  uint32_t eval_every, eval_iters;
+  double peak_flops; /* per device, for the step's MFU; 0: unknown */
   double timeout_s;           /* watchdog: no progress for this long is an error */
   const char *checkpoint_dir; /* write checkpoints here every checkpoint_every steps */
   uint32_t checkpoint_every;
@@ -139,6 +179,13 @@ struct exec_result {
    * abort), and whether another rank prints the error (this one need not). */
   bool error_everywhere, error_printed_elsewhere;
   bool stopped; /* exec_options.stop ended the run early, after n_steps steps */
+  /* [n_steps]: the step's learning rate, global gradient norm (before clipping), peak
+   * memory so far (the job's largest rank, bytes), MFU (NAN without peak_flops) */
+  double *lrs, *grad_norms, *peak_memory, *mfu;
+  /* evaluations: after step eval_steps[k], the held-out loss eval_losses[k] */
+  uint32_t n_evals;
+  uint32_t *eval_steps;
+  double *eval_losses;
 };
 
 bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_result *r,

@@ -126,12 +126,16 @@ bool exec_optimizer_step(struct exec_state *s, uint32_t i, struct exec_task_ctx 
     }
     /* [ulo, uhi) lies in one bucket's shard or one whole segment: contiguous in each store.
      * Under ZeRO-3 the rest of the bucket is not stored here at all. */
+    if (uhi > ulo && s->clip_scale < 1.0f)
+      KT(st, s,
+         s->k->scale(st->stream, stored(s, s->grads, EXEC_STORE_GRADS, ulo), s->clip_scale,
+                     uhi - ulo));
     if (uhi > ulo)
       KT(st, s,
          s->k->adamw_step(st->stream, stored(s, s->params, EXEC_STORE_PARAMS, ulo),
                           stored(s, s->grads, EXEC_STORE_GRADS, ulo),
                           stored(s, s->adam_m, EXEC_STORE_STATE, ulo),
-                          stored(s, s->adam_v, EXEC_STORE_STATE, ulo), uhi - ulo, o->lr, o->beta1,
+                          stored(s, s->adam_v, EXEC_STORE_STATE, ulo), uhi - ulo, s->lr, o->beta1,
                           o->beta2, o->eps, o->weight_decay, (int)s->step));
   }
   return true;

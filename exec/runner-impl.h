@@ -23,7 +23,8 @@ struct control_job {
 struct step_stats {
   double *losses; /* [dp * M] by global micro-batch */
   uint32_t n;
-  double window[3]; /* -first start, last end, a stop asked for on some rank */
+  /* -first start, last end, a stop asked for on some rank, peak memory so far (bytes) */
+  double window[4];
   double *compute;  /* [n_devices]: each rank's compute time this step (its slot, others 0) */
 };
 
@@ -64,6 +65,12 @@ struct runner {
   bool clean; /* false while streams may be busy or blocked (after a failure: drain them) */
   double progress_t0; /* wall clock at the start of the first step run (for the ETA) */
   struct step_stats ss;
+  /* --clip-grad: the optimizer and ZeRO's gathers of updated shards (deferred_role) run in a
+   * second phase of the step, once the global gradient norm is known */
+  bool defer_update;
+  double *norm_sum;   /* device memory: this rank's share of the squared norm */
+  double grad_norm;   /* the step's global gradient norm, before clipping */
+  struct exec_data *eval_data; /* --eval-data */
   double *measured; /* [n_steps]: step times of measured steps */
   GArray *compute_steps; /* double [n_measured][n_devices]: every rank's compute per step */
   uint32_t n_measured;

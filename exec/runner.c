@@ -52,7 +52,10 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
     exec_backend_busy_clock(R->b, &b0);
   struct exec_task_ctx st = {.stream = stream};
   bool ok;
-  if (R->stall_armed && i == R->stall_instr)
+  if (R->s.forward_only && !exec_instr_in_forward(&R->dev->instrs[i])) {
+    exec_skip_instr(&R->s, i, &st); /* evaluation: the forward pass alone */
+    ok = true;
+  } else if (R->stall_armed && i == R->stall_instr)
     ok = stall_task(R, i, err);
   else
     ok = exec_run_instr(&R->s, i, &st, err);
@@ -83,21 +86,21 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
 
 /* ---- steps ------------------------------------------------------------------------------- */
 
-static bool run_step(struct runner *R, uint32_t step, GError **err) {
+/* What --clip-grad runs after the norm exchange: the update and what carries it to the
+ * other shards. */
+static bool deferred_role(const struct exec_instr *x) {
+  return x->role == EXEC_ROLE_OPTIMIZER || x->role == EXEC_ROLE_GATHER_UPDATE;
+}
+
+/* Submits the step's instructions in issue order (phase 0: all; 1: all but the deferred;
+ * 2: the deferred alone), then a record of each stream's end. */
+static void submit_instrs(struct runner *R, int phase) {
   const struct exec_device *d = R->dev;
   const struct plan_class *c = d->cls;
-  struct exec_state *s = &R->s;
-  double t0 = exec_backend_clock(R->b);
-  s->step = step;
-  s->k->fill(exec_backend_setup_stream(R->b), s->grads, 0.0f, (size_t)d->n_store[EXEC_STORE_GRADS]);
-  R->step_fill = exec_backend_clock(R->b) - t0; /* a kernel: training needs it, not the executor */
-  exec_step_memory_begin(s);
-  for (uint32_t k = 0; k < d->M; k++)
-    exec_mb_begin(s, k);
-  exec_step_memory_issue(s);
-  R->stall_armed = R->o->fault == EXEC_FAULT_STALL && R->o->fault_rank == R->rank &&
-                   R->o->fault_step == step && R->stall_instr != IR_NONE;
   for (uint32_t i = 0; i < c->n_instrs; i++) {
+    bool later = deferred_role(&d->instrs[i]);
+    if ((phase == 1 && later) || (phase == 2 && !later))
+      continue;
     const struct plan_instr *pi = &c->instrs[i];
     struct exec_stream *st = R->streams[pi->stream];
     for (uint32_t w = 0; w < pi->wait_count; w++)
@@ -115,8 +118,54 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   for (uint32_t s2 = 0; s2 < d->plan->n_streams; s2++)
     if (R->streams[s2])
       exec_event_record(R->b, R->stream_end[s2], R->streams[s2]);
+}
+
+/* This rank's share of the squared gradient norm (the streams are idle). */
+static double local_norm_squares(struct runner *R) {
+  double sum = 0;
+  exec_backend_from_host(R->b, R->norm_sum, &sum, sizeof sum);
+  exec_grad_sum_squares(&R->s, exec_backend_setup_stream(R->b), R->norm_sum);
+  exec_backend_to_host(R->b, &sum, R->norm_sum, sizeof sum);
+  return sum;
+}
+
+/* --clip-grad, between the step's phases: the job's norm (one sum over every rank), the
+ * scale the update applies (Megatron's: limit / (norm + 1e-6) when below 1), then the
+ * deferred instructions. */
+static bool clip_and_update(struct runner *R, GError **err) {
+  double sq = local_norm_squares(R);
+  if (!exec_runner_all_reduce(R, &sq, 1, EXEC_REDUCE_SUM, err))
+    return false;
+  R->grad_norm = sqrt(sq);
+  double coeff = R->o->clip_grad / (R->grad_norm + 1e-6);
+  R->s.clip_scale = coeff < 1.0 ? (float)coeff : 1.0f;
+  double t0 = exec_backend_clock(R->b);
+  submit_instrs(R, 2);
+  R->step_setup += exec_backend_clock(R->b) - t0;
+  return exec_runner_wait_events(R, R->stream_end, R->dev->plan->n_streams, err);
+}
+
+static bool run_step(struct runner *R, uint32_t step, GError **err) {
+  const struct exec_device *d = R->dev;
+  struct exec_state *s = &R->s;
+  double t0 = exec_backend_clock(R->b);
+  s->step = step;
+  s->lr = (float)exec_lr_at(&s->lr_schedule, R->o->lr, step);
+  s->clip_scale = 1.0f;
+  s->k->fill(exec_backend_setup_stream(R->b), s->grads, 0.0f, (size_t)d->n_store[EXEC_STORE_GRADS]);
+  R->step_fill = exec_backend_clock(R->b) - t0; /* a kernel: training needs it, not the executor */
+  exec_step_memory_begin(s);
+  for (uint32_t k = 0; k < d->M; k++)
+    exec_mb_begin(s, k);
+  exec_step_memory_issue(s);
+  R->stall_armed = R->o->fault == EXEC_FAULT_STALL && R->o->fault_rank == R->rank &&
+                   R->o->fault_step == step && R->stall_instr != IR_NONE && !s->forward_only;
+  bool split = R->defer_update && !s->forward_only;
+  submit_instrs(R, split ? 1 : 0);
   R->step_setup = exec_backend_clock(R->b) - t0;
   bool ok = exec_runner_wait_events(R, R->stream_end, d->plan->n_streams, err);
+  if (ok && split)
+    ok = clip_and_update(R, err);
   for (uint32_t k = 0; k < d->M; k++)
     exec_mb_end(s, k);
   exec_step_memory_end(s);
@@ -157,7 +206,9 @@ static void account_step(struct runner *R) {
         if (e > ready)
           ready = e;
       }
-      if (!isfinite(ready) || ready > R->start[i])
+      /* a deferred update (--clip-grad) was ready once the norm exchange was done */
+      if (!isfinite(ready) || ready > R->start[i] ||
+          (R->defer_update && deferred_role(&R->dev->instrs[i])))
         ready = R->start[i];
       double lat = (R->end[i] - ready) - R->kernel[i] - R->comm[i];
       R->dispatch_s += R->start[i] - ready;
@@ -185,11 +236,11 @@ static void account_step(struct runner *R) {
 
 static bool collect(struct runner *R, void *arg, GError **err) {
   struct step_stats *ss = arg;
-  if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n, EXEC_REDUCE_SUM, err) ||
+  if (!exec_world_all_reduce_f64(R->b, ss->losses, ss->n + 1, EXEC_REDUCE_SUM, err) ||
       !exec_world_all_reduce_f64(R->b, ss->compute, R->dev->plan->n_devices, EXEC_REDUCE_SUM,
                                  err))
     return false;
-  return exec_world_all_reduce_f64(R->b, ss->window, 3, EXEC_REDUCE_MAX, err);
+  return exec_world_all_reduce_f64(R->b, ss->window, 4, EXEC_REDUCE_MAX, err);
 }
 
 struct reduce_job {
@@ -238,6 +289,8 @@ struct exec_options exec_options_default(void) {
   o.beta2 = 0.95f;
   o.eps = 1e-8f;
   o.weight_decay = 0.0f;
+  o.lr_schedule.wsd_decay_fraction = 0.1f;
+  o.eval_iters = 1;
   o.timeout_s = 300;
   o.straggler_threshold = 0.25;
   return o;
@@ -250,6 +303,12 @@ void exec_result_clear(struct exec_result *r) {
   g_free(r->step_times);
   g_free(r->compute_seconds);
   g_free(r->stragglers);
+  g_free(r->lrs);
+  g_free(r->grad_norms);
+  g_free(r->peak_memory);
+  g_free(r->mfu);
+  g_free(r->eval_steps);
+  g_free(r->eval_losses);
   exec_report_free(r->report);
   memset(r, 0, sizeof *r);
 }
@@ -336,6 +395,7 @@ static void format_eta(double secs, char *buf, size_t len) {
 /* One step's line (every log_every-th step, the first and the last), with the ETA. */
 static void print_step(const struct runner *R, const struct exec_result *res, uint32_t step,
                        double loss, double secs, bool warm) {
+  uint32_t idx = step - res->first_step;
   uint32_t total = R->o->warmup + R->o->iters, every = MAX(R->o->log_every, 1);
   uint32_t done = step - res->first_step + 1;
   if (step != res->first_step && step != total && done % every != 0)
@@ -344,11 +404,16 @@ static void print_step(const struct runner *R, const struct exec_result *res, ui
   if (step < total)
     format_eta((piper_clock_seconds() - R->progress_t0) / done * (total - step), eta,
                sizeof eta);
-  printf("step %*u/%u  loss %.6f  %10.0f tokens/s  %8.2f ms%s%s%s\n",
+  char mfu[24] = "";
+  if (isfinite(res->mfu[idx]))
+    g_snprintf(mfu, sizeof mfu, "  mfu %5.1f%%", res->mfu[idx] * 100);
+  printf("step %*u/%u  loss %.6f  %10.0f tokens/s  %8.2f ms  lr %.3e  gnorm %.4f  mem %.1f MiB"
+         "%s%s%s%s\n",
          total >= 1000  ? 4
          : total >= 100 ? 3
                         : 2,
          step, total, loss, secs > 0 ? res->tokens_per_step / secs : 0, secs * 1e3,
+         res->lrs[idx], res->grad_norms[idx], res->peak_memory[idx] / (1024.0 * 1024.0), mfu,
          warm ? "  (warmup)" : "", eta[0] ? "  " : "", eta);
   fflush(stdout);
 }
@@ -506,8 +571,11 @@ static bool runner_setup(struct runner *R, GError **err) {
   if (!exec_backend_configure(R->b, R->o->plan, R->rank, err))
     return false;
   s->data = exec_data_open(R->o->data_path, R->xm.m->vocab_size, R->o->seed, err);
-  return s->data && exec_state_init_params(s, err) && create_comms(R, err) &&
-         create_streams(R, err);
+  if (s->data && R->o->eval_path)
+    R->eval_data = exec_data_open(R->o->eval_path, R->xm.m->vocab_size, R->o->seed, err);
+  R->norm_sum = exec_backend_alloc(R->b, sizeof(double));
+  return s->data && (!R->o->eval_path || R->eval_data) && exec_state_init_params(s, err) &&
+         create_comms(R, err) && create_streams(R, err);
 }
 
 /* Every rank must run the same plan and resume from the same step: each value goes into one
@@ -566,6 +634,45 @@ static bool resume(struct runner *R, struct exec_result *res, uint32_t *done, GE
   return ok;
 }
 
+/* --clip-grad runs the update after the rest of the step (submit_instrs). The plan places
+ * each segment set's update after every use of its parameters and gradients in the step, so
+ * what follows it on its stream reads none of them; but nothing may wait for it. */
+static bool update_comes_last(struct runner *R, GError **err) {
+  const struct exec_device *d = R->dev;
+  const struct plan_class *c = d->cls;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    if (deferred_role(&d->instrs[i]))
+      continue;
+    for (uint32_t w = 0; w < c->instrs[i].wait_count; w++)
+      if (deferred_role(&d->instrs[c->waits[c->instrs[i].wait_first + w]])) {
+        char name[256];
+        plan_node_name(d->plan, d->instrs[i].node, name, sizeof name);
+        return piper_input_error(err,
+                                 "--clip-grad: rank %u runs \"%s\" after the optimizer update; "
+                                 "clipping needs the update last in the step",
+                                 R->rank, name);
+      }
+  }
+  return true;
+}
+
+/* The learning-rate schedule resolved for the run, and the options that go with others. */
+static bool training_checks(struct runner *R, GError **err) {
+  const struct exec_options *o = R->o;
+  R->s.lr_schedule = o->lr_schedule;
+  if (!exec_lr_schedule_resolve(&R->s.lr_schedule, o->warmup + o->iters, err))
+    return false;
+  R->defer_update = o->clip_grad > 0;
+  if (R->defer_update && !update_comes_last(R, err))
+    return false;
+  if (o->lr_schedule.decay != EXEC_LR_CONSTANT && o->lr_schedule.min_lr > o->lr)
+    return piper_input_error(err, "--min-lr %g is above --lr %g", (double)o->lr_schedule.min_lr,
+                             (double)o->lr);
+  if (o->eval_every && !o->eval_path)
+    return piper_input_error(err, "--eval-every N goes with --eval-data FILE");
+  return true;
+}
+
 /* Where the run starts (after a resume: the checkpoint's step) and the result's arrays. */
 static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) {
   const struct exec_options *o = R->o;
@@ -576,6 +683,8 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
     return piper_input_error(err, "--resume-allow-change goes with --resume DIR");
   if (o->checkpoint_keep && !o->checkpoint_dir)
     return piper_input_error(err, "--checkpoint-keep goes with --checkpoint DIR");
+  if (!training_checks(R, err))
+    return false;
   if (o->load_hf_dir && o->resume_dir)
     return piper_input_error(err, "--load-hf starts a run; --resume continues one: give one");
   if ((o->resume_dir || o->load_hf_dir) && !resume(R, res, &done, err))
@@ -602,7 +711,11 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
   res->tokens_per_step = (double)R->dev->dp_degree * R->dev->M * R->xm.T;
   R->measured = g_new0(double, res->n_steps);
   R->ss.n = R->dev->dp_degree * R->dev->M;
-  R->ss.losses = g_new0(double, R->ss.n);
+  R->ss.losses = g_new0(double, R->ss.n + 1); /* and the squared gradient norm */
+  res->lrs = g_new0(double, res->n_steps);
+  res->grad_norms = g_new0(double, res->n_steps);
+  res->peak_memory = g_new0(double, res->n_steps);
+  res->mfu = g_new0(double, res->n_steps);
   R->ss.compute = g_new0(double, R->dev->plan->n_devices);
   R->compute_steps = g_array_new(FALSE, FALSE, sizeof(double));
   return true;
@@ -611,7 +724,7 @@ static bool plan_steps(struct runner *R, struct exec_result *res, GError **err) 
 /* The step's window and losses, summed over the job on the control stream. */
 static bool collect_step(struct runner *R, GError **err) {
   struct step_stats *ss = &R->ss;
-  memset(ss->losses, 0, ss->n * sizeof(double));
+  memset(ss->losses, 0, (ss->n + 1) * sizeof(double));
   double lo = INFINITY, hi = -INFINITY;
   for (uint32_t i = 0; i < R->dev->n_instrs; i++) {
     if (R->start[i] < lo)
@@ -622,6 +735,9 @@ static bool collect_step(struct runner *R, GError **err) {
   ss->window[0] = -lo;
   ss->window[1] = hi;
   ss->window[2] = R->o->stop && *R->o->stop ? 1 : 0;
+  ss->window[3] = (double)exec_backend_memory_peak(R->b, R->s.mem_peak);
+  /* clipping has the norm already; otherwise the gradients are still there to measure */
+  ss->losses[ss->n] = R->defer_update ? 0 : local_norm_squares(R);
   for (uint32_t k = 0; k < R->dev->M; k++)
     if (R->s.mbs[k].has_loss)
       ss->losses[R->s.mbs[k].global_index] = R->s.mbs[k].loss;
@@ -648,6 +764,66 @@ static bool checkpoint_step(struct runner *R, uint32_t step, GError **err) {
     return false;
   printf("checkpoint: step %u written to %s/step-%u\n", step, o->checkpoint_dir, step);
   fflush(stdout);
+  return true;
+}
+
+/* The step line's figures: learning rate, gradient norm, peak memory, MFU (the model's FLOPs
+ * of the global batch, as metrics.json counts them, over the step's time on every device). */
+static void step_figures(struct runner *R, struct exec_result *res, uint32_t idx, double secs) {
+  const struct plan *p = R->dev->plan;
+  res->lrs[idx] = R->s.lr;
+  res->grad_norms[idx] = R->defer_update ? R->grad_norm : sqrt(R->ss.losses[R->ss.n]);
+  res->peak_memory[idx] = R->ss.window[3];
+  double flops = (double)R->dev->dp_degree * R->dev->M * model_flops_per_microbatch(p->model);
+  res->mfu[idx] = R->o->peak_flops > 0 && secs > 0
+                      ? flops / secs / ((double)p->n_devices * R->o->peak_flops)
+                      : NAN;
+}
+
+/* The held-out loss after step `step`: the mean loss of the first eval_iters global batches of
+ * the evaluation data (batch k as a training step k + 1 would read it), each run through the
+ * plan's forward instructions alone (exec_instr_in_forward); the training data, step and
+ * last step's memory trace are left as they were. */
+static bool evaluate(struct runner *R, struct exec_result *res, uint32_t step, GError **err) {
+  struct exec_state *s = &R->s;
+  struct exec_data *train = s->data;
+  uint32_t train_step_no = s->step;
+  float lr = s->lr;
+  bool tracing = R->tracing, ok = true;
+  double *losses = g_new0(double, R->ss.n), sum = 0;
+  s->data = R->eval_data;
+  s->forward_only = true;
+  R->tracing = false;
+  R->clean = false;
+  for (uint32_t k = 0; k < R->o->eval_iters && ok; k++) {
+    ok = run_step(R, k + 1, err);
+    memset(losses, 0, R->ss.n * sizeof(double));
+    for (uint32_t q = 0; q < R->dev->M; q++)
+      if (s->mbs[q].has_loss)
+        losses[s->mbs[q].global_index] = s->mbs[q].loss;
+    ok = ok && exec_runner_all_reduce(R, losses, R->ss.n, EXEC_REDUCE_SUM, err);
+    for (uint32_t q = 0; ok && q < R->ss.n; q++)
+      sum += losses[q];
+  }
+  g_free(losses);
+  s->data = train;
+  s->step = train_step_no;
+  s->lr = lr;
+  s->forward_only = false;
+  R->tracing = tracing;
+  if (!ok)
+    return false;
+  R->clean = true;
+  double loss = sum / ((double)R->ss.n * R->o->eval_iters);
+  res->eval_steps = g_renew(uint32_t, res->eval_steps, res->n_evals + 1);
+  res->eval_losses = g_renew(double, res->eval_losses, res->n_evals + 1);
+  res->eval_steps[res->n_evals] = step;
+  res->eval_losses[res->n_evals++] = loss;
+  if (R->o->progress && R->rank == 0) {
+    printf("eval after step %u  loss %.6f  (%u batch%s of %s)\n", step, loss, R->o->eval_iters,
+           R->o->eval_iters == 1 ? "" : "es", R->o->eval_path);
+    fflush(stdout);
+  }
   return true;
 }
 
@@ -694,6 +870,7 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   uint32_t idx = step - res->first_step;
   res->losses[idx] = loss;
   res->step_times[idx] = secs;
+  step_figures(R, res, idx, secs);
   if (!warm) {
     R->measured[R->n_measured++] = secs;
     g_array_append_vals(R->compute_steps, R->ss.compute, R->dev->plan->n_devices);
@@ -709,6 +886,8 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   if (!checkpoint_step(R, step, err))
     return false;
   R->clean = true;
+  if (R->eval_data && (step == total || (o->eval_every && step % o->eval_every == 0)))
+    return evaluate(R, res, step, err);
   return true;
 }
 
@@ -847,6 +1026,8 @@ static void free_state(struct runner *R) {
   g_free(s->comms);
   g_mutex_clear(&s->mem_lock);
   exec_data_free(s->data);
+  exec_data_free(R->eval_data);
+  exec_backend_release(R->b, R->norm_sum);
 }
 
 static void runner_free(struct runner *R) {

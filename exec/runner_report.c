@@ -4,6 +4,7 @@
  * parameters (--dump-params), each element from the lowest rank holding a current copy. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "../base/assert.h"
@@ -139,6 +140,25 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
   cJSON *losses = cJSON_AddArrayToObject(extra, "losses");
   for (uint32_t k = 0; k < n_losses; k++)
     cJSON_AddItemToArray(losses, cJSON_CreateNumber(all_losses[k]));
+  /* per step, as losses: learning rate, gradient norm (before clipping), peak memory so far
+   * (the job's largest rank), MFU (null without --peak-tflops) */
+  const double *per_step[] = {res->lrs, res->grad_norms, res->peak_memory, res->mfu};
+  const char *names[] = {"lr", "grad_norm", "peak_memory_bytes_per_step", "mfu_per_step"};
+  for (size_t f = 0; f < G_N_ELEMENTS(names); f++) {
+    cJSON *a = cJSON_AddArrayToObject(extra, names[f]);
+    for (uint32_t k = 0; k < n_losses && per_step[f]; k++)
+      cJSON_AddItemToArray(a, isfinite(per_step[f][k]) ? cJSON_CreateNumber(per_step[f][k])
+                                                        : cJSON_CreateNull());
+  }
+  if (R->o->clip_grad > 0)
+    cJSON_AddNumberToObject(extra, "clip_grad", R->o->clip_grad);
+  cJSON *evals = cJSON_AddArrayToObject(extra, "eval");
+  for (uint32_t k = 0; k < res->n_evals; k++) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "step", res->eval_steps[k]);
+    cJSON_AddNumberToObject(e, "loss", res->eval_losses[k]);
+    cJSON_AddItemToArray(evals, e);
+  }
   cJSON_AddNumberToObject(extra, "first_step", res->first_step);
   cJSON_AddNumberToObject(extra, "warmup", R->o->warmup);
   if (res->stopped) /* a signal ended the run early: the steps asked for, and the last one run */
@@ -162,13 +182,13 @@ static cJSON *report_extra(struct runner *R, const struct exec_result *res,
   for (uint32_t r = 0; res->compute_seconds && r < p->n_devices; r++)
     cJSON_AddItemToArray(compute, cJSON_CreateNumber(res->compute_seconds[r]));
   /* [measured step][rank], as every rank exchanged them */
-  cJSON *per_step = cJSON_AddArrayToObject(extra, "compute_seconds_per_step");
+  cJSON *compute_steps = cJSON_AddArrayToObject(extra, "compute_seconds_per_step");
   const double *t = (const double *)(void *)R->compute_steps->data;
   for (uint32_t s = 0; s < R->compute_steps->len / p->n_devices; s++) {
     cJSON *row = cJSON_CreateArray();
     for (uint32_t r = 0; r < p->n_devices; r++)
       cJSON_AddItemToArray(row, cJSON_CreateNumber(t[(size_t)s * p->n_devices + r]));
-    cJSON_AddItemToArray(per_step, row);
+    cJSON_AddItemToArray(compute_steps, row);
   }
   cJSON *slow = cJSON_AddArrayToObject(extra, "stragglers");
   for (uint32_t k = 0; k < res->n_stragglers; k++) {

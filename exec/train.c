@@ -49,3 +49,26 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
     exec_mb_end(s, (uint32_t)x->mb);
   return ok;
 }
+
+bool exec_instr_in_forward(const struct exec_instr *x) {
+  switch (x->role) {
+  case EXEC_ROLE_COMPUTE:
+  case EXEC_ROLE_A2A_TO_EXPERT:
+  case EXEC_ROLE_A2A_FROM_EXPERT:
+  case EXEC_ROLE_GATHER_USE: return x->pass == IR_PASS_F;
+  /* a point-to-point group's lead posts its forward parts alone (transfer.c) */
+  case EXEC_ROLE_SEND:
+  case EXEC_ROLE_RECV: return x->group_lead != IR_NONE || x->pass == IR_PASS_F;
+  case EXEC_ROLE_TP: return true;
+  default: return false;
+  }
+}
+
+void exec_skip_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  if (x->role == EXEC_ROLE_COMPUTE && x->gather != IR_NONE)
+    exec_gathered_release(s, x->gather); /* a backward's use of ZeRO-3's gathered parameters */
+  exec_instr_memory_done(s, i, st);
+  if (x->mb >= 0 && atomic_fetch_sub(&s->mbs[x->mb].remaining, 1) == 1)
+    exec_mb_end(s, (uint32_t)x->mb);
+}

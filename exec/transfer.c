@@ -85,8 +85,9 @@ bool exec_transfer_group(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   GPtrArray *slots = g_ptr_array_new();
   bool ok = true;
   for (uint32_t k = x->group_head; k != IR_NONE && ok; k = s->dev->instrs[k].group_next)
-    ok = group_collect(s, k, st, parts, slots, err);
-  if (ok)
+    if (!s->forward_only || s->dev->instrs[k].pass == IR_PASS_F)
+      ok = group_collect(s, k, st, parts, slots, err);
+  if (ok && parts->len)
     CT(st, s, ok,
        exec_comm_p2p_group(s->b, (const struct exec_p2p_part *)(void *)parts->data, parts->len,
                            err));

@@ -678,6 +678,40 @@ void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cud
   to_bf16_strided_k<<<grid, kThreads, 0, st>>>(dst, src, rows, cols, ld);
 }
 
+// One block: each thread sums a strided share, then a tree in shared memory (a fixed order,
+// so the same bits every run). Runs once per step over the gradients.
+__global__ void sum_squares_k(double *sum, const float *x, size_t n) {
+  __shared__ double part[kThreads];
+  double acc = 0;
+  for (size_t i = threadIdx.x; i < n; i += kThreads)
+    acc += (double)x[i] * x[i];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int h = kThreads / 2; h > 0; h /= 2) {
+    if ((int)threadIdx.x < h)
+      part[threadIdx.x] += part[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    *sum += part[0];
+}
+
+__global__ void scale_k(float *x, float factor, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] *= factor;
+}
+
+void kc_sum_squares(double *sum, const float *x, size_t n, cudaStream_t st) {
+  if (n)
+    sum_squares_k<<<1, kThreads, 0, st>>>(sum, x, n);
+}
+
+void kc_scale(float *x, float factor, size_t n, cudaStream_t st) {
+  if (n)
+    scale_k<<<blocks_for(n), kThreads, 0, st>>>(x, factor, n);
+}
+
 void kc_add(float *y, const float *x, size_t n, bool acc, cudaStream_t st) {
   if (n)
     add_k<<<blocks_for(n), kThreads, 0, st>>>(y, x, n, acc);

@@ -239,6 +239,8 @@ size_t kernels_lm_head_loss_bwork_floats(int T, int V);
  * (a partial sum over the group; NULL: none) and dw += (NULL: none). */
 
 /* ---- buffers: x [n] = value; dst [bytes] = src (may overlap); y [n] += x [n] ---------------- */
+/* kernels_sum_squares: *sum += x [n] squared, summed in double in index order; kernels_scale:
+ * x [n] *= factor (gradient clipping) */
 
 /* ---- RESIDUAL_ADD: x += y ----------------------------------------------------------------
  * Backward passes the gradient to both: dx is unchanged, dy = dx (or dy += dx). */

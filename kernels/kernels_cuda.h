@@ -24,6 +24,8 @@ void kc_fill(float *x, float value, size_t n, cudaStream_t stream);
 void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cudaStream_t stream);
 /* y = x (accumulate false) or y += x */
 void kc_add(float *y, const float *x, size_t n, bool accumulate, cudaStream_t stream);
+/* kc_sum_squares: *sum (device) += x [n] squared, in double, one block in a fixed order
+ * (deterministic); kc_scale: x [n] *= factor */
 void kc_embedding_forward(float *x, const int32_t *tokens, const float *wte, int T, int C,
                           cudaStream_t stream);
 /* dwte[tokens[t]] += dx[t], t ascending per row of dwte: deterministic, no atomics. With

@@ -56,3 +56,15 @@ void kernels_add(float *y, const float *x, size_t n) {
   for (size_t i = 0; i < n; i++)
     y[i] += x[i];
 }
+
+void kernels_sum_squares(double *sum, const float *x, size_t n) {
+  double acc = 0;
+  for (size_t i = 0; i < n; i++)
+    acc += (double)x[i] * x[i];
+  *sum += acc;
+}
+
+void kernels_scale(float *x, float factor, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    x[i] *= factor;
+}

@@ -31,6 +31,8 @@ struct exec_cli {
   struct compile_args compile;
   struct exec_options run; /* the training options the table fills (iters, lr, ...) */
   const char *plans, *out, *backend, *data, *checkpoint, *resume, *dump_params;
+  const char *lr_decay_style, *lr_wsd_decay_style, *eval_data;
+  double peak_tflops;
   uint32_t checkpoint_every, seed;
   bool quiet, no_report, no_charts, force;
 };
@@ -66,9 +68,35 @@ static const struct option_spec options[] = {
     {.name = "--seed", .kind = OPTION_U32, EXEC_OPTION(seed), .lo = 0, .hi = UINT32_MAX - 1,
      .metavar = "S", .help = "initialisation and synthetic data (default 1234)"},
     {.name = "--lr", .kind = OPTION_FLOAT, EXEC_OPTION(run.lr), .lo = 0, .hi = 10,
-     .metavar = "X", .help = "AdamW learning rate (default 0.001)"},
+     .metavar = "X", .help = "AdamW learning rate: the schedule's peak (default 0.001)"},
     {.name = "--weight-decay", .kind = OPTION_FLOAT, EXEC_OPTION(run.weight_decay), .lo = 0,
      .hi = 10, .metavar = "X", .help = "AdamW weight decay (default 0)"},
+    {.name = "--lr-warmup-iters", .kind = OPTION_U32, EXEC_OPTION(run.lr_schedule.warmup_iters),
+     .hi = STEPS_MAX, .metavar = "N", .help = "rise linearly to --lr over N steps (default 0)"},
+    {.name = "--lr-decay-style", .kind = OPTION_STRING, EXEC_OPTION(lr_decay_style),
+     .metavar = "S", .help = "then constant (default), linear, cosine or wsd ..."},
+    {.name = "--min-lr", .kind = OPTION_FLOAT, EXEC_OPTION(run.lr_schedule.min_lr), .lo = 0,
+     .hi = 10, .metavar = "X", .help = "... to X (default 0) ..."},
+    {.name = "--lr-decay-iters", .kind = OPTION_U32, EXEC_OPTION(run.lr_schedule.decay_iters),
+     .lo = 1, .hi = STEPS_MAX, .metavar = "N", .help = "... at step N (default: the last)"},
+    {.name = "--lr-wsd-decay-iters", .kind = OPTION_U32,
+     EXEC_OPTION(run.lr_schedule.wsd_decay_iters), .lo = 1, .hi = STEPS_MAX, .metavar = "N",
+     .help = "wsd: anneal over the last N steps of the decay ..."},
+    {.name = "--lr-wsd-decay-fraction", .kind = OPTION_FLOAT,
+     EXEC_OPTION(run.lr_schedule.wsd_decay_fraction), .lo = 1e-6, .hi = 1, .metavar = "F",
+     .help = "... or over this fraction of them (default 0.1) ..."},
+    {.name = "--lr-wsd-decay-style", .kind = OPTION_STRING, EXEC_OPTION(lr_wsd_decay_style),
+     .metavar = "S", .help = "... shaped exponential (default), linear, cosine, minus_sqrt"},
+    {.name = "--clip-grad", .kind = OPTION_FLOAT, EXEC_OPTION(run.clip_grad), .lo = 0, .hi = 1e9,
+     .metavar = "X", .help = "clip gradients to global L2 norm X (default 0: never)"},
+    {.name = "--eval-data", .kind = OPTION_STRING, EXEC_OPTION(eval_data), .metavar = "FILE",
+     .help = "held-out data (as --data): its loss, forward only, ..."},
+    {.name = "--eval-every", .kind = OPTION_U32, EXEC_OPTION(run.eval_every), .lo = 1,
+     .hi = STEPS_MAX, .metavar = "N", .help = "... every N steps and after the last ..."},
+    {.name = "--eval-iters", .kind = OPTION_U32, EXEC_OPTION(run.eval_iters), .lo = 1,
+     .hi = STEPS_MAX, .metavar = "K", .help = "... over its first K global batches (default 1)"},
+    {.name = "--peak-tflops", .kind = OPTION_DOUBLE, EXEC_OPTION(peak_tflops), .lo = 1e-6,
+     .hi = 1e9, .metavar = "X", .help = "a device's peak, for the step line's MFU"},
     {.name = "--checkpoint", .kind = OPTION_STRING, EXEC_OPTION(checkpoint), .metavar = "DIR",
      .help = "write checkpoints to DIR ..."},
     {.name = "--checkpoint-every", .kind = OPTION_U32, EXEC_OPTION(checkpoint_every), .lo = 1,
@@ -79,8 +107,8 @@ static const struct option_spec options[] = {
      .help = "continue from the latest checkpoint in DIR"},
     {.name = "--resume-allow-change", .kind = OPTION_STRING, EXEC_OPTION(run.resume_allow_change),
      .metavar = "LIST", .help = "accept these changes on --resume (comma-separated: lr,\n"
-             "weight_decay, beta1, beta2, eps, data, schedule; layout:\n"
-             "resume on another layout, resharded)"},
+             "weight_decay, beta1, beta2, eps, data, schedule, clip_grad;\n"
+             "layout: resume on another layout, resharded)"},
     {.name = "--timeout", .kind = OPTION_DOUBLE, EXEC_OPTION(run.timeout_s), .lo = 0.01,
      .hi = 1e9, .metavar = "S",
      .help = "watchdog: fail when nothing progresses for S seconds (default 300)"},
@@ -229,6 +257,27 @@ static bool backend_built_in(const char *name) {
     if (strcmp(n, name) == 0)
       return true;
   return false;
+}
+
+/* The learning-rate schedule, clipping and evaluation: names and steps that fit. */
+static int read_training(const struct exec_cli *a, struct exec_options *o) {
+  GError *err = NULL;
+  struct exec_lr_schedule ls;
+  if ((a->lr_decay_style &&
+       !exec_lr_decay_parse("--lr-decay-style", a->lr_decay_style, &o->lr_schedule.decay, &err)) ||
+      (a->lr_wsd_decay_style &&
+       !exec_lr_wsd_style_parse("--lr-wsd-decay-style", a->lr_wsd_decay_style,
+                                &o->lr_schedule.wsd_style, &err)) ||
+      (ls = o->lr_schedule, !exec_lr_schedule_resolve(&ls, o->warmup + o->iters, &err)))
+    return error_exit_once(err);
+  if (a->run.eval_every && !a->eval_data)
+    return piper_usage_error("piper-exec", "%s", "--eval-every N goes with --eval-data FILE");
+  if (a->eval_data && access(a->eval_data, R_OK) != 0) /* before MPI: one line, not one per rank */
+    return piper_usage_error("piper-exec", "--eval-data %s: cannot read it: %s", a->eval_data,
+                             g_strerror(errno));
+  o->eval_path = a->eval_data;
+  o->peak_flops = a->peak_tflops * 1e12;
+  return OPTIONS_CONTINUE;
 }
 
 static int check_inputs(const struct exec_cli *a) {
@@ -628,6 +677,7 @@ int main(int argc, char **argv) {
   struct exec_options o = a.run;
   struct fault fault = {0};
   if ((rc = check_inputs(&a)) != OPTIONS_CONTINUE ||
+      (rc = read_training(&a, &o)) != OPTIONS_CONTINUE ||
       (rc = read_fault(&o, &fault)) != OPTIONS_CONTINUE ||
       (rc = read_slow(&o)) != OPTIONS_CONTINUE)
     return quiet_rank_exit(rc);

@@ -136,6 +136,22 @@ static void check_simple(struct check *c) {
   compare(c, "adamw params", p, dp, n, TOL_PLAIN);
   compare(c, "adamw m", m, dm, n, TOL_PLAIN);
   compare(c, "adamw v", v, dv, n, TOL_PLAIN);
+  /* clipping: the squares' sum (double, added to what is there) and the scale */
+  double sum = 0.25, got = 0.25;
+  double *dsum = exec_backend_alloc(c->b, sizeof(double));
+  exec_backend_from_host(c->b, dsum, &got, sizeof got);
+  kernels_sum_squares(&sum, g, n);
+  c->k->sum_squares(c->s, dsum, dg, n);
+  exec_backend_to_host(c->b, &got, dsum, sizeof got);
+  exec_backend_release(c->b, dsum);
+  /* the same doubles summed in another order: equal to a few ulps */
+  bool sum_ok = fabs(got - sum) <= 1e-12 * sum;
+  printf("%-4s %-44s %.17g vs %.17g\n", sum_ok ? "ok" : "FAIL", "sum_squares", got, sum);
+  c->run++;
+  c->failed += !sum_ok;
+  kernels_scale(g, 0.375f, n);
+  c->k->scale(c->s, dg, 0.375f, n);
+  compare(c, "scale", g, dg, n, 0);
 }
 
 static void check_embedding_norm(struct check *c) {

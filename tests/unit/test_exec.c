@@ -1182,6 +1182,70 @@ static void test_stragglers_named_against_their_peers(void **state) {
   assert_int_equal(exec_find_stragglers(&t[3][0], 1, 5, class_of, 0.25, &x), 0);
 }
 
+/* Each schedule's curve at chosen steps (peak 1, floor 0.25, warm-up 4, decay by step 16: the
+ * decay's ratio is (t - 4) / 12), against Megatron-LM's formulas worked by hand. */
+static void test_lr_schedule_curves(void **state) {
+  (void)state;
+  const double tol = 1e-12; /* cos and pow in double; the rest is exact */
+  struct exec_lr_schedule s = {.min_lr = 0.25f, .warmup_iters = 4, .decay_iters = 16,
+                               .wsd_decay_fraction = 0.1f};
+  GError *err = NULL;
+  /* warm-up from 0, whatever comes after */
+  assert_true(exec_lr_at(&s, 1.0f, 1) == 0.25 && exec_lr_at(&s, 1.0f, 2) == 0.5);
+  assert_true(exec_lr_at(&s, 1.0f, 4) == 1.0);
+  /* constant: the peak for ever, the floor unused */
+  assert_true(exec_lr_at(&s, 1.0f, 5) == 1.0 && exec_lr_at(&s, 1.0f, 1000) == 1.0);
+  s.decay = EXEC_LR_LINEAR;
+  assert_true(exec_lr_at(&s, 1.0f, 7) == 0.8125 && exec_lr_at(&s, 1.0f, 10) == 0.625);
+  assert_true(exec_lr_at(&s, 1.0f, 16) == 0.25 && exec_lr_at(&s, 1.0f, 17) == 0.25);
+  assert_true(exec_lr_at(&s, 2.0f, 10) == 1.125); /* scales with the peak, not the floor */
+  s.decay = EXEC_LR_COSINE;
+  assert_true(fabs(exec_lr_at(&s, 1.0f, 8) - 0.8125) < tol); /* cos(pi / 3) = 1/2 */
+  assert_true(fabs(exec_lr_at(&s, 1.0f, 10) - 0.625) < tol);
+  assert_true(fabs(exec_lr_at(&s, 1.0f, 16) - 0.25) < tol && exec_lr_at(&s, 1.0f, 30) == 0.25);
+  /* WSD: stable to step 12, then 4 steps of annealing in each shape */
+  s.decay = EXEC_LR_WSD;
+  s.wsd_decay_iters = 4;
+  const double at14[] = {[EXEC_WSD_EXPONENTIAL] = 2 * sqrt(0.5) - 1, [EXEC_WSD_LINEAR] = 0.5,
+                         [EXEC_WSD_COSINE] = 0.5, [EXEC_WSD_MINUS_SQRT] = 1 - sqrt(0.5)};
+  for (int w = 0; w < 4; w++) {
+    s.wsd_style = (enum exec_lr_wsd_style)w;
+    assert_true(exec_lr_at(&s, 1.0f, 5) == 1.0 && exec_lr_at(&s, 1.0f, 12) == 1.0);
+    assert_true(fabs(exec_lr_at(&s, 1.0f, 14) - (0.25 + 0.75 * at14[w])) < tol);
+    assert_true(fabs(exec_lr_at(&s, 1.0f, 16) - 0.25) < tol);
+  }
+  s.wsd_style = EXEC_WSD_LINEAR;
+  assert_true(exec_lr_at(&s, 1.0f, 13) == 0.8125);
+  /* resolved: the fraction of the decay steps, rounded up; the run's end as the decay's */
+  struct exec_lr_schedule r = s;
+  r.wsd_decay_iters = 0;
+  r.wsd_decay_fraction = 0.2f; /* 3.2 steps of 16 -> 4 */
+  assert_true(exec_lr_schedule_resolve(&r, 100, &err));
+  assert_int_equal(r.wsd_decay_iters, 4);
+  r.decay_iters = 0;
+  assert_true(exec_lr_schedule_resolve(&r, 100, &err));
+  assert_int_equal(r.decay_iters, 100);
+  char *text = exec_lr_schedule_text(&s);
+  assert_string_equal(text, "warmup 4, wsd (linear over the last 4 steps) to 0.25 by step 16");
+  g_free(text);
+  /* refused: a decay that ends in the warm-up, an annealing longer than the decay */
+  r = s;
+  r.decay_iters = 4;
+  assert_false(exec_lr_schedule_resolve(&r, 100, &err));
+  assert_non_null(strstr(err->message, "--lr-decay-iters 4"));
+  g_clear_error(&err);
+  r = s;
+  r.wsd_decay_iters = 13;
+  assert_false(exec_lr_schedule_resolve(&r, 100, &err));
+  assert_non_null(strstr(err->message, "--lr-wsd-decay-iters 13"));
+  g_clear_error(&err);
+  enum exec_lr_decay d;
+  assert_true(exec_lr_decay_parse("--lr-decay-style", "cosine", &d, &err) && d == EXEC_LR_COSINE);
+  assert_false(exec_lr_decay_parse("--lr-decay-style", "cosin", &d, &err));
+  assert_non_null(strstr(err->message, "--lr-decay-style"));
+  g_clear_error(&err);
+}
+
 static int setup(void **state) {
   (void)state;
   GError *err = NULL;
@@ -1226,6 +1290,7 @@ int main(void) {
       cmocka_unit_test(test_ops_cover_host_and_refuse_unsupported),
       cmocka_unit_test(test_stragglers_named_against_their_peers),
       cmocka_unit_test(test_hf_names_per_family),
+      cmocka_unit_test(test_lr_schedule_curves),
   };
   return cmocka_run_group_tests_name("exec", tests, setup, teardown);
 }

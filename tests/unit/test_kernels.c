@@ -1115,6 +1115,19 @@ static void test_residual_add(void **state) {
 
 /* ---- AdamW ------------------------------------------------------------------------------- */
 
+/* Clipping's two kernels, exact on chosen values: the squares added to what *sum holds. */
+static void test_sum_squares_scale(void **state) {
+  (void)state;
+  float x[] = {1, 2, 3, -4};
+  double sum = 0.5;
+  kernels_sum_squares(&sum, x, 4);
+  assert_true(sum == 30.5);
+  kernels_sum_squares(&sum, x, 0);
+  assert_true(sum == 30.5);
+  kernels_scale(x, 0.5f, 4);
+  assert_true(x[0] == 0.5f && x[1] == 1.0f && x[2] == 1.5f && x[3] == -2.0f);
+}
+
 static void test_adamw(void **state) {
   (void)state;
   float p[3] = {1.0f, -2.0f, 0.5f}, g[3] = {0.1f, -0.2f, 0.0f}, m[3] = {0}, v[3] = {0};
@@ -1335,6 +1348,7 @@ int main(void) {
       cmocka_unit_test(test_lm_head_old_formula),
       cmocka_unit_test(test_residual_add),
       cmocka_unit_test(test_adamw),
+      cmocka_unit_test(test_sum_squares_scale),
       /* Last, so that the tests above draw the same random inputs as before they existed. */
       cmocka_unit_test(test_rope_llama3_scaling),
       cmocka_unit_test(test_attention_theta),
