@@ -282,7 +282,7 @@ struct exec_state {
    * and going back to malloc each time costs more than the smaller kernels take */
   GMutex pool_lock;
   GHashTable *pool; /* size -> GPtrArray of free buffers */
-  bool poison;      /* fill fresh buffers with NaN (exec_options.poison, tests) */
+  bool poison;      /* fill fresh buffers with NaN (exec_options.hooks.poison, tests) */
   /* The plan's memory points: tensors[t] of the class, and per instruction the tensors it
    * releases (release_first[i] .. release_first[i + 1] of release_list) */
   struct exec_tensor_rt *tensors;

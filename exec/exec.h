@@ -24,13 +24,15 @@
 
 #include "../base/launch.h"
 #include "../ir/plan.h"
+#include "hooks.h"
+#include "lr_schedule.h"
 
 struct exec_backend; /* an instance of a backend (exec/backend.h) */
 
 struct exec_backend_params {
   int *argc; /* for MPI_Init_thread; may be NULL */
   char ***argv;
-  bool force_mpi;           /* host: start MPI even when no launcher started this process */
+  bool force_mpi;             /* host: start MPI even when no launcher started this process */
   struct piper_launch launch; /* the launcher's view of this process (piper_launch_detect) */
 };
 
@@ -47,52 +49,6 @@ const char *exec_backend_comm_library(struct exec_backend *b); /* "MPI (Open MPI
 /* Ends every process of the job now, after an unrecoverable error (peers may be blocked). */
 void exec_backend_abort(struct exec_backend *b, int code);
 
-enum exec_fault { EXEC_FAULT_NONE, EXEC_FAULT_STALL };
-/* Which communication a stall hits: the first instruction of the step of that kind (ANY:
- * the first communication of any kind, or the first instruction when there is none). */
-enum exec_stall_kind {
-  EXEC_STALL_ANY,
-  EXEC_STALL_SEND,
-  EXEC_STALL_RECV,
-  EXEC_STALL_ALL_REDUCE,     /* DP gradient all-reduce */
-  EXEC_STALL_REDUCE_SCATTER, /* ZeRO gradient reduce-scatter */
-  EXEC_STALL_ALL_TO_ALL,     /* expert dispatch or combine */
-  EXEC_STALL_ALL_GATHER,     /* ZeRO parameter gathers */
-};
-
-/* A learning-rate schedule, as Megatron-LM's OptimizerParamScheduler computes it: the rate of
- * step t (1-based: the t-th update) rises linearly from 0 to the peak over warmup_iters steps,
- * then holds (constant) or decays to min_lr by step decay_iters (linear, cosine, or WSD:
- * stable at the peak, then the last wsd_decay_iters steps of decay_iters annealed in the
- * wsd_style shape); past decay_iters it stays at min_lr. */
-enum exec_lr_decay { EXEC_LR_CONSTANT, EXEC_LR_LINEAR, EXEC_LR_COSINE, EXEC_LR_WSD };
-enum exec_lr_wsd_style { EXEC_WSD_EXPONENTIAL, EXEC_WSD_LINEAR, EXEC_WSD_COSINE, EXEC_WSD_MINUS_SQRT };
-struct exec_lr_schedule {
-  enum exec_lr_decay decay;
-  float min_lr;
-  uint32_t warmup_iters;
-  uint32_t decay_iters;     /* 0: the run's last step (warmup + iters) */
-  uint32_t wsd_decay_iters; /* 0: wsd_decay_fraction of decay_iters */
-  float wsd_decay_fraction;
-  enum exec_lr_wsd_style wsd_style;
-};
-/* The rate of step `step` (1-based) under s with peak lr; decay_iters resolved (not 0). */
-double exec_lr_at(const struct exec_lr_schedule *s, float lr, uint32_t step);
-/* Names as the flags take them ("constant", "linear", "cosine", "wsd"; "exponential",
- * "linear", "cosine", "minus_sqrt"): false with an input error naming flag otherwise. */
-bool exec_lr_decay_parse(const char *flag, const char *name, enum exec_lr_decay *out, GError **err);
-bool exec_lr_wsd_style_parse(const char *flag, const char *name, enum exec_lr_wsd_style *out,
-                             GError **err);
-const char *exec_lr_decay_name(enum exec_lr_decay d);
-const char *exec_lr_wsd_style_name(enum exec_lr_wsd_style w);
-/* s with its defaults resolved for a run of total steps (decay_iters, wsd_decay_iters); an
- * input error for a schedule that cannot be run (decay before the warm-up ends, WSD decay
- * longer than the decay). */
-bool exec_lr_schedule_resolve(struct exec_lr_schedule *s, uint32_t total, GError **err);
-/* The curve a resolved s draws, in words ("warmup 10, cosine to 1e-05 by step 100"): equal
- * texts, equal rates at every step (what a checkpoint compares; g_free). */
-char *exec_lr_schedule_text(const struct exec_lr_schedule *s);
-
 struct exec_options {
   const struct plan *plan;  /* the whole plan; this process runs device = world rank */
   const char *schedule;     /* family name for the report, "custom" if NULL */
@@ -107,12 +63,12 @@ struct exec_options {
    * global batches of eval_path (the same batches each time), forward only (0: never) */
   const char *eval_path;
   uint32_t eval_every, eval_iters;
-  double peak_flops; /* per device, for the step's MFU; 0: unknown */
+  double peak_flops;          /* per device, for the step's MFU; 0: unknown */
   double timeout_s;           /* watchdog: no progress for this long is an error */
   const char *checkpoint_dir; /* write checkpoints here every checkpoint_every steps */
   uint32_t checkpoint_every;
-  uint32_t checkpoint_keep;   /* keep the last K step directories; 0 = all */
-  const char *resume_dir;       /* resume from the latest checkpoint in this directory */
+  uint32_t checkpoint_keep; /* keep the last K step directories; 0 = all */
+  const char *resume_dir;   /* resume from the latest checkpoint in this directory */
   /* What a resume may find changed: "lr,weight_decay,beta1,beta2,eps,data,schedule" (any
    * of them, comma-separated); NULL = nothing. Every other difference is refused. */
   const char *resume_allow_change;
@@ -125,22 +81,7 @@ struct exec_options {
   bool progress;      /* rank 0 prints a line per step, with the time left at the pace so far */
   uint32_t log_every; /* every log_every-th step only (0, 1: all; the first and last always) */
   double straggler_threshold; /* a rank this much slower than its peers' median: a straggler */
-  /* Testing hook: EXEC_FAULT_STALL makes rank fault_rank's first instruction of kind
-   * fault_kind in step fault_step (1-based) block until cancelled, as a transfer whose peer
-   * never comes would (a receive nothing matches, on a communicator of its own). */
-  enum exec_fault fault;
-  enum exec_stall_kind fault_kind;
-  uint32_t fault_rank, fault_step;
-  /* Testing hooks: fill every fresh activation buffer with NaN, so a kernel that reads what it
-   * did not write shows up as a NaN loss (piper-exec: PIPER_EXEC_POISON=1); make rank
-   * slow_rank's compute take slow_factor (> 1) times as long (PIPER_EXEC_SLOW=rank:factor). */
-  bool poison;
-  uint32_t slow_rank;
-  double slow_factor;
-  /* Called at the start of every step (rank, 1-based step), e.g. to inject a crash; step 0:
-   * at start-up, before the communicators are created. */
-  void (*step_hook)(uint32_t rank, uint32_t step, void *data);
-  void *step_hook_data;
+  struct exec_hooks hooks;    /* faults and slow-downs on purpose (exec/hooks.h); none by default */
   /* Nonzero (a signal handler sets it): stop at the next step boundary, where every rank
    * agrees on it (the step's loss exchange); the run holds the steps done. NULL: never. */
   const volatile sig_atomic_t *stop;
@@ -157,11 +98,11 @@ struct exec_straggler {
 
 struct exec_result {
   uint32_t n_steps, first_step; /* steps this call ran (after a resume: the rest), 1-based */
-  double *losses, *step_times; /* [n_steps]: mean loss of the global batch; first start to
+  double *losses, *step_times;  /* [n_steps]: mean loss of the global batch; first start to
                                   last end over all ranks, seconds */
-  double tokens_per_step;      /* global batch tokens */
-  double wall_seconds; /* measured steps as this rank's loop saw them (setup, loss exchange) */
-  uint64_t instructions;       /* instructions this rank ran */
+  double tokens_per_step;       /* global batch tokens */
+  double wall_seconds;   /* measured steps as this rank's loop saw them (setup, loss exchange) */
+  uint64_t instructions; /* instructions this rank ran */
   /* time inside kernels, communication calls and instruction bodies (this rank, all steps) */
   double kernel_seconds, comm_seconds, task_seconds;
   double overhead_per_instr_s; /* executor latency per instruction (see the README) */
@@ -171,8 +112,8 @@ struct exec_result {
    * and how many it made per instruction (this rank, measured steps); 0 otherwise */
   double comm_test_s, comm_tests_per_instr;
   uint64_t peak_memory_bytes;
-  double *compute_seconds;  /* [n_devices]: each rank's compute per measured step, mean */
-  uint32_t n_stragglers;    /* ranks consistently slower than their peers (all ranks know) */
+  double *compute_seconds; /* [n_devices]: each rank's compute per measured step, mean */
+  uint32_t n_stragglers;   /* ranks consistently slower than their peers (all ranks know) */
   struct exec_straggler *stragglers;
   struct exec_report *report; /* with exec_options.report, on rank 0: exec_result_report */
   /* After a failure: every rank failed at the same agreed point (the job can end without an

@@ -1,11 +1,11 @@
-/* lr_schedule: the learning rate of each step (exec.h, struct exec_lr_schedule), with
+/* lr_schedule: the learning rate of each step (lr_schedule.h, struct exec_lr_schedule), with
  * Megatron-LM's formulas (megatron/core/optimizer_param_scheduler.py, get_lr) so that a
  * schedule ported from a Megatron run gives the same rates step for step. */
 #include <math.h>
 #include <string.h>
 
 #include "../base/base.h"
-#include "exec.h"
+#include "lr_schedule.h"
 
 static const char *const decay_names[] = {"constant", "linear", "cosine", "wsd", NULL};
 static const char *const wsd_names[] = {"exponential", "linear", "cosine", "minus_sqrt", NULL};

@@ -59,11 +59,11 @@ static bool run_task(struct exec_stream *stream, void *arg, GError **err) {
     ok = stall_task(R, i, err);
   else
     ok = exec_run_instr(&R->s, i, &st, err);
-  if (ok && compute && R->o->slow_factor > 1 && R->rank == R->o->slow_rank) {
+  if (ok && compute && R->o->hooks.slow_factor > 1 && R->rank == R->o->hooks.slow_rank) {
     double work = st.kernel_s;
     if (R->busy_known && exec_backend_busy_clock(R->b, &b1))
       work = b1 - b0;
-    st.kernel_s += slow_down(R, (R->o->slow_factor - 1) * work);
+    st.kernel_s += slow_down(R, (R->o->hooks.slow_factor - 1) * work);
   }
   if (compute && R->busy_known && exec_backend_busy_clock(R->b, &b1))
     R->busy[i] = b1 - b0;
@@ -158,8 +158,8 @@ static bool run_step(struct runner *R, uint32_t step, GError **err) {
   for (uint32_t k = 0; k < d->M; k++)
     exec_mb_begin(s, k);
   exec_step_memory_issue(s);
-  R->stall_armed = R->o->fault == EXEC_FAULT_STALL && R->o->fault_rank == R->rank &&
-                   R->o->fault_step == step && R->stall_instr != IR_NONE && !s->forward_only;
+  R->stall_armed = R->o->hooks.fault == EXEC_FAULT_STALL && R->o->hooks.fault_rank == R->rank &&
+                   R->o->hooks.fault_step == step && R->stall_instr != IR_NONE && !s->forward_only;
   bool split = R->defer_update && !s->forward_only;
   submit_instrs(R, split ? 1 : 0);
   R->step_setup = exec_backend_clock(R->b) - t0;
@@ -371,7 +371,7 @@ static bool create_comms(struct runner *R, GError **err) {
       ok = false;
     }
   }
-  if (ok && R->o->fault == EXEC_FAULT_STALL) {
+  if (ok && R->o->hooks.fault == EXEC_FAULT_STALL) {
     /* every rank runs with the same fault option: all take part */
     exec_watchdog_phase("creating the fault injection's communicator", false);
     R->fault_comm = exec_comm_create(R->b, "fault injection", all, p->n_devices, true, err);
@@ -489,7 +489,7 @@ static bool runner_prepare(struct runner *R, const struct exec_options *o, struc
   s->k = exec_backend_kernels(b);
   s->xm = &R->xm;
   s->dev = &R->device;
-  s->poison = o->poison;
+  s->poison = o->hooks.poison;
   g_mutex_init(&s->mem_lock);
   g_mutex_init(&s->pool_lock);
   g_mutex_init(&R->trace_lock);
@@ -559,15 +559,15 @@ static bool create_streams(struct runner *R, GError **err) {
     R->events[i] = exec_event_create(R->b);
     R->tasks[i] = (struct task){R, i};
   }
-  R->stall_instr = stall_target(R->dev, R->o->fault_kind);
+  R->stall_instr = stall_target(R->dev, R->o->hooks.fault_kind);
   return true;
 }
 
 /* Data, parameters, communicators and streams. */
 static bool runner_setup(struct runner *R, GError **err) {
   struct exec_state *s = &R->s;
-  if (R->o->step_hook)
-    R->o->step_hook(R->rank, 0, R->o->step_hook_data);
+  if (R->o->hooks.step_hook)
+    R->o->hooks.step_hook(R->rank, 0, R->o->hooks.step_hook_data);
   if (!exec_backend_configure(R->b, R->o->plan, R->rank, err))
     return false;
   s->data = exec_data_open(R->o->data_path, R->xm.m->vocab_size, R->o->seed, err);
@@ -834,8 +834,8 @@ static bool train_step(struct runner *R, struct exec_result *res, uint32_t step,
   char phase[64];
   g_snprintf(phase, sizeof phase, "step %u", step);
   exec_watchdog_phase(phase, true);
-  if (o->step_hook)
-    o->step_hook(R->rank, step, o->step_hook_data);
+  if (o->hooks.step_hook)
+    o->hooks.step_hook(R->rank, step, o->hooks.step_hook_data);
   R->tracing = step == total;
   if (R->tracing)
     g_array_set_size(R->memory, 0);

@@ -4,9 +4,12 @@
  * core as a FlashAttention-class kernel whose efficiency rises with the sequence, and each model
  * op as its GEMMs, its core and the rest of its traffic at memory bandwidth.
  *
+ *   GError *err = NULL;
  *   struct profile *pr = profile_load_file("profiles/h100-sxm.json", &err);
- *   struct cost_gemm g = cost_gemm(pr, MODEL_DTYPE_BF16, 4096, 14336, 4096);
- *   printf("%g s on %ux%u tiles, %g waves\n", g.seconds, g.tile_m, g.tile_n, g.waves);
+ *   if (pr) {
+ *     struct cost_gemm g = cost_gemm(pr, MODEL_DTYPE_BF16, 4096, 14336, 4096);
+ *     printf("%g s on %ux%u tiles, %g waves\n", g.seconds, g.tile_m, g.tile_n, g.waves);
+ *   }
  */
 #ifndef PIPER_SIM_COST_H
 #define PIPER_SIM_COST_H

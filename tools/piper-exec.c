@@ -323,8 +323,8 @@ static int read_slow(struct exec_options *o) {
   if (sscanf(env, "%u:%lf%c", &rank, &factor, &tail) != 2 || !(factor > 1 && factor < 1e3))
     return piper_usage_error("piper-exec",
                              "PIPER_EXEC_SLOW: \"%s\" is not RANK:FACTOR (a factor above 1)", env);
-  o->slow_rank = rank;
-  o->slow_factor = factor;
+  o->hooks.slow_rank = rank;
+  o->hooks.slow_factor = factor;
   return OPTIONS_CONTINUE;
 }
 
@@ -355,14 +355,14 @@ static int read_fault(struct exec_options *o, struct fault *fault) {
     fprintf(stderr, "piper-exec: note: PIPER_EXEC_FAULT=%s is set: a fault will be injected\n",
             fenv);
   if (strcmp(kind, "stall") == 0) {
-    o->fault = EXEC_FAULT_STALL;
-    o->fault_kind = (enum exec_stall_kind)stall;
-    o->fault_rank = fr;
-    o->fault_step = fs;
+    o->hooks.fault = EXEC_FAULT_STALL;
+    o->hooks.fault_kind = (enum exec_stall_kind)stall;
+    o->hooks.fault_rank = fr;
+    o->hooks.fault_step = fs;
   } else {
     *fault = (struct fault){strcmp(kind, "kill") == 0 ? SIGKILL : SIGSTOP, fr, fs};
-    o->step_hook = fault_hook;
-    o->step_hook_data = fault;
+    o->hooks.step_hook = fault_hook;
+    o->hooks.step_hook_data = fault;
   }
   return OPTIONS_CONTINUE;
 }
@@ -585,7 +585,7 @@ static int run_on_backend(struct exec_options *o, const struct exec_cli *a, cons
   /* test hooks: PIPER_EXEC_MPI starts MPI without a launcher, PIPER_EXEC_POISON=1 poisons */
   struct exec_backend_params bp = {argc, argv, getenv("PIPER_EXEC_MPI") != NULL,
                                    piper_launch_detect()};
-  o->poison = getenv("PIPER_EXEC_POISON") && strcmp(getenv("PIPER_EXEC_POISON"), "1") == 0;
+  o->hooks.poison = getenv("PIPER_EXEC_POISON") && strcmp(getenv("PIPER_EXEC_POISON"), "1") == 0;
   /* from here to the end of MPI_Finalize, a hang anywhere ends the job in one line */
   exec_watchdog_start("piper-exec", o->timeout_s);
   struct exec_backend *b = exec_backend_init_by_name(a->backend, &bp, &err);

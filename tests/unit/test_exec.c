@@ -979,9 +979,9 @@ static void test_watchdog(void **state) {
   o.warmup = 0;
   o.iters = 3;
   o.timeout_s = 0.3;
-  o.fault = EXEC_FAULT_STALL;
-  o.fault_rank = 0;
-  o.fault_step = 2;
+  o.hooks.fault = EXEC_FAULT_STALL;
+  o.hooks.fault_rank = 0;
+  o.hooks.fault_step = 2;
   o.plan = r.plan;
   struct exec_result res;
   GError *err = NULL;
@@ -996,7 +996,7 @@ static void test_watchdog(void **state) {
   assert_true(took < 5);
   g_clear_error(&err);
   /* the backend runs again after a reset (exec_run does it) */
-  o.fault = EXEC_FAULT_NONE;
+  o.hooks.fault = EXEC_FAULT_NONE;
   struct trained t;
   if (!train(r.plan, &o, &t, &err))
     fail_msg("%s", err->message);
