@@ -206,13 +206,27 @@ timeout 300 "${MPIRUN[@]}" -np 2 "$PE" "${TIED[@]}" --iters 2 --save-hf "$T/tied
   python3 -c "import json,struct,sys; f=open(sys.argv[1],'rb'); n=struct.unpack('<Q',f.read(8))[0]; sys.exit('lm_head.weight' in json.loads(f.read(n)))" \
     "$T/tied/model.safetensors" && ok || bad "tied embeddings over PP 2: $(tail -3 "$T/log")"
 
-# --- a 4-rank fine-tune, and its export loads again -----------------------------------------
+# --- a 4-rank fine-tune (warm-up, cosine decay, clipping, held-out loss), and its export loads
+# again ----------------------------------------------------------------------------------------
 head -c 20000 README.md >"$T/text.bin"
+tail -c 8000 README.md >"$T/val.bin"
 timeout 300 "${MPIRUN[@]}" -np 4 "$PE" "${M[@]}" --layout pp=2,dp=2 --schedule 1f1b --mbs 4 --warmup 0 --iters 8 \
   --quiet --timeout 60 --data "$T/text.bin" --load-hf "$T/hf" --save-hf "$T/tuned" --save-dtype bf16 \
-  --out "$T/tune" >"$T/log" 2>&1 &&
-  python3 -c "import json,sys; l=json.load(open(sys.argv[1]))['losses']; sys.exit(not l[-1] < l[0] - 0.2)" "$T/tune/metrics.json" &&
-  ok || bad "fine-tune: $(tail -3 "$T/log") losses $(losses "$T/tune" 2>&1 | tr '\n' ' ')"
+  --lr 3e-3 --min-lr 3e-4 --lr-warmup-iters 2 --lr-decay-style cosine --clip-grad 1.0 \
+  --eval-data "$T/val.bin" --eval-every 4 --eval-iters 2 --out "$T/tune" >"$T/log" 2>&1 &&
+  python3 - "$T/tune/metrics.json" <<'PY' && ok || bad "fine-tune: $(tail -3 "$T/log") losses $(losses "$T/tune" 2>&1 | tr '\n' ' ')"
+import json, math, sys
+m = json.load(open(sys.argv[1]))
+x = m.get("extra", m)
+l = m["losses"]
+assert l[-1] < l[0] - 0.2, l  # it learns
+lr = x["lr"]  # warm-up to the peak, then cosine to the minimum by the last step
+assert abs(lr[0] - 1.5e-3) < 1e-9 and abs(lr[1] - 3e-3) < 1e-9 and abs(lr[-1] - 3e-4) < 1e-9, lr
+assert all(a >= b for a, b in zip(lr[1:], lr[2:])), lr
+assert x["clip_grad"] == 1.0 and all(g > 0 for g in x["grad_norm"]), x["grad_norm"]
+ev = x["eval"]  # every 4 steps and after the last
+assert [e["step"] for e in ev] == [4, 8] and all(math.isfinite(e["loss"]) for e in ev), ev
+PY
 "$PE" "${ONE[@]}" --iters 1 --lr 0 --load-hf "$T/tuned" --save-hf "$T/tuned2" --save-dtype bf16 --no-report >"$T/log" 2>&1 &&
   $HFC same "$T/tuned" "$T/tuned2" && ok || bad "the fine-tuned export does not load back: $(tail -2 "$T/log")"
 
