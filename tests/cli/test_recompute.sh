@@ -27,41 +27,6 @@ ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 if ! command -v mpirun >/dev/null || ! "$PE" --list-backends | grep -q "MPI"; then
   bad "mpirun or piper-exec's MPI support is missing"
-  # Selective recomputation of named modules (Megatron's --recompute-modules): norm outputs, MLP
-# and shared-expert activations dropped by F and rebuilt by R, bit-identical to storing them,
-# under 1F1B, zero-bubble (R before BI) and ZeRO-3 (R reads the gathered parameters); "moe"
-# reruns the local experts' segments in full. Each drops activations (one device, below none).
-SHARED=$T/tiny-moe-shared.json
-python3 -c "import json, sys; d = json.load(open(sys.argv[1])); d['n_shared_experts'] = 1
-json.dump(d, open(sys.argv[2], 'w'))" $MOE "$SHARED"
-mods=(
-  "dense_pp2 2 $DENSE --layout pp=2,recompute=selective:core_attn+layernorm+mlp --schedule 1f1b --mbs 8"
-  "dense_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
-  "dense_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective:layernorm --schedule 1f1b --mbs 4"
-  "one_dense_none 1 $DENSE --pp-regions 2 --directives $T/one8_modules.json"
-)
-run moe_shared 2 "$SHARED" --layout pp=2 --schedule 1f1b --mbs 8 &&
-  mods+=("moe_shared 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8")
-for p in "${mods[@]}"; do
-  read -r -a w <<<"$p"
-  run "${w[0]}_modules" "${w[1]}" "${w[2]}" "${w[@]:3}" && same "${w[0]}_modules" "${w[0]}"
-done
-if [ -s "$T/one_dense_none_modules.params" ]; then
-  a=$(activations "$T/one_dense_none") s=$(activations "$T/one_dense_selective") m=$(activations "$T/one_dense_none_modules")
-  [ "$m" -lt "$s" ] && ok || bad "one device: activations at the peak: selective $s, core_attn+layernorm+mlp $m (want fewer)"
-fi
-# what the executor cannot rerun is refused in one error line (exit 2): moe_act needs a kernel of
-# its own; modules besides the attention core under tensor parallelism
-refused() {
-  local want=$1
-  shift
-  "$PE" --backend host --warmup 0 --iters 1 --quiet --no-charts --out "$T/refused" "$@" >"$T/refused.log" 2>&1
-  local rc=$?
-  [ $rc -eq 2 ] && [ "$(grep -c 'error:' "$T/refused.log")" -eq 1 ] && grep -q "error: .*$want" "$T/refused.log" && ok ||
-    bad "want exit 2 and one line with '$want', got $rc: $(cat "$T/refused.log")"
-}
-refused 'recomputation of "moe_act" has no kernel on the host backend' --model $MOE --layout pp=1,recompute=selective:moe_act --mbs 2
-refused 'other than core_attn under tensor parallelism' --model $DENSE --layout tp=2,recompute=selective:layernorm --mbs 2
 echo "test_recompute.sh: $pass passed, $failed failed"
   exit 1
 fi
