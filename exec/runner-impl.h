@@ -82,6 +82,11 @@ struct runner {
 
 /* runner_wait.c: the events evs [n] waited for under the watchdog (an input or runtime error
  * naming the instruction that stalled or failed). */
+/* runner_setup.c: the model, this device's program and the state (input error for what this
+ * machine or backend cannot run), then the data, parameters, communicators and streams. */
+bool exec_runner_prepare(struct runner *R, const struct exec_options *o, struct exec_backend *b,
+                         uint32_t rank, GError **err);
+bool exec_runner_setup(struct runner *R, GError **err);
 bool exec_runner_wait_events(struct runner *R, struct exec_event **evs, uint32_t n,
                              GError **err);
 /* runner_wait.c: fn(R, arg) on the control stream, waited for under the watchdog (job-wide

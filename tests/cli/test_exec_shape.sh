@@ -2,7 +2,8 @@
 # The executor's shape (docs/exec.md, "Backends"): its library draws nothing (no Cairo or chart
 # symbol in exec/'s objects: piper-exec writes the run directory and its charts), the plan
 # runner never names a backend nor reads a launcher's variable, and every kernel and collective
-# is declared once, in exec/ops.def. Run from the repository root after the build.
+# is declared once, in kernels/ops.def or exec/ops.def. Run from the repository root after the
+# build.
 set -u
 BUILD=${BUILD:-build}
 pass=0
