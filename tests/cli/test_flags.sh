@@ -154,5 +154,17 @@ steps=$(grep "^step" "$T/l.out" | awk '{print $2}' | tr '\n' ' ')
   ok || bad "resume line: $(cat "$T/rs.out" "$T/err")"
 "$PE" --help | grep -q "a --resume runs the steps left to" && ok || bad "--help says nothing of --iters on resume"
 
+# --- a schedule on a file with more stages than the model's PP regions: both counts said -------
+# (issue 32: pp4_v.json has 8 stages on 4 ranks; it was reported as "the layout has 4 stages")
+"$PC" --model $DENSE --directives $BS/pp4_v.json --schedule zbv --mbs 8 >/dev/null 2>"$T/err"
+rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
+  grep -q "pp4_v.json: places 8 stages (PP 0 to 7) on 4 ranks, but the model is cut into 4 PP regions: pass --pp-regions 8" "$T/err" &&
+  ok || bad "V file, too few regions: exit $rc: $(cat "$T/err")"
+"$PC" --model $MOE --directives $BS/pp4_dp2_ep2_v_placement.json --pp-regions 4 --schedule 1f1b --mbs 4 >/dev/null 2>"$T/err"
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "1f1b: needs one stage per rank .*: 2 stages on 2 ranks; the layout has 4 stages on 2 ranks$" "$T/err" &&
+  ok || bad "V file, 1f1b: exit $rc: $(cat "$T/err")"
+
 echo "test_flags.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
