@@ -685,8 +685,17 @@ static bool check_program_stages(const struct dir_program *p, uint32_t n_stages,
   int32_t top = -1;
   for (uint32_t i = 0; i < p->n; i++)
     top = MAX(top, single_stage(&p->d[i]));
-  if (top < (int32_t)n_stages)
+  if (top < (int32_t)n_stages || top >= SCHED_MAX_STAGES)
     return true;
+  /* Only a whole layout (stages 0 .. top each placed) is one written for more regions; a stray
+   * place is left to apply.c's "matches nothing". */
+  g_autofree bool *placed = g_new0(bool, (uint32_t)top + 1);
+  for (uint32_t i = 0; i < p->n; i++)
+    if (single_stage(&p->d[i]) >= 0)
+      placed[single_stage(&p->d[i])] = true;
+  for (int32_t st = 0; st <= top; st++)
+    if (!placed[st])
+      return true;
   /* Its ranks: distinct device lists among its stage places. */
   uint32_t ranks = 0;
   for (uint32_t i = 0; i < p->n; i++) {

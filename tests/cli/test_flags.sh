@@ -166,5 +166,36 @@ rc=$?
 [ "$rc" -eq 2 ] && grep -q "1f1b: needs one stage per rank .*: 2 stages on 2 ranks; the layout has 4 stages on 2 ranks$" "$T/err" &&
   ok || bad "V file, 1f1b: exit $rc: $(cat "$T/err")"
 
+# --- --layout refuses ep on a dense model and stages that do not divide the layers (Megatron) ---
+# expect_layout SPEC MODEL WANT: exit 2, one line containing WANT
+expect_layout() {
+  "$PC" --model "$2" --layout "$1" -o "$T/lay" >/dev/null 2>"$T/err"
+  local rc=$?
+  [ "$rc" -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF -- "$3" "$T/err" && ok ||
+    bad "--layout $1: exit $rc: $(cat "$T/err")"
+}
+expect_layout pp=2,dp=2,ep=2 $DENSE 'ep=2, but tiny-dense has no experts (a dense model): drop ep'
+expect_layout pp=3 models/llama3-8b.json '"pp=3": 32 layers do not divide over 3 stages; say how to split them (first-stage-layers=N'
+expect_layout pp=3,interleave=2 $DENSE '8 layers do not divide over 6 stages'
+"$PC" --model models/llama3-8b.json --layout pp=3,first-stage-layers=10,last-stage-layers=10 -o "$T/lay" >/dev/null 2>"$T/err" &&
+  "$PC" --model $MOE --layout pp=2,dp=2,ep=2 -o "$T/lay2" >/dev/null 2>>"$T/err" && ok ||
+  bad "uneven keys / ep on a MoE refused: $(cat "$T/err")"
+
+# --- --quiet means the same in every tool: no progress lines, the summary stays ----------------
+# (piper-plan's --quiet used to drop the summary and keep the progress: --no-summary does that)
+PL=(--model $DENSE --devices 4 --profile $UNIT --global-batch 16 --pp 4 --no-charts)
+"$BIN/piper-plan" "${PL[@]}" --quiet --out "$T/pq" >"$T/p.out" 2>"$T/err" &&
+  grep -q "^  #1 " "$T/p.out" && [ ! -s "$T/err" ] && ok || bad "plan --quiet: $(cat "$T/p.out" "$T/err")"
+"$BIN/piper-plan" "${PL[@]}" --no-summary --out "$T/pn" >"$T/p.out" 2>"$T/err" &&
+  [ ! -s "$T/p.out" ] && grep -q "configurations simulated" "$T/err" && ok ||
+  bad "plan --no-summary: $(cat "$T/p.out" "$T/err")"
+echo '{"model": "models/tiny-dense.json", "base_schedules": [{"layout": "pp=2"}], "schedules": ["1f1b"],
+ "microbatches": [4], "profiles": ["profiles/unit.json"]}' >"$T/sw.json"
+"$PS" --sweep "$T/sw.json" --no-charts --quiet --out "$T/sq" >"$T/s.out" 2>"$T/err" &&
+  grep -q "sweep.csv" "$T/s.out" && [ ! -s "$T/err" ] && ok || bad "sim --sweep --quiet: $(cat "$T/s.out" "$T/err")"
+for prog in "$BIN/piper-plan" "$PS" "$PE" "$BIN/piper-prof"; do
+  "$prog" --help | grep -- "--quiet" | grep -q "no progress\|no per-step" && ok || bad "$prog --help: --quiet"
+done
+
 echo "test_flags.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
