@@ -421,8 +421,10 @@ static bool check_layout(enum sched_family f, enum layout_shape shape, const str
                        "layout has %u stages on %u ranks",
                        fam, shape_text[shape], R, 2 * R, S, R);
   } else if (S != want) {
-    return piper_input_error(err, "%s: needs %s: %u stages on %u ranks; the layout has %u stages on %u "
-                     "ranks", fam, shape_text[shape], want, R, S, R);
+    return piper_input_error(err,
+                             "%s: needs %s: %u stages on %u ranks; the layout has %u stages on "
+                             "%u ranks",
+                             fam, shape_text[shape], want, R, S, R);
   }
   *v = S / R;
   /* Positions 0..R-1 are the first R stages; they must sit on distinct ranks. */

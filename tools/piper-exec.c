@@ -117,7 +117,7 @@ static const struct option_spec options[] = {
      .help = "name a rank whose compute exceeds its peers' median by more than\n"
              "F (default 0.25) in 3 of 4 measured steps"},
     {.kind = OPTION_HEADING, .help = "output:"},
-    {.name = "--out", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
      .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
     {.name = "--force", .kind = OPTION_FLAG, EXEC_OPTION(force),
      .help = "overwrite another run's files in --out DIR"},

@@ -59,7 +59,7 @@ static const struct option_spec options[] = {
     {.name = "--sweep", .kind = OPTION_STRING, PLAN_OPTION(sweep), .metavar = "FILE",
      .help = "evaluate the list of a sweep file instead of searching (sweep.csv)"},
     {.kind = OPTION_HEADING, .help = "output:"},
-    {.name = "--out", .kind = OPTION_STRING, PLAN_OPTION(out), .metavar = "DIR",
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING, PLAN_OPTION(out), .metavar = "DIR",
      .help = "output directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
     {.name = "--force", .kind = OPTION_FLAG, PLAN_OPTION(force),
      .help = "overwrite another run's files in --out DIR"},
@@ -259,9 +259,10 @@ static int run_sweep_mode(const struct plan_cli *a, const char *dir) {
       a->max_interleave || a->memory_cap_gib > 0 || a->top)
     return piper_usage_error(program.name, "%s",
                              "--sweep takes the model, schedules and batch from its file (only "
-                             "--profile, --threads, --out, --force, --no-charts, --quiet, --no-summary go "
-                             "with it)");
-  struct sweep_run_options o = {.progress = !a->quiet, .charts = !a->no_charts, .threads = a->threads,
+                             "--profile, --threads, --out, --force, --no-charts, --quiet, "
+                             "--no-summary go with it)");
+  struct sweep_run_options o = {.progress = !a->quiet, .charts = !a->no_charts,
+                                .threads = a->threads,
                                 .profile = a->profile, .collapse = true};
   return sweep_main(program.name, a->sweep, dir, &o, !a->no_summary);
 }

@@ -45,7 +45,7 @@ static const struct option_spec options[] = {
      .help = "what-ifs on devices and links (slow GPUs, degraded or failed NICs,\n"
              "jitter; docs/sim.md): the step against the healthy one, the delay's path"},
     {.kind = OPTION_HEADING, .help = "output:"},
-    {.name = "--out", .kind = OPTION_STRING, SIM_OPTION(out), .metavar = "DIR",
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING, SIM_OPTION(out), .metavar = "DIR",
      .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
     {.name = "--force", .kind = OPTION_FLAG, SIM_OPTION(force),
      .help = "overwrite another run's files in --out DIR"},

@@ -197,5 +197,16 @@ for prog in "$BIN/piper-plan" "$PS" "$PE" "$BIN/piper-prof"; do
   "$prog" --help | grep -- "--quiet" | grep -q "no progress\|no per-step" && ok || bad "$prog --help: --quiet"
 done
 
+# --- -o DIR is --out DIR in every tool that writes a run directory ---------------------------
+"$PS" --model $DENSE --layout pp=2 --mbs 4 --profile $UNIT --no-charts --quiet -o "$T/o_sim" >/dev/null 2>"$T/err" &&
+  [ -s "$T/o_sim/metrics.json" ] && ok || bad "sim -o: $(cat "$T/err")"
+"$BIN/piper-plan" "${PL[@]}" --quiet --no-summary -o "$T/o_plan" >/dev/null 2>"$T/err" &&
+  [ -s "$T/o_plan/plan.csv" ] && ok || bad "plan -o: $(cat "$T/err")"
+"$PE" --model $DENSE --directives "$T/one.json" --mbs 2 --warmup 0 --iters 1 --quiet --no-charts \
+  -o "$T/o_exec" >/dev/null 2>"$T/err" && [ -s "$T/o_exec/metrics.json" ] && ok || bad "exec -o: $(cat "$T/err")"
+for prog in "$PC" "$PS" "$PE" "$BIN/piper-plan" "$BIN/piper-layout" "$BIN/piper-prof"; do
+  "$prog" --help | grep -q -- "-o, --out" && ok || bad "$prog --help: no -o, --out"
+done
+
 echo "test_flags.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
