@@ -232,7 +232,7 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
     return false;
   FILE *f = out.f;
   fprintf(f, "rank,status,schedule,base,microbatches,profile,iteration_time_s,"
-             "throughput_tokens_per_s,peak_memory_gb,memory_cap_gb,bubble_fraction,"
+             "throughput_tokens_per_s,peak_memory_gib,memory_cap_gib,bubble_fraction,"
              "pipeline_idle_fraction,exposed_comm_fraction,imbalance_fraction,error\n");
   for (uint32_t i = 0; i < s->n_points; i++) {
     const struct sweep_point *p = &s->points[i];

@@ -6,7 +6,10 @@
 # --import-csv; PyTorch's default CSV (communication cells) imports with a note; an error in an
 # imported CSV names the CSV, its row and column. piper-exec: --quiet drops only the step lines,
 # --log-every N keeps every N-th with the time left, checkpoints and resumes say so, and --help
-# says --iters counts from the start of training.
+# says --iters counts from the start of training. Issue 32's small things: --quiet drops progress
+# and keeps the summary in every tool (--no-summary drops the summary), -o is --out everywhere,
+# --layout refuses ep on a dense model and stages that do not divide the layers, a placement with
+# more stages than the model's regions says both counts, docs/sim.md's sweep runs as written.
 set -u
 BIN=${PIPER_BIN:-bin}
 PC="$BIN/piper-compile"
@@ -207,6 +210,16 @@ done
 for prog in "$PC" "$PS" "$PE" "$BIN/piper-plan" "$BIN/piper-layout" "$BIN/piper-prof"; do
   "$prog" --help | grep -q -- "-o, --out" && ok || bad "$prog --help: no -o, --out"
 done
+
+# --- docs/sim.md's sweep example runs as written: feasible rows, none failed; sweep.csv names
+# its memory columns as plan.csv does (GiB) -----------------------------------------------------
+sed -n '/^## What-if sweeps/,/^## Performance/p' docs/sim.md | sed -n '/^```json$/,/^```$/p' | sed '1d;$d' >"$T/doc_sweep.json"
+"$PS" --sweep "$T/doc_sweep.json" --no-charts --quiet -o "$T/doc_sweep" >"$T/s.out" 2>"$T/err" &&
+  grep -q "^piper-sim: sweep of 36 configurations: [1-9][0-9]* feasible, .*, 0 failed to compile$" "$T/s.out" &&
+  grep -qF "$(head -n 1 "$T/s.out")" docs/sim.md && ok || bad "docs/sim.md's sweep: $(cat "$T/s.out" "$T/err")"
+head -n 1 "$T/doc_sweep/sweep.csv" | grep -q ",peak_memory_gib,memory_cap_gib," &&
+  head -n 1 "$T/o_plan/plan.csv" | grep -q ",peak_memory_gib,memory_cap_gib," && ok ||
+  bad "memory columns: $(head -n 1 "$T/doc_sweep/sweep.csv") / $(head -n 1 "$T/o_plan/plan.csv")"
 
 echo "test_flags.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
