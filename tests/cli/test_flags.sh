@@ -221,5 +221,20 @@ head -n 1 "$T/doc_sweep/sweep.csv" | grep -q ",peak_memory_gib,memory_cap_gib," 
   head -n 1 "$T/o_plan/plan.csv" | grep -q ",peak_memory_gib,memory_cap_gib," && ok ||
   bad "memory columns: $(head -n 1 "$T/doc_sweep/sweep.csv") / $(head -n 1 "$T/o_plan/plan.csv")"
 
+# --- README: Open MPI's root refusal is handled once, before the first mpirun recipe; every
+# host mpirun recipe runs with more ranks than cores (--oversubscribe) --------------------------
+python3 - README.md <<'EOF' && ok || bad "README mpirun recipes"
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+first = next(i for i, l in enumerate(lines)
+             if l.lstrip().startswith(("mpirun", "OPENBLAS_NUM_THREADS=1 mpirun")))
+before = "\n".join(lines[:first])
+assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in before, "no root note"
+assert "--allow-run-as-root" in before, "no --allow-run-as-root"
+for i, l in enumerate(lines):
+    if "mpirun -np" in l and "--backend cuda" not in l:
+        assert "--oversubscribe" in l, "line %d: %s" % (i + 1, l)
+EOF
+
 echo "test_flags.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
