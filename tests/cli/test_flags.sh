@@ -142,7 +142,12 @@ expect_csv "malformed" '0F0,0X1\n' "row 1, column 2: cell \"0X1\" is malformed"
 E=(--model $DENSE --directives "$T/one.json" --mbs 2 --no-report)
 "$PE" "${E[@]}" --warmup 0 --iters 3 --quiet >"$T/q.out" 2>"$T/err"
 [ $? -eq 0 ] && ! grep -q "^step" "$T/q.out" && grep -q "^piper-exec: final loss" "$T/q.out" &&
-  grep -q "steps 1 to 3 (0 warm-up)" "$T/q.out" && ok || bad "--quiet: $(cat "$T/q.out" "$T/err")"
+  grep -q "steps 1 to 3 (0 warm-up + 3 measured: --warmup + --iters)$" "$T/q.out" && ok || bad "--quiet: $(cat "$T/q.out" "$T/err")"
+# --iters counts the measured steps; the default --warmup 1 adds one before them, and the header
+# says so (issue 32: "--iters 10 runs 11 steps" with nothing saying why)
+"$PE" "${E[@]}" --iters 10 --quiet >"$T/w.out" 2>"$T/err" &&
+  grep -q "steps 1 to 11 (1 warm-up + 10 measured: --warmup + --iters)$" "$T/w.out" &&
+  grep -q "tokens/s over 10 measured steps" "$T/w.out" && ok || bad "--iters 10: $(cat "$T/w.out" "$T/err")"
 "$PE" "${E[@]}" --warmup 0 --iters 10 --log-every 4 >"$T/l.out" 2>"$T/err"
 steps=$(grep "^step" "$T/l.out" | awk '{print $2}' | tr '\n' ' ')
 [ "$steps" = " 1/10  4/10  8/10 10/10 " ] || [ "$steps" = "1/10 4/10 8/10 10/10 " ] && ok ||
