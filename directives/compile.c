@@ -116,9 +116,28 @@ static struct model *load_model_with(const char *path, int pp_regions, int64_t m
 static struct model *load_model_for_layout(const struct compile_options *o, const struct layout *l,
                                            int pp_regions, GError **err) {
   struct model *m = load_model_with(o->model_path, pp_regions, o->micro_batch_size, NULL, 0, err);
-  if (!m || !l || !layout_has_stage_layers(l))
+  if (!m || !l)
     return m;
   uint32_t stages = layout_stages(l);
+  /* Experts sharded over a model that has none, or stages that do not divide the layers with
+   * nothing saying how to split them: refused, as Megatron refuses them, not run as something
+   * else (ep ignored, the first stages one layer longer). */
+  g_autofree char *fault = NULL;
+  if (l->ep > 1 && m->num_experts <= 0)
+    fault = g_strdup_printf("--layout \"%s\": ep=%u, but %s has no experts (a dense model): drop "
+                            "ep", o->layout, l->ep, m->name);
+  else if (!layout_has_stage_layers(l) && m->num_layers % stages != 0)
+    fault = g_strdup_printf("--layout \"%s\": %lld layers do not divide over %u stages; say how "
+                            "to split them (first-stage-layers=N, last-stage-layers=N, "
+                            "stage-layers=A+B+..., account-for-embedding, account-for-loss)",
+                            o->layout, (long long)m->num_layers, stages);
+  if (fault) {
+    piper_input_error(err, "%s", fault);
+    model_free(m);
+    return NULL;
+  }
+  if (!layout_has_stage_layers(l))
+    return m;
   g_autofree int32_t *layers = g_new(int32_t, stages);
   bool ok = layout_stage_layers(l, o->layout, m->num_layers, layers, err);
   model_free(m);

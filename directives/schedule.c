@@ -418,11 +418,13 @@ static bool check_layout(enum sched_family f, enum layout_shape shape, const str
     if (S % R != 0 || S / R < 2)
       return piper_input_error(err,
                        "%s: needs %s, i.e. a multiple of R = %u stages, at least %u; the "
-                       "layout has %u stages",
-                       fam, shape_text[shape], R, 2 * R, S);
+                       "layout has %u stages on %u ranks",
+                       fam, shape_text[shape], R, 2 * R, S, R);
   } else if (S != want) {
-    return piper_input_error(err, "%s: needs %s: %u stages on %u ranks; the layout has %u stages", fam,
-                     shape_text[shape], want, R, S);
+    return piper_input_error(err,
+                             "%s: needs %s: %u stages on %u ranks; the layout has %u stages on "
+                             "%u ranks",
+                             fam, shape_text[shape], want, R, S, R);
   }
   *v = S / R;
   /* Positions 0..R-1 are the first R stages; they must sit on distinct ranks. */
@@ -669,6 +671,49 @@ static bool filter_stages(const struct dir_filter *f, uint32_t n_stages, uint32_
   return true;
 }
 
+/* The stage filter {"PP": s} of a directive, s >= 0; -1 when it is not one. */
+static int32_t single_stage(const struct dir_directive *d) {
+  const struct dir_filter *f = &d->filter;
+  if (d->op != DIR_PLACE || !d->n_devices || f->pass != IR_PASS_NONE || f->n_keys != 1 ||
+      strcmp(f->keys[0].name, "PP") != 0 || f->keys[0].value < 0)
+    return -1;
+  return f->keys[0].value;
+}
+
+/* A program that places stages past the model's PP regions is written for more regions than
+ * the model is cut into; the shape checks would compare the wrong counts (a V file of 8 stages
+ * reported as "the layout has 4"), so say the program's stages and ranks and the model's count. */
+static bool check_program_stages(const struct dir_program *p, uint32_t n_stages, GError **err) {
+  int32_t top = -1;
+  for (uint32_t i = 0; i < p->n; i++)
+    top = MAX(top, single_stage(&p->d[i]));
+  if (top < (int32_t)n_stages || top >= SCHED_MAX_STAGES)
+    return true;
+  /* Only a whole layout (stages 0 .. top each placed) is one written for more regions; a stray
+   * place is left to apply.c's "matches nothing". */
+  g_autofree bool *placed = g_new0(bool, (uint32_t)top + 1);
+  for (uint32_t i = 0; i < p->n; i++)
+    if (single_stage(&p->d[i]) >= 0)
+      placed[single_stage(&p->d[i])] = true;
+  for (int32_t st = 0; st <= top; st++)
+    if (!placed[st])
+      return true;
+  /* Its ranks: distinct device lists among its stage places. */
+  uint32_t ranks = 0;
+  for (uint32_t i = 0; i < p->n; i++) {
+    const struct dir_directive *d = &p->d[i];
+    bool seen = single_stage(d) < 0;
+    for (uint32_t j = 0; j < i && !seen; j++)
+      seen = single_stage(&p->d[j]) >= 0 && p->d[j].n_devices == d->n_devices &&
+             memcmp(p->d[j].devices, d->devices, d->n_devices * sizeof *d->devices) == 0;
+    ranks += !seen;
+  }
+  return piper_input_error(err,
+                           "%s: places %d stages (PP 0 to %d) on %u ranks, but the model is cut "
+                           "into %u PP regions: pass --pp-regions %d",
+                           p->name, top + 1, top, ranks, n_stages, top + 1);
+}
+
 /* A pipeline rank is a distinct device list: rank_dev[r] / rank_n[r] (each [n_stages], pointing
  * into p), numbered by the lowest stage it holds; stage_rank[n_stages] is filled. Returns R, or
  * 0 (err set) when the program places some stages but not all. */
@@ -741,7 +786,7 @@ static bool check_stage_count(const struct dir_program *p, uint32_t n_stages, GE
 int32_t *sched_layout_from_program(const struct dir_program *p, uint32_t n_stages,
                                    uint32_t *n_ranks, GError **err) {
   PIPER_ASSERT(p && n_ranks);
-  if (!check_stage_count(p, n_stages, err))
+  if (!check_stage_count(p, n_stages, err) || !check_program_stages(p, n_stages, err))
     return NULL;
   int32_t *stage_rank = g_new(int32_t, n_stages);
   g_autofree const uint32_t **rank_dev = g_new0(const uint32_t *, n_stages);

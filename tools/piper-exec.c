@@ -117,7 +117,7 @@ static const struct option_spec options[] = {
      .help = "name a rank whose compute exceeds its peers' median by more than\n"
              "F (default 0.25) in 3 of 4 measured steps"},
     {.kind = OPTION_HEADING, .help = "output:"},
-    {.name = "--out", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING, EXEC_OPTION(out), .metavar = "DIR",
      .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
     {.name = "--force", .kind = OPTION_FLAG, EXEC_OPTION(force),
      .help = "overwrite another run's files in --out DIR"},
@@ -613,10 +613,10 @@ static int run_on_backend(struct exec_options *o, const struct exec_cli *a, cons
     fprintf(stderr, "piper-exec: note: gnuplot is not installed: no memory.png\n");
   if (rank == 0) {
     printf("piper-exec: %s on %u device%s (backend %s, %s), %u micro-batches per rank, data %s, "
-           "steps 1 to %u (%u warm-up)\n",
+           "steps 1 to %u (%u warm-up + %u measured: --warmup + --iters)\n",
            plan->model->name, plan->n_devices, plan->n_devices == 1 ? "" : "s",
            exec_backend_name(b), exec_backend_comm_library(b), plan->n_microbatches,
-           a->data ? a->data : "synthetic", total, o->warmup);
+           a->data ? a->data : "synthetic", total, o->warmup, o->iters);
     fflush(stdout);
   }
   struct exec_result res = {0};

@@ -18,7 +18,7 @@ struct plan_cli {
   const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp, *tp, *recompute;
   uint32_t devices, global_batch, max_interleave, threads, top;
   double memory_cap_gib;
-  bool force, no_charts, quiet;
+  bool force, no_charts, quiet, no_summary;
 };
 
 // clang-format off
@@ -59,7 +59,7 @@ static const struct option_spec options[] = {
     {.name = "--sweep", .kind = OPTION_STRING, PLAN_OPTION(sweep), .metavar = "FILE",
      .help = "evaluate the list of a sweep file instead of searching (sweep.csv)"},
     {.kind = OPTION_HEADING, .help = "output:"},
-    {.name = "--out", .kind = OPTION_STRING, PLAN_OPTION(out), .metavar = "DIR",
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING, PLAN_OPTION(out), .metavar = "DIR",
      .help = "output directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
     {.name = "--force", .kind = OPTION_FLAG, PLAN_OPTION(force),
      .help = "overwrite another run's files in --out DIR"},
@@ -68,7 +68,9 @@ static const struct option_spec options[] = {
     {.name = "--no-charts", .kind = OPTION_FLAG, PLAN_OPTION(no_charts),
      .help = "write no chart"},
     {.name = "--quiet", .kind = OPTION_FLAG, PLAN_OPTION(quiet),
-     .help = "print no summary (progress still goes to stderr)"},
+     .help = "no progress lines (the summary stays, as in the other tools)"},
+    {.name = "--no-summary", .kind = OPTION_FLAG, PLAN_OPTION(no_summary),
+     .help = "print no summary (what --quiet did before; add --quiet for no output)"},
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
@@ -157,7 +159,7 @@ static int build_request(const struct plan_cli *a, struct planner_request *rq, i
   rq->global_batch = a->global_batch;
   rq->memory_cap_gib = a->memory_cap_gib;
   rq->threads = a->threads;
-  rq->progress = true;
+  rq->progress = !a->quiet;
   if (a->max_interleave)
     rq->max_interleave = a->max_interleave;
   uint32_t *list = NULL;
@@ -257,11 +259,12 @@ static int run_sweep_mode(const struct plan_cli *a, const char *dir) {
       a->max_interleave || a->memory_cap_gib > 0 || a->top)
     return piper_usage_error(program.name, "%s",
                              "--sweep takes the model, schedules and batch from its file (only "
-                             "--profile, --threads, --out, --force, --no-charts, --quiet go with "
-                             "it)");
-  struct sweep_run_options o = {.progress = true, .charts = !a->no_charts, .threads = a->threads,
+                             "--profile, --threads, --out, --force, --no-charts, --quiet, "
+                             "--no-summary go with it)");
+  struct sweep_run_options o = {.progress = !a->quiet, .charts = !a->no_charts,
+                                .threads = a->threads,
                                 .profile = a->profile, .collapse = true};
-  return sweep_main(program.name, a->sweep, dir, &o, a->quiet);
+  return sweep_main(program.name, a->sweep, dir, &o, !a->no_summary);
 }
 
 static int run_plan(const struct plan_cli *a, const char *dir) {
@@ -285,7 +288,7 @@ static int run_plan(const struct plan_cli *a, const char *dir) {
   if (!planner_run(pl, &err) || !planner_write_outputs(pl, dir, charts, &err)) {
     rc = piper_error_exit(program.name, err);
   } else {
-    if (!a->quiet)
+    if (!a->no_summary)
       print_summary(pl, a, dir);
     bool any = false;
     for (uint32_t i = 0; i < pl->n_configs; i++)

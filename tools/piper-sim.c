@@ -26,7 +26,7 @@
 struct sim_cli {
   struct compile_args compile;
   const char *plans, *profile, *sweep, *out, *format, *scenario;
-  bool viz, no_charts, trace_all, no_collapse, quiet, force, no_sensitivity;
+  bool viz, no_charts, trace_all, no_collapse, quiet, no_summary, force, no_sensitivity;
 };
 
 /* One row per option, as in redis's config table: kept as rows, not reflowed. */
@@ -45,7 +45,7 @@ static const struct option_spec options[] = {
      .help = "what-ifs on devices and links (slow GPUs, degraded or failed NICs,\n"
              "jitter; docs/sim.md): the step against the healthy one, the delay's path"},
     {.kind = OPTION_HEADING, .help = "output:"},
-    {.name = "--out", .kind = OPTION_STRING, SIM_OPTION(out), .metavar = "DIR",
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING, SIM_OPTION(out), .metavar = "DIR",
      .help = "run directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
     {.name = "--force", .kind = OPTION_FLAG, SIM_OPTION(force),
      .help = "overwrite another run's files in --out DIR"},
@@ -64,7 +64,9 @@ static const struct option_spec options[] = {
      .help = "skip the 8 extra simulations that say how much the step moves when\n"
              "each cost family (GEMM, attention, collectives, memory) is +-10%"},
     {.name = "--quiet", .kind = OPTION_FLAG, SIM_OPTION(quiet),
-     .help = "no progress lines (a sweep's; the summary stays, as in piper-exec)"},
+     .help = "no progress lines (a sweep's; the summary stays, as in every tool)"},
+    {.name = "--no-summary", .kind = OPTION_FLAG, SIM_OPTION(no_summary),
+     .help = "print no summary of a sweep"},
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
@@ -273,9 +275,9 @@ static int run_sweep(const struct sim_cli *a, const char *dir) {
     return piper_usage_error(program.name, "%s",
                              "--sweep writes sweep.csv and sweep.png: --format, --viz and "
                              "--trace-all do not apply");
-  struct sweep_run_options o = {.progress = true, .charts = !a->no_charts,
+  struct sweep_run_options o = {.progress = !a->quiet, .charts = !a->no_charts,
                                 .collapse = !a->no_collapse, .profile = a->profile};
-  return sweep_main(program.name, a->sweep, dir, &o, a->quiet);
+  return sweep_main(program.name, a->sweep, dir, &o, !a->no_summary);
 }
 
 /* The options that go together; OPTIONS_CONTINUE, or the usage error's exit status. */
@@ -525,6 +527,8 @@ int main(int argc, char **argv) {
     return piper_usage_error(program.name, "--format: \"%s\" is not png, svg or pdf", a.format);
   if (a.sweep && a.scenario)
     return piper_usage_error(program.name, "--scenario: not with --sweep (one plan at a time)");
+  if (a.no_summary && !a.sweep)
+    return piper_usage_error(program.name, "--no-summary applies to --sweep only");
   GError *err = NULL;
   bool created = !a.out || !g_file_test(a.out, G_FILE_TEST_EXISTS);
   char *dir = claim_run_dir(&a, &err);

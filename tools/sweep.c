@@ -232,7 +232,7 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
     return false;
   FILE *f = out.f;
   fprintf(f, "rank,status,schedule,base,microbatches,profile,iteration_time_s,"
-             "throughput_tokens_per_s,peak_memory_gb,memory_cap_gb,bubble_fraction,"
+             "throughput_tokens_per_s,peak_memory_gib,memory_cap_gib,bubble_fraction,"
              "pipeline_idle_fraction,exposed_comm_fraction,imbalance_fraction,error\n");
   for (uint32_t i = 0; i < s->n_points; i++) {
     const struct sweep_point *p = &s->points[i];
@@ -423,7 +423,7 @@ static void print_sweep_summary(const char *program, const struct sweep *s, cons
 }
 
 int sweep_main(const char *program, const char *path, const char *dir,
-               const struct sweep_run_options *o, bool quiet) {
+               const struct sweep_run_options *o, bool summary) {
   GError *err = NULL;
   struct sweep *s = sweep_load_file(path, &err);
   if (!s)
@@ -436,7 +436,7 @@ int sweep_main(const char *program, const char *path, const char *dir,
     uint32_t simulated = 0;
     for (uint32_t i = 0; i < s->n_points; i++)
       simulated += s->points[i].ok;
-    if (!quiet)
+    if (summary)
       print_sweep_summary(program, s, dir, opts.charts && simulated);
     if (simulated == 0) {
       fprintf(stderr, "%s: error: none of the sweep's %u configurations compiled and simulated "

@@ -71,10 +71,10 @@ bool sweep_run_with(struct sweep *s, const char *dir, const struct sweep_run_opt
                     GError **err);
 /* sweep_run_with with charts, collapse, one thread per core. */
 bool sweep_run(struct sweep *s, const char *dir, bool progress, GError **err);
-/* A program's whole sweep mode: load path, run into dir, print the summary (unless quiet; an
- * all-failed sweep prints it too). Returns the exit status: 0, 1 when no combination could be
- * simulated, 2 for bad input. */
+/* A program's whole sweep mode: load path, run into dir, print the summary when summary is set
+ * (--no-summary unsets it; --quiet only drops the progress, o->progress). Returns the exit
+ * status: 0, 1 when no combination could be simulated, 2 for bad input. */
 int sweep_main(const char *program, const char *path, const char *dir,
-               const struct sweep_run_options *o, bool quiet);
+               const struct sweep_run_options *o, bool summary);
 
 #endif

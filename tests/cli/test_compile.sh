@@ -96,7 +96,7 @@ assert splits == [((0, 1), None), ((0, 1, 2, 3), 2), ((2, 3), None)], splits
 # DualPipe at 2,048 devices keeps one program per pipeline rank: the experts' copies are summed
 # by one communicator split into positions, not by 128 pair groups that made every device's
 # program its own (2,048 programs, 94.6 s to simulate against 5.5 s for DualPipeV, 2026-12-07)
-"$PC" --model models/deepseek-v3.json --layout pp=16,dp=128,ep=128,zero=1 --schedule dualpipe --mbs 32 --stats \
+"$PC" --model models/deepseek-v3.json --layout pp=16,dp=128,ep=128,zero=1,first-stage-layers=4 --schedule dualpipe --mbs 32 --stats \
   2>&1 | grep -q "over 2048 devices (16 distinct programs)" && ok || bad "dualpipe at 2048 devices: not 16 programs"
 expect_bad "dualpipe zero3" "copies of a ZeRO-3 (shard_params) segment on two device groups" --model $MOE --layout pp=2,dp=2,zero=3 --schedule dualpipe --mbs 4
 tac "$T/dpv.csv" >"$T/swapped.csv"

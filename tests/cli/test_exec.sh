@@ -214,8 +214,8 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
     same_as dense_ref uneven_pp4
   # interleaved 1F1B with M not a multiple of R: 8 micro-batches over 3 ranks x 2 chunks, in
   # groups of 3 (the last 5) and of 4
-  run il_pp3 3 --layout pp=3,interleave=2 --schedule interleaved_1f1b --mbs 8 && same_as dense_ref il_pp3
-  run il_pp3_g4 3 --layout pp=3,interleave=2 --schedule interleaved_1f1b --mbs 8 --microbatch-group 4 &&
+  run il_pp3 3 --layout pp=3,interleave=2,stage-layers=2+2+1+1+1+1 --schedule interleaved_1f1b --mbs 8 && same_as dense_ref il_pp3
+  run il_pp3_g4 3 --layout pp=3,interleave=2,stage-layers=2+2+1+1+1+1 --schedule interleaved_1f1b --mbs 8 --microbatch-group 4 &&
     same_as dense_ref il_pp3_g4
   # a TP checkpoint (each rank's file holds its slices) resumes bit-identically
   tp_run=("${MPIRUN[@]}" -np 2 "$PE" --model $DENSE --layout pp=1,tp=2,sp --mbs 4 --warmup 0 --quiet \

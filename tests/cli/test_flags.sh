@@ -6,7 +6,10 @@
 # --import-csv; PyTorch's default CSV (communication cells) imports with a note; an error in an
 # imported CSV names the CSV, its row and column. piper-exec: --quiet drops only the step lines,
 # --log-every N keeps every N-th with the time left, checkpoints and resumes say so, and --help
-# says --iters counts from the start of training.
+# says --iters counts from the start of training. Issue 32's small things: --quiet drops progress
+# and keeps the summary in every tool (--no-summary drops the summary), -o is --out everywhere,
+# --layout refuses ep on a dense model and stages that do not divide the layers, a placement with
+# more stages than the model's regions says both counts, docs/sim.md's sweep runs as written.
 set -u
 BIN=${PIPER_BIN:-bin}
 PC="$BIN/piper-compile"
@@ -139,7 +142,12 @@ expect_csv "malformed" '0F0,0X1\n' "row 1, column 2: cell \"0X1\" is malformed"
 E=(--model $DENSE --directives "$T/one.json" --mbs 2 --no-report)
 "$PE" "${E[@]}" --warmup 0 --iters 3 --quiet >"$T/q.out" 2>"$T/err"
 [ $? -eq 0 ] && ! grep -q "^step" "$T/q.out" && grep -q "^piper-exec: final loss" "$T/q.out" &&
-  grep -q "steps 1 to 3 (0 warm-up)" "$T/q.out" && ok || bad "--quiet: $(cat "$T/q.out" "$T/err")"
+  grep -q "steps 1 to 3 (0 warm-up + 3 measured: --warmup + --iters)$" "$T/q.out" && ok || bad "--quiet: $(cat "$T/q.out" "$T/err")"
+# --iters counts the measured steps; the default --warmup 1 adds one before them, and the header
+# says so (issue 32: "--iters 10 runs 11 steps" with nothing saying why)
+"$PE" "${E[@]}" --iters 10 --quiet >"$T/w.out" 2>"$T/err" &&
+  grep -q "steps 1 to 11 (1 warm-up + 10 measured: --warmup + --iters)$" "$T/w.out" &&
+  grep -q "tokens/s over 10 measured steps" "$T/w.out" && ok || bad "--iters 10: $(cat "$T/w.out" "$T/err")"
 "$PE" "${E[@]}" --warmup 0 --iters 10 --log-every 4 >"$T/l.out" 2>"$T/err"
 steps=$(grep "^step" "$T/l.out" | awk '{print $2}' | tr '\n' ' ')
 [ "$steps" = " 1/10  4/10  8/10 10/10 " ] || [ "$steps" = "1/10 4/10 8/10 10/10 " ] && ok ||
@@ -153,6 +161,85 @@ steps=$(grep "^step" "$T/l.out" | awk '{print $2}' | tr '\n' ' ')
   grep -q "^resume: from $T/ck at step 2; running steps 3 to 4 (--warmup 1 + --iters 3 count from the start of training)$" "$T/rs.out" &&
   ok || bad "resume line: $(cat "$T/rs.out" "$T/err")"
 "$PE" --help | grep -q "a --resume runs the steps left to" && ok || bad "--help says nothing of --iters on resume"
+
+# --- a schedule on a file with more stages than the model's PP regions: both counts said -------
+# (issue 32: pp4_v.json has 8 stages on 4 ranks; it was reported as "the layout has 4 stages")
+"$PC" --model $DENSE --directives $BS/pp4_v.json --schedule zbv --mbs 8 >/dev/null 2>"$T/err"
+rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
+  grep -q "pp4_v.json: places 8 stages (PP 0 to 7) on 4 ranks, but the model is cut into 4 PP regions: pass --pp-regions 8" "$T/err" &&
+  ok || bad "V file, too few regions: exit $rc: $(cat "$T/err")"
+"$PC" --model $MOE --directives $BS/pp4_dp2_ep2_v_placement.json --pp-regions 4 --schedule 1f1b --mbs 4 >/dev/null 2>"$T/err"
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "1f1b: needs one stage per rank .*: 2 stages on 2 ranks; the layout has 4 stages on 2 ranks$" "$T/err" &&
+  ok || bad "V file, 1f1b: exit $rc: $(cat "$T/err")"
+
+# --- --layout refuses ep on a dense model and stages that do not divide the layers (Megatron) ---
+# expect_layout SPEC MODEL WANT: exit 2, one line containing WANT
+expect_layout() {
+  "$PC" --model "$2" --layout "$1" -o "$T/lay" >/dev/null 2>"$T/err"
+  local rc=$?
+  [ "$rc" -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF -- "$3" "$T/err" && ok ||
+    bad "--layout $1: exit $rc: $(cat "$T/err")"
+}
+expect_layout pp=2,dp=2,ep=2 $DENSE 'ep=2, but tiny-dense has no experts (a dense model): drop ep'
+expect_layout pp=3 models/llama3-8b.json '"pp=3": 32 layers do not divide over 3 stages; say how to split them (first-stage-layers=N'
+expect_layout pp=3,interleave=2 $DENSE '8 layers do not divide over 6 stages'
+"$PC" --model models/llama3-8b.json --layout pp=3,first-stage-layers=10,last-stage-layers=10 -o "$T/lay" >/dev/null 2>"$T/err" &&
+  "$PC" --model $MOE --layout pp=2,dp=2,ep=2 -o "$T/lay2" >/dev/null 2>>"$T/err" && ok ||
+  bad "uneven keys / ep on a MoE refused: $(cat "$T/err")"
+
+# --- --quiet means the same in every tool: no progress lines, the summary stays ----------------
+# (piper-plan's --quiet used to drop the summary and keep the progress: --no-summary does that)
+PL=(--model $DENSE --devices 4 --profile $UNIT --global-batch 16 --pp 4 --no-charts)
+"$BIN/piper-plan" "${PL[@]}" --quiet --out "$T/pq" >"$T/p.out" 2>"$T/err" &&
+  grep -q "^  #1 " "$T/p.out" && [ ! -s "$T/err" ] && ok || bad "plan --quiet: $(cat "$T/p.out" "$T/err")"
+"$BIN/piper-plan" "${PL[@]}" --no-summary --out "$T/pn" >"$T/p.out" 2>"$T/err" &&
+  [ ! -s "$T/p.out" ] && grep -q "configurations simulated" "$T/err" && ok ||
+  bad "plan --no-summary: $(cat "$T/p.out" "$T/err")"
+echo '{"model": "models/tiny-dense.json", "base_schedules": [{"layout": "pp=2"}], "schedules": ["1f1b"],
+ "microbatches": [4], "profiles": ["profiles/unit.json"]}' >"$T/sw.json"
+"$PS" --sweep "$T/sw.json" --no-charts --quiet --out "$T/sq" >"$T/s.out" 2>"$T/err" &&
+  grep -q "sweep.csv" "$T/s.out" && [ ! -s "$T/err" ] && ok || bad "sim --sweep --quiet: $(cat "$T/s.out" "$T/err")"
+for prog in "$BIN/piper-plan" "$PS" "$PE" "$BIN/piper-prof"; do
+  "$prog" --help | grep -- "--quiet" | grep -q "no progress\|no per-step" && ok || bad "$prog --help: --quiet"
+done
+
+# --- -o DIR is --out DIR in every tool that writes a run directory ---------------------------
+"$PS" --model $DENSE --layout pp=2 --mbs 4 --profile $UNIT --no-charts --quiet -o "$T/o_sim" >/dev/null 2>"$T/err" &&
+  [ -s "$T/o_sim/metrics.json" ] && ok || bad "sim -o: $(cat "$T/err")"
+"$BIN/piper-plan" "${PL[@]}" --quiet --no-summary -o "$T/o_plan" >/dev/null 2>"$T/err" &&
+  [ -s "$T/o_plan/plan.csv" ] && ok || bad "plan -o: $(cat "$T/err")"
+"$PE" --model $DENSE --directives "$T/one.json" --mbs 2 --warmup 0 --iters 1 --quiet --no-charts \
+  -o "$T/o_exec" >/dev/null 2>"$T/err" && [ -s "$T/o_exec/metrics.json" ] && ok || bad "exec -o: $(cat "$T/err")"
+for prog in "$PC" "$PS" "$PE" "$BIN/piper-plan" "$BIN/piper-layout" "$BIN/piper-prof"; do
+  "$prog" --help | grep -q -- "-o, --out" && ok || bad "$prog --help: no -o, --out"
+done
+
+# --- docs/sim.md's sweep example runs as written: feasible rows, none failed; sweep.csv names
+# its memory columns as plan.csv does (GiB) -----------------------------------------------------
+sed -n '/^## What-if sweeps/,/^## Performance/p' docs/sim.md | sed -n '/^```json$/,/^```$/p' | sed '1d;$d' >"$T/doc_sweep.json"
+"$PS" --sweep "$T/doc_sweep.json" --no-charts --quiet -o "$T/doc_sweep" >"$T/s.out" 2>"$T/err" &&
+  grep -q "^piper-sim: sweep of 36 configurations: [1-9][0-9]* feasible, .*, 0 failed to compile$" "$T/s.out" &&
+  grep -qF "$(head -n 1 "$T/s.out")" docs/sim.md && ok || bad "docs/sim.md's sweep: $(cat "$T/s.out" "$T/err")"
+head -n 1 "$T/doc_sweep/sweep.csv" | grep -q ",peak_memory_gib,memory_cap_gib," &&
+  head -n 1 "$T/o_plan/plan.csv" | grep -q ",peak_memory_gib,memory_cap_gib," && ok ||
+  bad "memory columns: $(head -n 1 "$T/doc_sweep/sweep.csv") / $(head -n 1 "$T/o_plan/plan.csv")"
+
+# --- README: Open MPI's root refusal is handled once, before the first mpirun recipe; every
+# host mpirun recipe runs with more ranks than cores (--oversubscribe) --------------------------
+python3 - README.md <<'EOF' && ok || bad "README mpirun recipes"
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+first = next(i for i, l in enumerate(lines)
+             if l.lstrip().startswith(("mpirun", "OPENBLAS_NUM_THREADS=1 mpirun")))
+before = "\n".join(lines[:first])
+assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in before, "no root note"
+assert "--allow-run-as-root" in before, "no --allow-run-as-root"
+for i, l in enumerate(lines):
+    if "mpirun -np" in l and "--backend cuda" not in l:
+        assert "--oversubscribe" in l, "line %d: %s" % (i + 1, l)
+EOF
 
 echo "test_flags.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -42,8 +42,8 @@ fi
   --profile profiles/h100-sxm.json --global-batch 32 --out "$tmp/uneven" --no-charts --quiet 2>/dev/null &&
   grep -q '^1,over_memory_cap,1f1b,"pp=16,dp=1,ep=1,first-stage-layers=2,last-stage-layers=3",16,1,1,1,16,' "$tmp/uneven/plan.csv" &&
   ok "61 layers over 16 stages" || fail "uneven stages: $(cat "$tmp/uneven/plan.csv" 2>/dev/null)"
-"$PLAN" "${small[@]}" --out "$tmp/nc" --no-charts --quiet > "$tmp/stdout" 2>/dev/null && [ ! -e "$tmp/nc/plan.png" ] \
-  && [ ! -s "$tmp/stdout" ] && [ -s "$tmp/nc/plan.csv" ] && ok "--no-charts, --quiet" || fail "--no-charts/--quiet"
+"$PLAN" "${small[@]}" --out "$tmp/nc" --no-charts --no-summary > "$tmp/stdout" 2>/dev/null && [ ! -e "$tmp/nc/plan.png" ] \
+  && [ ! -s "$tmp/stdout" ] && [ -s "$tmp/nc/plan.csv" ] && ok "--no-charts, --no-summary" || fail "--no-charts/--no-summary"
 # infeasible rows say why: a cap below every configuration
 "$PLAN" "${small[@]}" --pp 4 --memory-cap 0.000001 --out "$tmp/cap" > "$tmp/stdout" 2>/dev/null \
   && grep -q "no configuration fits" "$tmp/stdout" && grep -q ',over_memory_cap,.*over the cap of' "$tmp/cap/plan.csv" \
