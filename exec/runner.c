@@ -866,10 +866,11 @@ bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_
   bool ok = exec_runner_prepare(R, o, b, rank, err) && exec_runner_setup(R, err) && plan_steps(R, res, err) &&
             run_steps(R, res, err) && summarise(R, res, err) && write_outputs(R, res, err);
   runner_teardown(R);
-  if (!ok) {
-    g_free(res->losses);
-    g_free(res->step_times);
-    res->losses = res->step_times = NULL;
+  if (!ok) { /* nothing measured is kept; what the caller needs of the failure is */
+    bool everywhere = res->error_everywhere, elsewhere = res->error_printed_elsewhere;
+    exec_result_clear(res);
+    res->error_everywhere = everywhere;
+    res->error_printed_elsewhere = elsewhere;
   }
   return ok;
 }
