@@ -866,11 +866,15 @@ bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_
   bool ok = exec_runner_prepare(R, o, b, rank, err) && exec_runner_setup(R, err) && plan_steps(R, res, err) &&
             run_steps(R, res, err) && summarise(R, res, err) && write_outputs(R, res, err);
   runner_teardown(R);
-  if (!ok) { /* nothing measured is kept; what the caller needs of the failure is */
+  if (!ok) { /* the per-step figures go; the failure's flags and the measured run (a run
+              * directory is still written after an output fails) stay */
     bool everywhere = res->error_everywhere, elsewhere = res->error_printed_elsewhere;
+    struct exec_report *report = res->report;
+    res->report = NULL;
     exec_result_clear(res);
     res->error_everywhere = everywhere;
     res->error_printed_elsewhere = elsewhere;
+    res->report = report;
   }
   return ok;
 }
