@@ -125,7 +125,7 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
 .PHONY: all test unit cli fuzz asan asan-unit bench install clean deps print-cflags print-libs example lint \
-  loop loop-short emu
+  loop loop-short emu validate
 # the emulation's own check of the fused attention (tests/gpu/emu/flash_emu.cpp)
 EMU_CHECK_BINS := $(if $(CUDA_EMU),$(BUILD)/gpu/flash_emu)
 all: $(TOOLS) $(GPU_CHECK_BINS) $(EMU_CHECK_BINS)
@@ -291,6 +291,11 @@ loop: $(TOOLS)
 
 loop-short: $(TOOLS)
 	@PIPER_BIN=$(BIN) tools/loop.sh --short --out $(BUILD)/loop-short
+
+# The published runs of validation/runs.json simulated as published: validation/table.md, and
+# the issue's targets asserted (docs/validation.md)
+validate: $(TOOLS)
+	@python3 tools/validate.py --bin $(BIN) --out validation --check
 
 # Function budget (issue 8): no function over 120 lines or cyclomatic complexity 40 in the
 # library or the programs. Prints the offenders and fails when there is any.
