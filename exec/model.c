@@ -127,6 +127,19 @@ static bool model_dims(struct exec_model *xm, const struct model *m, GError **er
                              "%s: model_type %s uses MLA attention, which has no host kernel (the "
                              "host backend trains dense and MoE decoders)",
                              m->name, m->model_type);
+  /* GPT-3-style layers and gpt_oss's extras are costed by the simulator, not trained here */
+  if (m->norm != MODEL_NORM_RMS || m->mlp_act != MODEL_MLP_SWIGLU || m->max_positions > 0)
+    return piper_input_error(err,
+                             "%s: model_type %s (LayerNorm, GELU MLP, learned positions) has no "
+                             "host kernel: piper-sim costs it, piper-exec trains llama, qwen and "
+                             "mixtral-style decoders",
+                             m->name, m->model_type);
+  if (m->linear_bias || m->attention_sinks || m->sliding_window > 0)
+    return piper_input_error(err,
+                             "%s: model_type %s (projection biases, attention sinks, sliding "
+                             "window) has no host kernel: piper-sim costs it, piper-exec trains "
+                             "llama, qwen and mixtral-style decoders",
+                             m->name, m->model_type);
   if (m->shared_expert_gate)
     return piper_input_error(err,
                              "%s: model_type %s gates its shared expert (shared_expert_gate), "

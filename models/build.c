@@ -81,6 +81,14 @@ static void emit_embedding(struct builder *b) {
   op->flops_bwd_weight = (double)b->T * (double)b->h;
   set_params(b, op, mul(b, u(m->vocab_size), b->h));
   op->bytes_fwd = add(b, mul(b, b->T, 4), 2 * b->act); /* int32 ids, rows read, x written */
+  if (m->max_positions > 0) {
+    /* GPT's learned positions: a second table of max_positions rows, its T rows gathered and
+     * added (one FLOP an element), its gradient a second scatter-add */
+    set_params(b, op, mul(b, add(b, u(m->vocab_size), u(m->max_positions)), b->h));
+    op->flops_fwd += (double)b->T * (double)b->h;
+    op->flops_bwd_weight += (double)b->T * (double)b->h;
+    op->bytes_fwd = add(b, op->bytes_fwd, b->act);
+  }
   op->saved_bytes = mul(b, b->T, 4);                   /* ids, for the scatter-add */
   op->out_bytes = b->act;
 }
@@ -89,14 +97,20 @@ static void emit_embedding(struct builder *b) {
 static void emit_rmsnorm(struct builder *b, int32_t layer) {
   struct model_op *op = emit(b, MODEL_OP_RMSNORM, layer, BIT(TENSOR_X), BIT(TENSOR_H));
   double n = (double)b->T * (double)b->h;
+  bool ln = b->m->norm == MODEL_NORM_LAYER;
   op->shape[0] = (int64_t)b->T;
   op->shape[1] = (int64_t)b->h;
-  op->flops_fwd = 4 * n;
-  op->flops_bwd_input = 6 * n;
-  op->flops_bwd_weight = 2 * n; /* sum over tokens of dy * x_hat */
-  set_params(b, op, b->h);
+  op->shape[2] = ln;
+  /* LayerNorm (gpt2) also centres (a mean: 2 more per element forward, the mean's term in
+   * the input gradient: 3 more) and shifts by a bias (1 forward, its gradient 1 more per
+   * element); it keeps an fp32 mean beside the rstd and has 2 x hidden parameters */
+  op->flops_fwd = (ln ? 7 : 4) * n;
+  op->flops_bwd_input = (ln ? 9 : 6) * n;
+  op->flops_bwd_weight = (ln ? 3 : 2) * n; /* sum over tokens of dy * x_hat (and of dy) */
+  set_params(b, op, ln ? 2 * b->h : b->h);
   op->bytes_fwd = add(b, op->param_bytes, 2 * b->act);
-  op->saved_bytes = add(b, b->act, mul(b, b->T, 4)); /* input x and fp32 rstd per token */
+  /* input x and fp32 rstd per token (and the mean, LayerNorm) */
+  op->saved_bytes = add(b, b->act, mul(b, b->T, ln ? 8 : 4));
   op->out_bytes = b->act;
   /* its output, which the op it feeds keeps (Megatron's layernorm recompute: a decoder
    * layer's two norms, not the final one); the rerun writes it and holds the fp32 rstd it
@@ -104,7 +118,7 @@ static void emit_rmsnorm(struct builder *b, int32_t layer) {
   if (layer >= 0) {
     op->module_saved_bytes[MODEL_MODULE_LAYERNORM] = b->act;
     op->module_flops_fwd[MODEL_MODULE_LAYERNORM] = op->flops_fwd;
-    op->module_rerun_work_bytes[MODEL_MODULE_LAYERNORM] = mul(b, b->T, 4);
+    op->module_rerun_work_bytes[MODEL_MODULE_LAYERNORM] = mul(b, b->T, ln ? 8 : 4);
   }
 }
 
@@ -117,17 +131,32 @@ static void emit_attention(struct builder *b, int32_t layer) {
   struct model_op *op = emit(b, MODEL_OP_ATTENTION, layer, BIT(TENSOR_H), BIT(TENSOR_A));
   uint64_t qd = mul(b, u(m->num_heads), u(m->head_dim));
   uint64_t kvd = mul(b, u(m->num_kv_heads), u(m->head_dim));
-  int64_t shape[] = {m->micro_batch_size, m->seq_len,  m->num_heads,
-                     m->num_kv_heads,     m->head_dim, m->hidden_size};
+  /* a sliding layer's queries see at most `window` keys: the causal band s w - w^2 / 2 of
+   * the s^2 / 2 triangle */
+  int64_t window = model_layer_sliding(m, layer) && m->sliding_window < m->seq_len
+                       ? m->sliding_window
+                       : 0;
+  int64_t shape[] = {m->micro_batch_size, m->seq_len,  m->num_heads, m->num_kv_heads,
+                     m->head_dim,         m->hidden_size, window};
   memcpy(op->shape, shape, sizeof shape);
-  double T = (double)b->T, h = (double)b->h;
+  double T = (double)b->T, h = (double)b->h, s = (double)m->seq_len;
   double mm = 2 * T * h * ((double)qd + 2 * (double)kvd) + 2 * T * (double)qd * h;
-  double core = 2.0 * 2 * (double)m->micro_batch_size * (double)m->num_heads * (double)m->seq_len *
-                (double)m->seq_len * (double)m->head_dim / 2;
+  double keys = window ? s * (double)window - (double)window * (double)window / 2 : s * s / 2;
+  double core = 2.0 * 2 * (double)m->micro_batch_size * (double)m->num_heads * keys *
+                (double)m->head_dim;
   op->flops_fwd = mm + core;
   op->flops_bwd_input = mm + 2 * core;
   op->flops_bwd_weight = mm;
   set_params(b, op, add(b, mul(b, 2 * b->h, qd), mul(b, 2 * b->h, kvd)));
+  if (m->linear_bias) {
+    /* q, k, v and o biases: an add an element forward, a sum over tokens for their gradient */
+    double nb = (double)(qd + 2 * kvd) + h;
+    set_params(b, op, add(b, op->param_count, add(b, add(b, qd, 2 * kvd), b->h)));
+    op->flops_fwd += T * nb;
+    op->flops_bwd_weight += T * nb;
+  }
+  if (m->attention_sinks) /* gpt_oss: one learned logit per head in each softmax */
+    set_params(b, op, add(b, op->param_count, u(m->num_heads)));
   uint64_t qkv = mul3(b, b->T, add(b, qd, 2 * kvd), b->B); /* q, k, v activations */
   uint64_t core_out = mul3(b, b->T, qd, b->B);
   uint64_t lse = mul3(b, b->T, u(m->num_heads), 4); /* fp32 logsumexp per row */
@@ -215,8 +244,39 @@ static void emit_residual(struct builder *b, int32_t layer, unsigned reads) {
 /* h -> m | s, SwiGLU: down(silu(gate h) * up h), [T, hidden, ffn]. silu-and-multiply is ~5
  * FLOPs per ffn element forward, ~8 backward. The shared expert keeps no copy of h: the
  * router of the same layer saves it. */
+/* h -> m, GPT's MLP: down(gelu(up h + b1)) + b2, [T, hidden, ffn, 1]. GELU in its tanh form
+ * is ~8 FLOPs an element forward and ~12 in its gradient; the biases an add an element and a
+ * sum over tokens. It keeps its input, the pre-activation and the GELU output (the down
+ * projection's weight gradient reads it). */
+static void emit_gelu_mlp(struct builder *b, int32_t layer, uint64_t ffn) {
+  struct model_op *op = emit(b, MODEL_OP_MLP, layer, BIT(TENSOR_H), BIT(TENSOR_M));
+  op->shape[0] = (int64_t)b->T;
+  op->shape[1] = (int64_t)b->h;
+  op->shape[2] = (int64_t)ffn;
+  op->shape[3] = 1;
+  double tf = (double)b->T * (double)ffn, th = (double)b->T * (double)b->h;
+  double mm = 4 * tf * (double)b->h;
+  op->flops_fwd = mm + 8 * tf + tf + th;
+  op->flops_bwd_input = mm + 12 * tf;
+  op->flops_bwd_weight = mm + tf + th;
+  set_params(b, op, add(b, mul3(b, 2, b->h, ffn), add(b, ffn, b->h)));
+  uint64_t up = mul3(b, b->T, ffn, b->B);
+  /* params, h in, up written and read, gelu written and read, out written */
+  op->bytes_fwd = add(b, add(b, op->param_bytes, 2 * b->act), 4 * up);
+  op->saved_bytes = add(b, b->act, 2 * up);
+  op->out_bytes = b->act;
+  op->bwork_bytes = up; /* d(up) */
+  op->module_saved_bytes[MODEL_MODULE_MLP] = 2 * up;
+  op->module_flops_fwd[MODEL_MODULE_MLP] = op->flops_fwd;
+  op->module_rerun_work_bytes[MODEL_MODULE_MLP] = b->act;
+}
+
 static void emit_mlp(struct builder *b, enum model_op_kind kind, int32_t layer, uint64_t ffn) {
   bool shared = kind == MODEL_OP_SHARED_EXPERT;
+  if (kind == MODEL_OP_MLP && b->m->mlp_act == MODEL_MLP_GELU) {
+    emit_gelu_mlp(b, layer, ffn);
+    return;
+  }
   struct model_op *op = emit(b, kind, layer, BIT(TENSOR_H), BIT(shared ? TENSOR_S : TENSOR_M));
   op->shape[0] = (int64_t)b->T;
   op->shape[1] = (int64_t)b->h;
@@ -271,6 +331,11 @@ static void emit_router(struct builder *b, int32_t layer) {
   op->flops_bwd_input = mm + 4 * te;
   op->flops_bwd_weight = mm;
   set_params(b, op, mul(b, b->h, E));
+  if (m->linear_bias) { /* gpt_oss's router bias */
+    set_params(b, op, add(b, op->param_count, E));
+    op->flops_fwd += te;
+    op->flops_bwd_weight += te;
+  }
   uint64_t probs = mul3(b, b->T, E, 4);
   uint64_t r = mul3(b, b->T, k, 8);
   op->bytes_fwd = add(b, add(b, op->param_bytes, b->act), add(b, 2 * probs, r));
@@ -299,6 +364,13 @@ static void emit_experts(struct builder *b, int32_t layer) {
   op->flops_bwd_input = mm + 8 * rf + 2 * rh;
   op->flops_bwd_weight = mm;
   set_params(b, op, mul(b, E, mul3(b, 3, b->h, f)));
+  if (m->linear_bias) {
+    /* gpt_oss: gate/up and down biases per expert, added to each routed row */
+    double nb = (double)tk * (double)(2 * f + b->h);
+    set_params(b, op, add(b, op->param_count, mul(b, E, add(b, 2 * f, b->h))));
+    op->flops_fwd += nb;
+    op->flops_bwd_weight += nb;
+  }
   uint64_t rows = mul3(b, tk, b->h, b->B); /* routed copies of h, or of the expert outputs */
   uint64_t gu = mul3(b, tk, 2 * f, b->B);  /* gate and up per routed row */
   uint64_t act = mul3(b, tk, f, b->B);

@@ -32,7 +32,19 @@ static const struct family_entry families[] = {
     {"qwen2", MODEL_FAMILY_DENSE},   {"qwen3", MODEL_FAMILY_DENSE},
     {"qwen3_moe", MODEL_FAMILY_MOE}, {"qwen2_moe", MODEL_FAMILY_MOE},
     {"mixtral", MODEL_FAMILY_MOE},   {"deepseek_v3", MODEL_FAMILY_DEEPSEEK_V3},
+    {"gpt2", MODEL_FAMILY_DENSE},    {"gpt_bigcode", MODEL_FAMILY_DENSE},
+    {"gpt_oss", MODEL_FAMILY_MOE},
 };
+
+/* GPT-3-style decoders (LayerNorm, GELU MLP, learned positions, biases), read under Hugging
+ * Face's GPT2Config names (n_embd, n_layer, n_head, n_inner, n_positions) or the common ones. */
+static bool is_gpt_style(const struct model *m) {
+  return strcmp(m->model_type, "gpt2") == 0 || strcmp(m->model_type, "gpt_bigcode") == 0;
+}
+
+static bool is_gpt_oss(const struct model *m) {
+  return strcmp(m->model_type, "gpt_oss") == 0;
+}
 
 size_t model_dtype_bytes(enum model_dtype d) {
   return d == MODEL_DTYPE_BF16 ? 2 : 4;
@@ -151,6 +163,9 @@ static const char *const understood_keys[] = {
     "mlp_only_layers", "decoder_sparse_step", "moe_layer_freq", "first_k_dense_replace",
     "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
     "rope_theta", "rms_norm_eps", "rope_scaling", "piper",
+    /* gpt2 / gpt_bigcode (GPT2Config's names) and gpt_oss */
+    "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx", "activation_function",
+    "layer_norm_epsilon", "multi_query", "layer_types", "experts_per_token",
     /* checked in check_hf_values: accepted only with the value the builder assumes */
     "hidden_act", "attention_bias", "mlp_bias", "use_sliding_window", "sliding_window", NULL};
 
@@ -166,7 +181,16 @@ static const char *const harmless_keys[] = {
     "aux_loss_alpha", "seq_aux", "ep_size", "n_group", "topk_group", "topk_method",
     "routed_scaling_factor", "scoring_func", "num_nextn_predict_layers", "pretraining_tp",
     "torch_dtype", "transformers_version", "use_cache", "quantization_config", "rope_interleave",
-    "_name_or_path", NULL};
+    "_name_or_path",
+    /* gpt2 / gpt_bigcode: dropout, the sequence-summary head of GPT2DoubleHeads, attention
+     * scaling and softmax precision (numerics, not work), inference settings */
+    "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_activation", "summary_first_dropout",
+    "summary_proj_to_labels", "summary_type", "summary_use_proj", "scale_attn_weights",
+    "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "task_specific_params",
+    "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "inference_runner",
+    "max_batch_size", "max_sequence_length", "pad_key_length", "validate_runner_input",
+    /* gpt_oss: the clamp of its SwiGLU (numerics) and the pre-training context length */
+    "swiglu_limit", "initial_context_length", NULL};
 
 static bool in_list(const char *const *list, const char *key) {
   for (; *list; list++)
@@ -200,20 +224,41 @@ static bool false_or_null(const cJSON *root, const char *key) {
 
 /* Keys whose usual value is what the builder assumes (SwiGLU decoders without biases, full
  * causal attention); any other value changes the model. */
-static bool check_hf_values(const cJSON *root, const char *file, GError **err) {
+static bool check_gpt_act(const struct model *m, const cJSON *root, const char *file,
+                          GError **err) {
+  /* GELU in its exact or tanh forms: the same work */
+  static const char *const gelus[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", NULL};
+  const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
+  if (act && !(cJSON_IsString(act) && act->valuestring && in_list(gelus, act->valuestring)))
+    return piper_input_error(err,
+                             "%s: \"activation_function\" must be a GELU (gelu, gelu_new, "
+                             "gelu_pytorch_tanh, gelu_fast) for %s",
+                             file, m->model_type);
+  if (present(root, "hidden_act"))
+    return piper_input_error(err, "%s: \"hidden_act\" is not a %s key (activation_function is)",
+                             file, m->model_type);
+  return true;
+}
+
+static bool check_hf_values(const struct model *m, const cJSON *root, const char *file,
+                            GError **err) {
+  if (is_gpt_style(m) && !check_gpt_act(m, root, file, err))
+    return false;
   const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
   if (act && !(cJSON_IsString(act) && act->valuestring && strcmp(act->valuestring, "silu") == 0))
     return piper_input_error(err, "%s: \"hidden_act\" must be \"silu\" (the MLPs are SwiGLU)",
                              file);
+  /* gpt_oss builds its attention biases (attention_bias) and sliding layers (layer_types) */
   static const char *const off[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
-  for (size_t i = 0; i < G_N_ELEMENTS(off); i++)
+  for (size_t i = is_gpt_oss(m) ? 1 : 0; i < G_N_ELEMENTS(off); i++)
     if (!false_or_null(root, off[i]))
       return piper_input_error(err, "%s: \"%s\" must be false or absent (not modelled)", file,
                                off[i]);
   /* Qwen writes sliding_window with use_sliding_window false: unused. Mistral's window only
    * matters when it is shorter than the sequence. */
   const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
-  bool qwen_off = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window") != NULL;
+  bool qwen_off = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window") != NULL ||
+                  is_gpt_oss(m);
   const cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
   const cJSON *seq = piper ? cJSON_GetObjectItemCaseSensitive(piper, "seq_len") : NULL;
   if (sw && !cJSON_IsNull(sw) && !qwen_off &&
@@ -245,7 +290,8 @@ static bool load_family(struct model *m, const cJSON *root, const char *file, GE
   /* %.40s: the value is user text; keep the message one short line. */
   return piper_input_error(err,
                    "%s: \"model_type\" = \"%.40s\" is not supported (llama, mistral, qwen2, "
-                   "qwen3, qwen2_moe, qwen3_moe, mixtral, deepseek_v3)",
+                   "qwen3, qwen2_moe, qwen3_moe, mixtral, deepseek_v3, gpt2, gpt_bigcode, "
+                   "gpt_oss)",
                    file, type);
 }
 
@@ -319,18 +365,113 @@ static bool load_qwen2_shared_expert(struct model *m, const cJSON *root, const c
   return true;
 }
 
+/* An integer under its common name or, for GPT-style models, GPT2Config's (alias, NULL for
+ * none): either is accepted, both must agree. */
+static bool get_alias_int(const cJSON *root, const char *key, const char *alias, bool required,
+                          int64_t lo, int64_t hi, int64_t *out, const char *file, GError **err) {
+  bool has_key = present(root, key), has_alias = alias && present(root, alias);
+  if (!has_alias)
+    return get_int(root, NULL, key, required, lo, hi, out, file, err);
+  int64_t a = 0;
+  if (!get_int(root, NULL, alias, true, lo, hi, &a, file, err))
+    return false;
+  if (has_key) {
+    if (!get_int(root, NULL, key, true, lo, hi, out, file, err))
+      return false;
+    if (*out != a)
+      return piper_input_error(err, "%s: \"%s\" = %lld disagrees with \"%s\" = %lld", file,
+                               alias, (long long)a, key, (long long)*out);
+  }
+  *out = a;
+  return true;
+}
+
+/* GPT-3-style: learned positions (n_positions rows, required: they are parameters), biases
+ * everywhere, LayerNorm and a GELU MLP 4 x hidden wide unless n_inner says otherwise, tied
+ * embeddings unless the file says not (GPT2Config's default), gpt_bigcode's multi-query
+ * attention (one key/value head). */
+static bool load_gpt_style(struct model *m, const cJSON *root, const char *file, GError **err) {
+  m->norm = MODEL_NORM_LAYER;
+  m->mlp_act = MODEL_MLP_GELU;
+  m->linear_bias = true;
+  m->tie_word_embeddings = true;
+  if (!get_alias_int(root, "max_position_embeddings", "n_positions", true, 1, MAX_SEQ,
+                     &m->max_positions, file, err))
+    return false;
+  m->intermediate_size = 4 * m->hidden_size;
+  if (!get_alias_int(root, "intermediate_size", "n_inner", false, 1, MAX_FFN,
+                     &m->intermediate_size, file, err))
+    return false;
+  bool mq = false;
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "multi_query");
+  if (v && !cJSON_IsNull(v) && !json_get_bool(root, "multi_query", false, &mq, file, err))
+    return false;
+  if (mq && strcmp(m->model_type, "gpt_bigcode") != 0)
+    return piper_input_error(err, "%s: \"multi_query\" is a gpt_bigcode key", file);
+  if (mq)
+    m->num_kv_heads = 1;
+  return true;
+}
+
+/* gpt_oss: RMSNorm and SwiGLU experts of intermediate_size (with biases, as its attention
+ * and router), a sink logit per head, and sliding-window attention on the layers layer_types
+ * names "sliding_attention" (HF's default when absent: every even layer). */
+static bool load_gpt_oss(struct model *m, const cJSON *root, const char *file, GError **err) {
+  bool bias = true; /* GptOssConfig's default */
+  const cJSON *ab = cJSON_GetObjectItemCaseSensitive(root, "attention_bias");
+  if (ab && !cJSON_IsNull(ab) && !json_get_bool(root, "attention_bias", false, &bias, file, err))
+    return false;
+  m->linear_bias = bias;
+  m->attention_sinks = true;
+  if (!get_int(root, NULL, "sliding_window", false, 1, MAX_SEQ, &m->sliding_window, file, err))
+    return false;
+  const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+  if (lt && !cJSON_IsNull(lt) &&
+      (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != (int)m->num_layers))
+    return piper_input_error(err, "%s: \"layer_types\" must list num_hidden_layers = %lld types",
+                             file, (long long)m->num_layers);
+  for (int64_t l = 0; l < m->num_layers; l++) {
+    bool sliding = l % 2 == 0;
+    if (lt && !cJSON_IsNull(lt)) {
+      const cJSON *t = cJSON_GetArrayItem(lt, (int)l);
+      bool full = cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0;
+      sliding = cJSON_IsString(t) && strcmp(t->valuestring, "sliding_attention") == 0;
+      if (!full && !sliding)
+        return piper_input_error(err,
+                                 "%s: \"layer_types\"[%lld] must be \"sliding_attention\" or "
+                                 "\"full_attention\"",
+                                 file, (long long)l);
+    }
+    if (sliding && m->sliding_window > 0)
+      m->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
+  }
+  int64_t k = 0;
+  if (!get_int(root, NULL, "experts_per_token", false, 1, MAX_EXPERTS, &k, file, err))
+    return false;
+  if (k && k != m->experts_per_tok)
+    return piper_input_error(err, "%s: \"experts_per_token\" = %lld disagrees with "
+                             "\"num_experts_per_tok\" = %lld",
+                             file, (long long)k, (long long)m->experts_per_tok);
+  return true;
+}
+
 static bool load_hf(struct model *m, const cJSON *root, const char *file, GError **err) {
   if (!load_family(m, root, file, err))
     return false;
-  if (!get_int(root, NULL, "hidden_size", true, 1, MAX_HIDDEN, &m->hidden_size, file, err) ||
-      !get_int(root, NULL, "num_hidden_layers", true, 1, MODEL_MAX_LAYERS, &m->num_layers, file,
-               err) ||
-      !get_int(root, NULL, "num_attention_heads", true, 1, MAX_HEADS, &m->num_heads, file, err) ||
+  bool gpt = is_gpt_style(m);
+  if (!get_alias_int(root, "hidden_size", gpt ? "n_embd" : NULL, true, 1, MAX_HIDDEN,
+                     &m->hidden_size, file, err) ||
+      !get_alias_int(root, "num_hidden_layers", gpt ? "n_layer" : NULL, true, 1,
+                     MODEL_MAX_LAYERS, &m->num_layers, file, err) ||
+      !get_alias_int(root, "num_attention_heads", gpt ? "n_head" : NULL, true, 1, MAX_HEADS,
+                     &m->num_heads, file, err) ||
       !get_int(root, NULL, "vocab_size", true, 1, MAX_VOCAB, &m->vocab_size, file, err))
     return false;
 
   m->num_kv_heads = m->num_heads;
   if (!get_int(root, NULL, "num_key_value_heads", false, 1, MAX_HEADS, &m->num_kv_heads, file, err))
+    return false;
+  if (gpt && !load_gpt_style(m, root, file, err))
     return false;
   if (m->num_heads % m->num_kv_heads != 0)
     return piper_input_error(err,
@@ -338,7 +479,7 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
                      "\"num_key_value_heads\" = %lld",
                      file, (long long)m->num_heads, (long long)m->num_kv_heads);
 
-  bool tie = false;
+  bool tie = m->tie_word_embeddings;
   const cJSON *tv = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
   if (tv && !cJSON_IsNull(tv) &&
       !json_get_bool(root, "tie_word_embeddings", false, &tie, file, err))
@@ -346,7 +487,7 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
   m->tie_word_embeddings = tie;
 
   bool deepseek = m->family == MODEL_FAMILY_DEEPSEEK_V3;
-  bool mixtral = strcmp(m->model_type, "mixtral") == 0;
+  bool mixtral = strcmp(m->model_type, "mixtral") == 0 || is_gpt_oss(m);
   if (deepseek) {
     /* MLA has no single head_dim; record the query/key head width for information. */
     m->q_lora_rank = 0;
@@ -378,13 +519,15 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
                              "%s: \"qk_rope_head_dim\" = %lld is odd: RoPE rotates pairs of "
                              "dimensions",
                              file, (long long)m->qk_rope_head_dim);
-  if (!deepseek && m->head_dim % 2)
+  if (!deepseek && !gpt && m->head_dim % 2)
     return piper_input_error(err,
                              "%s: \"head_dim\" = %lld%s is odd: RoPE rotates pairs of dimensions",
                              file, (long long)m->head_dim,
                              present(root, "head_dim") ? ""
                                                        : " (hidden_size / num_attention_heads)");
 
+  if (gpt)
+    return true; /* intermediate_size read by load_gpt_style */
   if (m->family == MODEL_FAMILY_DENSE)
     return get_int(root, NULL, "intermediate_size", true, 1, MAX_FFN, &m->intermediate_size, file,
                    err);
@@ -405,7 +548,7 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
                  err))
       return false;
     m->moe_intermediate_size = m->intermediate_size;
-    return true;
+    return !is_gpt_oss(m) || load_gpt_oss(m, root, file, err);
   }
   if (!get_int(root, NULL, "moe_intermediate_size", true, 1, MAX_FFN, &m->moe_intermediate_size,
                file, err) ||
@@ -469,6 +612,10 @@ static bool load_numerics(struct model *m, const cJSON *root, const char *file, 
     return false;
   if (present(root, "rms_norm_eps") &&
       !json_get_double(root, "rms_norm_eps", false, 1e-12, 1.0, &m->rms_norm_eps, file, err))
+    return false;
+  /* GPT2Config's name for the LayerNorm epsilon (held in the same field) */
+  if (present(root, "layer_norm_epsilon") &&
+      !json_get_double(root, "layer_norm_epsilon", false, 1e-12, 1.0, &m->rms_norm_eps, file, err))
     return false;
   return load_rope_scaling(m, root, file, err);
 }
@@ -661,7 +808,7 @@ struct model *model_load_json(const char *name, const cJSON *root, int pp_region
     goto fail;
   }
   if (!check_hf_keys(root, file, err) || !load_hf(m, root, file, err) ||
-      !check_hf_values(root, file, err) || !load_numerics(m, root, file, err) ||
+      !check_hf_values(m, root, file, err) || !load_numerics(m, root, file, err) ||
       !load_piper(m, root, file, err))
     goto fail;
   if (pp_regions_override > 0) {
@@ -729,9 +876,29 @@ static void put_numerics(cJSON *o, const struct model *m) {
   }
 }
 
+/* What gpt2 / gpt_bigcode / gpt_oss add, under the names the loader reads back. */
+static void put_gpt_keys(cJSON *o, const struct model *m) {
+  if (is_gpt_style(m))
+    put_int(o, "n_positions", m->max_positions);
+  if (!is_gpt_oss(m))
+    return;
+  cJSON_AddBoolToObject(o, "attention_bias", m->linear_bias);
+  if (m->sliding_window > 0)
+    put_int(o, "sliding_window", m->sliding_window);
+  cJSON *a = cJSON_AddArrayToObject(o, "layer_types");
+  for (int64_t l = 0; l < m->num_layers; l++)
+    cJSON_AddItemToArray(a, cJSON_CreateString(model_layer_sliding(m, l) ? "sliding_attention"
+                                                                         : "full_attention"));
+}
+
+bool model_layer_sliding(const struct model *m, int64_t layer) {
+  return m->sliding_window > 0 && layer >= 0 && layer < MODEL_MAX_LAYERS &&
+         (m->sliding_layers[layer / 64] >> (layer % 64) & 1);
+}
+
 cJSON *model_to_json(const struct model *m) {
   bool deepseek = m->family == MODEL_FAMILY_DEEPSEEK_V3;
-  bool mixtral = strcmp(m->model_type, "mixtral") == 0;
+  bool mixtral = strcmp(m->model_type, "mixtral") == 0 || is_gpt_oss(m);
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "model_type", m->model_type);
   put_int(o, "hidden_size", m->hidden_size);
@@ -766,6 +933,7 @@ cJSON *model_to_json(const struct model *m) {
   }
   put_int(o, "vocab_size", m->vocab_size);
   cJSON_AddBoolToObject(o, "tie_word_embeddings", m->tie_word_embeddings);
+  put_gpt_keys(o, m);
   put_numerics(o, m);
 
   cJSON *p = cJSON_AddObjectToObject(o, "piper");

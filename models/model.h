@@ -28,6 +28,11 @@
 #define MODEL_TAG_EP 1 /* tag index of EP in every model (present even if dense) */
 
 enum model_family { MODEL_FAMILY_DENSE, MODEL_FAMILY_MOE, MODEL_FAMILY_DEEPSEEK_V3 };
+/* The decoder layer's norm and MLP: RMSNorm and SwiGLU (llama, qwen, mixtral, deepseek,
+ * gpt_oss) or, for GPT-3-style models (gpt2, gpt_bigcode), LayerNorm with a bias and a GELU
+ * MLP of one up projection. */
+enum model_norm { MODEL_NORM_RMS, MODEL_NORM_LAYER };
+enum model_mlp_act { MODEL_MLP_SWIGLU, MODEL_MLP_GELU };
 enum model_dtype { MODEL_DTYPE_FP32, MODEL_DTYPE_BF16 };
 
 /* Op kinds, in the order a layer runs them. Each op reads and writes the per-micro-batch
@@ -35,12 +40,14 @@ enum model_dtype { MODEL_DTYPE_FP32, MODEL_DTYPE_BF16 };
  * outputs), r (routing: top-k expert ids and weights per token). T = micro_batch_size * seq_len.
  * Shape fields (shape[]) per kind:
  *   EMBEDDING      tokens -> x          [T, vocab, hidden]
- *   RMSNORM        x -> h               [T, hidden]
- *   ATTENTION      h -> a (GQA, RoPE)   [batch, seq, heads, kv_heads, head_dim, hidden]
+ *   RMSNORM        x -> h               [T, hidden, layernorm (1: LayerNorm with bias)]
+ *   ATTENTION      h -> a (GQA, RoPE)   [batch, seq, heads, kv_heads, head_dim, hidden,
+ *                                        window (0: full causal; else each query sees this many
+ *                                        keys, gpt_oss's sliding layers)]
  *   MLA_ATTENTION  h -> a (DeepSeek)    [batch, seq, heads, q_lora_rank, kv_lora_rank,
  *                                        qk_head_dim (nope+rope), v_head_dim, hidden]
  *   RESIDUAL_ADD   x += a | m (+ s)     [T, hidden]
- *   MLP            h -> m (SwiGLU)      [T, hidden, ffn]
+ *   MLP            h -> m (SwiGLU)      [T, hidden, ffn, gelu (1: GELU of one up projection)]
  *   SHARED_EXPERT  h -> s (SwiGLU)      [T, hidden, ffn * n_shared]
  *   ROUTER         h -> r (softmax top-k, normalised weights)  [T, hidden, experts, top_k]
  *   EXPERT_FFN     h, r -> m            [T, hidden, expert_ffn, experts, top_k]
@@ -161,6 +168,16 @@ struct model {
   /* Qwen2-MoE's one shared expert: its width and its sigmoid gate (a [hidden, 1] linear) */
   int64_t shared_expert_intermediate_size;
   bool shared_expert_gate;
+  /* GPT-3-style layers (gpt2, gpt_bigcode) and gpt_oss's extras, each costed as built
+   * (models/build.c): the norm and MLP kinds; biases on every projection (attention, MLP,
+   * router, experts); learned absolute positions (max_positions rows of hidden; 0: RoPE);
+   * attention sinks (one logit per head and layer); sliding-window layers (a bit per layer,
+   * window sliding_window; none when 0). */
+  enum model_norm norm;
+  enum model_mlp_act mlp_act;
+  bool linear_bias, attention_sinks;
+  int64_t max_positions, sliding_window;
+  uint64_t sliding_layers[MODEL_MAX_LAYERS / 64];
   int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
   bool tie_word_embeddings;
   /* Numerics the kernels need (defaults when the file has no key: theta 10000, eps 1e-6). */
@@ -196,6 +213,8 @@ void model_free(struct model *m);
 /* True when the PP split is the equal one (the first layers mod regions regions one layer
  * longer): what pp_regions gives. Reports show per-stage layers only where it is not. */
 bool model_pp_split_is_equal(const struct model *m);
+/* True for a sliding-window attention layer (gpt_oss's "sliding_attention" layer_types). */
+bool model_layer_sliding(const struct model *m, int64_t layer);
 
 /* The model's configuration as a JSON object that model_load_json reads back to the same model
  * (embedded in plans so they are self-contained). Caller frees. */

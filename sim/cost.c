@@ -244,6 +244,7 @@ struct op_shape {
   uint32_t n_gemms;
   bool attention;
   double batch, seq, heads, kv_heads, d_qk, d_v;
+  double window; /* keys a query sees on a sliding layer (0: full causal) */
   bool head_recomputes; /* the LM head's BI and BW each recompute the logits (models/build.c) */
 };
 
@@ -266,6 +267,7 @@ static void attention_gemms(const struct model *m, const struct model_op *op, do
   s->heads = H;
   if (op->kind == MODEL_OP_ATTENTION) {
     double kv = at_least_one(sh[3] / tp), d = (double)sh[4], h = (double)sh[5];
+    s->window = (double)sh[6];
     add_gemm(s, T, (H + 2 * kv) * d, h);
     add_gemm(s, T, h, H * d);
     s->kv_heads = kv;
@@ -299,8 +301,8 @@ static bool op_gemms(const struct profile *p, const struct model *m, const struc
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: {
     double f = at_least_one((double)sh[2] / tp);
-    add_gemm(s, T, 2 * f, h); /* gate and up */
-    add_gemm(s, T, h, f);     /* down */
+    add_gemm(s, T, op->kind == MODEL_OP_MLP && sh[3] ? f : 2 * f, h); /* (gate and) up */
+    add_gemm(s, T, h, f);                                             /* down */
     return true;
   }
   case MODEL_OP_ROUTER: add_gemm(s, T * share, (double)sh[2], h); return true;
@@ -364,8 +366,13 @@ bool cost_model_op(const struct profile *p, const struct model *m, const struct 
                &gemm_bytes, memory_bound);
   if (s.attention && pass != IR_PASS_BW) {
     bool bwd = pass != IR_PASS_F;
-    double t = cost_attention_core(p, m->dtype, s.batch, s.seq, s.heads, s.kv_heads, s.d_qk,
-                                   s.d_v, true, 1, bwd);
+    /* a sliding layer as s / w blocks of w queries over a full band of w keys: the kernel's
+     * work and its efficiency at w (the w^2 / 2 the band's start skips is within w / 2s) */
+    double t = s.window > 0
+                   ? cost_attention_core(p, m->dtype, s.batch * s.seq / s.window, s.window,
+                                         s.heads, s.kv_heads, s.d_qk, s.d_v, false, 1, bwd)
+                   : cost_attention_core(p, m->dtype, s.batch, s.seq, s.heads, s.kv_heads,
+                                         s.d_qk, s.d_v, true, 1, bwd);
     family[PROFILE_FAMILY_ATTENTION] += t;
     double e = (double)model_dtype_bytes(m->dtype);
     gemm_bytes += s.batch * s.seq * (s.heads + s.kv_heads) * (s.d_qk + s.d_v) * e;

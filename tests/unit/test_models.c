@@ -593,7 +593,7 @@ static void test_bad_inputs(void **state) {
       {dense, "{\"piper.color\": 1}", "bad.json: piper: unknown key \"color\""},
       {dense, "{\"piper.tags\": [{\"tag\": \"A\", \"layers\": [0, 1], \"color\": 2}]}",
        "piper.tags[0]: unknown key \"color\""},
-      {dense, "{\"model_type\": \"gpt2\"}", "\"model_type\" = \"gpt2\" is not supported"},
+      {dense, "{\"model_type\": \"gpt_neox\"}", "\"model_type\" = \"gpt_neox\" is not supported"},
       /* HF keys: what is not understood is refused, naming the key */
       {dense, "{\"parallel_attn\": true}",
        "bad.json: key \"parallel_attn\" is not understood and may change the architecture"},
@@ -696,6 +696,126 @@ static void test_bad_inputs(void **state) {
   g_clear_error(&err);
 }
 
+/* --- GPT-3-style (gpt2, gpt_bigcode) and gpt_oss ------------------------------------------- */
+
+/* A GPT-3 layer is 12 h^2 weights and 13 h biases and LayerNorm parameters (two norms of 2h,
+ * q/k/v 3h, o h, the MLP's 4h + h); besides the layers the token and position tables, the
+ * final norm and the untied head. Exact, for Korthikanti et al.'s 175B configuration. */
+static void test_gpt3_params_and_flops(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/gpt3-175b.json", 0);
+  uint64_t h = 12288, l = 96, V = 51200, P = 2048;
+  assert_int_equal(model_param_count(m), l * (12 * h * h + 13 * h) + (V + P) * h + 2 * h + V * h);
+  assert_int_equal(m->norm, MODEL_NORM_LAYER);
+  assert_int_equal(m->ops[1].kind, MODEL_OP_RMSNORM);
+  assert_int_equal(m->ops[1].shape[2], 1); /* LayerNorm */
+  assert_int_equal(m->ops[1].param_count, 2 * h);
+  assert_int_equal(m->ops[5].kind, MODEL_OP_MLP);
+  assert_int_equal(m->ops[5].shape[3], 1); /* GELU */
+  assert_int_equal(m->ops[5].param_count, 8 * h * h + 5 * h);
+  /* F + BI + BW per token against Korthikanti et al.'s model FLOPs, 72 l h^2 (1 + s/(6h) +
+   * V/(12 l h)), with the attention core's s/(6h) halved for causal masking as this module
+   * counts it: the norms, GELU, biases and the head's recomputed logits add 0.2% */
+  double s = 2048, H = (double)h, L = (double)l;
+  double ref = 72 * L * H * H * (1 + s / (12 * H) + (double)V / (12 * L * H));
+  double per_token = model_flops_per_microbatch(m) / (double)model_tokens_per_microbatch(m);
+  if (fabs(per_token / ref - 1) > 0.005)
+    fail_msg("gpt3-175b: %.6g FLOPs a token, formula %.6g", per_token, ref);
+  assert_true(per_token > ref); /* the extras only add */
+  round_trip(m);
+  model_free(m);
+  const char *sizes[][2] = {{"models/gpt3-22b.json", "22.0e9"},
+                            {"models/gpt3-530b.json", "529.6e9"},
+                            {"models/gpt3-1t.json", "1008.0e9"}};
+  for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
+    m = test_load_model(sizes[i][0], 0);
+    double published = g_ascii_strtod(sizes[i][1], NULL), n = (double)model_param_count(m);
+    /* Narayanan et al. 2021 and Korthikanti et al. 2022 name these sizes (tied embeddings:
+     * their count has one table; ours keeps the head apart, 0.1-1.4% more) */
+    if (fabs(n - published) > 0.02 * published)
+      fail_msg("%s: %.5g parameters, published %.5g", sizes[i][0], n, published);
+    model_free(m);
+  }
+}
+
+/* GPT2Config's names and the common ones both load, must agree; gpt_bigcode's multi-query
+ * attention has one key/value head. */
+static void test_gpt_keys(void **state) {
+  (void)state;
+  char *base = test_read_file("models/gpt3-22b.json");
+  GError *err = NULL;
+  struct model *m = load_patched(base,
+                                 "{\"n_embd\": \"<delete>\", \"hidden_size\": 6144, "
+                                 "\"model_type\": \"gpt_bigcode\", \"multi_query\": true, "
+                                 "\"n_inner\": \"<delete>\"}",
+                                 0, &err);
+  if (!m)
+    fail_msg("%s", err->message);
+  assert_int_equal(m->num_kv_heads, 1);
+  assert_int_equal(m->intermediate_size, 4 * 6144); /* GPT2Config's default */
+  assert_true(m->tie_word_embeddings == false);
+  round_trip(m);
+  model_free(m);
+  m = load_patched(base, "{\"tie_word_embeddings\": \"<delete>\"}", 0, &err);
+  assert_true(m && m->tie_word_embeddings); /* GPT2Config ties them unless told */
+  model_free(m);
+  const struct {
+    const char *patch, *expect;
+  } bad[] = {
+      {"{\"hidden_size\": 4096}", "\"n_embd\" = 6144 disagrees with \"hidden_size\" = 4096"},
+      {"{\"hidden_act\": \"gelu\"}", "\"hidden_act\" is not a gpt2 key"},
+      {"{\"activation_function\": \"relu\"}", "\"activation_function\" must be a GELU"},
+      {"{\"multi_query\": true}", "\"multi_query\" is a gpt_bigcode key"},
+      {"{\"n_positions\": \"<delete>\"}", "missing key \"max_position_embeddings\""},
+      {"{\"attention_bias\": true}", "\"attention_bias\" must be false"},
+  };
+  for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+    assert_null(m = load_patched(base, bad[i].patch, 0, &err));
+    if (!strstr(err->message, bad[i].expect))
+      fail_msg("%s: \"%s\" lacks \"%s\"", bad[i].patch, err->message, bad[i].expect);
+    g_clear_error(&err);
+  }
+  g_free(base);
+}
+
+/* gpt-oss-120b: 116.8e9 parameters (OpenAI, gpt-oss-120b & gpt-oss-20b model card, 2025:
+ * 116.83B total), its sliding layers' attention core a band of 128 keys. */
+static void test_gpt_oss(void **state) {
+  (void)state;
+  const char *cases[][2] = {{"models/gpt-oss-120b.json", "116.83e9"},
+                            {"models/gpt-oss-20b.json", "20.91e9"}};
+  for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+    struct model *m = test_load_model(cases[i][0], 0);
+    double published = g_ascii_strtod(cases[i][1], NULL), n = (double)model_param_count(m);
+    if (fabs(n - published) > 0.002 * published)
+      fail_msg("%s: %.6g parameters, published %.6g", cases[i][0], n, published);
+    round_trip(m);
+    model_free(m);
+  }
+  struct model *m = test_load_model("models/gpt-oss-20b.json", 0);
+  const struct model_op *a0 = &m->ops[2], *a1 = NULL;
+  for (uint32_t o = 3; o < m->n_ops && !a1; o++)
+    if (m->ops[o].kind == MODEL_OP_ATTENTION)
+      a1 = &m->ops[o];
+  assert_int_equal(a0->kind, MODEL_OP_ATTENTION);
+  assert_int_equal(a0->shape[6], 128); /* layer 0 slides */
+  assert_int_equal(a1->shape[6], 0);   /* layer 1 attends to everything before it */
+  /* the core: 2*2*b*H*d*(s w - w^2/2) against 2*2*b*H*d*s^2/2, projections equal */
+  double s = 4096, w = 128, core = 4.0 * 64 * 64;
+  assert_true(fabs((a1->flops_fwd - a0->flops_fwd) - core * (s * s / 2 - (s * w - w * w / 2))) <
+              1e-6 * a1->flops_fwd);
+  model_free(m);
+  char *base = test_read_file("models/gpt-oss-20b.json");
+  GError *err = NULL;
+  assert_null(load_patched(base, "{\"layer_types\": [\"full_attention\"]}", 0, &err));
+  assert_non_null(strstr(err->message, "\"layer_types\" must list num_hidden_layers = 24"));
+  g_clear_error(&err);
+  assert_null(load_patched(base, "{\"experts_per_token\": 2}", 0, &err));
+  assert_non_null(strstr(err->message, "\"experts_per_token\" = 2 disagrees"));
+  g_clear_error(&err);
+  g_free(base);
+}
+
 static void test_names(void **state) {
   (void)state;
   assert_string_equal(model_dtype_name(MODEL_DTYPE_BF16), "bf16");
@@ -725,6 +845,9 @@ int main(void) {
       cmocka_unit_test(test_numerics),
       cmocka_unit_test(test_bad_inputs),
       cmocka_unit_test(test_names),
+      cmocka_unit_test(test_gpt3_params_and_flops),
+      cmocka_unit_test(test_gpt_keys),
+      cmocka_unit_test(test_gpt_oss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
