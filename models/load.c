@@ -165,7 +165,7 @@ static const char *const understood_keys[] = {
     "rope_theta", "rms_norm_eps", "rope_scaling", "piper",
     /* gpt2 / gpt_bigcode (GPT2Config's names) and gpt_oss */
     "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx", "activation_function",
-    "layer_norm_epsilon", "multi_query", "layer_types", "experts_per_token",
+    "layer_norm_epsilon", "multi_query", "layer_types", "experts_per_token", "topk_method",
     /* checked in check_hf_values: accepted only with the value the builder assumes */
     "hidden_act", "attention_bias", "mlp_bias", "use_sliding_window", "sliding_window", NULL};
 
@@ -178,7 +178,7 @@ static const char *const harmless_keys[] = {
     "architectures", "attention_dropout", "auto_map", "bos_token_id", "eos_token_id",
     "pad_token_id", "initializer_range", "max_position_embeddings", "max_window_layers",
     "norm_topk_prob", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
-    "aux_loss_alpha", "seq_aux", "ep_size", "n_group", "topk_group", "topk_method",
+    "aux_loss_alpha", "seq_aux", "ep_size", "n_group", "topk_group",
     "routed_scaling_factor", "scoring_func", "num_nextn_predict_layers", "pretraining_tp",
     "torch_dtype", "transformers_version", "use_cache", "quantization_config", "rope_interleave",
     "_name_or_path",
@@ -539,6 +539,9 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
       !get_int(root, NULL, "n_shared_experts", false, 0, MAX_EXPERTS, &m->n_shared_experts, file,
                err))
     return false;
+  /* DeepSeek-V3's auxiliary-loss-free balancing (an expert bias before top-k) */
+  const cJSON *tm = cJSON_GetObjectItemCaseSensitive(root, "topk_method");
+  m->loss_free_balancing = cJSON_IsString(tm) && strcmp(tm->valuestring, "noaux_tc") == 0;
   if (m->experts_per_tok > m->num_experts)
     return piper_input_error(err, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld routed experts",
                      file, (long long)m->experts_per_tok, (long long)m->num_experts);
@@ -918,6 +921,8 @@ cJSON *model_to_json(const struct model *m) {
                       : "num_experts",
             m->num_experts);
     put_int(o, "num_experts_per_tok", m->experts_per_tok);
+    if (m->loss_free_balancing)
+      cJSON_AddStringToObject(o, "topk_method", "noaux_tc");
     if (m->n_shared_experts > 0 || deepseek)
       put_int(o, "n_shared_experts", m->n_shared_experts);
     if (strcmp(m->model_type, "qwen2_moe") == 0)

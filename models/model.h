@@ -177,6 +177,9 @@ struct model {
   enum model_mlp_act mlp_act;
   bool linear_bias, attention_sinks;
   int64_t max_positions, sliding_window;
+  /* the router balances load with DeepSeek-V3's per-expert bias (topk_method "noaux_tc")
+   * rather than an auxiliary loss: sim/cost.h's published imbalance differs */
+  bool loss_free_balancing;
   uint64_t sliding_layers[MODEL_MAX_LAYERS / 64];
   int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
   bool tie_word_embeddings;

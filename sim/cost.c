@@ -112,15 +112,22 @@ double cost_attention_core(const struct profile *p, enum model_dtype dtype, doub
   return (t > tm ? t : tm) + p->kernel_overhead;
 }
 
-double cost_routing_hot_factor(const struct profile *p, double routes, double experts) {
+double cost_routing_maxvio(const struct model *m) {
+  return m->loss_free_balancing ? COST_MAXVIO_LOSS_FREE : COST_MAXVIO_AUX_LOSS;
+}
+
+double cost_routing_hot_factor(const struct profile *p, const struct model *m, double routes,
+                               double experts) {
   if (p->routing_imbalance > 0)
     return p->routing_imbalance;
   if (experts <= 1 || routes <= 0)
     return 1;
-  /* binomial(routes, 1/E) per expert; the largest of E is about mean + sqrt(2 ln E) sd */
+  /* the trained router's own skew (published MaxVio, over a whole validation set), and on top
+   * of it a micro-batch's sampling spread: binomial(routes, 1/E) per expert, the largest of E
+   * about mean + sqrt(2 ln E) sd */
   double mean = routes / experts;
   double sd = sqrt(mean * (1 - 1 / experts));
-  return 1 + sqrt(2 * log(experts)) * sd / mean;
+  return 1 + cost_routing_maxvio(m) + sqrt(2 * log(experts)) * sd / mean;
 }
 
 /* ---- collectives by level ---------------------------------------------------------------- */
@@ -228,7 +235,7 @@ double cost_all_to_all_skew(const struct profile *p, const struct model *m, uint
   if (local < 1)
     local = 1;
   double routes = (double)model_tokens_per_microbatch(m) * (double)m->experts_per_tok * ranks;
-  return (local - 1 + cost_routing_hot_factor(p, routes, E)) / local;
+  return (local - 1 + cost_routing_hot_factor(p, m, routes, E)) / local;
 }
 
 /* ---- model ops as GEMMs ------------------------------------------------------------------- */
@@ -312,7 +319,7 @@ static bool op_gemms(const struct profile *p, const struct model *m, const struc
     double f = at_least_one((double)sh[2] / tp), E = (double)sh[3], k = (double)sh[4];
     double local = at_least_one(E / ep), routes = T * k;
     double rows = routes / local;
-    double hot = rows * cost_routing_hot_factor(p, routes * ep, E);
+    double hot = rows * cost_routing_hot_factor(p, m, routes * ep, E);
     s->g[s->n_gemms++] = (struct op_gemm){rows, 2 * f, h, local, hot};
     s->g[s->n_gemms++] = (struct op_gemm){rows, h, f, local, hot};
     return true;

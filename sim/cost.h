@@ -61,10 +61,24 @@ bool cost_model_op(const struct profile *p, const struct model *m, const struct 
 struct profile_comm_cost cost_collective(const struct profile *p, enum ir_node_kind kind,
                                          uint64_t bytes, const struct profile_span *span);
 
+/* The most-loaded expert's excess over the mean load (MaxVio = max / mean - 1) of a trained
+ * router, from published routing statistics: Wang et al. 2024, "Auxiliary-Loss-Free Load
+ * Balancing Strategy for Mixture-of-Experts" (arXiv:2408.15664), Sec. 4.2, Table 2,
+ * MaxVio_global on the validation set: 0.52 for their 3B MoE trained with an auxiliary balance
+ * loss (0.72 at 1B), 0.04 with the loss-free expert bias (both sizes) that DeepSeek-V3 trains
+ * with (topk_method "noaux_tc"). */
+#define COST_MAXVIO_AUX_LOSS 0.52
+#define COST_MAXVIO_LOSS_FREE 0.04
+/* The model's: loss-free for a router with DeepSeek-V3's bias (model.loss_free_balancing),
+ * else auxiliary-loss balancing (Mixtral, Qwen, gpt-oss). */
+double cost_routing_maxvio(const struct model *m);
+
 /* Expected most-loaded expert's rows over the mean when `routes` routed rows spread over
- * `experts` experts: the profile's routing_imbalance if set, else the binomial spread of
- * balanced random routing (mean + sqrt(2 ln E) standard deviations). */
-double cost_routing_hot_factor(const struct profile *p, double routes, double experts);
+ * `experts` experts: the profile's routing_imbalance if set (e.g. 1 for benchmarks that force
+ * a balanced distribution), else 1 + the model's published MaxVio (cost_routing_maxvio) + the
+ * binomial spread of a micro-batch's routes (sqrt(2 ln E) standard deviations over the mean). */
+double cost_routing_hot_factor(const struct profile *p, const struct model *m, double routes,
+                               double experts);
 
 /* The all-to-all of a MoE layer over `ranks` expert-parallel ranks moves more to and from the
  * rank holding the most-loaded expert: its E / ranks experts get (E / ranks - 1 + hot) times

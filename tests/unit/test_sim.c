@@ -181,12 +181,27 @@ static void test_attention_core(void **state) {
   test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 2,
                                        false),
                    f / 2 / (400e12 / 6), 0, 1e-12, "cp 2");
-  /* routing: balanced random routing of 1000 routes over 10 experts puts about mean +
-   * sqrt(2 ln 10) sd on the busiest (mean 100, sd sqrt(90)) */
-  test_assert_near(cost_routing_hot_factor(p, 1000, 10), 1 + sqrt(2 * log(10.0)) * sqrt(90.0) / 100,
-                   0, 1e-12, "binomial hot expert");
+  /* routing: 1000 routes over 10 experts. The trained router's published skew (MaxVio 0.52
+   * with an auxiliary loss, 0.04 loss-free: Wang et al. 2024, Table 2) plus a micro-batch's
+   * binomial spread, about sqrt(2 ln 10) sd over the mean on the busiest (mean 100, sd
+   * sqrt(90)) */
+  GError *merr = NULL;
+  struct model *qm = model_load_file("models/qwen3-30b-a3b.json", 0, &merr);
+  struct model *dm = model_load_file("models/deepseek-v3.json", 0, &merr);
+  assert_non_null(qm);
+  assert_non_null(dm);
+  double spread = sqrt(2 * log(10.0)) * sqrt(90.0) / 100;
+  test_assert_near(cost_routing_hot_factor(p, qm, 1000, 10), 1.52 + spread, 0, 1e-12,
+                   "aux-loss router: hot expert");
+  assert_false(qm->loss_free_balancing);
+  assert_true(dm->loss_free_balancing); /* topk_method "noaux_tc" */
+  test_assert_near(cost_routing_hot_factor(p, dm, 1000, 10), 1.04 + spread, 0, 1e-12,
+                   "loss-free router: hot expert");
+  assert_true(cost_routing_hot_factor(p, qm, 1000, 1) == 1); /* one expert: nothing to skew */
   p->routing_imbalance = 1.5;
-  assert_true(cost_routing_hot_factor(p, 1000, 10) == 1.5);
+  assert_true(cost_routing_hot_factor(p, qm, 1000, 10) == 1.5);
+  model_free(qm);
+  model_free(dm);
   profile_free(p);
   /* the bundled H100: a TP-8 slice of Llama-3-70B's MLP and a few-token expert GEMM run
    * further from peak than the whole MLP (tiles, waves, bytes) */
@@ -467,13 +482,60 @@ static void test_moe_costs(void **state) {
    * 15 + 2 experts' mean rows */
   test_assert_near(cost_all_to_all_skew(h, m, 8), 17.0 / 16, 0, 1e-12, "a2a skew");
   assert_true(cost_all_to_all_skew(h, m, 1) == 1);
-  h->routing_imbalance = 0; /* the binomial spread: far less than 2x */
+  h->routing_imbalance = 0; /* published skew + binomial spread: less than 2x here */
   double fam1[PROFILE_FAMILY_COUNT] = {0};
   mem = 0;
   assert_true(cost_model_op(h, m, op, IR_PASS_F, 1, (uint32_t)ep, 1, bytes, fam1, &mem));
-  assert_true(fam1[PROFILE_FAMILY_GEMM] < hot);
+  /* the 8 devices' T k routes each over the 128 experts: mean 2048 routes an expert */
+  double routes = T * k * ep, mean = routes / E;
+  double hf = 1 + COST_MAXVIO_AUX_LOSS + sqrt(2 * log(E)) * sqrt(mean * (1 - 1 / E)) / mean;
+  double want1 = cost_gemm_grouped(h, m->dtype, E / ep, rows, hf * rows, 2 * f, hid).seconds +
+                 cost_gemm_grouped(h, m->dtype, E / ep, rows, hf * rows, hid, f).seconds;
+  test_assert_near(fam1[PROFILE_FAMILY_GEMM], want1, 0, 1e-12, "published skew");
+  assert_true(fam1[PROFILE_FAMILY_GEMM] <= hot);
   profile_free(h);
   model_free(m);
+}
+
+/* GPT-3-style and gpt_oss ops from shapes: a GELU MLP is one up and one down GEMM (not
+ * SwiGLU's 2f-wide gate and up); a sliding layer's attention core is s / w blocks of w queries
+ * over a w-key band, at the kernel's efficiency for w; a full layer the causal s. */
+static void test_gpt_shape_costs(void **state) {
+  (void)state;
+  GError *err = NULL;
+  struct model *g = model_load_file("models/gpt3-22b.json", 0, &err);
+  struct model *o = model_load_file("models/gpt-oss-20b.json", 0, &err);
+  assert_non_null(g);
+  assert_non_null(o);
+  struct profile *h = load_profile("profiles/h100-sxm.json");
+  const struct model_op *mlp = &g->ops[5];
+  assert_int_equal(mlp->kind, MODEL_OP_MLP);
+  double T = (double)mlp->shape[0], hid = (double)mlp->shape[1], f = (double)mlp->shape[2];
+  double fam[PROFILE_FAMILY_COUNT] = {0}, mem = 0;
+  assert_true(cost_model_op(h, g, mlp, IR_PASS_F, 1, 1, 1, 0, fam, &mem));
+  test_assert_near(fam[PROFILE_FAMILY_GEMM],
+                   cost_gemm(h, g->dtype, T, f, hid).seconds + cost_gemm(h, g->dtype, T, hid, f).seconds,
+                   0, 1e-12, "GELU MLP: up and down");
+  const struct model_op *slide = &o->ops[2], *full = NULL;
+  for (uint32_t i = 3; i < o->n_ops && !full; i++)
+    if (o->ops[i].kind == MODEL_OP_ATTENTION)
+      full = &o->ops[i];
+  double b = (double)slide->shape[0], s = (double)slide->shape[1], H = (double)slide->shape[2];
+  double kv = (double)slide->shape[3], d = (double)slide->shape[4], w = (double)slide->shape[6];
+  assert_true(w == 128 && full->shape[6] == 0);
+  double fs[PROFILE_FAMILY_COUNT] = {0}, ff[PROFILE_FAMILY_COUNT] = {0};
+  assert_true(cost_model_op(h, o, slide, IR_PASS_BI, 1, 1, 1, 0, fs, &mem));
+  assert_true(cost_model_op(h, o, full, IR_PASS_BI, 1, 1, 1, 0, ff, &mem));
+  test_assert_near(fs[PROFILE_FAMILY_ATTENTION],
+                   cost_attention_core(h, o->dtype, b * s / w, w, H, kv, d, d, false, 1, true), 0,
+                   1e-12, "sliding window: s/w blocks of w");
+  test_assert_near(ff[PROFILE_FAMILY_ATTENTION],
+                   cost_attention_core(h, o->dtype, b, s, H, kv, d, d, true, 1, true), 0, 1e-12,
+                   "full layer: causal s");
+  assert_true(fs[PROFILE_FAMILY_ATTENTION] < ff[PROFILE_FAMILY_ATTENTION] / 4);
+  profile_free(h);
+  model_free(g);
+  model_free(o);
 }
 
 /* The topology model (network.collective_model "topology"): per-level latency, NCCL's step
@@ -2285,6 +2347,7 @@ int main(void) {
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_collectives_topology),
       cmocka_unit_test(test_moe_costs),
+      cmocka_unit_test(test_gpt_shape_costs),
       cmocka_unit_test(test_engine_order_and_rendezvous),
       cmocka_unit_test(test_engine_loop_late),
       cmocka_unit_test(test_engine_host_loop),
