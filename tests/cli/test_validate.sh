@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The validation suite (validation/runs.json, tools/validate.py, docs/validation.md): the table
+# of published runs regenerates and meets the issue's targets (dense within 10%, median 5%; MoE
+# 20%, median 10%; MFU ordered by model size as published) but for the misses the file marks
+# known, each with its reason; a miss not marked, or a mark whose miss is gone, fails the
+# check; a run whose configuration does not add up is bad input (one line, exit 2).
+set -u
+BIN=${PIPER_BIN:-bin}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0
+failed=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# the whole table, regenerated and checked (a few minutes: the 530B and 1T pipelines)
+if python3 tools/validate.py --bin "$BIN" --out "$T/full" --check >"$T/full.log" 2>&1; then ok
+else bad "validate --check: $(tail -5 "$T/full.log")"; fi
+for id in $(python3 -c "import json; print(' '.join(r['id'] for r in json.load(open('validation/runs.json'))['runs']))"); do
+  grep -q "^| $id |" "$T/full/table.md" && grep -q "^$id	" "$T/full/table.tsv" && ok || bad "$id not in the table"
+done
+grep -q "^Pending" "$T/full/table.md" && ok || bad "the table lists no pending runs"
+
+# runs.json with one run: P is a python expression that edits run r (and spec d)
+one() { # ID OUT P
+  python3 - "$1" "$2" "$3" <<'EOF'
+import json, sys
+d = json.load(open("validation/runs.json"))
+d["runs"] = [r for r in d["runs"] if r["id"] == sys.argv[1]]
+d["known_misses"] = {}
+r = d["runs"][0]
+exec(sys.argv[3])
+json.dump(d, open(sys.argv[2], "w"))
+EOF
+}
+# the 22B run misses (+17%): without its mark the check fails naming it
+one megatron-gpt3-22b "$T/r1.json" 'r.pop("known_miss")'
+python3 tools/validate.py --bin "$BIN" --runs "$T/r1.json" --out "$T/o1" --check >"$T/o1.log" 2>&1
+[ $? -eq 1 ] && grep -q "^MISS: megatron-gpt3-22b: ratio 1\.[0-9]* outside 1 +- 0.1" "$T/o1.log" && ok ||
+  bad "an unmarked miss passed: $(cat "$T/o1.log")"
+# a published figure 30% higher makes a passing run miss (the check reads the figure)
+one megatron-gpt3-175b "$T/r2.json" 'r["published"]["value"] *= 1.3'
+python3 tools/validate.py --bin "$BIN" --runs "$T/r2.json" --out "$T/o2" --check >"$T/o2.log" 2>&1
+[ $? -eq 1 ] && grep -q "^MISS: megatron-gpt3-175b" "$T/o2.log" && ok || bad "a changed figure passed: $(cat "$T/o2.log")"
+# a mark on a run within target is stale
+one megatron-gpt3-175b "$T/r3.json" 'r["known_miss"] = "no longer"'
+python3 tools/validate.py --bin "$BIN" --runs "$T/r3.json" --out "$T/o3" --check >"$T/o3.log" 2>&1
+[ $? -eq 1 ] && grep -q "megatron-gpt3-175b: marked known but within target now" "$T/o3.log" && ok ||
+  bad "a stale mark passed: $(cat "$T/o3.log")"
+
+# bad input: one line naming the file and the run, exit 2
+expect_bad() { # WANT RUNS
+  python3 tools/validate.py --bin "$BIN" --runs "$2" --out "$T/ob" >"$T/ob.out" 2>"$T/ob.err"
+  local rc=$?
+  if [ $rc -ne 2 ] || [ "$(wc -l <"$T/ob.err")" -ne 1 ] || ! grep -qF -- "$1" "$T/ob.err"; then
+    bad "$2: exit $rc, $(cat "$T/ob.err")"
+  else ok; fi
+}
+one megatron-gpt3-22b "$T/b1.json" 'r["gbs"] = 8'
+expect_bad "$T/b1.json: run \"megatron-gpt3-22b\": dp x microbatches x micro_batch_size is not \"gbs\"" "$T/b1.json"
+one megatron-gpt3-22b "$T/b2.json" 'r["gpus"] = 16'
+expect_bad "run \"megatron-gpt3-22b\": tp x cp x pp x dp is not \"gpus\"" "$T/b2.json"
+one megatron-gpt3-22b "$T/b3.json" 'del r["published"]["source"]'
+expect_bad "\"published\" needs \"source\"" "$T/b3.json"
+one megatron-gpt3-22b "$T/b4.json" 'del r["profile"]'
+expect_bad "run \"megatron-gpt3-22b\": missing key \"profile\"" "$T/b4.json"
+expect_bad "no-such.json" "$T/no-such.json"
+
+echo "test_validate: $pass passed, $failed failed"
+[ $failed -eq 0 ]
