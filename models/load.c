@@ -455,6 +455,8 @@ static bool load_gpt_oss(struct model *m, const cJSON *root, const char *file, G
   return true;
 }
 
+static bool load_moe(struct model *m, const cJSON *root, const char *file, GError **err);
+
 static bool load_hf(struct model *m, const cJSON *root, const char *file, GError **err) {
   if (!load_family(m, root, file, err))
     return false;
@@ -487,7 +489,6 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
   m->tie_word_embeddings = tie;
 
   bool deepseek = m->family == MODEL_FAMILY_DEEPSEEK_V3;
-  bool mixtral = strcmp(m->model_type, "mixtral") == 0 || is_gpt_oss(m);
   if (deepseek) {
     /* MLA has no single head_dim; record the query/key head width for information. */
     m->q_lora_rank = 0;
@@ -532,7 +533,14 @@ static bool load_hf(struct model *m, const cJSON *root, const char *file, GError
     return get_int(root, NULL, "intermediate_size", true, 1, MAX_FFN, &m->intermediate_size, file,
                    err);
 
-  /* MoE and deepseek_v3 */
+  return load_moe(m, root, file, err);
+}
+
+/* The routed experts of MoE families and deepseek_v3: count, top-k, widths, shared experts,
+ * DeepSeek-V3's dense first layers, and how the router balances its load. */
+static bool load_moe(struct model *m, const cJSON *root, const char *file, GError **err) {
+  bool deepseek = m->family == MODEL_FAMILY_DEEPSEEK_V3;
+  bool mixtral = strcmp(m->model_type, "mixtral") == 0 || is_gpt_oss(m);
   if (!load_expert_count(m, root, file, err) ||
       !get_int(root, NULL, "num_experts_per_tok", true, 1, MAX_EXPERTS, &m->experts_per_tok, file,
                err) ||
