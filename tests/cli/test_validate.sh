@@ -66,5 +66,16 @@ one megatron-gpt3-22b "$T/b4.json" 'del r["profile"]'
 expect_bad "run \"megatron-gpt3-22b\": missing key \"profile\"" "$T/b4.json"
 expect_bad "no-such.json" "$T/no-such.json"
 
+# the families the runs use are costed, not trained: piper-exec refuses them in one line naming
+# the model and its model_type (exit 2)
+for m in gpt3-22b:gpt2 gpt-oss-20b:gpt_oss; do
+  "$BIN/piper-exec" --model "models/${m%%:*}.json" --layout pp=1 --iters 1 --out "$T/x" --force \
+    >/dev/null 2>"$T/x.err"
+  rc=$?
+  [ $rc -eq 2 ] && [ "$(wc -l <"$T/x.err")" -eq 1 ] &&
+    grep -q "^piper-exec: error: ${m%%:*}: model_type ${m##*:} (.*) has no host kernel" "$T/x.err" && ok ||
+    bad "piper-exec ${m%%:*}: exit $rc, $(cat "$T/x.err")"
+done
+
 echo "test_validate: $pass passed, $failed failed"
 [ $failed -eq 0 ]
