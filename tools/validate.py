@@ -19,6 +19,7 @@ import sys
 import tempfile
 
 TARGETS = {"dense": (0.10, 0.05), "moe": (0.20, 0.10)}  # per run, median: |ratio - 1|
+FLOPS = ("model", "megatron", "megatron_recompute")  # how a published FLOP rate becomes tokens
 PEAK_BF16_TFLOPS = {}  # profile path -> dense bf16 peak, read from the profile itself
 NEEDED = ("id", "family", "model", "seq_len", "micro_batch_size", "gpu", "profile", "gpus",
           "tp", "pp", "dp", "cp", "ep", "vp", "gbs", "recompute", "layout", "schedule",
@@ -53,17 +54,21 @@ def check_config(path, run):
     if pub.get("metric") not in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"):
         fail_input(f'{path}: run "{run["id"]}": "published.metric" must be tflops_per_gpu, mfu '
                    'or tokens_per_s_per_gpu')
-    if pub.get("flops", "model") not in ("model", "megatron") or not pub.get("source"):
+    if pub.get("flops", "model") not in FLOPS or not pub.get("source"):
         fail_input(f'{path}: run "{run["id"]}": "published" needs "source" and "flops" '
-                   '(model or megatron)')
+                   '(model, megatron or megatron_recompute)')
 
 
-def megatron_flops_per_token(cfg, seq):
+def megatron_flops_per_token(cfg, seq, recompute):
     """Korthikanti et al. 2022, Sec. 6.4 (model FLOPs, no recomputation): 72 B s l h^2
-    (1 + s/(6h) + V/(12 l h)) an iteration of B sequences of s tokens."""
+    (1 + s/(6h) + V/(12 l h)) an iteration of B sequences of s tokens; Narayanan et al. 2021,
+    Eq. 3, which counts full recomputation's second forward: 96 B s l h^2 (1 + s/(6h) +
+    V/(16 l h))."""
     h = cfg["n_embd"] if "n_embd" in cfg else cfg["hidden_size"]
     layers = cfg["n_layer"] if "n_layer" in cfg else cfg["num_hidden_layers"]
     vocab = cfg["vocab_size"]
+    if recompute:
+        return 96.0 * layers * h * h * (1 + seq / (6.0 * h) + vocab / (16.0 * layers * h))
     return 72.0 * layers * h * h * (1 + seq / (6.0 * h) + vocab / (12.0 * layers * h))
 
 
@@ -96,10 +101,11 @@ def row_for(binary, run, tmp):
     peak = peak_tflops(run["profile"])
     pub = run["published"]
     tokens = met["tokens_per_iteration"]
-    if pub.get("flops", "model") == "megatron":
-        flops_token = megatron_flops_per_token(cfg, run["seq_len"])
-    else:
+    kind = pub.get("flops", "model")
+    if kind == "model":
         flops_token = met["model_flops_per_iteration"] / tokens
+    else:
+        flops_token = megatron_flops_per_token(cfg, run["seq_len"], kind == "megatron_recompute")
     if pub["metric"] == "tokens_per_s_per_gpu":
         pub_tokens = pub["value"]
     else:
@@ -109,7 +115,8 @@ def row_for(binary, run, tmp):
     return {
         "run": run, "sim_tokens": sim_tokens, "pub_tokens": pub_tokens,
         "ratio": sim_tokens / pub_tokens,
-        # MFU on the publisher's FLOP count, so the two columns compare like with like
+        # utilisation on the publisher's FLOP count (for Narayanan et al. that counts the
+        # recomputed forward), so the two columns compare like with like
         "sim_mfu": sim_tokens * flops_token / (peak * 1e12),
         "pub_mfu": pub_tokens * flops_token / (peak * 1e12),
         "iteration_s": met["iteration_time_s"],

@@ -13,7 +13,7 @@ failed=0
 ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
-# the whole table, regenerated and checked (a few minutes: the 530B and 1T pipelines)
+# the whole table, regenerated and checked (5-10 minutes on a 2-core machine: the 1T pipelines)
 if python3 tools/validate.py --bin "$BIN" --out "$T/full" --check >"$T/full.log" 2>&1; then ok
 else bad "validate --check: $(tail -5 "$T/full.log")"; fi
 for id in $(python3 -c "import json; print(' '.join(r['id'] for r in json.load(open('validation/runs.json'))['runs']))"); do
