@@ -60,7 +60,7 @@ def check_config(path, run):
 
 
 def megatron_flops_per_token(cfg, seq, recompute):
-    """Korthikanti et al. 2022, Sec. 6.4 (model FLOPs, no recomputation): 72 B s l h^2
+    """Korthikanti et al. 2022 (model FLOPs, no recomputation): 72 B s l h^2
     (1 + s/(6h) + V/(12 l h)) an iteration of B sequences of s tokens; Narayanan et al. 2021,
     Eq. 3, which counts full recomputation's second forward: 96 B s l h^2 (1 + s/(6h) +
     V/(16 l h))."""
