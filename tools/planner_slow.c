@@ -160,7 +160,7 @@ bool planner_slow_write_csv(const struct planner *pl, const struct planner_slow 
 }
 
 void planner_slow_print(const struct planner *pl, const struct planner_slow *ps, FILE *f) {
-  fprintf(f, "  one GPU x%g slower (its worst pipeline rank; %u simulations in %.1f s), ranked by "
+  fprintf(f, "  one GPU x%g slower (its worst pipeline rank; %u simulations in %.2f s), ranked by "
              "the loss:\n",
           ps->factor, ps->simulations, ps->seconds);
   for (uint32_t k = 0; k < ps->n; k++) {
