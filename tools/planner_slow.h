@@ -1,11 +1,14 @@
 /* planner slow GPU: ranks the planner's best layouts by their tolerance to one slow GPU, the
- * fraction of the step it costs them (piper-plan --rank-by slow-gpu[=F]). Each of the top feasible configurations is simulated
- * again with one device's compute F times as long (a sim scenario, docs/sim.md), once per
- * pipeline rank (the slow GPU is dp rank 0's device of that rank; its replicas are alike), and
- * keeps the worst: the step a run gets when the straggler lands on its worst stage.
+ * fraction of the step it costs them (piper-plan --rank-by slow-gpu[=F]). Each of the top
+ * feasible configurations is simulated again with one device's compute F times as long (a sim
+ * scenario, docs/sim.md), once per pipeline rank (the slow GPU is dp rank 0's device of that
+ * rank; its replicas are alike), keeping the worst: the step a run gets when the straggler
+ * lands on its worst stage.
  *
- *   struct planner_slow *ps = planner_slow_run(pl, 1.3, 5, &err); // after planner_run
- *   for (uint32_t k = 0; ps && k < ps->n; k++)                    // most tolerant first
+ *   GError *err = NULL;
+ *   const struct planner *pl = NULL; // planner_new, then planner_run
+ *   struct planner_slow *ps = planner_slow_run(pl, 1.3, 5, &err);
+ *   for (uint32_t k = 0; ps && k < ps->n; k++)      // most tolerant first
  *     printf("%s +%.1f%%\n", pl->configs[ps->rows[k].config].layout, 100 * ps->rows[k].loss);
  *   planner_slow_free(ps);
  */
