@@ -160,6 +160,10 @@ bool planner_slow_write_csv(const struct planner *pl, const struct planner_slow 
 }
 
 void planner_slow_print(const struct planner *pl, const struct planner_slow *ps, FILE *f) {
+  if (ps->n == 0) {
+    fprintf(f, "  one GPU x%g slower: no feasible configuration to simulate again\n", ps->factor);
+    return;
+  }
   fprintf(f, "  one GPU x%g slower (its worst pipeline rank; %u simulations in %.2f s), ranked by "
              "the loss:\n",
           ps->factor, ps->simulations, ps->seconds);

@@ -56,6 +56,11 @@ fi
 "$PLAN" "${base[@]}" --rank-by slow-gpu --top 2 --out "$tmp/d" > "$tmp/stdout" 2>/dev/null \
   && [ "$(wc -l < "$tmp/d/slow-gpu.csv")" -eq 3 ] && grep -q ',1.3,' "$tmp/d/slow-gpu.csv" \
   && ok "slow-gpu: factor 1.3, the top 2" || fail "default factor: $(cat "$tmp/d/slow-gpu.csv" 2>/dev/null)"
+# nothing under the cap: nothing to simulate again, one line, a header-only slow-gpu.csv
+"$PLAN" "${base[@]}" --rank-by slow-gpu --memory-cap 0.000001 --out "$tmp/c" > "$tmp/stdout" 2>/dev/null \
+  && grep -q "no feasible configuration to simulate again" "$tmp/stdout" \
+  && [ "$(wc -l < "$tmp/c/slow-gpu.csv")" -eq 1 ] && ok "slow-gpu: none feasible" \
+  || fail "none feasible: $(cat "$tmp/stdout")"
 "$PLAN" "${base[@]}" --rank-by throughput --out "$tmp/t" > /dev/null 2>&1 && [ ! -e "$tmp/t/slow-gpu.csv" ] \
   && ok "--rank-by throughput: no slow-gpu.csv" || fail "--rank-by throughput"
 
