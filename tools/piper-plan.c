@@ -12,10 +12,12 @@
 #include "../report/report.h"
 #include "options.h"
 #include "planner.h"
+#include "planner_slow.h"
 #include "sweep.h"
 
 struct plan_cli {
   const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp, *tp, *recompute;
+  const char *rank_by;
   uint32_t devices, global_batch, max_interleave, threads, top;
   double memory_cap_gib;
   bool force, no_charts, quiet, no_summary;
@@ -63,6 +65,10 @@ static const struct option_spec options[] = {
      .help = "output directory (default: a new out/<YYYYmmdd_HHMMSS>[_K])"},
     {.name = "--force", .kind = OPTION_FLAG, PLAN_OPTION(force),
      .help = "overwrite another run's files in --out DIR"},
+    {.name = "--rank-by", .kind = OPTION_STRING, PLAN_OPTION(rank_by), .metavar = "WHAT",
+     .help = "throughput (default), or slow-gpu[=F]: also simulate the top K again\n"
+             "with one GPU F times slower (default 1.3) on its worst pipeline rank,\n"
+             "rank them by the step's loss (tolerance) and write slow-gpu.csv"},
     {.name = "--top", .kind = OPTION_U32, PLAN_OPTION(top), .lo = 1, .hi = 1000, .metavar = "K",
      .help = "configurations explained in the summary (default 5)"},
     {.name = "--no-charts", .kind = OPTION_FLAG, PLAN_OPTION(no_charts),
@@ -256,7 +262,7 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
 /* --sweep FILE: the hand-written list, with --profile replacing its profiles. */
 static int run_sweep_mode(const struct plan_cli *a, const char *dir) {
   if (a->model || a->devices || a->global_batch || a->micro_batch_sizes || a->schedules || a->pp ||
-      a->max_interleave || a->memory_cap_gib > 0 || a->top)
+      a->max_interleave || a->memory_cap_gib > 0 || a->top || a->rank_by)
     return piper_usage_error(program.name, "%s",
                              "--sweep takes the model, schedules and batch from its file (only "
                              "--profile, --threads, --out, --force, --no-charts, --quiet, "
@@ -267,12 +273,34 @@ static int run_sweep_mode(const struct plan_cli *a, const char *dir) {
   return sweep_main(program.name, a->sweep, dir, &o, !a->no_summary);
 }
 
+/* --rank-by slow-gpu: the top configurations again with one slow GPU (planner_slow.h). */
+static int rank_slow_gpu(const struct planner *pl, const struct plan_cli *a, const char *dir,
+                         double factor) {
+  GError *err = NULL;
+  struct planner_slow *ps = planner_slow_run(pl, factor, a->top ? a->top : 5, &err);
+  if (!ps || !planner_slow_write_csv(pl, ps, dir, &err)) {
+    planner_slow_free(ps);
+    return piper_error_exit(program.name, err);
+  }
+  if (!a->no_summary) {
+    planner_slow_print(pl, ps, stdout);
+    printf("  wrote %s/slow-gpu.csv\n", dir);
+  }
+  planner_slow_free(ps);
+  return 0;
+}
+
 static int run_plan(const struct plan_cli *a, const char *dir) {
   struct planner_request rq;
   int64_t *sizes = NULL;
   uint32_t *pps = NULL, *tps = NULL;
   gchar **recompute = NULL;
   int rc = build_request(a, &rq, &sizes, &pps, &tps, &recompute);
+  double slow_factor = 0;
+  if (rc == OPTIONS_CONTINUE && a->rank_by && !planner_slow_parse_rank_by(a->rank_by, &slow_factor))
+    rc = piper_usage_error(program.name,
+                           "--rank-by: \"%s\" is not throughput, slow-gpu or slow-gpu=F (F > 1)",
+                           a->rank_by);
   GError *err = NULL;
   struct planner *pl = rc == OPTIONS_CONTINUE ? planner_new(&rq, &err) : NULL;
   g_free(sizes);
@@ -290,6 +318,8 @@ static int run_plan(const struct plan_cli *a, const char *dir) {
   } else {
     if (!a->no_summary)
       print_summary(pl, a, dir);
+    if (slow_factor > 0)
+      rc = rank_slow_gpu(pl, a, dir, slow_factor);
     bool any = false;
     for (uint32_t i = 0; i < pl->n_configs; i++)
       any |= pl->configs[i].status != PLANNER_FAILED;

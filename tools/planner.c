@@ -63,12 +63,11 @@ static void measure(struct planner_config *c, const struct plan *plan, const str
   report_run_free_devices(&run);
 }
 
-/* Compile (shared streams ordered by the costs the profile charges, as piper-sim does) and
- * simulate without a memory timeline: only peaks are needed. */
-static void evaluate_one(struct planner_config *c, const struct planner_eval *ev) {
-  const struct profile *prof = ev->profiles[c->profile];
+/* Shared streams ordered by the costs the profile charges, as piper-sim does. */
+struct plan *planner_compile_config(const struct planner_config *c, const char *model_path,
+                                    const struct profile *prof, GError **err) {
   struct compile_options o = compile_options_default();
-  o.model_path = ev->model_path;
+  o.model_path = model_path;
   o.layout = c->layout;
   o.directives_path = c->directives;
   o.pp_regions = c->layout ? 0 : c->pp_regions;
@@ -78,8 +77,14 @@ static void evaluate_one(struct planner_config *c, const struct planner_eval *ev
   o.schedule.mbs = c->microbatches;
   o.schedule.ranks = c->ranks;
   o.cost_model = prof->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+  return compile_take_plan(&o, err);
+}
+
+/* Compile and simulate without a memory timeline: only peaks are needed. */
+static void evaluate_one(struct planner_config *c, const struct planner_eval *ev) {
+  const struct profile *prof = ev->profiles[c->profile];
   GError *e = NULL;
-  struct plan *plan = compile_take_plan(&o, &e);
+  struct plan *plan = planner_compile_config(c, ev->model_path, prof, &e);
   if (!plan) {
     fail_config(c, e, "compile failed");
     return;

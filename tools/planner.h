@@ -92,6 +92,9 @@ void planner_evaluate(struct planner_config *configs, uint32_t n, const struct p
 /* Sorts feasible first (then over the cap, then failed), by throughput, ties by order. */
 void planner_rank(struct planner_config *configs, uint32_t n);
 void planner_config_clear(struct planner_config *c);
+/* The plan of configuration c as planner_evaluate compiles it (plan_free). */
+struct plan *planner_compile_config(const struct planner_config *c, const char *model_path,
+                                    const struct profile *prof, GError **err);
 
 struct planner_request {
   const char *model_path, *profile_path;
