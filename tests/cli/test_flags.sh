@@ -61,7 +61,7 @@ done
 "$PC" --model $MOE --directives $BS/pp2_dp2_ep2.json -o "$T/plans" >/dev/null 2>&1
 "$PS" --plans "$T/plans" --mbs 4 --profile $UNIT --no-charts --out "$T/pm" >/dev/null 2>"$T/err"
 rc=$?
-[ "$rc" -eq 2 ] && grep -q "piper-sim: error: --plans takes the plans as compiled: --mbs does not apply" "$T/err" &&
+[ "$rc" -eq 2 ] && grep -q "piper-sim: error: --plans takes the plans as compiled: --num-micro-batches (--mbs) does not apply" "$T/err" &&
   ok || bad "sim --plans --mbs: exit $rc: $(cat "$T/err")"
 "$PE" --plans "$T/plans" --import-csv x.csv --no-report >/dev/null 2>"$T/err"
 rc=$?

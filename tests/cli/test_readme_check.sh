@@ -15,9 +15,8 @@ bad() { failed=$((failed + 1)); echo "FAIL: $*"; }
 RC="python3 tools/readme-check.py --quiet --root ."
 
 # --- the README's worked example, as is and with one figure altered ---------------------------
-line=$(grep -n -A1 '^<!-- readme-check -->$' README.md | grep -B1 -- '--model models/tiny-moe.json --pp-regions 4 \\$' |
-  head -n 1 | cut -d- -f1)
-fence=$(awk -v l="$line" 'NR > l && /^```sh$/ { print NR; exit }' README.md)
+fence=$(python3 tools/readme-check.py --list | grep -F 'compare: bin/piper-sim --model models/tiny-moe.json --pp-regions 4' |
+  sed -n '1s/^README.md:\([0-9]*\) .*/\1/p')
 [ -n "$fence" ] || { echo "FAIL: no worked example block in README.md"; exit 1; }
 $RC --only "$fence" >"$T/out" 2>&1 && grep -qx "readme-check: 1 passed, 0 failed" "$T/out" && ok ||
   bad "README example as is: $(cat "$T/out")"
@@ -39,8 +38,12 @@ grep -q "in 123.456 s;" "$T/README.md" && $RC --readme "$T/README.md" --only "$f
 
 # --- synthetic READMEs: tolerance, wall, run, skip, missing lines, unmarked blocks ----------------
 mk() { printf '%s\n' "$@" >"$T/R.md"; }
+mk '<!-- readme-check rtol=1e-4 -->' '```sh' 'echo "loss 1.00005 at 12 ms"' '```' '```' 'loss 1.0000 at 12 ms' '```'
+$RC --readme "$T/R.md" >"$T/out" 2>&1 && ok || bad "within rtol: $(cat "$T/out")"
 mk '<!-- readme-check rtol=1e-4 -->' '```sh' 'echo "loss 1.00005 at 12 ms"' '```' '```' 'loss 1.0000 at 99 ms' '```'
-$RC --readme "$T/R.md" >"$T/out" 2>&1 && ok || bad "within rtol, ms compared without wall: $(cat "$T/out")"
+$RC --readme "$T/R.md" >"$T/out" 2>&1
+[ $? -eq 1 ] && grep -qx "$T/R.md:6: 99 in the README, 12 now (loss 1.0000, rtol 0.0001)" "$T/out" && ok ||
+  bad "ms compared without wall: $(cat "$T/out")"
 mk '<!-- readme-check rtol=1e-4 wall -->' '```sh' 'echo "loss 1.00005 at 12 ms"' '```' '```' 'loss 1.0000 at 99 ms' '```'
 $RC --readme "$T/R.md" >"$T/out" 2>&1 && ok || bad "within rtol, ms under wall: $(cat "$T/out")"
 mk '<!-- readme-check rtol=1e-6 wall -->' '```sh' 'echo "loss 1.00005 at 12 ms"' '```' '```' 'loss 1.0000 at 99 ms' '```'
@@ -49,7 +52,7 @@ $RC --readme "$T/R.md" >"$T/out" 2>&1
   bad "outside rtol: $(cat "$T/out")"
 mk '<!-- readme-check -->' '```sh' 'echo "peak 3 GiB"; echo "x 2 threads"' '```' '```' '...' 'x 16 threads' 'peak 3 GiB' '```'
 $RC --readme "$T/R.md" >"$T/out" 2>&1
-[ $? -eq 1 ] && grep -q "^$T/R.md:9: no output line like this one now: peak 3 GiB" "$T/out" && ok ||
+[ $? -eq 1 ] && grep -q "^$T/R.md:8: no output line like this one now: peak 3 GiB" "$T/out" && ok ||
   bad "lines out of order: $(cat "$T/out")"
 mk '<!-- readme-check -->' '```sh' 'echo "the iteration 3 ms"' '```' '```' 'iteration 3 ms' '```'
 $RC --readme "$T/R.md" >"$T/out" 2>&1
