@@ -5,7 +5,8 @@
 # --micro-batch-size (one size or a list) and --seq-length in piper-plan. The model file keeps the
 # defaults; the flags really change the plan (sequence length and micro-batch size change
 # activation memory and costs); the micro-batch count is global / (micro-batch size x dp);
-# inconsistent combinations are refused in one line with exit 2.
+# inconsistent combinations are refused in one line with exit 2. And -o/--out and --quiet mean
+# the same in every tool (piper-compare's: the comparison's files; the summary stays).
 set -u
 BIN=${PIPER_BIN:-bin}
 PC="$BIN/piper-compile"
@@ -133,5 +134,23 @@ PL=(--model $DENSE --devices 4 --profile $H100 --global-batch-size 16 --quiet --
   -o "$T/plg" >/dev/null 2>"$T/err" && cmp -s <(cut -d, -f1-4 "$T/pl32/plan.csv") <(cut -d, -f1-4 "$T/plg/plan.csv") &&
   ok || bad "plan --global-batch differs from --global-batch-size: $(cat "$T/err")"
 
-echo "test_megatron_flags.sh: $pass passed, $failed failed"
+# --- piper-compare: -o DIR writes compare.json and compare.png; --quiet keeps the summary -----
+"$PS" "${SIM[@]}" --mbs 4 --profile profiles/a100-80g.json -o "$T/a100" >/dev/null 2>"$T/err"
+"$BIN/piper-compare" "$T/d" "$T/a100" -o "$T/cmp" >"$T/c.out" 2>"$T/err" &&
+  [ -s "$T/cmp/compare.json" ] && [ -s "$T/cmp/compare.png" ] && grep -q "^per device" "$T/c.out" && ok ||
+  bad "compare -o: $(cat "$T/err")"
+"$BIN/piper-compare" "$T/d" "$T/a100" --quiet >"$T/q.out" 2>"$T/err" && grep -q "^  iteration time (ms) " "$T/q.out" &&
+  ! grep -q "^per device\|^mean duration\|^per node" "$T/q.out" && [ ! -s "$T/err" ] && ok ||
+  bad "compare --quiet: $(cat "$T/q.out" "$T/err")"
+"$BIN/piper-compare" "$T/d" "$T/a100" -o /proc/nonexistent/x >/dev/null 2>"$T/err"
+[ $? -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "^piper-compare: error: /proc/nonexistent/x" "$T/err" && ok ||
+  bad "compare -o unwritable: $(cat "$T/err")"
+for prog in compile sim exec plan compare layout prof; do
+  "$BIN/piper-$prog" --help | grep -q -- "-o, --out" && ok || bad "piper-$prog --help: no -o, --out"
+done
+for prog in sim exec plan compare prof; do
+  "$BIN/piper-$prog" --help | grep -q -- "--quiet" && ok || bad "piper-$prog --help: no --quiet"
+done
+
+echo "test_vocabulary.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
