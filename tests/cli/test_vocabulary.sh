@@ -134,6 +134,17 @@ PL=(--model $DENSE --devices 4 --profile $H100 --global-batch-size 16 --quiet --
   -o "$T/plg" >/dev/null 2>"$T/err" && cmp -s <(cut -d, -f1-4 "$T/pl32/plan.csv") <(cut -d, -f1-4 "$T/plg/plan.csv") &&
   ok || bad "plan --global-batch differs from --global-batch-size: $(cat "$T/err")"
 
+# --- the batch's columns are named alike: plan.csv, sweep.csv and results.csv say
+# num_microbatches (as metrics.json does), plan.csv and metrics.json micro_batch_size ------------
+echo '{"model": "models/tiny-dense.json", "base_schedules": [{"layout": "pp=2"}], "schedules": ["1f1b"],
+ "microbatches": [4], "profiles": ["profiles/unit.json"]}' >"$T/sw.json"
+"$PS" --sweep "$T/sw.json" --no-charts --quiet -o "$T/sw" >/dev/null 2>"$T/err"
+for f in "$T/pl32/plan.csv" "$T/sw/sweep.csv" "$T/d/results.csv"; do
+  head -n 1 "$f" | tr , '\n' | grep -qx num_microbatches && ok || bad "$f: no num_microbatches column: $(head -n 1 "$f")"
+done
+head -n 1 "$T/pl32/plan.csv" | tr , '\n' | grep -qx micro_batch_size && grep -q '"micro_batch_size"' "$T/d/metrics.json" &&
+  grep -q '"num_microbatches"' "$T/d/metrics.json" && ok || bad "micro_batch_size: plan.csv / metrics.json"
+
 # --- piper-compare: -o DIR writes compare.json and compare.png; --quiet keeps the summary -----
 "$PS" "${SIM[@]}" --mbs 4 --profile profiles/a100-80g.json -o "$T/a100" >/dev/null 2>"$T/err"
 "$BIN/piper-compare" "$T/d" "$T/a100" -o "$T/cmp" >"$T/c.out" 2>"$T/err" &&
