@@ -228,10 +228,10 @@ unit: $(UNIT_BINS) $(TOOLS)
 cli: $(TOOLS)
 	@fail=0; for t in $(wildcard tests/cli/*.sh); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
 
-# The CLI scripts split by time (measured per script, README "Development"): those below run
-# processes for real (mpirun equivalence suites, faults, checkpoints, the profiler, the emulated
-# GPU) or edit every field of a plan, and run in `make test-long`; every other script, a new one
-# included, is a fast check and runs in `make test`. Together they are `make cli`: none is
+# The CLI scripts split by time: those below run processes for real (mpirun equivalence suites,
+# faults, checkpoints, the profiler, the emulated GPU: 20 s to several minutes each on 2 cores)
+# or edit every field of a plan, and run in `make test-long`; every other script, a new one
+# included, is a fast check (each under 15 s of CPU) and runs in `make test`. Together they are `make cli`: none is
 # dropped from CI.
 CLI_LONG := battery cuda cuda_emu exec faults hf memory plan_fields plan_model prof recompute \
   reshard runs stragglers tied tp train
