@@ -231,7 +231,7 @@ cli: $(TOOLS)
 # The CLI scripts split by time: those below run processes for real (mpirun equivalence suites,
 # faults, checkpoints, the profiler, the emulated GPU: 20 s to several minutes each on 2 cores)
 # or edit every field of a plan, and run in `make test-long`; every other script, a new one
-# included, is a fast check (each under 15 s of CPU) and runs in `make test`. Together they are `make cli`: none is
+# included, is a fast check (each under 10 s of CPU) and runs in `make test`. Together they are `make cli`: none is
 # dropped from CI.
 CLI_LONG := battery cuda cuda_emu exec faults hf memory plan_fields plan_model prof recompute \
   reshard runs stragglers tied tp train
