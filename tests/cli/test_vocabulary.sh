@@ -163,5 +163,13 @@ for prog in sim exec plan compare prof; do
   "$BIN/piper-$prog" --help | grep -q -- "--quiet" && ok || bad "piper-$prog --help: no --quiet"
 done
 
+# --- piper-prof, whose runs are long (make test-long's test_prof.sh): its bad input in one line,
+# exit 2, before anything is measured -----------------------------------------------------------
+"$BIN/piper-prof" --model models/nope.json -o "$T/p.json" >/dev/null 2>"$T/err"
+refused $? "$T/err" "^piper-prof: error: models/nope.json: cannot open" && ok || bad "prof missing model: $(cat "$T/err")"
+"$BIN/piper-prof" --model $DENSE >/dev/null 2>"$T/err"
+refused $? "$T/err" "^piper-prof: error: -o PROFILE is required" && ok || bad "prof without -o: $(cat "$T/err")"
+[ ! -e "$T/p.json" ] && ok || bad "prof wrote a profile after bad input"
+
 echo "test_vocabulary.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]
