@@ -115,6 +115,15 @@ refused $? "$T/err" "^piper-sim: error: --plans takes the plans as compiled: --s
 "$PE" --plans "$T/p_mbs" --global-batch-size 16 >/dev/null 2>"$T/err"
 refused $? "$T/err" "^piper-exec: error: .*--global-batch-size" && ok || bad "exec --plans --global-batch-size: $(cat "$T/err")"
 
+# --sweep takes the batch from its file: the flags are refused, not ignored
+echo '{"model": "models/tiny-dense.json", "base_schedules": [{"layout": "pp=2"}], "schedules": ["1f1b"],
+ "microbatches": [4], "profiles": ["profiles/unit.json"]}' >"$T/sw0.json"
+"$PS" --sweep "$T/sw0.json" --seq-length 64 --no-charts -o "$T/x" --force >/dev/null 2>"$T/err"
+refused $? "$T/err" "^piper-sim: error: --sweep takes the model, schedules and micro-batches from its file: --seq-length does not apply" &&
+  ok || bad "sim --sweep --seq-length: $(cat "$T/err")"
+"$PP" --sweep "$T/sw0.json" --seq-length 64 --no-charts -o "$T/x" --force >/dev/null 2>"$T/err"
+refused $? "$T/err" "^piper-plan: error: --sweep takes the model" && ok || bad "plan --sweep --seq-length: $(cat "$T/err")"
+
 # --- piper-exec trains what the flags say: tokens per step and metrics follow them ------------
 echo '[{"op": "place", "filter": {}, "devices": [0]}]' >"$T/one.json"
 "$PE" --model $DENSE --directives "$T/one.json" --global-batch-size 6 --micro-batch-size 3 --seq-length 16 \
