@@ -26,6 +26,7 @@ refusal of root itself, as a user copying one command gets it.
 
 Prints one line per stale figure ("README.md:LINE: ..."), then "readme-check: N passed, N failed"
 (blocks). Exit 0 when every run block passed, 1 otherwise, 2 on a usage error.
+--list prints the blocks without running them and fails on a block without a marker.
 usage: tools/readme-check.py [--readme FILE] [--root DIR] [--only LINE[,LINE...]] [--list]
                               [--keep DIR] [--timeout S] [--quiet]
 """
@@ -202,12 +203,14 @@ def main():
     except ValueError:
         print("readme-check: error: --only takes line numbers, not '%s'" % a.only, file=sys.stderr)
         return 2
-    if a.list:
+    if a.list:  # and the blocks without a marker: a README edit is checked without running
+        for e in errors:
+            print(e)
         for b in blocks:
             kind = "skip (%s)" % b.options["skip"] if b.options["skip"] else \
                 "run" if b.options["run"] or b.expected is None else "compare"
             print("%s:%d %s: %s" % (a.readme, b.line, kind, b.command.split("\n")[0][:70]))
-        return 0
+        return 1 if errors else 0
     passed, failed = 0, len(errors)
     for e in errors:
         print(e)

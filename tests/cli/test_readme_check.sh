@@ -67,6 +67,11 @@ mk 'text' '```sh' 'true' '```'
 $RC --readme "$T/R.md" >"$T/out" 2>&1
 [ $? -eq 1 ] && grep -q "^$T/R.md:2: a command block without a <!-- readme-check" "$T/out" && ok ||
   bad "unmarked block: $(cat "$T/out")"
+python3 tools/readme-check.py --list --readme "$T/R.md" >"$T/out" 2>&1
+[ $? -eq 1 ] && grep -q "^$T/R.md:2: a command block without" "$T/out" && ok || bad "--list on an unmarked block: $(cat "$T/out")"
+# every block of the README itself is marked (what a merged recipe forgets; the full run is in
+# make test-long)
+python3 tools/readme-check.py --list >"$T/out" 2>&1 && ok || bad "README blocks: $(cat "$T/out")"
 mk '<!-- readme-check fast -->' '```sh' 'true' '```'
 $RC --readme "$T/R.md" >"$T/out" 2>&1
 [ $? -eq 1 ] && grep -q "unknown readme-check option 'fast'" "$T/out" && ok || bad "bad option: $(cat "$T/out")"
