@@ -1,5 +1,6 @@
-# Piper in C. `make` builds bin/, `make test` runs every test, `make asan` runs them under
-# ASan+UBSan, `make bench` builds the benchmarks, `make install PREFIX=...` installs.
+# Piper in C. `make` builds bin/, `make test` runs the fast tests (lint, unit, the fast CLI
+# checks of every program), `make test-long` the rest (CI runs both), `make asan` runs the unit
+# and CLI tests under ASan+UBSan, `make bench` builds the benchmarks, `make install PREFIX=...` installs.
 # Optional parts are detected and reported one line each; NO_MPI=1, NO_BLAS=1, NO_CUDA=1 opt
 # out. CI=true never probes a GPU.
 
@@ -124,8 +125,8 @@ ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
-.PHONY: all test unit cli fuzz asan asan-unit bench install clean deps print-cflags print-libs example lint \
-  loop loop-short emu validate
+.PHONY: all test test-long unit cli cli-fast cli-long fuzz asan asan-unit bench install clean deps \
+  print-cflags print-libs example lint loop loop-short emu readme-check validate
 # the emulation's own check of the fused attention (tests/gpu/emu/flash_emu.cpp)
 EMU_CHECK_BINS := $(if $(CUDA_EMU),$(BUILD)/gpu/flash_emu)
 all: $(TOOLS) $(GPU_CHECK_BINS) $(EMU_CHECK_BINS)
@@ -227,6 +228,26 @@ unit: $(UNIT_BINS) $(TOOLS)
 cli: $(TOOLS)
 	@fail=0; for t in $(wildcard tests/cli/*.sh); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
 
+# The CLI scripts split by time: those below run processes for real (mpirun equivalence suites,
+# faults, checkpoints, the profiler, the emulated GPU: 20 s to several minutes each on 2 cores)
+# or edit every field of a plan, and run in `make test-long`; every other script, a new one
+# included, is a fast check (each under 10 s of CPU) and runs in `make test`. Together they are `make cli`: none is
+# dropped from CI.
+CLI_LONG := battery cuda cuda_emu exec faults hf memory plan_fields plan_model prof recompute \
+  reshard runs stragglers tied tp train
+CLI_LONG_SCRIPTS := $(CLI_LONG:%=tests/cli/test_%.sh)
+CLI_FAST_SCRIPTS := $(filter-out $(CLI_LONG_SCRIPTS),$(wildcard tests/cli/*.sh))
+cli-fast: $(TOOLS)
+	@fail=0; for t in $(CLI_FAST_SCRIPTS); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
+cli-long: $(TOOLS)
+	@fail=0; for t in $(CLI_LONG_SCRIPTS); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
+
+# The README check (tools/readme-check.py): every command block of README.md run as written in
+# a scratch folder, its figures compared with the README's (exact for the simulator and the
+# planner, rtol for the executor's losses, wall times not compared); one line per stale figure.
+readme-check: $(TOOLS)
+	@echo "== readme-check"; python3 tools/readme-check.py --quiet --root . --readme README.md
+
 # libFuzzer targets over the parsers, each for a short bounded time from its seed corpus. A
 # UBSan report counts as a crash (halt_on_error), as an ASan one does.
 FUZZ_CC ?= clang
@@ -252,15 +273,27 @@ fuzz: $(FUZZ_BINS)
 	done; exit $$fail
 
 # Every suite runs (a failure does not stop the others); the log is kept in $(BUILD)/test.log
-# and its last line is the totals (tools/test-totals.sh): "tests: N passed, N failed".
+# (test-long: $(BUILD)/test-long.log) and its last line is the totals (tools/test-totals.sh):
+# "tests: N passed, N failed", a sanitizer report or a lint finding counted as a failure.
+# `make test` is the fast core (lint, unit tests, the fast CLI checks of every program: under 5
+# minutes on 2 quiet cores); `make test-long` the rest: the long CLI suites (executor
+# equivalence, faults, checkpoints, profiler, emulated GPU), the short fidelity loop, the unit
+# tests under the sanitizers, the fuzz targets and the README check. CI runs both (.ci/run).
 test: deps
 	@mkdir -p $(BUILD)
 	@( rc=0; \
-	  $(MAKE) --no-print-directory -k lint unit cli loop-short || rc=1; \
-	  $(MAKE) --no-print-directory asan-unit || rc=1; \
-	  $(MAKE) --no-print-directory fuzz || rc=1; \
+	  $(MAKE) --no-print-directory -k lint unit cli-fast || rc=1; \
 	  echo $$rc > $(BUILD)/test.rc ) 2>&1 | tee $(BUILD)/test.log
 	@tools/test-totals.sh $(BUILD)/test.log; exit $$(cat $(BUILD)/test.rc)
+
+test-long: deps
+	@mkdir -p $(BUILD)
+	@( rc=0; \
+	  $(MAKE) --no-print-directory -k cli-long loop-short readme-check || rc=1; \
+	  $(MAKE) --no-print-directory asan-unit || rc=1; \
+	  $(MAKE) --no-print-directory fuzz || rc=1; \
+	  echo $$rc > $(BUILD)/test-long.rc ) 2>&1 | tee $(BUILD)/test-long.log
+	@tools/test-totals.sh $(BUILD)/test-long.log; exit $$(cat $(BUILD)/test-long.rc)
 
 # Every UBSan report fails its test (halt_on_error: the process exits 1 after the report);
 # leaks of third-party caches are suppressed (tests/sanitizers/lsan.supp).

@@ -27,6 +27,9 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
   o->schedule.keep_order = a->keep_order;
   o->schedule.microbatch_group = a->microbatch_group;
   o->import_csv = a->import_csv;
+  o->micro_batch_size = a->micro_batch_size;
+  o->seq_len = a->seq_length;
+  o->global_batch_size = a->global_batch_size;
   if (a->schedule && !sched_family_parse(a->schedule, &o->schedule.family))
     return piper_input_error(err,
                      "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, "
@@ -84,20 +87,27 @@ static bool import_csv(struct dir_program *p, uint32_t n_stages, const char *pat
   return ok;
 }
 
-/* The model file with its "piper" object's micro_batch_size replaced (mbs > 0) and its PP
- * split replaced by pp_layers[n_layers] (n_layers > 0). */
-static struct model *load_model_with(const char *path, int pp_regions, int64_t mbs,
+/* Sets key of the model's "piper" object to value (the command line's training fields). */
+static void replace_training_field(cJSON *piper, const char *key, int64_t value) {
+  cJSON_DeleteItemFromObjectCaseSensitive(piper, key);
+  cJSON_AddNumberToObject(piper, key, (double)value);
+}
+
+/* The model file with its "piper" object's micro_batch_size and seq_len replaced by o's (where
+ * > 0: the file keeps the defaults) and its PP split replaced by pp_layers[n_layers]
+ * (n_layers > 0). The loader checks the values as it checks the file's. */
+static struct model *load_model_with(const struct compile_options *o, int pp_regions,
                                      const int32_t *pp_layers, uint32_t n_layers, GError **err) {
-  cJSON *root = json_parse_file_strict(path, err);
+  cJSON *root = json_parse_file_strict(o->model_path, err);
   if (!root)
     return NULL;
   cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
-  if (!cJSON_IsObject(piper) && (mbs > 0 || n_layers > 0))
+  if (!cJSON_IsObject(piper) && (o->micro_batch_size > 0 || o->seq_len > 0 || n_layers > 0))
     piper = cJSON_AddObjectToObject(root, "piper");
-  if (mbs > 0) {
-    cJSON_DeleteItemFromObjectCaseSensitive(piper, "micro_batch_size");
-    cJSON_AddNumberToObject(piper, "micro_batch_size", (double)mbs);
-  }
+  if (o->micro_batch_size > 0)
+    replace_training_field(piper, "micro_batch_size", o->micro_batch_size);
+  if (o->seq_len > 0)
+    replace_training_field(piper, "seq_len", o->seq_len);
   if (n_layers > 0) {
     cJSON_DeleteItemFromObjectCaseSensitive(piper, "pp_regions");
     cJSON_DeleteItemFromObjectCaseSensitive(piper, "pp_layers");
@@ -106,7 +116,7 @@ static struct model *load_model_with(const char *path, int pp_regions, int64_t m
       cJSON_AddItemToArray(a, cJSON_CreateNumber(pp_layers[s]));
     pp_regions = 0;
   }
-  struct model *m = model_load_json(path, root, pp_regions, err);
+  struct model *m = model_load_json(o->model_path, root, pp_regions, err);
   cJSON_Delete(root);
   return m;
 }
@@ -115,7 +125,7 @@ static struct model *load_model_with(const char *path, int pp_regions, int64_t m
  * counts need the model's layer count, so the model is read again with them). */
 static struct model *load_model_for_layout(const struct compile_options *o, const struct layout *l,
                                            int pp_regions, GError **err) {
-  struct model *m = load_model_with(o->model_path, pp_regions, o->micro_batch_size, NULL, 0, err);
+  struct model *m = load_model_with(o, pp_regions, NULL, 0, err);
   if (!m || !l)
     return m;
   uint32_t stages = layout_stages(l);
@@ -141,7 +151,7 @@ static struct model *load_model_for_layout(const struct compile_options *o, cons
   g_autofree int32_t *layers = g_new(int32_t, stages);
   bool ok = layout_stage_layers(l, o->layout, m->num_layers, layers, err);
   model_free(m);
-  return ok ? load_model_with(o->model_path, 0, o->micro_batch_size, layers, stages, err) : NULL;
+  return ok ? load_model_with(o, 0, layers, stages, err) : NULL;
 }
 
 /* The model, split into the layout's stages when the program comes from --layout, and the
@@ -267,6 +277,46 @@ static bool chunk_model(struct compile_result *r, GError **err) {
   return true;
 }
 
+/* The program's data-parallel degree: the most devices one place directive names, over the
+ * tensor-parallel degree (a replica is tp devices, tensor parallel innermost). */
+static uint32_t program_data_parallel(const struct dir_program *p) {
+  uint32_t devices = 1, tp = 1;
+  for (uint32_t i = 0; i < p->n; i++) {
+    if (p->d[i].op == DIR_PLACE && p->d[i].n_devices > devices)
+      devices = p->d[i].n_devices;
+    if (p->d[i].op == DIR_TENSOR_PARALLEL && p->d[i].tp_degree > tp)
+      tp = p->d[i].tp_degree;
+  }
+  return devices / tp ? devices / tp : 1;
+}
+
+/* --global-batch-size as Megatron reads it: global = micro-batches x micro-batch size x dp, so
+ * the micro-batch count is global / (micro-batch size x dp), into sched->mbs. Refused where that
+ * is not whole, or where --num-micro-batches gives another count. */
+static bool derive_microbatches(const struct compile_options *o, const struct compile_result *r,
+                                struct sched_options *sched, GError **err) {
+  uint64_t micro = (uint64_t)r->model->micro_batch_size, dp = program_data_parallel(r->program);
+  uint64_t per_microbatch = micro * dp, global = o->global_batch_size;
+  if (global % per_microbatch != 0 || global / per_microbatch > DIR_MAX_MICROBATCHES)
+    return piper_input_error(err,
+                             "--global-batch-size %llu: not a whole number of micro-batches of "
+                             "%llu sequences (micro-batch size %llu x data-parallel %llu), at "
+                             "most %u of them",
+                             (unsigned long long)global, (unsigned long long)per_microbatch,
+                             (unsigned long long)micro, (unsigned long long)dp,
+                             (unsigned)DIR_MAX_MICROBATCHES);
+  uint32_t m = (uint32_t)(global / per_microbatch);
+  if (sched->mbs > 0 && sched->mbs != m)
+    return piper_input_error(err,
+                             "--num-micro-batches %u disagrees with --global-batch-size %llu = %u "
+                             "micro-batches x micro-batch size %llu x data-parallel %llu: give "
+                             "one of them",
+                             sched->mbs, (unsigned long long)global, m, (unsigned long long)micro,
+                             (unsigned long long)dp);
+  sched->mbs = m;
+  return true;
+}
+
 bool compile_run(const struct compile_options *o, struct compile_result *r, GError **err) {
   memset(r, 0, sizeof *r);
   if (!o->model_path)
@@ -280,8 +330,11 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
   for (uint32_t k = 0; k < r->program->n && o->default_streams; k++)
     if (r->program->d[k].op == DIR_PLACE || r->program->d[k].op == DIR_SHARD)
       r->program->d[k].stream[0] = '\0';
-  if (o->have_schedule || o->schedule.mbs > 0) {
-    if (!sched_prepare_program(r->program, (uint32_t)r->model->pp_regions, &o->schedule, err))
+  struct sched_options sched = o->schedule;
+  if (o->global_batch_size > 0 && !derive_microbatches(o, r, &sched, err))
+    goto fail;
+  if (o->have_schedule || sched.mbs > 0) {
+    if (!sched_prepare_program(r->program, (uint32_t)r->model->pp_regions, &sched, err))
       goto fail;
   }
   if (o->import_csv &&

@@ -32,7 +32,12 @@ struct compile_options {
   const char *directives_path;
   const char *layout; /* instead of directives_path: "pp=4,dp=2,ep=2,v" (directives/layout.h) */
   int pp_regions;     /* > 0 overrides the model's PP split; a layout sets it to its stages */
-  int64_t micro_batch_size; /* > 0 replaces the model file's micro_batch_size (the planner) */
+  int64_t micro_batch_size; /* > 0 replaces the model file's micro_batch_size (--micro-batch-size) */
+  int64_t seq_len;          /* > 0 replaces the model file's seq_len (--seq-length) */
+  /* > 0: sequences per step over the data-parallel replicas (--global-batch-size); the
+   * micro-batch count is global / (micro_batch_size x dp), refused where that is not whole or
+   * where schedule.mbs (--num-micro-batches) says otherwise */
+  uint64_t global_batch_size;
   bool have_schedule; /* --schedule given */
   struct sched_options schedule;
   uint32_t n_devices;     /* > 0: the run's world size; device ids must be below it */
@@ -55,13 +60,17 @@ struct compile_result {
 };
 
 /* The front-end options piper-compile, piper-sim and piper-exec share, as given on the command
- * line: --model, --directives (alias --base-schedule), --schedule, --ranks, --mbs,
+ * line: --model, --directives (alias --base-schedule), --schedule, --ranks,
+ * --num-micro-batches (alias --mbs), --micro-batch-size, --seq-length, --global-batch-size,
  * --keep-order, --pp-regions, --import-csv. They mean the same in every program: --mbs alone
  * sets the program's MB split, --ranks alone is checked against the placement. The programs
  * read them by one option table (tools/options.h). */
 struct compile_args {
   const char *model, *directives, *layout, *schedule, *import_csv;
   uint32_t ranks, mbs, pp_regions, microbatch_group;
+  /* Megatron's names: --micro-batch-size, --seq-length, --global-batch-size (0: the model's;
+   * mbs above is --num-micro-batches, alias --mbs) */
+  uint32_t micro_batch_size, seq_length, global_batch_size;
   bool keep_order;
 };
 /* Compile options from the arguments; fails naming an unknown --schedule. */

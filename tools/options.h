@@ -107,10 +107,22 @@ void options_print_version(const struct option_program *p);
    .hi = IR_MAX_DEVICES, .metavar = "R",                                                         \
    .help = "pipeline ranks the schedule expects (default: from the placement;\n"                 \
            "checked against it)"},                                                               \
-  {.name = "--mbs", .kind = OPTION_U32, .offset = offsetof(T, m.mbs), .lo = 1,                   \
-   .hi = DIR_MAX_MICROBATCHES, .metavar = "M",                                                   \
-   .help = "micro-batches per step on each data-parallel rank: sets the program's\n"             \
-           "MB split (default: the program's)"},                                                 \
+  {.name = "--num-micro-batches", .alias = "--mbs", .kind = OPTION_U32,                          \
+   .offset = offsetof(T, m.mbs), .lo = 1, .hi = DIR_MAX_MICROBATCHES, .metavar = "M",            \
+   .help = "micro-batches per step on each data-parallel replica: sets the\n"                   \
+           "program's MB split (default: the program's, or from\n"                             \
+           "--global-batch-size; --mbs is its old name, kept)"},                                 \
+  {.name = "--micro-batch-size", .kind = OPTION_U32, .offset = offsetof(T, m.micro_batch_size),  \
+   .lo = 1, .hi = 1u << 20, .metavar = "B",                                                      \
+   .help = "sequences in one micro-batch (default: the model file's\n"                          \
+           "piper.micro_batch_size)"},                                                           \
+  {.name = "--seq-length", .alias = "--seq-len", .kind = OPTION_U32,                             \
+   .offset = offsetof(T, m.seq_length), .lo = 1, .hi = 1u << 24, .metavar = "S",                 \
+   .help = "tokens in one sequence (default: the model file's piper.seq_len)"},                \
+  {.name = "--global-batch-size", .kind = OPTION_U32, .offset = offsetof(T, m.global_batch_size), \
+   .lo = 1, .hi = 1u << 30, .metavar = "G",                                                      \
+   .help = "sequences per step over all data-parallel replicas: the micro-batch\n"             \
+           "count is G / (micro-batch size x dp), as in Megatron"},                            \
   {.name = "--microbatch-group", .kind = OPTION_U32, .offset = offsetof(T, m.microbatch_group),  \
    .lo = 1, .hi = DIR_MAX_MICROBATCHES, .metavar = "G",                                         \
    .help = "interleaved_1f1b: micro-batches going through the chunks together,\n"               \

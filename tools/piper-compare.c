@@ -21,7 +21,9 @@ struct compare_cli {
   uint32_t n_dirs;
   const char *json_path;
   const char *chart_path; /* NULL: compare.png beside --json, else none */
+  const char *out_dir;    /* -o DIR: DIR/compare.json and DIR/compare.png (unless --json/--chart) */
   double tolerance;       /* NAN: no verdict */
+  bool quiet;             /* the summary and the verdict only */
 };
 
 static bool take_run_dir(void *args, const char *arg, GError **err) {
@@ -45,6 +47,12 @@ static const struct option_spec options[] = {
     {.name = "--chart", .kind = OPTION_STRING, .offset = offsetof(struct compare_cli, chart_path),
      .metavar = "FILE", .help = "draw the timelines of A and B, one above the other, into\n"
                                 "FILE (PNG)"},
+    {.name = "--out", .alias = "-o", .kind = OPTION_STRING, .offset = offsetof(struct compare_cli, out_dir),
+     .metavar = "DIR", .help = "write DIR/compare.json and DIR/compare.png (--json and\n"
+                               "--chart name other files)"},
+    {.name = "--quiet", .kind = OPTION_FLAG, .offset = offsetof(struct compare_cli, quiet),
+     .help = "no per-device and per-instruction detail (the summary and the\n"
+             "verdict stay, as in every tool)"},
     OPTIONS_HELP_VERSION,
     OPTIONS_END,
 };
@@ -53,7 +61,7 @@ static const struct option_spec options[] = {
 static const struct option_program program = {
     .name = "piper-compare",
     .usage =
-        "usage: piper-compare A_DIR B_DIR [--tolerance X] [--json FILE] [--chart FILE]\n"
+        "usage: piper-compare A_DIR B_DIR [--tolerance X] [-o DIR] [--json FILE] [--chart FILE]\n"
         "\n"
         "Puts two run directories of the same plan side by side (written by piper-sim or\n"
         "piper-exec; either may be either) and says which is simulated and which measured.\n"
@@ -176,23 +184,27 @@ static cJSON *json_pair(double a, double b) {
   return o;
 }
 
+/* Where the rows go: stdout, or /dev/null for the per-device and per-instruction detail under
+ * --quiet (the summary rows and the verdict are printed always). Set by compare(). */
+static FILE *text_out;
+
 static void print_value(double v) {
   if (isfinite(v))
-    printf(" %14.6g", v);
+    fprintf(text_out, " %14.6g", v);
   else
-    printf(" %14s", "-");
+    fprintf(text_out, " %14s", "-");
 }
 
 /* scale converts the stored unit (seconds, bytes, fraction) into the printed one */
 static void print_row(int indent, const char *label, double a, double b, double scale) {
-  printf("%*s%-*s", indent, "", 36 - indent, label);
+  fprintf(text_out, "%*s%-*s", indent, "", 36 - indent, label);
   print_value(a * scale);
   print_value(b * scale);
   double r = ratio(a, b);
   if (isfinite(r))
-    printf(" %10.4g\n", r);
+    fprintf(text_out, " %10.4g\n", r);
   else
-    printf(" %10s\n", "-");
+    fprintf(text_out, " %10s\n", "-");
 }
 
 static void add_row(cJSON *obj, const char *key, double a, double b) {
@@ -298,7 +310,7 @@ static void print_header(const struct report_dir *A, const struct report_dir *B)
 static void compare_global(const struct report_dir *A, const struct report_dir *B,
                            struct memory_unit mem, cJSON *out) {
   char label[96];
-  printf("\n%-36s %14s %14s %10s\n", "", "A", "B", "B/A");
+  fprintf(text_out, "\n%-36s %14s %14s %10s\n", "", "A", "B", "B/A");
   cJSON *g = cJSON_AddObjectToObject(out, "global");
   print_row(2, "iteration time (ms)", A->iteration_time_s, B->iteration_time_s, 1e3);
   add_row(g, "iteration_time_s", A->iteration_time_s, B->iteration_time_s);
@@ -344,7 +356,7 @@ static cJSON *json_device(uint32_t i, const struct report_device *a,
 static void print_device(uint32_t i, const struct report_device *a, const struct report_device *b,
                          struct memory_unit mem) {
   char label[96];
-  printf("  device %u (pp %d, dp %d)\n", i, a->pp_rank, a->dp_rank);
+  fprintf(text_out, "  device %u (pp %d, dp %d)\n", i, a->pp_rank, a->dp_rank);
   print_row(4, "busy (ms)", a->compute_s, b->compute_s, 1e3);
   print_row(4, "communication (ms)", a->comm_s, b->comm_s, 1e3);
   print_row(4, "bubble (%)", a->bubble_fraction, b->bubble_fraction, 100);
@@ -362,7 +374,7 @@ static void print_device(uint32_t i, const struct report_device *a, const struct
 static void compare_devices(const struct report_dir *A, const struct report_dir *B,
                             struct memory_unit mem, cJSON *out) {
   bool all = A->n_devices <= 16;
-  printf("\nper device%s\n", all ? "" : " (dp rank 0 of each pipeline rank; --json has all)");
+  fprintf(text_out, "\nper device%s\n", all ? "" : " (dp rank 0 of each pipeline rank; --json has all)");
   cJSON *devs = cJSON_AddArrayToObject(out, "devices");
   for (uint32_t i = 0; i < A->n_devices; i++) {
     const struct report_device *a = &A->devices[i], *b = &B->devices[i];
@@ -386,15 +398,15 @@ static void compare_instruction_kind(const struct report_dir *A,
   double ma = use_a && use_a->count ? use_a->total_s / (double)use_a->count : NAN;
   double mb = use_b && use_b->count ? use_b->total_s / (double)use_b->count : NAN;
   const char *name = use_a ? use_a->name : use_b->name;
-  printf("  %-34s", name);
+  fprintf(text_out, "  %-34s", name);
   print_value(ma * 1e6);
   print_value(mb * 1e6);
   double r = ratio(ma, mb);
   if (isfinite(r))
-    printf(" %10.4g", r);
+    fprintf(text_out, " %10.4g", r);
   else
-    printf(" %10s", "-");
-  printf("   %g / %g\n", per_step(use_a, A), per_step(use_b, B));
+    fprintf(text_out, " %10s", "-");
+  fprintf(text_out, "   %g / %g\n", per_step(use_a, A), per_step(use_b, B));
   cJSON *o = json_pair(ma, mb);
   cJSON_AddStringToObject(o, "name", name);
   cJSON_AddNumberToObject(o, "count_a", per_step(use_a, A));
@@ -405,7 +417,7 @@ static void compare_instruction_kind(const struct report_dir *A,
 /* Instructions: the union of both traces' kinds, in the readers' order. */
 static void compare_instructions(const struct report_dir *A, const struct report_dir *B,
                                  cJSON *out) {
-  printf("\nmean duration per instruction (us)   %14s %14s %10s   per step A / B\n", "A", "B",
+  fprintf(text_out, "\nmean duration per instruction (us)   %14s %14s %10s   per step A / B\n", "A", "B",
          "B/A");
   cJSON *ins = cJSON_AddArrayToObject(out, "instructions");
   uint32_t ia = 0, ib = 0;
@@ -445,9 +457,9 @@ static void json_number_or_null(cJSON *o, const char *key, double v) {
 
 static void print_percent(double v) {
   if (isfinite(v))
-    printf(" %12.1f%%", v * 100);
+    fprintf(text_out, " %12.1f%%", v * 100);
   else
-    printf(" %13s", "inf");
+    fprintf(text_out, " %13s", "inf");
 }
 
 /* One summary row: the pairs whose A node is of kind `kind` (every pair when kind < 0). */
@@ -465,10 +477,10 @@ static void summarise_pairs(const struct report_node_pair *pairs, uint32_t n, in
     qsort(error, m, sizeof *error, piper_cmp_double);
     double med_r = quantile(ratio, m, 0.5), med_e = quantile(error, m, 0.5);
     double p90_e = quantile(error, m, 0.9);
-    printf("  %-34s %8u %12.4g", label, m, med_r);
+    fprintf(text_out, "  %-34s %8u %12.4g", label, m, med_r);
     print_percent(med_e);
     print_percent(p90_e);
-    printf("\n");
+    fprintf(text_out, "\n");
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "kind", label);
     cJSON_AddNumberToObject(o, "nodes", m);
@@ -488,20 +500,20 @@ static void worst_pairs(const struct report_dir *A, const struct report_node_pai
   uint32_t show = n < 10 ? n : 10;
   char title[64];
   snprintf(title, sizeof title, "worst %u node%s by error", show, show == 1 ? "" : "s");
-  printf("\n%-36s %6s %4s %14s %14s %10s\n", title, "device", "mb", "A (us)", "B (us)", "B/A");
+  fprintf(text_out, "\n%-36s %6s %4s %14s %14s %10s\n", title, "device", "mb", "A (us)", "B (us)", "B/A");
   for (uint32_t i = 0; i < show; i++) {
     const struct report_node_pair *p = &pairs[i];
-    printf("  %-34.34s %6u", p->a->name, p->a->device);
+    fprintf(text_out, "  %-34.34s %6u", p->a->name, p->a->device);
     if (p->a->micro_batch >= 0)
-      printf(" %4d", p->a->micro_batch);
+      fprintf(text_out, " %4d", p->a->micro_batch);
     else
-      printf(" %4s", "-");
+      fprintf(text_out, " %4s", "-");
     print_value(p->a->median_s * 1e6);
     print_value(p->b->median_s * 1e6);
     if (isfinite(p->ratio))
-      printf(" %10.4g\n", p->ratio);
+      fprintf(text_out, " %10.4g\n", p->ratio);
     else
-      printf(" %10s\n", "-");
+      fprintf(text_out, " %10s\n", "-");
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", p->a->name);
     cJSON_AddStringToObject(o, "kind", A->trace_kinds[p->a->kind].name);
@@ -520,7 +532,7 @@ static void worst_pairs(const struct report_dir *A, const struct report_node_pai
 static void compare_nodes(const struct report_dir *A, const struct report_dir *B, cJSON *out) {
   uint32_t n = 0, only_a = 0, only_b = 0;
   struct report_node_pair *pairs = report_pair_nodes(A, B, &n, &only_a, &only_b);
-  printf("\nper node (device, IR node, micro-batch): median duration over the traced steps (A %u, "
+  fprintf(text_out, "\nper node (device, IR node, micro-batch): median duration over the traced steps (A %u, "
          "B %u);\n  %u nodes paired, %u only in A, %u only in B; error = max(B/A, A/B) - 1\n",
          A->n_trace_steps, B->n_trace_steps, n, only_a, only_b);
   cJSON *o = cJSON_AddObjectToObject(out, "nodes");
@@ -531,7 +543,7 @@ static void compare_nodes(const struct report_dir *A, const struct report_dir *B
   cJSON_AddNumberToObject(o, "steps_b", B->n_trace_steps);
   cJSON_AddStringToObject(o, "statistic", "median over steps");
   cJSON_AddStringToObject(o, "error", "max(B/A, A/B) - 1");
-  printf("  %-34s %8s %12s %13s %13s\n", "kind", "nodes", "median B/A", "median error",
+  fprintf(text_out, "  %-34s %8s %12s %13s %13s\n", "kind", "nodes", "median B/A", "median error",
          "p90 error");
   cJSON *rows = cJSON_AddArrayToObject(o, "summary");
   summarise_pairs(pairs, n, -1, "all", rows);
@@ -573,16 +585,24 @@ static int compare(const struct compare_cli *a, const struct report_dir *A,
   cJSON *out = json_header(A, B);
   print_header(A, B);
   struct memory_unit mem = memory_unit_of(A, B);
+  text_out = stdout;
   compare_global(A, B, mem, out);
+  FILE *none = a->quiet ? fopen("/dev/null", "w") : NULL;
+  text_out = none ? none : stdout;
   compare_devices(A, B, mem, out);
   compare_instructions(A, B, out);
   compare_nodes(A, B, out);
+  text_out = stdout;
+  if (none)
+    fclose(none);
   bool within = true;
   double r = verdict(A, B, a->tolerance, &within, out);
   int rc = within ? 0 : 1;
   fflush(stdout);
   GError *err = NULL;
   char *chart = a->chart_path ? g_strdup(a->chart_path) : NULL;
+  if (!chart && a->out_dir)
+    chart = g_build_filename(a->out_dir, "compare.png", NULL);
   if (!chart && a->json_path) {
     char *dir = g_path_get_dirname(a->json_path);
     chart = g_build_filename(dir, "compare.png", NULL);
@@ -590,7 +610,12 @@ static int compare(const struct compare_cli *a, const struct report_dir *A,
   }
   if (chart)
     cJSON_AddStringToObject(out, "chart", chart);
-  bool wrote = (!a->json_path || json_write_file(a->json_path, out, &err)) &&
+  g_autofree char *json = a->json_path ? g_strdup(a->json_path)
+                         : a->out_dir ? g_build_filename(a->out_dir, "compare.json", NULL) : NULL;
+  if (a->out_dir && g_mkdir_with_parents(a->out_dir, 0755) != 0)
+    g_set_error(&err, PIPER_ERROR, PIPER_ERROR_RUNTIME, "%s: cannot create: %s", a->out_dir,
+                g_strerror(errno));
+  bool wrote = !err && (!json || json_write_file(json, out, &err)) &&
                (!chart || chart_compare(A, B, chart, &err));
   g_free(chart);
   if (!wrote)

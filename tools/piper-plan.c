@@ -18,7 +18,7 @@
 struct plan_cli {
   const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp, *tp, *recompute;
   const char *rank_by;
-  uint32_t devices, global_batch, max_interleave, threads, top;
+  uint32_t devices, global_batch, seq_length, max_interleave, threads, top;
   double memory_cap_gib;
   bool force, no_charts, quiet, no_summary;
 };
@@ -33,10 +33,13 @@ static const struct option_spec options[] = {
      .hi = LAYOUT_MAX_DEVICES, .metavar = "N", .help = "devices to train on"},
     {.name = "--profile", .kind = OPTION_STRING, PLAN_OPTION(profile), .metavar = "FILE",
      .help = "hardware profile (profiles/*.json)"},
-    {.name = "--global-batch", .kind = OPTION_U32, PLAN_OPTION(global_batch), .lo = 1,
-     .hi = 1u << 30, .metavar = "SEQ",
+    {.name = "--global-batch-size", .alias = "--global-batch", .kind = OPTION_U32,
+     PLAN_OPTION(global_batch), .lo = 1, .hi = 1u << 30, .metavar = "SEQ",
      .help = "sequences per step over all data-parallel replicas:\n"
-             "dp x micro-batches x micro-batch size"},
+             "dp x micro-batches x micro-batch size (Megatron's name; --global-batch kept)"},
+    {.name = "--seq-length", .alias = "--seq-len", .kind = OPTION_U32, PLAN_OPTION(seq_length),
+     .lo = 1, .hi = 1u << 24, .metavar = "S",
+     .help = "tokens in one sequence (default: the model file's piper.seq_len)"},
     {.name = "--memory-cap", .kind = OPTION_DOUBLE, PLAN_OPTION(memory_cap_gib), .lo = 0,
      .hi = 1e9, .metavar = "GIB", .help = "per-device memory cap (default: the profile's capacity)"},
     {.kind = OPTION_HEADING, .help = "the space:"},
@@ -46,8 +49,10 @@ static const struct option_spec options[] = {
      .help = "tensor-parallel degrees to try, each with sequence parallelism\n"
              "(default: 1,2,4,8 where they divide N, the heads, KV heads, vocabulary\n"
              "and FFN)"},
-    {.name = "--micro-batch-sizes", .kind = OPTION_STRING, PLAN_OPTION(micro_batch_sizes),
-     .metavar = "LIST", .help = "micro-batch sizes to try, e.g. 1,2,4 (default: the model's)"},
+    {.name = "--micro-batch-size", .alias = "--micro-batch-sizes", .kind = OPTION_STRING,
+     PLAN_OPTION(micro_batch_sizes), .metavar = "B[,B...]",
+     .help = "micro-batch size, or sizes to try, e.g. 1,2,4 (default: the model's;\n"
+             "the micro-batch counts follow from --global-batch-size)"},
     {.name = "--schedules", .kind = OPTION_STRING, PLAN_OPTION(schedules), .metavar = "LIST",
      .help = "schedule families to try where they apply (default: gpipe, 1f1b,\n"
              "zerobubble, interleaved_1f1b, zbv, dualpipev)"},
@@ -85,7 +90,7 @@ static const struct option_spec options[] = {
 static const struct option_program program = {
     .name = "piper-plan",
     .usage =
-        "usage: piper-plan --model FILE --devices N --profile FILE --global-batch SEQ [options]\n"
+        "usage: piper-plan --model FILE --devices N --profile FILE --global-batch-size SEQ [options]\n"
         "       piper-plan --sweep FILE [--profile FILE] [--out DIR]\n"
         "\n"
         "Searches every layout pp x dp x ep x tp of N devices that divides the model (the\n"
@@ -98,7 +103,7 @@ static const struct option_program program = {
         "the reason for those that do not fit) and plan.png.\n"
         "\n"
         "  piper-plan --model models/qwen3-30b-a3b.json --devices 64 \\\n"
-        "             --profile profiles/h100-sxm.json --global-batch 256\n"
+        "             --profile profiles/h100-sxm.json --global-batch-size 256\n"
         "\n",
     .epilogue = "\nExit status: 0 success, 1 runtime failure (nothing could be simulated), "
                 "2 bad input.\n",
@@ -157,12 +162,13 @@ static int build_request(const struct plan_cli *a, struct planner_request *rq, i
                          uint32_t **pps, uint32_t **tps, gchar ***recompute) {
   if (!a->model || !a->devices || !a->profile || !a->global_batch)
     return piper_usage_error(program.name, "%s",
-                             "give --model FILE, --devices N, --profile FILE and --global-batch SEQ");
+                             "give --model FILE, --devices N, --profile FILE and --global-batch-size SEQ");
   *rq = planner_request_default();
   rq->model_path = a->model;
   rq->profile_path = a->profile;
   rq->devices = a->devices;
   rq->global_batch = a->global_batch;
+  rq->seq_len = a->seq_length;
   rq->memory_cap_gib = a->memory_cap_gib;
   rq->threads = a->threads;
   rq->progress = !a->quiet;
@@ -177,7 +183,7 @@ static int build_request(const struct plan_cli *a, struct planner_request *rq, i
     g_free(list);
     if (!ok)
       return piper_usage_error(program.name,
-                               "--micro-batch-sizes: \"%s\" is not a list of whole numbers in "
+                               "--micro-batch-size: \"%s\" is not a list of whole numbers in "
                                "[1, 65536]",
                                a->micro_batch_sizes);
     rq->micro_batch_sizes = *sizes;
@@ -261,7 +267,8 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
 
 /* --sweep FILE: the hand-written list, with --profile replacing its profiles. */
 static int run_sweep_mode(const struct plan_cli *a, const char *dir) {
-  if (a->model || a->devices || a->global_batch || a->micro_batch_sizes || a->schedules || a->pp ||
+  if (a->model || a->devices || a->global_batch || a->seq_length || a->micro_batch_sizes ||
+      a->schedules || a->pp ||
       a->max_interleave || a->memory_cap_gib > 0 || a->top || a->rank_by)
     return piper_usage_error(program.name, "%s",
                              "--sweep takes the model, schedules and batch from its file (only "

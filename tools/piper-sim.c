@@ -267,10 +267,12 @@ static char *claim_run_dir(const struct sim_cli *a, GError **err) {
  * replaces the file's profiles, --no-charts and --no-collapse apply; the options that describe
  * one run's files are refused rather than ignored. */
 static int run_sweep(const struct sim_cli *a, const char *dir) {
-  if (a->compile.model || a->compile.directives || a->compile.layout || a->plans ||
-      a->compile.schedule || a->compile.ranks || a->compile.mbs || a->compile.pp_regions)
-    return piper_usage_error(program.name, "%s",
-                             "--sweep takes the model, schedules and micro-batches from its file");
+  const char *given = a->plans ? "--plans" : options_compile_arg_given(&a->compile);
+  if (given)
+    return piper_usage_error(program.name,
+                             "--sweep takes the model, schedules and micro-batches from its file: "
+                             "%s does not apply",
+                             given);
   if (a->format || a->viz || a->trace_all)
     return piper_usage_error(program.name, "%s",
                              "--sweep writes sweep.csv and sweep.png: --format, --viz and "

@@ -72,6 +72,7 @@ struct plan *planner_compile_config(const struct planner_config *c, const char *
   o.directives_path = c->directives;
   o.pp_regions = c->layout ? 0 : c->pp_regions;
   o.micro_batch_size = c->micro_batch_size;
+  o.seq_len = ev->seq_len;
   o.have_schedule = true;
   o.schedule.family = c->schedule;
   o.schedule.mbs = c->microbatches;
@@ -481,7 +482,8 @@ bool planner_run(struct planner *pl, GError **err) {
   double t0 = piper_clock_seconds();
   struct profile *profs[1] = {pl->profile};
   double caps[1] = {pl->memory_cap_bytes};
-  struct planner_eval ev = {.model_path = pl->request.model_path, .profiles = profs,
+  struct planner_eval ev = {.model_path = pl->request.model_path,
+                            .seq_len = pl->request.seq_len, .profiles = profs,
                             .caps = caps, .threads = pl->request.threads,
                             .progress = pl->request.progress, .collapse = pl->request.collapse,
                             .progress_name = "piper-plan"};

@@ -81,6 +81,7 @@ struct planner_config {
  * but the read-only profiles (thread safety). */
 struct planner_eval {
   const char *model_path;
+  int64_t seq_len; /* > 0 replaces the model file's seq_len (--seq-length) */
   struct profile *const *profiles;
   const double *caps;
   uint32_t threads;
@@ -100,6 +101,7 @@ struct planner_request {
   const char *model_path, *profile_path;
   uint32_t devices;
   uint64_t global_batch;    /* sequences per step: dp x micro-batches x micro-batch size */
+  int64_t seq_len;          /* > 0 replaces the model file's seq_len (--seq-length) */
   double memory_cap_gib;    /* 0: the profile's memory capacity */
   const int64_t *micro_batch_sizes; /* NULL: the model file's */
   uint32_t n_micro_batch_sizes;

@@ -54,7 +54,7 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
   if (!piper_out_open(&out, path, err))
     return false;
   FILE *f = out.f;
-  fputs("rank,status,schedule,layout,pp,dp,ep,tp,stages,memory,micro_batch_size,microbatches,"
+  fputs("rank,status,schedule,layout,pp,dp,ep,tp,stages,memory,micro_batch_size,num_microbatches,"
         "iteration_time_s,throughput_tokens_per_s,mfu,peak_memory_gib,memory_cap_gib,"
         "headroom_gib,bubble_fraction,pipeline_idle_fraction,exposed_comm_fraction,"
         "imbalance_fraction,reason\n",

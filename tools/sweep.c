@@ -231,7 +231,7 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
   if (!piper_out_open(&out, path, err))
     return false;
   FILE *f = out.f;
-  fprintf(f, "rank,status,schedule,base,microbatches,profile,iteration_time_s,"
+  fprintf(f, "rank,status,schedule,base,num_microbatches,profile,iteration_time_s,"
              "throughput_tokens_per_s,peak_memory_gib,memory_cap_gib,bubble_fraction,"
              "pipeline_idle_fraction,exposed_comm_fraction,imbalance_fraction,error\n");
   for (uint32_t i = 0; i < s->n_points; i++) {

@@ -2,8 +2,10 @@
 # The totals of a `make test` log (its one closing line, "tests: N passed, N failed"): the
 # checks of every suite, read from the lines the suites close with. A unit test binary counts
 # its cmocka tests; a CLI script its "NAME: N passed, N failed" line; lint, the short fidelity
-# loop and each fuzz target count one check each. A suite (a "== NAME" section) that ended
-# without its closing line counts as one failed check.
+# loop, the README check's blocks and each fuzz target count one check each. A suite (a
+# "== NAME" section) that ended without its closing line counts as one failed check, and so does
+# every sanitizer report in the log (ASan, LeakSanitizer, UBSan's "file:line:col: runtime
+# error:"), even one whose test went on to pass.
 # usage: tools/test-totals.sh LOG
 set -u
 log=${1:?usage: tools/test-totals.sh LOG}
@@ -22,9 +24,12 @@ awk '
   /^lint: no function over/ || /^lint-layers: .* no include against/ { passed++; next }
   /^lint: [0-9]+ function/ || /^lint-layers: [0-9]+ include/ { failed++; next }
   /^loop: table in / { passed++; next }
+  /ERROR: (Address|Leak|Thread|Memory)Sanitizer/ || /:[0-9]+:[0-9]+: runtime error: / { failed++; sanitizer++; next }
   END {
     close_section()
-    printf "tests: %d passed, %d failed\n", passed, failed
+    # the notes first: the totals stay the last line
+    if (sanitizer) printf "(sanitizer reports counted as failures: %d)\n", sanitizer > "/dev/stderr"
     if (missing != "") printf "(suites that ended without their totals:%s)\n", missing > "/dev/stderr"
+    printf "tests: %d passed, %d failed\n", passed, failed
   }
 ' "$log"

@@ -71,7 +71,7 @@ expect_input_error() {  # expect_input_error PROGRAM WHAT-IN-MESSAGE ARGS...
 expect_input_error piper-plan "give --model FILE" --devices 4
 expect_input_error piper-plan "--devices" "${small[@]}" --devices 0
 expect_input_error piper-plan "--schedules: \"dualpipe\"" "${small[@]}" --schedules 1f1b,dualpipe
-expect_input_error piper-plan "--micro-batch-sizes" "${small[@]}" --micro-batch-sizes 1,x
+expect_input_error piper-plan "--micro-batch-size: " "${small[@]}" --micro-batch-sizes 1,x
 expect_input_error piper-plan "--recompute: \"none,full:block:0\"" "${small[@]}" --recompute none,full:block:0
 expect_input_error piper-plan "--pp" "${small[@]}" --pp 0
 expect_input_error piper-plan "no layout of 4 devices fits.*not a whole number" "${small[@]}" --global-batch 3

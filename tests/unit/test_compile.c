@@ -1030,6 +1030,47 @@ static void test_base_schedules_compile(void **state) {
   }
 }
 
+/* Megatron's batch fields on the front end: --micro-batch-size and --seq-length replace the
+ * model file's (which keeps them), --global-batch-size gives the micro-batch count as
+ * global / (micro-batch size x dp), dp from the placement (pp2_dp2_ep2: 2 replicas); a global
+ * batch that is no whole number of micro-batches, or a count that disagrees, is refused. */
+static void test_megatron_batch_fields(void **state) {
+  (void)state;
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-moe.json";
+  o.directives_path = "directives/base-schedules/pp2_dp2_ep2.json";
+  o.lower = false;
+  struct compile_result r = {0};
+  GError *err = NULL;
+  assert_true(compile_run(&o, &r, &err));
+  int64_t file_seq = r.model->seq_len, file_micro = r.model->micro_batch_size;
+  compile_result_free(&r);
+
+  o.micro_batch_size = 3;
+  o.seq_len = file_seq * 2;
+  o.global_batch_size = 3 * 2 * 5; /* 5 micro-batches of 3 sequences on each of 2 replicas */
+  assert_true(compile_run(&o, &r, &err));
+  assert_int_equal(r.model->micro_batch_size, 3);
+  assert_int_equal(r.model->seq_len, file_seq * 2);
+  assert_int_equal(r.mbs, 5);
+  compile_result_free(&r);
+  assert_int_not_equal(file_micro, 3); /* the file's own values were replaced, not kept */
+
+  o.schedule.mbs = 5; /* agreeing: accepted */
+  assert_true(compile_run(&o, &r, &err));
+  compile_result_free(&r);
+  o.schedule.mbs = 4;
+  assert_false(compile_run(&o, &r, &err));
+  assert_non_null(strstr(err->message, "--num-micro-batches 4 disagrees with --global-batch-size 30"));
+  g_clear_error(&err);
+  o.schedule.mbs = 0;
+  o.global_batch_size = 31;
+  assert_false(compile_run(&o, &r, &err));
+  assert_non_null(strstr(err->message, "--global-batch-size 31: not a whole number of micro-batches "
+                                       "of 6 sequences (micro-batch size 3 x data-parallel 2)"));
+  g_clear_error(&err);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_build_dense),
@@ -1055,6 +1096,7 @@ int main(void) {
       cmocka_unit_test(test_every_builder_compiles),
       cmocka_unit_test(test_base_schedules_compile),
       cmocka_unit_test(test_workspace_one_layer),
+      cmocka_unit_test(test_megatron_batch_fields),
   };
   return cmocka_run_group_tests_name("compile", tests, NULL, NULL);
 }
