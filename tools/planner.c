@@ -65,14 +65,14 @@ static void measure(struct planner_config *c, const struct plan *plan, const str
 
 /* Shared streams ordered by the costs the profile charges, as piper-sim does. */
 struct plan *planner_compile_config(const struct planner_config *c, const char *model_path,
-                                    const struct profile *prof, GError **err) {
+                                    int64_t seq_len, const struct profile *prof, GError **err) {
   struct compile_options o = compile_options_default();
   o.model_path = model_path;
   o.layout = c->layout;
   o.directives_path = c->directives;
   o.pp_regions = c->layout ? 0 : c->pp_regions;
   o.micro_batch_size = c->micro_batch_size;
-  o.seq_len = ev->seq_len;
+  o.seq_len = seq_len;
   o.have_schedule = true;
   o.schedule.family = c->schedule;
   o.schedule.mbs = c->microbatches;
@@ -85,7 +85,7 @@ struct plan *planner_compile_config(const struct planner_config *c, const char *
 static void evaluate_one(struct planner_config *c, const struct planner_eval *ev) {
   const struct profile *prof = ev->profiles[c->profile];
   GError *e = NULL;
-  struct plan *plan = planner_compile_config(c, ev->model_path, prof, &e);
+  struct plan *plan = planner_compile_config(c, ev->model_path, ev->seq_len, prof, &e);
   if (!plan) {
     fail_config(c, e, "compile failed");
     return;

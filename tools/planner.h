@@ -95,7 +95,7 @@ void planner_rank(struct planner_config *configs, uint32_t n);
 void planner_config_clear(struct planner_config *c);
 /* The plan of configuration c as planner_evaluate compiles it (plan_free). */
 struct plan *planner_compile_config(const struct planner_config *c, const char *model_path,
-                                    const struct profile *prof, GError **err);
+                                    int64_t seq_len, const struct profile *prof, GError **err);
 
 struct planner_request {
   const char *model_path, *profile_path;

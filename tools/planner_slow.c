@@ -61,7 +61,8 @@ static bool slowed_step(const struct plan *plan, const struct profile *prof, boo
  * not (replicas of a stage run alike). */
 static bool slow_one(const struct planner *pl, const struct planner_config *c, double factor,
                      struct planner_slow_row *row, uint32_t *simulations, GError **err) {
-  struct plan *plan = planner_compile_config(c, pl->request.model_path, pl->profile, err);
+  struct plan *plan = planner_compile_config(c, pl->request.model_path, pl->request.seq_len,
+                                              pl->profile, err);
   if (!plan)
     return false;
   struct report_run run = {.plan = plan};
