@@ -234,7 +234,7 @@ cli: $(TOOLS)
 # included, is a fast check (each under 10 s of CPU) and runs in `make test`. Together they are `make cli`: none is
 # dropped from CI.
 CLI_LONG := battery cuda cuda_emu exec faults hf memory plan_fields plan_model prof recompute \
-  reshard runs stragglers tied tp train
+  reshard runs stragglers tied tp train validate
 CLI_LONG_SCRIPTS := $(CLI_LONG:%=tests/cli/test_%.sh)
 CLI_FAST_SCRIPTS := $(filter-out $(CLI_LONG_SCRIPTS),$(wildcard tests/cli/*.sh))
 cli-fast: $(TOOLS)
