@@ -430,7 +430,8 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->recompute_modules == b->recompute_modules &&
          a->directive == b->directive && a->priority == b->priority &&
          a->tp_degree == b->tp_degree && a->sequence_parallel == b->sequence_parallel &&
-         a->collectives == b->collectives && a->capacity_factor == b->capacity_factor;
+         a->collectives == b->collectives && a->capacity_factor == b->capacity_factor &&
+         a->fp8_expert_inputs == b->fp8_expert_inputs;
 }
 
 bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
