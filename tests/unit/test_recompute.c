@@ -605,6 +605,48 @@ static void test_full_every_layer_as_megatron(void **state) {
   g_free(dir);
 }
 
+/* DeepSeek-V3's FP8 caching of the experts' inputs (fp8-expert-inputs), by hand: under expert
+ * parallelism an expert layer's forward saves, per row received at the capacity (ir/expert.c:
+ * factor x T x top_k, at most EP x T x top_k), the row's input, gate, up and silu(gate) up; with
+ * the option the input is h bytes and one fp32 scale per 128 elements instead of h x B. tiny-moe
+ * (fp32, h 64: 68 bytes a row instead of 256) at EP 2, capacity 1.5. */
+static uint64_t expert_saved(const char *layout, uint64_t *rows, uint64_t *h) {
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-moe.json";
+  o.layout = layout;
+  o.have_schedule = true;
+  assert_true(sched_family_parse("1f1b", &o.schedule.family));
+  o.schedule.mbs = 2;
+  GError *err = NULL;
+  struct plan *p = compile_take_plan(&o, &err);
+  if (!p)
+    fail_msg("compile %s: %s", layout, err->message);
+  const struct model *m = p->model;
+  *rows = (uint64_t)ceil(1.5 * (double)(model_tokens_per_microbatch(m) * m->experts_per_tok));
+  *h = (uint64_t)m->hidden_size;
+  const struct plan_class *c = plan_device_class(p, 0);
+  uint64_t saved = 0;
+  for (uint32_t i = 0; i < c->n_instrs && !saved; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_F && n->shard_degree > 1)
+      saved = written(c, i, PLAN_TENSOR_SAVED);
+  }
+  plan_free(p);
+  return saved;
+}
+
+static void test_fp8_expert_inputs(void **state) {
+  (void)state;
+  uint64_t rows, h;
+  uint64_t bf = expert_saved("pp=2,dp=2,ep=2,capacity=1.5", &rows, &h);
+  uint64_t f8 = expert_saved("pp=2,dp=2,ep=2,capacity=1.5,fp8-expert-inputs", &rows, &h);
+  assert_true(rows > 0 && bf > 0);
+  if (bf - f8 != rows * (4 * h - (h + 4 * ((h + 127) / 128))))
+    fail_msg("fp8-expert-inputs saves %llu B of %llu, by hand %llu rows x (%llu - %llu)",
+             (unsigned long long)(bf - f8), (unsigned long long)bf, (unsigned long long)rows,
+             (unsigned long long)(4 * h), (unsigned long long)(h + 4 * ((h + 127) / 128)));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention_core_rerun),
@@ -614,6 +656,7 @@ int main(void) {
       cmocka_unit_test(test_llama3_layer_by_hand),
       cmocka_unit_test(test_deepseek_v3_layer_by_hand),
       cmocka_unit_test(test_full_every_layer_as_megatron),
+      cmocka_unit_test(test_fp8_expert_inputs),
       cmocka_unit_test(test_layer_tensors),
       cmocka_unit_test(test_layer_tensors_tp2),
       cmocka_unit_test(test_simulated_growth),
