@@ -110,11 +110,13 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
         return true;
       }
     if (strcmp(item, "v") != 0)
-      return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
-                                    "interleave=, zero=, recompute=, first-stage-layers=, "
-                                    "last-stage-layers=, stage-layers=, capacity=, v, sp, "
-                                    "account-for-embedding, account-for-loss, "
-                                    "fp8-expert-inputs)", spec, item);
+      return piper_input_error(err,
+                               "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
+                               "interleave=, zero=, recompute=, first-stage-layers=, "
+                               "last-stage-layers=, stage-layers=, capacity=, v, sp, "
+                               "account-for-embedding, account-for-loss, "
+                               "fp8-expert-inputs)",
+                               spec, item);
     l->shape = LAYOUT_V;
     return true;
   }
@@ -157,10 +159,11 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
                                spec, keys[k].key, keys[k].lo, keys[k].hi);
     return true;
   }
-  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
-                                "interleave, zero, recompute, first-stage-layers, "
-                                "last-stage-layers, stage-layers, capacity, v, sp, "
-                                "account-for-embedding, account-for-loss, fp8-expert-inputs)",
+  return piper_input_error(err,
+                           "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
+                           "interleave, zero, recompute, first-stage-layers, "
+                           "last-stage-layers, stage-layers, capacity, v, sp, "
+                           "account-for-embedding, account-for-loss, fp8-expert-inputs)",
                            spec, (int)klen, item);
 }
 
@@ -213,9 +216,10 @@ static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->zero > 0 && l->dp < 2)
     return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
   if ((l->capacity_factor > 0 || l->fp8_expert_inputs) && l->ep < 2)
-    return piper_input_error(err, "--layout \"%s\": %s applies to expert parallelism: it needs "
-                                  "ep of at least 2", spec,
-                             l->fp8_expert_inputs ? "fp8-expert-inputs" : "capacity");
+    return piper_input_error(err,
+                             "--layout \"%s\": %s applies to expert parallelism: it needs "
+                             "ep of at least 2",
+                             spec, l->fp8_expert_inputs ? "fp8-expert-inputs" : "capacity");
   if (l->sequence_parallel && l->tp < 2)
     return piper_input_error(err, "--layout \"%s\": sp (sequence parallelism) needs tp of at "
                                   "least 2", spec);

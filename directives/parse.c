@@ -281,7 +281,7 @@ static const char *const *const op_keys[] = {
     (const char *const[]){"op", "filter", "devices", "reduce_stream", "gather_stream",
                           "bucket_size", "shard_grads", "shard_params", "shard_optimizer", NULL},
     (const char *const[]){"op", "filter", "devices", "stream", "capacity_factor",
-                            "fp8_expert_inputs", NULL},
+                          "fp8_expert_inputs", NULL},
     (const char *const[]){"op", "filter", "dim_name", "num_microbatches", NULL},
     (const char *const[]){"op", "filters", NULL},
     (const char *const[]){"op", "name", "priority", "sm_share", NULL},

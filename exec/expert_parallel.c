@@ -88,8 +88,8 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
       return internal(err, s, i, "a rerun before its own dispatch");
   }
   bool drop_act = keep == FWD_SELECTIVE_DROP;
-  if (drop_act && !(s->dev->plan->nodes[x->node].recompute_modules &
-                    MODEL_MODULE_BIT(MODEL_MODULE_MOE_ACT)))
+  if (drop_act &&
+      !(s->dev->plan->nodes[x->node].recompute_modules & MODEL_MODULE_BIT(MODEL_MODULE_MOE_ACT)))
     return internal(err, s, i, "selective recomputation of experts other than moe_act");
   float *yr = mb_floats_raw(s, st, mb, y, cap * C);
   moe->y_recv = yr;
@@ -101,8 +101,7 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   if (n)
     KT(st, s,
        s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->act, moe->scratch, rows,
-                                moe->recv_expert, n,
-                                P, moe->e_first, moe->e_count, C, F));
+                                moe->recv_expert, n, P, moe->e_first, moe->e_count, C, F));
   /* TP: the TP peers received the same rows (same tokens, same routing, the all-to-all over
    * the devices of their TP rank), each output a partial sum of its slice; summed here, before
    * the combine, so the combine and its backward see whole outputs. A rerun's too: its combine

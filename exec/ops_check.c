@@ -53,9 +53,9 @@ void exec_plan_uses(const struct plan *p, bool uses[EXEC_USE_COUNT]) {
  * moe_act under expert parallelism in exec/expert_parallel.c); mla_up_proj would need an MLA
  * kernel: the simulator costs it, the executor refuses it. (moe is a full rerun of the
  * experts' segments: no module of its own here.) */
-#define EXEC_RERUN_MODULES                                                                          \
-  (MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN) | MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM) |            \
-   MODEL_MODULE_BIT(MODEL_MODULE_MLP) | MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS) |             \
+#define EXEC_RERUN_MODULES                                                                         \
+  (MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN) | MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM) |           \
+   MODEL_MODULE_BIT(MODEL_MODULE_MLP) | MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS) |            \
    MODEL_MODULE_BIT(MODEL_MODULE_MOE) | MODEL_MODULE_BIT(MODEL_MODULE_MOE_ACT))
 
 bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err) {

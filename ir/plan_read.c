@@ -360,18 +360,38 @@ enum {
   N_SEQUENCE_PARALLEL,
   N_COLLECTIVES,
   N_PRIORITY,
-  N_CAPACITY_FACTOR, /* expert parallelism: optional, absent without it */
+  N_CAPACITY_FACTOR,   /* expert parallelism: optional, absent without it */
   N_FP8_EXPERT_INPUTS, /* expert parallelism: optional, absent when false */
   N_RECOMPUTE_MODULES, /* selective recomputation of other modules than the attention core */
   N_COUNT
 };
-static const char *const node_keys[N_COUNT] = {
-    "id",          "name",         "kind",       "pass",         "purpose",
-    "tags",        "group",        "peer_group", "stream",       "segment",
-    "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
-    "shard_grads", "shard_params", "shard_optimizer", "recompute", "directive", "tp_degree",
-    "sequence_parallel", "collectives", "priority", "capacity_factor", "fp8_expert_inputs",
-    "recompute_modules"};
+static const char *const node_keys[N_COUNT] = {"id",
+                                               "name",
+                                               "kind",
+                                               "pass",
+                                               "purpose",
+                                               "tags",
+                                               "group",
+                                               "peer_group",
+                                               "stream",
+                                               "segment",
+                                               "segset",
+                                               "pair",
+                                               "bytes",
+                                               "shard_degree",
+                                               "replica_degree",
+                                               "shard_grads",
+                                               "shard_params",
+                                               "shard_optimizer",
+                                               "recompute",
+                                               "directive",
+                                               "tp_degree",
+                                               "sequence_parallel",
+                                               "collectives",
+                                               "priority",
+                                               "capacity_factor",
+                                               "fp8_expert_inputs",
+                                               "recompute_modules"};
 
 /* A selective node's "recompute_modules" (module names, absent: the attention core). */
 static bool read_recompute_modules(const cJSON *v, struct ir_node *n, const struct json_loc *l,

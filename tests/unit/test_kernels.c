@@ -764,11 +764,13 @@ static void test_expert_ffn_act_rerun(void **state) {
   (void)state;
   int32_t row_expert[9] = {2, 0, 2, 1, 0, 2, 2, 1, 0};
   const int n = 9, C = 8, F = 37, E = 3;
-  size_t np = kernels_expert_ffn_param_count(E, C, F), ns = kernels_expert_ffn_saved_floats(n, C, F);
+  size_t np = kernels_expert_ffn_param_count(E, C, F),
+         ns = kernels_expert_ffn_saved_floats(n, C, F);
   size_t na = (size_t)n * F, nb = kernels_expert_ffn_bwork_floats(n, C, F);
   float *params = fz(np), *in = fz((size_t)n * C), *dout = fz((size_t)n * C);
   fill(params, np, 0.9f), fill(in, (size_t)n * C, 2.0f), fill(dout, (size_t)n * C, 1.0f);
-  float *out = fz((size_t)n * C), *saved = fz(ns), *scratch = fz(kernels_expert_ffn_scratch_floats(n, C));
+  float *out = fz((size_t)n * C), *saved = fz(ns),
+        *scratch = fz(kernels_expert_ffn_scratch_floats(n, C));
   kernels_expert_ffn_forward(out, saved, NULL, scratch, in, row_expert, n, params, 0, E, C, F);
   float *out2 = fz((size_t)n * C), *saved2 = fz(ns), *act = fz(na), *act2 = fz(na);
   kernels_expert_ffn_forward(out2, saved2, act, scratch, in, row_expert, n, params, 0, E, C, F);
@@ -815,8 +817,8 @@ static void test_expert_ffn_grad(void **state) {
   float *dx = fz(n), *dw = fz(np), *bw = fz(nb), *dx2 = fz(n), *dw2 = fz(np), *bw2 = fz(nb);
   kernels_expert_ffn_backward_input(dx, bw, c.scratch, c.R, row_expert, c.n, c.saved, c.params,
                                     c.e_first, c.e_count, c.C, c.F, false);
-  kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, NULL, c.e_first,
-                                     c.e_count, c.C, c.F);
+  kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, NULL, c.e_first, c.e_count,
+                                     c.C, c.F);
   kernels_expert_ffn_backward(dx2, dw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
                               c.params, c.e_first, c.e_count, c.C, c.F, false);
   assert_same("expert fused dx", dx, dx2, n);
@@ -866,9 +868,8 @@ static void test_expert_parallel_equals_full(void **state) {
     for (int r = 0; r < n_ranks; r++) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
       kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F), NULL, scratch,
-                                 send + off * C,
-                                 send_expert + off, (int)cnt, params + e0 * per, (int)e0, per_rank,
-                                 C, F);
+                                 send + off * C, send_expert + off, (int)cnt, params + e0 * per,
+                                 (int)e0, per_rank, C, F);
       off += cnt;
     }
     kernels_moe_combine_forward(m[run], y, weights, route_row, T, K, C);
