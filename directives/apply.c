@@ -427,6 +427,7 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
       n->shard_degree = dd->n_devices;
       n->capacity_factor =
           dd->capacity_factor > 0 ? dd->capacity_factor : IR_EP_CAPACITY_FACTOR_DEFAULT;
+      n->fp8_expert_inputs = dd->fp8_expert_inputs;
       ni->shard = d;
       break;
     default: break;

@@ -62,6 +62,8 @@ struct dir_directive {
   /* shard: rows a device receives per micro-batch and expert layer, as a multiple of its
    * tokens x top_k (ir_ep_capacity_rows); 0 = IR_EP_CAPACITY_FACTOR_DEFAULT */
   double capacity_factor;
+  /* shard: the saved routed rows in FP8 (ir_node.fp8_expert_inputs); simulator only */
+  bool fp8_expert_inputs;
   char reduce_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   char gather_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   double bucket_size_mb;            /* replicate */

@@ -102,23 +102,38 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       size_t offset;
     } flags[] = {{"sp", offsetof(struct layout, sequence_parallel)},
                  {"account-for-embedding", offsetof(struct layout, account_embedding)},
-                 {"account-for-loss", offsetof(struct layout, account_loss)}};
+                 {"account-for-loss", offsetof(struct layout, account_loss)},
+                 {"fp8-expert-inputs", offsetof(struct layout, fp8_expert_inputs)}};
     for (size_t k = 0; k < G_N_ELEMENTS(flags); k++)
       if (strcmp(item, flags[k].name) == 0) {
         *(bool *)((char *)l + flags[k].offset) = true;
         return true;
       }
     if (strcmp(item, "v") != 0)
-      return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
-                                    "interleave=, zero=, recompute=, first-stage-layers=, "
-                                    "last-stage-layers=, stage-layers=, v, sp, "
-                                    "account-for-embedding, account-for-loss)", spec, item);
+      return piper_input_error(err,
+                               "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
+                               "interleave=, zero=, recompute=, first-stage-layers=, "
+                               "last-stage-layers=, stage-layers=, capacity=, v, sp, "
+                               "account-for-embedding, account-for-loss, "
+                               "fp8-expert-inputs)",
+                               spec, item);
     l->shape = LAYOUT_V;
     return true;
   }
   size_t klen = (size_t)(eq - item);
   if (klen == 12 && strncmp(item, "stage-layers", klen) == 0)
     return parse_stage_list(spec, eq + 1, l, err);
+  if (klen == 8 && strncmp(item, "capacity", klen) == 0) {
+    /* the shard directives' capacity_factor (ir/expert.c): below 1 the average routing would
+     * not fit */
+    char *end = NULL;
+    double f = g_ascii_strtod(eq + 1, &end);
+    if (end == eq + 1 || *end || !(f >= 1.0 && f <= IR_EP_CAPACITY_FACTOR_MAX))
+      return piper_input_error(err, "--layout \"%s\": \"capacity\" must be a number in [1, %g]",
+                               spec, IR_EP_CAPACITY_FACTOR_MAX);
+    l->capacity_factor = f;
+    return true;
+  }
   if (klen >= 9 && strncmp(item, "recompute", 9) == 0 && (klen == 9 || item[9] == '@'))
     return parse_recompute(spec, item, eq + 1, l, err);
   static const struct {
@@ -144,10 +159,12 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
                                spec, keys[k].key, keys[k].lo, keys[k].hi);
     return true;
   }
-  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
-                                "interleave, zero, recompute, first-stage-layers, "
-                                "last-stage-layers, stage-layers, v, sp, account-for-embedding, "
-                                "account-for-loss)", spec, (int)klen, item);
+  return piper_input_error(err,
+                           "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
+                           "interleave, zero, recompute, first-stage-layers, "
+                           "last-stage-layers, stage-layers, capacity, v, sp, "
+                           "account-for-embedding, account-for-loss, fp8-expert-inputs)",
+                           spec, (int)klen, item);
 }
 
 /* The uneven-stage keys against each other and the stage count (shape already set). */
@@ -198,6 +215,11 @@ static bool check(const char *spec, struct layout *l, GError **err) {
                                   "sharded over a rank's whole data-parallel group", spec, l->dp);
   if (l->zero > 0 && l->dp < 2)
     return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
+  if ((l->capacity_factor > 0 || l->fp8_expert_inputs) && l->ep < 2)
+    return piper_input_error(err,
+                             "--layout \"%s\": %s applies to expert parallelism: it needs "
+                             "ep of at least 2",
+                             spec, l->fp8_expert_inputs ? "fp8-expert-inputs" : "capacity");
   if (l->sequence_parallel && l->tp < 2)
     return piper_input_error(err, "--layout \"%s\": sp (sequence parallelism) needs tp of at "
                                   "least 2", spec);
@@ -366,13 +388,19 @@ char *layout_to_json(const struct layout *l) {
                      : l->zero == 2 ? ", \"shard_grads\": true"
                      : l->zero == 1 ? ", \"shard_optimizer\": true"
                                     : "";
+  /* the EP options of the shard lines (capacity_factor only when given: as before without) */
+  char shard[96] = "";
+  if (l->capacity_factor > 0)
+    g_snprintf(shard, sizeof shard, ", \"capacity_factor\": %g", l->capacity_factor);
+  if (l->fp8_expert_inputs)
+    g_strlcat(shard, ", \"fp8_expert_inputs\": true", sizeof shard);
   if (stages == 1) { /* one stage on every device: no place needed */
     if (l->dp == 1 && l->tp > 1)
       append_line(s, "place", "{}", l, 0, "");
     else if (l->dp > 1 || l->ep == 1)
       append_line(s, "replicate", "{}", l, 0, zero);
     if (l->ep > 1)
-      append_line(s, "shard", "{\"EP\": \"*\"}", l, 0, "");
+      append_line(s, "shard", "{\"EP\": \"*\"}", l, 0, shard);
   } else {
     char filter[64];
     for (uint32_t st = 0; st < stages; st++) {
@@ -387,7 +415,7 @@ char *layout_to_json(const struct layout *l) {
       if (l->stage_without_experts && l->stage_without_experts[st])
         continue;
       g_snprintf(filter, sizeof filter, "{\"PP\": %u, \"EP\": \"*\"}", st);
-      append_line(s, "shard", filter, l, layout_stage_rank(l, st), "");
+      append_line(s, "shard", filter, l, layout_stage_rank(l, st), shard);
     }
   }
   if (l->tp > 1)

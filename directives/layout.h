@@ -65,6 +65,11 @@ struct layout {
   uint32_t n_stage_layers;
   uint32_t stage_layers[LAYOUT_MAX_STAGE_LIST];
   bool account_embedding, account_loss;
+  /* expert parallelism (ep > 1): the shard directives' capacity_factor ("capacity=F", 0:
+   * their default) and fp8_expert_inputs ("fp8-expert-inputs": DeepSeek-V3's FP8 caching of
+   * the saved routed rows, simulator only) */
+  double capacity_factor;
+  bool fp8_expert_inputs;
   /* Not parsed: [stages] true where the model has no experts (DeepSeek-V3's dense first
    * stage), which then get no shard line; NULL: every stage has them. Not owned. */
   const bool *stage_without_experts;

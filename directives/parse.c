@@ -280,7 +280,8 @@ static const char *const *const op_keys[] = {
     (const char *const[]){"op", "filter", "devices", "stream", NULL},
     (const char *const[]){"op", "filter", "devices", "reduce_stream", "gather_stream",
                           "bucket_size", "shard_grads", "shard_params", "shard_optimizer", NULL},
-    (const char *const[]){"op", "filter", "devices", "stream", "capacity_factor", NULL},
+    (const char *const[]){"op", "filter", "devices", "stream", "capacity_factor",
+                          "fp8_expert_inputs", NULL},
     (const char *const[]){"op", "filter", "dim_name", "num_microbatches", NULL},
     (const char *const[]){"op", "filters", NULL},
     (const char *const[]){"op", "name", "priority", "sm_share", NULL},
@@ -454,7 +455,8 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     return parse_devices(obj, d, max_device, ctx, err) &&
            get_name(obj, "stream", false, d->stream, ctx, err) &&
            json_get_double(obj, "capacity_factor", false, 1.0, IR_EP_CAPACITY_FACTOR_MAX,
-                           &d->capacity_factor, ctx, err);
+                           &d->capacity_factor, ctx, err) &&
+           json_get_bool(obj, "fp8_expert_inputs", false, &d->fp8_expert_inputs, ctx, err);
   case DIR_REPLICATE: return parse_replicate(obj, d, max_device, ctx, err);
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
@@ -615,6 +617,8 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       name_to_json(o, "stream", d->stream);
       if (d->capacity_factor > 0) /* only when given: other programs print as before */
         cJSON_AddNumberToObject(o, "capacity_factor", d->capacity_factor);
+      if (d->fp8_expert_inputs)
+        cJSON_AddBoolToObject(o, "fp8_expert_inputs", true);
       break;
     case DIR_REPLICATE:
       cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));

@@ -22,9 +22,10 @@
 bool exec_cuda_arena_plan(struct cuda_context *b, const struct plan *p, uint32_t device,
                           GError **err) {
   const struct plan_class *c = plan_device_class(p, device);
-  /* the executor holds activations in fp32, the master precision, where the plan counts a
-   * bf16 model's at 2 bytes: the slots are planned at the bytes really held */
-  b->arena_tensors = exec_arena_tensors_held(c, model_dtype_bytes(p->model->dtype), 4);
+  /* the kernels hold activations at act_dtype (fp32), where the plan counts a bf16 model's at
+   * 2 bytes: the slots are planned at the bytes really held */
+  b->arena_tensors = exec_arena_tensors_held(c, model_dtype_bytes(p->model->dtype),
+                                             model_dtype_bytes(b->act_dtype));
   GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
   exec_arena_class_events(c, ev);
   bool ok = exec_arena_plan_best(c->n_tensors, b->arena_tensors,

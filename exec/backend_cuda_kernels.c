@@ -587,14 +587,15 @@ static void expert_groups_free(struct exec_stream *s, struct expert_groups *g) {
   g_free(g->count);
 }
 
-static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *scratch,
-                                 const float *in, const int32_t *row_expert, int n_rows,
-                                 const float *params, int e_first, int e_count, int C, int F) {
+static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *act_buf,
+                                 float *scratch, const float *in, const int32_t *row_expert,
+                                 int n_rows, const float *params, int e_first, int e_count, int C,
+                                 int F) {
   struct expert_groups eg;
   if (!expert_groups(s, row_expert, n_rows, e_first, e_count, true, &eg))
     return;
   size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
-  float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = u + n * F;
+  float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
   kc_gather_rows(xs, in, eg.order, n_rows, C, st_of(s));
   size_t off = 0;
   for (int x = 0; x < e_count; x++) {
@@ -643,12 +644,13 @@ static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float
 
 static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                          const int32_t *row_expert, int n_rows, const float *saved,
-                                         int e_first, int e_count, int C, int F) {
+                                         const float *act_buf, int e_first, int e_count, int C,
+                                         int F) {
   struct expert_groups eg;
   if (!expert_groups(s, row_expert, n_rows, e_first, e_count, false, &eg))
     return;
   size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
-  const float *xs = saved, *act = saved + n * C + 2 * n * F;
+  const float *xs = saved, *act = act_buf ? act_buf : saved + n * C + 2 * n * F;
   const float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
   size_t off = 0;
   for (int x = 0; x < e_count; x++) {
@@ -666,12 +668,21 @@ static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, 
 
 static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dparams, float *bwork,
                                   float *scratch, const float *dout, const int32_t *row_expert,
-                                  int n_rows, const float *saved, const float *params, int e_first,
-                                  int e_count, int C, int F, bool accumulate) {
+                                  int n_rows, const float *saved, const float *act,
+                                  const float *params, int e_first, int e_count, int C, int F,
+                                  bool accumulate) {
   k_expert_ffn_backward_input(s, din, bwork, scratch, dout, row_expert, n_rows, saved, params,
                               e_first, e_count, C, F, accumulate);
-  k_expert_ffn_backward_weight(s, dparams, bwork, row_expert, n_rows, saved, e_first, e_count, C,
-                               F);
+  k_expert_ffn_backward_weight(s, dparams, bwork, row_expert, n_rows, saved, act, e_first, e_count,
+                               C, F);
+}
+
+/* moe_act's rerun: the forward's swiglu over every row at once (elementwise: the same bits) */
+static void k_expert_ffn_act_forward(struct exec_stream *s, float *act, const float *saved,
+                                     int n_rows, int C, int F) {
+  size_t n = (size_t)n_rows;
+  const float *g = saved + n * C, *u = g + n * F;
+  kc_swiglu_forward(act, g, u, n * F, st_of(s));
 }
 
 /* ---- LM head + cross-entropy (kernels/loss.c): the host's saved layout (each row's max logit

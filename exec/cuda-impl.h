@@ -43,6 +43,12 @@ struct cuda_context {
   const struct plan *plan; /* from configure (not owned) */
   uint32_t plan_device;
   bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
+  /* The dtype the kernels hold activations in (what every activation buffer the runner hands
+   * a kernel entry holds): MODEL_DTYPE_FP32 for every model today, bf16 only as GEMM operands
+   * and the MLP's own intermediates. A kernel that wants bf16 operands (a library attention)
+   * converts around its call while it is fp32. The arena's slots are planned at its width
+   * (exec_cuda_arena_plan); the step to bf16 activations changes it here. */
+  enum model_dtype act_dtype;
   enum exec_gpu_attention attention; /* PIPER_CUDA_ATTENTION (gpu_layout.h) */
   /* bf16 GEMMs: one bf16 copy per weight matrix of the optimizer's store, made by its first
    * GEMM after each write (backend_cuda_kernels.c), in first-fit blocks of the arena */

@@ -14,6 +14,7 @@ struct exec_moe {
   const float *weights;
   int32_t *route_row, *send_expert, *recv_expert;
   float *send_rows, *recv_rows, *y_recv, *y_send, *saved, *bwork, *scratch;
+  float *act; /* silu(gate)·up apart from saved under moe_act (struct local_moe's), or NULL */
   float *dy_recv, *drows_recv;
   bool rerun; /* routed by the rerun's own dispatch (full recomputation, pass R) */
 };
@@ -71,24 +72,36 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   enum fwd_keep keep = fwd_keep_of(s, x);
   const float *P = exec_params_of(s, x), *rows = moe->recv_rows;
   uint32_t saved = saved_owner(s, i), y = out_tensor(s, i, EXEC_T_M);
+  size_t all = kernels_expert_ffn_saved_floats((int)cap, C, F), act = cap * (size_t)F;
+  if (keep == FWD_SELECTIVE_RERUN) {
+    /* moe_act: silu(gate)·up of the rows received, from the kept gate and up, into R's saved
+     * tensor (the only module selective recomputation reruns here: no attention, no norm) */
+    moe->act = mb_floats_raw(s, st, mb, saved, act);
+    if (n)
+      KT(st, s, s->k->expert_ffn_act_forward(st->stream, moe->act, moe->saved, n, C, F));
+    return true;
+  }
   if (keep == FWD_FULL_DROP) {
     saved = OWN_WORK;
   } else if (keep == FWD_FULL_RERUN) {
     if (!moe->rerun)
       return internal(err, s, i, "a rerun before its own dispatch");
-  } else if (keep != FWD_PLAIN) {
-    return internal(err, s, i, "selective recomputation of experts (they have no attention)");
   }
+  bool drop_act = keep == FWD_SELECTIVE_DROP;
+  if (drop_act &&
+      !(s->dev->plan->nodes[x->node].recompute_modules & MODEL_MODULE_BIT(MODEL_MODULE_MOE_ACT)))
+    return internal(err, s, i, "selective recomputation of experts other than moe_act");
   float *yr = mb_floats_raw(s, st, mb, y, cap * C);
   moe->y_recv = yr;
-  moe->saved = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats((int)cap, C, F));
+  moe->saved = mb_floats_raw(s, st, mb, saved, drop_act ? all - act : all);
+  moe->act = drop_act ? mb_floats_raw(s, st, mb, OWN_WORK, act) : NULL;
   moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)cap, C));
   if (!sp_whole_rows(s, st, mb, i, moe->recv_rows, (size_t)n, err))
     return false;
   if (n)
     KT(st, s,
-       s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->scratch, rows, moe->recv_expert, n,
-                                P, moe->e_first, moe->e_count, C, F));
+       s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->act, moe->scratch, rows,
+                                moe->recv_expert, n, P, moe->e_first, moe->e_count, C, F));
   /* TP: the TP peers received the same rows (same tokens, same routing, the all-to-all over
    * the devices of their TP rank), each output a partial sum of its slice; summed here, before
    * the combine, so the combine and its backward see whole outputs. A rerun's too: its combine
@@ -117,7 +130,7 @@ bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, b
     if (n)
       KT(st, s,
          k->expert_ffn_backward_weight(st->stream, G, moe->bwork, moe->recv_expert, n, moe->saved,
-                                       moe->e_first, moe->e_count, C, F));
+                                       moe->act, moe->e_first, moe->e_count, C, F));
     return true;
   }
   if (!moe->dy_recv)
@@ -143,8 +156,8 @@ bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, b
   if (n && mode == BWD_FUSED)
     KT(st, s,
        k->expert_ffn_backward(st->stream, moe->drows_recv, G, moe->bwork, moe->scratch,
-                              moe->dy_recv, moe->recv_expert, n, moe->saved, P, moe->e_first,
-                              moe->e_count, C, F, false));
+                              moe->dy_recv, moe->recv_expert, n, moe->saved, moe->act, P,
+                              moe->e_first, moe->e_count, C, F, false));
   else if (n)
     KT(st, s,
        k->expert_ffn_backward_input(st->stream, moe->drows_recv, moe->bwork, moe->scratch,

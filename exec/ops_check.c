@@ -49,17 +49,23 @@ void exec_plan_uses(const struct plan *p, bool uses[EXEC_USE_COUNT]) {
     node_uses(&p->nodes[k], uses);
 }
 
-/* Selective recomputation modules the executor reruns (exec/segment_forward.c, rerun_op);
- * moe_act would need a kernel that rebuilds silu(gate)·up rows alone, mla_up_proj an MLA
- * kernel: the simulator costs both, the executor refuses them. (moe is a full rerun of the
+/* Selective recomputation modules the executor reruns (exec/segment_forward.c, rerun_op;
+ * moe_act under expert parallelism in exec/expert_parallel.c); mla_up_proj would need an MLA
+ * kernel: the simulator costs it, the executor refuses it. (moe is a full rerun of the
  * experts' segments: no module of its own here.) */
-#define EXEC_RERUN_MODULES                                                                          \
-  (MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN) | MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM) |            \
-   MODEL_MODULE_BIT(MODEL_MODULE_MLP) | MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS) |             \
-   MODEL_MODULE_BIT(MODEL_MODULE_MOE))
+#define EXEC_RERUN_MODULES                                                                         \
+  (MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN) | MODEL_MODULE_BIT(MODEL_MODULE_LAYERNORM) |           \
+   MODEL_MODULE_BIT(MODEL_MODULE_MLP) | MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS) |            \
+   MODEL_MODULE_BIT(MODEL_MODULE_MOE) | MODEL_MODULE_BIT(MODEL_MODULE_MOE_ACT))
 
 bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err) {
   for (uint32_t k = 0; k < p->n_nodes; k++) {
+    if (p->nodes[k].fp8_expert_inputs) /* no FP8 kernels: the rows would be held at the dtype */
+      return piper_input_error(err,
+                               "fp8_expert_inputs (DeepSeek-V3's FP8 caching of the experts' "
+                               "saved rows) is a simulator memory option: the %s backend has no "
+                               "FP8 kernels (piper-sim costs it; drop it here)",
+                               exec_backend_name(b));
     uint32_t extra = p->nodes[k].recompute_modules & ~(uint32_t)EXEC_RERUN_MODULES;
     for (int m = 0; m < MODEL_MODULE_COUNT && extra; m++)
       if (extra & MODEL_MODULE_BIT(m))

@@ -106,6 +106,7 @@ static bool op_dropped(const struct exec_state *s, uint32_t modules, uint32_t op
            mo->module_saved_bytes[MODEL_MODULE_LAYERNORM] > 0;
   case MODEL_OP_MLP: return modules & MODEL_MODULE_BIT(MODEL_MODULE_MLP);
   case MODEL_OP_SHARED_EXPERT: return modules & MODEL_MODULE_BIT(MODEL_MODULE_SHARED_EXPERTS);
+  case MODEL_OP_EXPERT_FFN: return modules & MODEL_MODULE_BIT(MODEL_MODULE_MOE_ACT);
   default: return false;
   }
 }
@@ -207,7 +208,14 @@ static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in
   lm->rows = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C);
   lm->y = mb_floats_raw(s, st, mb, saved, (size_t)TK * C);
   lm->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(TK, C));
-  f->run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_expert_ffn_saved_floats(TK, C, F));
+  size_t all = kernels_expert_ffn_saved_floats(TK, C, F), act = (size_t)TK * F;
+  if (f->keep == FWD_SELECTIVE_DROP && op_dropped(s, f->drop, f->es->ops[j].op)) {
+    /* rows, gate and up saved; silu(gate)·up only while F runs (R rebuilds it) */
+    f->run->saved[j] = mb_floats_raw(s, st, mb, saved, all - act);
+    lm->act = mb_floats_raw(s, st, mb, OWN_WORK, act);
+  } else {
+    f->run->saved[j] = mb_floats_raw(s, st, mb, saved, all);
+  }
   const int32_t *ids = (const int32_t *)in1;
   const float *weights = in1 + TK;
   KT(st, s, k->moe_dispatch_plan(st->stream, lm->counts, lm->route_row, ids, T, K, E, 1));
@@ -215,7 +223,7 @@ static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in
      k->moe_dispatch_forward(st->stream, lm->rows, lm->row_expert, in0, ids, lm->route_row, T, K,
                              C));
   KT(st, s,
-     k->expert_ffn_forward(st->stream, lm->y, f->run->saved[j], lm->scratch, lm->rows,
+     k->expert_ffn_forward(st->stream, lm->y, f->run->saved[j], lm->act, lm->scratch, lm->rows,
                            lm->row_expert, TK, prm, 0, E, C, F));
   if (out)
     KT(st, s, k->moe_combine_forward(st->stream, out, lm->y, weights, lm->route_row, T, K, C));
@@ -450,6 +458,13 @@ static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec
     float *out = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)T * C);
     run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_mlp_saved_floats(T, F));
     KT(st, s, s->k->mlp_forward(st->stream, out, run->saved[j], run->val[so->in[0]], prm, T, C, F));
+    return;
+  }
+  case MODEL_OP_EXPERT_FFN: { /* local experts (moe_act): silu(gate)·up from the kept gate, up */
+    int TK = T * xm->K, F = expert_width(s);
+    struct local_moe *lm = run->moe[j];
+    lm->act = mb_floats_raw(s, st, mb, saved, (size_t)TK * F);
+    KT(st, s, s->k->expert_ffn_act_forward(st->stream, lm->act, run->saved[j], TK, C, F));
     return;
   }
   default: PIPER_UNREACHABLE();

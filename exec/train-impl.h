@@ -114,6 +114,9 @@ const float *exec_params_of(struct exec_state *s, const struct exec_instr *x);
 struct local_moe {
   int32_t *counts, *route_row, *row_expert;
   float *rows, *y, *scratch;
+  /* the experts' silu(gate)·up where selective recomputation (moe_act) holds it apart from
+   * their saved rows, gate and up: F's transient, then R's rebuilt copy; NULL: inside saved */
+  float *act;
 };
 
 struct exec_seg_run {

@@ -45,10 +45,18 @@ uint64_t ir_ep_rows_bytes(const struct model *m, const struct ir_node *n) {
   return ir_ep_capacity_rows(m, n) * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
 }
 
+/* A saved routed row's input: at the model's dtype, or under DeepSeek-V3's FP8 caching
+ * (fp8_expert_inputs) 1 byte an element and one fp32 scale per 1 x 128 tile, as DeepSeek
+ * quantises activations (DeepSeek-V3 technical report, 2024, section 3.3). */
+static uint64_t input_row_bytes(const struct model *m, const struct ir_node *n) {
+  uint64_t h = (uint64_t)m->hidden_size;
+  return n->fp8_expert_inputs ? h + 4 * ((h + 127) / 128) : h * model_dtype_bytes(m->dtype);
+}
+
 /* kernels_expert_ffn_saved_floats: each row's input, gate and up, and silu(gate) * up */
 uint64_t ir_ep_saved_bytes(const struct model *m, const struct ir_node *n) {
-  uint64_t h = (uint64_t)m->hidden_size, f = expert_ffn(m, n);
-  return ir_ep_capacity_rows(m, n) * (h + 3 * f) * model_dtype_bytes(m->dtype);
+  uint64_t f = expert_ffn(m, n);
+  return ir_ep_capacity_rows(m, n) * (input_row_bytes(m, n) + 3 * f * model_dtype_bytes(m->dtype));
 }
 
 /* F: scratch of a row each; B: bwork (the rows' gradients, dgate, dup) and scratch; BI:

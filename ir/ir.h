@@ -77,6 +77,10 @@ struct ir_node {
   /* expert parallelism (shard_degree > 1): the receive capacity factor of the shard directive
    * (ir_ep_capacity_rows); 0 = IR_EP_CAPACITY_FACTOR_DEFAULT */
   double capacity_factor;
+  /* expert parallelism: the saved routed rows (the experts' GEMM inputs) in FP8, 1 byte an
+   * element and an fp32 scale per 128 (DeepSeek-V3's FP8 caching; ir_ep_saved_bytes): the
+   * shard directive's fp8_expert_inputs, costed by the simulator, refused by the executor */
+  bool fp8_expert_inputs;
   uint32_t replica_degree;   /* data-parallel replicas of this node (group size), 1 if none */
   /* ZeRO levels of the replicate directive that placed it: shard_optimizer (1), shard_grads
    * (2, implies 1), shard_params (3, implies 2) */

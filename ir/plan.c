@@ -427,10 +427,10 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->replica_degree == b->replica_degree && a->shard_grads == b->shard_grads &&
          (a->shard_optimizer || a->shard_grads) == (b->shard_optimizer || b->shard_grads) &&
          a->shard_params == b->shard_params && a->recompute == b->recompute &&
-         a->recompute_modules == b->recompute_modules &&
-         a->directive == b->directive && a->priority == b->priority &&
-         a->tp_degree == b->tp_degree && a->sequence_parallel == b->sequence_parallel &&
-         a->collectives == b->collectives && a->capacity_factor == b->capacity_factor;
+         a->recompute_modules == b->recompute_modules && a->directive == b->directive &&
+         a->priority == b->priority && a->tp_degree == b->tp_degree &&
+         a->sequence_parallel == b->sequence_parallel && a->collectives == b->collectives &&
+         a->capacity_factor == b->capacity_factor && a->fp8_expert_inputs == b->fp8_expert_inputs;
 }
 
 bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,

@@ -360,16 +360,38 @@ enum {
   N_SEQUENCE_PARALLEL,
   N_COLLECTIVES,
   N_PRIORITY,
-  N_CAPACITY_FACTOR, /* expert parallelism: optional, absent without it */
+  N_CAPACITY_FACTOR,   /* expert parallelism: optional, absent without it */
+  N_FP8_EXPERT_INPUTS, /* expert parallelism: optional, absent when false */
   N_RECOMPUTE_MODULES, /* selective recomputation of other modules than the attention core */
   N_COUNT
 };
-static const char *const node_keys[N_COUNT] = {
-    "id",          "name",         "kind",       "pass",         "purpose",
-    "tags",        "group",        "peer_group", "stream",       "segment",
-    "segset",      "pair",         "bytes",      "shard_degree", "replica_degree",
-    "shard_grads", "shard_params", "shard_optimizer", "recompute", "directive", "tp_degree",
-    "sequence_parallel", "collectives", "priority", "capacity_factor", "recompute_modules"};
+static const char *const node_keys[N_COUNT] = {"id",
+                                               "name",
+                                               "kind",
+                                               "pass",
+                                               "purpose",
+                                               "tags",
+                                               "group",
+                                               "peer_group",
+                                               "stream",
+                                               "segment",
+                                               "segset",
+                                               "pair",
+                                               "bytes",
+                                               "shard_degree",
+                                               "replica_degree",
+                                               "shard_grads",
+                                               "shard_params",
+                                               "shard_optimizer",
+                                               "recompute",
+                                               "directive",
+                                               "tp_degree",
+                                               "sequence_parallel",
+                                               "collectives",
+                                               "priority",
+                                               "capacity_factor",
+                                               "fp8_expert_inputs",
+                                               "recompute_modules"};
 
 /* A selective node's "recompute_modules" (module names, absent: the attention core). */
 static bool read_recompute_modules(const cJSON *v, struct ir_node *n, const struct json_loc *l,
@@ -486,9 +508,13 @@ static bool read_tensor_parallel(const struct plan *p, struct ir_node *n, const 
 
 /* The EP receive capacity (ir/expert.c), on EP nodes alone; plans written before it get the
  * default. */
-static bool read_capacity(struct ir_node *n, const cJSON *v, const struct json_loc *l,
-                          GError **err) {
+static bool read_capacity(struct ir_node *n, const cJSON *v, const cJSON *fp8,
+                          const struct json_loc *l, GError **err) {
   n->capacity_factor = n->shard_degree > 1 ? IR_EP_CAPACITY_FACTOR_DEFAULT : 0;
+  if (fp8 && n->shard_degree <= 1)
+    return json_fail_at(err, l, "\"fp8_expert_inputs\" on a node without expert parallelism");
+  if (fp8 && !json_value_bool(fp8, "fp8_expert_inputs", &n->fp8_expert_inputs, l, err))
+    return false;
   if (!v)
     return true;
   if (n->shard_degree <= 1)
@@ -589,7 +615,8 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   if (!read_tensor_parallel(p, n, x[N_TP_DEGREE], x[N_SEQUENCE_PARALLEL], x[N_COLLECTIVES], &l,
                             err))
     return false;
-  return read_capacity(n, x[N_CAPACITY_FACTOR], &l, err) && check_peer_group(p, n, &l, err);
+  return read_capacity(n, x[N_CAPACITY_FACTOR], x[N_FP8_EXPERT_INPUTS], &l, err) &&
+         check_peer_group(p, n, &l, err);
 }
 
 /* "split" (tensor parallelism): absent, or 2 or more dividing the group, never on pp; a tp

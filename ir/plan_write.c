@@ -267,6 +267,8 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
     cJSON_AddNumberToObject(o, "capacity_factor", n->capacity_factor > 0
                                                       ? n->capacity_factor
                                                       : IR_EP_CAPACITY_FACTOR_DEFAULT);
+  if (n->fp8_expert_inputs)
+    cJSON_AddBoolToObject(o, "fp8_expert_inputs", true);
   /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
   char prio[24];
   snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);

@@ -201,13 +201,16 @@ int kernels_moe_owner(int expert, int E, int n_ranks);
  * they come by source rank, then token); each expert's rows run as one GEMM, in row order.
  * saved (in order, rows grouped by expert, experts ascending, rows ascending within one):
  *   xs [n, C] (the inputs), g [n, F], u [n, F], act [n, F].
+ * act, silu(g)·u, lives there unless the caller gives it a buffer of its own (act, [n, F],
+ * same grouping; NULL: in saved), so that selective recomputation (moe_act) can drop it while
+ * the rest stays (kernels_expert_ffn_act_forward rebuilds it from g and u, bit for bit).
  * bwork (same grouping): dys [n, C] (the output gradient), dg [n, F], du [n, F].
  * scratch: [n, C], used within one call only (forward and BI). */
 size_t kernels_expert_ffn_param_count(int E, int C, int F);
 size_t kernels_expert_ffn_saved_floats(int n_rows, int C, int F);
 size_t kernels_expert_ffn_bwork_floats(int n_rows, int C, int F);
 size_t kernels_expert_ffn_scratch_floats(int n_rows, int C);
-/* kernels_expert_ffn_forward: out [n, C], saved <- in [n, C], row_expert int32 [n] */
+/* kernels_expert_ffn_forward: out [n, C], saved (act) <- in [n, C], row_expert int32 [n] */
 /* kernels_expert_ffn_backward_input: din [n, C] (= or +=), bwork <- dout [n, C] */
 
 /* ---- LM_HEAD_LOSS: h -> loss ------------------------------------------------------------

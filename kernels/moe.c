@@ -245,13 +245,14 @@ static void check_row_experts(const int32_t *row_expert, int n_rows, int e_first
   }
 }
 
-/* out [n, C], saved = xs [n, C], g, u, act [n, F] (grouped by expert) <- in [n, C] */
-void kernels_expert_ffn_forward(float *out, float *saved, float *scratch, const float *in,
-                                const int32_t *row_expert, int n_rows, const float *params,
-                                int e_first, int e_count, int C, int F) {
+/* out [n, C], saved = xs [n, C], g, u, act [n, F] (grouped by expert; act in act_buf when
+ * given) <- in [n, C] */
+void kernels_expert_ffn_forward(float *out, float *saved, float *act_buf, float *scratch,
+                                const float *in, const int32_t *row_expert, int n_rows,
+                                const float *params, int e_first, int e_count, int C, int F) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
-  float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = u + n * F;
+  float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
   size_t off = 0;
   for (int e = e_first; e < e_first + e_count; e++) {
     int cnt = expert_rows_move(xs + off * C, in, row_expert, n_rows, e, C, false, false);
@@ -298,10 +299,11 @@ void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch,
 /* per expert e: dwg += xs^T dg, dwu += xs^T du, dwd += act^T dys */
 void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
                                         const int32_t *row_expert, int n_rows, const float *saved,
-                                        int e_first, int e_count, int C, int F) {
+                                        const float *act_buf, int e_first, int e_count, int C,
+                                        int F) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
-  const float *xs = saved, *act = saved + n * C + 2 * n * F;
+  const float *xs = saved, *act = act_buf ? act_buf : saved + n * C + 2 * n * F;
   const float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
   size_t off = 0;
   for (int e = e_first; e < e_first + e_count; e++) {
@@ -320,10 +322,18 @@ void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
 /* Fused backward: BI then BW, same shapes (BW reads what BI left in bwork). */
 void kernels_expert_ffn_backward(float *din, float *dparams, float *bwork, float *scratch,
                                  const float *dout, const int32_t *row_expert, int n_rows,
-                                 const float *saved, const float *params, int e_first, int e_count,
-                                 int C, int F, bool accumulate) {
+                                 const float *saved, const float *act, const float *params,
+                                 int e_first, int e_count, int C, int F, bool accumulate) {
   kernels_expert_ffn_backward_input(din, bwork, scratch, dout, row_expert, n_rows, saved, params,
                                     e_first, e_count, C, F, accumulate);
-  kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, e_first, e_count, C,
-                                     F);
+  kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, act, e_first,
+                                     e_count, C, F);
+}
+
+/* The forward's swiglu over every row at once: elementwise, so the same bits as its pass per
+ * expert (kernels_impl_swiglu_forward computes each element alike wherever it falls). */
+void kernels_expert_ffn_act_forward(float *act, const float *saved, int n_rows, int C, int F) {
+  size_t n = (size_t)n_rows;
+  const float *g = saved + n * C, *u = g + n * F;
+  kernels_impl_swiglu_forward(act, g, u, n * F);
 }

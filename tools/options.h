@@ -97,7 +97,8 @@ void options_print_version(const struct option_program *p);
            "tp=N,sp,recompute[@A-B]=full[:uniform|block:N]|selective[:M+M]\n"              \
            "(PP regions follow; uneven: first-stage-layers=N,\n"                               \
            "last-stage-layers=N | stage-layers=A+B+...,\n"                                      \
-           "account-for-embedding,account-for-loss)"},                                           \
+           "account-for-embedding,account-for-loss;\n"                                        \
+           "with ep: capacity=F,fp8-expert-inputs)"},                                           \
   {.name = "--schedule", .kind = OPTION_STRING, .offset = offsetof(T, m.schedule),               \
    .metavar = "NAME",                                                                            \
    .help = "build the order directives for R ranks and M micro-batches: gpipe,\n"                \

@@ -106,6 +106,9 @@ plans=(
   "rc_layernorm_one 1 $DENSE --pp-regions 1 --layout pp=1,recompute=selective:layernorm --mbs 8"
   "rc_modules_moe 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8"
   "rc_modules_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
+  # the routed experts' silu(gate)·up rows (moe_act): local, and under EP at the capacity
+  "rc_moe_act_one 1 $MOE --pp-regions 1 --layout pp=1,recompute=selective:moe_act --mbs 8"
+  "rc_moe_act_ep 4 $MOE --layout pp=2,dp=2,ep=2,recompute=selective:layernorm+moe_act --schedule 1f1b --mbs 4"
   # experts under TP: local (their slices' rows and outputs [T x top_k, hidden] whole, the gate
   # and up of F / TP), with SP, and EP 2 with TP 2 inside (routed rows at the plan's capacity)
   "moe_tp2 2 $MOE --layout pp=1,tp=2 --mbs 4"

@@ -40,6 +40,8 @@ import json, sys
 d = [] if sys.argv[1] == 'none' else [{'op': 'recompute', 'filter': {}, 'granularity': sys.argv[1]}]
 if sys.argv[1] == 'modules':
     d = [{'op': 'recompute', 'filter': {}, 'granularity': 'selective', 'modules': ['core_attn', 'layernorm', 'mlp']}]
+if sys.argv[1] == 'moe_act':
+    d = [{'op': 'recompute', 'filter': {}, 'granularity': 'selective', 'modules': ['moe_act']}]
 d.append({'op': 'split', 'filter': {}, 'dim_name': 'MB', 'num_microbatches': 8})
 json.dump(d, open(sys.argv[2], 'w'))" "$1" "$2"; }
 
@@ -67,7 +69,7 @@ same() {
 # the executor's activations at its peak on device 0
 activations() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['devices'][0]['memory_breakdown_bytes']['activations'])" "$1/metrics.json"; }
 
-for g in none full selective modules; do
+for g in none full selective modules moe_act; do
   one8 $g "$T/one8_$g.json"
 done
 # name NP MODEL LAYOUT-ARGS: the reference runs with the layout as given, each variant with
@@ -111,9 +113,11 @@ for m in dense moe; do
   fi
 done
 # Selective recomputation of named modules (Megatron's --recompute-modules): norm outputs, MLP
-# and shared-expert activations dropped by F and rebuilt by R, bit-identical to storing them,
-# under 1F1B, zero-bubble (R before BI) and ZeRO-3 (R reads the gathered parameters); "moe"
-# reruns the local experts' segments in full. Each drops activations (one device, below none).
+# and shared-expert activations and the routed experts' silu(gate)·up rows (moe_act: local
+# experts, and under expert parallelism at the plan's capacity) dropped by F and rebuilt by R,
+# bit-identical to storing them, under 1F1B, zero-bubble (R before BI) and ZeRO-3 (R reads the
+# gathered parameters); "moe" reruns the local experts' segments in full. Each drops
+# activations (one device, below none).
 SHARED=$T/tiny-moe-shared.json
 python3 -c "import json, sys; d = json.load(open(sys.argv[1])); d['n_shared_experts'] = 1
 json.dump(d, open(sys.argv[2], 'w'))" $MOE "$SHARED"
@@ -122,7 +126,12 @@ mods=(
   "dense_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
   "dense_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective:layernorm --schedule 1f1b --mbs 4"
   "one_dense_none 1 $DENSE --pp-regions 2 --directives $T/one8_modules.json"
+  "moe_pp2 2 $MOE --layout pp=2,recompute=selective:moe_act --schedule 1f1b --mbs 8"
+  "moe_ep 4 $MOE --layout pp=2,dp=2,ep=2,recompute=selective:layernorm+moe_act --schedule 1f1b --mbs 4"
+  "moe_zb 2 $MOE --layout pp=2,recompute=selective:moe_act --schedule zerobubble --mbs 4"
+  "one_moe_none 1 $MOE --pp-regions 2 --directives $T/one8_moe_act.json"
 )
+run moe_zb 2 "$MOE" --layout pp=2 --schedule zerobubble --mbs 4
 run moe_shared 2 "$SHARED" --layout pp=2 --schedule 1f1b --mbs 8 &&
   mods+=("moe_shared 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8")
 for p in "${mods[@]}"; do
@@ -133,8 +142,13 @@ if [ -s "$T/one_dense_none_modules.params" ]; then
   a=$(activations "$T/one_dense_none") s=$(activations "$T/one_dense_selective") m=$(activations "$T/one_dense_none_modules")
   [ "$m" -lt "$s" ] && ok || bad "one device: activations at the peak: selective $s, core_attn+layernorm+mlp $m (want fewer)"
 fi
-# what the executor cannot rerun is refused in one error line (exit 2): moe_act needs a kernel of
-# its own; modules besides the attention core under tensor parallelism
+if [ -s "$T/one_moe_none_modules.params" ]; then
+  a=$(activations "$T/one_moe_none") m=$(activations "$T/one_moe_none_modules")
+  [ "$m" -lt "$a" ] && ok || bad "one device (moe): activations at the peak: none $a, moe_act $m (want fewer)"
+fi
+# what the executor cannot rerun is refused in one error line (exit 2): mla_up_proj has no MLA
+# kernel (DeepSeek-V3's plan is refused before anything is allocated); modules besides the
+# attention core under tensor parallelism
 refused() {
   local want=$1
   shift
@@ -143,7 +157,7 @@ refused() {
   [ $rc -eq 2 ] && [ "$(grep -c 'error:' "$T/refused.log")" -eq 1 ] && grep -q "error: .*$want" "$T/refused.log" && ok ||
     bad "want exit 2 and one line with '$want', got $rc: $(cat "$T/refused.log")"
 }
-refused 'recomputation of "moe_act" has no kernel on the host backend' --model $MOE --layout pp=1,recompute=selective:moe_act --mbs 2
+refused 'recomputation of "mla_up_proj" has no kernel on the host backend' --model models/deepseek-v3.json --layout pp=1,recompute=selective:mla_up_proj --mbs 1
 refused 'other than core_attn under tensor parallelism' --model $DENSE --layout tp=2,recompute=selective:layernorm --mbs 2
 echo "test_recompute.sh: $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -404,11 +404,16 @@ static void check_expert_ffn(struct check *c) {
   float *dp = devf(c, p, P), *din = devf(c, in, N * C), *dout = devf(c, NULL, N * C);
   float *dsaved = devf(c, NULL, SV), *dbw = devf(c, NULL, BW), *dscr = devf(c, NULL, SC);
   int32_t *drexp = dev(c, rexp, sizeof rexp);
-  kernels_expert_ffn_forward(out, saved, scratch, in, rexp, N, p, E0, EC, C, F);
-  c->k->expert_ffn_forward(c->s, dout, dsaved, dscr, din, drexp, N, dp, E0, EC, C, F);
+  kernels_expert_ffn_forward(out, saved, NULL, scratch, in, rexp, N, p, E0, EC, C, F);
+  c->k->expert_ffn_forward(c->s, dout, dsaved, NULL, dscr, din, drexp, N, dp, E0, EC, C, F);
   compare(c, "expert_ffn F", out, dout, N * C, c->tol_gemm);
   compare(c, "expert_ffn F saved (grouped)", saved, dsaved, SV, c->tol_gemm);
   exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
+  /* moe_act's rerun: silu(g)·u from the host's g and u, elementwise (the host's act) */
+  size_t NA = (size_t)N * F;
+  float *dact = devf(c, NULL, NA);
+  c->k->expert_ffn_act_forward(c->s, dact, dsaved, N, C, F);
+  compare(c, "expert_ffn act rerun (moe_act)", saved + SV - NA, dact, NA, c->tol_gemm);
   float *g = rnd(c, N * C, 1), *dg = devf(c, g, N * C);
   float *gi = rnd(c, N * C, 1), *dgi = devf(c, gi, N * C);
   kernels_expert_ffn_backward_input(gi, bwork, scratch, g, rexp, N, saved, p, E0, EC, C, F, true);
@@ -417,10 +422,13 @@ static void check_expert_ffn(struct check *c) {
   compare(c, "expert_ffn BI (accumulate)", gi, dgi, N * C, c->tol_gemm);
   compare(c, "expert_ffn BI bwork", bwork, dbw, BW, c->tol_gemm);
   exec_backend_from_host(c->b, dbw, bwork, BW * sizeof(float));
-  float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P);
-  kernels_expert_ffn_backward_weight(gp, bwork, rexp, N, saved, E0, EC, C, F);
-  c->k->expert_ffn_backward_weight(c->s, dgp, dbw, drexp, N, dsaved, E0, EC, C, F);
+  float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P), *dgp2 = devf(c, gp, P);
+  kernels_expert_ffn_backward_weight(gp, bwork, rexp, N, saved, NULL, E0, EC, C, F);
+  c->k->expert_ffn_backward_weight(c->s, dgp, dbw, drexp, N, dsaved, NULL, E0, EC, C, F);
   compare(c, "expert_ffn BW", gp, dgp, P, c->tol_gemm);
+  /* the weight gradient with act apart (the rerun's buffer) */
+  c->k->expert_ffn_backward_weight(c->s, dgp2, dbw, drexp, N, dsaved, dact, E0, EC, C, F);
+  compare(c, "expert_ffn BW, act apart", gp, dgp2, P, c->tol_gemm);
 }
 
 static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {

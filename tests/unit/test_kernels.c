@@ -750,9 +750,42 @@ struct exp_ctx {
 
 static double exp_loss(void *p) {
   struct exp_ctx *c = p;
-  kernels_expert_ffn_forward(c->out, c->saved, c->scratch, c->in, c->row_expert, c->n, c->params,
-                             c->e_first, c->e_count, c->C, c->F);
+  kernels_expert_ffn_forward(c->out, c->saved, NULL, c->scratch, c->in, c->row_expert, c->n,
+                             c->params, c->e_first, c->e_count, c->C, c->F);
   return dotd(c->out, c->R, (size_t)c->n * c->C);
+}
+
+/* Selective recomputation of the routed experts' activation (moe_act): the forward with act in
+ * a buffer of its own writes the same outputs and the same xs, g, u; kernels_expert_ffn_act_forward
+ * rebuilds act from them bit for bit (every row at once, where the forward went expert by
+ * expert); and the weight gradient read from that buffer is the one read from saved. Rows of
+ * three experts in arbitrary order, F = 37 so no expert's run of act is a multiple of a vector. */
+static void test_expert_ffn_act_rerun(void **state) {
+  (void)state;
+  int32_t row_expert[9] = {2, 0, 2, 1, 0, 2, 2, 1, 0};
+  const int n = 9, C = 8, F = 37, E = 3;
+  size_t np = kernels_expert_ffn_param_count(E, C, F),
+         ns = kernels_expert_ffn_saved_floats(n, C, F);
+  size_t na = (size_t)n * F, nb = kernels_expert_ffn_bwork_floats(n, C, F);
+  float *params = fz(np), *in = fz((size_t)n * C), *dout = fz((size_t)n * C);
+  fill(params, np, 0.9f), fill(in, (size_t)n * C, 2.0f), fill(dout, (size_t)n * C, 1.0f);
+  float *out = fz((size_t)n * C), *saved = fz(ns),
+        *scratch = fz(kernels_expert_ffn_scratch_floats(n, C));
+  kernels_expert_ffn_forward(out, saved, NULL, scratch, in, row_expert, n, params, 0, E, C, F);
+  float *out2 = fz((size_t)n * C), *saved2 = fz(ns), *act = fz(na), *act2 = fz(na);
+  kernels_expert_ffn_forward(out2, saved2, act, scratch, in, row_expert, n, params, 0, E, C, F);
+  assert_same("outputs, act apart", out, out2, (size_t)n * C);
+  assert_same("xs, g, u, act apart", saved, saved2, ns - na);
+  assert_same("act apart", saved + ns - na, act, na);
+  kernels_expert_ffn_act_forward(act2, saved2, n, C, F);
+  assert_same("act rebuilt", act, act2, na);
+  float *bw = fz(nb), *dx = fz((size_t)n * C), *dw = fz(np), *dw2 = fz(np);
+  kernels_expert_ffn_backward(dx, dw, bw, scratch, dout, row_expert, n, saved, NULL, params, 0, E,
+                              C, F, false);
+  kernels_expert_ffn_backward_weight(dw2, bw, row_expert, n, saved2, act2, 0, E, C, F);
+  assert_same("weight gradient from the rebuilt act", dw, dw2, np);
+  free(params), free(in), free(dout), free(out), free(saved), free(scratch), free(out2);
+  free(saved2), free(act), free(act2), free(bw), free(dx), free(dw), free(dw2);
 }
 
 static void test_expert_ffn_grad(void **state) {
@@ -784,10 +817,10 @@ static void test_expert_ffn_grad(void **state) {
   float *dx = fz(n), *dw = fz(np), *bw = fz(nb), *dx2 = fz(n), *dw2 = fz(np), *bw2 = fz(nb);
   kernels_expert_ffn_backward_input(dx, bw, c.scratch, c.R, row_expert, c.n, c.saved, c.params,
                                     c.e_first, c.e_count, c.C, c.F, false);
-  kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, c.e_first, c.e_count, c.C,
-                                     c.F);
-  kernels_expert_ffn_backward(dx2, dw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, c.params,
-                              c.e_first, c.e_count, c.C, c.F, false);
+  kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, NULL, c.e_first, c.e_count,
+                                     c.C, c.F);
+  kernels_expert_ffn_backward(dx2, dw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
+                              c.params, c.e_first, c.e_count, c.C, c.F, false);
   assert_same("expert fused dx", dx, dx2, n);
   assert_same("expert fused dw", dw, dw2, np);
   /* Expert 2 had no rows: its gradient block stays exactly zero. */
@@ -834,9 +867,9 @@ static void test_expert_parallel_equals_full(void **state) {
     size_t off = 0;
     for (int r = 0; r < n_ranks; r++) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
-      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F), scratch, send + off * C,
-                                 send_expert + off, (int)cnt, params + e0 * per, (int)e0, per_rank,
-                                 C, F);
+      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F), NULL, scratch,
+                                 send + off * C, send_expert + off, (int)cnt, params + e0 * per,
+                                 (int)e0, per_rank, C, F);
       off += cnt;
     }
     kernels_moe_combine_forward(m[run], y, weights, route_row, T, K, C);
@@ -846,7 +879,7 @@ static void test_expert_parallel_equals_full(void **state) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
       kernels_expert_ffn_backward(dsend + off * C, dparams[run] + e0 * per,
                                   bwork + off * (C + 2 * F), scratch, dy + off * C,
-                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F),
+                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F), NULL,
                                   params + e0 * per, (int)e0, per_rank, C, F, false);
       off += cnt;
     }
@@ -878,8 +911,8 @@ static double moe_loss(void *p) {
   kernels_moe_dispatch_plan(c->counts, c->route_row, c->ids, c->T, c->K, c->E, 1);
   kernels_moe_dispatch_forward(c->send, c->send_expert, c->h, c->ids, c->route_row, c->T, c->K,
                                c->C);
-  kernels_expert_ffn_forward(c->y, c->esaved, c->scratch, c->send, c->send_expert, c->T * c->K,
-                             c->ew, 0, c->E, c->C, c->F);
+  kernels_expert_ffn_forward(c->y, c->esaved, NULL, c->scratch, c->send, c->send_expert,
+                             c->T * c->K, c->ew, 0, c->E, c->C, c->F);
   kernels_moe_combine_forward(c->m, c->y, c->weights, c->route_row, c->T, c->K, c->C);
   return dotd(c->m, c->R, (size_t)c->T * c->C);
 }
@@ -903,7 +936,7 @@ static void test_moe_layer_grad(void **state) {
   float *rbw = fz(kernels_router_bwork_floats(c.T, c.E));
   kernels_moe_combine_backward(dy, dwt, c.R, c.y, c.weights, c.route_row, c.T, c.K, c.C);
   kernels_expert_ffn_backward(dsend, dew, ebw, c.scratch, dy, c.send_expert, (int)nk, c.esaved,
-                              c.ew, 0, c.E, c.C, c.F, false);
+                              NULL, c.ew, 0, c.E, c.C, c.F, false);
   kernels_moe_dispatch_backward(dh, dsend, c.route_row, c.T, c.K, c.C, false);
   kernels_router_backward(dh, drw, rbw, dwt, c.ids, c.weights, c.probs, c.h, c.rw, c.T, c.C, c.E,
                           c.K, true); /* h fans out to router and experts: sum */
@@ -1340,6 +1373,7 @@ int main(void) {
       cmocka_unit_test(test_dispatch_combine_roundtrip),
       cmocka_unit_test(test_dispatch_combine_grad),
       cmocka_unit_test(test_expert_ffn_grad),
+      cmocka_unit_test(test_expert_ffn_act_rerun),
       cmocka_unit_test(test_expert_parallel_equals_full),
       cmocka_unit_test(test_moe_layer_grad),
       cmocka_unit_test(test_lm_head_known),

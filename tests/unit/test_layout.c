@@ -90,6 +90,21 @@ static void test_shapes(void **state) {
   l = parse("pp=2,recompute=selective:block:3");
   assert_int_equal(l.recompute[0].modules, 0);
   assert_int_equal(l.recompute[0].method, DIR_RECOMPUTE_BLOCK);
+  /* the EP options go on every shard line, and only there */
+  l = parse("pp=2,dp=2,ep=2,capacity=1.25,fp8-expert-inputs");
+  assert_true(l.capacity_factor == 1.25 && l.fp8_expert_inputs);
+  char *text = layout_to_json(&l);
+  const char *shard = strstr(text, "\"op\": \"shard\"");
+  assert_non_null(shard);
+  assert_non_null(strstr(shard, "\"capacity_factor\": 1.25, \"fp8_expert_inputs\": true}"));
+  size_t shards = 0, options = 0;
+  for (const char *q = text; (q = strstr(q, "\"op\": \"shard\"")); q++)
+    shards++;
+  for (const char *q = text; (q = strstr(q, "fp8_expert_inputs")); q++)
+    options++;
+  assert_int_equal(shards, 2); /* one a stage */
+  assert_int_equal(options, shards);
+  g_free(text);
 }
 
 /* Each layout compiles with the model and gives the devices and pipeline ranks it promises. */
@@ -173,6 +188,10 @@ static void test_bad_specs(void **state) {
       {"pp=4,recompute@0-2=full,recompute@2-3=selective", "two recompute items cover one stage"},
       {"pp=4,recompute=full,recompute@3=selective", "two recompute items cover one stage"},
       {"pp=2,zero=2", "zero=2 needs dp of at least 2"},
+      {"pp=2,capacity=1.5", "capacity applies to expert parallelism: it needs ep of at least 2"},
+      {"pp=2,dp=2,fp8-expert-inputs", "fp8-expert-inputs applies to expert parallelism"},
+      {"pp=2,dp=2,ep=2,capacity=0.9", "\"capacity\" must be a number in [1, 1024]"},
+      {"pp=2,dp=2,ep=2,capacity=x", "\"capacity\" must be a number"},
       {"pp=65536,dp=65536", "more than"},
       {"dp=x", "\"dp\" must be a whole number"},
   };

@@ -31,6 +31,7 @@
 #include "test-helpers.h"
 
 #include "../../base/json.h"
+#include "../../directives/compile.h"
 #include "../../ir/plan.h"
 #include "../../kernels/kernels.h"
 #include "../../sim/sim.h"
@@ -546,6 +547,106 @@ static void test_deepseek_v3_layer_by_hand(void **state) {
   check_hand("models/deepseek-v3.json", cases, G_N_ELEMENTS(cases), 10, 64);
 }
 
+/* Full recomputation of every layer keeps what Megatron's keeps (--recompute-granularity full
+ * --recompute-method uniform --recompute-num-layers 1): each layer's input x (2h per token,
+ * bf16) and, for a layer's backward, that one layer's activations, which its rerun restores.
+ * Llama-3-8B, all 32 layers on one stage, T tokens. The peak of saved activations comes while
+ * the last layer's rerun runs: the 32 inputs (the rerun reads its chunk's copy, released when
+ * it ends; its backward then holds 31 and the copy inside S), one layer's S and the
+ * embedding's token ids (int32). Storing holds 32 S, the ids, the final norm's (2h + 4: x and
+ * its fp32 rstd) and the LM head's (its input 2h; row max and 1/sum, fp32; targets, int32:
+ * 2h + 12). Their ratio, (32 x 2h + S) / (32 S) at this size, is under 10%: 9.0%
+ * (docs/memory.md: the peak with one layer's backward transients, which both hold, is
+ * 11.6%). */
+static uint64_t llama_peak_saved(const char *model, const char *layout) {
+  struct compile_options o = compile_options_default();
+  o.model_path = model;
+  o.layout = layout;
+  o.pp_regions = 1; /* small_model puts a layer in each PP region; one stage holds them all */
+  o.have_schedule = true;
+  assert_true(sched_family_parse("gpipe", &o.schedule.family));
+  o.schedule.mbs = 1;
+  GError *err = NULL;
+  struct plan *p = compile_take_plan(&o, &err);
+  if (!p)
+    fail_msg("compile %s: %s", layout, err->message);
+  struct profile *prof = profile_load_file("profiles/unit.json", &err);
+  if (!prof)
+    fail_msg("profile: %s", err->message);
+  struct sim_options so = {.collapse = true};
+  struct sim_result *r = sim_run(p, prof, &so, &err);
+  if (!r)
+    fail_msg("sim_run: %s", err->message);
+  uint64_t peak = r->units[r->device_unit[0]].peak_saved_activation_bytes;
+  sim_result_free(r);
+  profile_free(prof);
+  plan_free(p);
+  return peak;
+}
+
+static void test_full_every_layer_as_megatron(void **state) {
+  (void)state;
+  const int64_t T = 64;
+  const double h = 4096, H = 32, KV = 8, D = 128, F = 14336, L = 32;
+  const double S = 8 * h + 8 + 4 * H * D + 4 * KV * D + 4 * H + 6 * F;
+  char *dir = test_tmp_dir("test_recompute-XXXXXX");
+  char *model = small_model(dir, "models/llama3-8b.json", T);
+  uint64_t full = llama_peak_saved(model, "pp=1,recompute=full:uniform:1");
+  uint64_t none = llama_peak_saved(model, "pp=1");
+  const double ids = 4, final_norm = 2 * h + 4, head = 2 * h + 12;
+  if ((double)full != (L * 2 * h + S + ids) * (double)T ||
+      (double)none != (L * S + ids + final_norm + head) * (double)T)
+    fail_msg("saved at the peak per token: full %.1f B (by hand %.1f), none %.1f B (%.1f)",
+             (double)full / (double)T, L * 2 * h + S + ids, (double)none / (double)T,
+             L * S + ids + final_norm + head);
+  assert_true((double)full < 0.1 * (double)none);
+  test_remove_tree(dir);
+  g_free(model);
+  g_free(dir);
+}
+
+/* DeepSeek-V3's FP8 caching of the experts' inputs (fp8-expert-inputs), by hand: under expert
+ * parallelism an expert layer's forward saves, per row received at the capacity (ir/expert.c:
+ * factor x T x top_k, at most EP x T x top_k), the row's input, gate, up and silu(gate) up; with
+ * the option the input is h bytes and one fp32 scale per 128 elements instead of h x B. tiny-moe
+ * (fp32, h 64: 68 bytes a row instead of 256) at EP 2, capacity 1.5. */
+static uint64_t expert_saved(const char *layout, uint64_t *rows, uint64_t *h) {
+  struct compile_options o = compile_options_default();
+  o.model_path = "models/tiny-moe.json";
+  o.layout = layout;
+  o.have_schedule = true;
+  assert_true(sched_family_parse("1f1b", &o.schedule.family));
+  o.schedule.mbs = 2;
+  GError *err = NULL;
+  struct plan *p = compile_take_plan(&o, &err);
+  if (!p)
+    fail_msg("compile %s: %s", layout, err->message);
+  const struct model *m = p->model;
+  *rows = (uint64_t)ceil(1.5 * (double)(model_tokens_per_microbatch(m) * m->experts_per_tok));
+  *h = (uint64_t)m->hidden_size;
+  const struct plan_class *c = plan_device_class(p, 0);
+  uint64_t saved = 0;
+  for (uint32_t i = 0; i < c->n_instrs && !saved; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_F && n->shard_degree > 1)
+      saved = written(c, i, PLAN_TENSOR_SAVED);
+  }
+  plan_free(p);
+  return saved;
+}
+
+static void test_fp8_expert_inputs(void **state) {
+  (void)state;
+  uint64_t rows, h;
+  uint64_t bf = expert_saved("pp=2,dp=2,ep=2,capacity=1.5", &rows, &h);
+  uint64_t f8 = expert_saved("pp=2,dp=2,ep=2,capacity=1.5,fp8-expert-inputs", &rows, &h);
+  assert_true(rows > 0 && bf > 0);
+  if (bf - f8 != rows * (4 * h - (h + 4 * ((h + 127) / 128))))
+    fail_msg("fp8-expert-inputs saves %llu B of %llu, by hand %llu rows x (%llu - %llu)",
+             (unsigned long long)(bf - f8), (unsigned long long)bf, (unsigned long long)rows,
+             (unsigned long long)(4 * h), (unsigned long long)(h + 4 * ((h + 127) / 128)));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention_core_rerun),
@@ -554,6 +655,8 @@ int main(void) {
       cmocka_unit_test(test_layered_refusals),
       cmocka_unit_test(test_llama3_layer_by_hand),
       cmocka_unit_test(test_deepseek_v3_layer_by_hand),
+      cmocka_unit_test(test_full_every_layer_as_megatron),
+      cmocka_unit_test(test_fp8_expert_inputs),
       cmocka_unit_test(test_layer_tensors),
       cmocka_unit_test(test_layer_tensors_tp2),
       cmocka_unit_test(test_simulated_growth),
