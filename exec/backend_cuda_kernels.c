@@ -16,6 +16,7 @@
 #include "../base/base.h"
 #include "../kernels/kernels_cuda.h"
 #include "cuda-impl.h"
+#include "cuda_cudnn.h"
 #include "gpu_layout.h"
 
 static struct cuda_context *kernel_ctx(struct exec_stream *s) {
@@ -347,10 +348,73 @@ static void attention_fused_forward(struct exec_stream *s, const struct kernels_
   cudaFreeAsync(scratch, st_of(s));
 }
 
-/* lse, y <- q, k, v: one fused kernel, or per head: scores, softmax, values. */
+/* The whole sequence (no context-parallel chunk yet: its offsets go in q_offset, kv_offset). */
+static struct exec_cudnn_sdpa_shape cudnn_shape(const struct kernels_attention_dims *d) {
+  struct exec_cudnn_sdpa_shape sh = {d->batch, d->seq, d->seq, d->heads, d->kv_heads,
+                                     d->head_dim, 0, 0};
+  return sh;
+}
+
+/* Whether cuDNN's core runs (exec_gpu_attention_cudnn): for bf16 models, as the own fused
+ * kernel (cuDNN computes in bf16 too), where the build has cuDNN and the shape fits. */
+static bool attention_cudnn(struct exec_stream *s, const struct kernels_attention_dims *d) {
+  const struct cuda_context *b = kernel_ctx(s);
+  struct exec_cudnn_sdpa_shape sh = cudnn_shape(d);
+  bool usable = b->bf16_gemm && !b->cudnn_off && exec_cudnn_sdpa_built() &&
+                exec_cudnn_sdpa_supported(&sh);
+  return exec_gpu_attention_cudnn(b->attention, usable);
+}
+
+/* cuDNN could not run (e is why): forced (PIPER_CUDA_ATTENTION=cudnn), the stream fails with
+ * e (true: handled); in auto mode the own kernels take this call and every later one, said
+ * once (false). */
+static bool cudnn_refused(struct exec_stream *s, GError *e) {
+  struct cuda_context *b = kernel_ctx(s);
+  if (b->attention == EXEC_GPU_ATTENTION_CUDNN) {
+    exec_cuda_fail(s, e);
+    return true;
+  }
+  g_printerr("piper-exec: cuda: %s: the own attention kernels run instead\n", e->message);
+  g_error_free(e);
+  b->cudnn_off = true;
+  return false;
+}
+
+/* lse, y <- q, k, v through cuDNN; false when the own kernels must run instead */
+static bool attention_cudnn_forward(struct exec_stream *s, const struct kernels_attention_views *w,
+                                    const struct kernels_attention_dims *d) {
+  struct cuda_context *b = kernel_ctx(s);
+  struct exec_cudnn_sdpa_shape sh = cudnn_shape(d);
+  GError *e = NULL;
+  if (!b->cudnn)
+    b->cudnn = exec_cudnn_sdpa_new(&e);
+  if (b->cudnn && exec_cudnn_sdpa_forward(b->cudnn, &sh, w->y, w->lse, w->q, w->k, w->v,
+                                          st_of(s), &e))
+    return true;
+  return cudnn_refused(s, e);
+}
+
+/* dq, dk, dv <- q, k, v, y, dy, lse through cuDNN; false as the forward */
+static bool attention_cudnn_backward(struct exec_stream *s, const struct kernels_attention_views *w,
+                                     const struct kernels_attention_dims *d) {
+  struct cuda_context *b = kernel_ctx(s);
+  struct exec_cudnn_sdpa_shape sh = cudnn_shape(d);
+  GError *e = NULL;
+  if (!b->cudnn)
+    b->cudnn = exec_cudnn_sdpa_new(&e);
+  if (b->cudnn && exec_cudnn_sdpa_backward(b->cudnn, &sh, w->dq, w->dk, w->dv, w->q, w->k, w->v,
+                                           w->y, w->dy, w->lse, st_of(s), &e))
+    return true;
+  return cudnn_refused(s, e);
+}
+
+/* lse, y <- q, k, v: cuDNN's fused SDPA, the own fused kernel, or per head: scores, softmax,
+ * values. */
 static void attention_core(struct exec_stream *s, const struct kernels_attention_views *w,
                            const struct kernels_attention_dims *d) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
+  if (attention_cudnn(s, d) && attention_cudnn_forward(s, w, d))
+    return;
   if (attention_fused(s, d)) {
     attention_fused_forward(s, w, d);
     return;
@@ -443,7 +507,9 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
   int S = d->seq, C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   cudaStream_t cs = st_of(s);
   gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
-  if (attention_fused(s, d)) {
+  if (attention_cudnn(s, d) && attention_cudnn_backward(s, &w, d)) {
+    /* dq, dk, dv written */
+  } else if (attention_fused(s, d)) {
     attention_fused_backward(s, &w, d);
   } else {
     kc_fill(w.dk, 0.0f, w.T * w.KD, cs);

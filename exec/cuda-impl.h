@@ -44,6 +44,10 @@ struct cuda_context {
   uint32_t plan_device;
   bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
   enum exec_gpu_attention attention; /* PIPER_CUDA_ATTENTION (gpu_layout.h) */
+  /* cuDNN's attention (cuda_cudnn.h), made on its first use; cudnn_off once it could not be
+   * made or refused a graph in auto mode (the own kernels run from then on) */
+  struct exec_cudnn_sdpa *cudnn;
+  bool cudnn_off;
   /* bf16 GEMMs: one bf16 copy per weight matrix of the optimizer's store, made by its first
    * GEMM after each write (backend_cuda_kernels.c), in first-fit blocks of the arena */
   struct exec_wcache wcache;

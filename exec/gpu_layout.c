@@ -80,7 +80,13 @@ enum exec_gpu_attention exec_gpu_attention_mode(const char *env) {
     return EXEC_GPU_ATTENTION_FUSED;
   if (env && strcmp(env, "unfused") == 0)
     return EXEC_GPU_ATTENTION_UNFUSED;
+  if (env && strcmp(env, "cudnn") == 0)
+    return EXEC_GPU_ATTENTION_CUDNN;
   return EXEC_GPU_ATTENTION_AUTO;
+}
+
+bool exec_gpu_attention_cudnn(enum exec_gpu_attention mode, bool usable) {
+  return usable && (mode == EXEC_GPU_ATTENTION_AUTO || mode == EXEC_GPU_ATTENTION_CUDNN);
 }
 
 bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable) {

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels_cuda.h"
 
@@ -90,6 +91,16 @@ __global__ void to_bf16_strided_k(uint16_t *dst, const float *src, int rows, int
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
       dst[(size_t)r * cols + c] =
           bf16(src[(size_t)r * ld + c]);
+}
+
+// bf16 bits widened to fp32 (exact): the outputs of cuDNN's bf16 attention back to fp32.
+__global__ void from_bf16_k(float *dst, const uint16_t *src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+  {
+    uint32_t u = (uint32_t)src[i] << 16;
+    memcpy(&dst[i], &u, sizeof u);
+  }
 }
 
 __global__ void add_k(float *y, const float *x, size_t n, bool acc) {
@@ -676,6 +687,11 @@ void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cud
   unsigned bx = (unsigned)((cols + kThreads - 1) / kThreads);
   dim3 grid(bx < 64 ? bx : 64, rows < 65535 ? (unsigned)rows : 65535u);
   to_bf16_strided_k<<<grid, kThreads, 0, st>>>(dst, src, rows, cols, ld);
+}
+
+void kc_from_bf16(float *dst, const uint16_t *src, size_t n, cudaStream_t st) {
+  if (n)
+    from_bf16_k<<<blocks_for(n), kThreads, 0, st>>>(dst, src, n);
 }
 
 // One block: each thread sums a strided share, then a tree in shared memory (a fixed order,

@@ -22,6 +22,8 @@ void kc_fill(float *x, float value, size_t n, cudaStream_t stream);
 /* dst [rows, cols] (compact, bf16 bits) = src [rows, cols] with row stride ld, rounded to
  * nearest even: a GEMM operand for cuBLASLt's bf16 inputs */
 void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cudaStream_t stream);
+/* dst [n] = src [n] (bf16 bits) widened to fp32, exactly */
+void kc_from_bf16(float *dst, const uint16_t *src, size_t n, cudaStream_t stream);
 /* y = x (accumulate false) or y += x */
 void kc_add(float *y, const float *x, size_t n, bool accumulate, cudaStream_t stream);
 /* kc_sum_squares: *sum (device) += x [n] squared, in double, one block in a fixed order

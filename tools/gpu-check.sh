@@ -5,8 +5,10 @@
 # is failed unrun); writes its report, traces and profile under $OUT (default out/gpu-check)
 # and exits non-zero when a check fails.
 #   (a) every CUDA kernel against the host reference kernels, F, BI and BW apart, with fp32
-#       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why), and
-#       with bf16 GEMMs again with the unfused attention core forced (PIPER_CUDA_ATTENTION) and
+#       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why; bf16
+#       attention runs cuDNN's fused SDPA where the build found cuDNN, also checked alone at
+#       context-parallel chunk offsets), and with bf16 GEMMs again with the own fused and the
+#       unfused attention cores forced (PIPER_CUDA_ATTENTION) and
 #       with the LM head in 7-row chunks (PIPER_CUDA_HEAD_ROWS: its multi-chunk path);
 #   (b) tiny-moe, 20 steps: one GPU (fp32 GEMMs, as the model is fp32; and bf16 GEMMs), and 4
 #       ranks PP2 x DP2 x EP2 dualpipev sharing the GPU (host-staged MPI), against the host
@@ -156,11 +158,13 @@ build() {
 # ---- (a) kernels ---------------------------------------------------------------------------
 check_kernels() {
   [ "$DRY" = 1 ] && { say "skip: (a) kernels need the GPU"; return; }
-  # label|environment: both GEMM precisions; the unfused attention core, which bf16 runs take
-  # only when asked (they run the fused one); and the LM head
+  # label|environment: both GEMM precisions (bf16 runs take cuDNN's attention where built,
+  # and the checks run cuDNN's entry point at context-parallel chunk offsets); the own fused
+  # and the unfused attention cores, which bf16 runs take only when asked; and the LM head
   # in 7-row chunks (the checks' T of 32 rows is one chunk under the chunk rule: 5 chunks, the
   # last partial, check the multi-chunk path, dparams summed over chunks)
   local variants=("fp32 GEMMs|PIPER_CUDA_GEMM=fp32" "bf16 GEMMs|PIPER_CUDA_GEMM=bf16"
+    "bf16 GEMMs, own fused attention|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_ATTENTION=fused"
     "bf16 GEMMs, unfused attention|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_ATTENTION=unfused"
     "bf16 GEMMs, LM head in 7-row chunks|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_ROWS=7")
   local v label vars n=0 f

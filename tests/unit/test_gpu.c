@@ -472,6 +472,15 @@ static void test_gpu_attention_choice(void **state) {
   assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_UNFUSED, true));
   assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, false));
   assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, false));
+  /* cuDNN's core: auto and forced take it where usable, the own kernels' modes never */
+  assert_int_equal(exec_gpu_attention_mode("cudnn"), EXEC_GPU_ATTENTION_CUDNN);
+  assert_true(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_AUTO, true));
+  assert_true(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_CUDNN, true));
+  assert_false(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_CUDNN, false));
+  assert_false(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_FUSED, true));
+  assert_false(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_UNFUSED, true));
+  /* a forced cuDNN core that cannot run a shape leaves it to the own fused kernel */
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_CUDNN, true));
 }
 
 static void test_gpu_head_chunk_rows(void **state) {
