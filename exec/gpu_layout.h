@@ -75,6 +75,20 @@ int exec_gpu_green_sms(double sm_share, int n_sms, int min_count);
 #define EXEC_GPU_HEAD_MIN_ROWS 1024
 int exec_gpu_head_chunk_rows(int T, int V, int forced);
 
+/* The LM head fused with its cross-entropy (the default; PIPER_CUDA_HEAD=rows keeps the row
+ * chunks above): the vocabulary in tiles of cols columns, each tile's logits [T, cols] made by
+ * one GEMM and reduced at once to its rows' max, sum of exp and target logit (merged over the
+ * tiles by log-sum-exp), so no [rows, V] logits chunk is written out and read back. A tile of
+ * about EXEC_GPU_HEAD_TILE_BYTES of fp32 logits stays in the L2 cache between the GEMM that
+ * writes it and the reduction that reads it (50 MiB on an H100, 60 on an H200); at least
+ * EXEC_GPU_HEAD_MIN_COLS columns so the GEMM keeps its tiles full (T 4096: 2048 columns, a
+ * [4096, 4096] x [4096, 2048] GEMM); a multiple of 64 (aligned rows for bf16 operands); at
+ * most V. forced > 0 asks for that many columns (PIPER_CUDA_HEAD_COLS: the kernel checks'
+ * small V in several tiles). */
+#define EXEC_GPU_HEAD_TILE_BYTES ((size_t)32 << 20)
+#define EXEC_GPU_HEAD_MIN_COLS 256
+int exec_gpu_head_tile_cols(int T, int V, int forced);
+
 /* Which attention core runs: cuDNN's fused SDPA (exec/cuda_cudnn.h, where the build has cuDNN),
  * the own fused kernel (kernels/flash_attention.cu, no [S, S] memory) or per (sequence, head)
  * cuBLASLt GEMMs with a head's S x S fp32 scores in scratch.

@@ -127,6 +127,21 @@ void kc_slice_targets(int32_t *local, const int32_t *targets, int T, int lo, int
 void kc_adamw(float *params, const float *grads, float *m, float *v, uint16_t *copy, size_t n,
               float lr, float beta1, float beta2, float eps, float weight_decay, int step,
               cudaStream_t stream);
+/* The multi-tensor AdamW: one launch over a table (device memory) of n tensors, each updated
+ * as kc_adamw updates one (the same bits), copy as there (NULL: none). first_chunk: the
+ * tensor's first chunk of KC_ADAMW_CHUNK elements in the whole launch (the sum of the chunks
+ * of the tensors before it: ascending); chunks: the total. */
+#define KC_ADAMW_CHUNK 4096
+struct kc_adamw_tensor {
+  float *params;
+  const float *grads;
+  float *m, *v;
+  uint16_t *copy;
+  size_t n, first_chunk;
+};
+void kc_adamw_multi(const struct kc_adamw_tensor *table, int n, size_t chunks, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int step,
+                    cudaStream_t stream);
 
 /* The launchers of the op list's DIRECT ops (kernels/ops.def), void kc_<name>(parameters,
  * cudaStream_t stream), which the cuda backend's table calls as they are. */

@@ -8,7 +8,8 @@
 #       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why; bf16
 #       attention runs cuDNN's fused SDPA where the build found cuDNN, also checked alone at
 #       context-parallel chunk offsets), and with bf16 GEMMs again with the own fused and the
-#       unfused attention cores forced (PIPER_CUDA_ATTENTION) and
+#       unfused attention cores forced (PIPER_CUDA_ATTENTION), with the fused LM head in
+#       16-column vocabulary tiles (PIPER_CUDA_HEAD_COLS, fp32 and bf16) and
 #       with the LM head in 7-row chunks (PIPER_CUDA_HEAD_ROWS: its multi-chunk path);
 #   (b) tiny-moe, 20 steps: one GPU (fp32 GEMMs, as the model is fp32; and bf16 GEMMs), and 4
 #       ranks PP2 x DP2 x EP2 dualpipev sharing the GPU (host-staged MPI), against the host
@@ -160,13 +161,18 @@ check_kernels() {
   [ "$DRY" = 1 ] && { say "skip: (a) kernels need the GPU"; return; }
   # label|environment: both GEMM precisions (bf16 runs take cuDNN's attention where built,
   # and the checks run cuDNN's entry point at context-parallel chunk offsets); the own fused
-  # and the unfused attention cores, which bf16 runs take only when asked; and the LM head
-  # in 7-row chunks (the checks' T of 32 rows is one chunk under the chunk rule: 5 chunks, the
-  # last partial, check the multi-chunk path, dparams summed over chunks)
+  # and the unfused attention cores, which bf16 runs take only when asked; the LM head's row
+  # chunks (PIPER_CUDA_HEAD_ROWS also chooses that path over the fused head) of 7 rows (the
+  # checks' T of 32 rows is one chunk under the chunk rule: 5 chunks, the last partial, check
+  # the multi-chunk path, dparams summed over chunks); and the fused head (the default) in
+  # 16-column vocabulary tiles (the checks' V of 101 is one tile under the tile rule: 7
+  # tiles, the last partial, check the log-sum-exp merge and dh summed over tiles)
   local variants=("fp32 GEMMs|PIPER_CUDA_GEMM=fp32" "bf16 GEMMs|PIPER_CUDA_GEMM=bf16"
     "bf16 GEMMs, own fused attention|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_ATTENTION=fused"
     "bf16 GEMMs, unfused attention|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_ATTENTION=unfused"
-    "bf16 GEMMs, LM head in 7-row chunks|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_ROWS=7")
+    "bf16 GEMMs, LM head in 7-row chunks|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_ROWS=7"
+    "fp32 GEMMs, fused LM head in 16-column tiles|PIPER_CUDA_GEMM=fp32 PIPER_CUDA_HEAD_COLS=16"
+    "bf16 GEMMs, fused LM head in 16-column tiles|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_COLS=16")
   local v label vars n=0 f
   for v in "${variants[@]}"; do
     IFS='|' read -r label vars <<< "$v"

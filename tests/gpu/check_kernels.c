@@ -767,6 +767,45 @@ static void check_weight_copies(struct check *c, bool bf16) {
   g_free(zero);
 }
 
+/* The multi-tensor AdamW (one launch over a table, kc_adamw_multi) against the host reference
+ * (TOL_PLAIN, as adamw_step: the same fp32 formula, sqrtf and division may differ by an ulp on
+ * a GPU) and against adamw_step on the device tensor by tensor (the same bits: the same
+ * adamw_one per element). Tensors: one element; one across a chunk boundary (4097); one at an
+ * odd float offset (no 16-byte vectors) with a tail; an empty one; one of several chunks. */
+static void check_adamw_multi(struct check *c) {
+  enum { NT = 5 };
+  const size_t len[NT] = {1, KC_ADAMW_CHUNK + 1, 1003, 0, 3 * KC_ADAMW_CHUNK + 7};
+  const size_t at[NT] = {0, 4, KC_ADAMW_CHUNK + 5 + 1, 0, KC_ADAMW_CHUNK + 1100};
+  size_t n = at[NT - 1] + len[NT - 1];
+  float *p = rnd(c, n, 1), *g = rnd(c, n, 1), *m = rnd(c, n, 0.1f), *v = rnd(c, n, 0.1f);
+  for (size_t i = 0; i < n; i++)
+    v[i] = fabsf(v[i]);
+  float *dev_[2][4];
+  for (int k = 0; k < 2; k++) {
+    dev_[k][0] = devf(c, p, n), dev_[k][1] = devf(c, g, n);
+    dev_[k][2] = devf(c, m, n), dev_[k][3] = devf(c, v, n);
+  }
+  struct kernels_adamw_tensor host[NT], gpu[NT];
+  for (int t = 0; t < NT; t++) {
+    host[t] = (struct kernels_adamw_tensor){p + at[t], g + at[t], m + at[t], v + at[t], len[t]};
+    gpu[t] = (struct kernels_adamw_tensor){dev_[0][0] + at[t], dev_[0][1] + at[t],
+                                           dev_[0][2] + at[t], dev_[0][3] + at[t], len[t]};
+    c->k->adamw_step(c->s, dev_[1][0] + at[t], dev_[1][1] + at[t], dev_[1][2] + at[t],
+                     dev_[1][3] + at[t], len[t], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  }
+  kernels_adamw_multi(host, NT, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  c->k->adamw_multi(c->s, gpu, NT, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  compare(c, "adamw multi-tensor params", p, dev_[0][0], n, TOL_PLAIN);
+  compare(c, "adamw multi-tensor m", m, dev_[0][2], n, TOL_PLAIN);
+  compare(c, "adamw multi-tensor v", v, dev_[0][3], n, TOL_PLAIN);
+  compare_bits(c, "adamw multi-tensor = per tensor (params)", dev_[0][0], dev_[1][0], n, true);
+  compare_bits(c, "adamw multi-tensor = per tensor (v)", dev_[0][3], dev_[1][3], n, true);
+  for (int k = 0; k < 2; k++)
+    for (int j = 0; j < 4; j++)
+      exec_backend_release(c->b, dev_[k][j]);
+  g_free(p), g_free(g), g_free(m), g_free(v);
+}
+
 /* The cuda table has every op of exec/ops.def (it is generated from the list: a k_ function
  * per kernel, an exec_cuda_ function per collective). */
 static void check_op_table(struct check *c) {
@@ -806,6 +845,7 @@ int main(int argc, char **argv) {
   c.rng = g_rand_new_with_seed(42);
   check_op_table(&c);
   check_simple(&c);
+  check_adamw_multi(&c);
   check_bf16_copy(&c);
   check_embedding_norm(&c);
   check_attention(&c);
