@@ -59,6 +59,13 @@ void exec_plan_uses(const struct plan *p, bool uses[EXEC_USE_COUNT]) {
    MODEL_MODULE_BIT(MODEL_MODULE_MOE))
 
 bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err) {
+  /* FP8 GEMMs are costed by piper-sim; no backend runs them yet, and running the GEMMs in
+   * bf16 instead would measure another model */
+  if (p->model->fp8 != MODEL_FP8_NONE)
+    return piper_input_error(err,
+                             "%s: \"piper.fp8\": \"%s\": the %s backend has no FP8 GEMMs yet "
+                             "(piper-sim costs them; drop the key to train in bf16)",
+                             p->model->name, model_fp8_name(p->model->fp8), exec_backend_name(b));
   for (uint32_t k = 0; k < p->n_nodes; k++) {
     uint32_t extra = p->nodes[k].recompute_modules & ~(uint32_t)EXEC_RERUN_MODULES;
     for (int m = 0; m < MODEL_MODULE_COUNT && extra; m++)
