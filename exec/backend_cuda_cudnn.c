@@ -324,7 +324,9 @@ static void build_forward(struct graph *g, const struct exec_cudnn_sdpa_shape *s
   pointwise(g, CUDNN_POINTWISE_LOG, f32, sum, NULL, NULL, lg, -1);
   cudnnBackendDescriptor_t stats = tensor(g, UID_STATS, f32, d.row, d.rows, false);
   pointwise(g, CUDNN_POINTWISE_ADD, f32, mx, lg, NULL, stats, -1);
-  cudnnBackendDescriptor_t p = tensor(g, 0, f32, d.sc, d.scs, false);
+  /* P in the operands' type: cuDNN's fused engines take the second product's A as bf16 (the
+   * frontend sets it so) */
+  cudnnBackendDescriptor_t p = tensor(g, 0, bf, d.sc, d.scs, false);
   pointwise(g, CUDNN_POINTWISE_DIV, f32, e, sum, NULL, p, -1);
   matmul(g, p, v, tensor(g, UID_O, bf, d.q, d.qs, false));
 }

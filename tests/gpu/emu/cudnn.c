@@ -7,7 +7,8 @@
  *   - an operation that reads a virtual tensor no earlier operation wrote;
  *   - an execution plan over any graph but the two SDPA graphs, node for node in the order
  *     cuDNN's frontend emits them (signature() below; NOT_SUPPORTED_GRAPH_PATTERN), with bf16
- *     Q, K, V, O, dO, dQ, dK, dV and fp32 Stats, softmax_sum, dQ_accum;
+ *     Q, K, V, O, dO, dQ, dK, dV and fp32 Stats, softmax_sum, dQ_accum, and the forward's P
+ *     bf16 where it enters P V;
  *   - executing with a tensor of the graph missing from the variant pack, or a buffer (or the
  *     workspace, sized by the plan) not inside one device allocation (abort, naming it).
  * The plan then runs the host's attention in double on the tensors as their dims and strides
@@ -436,6 +437,9 @@ static cudnnStatus_t finalize_plan(struct emu_cudnn_desc *d) {
     return CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN;
   }
   int bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+  /* the forward's P @ V takes P in the operands' type, as cuDNN's fused engines require */
+  if (d->kind == 1 && in_of(ops[n - 1], 0)->dtype != bf)
+    return CUDNN_STATUS_NOT_SUPPORTED;
   bool ok = connected(ops, n) && typed(r.q, bf) && typed(r.kt, bf) && typed(r.v, bf) &&
             typed(r.o, bf) && typed(r.stats, f32) && r.scale->by_value && r.neg_inf->by_value &&
             (!r.shift || (r.shift->by_value && r.shift->dtype == CUDNN_DATA_INT32));
