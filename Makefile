@@ -83,6 +83,27 @@ else
     -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
 endif
 
+# cuDNN (the attention core from cuDNN's fused SDPA, exec/backend_cuda_cudnn.c): with the cuda
+# backend when $(CUDA_HOME)/include has cudnn.h; the emulation has a stand-in
+# (tests/gpu/emu/cudnn.c). NO_CUDNN=1 builds without (the own attention kernels only).
+HAVE_CUDNN :=
+ifneq ($(HAVE_CUDA),)
+  ifneq ($(NO_CUDNN),)
+    $(call report,✗ cuDNN skipped: NO_CUDNN=1 (attention runs the own kernels))
+  else ifneq ($(CUDA_EMU),)
+    HAVE_CUDNN := 1
+  else ifneq ($(wildcard $(CUDA_HOME)/include/cudnn.h),)
+    HAVE_CUDNN := 1
+    $(call report,✓ cuDNN found: attention from cuDNN's fused SDPA (the own kernels as fallback))
+    LDLIBS_ALL += -Wl,--as-needed -lcudnn -Wl,--no-as-needed
+  else
+    $(call report,✗ cuDNN skipped: no cudnn.h under $(CUDA_HOME)/include (attention runs the own kernels))
+  endif
+endif
+ifneq ($(HAVE_CUDNN),)
+  CFLAGS_ALL += -DHAVE_CUDNN
+endif
+
 # --- sources --------------------------------------------------------------------------------
 MODULES := base ir models directives report sim kernels exec prof
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))

@@ -21,6 +21,7 @@
 #include "arena.h"
 #include "backend_cuda.h"
 #include "cuda-impl.h"
+#include "cuda_cudnn.h"
 #include "gpu_layout.h"
 
 _Thread_local struct exec_stream *exec_cuda_current;
@@ -100,7 +101,7 @@ void exec_cuda_fail(struct exec_stream *s, GError *e) {
 }
 
 /* PIPER_CUDA_GEMM=bf16|fp32 overrides the model's precision (the kernel check runs both);
- * PIPER_CUDA_ATTENTION=fused|unfused the attention core's choice. */
+ * PIPER_CUDA_ATTENTION=cudnn|fused|unfused the attention core's choice. */
 static void gemm_override(struct cuda_context *b) {
   b->attention = exec_gpu_attention_mode(getenv("PIPER_CUDA_ATTENTION"));
   const char *g = getenv("PIPER_CUDA_GEMM");
@@ -165,6 +166,7 @@ static bool select_device(struct cuda_context *b, GError **err) {
 
 static void context_free(struct cuda_context *b) {
   exec_cuda_weights_free(b);
+  exec_cudnn_sdpa_free(b->cudnn);
   if (b->gemm_algos)
     g_hash_table_destroy(b->gemm_algos);
   if (b->lt_workspace)

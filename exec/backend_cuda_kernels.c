@@ -16,6 +16,7 @@
 #include "../base/base.h"
 #include "../kernels/kernels_cuda.h"
 #include "cuda-impl.h"
+#include "cuda_cudnn.h"
 #include "gpu_layout.h"
 
 static struct cuda_context *kernel_ctx(struct exec_stream *s) {
@@ -126,45 +127,69 @@ struct adamw_args {
   int step;
 };
 
-/* AdamW over parameters [from, from + len) of a, writing their bf16 copy when copy is set. */
-static void adamw_span(const struct adamw_args *a, size_t from, size_t len, uint16_t *copy,
-                       cudaStream_t cs) {
-  kc_adamw(a->params + from, a->grads + from, a->m + from, a->v + from, copy, len, a->lr, a->beta1,
-           a->beta2, a->eps, a->weight_decay, a->step, cs);
-}
-
-static void adamw_with_copies(struct exec_stream *s, const struct adamw_args *a, size_t n) {
+/* The spans of one tensor's update (kc_adamw_tensor rows, onto spans): where the tensor holds
+ * compact weight matrices with bf16 copies, a span per matrix that writes its copy (made:
+ * their entries, to mark made once the update is enqueued) and spans without between; strided
+ * or overlapping matrices go to later (converted after the update). */
+static void adamw_spans(struct cuda_context *b, const struct adamw_args *a, size_t n, GArray *spans,
+                        GPtrArray *made, GPtrArray *later) {
   float *params = a->params;
-  struct cuda_context *b = kernel_ctx(s);
-  cudaStream_t cs = st_of(s);
-  GPtrArray *within = g_ptr_array_new(), *later = g_ptr_array_new();
-  exec_wcache_within(&b->wcache, params, n * sizeof(float), within);
+  GPtrArray *within = g_ptr_array_new();
+  if (b->bf16_gemm)
+    exec_wcache_within(&b->wcache, params, n * sizeof(float), within);
   g_ptr_array_sort(within, entry_by_address);
-  GError *e = NULL;
-  size_t done = 0; /* params [0, done) updated */
-  for (guint k = 0; k < within->len && !e; k++) {
+  size_t done = 0; /* params [0, done) spanned */
+  for (guint k = 0; k < within->len; k++) {
     struct exec_wcache_entry *w = g_ptr_array_index(within, k);
     size_t at = (size_t)((const float *)w->ptr - params), len = (size_t)w->rows * w->cols;
     if (w->ld != w->cols || at < done) {
       g_ptr_array_add(later, w);
       continue;
     }
-    adamw_span(a, done, at - done, NULL, cs);
-    adamw_span(a, at, len, w->copy, cs);
+    struct kc_adamw_tensor gap = {params + done, a->grads + done, a->m + done, a->v + done, NULL,
+                                  at - done, 0};
+    struct kc_adamw_tensor mat = {params + at, a->grads + at, a->m + at, a->v + at, w->copy, len, 0};
+    if (gap.n)
+      g_array_append_val(spans, gap);
+    g_array_append_val(spans, mat);
+    g_ptr_array_add(made, w);
     done = at + len;
-    exec_cuda_copy_made(b, w, cs, &e);
   }
-  if (!e)
-    adamw_span(a, done, n - done, NULL, cs);
+  struct kc_adamw_tensor rest = {params + done, a->grads + done, a->m + done, a->v + done, NULL,
+                                 n - done, 0};
+  if (rest.n)
+    g_array_append_val(spans, rest);
+  g_ptr_array_free(within, TRUE);
+}
+
+/* After the update: the copies it wrote are made, the strided ones converted and made. */
+static void adamw_copies_done(struct exec_stream *s, GPtrArray *made, GPtrArray *later) {
+  struct cuda_context *b = kernel_ctx(s);
+  cudaStream_t cs = st_of(s);
+  GError *e = NULL;
+  for (guint k = 0; k < made->len && !e; k++)
+    exec_cuda_copy_made(b, g_ptr_array_index(made, k), cs, &e);
   for (guint k = 0; k < later->len && !e; k++) {
     struct exec_wcache_entry *w = g_ptr_array_index(later, k);
     kc_to_bf16(w->copy, w->ptr, w->rows, w->cols, w->ld, cs);
     exec_cuda_copy_made(b, w, cs, &e);
   }
-  g_ptr_array_free(later, TRUE);
-  g_ptr_array_free(within, TRUE);
   if (e)
     exec_cuda_fail(s, e);
+}
+
+/* The optimizer's update of params [n] is where GEMMs find their weights (bf16 models): the
+ * block it lies in is a store whose matrices' bf16 copies the update itself writes once they
+ * exist (weight_copy makes the first). */
+static void adamw_store(struct cuda_context *b, float *params, size_t n) {
+  exec_cuda_written(b, params, n * sizeof(float));
+  if (!b->bf16_gemm)
+    return;
+  void *base = params;
+  size_t bytes = n * sizeof(float);
+  if (!exec_cuda_block_of(b, params, &base, &bytes))
+    base = params;
+  exec_wcache_add_store(&b->wcache, base, bytes);
 }
 
 static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
@@ -172,19 +197,60 @@ static void k_adamw_step(struct exec_stream *s, float *params, const float *grad
                          float weight_decay, int step) {
   struct cuda_context *b = kernel_ctx(s);
   const struct adamw_args a = {params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step};
-  exec_cuda_written(b, params, n * sizeof(float));
-  if (!b->bf16_gemm) {
-    adamw_span(&a, 0, n, NULL, st_of(s));
-    return;
+  adamw_store(b, params, n);
+  GArray *spans = g_array_new(FALSE, FALSE, sizeof(struct kc_adamw_tensor));
+  GPtrArray *made = g_ptr_array_new(), *later = g_ptr_array_new();
+  adamw_spans(b, &a, n, spans, made, later);
+  for (guint k = 0; k < spans->len; k++) {
+    const struct kc_adamw_tensor *x = &g_array_index(spans, struct kc_adamw_tensor, k);
+    kc_adamw(x->params, x->grads, x->m, x->v, x->copy, x->n, lr, beta1, beta2, eps, weight_decay,
+             step, st_of(s));
   }
-  /* the block the optimizer updates is where GEMMs find their weights: its bf16 copies are
-   * made once per step, by the update itself once they exist (weight_copy makes the first) */
-  void *base = params;
-  size_t bytes = n * sizeof(float);
-  if (!exec_cuda_block_of(b, params, &base, &bytes))
-    base = params;
-  exec_wcache_add_store(&b->wcache, base, bytes);
-  adamw_with_copies(s, &a, n);
+  adamw_copies_done(s, made, later);
+  g_array_free(spans, TRUE);
+  g_ptr_array_free(made, TRUE);
+  g_ptr_array_free(later, TRUE);
+}
+
+/* Every tensor's spans in one table (stream-ordered device scratch, its rows' first chunks
+ * their prefix sums) and one launch (kc_adamw_multi): the optimizer's step costs one launch
+ * instead of one per segment and weight matrix. */
+static void k_adamw_multi(struct exec_stream *s, const struct kernels_adamw_tensor *tensors,
+                          int n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, int step) {
+  struct cuda_context *b = kernel_ctx(s);
+  GArray *spans = g_array_new(FALSE, FALSE, sizeof(struct kc_adamw_tensor));
+  GPtrArray *made = g_ptr_array_new(), *later = g_ptr_array_new();
+  for (int i = 0; i < n; i++) {
+    const struct kernels_adamw_tensor *t = &tensors[i];
+    const struct adamw_args a = {t->params, t->grads, t->m, t->v, lr, beta1, beta2, eps,
+                                 weight_decay, step};
+    adamw_store(b, t->params, t->n);
+    adamw_spans(b, &a, t->n, spans, made, later);
+  }
+  size_t chunks = 0;
+  for (guint k = 0; k < spans->len; k++) {
+    struct kc_adamw_tensor *x = &g_array_index(spans, struct kc_adamw_tensor, k);
+    x->first_chunk = chunks;
+    chunks += (x->n + KC_ADAMW_CHUNK - 1) / KC_ADAMW_CHUNK;
+  }
+  size_t bytes = spans->len * sizeof(struct kc_adamw_tensor);
+  struct kc_adamw_tensor *table = spans->len ? stream_scratch(s, bytes) : NULL;
+  GError *e = NULL;
+  if (table && CUDA_CHECK(b, cudaMemcpyAsync(table, spans->data, bytes, cudaMemcpyHostToDevice,
+                                             st_of(s)),
+                          &e)) {
+    kc_adamw_multi(table, (int)spans->len, chunks, lr, beta1, beta2, eps, weight_decay, step,
+                   st_of(s));
+    adamw_copies_done(s, made, later);
+  } else if (e) {
+    exec_cuda_fail(s, e);
+  }
+  if (table)
+    cudaFreeAsync(table, st_of(s));
+  g_array_free(spans, TRUE);
+  g_ptr_array_free(made, TRUE);
+  g_ptr_array_free(later, TRUE);
 }
 
 /* ---- MLP (kernels/mlp.c) ------------------------------------------------------------------ */
@@ -347,10 +413,73 @@ static void attention_fused_forward(struct exec_stream *s, const struct kernels_
   cudaFreeAsync(scratch, st_of(s));
 }
 
-/* lse, y <- q, k, v: one fused kernel, or per head: scores, softmax, values. */
+/* The whole sequence (no context-parallel chunk yet: its offsets go in q_offset, kv_offset). */
+static struct exec_cudnn_sdpa_shape cudnn_shape(const struct kernels_attention_dims *d) {
+  struct exec_cudnn_sdpa_shape sh = {d->batch, d->seq, d->seq, d->heads, d->kv_heads,
+                                     d->head_dim, 0, 0};
+  return sh;
+}
+
+/* Whether cuDNN's core runs (exec_gpu_attention_cudnn): for bf16 models, as the own fused
+ * kernel (cuDNN computes in bf16 too), where the build has cuDNN and the shape fits. */
+static bool attention_cudnn(struct exec_stream *s, const struct kernels_attention_dims *d) {
+  const struct cuda_context *b = kernel_ctx(s);
+  struct exec_cudnn_sdpa_shape sh = cudnn_shape(d);
+  bool usable = b->bf16_gemm && !b->cudnn_off && exec_cudnn_sdpa_built() &&
+                exec_cudnn_sdpa_supported(&sh);
+  return exec_gpu_attention_cudnn(b->attention, usable);
+}
+
+/* cuDNN could not run (e is why): forced (PIPER_CUDA_ATTENTION=cudnn), the stream fails with
+ * e (true: handled); in auto mode the own kernels take this call and every later one, said
+ * once (false). */
+static bool cudnn_refused(struct exec_stream *s, GError *e) {
+  struct cuda_context *b = kernel_ctx(s);
+  if (b->attention == EXEC_GPU_ATTENTION_CUDNN) {
+    exec_cuda_fail(s, e);
+    return true;
+  }
+  g_printerr("piper-exec: cuda: %s: the own attention kernels run instead\n", e->message);
+  g_error_free(e);
+  b->cudnn_off = true;
+  return false;
+}
+
+/* lse, y <- q, k, v through cuDNN; false when the own kernels must run instead */
+static bool attention_cudnn_forward(struct exec_stream *s, const struct kernels_attention_views *w,
+                                    const struct kernels_attention_dims *d) {
+  struct cuda_context *b = kernel_ctx(s);
+  struct exec_cudnn_sdpa_shape sh = cudnn_shape(d);
+  GError *e = NULL;
+  if (!b->cudnn)
+    b->cudnn = exec_cudnn_sdpa_new(&e);
+  if (b->cudnn && exec_cudnn_sdpa_forward(b->cudnn, &sh, w->y, w->lse, w->q, w->k, w->v,
+                                          st_of(s), &e))
+    return true;
+  return cudnn_refused(s, e);
+}
+
+/* dq, dk, dv <- q, k, v, y, dy, lse through cuDNN; false as the forward */
+static bool attention_cudnn_backward(struct exec_stream *s, const struct kernels_attention_views *w,
+                                     const struct kernels_attention_dims *d) {
+  struct cuda_context *b = kernel_ctx(s);
+  struct exec_cudnn_sdpa_shape sh = cudnn_shape(d);
+  GError *e = NULL;
+  if (!b->cudnn)
+    b->cudnn = exec_cudnn_sdpa_new(&e);
+  if (b->cudnn && exec_cudnn_sdpa_backward(b->cudnn, &sh, w->dq, w->dk, w->dv, w->q, w->k, w->v,
+                                           w->y, w->dy, w->lse, st_of(s), &e))
+    return true;
+  return cudnn_refused(s, e);
+}
+
+/* lse, y <- q, k, v: cuDNN's fused SDPA, the own fused kernel, or per head: scores, softmax,
+ * values. */
 static void attention_core(struct exec_stream *s, const struct kernels_attention_views *w,
                            const struct kernels_attention_dims *d) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
+  if (attention_cudnn(s, d) && attention_cudnn_forward(s, w, d))
+    return;
   if (attention_fused(s, d)) {
     attention_fused_forward(s, w, d);
     return;
@@ -443,7 +572,9 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
   int S = d->seq, C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   cudaStream_t cs = st_of(s);
   gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
-  if (attention_fused(s, d)) {
+  if (attention_cudnn(s, d) && attention_cudnn_backward(s, &w, d)) {
+    /* dq, dk, dv written */
+  } else if (attention_fused(s, d)) {
     attention_fused_backward(s, &w, d);
   } else {
     kc_fill(w.dk, 0.0f, w.T * w.KD, cs);
@@ -686,7 +817,8 @@ static void k_expert_ffn_act_forward(struct exec_stream *s, float *act, const fl
 }
 
 /* ---- LM head + cross-entropy (kernels/loss.c): the host's saved layout (each row's max logit
- * and 1 / sum of exp, O(T)). F, BI, BW and B compute the logits a chunk of rows at a time in
+ * and 1 / sum of exp, O(T)). By default fused over vocabulary tiles (below); with
+ * PIPER_CUDA_HEAD=rows (or PIPER_CUDA_HEAD_ROWS) F, BI, BW and B compute the logits a chunk of rows at a time in
  * stream-ordered scratch (exec_gpu_head_chunk_rows: about 1 GiB, at least 1024 rows, so the
  * chunk GEMMs run at GEMM speed), so no [T, V] buffer lives past a kernel. BI and BW each
  * recompute the logits and dlogits (split schedules run them apart); B recomputes them once
@@ -708,9 +840,103 @@ static void head_logits(struct exec_stream *s, float *out, const float *h, const
     gemm(s, false, false, n, V, C, 1.0f, h, C, params, V, 0.0f, out, V);
 }
 
+/* ---- the fused head (the default; exec_gpu_head_tile_cols): vocabulary tiles [T, cols] -----
+ * F: per tile, one GEMM for its logits and one reduction of them (kc_tp_head_stats: each row's
+ * max, sum of exp and target logit within the tile, as a tensor-parallel slice's), then the
+ * tiles' stats merged by log-sum-exp into the saved max and 1 / sum and the loss
+ * (kc_tp_head_combine, as TP merges its slices'). The tile is read back right after the GEMM
+ * wrote it, from the L2 cache at its size: the [T, V] logits never exist. BI, BW and B
+ * recompute each tile's logits, turn them into dlogits in place (kc_xent_backward over the
+ * tile's columns, the targets as tile columns), and feed dh (summed over the tiles) and the
+ * tile's columns of dparams (rows, when tied) from them. */
+
+static bool head_fused(void) {
+  const char *mode = getenv("PIPER_CUDA_HEAD");
+  return !getenv("PIPER_CUDA_HEAD_ROWS") && !(mode && strcmp(mode, "rows") == 0);
+}
+
+static int head_cols(int T, int V) {
+  const char *forced = getenv("PIPER_CUDA_HEAD_COLS");
+  return exec_gpu_head_tile_cols(T, V, forced ? atoi(forced) : 0);
+}
+
+/* logits [T, vc] of vocabulary columns [v0, v0 + vc): a strided view of the weight */
+static void tile_logits(struct exec_stream *s, float *out, const float *h, const float *params,
+                        enum kernels_lm_head_layout layout, int T, int C, int V, int v0, int vc) {
+  if (layout == KERNELS_LM_HEAD_TIED)
+    gemm(s, false, true, T, vc, C, 1.0f, h, C, params + (size_t)v0 * C, C, 0.0f, out, vc);
+  else
+    gemm(s, false, false, T, vc, C, 1.0f, h, C, params + v0, V, 0.0f, out, vc);
+}
+
+static void head_fused_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
+                               const int32_t *targets, const float *params,
+                               enum kernels_lm_head_layout layout, int T, int C, int V) {
+  int cols = head_cols(T, V), tiles = (V + cols - 1) / cols;
+  float *tile = stream_scratch(s, (size_t)T * cols * sizeof(float));
+  float *stats = tile ? stream_scratch(s, (size_t)tiles * 3 * T * sizeof(float)) : NULL;
+  for (int j = 0; stats && j < tiles; j++) {
+    int v0 = j * cols, vc = V - v0 < cols ? V - v0 : cols;
+    tile_logits(s, tile, h, params, layout, T, C, V, v0, vc);
+    kc_tp_head_stats(stats + (size_t)j * 3 * T, tile, targets, 0, T, T, vc, v0, st_of(s));
+  }
+  float *rowloss = stats ? stream_scratch(s, (size_t)T * sizeof(float)) : NULL;
+  if (rowloss) {
+    kc_tp_head_combine(loss, rowloss, saved, stats, tiles, T, st_of(s));
+    cudaFreeAsync(rowloss, st_of(s));
+  }
+  if (stats)
+    cudaFreeAsync(stats, st_of(s));
+  if (tile)
+    cudaFreeAsync(tile, st_of(s));
+}
+
+/* dh (when dh: = or += as accumulate) and dparams (when dparams: +=) from each tile's
+ * recomputed dlogits, tiles in vocabulary order (the same order whether BW runs alone or
+ * within B) */
+static void head_fused_backward(struct exec_stream *s, float *dh, float *dparams,
+                                const float *saved, const float *h, const int32_t *targets,
+                                const float *params, enum kernels_lm_head_layout layout,
+                                float dloss, int T, int C, int V, bool accumulate) {
+  int cols = head_cols(T, V);
+  bool bf16 = kernel_ctx(s)->bf16_gemm, tied = layout == KERNELS_LM_HEAD_TIED;
+  float *dl = stream_scratch(s, (size_t)T * cols * sizeof(float));
+  uint16_t *dl16 = dl && bf16 ? stream_scratch(s, (size_t)T * cols * sizeof(uint16_t)) : NULL;
+  int32_t *local = dl && (dl16 || !bf16) ? stream_scratch(s, (size_t)T * sizeof(int32_t)) : NULL;
+  unsigned pre_a = dl16 ? GEMM_A16 : 0, pre_b = dl16 ? GEMM_B16 : 0;
+  const void *g = dl16 ? (const void *)dl16 : (const void *)dl;
+  for (int v0 = 0; local && v0 < V; v0 += cols) {
+    int vc = V - v0 < cols ? V - v0 : cols;
+    float beta = v0 > 0 || accumulate ? 1.0f : 0.0f;
+    tile_logits(s, dl, h, params, layout, T, C, V, v0, vc);
+    kc_slice_targets(local, targets, T, v0, vc, st_of(s));
+    kc_xent_backward(dl, dl16, saved, local, 0, T, T, vc, dloss / (float)T, st_of(s));
+    if (dh && tied)
+      exec_cuda_gemm_pre(s, pre_a, false, false, T, C, vc, 1.0f, g, vc, params + (size_t)v0 * C,
+                         C, beta, dh, C);
+    else if (dh)
+      exec_cuda_gemm_pre(s, pre_a, false, true, T, C, vc, 1.0f, g, vc, params + v0, V, beta, dh,
+                         C);
+    if (dparams && tied)
+      exec_cuda_gemm_pre(s, pre_a, true, false, vc, C, T, 1.0f, g, vc, h, C, 1.0f,
+                         dparams + (size_t)v0 * C, C);
+    else if (dparams)
+      exec_cuda_gemm_pre(s, pre_b, true, false, C, vc, T, 1.0f, h, C, g, vc, 1.0f, dparams + v0,
+                         V);
+  }
+  void *bufs[] = {local, dl16, dl};
+  for (size_t i = 0; i < G_N_ELEMENTS(bufs); i++)
+    if (bufs[i])
+      cudaFreeAsync(bufs[i], st_of(s));
+}
+
 static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float *h,
                                    const int32_t *targets, const float *params,
                                    enum kernels_lm_head_layout layout, int T, int C, int V) {
+  if (head_fused()) {
+    head_fused_forward(s, loss, saved, h, targets, params, layout, T, C, V);
+    return;
+  }
   int rows = head_rows(T, V);
   float *chunk = stream_scratch(s, (size_t)rows * V * sizeof(float));
   float *rowloss = chunk ? stream_scratch(s, (size_t)T * sizeof(float)) : NULL;
@@ -769,7 +995,10 @@ static void k_lm_head_loss_backward_input(struct exec_stream *s, float *dh, floa
                                           enum kernels_lm_head_layout layout, float dloss, int T,
                                           int C, int V, bool accumulate) {
   (void)bwork;
-  head_backward(s, dh, NULL, saved, h, targets, params, layout, dloss, T, C, V, accumulate);
+  if (head_fused())
+    head_fused_backward(s, dh, NULL, saved, h, targets, params, layout, dloss, T, C, V, accumulate);
+  else
+    head_backward(s, dh, NULL, saved, h, targets, params, layout, dloss, T, C, V, accumulate);
 }
 
 static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams,
@@ -778,7 +1007,10 @@ static void k_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams
                                            enum kernels_lm_head_layout layout, float dloss, int T,
                                            int C, int V) {
   (void)bwork;
-  head_backward(s, NULL, dparams, saved, h, targets, params, layout, dloss, T, C, V, false);
+  if (head_fused())
+    head_fused_backward(s, NULL, dparams, saved, h, targets, params, layout, dloss, T, C, V, false);
+  else
+    head_backward(s, NULL, dparams, saved, h, targets, params, layout, dloss, T, C, V, false);
 }
 
 /* The fused pass: one recompute per chunk for both gradients (BI then BW would make two). */
@@ -787,7 +1019,11 @@ static void k_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dpa
                                     const float *params, enum kernels_lm_head_layout layout,
                                     float dloss, int T, int C, int V, bool accumulate) {
   (void)bwork;
-  head_backward(s, dh, dparams, saved, h, targets, params, layout, dloss, T, C, V, accumulate);
+  if (head_fused())
+    head_fused_backward(s, dh, dparams, saved, h, targets, params, layout, dloss, T, C, V,
+                        accumulate);
+  else
+    head_backward(s, dh, dparams, saved, h, targets, params, layout, dloss, T, C, V, accumulate);
 }
 
 static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,

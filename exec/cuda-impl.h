@@ -50,6 +50,10 @@ struct cuda_context {
    * (exec_cuda_arena_plan); the step to bf16 activations changes it here. */
   enum model_dtype act_dtype;
   enum exec_gpu_attention attention; /* PIPER_CUDA_ATTENTION (gpu_layout.h) */
+  /* cuDNN's attention (cuda_cudnn.h), made on its first use; cudnn_off once it could not be
+   * made or refused a graph in auto mode (the own kernels run from then on) */
+  struct exec_cudnn_sdpa *cudnn;
+  bool cudnn_off;
   /* bf16 GEMMs: one bf16 copy per weight matrix of the optimizer's store, made by its first
    * GEMM after each write (backend_cuda_kernels.c), in first-fit blocks of the arena */
   struct exec_wcache wcache;

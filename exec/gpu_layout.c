@@ -75,12 +75,32 @@ int exec_gpu_head_chunk_rows(int T, int V, int forced) {
   return rows < 1 ? 1 : (int)rows;
 }
 
+int exec_gpu_head_tile_cols(int T, int V, int forced) {
+  size_t cols;
+  if (forced > 0) {
+    cols = (size_t)forced;
+  } else {
+    cols = EXEC_GPU_HEAD_TILE_BYTES / (sizeof(float) * (size_t)(T > 0 ? T : 1)) / 64 * 64;
+    if (cols < EXEC_GPU_HEAD_MIN_COLS)
+      cols = EXEC_GPU_HEAD_MIN_COLS;
+  }
+  if (cols > (size_t)V)
+    cols = (size_t)V;
+  return cols < 1 ? 1 : (int)cols;
+}
+
 enum exec_gpu_attention exec_gpu_attention_mode(const char *env) {
   if (env && strcmp(env, "fused") == 0)
     return EXEC_GPU_ATTENTION_FUSED;
   if (env && strcmp(env, "unfused") == 0)
     return EXEC_GPU_ATTENTION_UNFUSED;
+  if (env && strcmp(env, "cudnn") == 0)
+    return EXEC_GPU_ATTENTION_CUDNN;
   return EXEC_GPU_ATTENTION_AUTO;
+}
+
+bool exec_gpu_attention_cudnn(enum exec_gpu_attention mode, bool usable) {
+  return usable && (mode == EXEC_GPU_ATTENTION_AUTO || mode == EXEC_GPU_ATTENTION_CUDNN);
 }
 
 bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable) {

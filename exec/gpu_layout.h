@@ -75,10 +75,29 @@ int exec_gpu_green_sms(double sm_share, int n_sms, int min_count);
 #define EXEC_GPU_HEAD_MIN_ROWS 1024
 int exec_gpu_head_chunk_rows(int T, int V, int forced);
 
-/* Which attention core runs: the fused kernel (kernels/flash_attention.cu, no [S, S] memory)
- * or per (sequence, head) cuBLASLt GEMMs with a head's S x S fp32 scores in scratch.
- * PIPER_CUDA_ATTENTION=fused|unfused forces one (anything else: auto). Auto takes the fused
- * core wherever it can run (fusable: a bf16 model and a head size the fused kernel has):
+/* The LM head fused with its cross-entropy (the default; PIPER_CUDA_HEAD=rows keeps the row
+ * chunks above): the vocabulary in tiles of cols columns, each tile's logits [T, cols] made by
+ * one GEMM and reduced at once to its rows' max, sum of exp and target logit (merged over the
+ * tiles by log-sum-exp), so no [rows, V] logits chunk is written out and read back. A tile of
+ * about EXEC_GPU_HEAD_TILE_BYTES of fp32 logits stays in the L2 cache between the GEMM that
+ * writes it and the reduction that reads it (50 MiB on an H100, 60 on an H200); at least
+ * EXEC_GPU_HEAD_MIN_COLS columns so the GEMM keeps its tiles full (T 4096: 2048 columns, a
+ * [4096, 4096] x [4096, 2048] GEMM); a multiple of 64 (aligned rows for bf16 operands); at
+ * most V. forced > 0 asks for that many columns (PIPER_CUDA_HEAD_COLS: the kernel checks'
+ * small V in several tiles). */
+#define EXEC_GPU_HEAD_TILE_BYTES ((size_t)32 << 20)
+#define EXEC_GPU_HEAD_MIN_COLS 256
+int exec_gpu_head_tile_cols(int T, int V, int forced);
+
+/* Which attention core runs: cuDNN's fused SDPA (exec/cuda_cudnn.h, where the build has cuDNN),
+ * the own fused kernel (kernels/flash_attention.cu, no [S, S] memory) or per (sequence, head)
+ * cuBLASLt GEMMs with a head's S x S fp32 scores in scratch.
+ * PIPER_CUDA_ATTENTION=cudnn|fused|unfused forces one (anything else: auto); a forced core
+ * that cannot run a shape leaves it to the next in that order. Auto takes cuDNN wherever it
+ * can run (a bf16 model, cuDNN built in, a shape exec_cudnn_sdpa_supported takes; the issue's
+ * measurement: cuDNN's fused attention is in FlashAttention-3's class on Hopper, the own
+ * kernel at 19% of peak forward), then the own fused core wherever it can run (fusable: a
+ * bf16 model and a head size the fused kernel has):
  * measured on an H200 at 32 heads, 8 kv heads, head size 128 (2026-11-30), it took 0.73 ms
  * forward and 2.50 ms backward at S 4096, where the unfused GEMMs took 5.9 and 14.4, and 0.08
  * and 0.42 at S 1000; fp32 models keep the unfused core (the fused one computes in bf16). */
@@ -86,8 +105,11 @@ enum exec_gpu_attention {
   EXEC_GPU_ATTENTION_AUTO,
   EXEC_GPU_ATTENTION_FUSED,
   EXEC_GPU_ATTENTION_UNFUSED,
+  EXEC_GPU_ATTENTION_CUDNN,
 };
 enum exec_gpu_attention exec_gpu_attention_mode(const char *env);
 bool exec_gpu_attention_fused(enum exec_gpu_attention mode, bool fusable);
+/* whether cuDNN's core runs (usable: built in, a bf16 model and a supported shape) */
+bool exec_gpu_attention_cudnn(enum exec_gpu_attention mode, bool usable);
 
 #endif

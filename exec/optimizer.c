@@ -110,6 +110,7 @@ bool exec_optimizer_step(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   const struct plan *p = d->plan;
   const struct ir_segset *ss = &p->segsets[x->segset];
   const struct exec_options *o = s->o;
+  GArray *tensors = g_array_new(FALSE, FALSE, sizeof(struct kernels_adamw_tensor));
   for (uint32_t j = 0; j < ss->count; j++) {
     uint32_t seg = p->segment_pool[ss->first + j];
     if (seg >= s->xm->m->n_segments || !d->holds[seg] || !d->param_local[seg])
@@ -130,13 +131,21 @@ bool exec_optimizer_step(struct exec_state *s, uint32_t i, struct exec_task_ctx 
       KT(st, s,
          s->k->scale(st->stream, stored(s, s->grads, EXEC_STORE_GRADS, ulo), s->clip_scale,
                      uhi - ulo));
-    if (uhi > ulo)
-      KT(st, s,
-         s->k->adamw_step(st->stream, stored(s, s->params, EXEC_STORE_PARAMS, ulo),
-                          stored(s, s->grads, EXEC_STORE_GRADS, ulo),
-                          stored(s, s->adam_m, EXEC_STORE_STATE, ulo),
-                          stored(s, s->adam_v, EXEC_STORE_STATE, ulo), uhi - ulo, s->lr, o->beta1,
-                          o->beta2, o->eps, o->weight_decay, (int)s->step));
+    if (uhi > ulo) {
+      struct kernels_adamw_tensor t = {stored(s, s->params, EXEC_STORE_PARAMS, ulo),
+                                       stored(s, s->grads, EXEC_STORE_GRADS, ulo),
+                                       stored(s, s->adam_m, EXEC_STORE_STATE, ulo),
+                                       stored(s, s->adam_v, EXEC_STORE_STATE, ulo), uhi - ulo};
+      g_array_append_val(tensors, t);
+    }
   }
+  /* every segment's update in one op: one launch on the cuda backend (kc_adamw_multi), the
+   * same updates in the same order on the host */
+  if (tensors->len)
+    KT(st, s,
+       s->k->adamw_multi(st->stream, (const struct kernels_adamw_tensor *)(void *)tensors->data,
+                         (int)tensors->len, s->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                         (int)s->step));
+  g_array_free(tensors, TRUE);
   return true;
 }

@@ -25,3 +25,10 @@ void kernels_adamw_step(float *params, const float *grads, float *m, float *v, s
     params[i] -= lr * (mh / (sqrtf(vh) + eps) + weight_decay * params[i]);
   }
 }
+
+void kernels_adamw_multi(const struct kernels_adamw_tensor *tensors, int n, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, int step) {
+  for (int i = 0; i < n; i++)
+    kernels_adamw_step(tensors[i].params, tensors[i].grads, tensors[i].m, tensors[i].v,
+                       tensors[i].n, lr, beta1, beta2, eps, weight_decay, step);
+}

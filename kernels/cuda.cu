@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels_cuda.h"
 
@@ -73,7 +74,7 @@ __device__ uint2 bf16x4(float4 f) {
   for (size_t i = 4 * (n4) + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);      \
        i += (size_t)gridDim.x * blockDim.x)
 
-bool aligned_to(unsigned bytes, const void *a, const void *b = NULL, const void *c = NULL) {
+__host__ __device__ bool aligned_to(unsigned bytes, const void *a, const void *b = NULL, const void *c = NULL) {
   return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & (bytes - 1)) == 0;
 }
 
@@ -90,6 +91,16 @@ __global__ void to_bf16_strided_k(uint16_t *dst, const float *src, int rows, int
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
       dst[(size_t)r * cols + c] =
           bf16(src[(size_t)r * ld + c]);
+}
+
+// bf16 bits widened to fp32 (exact): the outputs of cuDNN's bf16 attention back to fp32.
+__global__ void from_bf16_k(float *dst, const uint16_t *src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+  {
+    uint32_t u = (uint32_t)src[i] << 16;
+    memcpy(&dst[i], &u, sizeof u);
+  }
 }
 
 __global__ void add_k(float *y, const float *x, size_t n, bool acc) {
@@ -655,6 +666,52 @@ __global__ void adamw_k(float *p, const float *g, float *m, float *v, uint16_t *
   }
 }
 
+// The multi-tensor AdamW (kc_adamw_multi): block-sized chunks of every tensor in one grid;
+// chunk c belongs to the last tensor whose first_chunk <= c (a binary search over the table,
+// which the first_chunk prefix sums keep ascending). The same adamw_one per element as adamw_k,
+// so the same bits as one launch per tensor.
+__device__ int adamw_tensor_of(const kc_adamw_tensor *t, int n, size_t chunk) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (t[mid].first_chunk <= chunk)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+__global__ void adamw_multi_k(const kc_adamw_tensor *t, int n, size_t chunks, adamw_hyper h) {
+  for (size_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const kc_adamw_tensor &x = t[adamw_tensor_of(t, n, c)];
+    size_t lo = (c - x.first_chunk) * (size_t)KC_ADAMW_CHUNK;
+    size_t hi = lo + (size_t)KC_ADAMW_CHUNK < x.n ? lo + (size_t)KC_ADAMW_CHUNK : x.n;
+    bool vec = aligned_to(16, x.params, x.grads, x.m) && aligned_to(16, x.v) && aligned_to(8, x.copy);
+    size_t i = lo + 4 * threadIdx.x;
+    for (; vec && i + 4 <= hi; i += 4 * blockDim.x) {
+      float4 pi = *(float4 *)(x.params + i), gi = *(const float4 *)(x.grads + i);
+      float4 mi = *(float4 *)(x.m + i), vi = *(float4 *)(x.v + i);
+      adamw_one(pi.x, gi.x, mi.x, vi.x, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+      adamw_one(pi.y, gi.y, mi.y, vi.y, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+      adamw_one(pi.z, gi.z, mi.z, vi.z, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+      adamw_one(pi.w, gi.w, mi.w, vi.w, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2);
+      *(float4 *)(x.params + i) = pi;
+      *(float4 *)(x.m + i) = mi;
+      *(float4 *)(x.v + i) = vi;
+      if (x.copy)
+        *(uint2 *)(x.copy + i) = bf16x4(pi);
+    }
+    // the scalar rest: everything when not aligned, else the chunk's last (hi - lo) % 4
+    for (i = vec ? lo + (hi - lo) / 4 * 4 + threadIdx.x : lo + threadIdx.x; i < hi; i += blockDim.x) {
+      adamw_one(x.params[i], x.grads[i], x.m[i], x.v[i], h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1,
+                h.bc2);
+      if (x.copy)
+        x.copy[i] = bf16(x.params[i]);
+    }
+  }
+}
+
 } // namespace
 
 extern "C" {
@@ -676,6 +733,11 @@ void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cud
   unsigned bx = (unsigned)((cols + kThreads - 1) / kThreads);
   dim3 grid(bx < 64 ? bx : 64, rows < 65535 ? (unsigned)rows : 65535u);
   to_bf16_strided_k<<<grid, kThreads, 0, st>>>(dst, src, rows, cols, ld);
+}
+
+void kc_from_bf16(float *dst, const uint16_t *src, size_t n, cudaStream_t st) {
+  if (n)
+    from_bf16_k<<<blocks_for(n), kThreads, 0, st>>>(dst, src, n);
 }
 
 // One block: each thread sums a strided share, then a tree in shared memory (a fixed order,
@@ -915,6 +977,14 @@ void kc_xent_backward(float *dl, uint16_t *out16, const float *saved, const int3
   unsigned bx = (unsigned)((V + kThreads - 1) / kThreads);
   dim3 grid(bx < 64 ? bx : 64, n < 65535 ? (unsigned)n : 65535u);
   xent_bwd_k<<<grid, kThreads, 0, st>>>(dl, out16, saved, targets, t0, n, T, V, scale);
+}
+
+void kc_adamw_multi(const kc_adamw_tensor *table, int n, size_t chunks, float lr, float b1,
+                    float b2, float eps, float wd, int step, cudaStream_t st) {
+  adamw_hyper h = {lr, b1, b2, eps, wd, (float)(1.0 - pow((double)b1, step)),
+                   (float)(1.0 - pow((double)b2, step))};
+  if (n > 0 && chunks > 0)
+    adamw_multi_k<<<blocks_for(chunks * kThreads), kThreads, 0, st>>>(table, n, chunks, h);
 }
 
 void kc_adamw(float *p, const float *g, float *m, float *v, uint16_t *copy, size_t n, float lr,

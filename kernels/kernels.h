@@ -250,7 +250,16 @@ size_t kernels_lm_head_loss_bwork_floats(int T, int V);
 
 /* ---- AdamW (decoupled weight decay, bias-corrected; step counts from 1) --------------------
  * m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  mh = m / (1 - b1^step);  vh = v / (1 - b2^step)
- * p -= lr * (mh / (sqrt(vh) + eps) + weight_decay * p)      over n elements, in place. */
+ * p -= lr * (mh / (sqrt(vh) + eps) + weight_decay * p)      over n elements, in place.
+ * kernels_adamw_multi: the same over each of n tensors in turn (the optimizer's whole step in
+ * one call: the cuda backend runs it as one launch over a table of the tensors). The table is
+ * host memory; its pointers are the backend's memory. */
+struct kernels_adamw_tensor {
+  float *params;
+  const float *grads;
+  float *m, *v;
+  size_t n;
+};
 
 /* The op kernels' prototypes, void kernels_<name>(parameters), from the op list (kernels/ops.def:
  * each entry's parameters; the comments above say what each computes). */

@@ -22,6 +22,8 @@ void kc_fill(float *x, float value, size_t n, cudaStream_t stream);
 /* dst [rows, cols] (compact, bf16 bits) = src [rows, cols] with row stride ld, rounded to
  * nearest even: a GEMM operand for cuBLASLt's bf16 inputs */
 void kc_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, cudaStream_t stream);
+/* dst [n] = src [n] (bf16 bits) widened to fp32, exactly */
+void kc_from_bf16(float *dst, const uint16_t *src, size_t n, cudaStream_t stream);
 /* y = x (accumulate false) or y += x */
 void kc_add(float *y, const float *x, size_t n, bool accumulate, cudaStream_t stream);
 /* kc_sum_squares: *sum (device) += x [n] squared, in double, one block in a fixed order
@@ -125,6 +127,21 @@ void kc_slice_targets(int32_t *local, const int32_t *targets, int T, int lo, int
 void kc_adamw(float *params, const float *grads, float *m, float *v, uint16_t *copy, size_t n,
               float lr, float beta1, float beta2, float eps, float weight_decay, int step,
               cudaStream_t stream);
+/* The multi-tensor AdamW: one launch over a table (device memory) of n tensors, each updated
+ * as kc_adamw updates one (the same bits), copy as there (NULL: none). first_chunk: the
+ * tensor's first chunk of KC_ADAMW_CHUNK elements in the whole launch (the sum of the chunks
+ * of the tensors before it: ascending); chunks: the total. */
+#define KC_ADAMW_CHUNK 4096
+struct kc_adamw_tensor {
+  float *params;
+  const float *grads;
+  float *m, *v;
+  uint16_t *copy;
+  size_t n, first_chunk;
+};
+void kc_adamw_multi(const struct kc_adamw_tensor *table, int n, size_t chunks, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int step,
+                    cudaStream_t stream);
 
 /* The launchers of the op list's DIRECT ops (kernels/ops.def), void kc_<name>(parameters,
  * cudaStream_t stream), which the cuda backend's table calls as they are. */

@@ -47,11 +47,21 @@ static bool is_gpt_oss(const struct model *m) {
 }
 
 size_t model_dtype_bytes(enum model_dtype d) {
-  return d == MODEL_DTYPE_BF16 ? 2 : 4;
+  return d == MODEL_DTYPE_FP8 ? 1 : d == MODEL_DTYPE_BF16 ? 2 : 4;
 }
 
 const char *model_dtype_name(enum model_dtype d) {
-  return d == MODEL_DTYPE_BF16 ? "bf16" : "fp32";
+  return d == MODEL_DTYPE_FP8 ? "fp8" : d == MODEL_DTYPE_BF16 ? "bf16" : "fp32";
+}
+
+static const char *const fp8_names[] = {"none", "tensorwise", "blockwise", NULL};
+
+const char *model_fp8_name(enum model_fp8 f) {
+  return fp8_names[f];
+}
+
+enum model_dtype model_gemm_dtype(const struct model *m) {
+  return m->fp8 != MODEL_FP8_NONE ? MODEL_DTYPE_FP8 : m->dtype;
 }
 
 const char *model_op_kind_name(enum model_op_kind k) {
@@ -745,9 +755,30 @@ static bool load_tags(struct model *m, const cJSON *piper, const char *file, GEr
   return true;
 }
 
+/* piper.fp8 (optional): "tensorwise", "blockwise" or "none"; a bf16 model's only (the recipes
+ * keep bf16 wherever they do not run FP8) */
+static bool load_fp8(struct model *m, const cJSON *piper, const char *file, GError **err) {
+  const cJSON *f = cJSON_GetObjectItemCaseSensitive(piper, "fp8");
+  m->fp8 = MODEL_FP8_NONE;
+  if (!f)
+    return true;
+  for (int i = 0; cJSON_IsString(f) && f->valuestring && fp8_names[i]; i++)
+    if (strcmp(f->valuestring, fp8_names[i]) == 0)
+      m->fp8 = (enum model_fp8)i;
+  if (!cJSON_IsString(f) || !f->valuestring || strcmp(f->valuestring, fp8_names[m->fp8]) != 0)
+    return piper_input_error(err, "%s: \"piper.fp8\" must be \"tensorwise\", \"blockwise\" or "
+                                  "\"none\"",
+                             file);
+  if (m->fp8 != MODEL_FP8_NONE && m->dtype != MODEL_DTYPE_BF16)
+    return piper_input_error(err, "%s: \"piper.fp8\": \"%s\" needs \"piper.dtype\": \"bf16\" "
+                                  "(the FP8 recipes keep bf16 outside the GEMMs)",
+                             file, fp8_names[m->fp8]);
+  return true;
+}
+
 static bool load_piper(struct model *m, const cJSON *root, const char *file, GError **err) {
   static const char *const keys[] = {
-      "name", "seq_len", "micro_batch_size", "dtype", "pp_regions", "pp_layers", "tags", NULL};
+      "name", "seq_len", "micro_batch_size", "dtype", "fp8", "pp_regions", "pp_layers", "tags", NULL};
   const cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
   if (!piper)
     return piper_input_error(err,
@@ -781,7 +812,8 @@ static bool load_piper(struct model *m, const cJSON *root, const char *file, GEr
     m->dtype = MODEL_DTYPE_BF16;
   else
     return piper_input_error(err, "%s: \"piper.dtype\" must be \"fp32\" or \"bf16\"", file);
-  return load_pp(m, piper, file, err) && load_tags(m, piper, file, err);
+  return load_fp8(m, piper, file, err) && load_pp(m, piper, file, err) &&
+         load_tags(m, piper, file, err);
 }
 
 /* --- entry points -------------------------------------------------------------------------- */
@@ -954,6 +986,8 @@ cJSON *model_to_json(const struct model *m) {
   put_int(p, "seq_len", m->seq_len);
   put_int(p, "micro_batch_size", m->micro_batch_size);
   cJSON_AddStringToObject(p, "dtype", model_dtype_name(m->dtype));
+  if (m->fp8 != MODEL_FP8_NONE) /* absent otherwise: plans of other models keep their bytes */
+    cJSON_AddStringToObject(p, "fp8", model_fp8_name(m->fp8));
   if (model_pp_split_is_equal(m)) {
     put_int(p, "pp_regions", m->pp_regions);
   } else {

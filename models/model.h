@@ -33,7 +33,13 @@ enum model_family { MODEL_FAMILY_DENSE, MODEL_FAMILY_MOE, MODEL_FAMILY_DEEPSEEK_
  * MLP of one up projection. */
 enum model_norm { MODEL_NORM_RMS, MODEL_NORM_LAYER };
 enum model_mlp_act { MODEL_MLP_SWIGLU, MODEL_MLP_GELU };
-enum model_dtype { MODEL_DTYPE_FP32, MODEL_DTYPE_BF16 };
+/* FP8 is never a model's dtype (piper.dtype is fp32 or bf16): it is the GEMMs' operand type
+ * under piper.fp8, a bf16 model's recipe for its GEMMs (model_gemm_dtype). */
+enum model_dtype { MODEL_DTYPE_FP32, MODEL_DTYPE_BF16, MODEL_DTYPE_FP8 };
+/* piper.fp8: the GEMMs' FP8 recipe: none; per-tensor current scaling (Transformer Engine's
+ * default on Hopper: each operand's amax read, then the cast); DeepSeek-V3's fine-grained
+ * scaling (1x128 activation tiles, 128x128 weight blocks, each scaled alone: one pass) */
+enum model_fp8 { MODEL_FP8_NONE, MODEL_FP8_TENSORWISE, MODEL_FP8_BLOCKWISE };
 
 /* Op kinds, in the order a layer runs them. Each op reads and writes the per-micro-batch
  * state of the decoder: x (residual stream, [T, hidden]), h (normalised hidden), a/m (block
@@ -162,6 +168,7 @@ struct model {
   char model_type[32]; /* HF model_type, e.g. "qwen3_moe" */
   enum model_family family;
   enum model_dtype dtype;
+  enum model_fp8 fp8; /* the GEMMs' recipe (piper.fp8); the rest stays in dtype */
   int64_t hidden_size, num_layers, num_heads, num_kv_heads, head_dim;
   int64_t intermediate_size, moe_intermediate_size, num_experts, experts_per_tok;
   int64_t n_shared_experts, first_k_dense, vocab_size;
@@ -225,6 +232,9 @@ cJSON *model_to_json(const struct model *m);
 
 size_t model_dtype_bytes(enum model_dtype d);
 const char *model_dtype_name(enum model_dtype d);
+const char *model_fp8_name(enum model_fp8 f);
+/* the GEMMs' operand type: FP8 under an FP8 recipe, else the model's dtype */
+enum model_dtype model_gemm_dtype(const struct model *m);
 const char *model_op_kind_name(enum model_op_kind k);
 /* "core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj". */
 const char *model_module_name(enum model_module k);

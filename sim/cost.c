@@ -361,6 +361,31 @@ static void pass_gemms(const struct profile *p, enum model_dtype dt, const struc
   }
 }
 
+/* The FP8 recipes' casts of the GEMMs' activation operands, at memory bandwidth: F casts each
+ * GEMM's input [rows, k], BI its output gradient [rows, n] (BW multiplies the operands F and
+ * BI cast). Per element: per-tensor current scaling reads the bf16 operand twice (its amax,
+ * then the cast) and writes the FP8 copy: 2 + 2 + 1 bytes; blockwise scaling reads it once,
+ * each 1x128 tile's scale from the tile itself: 2 + 1 bytes and a 4-byte scale per 128. The
+ * weights' casts (once per step, in the optimizer) are not counted here. */
+static void fp8_quantize(const struct profile *p, enum model_fp8 recipe, const struct op_shape *s,
+                         enum ir_pass pass, double family[PROFILE_FAMILY_COUNT],
+                         double *memory_bound) {
+  double per = recipe == MODEL_FP8_TENSORWISE ? 5.0 : 3.0 + 4.0 / 128.0, elems = 0;
+  for (uint32_t i = 0; i < s->n_gemms; i++) {
+    const struct op_gemm *g = &s->g[i];
+    double rows = (g->groups - 1) * g->rows + g->hot_rows;
+    if (pass == IR_PASS_F)
+      elems += rows * g->k;
+    if (pass == IR_PASS_BI || pass == IR_PASS_B)
+      elems += rows * g->n;
+  }
+  if (elems <= 0)
+    return;
+  double t = elems * per / achieved_bandwidth(p) + p->kernel_overhead;
+  family[PROFILE_FAMILY_MEMORY] += t;
+  *memory_bound += t;
+}
+
 bool cost_model_op(const struct profile *p, const struct model *m, const struct model_op *op,
                    enum ir_pass pass, uint32_t tp, uint32_t ep, double share, double bytes,
                    double family[PROFILE_FAMILY_COUNT], double *memory_bound) {
@@ -368,9 +393,16 @@ bool cost_model_op(const struct profile *p, const struct model *m, const struct 
   if (!op_gemms(p, m, op, tp > 1 ? tp : 1, ep > 1 ? ep : 1, share, &s))
     return false;
   double gemm_bytes = 0;
+  enum model_dtype gd = model_gemm_dtype(m);
   for (uint32_t i = 0; i < s.n_gemms; i++)
-    pass_gemms(p, m->dtype, &s.g[i], pass, s.head_recomputes, &family[PROFILE_FAMILY_GEMM],
+    pass_gemms(p, gd, &s.g[i], pass, s.head_recomputes, &family[PROFILE_FAMILY_GEMM],
                &gemm_bytes, memory_bound);
+  if (gd != m->dtype) {
+    fp8_quantize(p, m->fp8, &s, pass, family, memory_bound);
+    /* the op's bytes (models/build.c) count its GEMM operands in the model's dtype: take those
+     * out, not the FP8 ones, so the rest stays the op's elementwise traffic */
+    gemm_bytes *= (double)model_dtype_bytes(m->dtype) / (double)model_dtype_bytes(gd);
+  }
   if (s.attention && pass != IR_PASS_BW) {
     bool bwd = pass != IR_PASS_F;
     /* a sliding layer as s / w blocks of w queries over a full band of w keys: the kernel's

@@ -2385,6 +2385,14 @@ struct sim_result *sim_run(const struct plan *p, const struct profile *prof,
   static const struct sim_options defaults = {.collapse = true};
   if (!o)
     o = &defaults;
+  if (p->model->fp8 != MODEL_FP8_NONE && !prof->synthetic &&
+      !(prof->peak_flops[MODEL_DTYPE_FP8] > 0)) {
+    piper_input_error(err,
+                      "profile %s: no \"peak_tflops\".\"fp8\", which the model's \"piper.fp8\": "
+                      "\"%s\" needs",
+                      prof->name, model_fp8_name(p->model->fp8));
+    return NULL;
+  }
   double w0 = piper_clock_seconds();
   struct sim s = {.p = p,
                   .prof = prof,

@@ -130,6 +130,7 @@ struct profile_key {
 static const struct profile_key peak_keys[] = {
     KEY("bf16", DOUBLE, DEVICE, 1e-6, 1e6, 1e12, peak_flops[MODEL_DTYPE_BF16]),
     KEY("fp32", DOUBLE, DEVICE, 1e-6, 1e6, 1e12, peak_flops[MODEL_DTYPE_FP32]),
+    KEY("fp8", DOUBLE, OPTIONAL, 1e-6, 1e6, 1e12, peak_flops[MODEL_DTYPE_FP8]),
 };
 static const struct profile_key device_keys[] = {
     KEY("memory_bandwidth_gbs", DOUBLE, DEVICE, 1e-3, 1e9, 1e9, memory_bandwidth),
@@ -663,12 +664,14 @@ static enum profile_family roofline_family(enum model_op_kind kind, bool memory_
 static void op_cost(const struct profile *p, const struct model *m, const struct model_op *op,
                     enum ir_pass pass, uint32_t shard_degree, uint32_t tp_degree,
                     bool sequence_parallel, struct profile_cost *c, double *mem_time) {
-  double peak = p->peak_flops[m->dtype] * p->compute_efficiency;
+  /* an FP8 recipe's GEMMs run at the FP8 peak; measured tables hold bf16 kernels' times, so an
+   * FP8 model's ops are costed from their shapes */
+  double peak = p->peak_flops[model_gemm_dtype(m)] * p->compute_efficiency;
   double bw = p->memory_bandwidth * p->memory_efficiency;
   double t = -1;
-  if (op->kind == MODEL_OP_EXPERT_FFN && shard_degree > 1)
+  if (op->kind == MODEL_OP_EXPERT_FFN && shard_degree > 1 && m->fp8 == MODEL_FP8_NONE)
     t = ep_experts_time(p, pass, op->shape, shard_degree);
-  if (t < 0)
+  if (t < 0 && m->fp8 == MODEL_FP8_NONE)
     t = measured_time(p, op->kind, pass, op->shape);
   double flops, bytes;
   op_pass_load(op, pass, &flops, &bytes);

@@ -100,7 +100,7 @@ struct profile {
   bool synthetic;
 
   /* device (SI units: FLOP/s, bytes/s, bytes, seconds) */
-  double peak_flops[2]; /* by enum model_dtype: [FP32], [BF16]; dense, no sparsity */
+  double peak_flops[3]; /* by enum model_dtype: [FP32], [BF16], [FP8] (0: none); dense */
   double memory_bandwidth;
   uint64_t memory_capacity;
   uint32_t sm_count;

@@ -5,8 +5,11 @@
 # is failed unrun); writes its report, traces and profile under $OUT (default out/gpu-check)
 # and exits non-zero when a check fails.
 #   (a) every CUDA kernel against the host reference kernels, F, BI and BW apart, with fp32
-#       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why), and
-#       with bf16 GEMMs again with the unfused attention core forced (PIPER_CUDA_ATTENTION) and
+#       GEMMs (tolerance 2e-4) and bf16 GEMMs (3e-2) (tests/gpu/check_kernels.c says why; bf16
+#       attention runs cuDNN's fused SDPA where the build found cuDNN, also checked alone at
+#       context-parallel chunk offsets), and with bf16 GEMMs again with the own fused and the
+#       unfused attention cores forced (PIPER_CUDA_ATTENTION), with the fused LM head in
+#       16-column vocabulary tiles (PIPER_CUDA_HEAD_COLS, fp32 and bf16) and
 #       with the LM head in 7-row chunks (PIPER_CUDA_HEAD_ROWS: its multi-chunk path);
 #   (b) tiny-moe, 20 steps: one GPU (fp32 GEMMs, as the model is fp32; and bf16 GEMMs), and 4
 #       ranks PP2 x DP2 x EP2 dualpipev sharing the GPU (host-staged MPI), against the host
@@ -19,6 +22,11 @@
 #       throughput, MFU against the GPU's dense bf16 peak, executor overhead (step time against
 #       the busy time of the GPU's instructions), reported against the issue's targets (>= 60%
 #       MFU, <= 2% overhead; reported, not failed);
+#       then (tools/gpu-peer.py) the same 2-layer model trained by PyTorch on the same GPU,
+#       eager and torch.compile, SDPA attention, bf16 autocast, fused AdamW: tokens/s and MFU
+#       beside piper-exec's (one line where PyTorch or a mode is unavailable); the attention
+#       cores alone (cuDNN's and the own kernel's F/B TFLOP/s at sequence 4096) and cuBLASLt's
+#       GEMMs in bf16 (FP8: not built, no FP8 executor yet);
 #   (d) piper-prof --backend cuda at the shapes of tiny-moe and the llama layers (the llama
 #       layers' per-op table F / BI / BW / B goes into the report, with the MLP op's MFU alone:
 #       6 T C F FLOPs for F, 12 T C F for B, and a whole decoder layer's), then simulate ->
@@ -156,13 +164,20 @@ build() {
 # ---- (a) kernels ---------------------------------------------------------------------------
 check_kernels() {
   [ "$DRY" = 1 ] && { say "skip: (a) kernels need the GPU"; return; }
-  # label|environment: both GEMM precisions; the unfused attention core, which bf16 runs take
-  # only when asked (they run the fused one); and the LM head
-  # in 7-row chunks (the checks' T of 32 rows is one chunk under the chunk rule: 5 chunks, the
-  # last partial, check the multi-chunk path, dparams summed over chunks)
+  # label|environment: both GEMM precisions (bf16 runs take cuDNN's attention where built,
+  # and the checks run cuDNN's entry point at context-parallel chunk offsets); the own fused
+  # and the unfused attention cores, which bf16 runs take only when asked; the LM head's row
+  # chunks (PIPER_CUDA_HEAD_ROWS also chooses that path over the fused head) of 7 rows (the
+  # checks' T of 32 rows is one chunk under the chunk rule: 5 chunks, the last partial, check
+  # the multi-chunk path, dparams summed over chunks); and the fused head (the default) in
+  # 16-column vocabulary tiles (the checks' V of 101 is one tile under the tile rule: 7
+  # tiles, the last partial, check the log-sum-exp merge and dh summed over tiles)
   local variants=("fp32 GEMMs|PIPER_CUDA_GEMM=fp32" "bf16 GEMMs|PIPER_CUDA_GEMM=bf16"
+    "bf16 GEMMs, own fused attention|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_ATTENTION=fused"
     "bf16 GEMMs, unfused attention|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_ATTENTION=unfused"
-    "bf16 GEMMs, LM head in 7-row chunks|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_ROWS=7")
+    "bf16 GEMMs, LM head in 7-row chunks|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_ROWS=7"
+    "fp32 GEMMs, fused LM head in 16-column tiles|PIPER_CUDA_GEMM=fp32 PIPER_CUDA_HEAD_COLS=16"
+    "bf16 GEMMs, fused LM head in 16-column tiles|PIPER_CUDA_GEMM=bf16 PIPER_CUDA_HEAD_COLS=16")
   local v label vars n=0 f
   for v in "${variants[@]}"; do
     IFS='|' read -r label vars <<< "$v"
@@ -391,7 +406,9 @@ check_llama() {
     fail "(c) llama3-8b shape, 8 layers: $(tail -3 "$OUT/llama8-cuda.log")"
   fi
   # the two kernels the layers' time is mostly in, alone: cuBLASLt's GEMMs at the layers'
-  # shapes (and what the backend's choices cost) and the fused attention at sequence 4096
+  # shapes (and what the backend's choices cost) and the attention cores (cuDNN's where built,
+  # the own fused kernel) at sequence 4096. FP8 GEMMs: no FP8 executor is built yet.
+  say "      (c) GEMM TFLOP/s in FP8: not built (the FP8 executor is not written yet; bf16 below)"
   local b
   for b in bench_gemm bench_attention; do
     in_budget "(c) $b" || return
@@ -612,11 +629,55 @@ check_plans() {
   done
 }
 
+# ---- (c) the PyTorch peer: the same 2-layer model trained by PyTorch on this GPU ------------
+# peer_table: piper-exec's 2-layer run (c) beside PyTorch's modes, tokens/s and MFU (both from
+# the model FLOPs piper-exec counts per token, so the two MFUs are comparable)
+peer_table() {
+  python3 - "$OUT/llama-cuda/metrics.json" "$OUT/peer.json" "${peak:-0}" << 'PY' | tee -a "$REPORT"
+import json, sys
+peak = float(sys.argv[3])
+try:
+    m = json.load(open(sys.argv[1]))
+    piper, per_token = m["throughput_tokens_per_s"], m["model_flops_per_iteration"] / (m["throughput_tokens_per_s"] * m["iteration_time_s"])
+except (OSError, KeyError, ValueError, ZeroDivisionError):
+    piper, per_token = None, None
+peer = json.load(open(sys.argv[2])).get("modes", {})
+def mfu(tps):
+    return f"{tps * per_token / (peak * 1e12) * 100:.1f}%" if per_token and peak else "-"
+rows = [("piper-exec (cuda)", piper)] + [(f"pytorch {k}", v.get("tokens_per_s")) for k, v in peer.items()]
+for name, tps in rows:
+    print(f"      {name:<22} {'%.0f tokens/s' % tps if tps else 'not run':>18}  MFU {mfu(tps) if tps else '-'}")
+best = max((v.get("tokens_per_s") or 0 for v in peer.values()), default=0)
+if piper and best:
+    r = piper / best
+    print(f"      piper-exec / best PyTorch mode: {r:.2f}x (target >= 1.0: {'met' if r >= 1 else 'NOT met'}; reported, not failed)")
+PY
+}
+check_peer() {
+  if [ "$EMU" = 1 ]; then
+    say "skip: (c) PyTorch peer: the emulation has no GPU for PyTorch"
+    return
+  fi
+  local args=(--model "$LLAMA" --steps 5 --warmup 2 --json "$OUT/peer.json")
+  # dry run: the script on a CPU-sized model where PyTorch is installed, one line where not
+  [ "$DRY" = 1 ] && args=(--model "$LLAMA" --smoke --device cpu --steps 2 --warmup 1 --modes eager
+    --json "$OUT/peer.json")
+  in_budget "(c) PyTorch peer" || return
+  if timeout 240 python3 tools/gpu-peer.py "${args[@]}" > "$OUT/peer.log" 2>&1; then
+    sed 's/^/      /' "$OUT/peer.log" | tee -a "$REPORT"
+    [ "$DRY" = 0 ] && peer_table
+    ok "(c) PyTorch peer (tools/gpu-peer.py; figures above, reported, not failed)"
+  else
+    fail "(c) PyTorch peer: $(tail -2 "$OUT/peer.log")"
+  fi
+}
+
 build
 check_kernels
 check_training
 check_dualpipev_speed
 check_llama
+check_peer
 check_loop
 check_plans
 say "gpu-check: $fails check(s) failed, $(($(date +%s) - t_start)) s"

@@ -28,6 +28,25 @@ expect_cuda_error() {
     && ok "$what: $(cat "$err")" || fail "$what: $(cat "$err")"
 }
 
+# The cuda backend's sources that see HAVE_CUDNN also compile without it (NO_CUDNN=1), against
+# the real CUDA headers, where the backend is built (the emulated build links and runs that
+# configuration: tests/cli/test_cuda_emu.sh).
+if "$EXEC" --list-backends | grep -q '^cuda' && [ -f exec/backend_cuda_cudnn.c ]; then
+  flags=$(make -s --no-print-directory NO_CUDNN=1 print-cflags 2> /dev/null)
+  if [ -z "$flags" ]; then
+    echo "skip: NO_CUDNN=1 compile (make print-cflags gave nothing)"
+  elif echo "$flags" | grep -q -- -DHAVE_CUDNN; then
+    fail "NO_CUDNN=1 still defines HAVE_CUDNN"
+  elif (for src in exec/backend_cuda_cudnn.c exec/backend_cuda_kernels.c exec/backend_cuda.c; do
+    # shellcheck disable=SC2086 # flags are words
+    cc $flags -fsyntax-only "$src" || exit 1
+  done) 2> "$tmp/nocudnn.err"; then
+    ok "the cuda backend compiles without cuDNN (NO_CUDNN=1)"
+  else
+    fail "NO_CUDNN=1 compile: $(head -3 "$tmp/nocudnn.err")"
+  fi
+fi
+
 run=(--model models/tiny-dense.json --layout pp=1 --backend cuda --iters 1 --warmup 0)
 if "$EXEC" --list-backends | grep -q '^cuda'; then
   ok "cuda listed"

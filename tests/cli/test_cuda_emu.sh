@@ -7,7 +7,9 @@
 # kernel against the host reference, tiny-moe trained on one emulated GPU and on four (ranks
 # sharing one, host-staged; one each, through NCCL), piper-prof --backend cuda and the
 # simulate -> execute -> compare loop, and the equivalence suite's plans (losses and final
-# parameters against the host backend's). Skipped, with a line, without g++ or MPI.
+# parameters against the host backend's); attention from cuDNN through its stand-in (the kernel
+# check: the call sequence and numerics, chunk offsets), and the same check built without
+# cuDNN. Skipped, with a line, without g++ or MPI.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 tmp=$(mktemp -d)
@@ -38,6 +40,35 @@ for shape in "1 1 1 1 32" "1 64 2 2 64" "2 40 2 1 32" "1 130 2 1 128" "1 70 3 1 
     fails=$((fails + 1))
   fi
 done
+# Built without cuDNN (NO_CUDNN=1): the sources that see HAVE_CUDNN recompiled without it and
+# linked against the emulated library (a whole second emulated build would double this test's
+# time); the kernel check then skips cuDNN, and the table's attention runs the own kernels
+# (the stand-in counts no execution but the check's own: none, as it is skipped).
+nocudnn_check() {
+  local flags libs o objs=()
+  flags=$(make -s --no-print-directory CUDA_EMU=1 NO_CUDNN=1 BUILD=build/emu print-cflags)
+  libs=$(make -s --no-print-directory CUDA_EMU=1 NO_CUDNN=1 BUILD=build/emu print-libs)
+  for src in exec/backend_cuda.c exec/backend_cuda_kernels.c exec/backend_cuda_cudnn.c \
+    tests/gpu/check_kernels.c; do
+    o="$tmp/nocudnn-$(basename "$src" .c).o"
+    # shellcheck disable=SC2086 # flags are words
+    cc $flags -c "$src" -o "$o" 2>> "$tmp/nocudnn.log" || return 1
+    objs+=("$o")
+  done
+  # shellcheck disable=SC2086
+  cc "${objs[@]}" build/emu/libpiper-tools.a build/emu/libpiper.a $libs -o "$tmp/check_nocudnn" \
+    2>> "$tmp/nocudnn.log" || return 1
+  timeout 300 "$tmp/check_nocudnn" > "$tmp/nocudnn.txt" 2>&1 &&
+    grep -q '^skip cudnn: this build has no cuDNN' "$tmp/nocudnn.txt"
+}
+if nocudnn_check; then
+  echo "ok: built without cuDNN (NO_CUDNN=1): the kernel check passes on the own attention kernels, $(tail -1 "$tmp/nocudnn.txt")"
+  passes=$((passes + 1))
+else
+  tail -5 "$tmp/nocudnn.log" "$tmp/nocudnn.txt" 2> /dev/null
+  echo "FAIL: the build without cuDNN (NO_CUDNN=1)"
+  fails=$((fails + 1))
+fi
 if OUT="$tmp/gpu-check" GPU_CHECK_SKIP_BUILD=1 tools/gpu-check.sh --emu > "$tmp/gc.log" 2>&1; then
   echo "ok: tools/gpu-check.sh --emu: $(grep -c '^ok:' "$tmp/gc.log") steps ok, $(tail -1 "$tmp/gc.log")"
   passes=$((passes + 1))

@@ -31,9 +31,14 @@
 #include <string.h>
 
 #include "../../exec/backend.h"
+#include "../../exec/cuda_cudnn.h"
+#include "../../exec/gpu_layout.h"
 #include "../../exec/gpu_weights.h"
 #include "../../kernels/kernels.h"
 #include "../../kernels/kernels_cuda.h"
+#ifdef PIPER_CUDA_EMU
+#include <cudnn.h> /* the stand-in's counts */
+#endif
 
 struct check {
   struct exec_backend *b;
@@ -276,6 +281,143 @@ static void check_attention(struct check *c) {
   const char *labels[] = {"S256 H8/2 D64", "B2 S200 H8/2 D128", "B3 S40 H4/1 D32"};
   for (size_t i = 0; i < G_N_ELEMENTS(shapes); i++)
     check_attention_shape(c, labels[i], shapes[i]);
+}
+
+/* ---- attention from cuDNN at context-parallel chunk offsets (exec/cuda_cudnn.h) ---------- */
+
+/* The double-precision reference of one chunk: q [B*Sq, H*D] at positions q_offset.., k, v
+ * [B*Skv, KV*D] at kv_offset..; y, lse, and with dy the gradients dq, dk, dv (dk, dv summed
+ * over a kv head's query heads). */
+static void chunk_reference(const struct exec_cudnn_sdpa_shape *s, const float *q, const float *k,
+                            const float *v, const float *dy, float *y, float *lse, float *dq,
+                            float *dk, float *dv) {
+  int Sq = s->seq_q, Sk = s->seq_kv, H = s->heads, KVh = s->kv_heads, Dh = s->head_dim;
+  size_t HD = (size_t)H * Dh, KD = (size_t)KVh * Dh;
+  double scale = 1.0 / sqrt((double)Dh), *p = g_new(double, Sk), *dp = g_new(double, Sk);
+  memset(dk, 0, sizeof(float) * (size_t)s->batch * Sk * KD);
+  memset(dv, 0, sizeof(float) * (size_t)s->batch * Sk * KD);
+  for (int b = 0; b < s->batch; b++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < Sq; i++) {
+        const float *qi = q + ((size_t)b * Sq + i) * HD + (size_t)h * Dh;
+        const float *dyi = dy + ((size_t)b * Sq + i) * HD + (size_t)h * Dh;
+        size_t kvo = (size_t)b * Sk * KD + (size_t)(h / (H / KVh)) * Dh;
+        double mx = -INFINITY, sum = 0, dot = 0;
+        for (int j = 0; j < Sk; j++) {
+          double a = 0;
+          for (int d = 0; d < Dh; d++)
+            a += (double)qi[d] * k[kvo + (size_t)j * KD + d];
+          p[j] = s->q_offset + i >= s->kv_offset + j ? a * scale : -INFINITY;
+          mx = fmax(mx, p[j]);
+        }
+        for (int j = 0; j < Sk; j++)
+          sum += p[j] = exp(p[j] - mx);
+        lse[((size_t)b * H + h) * Sq + i] = (float)(mx + log(sum));
+        for (int d = 0; d < Dh; d++) {
+          double a = 0;
+          for (int j = 0; j < Sk; j++)
+            a += p[j] / sum * v[kvo + (size_t)j * KD + d];
+          y[((size_t)b * Sq + i) * HD + (size_t)h * Dh + d] = (float)a;
+          dot += a * dyi[d];
+        }
+        for (int j = 0; j < Sk; j++) {
+          double a = 0;
+          for (int d = 0; d < Dh; d++)
+            a += (double)dyi[d] * v[kvo + (size_t)j * KD + d];
+          dp[j] = p[j] / sum * (a - dot) * scale;
+          for (int d = 0; d < Dh; d++) {
+            dv[kvo + (size_t)j * KD + d] += (float)(p[j] / sum * dyi[d]);
+            dk[kvo + (size_t)j * KD + d] += (float)(dp[j] * qi[d]);
+          }
+        }
+        for (int d = 0; d < Dh; d++) {
+          double a = 0;
+          for (int j = 0; j < Sk; j++)
+            a += dp[j] * k[kvo + (size_t)j * KD + d];
+          dq[((size_t)b * Sq + i) * HD + (size_t)h * Dh + d] = (float)a;
+        }
+      }
+  g_free(p);
+  g_free(dp);
+}
+
+/* One chunk through cuDNN's forward and backward against chunk_reference. Tolerance 3e-2, the
+ * bf16 GEMMs' (the header's argument): cuDNN reads q, k, v (and y, dy) rounded to bf16, keeps
+ * its products in fp32 and rounds y, dq, dk, dv to bf16 once more (2^-9, within the budget). */
+static void check_cudnn_chunk(struct check *c, struct exec_cudnn_sdpa *sdpa,
+                              struct exec_cudnn_sdpa_shape sh, const char *label) {
+  size_t nq = (size_t)sh.batch * sh.seq_q * sh.heads * sh.head_dim;
+  size_t nk = (size_t)sh.batch * sh.seq_kv * sh.kv_heads * sh.head_dim;
+  size_t nl = (size_t)sh.batch * sh.heads * sh.seq_q;
+  float *q = rnd(c, nq, 1), *k = rnd(c, nk, 1), *v = rnd(c, nk, 1), *dy = rnd(c, nq, 1);
+  float *y = g_new(float, nq), *lse = g_new(float, nl), *dq = g_new(float, nq);
+  float *dk = g_new(float, nk), *dv = g_new(float, nk);
+  chunk_reference(&sh, q, k, v, dy, y, lse, dq, dk, dv);
+  float *gq = devf(c, q, nq), *gk = devf(c, k, nk), *gv = devf(c, v, nk), *gdy = devf(c, dy, nq);
+  float *gy = devf(c, NULL, nq), *gl = devf(c, NULL, nl), *gdq = devf(c, NULL, nq);
+  float *gdk = devf(c, NULL, nk), *gdv = devf(c, NULL, nk);
+  GError *e = NULL;
+  char what[96];
+  bool ok = exec_cudnn_sdpa_forward(sdpa, &sh, gy, gl, gq, gk, gv, NULL, &e) &&
+            exec_cudnn_sdpa_backward(sdpa, &sh, gdq, gdk, gdv, gq, gk, gv, gy, gdy, gl, NULL, &e);
+  if (!ok) {
+    printf("FAIL cudnn %s: %s\n", label, e->message);
+    g_error_free(e);
+    c->run++;
+    c->failed++;
+  } else {
+    const char *names[] = {"y", "lse", "dq", "dk", "dv"};
+    const float *ref[] = {y, lse, dq, dk, dv}, *got[] = {gy, gl, gdq, gdk, gdv};
+    size_t n[] = {nq, nl, nq, nk, nk};
+    for (int i = 0; i < 5; i++)
+      compare(c, (g_snprintf(what, sizeof what, "cudnn %s %s", label, names[i]), what), ref[i],
+              got[i], n[i], 3e-2);
+  }
+  float *bufs[] = {gq, gk, gv, gdy, gy, gl, gdq, gdk, gdv};
+  for (size_t i = 0; i < G_N_ELEMENTS(bufs); i++)
+    exec_backend_release(c->b, bufs[i]);
+  float *hbufs[] = {q, k, v, dy, y, lse, dq, dk, dv};
+  for (size_t i = 0; i < G_N_ELEMENTS(hbufs); i++)
+    g_free(hbufs[i]);
+}
+
+/* cuDNN's core at a whole causal sequence and at context-parallel chunks (a query chunk later
+ * than its keys: the diagonal shifted; the same shift at other absolute positions), GQA
+ * throughout; then, emulated, that the kernel table's attention above went through cuDNN
+ * where the mode says it does (the stand-in counts its plans and executions). */
+static void check_cudnn(struct check *c) {
+  if (!exec_cudnn_sdpa_built()) {
+    printf("skip cudnn: this build has no cuDNN (NO_CUDNN=1 or no cudnn.h)\n");
+    return;
+  }
+  GError *e = NULL;
+  struct exec_cudnn_sdpa *sdpa = exec_cudnn_sdpa_new(&e);
+  if (!sdpa) {
+    printf("FAIL cudnn: %s\n", e->message);
+    g_error_free(e);
+    c->run++, c->failed++;
+    return;
+  }
+  check_cudnn_chunk(c, sdpa, (struct exec_cudnn_sdpa_shape){2, 24, 24, 4, 2, 32, 0, 0},
+                    "B2 S24 H4/2 D32 causal");
+  check_cudnn_chunk(c, sdpa, (struct exec_cudnn_sdpa_shape){2, 24, 40, 4, 2, 32, 16, 0},
+                    "Sq24 Skv40 chunk at +16");
+  check_cudnn_chunk(c, sdpa, (struct exec_cudnn_sdpa_shape){1, 16, 40, 4, 1, 64, 96, 72},
+                    "Sq16 Skv40 chunk 96/72 H4/1 D64");
+  exec_cudnn_sdpa_free(sdpa);
+#ifdef PIPER_CUDA_EMU
+  long plans, fwd, bwd;
+  emu_cudnn_counts(&plans, &fwd, &bwd);
+  enum exec_gpu_attention mode = exec_gpu_attention_mode(getenv("PIPER_CUDA_ATTENTION"));
+  bool expect = c->bf16 && exec_gpu_attention_cudnn(mode, true);
+  /* the three chunks above: 6 plans (each shape, both passes) and 3 executions each */
+  bool ok = expect ? fwd > 3 && bwd > 3 && plans > 6 : fwd == 3 && bwd == 3 && plans == 6;
+  printf("%-4s %-44s %ld plans, %ld forward, %ld backward (%s)\n", ok ? "ok" : "FAIL",
+         "cuDNN stand-in: the table's attention", plans, fwd, bwd,
+         expect ? "expected from the table too" : "this mode keeps the own kernels");
+  c->run++;
+  c->failed += !ok;
+#endif
 }
 
 static void check_mlp(struct check *c) {
@@ -633,6 +775,45 @@ static void check_weight_copies(struct check *c, bool bf16) {
   g_free(zero);
 }
 
+/* The multi-tensor AdamW (one launch over a table, kc_adamw_multi) against the host reference
+ * (TOL_PLAIN, as adamw_step: the same fp32 formula, sqrtf and division may differ by an ulp on
+ * a GPU) and against adamw_step on the device tensor by tensor (the same bits: the same
+ * adamw_one per element). Tensors: one element; one across a chunk boundary (4097); one at an
+ * odd float offset (no 16-byte vectors) with a tail; an empty one; one of several chunks. */
+static void check_adamw_multi(struct check *c) {
+  enum { NT = 5 };
+  const size_t len[NT] = {1, KC_ADAMW_CHUNK + 1, 1003, 0, 3 * KC_ADAMW_CHUNK + 7};
+  const size_t at[NT] = {0, 4, KC_ADAMW_CHUNK + 5 + 1, 0, KC_ADAMW_CHUNK + 1100};
+  size_t n = at[NT - 1] + len[NT - 1];
+  float *p = rnd(c, n, 1), *g = rnd(c, n, 1), *m = rnd(c, n, 0.1f), *v = rnd(c, n, 0.1f);
+  for (size_t i = 0; i < n; i++)
+    v[i] = fabsf(v[i]);
+  float *dev_[2][4];
+  for (int k = 0; k < 2; k++) {
+    dev_[k][0] = devf(c, p, n), dev_[k][1] = devf(c, g, n);
+    dev_[k][2] = devf(c, m, n), dev_[k][3] = devf(c, v, n);
+  }
+  struct kernels_adamw_tensor host[NT], gpu[NT];
+  for (int t = 0; t < NT; t++) {
+    host[t] = (struct kernels_adamw_tensor){p + at[t], g + at[t], m + at[t], v + at[t], len[t]};
+    gpu[t] = (struct kernels_adamw_tensor){dev_[0][0] + at[t], dev_[0][1] + at[t],
+                                           dev_[0][2] + at[t], dev_[0][3] + at[t], len[t]};
+    c->k->adamw_step(c->s, dev_[1][0] + at[t], dev_[1][1] + at[t], dev_[1][2] + at[t],
+                     dev_[1][3] + at[t], len[t], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  }
+  kernels_adamw_multi(host, NT, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  c->k->adamw_multi(c->s, gpu, NT, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  compare(c, "adamw multi-tensor params", p, dev_[0][0], n, TOL_PLAIN);
+  compare(c, "adamw multi-tensor m", m, dev_[0][2], n, TOL_PLAIN);
+  compare(c, "adamw multi-tensor v", v, dev_[0][3], n, TOL_PLAIN);
+  compare_bits(c, "adamw multi-tensor = per tensor (params)", dev_[0][0], dev_[1][0], n, true);
+  compare_bits(c, "adamw multi-tensor = per tensor (v)", dev_[0][3], dev_[1][3], n, true);
+  for (int k = 0; k < 2; k++)
+    for (int j = 0; j < 4; j++)
+      exec_backend_release(c->b, dev_[k][j]);
+  g_free(p), g_free(g), g_free(m), g_free(v);
+}
+
 /* The cuda table has every op of exec/ops.def (it is generated from the list: a k_ function
  * per kernel, an exec_cuda_ function per collective). */
 static void check_op_table(struct check *c) {
@@ -672,9 +853,11 @@ int main(int argc, char **argv) {
   c.rng = g_rand_new_with_seed(42);
   check_op_table(&c);
   check_simple(&c);
+  check_adamw_multi(&c);
   check_bf16_copy(&c);
   check_embedding_norm(&c);
   check_attention(&c);
+  check_cudnn(&c);
   check_mlp(&c);
   check_weight_copies(&c, !fp32);
   check_router_moe(&c);

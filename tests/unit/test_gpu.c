@@ -463,6 +463,13 @@ static void test_gpu_sm_share(void **state) {
  * (not fusable) never fuse, whatever is forced. */
 static void test_gpu_attention_choice(void **state) {
   (void)state;
+  /* the fused LM head's vocabulary tiles: 32 MiB of fp32 logits, multiples of 64 columns */
+  assert_int_equal(exec_gpu_head_tile_cols(4096, 128256, 0), 2048);
+  assert_int_equal(exec_gpu_head_tile_cols(3000, 128256, 0), 2752); /* 2796 down to 64s */
+  assert_int_equal(exec_gpu_head_tile_cols(1 << 16, 128256, 0), EXEC_GPU_HEAD_MIN_COLS);
+  assert_int_equal(exec_gpu_head_tile_cols(32, 101, 0), 101); /* one tile: all of V */
+  assert_int_equal(exec_gpu_head_tile_cols(32, 101, 16), 16);
+  assert_int_equal(exec_gpu_head_tile_cols(32, 101, 500), 101);
   assert_int_equal(exec_gpu_attention_mode(NULL), EXEC_GPU_ATTENTION_AUTO);
   assert_int_equal(exec_gpu_attention_mode("fused"), EXEC_GPU_ATTENTION_FUSED);
   assert_int_equal(exec_gpu_attention_mode("unfused"), EXEC_GPU_ATTENTION_UNFUSED);
@@ -472,6 +479,15 @@ static void test_gpu_attention_choice(void **state) {
   assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_UNFUSED, true));
   assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_FUSED, false));
   assert_false(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_AUTO, false));
+  /* cuDNN's core: auto and forced take it where usable, the own kernels' modes never */
+  assert_int_equal(exec_gpu_attention_mode("cudnn"), EXEC_GPU_ATTENTION_CUDNN);
+  assert_true(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_AUTO, true));
+  assert_true(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_CUDNN, true));
+  assert_false(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_CUDNN, false));
+  assert_false(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_FUSED, true));
+  assert_false(exec_gpu_attention_cudnn(EXEC_GPU_ATTENTION_UNFUSED, true));
+  /* a forced cuDNN core that cannot run a shape leaves it to the own fused kernel */
+  assert_true(exec_gpu_attention_fused(EXEC_GPU_ATTENTION_CUDNN, true));
 }
 
 static void test_gpu_head_chunk_rows(void **state) {

@@ -1192,6 +1192,31 @@ static void test_adamw(void **state) {
   }
 }
 
+/* The multi-tensor AdamW is each tensor's adamw_step, bit for bit (the cuda backend's one launch
+ * is checked against the same in tests/gpu/check_kernels.c); an empty tensor is skipped. */
+static void test_adamw_multi(void **state) {
+  (void)state;
+  enum { N1 = 5, N2 = 0, N3 = 9 };
+  float p[2][N1 + N3], g[N1 + N3], m[2][N1 + N3], v[2][N1 + N3];
+  for (int i = 0; i < N1 + N3; i++) {
+    p[0][i] = p[1][i] = 0.1f * (float)(i - 6);
+    g[i] = 0.05f * (float)((i * 7) % 5 - 2);
+    m[0][i] = m[1][i] = 0.01f * (float)(i % 3);
+    v[0][i] = v[1][i] = 0.001f * (float)(i % 4);
+  }
+  struct kernels_adamw_tensor t[3] = {{p[0], g, m[0], v[0], N1},
+                                      {p[0] + N1, g + N1, m[0] + N1, v[0] + N1, N2},
+                                      {p[0] + N1, g + N1, m[0] + N1, v[0] + N1, N3}};
+  kernels_adamw_multi(t, 3, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 4);
+  kernels_adamw_step(p[1], g, m[1], v[1], N1, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 4);
+  kernels_adamw_step(p[1] + N1, g + N1, m[1] + N1, v[1] + N1, N3, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                     4);
+  assert_memory_equal(p[0], p[1], sizeof p[0]);
+  assert_memory_equal(m[0], m[1], sizeof m[0]);
+  assert_memory_equal(v[0], v[1], sizeof v[0]);
+  assert_true(p[0][0] != 0.1f * -6); /* it moved */
+}
+
 /* theta is the model file's rope_theta: another theta must give another output (llama3 uses
  * 500000), and the default must be what the model loader defaults to. */
 static void test_attention_theta(void **state) {
@@ -1382,6 +1407,7 @@ int main(void) {
       cmocka_unit_test(test_lm_head_old_formula),
       cmocka_unit_test(test_residual_add),
       cmocka_unit_test(test_adamw),
+      cmocka_unit_test(test_adamw_multi),
       cmocka_unit_test(test_sum_squares_scale),
       /* Last, so that the tests above draw the same random inputs as before they existed. */
       cmocka_unit_test(test_rope_llama3_scaling),

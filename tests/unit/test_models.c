@@ -496,8 +496,25 @@ static void test_round_trip(void **state) {
   assert_string_equal(m->name, "moe-variant");
   assert_int_equal(m->ops[6].kind, MODEL_OP_SHARED_EXPERT);
   assert_int_equal(m->ops[6].shape[2], 64); /* 2 shared x 32 */
+  assert_int_equal(m->fp8, MODEL_FP8_NONE);
+  assert_int_equal(model_gemm_dtype(m), MODEL_DTYPE_BF16);
   round_trip(m);
   model_free(m);
+  /* piper.fp8: the GEMMs' recipe, kept by the round trip; "none" is no recipe */
+  const char *recipes[] = {"tensorwise", "blockwise", "none"};
+  const enum model_fp8 want[] = {MODEL_FP8_TENSORWISE, MODEL_FP8_BLOCKWISE, MODEL_FP8_NONE};
+  for (int i = 0; i < 3; i++) {
+    char patch[128];
+    g_snprintf(patch, sizeof patch, "{\"piper.dtype\": \"bf16\", \"piper.fp8\": \"%s\"}",
+               recipes[i]);
+    m = load_patched(base, patch, 0, &err);
+    if (!m)
+      fail_msg("%s", err->message);
+    assert_int_equal(m->fp8, want[i]);
+    assert_int_equal(model_gemm_dtype(m), i < 2 ? MODEL_DTYPE_FP8 : MODEL_DTYPE_BF16);
+    round_trip(m);
+    model_free(m);
+  }
   /* a mixtral-style file: experts as wide as intermediate_size */
   m = load_patched(base,
                    "{\"model_type\": \"mixtral\", \"num_experts\": \"<delete>\","
@@ -632,6 +649,10 @@ static void test_bad_inputs(void **state) {
       {dense, "{\"piper.seq_len\": 0}", "\"piper.seq_len\" = 0 is out of range"},
       {dense, "{\"piper.micro_batch_size\": 65537}", "\"piper.micro_batch_size\" = 65537"},
       {dense, "{\"piper.dtype\": \"fp16\"}", "\"piper.dtype\" must be \"fp32\" or \"bf16\""},
+      {dense, "{\"piper.fp8\": \"e4m3\"}", "\"piper.fp8\" must be \"tensorwise\", \"blockwise\""},
+      {dense, "{\"piper.fp8\": 1}", "\"piper.fp8\" must be \"tensorwise\", \"blockwise\""},
+      {dense, "{\"piper.fp8\": \"blockwise\", \"piper.dtype\": \"fp32\"}",
+       "\"piper.fp8\": \"blockwise\" needs \"piper.dtype\": \"bf16\""},
       {dense, "{\"piper.pp_regions\": 0}", "\"piper.pp_regions\" = 0 is out of range"},
       {dense, "{\"piper.pp_regions\": 9}", "\"piper.pp_regions\" = 9 is out of range [1, 8]"},
       {dense, "{\"piper.pp_layers\": [4, 4]}", "exactly one of \"pp_regions\" and \"pp_layers\""},

@@ -88,9 +88,39 @@ static void test_profile_bundled(void **state) {
   assert_true(h800->peak_flops[MODEL_DTYPE_BF16] == h100->peak_flops[MODEL_DTYPE_BF16]);
   assert_true(h800->sm_count == h100->sm_count && h800->shape_model);
   test_assert_near(h800->intra_bandwidth, 200e9, 0, 1e-12, "h800 nvlink");
+  /* FP8: 1,979 dense TFLOP/s on both (3,958 with sparsity on the datasheets), twice bf16 */
+  test_assert_near(h100->peak_flops[MODEL_DTYPE_FP8], 1978.9e12, 0, 1e-12, "h100 fp8");
+  test_assert_near(h200->peak_flops[MODEL_DTYPE_FP8], 1978.9e12, 0, 1e-12, "h200 fp8");
+  assert_true(h800->peak_flops[MODEL_DTYPE_FP8] == 0); /* not given: an FP8 model is refused */
   profile_free(h800);
   profile_free(h100);
   profile_free(h200);
+}
+
+/* FP8 GEMMs (piper.fp8) on the shapes model: a Llama-3-8B layer's F and B cost less than in
+ * bf16 (the GEMMs at twice the peak with half the operand bytes), but more than half (the
+ * attention core, norms and the casts stay); blockwise scaling's single cast pass costs less
+ * than per-tensor scaling's amax pass plus cast; a profile's measured table is not used. */
+static void test_fp8_cost(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/llama3-8b.json", 0);
+  struct profile *p = load_profile("profiles/h100-sxm.json");
+  uint32_t s = 1; /* the first decoder layer's segment */
+  double t[3][2];
+  const enum model_fp8 recipes[3] = {MODEL_FP8_NONE, MODEL_FP8_TENSORWISE, MODEL_FP8_BLOCKWISE};
+  for (int r = 0; r < 3; r++) {
+    m->fp8 = recipes[r];
+    t[r][0] = profile_compute_cost(p, m, s, IR_PASS_F, 1).seconds;
+    t[r][1] = profile_compute_cost(p, m, s, IR_PASS_B, 1).seconds;
+  }
+  for (int pass = 0; pass < 2; pass++) {
+    assert_true(t[1][pass] < t[0][pass] && t[2][pass] < t[0][pass]);
+    assert_true(t[1][pass] > 0.5 * t[0][pass]);
+    assert_true(t[2][pass] < t[1][pass]);
+  }
+  m->fp8 = MODEL_FP8_NONE;
+  profile_free(p);
+  model_free(m);
 }
 
 /* ---- costs from shapes (sim/cost.h) ------------------------------------------------------- */
@@ -2337,6 +2367,7 @@ static void test_scenario_parse(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fp8_cost),
       cmocka_unit_test(test_profile_bundled),
       cmocka_unit_test(test_profile_errors),
       cmocka_unit_test(test_gemm_shapes),
