@@ -109,8 +109,8 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
         return true;
       }
     if (strcmp(item, "v") != 0)
-      return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
-                                    "interleave=, zero=, recompute=, first-stage-layers=, "
+      return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, etp=, "
+                                    "tp=, interleave=, zero=, recompute=, first-stage-layers=, "
                                     "last-stage-layers=, stage-layers=, v, sp, "
                                     "account-for-embedding, account-for-loss)", spec, item);
     l->shape = LAYOUT_V;
@@ -130,6 +130,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       {"dp", offsetof(struct layout, dp), 1, LAYOUT_MAX_DEVICES},
       {"ep", offsetof(struct layout, ep), 1, LAYOUT_MAX_DEVICES},
       {"tp", offsetof(struct layout, tp), 1, DIR_MAX_TP_DEGREE},
+      {"etp", offsetof(struct layout, etp), 1, DIR_MAX_TP_DEGREE},
       {"interleave", offsetof(struct layout, interleave), 1, 64},
       {"zero", offsetof(struct layout, zero), 0, 3},
       {"first-stage-layers", offsetof(struct layout, first_stage_layers), 1, MODEL_MAX_LAYERS},
@@ -144,8 +145,8 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
                                spec, keys[k].key, keys[k].lo, keys[k].hi);
     return true;
   }
-  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
-                                "interleave, zero, recompute, first-stage-layers, "
+  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, etp, "
+                                "tp, interleave, zero, recompute, first-stage-layers, "
                                 "last-stage-layers, stage-layers, v, sp, account-for-embedding, "
                                 "account-for-loss)", spec, (int)klen, item);
 }
@@ -186,6 +187,28 @@ static bool check_recompute(const char *spec, const struct layout *l, GError **e
   return true;
 }
 
+/* ep and etp against the stage's ranks (Megatron's expert grid: ETP x EP x expert-DP over
+ * the TP x CP x DP ranks of a stage). */
+static bool check_experts(const char *spec, const struct layout *l, GError **err) {
+  uint32_t ranks = layout_stage_ranks(l), etp = layout_expert_tp(l);
+  if (l->etp && l->ep < 2)
+    return piper_input_error(err, "--layout \"%s\": etp (expert tensor parallelism) needs ep of "
+                                  "at least 2", spec);
+  if (l->ep < 2)
+    return true;
+  if (l->tp % etp != 0)
+    return piper_input_error(err, "--layout \"%s\": etp=%u must divide tp=%u", spec, etp, l->tp);
+  if (etp < l->tp && !l->sequence_parallel)
+    return piper_input_error(err, "--layout \"%s\": etp=%u below tp=%u needs sp (each TP rank "
+                                  "routes its sequence shard to the experts, as Megatron requires)",
+                             spec, etp, l->tp);
+  if ((uint64_t)l->ep * etp > ranks || ranks % (l->ep * etp) != 0)
+    return piper_input_error(err, "--layout \"%s\": ep=%u x etp=%u%s does not divide the %u "
+                                  "ranks of a stage (tp x dp = %u x %u)", spec, l->ep, etp,
+                             l->etp ? "" : " (etp defaults to tp)", ranks, l->tp, l->dp);
+  return true;
+}
+
 /* What the compiler cannot express yet, and combinations that mean nothing. */
 static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->interleave > 1 && l->shape == LAYOUT_V)
@@ -193,9 +216,8 @@ static bool check(const char *spec, struct layout *l, GError **err) {
                                   "holds two stages per rank)", spec);
   if (l->interleave > 1)
     l->shape = LAYOUT_INTERLEAVED;
-  if (l->ep != 1 && l->ep != l->dp)
-    return piper_input_error(err, "--layout \"%s\": ep must be 1 or equal to dp (%u): experts are "
-                                  "sharded over a rank's whole data-parallel group", spec, l->dp);
+  if (!check_experts(spec, l, err))
+    return false;
   if (l->zero > 0 && l->dp < 2)
     return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
   if (l->sequence_parallel && l->tp < 2)
@@ -303,6 +325,24 @@ bool layout_stage_layers(const struct layout *l, const char *spec, int64_t num_l
   return true;
 }
 
+uint32_t layout_stage_ranks(const struct layout *l) {
+  return l->tp * l->dp;
+}
+
+uint32_t layout_expert_tp(const struct layout *l) {
+  return l->etp ? l->etp : l->tp;
+}
+
+/* The shard's fields beyond today's: none where the EP group is every device of one TP rank
+ * (ep = dp, experts under the dense TP), so those programs read as they always did. */
+static void shard_extra(const struct layout *l, char *buf, size_t len) {
+  uint32_t etp = layout_expert_tp(l);
+  if (l->ep == l->dp && etp == l->tp)
+    buf[0] = '\0';
+  else
+    g_snprintf(buf, len, ", \"degree\": %u, \"expert_tensor_parallel\": %u", l->ep, etp);
+}
+
 uint32_t layout_devices(const struct layout *l) {
   return l->pp * l->dp * l->tp;
 }
@@ -362,6 +402,8 @@ static void append_recompute(GString *s, const struct layout_recompute *r) {
 char *layout_to_json(const struct layout *l) {
   GString *s = g_string_new("[\n");
   uint32_t stages = layout_stages(l);
+  char shard[96];
+  shard_extra(l, shard, sizeof shard);
   const char *zero = l->zero == 3 ? ", \"shard_grads\": true, \"shard_params\": true"
                      : l->zero == 2 ? ", \"shard_grads\": true"
                      : l->zero == 1 ? ", \"shard_optimizer\": true"
@@ -372,7 +414,7 @@ char *layout_to_json(const struct layout *l) {
     else if (l->dp > 1 || l->ep == 1)
       append_line(s, "replicate", "{}", l, 0, zero);
     if (l->ep > 1)
-      append_line(s, "shard", "{\"EP\": \"*\"}", l, 0, "");
+      append_line(s, "shard", "{\"EP\": \"*\"}", l, 0, shard);
   } else {
     char filter[64];
     for (uint32_t st = 0; st < stages; st++) {
@@ -387,7 +429,7 @@ char *layout_to_json(const struct layout *l) {
       if (l->stage_without_experts && l->stage_without_experts[st])
         continue;
       g_snprintf(filter, sizeof filter, "{\"PP\": %u, \"EP\": \"*\"}", st);
-      append_line(s, "shard", filter, l, layout_stage_rank(l, st), "");
+      append_line(s, "shard", filter, l, layout_stage_rank(l, st), shard);
     }
   }
   if (l->tp > 1)

@@ -280,7 +280,8 @@ static const char *const *const op_keys[] = {
     (const char *const[]){"op", "filter", "devices", "stream", NULL},
     (const char *const[]){"op", "filter", "devices", "reduce_stream", "gather_stream",
                           "bucket_size", "shard_grads", "shard_params", "shard_optimizer", NULL},
-    (const char *const[]){"op", "filter", "devices", "stream", "capacity_factor", NULL},
+    (const char *const[]){"op", "filter", "devices", "stream", "capacity_factor", "degree",
+                          "expert_tensor_parallel", NULL},
     (const char *const[]){"op", "filter", "dim_name", "num_microbatches", NULL},
     (const char *const[]){"op", "filters", NULL},
     (const char *const[]){"op", "name", "priority", "sm_share", NULL},
@@ -454,7 +455,10 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     return parse_devices(obj, d, max_device, ctx, err) &&
            get_name(obj, "stream", false, d->stream, ctx, err) &&
            json_get_double(obj, "capacity_factor", false, 1.0, IR_EP_CAPACITY_FACTOR_MAX,
-                           &d->capacity_factor, ctx, err);
+                           &d->capacity_factor, ctx, err) &&
+           json_get_u32(obj, "degree", false, 1, IR_MAX_DEVICES, &d->ep_degree, ctx, err) &&
+           json_get_u32(obj, "expert_tensor_parallel", false, 1, DIR_MAX_TP_DEGREE,
+                        &d->etp_degree, ctx, err);
   case DIR_REPLICATE: return parse_replicate(obj, d, max_device, ctx, err);
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
@@ -615,6 +619,10 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
       name_to_json(o, "stream", d->stream);
       if (d->capacity_factor > 0) /* only when given: other programs print as before */
         cJSON_AddNumberToObject(o, "capacity_factor", d->capacity_factor);
+      if (d->ep_degree > 0)
+        cJSON_AddNumberToObject(o, "degree", d->ep_degree);
+      if (d->etp_degree > 0)
+        cJSON_AddNumberToObject(o, "expert_tensor_parallel", d->etp_degree);
       break;
     case DIR_REPLICATE:
       cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));
