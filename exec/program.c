@@ -173,6 +173,10 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
     return true;
   if (d->xm->E % (int)n->shard_degree != 0)
     return fail_at(dc, i, err, "shards experts unevenly");
+  if (n->expert_replicas > 1 || n->route_split > 1)
+    return fail_at(dc, i, err, "carves expert groups from its stage (a shard \"degree\" or an "
+                               "expert_tensor_parallel below its devices), which piper-sim "
+                               "simulates but piper-exec does not run yet");
   if (n->replica_degree != 1 && n->replica_degree != n->shard_degree)
     /* experts are never gradient-synced: replicas in other EP groups would drift */
     return fail_at(dc, i, err,

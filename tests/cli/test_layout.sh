@@ -70,7 +70,10 @@ expect_bad "more than the model's 8 layers" "$BIN/piper-compile" --model models/
 expect_bad "need at least 2 stages" "$BIN/piper-layout" pp=1,last-stage-layers=2
 expect_bad "excludes first-stage-layers" "$BIN/piper-layout" pp=2,stage-layers=3+5,account-for-loss
 expect_bad 'unknown key "cp"' "$BIN/piper-layout" pp=2,cp=2
-expect_bad "ep must be 1 or equal to dp" "$BIN/piper-layout" pp=2,dp=4,ep=2
+expect_bad "ep=3 x etp=1 (etp defaults to tp) does not divide the 4 ranks of a stage" "$BIN/piper-layout" pp=2,dp=4,ep=3
+expect_bad "etp=1 below tp=2 needs sp" "$BIN/piper-layout" pp=2,tp=2,dp=2,ep=4,etp=1
+expect_bad "\"degree\": 8 experts do not divide evenly over 16 EP ranks" "$BIN/piper-compile" --model models/tiny-moe.json --layout tp=2,dp=8,ep=16,etp=1,sp
+expect_bad "\"degree\": 8 experts do not divide evenly over 16 EP ranks" "$BIN/piper-compile" --model models/tiny-moe.json --layout dp=32,ep=16
 expect_bad "give a layout" "$BIN/piper-layout"
 expect_bad "--layout replaces --directives" "$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2 --directives $BS/dp2.json
 expect_bad "disagrees with --layout" "$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2,v --pp-regions 3
