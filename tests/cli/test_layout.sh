@@ -75,6 +75,11 @@ expect_bad "etp=1 below tp=2 needs sp" "$BIN/piper-layout" pp=2,tp=2,dp=2,ep=4,e
 expect_bad "\"degree\": 8 experts do not divide evenly over 16 EP ranks" "$BIN/piper-compile" --model models/tiny-moe.json --layout tp=2,dp=8,ep=16,etp=1,sp
 expect_bad "\"degree\": 8 experts do not divide evenly over 16 EP ranks" "$BIN/piper-compile" --model models/tiny-moe.json --layout dp=32,ep=16
 expect_bad "give a layout" "$BIN/piper-layout"
+# the same rules on a shard written by hand: one line naming the directive
+printf '[{"op": "replicate", "filter": {}, "devices": [0, 1, 2, 3]},\n {"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1, 2, 3], "degree": 8}]\n' >"$T/ep3.json"
+expect_bad 'directive 1 (shard): "degree" 8 x expert_tensor_parallel 1 = 8 does not divide the 4 devices' "$BIN/piper-compile" --model models/tiny-moe.json --directives "$T/ep3.json"
+printf '[{"op": "replicate", "filter": {}, "devices": [0, 1, 2, 3]},\n {"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1, 2, 3], "degree": 2, "expert_tensor_parallel": 1},\n {"op": "tensor_parallel", "filter": {}, "degree": 2}]\n' >"$T/etp.json"
+expect_bad 'directive 1 (shard): "expert_tensor_parallel" 1 below the tensor-parallel degree 2 needs sequence_parallel' "$BIN/piper-compile" --model models/tiny-moe.json --directives "$T/etp.json"
 expect_bad "--layout replaces --directives" "$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2 --directives $BS/dp2.json
 expect_bad "disagrees with --layout" "$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2,v --pp-regions 3
 expect_bad "interleave and v exclude each other" "$BIN/piper-sim" --model models/tiny-moe.json --layout pp=2,v,interleave=2 --profile profiles/unit.json
