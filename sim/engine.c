@@ -53,9 +53,11 @@ static bool kind_is_comm(enum ir_node_kind k) {
   return k != IR_NODE_COMPUTE && k != IR_NODE_OPTIMIZER && k < IR_NODE_KIND_COUNT;
 }
 
-/* A collective communicator with several instances in its group (tensor parallelism). */
+/* A collective communicator with several instances in its group (tensor parallelism, EP
+ * groups carved from a stage). */
 static bool comm_is_split(const struct plan *p, uint32_t comm) {
-  return comm < p->n_comms && p->comms[comm].purpose != IR_COMM_PP && p->comms[comm].split > 1;
+  return comm < p->n_comms && p->comms[comm].purpose != IR_COMM_PP &&
+         (p->comms[comm].split > 1 || p->comms[comm].block);
 }
 
 /* The sorted distinct values of map[] over the members of device's instance of split comm k
