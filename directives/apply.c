@@ -886,8 +886,8 @@ static bool carve_expert_node(struct apply *a, uint32_t d, uint32_t i, GError **
                               "divide the %u devices the experts run on", ep, etp,
                    (unsigned long long)ep * etp, size);
   n->shard_degree = ep;
+  /* replica_degree keeps the dense DP degree: every DP rank still routes its own tokens */
   n->expert_replicas = size / (ep * etp);
-  n->replica_degree = n->expert_replicas;
   n->route_split = tp / etp;
   n->tp_degree = etp > 1 ? etp : 0;
   n->sequence_parallel = etp > 1 && n->sequence_parallel;
