@@ -501,6 +501,16 @@ bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uin
   return true;
 }
 
+static bool comms_equal(const struct plan *a, const struct plan *b) {
+  for (uint32_t c = 0; c < a->n_comms; c++) {
+    const struct plan_comm *x = &a->comms[c], *y = &b->comms[c];
+    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group ||
+        x->split != y->split || x->block != y->block)
+      return false;
+  }
+  return true;
+}
+
 bool plan_equal(const struct plan *a, const struct plan *b) {
   if (!a || !b)
     return a == b;
@@ -536,12 +546,8 @@ bool plan_equal(const struct plan *a, const struct plan *b) {
         x->sm_share != y->sm_share)
       return false;
   }
-  for (uint32_t c = 0; c < a->n_comms; c++) {
-    const struct plan_comm *x = &a->comms[c], *y = &b->comms[c];
-    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group ||
-        x->split != y->split || x->block != y->block)
-      return false;
-  }
+  if (!comms_equal(a, b))
+    return false;
   if (a->n_devices &&
       memcmp(a->device_class, b->device_class, a->n_devices * sizeof(uint32_t)) != 0)
     return false;
