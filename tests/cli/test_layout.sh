@@ -33,7 +33,7 @@ sim --model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v --schedule dualpipev 
 "$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2,tp=2,dp=4,ep=2,sp,zero=1 --schedule 1f1b --mbs 4 -o "$T/ep_p" >/dev/null &&
   sim --plans "$T/ep_p" --out "$T/ep_a" && sim --model models/tiny-moe.json --layout pp=2,tp=2,dp=4,ep=2,sp,zero=1 --schedule 1f1b --mbs 4 --out "$T/ep_b" &&
   [ "$(cut -d, -f4- "$T/ep_a/results.csv")" = "$(cut -d, -f4- "$T/ep_b/results.csv")" ] &&
-  grep -q '"block": 4' "$T/ep_p/plan.json" && ok || bad "carved expert groups: --plans differs from --layout"
+  grep -q '"block":4' "$T/ep_p/plan.json" && ok || bad "carved expert groups: --plans differs from --layout"
 
 expect_bad() {
   local want=$1; shift
