@@ -173,10 +173,6 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
     return true;
   if (d->xm->E % (int)n->shard_degree != 0)
     return fail_at(dc, i, err, "shards experts unevenly");
-  if (n->route_split > 1)
-    return fail_at(dc, i, err, "runs experts with a smaller TP than its dense layers "
-                               "(expert_tensor_parallel below tensor_parallel), which piper-sim "
-                               "simulates but piper-exec does not run yet");
   if (n->replica_degree != 1 && n->replica_degree != n->shard_degree && n->expert_replicas <= 1)
     /* experts outside expert-DP groups are never gradient-synced: replicas in other EP groups
      * would drift */

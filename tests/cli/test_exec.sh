@@ -68,6 +68,9 @@ expect_bad "missing data" "/nonexistent/data.bin" --model $DENSE --directives "$
 expect_bad "bad model" "tiny-moe-missing.json" --model models/tiny-moe-missing.json --directives "$T/one.json"
 expect_bad "plan too big" "the plan has 2 devices but the job has 1 processes" \
   --model $MOE --directives $BS/dp2.json --mbs 2 --no-report
+# experts with a smaller TP than the dense layers (EP 4 over TP 2 x DP 2, expert TP 1) are
+# simulated, not run: one line, before the TP degree's own check
+expect_bad "etp below tp" "expert_tensor_parallel below tensor_parallel), which piper-sim simulates" --model $MOE --layout tp=2,dp=2,ep=4,etp=1,sp --mbs 2 --no-report
 expect_bad "mla" "needs MLA attention, which no op of exec/ops.def runs yet (the host backend cannot train it" --model models/deepseek-v3.json --pp-regions 61 --directives "$T/one.json" --no-report
 expect_bad "qwen2 shared gate" "gates its shared expert (shared_expert_gate), which has no host kernel" \
   --model models/qwen1.5-moe-a2.7b.json --directives "$T/one.json" --no-report
