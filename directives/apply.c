@@ -401,9 +401,14 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
         g_free(nm);
         goto out;
       }
-      if (g->model->num_experts % dd->n_devices != 0) {
+      if (dd->ep_degree == 0 && g->model->num_experts % dd->n_devices != 0) {
         fail_at(a, d, err, "\"devices\": %lld experts do not divide evenly over %u devices",
                 (long long)g->model->num_experts, dd->n_devices);
+        goto out;
+      }
+      if (dd->ep_degree > 0 && g->model->num_experts % dd->ep_degree != 0) {
+        fail_at(a, d, err, "\"degree\": %lld experts do not divide evenly over %u EP ranks",
+                (long long)g->model->num_experts, dd->ep_degree);
         goto out;
       }
     }
@@ -858,6 +863,52 @@ static bool check_contiguous(struct apply *a, uint32_t n_devices_limit, GError *
                  gap, top);
 }
 
+/* ---- expert parallelism as its own dimension --------------------------------------------- */
+
+/* Expert node i under a shard with a "degree" (EP size) carved from its group of
+ * tp x d devices (Megatron's expert-model-parallel groups, parallel_state.py: within a stage
+ * the expert ranks run ETP innermost, then EP, then expert DP, over the same positions the
+ * dense layers read as TP, then DP; a CP factor of the dense grid changes nothing here, as it
+ * only multiplies the positions). After the TP phase, which gave the node the dense TP. */
+static bool carve_expert_node(struct apply *a, uint32_t d, uint32_t i, GError **err) {
+  const struct dir_directive *dd = &a->p->d[d];
+  struct ir_node *n = IR_NODE(a->g, i);
+  uint32_t size = IR_GROUP(a->g, n->group)->count, tp = n->tp_degree > 1 ? n->tp_degree : 1;
+  uint32_t ep = dd->ep_degree, etp = dd->etp_degree ? dd->etp_degree : tp;
+  if (tp % etp != 0)
+    return fail_at(a, d, err, "\"expert_tensor_parallel\" %u must divide the tensor-parallel "
+                              "degree %u of the layers it shards", etp, tp);
+  if (etp < tp && !n->sequence_parallel)
+    return fail_at(a, d, err, "\"expert_tensor_parallel\" %u below the tensor-parallel degree "
+                              "%u needs sequence_parallel (each TP rank routes its sequence "
+                              "shard, as Megatron requires of MoE under TP)", etp, tp);
+  if ((uint64_t)ep * etp > size || size % (ep * etp) != 0)
+    return fail_at(a, d, err, "\"degree\" %u x expert_tensor_parallel %u = %llu does not "
+                              "divide the %u devices the experts run on", ep, etp,
+                   (unsigned long long)ep * etp, size);
+  n->shard_degree = ep;
+  /* replica_degree keeps the dense DP degree: every DP rank still routes its own tokens */
+  n->expert_replicas = size / (ep * etp);
+  n->route_split = tp / etp;
+  n->tp_degree = etp > 1 ? etp : 0;
+  n->sequence_parallel = etp > 1 && n->sequence_parallel;
+  if (a->g->segment_tp)
+    a->g->segment_tp[n->segment] = etp > 1 ? etp : 0;
+  return true;
+}
+
+/* Every expert node of a shard with a "degree". A shard without one keeps today's meaning:
+ * the EP group is every device of one TP rank, the experts take the dense TP. */
+static bool carve_experts(struct apply *a, GError **err) {
+  for (uint32_t i = 0; i < a->g->nodes->len; i++) {
+    uint32_t d = INFO(a, i)->shard;
+    if (IR_NODE(a->g, i)->kind == IR_NODE_COMPUTE && d != IR_NONE && a->p->d[d].ep_degree > 0 &&
+        !carve_expert_node(a, d, i, err))
+      return false;
+  }
+  return true;
+}
+
 /* Every node on several devices must be replicated or sharded over them. */
 static bool check_group_use(struct apply *a, GError **err) {
   const struct ir_graph *g = a->g;
@@ -866,7 +917,9 @@ static bool check_group_use(struct apply *a, GError **err) {
     if (n->kind != IR_NODE_COMPUTE)
       continue;
     uint32_t size = IR_GROUP(g, n->group)->count, tp = n->tp_degree > 1 ? n->tp_degree : 1;
-    if (size > 1 && n->replica_degree * tp != size && n->shard_degree * tp != size) {
+    uint32_t carved = n->shard_degree * tp * (n->expert_replicas > 1 ? n->expert_replicas : 1);
+    if (size > 1 && n->replica_degree * tp != size && n->shard_degree * tp != size &&
+        carved != size) {
       char *nm = node_name(g, i);
       fail_at(a, INFO(a, i)->grouped_by, err,
               "\"%s\" runs on %u devices but is neither replicated nor sharded over them "
@@ -961,10 +1014,20 @@ static bool copy_sync_keys(struct apply *a, const struct segment_home *h, bool p
   uint32_t size = IR_GROUP(g, h->homes[0])->count;
   GArray *devs = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   bool ok = union_of_homes(a, h, devs, err);
-  uint32_t tp = IR_NODE(g, h->fwd_node)->tp_degree;
-  if (ok && (!per_position || (size > 1 && tp <= 1 && positions_line_up(g, h, devs)))) {
+  const struct ir_node *fn = IR_NODE(g, h->fwd_node);
+  uint32_t tp = fn->tp_degree, edp = fn->expert_replicas > 1 ? fn->expert_replicas : 1;
+  bool lined_up = ok && per_position && size > 1 && positions_line_up(g, h, devs);
+  if (ok && edp > 1 && !lined_up) {
+    char *x = node_name(g, h->fwd_node);
+    ok = fail_at(a, INFO(a, h->fwd_node)->grouped_by, err,
+                 "the copies of \"%s\" (experts in expert-data-parallel groups) must be placed "
+                 "on device lists whose positions line up (ascending ids, as layouts write)", x);
+    g_free(x);
+  }
+  if (ok && (!per_position || (lined_up && (tp <= 1 || edp > 1)))) {
+    /* carved experts: the devices at positions with the same p mod (EP x ETP) in every copy */
     uint64_t key = SYNC_KEY(ir_graph_group(g, (uint32_t *)devs->data, devs->len),
-                            per_position ? size : 0);
+                            per_position ? size / edp : 0);
     g_array_append_val(out, key);
   } else if (ok) {
     uint32_t pos[MAX_HOMES];
@@ -1072,6 +1135,55 @@ static void replicate_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
     }
   }
   g_array_free(bucket, TRUE);
+}
+
+/* Expert segments of replicate directive d carved into expert-DP groups (expert_replicas > 1,
+ * one home): their gradients are summed over the devices holding the same experts, the
+ * positions of the stage with the same p mod (EP x ETP) (a DP communicator split by EP x ETP),
+ * reduce-scattered under ZeRO, so that the optimizer state of the experts is sharded over the
+ * expert-DP group as the dense layers' is over DP. Buckets of their own (another communicator),
+ * in reverse model order, closed when the next would overflow. */
+static void expert_dp_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
+  struct ir_graph *g = a->g;
+  const struct model *m = g->model;
+  const struct dir_directive *dd = &a->p->d[d];
+  uint32_t grp_of_dir = ir_graph_group(g, dd->devices, dd->n_devices);
+  GArray *bucket = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  GArray *deg = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  const struct ir_node *like = NULL;
+  double cap = dd->bucket_size_mb * MIB, bytes = 0;
+  for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
+    const struct ir_node *fn = s >= 0 ? IR_NODE(g, ds->home[s].fwd_node) : NULL;
+    bool take = s >= 0 && ds->home[s].n_homes == 1 && ds->home[s].group == grp_of_dir &&
+                m->segments[s].param_count > 0 && INFO(a, ds->home[s].fwd_node)->replicate == d &&
+                fn->expert_replicas > 1;
+    double sb = take ? (double)m->segments[s].param_bytes / fn->shard_degree : 0;
+    if (bucket->len > 0 && (s < 0 || (take && bytes + sb > cap))) {
+      uint32_t cid = add_bucket_collective(
+          a, bucket, ds->home, dd->shard_optimizer ? IR_NODE_REDUCE_SCATTER : IR_NODE_ALL_REDUCE,
+          grp_of_dir, stream_or(g, dd->reduce_stream, "dp"), 0, d, &ds->gi, ds->syncs_of);
+      struct ir_node *c = IR_NODE(g, cid);
+      c->segset = ir_graph_add_segset(g, (uint32_t *)bucket->data, bucket->len,
+                                      (uint32_t *)deg->data);
+      c->bytes = IR_SEGSET(g, c->segset)->param_bytes; /* what one device holds of them */
+      c->expert_replicas = c->replica_degree = like->expert_replicas;
+      c->tp_degree = like->shard_degree * (like->tp_degree > 1 ? like->tp_degree : 1);
+      c->sequence_parallel = false;
+      c->shard_degree = 1;
+      g_array_set_size(bucket, 0);
+      g_array_set_size(deg, 0);
+      bytes = 0;
+    }
+    if (take) {
+      uint32_t seg = (uint32_t)s;
+      g_array_append_val(bucket, seg);
+      g_array_append_val(deg, fn->shard_degree);
+      bytes += sb;
+      like = fn;
+    }
+  }
+  g_array_free(bucket, TRUE);
+  g_array_free(deg, TRUE);
 }
 
 /* A segment with copies on several homes (DualPipe) under ZeRO-1/2: each copy shards over its
@@ -1462,6 +1574,7 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   for (uint32_t d = 0; d < a->p->n && ok; d++)
     if (a->p->d[d].op == DIR_REPLICATE) {
       replicate_buckets(a, &ds, d);
+      expert_dp_buckets(a, &ds, d);
       ok = zero_copy_buckets(a, &ds, d, err);
     }
   ok = ok && copy_sync_buckets(a, &ds, err) && insert_tied_sync(a, &ds, err);
@@ -1532,6 +1645,14 @@ static void insert_gathers(struct apply *a) {
     gn.segment = IR_NONE;
     gn.segset = IR_NODE(g, b)->segset;
     gn.directive = IR_NODE(g, b)->directive;
+    const struct ir_node *bn = IR_NODE(g, b);
+    if (bn->expert_replicas > 1) { /* experts' gather: over their expert-DP group, as the sum */
+      gn.expert_replicas = gn.replica_degree = bn->expert_replicas;
+      gn.tp_degree = bn->tp_degree;
+      gn.sequence_parallel = false;
+      gn.shard_degree = 1;
+      gn.route_split = 0;
+    }
     uint32_t gid = add_node(a, &gn);
     for (uint32_t j = 0; j < cons->len; j++)
       ir_graph_add_edge(g, gid, g_array_index(cons, uint32_t, j), IR_EDGE_DATA, 0,
@@ -1565,7 +1686,8 @@ static void size_expert_backward(const struct expert_side *es, uint32_t e, uint6
   ir_graph_add_edge(g, es->d, b, IR_EDGE_DATA, 1, es->route);
   if (es->into[b] != IR_NONE) { /* B or BI: the combine's and the dispatch's transposes */
     ir_graph_add_edge(g, es->d, es->into[b], IR_EDGE_DATA, 1, es->route);
-    ir_graph_add_edge(g, es->copy, es->into[b], IR_EDGE_DATA, 1, ir_ep_combine_bytes(g->model));
+    ir_graph_add_edge(g, es->copy, es->into[b], IR_EDGE_DATA, 1,
+                      ir_ep_combine_bytes(g->model, IR_NODE(g, es->x)));
   }
   if (es->out[b] != IR_NONE)
     ir_graph_add_edge(g, es->d, es->out[b], IR_EDGE_DATA, 1, es->route);
@@ -1726,8 +1848,9 @@ static void insert_all_to_all(struct apply *a) {
     /* the routed rows on the experts' side: the capacity, not the tokens' [T, hidden] */
     uint64_t rows = ir_ep_sized(expert) ? ir_ep_rows_bytes(m, expert) : ed.bytes;
     const struct dir_directive *sd = &a->p->d[INFO(a, ex)->shard];
+    uint64_t sent = payload / (expert->route_split > 1 ? expert->route_split : 1);
     struct ir_node c =
-        comm_node(expert, IR_NODE_ALL_TO_ALL, IR_COMM_EP, stream_or(g, sd->stream, "ep"), payload);
+        comm_node(expert, IR_NODE_ALL_TO_ALL, IR_COMM_EP, stream_or(g, sd->stream, "ep"), sent);
     c.directive = INFO(a, ex)->shard;
     uint32_t cid = add_node(a, &c);
     IR_EDGE(g, e)->kind = IR_EDGE_DEAD;
@@ -2208,7 +2331,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   for (uint32_t d = 0; d < p->n; d++)
     if ((p->d[d].op == DIR_REPLICATE || p->d[d].op == DIR_SHARD) && !apply_placement(&a, d, err))
       goto out;
-  if (!dir_tp_apply(p, g, err))
+  if (!dir_tp_apply(p, g, err) || !carve_experts(&a, err))
     goto out;
   for (uint32_t d = 0; d < p->n; d++) {
     const struct dir_directive *dd = &p->d[d];

@@ -64,6 +64,12 @@ struct dir_directive {
   double capacity_factor;
   /* shard: the saved routed rows in FP8 (ir_node.fp8_expert_inputs); simulator only */
   bool fp8_expert_inputs;
+  /* shard, expert parallelism as its own dimension (docs/directives.md, "Expert parallelism"):
+   * "degree", the EP size (ranks sharing one expert group's all-to-all), and
+   * "expert_tensor_parallel", the TP size inside each expert (Megatron's
+   * --expert-model-parallel-size and --expert-tensor-parallel-size). 0 = not given: the EP
+   * group is every device of one TP rank, and experts take the dense layers' TP. */
+  uint32_t ep_degree, etp_degree;
   char reduce_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   char gather_stream[DIR_NAME_MAX]; /* replicate; "" = default */
   double bucket_size_mb;            /* replicate */

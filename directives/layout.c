@@ -111,8 +111,8 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       }
     if (strcmp(item, "v") != 0)
       return piper_input_error(err,
-                               "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
-                               "interleave=, zero=, recompute=, first-stage-layers=, "
+                               "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, etp=, "
+                               "tp=, interleave=, zero=, recompute=, first-stage-layers=, "
                                "last-stage-layers=, stage-layers=, capacity=, v, sp, "
                                "account-for-embedding, account-for-loss, "
                                "fp8-expert-inputs)",
@@ -145,6 +145,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       {"dp", offsetof(struct layout, dp), 1, LAYOUT_MAX_DEVICES},
       {"ep", offsetof(struct layout, ep), 1, LAYOUT_MAX_DEVICES},
       {"tp", offsetof(struct layout, tp), 1, DIR_MAX_TP_DEGREE},
+      {"etp", offsetof(struct layout, etp), 1, DIR_MAX_TP_DEGREE},
       {"interleave", offsetof(struct layout, interleave), 1, 64},
       {"zero", offsetof(struct layout, zero), 0, 3},
       {"first-stage-layers", offsetof(struct layout, first_stage_layers), 1, MODEL_MAX_LAYERS},
@@ -160,7 +161,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
     return true;
   }
   return piper_input_error(err,
-                           "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
+                           "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, etp, tp, "
                            "interleave, zero, recompute, first-stage-layers, "
                            "last-stage-layers, stage-layers, capacity, v, sp, "
                            "account-for-embedding, account-for-loss, fp8-expert-inputs)",
@@ -203,6 +204,28 @@ static bool check_recompute(const char *spec, const struct layout *l, GError **e
   return true;
 }
 
+/* ep and etp against the stage's ranks (Megatron's expert grid: ETP x EP x expert-DP over
+ * the TP x CP x DP ranks of a stage). */
+static bool check_experts(const char *spec, const struct layout *l, GError **err) {
+  uint32_t ranks = layout_stage_ranks(l), etp = layout_expert_tp(l);
+  if (l->etp && l->ep < 2)
+    return piper_input_error(err, "--layout \"%s\": etp (expert tensor parallelism) needs ep of "
+                                  "at least 2", spec);
+  if (l->ep < 2)
+    return true;
+  if (l->tp % etp != 0)
+    return piper_input_error(err, "--layout \"%s\": etp=%u must divide tp=%u", spec, etp, l->tp);
+  if (etp < l->tp && !l->sequence_parallel)
+    return piper_input_error(err, "--layout \"%s\": etp=%u below tp=%u needs sp (each TP rank "
+                                  "routes its sequence shard to the experts, as Megatron requires)",
+                             spec, etp, l->tp);
+  if ((uint64_t)l->ep * etp > ranks || ranks % (l->ep * etp) != 0)
+    return piper_input_error(err, "--layout \"%s\": ep=%u x etp=%u%s does not divide the %u "
+                                  "ranks of a stage (tp x dp = %u x %u)", spec, l->ep, etp,
+                             l->etp ? "" : " (etp defaults to tp)", ranks, l->tp, l->dp);
+  return true;
+}
+
 /* What the compiler cannot express yet, and combinations that mean nothing. */
 static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->interleave > 1 && l->shape == LAYOUT_V)
@@ -210,9 +233,8 @@ static bool check(const char *spec, struct layout *l, GError **err) {
                                   "holds two stages per rank)", spec);
   if (l->interleave > 1)
     l->shape = LAYOUT_INTERLEAVED;
-  if (l->ep != 1 && l->ep != l->dp)
-    return piper_input_error(err, "--layout \"%s\": ep must be 1 or equal to dp (%u): experts are "
-                                  "sharded over a rank's whole data-parallel group", spec, l->dp);
+  if (!check_experts(spec, l, err))
+    return false;
   if (l->zero > 0 && l->dp < 2)
     return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
   if ((l->capacity_factor > 0 || l->fp8_expert_inputs) && l->ep < 2)
@@ -325,6 +347,32 @@ bool layout_stage_layers(const struct layout *l, const char *spec, int64_t num_l
   return true;
 }
 
+uint32_t layout_stage_ranks(const struct layout *l) {
+  return l->tp * l->dp;
+}
+
+uint32_t layout_expert_tp(const struct layout *l) {
+  return l->etp ? l->etp : l->tp;
+}
+
+/* The shard's fields beyond today's: none where the EP group is every device of one TP rank
+ * (ep = dp, experts under the dense TP), so those programs read as they always did. */
+/* The EP options of the shard lines, each only when it differs from the default (so layouts
+ * without them print as before): the carved group's sizes, capacity_factor, fp8_expert_inputs. */
+static void shard_extra(const struct layout *l, char *buf, size_t len) {
+  uint32_t etp = layout_expert_tp(l);
+  buf[0] = '\0';
+  if (l->ep != l->dp || etp != l->tp)
+    g_snprintf(buf, len, ", \"degree\": %u, \"expert_tensor_parallel\": %u", l->ep, etp);
+  if (l->capacity_factor > 0) {
+    char c[48];
+    g_snprintf(c, sizeof c, ", \"capacity_factor\": %g", l->capacity_factor);
+    g_strlcat(buf, c, len);
+  }
+  if (l->fp8_expert_inputs)
+    g_strlcat(buf, ", \"fp8_expert_inputs\": true", len);
+}
+
 uint32_t layout_devices(const struct layout *l) {
   return l->pp * l->dp * l->tp;
 }
@@ -384,16 +432,12 @@ static void append_recompute(GString *s, const struct layout_recompute *r) {
 char *layout_to_json(const struct layout *l) {
   GString *s = g_string_new("[\n");
   uint32_t stages = layout_stages(l);
+  char shard[160];
+  shard_extra(l, shard, sizeof shard);
   const char *zero = l->zero == 3 ? ", \"shard_grads\": true, \"shard_params\": true"
                      : l->zero == 2 ? ", \"shard_grads\": true"
                      : l->zero == 1 ? ", \"shard_optimizer\": true"
                                     : "";
-  /* the EP options of the shard lines (capacity_factor only when given: as before without) */
-  char shard[96] = "";
-  if (l->capacity_factor > 0)
-    g_snprintf(shard, sizeof shard, ", \"capacity_factor\": %g", l->capacity_factor);
-  if (l->fp8_expert_inputs)
-    g_strlcat(shard, ", \"fp8_expert_inputs\": true", sizeof shard);
   if (stages == 1) { /* one stage on every device: no place needed */
     if (l->dp == 1 && l->tp > 1)
       append_line(s, "place", "{}", l, 0, "");

@@ -1,6 +1,7 @@
 /* layout: directive programs from a few numbers. `pp=4,dp=2,ep=2,v` says how many pipeline
  * ranks, how many devices replicate each rank's stages (data parallelism), whether experts are
- * sharded over them (expert parallelism) and how stages map to ranks (one each, a loop of
+ * sharded over groups of ep of them (expert parallelism, carved from a stage's tp x dp ranks,
+ * `etp` its own TP) and how stages map to ranks (one each, a loop of
  * `interleave` stages, or a V of two); `tp=8` divides every replica over 8 devices (tensor
  * parallelism, `sp` adds sequence parallelism). The layout writes the place / replicate /
  * shard / tensor_parallel directives, with devices in Megatron's rank order (TP innermost,
@@ -48,7 +49,8 @@ struct layout_recompute {
 struct layout {
   uint32_t pp;          /* pipeline ranks */
   uint32_t dp;          /* devices per pipeline rank, each a data-parallel replica */
-  uint32_t ep;          /* expert parallelism: 1 (experts replicated) or dp (sharded) */
+  uint32_t ep;          /* expert parallelism: ranks of a stage sharing one expert group */
+  uint32_t etp;         /* expert tensor parallelism, 0 = not given: tp (Megatron's default) */
   enum layout_shape shape;
   uint32_t interleave;  /* stages per rank for LAYOUT_INTERLEAVED, else 1 (2 for a V) */
   uint32_t zero;        /* 0 (none), 1 (shard_optimizer), 2 (shard_grads), 3 (shard_params) */
@@ -75,12 +77,18 @@ struct layout {
   const bool *stage_without_experts;
 };
 
-/* Parses "key=value,..." with keys pp, dp, ep, tp, interleave, zero, recompute[@A-B] (full,
+/* Ranks of one pipeline stage: the dense grid tp x dp (x cp) from which expert groups are
+ * carved (ep x etp must divide it). */
+uint32_t layout_stage_ranks(const struct layout *l);
+/* The expert TP the layout gives: etp, or tp where not given. */
+uint32_t layout_expert_tp(const struct layout *l);
+/* Parses "key=value,..." with keys pp, dp, ep, etp, tp, interleave, zero, recompute[@A-B] (full,
  * full:uniform:N, full:block:N, selective or selective:MODULE+..., on stages A to B or all),
  * first-stage-layers, last-stage-layers, stage-layers (a+b+...) and the flags v, sp,
  * account-for-embedding, account-for-loss; unset counts are 1. Fails (input error naming the spec and
- * key) on unknown keys, bad numbers, an ep other
- * than 1 or dp, interleave together with v, and more than LAYOUT_MAX_DEVICES devices. */
+ * key) on unknown keys, bad numbers, an ep x etp that does not divide the ranks of a stage (or
+ * an etp that does not divide tp, or is below it without sp), interleave together with v, and
+ * more than LAYOUT_MAX_DEVICES devices. */
 bool layout_parse(const char *spec, struct layout *out, GError **err);
 /* True when the layout says how many layers each stage holds (any uneven-stage key). */
 bool layout_has_stage_layers(const struct layout *l);

@@ -281,7 +281,7 @@ static const char *const *const op_keys[] = {
     (const char *const[]){"op", "filter", "devices", "reduce_stream", "gather_stream",
                           "bucket_size", "shard_grads", "shard_params", "shard_optimizer", NULL},
     (const char *const[]){"op", "filter", "devices", "stream", "capacity_factor",
-                          "fp8_expert_inputs", NULL},
+                          "fp8_expert_inputs", "degree", "expert_tensor_parallel", NULL},
     (const char *const[]){"op", "filter", "dim_name", "num_microbatches", NULL},
     (const char *const[]){"op", "filters", NULL},
     (const char *const[]){"op", "name", "priority", "sm_share", NULL},
@@ -456,7 +456,10 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
            get_name(obj, "stream", false, d->stream, ctx, err) &&
            json_get_double(obj, "capacity_factor", false, 1.0, IR_EP_CAPACITY_FACTOR_MAX,
                            &d->capacity_factor, ctx, err) &&
-           json_get_bool(obj, "fp8_expert_inputs", false, &d->fp8_expert_inputs, ctx, err);
+           json_get_bool(obj, "fp8_expert_inputs", false, &d->fp8_expert_inputs, ctx, err) &&
+           json_get_u32(obj, "degree", false, 1, IR_MAX_DEVICES, &d->ep_degree, ctx, err) &&
+           json_get_u32(obj, "expert_tensor_parallel", false, 1, DIR_MAX_TP_DEGREE,
+                        &d->etp_degree, ctx, err);
   case DIR_REPLICATE: return parse_replicate(obj, d, max_device, ctx, err);
   case DIR_SPLIT:
     return get_name(obj, "dim_name", true, d->dim_name, ctx, err) &&
@@ -619,6 +622,10 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
         cJSON_AddNumberToObject(o, "capacity_factor", d->capacity_factor);
       if (d->fp8_expert_inputs)
         cJSON_AddBoolToObject(o, "fp8_expert_inputs", true);
+      if (d->ep_degree > 0)
+        cJSON_AddNumberToObject(o, "degree", d->ep_degree);
+      if (d->etp_degree > 0)
+        cJSON_AddNumberToObject(o, "expert_tensor_parallel", d->etp_degree);
       break;
     case DIR_REPLICATE:
       cJSON_AddItemToObject(o, "filter", filter_to_json(&d->filter));

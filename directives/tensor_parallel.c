@@ -232,6 +232,8 @@ void dir_tp_fix_data_parallel(struct ir_graph *g) {
     bool dp = n->purpose == IR_COMM_DP && n->kind != IR_NODE_SEND && n->kind != IR_NODE_RECV;
     if ((!dp && n->kind != IR_NODE_OPTIMIZER) || n->segset == IR_NONE)
       continue;
+    if (dp && n->expert_replicas > 1)
+      continue; /* an expert-DP sum: its split and bytes are set where it is made */
     uint32_t tp = segset_tp(g, n->segset), size = IR_GROUP(g, n->group)->count;
     if (tp <= 1 || size % tp != 0)
       continue;

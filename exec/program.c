@@ -173,14 +173,16 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
     return true;
   if (d->xm->E % (int)n->shard_degree != 0)
     return fail_at(dc, i, err, "shards experts unevenly");
-  if (n->replica_degree != 1 && n->replica_degree != n->shard_degree)
-    /* experts are never gradient-synced: replicas in other EP groups would drift */
+  if (n->replica_degree != 1 && n->replica_degree != n->shard_degree && n->expert_replicas <= 1)
+    /* experts outside expert-DP groups are never gradient-synced: replicas in other EP groups
+     * would drift */
     return fail_at(dc, i, err,
                    "replicates sharded experts over a different group than it shards them");
   d->ep_size[n->segment] = n->shard_degree;
-  /* TP innermost: the EP rank is the position's data-parallel rank (tensor_parallel.c) */
-  d->ep_rank[n->segment] =
-      (uint32_t)plan_node_position(p, x->node, d->device) / (n->tp_degree > 1 ? n->tp_degree : 1);
+  /* the expert grid (ir.h): expert-TP innermost, then EP, then expert DP; with EP = DP the EP
+   * rank is the position's data-parallel rank (tensor_parallel.c) */
+  uint32_t pos = (uint32_t)plan_node_position(p, x->node, d->device);
+  d->ep_rank[n->segment] = pos / (n->tp_degree > 1 ? n->tp_degree : 1) % n->shard_degree;
   return true;
 }
 
@@ -558,7 +560,8 @@ static bool lay_out_params(struct exec_device *d, GError **err) {
       /* Sharded experts are synced only between model copies (DualPipe), by an all-reduce of
        * the local experts' gradients with the device holding the same experts in the other
        * copy; ZeRO never shards them. */
-      bool sharded_ok = p->nodes[bk->node].kind == IR_NODE_ALL_REDUCE;
+      bool sharded_ok = p->nodes[bk->node].kind == IR_NODE_ALL_REDUCE ||
+                        p->nodes[bk->node].expert_replicas > 1; /* summed over expert DP */
       if (s >= ns || !d->holds[s] || (d->ep_size[s] > 1 && !sharded_ok) ||
           d->bucket_of[s] != IR_NONE)
         return fail_instr(p, d->device, bk->node, err,

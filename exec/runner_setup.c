@@ -20,21 +20,27 @@ static struct exec_comm *create_split_comm(struct runner *R, const struct plan_c
   const struct ir_group *g = &p->groups[pc->group];
   const uint32_t *pool = &p->device_pool[g->first];
   uint32_t split = pc->split > 1 && g->count % pc->split == 0 ? pc->split : 1;
-  if (split == 1)
+  if (split == 1 && !pc->block)
     return exec_comm_create(R->b, label, pool, g->count, false, err);
-  bool tp = pc->purpose == IR_COMM_TP;
-  uint32_t size = tp ? split : g->count / split, n_inst = g->count / size;
-  uint32_t *members = g_new(uint32_t, size);
+  /* every instance in the order of its first position (the same on every rank), its members
+   * as the plan says (plan_comm_members: TP runs, one TP rank's devices, EP blocks) */
+  uint32_t size = plan_comm_size(p, (uint32_t)(pc - p->comms));
+  uint32_t *members = g_new(uint32_t, size ? size : 1);
+  bool *covered = g_new0(bool, g->count);
   struct exec_comm *mine = NULL;
-  for (uint32_t inst = 0; inst < n_inst; inst++) {
+  for (uint32_t q = 0; q < g->count; q++) {
+    if (covered[q])
+      continue;
+    plan_comm_members(p, (uint32_t)(pc - p->comms), pool[q], members);
     for (uint32_t k = 0; k < size; k++)
-      members[k] = pool[tp ? inst * split + k : inst + k * split];
+      covered[plan_group_position(p, pc->group, members[k])] = true;
     struct exec_comm *c = exec_comm_create(R->b, label, members, size, false, err);
     if (c)
       mine = c;
     else if (*err)
       break;
   }
+  g_free(covered);
   g_free(members);
   return mine;
 }

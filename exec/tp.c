@@ -118,6 +118,11 @@ bool exec_tp_device_init(struct exec_device *d, GError **err) {
     const struct ir_node *n = &p->nodes[i];
     if (n->kind != IR_NODE_COMPUTE)
       continue;
+    if (n->route_split > 1) /* before the TP degree's check, which it would fail unexplained */
+      return fail_node(d, i, err,
+                       "runs experts with a smaller TP than its dense layers "
+                       "(expert_tensor_parallel below tensor_parallel), which piper-sim "
+                       "simulates but piper-exec does not run yet");
     uint32_t tp = n->tp_degree > 1 ? n->tp_degree : 1;
     if (first) {
       d->tp_degree = tp;

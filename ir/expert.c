@@ -26,8 +26,11 @@ static uint64_t expert_ffn(const struct model *m, const struct ir_node *n) {
   return (uint64_t)m->moe_intermediate_size / (n->tp_degree > 1 ? n->tp_degree : 1);
 }
 
-static uint64_t routes(const struct model *m) {
-  return (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok;
+/* The (token, k) routes one device sends a micro-batch: its tokens x top_k, or its sequence
+ * shard's where its experts' TP is smaller than the dense layers' (route_split). */
+static uint64_t routes(const struct model *m, const struct ir_node *n) {
+  uint64_t split = n->route_split > 1 ? n->route_split : 1;
+  return (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok / split;
 }
 
 static uint64_t round16(uint64_t b) {
@@ -36,7 +39,7 @@ static uint64_t round16(uint64_t b) {
 
 uint64_t ir_ep_capacity_rows(const struct model *m, const struct ir_node *n) {
   double f = n->capacity_factor > 0 ? n->capacity_factor : IR_EP_CAPACITY_FACTOR_DEFAULT;
-  uint64_t tk = routes(m), most = tk * (n->shard_degree ? n->shard_degree : 1);
+  uint64_t tk = routes(m, n), most = tk * (n->shard_degree ? n->shard_degree : 1);
   double rows = ceil(f * (double)tk);
   return rows >= (double)most ? most : (uint64_t)rows;
 }
@@ -78,21 +81,21 @@ uint64_t ir_ep_work_bytes(const struct model *m, const struct ir_node *n, uint64
 
 /* int32 route row per (token, k) and expert per received row */
 uint64_t ir_ep_route_bytes(const struct model *m, const struct ir_node *n) {
-  return round16(routes(m) * 4) + round16(ir_ep_capacity_rows(m, n) * 4);
+  return round16(routes(m, n) * 4) + round16(ir_ep_capacity_rows(m, n) * 4);
 }
 
-uint64_t ir_ep_combine_bytes(const struct model *m) {
-  return routes(m) * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
+uint64_t ir_ep_combine_bytes(const struct model *m, const struct ir_node *n) {
+  return routes(m, n) * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
 }
 
 /* Into the experts: the dispatch's rows, their experts and one count per peer in F, the output
  * gradients' rows in B; out of them: the input gradients' rows in B, nothing in F (the combine
  * receives into the copy it keeps). */
 uint64_t ir_ep_a2a_work_bytes(const struct model *m, const struct ir_node *n, bool into) {
-  uint64_t rows = ir_ep_combine_bytes(m);
+  uint64_t rows = ir_ep_combine_bytes(m, n);
   bool forward = n->pass == IR_PASS_F || n->pass == IR_PASS_R;
   if (forward && into)
-    return rows + round16(routes(m) * 4) + round16((uint64_t)n->shard_degree * 4);
+    return rows + round16(routes(m, n) * 4) + round16((uint64_t)n->shard_degree * 4);
   return forward ? 0 : rows;
 }
 

@@ -81,6 +81,18 @@ struct ir_node {
    * element and an fp32 scale per 128 (DeepSeek-V3's FP8 caching; ir_ep_saved_bytes): the
    * shard directive's fp8_expert_inputs, costed by the simulator, refused by the executor */
   bool fp8_expert_inputs;
+  /* Expert parallelism as its own dimension (a shard with a "degree"): expert groups carved
+   * from the stage's TP x DP grid as Megatron's expert-model-parallel groups are. Position p of
+   * the stage's group has expert-TP rank p mod tp_degree, EP rank (p / tp_degree) mod
+   * shard_degree and expert-DP rank p / (tp_degree x shard_degree); expert_replicas is the
+   * expert-DP size, the devices holding the same experts (their gradients are summed over
+   * them), 0 or 1 = none (the EP group is every device of one TP rank). On the expert nodes,
+   * their all-to-alls and their gradient collectives. */
+  uint32_t expert_replicas;
+  /* Experts with a smaller TP than the dense layers (expert_tensor_parallel < tp, under
+   * sequence parallelism): each device routes 1/route_split of its micro-batch's tokens, its
+   * sequence shard of the TP group, as Megatron's experts do; 0 or 1 = every token. */
+  uint32_t route_split;
   uint32_t replica_degree;   /* data-parallel replicas of this node (group size), 1 if none */
   /* ZeRO levels of the replicate directive that placed it: shard_optimizer (1), shard_grads
    * (2, implies 1), shard_params (3, implies 2) */
@@ -284,7 +296,7 @@ uint64_t ir_ep_rows_bytes(const struct model *m, const struct ir_node *n);
 uint64_t ir_ep_saved_bytes(const struct model *m, const struct ir_node *n);
 uint64_t ir_ep_work_bytes(const struct model *m, const struct ir_node *n, uint64_t *keep);
 uint64_t ir_ep_route_bytes(const struct model *m, const struct ir_node *n);
-uint64_t ir_ep_combine_bytes(const struct model *m);
+uint64_t ir_ep_combine_bytes(const struct model *m, const struct ir_node *n);
 uint64_t ir_ep_a2a_work_bytes(const struct model *m, const struct ir_node *n, bool into);
 /* What compute node n stops saving under selective recomputation of modules on its devices:
  * ir_tp_segment_module_bytes, or for EP experts their silu(gate)·up rows at the capacity

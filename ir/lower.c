@@ -136,8 +136,12 @@ static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
     c.group = n->peer_group;
     c.peer_group = n->group;
   }
-  char key[64];
-  g_snprintf(key, sizeof key, "%d:%u:%u:%u", c.purpose, c.group, c.peer_group, c.split);
+  /* an all-to-all of experts carved from the stage: one EP group per block (ir.h) */
+  if (n->purpose == IR_COMM_EP && n->expert_replicas > 1)
+    c.block = l->g->groups ? IR_GROUP(l->g, n->group)->count / n->expert_replicas : 0;
+  char key[80];
+  g_snprintf(key, sizeof key, "%d:%u:%u:%u:%u", c.purpose, c.group, c.peer_group, c.split,
+             c.block);
   gpointer found = g_hash_table_lookup(l->comm_index, key);
   if (found)
     return GPOINTER_TO_UINT(found) - 1;

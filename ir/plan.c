@@ -156,13 +156,17 @@ const char *const plan_purpose_names[IR_COMM_PURPOSE_COUNT] = {"none", "pp", "dp
 static uint32_t split_position(const struct plan_comm *c, uint32_t pos, uint32_t k) {
   if (c->purpose == IR_COMM_TP)
     return pos - pos % c->split + k;
-  return pos % c->split + k * c->split;
+  uint32_t base = c->block ? pos - pos % c->block : 0, s = c->split > 1 ? c->split : 1;
+  return base + (pos - base) % s + k * s;
 }
 
 static int split_rank(const struct plan_comm *c, int pos) {
-  if (pos < 0 || c->split <= 1)
+  if (pos < 0 || (c->split <= 1 && !c->block))
     return pos;
-  return c->purpose == IR_COMM_TP ? pos % (int)c->split : pos / (int)c->split;
+  if (c->purpose == IR_COMM_TP)
+    return pos % (int)c->split;
+  int within = c->block ? pos % (int)c->block : pos;
+  return within / (int)(c->split > 1 ? c->split : 1);
 }
 
 uint32_t plan_device_peer(const struct plan *p, uint32_t d, const struct ir_node *n) {
@@ -217,7 +221,7 @@ uint32_t plan_comm_size(const struct plan *p, uint32_t comm) {
     return 2;
   if (c->group >= p->n_groups)
     return 0;
-  uint32_t count = p->groups[c->group].count;
+  uint32_t count = c->block ? c->block : p->groups[c->group].count;
   if (c->split <= 1)
     return count;
   return c->purpose == IR_COMM_TP ? c->split : count / c->split;
@@ -256,7 +260,7 @@ void plan_comm_members(const struct plan *p, uint32_t comm, uint32_t device, uin
     if (c->group >= p->n_groups)
       return;
     const struct ir_group *g = &p->groups[c->group];
-    if (c->split <= 1) {
+    if (c->split <= 1 && !c->block) {
       memcpy(members, &p->device_pool[g->first], g->count * sizeof *members);
       return;
     }
@@ -297,6 +301,11 @@ void plan_comm_name(const struct plan *p, uint32_t comm, char *buf, size_t len) 
     size_t used = strlen(buf);
     if (used < len)
       snprintf(buf + used, len - used, c->purpose == IR_COMM_TP ? "/%u" : "%%%u", c->split);
+  }
+  if (c->block) { /* "ep g3:64": EP groups of 64 consecutive positions */
+    size_t used = strlen(buf);
+    if (used < len)
+      snprintf(buf + used, len - used, ":%u", c->block);
   }
 }
 
@@ -427,6 +436,7 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->replica_degree == b->replica_degree && a->shard_grads == b->shard_grads &&
          (a->shard_optimizer || a->shard_grads) == (b->shard_optimizer || b->shard_grads) &&
          a->shard_params == b->shard_params && a->recompute == b->recompute &&
+         a->expert_replicas == b->expert_replicas && a->route_split == b->route_split &&
          a->recompute_modules == b->recompute_modules && a->directive == b->directive &&
          a->priority == b->priority && a->tp_degree == b->tp_degree &&
          a->sequence_parallel == b->sequence_parallel && a->collectives == b->collectives &&
@@ -491,6 +501,16 @@ bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uin
   return true;
 }
 
+static bool comms_equal(const struct plan *a, const struct plan *b) {
+  for (uint32_t c = 0; c < a->n_comms; c++) {
+    const struct plan_comm *x = &a->comms[c], *y = &b->comms[c];
+    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group ||
+        x->split != y->split || x->block != y->block)
+      return false;
+  }
+  return true;
+}
+
 bool plan_equal(const struct plan *a, const struct plan *b) {
   if (!a || !b)
     return a == b;
@@ -526,12 +546,8 @@ bool plan_equal(const struct plan *a, const struct plan *b) {
         x->sm_share != y->sm_share)
       return false;
   }
-  for (uint32_t c = 0; c < a->n_comms; c++) {
-    const struct plan_comm *x = &a->comms[c], *y = &b->comms[c];
-    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group ||
-        x->split != y->split)
-      return false;
-  }
+  if (!comms_equal(a, b))
+    return false;
   if (a->n_devices &&
       memcmp(a->device_class, b->device_class, a->n_devices * sizeof(uint32_t)) != 0)
     return false;

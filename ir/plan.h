@@ -97,6 +97,10 @@ struct plan_comm {
   uint32_t group;
   uint32_t peer_group; /* PP only, else IR_NONE */
   uint32_t split;
+  /* EP carved from the stage (ir_node.expert_replicas): an instance holds only the positions
+   * of p's block [p - p mod block, +block), with p's TP rank when split > 1; 0 = the whole
+   * group. */
+  uint32_t block;
 };
 
 /* Where each device sits in the groups it belongs to, so that peers and ranks are found

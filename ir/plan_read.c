@@ -363,6 +363,8 @@ enum {
   N_CAPACITY_FACTOR,   /* expert parallelism: optional, absent without it */
   N_FP8_EXPERT_INPUTS, /* expert parallelism: optional, absent when false */
   N_RECOMPUTE_MODULES, /* selective recomputation of other modules than the attention core */
+  N_EXPERT_REPLICAS,   /* experts carved from the stage: optional, absent without */
+  N_ROUTE_SPLIT,
   N_COUNT
 };
 static const char *const node_keys[N_COUNT] = {"id",
@@ -391,7 +393,9 @@ static const char *const node_keys[N_COUNT] = {"id",
                                                "priority",
                                                "capacity_factor",
                                                "fp8_expert_inputs",
-                                               "recompute_modules"};
+                                               "recompute_modules",
+                                               "expert_replicas",
+                                               "route_split"};
 
 /* A selective node's "recompute_modules" (module names, absent: the attention core). */
 static bool read_recompute_modules(const cJSON *v, struct ir_node *n, const struct json_loc *l,
@@ -523,6 +527,25 @@ static bool read_capacity(struct ir_node *n, const cJSON *v, const cJSON *fp8,
                            &n->capacity_factor, l, err);
 }
 
+/* Experts carved from the stage (ir.h): "expert_replicas" and "route_split", 2 or more where
+ * present. */
+static bool read_expert_grid(struct ir_node *n, const cJSON *const *x, const struct json_loc *l,
+                             GError **err) {
+  int64_t v = 0;
+  n->expert_replicas = n->route_split = 0;
+  if (x[N_EXPERT_REPLICAS]) {
+    if (!json_value_int(x[N_EXPERT_REPLICAS], "expert_replicas", 2, IR_MAX_DEVICES, &v, l, err))
+      return false;
+    n->expert_replicas = (uint32_t)v;
+  }
+  if (x[N_ROUTE_SPLIT]) {
+    if (!json_value_int(x[N_ROUTE_SPLIT], "route_split", 2, IR_MAX_DEVICES, &v, l, err))
+      return false;
+    n->route_split = (uint32_t)v;
+  }
+  return true;
+}
+
 /* The ZeRO level: shard_grads and shard_params always written, shard_optimizer only for
  * ZeRO-1 (every higher level implies it). */
 static bool read_zero_flags(const cJSON *const *x, struct ir_node *n, const struct json_loc *l,
@@ -616,6 +639,7 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
                             err))
     return false;
   return read_capacity(n, x[N_CAPACITY_FACTOR], x[N_FP8_EXPERT_INPUTS], &l, err) &&
+         read_expert_grid(n, x, &l, err) &&
          check_peer_group(p, n, &l, err);
 }
 
@@ -634,6 +658,24 @@ static bool read_comm_split(const struct plan *p, struct plan_comm *cm, const cJ
                         (long long)split, p->groups[cm->group].count, cm->group);
   if (!split && cm->purpose == IR_COMM_TP)
     return json_fail_at(err, l, "a tp communicator needs a \"split\"");
+  return true;
+}
+
+/* "block" (EP carved from the stage): absent, or on an ep communicator 2 or more dividing the
+ * group, a multiple of its split. */
+static bool read_comm_block(const struct plan *p, struct plan_comm *cm, const cJSON *v,
+                            const struct json_loc *l, GError **err) {
+  int64_t block = 0;
+  if (v && !json_value_int(v, "block", 1, IR_MAX_DEVICES, &block, l, err))
+    return false;
+  cm->block = (uint32_t)block;
+  if (block && cm->purpose != IR_COMM_EP)
+    return json_fail_at(err, l, "\"block\" is for ep communicators only");
+  if (block && (p->groups[cm->group].count % (uint32_t)block != 0 ||
+                (cm->split > 1 && (uint32_t)block % cm->split != 0)))
+    return json_fail_at(err, l, "\"block\" %lld does not divide the %u devices of \"group\" %u "
+                                "or is no multiple of \"split\"",
+                        (long long)block, p->groups[cm->group].count, cm->group);
   return true;
 }
 
@@ -656,11 +698,12 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
   p->n_comms = n;
   for (uint32_t i = 0; c; c = c->next, i++) {
     struct json_loc lc = {r->index_file, "communicators", i, NULL, 0};
-    static const char *const keys[] = {"id", "name", "purpose", "group", "peer_group", "split"};
-    const cJSON *x[6];
+    static const char *const keys[] = {"id",         "name",  "purpose", "group",
+                                       "peer_group", "split", "block"};
+    const cJSON *x[7];
     const char *name;
     struct plan_comm *cm = &p->comms[i];
-    if (!json_fetch(c, keys, 6, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
+    if (!json_fetch(c, keys, 7, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
         !json_value_string(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
         !read_purpose(x[2], false, &cm->purpose, &lc, err) ||
         !json_value_ref(x[3], "group", p->n_groups, false, &cm->group, &lc, err) ||
@@ -677,7 +720,7 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
       return json_fail_at(err, &lc, "\"peer_group\" must be null for a %s communicator",
                           plan_purpose_names[cm->purpose]);
     }
-    if (!read_comm_split(p, cm, x[5], &lc, err))
+    if (!read_comm_split(p, cm, x[5], &lc, err) || !read_comm_block(p, cm, x[6], &lc, err))
       return false;
   }
   return true;

@@ -269,6 +269,11 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
                                                       : IR_EP_CAPACITY_FACTOR_DEFAULT);
   if (n->fp8_expert_inputs)
     cJSON_AddBoolToObject(o, "fp8_expert_inputs", true);
+  /* Expert groups carved from the stage (ir.h): absent otherwise, so other plans stay. */
+  if (n->expert_replicas > 1)
+    cJSON_AddNumberToObject(o, "expert_replicas", n->expert_replicas);
+  if (n->route_split > 1)
+    cJSON_AddNumberToObject(o, "route_split", n->route_split);
   /* Packed bit fields (order slot, place, pass, micro-batch) beyond 2^53: hex text. */
   char prio[24];
   snprintf(prio, sizeof prio, "0x%llx", (unsigned long long)n->priority);
@@ -294,6 +299,8 @@ static void index_program(cJSON *root, const struct plan *p, char *const *names)
     add_ref(o, "peer_group", p->comms[c].peer_group);
     if (p->comms[c].split > 1)
       cJSON_AddNumberToObject(o, "split", p->comms[c].split);
+    if (p->comms[c].block)
+      cJSON_AddNumberToObject(o, "block", p->comms[c].block);
     cJSON_AddItemToArray(comms, o);
   }
   cJSON *classes = cJSON_AddArrayToObject(root, "classes");

@@ -71,9 +71,13 @@ static struct arrival_key arrival_key(const struct progress *s, const struct pla
   if (!s->colour) {
     if (pp) {
       k.instance = (uint64_t)(uint32_t)plan_node_position(p, in->node, device);
-    } else if (split > 1) { /* which TP group, or which TP rank's devices */
+    } else if (split > 1 || p->comms[in->comm].block) {
+      /* which TP group, or which TP rank's devices (of which EP block: struct plan_comm) */
       uint32_t pos = (uint32_t)plan_group_position(p, p->comms[in->comm].group, device);
-      k.instance = p->comms[in->comm].purpose == IR_COMM_TP ? pos / split : pos % split;
+      uint32_t block = p->comms[in->comm].block, s = split > 1 ? split : 1;
+      k.instance = p->comms[in->comm].purpose == IR_COMM_TP ? pos / split
+                   : block                                  ? pos / block * s + pos % s
+                                                            : pos % split;
     }
   } else if (pp) {
     uint32_t peer = plan_peer(p, in->node, device);
@@ -152,7 +156,7 @@ static void part_met(struct progress *s, uint32_t unit, uint32_t st) {
  * (an instance there completes as soon as its own members arrive). */
 static uint32_t arrivals_needed(const struct progress *s, uint32_t comm) {
   const struct plan_comm *c = &s->p->comms[comm];
-  if (s->colour && c->split > 1 && c->group < s->p->n_groups)
+  if (s->colour && (c->split > 1 || c->block) && c->group < s->p->n_groups)
     return s->p->groups[c->group].count;
   return plan_comm_size(s->p, comm);
 }

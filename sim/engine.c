@@ -53,9 +53,11 @@ static bool kind_is_comm(enum ir_node_kind k) {
   return k != IR_NODE_COMPUTE && k != IR_NODE_OPTIMIZER && k < IR_NODE_KIND_COUNT;
 }
 
-/* A collective communicator with several instances in its group (tensor parallelism). */
+/* A collective communicator with several instances in its group (tensor parallelism, EP
+ * groups carved from a stage). */
 static bool comm_is_split(const struct plan *p, uint32_t comm) {
-  return comm < p->n_comms && p->comms[comm].purpose != IR_COMM_PP && p->comms[comm].split > 1;
+  return comm < p->n_comms && p->comms[comm].purpose != IR_COMM_PP &&
+         (p->comms[comm].split > 1 || p->comms[comm].block);
 }
 
 /* The sorted distinct values of map[] over the members of device's instance of split comm k
@@ -304,13 +306,25 @@ struct cost_key {
 /* A compute node's cost. A rerun under recompute costs its forward (full), or its modules'
  * share of it (selective: their forward FLOPs over the segment's, the profile having no
  * separate entry for a module). */
+/* Experts whose TP is smaller than the dense layers' (route_split, ir.h) run their sequence
+ * shard's routed rows with whole expert weights: every op of an expert segment works per row,
+ * so the cost of the whole rows divides by route_split (the weight traffic, a small part at
+ * these row counts, is counted divided too). */
+static struct profile_cost routed_share(struct profile_cost pc, const struct ir_node *n,
+                                        const struct profile *prof) {
+  if (n->route_split > 1 && !prof->synthetic) /* textbook units stay per node */
+    pc.seconds /= (double)n->route_split;
+  return pc;
+}
+
 static struct profile_cost compute_cost(const struct profile *prof, const struct model *m,
                                         const struct ir_node *n) {
   if (n->segment >= m->n_segments)
     return (struct profile_cost){0};
   if (n->pass != IR_PASS_R)
-    return profile_compute_cost_tp(prof, m, n->segment, n->pass, n->shard_degree, n->tp_degree,
-                                   n->sequence_parallel);
+    return routed_share(profile_compute_cost_tp(prof, m, n->segment, n->pass, n->shard_degree,
+                                                n->tp_degree, n->sequence_parallel),
+                        n, prof);
   struct profile_cost pc = profile_compute_cost_tp(prof, m, n->segment, IR_PASS_F, n->shard_degree,
                                                    n->tp_degree, n->sequence_parallel);
   if (n->recompute == IR_RECOMPUTE_SELECTIVE) {
@@ -318,7 +332,7 @@ static struct profile_cost compute_cost(const struct profile *prof, const struct
     double rerun = ir_segment_module_flops(m, n->segment, n->recompute_modules);
     pc.seconds *= s->flops_fwd > 0 ? rerun / s->flops_fwd : 0;
   }
-  return pc;
+  return routed_share(pc, n, prof);
 }
 
 /* The bytes of each of the class's tensors as the profile's backend holds them: the plan
@@ -360,7 +374,8 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^ modules ^
                      (uint64_t)(n->shard_degree & 0xfffff) ^
                      ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
-                     ((uint64_t)n->sequence_parallel << 63);
+                     ((uint64_t)n->sequence_parallel << 63) ^
+                     ((uint64_t)(n->route_split & 0xff) << 40);
       struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
       if (!pc) {
         pc = g_new(struct profile_cost, 1);

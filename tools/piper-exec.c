@@ -397,6 +397,12 @@ static bool tp_supported(const struct exec_cli *a, const struct plan *plan, GErr
     plan_node_name(plan, i, name, sizeof name);
     uint32_t tp = n->tp_degree > 1 ? n->tp_degree : 1,
              tp0 = first->tp_degree > 1 ? first->tp_degree : 1;
+    if (n->route_split > 1) /* ir.h: each TP rank routing its sequence shard to whole experts */
+      return piper_input_error(err,
+                               "%s: \"%s\" runs experts with a smaller TP than its dense layers "
+                               "(expert_tensor_parallel below tensor_parallel), which piper-sim "
+                               "simulates but piper-exec does not run yet",
+                               file, name);
     if (tp != tp0 || (tp > 1 && n->sequence_parallel != first->sequence_parallel))
       return piper_input_error(err,
                                "%s: \"%s\" is divided by tensor parallelism unlike other "

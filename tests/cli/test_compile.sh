@@ -98,6 +98,22 @@ assert splits == [((0, 1), None), ((0, 1, 2, 3), 2), ((2, 3), None)], splits
 # program its own (2,048 programs, 94.6 s to simulate against 5.5 s for DualPipeV, 2026-12-07)
 "$PC" --model models/deepseek-v3.json --layout pp=16,dp=128,ep=128,zero=1,first-stage-layers=4 --schedule dualpipe --mbs 32 --stats \
   2>&1 | grep -q "over 2048 devices (16 distinct programs)" && ok || bad "dualpipe at 2048 devices: not 16 programs"
+# DeepSeek-V3's published layouts with expert groups carved from the stage (EP 64 inside DP
+# 128, DualPipe and DualPipeV; TP 2 x EP 64 with expert TP 1, DP 32) stay one program per
+# pipeline rank, the DP 128 ones with their all-to-alls over blocks of 64 (an ep communicator
+# with "block": 64) and the experts' sums over pairs ("split": 64)
+for l in "pp=16,dp=128,ep=64,zero=1,recompute=full,first-stage-layers=4 --schedule dualpipe 2048" \
+  "pp=16,dp=128,ep=64,zero=1,recompute=full,v,first-stage-layers=2 --schedule dualpipev 2048" \
+  "pp=16,dp=32,tp=2,sp,ep=64,etp=1,zero=1,recompute=full,first-stage-layers=4 --schedule 1f1b 1024"; do
+  set -- $l
+  rm -rf "$T/ds"
+  "$PC" --model models/deepseek-v3.json --layout $1 $2 $3 --mbs 32 --stats -o "$T/ds" >"$T/out" 2>&1 &&
+    grep -q "over $4 devices (16 distinct programs)" "$T/out" &&
+    python3 -c "import json, sys; c = json.load(open(sys.argv[1]))['communicators']
+ep = [x for x in c if x['purpose'] == 'ep']; dp = [x for x in c if x['purpose'] == 'dp' and x.get('split') == 64]
+sys.exit(not ep or (sys.argv[2] == '2048') != (all(x.get('block') == 64 for x in ep) and bool(dp)))" "$T/ds/plan.json" $4 &&
+    ok || bad "DeepSeek-V3 --layout $1: $(tail -2 "$T/out")"
+done
 expect_bad "dualpipe zero3" "copies of a ZeRO-3 (shard_params) segment on two device groups" --model $MOE --layout pp=2,dp=2,zero=3 --schedule dualpipe --mbs 4
 tac "$T/dpv.csv" >"$T/swapped.csv"
 expect_bad "csv rows swapped" "which the placement puts on pipeline rank" $V4 --import-csv "$T/swapped.csv"

@@ -68,6 +68,9 @@ expect_bad "missing data" "/nonexistent/data.bin" --model $DENSE --directives "$
 expect_bad "bad model" "tiny-moe-missing.json" --model models/tiny-moe-missing.json --directives "$T/one.json"
 expect_bad "plan too big" "the plan has 2 devices but the job has 1 processes" \
   --model $MOE --directives $BS/dp2.json --mbs 2 --no-report
+# experts with a smaller TP than the dense layers (EP 4 over TP 2 x DP 2, expert TP 1) are
+# simulated, not run: one line, before the TP degree's own check
+expect_bad "etp below tp" "expert_tensor_parallel below tensor_parallel), which piper-sim simulates" --model $MOE --layout tp=2,dp=2,ep=4,etp=1,sp --mbs 2 --no-report
 expect_bad "mla" "needs MLA attention, which no op of exec/ops.def runs yet (the host backend cannot train it" --model models/deepseek-v3.json --pp-regions 61 --directives "$T/one.json" --no-report
 expect_bad "qwen2 shared gate" "gates its shared expert (shared_expert_gate), which has no host kernel" \
   --model models/qwen1.5-moe-a2.7b.json --directives "$T/one.json" --no-report
@@ -235,6 +238,14 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run moe_pp2_tp2_sp 4 --layout pp=2,tp=2,sp --schedule 1f1b --mbs 8 && same moe_pp2_tp2_sp
   run moe_ep2_tp2 4 --layout pp=1,dp=2,ep=2,tp=2 --mbs 4 && same moe_ep2_tp2
   run moe_pp2_dp2_ep2_tp2 8 --layout pp=2,dp=2,ep=2,tp=2 --schedule 1f1b --mbs 4 && same moe_pp2_dp2_ep2_tp2
+  # expert groups carved from the stage (Megatron's expert grid): EP 2 inside DP 4, each
+  # all-to-all over a pair of consecutive ranks and each expert's gradient summed over the two
+  # ranks that hold it (its expert-DP pair); with ZeRO-1 the experts' optimizer state sharded
+  # over that pair and the dense layers' over DP 4; and under PP 2 with ZeRO-2
+  run ep2_in_dp4 4 --layout dp=4,ep=2 --mbs 2 && same ep2_in_dp4
+  run ep2_in_dp4_zero1 4 --layout dp=4,ep=2,zero=1 --mbs 2 && same ep2_in_dp4_zero1
+  run pp2_ep2_in_dp4_zero2 8 --layout pp=2,dp=4,ep=2,zero=2 --schedule 1f1b --mbs 2 &&
+    same pp2_ep2_in_dp4_zero2
   # ... with SP: each TP peer dispatches every route (one routing: the router runs on the
   # gathered input) with its sequence shard's rows and zeros for the others, and the experts sum
   # the rows, the output gradients and the routing weights' gradients over the TP group

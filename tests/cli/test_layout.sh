@@ -28,6 +28,13 @@ sim --model models/tiny-moe.json --layout pp=2,dp=2,ep=2,v --schedule dualpipev 
   "$BIN/piper-compile" --model models/tiny-moe.json --directives $BS/pp2_dp2_ep2.json --schedule 1f1b --mbs 4 -o "$T/p2" >/dev/null &&
   diff -r "$T/p1" "$T/p2" >/dev/null && ok || bad "--layout compiles to the bundled file's plans"
 
+# expert groups carved from the stage survive the plan files: --plans simulates like --layout
+# (the schedule's name aside), block and split of their communicators included
+"$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2,tp=2,dp=4,ep=2,sp,zero=1 --schedule 1f1b --mbs 4 -o "$T/ep_p" >/dev/null &&
+  sim --plans "$T/ep_p" --out "$T/ep_a" && sim --model models/tiny-moe.json --layout pp=2,tp=2,dp=4,ep=2,sp,zero=1 --schedule 1f1b --mbs 4 --out "$T/ep_b" &&
+  [ "$(cut -d, -f4- "$T/ep_a/results.csv")" = "$(cut -d, -f4- "$T/ep_b/results.csv")" ] &&
+  grep -q '"block":4' "$T/ep_p/plan.json" && ok || bad "carved expert groups: --plans differs from --layout"
+
 expect_bad() {
   local want=$1; shift
   "$@" >"$T/out" 2>"$T/err"
@@ -70,8 +77,16 @@ expect_bad "more than the model's 8 layers" "$BIN/piper-compile" --model models/
 expect_bad "need at least 2 stages" "$BIN/piper-layout" pp=1,last-stage-layers=2
 expect_bad "excludes first-stage-layers" "$BIN/piper-layout" pp=2,stage-layers=3+5,account-for-loss
 expect_bad 'unknown key "cp"' "$BIN/piper-layout" pp=2,cp=2
-expect_bad "ep must be 1 or equal to dp" "$BIN/piper-layout" pp=2,dp=4,ep=2
+expect_bad "ep=3 x etp=1 (etp defaults to tp) does not divide the 4 ranks of a stage" "$BIN/piper-layout" pp=2,dp=4,ep=3
+expect_bad "etp=1 below tp=2 needs sp" "$BIN/piper-layout" pp=2,tp=2,dp=2,ep=4,etp=1
+expect_bad "\"degree\": 8 experts do not divide evenly over 16 EP ranks" "$BIN/piper-compile" --model models/tiny-moe.json --layout tp=2,dp=8,ep=16,etp=1,sp
+expect_bad "\"degree\": 8 experts do not divide evenly over 16 EP ranks" "$BIN/piper-compile" --model models/tiny-moe.json --layout dp=32,ep=16
 expect_bad "give a layout" "$BIN/piper-layout"
+# the same rules on a shard written by hand: one line naming the directive
+printf '[{"op": "replicate", "filter": {}, "devices": [0, 1, 2, 3]},\n {"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1, 2, 3], "degree": 8}]\n' >"$T/ep3.json"
+expect_bad 'directive 1 (shard): "degree" 8 x expert_tensor_parallel 1 = 8 does not divide the 4 devices' "$BIN/piper-compile" --model models/tiny-moe.json --directives "$T/ep3.json"
+printf '[{"op": "replicate", "filter": {}, "devices": [0, 1, 2, 3]},\n {"op": "shard", "filter": {"EP": "*"}, "devices": [0, 1, 2, 3], "degree": 2, "expert_tensor_parallel": 1},\n {"op": "tensor_parallel", "filter": {}, "degree": 2}]\n' >"$T/etp.json"
+expect_bad 'directive 1 (shard): "expert_tensor_parallel" 1 below the tensor-parallel degree 2 needs sequence_parallel' "$BIN/piper-compile" --model models/tiny-moe.json --directives "$T/etp.json"
 expect_bad "--layout replaces --directives" "$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2 --directives $BS/dp2.json
 expect_bad "disagrees with --layout" "$BIN/piper-compile" --model models/tiny-moe.json --layout pp=2,v --pp-regions 3
 expect_bad "interleave and v exclude each other" "$BIN/piper-sim" --model models/tiny-moe.json --layout pp=2,v,interleave=2 --profile profiles/unit.json

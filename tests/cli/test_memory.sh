@@ -124,6 +124,11 @@ plans=(
   # rank, the rerun's expert outputs summed over the TP group through the TP node's buffer
   "moe_ep2_tp2_rc 8 $MOE --layout pp=2,dp=2,ep=2,tp=2,recompute=full --schedule 1f1b --mbs 2"
   "moe_ep2_tp2_sp_rc 8 $MOE --layout pp=2,dp=2,ep=2,tp=2,sp,recompute=full --schedule 1f1b --mbs 2"
+  # expert groups carved from the stage: EP 2 inside DP 4 (the experts' gradients summed over
+  # their expert-DP pairs), with ZeRO-1 sharding the experts' state over those pairs, and PP 2
+  "ep2_in_dp4 4 $MOE --layout dp=4,ep=2 --mbs 2"
+  "ep2_in_dp4_zero1 4 $MOE --layout dp=4,ep=2,zero=1 --mbs 2"
+  "pp2_ep2_in_dp4 8 $MOE --layout pp=2,dp=4,ep=2,zero=2 --schedule 1f1b --mbs 2"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 # check PROFILE "name np model args..." [TOL]: simulates with PROFILE, executes, compares

@@ -302,6 +302,22 @@ else
   echo "skip: $BENCH not built (make bench)"
 fi
 
+# Expert groups carved from a stage (ep < dp) are costed on their own span: with 8 GPUs a node
+# and a 100 ms inter-node latency, EP 8 inside DP 16 stays inside a node (no all-to-all takes
+# 100 ms) while EP 16 crosses the NICs (every one does).
+sed 's/"inter_node_latency_us": 10,/"inter_node_latency_us": 100000,/' profiles/h100-sxm.json >"$tmp/slownic.json"
+a2a_us() { # shortest all-to-all on device 0 of run $1, in us
+  python3 -c "import json,sys; t=json.load(open(sys.argv[1])); e=t['traceEvents'] if isinstance(t,dict) else t; print(min(x['dur'] for x in e if x.get('ph')=='X' and 'all_to_all' in x.get('name','') and x.get('pid')==0))" "$1/trace.json"
+}
+for l in dp=16,ep=8 dp=16,ep=16; do
+  "$SIM" --model models/qwen3-30b-a3b.json --profile "$tmp/slownic.json" --layout $l --mbs 1 \
+    --no-charts --quiet --out "$tmp/ep$l" >/dev/null 2>"$tmp/err" || fail "--layout $l: $(cat "$tmp/err")"
+done
+a=$(a2a_us "$tmp/epdp=16,ep=8"); c=$(a2a_us "$tmp/epdp=16,ep=16")
+python3 -c "import sys; sys.exit(not (float(sys.argv[1]) < 1e5 <= float(sys.argv[2])))" "$a" "$c" &&
+  ok "EP 8 inside DP 16 stays in a node ($a us), EP 16 crosses it ($c us)" ||
+  fail "EP 8 inside DP 16: $a us, EP 16: $c us (inter-node latency 100 ms)"
+
 if [ $fails -ne 0 ]; then
   echo "test_sim.sh: $passes passed, $fails failed"
   exit 1

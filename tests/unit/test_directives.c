@@ -169,7 +169,7 @@ static void test_parse_shard(void **state) {
       "[{\"op\": \"shard\", \"filter\": {\"EXPERT\": \"*\", \"PASS\": \"F\"}, \"devices\": [4, 5],"
       "  \"stream\": \"a2a\"},"
       " {\"op\": \"shard\", \"filter\": {\"EXPERT\": 2}, \"devices\": [9],"
-      "  \"capacity_factor\": 1.25}]");
+      "  \"capacity_factor\": 1.25, \"degree\": 4, \"expert_tensor_parallel\": 2}]");
   const struct dir_directive *d = &p->d[0];
   assert_int_equal(d->op, DIR_SHARD);
   assert_string_equal(d->filter.keys[0].name, "EXPERT");
@@ -181,6 +181,16 @@ static void test_parse_shard(void **state) {
   assert_int_equal(p->d[1].filter.keys[0].value, 2);
   assert_true(d->capacity_factor == 0); /* the default, IR_EP_CAPACITY_FACTOR_DEFAULT */
   assert_true(p->d[1].capacity_factor == 1.25);
+  assert_int_equal(d->ep_degree, 0); /* not given: every device of one TP rank */
+  assert_int_equal(d->etp_degree, 0);
+  assert_int_equal(p->d[1].ep_degree, 4);
+  assert_int_equal(p->d[1].etp_degree, 2);
+  cJSON *j = dir_program_to_json(p); /* written back only where given */
+  assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "degree"));
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 1), "degree")->valueint, 4);
+  assert_int_equal(
+      cJSON_GetObjectItem(cJSON_GetArrayItem(j, 1), "expert_tensor_parallel")->valueint, 2);
+  cJSON_Delete(j);
   assert_int_equal(p->max_device, 10);
   dir_program_free(p);
 }
@@ -293,6 +303,12 @@ static const struct bad_case bad_cases[] = {
      "directive 0 (shard): \"capacity_factor\""},
     {"[{\"op\": \"shard\", \"filter\": {}, \"devices\": [0], \"capacity_factor\": \"2\"}]",
      "directive 0 (shard): \"capacity_factor\""},
+    {"[{\"op\": \"shard\", \"filter\": {}, \"devices\": [0], \"degree\": 0}]",
+     "directive 0 (shard): \"degree\""},
+    {"[{\"op\": \"shard\", \"filter\": {}, \"devices\": [0], \"expert_tensor_parallel\": 2.5}]",
+     "directive 0 (shard): \"expert_tensor_parallel\""},
+    {PLACE_PREFIX "\"devices\": [0], \"degree\": 2}]",
+     "directive 0 (place): unknown key \"degree\""},
     {PLACE_PREFIX "\"devices\": [0], \"capacity_factor\": 2}]",
      "directive 0 (place): unknown key \"capacity_factor\""},
     /* filter */

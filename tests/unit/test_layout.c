@@ -126,6 +126,11 @@ static void test_layouts_compile(void **state) {
       {"pp=1", "models/tiny-dense.json", NULL, 1},
       {"pp=2,dp=2,ep=2,tp=2,sp", "models/tiny-moe.json", "1f1b", 4},
       {"tp=2", "models/tiny-dense.json", NULL, 1},
+      {"pp=2,dp=4,ep=2", "models/tiny-moe.json", "1f1b", 4},
+      {"dp=4,ep=2,zero=1", "models/tiny-moe.json", NULL, 2},
+      {"tp=2,dp=2,ep=4,etp=1,sp", "models/tiny-moe.json", NULL, 2},
+      {"pp=2,tp=2,dp=4,ep=2,sp,zero=2", "models/tiny-moe.json", "1f1b", 4},
+      {"pp=2,dp=4,ep=2,v,zero=1", "models/tiny-moe.json", "dualpipev", 4},
   };
   for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
     struct layout l = parse(cases[i].spec);
@@ -171,7 +176,11 @@ static void test_bad_specs(void **state) {
       {"pp=2,sp", "sp (sequence parallelism) needs tp of at least 2"},
       {"pp=2,tp=0", "\"tp\" must be a whole number in [1, 1024]"},
       {"pp=2,w", "unknown item \"w\""},
-      {"pp=2,dp=4,ep=2", "ep must be 1 or equal to dp (4)"},
+      {"pp=2,dp=4,ep=3", "ep=3 x etp=1 (etp defaults to tp) does not divide the 4 ranks"},
+      {"tp=2,dp=2,ep=4,sp", "ep=4 x etp=2 (etp defaults to tp) does not divide the 4 ranks"},
+      {"tp=2,dp=2,ep=4,etp=1", "etp=1 below tp=2 needs sp"},
+      {"tp=4,dp=2,ep=2,etp=3,sp", "etp=3 must divide tp=4"},
+      {"dp=4,etp=2", "etp (expert tensor parallelism) needs ep of at least 2"},
       {"pp=2,interleave=2,v", "interleave and v exclude each other"},
       {"pp=2,zero=1", "zero=1 needs dp of at least 2"}, /* ZeRO-1 itself is accepted */
       {"pp=2,recompute=all", "\"recompute=all\" must be full, full:uniform:N"},
@@ -206,12 +215,69 @@ static void test_bad_specs(void **state) {
   }
 }
 
+/* The expert groups a layout carves, against Megatron's expert rank order within a stage
+ * (parallel_state.py: ETP innermost, then EP, then expert DP over the TP x DP positions):
+ * position p has EP rank (p / etp) mod ep, its all-to-all peers are the positions of its
+ * block of ep x etp with its ETP rank, and its experts' gradients are summed with the
+ * positions p mod (ep x etp) + k ep etp. */
+static void test_expert_groups(void **state) {
+  (void)state;
+  static const char *const specs[] = {"dp=4,ep=2,zero=1", "tp=2,dp=2,ep=4,etp=1,sp",
+                                      "tp=2,dp=4,ep=2,sp,zero=1", "tp=2,dp=4,ep=2,etp=1,sp"};
+  for (size_t i = 0; i < G_N_ELEMENTS(specs); i++) {
+    struct layout l = parse(specs[i]);
+    char *text = layout_to_json(&l);
+    char *dir = g_dir_make_tmp("piper-layout-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "layout.json", NULL);
+    assert_true(g_file_set_contents(path, text, -1, NULL));
+    struct compile_options o = compile_options_default();
+    o.model_path = "models/tiny-moe.json";
+    o.directives_path = path;
+    o.schedule.mbs = 2;
+    struct compile_result r;
+    GError *err = NULL;
+    if (!compile_run(&o, &r, &err))
+      fail_msg("%s: %s", specs[i], err->message);
+    const struct plan *p = r.plan;
+    uint32_t etp = layout_expert_tp(&l), ep = l.ep, span = ep * etp, S = layout_stage_ranks(&l);
+    uint32_t seen_ep = 0, seen_edp = 0, members[64];
+    for (uint32_t c = 0; c < p->n_comms; c++) {
+      const struct plan_comm *pc = &p->comms[c];
+      bool a2a = pc->purpose == IR_COMM_EP, edp = pc->purpose == IR_COMM_DP && pc->split == span;
+      if (!a2a && !edp)
+        continue;
+      assert_int_equal(plan_comm_size(p, c), a2a ? ep : S / span);
+      for (uint32_t d = 0; d < p->n_devices; d++) { /* one stage: device = position */
+        plan_comm_members(p, c, d, members);
+        for (uint32_t k = 0; k < plan_comm_size(p, c); k++) {
+          uint32_t want = a2a ? d - d % span + d % etp + k * etp : d % span + k * span;
+          if (members[k] != want)
+            fail_msg("%s: %s communicator of device %u: member %u is %u, not %u", specs[i],
+                     a2a ? "ep" : "expert-dp", d, k, members[k], want);
+        }
+        assert_int_equal(plan_comm_rank(p, c, d), a2a ? (d / etp) % ep : d / span);
+      }
+      seen_ep += a2a;
+      seen_edp += edp;
+    }
+    if (!seen_ep || (S / span > 1 && !seen_edp))
+      fail_msg("%s: no ep (%u) or expert-dp (%u) communicator", specs[i], seen_ep, seen_edp);
+    compile_result_free(&r);
+    remove(path);
+    g_rmdir(dir);
+    g_free(path);
+    g_free(dir);
+    g_free(text);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bundled_files_are_layouts),
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_layouts_compile),
       cmocka_unit_test(test_bad_specs),
+      cmocka_unit_test(test_expert_groups),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
