@@ -1341,7 +1341,10 @@ static bool copy_sync_buckets(struct apply *a, struct dp_sync *ds, GError **err)
         !zero_copy_segment(a, ds->home, (uint32_t)s))
       ok = copy_sync_keys(a, &ds->home[s], IR_NODE(a->g, ds->home[s].fwd_node)->shard_degree > 1,
                           mine, err);
-    uint64_t sb = s >= 0 ? m->segments[s].param_bytes : 0;
+    /* what one device holds: a sharded expert segment 1/shard_degree of its weights (under TP
+     * dir_tp_fix_data_parallel replaces the bytes with the device's slices) */
+    uint32_t shard = s >= 0 ? IR_NODE(a->g, ds->home[s].fwd_node)->shard_degree : 1;
+    uint64_t sb = s >= 0 ? m->segments[s].param_bytes / (shard > 1 ? shard : 1) : 0;
     copy_buckets_flush(a, ds, &cb, s, mine, sb);
     copy_buckets_add(&cb, (uint32_t)s, mine, sb);
   }
