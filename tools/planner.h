@@ -32,13 +32,12 @@
 #include "../report/report.h"
 #include "../sim/profile.h"
 
-/* A memory choice is one row: its name, what it adds to the layout spec, the smallest data
- * parallel degree it means something at. ZeRO-1 is one more row once wanted. Recomputation is
- * a second axis (planner_request.recompute): each memory choice with each of its values. */
+/* A memory choice is one row: its name and what it adds to the layout spec (where it applies
+ * is the layout's rule: ZeRO needs dp >= 2). Recomputation is a second axis
+ * (planner_request.recompute): each memory choice with each of its values. */
 struct planner_memory_choice {
   const char *name;
   const char *layout_suffix; /* appended to "pp=..,dp=..": ",zero=2" */
-  uint32_t min_dp;
 };
 extern const struct planner_memory_choice planner_memory_choices[];
 extern const uint32_t planner_n_memory_choices;
@@ -63,6 +62,11 @@ struct planner_config {
   uint32_t pp, dp, ep, tp, stages; /* from the layout (0 for a directive file) */
   const char *memory_choice;   /* a planner_memory_choices name, or "" */
   uint32_t order;              /* position in the enumeration: ties rank in this order */
+  uint32_t layout_check;       /* the planner's: index of its distinct layout while enumerating */
+  /* Lower bound of the peak (bytes): the static memory of the compiled layout (parameters,
+   * gradients, optimizer state), which no schedule or micro-batch count changes. 0: none. */
+  double memory_bound_bytes;
+  bool bounded; /* over the cap by the bound alone: not simulated (peak_memory_bytes = bound) */
   /* results */
   enum planner_status status;
   char *error;
@@ -89,7 +93,8 @@ struct planner_eval {
   const char *progress_name; /* "piper-plan" */
 };
 void planner_evaluate(struct planner_config *configs, uint32_t n, const struct planner_eval *ev);
-/* Sorts feasible first (then over the cap, then failed), by throughput, ties by order. */
+/* Sorts feasible first by throughput, then those over the cap by peak memory (the closest
+ * first), then failed ones; ties by order. */
 void planner_rank(struct planner_config *configs, uint32_t n);
 void planner_config_clear(struct planner_config *c);
 
@@ -126,7 +131,10 @@ struct planner {
   uint32_t n_configs;
   struct planner_config *configs; /* ranked after planner_run */
   uint32_t n_layouts;             /* distinct layouts enumerated */
-  GString *skipped;               /* why layouts were left out, one line each */
+  uint32_t n_checked_layouts;     /* layout x micro-batch size pairs the compiler checked */
+  uint32_t n_simulated;           /* configurations simulated (the others bounded) */
+  GString *skipped;               /* why configurations were left out, one line each */
+  double check_seconds;           /* wall clock of planner_new: enumeration and checks */
   double seconds;                 /* wall clock of planner_run */
   uint32_t threads_used;
 };
