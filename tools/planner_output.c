@@ -43,6 +43,10 @@ void planner_csv_field(FILE *f, const char *s) {
 
 /* Why a row is not feasible, in the words of the CSV's reason column. */
 static char *infeasible_reason(const struct planner_config *c) {
+  if (c->bounded)
+    return g_strdup_printf("parameters, gradients and optimizer state alone %.3f GiB, over the "
+                           "cap of %.3f GiB (not simulated)",
+                           c->peak_memory_bytes / GIB, c->memory_cap_bytes / GIB);
   if (c->status == PLANNER_OVER_CAP)
     return g_strdup_printf("peak memory %.3f GiB over the cap of %.3f GiB",
                            c->peak_memory_bytes / GIB, c->memory_cap_bytes / GIB);
@@ -67,7 +71,10 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
             c->memory_choice,
             (long long)(c->micro_batch_size ? c->micro_batch_size : pl->model_micro_batch_size),
             c->microbatches);
-    if (c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP)
+    if (c->bounded) /* not simulated: the bound is the one figure */
+      fprintf(f, ",,,,%.6f,%.6f,%.6f,,,,,", c->peak_memory_bytes / GIB, c->memory_cap_bytes / GIB,
+              (c->memory_cap_bytes - c->peak_memory_bytes) / GIB);
+    else if (c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP)
       fprintf(f, ",%.9g,%.9g,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,", c->iteration_time_s,
               c->throughput_tokens_per_s, c->mfu, c->peak_memory_bytes / GIB,
               c->memory_cap_bytes / GIB,
@@ -105,7 +112,7 @@ bool planner_write_chart(const char *title, uint32_t n,
 static struct chart_point config_point(const void *ctx, uint32_t i, char **label) {
   const struct planner *pl = ctx;
   const struct planner_config *c = &pl->configs[i];
-  bool simulated = c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP;
+  bool simulated = (c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP) && !c->bounded;
   if (simulated && i < 12)
     *label = g_strdup_printf("#%u %s", i + 1, c->layout ? c->layout : "");
   return (struct chart_point){.schedule = sched_family_name(c->schedule),
@@ -137,7 +144,8 @@ bool planner_write_outputs(const struct planner *pl, const char *dir, bool chart
   g_free(csv);
   bool any = false; /* nothing simulated: nothing to draw */
   for (uint32_t i = 0; i < pl->n_configs; i++)
-    any |= pl->configs[i].status == PLANNER_FEASIBLE || pl->configs[i].status == PLANNER_OVER_CAP;
+    any |= (pl->configs[i].status == PLANNER_FEASIBLE || pl->configs[i].status == PLANNER_OVER_CAP) &&
+           !pl->configs[i].bounded;
   if (!ok || !charts || !any)
     return ok;
   char *png = g_build_filename(dir, "plan.png", NULL);
