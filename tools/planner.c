@@ -108,12 +108,15 @@ static void evaluate_one(struct planner_config *c, const struct planner_eval *ev
 
 struct pool {
   struct planner_config *configs;
+  const uint32_t *index; /* configs[index[k]] is the k-th to run; NULL: configs[k] */
   uint32_t n;
+  uint32_t done_before, total; /* progress over all rounds */
   const struct planner_eval *ev;
   gint next, done;
   pthread_mutex_t lock; /* progress output (a pthread mutex: ThreadSanitizer sees it, not
                           GLib's futex-based GMutex) */
   int last_tenth;
+  uint32_t last_done;
   double t0;
   bool tty;
 };
@@ -123,16 +126,22 @@ static void report_progress(struct pool *p, uint32_t done) {
     return;
   pthread_mutex_lock(&p->lock);
   double t = piper_clock_seconds() - p->t0;
-  int tenth = (int)(10ull * done / p->n);
+  done += p->done_before;
+  if (done == p->last_done) { /* said already */
+    pthread_mutex_unlock(&p->lock);
+    return;
+  }
+  p->last_done = done;
+  int tenth = (int)(10ull * done / p->total);
   if (p->tty) {
     fprintf(stderr, "\r\033[K%s: %u/%u configurations simulated (%.1f s)",
-            p->ev->progress_name, done, p->n, t);
-    if (done == p->n)
+            p->ev->progress_name, done, p->total, t);
+    if (done == p->total)
       fputc('\n', stderr);
-  } else if (tenth > p->last_tenth || done == p->n) {
+  } else if (tenth > p->last_tenth || done == p->total) {
     /* a log or a pipe gets a line per tenth, not a carriage-return animation */
     fprintf(stderr, "%s: %u/%u configurations simulated (%.1f s)\n", p->ev->progress_name, done,
-            p->n, t);
+            p->total, t);
     p->last_tenth = tenth;
   }
   fflush(stderr);
@@ -145,36 +154,104 @@ static gpointer pool_worker(gpointer data) {
     uint32_t i = (uint32_t)g_atomic_int_add(&p->next, 1);
     if (i >= p->n)
       break;
-    evaluate_one(&p->configs[i], p->ev);
+    evaluate_one(&p->configs[p->index ? p->index[i] : i], p->ev);
     report_progress(p, (uint32_t)g_atomic_int_add(&p->done, 1) + 1);
   }
   return NULL;
 }
 
-void planner_evaluate(struct planner_config *configs, uint32_t n, const struct planner_eval *ev) {
-  if (n == 0)
-    return;
-  struct pool p = {.configs = configs, .n = n, .ev = ev, .last_tenth = 0,
-                   .t0 = piper_clock_seconds(), .tty = isatty(STDERR_FILENO)};
-  pthread_mutex_init(&p.lock, NULL);
-  uint32_t threads = ev->threads ? ev->threads : g_get_num_processors();
+/* One round: configs[index[0 .. n)] on the pool's threads. */
+static void run_round(struct pool *p, const uint32_t *index, uint32_t n) {
+  p->index = index;
+  p->n = n;
+  p->next = 0;
+  p->done = 0;
+  uint32_t threads = p->ev->threads ? p->ev->threads : g_get_num_processors();
   if (threads > n)
     threads = n;
   if (threads <= 1) {
-    pool_worker(&p);
+    pool_worker(p);
   } else {
     GThread **th = g_new(GThread *, threads);
     for (uint32_t t = 0; t < threads; t++)
-      th[t] = g_thread_new("planner", pool_worker, &p);
+      th[t] = g_thread_new("planner", pool_worker, p);
     for (uint32_t t = 0; t < threads; t++)
       g_thread_join(th[t]);
     g_free(th);
+  }
+  p->done_before += n;
+}
+
+static const struct planner_config *ceiling_configs; /* the sort below: one thread sorts */
+static int by_ceiling(const void *a, const void *b) {
+  const struct planner_config *x = &ceiling_configs[*(const uint32_t *)a];
+  const struct planner_config *y = &ceiling_configs[*(const uint32_t *)b];
+  if (x->throughput_ceiling != y->throughput_ceiling)
+    return x->throughput_ceiling > y->throughput_ceiling ? -1 : 1;
+  return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* The keep_top-th best feasible throughput so far (0 while fewer are known). */
+static double kth_best(const struct planner_config *configs, uint32_t n, uint32_t k) {
+  double *best = g_new0(double, k + 1);
+  for (uint32_t i = 0; i < n; i++) {
+    if (configs[i].status != PLANNER_FEASIBLE)
+      continue;
+    double t = configs[i].throughput_tokens_per_s;
+    for (uint32_t j = 0; j < k; j++)
+      if (t > best[j]) {
+        memmove(best + j + 1, best + j, (k - 1 - j) * sizeof *best);
+        best[j] = t;
+        break;
+      }
+  }
+  double v = best[k - 1];
+  g_free(best);
+  return v;
+}
+
+#define PLANNER_ROUND 16 /* configurations a round: a constant, so any thread count agrees */
+
+void planner_evaluate(struct planner_config *configs, uint32_t n, const struct planner_eval *ev) {
+  if (n == 0)
+    return;
+  struct pool p = {.configs = configs, .total = n, .ev = ev, .last_tenth = 0,
+                   .t0 = piper_clock_seconds(), .tty = isatty(STDERR_FILENO)};
+  pthread_mutex_init(&p.lock, NULL);
+  if (ev->keep_top == 0) {
+    run_round(&p, NULL, n);
+  } else {
+    /* best ceiling first, in rounds; after each, what cannot beat the keep_top-th best
+     * feasible throughput found is left out unsimulated */
+    uint32_t *order = g_new(uint32_t, n);
+    for (uint32_t i = 0; i < n; i++)
+      order[i] = i;
+    ceiling_configs = configs;
+    qsort(order, n, sizeof *order, by_ceiling);
+    uint32_t *round = g_new(uint32_t, PLANNER_ROUND);
+    for (uint32_t k = 0; k < n;) {
+      double bar = kth_best(configs, n, ev->keep_top);
+      uint32_t m = 0;
+      for (; k < n && m < PLANNER_ROUND; k++) {
+        struct planner_config *c = &configs[order[k]];
+        if (bar > 0 && c->throughput_ceiling > 0 && c->throughput_ceiling < bar) {
+          c->status = PLANNER_BELOW;
+          p.done_before++;
+          continue;
+        }
+        round[m++] = order[k];
+      }
+      run_round(&p, round, m);
+    }
+    g_free(round);
+    g_free(order);
+    report_progress(&p, 0); /* the total, when the last ones were left out */
   }
   pthread_mutex_destroy(&p.lock);
 }
 
 static int status_class(enum planner_status s) {
-  return s == PLANNER_FEASIBLE ? 0 : s == PLANNER_OVER_CAP ? 1 : 2;
+  return s == PLANNER_FEASIBLE ? 0 : s == PLANNER_BELOW ? 1 : s == PLANNER_OVER_CAP ? 2 : 3;
 }
 
 static int config_rank_cmp(const void *a, const void *b) {
@@ -183,12 +260,14 @@ static int config_rank_cmp(const void *a, const void *b) {
   if (cx != cy)
     return cx < cy ? -1 : 1;
   /* over the cap: the closest first (the least memory), what a user would shrink to fit */
-  if (cx == 1 && x->peak_memory_bytes != y->peak_memory_bytes)
+  if (cx == 2 && x->peak_memory_bytes != y->peak_memory_bytes)
     return x->peak_memory_bytes < y->peak_memory_bytes ? -1 : 1;
   /* equal up to rounding (the same schedule length summed in another order) is a tie */
   double tx = x->throughput_tokens_per_s, ty = y->throughput_tokens_per_s;
   if (fabs(tx - ty) > 1e-9 * fmax(fabs(tx), fabs(ty)))
     return tx > ty ? -1 : 1;
+  if (cx == 1 && x->throughput_ceiling != y->throughput_ceiling)
+    return x->throughput_ceiling > y->throughput_ceiling ? -1 : 1;
   /* as fast: the one with more headroom */
   if (x->peak_memory_bytes != y->peak_memory_bytes)
     return x->peak_memory_bytes < y->peak_memory_bytes ? -1 : 1;
@@ -230,6 +309,7 @@ struct layout_check {
   int64_t micro_batch_size;
   char *error;           /* the compiler's refusal, or NULL */
   double static_bytes;   /* max over device classes */
+  double ceiling;        /* throughput ceiling (planner_config.throughput_ceiling) */
 };
 
 /* Enumeration state: the configurations so far, the distinct layouts and the model's shape. */
@@ -525,6 +605,23 @@ static void check_one_layout(struct layout_check *lc, const struct planner *pl) 
     g_error_free(e);
     return;
   }
+  /* one micro-batch simulated: its tokens over the busiest device's compute (compute of M
+   * micro-batches takes M times as long, and no schedule hides compute behind compute) */
+  struct sim_options so = {.collapse = true, .no_memory_timeline = true};
+  struct sim_result *r = sim_run(plan, pl->profile, &so, NULL);
+  if (r) {
+    struct report_run run = {.plan = plan, .kind = "sim", .n_iterations = 1,
+                             .iteration_times = &r->iteration_time};
+    report_run_init_devices(&run);
+    sim_fill_report(r, &run);
+    report_compute_stats(&run);
+    double busiest = 0;
+    for (uint32_t d = 0; d < run.n_devices; d++)
+      busiest = fmax(busiest, run.devices[d].compute_s);
+    lc->ceiling = busiest > 0 ? report_tokens_per_iteration(&run) / busiest : 0;
+    report_run_free_devices(&run);
+    sim_result_free(r);
+  }
   for (uint32_t k = 0; k < plan->n_classes; k++) {
     uint64_t bytes[REPORT_MEM_KIND_COUNT];
     sim_static_memory_held(plan, &plan->classes[k], pl->profile, bytes);
@@ -571,6 +668,7 @@ static void check_layouts(struct space *s) {
       continue;
     }
     c->memory_bound_bytes = lc->static_bytes;
+    c->throughput_ceiling = lc->ceiling;
     c->order = kept;
     g_hash_table_add(distinct, c->layout);
     g_array_index(s->configs, struct planner_config, kept++) = *c;
@@ -707,12 +805,12 @@ bool planner_run(struct planner *pl, GError **err) {
   struct planner_eval ev = {.model_path = pl->request.model_path, .profiles = profs,
                             .caps = caps, .threads = pl->request.threads,
                             .progress = pl->request.progress, .collapse = pl->request.collapse,
-                            .progress_name = "piper-plan"};
+                            .progress_name = "piper-plan", .keep_top = pl->request.keep_top};
   pl->threads_used = ev.threads ? ev.threads : g_get_num_processors();
   planner_evaluate(pl->configs, pl->n_configs, &ev);
   pl->n_simulated = 0;
   for (uint32_t i = 0; i < pl->n_configs; i++)
-    pl->n_simulated += !pl->configs[i].bounded;
+    pl->n_simulated += !pl->configs[i].bounded && pl->configs[i].status != PLANNER_BELOW;
   planner_rank(pl->configs, pl->n_configs);
   pl->seconds = piper_clock_seconds() - t0;
   return true;

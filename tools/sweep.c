@@ -255,7 +255,8 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
   return piper_out_close(&out, err);
 }
 
-/* sweep.png: every simulated point, labelled schedule/base/micro-batches, best first. */
+/* sweep.png: every simulated point, labelled schedule/base/micro-batches (the top picks
+ * always, the Pareto front where there is room), best first. */
 static struct chart_point sweep_chart_point(const void *ctx, uint32_t i, char **label) {
   const struct sweep_point *p = &((const struct sweep *)ctx)->points[i];
   g_autofree char *base = g_path_get_basename(p->base);
@@ -267,6 +268,7 @@ static struct chart_point sweep_chart_point(const void *ctx, uint32_t i, char **
                               .profile = p->profile,
                               .ok = p->ok,
                               .feasible = p->feasible,
+                              .top = p->feasible && i < PLANNER_CHART_TOP, /* ranked: best first */
                               .peak_memory_bytes = p->peak_memory_bytes,
                               .throughput_tokens_per_s = p->throughput_tokens_per_s,
                               .memory_cap_bytes = p->memory_cap_bytes};

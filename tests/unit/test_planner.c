@@ -238,11 +238,13 @@ static void test_threads_agree(void **state) {
 
 /* Every configuration the planner proposes compiles (issue 32: a refused one is a bug, not a
  * row). The default space (tp 1, 2, 4, 8; every pp; ep 1 or dp; one stage a rank, loops, V;
- * ZeRO 0-3; --recompute's values) of four real models, each configuration compiled as the
- * planner's evaluation compiles it: Qwen1.5-MoE (60 experts: not over 8 devices when tp > 1)
- * and Mixtral-8x22B lowered to plans, Llama-3.1-405B on 8,192 devices (126 layers: uneven
- * stages) and DeepSeek-V3 (61 layers, dense first layers) through every rewrite and the
- * schedule builder (lowering them all would take minutes). */
+ * ZeRO 0-3; recomputation) of four real models, each configuration compiled as the planner's
+ * evaluation compiles it: Qwen1.5-MoE (60 experts: not over 8 devices when tp > 1) and
+ * Mixtral-8x22B lowered to plans, every recomputation; Llama-3.1-405B on 8,192 devices (126
+ * layers: uneven stages) and DeepSeek-V3 (61 layers, dense first layers) without
+ * recomputation, through every rewrite and the schedule builder, one ZeRO level of each
+ * layout, schedule and micro-batch count (the ZeRO levels differ in replicate's flags only,
+ * which the planner's own check compiled; all of them would take minutes). */
 static void test_every_config_compiles(void **state) {
   (void)state;
   static const char *const recompute[] = {"none", "selective", "full:uniform:1"};
@@ -250,12 +252,12 @@ static void test_every_config_compiles(void **state) {
     const char *model;
     uint32_t devices;
     uint64_t batch;
-    bool lower;
+    bool big; /* no lowering, no recomputation, one ZeRO level */
   } cases[] = {
-      {"models/qwen1.5-moe-a2.7b.json", 16, 64, true},
-      {"models/mixtral-8x22b.json", 64, 128, true},
-      {"models/llama3.1-405b.json", 8192, 2048, false},
-      {"models/deepseek-v3.json", 1024, 1024, false},
+      {"models/qwen1.5-moe-a2.7b.json", 16, 64, false},
+      {"models/mixtral-8x22b.json", 64, 128, false},
+      {"models/llama3.1-405b.json", 8192, 2048, true},
+      {"models/deepseek-v3.json", 1024, 1024, true},
   };
   for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
     struct planner_request rq = planner_request_default();
@@ -263,13 +265,17 @@ static void test_every_config_compiles(void **state) {
     rq.profile_path = "profiles/h100-sxm.json";
     rq.devices = cases[k].devices;
     rq.global_batch = cases[k].batch;
-    rq.recompute = recompute;
-    rq.n_recompute = G_N_ELEMENTS(recompute);
+    rq.recompute = cases[k].big ? NULL : recompute;
+    rq.n_recompute = cases[k].big ? 0 : G_N_ELEMENTS(recompute);
     rq.threads = 2;
     struct planner *pl = plan_or_fail_new(&rq);
     assert_true(pl->n_configs > 0);
+    uint32_t compiled = 0;
     for (uint32_t i = 0; i < pl->n_configs; i++) {
       const struct planner_config *c = &pl->configs[i];
+      if (cases[k].big && strcmp(c->memory_choice, c->dp > 1 ? "zero1" : "zero0") != 0)
+        continue;
+      compiled++;
       struct compile_options o = compile_options_default();
       o.model_path = cases[k].model;
       o.layout = c->layout;
@@ -277,7 +283,7 @@ static void test_every_config_compiles(void **state) {
       o.have_schedule = true;
       o.schedule.family = c->schedule;
       o.schedule.mbs = c->microbatches;
-      o.lower = cases[k].lower;
+      o.lower = !cases[k].big;
       struct compile_result r;
       GError *err = NULL;
       if (!compile_run(&o, &r, &err))
@@ -287,8 +293,47 @@ static void test_every_config_compiles(void **state) {
                  c->microbatches, err->message);
       compile_result_free(&r);
     }
+    assert_true(compiled > 0);
     planner_free(pl);
   }
+}
+
+/* The throughput ceiling of a configuration (one micro-batch's tokens over its busiest device's
+ * compute, from the compiled layout) bounds what the simulation gives, for every configuration
+ * of a real search; leaving out those under the fifth best (keep_top) keeps the best five
+ * exactly as the full search ranks them. */
+static void test_ceiling_bounds(void **state) {
+  (void)state;
+  struct planner_request rq = planner_request_default();
+  rq.model_path = "models/qwen1.5-moe-a2.7b.json";
+  rq.profile_path = "profiles/h100-sxm.json";
+  rq.devices = 16;
+  rq.global_batch = 64;
+  rq.threads = 2;
+  struct planner *all = plan_or_fail(&rq);
+  uint32_t simulated = 0;
+  for (uint32_t i = 0; i < all->n_configs; i++) {
+    const struct planner_config *c = &all->configs[i];
+    if (c->status != PLANNER_FEASIBLE && c->status != PLANNER_OVER_CAP)
+      continue;
+    simulated++;
+    assert_true(c->throughput_ceiling > 0);
+    if (c->throughput_tokens_per_s > c->throughput_ceiling * (1 + 1e-9))
+      fail_msg("%s %s: %.6g tokens/s over its ceiling %.6g", sched_family_name(c->schedule),
+               c->layout, c->throughput_tokens_per_s, c->throughput_ceiling);
+  }
+  assert_true(simulated > 100);
+  rq.keep_top = 5;
+  struct planner *pruned = plan_or_fail(&rq);
+  assert_true(pruned->n_simulated < all->n_simulated);
+  for (uint32_t i = 0; i < 5; i++) {
+    assert_int_equal(pruned->configs[i].status, PLANNER_FEASIBLE);
+    assert_string_equal(pruned->configs[i].layout, all->configs[i].layout);
+    assert_int_equal(pruned->configs[i].schedule, all->configs[i].schedule);
+    assert_true(pruned->configs[i].iteration_time_s == all->configs[i].iteration_time_s);
+  }
+  planner_free(pruned);
+  planner_free(all);
 }
 
 static void test_refused(void **state) {
@@ -322,7 +367,7 @@ int main(void) {
       cmocka_unit_test(test_known_best),
       cmocka_unit_test(test_memory_cap),  cmocka_unit_test(test_threads_agree),
       cmocka_unit_test(test_refused),     cmocka_unit_test(test_uneven_stages),
-      cmocka_unit_test(test_every_config_compiles),
+      cmocka_unit_test(test_every_config_compiles), cmocka_unit_test(test_ceiling_bounds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
