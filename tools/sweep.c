@@ -221,6 +221,9 @@ static int point_rank_cmp(const void *a, const void *b) {
   int cx = x->feasible ? 0 : x->ok ? 1 : 2, cy = y->feasible ? 0 : y->ok ? 1 : 2;
   if (cx != cy)
     return cx < cy ? -1 : 1;
+  /* over the cap: the closest first, as the planner ranks them */
+  if (cx == 1 && x->peak_memory_bytes != y->peak_memory_bytes)
+    return x->peak_memory_bytes < y->peak_memory_bytes ? -1 : 1;
   if (x->throughput_tokens_per_s != y->throughput_tokens_per_s)
     return x->throughput_tokens_per_s > y->throughput_tokens_per_s ? -1 : 1;
   return x->order < y->order ? -1 : x->order > y->order;
