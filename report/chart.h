@@ -50,8 +50,7 @@ struct chart_point {
   const char *schedule; /* the point's colour */
   const char *profile;  /* its marker; each profile's cap line */
   bool ok;              /* simulated (else not drawn) */
-  bool bounded;         /* not simulated: a bound left it out (memory over the cap, or a
-                         * throughput ceiling below the best); not drawn */
+  bool bounded;         /* not simulated: over its cap by a memory bound; not drawn */
   bool feasible;        /* under its cap: a filled marker (else hollow) */
   double peak_memory_bytes, throughput_tokens_per_s;
   double memory_cap_bytes; /* what it was judged against; 0: no cap */

@@ -574,8 +574,8 @@ static void draw_legend_column(cairo_t *cr, const struct points_chart *c, uint32
     g_string_append_printf(note, "%u configuration%s failed and %s not drawn", failed,
                            failed == 1 ? "" : "s", failed == 1 ? "is" : "are");
   if (bounded)
-    g_string_append_printf(note, "%s%u left out by a bound (memory over the cap, or throughput "
-                           "below the best: not simulated)", note->len ? "; " : "", bounded);
+    g_string_append_printf(note, "%s%u over the cap by a memory bound (not simulated)",
+                           note->len ? "; " : "", bounded);
   if (c->n_outside)
     g_string_append_printf(note, "%s%u point%s beyond the axes (they span the answers)",
                            note->len ? "; " : "", c->n_outside, c->n_outside == 1 ? "" : "s");

@@ -18,7 +18,7 @@ struct plan_cli {
   const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp, *tp, *recompute;
   uint32_t devices, global_batch, max_interleave, threads, top;
   double memory_cap_gib;
-  bool force, no_charts, quiet, no_summary, simulate_all;
+  bool force, no_charts, quiet, no_summary;
   const char *argv0; /* where the sibling programs of the printed commands are */
 };
 
@@ -57,9 +57,6 @@ static const struct option_spec options[] = {
      .hi = 64, .metavar = "V", .help = "interleaved 1F1B with 2 .. V stages per rank (default 2)"},
     {.name = "--threads", .kind = OPTION_U32, PLAN_OPTION(threads), .lo = 1, .hi = 1024,
      .metavar = "N", .help = "simulations at once (default: one per core)"},
-    {.name = "--simulate-all", .kind = OPTION_FLAG, PLAN_OPTION(simulate_all),
-     .help = "simulate every configuration that fits (default: those whose throughput\n"
-             "ceiling is below the --top best found are left out, status below_best)"},
     {.name = "--sweep", .kind = OPTION_STRING, PLAN_OPTION(sweep), .metavar = "FILE",
      .help = "evaluate the list of a sweep file instead of searching (sweep.csv)"},
     {.kind = OPTION_HEADING, .help = "output:"},
@@ -164,7 +161,6 @@ static int build_request(const struct plan_cli *a, struct planner_request *rq, i
   rq->memory_cap_gib = a->memory_cap_gib;
   rq->threads = a->threads;
   rq->progress = !a->quiet;
-  rq->keep_top = a->simulate_all ? 0 : a->top ? a->top : 5;
   if (a->max_interleave)
     rq->max_interleave = a->max_interleave;
   uint32_t *list = NULL;
@@ -283,12 +279,11 @@ static void print_closest(const struct planner *pl, uint32_t i) {
 }
 
 static void print_summary(const struct planner *pl, const struct plan_cli *a, const char *dir) {
-  uint32_t feasible = 0, over = 0, failed = 0, below = 0, bounded = 0;
+  uint32_t feasible = 0, over = 0, failed = 0, bounded = 0;
   for (uint32_t i = 0; i < pl->n_configs; i++) {
     feasible += pl->configs[i].status == PLANNER_FEASIBLE;
     over += pl->configs[i].status == PLANNER_OVER_CAP;
     failed += pl->configs[i].status == PLANNER_FAILED;
-    below += pl->configs[i].status == PLANNER_BELOW;
     bounded += pl->configs[i].bounded;
   }
   printf("piper-plan: %s on %u devices, profile %s, global batch %llu sequences", pl->model_name,
@@ -301,9 +296,9 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
          "compiler's checks): %u feasible, %u over the memory cap, %u failed\n",
          pl->n_configs, pl->n_layouts, pl->check_seconds + pl->seconds, pl->threads_used,
          pl->check_seconds, feasible, over, failed);
-  printf("  simulated %u; left out by bounds: %u over the cap by their parameters, gradients and "
-         "optimizer state alone, %u below the best %u by their throughput ceiling\n",
-         pl->n_simulated, bounded, below, pl->request.keep_top);
+  printf("  simulated %u; %u over the cap by their parameters, gradients and optimizer state "
+         "alone (not simulated)\n",
+         pl->n_simulated, bounded);
   if (pl->skipped->len) {
     gchar **lines = g_strsplit(pl->skipped->str, "\n", -1);
     for (gchar **l = lines; *l && **l; l++)

@@ -182,76 +182,18 @@ static void run_round(struct pool *p, const uint32_t *index, uint32_t n) {
   p->done_before += n;
 }
 
-static const struct planner_config *ceiling_configs; /* the sort below: one thread sorts */
-static int by_ceiling(const void *a, const void *b) {
-  const struct planner_config *x = &ceiling_configs[*(const uint32_t *)a];
-  const struct planner_config *y = &ceiling_configs[*(const uint32_t *)b];
-  if (x->throughput_ceiling != y->throughput_ceiling)
-    return x->throughput_ceiling > y->throughput_ceiling ? -1 : 1;
-  return x->order < y->order ? -1 : x->order > y->order;
-}
-
-/* The keep_top-th best feasible throughput so far (0 while fewer are known). */
-static double kth_best(const struct planner_config *configs, uint32_t n, uint32_t k) {
-  double *best = g_new0(double, k + 1);
-  for (uint32_t i = 0; i < n; i++) {
-    if (configs[i].status != PLANNER_FEASIBLE)
-      continue;
-    double t = configs[i].throughput_tokens_per_s;
-    for (uint32_t j = 0; j < k; j++)
-      if (t > best[j]) {
-        memmove(best + j + 1, best + j, (k - 1 - j) * sizeof *best);
-        best[j] = t;
-        break;
-      }
-  }
-  double v = best[k - 1];
-  g_free(best);
-  return v;
-}
-
-#define PLANNER_ROUND 16 /* configurations a round: a constant, so any thread count agrees */
-
 void planner_evaluate(struct planner_config *configs, uint32_t n, const struct planner_eval *ev) {
   if (n == 0)
     return;
   struct pool p = {.configs = configs, .total = n, .ev = ev, .last_tenth = 0,
                    .t0 = piper_clock_seconds(), .tty = isatty(STDERR_FILENO)};
   pthread_mutex_init(&p.lock, NULL);
-  if (ev->keep_top == 0) {
-    run_round(&p, NULL, n);
-  } else {
-    /* best ceiling first, in rounds; after each, what cannot beat the keep_top-th best
-     * feasible throughput found is left out unsimulated */
-    uint32_t *order = g_new(uint32_t, n);
-    for (uint32_t i = 0; i < n; i++)
-      order[i] = i;
-    ceiling_configs = configs;
-    qsort(order, n, sizeof *order, by_ceiling);
-    uint32_t *round = g_new(uint32_t, PLANNER_ROUND);
-    for (uint32_t k = 0; k < n;) {
-      double bar = kth_best(configs, n, ev->keep_top);
-      uint32_t m = 0;
-      for (; k < n && m < PLANNER_ROUND; k++) {
-        struct planner_config *c = &configs[order[k]];
-        if (bar > 0 && c->throughput_ceiling > 0 && c->throughput_ceiling < bar) {
-          c->status = PLANNER_BELOW;
-          p.done_before++;
-          continue;
-        }
-        round[m++] = order[k];
-      }
-      run_round(&p, round, m);
-    }
-    g_free(round);
-    g_free(order);
-    report_progress(&p, 0); /* the total, when the last ones were left out */
-  }
+  run_round(&p, NULL, n);
   pthread_mutex_destroy(&p.lock);
 }
 
 static int status_class(enum planner_status s) {
-  return s == PLANNER_FEASIBLE ? 0 : s == PLANNER_BELOW ? 1 : s == PLANNER_OVER_CAP ? 2 : 3;
+  return s == PLANNER_FEASIBLE ? 0 : s == PLANNER_OVER_CAP ? 1 : 2;
 }
 
 static int config_rank_cmp(const void *a, const void *b) {
@@ -260,14 +202,12 @@ static int config_rank_cmp(const void *a, const void *b) {
   if (cx != cy)
     return cx < cy ? -1 : 1;
   /* over the cap: the closest first (the least memory), what a user would shrink to fit */
-  if (cx == 2 && x->peak_memory_bytes != y->peak_memory_bytes)
+  if (cx == 1 && x->peak_memory_bytes != y->peak_memory_bytes)
     return x->peak_memory_bytes < y->peak_memory_bytes ? -1 : 1;
   /* equal up to rounding (the same schedule length summed in another order) is a tie */
   double tx = x->throughput_tokens_per_s, ty = y->throughput_tokens_per_s;
   if (fabs(tx - ty) > 1e-9 * fmax(fabs(tx), fabs(ty)))
     return tx > ty ? -1 : 1;
-  if (cx == 1 && x->throughput_ceiling != y->throughput_ceiling)
-    return x->throughput_ceiling > y->throughput_ceiling ? -1 : 1;
   /* as fast: the one with more headroom */
   if (x->peak_memory_bytes != y->peak_memory_bytes)
     return x->peak_memory_bytes < y->peak_memory_bytes ? -1 : 1;
@@ -308,8 +248,7 @@ struct layout_check {
   char *spec;
   int64_t micro_batch_size;
   char *error;           /* the compiler's refusal, or NULL */
-  double static_bytes;   /* max over device classes */
-  double ceiling;        /* throughput ceiling (planner_config.throughput_ceiling) */
+  double static_bytes;   /* max over device classes: held the whole step, whatever the schedule */
 };
 
 /* Enumeration state: the configurations so far, the distinct layouts and the model's shape. */
@@ -590,7 +529,10 @@ struct layout_pool {
 };
 
 /* Compiles the layout with one micro-batch and no schedule: every rewrite's rule runs (the
- * schedules' were checked already), and the plan's classes give the static memory. */
+ * schedules' were checked already), and the plan's classes give the static memory. (The peak of
+ * the one-micro-batch step is no bound: a schedule's order can hold less at once; nor is its
+ * compute a throughput ceiling: contention with communication slows it. test_planner found
+ * both.) */
 static void check_one_layout(struct layout_check *lc, const struct planner *pl) {
   struct compile_options o = compile_options_default();
   o.model_path = pl->request.model_path;
@@ -604,23 +546,6 @@ static void check_one_layout(struct layout_check *lc, const struct planner *pl) 
     lc->error = g_strdup(e->message);
     g_error_free(e);
     return;
-  }
-  /* one micro-batch simulated: its tokens over the busiest device's compute (compute of M
-   * micro-batches takes M times as long, and no schedule hides compute behind compute) */
-  struct sim_options so = {.collapse = true, .no_memory_timeline = true};
-  struct sim_result *r = sim_run(plan, pl->profile, &so, NULL);
-  if (r) {
-    struct report_run run = {.plan = plan, .kind = "sim", .n_iterations = 1,
-                             .iteration_times = &r->iteration_time};
-    report_run_init_devices(&run);
-    sim_fill_report(r, &run);
-    report_compute_stats(&run);
-    double busiest = 0;
-    for (uint32_t d = 0; d < run.n_devices; d++)
-      busiest = fmax(busiest, run.devices[d].compute_s);
-    lc->ceiling = busiest > 0 ? report_tokens_per_iteration(&run) / busiest : 0;
-    report_run_free_devices(&run);
-    sim_result_free(r);
   }
   for (uint32_t k = 0; k < plan->n_classes; k++) {
     uint64_t bytes[REPORT_MEM_KIND_COUNT];
@@ -668,7 +593,6 @@ static void check_layouts(struct space *s) {
       continue;
     }
     c->memory_bound_bytes = lc->static_bytes;
-    c->throughput_ceiling = lc->ceiling;
     c->order = kept;
     g_hash_table_add(distinct, c->layout);
     g_array_index(s->configs, struct planner_config, kept++) = *c;
@@ -805,12 +729,12 @@ bool planner_run(struct planner *pl, GError **err) {
   struct planner_eval ev = {.model_path = pl->request.model_path, .profiles = profs,
                             .caps = caps, .threads = pl->request.threads,
                             .progress = pl->request.progress, .collapse = pl->request.collapse,
-                            .progress_name = "piper-plan", .keep_top = pl->request.keep_top};
+                            .progress_name = "piper-plan"};
   pl->threads_used = ev.threads ? ev.threads : g_get_num_processors();
   planner_evaluate(pl->configs, pl->n_configs, &ev);
   pl->n_simulated = 0;
   for (uint32_t i = 0; i < pl->n_configs; i++)
-    pl->n_simulated += !pl->configs[i].bounded && pl->configs[i].status != PLANNER_BELOW;
+    pl->n_simulated += !pl->configs[i].bounded;
   planner_rank(pl->configs, pl->n_configs);
   pl->seconds = piper_clock_seconds() - t0;
   return true;

@@ -47,7 +47,6 @@ enum planner_status {
   PLANNER_FEASIBLE, /* simulated, peak memory within the cap */
   PLANNER_OVER_CAP, /* simulated, over the cap */
   PLANNER_FAILED,   /* did not compile or simulate: error says why */
-  PLANNER_BELOW,    /* not simulated: its throughput ceiling is below the top picks found */
 };
 
 /* One configuration: what to compile (a layout spec or a directive file) and what came out. */
@@ -68,9 +67,6 @@ struct planner_config {
    * gradients, optimizer state), which no schedule or micro-batch count changes. 0: none. */
   double memory_bound_bytes;
   bool bounded; /* over the cap by the bound alone: not simulated (peak_memory_bytes = bound) */
-  /* Upper bound of its throughput (tokens/s; 0: none): one micro-batch's tokens over the busiest
-   * device's compute for it, from the same compiled layout; M micro-batches take M times both. */
-  double throughput_ceiling;
   /* results */
   enum planner_status status;
   char *error;
@@ -95,10 +91,6 @@ struct planner_eval {
   bool progress;
   bool collapse;
   const char *progress_name; /* "piper-plan" */
-  /* > 0: simulate in rounds, best ceiling first, and leave out (PLANNER_BELOW) what cannot
-   * enter the best keep_top feasible ones; rounds of fixed size keep the result the same on any
-   * number of threads */
-  uint32_t keep_top;
 };
 void planner_evaluate(struct planner_config *configs, uint32_t n, const struct planner_eval *ev);
 /* Sorts feasible first by throughput, then those over the cap by peak memory (the closest
@@ -120,8 +112,6 @@ struct planner_request {
   uint32_t n_tp;
   uint32_t max_interleave;  /* interleaved 1F1B with 2 .. this many stages per rank */
   uint32_t threads;         /* 0: one per core */
-  uint32_t keep_top;        /* the best this many are exact; the rest may be left out by their
-                             * throughput ceiling (0: simulate every one that fits) */
   bool progress;
   bool schedules[SCHED_FAMILY_COUNT]; /* families to try where they apply */
   /* recomputation to try with each memory choice: --layout recompute= values ("none",
@@ -142,7 +132,7 @@ struct planner {
   struct planner_config *configs; /* ranked after planner_run */
   uint32_t n_layouts;             /* distinct layouts enumerated */
   uint32_t n_checked_layouts;     /* layout x micro-batch size pairs the compiler checked */
-  uint32_t n_simulated;           /* configurations simulated (the others bounded or below) */
+  uint32_t n_simulated;           /* configurations simulated (the others over the cap by bound) */
   GString *skipped;               /* why configurations were left out, one line each */
   double check_seconds;           /* wall clock of planner_new: enumeration and checks */
   double seconds;                 /* wall clock of planner_run */

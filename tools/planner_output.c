@@ -23,7 +23,6 @@ static const char *status_name(enum planner_status s) {
   case PLANNER_FEASIBLE: return "ok";
   case PLANNER_OVER_CAP: return "over_memory_cap";
   case PLANNER_FAILED: return "error";
-  case PLANNER_BELOW: return "below_best";
   default: return "pending";
   }
 }
@@ -44,10 +43,6 @@ void planner_csv_field(FILE *f, const char *s) {
 
 /* Why a row is not feasible, in the words of the CSV's reason column. */
 static char *infeasible_reason(const struct planner_config *c) {
-  if (c->status == PLANNER_BELOW)
-    return g_strdup_printf("throughput at most %.6g tokens/s (one micro-batch's tokens over its "
-                           "busiest device's compute), below the best found (not simulated)",
-                           c->throughput_ceiling);
   if (c->bounded)
     return g_strdup_printf("parameters, gradients and optimizer state alone %.3f GiB, over the "
                            "cap of %.3f GiB (not simulated)",
@@ -147,7 +142,7 @@ static struct chart_point config_point(const void *ctx, uint32_t i, char **label
   return (struct chart_point){.schedule = sched_family_name(c->schedule),
                               .profile = pl->profile->name,
                               .ok = simulated,
-                              .bounded = c->bounded || c->status == PLANNER_BELOW,
+                              .bounded = c->bounded,
                               .feasible = c->status == PLANNER_FEASIBLE,
                               .top = c->status == PLANNER_FEASIBLE && i < PLANNER_CHART_TOP,
                               .peak_memory_bytes = c->peak_memory_bytes,
