@@ -242,9 +242,9 @@ static void test_threads_agree(void **state) {
  * ZeRO 0-3; recomputation) of four real models, each configuration compiled as the planner's
  * evaluation compiles it: Qwen1.5-MoE (60 experts: not over 8 devices when tp > 1) and
  * Mixtral-8x22B lowered to plans, every recomputation; Llama-3.1-405B on 8,192 devices (126
- * layers: uneven stages) and DeepSeek-V3 (61 layers, dense first layers) without
- * recomputation, through every rewrite and the schedule builder, one ZeRO level of each
- * layout, schedule and micro-batch count (the ZeRO levels differ in replicate's flags only,
+ * layers: uneven stages) and DeepSeek-V3 (61 layers, dense first layers) at 16 and 32 pipeline
+ * ranks without recomputation, through every rewrite and the schedule builder, one ZeRO level
+ * of each layout, schedule and micro-batch count (the ZeRO levels differ in replicate's flags only,
  * which the planner's own check compiled; all of them would take minutes). */
 static void test_every_config_compiles(void **state) {
   (void)state;
@@ -266,6 +266,12 @@ static void test_every_config_compiles(void **state) {
     rq.profile_path = "profiles/h100-sxm.json";
     rq.devices = cases[k].devices;
     rq.global_batch = cases[k].batch;
+    /* the big ones at 16 and 32 pipeline ranks: uneven stages (126 and 61 layers), V and
+     * interleaved shapes, and with tp 1 micro-batch counts below the ranks (what ZB-V,
+     * DualPipeV and interleaving refuse) */
+    static const uint32_t big_pp[] = {16, 32};
+    rq.pp = cases[k].big ? big_pp : NULL;
+    rq.n_pp = cases[k].big ? G_N_ELEMENTS(big_pp) : 0;
     rq.recompute = cases[k].big ? NULL : recompute;
     rq.n_recompute = cases[k].big ? 0 : G_N_ELEMENTS(recompute);
     rq.threads = 2;
