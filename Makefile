@@ -146,7 +146,7 @@ ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
-.PHONY: all test test-long unit cli cli-fast cli-long fuzz asan asan-unit bench install clean deps \
+.PHONY: all test test-long unit unit-long cli cli-fast cli-long fuzz asan asan-unit bench install clean deps \
   print-cflags print-libs example lint loop loop-short emu readme-check validate
 # the emulation's own check of the fused attention (tests/gpu/emu/flash_emu.cpp)
 EMU_CHECK_BINS := $(if $(CUDA_EMU),$(BUILD)/gpu/flash_emu)
@@ -246,6 +246,12 @@ emu:
 unit: $(UNIT_BINS) $(TOOLS)
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; PIPER_BIN=$(BIN) $$t || fail=1; done; exit $$fail
 
+# the unit checks that take minutes (every configuration the planner proposes for 405B on 8,192
+# devices and DeepSeek-V3 compiles); make test runs the same binaries on their small cases
+unit-long: $(BUILD)/tests/test_planner $(TOOLS)
+	@echo "== $(BUILD)/tests/test_planner (PIPER_LONG_TESTS=1)"; PIPER_BIN=$(BIN) PIPER_LONG_TESTS=1 \
+	  PIPER_TEST_ONLY=test_every_config_compiles $(BUILD)/tests/test_planner
+
 cli: $(TOOLS)
 	@fail=0; for t in $(wildcard tests/cli/*.sh); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
 
@@ -310,7 +316,7 @@ test: deps
 test-long: deps
 	@mkdir -p $(BUILD)
 	@( rc=0; \
-	  $(MAKE) --no-print-directory -k cli-long loop-short readme-check || rc=1; \
+	  $(MAKE) --no-print-directory -k unit-long cli-long loop-short readme-check || rc=1; \
 	  $(MAKE) --no-print-directory asan-unit || rc=1; \
 	  $(MAKE) --no-print-directory fuzz || rc=1; \
 	  echo $$rc > $(BUILD)/test-long.rc ) 2>&1 | tee $(BUILD)/test-long.log

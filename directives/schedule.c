@@ -560,22 +560,38 @@ static bool check_microbatches(enum sched_family f, uint32_t R, uint32_t M, uint
   return true;
 }
 
-struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
-                                  uint32_t M, GError **err) {
+/* Every check of sched_build, in its order; fills pos_rank[R] and *v for the builder. */
+static bool check_all(enum sched_family f, const struct sched_layout *layout, uint32_t M,
+                      int32_t **pos_rank, uint32_t *v, GError **err) {
   if (!check_request(f, layout, M, err))
-    return NULL;
-  uint32_t R = layout->n_ranks, S = layout->n_stages;
+    return false;
   enum layout_shape shape = SHAPE_SINGLE;
   if (f == SCHED_INTERLEAVED_1F1B || f == SCHED_INTERLEAVED_ZEROBUBBLE)
     shape = SHAPE_LOOP;
   if (f == SCHED_ZBV || f == SCHED_DUALPIPEV)
     shape = SHAPE_V;
-  g_autofree int32_t *pos_rank = g_new(int32_t, R);
+  *pos_rank = g_new(int32_t, layout->n_ranks);
+  *v = 1;
+  return check_layout(f, shape, layout, *pos_rank, v, err) &&
+         check_microbatches(f, layout->n_ranks, M, layout->microbatch_group, err);
+}
+
+bool sched_check(enum sched_family f, const struct sched_layout *layout, uint32_t M,
+                 GError **err) {
+  int32_t *pos_rank = NULL;
   uint32_t v = 1;
-  if (!check_layout(f, shape, layout, pos_rank, &v, err))
+  bool ok = check_all(f, layout, M, &pos_rank, &v, err);
+  g_free(pos_rank);
+  return ok;
+}
+
+struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
+                                  uint32_t M, GError **err) {
+  g_autofree int32_t *pos_rank = NULL;
+  uint32_t v = 1;
+  if (!check_all(f, layout, M, &pos_rank, &v, err))
     return NULL;
-  if (!check_microbatches(f, R, M, layout->microbatch_group, err))
-    return NULL;
+  uint32_t R = layout->n_ranks, S = layout->n_stages;
   struct builder b = {.pos_rank = pos_rank};
   sched_rows_init(&b.rows, R);
   switch (f) {

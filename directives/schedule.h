@@ -82,6 +82,10 @@ struct sched_program {
 struct sched_program *sched_build(enum sched_family f, const struct sched_layout *layout,
                                   uint32_t n_microbatches, GError **err);
 void sched_program_free(struct sched_program *s);
+/* The checks of sched_build without building: what a planner asks before it costs a
+ * configuration, so that it proposes only what the builder accepts. */
+bool sched_check(enum sched_family f, const struct sched_layout *layout, uint32_t n_microbatches,
+                 GError **err);
 
 /* Name <-> family ("gpipe", "1f1b", "interleaved_1f1b", "zerobubble", "zbv", "dualpipe",
  * "dualpipev", "interleaved_zerobubble", "custom"); sched_family_parse returns false for an unknown name. */

@@ -45,19 +45,29 @@ bool chart_compare(const struct report_dir *a, const struct report_dir *b, const
                    GError **err);
 /* One configuration of a what-if chart (a sweep's or a planner's). */
 struct chart_point {
-  const char *label;    /* shown beside the point where it overlaps nothing; NULL: none */
+  const char *label;    /* shown beside the point (top picks and the Pareto front); NULL: none */
+  bool top;             /* a top pick: its label is always drawn (with a leader line if need be) */
   const char *schedule; /* the point's colour */
   const char *profile;  /* its marker; each profile's cap line */
   bool ok;              /* simulated (else not drawn) */
+  bool bounded;         /* not simulated: over its cap by a memory bound; not drawn */
   bool feasible;        /* under its cap: a filled marker (else hollow) */
   double peak_memory_bytes, throughput_tokens_per_s;
   double memory_cap_bytes; /* what it was judged against; 0: no cap */
 };
 /* A PNG of throughput against peak memory: a dashed cap line per distinct cap (labelled with
- * its profiles), colour by schedule, marker by profile, labels of the first points (give them
- * best first) where they overlap no marker or other label; the rest are counted in a note. */
+ * its profiles), colour by schedule, marker by profile, the Pareto front (no other point has
+ * less memory and more throughput) joined and ringed, and labels: every top pick's, then the
+ * front's where they overlap no marker or other label. The axes span the answers (the points
+ * under a cap, the front, the top picks, the caps), not zero; points beyond them are counted in
+ * a note, as are labels left out. */
 bool chart_points(const char *title, const struct chart_point *points, uint32_t n,
                   const char *path, GError **err);
+/* The same, appending to listing (when not NULL) what was drawn, a line each: "x-axis LO HI
+ * UNIT", "y-axis LO HI", "cap BYTES", "pareto I" (point index), "label I TEXT" (what a test
+ * checks without reading pixels). */
+bool chart_points_listed(const char *title, const struct chart_point *points, uint32_t n,
+                         const char *path, GString *listing, GError **err);
 
 /* dir/memory.png from dir/memory.dat and dir/memory.gp. */
 bool chart_memory(const struct report_run *r, const char *dir, GError **err);

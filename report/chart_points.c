@@ -35,9 +35,14 @@ struct points_chart {
   const char **schedules, **profiles; /* distinct keys, first-appearance order */
   uint32_t n_schedules, n_profiles;
   double *profile_cap; /* [n_profiles] bytes, 0: none */
-  double x_max, y_max, unit; /* axes: bytes, tokens/s; bytes per axis unit */
+  double x_min, x_max, y_min, y_max, unit; /* axes: bytes, tokens/s; bytes per axis unit */
   const char *unit_name;
+  double y_scale;         /* tokens/s per throughput tick unit (1, 1e3, 1e6) */
+  const char *y_suffix;   /* "", "k", "M" */
+  bool *pareto;           /* [n] on the front */
+  uint32_t n_outside;     /* simulated points beyond the axes */
   GArray *taken; /* struct rect: what a label must not cover */
+  GString *listing; /* what was drawn (chart_points_listed), or NULL */
 };
 
 static uint32_t key_index(const char **keys, uint32_t *n, const char *key) {
@@ -67,42 +72,120 @@ static enum marker profile_marker(const struct points_chart *c, const char *prof
   return MARK_CIRCLE;
 }
 
-/* The keys, each profile's cap (the largest its points were judged against) and the axes: the
- * memory axis reaches the caps unless one lies far beyond every point (a tiny model on an 80 GiB
- * device), which is then drawn as an arrow at the edge instead of squeezing the points flat. */
+/* The Pareto front of throughput against memory: no other point has less memory and more
+ * throughput. Among the points under their cap when there are any (the trade-off a user can
+ * take), else among all simulated ones. */
+static void find_pareto(struct points_chart *c, bool any_feasible) {
+  const struct chart_point *p = c->p;
+  uint32_t *idx = g_new(uint32_t, c->n + 1), m = 0;
+  for (uint32_t i = 0; i < c->n; i++)
+    if (p[i].ok && (p[i].feasible || !any_feasible))
+      idx[m++] = i;
+  /* by memory, then throughput descending: a sweep keeps each new best throughput */
+  for (uint32_t a = 1; a < m; a++)
+    for (uint32_t b = a; b > 0; b--) {
+      const struct chart_point *x = &p[idx[b - 1]], *y = &p[idx[b]];
+      bool after = x->peak_memory_bytes > y->peak_memory_bytes ||
+                   (x->peak_memory_bytes == y->peak_memory_bytes &&
+                    x->throughput_tokens_per_s < y->throughput_tokens_per_s);
+      if (!after)
+        break;
+      uint32_t t = idx[b - 1];
+      idx[b - 1] = idx[b];
+      idx[b] = t;
+    }
+  double best = -1;
+  for (uint32_t k = 0; k < m; k++)
+    if (p[idx[k]].throughput_tokens_per_s > best) {
+      best = p[idx[k]].throughput_tokens_per_s;
+      c->pareto[idx[k]] = true;
+    }
+  g_free(idx);
+}
+
+/* The axes span where the answers are: the points under a cap, the top picks and the front (all
+ * simulated points when none fits), the caps within reach of them, then every point inside that
+ * memory range for the throughput axis; a margin each side. Zero is no answer: a 1,300 GiB
+ * configuration no longer squeezes the ones that fit into a corner. */
+static void set_axes(struct points_chart *c, bool any_feasible) {
+  const struct chart_point *p = c->p;
+  double xlo = INFINITY, xhi = 0;
+  for (uint32_t i = 0; i < c->n; i++)
+    if (p[i].ok && (p[i].feasible || p[i].top || c->pareto[i] || !any_feasible)) {
+      xlo = fmin(xlo, p[i].peak_memory_bytes);
+      xhi = fmax(xhi, p[i].peak_memory_bytes);
+    }
+  if (!(xhi > 0)) {
+    xlo = 0;
+    xhi = 1 << 30;
+  }
+  for (uint32_t i = 0; i < c->n_profiles; i++)
+    if (c->profile_cap[i] > 0 && c->profile_cap[i] <= 3 * xhi && c->profile_cap[i] >= xlo / 3) {
+      xlo = fmin(xlo, c->profile_cap[i]);
+      xhi = fmax(xhi, c->profile_cap[i]);
+    }
+  double span = xhi - xlo > 0 ? xhi - xlo : fmax(xhi, 1) * 0.2;
+  c->x_min = fmax(0, xlo - 0.06 * span);
+  c->x_max = xhi + 0.08 * span;
+  double ylo = INFINITY, yhi = 0;
+  for (uint32_t i = 0; i < c->n; i++)
+    if (p[i].ok && p[i].peak_memory_bytes >= c->x_min && p[i].peak_memory_bytes <= c->x_max) {
+      ylo = fmin(ylo, p[i].throughput_tokens_per_s);
+      yhi = fmax(yhi, p[i].throughput_tokens_per_s);
+    }
+  if (!(yhi > 0)) {
+    ylo = 0;
+    yhi = 1;
+  }
+  span = yhi - ylo > 0 ? yhi - ylo : yhi * 0.2;
+  c->y_min = fmax(0, ylo - 0.08 * span);
+  c->y_max = yhi + 0.1 * span;
+  bool gib = c->x_max >= (double)(1ull << 30);
+  c->unit = gib ? (double)(1ull << 30) : (double)(1ull << 20);
+  c->unit_name = gib ? "GiB" : "MiB";
+  c->y_scale = c->y_max >= 1e6 ? 1e6 : c->y_max >= 1e4 ? 1e3 : 1;
+  c->y_suffix = c->y_scale == 1e6 ? "M" : c->y_scale == 1e3 ? "k" : "";
+  for (uint32_t i = 0; i < c->n; i++)
+    c->n_outside += p[i].ok && (p[i].peak_memory_bytes < c->x_min ||
+                                p[i].peak_memory_bytes > c->x_max ||
+                                p[i].throughput_tokens_per_s < c->y_min ||
+                                p[i].throughput_tokens_per_s > c->y_max);
+  if (c->listing) {
+    g_string_append_printf(c->listing, "x-axis %.6g %.6g %s\n", c->x_min / c->unit,
+                           c->x_max / c->unit, c->unit_name);
+    g_string_append_printf(c->listing, "y-axis %.6g %.6g\n", c->y_min, c->y_max);
+  }
+}
+
+/* The keys, each profile's cap (the largest its points were judged against), the front and
+ * the axes. */
 static void points_chart_init(struct points_chart *c, const char *title,
-                              const struct chart_point *p, uint32_t n) {
+                              const struct chart_point *p, uint32_t n, GString *listing) {
   memset(c, 0, sizeof *c);
   c->title = title;
   c->p = p;
   c->n = n;
+  c->listing = listing;
   c->schedules = g_new0(const char *, n + 1);
   c->profiles = g_new0(const char *, n + 1);
   c->profile_cap = g_new0(double, n + 1);
-  double peak = 0, cap_in_range = 0;
+  c->pareto = g_new0(bool, n + 1);
+  bool any_feasible = false;
   for (uint32_t i = 0; i < n; i++) {
     if (!p[i].ok)
       continue;
     key_index(c->schedules, &c->n_schedules, p[i].schedule);
     uint32_t pi = key_index(c->profiles, &c->n_profiles, p[i].profile);
     c->profile_cap[pi] = fmax(c->profile_cap[pi], p[i].memory_cap_bytes);
-    peak = fmax(peak, p[i].peak_memory_bytes);
-    c->y_max = fmax(c->y_max, p[i].throughput_tokens_per_s);
+    any_feasible |= p[i].feasible;
   }
-  for (uint32_t i = 0; i < c->n_profiles; i++)
-    if (c->profile_cap[i] > 0 && c->profile_cap[i] <= 3 * fmax(peak, 1))
-      cap_in_range = fmax(cap_in_range, c->profile_cap[i]);
-  c->x_max = fmax(peak, cap_in_range) * 1.12;
-  if (!(c->x_max > 0))
-    c->x_max = 1 << 30;
-  c->y_max = c->y_max > 0 ? c->y_max * 1.12 : 1;
-  bool gib = c->x_max >= (double)(1ull << 30);
-  c->unit = gib ? (double)(1ull << 30) : (double)(1ull << 20);
-  c->unit_name = gib ? "GiB" : "MiB";
+  find_pareto(c, any_feasible);
+  set_axes(c, any_feasible);
   c->taken = g_array_new(FALSE, FALSE, sizeof(struct rect));
 }
 
 static void points_chart_free(struct points_chart *c) {
+  g_free(c->pareto);
   g_free(c->schedules);
   g_free(c->profiles);
   g_free(c->profile_cap);
@@ -110,10 +193,22 @@ static void points_chart_free(struct points_chart *c) {
 }
 
 static double px(const struct points_chart *c, double bytes) {
-  return PT_LEFT + bytes / c->x_max * (PT_W - PT_LEFT - PT_RIGHT);
+  return PT_LEFT + (bytes - c->x_min) / (c->x_max - c->x_min) * (PT_W - PT_LEFT - PT_RIGHT);
 }
 static double py(const struct points_chart *c, double tput) {
-  return PT_H - PT_BOTTOM - tput / c->y_max * (PT_H - PT_TOP - PT_BOTTOM);
+  return PT_H - PT_BOTTOM - (tput - c->y_min) / (c->y_max - c->y_min) * (PT_H - PT_TOP - PT_BOTTOM);
+}
+
+static bool inside(const struct points_chart *c, const struct chart_point *p) {
+  return p->ok && p->peak_memory_bytes >= c->x_min && p->peak_memory_bytes <= c->x_max &&
+         p->throughput_tokens_per_s >= c->y_min && p->throughput_tokens_per_s <= c->y_max;
+}
+
+/* A tick's text with as many decimals as its step needs, the same for every tick of an axis
+ * ("40", "45", "50"; "1.2M", "1.4M"). */
+static void tick_text(char *out, size_t size, double v, double step, const char *suffix) {
+  int decimals = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+  snprintf(out, size, "%.*f%s", decimals, v, suffix);
 }
 
 static double tick_step(double span, int want) {
@@ -131,26 +226,28 @@ static void show_text(cairo_t *cr, double x, double y, const char *s, double ali
 static void draw_axes(cairo_t *cr, const struct points_chart *c) {
   double x0 = PT_LEFT, x1 = PT_W - PT_RIGHT, y0 = PT_TOP, y1 = PT_H - PT_BOTTOM;
   cairo_set_font_size(cr, 11);
-  double xs = tick_step(c->x_max / c->unit, 8), ys = tick_step(c->y_max, 8);
-  for (double v = 0; v <= c->x_max / c->unit * 1.0001; v += xs) {
+  double xs = tick_step((c->x_max - c->x_min) / c->unit, 8);
+  double ys = tick_step((c->y_max - c->y_min) / c->y_scale, 8);
+  for (double v = ceil(c->x_min / c->unit / xs) * xs; v <= c->x_max / c->unit * 1.0001; v += xs) {
     double x = px(c, v * c->unit);
     cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
     cairo_move_to(cr, x, y0);
     cairo_line_to(cr, x, y1);
     cairo_stroke(cr);
     char lab[32];
-    snprintf(lab, sizeof lab, "%g", round(v * 1e6) / 1e6);
+    tick_text(lab, sizeof lab, v, xs, "");
     cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
     show_text(cr, x, y1 + 16, lab, 0.5);
   }
-  for (double v = 0; v <= c->y_max * 1.0001; v += ys) {
-    double y = py(c, v);
+  for (double v = ceil(c->y_min / c->y_scale / ys) * ys; v <= c->y_max / c->y_scale * 1.0001;
+       v += ys) {
+    double y = py(c, v * c->y_scale);
     cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
     cairo_move_to(cr, x0, y);
     cairo_line_to(cr, x1, y);
     cairo_stroke(cr);
     char lab[32];
-    snprintf(lab, sizeof lab, "%.6g", v);
+    tick_text(lab, sizeof lab, v, ys, c->y_suffix);
     cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
     show_text(cr, x0 - 6, y + 4, lab, 1);
   }
@@ -259,16 +356,19 @@ static void draw_caps(cairo_t *cr, struct points_chart *c) {
       if (c->profile_cap[j] == cap)
         g_string_append_printf(who, "%s%s", who->len ? ", " : "", c->profiles[j]);
     char lab[256];
-    bool beyond = cap > c->x_max;
-    snprintf(lab, sizeof lab, "%s%s cap %.4g %s", beyond ? "-> " : "", who->str, cap / c->unit,
-             c->unit_name);
+    bool beyond = cap > c->x_max, below = cap < c->x_min;
+    snprintf(lab, sizeof lab, "%s%s cap %.4g %s", beyond ? "-> " : below ? "<- " : "", who->str,
+             cap / c->unit, c->unit_name);
     g_string_free(who, TRUE);
-    double x = beyond ? PT_W - PT_RIGHT : px(c, cap);
+    /* on whole pixels: a line between two columns blurs into neither */
+    double x = beyond ? PT_W - PT_RIGHT : below ? PT_LEFT : round(px(c, cap));
+    if (c->listing)
+      g_string_append_printf(c->listing, "cap %.0f\n", cap);
     cairo_set_source_rgb(cr, 0.75, 0.22, 0.17);
-    if (!beyond) {
+    if (!beyond && !below) {
       const double dash[] = {6, 4};
       cairo_set_dash(cr, dash, 2, 0);
-      cairo_set_line_width(cr, 1.8);
+      cairo_set_line_width(cr, 2);
       cairo_move_to(cr, x, PT_TOP);
       cairo_line_to(cr, x, PT_H - PT_BOTTOM);
       cairo_stroke(cr);
@@ -284,38 +384,135 @@ static void draw_caps(cairo_t *cr, struct points_chart *c) {
   }
 }
 
-/* Points (markers first, so that no label covers one), then labels best first. Returns the
- * number of labels left out. */
+/* A top pick's label: the eight places beside the point, then the same further out on a
+ * leader line, then (the plot full) its first place over whatever is there: it is drawn. */
+static void place_top_label(const struct points_chart *c, double x, double y, double w, double h,
+                            struct rect *out, bool *leader) {
+  *leader = false;
+  if (place_label(c, x, y, w, h, out))
+    return;
+  for (int ring = 2; ring <= 12; ring++) {
+    const double d = ring * (PT_MARKER + 6);
+    const double cand[6][2] = {{d, -h / 2}, {-d - w, -h / 2}, {d, -d}, {-d - w, -d},
+                               {d, d - h},  {-d - w, d - h}};
+    for (int k = 0; k < 6; k++) {
+      struct rect r = {x + cand[k][0], y + cand[k][1], x + cand[k][0] + w, y + cand[k][1] + h};
+      if (r.x0 < PT_LEFT + 1 || r.x1 > PT_W - PT_RIGHT - 1 || r.y0 < PT_TOP + 1 ||
+          r.y1 > PT_H - PT_BOTTOM - 1)
+        continue;
+      bool free = true;
+      for (guint i = 0; i < c->taken->len && free; i++)
+        free = !overlaps(&r, &g_array_index(c->taken, struct rect, i));
+      if (free) {
+        *out = r;
+        *leader = true;
+        return;
+      }
+    }
+  }
+  double lx = fmin(fmax(x + PT_MARKER + 3, PT_LEFT + 1), PT_W - PT_RIGHT - 1 - w);
+  *out = (struct rect){lx, y - h / 2, lx + w, y + h / 2};
+}
+
+static void point_xy(const struct points_chart *c, const struct chart_point *p, double *x,
+                     double *y) {
+  *x = px(c, p->peak_memory_bytes);
+  *y = py(c, p->throughput_tokens_per_s);
+}
+
+/* The front: a dark step line through its points (left to right), each ringed, named at its
+ * right end. */
+static void draw_pareto(cairo_t *cr, struct points_chart *c) {
+  double last_x = -1, last_y = 0;
+  cairo_set_source_rgba(cr, 0.1, 0.1, 0.1, 0.75);
+  cairo_set_line_width(cr, 1.6);
+  uint32_t n_front = 0;
+  /* the front's points in memory order: throughput rises along it */
+  for (;;) {
+    uint32_t next = UINT32_MAX;
+    for (uint32_t i = 0; i < c->n; i++)
+      if (c->pareto[i] && inside(c, &c->p[i]) && px(c, c->p[i].peak_memory_bytes) > last_x &&
+          (next == UINT32_MAX || c->p[i].peak_memory_bytes < c->p[next].peak_memory_bytes))
+        next = i;
+    if (next == UINT32_MAX)
+      break;
+    double x, y;
+    point_xy(c, &c->p[next], &x, &y);
+    if (n_front++ > 0) {
+      cairo_move_to(cr, last_x, last_y);
+      cairo_line_to(cr, x, last_y);
+      cairo_line_to(cr, x, y);
+      cairo_stroke(cr);
+    }
+    cairo_new_path(cr);
+    cairo_arc(cr, x, y, PT_MARKER + 3.5, 0, 2 * M_PI);
+    cairo_stroke(cr);
+    if (c->listing)
+      g_string_append_printf(c->listing, "pareto %u\n", next);
+    last_x = x;
+    last_y = y;
+  }
+}
+
+/* One label, drawn and taken; with a leader line back to its point when it stands off. */
+static void draw_label(cairo_t *cr, struct points_chart *c, uint32_t i, const struct rect *r,
+                       bool leader, double x, double y) {
+  g_array_append_val(c->taken, *r);
+  if (leader) {
+    cairo_set_source_rgba(cr, 0.3, 0.3, 0.3, 0.8);
+    cairo_set_line_width(cr, 0.8);
+    cairo_move_to(cr, x, y);
+    cairo_line_to(cr, x < r->x0 ? r->x0 : r->x1, (r->y0 + r->y1) / 2);
+    cairo_stroke(cr);
+  }
+  cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+  show_text(cr, r->x0 + 1, r->y1 - 2.5, c->p[i].label, 0);
+  if (c->listing)
+    g_string_append_printf(c->listing, "label %u %s\n", i, c->p[i].label);
+}
+
+/* Points (markers first, so that no label covers one), the front, then labels: every top
+ * pick's (bold), then the front's where there is room. Returns the labels left out. */
 static uint32_t draw_points(cairo_t *cr, struct points_chart *c) {
   for (uint32_t i = 0; i < c->n; i++) {
     const struct chart_point *p = &c->p[i];
-    if (!p->ok)
+    if (!inside(c, p))
       continue;
-    double x = px(c, fmin(p->peak_memory_bytes, c->x_max)), y = py(c, p->throughput_tokens_per_s);
+    double x, y;
+    point_xy(c, p, &x, &y);
     draw_marker(cr, profile_marker(c, p->profile), schedule_colour(c, p->schedule), p->feasible,
                 x, y);
     struct rect r = {x - PT_MARKER - 1, y - PT_MARKER - 1, x + PT_MARKER + 1, y + PT_MARKER + 1};
     g_array_append_val(c->taken, r);
   }
+  draw_pareto(cr, c);
   uint32_t left_out = 0, shown = 0;
-  cairo_set_font_size(cr, 10);
-  for (uint32_t i = 0; i < c->n; i++) {
-    const struct chart_point *p = &c->p[i];
-    if (!p->ok || !p->label || !p->label[0])
-      continue;
-    cairo_text_extents_t te;
-    cairo_text_extents(cr, p->label, &te);
-    struct rect r;
-    double x = px(c, fmin(p->peak_memory_bytes, c->x_max)), y = py(c, p->throughput_tokens_per_s);
-    if (shown >= PT_MAX_LABELS || !place_label(c, x, y, te.x_advance + 2, 12, &r)) {
-      left_out++;
-      continue;
+  for (int pass = 0; pass < 2; pass++) {
+    cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL,
+                           pass == 0 ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_set_font_size(cr, pass == 0 ? 11 : 10);
+    for (uint32_t i = 0; i < c->n; i++) {
+      const struct chart_point *p = &c->p[i];
+      bool top = p->top && inside(c, p);
+      if (!p->label || !p->label[0] || !inside(c, p) || (pass == 0 ? !top : top || !c->pareto[i]))
+        continue;
+      cairo_text_extents_t te;
+      cairo_text_extents(cr, p->label, &te);
+      double x, y, w = te.x_advance + 2, h = pass == 0 ? 13 : 12;
+      point_xy(c, p, &x, &y);
+      struct rect r;
+      bool leader = false;
+      if (pass == 0)
+        place_top_label(c, x, y, w, h, &r, &leader);
+      else if (shown >= PT_MAX_LABELS || !place_label(c, x, y, w, h, &r)) {
+        left_out++;
+        continue;
+      }
+      draw_label(cr, c, i, &r, leader, x, y);
+      shown++;
     }
-    g_array_append_val(c->taken, r);
-    shown++;
-    cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
-    show_text(cr, r.x0 + 1, r.y1 - 2.5, p->label, 0);
   }
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
   return left_out;
 }
 
@@ -354,13 +551,34 @@ static void draw_legend_column(cairo_t *cr, const struct points_chart *c, uint32
   draw_marker(cr, MARK_CIRCLE, 0x555555, false, x + 6, y - 4);
   cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
   show_text(cr, x + 18, y, "over its profile's memory cap", 0);
-  uint32_t failed = 0;
-  for (uint32_t i = 0; i < c->n; i++)
-    failed += !c->p[i].ok;
+  y += 18;
+  cairo_set_source_rgba(cr, 0.1, 0.1, 0.1, 0.75);
+  cairo_set_line_width(cr, 1.6);
+  cairo_new_path(cr);
+  cairo_arc(cr, x + 6, y - 4, PT_MARKER + 3.5, 0, 2 * M_PI);
+  cairo_stroke(cr);
+  cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
+  show_text(cr, x + 18, y, "Pareto front: no point has less", 0);
+  show_text(cr, x + 18, y + 14, "memory and more throughput", 0);
+  y += 32;
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_BOLD);
+  show_text(cr, x, y, "bold labels: the top picks", 0);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  uint32_t failed = 0, bounded = 0;
+  for (uint32_t i = 0; i < c->n; i++) {
+    failed += !c->p[i].ok && !c->p[i].bounded;
+    bounded += c->p[i].bounded;
+  }
   GString *note = g_string_new(NULL);
   if (failed)
     g_string_append_printf(note, "%u configuration%s failed and %s not drawn", failed,
                            failed == 1 ? "" : "s", failed == 1 ? "is" : "are");
+  if (bounded)
+    g_string_append_printf(note, "%s%u over the cap by a memory bound (not simulated)",
+                           note->len ? "; " : "", bounded);
+  if (c->n_outside)
+    g_string_append_printf(note, "%s%u point%s beyond the axes (they span the answers)",
+                           note->len ? "; " : "", c->n_outside, c->n_outside == 1 ? "" : "s");
   if (left_out)
     g_string_append_printf(note, "%slabels of %u points left out where they would overlap",
                            note->len ? "; " : "", left_out);
@@ -393,8 +611,13 @@ static void draw_points_chart(cairo_t *cr, const void *what) {
 
 bool chart_points(const char *title, const struct chart_point *points, uint32_t n,
                   const char *path, GError **err) {
+  return chart_points_listed(title, points, n, path, NULL, err);
+}
+
+bool chart_points_listed(const char *title, const struct chart_point *points, uint32_t n,
+                         const char *path, GString *listing, GError **err) {
   struct points_chart c;
-  points_chart_init(&c, title, points, n);
+  points_chart_init(&c, title, points, n, listing);
   bool ok = chart_write_cairo(path, PT_W, PT_H, CHART_PNG, draw_points_chart, &c, err);
   points_chart_free(&c);
   return ok;

@@ -504,6 +504,32 @@ static uint32_t intern_key(GHashTable *h, GArray *key) {
   return id;
 }
 
+/* The interned colour set of device's instance of split comm k, worked out once per instance
+ * (cache: (comm, lowest member) -> colour set):
+ * every member of an instance has the same set, and sorting it for each of thousands of devices
+ * was most of a planner's one-micro-batch simulation at 8,192 devices. */
+static uint32_t split_instance_colour(const struct plan *p, const struct profile *prof, uint32_t k,
+                                      uint32_t device, const uint32_t *col, GHashTable *set_ids,
+                                      GHashTable *cache) {
+  uint32_t n = plan_comm_size(p, k), lowest = UINT32_MAX;
+  uint32_t *members = g_new0(uint32_t, n ? n : 1);
+  plan_comm_members(p, k, device, members);
+  for (uint32_t i = 0; i < n; i++)
+    lowest = MIN(lowest, members[i]);
+  g_free(members);
+  int64_t key = (int64_t)(((uint64_t)k << 32) | lowest);
+  gpointer hit;
+  if (g_hash_table_lookup_extended(cache, &key, NULL, &hit))
+    return GPOINTER_TO_UINT(hit);
+  GArray *set = split_instance(p, prof, k, device, col, NULL);
+  uint32_t v = intern_key(set_ids, set);
+  g_array_free(set, TRUE);
+  int64_t *slot = g_new(int64_t, 1);
+  *slot = key;
+  g_hash_table_insert(cache, slot, GUINT_TO_POINTER(v));
+  return v;
+}
+
 /* colour[d] for every device: devices of one colour provably run at the same times. */
 /* What a scenario does to device d, for its initial colour: its factors' bits, and the device
  * itself when its compute varies per instruction (no other device runs like it then). */
@@ -557,6 +583,8 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
     GHashTable *set_ids =
         g_hash_table_new_full(g_bytes_hash, g_bytes_equal, (GDestroyNotify)g_bytes_unref, NULL);
     /* colour set of every collective comm (shared by its members) */
+    /* (comm, lowest member) -> colour set of that split instance (split_instance_colour) */
+    GHashTable *instance_colour = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
     uint32_t *comm_set = g_new(uint32_t, p->n_comms + 1);
     for (uint32_t k = 0; k < p->n_comms; k++) {
       comm_set[k] = IR_NONE;
@@ -589,9 +617,7 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
           uint32_t peer = node_peer(p, &p->nodes[ci[c].comm_node[k]], d);
           v = peer == IR_NONE ? IR_NONE : col[peer];
         } else if (comm_is_split(p, ci[c].comms[k])) { /* the colours of d's own instance */
-          GArray *set = split_instance(p, prof, ci[c].comms[k], d, col, NULL);
-          v = intern_key(set_ids, set);
-          g_array_free(set, TRUE);
+          v = split_instance_colour(p, prof, ci[c].comms[k], d, col, set_ids, instance_colour);
         } else {
           v = comm_set[ci[c].comms[k]];
         }
@@ -602,6 +628,7 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
     uint32_t n2 = g_hash_table_size(h);
     g_hash_table_destroy(h);
     g_hash_table_destroy(set_ids);
+    g_hash_table_destroy(instance_colour);
     g_free(comm_set);
     memcpy(col, next, nd * sizeof(uint32_t));
     if (n2 == n)

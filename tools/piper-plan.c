@@ -21,6 +21,7 @@ struct plan_cli {
   uint32_t devices, global_batch, seq_length, max_interleave, threads, top;
   double memory_cap_gib;
   bool force, no_charts, quiet, no_summary;
+  const char *argv0; /* where the sibling programs of the printed commands are */
 };
 
 // clang-format off
@@ -93,14 +94,15 @@ static const struct option_program program = {
         "usage: piper-plan --model FILE --devices N --profile FILE --global-batch-size SEQ [options]\n"
         "       piper-plan --sweep FILE [--profile FILE] [--out DIR]\n"
         "\n"
-        "Searches every layout pp x dp x ep x tp of N devices that divides the model (the\n"
-        "stages divide its layers, ep = dp divides its experts, tp its heads, KV heads,\n"
-        "vocabulary and FFN; tp > 1 with sequence parallelism), with the schedules that apply to\n"
-        "each (gpipe, 1f1b, zerobubble on one stage per rank; interleaved_1f1b on a loop;\n"
-        "zbv, dualpipev on a V), the micro-batch counts of the global batch and the ZeRO\n"
-        "levels (0, 2, 3), simulates them all in parallel, and prints the best ones under\n"
-        "the memory cap with why each wins. Writes plan.csv (every configuration, ranked;\n"
-        "the reason for those that do not fit) and plan.png.\n"
+        "Searches every layout pp x dp x ep x tp of N devices (tp > 1 with sequence\n"
+        "parallelism; uneven stages where they do not divide the layers), with the schedules\n"
+        "that apply to each (gpipe, 1f1b, zerobubble on one stage per rank; interleaved_1f1b on\n"
+        "a loop; zbv, dualpipev on a V), the micro-batch counts of the global batch, ZeRO 0-3\n"
+        "and --recompute's values; keeps only what the compiler accepts, simulates them in\n"
+        "parallel (not those whose static memory is over the cap), and prints the best ones\n"
+        "under the memory cap with why each wins and the piper-sim and mpirun ... piper-exec\n"
+        "commands that run the pick (when none fits: the closest by memory). Writes plan.csv\n"
+        "(every configuration, ranked; the reason for those that do not fit) and plan.png.\n"
         "\n"
         "  piper-plan --model models/qwen3-30b-a3b.json --devices 64 \\\n"
         "             --profile profiles/h100-sxm.json --global-batch-size 256\n"
@@ -233,12 +235,69 @@ static void print_best(const struct planner *pl, uint32_t i) {
   g_free(name);
 }
 
+/* A word of a shell command: as it is when the shell reads it so, else quoted. */
+static char *shell_word(const char *s) {
+  for (const char *c = s; *c; c++)
+    if (!g_ascii_isalnum(*c) && !strchr("_./,=:+@%-", *c))
+      return g_shell_quote(s);
+  return g_strdup(s);
+}
+
+/* The program beside this one (argv[0]'s directory), as the user would type it. */
+static char *sibling(const char *argv0, const char *name) {
+  if (!strchr(argv0, '/'))
+    return g_strdup(name); /* found on PATH: so is its sibling */
+  g_autofree char *dir = g_path_get_dirname(argv0);
+  g_autofree char *path = g_build_filename(dir, name, NULL);
+  return shell_word(path);
+}
+
+/* The commands that run configuration c: piper-sim (the figures above) and piper-exec under
+ * mpirun, one process per device, with the variables that let Open MPI start as root (the
+ * README's recipe; harmless for other users). The host backend for a CPU or synthetic profile,
+ * cuda otherwise. */
+static void plan_print_commands(const struct planner *pl, const struct planner_config *c,
+                         const char *argv0) {
+  g_autofree char *sim = sibling(argv0, "piper-sim");
+  g_autofree char *exec = sibling(argv0, "piper-exec");
+  g_autofree char *model = shell_word(pl->request.model_path);
+  g_autofree char *profile = shell_word(pl->request.profile_path);
+  g_autofree char *layout = shell_word(c->layout);
+  g_autofree char *size = c->micro_batch_size && c->micro_batch_size != pl->model_micro_batch_size
+                              ? g_strdup_printf(" --micro-batch-size %lld",
+                                                (long long)c->micro_batch_size)
+                              : g_strdup("");
+  g_autofree char *what = g_strdup_printf("--model %s --layout %s --schedule %s --mbs %u%s",
+                                          model, layout, sched_family_name(c->schedule),
+                                          c->microbatches, size);
+  bool host = pl->profile->synthetic || strstr(pl->profile->name, "host") != NULL;
+  printf("  run #1:\n    %s %s --profile %s\n", sim, what, profile);
+  printf("    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 %smpirun -np %u%s %s "
+         "--backend %s %s --iters 20\n",
+         host ? "OPENBLAS_NUM_THREADS=1 " : "", pl->request.devices,
+         host ? " --oversubscribe" : pl->request.devices > 8 ? " --hostfile HOSTS" : "", exec,
+         host ? "host" : "cuda", what);
+}
+
+static void print_closest(const struct planner *pl, uint32_t i) {
+  const struct planner_config *c = &pl->configs[i];
+  g_autofree char *name = planner_config_name(c);
+  double gib = (double)(1ull << 30);
+  printf("  #%u %s (%s): peak %s%.2f GiB, %.2f GiB over the cap", i + 1, name, c->memory_choice,
+         c->bounded ? "at least " : "", c->peak_memory_bytes / gib,
+         (c->peak_memory_bytes - c->memory_cap_bytes) / gib);
+  if (!c->bounded)
+    printf(", %.6g tokens/s", c->throughput_tokens_per_s);
+  printf("\n");
+}
+
 static void print_summary(const struct planner *pl, const struct plan_cli *a, const char *dir) {
-  uint32_t feasible = 0, over = 0, failed = 0;
+  uint32_t feasible = 0, over = 0, failed = 0, bounded = 0;
   for (uint32_t i = 0; i < pl->n_configs; i++) {
     feasible += pl->configs[i].status == PLANNER_FEASIBLE;
     over += pl->configs[i].status == PLANNER_OVER_CAP;
     failed += pl->configs[i].status == PLANNER_FAILED;
+    bounded += pl->configs[i].bounded;
   }
   printf("piper-plan: %s on %u devices, profile %s, global batch %llu sequences", pl->model_name,
          pl->request.devices, pl->profile->name, (unsigned long long)pl->request.global_batch);
@@ -246,9 +305,13 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
     printf(", memory cap %.1f GiB\n", pl->memory_cap_bytes / (double)(1ull << 30));
   else
     printf(", no memory cap (the profile has no capacity)\n");
-  printf("  searched %u configurations (%u layouts) in %.1f s on %u threads: %u feasible, %u "
-         "over the memory cap, %u failed\n",
-         pl->n_configs, pl->n_layouts, pl->seconds, pl->threads_used, feasible, over, failed);
+  printf("  searched %u configurations (%u layouts) in %.1f s on %u threads (%.1f s of it the "
+         "compiler's checks): %u feasible, %u over the memory cap, %u failed\n",
+         pl->n_configs, pl->n_layouts, pl->check_seconds + pl->seconds, pl->threads_used,
+         pl->check_seconds, feasible, over, failed);
+  printf("  simulated %u; %u over the cap by their parameters, gradients and optimizer state "
+         "alone (not simulated)\n",
+         pl->n_simulated, bounded);
   if (pl->skipped->len) {
     gchar **lines = g_strsplit(pl->skipped->str, "\n", -1);
     for (gchar **l = lines; *l && **l; l++)
@@ -257,12 +320,18 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
   }
   printf("  not searched: DualPipe (two model copies)\n");
   uint32_t top = a->top ? a->top : 5;
-  if (feasible == 0)
-    printf("  no configuration fits under the memory cap: see plan.csv for the closest\n");
+  if (feasible == 0 && over > 0) {
+    /* ranked by peak memory (planner_rank): what comes closest to fitting */
+    printf("  no configuration fits under the memory cap; the closest (plan.csv has them all):\n");
+    for (uint32_t i = 0; i < over && i < top; i++)
+      print_closest(pl, i);
+  }
   for (uint32_t i = 0; i < feasible && i < top; i++)
     print_best(pl, i);
+  if (feasible)
+    plan_print_commands(pl, &pl->configs[0], a->argv0);
   printf("  wrote %s/ (plan.csv%s)\n", dir,
-         a->no_charts || feasible + over == 0 ? "" : " plan.png");
+         a->no_charts || pl->n_simulated == failed ? "" : " plan.png");
 }
 
 /* --sweep FILE: the hand-written list, with --profile replacing its profiles. */
@@ -342,7 +411,7 @@ static int run_plan(const struct plan_cli *a, const char *dir) {
 }
 
 int main(int argc, char **argv) {
-  struct plan_cli a = {0};
+  struct plan_cli a = {.argv0 = argv[0]};
   int rc = options_parse(&program, &a, argc, argv);
   if (rc != OPTIONS_CONTINUE)
     return rc;

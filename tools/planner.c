@@ -12,9 +12,10 @@
 
 // clang-format off
 const struct planner_memory_choice planner_memory_choices[] = {
-    {.name = "zero0", .layout_suffix = "",        .min_dp = 1},
-    {.name = "zero2", .layout_suffix = ",zero=2", .min_dp = 2},
-    {.name = "zero3", .layout_suffix = ",zero=3", .min_dp = 2},
+    {.name = "zero0", .layout_suffix = ""},
+    {.name = "zero1", .layout_suffix = ",zero=1"},
+    {.name = "zero2", .layout_suffix = ",zero=2"},
+    {.name = "zero3", .layout_suffix = ",zero=3"},
 };
 // clang-format on
 const uint32_t planner_n_memory_choices = G_N_ELEMENTS(planner_memory_choices);
@@ -84,6 +85,15 @@ struct plan *planner_compile_config(const struct planner_config *c, const char *
 /* Compile and simulate without a memory timeline: only peaks are needed. */
 static void evaluate_one(struct planner_config *c, const struct planner_eval *ev) {
   const struct profile *prof = ev->profiles[c->profile];
+  double cap = ev->caps[c->profile];
+  if (cap > 0 && c->memory_bound_bytes > cap) {
+    /* its parameters, gradients and optimizer state alone exceed the cap: no schedule fits it */
+    c->status = PLANNER_OVER_CAP;
+    c->bounded = true;
+    c->peak_memory_bytes = c->memory_bound_bytes;
+    c->memory_cap_bytes = cap;
+    return;
+  }
   GError *e = NULL;
   struct plan *plan = planner_compile_config(c, ev->model_path, ev->seq_len, prof, &e);
   if (!plan) {
@@ -104,12 +114,15 @@ static void evaluate_one(struct planner_config *c, const struct planner_eval *ev
 
 struct pool {
   struct planner_config *configs;
+  const uint32_t *index; /* configs[index[k]] is the k-th to run; NULL: configs[k] */
   uint32_t n;
+  uint32_t done_before, total; /* progress over all rounds */
   const struct planner_eval *ev;
   gint next, done;
   pthread_mutex_t lock; /* progress output (a pthread mutex: ThreadSanitizer sees it, not
                           GLib's futex-based GMutex) */
   int last_tenth;
+  uint32_t last_done;
   double t0;
   bool tty;
 };
@@ -119,16 +132,22 @@ static void report_progress(struct pool *p, uint32_t done) {
     return;
   pthread_mutex_lock(&p->lock);
   double t = piper_clock_seconds() - p->t0;
-  int tenth = (int)(10ull * done / p->n);
+  done += p->done_before;
+  if (done == p->last_done) { /* said already */
+    pthread_mutex_unlock(&p->lock);
+    return;
+  }
+  p->last_done = done;
+  int tenth = (int)(10ull * done / p->total);
   if (p->tty) {
     fprintf(stderr, "\r\033[K%s: %u/%u configurations simulated (%.1f s)",
-            p->ev->progress_name, done, p->n, t);
-    if (done == p->n)
+            p->ev->progress_name, done, p->total, t);
+    if (done == p->total)
       fputc('\n', stderr);
-  } else if (tenth > p->last_tenth || done == p->n) {
+  } else if (tenth > p->last_tenth || done == p->total) {
     /* a log or a pipe gets a line per tenth, not a carriage-return animation */
     fprintf(stderr, "%s: %u/%u configurations simulated (%.1f s)\n", p->ev->progress_name, done,
-            p->n, t);
+            p->total, t);
     p->last_tenth = tenth;
   }
   fflush(stderr);
@@ -141,31 +160,41 @@ static gpointer pool_worker(gpointer data) {
     uint32_t i = (uint32_t)g_atomic_int_add(&p->next, 1);
     if (i >= p->n)
       break;
-    evaluate_one(&p->configs[i], p->ev);
+    evaluate_one(&p->configs[p->index ? p->index[i] : i], p->ev);
     report_progress(p, (uint32_t)g_atomic_int_add(&p->done, 1) + 1);
   }
   return NULL;
 }
 
-void planner_evaluate(struct planner_config *configs, uint32_t n, const struct planner_eval *ev) {
-  if (n == 0)
-    return;
-  struct pool p = {.configs = configs, .n = n, .ev = ev, .last_tenth = 0,
-                   .t0 = piper_clock_seconds(), .tty = isatty(STDERR_FILENO)};
-  pthread_mutex_init(&p.lock, NULL);
-  uint32_t threads = ev->threads ? ev->threads : g_get_num_processors();
+/* One round: configs[index[0 .. n)] on the pool's threads. */
+static void run_round(struct pool *p, const uint32_t *index, uint32_t n) {
+  p->index = index;
+  p->n = n;
+  p->next = 0;
+  p->done = 0;
+  uint32_t threads = p->ev->threads ? p->ev->threads : g_get_num_processors();
   if (threads > n)
     threads = n;
   if (threads <= 1) {
-    pool_worker(&p);
+    pool_worker(p);
   } else {
     GThread **th = g_new(GThread *, threads);
     for (uint32_t t = 0; t < threads; t++)
-      th[t] = g_thread_new("planner", pool_worker, &p);
+      th[t] = g_thread_new("planner", pool_worker, p);
     for (uint32_t t = 0; t < threads; t++)
       g_thread_join(th[t]);
     g_free(th);
   }
+  p->done_before += n;
+}
+
+void planner_evaluate(struct planner_config *configs, uint32_t n, const struct planner_eval *ev) {
+  if (n == 0)
+    return;
+  struct pool p = {.configs = configs, .total = n, .ev = ev, .last_tenth = 0,
+                   .t0 = piper_clock_seconds(), .tty = isatty(STDERR_FILENO)};
+  pthread_mutex_init(&p.lock, NULL);
+  run_round(&p, NULL, n);
   pthread_mutex_destroy(&p.lock);
 }
 
@@ -178,10 +207,16 @@ static int config_rank_cmp(const void *a, const void *b) {
   int cx = status_class(x->status), cy = status_class(y->status);
   if (cx != cy)
     return cx < cy ? -1 : 1;
+  /* over the cap: the closest first (the least memory), what a user would shrink to fit */
+  if (cx == 1 && x->peak_memory_bytes != y->peak_memory_bytes)
+    return x->peak_memory_bytes < y->peak_memory_bytes ? -1 : 1;
   /* equal up to rounding (the same schedule length summed in another order) is a tie */
   double tx = x->throughput_tokens_per_s, ty = y->throughput_tokens_per_s;
   if (fabs(tx - ty) > 1e-9 * fmax(fabs(tx), fabs(ty)))
     return tx > ty ? -1 : 1;
+  /* as fast: the one with more headroom */
+  if (x->peak_memory_bytes != y->peak_memory_bytes)
+    return x->peak_memory_bytes < y->peak_memory_bytes ? -1 : 1;
   return x->order < y->order ? -1 : x->order > y->order;
 }
 
@@ -200,7 +235,8 @@ struct planner_request planner_request_default(void) {
 
 /* Which schedule families run on which stage shape, and from how many pipeline ranks: with one
  * rank the plain families are all one schedule (gradient accumulation), kept once as 1F1B.
- * DualPipe (two model copies) has no layout yet. */
+ * DualPipe (two model copies) has no layout yet. Whether a family takes a layout's ranks and
+ * micro-batches is the builders' own check (sched_check), not this table's. */
 static const struct {
   enum layout_shape shape;
   enum sched_family family;
@@ -211,122 +247,84 @@ static const struct {
     {LAYOUT_V, SCHED_ZBV, 2},               {LAYOUT_V, SCHED_DUALPIPEV, 2},
 };
 
-/* Enumeration state: the growing array and the model's shape. */
+/* One distinct layout spec (with its micro-batch size): checked once by the compiler itself,
+ * its static memory (parameters, gradients, optimizer state: what no schedule changes) the
+ * lower bound of every configuration's peak. */
+struct layout_check {
+  char *spec;
+  int64_t micro_batch_size;
+  char *error;           /* the compiler's refusal, or NULL */
+  double static_bytes;   /* max over device classes: held the whole step, whatever the schedule */
+};
+
+/* Enumeration state: the configurations so far, the distinct layouts and the model's shape. */
 struct space {
   struct planner *pl;
   GArray *configs;
+  GPtrArray *layouts;      /* struct layout_check *, in enumeration order */
+  GHashTable *layout_index; /* "spec|mbs" -> index + 1 */
   int64_t layers, experts;
-  int64_t heads, kv_heads, vocab, ffn, moe_ffn; /* what a tp degree must divide */
   GHashTable *skip_reasons; /* reason -> count */
+  GHashTable *skip_example; /* reason -> the first refusal's message */
 };
 
-static void skip(struct space *s, const char *reason) {
+static void skip_because(struct space *s, const char *reason, const char *example) {
   gpointer v = g_hash_table_lookup(s->skip_reasons, reason);
   g_hash_table_replace(s->skip_reasons, g_strdup(reason), GUINT_TO_POINTER(GPOINTER_TO_UINT(v) + 1));
+  if (example && !g_hash_table_contains(s->skip_example, reason))
+    g_hash_table_insert(s->skip_example, g_strdup(reason), g_strdup(example));
 }
 
-/* One configuration at the end of the enumeration. */
-static void add_config(struct space *s, const struct layout *l, const char *spec,
-                       const struct planner_memory_choice *mc, const char *recompute,
-                       enum sched_family family, int64_t mbs, uint32_t microbatches) {
-  struct planner_config c = {0};
-  c.layout = strcmp(recompute, "none") == 0
-                 ? g_strdup_printf("%s%s", spec, mc->layout_suffix)
-                 : g_strdup_printf("%s%s,recompute=%s", spec, mc->layout_suffix, recompute);
-  c.schedule = family;
-  c.microbatches = microbatches;
-  c.micro_batch_size = mbs;
-  c.pp = l->pp;
-  c.dp = l->dp;
-  c.ep = l->ep;
-  c.tp = l->tp;
-  c.stages = layout_stages(l);
-  c.memory_choice = mc->name;
-  c.order = s->configs->len;
-  g_array_append_val(s->configs, c);
+static void skip(struct space *s, const char *reason) { skip_because(s, reason, NULL); }
+
+/* A configuration being built, one dimension at a time (planner_dimensions). */
+struct candidate {
+  struct layout l;            /* pp, dp, ep, tp, sp, shape, interleave, zero */
+  char stage_keys[96];        /* uneven stages: ",first-stage-layers=2,last-stage-layers=3" */
+  uint32_t devices_left;      /* devices no dimension took yet: dp takes the rest */
+  const struct planner_memory_choice *memory;
+  const char *recompute;      /* a --layout recompute= value, or "none" */
+  int64_t micro_batch_size;
+  uint32_t microbatches;
+  enum sched_family schedule;
+};
+
+/* The --layout spec of a candidate, in the order --layout documents. */
+static char *candidate_spec(const struct candidate *c) {
+  GString *g = g_string_new("");
+  g_string_append_printf(g, "pp=%u,dp=%u,ep=%u", c->l.pp, c->l.dp, c->l.ep);
+  if (c->l.tp > 1)
+    g_string_append_printf(g, ",tp=%u%s", c->l.tp, c->l.sequence_parallel ? ",sp" : "");
+  if (c->l.shape == LAYOUT_V)
+    g_string_append(g, ",v");
+  else if (c->l.shape == LAYOUT_INTERLEAVED)
+    g_string_append_printf(g, ",interleave=%u", c->l.interleave);
+  g_string_append(g, c->stage_keys);
+  if (c->memory)
+    g_string_append(g, c->memory->layout_suffix);
+  if (c->recompute && strcmp(c->recompute, "none") != 0)
+    g_string_append_printf(g, ",recompute=%s", c->recompute);
+  return g_string_free(g, FALSE);
 }
 
-/* Every micro-batch size, memory choice and schedule of one layout (spec without the memory
- * choice's suffix). */
-static void add_layout(struct space *s, const struct layout *l, const char *spec) {
+static void next_dimension(struct space *s, uint32_t dim, const struct candidate *c);
+
+/* tp: the degrees asked for (default 1, 2, 4, 8: a node's GPUs at most) that divide the devices,
+ * each > 1 with sequence parallelism; whether the model takes them (heads, KV heads, vocabulary,
+ * FFN) is the compiler's check. */
+static void expand_tp(struct space *s, uint32_t dim, const struct candidate *c) {
+  static const uint32_t default_tp[] = {1, 2, 4, 8};
   const struct planner_request *rq = &s->pl->request;
-  uint32_t before = s->configs->len;
-  for (uint32_t k = 0; k < rq->n_micro_batch_sizes; k++) {
-    int64_t mbs = rq->micro_batch_sizes[k];
-    uint64_t per_step = (uint64_t)l->dp * (uint64_t)mbs;
-    if (rq->global_batch % per_step != 0 || rq->global_batch / per_step > DIR_MAX_MICROBATCHES) {
-      skip(s, "layout and micro-batch size pairs: the global batch is not a whole number of "
-              "micro-batches per replica");
+  const uint32_t *tps = rq->tp ? rq->tp : default_tp;
+  uint32_t n_tp = rq->tp ? rq->n_tp : G_N_ELEMENTS(default_tp);
+  for (uint32_t i = 0; i < n_tp; i++) {
+    if (tps[i] == 0 || c->devices_left % tps[i] != 0)
       continue;
-    }
-    static const char *const no_recompute[] = {"none"};
-    const char *const *rc = rq->recompute ? rq->recompute : no_recompute;
-    uint32_t n_rc = rq->recompute ? rq->n_recompute : 1;
-    for (uint32_t z = 0; z < planner_n_memory_choices; z++) {
-      if (l->dp < planner_memory_choices[z].min_dp)
-        continue;
-      for (uint32_t r = 0; r < n_rc; r++)
-        for (size_t t = 0; t < G_N_ELEMENTS(schedule_table); t++)
-          if (schedule_table[t].shape == l->shape && l->pp >= schedule_table[t].min_pp &&
-              rq->schedules[schedule_table[t].family])
-            add_config(s, l, spec, &planner_memory_choices[z], rc[r], schedule_table[t].family,
-                       mbs, (uint32_t)(rq->global_batch / per_step));
-    }
-  }
-  s->pl->n_layouts += s->configs->len > before;
-}
-
-/* Stage layer counts for a layout whose stages do not divide the layers (Llama-3.1-405B: 126
- * over 16), appended to spec: Megatron's account-for-embedding/loss where layers + 2 divide
- * (the embedding and the loss each weigh a layer: 7 + 14 x 8 + 7), else the middle stages
- * ceil(layers / stages) each and the first and last stage the rest, the first the lighter (it
- * holds the embedding; DeepSeek-V3's 61 over 16: 2 + 14 x 4 + 3). False when neither leaves
- * every stage a layer. */
-static bool uneven_stages(int64_t layers, uint32_t stages, char *spec, size_t size) {
-  size_t n = strlen(spec);
-  if ((layers + 2) % stages == 0 && (layers + 2) / stages >= 2) {
-    g_snprintf(spec + n, size - n, ",account-for-embedding,account-for-loss");
-    return true;
-  }
-  int64_t middle = (layers + stages - 1) / stages;
-  int64_t rest = layers - (int64_t)(stages - 2) * middle;
-  if (rest < 2)
-    return false;
-  g_snprintf(spec + n, size - n, ",first-stage-layers=%lld,last-stage-layers=%lld",
-             (long long)(rest / 2), (long long)(rest - rest / 2));
-  return true;
-}
-
-/* One pp x dp x ep x tp with each stage shape, its stages splitting the model's layers evenly
- * or, where they do not divide, as uneven_stages says. */
-static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep, uint32_t tp) {
-  uint32_t max_v = s->pl->request.max_interleave;
-  for (uint32_t v = 1; v <= max_v + 1; v++) {
-    /* v = 1: one stage per rank; 2 .. max_v: interleaved; max_v + 1 stands for the V */
-    bool is_v = v == max_v + 1;
-    struct layout l = {.pp = pp, .dp = dp, .ep = ep, .interleave = 1, .shape = LAYOUT_LINEAR,
-                       .tp = tp, .sequence_parallel = tp > 1};
-    char spec[192];
-    int n = g_snprintf(spec, sizeof spec, "pp=%u,dp=%u,ep=%u", pp, dp, ep);
-    if (tp > 1)
-      n += g_snprintf(spec + n, sizeof spec - (size_t)n, ",tp=%u,sp", tp);
-    if (is_v) {
-      l.shape = LAYOUT_V;
-      g_snprintf(spec + n, sizeof spec - (size_t)n, ",v");
-    } else if (v > 1) {
-      l.shape = LAYOUT_INTERLEAVED;
-      l.interleave = v;
-      g_snprintf(spec + n, sizeof spec - (size_t)n, ",interleave=%u", v);
-    }
-    if ((is_v || v > 1) && pp < 2)
-      continue;
-    uint32_t stages = layout_stages(&l);
-    if (stages > s->layers ||
-        (s->layers % stages != 0 && !uneven_stages(s->layers, stages, spec, sizeof spec))) {
-      skip(s, "layouts: the stages do not split the model's layers");
-      continue;
-    }
-    add_layout(s, &l, spec);
+    struct candidate d = *c;
+    d.l.tp = tps[i];
+    d.l.sequence_parallel = tps[i] > 1;
+    d.devices_left /= tps[i];
+    next_dimension(s, dim, &d);
   }
 }
 
@@ -337,64 +335,295 @@ static bool in_list(const uint32_t *list, uint32_t n, uint32_t v) {
   return list == NULL;
 }
 
-/* A tensor-parallel degree the model takes: it divides the heads, the KV heads (no KV head
- * replication), the vocabulary and the FFN widths (tensor_parallel.c refuses the others). */
-static bool tp_divides_model(const struct space *s, uint32_t tp) {
-  return s->heads % tp == 0 && s->kv_heads % tp == 0 && s->vocab % tp == 0 &&
-         (s->ffn == 0 || s->ffn % tp == 0) && (s->moe_ffn == 0 || s->moe_ffn % tp == 0);
-}
-
-/* Every pp x dp at one tp degree (pp x dp x tp = devices); ep 1, or dp when the model has
- * experts that dp divides. */
-static void enumerate_tp(struct space *s, uint32_t tp) {
-  uint32_t n = s->pl->request.devices / tp;
-  for (uint32_t pp = 1; pp <= n; pp++) {
-    if (n % pp || !in_list(s->pl->request.pp, s->pl->request.n_pp, pp))
-      continue;
-    uint32_t dp = n / pp;
-    add_shapes(s, pp, dp, 1, tp);
-    if (dp > 1 && s->experts > 0) {
-      if (s->experts % dp == 0)
-        add_shapes(s, pp, dp, dp, tp);
-      else
-        skip(s, "layouts: expert parallelism over dp, and dp does not divide the experts");
-    }
-  }
-}
-
-/* The tp degrees asked for (default 1, 2, 4, 8: a node's GPUs at most) that divide the devices
- * and the model, each with its pp x dp layouts. */
-static void enumerate(struct space *s) {
-  static const uint32_t default_tp[] = {1, 2, 4, 8};
+/* pp: every divisor of the devices left (or those of --pp); data parallelism takes the rest. */
+static void expand_pp(struct space *s, uint32_t dim, const struct candidate *c) {
   const struct planner_request *rq = &s->pl->request;
-  const uint32_t *tps = rq->tp ? rq->tp : default_tp;
-  uint32_t n_tp = rq->tp ? rq->n_tp : G_N_ELEMENTS(default_tp);
-  for (uint32_t i = 0; i < n_tp; i++) {
-    uint32_t tp = tps[i];
-    if (tp == 0 || rq->devices % tp != 0)
+  for (uint32_t pp = 1; pp <= c->devices_left; pp++) {
+    if (c->devices_left % pp || !in_list(rq->pp, rq->n_pp, pp))
       continue;
-    if (tp > 1 && !tp_divides_model(s, tp)) {
-      skip(s, "tensor-parallel degrees: tp does not divide the heads, KV heads, vocabulary or "
-              "FFN");
+    struct candidate d = *c;
+    d.l.pp = pp;
+    d.l.dp = c->devices_left / pp;
+    d.devices_left = 1;
+    next_dimension(s, dim, &d);
+  }
+}
+
+/* ep: experts replicated, or sharded over the data-parallel group where the model has them. */
+static void expand_ep(struct space *s, uint32_t dim, const struct candidate *c) {
+  struct candidate d = *c;
+  d.l.ep = 1;
+  next_dimension(s, dim, &d);
+  if (c->l.dp > 1 && s->experts > 0) {
+    d.l.ep = c->l.dp;
+    next_dimension(s, dim, &d);
+  }
+}
+
+/* Stage layer counts for a layout whose stages do not divide the layers (Llama-3.1-405B: 126
+ * over 16), into keys: Megatron's account-for-embedding/loss where layers + 2 divide (the
+ * embedding and the loss each weigh a layer: 7 + 14 x 8 + 7), else the middle stages
+ * ceil(layers / stages) each and the first and last stage the rest, the first the lighter (it
+ * holds the embedding; DeepSeek-V3's 61 over 16: 2 + 14 x 4 + 3). False when neither leaves
+ * every stage a layer. */
+static bool uneven_stages(int64_t layers, uint32_t stages, char *keys, size_t size) {
+  if ((layers + 2) % stages == 0 && (layers + 2) / stages >= 2) {
+    g_snprintf(keys, size, ",account-for-embedding,account-for-loss");
+    return true;
+  }
+  int64_t middle = (layers + stages - 1) / stages;
+  int64_t rest = layers - (int64_t)(stages - 2) * middle;
+  if (stages < 2 || rest < 2)
+    return false;
+  g_snprintf(keys, size, ",first-stage-layers=%lld,last-stage-layers=%lld",
+             (long long)(rest / 2), (long long)(rest - rest / 2));
+  return true;
+}
+
+/* stages: one per rank, loops of 2 .. --max-interleave, a V; split evenly over the layers or,
+ * where they do not divide, as uneven_stages says. */
+static void expand_stages(struct space *s, uint32_t dim, const struct candidate *c) {
+  uint32_t max_v = s->pl->request.max_interleave;
+  for (uint32_t v = 1; v <= max_v + 1; v++) {
+    /* v = 1: one stage per rank; 2 .. max_v: interleaved; max_v + 1 stands for the V */
+    bool is_v = v == max_v + 1;
+    if ((is_v || v > 1) && c->l.pp < 2)
+      continue;
+    struct candidate d = *c;
+    d.l.shape = is_v ? LAYOUT_V : v > 1 ? LAYOUT_INTERLEAVED : LAYOUT_LINEAR;
+    d.l.interleave = is_v ? 1 : v;
+    d.stage_keys[0] = 0;
+    uint32_t stages = layout_stages(&d.l);
+    if (stages > s->layers ||
+        (s->layers % stages != 0 &&
+         !uneven_stages(s->layers, stages, d.stage_keys, sizeof d.stage_keys))) {
+      skip(s, "layouts: the stages do not split the model's layers");
       continue;
     }
-    enumerate_tp(s, tp);
+    next_dimension(s, dim, &d);
   }
+}
+
+/* zero: the memory choices (planner_memory_choices); the layout's rules say where they apply. */
+static void expand_zero(struct space *s, uint32_t dim, const struct candidate *c) {
+  for (uint32_t z = 0; z < planner_n_memory_choices; z++) {
+    struct candidate d = *c;
+    d.memory = &planner_memory_choices[z];
+    next_dimension(s, dim, &d);
+  }
+}
+
+/* recompute: the values of --recompute (default none). */
+static void expand_recompute(struct space *s, uint32_t dim, const struct candidate *c) {
+  static const char *const no_recompute[] = {"none"};
+  const struct planner_request *rq = &s->pl->request;
+  const char *const *rc = rq->recompute ? rq->recompute : no_recompute;
+  uint32_t n_rc = rq->recompute ? rq->n_recompute : 1;
+  for (uint32_t r = 0; r < n_rc; r++) {
+    struct candidate d = *c;
+    d.recompute = rc[r];
+    next_dimension(s, dim, &d);
+  }
+}
+
+/* micro-batch size, and the micro-batch count the global batch then gives each replica. */
+static void expand_micro_batch(struct space *s, uint32_t dim, const struct candidate *c) {
+  const struct planner_request *rq = &s->pl->request;
+  for (uint32_t k = 0; k < rq->n_micro_batch_sizes; k++) {
+    int64_t mbs = rq->micro_batch_sizes[k];
+    uint64_t per_step = (uint64_t)c->l.dp * (uint64_t)mbs;
+    if (rq->global_batch % per_step != 0) {
+      skip(s, "layout and micro-batch size pairs: the global batch is not a whole number of "
+              "micro-batches per replica");
+      continue;
+    }
+    struct candidate d = *c;
+    d.micro_batch_size = mbs;
+    d.microbatches = (uint32_t)MIN(rq->global_batch / per_step, (uint64_t)UINT32_MAX);
+    next_dimension(s, dim, &d);
+  }
+}
+
+/* schedule: the families of the stage shape (schedule_table). */
+static void expand_schedule(struct space *s, uint32_t dim, const struct candidate *c) {
+  for (size_t t = 0; t < G_N_ELEMENTS(schedule_table); t++)
+    if (schedule_table[t].shape == c->l.shape && c->l.pp >= schedule_table[t].min_pp &&
+        s->pl->request.schedules[schedule_table[t].family]) {
+      struct candidate d = *c;
+      d.schedule = schedule_table[t].family;
+      next_dimension(s, dim, &d);
+    }
+}
+
+/* The dimensions of the search, outermost first: each is one function that gives a candidate
+ * each of its values. Enumeration order (ties rank in it) follows this table. A new dimension
+ * (context parallelism, expert parallelism as its own size, FP8) is one row here, a field of
+ * struct candidate and its key in candidate_spec; the compiler's checks at the leaf
+ * (add_candidate) keep whatever it cannot run out. */
+static const struct {
+  const char *name;
+  void (*expand)(struct space *s, uint32_t dim, const struct candidate *c);
+} planner_dimensions[] = {
+    {"tp", expand_tp},           {"pp", expand_pp},
+    {"ep", expand_ep},           {"stages", expand_stages},
+    {"zero", expand_zero},       {"recompute", expand_recompute},
+    {"micro-batch size", expand_micro_batch}, {"schedule", expand_schedule},
+};
+
+/* The compiler's rules first (the layout's own and the schedule builder's, both cheap); the
+ * rewrites' rules (experts over the shard group, tensor-parallel divisibility) once per
+ * distinct layout, in check_layouts. */
+static void add_candidate(struct space *s, const struct candidate *c) {
+  g_autofree char *spec = candidate_spec(c);
+  GError *e = NULL;
+  struct layout l;
+  if (!layout_parse(spec, &l, &e)) {
+    skip_because(s, "configurations --layout refuses", e->message);
+    g_error_free(e);
+    return;
+  }
+  uint32_t stages = layout_stages(&l);
+  g_autofree int32_t *stage_rank = g_new(int32_t, stages);
+  for (uint32_t st = 0; st < stages; st++)
+    stage_rank[st] = (int32_t)layout_stage_rank(&l, st);
+  struct sched_layout sl = {.n_ranks = l.pp, .n_stages = stages, .stage_rank = stage_rank};
+  for (uint32_t i = 0; i < l.n_recompute; i++)
+    sl.recompute |= l.recompute[i].granularity == IR_RECOMPUTE_FULL;
+  if (!sched_check(c->schedule, &sl, c->microbatches, &e)) {
+    skip_because(s, "configurations the schedule builders refuse (micro-batch count or stages)",
+                 e->message);
+    g_error_free(e);
+    return;
+  }
+  g_autofree char *key = g_strdup_printf("%s|%lld", spec, (long long)c->micro_batch_size);
+  uint32_t li = GPOINTER_TO_UINT(g_hash_table_lookup(s->layout_index, key));
+  if (li == 0) {
+    struct layout_check *lc = g_new0(struct layout_check, 1);
+    lc->spec = g_strdup(spec);
+    lc->micro_batch_size = c->micro_batch_size;
+    g_ptr_array_add(s->layouts, lc);
+    li = s->layouts->len;
+    g_hash_table_insert(s->layout_index, g_steal_pointer(&key), GUINT_TO_POINTER(li));
+  }
+  struct planner_config pc = {0};
+  pc.layout = g_steal_pointer(&spec);
+  pc.schedule = c->schedule;
+  pc.microbatches = c->microbatches;
+  pc.micro_batch_size = c->micro_batch_size;
+  pc.pp = l.pp;
+  pc.dp = l.dp;
+  pc.ep = l.ep;
+  pc.tp = l.tp;
+  pc.stages = stages;
+  pc.memory_choice = c->memory->name;
+  pc.layout_check = li - 1;
+  g_array_append_val(s->configs, pc);
+}
+
+static void next_dimension(struct space *s, uint32_t dim, const struct candidate *c) {
+  if (dim + 1 < G_N_ELEMENTS(planner_dimensions))
+    planner_dimensions[dim + 1].expand(s, dim + 1, c);
+  else
+    add_candidate(s, c);
+}
+
+/* ---- the compiler's check of each distinct layout, in parallel ---------------------------- */
+
+struct layout_pool {
+  struct space *s;
+  gint next;
+};
+
+/* Compiles the layout with one micro-batch and no schedule: every rewrite's rule runs (the
+ * schedules' were checked already), and the plan's classes give the static memory. (The peak of
+ * the one-micro-batch step is no bound: a schedule's order can hold less at once; nor is its
+ * compute a throughput ceiling: contention with communication slows it. test_planner found
+ * both.) */
+static void check_one_layout(struct layout_check *lc, const struct planner *pl) {
+  struct compile_options o = compile_options_default();
+  o.model_path = pl->request.model_path;
+  o.layout = lc->spec;
+  o.micro_batch_size = lc->micro_batch_size;
+  o.schedule.mbs = 1;
+  o.cost_model = pl->profile->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+  GError *e = NULL;
+  struct plan *plan = compile_take_plan(&o, &e);
+  if (!plan) {
+    lc->error = g_strdup(e->message);
+    g_error_free(e);
+    return;
+  }
+  for (uint32_t k = 0; k < plan->n_classes; k++) {
+    uint64_t bytes[REPORT_MEM_KIND_COUNT];
+    sim_static_memory_held(plan, &plan->classes[k], pl->profile, bytes);
+    double sum = 0;
+    for (int b = 0; b < REPORT_MEM_KIND_COUNT; b++)
+      sum += (double)bytes[b];
+    lc->static_bytes = fmax(lc->static_bytes, sum);
+  }
+  plan_free(plan);
+}
+
+static gpointer layout_worker(gpointer data) {
+  struct layout_pool *p = data;
+  for (;;) {
+    uint32_t i = (uint32_t)g_atomic_int_add(&p->next, 1);
+    if (i >= p->s->layouts->len)
+      break;
+    check_one_layout(g_ptr_array_index(p->s->layouts, i), p->s->pl);
+  }
+  return NULL;
+}
+
+/* Every distinct layout through the compiler; the configurations of a refused one leave the
+ * space (counted with the compiler's reason), the others get their memory lower bound. */
+static void check_layouts(struct space *s) {
+  struct layout_pool p = {.s = s};
+  uint32_t threads = s->pl->request.threads ? s->pl->request.threads : g_get_num_processors();
+  threads = MIN(threads, MAX(s->layouts->len, 1u));
+  GThread **th = g_new0(GThread *, threads);
+  for (uint32_t t = 1; t < threads; t++)
+    th[t] = g_thread_new("planner-check", layout_worker, &p);
+  layout_worker(&p);
+  for (uint32_t t = 1; t < threads; t++)
+    g_thread_join(th[t]);
+  g_free(th);
+  uint32_t kept = 0;
+  GHashTable *distinct = g_hash_table_new(g_str_hash, g_str_equal);
+  for (uint32_t i = 0; i < s->configs->len; i++) {
+    struct planner_config *c = &g_array_index(s->configs, struct planner_config, i);
+    const struct layout_check *lc = g_ptr_array_index(s->layouts, c->layout_check);
+    if (lc->error) {
+      skip_because(s, "configurations the compiler refuses", lc->error);
+      planner_config_clear(c);
+      continue;
+    }
+    c->memory_bound_bytes = lc->static_bytes;
+    c->order = kept;
+    g_hash_table_add(distinct, c->layout);
+    g_array_index(s->configs, struct planner_config, kept++) = *c;
+  }
+  g_array_set_size(s->configs, kept);
+  s->pl->n_layouts = g_hash_table_size(distinct);
+  g_hash_table_destroy(distinct);
 }
 
 static int compare_strings(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The skip reasons as sorted lines "N layouts: reason". */
+/* The skip reasons as sorted lines "left out: N reason (first: why)". */
 static void describe_skips(struct space *s) {
   guint n = 0;
   char **keys = (char **)g_hash_table_get_keys_as_array(s->skip_reasons, &n);
   qsort(keys, n, sizeof *keys, compare_strings);
-  for (guint i = 0; i < n; i++)
-    g_string_append_printf(s->pl->skipped, "left out: %u %s\n",
+  for (guint i = 0; i < n; i++) {
+    const char *example = g_hash_table_lookup(s->skip_example, keys[i]);
+    g_string_append_printf(s->pl->skipped, "left out: %u %s%s%s%s\n",
                            GPOINTER_TO_UINT(g_hash_table_lookup(s->skip_reasons, keys[i])),
-                           keys[i]);
+                           keys[i], example ? " (first: " : "", example ? example : "",
+                           example ? ")" : "");
+  }
   g_free(keys);
 }
 
@@ -404,15 +633,37 @@ static bool load_model_shape(struct planner *pl, struct space *s, GError **err) 
     return false;
   s->layers = m->num_layers;
   s->experts = m->num_experts;
-  s->heads = m->num_heads;
-  s->kv_heads = m->num_kv_heads;
-  s->vocab = m->vocab_size;
-  s->ffn = m->intermediate_size;
-  s->moe_ffn = m->moe_intermediate_size;
   pl->model_name = g_strdup(m->name);
   pl->model_micro_batch_size = m->micro_batch_size;
   model_free(m);
   return true;
+}
+
+static void layout_check_free(gpointer p) {
+  struct layout_check *lc = p;
+  g_free(lc->spec);
+  g_free(lc->error);
+  g_free(lc);
+}
+
+/* The space: every dimension's values (planner_dimensions), the compiler's checks, the skip
+ * reasons; an input error when nothing is left. */
+static bool enumerate(struct planner *pl, struct space *s, GError **err) {
+  struct candidate root = {.devices_left = pl->request.devices};
+  planner_dimensions[0].expand(s, 0, &root);
+  check_layouts(s);
+  describe_skips(s);
+  if (s->configs->len > 0)
+    return true;
+  /* one line: the reasons joined */
+  gchar **lines = g_strsplit(g_strchomp(pl->skipped->str), "\n", -1);
+  g_autofree char *why = g_strjoinv("; ", lines);
+  g_strfreev(lines);
+  return piper_input_error(err, "no layout of %u devices fits %s with a global batch of %llu "
+                                "sequences (%s)",
+                           pl->request.devices, pl->request.model_path,
+                           (unsigned long long)pl->request.global_batch,
+                           why[0] ? why : "no schedule applies");
 }
 
 struct planner *planner_new(const struct planner_request *rq, GError **err) {
@@ -424,7 +675,11 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
   pl->request = *rq;
   pl->skipped = g_string_new("");
   struct space s = {.pl = pl, .configs = g_array_new(FALSE, TRUE, sizeof(struct planner_config)),
-                    .skip_reasons = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)};
+                    .layouts = g_ptr_array_new_with_free_func(layout_check_free),
+                    .layout_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                    .skip_reasons = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+                    .skip_example = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free)};
+  double t0 = piper_clock_seconds();
   bool ok = load_model_shape(pl, &s, err);
   if (ok) {
     pl->profile = profile_load_file(rq->profile_path, err);
@@ -436,25 +691,20 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
     pl->request.n_micro_batch_sizes = 1;
   }
   if (ok) {
-    enumerate(&s);
-    describe_skips(&s);
-    pl->request.micro_batch_sizes = NULL; /* the caller's arrays (or `own`): not kept */
-    pl->request.pp = NULL;
-    pl->request.recompute = NULL;
+    ok = enumerate(pl, &s, err);
     pl->memory_cap_bytes = rq->memory_cap_gib > 0 ? rq->memory_cap_gib * (double)(1ull << 30)
                                                   : (double)pl->profile->memory_capacity;
-    if (s.configs->len == 0) {
-      /* one line: the reasons joined */
-      gchar **lines = g_strsplit(g_strchomp(pl->skipped->str), "\n", -1);
-      g_autofree char *why = g_strjoinv("; ", lines);
-      g_strfreev(lines);
-      ok = piper_input_error(err, "no layout of %u devices fits %s with a global batch of %llu "
-                                  "sequences (%s)",
-                             rq->devices, rq->model_path, (unsigned long long)rq->global_batch,
-                             why[0] ? why : "no schedule applies");
-    }
   }
+  pl->request.micro_batch_sizes = NULL; /* the caller's arrays (or `own`): not kept */
+  pl->request.pp = NULL;
+  pl->request.tp = NULL;
+  pl->request.recompute = NULL;
+  pl->check_seconds = piper_clock_seconds() - t0;
   g_hash_table_destroy(s.skip_reasons);
+  g_hash_table_destroy(s.skip_example);
+  g_hash_table_destroy(s.layout_index);
+  pl->n_checked_layouts = s.layouts->len;
+  g_ptr_array_free(s.layouts, TRUE);
   pl->n_configs = s.configs->len;
   pl->configs = (struct planner_config *)(void *)g_array_free(s.configs, FALSE);
   if (!ok) {
@@ -489,6 +739,9 @@ bool planner_run(struct planner *pl, GError **err) {
                             .progress_name = "piper-plan"};
   pl->threads_used = ev.threads ? ev.threads : g_get_num_processors();
   planner_evaluate(pl->configs, pl->n_configs, &ev);
+  pl->n_simulated = 0;
+  for (uint32_t i = 0; i < pl->n_configs; i++)
+    pl->n_simulated += !pl->configs[i].bounded;
   planner_rank(pl->configs, pl->n_configs);
   pl->seconds = piper_clock_seconds() - t0;
   return true;

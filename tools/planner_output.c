@@ -43,6 +43,10 @@ void planner_csv_field(FILE *f, const char *s) {
 
 /* Why a row is not feasible, in the words of the CSV's reason column. */
 static char *infeasible_reason(const struct planner_config *c) {
+  if (c->bounded)
+    return g_strdup_printf("parameters, gradients and optimizer state alone %.3f GiB, over the "
+                           "cap of %.3f GiB (not simulated)",
+                           c->peak_memory_bytes / GIB, c->memory_cap_bytes / GIB);
   if (c->status == PLANNER_OVER_CAP)
     return g_strdup_printf("peak memory %.3f GiB over the cap of %.3f GiB",
                            c->peak_memory_bytes / GIB, c->memory_cap_bytes / GIB);
@@ -67,7 +71,10 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
             c->memory_choice,
             (long long)(c->micro_batch_size ? c->micro_batch_size : pl->model_micro_batch_size),
             c->microbatches);
-    if (c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP)
+    if (c->bounded) /* not simulated: the bound is the one figure */
+      fprintf(f, ",,,,%.6f,%.6f,%.6f,,,,,", c->peak_memory_bytes / GIB, c->memory_cap_bytes / GIB,
+              (c->memory_cap_bytes - c->peak_memory_bytes) / GIB);
+    else if (c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP)
       fprintf(f, ",%.9g,%.9g,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,", c->iteration_time_s,
               c->throughput_tokens_per_s, c->mfu, c->peak_memory_bytes / GIB,
               c->memory_cap_bytes / GIB,
@@ -99,19 +106,45 @@ bool planner_write_chart(const char *title, uint32_t n,
   return ok;
 }
 
+/* A layout spec short enough for a chart label: the keys every configuration has at their
+ * default dropped, the long ones abbreviated. */
+static char *short_layout(const char *spec) {
+  static const char *const swaps[][2] = {
+      {",ep=1", ""},
+      {",account-for-embedding,account-for-loss", ",acct-emb+loss"},
+      {"first-stage-layers=", "first="},
+      {"last-stage-layers=", "last="},
+      {"recompute=", "rc="},
+      {"interleave=", "il="},
+  };
+  char *out = g_strdup(spec);
+  for (size_t k = 0; k < G_N_ELEMENTS(swaps); k++) {
+    gchar **parts = g_strsplit(out, swaps[k][0], -1);
+    g_free(out);
+    out = g_strjoinv(swaps[k][1], parts);
+    g_strfreev(parts);
+  }
+  return out;
+}
+
 /* plan.png: every simulated configuration, throughput against peak memory (colour by
- * schedule, hollow over the cap, the cap line, labels that never overlap). Configurations
- * come ranked, so the labels, "#rank layout", go to the best ones first. */
+ * schedule, hollow over the cap, the cap line, the Pareto front). Configurations come ranked:
+ * the first five feasible are the top picks, labelled "#rank schedule layout" always; the
+ * chart labels the front's others where there is room. */
 static struct chart_point config_point(const void *ctx, uint32_t i, char **label) {
   const struct planner *pl = ctx;
   const struct planner_config *c = &pl->configs[i];
-  bool simulated = c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP;
-  if (simulated && i < 12)
-    *label = g_strdup_printf("#%u %s", i + 1, c->layout ? c->layout : "");
+  bool simulated = (c->status == PLANNER_FEASIBLE || c->status == PLANNER_OVER_CAP) && !c->bounded;
+  if (simulated) {
+    g_autofree char *layout = short_layout(c->layout ? c->layout : "");
+    *label = g_strdup_printf("#%u %s %s", i + 1, sched_family_name(c->schedule), layout);
+  }
   return (struct chart_point){.schedule = sched_family_name(c->schedule),
                               .profile = pl->profile->name,
                               .ok = simulated,
+                              .bounded = c->bounded,
                               .feasible = c->status == PLANNER_FEASIBLE,
+                              .top = c->status == PLANNER_FEASIBLE && i < PLANNER_CHART_TOP,
                               .peak_memory_bytes = c->peak_memory_bytes,
                               .throughput_tokens_per_s = c->throughput_tokens_per_s,
                               .memory_cap_bytes = pl->memory_cap_bytes};
@@ -119,8 +152,8 @@ static struct chart_point config_point(const void *ctx, uint32_t i, char **label
 
 static bool write_chart(const struct planner *pl, const char *path, GError **err) {
   g_autofree char *title = g_strdup_printf(
-      "piper-plan: %s on %u devices, %s, global batch %llu (%u configurations; labels: rank "
-      "and layout)",
+      "piper-plan: %s on %u devices, %s, global batch %llu (%u configurations; labels: rank, "
+      "schedule, layout)",
       pl->model_name, pl->request.devices, pl->profile->name,
       (unsigned long long)pl->request.global_batch, pl->n_configs);
   return planner_write_chart(title, pl->n_configs, config_point, pl, path, err);
@@ -137,7 +170,8 @@ bool planner_write_outputs(const struct planner *pl, const char *dir, bool chart
   g_free(csv);
   bool any = false; /* nothing simulated: nothing to draw */
   for (uint32_t i = 0; i < pl->n_configs; i++)
-    any |= pl->configs[i].status == PLANNER_FEASIBLE || pl->configs[i].status == PLANNER_OVER_CAP;
+    any |= (pl->configs[i].status == PLANNER_FEASIBLE || pl->configs[i].status == PLANNER_OVER_CAP) &&
+           !pl->configs[i].bounded;
   if (!ok || !charts || !any)
     return ok;
   char *png = g_build_filename(dir, "plan.png", NULL);
@@ -178,7 +212,10 @@ char *planner_explain(const struct planner *pl, uint32_t i) {
     double itn = next->iteration_time_s;
     uint32_t k = (uint32_t)(next - pl->configs) + 1;
     if (fabs(itn - it) <= 1e-9 * fmax(it, itn)) {
-      g_string_append_printf(s, "\n      ties with #%u (ranked first by enumeration order)", k);
+      g_string_append_printf(s, "\n      ties with #%u (ranked first: %s)", k,
+                             c->peak_memory_bytes < next->peak_memory_bytes
+                                 ? "less peak memory"
+                                 : "enumeration order");
       return g_string_free(s, FALSE);
     }
     g_string_append_printf(s, "\n      beats #%u by %.4g ms a step with ", k, (itn - it) * 1e3);

@@ -221,6 +221,9 @@ static int point_rank_cmp(const void *a, const void *b) {
   int cx = x->feasible ? 0 : x->ok ? 1 : 2, cy = y->feasible ? 0 : y->ok ? 1 : 2;
   if (cx != cy)
     return cx < cy ? -1 : 1;
+  /* over the cap: the closest first, as the planner ranks them */
+  if (cx == 1 && x->peak_memory_bytes != y->peak_memory_bytes)
+    return x->peak_memory_bytes < y->peak_memory_bytes ? -1 : 1;
   if (x->throughput_tokens_per_s != y->throughput_tokens_per_s)
     return x->throughput_tokens_per_s > y->throughput_tokens_per_s ? -1 : 1;
   return x->order < y->order ? -1 : x->order > y->order;
@@ -255,7 +258,8 @@ static bool write_csv(const struct sweep *s, const char *path, GError **err) {
   return piper_out_close(&out, err);
 }
 
-/* sweep.png: every simulated point, labelled schedule/base/micro-batches, best first. */
+/* sweep.png: every simulated point, labelled schedule/base/micro-batches (the top picks
+ * always, the Pareto front where there is room), best first. */
 static struct chart_point sweep_chart_point(const void *ctx, uint32_t i, char **label) {
   const struct sweep_point *p = &((const struct sweep *)ctx)->points[i];
   g_autofree char *base = g_path_get_basename(p->base);
@@ -267,6 +271,7 @@ static struct chart_point sweep_chart_point(const void *ctx, uint32_t i, char **
                               .profile = p->profile,
                               .ok = p->ok,
                               .feasible = p->feasible,
+                              .top = p->feasible && i < PLANNER_CHART_TOP, /* ranked: best first */
                               .peak_memory_bytes = p->peak_memory_bytes,
                               .throughput_tokens_per_s = p->throughput_tokens_per_s,
                               .memory_cap_bytes = p->memory_cap_bytes};

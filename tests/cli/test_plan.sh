@@ -36,6 +36,36 @@ if "$PLAN" "${small[@]}" --pp 4 --out "$tmp/p" > "$tmp/stdout" 2> "$tmp/stderr";
 else
   fail "plan: $(cat "$tmp/stderr")"
 fi
+# the pick's commands: the printed piper-sim line runs as printed and gives the pick's figures
+# (iteration time, throughput, peak memory: plan.csv's rank 1), on the unit profile and on a real
+# model and profile where device classes collapse; the mpirun line names piper-exec with the
+# root-safe variables
+rerun_pick() {  # rerun_pick NAME STDOUT PLANCSV
+  local cmd
+  cmd=$(grep -A1 '^  run #1:$' "$2" | sed -n '2s/^    //p')
+  case "$cmd" in "$BIN/piper-sim "*) ;; *) fail "$1: no piper-sim command: $(cat "$2")"; return;; esac
+  if ! eval "$cmd --out \"$tmp/rerun-$1\" --no-charts --no-sensitivity" > /dev/null 2>&1; then
+    fail "$1: the printed command fails: $cmd"; return
+  fi
+  python3 - "$3" "$tmp/rerun-$1/metrics.json" <<'PY' && ok "$1: the printed piper-sim command reproduces the pick" || fail "$1: figures differ: $cmd"
+import csv, json, sys
+pick = next(csv.DictReader(open(sys.argv[1])))
+m = json.load(open(sys.argv[2]))
+close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1e-12)
+assert pick["status"] == "ok", pick
+assert close(float(pick["iteration_time_s"]), m["iteration_time_s"]), (pick, m["iteration_time_s"])
+assert close(float(pick["throughput_tokens_per_s"]), m["throughput_tokens_per_s"])
+assert abs(float(pick["peak_memory_gib"]) - m["peak_memory_bytes_max"] / 2**30) < 1e-5
+PY
+  grep -A2 '^  run #1:$' "$2" | sed -n 3p | grep -q "^    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 .*mpirun -np [0-9]* .*$BIN/piper-exec --backend [a-z]* --model " \
+    && ok "$1: the mpirun command" || fail "$1: mpirun line: $(grep -A2 '^  run #1:$' "$2")"
+}
+"$PLAN" "${small[@]}" --out "$tmp/pick" > "$tmp/stdout" 2>/dev/null && rerun_pick tiny "$tmp/stdout" "$tmp/pick/plan.csv" \
+  || fail "plan for the pick"
+"$PLAN" --model models/qwen1.5-moe-a2.7b.json --devices 16 --pp 2 --tp 1 --max-interleave 1 --profile profiles/h100-sxm.json \
+  --global-batch 64 --out "$tmp/pickq" --no-charts --quiet > "$tmp/stdout" 2>/dev/null \
+  && rerun_pick qwen "$tmp/stdout" "$tmp/pickq/plan.csv" || fail "plan for the qwen pick"
+
 # 2. uneven stages where the stages do not divide the layers: DeepSeek-V3's 61 over 16 stages
 # searched as 2 + 14 x 4 + 3 (the spec is simulated as --layout takes it)
 "$PLAN" --model models/deepseek-v3.json --devices 16 --pp 16 --tp 1 --schedules 1f1b --max-interleave 1 \
@@ -78,6 +108,8 @@ expect_input_error piper-plan "no layout of 4 devices fits.*not a whole number" 
 expect_input_error piper-plan "nope.json" "${small[@]}" --profile profiles/nope.json
 expect_input_error piper-plan "nope.json" --model models/nope.json --devices 4 --profile profiles/unit.json --global-batch 16
 expect_input_error piper-plan "--sweep takes" --sweep x.json --model models/tiny-dense.json
+# an --out it cannot write is said before the search (no progress line, one line, exit 2)
+expect_input_error piper-plan "--out /proc/nope/x: cannot write there" "${small[@]}" --out /proc/nope/x
 [ ! -d out ] || [ -z "$(find out -newer "$tmp/err" -maxdepth 1 -mindepth 1 2>/dev/null)" ] \
   && ok "refused runs leave no run directory" || fail "a refused run left a directory in out/"
 

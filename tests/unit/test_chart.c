@@ -347,12 +347,79 @@ static void test_points_png(void **state) {
   g_free(dir);
 }
 
+/* What plan.png and sweep.png must show (issue 32), read from the chart's listing of what it
+ * drew: every top pick's label, even crowded (ten picks within a few pixels of each other);
+ * the cap line; the Pareto front (the points no other beats on both memory and throughput);
+ * axes that span the answers, not zero or a 1,300 GiB outlier. */
+static void test_points_answers(void **state) {
+  (void)state;
+  const double gib = (double)(1ull << 30);
+  enum { N = 16 };
+  struct chart_point pts[N];
+  char labels[N][32];
+  for (int i = 0; i < N; i++) {
+    snprintf(labels[i], sizeof labels[i], "#%d pick-%d", i + 1, i + 1);
+    /* ranked best first: throughput falls with i; ten crowded picks around 60 GiB */
+    pts[i] = (struct chart_point){.label = labels[i], .schedule = i % 2 ? "1f1b" : "zbv",
+                                  .profile = "h100", .ok = true, .feasible = true,
+                                  .top = i < 10,
+                                  .peak_memory_bytes = (60 + 0.05 * i) * gib,
+                                  .throughput_tokens_per_s = 1e6 - 100 * i,
+                                  .memory_cap_bytes = 80 * gib};
+  }
+  /* on the front: the fastest (#1) and two leaner, slower ones; one outlier far over the cap */
+  pts[10].peak_memory_bytes = 40 * gib;
+  pts[10].throughput_tokens_per_s = 8e5;
+  pts[11].peak_memory_bytes = 30 * gib;
+  pts[11].throughput_tokens_per_s = 6e5;
+  pts[12].peak_memory_bytes = 1300 * gib;
+  pts[12].feasible = false;
+  pts[12].throughput_tokens_per_s = 1.2e6;
+  char *dir = test_tmp_dir("test_chart-XXXXXX");
+  char *path = g_build_filename(dir, "plan.png", NULL);
+  GString *listing = g_string_new("");
+  GError *err = NULL;
+  if (!chart_points_listed("answers", pts, N, path, listing, &err))
+    fail_msg("%s", err->message);
+  for (int i = 0; i < 10; i++) {
+    char want[64];
+    snprintf(want, sizeof want, "label %d %s\n", i, labels[i]);
+    if (!strstr(listing->str, want))
+      fail_msg("top pick %d unlabelled:\n%s", i + 1, listing->str);
+  }
+  char cap[64];
+  snprintf(cap, sizeof cap, "cap %.0f\n", 80 * gib);
+  assert_non_null(strstr(listing->str, cap));
+  assert_non_null(strstr(listing->str, "pareto 0\n"));
+  assert_non_null(strstr(listing->str, "pareto 10\n"));
+  assert_non_null(strstr(listing->str, "pareto 11\n"));
+  assert_null(strstr(listing->str, "pareto 1\n")); /* #2: #1 has as little memory, more speed */
+  assert_null(strstr(listing->str, "pareto 12\n")); /* over the cap */
+  double lo, hi;
+  const char *x = strstr(listing->str, "x-axis ");
+  assert_non_null(x);
+  assert_int_equal(sscanf(x, "x-axis %lf %lf", &lo, &hi), 2);
+  if (!(lo > 20 && lo < 30 && hi > 80 && hi < 100))
+    fail_msg("memory axis %g .. %g GiB: want about 30 .. 80 (the answers and the cap)", lo, hi);
+  const char *y = strstr(listing->str, "y-axis ");
+  assert_int_equal(sscanf(y, "y-axis %lf %lf", &lo, &hi), 2);
+  assert_true(lo > 4e5 && hi < 1.2e6);
+  struct png png = png_open(path);
+  assert_int_equal(red_line_groups(&png), 1);
+  png_close(&png);
+  g_string_free(listing, TRUE);
+  g_free(path);
+  test_remove_tree(dir);
+  g_free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_schedule_png),
       cmocka_unit_test(test_dense_lane_is_a_band),
       cmocka_unit_test(test_memory_png),
       cmocka_unit_test(test_points_png),
+      cmocka_unit_test(test_points_answers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2141,15 +2141,17 @@ static void test_sweep(void **state) {
   if (!ok && !(err && strstr(err->message, "gnuplot")))
     fail_msg("%s", err->message);
   assert_int_equal(s->n_points, 6);
-  /* ranked: feasible by throughput, then over the cap, then errors (dualpipev on a 4-stage
-   * layout is refused by its builder) */
+  /* ranked: feasible by throughput, then over the cap by peak memory (the closest first), then
+   * errors (dualpipev on a 4-stage layout is refused by its builder) */
   int cls_prev = 0;
   for (uint32_t i = 0; i < s->n_points; i++) {
     const struct sweep_point *pt = &s->points[i];
     int cls = pt->feasible ? 0 : pt->ok ? 1 : 2;
     assert_true(cls >= cls_prev);
-    if (i > 0 && cls == cls_prev && cls < 2)
+    if (i > 0 && cls == cls_prev && cls == 0)
       assert_true(pt->throughput_tokens_per_s <= s->points[i - 1].throughput_tokens_per_s);
+    if (i > 0 && cls == cls_prev && cls == 1)
+      assert_true(pt->peak_memory_bytes >= s->points[i - 1].peak_memory_bytes);
     cls_prev = cls;
     if (strcmp(pt->schedule, "dualpipev") == 0) {
       assert_false(pt->ok);
