@@ -110,7 +110,8 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       }
     if (strcmp(item, "v") != 0)
       return piper_input_error(err, "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, tp=, "
-                                    "interleave=, zero=, recompute=, first-stage-layers=, "
+                                    "cp=, cp-comm=, interleave=, zero=, recompute=, "
+                                    "first-stage-layers=, "
                                     "last-stage-layers=, stage-layers=, v, sp, "
                                     "account-for-embedding, account-for-loss)", spec, item);
     l->shape = LAYOUT_V;
@@ -119,6 +120,14 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
   size_t klen = (size_t)(eq - item);
   if (klen == 12 && strncmp(item, "stage-layers", klen) == 0)
     return parse_stage_list(spec, eq + 1, l, err);
+  if (klen == 7 && strncmp(item, "cp-comm", klen) == 0) {
+    bool gather = strcmp(eq + 1, "all_gather") == 0;
+    if (!gather && strcmp(eq + 1, "p2p") != 0)
+      return piper_input_error(err, "--layout \"%s\": \"cp-comm\" must be p2p (a ring of K/V "
+                                    "exchanges) or all_gather", spec);
+    l->cp_comm = gather ? IR_CP_ALL_GATHER : IR_CP_P2P;
+    return true;
+  }
   if (klen >= 9 && strncmp(item, "recompute", 9) == 0 && (klen == 9 || item[9] == '@'))
     return parse_recompute(spec, item, eq + 1, l, err);
   static const struct {
@@ -130,6 +139,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       {"dp", offsetof(struct layout, dp), 1, LAYOUT_MAX_DEVICES},
       {"ep", offsetof(struct layout, ep), 1, LAYOUT_MAX_DEVICES},
       {"tp", offsetof(struct layout, tp), 1, DIR_MAX_TP_DEGREE},
+      {"cp", offsetof(struct layout, cp), 1, MODEL_MAX_CONTEXT_PARALLEL},
       {"interleave", offsetof(struct layout, interleave), 1, 64},
       {"zero", offsetof(struct layout, zero), 0, 3},
       {"first-stage-layers", offsetof(struct layout, first_stage_layers), 1, MODEL_MAX_LAYERS},
@@ -144,7 +154,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
                                spec, keys[k].key, keys[k].lo, keys[k].hi);
     return true;
   }
-  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, "
+  return piper_input_error(err, "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, tp, cp, cp-comm, "
                                 "interleave, zero, recompute, first-stage-layers, "
                                 "last-stage-layers, stage-layers, v, sp, account-for-embedding, "
                                 "account-for-loss)", spec, (int)klen, item);
@@ -196,16 +206,21 @@ static bool check(const char *spec, struct layout *l, GError **err) {
   if (l->ep != 1 && l->ep != l->dp)
     return piper_input_error(err, "--layout \"%s\": ep must be 1 or equal to dp (%u): experts are "
                                   "sharded over a rank's whole data-parallel group", spec, l->dp);
-  if (l->zero > 0 && l->dp < 2)
-    return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
+  if (l->zero > 0 && l->dp * l->cp < 2)
+    return piper_input_error(err, "--layout \"%s\": zero=%u needs dp (or dp x cp) of at least 2",
+                             spec, l->zero);
+  if (l->cp > 1 && l->ep > 1)
+    return piper_input_error(err, "--layout \"%s\": cp with ep is not supported yet (experts are "
+                                  "sharded over dp alone)", spec);
   if (l->sequence_parallel && l->tp < 2)
     return piper_input_error(err, "--layout \"%s\": sp (sequence parallelism) needs tp of at "
                                   "least 2", spec);
   if (!check_stage_layers(spec, l, err) || !check_recompute(spec, l, err))
     return false;
-  if ((uint64_t)l->pp * l->dp * l->tp > LAYOUT_MAX_DEVICES)
+  uint64_t devices = (uint64_t)l->pp * l->dp * l->tp * l->cp;
+  if (devices > LAYOUT_MAX_DEVICES)
     return piper_input_error(err, "--layout \"%s\": %llu devices, more than %u", spec,
-                             (unsigned long long)l->pp * l->dp * l->tp, LAYOUT_MAX_DEVICES);
+                             (unsigned long long)devices, LAYOUT_MAX_DEVICES);
   return true;
 }
 
@@ -228,7 +243,8 @@ static bool check_repeats(const char *spec, gchar **items, GError **err) {
 }
 
 bool layout_parse(const char *spec, struct layout *out, GError **err) {
-  struct layout l = {.pp = 1, .dp = 1, .ep = 1, .tp = 1, .shape = LAYOUT_LINEAR, .interleave = 1};
+  struct layout l = {
+      .pp = 1, .dp = 1, .ep = 1, .tp = 1, .cp = 1, .shape = LAYOUT_LINEAR, .interleave = 1};
   if (!spec || !spec[0])
     return piper_input_error(err, "--layout: empty (e.g. pp=4,dp=2)");
   gchar **items = g_strsplit(spec, ",", -1);
@@ -304,7 +320,20 @@ bool layout_stage_layers(const struct layout *l, const char *spec, int64_t num_l
 }
 
 uint32_t layout_devices(const struct layout *l) {
-  return l->pp * l->dp * l->tp;
+  return l->pp * l->dp * l->cp * l->tp;
+}
+
+uint32_t layout_device(const struct layout *l, uint32_t pp_rank, uint32_t tp_rank,
+                       uint32_t cp_rank, uint32_t dp_rank) {
+  return ((pp_rank * l->dp + dp_rank) * l->cp + cp_rank) * l->tp + tp_rank;
+}
+
+void layout_coords(const struct layout *l, uint32_t device, uint32_t *pp_rank, uint32_t *tp_rank,
+                   uint32_t *cp_rank, uint32_t *dp_rank) {
+  *tp_rank = device % l->tp;
+  *cp_rank = device / l->tp % l->cp;
+  *dp_rank = device / (l->tp * l->cp) % l->dp;
+  *pp_rank = device / (l->tp * l->cp * l->dp);
 }
 
 uint32_t layout_stage_rank(const struct layout *l, uint32_t stage) {
@@ -316,12 +345,14 @@ uint32_t layout_stage_rank(const struct layout *l, uint32_t stage) {
   }
 }
 
-/* ", "-separated device ids of rank r: dp x tp of them, TP innermost (Megatron's order). */
+/* ", "-separated device ids of rank r: dp x cp x tp of them, in position order (a stage's
+ * group position is its device's (tp, cp, dp) coordinates, TP innermost: Megatron's order). */
 static void append_devices(GString *s, const struct layout *l, uint32_t rank) {
-  uint32_t per_rank = l->dp * l->tp;
   g_string_append_c(s, '[');
-  for (uint32_t i = 0; i < per_rank; i++)
-    g_string_append_printf(s, i ? ", %u" : "%u", rank * per_rank + i);
+  for (uint32_t dp = 0, i = 0; dp < l->dp; dp++)
+    for (uint32_t cp = 0; cp < l->cp; cp++)
+      for (uint32_t tp = 0; tp < l->tp; tp++, i++)
+        g_string_append_printf(s, i ? ", %u" : "%u", layout_device(l, rank, tp, cp, dp));
   g_string_append_c(s, ']');
 }
 
@@ -366,10 +397,12 @@ char *layout_to_json(const struct layout *l) {
                      : l->zero == 2 ? ", \"shard_grads\": true"
                      : l->zero == 1 ? ", \"shard_optimizer\": true"
                                     : "";
+  /* context parallelism reduces gradients over DP x CP: its CP ranks replicate the stage */
+  uint32_t replicas = l->dp * l->cp;
   if (stages == 1) { /* one stage on every device: no place needed */
-    if (l->dp == 1 && l->tp > 1)
+    if (replicas == 1 && l->tp > 1)
       append_line(s, "place", "{}", l, 0, "");
-    else if (l->dp > 1 || l->ep == 1)
+    else if (replicas > 1 || l->ep == 1)
       append_line(s, "replicate", "{}", l, 0, zero);
     if (l->ep > 1)
       append_line(s, "shard", "{\"EP\": \"*\"}", l, 0, "");
@@ -379,7 +412,7 @@ char *layout_to_json(const struct layout *l) {
       g_snprintf(filter, sizeof filter, "{\"PP\": %u}", st);
       append_line(s, "place", filter, l, layout_stage_rank(l, st), "");
     }
-    for (uint32_t st = 0; st < stages && l->dp > 1; st++) {
+    for (uint32_t st = 0; st < stages && replicas > 1; st++) {
       g_snprintf(filter, sizeof filter, "{\"PP\": %u}", st);
       append_line(s, "replicate", filter, l, layout_stage_rank(l, st), zero);
     }
@@ -394,6 +427,9 @@ char *layout_to_json(const struct layout *l) {
     g_string_append_printf(s,
                            ",\n  {\"op\": \"tensor_parallel\", \"filter\": {}, \"degree\": %u%s}",
                            l->tp, l->sequence_parallel ? ", \"sequence_parallel\": true" : "");
+  if (l->cp > 1)
+    g_string_append_printf(s, ",\n  {\"op\": \"context_parallel\", \"degree\": %u, \"comm\": \"%s\"}",
+                           l->cp, l->cp_comm == IR_CP_ALL_GATHER ? "all_gather" : "p2p");
   for (uint32_t i = 0; i < l->n_recompute; i++)
     append_recompute(s, &l->recompute[i]);
   g_string_append(s, "\n]\n");

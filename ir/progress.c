@@ -73,7 +73,8 @@ static struct arrival_key arrival_key(const struct progress *s, const struct pla
       k.instance = (uint64_t)(uint32_t)plan_node_position(p, in->node, device);
     } else if (split > 1) { /* which TP group, or which TP rank's devices */
       uint32_t pos = (uint32_t)plan_group_position(p, p->comms[in->comm].group, device);
-      k.instance = p->comms[in->comm].purpose == IR_COMM_TP ? pos / split : pos % split;
+      uint32_t stride, rank;
+      k.instance = plan_comm_instance(&p->comms[in->comm], pos, &stride, &rank);
     }
   } else if (pp) {
     uint32_t peer = plan_peer(p, in->node, device);

@@ -75,7 +75,7 @@ bool report_write_results_csv(const struct report_run *r, const char *path, GErr
   for (uint32_t j = 0; j < r->dp; j++) {
     fprintf(f, "%u,%s,%s,%u,%u,%lld,%u,%lld,%lld,%.9g,%.9g,%.9g", j, m->name,
             r->schedule ? r->schedule : "custom", r->pp, r->dp, (long long)batch, M,
-            (long long)m->seq_len, (long long)(batch * r->dp), mean, stddev,
+            (long long)m->seq_len, (long long)(batch * r->dp / (r->cp > 1 ? r->cp : 1)), mean, stddev,
             mean > 0 ? tokens / mean : 0);
     for (uint32_t k = 0; k < r->pp; k++) {
       int64_t di = at[(size_t)k * r->dp + j];

@@ -364,8 +364,10 @@ bool cost_model_op(const struct profile *p, const struct model *m, const struct 
                &gemm_bytes, memory_bound);
   if (s.attention && pass != IR_PASS_BW) {
     bool bwd = pass != IR_PASS_F;
-    double t = cost_attention_core(p, m->dtype, s.batch, s.seq, s.heads, s.kv_heads, s.d_qk,
-                                   s.d_v, true, 1, bwd);
+    /* under context parallelism s.seq is this rank's share of the sequence (models/build.c) */
+    uint32_t cp = m->context_parallel > 1 ? (uint32_t)m->context_parallel : 1;
+    double t = cost_attention_core(p, m->dtype, s.batch, s.seq * cp, s.heads, s.kv_heads, s.d_qk,
+                                   s.d_v, true, cp, bwd);
     family[PROFILE_FAMILY_ATTENTION] += t;
     double e = (double)model_dtype_bytes(m->dtype);
     gemm_bytes += s.batch * s.seq * (s.heads + s.kv_heads) * (s.d_qk + s.d_v) * e;

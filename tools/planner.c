@@ -299,7 +299,7 @@ static void add_shapes(struct space *s, uint32_t pp, uint32_t dp, uint32_t ep, u
     /* v = 1: one stage per rank; 2 .. max_v: interleaved; max_v + 1 stands for the V */
     bool is_v = v == max_v + 1;
     struct layout l = {.pp = pp, .dp = dp, .ep = ep, .interleave = 1, .shape = LAYOUT_LINEAR,
-                       .tp = tp, .sequence_parallel = tp > 1};
+                       .tp = tp, .cp = 1, .sequence_parallel = tp > 1};
     char spec[192];
     int n = g_snprintf(spec, sizeof spec, "pp=%u,dp=%u,ep=%u", pp, dp, ep);
     if (tp > 1)
