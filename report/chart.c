@@ -451,7 +451,7 @@ static void append_ranks(GString *g, const char *what, const int32_t *ranks, uin
 
 /* What runs on one lane of a device, in the user's terms. */
 struct lane_content {
-  bool compute, optimizer, all_reduce, reduce_scatter, all_gather, all_to_all, tp, other;
+  bool compute, optimizer, all_reduce, reduce_scatter, all_gather, all_to_all, tp, cp, other;
   int32_t to[8], from[8]; /* pp ranks sent to, received from */
   uint32_t n_to, n_from;
 };
