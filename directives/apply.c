@@ -2241,7 +2241,6 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   dir_tp_insert_comm(g);
   if (!insert_send_recv(&a, err))
     goto out;
-  dir_cp_insert_comm(g); /* after send / recv: its temporal edges stay inside a device group */
   ir_graph_compact(g);
 
   pos = g_new(uint32_t, g->nodes->len);
@@ -2278,6 +2277,9 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   default_priorities(&a, ordered);
   recompute_priorities(&a);
   prefetch_gathers(&a);
+  /* last: a K/V exchange starts with its compute (the same waits, order slots included) and its
+   * consumers wait for both; send / recv are in, so its edges stay inside a device group */
+  dir_cp_insert_comm(g);
   if (g->n_devices > a.limit) {
     fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices,
             a.limit);

@@ -9,8 +9,9 @@
  * checks that each runs on tp x cp x d devices it is replicated over. Errors name the file,
  * the directive and the node. */
 bool dir_cp_apply(const struct dir_program *p, struct ir_graph *g, GError **err);
-/* After the send / recv insertion (so that every edge of a compute node stays inside its
- * device group): the K/V exchange nodes of every attention compute node. */
+/* Last, after send / recv (every edge of a compute node then stays inside its device group)
+ * and `order` (an exchange inherits its compute's waits, so it starts with it): the K/V
+ * exchange nodes of every attention compute node, with their compute's priority. */
 void dir_cp_insert_comm(struct ir_graph *g);
 
 #endif
