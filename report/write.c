@@ -106,6 +106,8 @@ cJSON *report_metrics_json(const struct report_run *r) {
   cJSON_AddNumberToObject(root, "dp", r->dp);
   if (r->tp > 1) /* absent without tensor parallelism, as metrics were */
     cJSON_AddNumberToObject(root, "tp", r->tp);
+  if (r->cp > 1) /* "dp" counts the CP ranks too (report.h) */
+    cJSON_AddNumberToObject(root, "cp", r->cp);
   cJSON_AddNumberToObject(root, "n_devices", r->plan->n_devices);
   cJSON_AddNumberToObject(root, "num_microbatches", M);
   cJSON_AddNumberToObject(root, "micro_batch_size", (double)m->micro_batch_size);
