@@ -207,7 +207,7 @@ static bool check(const char *spec, struct layout *l, GError **err) {
     return piper_input_error(err, "--layout \"%s\": ep must be 1 or equal to dp (%u): experts are "
                                   "sharded over a rank's whole data-parallel group", spec, l->dp);
   if (l->zero > 0 && l->dp * l->cp < 2)
-    return piper_input_error(err, "--layout \"%s\": zero=%u needs dp (or dp x cp) of at least 2",
+    return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2 (or dp x cp)",
                              spec, l->zero);
   if (l->cp > 1 && l->ep > 1)
     return piper_input_error(err, "--layout \"%s\": cp with ep is not supported yet (experts are "
