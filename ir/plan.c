@@ -514,6 +514,11 @@ bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uin
   return true;
 }
 
+static bool comm_equal(const struct plan_comm *x, const struct plan_comm *y) {
+  return x->purpose == y->purpose && x->group == y->group && x->peer_group == y->peer_group &&
+         x->split == y->split && x->stride == y->stride;
+}
+
 bool plan_equal(const struct plan *a, const struct plan *b) {
   if (!a || !b)
     return a == b;
@@ -549,12 +554,9 @@ bool plan_equal(const struct plan *a, const struct plan *b) {
         x->sm_share != y->sm_share)
       return false;
   }
-  for (uint32_t c = 0; c < a->n_comms; c++) {
-    const struct plan_comm *x = &a->comms[c], *y = &b->comms[c];
-    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group ||
-        x->split != y->split || x->stride != y->stride)
+  for (uint32_t c = 0; c < a->n_comms; c++)
+    if (!comm_equal(&a->comms[c], &b->comms[c]))
       return false;
-  }
   if (a->n_devices &&
       memcmp(a->device_class, b->device_class, a->n_devices * sizeof(uint32_t)) != 0)
     return false;
