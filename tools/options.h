@@ -94,7 +94,8 @@ void options_print_version(const struct option_program *p);
   {.name = "--layout", .kind = OPTION_STRING, .offset = offsetof(T, m.layout), .metavar = "SPEC", \
    .help = "instead of --directives: place/replicate/shard generated from\n"                    \
            "pp=N,dp=N,ep=N (1 or dp),v | interleave=N,zero=1|2|3,\n"                          \
-           "tp=N,sp,recompute[@A-B]=full[:uniform|block:N]|selective[:M+M]\n"              \
+           "tp=N,sp,cp=N,cp-comm=p2p|all_gather,\n"                                        \
+           "recompute[@A-B]=full[:uniform|block:N]|selective[:M+M]\n"                        \
            "(PP regions follow; uneven: first-stage-layers=N,\n"                               \
            "last-stage-layers=N | stage-layers=A+B+...,\n"                                      \
            "account-for-embedding,account-for-loss)"},                                           \
