@@ -660,12 +660,6 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
   d->plan = p;
   d->xm = xm;
   d->device = device;
-  /* ring attention (K/V exchange, chunk offsets for RoPE and the causal mask, the LSE merge)
-   * is not in the executor yet: refused rather than run as something else */
-  if (p->model->context_parallel > 1)
-    return piper_input_error(err, "the plan splits each sequence over %lld devices (context "
-                                  "parallelism): simulated by piper-sim, not executed yet",
-                             (long long)p->model->context_parallel);
   if (!device_shape(d, device, err) || !exec_tp_device_init(d, err) || !data_parallel_place(d, err))
     return false;
   device_alloc(d);

@@ -138,6 +138,12 @@ if ! command -v mpirun >/dev/null || ! "$PE" --list-backends | grep -q "MPI"; th
 fi
 MPIRUN=(mpirun --oversubscribe)
 
+# context parallelism is simulated, not executed yet: refused in one line, said once, exit 2
+out=$("${MPIRUN[@]}" -np 2 "$PE" --model models/tiny-dense.json --layout cp=2 --iters 1 --out "$T/cp" 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] && [ "$(grep -c 'context parallelism): simulated by piper-sim, not executed yet' <<<"$out")" -eq 1 ] &&
+  ok || bad "a cp plan in piper-exec: exit $rc: $out"
+
 # run NAME NP ARGS...: 3 steps, global batch 8 micro-batches, losses + parameters kept
 run() {
   local name=$1 np=$2; shift 2

@@ -164,6 +164,24 @@ static void test_exchange_nodes(void **state) {
     fail_msg("%s", err->message);
   assert_true(plan_equal(p, back));
   plan_free(back);
+  /* a plan whose cp communicator lost its stride no longer says which devices meet: refused */
+  char *index = g_build_filename(dir, "plan.json", NULL);
+  cJSON *root = json_parse_file_strict(index, &err);
+  assert_non_null(root);
+  const cJSON *comms = cJSON_GetObjectItemCaseSensitive(root, "communicators"), *c;
+  cJSON_ArrayForEach(c, comms) {
+    const cJSON *purpose = cJSON_GetObjectItemCaseSensitive(c, "purpose");
+    if (strcmp(purpose->valuestring, "cp") == 0)
+      cJSON_DeleteItemFromObjectCaseSensitive((cJSON *)c, "stride");
+  }
+  char *text = cJSON_Print(root);
+  test_write_file(index, text);
+  cJSON_free(text);
+  cJSON_Delete(root);
+  assert_null(plan_read_dir(dir, &err));
+  test_assert_input_error(err, "has \"split\" 2 and \"stride\" 0, node");
+  g_clear_error(&err);
+  g_free(index);
   test_remove_tree(dir);
   g_free(dir);
   compile_result_free(&r);
