@@ -76,9 +76,13 @@ bool dir_cp_apply(const struct dir_program *p, struct ir_graph *g, GError **err)
                                          "is split once", dd->index);
     dd = &p->d[d];
   }
+  const struct model *m = g->model;
+  if ((!dd || dd->cp_degree <= 1) && m->context_parallel > 1) /* split, and nothing exchanged */
+    return piper_input_error(err, "%s: the model %s has piper.context_parallel %lld, but the "
+                                  "program has no context_parallel directive of that degree",
+                             p->name, m->name, (long long)m->context_parallel);
   if (!dd || dd->cp_degree <= 1)
     return true;
-  const struct model *m = g->model;
   if (m->context_parallel != (int64_t)dd->cp_degree)
     return fail(p, dd->index, err, "the model %s was loaded for context parallelism %lld, not "
                                    "%u (piper-compile loads it with piper.context_parallel)",

@@ -97,6 +97,20 @@ static void test_directive_errors(void **state) {
   test_assert_input_error(err, "was loaded for context parallelism 1, not 2");
   g_clear_error(&err);
   model_free(m);
+  /* and a model split per rank with nothing exchanging K/V would train something else */
+  struct compile_result half = compile_layout("cp=2");
+  cJSON *root = model_to_json(half.model);
+  compile_result_free(&half);
+  m = model_load_json("tiny-cp2", root, 1, &err);
+  cJSON_Delete(root);
+  assert_non_null(m);
+  assert_int_equal(m->context_parallel, 2);
+  g = test_apply_text(m, "[{\"op\":\"replicate\",\"filter\":{},\"devices\":[0,1]}]", &err);
+  assert_null(g);
+  test_assert_input_error(err, "has piper.context_parallel 2, but the program has no "
+                               "context_parallel directive");
+  g_clear_error(&err);
+  model_free(m);
 }
 
 /* One rank's model: 32 of the 64 tokens, and exactly half the causal core of every layer
