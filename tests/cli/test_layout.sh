@@ -75,6 +75,10 @@ expect_bad 'unknown key "xp"' "$BIN/piper-layout" pp=2,xp=2
 "$BIN/piper-layout" pp=2,tp=2,cp=2 | grep -q '"filter": {"PP": 1}, "devices": \[4, 5, 6, 7\]}' &&
   "$BIN/piper-layout" pp=2,cp=2,cp-comm=all_gather | grep -q '"op": "context_parallel", "degree": 2, "comm": "all_gather"' &&
   ok || bad "piper-layout pp=2,tp=2,cp=2"
+# cp=1 changes nothing: the plans are byte-identical to the layout without it
+"$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,dp=2,tp=2,cp=1 --schedule 1f1b --mbs 4 -o "$T/cp1" >/dev/null &&
+  "$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 -o "$T/cp0" >/dev/null &&
+  diff -r "$T/cp1" "$T/cp0" >/dev/null && ok || bad "cp=1 changed the plans"
 expect_bad "cuts each sequence into 6 chunks, but tiny-dense's seq_len 32 is not divisible by 6" "$BIN/piper-compile" --model models/tiny-dense.json --layout cp=3
 expect_bad '"cp-comm" must be p2p' "$BIN/piper-layout" cp=2,cp-comm=ring
 # Llama-3-70B as the vendors lay it out: TP 4 x PP 4 x CP 2, 5 virtual stages per rank
