@@ -92,6 +92,12 @@ void kernels_rope_scaled(float *x, int batch, int seq, int n_heads, int head_dim
 /* Whether the kernels implement a "rope_scaling" "type" (or "rope_type"): none, "default"
  * and "llama3". The caller reports the others (e.g. DeepSeek's "yarn") as an input error. */
 bool kernels_rope_scaling_supported(const char *type);
+/* Under context parallelism: x holds one rank's seq / cp tokens of each of batch sequences of
+ * seq, its chunks cp_rank and 2 cp - 1 - cp_rank of seq / (2 cp) each, in that order; each
+ * row is rotated by its global position (bit-identical to those rows of kernels_rope_scaled
+ * over the whole sequence). */
+void kernels_rope_cp(float *x, int batch, int seq, int cp, int cp_rank, int n_heads, int head_dim,
+                     float theta, const struct kernels_rope_scaling *scaling, bool inverse);
 
 /* ---- ATTENTION: h -> a (causal, RoPE, grouped-query) --------------------------------------
  * params: wq [C, H*D], wk [C, KV*D], wv [C, KV*D], wo [H*D, C], in that order, no biases.

@@ -189,9 +189,45 @@ static void test_masked_block(void **state) {
     assert_true(y[x] == 0.25f);
 }
 
+/* RoPE at the chunks' global positions: a rank's rows rotated alone are bit-identical to the
+ * same rows of the whole sequence rotated (batch 2, CP 2 and 4, forward and inverse). */
+static void test_rope_chunks(void **state) {
+  (void)state;
+  enum { B = 2, HD = H * D };
+  static float whole[B * S * HD], mine[B * S * HD];
+  uint32_t rng = 3;
+  for (int x = 0; x < B * S * HD; x++)
+    whole[x] = frand(&rng);
+  static float orig[B * S * HD];
+  memcpy(orig, whole, sizeof whole);
+  kernels_rope(whole, B, S, H, D, 10000.0f, false);
+  for (int cp = 2; cp <= 4; cp += 2)
+    for (int r = 0; r < cp; r++) {
+      int L = S / (2 * cp), chunks[2] = {r, 2 * cp - 1 - r};
+      for (int b = 0; b < B; b++)
+        for (int c = 0; c < 2; c++)
+          memcpy(mine + ((size_t)b * 2 * L + (size_t)c * L) * HD,
+                 orig + ((size_t)b * S + (size_t)chunks[c] * L) * HD, sizeof(float) * L * HD);
+      kernels_rope_cp(mine, B, S, cp, r, H, D, 10000.0f, NULL, false);
+      for (int b = 0; b < B; b++)
+        for (int c = 0; c < 2; c++)
+          assert_memory_equal(mine + ((size_t)b * 2 * L + (size_t)c * L) * HD,
+                              whole + ((size_t)b * S + (size_t)chunks[c] * L) * HD,
+                              sizeof(float) * L * HD);
+      kernels_rope_cp(mine, B, S, cp, r, H, D, 10000.0f, NULL, true); /* and back */
+      for (int b = 0; b < B; b++)
+        for (int c = 0; c < 2; c++)
+          for (int x = 0; x < L * HD; x++)
+            test_assert_near(mine[((size_t)b * 2 * L + (size_t)c * L) * HD + (size_t)x],
+                             orig[((size_t)b * S + (size_t)chunks[c] * L) * HD + (size_t)x],
+                             1e-6, 1e-6, "inverse RoPE");
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_gradients), cmocka_unit_test(test_ring_cp2),
-      cmocka_unit_test(test_ring_cp4), cmocka_unit_test(test_masked_block)};
+      cmocka_unit_test(test_ring_cp4), cmocka_unit_test(test_masked_block),
+      cmocka_unit_test(test_rope_chunks)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
