@@ -859,15 +859,15 @@ bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_
         "per device: mpirun -np %u)",
         o->plan->n_devices, size, o->plan->n_devices);
   }
-  if (o->plan->model->context_parallel > 1) {
-    /* ring attention (K/V exchange, chunk offsets for RoPE and the causal mask, the LSE
-     * merge) is not in the executor yet: refused, alike on every rank, rather than run as
-     * something else */
+  const char *cp_refusal = exec_cp_refusal(o->plan, b);
+  if (cp_refusal) {
+    /* what the executor's context parallelism does not cover yet: refused, alike on every
+     * rank, rather than run as something else */
     res->error_everywhere = true;
     res->error_printed_elsewhere = rank != 0;
     return piper_input_error(err, "the plan splits each sequence over %lld devices (context "
-                                  "parallelism): simulated by piper-sim, not executed yet",
-                             (long long)o->plan->model->context_parallel);
+                                  "parallelism): not executed %s; piper-sim simulates it",
+                             (long long)o->plan->model->context_parallel, cp_refusal);
   }
   exec_backend_reset(b);
   /* on the heap: after a failure, workers may outlive this call */

@@ -10,9 +10,10 @@
 #include "../base/assert.h"
 #include "runner-impl.h"
 
-/* A DP, EP or TP communicator: its group whole, or with split (tensor parallelism, TP
+/* A DP, EP, TP or CP communicator: its group whole, or with split (tensor parallelism, TP
  * innermost) each instance of it in turn (every rank creates every instance, members or not):
- * TP the runs of split consecutive positions, DP and EP the positions with one TP rank. This
+ * TP the runs of split consecutive positions, DP and EP the positions with one TP rank, CP the
+ * split positions of one TP and one DP rank (stride the TP degree). This
  * rank keeps its own instance. */
 static struct exec_comm *create_split_comm(struct runner *R, const struct plan_comm *pc,
                                            const char *label, GError **err) {
@@ -22,13 +23,16 @@ static struct exec_comm *create_split_comm(struct runner *R, const struct plan_c
   uint32_t split = pc->split > 1 && g->count % pc->split == 0 ? pc->split : 1;
   if (split == 1)
     return exec_comm_create(R->b, label, pool, g->count, false, err);
-  bool tp = pc->purpose == IR_COMM_TP;
-  uint32_t size = tp ? split : g->count / split, n_inst = g->count / size;
+  bool tp = pc->purpose == IR_COMM_TP, cp = pc->purpose == IR_COMM_CP;
+  uint32_t size = tp || cp ? split : g->count / split, n_inst = g->count / size;
   uint32_t *members = g_new(uint32_t, size);
   struct exec_comm *mine = NULL;
+  /* CP: the split devices of one TP and one DP rank, in position order (plan_comm_instance) */
+  uint32_t stride = pc->stride > 1 ? pc->stride : 1;
   for (uint32_t inst = 0; inst < n_inst; inst++) {
+    uint32_t cp_first = inst / stride * split * stride + inst % stride;
     for (uint32_t k = 0; k < size; k++)
-      members[k] = pool[tp ? inst * split + k : inst + k * split];
+      members[k] = pool[cp ? cp_first + k * stride : tp ? inst * split + k : inst + k * split];
     struct exec_comm *c = exec_comm_create(R->b, label, members, size, false, err);
     if (c)
       mine = c;

@@ -171,8 +171,8 @@ struct fwd {
   const bool *needed; /* a full rerun's (rerun_needed); NULL: every value */
 };
 
-static void fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in0,
-                          const float *prm) {
+static bool fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in0,
+                          const float *prm, GError **err) {
   struct exec_state *s = f->s;
   struct exec_task_ctx *st = f->st;
   struct kernels_attention_dims dd = attention_dims(s, &s->xm->m->ops[f->es->ops[j].op]);
@@ -184,7 +184,10 @@ static void fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in
   } else {
     f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->saved, all);
   }
+  if (s->dev->cp_degree > 1) /* its K/V exchange inside (context_parallel.c) */
+    return exec_cp_attention_forward(s, st, f->mb, out, f->run->saved[j], in0, prm, &dd, err);
   KT(st, s, s->k->attention_forward(st->stream, out, f->run->saved[j], in0, prm, &dd));
+  return true;
 }
 
 /* The experts on one device: dispatch, experts, combine (no combine in a rerun that does not
@@ -267,7 +270,10 @@ static bool tp_forward_op(struct fwd *f, uint32_t j, GError **err) {
     exec_backend_from_host(s->b, mb->tokens, mb->tokens_host, (size_t)T * sizeof(int32_t));
     KT(st, s, exec_tp_embedding_forward(s, st->stream, buf, mb->tokens, prm));
     break;
-  case MODEL_OP_ATTENTION: fwd_attention(f, j, buf, in0, prm); break;
+  case MODEL_OP_ATTENTION:
+    if (!fwd_attention(f, j, buf, in0, prm, err))
+      return false;
+    break;
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: {
     int F = mlp_width(s, op);
@@ -384,7 +390,7 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
     KT(st, s,
        k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, Ts, C, xm->rms_norm_eps));
     return true;
-  case MODEL_OP_ATTENTION: fwd_attention(f, j, out, in0, prm); return true;
+  case MODEL_OP_ATTENTION: return fwd_attention(f, j, out, in0, prm, err);
   case MODEL_OP_RESIDUAL_ADD: {
     size_t n = (size_t)Ts * C;
     KT(st, s, k->copy(st->stream, out, in0, n * sizeof(float)));

@@ -138,11 +138,15 @@ if ! command -v mpirun >/dev/null || ! "$PE" --list-backends | grep -q "MPI"; th
 fi
 MPIRUN=(mpirun --oversubscribe)
 
-# context parallelism is simulated, not executed yet: refused in one line, said once, exit 2
-out=$("${MPIRUN[@]}" -np 2 "$PE" --model models/tiny-dense.json --layout cp=2 --iters 1 --out "$T/cp" 2>&1)
-rc=$?
-[ "$rc" -eq 2 ] && [ "$(grep -c 'context parallelism): simulated by piper-sim, not executed yet' <<<"$out")" -eq 1 ] &&
-  ok || bad "a cp plan in piper-exec: exit $rc: $out"
+# context parallelism runs at degree 2 (equivalence below); other degrees and recomputation
+# under it are refused in one line, said once, exit 2
+for c in "cp4 4 cp=4 at a degree other than 2" "cp2_rc 2 cp=2,recompute=full under recomputation"; do
+  set -- $c
+  out=$("${MPIRUN[@]}" -np "$2" "$PE" --model models/tiny-dense.json --layout "$3" --iters 1 --out "$T/$1" 2>&1)
+  rc=$?
+  [ "$rc" -eq 2 ] && [ "$(grep -c "context parallelism): not executed ${*:4}" <<<"$out")" -eq 1 ] &&
+    ok || bad "$1 in piper-exec: exit $rc: $out"
+done
 
 # run NAME NP ARGS...: 3 steps, global batch 8 micro-batches, losses + parameters kept
 run() {
@@ -213,6 +217,12 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same_as dense_ref tp2_sp
   run pp2_tp2_sp_zb 4 --layout pp=2,tp=2,sp --schedule zerobubble --mbs 8 && same_as dense_ref pp2_tp2_sp_zb
   run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
+  # context parallelism: each CP rank holds chunks i and 3 - i of every sequence, gathers the
+  # others' K/V for its attention (block attention by the chunks' global offsets, merged by
+  # log-sum-exp) and returns their dK/dV; CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2 (8 ranks)
+  run cp2 2 --layout cp=2 --mbs 8 && same_as dense_ref cp2
+  run cp2_tp2 4 --layout pp=1,tp=2,cp=2 --mbs 8 && same_as dense_ref cp2_tp2
+  run pp2_dp2_cp2 8 --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_cp2
   # uneven stages: 3 + 5 of tiny-dense's 8 layers, and the first / last stage counts with the
   # embedding and the loss counted (2 + 3 + 2 + 1 over four stages)
   run uneven_pp2 2 --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8 && same_as dense_ref uneven_pp2

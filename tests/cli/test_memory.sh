@@ -121,6 +121,11 @@ plans=(
   # rank, the rerun's expert outputs summed over the TP group through the TP node's buffer
   "moe_ep2_tp2_rc 8 $MOE --layout pp=2,dp=2,ep=2,tp=2,recompute=full --schedule 1f1b --mbs 2"
   "moe_ep2_tp2_sp_rc 8 $MOE --layout pp=2,dp=2,ep=2,tp=2,sp,recompute=full --schedule 1f1b --mbs 2"
+  # context parallelism: each CP rank's share of the sequence, and the attention's workspace
+  # holding every rank's K/V while it runs (and their dK/dV in the backward)
+  "cp2 2 $DENSE --layout cp=2 --mbs 4"
+  "cp2_tp2 4 $DENSE --layout pp=1,tp=2,cp=2 --mbs 4"
+  "pp2_dp2_cp2 8 $DENSE --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 2"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 # check PROFILE "name np model args..." [TOL]: simulates with PROFILE, executes, compares
