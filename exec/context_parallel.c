@@ -66,8 +66,7 @@ bool exec_cp_link_comm(struct exec_device *d, GError **err) {
       d->cp_comm = x->comm;
   }
   if (d->cp_comm == IR_NONE || p->comms[d->comm_keys[d->cp_comm].comm].purpose != IR_COMM_CP)
-    return piper_input_error(err,
-                             "plan: device %u: context parallelism without a cp communicator",
+    return piper_input_error(err, "plan: device %u: context parallelism without a cp communicator",
                              d->device);
   return true;
 }
@@ -75,8 +74,7 @@ bool exec_cp_link_comm(struct exec_device *d, GError **err) {
 uint64_t exec_cp_data_block(const struct exec_device *d, uint32_t step, uint32_t k) {
   /* the CP ranks of one replica read the same sequences: blocks count model copies */
   uint32_t cp = d->cp_degree > 1 ? d->cp_degree : 1;
-  return (uint64_t)(step - 1) * (d->dp_degree / cp) * d->M + (uint64_t)(d->dp_rank / cp) * d->M +
-         k;
+  return (uint64_t)(step - 1) * (d->dp_degree / cp) * d->M + (uint64_t)(d->dp_rank / cp) * d->M + k;
 }
 
 void exec_cp_batch(const struct exec_data *data, const struct exec_device *d, uint64_t block,
@@ -176,7 +174,8 @@ static void core_forward(const struct cp_blocks *cb, const struct kernels_attent
   g_free(scratch);
 }
 
-static struct cp_blocks blocks_of(const struct exec_state *s, const struct kernels_attention_dims *d,
+static struct cp_blocks blocks_of(const struct exec_state *s,
+                                  const struct kernels_attention_dims *d,
                                   const struct kernels_attention_views *w) {
   int cp = (int)s->dev->cp_degree;
   return (struct cp_blocks){d, cp, (int)s->dev->cp_rank, d->seq / 2, d->seq, w->HD, w->KD};

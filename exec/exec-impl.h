@@ -97,7 +97,7 @@ enum exec_role {
   EXEC_ROLE_OPTIMIZER,
   EXEC_ROLE_TIED_SYNC, /* all-reduce of the tied embedding's two copies' gradients */
   EXEC_ROLE_TP,        /* the plan's TP collectives of a compute: run inside it (tp.c) */
-  EXEC_ROLE_CP,        /* the plan's CP K/V exchange: run inside the attention (context_parallel.c) */
+  EXEC_ROLE_CP,        /* its K/V exchange: run inside the attention (context_parallel.c) */
 };
 
 struct exec_instr {

@@ -358,7 +358,8 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
       IR_NONE;
   x->mb = -1;
   bool per_mb = n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV ||
-                n->kind == IR_NODE_ALL_TO_ALL || n->purpose == IR_COMM_TP || n->purpose == IR_COMM_CP ||
+                n->kind == IR_NODE_ALL_TO_ALL || n->purpose == IR_COMM_TP ||
+                n->purpose == IR_COMM_CP ||
                 (n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE);
   if (per_mb) {
     int32_t v = d->mb_tag >= 0 ? n->tags[d->mb_tag] : 0;

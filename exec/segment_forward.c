@@ -171,8 +171,8 @@ struct fwd {
   const bool *needed; /* a full rerun's (rerun_needed); NULL: every value */
 };
 
-static bool fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in0,
-                          const float *prm, GError **err) {
+static bool fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in0, const float *prm,
+                          GError **err) {
   struct exec_state *s = f->s;
   struct exec_task_ctx *st = f->st;
   struct kernels_attention_dims dd = attention_dims(s, &s->xm->m->ops[f->es->ops[j].op]);
