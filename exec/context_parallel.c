@@ -11,7 +11,8 @@
  * their log-sum-exp. Its backward gathers K and V again, sums each block's dK and dV into the
  * whole sequence's, and reduce-scatters them back to their owners. The gathers run inside the
  * compute, on its fiber, as TP's collectives do: the plan's cp nodes (which stand for them, ring
- * or all-gather alike) have nothing left to do (EXEC_ROLE_CP). Every token's loss is its CP
+ * or all-gather alike) have nothing left to do (EXEC_ROLE_CP); a rerun (recomputation) gathers
+ * again. Every token's loss is its CP
  * rank's: the ranks count among the replicas, so the step's mean over their micro-batch means is
  * the whole sequence's, and the loss gradient's 1 / (replicas x M) scale each token once. */
 #include <math.h>
@@ -210,6 +211,22 @@ bool exec_cp_attention_forward(struct exec_state *s, struct exec_task_ctx *st, s
   return true;
 }
 
+bool exec_cp_attention_core_forward(struct exec_state *s, struct exec_task_ctx *st,
+                                    struct exec_mb *mb, float *saved,
+                                    const struct kernels_attention_dims *d, GError **err) {
+  struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, NULL);
+  size_t n = w.T * w.KD, cp = s->dev->cp_degree;
+  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
+  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
+  if (!gather_kv(s, st, w.k, w.v, kg, vg, n, err))
+    return false;
+  double t0 = exec_backend_clock(s->b);
+  struct cp_blocks cb = blocks_of(s, d, &w);
+  core_forward(&cb, &w, kg, vg);
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  return true;
+}
+
 /* dq (local), dkg, dvg (the whole sequence's) += every block's gradients. */
 static void core_backward(const struct cp_blocks *cb, const struct kernels_attention_views *w,
                           const float *kg, const float *vg, float *dkg, float *dvg) {
@@ -275,15 +292,7 @@ bool exec_cp_attention_backward_input(struct exec_state *s, struct exec_task_ctx
 }
 
 const char *exec_cp_refusal(const struct plan *p, const struct exec_backend *b) {
-  int64_t cp = p->model->context_parallel;
-  if (cp <= 1)
+  if (p->model->context_parallel <= 1 || strcmp(exec_backend_name(b), "host") == 0)
     return NULL;
-  if (cp != 2)
-    return "at a degree other than 2 yet (the one checked against one device)";
-  if (strcmp(exec_backend_name(b), "host") != 0)
-    return "on a backend other than host yet (its attention kernels take no chunk offsets)";
-  for (uint32_t i = 0; i < p->n_nodes; i++)
-    if (p->nodes[i].kind == IR_NODE_COMPUTE && p->nodes[i].recompute != IR_RECOMPUTE_NONE)
-      return "under recomputation yet (a rerun's K/V exchange is not in the executor)";
-  return NULL;
+  return "on a backend other than host yet (its attention kernels take no chunk offsets)";
 }

@@ -429,9 +429,9 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
 /* One op of a selective rerun: what its forward dropped, rebuilt from what it kept into R's
  * saved tensor (saved); what the kernel also writes and nobody reads (an MLP's output, a
  * norm's row statistics) in R's workspace. */
-static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+static bool rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
                      struct exec_seg_run *run, const struct exec_seg_op *so, uint32_t j,
-                     uint32_t saved, const float *P) {
+                     uint32_t saved, const float *P, GError **err) {
   const struct exec_model *xm = s->xm;
   const float *prm = P + s->dev->op_offset[so->op];
   int T = xm->T, C = xm->C, Ts = xm->T_seq;
@@ -439,8 +439,10 @@ static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec
   case MODEL_OP_ATTENTION: {
     struct kernels_attention_dims dd = attention_dims(s, &xm->m->ops[so->op]);
     dd.core = run->core[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_core_floats(&dd));
+    if (s->dev->cp_degree > 1) /* over every rank's K/V (context_parallel.c) */
+      return exec_cp_attention_core_forward(s, st, mb, run->saved[j], &dd, err);
     KT(st, s, s->k->attention_core_forward(st->stream, run->saved[j], &dd));
-    return;
+    return true;
   }
   case MODEL_OP_RMSNORM: {
     float *h = mb_floats_raw(s, st, mb, saved, (size_t)Ts * C);
@@ -448,7 +450,7 @@ static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec
     KT(st, s, s->k->rmsnorm_forward(st->stream, h, rstd, run->val[so->in[0]], prm, Ts, C,
                                     xm->rms_norm_eps));
     run->val[so->out] = h;
-    return;
+    return true;
   }
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: {
@@ -456,7 +458,7 @@ static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec
     float *out = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)T * C);
     run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_mlp_saved_floats(T, F));
     KT(st, s, s->k->mlp_forward(st->stream, out, run->saved[j], run->val[so->in[0]], prm, T, C, F));
-    return;
+    return true;
   }
   default: PIPER_UNREACHABLE();
   }
@@ -477,7 +479,8 @@ static bool seg_rerun_modules(struct exec_state *s, uint32_t i, struct exec_task
   const float *P = exec_params_of(s, x);
   for (uint32_t j = 0; j < es->n_ops; j++) {
     if (op_dropped(s, modules, es->ops[j].op))
-      rerun_op(s, st, mb, run, &es->ops[j], j, saved, P);
+      if (!rerun_op(s, st, mb, run, &es->ops[j], j, saved, P, err))
+        return false;
     if (exec_group_starts(s, es, j + 1))
       exec_work_group_end(s, st, 0);
   }
