@@ -10,6 +10,7 @@
 
 #include "../base/json.h"
 #include "directives.h"
+#include "context_parallel-impl.h"
 #include "tensor_parallel-impl.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -2281,8 +2282,8 @@ static void prefetch_gathers(struct apply *a) {
     /* a rerun's SP all-gather is no parameter gather: it follows its rerun, which hold_rerun
      * holds already (held again by its consumers it can wait on a backward that waits on the
      * expert-parallel rerun it feeds: a cycle) */
-    if (n->purpose == IR_COMM_TP && n->pass == IR_PASS_R)
-      continue;
+    if ((n->purpose == IR_COMM_TP && n->pass == IR_PASS_R) || n->purpose == IR_COMM_CP)
+      continue; /* a cp all-gather is K/V, no parameter gather either */
     uint32_t first = UINT32_MAX, min_pos = UINT32_MAX;
     for (uint32_t e = adj.out_first[i]; e < adj.out_first[i + 1]; e++) {
       uint32_t c = IR_EDGE(g, adj.out_edges[e])->dst;
@@ -2334,7 +2335,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   for (uint32_t d = 0; d < p->n; d++)
     if ((p->d[d].op == DIR_REPLICATE || p->d[d].op == DIR_SHARD) && !apply_placement(&a, d, err))
       goto out;
-  if (!dir_tp_apply(p, g, err) || !carve_experts(&a, err))
+  if (!dir_tp_apply(p, g, err) || !carve_experts(&a, err) || !dir_cp_apply(p, g, err))
     goto out;
   for (uint32_t d = 0; d < p->n; d++) {
     const struct dir_directive *dd = &p->d[d];
@@ -2403,6 +2404,9 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   default_priorities(&a, ordered);
   recompute_priorities(&a);
   prefetch_gathers(&a);
+  /* last: a K/V exchange starts with its compute (the same waits, order slots included) and its
+   * consumers wait for both; send / recv are in, so its edges stay inside a device group */
+  dir_cp_insert_comm(g);
   if (g->n_devices > a.limit) {
     fail_at(&a, IR_NONE, err, "the program uses %u devices but the run has %u", g->n_devices,
             a.limit);

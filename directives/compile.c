@@ -287,7 +287,10 @@ static uint32_t program_data_parallel(const struct dir_program *p) {
     if (p->d[i].op == DIR_TENSOR_PARALLEL && p->d[i].tp_degree > tp)
       tp = p->d[i].tp_degree;
   }
-  return devices / tp ? devices / tp : 1;
+  /* context parallelism splits each sequence, not the batch (Megatron's global batch counts
+   * data-parallel replicas only) */
+  uint32_t cp = dir_program_context_parallel(p) > 1 ? dir_program_context_parallel(p) : 1;
+  return devices / (tp * cp) ? devices / (tp * cp) : 1;
 }
 
 /* --global-batch-size as Megatron reads it: global = micro-batches x micro-batch size x dp, so
@@ -317,6 +320,36 @@ static bool derive_microbatches(const struct compile_options *o, const struct co
   return true;
 }
 
+/* Under a context_parallel directive the model is loaded again with piper.context_parallel, so
+ * that its ops are one CP rank's share of each sequence (models/model.h); the sequence must cut
+ * into 2 x degree equal chunks. Models without one are left as they are. */
+static bool context_parallel_model(struct compile_result *r, GError **err) {
+  const struct dir_program *p = r->program;
+  uint32_t cp = dir_program_context_parallel(p);
+  struct model *m = r->model;
+  if (cp <= 1 || m->context_parallel == (int64_t)cp)
+    return true;
+  uint32_t index = 0;
+  for (uint32_t d = 0; d < p->n; d++)
+    if (p->d[d].op == DIR_CONTEXT_PARALLEL)
+      index = p->d[d].index;
+  if (m->seq_len % (2 * (int64_t)cp) != 0)
+    return piper_input_error(err, "%s: directive %u (context_parallel): \"degree\" %u cuts each "
+                                  "sequence into %u chunks, but %s's seq_len %lld is not "
+                                  "divisible by %u", p->name, index, cp, 2 * cp, m->name,
+                             (long long)m->seq_len, 2 * cp);
+  cJSON *root = model_to_json(m), *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
+  cJSON_DeleteItemFromObjectCaseSensitive(piper, "context_parallel");
+  cJSON_AddNumberToObject(piper, "context_parallel", cp);
+  struct model *split = model_load_json(m->name, root, 0, err);
+  cJSON_Delete(root);
+  if (!split)
+    return false;
+  model_free(r->model);
+  r->model = split;
+  return true;
+}
+
 bool compile_run(const struct compile_options *o, struct compile_result *r, GError **err) {
   memset(r, 0, sizeof *r);
   if (!o->model_path)
@@ -325,7 +358,8 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
     return piper_input_error(err, "--directives (or --base-schedule, or --layout) is required");
   if (o->directives_path && o->layout)
     return piper_input_error(err, "--layout replaces --directives: give one of them");
-  if (!load_model_and_program(o, r, err) || !chunk_model(r, err))
+  if (!load_model_and_program(o, r, err) || !context_parallel_model(r, err) ||
+      !chunk_model(r, err))
     goto fail;
   for (uint32_t k = 0; k < r->program->n && o->default_streams; k++)
     if (r->program->d[k].op == DIR_PLACE || r->program->d[k].op == DIR_SHARD)

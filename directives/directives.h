@@ -33,7 +33,7 @@
 #define DIR_DEFAULT_BUCKET_MB 25.0 /* PyTorch DDP's default bucket size */
 
 enum dir_op { DIR_PLACE, DIR_REPLICATE, DIR_SHARD, DIR_SPLIT, DIR_ORDER, DIR_STREAM,
-              DIR_TENSOR_PARALLEL, DIR_RECOMPUTE };
+              DIR_TENSOR_PARALLEL, DIR_RECOMPUTE, DIR_CONTEXT_PARALLEL };
 #define DIR_MAX_TP_DEGREE 1024 /* Megatron runs 8; a degree past a rack is surely a typo */
 
 /* A filter as written: key names are resolved against the graph's tags when applied, since
@@ -101,6 +101,10 @@ struct dir_directive {
    * {"op":"tensor_parallel","filter":..,"degree":t,"sequence_parallel":b} */
   uint32_t tp_degree;
   bool sequence_parallel;
+  /* context_parallel (directives/context_parallel.c), the whole model:
+   * {"op":"context_parallel","degree":c,"comm":"p2p"|"all_gather"} */
+  uint32_t cp_degree;
+  enum ir_cp_comm cp_comm;
 };
 
 struct dir_program {
@@ -127,6 +131,10 @@ const char *dir_op_name(enum dir_op op);
  * ids up to IR_MAX_DEVICES - 1. Errors name p->name, the directive index and op, and the key. */
 bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t n_devices_limit,
                        GError **err);
+
+/* The program's context_parallel degree (1 without one). The model must be loaded with it
+ * (piper.context_parallel, models/model.h) before the program is applied: compile_run does. */
+uint32_t dir_program_context_parallel(const struct dir_program *p);
 
 /* Resolves a written filter against the graph's tag names; fails naming an unknown key. */
 bool dir_filter_resolve(const struct dir_filter *f, const struct ir_graph *g, struct ir_filter *out,

@@ -112,9 +112,9 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
     if (strcmp(item, "v") != 0)
       return piper_input_error(err,
                                "--layout \"%s\": unknown item \"%s\" (pp=, dp=, ep=, etp=, "
-                               "tp=, interleave=, zero=, recompute=, first-stage-layers=, "
-                               "last-stage-layers=, stage-layers=, capacity=, v, sp, "
-                               "account-for-embedding, account-for-loss, "
+                               "tp=, cp=, cp-comm=, interleave=, zero=, recompute=, "
+                               "first-stage-layers=, last-stage-layers=, stage-layers=, "
+                               "capacity=, v, sp, account-for-embedding, account-for-loss, "
                                "fp8-expert-inputs)",
                                spec, item);
     l->shape = LAYOUT_V;
@@ -134,6 +134,14 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
     l->capacity_factor = f;
     return true;
   }
+  if (klen == 7 && strncmp(item, "cp-comm", klen) == 0) {
+    bool gather = strcmp(eq + 1, "all_gather") == 0;
+    if (!gather && strcmp(eq + 1, "p2p") != 0)
+      return piper_input_error(err, "--layout \"%s\": \"cp-comm\" must be p2p (a ring of K/V "
+                                    "exchanges) or all_gather", spec);
+    l->cp_comm = gather ? IR_CP_ALL_GATHER : IR_CP_P2P;
+    return true;
+  }
   if (klen >= 9 && strncmp(item, "recompute", 9) == 0 && (klen == 9 || item[9] == '@'))
     return parse_recompute(spec, item, eq + 1, l, err);
   static const struct {
@@ -146,6 +154,7 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
       {"ep", offsetof(struct layout, ep), 1, LAYOUT_MAX_DEVICES},
       {"tp", offsetof(struct layout, tp), 1, DIR_MAX_TP_DEGREE},
       {"etp", offsetof(struct layout, etp), 1, DIR_MAX_TP_DEGREE},
+      {"cp", offsetof(struct layout, cp), 1, MODEL_MAX_CONTEXT_PARALLEL},
       {"interleave", offsetof(struct layout, interleave), 1, 64},
       {"zero", offsetof(struct layout, zero), 0, 3},
       {"first-stage-layers", offsetof(struct layout, first_stage_layers), 1, MODEL_MAX_LAYERS},
@@ -161,8 +170,8 @@ static bool parse_item(const char *spec, const char *item, struct layout *l, GEr
     return true;
   }
   return piper_input_error(err,
-                           "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, etp, tp, "
-                           "interleave, zero, recompute, first-stage-layers, "
+                           "--layout \"%s\": unknown key \"%.*s\" (pp, dp, ep, etp, tp, cp, "
+                           "cp-comm, interleave, zero, recompute, first-stage-layers, "
                            "last-stage-layers, stage-layers, capacity, v, sp, "
                            "account-for-embedding, account-for-loss, fp8-expert-inputs)",
                            spec, (int)klen, item);
@@ -233,10 +242,14 @@ static bool check(const char *spec, struct layout *l, GError **err) {
                                   "holds two stages per rank)", spec);
   if (l->interleave > 1)
     l->shape = LAYOUT_INTERLEAVED;
+  if (l->cp > 1 && l->ep > 1)
+    return piper_input_error(err, "--layout \"%s\": cp with ep is not supported yet (experts are "
+                                  "carved from the tp x dp ranks alone)", spec);
   if (!check_experts(spec, l, err))
     return false;
-  if (l->zero > 0 && l->dp < 2)
-    return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2", spec, l->zero);
+  if (l->zero > 0 && l->dp * l->cp < 2)
+    return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2 (or dp x cp)",
+                             spec, l->zero);
   if ((l->capacity_factor > 0 || l->fp8_expert_inputs) && l->ep < 2)
     return piper_input_error(err,
                              "--layout \"%s\": %s applies to expert parallelism: it needs "
@@ -247,9 +260,10 @@ static bool check(const char *spec, struct layout *l, GError **err) {
                                   "least 2", spec);
   if (!check_stage_layers(spec, l, err) || !check_recompute(spec, l, err))
     return false;
-  if ((uint64_t)l->pp * l->dp * l->tp > LAYOUT_MAX_DEVICES)
+  uint64_t devices = (uint64_t)l->pp * l->dp * l->tp * l->cp;
+  if (devices > LAYOUT_MAX_DEVICES)
     return piper_input_error(err, "--layout \"%s\": %llu devices, more than %u", spec,
-                             (unsigned long long)l->pp * l->dp * l->tp, LAYOUT_MAX_DEVICES);
+                             (unsigned long long)devices, LAYOUT_MAX_DEVICES);
   return true;
 }
 
@@ -272,7 +286,8 @@ static bool check_repeats(const char *spec, gchar **items, GError **err) {
 }
 
 bool layout_parse(const char *spec, struct layout *out, GError **err) {
-  struct layout l = {.pp = 1, .dp = 1, .ep = 1, .tp = 1, .shape = LAYOUT_LINEAR, .interleave = 1};
+  struct layout l = {
+      .pp = 1, .dp = 1, .ep = 1, .tp = 1, .cp = 1, .shape = LAYOUT_LINEAR, .interleave = 1};
   if (!spec || !spec[0])
     return piper_input_error(err, "--layout: empty (e.g. pp=4,dp=2)");
   gchar **items = g_strsplit(spec, ",", -1);
@@ -348,7 +363,7 @@ bool layout_stage_layers(const struct layout *l, const char *spec, int64_t num_l
 }
 
 uint32_t layout_stage_ranks(const struct layout *l) {
-  return l->tp * l->dp;
+  return l->tp * l->cp * l->dp;
 }
 
 uint32_t layout_expert_tp(const struct layout *l) {
@@ -374,7 +389,20 @@ static void shard_extra(const struct layout *l, char *buf, size_t len) {
 }
 
 uint32_t layout_devices(const struct layout *l) {
-  return l->pp * l->dp * l->tp;
+  return l->pp * l->dp * l->cp * l->tp;
+}
+
+uint32_t layout_device(const struct layout *l, uint32_t pp_rank, uint32_t tp_rank,
+                       uint32_t cp_rank, uint32_t dp_rank) {
+  return ((pp_rank * l->dp + dp_rank) * l->cp + cp_rank) * l->tp + tp_rank;
+}
+
+void layout_coords(const struct layout *l, uint32_t device, uint32_t *pp_rank, uint32_t *tp_rank,
+                   uint32_t *cp_rank, uint32_t *dp_rank) {
+  *tp_rank = device % l->tp;
+  *cp_rank = device / l->tp % l->cp;
+  *dp_rank = device / (l->tp * l->cp) % l->dp;
+  *pp_rank = device / (l->tp * l->cp * l->dp);
 }
 
 uint32_t layout_stage_rank(const struct layout *l, uint32_t stage) {
@@ -386,12 +414,14 @@ uint32_t layout_stage_rank(const struct layout *l, uint32_t stage) {
   }
 }
 
-/* ", "-separated device ids of rank r: dp x tp of them, TP innermost (Megatron's order). */
+/* ", "-separated device ids of rank r: dp x cp x tp of them, in position order (a stage's
+ * group position is its device's (tp, cp, dp) coordinates, TP innermost: Megatron's order). */
 static void append_devices(GString *s, const struct layout *l, uint32_t rank) {
-  uint32_t per_rank = l->dp * l->tp;
   g_string_append_c(s, '[');
-  for (uint32_t i = 0; i < per_rank; i++)
-    g_string_append_printf(s, i ? ", %u" : "%u", rank * per_rank + i);
+  for (uint32_t dp = 0, i = 0; dp < l->dp; dp++)
+    for (uint32_t cp = 0; cp < l->cp; cp++)
+      for (uint32_t tp = 0; tp < l->tp; tp++, i++)
+        g_string_append_printf(s, i ? ", %u" : "%u", layout_device(l, rank, tp, cp, dp));
   g_string_append_c(s, ']');
 }
 
@@ -438,10 +468,12 @@ char *layout_to_json(const struct layout *l) {
                      : l->zero == 2 ? ", \"shard_grads\": true"
                      : l->zero == 1 ? ", \"shard_optimizer\": true"
                                     : "";
+  /* context parallelism reduces gradients over DP x CP: its CP ranks replicate the stage */
+  uint32_t replicas = l->dp * l->cp;
   if (stages == 1) { /* one stage on every device: no place needed */
-    if (l->dp == 1 && l->tp > 1)
+    if (replicas == 1 && l->tp > 1)
       append_line(s, "place", "{}", l, 0, "");
-    else if (l->dp > 1 || l->ep == 1)
+    else if (replicas > 1 || l->ep == 1)
       append_line(s, "replicate", "{}", l, 0, zero);
     if (l->ep > 1)
       append_line(s, "shard", "{\"EP\": \"*\"}", l, 0, shard);
@@ -451,7 +483,7 @@ char *layout_to_json(const struct layout *l) {
       g_snprintf(filter, sizeof filter, "{\"PP\": %u}", st);
       append_line(s, "place", filter, l, layout_stage_rank(l, st), "");
     }
-    for (uint32_t st = 0; st < stages && l->dp > 1; st++) {
+    for (uint32_t st = 0; st < stages && replicas > 1; st++) {
       g_snprintf(filter, sizeof filter, "{\"PP\": %u}", st);
       append_line(s, "replicate", filter, l, layout_stage_rank(l, st), zero);
     }
@@ -466,6 +498,9 @@ char *layout_to_json(const struct layout *l) {
     g_string_append_printf(s,
                            ",\n  {\"op\": \"tensor_parallel\", \"filter\": {}, \"degree\": %u%s}",
                            l->tp, l->sequence_parallel ? ", \"sequence_parallel\": true" : "");
+  if (l->cp > 1)
+    g_string_append_printf(s, ",\n  {\"op\": \"context_parallel\", \"degree\": %u, \"comm\": \"%s\"}",
+                           l->cp, l->cp_comm == IR_CP_ALL_GATHER ? "all_gather" : "p2p");
   for (uint32_t i = 0; i < l->n_recompute; i++)
     append_recompute(s, &l->recompute[i]);
   g_string_append(s, "\n]\n");

@@ -3,10 +3,11 @@
  * sharded over groups of ep of them (expert parallelism, carved from a stage's tp x dp ranks,
  * `etp` its own TP) and how stages map to ranks (one each, a loop of
  * `interleave` stages, or a V of two); `tp=8` divides every replica over 8 devices (tensor
- * parallelism, `sp` adds sequence parallelism). The layout writes the place / replicate /
- * shard / tensor_parallel directives, with devices in Megatron's rank order (TP innermost,
- * then data parallel, pipeline outermost: rank r holds devices r*dp*tp .. (r+1)*dp*tp-1, and
- * within it device dp_rank*tp + tp_rank).
+ * parallelism, `sp` adds sequence parallelism), `cp=2` splits every sequence over 2 (context
+ * parallelism). The layout writes the place / replicate / shard / tensor_parallel /
+ * context_parallel directives, with devices in Megatron's rank order (TP innermost, then
+ * context parallel, then data parallel, pipeline outermost: rank r holds devices
+ * r*dp*cp*tp .. (r+1)*dp*cp*tp-1, and within it device layout_device(l, r, tp, cp, dp)).
  *
  *   GError *err = NULL;
  *   struct layout l;
@@ -56,6 +57,8 @@ struct layout {
   uint32_t zero;        /* 0 (none), 1 (shard_optimizer), 2 (shard_grads), 3 (shard_params) */
   uint32_t tp;          /* tensor parallelism inside each data-parallel replica, 1 = none */
   bool sequence_parallel; /* "sp": with tp */
+  uint32_t cp;          /* context parallelism ("cp=N"), 1 = none: each sequence over N devices */
+  enum ir_cp_comm cp_comm; /* "cp-comm=p2p|all_gather" (default p2p) */
   /* recompute[@STAGES]=...: one recompute directive each (docs/directives.md, "recompute") */
   uint32_t n_recompute;
   struct layout_recompute recompute[LAYOUT_MAX_RECOMPUTE];
@@ -84,7 +87,8 @@ uint32_t layout_stage_ranks(const struct layout *l);
 uint32_t layout_expert_tp(const struct layout *l);
 /* Parses "key=value,..." with keys pp, dp, ep, etp, tp, interleave, zero, recompute[@A-B] (full,
  * full:uniform:N, full:block:N, selective or selective:MODULE+..., on stages A to B or all),
- * first-stage-layers, last-stage-layers, stage-layers (a+b+...) and the flags v, sp,
+ * first-stage-layers, last-stage-layers, stage-layers (a+b+...), cp, cp-comm (p2p or
+ * all_gather) and the flags v, sp,
  * account-for-embedding, account-for-loss; unset counts are 1. Fails (input error naming the spec and
  * key) on unknown keys, bad numbers, an ep x etp that does not divide the ranks of a stage (or
  * an etp that does not divide tp, or is below it without sp), interleave together with v, and
@@ -103,6 +107,12 @@ bool layout_stage_layers(const struct layout *l, const char *spec, int64_t num_l
 /* Pipeline stages (PP regions) the layout places: pp, pp*interleave or 2*pp. */
 uint32_t layout_stages(const struct layout *l);
 uint32_t layout_devices(const struct layout *l);
+/* The rank grid, Megatron's order (TP innermost, then CP, then DP, PP outermost): the device
+ * at coordinates (pp, tp, cp, dp), and the coordinates of a device. */
+uint32_t layout_device(const struct layout *l, uint32_t pp_rank, uint32_t tp_rank,
+                       uint32_t cp_rank, uint32_t dp_rank);
+void layout_coords(const struct layout *l, uint32_t device, uint32_t *pp_rank, uint32_t *tp_rank,
+                   uint32_t *cp_rank, uint32_t *dp_rank);
 /* Pipeline rank holding stage s. */
 uint32_t layout_stage_rank(const struct layout *l, uint32_t stage);
 /* The directive program as a JSON file's text: one directive per line, places first, then

@@ -22,8 +22,9 @@
 /* How much of an offending string goes into a message. */
 #define QUOTE_MAX 40
 
-static const char *const op_names[] = {"place", "replicate", "shard",           "split",
-                                       "order", "stream",    "tensor_parallel", "recompute"};
+static const char *const op_names[] = {"place",     "replicate", "shard",
+                                       "split",     "order",     "stream",
+                                       "tensor_parallel", "recompute", "context_parallel"};
 static const char *const pass_names[] = {"F", "B", "BI", "BW"};
 
 const char *dir_op_name(enum dir_op op) {
@@ -287,7 +288,34 @@ static const char *const *const op_keys[] = {
     (const char *const[]){"op", "name", "priority", "sm_share", NULL},
     (const char *const[]){"op", "filter", "degree", "sequence_parallel", NULL},
     (const char *const[]){"op", "filter", "granularity", "method", "num_layers", "modules", NULL},
+    (const char *const[]){"op", "degree", "comm", NULL},
 };
+
+/* {"op": "context_parallel", "degree": c, "comm": "p2p" | "all_gather"}: the whole model (a
+ * sequence is split once, for every layer, as Megatron's --context-parallel-size does). */
+static bool parse_context_parallel(const cJSON *obj, struct dir_directive *d, const char *ctx,
+                                   GError **err) {
+  const char *comm = NULL;
+  if (!json_get_u32(obj, "degree", true, 1, MODEL_MAX_CONTEXT_PARALLEL, &d->cp_degree, ctx, err) ||
+      !json_get_string(obj, "comm", false, &comm, ctx, err))
+    return false;
+  d->cp_comm = IR_CP_P2P;
+  if (comm && strcmp(comm, "all_gather") == 0)
+    d->cp_comm = IR_CP_ALL_GATHER;
+  else if (comm && strcmp(comm, "p2p") != 0) {
+    g_autofree char *q = quote(comm);
+    return piper_input_error(err, "%s: \"comm\" = %s must be \"p2p\" (a ring of K/V exchanges "
+                                  "overlapped with attention) or \"all_gather\"", ctx, q);
+  }
+  return true;
+}
+
+uint32_t dir_program_context_parallel(const struct dir_program *p) {
+  for (uint32_t d = 0; p && d < p->n; d++)
+    if (p->d[d].op == DIR_CONTEXT_PARALLEL)
+      return p->d[d].cp_degree;
+  return 1;
+}
 
 static bool parse_stream(const cJSON *obj, struct dir_directive *d, const char *ctx,
                          GError **err) {
@@ -420,7 +448,8 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
     g_autofree char *q = quote(op->valuestring);
     return piper_input_error(err,
                              "%s: directive %u: unknown op %s (one of place, replicate, shard, "
-                             "split, order, stream, tensor_parallel, recompute)",
+                             "split, order, stream, tensor_parallel, recompute, "
+                             "context_parallel)",
                              name, index, q);
   }
   d->op = (enum dir_op)found;
@@ -434,6 +463,7 @@ static bool parse_directive(const cJSON *obj, uint32_t index, const char *name,
       return false;
     break;
   case DIR_TENSOR_PARALLEL: return parse_tensor_parallel(obj, d, ctx, err);
+  case DIR_CONTEXT_PARALLEL: return parse_context_parallel(obj, d, ctx, err);
   case DIR_ORDER: return parse_order(obj, d, n_order_filters, ctx, err);
   case DIR_STREAM: return parse_stream(obj, d, ctx, err);
   default: break;
@@ -675,6 +705,10 @@ cJSON *dir_program_to_json(const struct dir_program *p) {
         cJSON_AddStringToObject(o, "method", d->method == DIR_RECOMPUTE_UNIFORM ? "uniform" : "block");
         cJSON_AddNumberToObject(o, "num_layers", d->num_layers);
       }
+      break;
+    case DIR_CONTEXT_PARALLEL:
+      cJSON_AddNumberToObject(o, "degree", d->cp_degree);
+      cJSON_AddStringToObject(o, "comm", d->cp_comm == IR_CP_ALL_GATHER ? "all_gather" : "p2p");
       break;
     case DIR_STREAM:
       cJSON_AddStringToObject(o, "name", d->name);

@@ -97,6 +97,7 @@ enum exec_role {
   EXEC_ROLE_OPTIMIZER,
   EXEC_ROLE_TIED_SYNC, /* all-reduce of the tied embedding's two copies' gradients */
   EXEC_ROLE_TP,        /* the plan's TP collectives of a compute: run inside it (tp.c) */
+  EXEC_ROLE_CP,        /* its K/V exchange: run inside the attention (context_parallel.c) */
 };
 
 struct exec_instr {
@@ -180,6 +181,10 @@ struct exec_device {
   uint32_t tp_degree, tp_rank;
   bool sequence_parallel;
   uint32_t tp_comm;
+  /* Context parallelism (context_parallel.c): the degree (1: none), this device's CP rank, and
+   * the communicator key its attention exchanges K/V on (IR_NONE without CP). The CP ranks
+   * count among the replicas: dp_degree and dp_rank include them (CP inside DP). */
+  uint32_t cp_degree, cp_rank, cp_comm;
   uint64_t *op_offset; /* [n_ops]: where each op's parameters start in its segment's local block */
 };
 
@@ -407,6 +412,19 @@ bool exec_tp_all_gather(struct exec_state *s, struct exec_task_ctx *st, const fl
 void exec_tp_retime(const struct exec_state *s, double *start, double *end, double *comm);
 /* After the communicator keys: d->tp_comm, and the checks that need it. */
 bool exec_tp_link_comm(struct exec_device *d, GError **err);
+/* Context parallelism (context_parallel.c). After exec_tp_device_init: d->cp_degree and
+ * d->cp_rank. After the communicator keys: d->cp_comm. */
+bool exec_cp_device_init(struct exec_device *d, GError **err);
+/* Why the executor cannot run p's context parallelism on b (the end of a sentence), or NULL
+ * (also without CP). */
+const char *exec_cp_refusal(const struct plan *p, const struct exec_backend *b);
+bool exec_cp_link_comm(struct exec_device *d, GError **err);
+/* The sequence block micro-batch k of step reads: the CP ranks of one replica read the same. */
+uint64_t exec_cp_data_block(const struct exec_device *d, uint32_t step, uint32_t k);
+/* tokens, targets [batch, seq / cp] <- block's sequences of seq: this CP rank's two chunks of
+ * each (exec_data_batch without CP). */
+void exec_cp_batch(const struct exec_data *data, const struct exec_device *d, uint64_t block,
+                   int batch, int seq, int32_t *tokens, int32_t *targets);
 /* Each op's local parameter offset in its segment (d->op_offset), after the EP split. */
 void exec_tp_op_offsets(struct exec_device *d);
 /* Whether the executor's kernel of op kind k runs on a slice (and its output or input gradient

@@ -405,8 +405,8 @@ void exec_mb_begin(struct exec_state *s, uint32_t k) {
    * them into their saved activations */
   mb->tokens_host = exec_mb_host(s, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   mb->targets_host = exec_mb_host(s, mb, T * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-  uint64_t block = (uint64_t)(s->step - 1) * s->dev->dp_degree * s->dev->M + mb->global_index;
-  exec_data_batch(s->data, block, xm->batch, xm->seq, mb->tokens_host, mb->targets_host);
+  uint64_t block = exec_cp_data_block(s->dev, s->step, k);
+  exec_cp_batch(s->data, s->dev, block, xm->batch, xm->seq, mb->tokens_host, mb->targets_host);
   mb->tokens = mb->targets = NULL;
 }
 

@@ -152,7 +152,8 @@ static bool model_dims(struct exec_model *xm, const struct model *m, GError **er
                              "hidden_size %lld, vocab_size %lld)",
                              m->name, (long long)T, (long long)m->hidden_size,
                              (long long)m->vocab_size);
-  xm->T = xm->T_seq = (int)T;
+  /* under context parallelism a device runs its CP rank's share (seq stays the whole one's) */
+  xm->T = xm->T_seq = (int)model_tokens_per_microbatch(m);
   xm->batch = (int)m->micro_batch_size;
   xm->seq = (int)m->seq_len;
   xm->C = (int)m->hidden_size;

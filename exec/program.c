@@ -361,6 +361,7 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
   x->mb = -1;
   bool per_mb = n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_SEND || n->kind == IR_NODE_RECV ||
                 n->kind == IR_NODE_ALL_TO_ALL || n->purpose == IR_COMM_TP ||
+                n->purpose == IR_COMM_CP ||
                 (n->kind == IR_NODE_ALL_GATHER && n->pass != IR_PASS_NONE);
   if (per_mb) {
     int32_t v = d->mb_tag >= 0 ? n->tags[d->mb_tag] : 0;
@@ -371,6 +372,11 @@ static bool decode_instr(struct decoder *dc, uint32_t i, GError **err) {
   }
   if (n->purpose == IR_COMM_TP) { /* run inside its compute (tp.c) */
     x->role = EXEC_ROLE_TP;
+    x->segment = n->segment;
+    return true;
+  }
+  if (n->purpose == IR_COMM_CP) { /* run inside its attention (context_parallel.c) */
+    x->role = EXEC_ROLE_CP;
     x->segment = n->segment;
     return true;
   }
@@ -663,7 +669,8 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
   d->plan = p;
   d->xm = xm;
   d->device = device;
-  if (!device_shape(d, device, err) || !exec_tp_device_init(d, err) || !data_parallel_place(d, err))
+  if (!device_shape(d, device, err) || !exec_tp_device_init(d, err) ||
+      !exec_cp_device_init(d, err) || !data_parallel_place(d, err))
     return false;
   device_alloc(d);
   if (!decode_instrs(d, err) || !link_gathers(d, err) || !lay_out_params(d, err) ||
@@ -672,7 +679,7 @@ bool exec_device_init(struct exec_device *d, const struct plan *p, const struct 
     return false;
   }
   collect_comm_keys(d);
-  if (!exec_tp_link_comm(d, err)) {
+  if (!exec_tp_link_comm(d, err) || !exec_cp_link_comm(d, err)) {
     exec_device_clear(d);
     return false;
   }

@@ -10,9 +10,10 @@
 #include "../base/assert.h"
 #include "runner-impl.h"
 
-/* A DP, EP or TP communicator: its group whole, or with split (tensor parallelism, TP
+/* A DP, EP, TP or CP communicator: its group whole, or with split (tensor parallelism, TP
  * innermost) each instance of it in turn (every rank creates every instance, members or not):
- * TP the runs of split consecutive positions, DP and EP the positions with one TP rank. This
+ * TP the runs of split consecutive positions, DP and EP the positions with one TP rank, CP the
+ * split positions of one TP and one DP rank (stride the TP degree). This
  * rank keeps its own instance. */
 static struct exec_comm *create_split_comm(struct runner *R, const struct plan_comm *pc,
                                            const char *label, GError **err) {

@@ -141,7 +141,7 @@ static void bwd_rmsnorm(struct bwd *b, const struct bwd_op *o) {
     KT(st, s, b->k->rmsnorm_backward_weight(st->stream, o->dprm, o->dout, o->in0, saved, T, C));
 }
 
-static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
+static bool bwd_attention(struct bwd *b, const struct bwd_op *o, GError **err) {
   struct exec_state *s = b->s;
   struct exec_task_ctx *st = b->st;
   struct exec_seg_run *run = b->run;
@@ -150,7 +150,16 @@ static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
   dd.core = run->core[j]; /* apart from saved under selective recomputation */
   if (b->mode != BWD_WEIGHT)
     run->bwork[j] = mb_floats_raw(s, st, b->mb, b->keep, kernels_attention_bwork_floats(&dd));
-  if (b->mode == BWD_FUSED)
+  if (s->dev->cp_degree > 1 && b->mode != BWD_WEIGHT) {
+    /* its K/V exchange inside (context_parallel.c); BW is the plain one's */
+    if (!exec_cp_attention_backward_input(s, st, b->mb, o->din, run->bwork[j], o->dout,
+                                          run->saved[j], o->prm, &dd, o->acc, err))
+      return false;
+    if (b->mode == BWD_FUSED)
+      KT(st, s,
+         b->k->attention_backward_weight(st->stream, o->dprm, run->bwork[j], o->dout, o->in0,
+                                         run->saved[j], &dd));
+  } else if (b->mode == BWD_FUSED)
     KT(st, s,
        b->k->attention_backward(st->stream, o->din, o->dprm, run->bwork[j], o->dout, o->in0,
                                 run->saved[j], o->prm, &dd, o->acc));
@@ -162,6 +171,7 @@ static void bwd_attention(struct bwd *b, const struct bwd_op *o) {
     KT(st, s,
        b->k->attention_backward_weight(st->stream, o->dprm, run->bwork[j], o->dout, o->in0,
                                        run->saved[j], &dd));
+  return true;
 }
 
 /* The output gradient passes to every input (none in BW: no parameters). */
@@ -378,7 +388,10 @@ static bool tp_backward_op(struct bwd *b, struct bwd_op *o, GError **err) {
     if (weight)
       KT(st, s, exec_tp_embedding_backward(s, st->stream, o->dprm, o->dout, b->mb->tokens));
     return true;
-  case MODEL_OP_ATTENTION: bwd_attention(b, o); break;
+  case MODEL_OP_ATTENTION:
+    if (!bwd_attention(b, o, err))
+      return false;
+    break;
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: bwd_mlp(b, o); break;
   case MODEL_OP_LM_HEAD_LOSS: {
@@ -439,7 +452,7 @@ static bool backward_op(struct bwd *b, int32_t j, uint32_t i, GError **err) {
   switch (so->kind) {
   case MODEL_OP_EMBEDDING: bwd_embedding(b, &o); return true;
   case MODEL_OP_RMSNORM: bwd_rmsnorm(b, &o); return true;
-  case MODEL_OP_ATTENTION: bwd_attention(b, &o); return true;
+  case MODEL_OP_ATTENTION: return bwd_attention(b, &o, err);
   case MODEL_OP_RESIDUAL_ADD: bwd_residual_add(b, &o); return true;
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: bwd_mlp(b, &o); return true;

@@ -172,8 +172,8 @@ struct fwd {
   const bool *needed; /* a full rerun's (rerun_needed); NULL: every value */
 };
 
-static void fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in0,
-                          const float *prm) {
+static bool fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in0, const float *prm,
+                          GError **err) {
   struct exec_state *s = f->s;
   struct exec_task_ctx *st = f->st;
   struct kernels_attention_dims dd = attention_dims(s, &s->xm->m->ops[f->es->ops[j].op]);
@@ -185,7 +185,10 @@ static void fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in
   } else {
     f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->saved, all);
   }
+  if (s->dev->cp_degree > 1) /* its K/V exchange inside (context_parallel.c) */
+    return exec_cp_attention_forward(s, st, f->mb, out, f->run->saved[j], in0, prm, &dd, err);
   KT(st, s, s->k->attention_forward(st->stream, out, f->run->saved[j], in0, prm, &dd));
+  return true;
 }
 
 /* The experts on one device: dispatch, experts, combine (no combine in a rerun that does not
@@ -275,7 +278,10 @@ static bool tp_forward_op(struct fwd *f, uint32_t j, GError **err) {
     exec_backend_from_host(s->b, mb->tokens, mb->tokens_host, (size_t)T * sizeof(int32_t));
     KT(st, s, exec_tp_embedding_forward(s, st->stream, buf, mb->tokens, prm));
     break;
-  case MODEL_OP_ATTENTION: fwd_attention(f, j, buf, in0, prm); break;
+  case MODEL_OP_ATTENTION:
+    if (!fwd_attention(f, j, buf, in0, prm, err))
+      return false;
+    break;
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: {
     int F = mlp_width(s, op);
@@ -392,7 +398,7 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
     KT(st, s,
        k->rmsnorm_forward(st->stream, out, run->saved[j], in0, prm, Ts, C, xm->rms_norm_eps));
     return true;
-  case MODEL_OP_ATTENTION: fwd_attention(f, j, out, in0, prm); return true;
+  case MODEL_OP_ATTENTION: return fwd_attention(f, j, out, in0, prm, err);
   case MODEL_OP_RESIDUAL_ADD: {
     size_t n = (size_t)Ts * C;
     KT(st, s, k->copy(st->stream, out, in0, n * sizeof(float)));
@@ -431,9 +437,9 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
 /* One op of a selective rerun: what its forward dropped, rebuilt from what it kept into R's
  * saved tensor (saved); what the kernel also writes and nobody reads (an MLP's output, a
  * norm's row statistics) in R's workspace. */
-static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+static bool rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
                      struct exec_seg_run *run, const struct exec_seg_op *so, uint32_t j,
-                     uint32_t saved, const float *P) {
+                     uint32_t saved, const float *P, GError **err) {
   const struct exec_model *xm = s->xm;
   const float *prm = P + s->dev->op_offset[so->op];
   int T = xm->T, C = xm->C, Ts = xm->T_seq;
@@ -441,8 +447,10 @@ static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec
   case MODEL_OP_ATTENTION: {
     struct kernels_attention_dims dd = attention_dims(s, &xm->m->ops[so->op]);
     dd.core = run->core[j] = mb_floats_raw(s, st, mb, saved, kernels_attention_core_floats(&dd));
+    if (s->dev->cp_degree > 1) /* over every rank's K/V (context_parallel.c) */
+      return exec_cp_attention_core_forward(s, st, mb, run->saved[j], &dd, err);
     KT(st, s, s->k->attention_core_forward(st->stream, run->saved[j], &dd));
-    return;
+    return true;
   }
   case MODEL_OP_RMSNORM: {
     float *h = mb_floats_raw(s, st, mb, saved, (size_t)Ts * C);
@@ -450,7 +458,7 @@ static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec
     KT(st, s, s->k->rmsnorm_forward(st->stream, h, rstd, run->val[so->in[0]], prm, Ts, C,
                                     xm->rms_norm_eps));
     run->val[so->out] = h;
-    return;
+    return true;
   }
   case MODEL_OP_MLP:
   case MODEL_OP_SHARED_EXPERT: {
@@ -458,14 +466,14 @@ static void rerun_op(struct exec_state *s, struct exec_task_ctx *st, struct exec
     float *out = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)T * C);
     run->saved[j] = mb_floats_raw(s, st, mb, saved, kernels_mlp_saved_floats(T, F));
     KT(st, s, s->k->mlp_forward(st->stream, out, run->saved[j], run->val[so->in[0]], prm, T, C, F));
-    return;
+    return true;
   }
   case MODEL_OP_EXPERT_FFN: { /* local experts (moe_act): silu(gate)·up from the kept gate, up */
     int TK = T * xm->K, F = expert_width(s);
     struct local_moe *lm = run->moe[j];
     lm->act = mb_floats_raw(s, st, mb, saved, (size_t)TK * F);
     KT(st, s, s->k->expert_ffn_act_forward(st->stream, lm->act, run->saved[j], TK, C, F));
-    return;
+    return true;
   }
   default: PIPER_UNREACHABLE();
   }
@@ -486,7 +494,8 @@ static bool seg_rerun_modules(struct exec_state *s, uint32_t i, struct exec_task
   const float *P = exec_params_of(s, x);
   for (uint32_t j = 0; j < es->n_ops; j++) {
     if (op_dropped(s, modules, es->ops[j].op))
-      rerun_op(s, st, mb, run, &es->ops[j], j, saved, P);
+      if (!rerun_op(s, st, mb, run, &es->ops[j], j, saved, P, err))
+        return false;
     if (exec_group_starts(s, es, j + 1))
       exec_work_group_end(s, st, 0);
   }

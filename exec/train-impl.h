@@ -252,4 +252,22 @@ bool exec_tied_sync(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
 bool exec_optimizer_step(struct exec_state *s, uint32_t i, struct exec_task_ctx *st);
 void exec_gathered_release(struct exec_state *s, uint32_t g);
 
+/* ---- context_parallel.c: the attention under context parallelism (host kernels) -------- */
+/* a [T, C], saved <- h [T, C] (T this rank's tokens; saved's lse [T, H] by token) */
+bool exec_cp_attention_forward(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                               float *a, float *saved, const float *h, const float *params,
+                               const struct kernels_attention_dims *d, GError **err);
+/* lse, y (into d->core) <- q, k, v of saved, over every rank's K/V: selective recomputation's
+ * rerun of the core */
+bool exec_cp_attention_core_forward(struct exec_state *s, struct exec_task_ctx *st,
+                                    struct exec_mb *mb, float *saved,
+                                    const struct kernels_attention_dims *d, GError **err);
+/* dh (= or +=), bwork <- da: kernels_attention_backward_input's, over the CP group; BW is the
+ * plain kernels_attention_backward_weight */
+bool exec_cp_attention_backward_input(struct exec_state *s, struct exec_task_ctx *st,
+                                      struct exec_mb *mb, float *dh, float *bwork, const float *da,
+                                      const float *saved, const float *params,
+                                      const struct kernels_attention_dims *d, bool accumulate,
+                                      GError **err);
+
 #endif

@@ -43,6 +43,7 @@ bool exec_run_instr(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, 
   case EXEC_ROLE_OPTIMIZER: ok = exec_optimizer_step(s, i, st); break;
   case EXEC_ROLE_TIED_SYNC: ok = exec_tied_sync(s, i, st, err); break;
   case EXEC_ROLE_TP: break; /* its collectives ran inside its compute (tp.c) */
+  case EXEC_ROLE_CP: break; /* its exchange ran inside its attention (context_parallel.c) */
   }
   exec_instr_memory_done(s, i, st);
   if (x->mb >= 0 && atomic_fetch_sub(&s->mbs[x->mb].remaining, 1) == 1)
@@ -59,7 +60,8 @@ bool exec_instr_in_forward(const struct exec_instr *x) {
   /* a point-to-point group's lead posts its forward parts alone (transfer.c) */
   case EXEC_ROLE_SEND:
   case EXEC_ROLE_RECV: return x->group_lead != IR_NONE || x->pass == IR_PASS_F;
-  case EXEC_ROLE_TP: return true;
+  case EXEC_ROLE_TP:
+  case EXEC_ROLE_CP: return true;
   default: return false;
   }
 }

@@ -55,9 +55,15 @@ enum ir_recompute { IR_RECOMPUTE_NONE, IR_RECOMPUTE_FULL, IR_RECOMPUTE_SELECTIVE
 #define IR_RECOMPUTE_MODULES_DEFAULT MODEL_MODULE_BIT(MODEL_MODULE_CORE_ATTN)
 
 /* What a communication node serves, which fixes its communicator purpose. */
-/* TP: the tensor-parallel collectives of a compute node (tensor_parallel, IR_COMM_TP). */
-enum ir_comm_purpose { IR_COMM_NONE, IR_COMM_PP, IR_COMM_DP, IR_COMM_EP, IR_COMM_TP };
-#define IR_COMM_PURPOSE_COUNT 5
+/* TP: the tensor-parallel collectives of a compute node (tensor_parallel, IR_COMM_TP). CP: the
+ * K/V exchange of context parallelism's attention (context_parallel, IR_COMM_CP). */
+enum ir_comm_purpose { IR_COMM_NONE, IR_COMM_PP, IR_COMM_DP, IR_COMM_EP, IR_COMM_TP, IR_COMM_CP };
+#define IR_COMM_PURPOSE_COUNT 6
+
+/* How context parallelism's attention sees the other ranks' K/V (directives/context_parallel.c):
+ * a ring of point-to-point exchanges overlapped with the block attention (Megatron's
+ * cp_comm_type p2p), or one all-gather before it (Llama 3's). */
+enum ir_cp_comm { IR_CP_P2P, IR_CP_ALL_GATHER };
 
 struct ir_node {
   enum ir_node_kind kind;
@@ -104,7 +110,13 @@ struct ir_node {
    * TP group (tp). sequence_parallel divides norms and activations between layers too. */
   uint32_t tp_degree;
   bool sequence_parallel;
-  uint32_t collectives; /* a tp node: how many collectives of bytes/collectives it stands for */
+  uint32_t collectives; /* a tp or cp node: how many collectives of bytes/collectives it stands for */
+  /* Context parallelism (directives/context_parallel.c): 0 or 1 = none; else the node's group is
+   * tp_degree x cp_degree x d devices, TP innermost then CP (Megatron's order), each CP rank
+   * holding 2 of the 2 x cp_degree chunks of every sequence (the model's ops are one rank's
+   * share, models/model.h). cp_comm: how its K/V travel. */
+  uint32_t cp_degree;
+  enum ir_cp_comm cp_comm;
   /* F under a recompute directive (it saves less) and its R rerun; NONE elsewhere */
   enum ir_recompute recompute;
   /* under SELECTIVE: the modules it drops and reruns (MODEL_MODULE_BIT of enum model_module;
@@ -265,6 +277,18 @@ uint64_t ir_tp_segment_work(const struct model *m, uint32_t segment, enum ir_pas
  * its reruns hold while they run (model_op.module_rerun_work_bytes, per group). */
 uint64_t ir_tp_segment_work_modules(const struct model *m, uint32_t segment, enum ir_pass pass,
                                     uint32_t tp, bool sequence_parallel, uint32_t modules);
+/* Context parallelism's K/V (ir/context_parallel.c), for a model loaded with
+ * context_parallel > 1. The K and V of the whole sequence on one TP rank, summed over the
+ * segment's attention layers (*layers of them): what each of them gathers (the ring's p2p
+ * steps move (cp - 1) / cp of it, as a ring all-gather does), and what backward's dK/dV
+ * reduce-scatter moves. */
+void ir_cp_segment_kv(const struct model *m, uint32_t segment, uint32_t tp, uint64_t *kv_bytes,
+                      uint32_t *layers);
+/* What a compute node's attention holds for the exchange while it runs, one layer at a time:
+ * p2p, two blocks of K/V (and of dK/dV in B and BI); all_gather, the whole sequence's K/V (and
+ * dK/dV). 0 in BW and without context parallelism. */
+uint64_t ir_cp_buffer_bytes(const struct model *m, uint32_t segment, enum ir_pass pass,
+                            uint32_t tp, enum ir_cp_comm comm);
 /* The TP collectives a compute node of segment in pass implies: *count of them moving *bytes
  * in total per device (all-reduces; under sequence parallelism each is a reduce-scatter plus an
  * all-gather of the same size). */

@@ -130,6 +130,10 @@ static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
   struct plan_comm c = {.purpose = n->purpose, .group = n->group, .peer_group = IR_NONE};
   if (n->tp_degree > 1 && n->purpose != IR_COMM_PP)
     c.split = n->tp_degree; /* TP peers, or the devices of one TP rank (tensor_parallel.c) */
+  if (n->purpose == IR_COMM_CP) { /* one tp rank's and one dp rank's cp devices */
+    c.split = n->cp_degree;
+    c.stride = n->tp_degree > 1 ? n->tp_degree : 0;
+  }
   if (n->kind == IR_NODE_SEND)
     c.peer_group = n->peer_group;
   if (n->kind == IR_NODE_RECV) {
@@ -139,9 +143,9 @@ static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
   /* an all-to-all of experts carved from the stage: one EP group per block (ir.h) */
   if (n->purpose == IR_COMM_EP && n->expert_replicas > 1)
     c.block = l->g->groups ? IR_GROUP(l->g, n->group)->count / n->expert_replicas : 0;
-  char key[80];
-  g_snprintf(key, sizeof key, "%d:%u:%u:%u:%u", c.purpose, c.group, c.peer_group, c.split,
-             c.block);
+  char key[96];
+  g_snprintf(key, sizeof key, "%d:%u:%u:%u:%u:%u", c.purpose, c.group, c.peer_group, c.split,
+             c.block, c.stride);
   gpointer found = g_hash_table_lookup(l->comm_index, key);
   if (found)
     return GPOINTER_TO_UINT(found) - 1;
@@ -550,12 +554,21 @@ static uint64_t node_work(const struct model *m, const struct ir_node *n, enum i
 /* Compute instruction i's workspace (models/model.h): F holds its outputs nobody keeps and
  * scratch; a fused B its values' gradients, bwork and scratch; BI its scratch (it keeps the
  * rest for BW, its saved tensor); BW nothing new; under recomputation, recompute_work. */
-uint64_t plan_compute_work_bytes(const struct model *m, const struct ir_node *n) {
-  if (n->kind != IR_NODE_COMPUTE || n->segment >= m->n_segments)
-    return 0;
+static uint64_t compute_work(const struct model *m, const struct ir_node *n) {
   if (n->recompute != IR_RECOMPUTE_NONE && (n->pass == IR_PASS_F || n->pass == IR_PASS_R))
     return recompute_work(m, n, node_work(m, n, IR_PASS_F));
   return node_work(m, n, n->pass);
+}
+
+/* Under context parallelism the attention also holds the K/V (and dK/dV) its exchange brings
+ * (ir_cp_buffer_bytes), while it runs. */
+uint64_t plan_compute_work_bytes(const struct model *m, const struct ir_node *n) {
+  if (n->kind != IR_NODE_COMPUTE || n->segment >= m->n_segments)
+    return 0;
+  uint64_t cp = n->cp_degree > 1 ? ir_cp_buffer_bytes(m, n->segment, n->pass, n->tp_degree,
+                                                      n->cp_comm)
+                                 : 0;
+  return compute_work(m, n) + cp;
 }
 
 static void instr_work(struct lower *l, uint32_t i, const struct ir_node *n,

@@ -149,24 +149,43 @@ uint32_t plan_peer(const struct plan *p, uint32_t node, uint32_t device) {
   return p->device_pool[peer->first + (uint32_t)pos];
 }
 
-const char *const plan_purpose_names[IR_COMM_PURPOSE_COUNT] = {"none", "pp", "dp", "ep", "tp"};
+const char *const plan_purpose_names[IR_COMM_PURPOSE_COUNT] = {"none", "pp", "dp", "ep", "tp",
+                                                                "cp"};
+
+uint32_t plan_comm_instance(const struct plan_comm *c, uint32_t pos, uint32_t *stride,
+                            uint32_t *rank) {
+  uint32_t s = c->stride > 1 ? c->stride : 1, block = c->split * s;
+  if (c->purpose == IR_COMM_CP) { /* (tp, cp, rest) coordinates of pos, TP innermost */
+    *stride = s;
+    *rank = pos / s % c->split;
+    return pos - pos % block + pos % s;
+  }
+  if (c->purpose == IR_COMM_TP) {
+    *stride = 1;
+    *rank = pos % c->split;
+    return pos - pos % c->split;
+  }
+  /* DP / EP: strided by the TP degree; an EP group carved from the stage (block > 0) holds
+   * only the positions of pos's block [pos - pos mod block, +block) */
+  uint32_t split = c->split > 1 ? c->split : 1, base = c->block ? pos - pos % c->block : 0;
+  *stride = split;
+  *rank = (pos - base) / split;
+  return base + (pos - base) % split;
+}
 
 /* Position k (0 <= k < size) of the instance of split communicator c that holds group position
- * pos: consecutive for TP, strided by the TP degree for DP / EP. */
+ * pos: consecutive for TP, strided by the TP degree for DP / EP and CP. */
 static uint32_t split_position(const struct plan_comm *c, uint32_t pos, uint32_t k) {
-  if (c->purpose == IR_COMM_TP)
-    return pos - pos % c->split + k;
-  uint32_t base = c->block ? pos - pos % c->block : 0, s = c->split > 1 ? c->split : 1;
-  return base + (pos - base) % s + k * s;
+  uint32_t stride, rank;
+  return plan_comm_instance(c, pos, &stride, &rank) + k * stride;
 }
 
 static int split_rank(const struct plan_comm *c, int pos) {
   if (pos < 0 || (c->split <= 1 && !c->block))
     return pos;
-  if (c->purpose == IR_COMM_TP)
-    return pos % (int)c->split;
-  int within = c->block ? pos % (int)c->block : pos;
-  return within / (int)(c->split > 1 ? c->split : 1);
+  uint32_t stride, rank;
+  plan_comm_instance(c, (uint32_t)pos, &stride, &rank);
+  return (int)rank;
 }
 
 uint32_t plan_device_peer(const struct plan *p, uint32_t d, const struct ir_node *n) {
@@ -224,7 +243,7 @@ uint32_t plan_comm_size(const struct plan *p, uint32_t comm) {
   uint32_t count = c->block ? c->block : p->groups[c->group].count;
   if (c->split <= 1)
     return count;
-  return c->purpose == IR_COMM_TP ? c->split : count / c->split;
+  return c->purpose == IR_COMM_TP || c->purpose == IR_COMM_CP ? c->split : count / c->split;
 }
 
 /* For PP: the instance (position p) device belongs to and its rank there (0 = the sending side).
@@ -295,12 +314,14 @@ void plan_comm_name(const struct plan *p, uint32_t comm, char *buf, size_t len) 
   case IR_COMM_DP: snprintf(buf, len, "dp g%u", c->group); break;
   case IR_COMM_EP: snprintf(buf, len, "ep g%u", c->group); break;
   case IR_COMM_TP: snprintf(buf, len, "tp g%u", c->group); break;
+  case IR_COMM_CP: snprintf(buf, len, "cp g%u", c->group); break;
   default: snprintf(buf, len, "none g%u", c->group); break;
   }
   if (c->split > 1 && c->purpose != IR_COMM_PP) {
     size_t used = strlen(buf);
     if (used < len)
-      snprintf(buf + used, len - used, c->purpose == IR_COMM_TP ? "/%u" : "%%%u", c->split);
+      snprintf(buf + used, len - used, c->purpose == IR_COMM_DP || c->purpose == IR_COMM_EP ? "%%%u" : "/%u",
+               c->split);
   }
   if (c->block) { /* "ep g3:64": EP groups of 64 consecutive positions */
     size_t used = strlen(buf);
@@ -440,7 +461,8 @@ static bool node_equal(const struct ir_node *a, const struct ir_node *b, uint32_
          a->recompute_modules == b->recompute_modules && a->directive == b->directive &&
          a->priority == b->priority && a->tp_degree == b->tp_degree &&
          a->sequence_parallel == b->sequence_parallel && a->collectives == b->collectives &&
-         a->capacity_factor == b->capacity_factor && a->fp8_expert_inputs == b->fp8_expert_inputs;
+         a->capacity_factor == b->capacity_factor && a->fp8_expert_inputs == b->fp8_expert_inputs &&
+         a->cp_degree == b->cp_degree && a->cp_comm == b->cp_comm;
 }
 
 bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uint32_t n_streams,
@@ -501,14 +523,9 @@ bool plan_class_diff(const struct plan_class *a, const struct plan_class *b, uin
   return true;
 }
 
-static bool comms_equal(const struct plan *a, const struct plan *b) {
-  for (uint32_t c = 0; c < a->n_comms; c++) {
-    const struct plan_comm *x = &a->comms[c], *y = &b->comms[c];
-    if (x->purpose != y->purpose || x->group != y->group || x->peer_group != y->peer_group ||
-        x->split != y->split || x->block != y->block)
-      return false;
-  }
-  return true;
+static bool comm_equal(const struct plan_comm *x, const struct plan_comm *y) {
+  return x->purpose == y->purpose && x->group == y->group && x->peer_group == y->peer_group &&
+         x->split == y->split && x->stride == y->stride && x->block == y->block;
 }
 
 bool plan_equal(const struct plan *a, const struct plan *b) {
@@ -546,8 +563,9 @@ bool plan_equal(const struct plan *a, const struct plan *b) {
         x->sm_share != y->sm_share)
       return false;
   }
-  if (!comms_equal(a, b))
-    return false;
+  for (uint32_t c = 0; c < a->n_comms; c++)
+    if (!comm_equal(&a->comms[c], &b->comms[c]))
+      return false;
   if (a->n_devices &&
       memcmp(a->device_class, b->device_class, a->n_devices * sizeof(uint32_t)) != 0)
     return false;

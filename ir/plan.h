@@ -101,6 +101,10 @@ struct plan_comm {
    * of p's block [p - p mod block, +block), with p's TP rank when split > 1; 0 = the whole
    * group. */
   uint32_t block;
+  /* cp only: the TP degree (0 or 1: none). A cp communicator's instance is the split = cp
+   * devices of one tp rank and one dp rank: positions base + k * stride (Megatron's order, TP
+   * innermost, then CP; plan_comm_instance). */
+  uint32_t stride;
 };
 
 /* Where each device sits in the groups it belongs to, so that peers and ranks are found
@@ -187,6 +191,12 @@ uint32_t plan_peer(const struct plan *p, uint32_t node, uint32_t device);
 /* Size of the communicator instance device is in (2 for PP), its rank in it, and its members
  * (members may be NULL; else room for the size). */
 uint32_t plan_comm_size(const struct plan *p, uint32_t comm);
+/* The instance of split communicator c (split > 1, not PP) that holds group position pos: its
+ * members are the positions first + k * *stride for k < plan_comm_size, pos being the *rank-th.
+ * Returns first, which names the instance. TP: split consecutive positions; DP / EP: the
+ * positions of pos's TP rank (stride split); CP: pos's TP and DP rank (stride the TP degree). */
+uint32_t plan_comm_instance(const struct plan_comm *c, uint32_t pos, uint32_t *stride,
+                            uint32_t *rank);
 int plan_comm_rank(const struct plan *p, uint32_t comm, uint32_t device);
 void plan_comm_members(const struct plan *p, uint32_t comm, uint32_t device, uint32_t *members);
 /* e.g. "pp g1->g2", "dp g0", "ep g0" */

@@ -147,11 +147,15 @@ static bool check_comm(const struct model_view *v, const struct plan *p, uint32_
   case IR_NODE_ALL_REDUCE:
   case IR_NODE_REDUCE_SCATTER:
   case IR_NODE_ALL_GATHER:
-    if (n->purpose == IR_COMM_TP) {
+    if (n->purpose == IR_COMM_TP || n->purpose == IR_COMM_CP) {
       uint32_t count;
       if (n->segment == IR_NONE || n->segment >= m->n_segments)
-        return fail_node(err, file, p, i, "a tp collective needs a model segment");
-      ir_tp_segment_comm(m, n->segment, n->pass, &want, &count);
+        return fail_node(err, file, p, i, "a %s collective needs a model segment",
+                         plan_purpose_names[n->purpose]);
+      if (n->purpose == IR_COMM_TP)
+        ir_tp_segment_comm(m, n->segment, n->pass, &want, &count);
+      else /* cp: the K/V of the segment's attention layers */
+        ir_cp_segment_kv(m, n->segment, n->tp_degree, &want, &count);
       if (n->collectives != (count > 1 ? count : 0))
         return fail_node(err, file, p, i, "it stands for %u collectives, the model gives %u",
                          n->collectives, count);
@@ -269,7 +273,7 @@ static bool names_segment(const struct ir_node *n) {
   case IR_NODE_OPTIMIZER: return false;
   case IR_NODE_ALL_REDUCE: return n->purpose == IR_COMM_TP || ir_node_is_tied_sync(n);
   case IR_NODE_REDUCE_SCATTER:
-  case IR_NODE_ALL_GATHER: return n->purpose == IR_COMM_TP;
+  case IR_NODE_ALL_GATHER: return n->purpose == IR_COMM_TP || n->purpose == IR_COMM_CP;
   default: return true;
   }
 }

@@ -365,6 +365,8 @@ enum {
   N_RECOMPUTE_MODULES, /* selective recomputation of other modules than the attention core */
   N_EXPERT_REPLICAS,   /* experts carved from the stage: optional, absent without */
   N_ROUTE_SPLIT,
+  N_CP_DEGREE,         /* context parallelism: optional, absent without it */
+  N_CP_COMM,
   N_COUNT
 };
 static const char *const node_keys[N_COUNT] = {"id",
@@ -395,7 +397,35 @@ static const char *const node_keys[N_COUNT] = {"id",
                                                "fp8_expert_inputs",
                                                "recompute_modules",
                                                "expert_replicas",
-                                               "route_split"};
+                                               "route_split",
+                                               "cp_degree",
+                                               "cp_comm"};
+
+/* The optional context-parallel fields: a degree of 2 or more that divides the node's group
+ * (with its TP degree), and how its K/V travel; a cp node always has them. */
+static bool read_context_parallel(const struct plan *p, struct ir_node *n, const cJSON *deg_v,
+                                  const cJSON *comm_v, const struct json_loc *l, GError **err) {
+  int64_t deg = 0;
+  const char *comm = NULL;
+  if (deg_v && !json_value_int(deg_v, "cp_degree", 2, MODEL_MAX_CONTEXT_PARALLEL, &deg, l, err))
+    return false;
+  if (comm_v && !json_value_string(comm_v, "cp_comm", 16, &comm, l, err))
+    return false;
+  n->cp_degree = (uint32_t)deg;
+  n->cp_comm = comm && strcmp(comm, "all_gather") == 0 ? IR_CP_ALL_GATHER : IR_CP_P2P;
+  if (comm && strcmp(comm, "all_gather") != 0 && strcmp(comm, "p2p") != 0)
+    return json_fail_at(err, l, "\"cp_comm\" must be \"p2p\" or \"all_gather\"");
+  if (!deg != !comm || (!deg && n->purpose == IR_COMM_CP))
+    return json_fail_at(err, l, "\"cp_degree\" and \"cp_comm\" go together, on every cp node");
+  uint32_t tp = n->tp_degree > 1 ? n->tp_degree : 1;
+  if (deg && (p->groups[n->group].count % (tp * (uint32_t)deg) != 0 ||
+              p->model->context_parallel != deg))
+    return json_fail_at(err, l, "\"cp_degree\" %lld must divide the %u devices of \"group\" %u "
+                                "(with tp %u) and equal the model's context_parallel %lld",
+                        (long long)deg, p->groups[n->group].count, n->group, tp,
+                        (long long)p->model->context_parallel);
+  return true;
+}
 
 /* A selective node's "recompute_modules" (module names, absent: the attention core). */
 static bool read_recompute_modules(const cJSON *v, struct ir_node *n, const struct json_loc *l,
@@ -468,7 +498,7 @@ static bool read_purpose(const cJSON *v, bool nullable, enum ir_comm_purpose *ou
         *out = (enum ir_comm_purpose)k;
         return true;
       }
-  return json_fail_at(err, l, "\"purpose\" must be %s\"pp\", \"dp\", \"ep\" or \"tp\"",
+  return json_fail_at(err, l, "\"purpose\" must be %s\"pp\", \"dp\", \"ep\", \"tp\" or \"cp\"",
                       nullable ? "null, " : "");
 }
 
@@ -503,7 +533,8 @@ static bool read_tensor_parallel(const struct plan *p, struct ir_node *n, const 
   if (deg && p->groups[n->group].count % (uint32_t)deg != 0)
     return json_fail_at(err, l, "\"tp_degree\" %lld does not divide the %u devices of \"group\" %u",
                         (long long)deg, p->groups[n->group].count, n->group);
-  if (!deg && (n->sequence_parallel || cnt || n->purpose == IR_COMM_TP))
+  if (!deg && (n->sequence_parallel || (cnt && n->purpose != IR_COMM_CP) ||
+               n->purpose == IR_COMM_TP))
     return json_fail_at(err, l, "%s needs a \"tp_degree\"",
                         n->purpose == IR_COMM_TP ? "a tp node"
                                                  : "\"sequence_parallel\" or \"collectives\"");
@@ -636,7 +667,8 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
   n->shard_degree = (uint32_t)shard;
   n->replica_degree = (uint32_t)replica;
   if (!read_tensor_parallel(p, n, x[N_TP_DEGREE], x[N_SEQUENCE_PARALLEL], x[N_COLLECTIVES], &l,
-                            err))
+                            err) ||
+      !read_context_parallel(p, n, x[N_CP_DEGREE], x[N_CP_COMM], &l, err))
     return false;
   return read_capacity(n, x[N_CAPACITY_FACTOR], x[N_FP8_EXPERT_INPUTS], &l, err) &&
          read_expert_grid(n, x, &l, err) &&
@@ -646,7 +678,7 @@ static bool read_node(struct reader *r, const cJSON *rec, uint32_t i, GError **e
 /* "split" (tensor parallelism): absent, or 2 or more dividing the group, never on pp; a tp
  * communicator always has one. */
 static bool read_comm_split(const struct plan *p, struct plan_comm *cm, const cJSON *v,
-                            const struct json_loc *l, GError **err) {
+                            const cJSON *stride_v, const struct json_loc *l, GError **err) {
   int64_t split = 0;
   if (v && !json_value_int(v, "split", 2, IR_MAX_DEVICES, &split, l, err))
     return false;
@@ -656,8 +688,18 @@ static bool read_comm_split(const struct plan *p, struct plan_comm *cm, const cJ
   if (split && p->groups[cm->group].count % (uint32_t)split != 0)
     return json_fail_at(err, l, "\"split\" %lld does not divide the %u devices of \"group\" %u",
                         (long long)split, p->groups[cm->group].count, cm->group);
-  if (!split && cm->purpose == IR_COMM_TP)
-    return json_fail_at(err, l, "a tp communicator needs a \"split\"");
+  if (!split && (cm->purpose == IR_COMM_TP || cm->purpose == IR_COMM_CP))
+    return json_fail_at(err, l, "a %s communicator needs a \"split\"",
+                        plan_purpose_names[cm->purpose]);
+  int64_t stride = 0;
+  if (stride_v && !json_value_int(stride_v, "stride", 2, IR_MAX_DEVICES, &stride, l, err))
+    return false;
+  cm->stride = (uint32_t)stride;
+  if (stride && (cm->purpose != IR_COMM_CP ||
+                 p->groups[cm->group].count % ((uint32_t)stride * cm->split) != 0))
+    return json_fail_at(err, l, "\"stride\" is for a cp communicator, and with \"split\" must "
+                                "divide the %u devices of \"group\" %u",
+                        p->groups[cm->group].count, cm->group);
   return true;
 }
 
@@ -699,11 +741,11 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
   for (uint32_t i = 0; c; c = c->next, i++) {
     struct json_loc lc = {r->index_file, "communicators", i, NULL, 0};
     static const char *const keys[] = {"id",         "name",  "purpose", "group",
-                                       "peer_group", "split", "block"};
-    const cJSON *x[7];
+                                       "peer_group", "split", "block", "stride"};
+    const cJSON *x[8];
     const char *name;
     struct plan_comm *cm = &p->comms[i];
-    if (!json_fetch(c, keys, 7, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
+    if (!json_fetch(c, keys, 8, x, &lc, err) || !check_id(x[0], i, &lc, err) ||
         !json_value_string(x[1], "name", PLAN_NAME_LEN, &name, &lc, err) ||
         !read_purpose(x[2], false, &cm->purpose, &lc, err) ||
         !json_value_ref(x[3], "group", p->n_groups, false, &cm->group, &lc, err) ||
@@ -720,7 +762,7 @@ static bool read_nodes_comms(struct reader *r, const cJSON *const *k, GError **e
       return json_fail_at(err, &lc, "\"peer_group\" must be null for a %s communicator",
                           plan_purpose_names[cm->purpose]);
     }
-    if (!read_comm_split(p, cm, x[5], &lc, err) || !read_comm_block(p, cm, x[6], &lc, err))
+    if (!read_comm_split(p, cm, x[5], x[7], &lc, err) || !read_comm_block(p, cm, x[6], &lc, err))
       return false;
   }
   return true;
@@ -918,7 +960,14 @@ static bool read_instr_comm(struct reader *r, uint32_t d, const cJSON *const *x,
                         plan_purpose_names[cm->purpose], in->node,
                         nd->purpose < IR_COMM_PURPOSE_COUNT ? plan_purpose_names[nd->purpose]
                                                             : "?");
-  if (cm->purpose != IR_COMM_PP && cm->split != (nd->tp_degree > 1 ? nd->tp_degree : 0))
+  if (cm->purpose == IR_COMM_CP) {
+    if (cm->split != nd->cp_degree || cm->stride != (nd->tp_degree > 1 ? nd->tp_degree : 0))
+      return json_fail_at(err, l, "communicator %u has \"split\" %u and \"stride\" %u, node %u "
+                                  "has \"cp_degree\" %u and \"tp_degree\" %u",
+                          in->comm, cm->split, cm->stride, in->node, nd->cp_degree,
+                          nd->tp_degree);
+  } else if (cm->purpose != IR_COMM_PP &&
+             cm->split != (nd->tp_degree > 1 ? nd->tp_degree : 0))
     return json_fail_at(err, l, "communicator %u has \"split\" %u, node %u has \"tp_degree\" %u",
                         in->comm, cm->split, in->node, nd->tp_degree);
   uint32_t pair[2];

@@ -262,6 +262,11 @@ static cJSON *node_to_json(const struct plan *p, uint32_t i, const char *node_na
     cJSON_AddBoolToObject(o, "sequence_parallel", true);
   if (n->collectives > 1)
     cJSON_AddNumberToObject(o, "collectives", n->collectives);
+  /* Context parallelism: absent without it, as tensor parallelism's fields. */
+  if (n->cp_degree > 1) {
+    cJSON_AddNumberToObject(o, "cp_degree", n->cp_degree);
+    cJSON_AddStringToObject(o, "cp_comm", n->cp_comm == IR_CP_ALL_GATHER ? "all_gather" : "p2p");
+  }
   /* Expert parallelism's receive capacity (ir/expert.c): on EP nodes alone. */
   if (n->shard_degree > 1)
     cJSON_AddNumberToObject(o, "capacity_factor", n->capacity_factor > 0
@@ -301,6 +306,8 @@ static void index_program(cJSON *root, const struct plan *p, char *const *names)
       cJSON_AddNumberToObject(o, "split", p->comms[c].split);
     if (p->comms[c].block)
       cJSON_AddNumberToObject(o, "block", p->comms[c].block);
+    if (p->comms[c].stride > 1)
+      cJSON_AddNumberToObject(o, "stride", p->comms[c].stride);
     cJSON_AddItemToArray(comms, o);
   }
   cJSON *classes = cJSON_AddArrayToObject(root, "classes");

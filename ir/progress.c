@@ -74,10 +74,8 @@ static struct arrival_key arrival_key(const struct progress *s, const struct pla
     } else if (split > 1 || p->comms[in->comm].block) {
       /* which TP group, or which TP rank's devices (of which EP block: struct plan_comm) */
       uint32_t pos = (uint32_t)plan_group_position(p, p->comms[in->comm].group, device);
-      uint32_t block = p->comms[in->comm].block, s = split > 1 ? split : 1;
-      k.instance = p->comms[in->comm].purpose == IR_COMM_TP ? pos / split
-                   : block                                  ? pos / block * s + pos % s
-                                                            : pos % split;
+      uint32_t stride, rank;
+      k.instance = plan_comm_instance(&p->comms[in->comm], pos, &stride, &rank);
     }
   } else if (pp) {
     uint32_t peer = plan_peer(p, in->node, device);

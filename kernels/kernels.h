@@ -92,6 +92,12 @@ void kernels_rope_scaled(float *x, int batch, int seq, int n_heads, int head_dim
 /* Whether the kernels implement a "rope_scaling" "type" (or "rope_type"): none, "default"
  * and "llama3". The caller reports the others (e.g. DeepSeek's "yarn") as an input error. */
 bool kernels_rope_scaling_supported(const char *type);
+/* Under context parallelism: x holds one rank's seq / cp tokens of each of batch sequences of
+ * seq, its chunks cp_rank and 2 cp - 1 - cp_rank of seq / (2 cp) each, in that order; each
+ * row is rotated by its global position (bit-identical to those rows of kernels_rope_scaled
+ * over the whole sequence). */
+void kernels_rope_cp(float *x, int batch, int seq, int cp, int cp_rank, int n_heads, int head_dim,
+                     float theta, const struct kernels_rope_scaling *scaling, bool inverse);
 
 /* ---- ATTENTION: h -> a (causal, RoPE, grouped-query) --------------------------------------
  * params: wq [C, H*D], wk [C, KV*D], wv [C, KV*D], wo [H*D, C], in that order, no biases.
@@ -132,6 +138,30 @@ struct kernels_attention_views {
 struct kernels_attention_views kernels_attention_views(const struct kernels_attention_dims *d,
                                                        const float *params, const float *saved,
                                                        const float *bwork);
+/* Ring attention's blocks under context parallelism (kernels/attention_cp.c): m query rows of
+ * one sequence at global positions q0 .. q0+m-1 against n keys at k0 .. k0+n-1, causal by
+ * those positions, q and y [m, H*D], k and v [n, KV*D], lse [m, H]; scale 1/sqrt(D). A row that
+ * sees no key of the block gets y 0 and lse -inf (the merge then skips it). */
+struct kernels_attention_block {
+  int m, n, heads, kv_heads, head_dim;
+  int q0, k0;
+  float scale;
+};
+/* y, lse <- one block's softmax(q k^T) v; scratch holds n floats. */
+void kernels_attention_block_forward(const struct kernels_attention_block *b, float *y,
+                                     float *lse, const float *q, const float *k, const float *v,
+                                     float *scratch);
+/* y, lse (rows of head_dim, running) <- the softmax over both key sets, given a block's
+ * y_block, lse_block: the log-sum-exp merge of partial outputs. */
+void kernels_attention_merge(float *y, float *lse, const float *y_block, const float *lse_block,
+                             int rows, int head_dim);
+/* dq [m, H*D], dk, dv [n, KV*D] += one block's gradients, given dy and the merged y and lse of
+ * the query rows (the final softmax's): FlashAttention-2's backward per block, so the blocks'
+ * sums are the whole attention's gradients. scratch holds n floats. */
+void kernels_attention_block_backward(const struct kernels_attention_block *b, float *dq,
+                                      float *dk, float *dv, const float *dy, const float *y,
+                                      const float *lse, const float *q, const float *k,
+                                      const float *v, float *scratch);
 /* kernels_attention_forward: a [T, C], saved <- h [T, C] */
 /* kernels_attention_core_forward: lse, y <- q, k, v of saved: the core alone, bit-identical to
  * what the forward wrote (into d->core when set, else into saved) */

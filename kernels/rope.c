@@ -128,3 +128,27 @@ void kernels_rope(float *x, int batch, int seq, int n_heads, int head_dim, float
                   bool inverse) {
   kernels_rope_scaled(x, batch, seq, n_heads, head_dim, theta, NULL, inverse);
 }
+
+void kernels_rope_cp(float *x, int batch, int seq, int cp, int cp_rank, int n_heads, int head_dim,
+                     float theta, const struct kernels_rope_scaling *scaling, bool inverse) {
+  PIPER_ASSERT(head_dim % 2 == 0 && cp >= 1 && cp_rank >= 0 && cp_rank < cp &&
+               seq % (2 * cp) == 0);
+  static const struct kernels_rope_scaling none;
+  struct kernels_rope_scaling sc = scaling ? *scaling : none;
+  /* the whole sequence's table: a chunk's rows are its global positions' */
+  const struct rope_table *t = rope_table_get(theta, seq, head_dim, &sc);
+  int half = head_dim / 2, chunk = seq / (2 * cp), local = seq / cp;
+  size_t row = (size_t)n_heads * head_dim;
+  float sign = inverse ? -1.0f : 1.0f;
+  for (int b = 0; b < batch; b++)
+    for (int s = 0; s < local; s++) {
+      /* the rank's chunks cp_rank and 2 cp - 1 - cp_rank, in that order */
+      int pos = s < chunk ? cp_rank * chunk + s : (2 * cp - 1 - cp_rank) * chunk + s - chunk;
+      float *xr = x + ((size_t)b * local + s) * row;
+      const float *c = t->cos + (size_t)pos * half, *sn = t->sin + (size_t)pos * half;
+      for (int h = 0; h < n_heads; h++) {
+        float *xh = xr + (size_t)h * head_dim;
+        rope_rotate(xh, xh + half, c, sn, sign, half);
+      }
+    }
+}

@@ -122,7 +122,16 @@ static void emit_rmsnorm(struct builder *b, int32_t layer) {
   }
 }
 
-/* h -> a, GQA with RoPE: [batch, seq, heads, kv_heads, head_dim, hidden].
+/* Context parallelism: one rank's queries are seq_len / cp tokens (two load-balanced chunks),
+ * so its share of the causal core is exactly 1 / cp of the whole (docs/directives.md). */
+static double cp_of(const struct model *m) {
+  return m->context_parallel > 1 ? (double)m->context_parallel : 1;
+}
+static int64_t local_seq(const struct model *m) {
+  return m->seq_len / (m->context_parallel > 1 ? m->context_parallel : 1);
+}
+
+/* h -> a, GQA with RoPE: [batch, seq, heads, kv_heads, head_dim, hidden] (seq: this rank's).
  * q,k,v,o projections are matmuls (F = BI = BW = 2mnk). The causal core QK^T and PV costs half
  * of the full 2*2*b*H*s*s*hd because flash kernels skip the upper triangle; its backward is
  * twice the forward and it has no weights. RoPE is not counted (a few FLOPs per q/k element). */
@@ -136,14 +145,14 @@ static void emit_attention(struct builder *b, int32_t layer) {
   int64_t window = model_layer_sliding(m, layer) && m->sliding_window < m->seq_len
                        ? m->sliding_window
                        : 0;
-  int64_t shape[] = {m->micro_batch_size, m->seq_len,  m->num_heads, m->num_kv_heads,
+  int64_t shape[] = {m->micro_batch_size, local_seq(m), m->num_heads, m->num_kv_heads,
                      m->head_dim,         m->hidden_size, window};
   memcpy(op->shape, shape, sizeof shape);
   double T = (double)b->T, h = (double)b->h, s = (double)m->seq_len;
   double mm = 2 * T * h * ((double)qd + 2 * (double)kvd) + 2 * T * (double)qd * h;
   double keys = window ? s * (double)window - (double)window * (double)window / 2 : s * s / 2;
   double core = 2.0 * 2 * (double)m->micro_batch_size * (double)m->num_heads * keys *
-                (double)m->head_dim;
+                (double)m->head_dim / cp_of(m);
   op->flops_fwd = mm + core;
   op->flops_bwd_input = mm + 2 * core;
   op->flops_bwd_weight = mm;
@@ -180,7 +189,7 @@ static void emit_mla(struct builder *b, int32_t layer) {
   struct model *m = b->m;
   struct model_op *op = emit(b, MODEL_OP_MLA_ATTENTION, layer, BIT(TENSOR_H), BIT(TENSOR_A));
   int64_t qk = m->qk_nope_head_dim + m->qk_rope_head_dim;
-  int64_t shape[] = {m->micro_batch_size, m->seq_len, m->num_heads,  m->q_lora_rank,
+  int64_t shape[] = {m->micro_batch_size, local_seq(m), m->num_heads, m->q_lora_rank,
                      m->kv_lora_rank,     qk,         m->v_head_dim, m->hidden_size};
   memcpy(op->shape, shape, sizeof shape);
   uint64_t H = u(m->num_heads), ql = u(m->q_lora_rank), kvl = u(m->kv_lora_rank);
@@ -203,7 +212,7 @@ static void emit_mla(struct builder *b, int32_t layer) {
   }
   double norm_el = (double)b->T * (double)(ql + kvl); /* elements of the two latent norms */
   double core = (double)m->micro_batch_size * (double)H * (double)m->seq_len * (double)m->seq_len *
-                (double)(qk + m->v_head_dim);
+                (double)(qk + m->v_head_dim) / cp_of(m);
   op->flops_fwd = mm + core + 4 * norm_el;
   op->flops_bwd_input = mm + 2 * core + 6 * norm_el;
   op->flops_bwd_weight = mm + 2 * norm_el;
@@ -662,7 +671,7 @@ bool model_build(struct model *m, const char *ctx, GError **err) {
       .h = u(m->hidden_size),
       .B = model_dtype_bytes(m->dtype),
   };
-  b.T = mul(&b, u(m->micro_batch_size), u(m->seq_len));
+  b.T = u(model_tokens_per_microbatch(m)); /* one CP rank's share of the sequence */
   b.act = mul3(&b, b.T, b.h, b.B);
   build_ops(&b);
   m->n_ops = b.ops->len;

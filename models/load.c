@@ -111,7 +111,7 @@ double model_flops_per_microbatch(const struct model *m) {
 }
 
 int64_t model_tokens_per_microbatch(const struct model *m) {
-  return m->micro_batch_size * m->seq_len;
+  return m->micro_batch_size * m->seq_len / (m->context_parallel > 1 ? m->context_parallel : 1);
 }
 
 void model_free(struct model *m) {
@@ -778,7 +778,8 @@ static bool load_fp8(struct model *m, const cJSON *piper, const char *file, GErr
 
 static bool load_piper(struct model *m, const cJSON *root, const char *file, GError **err) {
   static const char *const keys[] = {
-      "name", "seq_len", "micro_batch_size", "dtype", "fp8", "pp_regions", "pp_layers", "tags", NULL};
+      "name", "seq_len", "micro_batch_size", "dtype", "fp8", "pp_regions", "pp_layers", "tags",
+      "context_parallel", NULL};
   const cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
   if (!piper)
     return piper_input_error(err,
@@ -803,6 +804,16 @@ static bool load_piper(struct model *m, const cJSON *root, const char *file, GEr
       !get_int(piper, "piper", "micro_batch_size", true, 1, MAX_MICRO_BATCH, &m->micro_batch_size,
                file, err))
     return false;
+  m->context_parallel = 1;
+  if (!get_int(piper, "piper", "context_parallel", false, 1, MODEL_MAX_CONTEXT_PARALLEL,
+               &m->context_parallel, file, err))
+    return false;
+  /* 2N chunks of equal length (rank i holds chunks i and 2N-1-i) */
+  if (m->seq_len % (2 * m->context_parallel) != 0)
+    return piper_input_error(err, "%s: \"piper.seq_len\" %lld is not divisible by 2 x "
+                                  "context_parallel = %lld (each sequence is cut into that many "
+                                  "equal chunks)", file, (long long)m->seq_len,
+                             (long long)(2 * m->context_parallel));
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(piper, "dtype");
   if (!dt)
     return piper_input_error(err, "%s: missing key \"piper.dtype\" (\"fp32\" or \"bf16\")", file);
@@ -985,6 +996,8 @@ cJSON *model_to_json(const struct model *m) {
   cJSON_AddStringToObject(p, "name", m->name);
   put_int(p, "seq_len", m->seq_len);
   put_int(p, "micro_batch_size", m->micro_batch_size);
+  if (m->context_parallel > 1) /* absent at 1, so plans without it stay as they were */
+    put_int(p, "context_parallel", m->context_parallel);
   cJSON_AddStringToObject(p, "dtype", model_dtype_name(m->dtype));
   if (m->fp8 != MODEL_FP8_NONE) /* absent otherwise: plans of other models keep their bytes */
     cJSON_AddStringToObject(p, "fp8", model_fp8_name(m->fp8));

@@ -163,6 +163,9 @@ struct model_rope_scaling {
   int64_t original_max_position_embeddings;
 };
 
+/* Megatron runs CP up to 16 (Llama 3 at 131,072 tokens); a degree past this is a typo. */
+#define MODEL_MAX_CONTEXT_PARALLEL 1024
+
 struct model {
   char name[64];       /* file basename without .json */
   char model_type[32]; /* HF model_type, e.g. "qwen3_moe" */
@@ -194,6 +197,12 @@ struct model {
   double rope_theta, rms_norm_eps;
   struct model_rope_scaling rope_scaling;
   int64_t seq_len, micro_batch_size;
+  /* Context parallelism (piper.context_parallel, set by the context_parallel directive): the
+   * ranks each sequence is split over, in 2 * context_parallel chunks (1: none). The ops are
+   * one rank's share: its seq_len / context_parallel tokens, and 1 / context_parallel of the
+   * causal attention core (the chunks are load-balanced, docs/directives.md). seq_len stays the
+   * whole sequence's. */
+  int64_t context_parallel;
   int32_t pp_regions;
   int32_t *pp_layers; /* [pp_regions] layer count per region */
   uint32_t n_user_tags;
@@ -245,6 +254,7 @@ int model_tag_index(const struct model *m, const char *name);
 /* Totals over the whole model, one micro-batch. */
 uint64_t model_param_count(const struct model *m);
 double model_flops_per_microbatch(const struct model *m); /* F + BI + BW */
+/* Tokens of one micro-batch on one device: micro_batch_size * seq_len / context_parallel. */
 int64_t model_tokens_per_microbatch(const struct model *m);
 /* Op groups, the unit a trainer holds transients for (docs/memory.md): the ops of one decoder
  * layer; the embedding, and the final norm with the head, are groups of their own. The end of

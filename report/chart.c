@@ -142,7 +142,7 @@ static struct rgb lighten(struct rgb c, double f) {
 
 /* The legend's entries, in order; legend_index maps an instruction to one. */
 enum { LEG_F, LEG_B, LEG_BI, LEG_BW, LEG_R, LEG_OPT, LEG_P2P, LEG_REDUCE, LEG_GATHER, LEG_A2A,
-       LEG_TP, LEG_OTHER, LEG_COUNT };
+       LEG_TP, LEG_CP, LEG_OTHER, LEG_COUNT };
 static const struct {
   const char *label;
   unsigned colour;
@@ -159,6 +159,7 @@ static const struct {
     [LEG_GATHER] = {"ZeRO all-gather", 0x9C755F, true},
     [LEG_A2A] = {"ep all-to-all", 0xD4477F, true},
     [LEG_TP] = {"tp collectives", 0xB6992D, true},
+    [LEG_CP] = {"cp K/V exchange", 0x17BECF, true},
     [LEG_OTHER] = {"other", 0x333333, true},
 };
 
@@ -167,6 +168,8 @@ static const struct {
 static uint32_t legend_index(uint32_t kind, uint32_t pass, enum ir_comm_purpose purpose) {
   if (purpose == IR_COMM_TP && kind != IR_NODE_COMPUTE && kind != IR_NODE_OPTIMIZER)
     return LEG_TP;
+  if (purpose == IR_COMM_CP && kind != IR_NODE_COMPUTE && kind != IR_NODE_OPTIMIZER)
+    return LEG_CP;
   switch (kind) {
   case IR_NODE_COMPUTE:
     return pass == IR_PASS_F    ? LEG_F
@@ -320,12 +323,15 @@ static void draw_title(cairo_t *cr, const struct report_run *r, const struct sch
   const struct plan *p = r->plan;
   char title[512];
   double iter = l->t1 - l->t0;
-  char tp[32] = "";
+  char tp[48] = "";
+  uint32_t cp = r->cp > 1 ? r->cp : 1;
   if (r->tp > 1)
     snprintf(tp, sizeof tp, " × tp %u", r->tp);
+  if (cp > 1) /* the report counts CP ranks among dp (report.h) */
+    snprintf(tp + strlen(tp), sizeof tp - strlen(tp), " × cp %u", cp);
   snprintf(title, sizeof title,
            "%s · %s · pp %u × dp %u%s · %u micro-batches · iteration %.4g %s%s", p->model->name,
-           r->schedule ? r->schedule : "custom", r->pp, r->dp, tp, p->n_microbatches,
+           r->schedule ? r->schedule : "custom", r->pp, r->dp / cp, tp, p->n_microbatches,
            iter >= 1 ? iter : iter * 1e3, iter >= 1 ? "s" : "ms",
            r->tp > 1 ? (l->n_rows * r->tp >= r->n_devices ? " · tp rank 0 of each group shown"
                                                           : " · tp 0, dp 0 of each pp rank shown")
@@ -445,7 +451,7 @@ static void append_ranks(GString *g, const char *what, const int32_t *ranks, uin
 
 /* What runs on one lane of a device, in the user's terms. */
 struct lane_content {
-  bool compute, optimizer, all_reduce, reduce_scatter, all_gather, all_to_all, tp, other;
+  bool compute, optimizer, all_reduce, reduce_scatter, all_gather, all_to_all, tp, cp, other;
   int32_t to[8], from[8]; /* pp ranks sent to, received from */
   uint32_t n_to, n_from;
 };
@@ -458,8 +464,9 @@ static void lane_content(const struct report_run *r, const struct report_device 
     if (d->intervals[k].stream != stream)
       continue;
     const struct ir_node *n = &p->nodes[d->intervals[k].node];
-    if (n->purpose == IR_COMM_TP) {
-      c->tp = true;
+    if (n->purpose == IR_COMM_TP || n->purpose == IR_COMM_CP) {
+      c->tp |= n->purpose == IR_COMM_TP;
+      c->cp |= n->purpose == IR_COMM_CP;
       continue;
     }
     switch (n->kind) {
@@ -516,6 +523,7 @@ static void lane_name(const struct report_run *r, const struct report_device *d,
                {c.all_gather, "ZeRO all-gather"},
                {c.all_to_all, "ep all-to-all"},
                {c.tp, "tp collectives"},
+               {c.cp, "cp K/V exchange"},
                {c.other, "other"}};
   for (size_t i = 0; i < G_N_ELEMENTS(kinds); i++)
     if (kinds[i].on)

@@ -109,6 +109,10 @@ struct report_run {
   const char *capacity_source;  /* where it comes from ("profile h100-sxm"), or NULL */
   uint32_t pp, dp;              /* set by report_run_init_devices */
   uint32_t tp;                  /* tensor-parallel degree, 1 = none (the same) */
+  /* context-parallel degree, 1 = none. Its ranks count in dp (each runs its own share of
+   * every sequence, its tokens and FLOPs the model's per-rank ones, models/model.h), so
+   * tokens and MFU sum over them; dp / cp is the data-parallel degree. */
+  uint32_t cp;
   uint32_t n_devices;
   struct report_device *devices;
   cJSON *extra;                /* owned by the caller; its items are copied into metrics.json */

@@ -108,6 +108,7 @@ void report_run_init_devices(struct report_run *r) {
   }
   r->pp = pp;
   r->tp = tp;
+  r->cp = p->model->context_parallel > 1 ? (uint32_t)p->model->context_parallel : 1;
   r->dp = 0;
   for (uint32_t k = 0; k < pp; k++)
     if (count[k] / tp > r->dp)

@@ -75,7 +75,7 @@ bool report_write_results_csv(const struct report_run *r, const char *path, GErr
   for (uint32_t j = 0; j < r->dp; j++) {
     fprintf(f, "%u,%s,%s,%u,%u,%lld,%u,%lld,%lld,%.9g,%.9g,%.9g", j, m->name,
             r->schedule ? r->schedule : "custom", r->pp, r->dp, (long long)batch, M,
-            (long long)m->seq_len, (long long)(batch * r->dp), mean, stddev,
+            (long long)m->seq_len, (long long)(batch * r->dp / (r->cp > 1 ? r->cp : 1)), mean, stddev,
             mean > 0 ? tokens / mean : 0);
     for (uint32_t k = 0; k < r->pp; k++) {
       int64_t di = at[(size_t)k * r->dp + j];
@@ -106,6 +106,8 @@ cJSON *report_metrics_json(const struct report_run *r) {
   cJSON_AddNumberToObject(root, "dp", r->dp);
   if (r->tp > 1) /* absent without tensor parallelism, as metrics were */
     cJSON_AddNumberToObject(root, "tp", r->tp);
+  if (r->cp > 1) /* "dp" counts the CP ranks too (report.h) */
+    cJSON_AddNumberToObject(root, "cp", r->cp);
   cJSON_AddNumberToObject(root, "n_devices", r->plan->n_devices);
   cJSON_AddNumberToObject(root, "num_microbatches", M);
   cJSON_AddNumberToObject(root, "micro_batch_size", (double)m->micro_batch_size);

@@ -406,12 +406,14 @@ bool cost_model_op(const struct profile *p, const struct model *m, const struct 
   if (s.attention && pass != IR_PASS_BW) {
     bool bwd = pass != IR_PASS_F;
     /* a sliding layer as s / w blocks of w queries over a full band of w keys: the kernel's
-     * work and its efficiency at w (the w^2 / 2 the band's start skips is within w / 2s) */
+     * work and its efficiency at w (the w^2 / 2 the band's start skips is within w / 2s);
+     * under context parallelism s.seq is this rank's share of the sequence (models/build.c) */
+    uint32_t cp = m->context_parallel > 1 ? (uint32_t)m->context_parallel : 1;
     double t = s.window > 0
                    ? cost_attention_core(p, m->dtype, s.batch * s.seq / s.window, s.window,
                                          s.heads, s.kv_heads, s.d_qk, s.d_v, false, 1, bwd)
-                   : cost_attention_core(p, m->dtype, s.batch, s.seq, s.heads, s.kv_heads,
-                                         s.d_qk, s.d_v, true, 1, bwd);
+                   : cost_attention_core(p, m->dtype, s.batch, s.seq * cp, s.heads, s.kv_heads,
+                                         s.d_qk, s.d_v, true, cp, bwd);
     family[PROFILE_FAMILY_ATTENTION] += t;
     double e = (double)model_dtype_bytes(m->dtype);
     gemm_bytes += s.batch * s.seq * (s.heads + s.kv_heads) * (s.d_qk + s.d_v) * e;

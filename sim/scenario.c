@@ -418,7 +418,8 @@ static void report_path(cJSON *o, const struct sim_scenario *sc, const struct pl
       on_marked += st->end - st->start;
     if (n->kind == IR_NODE_COMPUTE || n->kind == IR_NODE_OPTIMIZER)
       continue;
-    static const char *const purpose[IR_COMM_PURPOSE_COUNT] = {"", " pp", " dp", " ep", " tp"};
+    static const char *const purpose[IR_COMM_PURPOSE_COUNT] = {"", " pp", " dp", " ep", " tp",
+                                                                " cp"};
     char *name = g_strdup_printf("%s%s", ir_node_kind_name(n->kind),
                                  n->purpose < IR_COMM_PURPOSE_COUNT ? purpose[n->purpose] : "");
     gpointer v = g_hash_table_lookup(comm, name);

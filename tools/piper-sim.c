@@ -179,11 +179,14 @@ static void print_summary(const struct report_run *r, const struct sim_result *s
       peak_dev = i;
   }
   uint32_t n = r->n_devices ? r->n_devices : 1;
-  char tp[24] = "";
+  char tp[48] = "";
+  uint32_t cp = r->cp > 1 ? r->cp : 1;
   if (r->tp > 1)
     g_snprintf(tp, sizeof tp, " x tp %u", r->tp);
+  if (cp > 1)
+    g_snprintf(tp + strlen(tp), sizeof tp - strlen(tp), " x cp %u", cp);
   printf("piper-sim: %s, %s, pp %u x dp %u%s (%u devices), %u micro-batches, profile %s\n",
-         r->plan->model->name, r->schedule, r->pp, r->dp, tp, r->plan->n_devices,
+         r->plan->model->name, r->schedule, r->pp, r->dp / cp, tp, r->plan->n_devices,
          r->plan->n_microbatches, prof->name);
   printf("  iteration      %.6g ms\n", iter * 1e3);
   printf("  throughput     %.6g tokens/s", iter > 0 ? tokens / iter : 0);

@@ -649,7 +649,7 @@ static void layout_check_free(gpointer p) {
 /* The space: every dimension's values (planner_dimensions), the compiler's checks, the skip
  * reasons; an input error when nothing is left. */
 static bool enumerate(struct planner *pl, struct space *s, GError **err) {
-  struct candidate root = {.devices_left = pl->request.devices};
+  struct candidate root = {.devices_left = pl->request.devices, .l = {.cp = 1}};
   planner_dimensions[0].expand(s, 0, &root);
   check_layouts(s);
   describe_skips(s);

@@ -78,5 +78,17 @@ else
   echo "FAIL: tools/gpu-check.sh --emu"
   fails=$((fails + 1))
 fi
+# context parallelism is the host backend's alone (its attention kernels take no chunk offsets
+# yet): refused in one line, said once, exit 2
+out=$(PIPER_CUDA_MEMORY=268435456 timeout 120 mpirun --oversubscribe -np 2 build/emu/bin/piper-exec \
+  --backend cuda --model models/tiny-dense.json --layout cp=2 --iters 1 --no-report 2>&1)
+rc=$?
+if [ "$rc" -eq 2 ] && [ "$(grep -c 'context parallelism): not executed on a backend other than host' <<<"$out")" -eq 1 ]; then
+  echo "ok: a context-parallel plan on the cuda backend is refused"
+  passes=$((passes + 1))
+else
+  echo "FAIL: a context-parallel plan on the cuda backend: exit $rc: $out"
+  fails=$((fails + 1))
+fi
 echo "test_cuda_emu: $passes passed, $fails failed"
 [ "$fails" = 0 ]

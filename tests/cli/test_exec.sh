@@ -7,6 +7,7 @@
 # and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe (also with
 # ZeRO-1, and ZeRO-2 with EP 2); tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
+# and context parallelism (CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2, CP 4 x TP 2, recomputation)
 # and uneven stages (3 + 5 layers; embedding and loss counted as layers), interleaved 1F1B with
 # M not a multiple of R, and tiny-moe with
 # experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
@@ -210,6 +211,21 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same_as dense_ref tp2_sp
   run pp2_tp2_sp_zb 4 --layout pp=2,tp=2,sp --schedule zerobubble --mbs 8 && same_as dense_ref pp2_tp2_sp_zb
   run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
+  # context parallelism: each CP rank holds chunks i and 3 - i of every sequence, gathers the
+  # others' K/V for its attention (block attention by the chunks' global offsets, merged by
+  # log-sum-exp) and returns their dK/dV; CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2 (8 ranks)
+  run cp2 2 --layout cp=2 --mbs 8 && same_as dense_ref cp2
+  run cp2_tp2 4 --layout pp=1,tp=2,cp=2 --mbs 8 && same_as dense_ref cp2_tp2
+  run pp2_dp2_cp2 8 --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_cp2
+  # ... CP 4 (8 chunks of 4 tokens) beside TP 2, and recomputation under CP 2 x PP 2 bit-identical
+  # to storing: full reruns the forward's exchange, selective the core over every rank's K/V
+  run cp4_tp2 8 --layout pp=1,tp=2,cp=4 --mbs 8 && same_as dense_ref cp4_tp2
+  run pp2_cp2 4 --layout pp=2,cp=2 --schedule 1f1b --mbs 8 && same_as dense_ref pp2_cp2
+  for g in full selective; do
+    run pp2_cp2_rc_$g 4 --layout pp=2,cp=2,recompute=$g --schedule 1f1b --mbs 8 &&
+      [ "$(losses "$T/pp2_cp2_rc_$g")" = "$(losses "$T/pp2_cp2")" ] && cmp -s "$T/pp2_cp2_rc_$g.params" "$T/pp2_cp2.params" &&
+      ok || bad "recompute $g under CP is not bit-identical to storing activations"
+  done
   # uneven stages: 3 + 5 of tiny-dense's 8 layers, and the first / last stage counts with the
   # embedding and the loss counted (2 + 3 + 2 + 1 over four stages)
   run uneven_pp2 2 --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8 && same_as dense_ref uneven_pp2

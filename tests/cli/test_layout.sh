@@ -76,7 +76,22 @@ expect_bad "stage 7 would hold no decoder layer" "$BIN/piper-compile" --model mo
 expect_bad "more than the model's 8 layers" "$BIN/piper-compile" --model models/tiny-dense.json --layout pp=4,first-stage-layers=5,last-stage-layers=4
 expect_bad "need at least 2 stages" "$BIN/piper-layout" pp=1,last-stage-layers=2
 expect_bad "excludes first-stage-layers" "$BIN/piper-layout" pp=2,stage-layers=3+5,account-for-loss
-expect_bad 'unknown key "cp"' "$BIN/piper-layout" pp=2,cp=2
+expect_bad 'unknown key "xp"' "$BIN/piper-layout" pp=2,xp=2
+# context parallelism: the CP ranks replicate each stage (TP, CP, DP, PP order) and one
+# context_parallel directive says how K/V travel
+"$BIN/piper-layout" pp=2,tp=2,cp=2 | grep -q '"filter": {"PP": 1}, "devices": \[4, 5, 6, 7\]}' &&
+  "$BIN/piper-layout" pp=2,cp=2,cp-comm=all_gather | grep -q '"op": "context_parallel", "degree": 2, "comm": "all_gather"' &&
+  ok || bad "piper-layout pp=2,tp=2,cp=2"
+# cp=1 changes nothing: the plans are byte-identical to the layout without it
+"$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,dp=2,tp=2,cp=1 --schedule 1f1b --mbs 4 -o "$T/cp1" >/dev/null &&
+  "$BIN/piper-compile" --model models/tiny-dense.json --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 -o "$T/cp0" >/dev/null &&
+  diff -r "$T/cp1" "$T/cp0" >/dev/null && ok || bad "cp=1 changed the plans"
+expect_bad "cuts each sequence into 6 chunks, but tiny-dense's seq_len 32 is not divisible by 6" "$BIN/piper-compile" --model models/tiny-dense.json --layout cp=3
+expect_bad '"cp-comm" must be p2p' "$BIN/piper-layout" cp=2,cp-comm=ring
+# Llama-3-70B as the vendors lay it out: TP 4 x PP 4 x CP 2, 5 virtual stages per rank
+sim --model models/llama3-70b.json --layout tp=4,sp,pp=4,cp=2,interleave=5,zero=1 --schedule interleaved_1f1b --mbs 8 --out "$T/cp70" &&
+  python3 -c "import json,sys; m = json.load(open(sys.argv[1])); sys.exit(not (m['cp'] == 2 and m['n_devices'] == 32 and m['dp'] == 2))" "$T/cp70/metrics.json" &&
+  ok || bad "Llama-3-70B tp=4,pp=4,cp=2,interleave=5"
 expect_bad "ep=3 x etp=1 (etp defaults to tp) does not divide the 4 ranks of a stage" "$BIN/piper-layout" pp=2,dp=4,ep=3
 expect_bad "etp=1 below tp=2 needs sp" "$BIN/piper-layout" pp=2,tp=2,dp=2,ep=4,etp=1
 expect_bad "\"degree\": 8 experts do not divide evenly over 16 EP ranks" "$BIN/piper-compile" --model models/tiny-moe.json --layout tp=2,dp=8,ep=16,etp=1,sp

@@ -129,6 +129,14 @@ plans=(
   "ep2_in_dp4 4 $MOE --layout dp=4,ep=2 --mbs 2"
   "ep2_in_dp4_zero1 4 $MOE --layout dp=4,ep=2,zero=1 --mbs 2"
   "pp2_ep2_in_dp4 8 $MOE --layout pp=2,dp=4,ep=2,zero=2 --schedule 1f1b --mbs 2"
+  # context parallelism: each CP rank's share of the sequence, and the attention's workspace
+  # holding every rank's K/V while it runs (and their dK/dV in the backward)
+  "cp2 2 $DENSE --layout cp=2 --mbs 4"
+  "cp2_tp2 4 $DENSE --layout pp=1,tp=2,cp=2 --mbs 4"
+  "pp2_dp2_cp2 8 $DENSE --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 2"
+  "cp4_tp2 8 $DENSE --layout pp=1,tp=2,cp=4 --mbs 2"
+  "cp2_rc_full 4 $DENSE --layout pp=2,cp=2,recompute=full --schedule 1f1b --mbs 4"
+  "cp2_rc_sel 4 $DENSE --layout pp=2,cp=2,recompute=selective --schedule 1f1b --mbs 4"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 # check PROFILE "name np model args..." [TOL]: simulates with PROFILE, executes, compares

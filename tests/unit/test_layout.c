@@ -169,7 +169,7 @@ static void test_bad_specs(void **state) {
   } cases[] = {
       {"", "--layout: empty"},
       {"pp=0", "\"pp\" must be a whole number in [1, 65536]"},
-      {"pp=2,cp=2", "unknown key \"cp\""},
+      {"pp=2,xp=2", "unknown key \"xp\""},
       {"pp=2,pp=4", "\"pp\" is given twice"},
       {"pp=2,dp=2,v, v", "\"v\" is given twice"},
       {"tp=2,sp,zero=1,dp=2,zero=2", "\"zero\" is given twice"},

@@ -1,0 +1,298 @@
+/* context_parallel: context parallelism in the host executor (docs/directives.md, "Context
+ * parallelism"), as the compiler lays it out (the model loaded with piper.context_parallel = c,
+ * so every op is one CP rank's seq / c tokens).
+ *
+ * A CP rank holds chunks r and 2c - 1 - r of every sequence (Megatron's causal load balance):
+ * the data loader keeps those rows of the tokens and targets (exec_cp_batch), and everything but
+ * the attention's core runs on them unchanged. The attention projects its own rows, rotates q and
+ * k at their global positions (kernels_rope_cp), gathers every rank's K and V over the plan's cp
+ * communicator, and runs each of its two query chunks against every key chunk with the blocks of
+ * kernels/attention_cp.c (causal by the chunks' global offsets), merging the partial outputs by
+ * their log-sum-exp. Its backward gathers K and V again, sums each block's dK and dV into the
+ * whole sequence's, and reduce-scatters them back to their owners. The gathers run inside the
+ * compute, on its fiber, as TP's collectives do: the plan's cp nodes (which stand for them, ring
+ * or all-gather alike) have nothing left to do (EXEC_ROLE_CP); a rerun (recomputation) gathers
+ * again. Every token's loss is its CP
+ * rank's: the ranks count among the replicas, so the step's mean over their micro-batch means is
+ * the whole sequence's, and the loss gradient's 1 / (replicas x M) scale each token once. */
+#include <math.h>
+#include <string.h>
+
+#include "data.h"
+#include "train-impl.h"
+
+static bool fail_node(const struct exec_device *d, uint32_t node, GError **err, const char *what) {
+  char nb[256];
+  plan_node_name(d->plan, node, nb, sizeof nb);
+  return piper_input_error(err, "plan: device %u: instruction \"%s\": %s", d->device, nb, what);
+}
+
+bool exec_cp_device_init(struct exec_device *d, GError **err) {
+  const struct plan *p = d->plan;
+  d->cp_degree = 1;
+  d->cp_rank = 0;
+  d->cp_comm = IR_NONE;
+  uint32_t cp = p->model->context_parallel > 1 ? (uint32_t)p->model->context_parallel : 1;
+  if (cp <= 1)
+    return true;
+  for (uint32_t i = 0; i < d->cls->n_instrs; i++) {
+    uint32_t node = d->cls->instrs[i].node;
+    const struct ir_node *n = &p->nodes[node];
+    if (n->kind != IR_NODE_COMPUTE)
+      continue;
+    if (n->cp_degree != cp || n->replica_degree % cp != 0)
+      return fail_node(d, node, err, "is not split over the model's context-parallel degree");
+    /* TP innermost, then CP (Megatron's order): the CP rank is the replica position's digit */
+    int pos = plan_node_position(p, node, d->device);
+    if (pos < 0)
+      return fail_node(d, node, err, "runs on a device outside its group");
+    d->cp_degree = cp;
+    d->cp_rank = (uint32_t)pos / d->tp_degree % cp;
+    return true;
+  }
+  return true;
+}
+
+bool exec_cp_link_comm(struct exec_device *d, GError **err) {
+  if (d->cp_degree <= 1)
+    return true;
+  const struct plan *p = d->plan;
+  for (uint32_t i = 0; i < d->n_instrs; i++) {
+    const struct exec_instr *x = &d->instrs[i];
+    if (x->role != EXEC_ROLE_CP)
+      continue;
+    if (d->cp_comm != IR_NONE && d->comm_keys[d->cp_comm].comm != d->comm_keys[x->comm].comm)
+      return fail_node(d, x->node, err, "exchanges K/V on a second CP group; a device has one");
+    if (d->cp_comm == IR_NONE)
+      d->cp_comm = x->comm;
+  }
+  if (d->cp_comm == IR_NONE || p->comms[d->comm_keys[d->cp_comm].comm].purpose != IR_COMM_CP)
+    return piper_input_error(err, "plan: device %u: context parallelism without a cp communicator",
+                             d->device);
+  return true;
+}
+
+uint64_t exec_cp_data_block(const struct exec_device *d, uint32_t step, uint32_t k) {
+  /* the CP ranks of one replica read the same sequences: blocks count model copies */
+  uint32_t cp = d->cp_degree > 1 ? d->cp_degree : 1;
+  return (uint64_t)(step - 1) * (d->dp_degree / cp) * d->M + (uint64_t)(d->dp_rank / cp) * d->M + k;
+}
+
+void exec_cp_batch(const struct exec_data *data, const struct exec_device *d, uint64_t block,
+                   int batch, int seq, int32_t *tokens, int32_t *targets) {
+  int cp = (int)d->cp_degree, r = (int)d->cp_rank;
+  if (cp <= 1) {
+    exec_data_batch(data, block, batch, seq, tokens, targets);
+    return;
+  }
+  size_t whole = (size_t)batch * (size_t)seq;
+  int32_t *tk = g_new(int32_t, whole), *tg = g_new(int32_t, whole);
+  exec_data_batch(data, block, batch, seq, tk, tg);
+  int L = seq / (2 * cp), local = seq / cp;
+  int chunks[2] = {r, 2 * cp - 1 - r};
+  for (int b = 0; b < batch; b++)
+    for (int c = 0; c < 2; c++) {
+      size_t from = (size_t)b * seq + (size_t)chunks[c] * L, to = (size_t)b * local + (size_t)c * L;
+      memcpy(tokens + to, tk + from, (size_t)L * sizeof(int32_t));
+      memcpy(targets + to, tg + from, (size_t)L * sizeof(int32_t));
+    }
+  g_free(tk);
+  g_free(tg);
+}
+
+/* The whole sequence's K and V (every rank's, in rank order: [cp][batch][seq / cp][KV*D]) into
+ * kg and vg, gathered over the cp communicator. */
+static bool gather_kv(struct exec_state *s, struct exec_task_ctx *st, const float *k,
+                      const float *v, float *kg, float *vg, size_t n, GError **err) {
+  struct exec_comm *comm = s->comms[s->dev->cp_comm];
+  bool ok;
+  CT(st, s, ok, exec_comm_all_gather(s->b, comm, k, kg, n * sizeof(float), err));
+  if (ok)
+    CT(st, s, ok, exec_comm_all_gather(s->b, comm, v, vg, n * sizeof(float), err));
+  return ok;
+}
+
+/* Chunk c (0, 1) of CP rank r: its global chunk index. */
+static int chunk_index(int cp, int r, int c) {
+  return c == 0 ? r : 2 * cp - 1 - r;
+}
+
+/* The blocks of one (sequence b, local query chunk c) against every rank's two key chunks. */
+struct cp_blocks {
+  const struct kernels_attention_dims *d;
+  int cp, rank, L, local;
+  size_t HD, KD;
+};
+
+static struct kernels_attention_block block_of(const struct cp_blocks *cb, int c, int r2, int c2) {
+  const struct kernels_attention_dims *d = cb->d;
+  return (struct kernels_attention_block){
+      .m = cb->L,
+      .n = cb->L,
+      .heads = d->heads,
+      .kv_heads = d->kv_heads,
+      .head_dim = d->head_dim,
+      .q0 = chunk_index(cb->cp, cb->rank, c) * cb->L,
+      .k0 = chunk_index(cb->cp, r2, c2) * cb->L,
+      .scale = 1.0f / sqrtf((float)d->head_dim),
+  };
+}
+
+/* Row offset of (rank r2, sequence b, local chunk c2) in the gathered [cp][batch][local] rows. */
+static size_t kv_row(const struct cp_blocks *cb, int r2, int b, int c2) {
+  return ((size_t)r2 * (size_t)cb->d->batch + (size_t)b) * (size_t)cb->local +
+         (size_t)c2 * (size_t)cb->L;
+}
+
+/* lse, y of the local queries: each chunk's blocks merged by their log-sum-exp. lse is kept
+ * [T, H] (row-major by token; only this file reads it under CP). */
+static void core_forward(const struct cp_blocks *cb, const struct kernels_attention_views *w,
+                         const float *kg, const float *vg) {
+  const struct kernels_attention_dims *d = cb->d;
+  size_t rows = (size_t)cb->L * (size_t)d->heads;
+  float *yb = g_new(float, (size_t)cb->L * cb->HD), *lb = g_new(float, rows);
+  float *scratch = g_new(float, (size_t)cb->L);
+  for (int b = 0; b < d->batch; b++)
+    for (int c = 0; c < 2; c++) {
+      size_t q = (size_t)b * cb->local + (size_t)c * cb->L;
+      float *y = w->y + q * cb->HD, *lse = w->lse + q * (size_t)d->heads;
+      memset(y, 0, (size_t)cb->L * cb->HD * sizeof(float));
+      for (size_t e = 0; e < rows; e++)
+        lse[e] = -INFINITY;
+      for (int r2 = 0; r2 < cb->cp; r2++)
+        for (int c2 = 0; c2 < 2; c2++) {
+          struct kernels_attention_block blk = block_of(cb, c, r2, c2);
+          if (blk.k0 > blk.q0 + blk.m - 1)
+            continue; /* every key after every query: masked whole */
+          size_t kr = kv_row(cb, r2, b, c2);
+          kernels_attention_block_forward(&blk, yb, lb, w->q + q * cb->HD, kg + kr * cb->KD,
+                                          vg + kr * cb->KD, scratch);
+          kernels_attention_merge(y, lse, yb, lb, (int)rows, d->head_dim);
+        }
+    }
+  g_free(yb);
+  g_free(lb);
+  g_free(scratch);
+}
+
+static struct cp_blocks blocks_of(const struct exec_state *s,
+                                  const struct kernels_attention_dims *d,
+                                  const struct kernels_attention_views *w) {
+  int cp = (int)s->dev->cp_degree;
+  return (struct cp_blocks){d, cp, (int)s->dev->cp_rank, d->seq / 2, d->seq, w->HD, w->KD};
+}
+
+bool exec_cp_attention_forward(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                               float *a, float *saved, const float *h, const float *params,
+                               const struct kernels_attention_dims *d, GError **err) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
+  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD, C = d->hidden, cp = (int)s->dev->cp_degree;
+  int whole = d->seq * cp, r = (int)s->dev->cp_rank;
+  double t0 = exec_backend_clock(s->b);
+  kernels_gemm(false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
+  kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
+  kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
+  kernels_rope_cp(w.q, d->batch, whole, cp, r, d->heads, d->head_dim, d->rope_theta,
+                  d->rope_scaling, false);
+  kernels_rope_cp(w.k, d->batch, whole, cp, r, d->kv_heads, d->head_dim, d->rope_theta,
+                  d->rope_scaling, false);
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  size_t n = w.T * w.KD;
+  /* what the exchange holds while the attention runs: every rank's K and V */
+  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
+  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
+  if (!gather_kv(s, st, w.k, w.v, kg, vg, n, err))
+    return false;
+  t0 = exec_backend_clock(s->b);
+  struct cp_blocks cb = blocks_of(s, d, &w);
+  core_forward(&cb, &w, kg, vg);
+  kernels_gemm(false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  return true;
+}
+
+bool exec_cp_attention_core_forward(struct exec_state *s, struct exec_task_ctx *st,
+                                    struct exec_mb *mb, float *saved,
+                                    const struct kernels_attention_dims *d, GError **err) {
+  struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, NULL);
+  size_t n = w.T * w.KD, cp = s->dev->cp_degree;
+  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
+  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
+  if (!gather_kv(s, st, w.k, w.v, kg, vg, n, err))
+    return false;
+  double t0 = exec_backend_clock(s->b);
+  struct cp_blocks cb = blocks_of(s, d, &w);
+  core_forward(&cb, &w, kg, vg);
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  return true;
+}
+
+/* dq (local), dkg, dvg (the whole sequence's) += every block's gradients. */
+static void core_backward(const struct cp_blocks *cb, const struct kernels_attention_views *w,
+                          const float *kg, const float *vg, float *dkg, float *dvg) {
+  const struct kernels_attention_dims *d = cb->d;
+  float *scratch = g_new(float, (size_t)cb->L);
+  memset(w->dq, 0, w->T * cb->HD * sizeof(float));
+  for (int b = 0; b < d->batch; b++)
+    for (int c = 0; c < 2; c++) {
+      size_t q = (size_t)b * cb->local + (size_t)c * cb->L, qo = q * cb->HD;
+      const float *lse = w->lse + q * (size_t)d->heads;
+      for (int r2 = 0; r2 < cb->cp; r2++)
+        for (int c2 = 0; c2 < 2; c2++) {
+          struct kernels_attention_block blk = block_of(cb, c, r2, c2);
+          if (blk.k0 > blk.q0 + blk.m - 1)
+            continue;
+          size_t ko = kv_row(cb, r2, b, c2) * cb->KD;
+          kernels_attention_block_backward(&blk, w->dq + qo, dkg + ko, dvg + ko, w->dy + qo,
+                                           w->y + qo, lse, w->q + qo, kg + ko, vg + ko, scratch);
+        }
+    }
+  g_free(scratch);
+}
+
+bool exec_cp_attention_backward_input(struct exec_state *s, struct exec_task_ctx *st,
+                                      struct exec_mb *mb, float *dh, float *bwork, const float *da,
+                                      const float *saved, const float *params,
+                                      const struct kernels_attention_dims *d, bool accumulate,
+                                      GError **err) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, bwork);
+  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD, C = d->hidden, cp = (int)s->dev->cp_degree;
+  int whole = d->seq * cp, r = (int)s->dev->cp_rank;
+  size_t n = w.T * w.KD;
+  /* K and V gathered again (the forward kept its own rows only), dK and dV of all of them */
+  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
+  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
+  if (!gather_kv(s, st, w.k, w.v, kg, vg, n, err))
+    return false;
+  float *dkg = mb_floats(s, st, mb, OWN_WORK, n * (size_t)cp);
+  float *dvg = mb_floats(s, st, mb, OWN_WORK, n * (size_t)cp);
+  double t0 = exec_backend_clock(s->b);
+  kernels_gemm(false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
+  struct cp_blocks cb = blocks_of(s, d, &w);
+  core_backward(&cb, &w, kg, vg, dkg, dvg);
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  /* each rank's dK and dV summed over the ranks whose queries saw them, back to their owner */
+  struct exec_comm *comm = s->comms[s->dev->cp_comm];
+  bool ok;
+  CT(st, s, ok, exec_comm_reduce_scatter_f32(s->b, comm, dkg, w.dk, n, err));
+  if (ok)
+    CT(st, s, ok, exec_comm_reduce_scatter_f32(s->b, comm, dvg, w.dv, n, err));
+  if (!ok)
+    return false;
+  t0 = exec_backend_clock(s->b);
+  kernels_rope_cp(w.dq, d->batch, whole, cp, r, d->heads, d->head_dim, d->rope_theta,
+                  d->rope_scaling, true);
+  kernels_rope_cp(w.dk, d->batch, whole, cp, r, d->kv_heads, d->head_dim, d->rope_theta,
+                  d->rope_scaling, true);
+  kernels_gemm(false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
+  kernels_gemm(false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
+  kernels_gemm(false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);
+  st->kernel_s += exec_backend_clock(s->b) - t0;
+  return true;
+}
+
+const char *exec_cp_refusal(const struct plan *p, const struct exec_backend *b) {
+  if (p->model->context_parallel <= 1 || strcmp(exec_backend_name(b), "host") == 0)
+    return NULL;
+  return "on a backend other than host yet (its attention kernels take no chunk offsets)";
+}

@@ -1,0 +1,120 @@
+/* attention_cp: the blocks of ring attention under context parallelism (docs/directives.md,
+ * "Context parallelism"): one query chunk against one key chunk of the same sequence, causal by
+ * their global positions, and the log-sum-exp merge of partial results (Milakov & Gimelshein
+ * 2018's online softmax; Megatron's flash_attn_fwd_out_correction). The executor's ring will
+ * run these per chunk pair; this is the plain host reference its kernels are checked against. */
+#include "kernels.h"
+
+#include "../base/assert.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Query row i of head h of a block: its scores against the visible keys into s[n] (masked:
+ * -INFINITY); returns the row's maximum (-INFINITY when it sees no key). */
+static float block_scores(const struct kernels_attention_block *b, const float *q, const float *k,
+                          int i, int h, float *s) {
+  int D = b->head_dim, group = b->heads / b->kv_heads, kh = h / group;
+  const float *qi = q + ((size_t)i * b->heads + (size_t)h) * (size_t)D;
+  float most = -INFINITY;
+  for (int j = 0; j < b->n; j++) {
+    if (b->k0 + j > b->q0 + i) { /* a later position: causal mask */
+      s[j] = -INFINITY;
+      continue;
+    }
+    const float *kj = k + ((size_t)j * b->kv_heads + (size_t)kh) * (size_t)D;
+    float dot = 0;
+    for (int e = 0; e < D; e++)
+      dot += qi[e] * kj[e];
+    s[j] = dot * b->scale;
+    most = s[j] > most ? s[j] : most;
+  }
+  return most;
+}
+
+void kernels_attention_block_forward(const struct kernels_attention_block *b, float *y,
+                                     float *lse, const float *q, const float *k, const float *v,
+                                     float *scratch) {
+  PIPER_ASSERT(b->heads % b->kv_heads == 0);
+  int D = b->head_dim, group = b->heads / b->kv_heads;
+  for (int i = 0; i < b->m; i++)
+    for (int h = 0; h < b->heads; h++) {
+      float *yi = y + ((size_t)i * b->heads + (size_t)h) * (size_t)D;
+      float most = block_scores(b, q, k, i, h, scratch);
+      memset(yi, 0, sizeof(float) * (size_t)D);
+      if (most == -INFINITY) { /* sees no key of this block: contributes nothing to a merge */
+        lse[(size_t)i * b->heads + (size_t)h] = -INFINITY;
+        continue;
+      }
+      double sum = 0;
+      for (int j = 0; j < b->n; j++) {
+        if (scratch[j] == -INFINITY)
+          continue;
+        float p = expf(scratch[j] - most);
+        sum += p;
+        const float *vj = v + ((size_t)j * b->kv_heads + (size_t)(h / group)) * (size_t)D;
+        for (int e = 0; e < D; e++)
+          yi[e] += p * vj[e];
+      }
+      for (int e = 0; e < D; e++)
+        yi[e] = (float)(yi[e] / sum);
+      lse[(size_t)i * b->heads + (size_t)h] = most + (float)log(sum);
+    }
+}
+
+void kernels_attention_merge(float *y, float *lse, const float *y_block, const float *lse_block,
+                             int rows, int head_dim) {
+  for (int r = 0; r < rows; r++) {
+    float a = lse[r], c = lse_block[r];
+    if (c == -INFINITY)
+      continue;
+    float *yr = y + (size_t)r * (size_t)head_dim;
+    const float *br = y_block + (size_t)r * (size_t)head_dim;
+    if (a == -INFINITY) {
+      memcpy(yr, br, sizeof(float) * (size_t)head_dim);
+      lse[r] = c;
+      continue;
+    }
+    /* lse' = log(e^a + e^c); each part weighted by its share of the new normaliser */
+    float most = a > c ? a : c;
+    float merged = most + log1pf(expf(-fabsf(a - c)));
+    float wa = expf(a - merged), wc = expf(c - merged);
+    for (int e = 0; e < head_dim; e++)
+      yr[e] = wa * yr[e] + wc * br[e];
+    lse[r] = merged;
+  }
+}
+
+void kernels_attention_block_backward(const struct kernels_attention_block *b, float *dq,
+                                      float *dk, float *dv, const float *dy, const float *y,
+                                      const float *lse, const float *q, const float *k,
+                                      const float *v, float *scratch) {
+  int D = b->head_dim, group = b->heads / b->kv_heads;
+  for (int i = 0; i < b->m; i++)
+    for (int h = 0; h < b->heads; h++) {
+      size_t row = (size_t)i * b->heads + (size_t)h;
+      const float *dyi = dy + row * (size_t)D, *yi = y + row * (size_t)D;
+      const float *qi = q + row * (size_t)D;
+      float *dqi = dq + row * (size_t)D;
+      if (block_scores(b, q, k, i, h, scratch) == -INFINITY)
+        continue;
+      float delta = 0; /* rowsum(dy * y), with y the merged output (FlashAttention-2's D) */
+      for (int e = 0; e < D; e++)
+        delta += dyi[e] * yi[e];
+      for (int j = 0; j < b->n; j++) {
+        if (scratch[j] == -INFINITY)
+          continue;
+        size_t kv = (size_t)j * b->kv_heads + (size_t)(h / group);
+        const float *kj = k + kv * (size_t)D, *vj = v + kv * (size_t)D;
+        float p = expf(scratch[j] - lse[row]), dp = 0; /* the final softmax, by the merged lse */
+        for (int e = 0; e < D; e++)
+          dp += dyi[e] * vj[e];
+        float ds = p * (dp - delta) * b->scale;
+        for (int e = 0; e < D; e++) {
+          dqi[e] += ds * kj[e];
+          dk[kv * (size_t)D + (size_t)e] += ds * qi[e];
+          dv[kv * (size_t)D + (size_t)e] += p * dyi[e];
+        }
+      }
+    }
+}
