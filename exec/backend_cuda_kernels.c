@@ -47,8 +47,7 @@ static void gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k, f
 
 /* ---- simple entries --------------------------------------------------------------------- */
 
-/* n bytes of stream-ordered scratch (cudaMallocAsync), NULL with the failure recorded. */
-static void *stream_scratch(struct exec_stream *s, size_t n) {
+void *exec_cuda_stream_scratch(struct exec_stream *s, size_t n) {
   void *x = NULL;
   GError *e = NULL;
   if (!CUDA_CHECK(kernel_ctx(s), cudaMallocAsync(&x, n ? n : 1, st_of(s)), &e)) {
@@ -85,7 +84,7 @@ static void k_embedding_forward(struct exec_stream *s, float *x, const int32_t *
 static void k_embedding_backward_weight(struct exec_stream *s, float *dparams, const float *dx,
                                         const int32_t *tokens, int T, int V, int C) {
   (void)V;
-  int32_t *chains = stream_scratch(s, 2 * (size_t)T * sizeof(int32_t));
+  int32_t *chains = exec_cuda_stream_scratch(s, 2 * (size_t)T * sizeof(int32_t));
   if (!chains)
     return;
   kc_embedding_backward(dparams, dx, tokens, T, C, chains, st_of(s));
@@ -106,151 +105,6 @@ static void k_residual_add_forward(struct exec_stream *s, float *x, const float 
 static void k_residual_add_backward(struct exec_stream *s, float *dy, const float *dx, size_t n,
                                     bool accumulate) {
   kc_add(dy, dx, n, accumulate, st_of(s));
-}
-
-static int entry_by_address(gconstpointer a, gconstpointer b) {
-  const struct exec_wcache_entry *x = *(struct exec_wcache_entry *const *)a;
-  const struct exec_wcache_entry *y = *(struct exec_wcache_entry *const *)b;
-  return (uintptr_t)x->ptr < (uintptr_t)y->ptr ? -1 : (uintptr_t)x->ptr > (uintptr_t)y->ptr;
-}
-
-/* The optimizer's step over params [n] for a bf16 model: the bf16 copies of the weight
- * matrices it rewrites are made by the update itself, where a matrix is compact (its copy is
- * then the same elements in the same order), and converted afterwards where it is strided or
- * overlaps one already written. A GEMM that read an old copy read the weights before this
- * update, which the plan orders before the optimizer, as it orders the fp32 weights' readers. */
-struct adamw_args {
-  float *params;
-  const float *grads;
-  float *m, *v;
-  float lr, beta1, beta2, eps, weight_decay;
-  int step;
-};
-
-/* The spans of one tensor's update (kc_adamw_tensor rows, onto spans): where the tensor holds
- * compact weight matrices with bf16 copies, a span per matrix that writes its copy (made:
- * their entries, to mark made once the update is enqueued) and spans without between; strided
- * or overlapping matrices go to later (converted after the update). */
-static void adamw_spans(struct cuda_context *b, const struct adamw_args *a, size_t n, GArray *spans,
-                        GPtrArray *made, GPtrArray *later) {
-  float *params = a->params;
-  GPtrArray *within = g_ptr_array_new();
-  if (b->bf16_gemm)
-    exec_wcache_within(&b->wcache, params, n * sizeof(float), within);
-  g_ptr_array_sort(within, entry_by_address);
-  size_t done = 0; /* params [0, done) spanned */
-  for (guint k = 0; k < within->len; k++) {
-    struct exec_wcache_entry *w = g_ptr_array_index(within, k);
-    size_t at = (size_t)((const float *)w->ptr - params), len = (size_t)w->rows * w->cols;
-    if (w->ld != w->cols || at < done) {
-      g_ptr_array_add(later, w);
-      continue;
-    }
-    struct kc_adamw_tensor gap = {params + done, a->grads + done, a->m + done, a->v + done, NULL,
-                                  at - done, 0};
-    struct kc_adamw_tensor mat = {params + at, a->grads + at, a->m + at, a->v + at, w->copy, len, 0};
-    if (gap.n)
-      g_array_append_val(spans, gap);
-    g_array_append_val(spans, mat);
-    g_ptr_array_add(made, w);
-    done = at + len;
-  }
-  struct kc_adamw_tensor rest = {params + done, a->grads + done, a->m + done, a->v + done, NULL,
-                                 n - done, 0};
-  if (rest.n)
-    g_array_append_val(spans, rest);
-  g_ptr_array_free(within, TRUE);
-}
-
-/* After the update: the copies it wrote are made, the strided ones converted and made. */
-static void adamw_copies_done(struct exec_stream *s, GPtrArray *made, GPtrArray *later) {
-  struct cuda_context *b = kernel_ctx(s);
-  cudaStream_t cs = st_of(s);
-  GError *e = NULL;
-  for (guint k = 0; k < made->len && !e; k++)
-    exec_cuda_copy_made(b, g_ptr_array_index(made, k), cs, &e);
-  for (guint k = 0; k < later->len && !e; k++) {
-    struct exec_wcache_entry *w = g_ptr_array_index(later, k);
-    kc_to_bf16(w->copy, w->ptr, w->rows, w->cols, w->ld, cs);
-    exec_cuda_copy_made(b, w, cs, &e);
-  }
-  if (e)
-    exec_cuda_fail(s, e);
-}
-
-/* The optimizer's update of params [n] is where GEMMs find their weights (bf16 models): the
- * block it lies in is a store whose matrices' bf16 copies the update itself writes once they
- * exist (weight_copy makes the first). */
-static void adamw_store(struct cuda_context *b, float *params, size_t n) {
-  exec_cuda_written(b, params, n * sizeof(float));
-  if (!b->bf16_gemm)
-    return;
-  void *base = params;
-  size_t bytes = n * sizeof(float);
-  if (!exec_cuda_block_of(b, params, &base, &bytes))
-    base = params;
-  exec_wcache_add_store(&b->wcache, base, bytes);
-}
-
-static void k_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
-                         float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, int step) {
-  struct cuda_context *b = kernel_ctx(s);
-  const struct adamw_args a = {params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step};
-  adamw_store(b, params, n);
-  GArray *spans = g_array_new(FALSE, FALSE, sizeof(struct kc_adamw_tensor));
-  GPtrArray *made = g_ptr_array_new(), *later = g_ptr_array_new();
-  adamw_spans(b, &a, n, spans, made, later);
-  for (guint k = 0; k < spans->len; k++) {
-    const struct kc_adamw_tensor *x = &g_array_index(spans, struct kc_adamw_tensor, k);
-    kc_adamw(x->params, x->grads, x->m, x->v, x->copy, x->n, lr, beta1, beta2, eps, weight_decay,
-             step, st_of(s));
-  }
-  adamw_copies_done(s, made, later);
-  g_array_free(spans, TRUE);
-  g_ptr_array_free(made, TRUE);
-  g_ptr_array_free(later, TRUE);
-}
-
-/* Every tensor's spans in one table (stream-ordered device scratch, its rows' first chunks
- * their prefix sums) and one launch (kc_adamw_multi): the optimizer's step costs one launch
- * instead of one per segment and weight matrix. */
-static void k_adamw_multi(struct exec_stream *s, const struct kernels_adamw_tensor *tensors,
-                          int n, float lr, float beta1, float beta2, float eps,
-                          float weight_decay, int step) {
-  struct cuda_context *b = kernel_ctx(s);
-  GArray *spans = g_array_new(FALSE, FALSE, sizeof(struct kc_adamw_tensor));
-  GPtrArray *made = g_ptr_array_new(), *later = g_ptr_array_new();
-  for (int i = 0; i < n; i++) {
-    const struct kernels_adamw_tensor *t = &tensors[i];
-    const struct adamw_args a = {t->params, t->grads, t->m, t->v, lr, beta1, beta2, eps,
-                                 weight_decay, step};
-    adamw_store(b, t->params, t->n);
-    adamw_spans(b, &a, t->n, spans, made, later);
-  }
-  size_t chunks = 0;
-  for (guint k = 0; k < spans->len; k++) {
-    struct kc_adamw_tensor *x = &g_array_index(spans, struct kc_adamw_tensor, k);
-    x->first_chunk = chunks;
-    chunks += (x->n + KC_ADAMW_CHUNK - 1) / KC_ADAMW_CHUNK;
-  }
-  size_t bytes = spans->len * sizeof(struct kc_adamw_tensor);
-  struct kc_adamw_tensor *table = spans->len ? stream_scratch(s, bytes) : NULL;
-  GError *e = NULL;
-  if (table && CUDA_CHECK(b, cudaMemcpyAsync(table, spans->data, bytes, cudaMemcpyHostToDevice,
-                                             st_of(s)),
-                          &e)) {
-    kc_adamw_multi(table, (int)spans->len, chunks, lr, beta1, beta2, eps, weight_decay, step,
-                   st_of(s));
-    adamw_copies_done(s, made, later);
-  } else if (e) {
-    exec_cuda_fail(s, e);
-  }
-  if (table)
-    cudaFreeAsync(table, st_of(s));
-  g_array_free(spans, TRUE);
-  g_ptr_array_free(made, TRUE);
-  g_ptr_array_free(later, TRUE);
 }
 
 /* ---- MLP (kernels/mlp.c) ------------------------------------------------------------------ */
@@ -284,7 +138,7 @@ static struct mlp_views mlp_views(const float *params, const float *saved, const
 /* A bf16 copy of activation x [rows, cols] in stream-ordered scratch, for the GEMMs of one op
  * that read it (converted once rather than per GEMM); free with cudaFreeAsync. */
 static uint16_t *bf16_once(struct exec_stream *s, const float *x, int rows, int cols) {
-  uint16_t *x16 = stream_scratch(s, (size_t)rows * cols * sizeof(uint16_t));
+  uint16_t *x16 = exec_cuda_stream_scratch(s, (size_t)rows * cols * sizeof(uint16_t));
   if (x16)
     kc_to_bf16(x16, x, rows, cols, cols, st_of(s));
   return x16;
@@ -400,7 +254,7 @@ static bool attention_fused(struct exec_stream *s, const struct kernels_attentio
 static void attention_fused_forward(struct exec_stream *s, const struct kernels_attention_views *w,
                                     const struct kernels_attention_dims *d) {
   void *scratch =
-      stream_scratch(s, kc_flash_attention_scratch_bytes(d->batch, d->seq, d->heads, d->kv_heads,
+      exec_cuda_stream_scratch(s, kc_flash_attention_scratch_bytes(d->batch, d->seq, d->heads, d->kv_heads,
                                                          d->head_dim, false));
   if (!scratch)
     return;
@@ -485,7 +339,7 @@ static void attention_core(struct exec_stream *s, const struct kernels_attention
     return;
   }
   float scale = 1.0f / sqrtf((float)D);
-  float *p = stream_scratch(s, (size_t)S * S * sizeof(float)); /* one head's scores */
+  float *p = exec_cuda_stream_scratch(s, (size_t)S * S * sizeof(float)); /* one head's scores */
   if (!p)
     return;
   for (int b = 0; b < d->batch; b++)
@@ -531,7 +385,7 @@ static void k_attention_core_forward(struct exec_stream *s, float *saved,
 static void attention_fused_backward(struct exec_stream *s, const struct kernels_attention_views *w,
                                      const struct kernels_attention_dims *d) {
   void *scratch =
-      stream_scratch(s, kc_flash_attention_scratch_bytes(d->batch, d->seq, d->heads, d->kv_heads,
+      exec_cuda_stream_scratch(s, kc_flash_attention_scratch_bytes(d->batch, d->seq, d->heads, d->kv_heads,
                                                          d->head_dim, true));
   if (!scratch)
     return;
@@ -580,7 +434,7 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
     kc_fill(w.dk, 0.0f, w.T * w.KD, cs);
     kc_fill(w.dv, 0.0f, w.T * w.KD, cs);
     size_t head = (size_t)S * S * sizeof(float); /* one head's scores */
-    float *p = stream_scratch(s, head), *ds = p ? stream_scratch(s, head) : NULL;
+    float *p = exec_cuda_stream_scratch(s, head), *ds = p ? exec_cuda_stream_scratch(s, head) : NULL;
     if (!ds) {
       if (p)
         cudaFreeAsync(p, cs);
@@ -873,14 +727,14 @@ static void head_fused_forward(struct exec_stream *s, float *loss, float *saved,
                                const int32_t *targets, const float *params,
                                enum kernels_lm_head_layout layout, int T, int C, int V) {
   int cols = head_cols(T, V), tiles = (V + cols - 1) / cols;
-  float *tile = stream_scratch(s, (size_t)T * cols * sizeof(float));
-  float *stats = tile ? stream_scratch(s, (size_t)tiles * 3 * T * sizeof(float)) : NULL;
+  float *tile = exec_cuda_stream_scratch(s, (size_t)T * cols * sizeof(float));
+  float *stats = tile ? exec_cuda_stream_scratch(s, (size_t)tiles * 3 * T * sizeof(float)) : NULL;
   for (int j = 0; stats && j < tiles; j++) {
     int v0 = j * cols, vc = V - v0 < cols ? V - v0 : cols;
     tile_logits(s, tile, h, params, layout, T, C, V, v0, vc);
     kc_tp_head_stats(stats + (size_t)j * 3 * T, tile, targets, 0, T, T, vc, v0, st_of(s));
   }
-  float *rowloss = stats ? stream_scratch(s, (size_t)T * sizeof(float)) : NULL;
+  float *rowloss = stats ? exec_cuda_stream_scratch(s, (size_t)T * sizeof(float)) : NULL;
   if (rowloss) {
     kc_tp_head_combine(loss, rowloss, saved, stats, tiles, T, st_of(s));
     cudaFreeAsync(rowloss, st_of(s));
@@ -900,9 +754,9 @@ static void head_fused_backward(struct exec_stream *s, float *dh, float *dparams
                                 float dloss, int T, int C, int V, bool accumulate) {
   int cols = head_cols(T, V);
   bool bf16 = kernel_ctx(s)->bf16_gemm, tied = layout == KERNELS_LM_HEAD_TIED;
-  float *dl = stream_scratch(s, (size_t)T * cols * sizeof(float));
-  uint16_t *dl16 = dl && bf16 ? stream_scratch(s, (size_t)T * cols * sizeof(uint16_t)) : NULL;
-  int32_t *local = dl && (dl16 || !bf16) ? stream_scratch(s, (size_t)T * sizeof(int32_t)) : NULL;
+  float *dl = exec_cuda_stream_scratch(s, (size_t)T * cols * sizeof(float));
+  uint16_t *dl16 = dl && bf16 ? exec_cuda_stream_scratch(s, (size_t)T * cols * sizeof(uint16_t)) : NULL;
+  int32_t *local = dl && (dl16 || !bf16) ? exec_cuda_stream_scratch(s, (size_t)T * sizeof(int32_t)) : NULL;
   unsigned pre_a = dl16 ? GEMM_A16 : 0, pre_b = dl16 ? GEMM_B16 : 0;
   const void *g = dl16 ? (const void *)dl16 : (const void *)dl;
   for (int v0 = 0; local && v0 < V; v0 += cols) {
@@ -938,8 +792,8 @@ static void k_lm_head_loss_forward(struct exec_stream *s, float *loss, float *sa
     return;
   }
   int rows = head_rows(T, V);
-  float *chunk = stream_scratch(s, (size_t)rows * V * sizeof(float));
-  float *rowloss = chunk ? stream_scratch(s, (size_t)T * sizeof(float)) : NULL;
+  float *chunk = exec_cuda_stream_scratch(s, (size_t)rows * V * sizeof(float));
+  float *rowloss = chunk ? exec_cuda_stream_scratch(s, (size_t)T * sizeof(float)) : NULL;
   for (int t0 = 0; rowloss && t0 < T; t0 += rows) {
     int n = T - t0 < rows ? T - t0 : rows;
     head_logits(s, chunk, h + (size_t)t0 * C, params, layout, n, C, V);
@@ -961,11 +815,11 @@ static void head_backward(struct exec_stream *s, float *dh, float *dparams, cons
                           enum kernels_lm_head_layout layout, float dloss, int T, int C, int V,
                           bool accumulate) {
   int rows = head_rows(T, V);
-  float *dl = stream_scratch(s, (size_t)rows * V * sizeof(float));
+  float *dl = exec_cuda_stream_scratch(s, (size_t)rows * V * sizeof(float));
   /* bf16 GEMMs read the dlogits rounded once, by the cross-entropy's backward itself, rather
    * than converted for each of the two GEMMs: 1.5 GB less traffic per GiB chunk */
   bool bf16 = kernel_ctx(s)->bf16_gemm;
-  uint16_t *dl16 = dl && bf16 ? stream_scratch(s, (size_t)rows * V * sizeof(uint16_t)) : NULL;
+  uint16_t *dl16 = dl && bf16 ? exec_cuda_stream_scratch(s, (size_t)rows * V * sizeof(uint16_t)) : NULL;
   unsigned pre_a = dl16 ? GEMM_A16 : 0, pre_b = dl16 ? GEMM_B16 : 0;
   const void *g = dl16 ? (const void *)dl16 : (const void *)dl;
   float beta = accumulate ? 1.0f : 0.0f;
@@ -1049,7 +903,7 @@ static void k_tp_head_stats(struct exec_stream *s, float *stats, const float *h,
                             const int32_t *targets, const float *w,
                             enum kernels_lm_head_layout layout, int T, int C, int lo, int n) {
   int rows = head_rows(T, n);
-  float *chunk = stream_scratch(s, (size_t)rows * n * sizeof(float));
+  float *chunk = exec_cuda_stream_scratch(s, (size_t)rows * n * sizeof(float));
   for (int t0 = 0; chunk && t0 < T; t0 += rows) {
     int r = T - t0 < rows ? T - t0 : rows;
     head_logits(s, chunk, h + (size_t)t0 * C, w, layout, r, C, n);
@@ -1061,7 +915,7 @@ static void k_tp_head_stats(struct exec_stream *s, float *stats, const float *h,
 
 static void k_tp_head_combine(struct exec_stream *s, float *loss, float *saved,
                               const float *gathered, int tp, int T) {
-  float *rowloss = stream_scratch(s, (size_t)T * sizeof(float));
+  float *rowloss = exec_cuda_stream_scratch(s, (size_t)T * sizeof(float));
   if (!rowloss)
     return;
   kc_tp_head_combine(loss, rowloss, saved, gathered, tp, T, st_of(s));
@@ -1074,13 +928,17 @@ static void k_tp_head_backward(struct exec_stream *s, float *dh, float *dw, cons
                                const float *h, const int32_t *targets, const float *w,
                                enum kernels_lm_head_layout layout, float dloss, int T, int C,
                                int lo, int n) {
-  int32_t *local = stream_scratch(s, (size_t)T * sizeof(int32_t));
+  int32_t *local = exec_cuda_stream_scratch(s, (size_t)T * sizeof(int32_t));
   if (!local)
     return;
   kc_slice_targets(local, targets, T, lo, n, st_of(s));
   head_backward(s, dh, dw, saved, h, local, w, layout, dloss, T, C, n, false);
   cudaFreeAsync(local, st_of(s));
 }
+
+/* the optimizer's entries (backend_cuda_adamw.c) */
+#define k_adamw_step exec_cuda_adamw_step
+#define k_adamw_multi exec_cuda_adamw_multi
 
 const struct exec_kernels exec_cuda_kernels = {
 #define EXEC_KERNEL(name, use, params, args) .name = k_##name,

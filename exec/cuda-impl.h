@@ -201,6 +201,18 @@ static inline cudaStream_t exec_cuda_st_of(struct exec_stream *s) {
   return exec_cuda_stream(exec_cuda_kernel_ctx(s), s);
 }
 
+/* n bytes of stream-ordered scratch (cudaMallocAsync) on s's stream, NULL with the failure
+ * recorded on the stream (backend_cuda_kernels.c) */
+void *exec_cuda_stream_scratch(struct exec_stream *s, size_t n);
+/* the kernel table's optimizer entries (backend_cuda_adamw.c; kernels/ops.def's adamw_step and
+ * adamw_multi) */
+void exec_cuda_adamw_step(struct exec_stream *s, float *params, const float *grads, float *m,
+                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, int step);
+void exec_cuda_adamw_multi(struct exec_stream *s, const struct kernels_adamw_tensor *tensors,
+                           int n, float lr, float beta1, float beta2, float eps,
+                           float weight_decay, int step);
+
 /* backend_cuda_gemm.c: a GEMM of a kernel entry (row-major, as kernels_gemm), pre saying which
  * operands are already bf16 (GEMM_A16, GEMM_B16: used as stored, with the ld given, so that
  * they are not converted again); failures fail the stream. */

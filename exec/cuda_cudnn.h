@@ -2,10 +2,16 @@
  * and backward, for the cuda backend's kernel table (backend_cuda_kernels.c), through cuDNN's C
  * backend API: an operation graph of matmul, pointwise and reduction nodes, built as cuDNN's
  * frontend builds its SDPA node, which cuDNN's fused-attention engines run as one kernel.
- * Usage:
+ * Usage (q, k, v, y, lse device buffers; st the stream):
+ *   GError *err = NULL;
+ *   float *y = NULL, *lse = NULL; const float *q = NULL, *k = NULL, *v = NULL;
+ *   cudaStream_t st = 0;
  *   struct exec_cudnn_sdpa *c = exec_cudnn_sdpa_new(&err);
- *   struct exec_cudnn_sdpa_shape sh = {B, S, S, H, KV, D, 0, 0};
- *   if (exec_cudnn_sdpa_supported(&sh)) exec_cudnn_sdpa_forward(c, &sh, y, lse, q, k, v, st, &err);
+ *   struct exec_cudnn_sdpa_shape sh = {.batch = 1, .seq_q = 4096, .seq_kv = 4096, .heads = 32,
+ *                                      .kv_heads = 8, .head_dim = 128};
+ *   if (c && exec_cudnn_sdpa_supported(&sh))
+ *     exec_cudnn_sdpa_forward(c, &sh, y, lse, q, k, v, st, &err);
+ *   exec_cudnn_sdpa_free(c);
  * Tensors are fp32 device memory in kernels/attention.c's saved layout: q, y, dq [B*Sq, H*D],
  * k, v, dk, dv [B*Skv, KV*D], lse [B, H, Sq] (natural-log log-sum-exp of a row's scaled scores,
  * as kc_flash_attention_forward). cuDNN's SDPA reads bf16, so each call rounds its operands to

@@ -809,7 +809,7 @@ static bool load_piper(struct model *m, const cJSON *root, const char *file, GEr
                &m->context_parallel, file, err))
     return false;
   /* 2N chunks of equal length (rank i holds chunks i and 2N-1-i) */
-  if (m->seq_len % (2 * m->context_parallel) != 0)
+  if (m->context_parallel > 1 && m->seq_len % (2 * m->context_parallel) != 0)
     return piper_input_error(err, "%s: \"piper.seq_len\" %lld is not divisible by 2 x "
                                   "context_parallel = %lld (each sequence is cut into that many "
                                   "equal chunks)", file, (long long)m->seq_len,

@@ -272,7 +272,8 @@ static void plan_print_commands(const struct planner *pl, const struct planner_c
                                           c->microbatches, size);
   bool host = pl->profile->synthetic || strstr(pl->profile->name, "host") != NULL;
   printf("  run #1:\n    %s %s --profile %s\n", sim, what, profile);
-  printf("    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 %smpirun -np %u%s %s "
+  /* --allow-run-as-root: runs as root (containers) and as a user alike, as the README's */
+  printf("    %smpirun --allow-run-as-root -np %u%s %s "
          "--backend %s %s --iters 20\n",
          host ? "OPENBLAS_NUM_THREADS=1 " : "", pl->request.devices,
          host ? " --oversubscribe" : pl->request.devices > 8 ? " --hostfile HOSTS" : "", exec,

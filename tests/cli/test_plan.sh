@@ -57,7 +57,7 @@ assert close(float(pick["iteration_time_s"]), m["iteration_time_s"]), (pick, m["
 assert close(float(pick["throughput_tokens_per_s"]), m["throughput_tokens_per_s"])
 assert abs(float(pick["peak_memory_gib"]) - m["peak_memory_bytes_max"] / 2**30) < 1e-5
 PY
-  grep -A2 '^  run #1:$' "$2" | sed -n 3p | grep -q "^    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 .*mpirun -np [0-9]* .*$BIN/piper-exec --backend [a-z]* --model " \
+  grep -A2 '^  run #1:$' "$2" | sed -n 3p | grep -q "^    .*mpirun --allow-run-as-root -np [0-9]* .*$BIN/piper-exec --backend [a-z]* --model " \
     && ok "$1: the mpirun command" || fail "$1: mpirun line: $(grep -A2 '^  run #1:$' "$2")"
 }
 "$PLAN" "${small[@]}" --out "$tmp/pick" > "$tmp/stdout" 2>/dev/null && rerun_pick tiny "$tmp/stdout" "$tmp/pick/plan.csv" \

@@ -98,7 +98,7 @@ static struct plan *hand_plan(void) {
   p->n_streams = 2;
   p->streams = copy_of(streams, sizeof streams);
   struct plan_comm comms[] = {
-      {IR_COMM_PP, 0, 1, 0, 0}, {IR_COMM_DP, 0, IR_NONE, 0, 0}, {IR_COMM_DP, 1, IR_NONE, 0, 0}};
+      {IR_COMM_PP, 0, 1, 0, 0, 0}, {IR_COMM_DP, 0, IR_NONE, 0, 0, 0}, {IR_COMM_DP, 1, IR_NONE, 0, 0, 0}};
   p->n_comms = 3;
   p->comms = copy_of(comms, sizeof comms);
 

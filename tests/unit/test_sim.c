@@ -732,10 +732,10 @@ static struct plan *hplan_build(const struct hplan *h) {
   p->comms = g_new0(struct plan_comm, p->n_comms);
   for (uint32_t a = 0; a < h->n_devices; a++)
     for (uint32_t b = 0; b < h->n_devices; b++)
-      p->comms[a * h->n_devices + b] = (struct plan_comm){IR_COMM_PP, a, b, 0};
+      p->comms[a * h->n_devices + b] = (struct plan_comm){.purpose = IR_COMM_PP, .group = a, .peer_group = b};
   for (uint32_t g = 0; g < h->n_coll_groups; g++)
     p->comms[h->n_devices * h->n_devices + g] =
-        (struct plan_comm){IR_COMM_DP, h->n_devices + g, IR_NONE, 0};
+        (struct plan_comm){.purpose = IR_COMM_DP, .group = h->n_devices + g, .peer_group = IR_NONE};
   uint32_t total = 0;
   for (uint32_t d = 0; d < h->n_devices; d++)
     total += h->n[d];
