@@ -317,6 +317,17 @@ static bool overlaps(const struct rect *a, const struct rect *b) {
 
 /* The first place among eight around (x, y) where a w x h label covers nothing taken and stays
  * in the plot; false when there is none. */
+/* r lies inside the plot area and overlaps no label or marker already placed. */
+static bool rect_free(const struct points_chart *c, const struct rect *r) {
+  if (r->x0 < PT_LEFT + 1 || r->x1 > PT_W - PT_RIGHT - 1 || r->y0 < PT_TOP + 1 ||
+      r->y1 > PT_H - PT_BOTTOM - 1)
+    return false;
+  for (guint i = 0; i < c->taken->len; i++)
+    if (overlaps(r, &g_array_index(c->taken, struct rect, i)))
+      return false;
+  return true;
+}
+
 static bool place_label(const struct points_chart *c, double x, double y, double w, double h,
                         struct rect *out) {
   const double d = PT_MARKER + 3;
@@ -325,13 +336,7 @@ static bool place_label(const struct points_chart *c, double x, double y, double
                              {d, d},               {-d - w, d}};
   for (int k = 0; k < 8; k++) {
     struct rect r = {x + cand[k][0], y + cand[k][1], x + cand[k][0] + w, y + cand[k][1] + h};
-    if (r.x0 < PT_LEFT + 1 || r.x1 > PT_W - PT_RIGHT - 1 || r.y0 < PT_TOP + 1 ||
-        r.y1 > PT_H - PT_BOTTOM - 1)
-      continue;
-    bool free = true;
-    for (guint i = 0; i < c->taken->len && free; i++)
-      free = !overlaps(&r, &g_array_index(c->taken, struct rect, i));
-    if (free) {
+    if (rect_free(c, &r)) {
       *out = r;
       return true;
     }
@@ -397,13 +402,7 @@ static void place_top_label(const struct points_chart *c, double x, double y, do
                                {d, d - h},  {-d - w, d - h}};
     for (int k = 0; k < 6; k++) {
       struct rect r = {x + cand[k][0], y + cand[k][1], x + cand[k][0] + w, y + cand[k][1] + h};
-      if (r.x0 < PT_LEFT + 1 || r.x1 > PT_W - PT_RIGHT - 1 || r.y0 < PT_TOP + 1 ||
-          r.y1 > PT_H - PT_BOTTOM - 1)
-        continue;
-      bool free = true;
-      for (guint i = 0; i < c->taken->len && free; i++)
-        free = !overlaps(&r, &g_array_index(c->taken, struct rect, i));
-      if (free) {
+      if (rect_free(c, &r)) {
         *out = r;
         *leader = true;
         return;
