@@ -304,17 +304,24 @@ static bool read_identity(struct profile *p, const char *name, const cJSON *root
   return true;
 }
 
+static bool read_choice(const cJSON *obj, const char *key, const char *const *names, int *out,
+                        const char *ctx, GError **err);
+
 /* The device section: peak FLOP/s per dtype (an object), then the table's keys. */
 static bool read_device(struct profile *p, const char *name, const cJSON *dev, GError **err) {
   char ctx[300];
   snprintf(ctx, sizeof ctx, "%s: device", name);
   const cJSON *pk;
-  const char *extra[] = {"peak_tflops", "cost_model", NULL};
+  const char *extra[] = {"peak_tflops", "cost_model", "attention_kernel", NULL};
+  static const char *const kernels[] = {"fused", "unfused", NULL};
   const char *model = NULL;
+  int kernel = 0;
   if (!check_section_keys(dev, device_keys, G_N_ELEMENTS(device_keys), extra, ctx, err) ||
       !json_get_object(dev, "peak_tflops", false, &pk, ctx, err) ||
-      !json_get_string(dev, "cost_model", false, &model, ctx, err))
+      !json_get_string(dev, "cost_model", false, &model, ctx, err) ||
+      !read_choice(dev, "attention_kernel", kernels, &kernel, ctx, err))
     return false;
+  p->attention_unfused = kernel == 1;
   if (model && strcmp(model, "shapes") != 0 && strcmp(model, "roofline") != 0)
     return piper_input_error(err, "%s: key \"cost_model\": \"%s\" is not roofline or shapes",
                              ctx, model);

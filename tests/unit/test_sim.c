@@ -88,10 +88,10 @@ static void test_profile_bundled(void **state) {
   assert_true(h800->peak_flops[MODEL_DTYPE_BF16] == h100->peak_flops[MODEL_DTYPE_BF16]);
   assert_true(h800->sm_count == h100->sm_count && h800->shape_model);
   test_assert_near(h800->intra_bandwidth, 200e9, 0, 1e-12, "h800 nvlink");
-  /* FP8: 1,979 dense TFLOP/s on both (3,958 with sparsity on the datasheets), twice bf16 */
+  /* FP8: 1,979 dense TFLOP/s on all three (3,958 with sparsity on the datasheets), twice bf16 */
   test_assert_near(h100->peak_flops[MODEL_DTYPE_FP8], 1978.9e12, 0, 1e-12, "h100 fp8");
   test_assert_near(h200->peak_flops[MODEL_DTYPE_FP8], 1978.9e12, 0, 1e-12, "h200 fp8");
-  assert_true(h800->peak_flops[MODEL_DTYPE_FP8] == 0); /* not given: an FP8 model is refused */
+  test_assert_near(h800->peak_flops[MODEL_DTYPE_FP8], 1978.9e12, 0, 1e-12, "h800 fp8");
   profile_free(h800);
   profile_free(h100);
   profile_free(h200);
@@ -186,6 +186,48 @@ static void test_gemm_shapes(void **state) {
   struct cost_gemm hot = cost_gemm_grouped(p, MODEL_DTYPE_BF16, 8, 512, 2048, 4096, 4096);
   assert_true(hot.seconds > even.seconds * 1.2);
   profile_free(p);
+}
+
+/* The unfused core (device.attention_kernel "unfused", Megatron-LM before FlashAttention): its
+ * batched GEMMs by the tile model over the full square (causal or not), plus the softmax and
+ * dropout kernels' traffic over the 8 x 1024 x 1024 scores at 1 TB/s: 9 bytes a score forward
+ * (softmax 2 + 2, dropout 2 + 2 + a 1-byte mask), 11 backward. */
+static void test_attention_unfused(void **state) {
+  (void)state;
+  GError *err = NULL;
+  char buf[2048];
+  const char *dev = strstr(shape_profile, "\"cost_model\"");
+  snprintf(buf, sizeof buf, "%.*s\"attention_kernel\":\"unfused\",%s",
+           (int)(dev - shape_profile), shape_profile, dev);
+  struct profile *p = profile_from(buf, &err);
+  assert_non_null(p);
+  assert_true(p->attention_unfused);
+  double scores = 8.0 * 1024 * 1024;
+  enum model_dtype bf = MODEL_DTYPE_BF16;
+  double fwd = cost_gemm_grouped(p, bf, 8, 1024, 1024, 1024, 128).seconds +
+               cost_gemm_grouped(p, bf, 8, 1024, 1024, 128, 1024).seconds + scores * 9 / 1e12;
+  test_assert_near(cost_attention_core(p, bf, 1, 1024, 8, 8, 128, 128, true, 1, false), fwd, 0,
+                   1e-12, "unfused forward");
+  /* the mask is applied to the full square: causal costs what non-causal does */
+  test_assert_near(cost_attention_core(p, bf, 1, 1024, 8, 8, 128, 128, false, 1, false), fwd, 0,
+                   1e-12, "unfused non-causal");
+  double bwd = 2 * cost_gemm_grouped(p, bf, 8, 1024, 1024, 1024, 128).seconds +
+               2 * cost_gemm_grouped(p, bf, 8, 1024, 1024, 128, 1024).seconds +
+               scores * 11 / 1e12;
+  test_assert_near(cost_attention_core(p, bf, 1, 1024, 8, 8, 128, 128, true, 1, true), bwd, 0,
+                   1e-12, "unfused backward");
+  /* slower than the fused kernel of the same shapes: the scores' round trips through HBM */
+  struct profile *fused = profile_from(shape_profile, &err);
+  assert_non_null(fused);
+  assert_true(fwd > cost_attention_core(fused, bf, 1, 1024, 8, 8, 128, 128, false, 1, false));
+  profile_free(fused);
+  profile_free(p);
+  /* a kernel the model does not know: one line naming the key */
+  snprintf(buf, sizeof buf, "%.*s\"attention_kernel\":\"flash\",%s",
+           (int)(dev - shape_profile), shape_profile, dev);
+  assert_null(profile_from(buf, &err));
+  assert_non_null(strstr(err->message, "device: key \"attention_kernel\": \"flash\" is not fused or unfused"));
+  g_clear_error(&err);
 }
 
 static void test_attention_core(void **state) {
@@ -2374,6 +2416,7 @@ int main(void) {
       cmocka_unit_test(test_profile_errors),
       cmocka_unit_test(test_gemm_shapes),
       cmocka_unit_test(test_attention_core),
+      cmocka_unit_test(test_attention_unfused),
       cmocka_unit_test(test_roofline_and_table),
       cmocka_unit_test(test_expert_parallel_entries),
       cmocka_unit_test(test_optimizer_cost),
