@@ -98,20 +98,20 @@ static double attention_efficiency(const struct profile *p, double x, bool backw
  * dQ = dS K, dK = dS^T Q. The GEMMs by the tile model, the elementwise kernels at memory
  * bandwidth: forward 2 + 2 (softmax) + 2 + 2 + 1 (dropout) bytes a score, backward 2 + 1 + 2
  * (dropout) + 2 + 2 + 2 (softmax) bytes a score, in the model's dtype of 2 bytes. */
-static double unfused_attention_core(const struct profile *p, enum model_dtype dtype,
-                                     double batch, double q, double s, double heads, double d_qk,
-                                     double d_v, bool backward) {
+static double unfused_attention_core(const struct profile *p, enum model_dtype dtype, double batch,
+                                     double q, double s, double heads, double d_qk, double d_v,
+                                     bool backward) {
   double g = batch * heads, t = 0, e = (double)model_dtype_bytes(dtype);
   double scores = g * q * s, elementwise;
   if (!backward) {
-    t += cost_gemm_grouped(p, dtype, g, q, q, s, d_qk).seconds;  /* S = Q K^T */
-    t += cost_gemm_grouped(p, dtype, g, q, q, d_v, s).seconds;   /* O = P V */
+    t += cost_gemm_grouped(p, dtype, g, q, q, s, d_qk).seconds; /* S = Q K^T */
+    t += cost_gemm_grouped(p, dtype, g, q, q, d_v, s).seconds;  /* O = P V */
     elementwise = scores * (4 * e + 1);
   } else {
-    t += cost_gemm_grouped(p, dtype, g, q, q, s, d_v).seconds;   /* dP = dO V^T */
-    t += cost_gemm_grouped(p, dtype, g, s, s, d_v, q).seconds;   /* dV = P^T dO */
-    t += cost_gemm_grouped(p, dtype, g, q, q, d_qk, s).seconds;  /* dQ = dS K */
-    t += cost_gemm_grouped(p, dtype, g, s, s, d_qk, q).seconds;  /* dK = dS^T Q */
+    t += cost_gemm_grouped(p, dtype, g, q, q, s, d_v).seconds;  /* dP = dO V^T */
+    t += cost_gemm_grouped(p, dtype, g, s, s, d_v, q).seconds;  /* dV = P^T dO */
+    t += cost_gemm_grouped(p, dtype, g, q, q, d_qk, s).seconds; /* dQ = dS K */
+    t += cost_gemm_grouped(p, dtype, g, s, s, d_qk, q).seconds; /* dK = dS^T Q */
     elementwise = scores * (2 * e + 1 + 3 * e);
   }
   /* softmax and dropout: two kernels a pass */

@@ -197,8 +197,8 @@ static void test_attention_unfused(void **state) {
   GError *err = NULL;
   char buf[2048];
   const char *dev = strstr(shape_profile, "\"cost_model\"");
-  snprintf(buf, sizeof buf, "%.*s\"attention_kernel\":\"unfused\",%s",
-           (int)(dev - shape_profile), shape_profile, dev);
+  snprintf(buf, sizeof buf, "%.*s\"attention_kernel\":\"unfused\",%s", (int)(dev - shape_profile),
+           shape_profile, dev);
   struct profile *p = profile_from(buf, &err);
   assert_non_null(p);
   assert_true(p->attention_unfused);
@@ -212,8 +212,7 @@ static void test_attention_unfused(void **state) {
   test_assert_near(cost_attention_core(p, bf, 1, 1024, 8, 8, 128, 128, false, 1, false), fwd, 0,
                    1e-12, "unfused non-causal");
   double bwd = 2 * cost_gemm_grouped(p, bf, 8, 1024, 1024, 1024, 128).seconds +
-               2 * cost_gemm_grouped(p, bf, 8, 1024, 1024, 128, 1024).seconds +
-               scores * 11 / 1e12;
+               2 * cost_gemm_grouped(p, bf, 8, 1024, 1024, 128, 1024).seconds + scores * 11 / 1e12;
   test_assert_near(cost_attention_core(p, bf, 1, 1024, 8, 8, 128, 128, true, 1, true), bwd, 0,
                    1e-12, "unfused backward");
   /* slower than the fused kernel of the same shapes: the scores' round trips through HBM */
@@ -223,10 +222,11 @@ static void test_attention_unfused(void **state) {
   profile_free(fused);
   profile_free(p);
   /* a kernel the model does not know: one line naming the key */
-  snprintf(buf, sizeof buf, "%.*s\"attention_kernel\":\"flash\",%s",
-           (int)(dev - shape_profile), shape_profile, dev);
+  snprintf(buf, sizeof buf, "%.*s\"attention_kernel\":\"flash\",%s", (int)(dev - shape_profile),
+           shape_profile, dev);
   assert_null(profile_from(buf, &err));
-  assert_non_null(strstr(err->message, "device: key \"attention_kernel\": \"flash\" is not fused or unfused"));
+  assert_non_null(
+      strstr(err->message, "device: key \"attention_kernel\": \"flash\" is not fused or unfused"));
   g_clear_error(&err);
 }
 
@@ -238,12 +238,11 @@ static void test_attention_core(void **state) {
   /* causal, seq 1024, 8 heads of 128: 2 * 8 * 1024^2 * 256 / 2 FLOPs at 0.5 * 1024 / (1024 +
    * 1024) = 0.25 of 400 TFLOP/s */
   double f = 2.0 * 8 * 1024 * 1024 * 256 / 2;
-  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1,
-                                       false),
-                   f / 100e12, 0, 1e-12, "causal forward");
+  test_assert_near(
+      cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1, false), f / 100e12,
+      0, 1e-12, "causal forward");
   /* backward: 2.5 times the FLOPs at 0.4 * 0.5 */
-  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1,
-                                       true),
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1, true),
                    2.5 * f / 80e12, 0, 1e-12, "causal backward");
   /* non-causal: twice the FLOPs, at the efficiency of causal 2048 (0.5 * 2/3) */
   test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, false, 1,
