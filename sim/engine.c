@@ -1528,17 +1528,35 @@ static struct slot_entry *slot_table_find(struct slot_table *t, const struct slo
   return &t->e[at];
 }
 
+/* profile_comm_cost of (kind, bytes, span), remembered: with every device simulated there is a
+ * slot per point-to-point pair of devices, and the pairs of a stage differ only in whether
+ * they cross a node (the span), so the same few costs were computed a hundred thousand times
+ * (a fifth of the setup's instructions). The function is pure, so the figures are the same. */
+enum { COMM_COST_MEMO = 64 };
+
+struct comm_cost_memo {
+  bool used;
+  enum ir_node_kind kind;
+  uint64_t bytes;
+  struct profile_span span;
+  struct profile_comm_cost cost;
+};
+
 /* The rendezvous being built: slots by key, and each participant (unit, instr) with its slot. */
 struct slot_builder {
   struct slot_table by_key;
   GArray *slots;                  /* struct slot */
-  GArray *parts;                  /* (unit, instr) */
-  GArray *part_slot;              /* slot of each part */
+  /* Each participant (unit, instr) and its slot, sized up front (comm_instructions) and
+   * written in place: g_array_append_val's generic copy cost 70 instructions a part, two
+   * parts an instruction of a --no-collapse run. */
+  uint32_t *parts, *part_slot;
+  uint32_t n_parts, cap_parts;
   uint32_t *comm_units;           /* [n_comms] distinct units per collective communicator */
   struct profile_span *comm_span; /* [n_comms] where each collective runs */
   GHashTable *split_sets;         /* unit sets of split instances -> id + 1 */
   GArray *costs;                  /* struct slot_cost, distinct */
   uint32_t *cost_ids, cost_mask;  /* costs by value: id + 1, 0 empty */
+  struct comm_cost_memo memo[COMM_COST_MEMO];
 };
 
 /* Per collective communicator: how many distinct units take part, and its span. */
@@ -1595,6 +1613,22 @@ static uint32_t cost_intern(struct slot_builder *b, const struct slot_cost *c) {
   return b->costs->len - 1;
 }
 
+static struct profile_comm_cost comm_cost_memo(struct slot_builder *b, const struct profile *prof,
+                                               enum ir_node_kind kind, uint64_t bytes,
+                                               const struct profile_span *span) {
+  uint64_t h = (bytes * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)kind << 48) ^
+               ((uint64_t)span->p << 32) ^ ((uint64_t)span->n_nodes << 16) ^ span->min_per_node;
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  struct comm_cost_memo *m = &b->memo[(h >> 40) % COMM_COST_MEMO];
+  if (m->used && m->kind == kind && m->bytes == bytes && m->span.p == span->p &&
+      m->span.n_nodes == span->n_nodes && m->span.min_per_node == span->min_per_node)
+    return m->cost;
+  *m = (struct comm_cost_memo){.used = true, .kind = kind, .bytes = bytes, .span = *span};
+  m->cost = profile_comm_cost(prof, kind, bytes, span);
+  return m->cost;
+}
+
 /* A new slot for key: its cost on span, and the SM share of the stream it runs on. */
 static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slot_key *key,
                          const struct plan_instr *in, uint32_t expected,
@@ -1609,7 +1643,7 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
     /* a tp node stands for `collectives` collectives of bytes / collectives each */
     double count = n->collectives > 1 ? n->collectives : 1;
     struct profile_comm_cost cc =
-        profile_comm_cost(s->prof, n->kind, (uint64_t)((double)n->bytes / count), span);
+        comm_cost_memo(b, s->prof, n->kind, (uint64_t)((double)n->bytes / count), span);
     sl.latency = cc.latency * count;
     sl.transfer = cc.transfer * count;
     sl.inter = cc.inter_node;
@@ -1662,9 +1696,10 @@ static uint32_t *slot_devices(const struct sim *s, const struct plan_instr *in, 
 }
 
 static void pr_join(struct slot_builder *b, uint32_t ui, uint32_t i, uint32_t id) {
-  uint32_t pr[2] = {ui, i};
-  g_array_append_val(b->parts, pr);
-  g_array_append_val(b->part_slot, id);
+  g_assert(b->n_parts < b->cap_parts);
+  b->parts[2 * b->n_parts] = ui;
+  b->parts[2 * b->n_parts + 1] = i;
+  b->part_slot[b->n_parts++] = id;
 }
 
 /* The other end of unit ui's point-to-point instruction i, when unit pu holds it and comes
@@ -1752,9 +1787,9 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
 
 /* Lays the participants out by slot (a counting sort) into s->parts. */
 static void slots_group_parts(struct sim *s, struct slot_builder *b) {
-  uint32_t np = b->parts->len;
+  uint32_t np = b->n_parts;
   s->parts = big_alloc0(sizeof(uint32_t) * (2 * (size_t)np + 2));
-  uint32_t *ps = (uint32_t *)b->part_slot->data, *pp = (uint32_t *)b->parts->data;
+  const uint32_t *ps = b->part_slot, *pp = b->parts;
   for (uint32_t k = 0; k < np; k++)
     s->slots[ps[k]].part_count++;
   uint32_t acc = 0;
@@ -1801,10 +1836,12 @@ static uint32_t comm_instructions(const struct sim *s) {
 /* The rendezvous of every communication instruction of every unit. */
 static bool build_slots(struct sim *s, GError **err) {
   const struct plan *p = s->p;
+  uint32_t cap_parts = comm_instructions(s);
   struct slot_builder b = {
       .slots = g_array_new(FALSE, TRUE, sizeof(struct slot)),
-      .parts = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t) * 2, comm_instructions(s)),
-      .part_slot = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t), comm_instructions(s)),
+      .parts = g_new(uint32_t, 2 * (size_t)cap_parts + 2),
+      .part_slot = g_new(uint32_t, (size_t)cap_parts + 1),
+      .cap_parts = cap_parts,
       .costs = g_array_new(FALSE, FALSE, sizeof(struct slot_cost)),
   };
   slot_table_grow(&b.by_key);
@@ -1831,8 +1868,8 @@ static bool build_slots(struct sim *s, GError **err) {
   s->costs = (struct slot_cost *)(void *)g_array_free(b.costs, FALSE);
   g_free(b.cost_ids);
   slots_group_parts(s, &b);
-  g_array_free(b.parts, TRUE);
-  g_array_free(b.part_slot, TRUE);
+  g_free(b.parts);
+  g_free(b.part_slot);
   return ok && slots_check_parties(s, err);
 }
 
@@ -2067,7 +2104,7 @@ static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) 
 }
 
 /* The event loop: start what can start, then take events in time order until none is left. */
-static void sim_loop(struct sim *s) {
+__attribute__((noinline)) static void sim_loop(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++)
     mem_point(s, &s->u[k], 0);
   for (uint32_t k = 0; k < s->n_units; k++) /* every rank starts idle */
