@@ -256,6 +256,10 @@ struct class_info {
   uint32_t *event_first; /* [n_instrs + 1] */
   uint32_t n_streams_used;
   uint32_t *streams_used;
+  /* [n_instrs] the streams (bits over streams_used) whose head may become ready when
+   * instruction i ends: its own, and those of every instruction that waits on it (all bits
+   * past 64 streams). try_advance asks only those (unit_rt.dirty). */
+  uint64_t *wake;
   uint32_t n_comms; /* distinct comms used, ascending */
   uint32_t *comms;
   uint32_t *comm_kind; /* per used comm: node kind of its first instruction */
@@ -472,6 +476,27 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       ci->streams_used[ci->n_streams_used++] = s;
 }
 
+/* Fills ci->wake (class_info) from class c. */
+static void class_wake_build(const struct plan *p, const struct plan_class *c,
+                             struct class_info *ci) {
+  ci->wake = g_new0(uint64_t, c->n_instrs + 1);
+  if (ci->n_streams_used > 64) {
+    for (uint32_t i = 0; i < c->n_instrs; i++)
+      ci->wake[i] = ~(uint64_t)0;
+    return;
+  }
+  uint64_t *bit = g_new0(uint64_t, p->n_streams + 1);
+  for (uint32_t k = 0; k < ci->n_streams_used; k++)
+    bit[ci->streams_used[k]] = (uint64_t)1 << k;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct plan_instr *in = &c->instrs[i];
+    ci->wake[i] |= bit[in->stream];
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      ci->wake[c->waits[in->wait_first + w]] |= bit[in->stream];
+  }
+  g_free(bit);
+}
+
 static void class_info_free(struct class_info *ci) {
   g_free(ci->work);
   g_free(ci->mem_frac);
@@ -483,6 +508,7 @@ static void class_info_free(struct class_info *ci) {
   g_free(ci->events);
   g_free(ci->event_first);
   g_free(ci->streams_used);
+  g_free(ci->wake);
   g_free(ci->comms);
   g_free(ci->comm_kind);
   g_free(ci->comm_node);
@@ -669,6 +695,10 @@ struct unit_rt {
   uint32_t n_ops;
   uint32_t n_link[2]; /* transfers running: intra, inter node */
   uint32_t done;
+  /* Bits over the class's streams_used whose head may have become ready since try_advance
+   * last asked (class_info.wake): a head becomes ready only when its stream's instruction or
+   * one it waits on ends (finish_instr), so the others need not be asked. */
+  uint64_t dirty;
   struct kernel *kernels;
   uint32_t *ops;      /* running comm ops (slot ids) */
   double comm_sm;     /* SM share held by running communication */
@@ -952,6 +982,7 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   AT(u, busy, in->stream) = 0;
   AT(u, pos, in->stream)++;
   AT(u, blocker, in->stream) = IR_NONE; /* a new head */
+  u->dirty |= ci->wake[i];
   u->done++;
   if (t > s->t_last)
     s->t_last = t;
@@ -1409,7 +1440,19 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
   }
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
-  for (uint32_t k = 0; k < ci->n_streams_used; k++) {
+  if (ci->n_streams_used > 64) { /* past the mask: every stream */
+    for (uint32_t k = 0; k < ci->n_streams_used; k++)
+      if (head_ready(u, c, ci->streams_used[k]))
+        issue_head(s, u, ci->streams_used[k], t);
+    return;
+  }
+  /* in streams_used order, as asking every stream would: issuing a head ends nothing, so no
+   * bit is set behind the loop */
+  for (uint32_t k = 0; k < ci->n_streams_used && u->dirty; k++) {
+    uint64_t bit = (uint64_t)1 << k;
+    if (!(u->dirty & bit))
+      continue;
+    u->dirty &= ~bit;
     uint32_t st = ci->streams_used[k];
     if (head_ready(u, c, st))
       issue_head(s, u, st, t);
@@ -1887,8 +1930,10 @@ static void sim_classes(struct sim *s) {
   const struct plan *p = s->p;
   s->ci = g_new0(struct class_info, p->n_classes + 1);
   GHashTable *cost_cache = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
-  for (uint32_t c = 0; c < p->n_classes; c++)
+  for (uint32_t c = 0; c < p->n_classes; c++) {
     class_info_build(p, &p->classes[c], s->prof, cost_cache, &s->ci[c]);
+    class_wake_build(p, &p->classes[c], &s->ci[c]);
+  }
   g_hash_table_destroy(cost_cache);
 }
 
@@ -2014,6 +2059,7 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   struct unit_rt *u = &s->u[k];
   u->rep = res->units[k].members[0];
   u->cls = p->device_class[u->rep];
+  u->dirty = ~(uint64_t)0; /* every head asked at the start */
   res->units[k].class_index = u->cls;
   const struct plan_class *c = &p->classes[u->cls];
   u->base = base;
