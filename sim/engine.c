@@ -863,7 +863,7 @@ static void unit_settle(struct unit_rt *u, double t) {
   }
 }
 
-static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
+static void unit_reschedule_kernels(struct sim *s, struct unit_rt *u, double t) {
   uint32_t ui = (uint32_t)(u - s->u);
   double rates[256];
   double *r = u->n_kernels <= 256 ? rates : g_new(double, u->n_kernels);
@@ -878,6 +878,14 @@ static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
   }
   if (r != rates)
     g_free(r);
+}
+
+/* New rates and end events for u's running kernels. Half the calls (every party of every
+ * communication, at its start and end) find none, and the full function's frame (a rates
+ * array on the stack) cost more than the rest of such a call. */
+static inline void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
+  if (u->n_kernels > 0)
+    unit_reschedule_kernels(s, u, t);
 }
 
 static void op_settle(struct slot_run *sl, double t) {
@@ -1446,13 +1454,13 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
         issue_head(s, u, ci->streams_used[k], t);
     return;
   }
-  /* in streams_used order, as asking every stream would: issuing a head ends nothing, so no
-   * bit is set behind the loop */
-  for (uint32_t k = 0; k < ci->n_streams_used && u->dirty; k++) {
-    uint64_t bit = (uint64_t)1 << k;
-    if (!(u->dirty & bit))
+  /* lowest bit first: streams_used order, as asking every stream would (issuing a head ends
+   * nothing, so no bit is set behind the one asked) */
+  while (u->dirty) {
+    uint32_t k = (uint32_t)__builtin_ctzll(u->dirty);
+    u->dirty &= u->dirty - 1;
+    if (k >= ci->n_streams_used)
       continue;
-    u->dirty &= ~bit;
     uint32_t st = ci->streams_used[k];
     if (head_ready(u, c, st))
       issue_head(s, u, st, t);
