@@ -2157,7 +2157,9 @@ static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) 
   return true;
 }
 
-/* The event loop: start what can start, then take events in time order until none is left. */
+/* The event loop: start what can start, then take events in time order until none is left.
+ * Not inlined, so that a profile can count the loop apart from the setup (docs/scale.md:
+ * valgrind --tool=callgrind --toggle-collect=sim_loop). */
 __attribute__((noinline)) static void sim_loop(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++)
     mem_point(s, &s->u[k], 0);
