@@ -713,6 +713,7 @@ struct unit_rt {
   uint32_t *blocker;    /* [n_streams] a wait of the stream's head found not done (head_ready) */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   int64_t mem[REPORT_MEM_KIND_COUNT];
+  int64_t mem_total; /* the sum of mem, kept as it moves (mem_point asked it twice an instruction) */
   int64_t saved, peak_saved;
   int64_t peak_total;
   bool keep_tl; /* records a timeline (sim_options.memory_timeline_limit) */
@@ -926,9 +927,7 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
 }
 
 static void mem_point(struct sim *s, struct unit_rt *u, double t) {
-  int64_t total = 0;
-  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
-    total += u->mem[k];
+  int64_t total = u->mem_total;
   if (total > u->peak_total) {
     u->peak_total = total;
     memcpy(u->peak_breakdown, u->mem, sizeof u->mem);
@@ -963,6 +962,7 @@ static void alloc_tensors(struct sim *s, struct unit_rt *u, uint32_t i, double t
     if (ci->events[k].release || ci->tensor_bytes[tid] == 0)
       continue;
     u->mem[ci->tensor_kind[tid]] += (int64_t)ci->tensor_bytes[tid];
+    u->mem_total += (int64_t)ci->tensor_bytes[tid];
     if (ci->tensor_saved[tid])
       u->saved += (int64_t)ci->tensor_bytes[tid];
     changed = true;
@@ -977,6 +977,7 @@ static bool use_done(struct unit_rt *u, const struct class_info *ci, uint32_t ti
   if (AT(u, remaining, tid) == 0 || --AT(u, remaining, tid) > 0 || ci->tensor_bytes[tid] == 0)
     return false;
   u->mem[ci->tensor_kind[tid]] -= (int64_t)ci->tensor_bytes[tid];
+  u->mem_total -= (int64_t)ci->tensor_bytes[tid];
   if (ci->tensor_saved[tid])
     u->saved -= (int64_t)ci->tensor_bytes[tid];
   return true;
@@ -2076,8 +2077,10 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
     sim_static_memory_held(p, c, s->prof, ci->static_bytes);
   ci->have_static = true;
   memcpy(res->units[k].static_bytes, ci->static_bytes, sizeof ci->static_bytes);
-  for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
+  for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++) {
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
+    u->mem_total += u->mem[m];
+  }
 }
 
 /* Which units record a memory timeline: all, none, or past the limit each class's first
