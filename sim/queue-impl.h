@@ -58,11 +58,6 @@ struct sim_queue {
   uint32_t n_heap, cap_heap;
   uint32_t *table; /* open addressing on the time's bits: bucket id + 1, 0 empty */
   uint32_t table_mask, table_n;
-  /* The bucket of the last push (id + 1, 0 none) and its time: the replicas of a stage push
-   * their events for one time one after another, and the hash and probe were a third of a
-   * push. Forgotten when that bucket goes. */
-  uint32_t last_b1;
-  double last_t;
 };
 
 void sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, uint32_t version,

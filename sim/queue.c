@@ -129,21 +129,6 @@ static uint32_t bucket_new(struct sim_queue *q, double t) {
   return id;
 }
 
-/* The bucket of time t, made when t is new. */
-static uint32_t bucket_of(struct sim_queue *q, double t) {
-  uint32_t *slot = table_find(q, t);
-  if (*slot)
-    return *slot - 1;
-  uint32_t bucket = bucket_new(q, t);
-  if (2 * (q->table_n + 1) > q->table_mask + 1) {
-    table_grow(q);
-    slot = table_find(q, t);
-  }
-  *slot = bucket + 1;
-  q->table_n++;
-  return bucket;
-}
-
 void sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, uint32_t version,
                     uint32_t unit) {
   if (t == 0)
@@ -152,13 +137,17 @@ void sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, u
     q->free_c = q->free_b = NONE;
     table_grow(q);
   }
-  uint32_t bucket;
-  if (q->last_b1 && q->last_t == t) {
-    bucket = q->last_b1 - 1;
+  uint32_t *slot = table_find(q, t), bucket;
+  if (*slot) {
+    bucket = *slot - 1;
   } else {
-    bucket = bucket_of(q, t);
-    q->last_b1 = bucket + 1;
-    q->last_t = t;
+    bucket = bucket_new(q, t);
+    if (2 * (q->table_n + 1) > q->table_mask + 1) {
+      table_grow(q);
+      slot = table_find(q, t);
+    }
+    *slot = bucket + 1;
+    q->table_n++;
   }
   uint32_t tail = q->b[bucket].tail;
   if (q->c[tail].n == SIM_QUEUE_CHUNK) {
@@ -190,8 +179,6 @@ struct sim_event sim_queue_pop(struct sim_queue *q) {
   /* the time is used up: its bucket goes */
   chunk_free(q, b->head);
   table_remove(q, b->t);
-  if (q->last_b1 == bucket + 1)
-    q->last_b1 = 0;
   heap_set(q, 0, q->heap[--q->n_heap]);
   if (q->n_heap > 0)
     heap_down(q, 0);

@@ -2368,9 +2368,9 @@ static void test_scenario_parse(void **state) {
   plan_free(p);
 }
 
-/* The event queue gives (time, push order) exactly, through runs of pushes at one time (the
- * last bucket is remembered), times that come back after their bucket went (a bucket reused),
- * and pops between pushes; checked against a stable sort of what is queued. */
+/* The event queue gives (time, push order) exactly, through runs of pushes at one time, times
+ * that come back after their bucket went (a bucket reused), and pops between pushes; checked
+ * against a stable sort of what is queued. */
 struct queued_event {
   double t;
   uint32_t seq;
