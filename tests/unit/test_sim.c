@@ -662,6 +662,12 @@ static void test_collectives(void **state) {
   /* one rank per node (devices 0, 8): one NIC's share, 8 * 10 / 8 = 10 GB/s */
   uint32_t two[2] = {0, 8};
   sp = profile_span_of(p, two, 2);
+  assert_int_equal(sp.n_nodes, 2); /* a pair has its own path (no allocation) */
+  assert_int_equal(sp.min_per_node, 1);
+  uint32_t same[2] = {13, 10}, apart[2] = {9, 7};
+  struct profile_span sp_same = profile_span_of(p, same, 2), sp_apart = profile_span_of(p, apart, 2);
+  assert_true(sp_same.p == 2 && sp_same.n_nodes == 1 && sp_same.min_per_node == 2);
+  assert_true(sp_apart.p == 2 && sp_apart.n_nodes == 2 && sp_apart.min_per_node == 1);
   struct profile_comm_cost pp = profile_comm_cost(p, IR_NODE_SEND, (uint64_t)n, &sp);
   test_assert_near(pp.latency + pp.transfer, 5e-6 + n / 10e9, 0, 1e-12, "p2p inter");
   /* tree is chosen by "auto" only where it is cheaper: small messages over many ranks */
