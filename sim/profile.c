@@ -786,6 +786,12 @@ struct profile_span profile_span_of(const struct profile *pr, const uint32_t *de
   if (n == 0)
     return s;
   uint32_t gpn = pr->gpus_per_node ? pr->gpus_per_node : 1;
+  if (n == 2) { /* a point-to-point pair (one a pair with --no-collapse): no allocation */
+    bool same = devices[0] / gpn == devices[1] / gpn;
+    s.n_nodes = same ? 1 : 2;
+    s.min_per_node = same ? 2 : 1;
+    return s;
+  }
   /* count members per node; device lists are small next to the cost of sorting them */
   uint32_t *nodes = g_new(uint32_t, n);
   for (uint32_t i = 0; i < n; i++)

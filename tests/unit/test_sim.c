@@ -25,6 +25,7 @@
 #include "../../sim/profile.h"
 #include "../../report/report.h"
 #include "../../directives/layout.h"
+#include "../../sim/queue-impl.h"
 #include "../../sim/sim.h"
 #include "../../tools/sweep.h"
 
@@ -702,6 +703,12 @@ static void test_collectives(void **state) {
   /* one rank per node (devices 0, 8): one NIC's share, 8 * 10 / 8 = 10 GB/s */
   uint32_t two[2] = {0, 8};
   sp = profile_span_of(p, two, 2);
+  assert_int_equal(sp.n_nodes, 2); /* a pair has its own path (no allocation) */
+  assert_int_equal(sp.min_per_node, 1);
+  uint32_t same[2] = {13, 10}, apart[2] = {9, 7};
+  struct profile_span sp_same = profile_span_of(p, same, 2), sp_apart = profile_span_of(p, apart, 2);
+  assert_true(sp_same.p == 2 && sp_same.n_nodes == 1 && sp_same.min_per_node == 2);
+  assert_true(sp_apart.p == 2 && sp_apart.n_nodes == 2 && sp_apart.min_per_node == 1);
   struct profile_comm_cost pp = profile_comm_cost(p, IR_NODE_SEND, (uint64_t)n, &sp);
   test_assert_near(pp.latency + pp.transfer, 5e-6 + n / 10e9, 0, 1e-12, "p2p inter");
   /* tree is chosen by "auto" only where it is cheaper: small messages over many ranks */
@@ -2408,6 +2415,71 @@ static void test_scenario_parse(void **state) {
   plan_free(p);
 }
 
+/* The event queue gives (time, push order) exactly, through runs of pushes at one time, times
+ * that come back after their bucket went (a bucket reused), and pops between pushes; checked
+ * against a stable sort of what is queued. */
+struct queued_event {
+  double t;
+  uint32_t seq;
+};
+
+static int queued_cmp(const void *a, const void *b) {
+  const struct queued_event *x = a, *y = b;
+  if (x->t != y->t)
+    return x->t < y->t ? -1 : 1;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static void test_queue_order(void **state) {
+  (void)state;
+  struct sim_queue q = {0};
+  /* a time used up and pushed again at once: its bucket went with its last event */
+  sim_queue_push(&q, 1.0, 0, 7, 0, 0);
+  sim_queue_push(&q, 2.0, 0, 8, 0, 0);
+  sim_queue_push(&q, 1.0, 0, 9, 0, 0);
+  assert_int_equal(sim_queue_pop(&q).id, 7);
+  assert_int_equal(sim_queue_pop(&q).id, 9);
+  sim_queue_push(&q, 1.0, 0, 10, 0, 0);
+  assert_int_equal(sim_queue_pop(&q).id, 10);
+  assert_int_equal(sim_queue_pop(&q).id, 8);
+  assert_int_equal(q.n, 0);
+  enum { N = 4000 };
+  struct queued_event *live = g_new(struct queued_event, N);
+  uint32_t n_live = 0, seq = 0, popped = 0;
+  double now = 0;
+  uint64_t x = 12345;
+  while (seq < N || n_live > 0) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t r = (uint32_t)(x >> 33);
+    if (seq < N && (r % 3 != 0 || n_live == 0)) {
+      /* a run of 1..40 pushes at one time, one of three: many come back after their bucket
+       * was used up */
+      double t = now + (double)(r % 3);
+      uint32_t run = 1 + (r >> 8) % 40;
+      for (uint32_t k = 0; k < run && seq < N; k++) {
+        sim_queue_push(&q, t, 0, seq, 0, 0);
+        live[n_live++] = (struct queued_event){t, seq++};
+      }
+      continue;
+    }
+    /* pops in bursts, often down to the last event at the last time pushed: the next push at
+     * that time must not find its old bucket */
+    qsort(live, n_live, sizeof *live, queued_cmp);
+    for (uint32_t k = 1 + (r >> 8) % 60; k > 0 && n_live > 0; k--) {
+      struct sim_event e = sim_queue_pop(&q);
+      assert_true(e.t == live[0].t);
+      assert_int_equal(e.id, live[0].seq);
+      now = e.t;
+      memmove(live, live + 1, sizeof *live * --n_live);
+      popped++;
+    }
+  }
+  assert_int_equal(popped, N);
+  assert_int_equal(q.n, 0);
+  sim_queue_free(&q);
+  g_free(live);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fp8_cost),
@@ -2450,6 +2522,7 @@ int main(void) {
       cmocka_unit_test(test_scenario_slow_stage_1f1b),
       cmocka_unit_test(test_scenario_collapse_exact),
       cmocka_unit_test(test_scenario_parse),
+      cmocka_unit_test(test_queue_order),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   /* cairo's and fontconfig's caches, so that the leak checker sees only our allocations */
