@@ -12,7 +12,8 @@
 # M not a multiple of R, and tiny-moe with
 # experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
 # DP 2 x EP 2 x TP 2, its ZB-H1, full recomputation bit-identical to storing; EP 4 over TP 2 x
-# DP 2 with expert TP 1, also with ZeRO-1, and inside TP 2 x DP 4)
+# DP 2 with expert TP 1, also with ZeRO-1, and inside TP 2 x DP 4; CP 2 x EP 2, with DP 2 and
+# ZeRO-1, and CP 2 x TP 2 x EP 2 with expert TP 1)
 # gives the losses and parameters of one device; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
 # timeout. A checkpoint of another sharding, learning rate or batch shape is refused naming the
@@ -276,6 +277,12 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
     same ep4_tp2_dp2_zero1
   run ep4_tp2_dp4_zero1 8 --layout tp=2,dp=4,ep=4,etp=1,sp,capacity=4,zero=1 --mbs 2 &&
     same ep4_tp2_dp4_zero1
+  # CP with EP: each CP rank routes the tokens of its two chunks; CP 2 x EP 2 (the EP group
+  # the CP pair), inside DP 2 with ZeRO-1 (expert DP = DP, dense DP = DP x CP), and CP 2 x TP 2
+  # + SP with expert TP 1 (EP over the TP pair of each CP rank, expert DP over CP)
+  run cp2_ep2 2 --layout cp=2,ep=2 --mbs 8 && same cp2_ep2
+  run cp2_dp2_ep2_zero1 4 --layout cp=2,dp=2,ep=2,zero=1 --mbs 4 && same cp2_dp2_ep2_zero1
+  run cp2_tp2_ep2_etp1 4 --layout cp=2,tp=2,sp,ep=2,etp=1 --mbs 8 && same cp2_tp2_ep2_etp1
   # ... with SP: each TP peer dispatches every route (one routing: the router runs on the
   # gathered input) with its sequence shard's rows and zeros for the others, and the experts sum
   # the rows, the output gradients and the routing weights' gradients over the TP group

@@ -144,6 +144,12 @@ plans=(
   "cp4_tp2 8 $DENSE --layout pp=1,tp=2,cp=4 --mbs 2"
   "cp2_rc_full 4 $DENSE --layout pp=2,cp=2,recompute=full --schedule 1f1b --mbs 4"
   "cp2_rc_sel 4 $DENSE --layout pp=2,cp=2,recompute=selective --schedule 1f1b --mbs 4"
+  # CP with EP: each CP rank routes its share of the sequence over an EP group of CP ranks
+  # (the experts' routed rows at the plan's capacity of that share); expert DP over DP with
+  # ZeRO-1; and with TP 2 + SP and expert TP 1 (EP over a CP rank's two TP ranks)
+  "cp2_ep2 2 $MOE --layout cp=2,ep=2 --mbs 4"
+  "cp2_dp2_ep2_zero1 4 $MOE --layout cp=2,dp=2,ep=2,zero=1 --mbs 4"
+  "cp2_tp2_ep2_etp1 4 $MOE --layout cp=2,tp=2,sp,ep=2,etp=1 --mbs 4"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 # check PROFILE "name np model args..." [TOL]: simulates with PROFILE, executes, compares
