@@ -277,6 +277,16 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
     same ep4_tp2_dp2_zero1
   run ep4_tp2_dp4_zero1 8 --layout tp=2,dp=4,ep=4,etp=1,sp,capacity=4,zero=1 --mbs 2 &&
     same ep4_tp2_dp4_zero1
+  # ... under full recomputation bit-identical to storing (the rerun's dispatch routes the
+  # shard again), and under ZB-H1 over PP 2 (the experts' BI sums the routing weights' gradient)
+  if [ -s "$T/ep4_tp2_dp2.params" ]; then
+    run ep4_tp2_dp2_rc 4 --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4,recompute=full --mbs 4 &&
+      [ "$(losses "$T/ep4_tp2_dp2_rc")" = "$(losses "$T/ep4_tp2_dp2")" ] &&
+      cmp -s "$T/ep4_tp2_dp2_rc.params" "$T/ep4_tp2_dp2.params" && ok ||
+      bad "ep4_tp2_dp2: full recomputation is not bit-identical to storing activations"
+  fi
+  run pp2_ep4_tp2_dp2_zb 8 --layout pp=2,tp=2,dp=2,ep=4,etp=1,sp,capacity=4 --schedule zerobubble \
+    --mbs 4 && same pp2_ep4_tp2_dp2_zb
   # CP with EP: each CP rank routes the tokens of its two chunks; CP 2 x EP 2 (the EP group
   # the CP pair), inside DP 2 with ZeRO-1 (expert DP = DP, dense DP = DP x CP), and CP 2 x TP 2
   # + SP with expert TP 1 (EP over the TP pair of each CP rank, expert DP over CP)
