@@ -36,7 +36,8 @@
 #   (e) the equivalence suite's multi-rank plans of tiny-moe (DP2, PP2 x DP2 x EP2 1F1B, ZeRO-1,
 #       ZeRO-3, ZB-H1, interleaved 1F1B (also M = 5, groups of 3), DualPipe on 4 stages (and
 #       with ZeRO-1), uneven stages (1 + 3 layers), full recomputation, tensor
-#       parallelism with SP: PP2 x TP2, DP2 x EP2 x TP2, EP 2 inside DP 4), ranks
+#       parallelism with SP: PP2 x TP2, DP2 x EP2 x TP2, EP 2 inside DP 4, EP 4 over TP 2 x
+#       DP 2 with expert TP 1 and ZeRO-1), ranks
 #       sharing the GPU, 10 steps each against the host backend's run of the same plan (1e-4).
 # Usage: tools/gpu-check.sh [--dry-run | --emu]   (from anywhere; OUT=DIR chooses where results go)
 # --dry-run: no GPU needed: builds as configured, then runs every step's host-side part (the
@@ -576,6 +577,7 @@ PLANS=(
   "pp2-tp2-sp|4|--layout pp=2,tp=2,sp --schedule 1f1b --mbs 4"
   "dp2-ep2-tp2-sp|4|--layout pp=1,dp=2,ep=2,tp=2,sp --mbs 4"
   "ep2-in-dp4|4|--layout dp=4,ep=2 --mbs 2"
+  "ep4-over-tp2-dp2-etp1-zero1|4|--layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4,zero=1 --mbs 4"
 )
 # same_run A B RTOL: equal step counts, every loss within RTOL relative, and the final
 # parameters (--dump-params: A.params, B.params) within RTOL of the largest one. A fault that
