@@ -14,9 +14,9 @@
  *   128 x 128 blocks, one fp32 scale each; the product runs as one FP8 GEMM per 128-wide K
  *   slice into fp32 scratch, promoted into C with the slice's tile scales by kc_fp8_promote:
  *   DeepSeek's fp32 promotion every 128 of K, done outside the tensor cores.
- * A GEMM whose K is not a multiple of 16 (cuBLASLt's FP8 needs 16-byte rows), or for which
- * cuBLASLt has no FP8 algorithm, runs in bf16 and is counted; the end of the run prints both
- * counts. */
+ * K is padded with zeros to a multiple of 16 (cuBLASLt's FP8 reads 16-byte rows). A GEMM
+ * for which cuBLASLt has no FP8 algorithm runs in bf16 and is counted; the end of the run
+ * prints both counts. */
 #include <inttypes.h>
 #include <string.h>
 
@@ -58,10 +58,12 @@ void exec_cuda_fp8_leave(struct exec_stream *s, bool was) {
 
 /* ---- one FP8 GEMM --------------------------------------------------------------------------- */
 
-/* One operand's FP8 form: K-major e4m3 [outer][k] and its dequantisation factors (tensorwise:
- * scale[1]; blockwise: inv [outer blocks][nk], block_outer rows of outer a block). */
+/* One operand's FP8 form: K-major e4m3 [outer][kp] (K padded with zeros to kp, a multiple
+ * of 16) and its dequantisation factors (tensorwise: scale[1]; blockwise: inv [outer
+ * blocks][nk], block_outer rows of outer a block). */
 struct fp8_operand {
   uint8_t *q;
+  int kp;
   float *scale, *inv;
   int outer, block_outer;
 };
@@ -73,9 +75,10 @@ static void quantize(struct cuda_context *b, cudaStream_t cs, struct fp8_operand
                      bool transpose) {
   if (b->fp8 == MODEL_FP8_TENSORWISE) {
     kc_fp8_amax_scale(o->scale, partials, x, bf16, rows, cols, ld, cs);
-    kc_fp8_quantize_tensor(o->q, x, bf16, rows, cols, ld, transpose, o->scale, cs);
+    kc_fp8_quantize_tensor(o->q, o->kp, x, bf16, rows, cols, ld, transpose, o->scale, cs);
   } else {
-    kc_fp8_quantize_tiles(o->q, o->inv, x, bf16, rows, cols, ld, transpose, o->block_outer, cs);
+    kc_fp8_quantize_tiles(o->q, o->kp, o->inv, x, bf16, rows, cols, ld, transpose, o->block_outer,
+                          cs);
   }
 }
 
@@ -224,16 +227,15 @@ int exec_cuda_gemm_fp8(struct exec_stream *s, bool ta, bool tb, int m, int n, in
   struct cuda_context *b = exec_cuda_kernel_ctx(s);
   if (m == 0 || n == 0 || k == 0)
     return 0; /* nothing to multiply: the bf16 path's C = beta C */
-  if (k % 16 != 0) {
-    b->fp8_declined++;
-    return 0;
-  }
+  /* cuBLASLt's FP8 reads 16-byte rows: K is padded with zeros (a weight gradient's K is
+   * the tokens, an expert's its routed rows: any count) */
+  int kp = (k + 15) / 16 * 16;
   bool blocks = b->fp8 == MODEL_FP8_BLOCKWISE;
   int nk = (k + KERNELS_FP8_BLOCK - 1) / KERNELS_FP8_BLOCK;
-  struct fp8_operand fa = {NULL, NULL, NULL, m, 1}, fb = {NULL, NULL, NULL, n, ta ? 1 : 128};
+  struct fp8_operand fa = {NULL, kp, NULL, NULL, m, 1}, fb = {NULL, kp, NULL, NULL, n, ta ? 1 : 128};
   /* scratch: both e4m3 copies, their factors (at most one per 1 x 128 tile), the two
    * tensorwise scales and the amax partials, and blockwise's fp32 slice product */
-  size_t qa = round_up((size_t)m * k), qb = round_up((size_t)n * k);
+  size_t qa = round_up((size_t)m * kp), qb = round_up((size_t)n * kp);
   size_t ia = round_up(sizeof(float) * (size_t)m * nk), ib = round_up(sizeof(float) * (size_t)n * nk);
   size_t sc = round_up(sizeof(float) * (4 + KC_FP8_PARTIALS));
   size_t part = blocks ? sizeof(float) * (size_t)m * n : 0;
@@ -250,7 +252,7 @@ int exec_cuda_gemm_fp8(struct exec_stream *s, bool ta, bool tb, int m, int n, in
   quantize(b, cs, &fb, partials, B, pre & GEMM_B16, tb ? n : k, tb ? k : n, ldb, !tb);
   bool setup = s == b->setup_stream, ran = false;
   void *ws = setup ? b->lt_workspace : s->lt_workspace;
-  struct fp8_matmul x = {fb.q, fa.q, m, n, k, 0, k, C, ldc, alpha, beta};
+  struct fp8_matmul x = {fb.q, fa.q, m, n, kp, 0, kp, C, ldc, alpha, beta};
   bool ok = blocks ? blockwise(b, cs, ws, &x, &fa, &fb, product, C, ldc, &ran, err)
                    : fp8_matmul(b, cs, ws, &x, fb.scale + 1, fa.scale + 1, &ran, err);
   cudaFreeAsync(mem, cs);
@@ -266,7 +268,7 @@ int exec_cuda_gemm_fp8(struct exec_stream *s, bool ta, bool tb, int m, int n, in
 void exec_cuda_fp8_report(const struct cuda_context *b) {
   if (b->fp8 != MODEL_FP8_NONE && b->rank == 0)
     g_printerr("piper-exec: cuda: FP8 (%s): %" PRIu64 " GEMMs in e4m3, %" PRIu64
-               " of the linear layers' in bf16 (K not a multiple of 16, or no FP8 algorithm) "
+               " of the linear layers' in bf16 (cuBLASLt had no FP8 algorithm) "
                "(rank 0)\n",
                model_fp8_name(b->fp8), b->fp8_gemms, b->fp8_declined);
 }

@@ -13,6 +13,13 @@
 namespace {
 
 constexpr int kFp8Threads = 128; // one thread per K element of a 128-wide tile
+// Rows of blocks a grid strides over: enough to fill a GPU's SMs; the emulated GPU runs a
+// fiber a thread, so it takes few (the results are the same bits: a max is exact in any order)
+#ifdef PIPER_CUDA_EMU
+constexpr int kFp8Rows = 8;
+#else
+constexpr int kFp8Rows = 256;
+#endif
 
 __host__ __device__ float load(const void *x, bool bf16, size_t i) {
   if (!bf16)
@@ -65,29 +72,35 @@ __global__ void scale_k(float *scale, const float *partials, int n) {
   }
 }
 
-__global__ void quantize_tensor_k(uint8_t *q, const void *x, bool bf16, int K, int outer, int ld,
-                                  bool transpose, const float *scale) {
+// q [outer][ldq]: x's e4m3 copy K-major, zeros in [K, ldq) (a K padded to cuBLASLt's 16)
+__global__ void quantize_tensor_k(uint8_t *q, int ldq, const void *x, bool bf16, int K, int outer,
+                                  int ld, bool transpose, const float *scale) {
   float s = scale[0];
   for (int o = blockIdx.y; o < outer; o += gridDim.y)
-    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < K; k += gridDim.x * blockDim.x)
-      q[(size_t)o * K + k] = kernels_fp8_e4m3_encode(load(x, bf16, index_of(ld, transpose, o, k)) * s);
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < ldq; k += gridDim.x * blockDim.x)
+      q[(size_t)o * ldq + k] =
+          k < K ? kernels_fp8_e4m3_encode(load(x, bf16, index_of(ld, transpose, o, k)) * s) : 0;
 }
 
-// one block per tile: block_outer rows of the outer dimension by 128 of K
-__global__ void quantize_tiles_k(uint8_t *q, float *inv, const void *x, bool bf16, int K,
+// a block per tile (block_outer rows of the outer dimension by 128 of K), striding over the
+// tiles of the outer dimension; the last tile also writes the padding [K, ldq) with zeros
+__global__ void quantize_tiles_k(uint8_t *q, int ldq, float *inv, const void *x, bool bf16, int K,
                                  int outer, int ld, bool transpose, int block_outer) {
-  int nk = (K + KERNELS_FP8_BLOCK - 1) / KERNELS_FP8_BLOCK;
-  int kt = blockIdx.x, ob = blockIdx.y, k = kt * KERNELS_FP8_BLOCK + (int)threadIdx.x;
-  int o0 = ob * block_outer, o1 = o0 + block_outer < outer ? o0 + block_outer : outer;
-  float m = 0.0f;
-  for (int o = o0; k < K && o < o1; o++)
-    m = fmaxf(m, fabsf(load(x, bf16, index_of(ld, transpose, o, k))));
-  m = block_max128(m);
-  float s = m > 0.0f ? KERNELS_FP8_E4M3_MAX / m : 1.0f;
-  if (threadIdx.x == 0)
-    inv[(size_t)ob * nk + kt] = 1.0f / s;
-  for (int o = o0; k < K && o < o1; o++)
-    q[(size_t)o * K + k] = kernels_fp8_e4m3_encode(load(x, bf16, index_of(ld, transpose, o, k)) * s);
+  int nk = (K + KERNELS_FP8_BLOCK - 1) / KERNELS_FP8_BLOCK, nob = (outer + block_outer - 1) / block_outer;
+  int kt = blockIdx.x, k = kt * KERNELS_FP8_BLOCK + (int)threadIdx.x;
+  for (int ob = blockIdx.y; ob < nob; ob += gridDim.y) {
+    int o0 = ob * block_outer, o1 = o0 + block_outer < outer ? o0 + block_outer : outer;
+    float m = 0.0f;
+    for (int o = o0; k < K && o < o1; o++)
+      m = fmaxf(m, fabsf(load(x, bf16, index_of(ld, transpose, o, k))));
+    m = block_max128(m);
+    float s = m > 0.0f ? KERNELS_FP8_E4M3_MAX / m : 1.0f;
+    if (threadIdx.x == 0)
+      inv[(size_t)ob * nk + kt] = 1.0f / s;
+    for (int o = o0; k < ldq && o < o1; o++)
+      q[(size_t)o * ldq + k] =
+          k < K ? kernels_fp8_e4m3_encode(load(x, bf16, index_of(ld, transpose, o, k)) * s) : 0;
+  }
 }
 
 // C [m, n] (row stride ldc) = (first ? beta C : C) + alpha part [m, n] inv_a(i) inv_b(j):
@@ -116,34 +129,34 @@ extern "C" {
 
 void kc_fp8_amax_scale(float *scale, float *partials, const void *x, bool bf16, int rows,
                        int cols, int ld, cudaStream_t st) {
-  int blocks = rows < KC_FP8_PARTIALS ? (rows ? rows : 1) : KC_FP8_PARTIALS;
+  int blocks = rows < kFp8Rows ? (rows ? rows : 1) : kFp8Rows; /* <= KC_FP8_PARTIALS */
   amax_k<<<blocks, kFp8Threads, 0, st>>>(partials, x, bf16, rows, cols, ld);
   scale_k<<<1, kFp8Threads, 0, st>>>(scale, partials, blocks);
 }
 
-void kc_fp8_quantize_tensor(uint8_t *q, const void *x, bool bf16, int rows, int cols, int ld,
-                            bool transpose, const float *scale, cudaStream_t st) {
+void kc_fp8_quantize_tensor(uint8_t *q, int ldq, const void *x, bool bf16, int rows, int cols,
+                            int ld, bool transpose, const float *scale, cudaStream_t st) {
   int K = transpose ? rows : cols, outer = transpose ? cols : rows;
   if (K > 0 && outer > 0)
-    quantize_tensor_k<<<grid_2d(K, outer), kFp8Threads, 0, st>>>(q, x, bf16, K, outer, ld,
-                                                                  transpose, scale);
+    quantize_tensor_k<<<grid_2d(ldq, outer < kFp8Rows ? outer : kFp8Rows), kFp8Threads, 0, st>>>(
+        q, ldq, x, bf16, K, outer, ld, transpose, scale);
 }
 
-void kc_fp8_quantize_tiles(uint8_t *q, float *inv, const void *x, bool bf16, int rows, int cols,
-                           int ld, bool transpose, int block_outer, cudaStream_t st) {
+void kc_fp8_quantize_tiles(uint8_t *q, int ldq, float *inv, const void *x, bool bf16, int rows,
+                           int cols, int ld, bool transpose, int block_outer, cudaStream_t st) {
   int K = transpose ? rows : cols, outer = transpose ? cols : rows;
   int nk = (K + KERNELS_FP8_BLOCK - 1) / KERNELS_FP8_BLOCK;
   int nob = (outer + block_outer - 1) / block_outer;
   if (nk && nob)
-    quantize_tiles_k<<<dim3((unsigned)nk, (unsigned)nob), kFp8Threads, 0, st>>>(
-        q, inv, x, bf16, K, outer, ld, transpose, block_outer);
+    quantize_tiles_k<<<dim3((unsigned)nk, (unsigned)(nob < kFp8Rows ? nob : kFp8Rows)), kFp8Threads, 0, st>>>(
+        q, ldq, inv, x, bf16, K, outer, ld, transpose, block_outer);
 }
 
 void kc_fp8_promote(float *C, int ldc, const float *part, int m, int n, float alpha, float beta,
                     bool first, const float *inv_a, int br_a, const float *inv_b, int br_b,
                     int nk, int slice, cudaStream_t st) {
   if (m > 0 && n > 0)
-    promote_k<<<grid_2d(n, m), kFp8Threads, 0, st>>>(C, ldc, part, m, n, alpha, beta, first,
+    promote_k<<<grid_2d(n, m < kFp8Rows ? m : kFp8Rows), kFp8Threads, 0, st>>>(C, ldc, part, m, n, alpha, beta, first,
                                                      inv_a, br_a, inv_b, br_b, nk, slice);
 }
 

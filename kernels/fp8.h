@@ -77,16 +77,18 @@ extern "C" {
 /* The device twins (kernels/fp8.cu), each enqueued on st; x is fp32, or bf16 bits when bf16.
  * kc_fp8_amax_scale: scale[0] = 448 / amax(x), scale[1] = amax / 448 (device floats), through
  * partials (KC_FP8_PARTIALS device floats). kc_fp8_quantize_tensor: q = e4m3(x * scale[0]),
- * K-major. kc_fp8_quantize_tiles: as kernels_fp8_quantize_tiles. kc_fp8_promote: C [m, n]
+ * K-major with row stride ldq >= K, zeros in [K, ldq) (a K padded to a multiple of 16 for
+ * cuBLASLt: zeros add nothing to the product). kc_fp8_quantize_tiles: as
+ * kernels_fp8_quantize_tiles, with ldq as the tensorwise one. kc_fp8_promote: C [m, n]
  * (ldc) = (first ? beta C : C) + alpha part [m, n] inv_a[i / br_a][slice] inv_b[j / br_b][slice]
  * (nk slices a row of inv): one 128-wide K slice's FP8 product promoted to fp32. */
 #define KC_FP8_PARTIALS 256
 void kc_fp8_amax_scale(float *scale, float *partials, const void *x, bool bf16, int rows,
                        int cols, int ld, cudaStream_t st);
-void kc_fp8_quantize_tensor(uint8_t *q, const void *x, bool bf16, int rows, int cols, int ld,
-                            bool transpose, const float *scale, cudaStream_t st);
-void kc_fp8_quantize_tiles(uint8_t *q, float *inv, const void *x, bool bf16, int rows, int cols,
-                           int ld, bool transpose, int block_outer, cudaStream_t st);
+void kc_fp8_quantize_tensor(uint8_t *q, int ldq, const void *x, bool bf16, int rows, int cols,
+                            int ld, bool transpose, const float *scale, cudaStream_t st);
+void kc_fp8_quantize_tiles(uint8_t *q, int ldq, float *inv, const void *x, bool bf16, int rows,
+                           int cols, int ld, bool transpose, int block_outer, cudaStream_t st);
 void kc_fp8_promote(float *C, int ldc, const float *part, int m, int n, float alpha, float beta,
                     bool first, const float *inv_a, int br_a, const float *inv_b, int br_b,
                     int nk, int slice, cudaStream_t st);
