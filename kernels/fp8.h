@@ -2,6 +2,7 @@
  * round-to-nearest-even saturating encoder and exact decoder, shared by the host reference and
  * the CUDA quantisation kernels (kernels/fp8.cu) so both round the same way.
  *
+ *   float x = 0.3f, amax = 2.0f;                              // amax: max |x| of the tile
  *   uint8_t q = kernels_fp8_e4m3_encode(x * 448.0f / amax);   // scale = 448 / amax
  *   float back = kernels_fp8_e4m3_decode(q) * amax / 448.0f;  // what an FP8 GEMM multiplies
  */
