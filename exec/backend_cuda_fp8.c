@@ -93,15 +93,27 @@ struct fp8_matmul {
   float alpha, beta;
 };
 
-/* Algorithm for the call: cached per shape in gemm_algos under an "fp8" key; found is false
- * (and cached so) where cuBLASLt has none. */
+/* The largest power of two up to 256 that divides p's address (as backend_cuda_gemm.c's). */
+static uint32_t alignment_of(const void *p) {
+  uint32_t al = 256;
+  while (al > 1 && (uintptr_t)p % al != 0)
+    al /= 2;
+  return al;
+}
+
+/* Algorithm for the call: cached per shape and alignment in gemm_algos under an "fp8" key;
+ * found is false (and cached so) where cuBLASLt has none. The heuristic is told the operands'
+ * alignment: C is often a view (an expert's rows, a head's columns), and a K slice starts 128
+ * bytes into its rows. */
 static bool fp8_algo(struct cuda_context *b, const struct fp8_matmul *x, cublasLtMatmulDesc_t op,
                      cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
                      cublasLtMatrixLayout_t lc, cublasLtMatmulHeuristicResult_t *heur,
                      bool *found, GError **err) {
+  uint32_t al[] = {alignment_of(x->first + x->k0), alignment_of(x->second + x->k0),
+                   alignment_of(x->D), alignment_of(x->D)};
   char key[160];
-  g_snprintf(key, sizeof key, "fp8 %d %d %d %d %d %d %d", (int)b->fp8, x->m, x->n, x->k, x->ks,
-             x->ldd, x->beta != 0.0f);
+  g_snprintf(key, sizeof key, "fp8 %d %d %d %d %d %d %d %u %u %u", (int)b->fp8, x->m, x->n, x->k,
+             x->ks, x->ldd, x->beta != 0.0f, al[0], al[1], al[2]);
   if (!b->gemm_algos)
     b->gemm_algos = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
   const cublasLtMatmulHeuristicResult_t *cached = g_hash_table_lookup(b->gemm_algos, key);
@@ -118,6 +130,12 @@ static bool fp8_algo(struct cuda_context *b, const struct fp8_matmul *x, cublasL
                              pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                              &b->lt_workspace_bytes, sizeof b->lt_workspace_bytes),
                          err);
+  const cublasLtMatmulPreferenceAttributes_t which[] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (size_t i = 0; ok && i < G_N_ELEMENTS(which); i++)
+    ok = CUBLAS_CHECK(b, cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]),
+                      err);
   /* an FP8 shape cuBLASLt cannot run is no error: it is declined (bf16 runs it) */
   cublasStatus_t st = ok ? cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, heur,
                                                           &n_found)
