@@ -64,7 +64,7 @@ case ${1:-} in
   --dry-run) DRY=1 ;;
   --emu) EMU=1 ;;
   "") ;;
-  -h | --help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,58p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "gpu-check.sh: error: unknown argument $1" >&2; exit 2 ;;
 esac
 OUT=${OUT:-out/gpu-check}
