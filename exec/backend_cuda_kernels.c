@@ -342,6 +342,7 @@ static void attention_core(struct exec_stream *s, const struct kernels_attention
   float *p = exec_cuda_stream_scratch(s, (size_t)S * S * sizeof(float)); /* one head's scores */
   if (!p)
     return;
+  bool fp8 = exec_cuda_fp8_enter(s, EXEC_OP_attention_core_forward); /* the core stays bf16 */
   for (int b = 0; b < d->batch; b++)
     for (int hh = 0; hh < d->heads; hh++) {
       size_t qo, ko, lo;
@@ -350,6 +351,7 @@ static void attention_core(struct exec_stream *s, const struct kernels_attention
       kc_causal_softmax(p, w->lse + lo, S, S, scale, st_of(s));
       gemm(s, false, false, S, D, S, 1.0f, p, S, w->v + ko, KD, 0.0f, w->y + qo, HD);
     }
+  exec_cuda_fp8_leave(s, fp8);
   cudaFreeAsync(p, st_of(s));
 }
 
@@ -405,6 +407,7 @@ static void attention_heads_backward(struct exec_stream *s, const struct kernels
                                      const struct kernels_attention_dims *d, float *p, float *ds) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
   float scale = 1.0f / sqrtf((float)D);
+  bool fp8 = exec_cuda_fp8_enter(s, EXEC_OP_attention_core_forward); /* the core stays bf16 */
   for (int b = 0; b < d->batch; b++)
     for (int hh = 0; hh < d->heads; hh++) {
       size_t qo, ko, lo;
@@ -417,6 +420,7 @@ static void attention_heads_backward(struct exec_stream *s, const struct kernels
       gemm(s, true, false, S, D, S, 1.0f, ds, S, w->q + qo, HD, 1.0f, w->dk + ko, KD);
       gemm(s, true, false, S, D, S, 1.0f, p, S, w->dy + qo, HD, 1.0f, w->dv + ko, KD);
     }
+  exec_cuda_fp8_leave(s, fp8);
 }
 
 static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
@@ -940,8 +944,21 @@ static void k_tp_head_backward(struct exec_stream *s, float *dh, float *dw, cons
 #define k_adamw_step exec_cuda_adamw_step
 #define k_adamw_multi exec_cuda_adamw_multi
 
+/* Every entry as the table holds it: its op's FP8 state set around it (backend_cuda_fp8.c:
+ * the linear layers' GEMMs run in e4m3 under piper.fp8). */
+#define EXEC_KERNEL(name, use, params, args)                                                      \
+  static void entry_##name(struct exec_stream *s, EXEC_UNPAREN params) {                         \
+    bool was = exec_cuda_fp8_enter(s, EXEC_OP_##name);                                           \
+    k_##name(s, EXEC_UNPAREN args);                                                              \
+    exec_cuda_fp8_leave(s, was);                                                                 \
+  }
+#define EXEC_COLLECTIVE(name, use, params, args, pre)
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
+
 const struct exec_kernels exec_cuda_kernels = {
-#define EXEC_KERNEL(name, use, params, args) .name = k_##name,
+#define EXEC_KERNEL(name, use, params, args) .name = entry_##name,
 #define EXEC_COLLECTIVE(name, use, params, args, pre)
 #include "ops.def"
 #undef EXEC_KERNEL

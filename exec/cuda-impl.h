@@ -49,6 +49,10 @@ struct cuda_context {
    * converts around its call while it is fp32. The arena's slots are planned at its width
    * (exec_cuda_arena_plan); the step to bf16 activations changes it here. */
   enum model_dtype act_dtype;
+  /* piper.fp8: the linear layers' GEMMs in e4m3 under this recipe (backend_cuda_fp8.c), and
+   * how many ran so or fell back to bf16 (the end of the run prints both) */
+  enum model_fp8 fp8;
+  uint64_t fp8_gemms, fp8_declined;
   enum exec_gpu_attention attention; /* PIPER_CUDA_ATTENTION (gpu_layout.h) */
   /* cuDNN's attention (cuda_cudnn.h), made on its first use; cudnn_off once it could not be
    * made or refused a graph in auto mode (the own kernels run from then on) */
@@ -108,6 +112,7 @@ struct exec_stream {
   void *green;        /* CUgreenCtx the stream lives in (sm_share < 1), or NULL */
   void *lt_workspace; /* cuBLASLt's, this stream's own (lt_workspace_bytes) */
   struct cuda_scratch bf16;
+  bool fp8; /* inside a linear layer's op of an FP8 model: its GEMMs run in e4m3 */
   uint64_t setup_seen;
   bool failed;
   double since;
@@ -224,6 +229,17 @@ bool exec_cuda_copy_made(struct cuda_context *b, struct exec_wcache_entry *w, cu
 void exec_cuda_gemm_pre(struct exec_stream *s, unsigned pre, bool ta, bool tb, int m, int n, int k,
                         float alpha, const void *A, int lda, const void *B, int ldb, float beta,
                         float *C, int ldc);
+
+/* backend_cuda_fp8.c: a kernel entry of op starts on s (enter returns the state leave
+ * restores): its GEMMs run in FP8 when op is a linear layer's and the model has a recipe.
+ * exec_cuda_gemm_fp8: one GEMM (exec_cuda_gemm_pre's arguments) in FP8: 1 ran, 0 declined
+ * (run it in bf16), -1 failed. */
+bool exec_cuda_fp8_enter(struct exec_stream *s, enum exec_op op);
+void exec_cuda_fp8_leave(struct exec_stream *s, bool was);
+int exec_cuda_gemm_fp8(struct exec_stream *s, bool ta, bool tb, int m, int n, int k,
+                       float alpha, const void *A, int lda, const void *B, int ldb, unsigned pre,
+                       float beta, float *C, int ldc, GError **err);
+void exec_cuda_fp8_report(const struct cuda_context *b);
 
 /* backend_cuda_gemm.c: device bytes [p, p + bytes) are written by work enqueued now (a
  * copy, a transfer, a collective, the optimizer): bf16 weight copies of them go stale. */

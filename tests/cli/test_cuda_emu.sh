@@ -5,7 +5,9 @@
 # partial tile over two sequences; three tiles with a 2-row tail; GQA groups of 2 and 3;
 # every head size) against a double-precision reference, and tools/gpu-check.sh --emu: every
 # kernel against the host reference, tiny-moe trained on one emulated GPU and on four (ranks
-# sharing one, host-staged; one each, through NCCL), piper-prof --backend cuda and the
+# sharing one, host-staged; one each, through NCCL), the FP8 GEMMs against the host reference
+# (bench_fp8 --small) and tiny-moe under each piper.fp8 recipe against its bf16 run (losses
+# within DeepSeek-V3's 0.25%; the e4m3 GEMM count), piper-prof --backend cuda and the
 # simulate -> execute -> compare loop, and the equivalence suite's plans (losses and final
 # parameters against the host backend's); attention from cuDNN through its stand-in (the kernel
 # check: the call sequence and numerics, chunk offsets), and the same check built without
