@@ -24,6 +24,8 @@
  *     (tools/gpu-check.sh b) holds bf16 losses to the same 3e-2 of the host's.
  *   - the cached bf16 weight copies against per-GEMM conversion: 0 (the same bits: the same
  *     bf16 operands through the same algorithm).
+ *   - the bf16 activation kernels (kc_bf16_*: no GEMM, bf16 in and out): 2^-8 + 1e-5, one
+ *     rounding of each output (the bf16 section below says why).
  * Prints one line per check; exits 1 when any exceeds its tolerance, 2 when no GPU. */
 #include <limits.h>
 #include <math.h>
@@ -831,7 +833,7 @@ static void check_adamw_multi(struct check *c) {
  * its inputs exactly, computes in fp32 as the fp32 kernel does, and rounds each output once to
  * nearest even: that moves it by at most half a bf16 spacing, a relative 2^-8 (8 significant
  * bits; the unit roundoff u of exec_bf16_round's test), and the fp32 arithmetic adds the plain
- * tolerance. So the norm-wise error is at most u + TOL_PLAIN. A kernel that truncated instead
+ * tolerance (the inputs are exact in fp32, so no input rounding compounds: one op, one rounding). So the norm-wise error is at most u + TOL_PLAIN. A kernel that truncated instead
  * of rounding (up to 2u), rounded twice, or read its input at the wrong width fails it. The
  * fp32 outputs (rstd, the weight gradients: sums in fp32 of exactly widened terms) keep
  * TOL_PLAIN. */
