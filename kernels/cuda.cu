@@ -12,13 +12,6 @@
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(size_t n) {
-  size_t b = (n + kThreads - 1) / kThreads;
-  return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
-}
-
 // Block-wide sum in a fixed order (shared-memory tree): every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float buf[kThreads];

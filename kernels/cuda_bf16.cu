@@ -16,13 +16,6 @@
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(size_t n) {
-  size_t b = (n + kThreads - 1) / kThreads;
-  return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
-}
-
 // bf16 bits widened to fp32 (exact) and fp32 rounded to nearest even into bf16 bits.
 __device__ float ld16(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
@@ -191,7 +184,7 @@ extern "C" {
 
 void kc_bf16_add(uint16_t *y, const uint16_t *x, size_t n, bool acc, cudaStream_t st) {
   if (n)
-    add16_k<<<grid_for(n), kThreads, 0, st>>>(y, x, n, acc);
+    add16_k<<<blocks_for(n), kThreads, 0, st>>>(y, x, n, acc);
 }
 
 void kc_bf16_rmsnorm_forward(uint16_t *h, float *rstd, const uint16_t *x, const float *w, int T,
@@ -224,32 +217,32 @@ void kc_bf16_rope(uint16_t *x, int B, int S, int H, int D, float theta, float fa
                   float hi, int old_ctx, bool inverse, cudaStream_t st) {
   size_t n = (size_t)B * S * H * (D / 2);
   if (n)
-    rope16_k<<<grid_for(n), kThreads, 0, st>>>(x, B, S, H, D, theta, factor, lo, hi, old_ctx,
+    rope16_k<<<blocks_for(n), kThreads, 0, st>>>(x, B, S, H, D, theta, factor, lo, hi, old_ctx,
                                                 inverse);
 }
 
 void kc_bf16_swiglu_forward(uint16_t *act, const uint16_t *g, const uint16_t *u, size_t n,
                             cudaStream_t st) {
   if (n)
-    swiglu_fwd16_k<<<grid_for(n), kThreads, 0, st>>>(act, g, u, n);
+    swiglu_fwd16_k<<<blocks_for(n), kThreads, 0, st>>>(act, g, u, n);
 }
 
 void kc_bf16_swiglu_backward(uint16_t *dg, uint16_t *du, const uint16_t *dact, const uint16_t *g,
                              const uint16_t *u, size_t n, cudaStream_t st) {
   if (n)
-    swiglu_bwd16_k<<<grid_for(n), kThreads, 0, st>>>(dg, du, dact, g, u, n);
+    swiglu_bwd16_k<<<blocks_for(n), kThreads, 0, st>>>(dg, du, dact, g, u, n);
 }
 
 void kc_bf16_embedding_forward(uint16_t *x, const int32_t *tok, const float *table, int T, int C,
                                int lo, int n, cudaStream_t st) {
   if (T && C)
-    embedding_fwd16_k<<<grid_for((size_t)T * C), kThreads, 0, st>>>(x, tok, table, T, C, lo, n);
+    embedding_fwd16_k<<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, table, T, C, lo, n);
 }
 
 void kc_bf16_embedding_backward(float *dtable, const uint16_t *dx, const int32_t *tok, int T,
                                 int C, int lo, int n, cudaStream_t st) {
   if (T && C)
-    embedding_bwd16_k<<<grid_for(C), kThreads, 0, st>>>(dtable, dx, tok, T, C, lo, n);
+    embedding_bwd16_k<<<blocks_for(C), kThreads, 0, st>>>(dtable, dx, tok, T, C, lo, n);
 }
 
 } // extern "C"

@@ -5,8 +5,17 @@
 #define PIPER_KERNELS_CUDA_MATH_CUH
 
 #include <math.h>
+#include <stddef.h>
 
 namespace {
+
+constexpr int kThreads = 256; // threads a block, for every elementwise and row kernel
+
+// Blocks for n elements, a thread each, capped (grid-stride loops cover the rest).
+unsigned blocks_for(size_t n) {
+  size_t b = (n + kThreads - 1) / kThreads;
+  return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
+}
 
 // Block-wide sum in a fixed order (a tree over buf, the caller's shared array of blockDim.x
 // floats): every thread gets the result. The array is the caller's because the emulated GPU
