@@ -44,10 +44,10 @@ struct cuda_context {
   uint32_t plan_device;
   bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
   /* The dtype the kernels hold activations in (what every activation buffer the runner hands
-   * a kernel entry holds): MODEL_DTYPE_FP32 for every model today, bf16 only as GEMM operands
-   * and the MLP's own intermediates. A kernel that wants bf16 operands (a library attention)
-   * converts around its call while it is fp32. The arena's slots are planned at its width
-   * (exec_cuda_arena_plan); the step to bf16 activations changes it here. */
+   * a kernel entry holds): exec_gpu_act_dtype's (gpu_layout.h), MODEL_DTYPE_FP32 for every
+   * model today, bf16 only as GEMM operands and the MLP's own intermediates. A kernel that
+   * wants bf16 operands (a library attention) converts around its call while it is fp32. The
+   * arena's slots are planned at its width (exec_cuda_arena_plan). */
   enum model_dtype act_dtype;
   /* piper.fp8: the linear layers' GEMMs in e4m3 under this recipe (backend_cuda_fp8.c), and
    * how many ran so or fell back to bf16 (the end of the run prints both) */

@@ -7,29 +7,15 @@
 #include <math.h>
 #include <string.h>
 
+#include "cuda_math.cuh"
 #include "kernels_cuda.h"
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(size_t n) {
-  size_t b = (n + kThreads - 1) / kThreads;
-  return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
-}
-
 // Block-wide sum in a fixed order (shared-memory tree): every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float buf[kThreads];
-  __syncthreads();
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s)
-      buf[threadIdx.x] += buf[threadIdx.x + s];
-    __syncthreads();
-  }
-  return buf[0];
+  return block_sum_in(buf, v);
 }
 
 __device__ float block_max(float v) {
@@ -244,22 +230,6 @@ __global__ void rmsnorm_bwd_weight_k(float *dw, const float *dh, const float *x,
   }
 }
 
-// Llama 3's frequency scaling, as kernels/rope.c (double, like the host's tables).
-__device__ double rope_inv_freq(int i, int D, float theta, float factor, float lo, float hi,
-                                int old_ctx) {
-  double inv = pow((double)theta, -2.0 * i / D);
-  if (factor <= 0.0f)
-    return inv;
-  double low_wavelen = old_ctx / (double)lo, high_wavelen = old_ctx / (double)hi;
-  double wavelen = 2.0 * M_PI / inv;
-  if (wavelen < high_wavelen)
-    return inv;
-  if (wavelen > low_wavelen)
-    return inv / factor;
-  double smooth = (old_ctx / wavelen - lo) / ((double)hi - lo);
-  return (1.0 - smooth) * inv / factor + smooth * inv;
-}
-
 __global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float factor, float lo,
                        float hi, int old_ctx, bool inverse) {
   int half = D / 2;
@@ -280,16 +250,6 @@ __global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float 
     p[i] = a * cs - b * sn;
     p[i + half] = b * cs + a * sn;
   }
-}
-
-__device__ float silu(float g) {
-  return g / (1.0f + expf(-g));
-}
-
-__device__ void swiglu_grad(float d, float g, float u, float *dg, float *du) {
-  float s = 1.0f / (1.0f + expf(-g));
-  *dg = d * u * s * (1.0f + g * (1.0f - s));
-  *du = d * g * s;
 }
 
 __global__ void swiglu_fwd_k(float *act, const float *g, const float *u, size_t n) {

@@ -1,8 +1,8 @@
 /* kernels_cuda: the CUDA kernels behind the cuda backend's kernel table (kernels/cuda.cu),
  * each the device twin of a step of kernels.h's host reference: elementwise and row-wise work
  * only. GEMMs go through cuBLASLt in exec/backend_cuda_kernels.c, which composes each model op
- * from these and GEMMs. fp32 in memory (bf16 only as GEMM operands and the cached bf16
- * copies of the weights: kc_to_bf16); every launcher enqueues on `stream` and returns, e.g.
+ * from these and GEMMs. fp32 in memory (bf16 as GEMM operands, the cached bf16 copies of the
+ * weights: kc_to_bf16, and the kc_bf16_* kernels' activations); every launcher enqueues on `stream` and returns, e.g.
  * kc_fill(x, 0.0f, n, stream). Empty without HAVE_CUDA (the CUDA headers are not there).
  */
 #ifndef PIPER_KERNELS_KERNELS_CUDA_H
@@ -142,6 +142,40 @@ struct kc_adamw_tensor {
 void kc_adamw_multi(const struct kc_adamw_tensor *table, int n, size_t chunks, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int step,
                     cudaStream_t stream);
+
+/* ---- bf16 activations (kernels/cuda_bf16.cu), for bf16 models: the same ops as the fp32
+ * launchers above with the activations (x, h, dx, dh, g, u, act and their gradients) stored as
+ * bf16 bits in uint16_t, widened to fp32 on load, computed in fp32 and rounded to nearest even
+ * once on store. RMSNorm's rstd, the norm weights, their gradient and the embedding table and
+ * its gradient stay fp32 (sums over a row or over the tokens). e.g.
+ *   kc_bf16_rmsnorm_forward(h16, rstd, x16, w, T, C, 1e-5f, stream);
+ */
+/* y = x (accumulate false) or y += x, rounded */
+void kc_bf16_add(uint16_t *y, const uint16_t *x, size_t n, bool accumulate, cudaStream_t stream);
+void kc_bf16_rmsnorm_forward(uint16_t *h, float *rstd, const uint16_t *x, const float *w, int T,
+                             int C, float eps, cudaStream_t stream);
+/* x += y rounded to bf16, then h and rstd from the rounded x */
+void kc_bf16_residual_rmsnorm_forward(uint16_t *x, uint16_t *h, float *rstd, const uint16_t *y,
+                                      const float *w, int T, int C, float eps,
+                                      cudaStream_t stream);
+void kc_bf16_rmsnorm_backward_input(uint16_t *dx, const uint16_t *dh, const uint16_t *x,
+                                    const float *rstd, const float *w, int T, int C,
+                                    bool accumulate, cudaStream_t stream);
+void kc_bf16_rmsnorm_backward_weight(float *dw, const uint16_t *dh, const uint16_t *x,
+                                     const float *rstd, int T, int C, cudaStream_t stream);
+void kc_bf16_rope(uint16_t *x, int batch, int seq, int heads, int head_dim, float theta,
+                  float factor, float low_freq_factor, float high_freq_factor, int original_max,
+                  bool inverse, cudaStream_t stream);
+void kc_bf16_swiglu_forward(uint16_t *act, const uint16_t *g, const uint16_t *u, size_t n,
+                            cudaStream_t stream);
+void kc_bf16_swiglu_backward(uint16_t *dg, uint16_t *du, const uint16_t *dact, const uint16_t *g,
+                             const uint16_t *u, size_t n, cudaStream_t stream);
+/* rows [lo, lo + n) of the vocabulary (the whole table: lo 0, n INT_MAX); a token outside gets
+ * zeros, and adds no gradient */
+void kc_bf16_embedding_forward(uint16_t *x, const int32_t *tokens, const float *table, int T,
+                               int C, int lo, int n, cudaStream_t stream);
+void kc_bf16_embedding_backward(float *dtable, const uint16_t *dx, const int32_t *tokens, int T,
+                                int C, int lo, int n, cudaStream_t stream);
 
 /* The launchers of the op list's DIRECT ops (kernels/ops.def), void kc_<name>(parameters,
  * cudaStream_t stream), which the cuda backend's table calls as they are. */

@@ -10,7 +10,8 @@
 #       context-parallel chunk offsets), and with bf16 GEMMs again with the own fused and the
 #       unfused attention cores forced (PIPER_CUDA_ATTENTION), with the fused LM head in
 #       16-column vocabulary tiles (PIPER_CUDA_HEAD_COLS, fp32 and bf16) and
-#       with the LM head in 7-row chunks (PIPER_CUDA_HEAD_ROWS: its multi-chunk path);
+#       with the LM head in 7-row chunks (PIPER_CUDA_HEAD_ROWS: its multi-chunk path); the
+#       bf16 activation kernels (kernels/cuda_bf16.cu) against the host on bf16 inputs (2^-8);
 #   (b) tiny-moe, 20 steps: one GPU (fp32 GEMMs, as the model is fp32; and bf16 GEMMs), and 4
 #       ranks PP2 x DP2 x EP2 dualpipev sharing the GPU (host-staged MPI), against the host
 #       backend's losses step by step; then the issue's "a dualpipev plan no slower than the
