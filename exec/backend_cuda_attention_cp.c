@@ -7,11 +7,43 @@
  * the shifted causal softmax (kernels/attention_cp.cu), the values by a GEMM. The backward
  * recomputes the probabilities from the merged lse and takes the softmax's row term from the
  * merged y (rowsum(dy y)), so the blocks' gradients sum to the whole attention's; dq, dk, dv
- * accumulate (+=) as the host's do. */
+ * accumulate (+=) as the host's do. bf16 models take the fused cores instead, as the whole
+ * sequence's attention does (backend_cuda_kernels.c): cuDNN's SDPA with the chunks' offsets
+ * (cuda_cudnn.h), else kernels/flash_attention.cu's blocks; a block's own result is merged by
+ * kc_attention_merge. */
 #include <math.h>
 
 #include "../kernels/kernels_cuda.h"
 #include "cuda-impl.h"
+#include "cuda_cudnn.h"
+#include "gpu_layout.h"
+
+/* Which core a block runs on (the whole sequence's choice: PIPER_CUDA_ATTENTION, bf16 models). */
+enum core { CORE_UNFUSED, CORE_FUSED, CORE_CUDNN };
+
+static struct exec_cudnn_sdpa_shape cudnn_shape(const struct kernels_attention_block *b) {
+  return (struct exec_cudnn_sdpa_shape){1, b->m, b->n, b->heads, b->kv_heads, b->head_dim, b->q0,
+                                        b->k0};
+}
+
+static enum core core_of(struct exec_stream *s, const struct kernels_attention_block *b) {
+  struct cuda_context *c = exec_cuda_kernel_ctx(s);
+  struct exec_cudnn_sdpa_shape sh = cudnn_shape(b);
+  bool usable = c->bf16_gemm && !c->cudnn_off && exec_cudnn_sdpa_built() &&
+                exec_cudnn_sdpa_supported(&sh);
+  if (exec_gpu_attention_cudnn(c->attention, usable))
+    return CORE_CUDNN;
+  bool fusable = c->bf16_gemm && kc_flash_attention_supported(b->head_dim, b->heads, b->kv_heads);
+  return exec_gpu_attention_fused(c->attention, fusable) ? CORE_FUSED : CORE_UNFUSED;
+}
+
+/* cuDNN's handle, made on first use; NULL with *e */
+static struct exec_cudnn_sdpa *cudnn_of(struct exec_stream *s, GError **e) {
+  struct cuda_context *c = exec_cuda_kernel_ctx(s);
+  if (!c->cudnn)
+    c->cudnn = exec_cudnn_sdpa_new(e);
+  return c->cudnn;
+}
 
 static cudaStream_t st_of(struct exec_stream *s) {
   return exec_cuda_st_of(s);
@@ -36,26 +68,108 @@ static void block_forward_heads(struct exec_stream *s, float *y, float *lse, con
   }
 }
 
+/* y, lse (=) <- one block on a fused core; false: cuDNN refused it (auto mode: the own
+ * kernels from now on) */
+static bool block_forward_fused(struct exec_stream *s, enum core core, float *y, float *lse,
+                                const float *q, const float *k, const float *v,
+                                const struct kernels_attention_block *b) {
+  GError *e = NULL;
+  if (core == CORE_CUDNN) {
+    struct exec_cudnn_sdpa *c = cudnn_of(s, &e);
+    struct exec_cudnn_sdpa_shape sh = cudnn_shape(b);
+    if (c && exec_cudnn_sdpa_forward(c, &sh, y, lse, q, k, v, st_of(s), &e))
+      return true;
+    return exec_cuda_cudnn_refused(s, e);
+  }
+  void *scratch = exec_cuda_stream_scratch(
+      s, kc_flash_attention_block_scratch_bytes(1, b->m, b->n, b->heads, b->kv_heads, b->head_dim,
+                                                false));
+  if (!scratch)
+    return true;
+  if (!CUDA_CHECK(exec_cuda_kernel_ctx(s),
+                  kc_flash_attention_block_forward(y, lse, scratch, q, k, v, 1, b->m, b->n,
+                                                   b->q0 - b->k0, b->heads, b->kv_heads,
+                                                   b->head_dim, st_of(s)),
+                  &e))
+    exec_cuda_fail(s, e);
+  cudaFreeAsync(scratch, st_of(s));
+  return true;
+}
+
 void exec_cuda_attention_block_forward(struct exec_stream *s, float *y, float *lse, const float *q,
                                        const float *k, const float *v,
                                        const struct kernels_attention_block *b, bool merge) {
   size_t ny = (size_t)b->m * b->heads * b->head_dim, nl = (size_t)b->m * b->heads;
-  size_t np = (size_t)b->m * b->n;
+  enum core core = core_of(s, b);
+  size_t np = core == CORE_UNFUSED ? (size_t)b->m * b->n : 0;
   /* merging: the block's own result first, in scratch beside its scores */
   float *p = exec_cuda_stream_scratch(s, (np + (merge ? ny + nl : 0)) * sizeof(float));
   if (!p)
     return;
   float *yo = merge ? p + np : y, *lo = merge ? p + np + ny : lse;
-  block_forward_heads(s, yo, lo, q, k, v, b, p);
+  if (core == CORE_UNFUSED || !block_forward_fused(s, core, yo, lo, q, k, v, b)) {
+    if (!np) { /* cuDNN refused it: the unfused core's scores need room */
+      float *scores = exec_cuda_stream_scratch(s, (size_t)b->m * b->n * sizeof(float));
+      if (scores) {
+        block_forward_heads(s, yo, lo, q, k, v, b, scores);
+        cudaFreeAsync(scores, st_of(s));
+      }
+    } else {
+      block_forward_heads(s, yo, lo, q, k, v, b, p);
+    }
+  }
   if (merge)
     kc_attention_merge(y, lse, yo, lo, b->m, b->heads, b->head_dim, st_of(s));
   cudaFreeAsync(p, st_of(s));
+}
+
+/* dq, dk, dv += one block on a fused core; false as block_forward_fused */
+static bool block_backward_fused(struct exec_stream *s, enum core core, float *dq, float *dk,
+                                 float *dv, const float *dy, const float *y, const float *lse,
+                                 const float *q, const float *k, const float *v,
+                                 const struct kernels_attention_block *b) {
+  GError *e = NULL;
+  cudaStream_t cs = st_of(s);
+  if (core == CORE_CUDNN) {
+    /* cuDNN writes its gradients (=): into scratch, then added */
+    size_t nq = (size_t)b->m * b->heads * b->head_dim, nk = (size_t)b->n * b->kv_heads * b->head_dim;
+    float *g = exec_cuda_stream_scratch(s, (nq + 2 * nk) * sizeof(float));
+    if (!g)
+      return true;
+    struct exec_cudnn_sdpa *c = cudnn_of(s, &e);
+    struct exec_cudnn_sdpa_shape sh = cudnn_shape(b);
+    bool ok = c && exec_cudnn_sdpa_backward(c, &sh, g, g + nq, g + nq + nk, q, k, v, y, dy, lse,
+                                            cs, &e);
+    if (ok) {
+      kc_add(dq, g, nq, true, cs);
+      kc_add(dk, g + nq, nk, true, cs);
+      kc_add(dv, g + nq + nk, nk, true, cs);
+    }
+    cudaFreeAsync(g, cs);
+    return ok || exec_cuda_cudnn_refused(s, e);
+  }
+  void *scratch = exec_cuda_stream_scratch(
+      s, kc_flash_attention_block_scratch_bytes(1, b->m, b->n, b->heads, b->kv_heads, b->head_dim,
+                                                true));
+  if (!scratch)
+    return true;
+  if (!CUDA_CHECK(exec_cuda_kernel_ctx(s),
+                  kc_flash_attention_block_backward(dq, dk, dv, scratch, q, k, v, y, dy, lse, 1,
+                                                    b->m, b->n, b->q0 - b->k0, b->heads,
+                                                    b->kv_heads, b->head_dim, true, cs),
+                  &e))
+    exec_cuda_fail(s, e);
+  cudaFreeAsync(scratch, cs);
+  return true;
 }
 
 void exec_cuda_attention_block_backward(struct exec_stream *s, float *dq, float *dk, float *dv,
                                         const float *dy, const float *y, const float *lse,
                                         const float *q, const float *k, const float *v,
                                         const struct kernels_attention_block *b) {
+  enum core core = core_of(s, b);
+  if (core != CORE_UNFUSED && block_backward_fused(s, core, dq, dk, dv, dy, y, lse, q, k, v, b))
+    return;
   int D = b->head_dim, HD = b->heads * D, KD = b->kv_heads * D, group = b->heads / b->kv_heads;
   int m = b->m, n = b->n;
   size_t np = (size_t)m * n;

@@ -291,7 +291,7 @@ static bool attention_cudnn(struct exec_stream *s, const struct kernels_attentio
 /* cuDNN could not run (e is why): forced (PIPER_CUDA_ATTENTION=cudnn), the stream fails with
  * e (true: handled); in auto mode the own kernels take this call and every later one, said
  * once (false). */
-static bool cudnn_refused(struct exec_stream *s, GError *e) {
+bool exec_cuda_cudnn_refused(struct exec_stream *s, GError *e) {
   struct cuda_context *b = kernel_ctx(s);
   if (b->attention == EXEC_GPU_ATTENTION_CUDNN) {
     exec_cuda_fail(s, e);
@@ -314,7 +314,7 @@ static bool attention_cudnn_forward(struct exec_stream *s, const struct kernels_
   if (b->cudnn && exec_cudnn_sdpa_forward(b->cudnn, &sh, w->y, w->lse, w->q, w->k, w->v,
                                           st_of(s), &e))
     return true;
-  return cudnn_refused(s, e);
+  return exec_cuda_cudnn_refused(s, e);
 }
 
 /* dq, dk, dv <- q, k, v, y, dy, lse through cuDNN; false as the forward */
@@ -328,7 +328,7 @@ static bool attention_cudnn_backward(struct exec_stream *s, const struct kernels
   if (b->cudnn && exec_cudnn_sdpa_backward(b->cudnn, &sh, w->dq, w->dk, w->dv, w->q, w->k, w->v,
                                            w->y, w->dy, w->lse, st_of(s), &e))
     return true;
-  return cudnn_refused(s, e);
+  return exec_cuda_cudnn_refused(s, e);
 }
 
 /* lse, y <- q, k, v: cuDNN's fused SDPA, the own fused kernel, or per head: scores, softmax,

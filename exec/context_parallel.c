@@ -275,8 +275,3 @@ bool exec_cp_attention_backward_input(struct exec_state *s, struct exec_task_ctx
   KT(st, s, k->attention_qkv_backward_input(st->stream, dh, bwork, params, &dd, accumulate));
   return true;
 }
-
-const char *exec_cp_refusal(const struct plan *p, const struct exec_backend *b) {
-  (void)p, (void)b;
-  return NULL;
-}

@@ -3,17 +3,19 @@
 // causal softmax by global positions (the diagonal shifted by the chunks' offsets), its
 // backward against the whole row's rowsum(dy y), and the log-sum-exp merge of partial results.
 // The cuda backend's unfused block (exec/backend_cuda_attention_cp.c) runs its GEMMs around
-// these. One block of threads per row, a fixed reduction tree: deterministic.
+// these. One warp per row (a block's rows are a chunk's keys: hundreds to thousands), a fixed
+// reduction tree: deterministic.
 #include <math.h>
 
 #include "kernels_cuda.h"
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 32; // per row; elementwise kernels: 8 warps
+constexpr int kFlat = 256;
 
 unsigned blocks_for(size_t n) {
-  size_t b = (n + kThreads - 1) / kThreads;
+  size_t b = (n + kFlat - 1) / kFlat;
   return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
 }
 
@@ -143,6 +145,6 @@ void kc_attention_merge(float *y, float *lse, const float *yb, const float *lb, 
   size_t n = (size_t)m * heads * head_dim;
   if (!n)
     return;
-  merge_y_k<<<blocks_for(n), kThreads, 0, st>>>(y, lse, yb, lb, m, heads, head_dim);
-  merge_lse_k<<<blocks_for((size_t)m * heads), kThreads, 0, st>>>(lse, lb, (size_t)m * heads);
+  merge_y_k<<<blocks_for(n), kFlat, 0, st>>>(y, lse, yb, lb, m, heads, head_dim);
+  merge_lse_k<<<blocks_for((size_t)m * heads), kFlat, 0, st>>>(lse, lb, (size_t)m * heads);
 }

@@ -110,6 +110,23 @@ void kc_attention_rowdot(float *delta, const float *dy, const float *y, int m, i
                          int head_dim, cudaStream_t stream);
 void kc_attention_merge(float *y, float *lse, const float *yb, const float *lb, int m, int heads,
                         int head_dim, cudaStream_t stream);
+/* The same kernels on context parallelism's blocks: q_len query rows against kv_len keys of
+ * each sequence, row i seeing key j when j <= i + shift (shift: the query chunk's first
+ * position minus the key chunk's); q, y, dq [B*q_len, ...], k, v, dk, dv [B*kv_len, ...], lse
+ * [B, heads, q_len]. A row that sees no key gets y 0, lse -inf. The backward takes the merged
+ * y and lse (the final softmax's) and, with accumulate, adds into dq, dk, dv. */
+size_t kc_flash_attention_block_scratch_bytes(int batch, int q_len, int kv_len, int heads,
+                                              int kv_heads, int head_dim, bool backward);
+cudaError_t kc_flash_attention_block_forward(float *y, float *lse, void *scratch, const float *q,
+                                             const float *k, const float *v, int batch, int q_len,
+                                             int kv_len, int shift, int heads, int kv_heads,
+                                             int head_dim, cudaStream_t stream);
+cudaError_t kc_flash_attention_block_backward(float *dq, float *dk, float *dv, void *scratch,
+                                              const float *q, const float *k, const float *v,
+                                              const float *y, const float *dy, const float *lse,
+                                              int batch, int q_len, int kv_len, int shift,
+                                              int heads, int kv_heads, int head_dim,
+                                              bool accumulate, cudaStream_t stream);
 /* probs [T, E] = softmax(logits) (in place), then top-k ids and renormalised weights */
 void kc_router_topk(int32_t *ids, float *weights, float *probs, int T, int E, int K,
                     cudaStream_t stream);
