@@ -94,8 +94,9 @@ for shape in "1 70 2 1 32" "1 140 3 1 64"; do
 done
 # ... and trained: CP 2 with bf16 GEMMs on each attention core a bf16 model takes (cuDNN's SDPA
 # through its stand-in, the own fused kernel), one emulated GPU per rank, against the host
-# backend's one-device run: the losses within the bf16 tolerance (3e-2); the fp32 cores against
-# one device at 1e-4: tests/cli/test_exec.sh
+# backend's one-device run: the losses within the bf16 tolerance (3e-2) (2 micro-batches, 2
+# steps: the emulated tensor cores are slow); the fp32 cores against one device at 1e-4:
+# tests/cli/test_exec.sh
 # tiny-dense with 2 heads of 32 (the fused kernel's smallest head size; cuDNN's takes any
 # multiple of 8)
 python3 -c "import json, sys; m = json.load(open('models/tiny-dense.json'))
@@ -103,11 +104,12 @@ m.update(num_attention_heads=2, num_key_value_heads=1); json.dump(m, open(sys.ar
   "$tmp/tiny-d32.json"
 cp_run() { # NAME NP BACKEND ARGS...
   PIPER_EMU_GPUS=2 PIPER_CUDA_MEMORY=268435456 timeout 900 mpirun --oversubscribe -np "$2" \
-    build/emu/bin/piper-exec --backend "$3" --model "$tmp/tiny-d32.json" "${@:4}" --mbs 8 \
-    --warmup 0 --iters 3 --quiet --timeout 300 --no-charts --out "$tmp/$1" > "$tmp/$1.log" 2>&1
+    build/emu/bin/piper-exec --backend "$3" --model "$tmp/tiny-d32.json" "${@:4}" --mbs 2 \
+    --warmup 0 --iters 2 --quiet --timeout 300 --no-charts --out "$tmp/$1" > "$tmp/$1.log" 2>&1
 }
 if cp_run cp-host 1 host --pp-regions 1 --layout pp=1; then
   for core in cudnn fused; do
+    r=
     if PIPER_CUDA_GEMM=bf16 PIPER_CUDA_ATTENTION=$core cp_run "cp-$core" 2 cuda --layout cp=2 &&
       r=$(python3 - "$tmp/cp-host" "$tmp/cp-$core" << 'PY'
 import json, sys
@@ -115,7 +117,7 @@ a = json.load(open(sys.argv[1] + "/metrics.json"))["losses"]
 b = json.load(open(sys.argv[2] + "/metrics.json"))["losses"]
 worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print(f"worst loss {worst:.1e} (tol 3e-2)")
-sys.exit(0 if len(a) == len(b) == 3 and worst <= 3e-2 else 1)
+sys.exit(0 if len(a) == len(b) == 2 and worst <= 3e-2 else 1)
 PY
       ); then
       echo "ok: CP 2 on the $core attention core (bf16 GEMMs) = one device: $r"
