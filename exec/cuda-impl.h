@@ -217,6 +217,19 @@ void exec_cuda_adamw_step(struct exec_stream *s, float *params, const float *gra
 void exec_cuda_adamw_multi(struct exec_stream *s, const struct kernels_adamw_tensor *tensors,
                            int n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int step);
+/* cuDNN's attention could not run (e is why): forced (PIPER_CUDA_ATTENTION=cudnn), the stream
+ * fails with e (true: handled); in auto mode the own kernels take this call and every later
+ * one, said once (false) (backend_cuda_kernels.c) */
+bool exec_cuda_cudnn_refused(struct exec_stream *s, GError *e);
+/* the kernel table's context-parallel blocks (backend_cuda_attention_cp.c; kernels/ops.def's
+ * attention_block_forward and attention_block_backward) */
+void exec_cuda_attention_block_forward(struct exec_stream *s, float *y, float *lse, const float *q,
+                                       const float *k, const float *v,
+                                       const struct kernels_attention_block *b, bool merge);
+void exec_cuda_attention_block_backward(struct exec_stream *s, float *dq, float *dk, float *dv,
+                                        const float *dy, const float *y, const float *lse,
+                                        const float *q, const float *k, const float *v,
+                                        const struct kernels_attention_block *b);
 
 /* backend_cuda_gemm.c: a GEMM of a kernel entry (row-major, as kernels_gemm), pre saying which
  * operands are already bf16 (GEMM_A16, GEMM_B16: used as stored, with the ld given, so that

@@ -424,9 +424,6 @@ bool exec_tp_link_comm(struct exec_device *d, GError **err);
 /* Context parallelism (context_parallel.c). After exec_tp_device_init: d->cp_degree and
  * d->cp_rank. After the communicator keys: d->cp_comm. */
 bool exec_cp_device_init(struct exec_device *d, GError **err);
-/* Why the executor cannot run p's context parallelism on b (the end of a sentence), or NULL
- * (also without CP). */
-const char *exec_cp_refusal(const struct plan *p, const struct exec_backend *b);
 bool exec_cp_link_comm(struct exec_device *d, GError **err);
 /* The sequence block micro-batch k of step reads: the CP ranks of one replica read the same. */
 uint64_t exec_cp_data_block(const struct exec_device *d, uint32_t step, uint32_t k);

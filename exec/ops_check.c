@@ -36,6 +36,8 @@ static void node_uses(const struct ir_node *n, bool *uses) {
     uses[EXEC_USE_SELECTIVE_RECOMPUTE] = true;
   if (n->tp_degree > 1 && n->kind == IR_NODE_COMPUTE) /* a copies' sum splits its group too */
     uses[EXEC_USE_TENSOR_PARALLEL] = true;
+  if (n->cp_degree > 1 && n->kind == IR_NODE_COMPUTE)
+    uses[EXEC_USE_CONTEXT_PARALLEL] = true;
 }
 
 /* Over the whole plan, not one device's part of it: every rank then refuses alike. */

@@ -230,8 +230,17 @@ __global__ void rmsnorm_bwd_weight_k(float *dw, const float *dh, const float *x,
   }
 }
 
+// Position of row s of a sequence's S rows: s itself, or under context parallelism (cp > 1)
+// the global position of CP rank r's chunks r and 2 cp - 1 - r, S / 2 rows each.
+__device__ int rope_position(int s, int S, int cp, int r) {
+  if (cp <= 1)
+    return s;
+  int L = S / 2;
+  return s < L ? r * L + s : (2 * cp - 1 - r) * L + s - L;
+}
+
 __global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float factor, float lo,
-                       float hi, int old_ctx, bool inverse) {
+                       float hi, int old_ctx, bool inverse, int cp, int cp_rank) {
   int half = D / 2;
   size_t n = (size_t)B * S * H * half;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
@@ -240,7 +249,7 @@ __global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float 
     size_t rest = idx / half;
     int h = (int)(rest % H);
     size_t row = rest / H; // b * S + s
-    int s = (int)(row % S);
+    int s = rope_position((int)(row % S), S, cp, cp_rank);
     double angle = s * rope_inv_freq(i, D, theta, factor, lo, hi, old_ctx);
     float cs = (float)cos(angle), sn = (float)sin(angle);
     if (inverse)
@@ -794,12 +803,17 @@ void kc_rmsnorm_backward_weight(float *dw, const float *dh, const float *x, cons
     rmsnorm_bwd_weight_k<<<(C + 31) / 32, dim3(32, kNormGroups), 0, st>>>(dw, dh, x, rstd, T, C);
 }
 
-void kc_rope(float *x, int B, int S, int H, int D, float theta, float factor, float lo, float hi,
-             int old_ctx, bool inverse, cudaStream_t st) {
+void kc_rope_cp(float *x, int B, int S, int cp, int cp_rank, int H, int D, float theta,
+                float factor, float lo, float hi, int old_ctx, bool inverse, cudaStream_t st) {
   size_t n = (size_t)B * S * H * (D / 2);
   if (n)
     rope_k<<<blocks_for(n), kThreads, 0, st>>>(x, B, S, H, D, theta, factor, lo, hi, old_ctx,
-                                                inverse);
+                                                inverse, cp, cp_rank);
+}
+
+void kc_rope(float *x, int B, int S, int H, int D, float theta, float factor, float lo, float hi,
+             int old_ctx, bool inverse, cudaStream_t st) {
+  kc_rope_cp(x, B, S, 1, 0, H, D, theta, factor, lo, hi, old_ctx, inverse, st);
 }
 
 void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cudaStream_t st) {

@@ -7,7 +7,8 @@
 # and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe (also with
 # ZeRO-1, and ZeRO-2 with EP 2); tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
-# and context parallelism (CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2, CP 4 x TP 2, recomputation)
+# and context parallelism (CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2, CP 4 x TP 2, recomputation;
+# the first three also on the cuda backend, on the emulated GPU)
 # and uneven stages (3 + 5 layers; embedding and loss counted as layers), interleaved 1F1B with
 # M not a multiple of R, and tiny-moe with
 # experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
@@ -230,6 +231,40 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
       [ "$(losses "$T/pp2_cp2_rc_$g")" = "$(losses "$T/pp2_cp2")" ] && cmp -s "$T/pp2_cp2_rc_$g.params" "$T/pp2_cp2.params" &&
       ok || bad "recompute $g under CP is not bit-identical to storing activations"
   done
+  # ... and on the cuda backend (its blocks, exec/backend_cuda_attention_cp.c) on the emulated
+  # GPU (tests/gpu/emu/README.md; `make emu`, skipped without g++), one per rank (NCCL's path):
+  # the one-device losses and parameters within the emulated-CUDA tolerance of
+  # tools/gpu-check.sh (e) (1e-4 of the loss and of the largest parameter)
+  if command -v g++ >/dev/null && make -j2 -s --no-print-directory emu >"$T/emu.log" 2>&1; then
+    run_emu() {
+      local name=$1 np=$2; shift 2
+      PIPER_EMU_GPUS=$np PIPER_CUDA_MEMORY=268435456 timeout 900 "${MPIRUN[@]}" -np "$np" \
+        build/emu/bin/piper-exec --backend cuda --model $DENSE "$@" --warmup 0 --iters 3 --quiet \
+        --timeout 300 --out "$T/$name" --dump-params "$T/$name.params" >"$T/$name.log" 2>&1 ||
+        { bad "$name (emulated cuda): $(tail -3 "$T/$name.log")"; return 1; }
+    }
+    same_emu() {
+      python3 - "$T/$1" "$T/$2" <<'EOF' && ok || bad "$2 (emulated cuda) differs from one device"
+import array, json, sys
+la = json.load(open(sys.argv[1] + "/metrics.json"))["losses"]
+lb = json.load(open(sys.argv[2] + "/metrics.json"))["losses"]
+assert len(la) == len(lb) == 3, (la, lb)
+assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) <= 1e-4, ("loss", la, lb)
+pa, pb = array.array("f"), array.array("f")
+pa.frombytes(open(sys.argv[1] + ".params", "rb").read())
+pb.frombytes(open(sys.argv[2] + ".params", "rb").read())
+assert len(pa) == len(pb) > 0
+worst = max(abs(x - y) for x, y in zip(pa, pb)) / max(abs(x) for x in pa)
+assert worst <= 1e-4, ("parameters", worst)
+EOF
+    }
+    run_emu cp2_cuda 2 --layout cp=2 --mbs 8 && same_emu dense_ref cp2_cuda
+    run_emu cp2_tp2_cuda 4 --layout pp=1,tp=2,cp=2 --mbs 8 && same_emu dense_ref cp2_tp2_cuda
+    run_emu pp2_dp2_cp2_cuda 8 --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 4 &&
+      same_emu dense_ref pp2_dp2_cp2_cuda
+  else
+    echo "skip: CP on the emulated GPU (make emu: $(tail -1 "$T/emu.log" 2>/dev/null || echo no g++))"
+  fi
   # uneven stages: 3 + 5 of tiny-dense's 8 layers, and the first / last stage counts with the
   # embedding and the loss counted (2 + 3 + 2 + 1 over four stages)
   run uneven_pp2 2 --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8 && same_as dense_ref uneven_pp2

@@ -2,7 +2,7 @@
 # One memory rule (docs/design.md, "The memory rule"): the simulator's memory timeline and the
 # host executor's allocator
 # both follow the plan's allocation and release points, so on every plan of the equivalence
-# suite (tests/cli/test_exec.sh, test_tied.sh, test_recompute.sh) each device's peak memory, and every kind of
+# suite (and, for context parallelism, the cuda backend's on the emulated GPU too) (tests/cli/test_exec.sh, test_tied.sh, test_recompute.sh) each device's peak memory, and every kind of
 # its breakdown at the peak, agree within MEM_TOL (1%) of the peak between piper-sim and
 # piper-exec --backend host. Prints one table: plan, device, simulated and measured peak, error, breakdown.
 # MEM_PLANS=name,name runs a subset.
@@ -165,7 +165,11 @@ check() {
   fi
   launch=()
   [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe -np "$np")
-  if ! timeout 300 "${launch[@]}" "$BIN/piper-exec" --backend host --model "$model" "${args[@]}" \
+  # EXEC_BACKEND=cuda: the emulated GPU's piper-exec, one emulated GPU per rank
+  local exe="$BIN/piper-exec" backend=${EXEC_BACKEND:-host}
+  [ "$backend" = cuda ] && exe=build/emu/bin/piper-exec launch=(env PIPER_EMU_GPUS="$np"
+    PIPER_CUDA_MEMORY=268435456 "${launch[@]}")
+  if ! timeout 900 "${launch[@]}" "$exe" --backend "$backend" --model "$model" "${args[@]}" \
     --warmup 0 --iters 2 --quiet --timeout 60 --no-charts --out "$T/$name-exec" \
     >"$T/$name-exec.log" 2>&1; then
     bad "$name: piper-exec: $(tail -2 "$T/$name-exec.log")"
@@ -206,6 +210,17 @@ PY
 for p in "${plans[@]}"; do
   check profiles/host-cpu.json "$p"
 done
+# context parallelism on the cuda backend (its blocks: exec/backend_cuda_attention_cp.c), on the
+# emulated GPU (tests/gpu/emu/README.md; `make emu`, skipped without g++): the same allocator
+# points, so the same figures
+if command -v g++ >/dev/null && make -j2 -s --no-print-directory emu >"$T/emu.log" 2>&1; then
+  for p in "cp2 2 $DENSE --layout cp=2 --mbs 4" "cp2_tp2 4 $DENSE --layout pp=1,tp=2,cp=2 --mbs 4" \
+    "pp2_dp2_cp2 8 $DENSE --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 2"; do
+    EXEC_BACKEND=cuda check profiles/host-cpu.json "cuda_$p"
+  done
+else
+  echo "skip: CP on the emulated GPU (make emu: $(tail -1 "$T/emu.log" 2>/dev/null || echo no g++))"
+fi
 # bf16 models: the plan counts their tensors at 2 bytes per element and the ZeRO paper's
 # mixed-precision rates (params 2, grads 2, optimizer 12 bytes per parameter); piper-exec holds
 # everything in fp32 (tensors 4, params 4, grads 4, AdamW's m and v 8). A profile as piper-prof

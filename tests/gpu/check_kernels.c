@@ -281,12 +281,12 @@ static void check_attention_shape(struct check *c, const char *label,
  * rescales partial sums by exact-to-fp32 factors). */
 static void check_attention(struct check *c) {
   struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
-  struct kernels_attention_dims small = {B, S, H, KV, D, C, 10000.0f, &sc, NULL};
+  struct kernels_attention_dims small = {B, S, H, KV, D, C, 10000.0f, &sc, NULL, 0, 0};
   check_attention_shape(c, "", small);
   const struct kernels_attention_dims shapes[] = {
-      {1, 256, 8, 2, 64, 128, 500000.0f, &sc, NULL},
-      {2, 200, 8, 2, 128, 128, 500000.0f, &sc, NULL},
-      {3, 40, 4, 1, 32, 128, 500000.0f, &sc, NULL},
+      {1, 256, 8, 2, 64, 128, 500000.0f, &sc, NULL, 0, 0},
+      {2, 200, 8, 2, 128, 128, 500000.0f, &sc, NULL, 0, 0},
+      {3, 40, 4, 1, 32, 128, 500000.0f, &sc, NULL, 0, 0},
   };
   const char *labels[] = {"S256 H8/2 D64", "B2 S200 H8/2 D128", "B3 S40 H4/1 D32"};
   for (size_t i = 0; i < G_N_ELEMENTS(shapes); i++)
