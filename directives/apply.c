@@ -101,6 +101,9 @@ bool dir_filter_resolve(const struct dir_filter *f, const struct ir_graph *g, st
 
 static bool resolve(const struct apply *a, uint32_t d, const struct dir_filter *f,
                     struct ir_filter *out, GError **err) {
+  /* the message's context only when it fails: schedules resolve O(M) filters per rank */
+  if (dir_filter_resolve(f, a->g, out, "", NULL))
+    return true;
   char *ctx = g_strdup_printf("%s: directive %u (%s)", a->p->name, a->p->d[d].index,
                               dir_op_name(a->p->d[d].op));
   bool ok = dir_filter_resolve(f, a->g, out, ctx, err);

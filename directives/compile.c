@@ -393,9 +393,12 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
   r->mbs = r->graph->n_microbatches;
   r->program_file_name = sched_program_file_name(o->schedule.family, r->ranks, r->mbs);
   if (o->lower) {
-    cJSON *pj = dir_program_to_json(r->program);
-    char *text = cJSON_PrintUnformatted(pj);
-    cJSON_Delete(pj);
+    char *text = NULL;
+    if (!o->no_program_text) {
+      cJSON *pj = dir_program_to_json(r->program);
+      text = cJSON_PrintUnformatted(pj);
+      cJSON_Delete(pj);
+    }
     r->graph->cost_model = o->cost_model;
     r->plan = plan_lower(r->graph, text, err);
     cJSON_free(text);

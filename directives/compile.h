@@ -47,6 +47,9 @@ struct compile_options {
   bool default_streams;          /* drop the streams place and shard name: what the choice costs */
   GString *notes;                /* not NULL: gets notes for the user, a line each (what an
                                     imported CSV's reader skipped) */
+  /* the plan keeps no text of the program (plan.program_json NULL): for callers that write no
+   * plan (the planner); printing an O(M x ranks) order program was a tenth of its compile */
+  bool no_program_text;
 };
 
 struct compile_result {

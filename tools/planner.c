@@ -79,6 +79,7 @@ struct plan *planner_compile_config(const struct planner_config *c, const char *
   o.schedule.mbs = c->microbatches;
   o.schedule.ranks = c->ranks;
   o.cost_model = prof->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+  o.no_program_text = true; /* no plan is written */
   return compile_take_plan(&o, err);
 }
 
@@ -546,6 +547,7 @@ static void check_one_layout(struct layout_check *lc, const struct planner *pl) 
   o.micro_batch_size = lc->micro_batch_size;
   o.schedule.mbs = 1;
   o.cost_model = pl->profile->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+  o.no_program_text = true;
   GError *e = NULL;
   struct plan *plan = compile_take_plan(&o, &e);
   if (!plan) {
