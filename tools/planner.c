@@ -248,6 +248,16 @@ static const struct {
     {LAYOUT_V, SCHED_ZBV, 2},               {LAYOUT_V, SCHED_DUALPIPEV, 2},
 };
 
+/* A device class of a layout's one-micro-batch plan (class_bounds). */
+struct bound_class {
+  double static_bytes;
+  uint32_t first, count; /* its stages in layout_check.saved */
+};
+struct stage_saved {
+  int32_t stage;
+  double bytes; /* one micro-batch's forward of the stage, held until its backward */
+};
+
 /* One distinct layout spec (with its micro-batch size): checked once by the compiler itself,
  * its static memory (parameters, gradients, optimizer state: what no schedule changes) the
  * lower bound of every configuration's peak. */
@@ -256,6 +266,11 @@ struct layout_check {
   int64_t micro_batch_size;
   char *error;           /* the compiler's refusal, or NULL */
   double static_bytes;   /* max over device classes: held the whole step, whatever the schedule */
+  /* per device class of the one-micro-batch plan: its static memory and, per stage it runs,
+   * what one micro-batch's forward leaves for that stage's backward (memory_bound) */
+  uint32_t n_classes;
+  struct bound_class *classes;
+  GArray *saved; /* struct stage_saved, classes[k].first .. + count */
 };
 
 /* Enumeration state: the configurations so far, the distinct layouts and the model's shape. */
@@ -535,11 +550,54 @@ struct layout_pool {
   gint next;
 };
 
+/* The memory every configuration of a layout must hold, from its one-micro-batch plan, by
+ * device class: the static memory (parameters, gradients, optimizer state: the whole step) and,
+ * for each stage the class runs, the bytes of tensors a forward node of the stage produces and a
+ * backward node (B, BI or BW) of the same stage releases: one micro-batch's activations saved
+ * for backward. Every micro-batch holds the same (its shapes are the micro-batch size's). */
+static void class_bounds(struct layout_check *lc, const struct plan *p,
+                         const struct profile *prof) {
+  int pp_tag = -1;
+  for (uint32_t t = 0; t < p->n_tags; t++)
+    if (strcmp(p->tag_names[t], "PP") == 0)
+      pp_tag = (int)t;
+  lc->n_classes = p->n_classes;
+  lc->classes = g_new0(struct bound_class, p->n_classes);
+  lc->saved = g_array_new(FALSE, FALSE, sizeof(struct stage_saved));
+  for (uint32_t k = 0; k < p->n_classes; k++) {
+    const struct plan_class *c = &p->classes[k];
+    struct bound_class *bc = &lc->classes[k];
+    uint64_t bytes[REPORT_MEM_KIND_COUNT];
+    sim_static_memory_held(p, c, prof, bytes);
+    for (int b = 0; b < REPORT_MEM_KIND_COUNT; b++)
+      bc->static_bytes += (double)bytes[b];
+    lc->static_bytes = fmax(lc->static_bytes, bc->static_bytes);
+    bc->first = lc->saved->len;
+    for (uint32_t t = 0; t < c->n_tensors && pp_tag >= 0; t++) {
+      const struct ir_node *from = &p->nodes[c->instrs[c->tensors[t].producer].node];
+      const struct ir_node *to = &p->nodes[c->instrs[c->tensors[t].release].node];
+      if (from->kind != IR_NODE_COMPUTE || from->pass != IR_PASS_F ||
+          to->kind != IR_NODE_COMPUTE || from->tags[pp_tag] < 0 ||
+          to->tags[pp_tag] != from->tags[pp_tag] ||
+          (to->pass != IR_PASS_B && to->pass != IR_PASS_BI && to->pass != IR_PASS_BW))
+        continue;
+      uint32_t j = bc->first;
+      while (j < lc->saved->len &&
+             g_array_index(lc->saved, struct stage_saved, j).stage != from->tags[pp_tag])
+        j++;
+      if (j == lc->saved->len)
+        g_array_append_val(lc->saved, ((struct stage_saved){.stage = from->tags[pp_tag]}));
+      g_array_index(lc->saved, struct stage_saved, j).bytes += (double)c->tensors[t].bytes;
+    }
+    bc->count = lc->saved->len - bc->first;
+  }
+}
+
 /* Compiles the layout with one micro-batch and no schedule: every rewrite's rule runs (the
- * schedules' were checked already), and the plan's classes give the static memory. (The peak of
- * the one-micro-batch step is no bound: a schedule's order can hold less at once; nor is its
- * compute a throughput ceiling: contention with communication slows it. test_planner found
- * both.) */
+ * schedules' were checked already), and the plan's classes give the memory bound (class_bounds).
+ * (The peak of the one-micro-batch step is no bound: a schedule's order can hold less at once;
+ * nor is its compute a throughput ceiling: contention with communication slows it. test_planner
+ * found both.) */
 static void check_one_layout(struct layout_check *lc, const struct planner *pl) {
   struct compile_options o = compile_options_default();
   o.model_path = pl->request.model_path;
@@ -555,15 +613,60 @@ static void check_one_layout(struct layout_check *lc, const struct planner *pl) 
     g_error_free(e);
     return;
   }
-  for (uint32_t k = 0; k < plan->n_classes; k++) {
-    uint64_t bytes[REPORT_MEM_KIND_COUNT];
-    sim_static_memory_held(plan, &plan->classes[k], pl->profile, bytes);
-    double sum = 0;
-    for (int b = 0; b < REPORT_MEM_KIND_COUNT; b++)
-      sum += (double)bytes[b];
-    lc->static_bytes = fmax(lc->static_bytes, sum);
-  }
+  class_bounds(lc, plan, pl->profile);
   plan_free(plan);
+}
+
+/* The most one-micro-batch activations (saved[], by stage) the order of rank r holds at once:
+ * after each slot, the micro-batches whose forward of a stage has run (F) and whose backward
+ * of it has not started (B or BI). A slot starts when every node of the one before has ended
+ * (the order's temporal edges), and every backward waits for the loss, so at that instant each
+ * of them holds its saved tensors: allocated by their producer, released by their backward. */
+static double schedule_held(const struct sched_rank *r, const struct stage_saved *saved,
+                            uint32_t n_saved) {
+  double held = 0, most = 0;
+  for (uint32_t s = 0; s < r->n_slots; s++) {
+    for (uint32_t a = 0; a < r->slots[s].n_actions; a++) {
+      const struct sched_action *act = &r->slots[s].actions[a];
+      double sign = act->pass == IR_PASS_F ? 1 : act->pass == IR_PASS_B || act->pass == IR_PASS_BI
+                                                     ? -1
+                                                     : 0;
+      for (uint32_t j = 0; j < n_saved && sign != 0; j++)
+        if (saved[j].stage == act->stage)
+          held += sign * saved[j].bytes;
+    }
+    most = fmax(most, held);
+  }
+  return most;
+}
+
+/* Lower bound of configuration c's peak (bytes): over the layout's device classes, the static
+ * memory plus the activations its schedule's order holds at once (schedule_held). The
+ * schedule is the builder's own (the one the compiler will order by); 0 when it cannot be
+ * built (the compiler's checks refused it before). */
+static double memory_bound(const struct layout_check *lc, const struct planner_config *c) {
+  struct layout l;
+  if (!layout_parse(c->layout, &l, NULL))
+    return lc->static_bytes;
+  uint32_t stages = layout_stages(&l);
+  g_autofree int32_t *stage_rank = g_new(int32_t, stages);
+  for (uint32_t st = 0; st < stages; st++)
+    stage_rank[st] = (int32_t)layout_stage_rank(&l, st);
+  struct sched_layout sl = {.n_ranks = l.pp, .n_stages = stages, .stage_rank = stage_rank};
+  for (uint32_t i = 0; i < l.n_recompute; i++)
+    sl.recompute |= l.recompute[i].granularity == IR_RECOMPUTE_FULL;
+  struct sched_program *sp = sched_build(c->schedule, &sl, c->microbatches, NULL);
+  double bound = lc->static_bytes;
+  for (uint32_t k = 0; k < lc->n_classes && sp; k++) {
+    const struct bound_class *bc = &lc->classes[k];
+    const struct stage_saved *saved = &g_array_index(lc->saved, struct stage_saved, bc->first);
+    double held = 0;
+    if (bc->count > 0 && saved[0].stage >= 0 && (uint32_t)saved[0].stage < stages)
+      held = schedule_held(&sp->ranks[stage_rank[saved[0].stage]], saved, bc->count);
+    bound = fmax(bound, bc->static_bytes + held);
+  }
+  sched_program_free(sp);
+  return bound;
 }
 
 static gpointer layout_worker(gpointer data) {
@@ -600,7 +703,7 @@ static void check_layouts(struct space *s) {
       planner_config_clear(c);
       continue;
     }
-    c->memory_bound_bytes = lc->static_bytes;
+    c->memory_bound_bytes = memory_bound(lc, c);
     c->order = kept;
     g_hash_table_add(distinct, c->layout);
     g_array_index(s->configs, struct planner_config, kept++) = *c;
@@ -643,6 +746,9 @@ static bool load_model_shape(struct planner *pl, struct space *s, GError **err) 
 
 static void layout_check_free(gpointer p) {
   struct layout_check *lc = p;
+  g_free(lc->classes);
+  if (lc->saved)
+    g_array_free(lc->saved, TRUE);
   g_free(lc->spec);
   g_free(lc->error);
   g_free(lc);
