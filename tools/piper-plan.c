@@ -263,13 +263,15 @@ static void plan_print_commands(const struct planner *pl, const struct planner_c
   g_autofree char *model = shell_word(pl->request.model_path);
   g_autofree char *profile = shell_word(pl->request.profile_path);
   g_autofree char *layout = shell_word(c->layout);
-  g_autofree char *size = c->micro_batch_size && c->micro_batch_size != pl->model_micro_batch_size
-                              ? g_strdup_printf(" --micro-batch-size %lld",
-                                                (long long)c->micro_batch_size)
-                              : g_strdup("");
-  g_autofree char *what = g_strdup_printf("--model %s --layout %s --schedule %s --mbs %u%s",
-                                          model, layout, sched_family_name(c->schedule),
-                                          c->microbatches, size);
+  /* Megatron's names, both sizes spelled out (the model file's defaults may change) */
+  g_autofree char *seq = pl->request.seq_len > 0
+                             ? g_strdup_printf(" --seq-length %lld", (long long)pl->request.seq_len)
+                             : g_strdup("");
+  g_autofree char *what = g_strdup_printf(
+      "--model %s --layout %s --schedule %s --micro-batch-size %lld --num-micro-batches %u%s",
+      model, layout, sched_family_name(c->schedule),
+      (long long)(c->micro_batch_size ? c->micro_batch_size : pl->model_micro_batch_size),
+      c->microbatches, seq);
   bool host = pl->profile->synthetic || strstr(pl->profile->name, "host") != NULL;
   printf("  run #1:\n    %s %s --profile %s\n", sim, what, profile);
   /* --allow-run-as-root: runs as root (containers) and as a user alike, as the README's */
@@ -310,8 +312,8 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
          "compiler's checks): %u feasible, %u over the memory cap, %u failed\n",
          pl->n_configs, pl->n_layouts, pl->check_seconds + pl->seconds, pl->threads_used,
          pl->check_seconds, feasible, over, failed);
-  printf("  simulated %u; %u over the cap by their parameters, gradients and optimizer state "
-         "alone (not simulated)\n",
+  printf("  simulated %u; %u over the cap by their memory bound (parameters, gradients, "
+         "optimizer state and the activations their schedule holds at once; not simulated)\n",
          pl->n_simulated, bounded);
   if (pl->skipped->len) {
     gchar **lines = g_strsplit(pl->skipped->str, "\n", -1);

@@ -1,8 +1,8 @@
 /* planner: which configuration should I run? Enumerates a table of dimensions (tp, pp, ep, stage
  * shape with uneven stages, ZeRO, recomputation, micro-batch size, schedule; planner.c's
  * planner_dimensions), keeps only what the compiler accepts (its own checks: layout_parse,
- * sched_check, one compile of each distinct layout), leaves out unsimulated what its static
- * memory puts over the cap, compiles and simulates the rest on a thread pool, and ranks them by
+ * sched_check, one compile of each distinct layout), leaves out unsimulated what its memory
+ * bound (static memory and the activations its schedule holds) puts over the cap, compiles and simulates the rest on a thread pool, and ranks them by
  * throughput among those under the memory cap (the others by memory over it). A sweep (sweep.h)
  * is the same evaluation of a list the user wrote. *
  *   GError *err = NULL;
@@ -63,8 +63,9 @@ struct planner_config {
   const char *memory_choice;   /* a planner_memory_choices name, or "" */
   uint32_t order;              /* position in the enumeration: ties rank in this order */
   uint32_t layout_check;       /* the planner's: index of its distinct layout while enumerating */
-  /* Lower bound of the peak (bytes): the static memory of the compiled layout (parameters,
-   * gradients, optimizer state), which no schedule or micro-batch count changes. 0: none. */
+  /* Lower bound of the peak (bytes), on the device class where it is largest: the static
+   * memory of the compiled layout (parameters, gradients, optimizer state) plus the
+   * activations the schedule's order holds at once (planner.c, memory_bound). 0: none. */
   double memory_bound_bytes;
   bool bounded; /* over the cap by the bound alone: not simulated (peak_memory_bytes = bound) */
   /* results */

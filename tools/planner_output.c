@@ -44,8 +44,9 @@ void planner_csv_field(FILE *f, const char *s) {
 /* Why a row is not feasible, in the words of the CSV's reason column. */
 static char *infeasible_reason(const struct planner_config *c) {
   if (c->bounded)
-    return g_strdup_printf("parameters, gradients and optimizer state alone %.3f GiB, over the "
-                           "cap of %.3f GiB (not simulated)",
+    return g_strdup_printf("at least %.3f GiB (parameters, gradients, optimizer state and the "
+                           "activations its schedule holds at once), over the cap of %.3f GiB "
+                           "(not simulated)",
                            c->peak_memory_bytes / GIB, c->memory_cap_bytes / GIB);
   if (c->status == PLANNER_OVER_CAP)
     return g_strdup_printf("peak memory %.3f GiB over the cap of %.3f GiB",

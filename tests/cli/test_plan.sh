@@ -38,12 +38,21 @@ else
 fi
 # the pick's commands: the printed piper-sim line runs as printed and gives the pick's figures
 # (iteration time, throughput, peak memory: plan.csv's rank 1), on the unit profile and on a real
-# model and profile where device classes collapse; the mpirun line names piper-exec with the
-# root-safe variables
-rerun_pick() {  # rerun_pick NAME STDOUT PLANCSV
-  local cmd
+# model and profile where device classes collapse; both lines use Megatron's names
+# (--micro-batch-size, --num-micro-batches; --seq-length when the search set it); the mpirun
+# line names piper-exec with the root-safe variables and, on a host profile, runs as printed
+rerun_pick() {  # rerun_pick NAME STDOUT PLANCSV [exec]
+  local cmd run
   cmd=$(grep -A1 '^  run #1:$' "$2" | sed -n '2s/^    //p')
+  run=$(grep -A2 '^  run #1:$' "$2" | sed -n '3s/^    //p')
   case "$cmd" in "$BIN/piper-sim "*) ;; *) fail "$1: no piper-sim command: $(cat "$2")"; return;; esac
+  python3 - "$3" "$cmd" "$run" <<'PY' && ok "$1: the commands give the pick's sizes in Megatron's names" || fail "$1: sizes: $cmd / $run"
+import csv, sys
+pick = next(csv.DictReader(open(sys.argv[1])))
+want = "--micro-batch-size %s --num-micro-batches %s" % (pick["micro_batch_size"], pick["num_microbatches"])
+for line in sys.argv[2:]:
+    assert want in line and "--mbs" not in line, (want, line)
+PY
   if ! eval "$cmd --out \"$tmp/rerun-$1\" --no-charts --no-sensitivity" > /dev/null 2>&1; then
     fail "$1: the printed command fails: $cmd"; return
   fi
@@ -59,9 +68,20 @@ assert abs(float(pick["peak_memory_gib"]) - m["peak_memory_bytes_max"] / 2**30) 
 PY
   grep -A2 '^  run #1:$' "$2" | sed -n 3p | grep -q "^    .*mpirun --allow-run-as-root -np [0-9]* .*$BIN/piper-exec --backend [a-z]* --model " \
     && ok "$1: the mpirun command" || fail "$1: mpirun line: $(grep -A2 '^  run #1:$' "$2")"
+  [ "${4:-}" = exec ] || return 0
+  # as printed (as root or not: --allow-run-as-root), with only a fresh output directory added
+  if eval "$run --out \"$tmp/exec-$1\"" > "$tmp/exec-$1.log" 2>&1 &&
+     grep -q '^piper-exec: final loss [0-9.]*, .* over 20 measured steps' "$tmp/exec-$1.log"; then
+    ok "$1: the printed mpirun command trains"
+  else
+    fail "$1: the printed mpirun command fails: $run: $(tail -3 "$tmp/exec-$1.log")"
+  fi
 }
-"$PLAN" "${small[@]}" --out "$tmp/pick" > "$tmp/stdout" 2>/dev/null && rerun_pick tiny "$tmp/stdout" "$tmp/pick/plan.csv" \
+"$PLAN" "${small[@]}" --out "$tmp/pick" > "$tmp/stdout" 2>/dev/null && rerun_pick tiny "$tmp/stdout" "$tmp/pick/plan.csv" exec \
   || fail "plan for the pick"
+"$PLAN" "${small[@]}" --seq-length 32 --micro-batch-size 1,2 --out "$tmp/pick-seq" > "$tmp/stdout" 2>/dev/null &&
+  grep -A2 '^  run #1:$' "$tmp/stdout" | grep -c -- '--seq-length 32' | grep -qx 2 &&
+  rerun_pick tiny-seq "$tmp/stdout" "$tmp/pick-seq/plan.csv" || fail "the pick's commands carry --seq-length: $(cat "$tmp/stdout")"
 "$PLAN" --model models/qwen1.5-moe-a2.7b.json --devices 16 --pp 2 --tp 1 --max-interleave 1 --profile profiles/h100-sxm.json \
   --global-batch 64 --out "$tmp/pickq" --no-charts --quiet > "$tmp/stdout" 2>/dev/null \
   && rerun_pick qwen "$tmp/stdout" "$tmp/pickq/plan.csv" || fail "plan for the qwen pick"
