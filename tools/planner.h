@@ -2,9 +2,10 @@
  * shape with uneven stages, ZeRO, recomputation, micro-batch size, schedule; planner.c's
  * planner_dimensions), keeps only what the compiler accepts (its own checks: layout_parse,
  * sched_check, one compile of each distinct layout), leaves out unsimulated what its memory
- * bound (static memory and the activations its schedule holds) puts over the cap, compiles and simulates the rest on a thread pool, and ranks them by
- * throughput among those under the memory cap (the others by memory over it). A sweep (sweep.h)
- * is the same evaluation of a list the user wrote. *
+ * bound (static memory and the activations its schedule holds) puts over the cap, compiles and
+ * simulates the rest on a thread pool, and ranks them by throughput among those under the
+ * memory cap (the others by memory over it). A sweep (sweep.h) is the same evaluation of a
+ * list the user wrote. *
  *   GError *err = NULL;
  *   struct planner_request rq = planner_request_default();
  *   rq.model_path = "models/tiny-moe.json";
