@@ -74,6 +74,7 @@ struct plan *planner_compile_config(const struct planner_config *c, const char *
   o.pp_regions = c->layout ? 0 : c->pp_regions;
   o.micro_batch_size = c->micro_batch_size;
   o.seq_len = seq_len;
+  o.fp8 = c->fp8;
   o.have_schedule = true;
   o.schedule.family = c->schedule;
   o.schedule.mbs = c->microbatches;
@@ -280,6 +281,7 @@ struct space {
   GPtrArray *layouts;      /* struct layout_check *, in enumeration order */
   GHashTable *layout_index; /* "spec|mbs" -> index + 1 */
   int64_t layers, experts;
+  enum model_dtype dtype;
   GHashTable *skip_reasons; /* reason -> count */
   GHashTable *skip_example; /* reason -> the first refusal's message */
 };
@@ -300,6 +302,7 @@ struct candidate {
   uint32_t devices_left;      /* devices no dimension took yet: dp takes the rest */
   const struct planner_memory_choice *memory;
   const char *recompute;      /* a --layout recompute= value, or "none" */
+  const char *fp8;            /* a --fp8 value, or NULL: the model file's */
   int64_t micro_batch_size;
   uint32_t microbatches;
   enum sched_family schedule;
@@ -309,8 +312,12 @@ struct candidate {
 static char *candidate_spec(const struct candidate *c) {
   GString *g = g_string_new("");
   g_string_append_printf(g, "pp=%u,dp=%u,ep=%u", c->l.pp, c->l.dp, c->l.ep);
+  if (c->l.etp)
+    g_string_append_printf(g, ",etp=%u", c->l.etp);
   if (c->l.tp > 1)
     g_string_append_printf(g, ",tp=%u%s", c->l.tp, c->l.sequence_parallel ? ",sp" : "");
+  if (c->l.cp > 1)
+    g_string_append_printf(g, ",cp=%u", c->l.cp);
   if (c->l.shape == LAYOUT_V)
     g_string_append(g, ",v");
   else if (c->l.shape == LAYOUT_INTERLEAVED)
@@ -365,14 +372,56 @@ static void expand_pp(struct space *s, uint32_t dim, const struct candidate *c) 
   }
 }
 
-/* ep: experts replicated, or sharded over the data-parallel group where the model has them. */
+/* The FP8 recipes by name (the model loader's): configurations keep these, not the caller's
+ * strings. NULL: not a recipe. */
+static const char *fp8_recipe(const char *name) {
+  static const char *const recipes[] = {"none", "tensorwise", "blockwise"};
+  for (size_t i = 0; i < G_N_ELEMENTS(recipes); i++)
+    if (strcmp(name, recipes[i]) == 0)
+      return recipes[i];
+  return NULL;
+}
+
+/* cp: the context-parallel degrees of --cp (default 1: none) that divide the devices left;
+ * whether the sequence splits into 2 x cp chunks is the compiler's check. */
+static void expand_cp(struct space *s, uint32_t dim, const struct candidate *c) {
+  static const uint32_t none[] = {1};
+  const struct planner_request *rq = &s->pl->request;
+  const uint32_t *cps = rq->cp ? rq->cp : none;
+  uint32_t n_cp = rq->cp ? rq->n_cp : G_N_ELEMENTS(none);
+  for (uint32_t i = 0; i < n_cp; i++) {
+    if (cps[i] == 0 || c->devices_left % cps[i] != 0)
+      continue;
+    struct candidate d = *c;
+    d.l.cp = cps[i];
+    d.devices_left /= cps[i];
+    next_dimension(s, dim, &d);
+  }
+}
+
+/* ep: experts replicated (1), or sharded over ep of a stage's tp x cp x dp ranks (expert
+ * parallelism as its own size, Megatron's expert-model-parallel groups), each expert with the
+ * dense layers' TP or, under tensor parallelism, none (etp=1: every tp > 1 here has the
+ * sequence parallelism that needs): ep x etp dividing the stage's ranks, ep the experts
+ * (--ep LIST narrows the sizes). Context parallelism shards no experts yet (layout_parse). */
 static void expand_ep(struct space *s, uint32_t dim, const struct candidate *c) {
+  const struct planner_request *rq = &s->pl->request;
   struct candidate d = *c;
   d.l.ep = 1;
+  d.l.etp = 0;
   next_dimension(s, dim, &d);
-  if (c->l.dp > 1 && s->experts > 0) {
-    d.l.ep = c->l.dp;
-    next_dimension(s, dim, &d);
+  if (s->experts <= 0 || c->l.cp > 1)
+    return;
+  uint32_t ranks = c->l.tp * c->l.cp * c->l.dp;
+  for (uint32_t k = 0; k < (c->l.tp > 1 ? 2u : 1u); k++) {
+    uint32_t etp = k == 0 ? c->l.tp : 1;
+    for (uint32_t ep = 2; ep <= ranks / etp; ep++) {
+      if ((ranks / etp) % ep != 0 || s->experts % ep != 0 || !in_list(rq->ep, rq->n_ep, ep))
+        continue;
+      d.l.ep = ep;
+      d.l.etp = k == 0 ? 0 : etp; /* 0: the layout's default, tp */
+      next_dimension(s, dim, &d);
+    }
   }
 }
 
@@ -460,6 +509,17 @@ static void expand_micro_batch(struct space *s, uint32_t dim, const struct candi
   }
 }
 
+/* fp8: the recipes of --fp8 (default: the model file's; planner_new checked the profile has an
+ * FP8 peak and the model is bf16). */
+static void expand_fp8(struct space *s, uint32_t dim, const struct candidate *c) {
+  const struct planner_request *rq = &s->pl->request;
+  for (uint32_t i = 0; i < (rq->fp8 ? rq->n_fp8 : 1); i++) {
+    struct candidate d = *c;
+    d.fp8 = rq->fp8 ? fp8_recipe(rq->fp8[i]) : NULL;
+    next_dimension(s, dim, &d);
+  }
+}
+
 /* schedule: the families of the stage shape (schedule_table). */
 static void expand_schedule(struct space *s, uint32_t dim, const struct candidate *c) {
   for (size_t t = 0; t < G_N_ELEMENTS(schedule_table); t++)
@@ -473,17 +533,18 @@ static void expand_schedule(struct space *s, uint32_t dim, const struct candidat
 
 /* The dimensions of the search, outermost first: each is one function that gives a candidate
  * each of its values. Enumeration order (ties rank in it) follows this table. A new dimension
- * (context parallelism, expert parallelism as its own size, FP8) is one row here, a field of
- * struct candidate and its key in candidate_spec; the compiler's checks at the leaf
- * (add_candidate) keep whatever it cannot run out. */
+ * is one row here, a field of struct candidate and its key in candidate_spec (or, like fp8,
+ * its compile option); the compiler's checks at the leaf (add_candidate) keep whatever it
+ * cannot run out. */
 static const struct {
   const char *name;
   void (*expand)(struct space *s, uint32_t dim, const struct candidate *c);
 } planner_dimensions[] = {
-    {"tp", expand_tp},           {"pp", expand_pp},
-    {"ep", expand_ep},           {"stages", expand_stages},
-    {"zero", expand_zero},       {"recompute", expand_recompute},
-    {"micro-batch size", expand_micro_batch}, {"schedule", expand_schedule},
+    {"tp", expand_tp},           {"cp", expand_cp},
+    {"pp", expand_pp},           {"ep", expand_ep},
+    {"stages", expand_stages},   {"zero", expand_zero},
+    {"recompute", expand_recompute}, {"micro-batch size", expand_micro_batch},
+    {"fp8", expand_fp8},         {"schedule", expand_schedule},
 };
 
 /* The compiler's rules first (the layout's own and the schedule builder's, both cheap); the
@@ -530,6 +591,9 @@ static void add_candidate(struct space *s, const struct candidate *c) {
   pc.dp = l.dp;
   pc.ep = l.ep;
   pc.tp = l.tp;
+  pc.cp = l.cp;
+  pc.etp = l.etp;
+  pc.fp8 = c->fp8;
   pc.stages = stages;
   pc.memory_choice = c->memory->name;
   pc.layout_check = li - 1;
@@ -732,6 +796,28 @@ static void describe_skips(struct space *s) {
   g_free(keys);
 }
 
+/* --fp8's recipes: known names, and FP8 only on a bf16 model and a profile with an FP8 peak
+ * (the simulator's and the loader's rules, refused here in one line before any search). */
+static bool check_fp8(const struct planner *pl, enum model_dtype dtype, GError **err) {
+  const struct planner_request *rq = &pl->request;
+  for (uint32_t i = 0; rq->fp8 && i < rq->n_fp8; i++) {
+    if (!fp8_recipe(rq->fp8[i]))
+      return piper_input_error(err, "--fp8: \"%s\" is not an FP8 recipe (tensorwise, blockwise "
+                                    "or none)",
+                               rq->fp8[i]);
+    if (strcmp(rq->fp8[i], "none") == 0)
+      continue;
+    if (dtype != MODEL_DTYPE_BF16)
+      return piper_input_error(err, "--fp8 %s: %s is not a bf16 model (\"piper.dtype\")",
+                               rq->fp8[i], rq->model_path);
+    if (!pl->profile->synthetic && !(pl->profile->peak_flops[MODEL_DTYPE_FP8] > 0))
+      return piper_input_error(err, "--fp8 %s: profile %s has no FP8 peak (\"peak_tflops\"."
+                                    "\"fp8\"): its device runs no FP8 GEMMs",
+                               rq->fp8[i], pl->profile->name);
+  }
+  return true;
+}
+
 static bool load_model_shape(struct planner *pl, struct space *s, GError **err) {
   struct model *m = model_load_file(pl->request.model_path, 0, err);
   if (!m)
@@ -740,6 +826,8 @@ static bool load_model_shape(struct planner *pl, struct space *s, GError **err) 
   s->experts = m->num_experts;
   pl->model_name = g_strdup(m->name);
   pl->model_micro_batch_size = m->micro_batch_size;
+  pl->model_fp8 = model_fp8_name(m->fp8);
+  s->dtype = m->dtype;
   model_free(m);
   return true;
 }
@@ -791,7 +879,7 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
   bool ok = load_model_shape(pl, &s, err);
   if (ok) {
     pl->profile = profile_load_file(rq->profile_path, err);
-    ok = pl->profile != NULL;
+    ok = pl->profile != NULL && check_fp8(pl, s.dtype, err);
   }
   int64_t own = pl->model_micro_batch_size;
   if (ok && !rq->micro_batch_sizes) {
@@ -806,6 +894,9 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
   pl->request.micro_batch_sizes = NULL; /* the caller's arrays (or `own`): not kept */
   pl->request.pp = NULL;
   pl->request.tp = NULL;
+  pl->request.cp = NULL;
+  pl->request.ep = NULL;
+  pl->request.fp8 = NULL;
   pl->request.recompute = NULL;
   pl->check_seconds = piper_clock_seconds() - t0;
   g_hash_table_destroy(s.skip_reasons);

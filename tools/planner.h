@@ -61,6 +61,9 @@ struct planner_config {
   int64_t micro_batch_size; /* 0: the model file's */
   uint32_t profile;         /* index into the evaluation's profiles */
   uint32_t pp, dp, ep, tp, stages; /* from the layout (0 for a directive file) */
+  uint32_t cp, etp;                /* from the layout: 1, and 0 where etp is tp's */
+  const char *fp8; /* --fp8 of the compile ("none", "tensorwise", "blockwise"); NULL: the model
+                    * file's piper.fp8 */
   const char *memory_choice;   /* a planner_memory_choices name, or "" */
   uint32_t order;              /* position in the enumeration: ties rank in this order */
   uint32_t layout_check;       /* the planner's: index of its distinct layout while enumerating */
@@ -117,6 +120,15 @@ struct planner_request {
   const uint32_t *tp;       /* tensor-parallel degrees to try (each with sequence parallelism);
                              * NULL: 1, 2, 4 and 8 where they divide the devices and the model */
   uint32_t n_tp;
+  const uint32_t *cp;       /* context-parallel degrees to try; NULL: 1 (none) */
+  uint32_t n_cp;
+  const uint32_t *ep;       /* expert-parallel sizes to try besides 1 (MoE models); NULL: every
+                             * size that divides the experts and a stage's ranks */
+  uint32_t n_ep;
+  /* FP8 recipes to try ("none", "tensorwise", "blockwise"; the profile must have an FP8 peak
+   * and the model be bf16); NULL: the model file's */
+  const char *const *fp8;
+  uint32_t n_fp8;
   uint32_t max_interleave;  /* interleaved 1F1B with 2 .. this many stages per rank */
   uint32_t threads;         /* 0: one per core */
   bool progress;
@@ -135,6 +147,7 @@ struct planner {
   double memory_cap_bytes;
   char *model_name;
   int64_t model_micro_batch_size;
+  const char *model_fp8; /* the model file's piper.fp8 ("none" when absent) */
   uint32_t n_configs;
   struct planner_config *configs; /* ranked after planner_run */
   uint32_t n_layouts;             /* distinct layouts enumerated */

@@ -26,7 +26,7 @@ small=(--model models/tiny-dense.json --devices 4 --profile profiles/unit.json -
 if "$PLAN" "${small[@]}" --pp 4 --out "$tmp/p" > "$tmp/stdout" 2> "$tmp/stderr"; then
   ok "plan exits 0"
   [ "$(wc -l < "$tmp/p/plan.csv")" -eq 7 ] && ok "plan.csv: 6 configurations" || fail "rows: $(cat "$tmp/p/plan.csv")"
-  sed -n 2p "$tmp/p/plan.csv" | grep -q '^1,ok,zerobubble,"pp=4,dp=1,ep=1",4,1,1,1,4,zero0,2,8,0.027,' \
+  sed -n 2p "$tmp/p/plan.csv" | grep -q '^1,ok,zerobubble,"pp=4,dp=1,ep=1",4,1,1,1,1,1,none,4,zero0,2,8,0.027,' \
     && ok "rank 1: zero-bubble, 27 ms" || fail "rank 1: $(sed -n 2p "$tmp/p/plan.csv")"
   grep -q '^  #1 zerobubble pp=4,dp=1,ep=1, 8 micro-batches' "$tmp/stdout" && grep -q "beats #2 by 6 ms" "$tmp/stdout" \
     && ok "summary: the best and why" || fail "summary: $(cat "$tmp/stdout")"
@@ -90,7 +90,7 @@ PY
 # searched as 2 + 14 x 4 + 3 (the spec is simulated as --layout takes it)
 "$PLAN" --model models/deepseek-v3.json --devices 16 --pp 16 --tp 1 --schedules 1f1b --max-interleave 1 \
   --profile profiles/h100-sxm.json --global-batch 32 --out "$tmp/uneven" --no-charts --quiet 2>/dev/null &&
-  grep -q '^1,over_memory_cap,1f1b,"pp=16,dp=1,ep=1,first-stage-layers=2,last-stage-layers=3",16,1,1,1,16,' "$tmp/uneven/plan.csv" &&
+  grep -q '^1,over_memory_cap,1f1b,"pp=16,dp=1,ep=1,first-stage-layers=2,last-stage-layers=3",16,1,1,1,1,1,none,16,' "$tmp/uneven/plan.csv" &&
   ok "61 layers over 16 stages" || fail "uneven stages: $(cat "$tmp/uneven/plan.csv" 2>/dev/null)"
 "$PLAN" "${small[@]}" --out "$tmp/nc" --no-charts --no-summary > "$tmp/stdout" 2>/dev/null && [ ! -e "$tmp/nc/plan.png" ] \
   && [ ! -s "$tmp/stdout" ] && [ -s "$tmp/nc/plan.csv" ] && ok "--no-charts, --no-summary" || fail "--no-charts/--no-summary"

@@ -254,14 +254,20 @@ static void test_every_config_compiles(void **state) {
     uint32_t devices;
     uint64_t batch;
     bool big; /* no lowering, no recomputation, one ZeRO level */
+    bool cp_fp8; /* context parallelism 1, 2, 4 and every FP8 recipe (a dense model) */
   } cases[] = {
-      {"models/qwen1.5-moe-a2.7b.json", 16, 64, false},
-      {"models/mixtral-8x22b.json", 64, 128, false},
-      {"models/llama3.1-405b.json", 8192, 2048, true},
-      {"models/deepseek-v3.json", 1024, 1024, true},
+      /* MoE: expert parallelism as its own size (ep dividing the experts and a stage's ranks,
+       * etp = tp or 1) */
+      {"models/qwen1.5-moe-a2.7b.json", 16, 64, false, false},
+      {"models/llama3-8b.json", 16, 32, false, true},
+      {"models/mixtral-8x22b.json", 64, 128, false, false},
+      {"models/llama3.1-405b.json", 8192, 2048, true, false},
+      {"models/deepseek-v3.json", 1024, 1024, true, false},
   };
-  /* make test runs the first (seconds); make test-long all four (minutes: PIPER_LONG_TESTS=1) */
-  size_t n_cases = getenv("PIPER_LONG_TESTS") ? G_N_ELEMENTS(cases) : 1;
+  static const uint32_t cps[] = {1, 2, 4};
+  static const char *const fp8[] = {"none", "tensorwise", "blockwise"};
+  /* make test runs the first two (seconds); make test-long all (minutes: PIPER_LONG_TESTS=1) */
+  size_t n_cases = getenv("PIPER_LONG_TESTS") ? G_N_ELEMENTS(cases) : 2;
   for (size_t k = 0; k < n_cases; k++) {
     struct planner_request rq = planner_request_default();
     rq.model_path = cases[k].model;
@@ -274,21 +280,32 @@ static void test_every_config_compiles(void **state) {
     static const uint32_t big_pp[] = {16, 32};
     rq.pp = cases[k].big ? big_pp : NULL;
     rq.n_pp = cases[k].big ? G_N_ELEMENTS(big_pp) : 0;
+    if (cases[k].cp_fp8) {
+      rq.cp = cps;
+      rq.n_cp = G_N_ELEMENTS(cps);
+      rq.fp8 = fp8;
+      rq.n_fp8 = G_N_ELEMENTS(fp8);
+    }
     rq.recompute = cases[k].big ? NULL : recompute;
     rq.n_recompute = cases[k].big ? 0 : G_N_ELEMENTS(recompute);
     rq.threads = 2;
     struct planner *pl = plan_or_fail_new(&rq);
     assert_true(pl->n_configs > 0);
-    uint32_t compiled = 0;
+    uint32_t compiled = 0, own_ep = 0, with_cp = 0, with_fp8 = 0;
     for (uint32_t i = 0; i < pl->n_configs; i++) {
       const struct planner_config *c = &pl->configs[i];
       if (cases[k].big && strcmp(c->memory_choice, c->dp > 1 ? "zero1" : "zero0") != 0)
         continue;
       compiled++;
+      /* the rows of issue 32 that the default space lacked: present, not only compiled */
+      own_ep += c->ep > 1 && (c->ep != c->dp || c->etp > 0);
+      with_cp += c->cp > 1;
+      with_fp8 += c->fp8 && strcmp(c->fp8, "none") != 0;
       struct compile_options o = compile_options_default();
       o.model_path = cases[k].model;
       o.layout = c->layout;
       o.micro_batch_size = c->micro_batch_size;
+      o.fp8 = c->fp8;
       o.have_schedule = true;
       o.schedule.family = c->schedule;
       o.schedule.mbs = c->microbatches;
@@ -303,6 +320,10 @@ static void test_every_config_compiles(void **state) {
       compile_result_free(&r);
     }
     assert_true(compiled > 0);
+    if (k == 0)
+      assert_true(own_ep > 0);
+    if (cases[k].cp_fp8)
+      assert_true(with_cp > 0 && with_fp8 > 0);
     planner_free(pl);
   }
 }
