@@ -124,6 +124,26 @@ expect_input_error piper-plan "--schedules: \"dualpipe\"" "${small[@]}" --schedu
 expect_input_error piper-plan "--micro-batch-size: " "${small[@]}" --micro-batch-sizes 1,x
 expect_input_error piper-plan "--recompute: \"none,full:block:0\"" "${small[@]}" --recompute none,full:block:0
 expect_input_error piper-plan "--pp" "${small[@]}" --pp 0
+expect_input_error piper-plan "--cp: \"2,x\"" "${small[@]}" --cp 2,x
+expect_input_error piper-plan "--ep: \"0\"" "${small[@]}" --ep 0
+expect_input_error piper-plan "--fp8: \"fp4\" is not an FP8 recipe" "${small[@]}" --fp8 none,fp4
+expect_input_error piper-plan "--fp8 blockwise: models/tiny-dense.json is not a bf16 model" "${small[@]}" --fp8 blockwise
+expect_input_error piper-plan "--fp8 blockwise: profile host-cpu has no FP8 peak" --model models/tiny-dense-bf16.json \
+  --devices 2 --profile profiles/host-cpu.json --global-batch 4 --fp8 blockwise
+expect_input_error piper-sim "--fp8: \"fp4\" is not an FP8 recipe" --model models/tiny-dense-bf16.json --layout pp=2 \
+  --profile profiles/unit.json --fp8 fp4
+# the rows issue 32 adds: context parallelism and FP8 on request, each in plan.csv's columns
+if "$PLAN" --model models/tiny-dense-bf16.json --devices 4 --profile profiles/h100-sxm.json --global-batch 16 \
+    --tp 1 --pp 1,2 --cp 1,2 --fp8 none,blockwise --out "$tmp/rows" --no-charts --quiet > /dev/null 2>&1 &&
+   python3 - "$tmp/rows/plan.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert {r["cp"] for r in rows} == {"1", "2"}, {r["cp"] for r in rows}
+assert {r["fp8"] for r in rows} == {"none", "blockwise"}
+assert all(("cp=2" in r["layout"]) == (r["cp"] == "2") for r in rows)
+assert not any(r["status"] == "error" for r in rows)
+PY
+then ok "--cp and --fp8: rows with each, in plan.csv's columns"; else fail "--cp/--fp8 rows: $(head -3 "$tmp/rows/plan.csv")"; fi
 expect_input_error piper-plan "no layout of 4 devices fits.*not a whole number" "${small[@]}" --global-batch 3
 expect_input_error piper-plan "nope.json" "${small[@]}" --profile profiles/nope.json
 expect_input_error piper-plan "nope.json" --model models/nope.json --devices 4 --profile profiles/unit.json --global-batch 16
