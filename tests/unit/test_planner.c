@@ -47,13 +47,14 @@ static struct planner_request tiny(const char *model, uint32_t devices, uint64_t
 }
 
 /* tiny-moe (4 layers, 8 experts, micro-batch size 2) on 4 devices, global batch 16:
- *   pp=1, dp=4: ep 1 or 4; one stage: 1f1b only; ZeRO 0, 1, 2, 3     -> 2 x 4      =  8
+ *   pp=1, dp=4: ep 1, 2 or 4 (its own size: dividing the 8 experts and the stage's 4 ranks);
+ *               one stage: 1f1b only; ZeRO 0, 1, 2, 3                 -> 3 x 4      = 12
  *   pp=2, dp=2: ep 1 or 2; linear (gpipe, 1f1b, zerobubble), interleave=2 (4 stages:
  *               interleaved_1f1b), V (4 stages: zbv, dualpipev); ZeRO 0, 1, 2, 3
  *                                                                     -> 2 x 6 x 4  = 48
  *   pp=4, dp=1: ep 1; linear only (8 stages exceed 4 layers: interleave=2 and V left out);
  *               ZeRO needs dp >= 2 (--layout refuses the 3 x 3 others)  -> 3
- * 59 configurations, 33 layouts (2 + 2 x 3 shapes, each with its ZeRO levels, + 1), 2 left
+ * 63 configurations, 37 layouts (3 + 2 x 3 shapes, each with its ZeRO levels, + 1), 2 left
  * out; micro-batches 16 / (dp x 2). */
 static void test_enumeration(void **state) {
   (void)state;
@@ -62,8 +63,8 @@ static void test_enumeration(void **state) {
   struct planner *pl = planner_new(&rq, &err);
   if (!pl)
     fail_msg("%s", err->message);
-  assert_int_equal(pl->n_configs, 59);
-  assert_int_equal(pl->n_layouts, 33);
+  assert_int_equal(pl->n_configs, 63);
+  assert_int_equal(pl->n_layouts, 37);
   assert_non_null(strstr(pl->skipped->str, "left out: 2 layouts: the stages do not split"));
   assert_non_null(strstr(pl->skipped->str, "left out: 9 configurations --layout refuses"));
   uint32_t per_pp[5] = {0};
@@ -71,10 +72,10 @@ static void test_enumeration(void **state) {
     const struct planner_config *c = &pl->configs[i];
     assert_true(c->pp * c->dp == 4);
     assert_int_equal(c->microbatches, 16 / (c->dp * 2));
-    assert_true(c->ep == 1 || c->ep == c->dp);
+    assert_true(c->dp % c->ep == 0 && 8 % c->ep == 0);
     per_pp[c->pp]++;
   }
-  assert_int_equal(per_pp[1], 8);
+  assert_int_equal(per_pp[1], 12);
   assert_int_equal(per_pp[2], 48);
   assert_int_equal(per_pp[4], 3);
   planner_free(pl);
