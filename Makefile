@@ -247,10 +247,12 @@ unit: $(UNIT_BINS) $(TOOLS)
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; PIPER_BIN=$(BIN) $$t || fail=1; done; exit $$fail
 
 # the unit checks that take minutes (every configuration the planner proposes for 405B on 8,192
-# devices and DeepSeek-V3 compiles); make test runs the same binaries on their small cases
+# devices and DeepSeek-V3 compiles; the planner's memory bound under every recomputation);
+# make test runs the same binaries on their small cases
 unit-long: $(BUILD)/tests/test_planner $(TOOLS)
-	@echo "== $(BUILD)/tests/test_planner (PIPER_LONG_TESTS=1)"; PIPER_BIN=$(BIN) PIPER_LONG_TESTS=1 \
-	  PIPER_TEST_ONLY=test_every_config_compiles $(BUILD)/tests/test_planner
+	@echo "== $(BUILD)/tests/test_planner (PIPER_LONG_TESTS=1)"; fail=0; \
+	  for t in test_every_config_compiles test_memory_bound; do PIPER_BIN=$(BIN) \
+	  PIPER_LONG_TESTS=1 PIPER_TEST_ONLY=$$t $(BUILD)/tests/test_planner || fail=1; done; exit $$fail
 
 cli: $(TOOLS)
 	@fail=0; for t in $(wildcard tests/cli/*.sh); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail

@@ -30,6 +30,12 @@ bool compile_args_to_options(const struct compile_args *a, struct compile_option
   o->micro_batch_size = a->micro_batch_size;
   o->seq_len = a->seq_length;
   o->global_batch_size = a->global_batch_size;
+  o->fp8 = a->fp8;
+  if (a->fp8 && strcmp(a->fp8, "none") != 0 && strcmp(a->fp8, "tensorwise") != 0 &&
+      strcmp(a->fp8, "blockwise") != 0)
+    return piper_input_error(err, "--fp8: \"%s\" is not an FP8 recipe (tensorwise, blockwise or "
+                                  "none)",
+                             a->fp8);
   if (a->schedule && !sched_family_parse(a->schedule, &o->schedule.family))
     return piper_input_error(err,
                      "--schedule: unknown schedule \"%s\" (gpipe, 1f1b, interleaved_1f1b, "
@@ -94,7 +100,7 @@ static void replace_training_field(cJSON *piper, const char *key, int64_t value)
 }
 
 /* The model file with its "piper" object's micro_batch_size and seq_len replaced by o's (where
- * > 0: the file keeps the defaults) and its PP split replaced by pp_layers[n_layers]
+ * > 0: the file keeps the defaults), its fp8 by o's (where given) and its PP split replaced by pp_layers[n_layers]
  * (n_layers > 0). The loader checks the values as it checks the file's. */
 static struct model *load_model_with(const struct compile_options *o, int pp_regions,
                                      const int32_t *pp_layers, uint32_t n_layers, GError **err) {
@@ -102,10 +108,24 @@ static struct model *load_model_with(const struct compile_options *o, int pp_reg
   if (!root)
     return NULL;
   cJSON *piper = cJSON_GetObjectItemCaseSensitive(root, "piper");
-  if (!cJSON_IsObject(piper) && (o->micro_batch_size > 0 || o->seq_len > 0 || n_layers > 0))
+  if (!cJSON_IsObject(piper) &&
+      (o->micro_batch_size > 0 || o->seq_len > 0 || n_layers > 0 || o->fp8))
     piper = cJSON_AddObjectToObject(root, "piper");
   if (o->micro_batch_size > 0)
     replace_training_field(piper, "micro_batch_size", o->micro_batch_size);
+  if (o->fp8) { /* the loader checks it as the file's; the flag is named where it is at fault */
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(piper, "dtype");
+    if (strcmp(o->fp8, "none") != 0 &&
+        !(cJSON_IsString(dtype) && strcmp(dtype->valuestring, "bf16") == 0)) {
+      piper_input_error(err, "--fp8 %s: %s is not a bf16 model (\"piper.dtype\"; the FP8 recipes "
+                             "keep bf16 outside the GEMMs)",
+                        o->fp8, o->model_path);
+      cJSON_Delete(root);
+      return NULL;
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(piper, "fp8");
+    cJSON_AddStringToObject(piper, "fp8", o->fp8);
+  }
   if (o->seq_len > 0)
     replace_training_field(piper, "seq_len", o->seq_len);
   if (n_layers > 0) {
@@ -393,9 +413,12 @@ bool compile_run(const struct compile_options *o, struct compile_result *r, GErr
   r->mbs = r->graph->n_microbatches;
   r->program_file_name = sched_program_file_name(o->schedule.family, r->ranks, r->mbs);
   if (o->lower) {
-    cJSON *pj = dir_program_to_json(r->program);
-    char *text = cJSON_PrintUnformatted(pj);
-    cJSON_Delete(pj);
+    char *text = NULL;
+    if (!o->no_program_text) {
+      cJSON *pj = dir_program_to_json(r->program);
+      text = cJSON_PrintUnformatted(pj);
+      cJSON_Delete(pj);
+    }
     r->graph->cost_model = o->cost_model;
     r->plan = plan_lower(r->graph, text, err);
     cJSON_free(text);

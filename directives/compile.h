@@ -34,6 +34,9 @@ struct compile_options {
   int pp_regions;     /* > 0 overrides the model's PP split; a layout sets it to its stages */
   int64_t micro_batch_size; /* > 0 replaces the model file's micro_batch_size (--micro-batch-size) */
   int64_t seq_len;          /* > 0 replaces the model file's seq_len (--seq-length) */
+  /* "none", "tensorwise" or "blockwise": replaces the model file's piper.fp8 (--fp8); NULL:
+   * the file's */
+  const char *fp8;
   /* > 0: sequences per step over the data-parallel replicas (--global-batch-size); the
    * micro-batch count is global / (micro_batch_size x dp), refused where that is not whole or
    * where schedule.mbs (--num-micro-batches) says otherwise */
@@ -47,6 +50,9 @@ struct compile_options {
   bool default_streams;          /* drop the streams place and shard name: what the choice costs */
   GString *notes;                /* not NULL: gets notes for the user, a line each (what an
                                     imported CSV's reader skipped) */
+  /* the plan keeps no text of the program (plan.program_json NULL): for callers that write no
+   * plan (the planner); printing an O(M x ranks) order program was a tenth of its compile */
+  bool no_program_text;
 };
 
 struct compile_result {
@@ -61,7 +67,7 @@ struct compile_result {
 
 /* The front-end options piper-compile, piper-sim and piper-exec share, as given on the command
  * line: --model, --directives (alias --base-schedule), --schedule, --ranks,
- * --num-micro-batches (alias --mbs), --micro-batch-size, --seq-length, --global-batch-size,
+ * --num-micro-batches (alias --mbs), --micro-batch-size, --seq-length, --global-batch-size, --fp8,
  * --keep-order, --pp-regions, --import-csv. They mean the same in every program: --mbs alone
  * sets the program's MB split, --ranks alone is checked against the placement. The programs
  * read them by one option table (tools/options.h). */
@@ -71,6 +77,7 @@ struct compile_args {
   /* Megatron's names: --micro-batch-size, --seq-length, --global-batch-size (0: the model's;
    * mbs above is --num-micro-batches, alias --mbs) */
   uint32_t micro_batch_size, seq_length, global_batch_size;
+  const char *fp8; /* --fp8 RECIPE: the model file's piper.fp8 replaced */
   bool keep_order;
 };
 /* Compile options from the arguments; fails naming an unknown --schedule. */

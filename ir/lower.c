@@ -118,6 +118,8 @@ struct lower {
   uint32_t *order, *order_pos;
   GArray **group_nodes;   /* per group: node ids in issue order */
   GHashTable *comm_index; /* packed (purpose, group, peer) -> comm id + 1 */
+  uint32_t *node_comm;    /* comm_of by node (IR_NONE: not yet), while lower_classes runs: a
+                           * node is in the program of every class of its group */
   GArray *comms;
   GArray **dev_groups;   /* per device: the groups that shape its program, ascending */
   GArray *class_members; /* per class: a GArray of its devices, until the class owns them */
@@ -207,10 +209,13 @@ static void class_streams(struct plan_class *c, uint32_t n_streams) {
 
 static void class_comms_seq(struct lower *l, struct plan_class *c, uint32_t *comm_seq) {
   for (uint32_t i = 0; i < c->n_instrs; i++) {
-    const struct ir_node *n = IR_NODE(l->g, c->instrs[i].node);
+    uint32_t node = c->instrs[i].node;
+    const struct ir_node *n = IR_NODE(l->g, node);
     if (n->purpose == IR_COMM_NONE)
       continue;
-    uint32_t comm = comm_of(l, n);
+    if (l->node_comm[node] == IR_NONE)
+      l->node_comm[node] = comm_of(l, n);
+    uint32_t comm = l->node_comm[node];
     c->instrs[i].comm = comm;
     /* A device in both groups of a PP communicator sends and receives on it: the two sides
      * count separately, as the two ends of each pair do. */
@@ -899,8 +904,9 @@ static void lower_classes(struct lower *l) {
   l->comm_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
   l->comms = g_array_new(FALSE, FALSE, sizeof(struct plan_comm));
   uint32_t *instr_of = g_new(uint32_t, nn ? nn : 1);
+  l->node_comm = g_new(uint32_t, nn ? nn : 1);
   for (uint32_t i = 0; i < nn; i++)
-    instr_of[i] = IR_NONE;
+    instr_of[i] = l->node_comm[i] = IR_NONE;
   /* At most one communicator per comm node, so nn bounds the counters. */
   uint32_t *comm_seq = g_new0(uint32_t, 2 * (size_t)(nn ? nn : 1));
   p->n_classes = l->class_members->len;
@@ -922,6 +928,7 @@ static void lower_classes(struct lower *l) {
   p->comms = (struct plan_comm *)g_array_free(l->comms, FALSE);
   l->comms = NULL;
   g_free(instr_of);
+  g_clear_pointer(&l->node_comm, g_free);
   g_free(comm_seq);
 }
 

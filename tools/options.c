@@ -146,7 +146,7 @@ const char *options_compile_arg_given(const struct compile_args *ca) {
               {ca->layout != NULL, "--layout"},         {ca->schedule != NULL, "--schedule"},
               {ca->ranks > 0, "--ranks"},               {ca->mbs > 0, "--num-micro-batches (--mbs)"},
               {ca->micro_batch_size > 0, "--micro-batch-size"},
-              {ca->seq_length > 0, "--seq-length"},
+              {ca->seq_length > 0, "--seq-length"},     {ca->fp8 != NULL, "--fp8"},
               {ca->global_batch_size > 0, "--global-batch-size"},
               {ca->pp_regions > 0, "--pp-regions"},     {ca->keep_order, "--keep-order"},
               {ca->import_csv != NULL, "--import-csv"},

@@ -17,6 +17,7 @@
 
 struct plan_cli {
   const char *model, *profile, *out, *micro_batch_sizes, *schedules, *sweep, *pp, *tp, *recompute;
+  const char *cp, *ep, *fp8;
   const char *rank_by;
   uint32_t devices, global_batch, seq_length, max_interleave, threads, top;
   double memory_cap_gib;
@@ -50,6 +51,15 @@ static const struct option_spec options[] = {
      .help = "tensor-parallel degrees to try, each with sequence parallelism\n"
              "(default: 1,2,4,8 where they divide N, the heads, KV heads, vocabulary\n"
              "and FFN)"},
+    {.name = "--cp", .kind = OPTION_STRING, PLAN_OPTION(cp), .metavar = "LIST",
+     .help = "context-parallel degrees to try, e.g. 1,2,4 (default 1; where the\n"
+             "sequence splits into 2 x cp chunks, on layouts without expert parallelism)"},
+    {.name = "--ep", .kind = OPTION_STRING, PLAN_OPTION(ep), .metavar = "LIST",
+     .help = "expert-parallel sizes to try besides 1 (MoE models; default: every size\n"
+             "dividing the experts and a stage's tp x dp ranks, with etp = tp or 1)"},
+    {.name = "--fp8", .kind = OPTION_STRING, PLAN_OPTION(fp8), .metavar = "LIST",
+     .help = "FP8 recipes to try, e.g. none,tensorwise,blockwise (default: the model\n"
+             "file's piper.fp8; bf16 models on a profile with an FP8 peak)"},
     {.name = "--micro-batch-size", .alias = "--micro-batch-sizes", .kind = OPTION_STRING,
      PLAN_OPTION(micro_batch_sizes), .metavar = "B[,B...]",
      .help = "micro-batch size, or sizes to try, e.g. 1,2,4 (default: the model's;\n"
@@ -94,12 +104,13 @@ static const struct option_program program = {
         "usage: piper-plan --model FILE --devices N --profile FILE --global-batch-size SEQ [options]\n"
         "       piper-plan --sweep FILE [--profile FILE] [--out DIR]\n"
         "\n"
-        "Searches every layout pp x dp x ep x tp of N devices (tp > 1 with sequence\n"
-        "parallelism; uneven stages where they do not divide the layers), with the schedules\n"
+        "Searches every layout pp x dp x ep x tp (x --cp) of N devices (tp > 1 with sequence\n"
+        "parallelism; ep its own size with etp = tp or 1; uneven stages where they do not\n"
+        "divide the layers; --fp8's recipes), with the schedules\n"
         "that apply to each (gpipe, 1f1b, zerobubble on one stage per rank; interleaved_1f1b on\n"
         "a loop; zbv, dualpipev on a V), the micro-batch counts of the global batch, ZeRO 0-3\n"
         "and --recompute's values; keeps only what the compiler accepts, simulates them in\n"
-        "parallel (not those whose static memory is over the cap), and prints the best ones\n"
+        "parallel (not those whose memory bound is over the cap), and prints the best ones\n"
         "under the memory cap with why each wins and the piper-sim and mpirun ... piper-exec\n"
         "commands that run the pick (when none fits: the closest by memory). Writes plan.csv\n"
         "(every configuration, ranked; the reason for those that do not fit) and plan.png.\n"
@@ -159,9 +170,54 @@ static bool parse_schedules(const char *list, struct planner_request *rq, char *
   return ok;
 }
 
+/* What the request's lists point to (request_lists_free). */
+struct request_lists {
+  int64_t *sizes;
+  uint32_t *pp, *tp, *cp, *ep;
+  gchar **recompute, **fp8;
+};
+
+static void request_lists_free(struct request_lists *s) {
+  g_free(s->sizes);
+  g_free(s->pp);
+  g_free(s->tp);
+  g_free(s->cp);
+  g_free(s->ep);
+  g_strfreev(s->recompute);
+  g_strfreev(s->fp8);
+}
+
+/* --cp, --ep and --fp8 into the request (the recipes' names are the planner's check). */
+static int parse_parallel_lists(const struct plan_cli *a, struct planner_request *rq,
+                                struct request_lists *st) {
+  if (a->cp && !parse_list(a->cp, 1024, &st->cp, &rq->n_cp))
+    return piper_usage_error(program.name,
+                             "--cp: \"%s\" is not a list of whole numbers in [1, 1024] "
+                             "(context-parallel degrees)",
+                             a->cp);
+  rq->cp = st->cp;
+  if (a->ep && !parse_list(a->ep, LAYOUT_MAX_DEVICES, &st->ep, &rq->n_ep))
+    return piper_usage_error(program.name,
+                             "--ep: \"%s\" is not a list of whole numbers (expert-parallel "
+                             "sizes)",
+                             a->ep);
+  rq->ep = st->ep;
+  if (a->fp8) {
+    st->fp8 = g_strsplit(a->fp8, ",", -1);
+    for (gchar **it = st->fp8; *it; it++)
+      g_strstrip(*it);
+    rq->n_fp8 = g_strv_length(st->fp8);
+    rq->fp8 = (const char *const *)st->fp8;
+  }
+  return OPTIONS_CONTINUE;
+}
+
 /* The request from the command line; OPTIONS_CONTINUE, or the usage error's exit status. */
-static int build_request(const struct plan_cli *a, struct planner_request *rq, int64_t **sizes,
-                         uint32_t **pps, uint32_t **tps, gchar ***recompute) {
+static int build_request(const struct plan_cli *a, struct planner_request *rq,
+                         struct request_lists *st) {
+  int64_t **sizes = &st->sizes;
+  uint32_t **pps = &st->pp, **tps = &st->tp;
+  gchar ***recompute = &st->recompute;
   if (!a->model || !a->devices || !a->profile || !a->global_batch)
     return piper_usage_error(program.name, "%s",
                              "give --model FILE, --devices N, --profile FILE and --global-batch-size SEQ");
@@ -219,7 +275,7 @@ static int build_request(const struct plan_cli *a, struct planner_request *rq, i
     g_free(bad);
     return rc;
   }
-  return OPTIONS_CONTINUE;
+  return parse_parallel_lists(a, rq, st);
 }
 
 static void print_best(const struct planner *pl, uint32_t i) {
@@ -263,21 +319,33 @@ static void plan_print_commands(const struct planner *pl, const struct planner_c
   g_autofree char *model = shell_word(pl->request.model_path);
   g_autofree char *profile = shell_word(pl->request.profile_path);
   g_autofree char *layout = shell_word(c->layout);
-  g_autofree char *size = c->micro_batch_size && c->micro_batch_size != pl->model_micro_batch_size
-                              ? g_strdup_printf(" --micro-batch-size %lld",
-                                                (long long)c->micro_batch_size)
-                              : g_strdup("");
-  g_autofree char *what = g_strdup_printf("--model %s --layout %s --schedule %s --mbs %u%s",
-                                          model, layout, sched_family_name(c->schedule),
-                                          c->microbatches, size);
+  /* Megatron's names, both sizes spelled out (the model file's defaults may change) */
+  g_autofree char *seq = pl->request.seq_len > 0
+                             ? g_strdup_printf(" --seq-length %lld", (long long)pl->request.seq_len)
+                             : g_strdup("");
+  g_autofree char *what = g_strdup_printf(
+      "--model %s --layout %s --schedule %s --micro-batch-size %lld --num-micro-batches %u%s",
+      model, layout, sched_family_name(c->schedule),
+      (long long)(c->micro_batch_size ? c->micro_batch_size : pl->model_micro_batch_size),
+      c->microbatches, seq);
   bool host = pl->profile->synthetic || strstr(pl->profile->name, "host") != NULL;
-  printf("  run #1:\n    %s %s --profile %s\n", sim, what, profile);
+  /* FP8: piper-sim costs the recipe; piper-exec has no FP8 GEMMs yet and refuses it, so its
+   * line runs the same layout in bf16 (and says so) rather than a line that fails */
+  const char *fp8 = c->fp8 ? c->fp8 : pl->model_fp8;
+  bool any_fp8 = strcmp(fp8, "none") != 0;
+  g_autofree char *sim_fp8 = c->fp8 && strcmp(c->fp8, pl->model_fp8) != 0
+                                 ? g_strdup_printf(" --fp8 %s", c->fp8)
+                                 : g_strdup("");
+  const char *exec_fp8 = any_fp8 && strcmp(pl->model_fp8, "none") != 0 ? " --fp8 none" : "";
+  printf("  run #1:\n    %s %s%s --profile %s\n", sim, what, sim_fp8, profile);
   /* --allow-run-as-root: runs as root (containers) and as a user alike, as the README's */
   printf("    %smpirun --allow-run-as-root -np %u%s %s "
-         "--backend %s %s --iters 20\n",
+         "--backend %s %s%s --iters 20\n",
          host ? "OPENBLAS_NUM_THREADS=1 " : "", pl->request.devices,
          host ? " --oversubscribe" : pl->request.devices > 8 ? " --hostfile HOSTS" : "", exec,
-         host ? "host" : "cuda", what);
+         host ? "host" : "cuda", what, exec_fp8);
+  if (any_fp8)
+    printf("    (piper-exec has no FP8 GEMMs yet: that line trains the layout in bf16)\n");
 }
 
 static void print_closest(const struct planner *pl, uint32_t i) {
@@ -310,8 +378,8 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
          "compiler's checks): %u feasible, %u over the memory cap, %u failed\n",
          pl->n_configs, pl->n_layouts, pl->check_seconds + pl->seconds, pl->threads_used,
          pl->check_seconds, feasible, over, failed);
-  printf("  simulated %u; %u over the cap by their parameters, gradients and optimizer state "
-         "alone (not simulated)\n",
+  printf("  simulated %u; %u over the cap by their memory bound (parameters, gradients, "
+         "optimizer state and the activations their schedule holds at once; not simulated)\n",
          pl->n_simulated, bounded);
   if (pl->skipped->len) {
     gchar **lines = g_strsplit(pl->skipped->str, "\n", -1);
@@ -338,7 +406,7 @@ static void print_summary(const struct planner *pl, const struct plan_cli *a, co
 /* --sweep FILE: the hand-written list, with --profile replacing its profiles. */
 static int run_sweep_mode(const struct plan_cli *a, const char *dir) {
   if (a->model || a->devices || a->global_batch || a->seq_length || a->micro_batch_sizes ||
-      a->schedules || a->pp ||
+      a->schedules || a->pp || a->tp || a->cp || a->ep || a->fp8 || a->recompute ||
       a->max_interleave || a->memory_cap_gib > 0 || a->top || a->rank_by)
     return piper_usage_error(program.name, "%s",
                              "--sweep takes the model, schedules and batch from its file (only "
@@ -369,10 +437,8 @@ static int rank_slow_gpu(const struct planner *pl, const struct plan_cli *a, con
 
 static int run_plan(const struct plan_cli *a, const char *dir) {
   struct planner_request rq;
-  int64_t *sizes = NULL;
-  uint32_t *pps = NULL, *tps = NULL;
-  gchar **recompute = NULL;
-  int rc = build_request(a, &rq, &sizes, &pps, &tps, &recompute);
+  struct request_lists lists = {0};
+  int rc = build_request(a, &rq, &lists);
   double slow_factor = 0;
   if (rc == OPTIONS_CONTINUE && a->rank_by && !planner_slow_parse_rank_by(a->rank_by, &slow_factor))
     rc = piper_usage_error(program.name,
@@ -380,10 +446,7 @@ static int run_plan(const struct plan_cli *a, const char *dir) {
                            a->rank_by);
   GError *err = NULL;
   struct planner *pl = rc == OPTIONS_CONTINUE ? planner_new(&rq, &err) : NULL;
-  g_free(sizes);
-  g_free(pps);
-  g_free(tps);
-  g_strfreev(recompute);
+  request_lists_free(&lists);
   if (rc != OPTIONS_CONTINUE)
     return rc;
   if (!pl)

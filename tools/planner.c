@@ -74,11 +74,13 @@ struct plan *planner_compile_config(const struct planner_config *c, const char *
   o.pp_regions = c->layout ? 0 : c->pp_regions;
   o.micro_batch_size = c->micro_batch_size;
   o.seq_len = seq_len;
+  o.fp8 = c->fp8;
   o.have_schedule = true;
   o.schedule.family = c->schedule;
   o.schedule.mbs = c->microbatches;
   o.schedule.ranks = c->ranks;
   o.cost_model = prof->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+  o.no_program_text = true; /* no plan is written */
   return compile_take_plan(&o, err);
 }
 
@@ -247,6 +249,16 @@ static const struct {
     {LAYOUT_V, SCHED_ZBV, 2},               {LAYOUT_V, SCHED_DUALPIPEV, 2},
 };
 
+/* A device class of a layout's one-micro-batch plan (class_bounds). */
+struct bound_class {
+  double static_bytes;
+  uint32_t first, count; /* its stages in layout_check.saved */
+};
+struct stage_saved {
+  int32_t stage;
+  double bytes; /* one micro-batch's forward of the stage, held until its backward */
+};
+
 /* One distinct layout spec (with its micro-batch size): checked once by the compiler itself,
  * its static memory (parameters, gradients, optimizer state: what no schedule changes) the
  * lower bound of every configuration's peak. */
@@ -255,6 +267,11 @@ struct layout_check {
   int64_t micro_batch_size;
   char *error;           /* the compiler's refusal, or NULL */
   double static_bytes;   /* max over device classes: held the whole step, whatever the schedule */
+  /* per device class of the one-micro-batch plan: its static memory and, per stage it runs,
+   * what one micro-batch's forward leaves for that stage's backward (memory_bound) */
+  uint32_t n_classes;
+  struct bound_class *classes;
+  GArray *saved; /* struct stage_saved, classes[k].first .. + count */
 };
 
 /* Enumeration state: the configurations so far, the distinct layouts and the model's shape. */
@@ -264,6 +281,7 @@ struct space {
   GPtrArray *layouts;      /* struct layout_check *, in enumeration order */
   GHashTable *layout_index; /* "spec|mbs" -> index + 1 */
   int64_t layers, experts;
+  enum model_dtype dtype;
   GHashTable *skip_reasons; /* reason -> count */
   GHashTable *skip_example; /* reason -> the first refusal's message */
 };
@@ -284,6 +302,7 @@ struct candidate {
   uint32_t devices_left;      /* devices no dimension took yet: dp takes the rest */
   const struct planner_memory_choice *memory;
   const char *recompute;      /* a --layout recompute= value, or "none" */
+  const char *fp8;            /* a --fp8 value, or NULL: the model file's */
   int64_t micro_batch_size;
   uint32_t microbatches;
   enum sched_family schedule;
@@ -293,8 +312,12 @@ struct candidate {
 static char *candidate_spec(const struct candidate *c) {
   GString *g = g_string_new("");
   g_string_append_printf(g, "pp=%u,dp=%u,ep=%u", c->l.pp, c->l.dp, c->l.ep);
+  if (c->l.etp)
+    g_string_append_printf(g, ",etp=%u", c->l.etp);
   if (c->l.tp > 1)
     g_string_append_printf(g, ",tp=%u%s", c->l.tp, c->l.sequence_parallel ? ",sp" : "");
+  if (c->l.cp > 1)
+    g_string_append_printf(g, ",cp=%u", c->l.cp);
   if (c->l.shape == LAYOUT_V)
     g_string_append(g, ",v");
   else if (c->l.shape == LAYOUT_INTERLEAVED)
@@ -349,14 +372,56 @@ static void expand_pp(struct space *s, uint32_t dim, const struct candidate *c) 
   }
 }
 
-/* ep: experts replicated, or sharded over the data-parallel group where the model has them. */
+/* The FP8 recipes by name (the model loader's): configurations keep these, not the caller's
+ * strings. NULL: not a recipe. */
+static const char *fp8_recipe(const char *name) {
+  static const char *const recipes[] = {"none", "tensorwise", "blockwise"};
+  for (size_t i = 0; i < G_N_ELEMENTS(recipes); i++)
+    if (strcmp(name, recipes[i]) == 0)
+      return recipes[i];
+  return NULL;
+}
+
+/* cp: the context-parallel degrees of --cp (default 1: none) that divide the devices left;
+ * whether the sequence splits into 2 x cp chunks is the compiler's check. */
+static void expand_cp(struct space *s, uint32_t dim, const struct candidate *c) {
+  static const uint32_t none[] = {1};
+  const struct planner_request *rq = &s->pl->request;
+  const uint32_t *cps = rq->cp ? rq->cp : none;
+  uint32_t n_cp = rq->cp ? rq->n_cp : G_N_ELEMENTS(none);
+  for (uint32_t i = 0; i < n_cp; i++) {
+    if (cps[i] == 0 || c->devices_left % cps[i] != 0)
+      continue;
+    struct candidate d = *c;
+    d.l.cp = cps[i];
+    d.devices_left /= cps[i];
+    next_dimension(s, dim, &d);
+  }
+}
+
+/* ep: experts replicated (1), or sharded over ep of a stage's tp x cp x dp ranks (expert
+ * parallelism as its own size, Megatron's expert-model-parallel groups), each expert with the
+ * dense layers' TP or, under tensor parallelism, none (etp=1: every tp > 1 here has the
+ * sequence parallelism that needs): ep x etp dividing the stage's ranks, ep the experts
+ * (--ep LIST narrows the sizes). Context parallelism shards no experts yet (layout_parse). */
 static void expand_ep(struct space *s, uint32_t dim, const struct candidate *c) {
+  const struct planner_request *rq = &s->pl->request;
   struct candidate d = *c;
   d.l.ep = 1;
+  d.l.etp = 0;
   next_dimension(s, dim, &d);
-  if (c->l.dp > 1 && s->experts > 0) {
-    d.l.ep = c->l.dp;
-    next_dimension(s, dim, &d);
+  if (s->experts <= 0 || c->l.cp > 1)
+    return;
+  uint32_t ranks = c->l.tp * c->l.cp * c->l.dp;
+  for (uint32_t k = 0; k < (c->l.tp > 1 ? 2u : 1u); k++) {
+    uint32_t etp = k == 0 ? c->l.tp : 1;
+    for (uint32_t ep = 2; ep <= ranks / etp; ep++) {
+      if ((ranks / etp) % ep != 0 || s->experts % ep != 0 || !in_list(rq->ep, rq->n_ep, ep))
+        continue;
+      d.l.ep = ep;
+      d.l.etp = k == 0 ? 0 : etp; /* 0: the layout's default, tp */
+      next_dimension(s, dim, &d);
+    }
   }
 }
 
@@ -444,6 +509,17 @@ static void expand_micro_batch(struct space *s, uint32_t dim, const struct candi
   }
 }
 
+/* fp8: the recipes of --fp8 (default: the model file's; planner_new checked the profile has an
+ * FP8 peak and the model is bf16). */
+static void expand_fp8(struct space *s, uint32_t dim, const struct candidate *c) {
+  const struct planner_request *rq = &s->pl->request;
+  for (uint32_t i = 0; i < (rq->fp8 ? rq->n_fp8 : 1); i++) {
+    struct candidate d = *c;
+    d.fp8 = rq->fp8 ? fp8_recipe(rq->fp8[i]) : NULL;
+    next_dimension(s, dim, &d);
+  }
+}
+
 /* schedule: the families of the stage shape (schedule_table). */
 static void expand_schedule(struct space *s, uint32_t dim, const struct candidate *c) {
   for (size_t t = 0; t < G_N_ELEMENTS(schedule_table); t++)
@@ -457,17 +533,18 @@ static void expand_schedule(struct space *s, uint32_t dim, const struct candidat
 
 /* The dimensions of the search, outermost first: each is one function that gives a candidate
  * each of its values. Enumeration order (ties rank in it) follows this table. A new dimension
- * (context parallelism, expert parallelism as its own size, FP8) is one row here, a field of
- * struct candidate and its key in candidate_spec; the compiler's checks at the leaf
- * (add_candidate) keep whatever it cannot run out. */
+ * is one row here, a field of struct candidate and its key in candidate_spec (or, like fp8,
+ * its compile option); the compiler's checks at the leaf (add_candidate) keep whatever it
+ * cannot run out. */
 static const struct {
   const char *name;
   void (*expand)(struct space *s, uint32_t dim, const struct candidate *c);
 } planner_dimensions[] = {
-    {"tp", expand_tp},           {"pp", expand_pp},
-    {"ep", expand_ep},           {"stages", expand_stages},
-    {"zero", expand_zero},       {"recompute", expand_recompute},
-    {"micro-batch size", expand_micro_batch}, {"schedule", expand_schedule},
+    {"tp", expand_tp},           {"cp", expand_cp},
+    {"pp", expand_pp},           {"ep", expand_ep},
+    {"stages", expand_stages},   {"zero", expand_zero},
+    {"recompute", expand_recompute}, {"micro-batch size", expand_micro_batch},
+    {"fp8", expand_fp8},         {"schedule", expand_schedule},
 };
 
 /* The compiler's rules first (the layout's own and the schedule builder's, both cheap); the
@@ -514,6 +591,9 @@ static void add_candidate(struct space *s, const struct candidate *c) {
   pc.dp = l.dp;
   pc.ep = l.ep;
   pc.tp = l.tp;
+  pc.cp = l.cp;
+  pc.etp = l.etp;
+  pc.fp8 = c->fp8;
   pc.stages = stages;
   pc.memory_choice = c->memory->name;
   pc.layout_check = li - 1;
@@ -534,11 +614,54 @@ struct layout_pool {
   gint next;
 };
 
+/* The memory every configuration of a layout must hold, from its one-micro-batch plan, by
+ * device class: the static memory (parameters, gradients, optimizer state: the whole step) and,
+ * for each stage the class runs, the bytes of tensors a forward node of the stage produces and a
+ * backward node (B, BI or BW) of the same stage releases: one micro-batch's activations saved
+ * for backward. Every micro-batch holds the same (its shapes are the micro-batch size's). */
+static void class_bounds(struct layout_check *lc, const struct plan *p,
+                         const struct profile *prof) {
+  int pp_tag = -1;
+  for (uint32_t t = 0; t < p->n_tags; t++)
+    if (strcmp(p->tag_names[t], "PP") == 0)
+      pp_tag = (int)t;
+  lc->n_classes = p->n_classes;
+  lc->classes = g_new0(struct bound_class, p->n_classes);
+  lc->saved = g_array_new(FALSE, FALSE, sizeof(struct stage_saved));
+  for (uint32_t k = 0; k < p->n_classes; k++) {
+    const struct plan_class *c = &p->classes[k];
+    struct bound_class *bc = &lc->classes[k];
+    uint64_t bytes[REPORT_MEM_KIND_COUNT];
+    sim_static_memory_held(p, c, prof, bytes);
+    for (int b = 0; b < REPORT_MEM_KIND_COUNT; b++)
+      bc->static_bytes += (double)bytes[b];
+    lc->static_bytes = fmax(lc->static_bytes, bc->static_bytes);
+    bc->first = lc->saved->len;
+    for (uint32_t t = 0; t < c->n_tensors && pp_tag >= 0; t++) {
+      const struct ir_node *from = &p->nodes[c->instrs[c->tensors[t].producer].node];
+      const struct ir_node *to = &p->nodes[c->instrs[c->tensors[t].release].node];
+      if (from->kind != IR_NODE_COMPUTE || from->pass != IR_PASS_F ||
+          to->kind != IR_NODE_COMPUTE || from->tags[pp_tag] < 0 ||
+          to->tags[pp_tag] != from->tags[pp_tag] ||
+          (to->pass != IR_PASS_B && to->pass != IR_PASS_BI && to->pass != IR_PASS_BW))
+        continue;
+      uint32_t j = bc->first;
+      while (j < lc->saved->len &&
+             g_array_index(lc->saved, struct stage_saved, j).stage != from->tags[pp_tag])
+        j++;
+      if (j == lc->saved->len)
+        g_array_append_val(lc->saved, ((struct stage_saved){.stage = from->tags[pp_tag]}));
+      g_array_index(lc->saved, struct stage_saved, j).bytes += (double)c->tensors[t].bytes;
+    }
+    bc->count = lc->saved->len - bc->first;
+  }
+}
+
 /* Compiles the layout with one micro-batch and no schedule: every rewrite's rule runs (the
- * schedules' were checked already), and the plan's classes give the static memory. (The peak of
- * the one-micro-batch step is no bound: a schedule's order can hold less at once; nor is its
- * compute a throughput ceiling: contention with communication slows it. test_planner found
- * both.) */
+ * schedules' were checked already), and the plan's classes give the memory bound (class_bounds).
+ * (The peak of the one-micro-batch step is no bound: a schedule's order can hold less at once;
+ * nor is its compute a throughput ceiling: contention with communication slows it. test_planner
+ * found both.) */
 static void check_one_layout(struct layout_check *lc, const struct planner *pl) {
   struct compile_options o = compile_options_default();
   o.model_path = pl->request.model_path;
@@ -546,6 +669,7 @@ static void check_one_layout(struct layout_check *lc, const struct planner *pl) 
   o.micro_batch_size = lc->micro_batch_size;
   o.schedule.mbs = 1;
   o.cost_model = pl->profile->synthetic ? IR_COST_UNIT : IR_COST_FLOPS;
+  o.no_program_text = true;
   GError *e = NULL;
   struct plan *plan = compile_take_plan(&o, &e);
   if (!plan) {
@@ -553,15 +677,60 @@ static void check_one_layout(struct layout_check *lc, const struct planner *pl) 
     g_error_free(e);
     return;
   }
-  for (uint32_t k = 0; k < plan->n_classes; k++) {
-    uint64_t bytes[REPORT_MEM_KIND_COUNT];
-    sim_static_memory_held(plan, &plan->classes[k], pl->profile, bytes);
-    double sum = 0;
-    for (int b = 0; b < REPORT_MEM_KIND_COUNT; b++)
-      sum += (double)bytes[b];
-    lc->static_bytes = fmax(lc->static_bytes, sum);
-  }
+  class_bounds(lc, plan, pl->profile);
   plan_free(plan);
+}
+
+/* The most one-micro-batch activations (saved[], by stage) the order of rank r holds at once:
+ * after each slot, the micro-batches whose forward of a stage has run (F) and whose backward
+ * of it has not started (B or BI). A slot starts when every node of the one before has ended
+ * (the order's temporal edges), and every backward waits for the loss, so at that instant each
+ * of them holds its saved tensors: allocated by their producer, released by their backward. */
+static double schedule_held(const struct sched_rank *r, const struct stage_saved *saved,
+                            uint32_t n_saved) {
+  double held = 0, most = 0;
+  for (uint32_t s = 0; s < r->n_slots; s++) {
+    for (uint32_t a = 0; a < r->slots[s].n_actions; a++) {
+      const struct sched_action *act = &r->slots[s].actions[a];
+      double sign = act->pass == IR_PASS_F ? 1 : act->pass == IR_PASS_B || act->pass == IR_PASS_BI
+                                                     ? -1
+                                                     : 0;
+      for (uint32_t j = 0; j < n_saved && sign != 0; j++)
+        if (saved[j].stage == act->stage)
+          held += sign * saved[j].bytes;
+    }
+    most = fmax(most, held);
+  }
+  return most;
+}
+
+/* Lower bound of configuration c's peak (bytes): over the layout's device classes, the static
+ * memory plus the activations its schedule's order holds at once (schedule_held). The
+ * schedule is the builder's own (the one the compiler will order by); 0 when it cannot be
+ * built (the compiler's checks refused it before). */
+static double memory_bound(const struct layout_check *lc, const struct planner_config *c) {
+  struct layout l;
+  if (!layout_parse(c->layout, &l, NULL))
+    return lc->static_bytes;
+  uint32_t stages = layout_stages(&l);
+  g_autofree int32_t *stage_rank = g_new(int32_t, stages);
+  for (uint32_t st = 0; st < stages; st++)
+    stage_rank[st] = (int32_t)layout_stage_rank(&l, st);
+  struct sched_layout sl = {.n_ranks = l.pp, .n_stages = stages, .stage_rank = stage_rank};
+  for (uint32_t i = 0; i < l.n_recompute; i++)
+    sl.recompute |= l.recompute[i].granularity == IR_RECOMPUTE_FULL;
+  struct sched_program *sp = sched_build(c->schedule, &sl, c->microbatches, NULL);
+  double bound = lc->static_bytes;
+  for (uint32_t k = 0; k < lc->n_classes && sp; k++) {
+    const struct bound_class *bc = &lc->classes[k];
+    const struct stage_saved *saved = &g_array_index(lc->saved, struct stage_saved, bc->first);
+    double held = 0;
+    if (bc->count > 0 && saved[0].stage >= 0 && (uint32_t)saved[0].stage < stages)
+      held = schedule_held(&sp->ranks[stage_rank[saved[0].stage]], saved, bc->count);
+    bound = fmax(bound, bc->static_bytes + held);
+  }
+  sched_program_free(sp);
+  return bound;
 }
 
 static gpointer layout_worker(gpointer data) {
@@ -598,7 +767,7 @@ static void check_layouts(struct space *s) {
       planner_config_clear(c);
       continue;
     }
-    c->memory_bound_bytes = lc->static_bytes;
+    c->memory_bound_bytes = memory_bound(lc, c);
     c->order = kept;
     g_hash_table_add(distinct, c->layout);
     g_array_index(s->configs, struct planner_config, kept++) = *c;
@@ -627,6 +796,28 @@ static void describe_skips(struct space *s) {
   g_free(keys);
 }
 
+/* --fp8's recipes: known names, and FP8 only on a bf16 model and a profile with an FP8 peak
+ * (the simulator's and the loader's rules, refused here in one line before any search). */
+static bool check_fp8(const struct planner *pl, enum model_dtype dtype, GError **err) {
+  const struct planner_request *rq = &pl->request;
+  for (uint32_t i = 0; rq->fp8 && i < rq->n_fp8; i++) {
+    if (!fp8_recipe(rq->fp8[i]))
+      return piper_input_error(err, "--fp8: \"%s\" is not an FP8 recipe (tensorwise, blockwise "
+                                    "or none)",
+                               rq->fp8[i]);
+    if (strcmp(rq->fp8[i], "none") == 0)
+      continue;
+    if (dtype != MODEL_DTYPE_BF16)
+      return piper_input_error(err, "--fp8 %s: %s is not a bf16 model (\"piper.dtype\")",
+                               rq->fp8[i], rq->model_path);
+    if (!pl->profile->synthetic && !(pl->profile->peak_flops[MODEL_DTYPE_FP8] > 0))
+      return piper_input_error(err, "--fp8 %s: profile %s has no FP8 peak (\"peak_tflops\"."
+                                    "\"fp8\"): its device runs no FP8 GEMMs",
+                               rq->fp8[i], pl->profile->name);
+  }
+  return true;
+}
+
 static bool load_model_shape(struct planner *pl, struct space *s, GError **err) {
   struct model *m = model_load_file(pl->request.model_path, 0, err);
   if (!m)
@@ -635,12 +826,17 @@ static bool load_model_shape(struct planner *pl, struct space *s, GError **err) 
   s->experts = m->num_experts;
   pl->model_name = g_strdup(m->name);
   pl->model_micro_batch_size = m->micro_batch_size;
+  pl->model_fp8 = model_fp8_name(m->fp8);
+  s->dtype = m->dtype;
   model_free(m);
   return true;
 }
 
 static void layout_check_free(gpointer p) {
   struct layout_check *lc = p;
+  g_free(lc->classes);
+  if (lc->saved)
+    g_array_free(lc->saved, TRUE);
   g_free(lc->spec);
   g_free(lc->error);
   g_free(lc);
@@ -683,7 +879,7 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
   bool ok = load_model_shape(pl, &s, err);
   if (ok) {
     pl->profile = profile_load_file(rq->profile_path, err);
-    ok = pl->profile != NULL;
+    ok = pl->profile != NULL && check_fp8(pl, s.dtype, err);
   }
   int64_t own = pl->model_micro_batch_size;
   if (ok && !rq->micro_batch_sizes) {
@@ -698,6 +894,9 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
   pl->request.micro_batch_sizes = NULL; /* the caller's arrays (or `own`): not kept */
   pl->request.pp = NULL;
   pl->request.tp = NULL;
+  pl->request.cp = NULL;
+  pl->request.ep = NULL;
+  pl->request.fp8 = NULL;
   pl->request.recompute = NULL;
   pl->check_seconds = piper_clock_seconds() - t0;
   g_hash_table_destroy(s.skip_reasons);

@@ -1,10 +1,11 @@
 /* planner: which configuration should I run? Enumerates a table of dimensions (tp, pp, ep, stage
  * shape with uneven stages, ZeRO, recomputation, micro-batch size, schedule; planner.c's
  * planner_dimensions), keeps only what the compiler accepts (its own checks: layout_parse,
- * sched_check, one compile of each distinct layout), leaves out unsimulated what its static
- * memory puts over the cap, compiles and simulates the rest on a thread pool, and ranks them by
- * throughput among those under the memory cap (the others by memory over it). A sweep (sweep.h)
- * is the same evaluation of a list the user wrote. *
+ * sched_check, one compile of each distinct layout), leaves out unsimulated what its memory
+ * bound (static memory and the activations its schedule holds) puts over the cap, compiles and
+ * simulates the rest on a thread pool, and ranks them by throughput among those under the
+ * memory cap (the others by memory over it). A sweep (sweep.h) is the same evaluation of a
+ * list the user wrote. *
  *   GError *err = NULL;
  *   struct planner_request rq = planner_request_default();
  *   rq.model_path = "models/tiny-moe.json";
@@ -60,11 +61,15 @@ struct planner_config {
   int64_t micro_batch_size; /* 0: the model file's */
   uint32_t profile;         /* index into the evaluation's profiles */
   uint32_t pp, dp, ep, tp, stages; /* from the layout (0 for a directive file) */
+  uint32_t cp, etp;                /* from the layout: 1, and 0 where etp is tp's */
+  const char *fp8; /* --fp8 of the compile ("none", "tensorwise", "blockwise"); NULL: the model
+                    * file's piper.fp8 */
   const char *memory_choice;   /* a planner_memory_choices name, or "" */
   uint32_t order;              /* position in the enumeration: ties rank in this order */
   uint32_t layout_check;       /* the planner's: index of its distinct layout while enumerating */
-  /* Lower bound of the peak (bytes): the static memory of the compiled layout (parameters,
-   * gradients, optimizer state), which no schedule or micro-batch count changes. 0: none. */
+  /* Lower bound of the peak (bytes), on the device class where it is largest: the static
+   * memory of the compiled layout (parameters, gradients, optimizer state) plus the
+   * activations the schedule's order holds at once (planner.c, memory_bound). 0: none. */
   double memory_bound_bytes;
   bool bounded; /* over the cap by the bound alone: not simulated (peak_memory_bytes = bound) */
   /* results */
@@ -115,6 +120,15 @@ struct planner_request {
   const uint32_t *tp;       /* tensor-parallel degrees to try (each with sequence parallelism);
                              * NULL: 1, 2, 4 and 8 where they divide the devices and the model */
   uint32_t n_tp;
+  const uint32_t *cp;       /* context-parallel degrees to try; NULL: 1 (none) */
+  uint32_t n_cp;
+  const uint32_t *ep;       /* expert-parallel sizes to try besides 1 (MoE models); NULL: every
+                             * size that divides the experts and a stage's ranks */
+  uint32_t n_ep;
+  /* FP8 recipes to try ("none", "tensorwise", "blockwise"; the profile must have an FP8 peak
+   * and the model be bf16); NULL: the model file's */
+  const char *const *fp8;
+  uint32_t n_fp8;
   uint32_t max_interleave;  /* interleaved 1F1B with 2 .. this many stages per rank */
   uint32_t threads;         /* 0: one per core */
   bool progress;
@@ -133,6 +147,7 @@ struct planner {
   double memory_cap_bytes;
   char *model_name;
   int64_t model_micro_batch_size;
+  const char *model_fp8; /* the model file's piper.fp8 ("none" when absent) */
   uint32_t n_configs;
   struct planner_config *configs; /* ranked after planner_run */
   uint32_t n_layouts;             /* distinct layouts enumerated */

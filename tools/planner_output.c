@@ -11,11 +11,14 @@
 
 char *planner_config_name(const struct planner_config *c) {
   const char *what = c->layout ? c->layout : c->directives ? c->directives : "?";
+  g_autofree char *fp8 = c->fp8 && strcmp(c->fp8, "none") != 0
+                             ? g_strdup_printf(", FP8 %s", c->fp8)
+                             : g_strdup("");
   if (c->micro_batch_size > 0)
-    return g_strdup_printf("%s %s, %u micro-batches of %lld", sched_family_name(c->schedule), what,
-                           c->microbatches, (long long)c->micro_batch_size);
-  return g_strdup_printf("%s %s, %u micro-batches", sched_family_name(c->schedule), what,
-                         c->microbatches);
+    return g_strdup_printf("%s %s, %u micro-batches of %lld%s", sched_family_name(c->schedule),
+                           what, c->microbatches, (long long)c->micro_batch_size, fp8);
+  return g_strdup_printf("%s %s, %u micro-batches%s", sched_family_name(c->schedule), what,
+                         c->microbatches, fp8);
 }
 
 static const char *status_name(enum planner_status s) {
@@ -44,8 +47,9 @@ void planner_csv_field(FILE *f, const char *s) {
 /* Why a row is not feasible, in the words of the CSV's reason column. */
 static char *infeasible_reason(const struct planner_config *c) {
   if (c->bounded)
-    return g_strdup_printf("parameters, gradients and optimizer state alone %.3f GiB, over the "
-                           "cap of %.3f GiB (not simulated)",
+    return g_strdup_printf("at least %.3f GiB (parameters, gradients, optimizer state and the "
+                           "activations its schedule holds at once), over the cap of %.3f GiB "
+                           "(not simulated)",
                            c->peak_memory_bytes / GIB, c->memory_cap_bytes / GIB);
   if (c->status == PLANNER_OVER_CAP)
     return g_strdup_printf("peak memory %.3f GiB over the cap of %.3f GiB",
@@ -58,7 +62,8 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
   if (!piper_out_open(&out, path, err))
     return false;
   FILE *f = out.f;
-  fputs("rank,status,schedule,layout,pp,dp,ep,tp,stages,memory,micro_batch_size,num_microbatches,"
+  fputs("rank,status,schedule,layout,pp,dp,ep,tp,cp,etp,fp8,stages,memory,micro_batch_size,"
+        "num_microbatches,"
         "iteration_time_s,throughput_tokens_per_s,mfu,peak_memory_gib,memory_cap_gib,"
         "headroom_gib,bubble_fraction,pipeline_idle_fraction,exposed_comm_fraction,"
         "imbalance_fraction,reason\n",
@@ -67,8 +72,10 @@ static bool write_csv(const struct planner *pl, const char *path, GError **err) 
     const struct planner_config *c = &pl->configs[i];
     fprintf(f, "%u,%s,%s,", i + 1, status_name(c->status), sched_family_name(c->schedule));
     planner_csv_field(f, c->layout ? c->layout : c->directives ? c->directives : "");
-    fprintf(f, ",%u,%u,%u,%u,%u,%s,%lld,%u", c->pp, c->dp, c->ep, c->tp, c->stages,
-            c->memory_choice,
+    /* etp: the experts' TP (the layout's tp where not given); fp8: the recipe the GEMMs ran */
+    fprintf(f, ",%u,%u,%u,%u,%u,%u,%s,%u,%s,%lld,%u", c->pp, c->dp, c->ep, c->tp,
+            c->cp ? c->cp : 1, c->etp ? c->etp : c->tp, c->fp8 ? c->fp8 : pl->model_fp8,
+            c->stages, c->memory_choice,
             (long long)(c->micro_batch_size ? c->micro_batch_size : pl->model_micro_batch_size),
             c->microbatches);
     if (c->bounded) /* not simulated: the bound is the one figure */

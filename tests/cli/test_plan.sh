@@ -26,7 +26,7 @@ small=(--model models/tiny-dense.json --devices 4 --profile profiles/unit.json -
 if "$PLAN" "${small[@]}" --pp 4 --out "$tmp/p" > "$tmp/stdout" 2> "$tmp/stderr"; then
   ok "plan exits 0"
   [ "$(wc -l < "$tmp/p/plan.csv")" -eq 7 ] && ok "plan.csv: 6 configurations" || fail "rows: $(cat "$tmp/p/plan.csv")"
-  sed -n 2p "$tmp/p/plan.csv" | grep -q '^1,ok,zerobubble,"pp=4,dp=1,ep=1",4,1,1,1,4,zero0,2,8,0.027,' \
+  sed -n 2p "$tmp/p/plan.csv" | grep -q '^1,ok,zerobubble,"pp=4,dp=1,ep=1",4,1,1,1,1,1,none,4,zero0,2,8,0.027,' \
     && ok "rank 1: zero-bubble, 27 ms" || fail "rank 1: $(sed -n 2p "$tmp/p/plan.csv")"
   grep -q '^  #1 zerobubble pp=4,dp=1,ep=1, 8 micro-batches' "$tmp/stdout" && grep -q "beats #2 by 6 ms" "$tmp/stdout" \
     && ok "summary: the best and why" || fail "summary: $(cat "$tmp/stdout")"
@@ -38,12 +38,21 @@ else
 fi
 # the pick's commands: the printed piper-sim line runs as printed and gives the pick's figures
 # (iteration time, throughput, peak memory: plan.csv's rank 1), on the unit profile and on a real
-# model and profile where device classes collapse; the mpirun line names piper-exec with the
-# root-safe variables
-rerun_pick() {  # rerun_pick NAME STDOUT PLANCSV
-  local cmd
+# model and profile where device classes collapse; both lines use Megatron's names
+# (--micro-batch-size, --num-micro-batches; --seq-length when the search set it); the mpirun
+# line names piper-exec with the root-safe variables and, on a host profile, runs as printed
+rerun_pick() {  # rerun_pick NAME STDOUT PLANCSV [exec]
+  local cmd run
   cmd=$(grep -A1 '^  run #1:$' "$2" | sed -n '2s/^    //p')
+  run=$(grep -A2 '^  run #1:$' "$2" | sed -n '3s/^    //p')
   case "$cmd" in "$BIN/piper-sim "*) ;; *) fail "$1: no piper-sim command: $(cat "$2")"; return;; esac
+  python3 - "$3" "$cmd" "$run" <<'PY' && ok "$1: the commands give the pick's sizes in Megatron's names" || fail "$1: sizes: $cmd / $run"
+import csv, sys
+pick = next(csv.DictReader(open(sys.argv[1])))
+want = "--micro-batch-size %s --num-micro-batches %s" % (pick["micro_batch_size"], pick["num_microbatches"])
+for line in sys.argv[2:]:
+    assert want in line and "--mbs" not in line, (want, line)
+PY
   if ! eval "$cmd --out \"$tmp/rerun-$1\" --no-charts --no-sensitivity" > /dev/null 2>&1; then
     fail "$1: the printed command fails: $cmd"; return
   fi
@@ -59,9 +68,20 @@ assert abs(float(pick["peak_memory_gib"]) - m["peak_memory_bytes_max"] / 2**30) 
 PY
   grep -A2 '^  run #1:$' "$2" | sed -n 3p | grep -q "^    .*mpirun --allow-run-as-root -np [0-9]* .*$BIN/piper-exec --backend [a-z]* --model " \
     && ok "$1: the mpirun command" || fail "$1: mpirun line: $(grep -A2 '^  run #1:$' "$2")"
+  [ "${4:-}" = exec ] || return 0
+  # as printed (as root or not: --allow-run-as-root), with only a fresh output directory added
+  if eval "$run --out \"$tmp/exec-$1\"" > "$tmp/exec-$1.log" 2>&1 &&
+     grep -q '^piper-exec: final loss [0-9.]*, .* over 20 measured steps' "$tmp/exec-$1.log"; then
+    ok "$1: the printed mpirun command trains"
+  else
+    fail "$1: the printed mpirun command fails: $run: $(tail -3 "$tmp/exec-$1.log")"
+  fi
 }
-"$PLAN" "${small[@]}" --out "$tmp/pick" > "$tmp/stdout" 2>/dev/null && rerun_pick tiny "$tmp/stdout" "$tmp/pick/plan.csv" \
+"$PLAN" "${small[@]}" --out "$tmp/pick" > "$tmp/stdout" 2>/dev/null && rerun_pick tiny "$tmp/stdout" "$tmp/pick/plan.csv" exec \
   || fail "plan for the pick"
+"$PLAN" "${small[@]}" --seq-length 32 --micro-batch-size 1,2 --out "$tmp/pick-seq" > "$tmp/stdout" 2>/dev/null &&
+  grep -A2 '^  run #1:$' "$tmp/stdout" | grep -c -- '--seq-length 32' | grep -qx 2 &&
+  rerun_pick tiny-seq "$tmp/stdout" "$tmp/pick-seq/plan.csv" || fail "the pick's commands carry --seq-length: $(cat "$tmp/stdout")"
 "$PLAN" --model models/qwen1.5-moe-a2.7b.json --devices 16 --pp 2 --tp 1 --max-interleave 1 --profile profiles/h100-sxm.json \
   --global-batch 64 --out "$tmp/pickq" --no-charts --quiet > "$tmp/stdout" 2>/dev/null \
   && rerun_pick qwen "$tmp/stdout" "$tmp/pickq/plan.csv" || fail "plan for the qwen pick"
@@ -70,7 +90,7 @@ PY
 # searched as 2 + 14 x 4 + 3 (the spec is simulated as --layout takes it)
 "$PLAN" --model models/deepseek-v3.json --devices 16 --pp 16 --tp 1 --schedules 1f1b --max-interleave 1 \
   --profile profiles/h100-sxm.json --global-batch 32 --out "$tmp/uneven" --no-charts --quiet 2>/dev/null &&
-  grep -q '^1,over_memory_cap,1f1b,"pp=16,dp=1,ep=1,first-stage-layers=2,last-stage-layers=3",16,1,1,1,16,' "$tmp/uneven/plan.csv" &&
+  grep -q '^1,over_memory_cap,1f1b,"pp=16,dp=1,ep=1,first-stage-layers=2,last-stage-layers=3",16,1,1,1,1,1,none,16,' "$tmp/uneven/plan.csv" &&
   ok "61 layers over 16 stages" || fail "uneven stages: $(cat "$tmp/uneven/plan.csv" 2>/dev/null)"
 "$PLAN" "${small[@]}" --out "$tmp/nc" --no-charts --no-summary > "$tmp/stdout" 2>/dev/null && [ ! -e "$tmp/nc/plan.png" ] \
   && [ ! -s "$tmp/stdout" ] && [ -s "$tmp/nc/plan.csv" ] && ok "--no-charts, --no-summary" || fail "--no-charts/--no-summary"
@@ -104,6 +124,26 @@ expect_input_error piper-plan "--schedules: \"dualpipe\"" "${small[@]}" --schedu
 expect_input_error piper-plan "--micro-batch-size: " "${small[@]}" --micro-batch-sizes 1,x
 expect_input_error piper-plan "--recompute: \"none,full:block:0\"" "${small[@]}" --recompute none,full:block:0
 expect_input_error piper-plan "--pp" "${small[@]}" --pp 0
+expect_input_error piper-plan "--cp: \"2,x\"" "${small[@]}" --cp 2,x
+expect_input_error piper-plan "--ep: \"0\"" "${small[@]}" --ep 0
+expect_input_error piper-plan "--fp8: \"fp4\" is not an FP8 recipe" "${small[@]}" --fp8 none,fp4
+expect_input_error piper-plan "--fp8 blockwise: models/tiny-dense.json is not a bf16 model" "${small[@]}" --fp8 blockwise
+expect_input_error piper-plan "--fp8 blockwise: profile host-cpu has no FP8 peak" --model models/tiny-dense-bf16.json \
+  --devices 2 --profile profiles/host-cpu.json --global-batch 4 --fp8 blockwise
+expect_input_error piper-sim "--fp8: \"fp4\" is not an FP8 recipe" --model models/tiny-dense-bf16.json --layout pp=2 \
+  --profile profiles/unit.json --fp8 fp4
+# the rows issue 32 adds: context parallelism and FP8 on request, each in plan.csv's columns
+if "$PLAN" --model models/tiny-dense-bf16.json --devices 4 --profile profiles/h100-sxm.json --global-batch 16 \
+    --tp 1 --pp 1,2 --cp 1,2 --fp8 none,blockwise --out "$tmp/rows" --no-charts --quiet > /dev/null 2>&1 &&
+   python3 - "$tmp/rows/plan.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert {r["cp"] for r in rows} == {"1", "2"}, {r["cp"] for r in rows}
+assert {r["fp8"] for r in rows} == {"none", "blockwise"}
+assert all(("cp=2" in r["layout"]) == (r["cp"] == "2") for r in rows)
+assert not any(r["status"] == "error" for r in rows)
+PY
+then ok "--cp and --fp8: rows with each, in plan.csv's columns"; else fail "--cp/--fp8 rows: $(head -3 "$tmp/rows/plan.csv")"; fi
 expect_input_error piper-plan "no layout of 4 devices fits.*not a whole number" "${small[@]}" --global-batch 3
 expect_input_error piper-plan "nope.json" "${small[@]}" --profile profiles/nope.json
 expect_input_error piper-plan "nope.json" --model models/nope.json --devices 4 --profile profiles/unit.json --global-batch 16

@@ -47,13 +47,14 @@ static struct planner_request tiny(const char *model, uint32_t devices, uint64_t
 }
 
 /* tiny-moe (4 layers, 8 experts, micro-batch size 2) on 4 devices, global batch 16:
- *   pp=1, dp=4: ep 1 or 4; one stage: 1f1b only; ZeRO 0, 1, 2, 3     -> 2 x 4      =  8
+ *   pp=1, dp=4: ep 1, 2 or 4 (its own size: dividing the 8 experts and the stage's 4 ranks);
+ *               one stage: 1f1b only; ZeRO 0, 1, 2, 3                 -> 3 x 4      = 12
  *   pp=2, dp=2: ep 1 or 2; linear (gpipe, 1f1b, zerobubble), interleave=2 (4 stages:
  *               interleaved_1f1b), V (4 stages: zbv, dualpipev); ZeRO 0, 1, 2, 3
  *                                                                     -> 2 x 6 x 4  = 48
  *   pp=4, dp=1: ep 1; linear only (8 stages exceed 4 layers: interleave=2 and V left out);
  *               ZeRO needs dp >= 2 (--layout refuses the 3 x 3 others)  -> 3
- * 59 configurations, 33 layouts (2 + 2 x 3 shapes, each with its ZeRO levels, + 1), 2 left
+ * 63 configurations, 37 layouts (3 + 2 x 3 shapes, each with its ZeRO levels, + 1), 2 left
  * out; micro-batches 16 / (dp x 2). */
 static void test_enumeration(void **state) {
   (void)state;
@@ -62,8 +63,8 @@ static void test_enumeration(void **state) {
   struct planner *pl = planner_new(&rq, &err);
   if (!pl)
     fail_msg("%s", err->message);
-  assert_int_equal(pl->n_configs, 59);
-  assert_int_equal(pl->n_layouts, 33);
+  assert_int_equal(pl->n_configs, 63);
+  assert_int_equal(pl->n_layouts, 37);
   assert_non_null(strstr(pl->skipped->str, "left out: 2 layouts: the stages do not split"));
   assert_non_null(strstr(pl->skipped->str, "left out: 9 configurations --layout refuses"));
   uint32_t per_pp[5] = {0};
@@ -71,10 +72,10 @@ static void test_enumeration(void **state) {
     const struct planner_config *c = &pl->configs[i];
     assert_true(c->pp * c->dp == 4);
     assert_int_equal(c->microbatches, 16 / (c->dp * 2));
-    assert_true(c->ep == 1 || c->ep == c->dp);
+    assert_true(c->dp % c->ep == 0 && 8 % c->ep == 0);
     per_pp[c->pp]++;
   }
-  assert_int_equal(per_pp[1], 8);
+  assert_int_equal(per_pp[1], 12);
   assert_int_equal(per_pp[2], 48);
   assert_int_equal(per_pp[4], 3);
   planner_free(pl);
@@ -254,14 +255,20 @@ static void test_every_config_compiles(void **state) {
     uint32_t devices;
     uint64_t batch;
     bool big; /* no lowering, no recomputation, one ZeRO level */
+    bool cp_fp8; /* context parallelism 1, 2, 4 and every FP8 recipe (a dense model) */
   } cases[] = {
-      {"models/qwen1.5-moe-a2.7b.json", 16, 64, false},
-      {"models/mixtral-8x22b.json", 64, 128, false},
-      {"models/llama3.1-405b.json", 8192, 2048, true},
-      {"models/deepseek-v3.json", 1024, 1024, true},
+      /* MoE: expert parallelism as its own size (ep dividing the experts and a stage's ranks,
+       * etp = tp or 1) */
+      {"models/qwen1.5-moe-a2.7b.json", 16, 64, false, false},
+      {"models/llama3-8b.json", 16, 32, false, true},
+      {"models/mixtral-8x22b.json", 64, 128, false, false},
+      {"models/llama3.1-405b.json", 8192, 2048, true, false},
+      {"models/deepseek-v3.json", 1024, 1024, true, false},
   };
-  /* make test runs the first (seconds); make test-long all four (minutes: PIPER_LONG_TESTS=1) */
-  size_t n_cases = getenv("PIPER_LONG_TESTS") ? G_N_ELEMENTS(cases) : 1;
+  static const uint32_t cps[] = {1, 2, 4};
+  static const char *const fp8[] = {"none", "tensorwise", "blockwise"};
+  /* make test runs the first two (seconds); make test-long all (minutes: PIPER_LONG_TESTS=1) */
+  size_t n_cases = getenv("PIPER_LONG_TESTS") ? G_N_ELEMENTS(cases) : 2;
   for (size_t k = 0; k < n_cases; k++) {
     struct planner_request rq = planner_request_default();
     rq.model_path = cases[k].model;
@@ -274,21 +281,35 @@ static void test_every_config_compiles(void **state) {
     static const uint32_t big_pp[] = {16, 32};
     rq.pp = cases[k].big ? big_pp : NULL;
     rq.n_pp = cases[k].big ? G_N_ELEMENTS(big_pp) : 0;
-    rq.recompute = cases[k].big ? NULL : recompute;
+    if (cases[k].cp_fp8) {
+      rq.cp = cps;
+      rq.n_cp = G_N_ELEMENTS(cps);
+      rq.fp8 = fp8;
+      rq.n_fp8 = G_N_ELEMENTS(fp8);
+    }
+    /* not with the CP/FP8 rows: dualpipev pp=4,dp=4,v,zero=3,recompute=selective of Llama-3-8B
+     * is a known compiler refusal (a cycle: the ZeRO-3 prefetch against the recomputation
+     * under DualPipeV), left for its own fix */
+    rq.recompute = cases[k].big || cases[k].cp_fp8 ? NULL : recompute;
     rq.n_recompute = cases[k].big ? 0 : G_N_ELEMENTS(recompute);
     rq.threads = 2;
     struct planner *pl = plan_or_fail_new(&rq);
     assert_true(pl->n_configs > 0);
-    uint32_t compiled = 0;
+    uint32_t compiled = 0, own_ep = 0, with_cp = 0, with_fp8 = 0;
     for (uint32_t i = 0; i < pl->n_configs; i++) {
       const struct planner_config *c = &pl->configs[i];
       if (cases[k].big && strcmp(c->memory_choice, c->dp > 1 ? "zero1" : "zero0") != 0)
         continue;
       compiled++;
+      /* the rows of issue 32 that the default space lacked: present, not only compiled */
+      own_ep += c->ep > 1 && (c->ep != c->dp || c->etp > 0);
+      with_cp += c->cp > 1;
+      with_fp8 += c->fp8 && strcmp(c->fp8, "none") != 0;
       struct compile_options o = compile_options_default();
       o.model_path = cases[k].model;
       o.layout = c->layout;
       o.micro_batch_size = c->micro_batch_size;
+      o.fp8 = c->fp8;
       o.have_schedule = true;
       o.schedule.family = c->schedule;
       o.schedule.mbs = c->microbatches;
@@ -303,13 +324,18 @@ static void test_every_config_compiles(void **state) {
       compile_result_free(&r);
     }
     assert_true(compiled > 0);
+    if (k == 0)
+      assert_true(own_ep > 0);
+    if (cases[k].cp_fp8)
+      assert_true(with_cp > 0 && with_fp8 > 0);
     planner_free(pl);
   }
 }
 
 /* The memory bound of a configuration (its compiled layout's static memory: parameters,
- * gradients, optimizer state) is below what the simulation gives, for every configuration of a
- * real search; the bound leaves out only configurations over the cap. */
+ * gradients, optimizer state; plus the activations its schedule's order must hold at once) is
+ * below what the simulation gives, for every configuration of a real search with every
+ * recomputation; the bound leaves out only configurations over the cap. */
 static void test_memory_bound(void **state) {
   (void)state;
   struct planner_request rq = planner_request_default();
@@ -319,7 +345,12 @@ static void test_memory_bound(void **state) {
   rq.global_batch = 64;
   rq.threads = 2;
   rq.memory_cap_gib = 1e6; /* everything simulated: every bound checked */
+  /* make test: without recomputation (seconds); make test-long each (a minute) */
+  static const char *const recompute[] = {"none", "selective", "full:uniform:1"};
+  rq.recompute = recompute;
+  rq.n_recompute = getenv("PIPER_LONG_TESTS") ? G_N_ELEMENTS(recompute) : 1;
   struct planner *pl = plan_or_fail(&rq);
+  uint32_t close = 0;
   assert_int_equal(pl->n_simulated, pl->n_configs);
   for (uint32_t i = 0; i < pl->n_configs; i++) {
     const struct planner_config *c = &pl->configs[i];
@@ -328,7 +359,11 @@ static void test_memory_bound(void **state) {
     if (c->peak_memory_bytes < c->memory_bound_bytes * (1 - 1e-9))
       fail_msg("%s %s: peak %.6g bytes under its bound %.6g", sched_family_name(c->schedule),
                c->layout, c->peak_memory_bytes, c->memory_bound_bytes);
+    /* the activations the schedule holds make it a bound worth having (the static memory
+     * alone was 40-60% of these peaks): measured 0.75 to 0.998 of the peak, median 0.87 */
+    close += c->memory_bound_bytes >= 0.8 * c->peak_memory_bytes;
   }
+  assert_true(close * 2 > pl->n_configs);
   planner_free(pl);
   rq.memory_cap_gib = 40;
   pl = plan_or_fail(&rq);
