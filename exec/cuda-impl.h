@@ -221,6 +221,27 @@ void exec_cuda_adamw_multi(struct exec_stream *s, const struct kernels_adamw_ten
  * fails with e (true: handled); in auto mode the own kernels take this call and every later
  * one, said once (false) (backend_cuda_kernels.c) */
 bool exec_cuda_cudnn_refused(struct exec_stream *s, GError *e);
+/* the kernel table's LM head entries (backend_cuda_head.c; kernels/ops.def's lm_head_loss_*
+ * and tp_head_*) */
+void exec_cuda_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved, const float
+    *h, const int32_t *targets, const float *params, enum kernels_lm_head_layout layout, int T, int
+    C, int V);
+void exec_cuda_lm_head_loss_backward_input(struct exec_stream *s, float *dh, float *bwork, const
+    float *saved, const float *h, const int32_t *targets, const float *params, enum
+    kernels_lm_head_layout layout, float dloss, int T, int C, int V, bool accumulate);
+void exec_cuda_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams, const float
+    *bwork, const float *saved, const float *h, const int32_t *targets, const float *params, enum
+    kernels_lm_head_layout layout, float dloss, int T, int C, int V);
+void exec_cuda_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+    const float *saved, const float *h, const int32_t *targets, const float *params, enum
+    kernels_lm_head_layout layout, float dloss, int T, int C, int V, bool accumulate);
+void exec_cuda_tp_head_stats(struct exec_stream *s, float *stats, const float *h, const int32_t
+    *targets, const float *w, enum kernels_lm_head_layout layout, int T, int C, int lo, int n);
+void exec_cuda_tp_head_combine(struct exec_stream *s, float *loss, float *saved, const float
+    *gathered, int tp, int T);
+void exec_cuda_tp_head_backward(struct exec_stream *s, float *dh, float *dw, const float *saved,
+    const float *h, const int32_t *targets, const float *w, enum kernels_lm_head_layout layout,
+    float dloss, int T, int C, int lo, int n);
 /* the kernel table's context-parallel blocks (backend_cuda_attention_cp.c; kernels/ops.def's
  * attention_block_forward and attention_block_backward) */
 void exec_cuda_attention_block_forward(struct exec_stream *s, float *y, float *lse, const float *q,
@@ -242,6 +263,12 @@ bool exec_cuda_copy_made(struct cuda_context *b, struct exec_wcache_entry *w, cu
 void exec_cuda_gemm_pre(struct exec_stream *s, unsigned pre, bool ta, bool tb, int m, int n, int k,
                         float alpha, const void *A, int lda, const void *B, int ldb, float beta,
                         float *C, int ldc);
+/* a GEMM of fp32 operands (both converted as the model's GEMMs want) */
+static inline void exec_cuda_gemm(struct exec_stream *s, bool ta, bool tb, int m, int n, int k,
+                                  float alpha, const float *A, int lda, const float *B, int ldb,
+                                  float beta, float *C, int ldc) {
+  exec_cuda_gemm_pre(s, 0, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 
 /* backend_cuda_fp8.c: a kernel entry of op starts on s (enter returns the state leave
  * restores): its GEMMs run in FP8 when op is a linear layer's and the model has a recipe.
