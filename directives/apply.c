@@ -1688,8 +1688,13 @@ static void size_expert_backward(const struct expert_side *es, uint32_t e, uint6
   uint32_t b = IR_EDGE(g, e)->dst;
   IR_EDGE(g, e)->bytes = saved;
   ir_graph_add_edge(g, es->d, b, IR_EDGE_DATA, 1, es->route);
-  if (es->into[b] != IR_NONE) /* B or BI: the combine's and the dispatch's transposes */
+  if (es->into[b] != IR_NONE) { /* B or BI: the combine's and the dispatch's transposes */
     ir_graph_add_edge(g, es->d, es->into[b], IR_EDGE_DATA, 1, es->route);
+    /* a rerun's combine keeps nothing for the backward, but the backward starts when the
+     * whole rerun has ended, its combine too, as Megatron's checkpointed layer does */
+    if (IR_NODE(g, es->combine)->pass == IR_PASS_R)
+      ir_graph_add_edge(g, es->combine, es->into[b], IR_EDGE_TEMPORAL, 0, 0);
+  }
   if (es->out[b] != IR_NONE)
     ir_graph_add_edge(g, es->d, es->out[b], IR_EDGE_DATA, 1, es->route);
 }

@@ -672,8 +672,8 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *drow
                                   const int32_t *row_expert, int n_rows, const float *saved,
                                   const float *act, const float *params, int e_first, int e_count,
                                   int C, int F, bool accumulate) {
-  k_expert_ffn_backward_input(s, din, drow_weight, bwork, scratch, dout, row_expert, n_rows,
-                              saved, act, params, e_first, e_count, C, F, accumulate);
+  k_expert_ffn_backward_input(s, din, drow_weight, bwork, scratch, dout, row_expert, n_rows, saved,
+                              act, params, e_first, e_count, C, F, accumulate);
   k_expert_ffn_backward_weight(s, dparams, bwork, row_expert, n_rows, saved, act, e_first, e_count,
                                C, F);
 }

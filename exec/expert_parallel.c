@@ -14,8 +14,8 @@ struct exec_moe {
   const float *weights;
   int32_t *route_row, *send_expert, *recv_expert;
   float *send_rows, *recv_rows, *y_recv, *y_send, *saved, *bwork, *scratch;
-  float *recv_weight;  /* the received rows' routing weights [cap], which the experts apply */
-  float *drw_recv;     /* their gradients [cap], from the experts' backward, sent back */
+  float *recv_weight; /* the received rows' routing weights [cap], which the experts apply */
+  float *drw_recv;    /* their gradients [cap], from the experts' backward, sent back */
   float *act; /* silu(gate)·up apart from saved under moe_act (struct local_moe's), or NULL */
   float *dy_recv, *drows_recv;
   bool rerun; /* routed by the rerun's own dispatch (full recomputation, pass R) */
@@ -155,8 +155,8 @@ bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, b
   if (n && mode == BWD_FUSED)
     KT(st, s,
        k->expert_ffn_backward(st->stream, moe->drows_recv, moe->drw_recv, G, moe->bwork,
-                              moe->scratch, moe->dy_recv, moe->recv_expert, n, moe->saved,
-                              moe->act, P, moe->e_first, moe->e_count, C, F, false));
+                              moe->scratch, moe->dy_recv, moe->recv_expert, n, moe->saved, moe->act,
+                              P, moe->e_first, moe->e_count, C, F, false));
   else if (n)
     KT(st, s,
        k->expert_ffn_backward_input(st->stream, moe->drows_recv, moe->drw_recv, moe->bwork,
@@ -269,8 +269,8 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
     h = hz;
   }
   KT(st, s,
-     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, send_weight, h,
-                             moe->ids, moe->weights, moe->route_row, T, K, C));
+     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, send_weight, h, moe->ids,
+                             moe->weights, moe->route_row, T, K, C));
   exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
   int32_t *rc = exec_mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
   CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
@@ -296,8 +296,7 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   CT(st, s, ok,
      exec_comm_all_to_all_v(s->b, comm, moe->send_expert, sb, moe->recv_expert, rb, err));
   if (ok)
-    CT(st, s, ok,
-       exec_comm_all_to_all_v(s->b, comm, send_weight, sb, moe->recv_weight, rb, err));
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, send_weight, sb, moe->recv_weight, rb, err));
   return ok;
 }
 
@@ -385,7 +384,8 @@ bool exec_all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
     if (!ok || x->pass == IR_PASS_R) /* the forward's combined output went on */
       goto out;
     float *mout = mb_floats_raw(s, st, mb, exec_a2a_out_tensor(s, i, false), (size_t)TS * C);
-    KT(st, s, k->moe_combine_forward(st->stream, mout, moe->y_send, moe->route_row + off, TS, K, C));
+    KT(st, s,
+       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->route_row + off, TS, K, C));
     mb->out[(size_t)x->segment * TC + EXEC_T_M] = mout;
   } else if (x->role == EXEC_ROLE_A2A_TO_EXPERT) {
     /* combine's transpose: each route's row gets its token's output gradient */

@@ -270,14 +270,13 @@ static bool bwd_expert_ffn(struct bwd *b, const struct bwd_op *o, float *dh_tp, 
   else
     KT(st, s,
        k->expert_ffn_backward_input(st->stream, drows, drw, run->bwork[j], scratch, dy,
-                                    lm->row_expert, TK, run->saved[j], lm->act, o->prm, 0, E, C,
-                                    F, false));
+                                    lm->row_expert, TK, run->saved[j], lm->act, o->prm, 0, E, C, F,
+                                    false));
   if (dh_tp && !exec_tp_all_reduce(s, st, drw, (size_t)TK, err))
     return false;
   bool ah = false;
   float *dh = dh_tp ? dh_tp : dval_in(b, o->so->in[0], &ah);
-  KT(st, s,
-     k->moe_dispatch_backward(st->stream, dh, dwt, drows, drw, lm->route_row, T, K, C, ah));
+  KT(st, s, k->moe_dispatch_backward(st->stream, dh, dwt, drows, drw, lm->route_row, T, K, C, ah));
   if (ar)
     KT(st, s, k->add(st->stream, dw, dwt, (size_t)TK));
   return true;

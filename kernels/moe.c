@@ -249,9 +249,9 @@ static float *saved_weights(const float *saved, const float *act_buf, size_t n, 
  * when given) <- in [n, C], row_weight [n]. act = silu(g)·u · w per row, so out is the routed
  * row's weighted output (Megatron-Core's weighted SwiGLU) and the combine only sums. */
 void kernels_expert_ffn_forward(float *out, float *saved, float *act_buf, float *scratch,
-                                const float *in, const int32_t *row_expert,
-                                const float *row_weight, int n_rows, const float *params,
-                                int e_first, int e_count, int C, int F) {
+                                const float *in, const int32_t *row_expert, const float *row_weight,
+                                int n_rows, const float *params, int e_first, int e_count, int C,
+                                int F) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
   float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
@@ -279,11 +279,11 @@ void kernels_expert_ffn_forward(float *out, float *saved, float *act_buf, float 
  * <- dout [n, C]. With dact_w = dys wd^T the gradient of act = silu(g)·u · w: the weight's is
  * dact_w . silu(g)·u = du' . u, where du' = dact_w · silu(g) is the unweighted SwiGLU
  * backward's du; both SwiGLU gradients are then w times the unweighted ones (linear in dact). */
-void kernels_expert_ffn_backward_input(float *din, float *drow_weight, float *bwork,
-                                       float *scratch, const float *dout,
-                                       const int32_t *row_expert, int n_rows, const float *saved,
-                                       const float *act_buf, const float *params, int e_first,
-                                       int e_count, int C, int F, bool accumulate) {
+void kernels_expert_ffn_backward_input(float *din, float *drow_weight, float *bwork, float *scratch,
+                                       const float *dout, const int32_t *row_expert, int n_rows,
+                                       const float *saved, const float *act_buf,
+                                       const float *params, int e_first, int e_count, int C, int F,
+                                       bool accumulate) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
   const float *g = saved + n * C, *u = g + n * F, *ws = saved_weights(saved, act_buf, n, C, F);

@@ -679,8 +679,7 @@ static void test_dispatch_combine_roundtrip(void **state) {
   for (int r = 0; r < N; r++)
     total += counts[r];
   assert_int_equal(total, T * K);
-  kernels_moe_dispatch_forward(send, send_expert, send_weight, h, ids, weights, route_row, T, K,
-                               C);
+  kernels_moe_dispatch_forward(send, send_expert, send_weight, h, ids, weights, route_row, T, K, C);
   int row = 0;
   for (int r = 0; r < N; r++) /* each rank's rows carry only its own experts */
     for (int i = 0; i < counts[r]; i++, row++)
@@ -786,8 +785,7 @@ static void test_expert_ffn_act_rerun(void **state) {
         *scratch = fz(kernels_expert_ffn_scratch_floats(n, C));
   kernels_expert_ffn_forward(out, saved, NULL, scratch, in, row_expert, rw, n, params, 0, E, C, F);
   float *out2 = fz((size_t)n * C), *saved2 = fz(ns), *act = fz(na), *act2 = fz(na);
-  kernels_expert_ffn_forward(out2, saved2, act, scratch, in, row_expert, rw, n, params, 0, E, C,
-                             F);
+  kernels_expert_ffn_forward(out2, saved2, act, scratch, in, row_expert, rw, n, params, 0, E, C, F);
   assert_same("outputs, act apart", out, out2, (size_t)n * C);
   assert_same("xs, g, u, act apart", saved, saved2, gu);
   assert_same("the rows' weights, act apart", saved + gu + na, saved2 + gu, (size_t)n);
@@ -796,8 +794,8 @@ static void test_expert_ffn_act_rerun(void **state) {
   assert_same("act rebuilt", act, act2, na);
   float *bw = fz(nb), *dx = fz((size_t)n * C), *dw = fz(np), *dw2 = fz(np), *drw = fz(n);
   float *drw2 = fz(n), *dx2 = fz((size_t)n * C), *bw2 = fz(nb);
-  kernels_expert_ffn_backward(dx, drw, dw, bw, scratch, dout, row_expert, n, saved, NULL, params,
-                              0, E, C, F, false);
+  kernels_expert_ffn_backward(dx, drw, dw, bw, scratch, dout, row_expert, n, saved, NULL, params, 0,
+                              E, C, F, false);
   kernels_expert_ffn_backward_input(dx2, drw2, bw2, scratch, dout, row_expert, n, saved2, act2,
                                     params, 0, E, C, F, false);
   assert_same("input gradient, act apart", dx, dx2, (size_t)n * C);
@@ -857,8 +855,8 @@ static void test_expert_ffn_grad(void **state) {
   float *dx3 = fz(n);
   fill(dx3, n, 1.0f);
   float *old = fdup(dx3, n);
-  kernels_expert_ffn_backward_input(dx3, drw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved,
-                                    NULL, c.params, c.e_first, c.e_count, c.C, c.F, true);
+  kernels_expert_ffn_backward_input(dx3, drw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
+                                    c.params, c.e_first, c.e_count, c.C, c.F, true);
   check_accumulated("expert accumulate", dx3, old, dx, n);
   fd_check("expert din", c.in, n, dx, exp_loss, &c);
   fd_check("expert dw", c.params, np, dw, exp_loss, &c);
@@ -893,7 +891,7 @@ static void test_expert_parallel_equals_full(void **state) {
     m[run] = fz(T * C), dh[run] = fz(T * C), dparams[run] = fz(np), dweights[run] = fz(T * K);
     kernels_moe_dispatch_plan(counts, route_row, ids, T, K, E, n_ranks);
     kernels_moe_dispatch_forward(send, send_expert, send_weight, h, ids, weights, route_row, T, K,
-                               C);
+                                 C);
     /* "All-to-all": rank r's rows are the slice [off, off + counts[r]) of the send buffer. */
     size_t off = 0;
     for (int r = 0; r < n_ranks; r++) {
@@ -910,8 +908,8 @@ static void test_expert_parallel_equals_full(void **state) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
       kernels_expert_ffn_backward(dsend + off * C, dsend_weight + off, dparams[run] + e0 * per,
                                   bwork + off * (C + 2 * F), scratch, dy + off * C,
-                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F + 1),
-                                  NULL, params + e0 * per, (int)e0, per_rank, C, F, false);
+                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F + 1), NULL,
+                                  params + e0 * per, (int)e0, per_rank, C, F, false);
       off += cnt;
     }
     kernels_moe_dispatch_backward(dh[run], dweights[run], dsend, dsend_weight, route_row, T, K, C,
