@@ -137,9 +137,9 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRCS := $(wildcard tests/bench/*.c)
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 # GPU check programs (tests/gpu/, run by tools/gpu-check.sh): built with the cuda backend.
-# Emulated: the kernel check only (the benchmarks time a GPU).
+# Emulated: the kernel check, and bench_fp8 at small shapes (its check against the host).
 GPU_CHECK_SRCS := $(if $(HAVE_CUDA),$(wildcard tests/gpu/*.c))
-GPU_CHECK_SRCS := $(if $(CUDA_EMU),tests/gpu/check_kernels.c,$(GPU_CHECK_SRCS))
+GPU_CHECK_SRCS := $(if $(CUDA_EMU),tests/gpu/check_kernels.c tests/gpu/bench_fp8.c,$(GPU_CHECK_SRCS))
 GPU_CHECK_BINS := $(GPU_CHECK_SRCS:tests/gpu/%.c=$(BUILD)/gpu/%)
 ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%.o) \
   $(BENCH_SRCS:%.c=$(BUILD)/%.o) $(GPU_CHECK_SRCS:%.c=$(BUILD)/%.o)

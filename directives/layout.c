@@ -228,10 +228,16 @@ static bool check_experts(const char *spec, const struct layout *l, GError **err
     return piper_input_error(err, "--layout \"%s\": etp=%u below tp=%u needs sp (each TP rank "
                                   "routes its sequence shard to the experts, as Megatron requires)",
                              spec, etp, l->tp);
-  if ((uint64_t)l->ep * etp > ranks || ranks % (l->ep * etp) != 0)
+  if ((uint64_t)l->ep * etp > ranks || ranks % (l->ep * etp) != 0) {
+    char grid[64];
+    if (l->cp > 1)
+      g_snprintf(grid, sizeof grid, "tp x cp x dp = %u x %u x %u", l->tp, l->cp, l->dp);
+    else
+      g_snprintf(grid, sizeof grid, "tp x dp = %u x %u", l->tp, l->dp);
     return piper_input_error(err, "--layout \"%s\": ep=%u x etp=%u%s does not divide the %u "
-                                  "ranks of a stage (tp x dp = %u x %u)", spec, l->ep, etp,
-                             l->etp ? "" : " (etp defaults to tp)", ranks, l->tp, l->dp);
+                                  "ranks of a stage (%s)", spec, l->ep, etp,
+                             l->etp ? "" : " (etp defaults to tp)", ranks, grid);
+  }
   return true;
 }
 
@@ -242,9 +248,6 @@ static bool check(const char *spec, struct layout *l, GError **err) {
                                   "holds two stages per rank)", spec);
   if (l->interleave > 1)
     l->shape = LAYOUT_INTERLEAVED;
-  if (l->cp > 1 && l->ep > 1)
-    return piper_input_error(err, "--layout \"%s\": cp with ep is not supported yet (experts are "
-                                  "carved from the tp x dp ranks alone)", spec);
   if (!check_experts(spec, l, err))
     return false;
   if (l->zero > 0 && l->dp * l->cp < 2)
@@ -377,7 +380,8 @@ uint32_t layout_expert_tp(const struct layout *l) {
 static void shard_extra(const struct layout *l, char *buf, size_t len) {
   uint32_t etp = layout_expert_tp(l);
   buf[0] = '\0';
-  if (l->ep != l->dp || etp != l->tp)
+  /* a shard without a degree spreads the experts over the devices of one TP rank: DP x CP */
+  if (l->ep != l->dp * l->cp || etp != l->tp)
     g_snprintf(buf, len, ", \"degree\": %u, \"expert_tensor_parallel\": %u", l->ep, etp);
   if (l->capacity_factor > 0) {
     char c[48];

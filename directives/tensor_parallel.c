@@ -240,8 +240,11 @@ void dir_tp_fix_data_parallel(struct ir_graph *g) {
     n->tp_degree = tp;
     if (n->replica_degree == size)
       n->replica_degree = size / tp;
-    if (dp) /* the buckets summed whole segments; each device holds 1/tp of their weights */
-      n->bytes = IR_SEGSET(g, n->segset)->param_bytes;
+    /* the buckets summed whole segments; each device holds 1/tp of their weights, and of
+     * experts sharded by EP (a DualPipe copies' sum of them, shard_degree > 1: every segment
+     * of such a bucket is sharded alike, copy_sync_buckets) 1/shard_degree of those */
+    if (dp)
+      n->bytes = IR_SEGSET(g, n->segset)->param_bytes / (n->shard_degree > 1 ? n->shard_degree : 1);
   }
 }
 

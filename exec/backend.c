@@ -67,6 +67,7 @@ static const char *const use_names[EXEC_USE_COUNT] = {
     [EXEC_USE_LM_HEAD] = "the LM head",
     [EXEC_USE_SELECTIVE_RECOMPUTE] = "selective recomputation",
     [EXEC_USE_TENSOR_PARALLEL] = "tensor parallelism",
+    [EXEC_USE_CONTEXT_PARALLEL] = "context parallelism",
     [EXEC_USE_POINT_TO_POINT] = "pipeline transfers",
     [EXEC_USE_ALL_REDUCE] = "gradient all-reduce",
     [EXEC_USE_REDUCE_SCATTER] = "gradient reduce-scatter",

@@ -92,6 +92,7 @@ enum exec_op_use {
   EXEC_USE_LM_HEAD,
   EXEC_USE_SELECTIVE_RECOMPUTE,
   EXEC_USE_TENSOR_PARALLEL,
+  EXEC_USE_CONTEXT_PARALLEL, /* the attention in parts and its blocks (exec/context_parallel.c) */
   EXEC_USE_POINT_TO_POINT,
   EXEC_USE_ALL_REDUCE,
   EXEC_USE_REDUCE_SCATTER,

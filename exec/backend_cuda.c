@@ -165,6 +165,7 @@ static bool select_device(struct cuda_context *b, GError **err) {
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
 static void context_free(struct cuda_context *b) {
+  exec_cuda_fp8_report(b);
   exec_cuda_weights_free(b);
   exec_cudnn_sdpa_free(b->cudnn);
   if (b->gemm_algos)
@@ -408,7 +409,8 @@ static bool cuda_configure(struct exec_backend *backend, const struct plan *p, u
   b->plan = p;
   b->plan_device = device;
   b->bf16_gemm = p->model->dtype != MODEL_DTYPE_FP32; /* fp32 models stay fp32 */
-  b->act_dtype = MODEL_DTYPE_FP32; /* every kernel reads and writes fp32 activations */
+  b->fp8 = p->model->fp8; /* a bf16 model's linear layers (backend_cuda_fp8.c) */
+  b->act_dtype = exec_gpu_act_dtype(p->model->dtype);
   gemm_override(b);
   uint32_t stuck_device = 0, stuck_instr = 0;
   if (b->shared_gpu && !exec_gpu_serial_progress(p, &stuck_device, &stuck_instr)) {

@@ -288,6 +288,13 @@ void exec_cuda_gemm_pre(struct exec_stream *s, unsigned pre, bool ta, bool tb, i
   bool setup = s == b->setup_stream;
   void *ws = setup ? b->lt_workspace : s->lt_workspace;
   struct cuda_scratch *sc = setup ? &b->setup_bf16 : &s->bf16;
+  int fp8 = s->fp8 ? exec_cuda_gemm_fp8(s, ta, tb, m, n, k, alpha, A, lda, B, ldb, pre, beta, C,
+                                        ldc, &e)
+                   : 0;
+  if (fp8 < 0 && e)
+    exec_cuda_fail(s, e);
+  if (fp8 != 0)
+    return;
   if (!gemm_lt(b, exec_cuda_st_of(s), ws, sc, ta, tb, m, n, k, alpha, A, lda, B, ldb, pre, beta, C, ldc,
                &e))
     exec_cuda_fail(s, e);

@@ -223,12 +223,16 @@ static void k_mlp_backward(struct exec_stream *s, float *dh, float *dparams, flo
  * (kernels/flash_attention.cu: no [S, S] memory at all), for bf16 models with a head size it
  * supports (exec_gpu_attention_fused). -------------------------------------------------------- */
 
+/* RoPE at the rows' positions: the whole sequence's, or under context parallelism the rank's
+ * chunks' global ones (kernels/attention.c's rope) */
 static void rope(struct exec_stream *s, float *x, const struct kernels_attention_dims *d, int heads,
                  bool inverse) {
   const struct kernels_rope_scaling *sc = d->rope_scaling;
-  kc_rope(x, d->batch, d->seq, heads, d->head_dim, d->rope_theta, sc ? sc->factor : 0.0f,
-          sc ? sc->low_freq_factor : 0.0f, sc ? sc->high_freq_factor : 0.0f,
-          sc ? sc->original_max_position_embeddings : 0, inverse, st_of(s));
+  int cp = d->cp > 1 ? d->cp : 1;
+  kc_rope_cp(x, d->batch, d->seq, cp, cp > 1 ? d->cp_rank : 0, heads, d->head_dim, d->rope_theta,
+             sc ? sc->factor : 0.0f, sc ? sc->low_freq_factor : 0.0f,
+             sc ? sc->high_freq_factor : 0.0f, sc ? sc->original_max_position_embeddings : 0,
+             inverse, st_of(s));
 }
 
 /* Offsets of sequence b, query head hh: into q/y rows (HD wide), k/v rows (KD wide) and lse. */
@@ -287,7 +291,7 @@ static bool attention_cudnn(struct exec_stream *s, const struct kernels_attentio
 /* cuDNN could not run (e is why): forced (PIPER_CUDA_ATTENTION=cudnn), the stream fails with
  * e (true: handled); in auto mode the own kernels take this call and every later one, said
  * once (false). */
-static bool cudnn_refused(struct exec_stream *s, GError *e) {
+bool exec_cuda_cudnn_refused(struct exec_stream *s, GError *e) {
   struct cuda_context *b = kernel_ctx(s);
   if (b->attention == EXEC_GPU_ATTENTION_CUDNN) {
     exec_cuda_fail(s, e);
@@ -310,7 +314,7 @@ static bool attention_cudnn_forward(struct exec_stream *s, const struct kernels_
   if (b->cudnn && exec_cudnn_sdpa_forward(b->cudnn, &sh, w->y, w->lse, w->q, w->k, w->v,
                                           st_of(s), &e))
     return true;
-  return cudnn_refused(s, e);
+  return exec_cuda_cudnn_refused(s, e);
 }
 
 /* dq, dk, dv <- q, k, v, y, dy, lse through cuDNN; false as the forward */
@@ -324,7 +328,7 @@ static bool attention_cudnn_backward(struct exec_stream *s, const struct kernels
   if (b->cudnn && exec_cudnn_sdpa_backward(b->cudnn, &sh, w->dq, w->dk, w->dv, w->q, w->k, w->v,
                                            w->y, w->dy, w->lse, st_of(s), &e))
     return true;
-  return cudnn_refused(s, e);
+  return exec_cuda_cudnn_refused(s, e);
 }
 
 /* lse, y <- q, k, v: cuDNN's fused SDPA, the own fused kernel, or per head: scores, softmax,
@@ -342,6 +346,7 @@ static void attention_core(struct exec_stream *s, const struct kernels_attention
   float *p = exec_cuda_stream_scratch(s, (size_t)S * S * sizeof(float)); /* one head's scores */
   if (!p)
     return;
+  bool fp8 = exec_cuda_fp8_enter(s, EXEC_OP_attention_core_forward); /* the core stays bf16 */
   for (int b = 0; b < d->batch; b++)
     for (int hh = 0; hh < d->heads; hh++) {
       size_t qo, ko, lo;
@@ -350,11 +355,13 @@ static void attention_core(struct exec_stream *s, const struct kernels_attention
       kc_causal_softmax(p, w->lse + lo, S, S, scale, st_of(s));
       gemm(s, false, false, S, D, S, 1.0f, p, S, w->v + ko, KD, 0.0f, w->y + qo, HD);
     }
+  exec_cuda_fp8_leave(s, fp8);
   cudaFreeAsync(p, st_of(s));
 }
 
-static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
-                                const float *params, const struct kernels_attention_dims *d) {
+/* q, k, v of saved <- h (RoPE by d->cp): the attention's first part */
+static void k_attention_qkv_forward(struct exec_stream *s, float *saved, const float *h,
+                                    const float *params, const struct kernels_attention_dims *d) {
   struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
   int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
   /* bf16 models: h converted once for its three projections */
@@ -368,8 +375,22 @@ static void k_attention_forward(struct exec_stream *s, float *a, float *saved, c
     cudaFreeAsync(h16, st_of(s));
   rope(s, w.q, d, d->heads, false);
   rope(s, w.k, d, d->kv_heads, false);
-  attention_core(s, &w, d);
+}
+
+/* a = y wo: the last part */
+static void k_attention_out_forward(struct exec_stream *s, float *a, const float *saved,
+                                    const float *params, const struct kernels_attention_dims *d) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD;
   gemm(s, false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
+}
+
+static void k_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
+                                const float *params, const struct kernels_attention_dims *d) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
+  k_attention_qkv_forward(s, saved, h, params, d);
+  attention_core(s, &w, d);
+  k_attention_out_forward(s, a, saved, params, d);
 }
 
 /* Selective recomputation's rerun: the same core on the same q, k, v (deterministic either
@@ -405,6 +426,7 @@ static void attention_heads_backward(struct exec_stream *s, const struct kernels
                                      const struct kernels_attention_dims *d, float *p, float *ds) {
   int S = d->seq, D = d->head_dim, HD = (int)w->HD, KD = (int)w->KD;
   float scale = 1.0f / sqrtf((float)D);
+  bool fp8 = exec_cuda_fp8_enter(s, EXEC_OP_attention_core_forward); /* the core stays bf16 */
   for (int b = 0; b < d->batch; b++)
     for (int hh = 0; hh < d->heads; hh++) {
       size_t qo, ko, lo;
@@ -417,15 +439,39 @@ static void attention_heads_backward(struct exec_stream *s, const struct kernels
       gemm(s, true, false, S, D, S, 1.0f, ds, S, w->q + qo, HD, 1.0f, w->dk + ko, KD);
       gemm(s, true, false, S, D, S, 1.0f, p, S, w->dy + qo, HD, 1.0f, w->dv + ko, KD);
     }
+  exec_cuda_fp8_leave(s, fp8);
+}
+
+/* dy of bwork = da wo^T */
+static void k_attention_out_backward_input(struct exec_stream *s, float *bwork, const float *da,
+                                           const float *params,
+                                           const struct kernels_attention_dims *d) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, NULL, bwork);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD;
+  gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
+}
+
+/* dq, dk rotated back; dh (= or +=) <- dq wq^T + dk wk^T + dv wv^T */
+static void k_attention_qkv_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                           const float *params,
+                                           const struct kernels_attention_dims *d,
+                                           bool accumulate) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, NULL, bwork);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
+  rope(s, w.dq, d, d->heads, true);
+  rope(s, w.dk, d, d->kv_heads, true);
+  gemm(s, false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
+  gemm(s, false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
+  gemm(s, false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);
 }
 
 static void k_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
                                        const float *da, const float *saved, const float *params,
                                        const struct kernels_attention_dims *d, bool accumulate) {
   struct kernels_attention_views w = kernels_attention_views(d, params, saved, bwork);
-  int S = d->seq, C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
+  int S = d->seq;
   cudaStream_t cs = st_of(s);
-  gemm(s, false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
+  k_attention_out_backward_input(s, bwork, da, params, d);
   if (attention_cudnn(s, d) && attention_cudnn_backward(s, &w, d)) {
     /* dq, dk, dv written */
   } else if (attention_fused(s, d)) {
@@ -444,11 +490,7 @@ static void k_attention_backward_input(struct exec_stream *s, float *dh, float *
     cudaFreeAsync(ds, cs);
     cudaFreeAsync(p, cs);
   }
-  rope(s, w.dq, d, d->heads, true);
-  rope(s, w.dk, d, d->kv_heads, true);
-  gemm(s, false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
-  gemm(s, false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
-  gemm(s, false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);
+  k_attention_qkv_backward_input(s, dh, bwork, params, d, accumulate);
 }
 
 static void k_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
@@ -954,12 +996,29 @@ static void k_tp_head_backward(struct exec_stream *s, float *dh, float *dw, cons
   cudaFreeAsync(local, st_of(s));
 }
 
+/* context parallelism's blocks (backend_cuda_attention_cp.c) */
+#define k_attention_block_forward exec_cuda_attention_block_forward
+#define k_attention_block_backward exec_cuda_attention_block_backward
+
 /* the optimizer's entries (backend_cuda_adamw.c) */
 #define k_adamw_step exec_cuda_adamw_step
 #define k_adamw_multi exec_cuda_adamw_multi
 
+/* Every entry as the table holds it: its op's FP8 state set around it (backend_cuda_fp8.c:
+ * the linear layers' GEMMs run in e4m3 under piper.fp8). */
+#define EXEC_KERNEL(name, use, params, args)                                                      \
+  static void entry_##name(struct exec_stream *s, EXEC_UNPAREN params) {                         \
+    bool was = exec_cuda_fp8_enter(s, EXEC_OP_##name);                                           \
+    k_##name(s, EXEC_UNPAREN args);                                                              \
+    exec_cuda_fp8_leave(s, was);                                                                 \
+  }
+#define EXEC_COLLECTIVE(name, use, params, args, pre)
+#include "ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
+
 const struct exec_kernels exec_cuda_kernels = {
-#define EXEC_KERNEL(name, use, params, args) .name = k_##name,
+#define EXEC_KERNEL(name, use, params, args) .name = entry_##name,
 #define EXEC_COLLECTIVE(name, use, params, args, pre)
 #include "ops.def"
 #undef EXEC_KERNEL

@@ -121,7 +121,7 @@ static struct exec_checkpoint_segment describe_segment(const struct exec_device 
     c.ops[3 * j] = op;
     c.ops[3 * j + 1] = d->op_offset[op];
     c.ops[3 * j + 2] =
-        exec_tp_op_params(d->xm, &d->xm->m->ops[op], d->tp_degree) / d->ep_size[s];
+        exec_tp_op_params(d->xm, &d->xm->m->ops[op], exec_segment_tp(d, s)) / d->ep_size[s];
   }
   return c;
 }

@@ -130,9 +130,14 @@ static bool take_from(struct reshard *R, struct old_rank *o, const struct exec_c
   const struct exec_checkpoint_meta *w = &o->f.meta;
   uint64_t off = sg->ops[3 * j + 1], cnt = sg->ops[3 * j + 2];
   uint64_t total = xm->m->ops[src].param_count;
+  /* experts the writer ran whole under its TP (expert TP 1, exec_segment_tp): their local
+   * experts' blocks hold 1/EP of the op, not of its TP slice */
+  uint32_t tp = w->tp_degree ? w->tp_degree : 1;
+  if (sg->ep_size > 1 && cnt * sg->ep_size == total)
+    tp = 1;
   for (uint64_t i = 0; i < cnt; i++) {
-    uint64_t g = exec_tp_full_index(xm, &xm->m->ops[src], w->tp_degree ? w->tp_degree : 1,
-                                    w->tp_rank, (uint64_t)sg->ep_rank * cnt + i);
+    uint64_t g = exec_tp_full_index(xm, &xm->m->ops[src], tp, w->tp_rank,
+                                    (uint64_t)sg->ep_rank * cnt + i);
     if (g >= total || n->local[g] < 0 || !n->wanted[g])
       continue;
     uint64_t from = sg->offset + off + i;

@@ -145,34 +145,30 @@ static size_t kv_row(const struct cp_blocks *cb, int r2, int b, int c2) {
 }
 
 /* lse, y of the local queries: each chunk's blocks merged by their log-sum-exp. lse is kept
- * [T, H] (row-major by token; only this file reads it under CP). */
-static void core_forward(const struct cp_blocks *cb, const struct kernels_attention_views *w,
-                         const float *kg, const float *vg) {
+ * per chunk, [H, L] from the chunk's first row (only this file reads it under CP). */
+static void core_forward(struct exec_state *s, struct exec_task_ctx *st, const struct cp_blocks *cb,
+                         const struct kernels_attention_views *w, const float *kg,
+                         const float *vg) {
   const struct kernels_attention_dims *d = cb->d;
-  size_t rows = (size_t)cb->L * (size_t)d->heads;
-  float *yb = g_new(float, (size_t)cb->L * cb->HD), *lb = g_new(float, rows);
-  float *scratch = g_new(float, (size_t)cb->L);
+  const struct exec_kernels *k = s->k;
   for (int b = 0; b < d->batch; b++)
     for (int c = 0; c < 2; c++) {
       size_t q = (size_t)b * cb->local + (size_t)c * cb->L;
       float *y = w->y + q * cb->HD, *lse = w->lse + q * (size_t)d->heads;
-      memset(y, 0, (size_t)cb->L * cb->HD * sizeof(float));
-      for (size_t e = 0; e < rows; e++)
-        lse[e] = -INFINITY;
+      bool first = true;
       for (int r2 = 0; r2 < cb->cp; r2++)
         for (int c2 = 0; c2 < 2; c2++) {
           struct kernels_attention_block blk = block_of(cb, c, r2, c2);
           if (blk.k0 > blk.q0 + blk.m - 1)
             continue; /* every key after every query: masked whole */
           size_t kr = kv_row(cb, r2, b, c2);
-          kernels_attention_block_forward(&blk, yb, lb, w->q + q * cb->HD, kg + kr * cb->KD,
-                                          vg + kr * cb->KD, scratch);
-          kernels_attention_merge(y, lse, yb, lb, (int)rows, d->head_dim);
+          /* the first block a chunk sees writes its result; the others merge into it */
+          KT(st, s,
+             k->attention_block_forward(st->stream, y, lse, w->q + q * cb->HD, kg + kr * cb->KD,
+                                        vg + kr * cb->KD, &blk, !first));
+          first = false;
         }
     }
-  g_free(yb);
-  g_free(lb);
-  g_free(scratch);
 }
 
 static struct cp_blocks blocks_of(const struct exec_state *s,
@@ -182,32 +178,39 @@ static struct cp_blocks blocks_of(const struct exec_state *s,
   return (struct cp_blocks){d, cp, (int)s->dev->cp_rank, d->seq / 2, d->seq, w->HD, w->KD};
 }
 
+/* The dims with this rank's chunks' positions (the projections' RoPE). */
+static struct kernels_attention_dims cp_dims(const struct exec_state *s,
+                                             const struct kernels_attention_dims *d) {
+  struct kernels_attention_dims dd = *d;
+  dd.cp = (int)s->dev->cp_degree;
+  dd.cp_rank = (int)s->dev->cp_rank;
+  return dd;
+}
+
+/* The core over every rank's K/V: gathered into the workspace (what the exchange holds while
+ * the attention runs), then the blocks. */
+static bool gathered_core(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                          const struct kernels_attention_dims *d,
+                          const struct kernels_attention_views *w, GError **err) {
+  size_t n = w->T * w->KD, cp = s->dev->cp_degree;
+  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
+  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
+  if (!gather_kv(s, st, w->k, w->v, kg, vg, n, err))
+    return false;
+  struct cp_blocks cb = blocks_of(s, d, w);
+  core_forward(s, st, &cb, w, kg, vg);
+  return true;
+}
+
 bool exec_cp_attention_forward(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
                                float *a, float *saved, const float *h, const float *params,
                                const struct kernels_attention_dims *d, GError **err) {
-  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
-  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD, C = d->hidden, cp = (int)s->dev->cp_degree;
-  int whole = d->seq * cp, r = (int)s->dev->cp_rank;
-  double t0 = exec_backend_clock(s->b);
-  kernels_gemm(false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
-  kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
-  kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
-  kernels_rope_cp(w.q, d->batch, whole, cp, r, d->heads, d->head_dim, d->rope_theta,
-                  d->rope_scaling, false);
-  kernels_rope_cp(w.k, d->batch, whole, cp, r, d->kv_heads, d->head_dim, d->rope_theta,
-                  d->rope_scaling, false);
-  st->kernel_s += exec_backend_clock(s->b) - t0;
-  size_t n = w.T * w.KD;
-  /* what the exchange holds while the attention runs: every rank's K and V */
-  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
-  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
-  if (!gather_kv(s, st, w.k, w.v, kg, vg, n, err))
+  struct kernels_attention_dims dd = cp_dims(s, d);
+  struct kernels_attention_views w = kernels_attention_views(&dd, params, saved, NULL);
+  KT(st, s, s->k->attention_qkv_forward(st->stream, saved, h, params, &dd));
+  if (!gathered_core(s, st, mb, &dd, &w, err))
     return false;
-  t0 = exec_backend_clock(s->b);
-  struct cp_blocks cb = blocks_of(s, d, &w);
-  core_forward(&cb, &w, kg, vg);
-  kernels_gemm(false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
-  st->kernel_s += exec_backend_clock(s->b) - t0;
+  KT(st, s, s->k->attention_out_forward(st->stream, a, saved, params, &dd));
   return true;
 }
 
@@ -215,24 +218,15 @@ bool exec_cp_attention_core_forward(struct exec_state *s, struct exec_task_ctx *
                                     struct exec_mb *mb, float *saved,
                                     const struct kernels_attention_dims *d, GError **err) {
   struct kernels_attention_views w = kernels_attention_views(d, NULL, saved, NULL);
-  size_t n = w.T * w.KD, cp = s->dev->cp_degree;
-  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
-  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
-  if (!gather_kv(s, st, w.k, w.v, kg, vg, n, err))
-    return false;
-  double t0 = exec_backend_clock(s->b);
-  struct cp_blocks cb = blocks_of(s, d, &w);
-  core_forward(&cb, &w, kg, vg);
-  st->kernel_s += exec_backend_clock(s->b) - t0;
-  return true;
+  return gathered_core(s, st, mb, d, &w, err);
 }
 
 /* dq (local), dkg, dvg (the whole sequence's) += every block's gradients. */
-static void core_backward(const struct cp_blocks *cb, const struct kernels_attention_views *w,
+static void core_backward(struct exec_state *s, struct exec_task_ctx *st,
+                          const struct cp_blocks *cb, const struct kernels_attention_views *w,
                           const float *kg, const float *vg, float *dkg, float *dvg) {
   const struct kernels_attention_dims *d = cb->d;
-  float *scratch = g_new(float, (size_t)cb->L);
-  memset(w->dq, 0, w->T * cb->HD * sizeof(float));
+  const struct exec_kernels *k = s->k;
   for (int b = 0; b < d->batch; b++)
     for (int c = 0; c < 2; c++) {
       size_t q = (size_t)b * cb->local + (size_t)c * cb->L, qo = q * cb->HD;
@@ -243,11 +237,11 @@ static void core_backward(const struct cp_blocks *cb, const struct kernels_atten
           if (blk.k0 > blk.q0 + blk.m - 1)
             continue;
           size_t ko = kv_row(cb, r2, b, c2) * cb->KD;
-          kernels_attention_block_backward(&blk, w->dq + qo, dkg + ko, dvg + ko, w->dy + qo,
-                                           w->y + qo, lse, w->q + qo, kg + ko, vg + ko, scratch);
+          KT(st, s,
+             k->attention_block_backward(st->stream, w->dq + qo, dkg + ko, dvg + ko, w->dy + qo,
+                                         w->y + qo, lse, w->q + qo, kg + ko, vg + ko, &blk));
         }
     }
-  g_free(scratch);
 }
 
 bool exec_cp_attention_backward_input(struct exec_state *s, struct exec_task_ctx *st,
@@ -255,22 +249,21 @@ bool exec_cp_attention_backward_input(struct exec_state *s, struct exec_task_ctx
                                       const float *saved, const float *params,
                                       const struct kernels_attention_dims *d, bool accumulate,
                                       GError **err) {
-  struct kernels_attention_views w = kernels_attention_views(d, params, saved, bwork);
-  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD, C = d->hidden, cp = (int)s->dev->cp_degree;
-  int whole = d->seq * cp, r = (int)s->dev->cp_rank;
-  size_t n = w.T * w.KD;
+  struct kernels_attention_dims dd = cp_dims(s, d);
+  struct kernels_attention_views w = kernels_attention_views(&dd, params, saved, bwork);
+  size_t n = w.T * w.KD, cp = s->dev->cp_degree;
   /* K and V gathered again (the forward kept its own rows only), dK and dV of all of them */
-  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
-  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
+  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
+  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
   if (!gather_kv(s, st, w.k, w.v, kg, vg, n, err))
     return false;
-  float *dkg = mb_floats(s, st, mb, OWN_WORK, n * (size_t)cp);
-  float *dvg = mb_floats(s, st, mb, OWN_WORK, n * (size_t)cp);
-  double t0 = exec_backend_clock(s->b);
-  kernels_gemm(false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
-  struct cp_blocks cb = blocks_of(s, d, &w);
-  core_backward(&cb, &w, kg, vg, dkg, dvg);
-  st->kernel_s += exec_backend_clock(s->b) - t0;
+  float *dkg = mb_floats(s, st, mb, OWN_WORK, n * cp);
+  float *dvg = mb_floats(s, st, mb, OWN_WORK, n * cp);
+  const struct exec_kernels *k = s->k;
+  KT(st, s, k->attention_out_backward_input(st->stream, bwork, da, params, &dd));
+  KT(st, s, k->fill(st->stream, w.dq, 0.0f, w.T * w.HD));
+  struct cp_blocks cb = blocks_of(s, &dd, &w);
+  core_backward(s, st, &cb, &w, kg, vg, dkg, dvg);
   /* each rank's dK and dV summed over the ranks whose queries saw them, back to their owner */
   struct exec_comm *comm = s->comms[s->dev->cp_comm];
   bool ok;
@@ -279,20 +272,6 @@ bool exec_cp_attention_backward_input(struct exec_state *s, struct exec_task_ctx
     CT(st, s, ok, exec_comm_reduce_scatter_f32(s->b, comm, dvg, w.dv, n, err));
   if (!ok)
     return false;
-  t0 = exec_backend_clock(s->b);
-  kernels_rope_cp(w.dq, d->batch, whole, cp, r, d->heads, d->head_dim, d->rope_theta,
-                  d->rope_scaling, true);
-  kernels_rope_cp(w.dk, d->batch, whole, cp, r, d->kv_heads, d->head_dim, d->rope_theta,
-                  d->rope_scaling, true);
-  kernels_gemm(false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
-  kernels_gemm(false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
-  kernels_gemm(false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);
-  st->kernel_s += exec_backend_clock(s->b) - t0;
+  KT(st, s, k->attention_qkv_backward_input(st->stream, dh, bwork, params, &dd, accumulate));
   return true;
-}
-
-const char *exec_cp_refusal(const struct plan *p, const struct exec_backend *b) {
-  if (p->model->context_parallel <= 1 || strcmp(exec_backend_name(b), "host") == 0)
-    return NULL;
-  return "on a backend other than host yet (its attention kernels take no chunk offsets)";
 }

@@ -44,11 +44,15 @@ struct cuda_context {
   uint32_t plan_device;
   bool bf16_gemm; /* GEMMs take bf16 copies of their fp32 operands, fp32 out and accumulation */
   /* The dtype the kernels hold activations in (what every activation buffer the runner hands
-   * a kernel entry holds): MODEL_DTYPE_FP32 for every model today, bf16 only as GEMM operands
-   * and the MLP's own intermediates. A kernel that wants bf16 operands (a library attention)
-   * converts around its call while it is fp32. The arena's slots are planned at its width
-   * (exec_cuda_arena_plan); the step to bf16 activations changes it here. */
+   * a kernel entry holds): exec_gpu_act_dtype's (gpu_layout.h), MODEL_DTYPE_FP32 for every
+   * model today, bf16 only as GEMM operands and the MLP's own intermediates. A kernel that
+   * wants bf16 operands (a library attention) converts around its call while it is fp32. The
+   * arena's slots are planned at its width (exec_cuda_arena_plan). */
   enum model_dtype act_dtype;
+  /* piper.fp8: the linear layers' GEMMs in e4m3 under this recipe (backend_cuda_fp8.c), and
+   * how many ran so or fell back to bf16 (the end of the run prints both) */
+  enum model_fp8 fp8;
+  uint64_t fp8_gemms, fp8_declined;
   enum exec_gpu_attention attention; /* PIPER_CUDA_ATTENTION (gpu_layout.h) */
   /* cuDNN's attention (cuda_cudnn.h), made on its first use; cudnn_off once it could not be
    * made or refused a graph in auto mode (the own kernels run from then on) */
@@ -108,6 +112,7 @@ struct exec_stream {
   void *green;        /* CUgreenCtx the stream lives in (sm_share < 1), or NULL */
   void *lt_workspace; /* cuBLASLt's, this stream's own (lt_workspace_bytes) */
   struct cuda_scratch bf16;
+  bool fp8; /* inside a linear layer's op of an FP8 model: its GEMMs run in e4m3 */
   uint64_t setup_seen;
   bool failed;
   double since;
@@ -212,6 +217,19 @@ void exec_cuda_adamw_step(struct exec_stream *s, float *params, const float *gra
 void exec_cuda_adamw_multi(struct exec_stream *s, const struct kernels_adamw_tensor *tensors,
                            int n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int step);
+/* cuDNN's attention could not run (e is why): forced (PIPER_CUDA_ATTENTION=cudnn), the stream
+ * fails with e (true: handled); in auto mode the own kernels take this call and every later
+ * one, said once (false) (backend_cuda_kernels.c) */
+bool exec_cuda_cudnn_refused(struct exec_stream *s, GError *e);
+/* the kernel table's context-parallel blocks (backend_cuda_attention_cp.c; kernels/ops.def's
+ * attention_block_forward and attention_block_backward) */
+void exec_cuda_attention_block_forward(struct exec_stream *s, float *y, float *lse, const float *q,
+                                       const float *k, const float *v,
+                                       const struct kernels_attention_block *b, bool merge);
+void exec_cuda_attention_block_backward(struct exec_stream *s, float *dq, float *dk, float *dv,
+                                        const float *dy, const float *y, const float *lse,
+                                        const float *q, const float *k, const float *v,
+                                        const struct kernels_attention_block *b);
 
 /* backend_cuda_gemm.c: a GEMM of a kernel entry (row-major, as kernels_gemm), pre saying which
  * operands are already bf16 (GEMM_A16, GEMM_B16: used as stored, with the ld given, so that
@@ -224,6 +242,17 @@ bool exec_cuda_copy_made(struct cuda_context *b, struct exec_wcache_entry *w, cu
 void exec_cuda_gemm_pre(struct exec_stream *s, unsigned pre, bool ta, bool tb, int m, int n, int k,
                         float alpha, const void *A, int lda, const void *B, int ldb, float beta,
                         float *C, int ldc);
+
+/* backend_cuda_fp8.c: a kernel entry of op starts on s (enter returns the state leave
+ * restores): its GEMMs run in FP8 when op is a linear layer's and the model has a recipe.
+ * exec_cuda_gemm_fp8: one GEMM (exec_cuda_gemm_pre's arguments) in FP8: 1 ran, 0 declined
+ * (run it in bf16), -1 failed. */
+bool exec_cuda_fp8_enter(struct exec_stream *s, enum exec_op op);
+void exec_cuda_fp8_leave(struct exec_stream *s, bool was);
+int exec_cuda_gemm_fp8(struct exec_stream *s, bool ta, bool tb, int m, int n, int k,
+                       float alpha, const void *A, int lda, const void *B, int ldb, unsigned pre,
+                       float beta, float *C, int ldc, GError **err);
+void exec_cuda_fp8_report(const struct cuda_context *b);
 
 /* backend_cuda_gemm.c: device bytes [p, p + bytes) are written by work enqueued now (a
  * copy, a transfer, a collective, the optimizer): bf16 weight copies of them go stale. */

@@ -167,6 +167,9 @@ struct exec_device {
   uint64_t *param_local;       /* [n_segments] local count */
   uint32_t *bucket_of;         /* [n_segments] IR_NONE if in no bucket */
   uint32_t *ep_size, *ep_rank; /* [n_segments]: expert parallel group of expert segments */
+  /* [n_segments]: experts whose TP (1) is below the dense TP (ir.h, route_split): this device
+   * routes its 1/route_split of each micro-batch's tokens to whole experts; 1 elsewhere */
+  uint32_t *route_split;
   uint64_t n_params;           /* flat length, padding included */
   uint64_t tail_flat;          /* flat index where the segments outside buckets start */
   uint64_t tail_store_at[3];   /* ... and where they start in each store */
@@ -187,6 +190,12 @@ struct exec_device {
   uint32_t cp_degree, cp_rank, cp_comm;
   uint64_t *op_offset; /* [n_ops]: where each op's parameters start in its segment's local block */
 };
+
+/* The TP degree segment seg's weights are divided by here: the dense TP, or 1 for experts
+ * each TP rank runs whole (route_split). */
+static inline uint32_t exec_segment_tp(const struct exec_device *d, uint32_t seg) {
+  return d->route_split[seg] > 1 ? 1 : d->tp_degree;
+}
 
 /* Derives the device program from the plan; fails (input error) for what the executor cannot
  * run, naming the instruction. */
@@ -415,9 +424,6 @@ bool exec_tp_link_comm(struct exec_device *d, GError **err);
 /* Context parallelism (context_parallel.c). After exec_tp_device_init: d->cp_degree and
  * d->cp_rank. After the communicator keys: d->cp_comm. */
 bool exec_cp_device_init(struct exec_device *d, GError **err);
-/* Why the executor cannot run p's context parallelism on b (the end of a sentence), or NULL
- * (also without CP). */
-const char *exec_cp_refusal(const struct plan *p, const struct exec_backend *b);
 bool exec_cp_link_comm(struct exec_device *d, GError **err);
 /* The sequence block micro-batch k of step reads: the CP ranks of one replica read the same. */
 uint64_t exec_cp_data_block(const struct exec_device *d, uint32_t step, uint32_t k);

@@ -19,7 +19,18 @@ struct exec_moe {
   float *act; /* silu(gate)·up apart from saved under moe_act (struct local_moe's), or NULL */
   float *dy_recv, *drows_recv;
   bool rerun; /* routed by the rerun's own dispatch (full recomputation, pass R) */
+  /* the tokens this device routes: the micro-batch's T, or its sequence shard's where each TP
+   * rank routes its own to whole experts (route_split); their routes start at route_off in the
+   * router's [T, top_k] tables (route_row holds only theirs) */
+  int T_route;
+  size_t route_off;
 };
+
+/* Experts divided by the dense TP (their TP peers hold the same rows, each a slice of every
+ * expert), not run whole by each TP rank on its own tokens (route_split). */
+static bool experts_tp_split(const struct exec_state *s, uint32_t seg) {
+  return exec_segment_tp(s->dev, seg) > 1;
+}
 
 static void byte_counts(const int32_t *rows, uint32_t S, size_t row_bytes, size_t *out) {
   for (uint32_t r = 0; r < S; r++)
@@ -55,7 +66,7 @@ static bool tp_sum_rows(struct exec_state *s, struct exec_task_ctx *st, struct e
  * (x + 0 is exact). */
 static bool sp_whole_rows(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
                           uint32_t i, float *rows, size_t n_rows, GError **err) {
-  if (!s->dev->sequence_parallel || !n_rows)
+  if (!s->dev->sequence_parallel || !n_rows || !experts_tp_split(s, s->dev->instrs[i].segment))
     return true;
   return tp_sum_rows(s, st, mb, i, rows, n_rows, err);
 }
@@ -69,7 +80,7 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   const struct exec_instr *x = &s->dev->instrs[i];
   const struct exec_model *xm = s->xm;
   struct exec_mb *mb = &s->mbs[x->mb];
-  int C = xm->C, F = expert_width(s), n = (int)moe->n_recv;
+  int C = xm->C, F = expert_width_of(s, x->segment), n = (int)moe->n_recv;
   size_t cap = moe->cap; /* every buffer of routed rows at the plan's capacity (ir/expert.c) */
   enum fwd_keep keep = fwd_keep_of(s, x);
   const float *P = exec_params_of(s, x), *rows = moe->recv_rows;
@@ -108,8 +119,8 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   /* TP: the TP peers received the same rows (same tokens, same routing, the all-to-all over
    * the devices of their TP rank), each output a partial sum of its slice; summed here, before
    * the combine, so the combine sees whole outputs (a rerun's too: its combine receives them
-   * and keeps nothing). */
-  if (s->dev->tp_degree > 1 && n)
+   * and keeps nothing). Whole experts (route_split) give whole outputs already. */
+  if (experts_tp_split(s, x->segment) && n)
     return tp_sum_rows(s, st, mb, i, yr, (size_t)n, err);
   return true;
 }
@@ -121,7 +132,7 @@ bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, b
   const struct exec_kernels *k = s->k;
   struct exec_mb *mb = &s->mbs[x->mb];
   struct exec_moe *moe = mb->moe[x->segment];
-  int C = xm->C, F = expert_width(s);
+  int C = xm->C, F = expert_width_of(s, x->segment);
   if (!moe)
     return internal(err, s, i, "experts run before their dispatch");
   int n = (int)moe->n_recv;
@@ -163,8 +174,9 @@ bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, b
                                     moe->scratch, moe->dy_recv, moe->recv_expert, n, moe->saved,
                                     moe->act, P, moe->e_first, moe->e_count, C, F, false));
   /* TP: each slice's input gradient is partial, and so is each routing weight's (a dot product
-   * over the slice's activation columns); both go back whole */
-  if (s->dev->tp_degree > 1 && n)
+   * over the slice's activation columns); both go back whole. Whole experts (route_split):
+   * both whole already. */
+  if (experts_tp_split(s, x->segment) && n)
     return tp_sum_rows(s, st, mb, i, moe->drows_recv, (size_t)n, err) &&
            tp_sum_floats(s, st, mb, i, moe->drw_recv, (size_t)n, err);
   return true;
@@ -176,7 +188,7 @@ static bool capacity_exceeded(struct exec_state *s, uint32_t i, const struct exe
                               GError **err) {
   const struct ir_node *n = &s->dev->plan->nodes[s->dev->instrs[i].node];
   double f = n->capacity_factor > 0 ? n->capacity_factor : IR_EP_CAPACITY_FACTOR_DEFAULT;
-  double need = (double)moe->n_recv / (double)((size_t)s->xm->T * (size_t)s->xm->K);
+  double need = (double)moe->n_recv / (double)((size_t)moe->T_route * (size_t)s->xm->K);
   g_autofree char *why = g_strdup_printf(
       "the routing sent this device %zu rows, over the plan's expert capacity of %zu "
       "(capacity_factor %g on the shard directive; %.2f would hold them)",
@@ -221,6 +233,10 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   moe->e_first = (int)moe->rank * moe->e_count;
   moe->in_edge = x->edge;
   moe->rerun = x->pass == IR_PASS_R;
+  bool own_tokens = s->dev->route_split[x->segment] > 1; /* SP: h is the sequence shard */
+  moe->T_route = own_tokens ? xm->T_seq : T;
+  moe->route_off = own_tokens ? (size_t)s->dev->tp_rank * (size_t)xm->T_seq * K : 0;
+  int TKr = moe->T_route * K;
   const float *h = edge_value(s, mb, x->edge, EXEC_T_H);
   const float *r = edge_value(s, mb, x->edge, EXEC_T_R);
   if (moe->rerun && !router_rerun_output(s, x, &h, &r))
@@ -254,13 +270,14 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   uint32_t route = exec_written_tensor(s, i, PLAN_TENSOR_SAVED);
   route = route == OWN_WORK ? OWN_MB : route;
   moe->cap = (size_t)ir_ep_capacity_rows(s->dev->plan->model, &s->dev->plan->nodes[x->node]);
-  moe->route_row = mb_raw(s, st, mb, route, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
-  moe->send_expert = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(int32_t), REPORT_MEM_COMM);
-  moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
-  float *send_weight = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(float), REPORT_MEM_COMM);
+  moe->route_row = mb_raw(s, st, mb, route, (size_t)TKr * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
+  moe->send_expert = mb_raw(s, st, mb, OWN_WORK, (size_t)TKr * sizeof(int32_t), REPORT_MEM_COMM);
+  moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TKr * row, REPORT_MEM_COMM);
+  float *send_weight = mb_raw(s, st, mb, OWN_WORK, (size_t)TKr * sizeof(float), REPORT_MEM_COMM);
+  const int32_t *ids = moe->ids + moe->route_off;
   KT(st, s,
-     k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, moe->ids, T, K, E, (int)S));
-  if (s->dev->sequence_parallel) {
+     k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, ids, moe->T_route, K, E, (int)S));
+  if (s->dev->sequence_parallel && !own_tokens) {
     /* h is this peer's sequence shard: the other tokens' rows go as zeros (sp_whole_rows) */
     size_t shard = (size_t)xm->T_seq * C;
     float *hz = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)T * C);
@@ -269,8 +286,8 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
     h = hz;
   }
   KT(st, s,
-     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, send_weight, h, moe->ids,
-                             moe->weights, moe->route_row, T, K, C));
+     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, send_weight, h, ids,
+                             moe->weights + moe->route_off, moe->route_row, moe->T_route, K, C));
   exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
   int32_t *rc = exec_mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
   CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
@@ -302,9 +319,12 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
 
 /* The dispatch's transpose: the input gradients' rows and their routing weights' gradients
  * back to the tokens' owners; dh summed over each token's routes (this peer's sequence shard
- * under SP), the routing weights' gradient [T, K] gathered whole for the router's backward
- * (under SP every peer sent every route, whole after the experts' TP sum). sb, rb: the rows'
- * byte counts on entry. */
+ * under SP), the routing weights' gradient in the router's [T, K] table. Under SP with experts
+ * TP-split every peer sent every route, whole after the experts' TP sum: every token's comes
+ * back. Where each TP rank routes its own tokens (route_split) only theirs come back, zeros
+ * elsewhere: the router's backward sums the table over the TP group (segment_backward.c,
+ * output_grads), on the compute stream as every TP collective. sb, rb: the rows' byte counts
+ * on entry. */
 static bool a2a_dispatch_backward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
                                   struct exec_comm *comm, size_t *sb, size_t *rb, GError **err) {
   const struct exec_instr *x = &s->dev->instrs[i];
@@ -314,12 +334,14 @@ static bool a2a_dispatch_backward(struct exec_state *s, uint32_t i, struct exec_
   struct exec_moe *moe = mb->moe[x->segment];
   int T = xm->T, C = xm->C, K = xm->K, TK = T * K, TS = xm->T_seq;
   bool sp = s->dev->sequence_parallel, ok = true;
-  size_t off = sp ? (size_t)s->dev->tp_rank * TS * K : 0;
+  bool own_tokens = s->dev->route_split[x->segment] > 1;
+  size_t off = sp ? (size_t)s->dev->tp_rank * TS * K : 0, roff = own_tokens ? 0 : off;
+  size_t TKr = (size_t)moe->T_route * K;
   uint32_t S = moe->S;
   if (!moe->drows_recv)
     return internal(err, s, i, "input gradients before the experts' backward");
-  float *dsend = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * C * sizeof(float), REPORT_MEM_COMM);
-  float *dsend_w = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * sizeof(float), REPORT_MEM_COMM);
+  float *dsend = mb_raw(s, st, mb, OWN_WORK, TKr * C * sizeof(float), REPORT_MEM_COMM);
+  float *dsend_w = mb_raw(s, st, mb, OWN_WORK, TKr * sizeof(float), REPORT_MEM_COMM);
   CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->drows_recv, rb, dsend, sb, err));
   byte_counts(moe->send_counts, S, sizeof(float), sb);
   byte_counts(moe->recv_counts, S, sizeof(float), rb);
@@ -331,10 +353,13 @@ static bool a2a_dispatch_backward(struct exec_state *s, uint32_t i, struct exec_
   float *dh = mb_floats_raw(s, st, mb, out, (size_t)TS * C);
   /* in r's layout (exec_grad_floats): the router's backward reads that many */
   float *dweights = mb_floats_raw(s, st, mb, out, exec_grad_floats(xm, EXEC_T_R));
+  if (own_tokens) /* its own tokens' routes, from route_off on; the others' zeros */
+    KT(st, s, k->fill(st->stream, dweights, 0.0f, (size_t)TK));
+  bool every = sp && !own_tokens; /* every route came back: every token's weights apart */
   KT(st, s,
-     k->moe_dispatch_backward(st->stream, dh, sp ? NULL : dweights, dsend, dsend_w,
-                              moe->route_row + off, TS, K, C, false));
-  if (sp) /* C = 0: the weights' gradients alone, every token's */
+     k->moe_dispatch_backward(st->stream, dh, every ? NULL : dweights + moe->route_off, dsend,
+                              dsend_w, moe->route_row + roff, TS, K, C, false));
+  if (every) /* C = 0: the weights' gradients alone, every token's */
     KT(st, s,
        k->moe_dispatch_backward(st->stream, dh, dweights, dsend, dsend_w, moe->route_row, T, K, 0,
                                 false));
@@ -372,6 +397,10 @@ bool exec_all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
   }
   byte_counts(moe->send_counts, S, row, sb);
   byte_counts(moe->recv_counts, S, row, rb);
+  /* the routes this device dispatched (route_row holds only theirs where it routes its own
+   * tokens, route_split: from 0 on) */
+  bool own_tokens = s->dev->route_split[x->segment] > 1;
+  size_t TKr = (size_t)moe->T_route * K, roff = own_tokens ? 0 : off;
   if (x->role == EXEC_ROLE_A2A_FROM_EXPERT && forward) {
     /* combine: the weighted expert outputs back to the tokens' owners, summed per token; the
      * received rows are transient (the combine's transpose reads nothing of them) */
@@ -379,13 +408,13 @@ bool exec_all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
       ok = internal(err, s, i, "combine before the experts ran");
       goto out;
     }
-    moe->y_send = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
+    moe->y_send = mb_raw(s, st, mb, OWN_WORK, TKr * row, REPORT_MEM_COMM);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
     if (!ok || x->pass == IR_PASS_R) /* the forward's combined output went on */
       goto out;
     float *mout = mb_floats_raw(s, st, mb, exec_a2a_out_tensor(s, i, false), (size_t)TS * C);
     KT(st, s,
-       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->route_row + off, TS, K, C));
+       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->route_row + roff, TS, K, C));
     mb->out[(size_t)x->segment * TC + EXEC_T_M] = mout;
   } else if (x->role == EXEC_ROLE_A2A_TO_EXPERT) {
     /* combine's transpose: each route's row gets its token's output gradient */
@@ -394,10 +423,10 @@ bool exec_all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
       ok = internal(err, s, i, "the experts' output gradient has not arrived");
       goto out;
     }
-    float *dy_send = mb_raw(s, st, mb, OWN_WORK, (size_t)TK * row, REPORT_MEM_COMM);
-    if (s->dev->sequence_parallel) /* the other tokens' as zeros (sp_whole_rows) */
+    float *dy_send = mb_raw(s, st, mb, OWN_WORK, TKr * row, REPORT_MEM_COMM);
+    if (s->dev->sequence_parallel && !own_tokens) /* the other tokens' as zeros (sp_whole_rows) */
       KT(st, s, k->fill(st->stream, dy_send, 0.0f, (size_t)TK * C));
-    KT(st, s, k->moe_combine_backward(st->stream, dy_send, dm, moe->route_row + off, TS, K, C));
+    KT(st, s, k->moe_combine_backward(st->stream, dy_send, dm, moe->route_row + roff, TS, K, C));
     moe->dy_recv =
         mb_raw(s, st, mb, exec_a2a_out_tensor(s, i, true), moe->cap * row, REPORT_MEM_COMM);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, dy_send, sb, moe->dy_recv, rb, err));

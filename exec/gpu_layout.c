@@ -99,6 +99,11 @@ enum exec_gpu_attention exec_gpu_attention_mode(const char *env) {
   return EXEC_GPU_ATTENTION_AUTO;
 }
 
+enum model_dtype exec_gpu_act_dtype(enum model_dtype model) {
+  (void)model; /* every model's, until the entries take bf16 activations (gpu_layout.h) */
+  return MODEL_DTYPE_FP32;
+}
+
 bool exec_gpu_attention_cudnn(enum exec_gpu_attention mode, bool usable) {
   return usable && (mode == EXEC_GPU_ATTENTION_AUTO || mode == EXEC_GPU_ATTENTION_CUDNN);
 }

@@ -89,6 +89,16 @@ int exec_gpu_head_chunk_rows(int T, int V, int forced);
 #define EXEC_GPU_HEAD_MIN_COLS 256
 int exec_gpu_head_tile_cols(int T, int V, int forced);
 
+/* The dtype the cuda backend's kernel entries hold a model's activations in (the values
+ * between ops, their gradients, the saved tensors): what its arena's slots are planned at
+ * (exec_cuda_arena_plan) and what `piper-prof --backend cuda` writes into its profile's memory
+ * section, so the two cannot drift apart. fp32 for every model today: the executor sizes each
+ * activation buffer in floats from the host kernels' layouts (exec/memory.c, segment_*.c) and
+ * every kernel entry reads and writes fp32; the bf16 kernels (kc_bf16_*, kernels/cuda_bf16.cu)
+ * are not yet behind an entry. A bf16 model's activations at 2 bytes is the change to here
+ * once they are (docs/exec.md, "Memory"). */
+enum model_dtype exec_gpu_act_dtype(enum model_dtype model);
+
 /* Which attention core runs: cuDNN's fused SDPA (exec/cuda_cudnn.h, where the build has cuDNN),
  * the own fused kernel (kernels/flash_attention.cu, no [S, S] memory) or per (sequence, head)
  * cuBLASLt GEMMs with a head's S x S fp32 scores in scratch.

@@ -45,12 +45,13 @@ void exec_for_each_param(const struct exec_state *s, uint32_t seg, exec_param_fn
   for (uint32_t j = 0; j < es->n_ops; j++) {
     const struct exec_seg_op *so = &es->ops[j];
     const struct model_op *op = &s->xm->m->ops[so->op];
-    uint64_t n = exec_tp_op_params(s->xm, op, d->tp_degree) / S;
+    uint32_t tp = exec_segment_tp(d, seg);
+    uint64_t n = exec_tp_op_params(s->xm, op, tp) / S;
     uint64_t first = (uint64_t)d->ep_rank[seg] * n; /* local experts start here in the op */
     uint64_t base = d->op_offset[so->op];
     /* a TP slice's elements sit where the one-device layout has them (tp.c) */
     for (uint64_t i = 0; i < n; i++)
-      fn(s, so->op, base + i, exec_tp_full_index(s->xm, op, d->tp_degree, d->tp_rank, first + i),
+      fn(s, so->op, base + i, exec_tp_full_index(s->xm, op, tp, d->tp_rank, first + i),
          data);
   }
 }

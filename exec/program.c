@@ -57,6 +57,7 @@ void exec_device_clear(struct exec_device *d) {
   g_free(d->bucket_of);
   g_free(d->ep_size);
   g_free(d->ep_rank);
+  g_free(d->route_split);
   for (uint32_t b = 0; b < d->n_buckets; b++)
     g_free(d->buckets[b].segs);
   g_free(d->buckets);
@@ -135,9 +136,11 @@ static void device_alloc(struct exec_device *d) {
   d->bucket_of = g_new(uint32_t, ns ? ns : 1);
   d->ep_size = g_new(uint32_t, ns ? ns : 1);
   d->ep_rank = g_new0(uint32_t, ns ? ns : 1);
+  d->route_split = g_new(uint32_t, ns ? ns : 1);
   for (uint32_t s = 0; s < ns; s++) {
     d->bucket_of[s] = IR_NONE;
     d->ep_size[s] = 1;
+    d->route_split[s] = 1;
   }
   d->mb_instr_count = g_new0(uint32_t, d->M);
   d->op_offset = g_new0(uint64_t, d->xm->m->n_ops ? d->xm->m->n_ops : 1);
@@ -173,7 +176,11 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
     return true;
   if (d->xm->E % (int)n->shard_degree != 0)
     return fail_at(dc, i, err, "shards experts unevenly");
-  if (n->replica_degree != 1 && n->replica_degree != n->shard_degree && n->expert_replicas <= 1)
+  /* carved with one expert-DP rank (EP x expert TP = the group): no replicas to sync */
+  bool unreplicated = p->groups[n->group].count ==
+                      n->shard_degree * (n->tp_degree > 1 ? n->tp_degree : 1);
+  if (n->replica_degree != 1 && n->replica_degree != n->shard_degree && n->expert_replicas <= 1 &&
+      !unreplicated)
     /* experts outside expert-DP groups are never gradient-synced: replicas in other EP groups
      * would drift */
     return fail_at(dc, i, err,
@@ -183,6 +190,7 @@ static bool decode_compute(struct decoder *dc, uint32_t i, GError **err) {
    * rank is the position's data-parallel rank (tensor_parallel.c) */
   uint32_t pos = (uint32_t)plan_node_position(p, x->node, d->device);
   d->ep_rank[n->segment] = pos / (n->tp_degree > 1 ? n->tp_degree : 1) % n->shard_degree;
+  d->route_split[n->segment] = n->route_split > 1 ? n->route_split : 1;
   return true;
 }
 
@@ -554,7 +562,7 @@ static bool lay_out_params(struct exec_device *d, GError **err) {
   for (uint32_t s = 0; s < ns; s++) {
     uint64_t n = 0; /* the segment's ops, each as this device holds it (TP slices) */
     for (uint32_t j = 0; j < d->xm->segs[s].n_ops; j++)
-      n += exec_tp_op_params(d->xm, &m->ops[d->xm->segs[s].ops[j].op], d->tp_degree);
+      n += exec_tp_op_params(d->xm, &m->ops[d->xm->segs[s].ops[j].op], exec_segment_tp(d, s));
     d->param_local[s] = d->holds[s] ? n / d->ep_size[s] : 0;
   }
   exec_tp_op_offsets(d);

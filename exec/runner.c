@@ -859,16 +859,6 @@ bool exec_run(const struct exec_options *o, struct exec_backend *b, struct exec_
         "per device: mpirun -np %u)",
         o->plan->n_devices, size, o->plan->n_devices);
   }
-  const char *cp_refusal = exec_cp_refusal(o->plan, b);
-  if (cp_refusal) {
-    /* what the executor's context parallelism does not cover yet: refused, alike on every
-     * rank, rather than run as something else */
-    res->error_everywhere = true;
-    res->error_printed_elsewhere = rank != 0;
-    return piper_input_error(err, "the plan splits each sequence over %lld devices (context "
-                                  "parallelism): not executed %s; piper-sim simulates it",
-                             (long long)o->plan->model->context_parallel, cp_refusal);
-  }
   exec_backend_reset(b);
   /* on the heap: after a failure, workers may outlive this call */
   struct runner *R = g_new0(struct runner, 1);

@@ -83,6 +83,18 @@ struct bwd_op {
   bool acc;
 };
 
+/* The routing weights' gradient where the experts behind edge e are run whole by each TP rank
+ * on its own sequence shard's tokens (route_split, exec/expert_parallel.c): each peer's
+ * dispatch transpose brought back its own tokens' (zeros elsewhere), and the router, run on
+ * the whole sequence alike on every peer, needs every token's: summed over the TP group here,
+ * on the compute stream as every TP collective, so the peers issue them in one order. */
+static bool routing_grad_whole(struct bwd *b, uint32_t e, float *dr, GError **err) {
+  uint32_t dst = b->xm->m->edges[e].dst;
+  if (b->s->dev->route_split[dst] <= 1)
+    return true;
+  return exec_tp_all_reduce(b->s, b->st, dr, (size_t)b->xm->T * (size_t)b->xm->K, err);
+}
+
 /* Gradients of the segment's outputs: the sum over the edges that carried them, in edge
  * order. */
 static bool output_grads(struct bwd *b, uint32_t i, GError **err) {
@@ -106,6 +118,8 @@ static bool output_grads(struct bwd *b, uint32_t i, GError **err) {
       } else {
         KT(st, s, b->k->add(st->stream, run->dval[v], g, n));
       }
+      if (t == EXEC_T_R && !routing_grad_whole(b, e, run->dval[v], err))
+        return false;
     }
   }
   return true;

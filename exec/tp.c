@@ -118,11 +118,13 @@ bool exec_tp_device_init(struct exec_device *d, GError **err) {
     const struct ir_node *n = &p->nodes[i];
     if (n->kind != IR_NODE_COMPUTE)
       continue;
-    if (n->route_split > 1) /* before the TP degree's check, which it would fail unexplained */
+    if (n->route_split > 1 && n->tp_degree > 1)
       return fail_node(d, i, err,
-                       "runs experts with a smaller TP than its dense layers "
-                       "(expert_tensor_parallel below tensor_parallel), which piper-sim "
-                       "simulates but piper-exec does not run yet");
+                       "divides experts by an expert_tensor_parallel between 1 and the "
+                       "dense tensor_parallel, which piper-sim simulates but piper-exec does "
+                       "not run yet (expert_tensor_parallel 1 runs)");
+    if (n->route_split > 1) /* whole experts, each TP rank routing its sequence shard */
+      continue;
     uint32_t tp = n->tp_degree > 1 ? n->tp_degree : 1;
     if (first) {
       d->tp_degree = tp;
@@ -221,7 +223,7 @@ void exec_tp_op_offsets(struct exec_device *d) {
       const struct exec_seg_op *so = &es->ops[j];
       /* experts split over EP: each op's local experts, at the same fraction of the block */
       d->op_offset[so->op] = d->ep_size[seg] > 1 ? so->param_offset / d->ep_size[seg] : off;
-      off += exec_tp_op_params(xm, &m->ops[so->op], d->tp_degree);
+      off += exec_tp_op_params(xm, &m->ops[so->op], exec_segment_tp(d, seg));
     }
   }
 }

@@ -208,6 +208,11 @@ static inline int expert_width(const struct exec_state *s) {
   return s->xm->F_expert / (int)s->dev->tp_degree;
 }
 
+/* ... of segment seg's experts: whole where each TP rank routes its own tokens (route_split). */
+static inline int expert_width_of(const struct exec_state *s, uint32_t seg) {
+  return s->xm->F_expert / (int)exec_segment_tp(s->dev, seg);
+}
+
 /* The MLP's intermediate size as this device runs it. */
 static inline int mlp_width(const struct exec_state *s, const struct model_op *op) {
   return (int)op->shape[2] / (int)s->dev->tp_degree;

@@ -190,19 +190,42 @@ static void attention_core(const struct kernels_attention_views *w,
     }
 }
 
+/* RoPE of q or k (heads of them) at their positions: the whole sequence's, or under context
+ * parallelism the rank's chunks' global ones. */
+static void rope(float *x, const struct kernels_attention_dims *d, int heads, bool inverse) {
+  if (d->cp > 1)
+    kernels_rope_cp(x, d->batch, d->seq * d->cp, d->cp, d->cp_rank, heads, d->head_dim,
+                    d->rope_theta, d->rope_scaling, inverse);
+  else
+    kernels_rope_scaled(x, d->batch, d->seq, heads, d->head_dim, d->rope_theta, d->rope_scaling,
+                        inverse);
+}
+
+void kernels_attention_qkv_forward(float *saved, const float *h, const float *params,
+                                   const struct kernels_attention_dims *d) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
+  kernels_gemm(false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
+  kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
+  kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
+  rope(w.q, d, d->heads, false);
+  rope(w.k, d, d->kv_heads, false);
+}
+
+void kernels_attention_out_forward(float *a, const float *saved, const float *params,
+                                   const struct kernels_attention_dims *d) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD;
+  kernels_gemm(false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
+}
+
 /* a [B*S, C], saved <- h [B*S, C] */
 void kernels_attention_forward(float *a, float *saved, const float *h, const float *params,
                                const struct kernels_attention_dims *d) {
   struct kernels_attention_views w = kernels_attention_views(d, params, saved, NULL);
-  int B = d->batch, S = d->seq, H = d->heads, D = d->head_dim, C = d->hidden;
-  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
-  kernels_gemm(false, false, T, HD, C, 1.0f, h, C, w.wq, HD, 0.0f, w.q, HD);
-  kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wk, KD, 0.0f, w.k, KD);
-  kernels_gemm(false, false, T, KD, C, 1.0f, h, C, w.wv, KD, 0.0f, w.v, KD);
-  kernels_rope_scaled(w.q, B, S, H, D, d->rope_theta, d->rope_scaling, false);
-  kernels_rope_scaled(w.k, B, S, d->kv_heads, D, d->rope_theta, d->rope_scaling, false);
+  kernels_attention_qkv_forward(saved, h, params, d);
   attention_core(&w, d);
-  kernels_gemm(false, false, T, C, HD, 1.0f, w.y, HD, w.wo, C, 0.0f, a, C);
+  kernels_attention_out_forward(a, saved, params, d);
 }
 
 void kernels_attention_core_forward(float *saved, const struct kernels_attention_dims *d) {
@@ -231,13 +254,31 @@ static void attention_head_backward(const struct attention_head *a, float scale,
 /* dh [B*S, C] (= or +=), bwork <- da [B*S, C]
  * dp_ij = dy_i . v_j;  ds_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij');
  * dq_i = scale sum_j ds_ij k_j;  dk_j += scale ds_ij q_i;  dv_j += p_ij dy_i;  then RoPE^T. */
+void kernels_attention_out_backward_input(float *bwork, const float *da, const float *params,
+                                          const struct kernels_attention_dims *d) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, NULL, bwork);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD;
+  kernels_gemm(false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
+}
+
+void kernels_attention_qkv_backward_input(float *dh, float *bwork, const float *params,
+                                          const struct kernels_attention_dims *d,
+                                          bool accumulate) {
+  struct kernels_attention_views w = kernels_attention_views(d, params, NULL, bwork);
+  int C = d->hidden, T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
+  rope(w.dq, d, d->heads, true);
+  rope(w.dk, d, d->kv_heads, true);
+  kernels_gemm(false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
+  kernels_gemm(false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
+  kernels_gemm(false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);
+}
+
 void kernels_attention_backward_input(float *dh, float *bwork, const float *da, const float *saved,
                                       const float *params, const struct kernels_attention_dims *d,
                                       bool accumulate) {
   struct kernels_attention_views w = kernels_attention_views(d, params, saved, bwork);
-  int B = d->batch, S = d->seq, H = d->heads, D = d->head_dim, C = d->hidden;
-  int T = (int)w.T, HD = (int)w.HD, KD = (int)w.KD;
-  kernels_gemm(false, true, T, HD, C, 1.0f, da, C, w.wo, C, 0.0f, w.dy, HD);
+  int B = d->batch, S = d->seq, H = d->heads, D = d->head_dim;
+  kernels_attention_out_backward_input(bwork, da, params, d);
   memset(w.dk, 0, w.T * w.KD * sizeof(float));
   memset(w.dv, 0, w.T * w.KD * sizeof(float));
   float scale = 1.0f / sqrtf((float)D);
@@ -251,11 +292,7 @@ void kernels_attention_backward_input(float *dh, float *bwork, const float *da, 
       ah.p = pb;
       attention_head_backward(&ah, scale, ds);
     }
-  kernels_rope_scaled(w.dq, B, S, H, D, d->rope_theta, d->rope_scaling, true);
-  kernels_rope_scaled(w.dk, B, S, d->kv_heads, D, d->rope_theta, d->rope_scaling, true);
-  kernels_gemm(false, true, T, C, HD, 1.0f, w.dq, HD, w.wq, HD, accumulate ? 1.0f : 0.0f, dh, C);
-  kernels_gemm(false, true, T, C, KD, 1.0f, w.dk, KD, w.wk, KD, 1.0f, dh, C);
-  kernels_gemm(false, true, T, C, KD, 1.0f, w.dv, KD, w.wv, KD, 1.0f, dh, C);
+  kernels_attention_qkv_backward_input(dh, bwork, params, d, accumulate);
 }
 
 /* dwq += h^T dq, dwk += h^T dk, dwv += h^T dv, dwo += y^T da */

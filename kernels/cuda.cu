@@ -7,29 +7,15 @@
 #include <math.h>
 #include <string.h>
 
+#include "cuda_math.cuh"
 #include "kernels_cuda.h"
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(size_t n) {
-  size_t b = (n + kThreads - 1) / kThreads;
-  return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
-}
-
 // Block-wide sum in a fixed order (shared-memory tree): every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float buf[kThreads];
-  __syncthreads();
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s)
-      buf[threadIdx.x] += buf[threadIdx.x + s];
-    __syncthreads();
-  }
-  return buf[0];
+  return block_sum_in(buf, v);
 }
 
 __device__ float block_max(float v) {
@@ -244,24 +230,17 @@ __global__ void rmsnorm_bwd_weight_k(float *dw, const float *dh, const float *x,
   }
 }
 
-// Llama 3's frequency scaling, as kernels/rope.c (double, like the host's tables).
-__device__ double rope_inv_freq(int i, int D, float theta, float factor, float lo, float hi,
-                                int old_ctx) {
-  double inv = pow((double)theta, -2.0 * i / D);
-  if (factor <= 0.0f)
-    return inv;
-  double low_wavelen = old_ctx / (double)lo, high_wavelen = old_ctx / (double)hi;
-  double wavelen = 2.0 * M_PI / inv;
-  if (wavelen < high_wavelen)
-    return inv;
-  if (wavelen > low_wavelen)
-    return inv / factor;
-  double smooth = (old_ctx / wavelen - lo) / ((double)hi - lo);
-  return (1.0 - smooth) * inv / factor + smooth * inv;
+// Position of row s of a sequence's S rows: s itself, or under context parallelism (cp > 1)
+// the global position of CP rank r's chunks r and 2 cp - 1 - r, S / 2 rows each.
+__device__ int rope_position(int s, int S, int cp, int r) {
+  if (cp <= 1)
+    return s;
+  int L = S / 2;
+  return s < L ? r * L + s : (2 * cp - 1 - r) * L + s - L;
 }
 
 __global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float factor, float lo,
-                       float hi, int old_ctx, bool inverse) {
+                       float hi, int old_ctx, bool inverse, int cp, int cp_rank) {
   int half = D / 2;
   size_t n = (size_t)B * S * H * half;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
@@ -270,7 +249,7 @@ __global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float 
     size_t rest = idx / half;
     int h = (int)(rest % H);
     size_t row = rest / H; // b * S + s
-    int s = (int)(row % S);
+    int s = rope_position((int)(row % S), S, cp, cp_rank);
     double angle = s * rope_inv_freq(i, D, theta, factor, lo, hi, old_ctx);
     float cs = (float)cos(angle), sn = (float)sin(angle);
     if (inverse)
@@ -280,16 +259,6 @@ __global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float 
     p[i] = a * cs - b * sn;
     p[i + half] = b * cs + a * sn;
   }
-}
-
-__device__ float silu(float g) {
-  return g / (1.0f + expf(-g));
-}
-
-__device__ void swiglu_grad(float d, float g, float u, float *dg, float *du) {
-  float s = 1.0f / (1.0f + expf(-g));
-  *dg = d * u * s * (1.0f + g * (1.0f - s));
-  *du = d * g * s;
 }
 
 __global__ void swiglu_fwd_k(float *act, const float *g, const float *u, size_t n) {
@@ -857,12 +826,17 @@ void kc_rmsnorm_backward_weight(float *dw, const float *dh, const float *x, cons
     rmsnorm_bwd_weight_k<<<(C + 31) / 32, dim3(32, kNormGroups), 0, st>>>(dw, dh, x, rstd, T, C);
 }
 
-void kc_rope(float *x, int B, int S, int H, int D, float theta, float factor, float lo, float hi,
-             int old_ctx, bool inverse, cudaStream_t st) {
+void kc_rope_cp(float *x, int B, int S, int cp, int cp_rank, int H, int D, float theta,
+                float factor, float lo, float hi, int old_ctx, bool inverse, cudaStream_t st) {
   size_t n = (size_t)B * S * H * (D / 2);
   if (n)
     rope_k<<<blocks_for(n), kThreads, 0, st>>>(x, B, S, H, D, theta, factor, lo, hi, old_ctx,
-                                                inverse);
+                                                inverse, cp, cp_rank);
+}
+
+void kc_rope(float *x, int B, int S, int H, int D, float theta, float factor, float lo, float hi,
+             int old_ctx, bool inverse, cudaStream_t st) {
+  kc_rope_cp(x, B, S, 1, 0, H, D, theta, factor, lo, hi, old_ctx, inverse, st);
 }
 
 void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cudaStream_t st) {

@@ -10,6 +10,11 @@
 // and dy once, by a conversion pass into scratch), every product is accumulated in fp32,
 // softmax, lse and the gradient of the softmax are fp32. Memory is fp32 row-major as in the
 // saved layout: q, y, dq rows of T x (H*D), k, v, dk, dv rows of T x (KVH*D), lse [B, H, S].
+// Context parallelism's blocks (kc_flash_attention_block_*) run Sq query rows of a sequence
+// against Sk keys of it, causal by global positions: row i sees key j when j <= i + shift
+// (shift = the query chunk's first position minus the key chunk's); the whole sequence is
+// Sq = Sk = S, shift 0. A row that sees no key gets y 0 and lse -inf; the backward's gradients
+// can add into dq, dk, dv (a block's share of the ring's sums).
 // Deterministic: every output element is written by one block, sums run in a fixed order; dQ
 // has a kernel of its own (it recomputes the scores) rather than atomics into dq.
 #include <cuda_bf16.h>
@@ -38,12 +43,19 @@ struct HeadPtrs {
   size_t qoff, koff, loff;
 };
 
-__device__ HeadPtrs head_ptrs(int b, int h, int S, int H, int KVH, int D) {
+__device__ HeadPtrs head_ptrs(int b, int h, int Sq, int Sk, int H, int KVH, int D) {
   HeadPtrs p;
-  p.qoff = (size_t)b * S * H * D + (size_t)h * D;
-  p.koff = (size_t)b * S * KVH * D + (size_t)(h / (H / KVH)) * D;
-  p.loff = ((size_t)b * H + h) * S;
+  p.qoff = (size_t)b * Sq * H * D + (size_t)h * D;
+  p.koff = (size_t)b * Sk * KVH * D + (size_t)(h / (H / KVH)) * D;
+  p.loff = ((size_t)b * H + h) * Sq;
   return p;
+}
+
+// The last key a query tile's rows q0 .. q0 + kBr - 1 see (below 0: none), and so how many key
+// tiles it visits.
+__device__ int key_tiles(int q0, int Sk, int shift) {
+  int last = q0 + kBr - 1 + shift < Sk - 1 ? q0 + kBr - 1 + shift : Sk - 1;
+  return last < 0 ? 0 : last / kBc + 1;
 }
 
 // ---- operand tiles and fragments ------------------------------------------------------------
@@ -126,18 +138,18 @@ __device__ float quad_sum(float v) {
 }
 
 // Rows row and row + 8 of a warp's [16 x N] fp32 result (C layout), those before S, to dst
-// (row stride ld), times mul[0], mul[1].
+// (row stride ld), times mul[0], mul[1]; added to what dst holds when add.
 template <int N>
 __device__ void store_rows(float *dst, size_t ld, int row, int S, const float (&acc)[N / 8][4],
-                           const float (&mul)[2]) {
+                           const float (&mul)[2], bool add = false) {
   int t = threadIdx.x % 4;
   for (int h = 0; h < 2; h++) {
     if (row + 8 * h >= S)
       continue;
     float *r = dst + (size_t)(row + 8 * h) * ld + 2 * t;
     for (int n = 0; n < N / 8; n++) {
-      r[8 * n] = acc[n][2 * h] * mul[h];
-      r[8 * n + 1] = acc[n][2 * h + 1] * mul[h];
+      r[8 * n] = (add ? r[8 * n] : 0.0f) + acc[n][2 * h] * mul[h];
+      r[8 * n + 1] = (add ? r[8 * n + 1] : 0.0f) + acc[n][2 * h + 1] * mul[h];
     }
   }
 }
@@ -151,20 +163,22 @@ template <int D> struct FwdSmem {
 };
 
 // The scores of the warp's rows (row, row + 8) against key tile k0 -> log2 units (c =
-// scale log2 e), -inf where the key is after the query or past S (only tiles at an edge).
-__device__ void mask_scores(float (&s)[kBc / 8][4], int row, int k0, int S, float c, bool edge) {
+// scale log2 e), -inf where the key is after the query (j > i + shift) or past Sk (only tiles
+// at an edge).
+__device__ void mask_scores(float (&s)[kBc / 8][4], int row, int k0, int Sk, int shift, float c,
+                            bool edge) {
   int t = threadIdx.x % 4;
   for (int n = 0; n < kBc / 8; n++)
     for (int e = 0; e < 4; e++) {
       int key = k0 + 8 * n + 2 * t + (e & 1), r = row + 8 * (e / 2);
-      s[n][e] = edge && (key > r || key >= S) ? -INFINITY : s[n][e] * c;
+      s[n][e] = edge && (key > r + shift || key >= Sk) ? -INFINITY : s[n][e] * c;
     }
 }
 
 // One key tile of the online softmax for the warp's rows. After it, per row: m = the max score
 // seen so far, l = this lane's part of sum exp2(score - m), o rescaled to the new m, and s
-// holds exp2(score - m). Every tile a query tile visits has a key no later than each of its
-// rows and before S (key k0 <= q0), so the new max is finite.
+// holds exp2(score - m). A row that has seen no key yet (a block's rows before its keys, shift
+// < 0) keeps m -inf: its exponents are taken against 0, so that it adds zeros, not NaN.
 template <int D>
 __device__ void online_softmax(float (&s)[kBc / 8][4], float (&o)[D / 8][4], float (&m)[2],
                                float (&l)[2]) {
@@ -173,10 +187,11 @@ __device__ void online_softmax(float (&s)[kBc / 8][4], float (&o)[D / 8][4], flo
     for (int n = 0; n < kBc / 8; n++)
       mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
     mx = quad_max(mx);
-    float alpha = exp2f(m[h] - mx), sum = 0.0f;
+    float base = mx == -INFINITY ? 0.0f : mx;
+    float alpha = exp2f(m[h] - base), sum = 0.0f;
     for (int n = 0; n < kBc / 8; n++)
       for (int e = 2 * h; e < 2 * h + 2; e++) {
-        s[n][e] = exp2f(s[n][e] - mx);
+        s[n][e] = exp2f(s[n][e] - base);
         sum += s[n][e];
       }
     l[h] = l[h] * alpha + sum;
@@ -192,8 +207,8 @@ __device__ void online_softmax(float (&s)[kBc / 8][4], float (&o)[D / 8][4], flo
 // natural-log log-sum-exp of each row's scaled scores, as kc_causal_softmax writes it.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    flash_fwd_k(float *y, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int S, int H,
-                int KVH, float scale) {
+    flash_fwd_k(float *y, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int Sq, int Sk,
+                int shift, int H, int KVH, float scale) {
   typedef FwdSmem<D> L;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *Qs = (bf16 *)(smem + L::q), *Ks = (bf16 *)(smem + L::k), *Vs = (bf16 *)(smem + L::v);
@@ -201,19 +216,19 @@ __global__ void __launch_bounds__(kThreads)
   // the light ones fill the tail
   int q0 = (int)(gridDim.z - 1 - blockIdx.z) * kBr, h = blockIdx.x, b = blockIdx.y;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = q0 + 16 * warp + lane / 4;
-  HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
+  HeadPtrs hp = head_ptrs(b, h, Sq, Sk, H, KVH, D);
   size_t ldq = (size_t)H * D, ldk = (size_t)KVH * D;
-  int n_tiles = q0 / kBc + 1; // up to the diagonal tile: later keys are masked for every row
-  load_tile<D, kBr>(Qs, q + hp.qoff, ldq, q0, S);
-  load_tile<D, kBc>(Ks, k + hp.koff, ldk, 0, S);
-  load_tile<D, kBc>(Vs, v + hp.koff, ldk, 0, S);
+  int n_tiles = key_tiles(q0, Sk, shift); // up to the diagonal: later keys masked for every row
+  load_tile<D, kBr>(Qs, q + hp.qoff, ldq, q0, Sq);
+  load_tile<D, kBc>(Ks, k + hp.koff, ldk, 0, Sk);
+  load_tile<D, kBc>(Vs, v + hp.koff, ldk, 0, Sk);
   cp_async_commit();
   float o[D / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int j = 0; j < n_tiles; j++) {
     const bf16 *Kj = Ks + (j % 2) * kBc * L::kLd, *Vj = Vs + (j % 2) * kBc * L::kLd;
     if (j + 1 < n_tiles) { // into the buffers tile j - 1 used: read before the last barrier
-      load_tile<D, kBc>(Ks + ((j + 1) % 2) * kBc * L::kLd, k + hp.koff, ldk, (j + 1) * kBc, S);
-      load_tile<D, kBc>(Vs + ((j + 1) % 2) * kBc * L::kLd, v + hp.koff, ldk, (j + 1) * kBc, S);
+      load_tile<D, kBc>(Ks + ((j + 1) % 2) * kBc * L::kLd, k + hp.koff, ldk, (j + 1) * kBc, Sk);
+      load_tile<D, kBc>(Vs + ((j + 1) % 2) * kBc * L::kLd, v + hp.koff, ldk, (j + 1) * kBc, Sk);
     }
     cp_async_commit();
     cp_async_wait<1>(); // everything but the prefetch: tile j (and q) are in
@@ -221,7 +236,8 @@ __global__ void __launch_bounds__(kThreads)
     float s[kBc / 8][4] = {};
     mma_rows_nk<kBc, D>(s, Qs, Kj, L::kLd, 16 * warp);
     int k0 = j * kBc;
-    mask_scores(s, row, k0, S, scale * kLog2e, k0 + kBc - 1 > q0 + 16 * warp || k0 + kBc > S);
+    mask_scores(s, row, k0, Sk, shift, scale * kLog2e,
+                k0 + kBc - 1 > q0 + 16 * warp + shift || k0 + kBc > Sk);
     online_softmax<D>(s, o, m, l);
     mma_acc_kn<D, kBc>(o, s, Vj, L::kLd);
     __syncthreads(); // this tile's buffers are read: the next turn may load over them
@@ -229,12 +245,12 @@ __global__ void __launch_bounds__(kThreads)
   float inv[2];
   for (int h2 = 0; h2 < 2; h2++) {
     l[h2] = quad_sum(l[h2]);
-    inv[h2] = 1.0f / l[h2];
+    inv[h2] = l[h2] > 0.0f ? 1.0f / l[h2] : 0.0f; // a row that saw no key: y 0
   }
-  store_rows<D>(y + hp.qoff, ldq, row, S, o, inv);
+  store_rows<D>(y + hp.qoff, ldq, row, Sq, o, inv);
   for (int h2 = 0; h2 < 2; h2++)
-    if (lane % 4 == 0 && row + 8 * h2 < S)
-      lse[hp.loff + row + 8 * h2] = (m[h2] + log2f(l[h2])) * kLn2;
+    if (lane % 4 == 0 && row + 8 * h2 < Sq)
+      lse[hp.loff + row + 8 * h2] = l[h2] > 0.0f ? (m[h2] + log2f(l[h2])) * kLn2 : -INFINITY;
 }
 
 // ---- backward -------------------------------------------------------------------------------
@@ -285,9 +301,9 @@ template <int D> struct KvSmem {
 // past S 0: their probabilities are masked).
 template <int D>
 __device__ void kv_load_query_side(unsigned char *smem, const BwdIn &in, int b, int hh, int q0,
-                                   int S, int H, int KVH, int buf) {
+                                   int S, int Sk, int H, int KVH, int buf) {
   typedef KvSmem<D> L;
-  HeadPtrs hp = head_ptrs(b, hh, S, H, KVH, D);
+  HeadPtrs hp = head_ptrs(b, hh, S, Sk, H, KVH, D);
   size_t ldq = (size_t)H * D;
   load_tile<D, kBq>((bf16 *)(smem + L::q) + buf * kBq * L::kLd, in.q + hp.qoff, ldq, q0, S);
   load_tile<D, kBq>((bf16 *)(smem + L::dy) + buf * kBq * L::kLd, in.dy + hp.qoff, ldq, q0, S);
@@ -301,10 +317,12 @@ __device__ void kv_load_query_side(unsigned char *smem, const BwdIn &in, int b, 
 // grid tiles_grid(S, KVH, B), kThreads. dK and dV of a key tile sum over its kv head's whole
 // query-head group and over the query tiles from the diagonal on; each warp keeps its 16 keys'
 // rows in registers, computing the transposed scores (s^T = k q^T, dp^T = v dy^T) so that
-// p^T and ds^T are A operands as they are: dV += p^T dy, dK += ds^T q. Written once (=).
+// p^T and ds^T are A operands as they are: dV += p^T dy, dK += ds^T q. Written once (=, or
+// added when add). S: query rows, Sk: keys.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    flash_bwd_kv_k(float *dk, float *dv, BwdIn in, int S, int H, int KVH, float scale) {
+    flash_bwd_kv_k(float *dk, float *dv, BwdIn in, int S, int Sk, int shift, int H, int KVH,
+                   float scale, bool add) {
   typedef KvSmem<D> L;
   extern __shared__ __align__(128) unsigned char smem[];
   const bf16 *Ks = (const bf16 *)(smem + L::k), *Vs = (const bf16 *)(smem + L::v);
@@ -312,20 +330,21 @@ __global__ void __launch_bounds__(kThreads)
   int k0 = blockIdx.z * kBc, kvh = blockIdx.x, b = blockIdx.y, group = H / KVH;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   int key = k0 + 16 * warp + lane / 4;
-  HeadPtrs kp = head_ptrs(b, kvh * group, S, H, KVH, D);
+  HeadPtrs kp = head_ptrs(b, kvh * group, S, Sk, H, KVH, D);
   size_t ldk = (size_t)KVH * D;
-  load_tile<D, kBc>((bf16 *)(smem + L::k), in.k + kp.koff, ldk, k0, S);
-  load_tile<D, kBc>((bf16 *)(smem + L::v), in.v + kp.koff, ldk, k0, S);
-  int per_head = (S - k0 + kBq - 1) / kBq, n_turns = group * per_head; // earlier queries see none
-  kv_load_query_side<D>(smem, in, b, kvh * group, k0, S, H, KVH, 0);
+  load_tile<D, kBc>((bf16 *)(smem + L::k), in.k + kp.koff, ldk, k0, Sk);
+  load_tile<D, kBc>((bf16 *)(smem + L::v), in.v + kp.koff, ldk, k0, Sk);
+  int first = k0 - shift > 0 ? k0 - shift : 0; // earlier queries see none of these keys
+  int per_head = first < S ? (S - first + kBq - 1) / kBq : 0, n_turns = group * per_head;
+  kv_load_query_side<D>(smem, in, b, kvh * group, first, S, Sk, H, KVH, 0);
   cp_async_commit();
   float dka[D / 8][4] = {}, dva[D / 8][4] = {};
   const float c = scale * kLog2e;
   for (int it = 0; it < n_turns; it++) {
-    int q0 = k0 + (it % per_head) * kBq, buf = it % 2;
+    int q0 = first + (it % per_head) * kBq, buf = it % 2;
     if (it + 1 < n_turns)
       kv_load_query_side<D>(smem, in, b, kvh * group + (it + 1) / per_head,
-                            k0 + ((it + 1) % per_head) * kBq, S, H, KVH, 1 - buf);
+                            first + ((it + 1) % per_head) * kBq, S, Sk, H, KVH, 1 - buf);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -336,20 +355,20 @@ __global__ void __launch_bounds__(kThreads)
     float st[kBq / 8][4] = {}, dpt[kBq / 8][4] = {};
     mma_rows_nk<kBq, D>(st, Ks, Qs, L::kLd, 16 * warp);
     mma_rows_nk<kBq, D>(dpt, Vs, dYs, L::kLd, 16 * warp);
-    bool edge = q0 < k0 + 16 * warp + 15 || q0 + kBq > S || k0 + kBc > S;
+    bool edge = q0 + shift < k0 + 16 * warp + 15 || q0 + kBq > S || k0 + kBc > Sk;
     for (int n = 0; n < kBq / 8; n++)
       for (int e = 0; e < 4; e++) {
         int col = 8 * n + 2 * t + (e & 1), qi = q0 + col, r = key + 8 * (e / 2);
         prob_and_grad(st[n][e], dpt[n][e], ls[col], dvs[col], c, scale,
-                      edge && (r > qi || qi >= S || r >= S));
+                      edge && (r > qi + shift || qi >= S || r >= Sk));
       }
     mma_acc_kn<D, kBq>(dva, st, dYs, L::kLd);
     mma_acc_kn<D, kBq>(dka, dpt, Qs, L::kLd);
     __syncthreads();
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows<D>(dk + kp.koff, ldk, key, S, dka, one);
-  store_rows<D>(dv + kp.koff, ldk, key, S, dva, one);
+  store_rows<D>(dk + kp.koff, ldk, key, Sk, dka, one, add);
+  store_rows<D>(dv + kp.koff, ldk, key, Sk, dva, one, add);
 }
 
 template <int D> struct QSmem {
@@ -364,7 +383,8 @@ template <int D> struct QSmem {
 // adding into dq from the key-side kernel with atomics: deterministic, and no zero-fill.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    flash_bwd_q_k(float *dq, BwdIn in, int S, int H, int KVH, float scale) {
+    flash_bwd_q_k(float *dq, BwdIn in, int S, int Sk, int shift, int H, int KVH, float scale,
+                  bool add) {
   typedef QSmem<D> L;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16 *Qs = (bf16 *)(smem + L::q), *dYs = (bf16 *)(smem + L::dy);
@@ -372,13 +392,13 @@ __global__ void __launch_bounds__(kThreads)
   int q0 = (int)(gridDim.z - 1 - blockIdx.z) * kBr, h = blockIdx.x, b = blockIdx.y;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   int row = q0 + 16 * warp + lane / 4;
-  HeadPtrs hp = head_ptrs(b, h, S, H, KVH, D);
+  HeadPtrs hp = head_ptrs(b, h, S, Sk, H, KVH, D);
   size_t ldq = (size_t)H * D, ldk = (size_t)KVH * D;
-  int n_tiles = q0 / kBc + 1;
+  int n_tiles = key_tiles(q0, Sk, shift);
   load_tile<D, kBr>(Qs, in.q + hp.qoff, ldq, q0, S);
   load_tile<D, kBr>(dYs, in.dy + hp.qoff, ldq, q0, S);
-  load_tile<D, kBc>(Ks, in.k + hp.koff, ldk, 0, S);
-  load_tile<D, kBc>(Vs, in.v + hp.koff, ldk, 0, S);
+  load_tile<D, kBc>(Ks, in.k + hp.koff, ldk, 0, Sk);
+  load_tile<D, kBc>(Vs, in.v + hp.koff, ldk, 0, Sk);
   cp_async_commit();
   float lse2[2], dvr[2];
   for (int h2 = 0; h2 < 2; h2++) {
@@ -391,8 +411,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_tiles; j++) {
     const bf16 *Kj = Ks + (j % 2) * kBc * L::kLd, *Vj = Vs + (j % 2) * kBc * L::kLd;
     if (j + 1 < n_tiles) {
-      load_tile<D, kBc>(Ks + ((j + 1) % 2) * kBc * L::kLd, in.k + hp.koff, ldk, (j + 1) * kBc, S);
-      load_tile<D, kBc>(Vs + ((j + 1) % 2) * kBc * L::kLd, in.v + hp.koff, ldk, (j + 1) * kBc, S);
+      load_tile<D, kBc>(Ks + ((j + 1) % 2) * kBc * L::kLd, in.k + hp.koff, ldk, (j + 1) * kBc, Sk);
+      load_tile<D, kBc>(Vs + ((j + 1) % 2) * kBc * L::kLd, in.v + hp.koff, ldk, (j + 1) * kBc, Sk);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -401,18 +421,18 @@ __global__ void __launch_bounds__(kThreads)
     mma_rows_nk<kBc, D>(s, Qs, Kj, L::kLd, 16 * warp);
     mma_rows_nk<kBc, D>(dp, dYs, Vj, L::kLd, 16 * warp);
     int k0 = j * kBc;
-    bool edge = k0 + kBc - 1 > q0 + 16 * warp || k0 + kBc > S;
+    bool edge = k0 + kBc - 1 > q0 + 16 * warp + shift || k0 + kBc > Sk;
     for (int n = 0; n < kBc / 8; n++)
       for (int e = 0; e < 4; e++) {
         int key = k0 + 8 * n + 2 * t + (e & 1), r = row + 8 * (e / 2);
         prob_and_grad(s[n][e], dp[n][e], lse2[e / 2], dvr[e / 2], c, scale,
-                      edge && (key > r || key >= S));
+                      edge && (key > r + shift || key >= Sk));
       }
     mma_acc_kn<D, kBc>(dqa, dp, Kj, L::kLd);
     __syncthreads();
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows<D>(dq + hp.qoff, ldq, row, S, dqa, one);
+  store_rows<D>(dq + hp.qoff, ldq, row, S, dqa, one, add);
 }
 
 // ---- launchers --------------------------------------------------------------------------------
@@ -446,8 +466,9 @@ struct Scratch {
   float *dvec;
 };
 
-Scratch carve(void *scratch, int B, int S, int H, int KVH, int D, bool backward, size_t *bytes) {
-  size_t nq = (size_t)B * S * H * D, nk = (size_t)B * S * KVH * D;
+Scratch carve(void *scratch, int B, int S, int Sk, int H, int KVH, int D, bool backward,
+              size_t *bytes) {
+  size_t nq = (size_t)B * S * H * D, nk = (size_t)B * Sk * KVH * D;
   size_t off_k = round_up(nq * sizeof(bf16)), off_v = off_k + round_up(nk * sizeof(bf16));
   size_t off_dy = off_v + round_up(nk * sizeof(bf16)), off_dvec = off_dy + round_up(nq * sizeof(bf16));
   size_t end = backward ? off_dvec + round_up((size_t)B * H * S * sizeof(float)) : off_dy;
@@ -472,19 +493,26 @@ cudaError_t convert_qkv(const Scratch &sc, const float *q, const float *k, const
   return e;
 }
 
+// The query and key extents of a pass: S query rows, Sk keys per sequence, shift.
+struct Extent {
+  int S, Sk, shift;
+};
+
 template <int D>
 cudaError_t forward(float *y, float *lse, void *scratch, const float *q, const float *k,
-                    const float *v, int B, int S, int H, int KVH, cudaStream_t st) {
-  Scratch sc = carve(scratch, B, S, H, KVH, D, false, nullptr);
+                    const float *v, int B, Extent x, int H, int KVH, cudaStream_t st) {
+  int S = x.S;
+  Scratch sc = carve(scratch, B, S, x.Sk, H, KVH, D, false, nullptr);
   size_t bytes = FwdSmem<D>::bytes;
-  cudaError_t e = convert_qkv(sc, q, k, v, (size_t)B * S * H * D, (size_t)B * S * KVH * D, st);
+  cudaError_t e = convert_qkv(sc, q, k, v, (size_t)B * S * H * D, (size_t)B * x.Sk * KVH * D, st);
   // over 48 KB of dynamic shared memory must be asked for (sm_80: up to 163 KB, sm_90: 227 KB)
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(flash_fwd_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)bytes);
   if (e != cudaSuccess)
     return e;
-  flash_fwd_k<D><<<tiles_grid(S, H, B), kThreads, bytes, st>>>(y, lse, sc.q, sc.k, sc.v, S, H, KVH,
+  flash_fwd_k<D><<<tiles_grid(S, H, B), kThreads, bytes, st>>>(y, lse, sc.q, sc.k, sc.v, S, x.Sk,
+                                                               x.shift, H, KVH,
                                                                1.0f / sqrtf((float)D));
   return cudaGetLastError();
 }
@@ -492,15 +520,17 @@ cudaError_t forward(float *y, float *lse, void *scratch, const float *q, const f
 template <int D>
 cudaError_t backward(float *dq, float *dk, float *dv, void *scratch, const float *q,
                      const float *k, const float *v, const float *y, const float *dy,
-                     const float *lse, int B, int S, int H, int KVH, cudaStream_t st) {
-  Scratch sc = carve(scratch, B, S, H, KVH, D, true, nullptr);
+                     const float *lse, int B, Extent x, int H, int KVH, bool add,
+                     cudaStream_t st) {
+  int S = x.S;
+  Scratch sc = carve(scratch, B, S, x.Sk, H, KVH, D, true, nullptr);
   size_t nq = (size_t)B * S * H * D, kv_bytes = KvSmem<D>::bytes, q_bytes = QSmem<D>::bytes;
   float scale = 1.0f / sqrtf((float)D);
   int n_rows = B * H * S;
   flash_dvec_k<<<(n_rows + 7) / 8, 256, 0, st>>>(sc.dvec, dy, y, S, H, D, n_rows);
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess)
-    e = convert_qkv(sc, q, k, v, nq, (size_t)B * S * KVH * D, st);
+    e = convert_qkv(sc, q, k, v, nq, (size_t)B * x.Sk * KVH * D, st);
   if (e == cudaSuccess)
     e = to_bf16(sc.dy, dy, nq, st);
   if (e == cudaSuccess)
@@ -512,11 +542,12 @@ cudaError_t backward(float *dq, float *dk, float *dv, void *scratch, const float
   if (e != cudaSuccess)
     return e;
   BwdIn in = {sc.q, sc.k, sc.v, sc.dy, lse, sc.dvec};
-  flash_bwd_kv_k<D><<<tiles_grid(S, KVH, B), kThreads, kv_bytes, st>>>(dk, dv, in, S, H, KVH,
-                                                                      scale);
+  flash_bwd_kv_k<D><<<tiles_grid(x.Sk, KVH, B), kThreads, kv_bytes, st>>>(
+      dk, dv, in, S, x.Sk, x.shift, H, KVH, scale, add);
   if ((e = cudaGetLastError()) != cudaSuccess)
     return e;
-  flash_bwd_q_k<D><<<tiles_grid(S, H, B), kThreads, q_bytes, st>>>(dq, in, S, H, KVH, scale);
+  flash_bwd_q_k<D><<<tiles_grid(S, H, B), kThreads, q_bytes, st>>>(dq, in, S, x.Sk, x.shift, H,
+                                                                   KVH, scale, add);
   return cudaGetLastError();
 }
 
@@ -538,24 +569,60 @@ bool kc_flash_attention_supported(int head_dim, int heads, int kv_heads) {
          heads % kv_heads == 0;
 }
 
+size_t kc_flash_attention_block_scratch_bytes(int batch, int q_len, int kv_len, int heads,
+                                              int kv_heads, int head_dim, bool backward) {
+  size_t bytes = 0;
+  carve(nullptr, batch, q_len, kv_len, heads, kv_heads, head_dim, backward, &bytes);
+  return bytes;
+}
+
 size_t kc_flash_attention_scratch_bytes(int batch, int seq, int heads, int kv_heads, int head_dim,
                                         bool backward) {
-  size_t bytes = 0;
-  carve(nullptr, batch, seq, heads, kv_heads, head_dim, backward, &bytes);
-  return bytes;
+  return kc_flash_attention_block_scratch_bytes(batch, seq, seq, heads, kv_heads, head_dim,
+                                                backward);
+}
+
+cudaError_t kc_flash_attention_block_forward(float *y, float *lse, void *scratch, const float *q,
+                                             const float *k, const float *v, int batch, int q_len,
+                                             int kv_len, int shift, int heads, int kv_heads,
+                                             int head_dim, cudaStream_t st) {
+  if (!batch || !q_len || !heads)
+    return cudaSuccess;
+  if (!shape_ok(batch, q_len > kv_len ? q_len : kv_len) || kv_len <= 0)
+    return cudaErrorInvalidValue;
+  Extent x = {q_len, kv_len, shift};
+  switch (head_dim) {
+  case 32: return forward<32>(y, lse, scratch, q, k, v, batch, x, heads, kv_heads, st);
+  case 64: return forward<64>(y, lse, scratch, q, k, v, batch, x, heads, kv_heads, st);
+  case 128: return forward<128>(y, lse, scratch, q, k, v, batch, x, heads, kv_heads, st);
+  default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t kc_flash_attention_forward(float *y, float *lse, void *scratch, const float *q,
                                        const float *k, const float *v, int batch, int seq,
                                        int heads, int kv_heads, int head_dim, cudaStream_t st) {
-  if (!batch || !seq || !heads)
+  return kc_flash_attention_block_forward(y, lse, scratch, q, k, v, batch, seq, seq, 0, heads,
+                                          kv_heads, head_dim, st);
+}
+
+cudaError_t kc_flash_attention_block_backward(float *dq, float *dk, float *dv, void *scratch,
+                                              const float *q, const float *k, const float *v,
+                                              const float *y, const float *dy, const float *lse,
+                                              int batch, int q_len, int kv_len, int shift,
+                                              int heads, int kv_heads, int head_dim,
+                                              bool accumulate, cudaStream_t st) {
+  if (!batch || !q_len || !heads)
     return cudaSuccess;
-  if (!shape_ok(batch, seq))
+  if (!shape_ok(batch, q_len > kv_len ? q_len : kv_len) || kv_len <= 0)
     return cudaErrorInvalidValue;
+  Extent x = {q_len, kv_len, shift};
+  bool a = accumulate;
   switch (head_dim) {
-  case 32: return forward<32>(y, lse, scratch, q, k, v, batch, seq, heads, kv_heads, st);
-  case 64: return forward<64>(y, lse, scratch, q, k, v, batch, seq, heads, kv_heads, st);
-  case 128: return forward<128>(y, lse, scratch, q, k, v, batch, seq, heads, kv_heads, st);
+  case 32: return backward<32>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, x, heads, kv_heads, a, st);
+  case 64: return backward<64>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, x, heads, kv_heads, a, st);
+  case 128:
+    return backward<128>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, x, heads, kv_heads, a, st);
   default: return cudaErrorInvalidValue;
   }
 }
@@ -565,18 +632,6 @@ cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, void *s
                                         const float *y, const float *dy, const float *lse,
                                         int batch, int seq, int heads, int kv_heads, int head_dim,
                                         cudaStream_t st) {
-  if (!batch || !seq || !heads)
-    return cudaSuccess;
-  if (!shape_ok(batch, seq))
-    return cudaErrorInvalidValue;
-  switch (head_dim) {
-  case 32:
-    return backward<32>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
-  case 64:
-    return backward<64>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, seq, heads, kv_heads, st);
-  case 128:
-    return backward<128>(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, seq, heads, kv_heads,
-                         st);
-  default: return cudaErrorInvalidValue;
-  }
+  return kc_flash_attention_block_backward(dq, dk, dv, scratch, q, k, v, y, dy, lse, batch, seq,
+                                           seq, 0, heads, kv_heads, head_dim, false, st);
 }

@@ -33,6 +33,8 @@
 enum kernels_scratch_slot {
   KERNELS_SCRATCH_ATTENTION_DS, /* attention BI: dS of one row block, [block, seq] floats */
   KERNELS_SCRATCH_ATTENTION_P,  /* attention F and BI: one row block's probabilities and a row */
+  KERNELS_SCRATCH_ATTENTION_BLOCK, /* a CP block's row of scores, [n] floats */
+  KERNELS_SCRATCH_ATTENTION_BLOCK_Y, /* a CP block's own y and lse before its merge */
   KERNELS_SCRATCH_LM_HEAD,      /* LM head F: a chunk of rows' logits */
   KERNELS_SCRATCH_TP_TARGETS,   /* TP's LM head: the targets as its vocabulary slice's columns */
   KERNELS_SCRATCH_SLOTS

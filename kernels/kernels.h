@@ -118,6 +118,10 @@ struct kernels_attention_dims {
    * recomputation can drop it after the forward and rebuild it before the backward while q,
    * k and v stay saved (saved then holds kernels_attention_saved_floats() minus those). */
   float *core;
+  /* Context parallelism (docs/directives.md, "Context parallelism"): the tokens are CP rank
+   * cp_rank's two chunks of every sequence (seq / cp of seq * cp), rotated at their global
+   * positions (kernels_rope_cp) by the projection ops below; cp 0 or 1: the whole sequence. */
+  int cp, cp_rank;
 };
 size_t kernels_attention_param_count(const struct kernels_attention_dims *d);
 size_t kernels_attention_saved_floats(const struct kernels_attention_dims *d);
@@ -140,28 +144,28 @@ struct kernels_attention_views kernels_attention_views(const struct kernels_atte
                                                        const float *bwork);
 /* Ring attention's blocks under context parallelism (kernels/attention_cp.c): m query rows of
  * one sequence at global positions q0 .. q0+m-1 against n keys at k0 .. k0+n-1, causal by
- * those positions, q and y [m, H*D], k and v [n, KV*D], lse [m, H]; scale 1/sqrt(D). A row that
- * sees no key of the block gets y 0 and lse -inf (the merge then skips it). */
+ * those positions, q and y [m, H*D], k and v [n, KV*D], lse [H, m] (the whole attention's
+ * [B, H, S] with B 1, so a block of a whole sequence is the plain core); scale 1/sqrt(D). A
+ * row that sees no key of the block gets y 0 and lse -inf (the merge then skips it). */
 struct kernels_attention_block {
   int m, n, heads, kv_heads, head_dim;
   int q0, k0;
   float scale;
 };
-/* y, lse <- one block's softmax(q k^T) v; scratch holds n floats. */
-void kernels_attention_block_forward(const struct kernels_attention_block *b, float *y,
-                                     float *lse, const float *q, const float *k, const float *v,
-                                     float *scratch);
-/* y, lse (rows of head_dim, running) <- the softmax over both key sets, given a block's
+/* kernels_attention_block_forward: y, lse <- one block's softmax(q k^T) v (merge false: =),
+ * or merged into them (merge true: as kernels_attention_merge). */
+/* y, lse (the running result of m rows) <- the softmax over both key sets, given a block's
  * y_block, lse_block: the log-sum-exp merge of partial outputs. */
 void kernels_attention_merge(float *y, float *lse, const float *y_block, const float *lse_block,
-                             int rows, int head_dim);
-/* dq [m, H*D], dk, dv [n, KV*D] += one block's gradients, given dy and the merged y and lse of
- * the query rows (the final softmax's): FlashAttention-2's backward per block, so the blocks'
- * sums are the whole attention's gradients. scratch holds n floats. */
-void kernels_attention_block_backward(const struct kernels_attention_block *b, float *dq,
-                                      float *dk, float *dv, const float *dy, const float *y,
-                                      const float *lse, const float *q, const float *k,
-                                      const float *v, float *scratch);
+                             int m, int heads, int head_dim);
+/* kernels_attention_block_backward: dq [m, H*D], dk, dv [n, KV*D] += one block's gradients,
+ * given dy and the merged y and lse of the query rows (the final softmax's): FlashAttention-2's
+ * backward per block, so the blocks' sums are the whole attention's gradients. */
+/* The attention op in its parts, for context parallelism's orchestration between them
+ * (exec/context_parallel.c): kernels_attention_qkv_forward: q, k, v of saved <- h (RoPE by
+ * d->cp); kernels_attention_out_forward: a [T, C] = y wo; kernels_attention_out_backward_input:
+ * dy of bwork = da wo^T; kernels_attention_qkv_backward_input: dq and dk of bwork rotated back
+ * (in place), dh (= or +=) <- dq wq^T + dk wk^T + dv wv^T. */
 /* kernels_attention_forward: a [T, C], saved <- h [T, C] */
 /* kernels_attention_core_forward: lse, y <- q, k, v of saved: the core alone, bit-identical to
  * what the forward wrote (into d->core when set, else into saved) */

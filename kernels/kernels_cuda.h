@@ -1,8 +1,8 @@
 /* kernels_cuda: the CUDA kernels behind the cuda backend's kernel table (kernels/cuda.cu),
  * each the device twin of a step of kernels.h's host reference: elementwise and row-wise work
  * only. GEMMs go through cuBLASLt in exec/backend_cuda_kernels.c, which composes each model op
- * from these and GEMMs. fp32 in memory (bf16 only as GEMM operands and the cached bf16
- * copies of the weights: kc_to_bf16); every launcher enqueues on `stream` and returns, e.g.
+ * from these and GEMMs. fp32 in memory (bf16 as GEMM operands, the cached bf16 copies of the
+ * weights: kc_to_bf16, and the kc_bf16_* kernels' activations); every launcher enqueues on `stream` and returns, e.g.
  * kc_fill(x, 0.0f, n, stream). Empty without HAVE_CUDA (the CUDA headers are not there).
  */
 #ifndef PIPER_KERNELS_KERNELS_CUDA_H
@@ -45,6 +45,12 @@ void kc_embedding_slice_backward(float *dtable, const float *dx, const int32_t *
 void kc_rope(float *x, int batch, int seq, int heads, int head_dim, float theta, float factor,
              float low_freq_factor, float high_freq_factor, int original_max, bool inverse,
              cudaStream_t stream);
+/* The same under context parallelism: x holds CP rank cp_rank's two chunks of each of batch
+ * sequences, seq (= the whole / cp) rows each, rotated at their global positions
+ * (kernels_rope_cp); cp 1 is kc_rope */
+void kc_rope_cp(float *x, int batch, int seq, int cp, int cp_rank, int heads, int head_dim,
+                float theta, float factor, float low_freq_factor, float high_freq_factor,
+                int original_max, bool inverse, cudaStream_t stream);
 /* act = silu(g) * u */
 void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cudaStream_t stream);
 /* dg = dact * u * silu'(g), du = dact * silu(g) */
@@ -87,6 +93,40 @@ cudaError_t kc_flash_attention_backward(float *dq, float *dk, float *dv, void *s
                                         const float *y, const float *dy, const float *lse,
                                         int batch, int seq, int heads, int kv_heads, int head_dim,
                                         cudaStream_t stream);
+/* Context parallelism's blocks (kernels/attention_cp.cu; kernels_attention_block_* of
+ * kernels.h): m query rows against n keys, row i seeing key j when j <= i + shift (shift = the
+ * queries' first position minus the keys'). kc_attention_block_softmax: rows [m, n] of scores
+ * in place to probabilities of scale * score, lse [m] written (from_lse false: -inf and zero
+ * probabilities for a row that sees no key) or read (true: the merged lse, the backward's);
+ * kc_attention_block_dsoftmax: dp = p (dp - delta[i]) scale in place, delta the whole row's
+ * rowsum(dy y) (kc_attention_rowdot: delta [H, m] from dy, y [m, H*D]); kc_attention_merge:
+ * y, lse (y [m, H*D], lse [H, m]) <- the log-sum-exp merge of a block's yb, lb (as
+ * kernels_attention_merge). */
+void kc_attention_block_softmax(float *p, float *lse, int m, int n, int shift, float scale,
+                                bool from_lse, cudaStream_t stream);
+void kc_attention_block_dsoftmax(float *dp, const float *p, const float *delta, int m, int n,
+                                 float scale, cudaStream_t stream);
+void kc_attention_rowdot(float *delta, const float *dy, const float *y, int m, int heads,
+                         int head_dim, cudaStream_t stream);
+void kc_attention_merge(float *y, float *lse, const float *yb, const float *lb, int m, int heads,
+                        int head_dim, cudaStream_t stream);
+/* The same kernels on context parallelism's blocks: q_len query rows against kv_len keys of
+ * each sequence, row i seeing key j when j <= i + shift (shift: the query chunk's first
+ * position minus the key chunk's); q, y, dq [B*q_len, ...], k, v, dk, dv [B*kv_len, ...], lse
+ * [B, heads, q_len]. A row that sees no key gets y 0, lse -inf. The backward takes the merged
+ * y and lse (the final softmax's) and, with accumulate, adds into dq, dk, dv. */
+size_t kc_flash_attention_block_scratch_bytes(int batch, int q_len, int kv_len, int heads,
+                                              int kv_heads, int head_dim, bool backward);
+cudaError_t kc_flash_attention_block_forward(float *y, float *lse, void *scratch, const float *q,
+                                             const float *k, const float *v, int batch, int q_len,
+                                             int kv_len, int shift, int heads, int kv_heads,
+                                             int head_dim, cudaStream_t stream);
+cudaError_t kc_flash_attention_block_backward(float *dq, float *dk, float *dv, void *scratch,
+                                              const float *q, const float *k, const float *v,
+                                              const float *y, const float *dy, const float *lse,
+                                              int batch, int q_len, int kv_len, int shift,
+                                              int heads, int kv_heads, int head_dim,
+                                              bool accumulate, cudaStream_t stream);
 /* probs [T, E] = softmax(logits) (in place), then top-k ids and renormalised weights */
 void kc_router_topk(int32_t *ids, float *weights, float *probs, int T, int E, int K,
                     cudaStream_t stream);
@@ -146,6 +186,40 @@ struct kc_adamw_tensor {
 void kc_adamw_multi(const struct kc_adamw_tensor *table, int n, size_t chunks, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int step,
                     cudaStream_t stream);
+
+/* ---- bf16 activations (kernels/cuda_bf16.cu), for bf16 models: the same ops as the fp32
+ * launchers above with the activations (x, h, dx, dh, g, u, act and their gradients) stored as
+ * bf16 bits in uint16_t, widened to fp32 on load, computed in fp32 and rounded to nearest even
+ * once on store. RMSNorm's rstd, the norm weights, their gradient and the embedding table and
+ * its gradient stay fp32 (sums over a row or over the tokens). e.g.
+ *   kc_bf16_rmsnorm_forward(h16, rstd, x16, w, T, C, 1e-5f, stream);
+ */
+/* y = x (accumulate false) or y += x, rounded */
+void kc_bf16_add(uint16_t *y, const uint16_t *x, size_t n, bool accumulate, cudaStream_t stream);
+void kc_bf16_rmsnorm_forward(uint16_t *h, float *rstd, const uint16_t *x, const float *w, int T,
+                             int C, float eps, cudaStream_t stream);
+/* x += y rounded to bf16, then h and rstd from the rounded x */
+void kc_bf16_residual_rmsnorm_forward(uint16_t *x, uint16_t *h, float *rstd, const uint16_t *y,
+                                      const float *w, int T, int C, float eps,
+                                      cudaStream_t stream);
+void kc_bf16_rmsnorm_backward_input(uint16_t *dx, const uint16_t *dh, const uint16_t *x,
+                                    const float *rstd, const float *w, int T, int C,
+                                    bool accumulate, cudaStream_t stream);
+void kc_bf16_rmsnorm_backward_weight(float *dw, const uint16_t *dh, const uint16_t *x,
+                                     const float *rstd, int T, int C, cudaStream_t stream);
+void kc_bf16_rope(uint16_t *x, int batch, int seq, int heads, int head_dim, float theta,
+                  float factor, float low_freq_factor, float high_freq_factor, int original_max,
+                  bool inverse, cudaStream_t stream);
+void kc_bf16_swiglu_forward(uint16_t *act, const uint16_t *g, const uint16_t *u, size_t n,
+                            cudaStream_t stream);
+void kc_bf16_swiglu_backward(uint16_t *dg, uint16_t *du, const uint16_t *dact, const uint16_t *g,
+                             const uint16_t *u, size_t n, cudaStream_t stream);
+/* rows [lo, lo + n) of the vocabulary (the whole table: lo 0, n INT_MAX); a token outside gets
+ * zeros, and adds no gradient */
+void kc_bf16_embedding_forward(uint16_t *x, const int32_t *tokens, const float *table, int T,
+                               int C, int lo, int n, cudaStream_t stream);
+void kc_bf16_embedding_backward(float *dtable, const uint16_t *dx, const int32_t *tokens, int T,
+                                int C, int lo, int n, cudaStream_t stream);
 
 /* The launchers of the op list's DIRECT ops (kernels/ops.def), void kc_<name>(parameters,
  * cudaStream_t stream), which the cuda backend's table calls as they are. */

@@ -60,7 +60,7 @@ void prof_op_bench_dims(struct op_bench *b) {
   case MODEL_OP_ATTENTION:
     b->dd = (struct kernels_attention_dims){
         (int)s[0], (int)s[1], (int)s[2], (int)s[3], (int)s[4], (int)s[5], (float)b->m->rope_theta,
-        NULL, NULL};
+        NULL, NULL, 0, 0};
     b->T = (int)(s[0] * s[1]), b->C = (int)s[5];
     break;
   case MODEL_OP_EMBEDDING: b->T = (int)s[0], b->V = (int)s[1], b->C = (int)s[2]; break;

@@ -11,6 +11,7 @@
 #include "../base/base.h"
 #include "../base/version.h"
 #include "../exec/backend.h"
+#include "../exec/gpu_layout.h"
 #include "../sim/profile.h"
 #include "prof-impl.h"
 
@@ -214,11 +215,18 @@ static cJSON *host_json(const struct prof_run *r) {
   return h;
 }
 
-/* How the measured backend holds memory: constants of its code (PROF_HELD_*), written so
- * that the simulator's memory figures of a bf16 model are what this backend holds. */
+/* How the measured backend holds memory: constants of its code (PROF_HELD_*; the cuda
+ * backend's activations: exec_gpu_act_dtype's width for a bf16 model), written so that the
+ * simulator's memory figures of a bf16 model are what this backend holds. The activations'
+ * width is written only where it is not the model's own (the datasheet profiles write none:
+ * the simulator then counts the model's dtype), so an fp32 model is never counted narrower. */
 static cJSON *memory_json(const struct prof_run *r) {
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddNumberToObject(m, "activation_bytes_per_element", PROF_HELD_ELEMENT_BYTES);
+  size_t act = strcmp(r->a->backend, "cuda") == 0
+                   ? model_dtype_bytes(exec_gpu_act_dtype(MODEL_DTYPE_BF16))
+                   : PROF_HELD_ELEMENT_BYTES;
+  if (act != model_dtype_bytes(MODEL_DTYPE_BF16))
+    cJSON_AddNumberToObject(m, "activation_bytes_per_element", (double)act);
   cJSON_AddNumberToObject(m, "param_bytes_per_param", PROF_HELD_ELEMENT_BYTES);
   cJSON_AddNumberToObject(m, "grad_bytes_per_param", PROF_HELD_ELEMENT_BYTES);
   cJSON_AddNumberToObject(m, "optimizer_state_bytes_per_param", PROF_HELD_OPTIMIZER_BYTES);

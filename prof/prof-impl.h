@@ -74,7 +74,7 @@ struct prof_run {
  * struct profile_memory): facts of its code, not measurements. Both backends keep the plan's
  * tensors, the parameters (the fp32 master copy), their gradients and AdamW's m and v in fp32
  * (exec/params.c: exec_state_init_params; exec/memory.c: exec_mb_buffer; exec/backend_cuda_arena.c plans the
- * arena's slots at 4 bytes per element); the cuda backend adds a bf16 copy of each GEMM
+ * arena's slots at exec_gpu_act_dtype's width, 4 bytes per element today); the cuda backend adds a bf16 copy of each GEMM
  * weight matrix of a bf16 model (exec/backend_cuda_kernels.c: weight_copy). */
 #define PROF_HELD_ELEMENT_BYTES 4   /* fp32 */
 #define PROF_HELD_OPTIMIZER_BYTES 8 /* AdamW's m and v, fp32 */

@@ -90,11 +90,42 @@ static double attention_efficiency(const struct profile *p, double x, bool backw
   return plateau * x / (x + p->attention_half_seq);
 }
 
+/* The core as Megatron-LM ran it in 2020-2022 (before FlashAttention; Korthikanti et al. 2022,
+ * Sec. 4.1 list its tensors): per head, QK^T as a batched GEMM writing the full q x s scores
+ * (the causal mask applied afterwards, so no half), a fused scale-mask-softmax reading them and
+ * writing the probabilities, dropout writing its output and a 1-byte mask, and PV as a batched
+ * GEMM. Backward: dP = dO V^T, dV = P^T dO, dropout's and softmax's backward over the scores,
+ * dQ = dS K, dK = dS^T Q. The GEMMs by the tile model, the elementwise kernels at memory
+ * bandwidth: forward 2 + 2 (softmax) + 2 + 2 + 1 (dropout) bytes a score, backward 2 + 1 + 2
+ * (dropout) + 2 + 2 + 2 (softmax) bytes a score, in the model's dtype of 2 bytes. */
+static double unfused_attention_core(const struct profile *p, enum model_dtype dtype, double batch,
+                                     double q, double s, double heads, double d_qk, double d_v,
+                                     bool backward) {
+  double g = batch * heads, t = 0, e = (double)model_dtype_bytes(dtype);
+  double scores = g * q * s, elementwise;
+  if (!backward) {
+    t += cost_gemm_grouped(p, dtype, g, q, q, s, d_qk).seconds; /* S = Q K^T */
+    t += cost_gemm_grouped(p, dtype, g, q, q, d_v, s).seconds;  /* O = P V */
+    elementwise = scores * (4 * e + 1);
+  } else {
+    t += cost_gemm_grouped(p, dtype, g, q, q, s, d_v).seconds;  /* dP = dO V^T */
+    t += cost_gemm_grouped(p, dtype, g, s, s, d_v, q).seconds;  /* dV = P^T dO */
+    t += cost_gemm_grouped(p, dtype, g, q, q, d_qk, s).seconds; /* dQ = dS K */
+    t += cost_gemm_grouped(p, dtype, g, s, s, d_qk, q).seconds; /* dK = dS^T Q */
+    elementwise = scores * (2 * e + 1 + 3 * e);
+  }
+  /* softmax and dropout: two kernels a pass */
+  return t + elementwise / achieved_bandwidth(p) + 2 * p->kernel_overhead;
+}
+
 double cost_attention_core(const struct profile *p, enum model_dtype dtype, double batch,
                            double seq, double heads, double kv_heads, double d_qk, double d_v,
                            bool causal, uint32_t cp_chunks, bool backward) {
   if (cp_chunks < 1)
     cp_chunks = 1;
+  if (p->attention_unfused)
+    return unfused_attention_core(p, dtype, batch, seq / cp_chunks, seq, heads, d_qk, d_v,
+                                  backward);
   /* QK^T over d_qk and PV over d_v, half the square when causal */
   double flops = 2.0 * batch * heads * seq * seq * (d_qk + d_v) * (causal ? 0.5 : 1.0);
   flops /= cp_chunks;

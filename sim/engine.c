@@ -256,6 +256,10 @@ struct class_info {
   uint32_t *event_first; /* [n_instrs + 1] */
   uint32_t n_streams_used;
   uint32_t *streams_used;
+  /* [n_instrs] the streams (bits over streams_used) whose head may become ready when
+   * instruction i ends: its own, and those of every instruction that waits on it (all bits
+   * past 64 streams). try_advance asks only those (unit_rt.dirty). */
+  uint64_t *wake;
   uint32_t n_comms; /* distinct comms used, ascending */
   uint32_t *comms;
   uint32_t *comm_kind; /* per used comm: node kind of its first instruction */
@@ -472,6 +476,27 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       ci->streams_used[ci->n_streams_used++] = s;
 }
 
+/* Fills ci->wake (class_info) from class c. */
+static void class_wake_build(const struct plan *p, const struct plan_class *c,
+                             struct class_info *ci) {
+  ci->wake = g_new0(uint64_t, c->n_instrs + 1);
+  if (ci->n_streams_used > 64) {
+    for (uint32_t i = 0; i < c->n_instrs; i++)
+      ci->wake[i] = ~(uint64_t)0;
+    return;
+  }
+  uint64_t *bit = g_new0(uint64_t, p->n_streams + 1);
+  for (uint32_t k = 0; k < ci->n_streams_used; k++)
+    bit[ci->streams_used[k]] = (uint64_t)1 << k;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct plan_instr *in = &c->instrs[i];
+    ci->wake[i] |= bit[in->stream];
+    for (uint32_t w = 0; w < in->wait_count; w++)
+      ci->wake[c->waits[in->wait_first + w]] |= bit[in->stream];
+  }
+  g_free(bit);
+}
+
 static void class_info_free(struct class_info *ci) {
   g_free(ci->work);
   g_free(ci->mem_frac);
@@ -483,6 +508,7 @@ static void class_info_free(struct class_info *ci) {
   g_free(ci->events);
   g_free(ci->event_first);
   g_free(ci->streams_used);
+  g_free(ci->wake);
   g_free(ci->comms);
   g_free(ci->comm_kind);
   g_free(ci->comm_node);
@@ -669,6 +695,10 @@ struct unit_rt {
   uint32_t n_ops;
   uint32_t n_link[2]; /* transfers running: intra, inter node */
   uint32_t done;
+  /* Bits over the class's streams_used whose head may have become ready since try_advance
+   * last asked (class_info.wake): a head becomes ready only when its stream's instruction or
+   * one it waits on ends (finish_instr), so the others need not be asked. */
+  uint64_t dirty;
   struct kernel *kernels;
   uint32_t *ops;      /* running comm ops (slot ids) */
   double comm_sm;     /* SM share held by running communication */
@@ -683,6 +713,7 @@ struct unit_rt {
   uint32_t *blocker;    /* [n_streams] a wait of the stream's head found not done (head_ready) */
   double *queued;       /* [n_streams] time communication waited for its stream (ready else) */
   int64_t mem[REPORT_MEM_KIND_COUNT];
+  int64_t mem_total; /* the sum of mem, kept as it moves (mem_point asked it twice an instruction) */
   int64_t saved, peak_saved;
   int64_t peak_total;
   bool keep_tl; /* records a timeline (sim_options.memory_timeline_limit) */
@@ -833,7 +864,7 @@ static void unit_settle(struct unit_rt *u, double t) {
   }
 }
 
-static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
+static void unit_reschedule_kernels(struct sim *s, struct unit_rt *u, double t) {
   uint32_t ui = (uint32_t)(u - s->u);
   double rates[256];
   double *r = u->n_kernels <= 256 ? rates : g_new(double, u->n_kernels);
@@ -848,6 +879,14 @@ static void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
   }
   if (r != rates)
     g_free(r);
+}
+
+/* New rates and end events for u's running kernels. Half the calls (every party of every
+ * communication, at its start and end) find none, and the full function's frame (a rates
+ * array on the stack) cost more than the rest of such a call. */
+static inline void unit_reschedule(struct sim *s, struct unit_rt *u, double t) {
+  if (u->n_kernels > 0)
+    unit_reschedule_kernels(s, u, t);
 }
 
 static void op_settle(struct slot_run *sl, double t) {
@@ -888,9 +927,7 @@ static void op_reschedule(struct sim *s, uint32_t id, double t) {
 }
 
 static void mem_point(struct sim *s, struct unit_rt *u, double t) {
-  int64_t total = 0;
-  for (int k = 0; k < REPORT_MEM_KIND_COUNT; k++)
-    total += u->mem[k];
+  int64_t total = u->mem_total;
   if (total > u->peak_total) {
     u->peak_total = total;
     memcpy(u->peak_breakdown, u->mem, sizeof u->mem);
@@ -925,6 +962,7 @@ static void alloc_tensors(struct sim *s, struct unit_rt *u, uint32_t i, double t
     if (ci->events[k].release || ci->tensor_bytes[tid] == 0)
       continue;
     u->mem[ci->tensor_kind[tid]] += (int64_t)ci->tensor_bytes[tid];
+    u->mem_total += (int64_t)ci->tensor_bytes[tid];
     if (ci->tensor_saved[tid])
       u->saved += (int64_t)ci->tensor_bytes[tid];
     changed = true;
@@ -939,6 +977,7 @@ static bool use_done(struct unit_rt *u, const struct class_info *ci, uint32_t ti
   if (AT(u, remaining, tid) == 0 || --AT(u, remaining, tid) > 0 || ci->tensor_bytes[tid] == 0)
     return false;
   u->mem[ci->tensor_kind[tid]] -= (int64_t)ci->tensor_bytes[tid];
+  u->mem_total -= (int64_t)ci->tensor_bytes[tid];
   if (ci->tensor_saved[tid])
     u->saved -= (int64_t)ci->tensor_bytes[tid];
   return true;
@@ -952,6 +991,7 @@ static void finish_instr(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   AT(u, busy, in->stream) = 0;
   AT(u, pos, in->stream)++;
   AT(u, blocker, in->stream) = IR_NONE; /* a new head */
+  u->dirty |= ci->wake[i];
   u->done++;
   if (t > s->t_last)
     s->t_last = t;
@@ -1409,7 +1449,19 @@ static void try_advance(struct sim *s, struct unit_rt *u, double t) {
   }
   const struct plan_class *c = &s->p->classes[u->cls];
   const struct class_info *ci = &s->ci[u->cls];
-  for (uint32_t k = 0; k < ci->n_streams_used; k++) {
+  if (ci->n_streams_used > 64) { /* past the mask: every stream */
+    for (uint32_t k = 0; k < ci->n_streams_used; k++)
+      if (head_ready(u, c, ci->streams_used[k]))
+        issue_head(s, u, ci->streams_used[k], t);
+    return;
+  }
+  /* lowest bit first: streams_used order, as asking every stream would (issuing a head ends
+   * nothing, so no bit is set behind the one asked) */
+  while (u->dirty) {
+    uint32_t k = (uint32_t)__builtin_ctzll(u->dirty);
+    u->dirty &= u->dirty - 1;
+    if (k >= ci->n_streams_used)
+      continue;
     uint32_t st = ci->streams_used[k];
     if (head_ready(u, c, st))
       issue_head(s, u, st, t);
@@ -1528,17 +1580,35 @@ static struct slot_entry *slot_table_find(struct slot_table *t, const struct slo
   return &t->e[at];
 }
 
+/* profile_comm_cost of (kind, bytes, span), remembered: with every device simulated there is a
+ * slot per point-to-point pair of devices, and the pairs of a stage differ only in whether
+ * they cross a node (the span), so the same few costs were computed a hundred thousand times
+ * (a fifth of the setup's instructions). The function is pure, so the figures are the same. */
+enum { COMM_COST_MEMO = 64 };
+
+struct comm_cost_memo {
+  bool used;
+  enum ir_node_kind kind;
+  uint64_t bytes;
+  struct profile_span span;
+  struct profile_comm_cost cost;
+};
+
 /* The rendezvous being built: slots by key, and each participant (unit, instr) with its slot. */
 struct slot_builder {
   struct slot_table by_key;
   GArray *slots;                  /* struct slot */
-  GArray *parts;                  /* (unit, instr) */
-  GArray *part_slot;              /* slot of each part */
+  /* Each participant (unit, instr) and its slot, sized up front (comm_instructions) and
+   * written in place: g_array_append_val's generic copy cost 70 instructions a part, two
+   * parts an instruction of a --no-collapse run. */
+  uint32_t *parts, *part_slot;
+  uint32_t n_parts, cap_parts;
   uint32_t *comm_units;           /* [n_comms] distinct units per collective communicator */
   struct profile_span *comm_span; /* [n_comms] where each collective runs */
   GHashTable *split_sets;         /* unit sets of split instances -> id + 1 */
   GArray *costs;                  /* struct slot_cost, distinct */
   uint32_t *cost_ids, cost_mask;  /* costs by value: id + 1, 0 empty */
+  struct comm_cost_memo memo[COMM_COST_MEMO];
 };
 
 /* Per collective communicator: how many distinct units take part, and its span. */
@@ -1595,6 +1665,22 @@ static uint32_t cost_intern(struct slot_builder *b, const struct slot_cost *c) {
   return b->costs->len - 1;
 }
 
+static struct profile_comm_cost comm_cost_memo(struct slot_builder *b, const struct profile *prof,
+                                               enum ir_node_kind kind, uint64_t bytes,
+                                               const struct profile_span *span) {
+  uint64_t h = (bytes * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)kind << 48) ^
+               ((uint64_t)span->p << 32) ^ ((uint64_t)span->n_nodes << 16) ^ span->min_per_node;
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  struct comm_cost_memo *m = &b->memo[(h >> 40) % COMM_COST_MEMO];
+  if (m->used && m->kind == kind && m->bytes == bytes && m->span.p == span->p &&
+      m->span.n_nodes == span->n_nodes && m->span.min_per_node == span->min_per_node)
+    return m->cost;
+  *m = (struct comm_cost_memo){.used = true, .kind = kind, .bytes = bytes, .span = *span};
+  m->cost = profile_comm_cost(prof, kind, bytes, span);
+  return m->cost;
+}
+
 /* A new slot for key: its cost on span, and the SM share of the stream it runs on. */
 static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slot_key *key,
                          const struct plan_instr *in, uint32_t expected,
@@ -1609,7 +1695,7 @@ static uint32_t slot_new(struct sim *s, struct slot_builder *b, const struct slo
     /* a tp node stands for `collectives` collectives of bytes / collectives each */
     double count = n->collectives > 1 ? n->collectives : 1;
     struct profile_comm_cost cc =
-        profile_comm_cost(s->prof, n->kind, (uint64_t)((double)n->bytes / count), span);
+        comm_cost_memo(b, s->prof, n->kind, (uint64_t)((double)n->bytes / count), span);
     sl.latency = cc.latency * count;
     sl.transfer = cc.transfer * count;
     sl.inter = cc.inter_node;
@@ -1662,9 +1748,10 @@ static uint32_t *slot_devices(const struct sim *s, const struct plan_instr *in, 
 }
 
 static void pr_join(struct slot_builder *b, uint32_t ui, uint32_t i, uint32_t id) {
-  uint32_t pr[2] = {ui, i};
-  g_array_append_val(b->parts, pr);
-  g_array_append_val(b->part_slot, id);
+  g_assert(b->n_parts < b->cap_parts);
+  b->parts[2 * b->n_parts] = ui;
+  b->parts[2 * b->n_parts + 1] = i;
+  b->part_slot[b->n_parts++] = id;
 }
 
 /* The other end of unit ui's point-to-point instruction i, when unit pu holds it and comes
@@ -1752,9 +1839,9 @@ static bool slot_join(struct sim *s, struct slot_builder *b, uint32_t ui, uint32
 
 /* Lays the participants out by slot (a counting sort) into s->parts. */
 static void slots_group_parts(struct sim *s, struct slot_builder *b) {
-  uint32_t np = b->parts->len;
+  uint32_t np = b->n_parts;
   s->parts = big_alloc0(sizeof(uint32_t) * (2 * (size_t)np + 2));
-  uint32_t *ps = (uint32_t *)b->part_slot->data, *pp = (uint32_t *)b->parts->data;
+  const uint32_t *ps = b->part_slot, *pp = b->parts;
   for (uint32_t k = 0; k < np; k++)
     s->slots[ps[k]].part_count++;
   uint32_t acc = 0;
@@ -1801,10 +1888,12 @@ static uint32_t comm_instructions(const struct sim *s) {
 /* The rendezvous of every communication instruction of every unit. */
 static bool build_slots(struct sim *s, GError **err) {
   const struct plan *p = s->p;
+  uint32_t cap_parts = comm_instructions(s);
   struct slot_builder b = {
       .slots = g_array_new(FALSE, TRUE, sizeof(struct slot)),
-      .parts = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t) * 2, comm_instructions(s)),
-      .part_slot = g_array_sized_new(FALSE, FALSE, sizeof(uint32_t), comm_instructions(s)),
+      .parts = g_new(uint32_t, 2 * (size_t)cap_parts + 2),
+      .part_slot = g_new(uint32_t, (size_t)cap_parts + 1),
+      .cap_parts = cap_parts,
       .costs = g_array_new(FALSE, FALSE, sizeof(struct slot_cost)),
   };
   slot_table_grow(&b.by_key);
@@ -1831,8 +1920,8 @@ static bool build_slots(struct sim *s, GError **err) {
   s->costs = (struct slot_cost *)(void *)g_array_free(b.costs, FALSE);
   g_free(b.cost_ids);
   slots_group_parts(s, &b);
-  g_array_free(b.parts, TRUE);
-  g_array_free(b.part_slot, TRUE);
+  g_free(b.parts);
+  g_free(b.part_slot);
   return ok && slots_check_parties(s, err);
 }
 
@@ -1850,8 +1939,10 @@ static void sim_classes(struct sim *s) {
   const struct plan *p = s->p;
   s->ci = g_new0(struct class_info, p->n_classes + 1);
   GHashTable *cost_cache = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
-  for (uint32_t c = 0; c < p->n_classes; c++)
+  for (uint32_t c = 0; c < p->n_classes; c++) {
     class_info_build(p, &p->classes[c], s->prof, cost_cache, &s->ci[c]);
+    class_wake_build(p, &p->classes[c], &s->ci[c]);
+  }
   g_hash_table_destroy(cost_cache);
 }
 
@@ -1977,6 +2068,7 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   struct unit_rt *u = &s->u[k];
   u->rep = res->units[k].members[0];
   u->cls = p->device_class[u->rep];
+  u->dirty = ~(uint64_t)0; /* every head asked at the start */
   res->units[k].class_index = u->cls;
   const struct plan_class *c = &p->classes[u->cls];
   u->base = base;
@@ -1985,8 +2077,10 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
     sim_static_memory_held(p, c, s->prof, ci->static_bytes);
   ci->have_static = true;
   memcpy(res->units[k].static_bytes, ci->static_bytes, sizeof ci->static_bytes);
-  for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++)
+  for (int m = 0; m < REPORT_MEM_KIND_COUNT; m++) {
     u->mem[m] = (int64_t)res->units[k].static_bytes[m];
+    u->mem_total += u->mem[m];
+  }
 }
 
 /* Which units record a memory timeline: all, none, or past the limit each class's first
@@ -2066,8 +2160,10 @@ static bool sim_units_init(struct sim *s, struct sim_result *res, GError **err) 
   return true;
 }
 
-/* The event loop: start what can start, then take events in time order until none is left. */
-static void sim_loop(struct sim *s) {
+/* The event loop: start what can start, then take events in time order until none is left.
+ * Not inlined, so that a profile can count the loop apart from the setup (docs/scale.md:
+ * valgrind --tool=callgrind --toggle-collect=sim_loop). */
+__attribute__((noinline)) static void sim_loop(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++)
     mem_point(s, &s->u[k], 0);
   for (uint32_t k = 0; k < s->n_units; k++) /* every rank starts idle */

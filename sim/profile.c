@@ -304,17 +304,24 @@ static bool read_identity(struct profile *p, const char *name, const cJSON *root
   return true;
 }
 
+static bool read_choice(const cJSON *obj, const char *key, const char *const *names, int *out,
+                        const char *ctx, GError **err);
+
 /* The device section: peak FLOP/s per dtype (an object), then the table's keys. */
 static bool read_device(struct profile *p, const char *name, const cJSON *dev, GError **err) {
   char ctx[300];
   snprintf(ctx, sizeof ctx, "%s: device", name);
   const cJSON *pk;
-  const char *extra[] = {"peak_tflops", "cost_model", NULL};
+  const char *extra[] = {"peak_tflops", "cost_model", "attention_kernel", NULL};
+  static const char *const kernels[] = {"fused", "unfused", NULL};
   const char *model = NULL;
+  int kernel = 0;
   if (!check_section_keys(dev, device_keys, G_N_ELEMENTS(device_keys), extra, ctx, err) ||
       !json_get_object(dev, "peak_tflops", false, &pk, ctx, err) ||
-      !json_get_string(dev, "cost_model", false, &model, ctx, err))
+      !json_get_string(dev, "cost_model", false, &model, ctx, err) ||
+      !read_choice(dev, "attention_kernel", kernels, &kernel, ctx, err))
     return false;
+  p->attention_unfused = kernel == 1;
   if (model && strcmp(model, "shapes") != 0 && strcmp(model, "roofline") != 0)
     return piper_input_error(err, "%s: key \"cost_model\": \"%s\" is not roofline or shapes",
                              ctx, model);
@@ -779,6 +786,12 @@ struct profile_span profile_span_of(const struct profile *pr, const uint32_t *de
   if (n == 0)
     return s;
   uint32_t gpn = pr->gpus_per_node ? pr->gpus_per_node : 1;
+  if (n == 2) { /* a point-to-point pair (one a pair with --no-collapse): no allocation */
+    bool same = devices[0] / gpn == devices[1] / gpn;
+    s.n_nodes = same ? 1 : 2;
+    s.min_per_node = same ? 2 : 1;
+    return s;
+  }
   /* count members per node; device lists are small next to the cost of sorting them */
   uint32_t *nodes = g_new(uint32_t, n);
   for (uint32_t i = 0; i < n; i++)

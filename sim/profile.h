@@ -120,6 +120,10 @@ struct profile {
   double gemm_tile_fill_k;    /* a tile's prologue and epilogue, in K elements of its loop */
   double attention_efficiency[2]; /* [0] forward, [1] backward: long-sequence plateau / peak */
   double attention_half_seq;  /* causal sequence at which the kernel reaches half its plateau */
+  /* device.attention_kernel "unfused": the core as Megatron-LM ran it before FlashAttention
+   * (batched GEMMs over the full s x s scores, softmax and dropout kernels over them in HBM);
+   * false ("fused", the default): a FlashAttention-class kernel at attention_efficiency */
+  bool attention_unfused;
   /* MoE ("moe" section): routing_imbalance > 0 is the most-loaded expert's tokens over the
    * mean (a measured or published figure); 0: the binomial spread of balanced random routing */
   double routing_imbalance;

@@ -93,7 +93,7 @@ void options_print_version(const struct option_program *p);
    .help = "directive program (JSON array; a base schedule under --schedule)"},                  \
   {.name = "--layout", .kind = OPTION_STRING, .offset = offsetof(T, m.layout), .metavar = "SPEC", \
    .help = "instead of --directives: place/replicate/shard generated from\n"                    \
-           "pp=N,dp=N,ep=N (dividing tp x dp),etp=N,v | interleave=N,\n"                     \
+           "pp=N,dp=N,ep=N (dividing tp x cp x dp),etp=N,v | interleave=N,\n"              \
            "zero=1|2|3,tp=N,sp,cp=N,cp-comm=p2p|all_gather,\n"                              \
            "recompute[@A-B]=full[:uniform|block:N]|selective[:M+M]\n"                       \
            "(PP regions follow; uneven: first-stage-layers=N,\n"                               \

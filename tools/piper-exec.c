@@ -392,17 +392,20 @@ static bool tp_supported(const struct exec_cli *a, const struct plan *plan, GErr
     const struct ir_node *n = &plan->nodes[i];
     if (n->kind != IR_NODE_COMPUTE)
       continue;
-    first = first ? first : n;
     char name[256];
     plan_node_name(plan, i, name, sizeof name);
+    /* ir.h: each TP rank routing its sequence shard to whole experts (expert TP 1) runs */
+    if (n->route_split > 1 && n->tp_degree > 1)
+      return piper_input_error(err,
+                               "%s: \"%s\" divides experts by an expert_tensor_parallel between 1 "
+                               "and the dense tensor_parallel, which piper-sim simulates but "
+                               "piper-exec does not run yet (expert_tensor_parallel 1 runs)",
+                               file, name);
+    if (n->route_split > 1)
+      continue;
+    first = first ? first : n;
     uint32_t tp = n->tp_degree > 1 ? n->tp_degree : 1,
              tp0 = first->tp_degree > 1 ? first->tp_degree : 1;
-    if (n->route_split > 1) /* ir.h: each TP rank routing its sequence shard to whole experts */
-      return piper_input_error(err,
-                               "%s: \"%s\" runs experts with a smaller TP than its dense layers "
-                               "(expert_tensor_parallel below tensor_parallel), which piper-sim "
-                               "simulates but piper-exec does not run yet",
-                               file, name);
     if (tp != tp0 || (tp > 1 && n->sequence_parallel != first->sequence_parallel))
       return piper_input_error(err,
                                "%s: \"%s\" is divided by tensor parallelism unlike other "

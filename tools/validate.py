@@ -48,6 +48,11 @@ def check_config(path, run):
         fail_input(f'{path}: run "{run["id"]}": "family" must be dense or moe')
     if run["tp"] * run["cp"] * run["pp"] * run["dp"] != run["gpus"]:
         fail_input(f'{path}: run "{run["id"]}": tp x cp x pp x dp is not "gpus"')
+    if run["ep"] > 1 and (run["tp"] * run["dp"]) % run["ep"]:
+        fail_input(f'{path}: run "{run["id"]}": "ep" must divide tp x dp')
+    for key in ("model_piper", "profile_overrides"):
+        if not isinstance(run.get(key, {}), dict):
+            fail_input(f'{path}: run "{run["id"]}": "{key}" must be an object')
     if run["dp"] * run["microbatches"] * run["micro_batch_size"] != run["gbs"]:
         fail_input(f'{path}: run "{run["id"]}": dp x microbatches x micro_batch_size is not "gbs"')
     pub = run["published"]
@@ -72,10 +77,37 @@ def megatron_flops_per_token(cfg, seq, recompute):
     return 72.0 * layers * h * h * (1 + seq / (6.0 * h) + vocab / (12.0 * layers * h))
 
 
+def merge(base, over):
+    """over's keys into base, objects merged key by key (a profile section's one key)."""
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            merge(base[k], v)
+        else:
+            base[k] = v
+
+
+def run_profile(run, tmp):
+    """The profile the run is simulated on: the bundled one, or a copy with the run's
+    profile_overrides (what the publisher's software did that the device profile does not say:
+    Megatron-Bridge's force-balanced routing, DeepSeek's DeepEP dispatcher), each stated in the
+    run's "unpublished" or source text, none a cost parameter fitted to the figure."""
+    over = run.get("profile_overrides")
+    if not over:
+        return run["profile"]
+    with open(run["profile"]) as f:
+        prof = json.load(f)
+    merge(prof, over)
+    path = os.path.join(tmp, run["id"] + "-profile.json")
+    with open(path, "w") as f:
+        json.dump(prof, f)
+    return path
+
+
 def simulate(binary, run, tmp):
     with open(run["model"]) as f:
         cfg = json.load(f)
     cfg.setdefault("piper", {})
+    merge(cfg["piper"], run.get("model_piper", {}))
     cfg["piper"]["seq_len"] = run["seq_len"]
     cfg["piper"]["micro_batch_size"] = run["micro_batch_size"]
     cfg["piper"]["name"] = os.path.splitext(os.path.basename(run["model"]))[0]
@@ -83,7 +115,7 @@ def simulate(binary, run, tmp):
     with open(model, "w") as f:
         json.dump(cfg, f)
     out = os.path.join(tmp, run["id"])
-    cmd = [os.path.join(binary, "piper-sim"), "--model", model, "--profile", run["profile"],
+    cmd = [os.path.join(binary, "piper-sim"), "--model", model, "--profile", run_profile(run, tmp),
            "--layout", run["layout"], "--schedule", run["schedule"],
            "--mbs", str(run["microbatches"]), "--no-charts", "--no-sensitivity", "--quiet",
            "--out", out, "--force"]
@@ -136,6 +168,8 @@ def config_text(run):
     parts.append(f"seq {run['seq_len']}")
     parts.append(f"GBS {run['gbs']}")
     parts.append(f"recompute {run['recompute']}")
+    fp8 = run.get("model_piper", {}).get("fp8")
+    parts.append(f"FP8 {fp8}" if fp8 else "BF16")
     return ", ".join(parts)
 
 

@@ -164,7 +164,7 @@ static void attention_core(const struct machine *mc, const struct shape *s,
 }
 
 static void bench_attention(const struct machine *mc, const struct shape *s) {
-  struct kernels_attention_dims d = {s->B, s->S, s->H, s->KV, s->D, s->C, KERNELS_ROPE_THETA, NULL, NULL};
+  struct kernels_attention_dims d = {s->B, s->S, s->H, s->KV, s->D, s->C, KERNELS_ROPE_THETA, NULL, NULL, 0, 0};
   size_t T = (size_t)s->B * s->S, HD = (size_t)s->H * s->D, KD = (size_t)s->KV * s->D;
   float *params = randn(kernels_attention_param_count(&d), 10, 0.1f);
   float *dparams = calloc(kernels_attention_param_count(&d), sizeof(float));

@@ -7,11 +7,14 @@
 # and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe (also with
 # ZeRO-1, and ZeRO-2 with EP 2); tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
-# and context parallelism (CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2, CP 4 x TP 2, recomputation)
+# and context parallelism (CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2, CP 4 x TP 2, recomputation;
+# the first three also on the cuda backend, on the emulated GPU)
 # and uneven stages (3 + 5 layers; embedding and loss counted as layers), interleaved 1F1B with
 # M not a multiple of R, and tiny-moe with
 # experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
-# DP 2 x EP 2 x TP 2, its ZB-H1, full recomputation bit-identical to storing)
+# DP 2 x EP 2 x TP 2, its ZB-H1, full recomputation bit-identical to storing; EP 4 over TP 2 x
+# DP 2 with expert TP 1, also with ZeRO-1, and inside TP 2 x DP 4; CP 2 x EP 2, with DP 2 and
+# ZeRO-1, and CP 2 x TP 2 x EP 2 with expert TP 1)
 # gives the losses and parameters of one device; a checkpoint at step 2
 # resumes bit-identically; a killed rank and a stuck plan both end in an error within the
 # timeout. A checkpoint of another sharding, learning rate or batch shape is refused naming the
@@ -69,9 +72,11 @@ expect_bad "missing data" "/nonexistent/data.bin" --model $DENSE --directives "$
 expect_bad "bad model" "tiny-moe-missing.json" --model models/tiny-moe-missing.json --directives "$T/one.json"
 expect_bad "plan too big" "the plan has 2 devices but the job has 1 processes" \
   --model $MOE --directives $BS/dp2.json --mbs 2 --no-report
-# experts with a smaller TP than the dense layers (EP 4 over TP 2 x DP 2, expert TP 1) are
-# simulated, not run: one line, before the TP degree's own check
-expect_bad "etp below tp" "expert_tensor_parallel below tensor_parallel), which piper-sim simulates" --model $MOE --layout tp=2,dp=2,ep=4,etp=1,sp --mbs 2 --no-report
+# experts divided by an expert TP between 1 and the dense TP (EP 4 x ETP 2 over TP 4 x DP 2)
+# are simulated, not run: one line, before the TP degree's own check (expert TP 1 runs, below)
+python3 -c "import json, sys; d = json.load(open(sys.argv[1])); d['num_key_value_heads'] = 4
+json.dump(d, open(sys.argv[2], 'w'))" $MOE "$T/moe-kv4.json"
+expect_bad "etp between 1 and tp" "an expert_tensor_parallel between 1 and the dense tensor_parallel, which piper-sim simulates" --model "$T/moe-kv4.json" --layout tp=4,dp=2,ep=4,etp=2,sp --mbs 2 --no-report
 expect_bad "mla" "needs MLA attention, which no op of exec/ops.def runs yet (the host backend cannot train it" --model models/deepseek-v3.json --pp-regions 61 --directives "$T/one.json" --no-report
 expect_bad "qwen2 shared gate" "gates its shared expert (shared_expert_gate), which has no host kernel" \
   --model models/qwen1.5-moe-a2.7b.json --directives "$T/one.json" --no-report
@@ -226,6 +231,40 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
       [ "$(losses "$T/pp2_cp2_rc_$g")" = "$(losses "$T/pp2_cp2")" ] && cmp -s "$T/pp2_cp2_rc_$g.params" "$T/pp2_cp2.params" &&
       ok || bad "recompute $g under CP is not bit-identical to storing activations"
   done
+  # ... and on the cuda backend (its blocks, exec/backend_cuda_attention_cp.c) on the emulated
+  # GPU (tests/gpu/emu/README.md; `make emu`, skipped without g++), one per rank (NCCL's path):
+  # the one-device losses and parameters within the emulated-CUDA tolerance of
+  # tools/gpu-check.sh (e) (1e-4 of the loss and of the largest parameter)
+  if command -v g++ >/dev/null && make -j2 -s --no-print-directory emu >"$T/emu.log" 2>&1; then
+    run_emu() {
+      local name=$1 np=$2; shift 2
+      PIPER_EMU_GPUS=$np PIPER_CUDA_MEMORY=268435456 timeout 900 "${MPIRUN[@]}" -np "$np" \
+        build/emu/bin/piper-exec --backend cuda --model $DENSE "$@" --warmup 0 --iters 3 --quiet \
+        --timeout 300 --out "$T/$name" --dump-params "$T/$name.params" >"$T/$name.log" 2>&1 ||
+        { bad "$name (emulated cuda): $(tail -3 "$T/$name.log")"; return 1; }
+    }
+    same_emu() {
+      python3 - "$T/$1" "$T/$2" <<'EOF' && ok || bad "$2 (emulated cuda) differs from one device"
+import array, json, sys
+la = json.load(open(sys.argv[1] + "/metrics.json"))["losses"]
+lb = json.load(open(sys.argv[2] + "/metrics.json"))["losses"]
+assert len(la) == len(lb) == 3, (la, lb)
+assert max(abs(x - y) / abs(x) for x, y in zip(la, lb)) <= 1e-4, ("loss", la, lb)
+pa, pb = array.array("f"), array.array("f")
+pa.frombytes(open(sys.argv[1] + ".params", "rb").read())
+pb.frombytes(open(sys.argv[2] + ".params", "rb").read())
+assert len(pa) == len(pb) > 0
+worst = max(abs(x - y) for x, y in zip(pa, pb)) / max(abs(x) for x in pa)
+assert worst <= 1e-4, ("parameters", worst)
+EOF
+    }
+    run_emu cp2_cuda 2 --layout cp=2 --mbs 8 && same_emu dense_ref cp2_cuda
+    run_emu cp2_tp2_cuda 4 --layout pp=1,tp=2,cp=2 --mbs 8 && same_emu dense_ref cp2_tp2_cuda
+    run_emu pp2_dp2_cp2_cuda 8 --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 4 &&
+      same_emu dense_ref pp2_dp2_cp2_cuda
+  else
+    echo "skip: CP on the emulated GPU (make emu: $(tail -1 "$T/emu.log" 2>/dev/null || echo no g++))"
+  fi
   # uneven stages: 3 + 5 of tiny-dense's 8 layers, and the first / last stage counts with the
   # embedding and the loss counted (2 + 3 + 2 + 1 over four stages)
   run uneven_pp2 2 --layout pp=2,stage-layers=3+5 --schedule 1f1b --mbs 8 && same_as dense_ref uneven_pp2
@@ -262,6 +301,33 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run ep2_in_dp4_zero1 4 --layout dp=4,ep=2,zero=1 --mbs 2 && same ep2_in_dp4_zero1
   run pp2_ep2_in_dp4_zero2 8 --layout pp=2,dp=4,ep=2,zero=2 --schedule 1f1b --mbs 2 &&
     same pp2_ep2_in_dp4_zero2
+  # EP 4 over TP 2 x DP 2 with expert TP 1 (Megatron's DeepSeek-V3 recipes: whole experts under
+  # TP): each TP rank routes its sequence shard over the EP group of all four ranks, the
+  # routing weights' gradient summed over the TP pair for the router; with ZeRO-1, and inside
+  # TP 2 x DP 4 (expert DP 2: each expert's gradient summed over the two ranks four apart,
+  # not over the dense DP group of four). capacity 4: EP 4's most (the tiny router sends one
+  # rank more than twice the average)
+  run ep4_tp2_dp2 4 --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4 --mbs 4 && same ep4_tp2_dp2
+  run ep4_tp2_dp2_zero1 4 --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4,zero=1 --mbs 4 &&
+    same ep4_tp2_dp2_zero1
+  run ep4_tp2_dp4_zero1 8 --layout tp=2,dp=4,ep=4,etp=1,sp,capacity=4,zero=1 --mbs 2 &&
+    same ep4_tp2_dp4_zero1
+  # ... under full recomputation bit-identical to storing (the rerun's dispatch routes the
+  # shard again), and under ZB-H1 over PP 2 (the router's BI sums the routing weights' gradient)
+  if [ -s "$T/ep4_tp2_dp2.params" ]; then
+    run ep4_tp2_dp2_rc 4 --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4,recompute=full --mbs 4 &&
+      [ "$(losses "$T/ep4_tp2_dp2_rc")" = "$(losses "$T/ep4_tp2_dp2")" ] &&
+      cmp -s "$T/ep4_tp2_dp2_rc.params" "$T/ep4_tp2_dp2.params" && ok ||
+      bad "ep4_tp2_dp2: full recomputation is not bit-identical to storing activations"
+  fi
+  run pp2_ep4_tp2_dp2_zb 8 --layout pp=2,tp=2,dp=2,ep=4,etp=1,sp,capacity=4 --schedule zerobubble \
+    --mbs 4 && same pp2_ep4_tp2_dp2_zb
+  # CP with EP: each CP rank routes the tokens of its two chunks; CP 2 x EP 2 (the EP group
+  # the CP pair), inside DP 2 with ZeRO-1 (expert DP = DP, dense DP = DP x CP), and CP 2 x TP 2
+  # + SP with expert TP 1 (EP over the TP pair of each CP rank, expert DP over CP)
+  run cp2_ep2 2 --layout cp=2,ep=2 --mbs 8 && same cp2_ep2
+  run cp2_dp2_ep2_zero1 4 --layout cp=2,dp=2,ep=2,zero=1 --mbs 4 && same cp2_dp2_ep2_zero1
+  run cp2_tp2_ep2_etp1 4 --layout cp=2,tp=2,sp,ep=2,etp=1 --mbs 8 && same cp2_tp2_ep2_etp1
   # ... with SP: each TP peer dispatches every route (one routing: the router runs on the
   # gathered input) with its sequence shard's rows and zeros for the others, and the experts sum
   # the rows, the output gradients and the routing weights' gradients over the TP group

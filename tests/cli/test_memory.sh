@@ -2,7 +2,7 @@
 # One memory rule (docs/design.md, "The memory rule"): the simulator's memory timeline and the
 # host executor's allocator
 # both follow the plan's allocation and release points, so on every plan of the equivalence
-# suite (tests/cli/test_exec.sh, test_tied.sh, test_recompute.sh) each device's peak memory, and every kind of
+# suite (and, for context parallelism, the cuda backend's on the emulated GPU too) (tests/cli/test_exec.sh, test_tied.sh, test_recompute.sh) each device's peak memory, and every kind of
 # its breakdown at the peak, agree within MEM_TOL (1%) of the peak between piper-sim and
 # piper-exec --backend host. Prints one table: plan, device, simulated and measured peak, error, breakdown.
 # MEM_PLANS=name,name runs a subset.
@@ -129,6 +129,13 @@ plans=(
   "ep2_in_dp4 4 $MOE --layout dp=4,ep=2 --mbs 2"
   "ep2_in_dp4_zero1 4 $MOE --layout dp=4,ep=2,zero=1 --mbs 2"
   "pp2_ep2_in_dp4 8 $MOE --layout pp=2,dp=4,ep=2,zero=2 --schedule 1f1b --mbs 2"
+  # expert TP 1 under TP 2 + SP: each TP rank routes its sequence shard (routing tables, sent
+  # rows and the combine's copy of T / 2 x top_k) to whole experts over EP 4 (capacity 4: EP
+  # 4's most, the tiny router's imbalance exceeds the default 2); with ZeRO-1, and EP 4 inside
+  # TP 2 x DP 4 (expert DP 2, the experts' state sharded over it)
+  "ep4_tp2_dp2 4 $MOE --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4 --mbs 4"
+  "ep4_tp2_dp2_zero1 4 $MOE --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4,zero=1 --mbs 4"
+  "ep4_tp2_dp4_zero1 8 $MOE --layout tp=2,dp=4,ep=4,etp=1,sp,capacity=4,zero=1 --mbs 2"
   # context parallelism: each CP rank's share of the sequence, and the attention's workspace
   # holding every rank's K/V while it runs (and their dK/dV in the backward)
   "cp2 2 $DENSE --layout cp=2 --mbs 4"
@@ -137,6 +144,12 @@ plans=(
   "cp4_tp2 8 $DENSE --layout pp=1,tp=2,cp=4 --mbs 2"
   "cp2_rc_full 4 $DENSE --layout pp=2,cp=2,recompute=full --schedule 1f1b --mbs 4"
   "cp2_rc_sel 4 $DENSE --layout pp=2,cp=2,recompute=selective --schedule 1f1b --mbs 4"
+  # CP with EP: each CP rank routes its share of the sequence over an EP group of CP ranks
+  # (the experts' routed rows at the plan's capacity of that share); expert DP over DP with
+  # ZeRO-1; and with TP 2 + SP and expert TP 1 (EP over a CP rank's two TP ranks)
+  "cp2_ep2 2 $MOE --layout cp=2,ep=2 --mbs 4"
+  "cp2_dp2_ep2_zero1 4 $MOE --layout cp=2,dp=2,ep=2,zero=1 --mbs 4"
+  "cp2_tp2_ep2_etp1 4 $MOE --layout cp=2,tp=2,sp,ep=2,etp=1 --mbs 4"
 )
 printf '%-12s %3s %12s %12s %8s  %s\n' plan dev sim_peak exec_peak error "breakdown at the peak (sim/exec bytes)"
 # check PROFILE "name np model args..." [TOL]: simulates with PROFILE, executes, compares
@@ -152,7 +165,11 @@ check() {
   fi
   launch=()
   [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe -np "$np")
-  if ! timeout 300 "${launch[@]}" "$BIN/piper-exec" --backend host --model "$model" "${args[@]}" \
+  # EXEC_BACKEND=cuda: the emulated GPU's piper-exec, one emulated GPU per rank
+  local exe="$BIN/piper-exec" backend=${EXEC_BACKEND:-host}
+  [ "$backend" = cuda ] && exe=build/emu/bin/piper-exec launch=(env PIPER_EMU_GPUS="$np"
+    PIPER_CUDA_MEMORY=268435456 "${launch[@]}")
+  if ! timeout 900 "${launch[@]}" "$exe" --backend "$backend" --model "$model" "${args[@]}" \
     --warmup 0 --iters 2 --quiet --timeout 60 --no-charts --out "$T/$name-exec" \
     >"$T/$name-exec.log" 2>&1; then
     bad "$name: piper-exec: $(tail -2 "$T/$name-exec.log")"
@@ -193,6 +210,17 @@ PY
 for p in "${plans[@]}"; do
   check profiles/host-cpu.json "$p"
 done
+# context parallelism on the cuda backend (its blocks: exec/backend_cuda_attention_cp.c), on the
+# emulated GPU (tests/gpu/emu/README.md; `make emu`, skipped without g++): the same allocator
+# points, so the same figures
+if command -v g++ >/dev/null && make -j2 -s --no-print-directory emu >"$T/emu.log" 2>&1; then
+  for p in "cp2 2 $DENSE --layout cp=2 --mbs 4" "cp2_tp2 4 $DENSE --layout pp=1,tp=2,cp=2 --mbs 4" \
+    "pp2_dp2_cp2 8 $DENSE --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 2"; do
+    EXEC_BACKEND=cuda check profiles/host-cpu.json "cuda_$p"
+  done
+else
+  echo "skip: CP on the emulated GPU (make emu: $(tail -1 "$T/emu.log" 2>/dev/null || echo no g++))"
+fi
 # bf16 models: the plan counts their tensors at 2 bytes per element and the ZeRO paper's
 # mixed-precision rates (params 2, grads 2, optimizer 12 bytes per parameter); piper-exec holds
 # everything in fp32 (tensors 4, params 4, grads 4, AdamW's m and v 8). A profile as piper-prof

@@ -101,8 +101,19 @@ if timeout 300 "${MPIRUN[@]}" -np 4 "$PE" "${OLD[@]}" --warmup 0 --iters 2 --qui
   job mz3 4 "${MO[@]}" --base-schedule $BS/pp2_dp2_ep2_zero3.json --schedule 1f1b --ranks 2 --mbs 4 \
     --resume "$T/mck" "${AL[@]}" && near mwhole mz3
   job meptp 4 "${MO[@]}" --layout pp=1,dp=2,ep=2,tp=2 --mbs 4 --resume "$T/mck" "${AL[@]}" && near mwhole meptp
+  # into whole experts under TP (expert TP 1: each rank's 2 of the 8 experts, undivided)
+  job metp1 4 "${MO[@]}" --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4 --mbs 4 --resume "$T/mck" "${AL[@]}" &&
+    near mwhole metp1
 else
   bad "tiny-moe checkpoint: $(tail -3 "$T/mck.log")"
+fi
+# ... and out of them: EP 4 over TP 2 x DP 2 with expert TP 1 -> one device
+OLD=("${MO[@]}" --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4 --mbs 4)
+if timeout 300 "${MPIRUN[@]}" -np 4 "$PE" "${OLD[@]}" --warmup 0 --iters 2 --quiet --timeout 60 --no-report \
+  --checkpoint "$T/eck" --checkpoint-every 2 >"$T/eck.log" 2>&1 && job ewhole 4 "${OLD[@]}"; then
+  job eone 1 "${MO[@]}" --directives "$T/one.json" --mbs 8 --resume "$T/eck" "${AL[@]}" && near ewhole eone
+else
+  bad "tiny-moe expert TP 1 checkpoint: $(tail -3 "$T/eck.log")"
 fi
 
 # --- a tied embedding: PP 2 (the head's copy) -> one PP region (none) --------------------------

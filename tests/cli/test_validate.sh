@@ -33,11 +33,30 @@ exec(sys.argv[3])
 json.dump(d, open(sys.argv[2], "w"))
 EOF
 }
-# the 22B run misses (+17%): without its mark the check fails naming it
-one megatron-gpt3-22b "$T/r1.json" 'r.pop("known_miss")'
+# Llama 3.1 405B on 8,192 GPUs misses (+15%): without its mark the check fails naming it
+one llama3-405b-8k "$T/r1.json" 'r.pop("known_miss")'
 python3 tools/validate.py --bin "$BIN" --runs "$T/r1.json" --out "$T/o1" --check >"$T/o1.log" 2>&1
-[ $? -eq 1 ] && grep -q "^MISS: megatron-gpt3-22b: ratio 1\.[0-9]* outside 1 +- 0.1" "$T/o1.log" && ok ||
+[ $? -eq 1 ] && grep -q "^MISS: llama3-405b-8k: ratio 1\.[0-9]* outside 1 +- 0.1" "$T/o1.log" && ok ||
   bad "an unmarked miss passed: $(cat "$T/o1.log")"
+# a MoE run is held to the MoE target (20%) and its miss fails unmarked
+one gpt-oss-120b-h100-gbs512 "$T/r4.json" 'r.pop("known_miss")'
+python3 tools/validate.py --bin "$BIN" --runs "$T/r4.json" --out "$T/o4" --check >"$T/o4.log" 2>&1
+[ $? -eq 1 ] && grep -q "^MISS: gpt-oss-120b-h100-gbs512: ratio 1\.[0-9]* outside 1 +- 0.2" "$T/o4.log" &&
+  grep -q "^MISS: moe median" "$T/o4.log" && ok || bad "an unmarked MoE miss passed: $(cat "$T/o4.log")"
+# the profile override is read: the 22B run priced with the fused attention kernel it did not
+# run (the bundled A100 profile as is) misses, as it did before the override (+17%)
+one megatron-gpt3-22b "$T/r5.json" 'r.pop("profile_overrides")'
+python3 tools/validate.py --bin "$BIN" --runs "$T/r5.json" --out "$T/o5" --check >"$T/o5.log" 2>&1
+[ $? -eq 1 ] && grep -q "^MISS: megatron-gpt3-22b: ratio 1\.1[5-9]" "$T/o5.log" && ok ||
+  bad "the unfused-attention override was not applied: $(cat "$T/o5.log")"
+# so is the model's: GPT-OSS in FP8 runs faster than the published BF16 figure's configuration
+one gpt-oss-120b-h100-gbs512 "$T/r6.json" 'r["model_piper"] = {"fp8": "tensorwise"}'
+python3 tools/validate.py --bin "$BIN" --runs "$T/r6.json" --out "$T/o6" >"$T/o6.log" 2>&1
+python3 - "$T/o4/table.tsv" "$T/o6/table.tsv" <<'EOF2' && ok || bad "model_piper fp8 not applied"
+import sys
+bf16, fp8 = (float(open(p).read().splitlines()[1].split("\t")[6]) for p in sys.argv[1:])
+sys.exit(0 if fp8 > 1.1 * bf16 else 1)
+EOF2
 # a published figure 30% higher makes a passing run miss (the check reads the figure)
 one megatron-gpt3-175b "$T/r2.json" 'r["published"]["value"] *= 1.3'
 python3 tools/validate.py --bin "$BIN" --runs "$T/r2.json" --out "$T/o2" --check >"$T/o2.log" 2>&1
@@ -64,6 +83,10 @@ one megatron-gpt3-22b "$T/b3.json" 'del r["published"]["source"]'
 expect_bad "\"published\" needs \"source\"" "$T/b3.json"
 one megatron-gpt3-22b "$T/b4.json" 'del r["profile"]'
 expect_bad "run \"megatron-gpt3-22b\": missing key \"profile\"" "$T/b4.json"
+one gpt-oss-120b-h100-gbs512 "$T/b5.json" 'r["profile_overrides"] = "balanced"'
+expect_bad "run \"gpt-oss-120b-h100-gbs512\": \"profile_overrides\" must be an object" "$T/b5.json"
+one gpt-oss-120b-h100-gbs512 "$T/b6.json" 'r["ep"] = 3'
+expect_bad "run \"gpt-oss-120b-h100-gbs512\": \"ep\" must divide tp x dp" "$T/b6.json"
 expect_bad "no-such.json" "$T/no-such.json"
 
 # the families the runs use are costed, not trained: piper-exec refuses them in one line naming

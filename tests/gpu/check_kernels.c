@@ -24,7 +24,10 @@
  *     (tools/gpu-check.sh b) holds bf16 losses to the same 3e-2 of the host's.
  *   - the cached bf16 weight copies against per-GEMM conversion: 0 (the same bits: the same
  *     bf16 operands through the same algorithm).
+ *   - the bf16 activation kernels (kc_bf16_*: no GEMM, bf16 in and out): 2^-8 + 1e-5, one
+ *     rounding of each output (the bf16 section below says why).
  * Prints one line per check; exits 1 when any exceeds its tolerance, 2 when no GPU. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +37,7 @@
 #include "../../exec/cuda_cudnn.h"
 #include "../../exec/gpu_layout.h"
 #include "../../exec/gpu_weights.h"
+#include "../../kernels/kernels-impl.h" /* the SwiGLU reference */
 #include "../../kernels/kernels.h"
 #include "../../kernels/kernels_cuda.h"
 #ifdef PIPER_CUDA_EMU
@@ -72,11 +76,9 @@ static float *devf(struct check *c, const float *host, size_t n) {
   return dev(c, host, n * sizeof(float));
 }
 
-/* Compares n floats of device memory d with the host's ref. */
-static void compare(struct check *c, const char *what, const float *ref, const float *d, size_t n,
-                    double tol) {
-  float *got = g_new(float, n ? n : 1);
-  exec_backend_to_host(c->b, got, d, n * sizeof(float));
+/* Compares n floats got (host memory, from the device) with the host's ref. */
+static void compare_values(struct check *c, const char *what, const float *ref, const float *got,
+                           size_t n, double tol) {
   const GError *e = exec_stream_error(c->b, c->s);
   double maxref = 0, maxerr = 0;
   bool nan = false;
@@ -93,6 +95,14 @@ static void compare(struct check *c, const char *what, const float *ref, const f
          nan ? " NaN mismatch" : "", e ? e->message : "");
   c->run++;
   c->failed += !ok;
+}
+
+/* Compares n floats of device memory d with the host's ref. */
+static void compare(struct check *c, const char *what, const float *ref, const float *d, size_t n,
+                    double tol) {
+  float *got = g_new(float, n ? n : 1);
+  exec_backend_to_host(c->b, got, d, n * sizeof(float));
+  compare_values(c, what, ref, got, n, tol);
   g_free(got);
 }
 
@@ -271,12 +281,12 @@ static void check_attention_shape(struct check *c, const char *label,
  * rescales partial sums by exact-to-fp32 factors). */
 static void check_attention(struct check *c) {
   struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
-  struct kernels_attention_dims small = {B, S, H, KV, D, C, 10000.0f, &sc, NULL};
+  struct kernels_attention_dims small = {B, S, H, KV, D, C, 10000.0f, &sc, NULL, 0, 0};
   check_attention_shape(c, "", small);
   const struct kernels_attention_dims shapes[] = {
-      {1, 256, 8, 2, 64, 128, 500000.0f, &sc, NULL},
-      {2, 200, 8, 2, 128, 128, 500000.0f, &sc, NULL},
-      {3, 40, 4, 1, 32, 128, 500000.0f, &sc, NULL},
+      {1, 256, 8, 2, 64, 128, 500000.0f, &sc, NULL, 0, 0},
+      {2, 200, 8, 2, 128, 128, 500000.0f, &sc, NULL, 0, 0},
+      {3, 40, 4, 1, 32, 128, 500000.0f, &sc, NULL, 0, 0},
   };
   const char *labels[] = {"S256 H8/2 D64", "B2 S200 H8/2 D128", "B3 S40 H4/1 D32"};
   for (size_t i = 0; i < G_N_ELEMENTS(shapes); i++)
@@ -831,6 +841,141 @@ static void check_adamw_multi(struct check *c) {
 
 /* The cuda table has every op of exec/ops.def (it is generated from the list: a k_ function
  * per kernel, an exec_cuda_ function per collective). */
+/* ---- bf16 activations (kc_bf16_*, kernels/cuda_bf16.cu) ------------------------------------
+ * Each kernel against the host reference run in fp32 on the same inputs: random values rounded
+ * to bf16 on the host first (the kernels' inputs are bf16, so that rounding is not theirs; fp32
+ * inputs, the norm weights, rstd and the embedding table, stay as they are). A kernel widens
+ * its inputs exactly, computes in fp32 as the fp32 kernel does, and rounds each output once to
+ * nearest even: that moves it by at most half a bf16 spacing, a relative 2^-8 (8 significant
+ * bits; the unit roundoff u of exec_bf16_round's test), and the fp32 arithmetic adds the plain
+ * tolerance (the inputs are exact in fp32, so no input rounding compounds: one op, one rounding). So the norm-wise error is at most u + TOL_PLAIN. A kernel that truncated instead
+ * of rounding (up to 2u), rounded twice, or read its input at the wrong width fails it. The
+ * fp32 outputs (rstd, the weight gradients: sums in fp32 of exactly widened terms) keep
+ * TOL_PLAIN. */
+#define TOL_BF16_STORE (1.0 / 256 + TOL_PLAIN)
+
+/* n random values in [-scale, scale] rounded to bf16: the values (returned) and their bits */
+static float *rnd16(struct check *c, size_t n, float scale, uint16_t **bits) {
+  float *x = rnd(c, n, scale);
+  *bits = g_new(uint16_t, n ? n : 1);
+  for (size_t i = 0; i < n; i++) {
+    (*bits)[i] = exec_bf16_round(x[i]);
+    x[i] = exec_bf16_to_f32((*bits)[i]);
+  }
+  return x;
+}
+
+/* Compares n bf16 values of device memory d (widened) with the host's fp32 ref. */
+static void compare16(struct check *c, const char *what, const float *ref, const uint16_t *d,
+                      size_t n, double tol) {
+  uint16_t *bits = g_new(uint16_t, n ? n : 1);
+  float *got = g_new(float, n ? n : 1);
+  bool synced = cudaDeviceSynchronize() == cudaSuccess;
+  exec_backend_to_host(c->b, bits, d, n * sizeof(uint16_t));
+  for (size_t i = 0; i < n; i++)
+    got[i] = exec_bf16_to_f32(bits[i]);
+  if (!synced)
+    got[0] = NAN;
+  compare_values(c, what, ref, got, n, tol);
+  g_free(got);
+  g_free(bits);
+}
+
+static uint16_t *dev16(struct check *c, const uint16_t *bits, size_t n) {
+  return dev(c, bits, n * sizeof(uint16_t));
+}
+
+/* RMSNorm forward (alone and after the residual add), BI and BW on bf16 x, h, dh, dx */
+static void check_bf16_norm(struct check *c) {
+  size_t n = (size_t)T * C;
+  uint16_t *xb, *yb, *gb, *db;
+  float *x = rnd16(c, n, 2, &xb), *y = rnd16(c, n, 2, &yb), *w = rnd(c, C, 1);
+  float *gdh = rnd16(c, n, 1, &gb), *gdx = rnd16(c, n, 1, &db);
+  float *h = g_new(float, n), *rs = g_new(float, T), *gw = rnd(c, C, 1);
+  uint16_t *dx = dev16(c, xb, n), *dy = dev16(c, yb, n), *dh = dev16(c, NULL, n);
+  uint16_t *ddh = dev16(c, gb, n), *ddx = dev16(c, db, n);
+  float *dw = devf(c, w, C), *drs = devf(c, NULL, T), *dgw = devf(c, gw, C);
+  cudaDeviceSynchronize(); /* the uploads went on the backend's setup stream */
+  kernels_rmsnorm_forward(h, rs, x, w, T, C, 1e-6f);
+  kc_bf16_rmsnorm_forward(dh, drs, dx, dw, T, C, 1e-6f, 0);
+  compare16(c, "bf16 rmsnorm F", h, dh, n, TOL_BF16_STORE);
+  compare(c, "bf16 rmsnorm F saved (rstd, fp32)", rs, drs, T, TOL_PLAIN);
+  kernels_rmsnorm_backward_input(gdx, gdh, x, rs, w, T, C, true);
+  kc_bf16_rmsnorm_backward_input(ddx, ddh, dx, drs, dw, T, C, true, 0);
+  compare16(c, "bf16 rmsnorm BI (accumulate)", gdx, ddx, n, TOL_BF16_STORE);
+  kernels_rmsnorm_backward_weight(gw, gdh, x, rs, T, C);
+  kc_bf16_rmsnorm_backward_weight(dgw, ddh, dx, drs, T, C, 0);
+  compare(c, "bf16 rmsnorm BW (fp32 dw)", gw, dgw, C, TOL_PLAIN);
+  /* the residual add rounds the sum into the stream; the norm reads the rounded sum */
+  float *sum = g_new(float, n);
+  for (size_t i = 0; i < n; i++)
+    sum[i] = exec_bf16_to_f32(exec_bf16_round(x[i] + y[i]));
+  kernels_rmsnorm_forward(h, rs, sum, w, T, C, 1e-6f);
+  kc_bf16_residual_rmsnorm_forward(dx, dh, drs, dy, dw, T, C, 1e-6f, 0);
+  compare16(c, "bf16 residual + rmsnorm F (x)", sum, dx, n, 0);
+  compare16(c, "bf16 residual + rmsnorm F (h)", h, dh, n, TOL_BF16_STORE);
+  compare(c, "bf16 residual + rmsnorm F saved (rstd)", rs, drs, T, TOL_PLAIN);
+  /* the gradient's accumulation into a bf16 buffer, and the plain copy */
+  for (size_t i = 0; i < n; i++)
+    sum[i] = y[i] + gdh[i];
+  kc_bf16_add(ddh, dy, n, true, 0);
+  compare16(c, "bf16 add (accumulate)", sum, ddh, n, TOL_BF16_STORE);
+  kc_bf16_add(ddh, dy, n, false, 0);
+  compare16(c, "bf16 add (copy)", y, ddh, n, 0);
+  g_free(sum);
+}
+
+/* RoPE in place on bf16 q rows (llama3 scaling), SwiGLU F and B, the embedding F and BW */
+static void check_bf16_pointwise(struct check *c) {
+  size_t nq = (size_t)T * H * D, nf = (size_t)T * F;
+  uint16_t *qb, *gb, *ub, *ab;
+  float *q = rnd16(c, nq, 2, &qb);
+  struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
+  uint16_t *dq = dev16(c, qb, nq);
+  cudaDeviceSynchronize();
+  for (int inverse = 0; inverse < 2; inverse++) {
+    kernels_rope_scaled(q, B, S, H, D, 10000.0f, &sc, inverse);
+    kc_bf16_rope(dq, B, S, H, D, 10000.0f, sc.factor, sc.low_freq_factor, sc.high_freq_factor,
+                 sc.original_max_position_embeddings, inverse, 0);
+    compare16(c, inverse ? "bf16 rope (inverse, after forward)" : "bf16 rope (llama3 scaling)",
+              q, dq, nq, TOL_BF16_STORE);
+    for (size_t i = 0; i < nq; i++) /* the inverse reads what the forward stored */
+      q[i] = exec_bf16_to_f32(exec_bf16_round(q[i]));
+  }
+  float *g = rnd16(c, nf, 4, &gb), *u = rnd16(c, nf, 2, &ub), *da = rnd16(c, nf, 1, &ab);
+  float *act = g_new(float, nf), *du = g_new(float, nf);
+  uint16_t *dg = dev16(c, gb, nf), *dU = dev16(c, ub, nf), *dd = dev16(c, ab, nf);
+  uint16_t *dact = dev16(c, NULL, nf), *ddg = dev16(c, NULL, nf), *ddu = dev16(c, NULL, nf);
+  cudaDeviceSynchronize();
+  kernels_impl_swiglu_forward(act, g, u, nf);
+  kc_bf16_swiglu_forward(dact, dg, dU, nf, 0);
+  compare16(c, "bf16 swiglu F", act, dact, nf, TOL_BF16_STORE);
+  kernels_impl_swiglu_backward(da, du, g, u, nf); /* da: dact in, dg out */
+  kc_bf16_swiglu_backward(ddg, ddu, dd, dg, dU, nf, 0);
+  compare16(c, "bf16 swiglu B (dg)", da, ddg, nf, TOL_BF16_STORE);
+  compare16(c, "bf16 swiglu B (du)", du, ddu, nf, TOL_BF16_STORE);
+  /* the embedding: a rounded copy of the fp32 table's rows (exact against the rounded rows);
+   * its gradient fp32 sums of the widened bf16 rows in token order */
+  int32_t tok[T];
+  for (int t = 0; t < T; t++)
+    tok[t] = (int32_t)g_rand_int_range(c->rng, 0, 7);
+  uint16_t *xb;
+  float *wte = rnd(c, (size_t)V * C, 1), *x = g_new(float, T *C), *gx = rnd16(c, T * C, 1, &xb);
+  int32_t *dtok = dev(c, tok, sizeof tok);
+  float *dwte = devf(c, wte, (size_t)V * C);
+  uint16_t *dx = dev16(c, NULL, T * C), *dgx = dev16(c, xb, T * C);
+  cudaDeviceSynchronize();
+  kernels_embedding_forward(x, tok, wte, T, V, C);
+  for (int i = 0; i < T * C; i++)
+    x[i] = exec_bf16_to_f32(exec_bf16_round(x[i]));
+  kc_bf16_embedding_forward(dx, dtok, dwte, T, C, 0, INT_MAX, 0);
+  compare16(c, "bf16 embedding F", x, dx, T * C, 0);
+  kernels_embedding_backward_weight(wte, gx, tok, T, V, C);
+  kc_bf16_embedding_backward(dwte, dgx, dtok, T, C, 0, INT_MAX, 0);
+  cudaDeviceSynchronize();
+  compare(c, "bf16 embedding BW (fp32 dtable)", wte, dwte, (size_t)V * C, TOL_PLAIN);
+}
+
 static void check_op_table(struct check *c) {
   int missing = 0;
   for (int op = 0; op < EXEC_OP_COUNT; op++)
@@ -871,6 +1016,8 @@ int main(int argc, char **argv) {
   check_adamw_multi(&c);
   check_bf16_copy(&c);
   check_embedding_norm(&c);
+  check_bf16_norm(&c);
+  check_bf16_pointwise(&c);
   check_attention(&c);
   check_cudnn(&c);
   check_mlp(&c);

@@ -48,11 +48,21 @@ static void test_layout_grid(void **state) {
   assert_non_null(strstr(json, "{\"op\": \"replicate\", \"filter\": {\"PP\": 0}, \"devices\": [0, 1]}"));
   assert_non_null(strstr(json, "\"comm\": \"all_gather\""));
   g_free(json);
+  /* with EP: a shard without a degree spreads the experts over DP x CP, so ep = dp (below
+   * dp x cp) is carved (EP over the CP ranks of each replica), ep = dp x cp is not */
+  assert_true(layout_parse("cp=2,dp=2,ep=2", &l, &err));
+  json = layout_to_json(&l);
+  assert_non_null(strstr(json, "\"degree\": 2, \"expert_tensor_parallel\": 1"));
+  g_free(json);
+  assert_true(layout_parse("cp=2,dp=2,ep=4", &l, &err));
+  json = layout_to_json(&l);
+  assert_null(strstr(json, "\"expert_tensor_parallel\""));
+  g_free(json);
   static const struct {
     const char *spec, *want;
   } bad[] = {{"cp=0", "\"cp\" must be a whole number"},
              {"cp=2,cp-comm=ring", "\"cp-comm\" must be p2p"},
-             {"cp=2,dp=2,ep=2", "cp with ep is not supported"},
+             {"cp=2,dp=2,ep=3", "does not divide the 4 ranks of a stage (tp x cp x dp = 1 x 2 x 2)"},
              {"cp=2,cp=4", "\"cp\" is given twice"}};
   for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
     assert_false(layout_parse(bad[i].spec, &l, &err));

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../../kernels/kernels.h"
+#include "../../kernels/fp8.h"
 #include "../../kernels/kernels-impl.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
@@ -1414,6 +1415,123 @@ static void test_rope_threads(void **state) {
   }
 }
 
+/* ---- FP8 (kernels/fp8.h) ----------------------------------------------------------------- */
+
+/* The value of e4m3 code c (0 <= c < 127, non-negative finite), from the format's definition
+ * (OCP E4M3FN: 4 exponent bits, bias 7, 3 mantissa bits, subnormals at exponent 0), written
+ * apart from the encoder so that the two check each other. */
+static double fp8_value(int c) {
+  int e = c >> 3, m = c & 7;
+  return e == 0 ? m / 512.0 : (1.0 + m / 8.0) * pow(2.0, e - 7);
+}
+
+/* The code nearest x by brute force over all 127 non-negative finite codes, ties to the even
+ * code (its last mantissa bit 0), |x| over 448 saturating to 448, the sign kept. */
+static uint8_t fp8_nearest(float x) {
+  double a = fabs((double)x);
+  int best = 0;
+  for (int c = 1; c < 127; c++) {
+    double d = fabs(a - fp8_value(c)), db = fabs(a - fp8_value(best));
+    if (d < db || (d == db && (c & 1) == 0))
+      best = c;
+  }
+  return (uint8_t)((signbit(x) ? 0x80 : 0) | best);
+}
+
+/* Round to nearest even with saturation, checked against brute force at every code, every
+ * midpoint between neighbours (the ties) and a float either side of it, beyond 448, and at
+ * random; decode inverts encode on every finite code, and NaN stays NaN. */
+static void test_fp8_e4m3_rounding(void **state) {
+  (void)state;
+  GArray *xs = g_array_new(FALSE, FALSE, sizeof(float));
+  for (int c = 0; c < 127; c++) {
+    double v = fp8_value(c), next = c < 126 ? fp8_value(c + 1) : 480.0;
+    float mid = (float)((v + next) / 2), pts[] = {(float)v, mid, nextafterf(mid, 0.0f),
+                                                 nextafterf(mid, 1e9f)};
+    for (size_t i = 0; i < G_N_ELEMENTS(pts); i++) {
+      float neg = -pts[i];
+      g_array_append_val(xs, pts[i]);
+      g_array_append_val(xs, neg);
+    }
+  }
+  float big[] = {448.0f, 449.0f, 464.0f, 1e6f, 1e-30f, 0.0f, -0.0f};
+  g_array_append_vals(xs, big, G_N_ELEMENTS(big));
+  GRand *r = g_rand_new_with_seed(8);
+  for (int i = 0; i < 20000; i++) {
+    float x = (float)(g_rand_double_range(r, -1.0, 1.0) * pow(2.0, g_rand_int_range(r, -12, 10)));
+    g_array_append_val(xs, x);
+  }
+  g_rand_free(r);
+  for (guint i = 0; i < xs->len; i++) {
+    float x = g_array_index(xs, float, i);
+    uint8_t got = kernels_fp8_e4m3_encode(x), want = fp8_nearest(x);
+    if (got != want)
+      fail_msg("e4m3(%.9g) = 0x%02x, nearest even is 0x%02x", (double)x, got, want);
+  }
+  g_array_free(xs, TRUE);
+  for (int c = 0; c < 256; c++) {
+    if ((c & 0x7f) == 0x7f) {
+      assert_true(isnan(kernels_fp8_e4m3_decode((uint8_t)c)));
+      continue;
+    }
+    float v = kernels_fp8_e4m3_decode((uint8_t)c);
+    assert_true(v == (float)((c & 0x80 ? -1 : 1) * fp8_value(c & 0x7f)));
+    assert_int_equal(kernels_fp8_e4m3_encode(v), c == 0x80 ? 0x80 : c);
+  }
+  assert_true(isnan(kernels_fp8_e4m3_decode(kernels_fp8_e4m3_encode(NAN))));
+}
+
+/* Tiles: each 1 x 128 tile (or 128 x 128 block) scaled by its own amax, so its largest element
+ * lands on +-448 exactly and every element comes back within e4m3's half ulp (2^-4 of itself,
+ * or 2^-10 of the tile's amax among subnormals); a tile of huge values leaves its neighbour's
+ * precision alone (the point of fine-grained scaling). The tensorwise form, K-major
+ * transposed, against the same bound on one scale. */
+static void test_fp8_quantize_tiles(void **state) {
+  (void)state;
+  enum { R = 130, Ccols = 300 }; /* partial tiles both ways */
+  float *x = g_new(float, R * Ccols);
+  GRand *g = g_rand_new_with_seed(9);
+  for (int i = 0; i < R * Ccols; i++)
+    x[i] = (float)g_rand_double_range(g, -1.0, 1.0);
+  g_rand_free(g);
+  for (int c = 0; c < 128; c++)
+    x[c] *= 1e4f; /* row 0's first tile: huge */
+  uint8_t *q = g_new(uint8_t, R * Ccols);
+  float *inv = g_new(float, 2 * R * Ccols / 128 + R + Ccols); /* tiles either way, at most */
+  for (int transpose = 0; transpose < 2; transpose++)
+    for (int block = 1; block <= 128; block += 127) {
+      /* transposed: x read as [Ccols'=R][...]: K along x's rows */
+      int K = transpose ? R : Ccols, outer = transpose ? Ccols : R;
+      int nkt = (K + 127) / 128;
+      kernels_fp8_quantize_tiles(q, inv, x, R, Ccols, Ccols, transpose, block);
+      for (int o = 0; o < outer; o++)
+        for (int k = 0; k < K; k++) {
+          float v = transpose ? x[k * Ccols + o] : x[o * Ccols + k];
+          float f = inv[(o / block) * nkt + k / 128];
+          float back = kernels_fp8_e4m3_decode(q[o * K + k]) * f;
+          double bound = fmax(fabs(v) / 16.0, f * 448.0 / 1024.0) * (1 + 1e-6);
+          if (fabs(back - v) > bound)
+            fail_msg("tile (%d, %d) block %d transpose %d: %g back as %g", o, k, block,
+                     transpose, (double)v, (double)back);
+        }
+      if (!transpose && block == 1) /* row 1's first tile is unaffected by row 0's */
+        assert_true(inv[1 * nkt] < 1.0f / 400.0f);
+    }
+  float f = kernels_fp8_quantize_tensor(q, x, R, Ccols, Ccols, 1);
+  assert_true(f > 1e4f / 448.0f * 0.99f); /* one scale, set by the huge tile */
+  int exact = 0;
+  for (int o = 0; o < Ccols; o++)
+    for (int k = 0; k < R; k++) {
+      float v = x[k * Ccols + o], back = kernels_fp8_e4m3_decode(q[o * R + k]) * f;
+      assert_true(fabs(back - v) <= fmax(fabs(v) / 16.0, f * 448.0 / 1024.0) * (1 + 1e-6));
+      exact += fabsf(back) == 448.0f * f;
+    }
+  assert_true(exact >= 1);
+  g_free(x);
+  g_free(q);
+  g_free(inv);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm_all_transposes),
@@ -1451,6 +1569,8 @@ int main(void) {
       cmocka_unit_test(test_attention_blocks),
       cmocka_unit_test(test_expf),
       cmocka_unit_test(test_rope_threads),
+      cmocka_unit_test(test_fp8_e4m3_rounding),
+      cmocka_unit_test(test_fp8_quantize_tiles),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -216,14 +216,15 @@ static void test_bad_specs(void **state) {
 }
 
 /* The expert groups a layout carves, against Megatron's expert rank order within a stage
- * (parallel_state.py: ETP innermost, then EP, then expert DP over the TP x DP positions):
+ * (parallel_state.py: ETP innermost, then EP, then expert DP over the TP x CP x DP positions):
  * position p has EP rank (p / etp) mod ep, its all-to-all peers are the positions of its
  * block of ep x etp with its ETP rank, and its experts' gradients are summed with the
  * positions p mod (ep x etp) + k ep etp. */
 static void test_expert_groups(void **state) {
   (void)state;
-  static const char *const specs[] = {"dp=4,ep=2,zero=1", "tp=2,dp=2,ep=4,etp=1,sp",
-                                      "tp=2,dp=4,ep=2,sp,zero=1", "tp=2,dp=4,ep=2,etp=1,sp"};
+  static const char *const specs[] = {"dp=4,ep=2,zero=1",         "tp=2,dp=2,ep=4,etp=1,sp",
+                                      "tp=2,dp=4,ep=2,sp,zero=1", "tp=2,dp=4,ep=2,etp=1,sp",
+                                      "cp=2,dp=2,ep=2,zero=1",    "cp=2,tp=2,ep=2,etp=1,sp"};
   for (size_t i = 0; i < G_N_ELEMENTS(specs); i++) {
     struct layout l = parse(specs[i]);
     char *text = layout_to_json(&l);

@@ -216,7 +216,7 @@ static void test_simulated_growth(void **state) {
  * layer's 17,408 B above. */
 static void test_attention_core_rerun(void **state) {
   (void)state;
-  struct kernels_attention_dims d = {2, 32, 4, 2, 16, 64, KERNELS_ROPE_THETA, NULL, NULL};
+  struct kernels_attention_dims d = {2, 32, 4, 2, 16, 64, KERNELS_ROPE_THETA, NULL, NULL, 0, 0};
   size_t P = kernels_attention_param_count(&d), SV = kernels_attention_saved_floats(&d);
   size_t CO = kernels_attention_core_floats(&d), BW = kernels_attention_bwork_floats(&d);
   size_t T = 64, C = 64;

@@ -25,6 +25,7 @@
 #include "../../sim/profile.h"
 #include "../../report/report.h"
 #include "../../directives/layout.h"
+#include "../../sim/queue-impl.h"
 #include "../../sim/sim.h"
 #include "../../tools/sweep.h"
 
@@ -88,10 +89,10 @@ static void test_profile_bundled(void **state) {
   assert_true(h800->peak_flops[MODEL_DTYPE_BF16] == h100->peak_flops[MODEL_DTYPE_BF16]);
   assert_true(h800->sm_count == h100->sm_count && h800->shape_model);
   test_assert_near(h800->intra_bandwidth, 200e9, 0, 1e-12, "h800 nvlink");
-  /* FP8: 1,979 dense TFLOP/s on both (3,958 with sparsity on the datasheets), twice bf16 */
+  /* FP8: 1,979 dense TFLOP/s on all three (3,958 with sparsity on the datasheets), twice bf16 */
   test_assert_near(h100->peak_flops[MODEL_DTYPE_FP8], 1978.9e12, 0, 1e-12, "h100 fp8");
   test_assert_near(h200->peak_flops[MODEL_DTYPE_FP8], 1978.9e12, 0, 1e-12, "h200 fp8");
-  assert_true(h800->peak_flops[MODEL_DTYPE_FP8] == 0); /* not given: an FP8 model is refused */
+  test_assert_near(h800->peak_flops[MODEL_DTYPE_FP8], 1978.9e12, 0, 1e-12, "h800 fp8");
   profile_free(h800);
   profile_free(h100);
   profile_free(h200);
@@ -188,6 +189,48 @@ static void test_gemm_shapes(void **state) {
   profile_free(p);
 }
 
+/* The unfused core (device.attention_kernel "unfused", Megatron-LM before FlashAttention): its
+ * batched GEMMs by the tile model over the full square (causal or not), plus the softmax and
+ * dropout kernels' traffic over the 8 x 1024 x 1024 scores at 1 TB/s: 9 bytes a score forward
+ * (softmax 2 + 2, dropout 2 + 2 + a 1-byte mask), 11 backward. */
+static void test_attention_unfused(void **state) {
+  (void)state;
+  GError *err = NULL;
+  char buf[2048];
+  const char *dev = strstr(shape_profile, "\"cost_model\"");
+  snprintf(buf, sizeof buf, "%.*s\"attention_kernel\":\"unfused\",%s", (int)(dev - shape_profile),
+           shape_profile, dev);
+  struct profile *p = profile_from(buf, &err);
+  assert_non_null(p);
+  assert_true(p->attention_unfused);
+  double scores = 8.0 * 1024 * 1024;
+  enum model_dtype bf = MODEL_DTYPE_BF16;
+  double fwd = cost_gemm_grouped(p, bf, 8, 1024, 1024, 1024, 128).seconds +
+               cost_gemm_grouped(p, bf, 8, 1024, 1024, 128, 1024).seconds + scores * 9 / 1e12;
+  test_assert_near(cost_attention_core(p, bf, 1, 1024, 8, 8, 128, 128, true, 1, false), fwd, 0,
+                   1e-12, "unfused forward");
+  /* the mask is applied to the full square: causal costs what non-causal does */
+  test_assert_near(cost_attention_core(p, bf, 1, 1024, 8, 8, 128, 128, false, 1, false), fwd, 0,
+                   1e-12, "unfused non-causal");
+  double bwd = 2 * cost_gemm_grouped(p, bf, 8, 1024, 1024, 1024, 128).seconds +
+               2 * cost_gemm_grouped(p, bf, 8, 1024, 1024, 128, 1024).seconds + scores * 11 / 1e12;
+  test_assert_near(cost_attention_core(p, bf, 1, 1024, 8, 8, 128, 128, true, 1, true), bwd, 0,
+                   1e-12, "unfused backward");
+  /* slower than the fused kernel of the same shapes: the scores' round trips through HBM */
+  struct profile *fused = profile_from(shape_profile, &err);
+  assert_non_null(fused);
+  assert_true(fwd > cost_attention_core(fused, bf, 1, 1024, 8, 8, 128, 128, false, 1, false));
+  profile_free(fused);
+  profile_free(p);
+  /* a kernel the model does not know: one line naming the key */
+  snprintf(buf, sizeof buf, "%.*s\"attention_kernel\":\"flash\",%s", (int)(dev - shape_profile),
+           shape_profile, dev);
+  assert_null(profile_from(buf, &err));
+  assert_non_null(
+      strstr(err->message, "device: key \"attention_kernel\": \"flash\" is not fused or unfused"));
+  g_clear_error(&err);
+}
+
 static void test_attention_core(void **state) {
   (void)state;
   GError *err = NULL;
@@ -196,12 +239,11 @@ static void test_attention_core(void **state) {
   /* causal, seq 1024, 8 heads of 128: 2 * 8 * 1024^2 * 256 / 2 FLOPs at 0.5 * 1024 / (1024 +
    * 1024) = 0.25 of 400 TFLOP/s */
   double f = 2.0 * 8 * 1024 * 1024 * 256 / 2;
-  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1,
-                                       false),
-                   f / 100e12, 0, 1e-12, "causal forward");
+  test_assert_near(
+      cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1, false), f / 100e12,
+      0, 1e-12, "causal forward");
   /* backward: 2.5 times the FLOPs at 0.4 * 0.5 */
-  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1,
-                                       true),
+  test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, true, 1, true),
                    2.5 * f / 80e12, 0, 1e-12, "causal backward");
   /* non-causal: twice the FLOPs, at the efficiency of causal 2048 (0.5 * 2/3) */
   test_assert_near(cost_attention_core(p, MODEL_DTYPE_BF16, 1, 1024, 8, 8, 128, 128, false, 1,
@@ -661,6 +703,12 @@ static void test_collectives(void **state) {
   /* one rank per node (devices 0, 8): one NIC's share, 8 * 10 / 8 = 10 GB/s */
   uint32_t two[2] = {0, 8};
   sp = profile_span_of(p, two, 2);
+  assert_int_equal(sp.n_nodes, 2); /* a pair has its own path (no allocation) */
+  assert_int_equal(sp.min_per_node, 1);
+  uint32_t same[2] = {13, 10}, apart[2] = {9, 7};
+  struct profile_span sp_same = profile_span_of(p, same, 2), sp_apart = profile_span_of(p, apart, 2);
+  assert_true(sp_same.p == 2 && sp_same.n_nodes == 1 && sp_same.min_per_node == 2);
+  assert_true(sp_apart.p == 2 && sp_apart.n_nodes == 2 && sp_apart.min_per_node == 1);
   struct profile_comm_cost pp = profile_comm_cost(p, IR_NODE_SEND, (uint64_t)n, &sp);
   test_assert_near(pp.latency + pp.transfer, 5e-6 + n / 10e9, 0, 1e-12, "p2p inter");
   /* tree is chosen by "auto" only where it is cheaper: small messages over many ranks */
@@ -2367,6 +2415,71 @@ static void test_scenario_parse(void **state) {
   plan_free(p);
 }
 
+/* The event queue gives (time, push order) exactly, through runs of pushes at one time, times
+ * that come back after their bucket went (a bucket reused), and pops between pushes; checked
+ * against a stable sort of what is queued. */
+struct queued_event {
+  double t;
+  uint32_t seq;
+};
+
+static int queued_cmp(const void *a, const void *b) {
+  const struct queued_event *x = a, *y = b;
+  if (x->t != y->t)
+    return x->t < y->t ? -1 : 1;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static void test_queue_order(void **state) {
+  (void)state;
+  struct sim_queue q = {0};
+  /* a time used up and pushed again at once: its bucket went with its last event */
+  sim_queue_push(&q, 1.0, 0, 7, 0, 0);
+  sim_queue_push(&q, 2.0, 0, 8, 0, 0);
+  sim_queue_push(&q, 1.0, 0, 9, 0, 0);
+  assert_int_equal(sim_queue_pop(&q).id, 7);
+  assert_int_equal(sim_queue_pop(&q).id, 9);
+  sim_queue_push(&q, 1.0, 0, 10, 0, 0);
+  assert_int_equal(sim_queue_pop(&q).id, 10);
+  assert_int_equal(sim_queue_pop(&q).id, 8);
+  assert_int_equal(q.n, 0);
+  enum { N = 4000 };
+  struct queued_event *live = g_new(struct queued_event, N);
+  uint32_t n_live = 0, seq = 0, popped = 0;
+  double now = 0;
+  uint64_t x = 12345;
+  while (seq < N || n_live > 0) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t r = (uint32_t)(x >> 33);
+    if (seq < N && (r % 3 != 0 || n_live == 0)) {
+      /* a run of 1..40 pushes at one time, one of three: many come back after their bucket
+       * was used up */
+      double t = now + (double)(r % 3);
+      uint32_t run = 1 + (r >> 8) % 40;
+      for (uint32_t k = 0; k < run && seq < N; k++) {
+        sim_queue_push(&q, t, 0, seq, 0, 0);
+        live[n_live++] = (struct queued_event){t, seq++};
+      }
+      continue;
+    }
+    /* pops in bursts, often down to the last event at the last time pushed: the next push at
+     * that time must not find its old bucket */
+    qsort(live, n_live, sizeof *live, queued_cmp);
+    for (uint32_t k = 1 + (r >> 8) % 60; k > 0 && n_live > 0; k--) {
+      struct sim_event e = sim_queue_pop(&q);
+      assert_true(e.t == live[0].t);
+      assert_int_equal(e.id, live[0].seq);
+      now = e.t;
+      memmove(live, live + 1, sizeof *live * --n_live);
+      popped++;
+    }
+  }
+  assert_int_equal(popped, N);
+  assert_int_equal(q.n, 0);
+  sim_queue_free(&q);
+  g_free(live);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fp8_cost),
@@ -2374,6 +2487,7 @@ int main(void) {
       cmocka_unit_test(test_profile_errors),
       cmocka_unit_test(test_gemm_shapes),
       cmocka_unit_test(test_attention_core),
+      cmocka_unit_test(test_attention_unfused),
       cmocka_unit_test(test_roofline_and_table),
       cmocka_unit_test(test_expert_parallel_entries),
       cmocka_unit_test(test_optimizer_cost),
@@ -2408,6 +2522,7 @@ int main(void) {
       cmocka_unit_test(test_scenario_slow_stage_1f1b),
       cmocka_unit_test(test_scenario_collapse_exact),
       cmocka_unit_test(test_scenario_parse),
+      cmocka_unit_test(test_queue_order),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   /* cairo's and fontconfig's caches, so that the leak checker sees only our allocations */

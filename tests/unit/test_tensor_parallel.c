@@ -297,6 +297,59 @@ static void test_moe_schedules(void **state) {
   }
 }
 
+/* The bytes of every collective that sums expert gradients, against a hand computation on
+ * tiny-moe (fp32, 8 experts of 3 x 64 x 32 = 6144 parameters, 24576 bytes each; 4 MoE layers):
+ * a device holds 8 / EP experts per layer, each 1 / ETP of it, so a collective over n expert
+ * segments moves n x 8 x 24576 / (EP x ETP) bytes. Layouts: expert TP below the dense TP (whole
+ * experts, EP 4 carved over TP 2 x DP 4; with ZeRO-1), experts divided by TP inside DP (EP 2 x
+ * ETP 2), and DualPipe's copies' sums of experts under TP (once counted whole over EP). */
+static void test_expert_grad_bytes(void **state) {
+  (void)state;
+  static const struct {
+    const char *layout, *schedule;
+    uint32_t ep, etp;
+  } cases[] = {
+      {"tp=2,dp=4,ep=4,etp=1,sp", "1f1b", 4, 1},
+      {"tp=2,dp=4,ep=4,etp=1,sp,zero=1", "1f1b", 4, 1},
+      {"tp=2,dp=4,ep=2,sp", "1f1b", 2, 2},
+      {"pp=2,dp=2,ep=2,tp=2,sp", "dualpipe", 2, 2},
+      {"pp=2,dp=4,ep=4,tp=2,etp=1,sp", "dualpipe", 4, 1},
+  };
+  const uint64_t expert_layer = 8u * 3u * 64u * 32u * 4u;
+  for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+    struct compile_options o = compile_options_default();
+    o.model_path = "models/tiny-moe.json";
+    o.layout = cases[i].layout;
+    o.have_schedule = true;
+    assert_true(sched_family_parse(cases[i].schedule, &o.schedule.family));
+    o.schedule.mbs = 4;
+    struct compile_result r = test_compile(&o);
+    const struct plan *p = r.plan;
+    uint32_t seen = 0;
+    for (uint32_t k = 0; k < p->n_nodes; k++) {
+      const struct ir_node *n = &p->nodes[k];
+      if (n->purpose != IR_COMM_DP || n->segset == IR_NONE || n->kind == IR_NODE_OPTIMIZER)
+        continue;
+      const struct ir_segset *ss = &p->segsets[n->segset];
+      uint32_t experts = 0;
+      for (uint32_t j = 0; j < ss->count; j++)
+        experts += p->model->segments[p->segment_pool[ss->first + j]].expert;
+      if (!experts)
+        continue;
+      assert_int_equal(experts, ss->count); /* experts are bucketed apart */
+      uint64_t want = experts * expert_layer / (cases[i].ep * cases[i].etp);
+      if (n->bytes != want)
+        fail_msg("%s %s: node %u sums %u expert segments in %llu bytes, not %llu",
+                 cases[i].layout, cases[i].schedule, k, experts, (unsigned long long)n->bytes,
+                 (unsigned long long)want);
+      seen++;
+    }
+    if (!seen)
+      fail_msg("%s %s: no collective sums expert gradients", cases[i].layout, cases[i].schedule);
+    compile_result_free(&r);
+  }
+}
+
 static void test_errors(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 1);
@@ -326,7 +379,7 @@ static void test_errors(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_rewrite_tp2),    cmocka_unit_test(test_rewrite_sequence_parallel),
+      cmocka_unit_test(test_rewrite_tp2),    cmocka_unit_test(test_expert_grad_bytes),    cmocka_unit_test(test_rewrite_sequence_parallel),
       cmocka_unit_test(test_zero_with_tp),   cmocka_unit_test(test_split_communicators),
       cmocka_unit_test(test_op_share_flops), cmocka_unit_test(test_sim_tp_costs),
       cmocka_unit_test(test_moe_schedules),  cmocka_unit_test(test_errors),

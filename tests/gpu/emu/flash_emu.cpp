@@ -1,6 +1,11 @@
 // flash_emu: kernels/flash_attention.cu run on the host (the emulation: README.md here)
 // against a plain double-precision causal attention, forward and backward, at the shape given:
-//   flash_emu BATCH SEQ HEADS KV_HEADS HEAD_DIM
+//   flash_emu BATCH SEQ HEADS KV_HEADS HEAD_DIM [chunks]
+// With "chunks" (BATCH 1, SEQ even): context parallelism's blocks instead
+// (kc_flash_attention_block_*): the sequence's halves A and B as chunks, B's queries against A's
+// keys (shift SEQ / 2, every key seen) and against its own (the diagonal), A's against its
+// own; the forward's two blocks of B merged as kernels_attention_merge merges, the backward's
+// gradients added over the blocks (accumulate), both against the whole sequence's reference.
 // The kernel rounds q, k, v, p, dy and ds to bf16 as the GPU does; the error measure and the
 // tolerance are tests/gpu/check_kernels.c's (max |error| / max |reference|, 3e-2). The
 // backward gets the reference's y and lse, so a fault is pinned to one pass. Exits 1 on a
@@ -11,6 +16,7 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 
 namespace {
 
@@ -90,11 +96,70 @@ double error_of(const std::vector<float> &got, const std::vector<double> &ref) {
   return top > 0 ? err / top : err;
 }
 
+// C[rows] of a [S, width] tensor from row r0, as its own compact tensor
+std::vector<float> rows_of(const std::vector<float> &x, int r0, int rows, int width) {
+  return std::vector<float>(x.begin() + (size_t)r0 * width, x.begin() + (size_t)(r0 + rows) * width);
+}
+
+// The block path at B 1: true when every pass is within the tolerance.
+bool check_chunks(const shape &s, const std::vector<float> &q, const std::vector<float> &k,
+                  const std::vector<float> &v, const std::vector<float> &dy, const reference &r) {
+  int L = s.S / 2, HD = s.H * s.D, KD = s.KVH * s.D;
+  std::vector<unsigned char> scratch(
+      kc_flash_attention_block_scratch_bytes(1, L, L, s.H, s.KVH, s.D, true), 0xff);
+  // forward: B against A and against B, merged in double; A against A
+  std::vector<float> qB = rows_of(q, L, L, HD), kA = rows_of(k, 0, L, KD), vA = rows_of(v, 0, L, KD);
+  std::vector<float> kB = rows_of(k, L, L, KD), vB = rows_of(v, L, L, KD), qA = rows_of(q, 0, L, HD);
+  std::vector<float> y1(qB.size(), NAN), l1((size_t)s.H * L, NAN), y2 = y1, l2 = l1, yA = y1, lA = l1;
+  bool ok = kc_flash_attention_block_forward(y1.data(), l1.data(), scratch.data(), qB.data(), kA.data(), vA.data(), 1, L, L, L, s.H, s.KVH, s.D, nullptr) == cudaSuccess &&
+            kc_flash_attention_block_forward(y2.data(), l2.data(), scratch.data(), qB.data(), kB.data(), vB.data(), 1, L, L, 0, s.H, s.KVH, s.D, nullptr) == cudaSuccess &&
+            kc_flash_attention_block_forward(yA.data(), lA.data(), scratch.data(), qA.data(), kA.data(), vA.data(), 1, L, L, 0, s.H, s.KVH, s.D, nullptr) == cudaSuccess;
+  std::vector<float> y(r.y.size()), lse(r.lse.size());
+  for (int i = 0; i < s.S; i++)
+    for (int h = 0; h < s.H; h++) {
+      int li = i % L;
+      size_t row = (size_t)h * L + li;
+      double a = i < L ? lA[row] : l1[row], c = i < L ? -INFINITY : l2[row];
+      double m = std::max(a, c), lm = m + std::log(std::exp(a - m) + std::exp(c - m));
+      lse[(size_t)h * s.S + i] = (float)lm;
+      for (int d = 0; d < s.D; d++) {
+        size_t e = (size_t)li * HD + (size_t)h * s.D + d;
+        double ya = i < L ? yA[e] : y1[e], yc = i < L ? 0.0 : y2[e];
+        y[s.q_index(0, i, h, d)] = (float)(std::exp(a - lm) * ya + (c > -INFINITY ? std::exp(c - lm) * yc : 0.0));
+      }
+    }
+  // backward from the reference's y and lse, each chunk's rows: gradients added over blocks
+  std::vector<float> ry(r.y.begin(), r.y.end()), rl(r.lse.begin(), r.lse.end());
+  std::vector<float> dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+  std::vector<float> lseA((size_t)s.H * L), lseB((size_t)s.H * L);
+  for (int h = 0; h < s.H; h++)
+    for (int i = 0; i < L; i++)
+      lseA[(size_t)h * L + i] = rl[(size_t)h * s.S + i], lseB[(size_t)h * L + i] = rl[(size_t)h * s.S + L + i];
+  std::vector<float> dyA = rows_of(dy, 0, L, HD), dyB = rows_of(dy, L, L, HD);
+  std::vector<float> yrA = rows_of(ry, 0, L, HD), yrB = rows_of(ry, L, L, HD);
+  float *dqA = dq.data(), *dqB = dq.data() + (size_t)L * HD, *dkA = dk.data(), *dkB = dk.data() + (size_t)L * KD;
+  float *dvA = dv.data(), *dvB = dv.data() + (size_t)L * KD;
+  ok = ok && kc_flash_attention_block_backward(dqB, dkA, dvA, scratch.data(), qB.data(), kA.data(), vA.data(), yrB.data(), dyB.data(), lseB.data(), 1, L, L, L, s.H, s.KVH, s.D, true, nullptr) == cudaSuccess &&
+       kc_flash_attention_block_backward(dqB, dkB, dvB, scratch.data(), qB.data(), kB.data(), vB.data(), yrB.data(), dyB.data(), lseB.data(), 1, L, L, 0, s.H, s.KVH, s.D, true, nullptr) == cudaSuccess &&
+       kc_flash_attention_block_backward(dqA, dkA, dvA, scratch.data(), qA.data(), kA.data(), vA.data(), yrA.data(), dyA.data(), lseA.data(), 1, L, L, 0, s.H, s.KVH, s.D, true, nullptr) == cudaSuccess;
+  const char *names[] = {"y", "lse", "dq", "dk", "dv"};
+  double errors[] = {error_of(y, r.y), error_of(lse, r.lse), error_of(dq, r.dq), error_of(dk, r.dk), error_of(dv, r.dv)};
+  printf("chunks B1 S%d H%d/%d D%d:", s.S, s.H, s.KVH, s.D);
+  bool good = ok;
+  for (int i = 0; i < 5; i++) {
+    printf(" %s %.1e", names[i], errors[i]);
+    good = good && errors[i] <= 3e-2;
+  }
+  printf("%s\n", good ? "" : ok ? "  FAIL (tolerance 3e-2)" : "  FAIL (launch refused)");
+  return good;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: flash_emu BATCH SEQ HEADS KV_HEADS HEAD_DIM\n");
+  bool chunks = argc == 7 && std::string(argv[6]) == "chunks";
+  if (argc != 6 && !chunks) {
+    fprintf(stderr, "usage: flash_emu BATCH SEQ HEADS KV_HEADS HEAD_DIM [chunks]\n");
     return 2;
   }
   shape s = {atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
@@ -115,6 +180,8 @@ int main(int argc, char **argv) {
   for (int b = 0; b < s.B; b++)
     for (int h = 0; h < s.H; h++)
       reference_head(s, b, h, q, k, v, dy, r);
+  if (chunks)
+    return s.B == 1 && s.S % 2 == 0 && check_chunks(s, q, k, v, dy, r) ? 0 : 1;
   // NaN-filled outputs: an element the kernels leave unwritten fails
   std::vector<float> y(nq, NAN), lse(nl, NAN), dq(nq, NAN), dk(nk, NAN), dv(nk, NAN);
   // NaN bytes: what a pass reads of its scratch before writing it shows up

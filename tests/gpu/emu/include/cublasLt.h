@@ -1,7 +1,7 @@
 /* A host stand-in for <cublasLt.h> (tests/gpu/emu/README.md): the matmul the cuda backend
  * calls (exec/backend_cuda_kernels.c), with cuBLASLt's semantics: column-major layouts
  * (rows, cols, leading dimension) of the stored matrices, D = alpha op(A) op(B) + beta C,
- * fp32 or bf16 operands, fp32 C and D. Products are summed in double and rounded once: the
+ * fp32, bf16 or e4m3 (FP8, with per-operand scales) operands, fp32 C and D. Products are summed in double and rounded once: the
  * emulation checks which elements meet, not the tensor cores' rounding. Bad arguments get
  * cuBLASLt's CUBLAS_STATUS_INVALID_VALUE or NOT_SUPPORTED. */
 #ifndef PIPER_EMU_CUBLASLT_H
@@ -23,10 +23,12 @@ typedef enum {
 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
-typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUDA_R_8F_E4M3 = 28 } cudaDataType_t;
 typedef enum {
   CUBLASLT_MATMUL_DESC_TRANSA = 3,
-  CUBLASLT_MATMUL_DESC_TRANSB = 4
+  CUBLASLT_MATMUL_DESC_TRANSB = 4,
+  CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,
+  CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18
 } cublasLtMatmulDescAttributes_t;
 typedef enum {
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
