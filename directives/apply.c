@@ -1685,14 +1685,14 @@ static void insert_gathers(struct apply *a) {
 /* The expert side's tensors at the capacity the plan states (ir/expert.c), and the state the
  * backward reads beyond the experts' saved activations, as tensors of the plan: the dispatch's
  * routing tables (read by the experts, the combine and both backward all-to-alls; under full
- * recomputation the rerun's dispatch's serve the backwards) and the combine's copy of the
- * expert outputs (read by its transpose; under full recomputation the rerun's combine's).
- * into[x] / out[x]: the all-to-all into and out of expert node x, IR_NONE where none. */
+ * recomputation the rerun's dispatch's serve the backwards). The combine keeps nothing: the
+ * experts apply the routing weights (kernels.h, EXPERT_FFN), so its transpose reads only the
+ * routing. into[x] / out[x]: the all-to-all into and out of expert node x, IR_NONE where none. */
 struct expert_side {
   struct ir_graph *g;
   const uint32_t *into, *out;
   uint32_t x, d;          /* the expert forward (or rerun) and the dispatch whose tables it reads */
-  uint32_t copy;          /* the combine whose copy of the expert outputs the transpose reads */
+  uint32_t combine;       /* the combine that reads them */
   uint64_t route, saved; /* bytes of the routing tables and of the experts' saved rows */
 };
 
@@ -1704,8 +1704,10 @@ static void size_expert_backward(const struct expert_side *es, uint32_t e, uint6
   ir_graph_add_edge(g, es->d, b, IR_EDGE_DATA, 1, es->route);
   if (es->into[b] != IR_NONE) { /* B or BI: the combine's and the dispatch's transposes */
     ir_graph_add_edge(g, es->d, es->into[b], IR_EDGE_DATA, 1, es->route);
-    ir_graph_add_edge(g, es->copy, es->into[b], IR_EDGE_DATA, 1,
-                      ir_ep_combine_bytes(g->model, IR_NODE(g, es->x)));
+    /* a rerun's combine keeps nothing for the backward, but the backward starts when the
+     * whole rerun has ended, its combine too, as Megatron's checkpointed layer does */
+    if (IR_NODE(g, es->combine)->pass == IR_PASS_R)
+      ir_graph_add_edge(g, es->combine, es->into[b], IR_EDGE_TEMPORAL, 0, 0);
   }
   if (es->out[b] != IR_NONE)
     ir_graph_add_edge(g, es->d, es->out[b], IR_EDGE_DATA, 1, es->route);
@@ -1762,7 +1764,7 @@ static void size_expert_side(struct ir_graph *g, const uint32_t *into, const uin
                              ir_ep_route_bytes(m, xn),
                              ir_ep_saved_bytes(m, xn)};
     ir_graph_add_edge(g, es.d, x, IR_EDGE_DATA, 1, es.route);
-    ir_graph_add_edge(g, es.d, es.copy, IR_EDGE_DATA, 1, es.route);
+    ir_graph_add_edge(g, es.d, es.combine, IR_EDGE_DATA, 1, es.route);
     size_expert_readers(&es, &adj);
   }
   ir_adjacency_free(&adj);
@@ -1798,12 +1800,12 @@ static struct ir_edge a2a_input(const struct ir_graph *g, const struct ir_adjace
 }
 
 /* Full recomputation of expert-parallel experts as Megatron-LM does it: the rerun reruns the
- * dispatch and the combine too, so that a micro-batch waiting for its backward keeps nothing
- * of T x top_k x hidden (the forward's received rows, the combine's copy of the expert
- * outputs). The router's rerun R0 (check_expert_recompute makes sure there is one) hands its
- * h and routing to the rerun's dispatch DR (they are in R0's saved activations, read there);
- * DR sends the rows to the experts' rerun R1, whose outputs the rerun's combine CR sends back
- * into the copy the combine's transpose reads (CR produces no combined output: the forward's
+ * dispatch and the combine too (Megatron reruns the whole layer's forward), so that a
+ * micro-batch waiting for its backward keeps nothing of T x top_k x hidden (the forward's
+ * received rows). The router's rerun R0 (check_expert_recompute makes sure there is one) hands
+ * its h and routing to the rerun's dispatch DR (they are in R0's saved activations, read
+ * there); DR sends the rows and their routing weights to the experts' rerun R1, whose outputs
+ * the rerun's combine CR receives and drops (CR produces no combined output: the forward's
  * went on). The forward's experts keep nothing for R1 (their edge dies), and the router's
  * output lives until the forward's combine, which reads its routing weights. */
 static void insert_expert_reruns(struct apply *a, const uint32_t *into, const uint32_t *out,
@@ -1822,13 +1824,14 @@ static void insert_expert_reruns(struct apply *a, const uint32_t *into, const ui
     uint32_t r0 = rerun_of(g, &adj, in.src, NULL);
     PIPER_ASSERT(r1 != IR_NONE && r0 != IR_NONE); /* check_expert_recompute */
     uint64_t rows = ir_ep_rows_bytes(g->model, xn);
+    uint64_t rows_in = rows + ir_ep_weights_bytes(g->model, xn); /* with their weights */
     IR_EDGE(g, kept)->kind = IR_EDGE_DEAD;
     struct ir_node d = *IR_NODE(g, into[x]), c = *IR_NODE(g, out[x]);
     d.pass = c.pass = IR_PASS_R;
     rerun_into[r1] = add_node(a, &d);
     rerun_out[r1] = add_node(a, &c);
     ir_graph_add_edge(g, r0, rerun_into[r1], IR_EDGE_DATA, 1, in.bytes);
-    ir_graph_add_edge(g, rerun_into[r1], r1, IR_EDGE_DATA, 0, rows);
+    ir_graph_add_edge(g, rerun_into[r1], r1, IR_EDGE_DATA, 0, rows_in);
     ir_graph_add_edge(g, r1, rerun_out[r1], IR_EDGE_DATA, back.slot, rows);
     ir_graph_add_edge(g, in.src, out[x], IR_EDGE_DATA, in.slot, in.bytes);
   }
@@ -1863,8 +1866,12 @@ static void insert_all_to_all(struct apply *a) {
       continue;
     const struct ir_node *expert = into ? dst : src;
     uint32_t ex = into ? ed.dst : ed.src;
-    /* the routed rows on the experts' side: the capacity, not the tokens' [T, hidden] */
+    /* the routed rows on the experts' side: the capacity, not the tokens' [T, hidden]; into a
+     * forward and out of a backward with their routing weights or those's gradients */
     uint64_t rows = ir_ep_sized(expert) ? ir_ep_rows_bytes(m, expert) : ed.bytes;
+    bool fwd = expert->pass == IR_PASS_F || expert->pass == IR_PASS_R;
+    if (ir_ep_sized(expert) && into == fwd)
+      rows += ir_ep_weights_bytes(m, expert);
     const struct dir_directive *sd = &a->p->d[INFO(a, ex)->shard];
     uint64_t sent = payload / (expert->route_split > 1 ? expert->route_split : 1);
     struct ir_node c =

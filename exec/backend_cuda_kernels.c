@@ -612,16 +612,24 @@ static void expert_groups_free(struct exec_stream *s, struct expert_groups *g) {
   g_free(g->count);
 }
 
+/* The packed rows' routing weights in saved (kernels.h, EXPERT_FFN): after act, or after u
+ * when act lives apart */
+static float *saved_weights(const float *saved, const float *act_buf, size_t n, int C, int F) {
+  return (float *)saved + n * C + (act_buf ? 2 : 3) * n * F;
+}
+
 static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *act_buf,
                                  float *scratch, const float *in, const int32_t *row_expert,
-                                 int n_rows, const float *params, int e_first, int e_count, int C,
-                                 int F) {
+                                 const float *row_weight, int n_rows, const float *params,
+                                 int e_first, int e_count, int C, int F) {
   struct expert_groups eg;
   if (!expert_groups(s, row_expert, n_rows, e_first, e_count, true, &eg))
     return;
   size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
   float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
+  float *ws = saved_weights(saved, act_buf, n, C, F);
   kc_gather_rows(xs, in, eg.order, n_rows, C, st_of(s));
+  kc_gather_rows(ws, row_weight, eg.order, n_rows, 1, st_of(s));
   size_t off = 0;
   for (int x = 0; x < e_count; x++) {
     int cnt = eg.count[x];
@@ -631,6 +639,7 @@ static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved
     gemm(s, false, false, cnt, F, C, 1.0f, xs + off * C, C, wg, F, 0.0f, g + off * F, F);
     gemm(s, false, false, cnt, F, C, 1.0f, xs + off * C, C, wu, F, 0.0f, u + off * F, F);
     kc_swiglu_forward(act + off * F, g + off * F, u + off * F, (size_t)cnt * F, st_of(s));
+    kc_rows_scale(act + off * F, ws + off, cnt, F, st_of(s));
     gemm(s, false, false, cnt, C, F, 1.0f, act + off * F, F, wd, C, 0.0f, scratch + off * C, C);
     off += (size_t)cnt;
   }
@@ -638,16 +647,19 @@ static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved
   expert_groups_free(s, &eg);
 }
 
-static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float *bwork,
-                                        float *scratch, const float *dout,
+/* as kernels_expert_ffn_backward_input: the unweighted SwiGLU backward, each row's weight
+ * gradient du' . u (into the expert's scratch rows, then scattered), then both gradients
+ * scaled by the row's weight */
+static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float *drow_weight,
+                                        float *bwork, float *scratch, const float *dout,
                                         const int32_t *row_expert, int n_rows, const float *saved,
-                                        const float *params, int e_first, int e_count, int C, int F,
-                                        bool accumulate) {
+                                        const float *act_buf, const float *params, int e_first,
+                                        int e_count, int C, int F, bool accumulate) {
   struct expert_groups eg;
   if (!expert_groups(s, row_expert, n_rows, e_first, e_count, true, &eg))
     return;
   size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
-  const float *g = saved + n * C, *u = g + n * F;
+  const float *g = saved + n * C, *u = g + n * F, *ws = saved_weights(saved, act_buf, n, C, F);
   float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
   kc_gather_rows(dys, dout, eg.order, n_rows, C, st_of(s));
   size_t off = 0;
@@ -659,6 +671,10 @@ static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float
     float *dge = dg + off * F, *due = du + off * F;
     gemm(s, false, true, cnt, F, C, 1.0f, dys + off * C, C, wd, C, 0.0f, dge, F);
     kc_swiglu_backward(dge, due, dge, g + off * F, u + off * F, (size_t)cnt * F, st_of(s));
+    kc_rows_dot(scratch + off * C, due, u + off * F, cnt, F, st_of(s));
+    kc_scatter_rows(drow_weight, scratch + off * C, eg.order + off, cnt, 1, false, st_of(s));
+    kc_rows_scale(dge, ws + off, cnt, F, st_of(s));
+    kc_rows_scale(due, ws + off, cnt, F, st_of(s));
     gemm(s, false, true, cnt, C, F, 1.0f, dge, F, wg, F, 0.0f, scratch + off * C, C);
     gemm(s, false, true, cnt, C, F, 1.0f, due, F, wu, F, 1.0f, scratch + off * C, C);
     off += (size_t)cnt;
@@ -691,23 +707,25 @@ static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, 
   expert_groups_free(s, &eg);
 }
 
-static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *dparams, float *bwork,
-                                  float *scratch, const float *dout, const int32_t *row_expert,
-                                  int n_rows, const float *saved, const float *act,
-                                  const float *params, int e_first, int e_count, int C, int F,
-                                  bool accumulate) {
-  k_expert_ffn_backward_input(s, din, bwork, scratch, dout, row_expert, n_rows, saved, params,
-                              e_first, e_count, C, F, accumulate);
+static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *drow_weight,
+                                  float *dparams, float *bwork, float *scratch, const float *dout,
+                                  const int32_t *row_expert, int n_rows, const float *saved,
+                                  const float *act, const float *params, int e_first, int e_count,
+                                  int C, int F, bool accumulate) {
+  k_expert_ffn_backward_input(s, din, drow_weight, bwork, scratch, dout, row_expert, n_rows, saved,
+                              act, params, e_first, e_count, C, F, accumulate);
   k_expert_ffn_backward_weight(s, dparams, bwork, row_expert, n_rows, saved, act, e_first, e_count,
                                C, F);
 }
 
-/* moe_act's rerun: the forward's swiglu over every row at once (elementwise: the same bits) */
+/* moe_act's rerun: the forward's weighted swiglu over every row at once (elementwise: the
+ * same bits) */
 static void k_expert_ffn_act_forward(struct exec_stream *s, float *act, const float *saved,
                                      int n_rows, int C, int F) {
   size_t n = (size_t)n_rows;
   const float *g = saved + n * C, *u = g + n * F;
   kc_swiglu_forward(act, g, u, n * F, st_of(s));
+  kc_rows_scale(act, saved_weights(saved, act, n, C, F), n_rows, F, st_of(s));
 }
 
 static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,

@@ -14,6 +14,8 @@ struct exec_moe {
   const float *weights;
   int32_t *route_row, *send_expert, *recv_expert;
   float *send_rows, *recv_rows, *y_recv, *y_send, *saved, *bwork, *scratch;
+  float *recv_weight; /* the received rows' routing weights [cap], which the experts apply */
+  float *drw_recv;    /* their gradients [cap], from the experts' backward, sent back */
   float *act; /* silu(gate)·up apart from saved under moe_act (struct local_moe's), or NULL */
   float *dy_recv, *drows_recv;
   bool rerun; /* routed by the rerun's own dispatch (full recomputation, pass R) */
@@ -57,8 +59,8 @@ static bool tp_sum_rows(struct exec_state *s, struct exec_task_ctx *st, struct e
 }
 
 /* EP with TP and SP: each TP peer dispatched every route (the same rows in the same order on
- * every peer: one routing) but only its sequence shard's tokens' values, zeros elsewhere, and
- * its combine's transpose only its shard's output gradients and routing weights' gradients;
+ * every peer: one routing, whole routing weights) but only its sequence shard's tokens'
+ * values, zeros elsewhere, and its combine's transpose only its shard's output gradients;
  * summed over the TP group here, in the expert compute (the compute stream orders the TP
  * collectives alike on every peer), each value comes whole from the one peer that holds it
  * (x + 0 is exact). */
@@ -112,12 +114,12 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
   if (n)
     KT(st, s,
        s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->act, moe->scratch, rows,
-                                moe->recv_expert, n, P, moe->e_first, moe->e_count, C, F));
+                                moe->recv_expert, moe->recv_weight, n, P, moe->e_first,
+                                moe->e_count, C, F));
   /* TP: the TP peers received the same rows (same tokens, same routing, the all-to-all over
    * the devices of their TP rank), each output a partial sum of its slice; summed here, before
-   * the combine, so the combine and its backward see whole outputs. A rerun's too: its combine
-   * regenerates the copy the combine's transpose reads (the routing weights' gradient), which
-   * must be the forward's whole outputs on every TP peer, or their routers drift apart. */
+   * the combine, so the combine sees whole outputs (a rerun's too: its combine receives them
+   * and keeps nothing). Whole experts (route_split) give whole outputs already. */
   if (experts_tp_split(s, x->segment) && n)
     return tp_sum_rows(s, st, mb, i, yr, (size_t)n, err);
   return true;
@@ -153,37 +155,30 @@ bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, b
     keep = keep == OWN_WORK ? OWN_MB : keep;
   }
   moe->bwork = mb_floats_raw(s, st, mb, keep, kernels_expert_ffn_bwork_floats((int)moe->cap, C, F));
-  moe->drows_recv = mb_floats_raw(s, st, mb, out_tensor(s, i, EXEC_T_H), moe->cap * C);
+  /* the rows' input gradients and their routing weights' gradients go back together */
+  uint32_t back = out_tensor(s, i, EXEC_T_H);
+  moe->drows_recv = mb_floats_raw(s, st, mb, back, moe->cap * C);
+  moe->drw_recv = mb_floats_raw(s, st, mb, back, moe->cap);
   moe->scratch =
       mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)moe->cap, C));
-  if (s->dev->sequence_parallel) {
-    /* the routing weights' gradient of every token, for the router on every TP peer: each
-     * peer's combine wrote its own tokens' (zeros elsewhere) */
-    float *dweights = mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R];
-    size_t tk = (size_t)xm->T * (size_t)xm->K;
-    if (!dweights)
-      return internal(err, s, i, "expert backward before the routing weights' gradient");
-    if (!sp_whole_rows(s, st, mb, i, moe->dy_recv, (size_t)n, err))
-      return false;
-    /* whole experts (route_split) have no TP node whose buffer the sum could borrow: in
-     * place, on the compute stream as every TP collective, so the peers issue them alike */
-    if (experts_tp_split(s, x->segment) ? !tp_sum_floats(s, st, mb, i, dweights, tk, err)
-                                        : !exec_tp_all_reduce(s, st, dweights, tk, err))
-      return false;
-  }
+  if (!sp_whole_rows(s, st, mb, i, moe->dy_recv, (size_t)n, err))
+    return false;
   if (n && mode == BWD_FUSED)
     KT(st, s,
-       k->expert_ffn_backward(st->stream, moe->drows_recv, G, moe->bwork, moe->scratch,
-                              moe->dy_recv, moe->recv_expert, n, moe->saved, moe->act, P,
-                              moe->e_first, moe->e_count, C, F, false));
+       k->expert_ffn_backward(st->stream, moe->drows_recv, moe->drw_recv, G, moe->bwork,
+                              moe->scratch, moe->dy_recv, moe->recv_expert, n, moe->saved, moe->act,
+                              P, moe->e_first, moe->e_count, C, F, false));
   else if (n)
     KT(st, s,
-       k->expert_ffn_backward_input(st->stream, moe->drows_recv, moe->bwork, moe->scratch,
-                                    moe->dy_recv, moe->recv_expert, n, moe->saved, P, moe->e_first,
-                                    moe->e_count, C, F, false));
-  /* TP: each slice's input gradient is partial; the rows go back whole */
+       k->expert_ffn_backward_input(st->stream, moe->drows_recv, moe->drw_recv, moe->bwork,
+                                    moe->scratch, moe->dy_recv, moe->recv_expert, n, moe->saved,
+                                    moe->act, P, moe->e_first, moe->e_count, C, F, false));
+  /* TP: each slice's input gradient is partial, and so is each routing weight's (a dot product
+   * over the slice's activation columns); both go back whole. Whole experts (route_split):
+   * both whole already. */
   if (experts_tp_split(s, x->segment) && n)
-    return tp_sum_rows(s, st, mb, i, moe->drows_recv, (size_t)n, err);
+    return tp_sum_rows(s, st, mb, i, moe->drows_recv, (size_t)n, err) &&
+           tp_sum_floats(s, st, mb, i, moe->drw_recv, (size_t)n, err);
   return true;
 }
 
@@ -278,6 +273,7 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   moe->route_row = mb_raw(s, st, mb, route, (size_t)TKr * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   moe->send_expert = mb_raw(s, st, mb, OWN_WORK, (size_t)TKr * sizeof(int32_t), REPORT_MEM_COMM);
   moe->send_rows = mb_raw(s, st, mb, OWN_WORK, (size_t)TKr * row, REPORT_MEM_COMM);
+  float *send_weight = mb_raw(s, st, mb, OWN_WORK, (size_t)TKr * sizeof(float), REPORT_MEM_COMM);
   const int32_t *ids = moe->ids + moe->route_off;
   KT(st, s,
      k->moe_dispatch_plan(st->stream, counts_dev, moe->route_row, ids, moe->T_route, K, E, (int)S));
@@ -290,8 +286,8 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
     h = hz;
   }
   KT(st, s,
-     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, h, ids,
-                             moe->route_row, moe->T_route, K, C));
+     k->moe_dispatch_forward(st->stream, moe->send_rows, moe->send_expert, send_weight, h, ids,
+                             moe->weights + moe->route_off, moe->route_row, moe->T_route, K, C));
   exec_backend_to_host(s->b, moe->send_counts, counts_dev, S * sizeof(int32_t));
   int32_t *rc = exec_mb_host(s, mb, S * sizeof(int32_t), REPORT_MEM_COMM);
   CT(st, s, ok, exec_comm_all_to_all_i32(s->b, comm, moe->send_counts, rc, err));
@@ -303,8 +299,9 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
     moe->n_recv += (size_t)rc[q];
   if (moe->n_recv > moe->cap)
     return capacity_exceeded(s, i, moe, err);
-  moe->recv_rows =
-      mb_raw(s, st, mb, exec_a2a_out_tensor(s, i, true), moe->cap * row, REPORT_MEM_COMM);
+  uint32_t rows_out = exec_a2a_out_tensor(s, i, true);
+  moe->recv_rows = mb_raw(s, st, mb, rows_out, moe->cap * row, REPORT_MEM_COMM);
+  moe->recv_weight = mb_raw(s, st, mb, rows_out, moe->cap * sizeof(float), REPORT_MEM_COMM);
   moe->recv_expert = mb_raw(s, st, mb, route, moe->cap * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   byte_counts(moe->send_counts, S, row, sb);
   byte_counts(moe->recv_counts, S, row, rb);
@@ -315,7 +312,60 @@ static bool a2a_dispatch(struct exec_state *s, uint32_t i, struct exec_task_ctx 
   byte_counts(moe->recv_counts, S, sizeof(int32_t), rb);
   CT(st, s, ok,
      exec_comm_all_to_all_v(s->b, comm, moe->send_expert, sb, moe->recv_expert, rb, err));
+  if (ok)
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, send_weight, sb, moe->recv_weight, rb, err));
   return ok;
+}
+
+/* The dispatch's transpose: the input gradients' rows and their routing weights' gradients
+ * back to the tokens' owners; dh summed over each token's routes (this peer's sequence shard
+ * under SP), the routing weights' gradient in the router's [T, K] table. Under SP with experts
+ * TP-split every peer sent every route, whole after the experts' TP sum: every token's comes
+ * back. Where each TP rank routes its own tokens (route_split) only theirs come back, zeros
+ * elsewhere: the router's backward sums the table over the TP group (segment_backward.c,
+ * output_grads), on the compute stream as every TP collective. sb, rb: the rows' byte counts
+ * on entry. */
+static bool a2a_dispatch_backward(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
+                                  struct exec_comm *comm, size_t *sb, size_t *rb, GError **err) {
+  const struct exec_instr *x = &s->dev->instrs[i];
+  const struct exec_model *xm = s->xm;
+  const struct exec_kernels *k = s->k;
+  struct exec_mb *mb = &s->mbs[x->mb];
+  struct exec_moe *moe = mb->moe[x->segment];
+  int T = xm->T, C = xm->C, K = xm->K, TK = T * K, TS = xm->T_seq;
+  bool sp = s->dev->sequence_parallel, ok = true;
+  bool own_tokens = s->dev->route_split[x->segment] > 1;
+  size_t off = sp ? (size_t)s->dev->tp_rank * TS * K : 0, roff = own_tokens ? 0 : off;
+  size_t TKr = (size_t)moe->T_route * K;
+  uint32_t S = moe->S;
+  if (!moe->drows_recv)
+    return internal(err, s, i, "input gradients before the experts' backward");
+  float *dsend = mb_raw(s, st, mb, OWN_WORK, TKr * C * sizeof(float), REPORT_MEM_COMM);
+  float *dsend_w = mb_raw(s, st, mb, OWN_WORK, TKr * sizeof(float), REPORT_MEM_COMM);
+  CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->drows_recv, rb, dsend, sb, err));
+  byte_counts(moe->send_counts, S, sizeof(float), sb);
+  byte_counts(moe->recv_counts, S, sizeof(float), rb);
+  if (ok)
+    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->drw_recv, rb, dsend_w, sb, err));
+  if (!ok)
+    return false;
+  uint32_t out = exec_a2a_out_tensor(s, i, false);
+  float *dh = mb_floats_raw(s, st, mb, out, (size_t)TS * C);
+  /* in r's layout (exec_grad_floats): the router's backward reads that many */
+  float *dweights = mb_floats_raw(s, st, mb, out, exec_grad_floats(xm, EXEC_T_R));
+  if (own_tokens) /* its own tokens' routes, from route_off on; the others' zeros */
+    KT(st, s, k->fill(st->stream, dweights, 0.0f, (size_t)TK));
+  bool every = sp && !own_tokens; /* every route came back: every token's weights apart */
+  KT(st, s,
+     k->moe_dispatch_backward(st->stream, dh, every ? NULL : dweights + moe->route_off, dsend,
+                              dsend_w, moe->route_row + roff, TS, K, C, false));
+  if (every) /* C = 0: the weights' gradients alone, every token's */
+    KT(st, s,
+       k->moe_dispatch_backward(st->stream, dh, dweights, dsend, dsend_w, moe->route_row, T, K, 0,
+                                false));
+  mb->grad[(size_t)x->edge * TC + EXEC_T_H] = dh;
+  mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R] = dweights;
+  return true;
 }
 
 bool exec_all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st, GError **err) {
@@ -348,66 +398,40 @@ bool exec_all_to_all(struct exec_state *s, uint32_t i, struct exec_task_ctx *st,
   byte_counts(moe->send_counts, S, row, sb);
   byte_counts(moe->recv_counts, S, row, rb);
   /* the routes this device dispatched (route_row holds only theirs where it routes its own
-   * tokens, route_split: from 0 on, while the weights stay the router's whole table) */
+   * tokens, route_split: from 0 on) */
   bool own_tokens = s->dev->route_split[x->segment] > 1;
   size_t TKr = (size_t)moe->T_route * K, roff = own_tokens ? 0 : off;
   if (x->role == EXEC_ROLE_A2A_FROM_EXPERT && forward) {
-    /* combine: expert outputs back to the tokens' owners, weighted sum per token */
+    /* combine: the weighted expert outputs back to the tokens' owners, summed per token; the
+     * received rows are transient (the combine's transpose reads nothing of them) */
     if (!moe->y_recv) {
       ok = internal(err, s, i, "combine before the experts ran");
       goto out;
     }
-    /* kept for the transpose (the routing weights' gradient): the plan's tensor of it; under
-     * full recomputation the rerun's combine keeps it, the forward's none */
-    uint32_t keep = exec_written_tensor(s, i, PLAN_TENSOR_SAVED);
-    if (keep == OWN_WORK && fwd_keep_of(s, x) != FWD_FULL_DROP)
-      keep = OWN_MB;
-    moe->y_send = mb_raw(s, st, mb, keep, TKr * row, REPORT_MEM_ACTIVATIONS);
+    moe->y_send = mb_raw(s, st, mb, OWN_WORK, TKr * row, REPORT_MEM_COMM);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->y_recv, rb, moe->y_send, sb, err));
     if (!ok || x->pass == IR_PASS_R) /* the forward's combined output went on */
       goto out;
     float *mout = mb_floats_raw(s, st, mb, exec_a2a_out_tensor(s, i, false), (size_t)TS * C);
     KT(st, s,
-       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->weights + off,
-                              moe->route_row + roff, TS, K, C));
+       k->moe_combine_forward(st->stream, mout, moe->y_send, moe->route_row + roff, TS, K, C));
     mb->out[(size_t)x->segment * TC + EXEC_T_M] = mout;
   } else if (x->role == EXEC_ROLE_A2A_TO_EXPERT) {
-    /* combine's transpose: output gradients to the experts; routing weights' gradient here */
+    /* combine's transpose: each route's row gets its token's output gradient */
     const float *dm = mb->grad[(size_t)x->edge * TC + EXEC_T_M];
     if (!dm) {
       ok = internal(err, s, i, "the experts' output gradient has not arrived");
       goto out;
     }
     float *dy_send = mb_raw(s, st, mb, OWN_WORK, TKr * row, REPORT_MEM_COMM);
-    /* in r's layout (exec_grad_floats): the router's backward reads that many */
-    float *dweights =
-        mb_floats_raw(s, st, mb, exec_a2a_out_tensor(s, i, false), exec_grad_floats(xm, EXEC_T_R));
-    if (s->dev->sequence_parallel) { /* the other tokens' as zeros (sp_whole_rows) */
-      if (!own_tokens) /* its own tokens' routes only: every row written */
-        KT(st, s, k->fill(st->stream, dy_send, 0.0f, (size_t)TK * C));
-      KT(st, s, k->fill(st->stream, dweights, 0.0f, (size_t)TK));
-    }
-    KT(st, s,
-       k->moe_combine_backward(st->stream, dy_send, dweights + off, dm, moe->y_send,
-                               moe->weights + off, moe->route_row + roff, TS, K, C));
-    mb->grad[(size_t)moe->in_edge * TC + EXEC_T_R] = dweights;
+    if (s->dev->sequence_parallel && !own_tokens) /* the other tokens' as zeros (sp_whole_rows) */
+      KT(st, s, k->fill(st->stream, dy_send, 0.0f, (size_t)TK * C));
+    KT(st, s, k->moe_combine_backward(st->stream, dy_send, dm, moe->route_row + roff, TS, K, C));
     moe->dy_recv =
         mb_raw(s, st, mb, exec_a2a_out_tensor(s, i, true), moe->cap * row, REPORT_MEM_COMM);
     CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, dy_send, sb, moe->dy_recv, rb, err));
   } else {
-    /* dispatch's transpose: input gradients back, summed over each token's routes */
-    if (!moe->drows_recv) {
-      ok = internal(err, s, i, "input gradients before the experts' backward");
-      goto out;
-    }
-    float *dsend = mb_raw(s, st, mb, OWN_WORK, TKr * row, REPORT_MEM_COMM);
-    CT(st, s, ok, exec_comm_all_to_all_v(s->b, comm, moe->drows_recv, rb, dsend, sb, err));
-    if (!ok)
-      goto out;
-    float *dh = mb_floats_raw(s, st, mb, exec_a2a_out_tensor(s, i, false), (size_t)TS * C);
-    KT(st, s,
-       k->moe_dispatch_backward(st->stream, dh, dsend, moe->route_row + roff, TS, K, C, false));
-    mb->grad[(size_t)x->edge * TC + EXEC_T_H] = dh;
+    ok = a2a_dispatch_backward(s, i, st, comm, sb, rb, err);
   }
 out:
   g_free(sb);

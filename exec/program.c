@@ -248,7 +248,7 @@ static bool decode_transfer(struct decoder *dc, uint32_t i, GError **err) {
 
 /* The producer of the first tensor instruction i reads that a compute instruction wrote, and
  * the first consumer of i's first "out" tensor: an all-to-all also reads and writes the
- * routing tables and the combine's copy (ir/expert.c), between all-to-alls. IR_NONE if none. */
+ * routing tables (ir/expert.c), between all-to-alls. IR_NONE if none. */
 static uint32_t a2a_producer(const struct plan *p, const struct plan_class *c, uint32_t i) {
   const struct plan_instr *in = &c->instrs[i];
   for (uint32_t r = 0; r < in->read_count; r++) {

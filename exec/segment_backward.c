@@ -83,6 +83,18 @@ struct bwd_op {
   bool acc;
 };
 
+/* The routing weights' gradient where the experts behind edge e are run whole by each TP rank
+ * on its own sequence shard's tokens (route_split, exec/expert_parallel.c): each peer's
+ * dispatch transpose brought back its own tokens' (zeros elsewhere), and the router, run on
+ * the whole sequence alike on every peer, needs every token's: summed over the TP group here,
+ * on the compute stream as every TP collective, so the peers issue them in one order. */
+static bool routing_grad_whole(struct bwd *b, uint32_t e, float *dr, GError **err) {
+  uint32_t dst = b->xm->m->edges[e].dst;
+  if (b->s->dev->route_split[dst] <= 1)
+    return true;
+  return exec_tp_all_reduce(b->s, b->st, dr, (size_t)b->xm->T * (size_t)b->xm->K, err);
+}
+
 /* Gradients of the segment's outputs: the sum over the edges that carried them, in edge
  * order. */
 static bool output_grads(struct bwd *b, uint32_t i, GError **err) {
@@ -106,6 +118,8 @@ static bool output_grads(struct bwd *b, uint32_t i, GError **err) {
       } else {
         KT(st, s, b->k->add(st->stream, run->dval[v], g, n));
       }
+      if (t == EXEC_T_R && !routing_grad_whole(b, e, run->dval[v], err))
+        return false;
     }
   }
   return true;
@@ -235,9 +249,9 @@ static void bwd_router(struct bwd *b, const struct bwd_op *o) {
 }
 
 /* Experts on one device: combine's backward, the experts', dispatch's. Under TP (dh_tp: the
- * collectives' buffer) each rank's expert outputs are partial sums, so the routing weights'
- * gradient (dout . y) is summed over the group here, and the input gradient, partial too, is
- * left in dh_tp for the caller's sum. */
+ * collectives' buffer) each rank's expert activations are slices, so the routing weights'
+ * gradient (a dot product over the activation's columns) is summed over the group here, and
+ * the input gradient, partial too, is left in dh_tp for the caller's sum. */
 static bool bwd_expert_ffn(struct bwd *b, const struct bwd_op *o, float *dh_tp, GError **err) {
   struct exec_state *s = b->s;
   struct exec_task_ctx *st = b->st;
@@ -256,29 +270,29 @@ static bool bwd_expert_ffn(struct bwd *b, const struct bwd_op *o, float *dh_tp, 
   run->bwork[j] = mb_floats_raw(s, st, mb, b->keep, kernels_expert_ffn_bwork_floats(TK, C, F));
   float *dy = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C),
         *drows = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C),
-        *scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(TK, C));
+        *scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(TK, C)),
+        *drw = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK);
   bool ar;
   float *dw = dval_in(b, o->so->in[1], &ar);
   float *dwt = ar ? mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK) : dw;
-  KT(st, s,
-     k->moe_combine_backward(st->stream, dy, dwt, o->dout, lm->y, o->in1 + TK, lm->route_row, T, K,
-                             C));
-  if (dh_tp && !exec_tp_all_reduce(s, st, dwt, (size_t)TK, err))
-    return false;
-  if (ar)
-    KT(st, s, k->add(st->stream, dw, dwt, (size_t)TK));
+  KT(st, s, k->moe_combine_backward(st->stream, dy, o->dout, lm->route_row, T, K, C));
   if (b->mode == BWD_FUSED)
     KT(st, s,
-       k->expert_ffn_backward(st->stream, drows, o->dprm, run->bwork[j], scratch, dy,
+       k->expert_ffn_backward(st->stream, drows, drw, o->dprm, run->bwork[j], scratch, dy,
                               lm->row_expert, TK, run->saved[j], lm->act, o->prm, 0, E, C, F,
                               false));
   else
     KT(st, s,
-       k->expert_ffn_backward_input(st->stream, drows, run->bwork[j], scratch, dy, lm->row_expert,
-                                    TK, run->saved[j], o->prm, 0, E, C, F, false));
+       k->expert_ffn_backward_input(st->stream, drows, drw, run->bwork[j], scratch, dy,
+                                    lm->row_expert, TK, run->saved[j], lm->act, o->prm, 0, E, C, F,
+                                    false));
+  if (dh_tp && !exec_tp_all_reduce(s, st, drw, (size_t)TK, err))
+    return false;
   bool ah = false;
   float *dh = dh_tp ? dh_tp : dval_in(b, o->so->in[0], &ah);
-  KT(st, s, k->moe_dispatch_backward(st->stream, dh, drows, lm->route_row, T, K, C, ah));
+  KT(st, s, k->moe_dispatch_backward(st->stream, dh, dwt, drows, drw, lm->route_row, T, K, C, ah));
+  if (ar)
+    KT(st, s, k->add(st->stream, dw, dwt, (size_t)TK));
   return true;
 }
 

@@ -204,12 +204,15 @@ static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in
   uint32_t saved = f->saved;
   struct local_moe *lm = exec_mb_host(s, mb, sizeof *lm, REPORT_MEM_ACTIVATIONS);
   f->run->moe[j] = lm;
-  /* the backward reads the routing and the experts' outputs (the weights' gradient) */
+  /* the backward reads the routing; the experts' outputs come weighted (the experts apply the
+   * routing weights, which the dispatch hands them with the rows), so the combine only sums
+   * them and nothing of them is kept */
   lm->counts = mb_raw(s, st, mb, OWN_WORK, sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   lm->route_row = mb_raw(s, st, mb, saved, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   lm->row_expert = mb_raw(s, st, mb, saved, (size_t)TK * sizeof(int32_t), REPORT_MEM_ACTIVATIONS);
   lm->rows = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C);
-  lm->y = mb_floats_raw(s, st, mb, saved, (size_t)TK * C);
+  float *row_weight = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK);
+  lm->y = mb_floats_raw(s, st, mb, OWN_WORK, (size_t)TK * C);
   lm->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats(TK, C));
   size_t all = kernels_expert_ffn_saved_floats(TK, C, F), act = (size_t)TK * F;
   if (f->keep == FWD_SELECTIVE_DROP && op_dropped(s, f->drop, f->es->ops[j].op)) {
@@ -223,13 +226,13 @@ static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in
   const float *weights = in1 + TK;
   KT(st, s, k->moe_dispatch_plan(st->stream, lm->counts, lm->route_row, ids, T, K, E, 1));
   KT(st, s,
-     k->moe_dispatch_forward(st->stream, lm->rows, lm->row_expert, in0, ids, lm->route_row, T, K,
-                             C));
+     k->moe_dispatch_forward(st->stream, lm->rows, lm->row_expert, row_weight, in0, ids, weights,
+                             lm->route_row, T, K, C));
   KT(st, s,
      k->expert_ffn_forward(st->stream, lm->y, f->run->saved[j], lm->act, lm->scratch, lm->rows,
-                           lm->row_expert, TK, prm, 0, E, C, F));
+                           lm->row_expert, row_weight, TK, prm, 0, E, C, F));
   if (out)
-    KT(st, s, k->moe_combine_forward(st->stream, out, lm->y, weights, lm->route_row, T, K, C));
+    KT(st, s, k->moe_combine_forward(st->stream, out, lm->y, lm->route_row, T, K, C));
 }
 
 static void fwd_lm_head(struct fwd *f, uint32_t j, const float *in0, const float *prm) {

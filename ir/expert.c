@@ -56,10 +56,19 @@ static uint64_t input_row_bytes(const struct model *m, const struct ir_node *n) 
   return n->fp8_expert_inputs ? h + 4 * ((h + 127) / 128) : h * model_dtype_bytes(m->dtype);
 }
 
-/* kernels_expert_ffn_saved_floats: each row's input, gate and up, and silu(gate) * up */
+/* kernels_expert_ffn_saved_floats: each row's input, gate and up, silu(gate) * up times the
+ * row's routing weight (the experts apply it, Megatron-Core's weighted SwiGLU), and that
+ * weight in fp32 */
 uint64_t ir_ep_saved_bytes(const struct model *m, const struct ir_node *n) {
   uint64_t f = expert_ffn(m, n);
-  return ir_ep_capacity_rows(m, n) * (input_row_bytes(m, n) + 3 * f * model_dtype_bytes(m->dtype));
+  return ir_ep_capacity_rows(m, n) *
+         (input_row_bytes(m, n) + 3 * f * model_dtype_bytes(m->dtype) + 4);
+}
+
+/* The received rows' routing weights (F, beside the rows) or their gradients (B, beside the
+ * rows' gradients), fp32 at the capacity */
+uint64_t ir_ep_weights_bytes(const struct model *m, const struct ir_node *n) {
+  return round16(ir_ep_capacity_rows(m, n) * 4);
 }
 
 /* F: scratch of a row each; B: bwork (the rows' gradients, dgate, dup) and scratch; BI:
@@ -88,15 +97,16 @@ uint64_t ir_ep_combine_bytes(const struct model *m, const struct ir_node *n) {
   return routes(m, n) * (uint64_t)m->hidden_size * model_dtype_bytes(m->dtype);
 }
 
-/* Into the experts: the dispatch's rows, their experts and one count per peer in F, the output
- * gradients' rows in B; out of them: the input gradients' rows in B, nothing in F (the combine
- * receives into the copy it keeps). */
+/* Into the experts: the dispatch's rows, their experts and routing weights and one count per
+ * peer in F, the output gradients' rows in B; out of them: the expert outputs received in F
+ * (summed by the combine, kept by nobody), the input gradients' rows and their routing
+ * weights' gradients in B. */
 uint64_t ir_ep_a2a_work_bytes(const struct model *m, const struct ir_node *n, bool into) {
-  uint64_t rows = ir_ep_combine_bytes(m, n);
+  uint64_t rows = ir_ep_combine_bytes(m, n), per_route = round16(routes(m, n) * 4);
   bool forward = n->pass == IR_PASS_F || n->pass == IR_PASS_R;
   if (forward && into)
-    return rows + round16(routes(m, n) * 4) + round16((uint64_t)n->shard_degree * 4);
-  return forward ? 0 : rows;
+    return rows + 2 * per_route + round16((uint64_t)n->shard_degree * 4);
+  return into || forward ? rows : rows + per_route;
 }
 
 uint64_t ir_node_module_bytes(const struct model *m, const struct ir_node *n, uint32_t modules) {

@@ -313,14 +313,17 @@ uint64_t ir_ep_capacity_rows(const struct model *m, const struct ir_node *n);
  * or either's gradients), its saved activations (for the backward), its workspace in its pass
  * (*keep: what BI keeps for BW), the dispatch's routing tables (the token side's route of each
  * (token, k) and the received rows' experts, kept until the last backward that reads them), the
- * combine's copy of the expert outputs (the routing weights' gradient reads it) and an
- * all-to-all's send buffers (into: toward the experts). */
+ * routed rows of one micro-batch on the token side ([T x top_k, hidden]: an all-to-all's send
+ * or receive buffer), the received rows' routing weights or their gradients (beside the rows
+ * in F, beside their gradients in B) and an all-to-all's send buffers (into: toward the
+ * experts). The combine keeps nothing: the experts apply the routing weights. */
 bool ir_ep_sized(const struct ir_node *n);
 uint64_t ir_ep_rows_bytes(const struct model *m, const struct ir_node *n);
 uint64_t ir_ep_saved_bytes(const struct model *m, const struct ir_node *n);
 uint64_t ir_ep_work_bytes(const struct model *m, const struct ir_node *n, uint64_t *keep);
 uint64_t ir_ep_route_bytes(const struct model *m, const struct ir_node *n);
 uint64_t ir_ep_combine_bytes(const struct model *m, const struct ir_node *n);
+uint64_t ir_ep_weights_bytes(const struct model *m, const struct ir_node *n);
 uint64_t ir_ep_a2a_work_bytes(const struct model *m, const struct ir_node *n, bool into);
 /* What compute node n stops saving under selective recomputation of modules on its devices:
  * ir_tp_segment_module_bytes, or for EP experts their silu(gate)·up rows at the capacity

@@ -422,8 +422,9 @@ __global__ void dispatch_plan_k(int32_t *counts, int32_t *route_row, const int32
   }
 }
 
-__global__ void dispatch_fwd_k(float *send, int32_t *send_expert, const float *h,
-                               const int32_t *ids, const int32_t *route_row, int T, int K, int C) {
+__global__ void dispatch_fwd_k(float *send, int32_t *send_expert, float *send_weight,
+                               const float *h, const int32_t *ids, const float *w,
+                               const int32_t *route_row, int T, int K, int C) {
   size_t n = (size_t)T * K * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -431,8 +432,10 @@ __global__ void dispatch_fwd_k(float *send, int32_t *send_expert, const float *h
     size_t t = route / K;
     int row = route_row[route];
     send[(size_t)row * C + c] = h[t * C + c];
-    if (c == 0)
+    if (c == 0) {
       send_expert[row] = ids[route];
+      send_weight[row] = w[route];
+    }
   }
 }
 
@@ -449,33 +452,53 @@ __global__ void dispatch_bwd_k(float *dh, const float *dsend, const int32_t *rou
   }
 }
 
-__global__ void combine_fwd_k(float *m, const float *y, const float *w, const int32_t *route_row,
-                              int T, int K, int C) {
+__global__ void dispatch_bwd_w_k(float *dw, const float *dsend_w, const int32_t *route_row,
+                                 size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    dw[i] = dsend_w[route_row[i]];
+}
+
+// The expert outputs are weighted already (the experts apply the routing weights).
+__global__ void combine_fwd_k(float *m, const float *y, const int32_t *route_row, int T, int K,
+                              int C) {
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     size_t t = i / C, c = i % C;
     float s = 0;
     for (int k = 0; k < K; k++)
-      s += w[t * K + k] * y[(size_t)route_row[t * K + k] * C + c];
+      s += y[(size_t)route_row[t * K + k] * C + c];
     m[i] = s;
   }
 }
 
-// One block per route: dy written, dweights = dm[t] . y[row] (block sum).
-__global__ void combine_bwd_k(float *dy, float *dw, const float *dm, const float *y,
-                              const float *w, const int32_t *route_row, int K, int C) {
-  size_t route = blockIdx.x, t = route / K;
-  size_t row = (size_t)route_row[route] * C;
-  float dot = 0;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float g = dm[t * C + c];
-    dy[row + c] = w[route] * g;
-    dot += g * y[row + c];
+__global__ void combine_bwd_k(float *dy, const float *dm, const int32_t *route_row, int T, int K,
+                              int C) {
+  size_t n = (size_t)T * K * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t route = i / C, c = i % C;
+    dy[(size_t)route_row[route] * C + c] = dm[(route / K) * C + c];
   }
+}
+
+__global__ void rows_scale_k(float *x, const float *w, int rows, int n) {
+  size_t total = (size_t)rows * n;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] *= w[i / n];
+}
+
+// One block per row: out[r] = x[r] . y[r] (block sum, a fixed order).
+__global__ void rows_dot_k(float *out, const float *x, const float *y, int n) {
+  size_t r = blockIdx.x;
+  float dot = 0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    dot += x[r * n + j] * y[r * n + j];
   dot = block_sum(dot);
   if (threadIdx.x == 0)
-    dw[route] = dot;
+    out[r] = dot;
 }
 
 __global__ void gather_rows_k(float *dst, const float *src, const int32_t *index, int n, int C) {
@@ -873,32 +896,48 @@ void kc_moe_dispatch_plan(int32_t *counts, int32_t *route_row, const int32_t *id
   dispatch_plan_k<<<1, 1, 0, st>>>(counts, route_row, ids, T, K, E, n_ranks);
 }
 
-void kc_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h, const int32_t *ids,
+void kc_moe_dispatch_forward(float *send, int32_t *send_expert, float *send_weight,
+                             const float *h, const int32_t *ids, const float *weights,
                              const int32_t *route_row, int T, int K, int C, cudaStream_t st) {
   size_t n = (size_t)T * K * C;
   if (n)
-    dispatch_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(send, send_expert, h, ids, route_row, T,
-                                                        K, C);
+    dispatch_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(send, send_expert, send_weight, h, ids,
+                                                        weights, route_row, T, K, C);
 }
 
-void kc_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T,
-                              int K, int C, bool acc, cudaStream_t st) {
-  size_t n = (size_t)T * C;
+void kc_moe_dispatch_backward(float *dh, float *dweights, const float *dsend,
+                              const float *dsend_weight, const int32_t *route_row, int T, int K,
+                              int C, bool acc, cudaStream_t st) {
+  size_t n = (size_t)T * C, tk = (size_t)T * K;
   if (n)
     dispatch_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dh, dsend, route_row, T, K, C, acc);
+  if (dweights && tk)
+    dispatch_bwd_w_k<<<blocks_for(tk), kThreads, 0, st>>>(dweights, dsend_weight, route_row, tk);
 }
 
-void kc_moe_combine_forward(float *m, const float *y, const float *w, const int32_t *route_row,
-                            int T, int K, int C, cudaStream_t st) {
+void kc_moe_combine_forward(float *m, const float *y, const int32_t *route_row, int T, int K,
+                            int C, cudaStream_t st) {
   size_t n = (size_t)T * C;
   if (n)
-    combine_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(m, y, w, route_row, T, K, C);
+    combine_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(m, y, route_row, T, K, C);
 }
 
-void kc_moe_combine_backward(float *dy, float *dw, const float *dm, const float *y, const float *w,
-                             const int32_t *route_row, int T, int K, int C, cudaStream_t st) {
-  if (T > 0 && K > 0)
-    combine_bwd_k<<<T * K, kThreads, 0, st>>>(dy, dw, dm, y, w, route_row, K, C);
+void kc_moe_combine_backward(float *dy, const float *dm, const int32_t *route_row, int T, int K,
+                             int C, cudaStream_t st) {
+  size_t n = (size_t)T * K * C;
+  if (n)
+    combine_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dy, dm, route_row, T, K, C);
+}
+
+void kc_rows_scale(float *x, const float *w, int rows, int n, cudaStream_t st) {
+  size_t total = (size_t)rows * n;
+  if (total)
+    rows_scale_k<<<blocks_for(total), kThreads, 0, st>>>(x, w, rows, n);
+}
+
+void kc_rows_dot(float *out, const float *x, const float *y, int rows, int n, cudaStream_t st) {
+  if (rows > 0)
+    rows_dot_k<<<rows, kThreads, 0, st>>>(out, x, y, n);
 }
 
 void kc_gather_rows(float *dst, const float *src, const int32_t *index, int n, int C,

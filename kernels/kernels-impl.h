@@ -159,6 +159,13 @@ KERNELS_IMPL_INLINE double kernels_impl_dot(const float *x, const float *y, size
   return sum;
 }
 
+/* x [rows, n] *= w[row], row by row (the routed experts' weighted activation) */
+static inline void kernels_impl_rows_scale(float *x, const float *w, int rows, int n) {
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < n; j++)
+      x[(size_t)r * n + j] *= w[r];
+}
+
 /* act = silu(g) * u over n elements; silu(g) = g * sigmoid(g). act must not alias g or u. */
 void kernels_impl_swiglu_forward(float *act, const float *g, const float *u, size_t n);
 

@@ -202,7 +202,7 @@ size_t kernels_router_saved_floats(int T, int E);
 size_t kernels_router_bwork_floats(int T, int E);
 /* kernels_router_forward: ids int32 [T, K], weights [T, K], saved <- h [T, C] */
 /* kernels_router_backward_input: dh [T, C] (= or +=), bwork <- dweights [T, K] (from
- * kernels_moe_combine_backward) */
+ * kernels_moe_dispatch_backward) */
 
 /* ---- TOKEN DISPATCH / COMBINE for expert parallelism (no parameters) -----------------------
  * The EXPERT_FFN op is: plan -> dispatch (rows to send) -> [all-to-all] -> expert FFN on the
@@ -216,36 +216,45 @@ size_t kernels_router_bwork_floats(int T, int E);
 int kernels_moe_owner(int expert, int E, int n_ranks);
 /* kernels_moe_dispatch_plan: send_counts int32 [n_ranks] (rows to each rank), route_row int32 [T
  * * K] <- ids [T, K] */
-/* kernels_moe_dispatch_forward: send [T*K, C], send_expert int32 [T*K] (the expert of each row)
- * <- h [T, C] */
+/* kernels_moe_dispatch_forward: send [T*K, C], send_expert int32 [T*K] (the expert of each row),
+ * send_weight [T*K] (its routing weight, which the expert applies) <- h [T, C], weights [T, K] */
 /* kernels_moe_dispatch_backward: dh [T, C] (= or +=) <- dsend [T*K, C]: dh[t] = sum_k
- * dsend[route_row[t, k]] */
-/* kernels_moe_combine_forward: m [T, C] = sum_k weights[t, k] * y[route_row[t, k]] <- y [T*K, C]
- * (expert outputs, in send order) */
-/* kernels_moe_combine_backward: dy [T*K, C] = weights * dm[t] (written), dweights [T, K] = dm[t]
- * . y[row] (written, feeds kernels_router_backward_input) <- dm [T, C]. Keep y (the expert
- * outputs) for this. */
+ * dsend[route_row[t, k]]; dweights [T, K] (written, feeds kernels_router_backward_input; NULL:
+ * none) = dsend_weight[route_row[t, k]], the rows' weight gradients the experts' BI wrote.
+ * C = 0 gathers the weights' gradients alone (sequence parallelism: dh is a shard of the
+ * tokens, the weights' gradients every token's) */
+/* kernels_moe_combine_forward: m [T, C] = sum_k y[route_row[t, k]] <- y [T*K, C] (the expert
+ * outputs, in send order, already weighted: Megatron-Core applies the routing probabilities
+ * in the experts' activation, so its unpermute keeps nothing) */
+/* kernels_moe_combine_backward: dy [T*K, C] = dm[t] (written) <- dm [T, C]. Keeps nothing. */
 
 /* ---- EXPERT_FFN: SwiGLU experts over routed rows -------------------------------------------
  * params of the whole op: [E][w_gate C*F, w_up C*F, w_down F*C], contiguous per expert. These
  * kernels run the experts [e_first, e_first + e_count) that one rank holds, and `params` /
  * `dparams` point at expert e_first's block (full + e_first * kernels_expert_ffn_param_count(
- * 1, C, F)). out[r] = expert_{row_expert[r]}(in[r]), unweighted (combine applies the routing
- * weights); every row_expert must be in the range. Rows may come in any order (after dispatch
+ * 1, C, F)). out[r] = w_r · (silu(in[r] wg)·(in[r] wu)) wd of expert row_expert[r], w_r =
+ * row_weight[r] its routing weight (Megatron-Core's weighted SwiGLU: the probability scales
+ * the activation before the down projection, so the combine only sums and keeps nothing, and
+ * the weight's gradient comes from the SwiGLU, whose inputs are saved anyway); every
+ * row_expert must be in the range. Rows may come in any order (after dispatch
  * they come by source rank, then token); each expert's rows run as one GEMM, in row order.
  * saved (in order, rows grouped by expert, experts ascending, rows ascending within one):
- *   xs [n, C] (the inputs), g [n, F], u [n, F], act [n, F].
- * act, silu(g)·u, lives there unless the caller gives it a buffer of its own (act, [n, F],
- * same grouping; NULL: in saved), so that selective recomputation (moe_act) can drop it while
- * the rest stays (kernels_expert_ffn_act_forward rebuilds it from g and u, bit for bit).
+ *   xs [n, C] (the inputs), g [n, F], u [n, F], act [n, F] (silu(g)·u·w), ws [n] (the rows'
+ *   weights).
+ * act lives there unless the caller gives it a buffer of its own (act, [n, F], same grouping;
+ * NULL: in saved; ws then follows u), so that selective recomputation (moe_act) can drop it
+ * while the rest stays (kernels_expert_ffn_act_forward rebuilds it from g, u and ws, bit for
+ * bit). Every call that reads saved is given the same act (NULL or the buffer).
  * bwork (same grouping): dys [n, C] (the output gradient), dg [n, F], du [n, F].
  * scratch: [n, C], used within one call only (forward and BI). */
 size_t kernels_expert_ffn_param_count(int E, int C, int F);
 size_t kernels_expert_ffn_saved_floats(int n_rows, int C, int F);
 size_t kernels_expert_ffn_bwork_floats(int n_rows, int C, int F);
 size_t kernels_expert_ffn_scratch_floats(int n_rows, int C);
-/* kernels_expert_ffn_forward: out [n, C], saved (act) <- in [n, C], row_expert int32 [n] */
-/* kernels_expert_ffn_backward_input: din [n, C] (= or +=), bwork <- dout [n, C] */
+/* kernels_expert_ffn_forward: out [n, C], saved (act) <- in [n, C], row_expert int32 [n],
+ * row_weight [n] */
+/* kernels_expert_ffn_backward_input: din [n, C] (= or +=), drow_weight [n] (written), bwork <-
+ * dout [n, C] */
 
 /* ---- LM_HEAD_LOSS: h -> loss ------------------------------------------------------------
  * params: w [C, V] (KERNELS_LM_HEAD_UNTIED), or, with tied embeddings (models/ then counts no

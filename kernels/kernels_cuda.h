@@ -134,6 +134,10 @@ void kc_router_topk(int32_t *ids, float *weights, float *probs, int T, int E, in
 void kc_router_dlogits(float *dlogits, const float *dweights, const int32_t *ids,
                        const float *weights, const float *probs, int T, int E, int K,
                        cudaStream_t stream);
+/* x [rows, n] *= w[row] (the routed experts' weighted activation and its gradients) */
+void kc_rows_scale(float *x, const float *w, int rows, int n, cudaStream_t stream);
+/* out [rows] = the dot product of x's and y's rows [rows, n] (the routing weights' gradients) */
+void kc_rows_dot(float *out, const float *x, const float *y, int rows, int n, cudaStream_t stream);
 /* rows gathered (dst[i] = src[index[i]]) or scattered (dst[index[i]] (+)= src[i]), C wide */
 void kc_gather_rows(float *dst, const float *src, const int32_t *index, int n, int C,
                     cudaStream_t stream);

@@ -131,67 +131,62 @@ void kernels_moe_dispatch_plan(int32_t *send_counts, int32_t *route_row, const i
   }
 }
 
-/* send [T*K, C], send_expert [T*K] <- h [T, C] */
-void kernels_moe_dispatch_forward(float *send, int32_t *send_expert, const float *h,
-                                  const int32_t *ids, const int32_t *route_row, int T, int K,
-                                  int C) {
+/* send [T*K, C], send_expert [T*K], send_weight [T*K] <- h [T, C], weights [T, K]: each row
+ * carries its routing weight to the expert, which applies it (kernels.h, EXPERT_FFN) */
+void kernels_moe_dispatch_forward(float *send, int32_t *send_expert, float *send_weight,
+                                  const float *h, const int32_t *ids, const float *weights,
+                                  const int32_t *route_row, int T, int K, int C) {
   for (int t = 0; t < T; t++) {
     for (int k = 0; k < K; k++) {
       size_t i = (size_t)t * K + k, row = (size_t)route_row[i];
       memcpy(send + row * C, h + (size_t)t * C, (size_t)C * sizeof(float));
       send_expert[row] = ids[i];
+      send_weight[row] = weights[i];
     }
   }
 }
 
-/* dh [T, C] (= or +=) <- dsend [T*K, C] */
-void kernels_moe_dispatch_backward(float *dh, const float *dsend, const int32_t *route_row, int T,
+/* dh [T, C] (= or +=) <- dsend [T*K, C]; dweights [T, K] (written; NULL: none) <- dsend_weight
+ * [T*K] */
+void kernels_moe_dispatch_backward(float *dh, float *dweights, const float *dsend,
+                                   const float *dsend_weight, const int32_t *route_row, int T,
                                    int K, int C, bool accumulate) {
   for (int t = 0; t < T; t++) {
     float *d = dh + (size_t)t * C;
     if (!accumulate)
       memset(d, 0, (size_t)C * sizeof(float));
     for (int k = 0; k < K; k++) {
-      const float *src = dsend + (size_t)route_row[(size_t)t * K + k] * C;
+      size_t i = (size_t)t * K + k;
+      const float *src = dsend + (size_t)route_row[i] * C;
       for (int c = 0; c < C; c++)
         d[c] += src[c];
+      if (dweights)
+        dweights[i] = dsend_weight[route_row[i]];
     }
   }
 }
 
-/* m [T, C] <- y [T*K, C], weights [T, K] */
-void kernels_moe_combine_forward(float *m, const float *y, const float *weights,
-                                 const int32_t *route_row, int T, int K, int C) {
+/* m [T, C] <- y [T*K, C] (the expert outputs, already weighted) */
+void kernels_moe_combine_forward(float *m, const float *y, const int32_t *route_row, int T, int K,
+                                 int C) {
   for (int t = 0; t < T; t++) {
     float *mt = m + (size_t)t * C;
     memset(mt, 0, (size_t)C * sizeof(float));
     for (int k = 0; k < K; k++) {
-      size_t i = (size_t)t * K + k;
-      const float *yr = y + (size_t)route_row[i] * C;
+      const float *yr = y + (size_t)route_row[(size_t)t * K + k] * C;
       for (int c = 0; c < C; c++)
-        mt[c] += weights[i] * yr[c];
+        mt[c] += yr[c];
     }
   }
 }
 
-/* dy [T*K, C], dweights [T, K] <- dm [T, C], y [T*K, C], weights [T, K] */
-void kernels_moe_combine_backward(float *dy, float *dweights, const float *dm, const float *y,
-                                  const float *weights, const int32_t *route_row, int T, int K,
-                                  int C) {
-  for (int t = 0; t < T; t++) {
-    const float *dmt = dm + (size_t)t * C;
-    for (int k = 0; k < K; k++) {
-      size_t i = (size_t)t * K + k, row = (size_t)route_row[i];
-      const float *yr = y + row * C;
-      float *dyr = dy + row * C;
-      float s = 0.0f;
-      for (int c = 0; c < C; c++) {
-        dyr[c] = weights[i] * dmt[c];
-        s += dmt[c] * yr[c];
-      }
-      dweights[i] = s;
-    }
-  }
+/* dy [T*K, C] <- dm [T, C]: each route's row gets its token's gradient */
+void kernels_moe_combine_backward(float *dy, const float *dm, const int32_t *route_row, int T,
+                                  int K, int C) {
+  for (int t = 0; t < T; t++)
+    for (int k = 0; k < K; k++)
+      memcpy(dy + (size_t)route_row[(size_t)t * K + k] * C, dm + (size_t)t * C,
+             (size_t)C * sizeof(float));
 }
 
 /* ---- expert FFN -------------------------------------------------------------------------- */
@@ -200,7 +195,7 @@ size_t kernels_expert_ffn_param_count(int E, int C, int F) {
   return 3 * (size_t)E * C * F;
 }
 size_t kernels_expert_ffn_saved_floats(int n_rows, int C, int F) {
-  return (size_t)n_rows * ((size_t)C + 3 * (size_t)F);
+  return (size_t)n_rows * ((size_t)C + 3 * (size_t)F + 1);
 }
 size_t kernels_expert_ffn_bwork_floats(int n_rows, int C, int F) {
   return (size_t)n_rows * ((size_t)C + 2 * (size_t)F);
@@ -245,39 +240,53 @@ static void check_row_experts(const int32_t *row_expert, int n_rows, int e_first
   }
 }
 
-/* out [n, C], saved = xs [n, C], g, u, act [n, F] (grouped by expert; act in act_buf when
- * given) <- in [n, C] */
+/* The packed rows' routing weights in saved: after act, or after u when act lives apart */
+static float *saved_weights(const float *saved, const float *act_buf, size_t n, int C, int F) {
+  return (float *)saved + n * C + (act_buf ? 2 : 3) * n * F;
+}
+
+/* out [n, C], saved = xs [n, C], g, u, act [n, F], ws [n] (grouped by expert; act in act_buf
+ * when given) <- in [n, C], row_weight [n]. act = silu(g)·u · w per row, so out is the routed
+ * row's weighted output (Megatron-Core's weighted SwiGLU) and the combine only sums. */
 void kernels_expert_ffn_forward(float *out, float *saved, float *act_buf, float *scratch,
-                                const float *in, const int32_t *row_expert, int n_rows,
-                                const float *params, int e_first, int e_count, int C, int F) {
+                                const float *in, const int32_t *row_expert, const float *row_weight,
+                                int n_rows, const float *params, int e_first, int e_count, int C,
+                                int F) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
   float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
+  float *ws = saved_weights(saved, act_buf, n, C, F);
   size_t off = 0;
   for (int e = e_first; e < e_first + e_count; e++) {
     int cnt = expert_rows_move(xs + off * C, in, row_expert, n_rows, e, C, false, false);
     if (cnt == 0)
       continue;
+    expert_rows_move(ws + off, row_weight, row_expert, n_rows, e, 1, false, false);
     const float *wg = params + (size_t)(e - e_first) * per;
     const float *wu = wg + (size_t)C * F, *wd = wu + (size_t)C * F;
     float *ge = g + off * F, *ue = u + off * F, *ae = act + off * F;
     kernels_gemm(false, false, cnt, F, C, 1.0f, xs + off * C, C, wg, F, 0.0f, ge, F);
     kernels_gemm(false, false, cnt, F, C, 1.0f, xs + off * C, C, wu, F, 0.0f, ue, F);
     kernels_impl_swiglu_forward(ae, ge, ue, (size_t)cnt * F);
+    kernels_impl_rows_scale(ae, ws + off, cnt, F);
     kernels_gemm(false, false, cnt, C, F, 1.0f, ae, F, wd, C, 0.0f, scratch, C);
     expert_rows_move(out, scratch, row_expert, n_rows, e, C, true, false);
     off += (size_t)cnt;
   }
 }
 
-/* din [n, C] (= or +=), bwork = dys [n, C], dg, du [n, F] (grouped) <- dout [n, C] */
-void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch, const float *dout,
-                                       const int32_t *row_expert, int n_rows, const float *saved,
+/* din [n, C] (= or +=), drow_weight [n] (written), bwork = dys [n, C], dg, du [n, F] (grouped)
+ * <- dout [n, C]. With dact_w = dys wd^T the gradient of act = silu(g)·u · w: the weight's is
+ * dact_w . silu(g)·u = du' . u, where du' = dact_w · silu(g) is the unweighted SwiGLU
+ * backward's du; both SwiGLU gradients are then w times the unweighted ones (linear in dact). */
+void kernels_expert_ffn_backward_input(float *din, float *drow_weight, float *bwork, float *scratch,
+                                       const float *dout, const int32_t *row_expert, int n_rows,
+                                       const float *saved, const float *act_buf,
                                        const float *params, int e_first, int e_count, int C, int F,
                                        bool accumulate) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
-  const float *g = saved + n * C, *u = g + n * F;
+  const float *g = saved + n * C, *u = g + n * F, *ws = saved_weights(saved, act_buf, n, C, F);
   float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
   size_t off = 0;
   for (int e = e_first; e < e_first + e_count; e++) {
@@ -289,6 +298,12 @@ void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch,
     float *dge = dg + off * F, *due = du + off * F;
     kernels_gemm(false, true, cnt, F, C, 1.0f, dys + off * C, C, wd, C, 0.0f, dge, F);
     kernels_impl_swiglu_backward(dge, due, g + off * F, u + off * F, (size_t)cnt * F);
+    /* scratch's first cnt floats: the packed rows' weight gradients, then scattered */
+    for (int i = 0; i < cnt; i++)
+      scratch[i] = (float)kernels_impl_dot_f(due + (size_t)i * F, u + (off + i) * F, (size_t)F);
+    expert_rows_move(drow_weight, scratch, row_expert, n_rows, e, 1, true, false);
+    kernels_impl_rows_scale(dge, ws + off, cnt, F);
+    kernels_impl_rows_scale(due, ws + off, cnt, F);
     kernels_gemm(false, true, cnt, C, F, 1.0f, dge, F, wg, F, 0.0f, scratch, C);
     kernels_gemm(false, true, cnt, C, F, 1.0f, due, F, wu, F, 1.0f, scratch, C);
     expert_rows_move(din, scratch, row_expert, n_rows, e, C, true, accumulate);
@@ -296,7 +311,7 @@ void kernels_expert_ffn_backward_input(float *din, float *bwork, float *scratch,
   }
 }
 
-/* per expert e: dwg += xs^T dg, dwu += xs^T du, dwd += act^T dys */
+/* per expert e: dwg += xs^T dg, dwu += xs^T du, dwd += act^T dys (act weighted) */
 void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
                                         const int32_t *row_expert, int n_rows, const float *saved,
                                         const float *act_buf, int e_first, int e_count, int C,
@@ -320,20 +335,23 @@ void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
 }
 
 /* Fused backward: BI then BW, same shapes (BW reads what BI left in bwork). */
-void kernels_expert_ffn_backward(float *din, float *dparams, float *bwork, float *scratch,
-                                 const float *dout, const int32_t *row_expert, int n_rows,
-                                 const float *saved, const float *act, const float *params,
-                                 int e_first, int e_count, int C, int F, bool accumulate) {
-  kernels_expert_ffn_backward_input(din, bwork, scratch, dout, row_expert, n_rows, saved, params,
-                                    e_first, e_count, C, F, accumulate);
+void kernels_expert_ffn_backward(float *din, float *drow_weight, float *dparams, float *bwork,
+                                 float *scratch, const float *dout, const int32_t *row_expert,
+                                 int n_rows, const float *saved, const float *act,
+                                 const float *params, int e_first, int e_count, int C, int F,
+                                 bool accumulate) {
+  kernels_expert_ffn_backward_input(din, drow_weight, bwork, scratch, dout, row_expert, n_rows,
+                                    saved, act, params, e_first, e_count, C, F, accumulate);
   kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, act, e_first,
                                      e_count, C, F);
 }
 
-/* The forward's swiglu over every row at once: elementwise, so the same bits as its pass per
- * expert (kernels_impl_swiglu_forward computes each element alike wherever it falls). */
+/* The forward's weighted swiglu over every row at once: elementwise, so the same bits as its
+ * pass per expert (kernels_impl_swiglu_forward computes each element alike wherever it falls,
+ * and each row is scaled by its own weight). act lives apart here, so the weights follow u. */
 void kernels_expert_ffn_act_forward(float *act, const float *saved, int n_rows, int C, int F) {
   size_t n = (size_t)n_rows;
   const float *g = saved + n * C, *u = g + n * F;
   kernels_impl_swiglu_forward(act, g, u, n * F);
+  kernels_impl_rows_scale(act, saved_weights(saved, act, n, C, F), n_rows, F);
 }

@@ -384,22 +384,25 @@ static void emit_experts(struct builder *b, int32_t layer) {
   uint64_t gu = mul3(b, tk, 2 * f, b->B);  /* gate and up per routed row */
   uint64_t act = mul3(b, tk, f, b->B);
   uint64_t r = mul(b, tk, 8);
+  uint64_t rw = mul(b, tk, 4); /* each routed row's routing weight, fp32 */
   /* params, h and r in, dispatched rows written and read, gate/up and silu*up written and
    * read, expert outputs written and read by the combine, m written */
   op->bytes_fwd = add(b, add(b, add(b, op->param_bytes, 2 * b->act), add(b, r, 2 * rows)),
                       add(b, add(b, 2 * gu, 2 * act), 2 * rows));
-  /* routed input rows, gate/up, r, and the expert outputs (the routing weights' gradient is
-   * dy . expert_out, so real implementations keep them) */
-  /* ... and, as the host kernels keep them (kernels_expert_ffn_saved_floats), silu(gate) * up
-   * per routed row and the routing permutation (an int32 row and expert per route) */
-  op->saved_bytes = add(b, add(b, add(b, rows, gu), add(b, r, rows)), add(b, act, mul(b, tk, 8)));
+  /* routed input rows, gate/up, r, silu(gate) * up times the routing weight and the weight
+   * (kernels_expert_ffn_saved_floats), and the routing permutation (an int32 row and expert
+   * per route). Not the expert outputs: the experts apply the routing weights before the down
+   * projection (Megatron-Core's weighted SwiGLU), so the weights' gradient is dact . silu(g)*u,
+   * from what the experts keep anyway, and the combine only sums */
+  op->saved_bytes = add(b, add(b, add(b, rows, gu), add(b, r, rw)), add(b, act, mul(b, tk, 8)));
   op->out_bytes = b->act;
-  /* dispatched rows and expert scratch (and an int32 count, one 16-byte block) while F runs;
-   * dgate, dup and the routed rows' gradients as bwork; the combine's and the dispatch's
-   * gradients and the experts' scratch while the backward runs */
-  op->fwd_scratch_bytes = add(b, 2 * rows, 16);
+  /* dispatched rows and their weights, the expert outputs and the experts' scratch (and an
+   * int32 count, one 16-byte block) while F runs; dgate, dup and the routed rows' gradients as
+   * bwork; the combine's and the dispatch's gradients, the experts' scratch and the weights'
+   * gradients while the backward runs */
+  op->fwd_scratch_bytes = add(b, add(b, 3 * rows, rw), 16);
   op->bwork_bytes = add(b, rows, gu);
-  op->bwd_scratch_bytes = 3 * rows;
+  op->bwd_scratch_bytes = add(b, 3 * rows, rw);
   op->module_saved_bytes[MODEL_MODULE_MOE_ACT] = act; /* silu(gate) * up from gate and up */
   op->module_flops_fwd[MODEL_MODULE_MOE_ACT] = 5 * rf;
 }

@@ -313,7 +313,7 @@ EOF
   run ep4_tp2_dp4_zero1 8 --layout tp=2,dp=4,ep=4,etp=1,sp,capacity=4,zero=1 --mbs 2 &&
     same ep4_tp2_dp4_zero1
   # ... under full recomputation bit-identical to storing (the rerun's dispatch routes the
-  # shard again), and under ZB-H1 over PP 2 (the experts' BI sums the routing weights' gradient)
+  # shard again), and under ZB-H1 over PP 2 (the router's BI sums the routing weights' gradient)
   if [ -s "$T/ep4_tp2_dp2.params" ]; then
     run ep4_tp2_dp2_rc 4 --layout tp=2,dp=2,ep=4,etp=1,sp,capacity=4,recompute=full --mbs 4 &&
       [ "$(losses "$T/ep4_tp2_dp2_rc")" = "$(losses "$T/ep4_tp2_dp2")" ] &&

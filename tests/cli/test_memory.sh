@@ -52,7 +52,7 @@ json.dump(d, open(sys.argv[2], 'w'))" $MOE "$SHARED"
 # name processes model args... Expert-parallel plans are asserted like the others: every
 # buffer of routed rows on the experts' side is allocated at the capacity the plan states
 # (capacity_factor on shard, ir/expert.c), not at what the routing sends, and the routing
-# tables and the combine's copy are plan tensors. ZeRO-1/2/3 are asserted on the dense model
+# tables are plan tensors (the combine keeps nothing: the experts apply the routing weights). ZeRO-1/2/3 are asserted on the dense model
 # too (ZeRO-2/3 sum a bucket's gradients whole from its first weight gradient to its
 # reduce-scatter: a plan tensor of the reduce-scatter, allocated early). So are DualPipe,
 # DualPipeV and expert parallelism under full recomputation: the host backend's loop issues
@@ -272,9 +272,9 @@ PY
     ok || bad "a bf16 model without the memory section is predicted within 30%: the test cannot fail"
 fi
 # The plan states the experts' receive capacity (capacity_factor on shard, default 2): the
-# dispatch's rows on the experts' side are ceil(factor x T x top_k) rows of hidden floats
-# (tiny-moe: T = 64, top_k = 2, hidden 64, fp32; at EP 2 at most 2 x 128 rows), the combine's
-# output [T, hidden] whatever the factor.
+# dispatch's rows on the experts' side are ceil(factor x T x top_k) rows of hidden floats and
+# each row's routing weight, an fp32 the experts apply (tiny-moe: T = 64, top_k = 2, hidden 64,
+# fp32; at EP 2 at most 2 x 128 rows), the combine's output [T, hidden] whatever the factor.
 if [ -z "${MEM_PLANS:-}" ]; then
   for f in default 1.5 1; do
     if [ $f = default ]; then cp $BS/pp2_dp2_ep2.json "$T/cap_$f.json"
@@ -297,7 +297,7 @@ for f, rows, factor in (("default", 256, 2), ("1.5", 192, 1.5), ("1", 128, 1)):
         for i in s["instructions"]:
             if i["op"] == "all_to_all" and i["pass"] == "F":
                 outs |= {tensors[w]["bytes"] for w in i["writes"] if tensors[w]["kind"] == "out"}
-    assert outs == {rows * 64 * 4, 64 * 64 * 4}, (f, outs)
+    assert outs == {rows * 64 * 4 + rows * 4, 64 * 64 * 4}, (f, outs)
 PY
   # a plan written before the capacity reads with the default (same figures); the key on a
   # node without expert parallelism is refused

@@ -520,26 +520,33 @@ static void check_router_moe(struct check *c) {
   compare_i32(c, "moe dispatch plan route_row", route, droute, T * K);
   float *send = g_new(float, T *K *C), *dsend = devf(c, NULL, T * K * C);
   int32_t sexp[T * K], *dsexp = dev(c, NULL, sizeof sexp);
-  kernels_moe_dispatch_forward(send, sexp, h, ids, route, T, K, C);
-  c->k->moe_dispatch_forward(c->s, dsend, dsexp, dh, dids, droute, T, K, C);
+  float sw[T * K], *dsw = devf(c, NULL, T * K);
+  kernels_moe_dispatch_forward(send, sexp, sw, h, ids, weights, route, T, K, C);
+  c->k->moe_dispatch_forward(c->s, dsend, dsexp, dsw, dh, dids, dwt, droute, T, K, C);
   compare(c, "moe dispatch F", send, dsend, T * K * C, 0);
   compare_i32(c, "moe dispatch F send_expert", sexp, dsexp, T * K);
+  compare(c, "moe dispatch F send_weight", sw, dsw, T * K, 0);
   float *gs = rnd(c, T * K * C, 1), *dgs = devf(c, gs, T * K * C);
+  float *gsw = rnd(c, T * K, 1), *dgsw = devf(c, gsw, T * K);
+  float gwk[T * K], *dgwk = devf(c, NULL, T * K);
   exec_backend_from_host(c->b, dgh, gh, T * C * sizeof(float)); /* the same start */
-  kernels_moe_dispatch_backward(gh, gs, route, T, K, C, true);
-  c->k->moe_dispatch_backward(c->s, dgh, dgs, droute, T, K, C, true);
+  kernels_moe_dispatch_backward(gh, gwk, gs, gsw, route, T, K, C, true);
+  c->k->moe_dispatch_backward(c->s, dgh, dgwk, dgs, dgsw, droute, T, K, C, true);
   compare(c, "moe dispatch B (accumulate)", gh, dgh, T * C, TOL_PLAIN);
+  compare(c, "moe dispatch B dweights", gwk, dgwk, T * K, 0);
+  /* C = 0: the weights' gradients alone (sequence parallelism) */
+  float *dgwk0 = devf(c, NULL, T * K);
+  c->k->moe_dispatch_backward(c->s, dgh, dgwk0, dgs, dgsw, droute, T, K, 0, false);
+  compare(c, "moe dispatch B dweights alone (C = 0)", gwk, dgwk0, T * K, 0);
   float *m = g_new(float, T *C), *dm = devf(c, NULL, T * C);
-  kernels_moe_combine_forward(m, gs, weights, route, T, K, C);
-  c->k->moe_combine_forward(c->s, dm, dgs, dwt, droute, T, K, C);
+  kernels_moe_combine_forward(m, gs, route, T, K, C);
+  c->k->moe_combine_forward(c->s, dm, dgs, droute, T, K, C);
   compare(c, "moe combine F", m, dm, T * C, TOL_PLAIN);
   float *gm = rnd(c, T * C, 1), *dgm = devf(c, gm, T * C);
   float *gy = g_new(float, T *K *C), *dgy = devf(c, NULL, T * K * C);
-  float gwk[T * K], *dgwk = devf(c, NULL, T * K);
-  kernels_moe_combine_backward(gy, gwk, gm, gs, weights, route, T, K, C);
-  c->k->moe_combine_backward(c->s, dgy, dgwk, dgm, dgs, dwt, droute, T, K, C);
-  compare(c, "moe combine B dy", gy, dgy, T * K * C, TOL_PLAIN);
-  compare(c, "moe combine B dweights", gwk, dgwk, T * K, TOL_PLAIN);
+  kernels_moe_combine_backward(gy, gm, route, T, K, C);
+  c->k->moe_combine_backward(c->s, dgy, dgm, droute, T, K, C);
+  compare(c, "moe combine B dy", gy, dgy, T * K * C, 0);
 }
 
 static void check_expert_ffn(struct check *c) {
@@ -552,26 +559,34 @@ static void check_expert_ffn(struct check *c) {
   size_t BW = kernels_expert_ffn_bwork_floats(N, C, F),
          SC = kernels_expert_ffn_scratch_floats(N, C);
   float *p = rnd(c, P, 0.2f), *in = rnd(c, N * C, 1), *out = g_new(float, N *C);
+  float *rw = rnd(c, N, 1), *drw = devf(c, rw, N); /* routing weights, signs mixed */
   float *saved = g_new(float, SV), *bwork = g_new(float, BW), *scratch = g_new(float, SC);
   float *dp = devf(c, p, P), *din = devf(c, in, N * C), *dout = devf(c, NULL, N * C);
   float *dsaved = devf(c, NULL, SV), *dbw = devf(c, NULL, BW), *dscr = devf(c, NULL, SC);
   int32_t *drexp = dev(c, rexp, sizeof rexp);
-  kernels_expert_ffn_forward(out, saved, NULL, scratch, in, rexp, N, p, E0, EC, C, F);
-  c->k->expert_ffn_forward(c->s, dout, dsaved, NULL, dscr, din, drexp, N, dp, E0, EC, C, F);
+  kernels_expert_ffn_forward(out, saved, NULL, scratch, in, rexp, rw, N, p, E0, EC, C, F);
+  c->k->expert_ffn_forward(c->s, dout, dsaved, NULL, dscr, din, drexp, drw, N, dp, E0, EC, C, F);
   compare(c, "expert_ffn F", out, dout, N * C, c->tol_gemm);
   compare(c, "expert_ffn F saved (grouped)", saved, dsaved, SV, c->tol_gemm);
   exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
-  /* moe_act's rerun: silu(g)·u from the host's g and u, elementwise (the host's act) */
-  size_t NA = (size_t)N * F;
-  float *dact = devf(c, NULL, NA);
-  c->k->expert_ffn_act_forward(c->s, dact, dsaved, N, C, F);
-  compare(c, "expert_ffn act rerun (moe_act)", saved + SV - NA, dact, NA, c->tol_gemm);
+  /* moe_act's rerun: silu(g)·u·w from the host's g, u and weights, elementwise (the host's
+   * act); with act apart the weights follow u, so the rerun reads a copy laid out so */
+  size_t NA = (size_t)N * F, GU = (size_t)N * (C + 2 * F);
+  float *apart = g_new(float, SV - NA);
+  memcpy(apart, saved, GU * sizeof(float));
+  memcpy(apart + GU, saved + GU + NA, (size_t)N * sizeof(float));
+  float *dapart = devf(c, apart, SV - NA), *dact = devf(c, NULL, NA);
+  c->k->expert_ffn_act_forward(c->s, dact, dapart, N, C, F);
+  compare(c, "expert_ffn act rerun (moe_act)", saved + GU, dact, NA, c->tol_gemm);
   float *g = rnd(c, N * C, 1), *dg = devf(c, g, N * C);
   float *gi = rnd(c, N * C, 1), *dgi = devf(c, gi, N * C);
-  kernels_expert_ffn_backward_input(gi, bwork, scratch, g, rexp, N, saved, p, E0, EC, C, F, true);
-  c->k->expert_ffn_backward_input(c->s, dgi, dbw, dscr, dg, drexp, N, dsaved, dp, E0, EC, C, F,
-                                  true);
+  float *grw = g_new(float, N), *dgrw = devf(c, NULL, N);
+  kernels_expert_ffn_backward_input(gi, grw, bwork, scratch, g, rexp, N, saved, NULL, p, E0, EC, C,
+                                    F, true);
+  c->k->expert_ffn_backward_input(c->s, dgi, dgrw, dbw, dscr, dg, drexp, N, dsaved, NULL, dp, E0,
+                                  EC, C, F, true);
   compare(c, "expert_ffn BI (accumulate)", gi, dgi, N * C, c->tol_gemm);
+  compare(c, "expert_ffn BI routing weights' gradient", grw, dgrw, N, c->tol_gemm);
   compare(c, "expert_ffn BI bwork", bwork, dbw, BW, c->tol_gemm);
   exec_backend_from_host(c->b, dbw, bwork, BW * sizeof(float));
   float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P), *dgp2 = devf(c, gp, P);

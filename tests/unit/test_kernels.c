@@ -671,14 +671,16 @@ static void test_dispatch_combine_roundtrip(void **state) {
   for (int t = 0; t < T; t++) /* distinct experts per token, spread over ranks */
     for (int k = 0; k < K; k++)
       ids[t * K + k] = (t * 3 + k * 5) % E;
-  float h[T * C], send[T * K * C], m[T * C], weights[T * K];
+  float h[T * C], send[T * K * C], m[T * C], weights[T * K], send_weight[T * K], dw[T * K];
   fill(h, T * C, 1.0f);
+  for (int i = 0; i < T * K; i++) /* 1/K (exact in binary) */
+    weights[i] = 1.0f / K;
   kernels_moe_dispatch_plan(counts, route_row, ids, T, K, E, N);
   int total = 0;
   for (int r = 0; r < N; r++)
     total += counts[r];
   assert_int_equal(total, T * K);
-  kernels_moe_dispatch_forward(send, send_expert, h, ids, route_row, T, K, C);
+  kernels_moe_dispatch_forward(send, send_expert, send_weight, h, ids, weights, route_row, T, K, C);
   int row = 0;
   for (int r = 0; r < N; r++) /* each rank's rows carry only its own experts */
     for (int i = 0; i < counts[r]; i++, row++)
@@ -686,36 +688,43 @@ static void test_dispatch_combine_roundtrip(void **state) {
   for (int t = 0; t < T; t++)
     for (int k = 0; k < K; k++) {
       assert_int_equal(send_expert[route_row[t * K + k]], ids[t * K + k]);
+      assert_true(send_weight[route_row[t * K + k]] == weights[t * K + k]);
       assert_memory_equal(send + (size_t)route_row[t * K + k] * C, h + t * C, sizeof(float) * C);
     }
-  /* Weights 1/K (exact in binary) and identity experts: combine restores h bit for bit. */
-  for (int i = 0; i < T * K; i++)
-    weights[i] = 1.0f / K;
-  kernels_moe_combine_forward(m, send, weights, route_row, T, K, C);
-  assert_memory_equal(m, h, sizeof h);
-  /* The dispatch backward sums the K copies: K * h, exact for K a power of two. */
-  kernels_moe_dispatch_backward(m, send, route_row, T, K, C, false);
+  /* The dispatch backward sums the K copies: K * h, exact for K a power of two; each route's
+   * weight gradient is its row's (the experts' BI wrote them in row order). */
+  float y[T * K * C];
+  memcpy(y, send, sizeof y);
+  kernels_moe_dispatch_backward(m, dw, send, send_weight, route_row, T, K, C, false);
   for (int i = 0; i < T * C; i++)
     assert_true(m[i] == K * h[i]);
+  assert_memory_equal(dw, weights, sizeof dw);
   float *old = fdup(m, T * C);
-  kernels_moe_dispatch_backward(m, send, route_row, T, K, C, true);
+  kernels_moe_dispatch_backward(m, NULL, send, NULL, route_row, T, K, C, true);
   check_accumulated("dispatch backward accumulate", m, old, old, T * C);
+  /* Identity experts that apply their weights 1/K: the combine's sum restores h bit for bit. */
+  for (int i = 0; i < T * K * C; i++)
+    y[i] *= send_weight[i / C];
+  kernels_moe_combine_forward(m, y, route_row, T, K, C);
+  assert_memory_equal(m, h, sizeof h);
   free(old);
 }
 
 struct dc_ctx {
   int T, K, C, E, N;
   int32_t *ids, *route_row, *send_expert;
-  float *h, *send, *y, *weights, *m, *Rs, *Rm;
+  float *h, *send, *send_weight, *y, *weights, *m, *Rs, *Rw, *Rm;
 };
 
-/* L = sum(dispatch(h) * Rs) + sum(combine(y, weights) * Rm). */
+/* L = sum(dispatch(h) * Rs) + sum(dispatched weights * Rw) + sum(combine(y) * Rm). */
 static double dc_loss(void *p) {
   struct dc_ctx *c = p;
-  kernels_moe_dispatch_forward(c->send, c->send_expert, c->h, c->ids, c->route_row, c->T, c->K,
-                               c->C);
-  kernels_moe_combine_forward(c->m, c->y, c->weights, c->route_row, c->T, c->K, c->C);
-  return dotd(c->send, c->Rs, (size_t)c->T * c->K * c->C) + dotd(c->m, c->Rm, (size_t)c->T * c->C);
+  size_t nk = (size_t)c->T * c->K;
+  kernels_moe_dispatch_forward(c->send, c->send_expert, c->send_weight, c->h, c->ids, c->weights,
+                               c->route_row, c->T, c->K, c->C);
+  kernels_moe_combine_forward(c->m, c->y, c->route_row, c->T, c->K, c->C);
+  return dotd(c->send, c->Rs, nk * c->C) + dotd(c->send_weight, c->Rw, nk) +
+         dotd(c->m, c->Rm, (size_t)c->T * c->C);
 }
 
 static void test_dispatch_combine_grad(void **state) {
@@ -727,17 +736,18 @@ static void test_dispatch_combine_grad(void **state) {
   for (size_t i = 0; i < nk; i++)
     c.ids[i] = (int32_t)((i * 3 + i / 2) % 4);
   kernels_moe_dispatch_plan(counts, c.route_row, c.ids, c.T, c.K, c.E, c.N);
-  c.h = fz(n), c.send = fz(nr), c.y = fz(nr), c.weights = fz(nk), c.m = fz(n);
-  c.Rs = fz(nr), c.Rm = fz(n);
+  c.h = fz(n), c.send = fz(nr), c.send_weight = fz(nk), c.y = fz(nr), c.weights = fz(nk);
+  c.m = fz(n), c.Rs = fz(nr), c.Rw = fz(nk), c.Rm = fz(n);
   fill(c.h, n, 1.0f), fill(c.y, nr, 1.0f), fill(c.weights, nk, 1.0f);
-  fill(c.Rs, nr, 1.0f), fill(c.Rm, n, 1.0f);
+  fill(c.Rs, nr, 1.0f), fill(c.Rw, nk, 1.0f), fill(c.Rm, n, 1.0f);
   float *dh = fz(n), *dy = fz(nr), *dwt = fz(nk);
-  kernels_moe_dispatch_backward(dh, c.Rs, c.route_row, c.T, c.K, c.C, false);
-  kernels_moe_combine_backward(dy, dwt, c.Rm, c.y, c.weights, c.route_row, c.T, c.K, c.C);
+  kernels_moe_dispatch_backward(dh, dwt, c.Rs, c.Rw, c.route_row, c.T, c.K, c.C, false);
+  kernels_moe_combine_backward(dy, c.Rm, c.route_row, c.T, c.K, c.C);
   fd_check("dispatch dh", c.h, n, dh, dc_loss, &c);
+  fd_check("dispatch dweights", c.weights, nk, dwt, dc_loss, &c);
   fd_check("combine dy", c.y, nr, dy, dc_loss, &c);
-  fd_check("combine dweights", c.weights, nk, dwt, dc_loss, &c);
   free(c.ids), free(c.route_row), free(c.send_expert), free(c.h), free(c.send), free(c.y);
+  free(c.send_weight), free(c.Rw);
   free(c.weights), free(c.m), free(c.Rs), free(c.Rm), free(dh), free(dy), free(dwt);
 }
 
@@ -746,18 +756,18 @@ static void test_dispatch_combine_grad(void **state) {
 struct exp_ctx {
   int n, C, F, e_first, e_count;
   int32_t *row_expert;
-  float *in, *params, *out, *saved, *scratch, *R;
+  float *in, *row_weight, *params, *out, *saved, *scratch, *R;
 };
 
 static double exp_loss(void *p) {
   struct exp_ctx *c = p;
-  kernels_expert_ffn_forward(c->out, c->saved, NULL, c->scratch, c->in, c->row_expert, c->n,
-                             c->params, c->e_first, c->e_count, c->C, c->F);
+  kernels_expert_ffn_forward(c->out, c->saved, NULL, c->scratch, c->in, c->row_expert,
+                             c->row_weight, c->n, c->params, c->e_first, c->e_count, c->C, c->F);
   return dotd(c->out, c->R, (size_t)c->n * c->C);
 }
 
 /* Selective recomputation of the routed experts' activation (moe_act): the forward with act in
- * a buffer of its own writes the same outputs and the same xs, g, u; kernels_expert_ffn_act_forward
+ * a buffer of its own writes the same outputs and the same xs, g, u, ws; kernels_expert_ffn_act_forward
  * rebuilds act from them bit for bit (every row at once, where the forward went expert by
  * expert); and the weight gradient read from that buffer is the one read from saved. Rows of
  * three experts in arbitrary order, F = 37 so no expert's run of act is a multiple of a vector. */
@@ -768,25 +778,34 @@ static void test_expert_ffn_act_rerun(void **state) {
   size_t np = kernels_expert_ffn_param_count(E, C, F),
          ns = kernels_expert_ffn_saved_floats(n, C, F);
   size_t na = (size_t)n * F, nb = kernels_expert_ffn_bwork_floats(n, C, F);
-  float *params = fz(np), *in = fz((size_t)n * C), *dout = fz((size_t)n * C);
+  size_t gu = (size_t)n * (C + 2 * F); /* xs, g, u */
+  float *params = fz(np), *in = fz((size_t)n * C), *dout = fz((size_t)n * C), *rw = fz(n);
   fill(params, np, 0.9f), fill(in, (size_t)n * C, 2.0f), fill(dout, (size_t)n * C, 1.0f);
+  fill(rw, n, 1.0f);
   float *out = fz((size_t)n * C), *saved = fz(ns),
         *scratch = fz(kernels_expert_ffn_scratch_floats(n, C));
-  kernels_expert_ffn_forward(out, saved, NULL, scratch, in, row_expert, n, params, 0, E, C, F);
+  kernels_expert_ffn_forward(out, saved, NULL, scratch, in, row_expert, rw, n, params, 0, E, C, F);
   float *out2 = fz((size_t)n * C), *saved2 = fz(ns), *act = fz(na), *act2 = fz(na);
-  kernels_expert_ffn_forward(out2, saved2, act, scratch, in, row_expert, n, params, 0, E, C, F);
+  kernels_expert_ffn_forward(out2, saved2, act, scratch, in, row_expert, rw, n, params, 0, E, C, F);
   assert_same("outputs, act apart", out, out2, (size_t)n * C);
-  assert_same("xs, g, u, act apart", saved, saved2, ns - na);
-  assert_same("act apart", saved + ns - na, act, na);
+  assert_same("xs, g, u, act apart", saved, saved2, gu);
+  assert_same("the rows' weights, act apart", saved + gu + na, saved2 + gu, (size_t)n);
+  assert_same("act apart", saved + gu, act, na);
   kernels_expert_ffn_act_forward(act2, saved2, n, C, F);
   assert_same("act rebuilt", act, act2, na);
-  float *bw = fz(nb), *dx = fz((size_t)n * C), *dw = fz(np), *dw2 = fz(np);
-  kernels_expert_ffn_backward(dx, dw, bw, scratch, dout, row_expert, n, saved, NULL, params, 0, E,
-                              C, F, false);
+  float *bw = fz(nb), *dx = fz((size_t)n * C), *dw = fz(np), *dw2 = fz(np), *drw = fz(n);
+  float *drw2 = fz(n), *dx2 = fz((size_t)n * C), *bw2 = fz(nb);
+  kernels_expert_ffn_backward(dx, drw, dw, bw, scratch, dout, row_expert, n, saved, NULL, params, 0,
+                              E, C, F, false);
+  kernels_expert_ffn_backward_input(dx2, drw2, bw2, scratch, dout, row_expert, n, saved2, act2,
+                                    params, 0, E, C, F, false);
+  assert_same("input gradient, act apart", dx, dx2, (size_t)n * C);
+  assert_same("routing weights' gradient, act apart", drw, drw2, (size_t)n);
   kernels_expert_ffn_backward_weight(dw2, bw, row_expert, n, saved2, act2, 0, E, C, F);
   assert_same("weight gradient from the rebuilt act", dw, dw2, np);
   free(params), free(in), free(dout), free(out), free(saved), free(scratch), free(out2);
-  free(saved2), free(act), free(act2), free(bw), free(dx), free(dw), free(dw2);
+  free(saved2), free(act), free(act2), free(bw), free(dx), free(dw), free(dw2), free(rw);
+  free(drw), free(drw2), free(dx2), free(bw2);
 }
 
 static void test_expert_ffn_grad(void **state) {
@@ -801,7 +820,8 @@ static void test_expert_ffn_grad(void **state) {
   float *full = fz(kernels_expert_ffn_param_count(5, c.C, c.F));
   fill(full, kernels_expert_ffn_param_count(5, c.C, c.F), 0.7f);
   c.params = full + kernels_expert_ffn_param_count(c.e_first, c.C, c.F);
-  c.in = fz(n), c.out = fz(n), c.R = fz(n);
+  c.in = fz(n), c.out = fz(n), c.R = fz(n), c.row_weight = fz((size_t)c.n);
+  fill(c.row_weight, (size_t)c.n, 1.0f);
   c.saved = fz(kernels_expert_ffn_saved_floats(c.n, c.C, c.F));
   c.scratch = fz(kernels_expert_ffn_scratch_floats(c.n, c.C));
   fill(c.in, n, 1.0f), fill(c.R, n, 1.0f);
@@ -812,17 +832,22 @@ static void test_expert_ffn_grad(void **state) {
     kernels_mlp_forward(m, ms, c.in + r * c.C,
                         full + kernels_expert_ffn_param_count(row_expert[r], c.C, c.F), 1, c.C,
                         c.F);
-    /* BLAS may block a 1-row GEMM differently from a 4-row one. */
+    /* The row's output is its weight times the MLP's (the weight scales the activation before
+     * the linear down projection); BLAS may block a 1-row GEMM differently from a 4-row one. */
+    for (int j = 0; j < c.C; j++)
+      m[j] *= c.row_weight[r];
     assert_close_f("expert row vs mlp", c.out + r * c.C, m, (size_t)c.C, 1e-6, 1e-5);
   }
   float *dx = fz(n), *dw = fz(np), *bw = fz(nb), *dx2 = fz(n), *dw2 = fz(np), *bw2 = fz(nb);
-  kernels_expert_ffn_backward_input(dx, bw, c.scratch, c.R, row_expert, c.n, c.saved, c.params,
-                                    c.e_first, c.e_count, c.C, c.F, false);
+  float *drw = fz((size_t)c.n), *drw2 = fz((size_t)c.n);
+  kernels_expert_ffn_backward_input(dx, drw, bw, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
+                                    c.params, c.e_first, c.e_count, c.C, c.F, false);
   kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, NULL, c.e_first, c.e_count,
                                      c.C, c.F);
-  kernels_expert_ffn_backward(dx2, dw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
+  kernels_expert_ffn_backward(dx2, drw2, dw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
                               c.params, c.e_first, c.e_count, c.C, c.F, false);
   assert_same("expert fused dx", dx, dx2, n);
+  assert_same("expert fused drow_weight", drw, drw2, (size_t)c.n);
   assert_same("expert fused dw", dw, dw2, np);
   /* Expert 2 had no rows: its gradient block stays exactly zero. */
   size_t per = kernels_expert_ffn_param_count(1, c.C, c.F);
@@ -831,12 +856,14 @@ static void test_expert_ffn_grad(void **state) {
   float *dx3 = fz(n);
   fill(dx3, n, 1.0f);
   float *old = fdup(dx3, n);
-  kernels_expert_ffn_backward_input(dx3, bw2, c.scratch, c.R, row_expert, c.n, c.saved, c.params,
-                                    c.e_first, c.e_count, c.C, c.F, true);
+  kernels_expert_ffn_backward_input(dx3, drw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
+                                    c.params, c.e_first, c.e_count, c.C, c.F, true);
   check_accumulated("expert accumulate", dx3, old, dx, n);
   fd_check("expert din", c.in, n, dx, exp_loss, &c);
   fd_check("expert dw", c.params, np, dw, exp_loss, &c);
+  fd_check("expert drow_weight", c.row_weight, (size_t)c.n, drw, exp_loss, &c);
   free(full), free(c.in), free(c.out), free(c.R), free(c.saved), free(c.scratch);
+  free(c.row_weight), free(drw), free(drw2);
   free(dx), free(dw), free(bw), free(dx2), free(dw2), free(bw2), free(dx3), free(old);
 }
 
@@ -858,34 +885,38 @@ static void test_expert_parallel_equals_full(void **state) {
     int n_ranks = run == 0 ? 1 : N, per_rank = E / n_ranks;
     int32_t counts[N], route_row[T * K], send_expert[T * K];
     float *send = fz(T * K * C), *y = fz(T * K * C), *dy = fz(T * K * C), *dsend = fz(T * K * C);
+    float *send_weight = fz(T * K), *dsend_weight = fz(T * K);
     float *saved = fz(kernels_expert_ffn_saved_floats(T * K, C, F));
     float *bwork = fz(kernels_expert_ffn_bwork_floats(T * K, C, F));
     float *scratch = fz(kernels_expert_ffn_scratch_floats(T * K, C));
     m[run] = fz(T * C), dh[run] = fz(T * C), dparams[run] = fz(np), dweights[run] = fz(T * K);
     kernels_moe_dispatch_plan(counts, route_row, ids, T, K, E, n_ranks);
-    kernels_moe_dispatch_forward(send, send_expert, h, ids, route_row, T, K, C);
+    kernels_moe_dispatch_forward(send, send_expert, send_weight, h, ids, weights, route_row, T, K,
+                                 C);
     /* "All-to-all": rank r's rows are the slice [off, off + counts[r]) of the send buffer. */
     size_t off = 0;
     for (int r = 0; r < n_ranks; r++) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
-      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F), NULL, scratch,
-                                 send + off * C, send_expert + off, (int)cnt, params + e0 * per,
-                                 (int)e0, per_rank, C, F);
+      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F + 1), NULL, scratch,
+                                 send + off * C, send_expert + off, send_weight + off, (int)cnt,
+                                 params + e0 * per, (int)e0, per_rank, C, F);
       off += cnt;
     }
-    kernels_moe_combine_forward(m[run], y, weights, route_row, T, K, C);
-    kernels_moe_combine_backward(dy, dweights[run], dm, y, weights, route_row, T, K, C);
+    kernels_moe_combine_forward(m[run], y, route_row, T, K, C);
+    kernels_moe_combine_backward(dy, dm, route_row, T, K, C);
     off = 0;
     for (int r = 0; r < n_ranks; r++) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
-      kernels_expert_ffn_backward(dsend + off * C, dparams[run] + e0 * per,
+      kernels_expert_ffn_backward(dsend + off * C, dsend_weight + off, dparams[run] + e0 * per,
                                   bwork + off * (C + 2 * F), scratch, dy + off * C,
-                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F), NULL,
+                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F + 1), NULL,
                                   params + e0 * per, (int)e0, per_rank, C, F, false);
       off += cnt;
     }
-    kernels_moe_dispatch_backward(dh[run], dsend, route_row, T, K, C, false);
+    kernels_moe_dispatch_backward(dh[run], dweights[run], dsend, dsend_weight, route_row, T, K, C,
+                                  false);
     free(send), free(y), free(dy), free(dsend), free(saved), free(bwork), free(scratch);
+    free(send_weight), free(dsend_weight);
   }
   assert_same("EP forward", m[0], m[1], T * C);
   assert_same("EP dh", dh[0], dh[1], T * C);
@@ -901,7 +932,7 @@ static void test_expert_parallel_equals_full(void **state) {
  * finite differences. */
 struct moe_ctx {
   int T, C, F, E, K;
-  float *h, *rw, *ew, *probs, *weights, *send, *y, *m, *esaved, *scratch, *R;
+  float *h, *rw, *ew, *probs, *weights, *send, *send_weight, *y, *m, *esaved, *scratch, *R;
   int32_t *ids, *ids0, *route_row, *send_expert, counts[1];
 };
 
@@ -910,22 +941,26 @@ static double moe_loss(void *p) {
   kernels_router_forward(c->ids, c->weights, c->probs, c->h, c->rw, c->T, c->C, c->E, c->K);
   assert_memory_equal(c->ids, c->ids0, (size_t)c->T * c->K * sizeof(int32_t));
   kernels_moe_dispatch_plan(c->counts, c->route_row, c->ids, c->T, c->K, c->E, 1);
-  kernels_moe_dispatch_forward(c->send, c->send_expert, c->h, c->ids, c->route_row, c->T, c->K,
-                               c->C);
+  kernels_moe_dispatch_forward(c->send, c->send_expert, c->send_weight, c->h, c->ids, c->weights,
+                               c->route_row, c->T, c->K, c->C);
   kernels_expert_ffn_forward(c->y, c->esaved, NULL, c->scratch, c->send, c->send_expert,
-                             c->T * c->K, c->ew, 0, c->E, c->C, c->F);
-  kernels_moe_combine_forward(c->m, c->y, c->weights, c->route_row, c->T, c->K, c->C);
+                             c->send_weight, c->T * c->K, c->ew, 0, c->E, c->C, c->F);
+  kernels_moe_combine_forward(c->m, c->y, c->route_row, c->T, c->K, c->C);
   return dotd(c->m, c->R, (size_t)c->T * c->C);
 }
 
 static void test_moe_layer_grad(void **state) {
   (void)state;
   struct moe_ctx c = {.T = 4, .C = 4, .F = 3, .E = 4, .K = 2};
+  /* its own draw, apart from the tests before it: finite differences must not flip a routing
+   * (a near tie between two experts' probabilities) */
+  rng_state = 42;
   size_t n = (size_t)c.T * c.C, nk = (size_t)c.T * c.K, nr = nk * c.C;
   size_t nrw = kernels_router_param_count(c.C, c.E);
   size_t new_ = kernels_expert_ffn_param_count(c.E, c.C, c.F);
   c.h = fz(n), c.rw = fz(nrw), c.ew = fz(new_), c.probs = fz((size_t)c.T * c.E);
   c.weights = fz(nk), c.send = fz(nr), c.y = fz(nr), c.m = fz(n), c.R = fz(n);
+  c.send_weight = fz(nk);
   c.esaved = fz(kernels_expert_ffn_saved_floats((int)nk, c.C, c.F));
   c.scratch = fz(kernels_expert_ffn_scratch_floats((int)nk, c.C));
   c.ids = iz(nk), c.ids0 = iz(nk), c.route_row = iz(nk), c.send_expert = iz(nk);
@@ -933,12 +968,13 @@ static void test_moe_layer_grad(void **state) {
   kernels_router_forward(c.ids0, c.weights, c.probs, c.h, c.rw, c.T, c.C, c.E, c.K);
   moe_loss(&c);
   float *dy = fz(nr), *dwt = fz(nk), *dsend = fz(nr), *dh = fz(n), *drw = fz(nrw);
+  float *dsend_w = fz(nk);
   float *dew = fz(new_), *ebw = fz(kernels_expert_ffn_bwork_floats((int)nk, c.C, c.F));
   float *rbw = fz(kernels_router_bwork_floats(c.T, c.E));
-  kernels_moe_combine_backward(dy, dwt, c.R, c.y, c.weights, c.route_row, c.T, c.K, c.C);
-  kernels_expert_ffn_backward(dsend, dew, ebw, c.scratch, dy, c.send_expert, (int)nk, c.esaved,
-                              NULL, c.ew, 0, c.E, c.C, c.F, false);
-  kernels_moe_dispatch_backward(dh, dsend, c.route_row, c.T, c.K, c.C, false);
+  kernels_moe_combine_backward(dy, c.R, c.route_row, c.T, c.K, c.C);
+  kernels_expert_ffn_backward(dsend, dsend_w, dew, ebw, c.scratch, dy, c.send_expert, (int)nk,
+                              c.esaved, NULL, c.ew, 0, c.E, c.C, c.F, false);
+  kernels_moe_dispatch_backward(dh, dwt, dsend, dsend_w, c.route_row, c.T, c.K, c.C, false);
   kernels_router_backward(dh, drw, rbw, dwt, c.ids, c.weights, c.probs, c.h, c.rw, c.T, c.C, c.E,
                           c.K, true); /* h fans out to router and experts: sum */
   fd_check("moe layer dh", c.h, n, dh, moe_loss, &c);
@@ -947,7 +983,7 @@ static void test_moe_layer_grad(void **state) {
   free(c.h), free(c.rw), free(c.ew), free(c.probs), free(c.weights), free(c.send), free(c.y);
   free(c.m), free(c.R), free(c.esaved), free(c.scratch), free(c.ids), free(c.ids0);
   free(c.route_row), free(c.send_expert), free(dy), free(dwt), free(dsend), free(dh);
-  free(drw), free(dew), free(ebw), free(rbw);
+  free(drw), free(dew), free(ebw), free(rbw), free(c.send_weight), free(dsend_w);
 }
 
 /* ---- LM_HEAD_LOSS ------------------------------------------------------------------------ */

@@ -409,13 +409,14 @@ static void test_layered_refusals(void **state) {
  *   norm 2                                                                        2h + 4
  *   router: its input 2h, fp32 probabilities 4E, the routing (int32 id, fp32 weight) 8k
  *   shared experts: gate, up, silu(gate) up (their input is the router's)         6Fs
- *   routed experts: the routed rows 2kh, gate and up 4k Fe, the routing 8k, the expert
- *        outputs 2kh (the routing weights' gradient), silu(gate) up 2k Fe, the
- *        permutation (int32 row and expert) 8k                                   4kh + 6k Fe + 16k
+ *   routed experts: the routed rows 2kh, gate and up 4k Fe, the routing 8k, silu(gate) up
+ *        times the routing weight 2k Fe and that weight (fp32) 4k per row, the permutation
+ *        (int32 row and expert) 8k; not the expert outputs: the experts apply the routing
+ *        weights (Megatron-Core's weighted SwiGLU), the combine only sums    2kh + 6k Fe + 20k
  * and: full keeps each segment's inputs (x; the experts' h and routing: 4h + 8k; the residual
  * add after the experts saves nothing and is not rerun); layernorm drops 4h; mla_up_proj q, k,
  * v, 2(2H qk + H Dv); moe_act 2k Fe; shared_experts 6Fs; moe reruns the experts' segment in
- * full (it keeps h and the routing, 2h + 8k, for 4kh + 6k Fe + 16k). */
+ * full (it keeps h and the routing, 2h + 8k, for 2kh + 6k Fe + 20k). */
 struct hand {
   const char *name, *recompute; /* the directive's granularity and modules, "" for none */
   uint32_t tp;
@@ -524,7 +525,7 @@ static void test_deepseek_v3_layer_by_hand(void **state) {
   const double h = 7168, H = 128, ql = 1536, kvl = 512, rope = 64, qk = 128 + 64, Dv = 128;
   const double E = 256, k = 8, Fe = 2048, Fs = 2048;
   const double mla = 2 * h + 2 * (ql + kvl + rope) + 2 * (2 * H * qk + H * Dv) + 2 * H * Dv + 4 * H;
-  const double experts = 4 * k * h + 6 * k * Fe + 16 * k;
+  const double experts = 2 * k * h + 6 * k * Fe + 20 * k;
   const double S = (2 * h + 4) + mla + (2 * h + 4) + (2 * h + 4 * E + 8 * k) + 6 * Fs + experts;
   const double core = 2 * H * Dv + 4 * H, ln = 4 * h, up = 2 * (2 * H * qk + H * Dv);
   const double act = 2 * k * Fe, shared = 6 * Fs;
@@ -610,7 +611,8 @@ static void test_full_every_layer_as_megatron(void **state) {
  * factor x T x top_k, at most EP x T x top_k), the row's input, gate, up and silu(gate) up; with
  * the option the input is h bytes and one fp32 scale per 128 elements instead of h x B. tiny-moe
  * (fp32, h 64: 68 bytes a row instead of 256) at EP 2, capacity 1.5. */
-static uint64_t expert_saved(const char *layout, uint64_t *rows, uint64_t *h) {
+static uint64_t expert_saved(const char *layout, uint64_t *rows, uint64_t *h, uint64_t *f,
+                             uint64_t *combine_saved, uint64_t *n_a2a) {
   struct compile_options o = compile_options_default();
   o.model_path = "models/tiny-moe.json";
   o.layout = layout;
@@ -624,23 +626,48 @@ static uint64_t expert_saved(const char *layout, uint64_t *rows, uint64_t *h) {
   const struct model *m = p->model;
   *rows = (uint64_t)ceil(1.5 * (double)(model_tokens_per_microbatch(m) * m->experts_per_tok));
   *h = (uint64_t)m->hidden_size;
+  *f = (uint64_t)m->moe_intermediate_size;
   const struct plan_class *c = plan_device_class(p, 0);
   uint64_t saved = 0;
-  for (uint32_t i = 0; i < c->n_instrs && !saved; i++) {
+  *combine_saved = *n_a2a = 0;
+  uint64_t tk = (uint64_t)model_tokens_per_microbatch(m) * (uint64_t)m->experts_per_tok;
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
-    if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_F && n->shard_degree > 1)
+    if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_F && n->shard_degree > 1 && !saved)
       saved = written(c, i, PLAN_TENSOR_SAVED);
+    /* the forward all-to-alls' kept tensors: the dispatch's routing tables, nothing of the
+     * combine's (the experts applied the routing weights) */
+    if (n->kind == IR_NODE_ALL_TO_ALL && n->pass == IR_PASS_F) {
+      *combine_saved += written(c, i, PLAN_TENSOR_SAVED);
+      (*n_a2a)++;
+    }
   }
+  /* per dispatch (half the forward all-to-alls): a route row per (token, k) and an expert per
+   * row received, int32, each table 16-byte aligned */
+  uint64_t tables = ((tk * 4 + 15) & ~(uint64_t)15) + ((*rows * 4 + 15) & ~(uint64_t)15);
+  *combine_saved -= *n_a2a / 2 * tables;
   plan_free(p);
   return saved;
 }
 
 static void test_fp8_expert_inputs(void **state) {
   (void)state;
-  uint64_t rows, h;
-  uint64_t bf = expert_saved("pp=2,dp=2,ep=2,capacity=1.5", &rows, &h);
-  uint64_t f8 = expert_saved("pp=2,dp=2,ep=2,capacity=1.5,fp8-expert-inputs", &rows, &h);
+  uint64_t rows, h, f, combine, combine8, n, n8;
+  uint64_t bf = expert_saved("pp=2,dp=2,ep=2,capacity=1.5", &rows, &h, &f, &combine, &n);
+  uint64_t f8 =
+      expert_saved("pp=2,dp=2,ep=2,capacity=1.5,fp8-expert-inputs", &rows, &h, &f, &combine8, &n8);
   assert_true(rows > 0 && bf > 0);
+  /* per row received (fp32): its input h, gate, up and silu(gate) up times its routing weight
+   * 3f, and that weight; the routing tables are the dispatch's tensor. The dispatch saves the
+   * routing tables only, the combine nothing (the experts applied the weights). */
+  if (bf != rows * (4 * h + 12 * f + 4))
+    fail_msg("the experts save %llu B, by hand %llu rows x (4h + 12f + 4) = %llu",
+             (unsigned long long)bf, (unsigned long long)rows,
+             (unsigned long long)(rows * (4 * h + 12 * f + 4)));
+  assert_true(n > 0 && n8 == n);
+  if (combine != 0 || combine8 != 0)
+    fail_msg("the forward all-to-alls keep %llu B beyond the routing tables",
+             (unsigned long long)combine);
   if (bf - f8 != rows * (4 * h - (h + 4 * ((h + 127) / 128))))
     fail_msg("fp8-expert-inputs saves %llu B of %llu, by hand %llu rows x (%llu - %llu)",
              (unsigned long long)(bf - f8), (unsigned long long)bf, (unsigned long long)rows,
