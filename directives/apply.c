@@ -1165,10 +1165,14 @@ static void expert_dp_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
   uint32_t grp_of_dir = ir_graph_group(g, dd->devices, dd->n_devices);
   GArray *bucket = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   GArray *deg = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-  const struct ir_node *like = NULL;
+  /* the bucket's expert grid, as its last node's (copied: adding the collective may move the
+   * node array) */
+  uint32_t like_replicas = 0, like_shard = 1, like_tp = 0;
   double cap = dd->bucket_size_mb * MIB, bytes = 0;
   for (int64_t s = (int64_t)m->n_segments - 1; s >= -1; s--) {
-    const struct ir_node *fn = s >= 0 ? IR_NODE(g, ds->home[s].fwd_node) : NULL;
+    /* copied: adding a collective below may move the node array */
+    struct ir_node f = s >= 0 ? *IR_NODE(g, ds->home[s].fwd_node) : (struct ir_node){0};
+    const struct ir_node *fn = &f;
     bool take = s >= 0 && ds->home[s].n_homes == 1 && ds->home[s].group == grp_of_dir &&
                 m->segments[s].param_count > 0 && INFO(a, ds->home[s].fwd_node)->replicate == d &&
                 fn->expert_replicas > 1;
@@ -1181,8 +1185,8 @@ static void expert_dp_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
       c->segset = ir_graph_add_segset(g, (uint32_t *)bucket->data, bucket->len,
                                       (uint32_t *)deg->data);
       c->bytes = IR_SEGSET(g, c->segset)->param_bytes; /* what one device holds of them */
-      c->expert_replicas = c->replica_degree = like->expert_replicas;
-      c->tp_degree = like->shard_degree * (like->tp_degree > 1 ? like->tp_degree : 1);
+      c->expert_replicas = c->replica_degree = like_replicas;
+      c->tp_degree = like_shard * (like_tp > 1 ? like_tp : 1);
       c->sequence_parallel = false;
       c->shard_degree = 1;
       g_array_set_size(bucket, 0);
@@ -1194,7 +1198,9 @@ static void expert_dp_buckets(struct apply *a, struct dp_sync *ds, uint32_t d) {
       g_array_append_val(bucket, seg);
       g_array_append_val(deg, fn->shard_degree);
       bytes += sb;
-      like = fn;
+      like_replicas = fn->expert_replicas;
+      like_shard = fn->shard_degree;
+      like_tp = fn->tp_degree;
     }
   }
   g_array_free(bucket, TRUE);
