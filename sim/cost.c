@@ -34,7 +34,9 @@ static double achieved_bandwidth(const struct profile *p) {
 static double tiles_time(const struct profile *p, enum model_dtype dtype, double tiles, double tm,
                          double tn, double k_slice, double rate) {
   double sms = device_sms(p);
-  double per_sm = p->peak_flops[dtype] * p->gemm_efficiency * rate / sms;
+  double eff = dtype == MODEL_DTYPE_FP8 && p->gemm_efficiency_fp8 > 0 ? p->gemm_efficiency_fp8
+                                                                        : p->gemm_efficiency;
+  double per_sm = p->peak_flops[dtype] * eff * rate / sms;
   double waves = ceil(tiles / sms);
   return waves * 2.0 * tm * tn * (k_slice + p->gemm_tile_fill_k) / per_sm;
 }
@@ -275,6 +277,7 @@ double cost_all_to_all_skew(const struct profile *p, const struct model *m, uint
  * as its input-gradient (rows, k, n) and weight-gradient (k, n, rows) products. */
 struct op_gemm {
   double rows, n, k, groups, hot_rows;
+  double launches; /* kernel launches of each of its products (1 but per-expert launches) */
 };
 
 struct op_shape {
@@ -287,7 +290,7 @@ struct op_shape {
 };
 
 static void add_gemm(struct op_shape *s, double rows, double n, double k) {
-  s->g[s->n_gemms++] = (struct op_gemm){rows, n, k, 1, rows};
+  s->g[s->n_gemms++] = (struct op_gemm){rows, n, k, 1, rows, 1};
 }
 
 static double at_least_one(double x) {
@@ -351,8 +354,11 @@ static bool op_gemms(const struct profile *p, const struct model *m, const struc
     double local = at_least_one(E / ep), routes = T * k;
     double rows = routes / local;
     double hot = rows * cost_routing_hot_factor(p, m, routes * ep, E);
-    s->g[s->n_gemms++] = (struct op_gemm){rows, 2 * f, h, local, hot};
-    s->g[s->n_gemms++] = (struct op_gemm){rows, h, f, local, hot};
+    /* per-expert launches: the tiles still pool over the SMs (Transformer Engine spreads the
+     * per-expert cuBLAS calls over several streams), but every launch pays its fixed cost */
+    double launches = p->expert_gemm_per_expert ? local : 1;
+    s->g[s->n_gemms++] = (struct op_gemm){rows, 2 * f, h, local, hot, launches};
+    s->g[s->n_gemms++] = (struct op_gemm){rows, h, f, local, hot, launches};
     return true;
   }
   case MODEL_OP_LM_HEAD_LOSS:
@@ -385,6 +391,8 @@ static void pass_gemms(const struct profile *p, enum model_dtype dt, const struc
     c[n++] = cost_gemm_grouped(p, dt, g->groups, g->k, g->k, g->n, inner);
   }
   for (int i = 0; i < n; i++) {
+    /* each product's launches past the first (cost_gemm_grouped counts one) */
+    c[i].seconds += (g->launches - 1) * p->kernel_overhead;
     *seconds += c[i].seconds;
     *bytes += c[i].bytes;
     if (c[i].memory > c[i].compute)

@@ -143,6 +143,7 @@ static const struct profile_key device_keys[] = {
     KEY("weight_copy_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, weight_copy_bytes_per_param),
     /* the shape model's (cost_model "shapes"; sim/cost.h) */
     KEY("gemm_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, gemm_efficiency),
+    KEY("gemm_efficiency_fp8", DOUBLE, OPTIONAL, 1e-3, 1, 1, gemm_efficiency_fp8),
     KEY("gemm_tile_fill_k", DOUBLE, OPTIONAL, 0, 1e6, 1, gemm_tile_fill_k),
     KEY("attention_efficiency_fwd", DOUBLE, OPTIONAL, 1e-3, 1, 1, attention_efficiency[0]),
     KEY("attention_efficiency_bwd", DOUBLE, OPTIONAL, 1e-3, 1, 1, attention_efficiency[1]),
@@ -437,6 +438,19 @@ static bool read_host(struct profile *p, const cJSON *host, const char *ctx, GEr
   return true;
 }
 
+/* The moe section: its numeric keys and how the expert GEMMs are launched. */
+static bool read_moe(struct profile *p, const cJSON *moe, const char *ctx, GError **err) {
+  static const char *const launches[] = {"grouped", "per_expert", NULL};
+  int launch = 0;
+  if (!check_section_keys(moe, moe_keys, G_N_ELEMENTS(moe_keys),
+                          (const char *const[]){"expert_gemm_launches", NULL}, ctx, err) ||
+      !read_keys(p, moe, moe_keys, G_N_ELEMENTS(moe_keys), ctx, err) ||
+      !read_choice(moe, "expert_gemm_launches", launches, &launch, ctx, err))
+    return false;
+  p->expert_gemm_per_expert = launch == 1;
+  return true;
+}
+
 /* The optional sections of a measured machine: host facts, per-operation fits and how the
  * backend holds memory. */
 static bool read_machine(struct profile *p, const char *name, const cJSON *root, GError **err) {
@@ -451,7 +465,7 @@ static bool read_machine(struct profile *p, const char *name, const cJSON *root,
   if (host && !read_host(p, host, ctx, err))
     return false;
   snprintf(ctx, sizeof ctx, "%s: moe", name);
-  if (moe && !read_section(p, moe, moe_keys, G_N_ELEMENTS(moe_keys), ctx, err))
+  if (moe && !read_moe(p, moe, ctx, err))
     return false;
   snprintf(ctx, sizeof ctx, "%s: memory", name);
   if (mem && !read_section(p, mem, memory_keys, G_N_ELEMENTS(memory_keys), ctx, err))

@@ -117,6 +117,8 @@ struct profile {
    * the default): every op at compute_efficiency of peak or memory_efficiency of bandwidth */
   bool shape_model;
   double gemm_efficiency;     /* a full wave of the largest tile's main loop / peak */
+  /* the same for FP8 GEMMs (a recipe's GEMMs at the FP8 peak); 0: gemm_efficiency */
+  double gemm_efficiency_fp8;
   double gemm_tile_fill_k;    /* a tile's prologue and epilogue, in K elements of its loop */
   double attention_efficiency[2]; /* [0] forward, [1] backward: long-sequence plateau / peak */
   double attention_half_seq;  /* causal sequence at which the kernel reaches half its plateau */
@@ -127,6 +129,10 @@ struct profile {
   /* MoE ("moe" section): routing_imbalance > 0 is the most-loaded expert's tokens over the
    * mean (a measured or published figure); 0: the binomial spread of balanced random routing */
   double routing_imbalance;
+  /* moe.expert_gemm_launches "per_expert": a grouped expert GEMM is one kernel launch per
+   * local expert (Transformer Engine's GroupedLinear: a cuBLAS call per expert), each paying
+   * kernel_overhead; false ("grouped", the default): one launch for all (a grouped kernel) */
+  bool expert_gemm_per_expert;
   /* multiplies each family's costs (1 unless piper-sim's sensitivity varies them) */
   double family_scale[PROFILE_FAMILY_COUNT];
 

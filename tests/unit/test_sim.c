@@ -160,6 +160,17 @@ static void test_gemm_shapes(void **state) {
   assert_true(s.memory > s.compute);
   test_assert_near(s.seconds, (8.0 * 4096 + 4096.0 * 4096 + 8.0 * 4096) * 2 / 1e12, 0, 1e-12,
                    "skinny");
+  /* FP8 GEMMs take their own main-loop efficiency where the profile gives one: the one-wave
+   * GEMM at an FP8 peak of 800 TFLOP/s and 0.5 of it runs at 400, as bf16 at 400 and 1 */
+  p->peak_flops[MODEL_DTYPE_FP8] = 800e12;
+  struct cost_gemm f8 = cost_gemm(p, MODEL_DTYPE_FP8, 1536, 2816, 4096);
+  test_assert_near(f8.compute, g.compute / 2, 0, 1e-12, "fp8 at its peak, bf16's efficiency");
+  p->gemm_efficiency_fp8 = 0.5;
+  f8 = cost_gemm(p, MODEL_DTYPE_FP8, 1536, 2816, 4096);
+  test_assert_near(f8.compute, 2.0 * 1536 * 2816 * 4096 / 400e12, 0, 1e-12, "fp8 efficiency");
+  test_assert_near(cost_gemm(p, MODEL_DTYPE_BF16, 1536, 2816, 4096).seconds, g.seconds, 0, 0,
+                   "bf16 unchanged");
+  p->gemm_efficiency_fp8 = 0;
   /* a long K with few tiles splits K over the idle SMs */
   struct cost_gemm sk = cost_gemm(p, MODEL_DTYPE_BF16, 256, 256, 65536);
   assert_true(sk.split_k > 1);
@@ -315,6 +326,12 @@ static void test_profile_errors(void **state) {
       {"{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":2,\"BI_ms\":1,\"BW_ms\":1},"
        "\"moe\":{\"routing_imbalance\":0.5}}",
        "routing_imbalance"},
+      {"{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":2,\"BI_ms\":1,\"BW_ms\":1},"
+       "\"moe\":{\"expert_gemm_launches\":\"loop\"}}",
+       "\"expert_gemm_launches\": \"loop\" is not grouped or per_expert"},
+      {"{\"kind\":\"device\",\"device\":{\"peak_tflops\":{\"bf16\":1,\"fp32\":1},"
+       "\"memory_bandwidth_gbs\":1,\"memory_capacity_gib\":1,\"gemm_efficiency_fp8\":2}}",
+       "gemm_efficiency_fp8"},
       {"[1]", "object"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -565,6 +582,24 @@ static void test_moe_costs(void **state) {
                  cost_gemm_grouped(h, m->dtype, E / ep, rows, hf * rows, hid, f).seconds;
   test_assert_near(fam1[PROFILE_FAMILY_GEMM], want1, 0, 1e-12, "published skew");
   assert_true(fam1[PROFILE_FAMILY_GEMM] <= hot);
+  /* per-expert launches (Transformer Engine's GroupedLinear): the same tiles, and each of the
+   * 16 local experts' launches past the first pays kernel_overhead (4 us on this profile): F
+   * runs 2 products, 2 x 15 x 4 us = 120 us more; B runs each GEMM's input and weight
+   * gradients, 4 products, 240 us more */
+  h->routing_imbalance = 1;
+  h->expert_gemm_per_expert = false;
+  for (int pass = 0; pass < 2; pass++) {
+    enum ir_pass ps = pass ? IR_PASS_B : IR_PASS_F;
+    double g1[PROFILE_FAMILY_COUNT] = {0}, g16[PROFILE_FAMILY_COUNT] = {0};
+    assert_true(cost_model_op(h, m, op, ps, 1, (uint32_t)ep, 1, bytes, g1, &mem));
+    h->expert_gemm_per_expert = true;
+    assert_true(cost_model_op(h, m, op, ps, 1, (uint32_t)ep, 1, bytes, g16, &mem));
+    h->expert_gemm_per_expert = false;
+    assert_true(h->kernel_overhead == 4e-6);
+    test_assert_near(g16[PROFILE_FAMILY_GEMM] - g1[PROFILE_FAMILY_GEMM], pass ? 240e-6 : 120e-6,
+                     1e-12, 0, "per-expert launches");
+    assert_true(g16[PROFILE_FAMILY_MEMORY] == g1[PROFILE_FAMILY_MEMORY]);
+  }
   profile_free(h);
   model_free(m);
 }
