@@ -142,6 +142,9 @@ static bool check_table(const struct exec_backend_ops *ops, GError **err) {
     if (!required[i].present)
       return piper_input_error(err, "backend \"%s\": the table has no %s (a required entry)",
                                ops->name ? ops->name : "?", required[i].name);
+  if ((ops->p2p_start == NULL) != (ops->p2p_finish == NULL))
+    return piper_input_error(err, "backend \"%s\": the table has one of p2p_start and p2p_finish "
+                                  "(both or neither)", ops->name);
   /* the ops every plan runs (ops.def's EXEC_USE_ALWAYS); the others are checked per plan */
   for (int op = 0; op < EXEC_OP_COUNT; op++)
     if (op_info[op].use == EXEC_USE_ALWAYS && !table_has(ops, (enum exec_op)op))
@@ -399,6 +402,22 @@ bool exec_comm_p2p_group(struct exec_backend *b, const struct exec_p2p_part *par
                     : b->ops->recv(x->comm, x->peer_world_rank, x->buf, x->bytes, x->tag, err);
   }
   return ok;
+}
+
+bool exec_comm_p2p_start(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                         struct exec_p2p_flight **out, GError **err) {
+  PIPER_ASSERT(b != NULL && out != NULL);
+  *out = NULL;
+  if (!b->ops->p2p_start)
+    return exec_comm_p2p_group(b, parts, n, err);
+  for (uint32_t k = 0; k < n; k++)
+    PIPER_ASSERT(parts[k].comm != NULL && (parts[k].buf != NULL || parts[k].bytes == 0));
+  return b->ops->p2p_start(b, parts, n, out, err);
+}
+
+bool exec_comm_p2p_finish(struct exec_backend *b, struct exec_p2p_flight *f, GError **err) {
+  PIPER_ASSERT(b != NULL);
+  return f == NULL || b->ops->p2p_finish(b, f, err);
 }
 
 #define EXEC_KERNEL(name, use, params, args)

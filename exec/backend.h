@@ -29,13 +29,15 @@
 
 /* The version of the table below. A backend sets api_version to the value it was written
  * against; exec_backend_init refuses a table of another version. */
-#define EXEC_BACKEND_API_VERSION 7 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times; \
+#define EXEC_BACKEND_API_VERSION 8 /* 2: loop_stats; 3: p2p_group; 4: configure, task_times; \
                                       5: alloc_tensor, memory_peak; 6: ops.def, \
-                                      host_memory, setup_stream; 7: busy_clock */
+                                      host_memory, setup_stream; 7: busy_clock; \
+                                      8: p2p_start, p2p_finish */
 
 struct exec_stream; /* an in-order queue of work (the backend's own type) */
 struct exec_event;  /* marks a point in a stream's queue */
 struct exec_comm;   /* a communicator: a set of world ranks, rank = position */
+struct exec_p2p_flight; /* a point-to-point group in flight (p2p_start .. p2p_finish) */
 
 /* A backend instance: its table and its private state. The same for every backend; made by
  * exec_backend_init, freed by exec_backend_free. */
@@ -245,6 +247,19 @@ struct exec_backend_ops {
    * lower rank sends first). Default: send and recv on the parts in that order. */
   bool (*p2p_group)(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
                     GError **err);
+  /* Optional, both or neither: p2p_group in two halves, so that work the task issues between
+   * them runs while the parts are in flight (context parallelism's ring, exec/context_parallel.c).
+   * p2p_start posts the parts (the same order rule) and returns at once with *out (NULL when
+   * nothing is left in flight); p2p_finish waits for them and frees *out (NULL: nothing). Until
+   * it returns, the send buffers are read and must not be written, and the receive buffers
+   * hold nothing yet. A started group is always finished, on failure paths too. Host: every
+   * part posted nonblocking, the wait at finish (the task suspends there once); cuda: NCCL's
+   * group on the backend's own side stream, after the task stream's work so far, and the task
+   * stream waits for it at finish. Default: p2p_start runs the whole group (p2p_group), then
+   * there is nothing to finish. */
+  bool (*p2p_start)(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                    struct exec_p2p_flight **out, GError **err);
+  bool (*p2p_finish)(struct exec_backend *b, struct exec_p2p_flight *f, GError **err);
   /* Collectives, one entry per EXEC_COLLECTIVE of ops.def (NULL: not supported). */
 #define EXEC_KERNEL(name, use, params, args)
 #define EXEC_COLLECTIVE(name, use, params, args, pre)                                             \
@@ -331,6 +346,10 @@ struct exec_comm *exec_comm_create(struct exec_backend *b, const char *label,
 void exec_comm_destroy(struct exec_backend *b, struct exec_comm *c);
 bool exec_comm_p2p_group(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
                          GError **err);
+/* The backend's p2p_start and p2p_finish (or their defaults). */
+bool exec_comm_p2p_start(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                         struct exec_p2p_flight **out, GError **err);
+bool exec_comm_p2p_finish(struct exec_backend *b, struct exec_p2p_flight *f, GError **err);
 /* exec_comm_<name> for every collective of ops.def: asserts its precondition, then calls the
  * backend's entry. */
 #define EXEC_KERNEL(name, use, params, args)

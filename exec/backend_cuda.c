@@ -923,6 +923,8 @@ const struct exec_backend_ops exec_backend_cuda = {
     .comm_create = exec_cuda_comm_create,
     .comm_destroy = exec_cuda_comm_destroy,
     .p2p_group = exec_cuda_p2p_group,
+    .p2p_start = exec_cuda_p2p_start,
+    .p2p_finish = exec_cuda_p2p_finish,
 #define EXEC_KERNEL(name, use, params, args)
 #define EXEC_COLLECTIVE(name, use, params, args, pre) .name = exec_cuda_##name,
 #include "ops.def"

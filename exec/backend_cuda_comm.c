@@ -63,6 +63,9 @@ bool exec_cuda_comm_start(struct cuda_context *b, const struct exec_backend_para
 static void staged_sends_settle(struct cuda_context *b, bool all);
 
 void exec_cuda_comm_finalize(struct cuda_context *b) {
+  if (b->p2p_side)
+    cudaStreamDestroy(b->p2p_side); /* teardown: the streams are idle */
+  b->p2p_side = NULL;
   staged_sends_settle(b, true);
   if (b->staged_sends)
     g_array_free(b->staged_sends, TRUE);
@@ -277,6 +280,70 @@ bool exec_cuda_p2p_group(struct exec_backend *backend, const struct exec_p2p_par
   }
   bool ended = NCCL_CHECK(b, ncclGroupEnd(), ok ? err : NULL);
   return ok && ended;
+}
+
+/* A group in flight: the side stream's event after its parts. */
+struct exec_p2p_flight {
+  cudaEvent_t done;
+};
+
+/* NCCL's group on the side stream, after the task stream's work so far (what it sends may have
+ * just been written there); the task stream goes on at once. Host-staged, the group runs whole
+ * here (nothing in flight). */
+bool exec_cuda_p2p_start(struct exec_backend *backend, const struct exec_p2p_part *parts,
+                         uint32_t n, struct exec_p2p_flight **out, GError **err) {
+  struct cuda_context *b = backend->context;
+  *out = NULL;
+  if (b->shared_gpu || n == 0)
+    return exec_cuda_p2p_group(backend, parts, n, err);
+  cudaStream_t cs = stream_now(parts[0].comm);
+  cudaEvent_t before = NULL, done = NULL;
+  if (!b->p2p_side &&
+      !CUDA_CHECK(b, cudaStreamCreateWithFlags(&b->p2p_side, cudaStreamNonBlocking), err))
+    return false;
+  if (!(CUDA_CHECK(b, cudaEventCreateWithFlags(&before, cudaEventDisableTiming), err) &&
+        CUDA_CHECK(b, cudaEventCreateWithFlags(&done, cudaEventDisableTiming), err) &&
+        CUDA_CHECK(b, cudaEventRecord(before, cs), err) &&
+        CUDA_CHECK(b, cudaStreamWaitEvent(b->p2p_side, before, 0), err))) {
+    if (before)
+      cudaEventDestroy(before);
+    if (done)
+      cudaEventDestroy(done);
+    return false;
+  }
+  cudaEventDestroy(before); /* released once recorded work completes */
+  for (uint32_t k = 0; k < n; k++)
+    if (!parts[k].is_send)
+      exec_cuda_written(b, parts[k].buf, parts[k].bytes);
+  bool ok = NCCL_CHECK(b, ncclGroupStart(), err);
+  for (uint32_t k = 0; k < n && ok; k++) {
+    const struct exec_p2p_part *x = &parts[k];
+    int peer = peer_rank(x->comm, x->peer_world_rank);
+    ok = x->is_send
+             ? NCCL_CHECK(b, ncclSend(x->buf, x->bytes, ncclInt8, peer, x->comm->nccl, b->p2p_side),
+                          err)
+             : NCCL_CHECK(b, ncclRecv(x->buf, x->bytes, ncclInt8, peer, x->comm->nccl, b->p2p_side),
+                          err);
+  }
+  bool ended = NCCL_CHECK(b, ncclGroupEnd(), ok ? err : NULL);
+  ok = ok && ended && CUDA_CHECK(b, cudaEventRecord(done, b->p2p_side), err);
+  if (!ok) {
+    cudaEventDestroy(done);
+    return false;
+  }
+  *out = g_new(struct exec_p2p_flight, 1);
+  (*out)->done = done;
+  return true;
+}
+
+/* The task stream's later work waits for the group. */
+bool exec_cuda_p2p_finish(struct exec_backend *backend, struct exec_p2p_flight *f, GError **err) {
+  struct cuda_context *b = backend->context;
+  bool ok = CUDA_CHECK(b, cudaStreamWaitEvent(exec_cuda_stream(b, exec_cuda_current), f->done, 0),
+                       err);
+  cudaEventDestroy(f->done);
+  g_free(f);
+  return ok;
 }
 
 bool exec_cuda_send(struct exec_comm *c, uint32_t peer, const void *buf, size_t bytes, int tag,

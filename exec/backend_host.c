@@ -693,6 +693,13 @@ static bool host_p2p_group(struct exec_backend *b, const struct exec_p2p_part *p
                            GError **err) {
   return exec_host_p2p_group(b->context, parts, n, err);
 }
+static bool host_p2p_start(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                           struct exec_p2p_flight **out, GError **err) {
+  return exec_host_p2p_start(b->context, parts, n, out, err);
+}
+static bool host_p2p_finish(struct exec_backend *b, struct exec_p2p_flight *f, GError **err) {
+  return exec_host_p2p_finish(b->context, f, err);
+}
 static bool host_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
                                       enum exec_reduce_op op, GError **err) {
   return exec_host_world_all_reduce_f64(b->context, buf, n, op, err);
@@ -744,6 +751,8 @@ const struct exec_backend_ops exec_backend_host = {
     .comm_create = host_comm_create,
     .comm_destroy = exec_host_comm_destroy,
     .p2p_group = host_p2p_group,
+    .p2p_start = host_p2p_start,
+    .p2p_finish = host_p2p_finish,
     .world_all_reduce_f64 = host_world_all_reduce_f64,
     .world_gather = host_world_gather,
     .world_broadcast = host_world_broadcast,

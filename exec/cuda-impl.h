@@ -36,6 +36,7 @@ struct cuda_context {
   MPI_Comm job;         /* the job's ranks (a duplicate of MPI_COMM_WORLD, the backend's own) */
   MPI_Comm node;        /* the ranks of this host */
   GArray *staged_sends; /* host-staged sends in flight (backend_cuda_comm.c) */
+  cudaStream_t p2p_side; /* where groups in flight run (exec_cuda_p2p_start), made on first use */
   double epoch;
   /* the backend's clock at epoch_event: 0 on rank 0; on a rank of rank 0's machine, which
    * takes rank 0's origin, when its own event completed on it */
@@ -164,6 +165,9 @@ void exec_cuda_comm_destroy(struct exec_comm *c);
 #undef EXEC_COLLECTIVE
 bool exec_cuda_p2p_group(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
                          GError **err);
+bool exec_cuda_p2p_start(struct exec_backend *b, const struct exec_p2p_part *parts, uint32_t n,
+                         struct exec_p2p_flight **out, GError **err);
+bool exec_cuda_p2p_finish(struct exec_backend *b, struct exec_p2p_flight *f, GError **err);
 bool exec_cuda_world_all_reduce_f64(struct exec_backend *b, double *buf, size_t n,
                                     enum exec_reduce_op op, GError **err);
 bool exec_cuda_world_gather(struct exec_backend *b, const void *in, size_t bytes, void **out,

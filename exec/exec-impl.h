@@ -188,6 +188,10 @@ struct exec_device {
    * the communicator key its attention exchanges K/V on (IR_NONE without CP). The CP ranks
    * count among the replicas: dp_degree and dp_rank include them (CP inside DP). */
   uint32_t cp_degree, cp_rank, cp_comm;
+  /* cp-comm=p2p: the ring (K/V from cp_prev, on to cp_next: their world ranks), else the
+   * all-gather of K/V */
+  bool cp_ring;
+  uint32_t cp_prev, cp_next;
   uint64_t *op_offset; /* [n_ops]: where each op's parameters start in its segment's local block */
 };
 

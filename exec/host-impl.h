@@ -59,6 +59,11 @@ void exec_host_comm_destroy(struct exec_comm *c);
 /* A point-to-point group (struct exec_backend_ops.p2p_group): posted together, one wait. */
 bool exec_host_p2p_group(struct host_context *b, const struct exec_p2p_part *parts, uint32_t n,
                          GError **err);
+/* The group in two halves (struct exec_backend_ops.p2p_start, p2p_finish): posted, then waited
+ * for at finish. */
+bool exec_host_p2p_start(struct host_context *b, const struct exec_p2p_part *parts, uint32_t n,
+                         struct exec_p2p_flight **out, GError **err);
+bool exec_host_p2p_finish(struct host_context *b, struct exec_p2p_flight *f, GError **err);
 bool exec_host_world_all_reduce_f64(struct host_context *b, double *buf, size_t n,
                                     enum exec_reduce_op op, GError **err);
 bool exec_host_world_gather(struct host_context *b, const void *in, size_t bytes, void **out,

@@ -495,6 +495,48 @@ static bool mpi_p2p_group(struct host_context *b, const struct exec_p2p_part *pa
   return ok;
 }
 
+/* A group in flight (exec_host_p2p_start): its posted requests, waited for at finish. */
+struct exec_p2p_flight {
+  struct host_context *b;
+  GArray *reqs; /* MPI_Request */
+  char label[64], what[96];
+};
+
+/* Every part posted, nothing waited for: the caller's work runs while they are in flight (a
+ * peer's matching part may progress only when this rank next calls MPI: at finish, or
+ * sooner where the transport moves data on its own). */
+static bool mpi_p2p_start(struct host_context *b, const struct exec_p2p_part *parts, uint32_t n,
+                          struct exec_p2p_flight **out, GError **err) {
+  struct exec_p2p_flight *f = g_new0(struct exec_p2p_flight, 1);
+  f->b = b;
+  f->reqs = g_array_new(FALSE, FALSE, sizeof(MPI_Request));
+  g_strlcpy(f->label, parts[0].comm->label, sizeof f->label);
+  g_snprintf(f->what, sizeof f->what, "group of %u in flight (first: %s rank %u)", n,
+             parts[0].is_send ? "send to" : "receive from", parts[0].peer_world_rank);
+  bool ok = true;
+  for (uint32_t k = 0; k < n && ok; k++)
+    ok = post_part(&parts[k], f->reqs, err);
+  if (!ok) { /* cancel what was posted: nothing stays in flight */
+    struct mpi_pending m = {
+        {mpi_test, mpi_cancel, ""}, b, (int)f->reqs->len, (MPI_Request *)f->reqs->data, true};
+    if (f->reqs->len)
+      mpi_cancel(&m.base);
+    g_array_free(f->reqs, TRUE);
+    g_free(f);
+    return false;
+  }
+  *out = f;
+  return true;
+}
+
+static bool mpi_p2p_finish(struct exec_p2p_flight *f, GError **err) {
+  bool ok = wait_requests(f->b, f->label, f->what, (int)f->reqs->len,
+                          (MPI_Request *)f->reqs->data, true, err);
+  g_array_free(f->reqs, TRUE);
+  g_free(f);
+  return ok;
+}
+
 static bool too_big(struct exec_comm *c, size_t n, const char *what, GError **err) {
   if (n <= INT_MAX)
     return false;
@@ -725,6 +767,35 @@ bool exec_host_p2p_group(struct host_context *b, const struct exec_p2p_part *par
     ok = local_transfer(x->comm, x->is_send, x->peer_world_rank, err);
   }
   return ok;
+}
+
+bool exec_host_p2p_start(struct host_context *b, const struct exec_p2p_part *parts, uint32_t n,
+                         struct exec_p2p_flight **out, GError **err) {
+  *out = NULL;
+#ifdef HAVE_MPI
+  bool local = false;
+  for (uint32_t k = 0; k < n; k++) {
+    if (refused(b, parts[k].comm->label, err))
+      return false;
+    local = local || parts[k].comm->local;
+  }
+  if (n > 0 && !local)
+    return mpi_p2p_start(b, parts, n, out, err);
+#endif
+  return exec_host_p2p_group(b, parts, n, err); /* alone: as a group, nothing in flight */
+}
+
+bool exec_host_p2p_finish(struct host_context *b, struct exec_p2p_flight *f, GError **err) {
+  (void)b;
+  if (!f)
+    return true;
+#ifdef HAVE_MPI
+  return mpi_p2p_finish(f, err);
+#else
+  (void)err;
+  PIPER_ASSERT(!"a group in flight without MPI");
+  return false;
+#endif
 }
 
 bool exec_host_all_reduce_f32(struct exec_comm *c, float *buf, size_t n, GError **err) {

@@ -43,10 +43,16 @@ uint64_t ir_cp_buffer_bytes(const struct model *m, uint32_t segment, enum ir_pas
     if (kv > most)
       most = kv;
   }
-  /* One layer at a time. The ring holds two blocks of another rank's K/V (the one attended
-   * and the one arriving); backward sends dK/dV blocks along with them. The all-gather holds
-   * the whole sequence's K/V, backward its dK/dV too before the reduce-scatter. */
-  uint64_t blocks = comm == IR_CP_P2P ? 2 * most / cp : most;
+  /* One layer at a time. The all-gather holds the whole sequence's K/V, backward its dK/dV
+   * too before the reduce-scatter. The ring (exec/context_parallel.c) holds, besides the rank's
+   * own K/V, a block of one rank's K/V (most / cp) arriving while it attends to the one it
+   * holds: two buffers in turn, one at cp 2 (whose only exchange brings the other rank's).
+   * Backward adds two dK/dV blocks: one a step's gradients go into while the previous step's
+   * sum leaves from another and the next sum arrives in the third, which is the attention's
+   * own dK/dV (its backward workspace already). */
   bool bwd = pass == IR_PASS_B || pass == IR_PASS_BI;
-  return bwd ? 2 * blocks : blocks;
+  if (comm == IR_CP_ALL_GATHER)
+    return bwd ? 2 * most : most;
+  uint64_t kv_blocks = cp - 1 < 2 ? cp - 1 : 2;
+  return (kv_blocks + (bwd ? 2 : 0)) * (most / cp);
 }

@@ -285,8 +285,8 @@ uint64_t ir_tp_segment_work_modules(const struct model *m, uint32_t segment, enu
 void ir_cp_segment_kv(const struct model *m, uint32_t segment, uint32_t tp, uint64_t *kv_bytes,
                       uint32_t *layers);
 /* What a compute node's attention holds for the exchange while it runs, one layer at a time:
- * p2p, two blocks of K/V (and of dK/dV in B and BI); all_gather, the whole sequence's K/V (and
- * dK/dV). 0 in BW and without context parallelism. */
+ * p2p, two blocks of one rank's K/V (one at cp 2), and two of dK/dV in B and BI; all_gather,
+ * the whole sequence's K/V (and dK/dV). 0 in BW and without context parallelism. */
 uint64_t ir_cp_buffer_bytes(const struct model *m, uint32_t segment, enum ir_pass pass,
                             uint32_t tp, enum ir_cp_comm comm);
 /* The TP collectives a compute node of segment in pass implies: *count of them moving *bytes

@@ -7,8 +7,9 @@
 # and ZeRO-3 variants, DualPipeV on pp4_dp2_ep2_v_placement, ZB-H1 and DualPipe (also with
 # ZeRO-1, and ZeRO-2 with EP 2); tiny-dense
 # under tensor parallelism (TP 2, TP 2 + SP, ZB-H1 over PP 2 x TP 2 + SP, PP 2 x DP 2 x TP 2)
-# and context parallelism (CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2, CP 4 x TP 2, recomputation;
-# the first three also on the cuda backend, on the emulated GPU)
+# and context parallelism (the ring: CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2, CP 4 x TP 2,
+# recomputation; the all-gather: CP 2 bit-identical to the ring, CP 4; the first three, CP 4 and
+# CP 2's all-gather also on the cuda backend, on the emulated GPU)
 # and uneven stages (3 + 5 layers; embedding and loss counted as layers), interleaved 1F1B with
 # M not a multiple of R, and tiny-moe with
 # experts divided by TP (TP 2, TP 2 + SP, PP 2 x TP 2 + SP, EP 2 x TP 2, PP 2 x
@@ -216,14 +217,22 @@ json.dump(d, open(sys.argv[3], 'w'))" "$T/pp2.json" $g "$T/pp2_rc_$g.json"
   run tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8 && same_as dense_ref tp2_sp
   run pp2_tp2_sp_zb 4 --layout pp=2,tp=2,sp --schedule zerobubble --mbs 8 && same_as dense_ref pp2_tp2_sp_zb
   run pp2_dp2_tp2 8 --layout pp=2,dp=2,tp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_tp2
-  # context parallelism: each CP rank holds chunks i and 3 - i of every sequence, gathers the
-  # others' K/V for its attention (block attention by the chunks' global offsets, merged by
-  # log-sum-exp) and returns their dK/dV; CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2 (8 ranks)
+  # context parallelism: each CP rank holds chunks i and 3 - i of every sequence, passes K/V
+  # round the ring of CP ranks (cp-comm=p2p, the default) for its attention (block attention by
+  # the chunks' global offsets, merged by log-sum-exp) and their dK/dV back to their owners;
+  # CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2 (8 ranks)
   run cp2 2 --layout cp=2 --mbs 8 && same_as dense_ref cp2
   run cp2_tp2 4 --layout pp=1,tp=2,cp=2 --mbs 8 && same_as dense_ref cp2_tp2
   run pp2_dp2_cp2 8 --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 4 && same_as dense_ref pp2_dp2_cp2
-  # ... CP 4 (8 chunks of 4 tokens) beside TP 2, and recomputation under CP 2 x PP 2 bit-identical
-  # to storing: full reruns the forward's exchange, selective the core over every rank's K/V
+  # ... the all-gather of K/V (cp-comm=all_gather) visits the blocks in the ring's order: at CP 2
+  # bit-identical to the ring (the dK/dV sums add the same two terms), at CP 4 (8 chunks of 4
+  # tokens) the one-device losses and parameters, as is the ring's CP 4 beside TP 2
+  run cp2_ag 2 --layout cp=2,cp-comm=all_gather --mbs 8 &&
+    [ "$(losses "$T/cp2_ag")" = "$(losses "$T/cp2")" ] && cmp -s "$T/cp2_ag.params" "$T/cp2.params" &&
+    ok || bad "CP 2's all-gather is not bit-identical to its ring"
+  run cp4_ag 4 --layout cp=4,cp-comm=all_gather --mbs 8 && same_as dense_ref cp4_ag
+  # ... and recomputation under CP 2 x PP 2 bit-identical to storing: full reruns the forward's
+  # exchange, selective the core over every rank's K/V
   run cp4_tp2 8 --layout pp=1,tp=2,cp=4 --mbs 8 && same_as dense_ref cp4_tp2
   run pp2_cp2 4 --layout pp=2,cp=2 --schedule 1f1b --mbs 8 && same_as dense_ref pp2_cp2
   for g in full selective; do
@@ -262,6 +271,10 @@ EOF
     run_emu cp2_tp2_cuda 4 --layout pp=1,tp=2,cp=2 --mbs 8 && same_emu dense_ref cp2_tp2_cuda
     run_emu pp2_dp2_cp2_cuda 8 --layout pp=2,dp=2,cp=2 --schedule 1f1b --mbs 4 &&
       same_emu dense_ref pp2_dp2_cp2_cuda
+    # ... the ring at CP 4 (NCCL's grouped send and receive on the backend's side stream, beside
+    # the blocks), and CP 2's all-gather
+    run_emu cp4_cuda 4 --layout cp=4 --mbs 8 && same_emu dense_ref cp4_cuda
+    run_emu cp2_ag_cuda 2 --layout cp=2,cp-comm=all_gather --mbs 8 && same_emu dense_ref cp2_ag_cuda
   else
     echo "skip: CP on the emulated GPU (make emu: $(tail -1 "$T/emu.log" 2>/dev/null || echo no g++))"
   fi

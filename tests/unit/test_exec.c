@@ -490,6 +490,12 @@ static void test_backend_table_checks_and_defaults(void **state) {
   assert_null(exec_backend_init(&lacking, NULL, &err));
   assert_non_null(strstr(err->message, "has no fill (every plan runs it)"));
   g_clear_error(&err);
+  /* a group started must be finishable: p2p_start and p2p_finish come together */
+  lacking = exec_backend_host;
+  lacking.p2p_finish = NULL;
+  assert_null(exec_backend_init(&lacking, NULL, &err));
+  assert_non_null(strstr(err->message, "one of p2p_start and p2p_finish (both or neither)"));
+  g_clear_error(&err);
   assert_null(exec_backend_init_by_name("nonexistent", NULL, &err));
   assert_int_equal(err->code, PIPER_ERROR_INPUT);
   g_clear_error(&err);
