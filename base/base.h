@@ -88,6 +88,15 @@ char *piper_read_file(const char *path, size_t max, size_t *len, GError **err);
 #define PIPER_FNV1A_INIT 14695981039346656037ull
 /* 64-bit FNV-1a of n bytes, continuing from h (start with PIPER_FNV1A_INIT). */
 uint64_t piper_fnv1a(uint64_t h, const void *data, size_t n);
+/* splitmix64's finaliser: a counter-based hash (a value that depends only on its key, never
+ * on the order of the draws), for the synthetic data, the initial parameters and the
+ * simulator's scenario draws. */
+static inline uint64_t piper_splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 
 /* Seconds on the monotonic clock. */
 double piper_clock_seconds(void);

@@ -84,7 +84,7 @@ static void quantize(struct cuda_context *b, cudaStream_t cs, struct fp8_operand
 
 /* The matmul of first (cuBLASLt's A: [n][k] K-major, transposed) and second ([m][k], not):
  * D [n, m] column-major = row-major C [m, n]. ks columns of K from k0 (the whole K for the
- * tensorwise recipe), ld k. Scales as set on op by the caller. */
+ * tensorwise recipe), ld k. */
 struct fp8_matmul {
   const uint8_t *first, *second;
   int m, n, k, k0, ks;
@@ -93,114 +93,19 @@ struct fp8_matmul {
   float alpha, beta;
 };
 
-/* The largest power of two up to 256 that divides p's address (as backend_cuda_gemm.c's). */
-static uint32_t alignment_of(const void *p) {
-  uint32_t al = 256;
-  while (al > 1 && (uintptr_t)p % al != 0)
-    al /= 2;
-  return al;
-}
-
-/* Algorithm for the call: cached per shape and alignment in gemm_algos under an "fp8" key;
- * found is false (and cached so) where cuBLASLt has none. The heuristic is told the operands'
- * alignment: C is often a view (an expert's rows, a head's columns), and a K slice starts 128
- * bytes into its rows. */
-static bool fp8_algo(struct cuda_context *b, const struct fp8_matmul *x, cublasLtMatmulDesc_t op,
-                     cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-                     cublasLtMatrixLayout_t lc, cublasLtMatmulHeuristicResult_t *heur,
-                     bool *found, GError **err) {
-  uint32_t al[] = {alignment_of(x->first + x->k0), alignment_of(x->second + x->k0),
-                   alignment_of(x->D), alignment_of(x->D)};
-  char key[160];
-  g_snprintf(key, sizeof key, "fp8 %d %d %d %d %d %d %d %u %u %u", (int)b->fp8, x->m, x->n, x->k,
-             x->ks, x->ldd, x->beta != 0.0f, al[0], al[1], al[2]);
-  if (!b->gemm_algos)
-    b->gemm_algos = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
-  const cublasLtMatmulHeuristicResult_t *cached = g_hash_table_lookup(b->gemm_algos, key);
-  if (cached) {
-    *heur = *cached;
-    *found = heur->state == CUBLAS_STATUS_SUCCESS;
-    return true;
-  }
-  cublasLtMatmulPreference_t pref = NULL;
-  int n_found = 0;
-  bool ok = CUBLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref), err) &&
-            CUBLAS_CHECK(b,
-                         cublasLtMatmulPreferenceSetAttribute(
-                             pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                             &b->lt_workspace_bytes, sizeof b->lt_workspace_bytes),
-                         err);
-  const cublasLtMatmulPreferenceAttributes_t which[] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (size_t i = 0; ok && i < G_N_ELEMENTS(which); i++)
-    ok = CUBLAS_CHECK(b, cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]),
-                      err);
-  /* an FP8 shape cuBLASLt cannot run is no error: it is declined (bf16 runs it) */
-  cublasStatus_t st = ok ? cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, heur,
-                                                          &n_found)
-                         : CUBLAS_STATUS_NOT_SUPPORTED;
-  if (pref)
-    cublasLtMatmulPreferenceDestroy(pref);
-  if (!ok)
-    return false;
-  if (st != CUBLAS_STATUS_SUCCESS || n_found == 0) {
-    memset(heur, 0, sizeof *heur);
-    heur->state = CUBLAS_STATUS_NOT_SUPPORTED;
-  }
-  *found = heur->state == CUBLAS_STATUS_SUCCESS;
-  g_hash_table_insert(b->gemm_algos, g_strdup(key), g_memdup2(heur, sizeof *heur));
-  return true;
-}
-
 /* One cuBLASLt FP8 matmul (scales: the dequantisation factors a_scale, b_scale of first and
- * second, or NULL for 1); *ran false when cuBLASLt declines the shape. */
+ * second, or NULL for 1), both operands K-major ("TN"); *ran false when cuBLASLt declines
+ * the shape. */
 static bool fp8_matmul(struct cuda_context *b, cudaStream_t cs, void *ws,
                        const struct fp8_matmul *x, const float *a_scale, const float *b_scale,
                        bool *ran, GError **err) {
-  cublasLtMatmulDesc_t op = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-  cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N; /* FP8: both K-major ("TN") */
-  cublasLtMatmulHeuristicResult_t heur;
-  bool found = false;
-  bool ok =
-      CUBLAS_CHECK(b, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), err) &&
-      CUBLAS_CHECK(
-          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
-          err) &&
-      CUBLAS_CHECK(
-          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
-          err) &&
-      (!a_scale || CUBLAS_CHECK(b,
-                                cublasLtMatmulDescSetAttribute(
-                                    op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
-                                    sizeof a_scale),
-                                err)) &&
-      (!b_scale || CUBLAS_CHECK(b,
-                                cublasLtMatmulDescSetAttribute(
-                                    op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
-                                    sizeof b_scale),
-                                err)) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, x->ks, x->n, x->k), err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, x->ks, x->m, x->k), err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, x->n, x->m, x->ldd), err) &&
-      fp8_algo(b, x, op, la, lb, lc, &heur, &found, err);
-  *ran = ok && found;
-  if (*ran)
-    ok = CUBLAS_CHECK(b,
-                      cublasLtMatmul(b->lt, op, &x->alpha, x->first + x->k0, la,
-                                     x->second + x->k0, lb, &x->beta, x->D, lc, x->D, lc,
-                                     &heur.algo, ws, b->lt_workspace_bytes, cs),
-                      err);
-  if (lc)
-    cublasLtMatrixLayoutDestroy(lc);
-  if (lb)
-    cublasLtMatrixLayoutDestroy(lb);
-  if (la)
-    cublasLtMatrixLayoutDestroy(la);
-  if (op)
-    cublasLtMatmulDescDestroy(op);
-  return ok;
+  struct exec_lt_matmul lt = {
+      .in = CUDA_R_8F_E4M3, .scaling = (int)b->fp8, .opa = CUBLAS_OP_T, .opb = CUBLAS_OP_N,
+      .a_rows = x->ks, .a_cols = x->n, .lda = x->k, .b_rows = x->ks, .b_cols = x->m,
+      .ldb = x->k, .n = x->n, .m = x->m, .ldd = x->ldd, .A = x->first + x->k0,
+      .B = x->second + x->k0, .D = x->D, .alpha = x->alpha, .beta = x->beta,
+      .a_scale = a_scale, .b_scale = b_scale};
+  return exec_cuda_lt_matmul(b, cs, ws, &lt, true, ran, err);
 }
 
 /* Blockwise: one FP8 GEMM per 128-wide K slice into part [m, n] (fp32), each promoted into C

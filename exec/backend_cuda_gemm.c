@@ -23,14 +23,12 @@ static uint32_t ptr_alignment(const void *p) {
 }
 
 /* One GEMM's operands as cuBLASLt sees them (column-major: row-major C is column-major C^T =
- * op(B)^T op(A)^T, so B goes first), their element type and what the heuristic needs. */
+ * op(B)^T op(A)^T, so B goes first) and their element type. */
 struct gemm_call {
   bool ta, tb, bf16;
   int m, n, k;
   const void *first, *second; /* B, A as stored or their bf16 copies */
   int ld_first, ld_second;
-  float *C;
-  int ldc;
 };
 
 /* ---- bf16 weight copies ---------------------------------------------------------------- */
@@ -171,32 +169,35 @@ static bool gemm_bf16_operands(struct cuda_context *b, cudaStream_t cs, struct c
   return true;
 }
 
-/* The algorithm for g: the heuristic's answer per shape, alignment and precision, cached
- * (asking costs more than a small GEMM, and every step asks for the same shapes). */
-static bool gemm_algo(struct cuda_context *b, const struct gemm_call *g, cublasLtMatmulDesc_t op,
-                      cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-                      cublasLtMatrixLayout_t lc, cublasLtMatmulHeuristicResult_t *heur,
-                      GError **err) {
+/* The algorithm for x: the heuristic's answer per layout, scaling and alignment, cached
+ * (asking costs more than a small GEMM, and every step asks for the same shapes). *found is
+ * false, and cached so, where cuBLASLt has none. */
+static bool lt_algo(struct cuda_context *b, const struct exec_lt_matmul *x, bool declinable,
+                    cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                    cublasLtMatrixLayout_t lc, cublasLtMatmulHeuristicResult_t *heur, bool *found,
+                    GError **err) {
   /* the heuristic assumes 256-byte aligned operands unless told: views into saved buffers
-   * (a head's columns, an expert's rows) are often only 4-byte aligned */
-  uint32_t align_a = ptr_alignment(g->first), align_b = ptr_alignment(g->second),
-           align_c = ptr_alignment(g->C);
+   * (a head's columns, an expert's rows) are often only 4-byte aligned, and an FP8 K slice
+   * starts 128 bytes into its rows */
+  const uint32_t al[] = {ptr_alignment(x->A), ptr_alignment(x->B), ptr_alignment(x->D),
+                         ptr_alignment(x->D)};
   char key[160];
-  g_snprintf(key, sizeof key, "%d%d %d %d %d %d %d %d %u %u %u %d", g->ta, g->tb, g->m, g->n, g->k,
-             g->ld_second, g->ld_first, g->ldc, align_a, align_b, align_c, g->bf16);
+  g_snprintf(key, sizeof key, "%d %d %d%d %d %d %d %d %d %d %d %d %d %u %u %u", (int)x->in,
+             x->scaling, (int)x->opa, (int)x->opb, x->a_rows, x->a_cols, x->lda, x->b_rows,
+             x->b_cols, x->ldb, x->n, x->m, x->ldd, al[0], al[1], al[2]);
   if (!b->gemm_algos)
     b->gemm_algos = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
   const cublasLtMatmulHeuristicResult_t *cached = g_hash_table_lookup(b->gemm_algos, key);
   if (cached) {
     *heur = *cached;
+    *found = heur->state == CUBLAS_STATUS_SUCCESS;
     return true;
   }
   cublasLtMatmulPreference_t pref = NULL;
-  int found = 0;
+  int n_found = 0;
   const cublasLtMatmulPreferenceAttributes_t which[] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  const uint32_t value[] = {align_a, align_b, align_c, align_c};
   bool ok = CUBLAS_CHECK(b, cublasLtMatmulPreferenceCreate(&pref), err) &&
             CUBLAS_CHECK(b,
                          cublasLtMatmulPreferenceSetAttribute(
@@ -204,20 +205,69 @@ static bool gemm_algo(struct cuda_context *b, const struct gemm_call *g, cublasL
                              &b->lt_workspace_bytes, sizeof b->lt_workspace_bytes),
                          err);
   for (size_t i = 0; ok && i < G_N_ELEMENTS(which); i++)
-    ok = CUBLAS_CHECK(
-        b, cublasLtMatmulPreferenceSetAttribute(pref, which[i], &value[i], sizeof value[i]), err);
-  ok = ok && CUBLAS_CHECK(b,
-                          cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, heur,
-                                                         &found),
-                          err);
+    ok = CUBLAS_CHECK(b, cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]),
+                      err);
+  cublasStatus_t st = ok ? cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, lc, lc, pref, 1, heur,
+                                                          &n_found)
+                         : CUBLAS_STATUS_SUCCESS;
   if (pref)
     cublasLtMatmulPreferenceDestroy(pref);
-  if (ok && found == 0)
-    ok = piper_runtime_error(err,
-                             "rank %u GPU %d: cuBLASLt has no algorithm for a %dx%dx%d %s GEMM",
-                             b->rank, b->device, g->m, g->n, g->k, g->bf16 ? "bf16" : "fp32");
-  if (ok)
-    g_hash_table_insert(b->gemm_algos, g_strdup(key), g_memdup2(heur, sizeof *heur));
+  /* a shape a declinable call cannot run is no error: it is declined */
+  if (!ok || (!declinable && !CUBLAS_CHECK(b, st, err)))
+    return false;
+  if (st != CUBLAS_STATUS_SUCCESS || n_found == 0) {
+    memset(heur, 0, sizeof *heur);
+    heur->state = CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  *found = heur->state == CUBLAS_STATUS_SUCCESS;
+  g_hash_table_insert(b->gemm_algos, g_strdup(key), g_memdup2(heur, sizeof *heur));
+  return true;
+}
+
+bool exec_cuda_lt_matmul(struct cuda_context *b, cudaStream_t cs, void *ws,
+                         const struct exec_lt_matmul *x, bool declinable, bool *ran, GError **err) {
+  cublasLtMatmulDesc_t op = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+  cublasLtMatmulHeuristicResult_t heur;
+  bool found = false;
+  bool ok =
+      CUBLAS_CHECK(b, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), err) &&
+      CUBLAS_CHECK(b,
+                   cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &x->opa,
+                                                  sizeof x->opa),
+                   err) &&
+      CUBLAS_CHECK(b,
+                   cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &x->opb,
+                                                  sizeof x->opb),
+                   err) &&
+      (!x->a_scale || CUBLAS_CHECK(b,
+                                   cublasLtMatmulDescSetAttribute(
+                                       op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &x->a_scale,
+                                       sizeof x->a_scale),
+                                   err)) &&
+      (!x->b_scale || CUBLAS_CHECK(b,
+                                   cublasLtMatmulDescSetAttribute(
+                                       op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x->b_scale,
+                                       sizeof x->b_scale),
+                                   err)) &&
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, x->in, x->a_rows, x->a_cols, x->lda), err) &&
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, x->in, x->b_rows, x->b_cols, x->ldb), err) &&
+      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, x->n, x->m, x->ldd), err) &&
+      lt_algo(b, x, declinable, op, la, lb, lc, &heur, &found, err);
+  *ran = ok && found;
+  if (*ran)
+    ok = CUBLAS_CHECK(b,
+                      cublasLtMatmul(b->lt, op, &x->alpha, x->A, la, x->B, lb, &x->beta, x->D, lc,
+                                     x->D, lc, &heur.algo, ws, b->lt_workspace_bytes, cs),
+                      err);
+  if (lc)
+    cublasLtMatrixLayoutDestroy(lc);
+  if (lb)
+    cublasLtMatrixLayoutDestroy(lb);
+  if (la)
+    cublasLtMatrixLayoutDestroy(la);
+  if (op)
+    cublasLtMatmulDescDestroy(op);
   return ok;
 }
 
@@ -238,42 +288,24 @@ static bool gemm_lt(struct cuda_context *b, cudaStream_t cs, void *ws, struct cu
         kc_fill(C + (size_t)r * ldc, 0.0f, (size_t)n, cs);
     return true;
   }
-  struct gemm_call g = {ta, tb, b->bf16_gemm, m, n, k, B, A, ldb, lda, C, ldc};
+  struct gemm_call g = {ta, tb, b->bf16_gemm, m, n, k, B, A, ldb, lda};
   if (g.bf16 && !gemm_bf16_operands(b, cs, sc, &g, A, lda, B, ldb, pre, err))
     return false;
-  cudaDataType_t in = g.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasLtMatmulDesc_t op = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtMatmulHeuristicResult_t heur;
-  bool ok =
-      CUBLAS_CHECK(b, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), err) &&
-      CUBLAS_CHECK(
-          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
-          err) &&
-      CUBLAS_CHECK(
-          b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
-          err) &&
-      /* first operand: B^T as stored, [n, k] after op; second: A, [k, m] after op */
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&la, in, tb ? k : n, tb ? n : k, g.ld_first),
-                   err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lb, in, ta ? m : k, ta ? k : m, g.ld_second),
-                   err) &&
-      CUBLAS_CHECK(b, cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, ldc), err) &&
-      gemm_algo(b, &g, op, la, lb, lc, &heur, err) &&
-      CUBLAS_CHECK(b,
-                   cublasLtMatmul(b->lt, op, &alpha, g.first, la, g.second, lb, &beta, C, lc, C,
-                                  lc, &heur.algo, ws, b->lt_workspace_bytes, cs),
-                   err);
-  if (lc)
-    cublasLtMatrixLayoutDestroy(lc);
-  if (lb)
-    cublasLtMatrixLayoutDestroy(lb);
-  if (la)
-    cublasLtMatrixLayoutDestroy(la);
-  if (op)
-    cublasLtMatmulDescDestroy(op);
-  return ok;
+  /* first operand: B^T as stored, [n, k] after op; second: A, [k, m] after op */
+  struct exec_lt_matmul x = {
+      .in = g.bf16 ? CUDA_R_16BF : CUDA_R_32F, .scaling = MODEL_FP8_NONE,
+      .opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, .opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+      .a_rows = tb ? k : n, .a_cols = tb ? n : k, .lda = g.ld_first,
+      .b_rows = ta ? m : k, .b_cols = ta ? k : m, .ldb = g.ld_second,
+      .n = n, .m = m, .ldd = ldc, .A = g.first, .B = g.second, .D = C, .alpha = alpha,
+      .beta = beta};
+  bool ran = false;
+  if (!exec_cuda_lt_matmul(b, cs, ws, &x, false, &ran, err))
+    return false;
+  return ran || piper_runtime_error(err,
+                                    "rank %u GPU %d: cuBLASLt has no algorithm for a %dx%dx%d %s "
+                                    "GEMM",
+                                    b->rank, b->device, m, n, k, g.bf16 ? "bf16" : "fp32");
 }
 
 /* A GEMM of a kernel entry, pre saying which operands are already bf16 (bf16 models only):

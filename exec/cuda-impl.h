@@ -274,6 +274,25 @@ static inline void exec_cuda_gemm(struct exec_stream *s, bool ta, bool tb, int m
   exec_cuda_gemm_pre(s, 0, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* backend_cuda_gemm.c: one cuBLASLt matmul, D [n, m] column-major (ldd) = alpha op(A) op(B)
+ * + beta D, as both GEMM paths (bf16/fp32 and FP8) describe it. The heuristic's algorithm is
+ * cached in gemm_algos under everything it is asked with: the layouts (element types, rows,
+ * columns, leading dimensions), the transposes, the scaling mode and the operands' alignment.
+ * *ran is false where cuBLASLt has no algorithm (the answer is cached too): declinable, a
+ * failing heuristic is a decline (FP8: the caller runs the GEMM in bf16), else an error. */
+struct exec_lt_matmul {
+  cudaDataType_t in; /* A's and B's element type */
+  int scaling;       /* enum model_fp8 (per-tensor scale pointers or none) */
+  cublasOperation_t opa, opb;
+  int a_rows, a_cols, lda, b_rows, b_cols, ldb, n, m, ldd; /* layouts as cuBLASLt reads them */
+  const void *A, *B;
+  float *D;
+  float alpha, beta;
+  const float *a_scale, *b_scale; /* CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER, or NULL */
+};
+bool exec_cuda_lt_matmul(struct cuda_context *b, cudaStream_t cs, void *ws,
+                         const struct exec_lt_matmul *x, bool declinable, bool *ran, GError **err);
+
 /* backend_cuda_fp8.c: a kernel entry of op starts on s (enter returns the state leave
  * restores): its GEMMs run in FP8 when op is a linear layer's and the model has a recipe.
  * exec_cuda_gemm_fp8: one GEMM (exec_cuda_gemm_pre's arguments) in FP8: 1 ran, 0 declined

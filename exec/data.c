@@ -20,13 +20,6 @@ struct exec_data {
 #define HEADER_BYTES 1024
 #define SYNTHETIC_TOKENS (1u << 16)
 
-static uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 static uint32_t token_at(const struct exec_data *d, uint64_t i) {
   switch (d->kind) {
   case DATA_TOKENS16: {
@@ -54,10 +47,10 @@ struct exec_data *exec_data_open(const char *path, int64_t vocab, uint64_t seed,
     d->n = SYNTHETIC_TOKENS;
     d->synthetic = g_new(uint32_t, d->n);
     uint64_t A = vocab < 32 ? (uint64_t)vocab : 32;
-    uint32_t t = (uint32_t)(mix(seed) % A);
+    uint32_t t = (uint32_t)(piper_splitmix64(seed) % A);
     for (uint64_t i = 0; i < d->n; i++) {
       d->synthetic[i] = t;
-      uint64_t h = mix(seed ^ (i * 0x2545f4914f6cdd1dull));
+      uint64_t h = piper_splitmix64(seed ^ (i * 0x2545f4914f6cdd1dull));
       t = (h & 3) ? (uint32_t)(((uint64_t)t * 5 + 3) % A) : (uint32_t)((h >> 8) % A);
     }
     return d;

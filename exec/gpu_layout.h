@@ -94,7 +94,7 @@ int exec_gpu_head_tile_cols(int T, int V, int forced);
  * (exec_cuda_arena_plan) and what `piper-prof --backend cuda` writes into its profile's memory
  * section, so the two cannot drift apart. fp32 for every model today: the executor sizes each
  * activation buffer in floats from the host kernels' layouts (exec/memory.c, segment_*.c) and
- * every kernel entry reads and writes fp32; the bf16 kernels (kc_bf16_*, kernels/cuda_bf16.cu)
+ * every kernel entry reads and writes fp32; the bf16 kernels (kc_bf16_*, kernels/cuda.cu)
  * are not yet behind an entry. A bf16 model's activations at 2 bytes is the change to here
  * once they are (docs/exec.md, "Memory"). */
 enum model_dtype exec_gpu_act_dtype(enum model_dtype model);

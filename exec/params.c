@@ -6,14 +6,6 @@
 
 #include "train-impl.h"
 
-/* splitmix64: a counter-based hash, so each parameter's value depends only on its key. */
-static uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 float exec_init_param(const struct model *m, uint64_t seed, uint32_t op, uint64_t index) {
   if (op < m->n_ops && m->ops[op].kind == MODEL_OP_RMSNORM)
     return 1.0f;
@@ -24,7 +16,9 @@ float exec_init_param(const struct model *m, uint64_t seed, uint32_t op, uint64_
         op = o;
         break;
       }
-  uint64_t h = mix(mix(seed ^ 0x5049504552ull) ^ ((uint64_t)op << 40) ^ index);
+  /* a counter-based hash: each parameter's value depends only on its key */
+  uint64_t key = piper_splitmix64(seed ^ 0x5049504552ull) ^ ((uint64_t)op << 40) ^ index;
+  uint64_t h = piper_splitmix64(key);
   /* Box-Muller on two 24-bit uniforms in (0, 1]; std 0.02 (GPT-2's initialisation). */
   double u1 = ((double)(h >> 40) + 1.0) / 16777216.0;
   double u2 = (double)((h >> 16) & 0xffffff) / 16777216.0;

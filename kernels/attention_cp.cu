@@ -7,31 +7,17 @@
 // reduction tree: deterministic.
 #include <math.h>
 
+#include "cuda_block.cuh"
 #include "kernels_cuda.h"
 
 namespace {
 
-constexpr int kThreads = 32; // per row; elementwise kernels: 8 warps
-constexpr int kFlat = 256;
+constexpr int kThreads = 32; // per row; elementwise kernels: kFlatThreads
 
-unsigned blocks_for(size_t n) {
-  size_t b = (n + kFlat - 1) / kFlat;
-  return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
-}
-
-// Block-wide reduction in a fixed order (shared-memory tree): every thread gets the result.
+// Block-wide reduction in a fixed order (cuda_block.cuh): every thread gets the result.
 template <bool kMax> __device__ float block_reduce(float v) {
   __shared__ float buf[kThreads];
-  __syncthreads();
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s)
-      buf[threadIdx.x] = kMax ? fmaxf(buf[threadIdx.x], buf[threadIdx.x + s])
-                              : buf[threadIdx.x] + buf[threadIdx.x + s];
-    __syncthreads();
-  }
-  return buf[0];
+  return block_reduce_in<kMax>(buf, v);
 }
 
 // Row i of p [m, n] (keys 0 .. last visible = min(n - 1, i + shift)) in place: exp(scale s -
@@ -145,6 +131,6 @@ void kc_attention_merge(float *y, float *lse, const float *yb, const float *lb, 
   size_t n = (size_t)m * heads * head_dim;
   if (!n)
     return;
-  merge_y_k<<<blocks_for(n), kFlat, 0, st>>>(y, lse, yb, lb, m, heads, head_dim);
-  merge_lse_k<<<blocks_for((size_t)m * heads), kFlat, 0, st>>>(lse, lb, (size_t)m * heads);
+  merge_y_k<<<blocks_for(n), kFlatThreads, 0, st>>>(y, lse, yb, lb, m, heads, head_dim);
+  merge_lse_k<<<blocks_for((size_t)m * heads), kFlatThreads, 0, st>>>(lse, lb, (size_t)m * heads);
 }

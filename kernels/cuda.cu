@@ -1,7 +1,9 @@
 // cuda: the CUDA kernels of kernels_cuda.h. Each mirrors one step of the host reference in
 // kernels/*.c (same formulas, fp32 throughout); row-wise reductions use one block per row and
 // a fixed reduction tree, so results are deterministic run to run. Weight gradients that sum
-// over tokens loop over the tokens in order inside one thread per column (no atomics).
+// over tokens loop over the tokens in order inside one thread per column (no atomics). The
+// elementwise and row kernels bf16 activations need are templates over the storage type
+// (fp32 kc_*, bf16 kc_bf16_*): one body per op, so the two cannot drift apart.
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <math.h>
@@ -12,7 +14,7 @@
 
 namespace {
 
-// Block-wide sum in a fixed order (shared-memory tree): every thread gets the result.
+// Block-wide sum and max in a fixed order (cuda_block.cuh): every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float buf[kThreads];
   return block_sum_in(buf, v);
@@ -20,15 +22,7 @@ __device__ float block_sum(float v) {
 
 __device__ float block_max(float v) {
   __shared__ float buf[kThreads];
-  __syncthreads();
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s)
-      buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + s]);
-    __syncthreads();
-  }
-  return buf[0];
+  return block_max_in(buf, v);
 }
 
 __global__ void fill_k(float *x, float v, size_t n) {
@@ -49,6 +43,32 @@ __device__ uint16_t bf16(float f) {
 __device__ uint2 bf16x4(float4 f) {
   __nv_bfloat162 lo = __floats2bfloat162_rn(f.x, f.y), hi = __floats2bfloat162_rn(f.z, f.w);
   return make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+}
+
+// The storage types of the templated elementwise and row kernels below, instantiated for
+// fp32 (kc_*) and for bf16 bits in uint16_t (kc_bf16_*, bf16 models' activations): a value is
+// widened to fp32 on load (exact), the arithmetic is fp32 (the formulas of cuda_math.cuh), and
+// a stored result is rounded to nearest even once (bf16) or stored as it is (fp32). Per-row
+// statistics (RMSNorm's rstd) and weight gradients stay fp32 in both: they sum over a row or
+// over the tokens, where bf16's 8 significant bits would lose the small terms (the split
+// Megatron and Transformer Engine make).
+__device__ inline float ld(float x) {
+  return x;
+}
+
+__device__ inline float ld(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+template <typename T> __device__ inline T st(float f) {
+  return f;
+}
+
+template <> __device__ inline uint16_t st<uint16_t>(float f) {
+  return bf16(f);
 }
 
 // Elementwise kernels below: quads [0, n4) (n4 = n / 4 when vec, else 0) by 16-byte
@@ -89,36 +109,39 @@ __global__ void from_bf16_k(float *dst, const uint16_t *src, size_t n) {
   }
 }
 
-__global__ void add_k(float *y, const float *x, size_t n, bool acc) {
+template <typename T> __global__ void add_k(T *y, const T *x, size_t n, bool acc) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
-    y[i] = acc ? y[i] + x[i] : x[i];
+    y[i] = acc ? st<T>(ld(y[i]) + ld(x[i])) : x[i];
 }
 
 // Rows [lo, lo + rows) of the vocabulary in wte (tensor parallelism's slice; the whole table:
-// lo 0, rows INT_MAX): a token outside gets zeros.
-__global__ void embedding_fwd_k(float *x, const int32_t *tok, const float *wte, int T, int C,
-                                int lo, int rows) {
+// lo 0, rows INT_MAX): a token outside gets zeros. In bf16 each element is a copy, so the
+// rounding is the only error.
+template <typename E>
+__global__ void embedding_fwd_k(E *x, const int32_t *tok, const float *wte, int T, int C, int lo,
+                                int rows) {
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     size_t t = i / C, c = i % C;
     int v = tok[t] - lo;
-    x[i] = v >= 0 && v < rows ? wte[(size_t)v * C + c] : 0.0f;
+    x[i] = st<E>(v >= 0 && v < rows ? wte[(size_t)v * C + c] : 0.0f);
   }
 }
 
 // dwte[tok[t] - lo] += dx[t] for the tokens in the slice, t ascending per column: the serial
-// walk (no scratch for chains).
-__global__ void embedding_bwd_k(float *dwte, const float *dx, const int32_t *tok, int T, int C,
-                                int lo, int rows) {
+// walk (no scratch for chains); fp32 sums of the widened gradients in bf16.
+template <typename E>
+__global__ void embedding_bwd_k(float *dwte, const E *dx, const int32_t *tok, int T, int C, int lo,
+                                int rows) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C)
     return;
   for (int t = 0; t < T; t++) {
     int v = tok[t] - lo;
     if (v >= 0 && v < rows)
-      dwte[(size_t)v * C + c] += dx[(size_t)t * C + c];
+      dwte[(size_t)v * C + c] += ld(dx[(size_t)t * C + c]);
   }
 }
 
@@ -158,52 +181,59 @@ __global__ void embedding_bwd_chain_k(float *dwte, const float *dx, const int32_
 
 // Row blockIdx.x of h and its rstd from its x, given each thread's sum of squares of the
 // columns it holds (c = threadIdx.x, + blockDim.x, ...).
-__device__ void rmsnorm_row(float *h, float *rstd, const float *xr, const float *w, int C,
-                            float eps, float ss) {
+template <typename T>
+__device__ void rmsnorm_row(T *h, float *rstd, const T *xr, const float *w, int C, float eps,
+                            float ss) {
   ss = block_sum(ss);
   float r = 1.0f / sqrtf(ss / C + eps);
   if (threadIdx.x == 0)
     rstd[blockIdx.x] = r;
   for (int c = threadIdx.x; c < C; c += blockDim.x)
-    h[(size_t)blockIdx.x * C + c] = xr[c] * r * w[c];
+    h[(size_t)blockIdx.x * C + c] = st<T>(ld(xr[c]) * r * w[c]);
 }
 
-__global__ void rmsnorm_fwd_k(float *h, float *rstd, const float *x, const float *w, int C,
-                              float eps) {
-  const float *xr = x + (size_t)blockIdx.x * C;
-  float ss = 0;
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
-    ss += xr[c] * xr[c];
-  rmsnorm_row(h, rstd, xr, w, C, eps, ss);
-}
-
-// x += y, then rmsnorm_fwd_k on the sum: each thread adds the columns it then squares, in
-// rmsnorm_fwd_k's order, so the bits are those of add_k followed by rmsnorm_fwd_k.
-__global__ void residual_rmsnorm_fwd_k(float *x, float *h, float *rstd, const float *y,
-                                       const float *w, int C, float eps) {
-  float *xr = x + (size_t)blockIdx.x * C;
-  const float *yr = y + (size_t)blockIdx.x * C;
+template <typename T>
+__global__ void rmsnorm_fwd_k(T *h, float *rstd, const T *x, const float *w, int C, float eps) {
+  const T *xr = x + (size_t)blockIdx.x * C;
   float ss = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float v = xr[c] + yr[c];
-    xr[c] = v;
+    float v = ld(xr[c]);
     ss += v * v;
   }
   rmsnorm_row(h, rstd, xr, w, C, eps, ss);
 }
 
-__global__ void rmsnorm_bwd_input_k(float *dx, const float *dh, const float *x, const float *rstd,
+// x += y, then rmsnorm_fwd_k on the sum: each thread adds the columns it then squares, in
+// rmsnorm_fwd_k's order, so the bits are those of add_k followed by rmsnorm_fwd_k (in bf16:
+// the norm reads the rounded sum, what the residual stream holds).
+template <typename T>
+__global__ void residual_rmsnorm_fwd_k(T *x, T *h, float *rstd, const T *y, const float *w, int C,
+                                       float eps) {
+  T *xr = x + (size_t)blockIdx.x * C;
+  const T *yr = y + (size_t)blockIdx.x * C;
+  float ss = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    T b = st<T>(ld(xr[c]) + ld(yr[c]));
+    xr[c] = b;
+    float v = ld(b);
+    ss += v * v;
+  }
+  rmsnorm_row(h, rstd, xr, w, C, eps, ss);
+}
+
+template <typename T>
+__global__ void rmsnorm_bwd_input_k(T *dx, const T *dh, const T *x, const float *rstd,
                                     const float *w, int C, bool acc) {
   size_t row = (size_t)blockIdx.x * C;
   float r = rstd[blockIdx.x];
   float dot = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x)
-    dot += dh[row + c] * w[c] * x[row + c];
+    dot += ld(dh[row + c]) * w[c] * ld(x[row + c]);
   dot = block_sum(dot);
   float k = dot * r * r * r / C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float g = dh[row + c] * w[c] * r - x[row + c] * k;
-    dx[row + c] = acc ? dx[row + c] + g : g;
+    float g = ld(dh[row + c]) * w[c] * r - ld(x[row + c]) * k;
+    dx[row + c] = st<T>(acc ? ld(dx[row + c]) + g : g);
   }
 }
 
@@ -212,14 +242,15 @@ __global__ void rmsnorm_bwd_input_k(float *dx, const float *dh, const float *x, 
 // loops instead of one thread per column walking all T rows.
 constexpr int kNormGroups = 16;
 
-__global__ void rmsnorm_bwd_weight_k(float *dw, const float *dh, const float *x, const float *rstd,
-                                     int T, int C) {
+template <typename E>
+__global__ void rmsnorm_bwd_weight_k(float *dw, const E *dh, const E *x, const float *rstd, int T,
+                                     int C) {
   __shared__ float part[kNormGroups][33];
   int c = blockIdx.x * 32 + threadIdx.x, g = threadIdx.y;
   float s = 0;
   if (c < C)
     for (int t = g; t < T; t += kNormGroups)
-      s += dh[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
+      s += ld(dh[(size_t)t * C + c]) * ld(x[(size_t)t * C + c]) * rstd[t];
   part[g][threadIdx.x] = s;
   __syncthreads();
   if (g == 0 && c < C) {
@@ -239,7 +270,8 @@ __device__ int rope_position(int s, int S, int cp, int r) {
   return s < L ? r * L + s : (2 * cp - 1 - r) * L + s - L;
 }
 
-__global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float factor, float lo,
+template <typename T>
+__global__ void rope_k(T *x, int B, int S, int H, int D, float theta, float factor, float lo,
                        float hi, int old_ctx, bool inverse, int cp, int cp_rank) {
   int half = D / 2;
   size_t n = (size_t)B * S * H * half;
@@ -254,17 +286,17 @@ __global__ void rope_k(float *x, int B, int S, int H, int D, float theta, float 
     float cs = (float)cos(angle), sn = (float)sin(angle);
     if (inverse)
       sn = -sn;
-    float *p = x + row * (size_t)H * D + (size_t)h * D;
-    float a = p[i], b = p[i + half];
-    p[i] = a * cs - b * sn;
-    p[i + half] = b * cs + a * sn;
+    T *p = x + row * (size_t)H * D + (size_t)h * D;
+    float a = ld(p[i]), b = ld(p[i + half]);
+    p[i] = st<T>(a * cs - b * sn);
+    p[i + half] = st<T>(b * cs + a * sn);
   }
 }
 
-__global__ void swiglu_fwd_k(float *act, const float *g, const float *u, size_t n) {
+template <typename T> __global__ void swiglu_fwd_k(T *act, const T *g, const T *u, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
-    act[i] = silu(g[i]) * u[i];
+    act[i] = st<T>(silu(ld(g[i])) * ld(u[i]));
 }
 
 // The same with act in bf16 (bf16 models: act is only ever a GEMM operand).
@@ -280,14 +312,14 @@ __global__ void swiglu_fwd_bf16_k(uint16_t *act, const float *g, const float *u,
   act[i] = bf16(silu(g[i]) * u[i]);
 }
 
-__global__ void swiglu_bwd_k(float *dg, float *du, const float *dact, const float *g,
-                             const float *u, size_t n) {
+template <typename T>
+__global__ void swiglu_bwd_k(T *dg, T *du, const T *dact, const T *g, const T *u, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     float a, b;
-    swiglu_grad(dact[i], g[i], u[i], &a, &b);
-    dg[i] = a;
-    du[i] = b;
+    swiglu_grad(ld(dact[i]), ld(g[i]), ld(u[i]), &a, &b);
+    dg[i] = st<T>(a);
+    du[i] = st<T>(b);
   }
 }
 
@@ -439,16 +471,19 @@ __global__ void dispatch_fwd_k(float *send, int32_t *send_expert, float *send_we
   }
 }
 
-__global__ void dispatch_bwd_k(float *dh, const float *dsend, const int32_t *route_row, int T,
-                               int K, int C, bool acc) {
+// out[t] (= or +=) the sum of in's rows of token t's K routes, in slot order: the dispatch's
+// backward (the routed rows' gradients back to the token) and the combine's forward (the
+// expert outputs, weighted already by the experts, summed into the token's row).
+__global__ void sum_routes_k(float *out, const float *in, const int32_t *route_row, int T, int K,
+                             int C, bool acc) {
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     size_t t = i / C, c = i % C;
     float s = 0;
     for (int k = 0; k < K; k++)
-      s += dsend[(size_t)route_row[t * K + k] * C + c];
-    dh[i] = acc ? dh[i] + s : s;
+      s += in[(size_t)route_row[t * K + k] * C + c];
+    out[i] = acc ? out[i] + s : s;
   }
 }
 
@@ -457,20 +492,6 @@ __global__ void dispatch_bwd_w_k(float *dw, const float *dsend_w, const int32_t 
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     dw[i] = dsend_w[route_row[i]];
-}
-
-// The expert outputs are weighted already (the experts apply the routing weights).
-__global__ void combine_fwd_k(float *m, const float *y, const int32_t *route_row, int T, int K,
-                              int C) {
-  size_t n = (size_t)T * C;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    size_t t = i / C, c = i % C;
-    float s = 0;
-    for (int k = 0; k < K; k++)
-      s += y[(size_t)route_row[t * K + k] * C + c];
-    m[i] = s;
-  }
 }
 
 __global__ void combine_bwd_k(float *dy, const float *dm, const int32_t *route_row, int T, int K,
@@ -768,23 +789,25 @@ void kc_scale(float *x, float factor, size_t n, cudaStream_t st) {
 
 void kc_add(float *y, const float *x, size_t n, bool acc, cudaStream_t st) {
   if (n)
-    add_k<<<blocks_for(n), kThreads, 0, st>>>(y, x, n, acc);
+    add_k<float><<<blocks_for(n), kThreads, 0, st>>>(y, x, n, acc);
 }
 
 void kc_embedding_forward(float *x, const int32_t *tok, const float *wte, int T, int C,
                           cudaStream_t st) {
-  embedding_fwd_k<<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, wte, T, C, 0, INT_MAX);
+  embedding_fwd_k<float><<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, wte, T, C, 0,
+                                                                          INT_MAX);
 }
 
 void kc_embedding_slice_forward(float *x, const int32_t *tok, const float *table, int T, int C,
                                 int lo, int n, cudaStream_t st) {
-  embedding_fwd_k<<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, table, T, C, lo, n);
+  embedding_fwd_k<float><<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, table, T, C, lo,
+                                                                          n);
 }
 
 void kc_embedding_slice_backward(float *dtable, const float *dx, const int32_t *tok, int T, int C,
                                  int lo, int n, cudaStream_t st) {
   if (T && C)
-    embedding_bwd_k<<<blocks_for(C), kThreads, 0, st>>>(dtable, dx, tok, T, C, lo, n);
+    embedding_bwd_k<float><<<blocks_for(C), kThreads, 0, st>>>(dtable, dx, tok, T, C, lo, n);
 }
 
 void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tok, int T, int C,
@@ -792,7 +815,7 @@ void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tok, int
   if (!T || !C)
     return;
   if (!scratch) {
-    embedding_bwd_k<<<blocks_for(C), kThreads, 0, st>>>(dwte, dx, tok, T, C, 0, INT_MAX);
+    embedding_bwd_k<float><<<blocks_for(C), kThreads, 0, st>>>(dwte, dx, tok, T, C, 0, INT_MAX);
     return;
   }
   int32_t *next = scratch, *head = scratch + T;
@@ -805,32 +828,33 @@ void kc_embedding_backward(float *dwte, const float *dx, const int32_t *tok, int
 void kc_rmsnorm_forward(float *h, float *rstd, const float *x, const float *w, int T, int C,
                         float eps, cudaStream_t st) {
   if (T)
-    rmsnorm_fwd_k<<<T, kThreads, 0, st>>>(h, rstd, x, w, C, eps);
+    rmsnorm_fwd_k<float><<<T, kThreads, 0, st>>>(h, rstd, x, w, C, eps);
 }
 
 void kc_residual_rmsnorm_forward(float *x, float *h, float *rstd, const float *y, const float *w,
                                  int T, int C, float eps, cudaStream_t st) {
   if (T)
-    residual_rmsnorm_fwd_k<<<T, kThreads, 0, st>>>(x, h, rstd, y, w, C, eps);
+    residual_rmsnorm_fwd_k<float><<<T, kThreads, 0, st>>>(x, h, rstd, y, w, C, eps);
 }
 
 void kc_rmsnorm_backward_input(float *dx, const float *dh, const float *x, const float *rstd,
                                const float *w, int T, int C, bool acc, cudaStream_t st) {
   if (T)
-    rmsnorm_bwd_input_k<<<T, kThreads, 0, st>>>(dx, dh, x, rstd, w, C, acc);
+    rmsnorm_bwd_input_k<float><<<T, kThreads, 0, st>>>(dx, dh, x, rstd, w, C, acc);
 }
 
 void kc_rmsnorm_backward_weight(float *dw, const float *dh, const float *x, const float *rstd,
                                 int T, int C, cudaStream_t st) {
   if (C)
-    rmsnorm_bwd_weight_k<<<(C + 31) / 32, dim3(32, kNormGroups), 0, st>>>(dw, dh, x, rstd, T, C);
+    rmsnorm_bwd_weight_k<float><<<(C + 31) / 32, dim3(32, kNormGroups), 0, st>>>(dw, dh, x, rstd,
+                                                                                 T, C);
 }
 
 void kc_rope_cp(float *x, int B, int S, int cp, int cp_rank, int H, int D, float theta,
                 float factor, float lo, float hi, int old_ctx, bool inverse, cudaStream_t st) {
   size_t n = (size_t)B * S * H * (D / 2);
   if (n)
-    rope_k<<<blocks_for(n), kThreads, 0, st>>>(x, B, S, H, D, theta, factor, lo, hi, old_ctx,
+    rope_k<float><<<blocks_for(n), kThreads, 0, st>>>(x, B, S, H, D, theta, factor, lo, hi, old_ctx,
                                                 inverse, cp, cp_rank);
 }
 
@@ -841,7 +865,7 @@ void kc_rope(float *x, int B, int S, int H, int D, float theta, float factor, fl
 
 void kc_swiglu_forward(float *act, const float *g, const float *u, size_t n, cudaStream_t st) {
   if (n)
-    swiglu_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(act, g, u, n);
+    swiglu_fwd_k<float><<<blocks_for(n), kThreads, 0, st>>>(act, g, u, n);
 }
 
 void kc_swiglu_forward_bf16(uint16_t *act, const float *g, const float *u, size_t n,
@@ -854,7 +878,7 @@ void kc_swiglu_forward_bf16(uint16_t *act, const float *g, const float *u, size_
 void kc_swiglu_backward(float *dg, float *du, const float *dact, const float *g, const float *u,
                         size_t n, cudaStream_t st) {
   if (n)
-    swiglu_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dg, du, dact, g, u, n);
+    swiglu_bwd_k<float><<<blocks_for(n), kThreads, 0, st>>>(dg, du, dact, g, u, n);
 }
 
 void kc_swiglu_backward_bf16(uint16_t *dg, uint16_t *du, const float *dact, const float *g,
@@ -910,7 +934,7 @@ void kc_moe_dispatch_backward(float *dh, float *dweights, const float *dsend,
                               int C, bool acc, cudaStream_t st) {
   size_t n = (size_t)T * C, tk = (size_t)T * K;
   if (n)
-    dispatch_bwd_k<<<blocks_for(n), kThreads, 0, st>>>(dh, dsend, route_row, T, K, C, acc);
+    sum_routes_k<<<blocks_for(n), kThreads, 0, st>>>(dh, dsend, route_row, T, K, C, acc);
   if (dweights && tk)
     dispatch_bwd_w_k<<<blocks_for(tk), kThreads, 0, st>>>(dweights, dsend_weight, route_row, tk);
 }
@@ -919,7 +943,7 @@ void kc_moe_combine_forward(float *m, const float *y, const int32_t *route_row, 
                             int C, cudaStream_t st) {
   size_t n = (size_t)T * C;
   if (n)
-    combine_fwd_k<<<blocks_for(n), kThreads, 0, st>>>(m, y, route_row, T, K, C);
+    sum_routes_k<<<blocks_for(n), kThreads, 0, st>>>(m, y, route_row, T, K, C, false);
 }
 
 void kc_moe_combine_backward(float *dy, const float *dm, const int32_t *route_row, int T, int K,
@@ -1008,6 +1032,72 @@ void kc_adamw(float *p, const float *g, float *m, float *v, uint16_t *copy, size
   bool vec = aligned_to(16, p, g, m) && aligned_to(16, v) && aligned_to(8, copy);
   if (n)
     adamw_k<<<blocks_for(vec ? n / 4 : n), kThreads, 0, st>>>(p, g, m, v, copy, n, vec, h);
+}
+
+// The same kernels on bf16 activations (bits in uint16_t), for bf16 models.
+
+void kc_bf16_add(uint16_t *y, const uint16_t *x, size_t n, bool acc, cudaStream_t st) {
+  if (n)
+    add_k<uint16_t><<<blocks_for(n), kThreads, 0, st>>>(y, x, n, acc);
+}
+
+void kc_bf16_rmsnorm_forward(uint16_t *h, float *rstd, const uint16_t *x, const float *w, int T,
+                             int C, float eps, cudaStream_t st) {
+  if (T)
+    rmsnorm_fwd_k<uint16_t><<<T, kThreads, 0, st>>>(h, rstd, x, w, C, eps);
+}
+
+void kc_bf16_residual_rmsnorm_forward(uint16_t *x, uint16_t *h, float *rstd, const uint16_t *y,
+                                      const float *w, int T, int C, float eps, cudaStream_t st) {
+  if (T)
+    residual_rmsnorm_fwd_k<uint16_t><<<T, kThreads, 0, st>>>(x, h, rstd, y, w, C, eps);
+}
+
+void kc_bf16_rmsnorm_backward_input(uint16_t *dx, const uint16_t *dh, const uint16_t *x,
+                                    const float *rstd, const float *w, int T, int C, bool acc,
+                                    cudaStream_t st) {
+  if (T)
+    rmsnorm_bwd_input_k<uint16_t><<<T, kThreads, 0, st>>>(dx, dh, x, rstd, w, C, acc);
+}
+
+void kc_bf16_rmsnorm_backward_weight(float *dw, const uint16_t *dh, const uint16_t *x,
+                                     const float *rstd, int T, int C, cudaStream_t st) {
+  if (C)
+    rmsnorm_bwd_weight_k<uint16_t><<<(C + 31) / 32, dim3(32, kNormGroups), 0, st>>>(dw, dh, x,
+                                                                                    rstd, T, C);
+}
+
+void kc_bf16_rope(uint16_t *x, int B, int S, int H, int D, float theta, float factor, float lo,
+                  float hi, int old_ctx, bool inverse, cudaStream_t st) {
+  size_t n = (size_t)B * S * H * (D / 2);
+  if (n)
+    rope_k<uint16_t><<<blocks_for(n), kThreads, 0, st>>>(x, B, S, H, D, theta, factor, lo,
+                                                   hi, old_ctx, inverse, 1, 0);
+}
+
+void kc_bf16_swiglu_forward(uint16_t *act, const uint16_t *g, const uint16_t *u, size_t n,
+                            cudaStream_t st) {
+  if (n)
+    swiglu_fwd_k<uint16_t><<<blocks_for(n), kThreads, 0, st>>>(act, g, u, n);
+}
+
+void kc_bf16_swiglu_backward(uint16_t *dg, uint16_t *du, const uint16_t *dact, const uint16_t *g,
+                             const uint16_t *u, size_t n, cudaStream_t st) {
+  if (n)
+    swiglu_bwd_k<uint16_t><<<blocks_for(n), kThreads, 0, st>>>(dg, du, dact, g, u, n);
+}
+
+void kc_bf16_embedding_forward(uint16_t *x, const int32_t *tok, const float *table, int T, int C,
+                               int lo, int n, cudaStream_t st) {
+  if (T && C)
+    embedding_fwd_k<uint16_t><<<blocks_for((size_t)T * C), kThreads, 0, st>>>(x, tok, table, T, C,
+                                                                               lo, n);
+}
+
+void kc_bf16_embedding_backward(float *dtable, const uint16_t *dx, const int32_t *tok, int T,
+                                int C, int lo, int n, cudaStream_t st) {
+  if (T && C)
+    embedding_bwd_k<uint16_t><<<blocks_for(C), kThreads, 0, st>>>(dtable, dx, tok, T, C, lo, n);
 }
 
 } // extern "C"

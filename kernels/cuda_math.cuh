@@ -1,5 +1,5 @@
-// cuda_math: the per-element formulas the fp32 kernels (cuda.cu) and the bf16 kernels
-// (cuda_bf16.cu) share, so that both storage types compute the same fp32 arithmetic. Device
+// cuda_math: the per-element formulas of cuda.cu's kernels (fp32 and bf16 storage alike),
+// with the block helpers of cuda_block.cuh. Device
 // functions only (no __shared__ declaration: the emulated GPU compiles this header as it is).
 #ifndef PIPER_KERNELS_CUDA_MATH_CUH
 #define PIPER_KERNELS_CUDA_MATH_CUH
@@ -7,30 +7,11 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "cuda_block.cuh"
+
 namespace {
 
-constexpr int kThreads = 256; // threads a block, for every elementwise and row kernel
-
-// Blocks for n elements, a thread each, capped (grid-stride loops cover the rest).
-unsigned blocks_for(size_t n) {
-  size_t b = (n + kThreads - 1) / kThreads;
-  return (unsigned)(b < 65535 * 32 ? (b ? b : 1) : 65535 * 32);
-}
-
-// Block-wide sum in a fixed order (a tree over buf, the caller's shared array of blockDim.x
-// floats): every thread gets the result. The array is the caller's because the emulated GPU
-// rewrites __shared__ only in .cu files.
-__device__ float block_sum_in(float *buf, float v) {
-  __syncthreads();
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s)
-      buf[threadIdx.x] += buf[threadIdx.x + s];
-    __syncthreads();
-  }
-  return buf[0];
-}
+constexpr int kThreads = kFlatThreads; // threads a block, for every elementwise and row kernel
 
 // Llama 3's frequency scaling, as kernels/rope.c (double, like the host's tables).
 __device__ double rope_inv_freq(int i, int D, float theta, float factor, float lo, float hi,

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cuda_block.cuh"
 #include "fp8.h"
 
 namespace {
@@ -35,17 +36,10 @@ __host__ __device__ size_t index_of(int ld, bool transpose, int o, int k) {
   return transpose ? (size_t)k * ld + o : (size_t)o * ld + k;
 }
 
+// Block-wide max in a fixed order (cuda_block.cuh), over the block's kFp8Threads.
 __device__ float block_max128(float v) {
   __shared__ float buf[kFp8Threads];
-  __syncthreads();
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kFp8Threads / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s)
-      buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + s]);
-    __syncthreads();
-  }
-  return buf[0];
+  return block_max_in(buf, v);
 }
 
 // partials[block] = max |x| over the block's rows

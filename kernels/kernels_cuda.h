@@ -187,11 +187,11 @@ void kc_adamw_multi(const struct kc_adamw_tensor *table, int n, size_t chunks, f
                     float beta1, float beta2, float eps, float weight_decay, int step,
                     cudaStream_t stream);
 
-/* ---- bf16 activations (kernels/cuda_bf16.cu), for bf16 models: the same ops as the fp32
- * launchers above with the activations (x, h, dx, dh, g, u, act and their gradients) stored as
- * bf16 bits in uint16_t, widened to fp32 on load, computed in fp32 and rounded to nearest even
- * once on store. RMSNorm's rstd, the norm weights, their gradient and the embedding table and
- * its gradient stay fp32 (sums over a row or over the tokens). e.g.
+/* ---- bf16 activations (kernels/cuda.cu: the fp32 kernels' templates), for bf16 models: the
+ * same ops as the fp32 launchers above with the activations (x, h, dx, dh, g, u, act and their
+ * gradients) stored as bf16 bits in uint16_t, widened to fp32 on load, computed in fp32 and
+ * rounded to nearest even once on store. RMSNorm's rstd, the norm weights, their gradient and
+ * the embedding table and its gradient stay fp32 (sums over a row or over the tokens). e.g.
  *   kc_bf16_rmsnorm_forward(h16, rstd, x16, w, T, C, 1e-5f, stream);
  */
 /* y = x (accumulate false) or y += x, rounded */

@@ -8,15 +8,9 @@
 
 /* A counter-based generator (splitmix64 of seed and the draw's coordinates): a draw depends
  * only on what it is for, never on the order the simulation asks in. */
-static uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 static double uniform01(uint64_t seed, uint64_t a, uint64_t b) {
-  uint64_t h = mix(seed ^ mix(a ^ mix(b + 0x632be59bd9b4e019ull)));
+  uint64_t h =
+      piper_splitmix64(seed ^ piper_splitmix64(a ^ piper_splitmix64(b + 0x632be59bd9b4e019ull)));
   return ((double)(h >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
 }
 

@@ -12,36 +12,14 @@
  *     shapes; the emulated GPU sums in double, so it meets 1e-6);
  *   - times quantisation + GEMM and the GEMM alone (median of 10 after 3), TFLOP/s (2mnk / t).
  * Usage: build/gpu/bench_fp8 [--small]   (--small: three small shapes, the emulated GPU's) */
-#include <cublasLt.h>
-#include <cuda_runtime.h>
 #include <math.h>
-#include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../../kernels/fp8.h"
+#define BENCH_NAME "bench_fp8"
+#include "bench.h"
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "bench_fp8: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__,         \
-              __LINE__);                                                                           \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-#define LK(x)                                                                                      \
-  do {                                                                                             \
-    cublasStatus_t s_ = (x);                                                                       \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                             \
-      fprintf(stderr, "bench_fp8: %s: status %d (%s:%d)\n", #x, (int)s_, __FILE__, __LINE__);      \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-enum { REPS = 10, WARM = 3 };
 static double tol = 2e-3; /* 1e-6 on the emulated GPU (--small) */
 
 struct shape {
@@ -58,11 +36,6 @@ struct dev {
   cublasLtHandle_t lt;
   cudaStream_t st;
 };
-
-static int cmp_float(const void *x, const void *y) {
-  float a = *(const float *)x, b = *(const float *)y;
-  return (a > b) - (a < b);
-}
 
 /* D [n, m] col-major (= row-major C [m, n], ld ldd) = alpha first^T second over ks of K from
  * k0 (both K-major, ld k) with the given scale pointers (or none) */
@@ -129,26 +102,24 @@ static void multiply(struct dev *d, const struct shape *s, bool blocks) {
   }
 }
 
-/* median ms of quantise + multiply (whole) or multiply alone */
+/* one timed run: quantise + multiply (whole) or multiply alone (for bench_median_ms) */
+struct fp8_run {
+  struct dev *d;
+  const struct shape *s;
+  bool blocks, whole;
+};
+
+static bool run_once(void *arg) {
+  struct fp8_run *r = arg;
+  if (r->whole)
+    quantize(r->d, r->s, r->blocks);
+  multiply(r->d, r->s, r->blocks);
+  return true;
+}
+
 static float time_it(struct dev *d, const struct shape *s, bool blocks, bool whole) {
-  float t[REPS];
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < WARM + REPS; i++) {
-    CK(cudaEventRecord(e0, d->st));
-    if (whole)
-      quantize(d, s, blocks);
-    multiply(d, s, blocks);
-    CK(cudaEventRecord(e1, d->st));
-    CK(cudaEventSynchronize(e1));
-    if (i >= WARM)
-      CK(cudaEventElapsedTime(&t[i - WARM], e0, e1));
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  qsort(t, REPS, sizeof t[0], cmp_float);
-  return 0.5f * (t[REPS / 2 - 1] + t[REPS / 2]);
+  struct fp8_run r = {d, s, blocks, whole};
+  return bench_median_ms(d->st, run_once, &r);
 }
 
 /* the host reference: q and scales the same bits as the device's, C within TOL of max |C| */
@@ -235,9 +206,9 @@ static bool bench(struct dev *d, const struct shape *s, bool check_all) {
     bool checked = check_all || m * n * k <= ((size_t)1 << 30);
     bool good = !checked || check(d, s, blocks, ha, hb, &err);
     float whole = time_it(d, s, blocks, true), gemm = time_it(d, s, blocks, false);
-    double fl = 2.0 * m * n * k / 1e12;
     printf("%-26s %6d %6d %6d  %-10s %8.1f %8.1f   %s\n", s->what, s->m, s->n, s->k,
-           blocks ? "blockwise" : "tensorwise", fl / (gemm * 1e-3), fl / (whole * 1e-3),
+           blocks ? "blockwise" : "tensorwise", bench_tflops(s->m, s->n, s->k, gemm),
+           bench_tflops(s->m, s->n, s->k, whole),
            !checked ? "not checked (size)" : good ? "ok" : "FAIL");
     if (checked)
       printf("%-26s %6s %6s %6s  %-10s max |C - host| / max |C| = %.2e (tol %g)\n", "", "", "", "",

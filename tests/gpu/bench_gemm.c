@@ -7,33 +7,13 @@
  *   - fp32 output with a 256 MiB workspace.
  * Each figure is the median of 10 timed runs after 3 untimed ones, in TFLOP/s (2mnk / time).
  * Usage: build/gpu/bench_gemm            (tools/gpu-check.sh runs it and keeps its table) */
-#include <cublasLt.h>
-#include <cuda_runtime.h>
-#include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "bench_gemm: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__,        \
-              __LINE__);                                                                           \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-#define LK(x)                                                                                      \
-  do {                                                                                             \
-    cublasStatus_t s_ = (x);                                                                       \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                             \
-      fprintf(stderr, "bench_gemm: %s: status %d (%s:%d)\n", #x, (int)s_, __FILE__, __LINE__);     \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#define BENCH_NAME "bench_gemm"
+#include "bench.h"
 
-enum { REPS = 10, WARM = 3, CANDIDATES = 8 };
+enum { CANDIDATES = 8 };
 
 struct shape {
   const char *what;
@@ -52,33 +32,25 @@ struct gemm {
   cudaStream_t st;
 };
 
-static int cmp_float(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return (x > y) - (x < y);
+/* one run of algo on g (for bench_median_ms) */
+struct gemm_run {
+  struct gemm *g;
+  const cublasLtMatmulAlgo_t *algo;
+};
+
+static bool run_algo(void *arg) {
+  struct gemm_run *r = arg;
+  struct gemm *g = r->g;
+  float alpha = 1.0f, beta = 0.0f;
+  return cublasLtMatmul(g->lt, g->op, &alpha, g->first, g->la, g->second, g->lb, &beta, g->c,
+                        g->lc, g->c, g->lc, r->algo, g->ws, g->ws_bytes,
+                        g->st) == CUBLAS_STATUS_SUCCESS;
 }
 
 /* median milliseconds of algo on g */
 static float time_algo(struct gemm *g, const cublasLtMatmulAlgo_t *algo) {
-  float alpha = 1.0f, beta = 0.0f, t[REPS];
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < WARM + REPS; i++) {
-    CK(cudaEventRecord(e0, g->st));
-    cublasStatus_t s = cublasLtMatmul(g->lt, g->op, &alpha, g->first, g->la, g->second, g->lb,
-                                      &beta, g->c, g->lc, g->c, g->lc, algo, g->ws, g->ws_bytes,
-                                      g->st);
-    CK(cudaEventRecord(e1, g->st));
-    CK(cudaEventSynchronize(e1));
-    if (s != CUBLAS_STATUS_SUCCESS)
-      return -1.0f;
-    if (i >= WARM)
-      CK(cudaEventElapsedTime(&t[i - WARM], e0, e1));
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  qsort(t, REPS, sizeof t[0], cmp_float);
-  return 0.5f * (t[REPS / 2 - 1] + t[REPS / 2]);
+  struct gemm_run r = {g, algo};
+  return bench_median_ms(g->st, run_algo, &r);
 }
 
 /* the heuristic's answers for g (column-major view: C^T = op(B)^T op(A)^T, B first) */
@@ -132,7 +104,7 @@ static void *random_bf16(size_t n, uint32_t seed) {
 }
 
 static double tflops(const struct shape *s, float ms) {
-  return ms > 0 ? 2.0 * s->m * (double)s->n * s->k / (ms * 1e-3) / 1e12 : 0.0;
+  return bench_tflops(s->m, s->n, s->k, ms);
 }
 
 static void bench(struct gemm *g, const struct shape *s, void *ws_big, size_t ws_big_bytes) {
