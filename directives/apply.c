@@ -416,11 +416,8 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
         g_free(nm);
         goto out;
       }
-      if (dd->ep_degree == 0 && g->model->num_experts % dd->n_devices != 0) {
-        fail_at(a, d, err, "\"devices\": %lld experts do not divide evenly over %u devices",
-                (long long)g->model->num_experts, dd->n_devices);
-        goto out;
-      }
+      /* without a "degree", whether the experts divide is checked after tensor parallelism
+       * has divided the group (check_expert_split) */
       if (dd->ep_degree > 0 && g->model->num_experts % dd->ep_degree != 0) {
         fail_at(a, d, err, "\"degree\": %lld experts do not divide evenly over %u EP ranks",
                 (long long)g->model->num_experts, dd->ep_degree);
@@ -909,6 +906,28 @@ static bool carve_expert_node(struct apply *a, uint32_t d, uint32_t i, GError **
   n->sequence_parallel = etp > 1 && n->sequence_parallel;
   if (a->g->segment_tp)
     a->g->segment_tp[n->segment] = etp > 1 ? etp : 0;
+  return true;
+}
+
+/* The experts of a shard without a "degree" divide over its EP group: every device of one TP
+ * rank, so the shard's devices over the TP degree the tensor_parallel phase gave the node
+ * (divide_node set shard_degree to that), not all of the shard's devices: 60 experts over
+ * 8 devices at TP 2 is EP 4. A shard with a "degree" is checked where it is parsed. */
+static bool check_expert_split(struct apply *a, GError **err) {
+  int64_t experts = a->g->model->num_experts;
+  for (uint32_t i = 0; i < a->g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(a->g, i);
+    uint32_t d = INFO(a, i)->shard;
+    if (n->kind != IR_NODE_COMPUTE || d == IR_NONE || a->p->d[d].ep_degree > 0 ||
+        n->shard_degree == 0 || experts % n->shard_degree == 0)
+      continue;
+    if (n->tp_degree > 1)
+      return fail_at(a, d, err, "\"devices\": %lld experts do not divide evenly over the %u "
+                                "expert-parallel ranks (%u devices over tensor parallelism %u)",
+                     (long long)experts, n->shard_degree, a->p->d[d].n_devices, n->tp_degree);
+    return fail_at(a, d, err, "\"devices\": %lld experts do not divide evenly over %u devices",
+                   (long long)experts, n->shard_degree);
+  }
   return true;
 }
 
@@ -2362,7 +2381,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   for (uint32_t d = 0; d < p->n; d++)
     if ((p->d[d].op == DIR_REPLICATE || p->d[d].op == DIR_SHARD) && !apply_placement(&a, d, err))
       goto out;
-  if (!dir_tp_apply(p, g, err) || !carve_experts(&a, err) || !dir_cp_apply(p, g, err))
+  if (!dir_tp_apply(p, g, err) || !check_expert_split(&a, err) || !carve_experts(&a, err) ||
+      !dir_cp_apply(p, g, err))
     goto out;
   for (uint32_t d = 0; d < p->n; d++) {
     const struct dir_directive *dd = &p->d[d];
