@@ -2287,9 +2287,14 @@ static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const
  * finished, so it overlaps the compute right before the use, and is freed after the use. At
  * most the gather in use and the next one are alive, whatever the micro-batch count; without
  * the edge every gather is ready at the step's start and all of a step's gathers pile up.
- * The edge u -> gather only from a u topologically before every consumer: no cycle. */
-static void prefetch_gathers(struct apply *a) {
+ * The edge u -> gather only from a u topologically before every consumer: no cycle, nor among
+ * the reruns' holds; but the two kinds together can close one (each placed by the same run
+ * order, which the other's edges change: ZeRO-3 with recomputation on a V under DualPipeV,
+ * or with experts over part of the replicas under 1F1B). gathers = false places the holds
+ * only. True when it placed edges of both kinds (prefetch_and_hold checks those). */
+static bool prefetch_gathers(struct apply *a, bool gathers) {
   struct ir_graph *g = a->g;
+  uint32_t edges_before = g->edges->len, holds = 0;
   uint32_t nn = g->nodes->len, ng = g->groups->len;
   struct ir_adjacency adj;
   ir_adjacency_build(g, &adj);
@@ -2320,10 +2325,12 @@ static void prefetch_gathers(struct apply *a) {
   for (uint32_t i = 0; i < nn && any; i++) {
     const struct ir_node *n = IR_NODE(g, i);
     if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_R) {
+      uint32_t before = g->edges->len;
       hold_rerun(g, &adj, pos, seq[n->group], seq_index, i);
+      holds += g->edges->len - before;
       continue;
     }
-    if (n->kind != IR_NODE_ALL_GATHER || n->pass == IR_PASS_NONE || !seq[n->group])
+    if (!gathers || n->kind != IR_NODE_ALL_GATHER || n->pass == IR_PASS_NONE || !seq[n->group])
       continue;
     /* a rerun's SP all-gather is no parameter gather: it follows its rerun, which hold_rerun
      * holds already (held again by its consumers it can wait on a backward that waits on the
@@ -2353,6 +2360,23 @@ static void prefetch_gathers(struct apply *a) {
       g_array_free(seq[k], TRUE);
   g_free(seq);
   g_free(seq_index);
+  return holds > 0 && g->edges->len - edges_before > holds;
+}
+
+/* ZeRO-3's prefetch and the reruns' holds (prefetch_gathers); where together they close a
+ * cycle, the holds alone: the gathers then start when ready (more memory, the same step), the
+ * program compiles. Graphs without both kinds of edges pay no check. */
+static void prefetch_and_hold(struct apply *a) {
+  uint32_t edges_before = a->g->edges->len, stuck;
+  if (!prefetch_gathers(a, true))
+    return;
+  uint32_t *pos = g_new(uint32_t, a->g->nodes->len ? a->g->nodes->len : 1);
+  bool acyclic = topo_positions(a->g, pos, &stuck);
+  g_free(pos);
+  if (acyclic)
+    return;
+  g_array_set_size(a->g->edges, edges_before);
+  prefetch_gathers(a, false);
 }
 
 /* ---- driver ------------------------------------------------------------------------------ */
@@ -2450,7 +2474,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   }
   default_priorities(&a, ordered);
   recompute_priorities(&a);
-  prefetch_gathers(&a);
+  prefetch_and_hold(&a);
   /* last: a K/V exchange starts with its compute (the same waits, order slots included) and its
    * consumers wait for both; send / recv are in, so its edges stay inside a device group */
   dir_cp_insert_comm(g);

@@ -291,7 +291,7 @@ struct space {
  * compiler's rules (asked while enumerating) say do not apply; REFUSED, what was generated and
  * the compiler then refused: a planner bug (counted in n_refused; test_planner wants none). */
 #define NOT_SEARCHED "not searched"
-#define REFUSED "refused by the compiler (a planner bug: please report it)"
+#define REFUSED "refused by the compiler (a bug: please report it)"
 
 static void skip_because(struct space *s, const char *kind, const char *reason,
                          const char *example) {

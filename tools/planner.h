@@ -157,8 +157,8 @@ struct planner {
   /* One line each: "not searched: N what (first: why)", the values of a dimension that the
    * compiler's own rules say do not apply (tp the model does not take, schedules whose
    * builder refuses the micro-batch count, ...), kept out while enumerating; and "refused by
-   * the compiler: ...", configurations the planner generated that the compiler then refused
-   * (n_refused of them): a planner bug, never a row (issue 32). */
+   * the compiler (a bug ...)", configurations the planner generated that the compiler then
+   * refused (n_refused of them): a bug, never a row (issue 32). */
   GString *skipped;
   uint32_t n_refused;
   double check_seconds;           /* wall clock of planner_new: enumeration and checks */
