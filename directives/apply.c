@@ -416,11 +416,8 @@ static bool apply_placement(struct apply *a, uint32_t d, GError **err) {
         g_free(nm);
         goto out;
       }
-      if (dd->ep_degree == 0 && g->model->num_experts % dd->n_devices != 0) {
-        fail_at(a, d, err, "\"devices\": %lld experts do not divide evenly over %u devices",
-                (long long)g->model->num_experts, dd->n_devices);
-        goto out;
-      }
+      /* without a "degree", whether the experts divide is checked after tensor parallelism
+       * has divided the group (check_expert_split) */
       if (dd->ep_degree > 0 && g->model->num_experts % dd->ep_degree != 0) {
         fail_at(a, d, err, "\"degree\": %lld experts do not divide evenly over %u EP ranks",
                 (long long)g->model->num_experts, dd->ep_degree);
@@ -909,6 +906,28 @@ static bool carve_expert_node(struct apply *a, uint32_t d, uint32_t i, GError **
   n->sequence_parallel = etp > 1 && n->sequence_parallel;
   if (a->g->segment_tp)
     a->g->segment_tp[n->segment] = etp > 1 ? etp : 0;
+  return true;
+}
+
+/* The experts of a shard without a "degree" divide over its EP group: every device of one TP
+ * rank, so the shard's devices over the TP degree the tensor_parallel phase gave the node
+ * (divide_node set shard_degree to that), not all of the shard's devices: 60 experts over
+ * 8 devices at TP 2 is EP 4. A shard with a "degree" is checked where it is parsed. */
+static bool check_expert_split(struct apply *a, GError **err) {
+  int64_t experts = a->g->model->num_experts;
+  for (uint32_t i = 0; i < a->g->nodes->len; i++) {
+    const struct ir_node *n = IR_NODE(a->g, i);
+    uint32_t d = INFO(a, i)->shard;
+    if (n->kind != IR_NODE_COMPUTE || d == IR_NONE || a->p->d[d].ep_degree > 0 ||
+        n->shard_degree == 0 || experts % n->shard_degree == 0)
+      continue;
+    if (n->tp_degree > 1)
+      return fail_at(a, d, err, "\"devices\": %lld experts do not divide evenly over the %u "
+                                "expert-parallel ranks (%u devices over tensor parallelism %u)",
+                     (long long)experts, n->shard_degree, a->p->d[d].n_devices, n->tp_degree);
+    return fail_at(a, d, err, "\"devices\": %lld experts do not divide evenly over %u devices",
+                   (long long)experts, n->shard_degree);
+  }
   return true;
 }
 
@@ -2268,9 +2287,14 @@ static void hold_rerun(struct ir_graph *g, const struct ir_adjacency *adj, const
  * finished, so it overlaps the compute right before the use, and is freed after the use. At
  * most the gather in use and the next one are alive, whatever the micro-batch count; without
  * the edge every gather is ready at the step's start and all of a step's gathers pile up.
- * The edge u -> gather only from a u topologically before every consumer: no cycle. */
-static void prefetch_gathers(struct apply *a) {
+ * The edge u -> gather only from a u topologically before every consumer: no cycle, nor among
+ * the reruns' holds; but the two kinds together can close one (each placed by the same run
+ * order, which the other's edges change: ZeRO-3 with recomputation on a V under DualPipeV,
+ * or with experts over part of the replicas under 1F1B). gathers = false places the holds
+ * only. True when it placed edges of both kinds (prefetch_and_hold checks those). */
+static bool prefetch_gathers(struct apply *a, bool gathers) {
   struct ir_graph *g = a->g;
+  uint32_t edges_before = g->edges->len, holds = 0;
   uint32_t nn = g->nodes->len, ng = g->groups->len;
   struct ir_adjacency adj;
   ir_adjacency_build(g, &adj);
@@ -2301,10 +2325,12 @@ static void prefetch_gathers(struct apply *a) {
   for (uint32_t i = 0; i < nn && any; i++) {
     const struct ir_node *n = IR_NODE(g, i);
     if (n->kind == IR_NODE_COMPUTE && n->pass == IR_PASS_R) {
+      uint32_t before = g->edges->len;
       hold_rerun(g, &adj, pos, seq[n->group], seq_index, i);
+      holds += g->edges->len - before;
       continue;
     }
-    if (n->kind != IR_NODE_ALL_GATHER || n->pass == IR_PASS_NONE || !seq[n->group])
+    if (!gathers || n->kind != IR_NODE_ALL_GATHER || n->pass == IR_PASS_NONE || !seq[n->group])
       continue;
     /* a rerun's SP all-gather is no parameter gather: it follows its rerun, which hold_rerun
      * holds already (held again by its consumers it can wait on a backward that waits on the
@@ -2334,6 +2360,23 @@ static void prefetch_gathers(struct apply *a) {
       g_array_free(seq[k], TRUE);
   g_free(seq);
   g_free(seq_index);
+  return holds > 0 && g->edges->len - edges_before > holds;
+}
+
+/* ZeRO-3's prefetch and the reruns' holds (prefetch_gathers); where together they close a
+ * cycle, the holds alone: the gathers then start when ready (more memory, the same step), the
+ * program compiles. Graphs without both kinds of edges pay no check. */
+static void prefetch_and_hold(struct apply *a) {
+  uint32_t edges_before = a->g->edges->len, stuck;
+  if (!prefetch_gathers(a, true))
+    return;
+  uint32_t *pos = g_new(uint32_t, a->g->nodes->len ? a->g->nodes->len : 1);
+  bool acyclic = topo_positions(a->g, pos, &stuck);
+  g_free(pos);
+  if (acyclic)
+    return;
+  g_array_set_size(a->g->edges, edges_before);
+  prefetch_gathers(a, false);
 }
 
 /* ---- driver ------------------------------------------------------------------------------ */
@@ -2362,7 +2405,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   for (uint32_t d = 0; d < p->n; d++)
     if ((p->d[d].op == DIR_REPLICATE || p->d[d].op == DIR_SHARD) && !apply_placement(&a, d, err))
       goto out;
-  if (!dir_tp_apply(p, g, err) || !carve_experts(&a, err) || !dir_cp_apply(p, g, err))
+  if (!dir_tp_apply(p, g, err) || !check_expert_split(&a, err) || !carve_experts(&a, err) ||
+      !dir_cp_apply(p, g, err))
     goto out;
   for (uint32_t d = 0; d < p->n; d++) {
     const struct dir_directive *dd = &p->d[d];
@@ -2430,7 +2474,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   }
   default_priorities(&a, ordered);
   recompute_priorities(&a);
-  prefetch_gathers(&a);
+  prefetch_and_hold(&a);
   /* last: a K/V exchange starts with its compute (the same waits, order slots included) and its
    * consumers wait for both; send / recv are in, so its edges stay inside a device group */
   dir_cp_insert_comm(g);

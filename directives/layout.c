@@ -250,7 +250,7 @@ static bool check(const char *spec, struct layout *l, GError **err) {
     l->shape = LAYOUT_INTERLEAVED;
   if (!check_experts(spec, l, err))
     return false;
-  if (l->zero > 0 && l->dp * l->cp < 2)
+  if (!layout_zero_applies(l))
     return piper_input_error(err, "--layout \"%s\": zero=%u needs dp of at least 2 (or dp x cp)",
                              spec, l->zero);
   if ((l->capacity_factor > 0 || l->fp8_expert_inputs) && l->ep < 2)
@@ -371,6 +371,10 @@ uint32_t layout_stage_ranks(const struct layout *l) {
 
 uint32_t layout_expert_tp(const struct layout *l) {
   return l->etp ? l->etp : l->tp;
+}
+
+bool layout_zero_applies(const struct layout *l) {
+  return l->zero == 0 || l->dp * l->cp >= 2;
 }
 
 /* The shard's fields beyond today's: none where the EP group is every device of one TP rank

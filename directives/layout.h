@@ -85,6 +85,10 @@ struct layout {
 uint32_t layout_stage_ranks(const struct layout *l);
 /* The expert TP the layout gives: etp, or tp where not given. */
 uint32_t layout_expert_tp(const struct layout *l);
+/* ZeRO shards state over the data-parallel replicas (dp x cp): true when the layout's zero
+ * level has at least two to shard over (or is 0). layout_parse refuses the others; the planner
+ * generates none of them. */
+bool layout_zero_applies(const struct layout *l);
 /* Parses "key=value,..." with keys pp, dp, ep, etp, tp, interleave, zero, recompute[@A-B] (full,
  * full:uniform:N, full:block:N, selective or selective:MODULE+..., on stages A to B or all),
  * first-stage-layers, last-stage-layers, stage-layers (a+b+...), cp, cp-comm (p2p or

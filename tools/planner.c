@@ -12,10 +12,10 @@
 
 // clang-format off
 const struct planner_memory_choice planner_memory_choices[] = {
-    {.name = "zero0", .layout_suffix = ""},
-    {.name = "zero1", .layout_suffix = ",zero=1"},
-    {.name = "zero2", .layout_suffix = ",zero=2"},
-    {.name = "zero3", .layout_suffix = ",zero=3"},
+    {.name = "zero0", .layout_suffix = "", .zero = 0},
+    {.name = "zero1", .layout_suffix = ",zero=1", .zero = 1},
+    {.name = "zero2", .layout_suffix = ",zero=2", .zero = 2},
+    {.name = "zero3", .layout_suffix = ",zero=3", .zero = 3},
 };
 // clang-format on
 const uint32_t planner_n_memory_choices = G_N_ELEMENTS(planner_memory_choices);
@@ -282,18 +282,30 @@ struct space {
   GHashTable *layout_index; /* "spec|mbs" -> index + 1 */
   int64_t layers, experts;
   enum model_dtype dtype;
-  GHashTable *skip_reasons; /* reason -> count */
-  GHashTable *skip_example; /* reason -> the first refusal's message */
+  struct model *model;      /* the compiler's rules on the model's sizes read it (expand_tp) */
+  GHashTable *skip_reasons; /* "kind\treason" -> count */
+  GHashTable *skip_example; /* "kind\treason" -> the first one's message */
 };
 
-static void skip_because(struct space *s, const char *reason, const char *example) {
-  gpointer v = g_hash_table_lookup(s->skip_reasons, reason);
-  g_hash_table_replace(s->skip_reasons, g_strdup(reason), GUINT_TO_POINTER(GPOINTER_TO_UINT(v) + 1));
-  if (example && !g_hash_table_contains(s->skip_example, reason))
-    g_hash_table_insert(s->skip_example, g_strdup(reason), g_strdup(example));
+/* What the summary says of configurations kept out of the space: NOT_SEARCHED, values the
+ * compiler's rules (asked while enumerating) say do not apply; REFUSED, what was generated and
+ * the compiler then refused: a planner bug (counted in n_refused; test_planner wants none). */
+#define NOT_SEARCHED "not searched"
+#define REFUSED "refused by the compiler (a bug: please report it)"
+
+static void skip_because(struct space *s, const char *kind, const char *reason,
+                         const char *example) {
+  char *key = g_strdup_printf("%s\t%s", kind, reason);
+  gpointer v = g_hash_table_lookup(s->skip_reasons, key);
+  if (example && !g_hash_table_contains(s->skip_example, key))
+    g_hash_table_insert(s->skip_example, g_strdup(key), g_strdup(example));
+  g_hash_table_replace(s->skip_reasons, key, GUINT_TO_POINTER(GPOINTER_TO_UINT(v) + 1));
+  s->pl->n_refused += strcmp(kind, REFUSED) == 0;
 }
 
-static void skip(struct space *s, const char *reason) { skip_because(s, reason, NULL); }
+static void skip(struct space *s, const char *reason) {
+  skip_because(s, NOT_SEARCHED, reason, NULL);
+}
 
 /* A configuration being built, one dimension at a time (planner_dimensions). */
 struct candidate {
@@ -332,9 +344,10 @@ static char *candidate_spec(const struct candidate *c) {
 
 static void next_dimension(struct space *s, uint32_t dim, const struct candidate *c);
 
-/* tp: the degrees asked for (default 1, 2, 4, 8: a node's GPUs at most) that divide the devices,
- * each > 1 with sequence parallelism; whether the model takes them (heads, KV heads, vocabulary,
- * FFN) is the compiler's check. */
+/* tp: the degrees asked for (default 1, 2, 4, 8: a node's GPUs at most) that divide the devices
+ * and that the model takes (heads, KV heads, vocabulary, FFN: the tensor_parallel rewrite's own
+ * check, ir_tp_check_model; the tokens of a micro-batch under SP in expand_micro_batch), each
+ * > 1 with sequence parallelism. */
 static void expand_tp(struct space *s, uint32_t dim, const struct candidate *c) {
   static const uint32_t default_tp[] = {1, 2, 4, 8};
   const struct planner_request *rq = &s->pl->request;
@@ -343,6 +356,12 @@ static void expand_tp(struct space *s, uint32_t dim, const struct candidate *c) 
   for (uint32_t i = 0; i < n_tp; i++) {
     if (tps[i] == 0 || c->devices_left % tps[i] != 0)
       continue;
+    char why[160];
+    if (!ir_tp_check_model(s->model, tps[i], false, why, sizeof why)) {
+      g_autofree char *ex = g_strdup_printf("tp=%s", why);
+      skip_because(s, NOT_SEARCHED, "tensor-parallel degree(s) the model does not take", ex);
+      continue;
+    }
     struct candidate d = *c;
     d.l.tp = tps[i];
     d.l.sequence_parallel = tps[i] > 1;
@@ -462,19 +481,22 @@ static void expand_stages(struct space *s, uint32_t dim, const struct candidate 
     if (stages > s->layers ||
         (s->layers % stages != 0 &&
          !uneven_stages(s->layers, stages, d.stage_keys, sizeof d.stage_keys))) {
-      skip(s, "layouts: the stages do not split the model's layers");
+      skip(s, "stage shapes: more stages than the model's layers, or no uneven split");
       continue;
     }
     next_dimension(s, dim, &d);
   }
 }
 
-/* zero: the memory choices (planner_memory_choices); the layout's rules say where they apply. */
+/* zero: the memory choices (planner_memory_choices) where the layout's rule says they apply
+ * (layout_zero_applies: something to shard over). */
 static void expand_zero(struct space *s, uint32_t dim, const struct candidate *c) {
   for (uint32_t z = 0; z < planner_n_memory_choices; z++) {
     struct candidate d = *c;
     d.memory = &planner_memory_choices[z];
-    next_dimension(s, dim, &d);
+    d.l.zero = d.memory->zero;
+    if (layout_zero_applies(&d.l))
+      next_dimension(s, dim, &d);
   }
 }
 
@@ -500,6 +522,18 @@ static void expand_micro_batch(struct space *s, uint32_t dim, const struct candi
     if (rq->global_batch % per_step != 0) {
       skip(s, "layout and micro-batch size pairs: the global batch is not a whole number of "
               "micro-batches per replica");
+      continue;
+    }
+    /* sequence parallelism divides the tokens of a micro-batch (one CP rank's share) */
+    struct model sized = *s->model;
+    sized.micro_batch_size = mbs;
+    sized.seq_len = rq->seq_len > 0 ? rq->seq_len : sized.seq_len;
+    sized.context_parallel = c->l.cp;
+    char why[160];
+    if (!ir_tp_check_model(&sized, c->l.tp, c->l.sequence_parallel, why, sizeof why)) {
+      g_autofree char *ex = g_strdup_printf("tp=%s at micro-batch size %lld", why, (long long)mbs);
+      skip_because(s, NOT_SEARCHED, "layout and micro-batch size pairs: the micro-batch's tokens "
+                   "do not divide over tensor parallelism", ex);
       continue;
     }
     struct candidate d = *c;
@@ -555,7 +589,7 @@ static void add_candidate(struct space *s, const struct candidate *c) {
   GError *e = NULL;
   struct layout l;
   if (!layout_parse(spec, &l, &e)) {
-    skip_because(s, "configurations --layout refuses", e->message);
+    skip_because(s, REFUSED, "configurations --layout refuses", e->message);
     g_error_free(e);
     return;
   }
@@ -567,8 +601,10 @@ static void add_candidate(struct space *s, const struct candidate *c) {
   for (uint32_t i = 0; i < l.n_recompute; i++)
     sl.recompute |= l.recompute[i].granularity == IR_RECOMPUTE_FULL;
   if (!sched_check(c->schedule, &sl, c->microbatches, &e)) {
-    skip_because(s, "configurations the schedule builders refuse (micro-batch count or stages)",
-                 e->message);
+    /* the builder's rule on ranks, stages and micro-batch counts (the count follows from the
+     * global batch): this schedule does not apply to the layout */
+    skip_because(s, NOT_SEARCHED, "configurations outside their schedule's rules (micro-batch "
+                 "count or stages)", e->message);
     g_error_free(e);
     return;
   }
@@ -763,7 +799,7 @@ static void check_layouts(struct space *s) {
     struct planner_config *c = &g_array_index(s->configs, struct planner_config, i);
     const struct layout_check *lc = g_ptr_array_index(s->layouts, c->layout_check);
     if (lc->error) {
-      skip_because(s, "configurations the compiler refuses", lc->error);
+      skip_because(s, REFUSED, "configurations", lc->error);
       planner_config_clear(c);
       continue;
     }
@@ -781,16 +817,17 @@ static int compare_strings(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The skip reasons as sorted lines "left out: N reason (first: why)". */
+/* The skip reasons as sorted lines "kind: N reason (first: why)". */
 static void describe_skips(struct space *s) {
   guint n = 0;
   char **keys = (char **)g_hash_table_get_keys_as_array(s->skip_reasons, &n);
   qsort(keys, n, sizeof *keys, compare_strings);
   for (guint i = 0; i < n; i++) {
     const char *example = g_hash_table_lookup(s->skip_example, keys[i]);
-    g_string_append_printf(s->pl->skipped, "left out: %u %s%s%s%s\n",
+    const char *tab = strchr(keys[i], '\t');
+    g_string_append_printf(s->pl->skipped, "%.*s: %u %s%s%s%s\n", (int)(tab - keys[i]), keys[i],
                            GPOINTER_TO_UINT(g_hash_table_lookup(s->skip_reasons, keys[i])),
-                           keys[i], example ? " (first: " : "", example ? example : "",
+                           tab + 1, example ? " (first: " : "", example ? example : "",
                            example ? ")" : "");
   }
   g_free(keys);
@@ -828,7 +865,7 @@ static bool load_model_shape(struct planner *pl, struct space *s, GError **err) 
   pl->model_micro_batch_size = m->micro_batch_size;
   pl->model_fp8 = model_fp8_name(m->fp8);
   s->dtype = m->dtype;
-  model_free(m);
+  s->model = m;
   return true;
 }
 
@@ -899,6 +936,7 @@ struct planner *planner_new(const struct planner_request *rq, GError **err) {
   pl->request.fp8 = NULL;
   pl->request.recompute = NULL;
   pl->check_seconds = piper_clock_seconds() - t0;
+  model_free(s.model);
   g_hash_table_destroy(s.skip_reasons);
   g_hash_table_destroy(s.skip_example);
   g_hash_table_destroy(s.layout_index);

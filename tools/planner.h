@@ -39,6 +39,7 @@
 struct planner_memory_choice {
   const char *name;
   const char *layout_suffix; /* appended to "pp=..,dp=..": ",zero=2" */
+  uint32_t zero;             /* its ZeRO level (layout_zero_applies says where it applies) */
 };
 extern const struct planner_memory_choice planner_memory_choices[];
 extern const uint32_t planner_n_memory_choices;
@@ -153,7 +154,13 @@ struct planner {
   uint32_t n_layouts;             /* distinct layouts enumerated */
   uint32_t n_checked_layouts;     /* layout x micro-batch size pairs the compiler checked */
   uint32_t n_simulated;           /* configurations simulated (the others over the cap by bound) */
-  GString *skipped;               /* why configurations were left out, one line each */
+  /* One line each: "not searched: N what (first: why)", the values of a dimension that the
+   * compiler's own rules say do not apply (tp the model does not take, schedules whose
+   * builder refuses the micro-batch count, ...), kept out while enumerating; and "refused by
+   * the compiler (a bug ...)", configurations the planner generated that the compiler then
+   * refused (n_refused of them): a bug, never a row (issue 32). */
+  GString *skipped;
+  uint32_t n_refused;
   double check_seconds;           /* wall clock of planner_new: enumeration and checks */
   double seconds;                 /* wall clock of planner_run */
   uint32_t threads_used;

@@ -99,6 +99,13 @@ for p in "${plans[@]}"; do
   done
 done
 
+# ZeRO-3 with experts over part of the replicas (EP 2 in DP 4): the gathers' prefetch and the
+# reruns' holds together once closed a cycle ("the training graph has a cycle"); the compiler
+# now keeps the holds alone there (prefetch_and_hold), and it trains bit-identically to storing
+run moe_ep2_dp4_zero3 8 "$MOE" --layout pp=2,dp=4,ep=2,zero=3 --schedule 1f1b --mbs 2 &&
+  run moe_ep2_dp4_zero3_selective 8 "$MOE" --layout pp=2,dp=4,ep=2,zero=3,recompute=selective \
+    --schedule 1f1b --mbs 2 && same moe_ep2_dp4_zero3_selective moe_ep2_dp4_zero3
+
 for m in dense moe; do
   model=$DENSE
   [ $m = moe ] && model=$MOE

@@ -101,18 +101,14 @@ fi
 # and parameters within 1e-4 in norm (elementwise, AdamW's normalised step amplifies the
 # rounding of a few near-zero gradients of the shared expert's slices: 2e-5 observed)
 export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-if "$BIN/piper-exec" --list-backends >/dev/null 2>&1 && command -v mpirun >/dev/null; then
-  python3 -c "import json; d = json.load(open('models/tiny-moe.json')); d['n_shared_experts'] = 2
-json.dump(d, open('$T/shared.json', 'w'))"
-  echo '[]' >"$T/one.json"
-  srun() { local name=$1 np=$2; shift 2
-    timeout 300 mpirun --oversubscribe -np "$np" "$BIN/piper-exec" --model "$T/shared.json" "$@" --warmup 0 \
-      --iters 3 --quiet --timeout 60 --no-charts --out "$T/$name" --dump-params "$T/$name.params" >"$T/$name.log" 2>&1 ||
-      { bad "shared expert $name: $(tail -3 "$T/$name.log")"; return 1; }; }
-  if srun sref 1 --directives "$T/one.json" --mbs 8; then
-    for c in "tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8" "ep2_tp2 4 --layout pp=1,dp=2,ep=2,tp=2 --mbs 4"; do
-      set -- $c
-      srun "$@" && python3 - "$T/sref" "$T/$1" <<'PY' && ok || bad "shared expert $1 differs from one device"
+# The experts of a shard without "degree" (ep = dp) divide over one TP rank's devices, not the
+# shard's: 6 experts at TP 2 x DP 2 are EP 2 over 4 devices (refused once, as 6 over 4); both
+# with and without SP they train to the one-device losses and parameters.
+python3 -c "import json; d = json.load(open('models/tiny-moe.json')); d['num_experts'] = 6
+json.dump(d, open('$T/moe6.json', 'w'))"
+expect_bad '"devices": 6 experts do not divide evenly over the 4 expert-parallel ranks (8 devices over tensor parallelism 2)' \
+  "$BIN/piper-compile" --model "$T/moe6.json" --layout pp=1,dp=4,ep=4,tp=2,sp
+same_as() { python3 - "$T/$1" "$T/$2" <<'PY'
 import array, json, math, sys
 a, b = sys.argv[1], sys.argv[2]
 la, lb = (json.load(open(x + "/metrics.json"))["losses"] for x in (a, b))
@@ -123,6 +119,27 @@ pb.frombytes(open(b + ".params", "rb").read())
 assert len(pa) == len(pb) > 0
 assert math.sqrt(sum((x - y) ** 2 for x, y in zip(pa, pb)) / sum(x * x for x in pa)) <= 1e-4
 PY
+}
+if "$BIN/piper-exec" --list-backends >/dev/null 2>&1 && command -v mpirun >/dev/null; then
+  python3 -c "import json; d = json.load(open('models/tiny-moe.json')); d['n_shared_experts'] = 2
+json.dump(d, open('$T/shared.json', 'w'))"
+  echo '[]' >"$T/one.json"
+  model=shared
+  srun() { local name=$1 np=$2; shift 2
+    timeout 300 mpirun --oversubscribe -np "$np" "$BIN/piper-exec" --model "$T/$model.json" "$@" --warmup 0 \
+      --iters 3 --quiet --timeout 60 --no-charts --out "$T/$name" --dump-params "$T/$name.params" >"$T/$name.log" 2>&1 ||
+      { bad "$model $name: $(tail -3 "$T/$name.log")"; return 1; }; }
+  if srun sref 1 --directives "$T/one.json" --mbs 8; then
+    for c in "tp2_sp 2 --layout pp=1,tp=2,sp --mbs 8" "ep2_tp2 4 --layout pp=1,dp=2,ep=2,tp=2 --mbs 4"; do
+      set -- $c
+      srun "$@" && same_as sref "$1" && ok || bad "shared expert $1 differs from one device"
+    done
+  fi
+  model=moe6
+  if srun ref6 1 --directives "$T/one.json" --mbs 8; then
+    for c in "e6_ep2_tp2 4 --layout pp=1,dp=2,ep=2,tp=2 --mbs 4" "e6_ep2_tp2_sp 4 --layout pp=1,dp=2,ep=2,tp=2,sp --mbs 4"; do
+      set -- $c
+      srun "$@" && same_as ref6 "$1" && ok || bad "6 experts, $1 differs from one device"
     done
   fi
 fi
