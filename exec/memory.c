@@ -203,6 +203,25 @@ uint32_t exec_written_tensor(const struct exec_state *s, uint32_t i, enum plan_t
   return OWN_WORK;
 }
 
+uint32_t exec_bi_only_tensor(const struct exec_state *s, uint32_t i) {
+  const struct plan_class *c = s->dev->cls;
+  const struct plan_instr *in = &c->instrs[i];
+  uint32_t n_saved = 0, found = OWN_WORK;
+  for (uint32_t w = 0; w < in->write_count; w++) {
+    uint32_t t = c->writes[in->write_first + w];
+    const struct plan_tensor *pt = &c->tensors[t];
+    if (pt->kind != PLAN_TENSOR_SAVED)
+      continue;
+    n_saved++;
+    bool weights = false;
+    for (uint32_t k = 0; k < pt->consumer_count; k++)
+      weights |= s->dev->instrs[c->consumers[pt->consumer_first + k]].pass == IR_PASS_BW;
+    if (!weights)
+      found = t;
+  }
+  return n_saved >= 2 ? found : OWN_WORK;
+}
+
 /* The model edge through which consumer j of something instruction i writes reads it. */
 static uint32_t consumer_edge(const struct exec_state *s, uint32_t i, uint32_t j) {
   const struct exec_instr *x = &s->dev->instrs[i], *y = &s->dev->instrs[j];

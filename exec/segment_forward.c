@@ -167,6 +167,9 @@ struct fwd {
   struct exec_seg_run *run;
   const float *P;
   uint32_t i, saved; /* owner of what the backward reads (OWN_WORK: F under full) */
+  /* owner of what only the input-gradient pass reads (exec_bi_only_tensor; saved where the
+   * plan keeps it in saved): attention's q, k, v, the router's probabilities */
+  uint32_t bi_only;
   enum fwd_keep keep;
   uint32_t drop;      /* F under selective recomputation: the modules it does not keep */
   const bool *needed; /* a full rerun's (rerun_needed); NULL: every value */
@@ -180,8 +183,12 @@ static bool fwd_attention(struct fwd *f, uint32_t j, float *out, const float *in
   size_t all = kernels_attention_saved_floats(&dd), core = kernels_attention_core_floats(&dd);
   if (f->keep == FWD_SELECTIVE_DROP && op_dropped(s, f->drop, f->es->ops[j].op)) {
     /* q, k, v saved; lse and y only while F runs */
-    f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->saved, all - core);
+    f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->bi_only, all - core);
     dd.core = f->run->core[j] = mb_floats_raw(s, st, f->mb, OWN_WORK, core);
+  } else if (f->bi_only != f->saved) {
+    /* q, k, v go when BI ends; y (BW's input of the output projection) and lse stay */
+    f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->bi_only, all - core);
+    dd.core = f->run->core[j] = mb_floats_raw(s, st, f->mb, f->saved, core);
   } else {
     f->run->saved[j] = mb_floats_raw(s, st, f->mb, f->saved, all);
   }
@@ -422,7 +429,7 @@ static bool fwd_op(struct fwd *f, uint32_t j, GError **err) {
     /* under SP on the whole sequence: every TP rank's expert slices read every token's route */
     if (s->dev->sequence_parallel && !(in0 = exec_tp_gathered(s, st, mb, &st->tp.input, in0, err)))
       return false;
-    run->saved[j] = mb_floats_raw(s, st, mb, f->saved, kernels_router_saved_floats(T, E));
+    run->saved[j] = mb_floats_raw(s, st, mb, f->bi_only, kernels_router_saved_floats(T, E));
     KT(st, s,
        k->router_forward(st->stream, (int32_t *)out, out + T * K, run->saved[j], in0, prm, T, C, E,
                          K));
@@ -529,6 +536,9 @@ bool exec_segment_forward(struct exec_state *s, uint32_t i, struct exec_task_ctx
     if (!from || !from->dropped)
       return internal(err, s, i, "a rerun before its forward");
   }
+  f.bi_only = exec_bi_only_tensor(s, i);
+  if (f.bi_only == OWN_WORK)
+    f.bi_only = f.saved;
   f.run = seg_run_begin(s, i, st, f.saved, keep, from);
   f.run->dropped = f.keep == FWD_FULL_DROP;
   mb->seg[x->segment] = f.run;

@@ -177,6 +177,10 @@ static inline enum fwd_keep fwd_keep_of(const struct exec_state *s, const struct
   return FWD_PLAIN;
 }
 
+/* Of a forward's two saved tensors (ir/lower.c, instr_split_saved: lowering lists the one BW
+ * reads first, so exec_written_tensor finds it), the one no weight pass (BW) reads, released
+ * when the input-gradient pass ends; OWN_WORK where the plan keeps everything in one. */
+uint32_t exec_bi_only_tensor(const struct exec_state *s, uint32_t i);
 /* The owner of what instruction i saves for a backward: its saved tensor, or the micro-batch
  * where the plan has none on this device. */
 static inline uint32_t saved_owner(const struct exec_state *s, uint32_t i) {

@@ -259,6 +259,11 @@ uint64_t ir_tp_segment_saved_bytes(const struct model *m, uint32_t segment, uint
  * divided by heads under TP; the other modules only at tp <= 1, directives/apply.c). */
 uint64_t ir_tp_segment_module_bytes(const struct model *m, uint32_t segment, uint32_t tp,
                                     uint32_t modules);
+/* What compute node n (a forward or a rerun) saves that only its input-gradient pass reads
+ * (ir/saved_readers.c): attention's q, k, v, MLA's rebuilt q, k, v, the router's
+ * probabilities, per device. Where the backward is split (BI, BW), lowering gives it a saved
+ * tensor of its own, released at BI's end; 0 under context parallelism and for EP experts. */
+uint64_t ir_bi_only_saved_bytes(const struct model *m, const struct ir_node *n);
 /* The forward FLOPs a selective rerun of the segment's modules computes. */
 double ir_segment_module_flops(const struct model *m, uint32_t segment, uint32_t modules);
 /* What a compute node of segment holds on one device besides its tensors (the memory rule's

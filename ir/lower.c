@@ -614,6 +614,50 @@ static void instr_bucket(struct lower *l, uint32_t i, const struct ir_node *n,
   add_unread(i, (P + N - 1) / N * N * dtype, PLAN_TENSOR_OUT, cp);
 }
 
+/* Forward (or rerun) i's saved tensor split by reader where its backward is split: what only
+ * the input-gradient pass reads (ir_bi_only_saved_bytes) goes into a saved tensor of its own,
+ * read by the saved tensor's readers but BW, so the memory rule releases it when BI ends
+ * rather than when BW does. reads_from: where i's (reader, tensor) pairs start. */
+static void instr_split_saved(struct lower *l, struct plan_class *c, uint32_t i,
+                              uint32_t reads_from, struct class_pools *cp) {
+  const struct ir_node *xn = IR_NODE(l->g, c->instrs[i].node);
+  uint64_t bi_only = ir_bi_only_saved_bytes(l->g->model, xn);
+  if (!bi_only)
+    return;
+  uint32_t saved = IR_NONE;
+  for (uint32_t w = c->instrs[i].write_first; w < cp->writes->len; w++) {
+    uint32_t t = g_array_index(cp->writes, uint32_t, w);
+    if (g_array_index(cp->tensors, struct plan_tensor, t).kind == PLAN_TENSOR_SAVED)
+      saved = t;
+  }
+  uint32_t(*pairs)[2] = (uint32_t(*)[2])cp->tensor_reads->data;
+  uint32_t n_pairs = cp->tensor_reads->len;
+  bool weights = false;
+  for (uint32_t k = reads_from; k < n_pairs && saved != IR_NONE; k++)
+    weights |= pairs[k][1] == saved && IR_NODE(l->g, c->instrs[pairs[k][0]].node)->pass == IR_PASS_BW;
+  struct plan_tensor *pt = saved == IR_NONE ? NULL
+                                            : &g_array_index(cp->tensors, struct plan_tensor, saved);
+  if (!weights || pt->bytes < bi_only)
+    return;
+  pt->bytes -= bi_only;
+  struct plan_tensor early = {.bytes = bi_only,
+                              .producer = i,
+                              .kind = PLAN_TENSOR_SAVED,
+                              .consumer_first = IR_NONE, /* no slot: never matched by an edge */
+                              .consumer_count = 0};
+  g_array_append_val(cp->tensors, early);
+  uint32_t t = cp->tensors->len - 1;
+  g_array_append_val(cp->writes, t);
+  for (uint32_t k = reads_from; k < n_pairs; k++) {
+    pairs = (uint32_t(*)[2])cp->tensor_reads->data; /* appending may move the array */
+    if (pairs[k][1] != saved ||
+        IR_NODE(l->g, c->instrs[pairs[k][0]].node)->pass == IR_PASS_BW)
+      continue;
+    uint32_t pair[2] = {pairs[k][0], t};
+    g_array_append_vals(cp->tensor_reads, pair, 1);
+  }
+}
+
 /* Instruction i's tensors: one per distinct output slot with a local consumer, and its
  * workspace. */
 static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
@@ -621,6 +665,7 @@ static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
   uint32_t x = c->instrs[i].node;
   const struct ir_node *xn = IR_NODE(l->g, x);
   c->instrs[i].write_first = cp->writes->len;
+  uint32_t reads_from = cp->tensor_reads->len;
   for (uint32_t k = l->adj.out_first[x]; k < l->adj.out_first[x + 1]; k++) {
     const struct ir_edge *e = IR_EDGE(l->g, l->adj.out_edges[k]);
     if (e->kind != IR_EDGE_DATA || instr_of[e->dst] == IR_NONE)
@@ -661,6 +706,7 @@ static void instr_writes(struct lower *l, struct plan_class *c, uint32_t i,
     uint32_t pair[2] = {instr_of[e->dst], t};
     g_array_append_vals(cp->tensor_reads, pair, 1);
   }
+  instr_split_saved(l, c, i, reads_from, cp);
   instr_work(l, i, xn, cp);
   instr_a2a_work(l, i, x, cp);
   instr_bucket(l, i, xn, cp);

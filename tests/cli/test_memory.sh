@@ -106,6 +106,10 @@ plans=(
   "rc_layernorm_one 1 $DENSE --pp-regions 1 --layout pp=1,recompute=selective:layernorm --mbs 8"
   "rc_modules_moe 2 $SHARED --layout pp=2,recompute=selective:layernorm+shared_experts+moe --schedule 1f1b --mbs 8"
   "rc_modules_zb 2 $DENSE --layout pp=2,recompute=selective:layernorm+mlp --schedule zerobubble --mbs 4"
+  # saved tensors released by reader (docs/memory.md): q, k, v and the router's probabilities go
+  # when BI ends, under selective recomputation of the core and under TP + SP (divided by heads)
+  "rc_sel_zb_moe 2 $MOE --layout pp=2,recompute=selective --schedule zerobubble --mbs 4"
+  "zb_tp2_sp_moe 4 $MOE --layout pp=2,tp=2,sp --schedule zerobubble --mbs 4"
   # the routed experts' silu(gate)·up rows (moe_act): local, and under EP at the capacity
   "rc_moe_act_one 1 $MOE --pp-regions 1 --layout pp=1,recompute=selective:moe_act --mbs 8"
   "rc_moe_act_ep 4 $MOE --layout pp=2,dp=2,ep=2,recompute=selective:layernorm+moe_act --schedule 1f1b --mbs 4"

@@ -32,6 +32,7 @@
 
 #include "../../base/json.h"
 #include "../../directives/compile.h"
+#include "../../directives/schedule.h"
 #include "../../ir/plan.h"
 #include "../../kernels/kernels.h"
 #include "../../sim/sim.h"
@@ -650,6 +651,73 @@ static uint64_t expert_saved(const char *layout, uint64_t *rows, uint64_t *h, ui
   return saved;
 }
 
+/* Saved tensors released by reader (ir/lower.c, instr_split_saved): where the backward is split
+ * into BI and BW (zero-bubble, DualPipeV), a forward's q, k, v (tiny-dense's layer: q [T, 64]
+ * 16,384 B + k, v [T, 32] 2 x 8,192 = 32,768 B an attention) and a router's probabilities
+ * (fp32 [T, E]) go into a saved tensor of their own, released when the input-gradient pass
+ * ends; the rest (the inputs of the linear layers, y, lse, rstd) stays until BW. */
+#define LAYER_QKV 32768u
+static uint32_t split_forwards(const struct plan *p, bool dense) {
+  uint32_t n_split = 0;
+  for (uint32_t d = 0; d < p->n_devices; d++) {
+    const struct plan_class *c = plan_device_class(p, d);
+    for (uint32_t i = 0; i < c->n_instrs; i++) {
+      const struct ir_node *f = &p->nodes[c->instrs[i].node];
+      if (f->kind != IR_NODE_COMPUTE || f->pass != IR_PASS_F)
+        continue;
+      uint32_t n_saved = 0, n_early = 0;
+      for (uint32_t w = 0; w < c->instrs[i].write_count; w++) {
+        const struct plan_tensor *pt = &c->tensors[c->writes[c->instrs[i].write_first + w]];
+        if (pt->kind != PLAN_TENSOR_SAVED)
+          continue;
+        n_saved++;
+        const struct ir_node *last = &p->nodes[c->instrs[pt->release].node];
+        assert_int_equal(last->segment, f->segment);
+        if (last->pass == IR_PASS_BI) {
+          n_early++;
+          assert_int_equal(pt->bytes, ir_bi_only_saved_bytes(p->model, f));
+          const struct model_segment *sg = &p->model->segments[f->segment];
+          uint32_t attn = 0;
+          for (uint32_t o = sg->op_first; o < sg->op_first + sg->op_count; o++)
+            attn += p->model->ops[o].kind == MODEL_OP_ATTENTION;
+          if (dense)
+            assert_int_equal(pt->bytes, (uint64_t)attn * LAYER_QKV);
+        } else {
+          assert_true(last->pass == IR_PASS_BW || last->pass == IR_PASS_B); /* B: fused */
+        }
+      }
+      /* a forward with attention or a router splits its saved tensor in two */
+      assert_true(n_saved <= 2 && n_early == (n_saved == 2 ? 1u : 0u));
+      n_split += n_saved == 2;
+    }
+  }
+  return n_split;
+}
+
+static void test_saved_released_by_reader(void **state) {
+  (void)state;
+  const struct {
+    const char *model, *base, *schedule;
+    int regions;
+    bool dense;
+  } cases[] = {
+      {"models/tiny-dense.json", "directives/base-schedules/pp4.json", "zerobubble", 0, true},
+      {"models/tiny-moe.json", "directives/base-schedules/pp4_dp2_ep2_v_placement.json",
+       "dualpipev", 4, false},
+  };
+  for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+    GError *err = NULL;
+    struct sched_options so = {.mbs = 4};
+    assert_true(sched_family_parse(cases[k].schedule, &so.family));
+    struct plan *p = compile_plan(cases[k].model, cases[k].base, &so, cases[k].regions, &err);
+    if (!p)
+      fail_msg("%s: %s", cases[k].schedule, err->message);
+    if (split_forwards(p, cases[k].dense) == 0)
+      fail_msg("%s: no forward split its saved tensor by reader", cases[k].schedule);
+    plan_free(p);
+  }
+}
+
 static void test_fp8_expert_inputs(void **state) {
   (void)state;
   uint64_t rows, h, f, combine, combine8, n, n8;
@@ -684,6 +752,7 @@ int main(void) {
       cmocka_unit_test(test_deepseek_v3_layer_by_hand),
       cmocka_unit_test(test_full_every_layer_as_megatron),
       cmocka_unit_test(test_fp8_expert_inputs),
+      cmocka_unit_test(test_saved_released_by_reader),
       cmocka_unit_test(test_layer_tensors),
       cmocka_unit_test(test_layer_tensors_tp2),
       cmocka_unit_test(test_simulated_growth),
