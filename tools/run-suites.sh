@@ -33,25 +33,24 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 run_one() {
-  local i=$1 s=${2#@} cmd
+  local i=$1 s=${2#@} cmd log=$tmp/$i.log rc
   if [[ $s == *.sh ]]; then cmd=(bash "$s"); else cmd=("$s"); fi
-  {
-    echo "== $s"
-    TIMEFORMAT="time: $s %R s wall, %U s user, %S s sys"
-    # `time` writes to the group's stderr; the load is appended on the same line after it
-    { time "${prefix[@]}" "${cmd[@]}"; } 2>&1
-    echo $? > "$tmp/$i.status"
-  } > "$tmp/$i.log" 2>&1
-  # the time line is the log's last; add the load to it
-  sed -i '$ s/$/, load '"$(cut -d' ' -f1 /proc/loadavg)"'/' "$tmp/$i.log"
-  touch "$tmp/$i.done"
+  echo "== $s" > "$log"
+  TIMEFORMAT="time: $s %R s wall, %U s user, %S s sys"
+  { time "${prefix[@]}" "${cmd[@]}" >> "$log" 2>&1 < /dev/null; } 2> "$tmp/$i.time"
+  rc=$?
+  # the timing line starts a line of its own even after output without a final newline
+  [ -z "$(tail -c 1 "$log")" ] || echo >> "$log"
+  echo "$(cat "$tmp/$i.time"), load $(cut -d' ' -f1 /proc/loadavg)" >> "$log"
+  # renamed into place: the parent reads a status only once it is whole
+  echo "$rc" > "$tmp/$i.rc" && mv "$tmp/$i.rc" "$tmp/$i.status"
 }
 
 next=0 fail=0
 flush() {
-  while [ "$next" -lt "${#suites[@]}" ] && [ -e "$tmp/$next.done" ]; do
+  while [ "$next" -lt "${#suites[@]}" ] && [ -e "$tmp/$next.status" ]; do
     cat "$tmp/$next.log"
-    [ "$(cat "$tmp/$next.status" 2> /dev/null)" = 0 ] || fail=1
+    [ "$(cat "$tmp/$next.status")" = 0 ] || fail=1
     next=$((next + 1))
   done
 }
