@@ -246,7 +246,9 @@ emu:
 # one's output whole and in order, followed by its line "time: NAME W s wall, U s user, S s
 # sys, load L" (make test and test-long list the slowest at the end). A suite that starts MPI
 # jobs or threads of its own runs alone (written @SUITE): its ranks already fill the cores.
-TEST_JOBS ?= $(shell nproc 2> /dev/null || echo 1)
+# (nproc counts the CPUs this process may use; capped at 8: the suites are few, and their
+# mpirun jobs run alone anyway)
+TEST_JOBS ?= $(shell n=$$(nproc 2> /dev/null || echo 1); echo $$((n > 8 ? 8 : n)))
 RUN_SUITES = tools/run-suites.sh -j $(TEST_JOBS)
 # the CLI scripts that start mpirun (found by name, so a new one is found too)
 alone_if_mpi = $(foreach t,$(1),$(if $(shell grep -l mpirun $(t)),@)$(t))
