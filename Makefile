@@ -146,7 +146,7 @@ ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
-.PHONY: all test test-long unit unit-long cli cli-fast cli-long fuzz asan asan-unit bench install clean deps \
+.PHONY: all test test-long test-bins test-long-bins fuzz-bins unit unit-long cli cli-fast cli-long fuzz asan asan-unit bench install clean deps \
   print-cflags print-libs example lint loop loop-short emu readme-check validate
 # the emulation's own check of the fused attention (tests/gpu/emu/flash_emu.cpp)
 EMU_CHECK_BINS := $(if $(CUDA_EMU),$(BUILD)/gpu/flash_emu)
@@ -318,10 +318,13 @@ fuzz: $(FUZZ_BINS)
 # tests under the sanitizers, the fuzz targets and the README check. CI runs both (.ci/run).
 # Each first builds what its suites run on TEST_JOBS cores, then runs the suites (their output
 # must not interleave: run-suites.sh runs them side by side).
+test-bins: $(UNIT_BINS) $(TOOLS)
+test-long-bins: $(BUILD)/tests/test_planner $(TOOLS)
+fuzz-bins: $(FUZZ_BINS)
 test: deps
 	@mkdir -p $(BUILD)
 	@( rc=0; \
-	  $(MAKE) --no-print-directory -j$(TEST_JOBS) $(UNIT_BINS) $(TOOLS) || rc=1; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-bins || rc=1; \
 	  tools/timed.sh lint $(MAKE) --no-print-directory lint || rc=1; \
 	  $(MAKE) --no-print-directory -k unit cli-fast || rc=1; \
 	  echo $$rc > $(BUILD)/test.rc ) 2>&1 | tee $(BUILD)/test.log
@@ -331,10 +334,10 @@ test: deps
 test-long: deps
 	@mkdir -p $(BUILD)
 	@( rc=0; \
-	  $(MAKE) --no-print-directory -j$(TEST_JOBS) $(BUILD)/tests/test_planner $(TOOLS) || rc=1; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-long-bins || rc=1; \
 	  $(MAKE) --no-print-directory -k unit-long cli-long loop-short readme-check || rc=1; \
 	  $(MAKE) --no-print-directory asan-unit || rc=1; \
-	  $(MAKE) --no-print-directory -j$(TEST_JOBS) $(FUZZ_BINS) || rc=1; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) fuzz-bins || rc=1; \
 	  $(MAKE) --no-print-directory fuzz || rc=1; \
 	  echo $$rc > $(BUILD)/test-long.rc ) 2>&1 | tee $(BUILD)/test-long.log
 	@tools/test-slowest.sh $(BUILD)/test-long.log
