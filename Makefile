@@ -348,7 +348,7 @@ test-long: deps
 asan: deps
 	@UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
-	  $(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDLIBS_EXTRA= unit cli
 
