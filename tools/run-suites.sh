@@ -33,7 +33,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 run_one() {
-  local i=$1 s=${2#@} cmd log=$tmp/$i.log rc
+  local i=$1 s=${2#@} cmd log rc
+  log=$tmp/$i.log
   if [[ $s == *.sh ]]; then cmd=(bash "$s"); else cmd=("$s"); fi
   echo "== $s" > "$log"
   TIMEFORMAT="time: $s %R s wall, %U s user, %S s sys"
