@@ -260,8 +260,8 @@ unit: $(UNIT_BINS) $(TOOLS)
 
 # the unit checks that take minutes (every configuration the planner proposes for 405B on 8,192
 # devices and DeepSeek-V3 compiles; the planner's memory bound under every recomputation);
-# make test runs the same binaries on their small cases, which PIPER_LONG_TESTS=1 leaves out of
-# test_every_config_compiles (PIPER_LONG_TESTS=all runs them too)
+# make test runs the same binaries on their small cases, which PIPER_LONG_TESTS=1 leaves out
+# (PIPER_LONG_TESTS=all runs them too)
 unit-long: $(BUILD)/tests/test_planner $(TOOLS)
 	@fail=0; for t in test_every_config_compiles test_memory_bound; do PIPER_BIN=$(BIN) \
 	  PIPER_LONG_TESTS=1 PIPER_TEST_ONLY=$$t $(RUN_SUITES) $(BUILD)/tests/test_planner || fail=1; \
