@@ -146,7 +146,7 @@ ALL_OBJS := $(LIB_OBJS) $(TOOL_LIB_OBJS) $(TOOL_OBJS) $(UNIT_SRCS:%.c=$(BUILD)/%
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 .SECONDARY:
-.PHONY: all test test-long unit unit-long cli cli-fast cli-long fuzz asan asan-unit bench install clean deps \
+.PHONY: all test test-long test-bins test-long-bins fuzz-bins unit unit-long cli cli-fast cli-long fuzz asan asan-unit bench install clean deps \
   print-cflags print-libs example lint loop loop-short emu readme-check validate
 # the emulation's own check of the fused attention (tests/gpu/emu/flash_emu.cpp)
 EMU_CHECK_BINS := $(if $(CUDA_EMU),$(BUILD)/gpu/flash_emu)
@@ -242,20 +242,33 @@ EMU_BUILD ?= build/emu
 emu:
 	@$(MAKE) --no-print-directory CUDA_EMU=1 BUILD=$(EMU_BUILD) BIN=$(EMU_BUILD)/bin all
 
+# The suites run through tools/run-suites.sh: TEST_JOBS at a time (the cores; 2 in CI), each
+# one's output whole and in order, followed by its line "time: NAME W s wall, U s user, S s
+# sys, load L" (make test and test-long list the slowest at the end). A suite that starts MPI
+# jobs or threads of its own runs alone (written @SUITE): its ranks already fill the cores.
+# (nproc counts the CPUs this process may use; capped at 8: the suites are few, and their
+# mpirun jobs run alone anyway)
+TEST_JOBS ?= $(shell n=$$(nproc 2> /dev/null || echo 1); echo $$((n > 8 ? 8 : n)))
+RUN_SUITES = tools/run-suites.sh -j $(TEST_JOBS)
+# the CLI scripts that start mpirun (found by name, so a new one is found too)
+alone_if_mpi = $(foreach t,$(1),$(if $(shell grep -l mpirun $(t)),@)$(t))
+
 # Each unit test binary is its own process; the CLI scripts run the programs as a user would.
+# test_planner searches on 2 threads and so runs alone.
 unit: $(UNIT_BINS) $(TOOLS)
-	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; PIPER_BIN=$(BIN) $$t || fail=1; done; exit $$fail
+	@PIPER_BIN=$(BIN) $(RUN_SUITES) $(patsubst %/test_planner,@%/test_planner,$(UNIT_BINS))
 
 # the unit checks that take minutes (every configuration the planner proposes for 405B on 8,192
 # devices and DeepSeek-V3 compiles; the planner's memory bound under every recomputation);
-# make test runs the same binaries on their small cases
+# make test runs the same binaries on their small cases, which PIPER_LONG_TESTS=1 leaves out
+# (PIPER_LONG_TESTS=all runs them too)
 unit-long: $(BUILD)/tests/test_planner $(TOOLS)
-	@echo "== $(BUILD)/tests/test_planner (PIPER_LONG_TESTS=1)"; fail=0; \
-	  for t in test_every_config_compiles test_memory_bound; do PIPER_BIN=$(BIN) \
-	  PIPER_LONG_TESTS=1 PIPER_TEST_ONLY=$$t $(BUILD)/tests/test_planner || fail=1; done; exit $$fail
+	@fail=0; for t in test_every_config_compiles test_memory_bound; do PIPER_BIN=$(BIN) \
+	  PIPER_LONG_TESTS=1 PIPER_TEST_ONLY=$$t $(RUN_SUITES) $(BUILD)/tests/test_planner || fail=1; \
+	  done; exit $$fail
 
 cli: $(TOOLS)
-	@fail=0; for t in $(wildcard tests/cli/*.sh); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
+	@PIPER_BIN=$(BIN) $(RUN_SUITES) $(call alone_if_mpi,$(wildcard tests/cli/*.sh))
 
 # The CLI scripts split by time: those below run processes for real (mpirun equivalence suites,
 # faults, checkpoints, the profiler, the emulated GPU: 20 s to several minutes each on 2 cores)
@@ -267,15 +280,15 @@ CLI_LONG := battery cuda cuda_emu exec faults hf memory plan_fields plan_model p
 CLI_LONG_SCRIPTS := $(CLI_LONG:%=tests/cli/test_%.sh)
 CLI_FAST_SCRIPTS := $(filter-out $(CLI_LONG_SCRIPTS),$(wildcard tests/cli/*.sh))
 cli-fast: $(TOOLS)
-	@fail=0; for t in $(CLI_FAST_SCRIPTS); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
+	@PIPER_BIN=$(BIN) $(RUN_SUITES) $(call alone_if_mpi,$(CLI_FAST_SCRIPTS))
 cli-long: $(TOOLS)
-	@fail=0; for t in $(CLI_LONG_SCRIPTS); do echo "== $$t"; PIPER_BIN=$(BIN) bash $$t || fail=1; done; exit $$fail
+	@PIPER_BIN=$(BIN) $(RUN_SUITES) $(call alone_if_mpi,$(CLI_LONG_SCRIPTS))
 
 # The README check (tools/readme-check.py): every command block of README.md run as written in
 # a scratch folder, its figures compared with the README's (exact for the simulator and the
 # planner, rtol for the executor's losses, wall times not compared); one line per stale figure.
 readme-check: $(TOOLS)
-	@echo "== readme-check"; python3 tools/readme-check.py --quiet --root . --readme README.md
+	@echo "== readme-check"; tools/timed.sh readme-check python3 tools/readme-check.py --quiet --root . --readme README.md
 
 # libFuzzer targets over the parsers, each for a short bounded time from its seed corpus. A
 # UBSan report counts as a crash (halt_on_error), as an ASan one does.
@@ -291,15 +304,10 @@ $(FUZZ_BUILD)/%.o: %.c
 -include $(FUZZ_LIB_OBJS:.o=.d)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) $(LDLIBS_ALL) -o $@
+# Each target is one process on one core: TEST_JOBS of them side by side, each still for its
+# FUZZ_SECONDS (tools/fuzz-one.sh).
 fuzz: $(FUZZ_BINS)
-	@fail=0; for f in $(FUZZ_BINS); do n=$$(basename $$f); echo "== $$n ($(FUZZ_SECONDS) s)"; \
-	  mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
-	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
-	    -print_final_stats=0 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus-$$n tests/fuzz/seeds/$${n#fuzz_} \
-	    > $(FUZZ_BUILD)/$$n.log 2>&1 \
-	    && echo "$$n: no crash in $(FUZZ_SECONDS) s" || { tail -40 $(FUZZ_BUILD)/$$n.log; fail=1; }; \
-	done; exit $$fail
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) $(RUN_SUITES) --prefix tools/fuzz-one.sh $(FUZZ_BINS)
 
 # Every suite runs (a failure does not stop the others); the log is kept in $(BUILD)/test.log
 # (test-long: $(BUILD)/test-long.log) and its last line is the totals (tools/test-totals.sh):
@@ -308,20 +316,31 @@ fuzz: $(FUZZ_BINS)
 # minutes on 2 quiet cores); `make test-long` the rest: the long CLI suites (executor
 # equivalence, faults, checkpoints, profiler, emulated GPU), the short fidelity loop, the unit
 # tests under the sanitizers, the fuzz targets and the README check. CI runs both (.ci/run).
+# Each first builds what its suites run on TEST_JOBS cores, then runs the suites (their output
+# must not interleave: run-suites.sh runs them side by side).
+test-bins: $(UNIT_BINS) $(TOOLS)
+test-long-bins: $(BUILD)/tests/test_planner $(TOOLS)
+fuzz-bins: $(FUZZ_BINS)
 test: deps
 	@mkdir -p $(BUILD)
 	@( rc=0; \
-	  $(MAKE) --no-print-directory -k lint unit cli-fast || rc=1; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-bins || rc=1; \
+	  tools/timed.sh lint $(MAKE) --no-print-directory lint || rc=1; \
+	  $(MAKE) --no-print-directory -k unit cli-fast || rc=1; \
 	  echo $$rc > $(BUILD)/test.rc ) 2>&1 | tee $(BUILD)/test.log
+	@tools/test-slowest.sh $(BUILD)/test.log
 	@tools/test-totals.sh $(BUILD)/test.log; exit $$(cat $(BUILD)/test.rc)
 
 test-long: deps
 	@mkdir -p $(BUILD)
 	@( rc=0; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-long-bins || rc=1; \
 	  $(MAKE) --no-print-directory -k unit-long cli-long loop-short readme-check || rc=1; \
 	  $(MAKE) --no-print-directory asan-unit || rc=1; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) fuzz-bins || rc=1; \
 	  $(MAKE) --no-print-directory fuzz || rc=1; \
 	  echo $$rc > $(BUILD)/test-long.rc ) 2>&1 | tee $(BUILD)/test-long.log
+	@tools/test-slowest.sh $(BUILD)/test-long.log
 	@tools/test-totals.sh $(BUILD)/test-long.log; exit $$(cat $(BUILD)/test-long.rc)
 
 # Every UBSan report fails its test (halt_on_error: the process exits 1 after the report);
@@ -329,18 +348,19 @@ test-long: deps
 asan: deps
 	@UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
-	  $(MAKE) --no-print-directory BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) BUILD=build-asan BIN=build-asan/bin OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDLIBS_EXTRA= unit cli
 
 # The unit tests alone under ASan + UBSan + LeakSanitizer, without the cuda backend (no GPU
 # here, and nvcc would double the build): what `make test` (and so CI, 90 minutes on 2 cores)
-# runs of the sanitizers. Its own build folder: its flags differ from `make asan`'s.
+# runs of the sanitizers. Its own build folder: its flags differ from `make asan`'s. Built on
+# TEST_JOBS cores (a whole second build of the library: serial, it was minutes of CI).
 ASAN_UNIT_BUILD ?= build-asan-unit
 asan-unit:
 	@UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
-	  $(MAKE) --no-print-directory BUILD=$(ASAN_UNIT_BUILD) BIN=$(ASAN_UNIT_BUILD)/bin OPT=-O1 \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) BUILD=$(ASAN_UNIT_BUILD) BIN=$(ASAN_UNIT_BUILD)/bin OPT=-O1 \
 	  NO_CUDA=1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" unit
 
 # The fidelity loop (tools/loop.sh): profile this machine with piper-prof, then simulate,
@@ -352,7 +372,7 @@ loop: $(TOOLS)
 	@PIPER_BIN=$(BIN) tools/loop.sh --out $(LOOP_OUT)
 
 loop-short: $(TOOLS)
-	@PIPER_BIN=$(BIN) tools/loop.sh --short --out $(BUILD)/loop-short
+	@PIPER_BIN=$(BIN) tools/timed.sh loop-short tools/loop.sh --short --out $(BUILD)/loop-short
 
 # The published runs of validation/runs.json simulated as published: validation/table.md, and
 # the issue's targets asserted (docs/validation.md)
