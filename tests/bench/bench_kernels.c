@@ -268,16 +268,19 @@ static void bench_moe(const struct machine *mc, const struct shape *s) {
 
   float *send = calloc((size_t)n * C, 4), *y = randn((size_t)n * C, 43, 1);
   float *dy = calloc((size_t)n * C, 4), *m = calloc((size_t)T * C, 4);
+  float *row_weight = calloc((size_t)n, 4), *drow_weight = calloc((size_t)n, 4);
   kernels_moe_dispatch_plan(counts, route_row, ids, T, K, E, 1);
   double bytes = 2.0 * n * C * sizeof(float);
   reps = reps_for(bytes);
-  TIME_BEST(reps, t, kernels_moe_dispatch_forward(send, row_expert, h, ids, route_row, T, K, C));
+  TIME_BEST(reps, t, kernels_moe_dispatch_forward(send, row_expert, row_weight, h, ids, weights,
+                                                  route_row, T, K, C));
   report(mc, s->name, "dispatch", "F", t, 0, bytes);
-  TIME_BEST(reps, t, kernels_moe_combine_forward(m, y, weights, route_row, T, K, C));
+  TIME_BEST(reps, t, kernels_moe_combine_forward(m, y, route_row, T, K, C));
   report(mc, s->name, "combine", "F", t, 0, bytes);
-  TIME_BEST(reps, t, kernels_moe_combine_backward(dy, dweights, m, y, weights, route_row, T, K, C));
-  report(mc, s->name, "combine", "B", t, 0, 1.5 * bytes);
-  TIME_BEST(reps, t, kernels_moe_dispatch_backward(dh, dy, route_row, T, K, C, false));
+  TIME_BEST(reps, t, kernels_moe_combine_backward(dy, m, route_row, T, K, C));
+  report(mc, s->name, "combine", "B", t, 0, bytes);
+  TIME_BEST(reps, t,
+            kernels_moe_dispatch_backward(dh, dweights, dy, drow_weight, route_row, T, K, C, false));
   report(mc, s->name, "dispatch", "B", t, 0, bytes);
 
   size_t np = kernels_expert_ffn_param_count(E, C, F);
@@ -289,11 +292,12 @@ static void bench_moe(const struct machine *mc, const struct shape *s) {
   reps = reps_for(flops);
   TIME_BEST(
       reps, t,
-      kernels_expert_ffn_forward(y, esaved, NULL, scratch, send, row_expert, n, ep, 0, E, C, F));
+      kernels_expert_ffn_forward(y, esaved, NULL, scratch, send, row_expert, row_weight, n, ep,
+                                 0, E, C, F));
   report(mc, s->name, "expert_ffn", "F", t, flops, 0);
   TIME_BEST(reps, t,
-            kernels_expert_ffn_backward_input(send, ebwork, scratch, dy, row_expert, n, esaved, ep,
-                                              0, E, C, F, false));
+            kernels_expert_ffn_backward_input(send, drow_weight, ebwork, scratch, dy, row_expert, n,
+                                              esaved, NULL, ep, 0, E, C, F, false));
   report(mc, s->name, "expert_ffn", "BI", t, flops, 0);
   TIME_BEST(
       reps, t,
@@ -301,6 +305,7 @@ static void bench_moe(const struct machine *mc, const struct shape *s) {
   report(mc, s->name, "expert_ffn", "BW", t, flops, 0);
   free(wr), free(dwr), free(h), free(dh), free(probs), free(dlog), free(weights), free(dweights);
   free(ids), free(route_row), free(row_expert), free(send), free(y), free(dy), free(m);
+  free(row_weight), free(drow_weight);
   free(ep), free(dep), free(esaved), free(ebwork), free(scratch);
 }
 
