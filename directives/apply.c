@@ -1611,8 +1611,6 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   return ok;
 }
 
-static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck);
-
 /* ZeRO-3: one all-gather per bucket, micro-batch and use (F, and B or BI), feeding every
  * compute node of the bucket in that use; its buffer lives until the last of them is done.
  * When it may start is fixed once the order is known (prefetch_gathers). */
@@ -1956,45 +1954,6 @@ static bool insert_send_recv(struct apply *a, GError **err) {
 
 /* ---- phase 6: order ---------------------------------------------------------------------- */
 
-/* Topological positions by Kahn's algorithm (lowest id first); false on a cycle, with
- * *stuck set to a node on it. */
-static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck) {
-  uint32_t nn = g->nodes->len;
-  struct ir_adjacency adj;
-  ir_adjacency_build(g, &adj);
-  uint32_t *indeg = g_new0(uint32_t, nn);
-  for (uint32_t v = 0; v < nn; v++)
-    indeg[v] = adj.in_first[v + 1] - adj.in_first[v];
-  uint32_t *queue = g_new(uint32_t, nn ? nn : 1);
-  uint32_t head = 0, tail = 0;
-  for (uint32_t v = 0; v < nn; v++)
-    if (!indeg[v])
-      queue[tail++] = v;
-  while (head < tail) {
-    uint32_t v = queue[head];
-    pos[v] = head++;
-    for (uint32_t k = adj.out_first[v]; k < adj.out_first[v + 1]; k++) {
-      uint32_t w = IR_EDGE(g, adj.out_edges[k])->dst;
-      if (--indeg[w] == 0)
-        queue[tail++] = w;
-    }
-  }
-  bool ok = tail == nn;
-  if (!ok) {
-    *stuck = IR_NONE;
-    for (uint32_t v = 0; v < nn && *stuck == IR_NONE; v++)
-      if (indeg[v] && IR_NODE(g, v)->kind == IR_NODE_COMPUTE)
-        *stuck = v;
-    for (uint32_t v = 0; v < nn && *stuck == IR_NONE; v++)
-      if (indeg[v])
-        *stuck = v;
-  }
-  g_free(queue);
-  g_free(indeg);
-  ir_adjacency_free(&adj);
-  return ok;
-}
-
 /* qsort context for by_position; per thread: the planner compiles on several at once */
 static _Thread_local const uint32_t *sort_pos;
 static int by_position(const void *x, const void *y) {
@@ -2002,8 +1961,10 @@ static int by_position(const void *x, const void *y) {
   return a < b ? -1 : a > b;
 }
 
-static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix, uint32_t *pos,
-                        GError **err) {
+/* topo: the graph's topological positions (by_position sorts by them), brought up to date
+ * with this directive's temporal edges for the next. */
+static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix,
+                        struct ir_topo *topo, GError **err) {
   const struct dir_directive *dd = &a->p->d[d];
   struct ir_graph *g = a->g;
   bool ok = false;
@@ -2085,7 +2046,7 @@ static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix,
       }
   }
   uint32_t stuck;
-  if (!topo_positions(g, pos, &stuck)) {
+  if (!ir_topo_update(topo, g, &stuck)) {
     char *nm = node_name(g, stuck);
     fail_at(a, d, err, "the order creates a cycle against dataflow (\"%s\" would wait on itself)",
             nm);
@@ -2347,7 +2308,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   for (uint32_t i = 0; i < g->nodes->len; i++)
     g_array_append_val(a.info, none);
   bool ok = false;
-  uint32_t *pos = NULL;
+  struct ir_topo topo;
+  bool have_topo = false;
   bool *ordered = NULL;
   struct tag_index ix = {NULL};
 
@@ -2397,20 +2359,20 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     goto out;
   ir_graph_compact(g);
 
-  pos = g_new(uint32_t, g->nodes->len);
   uint32_t stuck;
-  if (!topo_positions(g, pos, &stuck)) {
+  have_topo = true;
+  if (!ir_topo_init(&topo, g, &stuck)) {
     char *nm = node_name(g, stuck);
     fail_at(&a, IR_NONE, err, "the program creates a cycle at \"%s\"", nm);
     g_free(nm);
     goto out;
   }
-  sort_pos = pos;
+  sort_pos = topo.pos;
   tag_index_build(g, &ix);
   for (uint32_t d = 0; d < p->n; d++) {
     if (p->d[d].op != DIR_ORDER)
       continue;
-    if (!apply_order(&a, d, &ix, pos, err))
+    if (!apply_order(&a, d, &ix, &topo, err))
       goto out;
   }
   ordered = g_new0(bool, g->nodes->len);
@@ -2444,7 +2406,8 @@ out:
   tag_index_free(&ix);
   sort_pos = NULL;
   g_free(ordered);
-  g_free(pos);
+  if (have_topo)
+    ir_topo_free(&topo);
   g_array_free(a.info, TRUE);
   return ok;
 }
