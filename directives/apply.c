@@ -128,11 +128,32 @@ static GArray *match(const struct apply *a, const struct ir_filter *f, bool opti
  * candidates instead of the whole graph (schedules have O(M) filters per rank). */
 struct tag_index {
   GHashTable *lists; /* (tag << 32 | value) -> GArray of node ids, ascending */
+  /* Two tags' values together (an order filter names a stage and a micro-batch: each one's
+   * list alone holds every micro-batch's or every stage's nodes, scanned per filter), built
+   * the first time a filter asks for that pair of tags: struct tag_pair_key -> GArray */
+  GHashTable *pairs;
+  bool have_pair[IR_MAX_TAGS][IR_MAX_TAGS];
+  uint32_t n_nodes; /* the nodes indexed */
 };
+struct tag_pair_key {
+  int32_t tag[2], value[2];
+};
+static guint tag_pair_hash(gconstpointer p) {
+  const struct tag_pair_key *k = p;
+  return (guint)k->tag[0] * 2654435761u ^ (guint)k->tag[1] * 40503u ^
+         (guint)k->value[0] * 2246822519u ^ (guint)k->value[1] * 3266489917u;
+}
+static gboolean tag_pair_equal(gconstpointer a, gconstpointer b) {
+  return memcmp(a, b, sizeof(struct tag_pair_key)) == 0;
+}
 
 static void tag_index_build(const struct ir_graph *g, struct tag_index *ix) {
   ix->lists =
       g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, (GDestroyNotify)g_array_unref);
+  ix->pairs =
+      g_hash_table_new_full(tag_pair_hash, tag_pair_equal, g_free, (GDestroyNotify)g_array_unref);
+  memset(ix->have_pair, 0, sizeof ix->have_pair);
+  ix->n_nodes = g->nodes->len;
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
     if (n->kind != IR_NODE_COMPUTE)
@@ -154,27 +175,68 @@ static void tag_index_build(const struct ir_graph *g, struct tag_index *ix) {
 static void tag_index_free(struct tag_index *ix) {
   if (ix->lists)
     g_hash_table_destroy(ix->lists);
+  if (ix->pairs)
+    g_hash_table_destroy(ix->pairs);
   ix->lists = NULL;
+  ix->pairs = NULL;
+}
+
+/* The compute nodes with tag ta = va and tb = vb (ascending ids, as the one-tag lists), or
+ * NULL: none. Tags do not change while an index lives (the phases that use one add edges). */
+static const GArray *tag_index_pair(struct tag_index *ix, const struct ir_graph *g, int32_t ta,
+                                    int32_t va, int32_t tb, int32_t vb) {
+  if (!ix->have_pair[ta][tb]) {
+    ix->have_pair[ta][tb] = true;
+    for (uint32_t i = 0; i < ix->n_nodes; i++) {
+      const struct ir_node *n = IR_NODE(g, i);
+      if (n->kind != IR_NODE_COMPUTE || n->tags[ta] < 0 || n->tags[tb] < 0)
+        continue;
+      struct tag_pair_key k = {.tag = {ta, tb}, .value = {n->tags[ta], n->tags[tb]}};
+      GArray *l = g_hash_table_lookup(ix->pairs, &k);
+      if (!l) {
+        l = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+        g_hash_table_insert(ix->pairs, g_memdup2(&k, sizeof k), l);
+      }
+      g_array_append_val(l, i);
+    }
+  }
+  struct tag_pair_key k = {.tag = {ta, tb}, .value = {va, vb}};
+  return g_hash_table_lookup(ix->pairs, &k);
 }
 
 /* match() restricted to compute nodes, through the index when the filter names a value. */
-static GArray *match_indexed(const struct apply *a, const struct tag_index *ix,
+static GArray *match_indexed(const struct apply *a, struct tag_index *ix,
                              const struct ir_filter *f) {
   const GArray *best = NULL;
-  bool any_exact = false;
+  int32_t best_tag = -1, other_tag = -1; /* the two shortest lists' tags */
+  uint32_t other_len = 0;
   for (uint32_t t = 0; t < a->g->n_tags; t++) {
     if (f->tags[t] < 0)
       continue;
-    any_exact = true;
     int64_t key = ((int64_t)t << 32) | f->tags[t];
     const GArray *l = g_hash_table_lookup(ix->lists, &key);
     if (!l)
       return g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    if (!best || l->len < best->len)
+    if (!best || l->len < best->len) {
+      if (best) {
+        other_tag = best_tag;
+        other_len = best->len;
+      }
       best = l;
+      best_tag = (int32_t)t;
+    } else if (other_tag < 0 || l->len < other_len) {
+      other_tag = (int32_t)t;
+      other_len = l->len;
+    }
   }
-  if (!any_exact)
+  if (!best)
     return match(a, f, false);
+  if (other_tag >= 0) {
+    best = tag_index_pair(ix, a->g, MIN(best_tag, other_tag), f->tags[MIN(best_tag, other_tag)],
+                          MAX(best_tag, other_tag), f->tags[MAX(best_tag, other_tag)]);
+    if (!best)
+      return g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  }
   GArray *m = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   for (uint32_t j = 0; j < best->len; j++) {
     uint32_t i = g_array_index(best, uint32_t, j);
@@ -1963,7 +2025,7 @@ static int by_position(const void *x, const void *y) {
 
 /* topo: the graph's topological positions (by_position sorts by them), brought up to date
  * with this directive's temporal edges for the next. */
-static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix,
+static bool apply_order(struct apply *a, uint32_t d, struct tag_index *ix,
                         struct ir_topo *topo, GError **err) {
   const struct dir_directive *dd = &a->p->d[d];
   struct ir_graph *g = a->g;
