@@ -128,11 +128,32 @@ static GArray *match(const struct apply *a, const struct ir_filter *f, bool opti
  * candidates instead of the whole graph (schedules have O(M) filters per rank). */
 struct tag_index {
   GHashTable *lists; /* (tag << 32 | value) -> GArray of node ids, ascending */
+  /* Two tags' values together (an order filter names a stage and a micro-batch: each one's
+   * list alone holds every micro-batch's or every stage's nodes, scanned per filter), built
+   * the first time a filter asks for that pair of tags: struct tag_pair_key -> GArray */
+  GHashTable *pairs;
+  bool have_pair[IR_MAX_TAGS][IR_MAX_TAGS];
+  uint32_t n_nodes; /* the nodes indexed */
 };
+struct tag_pair_key {
+  int32_t tag[2], value[2];
+};
+static guint tag_pair_hash(gconstpointer p) {
+  const struct tag_pair_key *k = p;
+  return (guint)k->tag[0] * 2654435761u ^ (guint)k->tag[1] * 40503u ^
+         (guint)k->value[0] * 2246822519u ^ (guint)k->value[1] * 3266489917u;
+}
+static gboolean tag_pair_equal(gconstpointer a, gconstpointer b) {
+  return memcmp(a, b, sizeof(struct tag_pair_key)) == 0;
+}
 
 static void tag_index_build(const struct ir_graph *g, struct tag_index *ix) {
   ix->lists =
       g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, (GDestroyNotify)g_array_unref);
+  ix->pairs =
+      g_hash_table_new_full(tag_pair_hash, tag_pair_equal, g_free, (GDestroyNotify)g_array_unref);
+  memset(ix->have_pair, 0, sizeof ix->have_pair);
+  ix->n_nodes = g->nodes->len;
   for (uint32_t i = 0; i < g->nodes->len; i++) {
     const struct ir_node *n = IR_NODE(g, i);
     if (n->kind != IR_NODE_COMPUTE)
@@ -154,27 +175,68 @@ static void tag_index_build(const struct ir_graph *g, struct tag_index *ix) {
 static void tag_index_free(struct tag_index *ix) {
   if (ix->lists)
     g_hash_table_destroy(ix->lists);
+  if (ix->pairs)
+    g_hash_table_destroy(ix->pairs);
   ix->lists = NULL;
+  ix->pairs = NULL;
+}
+
+/* The compute nodes with tag ta = va and tb = vb (ascending ids, as the one-tag lists), or
+ * NULL: none. Tags do not change while an index lives (the phases that use one add edges). */
+static const GArray *tag_index_pair(struct tag_index *ix, const struct ir_graph *g, int32_t ta,
+                                    int32_t va, int32_t tb, int32_t vb) {
+  if (!ix->have_pair[ta][tb]) {
+    ix->have_pair[ta][tb] = true;
+    for (uint32_t i = 0; i < ix->n_nodes; i++) {
+      const struct ir_node *n = IR_NODE(g, i);
+      if (n->kind != IR_NODE_COMPUTE || n->tags[ta] < 0 || n->tags[tb] < 0)
+        continue;
+      struct tag_pair_key k = {.tag = {ta, tb}, .value = {n->tags[ta], n->tags[tb]}};
+      GArray *l = g_hash_table_lookup(ix->pairs, &k);
+      if (!l) {
+        l = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+        g_hash_table_insert(ix->pairs, g_memdup2(&k, sizeof k), l);
+      }
+      g_array_append_val(l, i);
+    }
+  }
+  struct tag_pair_key k = {.tag = {ta, tb}, .value = {va, vb}};
+  return g_hash_table_lookup(ix->pairs, &k);
 }
 
 /* match() restricted to compute nodes, through the index when the filter names a value. */
-static GArray *match_indexed(const struct apply *a, const struct tag_index *ix,
+static GArray *match_indexed(const struct apply *a, struct tag_index *ix,
                              const struct ir_filter *f) {
   const GArray *best = NULL;
-  bool any_exact = false;
+  int32_t best_tag = -1, other_tag = -1; /* the two shortest lists' tags */
+  uint32_t other_len = 0;
   for (uint32_t t = 0; t < a->g->n_tags; t++) {
     if (f->tags[t] < 0)
       continue;
-    any_exact = true;
     int64_t key = ((int64_t)t << 32) | f->tags[t];
     const GArray *l = g_hash_table_lookup(ix->lists, &key);
     if (!l)
       return g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    if (!best || l->len < best->len)
+    if (!best || l->len < best->len) {
+      if (best) {
+        other_tag = best_tag;
+        other_len = best->len;
+      }
       best = l;
+      best_tag = (int32_t)t;
+    } else if (other_tag < 0 || l->len < other_len) {
+      other_tag = (int32_t)t;
+      other_len = l->len;
+    }
   }
-  if (!any_exact)
+  if (!best)
     return match(a, f, false);
+  if (other_tag >= 0) {
+    best = tag_index_pair(ix, a->g, MIN(best_tag, other_tag), f->tags[MIN(best_tag, other_tag)],
+                          MAX(best_tag, other_tag), f->tags[MAX(best_tag, other_tag)]);
+    if (!best)
+      return g_array_new(FALSE, FALSE, sizeof(uint32_t));
+  }
   GArray *m = g_array_new(FALSE, FALSE, sizeof(uint32_t));
   for (uint32_t j = 0; j < best->len; j++) {
     uint32_t i = g_array_index(best, uint32_t, j);
@@ -1630,8 +1692,6 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   return ok;
 }
 
-static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck);
-
 /* ZeRO-3: one all-gather per bucket, micro-batch and use (F, and B or BI), feeding every
  * compute node of the bucket in that use; its buffer lives until the last of them is done.
  * When it may start is fixed once the order is known (prefetch_gathers). */
@@ -1975,45 +2035,6 @@ static bool insert_send_recv(struct apply *a, GError **err) {
 
 /* ---- phase 6: order ---------------------------------------------------------------------- */
 
-/* Topological positions by Kahn's algorithm (lowest id first); false on a cycle, with
- * *stuck set to a node on it. */
-static bool topo_positions(const struct ir_graph *g, uint32_t *pos, uint32_t *stuck) {
-  uint32_t nn = g->nodes->len;
-  struct ir_adjacency adj;
-  ir_adjacency_build(g, &adj);
-  uint32_t *indeg = g_new0(uint32_t, nn);
-  for (uint32_t v = 0; v < nn; v++)
-    indeg[v] = adj.in_first[v + 1] - adj.in_first[v];
-  uint32_t *queue = g_new(uint32_t, nn ? nn : 1);
-  uint32_t head = 0, tail = 0;
-  for (uint32_t v = 0; v < nn; v++)
-    if (!indeg[v])
-      queue[tail++] = v;
-  while (head < tail) {
-    uint32_t v = queue[head];
-    pos[v] = head++;
-    for (uint32_t k = adj.out_first[v]; k < adj.out_first[v + 1]; k++) {
-      uint32_t w = IR_EDGE(g, adj.out_edges[k])->dst;
-      if (--indeg[w] == 0)
-        queue[tail++] = w;
-    }
-  }
-  bool ok = tail == nn;
-  if (!ok) {
-    *stuck = IR_NONE;
-    for (uint32_t v = 0; v < nn && *stuck == IR_NONE; v++)
-      if (indeg[v] && IR_NODE(g, v)->kind == IR_NODE_COMPUTE)
-        *stuck = v;
-    for (uint32_t v = 0; v < nn && *stuck == IR_NONE; v++)
-      if (indeg[v])
-        *stuck = v;
-  }
-  g_free(queue);
-  g_free(indeg);
-  ir_adjacency_free(&adj);
-  return ok;
-}
-
 /* qsort context for by_position; per thread: the planner compiles on several at once */
 static _Thread_local const uint32_t *sort_pos;
 static int by_position(const void *x, const void *y) {
@@ -2021,8 +2042,10 @@ static int by_position(const void *x, const void *y) {
   return a < b ? -1 : a > b;
 }
 
-static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix, uint32_t *pos,
-                        GError **err) {
+/* topo: the graph's topological positions (by_position sorts by them), brought up to date
+ * with this directive's temporal edges for the next. */
+static bool apply_order(struct apply *a, uint32_t d, struct tag_index *ix,
+                        struct ir_topo *topo, GError **err) {
   const struct dir_directive *dd = &a->p->d[d];
   struct ir_graph *g = a->g;
   bool ok = false;
@@ -2104,7 +2127,7 @@ static bool apply_order(struct apply *a, uint32_t d, const struct tag_index *ix,
       }
   }
   uint32_t stuck;
-  if (!topo_positions(g, pos, &stuck)) {
+  if (!ir_topo_update(topo, g, &stuck)) {
     char *nm = node_name(g, stuck);
     fail_at(a, d, err, "the order creates a cycle against dataflow (\"%s\" would wait on itself)",
             nm);
@@ -2390,7 +2413,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   for (uint32_t i = 0; i < g->nodes->len; i++)
     g_array_append_val(a.info, none);
   bool ok = false;
-  uint32_t *pos = NULL;
+  struct ir_topo topo;
+  bool have_topo = false;
   bool *ordered = NULL;
   struct tag_index ix = {NULL};
 
@@ -2441,20 +2465,20 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
     goto out;
   ir_graph_compact(g);
 
-  pos = g_new(uint32_t, g->nodes->len);
   uint32_t stuck;
-  if (!topo_positions(g, pos, &stuck)) {
+  have_topo = true;
+  if (!ir_topo_init(&topo, g, &stuck)) {
     char *nm = node_name(g, stuck);
     fail_at(&a, IR_NONE, err, "the program creates a cycle at \"%s\"", nm);
     g_free(nm);
     goto out;
   }
-  sort_pos = pos;
+  sort_pos = topo.pos;
   tag_index_build(g, &ix);
   for (uint32_t d = 0; d < p->n; d++) {
     if (p->d[d].op != DIR_ORDER)
       continue;
-    if (!apply_order(&a, d, &ix, pos, err))
+    if (!apply_order(&a, d, &ix, &topo, err))
       goto out;
   }
   ordered = g_new0(bool, g->nodes->len);
@@ -2488,7 +2512,8 @@ out:
   tag_index_free(&ix);
   sort_pos = NULL;
   g_free(ordered);
-  g_free(pos);
+  if (have_topo)
+    ir_topo_free(&topo);
   g_array_free(a.info, TRUE);
   return ok;
 }

@@ -222,6 +222,37 @@ struct ir_adjacency {
 void ir_adjacency_build(const struct ir_graph *g, struct ir_adjacency *adj);
 void ir_adjacency_free(struct ir_adjacency *adj);
 
+/* Topological positions (Kahn's algorithm: sources in id order, then first in, first out) kept
+ * up to date while edges are only added, as the order phase adds each rank's temporal edges:
+ * ir_topo_update gives exactly the positions a sort from scratch (ir_topo_init) would, re-running
+ * only from the first step the new edges change (ir/topo.c says why that is exact). False on a
+ * cycle, *stuck then a node on it (the lowest-numbered compute node still waiting, else the
+ * lowest-numbered node). The graph's nodes must not change between calls, nor its edges but by
+ * ir_graph_add_edge.
+ *   struct ir_topo t;
+ *   bool ok = ir_topo_init(&t, g, &stuck);   // t.pos[v]: v's position
+ *   ir_graph_add_edge(g, u, v, IR_EDGE_TEMPORAL, 0, 0);
+ *   ok = ok && ir_topo_update(&t, g, &stuck);
+ *   ir_topo_free(&t); */
+struct ir_topo_extra {
+  uint32_t dst, next; /* an edge added after ir_topo_init; next: its source's next, or IR_NONE */
+};
+struct ir_topo {
+  uint32_t n_nodes, n_edges;     /* g->edges[0 .. n_edges) taken in */
+  uint32_t *out_first, *out_dst; /* out-lists of the edges at ir_topo_init (CSR, destinations) */
+  GArray *extra;                 /* struct ir_topo_extra: edges added since, by source */
+  uint32_t *extra_head, *extra_tail;
+  uint32_t *indeg;
+  uint32_t *order; /* the node at each position */
+  uint32_t *pos;   /* the position of each node */
+  uint32_t *enq;   /* the position whose node's removal queued it; IR_NONE: a source */
+  uint32_t *rem;   /* in-degree left while sorting */
+  uint32_t done;   /* nodes queued (n_nodes unless a cycle) */
+};
+bool ir_topo_init(struct ir_topo *t, const struct ir_graph *g, uint32_t *stuck);
+bool ir_topo_update(struct ir_topo *t, const struct ir_graph *g, uint32_t *stuck);
+void ir_topo_free(struct ir_topo *t);
+
 /* A filter (docs/design.md, "The directive phase order"): every key must match. value >= 0
  * matches that index, IR_FILTER_ANY any value with the tag present. pass is IR_PASS_NONE when the
  * filter has no PASS key. A filter PASS of B also matches BI and BW nodes (the backward of the

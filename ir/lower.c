@@ -117,7 +117,7 @@ struct lower {
   struct ir_adjacency adj;
   uint32_t *order, *order_pos;
   GArray **group_nodes;   /* per group: node ids in issue order */
-  GHashTable *comm_index; /* packed (purpose, group, peer) -> comm id + 1 */
+  GHashTable *comm_index; /* struct comm_key -> comm id + 1 */
   uint32_t *node_comm;    /* comm_of by node (IR_NONE: not yet), while lower_classes runs: a
                            * node is in the program of every class of its group */
   GArray *comms;
@@ -127,6 +127,22 @@ struct lower {
   double *est;           /* estimated start per node, when some stream is shared */
   bool any_shared;       /* some class has a shared stream */
 };
+
+/* comm_index's key: a communicator's fields (formatting them as text cost a tenth of a
+ * lowering at 64 pipeline ranks) */
+struct comm_key {
+  uint32_t field[6];
+};
+static guint comm_key_hash(gconstpointer p) {
+  const struct comm_key *k = p;
+  guint h = 2166136261u;
+  for (int i = 0; i < 6; i++)
+    h = (h ^ k->field[i]) * 16777619u;
+  return h;
+}
+static gboolean comm_key_equal(gconstpointer a, gconstpointer b) {
+  return memcmp(a, b, sizeof(struct comm_key)) == 0;
+}
 
 static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
   struct plan_comm c = {.purpose = n->purpose, .group = n->group, .peer_group = IR_NONE};
@@ -145,14 +161,13 @@ static uint32_t comm_of(struct lower *l, const struct ir_node *n) {
   /* an all-to-all of experts carved from the stage: one EP group per block (ir.h) */
   if (n->purpose == IR_COMM_EP && n->expert_replicas > 1)
     c.block = l->g->groups ? IR_GROUP(l->g, n->group)->count / n->expert_replicas : 0;
-  char key[96];
-  g_snprintf(key, sizeof key, "%d:%u:%u:%u:%u:%u", c.purpose, c.group, c.peer_group, c.split,
-             c.block, c.stride);
-  gpointer found = g_hash_table_lookup(l->comm_index, key);
+  struct comm_key key = {{(uint32_t)c.purpose, c.group, c.peer_group, c.split, c.block, c.stride}};
+  gpointer found = g_hash_table_lookup(l->comm_index, &key);
   if (found)
     return GPOINTER_TO_UINT(found) - 1;
   g_array_append_val(l->comms, c);
-  g_hash_table_insert(l->comm_index, g_strdup(key), GUINT_TO_POINTER(l->comms->len));
+  g_hash_table_insert(l->comm_index, g_memdup2(&key, sizeof key),
+                      GUINT_TO_POINTER(l->comms->len));
   return l->comms->len - 1;
 }
 
@@ -947,7 +962,7 @@ static void lower_device_classes(struct lower *l) {
 static void lower_classes(struct lower *l) {
   struct plan *p = l->p;
   uint32_t nn = l->g->nodes->len;
-  l->comm_index = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+  l->comm_index = g_hash_table_new_full(comm_key_hash, comm_key_equal, g_free, NULL);
   l->comms = g_array_new(FALSE, FALSE, sizeof(struct plan_comm));
   uint32_t *instr_of = g_new(uint32_t, nn ? nn : 1);
   l->node_comm = g_new(uint32_t, nn ? nn : 1);

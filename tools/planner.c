@@ -190,13 +190,55 @@ static void run_round(struct pool *p, const uint32_t *index, uint32_t n) {
   p->done_before += n;
 }
 
+/* Work a configuration's compile and simulation are expected to take: its instructions grow
+ * with the micro-batches and the pipeline ranks (each rank's order directive re-sorts the
+ * graph); one over the cap by its bound costs nothing. */
+static double expected_work(const struct planner_config *c, const struct planner_eval *ev) {
+  double cap = ev->caps[c->profile];
+  if (cap > 0 && c->memory_bound_bytes > cap)
+    return 0;
+  return (double)MAX(c->microbatches, 1u) * MAX(c->stages, 1u) * MAX(c->pp, 1u);
+}
+
+static const double *sort_work; /* largest_first's qsort context (one caller at a time) */
+static int by_work(const void *x, const void *y) {
+  uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+  if (sort_work[a] != sort_work[b])
+    return sort_work[a] > sort_work[b] ? -1 : 1;
+  return a < b ? -1 : a > b;
+}
+
+/* The order to run configs in: the largest first, so that with several threads the last to
+ * finish are small ones and no thread waits alone on a big pipeline at the end (the largest
+ * pipelines come last in the enumeration). Results do not depend on it: each configuration is
+ * compiled and simulated on its own. */
+static uint32_t *largest_first(const struct planner_config *configs, uint32_t n,
+                               const struct planner_eval *ev) {
+  static GMutex lock;
+  double *work = g_new(double, n);
+  uint32_t *index = g_new(uint32_t, n);
+  for (uint32_t i = 0; i < n; i++) {
+    work[i] = expected_work(&configs[i], ev);
+    index[i] = i;
+  }
+  g_mutex_lock(&lock);
+  sort_work = work;
+  qsort(index, n, sizeof *index, by_work);
+  sort_work = NULL;
+  g_mutex_unlock(&lock);
+  g_free(work);
+  return index;
+}
+
 void planner_evaluate(struct planner_config *configs, uint32_t n, const struct planner_eval *ev) {
   if (n == 0)
     return;
   struct pool p = {.configs = configs, .total = n, .ev = ev, .last_tenth = 0,
                    .t0 = piper_clock_seconds(), .tty = isatty(STDERR_FILENO)};
   pthread_mutex_init(&p.lock, NULL);
-  run_round(&p, NULL, n);
+  uint32_t *index = largest_first(configs, n, ev);
+  run_round(&p, index, n);
+  g_free(index);
   pthread_mutex_destroy(&p.lock);
 }
 

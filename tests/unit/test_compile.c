@@ -46,6 +46,68 @@ static uint32_t param_segments(const struct model *m) {
 
 /* ---- the unsplit graph ------------------------------------------------------------------- */
 
+/* ir_topo_update against a sort from scratch (ir_topo_init) after every batch of added edges:
+ * the same positions and, once an edge closes a cycle, the same refusal and stuck node. The
+ * graphs: tiny-dense's DAG with extra nodes, edges drawn forward in the current order (so
+ * acyclic) in batches of 1 to 8, as the order phase adds a rank's temporal edges; some go into
+ * sources, some repeat an edge. (The planner's compiles rely on it being exact: the positions
+ * decide the order of a schedule's incomparable nodes, so the plans.) */
+static void test_topo_incremental_exact(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-dense.json", 0);
+  GRand *rng = g_rand_new_with_seed(32);
+  uint32_t unchanged = 0;
+  for (int round = 0; round < 40; round++) {
+    struct ir_graph *g = ir_graph_build(m);
+    struct ir_node tmpl = *IR_NODE(g, 0);
+    uint32_t extra = (uint32_t)g_rand_int_range(rng, 20, 200);
+    for (uint32_t i = 0; i < extra; i++)
+      ir_graph_add_node(g, &tmpl);
+    uint32_t nn = g->nodes->len, stuck = 0, stuck_ref = 0;
+    for (uint32_t i = 0; i < nn; i++) /* a sparse random DAG over the new nodes: ids upward */
+      for (int k = 0; k < 2; k++) {
+        uint32_t u = (uint32_t)g_rand_int_range(rng, 0, (gint32)nn);
+        uint32_t v = (uint32_t)g_rand_int_range(rng, 0, (gint32)nn);
+        if (u < v && u >= g->nodes->len - extra)
+          ir_graph_add_edge(g, u, v, IR_EDGE_DATA, 0, 0);
+      }
+    struct ir_topo t, ref;
+    assert_true(ir_topo_init(&t, g, &stuck));
+    for (int batch = 0; batch < 30; batch++) {
+      uint32_t n_new = (uint32_t)g_rand_int_range(rng, 1, 9);
+      for (uint32_t k = 0; k < n_new; k++) {
+        uint32_t a = (uint32_t)g_rand_int_range(rng, 0, (gint32)nn);
+        uint32_t b = (uint32_t)g_rand_int_range(rng, 0, (gint32)nn);
+        if (t.pos[a] != t.pos[b]) /* forward in the current order: no cycle */
+          ir_graph_add_edge(g, t.pos[a] < t.pos[b] ? a : b, t.pos[a] < t.pos[b] ? b : a,
+                            IR_EDGE_TEMPORAL, 0, 0);
+      }
+      g_autofree uint32_t *old = g_memdup2(t.pos, nn * sizeof *old);
+      assert_true(ir_topo_update(&t, g, &stuck));
+      assert_true(ir_topo_init(&ref, g, &stuck_ref));
+      assert_memory_equal(t.pos, ref.pos, nn * sizeof *t.pos);
+      assert_memory_equal(t.order, ref.order, nn * sizeof *t.order);
+      unchanged += memcmp(old, t.pos, nn * sizeof *old) == 0;
+      ir_topo_free(&ref);
+    }
+    /* a back edge closes a cycle: refused like a sort from scratch, naming the same node */
+    uint32_t first = t.order[0], last = t.order[nn - 1];
+    if (first != last) {
+      ir_graph_add_edge(g, last, first, IR_EDGE_TEMPORAL, 0, 0);
+      assert_false(ir_topo_update(&t, g, &stuck));
+      assert_false(ir_topo_init(&ref, g, &stuck_ref));
+      assert_int_equal(stuck, stuck_ref);
+      ir_topo_free(&ref);
+    }
+    ir_topo_free(&t);
+    ir_graph_free(g);
+  }
+  /* the shortcut (new edges that move nothing) was exercised, not only re-sorts */
+  assert_true(unchanged > 0);
+  g_rand_free(rng);
+  model_free(m);
+}
+
 static void test_build_dense(void **state) {
   (void)state;
   struct model *m = test_load_model("models/tiny-dense.json", 0);
@@ -1102,6 +1164,7 @@ int main(void) {
       cmocka_unit_test(test_base_schedules_compile),
       cmocka_unit_test(test_workspace_one_layer),
       cmocka_unit_test(test_megatron_batch_fields),
+      cmocka_unit_test(test_topo_incremental_exact),
   };
   return cmocka_run_group_tests_name("compile", tests, NULL, NULL);
 }
