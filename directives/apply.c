@@ -2393,9 +2393,9 @@ static void prefetch_and_hold(struct apply *a) {
   uint32_t edges_before = a->g->edges->len, stuck;
   if (!prefetch_gathers(a, true))
     return;
-  uint32_t *pos = g_new(uint32_t, a->g->nodes->len ? a->g->nodes->len : 1);
-  bool acyclic = topo_positions(a->g, pos, &stuck);
-  g_free(pos);
+  struct ir_topo t;
+  bool acyclic = ir_topo_init(&t, a->g, &stuck);
+  ir_topo_free(&t);
   if (acyclic)
     return;
   g_array_set_size(a->g->edges, edges_before);
