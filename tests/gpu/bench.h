@@ -1,7 +1,7 @@
 /* bench: the timing and reporting harness the GEMM benches share (bench_gemm.c, bench_fp8.c):
  * their CUDA and cuBLASLt error checks, the median of timed runs on a stream, a GEMM's
  * TFLOP/s. Static functions in a header: each C file of tests/gpu is a program of its own. Each
- * bench defines BENCH_NAME (its name in error lines) before including it. */
+ * bench defines BENCH_NAME (its name in error lines) before including it; "bench" otherwise. */
 #ifndef PIPER_TESTS_GPU_BENCH_H
 #define PIPER_TESTS_GPU_BENCH_H
 
@@ -10,6 +10,10 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#ifndef BENCH_NAME
+#define BENCH_NAME "bench"
+#endif
 
 #define CK(x)                                                                                      \
   do {                                                                                             \
