@@ -2402,6 +2402,41 @@ static void prefetch_and_hold(struct apply *a) {
   prefetch_gathers(a, false);
 }
 
+/* The stream directives: each named stream's priority and SM share. */
+static void apply_streams(const struct dir_program *p, struct ir_graph *g) {
+  for (uint32_t d = 0; d < p->n; d++) {
+    const struct dir_directive *dd = &p->d[d];
+    if (dd->op != DIR_STREAM)
+      continue;
+    /* ir_graph_stream may append, and so move g->streams: take the index before the address. */
+    uint32_t si = ir_graph_stream(g, dd->name);
+    struct ir_stream *s = IR_STREAM(g, si);
+    s->priority = (int32_t)dd->priority;
+    s->sm_share = dd->sm_share;
+  }
+}
+
+/* ordered[v]: node v is named by some order directive's slot (default_priorities leaves it). */
+static bool mark_ordered(struct apply *a, struct tag_index *ix, bool *ordered,
+                         GError **err) {
+  const struct dir_program *p = a->p;
+  for (uint32_t d = 0; d < p->n; d++) {
+    const struct dir_directive *dd = &p->d[d];
+    if (dd->op != DIR_ORDER)
+      continue;
+    for (uint32_t fi = 0; fi < dd->slot_first[dd->n_slots]; fi++) {
+      struct ir_filter f;
+      if (!resolve(a, d, &dd->filters[fi], &f, err))
+        return false;
+      GArray *m = match_indexed(a, ix, &f);
+      for (uint32_t j = 0; j < m->len; j++)
+        ordered[g_array_index(m, uint32_t, j)] = true;
+      g_array_free(m, TRUE);
+    }
+  }
+  return true;
+}
+
 /* ---- driver ------------------------------------------------------------------------------ */
 
 bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t n_devices_limit,
@@ -2432,16 +2467,7 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
   if (!dir_tp_apply(p, g, err) || !check_expert_split(&a, err) || !carve_experts(&a, err) ||
       !dir_cp_apply(p, g, err))
     goto out;
-  for (uint32_t d = 0; d < p->n; d++) {
-    const struct dir_directive *dd = &p->d[d];
-    if (dd->op != DIR_STREAM)
-      continue;
-    /* ir_graph_stream may append, and so move g->streams: take the index before the address. */
-    uint32_t si = ir_graph_stream(g, dd->name);
-    struct ir_stream *s = IR_STREAM(g, si);
-    s->priority = (int32_t)dd->priority;
-    s->sm_share = dd->sm_share;
-  }
+  apply_streams(p, g);
   for (uint32_t d = 0; d < p->n; d++)
     if (p->d[d].op == DIR_RECOMPUTE && !apply_recompute(&a, d, err))
       goto out;
@@ -2482,20 +2508,8 @@ bool dir_program_apply(const struct dir_program *p, struct ir_graph *g, uint32_t
       goto out;
   }
   ordered = g_new0(bool, g->nodes->len);
-  for (uint32_t d = 0; d < p->n; d++) {
-    const struct dir_directive *dd = &p->d[d];
-    if (dd->op != DIR_ORDER)
-      continue;
-    for (uint32_t fi = 0; fi < dd->slot_first[dd->n_slots]; fi++) {
-      struct ir_filter f;
-      if (!resolve(&a, d, &dd->filters[fi], &f, err))
-        goto out;
-      GArray *m = match_indexed(&a, &ix, &f);
-      for (uint32_t j = 0; j < m->len; j++)
-        ordered[g_array_index(m, uint32_t, j)] = true;
-      g_array_free(m, TRUE);
-    }
-  }
+  if (!mark_ordered(&a, &ix, ordered, err))
+    goto out;
   default_priorities(&a, ordered);
   recompute_priorities(&a);
   prefetch_and_hold(&a);
