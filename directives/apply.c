@@ -1692,9 +1692,22 @@ static bool insert_data_parallel(struct apply *a, const struct segment_home *hom
   return ok;
 }
 
-/* ZeRO-3: one all-gather per bucket, micro-batch and use (F, and B or BI), feeding every
- * compute node of the bucket in that use; its buffer lives until the last of them is done.
- * When it may start is fixed once the order is known (prefetch_gathers). */
+/* Whether segment seg's weight-gradient pass (BW) reads the parameters: the LM head's BW
+ * recomputes the logits from h and the head's weights (models/build.c), every other BW reads
+ * only saved activations and output gradients. */
+static bool bw_reads_params(const struct model *m, uint32_t seg) {
+  const struct model_segment *sg = &m->segments[seg];
+  for (uint32_t o = sg->op_first; o < sg->op_first + sg->op_count; o++)
+    if (m->ops[o].kind == MODEL_OP_LM_HEAD_LOSS && m->ops[o].param_count > 0)
+      return true;
+  return false;
+}
+
+/* ZeRO-3: one all-gather per bucket, micro-batch and use (F, B or BI, and BW where it reads
+ * the parameters), feeding every compute node of the bucket in that use; its buffer lives
+ * until the last of them is done. BW has its own gather, not BI's kept: a zero-bubble
+ * schedule defers BW past other micro-batches' work, and BI's buffer held that long would
+ * pile up. When it may start is fixed once the order is known (prefetch_gathers). */
 static void insert_gathers(struct apply *a) {
   struct ir_graph *g = a->g;
   uint32_t nn = g->nodes->len;
@@ -1717,13 +1730,15 @@ static void insert_gathers(struct apply *a) {
   }
   for (uint32_t i = 0; i < nn; i++) {
     const struct ir_node *n = IR_NODE(g, i);
-    if (n->kind != IR_NODE_COMPUTE || n->pass == IR_PASS_BW)
+    if (n->kind != IR_NODE_COMPUTE ||
+        (n->pass == IR_PASS_BW && !bw_reads_params(g->model, n->segment)))
       continue;
     uint32_t b = bucket_of_seg[n->segment];
     if (b == IR_NONE || IR_NODE(g, b)->group != n->group)
       continue;
     GString *key = g_string_new(NULL);
-    g_string_append_printf(key, "%u|%d", b, n->pass == IR_PASS_F ? 0 : 1);
+    g_string_append_printf(key, "%u|%d", b,
+                           n->pass == IR_PASS_F ? 0 : n->pass == IR_PASS_BW ? 2 : 1);
     for (uint32_t t = g->model->n_tags; t < g->n_tags; t++)
       g_string_append_printf(key, "|%d", n->tags[t]);
     gpointer idx = g_hash_table_lookup(groups, key->str);

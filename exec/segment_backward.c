@@ -305,8 +305,8 @@ static void bwd_lm_head(struct bwd *b, const struct bwd_op *o) {
   int T = xm->T, C = xm->C, V = xm->V;
   enum kernels_lm_head_layout lay =
       xm->tied || xm->tied_copy ? KERNELS_LM_HEAD_TIED : KERNELS_LM_HEAD_UNTIED;
-  /* BW recomputes the logits too, so it reads the head's parameters as BI does (the host
-   * executor holds them whole; under ZeRO-3 the plan would have to gather them for BW) */
+  /* BW recomputes the logits too, so it reads the head's parameters as BI does (under ZeRO-3
+   * from a gather of its own: insert_gathers in directives/apply.c) */
   const float *P = b->P ? b->P : exec_params_of(s, &s->dev->instrs[b->i]);
   const uint64_t *at = s->dev->op_offset;
   const float *w = P + (xm->tied ? at[b->es->ops[0].op] : at[o->so->op]);

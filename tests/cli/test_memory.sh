@@ -93,6 +93,10 @@ plans=(
   "rc_sel_moe 2 $MOE --layout pp=2,recompute=selective --schedule 1f1b --mbs 8"
   "rc_full_zb 2 $DENSE --layout pp=2,recompute=full --schedule zerobubble --mbs 4"
   "rc_sel_zero3 4 $DENSE --layout pp=2,dp=2,zero=3,recompute=selective --schedule 1f1b --mbs 4"
+  # ZeRO-3 under split backwards: the LM head's BW recomputes the logits from its parameters,
+  # so it has a gather of its own (held from it to BW's end); V layouts, and a rerun
+  "zero3_zbv 4 $DENSE --layout pp=2,dp=2,v,zero=3 --schedule zbv --mbs 4"
+  "zero3_dpv_rc 4 $MOE --layout pp=2,dp=2,v,zero=3,recompute=full --schedule dualpipev --mbs 4"
   "tp2_rc_sel 4 $DENSE --layout pp=2,tp=2,recompute=selective --schedule 1f1b --mbs 4"
   "tp2_sp_rc_full 4 $DENSE --layout pp=2,tp=2,sp,recompute=full --schedule 1f1b --mbs 4"
   "ep_rc_full 4 $MOE --layout pp=2,dp=2,ep=2,recompute=full --schedule 1f1b --mbs 4"

@@ -6,7 +6,8 @@
 # router's rerun, and its dispatch sends the same rows to the same peers). Plans: dense 1F1B
 # over 2 ranks, one device (every forward before every backward), tiny-moe 1F1B over 2 ranks
 # (local experts, rerun too), tiny-moe PP 2 x DP 2 x EP 2 (the experts' rerun under expert
-# parallelism, with the rerun's own dispatch and combine), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters),
+# parallelism, with the rerun's own dispatch and combine), ZB-H1 (R before BI), ZeRO-3 (R reads the backward's gathered parameters; under zbv and
+# dualpipev the LM head's BW reads its own gather),
 # DualPipeV on tiny-moe with EP, and PP 2 x TP 2 with and without SP (R's collectives); each under full and selective recomputation, and full per layer
 # (Megatron's methods: uniform chunks of 1 layer, block of each stage's first layer). And the
 # executor's own peak of activations drops: full below selective below none on the one-device
@@ -105,6 +106,21 @@ done
 run moe_ep2_dp4_zero3 8 "$MOE" --layout pp=2,dp=4,ep=2,zero=3 --schedule 1f1b --mbs 2 &&
   run moe_ep2_dp4_zero3_selective 8 "$MOE" --layout pp=2,dp=4,ep=2,zero=3,recompute=selective \
     --schedule 1f1b --mbs 2 && same moe_ep2_dp4_zero3_selective moe_ep2_dp4_zero3
+
+# ZeRO-3 under split backwards (zbv, dualpipev; V layouts): the LM head's BW recomputes the
+# logits from its parameters, which the plan once gathered for F and BI only, so BW found them
+# sharded and the executor aborted ("at != EXEC_NOT_STORED"), recomputed or not. Each trains
+# bit-identically to storing.
+if run dense_zbv_zero3 4 "$DENSE" --layout pp=2,dp=2,v,zero=3 --schedule zbv --mbs 4; then
+  run dense_zbv_zero3_full 4 "$DENSE" --layout pp=2,dp=2,v,zero=3,recompute=full --schedule zbv \
+    --mbs 4 && same dense_zbv_zero3_full dense_zbv_zero3
+fi
+if run moe_dpv_zero3 4 "$MOE" --layout pp=2,dp=2,v,zero=3 --schedule dualpipev --mbs 4; then
+  for g in full selective; do
+    run "moe_dpv_zero3_$g" 4 "$MOE" --layout "pp=2,dp=2,v,zero=3,recompute=$g" \
+      --schedule dualpipev --mbs 4 && same "moe_dpv_zero3_$g" moe_dpv_zero3
+  done
+fi
 
 for m in dense moe; do
   model=$DENSE
