@@ -334,8 +334,8 @@ static void check_device_events(const char *model, const char *layout, const cha
       stat += u->static_bytes[k];
     assert_true(a.live_peak <= u->peak_bytes - stat);
     assert_true(exec_arena_plan_best(c->n_tensors, c->tensors,
-                                     (const struct exec_arena_event *)(void *)turn->data,
-                                     turn->len, 256, &b, &err));
+                                     (const struct exec_arena_event *)(void *)turn->data, turn->len,
+                                     256, &b, &err));
     refused_at_turn += carve_refused(c, &b, dev);
     exec_arena_clear(&a);
     exec_arena_clear(&b);
