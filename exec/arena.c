@@ -22,6 +22,58 @@ void exec_arena_class_events(const struct plan_class *c, GArray *out) {
   g_free(ev);
 }
 
+/* Where an event falls in the executor's order: at instruction pos, phase 0 (a receive
+ * posted when the step begins), 1 (allocations at the start), 2 (releases at the end), 3 (a
+ * receive posted once the previous instruction of its stream has released). */
+struct keyed_event {
+  struct exec_arena_event e;
+  uint32_t pos, phase, order;
+};
+
+static int compare_keyed_event(const void *a, const void *b) {
+  const struct keyed_event *x = a, *y = b;
+  if (x->pos != y->pos)
+    return x->pos < y->pos ? -1 : 1;
+  if (x->phase != y->phase)
+    return x->phase < y->phase ? -1 : 1;
+  return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* The instruction before i on i's stream, IR_NONE for the stream's first; prev[] is filled
+ * once for the class. */
+static uint32_t *stream_previous(const struct plan *p, const struct plan_class *c) {
+  uint32_t *prev = g_new(uint32_t, c->n_instrs ? c->n_instrs : 1);
+  for (uint32_t st = 0; st < p->n_streams; st++)
+    for (uint32_t e = c->stream_first[st]; e < c->stream_first[st + 1]; e++)
+      prev[c->stream_instrs[e]] = e > c->stream_first[st] ? c->stream_instrs[e - 1] : IR_NONE;
+  return prev;
+}
+
+void exec_arena_device_events(const struct plan *p, const struct plan_class *c, GArray *out) {
+  GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
+  exec_arena_class_events(c, ev);
+  uint32_t *prev = stream_previous(p, c);
+  struct keyed_event *k = g_new(struct keyed_event, ev->len ? ev->len : 1);
+  for (guint n = 0; n < ev->len; n++) {
+    struct exec_arena_event e = g_array_index(ev, struct exec_arena_event, n);
+    k[n] = (struct keyed_event){e, e.instr, e.alloc ? 1 : 2, n};
+    const struct plan_instr *in = &c->instrs[e.instr];
+    /* the same conditions as the executor's and the simulator's early posting */
+    if (!e.alloc || p->nodes[in->node].kind != IR_NODE_RECV || in->group_parts > 0 ||
+        in->wait_count > 0)
+      continue;
+    uint32_t q = prev[e.instr];
+    k[n].pos = q == IR_NONE ? 0 : q;
+    k[n].phase = q == IR_NONE ? 0 : 3;
+  }
+  qsort(k, ev->len, sizeof *k, compare_keyed_event);
+  for (guint n = 0; n < ev->len; n++)
+    g_array_append_val(out, k[n].e);
+  g_free(k);
+  g_free(prev);
+  g_array_free(ev, TRUE);
+}
+
 struct block {
   uint64_t offset, bytes;
 };

@@ -37,6 +37,15 @@ struct exec_arena_event {
  * instruction's end (plan_class_memory_events). Tensors of zero bytes have no events. */
 void exec_arena_class_events(const struct plan_class *c, GArray *out);
 
+/* exec_arena_class_events as a device's executor meets them: a receive that waits for nothing
+ * and is not part of a point-to-point group has its buffers allocated when its stream is free
+ * (exec/memory.c, recv_issue; the simulator's hold_ready_recv), that is after the previous
+ * instruction on its stream has ended and released, or when the step begins for the first
+ * one on its stream, not at its own turn in issue order. Planning them at their turn puts
+ * them in slots still held by tensors issued between, whose blocks then go first fit above
+ * the planned region. */
+void exec_arena_device_events(const struct plan *p, const struct plan_class *c, GArray *out);
+
 /* The plan: offset[t] of each tensor (UINT64_MAX where it has no events), the arena's size
  * (the highest end of any block) and the sum-of-live maximum over the events (what the
  * simulator reports for the same order). First fit keeps the arena within the live peak plus

@@ -33,7 +33,7 @@ bool exec_cuda_arena_plan(struct cuda_context *b, const struct plan *p, uint32_t
   b->arena_tensors = exec_arena_tensors_held(c, model_dtype_bytes(p->model->dtype),
                                              model_dtype_bytes(b->act_dtype));
   GArray *ev = g_array_new(FALSE, FALSE, sizeof(struct exec_arena_event));
-  exec_arena_class_events(c, ev);
+  exec_arena_device_events(p, c, ev); /* receives posted early, as the executor does */
   bool ok = exec_arena_plan_best(c->n_tensors, b->arena_tensors,
                                  (const struct exec_arena_event *)(void *)ev->data, ev->len,
                                  ARENA_ALIGN, &b->plan_arena, err);
