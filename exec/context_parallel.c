@@ -125,14 +125,18 @@ void exec_cp_batch(const struct exec_data *data, const struct exec_device *d, ui
 }
 
 /* The whole sequence's K and V (every rank's, in rank order: [cp][batch][seq / cp][KV*D]) into
- * kg and vg, gathered over the cp communicator. */
-static bool gather_kv(struct exec_state *s, struct exec_task_ctx *st, const float *k,
-                      const float *v, float *kg, float *vg, size_t n, GError **err) {
+ * *kg and *vg, taken from the workspace (what the exchange holds while the attention runs) and
+ * gathered over the cp communicator. n: one rank's K (or V) floats. */
+static bool gather_kv(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
+                      const float *k, const float *v, float **kg, float **vg, size_t n, int cp,
+                      GError **err) {
+  *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
+  *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * (size_t)cp);
   struct exec_comm *comm = s->comms[s->dev->cp_comm];
   bool ok;
-  CT(st, s, ok, exec_comm_all_gather(s->b, comm, k, kg, n * sizeof(float), err));
+  CT(st, s, ok, exec_comm_all_gather(s->b, comm, k, *kg, n * sizeof(float), err));
   if (ok)
-    CT(st, s, ok, exec_comm_all_gather(s->b, comm, v, vg, n * sizeof(float), err));
+    CT(st, s, ok, exec_comm_all_gather(s->b, comm, v, *vg, n * sizeof(float), err));
   return ok;
 }
 
@@ -258,10 +262,8 @@ static struct cp_kv gathered_of(const struct cp_blocks *cb, float *k, float *v, 
 static bool gathered_forward(struct exec_state *s, struct exec_task_ctx *st, struct exec_mb *mb,
                              const struct cp_blocks *cb, const struct kernels_attention_views *w,
                              GError **err) {
-  size_t n = w->T * w->KD, cp = (size_t)cb->cp;
-  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
-  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
-  if (!gather_kv(s, st, w->k, w->v, kg, vg, n, err))
+  float *kg, *vg;
+  if (!gather_kv(s, st, mb, w->k, w->v, &kg, &vg, w->T * w->KD, cb->cp, err))
     return false;
   for (int step = 0; step < cb->cp; step++)
     forward_source(s, st, cb, w, step, gathered_of(cb, kg, vg, source_of(cb, step)));
@@ -275,9 +277,8 @@ static bool gathered_backward(struct exec_state *s, struct exec_task_ctx *st, st
                               GError **err) {
   size_t n = w->T * w->KD, cp = (size_t)cb->cp;
   /* K and V gathered again (the forward kept its own rows only), dK and dV of all of them */
-  float *kg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
-  float *vg = mb_floats_raw(s, st, mb, OWN_WORK, n * cp);
-  if (!gather_kv(s, st, w->k, w->v, kg, vg, n, err))
+  float *kg, *vg;
+  if (!gather_kv(s, st, mb, w->k, w->v, &kg, &vg, n, cb->cp, err))
     return false;
   float *dkg = mb_floats(s, st, mb, OWN_WORK, n * cp);
   float *dvg = mb_floats(s, st, mb, OWN_WORK, n * cp);

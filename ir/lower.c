@@ -655,14 +655,8 @@ static void instr_split_saved(struct lower *l, struct plan_class *c, uint32_t i,
   if (!weights || pt->bytes < bi_only)
     return;
   pt->bytes -= bi_only;
-  struct plan_tensor early = {.bytes = bi_only,
-                              .producer = i,
-                              .kind = PLAN_TENSOR_SAVED,
-                              .consumer_first = IR_NONE, /* no slot: never matched by an edge */
-                              .consumer_count = 0};
-  g_array_append_val(cp->tensors, early);
+  add_unread(i, bi_only, PLAN_TENSOR_SAVED, cp); /* no slot: never matched by an edge */
   uint32_t t = cp->tensors->len - 1;
-  g_array_append_val(cp->writes, t);
   for (uint32_t k = reads_from; k < n_pairs; k++) {
     pairs = (uint32_t(*)[2])cp->tensor_reads->data; /* appending may move the array */
     if (pairs[k][1] != saved ||
