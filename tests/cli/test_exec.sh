@@ -58,7 +58,7 @@ cat >"$T/pp2.json" <<'EOF'
 ]
 EOF
 # losses, run, same, same_as (the runs need MPIRUN, set below)
-. tests/cli/exec-lib.sh
+. tests/cli/exec-lib.bash
 
 # --- basics and bad input (one process) ------------------------------------------------------
 "$PE" --help | grep -q -- "--checkpoint-every" && ok || bad "--help"

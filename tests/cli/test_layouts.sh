@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The frontier layouts of docs/directives.md trained with mpirun on the host backend, each
-# against the one-device run (losses within 1e-5, parameters 1e-4: exec-lib.sh's same_as), in
+# against the one-device run (losses within 1e-5, parameters 1e-4: exec-lib.bash's same_as), in
 # `make test`: context parallelism (the K/V ring: CP 2, CP 2 x TP 2, CP 2 x PP 2 x DP 2; CP 2's
 # all-gather bit-identical to its ring), expert parallelism of its own size (EP 2 inside DP 4;
 # EP 4 over TP 2 x DP 2 with expert TP 1, and its full recomputation bit-identical to storing),
@@ -19,7 +19,7 @@ failed=0
 ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 MPIRUN=(mpirun --oversubscribe)
-. tests/cli/exec-lib.sh
+. tests/cli/exec-lib.bash
 echo '[]' >"$T/one.json"
 
 if ! command -v mpirun >/dev/null || ! "$PE" --list-backends | grep -q "MPI"; then
