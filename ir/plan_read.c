@@ -1553,11 +1553,22 @@ static struct plan *reader_finish(struct reader *r, GError **err) {
   return p;
 }
 
+/* Device document k, refusing duplicate keys first (both readers do, so a plan read from
+ * memory reads back from the files it writes). */
+static bool reader_device_doc(struct reader *r, uint32_t k, const cJSON *doc, GError **err) {
+  char *path = doc_file_name(r, k);
+  bool ok = json_refuse_duplicate_keys(doc, path, err);
+  g_free(path);
+  return ok && reader_device(r, k, doc, err);
+}
+
 struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *const *device_docs,
                             uint32_t n_docs, GError **err) {
   struct reader *r = reader_new(name);
   struct plan *p = NULL;
-  if (!reader_index(r, index, err))
+  /* Duplicate keys are refused here as plan_read_dir refuses them in the files, so a plan
+   * that reads from memory also reads back from the files it writes. */
+  if (!json_refuse_duplicate_keys(index, r->index_file, err) || !reader_index(r, index, err))
     goto out;
   if (n_docs != doc_count(r)) {
     piper_input_error(err, "%s: %u device documents for %u %s", r->index_file, n_docs,
@@ -1565,7 +1576,7 @@ struct plan *plan_from_json(const char *name, const cJSON *index, const cJSON *c
     goto out;
   }
   for (uint32_t d = 0; d < n_docs; d++)
-    if (!reader_device(r, d, device_docs[d], err))
+    if (!reader_device_doc(r, d, device_docs[d], err))
       goto out;
   p = reader_finish(r, err);
 out:
@@ -1586,11 +1597,10 @@ struct plan *plan_read_dir(const char *dir, GError **err) {
   for (uint32_t k = 0; k < doc_count(r); k++) {
     char *path = doc_file_name(r, k);
     cJSON *doc = json_parse_file(path, err);
-    ok = doc && json_refuse_duplicate_keys(doc, path, err);
     g_free(path);
     if (!doc)
       goto out;
-    ok = ok && reader_device(r, k, doc, err);
+    ok = reader_device_doc(r, k, doc, err);
     cJSON_Delete(doc);
     if (!ok)
       goto out;

@@ -554,6 +554,17 @@ static void test_from_json(void **state) {
   assert_null(q);
   assert_non_null(strstr(err->message, "mem/plan.json: 3 device documents for 4 devices"));
   g_clear_error(&err);
+  /* A duplicate key inside the directive program (kept as written, not read key by key) is
+   * refused in memory as in the files: it used to read once and then not back. */
+  cJSON *dup = cJSON_Duplicate(index, true);
+  cJSON *prog = cJSON_GetObjectItemCaseSensitive(dup, "program");
+  assert_true(cJSON_IsArray(prog) && cJSON_IsObject(prog->child));
+  cJSON_AddStringToObject(prog->child, "op", "place");
+  q = plan_from_json("mem", dup, (const cJSON *const *)docs, 4, &err);
+  assert_null(q);
+  assert_non_null(strstr(err->message, "mem/plan.json: key \"op\" appears twice in \"program[0]\""));
+  g_clear_error(&err);
+  cJSON_Delete(dup);
   const cJSON *none[4] = {docs[0], NULL, docs[2], docs[3]};
   q = plan_from_json("mem", index, none, 4, &err);
   assert_null(q);
