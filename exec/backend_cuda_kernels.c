@@ -14,6 +14,7 @@
 
 #include "../base/assert.h"
 #include "../base/base.h"
+#include "../kernels/fp8.h"
 #include "../kernels/kernels_cuda.h"
 #include "cuda-impl.h"
 #include "cuda_cudnn.h"
@@ -614,20 +615,26 @@ static void expert_groups_free(struct exec_stream *s, struct expert_groups *g) {
 
 /* The packed rows' routing weights in saved (kernels.h, EXPERT_FFN): after act, or after u
  * when act lives apart */
-static float *saved_weights(const float *saved, const float *act_buf, size_t n, int C, int F) {
-  return (float *)saved + n * C + (act_buf ? 2 : 3) * n * F;
+static float *saved_weights(const float *saved, const float *act_buf, size_t n, int F) {
+  return (float *)saved + (act_buf ? 2 : 3) * n * F;
+}
+
+/* and their inputs: apart (xs_buf), or last in saved */
+static float *saved_inputs(const float *saved, const float *xs_buf, const float *act_buf,
+                           size_t n, int F) {
+  return xs_buf ? (float *)xs_buf : saved_weights(saved, act_buf, n, F) + n;
 }
 
 static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *act_buf,
-                                 float *scratch, const float *in, const int32_t *row_expert,
+                                 float *xs_buf, float *scratch, const float *in, const int32_t *row_expert,
                                  const float *row_weight, int n_rows, const float *params,
                                  int e_first, int e_count, int C, int F) {
   struct expert_groups eg;
   if (!expert_groups(s, row_expert, n_rows, e_first, e_count, true, &eg))
     return;
   size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
-  float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
-  float *ws = saved_weights(saved, act_buf, n, C, F);
+  float *g = saved, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
+  float *ws = saved_weights(saved, act_buf, n, F), *xs = saved_inputs(saved, xs_buf, act_buf, n, F);
   kc_gather_rows(xs, in, eg.order, n_rows, C, st_of(s));
   kc_gather_rows(ws, row_weight, eg.order, n_rows, 1, st_of(s));
   size_t off = 0;
@@ -659,7 +666,7 @@ static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float
   if (!expert_groups(s, row_expert, n_rows, e_first, e_count, true, &eg))
     return;
   size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
-  const float *g = saved + n * C, *u = g + n * F, *ws = saved_weights(saved, act_buf, n, C, F);
+  const float *g = saved, *u = g + n * F, *ws = saved_weights(saved, act_buf, n, F);
   float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
   kc_gather_rows(dys, dout, eg.order, n_rows, C, st_of(s));
   size_t off = 0;
@@ -685,13 +692,14 @@ static void k_expert_ffn_backward_input(struct exec_stream *s, float *din, float
 
 static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
                                          const int32_t *row_expert, int n_rows, const float *saved,
-                                         const float *act_buf, int e_first, int e_count, int C,
-                                         int F) {
+                                         const float *act_buf, const float *xs_buf, int e_first,
+                                         int e_count, int C, int F) {
   struct expert_groups eg;
   if (!expert_groups(s, row_expert, n_rows, e_first, e_count, false, &eg))
     return;
   size_t n = (size_t)n_rows, per = 3 * (size_t)C * F;
-  const float *xs = saved, *act = act_buf ? act_buf : saved + n * C + 2 * n * F;
+  const float *xs = saved_inputs(saved, xs_buf, act_buf, n, F);
+  const float *act = act_buf ? act_buf : saved + 2 * n * F;
   const float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
   size_t off = 0;
   for (int x = 0; x < e_count; x++) {
@@ -710,12 +718,12 @@ static void k_expert_ffn_backward_weight(struct exec_stream *s, float *dparams, 
 static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *drow_weight,
                                   float *dparams, float *bwork, float *scratch, const float *dout,
                                   const int32_t *row_expert, int n_rows, const float *saved,
-                                  const float *act, const float *params, int e_first, int e_count,
-                                  int C, int F, bool accumulate) {
+                                  const float *act, const float *xs, const float *params,
+                                  int e_first, int e_count, int C, int F, bool accumulate) {
   k_expert_ffn_backward_input(s, din, drow_weight, bwork, scratch, dout, row_expert, n_rows, saved,
                               act, params, e_first, e_count, C, F, accumulate);
-  k_expert_ffn_backward_weight(s, dparams, bwork, row_expert, n_rows, saved, act, e_first, e_count,
-                               C, F);
+  k_expert_ffn_backward_weight(s, dparams, bwork, row_expert, n_rows, saved, act, xs, e_first,
+                               e_count, C, F);
 }
 
 /* moe_act's rerun: the forward's weighted swiglu over every row at once (elementwise: the
@@ -723,9 +731,22 @@ static void k_expert_ffn_backward(struct exec_stream *s, float *din, float *drow
 static void k_expert_ffn_act_forward(struct exec_stream *s, float *act, const float *saved,
                                      int n_rows, int C, int F) {
   size_t n = (size_t)n_rows;
-  const float *g = saved + n * C, *u = g + n * F;
+  const float *g = saved, *u = g + n * F;
+  (void)C;
   kc_swiglu_forward(act, g, u, n * F, st_of(s));
-  kc_rows_scale(act, saved_weights(saved, act, n, C, F), n_rows, F, st_of(s));
+  kc_rows_scale(act, saved_weights(saved, act, n, F), n_rows, F, st_of(s));
+}
+
+/* DeepSeek-V3's FP8 cache of the routed rows: the FP8 GEMMs' 1 x 128 tile cast (rows along
+ * K, compact), and its inverse; both round as the host's (kernels/fp8.h) */
+static void k_fp8_rows_quantize(struct exec_stream *s, uint8_t *q, float *inv, const float *x,
+                                int n_rows, int C) {
+  kc_fp8_quantize_tiles(q, C, inv, x, false, n_rows, C, C, false, 1, st_of(s));
+}
+
+static void k_fp8_rows_dequantize(struct exec_stream *s, float *x, const uint8_t *q,
+                                  const float *inv, int n_rows, int C) {
+  kc_fp8_dequantize_rows(x, q, inv, n_rows, C, st_of(s));
 }
 
 static void k_embedding_backward(struct exec_stream *s, float *dparams, const float *dx,

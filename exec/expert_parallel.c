@@ -1,6 +1,7 @@
 /* expert_parallel: an expert segment sharded by expert parallelism: the all-to-all dispatch
  * that routes each token's rows to the experts' owners, the experts' compute on the rows
  * received, the combine that brings their outputs back, and their transposes in the backward. */
+#include "../kernels/fp8.h"
 #include "train-impl.h"
 
 /* Expert-parallel state of one micro-batch at one expert segment. */
@@ -17,6 +18,11 @@ struct exec_moe {
   float *recv_weight; /* the received rows' routing weights [cap], which the experts apply */
   float *drw_recv;    /* their gradients [cap], from the experts' backward, sent back */
   float *act; /* silu(gate)·up apart from saved under moe_act (struct local_moe's), or NULL */
+  /* fp8_expert_inputs (DeepSeek-V3's FP8 caching): the rows' inputs kept for the weight
+   * gradient in e4m3 [cap, C] with their 1 x 128 tiles' factors [cap, ceil(C / 128)], in the
+   * saved tensor in place of their floats; NULL without it */
+  uint8_t *q8;
+  float *inv8;
   float *dy_recv, *drows_recv;
   bool rerun; /* routed by the rerun's own dispatch (full recomputation, pass R) */
   /* the tokens this device routes: the micro-batch's T, or its sequence shard's where each TP
@@ -71,6 +77,18 @@ static bool sp_whole_rows(struct exec_state *s, struct exec_task_ctx *st, struct
   return tp_sum_rows(s, st, mb, i, rows, n_rows, err);
 }
 
+/* The node's experts keep their inputs in FP8 (fp8_expert_inputs). */
+static bool fp8_cached(const struct exec_state *s, uint32_t i) {
+  return s->dev->plan->nodes[s->dev->instrs[i].node].fp8_expert_inputs;
+}
+
+/* The FP8 cache's bytes: the factors first (floats stay aligned), then the e4m3 rows; with the
+ * floats the experts keep besides, the plan's saved bytes (ir/expert.c, input_row_bytes). */
+static size_t fp8_cache_bytes(size_t rows, int C) {
+  size_t tiles = ((size_t)C + KERNELS_FP8_BLOCK - 1) / KERNELS_FP8_BLOCK;
+  return rows * tiles * sizeof(float) + rows * (size_t)C;
+}
+
 /* The experts' forward on the rows the dispatch brought, or their rerun under full
  * recomputation on the rows the rerun's own dispatch brought (Megatron-LM's full
  * recomputation of a MoE layer: the rerun routes again, bit-identically, and its combine
@@ -106,16 +124,29 @@ static bool expert_forward(struct exec_state *s, uint32_t i, struct exec_task_ct
     return internal(err, s, i, "selective recomputation of experts other than moe_act");
   float *yr = mb_floats_raw(s, st, mb, y, cap * C);
   moe->y_recv = yr;
-  moe->saved = mb_floats_raw(s, st, mb, saved, drop_act ? all - act : all);
+  /* FP8 caching: the forward's GEMMs read the rows' floats, grouped in a workspace of their
+   * own (DeepSeek-V3 caches the activations; what the forward multiplies is not the cache),
+   * and the saved tensor keeps their e4m3 copy instead (also where F keeps nothing, so that
+   * its workspace is the plan's: F under full recomputation holds a plain F's saved bytes) */
+  bool fp8 = fp8_cached(s, i);
+  size_t xs_floats = fp8 ? cap * (size_t)C : 0;
+  float *xs = fp8 ? mb_floats_raw(s, st, mb, OWN_WORK, xs_floats) : NULL;
+  moe->saved = mb_floats_raw(s, st, mb, saved, (drop_act ? all - act : all) - xs_floats);
   moe->act = drop_act ? mb_floats_raw(s, st, mb, OWN_WORK, act) : NULL;
+  if (fp8) {
+    moe->inv8 = mb_raw(s, st, mb, saved, fp8_cache_bytes(cap, C), REPORT_MEM_ACTIVATIONS);
+    moe->q8 = (uint8_t *)(moe->inv8 + cap * ((C + KERNELS_FP8_BLOCK - 1) / KERNELS_FP8_BLOCK));
+  }
   moe->scratch = mb_floats_raw(s, st, mb, OWN_WORK, kernels_expert_ffn_scratch_floats((int)cap, C));
   if (!sp_whole_rows(s, st, mb, i, moe->recv_rows, (size_t)n, err))
     return false;
   if (n)
     KT(st, s,
-       s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->act, moe->scratch, rows,
+       s->k->expert_ffn_forward(st->stream, yr, moe->saved, moe->act, xs, moe->scratch, rows,
                                 moe->recv_expert, moe->recv_weight, n, P, moe->e_first,
                                 moe->e_count, C, F));
+  if (fp8 && n)
+    KT(st, s, s->k->fp8_rows_quantize(st->stream, moe->q8, moe->inv8, xs, n, C));
   /* TP: the TP peers received the same rows (same tokens, same routing, the all-to-all over
    * the devices of their TP rank), each output a partial sum of its slice; summed here, before
    * the combine, so the combine sees whole outputs (a rerun's too: its combine receives them
@@ -139,11 +170,18 @@ bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, b
   float *G = forward ? NULL : exec_grads_of(s, st, x->segment);
   if (forward)
     return expert_forward(s, i, st, moe, err);
+  /* the weight gradient reads the rows' inputs back from their FP8 cache */
+  float *xs = NULL;
+  if (moe->q8 && mode != BWD_INPUT) {
+    xs = mb_floats_raw(s, st, mb, OWN_WORK, moe->cap * (size_t)C);
+    if (n)
+      KT(st, s, k->fp8_rows_dequantize(st->stream, xs, moe->q8, moe->inv8, n, C));
+  }
   if (mode == BWD_WEIGHT) {
     if (n)
       KT(st, s,
          k->expert_ffn_backward_weight(st->stream, G, moe->bwork, moe->recv_expert, n, moe->saved,
-                                       moe->act, moe->e_first, moe->e_count, C, F));
+                                       moe->act, xs, moe->e_first, moe->e_count, C, F));
     return true;
   }
   if (!moe->dy_recv)
@@ -167,7 +205,7 @@ bool exec_expert_compute(struct exec_state *s, uint32_t i, enum bwd_mode mode, b
     KT(st, s,
        k->expert_ffn_backward(st->stream, moe->drows_recv, moe->drw_recv, G, moe->bwork,
                               moe->scratch, moe->dy_recv, moe->recv_expert, n, moe->saved, moe->act,
-                              P, moe->e_first, moe->e_count, C, F, false));
+                              xs, P, moe->e_first, moe->e_count, C, F, false));
   else if (n)
     KT(st, s,
        k->expert_ffn_backward_input(st->stream, moe->drows_recv, moe->drw_recv, moe->bwork,

@@ -73,14 +73,6 @@ bool exec_check_ops(struct exec_backend *b, const struct plan *p, GError **err) 
                              "to train in bf16)",
                              p->model->name, model_fp8_name(p->model->fp8), exec_backend_name(b));
   for (uint32_t k = 0; k < p->n_nodes; k++) {
-    /* no backend keeps the rows in FP8 (the cuda backend's FP8 GEMMs cast them per GEMM): they
-     * would be held at the dtype */
-    if (p->nodes[k].fp8_expert_inputs)
-      return piper_input_error(err,
-                               "fp8_expert_inputs (DeepSeek-V3's FP8 caching of the experts' "
-                               "saved rows) is a simulator memory option: the %s backend does not "
-                               "keep them in FP8 (piper-sim costs it; drop it here)",
-                               exec_backend_name(b));
     uint32_t extra = p->nodes[k].recompute_modules & ~(uint32_t)EXEC_RERUN_MODULES;
     for (int m = 0; m < MODEL_MODULE_COUNT && extra; m++)
       if (extra & MODEL_MODULE_BIT(m))

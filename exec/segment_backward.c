@@ -264,7 +264,7 @@ static bool bwd_expert_ffn(struct bwd *b, const struct bwd_op *o, float *dh_tp, 
   if (b->mode == BWD_WEIGHT) {
     KT(st, s,
        k->expert_ffn_backward_weight(st->stream, o->dprm, run->bwork[j], lm->row_expert, TK,
-                                     run->saved[j], lm->act, 0, E, C, F));
+                                     run->saved[j], lm->act, NULL, 0, E, C, F));
     return true;
   }
   run->bwork[j] = mb_floats_raw(s, st, mb, b->keep, kernels_expert_ffn_bwork_floats(TK, C, F));
@@ -279,8 +279,8 @@ static bool bwd_expert_ffn(struct bwd *b, const struct bwd_op *o, float *dh_tp, 
   if (b->mode == BWD_FUSED)
     KT(st, s,
        k->expert_ffn_backward(st->stream, drows, drw, o->dprm, run->bwork[j], scratch, dy,
-                              lm->row_expert, TK, run->saved[j], lm->act, o->prm, 0, E, C, F,
-                              false));
+                              lm->row_expert, TK, run->saved[j], lm->act, NULL, o->prm, 0, E, C,
+                              F, false));
   else
     KT(st, s,
        k->expert_ffn_backward_input(st->stream, drows, drw, run->bwork[j], scratch, dy,

@@ -72,18 +72,23 @@ uint64_t ir_ep_weights_bytes(const struct model *m, const struct ir_node *n) {
 }
 
 /* F: scratch of a row each; B: bwork (the rows' gradients, dgate, dup) and scratch; BI:
- * scratch, keeping bwork for BW; BW: nothing. */
+ * scratch, keeping bwork for BW; BW: nothing. Under FP8 caching (fp8_expert_inputs) the rows'
+ * inputs at the dtype besides, a row each: in F (and R) the copy its GEMMs read, grouped by
+ * expert, before it is cast into the cache; in B and BW the copy dequantised from the cache
+ * that the weight gradient reads (BI does not read the inputs). */
 uint64_t ir_ep_work_bytes(const struct model *m, const struct ir_node *n, uint64_t *keep) {
   uint64_t h = (uint64_t)m->hidden_size, f = expert_ffn(m, n);
   uint64_t rows = ir_ep_capacity_rows(m, n), B = model_dtype_bytes(m->dtype);
   uint64_t scratch = rows * h * B, bwork = rows * (h + 2 * f) * B;
+  uint64_t inputs = n->fp8_expert_inputs ? rows * h * B : 0;
   if (keep)
     *keep = n->pass == IR_PASS_BI ? bwork : 0;
   switch (n->pass) {
   case IR_PASS_F:
-  case IR_PASS_R:
+  case IR_PASS_R: return scratch + inputs;
   case IR_PASS_BI: return scratch;
-  case IR_PASS_B: return bwork + scratch;
+  case IR_PASS_B: return bwork + scratch + inputs;
+  case IR_PASS_BW: return inputs;
   default: return 0;
   }
 }

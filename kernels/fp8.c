@@ -1,5 +1,6 @@
 /* fp8: the host reference of the FP8 recipes' quantisers (kernels/fp8.h). */
 #include "fp8.h"
+#include "kernels.h"
 
 /* element (o, k) of x: o along the outer dimension, k along K */
 static float at(const float *x, int ld, int transpose, int o, int k) {
@@ -39,4 +40,17 @@ float kernels_fp8_quantize_tensor(uint8_t *q, const float *x, int rows, int cols
     for (int k = 0; k < K; k++)
       q[(size_t)o * K + k] = kernels_fp8_e4m3_encode(at(x, ld, transpose, o, k) * scale);
   return 1.0f / scale;
+}
+
+/* DeepSeek-V3's FP8 cache of the routed rows (kernels/ops.def): 1 x 128 tiles along each row */
+void kernels_fp8_rows_quantize(uint8_t *q, float *inv, const float *x, int n_rows, int C) {
+  kernels_fp8_quantize_tiles(q, inv, x, n_rows, C, C, 0, 1);
+}
+
+void kernels_fp8_rows_dequantize(float *x, const uint8_t *q, const float *inv, int n_rows, int C) {
+  int nk = (C + KERNELS_FP8_BLOCK - 1) / KERNELS_FP8_BLOCK;
+  for (int r = 0; r < n_rows; r++)
+    for (int c = 0; c < C; c++)
+      x[(size_t)r * C + c] = kernels_fp8_e4m3_decode(q[(size_t)r * C + c]) *
+                             inv[(size_t)r * nk + c / KERNELS_FP8_BLOCK];
 }

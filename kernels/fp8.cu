@@ -112,6 +112,16 @@ __global__ void promote_k(float *C, int ldc, const float *part, int m, int n, fl
   }
 }
 
+// x [n, C] = decode(q) * inv of each element's 1 x 128 tile: the FP8 cache of the routed rows
+// read back (kernels_fp8_rows_dequantize, the same float product)
+__global__ void dequantize_rows_k(float *x, const uint8_t *q, const float *inv, int n, int C) {
+  int nk = (C + KERNELS_FP8_BLOCK - 1) / KERNELS_FP8_BLOCK;
+  for (int r = blockIdx.y; r < n; r += gridDim.y)
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x)
+      x[(size_t)r * C + c] = kernels_fp8_e4m3_decode(q[(size_t)r * C + c]) *
+                             inv[(size_t)r * nk + c / KERNELS_FP8_BLOCK];
+}
+
 dim3 grid_2d(int inner, int outer) {
   unsigned bx = (unsigned)((inner + kFp8Threads - 1) / kFp8Threads);
   return dim3(bx < 64 ? (bx ? bx : 1) : 64, outer < 65535 ? (unsigned)(outer ? outer : 1) : 65535u);
@@ -152,6 +162,13 @@ void kc_fp8_promote(float *C, int ldc, const float *part, int m, int n, float al
   if (m > 0 && n > 0)
     promote_k<<<grid_2d(n, m < kFp8Rows ? m : kFp8Rows), kFp8Threads, 0, st>>>(C, ldc, part, m, n, alpha, beta, first,
                                                      inv_a, br_a, inv_b, br_b, nk, slice);
+}
+
+void kc_fp8_dequantize_rows(float *x, const uint8_t *q, const float *inv, int n_rows, int C,
+                            cudaStream_t st) {
+  if (n_rows > 0 && C > 0)
+    dequantize_rows_k<<<grid_2d(C, n_rows < kFp8Rows ? n_rows : kFp8Rows), kFp8Threads, 0, st>>>(
+        x, q, inv, n_rows, C);
 }
 
 } // extern "C"

@@ -93,6 +93,9 @@ void kc_fp8_quantize_tiles(uint8_t *q, int ldq, float *inv, const void *x, bool 
 void kc_fp8_promote(float *C, int ldc, const float *part, int m, int n, float alpha, float beta,
                     bool first, const float *inv_a, int br_a, const float *inv_b, int br_b,
                     int nk, int slice, cudaStream_t st);
+/* kc_fp8_dequantize_rows: as kernels_fp8_rows_dequantize (kernels/ops.def) */
+void kc_fp8_dequantize_rows(float *x, const uint8_t *q, const float *inv, int n_rows, int C,
+                            cudaStream_t st);
 #ifdef __cplusplus
 }
 #endif

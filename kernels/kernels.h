@@ -239,12 +239,15 @@ int kernels_moe_owner(int expert, int E, int n_ranks);
  * row_expert must be in the range. Rows may come in any order (after dispatch
  * they come by source rank, then token); each expert's rows run as one GEMM, in row order.
  * saved (in order, rows grouped by expert, experts ascending, rows ascending within one):
- *   xs [n, C] (the inputs), g [n, F], u [n, F], act [n, F] (silu(g)·u·w), ws [n] (the rows'
- *   weights).
+ *   g [n, F], u [n, F], act [n, F] (silu(g)·u·w), ws [n] (the rows' weights), xs [n, C] (the
+ *   inputs; last, so that the backward input and the act rerun, which do not read them, need
+ *   not know where they are).
  * act lives there unless the caller gives it a buffer of its own (act, [n, F], same grouping;
  * NULL: in saved; ws then follows u), so that selective recomputation (moe_act) can drop it
  * while the rest stays (kernels_expert_ffn_act_forward rebuilds it from g, u and ws, bit for
- * bit). Every call that reads saved is given the same act (NULL or the buffer).
+ * bit). Every call that reads saved is given the same act (NULL or the buffer). xs likewise
+ * (the forward and the weight gradient take it): apart, the executor keeps DeepSeek-V3's FP8
+ * copy of it instead (kernels_fp8_rows_quantize) and dequantises it for the weight gradient.
  * bwork (same grouping): dys [n, C] (the output gradient), dg [n, F], du [n, F].
  * scratch: [n, C], used within one call only (forward and BI). */
 size_t kernels_expert_ffn_param_count(int E, int C, int F);

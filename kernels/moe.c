@@ -241,21 +241,28 @@ static void check_row_experts(const int32_t *row_expert, int n_rows, int e_first
 }
 
 /* The packed rows' routing weights in saved: after act, or after u when act lives apart */
-static float *saved_weights(const float *saved, const float *act_buf, size_t n, int C, int F) {
-  return (float *)saved + n * C + (act_buf ? 2 : 3) * n * F;
+static float *saved_weights(const float *saved, const float *act_buf, size_t n, int F) {
+  return (float *)saved + (act_buf ? 2 : 3) * n * F;
 }
 
-/* out [n, C], saved = xs [n, C], g, u, act [n, F], ws [n] (grouped by expert; act in act_buf
- * when given) <- in [n, C], row_weight [n]. act = silu(g)·u · w per row, so out is the routed
- * row's weighted output (Megatron-Core's weighted SwiGLU) and the combine only sums. */
-void kernels_expert_ffn_forward(float *out, float *saved, float *act_buf, float *scratch,
-                                const float *in, const int32_t *row_expert, const float *row_weight,
+/* The packed rows' inputs: xs_buf where they live apart, else in saved after the weights
+ * (last, so that the ops that do not read them need not know where they are) */
+static float *saved_inputs(const float *saved, const float *xs_buf, const float *act_buf,
+                           size_t n, int F) {
+  return xs_buf ? (float *)xs_buf : saved_weights(saved, act_buf, n, F) + n;
+}
+
+/* out [n, C], saved = g, u, act [n, F], ws [n], xs [n, C] (grouped by expert; act in
+ * act_buf, xs in xs_buf when given) <- in [n, C], row_weight [n]. act = silu(g)·u · w per
+ * row, so out is the routed row's weighted output (Megatron-Core's weighted SwiGLU) and the combine only sums. */
+void kernels_expert_ffn_forward(float *out, float *saved, float *act_buf, float *xs_buf,
+                                float *scratch, const float *in, const int32_t *row_expert, const float *row_weight,
                                 int n_rows, const float *params, int e_first, int e_count, int C,
                                 int F) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
-  float *xs = saved, *g = xs + n * C, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
-  float *ws = saved_weights(saved, act_buf, n, C, F);
+  float *g = saved, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
+  float *ws = saved_weights(saved, act_buf, n, F), *xs = saved_inputs(saved, xs_buf, act_buf, n, F);
   size_t off = 0;
   for (int e = e_first; e < e_first + e_count; e++) {
     int cnt = expert_rows_move(xs + off * C, in, row_expert, n_rows, e, C, false, false);
@@ -286,7 +293,7 @@ void kernels_expert_ffn_backward_input(float *din, float *drow_weight, float *bw
                                        bool accumulate) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
-  const float *g = saved + n * C, *u = g + n * F, *ws = saved_weights(saved, act_buf, n, C, F);
+  const float *g = saved, *u = g + n * F, *ws = saved_weights(saved, act_buf, n, F);
   float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
   size_t off = 0;
   for (int e = e_first; e < e_first + e_count; e++) {
@@ -314,11 +321,12 @@ void kernels_expert_ffn_backward_input(float *din, float *drow_weight, float *bw
 /* per expert e: dwg += xs^T dg, dwu += xs^T du, dwd += act^T dys (act weighted) */
 void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
                                         const int32_t *row_expert, int n_rows, const float *saved,
-                                        const float *act_buf, int e_first, int e_count, int C,
-                                        int F) {
+                                        const float *act_buf, const float *xs_buf, int e_first,
+                                        int e_count, int C, int F) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
-  const float *xs = saved, *act = act_buf ? act_buf : saved + n * C + 2 * n * F;
+  const float *xs = saved_inputs(saved, xs_buf, act_buf, n, F);
+  const float *act = act_buf ? act_buf : saved + 2 * n * F;
   const float *dys = bwork, *dg = dys + n * C, *du = dg + n * F;
   size_t off = 0;
   for (int e = e_first; e < e_first + e_count; e++) {
@@ -338,11 +346,11 @@ void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
 void kernels_expert_ffn_backward(float *din, float *drow_weight, float *dparams, float *bwork,
                                  float *scratch, const float *dout, const int32_t *row_expert,
                                  int n_rows, const float *saved, const float *act,
-                                 const float *params, int e_first, int e_count, int C, int F,
-                                 bool accumulate) {
+                                 const float *xs, const float *params, int e_first, int e_count,
+                                 int C, int F, bool accumulate) {
   kernels_expert_ffn_backward_input(din, drow_weight, bwork, scratch, dout, row_expert, n_rows,
                                     saved, act, params, e_first, e_count, C, F, accumulate);
-  kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, act, e_first,
+  kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, act, xs, e_first,
                                      e_count, C, F);
 }
 
@@ -351,7 +359,8 @@ void kernels_expert_ffn_backward(float *din, float *drow_weight, float *dparams,
  * and each row is scaled by its own weight). act lives apart here, so the weights follow u. */
 void kernels_expert_ffn_act_forward(float *act, const float *saved, int n_rows, int C, int F) {
   size_t n = (size_t)n_rows;
-  const float *g = saved + n * C, *u = g + n * F;
+  const float *g = saved, *u = g + n * F;
+  (void)C;
   kernels_impl_swiglu_forward(act, g, u, n * F);
-  kernels_impl_rows_scale(act, saved_weights(saved, act, n, C, F), n_rows, F);
+  kernels_impl_rows_scale(act, saved_weights(saved, act, n, F), n_rows, F);
 }

@@ -292,7 +292,7 @@ static void bench_moe(const struct machine *mc, const struct shape *s) {
   reps = reps_for(flops);
   TIME_BEST(
       reps, t,
-      kernels_expert_ffn_forward(y, esaved, NULL, scratch, send, row_expert, row_weight, n, ep,
+      kernels_expert_ffn_forward(y, esaved, NULL, NULL, scratch, send, row_expert, row_weight, n, ep,
                                  0, E, C, F));
   report(mc, s->name, "expert_ffn", "F", t, flops, 0);
   TIME_BEST(reps, t,
@@ -301,7 +301,7 @@ static void bench_moe(const struct machine *mc, const struct shape *s) {
   report(mc, s->name, "expert_ffn", "BI", t, flops, 0);
   TIME_BEST(
       reps, t,
-      kernels_expert_ffn_backward_weight(dep, ebwork, row_expert, n, esaved, NULL, 0, E, C, F));
+      kernels_expert_ffn_backward_weight(dep, ebwork, row_expert, n, esaved, NULL, NULL, 0, E, C, F));
   report(mc, s->name, "expert_ffn", "BW", t, flops, 0);
   free(wr), free(dwr), free(h), free(dh), free(probs), free(dlog), free(weights), free(dweights);
   free(ids), free(route_row), free(row_expert), free(send), free(y), free(dy), free(m);

@@ -38,6 +38,7 @@
 #include "../../exec/gpu_layout.h"
 #include "../../exec/gpu_weights.h"
 #include "../../kernels/kernels-impl.h" /* the SwiGLU reference */
+#include "../../kernels/fp8.h"
 #include "../../kernels/kernels.h"
 #include "../../kernels/kernels_cuda.h"
 #ifdef PIPER_CUDA_EMU
@@ -564,17 +565,17 @@ static void check_expert_ffn(struct check *c) {
   float *dp = devf(c, p, P), *din = devf(c, in, N * C), *dout = devf(c, NULL, N * C);
   float *dsaved = devf(c, NULL, SV), *dbw = devf(c, NULL, BW), *dscr = devf(c, NULL, SC);
   int32_t *drexp = dev(c, rexp, sizeof rexp);
-  kernels_expert_ffn_forward(out, saved, NULL, scratch, in, rexp, rw, N, p, E0, EC, C, F);
-  c->k->expert_ffn_forward(c->s, dout, dsaved, NULL, dscr, din, drexp, drw, N, dp, E0, EC, C, F);
+  kernels_expert_ffn_forward(out, saved, NULL, NULL, scratch, in, rexp, rw, N, p, E0, EC, C, F);
+  c->k->expert_ffn_forward(c->s, dout, dsaved, NULL, NULL, dscr, din, drexp, drw, N, dp, E0, EC, C, F);
   compare(c, "expert_ffn F", out, dout, N * C, c->tol_gemm);
   compare(c, "expert_ffn F saved (grouped)", saved, dsaved, SV, c->tol_gemm);
   exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
   /* moe_act's rerun: silu(g)·u·w from the host's g, u and weights, elementwise (the host's
    * act); with act apart the weights follow u, so the rerun reads a copy laid out so */
-  size_t NA = (size_t)N * F, GU = (size_t)N * (C + 2 * F);
+  size_t NA = (size_t)N * F, GU = (size_t)N * 2 * F;
   float *apart = g_new(float, SV - NA);
   memcpy(apart, saved, GU * sizeof(float));
-  memcpy(apart + GU, saved + GU + NA, (size_t)N * sizeof(float));
+  memcpy(apart + GU, saved + GU + NA, (SV - GU - NA) * sizeof(float));
   float *dapart = devf(c, apart, SV - NA), *dact = devf(c, NULL, NA);
   c->k->expert_ffn_act_forward(c->s, dact, dapart, N, C, F);
   compare(c, "expert_ffn act rerun (moe_act)", saved + GU, dact, NA, c->tol_gemm);
@@ -590,11 +591,11 @@ static void check_expert_ffn(struct check *c) {
   compare(c, "expert_ffn BI bwork", bwork, dbw, BW, c->tol_gemm);
   exec_backend_from_host(c->b, dbw, bwork, BW * sizeof(float));
   float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P), *dgp2 = devf(c, gp, P);
-  kernels_expert_ffn_backward_weight(gp, bwork, rexp, N, saved, NULL, E0, EC, C, F);
-  c->k->expert_ffn_backward_weight(c->s, dgp, dbw, drexp, N, dsaved, NULL, E0, EC, C, F);
+  kernels_expert_ffn_backward_weight(gp, bwork, rexp, N, saved, NULL, NULL, E0, EC, C, F);
+  c->k->expert_ffn_backward_weight(c->s, dgp, dbw, drexp, N, dsaved, NULL, NULL, E0, EC, C, F);
   compare(c, "expert_ffn BW", gp, dgp, P, c->tol_gemm);
   /* the weight gradient with act apart (the rerun's buffer) */
-  c->k->expert_ffn_backward_weight(c->s, dgp2, dbw, drexp, N, dsaved, dact, E0, EC, C, F);
+  c->k->expert_ffn_backward_weight(c->s, dgp2, dbw, drexp, N, dsaved, dact, NULL, E0, EC, C, F);
   compare(c, "expert_ffn BW, act apart", gp, dgp2, P, c->tol_gemm);
 }
 
@@ -976,6 +977,44 @@ static void check_bf16_pointwise(struct check *c) {
   compare(c, "bf16 embedding BW (fp32 dtable)", wte, dwte, (size_t)V * C, TOL_PLAIN);
 }
 
+/* DeepSeek-V3's FP8 cache of the routed rows (fp8_expert_inputs): the device's e4m3 bytes and
+ * tile factors are the host reference's bit for bit (the same encoder, the same amax and
+ * 448 / amax in fp32), and so is the dequantised copy the weight gradient reads. A row of
+ * 200: one whole 1 x 128 tile and a partial one; an all-zero row (factor 1, bytes 0); values
+ * over three decades, so that some tiles hold e4m3 subnormals. */
+static void check_fp8_rows(struct check *c) {
+  enum { NR = 5, CR = 200, NK = (CR + 127) / 128 };
+  float *x = rnd(c, (size_t)NR * CR, 1);
+  for (int i = 0; i < CR; i++)
+    x[CR + i] = 0.0f, x[2 * CR + i] *= i % 3 ? 1e-5f : 4.0f;
+  uint8_t q[NR * CR], gq[NR * CR];
+  float inv[NR * NK], ginv[NR * NK], *back = g_new(float, (size_t)NR * CR);
+  kernels_fp8_rows_quantize(q, inv, x, NR, CR);
+  kernels_fp8_rows_dequantize(back, q, inv, NR, CR);
+  float *dx = devf(c, x, (size_t)NR * CR), *dinv = devf(c, NULL, NR * NK);
+  float *dback = devf(c, NULL, (size_t)NR * CR);
+  uint8_t *dq = dev(c, NULL, sizeof q);
+  c->k->fp8_rows_quantize(c->s, dq, dinv, dx, NR, CR);
+  c->k->fp8_rows_dequantize(c->s, dback, dq, dinv, NR, CR);
+  exec_backend_to_host(c->b, gq, dq, sizeof gq);
+  exec_backend_to_host(c->b, ginv, dinv, sizeof ginv);
+  const GError *e = exec_stream_error(c->b, c->s);
+  bool ok = !e && memcmp(q, gq, sizeof q) == 0 && memcmp(inv, ginv, sizeof inv) == 0;
+  printf("%-4s %-44s %s%s\n", ok ? "ok" : "FAIL", "fp8 routed rows: e4m3 bytes and factors",
+         ok ? "same bits as the host" : "differ", e ? e->message : "");
+  c->run++;
+  c->failed += !ok;
+  float *hback = devf(c, back, (size_t)NR * CR);
+  compare_bits(c, "fp8 routed rows: dequantised", hback, dback, (size_t)NR * CR, true);
+  g_free(x);
+  g_free(back);
+  exec_backend_release(c->b, dx);
+  exec_backend_release(c->b, dinv);
+  exec_backend_release(c->b, dback);
+  exec_backend_release(c->b, dq);
+  exec_backend_release(c->b, hback);
+}
+
 static void check_op_table(struct check *c) {
   int missing = 0;
   for (int op = 0; op < EXEC_OP_COUNT; op++)
@@ -1024,6 +1063,7 @@ int main(int argc, char **argv) {
   check_weight_copies(&c, !fp32);
   check_router_moe(&c);
   check_expert_ffn(&c);
+  check_fp8_rows(&c);
   check_lm_head(&c, KERNELS_LM_HEAD_UNTIED);
   check_lm_head(&c, KERNELS_LM_HEAD_TIED);
   check_tp(&c, KERNELS_LM_HEAD_UNTIED);

@@ -761,7 +761,7 @@ struct exp_ctx {
 
 static double exp_loss(void *p) {
   struct exp_ctx *c = p;
-  kernels_expert_ffn_forward(c->out, c->saved, NULL, c->scratch, c->in, c->row_expert,
+  kernels_expert_ffn_forward(c->out, c->saved, NULL, NULL, c->scratch, c->in, c->row_expert,
                              c->row_weight, c->n, c->params, c->e_first, c->e_count, c->C, c->F);
   return dotd(c->out, c->R, (size_t)c->n * c->C);
 }
@@ -769,8 +769,10 @@ static double exp_loss(void *p) {
 /* Selective recomputation of the routed experts' activation (moe_act): the forward with act in
  * a buffer of its own writes the same outputs and the same xs, g, u, ws; kernels_expert_ffn_act_forward
  * rebuilds act from them bit for bit (every row at once, where the forward went expert by
- * expert); and the weight gradient read from that buffer is the one read from saved. Rows of
- * three experts in arbitrary order, F = 37 so no expert's run of act is a multiple of a vector. */
+ * expert); and the weight gradient read from that buffer is the one read from saved. The same
+ * for the inputs xs in a buffer of their own (where the executor keeps them in FP8 instead).
+ * Rows of three experts in arbitrary order, F = 37 so no expert's run of act is a multiple of
+ * a vector. */
 static void test_expert_ffn_act_rerun(void **state) {
   (void)state;
   int32_t row_expert[9] = {2, 0, 2, 1, 0, 2, 2, 1, 0};
@@ -778,31 +780,43 @@ static void test_expert_ffn_act_rerun(void **state) {
   size_t np = kernels_expert_ffn_param_count(E, C, F),
          ns = kernels_expert_ffn_saved_floats(n, C, F);
   size_t na = (size_t)n * F, nb = kernels_expert_ffn_bwork_floats(n, C, F);
-  size_t gu = (size_t)n * (C + 2 * F); /* xs, g, u */
+  size_t gu = (size_t)n * 2 * F, nx = (size_t)n * C; /* g, u; xs */
   float *params = fz(np), *in = fz((size_t)n * C), *dout = fz((size_t)n * C), *rw = fz(n);
   fill(params, np, 0.9f), fill(in, (size_t)n * C, 2.0f), fill(dout, (size_t)n * C, 1.0f);
   fill(rw, n, 1.0f);
   float *out = fz((size_t)n * C), *saved = fz(ns),
         *scratch = fz(kernels_expert_ffn_scratch_floats(n, C));
-  kernels_expert_ffn_forward(out, saved, NULL, scratch, in, row_expert, rw, n, params, 0, E, C, F);
+  kernels_expert_ffn_forward(out, saved, NULL, NULL, scratch, in, row_expert, rw, n, params, 0, E,
+                             C, F);
   float *out2 = fz((size_t)n * C), *saved2 = fz(ns), *act = fz(na), *act2 = fz(na);
-  kernels_expert_ffn_forward(out2, saved2, act, scratch, in, row_expert, rw, n, params, 0, E, C, F);
+  kernels_expert_ffn_forward(out2, saved2, act, NULL, scratch, in, row_expert, rw, n, params, 0, E,
+                             C, F);
   assert_same("outputs, act apart", out, out2, (size_t)n * C);
-  assert_same("xs, g, u, act apart", saved, saved2, gu);
+  assert_same("g, u, act apart", saved, saved2, gu);
   assert_same("the rows' weights, act apart", saved + gu + na, saved2 + gu, (size_t)n);
+  assert_same("xs, act apart", saved + gu + na + n, saved2 + gu + n, nx);
   assert_same("act apart", saved + gu, act, na);
+  float *out3 = fz(nx), *saved3 = fz(ns), *xs = fz(nx), *dw3 = fz(np);
+  kernels_expert_ffn_forward(out3, saved3, NULL, xs, scratch, in, row_expert, rw, n, params, 0, E,
+                             C, F);
+  assert_same("outputs, xs apart", out, out3, nx);
+  assert_same("g, u, act, weights, xs apart", saved, saved3, gu + na + n);
+  assert_same("xs apart", saved + gu + na + n, xs, nx);
   kernels_expert_ffn_act_forward(act2, saved2, n, C, F);
   assert_same("act rebuilt", act, act2, na);
   float *bw = fz(nb), *dx = fz((size_t)n * C), *dw = fz(np), *dw2 = fz(np), *drw = fz(n);
   float *drw2 = fz(n), *dx2 = fz((size_t)n * C), *bw2 = fz(nb);
-  kernels_expert_ffn_backward(dx, drw, dw, bw, scratch, dout, row_expert, n, saved, NULL, params, 0,
-                              E, C, F, false);
+  kernels_expert_ffn_backward(dx, drw, dw, bw, scratch, dout, row_expert, n, saved, NULL, NULL,
+                              params, 0, E, C, F, false);
   kernels_expert_ffn_backward_input(dx2, drw2, bw2, scratch, dout, row_expert, n, saved2, act2,
                                     params, 0, E, C, F, false);
   assert_same("input gradient, act apart", dx, dx2, (size_t)n * C);
   assert_same("routing weights' gradient, act apart", drw, drw2, (size_t)n);
-  kernels_expert_ffn_backward_weight(dw2, bw, row_expert, n, saved2, act2, 0, E, C, F);
+  kernels_expert_ffn_backward_weight(dw2, bw, row_expert, n, saved2, act2, NULL, 0, E, C, F);
   assert_same("weight gradient from the rebuilt act", dw, dw2, np);
+  kernels_expert_ffn_backward_weight(dw3, bw, row_expert, n, saved3, NULL, xs, 0, E, C, F);
+  assert_same("weight gradient from xs apart", dw, dw3, np);
+  free(out3), free(saved3), free(xs), free(dw3);
   free(params), free(in), free(dout), free(out), free(saved), free(scratch), free(out2);
   free(saved2), free(act), free(act2), free(bw), free(dx), free(dw), free(dw2), free(rw);
   free(drw), free(drw2), free(dx2), free(bw2);
@@ -842,10 +856,10 @@ static void test_expert_ffn_grad(void **state) {
   float *drw = fz((size_t)c.n), *drw2 = fz((size_t)c.n);
   kernels_expert_ffn_backward_input(dx, drw, bw, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
                                     c.params, c.e_first, c.e_count, c.C, c.F, false);
-  kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, NULL, c.e_first, c.e_count,
-                                     c.C, c.F);
+  kernels_expert_ffn_backward_weight(dw, bw, row_expert, c.n, c.saved, NULL, NULL, c.e_first,
+                                     c.e_count, c.C, c.F);
   kernels_expert_ffn_backward(dx2, drw2, dw2, bw2, c.scratch, c.R, row_expert, c.n, c.saved, NULL,
-                              c.params, c.e_first, c.e_count, c.C, c.F, false);
+                              NULL, c.params, c.e_first, c.e_count, c.C, c.F, false);
   assert_same("expert fused dx", dx, dx2, n);
   assert_same("expert fused drow_weight", drw, drw2, (size_t)c.n);
   assert_same("expert fused dw", dw, dw2, np);
@@ -897,7 +911,8 @@ static void test_expert_parallel_equals_full(void **state) {
     size_t off = 0;
     for (int r = 0; r < n_ranks; r++) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
-      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F + 1), NULL, scratch,
+      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F + 1), NULL, NULL,
+                                 scratch,
                                  send + off * C, send_expert + off, send_weight + off, (int)cnt,
                                  params + e0 * per, (int)e0, per_rank, C, F);
       off += cnt;
@@ -909,7 +924,7 @@ static void test_expert_parallel_equals_full(void **state) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
       kernels_expert_ffn_backward(dsend + off * C, dsend_weight + off, dparams[run] + e0 * per,
                                   bwork + off * (C + 2 * F), scratch, dy + off * C,
-                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F + 1), NULL,
+                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F + 1), NULL, NULL,
                                   params + e0 * per, (int)e0, per_rank, C, F, false);
       off += cnt;
     }
@@ -943,7 +958,7 @@ static double moe_loss(void *p) {
   kernels_moe_dispatch_plan(c->counts, c->route_row, c->ids, c->T, c->K, c->E, 1);
   kernels_moe_dispatch_forward(c->send, c->send_expert, c->send_weight, c->h, c->ids, c->weights,
                                c->route_row, c->T, c->K, c->C);
-  kernels_expert_ffn_forward(c->y, c->esaved, NULL, c->scratch, c->send, c->send_expert,
+  kernels_expert_ffn_forward(c->y, c->esaved, NULL, NULL, c->scratch, c->send, c->send_expert,
                              c->send_weight, c->T * c->K, c->ew, 0, c->E, c->C, c->F);
   kernels_moe_combine_forward(c->m, c->y, c->route_row, c->T, c->K, c->C);
   return dotd(c->m, c->R, (size_t)c->T * c->C);
@@ -973,7 +988,7 @@ static void test_moe_layer_grad(void **state) {
   float *rbw = fz(kernels_router_bwork_floats(c.T, c.E));
   kernels_moe_combine_backward(dy, c.R, c.route_row, c.T, c.K, c.C);
   kernels_expert_ffn_backward(dsend, dsend_w, dew, ebw, c.scratch, dy, c.send_expert, (int)nk,
-                              c.esaved, NULL, c.ew, 0, c.E, c.C, c.F, false);
+                              c.esaved, NULL, NULL, c.ew, 0, c.E, c.C, c.F, false);
   kernels_moe_dispatch_backward(dh, dwt, dsend, dsend_w, c.route_row, c.T, c.K, c.C, false);
   kernels_router_backward(dh, drw, rbw, dwt, c.ids, c.weights, c.probs, c.h, c.rw, c.T, c.C, c.E,
                           c.K, true); /* h fans out to router and experts: sum */
