@@ -620,15 +620,15 @@ static float *saved_weights(const float *saved, const float *act_buf, size_t n, 
 }
 
 /* and their inputs: apart (xs_buf), or last in saved */
-static float *saved_inputs(const float *saved, const float *xs_buf, const float *act_buf,
-                           size_t n, int F) {
+static float *saved_inputs(const float *saved, const float *xs_buf, const float *act_buf, size_t n,
+                           int F) {
   return xs_buf ? (float *)xs_buf : saved_weights(saved, act_buf, n, F) + n;
 }
 
 static void k_expert_ffn_forward(struct exec_stream *s, float *out, float *saved, float *act_buf,
-                                 float *xs_buf, float *scratch, const float *in, const int32_t *row_expert,
-                                 const float *row_weight, int n_rows, const float *params,
-                                 int e_first, int e_count, int C, int F) {
+                                 float *xs_buf, float *scratch, const float *in,
+                                 const int32_t *row_expert, const float *row_weight, int n_rows,
+                                 const float *params, int e_first, int e_count, int C, int F) {
   struct expert_groups eg;
   if (!expert_groups(s, row_expert, n_rows, e_first, e_count, true, &eg))
     return;

@@ -279,8 +279,8 @@ static bool bwd_expert_ffn(struct bwd *b, const struct bwd_op *o, float *dh_tp, 
   if (b->mode == BWD_FUSED)
     KT(st, s,
        k->expert_ffn_backward(st->stream, drows, drw, o->dprm, run->bwork[j], scratch, dy,
-                              lm->row_expert, TK, run->saved[j], lm->act, NULL, o->prm, 0, E, C,
-                              F, false));
+                              lm->row_expert, TK, run->saved[j], lm->act, NULL, o->prm, 0, E, C, F,
+                              false));
   else
     KT(st, s,
        k->expert_ffn_backward_input(st->stream, drows, drw, run->bwork[j], scratch, dy,

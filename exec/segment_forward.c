@@ -236,8 +236,8 @@ static void fwd_local_moe(struct fwd *f, uint32_t j, float *out, const float *in
      k->moe_dispatch_forward(st->stream, lm->rows, lm->row_expert, row_weight, in0, ids, weights,
                              lm->route_row, T, K, C));
   KT(st, s,
-     k->expert_ffn_forward(st->stream, lm->y, f->run->saved[j], lm->act, NULL, lm->scratch, lm->rows,
-                           lm->row_expert, row_weight, TK, prm, 0, E, C, F));
+     k->expert_ffn_forward(st->stream, lm->y, f->run->saved[j], lm->act, NULL, lm->scratch,
+                           lm->rows, lm->row_expert, row_weight, TK, prm, 0, E, C, F));
   if (out)
     KT(st, s, k->moe_combine_forward(st->stream, out, lm->y, lm->route_row, T, K, C));
 }

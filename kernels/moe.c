@@ -247,18 +247,19 @@ static float *saved_weights(const float *saved, const float *act_buf, size_t n, 
 
 /* The packed rows' inputs: xs_buf where they live apart, else in saved after the weights
  * (last, so that the ops that do not read them need not know where they are) */
-static float *saved_inputs(const float *saved, const float *xs_buf, const float *act_buf,
-                           size_t n, int F) {
+static float *saved_inputs(const float *saved, const float *xs_buf, const float *act_buf, size_t n,
+                           int F) {
   return xs_buf ? (float *)xs_buf : saved_weights(saved, act_buf, n, F) + n;
 }
 
 /* out [n, C], saved = g, u, act [n, F], ws [n], xs [n, C] (grouped by expert; act in
  * act_buf, xs in xs_buf when given) <- in [n, C], row_weight [n]. act = silu(g)·u · w per
- * row, so out is the routed row's weighted output (Megatron-Core's weighted SwiGLU) and the combine only sums. */
+ * row, so out is the routed row's weighted output (Megatron-Core's weighted SwiGLU) and the
+ * combine only sums. */
 void kernels_expert_ffn_forward(float *out, float *saved, float *act_buf, float *xs_buf,
-                                float *scratch, const float *in, const int32_t *row_expert, const float *row_weight,
-                                int n_rows, const float *params, int e_first, int e_count, int C,
-                                int F) {
+                                float *scratch, const float *in, const int32_t *row_expert,
+                                const float *row_weight, int n_rows, const float *params,
+                                int e_first, int e_count, int C, int F) {
   check_row_experts(row_expert, n_rows, e_first, e_count);
   size_t n = (size_t)n_rows, per = kernels_expert_ffn_param_count(1, C, F);
   float *g = saved, *u = g + n * F, *act = act_buf ? act_buf : u + n * F;
@@ -345,9 +346,9 @@ void kernels_expert_ffn_backward_weight(float *dparams, const float *bwork,
 /* Fused backward: BI then BW, same shapes (BW reads what BI left in bwork). */
 void kernels_expert_ffn_backward(float *din, float *drow_weight, float *dparams, float *bwork,
                                  float *scratch, const float *dout, const int32_t *row_expert,
-                                 int n_rows, const float *saved, const float *act,
-                                 const float *xs, const float *params, int e_first, int e_count,
-                                 int C, int F, bool accumulate) {
+                                 int n_rows, const float *saved, const float *act, const float *xs,
+                                 const float *params, int e_first, int e_count, int C, int F,
+                                 bool accumulate) {
   kernels_expert_ffn_backward_input(din, drow_weight, bwork, scratch, dout, row_expert, n_rows,
                                     saved, act, params, e_first, e_count, C, F, accumulate);
   kernels_expert_ffn_backward_weight(dparams, bwork, row_expert, n_rows, saved, act, xs, e_first,

@@ -245,11 +245,11 @@ static void run_ep_experts(struct exec_stream *s, const struct exec_kernels *k,
                            struct op_bench *b) {
   int C = b->C, El = b->E / b->ep, F = b->F, TK = b->T * b->K;
   if (b->pass == IR_PASS_F)
-    k->expert_ffn_forward(s, b->y, b->saved, NULL, NULL, b->scratch, b->rows, b->row_expert, b->dweights,
-                          TK, b->params, 0, El, C, F);
+    k->expert_ffn_forward(s, b->y, b->saved, NULL, NULL, b->scratch, b->rows, b->row_expert,
+                          b->dweights, TK, b->params, 0, El, C, F);
   else if (b->pass == IR_PASS_BW)
-    k->expert_ffn_backward_weight(s, b->dparams, b->bwork, b->row_expert, TK, b->saved, NULL, NULL, 0, El,
-                                  C, F);
+    k->expert_ffn_backward_weight(s, b->dparams, b->bwork, b->row_expert, TK, b->saved, NULL, NULL,
+                                  0, El, C, F);
   else if (b->pass == IR_PASS_B)
     k->expert_ffn_backward(s, b->drows, b->weights, b->dparams, b->bwork, b->scratch, b->dy,
                            b->row_expert, TK, b->saved, NULL, NULL, b->params, 0, El, C, F, false);
@@ -269,14 +269,14 @@ static void run_experts(struct exec_stream *s, const struct exec_kernels *k, str
     k->moe_dispatch_plan(s, o->counts, b->route_row, b->ids, T, K, E, 1);
     k->moe_dispatch_forward(s, b->rows, b->row_expert, b->dweights, b->in0, b->ids, b->weights,
                             b->route_row, T, K, C);
-    k->expert_ffn_forward(s, b->y, b->saved, NULL, NULL, b->scratch, b->rows, b->row_expert, b->dweights,
-                          TK, b->params, 0, E, C, F);
+    k->expert_ffn_forward(s, b->y, b->saved, NULL, NULL, b->scratch, b->rows, b->row_expert,
+                          b->dweights, TK, b->params, 0, E, C, F);
     k->moe_combine_forward(s, b->out, b->y, b->route_row, T, K, C);
     return;
   }
   if (b->pass == IR_PASS_BW) {
-    k->expert_ffn_backward_weight(s, b->dparams, b->bwork, b->row_expert, TK, b->saved, NULL, NULL, 0, E,
-                                  C, F);
+    k->expert_ffn_backward_weight(s, b->dparams, b->bwork, b->row_expert, TK, b->saved, NULL, NULL,
+                                  0, E, C, F);
     return;
   }
   k->moe_combine_backward(s, b->dy, b->dout, b->route_row, T, K, C);

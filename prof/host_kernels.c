@@ -92,11 +92,12 @@ static void run_ep_experts(struct op_bench *b) {
     kernels_expert_ffn_forward(b->y, b->saved, NULL, NULL, b->scratch, b->rows, b->row_expert,
                                b->dweights, TK, b->params, 0, El, C, F);
   else if (b->pass == IR_PASS_BW)
-    kernels_expert_ffn_backward_weight(b->dparams, b->bwork, b->row_expert, TK, b->saved, NULL, NULL, 0,
-                                       El, C, F);
+    kernels_expert_ffn_backward_weight(b->dparams, b->bwork, b->row_expert, TK, b->saved, NULL,
+                                       NULL, 0, El, C, F);
   else if (b->pass == IR_PASS_B)
     kernels_expert_ffn_backward(b->drows, b->weights, b->dparams, b->bwork, b->scratch, b->dy,
-                                b->row_expert, TK, b->saved, NULL, NULL, b->params, 0, El, C, F, false);
+                                b->row_expert, TK, b->saved, NULL, NULL, b->params, 0, El, C, F,
+                                false);
   else
     kernels_expert_ffn_backward_input(b->drows, b->weights, b->bwork, b->scratch, b->dy,
                                       b->row_expert, TK, b->saved, NULL, b->params, 0, El, C, F,
@@ -121,14 +122,15 @@ static void run_expert_ffn(struct op_bench *b) {
     return;
   }
   if (b->pass == IR_PASS_BW) {
-    kernels_expert_ffn_backward_weight(b->dparams, b->bwork, b->row_expert, TK, b->saved, NULL, NULL, 0,
-                                       E, C, F);
+    kernels_expert_ffn_backward_weight(b->dparams, b->bwork, b->row_expert, TK, b->saved, NULL,
+                                       NULL, 0, E, C, F);
     return;
   }
   kernels_moe_combine_backward(b->dy, b->dout, b->route_row, T, K, C);
   if (b->pass == IR_PASS_B)
     kernels_expert_ffn_backward(b->drows, b->weights, b->dparams, b->bwork, b->scratch, b->dy,
-                                b->row_expert, TK, b->saved, NULL, NULL, b->params, 0, E, C, F, false);
+                                b->row_expert, TK, b->saved, NULL, NULL, b->params, 0, E, C, F,
+                                false);
   else
     kernels_expert_ffn_backward_input(b->drows, b->weights, b->bwork, b->scratch, b->dy,
                                       b->row_expert, TK, b->saved, NULL, b->params, 0, E, C, F,

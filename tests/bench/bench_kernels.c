@@ -290,18 +290,17 @@ static void bench_moe(const struct machine *mc, const struct shape *s) {
   float *scratch = calloc(kernels_expert_ffn_scratch_floats(n, C), 4);
   flops = 2.0 * n * C * F * 3;
   reps = reps_for(flops);
-  TIME_BEST(
-      reps, t,
-      kernels_expert_ffn_forward(y, esaved, NULL, NULL, scratch, send, row_expert, row_weight, n, ep,
-                                 0, E, C, F));
+  TIME_BEST(reps, t,
+            kernels_expert_ffn_forward(y, esaved, NULL, NULL, scratch, send, row_expert, row_weight,
+                                       n, ep, 0, E, C, F));
   report(mc, s->name, "expert_ffn", "F", t, flops, 0);
   TIME_BEST(reps, t,
             kernels_expert_ffn_backward_input(send, drow_weight, ebwork, scratch, dy, row_expert, n,
                                               esaved, NULL, ep, 0, E, C, F, false));
   report(mc, s->name, "expert_ffn", "BI", t, flops, 0);
-  TIME_BEST(
-      reps, t,
-      kernels_expert_ffn_backward_weight(dep, ebwork, row_expert, n, esaved, NULL, NULL, 0, E, C, F));
+  TIME_BEST(reps, t,
+            kernels_expert_ffn_backward_weight(dep, ebwork, row_expert, n, esaved, NULL, NULL, 0, E,
+                                               C, F));
   report(mc, s->name, "expert_ffn", "BW", t, flops, 0);
   free(wr), free(dwr), free(h), free(dh), free(probs), free(dlog), free(weights), free(dweights);
   free(ids), free(route_row), free(row_expert), free(send), free(y), free(dy), free(m);

@@ -566,7 +566,8 @@ static void check_expert_ffn(struct check *c) {
   float *dsaved = devf(c, NULL, SV), *dbw = devf(c, NULL, BW), *dscr = devf(c, NULL, SC);
   int32_t *drexp = dev(c, rexp, sizeof rexp);
   kernels_expert_ffn_forward(out, saved, NULL, NULL, scratch, in, rexp, rw, N, p, E0, EC, C, F);
-  c->k->expert_ffn_forward(c->s, dout, dsaved, NULL, NULL, dscr, din, drexp, drw, N, dp, E0, EC, C, F);
+  c->k->expert_ffn_forward(c->s, dout, dsaved, NULL, NULL, dscr, din, drexp, drw, N, dp, E0, EC, C,
+                           F);
   compare(c, "expert_ffn F", out, dout, N * C, c->tol_gemm);
   compare(c, "expert_ffn F saved (grouped)", saved, dsaved, SV, c->tol_gemm);
   exec_backend_from_host(c->b, dsaved, saved, SV * sizeof(float));
@@ -591,12 +592,18 @@ static void check_expert_ffn(struct check *c) {
   compare(c, "expert_ffn BI bwork", bwork, dbw, BW, c->tol_gemm);
   exec_backend_from_host(c->b, dbw, bwork, BW * sizeof(float));
   float *gp = rnd(c, P, 0.1f), *dgp = devf(c, gp, P), *dgp2 = devf(c, gp, P);
+  float *dgp3 = devf(c, gp, P);
   kernels_expert_ffn_backward_weight(gp, bwork, rexp, N, saved, NULL, NULL, E0, EC, C, F);
   c->k->expert_ffn_backward_weight(c->s, dgp, dbw, drexp, N, dsaved, NULL, NULL, E0, EC, C, F);
   compare(c, "expert_ffn BW", gp, dgp, P, c->tol_gemm);
   /* the weight gradient with act apart (the rerun's buffer) */
-  c->k->expert_ffn_backward_weight(c->s, dgp2, dbw, drexp, N, dsaved, dact, NULL, E0, EC, C, F);
+  c->k->expert_ffn_backward_weight(c->s, dgp2, dbw, drexp, N, dapart, dact, NULL, E0, EC, C, F);
   compare(c, "expert_ffn BW, act apart", gp, dgp2, P, c->tol_gemm);
+  /* ... and with the inputs apart (where the executor keeps their FP8 copy instead): the
+   * host's xs, last in saved */
+  float *dxs = devf(c, saved + GU + NA + N, (size_t)N * C);
+  c->k->expert_ffn_backward_weight(c->s, dgp3, dbw, drexp, N, dsaved, NULL, dxs, E0, EC, C, F);
+  compare(c, "expert_ffn BW, inputs apart", gp, dgp3, P, c->tol_gemm);
 }
 
 static void check_lm_head(struct check *c, enum kernels_lm_head_layout layout) {
@@ -988,7 +995,7 @@ static void check_fp8_rows(struct check *c) {
   for (int i = 0; i < CR; i++)
     x[CR + i] = 0.0f, x[2 * CR + i] *= i % 3 ? 1e-5f : 4.0f;
   uint8_t q[NR * CR], gq[NR * CR];
-  float inv[NR * NK], ginv[NR * NK], *back = g_new(float, (size_t)NR * CR);
+  float inv[NR * NK], ginv[NR * NK], *back = g_new(float, (size_t)NR *CR);
   kernels_fp8_rows_quantize(q, inv, x, NR, CR);
   kernels_fp8_rows_dequantize(back, q, inv, NR, CR);
   float *dx = devf(c, x, (size_t)NR * CR), *dinv = devf(c, NULL, NR * NK);

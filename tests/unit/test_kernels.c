@@ -911,8 +911,7 @@ static void test_expert_parallel_equals_full(void **state) {
     size_t off = 0;
     for (int r = 0; r < n_ranks; r++) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
-      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F + 1), NULL, NULL,
-                                 scratch,
+      kernels_expert_ffn_forward(y + off * C, saved + off * (C + 3 * F + 1), NULL, NULL, scratch,
                                  send + off * C, send_expert + off, send_weight + off, (int)cnt,
                                  params + e0 * per, (int)e0, per_rank, C, F);
       off += cnt;
@@ -924,8 +923,8 @@ static void test_expert_parallel_equals_full(void **state) {
       size_t cnt = (size_t)counts[r], e0 = (size_t)r * per_rank;
       kernels_expert_ffn_backward(dsend + off * C, dsend_weight + off, dparams[run] + e0 * per,
                                   bwork + off * (C + 2 * F), scratch, dy + off * C,
-                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F + 1), NULL, NULL,
-                                  params + e0 * per, (int)e0, per_rank, C, F, false);
+                                  send_expert + off, (int)cnt, saved + off * (C + 3 * F + 1), NULL,
+                                  NULL, params + e0 * per, (int)e0, per_rank, C, F, false);
       off += cnt;
     }
     kernels_moe_dispatch_backward(dh[run], dweights[run], dsend, dsend_weight, route_row, T, K, C,
@@ -1501,6 +1500,38 @@ static void test_fp8_e4m3_rounding(void **state) {
  * or 2^-10 of the tile's amax among subnormals); a tile of huge values leaves its neighbour's
  * precision alone (the point of fine-grained scaling). The tensorwise form, K-major
  * transposed, against the same bound on one scale. */
+/* DeepSeek-V3's FP8 cache of the routed rows (fp8_expert_inputs): the 1 x 128 tile cast
+ * along each row (the GEMMs' activation tiles, bytes for bytes), read back as decode x the
+ * tile's factor; each element within e4m3's half step: 2^-4 of itself where it is normal in
+ * its tile (3 mantissa bits), half the subnormal step (2^-10 x 448 x factor) below; an
+ * all-zero row stays zero. */
+static void test_fp8_rows(void **state) {
+  (void)state;
+  enum { NR = 4, CR = 200, NK = 2 };
+  float x[NR * CR], back[NR * CR], inv[NR * NK], inv2[NR * NK];
+  uint8_t q[NR * CR], q2[NR * CR];
+  GRand *g = g_rand_new_with_seed(3);
+  for (int i = 0; i < NR * CR; i++)
+    x[i] = (float)g_rand_double_range(g, -1.0, 1.0) * (i % 7 ? 1.0f : 1e-5f);
+  g_rand_free(g);
+  for (int c = 0; c < CR; c++)
+    x[2 * CR + c] = 0.0f;
+  kernels_fp8_rows_quantize(q, inv, x, NR, CR);
+  kernels_fp8_quantize_tiles(q2, inv2, x, NR, CR, CR, 0, 1);
+  assert_memory_equal(q, q2, sizeof q);
+  assert_memory_equal(inv, inv2, sizeof inv);
+  kernels_fp8_rows_dequantize(back, q, inv, NR, CR);
+  for (int r = 0; r < NR; r++)
+    for (int c = 0; c < CR; c++) {
+      float v = x[r * CR + c], f = inv[r * NK + c / 128], b = back[r * CR + c];
+      double bound = fmax(fabs(v) / 16.0, f * 448.0 / 1024.0) * (1 + 1e-6);
+      if (fabs(b - v) > bound || b != kernels_fp8_e4m3_decode(q[r * CR + c]) * f)
+        fail_msg("row %d col %d: %g back as %g", r, c, (double)v, (double)b);
+    }
+  for (int c = 0; c < CR; c++)
+    assert_true(back[2 * CR + c] == 0.0f);
+}
+
 static void test_fp8_quantize_tiles(void **state) {
   (void)state;
   enum { R = 130, Ccols = 300 }; /* partial tiles both ways */
@@ -1586,6 +1617,7 @@ int main(void) {
       cmocka_unit_test(test_rope_threads),
       cmocka_unit_test(test_fp8_e4m3_rounding),
       cmocka_unit_test(test_fp8_quantize_tiles),
+      cmocka_unit_test(test_fp8_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
