@@ -12,7 +12,8 @@
 # parameters against the host backend's); attention from cuDNN through its stand-in (the kernel
 # check: the call sequence and numerics, chunk offsets), and the same check built without
 # cuDNN; context parallelism's blocks on the fused kernel, and CP 2 trained on the cuDNN and
-# fused cores. Skipped, with a line, without g++ or MPI.
+# fused cores; DeepSeek-V3's FP8 caching of the experts' inputs against the host backend's.
+# Skipped, with a line, without g++ or MPI.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 tmp=$(mktemp -d)
@@ -131,6 +132,40 @@ PY
   done
 else
   echo "FAIL: the one-device host run: $(tail -3 "$tmp/cp-host.log")"
+  fails=$((fails + 1))
+fi
+# DeepSeek-V3's FP8 caching of the experts' inputs (fp8-expert-inputs) on the cuda backend: EP
+# 2, one emulated GPU per rank, fp32 GEMMs, 2 steps (about 70 s on 2 cores), against the host
+# backend's run of the same plan: the losses within the emulated-CUDA tolerance of
+# tools/gpu-check.sh (1e-4: the cast is the same bits, the kernel check's "fp8 routed rows"),
+# and the memory within 1% of the simulator's (tests/cli/test_memory.sh's rule)
+fp8_run() { # NAME BACKEND EXE
+  PIPER_EMU_GPUS=2 PIPER_CUDA_MEMORY=268435456 PIPER_CUDA_GEMM=fp32 timeout 900 mpirun \
+    --oversubscribe -np 2 "$3" --backend "$2" --model models/tiny-moe.json \
+    --layout dp=2,ep=2,fp8-expert-inputs --mbs 4 --warmup 0 --iters 2 --quiet --timeout 300 \
+    --no-charts --out "$tmp/$1" > "$tmp/$1.log" 2>&1
+}
+if fp8_run fp8-host host "${PIPER_BIN:-bin}/piper-exec" && fp8_run fp8-cuda cuda build/emu/bin/piper-exec &&
+  "${PIPER_BIN:-bin}/piper-sim" --model models/tiny-moe.json --layout dp=2,ep=2,fp8-expert-inputs --mbs 4 \
+    --profile profiles/host-cpu.json --out "$tmp/fp8-sim" --no-charts --quiet > /dev/null 2>&1 &&
+  r=$(python3 - "$tmp" << 'PY'
+import json, sys
+t = sys.argv[1]
+a = json.load(open(t + "/fp8-host/metrics.json"))["losses"]
+b = json.load(open(t + "/fp8-cuda/metrics.json"))["losses"]
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+sim = json.load(open(t + "/fp8-sim/metrics.json"))["devices"]
+ex = json.load(open(t + "/fp8-cuda/metrics.json"))["devices"]
+mem = max(abs(e["peak_memory_bytes"] - s["peak_memory_bytes"]) / s["peak_memory_bytes"]
+          for s, e in zip(sim, ex))
+print(f"worst loss {worst:.1e} (tol 1e-4), peak memory {100 * mem:.2f}% from the simulator's")
+sys.exit(0 if len(a) == len(b) == 2 and worst <= 1e-4 and mem <= 0.01 else 1)
+PY
+  ); then
+  echo "ok: fp8-expert-inputs on the emulated GPU = the host backend: $r"
+  passes=$((passes + 1))
+else
+  echo "FAIL: fp8-expert-inputs on the emulated GPU: ${r:-} $(tail -3 "$tmp/fp8-cuda.log")"
   fails=$((fails + 1))
 fi
 echo "test_cuda_emu: $passes passed, $fails failed"

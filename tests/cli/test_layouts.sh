@@ -5,8 +5,10 @@
 # all-gather bit-identical to its ring), expert parallelism of its own size (EP 2 inside DP 4;
 # EP 4 over TP 2 x DP 2 with expert TP 1, and its full recomputation bit-identical to storing),
 # uneven stages (3 + 5 layers; the embedding and the loss counted as layers), interleaved 1F1B
-# with M not a multiple of R, DualPipe with ZeRO-1. The same plans on the emulated GPU, and
-# their memory against the simulator, are in test_exec.sh and test_memory.sh (make test-long).
+# with M not a multiple of R, DualPipe with ZeRO-1; and EP 2 with DeepSeek-V3's FP8 caching of
+# the experts' inputs (losses and memory against EP 2 without it). The same plans on the
+# emulated GPU, and their memory against the simulator, are in test_exec.sh and test_memory.sh
+# (make test-long; the FP8 cache on the emulated GPU in test_cuda_emu.sh).
 set -u
 BIN=${PIPER_BIN:-bin}
 PE="$BIN/piper-exec"
@@ -76,6 +78,65 @@ if run ref 1 --directives "$T/one.json" --mbs 8; then
   # DualPipe under ZeRO-1: each copy reduce-scatters over its own replica group after the
   # copies' sum (one all-reduce per data-parallel position)
   run dualpipe_zero1 4 --layout pp=2,dp=2,zero=1 --schedule dualpipe --mbs 4 && same dualpipe_zero1
+fi
+
+# --- tiny-moe: DeepSeek-V3's FP8 caching of the experts' inputs (fp8-expert-inputs) ----------
+# EP 2 with and without it (about 12 s each on 2 cores). The forward's GEMMs read the rows'
+# floats, so step 1's loss is the same bits; the weight gradients of gate and up read the rows
+# back from e4m3, so the later losses differ, by little: each input within 2^-4 of itself (3
+# mantissa bits; kernels/fp8.h), those two gradients within 2^-4 of theirs (sums of products
+# of one input each), so what the steps since the first changed of the loss moves by at most
+# 2^-4 of that change (AdamW's step follows its gradient's relative error). Measured 5e-7 and
+# 4e-5 of it.
+if run ep2 2 --layout dp=2,ep=2 --mbs 4 && run ep2_fp8 2 --layout dp=2,ep=2,fp8-expert-inputs --mbs 4; then
+  python3 - "$T/ep2" "$T/ep2_fp8" <<'EOF' && ok || bad "fp8-expert-inputs: losses"
+import json, sys
+a = json.load(open(sys.argv[1] + "/metrics.json"))["losses"]
+b = json.load(open(sys.argv[2] + "/metrics.json"))["losses"]
+assert len(a) == len(b) == 3, (a, b)
+assert a[0] == b[0], ("the forward reads the rows' floats: step 1 the same bits", a, b)
+assert a[1:] != b[1:], ("the weight gradients read the FP8 cache: later steps differ", a, b)
+for k in (1, 2):
+    assert abs(b[k] - a[k]) <= 2**-4 * abs(a[k] - a[0]), ("loss", k, a, b)
+EOF
+  cmp -s "$T/ep2.params" "$T/ep2_fp8.params" && bad "fp8-expert-inputs: the same parameters as without it"
+  # memory: the simulator's peak and breakdown within 1% of the executor's (test_memory.sh's
+  # rule), and the cache's saving: each expert forward's saved tensor cap x (4 C - C - 4
+  # ceil(C / 128)) bytes smaller in the plan (fp32 rows; cap = 2 x T x top_k rows, the default
+  # capacity), and the executor's peak smaller by what the simulator's is
+  for v in ep2 ep2_fp8; do
+    l=dp=2,ep=2
+    [ $v = ep2_fp8 ] && l=$l,fp8-expert-inputs
+    "$BIN/piper-sim" --model $MOE --layout $l --mbs 4 --profile profiles/host-cpu.json \
+      --out "$T/$v-sim" --no-charts --quiet >"$T/$v-sim.log" 2>&1 ||
+      bad "$v: piper-sim: $(tail -2 "$T/$v-sim.log")"
+    "$BIN/piper-compile" --model $MOE --layout $l --mbs 4 -o "$T/$v-plan" >"$T/$v-plan.log" 2>&1 ||
+      bad "$v: piper-compile: $(tail -2 "$T/$v-plan.log")"
+  done
+  python3 - "$T" $MOE <<'EOF' && ok || bad "fp8-expert-inputs: memory"
+import json, math, sys
+t, model = sys.argv[1], json.load(open(sys.argv[2]))
+peak = {}
+for v in ("ep2", "ep2_fp8"):
+    sim = json.load(open(f"{t}/{v}-sim/metrics.json"))["devices"]
+    ex = json.load(open(f"{t}/{v}/metrics.json"))["devices"]
+    for s, e in zip(sim, ex):
+        sp, ep = s["peak_memory_bytes"], e["peak_memory_bytes"]
+        assert abs(ep - sp) <= 0.01 * sp, (v, "peak", sp, ep)
+        for k, a in s["memory_breakdown_bytes"].items():
+            assert abs(a - e["memory_breakdown_bytes"][k]) <= 0.01 * sp, (v, k)
+    peak[v] = (sim[0]["peak_memory_bytes"], ex[0]["peak_memory_bytes"])
+C, K, p = model["hidden_size"], model["num_experts_per_tok"], model["piper"]
+cap = 2 * p["seq_len"] * p["micro_batch_size"] * K
+saved = lambda v: [x["bytes"] for x in json.load(open(f"{t}/{v}-plan/device-0.json"))["tensors"]
+                   if x["kind"] == "saved"]
+cut = [a - b for a, b in zip(saved("ep2"), saved("ep2_fp8")) if a != b]
+assert cut and set(cut) == {cap * (4 * C - C - 4 * math.ceil(C / 128))}, cut
+ds, de = peak["ep2"][0] - peak["ep2_fp8"][0], peak["ep2"][1] - peak["ep2_fp8"][1]
+assert ds > 0 and abs(de - ds) <= 0.01 * peak["ep2"][0], ("peak saving", ds, de)
+print(f"ok: fp8-expert-inputs: {len(cut)} saved tensors {cut[0]} B smaller each; peak "
+      f"{peak['ep2'][1]} -> {peak['ep2_fp8'][1]} B (simulated {peak['ep2'][0]} -> {peak['ep2_fp8'][0]})")
+EOF
 fi
 
 echo "test_layouts.sh: $pass passed, $failed failed"
