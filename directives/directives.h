@@ -62,7 +62,7 @@ struct dir_directive {
   /* shard: rows a device receives per micro-batch and expert layer, as a multiple of its
    * tokens x top_k (ir_ep_capacity_rows); 0 = IR_EP_CAPACITY_FACTOR_DEFAULT */
   double capacity_factor;
-  /* shard: the saved routed rows in FP8 (ir_node.fp8_expert_inputs); simulator only */
+  /* shard: the saved routed rows in FP8 (ir_node.fp8_expert_inputs) */
   bool fp8_expert_inputs;
   /* shard, expert parallelism as its own dimension (docs/directives.md, "Expert parallelism"):
    * "degree", the EP size (ranks sharing one expert group's all-to-all), and

@@ -72,7 +72,7 @@ struct layout {
   bool account_embedding, account_loss;
   /* expert parallelism (ep > 1): the shard directives' capacity_factor ("capacity=F", 0:
    * their default) and fp8_expert_inputs ("fp8-expert-inputs": DeepSeek-V3's FP8 caching of
-   * the saved routed rows, simulator only) */
+   * the saved routed rows) */
   double capacity_factor;
   bool fp8_expert_inputs;
   /* Not parsed: [stages] true where the model has no experts (DeepSeek-V3's dense first

@@ -85,7 +85,8 @@ struct ir_node {
   double capacity_factor;
   /* expert parallelism: the saved routed rows (the experts' GEMM inputs) in FP8, 1 byte an
    * element and an fp32 scale per 128 (DeepSeek-V3's FP8 caching; ir_ep_saved_bytes): the
-   * shard directive's fp8_expert_inputs, costed by the simulator, refused by the executor */
+   * shard directive's fp8_expert_inputs, costed by the simulator, run by the executor
+   * (exec/expert_parallel.c) */
   bool fp8_expert_inputs;
   /* Expert parallelism as its own dimension (a shard with a "degree"): expert groups carved
    * from the stage's TP x DP grid as Megatron's expert-model-parallel groups are. Position p of
