@@ -123,7 +123,7 @@ void options_print_version(const struct option_program *p);
    .help = "tokens in one sequence (default: the model file's piper.seq_len)"},                \
   {.name = "--fp8", .kind = OPTION_STRING, .offset = offsetof(T, m.fp8), .metavar = "RECIPE",    \
    .help = "GEMMs in FP8: tensorwise, blockwise or none (default: the model\n"                   \
-           "file's piper.fp8; piper-sim costs it, piper-exec has no FP8 GEMMs yet)"},          \
+           "file's piper.fp8; piper-sim costs it, piper-exec runs it on the cuda backend)"},   \
   {.name = "--global-batch-size", .kind = OPTION_U32, .offset = offsetof(T, m.global_batch_size), \
    .lo = 1, .hi = 1u << 30, .metavar = "G",                                                      \
    .help = "sequences per step over all data-parallel replicas: the micro-batch\n"             \

@@ -329,14 +329,17 @@ static void plan_print_commands(const struct planner *pl, const struct planner_c
       (long long)(c->micro_batch_size ? c->micro_batch_size : pl->model_micro_batch_size),
       c->microbatches, seq);
   bool host = pl->profile->synthetic || strstr(pl->profile->name, "host") != NULL;
-  /* FP8: piper-sim costs the recipe; piper-exec has no FP8 GEMMs yet and refuses it, so its
-   * line runs the same layout in bf16 (and says so) rather than a line that fails */
+  /* FP8: piper-sim costs the recipe and the cuda backend runs it; the host backend has no FP8
+   * GEMMs and refuses it, so a host line runs the same layout in bf16 (and says so) rather
+   * than a line that fails */
   const char *fp8 = c->fp8 ? c->fp8 : pl->model_fp8;
   bool any_fp8 = strcmp(fp8, "none") != 0;
   g_autofree char *sim_fp8 = c->fp8 && strcmp(c->fp8, pl->model_fp8) != 0
                                  ? g_strdup_printf(" --fp8 %s", c->fp8)
                                  : g_strdup("");
-  const char *exec_fp8 = any_fp8 && strcmp(pl->model_fp8, "none") != 0 ? " --fp8 none" : "";
+  const char *exec_fp8 = !host ? sim_fp8
+                         : any_fp8 && strcmp(pl->model_fp8, "none") != 0 ? " --fp8 none"
+                                                                          : "";
   printf("  run #1:\n    %s %s%s --profile %s\n", sim, what, sim_fp8, profile);
   /* --allow-run-as-root: runs as root (containers) and as a user alike, as the README's */
   printf("    %smpirun --allow-run-as-root -np %u%s %s "
@@ -344,8 +347,8 @@ static void plan_print_commands(const struct planner *pl, const struct planner_c
          host ? "OPENBLAS_NUM_THREADS=1 " : "", pl->request.devices,
          host ? " --oversubscribe" : pl->request.devices > 8 ? " --hostfile HOSTS" : "", exec,
          host ? "host" : "cuda", what, exec_fp8);
-  if (any_fp8)
-    printf("    (piper-exec has no FP8 GEMMs yet: that line trains the layout in bf16)\n");
+  if (any_fp8 && host)
+    printf("    (the host backend has no FP8 GEMMs: that line trains the layout in bf16)\n");
 }
 
 static void print_closest(const struct planner *pl, uint32_t i) {

@@ -144,6 +144,12 @@ assert all(("cp=2" in r["layout"]) == (r["cp"] == "2") for r in rows)
 assert not any(r["status"] == "error" for r in rows)
 PY
 then ok "--cp and --fp8: rows with each, in plan.csv's columns"; else fail "--cp/--fp8 rows: $(head -3 "$tmp/rows/plan.csv")"; fi
+# an FP8 pick on a GPU profile: the cuda backend runs FP8 GEMMs, so its mpirun line keeps the recipe
+out=$("$PLAN" --model models/tiny-dense-bf16.json --devices 4 --profile profiles/h100-sxm.json --global-batch 16 \
+  --tp 1 --pp 2 --fp8 blockwise --out "$tmp/fp8" --no-charts 2>&1)
+if grep -q -- "piper-exec --backend cuda .*--fp8 blockwise --iters" <<<"$out" && ! grep -q "bf16)" <<<"$out"; then
+  ok "an FP8 pick's mpirun line trains it in FP8 on the cuda backend"
+else fail "FP8 pick's mpirun line: $(grep -A3 'run #1' <<<"$out")"; fi
 expect_input_error piper-plan "no layout of 4 devices fits.*not a whole number" "${small[@]}" --global-batch 3
 expect_input_error piper-plan "nope.json" "${small[@]}" --profile profiles/nope.json
 expect_input_error piper-plan "nope.json" --model models/nope.json --devices 4 --profile profiles/unit.json --global-batch 16
