@@ -139,6 +139,7 @@ static const struct profile_key device_keys[] = {
     KEY("compute_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, compute_efficiency),
     KEY("memory_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, memory_efficiency),
     KEY("kernel_overhead_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, kernel_overhead),
+    KEY("host_launch_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, host_launch),
     KEY("optimizer_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, optimizer_bytes_per_param),
     KEY("weight_copy_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, weight_copy_bytes_per_param),
     /* the shape model's (cost_model "shapes"; sim/cost.h) */
@@ -441,13 +442,17 @@ static bool read_host(struct profile *p, const cJSON *host, const char *ctx, GEr
 /* The moe section: its numeric keys and how the expert GEMMs are launched. */
 static bool read_moe(struct profile *p, const cJSON *moe, const char *ctx, GError **err) {
   static const char *const launches[] = {"grouped", "per_expert", NULL};
-  int launch = 0;
+  static const char *const dispatchers[] = {"dropless_sync", "nosync", NULL};
+  int launch = 0, dispatcher = p->moe_dispatch_sync ? 0 : 1;
   if (!check_section_keys(moe, moe_keys, G_N_ELEMENTS(moe_keys),
-                          (const char *const[]){"expert_gemm_launches", NULL}, ctx, err) ||
+                          (const char *const[]){"expert_gemm_launches", "dispatcher", NULL}, ctx,
+                          err) ||
       !read_keys(p, moe, moe_keys, G_N_ELEMENTS(moe_keys), ctx, err) ||
-      !read_choice(moe, "expert_gemm_launches", launches, &launch, ctx, err))
+      !read_choice(moe, "expert_gemm_launches", launches, &launch, ctx, err) ||
+      !read_choice(moe, "dispatcher", dispatchers, &dispatcher, ctx, err))
     return false;
   p->expert_gemm_per_expert = launch == 1;
+  p->moe_dispatch_sync = dispatcher == 0;
   return true;
 }
 
@@ -521,6 +526,7 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   p->gpus_per_node = 8;
   p->nics_per_node = 8;
   p->algo = PROFILE_ALGO_RING;
+  p->moe_dispatch_sync = true; /* Megatron's dropless alltoall dispatcher */
   /* the plan's own memory rule (struct profile_memory) unless the profile says otherwise */
   p->memory = (struct profile_memory){0, -1, -1, -1, 0};
   if (!read_identity(p, name, root, err) || !read_sections(p, name, root, err) ||
@@ -738,6 +744,8 @@ static void op_cost(const struct profile *p, const struct model *m, const struct
   }
   c->seconds += total;
   *mem_time += unscaled > 0 ? mem * total / unscaled : 0;
+  if (p->host_launch > 0)
+    c->host_seconds += cost_op_launches(p, m, op, pass, shard_degree) * p->host_launch;
 }
 
 struct profile_cost profile_compute_cost_tp(const struct profile *p, const struct model *m,

@@ -133,6 +133,15 @@ struct profile {
    * local expert (Transformer Engine's GroupedLinear: a cuBLAS call per expert), each paying
    * kernel_overhead; false ("grouped", the default): one launch for all (a grouped kernel) */
   bool expert_gemm_per_expert;
+  /* device.host_launch_us: the host's time to enqueue one kernel launch (PyTorch eager's
+   * dispatch plus cudaLaunchKernel; docs/sim.md "The host thread"). > 0: each device has a
+   * host thread that enqueues its instructions in issue order ahead of the GPU; 0 (absent):
+   * none, every instruction is enqueued at once */
+  double host_launch;
+  /* moe.dispatcher "dropless_sync" (the default): Megatron's dropless alltoall dispatcher
+   * copies the tokens per expert to the host before the dispatch all-to-all and the host
+   * waits for it; false ("nosync"): a dispatcher that sizes on the GPU (DeepEP) */
+  bool moe_dispatch_sync;
   /* multiplies each family's costs (1 unless piper-sim's sensitivity varies them) */
   double family_scale[PROFILE_FAMILY_COUNT];
 
@@ -209,6 +218,7 @@ void profile_free(struct profile *p);
  * measured_ops/fallback_ops count the node's ops costed from the table or by the roofline. */
 struct profile_cost {
   double seconds;
+  double host_seconds; /* the host's time to enqueue it (profile.host_launch > 0), else 0 */
   double mem_fraction;
   uint32_t measured_ops, fallback_ops;
 };
