@@ -525,14 +525,17 @@ static bool instr_is_dispatch(const struct plan *p, const struct plan_class *c, 
 
 /* The host thread's costs (class_info.host, .sync): a compute node's launches, one a
  * communication (a p2p group's part, a collective; a TP or CP node as many as it stands for),
- * the optimizer's few, each at the profile's host_launch. */
+ * the optimizer's few, each at the profile's host_launch; a synthetic profile's host_ms
+ * for every instruction. */
 static void class_host_build(const struct plan *p, const struct plan_class *c,
                              const struct profile *prof, struct class_info *ci) {
   ci->host = g_new0(double, c->n_instrs + 1);
   ci->sync = g_new0(uint8_t, c->n_instrs + 1);
   for (uint32_t i = 0; i < c->n_instrs; i++) {
     const struct ir_node *n = &p->nodes[c->instrs[i].node];
-    if (n->kind == IR_NODE_COMPUTE)
+    if (prof->synthetic)
+      ci->host[i] = prof->syn_host; /* the same for every instruction */
+    else if (n->kind == IR_NODE_COMPUTE)
       ci->host[i] = ci->host_compute[i];
     else if (n->kind == IR_NODE_OPTIMIZER)
       ci->host[i] = HOST_OPTIMIZER_LAUNCHES * prof->host_launch;
@@ -2058,7 +2061,7 @@ static void sim_classes(struct sim *s) {
   for (uint32_t c = 0; c < p->n_classes; c++) {
     class_info_build(p, &p->classes[c], s->prof, cost_cache, &s->ci[c]);
     class_wake_build(p, &p->classes[c], &s->ci[c]);
-    if (s->prof->host_launch > 0 && !s->sharing)
+    if ((s->prof->host_launch > 0 || s->prof->syn_host > 0) && !s->sharing)
       class_host_build(p, &p->classes[c], s->prof, &s->ci[c]);
   }
   g_hash_table_destroy(cost_cache);

@@ -179,6 +179,7 @@ static const struct profile_key synthetic_keys[] = {
     KEY("BW_ms", DOUBLE, REQUIRED, 0, 1e9, 1e-3, syn_bw),
     KEY("optimizer_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_optimizer),
     KEY("comm_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_comm),
+    KEY("host_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_host),
 };
 static const struct profile_key host_keys[] = {
     KEY("cores_per_node", U32, REQUIRED, 1, 1 << 20, 1, cores_per_node),

@@ -206,6 +206,7 @@ struct profile {
 
   /* synthetic costs (seconds) */
   double syn_f, syn_b, syn_bi, syn_bw, syn_optimizer, syn_comm;
+  double syn_host; /* synthetic.host_ms: the host thread's time for every instruction */
 };
 
 struct profile *profile_load_file(const char *path, GError **err);
