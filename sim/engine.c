@@ -375,6 +375,32 @@ static uint64_t *class_tensor_bytes(const struct plan *p, const struct plan_clas
   return bytes;
 }
 
+/* A compute node's cost, from cache: costs depend on (segment, pass, shard) only, and many
+ * micro-batches share them; selective reruns cost only their modules: a pass of their own, per
+ * module set. */
+static const struct profile_cost *cached_compute_cost(const struct plan *p,
+                                                      const struct profile *prof,
+                                                      const struct ir_node *n,
+                                                      GHashTable *cost_cache) {
+  bool sel = n->pass == IR_PASS_R && n->recompute == IR_RECOMPUTE_SELECTIVE;
+  uint64_t pass = sel ? 15 : n->pass;
+  uint64_t modules = sel && n->recompute_modules != IR_RECOMPUTE_MODULES_DEFAULT
+                         ? (uint64_t)(n->recompute_modules & 0x7f) << 45
+                         : 0;
+  uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^ modules ^
+                 (uint64_t)(n->shard_degree & 0xfffff) ^ ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
+                 ((uint64_t)n->sequence_parallel << 63) ^ ((uint64_t)(n->route_split & 0xff) << 40);
+  struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
+  if (!pc) {
+    pc = g_new(struct profile_cost, 1);
+    *pc = compute_cost(prof, p->model, n);
+    uint64_t *k = g_new(uint64_t, 1);
+    *k = key;
+    g_hash_table_insert(cost_cache, k, pc);
+  }
+  return pc;
+}
+
 static void class_info_build(const struct plan *p, const struct plan_class *c,
                              const struct profile *prof, GHashTable *cost_cache,
                              struct class_info *ci) {
@@ -389,26 +415,7 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     const struct plan_instr *in = &c->instrs[i];
     const struct ir_node *n = &p->nodes[in->node];
     if (n->kind == IR_NODE_COMPUTE) {
-      /* costs depend on (segment, pass, shard) only; many micro-batches share them */
-      /* selective reruns cost only their modules: a pass of their own, per module set */
-      bool sel = n->pass == IR_PASS_R && n->recompute == IR_RECOMPUTE_SELECTIVE;
-      uint64_t pass = sel ? 15 : n->pass;
-      uint64_t modules = sel && n->recompute_modules != IR_RECOMPUTE_MODULES_DEFAULT
-                             ? (uint64_t)(n->recompute_modules & 0x7f) << 45
-                             : 0;
-      uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^ modules ^
-                     (uint64_t)(n->shard_degree & 0xfffff) ^
-                     ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
-                     ((uint64_t)n->sequence_parallel << 63) ^
-                     ((uint64_t)(n->route_split & 0xff) << 40);
-      struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
-      if (!pc) {
-        pc = g_new(struct profile_cost, 1);
-        *pc = compute_cost(prof, p->model, n);
-        uint64_t *k = g_new(uint64_t, 1);
-        *k = key;
-        g_hash_table_insert(cost_cache, k, pc);
-      }
+      const struct profile_cost *pc = cached_compute_cost(p, prof, n, cost_cache);
       ci->work[i] = pc->seconds + prof->instruction_overhead;
       ci->host_compute[i] = pc->host_seconds;
       ci->mem_frac[i] = (float)pc->mem_fraction;

@@ -78,7 +78,8 @@ struct profile_entry {
   enum model_op_kind kind;
   enum ir_pass pass;
   int64_t shape[PROFILE_MAX_SHAPE];
-  double seconds;
+  double seconds; /* the longer of the two below: the op's cost without a host thread */
+  double device_seconds, host_seconds; /* "ms", "host_ms" (0: not measured) */
 };
 
 /* How a backend holds memory, per element of the plan's tensors and per parameter. A field

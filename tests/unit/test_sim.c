@@ -462,8 +462,31 @@ static void test_roofline_and_table(void **state) {
       fail_msg("%s", err->message);
     struct profile_cost ch = profile_compute_cost(p, m, s, IR_PASS_F, 1);
     test_assert_near(ch.seconds, rest + same * (slow_host ? 6 : 2) * MS, 0, 1e-12, "host_ms");
+    assert_true(ch.host_seconds == 0); /* no host thread */
     profile_free(p);
   }
+  /* with a host thread (device.host_launch_us) the measured host_ms is the host's time, and
+   * the op costs its kernels' (both extrapolated alike, x2); the other ops' host time is
+   * their launches, the same in both profiles */
+  double host_of[2];
+  for (int slow_host = 0; slow_host <= 1; slow_host++) {
+    GString *prof = g_string_new(plain_profile);
+    g_string_replace(prof, "\"device\":{", "\"device\":{\"host_launch_us\":10,", 1);
+    g_string_truncate(prof, prof->len - 1);
+    snprintf(buf, sizeof buf,
+             "%s,\"measured\":[{\"op\":\"%s\",\"pass\":\"F\",\"shape\":[%s],\"ms\":1,"
+             "\"host_ms\":%s}]}",
+             prof->str, model_op_kind_name(op->kind), shape_lo->str, slow_host ? "3" : "0.5");
+    g_string_free(prof, TRUE);
+    p = profile_from(buf, &err);
+    if (!p)
+      fail_msg("%s", err->message);
+    struct profile_cost ch = profile_compute_cost(p, m, s, IR_PASS_F, 1);
+    test_assert_near(ch.seconds, rest + same * 2 * MS, 0, 1e-12, "device time only");
+    host_of[slow_host] = ch.host_seconds;
+    profile_free(p);
+  }
+  test_assert_near(host_of[1] - host_of[0], same * (6 - 1) * MS, 0, 1e-12, "measured host_ms");
   g_string_free(shape_lo, TRUE);
   g_string_free(shape_hi, TRUE);
   model_free(m);
@@ -1308,8 +1331,12 @@ static void test_engine_host_thread(void **state) {
    * the sync the host is ahead: the all-to-all runs 2-2.2, the expert F 2.2-3.2, the last F
    * 3.2-4.2. Megatron's dropless dispatcher waits on the host until the all-to-all starts
    * (2 ms), so the expert F is enqueued at 2.5: the GPU idles 0.3 ms, the step ends 4.5. */
-  struct hplan hs = {.n_devices = 1, .n_streams = 2, .n = {5}, .n_coll_groups = 1,
-                     .coll_group = {{0}}, .coll_size = {1}};
+  struct hplan hs = {.n_devices = 1,
+                     .n_streams = 2,
+                     .n = {5},
+                     .n_coll_groups = 1,
+                     .coll_group = {{0}},
+                     .coll_size = {1}};
   hs.ins[0][0] = (struct hi)C(0, IR_PASS_F);
   hs.ins[0][1] = (struct hi)C(0, IR_PASS_F);
   hs.ins[0][2] = (struct hi){IR_NODE_ALL_TO_ALL, 1, IR_PASS_NONE, 0, 1000, 1, 1000, 3, 0};
