@@ -467,3 +467,76 @@ bool cost_model_op(const struct profile *p, const struct model *m, const struct 
   }
   return true;
 }
+
+/* ---- host launches ------------------------------------------------------------------------
+ * Kernel launches the host enqueues for one op and pass, as Megatron-Core runs a layer (its
+ * defaults: Transformer Engine layers, the alltoall token dispatcher, moe_router_fusion and
+ * moe_permute_fusion off), counted from its code (NVIDIA/Megatron-LM d98e8a6, 2026-08-22:
+ * megatron/core/transformer/moe/router.py, token_dispatcher.py, moe_utils.py, experts.py;
+ * docs/sim.md "The host thread" lists each count). Backward: autograd's kernels for the same
+ * ops, BI the input gradients, BW the weight-gradient GEMMs. The all-to-alls, TP and pipeline
+ * communication are instructions of their own (one launch each). */
+struct op_launches {
+  double f, bi, bw;
+};
+static const struct op_launches launches_of[MODEL_OP_KIND_COUNT] = {
+    /* lookup; backward: embedding_dense_backward (sort, segment sums) */
+    [MODEL_OP_EMBEDDING] = {1, 0, 2},
+    /* TE fused norm; backward: one dgrad kernel, the weight gradient's partial sums reduced */
+    [MODEL_OP_RMSNORM] = {1, 1, 1},
+    /* QKV GEMM, RoPE of q and k, the fused attention kernel, output projection; backward:
+     * two dgrad GEMMs, attention backward, two RoPE backwards; two wgrad GEMMs */
+    [MODEL_OP_ATTENTION] = {5, 5, 2},
+    /* q down and up, kv down and up projections, two latent norms, RoPE of q and k, split and
+     * concatenation of the rope / nope parts (2), attention, output projection */
+    [MODEL_OP_MLA_ATTENTION] = {12, 11, 5},
+    [MODEL_OP_RESIDUAL_ADD] = {1, 0, 0},
+    /* fc1 GEMM, SwiGLU, fc2 GEMM; backward: two dgrad GEMMs and SwiGLU's; two wgrad GEMMs */
+    [MODEL_OP_MLP] = {3, 3, 2},
+    [MODEL_OP_SHARED_EXPERT] = {3, 3, 2},
+    /* router.py, unfused: gating GEMM and its fp32 cast (2); topk_routing_with_score_function:
+     * softmax, topk, the dense probs and routing map (zeros and scatter each: 4); the
+     * auxiliary loss: compute_routing_scores_for_aux_loss (softmax, topk, zeros, scatter),
+     * tokens per expert (sum), switch_load_balancing_loss_func (2 sums, 2 products), its
+     * tracker (2); the expert bias update (2). Backward: the loss's and softmax's gradients,
+     * the scatter's gather, the GEMM's dgrad; its wgrad */
+    [MODEL_OP_ROUTER] = {20, 8, 1},
+    /* token_dispatcher.py around the expert GEMMs (counted in op_launch_gemms): preprocess
+     * (routing_map.sum, long, input_splits, the counts' slice and three sums: 7), the
+     * device-to-host copies of the splits and counts (6 cudaMemcpyAsync), permute (routing
+     * map transpose and contiguous, arange, expand, masked_select of indices and probs,
+     * index_select: 8), sort_chunks_by_idxs of tokens and probs (2), the activation and the
+     * probs product (2), the unsort (1), unpermute (probs product, zeros, scatter_add: 3).
+     * Backward: unpermute's (gather, product, sum: 3), the sorts (2), the activation's and
+     * the product's (3), permute's (zeros, index_add, probs scatter: 3) */
+    [MODEL_OP_EXPERT_FFN] = {29, 11, 0},
+    /* the LM head GEMM and Megatron's vocab-parallel cross entropy (max, its all-reduce,
+     * subtract, exp, sum, its all-reduce, log, target mask, gather, masked fill: 10);
+     * backward: softmax minus one-hot (4), dgrad GEMM; the wgrad GEMM */
+    [MODEL_OP_LM_HEAD_LOSS] = {11, 5, 1},
+};
+
+double cost_op_launches(const struct profile *p, const struct model *m, const struct model_op *op,
+                        enum ir_pass pass, uint32_t ep) {
+  if (op->kind >= MODEL_OP_KIND_COUNT)
+    return 0;
+  const struct op_launches *l = &launches_of[op->kind];
+  double f = l->f, bi = l->bi, bw = l->bw;
+  if (op->kind == MODEL_OP_EXPERT_FFN) {
+    /* fc1 and fc2: one grouped GEMM each, or one cuBLAS call a local expert (TE's
+     * GroupedLinear); an FP8 recipe quantizes each call's input first (one cast a call) */
+    double local = at_least_one((double)op->shape[3] / (ep ? ep : 1));
+    double calls = p->expert_gemm_per_expert ? local : 1;
+    double cast = m->fp8 != MODEL_FP8_NONE ? 2 : 1;
+    f += 2 * calls * cast;
+    bi += 2 * calls * cast;
+    bw += 2 * calls;
+  }
+  switch (pass) {
+  case IR_PASS_F:
+  case IR_PASS_R: return f;
+  case IR_PASS_BI: return bi;
+  case IR_PASS_BW: return bw;
+  default: return bi + bw;
+  }
+}

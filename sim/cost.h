@@ -86,4 +86,10 @@ double cost_routing_hot_factor(const struct profile *p, const struct model *m, d
  * profiles without the shape model and models without experts). */
 double cost_all_to_all_skew(const struct profile *p, const struct model *m, uint32_t ranks);
 
+/* Kernel launches the host enqueues for one model op's pass (IR_PASS_R: its forward), as
+ * Megatron-Core issues them (the table in sim/cost.c; docs/sim.md "The host thread"); ep: the
+ * expert-parallel degree of an expert op (its local experts' GEMM calls). */
+double cost_op_launches(const struct profile *p, const struct model *m, const struct model_op *op,
+                        enum ir_pass pass, uint32_t ep);
+
 #endif

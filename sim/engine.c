@@ -245,6 +245,12 @@ void sim_static_memory_held(const struct plan *p, const struct plan_class *c,
 
 struct class_info {
   double *work;                  /* [n_instrs] compute: seconds alone; comm: unused */
+  /* The host thread (profile.host_launch > 0, not ranks sharing cores; NULL otherwise):
+   * [n_instrs] its time to enqueue each instruction, and the sync points, where it waits
+   * after enqueueing the instruction until the instruction has started on the GPU */
+  double *host;
+  uint8_t *sync;
+  double *host_compute; /* [n_instrs] a compute node's host time (profile_cost.host_seconds) */
   float *mem_frac;               /* [n_instrs] */
   uint32_t *measured, *fallback; /* [n_instrs] op counts */
   uint8_t *tensor_kind;          /* [n_tensors] report_mem_kind */
@@ -321,6 +327,19 @@ static struct profile_cost routed_share(struct profile_cost pc, const struct ir_
   return pc;
 }
 
+/* A selective rerun's host time: one launch for each module it reruns in each op that has a
+ * part of it (a norm, an activation, an up-projection GEMM). */
+static double selective_host_seconds(const struct profile *prof, const struct model *m,
+                                     const struct ir_node *n) {
+  const struct model_segment *s = &m->segments[n->segment];
+  double launches = 0;
+  for (uint32_t i = s->op_first; i < s->op_first + s->op_count; i++)
+    for (int k = 0; k < MODEL_MODULE_COUNT; k++)
+      if ((n->recompute_modules & MODEL_MODULE_BIT(k)) && m->ops[i].module_flops_fwd[k] > 0)
+        launches++;
+  return launches * prof->host_launch;
+}
+
 static struct profile_cost compute_cost(const struct profile *prof, const struct model *m,
                                         const struct ir_node *n) {
   if (n->segment >= m->n_segments)
@@ -335,6 +354,7 @@ static struct profile_cost compute_cost(const struct profile *prof, const struct
     const struct model_segment *s = &m->segments[n->segment];
     double rerun = ir_segment_module_flops(m, n->segment, n->recompute_modules);
     pc.seconds *= s->flops_fwd > 0 ? rerun / s->flops_fwd : 0;
+    pc.host_seconds = selective_host_seconds(prof, m, n);
   }
   return routed_share(pc, n, prof);
 }
@@ -355,10 +375,37 @@ static uint64_t *class_tensor_bytes(const struct plan *p, const struct plan_clas
   return bytes;
 }
 
+/* A compute node's cost, from cache: costs depend on (segment, pass, shard) only, and many
+ * micro-batches share them; selective reruns cost only their modules: a pass of their own, per
+ * module set. */
+static const struct profile_cost *cached_compute_cost(const struct plan *p,
+                                                      const struct profile *prof,
+                                                      const struct ir_node *n,
+                                                      GHashTable *cost_cache) {
+  bool sel = n->pass == IR_PASS_R && n->recompute == IR_RECOMPUTE_SELECTIVE;
+  uint64_t pass = sel ? 15 : n->pass;
+  uint64_t modules = sel && n->recompute_modules != IR_RECOMPUTE_MODULES_DEFAULT
+                         ? (uint64_t)(n->recompute_modules & 0x7f) << 45
+                         : 0;
+  uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^ modules ^
+                 (uint64_t)(n->shard_degree & 0xfffff) ^ ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
+                 ((uint64_t)n->sequence_parallel << 63) ^ ((uint64_t)(n->route_split & 0xff) << 40);
+  struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
+  if (!pc) {
+    pc = g_new(struct profile_cost, 1);
+    *pc = compute_cost(prof, p->model, n);
+    uint64_t *k = g_new(uint64_t, 1);
+    *k = key;
+    g_hash_table_insert(cost_cache, k, pc);
+  }
+  return pc;
+}
+
 static void class_info_build(const struct plan *p, const struct plan_class *c,
                              const struct profile *prof, GHashTable *cost_cache,
                              struct class_info *ci) {
   ci->work = g_new0(double, c->n_instrs + 1);
+  ci->host_compute = g_new0(double, c->n_instrs + 1);
   ci->mem_frac = g_new0(float, c->n_instrs + 1);
   ci->measured = g_new0(uint32_t, c->n_instrs + 1);
   ci->fallback = g_new0(uint32_t, c->n_instrs + 1);
@@ -368,27 +415,9 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
     const struct plan_instr *in = &c->instrs[i];
     const struct ir_node *n = &p->nodes[in->node];
     if (n->kind == IR_NODE_COMPUTE) {
-      /* costs depend on (segment, pass, shard) only; many micro-batches share them */
-      /* selective reruns cost only their modules: a pass of their own, per module set */
-      bool sel = n->pass == IR_PASS_R && n->recompute == IR_RECOMPUTE_SELECTIVE;
-      uint64_t pass = sel ? 15 : n->pass;
-      uint64_t modules = sel && n->recompute_modules != IR_RECOMPUTE_MODULES_DEFAULT
-                             ? (uint64_t)(n->recompute_modules & 0x7f) << 45
-                             : 0;
-      uint64_t key = ((uint64_t)n->segment << 24) ^ (pass << 20) ^ modules ^
-                     (uint64_t)(n->shard_degree & 0xfffff) ^
-                     ((uint64_t)(n->tp_degree & 0x7ff) << 52) ^
-                     ((uint64_t)n->sequence_parallel << 63) ^
-                     ((uint64_t)(n->route_split & 0xff) << 40);
-      struct profile_cost *pc = g_hash_table_lookup(cost_cache, &key);
-      if (!pc) {
-        pc = g_new(struct profile_cost, 1);
-        *pc = compute_cost(prof, p->model, n);
-        uint64_t *k = g_new(uint64_t, 1);
-        *k = key;
-        g_hash_table_insert(cost_cache, k, pc);
-      }
+      const struct profile_cost *pc = cached_compute_cost(p, prof, n, cost_cache);
       ci->work[i] = pc->seconds + prof->instruction_overhead;
+      ci->host_compute[i] = pc->host_seconds;
       ci->mem_frac[i] = (float)pc->mem_fraction;
       ci->measured[i] = pc->measured_ops;
       ci->fallback[i] = pc->fallback_ops;
@@ -476,6 +505,53 @@ static void class_info_build(const struct plan *p, const struct plan_class *c,
       ci->streams_used[ci->n_streams_used++] = s;
 }
 
+/* Launches of the optimizer step (Megatron's distributed optimizer: the gradients' norm and
+ * its all-reduce, the clip, the fused multi-tensor Adam, the copy to the bf16 weights) */
+#define HOST_OPTIMIZER_LAUNCHES 4
+
+/* Whether instruction i of c is a MoE dispatch all-to-all into a forward (or rerun) of the
+ * experts: the one before which Megatron's dropless dispatcher copies the tokens per expert to
+ * the host and waits for them (token_dispatcher.py, _maybe_dtoh_and_synchronize at
+ * "before_ep_alltoall"). Backward all-to-alls reuse the sizes the forward kept on the host. */
+static bool instr_is_dispatch(const struct plan *p, const struct plan_class *c, uint32_t i) {
+  const struct plan_instr *in = &c->instrs[i];
+  const struct ir_node *n = &p->nodes[in->node];
+  if (n->kind != IR_NODE_ALL_TO_ALL)
+    return false;
+  for (uint32_t w = 0; w < in->write_count; w++) {
+    const struct plan_tensor *t = &c->tensors[c->writes[in->write_first + w]];
+    for (uint32_t k = 0; k < t->consumer_count; k++) {
+      const struct ir_node *x = &p->nodes[c->instrs[c->consumers[t->consumer_first + k]].node];
+      if (x->kind == IR_NODE_COMPUTE && x->shard_degree > 1 &&
+          (x->pass == IR_PASS_F || x->pass == IR_PASS_R))
+        return true;
+    }
+  }
+  return false;
+}
+
+/* The host thread's costs (class_info.host, .sync): a compute node's launches, one a
+ * communication (a p2p group's part, a collective; a TP or CP node as many as it stands for),
+ * the optimizer's few, each at the profile's host_launch; a synthetic profile's host_ms
+ * for every instruction. */
+static void class_host_build(const struct plan *p, const struct plan_class *c,
+                             const struct profile *prof, struct class_info *ci) {
+  ci->host = g_new0(double, c->n_instrs + 1);
+  ci->sync = g_new0(uint8_t, c->n_instrs + 1);
+  for (uint32_t i = 0; i < c->n_instrs; i++) {
+    const struct ir_node *n = &p->nodes[c->instrs[i].node];
+    if (prof->synthetic)
+      ci->host[i] = prof->syn_host; /* the same for every instruction */
+    else if (n->kind == IR_NODE_COMPUTE)
+      ci->host[i] = ci->host_compute[i];
+    else if (n->kind == IR_NODE_OPTIMIZER)
+      ci->host[i] = HOST_OPTIMIZER_LAUNCHES * prof->host_launch;
+    else
+      ci->host[i] = (n->collectives > 1 ? n->collectives : 1) * prof->host_launch;
+    ci->sync[i] = prof->moe_dispatch_sync && instr_is_dispatch(p, c, i);
+  }
+}
+
 /* Fills ci->wake (class_info) from class c. */
 static void class_wake_build(const struct plan *p, const struct plan_class *c,
                              struct class_info *ci) {
@@ -499,6 +575,9 @@ static void class_wake_build(const struct plan *p, const struct plan_class *c,
 
 static void class_info_free(struct class_info *ci) {
   g_free(ci->work);
+  g_free(ci->host_compute);
+  g_free(ci->host);
+  g_free(ci->sync);
   g_free(ci->mem_frac);
   g_free(ci->measured);
   g_free(ci->fallback);
@@ -669,7 +748,7 @@ static uint32_t *refine_colours(const struct plan *p, const struct profile *prof
 
 /* ---- runtime state ------------------------------------------------------------------------ */
 
-enum { EV_KERNEL_END, EV_COMM_END, EV_WAKE };
+enum { EV_KERNEL_END, EV_COMM_END, EV_WAKE, EV_HOST };
 
 /* A kernel end names its unit and instruction, so handling it touches that unit only (no
  * search over the units, no table over every instruction of every unit: with --no-collapse
@@ -738,6 +817,12 @@ struct unit_rt {
   struct report_memory_point *tl;
   uint32_t tl_len, tl_cap;
   double tl_t;
+  /* The host thread (class_info.host): instructions before host_pos are enqueued
+   * (UINT32_MAX: no host thread, all are); host_free: when it enqueued the last of them;
+   * host_blocked: it waits at that one, a sync point, for the GPU to start it. */
+  uint32_t host_pos;
+  bool host_blocked;
+  double host_free;
 };
 
 /* What a communication costs; slots share one entry per distinct cost (sim.costs). */
@@ -1120,6 +1205,43 @@ static uint32_t run_new(struct sim *s) {
   return s->n_runs++;
 }
 
+/* ---- the host thread ---------------------------------------------------------------------
+ * A GPU runs what its host has enqueued (docs/sim.md "The host thread"): the host enqueues the
+ * instructions in issue order, instruction i taking class_info.host[i], and runs ahead of the
+ * GPU as far as it can; an instruction is issued no earlier than it is enqueued (head_ready).
+ * At a sync point the host, having enqueued it, waits for the GPU to start it, so what
+ * follows reaches the GPU only one host cost after, and the GPU idles meanwhile if its queue
+ * has drained. Instruction 0 was enqueued before the step began. */
+
+/* Schedules the host's enqueueing of its next instruction, from host_free on. */
+static void host_schedule(struct sim *s, struct unit_rt *u) {
+  if (u->host_pos >= s->p->classes[u->cls].n_instrs)
+    return;
+  sim_queue_push(&s->heap, u->host_free + s->ci[u->cls].host[u->host_pos], EV_HOST, u->host_pos,
+                 0, (uint32_t)(u - s->u));
+}
+
+/* The host has enqueued instruction i at t: a head may be ready now; the host goes on unless
+ * i is a sync point the GPU has not started yet. */
+static void host_enqueued(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
+  u->host_pos = i + 1;
+  u->host_free = t;
+  u->dirty = ~(uint64_t)0;
+  if (s->ci[u->cls].sync[i] && AT(u, start, i) < 0)
+    u->host_blocked = true;
+  else
+    host_schedule(s, u);
+}
+
+/* Instruction i of u starts on the GPU at t: a host waiting at it goes on. */
+static inline void host_started(struct sim *s, struct unit_rt *u, uint32_t i, double t) {
+  if (u->host_blocked && u->host_pos == i + 1) {
+    u->host_blocked = false;
+    u->host_free = t;
+    host_schedule(s, u);
+  }
+}
+
 static void start_comm(struct sim *s, uint32_t id, double t) {
   struct slot *sl = &s->slots[id];
   const struct slot_cost *cost = &s->costs[sl->cost];
@@ -1133,6 +1255,7 @@ static void start_comm(struct sim *s, uint32_t id, double t) {
              instr = s->parts[2 * (sl->part_first + k) + 1];
     struct unit_rt *u = &s->u[ui];
     AT(u, start, instr) = t;
+    host_started(s, u, instr, t);
     if (t < s->t_first)
       s->t_first = t;
     if (u->n_ops == u->cap_ops) {
@@ -1320,6 +1443,7 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
                                                .cap = cap,
                                                .mem_frac = ci->mem_frac[i]};
   AT(u, start, i) = t;
+  host_started(s, u, i, t);
   if (t < s->t_first)
     s->t_first = t;
   if (u->n_kernels == 1)
@@ -1389,6 +1513,8 @@ static inline bool head_ready(struct unit_rt *u, const struct plan_class *c, uin
     return false;
   uint32_t e = AT(u, pos, st), n = group_span(c, e);
   for (uint32_t k = 0; k < n; k++) {
+    if (c->stream_instrs[e + k] >= u->host_pos)
+      return false; /* not enqueued yet: the host's event asks again */
     const struct plan_instr *in = &c->instrs[c->stream_instrs[e + k]];
     for (uint32_t w = 0; w < in->wait_count; w++)
       if (AT(u, end, c->waits[in->wait_first + w]) < 0) {
@@ -1942,6 +2068,8 @@ static void sim_classes(struct sim *s) {
   for (uint32_t c = 0; c < p->n_classes; c++) {
     class_info_build(p, &p->classes[c], s->prof, cost_cache, &s->ci[c]);
     class_wake_build(p, &p->classes[c], &s->ci[c]);
+    if ((s->prof->host_launch > 0 || s->prof->syn_host > 0) && !s->sharing)
+      class_host_build(p, &p->classes[c], s->prof, &s->ci[c]);
   }
   g_hash_table_destroy(cost_cache);
 }
@@ -2069,6 +2197,7 @@ static void unit_init(struct sim *s, struct sim_result *res, uint32_t k, uint32_
   u->rep = res->units[k].members[0];
   u->cls = p->device_class[u->rep];
   u->dirty = ~(uint64_t)0; /* every head asked at the start */
+  u->host_pos = UINT32_MAX; /* every instruction enqueued, unless sim_loop starts a host */
   res->units[k].class_index = u->cls;
   const struct plan_class *c = &p->classes[u->cls];
   u->base = base;
@@ -2168,6 +2297,9 @@ __attribute__((noinline)) static void sim_loop(struct sim *s) {
     mem_point(s, &s->u[k], 0);
   for (uint32_t k = 0; k < s->n_units; k++) /* every rank starts idle */
     s->u[k].idle_since = 0;
+  for (uint32_t k = 0; k < s->n_units; k++) /* the host thread: instruction 0 enqueued */
+    if (s->ci[s->u[k].cls].host)
+      host_enqueued(s, &s->u[k], 0, 0);
   for (uint32_t k = 0; k < s->n_units; k++)
     try_advance(s, &s->u[k], 0);
   while (s->heap.n > 0) {
@@ -2179,6 +2311,9 @@ __attribute__((noinline)) static void sim_loop(struct sim *s) {
         continue;
       s->events++;
       end_kernel(s, u, (uint32_t)j, e.t);
+    } else if (e.type == EV_HOST) { /* not counted: outputs stay as without a host thread */
+      host_enqueued(s, &s->u[e.unit], e.id, e.t);
+      try_advance(s, &s->u[e.unit], e.t);
     } else if (e.type == EV_WAKE) {
       if (AT(&s->u[e.unit], polled, e.id) != 0)
         continue; /* a turn of another rank's loop handed it a core first */

@@ -87,6 +87,8 @@ static bool parse_measured(struct profile *p, const cJSON *arr, const char *name
      * the loss) keep the queue short, so an op whose enqueueing is slower than its kernels
      * takes the enqueue time (small models on a large GPU). */
     en->seconds = (ms > host_ms ? ms : host_ms) * 1e-3;
+    en->device_seconds = ms * 1e-3;
+    en->host_seconds = host_ms * 1e-3; /* a host thread's (profile.host_launch > 0) instead */
     i++;
   }
   p->n_entries = (uint32_t)i;
@@ -139,6 +141,7 @@ static const struct profile_key device_keys[] = {
     KEY("compute_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, compute_efficiency),
     KEY("memory_efficiency", DOUBLE, OPTIONAL, 1e-3, 1, 1, memory_efficiency),
     KEY("kernel_overhead_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, kernel_overhead),
+    KEY("host_launch_us", DOUBLE, OPTIONAL, 0, 1e6, 1e-6, host_launch),
     KEY("optimizer_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, optimizer_bytes_per_param),
     KEY("weight_copy_bytes_per_param", DOUBLE, OPTIONAL, 0, 1e3, 1, weight_copy_bytes_per_param),
     /* the shape model's (cost_model "shapes"; sim/cost.h) */
@@ -178,6 +181,7 @@ static const struct profile_key synthetic_keys[] = {
     KEY("BW_ms", DOUBLE, REQUIRED, 0, 1e9, 1e-3, syn_bw),
     KEY("optimizer_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_optimizer),
     KEY("comm_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_comm),
+    KEY("host_ms", DOUBLE, OPTIONAL, 0, 1e9, 1e-3, syn_host),
 };
 static const struct profile_key host_keys[] = {
     KEY("cores_per_node", U32, REQUIRED, 1, 1 << 20, 1, cores_per_node),
@@ -441,13 +445,17 @@ static bool read_host(struct profile *p, const cJSON *host, const char *ctx, GEr
 /* The moe section: its numeric keys and how the expert GEMMs are launched. */
 static bool read_moe(struct profile *p, const cJSON *moe, const char *ctx, GError **err) {
   static const char *const launches[] = {"grouped", "per_expert", NULL};
-  int launch = 0;
+  static const char *const dispatchers[] = {"dropless_sync", "nosync", NULL};
+  int launch = 0, dispatcher = p->moe_dispatch_sync ? 0 : 1;
   if (!check_section_keys(moe, moe_keys, G_N_ELEMENTS(moe_keys),
-                          (const char *const[]){"expert_gemm_launches", NULL}, ctx, err) ||
+                          (const char *const[]){"expert_gemm_launches", "dispatcher", NULL}, ctx,
+                          err) ||
       !read_keys(p, moe, moe_keys, G_N_ELEMENTS(moe_keys), ctx, err) ||
-      !read_choice(moe, "expert_gemm_launches", launches, &launch, ctx, err))
+      !read_choice(moe, "expert_gemm_launches", launches, &launch, ctx, err) ||
+      !read_choice(moe, "dispatcher", dispatchers, &dispatcher, ctx, err))
     return false;
   p->expert_gemm_per_expert = launch == 1;
+  p->moe_dispatch_sync = dispatcher == 0;
   return true;
 }
 
@@ -521,6 +529,7 @@ struct profile *profile_parse_json(const char *name, const cJSON *root, GError *
   p->gpus_per_node = 8;
   p->nics_per_node = 8;
   p->algo = PROFILE_ALGO_RING;
+  p->moe_dispatch_sync = true; /* Megatron's dropless alltoall dispatcher */
   /* the plan's own memory rule (struct profile_memory) unless the profile says otherwise */
   p->memory = (struct profile_memory){0, -1, -1, -1, 0};
   if (!read_identity(p, name, root, err) || !read_sections(p, name, root, err) ||
@@ -561,8 +570,17 @@ uint32_t profile_activation_bytes(const struct profile *p, enum model_dtype dtyp
  * linear in that dimension; outside the measured range the nearest entry is scaled in
  * proportion to the dimension (kernel time grows about linearly in tokens, width or experts).
  * Returns a negative value when nothing applies. */
+/* Which time of an entry a lookup reads (struct profile_entry). */
+enum entry_time { ENTRY_LONGER, ENTRY_DEVICE, ENTRY_HOST };
+
+static double entry_time(const struct profile_entry *e, enum entry_time which) {
+  return which == ENTRY_DEVICE ? e->device_seconds
+         : which == ENTRY_HOST ? e->host_seconds
+                               : e->seconds;
+}
+
 static double table_lookup(const struct profile *p, enum model_op_kind kind, enum ir_pass pass,
-                           const int64_t *shape) {
+                           const int64_t *shape, enum entry_time which) {
   struct profile_entry key = {.kind = kind, .pass = pass};
   memcpy(key.shape, shape, sizeof key.shape);
   /* the range of entries of this kind and pass */
@@ -583,7 +601,7 @@ static double table_lookup(const struct profile *p, enum model_op_kind kind, enu
     return -1;
   for (uint32_t i = first; i < last; i++)
     if (entry_cmp(&p->entries[i], &key) == 0)
-      return p->entries[i].seconds;
+      return entry_time(&p->entries[i], which);
   /* one differing dimension: best bracket per dimension, the first dimension that has one */
   for (int d = 0; d < PROFILE_MAX_SHAPE; d++) {
     const struct profile_entry *below = NULL, *above = NULL;
@@ -602,24 +620,25 @@ static double table_lookup(const struct profile *p, enum model_op_kind kind, enu
     }
     if (below && above) {
       double x0 = (double)below->shape[d], x1 = (double)above->shape[d], x = (double)shape[d];
-      return below->seconds + (above->seconds - below->seconds) * (x - x0) / (x1 - x0);
+      double y0 = entry_time(below, which), y1 = entry_time(above, which);
+      return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
     }
     /* never from or to 0 (a dimension the query or the entry does not have: an expert op's
      * one-device entry against its expert-parallel ones) */
     const struct profile_entry *near = below ? below : above;
     if (near && near->shape[d] > 0 && shape[d] > 0)
-      return near->seconds * (double)shape[d] / (double)near->shape[d];
+      return entry_time(near, which) * (double)shape[d] / (double)near->shape[d];
   }
   return -1;
 }
 
 /* table_lookup, and B as BI + BW where only those were measured. */
 static double measured_time(const struct profile *p, enum model_op_kind kind, enum ir_pass pass,
-                            const int64_t *shape) {
-  double t = table_lookup(p, kind, pass, shape);
+                            const int64_t *shape, enum entry_time which) {
+  double t = table_lookup(p, kind, pass, shape, which);
   if (t < 0 && pass == IR_PASS_B) {
-    double ti = table_lookup(p, kind, IR_PASS_BI, shape);
-    double tw = table_lookup(p, kind, IR_PASS_BW, shape);
+    double ti = table_lookup(p, kind, IR_PASS_BI, shape, which);
+    double tw = table_lookup(p, kind, IR_PASS_BW, shape, which);
     if (ti >= 0 && tw >= 0)
       t = ti + tw;
   }
@@ -630,7 +649,7 @@ static double measured_time(const struct profile *p, enum model_op_kind kind, en
  * that degree (PROFILE_EP_DIM; the other dimensions may be interpolated); else negative, and
  * the op is costed as measured on one device. */
 static double ep_experts_time(const struct profile *p, enum ir_pass pass, const int64_t *shape,
-                              uint32_t degree) {
+                              uint32_t degree, enum entry_time which) {
   int64_t q[PROFILE_MAX_SHAPE];
   memcpy(q, shape, sizeof q);
   q[PROFILE_EP_DIM] = degree;
@@ -638,7 +657,7 @@ static double ep_experts_time(const struct profile *p, enum ir_pass pass, const 
   for (uint32_t i = 0; i < p->n_entries && !measured; i++)
     measured = p->entries[i].kind == MODEL_OP_EXPERT_FFN &&
                p->entries[i].shape[PROFILE_EP_DIM] == (int64_t)degree;
-  return measured ? measured_time(p, MODEL_OP_EXPERT_FFN, pass, q) : -1;
+  return measured ? measured_time(p, MODEL_OP_EXPERT_FFN, pass, q, which) : -1;
 }
 
 static void op_pass_load(const struct model_op *op, enum ir_pass pass, double *flops,
@@ -690,10 +709,19 @@ static void op_cost(const struct profile *p, const struct model *m, const struct
   double peak = p->peak_flops[model_gemm_dtype(m)] * p->compute_efficiency;
   double bw = p->memory_bandwidth * p->memory_efficiency;
   double t = -1;
+  /* with a host thread a measured host_ms is the host's, and the op costs its device time */
+  enum entry_time which = p->host_launch > 0 ? ENTRY_DEVICE : ENTRY_LONGER;
   if (op->kind == MODEL_OP_EXPERT_FFN && shard_degree > 1 && m->fp8 == MODEL_FP8_NONE)
-    t = ep_experts_time(p, pass, op->shape, shard_degree);
+    t = ep_experts_time(p, pass, op->shape, shard_degree, which);
   if (t < 0 && m->fp8 == MODEL_FP8_NONE)
-    t = measured_time(p, op->kind, pass, op->shape);
+    t = measured_time(p, op->kind, pass, op->shape, which);
+  double host = -1;
+  if (t >= 0 && p->host_launch > 0) {
+    if (op->kind == MODEL_OP_EXPERT_FFN && shard_degree > 1)
+      host = ep_experts_time(p, pass, op->shape, shard_degree, ENTRY_HOST);
+    if (host < 0)
+      host = measured_time(p, op->kind, pass, op->shape, ENTRY_HOST);
+  }
   double flops, bytes;
   op_pass_load(op, pass, &flops, &bytes);
   /* Experts sharded over an EP group that is also the data-parallel group (the only layout
@@ -738,6 +766,11 @@ static void op_cost(const struct profile *p, const struct model *m, const struct
   }
   c->seconds += total;
   *mem_time += unscaled > 0 ? mem * total / unscaled : 0;
+  /* the host's time: measured (piper-prof --backend cuda) where the entry has it, else the
+   * op's launches */
+  if (p->host_launch > 0)
+    c->host_seconds +=
+        host > 0 ? host : cost_op_launches(p, m, op, pass, shard_degree) * p->host_launch;
 }
 
 struct profile_cost profile_compute_cost_tp(const struct profile *p, const struct model *m,

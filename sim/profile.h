@@ -78,7 +78,8 @@ struct profile_entry {
   enum model_op_kind kind;
   enum ir_pass pass;
   int64_t shape[PROFILE_MAX_SHAPE];
-  double seconds;
+  double seconds; /* the longer of the two below: the op's cost without a host thread */
+  double device_seconds, host_seconds; /* "ms", "host_ms" (0: not measured) */
 };
 
 /* How a backend holds memory, per element of the plan's tensors and per parameter. A field
@@ -133,6 +134,15 @@ struct profile {
    * local expert (Transformer Engine's GroupedLinear: a cuBLAS call per expert), each paying
    * kernel_overhead; false ("grouped", the default): one launch for all (a grouped kernel) */
   bool expert_gemm_per_expert;
+  /* device.host_launch_us: the host's time to enqueue one kernel launch (PyTorch eager's
+   * dispatch plus cudaLaunchKernel; docs/sim.md "The host thread"). > 0: each device has a
+   * host thread that enqueues its instructions in issue order ahead of the GPU; 0 (absent):
+   * none, every instruction is enqueued at once */
+  double host_launch;
+  /* moe.dispatcher "dropless_sync" (the default): Megatron's dropless alltoall dispatcher
+   * copies the tokens per expert to the host before the dispatch all-to-all and the host
+   * waits for it; false ("nosync"): a dispatcher that sizes on the GPU (DeepEP) */
+  bool moe_dispatch_sync;
   /* multiplies each family's costs (1 unless piper-sim's sensitivity varies them) */
   double family_scale[PROFILE_FAMILY_COUNT];
 
@@ -197,6 +207,7 @@ struct profile {
 
   /* synthetic costs (seconds) */
   double syn_f, syn_b, syn_bi, syn_bw, syn_optimizer, syn_comm;
+  double syn_host; /* synthetic.host_ms: the host thread's time for every instruction */
 };
 
 struct profile *profile_load_file(const char *path, GError **err);
@@ -209,6 +220,7 @@ void profile_free(struct profile *p);
  * measured_ops/fallback_ops count the node's ops costed from the table or by the roofline. */
 struct profile_cost {
   double seconds;
+  double host_seconds; /* the host's time to enqueue it (profile.host_launch > 0), else 0 */
   double mem_fraction;
   uint32_t measured_ops, fallback_ops;
 };

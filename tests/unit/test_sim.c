@@ -462,8 +462,31 @@ static void test_roofline_and_table(void **state) {
       fail_msg("%s", err->message);
     struct profile_cost ch = profile_compute_cost(p, m, s, IR_PASS_F, 1);
     test_assert_near(ch.seconds, rest + same * (slow_host ? 6 : 2) * MS, 0, 1e-12, "host_ms");
+    assert_true(ch.host_seconds == 0); /* no host thread */
     profile_free(p);
   }
+  /* with a host thread (device.host_launch_us) the measured host_ms is the host's time, and
+   * the op costs its kernels' (both extrapolated alike, x2); the other ops' host time is
+   * their launches, the same in both profiles */
+  double host_of[2];
+  for (int slow_host = 0; slow_host <= 1; slow_host++) {
+    GString *prof = g_string_new(plain_profile);
+    g_string_replace(prof, "\"device\":{", "\"device\":{\"host_launch_us\":10,", 1);
+    g_string_truncate(prof, prof->len - 1);
+    snprintf(buf, sizeof buf,
+             "%s,\"measured\":[{\"op\":\"%s\",\"pass\":\"F\",\"shape\":[%s],\"ms\":1,"
+             "\"host_ms\":%s}]}",
+             prof->str, model_op_kind_name(op->kind), shape_lo->str, slow_host ? "3" : "0.5");
+    g_string_free(prof, TRUE);
+    p = profile_from(buf, &err);
+    if (!p)
+      fail_msg("%s", err->message);
+    struct profile_cost ch = profile_compute_cost(p, m, s, IR_PASS_F, 1);
+    test_assert_near(ch.seconds, rest + same * 2 * MS, 0, 1e-12, "device time only");
+    host_of[slow_host] = ch.host_seconds;
+    profile_free(p);
+  }
+  test_assert_near(host_of[1] - host_of[0], same * (6 - 1) * MS, 0, 1e-12, "measured host_ms");
   g_string_free(shape_lo, TRUE);
   g_string_free(shape_hi, TRUE);
   model_free(m);
@@ -1262,6 +1285,84 @@ static void test_engine_loop_late(void **state) {
  * what ends while it computes is seen when the task ends; a message above
  * eager_bytes completes for its sender once the receiver has polled; a collective once every
  * member has. Synthetic costs: F 1 ms, BW 1 ms, B 4 ms, communication 0, 4 cores (no sharing). */
+/* The host thread (synthetic.host_ms: every instruction takes the host that long to enqueue;
+ * docs/sim.md "The host thread"). */
+static struct profile *host_thread_profile(double f_ms, double comm_ms, double host_ms,
+                                           const char *dispatcher) {
+  char buf[512];
+  GError *err = NULL;
+  snprintf(buf, sizeof buf,
+           "{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":%g,\"B_ms\":2,\"BI_ms\":1,"
+           "\"BW_ms\":1,\"comm_ms\":%g,\"host_ms\":%g}%s%s%s}",
+           f_ms, comm_ms, host_ms, dispatcher ? ",\"moe\":{\"dispatcher\":\"" : "",
+           dispatcher ? dispatcher : "", dispatcher ? "\"}" : "");
+  struct profile *p = profile_from(buf, &err);
+  if (!p)
+    fail_msg("%s", err->message);
+  return p;
+}
+
+static void test_engine_host_thread(void **state) {
+  (void)state;
+  /* host-bound: four 0.1 ms kernels, 1 ms each to enqueue (instruction 0 was enqueued before
+   * the step): kernel k starts when enqueued, at k ms, so the step is 3 ms of host + 0.1 */
+  struct hplan h = {.n_devices = 1, .n_streams = 1, .n = {4}};
+  for (int i = 0; i < 4; i++)
+    h.ins[0][i] = (struct hi)C(0, IR_PASS_F);
+  struct plan *p = hplan_build(&h);
+  struct profile *tiny = host_thread_profile(0.1, 0, 1, NULL);
+  struct sim_result *r = run(p, tiny, false);
+  test_assert_near(iv_of(r, p, 0, 2)->start, 2 * MS, TIME_TOL, 0, "enqueued at 2 ms");
+  test_assert_near(r->iteration_time, 3.1 * MS, TIME_TOL, 0, "host-bound step");
+  sim_result_free(r);
+  profile_free(tiny);
+  /* device-bound: 1 ms kernels, 0.1 ms to enqueue: the host runs ahead, the step is the
+   * kernels' 4 ms as without a host thread */
+  struct profile *big = host_thread_profile(1, 0, 0.1, NULL);
+  r = run(p, big, false);
+  test_assert_near(r->iteration_time, 4 * MS, TIME_TOL, 0, "device-bound step");
+  test_assert_near(iv_of(r, p, 0, 3)->start, 3 * MS, TIME_TOL, 0, "back to back");
+  sim_result_free(r);
+  profile_free(big);
+  plan_free(p);
+
+  /* a sync point: F, F, the dispatch all-to-all (stream 1, after the second F) into an
+   * expert F, then F; 1 ms kernels, a 0.2 ms all-to-all, 0.5 ms to enqueue each. Without
+   * the sync the host is ahead: the all-to-all runs 2-2.2, the expert F 2.2-3.2, the last F
+   * 3.2-4.2. Megatron's dropless dispatcher waits on the host until the all-to-all starts
+   * (2 ms), so the expert F is enqueued at 2.5: the GPU idles 0.3 ms, the step ends 4.5. */
+  struct hplan hs = {.n_devices = 1,
+                     .n_streams = 2,
+                     .n = {5},
+                     .n_coll_groups = 1,
+                     .coll_group = {{0}},
+                     .coll_size = {1}};
+  hs.ins[0][0] = (struct hi)C(0, IR_PASS_F);
+  hs.ins[0][1] = (struct hi)C(0, IR_PASS_F);
+  hs.ins[0][2] = (struct hi){IR_NODE_ALL_TO_ALL, 1, IR_PASS_NONE, 0, 1000, 1, 1000, 3, 0};
+  hs.ins[0][3] = (struct hi){IR_NODE_COMPUTE, 0, IR_PASS_F, 0, 0, 2, 0, -1, 0};
+  hs.ins[0][4] = (struct hi)C(0, IR_PASS_F);
+  p = hplan_build(&hs);
+  p->nodes[p->classes[0].instrs[2].node].pass = IR_PASS_F;
+  p->nodes[p->classes[0].instrs[3].node].shard_degree = 2; /* the experts */
+  struct profile *sync = host_thread_profile(1, 0.2, 0.5, NULL);
+  struct profile *nosync = host_thread_profile(1, 0.2, 0.5, "nosync");
+  assert_true(sync->moe_dispatch_sync);
+  assert_false(nosync->moe_dispatch_sync);
+  r = run(p, nosync, false);
+  test_assert_near(iv_of(r, p, 0, 3)->start, 2.2 * MS, TIME_TOL, 0, "no sync: expert F");
+  test_assert_near(r->iteration_time, 4.2 * MS, TIME_TOL, 0, "no sync: step");
+  sim_result_free(r);
+  r = run(p, sync, false);
+  test_assert_near(iv_of(r, p, 0, 2)->start, 2 * MS, TIME_TOL, 0, "sync: all-to-all");
+  test_assert_near(iv_of(r, p, 0, 3)->start, 2.5 * MS, TIME_TOL, 0, "sync: expert F stalls");
+  test_assert_near(r->iteration_time, 4.5 * MS, TIME_TOL, 0, "sync: step 0.3 ms later");
+  sim_result_free(r);
+  profile_free(sync);
+  profile_free(nosync);
+  plan_free(p);
+}
+
 static void test_engine_host_loop(void **state) {
   (void)state;
   const char *body = "{\"kind\":\"synthetic\",\"synthetic\":{\"F_ms\":1,\"B_ms\":4,\"BI_ms\":1,"
@@ -2533,6 +2634,7 @@ int main(void) {
       cmocka_unit_test(test_engine_order_and_rendezvous),
       cmocka_unit_test(test_engine_loop_late),
       cmocka_unit_test(test_engine_host_loop),
+      cmocka_unit_test(test_engine_host_thread),
       cmocka_unit_test(test_engine_contention),
       cmocka_unit_test(test_profile_host_and_fits),
       cmocka_unit_test(test_profile_host_errors),
