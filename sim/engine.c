@@ -84,23 +84,20 @@ static GArray *split_instance(const struct plan *p, const struct profile *prof, 
   return set;
 }
 
-/* Zeroed memory for the large arrays of the run: past a few MiB aligned to 2 MiB and marked
- * for transparent huge pages, because with every device simulated each event touches another
- * unit's state and 4 KiB pages made nearly every such touch a TLB miss too. Freed with free(). */
+/* Zeroed memory for the large arrays of the run, past a few MiB marked for transparent huge
+ * pages, because with every device simulated each event touches another unit's state and 4 KiB
+ * pages made nearly every such touch a TLB miss too. calloc, not an aligned allocation and a
+ * memset: a block this large comes fresh from mmap, already zero, so calloc writes nothing and
+ * pages nobody touches (the host loop's arrays without one) are never faulted in; the memset
+ * was 5% of sim_run's instructions and faulted every page in (docs/scale.md). Freed with free(). */
 static void *big_alloc0(size_t bytes) {
-  void *p = NULL;
-  size_t huge = (size_t)2 << 20;
-  if (bytes >= 2 * huge) {
-    bytes = (bytes + huge - 1) / huge * huge;
-    if (posix_memalign(&p, huge, bytes) != 0)
-      p = NULL;
-    else
-      madvise(p, bytes, MADV_HUGEPAGE);
-  }
-  if (!p)
-    p = malloc(bytes ? bytes : 1);
+  void *p = calloc(1, bytes ? bytes : 1);
   g_assert(p);
-  memset(p, 0, bytes);
+  size_t huge = (size_t)2 << 20, page = 4096;
+  if (bytes >= 2 * huge) {
+    uintptr_t from = ((uintptr_t)p + page - 1) / page * page, to = ((uintptr_t)p + bytes) / page * page;
+    madvise((void *)from, to - from, MADV_HUGEPAGE);
+  }
   return p;
 }
 
@@ -1221,7 +1218,13 @@ static void comm_polled(struct sim *s, struct unit_rt *u, uint32_t instr, double
 /* A communication of u has ended at t, as u's loop sees it: at once, or, while u computes on
  * the host loop (one task at a time), when that task ends (end_kernel). */
 static void loop_see(struct sim *s, struct unit_rt *u, uint32_t instr, double t) {
-  if (!s->sharing || u->n_kernels == 0) {
+  if (!s->sharing) {
+    /* no host loop: every party completes when it sees the end (POLL_FREE), and nothing reads
+     * the polled marks, so the array (another cache line a party) is left alone */
+    part_done(s, u, instr, t);
+    return;
+  }
+  if (u->n_kernels == 0) {
     comm_polled(s, u, instr, t);
     return;
   }
@@ -1361,8 +1364,10 @@ static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) 
   stream_queued(u, c, e, n, st, t);
   for (uint32_t j = 0; j < n; j++) {
     uint32_t i = c->stream_instrs[e + j];
-    if (!AT(u, held, i))
-      alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
+    /* issued: a receive's buffer is posted with it, unless the host loop held it already
+     * (hold_ready_recv; only ranks sharing cores do: the array is not read otherwise) */
+    if (!s->sharing || !AT(u, held, i))
+      alloc_tensors(s, u, i, t);
     if (AT(u, slot, i) != IR_NONE) {
       AT(u, posted, i) = t;
       struct slot *sl = &s->slots[AT(u, slot, i)];
