@@ -675,6 +675,11 @@ enum { EV_KERNEL_END, EV_COMM_END, EV_WAKE };
 struct kernel { /* a running compute kernel */
   uint32_t instr;
   uint32_t version; /* of its latest end event; older ones are stale */
+  /* The queue's handle of its latest end event (UINT32_MAX: none yet). A new rate cancels the
+   * old event in the queue (sim_queue_cancel), so popping it skips it without loading the unit
+   * and its kernels: two of every three kernel end events were stale, each two cache misses
+   * (docs/scale.md). */
+  uint32_t ev;
   double remaining, rate, last, cap;
   float mem_frac;
 };
@@ -872,7 +877,9 @@ static void unit_reschedule_kernels(struct sim *s, struct unit_rt *u, double t) 
       continue;
     k->rate = r[i];
     double end = k->remaining <= 0 ? t : t + k->remaining / (k->rate > 0 ? k->rate : 1e-30);
-    sim_queue_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
+    if (k->ev != UINT32_MAX)
+      sim_queue_cancel(&s->heap, k->ev);
+    k->ev = sim_queue_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
   }
   if (r != rates)
     g_free(r);
@@ -1317,6 +1324,7 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   if (!(cap > 0 && cap <= 1))
     cap = 1;
   u->kernels[u->n_kernels++] = (struct kernel){.instr = i,
+                                               .ev = UINT32_MAX,
                                                .remaining = kernel_work(s, u, i),
                                                .rate = -1,
                                                .last = t,
@@ -2177,6 +2185,8 @@ __attribute__((noinline)) static void sim_loop(struct sim *s) {
     try_advance(s, &s->u[k], 0);
   while (s->heap.n > 0) {
     struct sim_event e = sim_queue_pop(&s->heap);
+    if (e.type == SIM_QUEUE_CANCELLED)
+      continue; /* a kernel's end event superseded by a new rate */
     if (e.type == EV_KERNEL_END) {
       struct unit_rt *u = &s->u[e.unit];
       int32_t j = kernel_of_event(u, &e);
