@@ -84,21 +84,45 @@ static GArray *split_instance(const struct plan *p, const struct profile *prof, 
   return set;
 }
 
-/* Zeroed memory for the large arrays of the run, past a few MiB marked for transparent huge
- * pages, because with every device simulated each event touches another unit's state and 4 KiB
- * pages made nearly every such touch a TLB miss too. calloc, not an aligned allocation and a
- * memset: a block this large comes fresh from mmap, already zero, so calloc writes nothing and
- * pages nobody touches (the host loop's arrays without one) are never faulted in; the memset
- * was 5% of sim_run's instructions and faulted every page in (docs/scale.md). Freed with free(). */
+/* Zeroed memory for the large arrays of the run: past a few MiB mapped on its own, aligned to
+ * 2 MiB and marked for transparent huge pages, because with every device simulated each event
+ * touches another unit's state and 4 KiB pages made nearly every such touch a TLB miss too. A
+ * fresh mapping is zero already: the memset that cleared an aligned allocation was 5% of
+ * sim_run's instructions and faulted in every page, those nobody touches (the host loop's
+ * arrays without one) included (docs/scale.md). A header before the block says how it came, for
+ * big_free. */
+struct big_header {
+  void *base;    /* what to give back */
+  size_t mapped; /* bytes mapped at base; 0: calloc'd */
+};
+
 static void *big_alloc0(size_t bytes) {
-  void *p = calloc(1, bytes ? bytes : 1);
-  g_assert(p);
-  size_t huge = (size_t)2 << 20, page = 4096;
+  size_t huge = (size_t)2 << 20, head = sizeof(struct big_header);
   if (bytes >= 2 * huge) {
-    uintptr_t from = ((uintptr_t)p + page - 1) / page * page, to = ((uintptr_t)p + bytes) / page * page;
-    madvise((void *)from, to - from, MADV_HUGEPAGE);
+    size_t len = (bytes + huge - 1) / huge * huge, mapped = len + 2 * huge;
+    void *base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED) {
+      /* the header sits in the small page before the aligned block */
+      char *at = (char *)(((uintptr_t)base + head + huge - 1) / huge * huge);
+      madvise(at, len, MADV_HUGEPAGE);
+      *((struct big_header *)(void *)at - 1) = (struct big_header){base, mapped};
+      return at;
+    }
   }
-  return p;
+  char *p = calloc(1, head + (bytes ? bytes : 1));
+  g_assert(p);
+  *(struct big_header *)(void *)p = (struct big_header){p, 0};
+  return p + head;
+}
+
+static void big_free(void *p) {
+  if (!p)
+    return;
+  const struct big_header *h = (const struct big_header *)p - 1;
+  if (h->mapped)
+    munmap(h->base, h->mapped);
+  else
+    free(h->base);
 }
 
 /* ---- static memory ------------------------------------------------------------------------ */
@@ -2481,7 +2505,7 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
   for (uint32_t k = 0; k < nu; k++) {
     unit_collect(s, res, k);
     if (--left[s->u[k].cls] == 0) {
-      free(s->u[holder[s->u[k].cls]].block);
+      big_free(s->u[holder[s->u[k].cls]].block);
       s->u[holder[s->u[k].cls]].block = NULL;
     }
   }
@@ -2491,11 +2515,11 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
 
 /* The rendezvous and the event queue, before the results are collected (sim_collect). */
 static void sim_free_run(struct sim *s) {
-  free(s->slots);
+  big_free(s->slots);
   g_free(s->costs);
   g_free(s->runs);
   g_free(s->free_runs);
-  free(s->parts);
+  big_free(s->parts);
   sim_queue_free(&s->heap);
   s->slots = NULL;
   s->costs = NULL;
@@ -2508,7 +2532,7 @@ static void sim_free_run(struct sim *s) {
 static void sim_free(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     struct unit_rt *u = &s->u[k];
-    free(u->block);
+    big_free(u->block);
     if (u->own_kernels)
       g_free(u->kernels);
     if (u->own_ops)
@@ -2516,9 +2540,9 @@ static void sim_free(struct sim *s) {
     g_free(u->seen_late);
     g_free(u->tl);
   }
-  free(s->u);
-  free(s->kernel_pool);
-  free(s->op_pool);
+  big_free(s->u);
+  big_free(s->kernel_pool);
+  big_free(s->op_pool);
   sim_free_run(s);
   g_free(s->unit_node);
   g_free(s->node_first);
@@ -2591,7 +2615,7 @@ void sim_result_free(struct sim_result *r) {
   g_free(r->units);
   g_free(r->device_unit);
   g_free(r->path);
-  free(r->interval_block);
+  big_free(r->interval_block);
   g_free(r);
 }
 
