@@ -84,24 +84,45 @@ static GArray *split_instance(const struct plan *p, const struct profile *prof, 
   return set;
 }
 
-/* Zeroed memory for the large arrays of the run: past a few MiB aligned to 2 MiB and marked
- * for transparent huge pages, because with every device simulated each event touches another
- * unit's state and 4 KiB pages made nearly every such touch a TLB miss too. Freed with free(). */
+/* Zeroed memory for the large arrays of the run: past a few MiB mapped on its own, aligned to
+ * 2 MiB and marked for transparent huge pages, because with every device simulated each event
+ * touches another unit's state and 4 KiB pages made nearly every such touch a TLB miss too. A
+ * fresh mapping is zero already: the memset that cleared an aligned allocation was 5% of
+ * sim_run's instructions and faulted in every page, those nobody touches (the host loop's
+ * arrays without one) included (docs/scale.md). A header before the block says how it came, for
+ * big_free. */
+struct big_header {
+  void *base;    /* what to give back */
+  size_t mapped; /* bytes mapped at base; 0: calloc'd */
+};
+
 static void *big_alloc0(size_t bytes) {
-  void *p = NULL;
-  size_t huge = (size_t)2 << 20;
+  size_t huge = (size_t)2 << 20, head = sizeof(struct big_header);
   if (bytes >= 2 * huge) {
-    bytes = (bytes + huge - 1) / huge * huge;
-    if (posix_memalign(&p, huge, bytes) != 0)
-      p = NULL;
-    else
-      madvise(p, bytes, MADV_HUGEPAGE);
+    size_t len = (bytes + huge - 1) / huge * huge, mapped = len + 2 * huge;
+    void *base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED) {
+      /* the header sits in the small page before the aligned block */
+      char *at = (char *)(((uintptr_t)base + head + huge - 1) / huge * huge);
+      madvise(at, len, MADV_HUGEPAGE);
+      *((struct big_header *)(void *)at - 1) = (struct big_header){base, mapped};
+      return at;
+    }
   }
-  if (!p)
-    p = malloc(bytes ? bytes : 1);
+  char *p = calloc(1, head + (bytes ? bytes : 1));
   g_assert(p);
-  memset(p, 0, bytes);
-  return p;
+  *(struct big_header *)(void *)p = (struct big_header){p, 0};
+  return p + head;
+}
+
+static void big_free(void *p) {
+  if (!p)
+    return;
+  const struct big_header *h = (const struct big_header *)p - 1;
+  if (h->mapped)
+    munmap(h->base, h->mapped);
+  else
+    free(h->base);
 }
 
 /* ---- static memory ------------------------------------------------------------------------ */
@@ -757,6 +778,11 @@ enum { EV_KERNEL_END, EV_COMM_END, EV_WAKE, EV_HOST };
 struct kernel { /* a running compute kernel */
   uint32_t instr;
   uint32_t version; /* of its latest end event; older ones are stale */
+  /* The queue's handle of its latest end event (UINT32_MAX: none yet). A new rate cancels the
+   * old event in the queue (sim_queue_cancel), so popping it skips it without loading the unit
+   * and its kernels: two of every three kernel end events were stale, each two cache misses
+   * (docs/scale.md). */
+  uint32_t ev;
   double remaining, rate, last, cap;
   float mem_frac;
 };
@@ -960,7 +986,9 @@ static void unit_reschedule_kernels(struct sim *s, struct unit_rt *u, double t) 
       continue;
     k->rate = r[i];
     double end = k->remaining <= 0 ? t : t + k->remaining / (k->rate > 0 ? k->rate : 1e-30);
-    sim_queue_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
+    if (k->ev != UINT32_MAX)
+      sim_queue_cancel(&s->heap, k->ev);
+    k->ev = sim_queue_push(&s->heap, end, EV_KERNEL_END, k->instr, ++k->version, ui);
   }
   if (r != rates)
     g_free(r);
@@ -1344,7 +1372,13 @@ static void comm_polled(struct sim *s, struct unit_rt *u, uint32_t instr, double
 /* A communication of u has ended at t, as u's loop sees it: at once, or, while u computes on
  * the host loop (one task at a time), when that task ends (end_kernel). */
 static void loop_see(struct sim *s, struct unit_rt *u, uint32_t instr, double t) {
-  if (!s->sharing || u->n_kernels == 0) {
+  if (!s->sharing) {
+    /* no host loop: every party completes when it sees the end (POLL_FREE), and nothing reads
+     * the polled marks, so the array (another cache line a party) is left alone */
+    part_done(s, u, instr, t);
+    return;
+  }
+  if (u->n_kernels == 0) {
     comm_polled(s, u, instr, t);
     return;
   }
@@ -1437,6 +1471,7 @@ static void start_kernel(struct sim *s, struct unit_rt *u, uint32_t i, double t)
   if (!(cap > 0 && cap <= 1))
     cap = 1;
   u->kernels[u->n_kernels++] = (struct kernel){.instr = i,
+                                               .ev = UINT32_MAX,
                                                .remaining = kernel_work(s, u, i),
                                                .rate = -1,
                                                .last = t,
@@ -1485,8 +1520,10 @@ static void issue_head(struct sim *s, struct unit_rt *u, uint32_t st, double t) 
   stream_queued(u, c, e, n, st, t);
   for (uint32_t j = 0; j < n; j++) {
     uint32_t i = c->stream_instrs[e + j];
-    if (!AT(u, held, i))
-      alloc_tensors(s, u, i, t); /* issued: a receive's buffer is posted with it */
+    /* issued: a receive's buffer is posted with it, unless the host loop held it already
+     * (hold_ready_recv; only ranks sharing cores do: the array is not read otherwise) */
+    if (!s->sharing || !AT(u, held, i))
+      alloc_tensors(s, u, i, t);
     if (AT(u, slot, i) != IR_NONE) {
       AT(u, posted, i) = t;
       struct slot *sl = &s->slots[AT(u, slot, i)];
@@ -2304,6 +2341,8 @@ __attribute__((noinline)) static void sim_loop(struct sim *s) {
     try_advance(s, &s->u[k], 0);
   while (s->heap.n > 0) {
     struct sim_event e = sim_queue_pop(&s->heap);
+    if (e.type == SIM_QUEUE_CANCELLED)
+      continue; /* a kernel's end event superseded by a new rate */
     if (e.type == EV_KERNEL_END) {
       struct unit_rt *u = &s->u[e.unit];
       int32_t j = kernel_of_event(u, &e);
@@ -2601,7 +2640,7 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
   for (uint32_t k = 0; k < nu; k++) {
     unit_collect(s, res, k);
     if (--left[s->u[k].cls] == 0) {
-      free(s->u[holder[s->u[k].cls]].block);
+      big_free(s->u[holder[s->u[k].cls]].block);
       s->u[holder[s->u[k].cls]].block = NULL;
     }
   }
@@ -2611,11 +2650,11 @@ static void sim_collect(struct sim *s, struct sim_result *res) {
 
 /* The rendezvous and the event queue, before the results are collected (sim_collect). */
 static void sim_free_run(struct sim *s) {
-  free(s->slots);
+  big_free(s->slots);
   g_free(s->costs);
   g_free(s->runs);
   g_free(s->free_runs);
-  free(s->parts);
+  big_free(s->parts);
   sim_queue_free(&s->heap);
   s->slots = NULL;
   s->costs = NULL;
@@ -2628,7 +2667,7 @@ static void sim_free_run(struct sim *s) {
 static void sim_free(struct sim *s) {
   for (uint32_t k = 0; k < s->n_units; k++) {
     struct unit_rt *u = &s->u[k];
-    free(u->block);
+    big_free(u->block);
     if (u->own_kernels)
       g_free(u->kernels);
     if (u->own_ops)
@@ -2636,9 +2675,9 @@ static void sim_free(struct sim *s) {
     g_free(u->seen_late);
     g_free(u->tl);
   }
-  free(s->u);
-  free(s->kernel_pool);
-  free(s->op_pool);
+  big_free(s->u);
+  big_free(s->kernel_pool);
+  big_free(s->op_pool);
   sim_free_run(s);
   g_free(s->unit_node);
   g_free(s->node_first);
@@ -2711,7 +2750,7 @@ void sim_result_free(struct sim_result *r) {
   g_free(r->units);
   g_free(r->device_unit);
   g_free(r->path);
-  free(r->interval_block);
+  big_free(r->interval_block);
   g_free(r);
 }
 

@@ -60,8 +60,19 @@ struct sim_queue {
   uint32_t table_mask, table_n;
 };
 
-void sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, uint32_t version,
-                    uint32_t unit);
+/* The type of an event cancelled while queued (sim_queue_cancel): pop still returns it, in its
+ * place, but its other fields mean nothing. */
+#define SIM_QUEUE_CANCELLED UINT32_MAX
+
+/* Returns the event's handle, valid until the event is popped (its chunk lives that long). */
+uint32_t sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, uint32_t version,
+                        uint32_t unit);
+/* Marks the queued event of handle h cancelled (SIM_QUEUE_CANCELLED). The others keep their
+ * order: a cancelled event is skipped in place, never moved, so the order of those left is the
+ * order they had. Whoever owns the event must know it has not been popped. */
+static inline void sim_queue_cancel(struct sim_queue *q, uint32_t h) {
+  q->c[h / SIM_QUEUE_CHUNK].e[h % SIM_QUEUE_CHUNK].type = SIM_QUEUE_CANCELLED;
+}
 struct sim_event sim_queue_pop(struct sim_queue *q); /* q->n > 0 */
 void sim_queue_free(struct sim_queue *q);
 

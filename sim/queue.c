@@ -129,8 +129,8 @@ static uint32_t bucket_new(struct sim_queue *q, double t) {
   return id;
 }
 
-void sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, uint32_t version,
-                    uint32_t unit) {
+uint32_t sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, uint32_t version,
+                        uint32_t unit) {
   if (t == 0)
     t = 0; /* -0.0 and 0.0 are one time */
   if (!q->table) {
@@ -156,8 +156,10 @@ void sim_queue_push(struct sim_queue *q, double t, uint32_t type, uint32_t id, u
     q->b[bucket].tail = tail = fresh;
   }
   struct sim_queue_chunk *c = &q->c[tail];
+  uint32_t h = tail * SIM_QUEUE_CHUNK + c->n;
   c->e[c->n++] = (struct sim_queue_entry){type, id, version, unit};
   q->n++;
+  return h;
 }
 
 struct sim_event sim_queue_pop(struct sim_queue *q) {

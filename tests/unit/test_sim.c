@@ -2552,11 +2552,12 @@ static void test_scenario_parse(void **state) {
 }
 
 /* The event queue gives (time, push order) exactly, through runs of pushes at one time, times
- * that come back after their bucket went (a bucket reused), and pops between pushes; checked
- * against a stable sort of what is queued. */
+ * that come back after their bucket went (a bucket reused), pops between pushes, and events
+ * cancelled while queued (sim_queue_cancel: popped in place as SIM_QUEUE_CANCELLED, the others'
+ * order kept); checked against a stable sort of what is queued and not cancelled. */
 struct queued_event {
   double t;
-  uint32_t seq;
+  uint32_t seq, handle;
 };
 
 static int queued_cmp(const void *a, const void *b) {
@@ -2581,7 +2582,7 @@ static void test_queue_order(void **state) {
   assert_int_equal(q.n, 0);
   enum { N = 4000 };
   struct queued_event *live = g_new(struct queued_event, N);
-  uint32_t n_live = 0, seq = 0, popped = 0;
+  uint32_t n_live = 0, seq = 0, popped = 0, cancelled = 0, skipped = 0;
   double now = 0;
   uint64_t x = 12345;
   while (seq < N || n_live > 0) {
@@ -2593,8 +2594,15 @@ static void test_queue_order(void **state) {
       double t = now + (double)(r % 3);
       uint32_t run = 1 + (r >> 8) % 40;
       for (uint32_t k = 0; k < run && seq < N; k++) {
-        sim_queue_push(&q, t, 0, seq, 0, 0);
-        live[n_live++] = (struct queued_event){t, seq++};
+        uint32_t h = sim_queue_push(&q, t, 0, seq, 0, 0);
+        live[n_live++] = (struct queued_event){t, seq++, h};
+      }
+      /* one run in four cancels a queued event, as a kernel's new rate does its old end */
+      if (r % 4 == 1 && n_live > 0) {
+        uint32_t k = (r >> 16) % n_live;
+        sim_queue_cancel(&q, live[k].handle);
+        live[k] = live[--n_live];
+        cancelled++;
       }
       continue;
     }
@@ -2603,6 +2611,11 @@ static void test_queue_order(void **state) {
     qsort(live, n_live, sizeof *live, queued_cmp);
     for (uint32_t k = 1 + (r >> 8) % 60; k > 0 && n_live > 0; k--) {
       struct sim_event e = sim_queue_pop(&q);
+      if (e.type == SIM_QUEUE_CANCELLED) {
+        skipped++;
+        k++;
+        continue;
+      }
       assert_true(e.t == live[0].t);
       assert_int_equal(e.id, live[0].seq);
       now = e.t;
@@ -2610,7 +2623,11 @@ static void test_queue_order(void **state) {
       popped++;
     }
   }
-  assert_int_equal(popped, N);
+  while (q.n > 0) /* cancelled events behind the last live one */
+    skipped += sim_queue_pop(&q).type == SIM_QUEUE_CANCELLED;
+  assert_true(cancelled > 0);
+  assert_int_equal(skipped, cancelled);
+  assert_int_equal(popped + cancelled, N);
   assert_int_equal(q.n, 0);
   sim_queue_free(&q);
   g_free(live);
