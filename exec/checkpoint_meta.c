@@ -451,7 +451,8 @@ bool exec_checkpoint_meta_from_json(const char *path, const char *text, size_t l
                                     struct exec_checkpoint_meta *m, GError **err) {
   char *ctx = g_strdup_printf("%s: description", path);
   cJSON *root = json_parse_buffer(ctx, text, len, err);
-  bool ok = root != NULL;
+  /* a key twice would be read as its first value: refused, as in every other input file */
+  bool ok = root != NULL && json_refuse_duplicate_keys(root, ctx, err);
   if (ok && !cJSON_IsObject(root))
     ok = piper_input_error(err, "%s: must be a JSON object", ctx);
   ok = ok && read_scalars(root, m, ctx, err) && read_segments(root, m, ctx, err) &&

@@ -375,6 +375,8 @@ static bool open_source(const char *dir, struct hf_source *src, GError **err) {
   g_free(text);
   if (text && !root)
     ok = piper_input_error(err, "%s: not valid JSON", index);
+  if (root && !json_refuse_duplicate_keys(root, index, err)) /* a tensor mapped twice */
+    ok = false;
   const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
   if (root && !cJSON_IsObject(map))
     ok = piper_input_error(err, "%s: \"weight_map\" must be an object", index);
@@ -555,6 +557,7 @@ static bool check_config(const struct model *m, const char *dir, GError **err) {
   bool ok = text != NULL;
   if (ok && !cJSON_IsObject(cfg))
     ok = piper_input_error(err, "%s: not a JSON object", path);
+  ok = ok && json_refuse_duplicate_keys(cfg, path, err); /* as the model reader refuses them */
   struct model *ck = NULL;
   if (ok) {
     /* training fields that fit any model: the architecture is what is compared */

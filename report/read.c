@@ -183,7 +183,7 @@ static bool metrics_devices(struct report_dir *d, const char *path, GError **err
 }
 
 static bool read_metrics(struct report_dir *d, const char *path, GError **err) {
-  d->metrics = json_parse_file(path, err);
+  d->metrics = json_parse_file_strict(path, err);
   if (!d->metrics)
     return false;
   if (!cJSON_IsObject(d->metrics))
@@ -329,7 +329,7 @@ static bool read_program(struct report_dir *d, GError **err) {
       return false;
     path = g_build_filename(d->path, d->program_file, NULL);
   }
-  d->program = json_parse_file(path, err);
+  d->program = json_parse_file_strict(path, err);
   if (d->program && !cJSON_IsArray(d->program)) {
     piper_input_error(err, "%s: a directive program must be a JSON array", path);
     cJSON_Delete(d->program);
@@ -419,6 +419,17 @@ static bool scan_value(struct trace_scan *s) {
   if (s->pos == start)
     return scan_fail(s, start, "expected a value");
   return true;
+}
+
+/* An event with a key twice would be read by its first value: refused, as every reader of a
+ * JSON file refuses it (the name is built only for the message). */
+static bool event_keys_once(struct trace_scan *s, const cJSON *ev, uint64_t i) {
+  if (json_refuse_duplicate_keys(ev, s->path, NULL))
+    return true;
+  char *name = g_strdup_printf("%s: traceEvents[%" G_GUINT64_FORMAT "]", s->path, (guint64)i);
+  json_refuse_duplicate_keys(ev, name, s->err);
+  g_free(name);
+  return false;
 }
 
 /* Parses buf[start, s->pos) as one JSON value. */
@@ -748,7 +759,7 @@ static bool read_trace_events(struct report_dir_reader *rd, struct trace_scan *s
     cJSON *ev = scan_parse(s, start);
     if (!ev)
       return false;
-    bool ok = trace_event(rd, ev, i, s->path, s->err);
+    bool ok = event_keys_once(s, ev, i) && trace_event(rd, ev, i, s->path, s->err);
     cJSON_Delete(ev);
     if (!ok)
       return false;
@@ -810,6 +821,13 @@ static bool read_trace_other(struct report_dir_reader *rd, struct trace_scan *s)
   cJSON *other = scan_parse(s, start);
   if (!other)
     return false;
+  char *name = g_strdup_printf("%s: otherData", s->path);
+  bool once = json_refuse_duplicate_keys(other, name, s->err);
+  g_free(name);
+  if (!once) {
+    cJSON_Delete(other);
+    return false;
+  }
   const cJSON *k = cJSON_GetObjectItemCaseSensitive(other, "kind");
   bool mixed = cJSON_IsString(k) && strcmp(k->valuestring, rd->d->kind) != 0;
   if (mixed)
@@ -830,6 +848,7 @@ static bool read_trace_object(struct report_dir_reader *rd, struct trace_scan *s
     s->pos++;
     return true;
   }
+  unsigned other = 0;
   for (;;) {
     scan_space(s);
     if (s->pos >= s->len || s->buf[s->pos] != '"')
@@ -843,10 +862,15 @@ static bool read_trace_object(struct report_dir_reader *rd, struct trace_scan *s
       return scan_fail(s, s->pos, "expected :");
     s->pos++;
     if (key_len == 11 && memcmp(s->buf + key, "traceEvents", 11) == 0) {
+      /* a second list would be read on top of the first */
+      if (*events)
+        return piper_input_error(s->err, "%s: key \"traceEvents\" appears twice", s->path);
       if (!read_trace_events(rd, s))
         return false;
       *events = true;
     } else if (key_len == 9 && memcmp(s->buf + key, "otherData", 9) == 0) {
+      if (other++)
+        return piper_input_error(s->err, "%s: key \"otherData\" appears twice", s->path);
       if (!read_trace_other(rd, s))
         return false;
     } else if (!scan_value(s)) {

@@ -443,14 +443,30 @@ rc=$?
 took=$(($(date +%s) - start))
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -lt 60 ] && grep -q "piper-exec: error: rank [0-9]" "$T/kill.log" \
   && ok || bad "killed rank: exit $rc after ${took}s: $(tail -5 "$T/kill.log")"
+# The stalled rank names its own stuck instruction. Two timings a loaded machine breaks when
+# every rank has one short --timeout: the ranks start seconds apart (a rank that waits in
+# start-up longer than its timeout reports "in start-up"), and the healthy peer, idle from a
+# little later, reports only about 0.5 s after the stalled rank (a 0.6 s handicap on the
+# stalled rank was enough for rank 0 to report first and end the job). So the stalled rank's
+# timeout is derived from a healthy run of the same job timed now (1.5 times it, at least 3 s),
+# and the healthy rank gets four times that (one mpirun, an argument list per rank).
+STALL_ARGS=(--model $MOE --directives "$T/pp2.json" --schedule 1f1b --ranks 2 --mbs 4 --no-report --quiet)
+start=$(date +%s.%N)
+timeout 120 "${MPIRUN[@]}" -np 2 "$PE" "${STALL_ARGS[@]}" --warmup 0 --iters 2 --timeout 60 >"$T/healthy.log" 2>&1 ||
+  bad "stuck plan's healthy run: $(tail -5 "$T/healthy.log")"
+healthy=$(python3 -c "import math, sys; print(math.ceil(float(sys.argv[2]) - float(sys.argv[1])))" "$start" "$(date +%s.%N)")
+to=$(((3 * healthy + 1) / 2))
+[ "$to" -ge 3 ] || to=3
+limit=$((2 * healthy + to + 20))
 start=$(date +%s)
-PIPER_EXEC_FAULT=stall:1:2 timeout 120 "${MPIRUN[@]}" -np 2 "$PE" --model $MOE --directives "$T/pp2.json" \
-  --schedule 1f1b --ranks 2 --mbs 4 --iters 50 --timeout 3 --no-report --quiet >"$T/stall.log" 2>&1
+PIPER_EXEC_FAULT=stall:1:2 timeout 120 "${MPIRUN[@]}" -np 1 "$PE" "${STALL_ARGS[@]}" --iters 50 --timeout $((4 * to)) \
+  : -np 1 "$PE" "${STALL_ARGS[@]}" --iters 50 --timeout $to >"$T/stall.log" 2>&1
 rc=$?
 took=$(($(date +%s) - start))
-[ "$rc" -eq 1 ] && [ "$took" -lt 30 ] &&
-  grep -q 'piper-exec: error: rank 1: watchdog: no progress for 3.[0-9] s: stream "[^"]*" is stuck in instruction [0-9]* "recv F' "$T/stall.log" \
-  && ok || bad "stuck plan: exit $rc after ${took}s: $(tail -5 "$T/stall.log")"
+# one watchdog line, the stalled rank's: idle past the timeout by under a look's gap (1 s)
+[ "$rc" -eq 1 ] && [ "$took" -lt "$limit" ] && [ "$(grep -c watchdog "$T/stall.log")" -eq 1 ] &&
+  grep -Eq "piper-exec: error: rank 1: watchdog: no progress for ($to\.[0-9]|$((to + 1))\.0) s: stream \"[^\"]*\" is stuck in instruction [0-9]* \"recv F" "$T/stall.log" \
+  && ok || bad "stuck plan (--timeout $to, healthy run ${healthy}s): exit $rc after ${took}s (limit ${limit}s): $(tail -5 "$T/stall.log")"
 
 # --- resume refuses what it cannot continue exactly; checkpoint housekeeping (issue 16) -------
 # A checkpoint records its run's sharding, placement, batch shape, seed, data and optimizer;

@@ -86,6 +86,13 @@ expect_bad "bad offsets" 'tensor "model.norm.weight": data_offsets [0, 8] do not
 rm -rf "$T/theta"; cp -r "$T/hf_F32" "$T/theta"
 python3 -c "import json,sys; p=sys.argv[1]; d=json.load(open(p)); d['rope_theta']=500000.0; json.dump(d, open(p,'w'))" "$T/theta/config.json"
 expect_bad "config.json" "$T/theta/config.json: rope_theta is 500000, model llama has 10000" "${ONE[@]}" --iters 1 --load-hf "$T/theta"
+# a key twice (Python's json reads the last, cJSON the first) is refused, as the model reader
+# refuses it; likewise in the index
+rm -rf "$T/twice"; cp -r "$T/hf_F32" "$T/twice"
+# (its first key again, with the same value: read alike either way, and still refused)
+key=$(python3 -c "import json,sys; p=sys.argv[1]; t=open(p).read(); k, v = next(iter(json.loads(t).items()))
+open(p, 'w').write('{' + json.dumps(k) + ': ' + json.dumps(v) + ', ' + t.lstrip()[1:]); print(k)" "$T/twice/config.json")
+expect_bad "config.json key twice" "$T/twice/config.json: key \"$key\" appears twice" "${ONE[@]}" --iters 1 --load-hf "$T/twice"
 printf 'garbage' >"$T/garbage.safetensors"; mkdir -p "$T/garbage"; cp "$T/garbage.safetensors" "$T/garbage/model.safetensors"
 expect_bad "not safetensors" "$T/garbage/model.safetensors: not a safetensors file" "${ONE[@]}" --iters 1 --load-hf "$T/garbage"
 mkdir -p "$T/empty"
@@ -109,6 +116,11 @@ rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c '^piper-exec: error: ' "$T/log")" -eq 1 ] && ! grep -q MPI_ABORT "$T/log" &&
   grep -q "^piper-exec: error: $T/noidx/model.safetensors.index.json: tensor \"model.norm.weight\" is in model-00002-of-00002.safetensors, the index's weight_map says nothing" "$T/log" &&
   ok || bad "a tensor the index does not place, 2 ranks: exit $rc, $(cat "$T/log")"
+rm -rf "$T/idx2"; cp -r "$T/hf" "$T/idx2"
+python3 -c "import re,sys; p=sys.argv[1]; t=open(p).read(); open(p,'w').write(re.sub(r'\"weight_map\"\s*:\s*\{', '\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\", ', t, count=1))" \
+  "$T/idx2/model.safetensors.index.json"
+expect_bad "index key twice" "$T/idx2/model.safetensors.index.json: key \"model.norm.weight\" appears twice in \"weight_map\"" \
+  "${ONE[@]}" --iters 1 --load-hf "$T/idx2"
 
 # --- exports ------------------------------------------------------------------------------
 "$PE" "${ONE[@]}" --iters 1 --lr 0 --load-hf "$T/hf" --save-hf "$T/exp32" --no-report >"$T/log" 2>&1 &&

@@ -883,6 +883,21 @@ static void test_checkpoint_compare(void **state) {
   cJSON *j = cJSON_Parse(text);
   assert_non_null(j);
   assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "tiny-moe");
+  struct exec_checkpoint_meta back = {0};
+  if (!exec_checkpoint_meta_from_json("ck", text, strlen(text), &back, &err))
+    fail_msg("%s", err->message);
+  exec_checkpoint_meta_clear(&back);
+  /* a key twice (the first would be read) is refused, naming it */
+  cJSON_AddItemToObject(j, "model", cJSON_CreateString("tiny-dense"));
+  char *twice = cJSON_PrintUnformatted(j);
+  memset(&back, 0, sizeof back);
+  assert_false(exec_checkpoint_meta_from_json("ck", twice, strlen(twice), &back, &err));
+  assert_int_equal(err->code, PIPER_ERROR_INPUT);
+  assert_string_equal(err->message, "ck: description: key \"model\" appears twice in the "
+                                    "top-level object");
+  g_clear_error(&err);
+  exec_checkpoint_meta_clear(&back);
+  cJSON_free(twice);
   cJSON_Delete(j);
   cJSON_free(text);
   g_string_free(notes, TRUE);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../base/json.h"
 #include "../../directives/compile.h"
 #include "../../report/chart.h"
 #include "../../report/report.h"
@@ -227,6 +228,65 @@ static void test_trace_of_every_step(void **state) {
   plan_free(p);
 }
 
+/* Appends to an object of file name in dir (the top level, or its member obj_key when not "";
+ * an array stands for its first element) a second copy of its member key: cJSON keeps both,
+ * a reader sees the first. */
+static void add_duplicate_key(const char *dir, const char *name, const char *obj_key,
+                              const char *key) {
+  char *file = g_build_filename(dir, name, NULL);
+  GError *err = NULL;
+  cJSON *root = json_parse_file(file, &err);
+  if (!root)
+    fail_msg("%s", err->message);
+  cJSON *obj = cJSON_IsArray(root) ? cJSON_GetArrayItem(root, 0) : root;
+  if (*obj_key)
+    obj = cJSON_GetObjectItemCaseSensitive(obj, obj_key);
+  if (cJSON_IsArray(obj))
+    obj = cJSON_GetArrayItem(obj, 0);
+  cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+  assert_non_null(item);
+  cJSON_AddItemToObject(obj, key, cJSON_Duplicate(item, true));
+  char *text = cJSON_PrintUnformatted(root);
+  assert_true(g_file_set_contents(file, text, -1, NULL));
+  cJSON_free(text);
+  cJSON_Delete(root);
+  g_free(file);
+}
+
+/* A key twice in any JSON file of a run directory is refused naming the file and the key
+ * (it was read as its first value, and a second traceEvents list on top of the first). */
+static void test_run_dir_duplicate_keys(void **state) {
+  (void)state;
+  struct plan *p = plan_of("models/tiny-moe.json", "directives/base-schedules/pp2_dp2_ep2.json");
+  static const struct {
+    const char *file, *obj, *key, *want;
+  } cases[] = {
+      {"metrics.json", "", "kind", "metrics.json: key \"kind\" appears twice"},
+      {"trace.json", "", "traceEvents", "trace.json: key \"traceEvents\" appears twice"},
+      {"trace.json", "traceEvents", "name",
+       "trace.json: traceEvents[0]: key \"name\" appears twice"},
+      {"trace.json", "otherData", "kind", "trace.json: otherData: key \"kind\" appears twice"},
+      {"custom_pp2_mbs4.json", "", "op", "custom_pp2_mbs4.json: key \"op\" appears twice"},
+  };
+  for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+    struct fake_run f;
+    fake_run_init(&f, p);
+    char dir[] = "/tmp/test_report_XXXXXX";
+    report_dir_free(write_and_load(&f, dir));
+    add_duplicate_key(dir, cases[c].file, cases[c].obj, cases[c].key);
+    GError *err = NULL;
+    assert_null(report_dir_load(dir, &err));
+    assert_non_null(err);
+    assert_int_equal(err->code, PIPER_ERROR_INPUT);
+    if (!strstr(err->message, cases[c].want))
+      fail_msg("case %zu: %s", c, err->message);
+    g_clear_error(&err);
+    remove_dir(dir);
+    fake_run_free(&f);
+  }
+  plan_free(p);
+}
+
 /* A communication's box may start after its post (the simulator's, when its parties meet):
  * the trace carries the wait, and durations read back (per node and per kind) run from the
  * post, as a measured box does, while the box itself stays where it was drawn. */
@@ -341,6 +401,7 @@ int main(void) {
       cmocka_unit_test(test_charts_of_a_measured_run),
       cmocka_unit_test(test_trace_of_every_step),
       cmocka_unit_test(test_trace_wait_counts_in_durations),
+      cmocka_unit_test(test_run_dir_duplicate_keys),
       cmocka_unit_test(test_chart_write_errors),
       cmocka_unit_test(test_gnuplot_failures),
   };
