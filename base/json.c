@@ -380,16 +380,31 @@ static void path_push(GString *path, const cJSON *parent, const cJSON *child, si
     g_string_append_printf(path, "%s%s", path->len ? "." : "", child->string ? child->string : "");
 }
 
+/* Whether key k of child c appeared before it in obj: a scan for the small objects most
+ * files hold (a trace's events, a plan's instructions), a hash set beyond. */
+#define JSON_DUP_SCAN_MAX 16
+static bool seen_before(const cJSON *obj, const cJSON *c, const char *k, GHashTable *seen) {
+  if (seen)
+    return !g_hash_table_add(seen, (gpointer)k);
+  for (const cJSON *b = obj->child; b != c; b = b->next)
+    if (strcmp(b->string ? b->string : "", k) == 0)
+      return true;
+  return false;
+}
+
 static bool refuse_duplicates(const cJSON *node, GString *path, const char *name, GError **err) {
   if (!cJSON_IsObject(node) && !cJSON_IsArray(node))
     return true;
-  GHashTable *seen = cJSON_IsObject(node) ? g_hash_table_new(g_str_hash, g_str_equal) : NULL;
+  bool object = cJSON_IsObject(node);
+  GHashTable *seen = object && cJSON_GetArraySize(node) > JSON_DUP_SCAN_MAX
+                         ? g_hash_table_new(g_str_hash, g_str_equal)
+                         : NULL;
   bool ok = true;
   size_t index = 0;
   for (const cJSON *c = node->child; ok && c; c = c->next, index++) {
-    if (seen) {
+    if (object) {
       const char *k = c->string ? c->string : "";
-      if (!g_hash_table_add(seen, (gpointer)k)) {
+      if (seen_before(node, c, k, seen)) {
         g_autofree char *q = piper_quote(k, strlen(k), 64);
         g_autofree char *where = path->len ? piper_quote(path->str, path->len, 200)
                                            : g_strdup("the top-level object");

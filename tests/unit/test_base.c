@@ -279,6 +279,20 @@ static void test_duplicate_keys(void **state) {
     g_error_free(err);
     cJSON_Delete(root);
   }
+  /* past the scan's size, the hash set finds the second "k7" too */
+  cJSON *big = cJSON_CreateObject();
+  for (int k = 0; k < 40; k++) {
+    char key[8];
+    snprintf(key, sizeof key, "k%d", k);
+    cJSON_AddNumberToObject(big, key, k);
+  }
+  assert_true(json_refuse_duplicate_keys(big, "f.json", NULL));
+  cJSON_AddNumberToObject(big, "k7", 0);
+  GError *err = NULL;
+  assert_false(json_refuse_duplicate_keys(big, "f.json", &err));
+  assert_string_equal(err->message, "f.json: key \"k7\" appears twice in the top-level object");
+  g_error_free(err);
+  cJSON_Delete(big);
   const char *fine = "{\"a\": {\"a\": 1}, \"b\": [{\"a\": 1}, {\"a\": 2}]}";
   cJSON *root = json_parse_buffer("f.json", fine, strlen(fine), NULL);
   assert_true(json_refuse_duplicate_keys(root, "f.json", NULL));
