@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "../../exec/backend.h"
+#include "../../exec/backend_cuda.h"
 #include "../../exec/cuda_cudnn.h"
 #include "../../exec/gpu_layout.h"
 #include "../../exec/gpu_weights.h"
@@ -976,6 +977,112 @@ static void check_bf16_pointwise(struct check *c) {
   compare(c, "bf16 embedding BW (fp32 dtable)", wte, dwte, (size_t)V * C, TOL_PLAIN);
 }
 
+/* ---- the kernel table for bf16 activations (exec_cuda_kernels_act_bf16) ---------------------
+ * Its shape first: an op keeps its fp32 entry only where it touches no activation (a copy of
+ * bytes, gradient clipping, AdamW); every other entry is converted (its own) or NULL (refused
+ * by name). An fp32 entry left in by mistake would read bf16 bits as floats: that fails here.
+ * Then each converted entry through the table, against the host reference on bf16-rounded
+ * inputs at the kc_bf16_* kernels' tolerance (one rounding of each bf16 output; rstd and the
+ * weights' gradients fp32). */
+static bool act_free_op(const char *name) {
+  static const char *const free_ops[] = {"copy", "sum_squares", "scale", "adamw_step",
+                                         "adamw_multi"};
+  for (size_t i = 0; i < G_N_ELEMENTS(free_ops); i++)
+    if (strcmp(name, free_ops[i]) == 0)
+      return true;
+  return false;
+}
+
+static void check_act16_shape(struct check *c, const struct exec_kernels *k16) {
+  struct {
+    const char *name;
+    void (*fp32)(void), (*bf16)(void);
+  } ops[] = {
+#define EXEC_KERNEL(name, use, params, args)                                                       \
+  {#name, (void (*)(void))c->k->name, (void (*)(void))k16->name},
+#define EXEC_COLLECTIVE(name, use, params, args, pre)
+#include "../../exec/ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
+  };
+  int converted = 0, wrong = 0;
+  for (size_t i = 0; i < G_N_ELEMENTS(ops); i++) {
+    bool same = ops[i].bf16 == ops[i].fp32, free_op = act_free_op(ops[i].name);
+    if (ops[i].bf16 && same != free_op) {
+      printf("FAIL bf16-activation table: %s %s\n", ops[i].name,
+             same ? "is the fp32 entry" : "is not the fp32 entry, and touches no activation");
+      wrong++;
+    }
+    converted += ops[i].bf16 && !same;
+  }
+  printf("%-4s %-44s %d of %zu ops converted\n", wrong ? "FAIL" : "ok",
+         "bf16-activation table (exec_cuda_kernels_act_bf16)", converted, G_N_ELEMENTS(ops));
+  c->run++;
+  c->failed += wrong > 0;
+}
+
+/* widened bf16 device buffer d [n] (float * of the op list) */
+#define F16(p) ((float *)(void *)(p))
+
+static void check_act16_table(struct check *c) {
+  struct exec_kernels k16;
+  exec_cuda_kernels_act_bf16(&k16);
+  check_act16_shape(c, &k16);
+  size_t n = (size_t)T * C;
+  uint16_t *xb, *yb, *gb, *db;
+  float *x = rnd16(c, n, 2, &xb), *y = rnd16(c, n, 2, &yb), *w = rnd(c, C, 1);
+  float *gdh = rnd16(c, n, 1, &gb), *gdx = rnd16(c, n, 1, &db), *gw = rnd(c, C, 1);
+  float *h = g_new(float, n), *rs = g_new(float, T), *ref = g_new(float, n);
+  uint16_t *dx = dev16(c, xb, n), *dy = dev16(c, yb, n), *dh = dev16(c, NULL, n);
+  uint16_t *ddh = dev16(c, gb, n), *ddx = dev16(c, db, n);
+  float *dw = devf(c, w, C), *drs = devf(c, NULL, T), *dgw = devf(c, gw, C);
+  cudaDeviceSynchronize(); /* the uploads went on the backend's setup stream */
+  kernels_rmsnorm_forward(h, rs, x, w, T, C, 1e-6f);
+  k16.rmsnorm_forward(c->s, F16(dh), drs, F16(dx), dw, T, C, 1e-6f);
+  compare16(c, "act bf16: rmsnorm F", h, dh, n, TOL_BF16_STORE);
+  compare(c, "act bf16: rmsnorm F saved (rstd, fp32)", rs, drs, T, TOL_PLAIN);
+  kernels_rmsnorm_backward(gdx, gw, gdh, x, rs, w, T, C, true);
+  k16.rmsnorm_backward(c->s, F16(ddx), dgw, F16(ddh), F16(dx), drs, dw, T, C, true);
+  compare16(c, "act bf16: rmsnorm B (dx, accumulate)", gdx, ddx, n, TOL_BF16_STORE);
+  compare(c, "act bf16: rmsnorm B (dw, fp32)", gw, dgw, C, TOL_PLAIN);
+  /* the residual add rounds its sum into the stream; the norm reads the rounded sum */
+  for (size_t i = 0; i < n; i++)
+    ref[i] = exec_bf16_to_f32(exec_bf16_round(x[i] + y[i]));
+  kernels_rmsnorm_forward(h, rs, ref, w, T, C, 1e-6f);
+  k16.residual_rmsnorm_forward(c->s, F16(dx), F16(dh), drs, F16(dy), dw, T, C, 1e-6f);
+  compare16(c, "act bf16: residual + rmsnorm F (x)", ref, dx, n, 0);
+  compare16(c, "act bf16: residual + rmsnorm F (h)", h, dh, n, TOL_BF16_STORE);
+  for (size_t i = 0; i < n; i++) /* dx now holds the rounded sum: add y once more */
+    ref[i] = exec_bf16_to_f32(exec_bf16_round(ref[i] + y[i]));
+  k16.residual_add_forward(c->s, F16(dx), F16(dy), n);
+  compare16(c, "act bf16: residual_add F", ref, dx, n, 0);
+  for (size_t i = 0; i < n; i++)
+    ref[i] = gdh[i] + y[i];
+  k16.residual_add_backward(c->s, F16(ddh), F16(dy), n, true);
+  compare16(c, "act bf16: residual_add B (accumulate)", ref, ddh, n, TOL_BF16_STORE);
+  k16.residual_add_backward(c->s, F16(ddh), F16(dy), n, false);
+  compare16(c, "act bf16: residual_add B (copy)", y, ddh, n, 0);
+  /* the embedding: rows of the fp32 table rounded once; its gradient in fp32 */
+  int32_t tok[T];
+  for (int t = 0; t < T; t++)
+    tok[t] = (int32_t)g_rand_int_range(c->rng, 0, 7); /* repeats: the order of the sums */
+  float *wte = rnd(c, (size_t)V * C, 1), *dwte = devf(c, wte, (size_t)V * C);
+  int32_t *dtok = dev(c, tok, sizeof tok);
+  cudaDeviceSynchronize();
+  kernels_embedding_forward(ref, tok, wte, T, V, C);
+  for (size_t i = 0; i < n; i++)
+    ref[i] = exec_bf16_to_f32(exec_bf16_round(ref[i]));
+  k16.embedding_forward(c->s, F16(dh), dtok, dwte, T, V, C);
+  compare16(c, "act bf16: embedding F", ref, dh, n, 0);
+  kernels_embedding_backward(wte, y, tok, T, V, C); /* ddh holds y's bits (the copy above) */
+  k16.embedding_backward(c->s, dwte, F16(ddh), dtok, T, V, C);
+  cudaDeviceSynchronize();
+  compare(c, "act bf16: embedding B (fp32 dtable)", wte, dwte, (size_t)V * C, TOL_PLAIN);
+  g_free(h);
+  g_free(rs);
+  g_free(ref);
+}
+
 static void check_op_table(struct check *c) {
   int missing = 0;
   for (int op = 0; op < EXEC_OP_COUNT; op++)
@@ -1018,6 +1125,7 @@ int main(int argc, char **argv) {
   check_embedding_norm(&c);
   check_bf16_norm(&c);
   check_bf16_pointwise(&c);
+  check_act16_table(&c);
   check_attention(&c);
   check_cudnn(&c);
   check_mlp(&c);
