@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../base/assert.h"
 #include "../kernels/kernels_cuda.h"
 #include "backend_cuda.h"
 #include "cuda-impl.h"
@@ -79,6 +80,96 @@ static void a16_rmsnorm_backward(struct exec_stream *s, float *dx, float *dparam
   a16_rmsnorm_backward_weight(s, dparams, dh, x, saved, T, C);
 }
 
+/* ---- the SwiGLU MLP (kernels/mlp.c's layout at bf16: saved g, u, act; bwork dg, du) --------
+ * GEMMs read the bf16 activations as stored (GEMM_A16, GEMM_B16), so bf16 activations come with
+ * bf16 GEMMs. cuBLASLt writes fp32 here (exec_cuda_gemm_pre), so an output activation goes
+ * through fp32 stream-ordered scratch and is rounded once into its bf16 buffer; the gradient of
+ * act is rounded to bf16 before the SwiGLU backward, as a bf16 GEMM output would be. */
+struct mlp16 {
+  const float *wg, *wu, *wd;
+  uint16_t *g, *u, *act, *dg, *du;
+};
+
+static struct mlp16 mlp16_views(struct exec_stream *s, const float *params, const float *saved,
+                                const float *bwork, int T, int C, int F) {
+  /* programmer error: the table is for bf16 models, whose GEMMs take bf16 operands */
+  PIPER_ASSERT(exec_cuda_kernel_ctx(s)->bf16_gemm);
+  size_t TF = (size_t)T * F, CF = (size_t)C * F;
+  struct mlp16 w = {0};
+  if (params) {
+    w.wg = params;
+    w.wu = w.wg + CF;
+    w.wd = w.wu + CF;
+  }
+  if (saved) {
+    w.g = (uint16_t *)(void *)saved;
+    w.u = w.g + TF;
+    w.act = w.u + TF;
+  }
+  if (bwork) {
+    w.dg = (uint16_t *)(void *)bwork;
+    w.du = w.dg + TF;
+  }
+  return w;
+}
+
+static float *scratch32(struct exec_stream *s, size_t n) {
+  return exec_cuda_stream_scratch(s, n * sizeof(float));
+}
+
+static void a16_mlp_forward(struct exec_stream *s, float *m, float *saved, const float *h,
+                            const float *params, int T, int C, int F) {
+  struct mlp16 w = mlp16_views(s, params, saved, NULL, T, C, F);
+  float *t = scratch32(s, (size_t)T * (F > C ? F : C));
+  if (!t)
+    return;
+  exec_cuda_gemm_pre(s, GEMM_A16, false, false, T, F, C, 1.0f, h, C, w.wg, F, 0.0f, t, F);
+  kc_to_bf16(w.g, t, T, F, F, st_of(s));
+  exec_cuda_gemm_pre(s, GEMM_A16, false, false, T, F, C, 1.0f, h, C, w.wu, F, 0.0f, t, F);
+  kc_to_bf16(w.u, t, T, F, F, st_of(s));
+  kc_bf16_swiglu_forward(w.act, w.g, w.u, (size_t)T * F, st_of(s));
+  exec_cuda_gemm_pre(s, GEMM_A16, false, false, T, C, F, 1.0f, w.act, F, w.wd, C, 0.0f, t, C);
+  kc_to_bf16(A16(m), t, T, C, C, st_of(s));
+  cudaFreeAsync(t, st_of(s));
+}
+
+static void a16_mlp_backward_input(struct exec_stream *s, float *dh, float *bwork, const float *dm,
+                                   const float *saved, const float *params, int T, int C, int F,
+                                   bool accumulate) {
+  struct mlp16 w = mlp16_views(s, params, saved, bwork, T, C, F);
+  float *t = scratch32(s, (size_t)T * (F > C ? F : C));
+  if (!t)
+    return;
+  exec_cuda_gemm_pre(s, GEMM_A16, false, true, T, F, C, 1.0f, dm, C, w.wd, C, 0.0f, t, F);
+  kc_to_bf16(w.dg, t, T, F, F, st_of(s)); /* dact, in dg's place: the backward is in place */
+  kc_bf16_swiglu_backward(w.dg, w.du, w.dg, w.g, w.u, (size_t)T * F, st_of(s));
+  if (accumulate)
+    kc_from_bf16(t, C16(dh), (size_t)T * C, st_of(s));
+  float beta = accumulate ? 1.0f : 0.0f;
+  exec_cuda_gemm_pre(s, GEMM_A16, false, true, T, C, F, 1.0f, w.dg, F, w.wg, F, beta, t, C);
+  exec_cuda_gemm_pre(s, GEMM_A16, false, true, T, C, F, 1.0f, w.du, F, w.wu, F, 1.0f, t, C);
+  kc_to_bf16(A16(dh), t, T, C, C, st_of(s));
+  cudaFreeAsync(t, st_of(s));
+}
+
+static void a16_mlp_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                    const float *dm, const float *h, const float *saved, int T,
+                                    int C, int F) {
+  struct mlp16 w = mlp16_views(s, NULL, saved, bwork, T, C, F);
+  float *dwg = dparams, *dwu = dwg + (size_t)C * F, *dwd = dwu + (size_t)C * F;
+  unsigned both = GEMM_A16 | GEMM_B16;
+  exec_cuda_gemm_pre(s, both, true, false, C, F, T, 1.0f, h, C, w.dg, F, 1.0f, dwg, F);
+  exec_cuda_gemm_pre(s, both, true, false, C, F, T, 1.0f, h, C, w.du, F, 1.0f, dwu, F);
+  exec_cuda_gemm_pre(s, both, true, false, F, C, T, 1.0f, w.act, F, dm, C, 1.0f, dwd, C);
+}
+
+static void a16_mlp_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                             const float *dm, const float *h, const float *saved,
+                             const float *params, int T, int C, int F, bool accumulate) {
+  a16_mlp_backward_input(s, dh, bwork, dm, saved, params, T, C, F, accumulate);
+  a16_mlp_backward_weight(s, dparams, bwork, dm, h, saved, T, C, F);
+}
+
 void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   memset(k, 0, sizeof *k);
   /* no activation in these: bytes, or the fp32 parameters, gradients and moments. `fill` and
@@ -101,4 +192,8 @@ void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   k->rmsnorm_backward_input = a16_rmsnorm_backward_input;
   k->rmsnorm_backward_weight = a16_rmsnorm_backward_weight;
   k->rmsnorm_backward = a16_rmsnorm_backward;
+  k->mlp_forward = a16_mlp_forward;
+  k->mlp_backward_input = a16_mlp_backward_input;
+  k->mlp_backward_weight = a16_mlp_backward_weight;
+  k->mlp_backward = a16_mlp_backward;
 }

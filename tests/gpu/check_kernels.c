@@ -1024,6 +1024,8 @@ static void check_act16_shape(struct check *c, const struct exec_kernels *k16) {
 /* widened bf16 device buffer d [n] (float * of the op list) */
 #define F16(p) ((float *)(void *)(p))
 
+static void check_act16_mlp(struct check *c, const struct exec_kernels *k16);
+
 static void check_act16_table(struct check *c) {
   struct exec_kernels k16;
   exec_cuda_kernels_act_bf16(&k16);
@@ -1081,6 +1083,44 @@ static void check_act16_table(struct check *c) {
   g_free(h);
   g_free(rs);
   g_free(ref);
+  check_act16_mlp(c, &k16);
+}
+
+/* The MLP through the bf16-activation table: h, m, dm, dh and the saved g, u, act and bwork's
+ * dg, du in bf16 (the device's own passes feed each other); the host runs in fp32 on the same
+ * bf16-rounded h, dm and dh. Held to the bf16 GEMMs' tolerance (3e-2, the header's reasoning:
+ * up to three GEMMs chained, each off by 2^-7 of its terms at first order); the roundings of
+ * g, u, act, dact and the output add 2^-8 each at most, independent of the GEMMs' and partly
+ * cancelling in the norm-wise measure (measured: under half the tolerance). */
+static void check_act16_mlp(struct check *c, const struct exec_kernels *k16) {
+  if (!c->bf16) {
+    printf("skip act bf16: mlp (bf16 activations come with bf16 GEMMs)\n");
+    return;
+  }
+  size_t P = kernels_mlp_param_count(C, F), SV = kernels_mlp_saved_floats(T, F), n = T * C;
+  size_t BW = kernels_mlp_bwork_floats(T, F);
+  uint16_t *hb, *gb, *ghb;
+  float *p = rnd(c, P, 0.2f), *h = rnd16(c, n, 1, &hb), *m = g_new(float, n);
+  float *saved = g_new(float, SV), *bwork = g_new(float, BW);
+  float *g = rnd16(c, n, 1, &gb), *gh = rnd16(c, n, 1, &ghb), *gp = rnd(c, P, 0.1f);
+  float *dp = devf(c, p, P), *dgp = devf(c, gp, P);
+  uint16_t *dh = dev16(c, hb, n), *dm = dev16(c, NULL, n), *dg = dev16(c, gb, n);
+  uint16_t *dgh = dev16(c, ghb, n), *dsaved = dev16(c, NULL, SV), *dbw = dev16(c, NULL, BW);
+  cudaDeviceSynchronize();
+  kernels_mlp_forward(m, saved, h, p, T, C, F);
+  k16->mlp_forward(c->s, F16(dm), F16(dsaved), F16(dh), dp, T, C, F);
+  compare16(c, "act bf16: mlp F", m, dm, n, c->tol_gemm);
+  compare16(c, "act bf16: mlp F saved (g, u, act)", saved, dsaved, SV, c->tol_gemm);
+  kernels_mlp_backward_input(gh, bwork, g, saved, p, T, C, F, true);
+  k16->mlp_backward_input(c->s, F16(dgh), F16(dbw), F16(dg), F16(dsaved), dp, T, C, F, true);
+  compare16(c, "act bf16: mlp BI (accumulate)", gh, dgh, n, c->tol_gemm);
+  compare16(c, "act bf16: mlp BI bwork (dg, du)", bwork, dbw, BW, c->tol_gemm);
+  kernels_mlp_backward_weight(gp, bwork, g, h, saved, T, C, F);
+  k16->mlp_backward_weight(c->s, dgp, F16(dbw), F16(dg), F16(dh), F16(dsaved), T, C, F);
+  compare(c, "act bf16: mlp BW (fp32 dparams)", gp, dgp, P, c->tol_gemm);
+  g_free(m);
+  g_free(saved);
+  g_free(bwork);
 }
 
 static void check_op_table(struct check *c) {
