@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../base/assert.h"
+#include "../kernels/kernels.h"
 #include "../kernels/kernels_cuda.h"
 #include "backend_cuda.h"
 #include "cuda-impl.h"
@@ -170,6 +171,168 @@ static void a16_mlp_backward(struct exec_stream *s, float *dh, float *dparams, f
   a16_mlp_backward_weight(s, dparams, bwork, dm, h, saved, T, C, F);
 }
 
+/* ---- attention (kernels/attention.c's layout at mixed widths: saved q, k, v in bf16, then the
+ * core: lse [B, H, S] fp32 and y in bf16, after v or in d->core; bwork dy, dq, dk, dv in bf16).
+ * An adapter, correct and not yet fast: each entry widens its bf16 operands exactly into fp32
+ * stream-ordered scratch in the host layout, runs the fp32-activation entry (cuDNN's, the own
+ * fused or the unfused core, as configured) and rounds what it wrote once into the bf16
+ * buffers. The fp32 entries round h, q, k, v, y to bf16 for their GEMMs and cores anyway, and
+ * widening a bf16 value then rounding it is exact, so the adapter adds only the roundings of
+ * its stores. The fast form reads the bf16 buffers directly (the fused kernels and cuDNN take
+ * bf16 operands: their own per-call bf16 copies go away). */
+struct att16 {
+  uint16_t *qkv, *y;
+  float *lse;
+  size_t n_qkv, n_lse, n_y; /* elements */
+};
+
+static struct att16 att16_views(const struct kernels_attention_dims *d, const float *saved) {
+  size_t T = (size_t)d->batch * d->seq, HD = (size_t)d->heads * d->head_dim;
+  size_t KD = (size_t)d->kv_heads * d->head_dim;
+  struct att16 a = {NULL, NULL, NULL, T * (HD + 2 * KD), (size_t)d->batch * d->heads * d->seq,
+                    T * HD};
+  a.qkv = (uint16_t *)(void *)saved;
+  char *core = d->core ? (char *)d->core : saved ? (char *)(a.qkv + a.n_qkv) : NULL;
+  if (core) {
+    a.lse = (float *)(void *)core;
+    a.y = (uint16_t *)(void *)(core + a.n_lse * sizeof(float));
+  }
+  return a;
+}
+
+/* d for the fp32 entry: the core after v, in one fp32 buffer */
+static struct kernels_attention_dims att32_dims(const struct kernels_attention_dims *d) {
+  struct kernels_attention_dims d32 = *d;
+  d32.core = NULL;
+  return d32;
+}
+
+static void widen(struct exec_stream *s, float *dst, const uint16_t *src, size_t n) {
+  kc_from_bf16(dst, src, n, st_of(s));
+}
+
+static void round_into(struct exec_stream *s, uint16_t *dst, const float *src, size_t n) {
+  PIPER_ASSERT(n <= INT_MAX);
+  kc_to_bf16(dst, src, 1, (int)n, (int)n, st_of(s));
+}
+
+static void copy_f32(struct exec_stream *s, float *dst, const float *src, size_t n) {
+  if (n)
+    cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, st_of(s));
+}
+
+/* the bf16 saved of d widened into the fp32 layout s32 (q, k, v, lse, y) */
+static void att16_widen(struct exec_stream *s, const struct kernels_attention_dims *d,
+                        const float *saved, float *s32, bool core) {
+  struct att16 a = att16_views(d, saved);
+  widen(s, s32, a.qkv, a.n_qkv);
+  if (!core)
+    return;
+  copy_f32(s, s32 + a.n_qkv, a.lse, a.n_lse);
+  widen(s, s32 + a.n_qkv + a.n_lse, a.y, a.n_y);
+}
+
+/* s32's parts stored into d's bf16 saved: q, k, v when qkv, the core (lse, y) when core */
+static void att16_store(struct exec_stream *s, const struct kernels_attention_dims *d,
+                        float *saved, const float *s32, bool qkv, bool core) {
+  struct att16 a = att16_views(d, saved);
+  if (qkv)
+    round_into(s, a.qkv, s32, a.n_qkv);
+  if (core) {
+    copy_f32(s, a.lse, s32 + a.n_qkv, a.n_lse);
+    round_into(s, a.y, s32 + a.n_qkv + a.n_lse, a.n_y);
+  }
+}
+
+/* fp32 scratch: n[i] floats each, one allocation; NULL when it failed (the stream failed) */
+static float *scratch_parts(struct exec_stream *s, int k, const size_t *n, float **part) {
+  size_t all = 0;
+  for (int i = 0; i < k; i++)
+    all += (n[i] + 3) / 4 * 4; /* 16-byte parts: the kernels' vector loads */
+  float *x = scratch32(s, all);
+  size_t at = 0;
+  for (int i = 0; i < k; i++) {
+    part[i] = x ? x + at : NULL;
+    at += (n[i] + 3) / 4 * 4;
+  }
+  return x;
+}
+
+static size_t att_rows(const struct kernels_attention_dims *d) {
+  return (size_t)d->batch * d->seq * d->hidden;
+}
+
+static void a16_attention_forward(struct exec_stream *s, float *a, float *saved, const float *h,
+                                  const float *params, const struct kernels_attention_dims *d) {
+  struct kernels_attention_dims d32 = att32_dims(d);
+  size_t n[3] = {att_rows(d), kernels_attention_saved_floats(&d32), att_rows(d)};
+  float *p[3], *x = scratch_parts(s, 3, n, p);
+  if (!x)
+    return;
+  widen(s, p[0], C16(h), n[0]);
+  exec_cuda_kernels.attention_forward(s, p[2], p[1], p[0], params, &d32);
+  att16_store(s, d, saved, p[1], true, true);
+  round_into(s, A16(a), p[2], n[2]);
+  cudaFreeAsync(x, st_of(s));
+}
+
+static void a16_attention_core_forward(struct exec_stream *s, float *saved,
+                                       const struct kernels_attention_dims *d) {
+  struct kernels_attention_dims d32 = att32_dims(d);
+  size_t n[1] = {kernels_attention_saved_floats(&d32)};
+  float *p[1], *x = scratch_parts(s, 1, n, p);
+  if (!x)
+    return;
+  att16_widen(s, d, saved, p[0], false);
+  exec_cuda_kernels.attention_core_forward(s, p[0], &d32);
+  att16_store(s, d, saved, p[0], false, true);
+  cudaFreeAsync(x, st_of(s));
+}
+
+static void a16_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                         const float *da, const float *saved, const float *params,
+                                         const struct kernels_attention_dims *d, bool accumulate) {
+  struct kernels_attention_dims d32 = att32_dims(d);
+  size_t n[4] = {att_rows(d), kernels_attention_saved_floats(&d32),
+                 kernels_attention_bwork_floats(&d32), att_rows(d)};
+  float *p[4], *x = scratch_parts(s, 4, n, p);
+  if (!x)
+    return;
+  widen(s, p[0], C16(da), n[0]);
+  att16_widen(s, d, saved, p[1], true);
+  if (accumulate)
+    widen(s, p[3], C16(dh), n[3]);
+  exec_cuda_kernels.attention_backward_input(s, p[3], p[2], p[0], p[1], params, &d32, accumulate);
+  round_into(s, A16(dh), p[3], n[3]);
+  round_into(s, A16(bwork), p[2], n[2]);
+  cudaFreeAsync(x, st_of(s));
+}
+
+static void a16_attention_backward_weight(struct exec_stream *s, float *dparams, const float *bwork,
+                                          const float *da, const float *h, const float *saved,
+                                          const struct kernels_attention_dims *d) {
+  struct kernels_attention_dims d32 = att32_dims(d);
+  size_t n[4] = {att_rows(d), kernels_attention_saved_floats(&d32),
+                 kernels_attention_bwork_floats(&d32), att_rows(d)};
+  float *p[4], *x = scratch_parts(s, 4, n, p);
+  if (!x)
+    return;
+  widen(s, p[0], C16(da), n[0]);
+  att16_widen(s, d, saved, p[1], true);
+  widen(s, p[2], C16(bwork), n[2]);
+  widen(s, p[3], C16(h), n[3]);
+  exec_cuda_kernels.attention_backward_weight(s, dparams, p[2], p[0], p[3], p[1], &d32);
+  cudaFreeAsync(x, st_of(s));
+}
+
+static void a16_attention_backward(struct exec_stream *s, float *dh, float *dparams, float *bwork,
+                                   const float *da, const float *h, const float *saved,
+                                   const float *params, const struct kernels_attention_dims *d,
+                                   bool accumulate) {
+  a16_attention_backward_input(s, dh, bwork, da, saved, params, d, accumulate);
+  a16_attention_backward_weight(s, dparams, bwork, da, h, saved, d);
+}
+
 void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   memset(k, 0, sizeof *k);
   /* no activation in these: bytes, or the fp32 parameters, gradients and moments. `fill` and
@@ -196,4 +359,9 @@ void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   k->mlp_backward_input = a16_mlp_backward_input;
   k->mlp_backward_weight = a16_mlp_backward_weight;
   k->mlp_backward = a16_mlp_backward;
+  k->attention_forward = a16_attention_forward;
+  k->attention_backward_input = a16_attention_backward_input;
+  k->attention_backward_weight = a16_attention_backward_weight;
+  k->attention_backward = a16_attention_backward;
+  k->attention_core_forward = a16_attention_core_forward;
 }

@@ -1025,6 +1025,7 @@ static void check_act16_shape(struct check *c, const struct exec_kernels *k16) {
 #define F16(p) ((float *)(void *)(p))
 
 static void check_act16_mlp(struct check *c, const struct exec_kernels *k16);
+static void check_act16_attention(struct check *c, const struct exec_kernels *k16);
 
 static void check_act16_table(struct check *c) {
   struct exec_kernels k16;
@@ -1084,6 +1085,7 @@ static void check_act16_table(struct check *c) {
   g_free(rs);
   g_free(ref);
   check_act16_mlp(c, &k16);
+  check_act16_attention(c, &k16);
 }
 
 /* The MLP through the bf16-activation table: h, m, dm, dh and the saved g, u, act and bwork's
@@ -1121,6 +1123,71 @@ static void check_act16_mlp(struct check *c, const struct exec_kernels *k16) {
   g_free(m);
   g_free(saved);
   g_free(bwork);
+}
+
+/* Attention through the bf16-activation table at shape d: saved q, k, v, y in bf16 and lse in
+ * fp32 (after v, or in a core buffer of its own under selective recomputation), bwork in bf16;
+ * the device's passes feed each other, the host runs in fp32 on the same bf16-rounded h and
+ * da. The bf16 GEMMs' tolerance (3e-2: the fp32-activation entries round the same operands to
+ * bf16; the stores add one rounding, 2^-8, each). */
+static void check_act16_attention_shape(struct check *c, const struct exec_kernels *k16,
+                                        const char *label, struct kernels_attention_dims d) {
+  char what[96];
+  size_t TC = (size_t)d.batch * d.seq * d.hidden, P = kernels_attention_param_count(&d);
+  size_t SV = kernels_attention_saved_floats(&d), BW = kernels_attention_bwork_floats(&d);
+  size_t CORE = kernels_attention_core_floats(&d), NL = (size_t)d.batch * d.heads * d.seq;
+  size_t NQKV = SV - CORE, NY = CORE - NL, core16 = NL * 4 + NY * 2;
+  uint16_t *hb, *gb;
+  float *p = rnd(c, P, 0.2f), *h = rnd16(c, TC, 1, &hb), *g = rnd16(c, TC, 1, &gb);
+  float *a = g_new(float, TC), *saved = g_new0(float, SV), *bwork = g_new0(float, BW);
+  float *gh = g_new0(float, TC), *gp = rnd(c, P, 0.1f), *dp = devf(c, p, P), *dgp = devf(c, gp, P);
+  uint16_t *dh = dev16(c, hb, TC), *da = dev16(c, NULL, TC), *dg = dev16(c, gb, TC);
+  uint16_t *dgh = dev16(c, NULL, TC), *dbw = dev16(c, NULL, BW);
+  uint16_t *dsv = dev(c, NULL, NQKV * 2 + core16), *dcore = dev(c, NULL, core16);
+  cudaDeviceSynchronize();
+  kernels_attention_forward(a, saved, h, p, &d);
+  k16->attention_forward(c->s, F16(da), F16(dsv), F16(dh), dp, &d);
+  g_snprintf(what, sizeof what, "act bf16: attention %s F", label);
+  compare16(c, what, a, da, TC, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: attention %s F saved (q k v)", label);
+  compare16(c, what, saved, dsv, NQKV, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: attention %s F saved (lse, fp32)", label);
+  compare(c, what, saved + NQKV, F16(dsv + NQKV), NL, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: attention %s F saved (y)", label);
+  compare16(c, what, saved + NQKV + NL, dsv + NQKV + 2 * NL, NY, c->tol_gemm);
+  struct kernels_attention_dims dc = d;
+  dc.core = F16(dcore);
+  k16->attention_core_forward(c->s, F16(dsv), &dc);
+  g_snprintf(what, sizeof what, "act bf16: attention %s core rerun = F's lse y", label);
+  compare_bits(c, what, F16(dcore), F16(dsv + NQKV), core16 / 4, true);
+  kernels_attention_backward_input(gh, bwork, g, saved, p, &d, false);
+  k16->attention_backward_input(c->s, F16(dgh), F16(dbw), F16(dg), F16(dsv), dp, &d, false);
+  g_snprintf(what, sizeof what, "act bf16: attention %s BI", label);
+  compare16(c, what, gh, dgh, TC, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: attention %s BI bwork (dy dq dk dv)", label);
+  compare16(c, what, bwork, dbw, BW, c->tol_gemm);
+  kernels_attention_backward_weight(gp, bwork, g, h, saved, &d);
+  k16->attention_backward_weight(c->s, dgp, F16(dbw), F16(dg), F16(dh), F16(dsv), &d);
+  g_snprintf(what, sizeof what, "act bf16: attention %s BW (fp32 dparams)", label);
+  compare(c, what, gp, dgp, P, c->tol_gemm);
+  float *hbufs[] = {a, saved, bwork, gh};
+  for (size_t i = 0; i < G_N_ELEMENTS(hbufs); i++)
+    g_free(hbufs[i]);
+}
+
+/* the unfused per-head core's small shape and one of the fused kernel's */
+static void check_act16_attention(struct check *c, const struct exec_kernels *k16) {
+  if (!c->bf16) {
+    printf("skip act bf16: attention (bf16 activations come with bf16 GEMMs)\n");
+    return;
+  }
+  struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
+  check_act16_attention_shape(c, k16, "B2 S16 H4/2 D16",
+                              (struct kernels_attention_dims){B, S, H, KV, D, C, 10000.0f, &sc,
+                                                              NULL, 0, 0});
+  check_act16_attention_shape(c, k16, "S256 H8/2 D64",
+                              (struct kernels_attention_dims){1, 256, 8, 2, 64, 128, 500000.0f,
+                                                              &sc, NULL, 0, 0});
 }
 
 static void check_op_table(struct check *c) {
