@@ -333,6 +333,73 @@ static void a16_attention_backward(struct exec_stream *s, float *dh, float *dpar
   a16_attention_backward_weight(s, dparams, bwork, da, h, saved, d);
 }
 
+/* ---- the LM head and loss: saved is fp32 statistics alone (each row's max logit and 1 / sum
+ * of exp); h and dh are bf16. The same adapter: h widened exactly (the fp32 entries round it
+ * to bf16 for their GEMMs: the same operand), dh rounded once. */
+static void a16_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved,
+                                     const float *h, const int32_t *targets, const float *params,
+                                     enum kernels_lm_head_layout layout, int T, int C, int V) {
+  size_t n = (size_t)T * C;
+  float *h32 = scratch32(s, n);
+  if (!h32)
+    return;
+  widen(s, h32, C16(h), n);
+  exec_cuda_kernels.lm_head_loss_forward(s, loss, saved, h32, targets, params, layout, T, C, V);
+  cudaFreeAsync(h32, st_of(s));
+}
+
+static void a16_lm_head_loss_backward_input(struct exec_stream *s, float *dh, float *bwork,
+                                            const float *saved, const float *h,
+                                            const int32_t *targets, const float *params,
+                                            enum kernels_lm_head_layout layout, float dloss, int T,
+                                            int C, int V, bool accumulate) {
+  size_t n[2] = {(size_t)T * C, (size_t)T * C};
+  float *p[2], *x = scratch_parts(s, 2, n, p);
+  if (!x)
+    return;
+  widen(s, p[0], C16(h), n[0]);
+  if (accumulate)
+    widen(s, p[1], C16(dh), n[1]);
+  exec_cuda_kernels.lm_head_loss_backward_input(s, p[1], bwork, saved, p[0], targets, params,
+                                                layout, dloss, T, C, V, accumulate);
+  round_into(s, A16(dh), p[1], n[1]);
+  cudaFreeAsync(x, st_of(s));
+}
+
+static void a16_lm_head_loss_backward_weight(struct exec_stream *s, float *dparams,
+                                             const float *bwork, const float *saved,
+                                             const float *h, const int32_t *targets,
+                                             const float *params, enum kernels_lm_head_layout layout,
+                                             float dloss, int T, int C, int V) {
+  size_t n = (size_t)T * C;
+  float *h32 = scratch32(s, n);
+  if (!h32)
+    return;
+  widen(s, h32, C16(h), n);
+  exec_cuda_kernels.lm_head_loss_backward_weight(s, dparams, bwork, saved, h32, targets, params,
+                                                 layout, dloss, T, C, V);
+  cudaFreeAsync(h32, st_of(s));
+}
+
+/* the fused B (each tile's logits once for both gradients) on the widened h */
+static void a16_lm_head_loss_backward(struct exec_stream *s, float *dh, float *dparams,
+                                      float *bwork, const float *saved, const float *h,
+                                      const int32_t *targets, const float *params,
+                                      enum kernels_lm_head_layout layout, float dloss, int T, int C,
+                                      int V, bool accumulate) {
+  size_t n[2] = {(size_t)T * C, (size_t)T * C};
+  float *p[2], *x = scratch_parts(s, 2, n, p);
+  if (!x)
+    return;
+  widen(s, p[0], C16(h), n[0]);
+  if (accumulate)
+    widen(s, p[1], C16(dh), n[1]);
+  exec_cuda_kernels.lm_head_loss_backward(s, p[1], dparams, bwork, saved, p[0], targets, params,
+                                          layout, dloss, T, C, V, accumulate);
+  round_into(s, A16(dh), p[1], n[1]);
+  cudaFreeAsync(x, st_of(s));
+}
+
 void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   memset(k, 0, sizeof *k);
   /* no activation in these: bytes, or the fp32 parameters, gradients and moments. `fill` and
@@ -364,4 +431,8 @@ void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   k->attention_backward_weight = a16_attention_backward_weight;
   k->attention_backward = a16_attention_backward;
   k->attention_core_forward = a16_attention_core_forward;
+  k->lm_head_loss_forward = a16_lm_head_loss_forward;
+  k->lm_head_loss_backward_input = a16_lm_head_loss_backward_input;
+  k->lm_head_loss_backward_weight = a16_lm_head_loss_backward_weight;
+  k->lm_head_loss_backward = a16_lm_head_loss_backward;
 }

@@ -1026,6 +1026,8 @@ static void check_act16_shape(struct check *c, const struct exec_kernels *k16) {
 
 static void check_act16_mlp(struct check *c, const struct exec_kernels *k16);
 static void check_act16_attention(struct check *c, const struct exec_kernels *k16);
+static void check_act16_lm_head(struct check *c, const struct exec_kernels *k16,
+                                enum kernels_lm_head_layout layout);
 
 static void check_act16_table(struct check *c) {
   struct exec_kernels k16;
@@ -1086,6 +1088,8 @@ static void check_act16_table(struct check *c) {
   g_free(ref);
   check_act16_mlp(c, &k16);
   check_act16_attention(c, &k16);
+  check_act16_lm_head(c, &k16, KERNELS_LM_HEAD_UNTIED);
+  check_act16_lm_head(c, &k16, KERNELS_LM_HEAD_TIED);
 }
 
 /* The MLP through the bf16-activation table: h, m, dm, dh and the saved g, u, act and bwork's
@@ -1188,6 +1192,53 @@ static void check_act16_attention(struct check *c, const struct exec_kernels *k1
   check_act16_attention_shape(c, k16, "S256 H8/2 D64",
                               (struct kernels_attention_dims){1, 256, 8, 2, 64, 128, 500000.0f,
                                                               &sc, NULL, 0, 0});
+}
+
+/* The LM head through the bf16-activation table: h and dh in bf16, the saved row statistics,
+ * the loss and dparams fp32; the host on the same bf16-rounded h. B (fused) against BI + BW. */
+static void check_act16_lm_head(struct check *c, const struct exec_kernels *k16,
+                                enum kernels_lm_head_layout layout) {
+  if (!c->bf16) {
+    printf("skip act bf16: lm_head (bf16 activations come with bf16 GEMMs)\n");
+    return;
+  }
+  const char *name = layout == KERNELS_LM_HEAD_TIED ? "tied" : "untied";
+  char what[80];
+  int32_t tg[T];
+  for (int t = 0; t < T; t++)
+    tg[t] = (int32_t)g_rand_int_range(c->rng, 0, V);
+  size_t PV = (size_t)C * V;
+  uint16_t *hb, *gb;
+  float *p = rnd(c, PV, 0.2f), *h = rnd16(c, T * C, 1, &hb), *g = rnd16(c, T * C, 1, &gb);
+  float *saved = g_new(float, 2 * T), *gp = rnd(c, PV, 0.1f), loss;
+  float *dp = devf(c, p, PV), *dsaved = devf(c, NULL, 2 * T), *dloss = devf(c, NULL, 1);
+  float *dgp = devf(c, gp, PV), *dgp2 = devf(c, gp, PV);
+  uint16_t *dh = dev16(c, hb, T * C), *dgh = dev16(c, gb, T * C), *dgh2 = dev16(c, gb, T * C);
+  int32_t *dtg = dev(c, tg, sizeof tg);
+  cudaDeviceSynchronize();
+  kernels_lm_head_loss_forward(&loss, saved, h, tg, p, layout, T, C, V);
+  k16->lm_head_loss_forward(c->s, dloss, dsaved, F16(dh), dtg, dp, layout, T, C, V);
+  g_snprintf(what, sizeof what, "act bf16: lm_head F %s (loss)", name);
+  compare(c, what, &loss, dloss, 1, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: lm_head F %s saved (fp32 stats)", name);
+  compare(c, what, saved, dsaved, 2 * T, c->tol_gemm);
+  kernels_lm_head_loss_backward_input(g, NULL, saved, h, tg, p, layout, 0.5f, T, C, V, true);
+  k16->lm_head_loss_backward_input(c->s, F16(dgh), NULL, dsaved, F16(dh), dtg, dp, layout, 0.5f,
+                                   T, C, V, true);
+  g_snprintf(what, sizeof what, "act bf16: lm_head BI %s (accumulate)", name);
+  compare16(c, what, g, dgh, T * C, c->tol_gemm);
+  kernels_lm_head_loss_backward_weight(gp, NULL, saved, h, tg, p, layout, 0.5f, T, C, V);
+  k16->lm_head_loss_backward_weight(c->s, dgp, NULL, dsaved, F16(dh), dtg, dp, layout, 0.5f, T, C,
+                                    V);
+  g_snprintf(what, sizeof what, "act bf16: lm_head BW %s (fp32 dparams)", name);
+  compare(c, what, gp, dgp, PV, c->tol_gemm);
+  k16->lm_head_loss_backward(c->s, F16(dgh2), dgp2, NULL, dsaved, F16(dh), dtg, dp, layout, 0.5f,
+                             T, C, V, true);
+  g_snprintf(what, sizeof what, "act bf16: lm_head B %s (dh)", name);
+  compare16(c, what, g, dgh2, T * C, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: lm_head B %s (fp32 dparams)", name);
+  compare(c, what, gp, dgp2, PV, c->tol_gemm);
+  g_free(saved);
 }
 
 static void check_op_table(struct check *c) {
