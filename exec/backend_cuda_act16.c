@@ -400,9 +400,51 @@ static void a16_lm_head_loss_backward(struct exec_stream *s, float *dh, float *d
   cudaFreeAsync(x, st_of(s));
 }
 
+/* ---- tensor parallelism's vocabulary slice [lo, lo + n): the embedding's rows on the bf16
+ * kernels (a token outside the slice gets zeros and adds no gradient), the head's statistics
+ * and backward as the LM head's adapter (dh is the slice's partial sum, summed over the TP
+ * group in bf16 as Megatron sums it); the statistics' merge touches no activation. */
+static void a16_tp_embedding_forward(struct exec_stream *s, float *x, const int32_t *tokens,
+                                     const float *table, int T, int C, int lo, int n) {
+  kc_bf16_embedding_forward(A16(x), tokens, table, T, C, lo, n, st_of(s));
+}
+
+static void a16_tp_embedding_backward(struct exec_stream *s, float *dtable, const float *dx,
+                                      const int32_t *tokens, int T, int C, int lo, int n) {
+  kc_bf16_embedding_backward(dtable, C16(dx), tokens, T, C, lo, n, st_of(s));
+}
+
+static void a16_tp_head_stats(struct exec_stream *s, float *stats, const float *h,
+                              const int32_t *targets, const float *w,
+                              enum kernels_lm_head_layout layout, int T, int C, int lo, int n) {
+  size_t m = (size_t)T * C;
+  float *h32 = scratch32(s, m);
+  if (!h32)
+    return;
+  widen(s, h32, C16(h), m);
+  exec_cuda_kernels.tp_head_stats(s, stats, h32, targets, w, layout, T, C, lo, n);
+  cudaFreeAsync(h32, st_of(s));
+}
+
+static void a16_tp_head_backward(struct exec_stream *s, float *dh, float *dw, const float *saved,
+                                 const float *h, const int32_t *targets, const float *w,
+                                 enum kernels_lm_head_layout layout, float dloss, int T, int C,
+                                 int lo, int n) {
+  size_t m[2] = {(size_t)T * C, (size_t)T * C};
+  float *p[2], *x = scratch_parts(s, 2, m, p);
+  if (!x)
+    return;
+  widen(s, p[0], C16(h), m[0]);
+  exec_cuda_kernels.tp_head_backward(s, p[1], dw, saved, p[0], targets, w, layout, dloss, T, C,
+                                     lo, n);
+  round_into(s, A16(dh), p[1], m[1]);
+  cudaFreeAsync(x, st_of(s));
+}
+
 void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   memset(k, 0, sizeof *k);
-  /* no activation in these: bytes, or the fp32 parameters, gradients and moments. `fill` and
+  /* no activation in these: bytes, the fp32 parameters, gradients and moments, or the LM
+   * head's row statistics (tp_head_combine). `fill` and
    * `add` are not here: the runner uses them on fp32 parameter gradients and on activations
    * alike, so they need activation twins in the op list first. */
   const struct exec_kernels *fp32 = &exec_cuda_kernels;
@@ -411,6 +453,7 @@ void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   k->scale = fp32->scale;
   k->adamw_step = fp32->adamw_step;
   k->adamw_multi = fp32->adamw_multi;
+  k->tp_head_combine = fp32->tp_head_combine;
   /* converted: bf16 activations in and out, fp32 arithmetic and statistics */
   k->residual_add_forward = a16_residual_add_forward;
   k->residual_add_backward = a16_residual_add_backward;
@@ -435,4 +478,8 @@ void exec_cuda_kernels_act_bf16(struct exec_kernels *k) {
   k->lm_head_loss_backward_input = a16_lm_head_loss_backward_input;
   k->lm_head_loss_backward_weight = a16_lm_head_loss_backward_weight;
   k->lm_head_loss_backward = a16_lm_head_loss_backward;
+  k->tp_embedding_forward = a16_tp_embedding_forward;
+  k->tp_embedding_backward = a16_tp_embedding_backward;
+  k->tp_head_stats = a16_tp_head_stats;
+  k->tp_head_backward = a16_tp_head_backward;
 }

@@ -985,8 +985,8 @@ static void check_bf16_pointwise(struct check *c) {
  * inputs at the kc_bf16_* kernels' tolerance (one rounding of each bf16 output; rstd and the
  * weights' gradients fp32). */
 static bool act_free_op(const char *name) {
-  static const char *const free_ops[] = {"copy", "sum_squares", "scale", "adamw_step",
-                                         "adamw_multi"};
+  static const char *const free_ops[] = {"copy",       "sum_squares", "scale",
+                                         "adamw_step", "adamw_multi", "tp_head_combine"};
   for (size_t i = 0; i < G_N_ELEMENTS(free_ops); i++)
     if (strcmp(name, free_ops[i]) == 0)
       return true;
@@ -1028,6 +1028,8 @@ static void check_act16_mlp(struct check *c, const struct exec_kernels *k16);
 static void check_act16_attention(struct check *c, const struct exec_kernels *k16);
 static void check_act16_lm_head(struct check *c, const struct exec_kernels *k16,
                                 enum kernels_lm_head_layout layout);
+static void check_act16_tp(struct check *c, const struct exec_kernels *k16,
+                           enum kernels_lm_head_layout layout);
 
 static void check_act16_table(struct check *c) {
   struct exec_kernels k16;
@@ -1090,6 +1092,8 @@ static void check_act16_table(struct check *c) {
   check_act16_attention(c, &k16);
   check_act16_lm_head(c, &k16, KERNELS_LM_HEAD_UNTIED);
   check_act16_lm_head(c, &k16, KERNELS_LM_HEAD_TIED);
+  check_act16_tp(c, &k16, KERNELS_LM_HEAD_UNTIED);
+  check_act16_tp(c, &k16, KERNELS_LM_HEAD_TIED);
 }
 
 /* The MLP through the bf16-activation table: h, m, dm, dh and the saved g, u, act and bwork's
@@ -1241,6 +1245,61 @@ static void check_act16_lm_head(struct check *c, const struct exec_kernels *k16,
   g_free(saved);
 }
 
+/* Tensor parallelism's vocabulary slice through the bf16-activation table (check_tp's shapes):
+ * the embedding's rows rounded once (exact against the rounded host rows), its gradient fp32,
+ * the head's statistics and its partial dh on bf16 h. */
+static void check_act16_tp(struct check *c, const struct exec_kernels *k16,
+                           enum kernels_lm_head_layout layout) {
+  enum { LO = 40, N = 33 };
+  if (!c->bf16) {
+    printf("skip act bf16: tp (bf16 activations come with bf16 GEMMs)\n");
+    return;
+  }
+  const char *name = layout == KERNELS_LM_HEAD_TIED ? "tied" : "untied";
+  char what[80];
+  int32_t tok[T];
+  for (int t = 0; t < T; t++)
+    tok[t] = (int32_t)g_rand_int_range(c->rng, 0, V);
+  size_t TC = (size_t)T * C, P = (size_t)N * C;
+  uint16_t *gb, *hb;
+  float *tab = rnd(c, P, 1), *x = g_new(float, TC), *g = rnd16(c, TC, 1, &gb);
+  float *gt = rnd(c, P, 1), *h = rnd16(c, TC, 1, &hb), *stats = g_new(float, 3 * (size_t)T);
+  float *saved = g_new(float, 2 * (size_t)T), *gh = g_new(float, TC), *gw = rnd(c, P, 0.1f);
+  int32_t *dtok = dev(c, tok, sizeof tok);
+  float *dtab = devf(c, tab, P), *dgt = devf(c, gt, P), *dstats = devf(c, NULL, 3 * (size_t)T);
+  float *dgw = devf(c, gw, P), *dsaved;
+  uint16_t *dx = dev16(c, NULL, TC), *dg = dev16(c, gb, TC), *dh = dev16(c, hb, TC);
+  uint16_t *dgh = dev16(c, NULL, TC);
+  cudaDeviceSynchronize();
+  kernels_tp_embedding_forward(x, tok, tab, T, C, LO, N);
+  for (size_t i = 0; i < TC; i++)
+    x[i] = exec_bf16_to_f32(exec_bf16_round(x[i]));
+  k16->tp_embedding_forward(c->s, F16(dx), dtok, dtab, T, C, LO, N);
+  compare16(c, "act bf16: tp embedding F (slice rows, zeros)", x, dx, TC, 0);
+  kernels_tp_embedding_backward(gt, g, tok, T, C, LO, N);
+  k16->tp_embedding_backward(c->s, dgt, F16(dg), dtok, T, C, LO, N);
+  cudaDeviceSynchronize();
+  compare(c, "act bf16: tp embedding BW (fp32 dtable)", gt, dgt, P, TOL_PLAIN);
+  kernels_tp_head_stats(stats, h, tok, tab, layout, T, C, LO, N);
+  k16->tp_head_stats(c->s, dstats, F16(dh), dtok, dtab, layout, T, C, LO, N);
+  g_snprintf(what, sizeof what, "act bf16: tp lm_head stats %s", name);
+  compare(c, what, stats, dstats, 3 * (size_t)T, c->tol_gemm);
+  float loss;
+  kernels_tp_head_combine(&loss, saved, stats, 1, T); /* one rank's statistics: the saved */
+  dsaved = devf(c, saved, 2 * (size_t)T);
+  cudaDeviceSynchronize();
+  kernels_tp_head_backward(gh, gw, saved, h, tok, tab, layout, 0.5f, T, C, LO, N);
+  k16->tp_head_backward(c->s, F16(dgh), dgw, dsaved, F16(dh), dtok, dtab, layout, 0.5f, T, C, LO,
+                        N);
+  g_snprintf(what, sizeof what, "act bf16: tp lm_head B %s dh (partial)", name);
+  compare16(c, what, gh, dgh, TC, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: tp lm_head B %s dw (fp32)", name);
+  compare(c, what, gw, dgw, P, c->tol_gemm);
+  float *host[] = {x, stats, saved, gh};
+  for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
+    g_free(host[i]);
+}
+
 static void check_op_table(struct check *c) {
   int missing = 0;
   for (int op = 0; op < EXEC_OP_COUNT; op++)
@@ -1283,7 +1342,6 @@ int main(int argc, char **argv) {
   check_embedding_norm(&c);
   check_bf16_norm(&c);
   check_bf16_pointwise(&c);
-  check_act16_table(&c);
   check_attention(&c);
   check_cudnn(&c);
   check_mlp(&c);
@@ -1294,6 +1352,7 @@ int main(int argc, char **argv) {
   check_lm_head(&c, KERNELS_LM_HEAD_TIED);
   check_tp(&c, KERNELS_LM_HEAD_UNTIED);
   check_tp(&c, KERNELS_LM_HEAD_TIED);
+  check_act16_table(&c); /* last: the checks above draw the same inputs as before it */
   printf("check_kernels: %d of %d checks failed\n", c.failed, c.run);
   g_rand_free(c.rng);
   exec_stream_destroy(c.b, c.s);
