@@ -217,8 +217,12 @@ static void round_into(struct exec_stream *s, uint16_t *dst, const float *src, s
 }
 
 static void copy_f32(struct exec_stream *s, float *dst, const float *src, size_t n) {
-  if (n)
-    cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, st_of(s));
+  GError *e = NULL;
+  if (n && !CUDA_CHECK(exec_cuda_kernel_ctx(s),
+                       cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                       st_of(s)),
+                       &e))
+    exec_cuda_fail(s, e);
 }
 
 /* the bf16 saved of d widened into the fp32 layout s32 (q, k, v, lse, y) */
@@ -258,6 +262,28 @@ static float *scratch_parts(struct exec_stream *s, int k, const size_t *n, float
   return x;
 }
 
+/* x [n] bf16 widened into fp32 scratch (free with cudaFreeAsync); NULL: the stream failed */
+static float *widened(struct exec_stream *s, const float *x, size_t n) {
+  float *x32 = scratch32(s, n);
+  if (x32)
+    widen(s, x32, C16(x), n);
+  return x32;
+}
+
+/* h [n] widened into p[0], and p[1] for dh [n], holding dh widened when the entry accumulates
+ * into it: the head's backward entries' scratch, one allocation */
+static float *head_scratch(struct exec_stream *s, const float *h, const float *dh, size_t n,
+                           bool accumulate, float *p[2]) {
+  size_t m[2] = {n, n};
+  float *x = scratch_parts(s, 2, m, p);
+  if (x) {
+    widen(s, p[0], C16(h), n);
+    if (accumulate)
+      widen(s, p[1], C16(dh), n);
+  }
+  return x;
+}
+
 static size_t att_rows(const struct kernels_attention_dims *d) {
   return (size_t)d->batch * d->seq * d->hidden;
 }
@@ -289,17 +315,30 @@ static void a16_attention_core_forward(struct exec_stream *s, float *saved,
   cudaFreeAsync(x, st_of(s));
 }
 
+/* The backward's fp32 scratch: p[0] da, p[1] saved (both widened), p[2] bwork, p[3] [T, C]
+ * (dh in BI, h in BW); n their floats. NULL when it could not be had (the stream failed). */
+static float *att16_backward_scratch(struct exec_stream *s, const struct kernels_attention_dims *d,
+                                     const struct kernels_attention_dims *d32, const float *da,
+                                     const float *saved, size_t n[4], float *p[4]) {
+  n[0] = n[3] = att_rows(d);
+  n[1] = kernels_attention_saved_floats(d32);
+  n[2] = kernels_attention_bwork_floats(d32);
+  float *x = scratch_parts(s, 4, n, p);
+  if (x) {
+    widen(s, p[0], C16(da), n[0]);
+    att16_widen(s, d, saved, p[1], true);
+  }
+  return x;
+}
+
 static void a16_attention_backward_input(struct exec_stream *s, float *dh, float *bwork,
                                          const float *da, const float *saved, const float *params,
                                          const struct kernels_attention_dims *d, bool accumulate) {
   struct kernels_attention_dims d32 = att32_dims(d);
-  size_t n[4] = {att_rows(d), kernels_attention_saved_floats(&d32),
-                 kernels_attention_bwork_floats(&d32), att_rows(d)};
-  float *p[4], *x = scratch_parts(s, 4, n, p);
+  size_t n[4];
+  float *p[4], *x = att16_backward_scratch(s, d, &d32, da, saved, n, p);
   if (!x)
     return;
-  widen(s, p[0], C16(da), n[0]);
-  att16_widen(s, d, saved, p[1], true);
   if (accumulate)
     widen(s, p[3], C16(dh), n[3]);
   exec_cuda_kernels.attention_backward_input(s, p[3], p[2], p[0], p[1], params, &d32, accumulate);
@@ -312,13 +351,10 @@ static void a16_attention_backward_weight(struct exec_stream *s, float *dparams,
                                           const float *da, const float *h, const float *saved,
                                           const struct kernels_attention_dims *d) {
   struct kernels_attention_dims d32 = att32_dims(d);
-  size_t n[4] = {att_rows(d), kernels_attention_saved_floats(&d32),
-                 kernels_attention_bwork_floats(&d32), att_rows(d)};
-  float *p[4], *x = scratch_parts(s, 4, n, p);
+  size_t n[4];
+  float *p[4], *x = att16_backward_scratch(s, d, &d32, da, saved, n, p);
   if (!x)
     return;
-  widen(s, p[0], C16(da), n[0]);
-  att16_widen(s, d, saved, p[1], true);
   widen(s, p[2], C16(bwork), n[2]);
   widen(s, p[3], C16(h), n[3]);
   exec_cuda_kernels.attention_backward_weight(s, dparams, p[2], p[0], p[3], p[1], &d32);
@@ -339,11 +375,9 @@ static void a16_attention_backward(struct exec_stream *s, float *dh, float *dpar
 static void a16_lm_head_loss_forward(struct exec_stream *s, float *loss, float *saved,
                                      const float *h, const int32_t *targets, const float *params,
                                      enum kernels_lm_head_layout layout, int T, int C, int V) {
-  size_t n = (size_t)T * C;
-  float *h32 = scratch32(s, n);
+  float *h32 = widened(s, h, (size_t)T * C);
   if (!h32)
     return;
-  widen(s, h32, C16(h), n);
   exec_cuda_kernels.lm_head_loss_forward(s, loss, saved, h32, targets, params, layout, T, C, V);
   cudaFreeAsync(h32, st_of(s));
 }
@@ -353,16 +387,12 @@ static void a16_lm_head_loss_backward_input(struct exec_stream *s, float *dh, fl
                                             const int32_t *targets, const float *params,
                                             enum kernels_lm_head_layout layout, float dloss, int T,
                                             int C, int V, bool accumulate) {
-  size_t n[2] = {(size_t)T * C, (size_t)T * C};
-  float *p[2], *x = scratch_parts(s, 2, n, p);
+  float *p[2], *x = head_scratch(s, h, dh, (size_t)T * C, accumulate, p);
   if (!x)
     return;
-  widen(s, p[0], C16(h), n[0]);
-  if (accumulate)
-    widen(s, p[1], C16(dh), n[1]);
   exec_cuda_kernels.lm_head_loss_backward_input(s, p[1], bwork, saved, p[0], targets, params,
                                                 layout, dloss, T, C, V, accumulate);
-  round_into(s, A16(dh), p[1], n[1]);
+  round_into(s, A16(dh), p[1], (size_t)T * C);
   cudaFreeAsync(x, st_of(s));
 }
 
@@ -371,11 +401,9 @@ static void a16_lm_head_loss_backward_weight(struct exec_stream *s, float *dpara
                                              const float *h, const int32_t *targets,
                                              const float *params, enum kernels_lm_head_layout layout,
                                              float dloss, int T, int C, int V) {
-  size_t n = (size_t)T * C;
-  float *h32 = scratch32(s, n);
+  float *h32 = widened(s, h, (size_t)T * C);
   if (!h32)
     return;
-  widen(s, h32, C16(h), n);
   exec_cuda_kernels.lm_head_loss_backward_weight(s, dparams, bwork, saved, h32, targets, params,
                                                  layout, dloss, T, C, V);
   cudaFreeAsync(h32, st_of(s));
@@ -387,16 +415,12 @@ static void a16_lm_head_loss_backward(struct exec_stream *s, float *dh, float *d
                                       const int32_t *targets, const float *params,
                                       enum kernels_lm_head_layout layout, float dloss, int T, int C,
                                       int V, bool accumulate) {
-  size_t n[2] = {(size_t)T * C, (size_t)T * C};
-  float *p[2], *x = scratch_parts(s, 2, n, p);
+  float *p[2], *x = head_scratch(s, h, dh, (size_t)T * C, accumulate, p);
   if (!x)
     return;
-  widen(s, p[0], C16(h), n[0]);
-  if (accumulate)
-    widen(s, p[1], C16(dh), n[1]);
   exec_cuda_kernels.lm_head_loss_backward(s, p[1], dparams, bwork, saved, p[0], targets, params,
                                           layout, dloss, T, C, V, accumulate);
-  round_into(s, A16(dh), p[1], n[1]);
+  round_into(s, A16(dh), p[1], (size_t)T * C);
   cudaFreeAsync(x, st_of(s));
 }
 
@@ -417,11 +441,9 @@ static void a16_tp_embedding_backward(struct exec_stream *s, float *dtable, cons
 static void a16_tp_head_stats(struct exec_stream *s, float *stats, const float *h,
                               const int32_t *targets, const float *w,
                               enum kernels_lm_head_layout layout, int T, int C, int lo, int n) {
-  size_t m = (size_t)T * C;
-  float *h32 = scratch32(s, m);
+  float *h32 = widened(s, h, (size_t)T * C);
   if (!h32)
     return;
-  widen(s, h32, C16(h), m);
   exec_cuda_kernels.tp_head_stats(s, stats, h32, targets, w, layout, T, C, lo, n);
   cudaFreeAsync(h32, st_of(s));
 }
@@ -430,14 +452,12 @@ static void a16_tp_head_backward(struct exec_stream *s, float *dh, float *dw, co
                                  const float *h, const int32_t *targets, const float *w,
                                  enum kernels_lm_head_layout layout, float dloss, int T, int C,
                                  int lo, int n) {
-  size_t m[2] = {(size_t)T * C, (size_t)T * C};
-  float *p[2], *x = scratch_parts(s, 2, m, p);
+  float *p[2], *x = head_scratch(s, h, dh, (size_t)T * C, false, p);
   if (!x)
     return;
-  widen(s, p[0], C16(h), m[0]);
   exec_cuda_kernels.tp_head_backward(s, p[1], dw, saved, p[0], targets, w, layout, dloss, T, C,
                                      lo, n);
-  round_into(s, A16(dh), p[1], m[1]);
+  round_into(s, A16(dh), p[1], (size_t)T * C);
   cudaFreeAsync(x, st_of(s));
 }
 
