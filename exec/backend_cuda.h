@@ -34,5 +34,11 @@ void exec_cuda_set_gemm_bf16(struct exec_backend *b, bool bf16);
  * copies of its matrices and the optimizer's update refreshes them (as piper-exec's
  * parameter store is). */
 void exec_cuda_add_weight_store(struct exec_backend *b, const void *store, size_t bytes);
+/* The kernel table for bf16 activations (#29), filled into *k: the entries converted so far
+ * take bf16 activations (bf16 bits behind the op list's float pointers) with fp32 statistics,
+ * weights and arithmetic; an op not converted yet is NULL (exec_backend_supports_op refuses
+ * it), an op on no activation keeps its fp32 entry. Not the runner's yet (exec_gpu_act_dtype):
+ * check_kernels holds each entry to the host reference (backend_cuda_act16.c). */
+void exec_cuda_kernels_act_bf16(struct exec_kernels *k);
 
 #endif

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "../../exec/backend.h"
+#include "../../exec/backend_cuda.h"
 #include "../../exec/cuda_cudnn.h"
 #include "../../exec/gpu_layout.h"
 #include "../../exec/gpu_weights.h"
@@ -1022,6 +1023,329 @@ static void check_fp8_rows(struct check *c) {
   exec_backend_release(c->b, hback);
 }
 
+/* ---- the kernel table for bf16 activations (exec_cuda_kernels_act_bf16) ---------------------
+ * Its shape first: an op keeps its fp32 entry only where it touches no activation (a copy of
+ * bytes, gradient clipping, AdamW); every other entry is converted (its own) or NULL (refused
+ * by name). An fp32 entry left in by mistake would read bf16 bits as floats: that fails here.
+ * Then each converted entry through the table, against the host reference on bf16-rounded
+ * inputs at the kc_bf16_* kernels' tolerance (one rounding of each bf16 output; rstd and the
+ * weights' gradients fp32). */
+static bool act_free_op(const char *name) {
+  static const char *const free_ops[] = {"copy",       "sum_squares", "scale",
+                                         "adamw_step", "adamw_multi", "tp_head_combine"};
+  for (size_t i = 0; i < G_N_ELEMENTS(free_ops); i++)
+    if (strcmp(name, free_ops[i]) == 0)
+      return true;
+  return false;
+}
+
+static void check_act16_shape(struct check *c, const struct exec_kernels *k16) {
+  struct {
+    const char *name;
+    void (*fp32)(void), (*bf16)(void);
+  } ops[] = {
+#define EXEC_KERNEL(name, use, params, args)                                                       \
+  {#name, (void (*)(void))c->k->name, (void (*)(void))k16->name},
+#define EXEC_COLLECTIVE(name, use, params, args, pre)
+#include "../../exec/ops.def"
+#undef EXEC_KERNEL
+#undef EXEC_COLLECTIVE
+  };
+  int converted = 0, wrong = 0;
+  for (size_t i = 0; i < G_N_ELEMENTS(ops); i++) {
+    bool same = ops[i].bf16 == ops[i].fp32, free_op = act_free_op(ops[i].name);
+    if (ops[i].bf16 && same != free_op) {
+      printf("FAIL bf16-activation table: %s %s\n", ops[i].name,
+             same ? "is the fp32 entry" : "is not the fp32 entry, and touches no activation");
+      wrong++;
+    }
+    converted += ops[i].bf16 && !same;
+  }
+  printf("%-4s %-44s %d of %zu ops converted\n", wrong ? "FAIL" : "ok",
+         "bf16-activation table (exec_cuda_kernels_act_bf16)", converted, G_N_ELEMENTS(ops));
+  c->run++;
+  c->failed += wrong > 0;
+}
+
+/* widened bf16 device buffer d [n] (float * of the op list) */
+#define F16(p) ((float *)(void *)(p))
+
+static void check_act16_mlp(struct check *c, const struct exec_kernels *k16);
+static void check_act16_attention(struct check *c, const struct exec_kernels *k16);
+static void check_act16_lm_head(struct check *c, const struct exec_kernels *k16,
+                                enum kernels_lm_head_layout layout);
+static void check_act16_tp(struct check *c, const struct exec_kernels *k16,
+                           enum kernels_lm_head_layout layout);
+
+static void check_act16_table(struct check *c) {
+  struct exec_kernels k16;
+  exec_cuda_kernels_act_bf16(&k16);
+  check_act16_shape(c, &k16);
+  size_t n = (size_t)T * C;
+  uint16_t *xb, *yb, *gb, *db;
+  float *x = rnd16(c, n, 2, &xb), *y = rnd16(c, n, 2, &yb), *w = rnd(c, C, 1);
+  float *gdh = rnd16(c, n, 1, &gb), *gdx = rnd16(c, n, 1, &db), *gw = rnd(c, C, 1);
+  float *h = g_new(float, n), *rs = g_new(float, T), *ref = g_new(float, n);
+  uint16_t *dx = dev16(c, xb, n), *dy = dev16(c, yb, n), *dh = dev16(c, NULL, n);
+  uint16_t *ddh = dev16(c, gb, n), *ddx = dev16(c, db, n);
+  float *dw = devf(c, w, C), *drs = devf(c, NULL, T), *dgw = devf(c, gw, C);
+  cudaDeviceSynchronize(); /* the uploads went on the backend's setup stream */
+  kernels_rmsnorm_forward(h, rs, x, w, T, C, 1e-6f);
+  k16.rmsnorm_forward(c->s, F16(dh), drs, F16(dx), dw, T, C, 1e-6f);
+  compare16(c, "act bf16: rmsnorm F", h, dh, n, TOL_BF16_STORE);
+  compare(c, "act bf16: rmsnorm F saved (rstd, fp32)", rs, drs, T, TOL_PLAIN);
+  kernels_rmsnorm_backward(gdx, gw, gdh, x, rs, w, T, C, true);
+  k16.rmsnorm_backward(c->s, F16(ddx), dgw, F16(ddh), F16(dx), drs, dw, T, C, true);
+  compare16(c, "act bf16: rmsnorm B (dx, accumulate)", gdx, ddx, n, TOL_BF16_STORE);
+  compare(c, "act bf16: rmsnorm B (dw, fp32)", gw, dgw, C, TOL_PLAIN);
+  /* the residual add rounds its sum into the stream; the norm reads the rounded sum */
+  for (size_t i = 0; i < n; i++)
+    ref[i] = exec_bf16_to_f32(exec_bf16_round(x[i] + y[i]));
+  kernels_rmsnorm_forward(h, rs, ref, w, T, C, 1e-6f);
+  k16.residual_rmsnorm_forward(c->s, F16(dx), F16(dh), drs, F16(dy), dw, T, C, 1e-6f);
+  compare16(c, "act bf16: residual + rmsnorm F (x)", ref, dx, n, 0);
+  compare16(c, "act bf16: residual + rmsnorm F (h)", h, dh, n, TOL_BF16_STORE);
+  for (size_t i = 0; i < n; i++) /* dx now holds the rounded sum: add y once more */
+    ref[i] = exec_bf16_to_f32(exec_bf16_round(ref[i] + y[i]));
+  k16.residual_add_forward(c->s, F16(dx), F16(dy), n);
+  compare16(c, "act bf16: residual_add F", ref, dx, n, 0);
+  for (size_t i = 0; i < n; i++)
+    ref[i] = gdh[i] + y[i];
+  k16.residual_add_backward(c->s, F16(ddh), F16(dy), n, true);
+  compare16(c, "act bf16: residual_add B (accumulate)", ref, ddh, n, TOL_BF16_STORE);
+  k16.residual_add_backward(c->s, F16(ddh), F16(dy), n, false);
+  compare16(c, "act bf16: residual_add B (copy)", y, ddh, n, 0);
+  /* the embedding: rows of the fp32 table rounded once; its gradient in fp32 */
+  int32_t tok[T];
+  for (int t = 0; t < T; t++)
+    tok[t] = (int32_t)g_rand_int_range(c->rng, 0, 7); /* repeats: the order of the sums */
+  float *wte = rnd(c, (size_t)V * C, 1), *dwte = devf(c, wte, (size_t)V * C);
+  int32_t *dtok = dev(c, tok, sizeof tok);
+  cudaDeviceSynchronize();
+  kernels_embedding_forward(ref, tok, wte, T, V, C);
+  for (size_t i = 0; i < n; i++)
+    ref[i] = exec_bf16_to_f32(exec_bf16_round(ref[i]));
+  k16.embedding_forward(c->s, F16(dh), dtok, dwte, T, V, C);
+  compare16(c, "act bf16: embedding F", ref, dh, n, 0);
+  kernels_embedding_backward(wte, y, tok, T, V, C); /* ddh holds y's bits (the copy above) */
+  k16.embedding_backward(c->s, dwte, F16(ddh), dtok, T, V, C);
+  cudaDeviceSynchronize();
+  compare(c, "act bf16: embedding B (fp32 dtable)", wte, dwte, (size_t)V * C, TOL_PLAIN);
+  g_free(h);
+  g_free(rs);
+  g_free(ref);
+  check_act16_mlp(c, &k16);
+  check_act16_attention(c, &k16);
+  check_act16_lm_head(c, &k16, KERNELS_LM_HEAD_UNTIED);
+  check_act16_lm_head(c, &k16, KERNELS_LM_HEAD_TIED);
+  check_act16_tp(c, &k16, KERNELS_LM_HEAD_UNTIED);
+  check_act16_tp(c, &k16, KERNELS_LM_HEAD_TIED);
+}
+
+/* The MLP through the bf16-activation table: h, m, dm, dh and the saved g, u, act and bwork's
+ * dg, du in bf16 (the device's own passes feed each other); the host runs in fp32 on the same
+ * bf16-rounded h, dm and dh. Held to the bf16 GEMMs' tolerance (3e-2, the header's reasoning:
+ * up to three GEMMs chained, each off by 2^-7 of its terms at first order); the roundings of
+ * g, u, act, dact and the output add 2^-8 each at most, independent of the GEMMs' and partly
+ * cancelling in the norm-wise measure (measured: under half the tolerance). */
+static void check_act16_mlp(struct check *c, const struct exec_kernels *k16) {
+  if (!c->bf16) {
+    printf("skip act bf16: mlp (bf16 activations come with bf16 GEMMs)\n");
+    return;
+  }
+  size_t P = kernels_mlp_param_count(C, F), SV = kernels_mlp_saved_floats(T, F), n = T * C;
+  size_t BW = kernels_mlp_bwork_floats(T, F);
+  uint16_t *hb, *gb, *ghb;
+  float *p = rnd(c, P, 0.2f), *h = rnd16(c, n, 1, &hb), *m = g_new(float, n);
+  float *saved = g_new(float, SV), *bwork = g_new(float, BW);
+  float *g = rnd16(c, n, 1, &gb), *gh = rnd16(c, n, 1, &ghb), *gp = rnd(c, P, 0.1f);
+  float *dp = devf(c, p, P), *dgp = devf(c, gp, P);
+  uint16_t *dh = dev16(c, hb, n), *dm = dev16(c, NULL, n), *dg = dev16(c, gb, n);
+  uint16_t *dgh = dev16(c, ghb, n), *dsaved = dev16(c, NULL, SV), *dbw = dev16(c, NULL, BW);
+  cudaDeviceSynchronize();
+  kernels_mlp_forward(m, saved, h, p, T, C, F);
+  k16->mlp_forward(c->s, F16(dm), F16(dsaved), F16(dh), dp, T, C, F);
+  compare16(c, "act bf16: mlp F", m, dm, n, c->tol_gemm);
+  compare16(c, "act bf16: mlp F saved (g, u, act)", saved, dsaved, SV, c->tol_gemm);
+  kernels_mlp_backward_input(gh, bwork, g, saved, p, T, C, F, true);
+  k16->mlp_backward_input(c->s, F16(dgh), F16(dbw), F16(dg), F16(dsaved), dp, T, C, F, true);
+  compare16(c, "act bf16: mlp BI (accumulate)", gh, dgh, n, c->tol_gemm);
+  compare16(c, "act bf16: mlp BI bwork (dg, du)", bwork, dbw, BW, c->tol_gemm);
+  kernels_mlp_backward_weight(gp, bwork, g, h, saved, T, C, F);
+  k16->mlp_backward_weight(c->s, dgp, F16(dbw), F16(dg), F16(dh), F16(dsaved), T, C, F);
+  compare(c, "act bf16: mlp BW (fp32 dparams)", gp, dgp, P, c->tol_gemm);
+  g_free(m);
+  g_free(saved);
+  g_free(bwork);
+}
+
+/* Attention through the bf16-activation table at shape d: saved q, k, v, y in bf16 and lse in
+ * fp32 (after v, or in a core buffer of its own under selective recomputation), bwork in bf16;
+ * the device's passes feed each other, the host runs in fp32 on the same bf16-rounded h and
+ * da. The bf16 GEMMs' tolerance (3e-2: the fp32-activation entries round the same operands to
+ * bf16; the stores add one rounding, 2^-8, each). */
+static void check_act16_attention_shape(struct check *c, const struct exec_kernels *k16,
+                                        const char *label, struct kernels_attention_dims d) {
+  char what[96];
+  size_t TC = (size_t)d.batch * d.seq * d.hidden, P = kernels_attention_param_count(&d);
+  size_t SV = kernels_attention_saved_floats(&d), BW = kernels_attention_bwork_floats(&d);
+  size_t CORE = kernels_attention_core_floats(&d), NL = (size_t)d.batch * d.heads * d.seq;
+  size_t NQKV = SV - CORE, NY = CORE - NL, core16 = NL * 4 + NY * 2;
+  uint16_t *hb, *gb;
+  float *p = rnd(c, P, 0.2f), *h = rnd16(c, TC, 1, &hb), *g = rnd16(c, TC, 1, &gb);
+  float *a = g_new(float, TC), *saved = g_new0(float, SV), *bwork = g_new0(float, BW);
+  float *gh = g_new0(float, TC), *gp = rnd(c, P, 0.1f), *dp = devf(c, p, P), *dgp = devf(c, gp, P);
+  uint16_t *dh = dev16(c, hb, TC), *da = dev16(c, NULL, TC), *dg = dev16(c, gb, TC);
+  uint16_t *dgh = dev16(c, NULL, TC), *dbw = dev16(c, NULL, BW);
+  uint16_t *dsv = dev(c, NULL, NQKV * 2 + core16), *dcore = dev(c, NULL, core16);
+  cudaDeviceSynchronize();
+  kernels_attention_forward(a, saved, h, p, &d);
+  k16->attention_forward(c->s, F16(da), F16(dsv), F16(dh), dp, &d);
+  g_snprintf(what, sizeof what, "act bf16: attention %s F", label);
+  compare16(c, what, a, da, TC, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: attention %s F saved (q k v)", label);
+  compare16(c, what, saved, dsv, NQKV, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: attention %s F saved (lse, fp32)", label);
+  compare(c, what, saved + NQKV, F16(dsv + NQKV), NL, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: attention %s F saved (y)", label);
+  compare16(c, what, saved + NQKV + NL, dsv + NQKV + 2 * NL, NY, c->tol_gemm);
+  struct kernels_attention_dims dc = d;
+  dc.core = F16(dcore);
+  k16->attention_core_forward(c->s, F16(dsv), &dc);
+  g_snprintf(what, sizeof what, "act bf16: attention %s core rerun = F's lse y", label);
+  compare_bits(c, what, F16(dcore), F16(dsv + NQKV), core16 / 4, true);
+  kernels_attention_backward_input(gh, bwork, g, saved, p, &d, false);
+  k16->attention_backward_input(c->s, F16(dgh), F16(dbw), F16(dg), F16(dsv), dp, &d, false);
+  g_snprintf(what, sizeof what, "act bf16: attention %s BI", label);
+  compare16(c, what, gh, dgh, TC, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: attention %s BI bwork (dy dq dk dv)", label);
+  compare16(c, what, bwork, dbw, BW, c->tol_gemm);
+  kernels_attention_backward_weight(gp, bwork, g, h, saved, &d);
+  k16->attention_backward_weight(c->s, dgp, F16(dbw), F16(dg), F16(dh), F16(dsv), &d);
+  g_snprintf(what, sizeof what, "act bf16: attention %s BW (fp32 dparams)", label);
+  compare(c, what, gp, dgp, P, c->tol_gemm);
+  float *hbufs[] = {a, saved, bwork, gh};
+  for (size_t i = 0; i < G_N_ELEMENTS(hbufs); i++)
+    g_free(hbufs[i]);
+}
+
+/* the unfused per-head core's small shape and one of the fused kernel's */
+static void check_act16_attention(struct check *c, const struct exec_kernels *k16) {
+  if (!c->bf16) {
+    printf("skip act bf16: attention (bf16 activations come with bf16 GEMMs)\n");
+    return;
+  }
+  struct kernels_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
+  check_act16_attention_shape(c, k16, "B2 S16 H4/2 D16",
+                              (struct kernels_attention_dims){B, S, H, KV, D, C, 10000.0f, &sc,
+                                                              NULL, 0, 0});
+  check_act16_attention_shape(c, k16, "S256 H8/2 D64",
+                              (struct kernels_attention_dims){1, 256, 8, 2, 64, 128, 500000.0f,
+                                                              &sc, NULL, 0, 0});
+}
+
+/* The LM head through the bf16-activation table: h and dh in bf16, the saved row statistics,
+ * the loss and dparams fp32; the host on the same bf16-rounded h. B (fused) against BI + BW. */
+static void check_act16_lm_head(struct check *c, const struct exec_kernels *k16,
+                                enum kernels_lm_head_layout layout) {
+  if (!c->bf16) {
+    printf("skip act bf16: lm_head (bf16 activations come with bf16 GEMMs)\n");
+    return;
+  }
+  const char *name = layout == KERNELS_LM_HEAD_TIED ? "tied" : "untied";
+  char what[80];
+  int32_t tg[T];
+  for (int t = 0; t < T; t++)
+    tg[t] = (int32_t)g_rand_int_range(c->rng, 0, V);
+  size_t PV = (size_t)C * V;
+  uint16_t *hb, *gb;
+  float *p = rnd(c, PV, 0.2f), *h = rnd16(c, T * C, 1, &hb), *g = rnd16(c, T * C, 1, &gb);
+  float *saved = g_new(float, 2 * T), *gp = rnd(c, PV, 0.1f), loss;
+  float *dp = devf(c, p, PV), *dsaved = devf(c, NULL, 2 * T), *dloss = devf(c, NULL, 1);
+  float *dgp = devf(c, gp, PV), *dgp2 = devf(c, gp, PV);
+  uint16_t *dh = dev16(c, hb, T * C), *dgh = dev16(c, gb, T * C), *dgh2 = dev16(c, gb, T * C);
+  int32_t *dtg = dev(c, tg, sizeof tg);
+  cudaDeviceSynchronize();
+  kernels_lm_head_loss_forward(&loss, saved, h, tg, p, layout, T, C, V);
+  k16->lm_head_loss_forward(c->s, dloss, dsaved, F16(dh), dtg, dp, layout, T, C, V);
+  g_snprintf(what, sizeof what, "act bf16: lm_head F %s (loss)", name);
+  compare(c, what, &loss, dloss, 1, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: lm_head F %s saved (fp32 stats)", name);
+  compare(c, what, saved, dsaved, 2 * T, c->tol_gemm);
+  kernels_lm_head_loss_backward_input(g, NULL, saved, h, tg, p, layout, 0.5f, T, C, V, true);
+  k16->lm_head_loss_backward_input(c->s, F16(dgh), NULL, dsaved, F16(dh), dtg, dp, layout, 0.5f,
+                                   T, C, V, true);
+  g_snprintf(what, sizeof what, "act bf16: lm_head BI %s (accumulate)", name);
+  compare16(c, what, g, dgh, T * C, c->tol_gemm);
+  kernels_lm_head_loss_backward_weight(gp, NULL, saved, h, tg, p, layout, 0.5f, T, C, V);
+  k16->lm_head_loss_backward_weight(c->s, dgp, NULL, dsaved, F16(dh), dtg, dp, layout, 0.5f, T, C,
+                                    V);
+  g_snprintf(what, sizeof what, "act bf16: lm_head BW %s (fp32 dparams)", name);
+  compare(c, what, gp, dgp, PV, c->tol_gemm);
+  k16->lm_head_loss_backward(c->s, F16(dgh2), dgp2, NULL, dsaved, F16(dh), dtg, dp, layout, 0.5f,
+                             T, C, V, true);
+  g_snprintf(what, sizeof what, "act bf16: lm_head B %s (dh)", name);
+  compare16(c, what, g, dgh2, T * C, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: lm_head B %s (fp32 dparams)", name);
+  compare(c, what, gp, dgp2, PV, c->tol_gemm);
+  g_free(saved);
+}
+
+/* Tensor parallelism's vocabulary slice through the bf16-activation table (check_tp's shapes):
+ * the embedding's rows rounded once (exact against the rounded host rows), its gradient fp32,
+ * the head's statistics and its partial dh on bf16 h. */
+static void check_act16_tp(struct check *c, const struct exec_kernels *k16,
+                           enum kernels_lm_head_layout layout) {
+  enum { LO = 40, N = 33 };
+  if (!c->bf16) {
+    printf("skip act bf16: tp (bf16 activations come with bf16 GEMMs)\n");
+    return;
+  }
+  const char *name = layout == KERNELS_LM_HEAD_TIED ? "tied" : "untied";
+  char what[80];
+  int32_t tok[T];
+  for (int t = 0; t < T; t++)
+    tok[t] = (int32_t)g_rand_int_range(c->rng, 0, V);
+  size_t TC = (size_t)T * C, P = (size_t)N * C;
+  uint16_t *gb, *hb;
+  float *tab = rnd(c, P, 1), *x = g_new(float, TC), *g = rnd16(c, TC, 1, &gb);
+  float *gt = rnd(c, P, 1), *h = rnd16(c, TC, 1, &hb), *stats = g_new(float, 3 * (size_t)T);
+  float *saved = g_new(float, 2 * (size_t)T), *gh = g_new(float, TC), *gw = rnd(c, P, 0.1f);
+  int32_t *dtok = dev(c, tok, sizeof tok);
+  float *dtab = devf(c, tab, P), *dgt = devf(c, gt, P), *dstats = devf(c, NULL, 3 * (size_t)T);
+  float *dgw = devf(c, gw, P), *dsaved;
+  uint16_t *dx = dev16(c, NULL, TC), *dg = dev16(c, gb, TC), *dh = dev16(c, hb, TC);
+  uint16_t *dgh = dev16(c, NULL, TC);
+  cudaDeviceSynchronize();
+  kernels_tp_embedding_forward(x, tok, tab, T, C, LO, N);
+  for (size_t i = 0; i < TC; i++)
+    x[i] = exec_bf16_to_f32(exec_bf16_round(x[i]));
+  k16->tp_embedding_forward(c->s, F16(dx), dtok, dtab, T, C, LO, N);
+  compare16(c, "act bf16: tp embedding F (slice rows, zeros)", x, dx, TC, 0);
+  kernels_tp_embedding_backward(gt, g, tok, T, C, LO, N);
+  k16->tp_embedding_backward(c->s, dgt, F16(dg), dtok, T, C, LO, N);
+  cudaDeviceSynchronize();
+  compare(c, "act bf16: tp embedding BW (fp32 dtable)", gt, dgt, P, TOL_PLAIN);
+  kernels_tp_head_stats(stats, h, tok, tab, layout, T, C, LO, N);
+  k16->tp_head_stats(c->s, dstats, F16(dh), dtok, dtab, layout, T, C, LO, N);
+  g_snprintf(what, sizeof what, "act bf16: tp lm_head stats %s", name);
+  compare(c, what, stats, dstats, 3 * (size_t)T, c->tol_gemm);
+  float loss;
+  kernels_tp_head_combine(&loss, saved, stats, 1, T); /* one rank's statistics: the saved */
+  dsaved = devf(c, saved, 2 * (size_t)T);
+  cudaDeviceSynchronize();
+  kernels_tp_head_backward(gh, gw, saved, h, tok, tab, layout, 0.5f, T, C, LO, N);
+  k16->tp_head_backward(c->s, F16(dgh), dgw, dsaved, F16(dh), dtok, dtab, layout, 0.5f, T, C, LO,
+                        N);
+  g_snprintf(what, sizeof what, "act bf16: tp lm_head B %s dh (partial)", name);
+  compare16(c, what, gh, dgh, TC, c->tol_gemm);
+  g_snprintf(what, sizeof what, "act bf16: tp lm_head B %s dw (fp32)", name);
+  compare(c, what, gw, dgw, P, c->tol_gemm);
+  float *host[] = {x, stats, saved, gh};
+  for (size_t i = 0; i < G_N_ELEMENTS(host); i++)
+    g_free(host[i]);
+}
+
 static void check_op_table(struct check *c) {
   int missing = 0;
   for (int op = 0; op < EXEC_OP_COUNT; op++)
@@ -1075,6 +1399,7 @@ int main(int argc, char **argv) {
   check_lm_head(&c, KERNELS_LM_HEAD_TIED);
   check_tp(&c, KERNELS_LM_HEAD_UNTIED);
   check_tp(&c, KERNELS_LM_HEAD_TIED);
+  check_act16_table(&c); /* last: the checks above draw the same inputs as before it */
   printf("check_kernels: %d of %d checks failed\n", c.failed, c.run);
   g_rand_free(c.rng);
   exec_stream_destroy(c.b, c.s);
