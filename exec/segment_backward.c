@@ -20,7 +20,7 @@ struct bwd {
   float dloss;        /* the loss gradient's scale: one over the global batch's micro-batches */
   uint32_t i;         /* the instruction */
   uint32_t keep;      /* owner of what BW reads: BI's saved tensor, or the workspace (B, BW) */
-  uint32_t *group;    /* [n_ops] each op's group (model_group_end), 0 for the segment's first */
+  uint32_t *group;    /* [n_ops] each op's group (model_bwd_group_end), 0 for the segment's first */
   float **input_grad; /* [n_values] the segment inputs' gradients, allocated as the pass began */
 };
 
@@ -517,7 +517,7 @@ bool exec_segment_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
    * done */
   b.group = g_new0(uint32_t, b.es->n_ops + 1);
   for (uint32_t j = 1; j < b.es->n_ops; j++)
-    b.group[j] = b.group[j - 1] + (exec_group_starts(s, b.es, j) ? 1 : 0);
+    b.group[j] = b.group[j - 1] + (exec_bwd_group_starts(s, b.es, j) ? 1 : 0);
   /* the tensors that carry the inputs' gradients back are allocated as the pass begins, as
    * the memory rule has them (their producer starts), not when the segment's first group
    * writes them at the end */
@@ -529,7 +529,7 @@ bool exec_segment_backward(struct exec_state *s, uint32_t i, enum bwd_mode mode,
   for (int32_t j = (int32_t)b.es->n_ops - 1; ok && j >= 0; j--) {
     st->group = b.group[j];
     ok = backward_op(&b, j, i, err);
-    if (ok && (j == 0 || exec_group_starts(s, b.es, (uint32_t)j)))
+    if (ok && (j == 0 || exec_bwd_group_starts(s, b.es, (uint32_t)j)))
       exec_work_group_end(s, st, b.group[j]);
   }
   st->group = 0;

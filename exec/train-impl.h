@@ -198,6 +198,15 @@ static inline bool exec_group_starts(const struct exec_state *s, const struct ex
   return model_group_end(s->xm->m, prev, es->ops[j].op + 1) == es->ops[j].op;
 }
 
+/* exec_group_starts for a backward: its groups are a layer's blocks (model_bwd_group_end). */
+static inline bool exec_bwd_group_starts(const struct exec_state *s,
+                                         const struct exec_segment *es, uint32_t j) {
+  if (j == 0 || j >= es->n_ops)
+    return false;
+  uint32_t prev = es->ops[j - 1].op;
+  return model_bwd_group_end(s->xm->m, prev, es->ops[j].op + 1) == es->ops[j].op;
+}
+
 /* Attention's dimensions as this device runs it: heads / tp of each kind. */
 static inline struct kernels_attention_dims attention_dims(const struct exec_state *s,
                                                            const struct model_op *op) {

@@ -300,7 +300,8 @@ uint64_t ir_bi_only_saved_bytes(const struct model *m, const struct ir_node *n);
 double ir_segment_module_flops(const struct model *m, uint32_t segment, uint32_t modules);
 /* What a compute node of segment holds on one device besides its tensors (the memory rule's
  * workspace, models/model.h), one op group at a time (model_group_end: a trainer holds one
- * layer's transients, docs/memory.md), so the most any group holds: in pass F its scratch and
+ * layer's transients, docs/memory.md; in a backward model_bwd_group_end, one block of a layer),
+ * so the most any group holds: in pass F its scratch and
  * the outputs nothing keeps; in B the gradients of its values, bwork and scratch, and the
  * residual stream's gradient it hands the group before; in BI its scratch; in BW nothing;
  * *keep the part BI keeps for BW, summed over the segment's groups. Each op's bwork and scratch

@@ -316,8 +316,10 @@ static uint64_t segment_most(const struct model *m, uint32_t segment, enum ir_pa
   const struct model_segment *s = &m->segments[segment];
   uint32_t end = s->op_first + s->op_count;
   uint64_t most = 0;
-  for (uint32_t g = s->op_first; g < end; g = model_group_end(m, g, end)) {
-    uint32_t g_end = model_group_end(m, g, end);
+  /* a backward frees block by block (model_bwd_group_end), a forward layer by layer */
+  bool bwd = pass == IR_PASS_B || pass == IR_PASS_BI || pass == IR_PASS_BW;
+  for (uint32_t g = s->op_first, g_end; g < end; g = g_end) {
+    g_end = bwd ? model_bwd_group_end(m, g, end) : model_group_end(m, g, end);
     uint64_t b = 0;
     if (pass == IR_PASS_R) {
       for (uint32_t o = g; o < g_end; o++)

@@ -1032,3 +1032,14 @@ uint32_t model_group_end(const struct model *m, uint32_t op, uint32_t end) {
     o++;
   return o;
 }
+
+uint32_t model_bwd_group_end(const struct model *m, uint32_t op, uint32_t end) {
+  uint32_t g_end = model_group_end(m, op, end);
+  if (m->ops[op].layer < 0)
+    return g_end;
+  /* a block ends at its residual add: what follows in the layer is the next block's */
+  for (uint32_t o = op + 1; o < g_end; o++)
+    if (m->ops[o - 1].kind == MODEL_OP_RESIDUAL_ADD)
+      return o;
+  return g_end;
+}

@@ -260,5 +260,10 @@ int64_t model_tokens_per_microbatch(const struct model *m);
  * layer; the embedding, and the final norm with the head, are groups of their own. The end of
  * the group of op `op` within ops [op, end): the first op after it of another layer. */
 uint32_t model_group_end(const struct model *m, uint32_t op, uint32_t end);
+/* Backward op groups: a layer's blocks, each ending at its residual add (attention's, then the
+ * MLP's or the experts'), as autograd frees a block's gradients and transients before the block
+ * below runs its backward; outside the layers, model_group_end's. A backward holds one block's
+ * transients at a time (docs/memory.md). The end of the group of `op` within [op, end). */
+uint32_t model_bwd_group_end(const struct model *m, uint32_t op, uint32_t end);
 
 #endif

@@ -146,6 +146,25 @@ static void test_tiny_moe_structure(void **state) {
   model_free(m);
 }
 
+/* A backward's op groups are a layer's blocks, each ending at its residual add (attention's,
+ * then the router's and experts'); a forward's the whole layer. tiny-moe's segment 0 is the
+ * embedding, layer 0's norm, attention, add, norm and router; segment 2 layer 0's last add,
+ * then layer 1's first six ops; segment 9 layer 3's last add, the final norm and the head. */
+static void test_bwd_groups(void **state) {
+  (void)state;
+  struct model *m = test_load_model("models/tiny-moe.json", 0);
+  assert_int_equal(model_bwd_group_end(m, 0, 6), 1); /* the embedding alone */
+  assert_int_equal(model_bwd_group_end(m, 1, 6), 4); /* norm, attention, add */
+  assert_int_equal(model_bwd_group_end(m, 4, 6), 6); /* norm, router */
+  assert_int_equal(model_group_end(m, 1, 6), 6);     /* F: the whole layer */
+  assert_int_equal(model_bwd_group_end(m, 7, 13), 8);
+  assert_int_equal(model_bwd_group_end(m, 8, 13), 11);
+  assert_int_equal(model_bwd_group_end(m, 11, 13), 13);
+  assert_int_equal(model_bwd_group_end(m, 28, 31), 29);
+  assert_int_equal(model_bwd_group_end(m, 29, 31), 31); /* the final norm with the head */
+  model_free(m);
+}
+
 /* --- parameters and costs ------------------------------------------------------------------ */
 
 static void test_param_counts_tiny(void **state) {
@@ -851,6 +870,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tiny_dense_structure),
       cmocka_unit_test(test_tiny_moe_structure),
+      cmocka_unit_test(test_bwd_groups),
       cmocka_unit_test(test_param_counts_tiny),
       cmocka_unit_test(test_op_costs_tiny),
       cmocka_unit_test(test_param_counts_real),

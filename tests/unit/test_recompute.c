@@ -558,9 +558,9 @@ static void test_deepseek_v3_layer_by_hand(void **state) {
  * embedding's token ids (int32). Storing holds 32 S, the ids, the final norm's (2h + 4: x and
  * its fp32 rstd) and the LM head's (its input 2h; row max and 1/sum, fp32; targets, int32:
  * 2h + 12). Their ratio, (32 x 2h + S) / (32 S) at this size, is under 10%: 9.0%
- * (docs/memory.md: the peak with one layer's backward transients, which both hold, is
- * 11.6%). */
-static uint64_t llama_peak_saved(const char *model, const char *layout) {
+ * (docs/memory.md: the peak with one block's backward transients, which both hold, is
+ * 10.9%). *activations: the peak of all activations (saved and transients), if not NULL. */
+static uint64_t llama_peak_saved(const char *model, const char *layout, uint64_t *activations) {
   struct compile_options o = compile_options_default();
   o.model_path = model;
   o.layout = layout;
@@ -580,6 +580,8 @@ static uint64_t llama_peak_saved(const char *model, const char *layout) {
   if (!r)
     fail_msg("sim_run: %s", err->message);
   uint64_t peak = r->units[r->device_unit[0]].peak_saved_activation_bytes;
+  if (activations)
+    *activations = r->units[r->device_unit[0]].peak_breakdown[REPORT_MEM_ACTIVATIONS];
   sim_result_free(r);
   profile_free(prof);
   plan_free(p);
@@ -593,8 +595,8 @@ static void test_full_every_layer_as_megatron(void **state) {
   const double S = 8 * h + 8 + 4 * H * D + 4 * KV * D + 4 * H + 6 * F;
   char *dir = test_tmp_dir("test_recompute-XXXXXX");
   char *model = small_model(dir, "models/llama3-8b.json", T);
-  uint64_t full = llama_peak_saved(model, "pp=1,recompute=full:uniform:1");
-  uint64_t none = llama_peak_saved(model, "pp=1");
+  uint64_t full = llama_peak_saved(model, "pp=1,recompute=full:uniform:1", NULL);
+  uint64_t none = llama_peak_saved(model, "pp=1", NULL);
   const double ids = 4, final_norm = 2 * h + 4, head = 2 * h + 12;
   if ((double)full != (L * 2 * h + S + ids) * (double)T ||
       (double)none != (L * S + ids + final_norm + head) * (double)T)
@@ -602,6 +604,38 @@ static void test_full_every_layer_as_megatron(void **state) {
              (double)full / (double)T, L * 2 * h + S + ids, (double)none / (double)T,
              L * S + ids + final_norm + head);
   assert_true((double)full < 0.1 * (double)none);
+  test_remove_tree(dir);
+  g_free(model);
+  g_free(dir);
+}
+
+/* The same two plans' peak of all activations, saved and transient, by hand: it comes in the
+ * last layer's backward, in its MLP block (a backward holds one block of a layer at a time,
+ * model_bwd_group_end), whose transients are its three values' gradients (the norm's, the
+ * MLP's, the residual add's), the residual stream's gradient it hands the attention block
+ * (4 x 2h) and the SwiGLU's dgate and dup (2 x 2F). Full recomputation holds besides the 31
+ * inputs below, the rerun layer's S (its own input in it), the ids, and the gradient arriving
+ * from the head and the one it writes for the layer below (2 x 2h, the segment's edges); storing
+ * (one segment: the head's gradient is the last residual add's, in the block) 32 S, the ids and
+ * the final norm's and head's saved tensors. 10.9% of storing (11.6% with the whole layer's
+ * backward transients at once, docs/memory.md). */
+static void test_full_every_layer_blocks(void **state) {
+  (void)state;
+  const int64_t T = 64;
+  const double h = 4096, H = 32, KV = 8, D = 128, F = 14336, L = 32;
+  const double S = 8 * h + 8 + 4 * H * D + 4 * KV * D + 4 * H + 6 * F;
+  const double ids = 4, final_norm = 2 * h + 4, head = 2 * h + 12, block = 4 * 2 * h + 2 * 2 * F;
+  char *dir = test_tmp_dir("test_recompute-XXXXXX");
+  char *model = small_model(dir, "models/llama3-8b.json", T);
+  uint64_t full = 0, none = 0;
+  llama_peak_saved(model, "pp=1,recompute=full:uniform:1", &full);
+  llama_peak_saved(model, "pp=1", &none);
+  double full_hand = (L - 1) * 2 * h + S + ids + 2 * 2 * h + block;
+  double none_hand = L * S + ids + final_norm + head + block;
+  if ((double)full != full_hand * (double)T || (double)none != none_hand * (double)T)
+    fail_msg("activations at the peak per token: full %.1f B (by hand %.1f), none %.1f B (%.1f)",
+             (double)full / (double)T, full_hand, (double)none / (double)T, none_hand);
+  assert_true((double)full < 0.11 * (double)none);
   test_remove_tree(dir);
   g_free(model);
   g_free(dir);
@@ -751,6 +785,7 @@ int main(void) {
       cmocka_unit_test(test_llama3_layer_by_hand),
       cmocka_unit_test(test_deepseek_v3_layer_by_hand),
       cmocka_unit_test(test_full_every_layer_as_megatron),
+      cmocka_unit_test(test_full_every_layer_blocks),
       cmocka_unit_test(test_fp8_expert_inputs),
       cmocka_unit_test(test_saved_released_by_reader),
       cmocka_unit_test(test_layer_tensors),
