@@ -282,7 +282,7 @@ static void test_duplicate_keys(void **state) {
   /* past the scan's size, the hash set finds the second "k7" too */
   cJSON *big = cJSON_CreateObject();
   for (int k = 0; k < 40; k++) {
-    char key[8];
+    char key[16];
     snprintf(key, sizeof key, "k%d", k);
     cJSON_AddNumberToObject(big, key, k);
   }
