@@ -24,22 +24,5 @@ run() {
 # at lr 1e-3) on top of 1e-4 relative.
 same() { same_as ref "$1"; }
 same_as() {
-  python3 - "$T/$1" "$T/$2" <<'EOF' && ok || bad "$2 differs from one device"
-import array, json, math, sys
-a, b = sys.argv[1], sys.argv[2]
-la = json.load(open(a + "/metrics.json"))["losses"]
-lb = json.load(open(b + "/metrics.json"))["losses"]
-assert len(la) == len(lb) == 3, (la, lb)
-for x, y in zip(la, lb):
-    assert abs(x - y) <= 1e-5 * abs(x), ("loss", la, lb)
-pa, pb = array.array("f"), array.array("f")
-pa.frombytes(open(a + ".params", "rb").read())
-pb.frombytes(open(b + ".params", "rb").read())
-assert len(pa) == len(pb) > 0
-num = sum((x - y) ** 2 for x, y in zip(pa, pb))
-den = sum(x * x for x in pa)
-assert math.sqrt(num / den) <= 1e-4, ("parameter norm", math.sqrt(num / den))
-worst = max(abs(x - y) - 1e-4 * abs(x) for x, y in zip(pa, pb))
-assert worst <= 1e-5, ("parameter element", worst)
-EOF
+  python3 tests/cli/same_run.py "$T/$1" "$T/$2" 3 && ok || bad "$2 differs from one device"
 }

@@ -36,23 +36,7 @@ job() {
 }
 # near REF NAME: NAME's losses (steps 3, 4) and parameters against REF's (steps 1 to 4)
 near() {
-  python3 - "$T/$1" "$T/$2" <<'EOF' && ok || bad "$2 differs from continuing on the old layout"
-import array, json, math, sys
-a, b = sys.argv[1], sys.argv[2]
-la = json.load(open(a + "/metrics.json"))["losses"][2:]
-lb = json.load(open(b + "/metrics.json"))["losses"]
-assert len(la) == len(lb) == 2, (la, lb)
-for x, y in zip(la, lb):
-    assert abs(x - y) <= 1e-5 * abs(x), ("loss", la, lb)
-pa, pb = array.array("f"), array.array("f")
-pa.frombytes(open(a + ".params", "rb").read())
-pb.frombytes(open(b + ".params", "rb").read())
-assert len(pa) == len(pb) > 0
-num = sum((x - y) ** 2 for x, y in zip(pa, pb))
-den = sum(x * x for x in pa)
-assert math.sqrt(num / den) <= 1e-4, ("parameter norm", math.sqrt(num / den))
-assert max(abs(x - y) - 1e-4 * abs(x) for x, y in zip(pa, pb)) <= 1e-5, "parameter element"
-EOF
+  python3 tests/cli/same_run.py "$T/$1" "$T/$2" 2 2 && ok || bad "$2 differs from continuing on the old layout"
 }
 losses() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['losses'])" "$1/metrics.json"; }
 
